@@ -1,0 +1,25 @@
+//! kvselect: which KV positions a query may attend to in sparse attention.
+//!
+//! The decision half of sparse attention, exact on the CPU, with the
+//! baselines and metrics needed to judge a decision:
+//!
+//! - [`witness`]: segment witnesses on top of a learned sparse top-k
+//!   (a port of the candidate policy of vLLM PR 47942);
+//! - [`block_sparse`]: MiniMax-M3's rule for which 128-token KV blocks each
+//!   KV head may read;
+//! - [`attention`]: baseline selectors (dense, local, random, sink + window)
+//!   that the null models are rows of.
+//!
+//! The core works on flat row-major slices with explicit shapes, returns
+//! `Result` for every refusal and never panics on user input. The Python
+//! bindings (feature `python`) live in one file and only validate arrays,
+//! release the GIL, call the core and map errors.
+
+pub mod attention;
+pub mod block_sparse;
+pub mod pool;
+pub mod simd;
+pub mod witness;
+
+#[cfg(feature = "python")]
+mod python;

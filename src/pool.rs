@@ -1,0 +1,147 @@
+//! The thread pool every row-parallel path runs on.
+//!
+//! Rayon's global pool cannot be resized once built, and it does not survive
+//! `fork()`: the child inherits the pool's bookkeeping but none of its worker
+//! threads, so the first job it submits waits forever for a worker that does
+//! not exist. That is exactly what a fork-based data loader would hit. So the
+//! crate keeps a pool of its own:
+//!
+//! - its size comes from [`set_num_threads`], else `RAYON_NUM_THREADS`, else
+//!   the machine's available parallelism;
+//! - it remembers the process id that built it, and a process that finds a
+//!   pool built by another pid (a forked child) builds a fresh one; the
+//!   inherited pool is leaked, not dropped, since dropping it would signal
+//!   threads that only exist in the parent;
+//! - if a pool cannot be built at all, work runs on the calling thread.
+//!
+//! Results never depend on the thread count: every parallel path splits work
+//! by independent rows, and each row is computed the same way on any thread.
+
+use std::sync::{Arc, Mutex};
+
+use rayon::{ThreadPool, ThreadPoolBuilder};
+
+struct PoolState {
+    pid: u32,
+    threads: usize,
+    pool: Arc<ThreadPool>,
+}
+
+/// `None` until the first parallel call, or after [`set_num_threads`].
+static POOL: Mutex<Option<PoolState>> = Mutex::new(None);
+/// The size asked for by [`set_num_threads`]; 0 means "not set".
+static REQUESTED: Mutex<usize> = Mutex::new(0);
+
+fn default_threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means another thread panicked while holding it;
+    // the data (a pool handle, a count) is still consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The number of threads parallel calls use.
+pub fn num_threads() -> usize {
+    let requested = *lock(&REQUESTED);
+    if requested > 0 {
+        requested
+    } else {
+        default_threads()
+    }
+}
+
+/// Sets the number of threads later parallel calls use (1 = run on the
+/// calling thread). `0` restores the default (`RAYON_NUM_THREADS`, else the
+/// available parallelism).
+pub fn set_num_threads(n: usize) {
+    *lock(&REQUESTED) = n;
+    let mut state = lock(&POOL);
+    if let Some(old) = state.take() {
+        if old.pid != std::process::id() {
+            std::mem::forget(old);
+        }
+    }
+}
+
+fn current_pool() -> Option<Arc<ThreadPool>> {
+    let threads = num_threads();
+    if threads <= 1 {
+        return None;
+    }
+    let pid = std::process::id();
+    let mut state = lock(&POOL);
+    if let Some(s) = state.as_ref() {
+        if s.pid == pid && s.threads == threads {
+            return Some(Arc::clone(&s.pool));
+        }
+    }
+    if let Some(old) = state.take() {
+        if old.pid != pid {
+            // Built by our parent before a fork: its workers do not exist here.
+            std::mem::forget(old);
+        }
+    }
+    let pool = ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("kvselect-{i}"))
+        .build()
+        .ok()?;
+    let pool = Arc::new(pool);
+    *state = Some(PoolState {
+        pid,
+        threads,
+        pool: Arc::clone(&pool),
+    });
+    Some(pool)
+}
+
+/// Runs `f(parallel)` inside the crate's pool when it has more than one
+/// thread (`parallel = true`: rayon's parallel iterators in `f` then use this
+/// pool, never rayon's global one); otherwise on the calling thread with
+/// `parallel = false`, where `f` must use plain iterators.
+pub fn install<R: Send>(f: impl FnOnce(bool) -> R + Send) -> R {
+    match current_pool() {
+        Some(pool) => pool.install(|| f(true)),
+        None => f(false),
+    }
+}
+
+/// Calls `f(row_index, row)` on every `width`-wide row of `data`, split
+/// across the pool's threads in runs of at least `min_rows` rows (so a small
+/// call does not pay a cross-thread hand-off per row). `width == 0` means
+/// there is nothing to visit.
+pub fn for_each_row_mut<T, F>(data: &mut [T], width: usize, min_rows: usize, f: F)
+where
+    T: Send,
+    F: Fn(usize, &mut [T]) + Sync + Send,
+{
+    if width == 0 {
+        return;
+    }
+    let rows = data.len() / width;
+    if rows < 2 * min_rows.max(1) {
+        data.chunks_mut(width).enumerate().for_each(|(i, r)| f(i, r));
+        return;
+    }
+    install(|parallel| {
+        if parallel {
+            use rayon::prelude::*;
+            data.par_chunks_mut(width)
+                .with_min_len(min_rows.max(1))
+                .enumerate()
+                .for_each(|(i, r)| f(i, r));
+        } else {
+            data.chunks_mut(width).enumerate().for_each(|(i, r)| f(i, r));
+        }
+    })
+}
