@@ -1,0 +1,328 @@
+"""Plain NumPy reference implementations of kvselect's policies.
+
+This module is written from the specifications (``spec/segment-witnesses.md``
+and the Python API contract of ``design.md``), independently of the Rust
+core. It is the oracle of the differential tests: the native functions of
+``kvselect`` must equal these exactly on integer outputs, and within a stated
+tolerance on float outputs. It favours being obviously right over being fast,
+uses only NumPy, and never imports the native module.
+
+Arithmetic is done in int64 (or Python ints for scalars). Every product the
+rule forms is below 2**62 for int32 inputs: ``x * S_eff`` with ``x < 2**31``
+and ``S_eff <= L < 2**31``, and ``s * L`` with ``s < S_eff <= L < 2**31``.
+
+Segment witnesses, in one paragraph
+-----------------------------------
+A row of context length ``L >= 1`` and a segment count ``S >= 1`` put
+``S_eff = min(S, L)`` and cut ``[0, L)`` into ``S_eff`` segments with left
+edges ``e_s = ceil(s * L / S_eff)`` and segment map
+``sigma(x) = floor(x * S_eff / L)``. A learned row occupies the segments of
+its non-negative entries (an entry ``x >= L`` marks
+``min(floor(x * S_eff / L), S - 1)``, possibly outside the partition; any
+negative entry is padding and marks nothing). Its witnesses are the edges of
+the segments ``s < S_eff`` it does not occupy. A row with ``L <= 0`` gets no
+witnesses. The merge keeps slots ``[0, keep)`` and writes the witnesses, in
+ascending segment order, into slots ``keep, keep + 1, ...``, at most
+``B = min(max_replacements, topk - keep)`` of them; later slots are left as
+they were. Occupancy is read from the whole learned row, tail included.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = [
+    "MAX_TOPOLOGY_SEGMENTS",
+    "ReferenceWitnessError",
+    "segment_of",
+    "topology_witness_indices",
+    "apply_topology_witnesses",
+    "scatter_topology_witnesses",
+    "locality_null",
+    "segment_coverage",
+    "attention_mass_recall",
+]
+
+#: The most segments the merge accepts (the fused kernel's 64-bit mask).
+MAX_TOPOLOGY_SEGMENTS = 64
+
+_I32_MIN = -(2**31)
+_I32_MAX = 2**31 - 1
+
+
+class ReferenceWitnessError(ValueError):
+    """A refused call, shaped like ``kvselect.WitnessError``.
+
+    ``variant`` is ``"RowsMismatch"``, ``"SegmentsOutOfRange"`` or
+    ``"LearnedKeepOutOfRange"``; the variant's fields are attributes.
+    """
+
+    def __init__(self, variant: str, message: str, **fields: int) -> None:
+        super().__init__(message)
+        self.variant = variant
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+# --------------------------------------------------------------------------
+# Argument handling
+# --------------------------------------------------------------------------
+
+
+def _count(name: str, value: Any) -> int:
+    """A non-negative integer argument (a count, length or position)."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if v < 0:
+        raise ValueError(f"{name} must be non-negative, got {v}")
+    return v
+
+
+def _index_array(name: str, value: Any, ndim: int) -> np.ndarray:
+    """An integer array of int32 values, returned as int64 for arithmetic."""
+    a = np.asarray(value)
+    if a.size == 0 and a.dtype.kind not in "iu":
+        a = a.astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
+    a = a.astype(np.int64)
+    if a.size and (a.min() < _I32_MIN or a.max() > _I32_MAX):
+        raise ValueError(f"{name} holds values outside int32")
+    return a
+
+
+def _check_rows(learned: np.ndarray, context_lens: np.ndarray) -> None:
+    rows = len(context_lens)
+    topk = learned.shape[1]
+    if learned.size != topk * rows:
+        raise ReferenceWitnessError(
+            "RowsMismatch",
+            f"learned has {learned.size} entries, but topk={topk} x {rows} rows",
+            learned_len=int(learned.size),
+            topk=int(topk),
+            rows=int(rows),
+        )
+
+
+def _check_merge_segments(num_segments: int) -> None:
+    if num_segments == 0 or num_segments > MAX_TOPOLOGY_SEGMENTS:
+        raise ReferenceWitnessError(
+            "SegmentsOutOfRange",
+            f"num_segments={num_segments} must be between 1 and {MAX_TOPOLOGY_SEGMENTS}",
+            num_segments=num_segments,
+        )
+
+
+def _check_keep(learned_keep: int, topk: int) -> None:
+    if learned_keep > topk:
+        raise ReferenceWitnessError(
+            "LearnedKeepOutOfRange",
+            f"learned_keep={learned_keep} is wider than the row (topk={topk})",
+            learned_keep=learned_keep,
+            topk=topk,
+        )
+
+
+# --------------------------------------------------------------------------
+# Segment witnesses
+# --------------------------------------------------------------------------
+
+
+def segment_of(token: int, context_len: int, num_segments: int) -> int:
+    """``min(floor(token * S_eff / L'), S - 1)`` with ``L' = max(L, 1)``,
+    ``S_eff = min(S, L')``; 0 when ``S = 0``. Exact on Python ints."""
+    token = _count("token", token)
+    context_len = _count("context_len", context_len)
+    num_segments = _count("num_segments", num_segments)
+    if num_segments == 0:
+        return 0
+    length = max(context_len, 1)
+    s_eff = min(num_segments, length)
+    return min(token * s_eff // length, num_segments - 1)
+
+
+def _witness_table(learned: np.ndarray, context_lens: np.ndarray, num_segments: int) -> np.ndarray:
+    """int64 ``[rows, num_segments]``: slot ``s`` holds ``e_s`` when segment
+    ``s < S_eff`` exists and the learned row does not occupy it, else -1.
+
+    ``learned`` and ``context_lens`` are int64, shapes already checked, and
+    ``num_segments >= 1``.
+    """
+    rows = len(context_lens)
+    S = num_segments
+    if rows == 0:
+        return np.full((0, S), -1, dtype=np.int64)
+
+    L = context_lens
+    live = L > 0  # rows with L <= 0 get no witnesses
+    L_safe = np.where(live, L, 1)
+    S_eff = np.minimum(S, L_safe)
+
+    # Occupancy, from every non-negative entry of the whole row.
+    occupied = np.zeros((rows, S), dtype=bool)
+    if learned.shape[1] > 0:
+        marks = learned >= 0
+        seg = np.minimum(learned * S_eff[:, None] // L_safe[:, None], S - 1)
+        r, _ = np.nonzero(marks)
+        occupied[r, seg[marks]] = True
+
+    s = np.arange(S, dtype=np.int64)[None, :]
+    edges = -((-s * L_safe[:, None]) // S_eff[:, None])  # ceil(s * L / S_eff)
+    is_witness = live[:, None] & (s < S_eff[:, None]) & ~occupied
+    return np.where(is_witness, edges, -1)
+
+
+def topology_witness_indices(learned: Any, context_lens: Any, num_segments: int) -> np.ndarray:
+    """The witnesses of every learned row: int32 ``[rows, num_segments]``
+    with ``rows = len(context_lens)``.
+
+    Refuses ``num_segments = 0`` (any positive count is accepted, including
+    more than 64) and a ``learned`` whose size is not ``topk * rows``.
+    """
+    learned = _index_array("learned", learned, 2)
+    context_lens = _index_array("context_lens", context_lens, 1)
+    num_segments = _count("num_segments", num_segments)
+    if num_segments == 0:
+        raise ReferenceWitnessError(
+            "SegmentsOutOfRange", "num_segments must be positive", num_segments=0
+        )
+    _check_rows(learned, context_lens)
+    learned = learned.reshape(len(context_lens), learned.shape[1])
+    return _witness_table(learned, context_lens, num_segments).astype(np.int32)
+
+
+def _merge(
+    out: np.ndarray,
+    learned: np.ndarray,
+    context_lens: np.ndarray,
+    keep: int,
+    num_segments: int,
+    budget: int,
+) -> None:
+    """Writes the witnesses of ``learned`` into ``out[:, keep:keep + budget]``
+    in ascending segment order; slots past the last witness are untouched.
+    (With ``budget > 0``, ``topk > 0``, so ``learned`` is ``[rows, topk]``.)"""
+    if budget == 0 or len(context_lens) == 0:
+        return
+    table = _witness_table(learned, context_lens, num_segments)
+    is_witness = table >= 0
+    rank = np.cumsum(is_witness, axis=1) - 1  # position among the row's witnesses
+    written = is_witness & (rank < budget)  # witnesses past the budget are dropped
+    r, s = np.nonzero(written)
+    out[r, keep + rank[r, s]] = table[r, s]
+
+
+def apply_topology_witnesses(
+    learned: Any,
+    context_lens: Any,
+    learned_keep: int,
+    num_segments: int,
+    max_replacements: int,
+) -> np.ndarray:
+    """The learned rows with witnesses merged in, as a new int32 array.
+
+    Slots ``[0, learned_keep)`` are kept, witnesses in ascending segment
+    order overwrite slots ``learned_keep, ...``, at most
+    ``B = min(max_replacements, topk - learned_keep)`` of them.
+    """
+    learned = _index_array("learned", learned, 2)
+    context_lens = _index_array("context_lens", context_lens, 1)
+    learned_keep = _count("learned_keep", learned_keep)
+    num_segments = _count("num_segments", num_segments)
+    max_replacements = _count("max_replacements", max_replacements)
+    _check_rows(learned, context_lens)
+    _check_merge_segments(num_segments)
+    topk = learned.shape[1]
+    _check_keep(learned_keep, topk)
+
+    budget = min(max_replacements, topk - learned_keep)
+    out = learned.copy()
+    _merge(out, learned, context_lens, learned_keep, num_segments, budget)
+    return out.astype(np.int32)
+
+
+def scatter_topology_witnesses(topk_indices: np.ndarray, context_lens: Any, num_segments: int) -> None:
+    """The serving entry point: merges witnesses into the int32 array
+    ``topk_indices`` in place with ``keep = max(topk - S, 0)`` and
+    ``max_replacements = S``. ``num_segments = 0`` is the off switch."""
+    if not isinstance(topk_indices, np.ndarray) or topk_indices.dtype != np.int32:
+        raise TypeError("topk_indices must be an int32 numpy array")
+    if topk_indices.ndim != 2:
+        raise ValueError("topk_indices must be 2-D")
+    if not topk_indices.flags.writeable:
+        raise ValueError("topk_indices must be writeable")
+    num_segments = _count("num_segments", num_segments)
+    if num_segments == 0:
+        return None
+    context_lens = _index_array("context_lens", context_lens, 1)
+    learned = topk_indices.astype(np.int64)
+    _check_rows(learned, context_lens)
+    _check_merge_segments(num_segments)
+    topk = learned.shape[1]
+    keep = max(topk - num_segments, 0)
+    budget = min(num_segments, topk - keep)
+
+    merged = learned.copy()
+    _merge(merged, learned, context_lens, keep, num_segments, budget)
+    topk_indices[...] = merged.astype(np.int32)
+    return None
+
+
+# --------------------------------------------------------------------------
+# Null models and metrics
+# --------------------------------------------------------------------------
+
+
+def locality_null(context_len: int, budget: int) -> np.ndarray:
+    """The ``k = min(budget, L)`` most recent tokens, ``[L - k, L)``, int32."""
+    context_len = _count("context_len", context_len)
+    budget = _count("budget", budget)
+    k = min(budget, context_len)
+    return np.arange(context_len - k, context_len, dtype=np.int64).astype(np.int32)
+
+
+def _distinct_in_range(candidates: Any, context_len: int) -> np.ndarray:
+    c = _index_array("candidates", candidates, 1)
+    return np.unique(c[(c >= 0) & (c < context_len)])
+
+
+def segment_coverage(candidates: Any, context_len: int, num_segments: int) -> float:
+    """``|{sigma(x) : x in C, 0 <= x < L}| / S_eff``; 1.0 when ``S_eff = 0``.
+    Padding, duplicates and out-of-range entries count for nothing."""
+    context_len = _count("context_len", context_len)
+    num_segments = _count("num_segments", num_segments)
+    s_eff = min(num_segments, context_len)
+    if s_eff == 0:
+        return 1.0
+    x = _distinct_in_range(candidates, context_len)
+    segments = np.unique(x * s_eff // context_len)  # x < L, so no clamp is needed
+    return len(segments) / s_eff
+
+
+def attention_mass_recall(candidates: Any, attention_row: Any) -> float:
+    """``sum(a_x for distinct x in C, 0 <= x < L) / sum(a)`` with
+    ``L = len(attention_row)``; NaN when the row has no mass."""
+    a = np.asarray(attention_row, dtype=np.float64)
+    if a.ndim != 1:
+        raise ValueError("attention_row must be 1-D")
+    total = float(np.sum(a))
+    x = _distinct_in_range(candidates, len(a))
+    if total == 0.0:
+        return float("nan")
+    return float(np.sum(a[x])) / total
+
+
+# ==========================================================================
+# Block-sparse selection and attention references
+# --------------------------------------------------------------------------
+# Reserved: the NumPy references of block_sparse_select, positions_of_blocks
+# and the attention module go below this line (added separately, written
+# from spec/block_sparse.rs.txt and design.md).
+# ==========================================================================
