@@ -130,7 +130,9 @@ where
     }
     let rows = data.len() / width;
     if rows < 2 * min_rows.max(1) {
-        data.chunks_mut(width).enumerate().for_each(|(i, r)| f(i, r));
+        data.chunks_mut(width)
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
         return;
     }
     install(|parallel| {
@@ -141,7 +143,9 @@ where
                 .enumerate()
                 .for_each(|(i, r)| f(i, r));
         } else {
-            data.chunks_mut(width).enumerate().for_each(|(i, r)| f(i, r));
+            data.chunks_mut(width)
+                .enumerate()
+                .for_each(|(i, r)| f(i, r));
         }
     })
 }

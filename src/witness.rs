@@ -385,7 +385,14 @@ pub fn topology_witness_indices_into(
 /// Merges witnesses into one row in place: occupancy from the whole row,
 /// witnesses in ascending segment order into slots `keep..keep + budget`.
 /// Requires `1 <= num_segments <= 64` and `keep + budget <= row.len()`.
-fn merge_row(row: &mut [i32], context_len: i32, num_segments: usize, keep: usize, budget: usize, level: Level) {
+fn merge_row(
+    row: &mut [i32],
+    context_len: i32,
+    num_segments: usize,
+    keep: usize,
+    budget: usize,
+    level: Level,
+) {
     let Some(g) = Row::new(context_len, num_segments) else {
         return;
     };
@@ -484,7 +491,14 @@ pub fn apply_topology_witnesses_into(
     let level = simd::level();
     pool::for_each_row_mut(out, topk, 16, |r, out_row| {
         out_row.copy_from_slice(&learned[r * topk..(r + 1) * topk]);
-        merge_row(out_row, context_lens[r], num_segments, learned_keep, budget, level);
+        merge_row(
+            out_row,
+            context_lens[r],
+            num_segments,
+            learned_keep,
+            budget,
+            level,
+        );
     });
     Ok(())
 }
@@ -604,7 +618,14 @@ mod tests {
             state
         };
         let mut lens: Vec<u64> = (1..=300).collect();
-        lens.extend([i32::MAX as u64, i32::MAX as u64 - 1, 1 << 30, (1 << 31) - 3, 65_537, 999_999_937]);
+        lens.extend([
+            i32::MAX as u64,
+            i32::MAX as u64 - 1,
+            1 << 30,
+            (1 << 31) - 3,
+            65_537,
+            999_999_937,
+        ]);
         for _ in 0..300 {
             lens.push(next() % (i32::MAX as u64) + 1);
         }
@@ -641,7 +662,9 @@ mod tests {
     fn every_simd_level_builds_the_same_occupancy() {
         let mut state = 12345u64;
         let mut next = move || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (state >> 33) as u32
         };
         for case in 0..4000 {

@@ -229,9 +229,7 @@ fn the_serving_row_is_causal_distinct_ordered_and_within_budget() {
         let s = rng.random_range(1..=MAX_TOPOLOGY_SEGMENTS);
         let topk = rng.random_range(1..=256usize);
         let rows = rng.random_range(1..=8usize);
-        let lens: Vec<i32> = (0..rows)
-            .map(|_| rng.random_range(-2..=20_000))
-            .collect();
+        let lens: Vec<i32> = (0..rows).map(|_| rng.random_range(-2..=20_000)).collect();
         let mut buf = Vec::new();
         for &len in &lens {
             buf.extend(random_row(&mut rng, topk, len.max(0) as usize, 0.2));
@@ -253,7 +251,10 @@ fn the_serving_row_is_causal_distinct_ordered_and_within_budget() {
                     "one ascending run of witnesses: {:?}",
                     &after[keep..=last]
                 );
-                assert!(after[keep..=last].iter().all(|&x| 0 <= x && x < len), "causal");
+                assert!(
+                    after[keep..=last].iter().all(|&x| 0 <= x && x < len),
+                    "causal"
+                );
             }
             let valid: Vec<i32> = after.iter().copied().filter(|&x| x >= 0).collect();
             let set: HashSet<i32> = valid.iter().copied().collect();

@@ -1,0 +1,54 @@
+"""kvselect: which KV positions a query may attend to in sparse attention.
+
+The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
+
+- segment witnesses on top of a learned sparse top-k (a port of the candidate
+  policy of vLLM PR 47942): :func:`topology_witness_indices`,
+  :func:`apply_topology_witnesses` and the in-place serving entry point
+  :func:`scatter_topology_witnesses`, with the null models
+  :func:`random_null` / :func:`locality_null` and the metrics
+  :func:`segment_coverage` / :func:`attention_mass_recall`.
+
+Arrays that already have the right dtype and C order are read in place;
+others are converted once when that keeps their meaning (integer arrays that
+fit in int32, such as ``torch.topk``'s int64). The in-place buffer of
+:func:`scatter_topology_witnesses` is never converted. Refusals raise
+:class:`WitnessError` / :class:`SelectionError` (``ValueError`` subclasses) or
+``TypeError``; a refused call leaves every buffer byte-identical.
+"""
+
+from kvselect._core import (
+    MAX_TOPOLOGY_SEGMENTS,
+    SelectionError,
+    WitnessError,
+    __version__,
+    apply_topology_witnesses,
+    attention_mass_recall,
+    get_num_threads,
+    locality_null,
+    random_null,
+    scatter_topology_witnesses,
+    segment_coverage,
+    segment_of,
+    set_num_threads,
+    simd_level,
+    topology_witness_indices,
+)
+
+__all__ = [
+    "MAX_TOPOLOGY_SEGMENTS",
+    "SelectionError",
+    "WitnessError",
+    "__version__",
+    "apply_topology_witnesses",
+    "attention_mass_recall",
+    "get_num_threads",
+    "locality_null",
+    "random_null",
+    "scatter_topology_witnesses",
+    "segment_coverage",
+    "segment_of",
+    "set_num_threads",
+    "simd_level",
+    "topology_witness_indices",
+]

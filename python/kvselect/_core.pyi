@@ -1,0 +1,92 @@
+"""Type stubs for the native module ``kvselect._core`` (checked by stubtest)."""
+
+from typing import Final, Optional
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: Final[str]
+MAX_TOPOLOGY_SEGMENTS: Final[int]
+
+class WitnessError(ValueError):
+    """A refused segment-witness call.
+
+    ``variant`` names the spec's refusal ("RowsMismatch", "SegmentsOutOfRange",
+    "LearnedKeepOutOfRange") or is None for an argument the bindings refuse;
+    ``argument`` names the argument at fault; the variant's fields
+    (``learned_len``, ``topk``, ``rows``, ``num_segments``, ``learned_keep``)
+    are attributes too.
+    """
+
+    variant: Optional[str]
+    argument: str
+
+class SelectionError(ValueError):
+    """A refused block-selection or attention call; ``argument`` names the argument at fault."""
+
+    argument: str
+
+def segment_of(token: int, context_len: int, num_segments: int) -> int:
+    """``min(floor(token * S_eff / L), S - 1)`` with ``S_eff = min(S, L)``; a length of 0 reads as 1."""
+
+def topology_witness_indices(
+    learned: npt.ArrayLike,
+    context_lens: npt.ArrayLike,
+    num_segments: int,
+    *,
+    out: Optional[npt.NDArray[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """The witnesses of every learned row, int32 ``[rows, num_segments]``.
+
+    Slot ``s`` holds the left edge ``ceil(s*L/S_eff)`` of segment ``s`` when the
+    row does not occupy it, else -1. Accepts any positive ``num_segments``.
+    """
+
+def apply_topology_witnesses(
+    learned: npt.ArrayLike,
+    context_lens: npt.ArrayLike,
+    learned_keep: int,
+    num_segments: int,
+    max_replacements: int,
+    *,
+    out: Optional[npt.NDArray[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """The learned rows with witnesses merged in, int32 ``[rows, topk]`` (a new array, or ``out``).
+
+    Slots ``[0, learned_keep)`` are kept bit for bit; witnesses in ascending
+    segment order overwrite slots ``learned_keep, learned_keep + 1, ...`` up to
+    ``min(max_replacements, topk - learned_keep)``.
+    """
+
+def scatter_topology_witnesses(
+    topk_indices: npt.NDArray[np.int32],
+    context_lens: npt.ArrayLike,
+    num_segments: int,
+) -> None:
+    """The serving entry point: writes witnesses into ``topk_indices`` in place.
+
+    ``topk_indices`` must be an int32, C-contiguous, writeable 2-D ndarray (a
+    CPU torch tensor's ``.numpy()`` view works; ``torch.topk`` gives int64, so
+    call ``.int()`` first). ``num_segments=0`` is the off switch.
+    """
+
+def random_null(context_len: int, budget: int, seed: int) -> npt.NDArray[np.int32]:
+    """``min(budget, L)`` tokens drawn uniformly from ``[0, L)``, ascending; deterministic per seed."""
+
+def locality_null(context_len: int, budget: int) -> npt.NDArray[np.int32]:
+    """The ``min(budget, L)`` most recent tokens, ``[L - k, L)``."""
+
+def segment_coverage(candidates: npt.ArrayLike, context_len: int, num_segments: int) -> float:
+    """The share of the ``S_eff`` segments of ``[0, L)`` that ``candidates`` meets (1.0 with no segments)."""
+
+def attention_mass_recall(candidates: npt.ArrayLike, attention_row: npt.ArrayLike) -> float:
+    """The share of ``attention_row``'s mass on ``candidates`` (NaN for a row with no mass)."""
+
+def set_num_threads(n: int) -> None:
+    """Sets the threads kvselect's parallel paths use; 0 restores the default."""
+
+def get_num_threads() -> int:
+    """The threads kvselect's parallel paths use."""
+
+def simd_level() -> str:
+    """The SIMD level the kernels dispatched to on this CPU: "avx2" or "scalar"."""

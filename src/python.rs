@@ -1,0 +1,736 @@
+//! The Python bindings: the only file that knows PyO3 and NumPy.
+//!
+//! Each function validates its arrays, releases the GIL for the real work,
+//! calls the core and maps its errors. The rules it enforces
+//! (`design.md`, "Conventions"):
+//!
+//! - **Read-only arguments** are read in place when they already have the
+//!   right dtype and C order; otherwise one conversion is made when it keeps
+//!   the meaning (integer arrays whose values fit in int32; floats to the
+//!   kernel's float type), and anything else is refused.
+//! - **The in-place buffer is never converted**: a buffer of another dtype is
+//!   a `TypeError`; one that is not 2-D, not C-contiguous, read-only, or
+//!   overlapping another argument is a `WitnessError`, checked on every call
+//!   (the off switch included) before anything is written.
+//! - **Counts** (segments, budgets, lengths, seeds) are Python integers; a
+//!   negative or oversized one is a `ValueError` subclass, never an
+//!   `OverflowError`.
+//! - **No panic reaches Python**: the core returns `Result` for every refusal
+//!   and the arrays it is given are checked against the shapes it is told.
+//! - **The GIL is released** when a call has enough work to be worth the
+//!   hand-off ([`DETACH_MIN`] elements); below that, releasing and
+//!   re-acquiring it would cost more than the work.
+
+use numpy::{
+    Element, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTuple;
+
+use crate::{pool, simd, witness};
+
+pyo3::create_exception!(
+    kvselect,
+    WitnessError,
+    PyValueError,
+    "A refused segment-witness call (a ValueError).\n\n\
+     `variant` names the spec's refusal (\"RowsMismatch\", \"SegmentsOutOfRange\",\n\
+     \"LearnedKeepOutOfRange\") or is None for an argument the bindings refuse\n\
+     (a bad buffer, a negative count); `argument` names the argument at fault,\n\
+     and the variant's fields are attributes too."
+);
+pyo3::create_exception!(
+    kvselect,
+    SelectionError,
+    PyValueError,
+    "A refused block-selection or attention call (a ValueError); `argument`\n\
+     names the argument at fault."
+);
+
+/// Below this many elements of work the GIL is kept: releasing and
+/// re-acquiring it costs more than the call.
+const DETACH_MIN: usize = 1 << 14;
+
+/// Outputs larger than this are allocated through `numpy.empty`, which
+/// raises `MemoryError` when the allocation fails; smaller ones through the
+/// C API, which is faster but would turn a failed allocation into a panic.
+const BIG_OUTPUT_BYTES: usize = 64 << 20;
+
+/// Which exception family a refusal belongs to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Domain {
+    Witness,
+    Selection,
+}
+
+/// A refusal of `argument` that the bindings make themselves.
+fn refuse(py: Python<'_>, domain: Domain, argument: &str, msg: impl Into<String>) -> PyErr {
+    let err = match domain {
+        Domain::Witness => WitnessError::new_err(msg.into()),
+        Domain::Selection => SelectionError::new_err(msg.into()),
+    };
+    let value = err.value(py);
+    let _ = value.setattr("argument", argument);
+    if domain == Domain::Witness {
+        let _ = value.setattr("variant", py.None());
+    }
+    err
+}
+
+/// Maps a core refusal to `kvselect.WitnessError`, carrying the variant's
+/// name and fields; `rows_name` is the 2-D argument (`learned` or
+/// `topk_indices`) whose rows `RowsMismatch` speaks of.
+fn witness_error(py: Python<'_>, e: witness::WitnessError, rows_name: &str) -> PyErr {
+    use witness::WitnessError as E;
+    let (msg, argument) = match &e {
+        E::RowsMismatch {
+            learned_len,
+            topk,
+            rows,
+        } => {
+            let have = if *topk == 0 { 0 } else { learned_len / topk };
+            (
+                format!(
+                    "{rows_name} has {have} rows of topk={topk}, but context_lens has {rows} \
+                     lengths: every row needs its context length"
+                ),
+                "context_lens",
+            )
+        }
+        E::SegmentsOutOfRange { .. } => (e.to_string(), "num_segments"),
+        E::LearnedKeepOutOfRange { .. } => (e.to_string(), "learned_keep"),
+    };
+    let err = WitnessError::new_err(msg);
+    let v = err.value(py);
+    let _ = v.setattr("argument", argument);
+    let _ = match e {
+        E::RowsMismatch {
+            learned_len,
+            topk,
+            rows,
+        } => v
+            .setattr("variant", "RowsMismatch")
+            .and(v.setattr("learned_len", learned_len))
+            .and(v.setattr("topk", topk))
+            .and(v.setattr("rows", rows)),
+        E::SegmentsOutOfRange { num_segments } => v
+            .setattr("variant", "SegmentsOutOfRange")
+            .and(v.setattr("num_segments", num_segments)),
+        E::LearnedKeepOutOfRange { learned_keep, topk } => v
+            .setattr("variant", "LearnedKeepOutOfRange")
+            .and(v.setattr("learned_keep", learned_keep))
+            .and(v.setattr("topk", topk)),
+    };
+    err
+}
+
+fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    NUMPY
+        .get_or_try_init(py, || py.import("numpy").map(Bound::unbind))
+        .map(|m| m.bind(py))
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".to_string())
+}
+
+/// A non-negative integer argument, at most `max`.
+fn count(obj: &Bound<'_, PyAny>, name: &str, domain: Domain, max: u64) -> PyResult<u64> {
+    let py = obj.py();
+    let too_large = || {
+        refuse(
+            py,
+            domain,
+            name,
+            format!("{name} is too large: at most {max}"),
+        )
+    };
+    match obj.extract::<i64>() {
+        Ok(v) if v < 0 => Err(refuse(
+            py,
+            domain,
+            name,
+            format!("{name} must be non-negative, got {v}"),
+        )),
+        Ok(v) if v as u64 > max => Err(too_large()),
+        Ok(v) => Ok(v as u64),
+        Err(e) if e.is_instance_of::<PyOverflowError>(py) => {
+            if obj.lt(0i64)? {
+                return Err(refuse(
+                    py,
+                    domain,
+                    name,
+                    format!("{name} must be non-negative, got {obj}"),
+                ));
+            }
+            match obj.extract::<u64>() {
+                Ok(v) if v <= max => Ok(v),
+                _ => Err(too_large()),
+            }
+        }
+        Err(e) => Err(PyTypeError::new_err(format!(
+            "{name} must be an integer, got {}: {e}",
+            type_name(obj)
+        ))),
+    }
+}
+
+const I32_MAX: u64 = i32::MAX as u64;
+
+/// An integer array argument as a C-contiguous int32 array: the caller's own
+/// array when it already is one, else one converted copy. Floats are a
+/// `TypeError`; integers outside int32 a `ValueError` subclass.
+fn int32_array<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+    domain: Domain,
+) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+    if let Ok(a) = obj.cast::<PyArrayDyn<i32>>() {
+        if a.is_c_contiguous() && is_aligned(a.as_untyped()) {
+            return Ok(a.clone());
+        }
+    }
+    let py = obj.py();
+    let np = numpy(py)?;
+    let arr = np.call_method1("asarray", (obj,))?;
+    let untyped = arr.cast::<PyUntypedArray>()?;
+    let kind = untyped.dtype().kind();
+    let size = untyped.len();
+    if !(kind == b'i' || kind == b'u' || size == 0) {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must hold integers (row-relative int32 offsets), got dtype {}",
+            untyped.dtype()
+        )));
+    }
+    // int8/16/32 and uint8/16 always fit; wider types are checked.
+    let itemsize = untyped.dtype().itemsize();
+    let fits = (kind == b'i' && itemsize <= 4) || (kind == b'u' && itemsize <= 2);
+    if size > 0 && !fits {
+        let lo: i128 = arr.call_method0("min")?.extract()?;
+        let hi: i128 = arr.call_method0("max")?.extract()?;
+        if lo < i32::MIN as i128 || hi > i32::MAX as i128 {
+            return Err(refuse(
+                py,
+                domain,
+                name,
+                format!("{name} holds values in [{lo}, {hi}], outside int32: offsets are int32"),
+            ));
+        }
+    }
+    let int32 = np.getattr("int32")?;
+    let kwargs = [("dtype", int32)].into_py_dict(py)?;
+    let converted = np.call_method("ascontiguousarray", (arr,), Some(&kwargs))?;
+    Ok(converted.cast_into::<PyArrayDyn<i32>>()?)
+}
+
+/// A float array argument as a C-contiguous array of `T`: the caller's own
+/// when it already is one, else one converted copy. Non-float data is a
+/// `TypeError`.
+fn float_array<'py, T: Element>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    if let Ok(a) = obj.cast::<PyArrayDyn<T>>() {
+        if a.is_c_contiguous() && is_aligned(a.as_untyped()) {
+            return Ok(a.clone());
+        }
+    }
+    let py = obj.py();
+    let np = numpy(py)?;
+    let arr = np.call_method1("asarray", (obj,))?;
+    let untyped = arr.cast::<PyUntypedArray>()?;
+    if untyped.dtype().kind() != b'f' && untyped.len() > 0 {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must hold floats, got dtype {}",
+            untyped.dtype()
+        )));
+    }
+    let dtype = numpy::dtype::<T>(py);
+    let kwargs = [("dtype", dtype)].into_py_dict(py)?;
+    let converted = np.call_method("ascontiguousarray", (arr,), Some(&kwargs))?;
+    Ok(converted.cast_into::<PyArrayDyn<T>>()?)
+}
+
+use pyo3::types::IntoPyDict;
+
+fn is_aligned(a: &Bound<'_, PyUntypedArray>) -> bool {
+    // NPY_ARRAY_ALIGNED
+    const ALIGNED: i32 = 0x0100;
+    // SAFETY: `a` is a live ndarray; reading its flags field is what
+    // `PyArray_FLAGS` does.
+    unsafe { (*a.as_array_ptr()).fields.flags & ALIGNED != 0 }
+}
+
+/// The byte range an array's elements may occupy, `None` when it has none.
+fn extent(a: &Bound<'_, PyUntypedArray>) -> Option<(usize, usize)> {
+    let shape = a.shape();
+    if shape.contains(&0) {
+        return None;
+    }
+    // SAFETY: `a` is a live ndarray; its data pointer is read, not followed.
+    let data = unsafe { (*a.as_array_ptr()).fields.data } as isize;
+    let (mut lo, mut hi) = (data, data);
+    for (&n, &stride) in shape.iter().zip(a.strides()) {
+        let span = (n as isize - 1).saturating_mul(stride);
+        if span < 0 {
+            lo = lo.saturating_add(span);
+        } else {
+            hi = hi.saturating_add(span);
+        }
+    }
+    let item = a.dtype().itemsize() as isize;
+    Some((lo as usize, hi.saturating_add(item) as usize))
+}
+
+/// Whether the memory of `a` and the array behind `b` (if `b` is one) may
+/// overlap, in `numpy.may_share_memory`'s sense (bounds overlap).
+fn may_overlap(a: &Bound<'_, PyUntypedArray>, b: &Bound<'_, PyAny>) -> bool {
+    let Ok(b) = b.cast::<PyUntypedArray>() else {
+        return false;
+    };
+    match (extent(a), extent(b)) {
+        (Some((alo, ahi)), Some((blo, bhi))) => alo < bhi && blo < ahi,
+        _ => false,
+    }
+}
+
+/// The caller's buffer for in-place writes: an int32, C-contiguous,
+/// writeable ndarray of `ndim` dimensions that overlaps none of `others`.
+/// Never converted: anything else is refused and left untouched.
+fn inplace_i32<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+    ndim: usize,
+    others: &[&Bound<'py, PyAny>],
+    domain: Domain,
+) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+    let py = obj.py();
+    let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be a numpy.ndarray of int32 (it is written in place; for a torch \
+             tensor pass t.numpy(), after .int() if it is int64), got {}",
+            type_name(obj)
+        )));
+    };
+    let Ok(arr) = obj.cast::<PyArrayDyn<i32>>() else {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must have dtype int32, got {}: it is written in place, so it is never \
+             converted (torch.topk gives int64: call .int() first)",
+            untyped.dtype()
+        )));
+    };
+    if untyped.ndim() != ndim {
+        return Err(refuse(
+            py,
+            domain,
+            name,
+            format!("{name} must be {ndim}-D, got {}-D", untyped.ndim()),
+        ));
+    }
+    if !untyped.is_c_contiguous() {
+        return Err(refuse(
+            py,
+            domain,
+            name,
+            format!("{name} is not C-contiguous: it is written in place, so it is never copied"),
+        ));
+    }
+    if !is_aligned(untyped) {
+        return Err(refuse(py, domain, name, format!("{name} is not aligned")));
+    }
+    // SAFETY: reading the flags of a live ndarray, as PyArray_ISWRITEABLE does.
+    let writeable = unsafe { (*untyped.as_array_ptr()).fields.flags & 0x0400 != 0 };
+    if !writeable {
+        return Err(refuse(py, domain, name, format!("{name} is read-only")));
+    }
+    for other in others {
+        if may_overlap(untyped, other) {
+            return Err(refuse(
+                py,
+                domain,
+                name,
+                format!("{name} overlaps another argument's memory"),
+            ));
+        }
+    }
+    Ok(arr.clone())
+}
+
+/// Allocates an int32 output of `shape` (never an abort: a failed large
+/// allocation is a `MemoryError`).
+fn alloc_i32<'py>(py: Python<'py>, shape: &[usize]) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+    let elems = shape.iter().try_fold(1usize, |a, &n| a.checked_mul(n));
+    match elems.and_then(|e| e.checked_mul(4)) {
+        Some(bytes) if bytes <= BIG_OUTPUT_BYTES => Ok(PyArrayDyn::<i32>::zeros(py, shape, false)),
+        _ => {
+            let np = numpy(py)?;
+            let shape = PyTuple::new(py, shape)?;
+            let kwargs = [("dtype", np.getattr("int32")?)].into_py_dict(py)?;
+            Ok(np
+                .call_method("empty", (shape,), Some(&kwargs))?
+                .cast_into::<PyArrayDyn<i32>>()?)
+        }
+    }
+}
+
+/// Runs `f` with the GIL released when `work` is worth the hand-off.
+fn run<T: Send>(py: Python<'_>, work: usize, f: impl FnOnce() -> T + Send) -> T {
+    if work >= DETACH_MIN {
+        py.detach(f)
+    } else {
+        f()
+    }
+}
+
+/// `(rows, topk)` of a 2-D index argument.
+fn rows_of(a: &Bound<'_, PyArrayDyn<i32>>, name: &str, domain: Domain) -> PyResult<(usize, usize)> {
+    match a.shape() {
+        [rows, topk] => Ok((*rows, *topk)),
+        s => Err(refuse(
+            a.py(),
+            domain,
+            name,
+            format!("{name} must be 2-D [rows, topk], got {}-D", s.len()),
+        )),
+    }
+}
+
+fn one_d(a: &Bound<'_, PyArrayDyn<i32>>, name: &str, domain: Domain) -> PyResult<()> {
+    if a.ndim() != 1 {
+        return Err(refuse(
+            a.py(),
+            domain,
+            name,
+            format!("{name} must be 1-D, got {}-D", a.ndim()),
+        ));
+    }
+    Ok(())
+}
+
+fn contiguous<'a, T: Element>(
+    a: &'a numpy::PyReadonlyArrayDyn<'_, T>,
+    name: &str,
+) -> PyResult<&'a [T]> {
+    a.as_slice()
+        .map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
+}
+
+#[pyfunction]
+#[pyo3(name = "segment_of")]
+fn py_segment_of(
+    token: &Bound<'_, PyAny>,
+    context_len: &Bound<'_, PyAny>,
+    num_segments: &Bound<'_, PyAny>,
+) -> PyResult<u64> {
+    let w = Domain::Witness;
+    let token = count(token, "token", w, u64::MAX)?;
+    let context_len = count(context_len, "context_len", w, u64::MAX)?;
+    let num_segments = count(num_segments, "num_segments", w, u64::MAX)?;
+    // u64 fits usize on every 64-bit target this wheel is built for.
+    Ok(witness::segment_of(token as usize, context_len as usize, num_segments as usize) as u64)
+}
+
+#[pyfunction]
+#[pyo3(name = "topology_witness_indices", signature = (learned, context_lens, num_segments, *, out=None))]
+fn py_topology_witness_indices<'py>(
+    learned: &Bound<'py, PyAny>,
+    context_lens: &Bound<'py, PyAny>,
+    num_segments: &Bound<'py, PyAny>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+    let py = learned.py();
+    let w = Domain::Witness;
+    let learned_arr = int32_array(learned, "learned", w)?;
+    let lens_arr = int32_array(context_lens, "context_lens", w)?;
+    let (rows, topk) = rows_of(&learned_arr, "learned", w)?;
+    one_d(&lens_arr, "context_lens", w)?;
+    let num_segments = count(num_segments, "num_segments", w, u32::MAX as u64)? as usize;
+    if num_segments == 0 {
+        return Err(witness_error(
+            py,
+            witness::WitnessError::SegmentsOutOfRange { num_segments },
+            "learned",
+        ));
+    }
+    if rows != lens_arr.len() {
+        return Err(witness_error(
+            py,
+            witness::WitnessError::RowsMismatch {
+                learned_len: rows * topk,
+                topk,
+                rows: lens_arr.len(),
+            },
+            "learned",
+        ));
+    }
+    let out = match out {
+        Some(o) => {
+            let a = inplace_i32(o, "out", 2, &[learned, context_lens], w)?;
+            if a.shape() != [rows, num_segments] {
+                return Err(refuse(
+                    py,
+                    w,
+                    "out",
+                    format!(
+                        "out must have shape ({rows}, {num_segments}), got {:?}",
+                        a.shape()
+                    ),
+                ));
+            }
+            a
+        }
+        None => alloc_i32(py, &[rows, num_segments])?,
+    };
+    {
+        let learned_ro = learned_arr.try_readonly()?;
+        let lens_ro = lens_arr.try_readonly()?;
+        let mut out_rw = out
+            .try_readwrite()
+            .map_err(|e| refuse(py, w, "out", format!("out: {e}")))?;
+        let l = contiguous(&learned_ro, "learned")?;
+        let c = contiguous(&lens_ro, "context_lens")?;
+        let o = out_rw
+            .as_slice_mut()
+            .map_err(|e| refuse(py, w, "out", format!("out: {e}")))?;
+        run(py, l.len() + o.len(), || {
+            witness::topology_witness_indices_into(l, topk, c, num_segments, o)
+        })
+        .map_err(|e| witness_error(py, e, "learned"))?;
+    }
+    Ok(out)
+}
+
+#[pyfunction]
+#[pyo3(
+    name = "apply_topology_witnesses",
+    signature = (learned, context_lens, learned_keep, num_segments, max_replacements, *, out=None)
+)]
+fn py_apply_topology_witnesses<'py>(
+    learned: &Bound<'py, PyAny>,
+    context_lens: &Bound<'py, PyAny>,
+    learned_keep: &Bound<'py, PyAny>,
+    num_segments: &Bound<'py, PyAny>,
+    max_replacements: &Bound<'py, PyAny>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+    let py = learned.py();
+    let w = Domain::Witness;
+    let learned_arr = int32_array(learned, "learned", w)?;
+    let lens_arr = int32_array(context_lens, "context_lens", w)?;
+    let (rows, topk) = rows_of(&learned_arr, "learned", w)?;
+    one_d(&lens_arr, "context_lens", w)?;
+    let learned_keep = count(learned_keep, "learned_keep", w, u64::MAX)? as usize;
+    let num_segments = count(num_segments, "num_segments", w, u64::MAX)? as usize;
+    let max_replacements = count(max_replacements, "max_replacements", w, u64::MAX)? as usize;
+    let out = match out {
+        Some(o) => {
+            let a = inplace_i32(o, "out", 2, &[learned, context_lens], w)?;
+            if a.shape() != [rows, topk] {
+                return Err(refuse(
+                    py,
+                    w,
+                    "out",
+                    format!("out must have shape ({rows}, {topk}), got {:?}", a.shape()),
+                ));
+            }
+            a
+        }
+        None => alloc_i32(py, &[rows, topk])?,
+    };
+    {
+        let learned_ro = learned_arr.try_readonly()?;
+        let lens_ro = lens_arr.try_readonly()?;
+        let mut out_rw = out
+            .try_readwrite()
+            .map_err(|e| refuse(py, w, "out", format!("out: {e}")))?;
+        let l = contiguous(&learned_ro, "learned")?;
+        let c = contiguous(&lens_ro, "context_lens")?;
+        let o = out_rw
+            .as_slice_mut()
+            .map_err(|e| refuse(py, w, "out", format!("out: {e}")))?;
+        run(py, l.len(), || {
+            witness::apply_topology_witnesses_into(
+                l,
+                topk,
+                c,
+                learned_keep,
+                num_segments,
+                max_replacements,
+                o,
+            )
+        })
+        .map_err(|e| witness_error(py, e, "learned"))?;
+    }
+    Ok(out)
+}
+
+#[pyfunction]
+#[pyo3(name = "scatter_topology_witnesses")]
+fn py_scatter_topology_witnesses<'py>(
+    topk_indices: &Bound<'py, PyAny>,
+    context_lens: &Bound<'py, PyAny>,
+    num_segments: &Bound<'py, PyAny>,
+) -> PyResult<()> {
+    let py = topk_indices.py();
+    let w = Domain::Witness;
+    let buf = inplace_i32(topk_indices, "topk_indices", 2, &[context_lens], w)?;
+    let lens_arr = int32_array(context_lens, "context_lens", w)?;
+    one_d(&lens_arr, "context_lens", w)?;
+    let num_segments = count(num_segments, "num_segments", w, u64::MAX)? as usize;
+    if num_segments == 0 {
+        return Ok(());
+    }
+    let (rows, topk) = rows_of(&buf, "topk_indices", w)?;
+    let lens_ro = lens_arr.try_readonly()?;
+    let mut buf_rw = buf.try_readwrite().map_err(|e| {
+        refuse(
+            py,
+            w,
+            "topk_indices",
+            format!("topk_indices cannot be written: {e}"),
+        )
+    })?;
+    let c = contiguous(&lens_ro, "context_lens")?;
+    let b = buf_rw
+        .as_slice_mut()
+        .map_err(|e| refuse(py, w, "topk_indices", format!("topk_indices: {e}")))?;
+    debug_assert_eq!(b.len(), rows * topk);
+    run(py, b.len(), || {
+        witness::scatter_topology_witnesses(b, topk, c, num_segments)
+    })
+    .map_err(|e| witness_error(py, e, "topk_indices"))
+}
+
+#[pyfunction]
+#[pyo3(name = "random_null")]
+fn py_random_null<'py>(
+    context_len: &Bound<'py, PyAny>,
+    budget: &Bound<'py, PyAny>,
+    seed: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, numpy::PyArray1<i32>>> {
+    let py = context_len.py();
+    let w = Domain::Witness;
+    let len = count(context_len, "context_len", w, I32_MAX)? as usize;
+    let budget = count(budget, "budget", w, u64::MAX)? as usize;
+    let seed = count(seed, "seed", w, u64::MAX)?;
+    let v = run(py, budget.min(len), || {
+        witness::random_null(len, budget, seed)
+    });
+    Ok(numpy::PyArray1::from_vec(py, v))
+}
+
+#[pyfunction]
+#[pyo3(name = "locality_null")]
+fn py_locality_null<'py>(
+    context_len: &Bound<'py, PyAny>,
+    budget: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, numpy::PyArray1<i32>>> {
+    let py = context_len.py();
+    let w = Domain::Witness;
+    let len = count(context_len, "context_len", w, I32_MAX)? as usize;
+    let budget = count(budget, "budget", w, u64::MAX)? as usize;
+    Ok(numpy::PyArray1::from_vec(
+        py,
+        witness::locality_null(len, budget),
+    ))
+}
+
+#[pyfunction]
+#[pyo3(name = "segment_coverage")]
+fn py_segment_coverage(
+    candidates: &Bound<'_, PyAny>,
+    context_len: &Bound<'_, PyAny>,
+    num_segments: &Bound<'_, PyAny>,
+) -> PyResult<f64> {
+    let py = candidates.py();
+    let w = Domain::Witness;
+    let cand = int32_array(candidates, "candidates", w)?;
+    one_d(&cand, "candidates", w)?;
+    let len = count(context_len, "context_len", w, u64::MAX)? as usize;
+    let num_segments = count(num_segments, "num_segments", w, u64::MAX)? as usize;
+    let ro = cand.try_readonly()?;
+    let c = contiguous(&ro, "candidates")?;
+    Ok(run(py, c.len(), || {
+        witness::segment_coverage(c, len, num_segments)
+    }))
+}
+
+#[pyfunction]
+#[pyo3(name = "attention_mass_recall")]
+fn py_attention_mass_recall(
+    candidates: &Bound<'_, PyAny>,
+    attention_row: &Bound<'_, PyAny>,
+) -> PyResult<f64> {
+    let py = candidates.py();
+    let w = Domain::Witness;
+    let cand = int32_array(candidates, "candidates", w)?;
+    one_d(&cand, "candidates", w)?;
+    let row = float_array::<f64>(attention_row, "attention_row")?;
+    if row.ndim() != 1 {
+        return Err(refuse(
+            py,
+            w,
+            "attention_row",
+            format!("attention_row must be 1-D, got {}-D", row.ndim()),
+        ));
+    }
+    let cro = cand.try_readonly()?;
+    let rro = row.try_readonly()?;
+    let c = contiguous(&cro, "candidates")?;
+    let r = contiguous(&rro, "attention_row")?;
+    Ok(run(py, c.len() + r.len(), || {
+        witness::attention_mass_recall(c, r)
+    }))
+}
+
+/// Sets the number of threads kvselect's parallel paths use; 0 restores
+/// the default (`RAYON_NUM_THREADS`, else every core).
+#[pyfunction]
+#[pyo3(name = "set_num_threads")]
+fn py_set_num_threads(n: &Bound<'_, PyAny>) -> PyResult<()> {
+    let n = count(n, "n", Domain::Selection, 1 << 16)? as usize;
+    pool::set_num_threads(n);
+    Ok(())
+}
+
+/// The number of threads kvselect's parallel paths use.
+#[pyfunction]
+#[pyo3(name = "get_num_threads")]
+fn py_get_num_threads() -> usize {
+    pool::num_threads()
+}
+
+/// The instruction-set level the SIMD kernels dispatched to on this CPU
+/// ("avx2" or "scalar").
+#[pyfunction]
+#[pyo3(name = "simd_level")]
+fn py_simd_level() -> &'static str {
+    simd::level().name()
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("MAX_TOPOLOGY_SEGMENTS", witness::MAX_TOPOLOGY_SEGMENTS)?;
+    m.add("WitnessError", py.get_type::<WitnessError>())?;
+    m.add("SelectionError", py.get_type::<SelectionError>())?;
+    m.add_function(wrap_pyfunction!(py_segment_of, m)?)?;
+    m.add_function(wrap_pyfunction!(py_topology_witness_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(py_apply_topology_witnesses, m)?)?;
+    m.add_function(wrap_pyfunction!(py_scatter_topology_witnesses, m)?)?;
+    m.add_function(wrap_pyfunction!(py_random_null, m)?)?;
+    m.add_function(wrap_pyfunction!(py_locality_null, m)?)?;
+    m.add_function(wrap_pyfunction!(py_segment_coverage, m)?)?;
+    m.add_function(wrap_pyfunction!(py_attention_mass_recall, m)?)?;
+    m.add_function(wrap_pyfunction!(py_set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(py_get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(py_simd_level, m)?)?;
+    Ok(())
+}
