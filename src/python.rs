@@ -448,7 +448,7 @@ fn py_topology_witness_indices<'py>(
     let w = Domain::Witness;
     let learned_arr = int32_array(learned, "learned", w)?;
     let lens_arr = int32_array(context_lens, "context_lens", w)?;
-    let (rows, topk) = rows_of(&learned_arr, "learned", w)?;
+    let (_, topk) = rows_of(&learned_arr, "learned", w)?;
     one_d(&lens_arr, "context_lens", w)?;
     let num_segments = count(num_segments, "num_segments", w, u32::MAX as u64)? as usize;
     if num_segments == 0 {
@@ -458,13 +458,16 @@ fn py_topology_witness_indices<'py>(
             "learned",
         ));
     }
-    if rows != lens_arr.len() {
+    // The rows are the context lengths; `learned` must hold `topk` entries
+    // for each (so with topk = 0 any number of empty rows matches).
+    let rows = lens_arr.len();
+    if learned_arr.len() != topk * rows {
         return Err(witness_error(
             py,
             witness::WitnessError::RowsMismatch {
-                learned_len: rows * topk,
+                learned_len: learned_arr.len(),
                 topk,
-                rows: lens_arr.len(),
+                rows,
             },
             "learned",
         ));

@@ -92,10 +92,10 @@ def _index_array(name: str, value: Any, ndim: int) -> np.ndarray:
         raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
     if a.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
-    a = a.astype(np.int64)
-    if a.size and (a.min() < _I32_MIN or a.max() > _I32_MAX):
+    # Compare in the array's own dtype: a cast first could wrap uint64 values.
+    if a.size and (int(a.min()) < _I32_MIN or int(a.max()) > _I32_MAX):
         raise ValueError(f"{name} holds values outside int32")
-    return a
+    return a.astype(np.int64)
 
 
 def _check_rows(learned: np.ndarray, context_lens: np.ndarray) -> None:

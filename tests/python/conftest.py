@@ -1,4 +1,4 @@
-"""Shared pytest configuration for the Python suites."""
-import sys  # TEMPORARY: removed once the package is installed
+"""Shared pytest configuration for the Python suites.
 
-sys.path.insert(0, "/work/main/python")  # TEMPORARY
+The suites run against the installed package (``pip install -e .`` or a
+wheel): nothing here touches ``sys.path``."""
