@@ -116,6 +116,17 @@ pub fn install<R: Send>(f: impl FnOnce(bool) -> R + Send) -> R {
     }
 }
 
+/// Below this much work (in elements touched) a parallel task does not pay
+/// for itself: waking a sleeping worker costs tens of microseconds on the
+/// machines measured, about what one thread needs for 64K elements.
+pub const PAR_MIN_WORK: usize = 1 << 16;
+
+/// How many rows of `work_per_row` elements make one parallel task worth
+/// its hand-off (at least 1).
+pub fn min_rows(work_per_row: usize) -> usize {
+    (PAR_MIN_WORK / work_per_row.max(1)).max(1)
+}
+
 /// Calls `f(row_index, row)` on every `width`-wide row of `data`, split
 /// across the pool's threads in runs of at least `min_rows` rows (so a small
 /// call does not pay a cross-thread hand-off per row). `width == 0` means

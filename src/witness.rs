@@ -197,7 +197,7 @@ fn occupancy(row: &[i32], g: &Row, level: Level) -> u64 {
     {
         if level == Level::Avx2 {
             // SAFETY: `Level::Avx2` is only ever produced by `simd::level()`
-            // after run-time detection found AVX2 on this CPU.
+            // after run-time detection found AVX2 and FMA on this CPU.
             return unsafe { scan::occupancy_avx2(row, g.ratio(), g.s_last as i32, full) };
         }
     }
@@ -232,17 +232,26 @@ mod scan {
         mask
     }
 
-    /// Eight entries per step: convert to f64, scale, truncate (the values
-    /// are non-negative, so truncation is the floor), clamp, and set one bit
-    /// per entry in two 32-bit halves of the mask (`vpsllvd` yields 0 for a
-    /// shift of 32 or more, so each half only takes its own bits). Padding
-    /// is masked out with a compare.
+    /// Eight entries per step: convert to f64, scale and lift with one FMA
+    /// (a single rounding: the error bound of the module docs only shrinks),
+    /// truncate (exact for the non-negative values that count), clamp to
+    /// `S - 1`, then turn padding into segment -1 by the sign of the entry.
+    /// One bit per entry is set in two 32-bit halves of the mask:
+    /// `vpsllvd` yields 0 for any count outside `0..32`, so the low half
+    /// takes segments 0–31 from `1 << seg`, the high half segments 32–63
+    /// from `1 << (seg - 32)`, and padding (-1) sets nothing in either.
+    ///
+    /// The shifts are inline assembly on purpose: the `_mm256_sllv_epi32`
+    /// intrinsic is lowered through a generic shift plus an explicit
+    /// out-of-range select, which costs four extra instructions per eight
+    /// entries for a behaviour the instruction already has.
     ///
     /// # Safety
-    /// The CPU must support AVX2.
+    /// The CPU must support AVX2 and FMA.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn occupancy_avx2(row: &[i32], ratio: f64, s_last: i32, full: u64) -> u64 {
+        use std::arch::asm;
         use std::arch::x86_64::*;
 
         let vratio = _mm256_set1_pd(ratio);
@@ -254,31 +263,56 @@ mod scan {
         let mut lo = _mm256_setzero_si256();
         let mut hi = _mm256_setzero_si256();
 
-        let reduce = |lo: __m256i, hi: __m256i| -> u64 {
-            let fold = |v: __m256i| -> u32 {
+        // `1 << count` per 32-bit lane, 0 for a count outside 0..32. A
+        // macro, not a function, so the asm sits in this AVX2 function.
+        macro_rules! shift_left {
+            ($one:expr, $count:expr) => {{
+                let out: __m256i;
+                // SAFETY: a register-only AVX2 instruction (this function
+                // requires AVX2); no memory, stack or flags touched.
+                unsafe {
+                    asm!(
+                        "vpsllvd {out}, {one}, {count}",
+                        out = lateout(ymm_reg) out,
+                        one = in(ymm_reg) $one,
+                        count = in(ymm_reg) $count,
+                        options(pure, nomem, nostack, preserves_flags),
+                    );
+                }
+                out
+            }};
+        }
+
+        #[inline(always)]
+        fn fold(v: __m256i) -> u32 {
+            // SAFETY: only called from this AVX2 function, inlined into it.
+            unsafe {
                 let x = _mm_or_si128(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
                 let x = _mm_or_si128(x, _mm_shuffle_epi32::<0b01_00_11_10>(x));
                 let x = _mm_or_si128(x, _mm_shuffle_epi32::<0b10_11_00_01>(x));
                 _mm_cvtsi128_si32(x) as u32
-            };
-            (fold(lo) as u64) | ((fold(hi) as u64) << 32)
-        };
+            }
+        }
+        let reduce = |lo: __m256i, hi: __m256i| (fold(lo) as u64) | ((fold(hi) as u64) << 32);
 
         let mut chunks = row.chunks_exact(super::scan::CHUNK);
         for chunk in chunks.by_ref() {
             for v8 in chunk.chunks_exact(8) {
                 // SAFETY: `v8` is 8 in-bounds i32s; the load is unaligned.
                 let v = unsafe { _mm256_loadu_si256(v8.as_ptr() as *const __m256i) };
-                let valid = _mm256_cmpgt_epi32(v, minus_one);
                 let a = _mm256_cvtepi32_pd(_mm256_castsi256_si128(v));
                 let b = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(v));
-                let sa = _mm256_cvttpd_epi32(_mm256_add_pd(_mm256_mul_pd(a, vratio), vlift));
-                let sb = _mm256_cvttpd_epi32(_mm256_add_pd(_mm256_mul_pd(b, vratio), vlift));
+                let sa = _mm256_cvttpd_epi32(_mm256_fmadd_pd(a, vratio, vlift));
+                let sb = _mm256_cvttpd_epi32(_mm256_fmadd_pd(b, vratio, vlift));
                 let seg = _mm256_min_epi32(_mm256_set_m128i(sb, sa), vlast);
-                let bits_lo = _mm256_sllv_epi32(one, seg);
-                let bits_hi = _mm256_sllv_epi32(one, _mm256_sub_epi32(seg, thirty_two));
-                lo = _mm256_or_si256(lo, _mm256_and_si256(bits_lo, valid));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(bits_hi, valid));
+                // Padding (sign bit set) becomes segment -1.
+                let seg = _mm256_castps_si256(_mm256_blendv_ps(
+                    _mm256_castsi256_ps(seg),
+                    _mm256_castsi256_ps(minus_one),
+                    _mm256_castsi256_ps(v),
+                ));
+                lo = _mm256_or_si256(lo, shift_left!(one, seg));
+                hi = _mm256_or_si256(hi, shift_left!(one, _mm256_sub_epi32(seg, thirty_two)));
             }
             if reduce(lo, hi) & full == full {
                 return reduce(lo, hi);
@@ -375,7 +409,7 @@ pub fn topology_witness_indices_into(
     check_rows(learned.len(), topk, rows)?;
     check_rows(out.len(), num_segments, rows)?;
     let level = simd::level();
-    pool::for_each_row_mut(out, num_segments, 16, |r, out_row| {
+    pool::for_each_row_mut(out, num_segments, pool::min_rows(topk), |r, out_row| {
         let row = &learned[r * topk..(r + 1) * topk];
         witness_row(row, context_lens[r], num_segments, out_row, level);
     });
@@ -489,7 +523,7 @@ pub fn apply_topology_witnesses_into(
         return Ok(());
     }
     let level = simd::level();
-    pool::for_each_row_mut(out, topk, 16, |r, out_row| {
+    pool::for_each_row_mut(out, topk, pool::min_rows(2 * topk), |r, out_row| {
         out_row.copy_from_slice(&learned[r * topk..(r + 1) * topk]);
         merge_row(
             out_row,
@@ -533,7 +567,7 @@ pub fn scatter_topology_witnesses(
         return Ok(());
     }
     let level = simd::level();
-    pool::for_each_row_mut(topk_indices, topk, 16, |r, row| {
+    pool::for_each_row_mut(topk_indices, topk, pool::min_rows(topk), |r, row| {
         merge_row(row, context_lens[r], num_segments, keep, budget, level);
     });
     Ok(())

@@ -5,6 +5,24 @@ from typing import Final, Optional
 import numpy as np
 import numpy.typing as npt
 
+__all__ = [
+    "__version__",
+    "MAX_TOPOLOGY_SEGMENTS",
+    "WitnessError",
+    "SelectionError",
+    "segment_of",
+    "topology_witness_indices",
+    "apply_topology_witnesses",
+    "scatter_topology_witnesses",
+    "random_null",
+    "locality_null",
+    "segment_coverage",
+    "attention_mass_recall",
+    "set_num_threads",
+    "get_num_threads",
+    "simd_level",
+]
+
 __version__: Final[str]
 MAX_TOPOLOGY_SEGMENTS: Final[int]
 
