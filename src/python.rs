@@ -29,6 +29,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 
+use crate::block_sparse::{self, BlockSparseConfig};
 use crate::{pool, simd, witness};
 
 pyo3::create_exception!(
@@ -692,6 +693,447 @@ fn py_attention_mass_recall(
     }))
 }
 
+// ---------------------------------------------------------------------------
+// Block-sparse selection
+// ---------------------------------------------------------------------------
+
+/// Maps a core block-selection refusal to `kvselect.SelectionError` (or
+/// `MemoryError` for an output too large to allocate).
+fn selection_error(py: Python<'_>, e: block_sparse::SelectionError) -> PyErr {
+    if let block_sparse::SelectionError::OutputTooLarge { .. } = e {
+        return pyo3::exceptions::PyMemoryError::new_err(e.to_string());
+    }
+    refuse(py, Domain::Selection, e.argument(), e.to_string())
+}
+
+/// `BlockSparseConfig(block_size=128, top_blocks=32, init_blocks=1,
+/// local_blocks=2)`: how many blocks a query may see, and which are free.
+///
+/// Immutable, compares by value, hashable. Building one refuses a config
+/// that can select nothing (block_size 0, or top_blocks 0 with no forced
+/// block), since an empty selection is a NaN downstream. The released
+/// MiniMax-M3 checkpoint uses top_blocks=16, init_blocks=0, local_blocks=1.
+#[pyclass(name = "BlockSparseConfig", module = "kvselect", frozen, eq, hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct PyBlockSparseConfig {
+    block_size: usize,
+    top_blocks: usize,
+    init_blocks: usize,
+    local_blocks: usize,
+}
+
+impl PyBlockSparseConfig {
+    fn core(&self) -> BlockSparseConfig {
+        BlockSparseConfig {
+            block_size: self.block_size,
+            top_blocks: self.top_blocks,
+            init_blocks: self.init_blocks,
+            local_blocks: self.local_blocks,
+        }
+    }
+}
+
+#[pymethods]
+impl PyBlockSparseConfig {
+    #[new]
+    #[pyo3(
+        signature = (block_size=None, top_blocks=None, init_blocks=None, local_blocks=None),
+        text_signature = "(block_size=128, top_blocks=32, init_blocks=1, local_blocks=2)"
+    )]
+    fn new(
+        py: Python<'_>,
+        block_size: Option<&Bound<'_, PyAny>>,
+        top_blocks: Option<&Bound<'_, PyAny>>,
+        init_blocks: Option<&Bound<'_, PyAny>>,
+        local_blocks: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let d = BlockSparseConfig::default();
+        // Counts past i32 cannot be honoured by an int32 output anyway.
+        let field = |obj: Option<&Bound<'_, PyAny>>, name: &str, default: usize| match obj {
+            Some(o) if !o.is_none() => {
+                count(o, name, Domain::Selection, I32_MAX).map(|v| v as usize)
+            }
+            _ => Ok(default),
+        };
+        let block_size = field(block_size, "block_size", d.block_size)?;
+        let top_blocks = field(top_blocks, "top_blocks", d.top_blocks)?;
+        let init_blocks = field(init_blocks, "init_blocks", d.init_blocks)?;
+        let local_blocks = field(local_blocks, "local_blocks", d.local_blocks)?;
+        BlockSparseConfig::new(block_size, top_blocks, init_blocks, local_blocks)
+            .map_err(|e| selection_error(py, e))?;
+        Ok(PyBlockSparseConfig {
+            block_size,
+            top_blocks,
+            init_blocks,
+            local_blocks,
+        })
+    }
+
+    /// Tokens per block (128 for a real checkpoint; also the KV page size).
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Total blocks visible per query, forced ones counted.
+    #[getter]
+    fn top_blocks(&self) -> usize {
+        self.top_blocks
+    }
+
+    /// Blocks at the start of the sequence that are always visible.
+    #[getter]
+    fn init_blocks(&self) -> usize {
+        self.init_blocks
+    }
+
+    /// Blocks nearest the query that are always visible.
+    #[getter]
+    fn local_blocks(&self) -> usize {
+        self.local_blocks
+    }
+
+    /// The fixed width of an output row: max(top_blocks, init_blocks + local_blocks).
+    #[getter]
+    fn width(&self) -> usize {
+        self.core().width()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "BlockSparseConfig(block_size={}, top_blocks={}, init_blocks={}, local_blocks={})",
+            self.block_size, self.top_blocks, self.init_blocks, self.local_blocks
+        )
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<ConfigReduce<'py>> {
+        let c = slf.get();
+        Ok((
+            slf.get_type(),
+            (c.block_size, c.top_blocks, c.init_blocks, c.local_blocks),
+        ))
+    }
+}
+
+/// What `BlockSparseConfig.__reduce__` returns: the class and its fields.
+type ConfigReduce<'py> = (
+    Bound<'py, pyo3::types::PyType>,
+    (usize, usize, usize, usize),
+);
+
+fn config_or_default(config: Option<&Bound<'_, PyAny>>) -> PyResult<BlockSparseConfig> {
+    match config {
+        None => Ok(BlockSparseConfig::default()),
+        Some(c) if c.is_none() => Ok(BlockSparseConfig::default()),
+        Some(c) => match c.cast::<PyBlockSparseConfig>() {
+            Ok(c) => Ok(c.get().core()),
+            Err(_) => Err(PyTypeError::new_err(format!(
+                "config must be a kvselect.BlockSparseConfig or None, got {}",
+                type_name(c)
+            ))),
+        },
+    }
+}
+
+/// A position array as C-contiguous int64: the caller's own when it already
+/// is int64 (NumPy's and torch's default), else one converted copy.
+/// Floats are a `TypeError`; values are range-checked by the core.
+fn int64_array<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py, PyArrayDyn<i64>>> {
+    if let Ok(a) = obj.cast::<PyArrayDyn<i64>>() {
+        if a.is_c_contiguous() && is_aligned(a.as_untyped()) {
+            return Ok(a.clone());
+        }
+    }
+    let py = obj.py();
+    let np = numpy(py)?;
+    let arr = np.call_method1("asarray", (obj,))?;
+    let untyped = arr.cast::<PyUntypedArray>()?;
+    let kind = untyped.dtype().kind();
+    if !(kind == b'i' || kind == b'u' || untyped.len() == 0) {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must hold integers, got dtype {}",
+            untyped.dtype()
+        )));
+    }
+    if kind == b'u' && untyped.dtype().itemsize() == 8 && untyped.len() > 0 {
+        let hi: u64 = arr.call_method0("max")?.extract()?;
+        if hi > i64::MAX as u64 {
+            return Err(refuse(
+                py,
+                Domain::Selection,
+                name,
+                format!("{name} holds {hi}, past any position"),
+            ));
+        }
+    }
+    let kwargs = [("dtype", np.getattr("int64")?)].into_py_dict(py)?;
+    let converted = np.call_method("ascontiguousarray", (arr,), Some(&kwargs))?;
+    Ok(converted.cast_into::<PyArrayDyn<i64>>()?)
+}
+
+/// The output buffer of a selection: the caller's `out` (checked, never
+/// converted) or a new array.
+fn selection_out<'py>(
+    py: Python<'py>,
+    out: Option<&Bound<'py, PyAny>>,
+    shape: &[usize],
+    inputs: &[&Bound<'py, PyAny>],
+) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+    match out {
+        Some(o) if !o.is_none() => {
+            let a = inplace_i32(o, "out", shape.len(), inputs, Domain::Selection)?;
+            if a.shape() != shape {
+                return Err(refuse(
+                    py,
+                    Domain::Selection,
+                    "out",
+                    format!("out must have shape {shape:?}, got {:?}", a.shape()),
+                ));
+            }
+            Ok(a)
+        }
+        _ => alloc_i32(py, shape),
+    }
+}
+
+fn shape_error(py: Python<'_>, argument: &str, msg: String) -> PyErr {
+    refuse(py, Domain::Selection, argument, msg)
+}
+
+/// `index_k` as `[n_positions, d]` float32, read in place when it already is.
+fn index_keys<'py>(index_k: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyArrayDyn<f32>>, usize)> {
+    let k = float_array::<f32>(index_k, "index_k")?;
+    match k.shape() {
+        [_, d] => {
+            let d = *d;
+            Ok((k, d))
+        }
+        s => Err(shape_error(
+            index_k.py(),
+            "index_k",
+            format!("index_k must be 2-D [n_positions, d], got {}-D", s.len()),
+        )),
+    }
+}
+
+#[pyfunction]
+#[pyo3(name = "block_sparse_select", signature = (index_q, index_k, query_pos, config=None, *, out=None))]
+fn py_block_sparse_select<'py>(
+    index_q: &Bound<'py, PyAny>,
+    index_k: &Bound<'py, PyAny>,
+    query_pos: &Bound<'py, PyAny>,
+    config: Option<&Bound<'py, PyAny>>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+    let py = index_q.py();
+    let cfg = config_or_default(config)?;
+    let q = float_array::<f32>(index_q, "index_q")?;
+    let (k, d) = index_keys(index_k)?;
+    let width = cfg.width();
+    let (n_queries, n_kv_heads, batched) = match *q.shape() {
+        [h, dq] | [_, h, dq] if dq != d => {
+            let _ = h;
+            return Err(shape_error(
+                py,
+                "index_q",
+                format!("index_q has d={dq} but index_k has d={d}"),
+            ));
+        }
+        [h, _] => (1, h, false),
+        [n, h, _] => (n, h, true),
+        ref s => {
+            return Err(shape_error(
+                py,
+                "index_q",
+                format!(
+                    "index_q must be [n_kv_heads, d] (one query) or [n_queries, n_kv_heads, d], \
+                     got {}-D",
+                    s.len()
+                ),
+            ))
+        }
+    };
+    let positions: Option<Bound<'py, PyArrayDyn<i64>>> = if batched {
+        let p = int64_array(query_pos, "query_pos")?;
+        if p.shape() != [n_queries] {
+            return Err(shape_error(
+                py,
+                "query_pos",
+                format!(
+                    "query_pos must be 1-D with one position per query ({n_queries}), got shape {:?}",
+                    p.shape()
+                ),
+            ));
+        }
+        Some(p)
+    } else {
+        None
+    };
+    let single_pos = if batched {
+        0
+    } else {
+        if query_pos
+            .cast::<PyUntypedArray>()
+            .is_ok_and(|a| a.ndim() > 0)
+        {
+            return Err(shape_error(
+                py,
+                "query_pos",
+                "with a 2-D index_q (one query), query_pos must be one integer; pass a 3-D \
+                 index_q [n_queries, n_kv_heads, d] for a batch"
+                    .into(),
+            ));
+        }
+        count(query_pos, "query_pos", Domain::Selection, i64::MAX as u64)? as usize
+    };
+    let shape: Vec<usize> = if batched {
+        vec![n_queries, n_kv_heads, width]
+    } else {
+        vec![n_kv_heads, width]
+    };
+    let out = selection_out(py, out, &shape, &[index_q, index_k, query_pos])?;
+    {
+        let q_ro = q.try_readonly()?;
+        let k_ro = k.try_readonly()?;
+        let p_ro = positions.as_ref().map(|p| p.try_readonly()).transpose()?;
+        let mut o_rw = out
+            .try_readwrite()
+            .map_err(|e| shape_error(py, "out", format!("out: {e}")))?;
+        let qs = contiguous(&q_ro, "index_q")?;
+        let ks_ = contiguous(&k_ro, "index_k")?;
+        let ps: &[i64] = match &p_ro {
+            Some(p) => contiguous(p, "query_pos")?,
+            None => &[],
+        };
+        let os = o_rw
+            .as_slice_mut()
+            .map_err(|e| shape_error(py, "out", format!("out: {e}")))?;
+        let work = qs.len().saturating_add(ks_.len());
+        run(py, work, || {
+            if batched {
+                block_sparse::select_batch_into(qs, n_queries, n_kv_heads, ks_, d, ps, &cfg, os)
+            } else {
+                block_sparse::select_into(qs, n_kv_heads, ks_, d, single_pos, &cfg, os)
+            }
+        })
+        .map_err(|e| selection_error(py, e))?;
+    }
+    Ok(out)
+}
+
+#[pyfunction]
+#[pyo3(
+    name = "block_sparse_select_packed",
+    signature = (index_q, index_k, cu_seqlens, seq_ids, query_pos, config=None, *, out=None)
+)]
+#[allow(clippy::too_many_arguments)]
+fn py_block_sparse_select_packed<'py>(
+    index_q: &Bound<'py, PyAny>,
+    index_k: &Bound<'py, PyAny>,
+    cu_seqlens: &Bound<'py, PyAny>,
+    seq_ids: &Bound<'py, PyAny>,
+    query_pos: &Bound<'py, PyAny>,
+    config: Option<&Bound<'py, PyAny>>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+    let py = index_q.py();
+    let cfg = config_or_default(config)?;
+    let q = float_array::<f32>(index_q, "index_q")?;
+    let (k, d) = index_keys(index_k)?;
+    let (n_queries, n_kv_heads) = match *q.shape() {
+        [n, h, dq] if dq == d => (n, h),
+        [_, _, dq] => {
+            return Err(shape_error(
+                py,
+                "index_q",
+                format!("index_q has d={dq} but index_k has d={d}"),
+            ))
+        }
+        ref s => {
+            return Err(shape_error(
+                py,
+                "index_q",
+                format!(
+                    "index_q must be 3-D [n_queries, n_kv_heads, d], got {}-D",
+                    s.len()
+                ),
+            ))
+        }
+    };
+    let cu = int64_array(cu_seqlens, "cu_seqlens")?;
+    let sid = int64_array(seq_ids, "seq_ids")?;
+    let pos = int64_array(query_pos, "query_pos")?;
+    for (a, name) in [(&cu, "cu_seqlens"), (&sid, "seq_ids"), (&pos, "query_pos")] {
+        if a.ndim() != 1 {
+            return Err(shape_error(
+                py,
+                name,
+                format!("{name} must be 1-D, got {}-D", a.ndim()),
+            ));
+        }
+    }
+    let width = cfg.width();
+    let out = selection_out(
+        py,
+        out,
+        &[n_queries, n_kv_heads, width],
+        &[index_q, index_k, cu_seqlens, seq_ids, query_pos],
+    )?;
+    {
+        let q_ro = q.try_readonly()?;
+        let k_ro = k.try_readonly()?;
+        let cu_ro = cu.try_readonly()?;
+        let sid_ro = sid.try_readonly()?;
+        let pos_ro = pos.try_readonly()?;
+        let mut o_rw = out
+            .try_readwrite()
+            .map_err(|e| shape_error(py, "out", format!("out: {e}")))?;
+        let qs = contiguous(&q_ro, "index_q")?;
+        let ks_ = contiguous(&k_ro, "index_k")?;
+        let cus = contiguous(&cu_ro, "cu_seqlens")?;
+        let sids = contiguous(&sid_ro, "seq_ids")?;
+        let poss = contiguous(&pos_ro, "query_pos")?;
+        let os = o_rw
+            .as_slice_mut()
+            .map_err(|e| shape_error(py, "out", format!("out: {e}")))?;
+        run(py, qs.len().saturating_add(ks_.len()), || {
+            block_sparse::select_packed_into(
+                qs, n_queries, n_kv_heads, ks_, d, cus, sids, poss, &cfg, os,
+            )
+        })
+        .map_err(|e| selection_error(py, e))?;
+    }
+    Ok(out)
+}
+
+#[pyfunction]
+#[pyo3(name = "positions_of_blocks", signature = (blocks, query_pos, n_positions, config=None))]
+fn py_positions_of_blocks<'py>(
+    blocks: &Bound<'py, PyAny>,
+    query_pos: &Bound<'py, PyAny>,
+    n_positions: &Bound<'py, PyAny>,
+    config: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, numpy::PyArray1<i32>>> {
+    let py = blocks.py();
+    let s = Domain::Selection;
+    let cfg = config_or_default(config)?;
+    let b = int32_array(blocks, "blocks", s)?;
+    if b.ndim() != 1 {
+        return Err(shape_error(
+            py,
+            "blocks",
+            format!("blocks must be 1-D, got {}-D", b.ndim()),
+        ));
+    }
+    let query_pos = count(query_pos, "query_pos", s, u64::MAX)? as usize;
+    let n_positions = count(n_positions, "n_positions", s, u64::MAX)? as usize;
+    let ro = b.try_readonly()?;
+    let bs = contiguous(&ro, "blocks")?;
+    let v = block_sparse::positions_of_blocks_i32(bs, query_pos, n_positions, &cfg)
+        .map_err(|e| selection_error(py, e))?;
+    Ok(numpy::PyArray1::from_vec(py, v))
+}
+
 /// Sets the number of threads kvselect's parallel paths use; 0 restores
 /// the default (`RAYON_NUM_THREADS`, else every core).
 #[pyfunction]
@@ -732,6 +1174,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_locality_null, m)?)?;
     m.add_function(wrap_pyfunction!(py_segment_coverage, m)?)?;
     m.add_function(wrap_pyfunction!(py_attention_mass_recall, m)?)?;
+    m.add("MINIMAX_BLOCK_SIZE", block_sparse::MINIMAX_BLOCK_SIZE)?;
+    m.add_class::<PyBlockSparseConfig>()?;
+    m.add_function(wrap_pyfunction!(py_block_sparse_select, m)?)?;
+    m.add_function(wrap_pyfunction!(py_block_sparse_select_packed, m)?)?;
+    m.add_function(wrap_pyfunction!(py_positions_of_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(py_set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(py_get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(py_simd_level, m)?)?;

@@ -7,7 +7,10 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   :func:`apply_topology_witnesses` and the in-place serving entry point
   :func:`scatter_topology_witnesses`, with the null models
   :func:`random_null` / :func:`locality_null` and the metrics
-  :func:`segment_coverage` / :func:`attention_mass_recall`.
+  :func:`segment_coverage` / :func:`attention_mass_recall`;
+- block-sparse selection as in MiniMax-M3 (:class:`BlockSparseConfig`,
+  :func:`block_sparse_select`, :func:`block_sparse_select_packed`,
+  :func:`positions_of_blocks`): which KV blocks each KV head may read.
 
 Arrays that already have the right dtype and C order are read in place;
 others are converted once when that keeps their meaning (integer arrays that
@@ -18,14 +21,19 @@ fit in int32, such as ``torch.topk``'s int64). The in-place buffer of
 """
 
 from kvselect._core import (
+    BlockSparseConfig,
     MAX_TOPOLOGY_SEGMENTS,
+    MINIMAX_BLOCK_SIZE,
     SelectionError,
     WitnessError,
     __version__,
     apply_topology_witnesses,
     attention_mass_recall,
+    block_sparse_select,
+    block_sparse_select_packed,
     get_num_threads,
     locality_null,
+    positions_of_blocks,
     random_null,
     scatter_topology_witnesses,
     segment_coverage,
@@ -36,14 +44,19 @@ from kvselect._core import (
 )
 
 __all__ = [
+    "BlockSparseConfig",
     "MAX_TOPOLOGY_SEGMENTS",
+    "MINIMAX_BLOCK_SIZE",
     "SelectionError",
     "WitnessError",
     "__version__",
     "apply_topology_witnesses",
     "attention_mass_recall",
+    "block_sparse_select",
+    "block_sparse_select_packed",
     "get_num_threads",
     "locality_null",
+    "positions_of_blocks",
     "random_null",
     "scatter_topology_witnesses",
     "segment_coverage",

@@ -1,6 +1,6 @@
 """Type stubs for the native module ``kvselect._core`` (checked by stubtest)."""
 
-from typing import Final, Optional
+from typing import Final, Optional, Union, final
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +18,11 @@ __all__ = [
     "locality_null",
     "segment_coverage",
     "attention_mass_recall",
+    "MINIMAX_BLOCK_SIZE",
+    "BlockSparseConfig",
+    "block_sparse_select",
+    "block_sparse_select_packed",
+    "positions_of_blocks",
     "set_num_threads",
     "get_num_threads",
     "simd_level",
@@ -25,6 +30,7 @@ __all__ = [
 
 __version__: Final[str]
 MAX_TOPOLOGY_SEGMENTS: Final[int]
+MINIMAX_BLOCK_SIZE: Final[int]
 
 class WitnessError(ValueError):
     """A refused segment-witness call.
@@ -99,6 +105,82 @@ def segment_coverage(candidates: npt.ArrayLike, context_len: int, num_segments: 
 
 def attention_mass_recall(candidates: npt.ArrayLike, attention_row: npt.ArrayLike) -> float:
     """The share of ``attention_row``'s mass on ``candidates`` (NaN for a row with no mass)."""
+
+@final
+class BlockSparseConfig:
+    """How many blocks a query may see, and which are free (immutable, compares by value).
+
+    Building one refuses a config that can select nothing (``block_size`` 0, or
+    ``top_blocks`` 0 with no forced block). The released MiniMax-M3 checkpoint
+    uses ``top_blocks=16, init_blocks=0, local_blocks=1``.
+    """
+
+    def __new__(
+        cls,
+        block_size: int = 128,
+        top_blocks: int = 32,
+        init_blocks: int = 1,
+        local_blocks: int = 2,
+    ) -> "BlockSparseConfig": ...
+    @property
+    def block_size(self) -> int:
+        """Tokens per block (also the KV page size)."""
+    @property
+    def top_blocks(self) -> int:
+        """Total blocks visible per query, forced ones counted."""
+    @property
+    def init_blocks(self) -> int:
+        """Blocks at the start of the sequence that are always visible."""
+    @property
+    def local_blocks(self) -> int:
+        """Blocks nearest the query that are always visible."""
+    @property
+    def width(self) -> int:
+        """The fixed width of an output row: ``max(top_blocks, init_blocks + local_blocks)``."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type["BlockSparseConfig"], tuple[int, int, int, int]]: ...
+
+def block_sparse_select(
+    index_q: npt.ArrayLike,
+    index_k: npt.ArrayLike,
+    query_pos: Union[int, npt.ArrayLike],
+    config: Optional[BlockSparseConfig] = None,
+    *,
+    out: Optional[npt.NDArray[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """The blocks each KV head may read: ascending block ids, then -1 padding.
+
+    ``index_q [n_kv_heads, d]`` with an int ``query_pos`` gives
+    ``[n_kv_heads, width]``; ``index_q [n_queries, n_kv_heads, d]`` with one
+    position per query gives ``[n_queries, n_kv_heads, width]``. ``index_k`` is
+    ``[n_positions, d]``. float32 is read in place; float16/float64 converted.
+    """
+
+def block_sparse_select_packed(
+    index_q: npt.ArrayLike,
+    index_k: npt.ArrayLike,
+    cu_seqlens: npt.ArrayLike,
+    seq_ids: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    config: Optional[BlockSparseConfig] = None,
+    *,
+    out: Optional[npt.NDArray[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """A packed batch of sequences: keys concatenated with ``cu_seqlens`` offsets.
+
+    Query ``i`` belongs to sequence ``seq_ids[i]`` at ``query_pos[i]`` within it,
+    sees only that sequence's keys, and its block ids count from the
+    sequence's start. Returns ``[n_queries, n_kv_heads, width]`` int32.
+    """
+
+def positions_of_blocks(
+    blocks: npt.ArrayLike,
+    query_pos: int,
+    n_positions: int,
+    config: Optional[BlockSparseConfig] = None,
+) -> npt.NDArray[np.int32]:
+    """The positions a block selection covers, ascending and causally clipped (-1 skipped)."""
 
 def set_num_threads(n: int) -> None:
     """Sets the threads kvselect's parallel paths use; 0 restores the default."""

@@ -1,0 +1,133 @@
+//! Block-sparse selection at the released MiniMax-M3 geometry (block 128,
+//! top 16, init 0, local 1; 4 KV heads, index dim 128).
+//!
+//! - `decode`: one query against 131,072 keys -- memory-bound; compared with
+//!   `read_keys_floor`, a plain pass that only reads the same 64 MiB of keys
+//!   once on the same number of threads (no fused kernel can beat it by
+//!   much; it pays a thread spawn per iteration, ~0.1 ms).
+//! - `prefill`: 512 consecutive queries at the end of a 16,384-key sequence
+//!   -- compute-bound.
+//!
+//! The NumPy side (`index_k @ index_q.T`, the bare BLAS product) is in the
+//! Python benchmark script; report ratios, the machines are shared.
+//!
+//! Run: `cargo bench --bench block_sparse`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kvselect::block_sparse::{select_batch_into, select_into, BlockSparseConfig};
+
+const HEADS: usize = 4;
+const D: usize = 128;
+
+fn config() -> BlockSparseConfig {
+    BlockSparseConfig {
+        block_size: 128,
+        top_blocks: 16,
+        init_blocks: 0,
+        local_blocks: 1,
+    }
+}
+
+/// Deterministic values in [-1, 1) with a full mantissa (xorshift).
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn decode(c: &mut Criterion) {
+    let n_pos = 131_072;
+    let cfg = config();
+    let keys = random(n_pos * D, 1);
+    let q = random(HEADS * D, 2);
+    let mut out = vec![0i32; HEADS * cfg.width()];
+
+    let mut group = c.benchmark_group("block_sparse/decode");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .throughput(Throughput::Bytes((keys.len() * 4) as u64));
+    group.bench_function("select_into", |b| {
+        b.iter(|| {
+            select_into(
+                black_box(&q),
+                HEADS,
+                black_box(&keys),
+                D,
+                n_pos - 1,
+                &cfg,
+                &mut out,
+            )
+            .expect("valid shapes");
+            black_box(&out);
+        })
+    });
+    group.bench_function("read_keys_floor", |b| {
+        // Reads the keys once on as many threads as the selection uses, in
+        // eight independent lanes per thread: bandwidth-, not latency-bound.
+        let threads = kvselect::pool::num_threads().max(1);
+        let part = keys.len().div_ceil(threads).div_ceil(8) * 8;
+        b.iter(|| {
+            std::thread::scope(|scope| {
+                for chunk in black_box(&keys).chunks(part.max(8)) {
+                    scope.spawn(move || {
+                        let mut acc = [0.0f32; 8];
+                        for row in chunk.chunks_exact(8) {
+                            for (a, v) in acc.iter_mut().zip(row) {
+                                *a += v;
+                            }
+                        }
+                        black_box(acc);
+                    });
+                }
+            });
+        })
+    });
+    group.finish();
+}
+
+fn prefill(c: &mut Criterion) {
+    let n_pos = 16_384;
+    let n_q = 512;
+    let cfg = config();
+    let keys = random(n_pos * D, 3);
+    let q = random(n_q * HEADS * D, 4);
+    let pos: Vec<usize> = (n_pos - n_q..n_pos).collect();
+    let mut out = vec![0i32; n_q * HEADS * cfg.width()];
+
+    let mut group = c.benchmark_group("block_sparse/prefill");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    group.bench_function("select_batch_into", |b| {
+        b.iter(|| {
+            select_batch_into(
+                black_box(&q),
+                n_q,
+                HEADS,
+                black_box(&keys),
+                D,
+                &pos,
+                &cfg,
+                &mut out,
+            )
+            .expect("valid shapes");
+            black_box(&out);
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decode, prefill);
+criterion_main!(benches);
