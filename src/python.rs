@@ -972,10 +972,12 @@ fn py_block_sparse_select<'py>(
     let single_pos = if batched {
         0
     } else {
-        if query_pos
+        let array_like = query_pos
             .cast::<PyUntypedArray>()
             .is_ok_and(|a| a.ndim() > 0)
-        {
+            || query_pos.cast::<pyo3::types::PyList>().is_ok()
+            || query_pos.cast::<PyTuple>().is_ok();
+        if array_like {
             return Err(shape_error(
                 py,
                 "query_pos",

@@ -326,3 +326,271 @@ def attention_mass_recall(candidates: Any, attention_row: Any) -> float:
 # and the attention module go below this line (added separately, written
 # from spec/block_sparse.rs.txt and design.md).
 # ==========================================================================
+
+
+# --------------------------------------------------------------------------
+# Block-sparse selection (MiniMax-M3), written from spec/block_sparse.rs.txt
+# --------------------------------------------------------------------------
+#
+# For one query at ``query_pos`` over ``n_positions`` keys, with block size
+# ``bs``:
+#
+# - the query sees positions ``[0, min(query_pos + 1, n_positions))`` and
+#   ``n_blocks = min(query_pos // bs + 1, ceil(n_positions / bs))`` blocks
+#   (a query beyond the keys is clipped to what exists; no keys, no blocks);
+# - block ``b`` scores the MAX of the raw dot products ``q . k_p`` over its
+#   visible positions ``[b*bs, min((b+1)*bs, n_positions, query_pos + 1))``:
+#   no scale, one score per KV head (no cross-head reduction); a NaN dot
+#   product is ignored (a block of only NaN scores -inf), and -0.0 is +0.0;
+# - the first ``init_blocks`` and the newest ``local_blocks`` blocks are
+#   forced in; the budget is ``max(top_blocks, #forced)``; the remaining
+#   slots go to the other blocks by score descending, ties to the LOWER id;
+# - a row is the chosen ids ascending, then -1 up to
+#   ``width = max(top_blocks, init_blocks + local_blocks)``.
+#
+# Dot products are taken in float64 from float32 inputs (float16/float64
+# inputs are first converted to float32, as the native API does) and each
+# is rounded once to float32, the spec's score type: the correctly rounded
+# float32 dot product. On integer-valued data of small magnitude every dot
+# product is exact in any summation order, so the selections must agree
+# exactly; on other data they agree up to ties within float32 rounding.
+
+#: MiniMax-M3's KV block (and KV page), in tokens.
+MINIMAX_BLOCK_SIZE = 128
+
+
+class ReferenceSelectionError(ValueError):
+    """A refused block-selection call; ``argument`` names the argument."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+def _block_config(block_size: Any, top_blocks: Any, init_blocks: Any, local_blocks: Any):
+    bs = _count("block_size", block_size)
+    top = _count("top_blocks", top_blocks)
+    init = _count("init_blocks", init_blocks)
+    local = _count("local_blocks", local_blocks)
+    if bs == 0:
+        raise ReferenceSelectionError("block_size", "block_size must be positive")
+    if top == 0 and init == 0 and local == 0:
+        raise ReferenceSelectionError(
+            "top_blocks", "top_blocks is 0 and no block is forced: nothing could be selected"
+        )
+    return bs, top, init, local
+
+
+def _float_keys(name: str, value: Any, ndim: int) -> np.ndarray:
+    """A float array converted to float32 (the native kernel's type), then
+    widened to float64 for the dot products."""
+    a = np.asarray(value)
+    if a.dtype.kind != "f":
+        raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
+    if a.ndim != ndim:
+        raise ReferenceSelectionError(name, f"{name} must be {ndim}-D, got shape {a.shape}")
+    return a.astype(np.float32).astype(np.float64)
+
+
+def _block_scores(q: np.ndarray, keys: np.ndarray, query_pos: int, bs: int) -> np.ndarray:
+    """float64 ``[n_kv_heads, n_blocks]``: each visible block's score for
+    each head (``q`` float64 ``[n_kv_heads, d]``, ``keys`` float64
+    ``[n_positions, d]``). ``n_blocks`` is 0 when there are no keys."""
+    n_heads = q.shape[0]
+    n_positions = keys.shape[0]
+    n_visible = min(query_pos + 1, n_positions)  # causal, and clipped to the keys
+    n_blocks = min(query_pos // bs + 1, -(-n_positions // bs))
+    assert n_blocks == -(-n_visible // bs)
+    if n_blocks == 0:
+        return np.zeros((n_heads, 0))
+
+    # scores[h, p] = q_h . k_p for every visible position: raw, unscaled.
+    # Exact products summed in float64, then rounded to float32, the type
+    # the spec scores in (so a score past float32's range is +-inf there
+    # too, and ties with any other such score).
+    with np.errstate(over="ignore", invalid="ignore"):
+        scores = (q @ keys[:n_visible].T).astype(np.float32).astype(np.float64)
+    # A NaN dot product is absent from the max: it counts as -inf, so a
+    # block of only NaNs scores -inf.
+    scores = np.where(np.isnan(scores), -np.inf, scores)
+    # Pad the last (partial) block with -inf and max-pool each block.
+    padded = np.full((n_heads, n_blocks * bs), -np.inf)
+    padded[:, :n_visible] = scores
+    block_score = padded.reshape(n_heads, n_blocks, bs).max(axis=2)
+    return block_score + 0.0  # -0.0 and +0.0 are one score
+
+
+def block_scores(
+    index_q: Any, index_k: Any, query_pos: int, block_size: int = MINIMAX_BLOCK_SIZE
+) -> np.ndarray:
+    """The score of every visible block for one query, float64
+    ``[n_kv_heads, n_blocks]`` (``index_q [n_kv_heads, d]``): the max raw dot
+    product over the block's visible positions, NaN ignored (-inf for a
+    block of only NaNs), -0.0 read as +0.0. What the selection ranks."""
+    keys = _float_keys("index_k", index_k, 2)
+    q = _float_keys("index_q", index_q, 2)
+    if q.shape[1] != keys.shape[1]:
+        raise ReferenceSelectionError("index_q", "index_q and index_k differ in d")
+    bs = _count("block_size", block_size)
+    if bs == 0:
+        raise ReferenceSelectionError("block_size", "block_size must be positive")
+    return _block_scores(q, keys, _count("query_pos", query_pos), bs)
+
+
+def _select_one_query(
+    q: np.ndarray, keys: np.ndarray, query_pos: int, bs: int, top: int, init: int, local: int
+) -> np.ndarray:
+    """int64 ``[n_kv_heads, width]`` for one query: ``q`` is float64
+    ``[n_kv_heads, d]``, ``keys`` float64 ``[n_positions, d]``."""
+    n_heads = q.shape[0]
+    width = max(top, init + local)
+    out = np.full((n_heads, width), -1, dtype=np.int64)
+
+    block_score = _block_scores(q, keys, query_pos, bs)
+    n_blocks = block_score.shape[1]
+    if n_blocks == 0:
+        return out  # no keys at all: nothing to select
+
+    forced = np.zeros(n_blocks, dtype=bool)
+    forced[: min(init, n_blocks)] = True
+    forced[max(n_blocks - local, 0) :] = True
+    n_forced = int(forced.sum())
+    budget = max(top, n_forced)
+    free_ids = np.flatnonzero(~forced)  # ascending
+
+    for h in range(n_heads):
+        chosen = list(np.flatnonzero(forced))
+        room = min(budget, n_blocks) - n_forced
+        if room > 0:
+            # Score descending; a stable sort keeps equal scores in
+            # ascending id order, so ties go to the lower block.
+            order = np.argsort(-block_score[h, free_ids], kind="stable")
+            chosen += list(free_ids[order[:room]])
+        chosen.sort()
+        out[h, : len(chosen)] = chosen
+    return out
+
+
+def block_sparse_select(
+    index_q: Any,
+    index_k: Any,
+    query_pos: Any,
+    block_size: int = MINIMAX_BLOCK_SIZE,
+    top_blocks: int = 32,
+    init_blocks: int = 1,
+    local_blocks: int = 2,
+) -> np.ndarray:
+    """The blocks each KV head may read, int32.
+
+    ``index_q [n_kv_heads, d]`` with an int ``query_pos`` gives
+    ``[n_kv_heads, width]``; ``index_q [n_queries, n_kv_heads, d]`` with a
+    1-D ``query_pos [n_queries]`` gives ``[n_queries, n_kv_heads, width]``.
+    ``index_k`` is ``[n_positions, d]``. Each row: ascending block ids, then -1.
+    """
+    bs, top, init, local = _block_config(block_size, top_blocks, init_blocks, local_blocks)
+    keys = _float_keys("index_k", index_k, 2)
+    q = np.asarray(index_q)
+    if q.ndim == 2:
+        q = _float_keys("index_q", q, 2)
+        if q.shape[1] != keys.shape[1]:
+            raise ReferenceSelectionError("index_q", "index_q and index_k differ in d")
+        pos = _count("query_pos", query_pos)
+        return _select_one_query(q, keys, pos, bs, top, init, local).astype(np.int32)
+    q = _float_keys("index_q", q, 3)
+    if q.shape[2] != keys.shape[1]:
+        raise ReferenceSelectionError("index_q", "index_q and index_k differ in d")
+    positions = _index_positions("query_pos", query_pos)
+    if positions.shape != (q.shape[0],):
+        raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
+    width = max(top, init + local)
+    out = np.full((q.shape[0], q.shape[1], width), -1, dtype=np.int64)
+    for i, p in enumerate(positions):
+        out[i] = _select_one_query(q[i], keys, int(p), bs, top, init, local)
+    return out.astype(np.int32)
+
+
+def _index_positions(name: str, value: Any) -> np.ndarray:
+    a = np.asarray(value)
+    if a.size == 0 and a.dtype.kind not in "iu":
+        a = a.astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise ReferenceSelectionError(name, f"{name} must be 1-D, got shape {a.shape}")
+    if a.size and int(a.min()) < 0:
+        raise ReferenceSelectionError(name, f"{name} holds a negative value")
+    return a
+
+
+def block_sparse_select_packed(
+    index_q: Any,
+    index_k: Any,
+    cu_seqlens: Any,
+    seq_ids: Any,
+    query_pos: Any,
+    block_size: int = MINIMAX_BLOCK_SIZE,
+    top_blocks: int = 32,
+    init_blocks: int = 1,
+    local_blocks: int = 2,
+) -> np.ndarray:
+    """A packed batch: sequence ``s`` owns key rows
+    ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i`` (``index_q [n_queries,
+    n_kv_heads, d]``) selects over sequence ``seq_ids[i]``'s keys alone at
+    ``query_pos[i]`` within it, block ids counted from the sequence's start.
+    int32 ``[n_queries, n_kv_heads, width]``."""
+    bs, top, init, local = _block_config(block_size, top_blocks, init_blocks, local_blocks)
+    keys = _float_keys("index_k", index_k, 2)
+    q = _float_keys("index_q", index_q, 3)
+    if q.shape[2] != keys.shape[1]:
+        raise ReferenceSelectionError("index_q", "index_q and index_k differ in d")
+    cu = _index_positions("cu_seqlens", cu_seqlens)
+    sid = _index_positions("seq_ids", seq_ids)
+    pos = _index_positions("query_pos", query_pos)
+    if len(cu) == 0 or cu[0] != 0 or cu[-1] != keys.shape[0] or np.any(np.diff(cu) < 0):
+        raise ReferenceSelectionError(
+            "cu_seqlens", "cu_seqlens must rise from 0 to n_positions without decreasing"
+        )
+    n_seqs = len(cu) - 1
+    if sid.shape != (q.shape[0],):
+        raise ReferenceSelectionError("seq_ids", "seq_ids needs one id per query")
+    if pos.shape != (q.shape[0],):
+        raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
+    width = max(top, init + local)
+    out = np.full((q.shape[0], q.shape[1], width), -1, dtype=np.int64)
+    for i in range(q.shape[0]):
+        s = int(sid[i])
+        if s >= n_seqs:
+            raise ReferenceSelectionError("seq_ids", f"seq_ids[{i}] = {s} is out of range")
+        seq_keys = keys[int(cu[s]) : int(cu[s + 1])]
+        out[i] = _select_one_query(q[i], seq_keys, int(pos[i]), bs, top, init, local)
+    return out.astype(np.int32)
+
+
+def positions_of_blocks(
+    blocks: Any, query_pos: int, n_positions: int, block_size: int = MINIMAX_BLOCK_SIZE
+) -> np.ndarray:
+    """The positions a selection covers, ascending, deduplicated and causally
+    clipped, int32: block ``b`` covers ``[b*bs, min((b+1)*bs, n_positions,
+    query_pos + 1))``. Negative entries (-1 padding) are skipped."""
+    b = _index_array("blocks", blocks, 1)
+    query_pos = _count("query_pos", query_pos)
+    n_positions = _count("n_positions", n_positions)
+    bs = _count("block_size", block_size)
+    if bs == 0:
+        raise ReferenceSelectionError("block_size", "block_size must be positive")
+    limit = min(query_pos + 1, n_positions)
+    covered: set[int] = set()
+    for block in b[b >= 0]:
+        start = int(block) * bs
+        covered.update(range(start, min(start + bs, limit)))
+    return np.array(sorted(covered), dtype=np.int64).astype(np.int32)
+
+
+__all__ += [
+    "MINIMAX_BLOCK_SIZE",
+    "ReferenceSelectionError",
+    "block_scores",
+    "block_sparse_select",
+    "block_sparse_select_packed",
+    "positions_of_blocks",
+]
