@@ -1,0 +1,867 @@
+"""Workloads: the query/key/value tensors a selection policy is judged on.
+
+A :class:`Workload` is one causal, decode-style evaluation problem: per head,
+the queries, keys and values of a context of ``tokens`` positions, the
+positions of the queries to evaluate (a query at position ``i`` sees keys
+``0..=i``), and an *approximate* indexer (``index_q`` / ``index_k``, one index
+head per KV head) from which a learned top-k is drawn. Every policy is
+compared at an identical token budget on the same workload, so the workload
+fixes everything but the policy.
+
+Three sources:
+
+- :func:`synthetic`: a deterministic long-context workload with the head
+  types real models show (attention sinks, local heads, retrieval heads whose
+  needles sit far back, diffuse heads), generated in a second or two for the
+  32K-token default, no download.
+- :func:`example`: real Q/K/V of a trained transformer (all-MiniLM-L6-v2 on
+  the GPL-2 licence text), shipped with the package (``kvselect/data``).
+- :func:`load_npz`: your own dumps (see :mod:`kvselect.dump_hf` for a
+  Hugging Face model), in the format below.
+
+The ``.npz`` format read by :func:`load_npz`
+--------------------------------------------
+
+A NumPy ``.npz`` archive (``np.savez`` or ``np.savez_compressed``) with:
+
+- ``q``: ``[layers, n_heads, tokens, d]`` (required): the query heads;
+- ``k``: ``[layers, n_kv_heads, tokens, d]`` (required);
+- ``v``: ``[layers, n_kv_heads, tokens, d_v]`` (required);
+- ``index_q``, ``index_k``: ``[layers, n_kv_heads, tokens, d_idx]``
+  (optional, both or neither): your indexer's query and key, one index head
+  per KV head;
+- ``scale``: a scalar (optional): the softmax scale, default ``1/sqrt(d)``;
+- ``layer_ids``: ``[layers]`` integers (optional): the model's layer numbers;
+- ``kv_head_ids``: ``[layers, n_kv_heads]`` integers (optional): the model's
+  KV head numbers (the ids only name heads).
+
+Rules (each broken one is a :class:`WorkloadError` naming the key):
+
+- Arrays are float16, float32 or float64 (read as float32) and finite.
+- ``n_heads`` is a multiple of ``n_kv_heads`` (grouped-query attention):
+  query head ``h`` of a layer reads KV head ``h // (n_heads // n_kv_heads)``
+  of the same layer. Multi-head attention is ``n_heads == n_kv_heads``.
+- ``layers``, ``tokens`` and ``d`` agree across ``q``/``k``/``v``;
+  ``tokens >= 2``. Positions are token order: row ``t`` is token ``t``, and
+  the evaluation applies a causal mask (query ``i`` sees keys ``0..=i``),
+  whether or not the model was causal.
+- ``q`` and ``k`` are what the attention scores are computed from: after
+  any rotary embedding or query/key norm (``q[l, h, i] · k[l, g, j] * scale``
+  is the model's logit).
+- ``index_q``/``index_k`` (both or neither) are your indexer's query and key
+  (e.g. DeepSeek-V3.2's lightning indexer); without them the indexer is
+  derived by :func:`derive_indexer`.
+- Any other key is refused (it is most likely a typo, such as ``Q`` or
+  ``index_keys``, that would otherwise be silently ignored); the error lists
+  the allowed keys.
+
+Layers are flattened into heads: the workload has ``layers * n_heads`` query
+heads and ``layers * n_kv_heads`` KV heads, named ``"L{layer}/H{kv_head}"``
+in :attr:`Workload.head_kinds`; flattening keeps every query head with the
+KV heads of its own layer.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zipfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+__all__ = [
+    "HEAD_KINDS",
+    "Workload",
+    "WorkloadError",
+    "derive_indexer",
+    "example",
+    "load_npz",
+    "quantize_rows",
+    "query_positions",
+    "synthetic",
+    "synthetic_needles",
+]
+
+#: The head types :func:`synthetic` cycles through, in order, over KV heads.
+HEAD_KINDS: Tuple[str, ...] = ("sink", "local", "retrieval", "diffuse")
+
+_REQUIRED_KEYS = ("q", "k", "v")
+_OPTIONAL_KEYS = ("index_q", "index_k", "scale", "layer_ids", "kv_head_ids")
+_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+PathLike = Union[str, os.PathLike]  # type: ignore[type-arg]
+
+
+class WorkloadError(ValueError):
+    """A workload (or a workload file) that breaks the documented contract.
+
+    The message names the offending field or ``.npz`` key, and what was
+    expected against what was found."""
+
+
+# --------------------------------------------------------------------------
+# The workload
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """One causal decode-style evaluation problem.
+
+    Attributes:
+        name: short name (``"synthetic"``, ``"minilm-example"``, a file stem).
+        q: float32 ``[n_heads, tokens, d]``, the query heads.
+        k: float32 ``[n_kv_heads, tokens, d]``.
+        v: float32 ``[n_kv_heads, tokens, d_v]``.
+        index_q: float32 ``[n_kv_heads, tokens, d_idx]``, the approximate
+            indexer's query: one index head per KV head.
+        index_k: float32 ``[n_kv_heads, tokens, d_idx]``, its key.
+        head_kinds: one label per KV head (``"sink"``, ``"local"``,
+            ``"retrieval"``, ``"diffuse"``; ``"L3/H5"`` for dumps).
+        query_positions: int64, 1-D, strictly increasing positions in
+            ``[0, tokens)``; the query at position ``i`` sees keys ``0..=i``.
+        scale: the softmax scale (``1/sqrt(d)`` unless the model says
+            otherwise): the logit of query head ``h`` at ``i`` on key ``j`` is
+            ``q[h, i] · k[h // group, j] * scale``.
+        source: one line on where the workload came from.
+
+    ``n_heads`` is a multiple of ``n_kv_heads`` (grouped-query attention;
+    ``group = n_heads // n_kv_heads`` query heads share each KV head). All
+    arrays are C-contiguous; building a workload that breaks any of this
+    raises :class:`WorkloadError`. The arrays are not copied.
+    """
+
+    name: str
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    index_q: np.ndarray
+    index_k: np.ndarray
+    head_kinds: Tuple[str, ...]
+    query_positions: np.ndarray
+    scale: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise WorkloadError(f"name: expected a non-empty str, got {self.name!r}")
+        if not isinstance(self.source, str) or "\n" in self.source:
+            raise WorkloadError(f"source: expected a one-line str, got {self.source!r}")
+        for field in ("q", "k", "v", "index_q", "index_k"):
+            arr = getattr(self, field)
+            if not isinstance(arr, np.ndarray):
+                raise WorkloadError(
+                    f"{field}: expected a numpy.ndarray, got {type(arr).__name__}"
+                )
+            if arr.dtype != np.float32:
+                raise WorkloadError(f"{field}: expected dtype float32, got {arr.dtype}")
+            if arr.ndim != 3:
+                raise WorkloadError(
+                    f"{field}: expected 3 dimensions [heads, tokens, dim], "
+                    f"got shape {arr.shape}"
+                )
+            if not arr.flags.c_contiguous:
+                raise WorkloadError(f"{field}: expected a C-contiguous array")
+            if 0 in arr.shape:
+                raise WorkloadError(f"{field}: expected no empty axis, got shape {arr.shape}")
+        n_heads, tokens, d = self.q.shape
+        n_kv = self.k.shape[0]
+        if tokens < 2:
+            raise WorkloadError(f"q: expected at least 2 tokens, got {tokens}")
+        if self.k.shape[1:] != (tokens, d):
+            raise WorkloadError(
+                f"k: expected shape [n_kv_heads, {tokens}, {d}] to match q, got {self.k.shape}"
+            )
+        if self.v.shape[:2] != (n_kv, tokens):
+            raise WorkloadError(
+                f"v: expected shape [{n_kv}, {tokens}, d_v] to match k, got {self.v.shape}"
+            )
+        if n_heads % n_kv:
+            raise WorkloadError(
+                f"q: n_heads = {n_heads} is not a multiple of n_kv_heads = {n_kv}"
+            )
+        if self.index_q.shape[:2] != (n_kv, tokens):
+            raise WorkloadError(
+                f"index_q: expected shape [{n_kv}, {tokens}, d_idx] (one index head per "
+                f"KV head), got {self.index_q.shape}"
+            )
+        if self.index_k.shape != self.index_q.shape:
+            raise WorkloadError(
+                f"index_k: expected shape {self.index_q.shape} to match index_q, "
+                f"got {self.index_k.shape}"
+            )
+        kinds = self.head_kinds
+        if not isinstance(kinds, tuple) or not all(isinstance(s, str) for s in kinds):
+            raise WorkloadError("head_kinds: expected a tuple of str")
+        if len(kinds) != n_kv:
+            raise WorkloadError(
+                f"head_kinds: expected one label per KV head ({n_kv}), got {len(kinds)}"
+            )
+        pos = self.query_positions
+        if not isinstance(pos, np.ndarray) or pos.dtype != np.int64 or pos.ndim != 1:
+            raise WorkloadError(
+                "query_positions: expected a 1-D int64 numpy.ndarray, got "
+                + (f"{pos.dtype} shape {pos.shape}" if isinstance(pos, np.ndarray)
+                   else type(pos).__name__)
+            )
+        if pos.size == 0:
+            raise WorkloadError("query_positions: expected at least one position")
+        if not pos.flags.c_contiguous:
+            raise WorkloadError("query_positions: expected a C-contiguous array")
+        if pos[0] < 0 or pos[-1] >= tokens or np.any(np.diff(pos) <= 0):
+            raise WorkloadError(
+                f"query_positions: expected strictly increasing positions in [0, {tokens}), "
+                f"got {pos.tolist() if pos.size <= 8 else str(pos)}"
+            )
+        if isinstance(self.scale, bool) or not isinstance(self.scale, (float, int, np.floating)):
+            raise WorkloadError(f"scale: expected a float, got {type(self.scale).__name__}")
+        if not (math.isfinite(float(self.scale)) and float(self.scale) > 0):
+            raise WorkloadError(f"scale: expected a finite positive float, got {self.scale}")
+        object.__setattr__(self, "scale", float(self.scale))
+
+    # Derived sizes -----------------------------------------------------------
+
+    @property
+    def n_heads(self) -> int:
+        """Query heads."""
+        return int(self.q.shape[0])
+
+    @property
+    def n_kv_heads(self) -> int:
+        """KV heads (= index heads)."""
+        return int(self.k.shape[0])
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head: query head ``h`` reads KV head ``h // group``."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def tokens(self) -> int:
+        """Context length (positions ``0..tokens``)."""
+        return int(self.q.shape[1])
+
+    @property
+    def d(self) -> int:
+        return int(self.q.shape[2])
+
+    @property
+    def d_v(self) -> int:
+        return int(self.v.shape[2])
+
+    @property
+    def d_index(self) -> int:
+        return int(self.index_q.shape[2])
+
+    def __repr__(self) -> str:
+        return (
+            f"Workload(name={self.name!r}, n_heads={self.n_heads}, "
+            f"n_kv_heads={self.n_kv_heads}, tokens={self.tokens}, d={self.d}, "
+            f"d_v={self.d_v}, d_index={self.d_index}, "
+            f"queries={self.query_positions.size}, source={self.source!r})"
+        )
+
+
+# --------------------------------------------------------------------------
+# Shared rules: query positions, quantisation, the derived indexer
+# --------------------------------------------------------------------------
+
+
+def query_positions(tokens: int, queries: int, seed: int = 0) -> np.ndarray:
+    """The evaluated query positions: ``queries`` of them over
+    ``[tokens // 8, tokens)``, always including ``tokens - 1``.
+
+    The range is cut into ``queries`` equal strata and one position is drawn
+    uniformly from each (``numpy.random.default_rng(seed)``); the last stratum
+    contributes ``tokens - 1`` (the longest context). Stratifying spreads the
+    queries over short and long contexts; skipping the first eighth skips
+    queries whose whole context fits any budget. If the range holds no more
+    than ``queries`` positions, all of them are returned. int64, strictly
+    increasing.
+    """
+    tokens = _as_count("tokens", tokens, minimum=1)
+    queries = _as_count("queries", queries, minimum=1)
+    lo = tokens // 8
+    span = tokens - lo
+    if span <= queries:
+        return np.arange(lo, tokens, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    edges = lo + (np.arange(queries + 1, dtype=np.int64) * span) // queries
+    picks = edges[:-1] + rng.integers(0, edges[1:] - edges[:-1])
+    picks[-1] = tokens - 1
+    return np.ascontiguousarray(picks, dtype=np.int64)
+
+
+def quantize_rows(x: np.ndarray) -> np.ndarray:
+    """Per-row symmetric 8-bit quantisation, dequantised back to float32.
+
+    Each row (last axis) is scaled by ``s = max|row| / 127`` and rounded:
+    ``round(row / s) * s``, so a row takes at most 255 distinct values
+    (``-127 s .. 127 s``); an all-zero row stays zero. This is the precision
+    loss of an int8/fp8 indexer cache, kept in float32 so every consumer
+    reads it as a plain score input.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    amax = np.max(np.abs(x), axis=-1, keepdims=True)
+    step = amax / np.float32(127.0)
+    safe = np.where(step > 0, step, np.float32(1.0))
+    out = np.rint(x / safe) * safe
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def _projection(d: int, d_index: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6B76_7365]))
+    p = rng.standard_normal((d, d_index)) / math.sqrt(d_index)
+    return p.astype(np.float32)
+
+
+def _group_mean(q: np.ndarray, n_kv_heads: int) -> np.ndarray:
+    n_heads = q.shape[0]
+    g = n_heads // n_kv_heads
+    out: np.ndarray = q.reshape(n_kv_heads, g, *q.shape[1:]).mean(axis=1, dtype=np.float32)
+    return out
+
+
+def derive_indexer(
+    q: np.ndarray,
+    k: np.ndarray,
+    n_kv_heads: int,
+    d_index: Optional[int] = None,
+    seed: int = 0,
+) -> Tuple[np.ndarray, np.ndarray]:
+    """The indexer used when a dump has no ``index_q``/``index_k``.
+
+    Rule (fixed, so that results on a dump are reproducible everywhere):
+
+    1. Average the query heads within each GQA group: ``q_bar[g] =
+       mean(q[g * group : (g + 1) * group])`` with ``group = n_heads //
+       n_kv_heads`` (one index head per KV head, as in DeepSeek-V3.2 and
+       MiniMax-M3 where the indexer is shared by a KV head's queries).
+    2. Project ``q_bar`` and ``k`` with the same random matrix ``P`` of shape
+       ``[d, d_index]``, entries i.i.d. ``N(0, 1/d_index)``, drawn by
+       ``numpy.random.default_rng(SeedSequence([seed, 0x6b767365]))``
+       (``standard_normal((d, d_index)) / sqrt(d_index)``); ``d_index``
+       defaults to ``max(4, d // 4)``. By Johnson–Lindenstrauss,
+       ``(q P)·(k P)`` is an unbiased estimate of ``q·k`` whose error shrinks
+       as ``d_index`` grows.
+    3. Quantise every row of ``q_bar P`` and ``k P`` to 8 bits with
+       :func:`quantize_rows` (per-row symmetric: ``s = max|row| / 127``,
+       ``round(row / s) * s``).
+
+    So the derived indexer is what a lightning indexer is: fewer heads, lower
+    dimension, coarser numbers than the attention it predicts — an
+    approximation whose top-k agrees with the true top-k partially. It is not
+    a trained indexer; when you have one, dump ``index_q``/``index_k``.
+
+    Args:
+        q: ``[n_heads, tokens, d]``; k: ``[n_kv_heads, tokens, d]`` (any float
+            dtype; computed in float32).
+        n_kv_heads: KV heads; ``n_heads`` must be a multiple of it.
+        d_index: index dimension (default ``max(4, d // 4)``).
+        seed: the projection's seed (0 by default and in :func:`load_npz`).
+
+    Returns:
+        ``(index_q, index_k)``, both float32 C-contiguous
+        ``[n_kv_heads, tokens, d_index]``.
+    """
+    q = np.asarray(q, dtype=np.float32)
+    k = np.asarray(k, dtype=np.float32)
+    n_kv_heads = _as_count("n_kv_heads", n_kv_heads, minimum=1)
+    if q.ndim != 3 or k.ndim != 3:
+        raise WorkloadError(
+            f"derive_indexer: expected q [n_heads, tokens, d] and k [n_kv_heads, tokens, d], "
+            f"got q {q.shape} and k {k.shape}"
+        )
+    if k.shape[0] != n_kv_heads:
+        raise WorkloadError(
+            f"k: expected {n_kv_heads} KV heads (n_kv_heads), got shape {k.shape}"
+        )
+    if q.shape[0] % n_kv_heads:
+        raise WorkloadError(
+            f"q: n_heads = {q.shape[0]} is not a multiple of n_kv_heads = {n_kv_heads}"
+        )
+    if q.shape[1:] != k.shape[1:]:
+        raise WorkloadError(
+            f"k: expected [n_kv_heads, tokens, d] = [{n_kv_heads}, {q.shape[1]}, {q.shape[2]}] "
+            f"to match q, got {k.shape}"
+        )
+    d = q.shape[2]
+    d_index = max(4, d // 4) if d_index is None else _as_count("d_index", d_index, minimum=1)
+    p = _projection(d, d_index, seed)
+    index_q = quantize_rows(_group_mean(q, n_kv_heads) @ p)
+    index_k = quantize_rows(k @ p)
+    return index_q, index_k
+
+
+def _as_count(name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise WorkloadError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum:
+        raise WorkloadError(f"{name}: expected an int >= {minimum}, got {value}")
+    return int(value)
+
+
+# --------------------------------------------------------------------------
+# The synthetic workload
+# --------------------------------------------------------------------------
+
+# Logit targets (units of q·k·scale) of the structured parts; the noise part
+# of every logit has standard deviation about 1 (sink/local/retrieval) or 0.5
+# (diffuse), whatever d is.
+_SINK_COUNT = 4
+_SINK_LOGITS = (13.0, 11.5, 11.0, 10.5)
+_LOCAL_PEAK = 16.0
+_LOCAL_PERIODS = (32.0, 2048.0)
+_NEEDLES = 8
+_NEEDLE_LOGIT = 13.0
+_NEEDLE_SPAN = 0.75
+_DIFFUSE_Q = 0.4
+_CONTENT_RANK = 4
+_CONTENT_LOGIT = 0.9
+_ISO_NOISE = 0.3
+_INDEX_NOISE = 0.25
+
+
+def synthetic(
+    context: int = 32768,
+    n_heads: int = 8,
+    d: int = 64,
+    d_v: int = 64,
+    d_index: int = 16,
+    queries: int = 24,
+    seed: int = 0,
+    n_kv_heads: int = 4,
+) -> Workload:
+    """A deterministic synthetic long-context workload (no download).
+
+    KV head ``g`` has kind ``HEAD_KINDS[g % 4]``, and its ``group`` query
+    heads share that kind (each with its own strength, 0.9–1.1, and noise).
+    Logits below are ``q·k * scale`` with ``scale = 1/sqrt(d)``.
+
+    Every head starts from a background: each query and key is a Gaussian
+    point in a rank-4 "content" subspace of the head (logit standard
+    deviation ~0.9: which tokens match is low-rank, as in real heads) plus
+    isotropic noise (0.3 per coordinate). On top of it:
+
+    - ``"sink"``: the first 4 keys carry a direction (orthogonal to the
+      content) that every query looks for, at logits about 13, 11.5, 11 and
+      10.5, so they take much of the mass at every length — attention sinks;
+      their values are scaled by 0.1, as real sinks' values are small.
+    - ``"local"``: rotary positional encoding of one shared vector in queries
+      and keys (pair ``f`` turns by ``t * w_f``, periods ``2 pi / w_f``
+      geometric from 32 to 2048 positions), so ``q_i · k_j`` is a sum of
+      cosines of ``(i - j) w_f``: logit 16 at ``j = i``, falling over some
+      tens of positions, incoherent (standard deviation ~2) far away — a
+      sliding-window head.
+    - ``"retrieval"``: 8 needle keys, one drawn in each of 8 equal strata of
+      ``[4, 0.75 * context)`` (:func:`synthetic_needles`; the first lies
+      before ``context // 8``, so every evaluated query sees one), carry a
+      direction every query looks for (logit 13 times a per-needle strength
+      in 0.8–1): the mass sits on needles far back. A needle after the query
+      is invisible to it (causal).
+    - ``"diffuse"``: the background alone, queries scaled by 0.4 (logit
+      standard deviation ~0.4): near-uniform attention.
+
+    Values are standard normal. The indexer approximates the true scores the
+    way DeepSeek's lightning indexer does (one index head per KV head, lower
+    dimension, 8-bit): ``index_q = quantize_rows(q_bar @ P + e)`` and
+    ``index_k = quantize_rows(k @ P)``, with ``q_bar`` the GQA-group mean of
+    the queries, ``P`` the random projection of :func:`derive_indexer`
+    (``d_index`` columns, same ``seed``) and ``e`` Gaussian noise of 0.25
+    times the row's RMS. Its top-k agrees with the true top-k partially (the
+    random projection blurs the background ranking) while finding most of the
+    mass (sinks, needles, the local window).
+
+    ``query_positions`` follow :func:`query_positions` (``queries`` over
+    ``[context // 8, context)`` including ``context - 1``). Same arguments,
+    same arrays, on any machine with the same NumPy random streams.
+
+    Raises:
+        WorkloadError: a size out of range (``context >= 64``, ``d`` even and
+        ``>= 8``, ``n_heads`` a multiple of ``n_kv_heads``, counts ``>= 1``).
+    """
+    context = _as_count("context", context, minimum=64)
+    n_heads = _as_count("n_heads", n_heads, minimum=1)
+    n_kv_heads = _as_count("n_kv_heads", n_kv_heads, minimum=1)
+    d = _as_count("d", d, minimum=8)
+    d_v = _as_count("d_v", d_v, minimum=1)
+    d_index = _as_count("d_index", d_index, minimum=1)
+    queries = _as_count("queries", queries, minimum=1)
+    seed = _as_count("seed", seed, minimum=0)
+    if d % 2:
+        raise WorkloadError(f"d: expected an even head dimension (rotary pairs), got {d}")
+    if n_heads % n_kv_heads:
+        raise WorkloadError(
+            f"n_heads: {n_heads} is not a multiple of n_kv_heads = {n_kv_heads}"
+        )
+    group = n_heads // n_kv_heads
+    scale = 1.0 / math.sqrt(d)
+    root = np.random.SeedSequence([seed, 0x73796E74])
+    head_seeds = root.spawn(n_kv_heads + 1)
+    f32 = np.float32
+
+    q = np.empty((n_heads, context, d), dtype=f32)
+    k = np.empty((n_kv_heads, context, d), dtype=f32)
+    v = np.empty((n_kv_heads, context, d_v), dtype=f32)
+    kinds = []
+    for g in range(n_kv_heads):
+        kind = HEAD_KINDS[g % len(HEAD_KINDS)]
+        kinds.append(kind)
+        rng = np.random.default_rng(head_seeds[g])
+        # An orthonormal basis: column 0 is the head's "look-for" direction
+        # (sink, needle); the next _CONTENT_RANK columns span its content
+        # subspace (token content varies there: a low-rank background).
+        basis, _ = np.linalg.qr(rng.standard_normal((d, d)))
+        u = basis[:, 0].astype(f32)
+        rank = min(_CONTENT_RANK, d - 1)
+        sigma_c = math.sqrt(_CONTENT_LOGIT / (math.sqrt(rank) * scale))
+        content = (basis[:, 1 : 1 + rank].T * sigma_c).astype(f32)
+        heads = [k[g]] + [q[h] for h in range(g * group, (g + 1) * group)]
+        for out in heads:  # background: content + isotropic noise, in place
+            rng.standard_normal(out=out, dtype=f32)
+            out *= f32(_ISO_NOISE)
+            out += rng.standard_normal((context, rank), dtype=f32) @ content
+        kg, qs = heads[0], heads[1:]
+        rng.standard_normal(out=v[g], dtype=f32)
+        strengths = rng.uniform(0.9, 1.1, group)
+        if kind == "sink":
+            amp = math.sqrt(_SINK_LOGITS[0] / scale)
+            rel = np.asarray(_SINK_LOGITS[:_SINK_COUNT]) / _SINK_LOGITS[0]
+            kg[:_SINK_COUNT] += (amp * rel[:, None] * u[None, :]).astype(f32)
+            v[g, :_SINK_COUNT] *= f32(0.1)
+            for j in range(group):
+                qs[j] += f32(amp * strengths[j]) * u
+        elif kind == "local":
+            half = d // 2
+            omega = 2 * math.pi / np.geomspace(*_LOCAL_PERIODS, half)
+            amp = math.sqrt(_LOCAL_PEAK / (scale * half))
+            phase = rng.uniform(0, 2 * math.pi, half)
+            # One shared vector, pair f = amp * (cos phase_f, sin phase_f),
+            # rotated by t * w_f: q_i . k_j = amp^2 * sum_f cos((i - j) w_f).
+            ang = (np.arange(context, dtype=np.float64)[:, None] * omega + phase).astype(f32)
+            rot = np.empty((context, d), dtype=f32)
+            np.cos(ang, out=rot[:, 0::2])
+            np.sin(ang, out=rot[:, 1::2])
+            rot *= f32(amp)
+            kg += rot
+            for j in range(group):
+                qs[j] += f32(strengths[j]) * rot
+        elif kind == "retrieval":
+            amp = math.sqrt(_NEEDLE_LOGIT / scale)
+            needles = synthetic_needles(context, seed, g)
+            w = rng.uniform(0.8, 1.0, _NEEDLES)
+            kg[needles] += (amp * w[:, None] * u[None, :]).astype(f32)
+            for j in range(group):
+                qs[j] += f32(amp * strengths[j]) * u
+        else:  # diffuse
+            for j in range(group):
+                qs[j] *= f32(_DIFFUSE_Q * strengths[j])
+
+    index_rng = np.random.default_rng(head_seeds[n_kv_heads])
+    p = _projection(d, d_index, seed)
+    q_proj = _group_mean(q @ p, n_kv_heads)
+    rms = np.sqrt(np.mean(q_proj * q_proj, axis=-1, keepdims=True))
+    noise = index_rng.standard_normal(q_proj.shape, dtype=f32)
+    noise *= f32(_INDEX_NOISE) * rms
+    index_q = quantize_rows(q_proj + noise)
+    index_k = quantize_rows(k @ p)
+    return Workload(
+        name="synthetic",
+        q=q,
+        k=k,
+        v=v,
+        index_q=index_q,
+        index_k=index_k,
+        head_kinds=tuple(kinds),
+        query_positions=query_positions(context, queries, seed),
+        scale=scale,
+        source=(
+            f"kvselect.workloads.synthetic(context={context}, n_heads={n_heads}, d={d}, "
+            f"d_v={d_v}, d_index={d_index}, queries={queries}, seed={seed}, "
+            f"n_kv_heads={n_kv_heads})"
+        ),
+    )
+
+
+def _unit(rng: np.random.Generator, d: int) -> np.ndarray:
+    u = rng.standard_normal(d)
+    return u / np.linalg.norm(u)
+
+
+def synthetic_needles(context: int, seed: int, kv_head: int) -> np.ndarray:
+    """The needle positions of retrieval KV head ``kv_head`` in
+    ``synthetic(context=context, seed=seed, ...)`` (int64, ascending, 8).
+
+    Needle ``m`` is drawn uniformly from stratum ``m`` of 8 equal strata of
+    ``[4, 0.75 * context)``, by its own stream
+    (``SeedSequence([seed, 0x6e656564, kv_head])``), so the positions depend on
+    the context, the seed and the head only. Useful to score a policy on
+    needle recall; meaningful only for heads whose kind is ``"retrieval"``.
+    """
+    context = _as_count("context", context, minimum=64)
+    seed = _as_count("seed", seed, minimum=0)
+    kv_head = _as_count("kv_head", kv_head, minimum=0)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6E656564, kv_head]))
+    edges = np.linspace(_SINK_COUNT, _NEEDLE_SPAN * context, _NEEDLES + 1)
+    pos = np.floor(edges[:-1] + rng.uniform(0.0, 1.0, _NEEDLES) * np.diff(edges))
+    return np.ascontiguousarray(pos, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------
+# Your own dumps, and the shipped example
+# --------------------------------------------------------------------------
+
+
+def load_npz(
+    path: PathLike,
+    *,
+    layers: Union[None, int, Sequence[int]] = None,
+    queries: int = 64,
+    seed: int = 0,
+) -> Workload:
+    """Read a dump in the documented ``.npz`` format (see the module docstring).
+
+    Args:
+        path: the ``.npz`` file.
+        layers: which layers of the file to use (indices into its first axis,
+            in the order given); ``None`` for all. Each layer contributes its
+            heads, named ``"L{layer}/H{kv_head}"`` (the file's ``layer_ids`` /
+            ``kv_head_ids`` when present, else the indices).
+        queries: how many query positions to evaluate, drawn by
+            :func:`query_positions` over ``[tokens // 8, tokens)`` with
+            ``tokens - 1`` always included (all of them if fewer).
+        seed: the seed of those positions. (A derived indexer always uses
+            :func:`derive_indexer`'s fixed projection seed, 0.)
+
+    Returns:
+        A :class:`Workload`: float32 arrays with layers flattened into heads,
+        ``scale`` from the file or ``1/sqrt(d)``, and the file's indexer or,
+        without one, :func:`derive_indexer`'s.
+
+    Raises:
+        FileNotFoundError: no such file.
+        WorkloadError: not an ``.npz`` archive, or an array that breaks the
+            format; the message names the key and what was expected.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such workload file: {str(path)!r}")
+    arrays = _read_npz(path)
+
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    n_layers, n_heads, tokens, d = q.shape
+    if k.shape[0] != n_layers or v.shape[0] != n_layers:
+        bad = "k" if k.shape[0] != n_layers else "v"
+        raise WorkloadError(
+            f"{bad}: expected {n_layers} layers (axis 0, as in q {q.shape}), "
+            f"got {arrays[bad].shape}"
+        )
+    n_kv = k.shape[1]
+    if k.shape[2:] != (tokens, d):
+        raise WorkloadError(
+            f"k: expected shape [{n_layers}, n_kv_heads, {tokens}, {d}] (tokens and d as in "
+            f"q {q.shape}), got {k.shape}"
+        )
+    if v.shape[1:3] != (n_kv, tokens):
+        raise WorkloadError(
+            f"v: expected shape [{n_layers}, {n_kv}, {tokens}, d_v] (heads as in k, tokens "
+            f"as in q), got {v.shape}"
+        )
+    for key, arr in (("q", q), ("k", k), ("v", v)):
+        if 0 in arr.shape:
+            raise WorkloadError(f"{key}: expected no empty axis, got shape {arr.shape}")
+    if tokens < 2:
+        raise WorkloadError(f"q: expected at least 2 tokens (axis 2), got {tokens}")
+    if n_heads % n_kv:
+        raise WorkloadError(
+            f"q: n_heads = {n_heads} (axis 1) is not a multiple of n_kv_heads = {n_kv} "
+            f"(axis 1 of k)"
+        )
+    has_index = "index_q" in arrays
+    if has_index:
+        iq, ik = arrays["index_q"], arrays["index_k"]
+        if iq.shape[:3] != (n_layers, n_kv, tokens) or iq.shape[3] == 0:
+            raise WorkloadError(
+                f"index_q: expected shape [{n_layers}, {n_kv}, {tokens}, d_idx] (one index "
+                f"head per KV head), got {iq.shape}"
+            )
+        if ik.shape != iq.shape:
+            raise WorkloadError(
+                f"index_k: expected shape {iq.shape} to match index_q, got {ik.shape}"
+            )
+
+    scale = 1.0 / math.sqrt(d)
+    if "scale" in arrays:
+        s = arrays["scale"]
+        value = float(s.reshape(-1)[0]) if s.size == 1 else float("nan")
+        if not (math.isfinite(value) and value > 0):
+            raise WorkloadError(
+                f"scale: expected one finite positive number, got {s.reshape(-1)[:4]} "
+                f"(shape {s.shape})"
+            )
+        scale = value
+    layer_ids = np.arange(n_layers)
+    if "layer_ids" in arrays:
+        layer_ids = arrays["layer_ids"]
+        if layer_ids.shape != (n_layers,):
+            raise WorkloadError(
+                f"layer_ids: expected shape ({n_layers},), got {layer_ids.shape}"
+            )
+    kv_head_ids = np.broadcast_to(np.arange(n_kv), (n_layers, n_kv))
+    if "kv_head_ids" in arrays:
+        kv_head_ids = arrays["kv_head_ids"]
+        if kv_head_ids.shape != (n_layers, n_kv):
+            raise WorkloadError(
+                f"kv_head_ids: expected shape ({n_layers}, {n_kv}), got {kv_head_ids.shape}"
+            )
+
+    chosen = _choose_layers(layers, n_layers)
+
+    def flat(key: str) -> np.ndarray:
+        arr = arrays[key][chosen]
+        with np.errstate(over="ignore"):  # float64 beyond float32 -> inf, refused below
+            out = np.ascontiguousarray(arr.reshape(-1, *arr.shape[2:]), dtype=np.float32)
+        if not np.isfinite(out).all():
+            bad = np.argwhere(~np.isfinite(out))[0]
+            raise WorkloadError(
+                f"{key}: expected finite values (within float32 range), found "
+                f"{arr.reshape(-1, *arr.shape[2:])[tuple(bad)]} at flattened head "
+                f"{bad[0]}, token {bad[1]}"
+            )
+        return out
+
+    fq, fk, fv = flat("q"), flat("k"), flat("v")
+    if has_index:
+        fiq, fik = flat("index_q"), flat("index_k")
+    else:
+        fiq, fik = derive_indexer(fq, fk, n_kv_heads=fk.shape[0])
+    kinds = tuple(
+        f"L{int(layer_ids[l])}/H{int(kv_head_ids[l, h])}" for l in chosen for h in range(n_kv)
+    )
+    index_note = "dumped indexer" if has_index else "derived indexer (derive_indexer)"
+    return Workload(
+        name=path.stem,
+        q=fq,
+        k=fk,
+        v=fv,
+        index_q=fiq,
+        index_k=fik,
+        head_kinds=kinds,
+        query_positions=query_positions(tokens, queries, seed),
+        scale=scale,
+        source=(
+            f"{path.name}: layers {[int(layer_ids[l]) for l in chosen]}, {n_heads} query / "
+            f"{n_kv} KV heads each, {tokens} tokens, {q.dtype}; {index_note}"
+        ),
+    )
+
+
+def _read_npz(path: Path) -> Dict[str, np.ndarray]:
+    """Open, check keys and dtypes; arrays stay in their file dtype."""
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise WorkloadError(f"{path.name}: not a NumPy .npz archive ({exc})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise WorkloadError(
+            f"{path.name}: not a NumPy .npz archive (it holds a single array; save the "
+            f"arrays with numpy.savez_compressed(path, q=..., k=..., v=...))"
+        )
+    with archive:
+        keys = set(archive.files)
+        allowed = _REQUIRED_KEYS + _OPTIONAL_KEYS
+        missing = [key for key in _REQUIRED_KEYS if key not in keys]
+        if missing:
+            raise WorkloadError(
+                f"{path.name}: missing required key(s) {missing}; found {sorted(keys)}"
+            )
+        unknown = sorted(keys - set(allowed))
+        if unknown:
+            raise WorkloadError(
+                f"{path.name}: unknown key(s) {unknown}; allowed keys are {list(allowed)}"
+            )
+        if ("index_q" in keys) != ("index_k" in keys):
+            have, lack = ("index_q", "index_k") if "index_q" in keys else ("index_k", "index_q")
+            raise WorkloadError(
+                f"{lack}: missing; {have} is present, and the indexer needs both "
+                f"(or neither, to derive one)"
+            )
+        arrays: Dict[str, np.ndarray] = {}
+        for key in sorted(keys):
+            try:
+                arr = archive[key]
+            except ValueError as exc:  # object arrays need pickle: refused
+                raise WorkloadError(f"{key}: unreadable without pickle ({exc})") from None
+            if key in ("layer_ids", "kv_head_ids"):
+                if arr.dtype.kind not in "iu":
+                    raise WorkloadError(f"{key}: expected an integer dtype, got {arr.dtype}")
+            elif key == "scale":
+                if arr.dtype.kind not in "fiu":
+                    raise WorkloadError(f"scale: expected a number, got dtype {arr.dtype}")
+            else:
+                if arr.dtype not in _FLOAT_DTYPES:
+                    raise WorkloadError(
+                        f"{key}: expected dtype float16, float32 or float64, got {arr.dtype}"
+                    )
+                if arr.ndim != 4:
+                    dims = "d_idx" if key.startswith("index") else ("d_v" if key == "v" else "d")
+                    heads = "n_heads" if key == "q" else "n_kv_heads"
+                    raise WorkloadError(
+                        f"{key}: expected 4 dimensions [layers, {heads}, tokens, {dims}], "
+                        f"got shape {arr.shape}"
+                    )
+            arrays[key] = arr
+    return arrays
+
+
+def _choose_layers(layers: Union[None, int, Sequence[int]], n_layers: int) -> List[int]:
+    if layers is None:
+        return list(range(n_layers))
+    if isinstance(layers, (int, np.integer)) and not isinstance(layers, bool):
+        layers = [int(layers)]
+    try:
+        chosen = list(layers)  # type: ignore[arg-type]
+    except TypeError:
+        raise WorkloadError(
+            f"layers: expected None, an int or a sequence of ints, got {type(layers).__name__}"
+        ) from None
+    if not chosen:
+        raise WorkloadError("layers: expected at least one layer, got none")
+    for layer in chosen:
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
+            raise WorkloadError(f"layers: expected ints, got {layer!r}")
+        if not 0 <= layer < n_layers:
+            raise WorkloadError(f"layers: layer {layer} is out of range [0, {n_layers})")
+    if len(set(int(x) for x in chosen)) != len(chosen):
+        raise WorkloadError(f"layers: expected distinct layers, got {chosen}")
+    return [int(x) for x in chosen]
+
+
+#: The file name of the shipped example inside the package's ``data`` folder.
+EXAMPLE_FILE = "minilm_example.npz"
+
+
+def example(*, queries: int = 64, seed: int = 0) -> Workload:
+    """The shipped real workload: all-MiniLM-L6-v2 on the GPL-2 licence text.
+
+    Query, key and value projections of 3 layers x 3 heads (multi-head: each
+    head is its own KV head), all 512 tokens of one text, stored float16 in
+    ``kvselect/data/minilm_example.npz`` in the documented format (see
+    ``kvselect/data/README.md`` for provenance and which heads). The model is
+    bidirectional; the evaluation applies a causal mask. Context is short:
+    use small blocks (8-32) with it. The indexer is derived
+    (:func:`derive_indexer`).
+    """
+    from importlib import resources
+
+    ref = resources.files("kvselect").joinpath("data").joinpath(EXAMPLE_FILE)
+    with resources.as_file(ref) as path:
+        workload = load_npz(path, queries=queries, seed=seed)
+    return replace(
+        workload,
+        name="minilm-example",
+        source="all-MiniLM-L6-v2 on the GPL-2 licence text, " + workload.source,
+    )
