@@ -7,8 +7,11 @@
 //!   (a port of the candidate policy of vLLM PR 47942);
 //! - [`block_sparse`]: MiniMax-M3's rule for which 128-token KV blocks each
 //!   KV head may read;
-//! - [`attention`]: baseline selectors (dense, local, random, sink + window)
-//!   that the null models are rows of.
+//! - [`attention`]: baseline selectors (dense, local, random, sink + window,
+//!   the oracle top-k) that the null models are rows of, and a sparse causal
+//!   attention pass (GQA, MLA) to judge a selection by its output;
+//! - [`metrics`]: dense attention probabilities, batched coverage and
+//!   recall, output relative error.
 //!
 //! The core works on flat row-major slices with explicit shapes, returns
 //! `Result` for every refusal and never panics on user input. The Python
@@ -17,6 +20,7 @@
 
 pub mod attention;
 pub mod block_sparse;
+pub mod metrics;
 pub mod pool;
 pub mod simd;
 pub mod witness;

@@ -601,17 +601,16 @@ pub fn segment_coverage(candidates: &[i32], context_len: usize, num_segments: us
     if s_eff == 0 {
         return 1.0;
     }
-    let mut seen = vec![false; s_eff];
-    let mut hit = 0usize;
-    for &x in candidates {
-        if x >= 0 && (x as usize) < context_len {
-            let s = segment_of(x as usize, context_len, num_segments);
-            if !seen[s] {
-                seen[s] = true;
-                hit += 1;
-            }
-        }
-    }
+    // Collect the segments hit and count the distinct ones: memory follows
+    // the candidates, never the segment count (which may be huge).
+    let mut hit: Vec<usize> = candidates
+        .iter()
+        .filter(|&&x| x >= 0 && (x as usize) < context_len)
+        .map(|&x| segment_of(x as usize, context_len, num_segments))
+        .collect();
+    hit.sort_unstable();
+    hit.dedup();
+    let hit = hit.len();
     hit as f64 / s_eff as f64
 }
 
