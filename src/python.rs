@@ -29,7 +29,9 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 
+use crate::attention::{self, AttentionError, AttentionShape, OracleTopK, Selector};
 use crate::block_sparse::{self, BlockSparseConfig};
+use crate::metrics;
 use crate::{pool, simd, witness};
 
 pyo3::create_exception!(
@@ -363,21 +365,25 @@ fn inplace_i32<'py>(
     Ok(arr.clone())
 }
 
-/// Allocates an int32 output of `shape` (never an abort: a failed large
+/// Allocates an output of `shape` (never an abort: a failed large
 /// allocation is a `MemoryError`).
-fn alloc_i32<'py>(py: Python<'py>, shape: &[usize]) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+fn alloc<'py, T: Element>(py: Python<'py>, shape: &[usize]) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
     let elems = shape.iter().try_fold(1usize, |a, &n| a.checked_mul(n));
-    match elems.and_then(|e| e.checked_mul(4)) {
-        Some(bytes) if bytes <= BIG_OUTPUT_BYTES => Ok(PyArrayDyn::<i32>::zeros(py, shape, false)),
+    match elems.and_then(|e| e.checked_mul(std::mem::size_of::<T>())) {
+        Some(bytes) if bytes <= BIG_OUTPUT_BYTES => Ok(PyArrayDyn::<T>::zeros(py, shape, false)),
         _ => {
             let np = numpy(py)?;
             let shape = PyTuple::new(py, shape)?;
-            let kwargs = [("dtype", np.getattr("int32")?)].into_py_dict(py)?;
+            let kwargs = [("dtype", numpy::dtype::<T>(py))].into_py_dict(py)?;
             Ok(np
                 .call_method("empty", (shape,), Some(&kwargs))?
-                .cast_into::<PyArrayDyn<i32>>()?)
+                .cast_into::<PyArrayDyn<T>>()?)
         }
     }
+}
+
+fn alloc_i32<'py>(py: Python<'py>, shape: &[usize]) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+    alloc::<i32>(py, shape)
 }
 
 /// Runs `f` with the GIL released when `work` is worth the hand-off.
@@ -1136,6 +1142,670 @@ fn py_positions_of_blocks<'py>(
     Ok(numpy::PyArray1::from_vec(py, v))
 }
 
+// ---------------------------------------------------------------------------
+// Attention: selectors, the sparse and dense passes, metrics
+// ---------------------------------------------------------------------------
+
+/// Maps a core attention refusal to `kvselect.SelectionError` (or
+/// `MemoryError` for an output too large to allocate).
+fn attention_error(py: Python<'_>, e: AttentionError) -> PyErr {
+    if let AttentionError::TooLarge { .. } = e {
+        return pyo3::exceptions::PyMemoryError::new_err(e.to_string());
+    }
+    refuse(py, Domain::Selection, e.argument(), e.to_string())
+}
+
+/// Query positions as `usize` (one small copy of `n` entries): any integer
+/// array; a negative entry is a `SelectionError` naming its index.
+fn positions(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<usize>> {
+    let py = obj.py();
+    let a = int64_array(obj, name)?;
+    if a.ndim() != 1 {
+        return Err(shape_error(
+            py,
+            name,
+            format!("{name} must be 1-D, got {}-D", a.ndim()),
+        ));
+    }
+    let ro = a.try_readonly()?;
+    let v = contiguous(&ro, name)?;
+    v.iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            usize::try_from(p)
+                .map_err(|_| shape_error(py, name, format!("{name}[{i}] = {p} is negative")))
+        })
+        .collect()
+}
+
+/// A 3-D float32 array argument and its shape.
+fn tensor3<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+    what: &str,
+) -> PyResult<(Bound<'py, PyArrayDyn<f32>>, [usize; 3])> {
+    let a = float_array::<f32>(obj, name)?;
+    match *a.shape() {
+        [x, y, z] => Ok((a, [x, y, z])),
+        ref s => Err(shape_error(
+            obj.py(),
+            name,
+            format!("{name} must be 3-D {what}, got {}-D", s.len()),
+        )),
+    }
+}
+
+/// The values argument, read in place when it is float32 with unit stride
+/// in its last axis and a uniform row stride over (key, head) — a C-order
+/// array, or MLA's `kv[..., :d_v]` view of the keys — else converted once.
+/// Returns the array, `d_v` and the row stride in elements.
+fn values<'py>(
+    obj: &Bound<'py, PyAny>,
+    n_keys: usize,
+    n_kv_heads: usize,
+) -> PyResult<(Bound<'py, PyArrayDyn<f32>>, usize, usize)> {
+    let py = obj.py();
+    let strided = |a: &Bound<'py, PyArrayDyn<f32>>| -> Option<usize> {
+        let u = a.as_untyped();
+        if !is_aligned(u) {
+            return None;
+        }
+        match (u.shape(), u.strides()) {
+            ([_, h, dv], [s0, s1, 4]) if *s1 > 0 && *s1 % 4 == 0 && *s0 == *s1 * (*h as isize) => {
+                let stride = (*s1 / 4) as usize;
+                (stride >= *dv).then_some(stride)
+            }
+            ([_, _, _], _) if u.is_c_contiguous() => Some(u.shape()[2]),
+            _ => None,
+        }
+    };
+    let a = match obj.cast::<PyArrayDyn<f32>>() {
+        Ok(a) if strided(a).is_some() => a.clone(),
+        _ => float_array::<f32>(obj, "v")?,
+    };
+    let stride = match strided(&a) {
+        Some(s) => s,
+        None => {
+            let np = numpy(py)?;
+            let c = np
+                .call_method1("ascontiguousarray", (&a,))?
+                .cast_into::<PyArrayDyn<f32>>()?;
+            return values(c.as_any(), n_keys, n_kv_heads);
+        }
+    };
+    match *a.shape() {
+        [nk, h, dv] if nk == n_keys && h == n_kv_heads => Ok((a, dv, stride)),
+        ref s => Err(shape_error(
+            py,
+            "v",
+            format!("v must be [n_keys={n_keys}, n_kv_heads={n_kv_heads}, d_v], got {s:?}"),
+        )),
+    }
+}
+
+/// The slice of `v`'s memory its value rows occupy.
+///
+/// # Safety
+/// `v` must be borrowed read-only (its rust-numpy borrow held) for the
+/// slice's lifetime; `values` guaranteed the layout (unit stride in the last
+/// axis, row stride `stride >= d_v`), so every element of the slice lies
+/// inside `v`'s own extent.
+unsafe fn value_rows<'a>(
+    v: &'a numpy::PyReadonlyArrayDyn<'_, f32>,
+    rows: usize,
+    stride: usize,
+    d_v: usize,
+) -> &'a [f32] {
+    if rows == 0 || d_v == 0 {
+        return &[];
+    }
+    let len = (rows - 1) * stride + d_v;
+    // SAFETY: see the function's contract.
+    unsafe { std::slice::from_raw_parts(v.data(), len) }
+}
+
+fn scale_arg(scale: Option<f64>, d_k: usize) -> f32 {
+    scale.map_or_else(|| attention::softmax_scale(d_k), |s| s as f32)
+}
+
+/// Dense causal attention probabilities, float64 ``[n_queries, n_q_heads,
+/// n_keys]`` (zeros after each query's position): the rows recall is
+/// measured against.
+#[pyfunction]
+#[pyo3(name = "attention_probabilities", signature = (q, k, query_pos, *, scale=None))]
+fn py_attention_probabilities<'py>(
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    query_pos: &Bound<'py, PyAny>,
+    scale: Option<f64>,
+) -> PyResult<Bound<'py, PyArrayDyn<f64>>> {
+    let py = q.py();
+    let (qa, [n, hq, d]) = tensor3(q, "q", "[n_queries, n_q_heads, d_k]")?;
+    let (ka, [nk, hkv, dk]) = tensor3(k, "k", "[n_keys, n_kv_heads, d_k]")?;
+    if d != dk {
+        return Err(shape_error(
+            py,
+            "q",
+            format!("q has d_k={d} but k has d_k={dk}"),
+        ));
+    }
+    let pos = positions(query_pos, "query_pos")?;
+    let shape = AttentionShape {
+        n_queries: n,
+        n_q_heads: hq,
+        n_kv_heads: hkv,
+        d_k: d,
+        d_v: 0,
+        n_keys: nk,
+    };
+    let scale = scale.unwrap_or_else(|| attention::softmax_scale(d) as f64);
+    shape.validate().map_err(|e| attention_error(py, e))?;
+    let out = alloc::<f64>(py, &[n, hq, nk])?;
+    {
+        let qr = qa.try_readonly()?;
+        let kr = ka.try_readonly()?;
+        let mut or = out.try_readwrite()?;
+        let (qs, kss) = (contiguous(&qr, "q")?, contiguous(&kr, "k")?);
+        let os = or
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        run(py, os.len().saturating_mul(d.max(1)), || {
+            metrics::attention_probabilities(qs, kss, &shape, &pos, scale, os)
+        })
+        .map_err(|e| attention_error(py, e))?;
+    }
+    Ok(out)
+}
+
+/// `(out, lse)` of the dense pass.
+type DenseOut<'py> = (Bound<'py, PyArrayDyn<f32>>, Bound<'py, PyArrayDyn<f32>>);
+
+/// `(out, lse, empty_rows)` of an attention pass.
+type AttentionOut<'py> = (
+    Bound<'py, PyArrayDyn<f32>>,
+    Bound<'py, PyArrayDyn<f32>>,
+    usize,
+);
+
+/// The shared body of the dense and sparse passes.
+fn attention_pass<'py>(
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    query_pos: &Bound<'py, PyAny>,
+    selection: Option<&Bound<'py, PyAny>>,
+    scale: Option<f64>,
+) -> PyResult<AttentionOut<'py>> {
+    let py = q.py();
+    let (qa, [n, hq, d]) = tensor3(q, "q", "[n_queries, n_q_heads, d_k]")?;
+    let (ka, [nk, hkv, dk]) = tensor3(k, "k", "[n_keys, n_kv_heads, d_k]")?;
+    if d != dk {
+        return Err(shape_error(
+            py,
+            "q",
+            format!("q has d_k={d} but k has d_k={dk}"),
+        ));
+    }
+    let (va, dv, stride) = values(v, nk, hkv)?;
+    let pos = positions(query_pos, "query_pos")?;
+    let shape = AttentionShape {
+        n_queries: n,
+        n_q_heads: hq,
+        n_kv_heads: hkv,
+        d_k: d,
+        d_v: dv,
+        n_keys: nk,
+    };
+    shape.validate().map_err(|e| attention_error(py, e))?;
+    let sel = match selection {
+        Some(s) => {
+            let a = int32_array(s, "selection", Domain::Selection)?;
+            match *a.shape() {
+                [sn, sh, w] if sn == n && sh == hkv => Some((a, w)),
+                ref sh => {
+                    return Err(shape_error(
+                        py,
+                        "selection",
+                        format!(
+                        "selection must be [n_queries={n}, n_kv_heads={hkv}, width], got {sh:?}"
+                    ),
+                    ))
+                }
+            }
+        }
+        None => None,
+    };
+    let scale = scale_arg(scale, d);
+    let out = alloc::<f32>(py, &[n, hq, dv])?;
+    let lse = alloc::<f32>(py, &[n, hq])?;
+    let empty = {
+        let qr = qa.try_readonly()?;
+        let kr = ka.try_readonly()?;
+        let vr = va.try_readonly()?;
+        let sr = sel.as_ref().map(|(a, _)| a.try_readonly()).transpose()?;
+        let mut or = out.try_readwrite()?;
+        let mut lr = lse.try_readwrite()?;
+        let (qs, kss) = (contiguous(&qr, "q")?, contiguous(&kr, "k")?);
+        // SAFETY: `vr` holds the read-only borrow for this block; `values`
+        // checked the layout.
+        let vs = unsafe { value_rows(&vr, nk * hkv, stride, dv) };
+        let ss: Option<(&[i32], usize)> = match (&sr, &sel) {
+            (Some(r), Some((_, w))) => Some((contiguous(r, "selection")?, *w)),
+            _ => None,
+        };
+        let os = or
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let ls = lr
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let work = match ss {
+            Some((s, _)) => s
+                .len()
+                .saturating_mul(d + dv)
+                .saturating_mul((hq / hkv.max(1)).max(1)),
+            None => n
+                .saturating_mul(hq)
+                .saturating_mul(nk)
+                .saturating_mul(d + dv),
+        };
+        run(py, work, || match ss {
+            Some((s, w)) => {
+                attention::sparse_attention(qs, kss, vs, stride, &shape, &pos, s, w, scale, os, ls)
+            }
+            None => attention::dense_attention(qs, kss, vs, stride, &shape, &pos, scale, os, ls),
+        })
+        .map_err(|e| attention_error(py, e))?
+    };
+    Ok((out, lse, empty))
+}
+
+/// Dense causal attention: ``(out [n_queries, n_q_heads, d_v], lse
+/// [n_queries, n_q_heads])``, every query over keys ``0..=query_pos``.
+#[pyfunction]
+#[pyo3(name = "dense_attention", signature = (q, k, v, query_pos, *, scale=None))]
+fn py_dense_attention<'py>(
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    query_pos: &Bound<'py, PyAny>,
+    scale: Option<f64>,
+) -> PyResult<DenseOut<'py>> {
+    let (out, lse, _) = attention_pass(q, k, v, query_pos, None, scale)?;
+    Ok((out, lse))
+}
+
+/// Sparse causal attention over selected positions: ``(out, lse,
+/// empty_rows)``; a row that selects nothing gets zeros and ``lse = -inf``
+/// and is counted in ``empty_rows``.
+#[pyfunction]
+#[pyo3(name = "sparse_attention", signature = (q, k, v, query_pos, selection, *, scale=None))]
+fn py_sparse_attention<'py>(
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    query_pos: &Bound<'py, PyAny>,
+    selection: &Bound<'py, PyAny>,
+    scale: Option<f64>,
+) -> PyResult<AttentionOut<'py>> {
+    attention_pass(q, k, v, query_pos, Some(selection), scale)
+}
+
+/// A score-free baseline selector: which keys query row ``i`` of a causal
+/// sequence (keys ``0..=i``) may attend to. Build one with
+/// ``Selector.dense()``, ``Selector.local(window)``,
+/// ``Selector.random(budget, seed)`` or ``Selector.sink_window(sinks,
+/// window)``; rows are distinct, ascending and causal.
+#[pyclass(name = "Selector", module = "kvselect", frozen, eq, hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct PySelector {
+    kind: u8,
+    a: u64,
+    b: u64,
+}
+
+impl PySelector {
+    fn core(&self) -> Selector {
+        match self.kind {
+            0 => Selector::Dense,
+            1 => Selector::Local {
+                window: self.a as usize,
+            },
+            2 => Selector::Random {
+                budget: self.a as usize,
+                seed: self.b,
+            },
+            _ => Selector::SinkWindow {
+                sinks: self.a as usize,
+                window: self.b as usize,
+            },
+        }
+    }
+}
+
+#[pymethods]
+impl PySelector {
+    /// Every causal key.
+    #[staticmethod]
+    fn dense() -> Self {
+        PySelector {
+            kind: 0,
+            a: 0,
+            b: 0,
+        }
+    }
+
+    /// The ``window`` most recent keys, the query's own included.
+    #[staticmethod]
+    fn local(window: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let window = count(window, "window", Domain::Selection, I32_MAX)?;
+        Ok(PySelector {
+            kind: 1,
+            a: window,
+            b: 0,
+        })
+    }
+
+    /// ``budget`` distinct keys drawn uniformly from the causal set
+    /// (ChaCha8 keyed by ``seed`` on stream ``i``: deterministic per seed and row).
+    #[staticmethod]
+    fn random(budget: &Bound<'_, PyAny>, seed: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let budget = count(budget, "budget", Domain::Selection, I32_MAX)?;
+        let seed = count(seed, "seed", Domain::Selection, u64::MAX)?;
+        Ok(PySelector {
+            kind: 2,
+            a: budget,
+            b: seed,
+        })
+    }
+
+    /// StreamingLLM: the first ``sinks`` keys plus the ``window`` most recent.
+    #[staticmethod]
+    fn sink_window(sinks: &Bound<'_, PyAny>, window: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let sinks = count(sinks, "sinks", Domain::Selection, I32_MAX)?;
+        let window = count(window, "window", Domain::Selection, I32_MAX)?;
+        Ok(PySelector {
+            kind: 3,
+            a: sinks,
+            b: window,
+        })
+    }
+
+    /// The candidates of query row ``row`` (keys ``0..=row``), ascending.
+    fn row<'py>(
+        &self,
+        py: Python<'py>,
+        row: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, numpy::PyArray1<i32>>> {
+        let row = count(row, "row", Domain::Selection, I32_MAX - 1)? as usize;
+        let sel = self.core();
+        let v = run(py, sel.row_len(row), || sel.row(row));
+        Ok(numpy::PyArray1::from_vec(py, v))
+    }
+
+    /// The candidates of every query position in ``query_pos``: int32
+    /// ``[n, width]``, ascending then -1; ``width`` defaults to the widest row.
+    #[pyo3(signature = (query_pos, width=None))]
+    fn rows<'py>(
+        &self,
+        query_pos: &Bound<'py, PyAny>,
+        width: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+        let py = query_pos.py();
+        let pos = positions(query_pos, "query_pos")?;
+        let sel = self.core();
+        let width = match width {
+            Some(w) if !w.is_none() => count(w, "width", Domain::Selection, I32_MAX)? as usize,
+            _ => pos.iter().map(|&p| sel.row_len(p)).max().unwrap_or(0),
+        };
+        let out = alloc_i32(py, &[pos.len(), width])?;
+        {
+            let mut o = out.try_readwrite()?;
+            let os = o
+                .as_slice_mut()
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            run(py, os.len(), || sel.rows_into(&pos, width, os))
+                .map_err(|e| attention_error(py, e))?;
+        }
+        Ok(out)
+    }
+
+    fn __repr__(&self) -> String {
+        match self.core() {
+            Selector::Dense => "Selector.dense()".into(),
+            Selector::Local { window } => format!("Selector.local(window={window})"),
+            Selector::Random { budget, seed } => {
+                format!("Selector.random(budget={budget}, seed={seed})")
+            }
+            Selector::SinkWindow { sinks, window } => {
+                format!("Selector.sink_window(sinks={sinks}, window={window})")
+            }
+        }
+    }
+}
+
+/// The oracle top-k: for each row of ``attention`` (float64 ``[n,
+/// row_len]``, the dense attention row of query position ``query_pos[i]``),
+/// the ``budget`` keys with the largest weight among ``0..=query_pos[i]``,
+/// ties to the lower key; int32 ``[n, width]`` ascending then -1.
+#[pyfunction]
+#[pyo3(name = "oracle_topk", signature = (attention, query_pos, budget, *, width=None))]
+fn py_oracle_topk<'py>(
+    attention: &Bound<'py, PyAny>,
+    query_pos: &Bound<'py, PyAny>,
+    budget: &Bound<'py, PyAny>,
+    width: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+    let py = attention.py();
+    let a = float_array::<f64>(attention, "attention")?;
+    let [n, row_len] = match *a.shape() {
+        [n, l] => [n, l],
+        ref s => {
+            return Err(shape_error(
+                py,
+                "attention",
+                format!("attention must be 2-D [n, row_len], got {}-D", s.len()),
+            ))
+        }
+    };
+    let pos = positions(query_pos, "query_pos")?;
+    let budget = count(budget, "budget", Domain::Selection, I32_MAX)? as usize;
+    let oracle = OracleTopK { budget };
+    let width = match width {
+        Some(w) if !w.is_none() => count(w, "width", Domain::Selection, I32_MAX)? as usize,
+        _ => pos
+            .iter()
+            .map(|&p| oracle.row_len(p, row_len))
+            .max()
+            .unwrap_or(0),
+    };
+    if pos.len() != n {
+        return Err(shape_error(
+            py,
+            "query_pos",
+            format!(
+                "query_pos has {} positions for {n} attention rows",
+                pos.len()
+            ),
+        ));
+    }
+    let out = alloc_i32(py, &[n, width])?;
+    {
+        let ar = a.try_readonly()?;
+        let asl = contiguous(&ar, "attention")?;
+        let mut o = out.try_readwrite()?;
+        let os = o
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        run(py, asl.len(), || {
+            oracle.rows_into(asl, row_len, &pos, width, os)
+        })
+        .map_err(|e| attention_error(py, e))?;
+    }
+    Ok(out)
+}
+
+/// A 2-D candidates argument ``[rows, width]`` as int32.
+fn candidates2<'py>(
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyArrayDyn<i32>>, usize, usize)> {
+    let a = int32_array(obj, "candidates", Domain::Selection)?;
+    match *a.shape() {
+        [r, w] => Ok((a, r, w)),
+        ref s => Err(shape_error(
+            obj.py(),
+            "candidates",
+            format!("candidates must be 2-D [rows, width], got {}-D", s.len()),
+        )),
+    }
+}
+
+/// ``segment_coverage`` of every row: float64 ``[rows]``.
+#[pyfunction]
+#[pyo3(name = "segment_coverage_rows")]
+fn py_segment_coverage_rows<'py>(
+    candidates: &Bound<'py, PyAny>,
+    context_lens: &Bound<'py, PyAny>,
+    num_segments: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyArrayDyn<f64>>> {
+    let py = candidates.py();
+    let (c, rows, width) = candidates2(candidates)?;
+    let lens = positions(context_lens, "context_lens")?;
+    let num_segments = count(num_segments, "num_segments", Domain::Selection, u64::MAX)? as usize;
+    let out = alloc::<f64>(py, &[rows])?;
+    {
+        let cr = c.try_readonly()?;
+        let cs = contiguous(&cr, "candidates")?;
+        let mut o = out.try_readwrite()?;
+        let os = o
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        run(py, cs.len(), || {
+            metrics::segment_coverage_rows(cs, width, &lens, num_segments, os)
+        })
+        .map_err(|e| attention_error(py, e))?;
+    }
+    Ok(out)
+}
+
+/// ``attention_mass_recall`` of every attention row: ``attention`` is
+/// float64 ``[n_rows, row_len]``, read against candidate row ``r / group``
+/// with ``group = n_rows / rows`` (a KV head's selection serves its query
+/// heads); float64 ``[n_rows]``.
+#[pyfunction]
+#[pyo3(name = "attention_mass_recall_rows")]
+fn py_attention_mass_recall_rows<'py>(
+    candidates: &Bound<'py, PyAny>,
+    attention: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyArrayDyn<f64>>> {
+    let py = candidates.py();
+    let (c, rows, width) = candidates2(candidates)?;
+    let a = float_array::<f64>(attention, "attention")?;
+    let [n_rows, row_len] = match *a.shape() {
+        [n, l] => [n, l],
+        ref s => {
+            return Err(shape_error(
+                py,
+                "attention",
+                format!("attention must be 2-D [n_rows, row_len], got {}-D", s.len()),
+            ))
+        }
+    };
+    // With no candidate rows there must be no attention rows either.
+    let group = match n_rows.checked_div(rows) {
+        Some(g) if g * rows == n_rows && g > 0 => g,
+        None if n_rows == 0 => 1,
+        _ => return Err(shape_error(
+            py,
+            "attention",
+            format!(
+                "attention has {n_rows} rows, not a positive multiple of the {rows} candidate rows"
+            ),
+        )),
+    };
+    let out = alloc::<f64>(py, &[n_rows])?;
+    {
+        let cr = c.try_readonly()?;
+        let cs = contiguous(&cr, "candidates")?;
+        let ar = a.try_readonly()?;
+        let asl = contiguous(&ar, "attention")?;
+        let mut o = out.try_readwrite()?;
+        let os = o
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        run(py, asl.len(), || {
+            metrics::attention_mass_recall_rows(cs, width, asl, row_len, group, os)
+        })
+        .map_err(|e| attention_error(py, e))?;
+    }
+    Ok(out)
+}
+
+/// ``‖sparse − dense‖ / ‖dense‖`` per row over the last axis: float64 of
+/// the leading shape.
+#[pyfunction]
+#[pyo3(name = "output_relative_error_rows")]
+fn py_output_relative_error_rows<'py>(
+    sparse: &Bound<'py, PyAny>,
+    dense: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyArrayDyn<f64>>> {
+    let py = sparse.py();
+    let s = float_array::<f32>(sparse, "sparse")?;
+    let d = float_array::<f32>(dense, "dense")?;
+    if s.shape() != d.shape() || s.ndim() == 0 {
+        return Err(shape_error(
+            py,
+            "sparse",
+            format!(
+                "sparse {:?} and dense {:?} must have one shape, at least 1-D",
+                s.shape(),
+                d.shape()
+            ),
+        ));
+    }
+    let lead: Vec<usize> = s.shape()[..s.ndim() - 1].to_vec();
+    let width = s.shape()[s.ndim() - 1];
+    let out = alloc::<f64>(py, &lead)?;
+    {
+        let sr = s.try_readonly()?;
+        let dr = d.try_readonly()?;
+        let (ss, ds) = (contiguous(&sr, "sparse")?, contiguous(&dr, "dense")?);
+        let mut o = out.try_readwrite()?;
+        let os = o
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        run(py, ss.len(), || {
+            metrics::output_relative_error_rows(ss, ds, width, os)
+        })
+        .map_err(|e| attention_error(py, e))?;
+    }
+    Ok(out)
+}
+
+/// ``‖sparse − dense‖ / ‖dense‖`` over whole arrays (float64).
+#[pyfunction]
+#[pyo3(name = "output_relative_error")]
+fn py_output_relative_error(sparse: &Bound<'_, PyAny>, dense: &Bound<'_, PyAny>) -> PyResult<f64> {
+    let py = sparse.py();
+    let s = float_array::<f32>(sparse, "sparse")?;
+    let d = float_array::<f32>(dense, "dense")?;
+    if s.shape() != d.shape() {
+        return Err(shape_error(
+            py,
+            "sparse",
+            format!(
+                "sparse {:?} and dense {:?} must have one shape",
+                s.shape(),
+                d.shape()
+            ),
+        ));
+    }
+    let sr = s.try_readonly()?;
+    let dr = d.try_readonly()?;
+    let (ss, ds) = (contiguous(&sr, "sparse")?, contiguous(&dr, "dense")?);
+    metrics::output_relative_error(ss, ds).map_err(|e| attention_error(py, e))
+}
+
 /// Sets the number of threads kvselect's parallel paths use; 0 restores
 /// the default (`RAYON_NUM_THREADS`, else every core).
 #[pyfunction]
@@ -1181,6 +1851,15 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_block_sparse_select, m)?)?;
     m.add_function(wrap_pyfunction!(py_block_sparse_select_packed, m)?)?;
     m.add_function(wrap_pyfunction!(py_positions_of_blocks, m)?)?;
+    m.add_class::<PySelector>()?;
+    m.add_function(wrap_pyfunction!(py_oracle_topk, m)?)?;
+    m.add_function(wrap_pyfunction!(py_attention_probabilities, m)?)?;
+    m.add_function(wrap_pyfunction!(py_dense_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(py_sparse_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(py_segment_coverage_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(py_attention_mass_recall_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(py_output_relative_error, m)?)?;
+    m.add_function(wrap_pyfunction!(py_output_relative_error_rows, m)?)?;
     m.add_function(wrap_pyfunction!(py_set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(py_get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(py_simd_level, m)?)?;

@@ -10,7 +10,15 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   :func:`segment_coverage` / :func:`attention_mass_recall`;
 - block-sparse selection as in MiniMax-M3 (:class:`BlockSparseConfig`,
   :func:`block_sparse_select`, :func:`block_sparse_select_packed`,
-  :func:`positions_of_blocks`): which KV blocks each KV head may read.
+  :func:`positions_of_blocks`): which KV blocks each KV head may read;
+- the attention module: baseline selectors (:class:`Selector`,
+  :func:`oracle_topk`), dense and sparse causal attention
+  (:func:`dense_attention`, :func:`sparse_attention`; GQA, MLA strided
+  values), dense probabilities and batched metrics
+  (:func:`attention_probabilities`, :func:`segment_coverage_rows`,
+  :func:`attention_mass_recall_rows`, :func:`output_relative_error_rows`);
+- ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
+  identical budget on a built-in workload or your own Q/K/V dumps.
 
 Arrays that already have the right dtype and C order are read in place;
 others are converted once when that keeps their meaning (integer arrays that
@@ -25,21 +33,30 @@ from kvselect._core import (
     MAX_TOPOLOGY_SEGMENTS,
     MINIMAX_BLOCK_SIZE,
     SelectionError,
+    Selector,
     WitnessError,
     __version__,
     apply_topology_witnesses,
     attention_mass_recall,
+    attention_mass_recall_rows,
+    attention_probabilities,
     block_sparse_select,
     block_sparse_select_packed,
+    dense_attention,
     get_num_threads,
     locality_null,
+    oracle_topk,
+    output_relative_error,
+    output_relative_error_rows,
     positions_of_blocks,
     random_null,
     scatter_topology_witnesses,
     segment_coverage,
+    segment_coverage_rows,
     segment_of,
     set_num_threads,
     simd_level,
+    sparse_attention,
     topology_witness_indices,
 )
 
@@ -48,20 +65,29 @@ __all__ = [
     "MAX_TOPOLOGY_SEGMENTS",
     "MINIMAX_BLOCK_SIZE",
     "SelectionError",
+    "Selector",
     "WitnessError",
     "__version__",
     "apply_topology_witnesses",
     "attention_mass_recall",
+    "attention_mass_recall_rows",
+    "attention_probabilities",
     "block_sparse_select",
     "block_sparse_select_packed",
+    "dense_attention",
     "get_num_threads",
     "locality_null",
+    "oracle_topk",
+    "output_relative_error",
+    "output_relative_error_rows",
     "positions_of_blocks",
     "random_null",
     "scatter_topology_witnesses",
     "segment_coverage",
+    "segment_coverage_rows",
     "segment_of",
     "set_num_threads",
     "simd_level",
+    "sparse_attention",
     "topology_witness_indices",
 ]

@@ -23,6 +23,15 @@ __all__ = [
     "block_sparse_select",
     "block_sparse_select_packed",
     "positions_of_blocks",
+    "Selector",
+    "oracle_topk",
+    "attention_probabilities",
+    "dense_attention",
+    "sparse_attention",
+    "segment_coverage_rows",
+    "attention_mass_recall_rows",
+    "output_relative_error",
+    "output_relative_error_rows",
     "set_num_threads",
     "get_num_threads",
     "simd_level",
@@ -181,6 +190,103 @@ def positions_of_blocks(
     config: Optional[BlockSparseConfig] = None,
 ) -> npt.NDArray[np.int32]:
     """The positions a block selection covers, ascending and causally clipped (-1 skipped)."""
+
+@final
+class Selector:
+    """A score-free baseline selector: which keys query row ``i`` of a causal
+    sequence (keys ``0..=i``) may attend to. Rows are distinct, ascending, causal."""
+
+    @staticmethod
+    def dense() -> "Selector":
+        """Every causal key."""
+    @staticmethod
+    def local(window: int) -> "Selector":
+        """The ``window`` most recent keys, the query's own included."""
+    @staticmethod
+    def random(budget: int, seed: int) -> "Selector":
+        """``budget`` distinct keys drawn uniformly (ChaCha8 keyed by ``seed`` on stream ``i``)."""
+    @staticmethod
+    def sink_window(sinks: int, window: int) -> "Selector":
+        """StreamingLLM: the first ``sinks`` keys plus the ``window`` most recent."""
+    def row(self, row: int) -> npt.NDArray[np.int32]:
+        """The candidates of query row ``row``, ascending."""
+    def rows(
+        self, query_pos: npt.ArrayLike, width: Optional[int] = None
+    ) -> npt.NDArray[np.int32]:
+        """``[n, width]`` int32 rows for the query positions, ascending then -1."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+def oracle_topk(
+    attention: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    budget: int,
+    *,
+    width: Optional[int] = None,
+) -> npt.NDArray[np.int32]:
+    """The ``budget`` heaviest keys of each attention row among ``0..=query_pos[i]``
+    (ties to the lower key), ``[n, width]`` int32 ascending then -1. The diagnostic ceiling."""
+
+def attention_probabilities(
+    q: npt.ArrayLike,
+    k: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    *,
+    scale: Optional[float] = None,
+) -> npt.NDArray[np.float64]:
+    """Dense causal softmax rows, float64 ``[n_queries, n_q_heads, n_keys]`` (0 after each position).
+
+    ``q`` is ``[n_queries, n_q_heads, d_k]``, ``k`` is ``[n_keys, n_kv_heads, d_k]``;
+    ``scale`` defaults to ``1/sqrt(d_k)``.
+    """
+
+def dense_attention(
+    q: npt.ArrayLike,
+    k: npt.ArrayLike,
+    v: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    *,
+    scale: Optional[float] = None,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """Dense causal attention: ``(out [n_queries, n_q_heads, d_v], lse [n_queries, n_q_heads])``.
+
+    ``v`` is ``[n_keys, n_kv_heads, d_v]``; a strided view such as MLA's
+    ``kv[..., :d_v]`` is read in place.
+    """
+
+def sparse_attention(
+    q: npt.ArrayLike,
+    k: npt.ArrayLike,
+    v: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    selection: npt.ArrayLike,
+    *,
+    scale: Optional[float] = None,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], int]:
+    """Sparse causal attention over ``selection [n_queries, n_kv_heads, width]``:
+    ``(out, lse, empty_rows)``. -1 padding and entries after the query are
+    ignored, duplicates count once; a row that selects nothing gets zeros,
+    ``lse = -inf``, and is counted in ``empty_rows``.
+    """
+
+def segment_coverage_rows(
+    candidates: npt.ArrayLike, context_lens: npt.ArrayLike, num_segments: int
+) -> npt.NDArray[np.float64]:
+    """:func:`segment_coverage` of every row of ``candidates [rows, width]``."""
+
+def attention_mass_recall_rows(
+    candidates: npt.ArrayLike, attention: npt.ArrayLike
+) -> npt.NDArray[np.float64]:
+    """:func:`attention_mass_recall` of every attention row; row ``r`` is read against
+    candidate row ``r // group``, ``group = n_rows / rows`` (GQA)."""
+
+def output_relative_error(sparse: npt.ArrayLike, dense: npt.ArrayLike) -> float:
+    """``||sparse - dense|| / ||dense||`` over whole arrays."""
+
+def output_relative_error_rows(
+    sparse: npt.ArrayLike, dense: npt.ArrayLike
+) -> npt.NDArray[np.float64]:
+    """``||sparse - dense|| / ||dense||`` per row over the last axis."""
 
 def set_num_threads(n: int) -> None:
     """Sets the threads kvselect's parallel paths use; 0 restores the default."""

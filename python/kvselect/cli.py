@@ -1,82 +1,182 @@
 """The ``kvselect`` command line.
 
-``kvselect demo``: a short, deterministic witness demo on a synthetic decode
-workload. It compares, at one identical budget, a learned top-k against the
-same top-k with segment witnesses in a reserved tail, and the two null
-models, by segment coverage and attention-mass recall — every number from
-the library's own functions.
+``kvselect eval`` compares selection policies at an identical token budget
+on a workload — the built-in synthetic long-context one by default, the real
+example shipped with the package, or your own Q/K/V dump (``.npz``, see
+``kvselect.workloads``) — and prints one table per budget. Exit codes: 0 on
+success, 2 on a usage error (argparse's), 1 when the workload cannot be
+loaded or the settings are inconsistent.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-import time
-from typing import Optional, Sequence
-
-import numpy as np
+from typing import Iterable, Optional, Sequence
 
 import kvselect as ks
 
 
-def _demo(args: argparse.Namespace) -> int:
-    rng = np.random.default_rng(args.seed)
-    length, topk, segments, rows = args.context, args.topk, args.segments, args.rows
-    pos = np.arange(length)
-    # True attention logits of one decode query per row: a sink, a local
-    # slope, a few far needles, noise. The learned index sees them through
-    # heavy noise (an indexer approximates, it does not know).
-    logits = rng.normal(0.0, 1.0, (rows, length))
-    logits[:, 0] += 8.0
-    logits += 6.0 * np.exp(-(length - 1 - pos) / 64.0)
-    for r in range(rows):
-        logits[r, rng.choice(length, 4, replace=False)] += 7.0
-    attn = np.exp(logits - logits.max(axis=1, keepdims=True))
-    attn /= attn.sum(axis=1, keepdims=True)
-    index_scores = logits + rng.normal(0.0, 2.5, logits.shape)
+def _progress(enabled: bool):
+    """A progress bar over KV heads on a terminal (tqdm), nothing otherwise."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return None
 
-    lens = np.full(rows, length, dtype=np.int32)
-    order = np.argsort(-index_scores, axis=1, kind="stable").astype(np.int32)
-    learned = np.ascontiguousarray(order[:, :topk])
-    reserved = learned.copy()
-    reserved[:, topk - segments :] = -1
-    t0 = time.perf_counter()
-    ks.scatter_topology_witnesses(reserved, lens, segments)
-    scatter_us = (time.perf_counter() - t0) * 1e6
+    def wrap(it: Iterable) -> Iterable:
+        seq = list(it)
+        return tqdm(seq, desc="KV heads", unit="head", leave=False, file=sys.stderr)
 
-    def score(candidates):
-        cov = np.mean([ks.segment_coverage(c, length, segments) for c in candidates])
-        rec = np.mean([ks.attention_mass_recall(c, a) for c, a in zip(candidates, attn)])
-        return cov, rec
+    return wrap
 
-    policies = {
-        "learned top-k": learned,
-        "witnesses (reserved tail)": reserved,
-        "random null": [ks.random_null(length, topk, args.seed + r) for r in range(rows)],
-        "locality null": [ks.locality_null(length, topk)] * rows,
-    }
-    print(
-        f"{rows} decode queries, L={length}, budget k={topk}, {segments} segments "
-        f"(scatter took {scatter_us:.0f} µs)\n"
+
+def _load(args: argparse.Namespace):
+    from kvselect import workloads
+
+    if args.workload == "synthetic":
+        return workloads.synthetic(context=args.context, queries=args.queries, seed=args.seed)
+    if args.workload == "example":
+        return workloads.example(queries=args.queries, seed=args.seed)
+    return workloads.load_npz(args.workload, queries=args.queries, seed=args.seed)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from kvselect import evaluate
+    from kvselect.workloads import WorkloadError
+
+    if args.threads is not None:
+        ks.set_num_threads(args.threads)
+    try:
+        workload = _load(args)
+    except (OSError, WorkloadError, ValueError) as e:
+        print(f"kvselect eval: cannot load workload {args.workload!r}: {e}", file=sys.stderr)
+        return 1
+    budgets = args.budget
+    # A budget above the context is every key: cap the sweep at the context.
+    settings = evaluate.Settings(
+        budget=budgets[0],
+        segments=args.segments,
+        block_size=args.block_size,
+        init_blocks=args.init_blocks,
+        local_blocks=args.local_blocks,
+        sinks=args.sinks,
+        seed=args.seed,
     )
-    print(f"{'policy':<28}{'coverage':>10}{'recall':>10}")
-    for name, cands in policies.items():
-        cov, rec = score(cands)
-        print(f"{name:<28}{cov:>10.3f}{rec:>10.3f}")
+    try:
+        report = evaluate.evaluate(
+            workload,
+            budgets,
+            settings,
+            progress=_progress(sys.stderr.isatty() and not args.quiet),
+        )
+    except ValueError as e:
+        print(f"kvselect eval: {e}", file=sys.stderr)
+        return 1
+    print(evaluate.format_table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+    if args.plot:
+        try:
+            evaluate.plot(report, args.plot)
+        except ImportError as e:
+            print(f"kvselect eval: {e}", file=sys.stderr)
+            return 1
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvselect", description=__doc__.splitlines()[0])
+def _demo(args: argparse.Namespace) -> int:
+    """The old witness demo, now a tiny eval: the synthetic workload at 8K."""
+    ns = argparse.Namespace(
+        workload="synthetic",
+        context=8192,
+        queries=8,
+        seed=0,
+        budget=[512],
+        segments=32,
+        block_size=64,
+        init_blocks=1,
+        local_blocks=2,
+        sinks=4,
+        threads=None,
+        json=None,
+        plot=None,
+        quiet=True,
+    )
+    return _eval(ns)
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _non_negative(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be non-negative, got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvselect",
+        description="kvselect: which KV positions a query may attend to in sparse attention.",
+    )
+    parser.add_argument("--version", action="version", version=f"kvselect {ks.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="a short witness demo on a synthetic workload")
-    demo.add_argument("--context", type=int, default=16384, help="context length L")
-    demo.add_argument("--topk", type=int, default=512, help="token budget k per query")
-    demo.add_argument("--segments", type=int, default=32, help="segment count S")
-    demo.add_argument("--rows", type=int, default=64, help="decode queries")
-    demo.add_argument("--seed", type=int, default=0)
+
+    ev = sub.add_parser(
+        "eval",
+        help="compare selection policies at an identical token budget",
+        description=(
+            "Compare learned top-k, segment witnesses (reserved tail and as served), "
+            "block-sparse selection, the random and locality nulls, sink + window and the "
+            "oracle top-k at one token budget per query: segment coverage, attention-mass "
+            "recall, output error against dense attention, slots used, selection time."
+        ),
+    )
+    ev.add_argument(
+        "--workload",
+        default="synthetic",
+        help="'synthetic' (built in, default), 'example' (real MiniLM Q/K/V shipped with "
+        "the package), or the path of your own .npz dump",
+    )
+    ev.add_argument(
+        "--budget",
+        type=_positive,
+        nargs="+",
+        default=[2048],
+        metavar="K",
+        help="token budget k per query; several values make a sweep (default 2048)",
+    )
+    ev.add_argument("--segments", type=_positive, default=64, help="witness segments S (1-64)")
+    ev.add_argument("--block-size", type=_positive, default=64, help="block-sparse block size")
+    ev.add_argument("--init-blocks", type=_non_negative, default=1, help="forced first blocks")
+    ev.add_argument("--local-blocks", type=_non_negative, default=2, help="forced newest blocks")
+    ev.add_argument("--sinks", type=_non_negative, default=4, help="sink + window: sink tokens")
+    ev.add_argument("--context", type=_positive, default=32768, help="synthetic context length")
+    ev.add_argument("--queries", type=_positive, default=64, help="query positions per head")
+    ev.add_argument("--seed", type=_non_negative, default=0, help="workload and null seed")
+    ev.add_argument("--threads", type=_non_negative, help="kvselect threads (0 = all cores)")
+    ev.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ev.add_argument("--plot", metavar="FILE.png", help="plot recall against budget (matplotlib)")
+    ev.add_argument("--quiet", action="store_true", help="no progress bar")
+    ev.set_defaults(run=_eval)
+
+    demo = sub.add_parser("demo", help="a quick witness demo (a small eval)")
     demo.set_defaults(run=_demo)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
     return int(args.run(args))
 
 
