@@ -17,7 +17,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kvselect::block_sparse::{select_batch_into, select_into, BlockSparseConfig};
+use kvselect::block_sparse::{
+    select_batch_into, select_into, select_packed_into, BlockSparseConfig,
+};
 
 const HEADS: usize = 4;
 const D: usize = 128;
@@ -129,5 +131,64 @@ fn prefill(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decode, prefill);
+/// A packed serving batch: 8 sequences of 16,384 keys each, concatenated,
+/// one decode query per sequence; beside it, the same work as 8 separate
+/// calls (the packed form should cost no more).
+fn packed(c: &mut Criterion) {
+    let n_seqs = 8;
+    let len = 16_384;
+    let cfg = config();
+    let keys = random(n_seqs * len * D, 5);
+    let q = random(n_seqs * HEADS * D, 6);
+    let cu: Vec<usize> = (0..=n_seqs).map(|s| s * len).collect();
+    let seq_ids: Vec<usize> = (0..n_seqs).collect();
+    let pos = vec![len - 1; n_seqs];
+    let mut out = vec![0i32; n_seqs * HEADS * cfg.width()];
+
+    let mut group = c.benchmark_group("block_sparse/packed");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .throughput(Throughput::Bytes((keys.len() * 4) as u64));
+    group.bench_function("select_packed_into", |b| {
+        b.iter(|| {
+            select_packed_into(
+                black_box(&q),
+                n_seqs,
+                HEADS,
+                black_box(&keys),
+                D,
+                &cu,
+                &seq_ids,
+                &pos,
+                &cfg,
+                &mut out,
+            )
+            .expect("valid shapes");
+            black_box(&out);
+        })
+    });
+    group.bench_function("one_call_per_sequence", |b| {
+        let w = HEADS * cfg.width();
+        b.iter(|| {
+            for s in 0..n_seqs {
+                select_into(
+                    black_box(&q[s * HEADS * D..(s + 1) * HEADS * D]),
+                    HEADS,
+                    black_box(&keys[s * len * D..(s + 1) * len * D]),
+                    D,
+                    len - 1,
+                    &cfg,
+                    &mut out[s * w..(s + 1) * w],
+                )
+                .expect("valid shapes");
+            }
+            black_box(&out);
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decode, prefill, packed);
 criterion_main!(benches);

@@ -130,10 +130,15 @@ const LIFT: f64 = 1.0 / (1u64 << 40) as f64;
 /// `S - 1`, as the merge does. With `num_segments = 0` every token is in
 /// segment 0.
 pub fn segment_of(token: usize, context_len: usize, num_segments: usize) -> usize {
-    let len = context_len.max(1) as u128;
-    let s = num_segments as u128;
+    let len = context_len.max(1) as u64;
+    let s = num_segments as u64;
     let s_eff = s.min(len);
-    let seg = (token as u128) * s_eff / len;
+    // 64-bit arithmetic when the product fits (every realistic call), 128
+    // otherwise.
+    let seg = match (token as u64).checked_mul(s_eff) {
+        Some(p) => p / len,
+        None => ((token as u128) * (s_eff as u128) / (len as u128)) as u64,
+    };
     seg.min(s.saturating_sub(1)) as usize
 }
 
@@ -601,16 +606,24 @@ pub fn segment_coverage(candidates: &[i32], context_len: usize, num_segments: us
     if s_eff == 0 {
         return 1.0;
     }
-    // Collect the segments hit and count the distinct ones: memory follows
-    // the candidates, never the segment count (which may be huge).
-    let mut hit: Vec<usize> = candidates
+    let segments = candidates
         .iter()
         .filter(|&&x| x >= 0 && (x as usize) < context_len)
-        .map(|&x| segment_of(x as usize, context_len, num_segments))
-        .collect();
-    hit.sort_unstable();
-    hit.dedup();
-    let hit = hit.len();
+        .map(|&x| segment_of(x as usize, context_len, num_segments));
+    // Memory follows the candidates, never the segment count alone (which
+    // may be huge): a flag per segment when there are few segments for the
+    // candidates, else sort and count the distinct ones.
+    let hit = if s_eff <= 64 + 8 * candidates.len() {
+        let mut seen = vec![false; s_eff];
+        segments
+            .filter(|&s| !std::mem::replace(&mut seen[s], true))
+            .count()
+    } else {
+        let mut hit: Vec<usize> = segments.collect();
+        hit.sort_unstable();
+        hit.dedup();
+        hit.len()
+    };
     hit as f64 / s_eff as f64
 }
 
