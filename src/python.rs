@@ -228,7 +228,8 @@ fn int32_array<'py>(
     }
     let int32 = np.getattr("int32")?;
     let kwargs = [("dtype", int32)].into_py_dict(py)?;
-    let converted = np.call_method("ascontiguousarray", (arr,), Some(&kwargs))?;
+    kwargs.set_item("requirements", "CA")?;
+    let converted = np.call_method("require", (arr,), Some(&kwargs))?;
     Ok(converted.cast_into::<PyArrayDyn<i32>>()?)
 }
 
@@ -256,7 +257,8 @@ fn float_array<'py, T: Element>(
     }
     let dtype = numpy::dtype::<T>(py);
     let kwargs = [("dtype", dtype)].into_py_dict(py)?;
-    let converted = np.call_method("ascontiguousarray", (arr,), Some(&kwargs))?;
+    kwargs.set_item("requirements", "CA")?;
+    let converted = np.call_method("require", (arr,), Some(&kwargs))?;
     Ok(converted.cast_into::<PyArrayDyn<T>>()?)
 }
 
@@ -873,7 +875,8 @@ fn int64_array<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py, 
         }
     }
     let kwargs = [("dtype", np.getattr("int64")?)].into_py_dict(py)?;
-    let converted = np.call_method("ascontiguousarray", (arr,), Some(&kwargs))?;
+    kwargs.set_item("requirements", "CA")?;
+    let converted = np.call_method("require", (arr,), Some(&kwargs))?;
     Ok(converted.cast_into::<PyArrayDyn<i64>>()?)
 }
 
@@ -1221,17 +1224,40 @@ fn values<'py>(
     };
     let a = match obj.cast::<PyArrayDyn<f32>>() {
         Ok(a) if strided(a).is_some() => a.clone(),
-        _ => float_array::<f32>(obj, "v")?,
-    };
-    let stride = match strided(&a) {
-        Some(s) => s,
-        None => {
+        _ => {
+            // One conversion to an aligned C-order float32 array (never a
+            // second: `numpy.require` guarantees the layout).
             let np = numpy(py)?;
-            let c = np
-                .call_method1("ascontiguousarray", (&a,))?
-                .cast_into::<PyArrayDyn<f32>>()?;
-            return values(c.as_any(), n_keys, n_kv_heads);
+            let arr = np.call_method1("asarray", (obj,))?;
+            let untyped = arr.cast::<PyUntypedArray>()?;
+            if untyped.dtype().kind() != b'f' && untyped.len() > 0 {
+                return Err(PyTypeError::new_err(format!(
+                    "v must hold floats, got dtype {}",
+                    untyped.dtype()
+                )));
+            }
+            let kwargs = [("dtype", numpy::dtype::<f32>(py).into_any())].into_py_dict(py)?;
+            kwargs.set_item("requirements", "CA")?;
+            np.call_method("require", (arr,), Some(&kwargs))?
+                .cast_into::<PyArrayDyn<f32>>()?
         }
+    };
+    if a.ndim() != 3 {
+        return Err(shape_error(
+            py,
+            "v",
+            format!(
+                "v must be 3-D [n_keys, n_kv_heads, d_v], got {}-D",
+                a.ndim()
+            ),
+        ));
+    }
+    let Some(stride) = strided(&a) else {
+        return Err(shape_error(
+            py,
+            "v",
+            "v has an unusable memory layout".into(),
+        ));
     };
     match *a.shape() {
         [nk, h, dv] if nk == n_keys && h == n_kv_heads => Ok((a, dv, stride)),
@@ -1715,13 +1741,15 @@ fn py_attention_mass_recall_rows<'py>(
     let group = match n_rows.checked_div(rows) {
         Some(g) if g * rows == n_rows && g > 0 => g,
         None if n_rows == 0 => 1,
-        _ => return Err(shape_error(
-            py,
-            "attention",
-            format!(
+        _ => {
+            return Err(shape_error(
+                py,
+                "attention",
+                format!(
                 "attention has {n_rows} rows, not a positive multiple of the {rows} candidate rows"
             ),
-        )),
+            ))
+        }
     };
     let out = alloc::<f64>(py, &[n_rows])?;
     {

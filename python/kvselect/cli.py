@@ -56,7 +56,7 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"kvselect eval: cannot load workload {args.workload!r}: {e}", file=sys.stderr)
         return 1
     budgets = args.budget
-    # A budget above the context is every key: cap the sweep at the context.
+    # A budget above the context is every key (the harness pads its rows).
     settings = evaluate.Settings(
         budget=budgets[0],
         segments=args.segments,

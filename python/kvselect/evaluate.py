@@ -127,8 +127,14 @@ class Report:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
+        """A JSON-ready dict: NaN (the learned policy's uncharged time) becomes
+        None, so ``json.dumps(..., allow_nan=False)`` accepts it."""
         d = asdict(self)
-        d["results"] = [asdict(r) for r in self.results]
+        d["results"] = [
+            {key: None if isinstance(val, float) and np.isnan(val) else val
+             for key, val in asdict(r).items()}
+            for r in self.results
+        ]
         return d
 
 
@@ -172,7 +178,11 @@ def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
     n = len(pos)
     lens = (pos + 1).astype(np.int32)
     visible = np.minimum(lens, k)
-    learned = np.ascontiguousarray(head.index_order[:, :k], dtype=np.int32)
+    # A budget above the workload's tokens is a row wider than the order:
+    # its extra slots are padding.
+    learned = np.full((n, k), -1, dtype=np.int32)
+    width = min(k, head.index_order.shape[1])
+    learned[:, :width] = head.index_order[:, :width]
     # A row shorter than k holds future positions past its visible part.
     learned[np.arange(k)[None, :] >= visible[:, None]] = -1
     out: Dict[str, tuple] = {}

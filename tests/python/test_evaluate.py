@@ -1,0 +1,477 @@
+"""The evaluation harness (``kvselect.evaluate``) on a tiny hand-built workload.
+
+Every number the harness reports is recomputed here in plain NumPy/Python
+from the definitions (dense softmax, the learned top-k as a stable
+descending order of the indexer's scores, the segment-witness merge of the
+spec, MiniMax block selection, the nulls, the oracle, and the metrics), not
+through kvselect's functions. The one exception is the random null, whose
+RNG (ChaCha8) is not reproduced: its rows come from ``ks.Selector.random``
+and the check is that the harness scored exactly those rows.
+
+The data are small integers and the softmax scale is 1/2 (``d = 4``), so
+every dot product is exact in float32 and every index-score tie is a real
+tie: the selections must agree exactly, whatever the summation order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import kvselect as ks
+from kvselect import evaluate
+from kvselect.evaluate import POLICIES, PolicyResult, Report, Settings
+from kvselect.workloads import Workload
+
+TOKENS = 40
+D = 4
+D_V = 3
+D_INDEX = 3
+N_KV = 2
+GROUP = 2
+# Positions 0, 2 and 5 have contexts (1, 3, 6) shorter than every budget,
+# and 1 and 3 are shorter than some segment counts.
+POSITIONS = np.array([0, 2, 5, 9, 17, 30, 39], dtype=np.int64)
+BUDGETS = [8, 16, 48]  # 48 > TOKENS: a budget above the workload
+
+SETTINGS = {
+    "partial blocks": Settings(
+        segments=4, block_size=3, init_blocks=1, local_blocks=1, sinks=3, seed=7
+    ),
+    "no init block": Settings(
+        segments=3, block_size=4, init_blocks=0, local_blocks=2, sinks=1, seed=8
+    ),
+}
+
+
+def tiny_workload() -> Workload:
+    rng = np.random.default_rng(20240607)
+    base_q = rng.integers(-2, 3, (N_KV + 1, TOKENS, D))
+    # KV head 0's second query head is twice its first: the group-mean
+    # probabilities rank keys by the first head's logits (exact ties only).
+    # KV head 1's query heads are independent, so its oracle ranks by a true
+    # mean; oracle_row checks that no near-tie decides its cut.
+    q = np.stack([base_q[0], 2 * base_q[0], base_q[1], base_q[2]])
+    k = rng.integers(-2, 3, (N_KV, TOKENS, D))
+    v = rng.integers(1, 6, (N_KV, TOKENS, D_V))  # positive: no zero dense output
+    index_q = rng.integers(-2, 3, (N_KV, TOKENS, D_INDEX))
+    index_k = rng.integers(-2, 3, (N_KV, TOKENS, D_INDEX))
+    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)  # noqa: E731
+    return Workload(
+        name="tiny",
+        q=f32(q),
+        k=f32(k),
+        v=f32(v),
+        index_q=f32(index_q),
+        index_k=f32(index_k),
+        head_kinds=("a", "b"),
+        query_positions=POSITIONS.copy(),
+        scale=0.5,
+        source="a hand-built test workload",
+    )
+
+
+@pytest.fixture(scope="module")
+def workload() -> Workload:
+    return tiny_workload()
+
+
+# --------------------------------------------------------------------------
+# Direct computations from the definitions
+# --------------------------------------------------------------------------
+
+
+def dense_probs(w: Workload, h: int, p: int) -> np.ndarray:
+    """float64 ``[group, p + 1]``: softmax of the causal logits of KV head
+    ``h``'s query heads at position ``p``."""
+    q = w.q[h * GROUP : (h + 1) * GROUP, p].astype(np.float64)
+    logits = q @ w.k[h, : p + 1].astype(np.float64).T * w.scale
+    logits -= logits.max(axis=1, keepdims=True)
+    e = np.exp(logits)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def top_k_by(scores: np.ndarray, k: int) -> list:
+    """The ``k`` positions with the largest scores, descending, ties to the
+    lower position (what a stable descending sort serves)."""
+    return sorted(range(len(scores)), key=lambda j: (-scores[j], j))[:k]
+
+
+def learned_row(w: Workload, h: int, p: int, k: int) -> list:
+    L = p + 1
+    scores = w.index_k[h, :L].astype(np.float64) @ w.index_q[h, p].astype(np.float64)
+    row = top_k_by(scores, k)
+    return row + [-1] * (k - len(row))
+
+
+def witnesses(row: list, L: int, S: int) -> list:
+    """The left edges ``ceil(s L / S_eff)`` of the segments ``s < S_eff`` no
+    entry of ``row`` occupies (``sigma(x) = floor(x S_eff / L)``), ascending."""
+    s_eff = min(S, L)
+    occupied = {min(x * s_eff // L, S - 1) for x in row if x >= 0}
+    return [-(-s * L // s_eff) for s in range(s_eff) if s not in occupied]
+
+
+def reserved_tail_row(learned: list, L: int, S: int) -> list:
+    k = len(learned)
+    row = learned[: k - S] + [-1] * S  # top k - S learned, then S padding slots
+    for i, e in enumerate(witnesses(row, L, S)[:S]):
+        row[k - S + i] = e
+    return row
+
+
+def as_served_row(learned: list, L: int, S: int) -> list:
+    k = len(learned)
+    row = list(learned)  # occupancy is read from the whole row, tail included
+    for i, e in enumerate(witnesses(learned, L, S)[:S]):
+        row[k - S + i] = e
+    return row
+
+
+def block_sparse_row(w: Workload, h: int, p: int, s: Settings) -> list:
+    bs, top = s.block_size, s.budget // s.block_size
+    n_vis = min(p + 1, TOKENS)
+    n_blocks = -(-n_vis // bs)
+    dots = w.index_k[h, :n_vis].astype(np.float64) @ w.index_q[h, p].astype(np.float64)
+    score = [max(dots[b * bs : min((b + 1) * bs, n_vis)]) for b in range(n_blocks)]
+    forced = set(range(min(s.init_blocks, n_blocks)))
+    forced |= set(range(max(n_blocks - s.local_blocks, 0), n_blocks))
+    room = min(max(top, len(forced)), n_blocks) - len(forced)
+    free = [b for b in range(n_blocks) if b not in forced]
+    chosen = set(forced) | set(sorted(free, key=lambda b: (-score[b], b))[: max(room, 0)])
+    return [x for b in sorted(chosen) for x in range(b * bs, min((b + 1) * bs, n_vis))]
+
+
+def locality_row(p: int, k: int) -> list:
+    L = p + 1
+    return list(range(max(0, L - k), L))
+
+
+def sink_window_row(p: int, k: int, sinks: int) -> list:
+    L = p + 1
+    sinks = min(sinks, k - 1)
+    window = k - sinks
+    if L <= sinks + window:
+        return list(range(L))
+    return list(range(sinks)) + list(range(L - window, L))
+
+
+def oracle_row(probs: np.ndarray, k: int) -> list:
+    mean = probs.mean(axis=0)
+    row = top_k_by(mean, k)
+    if len(row) < len(mean):  # the cut must not fall on a near-tie (test data guard)
+        gap = abs(mean[row[-1]] - max(np.delete(mean, row)))
+        assert gap == 0 or gap > 1e-9 * mean[row[-1]], "near-tie at the oracle's cut"
+    return row
+
+
+def expected_selections(w: Workload, h: int, s: Settings) -> dict:
+    """Every policy's rows for KV head ``h`` (lists of positions, -1 allowed)."""
+    k, S = s.budget, s.segments
+    random_rows = ks.Selector.random(k, s.seed).rows(POSITIONS, width=k)
+    out: dict = {name: [] for name in POLICIES}
+    for i, p in enumerate(POSITIONS.tolist()):
+        L = p + 1
+        learned = learned_row(w, h, p, k)
+        out["learned top-k"].append(learned)
+        out["witnesses (reserved tail)"].append(reserved_tail_row(learned, L, S))
+        out["witnesses (as served)"].append(as_served_row(learned, L, S))
+        out["block-sparse"].append(block_sparse_row(w, h, p, s))
+        out["random null"].append(random_rows[i].tolist())
+        out["locality null"].append(locality_row(p, k))
+        out["sink + window"].append(sink_window_row(p, k, s.sinks))
+        out["oracle top-k"].append(oracle_row(dense_probs(w, h, p), k))
+    return out
+
+
+def row_metrics(w: Workload, h: int, p: int, row: list, S: int) -> tuple:
+    """(coverage, recalls per query head, output errors per query head, slots used)."""
+    L = p + 1
+    chosen = sorted({x for x in row if 0 <= x < L})
+    s_eff = min(S, L)
+    coverage = len({x * s_eff // L for x in chosen}) / s_eff
+    probs = dense_probs(w, h, p)
+    recall = probs[:, chosen].sum(axis=1) / probs.sum(axis=1)
+    v = w.v[h, :L].astype(np.float64)
+    dense = probs @ v
+    q = w.q[h * GROUP : (h + 1) * GROUP, p].astype(np.float64)
+    logits = q @ w.k[h, chosen].astype(np.float64).T * w.scale
+    logits -= logits.max(axis=1, keepdims=True)
+    e = np.exp(logits)
+    sparse = (e / e.sum(axis=1, keepdims=True)) @ v[chosen]
+    error = np.linalg.norm(sparse - dense, axis=1) / np.linalg.norm(dense, axis=1)
+    return coverage, recall, error, len(chosen)
+
+
+def expected_results(w: Workload, s: Settings) -> dict:
+    """policy -> (coverage, recall mean, recall p5, output error, slots used)."""
+    per: dict = {name: ([], [], [], []) for name in POLICIES}
+    for h in range(N_KV):  # the harness's order: KV head, then query
+        for name, rows in expected_selections(w, h, s).items():
+            for p, row in zip(POSITIONS.tolist(), rows):
+                cov, rec, err, used = row_metrics(w, h, p, row, s.segments)
+                per[name][0].append(cov)
+                per[name][1].extend(rec)
+                per[name][2].extend(err)
+                per[name][3].append(used)
+    return {
+        name: (
+            float(np.mean(cov)),
+            float(np.mean(rec)),
+            float(np.percentile(rec, 5)),
+            float(np.mean(err)),
+            float(np.mean(used)),
+        )
+        for name, (cov, rec, err, used) in per.items()
+    }
+
+
+# --------------------------------------------------------------------------
+# The reported numbers
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=list(SETTINGS), ids=list(SETTINGS))
+def run(request, workload):
+    settings = SETTINGS[request.param]
+    return settings, evaluate.evaluate(workload, budgets=BUDGETS, settings=settings)
+
+
+def test_every_reported_number_matches_a_direct_computation(workload, run):
+    base, report = run
+    for budget in BUDGETS:
+        s = Settings(**{**base.__dict__, "budget": budget})
+        expected = expected_results(workload, s)
+        got = {r.policy: r for r in report.results if r.budget == budget}
+        assert set(got) == set(POLICIES)
+        for name in POLICIES:
+            cov, rec_mean, rec_p5, err, used = expected[name]
+            r = got[name]
+            where = f"{name} at k = {budget}"
+            assert r.coverage == cov, where
+            assert r.slots_used == used, where
+            assert r.recall_mean == pytest.approx(rec_mean, abs=1e-9), where
+            assert r.recall_p5 == pytest.approx(rec_p5, abs=1e-9), where
+            assert r.output_error == pytest.approx(err, rel=1e-4, abs=1e-5), where
+
+
+def test_the_hand_computations_are_not_trivial(workload, run):
+    """Guards the test data: the policies must disagree, or matching every
+    number would prove little."""
+    base, report = run
+    at8 = {r.policy: r for r in report.results if r.budget == 8}
+    assert len({round(r.recall_mean, 9) for r in at8.values()}) >= 5
+    assert at8["oracle top-k"].recall_mean > at8["locality null"].recall_mean
+    assert min(r.coverage for r in at8.values()) < 1.0
+    assert 0 < at8["witnesses (as served)"].output_error
+    # Contexts shorter than the budget: a policy uses fewer than k slots.
+    assert at8["locality null"].slots_used < 8
+
+
+def test_the_reserved_tail_covers_every_segment_at_every_budget(run):
+    _, report = run
+    for r in report.results:
+        if r.policy == "witnesses (reserved tail)":
+            assert r.coverage == 1.0, r.budget
+
+
+def test_as_served_witnesses_can_uncover_a_segment_the_reserved_tail_keeps():
+    """The spec's caveat, built on purpose: one query at 39 (L = 40), k = 8,
+    S = 4 segments of 10. The indexer ranks 0, 1, 2, 3 | 10, 20, 4, 5, so
+    the last S slots hold 10 and 20, the only keys of segments 1 and 2.
+    As served, segment 3's witness (30) overwrites slot 4 (key 10): segment 1
+    is lost. The reserved tail keeps 0..3 and writes 10, 20, 30."""
+    tokens = 40
+    index_k = np.zeros((1, tokens, 1), dtype=np.float32)
+    for score, x in zip([10, 9, 8, 7, 6, 5, 4, 3], [0, 1, 2, 3, 10, 20, 4, 5]):
+        index_k[0, x, 0] = score
+    rng = np.random.default_rng(3)
+    w = Workload(
+        name="caveat",
+        q=rng.integers(-2, 3, (1, tokens, 4)).astype(np.float32),
+        k=rng.integers(-2, 3, (1, tokens, 4)).astype(np.float32),
+        v=rng.integers(1, 6, (1, tokens, 2)).astype(np.float32),
+        index_q=np.ones((1, tokens, 1), dtype=np.float32),
+        index_k=index_k,
+        head_kinds=("h",),
+        query_positions=np.array([39], dtype=np.int64),
+        scale=0.5,
+        source="the as-served caveat",
+    )
+    report = evaluate.evaluate(
+        w, budgets=[8], settings=Settings(segments=4, block_size=4, local_blocks=1)
+    )
+    got = {r.policy: r for r in report.results}
+    learned = [0, 1, 2, 3, 10, 20, 4, 5]
+    assert as_served_row(learned, 40, 4) == [0, 1, 2, 3, 30, 20, 4, 5]
+    assert reserved_tail_row(learned, 40, 4) == [0, 1, 2, 3, 10, 20, 30, -1]
+    assert got["learned top-k"].coverage == 0.75  # segments 0, 1, 2
+    assert got["witnesses (as served)"].coverage == 0.75  # segments 0, 2, 3
+    assert got["witnesses (reserved tail)"].coverage == 1.0
+    assert got["witnesses (reserved tail)"].slots_used == 7
+    assert got["witnesses (as served)"].slots_used == 8
+
+
+def test_a_budget_above_the_workload_selects_every_key_for_every_policy(workload, run):
+    _, report = run
+    context_mean = float(np.mean(POSITIONS + 1))
+    for r in report.results:
+        if r.budget == 48:
+            assert r.coverage == 1.0, r.policy
+            assert r.recall_mean == pytest.approx(1.0, abs=1e-12), r.policy
+            assert r.slots_used == context_mean, r.policy
+            assert r.output_error < 1e-5, r.policy
+
+
+def test_random_null_is_scored_on_the_selector_rows_of_the_settings_seed(workload):
+    k = 8
+    rows = ks.Selector.random(k, 7).rows(POSITIONS, width=k)
+    # Same seed, same rows; another seed, other rows.
+    np.testing.assert_array_equal(rows, ks.Selector.random(k, 7).rows(POSITIONS, width=k))
+    assert not np.array_equal(rows, ks.Selector.random(k, 8).rows(POSITIONS, width=k))
+    for i, p in enumerate(POSITIONS.tolist()):
+        valid = rows[i][rows[i] >= 0]
+        assert len(set(valid.tolist())) == len(valid) == min(k, p + 1)
+        assert valid.max() <= p
+    for seed in (7, 8):
+        s = Settings(budget=k, segments=4, block_size=4, init_blocks=1, local_blocks=1,
+                     seed=seed)
+        report = evaluate.evaluate(workload, budgets=[k], settings=s)
+        (got,) = [r for r in report.results if r.policy == "random null"]
+        seed_rows = ks.Selector.random(k, seed).rows(POSITIONS, width=k)
+        recalls = [
+            row_metrics(workload, h, p, seed_rows[i].tolist(), 4)[1]
+            for h in range(N_KV)
+            for i, p in enumerate(POSITIONS.tolist())
+        ]
+        assert got.recall_mean == pytest.approx(float(np.mean(recalls)), abs=1e-9)
+
+
+# --------------------------------------------------------------------------
+# Report shape, timing, table, progress
+# --------------------------------------------------------------------------
+
+
+def test_a_sweep_reports_one_result_per_budget_and_policy_in_policies_order(run):
+    base, report = run
+    assert [(r.budget, r.policy) for r in report.results] == [
+        (b, name) for b in BUDGETS for name in POLICIES
+    ]
+    assert [s["budget"] for s in report.settings] == BUDGETS
+    assert all(s["segments"] == base.segments for s in report.settings)
+    assert (report.n_kv_heads, report.n_q_heads, report.queries, report.tokens) == (
+        N_KV, N_KV * GROUP, len(POSITIONS), TOKENS,
+    )
+    assert (report.workload, report.source) == ("tiny", "a hand-built test workload")
+    assert report.seconds > 0
+
+
+def test_the_learned_policy_is_not_charged_time_and_the_others_are(run):
+    _, report = run
+    for r in report.results:
+        if r.policy == "learned top-k":
+            assert math.isnan(r.select_us_per_query)
+        else:
+            assert math.isfinite(r.select_us_per_query) and r.select_us_per_query >= 0
+
+
+def test_the_report_dict_is_strict_json_and_round_trips(run):
+    _, report = run
+    d = report.to_dict()
+    text = json.dumps(d, allow_nan=False)  # NaN is not JSON: it must be gone
+    back = json.loads(text)
+    assert len(back["results"]) == len(BUDGETS) * len(POLICIES)
+    first = back["results"][0]
+    assert first["policy"] == "learned top-k" and first["select_us_per_query"] is None
+    for got, r in zip(back["results"], report.results):
+        assert got["recall_mean"] == r.recall_mean
+        assert got["coverage"] == r.coverage
+    assert back["tokens"] == TOKENS
+    assert back["settings"][0]["budget"] == BUDGETS[0]
+
+
+def test_the_table_names_every_policy_and_budget(run):
+    _, report = run
+    table = evaluate.format_table(report)
+    for b in BUDGETS:
+        assert f"budget k = {b}" in table
+    for name in POLICIES:
+        assert table.count(f"| {name} |") == len(BUDGETS)
+    assert "tiny" in table
+    assert "—" in table  # the learned policy's uncharged time
+
+
+def test_the_progress_callable_wraps_the_iteration_over_kv_heads(workload):
+    seen = []
+
+    def progress(heads):
+        for h in heads:
+            seen.append(h)
+            yield h
+
+    report = evaluate.evaluate(
+        workload, budgets=[8],
+        settings=Settings(segments=4, block_size=4, init_blocks=1, local_blocks=1),
+        progress=progress,
+    )
+    assert seen == list(range(N_KV))
+    assert len(report.results) == len(POLICIES)
+
+
+def test_the_settings_budget_is_replaced_by_each_budget_of_the_sweep(workload):
+    s = Settings(budget=1, segments=4, block_size=4, init_blocks=1, local_blocks=1)
+    report = evaluate.evaluate(workload, budgets=[8], settings=s)
+    assert {r.budget for r in report.results} == {8}
+    assert report.settings[0]["budget"] == 8
+
+
+def test_returned_results_are_policy_results():
+    r = evaluate.evaluate(
+        tiny_workload(), budgets=[8],
+        settings=Settings(segments=2, block_size=4, init_blocks=1, local_blocks=1),
+    )
+    assert isinstance(r, Report)
+    assert all(isinstance(x, PolicyResult) for x in r.results)
+
+
+# --------------------------------------------------------------------------
+# Settings refusals
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(budget=0), "budget must be at least 1"),
+        (dict(budget=8, segments=9, block_size=4, local_blocks=1), "cannot exceed the budget"),
+        (dict(budget=128, segments=65), "segments must be in 1..64"),
+        (dict(budget=128, segments=0), "segments must be in 1..64"),
+        (dict(budget=16, segments=4, block_size=32), "at least one block"),
+        (dict(budget=16, segments=4, block_size=0), "at least one block"),
+        (dict(budget=16, segments=4, block_size=8, init_blocks=1, local_blocks=2),
+         "exceed the budget"),
+    ],
+)
+def test_inconsistent_settings_are_refused_with_a_message(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Settings(**kwargs).check()
+
+
+def test_consistent_settings_pass_the_check():
+    Settings().check()
+    Settings(budget=8, segments=8, block_size=4, init_blocks=1, local_blocks=1).check()
+    Settings(budget=1, segments=1, block_size=1, init_blocks=0, local_blocks=1).check()
+
+
+def test_one_inconsistent_budget_refuses_the_whole_sweep_before_any_work(workload):
+    calls = []
+    with pytest.raises(ValueError, match=r"segments \(4\) cannot exceed the budget \(2\)"):
+        evaluate.evaluate(
+            workload, budgets=[8, 2],
+            settings=Settings(segments=4, block_size=1, init_blocks=1, local_blocks=1),
+            progress=lambda heads: calls.append(1) or heads,
+        )
+    assert calls == []
