@@ -594,3 +594,323 @@ __all__ += [
     "block_sparse_select_packed",
     "positions_of_blocks",
 ]
+
+
+# ==========================================================================
+# Attention: baseline selectors, the oracle, dense/sparse attention, metrics
+# --------------------------------------------------------------------------
+# Written from the module docs of src/attention.rs and src/metrics.rs and the
+# stubs of the native module (``kvselect._core.pyi``):
+#
+# - a query at position ``p`` over ``n_keys`` keys sees keys
+#   ``0 .. min(p, n_keys - 1)``; selector rows are built for a causal
+#   sequence (row ``p`` has keys ``0..=p``) and are ascending, distinct;
+# - layouts: ``q [n_queries, n_q_heads, d_k]``, ``k [n_keys, n_kv_heads,
+#   d_k]``, ``v [n_keys, n_kv_heads, d_v]``, ``selection [n_queries,
+#   n_kv_heads, width]``; GQA: query head ``h`` reads KV head ``h // group``
+#   with ``group = n_q_heads // n_kv_heads``;
+# - a selection row attends to the SET of its entries ``x`` with
+#   ``0 <= x <= min(p, n_keys - 1)``: negatives are padding, later entries
+#   are masked like future keys, duplicates count once; an empty set gives
+#   zeros, ``lse = -inf``, and is counted (per ``(query, query head)`` row);
+# - the oracle ranks a row's visible weights descending, ties to the lower
+#   key, NaN read as ``-inf`` and ``-0.0`` as ``+0.0``; rows ascending, -1
+#   padded.
+#
+# The arithmetic is float64 throughout, from inputs first converted to
+# float32 (what the native module computes on). The default softmax scale is
+# the native one, ``1/sqrt(d_k)`` rounded to float32 (1 for ``d_k = 0``); the
+# attention pass takes its ``scale`` as float32 (an explicit scale is rounded
+# to float32 there), the probabilities take an explicit scale as given.
+# ==========================================================================
+
+
+def _positions_1d(name: str, value: Any) -> np.ndarray:
+    """Query positions: a 1-D integer array of non-negative entries, int64."""
+    return _index_positions(name, value).astype(np.int64)
+
+
+def _pad_rows(rows: list, width: Optional[int]) -> np.ndarray:
+    """int32 ``[len(rows), width]``: each row, then -1. ``width`` defaults to
+    the longest row; a row longer than ``width`` is refused."""
+    need = max((len(r) for r in rows), default=0)
+    if width is None:
+        width = need
+    width = _count("width", width)
+    if need > width:
+        raise ReferenceSelectionError("width", f"width={width} cannot hold a row of {need}")
+    out = np.full((len(rows), width), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out.astype(np.int32)
+
+
+def dense_rows(query_pos: Any, width: Optional[int] = None) -> np.ndarray:
+    """``Selector.dense().rows(query_pos)``: row ``p`` is ``0..=p``."""
+    pos = _positions_1d("query_pos", query_pos)
+    return _pad_rows([np.arange(p + 1) for p in pos], width)
+
+
+def local_rows(query_pos: Any, window: int, width: Optional[int] = None) -> np.ndarray:
+    """``Selector.local(window).rows(query_pos)``: the ``window`` most recent
+    keys of ``0..=p``, the query's own included."""
+    pos = _positions_1d("query_pos", query_pos)
+    window = _count("window", window)
+    return _pad_rows([np.arange(max(p + 1 - window, 0), p + 1) for p in pos], width)
+
+
+def sink_window_rows(
+    query_pos: Any, sinks: int, window: int, width: Optional[int] = None
+) -> np.ndarray:
+    """``Selector.sink_window(sinks, window).rows(query_pos)``: the union of
+    the first ``sinks`` keys and the ``window`` most recent of ``0..=p``."""
+    pos = _positions_1d("query_pos", query_pos)
+    sinks = _count("sinks", sinks)
+    window = _count("window", window)
+    rows = []
+    for p in pos:
+        head = np.arange(min(sinks, p + 1))
+        tail = np.arange(max(p + 1 - window, 0), p + 1)
+        rows.append(np.union1d(head, tail))  # sorted, distinct
+    return _pad_rows(rows, width)
+
+
+def _oracle_row(weights: np.ndarray, budget: int) -> np.ndarray:
+    """The ``budget`` largest of ``weights`` (all visible), ascending."""
+    key = np.where(np.isnan(weights), -np.inf, weights) + 0.0  # NaN -> -inf, -0 -> +0
+    idx = np.arange(len(weights))
+    # lexsort sorts by the LAST key first: weight descending, then index ascending.
+    order = np.lexsort((idx, -key))
+    return np.sort(order[: min(budget, len(weights))])
+
+
+def oracle_topk(
+    attention: Any, query_pos: Any, budget: int, width: Optional[int] = None
+) -> np.ndarray:
+    """The oracle top-k of each attention row (float64 ``[n, row_len]``,
+    row ``r`` belonging to ``query_pos[r]``): the ``budget`` heaviest keys
+    among ``0..=min(query_pos[r], row_len - 1)``, ties to the lower key,
+    NaN read as -inf; int32 ``[n, width]``, ascending then -1."""
+    a = np.asarray(attention)
+    if a.dtype.kind != "f":
+        raise TypeError(f"attention must be a float array, got dtype {a.dtype}")
+    if a.ndim != 2:
+        raise ReferenceSelectionError("attention", f"attention must be 2-D, got shape {a.shape}")
+    a = a.astype(np.float64)
+    pos = _positions_1d("query_pos", query_pos)
+    budget = _count("budget", budget)
+    if len(pos) != a.shape[0]:
+        raise ReferenceSelectionError("query_pos", "query_pos needs one position per row")
+    rows = []
+    for r, p in enumerate(pos):
+        visible = min(p + 1, a.shape[1])
+        rows.append(_oracle_row(a[r, :visible], budget))
+    return _pad_rows(rows, width)
+
+
+def _float_tensor(name: str, value: Any) -> np.ndarray:
+    """A 3-D float array, converted to float32 (the native type) and widened
+    to float64 for the arithmetic."""
+    a = np.asarray(value)
+    if a.dtype.kind != "f" and a.size > 0:
+        raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
+    if a.ndim != 3:
+        raise ReferenceSelectionError(name, f"{name} must be 3-D, got shape {a.shape}")
+    return a.astype(np.float32).astype(np.float64)
+
+
+def _native_scale(d_k: int) -> float:
+    """The default scale as the native module uses it: ``1/sqrt(d_k)``
+    rounded to float32 (1 for ``d_k = 0``)."""
+    return 1.0 if d_k == 0 else float(np.float32(1.0 / np.sqrt(d_k)))
+
+
+def _qk(q: Any, k: Any, query_pos: Any):
+    q = _float_tensor("q", q)
+    k = _float_tensor("k", k)
+    if q.shape[2] != k.shape[2]:
+        raise ReferenceSelectionError("q", f"q has d_k={q.shape[2]} but k has d_k={k.shape[2]}")
+    n_q_heads, n_kv_heads = q.shape[1], k.shape[1]
+    if n_kv_heads == 0:
+        raise ReferenceSelectionError("n_kv_heads", "n_kv_heads is 0")
+    if n_q_heads % n_kv_heads != 0:
+        raise ReferenceSelectionError("n_q_heads", "n_q_heads is not a multiple of n_kv_heads")
+    pos = _positions_1d("query_pos", query_pos)
+    if len(pos) != q.shape[0]:
+        raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
+    return q, k, pos, n_q_heads // n_kv_heads
+
+
+def attention_probabilities(
+    q: Any, k: Any, query_pos: Any, scale: Optional[float] = None
+) -> np.ndarray:
+    """Dense causal softmax rows, float64 ``[n_queries, n_q_heads, n_keys]``:
+    row ``(i, h)`` is ``softmax((q_ih . k_j) * scale)`` over the visible keys
+    ``j <= min(query_pos[i], n_keys - 1)`` of KV head ``h // group``, 0 after."""
+    q, k, pos, group = _qk(q, k, query_pos)
+    n_queries, n_q_heads, d_k = q.shape
+    n_keys = k.shape[0]
+    scale = _native_scale(d_k) if scale is None else float(scale)
+    out = np.zeros((n_queries, n_q_heads, n_keys))
+    for i, p in enumerate(pos):
+        visible = min(p + 1, n_keys)
+        if visible == 0:
+            continue
+        for h in range(n_q_heads):
+            s = (k[:visible, h // group] @ q[i, h]) * scale
+            e = np.exp(s - s.max())
+            out[i, h, :visible] = e / e.sum()
+    return out
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    query_pos: Any,
+    selection: Any = None,
+    scale: Optional[float] = None,
+):
+    """Causal attention over the selected keys (every visible key when
+    ``selection`` is None): ``(out float64 [n_queries, n_q_heads, d_v],
+    lse float64 [n_queries, n_q_heads], empty_rows)``.
+
+    Row ``(i, h)`` attends to the set of entries ``x`` of
+    ``selection[i, h // group]`` with ``0 <= x <= min(query_pos[i],
+    n_keys - 1)``: ``out = sum_j softmax(s)_j v_j`` and ``lse = log sum_j
+    exp(s_j)`` with ``s_j = (q_ih . k_j) * scale``. A row whose set is empty
+    gets zeros and ``lse = -inf`` and is counted in ``empty_rows``."""
+    q, k, pos, group = _qk(q, k, query_pos)
+    n_queries, n_q_heads, d_k = q.shape
+    n_keys, n_kv_heads = k.shape[0], k.shape[1]
+    v = _float_tensor("v", v)
+    if v.shape[:2] != (n_keys, n_kv_heads):
+        raise ReferenceSelectionError("v", f"v must be [{n_keys}, {n_kv_heads}, d_v], got {v.shape}")
+    d_v = v.shape[2]
+    if selection is not None:
+        sel = np.asarray(selection)
+        if sel.dtype.kind not in "iu" and sel.size > 0:
+            raise TypeError(f"selection must hold integers, got dtype {sel.dtype}")
+        if sel.ndim != 3 or sel.shape[:2] != (n_queries, n_kv_heads):
+            raise ReferenceSelectionError(
+                "selection", f"selection must be [{n_queries}, {n_kv_heads}, width], got {sel.shape}"
+            )
+        sel = sel.astype(np.int64)
+    # The attention pass computes with a float32 scale.
+    scale = float(np.float32(_native_scale(d_k) if scale is None else scale))
+
+    out = np.zeros((n_queries, n_q_heads, d_v))
+    lse = np.full((n_queries, n_q_heads), -np.inf)
+    empty_rows = 0
+    for i, p in enumerate(pos):
+        visible = min(p + 1, n_keys)
+        for kv in range(n_kv_heads):
+            if selection is None:
+                keys = np.arange(visible)
+            else:
+                row = sel[i, kv]
+                keys = np.unique(row[(row >= 0) & (row < visible)])
+            heads = slice(kv * group, (kv + 1) * group)  # the query heads of KV head kv
+            if len(keys) == 0:
+                empty_rows += group
+                continue
+            s = (q[i, heads] @ k[keys, kv].T) * scale  # [group, len(keys)]
+            m = s.max(axis=1, keepdims=True)
+            e = np.exp(s - m)
+            total = e.sum(axis=1, keepdims=True)
+            out[i, heads] = (e @ v[keys, kv]) / total
+            lse[i, heads] = (m + np.log(total))[:, 0]
+    return out, lse, empty_rows
+
+
+def segment_coverage_rows(candidates: Any, context_lens: Any, num_segments: int) -> np.ndarray:
+    """:func:`segment_coverage` of every row of ``candidates [rows, width]``
+    with its own context length; float64 ``[rows]``."""
+    c = _index_array("candidates", candidates, 2)
+    lens = _positions_1d("context_lens", context_lens)
+    num_segments = _count("num_segments", num_segments)
+    if len(lens) != c.shape[0]:
+        raise ReferenceSelectionError("context_lens", "context_lens needs one length per row")
+    return np.array(
+        [segment_coverage(c[r], int(lens[r]), num_segments) for r in range(c.shape[0])],
+        dtype=np.float64,
+    )
+
+
+def attention_mass_recall_rows(candidates: Any, attention: Any) -> np.ndarray:
+    """:func:`attention_mass_recall` of every attention row ``r`` of
+    ``attention [n_rows, row_len]`` against candidate row ``r // group``,
+    ``group = n_rows // rows`` (a KV head's selection serves its query-head
+    group); float64 ``[n_rows]``, NaN for a row with no mass."""
+    c = _index_array("candidates", candidates, 2)
+    a = np.asarray(attention, dtype=np.float64)
+    if a.ndim != 2:
+        raise ReferenceSelectionError("attention", f"attention must be 2-D, got shape {a.shape}")
+    rows, n_rows = c.shape[0], a.shape[0]
+    if rows == 0:
+        if n_rows != 0:
+            raise ReferenceSelectionError("attention", "attention rows without candidate rows")
+        return np.zeros(0)
+    group = n_rows // rows
+    if group == 0 or group * rows != n_rows:
+        raise ReferenceSelectionError(
+            "attention", f"{n_rows} attention rows are not a positive multiple of {rows}"
+        )
+    return np.array(
+        [attention_mass_recall(c[r // group], a[r]) for r in range(n_rows)], dtype=np.float64
+    )
+
+
+def _relative_error(sparse: np.ndarray, dense: np.ndarray) -> float:
+    """``||sparse - dense|| / ||dense||`` in float64: 0 when they are equal
+    (both zero included), +inf when only ``dense`` is zero, NaN with NaN."""
+    diff = float(np.sum((sparse - dense) ** 2))
+    if diff == 0.0:
+        return 0.0
+    norm = float(np.sum(dense**2))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.sqrt(np.float64(diff) / np.float64(norm)))
+
+
+def _float32_pair(sparse: Any, dense: Any):
+    s = np.asarray(sparse)
+    d = np.asarray(dense)
+    for name, a in (("sparse", s), ("dense", d)):
+        if a.dtype.kind != "f" and a.size > 0:
+            raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
+    if s.shape != d.shape:
+        raise ReferenceSelectionError("sparse", f"sparse {s.shape} and dense {d.shape} differ")
+    # The native metric reads float32 outputs.
+    return s.astype(np.float32).astype(np.float64), d.astype(np.float32).astype(np.float64)
+
+
+def output_relative_error(sparse: Any, dense: Any) -> float:
+    """``||sparse - dense||_2 / ||dense||_2`` over whole arrays, float64."""
+    s, d = _float32_pair(sparse, dense)
+    return _relative_error(s.ravel(), d.ravel())
+
+
+def output_relative_error_rows(sparse: Any, dense: Any) -> np.ndarray:
+    """:func:`output_relative_error` per row over the last axis: float64 of
+    the leading shape."""
+    s, d = _float32_pair(sparse, dense)
+    if s.ndim == 0:
+        raise ReferenceSelectionError("sparse", "sparse and dense must be at least 1-D")
+    lead = s.shape[:-1]
+    s2 = s.reshape(-1, s.shape[-1]) if s.size else s.reshape(int(np.prod(lead)), s.shape[-1])
+    d2 = d.reshape(s2.shape)
+    return np.array([_relative_error(s2[r], d2[r]) for r in range(s2.shape[0])]).reshape(lead)
+
+
+__all__ += [
+    "dense_rows",
+    "local_rows",
+    "sink_window_rows",
+    "oracle_topk",
+    "attention_probabilities",
+    "attention",
+    "segment_coverage_rows",
+    "attention_mass_recall_rows",
+    "output_relative_error",
+    "output_relative_error_rows",
+]
