@@ -388,6 +388,27 @@ fn alloc_i32<'py>(py: Python<'py>, shape: &[usize]) -> PyResult<Bound<'py, PyArr
     alloc::<i32>(py, shape)
 }
 
+/// Like [`alloc_i32`] but uninitialised, for an output the core overwrites
+/// entirely before Python can see it (zero-filling a large output costs as
+/// much as the copy the witness merge is measured against).
+///
+/// # Safety
+/// Every element must be written before the array is returned to Python;
+/// on a refusal the array is dropped unread.
+unsafe fn alloc_i32_uninit<'py>(
+    py: Python<'py>,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+    let elems = shape.iter().try_fold(1usize, |a, &n| a.checked_mul(n));
+    match elems.and_then(|e| e.checked_mul(4)) {
+        // SAFETY: the caller writes every element before Python reads any.
+        Some(bytes) if bytes <= BIG_OUTPUT_BYTES => {
+            Ok(unsafe { PyArrayDyn::<i32>::new(py, shape, false) })
+        }
+        _ => alloc::<i32>(py, shape),
+    }
+}
+
 /// Runs `f` with the GIL released when `work` is worth the hand-off.
 fn run<T: Send>(py: Python<'_>, work: usize, f: impl FnOnce() -> T + Send) -> T {
     if work >= DETACH_MIN {
@@ -497,7 +518,9 @@ fn py_topology_witness_indices<'py>(
             }
             a
         }
-        None => alloc_i32(py, &[rows, num_segments])?,
+        // SAFETY: `topology_witness_indices_into` writes every slot of every
+        // row (each row is filled with -1 first), or refuses before writing.
+        None => unsafe { alloc_i32_uninit(py, &[rows, num_segments])? },
     };
     {
         let learned_ro = learned_arr.try_readonly()?;
@@ -553,7 +576,9 @@ fn py_apply_topology_witnesses<'py>(
             }
             a
         }
-        None => alloc_i32(py, &[rows, topk])?,
+        // SAFETY: `apply_topology_witnesses_into` copies every learned row
+        // into its output row, or refuses before writing.
+        None => unsafe { alloc_i32_uninit(py, &[rows, topk])? },
     };
     {
         let learned_ro = learned_arr.try_readonly()?;

@@ -203,11 +203,32 @@ fn occupancy(row: &[i32], g: &Row, level: Level) -> u64 {
         if level == Level::Avx2 {
             // SAFETY: `Level::Avx2` is only ever produced by `simd::level()`
             // after run-time detection found AVX2 and FMA on this CPU.
-            return unsafe { scan::occupancy_avx2(row, g.ratio(), g.s_last as i32, full) };
+            return unsafe {
+                scan::occupancy_avx2::<false>(row, &mut [], g.ratio(), g.s_last as i32, full)
+            };
         }
     }
     let _ = level;
     scan::occupancy_scalar(row, g.ratio(), g.s_last as i32, full)
+}
+
+/// [`occupancy`] of `src` while copying it into `dst` (same length): one
+/// pass over the learned row for the merge's copy and its scan.
+fn copy_occupancy(src: &[i32], dst: &mut [i32], g: &Row, level: Level) -> u64 {
+    let full = g.partition_mask();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level == Level::Avx2 {
+            // SAFETY: as in `occupancy`; `dst.len() == src.len()` (callers
+            // pass two rows of one `topk`).
+            return unsafe {
+                scan::occupancy_avx2::<true>(src, dst, g.ratio(), g.s_last as i32, full)
+            };
+        }
+    }
+    let _ = level;
+    dst.copy_from_slice(src);
+    scan::occupancy_scalar(src, g.ratio(), g.s_last as i32, full)
 }
 
 /// The f64 segment map on one non-negative entry; exact (module docs).
@@ -255,7 +276,13 @@ mod scan {
     /// The CPU must support AVX2 and FMA.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn occupancy_avx2(row: &[i32], ratio: f64, s_last: i32, full: u64) -> u64 {
+    pub(super) unsafe fn occupancy_avx2<const COPY: bool>(
+        row: &[i32],
+        dst: &mut [i32],
+        ratio: f64,
+        s_last: i32,
+        full: u64,
+    ) -> u64 {
         use std::arch::asm;
         use std::arch::x86_64::*;
 
@@ -300,11 +327,22 @@ mod scan {
         }
         let reduce = |lo: __m256i, hi: __m256i| (fold(lo) as u64) | ((fold(hi) as u64) << 32);
 
+        // With COPY, `dst` receives `row` as it is scanned (apply's fused
+        // copy): the stores ride along with loads the scan makes anyway.
+        debug_assert!(!COPY || dst.len() == row.len());
+        let mut done = 0;
         let mut chunks = row.chunks_exact(super::scan::CHUNK);
         for chunk in chunks.by_ref() {
-            for v8 in chunk.chunks_exact(8) {
+            for (j, v8) in chunk.chunks_exact(8).enumerate() {
                 // SAFETY: `v8` is 8 in-bounds i32s; the load is unaligned.
                 let v = unsafe { _mm256_loadu_si256(v8.as_ptr() as *const __m256i) };
+                if COPY {
+                    // SAFETY: `dst` has `row`'s length, so these 8 slots
+                    // (at the same offset as `v8`) are in bounds.
+                    unsafe {
+                        _mm256_storeu_si256(dst.as_mut_ptr().add(done + 8 * j) as *mut __m256i, v)
+                    };
+                }
                 let a = _mm256_cvtepi32_pd(_mm256_castsi256_si128(v));
                 let b = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(v));
                 let sa = _mm256_cvttpd_epi32(_mm256_fmadd_pd(a, vratio, vlift));
@@ -319,11 +357,18 @@ mod scan {
                 lo = _mm256_or_si256(lo, shift_left!(one, seg));
                 hi = _mm256_or_si256(hi, shift_left!(one, _mm256_sub_epi32(seg, thirty_two)));
             }
+            done += chunk.len();
             if reduce(lo, hi) & full == full {
+                if COPY {
+                    dst[done..].copy_from_slice(&row[done..]);
+                }
                 return reduce(lo, hi);
             }
         }
         let mut mask = reduce(lo, hi);
+        if COPY {
+            dst[done..].copy_from_slice(&row[done..]);
+        }
         for &x in chunks.remainder() {
             if x >= 0 {
                 mask |= 1u64 << segment_fast(x, ratio, s_last);
@@ -435,8 +480,34 @@ fn merge_row(
     let Some(g) = Row::new(context_len, num_segments) else {
         return;
     };
-    let mut missing = !occupancy(row, &g, level) & g.partition_mask();
-    for slot in &mut row[keep..keep + budget] {
+    let missing = !occupancy(row, &g, level) & g.partition_mask();
+    write_witnesses(&mut row[keep..keep + budget], missing, &g);
+}
+
+/// [`merge_row`] from `src` into `dst` (the learned row and its output
+/// slot): the copy and the occupancy scan are one pass.
+#[allow(clippy::too_many_arguments)]
+fn merge_row_from(
+    src: &[i32],
+    dst: &mut [i32],
+    context_len: i32,
+    num_segments: usize,
+    keep: usize,
+    budget: usize,
+    level: Level,
+) {
+    let Some(g) = Row::new(context_len, num_segments) else {
+        dst.copy_from_slice(src);
+        return;
+    };
+    let missing = !copy_occupancy(src, dst, &g, level) & g.partition_mask();
+    write_witnesses(&mut dst[keep..keep + budget], missing, &g);
+}
+
+/// Writes the edges of the `missing` segments, ascending, into `slots`
+/// until either runs out; slots past the last witness are left as they are.
+fn write_witnesses(slots: &mut [i32], mut missing: u64, g: &Row) {
+    for slot in slots {
         if missing == 0 {
             break;
         }
@@ -529,15 +600,9 @@ pub fn apply_topology_witnesses_into(
     }
     let level = simd::level();
     pool::for_each_row_mut(out, topk, pool::min_rows(2 * topk), |r, out_row| {
-        out_row.copy_from_slice(&learned[r * topk..(r + 1) * topk]);
-        merge_row(
-            out_row,
-            context_lens[r],
-            num_segments,
-            learned_keep,
-            budget,
-            level,
-        );
+        let src = &learned[r * topk..(r + 1) * topk];
+        let (len, keep) = (context_lens[r], learned_keep);
+        merge_row_from(src, out_row, len, num_segments, keep, budget, level);
     });
     Ok(())
 }
@@ -740,8 +805,20 @@ mod tests {
             assert_eq!(want & full, exact & full);
             #[cfg(target_arch = "x86_64")]
             if simd::level() == Level::Avx2 {
-                let got = unsafe { scan::occupancy_avx2(&row, g.ratio(), g.s_last as i32, full) };
+                let got = unsafe {
+                    scan::occupancy_avx2::<false>(&row, &mut [], g.ratio(), g.s_last as i32, full)
+                };
                 assert_eq!(got & full, want & full, "row={row:?} L={len} S={s}");
+                let mut copy = vec![0; row.len()];
+                let got = unsafe {
+                    scan::occupancy_avx2::<true>(&row, &mut copy, g.ratio(), g.s_last as i32, full)
+                };
+                assert_eq!(
+                    got & full,
+                    want & full,
+                    "fused copy: row={row:?} L={len} S={s}"
+                );
+                assert_eq!(copy, row, "the fused scan copies the whole row");
             }
         }
     }
