@@ -565,7 +565,7 @@ impl Selector {
             )
         })?;
         self.check_rows(query_pos, "query_pos", width)?;
-        pool::for_each_row_mut(out, n_kv_heads * width, 16, |i, heads| {
+        pool::for_each_row_mut(out, n_kv_heads.saturating_mul(width), 16, |i, heads| {
             let (first, rest) = heads.split_at_mut(width);
             self.fill_row(query_pos[i], first);
             for h in rest.chunks_mut(width) {

@@ -1,0 +1,1155 @@
+"""The bad-input catalogue: every kind of hostile argument, tried through the
+public API, with the exception each one must give.
+
+The whole catalogue runs in ONE subprocess (``python test_bad_inputs.py
+--run``), which prints one JSON line per case as it goes; the tests here
+check that the subprocess exited normally (a crash names the case it died
+on: the first one without a line), that no case surfaced a
+``PanicException``, that each case gave its documented outcome, and that
+every refused in-place call left its buffer byte-identical.
+
+``docs/bad-inputs.md`` is generated from this catalogue (``python
+tests/python/test_bad_inputs.py --markdown > docs/bad-inputs.md``) and a
+test checks that it is up to date.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+try:  # pytest is only needed for the tests, not for ``--run``/``--markdown``.
+    import pytest
+except ImportError:  # pragma: no cover
+    pytest = None
+
+HERE = pathlib.Path(__file__).resolve()
+DOC = HERE.parents[2] / "docs" / "bad-inputs.md"
+
+ACCEPTED = "accepted"
+
+
+@dataclasses.dataclass
+class Case:
+    id: str
+    category: str
+    call: str  # the call, as written in the table
+    expect: str  # an exception name, or ACCEPTED
+    build: Callable[[], dict]
+    note: str = ""
+    argument: Optional[str] = None  # the `argument` a kvselect error must name
+    torch: bool = False
+
+
+CASES: list[Case] = []
+
+
+def case(id, category, call, expect, *, note="", argument=None, torch=False):
+    def deco(fn):
+        CASES.append(Case(id, category, call, expect, fn, note, argument, torch))
+        return fn
+
+    return deco
+
+
+# ---------------------------------------------------------------------------
+# Valid inputs every case starts from
+# ---------------------------------------------------------------------------
+
+
+def learned():
+    return np.array([[0, 5, -1, -1], [3, -1, -1, -1]], dtype=np.int32)
+
+
+def lens():
+    return np.array([8, 6], dtype=np.int32)
+
+
+def rng():
+    return np.random.default_rng(0)
+
+
+def index_q(batched=False):
+    r = rng()
+    shape = (2, 2, 3) if batched else (2, 3)
+    return r.integers(-3, 4, size=shape).astype(np.float32)
+
+
+def index_k():
+    return rng().integers(-3, 4, size=(16, 3)).astype(np.float32)
+
+
+def cfg():
+    import kvselect as ks
+
+    return ks.BlockSparseConfig(4, 2, 1, 1)
+
+
+def qkv():
+    r = rng()
+    q = r.standard_normal((2, 2, 3)).astype(np.float32)
+    k = r.standard_normal((6, 1, 3)).astype(np.float32)
+    v = r.standard_normal((6, 1, 4)).astype(np.float32)
+    return q, k, v, np.array([2, 5])
+
+
+def selection():
+    return np.array([[[0, 1, 2]], [[3, 4, 5]]], dtype=np.int32)
+
+
+def same(reference: Callable[[], Any]) -> Callable[[Any], bool]:
+    """A check that an accepted call returned what the canonical call does."""
+
+    def check(result):
+        want = reference()
+        if isinstance(want, tuple):
+            return all(_equal(a, b) for a, b in zip(result, want))
+        return _equal(result, want)
+
+    return check
+
+
+def _equal(a, b):
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    return a == b
+
+
+# ---------------------------------------------------------------------------
+# The catalogue
+# ---------------------------------------------------------------------------
+# Each builder returns {"call": zero-argument callable, "watch": [arrays whose
+# bytes must not change when the call is refused], "check": optional check
+# of an accepted call's result}.
+
+ks = None  # imported lazily in the subprocess / tests
+
+
+def _ks():
+    import kvselect
+
+    return kvselect
+
+
+# -- wrong dtype ------------------------------------------------------------
+
+
+@case("float-learned", "wrong dtype", "`topology_witness_indices(learned.astype(float32), …)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(learned().astype(np.float32), lens(), 4)}
+
+
+@case("float-lens", "wrong dtype", "`apply_topology_witnesses(learned, lens.astype(float64), …)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens().astype(float), 2, 4, 2)}
+
+
+@case("bool-learned", "wrong dtype", "`topology_witness_indices(learned > 0, …)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(learned() > 0, lens(), 4)}
+
+
+@case("complex-candidates", "wrong dtype", "`segment_coverage(candidates.astype(complex), 8, 4)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().segment_coverage(np.array([1, 2], complex), 8, 4)}
+
+
+@case("str-learned", "wrong dtype", "`topology_witness_indices(np.array([['a']]), …)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(np.array([["a"]]), [4], 4)}
+
+
+@case("int64-buffer", "wrong dtype", "`scatter_topology_witnesses(buf.astype(int64), …)`", "TypeError")
+def _():
+    buf = learned().astype(np.int64)
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 2), "watch": [buf]}
+
+
+@case("float32-buffer", "wrong dtype", "`scatter_topology_witnesses(buf.astype(float32), …)`", "TypeError")
+def _():
+    buf = learned().astype(np.float32)
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 2), "watch": [buf]}
+
+
+@case("int64-out", "wrong dtype", "`apply_topology_witnesses(…, out=int64 array)`", "TypeError")
+def _():
+    out = np.full((2, 4), 7, np.int64)
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 4, 2, out=out), "watch": [out]}
+
+
+@case("int-keys", "wrong dtype", "`block_sparse_select(q, index_k.astype(int32), 9)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(), index_k().astype(np.int32), 9, cfg())}
+
+
+@case("float-query-pos-array", "wrong dtype", "`block_sparse_select(q3d, k, np.array([9.0, 15.0]))`", "TypeError")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(True), index_k(), np.array([9.0, 15.0]), cfg())}
+
+
+@case("float-selection", "wrong dtype", "`sparse_attention(q, k, v, pos, selection.astype(float32))`", "TypeError")
+def _():
+    q, k, v, p = qkv()
+    return {"call": lambda: _ks().sparse_attention(q, k, v, p, selection().astype(np.float32))}
+
+
+@case("int-q", "wrong dtype", "`dense_attention(q.astype(int32), k, v, pos)`", "TypeError")
+def _():
+    q, k, v, p = qkv()
+    return {"call": lambda: _ks().dense_attention(q.astype(np.int32), k, v, p)}
+
+
+@case("float64-keys", "wrong dtype", "`block_sparse_select(q.astype(float64), k.astype(float16), 9)`", ACCEPTED,
+      note="converted once to float32")
+def _():
+    ref = lambda: _ks().block_sparse_select(index_q(), index_k(), 9, cfg())  # noqa: E731
+    return {"call": lambda: _ks().block_sparse_select(index_q().astype(np.float64), index_k().astype(np.float16), 9, cfg()),
+            "check": same(ref)}
+
+
+@case("int64-learned", "wrong dtype", "`topology_witness_indices(learned.astype(int64), …)`", ACCEPTED,
+      note="values fit int32: converted once")
+def _():
+    ref = lambda: _ks().topology_witness_indices(learned(), lens(), 4)  # noqa: E731
+    return {"call": lambda: _ks().topology_witness_indices(learned().astype(np.int64), lens().astype(np.uint8), 4),
+            "check": same(ref)}
+
+
+# -- wrong ndim or shape ------------------------------------------------------
+
+
+@case("learned-1d", "wrong ndim/shape", "`topology_witness_indices(learned.ravel(), …)`", "WitnessError", argument="learned")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(learned().ravel(), lens(), 4)}
+
+
+@case("learned-0d", "wrong ndim/shape", "`topology_witness_indices(np.array(3, int32), …)`", "WitnessError", argument="learned")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(np.array(3, np.int32), lens(), 4)}
+
+
+@case("lens-2d", "wrong ndim/shape", "`apply_topology_witnesses(learned, lens[None], …)`", "WitnessError", argument="context_lens")
+def _():
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens()[None], 2, 4, 2)}
+
+
+@case("rows-mismatch", "wrong ndim/shape", "`apply_topology_witnesses(learned, lens[:1], …)`", "WitnessError", argument="context_lens")
+def _():
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens()[:1], 2, 4, 2)}
+
+
+@case("buffer-1d", "wrong ndim/shape", "`scatter_topology_witnesses(buf.ravel(), …)`", "WitnessError", argument="topk_indices")
+def _():
+    buf = learned().ravel()
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 2), "watch": [buf]}
+
+
+@case("buffer-3d", "wrong ndim/shape", "`scatter_topology_witnesses(buf[None], …)`", "WitnessError", argument="topk_indices")
+def _():
+    buf = learned()[None]
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 2), "watch": [buf]}
+
+
+@case("buffer-rows-mismatch", "wrong ndim/shape", "`scatter_topology_witnesses(buf, lens[:1], 2)`", "WitnessError", argument="context_lens")
+def _():
+    buf = learned()
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens()[:1], 2), "watch": [buf]}
+
+
+@case("out-wrong-shape", "wrong ndim/shape", "`topology_witness_indices(…, out=np.empty((2, 3), int32))`", "WitnessError", argument="out")
+def _():
+    out = np.full((2, 3), 7, np.int32)
+    return {"call": lambda: _ks().topology_witness_indices(learned(), lens(), 4, out=out), "watch": [out]}
+
+
+@case("q-1d", "wrong ndim/shape", "`block_sparse_select(q.ravel(), k, 9)`", "SelectionError", argument="index_q")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q().ravel(), index_k(), 9, cfg())}
+
+
+@case("q-4d", "wrong ndim/shape", "`block_sparse_select(q[None, None], k, 9)`", "SelectionError", argument="index_q")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q()[None, None], index_k(), 9, cfg())}
+
+
+@case("k-3d", "wrong ndim/shape", "`block_sparse_select(q, k[None], 9)`", "SelectionError", argument="index_k")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(), index_k()[None], 9, cfg())}
+
+
+@case("d-mismatch", "wrong ndim/shape", "`block_sparse_select(q[:, :2], k, 9)`", "SelectionError", argument="index_q")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(np.ascontiguousarray(index_q()[:, :2]), index_k(), 9, cfg())}
+
+
+@case("pos-array-for-one-query", "wrong ndim/shape", "`block_sparse_select(q2d, k, [9, 15])`", "SelectionError", argument="query_pos")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), [9, 15], cfg())}
+
+
+@case("pos-wrong-length", "wrong ndim/shape", "`block_sparse_select(q3d, k, [9])`", "SelectionError", argument="query_pos")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(True), index_k(), [9], cfg())}
+
+
+@case("packed-bad-cu", "wrong ndim/shape", "`block_sparse_select_packed(q, k, cu_seqlens=[0, 8, 15], …)`", "SelectionError", argument="cu_seqlens")
+def _():
+    return {"call": lambda: _ks().block_sparse_select_packed(index_q(True), index_k(), [0, 8, 15], [0, 1], [7, 7], cfg())}
+
+
+@case("v-wrong-shape", "wrong ndim/shape", "`dense_attention(q, k, v[:5], pos)`", "SelectionError", argument="v")
+def _():
+    q, k, v, p = qkv()
+    return {"call": lambda: _ks().dense_attention(q, k, v[:5], p)}
+
+
+@case("gqa-not-a-multiple", "wrong ndim/shape", "`dense_attention(q (3 heads), k (2 heads), v, pos)`", "SelectionError", argument="n_q_heads")
+def _():
+    r = rng()
+    q = r.standard_normal((2, 3, 3)).astype(np.float32)
+    k = r.standard_normal((6, 2, 3)).astype(np.float32)
+    v = r.standard_normal((6, 2, 4)).astype(np.float32)
+    return {"call": lambda: _ks().dense_attention(q, k, v, [2, 5])}
+
+
+@case("selection-wrong-shape", "wrong ndim/shape", "`sparse_attention(q, k, v, pos, selection[:1])`", "SelectionError", argument="selection")
+def _():
+    q, k, v, p = qkv()
+    return {"call": lambda: _ks().sparse_attention(q, k, v, p, selection()[:1])}
+
+
+@case("oracle-pos-mismatch", "wrong ndim/shape", "`oracle_topk(attention [2, 6], [3], 2)`", "SelectionError", argument="query_pos")
+def _():
+    return {"call": lambda: _ks().oracle_topk(np.ones((2, 6)), [3], 2)}
+
+
+@case("recall-rows-not-multiple", "wrong ndim/shape", "`attention_mass_recall_rows(cand [2, 3], attention [3, 6])`", "SelectionError", argument="attention")
+def _():
+    return {"call": lambda: _ks().attention_mass_recall_rows(np.zeros((2, 3), np.int32), np.ones((3, 6)))}
+
+
+@case("rel-error-shape", "wrong ndim/shape", "`output_relative_error(a [2, 3], b [3, 2])`", "SelectionError", argument="sparse")
+def _():
+    return {"call": lambda: _ks().output_relative_error(np.ones((2, 3), np.float32), np.ones((3, 2), np.float32))}
+
+
+# -- Fortran order -----------------------------------------------------------
+
+
+@case("fortran-learned", "Fortran order", "`topology_witness_indices(np.asfortranarray(learned), …)`", ACCEPTED,
+      note="read-only argument: copied to C order once")
+def _():
+    ref = lambda: _ks().topology_witness_indices(learned(), lens(), 4)  # noqa: E731
+    return {"call": lambda: _ks().topology_witness_indices(np.asfortranarray(learned()), lens(), 4), "check": same(ref)}
+
+
+@case("fortran-keys", "Fortran order", "`block_sparse_select(q, np.asfortranarray(k), 9)`", ACCEPTED, note="copied to C order once")
+def _():
+    ref = lambda: _ks().block_sparse_select(index_q(), index_k(), 9, cfg())  # noqa: E731
+    return {"call": lambda: _ks().block_sparse_select(index_q(), np.asfortranarray(index_k()), 9, cfg()), "check": same(ref)}
+
+
+@case("fortran-buffer", "Fortran order", "`scatter_topology_witnesses(np.asfortranarray(buf), …)`", "WitnessError", argument="topk_indices")
+def _():
+    buf = np.asfortranarray(learned())
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 2), "watch": [buf]}
+
+
+@case("fortran-out", "Fortran order", "`block_sparse_select(…, out=np.asfortranarray(out))`", "SelectionError", argument="out")
+def _():
+    out = np.asfortranarray(np.full((2, 2), 7, np.int32))
+    return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), 9, cfg(), out=out), "watch": [out]}
+
+
+# -- strided views -----------------------------------------------------------
+
+
+@case("strided-learned", "strided view", "`topology_witness_indices(wide[:, ::2], …)`", ACCEPTED, note="copied once")
+def _():
+    wide = np.repeat(learned(), 2, axis=1)
+    ref = lambda: _ks().topology_witness_indices(np.ascontiguousarray(wide[:, ::2]), lens(), 4)  # noqa: E731
+    return {"call": lambda: _ks().topology_witness_indices(wide[:, ::2], lens(), 4), "check": same(ref)}
+
+
+@case("reversed-learned", "strided view", "`apply_topology_witnesses(learned[::-1], lens[::-1], …)`", ACCEPTED, note="negative strides: copied once")
+def _():
+    ref = lambda: _ks().apply_topology_witnesses(learned()[::-1].copy(), lens()[::-1].copy(), 2, 4, 2)  # noqa: E731
+    return {"call": lambda: _ks().apply_topology_witnesses(learned()[::-1], lens()[::-1], 2, 4, 2), "check": same(ref)}
+
+
+@case("mla-value-view", "strided view", "`dense_attention(q, kv, kv[..., :2], pos)`", ACCEPTED, note="MLA values read in place")
+def _():
+    q, k, _, p = qkv()
+    ref = lambda: _ks().dense_attention(q, k, np.ascontiguousarray(k[..., :2]), p)  # noqa: E731
+    return {"call": lambda: _ks().dense_attention(q, k, k[..., :2], p), "check": same(ref)}
+
+
+@case("strided-buffer", "strided view", "`scatter_topology_witnesses(wide[:, ::2], …)`", "WitnessError", argument="topk_indices")
+def _():
+    wide = np.repeat(learned(), 2, axis=1)
+    return {"call": lambda: _ks().scatter_topology_witnesses(wide[:, ::2], lens(), 2), "watch": [wide]}
+
+
+@case("reversed-buffer", "strided view", "`scatter_topology_witnesses(buf[::-1], …)`", "WitnessError", argument="topk_indices")
+def _():
+    buf = learned()
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf[::-1], lens(), 2), "watch": [buf]}
+
+
+@case("strided-out", "strided view", "`apply_topology_witnesses(…, out=wide[:, ::2])`", "WitnessError", argument="out")
+def _():
+    wide = np.full((2, 8), 7, np.int32)
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 4, 2, out=wide[:, ::2]), "watch": [wide]}
+
+
+# -- read-only arrays ----------------------------------------------------------
+
+
+def _ro(a):
+    a.setflags(write=False)
+    return a
+
+
+@case("readonly-learned", "read-only array", "`topology_witness_indices(read-only learned, …)`", ACCEPTED, note="read in place")
+def _():
+    ref = lambda: _ks().topology_witness_indices(learned(), lens(), 4)  # noqa: E731
+    return {"call": lambda: _ks().topology_witness_indices(_ro(learned()), _ro(lens()), 4), "check": same(ref)}
+
+
+@case("readonly-buffer", "read-only array", "`scatter_topology_witnesses(read-only buf, …)`", "WitnessError", argument="topk_indices")
+def _():
+    buf = _ro(learned())
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 2), "watch": [buf]}
+
+
+@case("readonly-buffer-off-switch", "read-only array", "`scatter_topology_witnesses(read-only buf, lens, 0)`", "WitnessError",
+      argument="topk_indices", note="checked even with the off switch")
+def _():
+    buf = _ro(learned())
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 0), "watch": [buf]}
+
+
+@case("readonly-out", "read-only array", "`block_sparse_select(…, out=read-only)`", "SelectionError", argument="out")
+def _():
+    out = _ro(np.full((2, 2), 7, np.int32))
+    return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), 9, cfg(), out=out), "watch": [out]}
+
+
+@case("frombuffer-bytes-buffer", "read-only array", "`scatter_topology_witnesses(np.frombuffer(bytes, int32).reshape(2, 4), …)`",
+      "WitnessError", argument="topk_indices")
+def _():
+    buf = np.frombuffer(learned().tobytes(), np.int32).reshape(2, 4)
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 2), "watch": [buf]}
+
+
+# -- aliasing ------------------------------------------------------------------
+
+
+@case("lens-inside-buffer", "aliasing", "`scatter_topology_witnesses(buf, buf[0, :2], 2)`", "WitnessError", argument="topk_indices")
+def _():
+    buf = np.array([[8, 6, -1, -1], [3, -1, -1, -1]], np.int32)
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, buf[0, :2], 2), "watch": [buf]}
+
+
+@case("out-is-learned", "aliasing", "`apply_topology_witnesses(learned, lens, …, out=learned)`", "WitnessError", argument="out")
+def _():
+    buf = learned()
+    return {"call": lambda: _ks().apply_topology_witnesses(buf, lens(), 2, 4, 2, out=buf), "watch": [buf]}
+
+
+@case("out-overlaps-learned", "aliasing", "`topology_witness_indices(big[:, :4], lens, 4, out=big[:, 2:6])`", "WitnessError", argument="out")
+def _():
+    big = np.zeros((2, 8), np.int32)
+    big[:, :4] = learned()
+    return {"call": lambda: _ks().topology_witness_indices(big[:, :4], lens(), 4, out=big[:, 2:6]), "watch": [big]}
+
+
+@case("out-views-keys", "aliasing", "`block_sparse_select(q, k, 9, out=k.view(int32)[…])`", "SelectionError", argument="out")
+def _():
+    k = index_k()
+    out = k.view(np.int32).reshape(-1)[:4].reshape(2, 2)
+    return {"call": lambda: _ks().block_sparse_select(index_q(), k, 9, cfg(), out=out), "watch": [k]}
+
+
+# -- empty arrays and zero-size dimensions ---------------------------------------
+
+
+@case("no-rows", "empty / zero-size", "`topology_witness_indices(np.empty((0, 4), int32), [], 4)`", ACCEPTED, note="shape (0, 4)")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(np.empty((0, 4), np.int32), np.empty(0, np.int32), 4),
+            "check": lambda r: r.shape == (0, 4) and r.dtype == np.int32}
+
+
+@case("zero-topk", "empty / zero-size", "`apply_topology_witnesses(np.empty((2, 0), int32), lens, 0, 4, 2)`", ACCEPTED, note="shape (2, 0)")
+def _():
+    return {"call": lambda: _ks().apply_topology_witnesses(np.empty((2, 0), np.int32), lens(), 0, 4, 2),
+            "check": lambda r: r.shape == (2, 0)}
+
+
+@case("empty-buffer", "empty / zero-size", "`scatter_topology_witnesses(np.empty((0, 0), int32), [], 4)`", ACCEPTED)
+def _():
+    return {"call": lambda: _ks().scatter_topology_witnesses(np.empty((0, 0), np.int32), np.empty(0, np.int32), 4),
+            "check": lambda r: r is None}
+
+
+@case("empty-list-learned", "empty / zero-size", "`topology_witness_indices([], [], 4)`", "WitnessError", argument="learned",
+      note="an empty list is 1-D")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices([], [], 4)}
+
+
+@case("no-keys", "empty / zero-size", "`block_sparse_select(q, np.empty((0, 3), float32), 9)`", ACCEPTED, note="all -1: nothing to select")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(), np.empty((0, 3), np.float32), 9, cfg()),
+            "check": lambda r: r.shape == (2, 2) and (r == -1).all()}
+
+
+@case("no-queries", "empty / zero-size", "`block_sparse_select(np.empty((0, 2, 3), float32), k, [])`", ACCEPTED)
+def _():
+    return {"call": lambda: _ks().block_sparse_select(np.empty((0, 2, 3), np.float32), index_k(), np.empty(0, np.int64), cfg()),
+            "check": lambda r: r.shape == (0, 2, 2)}
+
+
+@case("zero-d", "empty / zero-size", "`block_sparse_select(np.empty((2, 0)), np.empty((16, 0)), 9)`", "SelectionError", argument="d")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(np.empty((2, 0), np.float32), np.empty((16, 0), np.float32), 9, cfg())}
+
+
+@case("zero-kv-heads", "empty / zero-size", "`dense_attention(q, k[:, :0], v[:, :0], pos)`", "SelectionError", argument="n_kv_heads")
+def _():
+    q, k, v, p = qkv()
+    return {"call": lambda: _ks().dense_attention(q, k[:, :0], v[:, :0], p)}
+
+
+@case("attention-no-keys", "empty / zero-size", "`sparse_attention(q, k[:0], v[:0], pos, selection)`", ACCEPTED,
+      note="every row empty: zeros, lse = -inf")
+def _():
+    q, k, v, p = qkv()
+
+    def check(r):
+        out, lse, empty = r
+        return empty == 4 and (out == 0).all() and np.isneginf(lse).all()
+
+    return {"call": lambda: _ks().sparse_attention(q, k[:0], v[:0], p, selection()), "check": check}
+
+
+@case("empty-candidates", "empty / zero-size", "`attention_mass_recall([], row)`", ACCEPTED, note="0.0")
+def _():
+    return {"call": lambda: _ks().attention_mass_recall([], np.ones(4)), "check": lambda r: r == 0.0}
+
+
+@case("empty-attention-row", "empty / zero-size", "`attention_mass_recall([1], [])`", ACCEPTED, note="NaN: no mass")
+def _():
+    return {"call": lambda: _ks().attention_mass_recall([1], np.empty(0)), "check": lambda r: r != r}
+
+
+@case("rel-error-empty", "empty / zero-size", "`output_relative_error_rows(np.empty((3, 0)), np.empty((3, 0)))`", ACCEPTED)
+def _():
+    return {"call": lambda: _ks().output_relative_error_rows(np.empty((3, 0), np.float32), np.empty((3, 0), np.float32)),
+            "check": lambda r: r.shape == (3,)}
+
+
+@case("rel-error-0d", "empty / zero-size", "`output_relative_error_rows(np.array(1, float32), np.array(1, float32))`", "SelectionError", argument="sparse")
+def _():
+    return {"call": lambda: _ks().output_relative_error_rows(np.array(1, np.float32), np.array(1, np.float32))}
+
+
+# -- negative and huge integers ------------------------------------------------
+
+
+@case("segments-negative", "negative / huge integer", "`topology_witness_indices(learned, lens, -1)`", "WitnessError", argument="num_segments")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(learned(), lens(), -1)}
+
+
+@case("segments-zero", "negative / huge integer", "`topology_witness_indices(learned, lens, 0)`", "WitnessError", argument="num_segments")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(learned(), lens(), 0)}
+
+
+@case("segments-2**64", "negative / huge integer", "`apply_topology_witnesses(learned, lens, 2, 2**64, 2)`", "WitnessError", argument="num_segments")
+def _():
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 2**64, 2)}
+
+
+@case("segments-65", "negative / huge integer", "`apply_topology_witnesses(learned, lens, 2, 65, 2)`", "WitnessError", argument="num_segments")
+def _():
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 65, 2)}
+
+
+@case("keep-negative", "negative / huge integer", "`apply_topology_witnesses(learned, lens, -1, 4, 2)`", "WitnessError", argument="learned_keep")
+def _():
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), -1, 4, 2)}
+
+
+@case("keep-too-wide", "negative / huge integer", "`apply_topology_witnesses(learned, lens, 5, 4, 2)`", "WitnessError", argument="learned_keep")
+def _():
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 5, 4, 2)}
+
+
+@case("replacements-2**100", "negative / huge integer", "`apply_topology_witnesses(learned, lens, 2, 4, 2**100)`", "WitnessError", argument="max_replacements")
+def _():
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 4, 2**100)}
+
+
+@case("replacements-u64-max", "negative / huge integer", "`apply_topology_witnesses(learned, lens, 2, 4, 2**64 - 1)`", ACCEPTED, note="budget capped by the row")
+def _():
+    ref = lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 4, 2)  # noqa: E731
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 4, 2**64 - 1), "check": same(ref)}
+
+
+@case("scatter-segments-negative", "negative / huge integer", "`scatter_topology_witnesses(buf, lens, -1)`", "WitnessError", argument="num_segments")
+def _():
+    buf = learned()
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), -1), "watch": [buf]}
+
+
+@case("scatter-segments-65", "negative / huge integer", "`scatter_topology_witnesses(buf, lens, 65)`", "WitnessError", argument="num_segments")
+def _():
+    buf = learned()
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 65), "watch": [buf]}
+
+
+@case("learned-int64-huge", "negative / huge integer", "`topology_witness_indices(learned.astype(int64) + 2**40, …)`", "WitnessError", argument="learned")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(learned().astype(np.int64) + 2**40, lens(), 4)}
+
+
+@case("lens-uint64-max", "negative / huge integer", "`topology_witness_indices(learned, np.array([2**64-1, 1], uint64), 4)`", "WitnessError", argument="context_lens")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(learned(), np.array([2**64 - 1, 1], np.uint64), 4)}
+
+
+@case("lens-negative", "negative / huge integer", "`topology_witness_indices(learned, [-5, 6], 4)`", ACCEPTED, note="a row of length <= 0 gets no witnesses")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(learned(), [-5, 6], 4), "check": lambda r: (r[0] == -1).all()}
+
+
+@case("learned-int32-extremes", "negative / huge integer", "`topology_witness_indices([[INT32_MIN, INT32_MAX]], [8], 4)`", ACCEPTED,
+      note="negative = padding; past L clamps to the last segment")
+def _():
+    a = np.array([[np.iinfo(np.int32).min, np.iinfo(np.int32).max]], np.int32)
+    return {"call": lambda: _ks().topology_witness_indices(a, [8], 4), "check": lambda r: r.tolist() == [[0, 2, 4, -1]]}
+
+
+@case("segment-of-negative", "negative / huge integer", "`segment_of(-1, 8, 4)`", "WitnessError", argument="token")
+def _():
+    return {"call": lambda: _ks().segment_of(-1, 8, 4)}
+
+
+@case("segment-of-u64-max", "negative / huge integer", "`segment_of(2**64 - 1, 2**64 - 1, 2**64 - 1)`", ACCEPTED)
+def _():
+    return {"call": lambda: _ks().segment_of(2**64 - 1, 2**64 - 1, 2**64 - 1), "check": lambda r: r == 2**64 - 2}
+
+
+@case("random-null-len-2**40", "negative / huge integer", "`random_null(2**40, 3, 0)`", "WitnessError", argument="context_len")
+def _():
+    return {"call": lambda: _ks().random_null(2**40, 3, 0)}
+
+
+@case("random-null-seed-negative", "negative / huge integer", "`random_null(10, 3, -1)`", "WitnessError", argument="seed")
+def _():
+    return {"call": lambda: _ks().random_null(10, 3, -1)}
+
+
+@case("random-null-seed-2**64", "negative / huge integer", "`random_null(10, 3, 2**64)`", "WitnessError", argument="seed")
+def _():
+    return {"call": lambda: _ks().random_null(10, 3, 2**64)}
+
+
+@case("random-null-budget-huge", "negative / huge integer", "`random_null(10, 2**63, 0)`", ACCEPTED, note="min(budget, L) = 10 tokens")
+def _():
+    return {"call": lambda: _ks().random_null(10, 2**63, 0), "check": lambda r: r.tolist() == list(range(10))}
+
+
+@case("locality-budget-negative", "negative / huge integer", "`locality_null(10, -3)`", "WitnessError", argument="budget")
+def _():
+    return {"call": lambda: _ks().locality_null(10, -3)}
+
+
+@case("coverage-len-negative", "negative / huge integer", "`segment_coverage([1], -8, 4)`", "WitnessError", argument="context_len")
+def _():
+    return {"call": lambda: _ks().segment_coverage([1], -8, 4)}
+
+
+@case("query-pos-negative", "negative / huge integer", "`block_sparse_select(q, k, -1)`", "SelectionError", argument="query_pos")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), -1, cfg())}
+
+
+@case("query-pos-2**63", "negative / huge integer", "`block_sparse_select(q, k, 2**63)`", "SelectionError", argument="query_pos")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), 2**63, cfg())}
+
+
+@case("query-pos-past-keys", "negative / huge integer", "`block_sparse_select(q, k, 2**62)`", ACCEPTED, note="clipped to the keys that exist")
+def _():
+    ref = lambda: _ks().block_sparse_select(index_q(), index_k(), 15, cfg())  # noqa: E731
+    return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), 2**62, cfg()), "check": same(ref)}
+
+
+@case("query-pos-array-negative", "negative / huge integer", "`block_sparse_select(q3d, k, [9, -1])`", "SelectionError", argument="query_pos")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(True), index_k(), [9, -1], cfg())}
+
+
+@case("query-pos-uint64-huge", "negative / huge integer", "`block_sparse_select(q3d, k, np.array([9, 2**64-1], uint64))`", "SelectionError", argument="query_pos")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(True), index_k(), np.array([9, 2**64 - 1], np.uint64), cfg())}
+
+
+@case("seq-id-out-of-range", "negative / huge integer", "`block_sparse_select_packed(…, seq_ids=[0, 2], …)`", "SelectionError", argument="seq_ids")
+def _():
+    return {"call": lambda: _ks().block_sparse_select_packed(index_q(True), index_k(), [0, 8, 16], [0, 2], [7, 7], cfg())}
+
+
+@case("config-negative", "negative / huge integer", "`BlockSparseConfig(block_size=-1)`", "SelectionError", argument="block_size")
+def _():
+    return {"call": lambda: _ks().BlockSparseConfig(block_size=-1)}
+
+
+@case("config-huge", "negative / huge integer", "`BlockSparseConfig(top_blocks=2**40)`", "SelectionError", argument="top_blocks")
+def _():
+    return {"call": lambda: _ks().BlockSparseConfig(top_blocks=2**40)}
+
+
+@case("config-selects-nothing", "negative / huge integer", "`BlockSparseConfig(4, 0, 0, 0)`", "SelectionError", argument="top_blocks")
+def _():
+    return {"call": lambda: _ks().BlockSparseConfig(4, 0, 0, 0)}
+
+
+@case("config-block-size-zero", "negative / huge integer", "`BlockSparseConfig(block_size=0)`", "SelectionError", argument="block_size")
+def _():
+    return {"call": lambda: _ks().BlockSparseConfig(block_size=0)}
+
+
+@case("blocks-past-int32", "negative / huge integer", "`positions_of_blocks([2**31 - 1], 2**62, 2**62, BlockSparseConfig(4, 2, 1, 1))`", "SelectionError", argument="blocks")
+def _():
+    return {"call": lambda: _ks().positions_of_blocks([2**31 - 1], 2**62, 2**62, cfg())}
+
+
+@case("blocks-negative", "negative / huge integer", "`positions_of_blocks([-7, 1, -1], 9, 16, cfg)`", ACCEPTED, note="negative = padding, skipped")
+def _():
+    return {"call": lambda: _ks().positions_of_blocks([-7, 1, -1], 9, 16, cfg()), "check": lambda r: r.tolist() == [4, 5, 6, 7]}
+
+
+@case("selector-window-negative", "negative / huge integer", "`Selector.local(-1)`", "SelectionError", argument="window")
+def _():
+    return {"call": lambda: _ks().Selector.local(-1)}
+
+
+@case("selector-row-huge", "negative / huge integer", "`Selector.dense().row(2**31)`", "SelectionError", argument="row")
+def _():
+    return {"call": lambda: _ks().Selector.dense().row(2**31)}
+
+
+@case("selector-width-too-small", "negative / huge integer", "`Selector.local(3).rows([5], width=2)`", "SelectionError", argument="width")
+def _():
+    return {"call": lambda: _ks().Selector.local(3).rows([5], width=2)}
+
+
+@case("attention-pos-negative", "negative / huge integer", "`dense_attention(q, k, v, [2, -5])`", "SelectionError", argument="query_pos")
+def _():
+    q, k, v, _ = qkv()
+    return {"call": lambda: _ks().dense_attention(q, k, v, [2, -5])}
+
+
+@case("oracle-budget-negative", "negative / huge integer", "`oracle_topk(attention, pos, -2)`", "SelectionError", argument="budget")
+def _():
+    return {"call": lambda: _ks().oracle_topk(np.ones((2, 6)), [3, 5], -2)}
+
+
+@case("threads-negative", "negative / huge integer", "`set_num_threads(-1)`", "SelectionError", argument="n")
+def _():
+    return {"call": lambda: _ks().set_num_threads(-1)}
+
+
+@case("threads-huge", "negative / huge integer", "`set_num_threads(10**9)`", "SelectionError", argument="n")
+def _():
+    return {"call": lambda: _ks().set_num_threads(10**9)}
+
+
+@case("output-too-large-witness", "negative / huge integer", "`topology_witness_indices(np.empty((4096, 0), int32), [1]*4096, 2**32 - 1)`", "MemoryError",
+      note="64 TiB output: MemoryError, never an abort")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(np.empty((4096, 0), np.int32), np.ones(4096, np.int32), 2**32 - 1)}
+
+
+@case("output-too-large-selector", "negative / huge integer", "`Selector.dense().rows([2**31 - 2] * 4096)`", "MemoryError",
+      note="32 TiB output")
+def _():
+    return {"call": lambda: _ks().Selector.dense().rows(np.full(4096, 2**31 - 2))}
+
+
+# -- NaN and ±Inf floats -----------------------------------------------------------
+
+
+@case("nan-query", "NaN / ±Inf", "`block_sparse_select(q * nan, k, 15)`", ACCEPTED, note="NaN scores are absent: forced blocks, then lowest ids")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q() * np.nan, index_k(), 15, cfg()),
+            "check": lambda r: r.tolist() == [[0, 3], [0, 3]]}
+
+
+@case("inf-keys", "NaN / ±Inf", "`block_sparse_select(q, k with ±inf rows, 15)`", ACCEPTED)
+def _():
+    def call():
+        k = index_k()
+        k[5] = np.inf
+        k[9] = -np.inf
+        return _ks().block_sparse_select(index_q(), k, 15, cfg())
+
+    return {"call": call, "check": lambda r: r.shape == (2, 2) and (r[:, 0] == 0).all()}
+
+
+@case("nan-learned", "NaN / ±Inf", "`topology_witness_indices([[nan, 1.0]], [8], 4)`", "TypeError", note="float indices are refused")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(np.array([[np.nan, 1.0]]), [8], 4)}
+
+
+@case("nan-attention-row", "NaN / ±Inf", "`attention_mass_recall([0], [nan, 1.0])`", ACCEPTED, note="NaN propagates")
+def _():
+    return {"call": lambda: _ks().attention_mass_recall([0], [np.nan, 1.0]), "check": lambda r: r != r}
+
+
+@case("inf-attention-q", "NaN / ±Inf", "`dense_attention(q with inf, k, v, pos)`", ACCEPTED, note="non-finite inputs give non-finite outputs, no refusal")
+def _():
+    q, k, v, p = qkv()
+    q[0, 0, 0] = np.inf
+    return {"call": lambda: _ks().dense_attention(q, k, v, p), "check": lambda r: r[0].shape == (2, 2, 4)}
+
+
+@case("nan-oracle", "NaN / ±Inf", "`oracle_topk([[nan, 0.5, nan, 0.1]], [3], 2)`", ACCEPTED, note="NaN ranks as -inf")
+def _():
+    return {"call": lambda: _ks().oracle_topk(np.array([[np.nan, 0.5, np.nan, 0.1]]), [3], 2),
+            "check": lambda r: r.tolist() == [[1, 3]]}
+
+
+@case("scale-nan", "NaN / ±Inf", "`dense_attention(q, k, v, pos, scale=nan)`", "SelectionError", argument="scale")
+def _():
+    q, k, v, p = qkv()
+    return {"call": lambda: _ks().dense_attention(q, k, v, p, scale=float("nan"))}
+
+
+@case("scale-inf", "NaN / ±Inf", "`sparse_attention(q, k, v, pos, sel, scale=inf)`", "SelectionError", argument="scale")
+def _():
+    q, k, v, p = qkv()
+    return {"call": lambda: _ks().sparse_attention(q, k, v, p, selection(), scale=float("inf"))}
+
+
+@case("probabilities-scale-inf", "NaN / ±Inf", "`attention_probabilities(q, k, pos, scale=-inf)`", "SelectionError", argument="scale")
+def _():
+    q, k, _, p = qkv()
+    return {"call": lambda: _ks().attention_probabilities(q, k, p, scale=float("-inf"))}
+
+
+@case("count-nan", "NaN / ±Inf", "`segment_of(nan, 8, 4)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().segment_of(float("nan"), 8, 4)}
+
+
+@case("query-pos-inf", "NaN / ±Inf", "`block_sparse_select(q, k, inf)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), float("inf"), cfg())}
+
+
+# -- non-array objects ----------------------------------------------------------------
+
+
+@case("count-float", "non-array object", "`topology_witness_indices(learned, lens, 4.0)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(learned(), lens(), 4.0)}
+
+
+@case("count-numpy-float", "non-array object", "`random_null(np.float64(10), 3, 0)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().random_null(np.float64(10), 3, 0)}
+
+
+@case("count-str", "non-array object", "`locality_null('10', 3)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().locality_null("10", 3)}
+
+
+@case("count-none", "non-array object", "`apply_topology_witnesses(learned, lens, None, 4, 2)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), None, 4, 2)}
+
+
+@case("count-numpy-int", "non-array object", "`apply_topology_witnesses(learned, lens, np.int64(2), np.uint8(4), 2)`", ACCEPTED)
+def _():
+    ref = lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 4, 2)  # noqa: E731
+    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), np.int64(2), np.uint8(4), 2), "check": same(ref)}
+
+
+@case("learned-none", "non-array object", "`topology_witness_indices(None, lens, 4)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(None, lens(), 4)}
+
+
+@case("learned-object", "non-array object", "`topology_witness_indices(object(), lens, 4)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(object(), lens(), 4)}
+
+
+@case("learned-dict", "non-array object", "`topology_witness_indices({'a': 1}, lens, 4)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices({"a": 1}, lens(), 4)}
+
+
+@case("learned-bytes", "non-array object", "`segment_coverage(b'\\x01\\x02', 8, 4)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().segment_coverage(b"\x01\x02", 8, 4)}
+
+
+@case("learned-ragged", "non-array object", "`topology_witness_indices([[1, 2], [3]], [4, 4], 2)`", "ValueError",
+      note="NumPy's own ValueError (inhomogeneous shape)")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices([[1, 2], [3]], [4, 4], 2)}
+
+
+@case("learned-list", "non-array object", "`topology_witness_indices(learned.tolist(), lens.tolist(), 4)`", ACCEPTED)
+def _():
+    ref = lambda: _ks().topology_witness_indices(learned(), lens(), 4)  # noqa: E731
+    return {"call": lambda: _ks().topology_witness_indices(learned().tolist(), lens().tolist(), 4), "check": same(ref)}
+
+
+@case("buffer-list", "non-array object", "`scatter_topology_witnesses(learned.tolist(), lens, 2)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().scatter_topology_witnesses(learned().tolist(), lens(), 2)}
+
+
+@case("buffer-none-off-switch", "non-array object", "`scatter_topology_witnesses(None, lens, 0)`", "TypeError", note="checked even with the off switch")
+def _():
+    return {"call": lambda: _ks().scatter_topology_witnesses(None, lens(), 0)}
+
+
+@case("out-list", "non-array object", "`topology_witness_indices(learned, lens, 4, out=[[0] * 4] * 2)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(learned(), lens(), 4, out=[[0] * 4] * 2)}
+
+
+@case("config-wrong-type", "non-array object", "`block_sparse_select(q, k, 9, config={'block_size': 4})`", "TypeError")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), 9, {"block_size": 4})}
+
+
+@case("keys-none", "non-array object", "`block_sparse_select(q, None, 9)`", "TypeError")
+def _():
+    return {"call": lambda: _ks().block_sparse_select(index_q(), None, 9, cfg())}
+
+
+@case("scale-str", "non-array object", "`dense_attention(q, k, v, pos, scale='1')`", "TypeError")
+def _():
+    q, k, v, p = qkv()
+    return {"call": lambda: _ks().dense_attention(q, k, v, p, scale="1")}
+
+
+@case("query-pos-str", "non-array object", "`dense_attention(q, k, v, 'ab')`", "TypeError")
+def _():
+    q, k, v, _ = qkv()
+    return {"call": lambda: _ks().dense_attention(q, k, v, "ab")}
+
+
+@case("masked-array-learned", "non-array object", "`topology_witness_indices(np.ma.masked_array(learned), lens, 4)`", ACCEPTED,
+      note="read through np.asarray (the mask is ignored)")
+def _():
+    ref = lambda: _ks().topology_witness_indices(learned(), lens(), 4)  # noqa: E731
+    return {"call": lambda: _ks().topology_witness_indices(np.ma.masked_array(learned()), lens(), 4), "check": same(ref)}
+
+
+# -- torch tensors (skipped when torch is absent) ------------------------------------------
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+@case("torch-int64-learned", "torch tensor", "`topology_witness_indices(torch.topk(…).indices, lens, 4)`", ACCEPTED,
+      note="int64 values that fit: converted once", torch=True)
+def _():
+    ref = lambda: _ks().topology_witness_indices(learned(), lens(), 4)  # noqa: E731
+    return {"call": lambda: _ks().topology_witness_indices(_torch().from_numpy(learned().astype(np.int64)), lens(), 4),
+            "check": same(ref)}
+
+
+@case("torch-int64-buffer", "torch tensor", "`scatter_topology_witnesses(int64 tensor, lens, 2)`", "TypeError", torch=True,
+      note="call .int() and pass .numpy()")
+def _():
+    t = _torch().from_numpy(learned().astype(np.int64))
+    return {"call": lambda: _ks().scatter_topology_witnesses(t, lens(), 2), "watch": [t.numpy()]}
+
+
+@case("torch-int32-buffer", "torch tensor", "`scatter_topology_witnesses(int32 tensor, lens, 2)`", "TypeError", torch=True,
+      note="an ndarray is required: pass t.numpy()")
+def _():
+    t = _torch().from_numpy(learned())
+    return {"call": lambda: _ks().scatter_topology_witnesses(t, lens(), 2), "watch": [t.numpy()]}
+
+
+@case("torch-numpy-view-buffer", "torch tensor", "`scatter_topology_witnesses(t.int().numpy(), lens, 2)`", ACCEPTED, torch=True,
+      note="written in place through the tensor's memory")
+def _():
+    t = _torch().from_numpy(learned())
+    want = learned()
+    _ks().scatter_topology_witnesses(want, lens(), 2)
+    return {"call": lambda: _ks().scatter_topology_witnesses(t.numpy(), lens(), 2),
+            "check": lambda r: r is None and np.array_equal(t.numpy(), want)}
+
+
+@case("torch-float-keys", "torch tensor", "`block_sparse_select(torch q, torch k, 9)`", ACCEPTED, torch=True)
+def _():
+    ref = lambda: _ks().block_sparse_select(index_q(), index_k(), 9, cfg())  # noqa: E731
+    return {"call": lambda: _ks().block_sparse_select(_torch().from_numpy(index_q()), _torch().from_numpy(index_k()), 9, cfg()),
+            "check": same(ref)}
+
+
+@case("torch-float-learned", "torch tensor", "`topology_witness_indices(float tensor, lens, 4)`", "TypeError", torch=True)
+def _():
+    return {"call": lambda: _ks().topology_witness_indices(_torch().from_numpy(learned().astype(np.float32)), lens(), 4)}
+
+
+# ---------------------------------------------------------------------------
+# Running the catalogue (in the subprocess)
+# ---------------------------------------------------------------------------
+
+
+def _base_bytes(a):
+    """The bytes of the whole memory an array views (its base, if any)."""
+    while isinstance(getattr(a, "base", None), np.ndarray):
+        a = a.base
+    return np.asarray(a).tobytes(order="A") if isinstance(a, np.ndarray) else None
+
+
+def run_case(c: Case) -> dict:
+    if c.torch:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return {"id": c.id, "outcome": "skipped"}
+    spec = c.build()
+    watch = spec.get("watch", [])
+    before = [_base_bytes(a) for a in watch]
+    rec: dict[str, Any] = {"id": c.id}
+    try:
+        result = spec["call"]()
+        rec["outcome"] = ACCEPTED
+        check = spec.get("check")
+        rec["check"] = bool(check(result)) if check else True
+    except BaseException as e:  # PanicException derives from BaseException
+        rec["outcome"] = type(e).__name__
+        rec["mro"] = [t.__name__ for t in type(e).__mro__]
+        rec["message"] = str(e)[:300]
+        rec["argument"] = getattr(e, "argument", None)
+    rec["untouched"] = all(_base_bytes(a) == b for a, b in zip(watch, before))
+    return rec
+
+
+def run_all(out=sys.stdout):
+    for c in CASES:
+        out.write(json.dumps(run_case(c)) + "\n")
+        out.flush()  # a crash leaves every earlier line behind
+
+
+def markdown() -> str:
+    lines = [
+        "# Bad inputs: what each one raises",
+        "",
+        "Generated from the catalogue in `tests/python/test_bad_inputs.py` (`python",
+        "tests/python/test_bad_inputs.py --markdown`), where every row is a test run in a",
+        "subprocess: the interpreter never crashes, no `PanicException` ever reaches",
+        "Python, and a refused in-place call leaves its buffer byte-identical.",
+        "`WitnessError` and `SelectionError` are `ValueError` subclasses whose",
+        "`argument` attribute names the argument at fault (shown in parentheses).",
+        "*accepted* means the call succeeds (the test checks its result); torch rows",
+        "run only when torch is installed.",
+        "",
+        "| Category | Input | Result |",
+        "| --- | --- | --- |",
+    ]
+    for c in CASES:
+        result = "*accepted*" if c.expect == ACCEPTED else f"`{c.expect}`"
+        if c.argument:
+            result += f" (`{c.argument}`)"
+        if c.note:
+            result += f" — {c.note}"
+        call = c.call.replace("|", "\\|")
+        lines.append(f"| {c.category} | {call} | {result} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# The tests
+# ---------------------------------------------------------------------------
+
+if pytest is not None:
+
+    @pytest.fixture(scope="module")
+    def catalogue_run():
+        env = dict(os.environ, RAYON_NUM_THREADS="2")
+        proc = subprocess.run(
+            [sys.executable, str(HERE), "--run"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        results = {}
+        for line in proc.stdout.splitlines():
+            rec = json.loads(line)
+            results[rec["id"]] = rec
+        return proc, results
+
+    def test_the_catalogue_subprocess_exits_normally(catalogue_run):
+        proc, results = catalogue_run
+        missing = [c.id for c in CASES if c.id not in results]
+        assert proc.returncode == 0 and not missing, (
+            f"the catalogue subprocess exited with {proc.returncode}; "
+            f"first case without a result (the one it died on): {missing[:1]}\n{proc.stderr[-2000:]}"
+        )
+
+    def test_case_ids_are_unique():
+        ids = [c.id for c in CASES]
+        assert len(ids) == len(set(ids))
+
+    @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+    def test_bad_input(catalogue_run, c):
+        _, results = catalogue_run
+        rec = results.get(c.id)
+        assert rec is not None, "the subprocess died before this case"
+        if rec["outcome"] == "skipped":
+            pytest.skip("torch is not installed")
+        assert "PanicException" not in rec.get("mro", []), f"a panic reached Python: {rec}"
+        assert rec["outcome"] == c.expect, f"expected {c.expect}, got {rec}"
+        if c.expect == ACCEPTED:
+            assert rec["check"], f"accepted, but the result is wrong: {rec}"
+        else:
+            assert rec["untouched"], f"a refused call modified its buffer: {rec}"
+        if c.expect in ("WitnessError", "SelectionError"):
+            assert "ValueError" in rec["mro"]
+            assert rec["argument"] == c.argument, f"names {rec['argument']!r}: {rec['message']}"
+
+    def test_the_readme_table_is_generated_from_the_catalogue():
+        assert DOC.read_text() == markdown(), (
+            "docs/bad-inputs.md is stale: python tests/python/test_bad_inputs.py --markdown > docs/bad-inputs.md"
+        )
+
+
+if __name__ == "__main__":
+    if "--run" in sys.argv:
+        run_all()
+    elif "--markdown" in sys.argv:
+        sys.stdout.write(markdown())
+    else:
+        print(__doc__)

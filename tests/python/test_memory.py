@@ -1,0 +1,166 @@
+"""Soak: repeated calls of every entry point keep the resident set flat.
+
+Each entry point -- accepted calls, refused calls (errors carry attributes)
+and in-place calls -- is called N times after a warm-up, and the growth of
+the process's RSS over those N calls must stay under a bound. Inputs are
+sized so that leaking one output (or one error) per call would exceed the
+bound several times over.
+
+Quick mode (CI): N = 10^4. ``KVSELECT_SOAK=long``: N = 10^5.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import kvselect as ks
+
+LONG = os.environ.get("KVSELECT_SOAK", "").lower() == "long"
+N = 100_000 if LONG else 10_000
+WARMUP = 1_000
+#: RSS growth allowed over N calls. A leak of 1 KiB per call is 10 MiB in
+#: quick mode (100 MiB in long mode).
+BOUND = 4 << 20
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists("/proc/self/statm"), reason="RSS is read from /proc/self/statm"
+)
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _calls():
+    r = np.random.default_rng(3)
+    learned = r.integers(-1, 5000, (16, 64)).astype(np.int32)  # 4 KiB
+    lens = r.integers(1, 5000, 16).astype(np.int32)
+    out = np.empty((16, 64), np.int32)
+    q = r.standard_normal((4, 2, 16)).astype(np.float32)
+    k = r.standard_normal((512, 16)).astype(np.float32)
+    cfg = ks.BlockSparseConfig(16, 8, 1, 2)
+    sel_out = np.empty((4, 2, 8), np.int32)
+    Q = r.standard_normal((4, 4, 16)).astype(np.float32)
+    K = r.standard_normal((64, 2, 16)).astype(np.float32)
+    V = r.standard_normal((64, 2, 32)).astype(np.float32)
+    pos = np.array([10, 30, 50, 63])
+    sel = np.tile(np.arange(16, dtype=np.int32), (4, 2, 1))
+    probs = ks.attention_probabilities(Q, K, pos)
+    att = probs.reshape(-1, 64)
+    cand = np.tile(np.arange(32, dtype=np.int32), (16, 1))
+    row = np.abs(r.standard_normal(1000))
+    buf = learned.copy()
+    sink = {}
+
+    def catch(f, exc):
+        def call():
+            try:
+                f()
+            except exc:
+                pass
+            else:  # pragma: no cover
+                raise AssertionError("expected a refusal")
+
+        return call
+
+    calls = {
+        "segment_of": lambda: ks.segment_of(12345, 100000, 64),
+        "topology_witness_indices": lambda: ks.topology_witness_indices(learned, lens, 64),
+        "topology_witness_indices-out": lambda: ks.topology_witness_indices(learned, lens, 64, out=out),
+        "apply_topology_witnesses": lambda: ks.apply_topology_witnesses(learned, lens, 32, 32, 32),
+        "apply_topology_witnesses-int64": lambda: ks.apply_topology_witnesses(
+            learned.astype(np.int64), lens, 32, 32, 32
+        ),
+        "scatter_topology_witnesses": lambda: ks.scatter_topology_witnesses(buf, lens, 16),
+        "random_null": lambda: ks.random_null(5000, 256, 1),
+        "locality_null": lambda: ks.locality_null(5000, 256),
+        "segment_coverage": lambda: ks.segment_coverage(learned[0], 5000, 64),
+        "attention_mass_recall": lambda: ks.attention_mass_recall(learned[0], row),
+        "BlockSparseConfig": lambda: sink.__setitem__("cfg", ks.BlockSparseConfig(16, 8, 1, 2)),
+        "block_sparse_select": lambda: ks.block_sparse_select(q, k, pos * 8, cfg),
+        "block_sparse_select-out": lambda: ks.block_sparse_select(q, k, pos * 8, cfg, out=sel_out),
+        "block_sparse_select_packed": lambda: ks.block_sparse_select_packed(
+            q, k, [0, 256, 512], [0, 1, 0, 1], pos, cfg
+        ),
+        "positions_of_blocks": lambda: ks.positions_of_blocks([0, 3, 7, -1], 500, 512, cfg),
+        "Selector.rows": lambda: ks.Selector.sink_window(4, 60).rows(np.arange(100, 116)),
+        "Selector.row": lambda: ks.Selector.random(64, 9).row(1000),
+        "oracle_topk": lambda: ks.oracle_topk(att, np.repeat(pos, 4), 16),
+        "attention_probabilities": lambda: ks.attention_probabilities(Q, K, pos),
+        "dense_attention": lambda: ks.dense_attention(Q, K, V, pos),
+        "sparse_attention": lambda: ks.sparse_attention(Q, K, V, pos, sel),
+        "segment_coverage_rows": lambda: ks.segment_coverage_rows(cand, lens, 64),
+        "attention_mass_recall_rows": lambda: ks.attention_mass_recall_rows(cand, att),
+        "output_relative_error": lambda: ks.output_relative_error(V * 1.1, V),
+        "output_relative_error_rows": lambda: ks.output_relative_error_rows(V * 1.1, V),
+        "get/set_num_threads": lambda: ks.set_num_threads(ks.get_num_threads()),
+        # Refusals: errors with attributes, buffers borrowed and released.
+        "refused-rows-mismatch": catch(
+            lambda: ks.apply_topology_witnesses(learned, lens[:3], 32, 32, 32), ks.WitnessError
+        ),
+        "refused-readonly-buffer": catch(
+            lambda: ks.scatter_topology_witnesses(np.frombuffer(learned.tobytes(), np.int32).reshape(16, 64), lens, 8),
+            ks.WitnessError,
+        ),
+        "refused-aliased-out": catch(
+            lambda: ks.apply_topology_witnesses(buf, lens, 32, 32, 32, out=buf), ks.WitnessError
+        ),
+        "refused-float-indices": catch(
+            lambda: ks.topology_witness_indices(learned.astype(np.float32), lens, 64), TypeError
+        ),
+        "refused-int64-out-of-range": catch(
+            lambda: ks.topology_witness_indices(learned.astype(np.int64) << 40, lens, 64), ks.WitnessError
+        ),
+        "refused-negative-count": catch(lambda: ks.random_null(5000, -1, 1), ks.WitnessError),
+        "refused-huge-count": catch(lambda: ks.segment_of(2**70, 1, 1), ks.WitnessError),
+        "refused-selection-shape": catch(lambda: ks.block_sparse_select(q, k, [1, 2], cfg), ks.SelectionError),
+        "refused-attention-scale": catch(
+            lambda: ks.dense_attention(Q, K, V, pos, scale=float("nan")), ks.SelectionError
+        ),
+        "refused-config": catch(lambda: ks.BlockSparseConfig(0), ks.SelectionError),
+        "refused-memory": catch(
+            lambda: ks.Selector.dense().rows(np.full(4096, 2**31 - 2)), MemoryError
+        ),
+    }
+    return calls
+
+
+CALLS = _calls()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _single_thread():
+    # Repeated small calls never reach the pool; keep its threads' stacks
+    # out of the measurement anyway.
+    ks.set_num_threads(1)
+    yield
+    ks.set_num_threads(0)
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_repeated_calls_keep_rss_flat(name):
+    f = CALLS[name]
+    for _ in range(WARMUP):
+        f()
+    gc.collect()
+    before = rss()
+    for _ in range(N):
+        f()
+    gc.collect()
+    grown = rss() - before
+    assert grown < BOUND, f"{name}: RSS grew {grown / 2**20:.1f} MiB over {N} calls"
+
+
+def test_a_leak_would_be_caught():
+    """The bound is tight enough: keeping one 1 KiB output per call trips it."""
+    kept = []
+    gc.collect()
+    before = rss()
+    for _ in range(N):
+        kept.append(ks.locality_null(5000, 256))
+    assert rss() - before > BOUND
