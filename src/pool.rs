@@ -117,9 +117,11 @@ pub fn install<R: Send>(f: impl FnOnce(bool) -> R + Send) -> R {
 }
 
 /// Below this much work (in elements touched) a parallel task does not pay
-/// for itself: waking a sleeping worker costs tens of microseconds on the
-/// machines measured, about what one thread needs for 64K elements.
-pub const PAR_MIN_WORK: usize = 1 << 16;
+/// for itself: waking a sleeping worker costs 30–170 µs on the virtual
+/// machines measured (`benches/compare.py` reports the effect), about what
+/// one thread needs to scan 256K elements, and the call cannot return
+/// before the woken worker has started.
+pub const PAR_MIN_WORK: usize = 1 << 18;
 
 /// How many rows of `work_per_row` elements make one parallel task worth
 /// its hand-off (at least 1).
@@ -131,32 +133,60 @@ pub fn min_rows(work_per_row: usize) -> usize {
 /// across the pool's threads in runs of at least `min_rows` rows (so a small
 /// call does not pay a cross-thread hand-off per row). `width == 0` means
 /// there is nothing to visit.
+///
+/// The calling thread works too: the rows are cut into runs, the pool's
+/// other threads are woken to claim runs, and the caller claims runs itself
+/// meanwhile. Waking a sleeping worker costs tens to a hundred microseconds
+/// on the virtual machines measured; with `install` the caller would sit
+/// idle through that wake-up (and through a second one for the work to
+/// split), while here it is already working, and a call that finishes
+/// before a worker wakes simply finishes. Runs are claimed from a shared
+/// counter, so rows of uneven cost (causal attention) balance themselves.
 pub fn for_each_row_mut<T, F>(data: &mut [T], width: usize, min_rows: usize, f: F)
 where
     T: Send,
     F: Fn(usize, &mut [T]) + Sync + Send,
 {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     if width == 0 {
         return;
     }
     let rows = data.len() / width;
-    if rows < 2 * min_rows.max(1) {
+    let min_rows = min_rows.max(1);
+    let pool = if rows < 2 * min_rows {
+        None
+    } else {
+        current_pool()
+    };
+    let Some(pool) = pool else {
         data.chunks_mut(width)
             .enumerate()
             .for_each(|(i, r)| f(i, r));
         return;
-    }
-    install(|parallel| {
-        if parallel {
-            use rayon::prelude::*;
-            data.par_chunks_mut(width)
-                .with_min_len(min_rows.max(1))
-                .enumerate()
-                .for_each(|(i, r)| f(i, r));
-        } else {
-            data.chunks_mut(width)
-                .enumerate()
-                .for_each(|(i, r)| f(i, r));
+    };
+    let threads = pool.current_num_threads().max(1);
+    // About eight runs per thread, for balance, but never below `min_rows`.
+    let run_rows = rows.div_ceil(threads * 8).max(min_rows);
+    let runs: Vec<Mutex<Option<&mut [T]>>> = data
+        .chunks_mut(run_rows * width)
+        .map(|c| Mutex::new(Some(c)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let work = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(slot) = runs.get(i) else { break };
+        if let Some(run) = lock(slot).take() {
+            for (j, row) in run.chunks_mut(width).enumerate() {
+                f(i * run_rows + j, row);
+            }
         }
-    })
+    };
+    let helpers = threads.min(runs.len()).saturating_sub(1);
+    pool.in_place_scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| work());
+        }
+        work();
+    });
 }
