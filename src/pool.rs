@@ -119,9 +119,9 @@ pub fn install<R: Send>(f: impl FnOnce(bool) -> R + Send) -> R {
 /// Below this much work (in elements touched) a parallel task does not pay
 /// for itself: waking a sleeping worker costs 30–170 µs on the virtual
 /// machines measured (`benches/compare.py` reports the effect), about what
-/// one thread needs to scan 256K elements, and the call cannot return
+/// one thread needs to scan 300K–500K elements, and the call cannot return
 /// before the woken worker has started.
-pub const PAR_MIN_WORK: usize = 1 << 18;
+pub const PAR_MIN_WORK: usize = 1 << 19;
 
 /// How many rows of `work_per_row` elements make one parallel task worth
 /// its hand-off (at least 1).
@@ -166,8 +166,10 @@ where
         return;
     };
     let threads = pool.current_num_threads().max(1);
-    // About eight runs per thread, for balance, but never below `min_rows`.
-    let run_rows = rows.div_ceil(threads * 8).max(min_rows);
+    // About eight runs per thread: `min_rows` only decided whether to wake
+    // anyone; once a worker is coming, short runs let it share whatever is
+    // left when it arrives, however late that is.
+    let run_rows = rows.div_ceil(threads * 8).max(1);
     let runs: Vec<Mutex<Option<&mut [T]>>> = data
         .chunks_mut(run_rows * width)
         .map(|c| Mutex::new(Some(c)))

@@ -48,7 +48,9 @@ def _workload():
     """One call per entry point, each big enough to release the GIL and to
     split across the pool; returns {name: zero-argument callable}."""
     r = np.random.default_rng(7)
-    rows, topk, L = 512, 256, 50_000
+    # 4096 x 256 entries: twice kvselect's parallel threshold (2^19
+    # elements per run), so the witness paths really split across the pool.
+    rows, topk, L = 4096, 256, 50_000
     learned = r.integers(-1, L, (rows, topk)).astype(np.int32)
     lens = r.integers(1, L, rows).astype(np.int32)
     q3 = r.standard_normal((32, 4, 64)).astype(np.float32)
