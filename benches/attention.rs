@@ -113,6 +113,28 @@ fn bench_sparse(c: &mut Criterion, name: &str, cases: &[(usize, usize)], param_i
                 })
             },
         );
+        // The memory-bound ceiling: gathering the selected key and value
+        // rows with `copy_from_slice`, no arithmetic.
+        let mut gathered = vec![0.0f32; 2 * k * D];
+        g.bench_with_input(
+            BenchmarkId::new("copy_from_slice_gather", param),
+            &param,
+            |b, _| {
+                b.iter(|| {
+                    for (r, row) in sel.chunks_exact(k).enumerate() {
+                        let h = r % KV_HEADS;
+                        for (slot, &j) in row.iter().enumerate().filter(|(_, &j)| j >= 0) {
+                            let at = (j as usize * KV_HEADS + h) * D;
+                            gathered[2 * slot * D..(2 * slot + 1) * D]
+                                .copy_from_slice(&kk[at..at + D]);
+                            gathered[(2 * slot + 1) * D..(2 * slot + 2) * D]
+                                .copy_from_slice(&vv[at..at + D]);
+                        }
+                    }
+                    std::hint::black_box(&gathered);
+                })
+            },
+        );
     }
     g.finish();
 }

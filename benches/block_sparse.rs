@@ -190,5 +190,40 @@ fn packed(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decode, prefill, packed);
+/// Decode against the number of KV heads at a fixed 32,768 positions: one
+/// read of the keys serves every head, so the cost should grow far slower
+/// than the head count.
+fn decode_vs_heads(c: &mut Criterion) {
+    let n_pos = 32_768;
+    let cfg = config();
+    let keys = random(n_pos * D, 7);
+    let mut group = c.benchmark_group("block_sparse/decode_vs_heads");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .throughput(Throughput::Bytes((keys.len() * 4) as u64));
+    for heads in [1usize, 4, 8, 16] {
+        let q = random(heads * D, 8);
+        let mut out = vec![0i32; heads * cfg.width()];
+        group.bench_function(format!("select_into/{heads}"), |b| {
+            b.iter(|| {
+                select_into(
+                    black_box(&q),
+                    heads,
+                    black_box(&keys),
+                    D,
+                    n_pos - 1,
+                    &cfg,
+                    &mut out,
+                )
+                .expect("valid shapes");
+                black_box(&out);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decode, decode_vs_heads, prefill, packed);
 criterion_main!(benches);
