@@ -48,13 +48,23 @@ def median_ns(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def interleaved(cases: dict, reps: int, setup=None) -> dict:
+#: Idle time before each timed call where a BLAS product is a contender, so
+#: that OpenBLAS's worker threads, which busy-wait for a while after a
+#: product, do not eat the cores while the next contender runs: every call
+#: then starts from idle threads. (Not used for the witness cases, which
+#: involve no BLAS and are measured back to back, as a serving loop runs.)
+PAUSE_S = 0.003
+
+
+def interleaved(cases: dict, reps: int, setup=None, pause: float = 0.0) -> dict:
     """Median ns per case, repetitions interleaved across cases."""
     times: dict = {name: [] for name in cases}
     for _ in range(reps):
         for name, fn in cases.items():
             if setup is not None:
                 setup()
+            if pause:
+                time.sleep(pause)
             t0 = time.perf_counter_ns()
             fn()
             times[name].append(time.perf_counter_ns() - t0)
@@ -189,6 +199,7 @@ def bench_block_sparse(quick: bool) -> list:
             "product": lambda: index_k @ q.T,
         },
         reps,
+        pause=PAUSE_S,
     )
     q3 = q[None]
     t_ref = median_ns(lambda: numpy_block_select(q3, index_k, [n - 1], 128, 16, 0, 1), 3 if quick else 7)
@@ -219,6 +230,7 @@ def bench_block_sparse(quick: bool) -> list:
             "product": lambda: index_k @ flat.T,
         },
         reps,
+        pause=PAUSE_S,
     )
     t_ref = median_ns(lambda: numpy_block_select(qs, index_k, pos, 128, 16, 0, 1), 1 if quick else 5)
     agree = np.array_equal(
@@ -309,6 +321,7 @@ def bench_attention(quick: bool) -> list:
             "numpy": lambda: numpy_dense_attention(q, k, v, scale),
         },
         2 if quick else 7,
+        pause=PAUSE_S,
     )
     ours, _ = ks.dense_attention(q[:, None], k[:, None], v[:, None], pos)
     err = ks.output_relative_error(ours[:, 0], numpy_dense_attention(q, k, v, scale))
@@ -478,7 +491,9 @@ def cost_plot(path: str, quick: bool) -> None:
     for n in pos_list:
         k = rng.standard_normal((n, 128), dtype=np.float32)
         t = interleaved(
-            {"b": lambda: ks.block_sparse_select(q, k, n - 1, cfg), "p": lambda: k @ q.T}, reps
+            {"b": lambda: ks.block_sparse_select(q, k, n - 1, cfg), "p": lambda: k @ q.T},
+            reps,
+            pause=PAUSE_S,
         )
         block_t.append(t["b"] / 1e3)
         prod_t.append(t["p"] / 1e3)
