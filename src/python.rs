@@ -443,6 +443,15 @@ fn one_d(a: &Bound<'_, PyArrayDyn<i32>>, name: &str, domain: Domain) -> PyResult
     Ok(())
 }
 
+/// The slice of an output this call just allocated (C order, aligned, so
+/// the conversion cannot fail; the error path is for the type's sake).
+fn fresh_mut<'a, T: Element>(
+    a: &'a mut numpy::PyReadwriteArrayDyn<'_, T>,
+) -> PyResult<&'a mut [T]> {
+    a.as_slice_mut()
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 fn contiguous<'a, T: Element>(
     a: &'a numpy::PyReadonlyArrayDyn<'_, T>,
     name: &str,
@@ -1357,9 +1366,7 @@ fn py_attention_probabilities<'py>(
         let kr = ka.try_readonly()?;
         let mut or = out.try_readwrite()?;
         let (qs, kss) = (contiguous(&qr, "q")?, contiguous(&kr, "k")?);
-        let os = or
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let os = fresh_mut(&mut or)?;
         run(py, os.len().saturating_mul(d.max(1)), || {
             metrics::attention_probabilities(qs, kss, &shape, &pos, scale, os)
         })
@@ -1444,12 +1451,8 @@ fn attention_pass<'py>(
             (Some(r), Some((_, w))) => Some((contiguous(r, "selection")?, *w)),
             _ => None,
         };
-        let os = or
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let ls = lr
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let os = fresh_mut(&mut or)?;
+        let ls = fresh_mut(&mut lr)?;
         let work = match ss {
             Some((s, _)) => s
                 .len()
@@ -1612,9 +1615,7 @@ impl PySelector {
         let out = alloc_i32(py, &[pos.len(), width])?;
         {
             let mut o = out.try_readwrite()?;
-            let os = o
-                .as_slice_mut()
-                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            let os = fresh_mut(&mut o)?;
             run(py, os.len(), || sel.rows_into(&pos, width, os))
                 .map_err(|e| attention_error(py, e))?;
         }
@@ -1648,17 +1649,7 @@ fn py_oracle_topk<'py>(
     width: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
     let py = attention.py();
-    let a = float_array::<f64>(attention, "attention")?;
-    let [n, row_len] = match *a.shape() {
-        [n, l] => [n, l],
-        ref s => {
-            return Err(shape_error(
-                py,
-                "attention",
-                format!("attention must be 2-D [n, row_len], got {}-D", s.len()),
-            ))
-        }
-    };
+    let (a, n, row_len) = attention_rows(attention)?;
     let pos = positions(query_pos, "query_pos")?;
     let budget = count(budget, "budget", Domain::Selection, I32_MAX)? as usize;
     let oracle = OracleTopK { budget };
@@ -1685,15 +1676,28 @@ fn py_oracle_topk<'py>(
         let ar = a.try_readonly()?;
         let asl = contiguous(&ar, "attention")?;
         let mut o = out.try_readwrite()?;
-        let os = o
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let os = fresh_mut(&mut o)?;
         run(py, asl.len(), || {
             oracle.rows_into(asl, row_len, &pos, width, os)
         })
         .map_err(|e| attention_error(py, e))?;
     }
     Ok(out)
+}
+
+/// A 2-D float64 ``attention`` argument ``[n_rows, row_len]`` and its shape.
+fn attention_rows<'py>(
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyArrayDyn<f64>>, usize, usize)> {
+    let a = float_array::<f64>(obj, "attention")?;
+    match *a.shape() {
+        [n, l] => Ok((a, n, l)),
+        ref s => Err(shape_error(
+            obj.py(),
+            "attention",
+            format!("attention must be 2-D [n_rows, row_len], got {}-D", s.len()),
+        )),
+    }
 }
 
 /// A 2-D candidates argument ``[rows, width]`` as int32.
@@ -1728,9 +1732,7 @@ fn py_segment_coverage_rows<'py>(
         let cr = c.try_readonly()?;
         let cs = contiguous(&cr, "candidates")?;
         let mut o = out.try_readwrite()?;
-        let os = o
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let os = fresh_mut(&mut o)?;
         run(py, cs.len(), || {
             metrics::segment_coverage_rows(cs, width, &lens, num_segments, os)
         })
@@ -1751,17 +1753,7 @@ fn py_attention_mass_recall_rows<'py>(
 ) -> PyResult<Bound<'py, PyArrayDyn<f64>>> {
     let py = candidates.py();
     let (c, rows, width) = candidates2(candidates)?;
-    let a = float_array::<f64>(attention, "attention")?;
-    let [n_rows, row_len] = match *a.shape() {
-        [n, l] => [n, l],
-        ref s => {
-            return Err(shape_error(
-                py,
-                "attention",
-                format!("attention must be 2-D [n_rows, row_len], got {}-D", s.len()),
-            ))
-        }
-    };
+    let (a, n_rows, row_len) = attention_rows(attention)?;
     // With no candidate rows there must be no attention rows either.
     let group = match n_rows.checked_div(rows) {
         Some(g) if g * rows == n_rows && g > 0 => g,
@@ -1783,9 +1775,7 @@ fn py_attention_mass_recall_rows<'py>(
         let ar = a.try_readonly()?;
         let asl = contiguous(&ar, "attention")?;
         let mut o = out.try_readwrite()?;
-        let os = o
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let os = fresh_mut(&mut o)?;
         run(py, asl.len(), || {
             metrics::attention_mass_recall_rows(cs, width, asl, row_len, group, os)
         })
@@ -1824,9 +1814,7 @@ fn py_output_relative_error_rows<'py>(
         let dr = d.try_readonly()?;
         let (ss, ds) = (contiguous(&sr, "sparse")?, contiguous(&dr, "dense")?);
         let mut o = out.try_readwrite()?;
-        let os = o
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let os = fresh_mut(&mut o)?;
         run(py, ss.len(), || {
             metrics::output_relative_error_rows(ss, ds, width, os)
         })
