@@ -264,7 +264,9 @@ def evaluate(
     by each of ``budgets``). ``progress`` wraps the iteration over heads (a
     progress bar, say)."""
     base = settings or Settings()
-    runs = [Settings(**{**asdict(base), "budget": int(b)}) for b in budgets]
+    # A budget named twice is one experiment, reported once.
+    unique = list(dict.fromkeys(int(b) for b in budgets))
+    runs = [Settings(**{**asdict(base), "budget": b}) for b in unique]
     for r in runs:
         r.check()
     pos = np.asarray(workload.query_positions, dtype=np.int64)

@@ -428,6 +428,20 @@ def test_the_settings_budget_is_replaced_by_each_budget_of_the_sweep(workload):
     assert report.settings[0]["budget"] == 8
 
 
+def test_a_budget_named_twice_is_measured_and_reported_once(workload):
+    s = Settings(budget=8, segments=4, block_size=4, init_blocks=1, local_blocks=1)
+    once = evaluate.evaluate(workload, budgets=[8], settings=s)
+    twice = evaluate.evaluate(workload, budgets=[8, 16, 8], settings=s)
+    assert [r.budget for r in twice.results] == [8] * len(POLICIES) + [16] * len(POLICIES)
+    for a, b in zip(once.results, twice.results):
+        assert (a.policy, a.coverage, a.recall_mean, a.slots_used) == (
+            b.policy,
+            b.coverage,
+            b.recall_mean,
+            b.slots_used,
+        )
+
+
 def test_returned_results_are_policy_results():
     r = evaluate.evaluate(
         tiny_workload(), budgets=[8],
