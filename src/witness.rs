@@ -121,25 +121,20 @@ impl std::error::Error for WitnessError {}
 /// itself back above it (see the module docs for why this is exact).
 const LIFT: f64 = 1.0 / (1u64 << 40) as f64;
 
-/// The segment of `token` in a row of `context_len` tokens cut into
-/// `num_segments` segments: `min(floor(token·S_eff / L), S - 1)` with
-/// `S_eff = min(S, L)`.
+/// The segment map σ itself: `floor(token·S_eff / L)` with `L` read as
+/// `max(context_len, 1)` and `S_eff = min(S, L)`, exact for every `usize`
+/// (the product is taken in 128 bits).
 ///
 /// A length of 0 reads as 1 (the source's `clamp_min(1)`), so this never
-/// divides by zero; an out-of-range token is clamped to the last segment
-/// `S - 1`, as the merge does. With `num_segments = 0` every token is in
-/// segment 0.
+/// divides by zero. It does not clamp: an out-of-range token maps past the
+/// partition (`segment_of(20, 4, 8) == 20`), exactly as the original's
+/// `segment_of`; only the merge's occupancy pass clamps to `S - 1` (see the
+/// module docs). With `num_segments = 0` every token is in segment 0.
 pub fn segment_of(token: usize, context_len: usize, num_segments: usize) -> usize {
-    let len = context_len.max(1) as u64;
-    let s = num_segments as u64;
-    let s_eff = s.min(len);
-    // 64-bit arithmetic when the product fits (every realistic call), 128
-    // otherwise.
-    let seg = match (token as u64).checked_mul(s_eff) {
-        Some(p) => p / len,
-        None => ((token as u128) * (s_eff as u128) / (len as u128)) as u64,
-    };
-    seg.min(s.saturating_sub(1)) as usize
+    let len = context_len.max(1) as u128;
+    let s_eff = (num_segments as u128).min(len);
+    // `s_eff <= len`, so the quotient is at most `token`: it fits a usize.
+    ((token as u128) * s_eff / len) as usize
 }
 
 /// One row's geometry: its length, effective segment count and the
@@ -433,8 +428,13 @@ pub fn topology_witness_indices(
     context_lens: &[i32],
     num_segments: usize,
 ) -> Result<Vec<i32>, WitnessError> {
-    let rows = context_lens.len();
-    let len = rows
+    // The original's order of refusals: rows, then the segment count.
+    check_rows(learned.len(), topk, context_lens.len())?;
+    if num_segments == 0 {
+        return Err(WitnessError::SegmentsOutOfRange { num_segments });
+    }
+    let len = context_lens
+        .len()
         .checked_mul(num_segments)
         .ok_or(WitnessError::SegmentsOutOfRange { num_segments })?;
     let mut out = vec![-1; len];
@@ -452,11 +452,12 @@ pub fn topology_witness_indices_into(
     num_segments: usize,
     out: &mut [i32],
 ) -> Result<(), WitnessError> {
+    // The original's order of refusals: rows, then the segment count.
+    let rows = context_lens.len();
+    check_rows(learned.len(), topk, rows)?;
     if num_segments == 0 {
         return Err(WitnessError::SegmentsOutOfRange { num_segments });
     }
-    let rows = context_lens.len();
-    check_rows(learned.len(), topk, rows)?;
     check_rows(out.len(), num_segments, rows)?;
     let level = simd::level();
     pool::for_each_row_mut(out, num_segments, pool::min_rows(topk), |r, out_row| {
@@ -694,8 +695,10 @@ pub fn segment_coverage(candidates: &[i32], context_len: usize, num_segments: us
 
 /// The share of a dense attention row's mass that `candidates` keeps:
 /// `Σ_{x ∈ C ∩ [0, L)} a_x / Σ_{x < L} a_x`, with `L = attention_row.len()`.
-/// Padding, duplicates and out-of-range entries count for nothing. NaN for a
-/// row with no mass.
+/// Padding, duplicates and out-of-range entries count for nothing. The
+/// quotient is taken as it is, as in the original: NaN for a row with no
+/// mass and nothing kept (0/0), `±inf` when something is kept from a row
+/// whose weights sum to 0 (`[0]` against `[1.0, -1.0]` is `+inf`).
 pub fn attention_mass_recall(candidates: &[i32], attention_row: &[f64]) -> f64 {
     let len = attention_row.len();
     let mut seen = vec![false; len];
@@ -706,11 +709,7 @@ pub fn attention_mass_recall(candidates: &[i32], attention_row: &[f64]) -> f64 {
             kept += attention_row[x as usize];
         }
     }
-    let total: f64 = attention_row.iter().sum();
-    if total == 0.0 {
-        return f64::NAN;
-    }
-    kept / total
+    kept / attention_row.iter().sum::<f64>()
 }
 
 #[cfg(test)]

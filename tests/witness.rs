@@ -103,17 +103,26 @@ fn short_and_empty_rows_follow_the_source_fallback() {
 
 #[test]
 fn an_out_of_range_learned_index_is_clamped_rather_than_refused() {
-    // L = 4, S = 8: 20 marks segment min(20·4/4, 7) = 7, beyond S_eff = 4.
-    assert_eq!(segment_of(20, 4, 8), 7);
+    // L = 4, S = 8: σ(20) = 20·4/4 = 20 (segment_of is σ itself and does
+    // not clamp); the occupancy pass clamps it to S - 1 = 7, beyond
+    // S_eff = 4, as the original checks through topology_witness_indices.
+    assert_eq!(segment_of(20, 4, 8), 20);
     // Segment 7 lies outside the partition, so every real segment still
     // gets its witness, and 20 passes through the merge.
     let w = topology_witness_indices(&[20, -1, -1, -1, -1], 5, &[4], 8).unwrap();
     assert_eq!(w, vec![0, 1, 2, 3, -1, -1, -1, -1]);
     let merged = apply_topology_witnesses(&[20, -1, -1, -1, -1], 5, &[4], 1, 8, 4).unwrap();
     assert_eq!(merged, vec![20, 0, 1, 2, 3]);
-    // With S_eff = S it lands in the last real segment and occupies it.
+    // With S_eff = S it lands in the last real segment and occupies it:
+    // σ(20) = 5 with L = 16, S = 4, clamped to 3 by the occupancy pass.
+    assert_eq!(segment_of(20, 16, 4), 5);
     let w = topology_witness_indices(&[20, -1], 2, &[16], 4).unwrap();
     assert_eq!(w, vec![0, 4, 8, -1]);
+    let merged = apply_topology_witnesses(&[20, -1, -1], 3, &[16], 1, 4, 2).unwrap();
+    assert_eq!(merged, vec![20, 0, 4]);
+    // σ is exact on the whole range, never clamped.
+    assert_eq!(segment_of(i32::MAX as usize, i32::MAX as usize, 4), 4);
+    assert_eq!(segment_of(usize::MAX, usize::MAX, usize::MAX), usize::MAX);
 }
 
 #[test]
@@ -386,4 +395,51 @@ fn coverage_and_recall_match_a_hand_computed_example() {
     assert_eq!(segment_coverage(&[1], 0, 4), 1.0);
     assert_eq!(segment_coverage(&[1], 8, 0), 1.0);
     assert!(attention_mass_recall(&[0], &[0.0, 0.0]).is_nan());
+}
+
+/// When a call is malformed in several ways, the refusal is the one the
+/// original reports: it checks the rows first, then the segment count, then
+/// the retained prefix.
+#[test]
+fn refusals_come_in_the_originals_order() {
+    let mismatch = |learned_len, topk, rows| WitnessError::RowsMismatch {
+        learned_len,
+        topk,
+        rows,
+    };
+    // Rows and segments both wrong: RowsMismatch, in every function.
+    assert_eq!(
+        topology_witness_indices(&[0, 5, 9], 4, &[16], 0),
+        Err(mismatch(3, 4, 1))
+    );
+    let mut out = [0; 4];
+    assert_eq!(
+        kvselect::witness::topology_witness_indices_into(&[0, 5, 9], 4, &[16], 0, &mut out),
+        Err(mismatch(3, 4, 1))
+    );
+    assert_eq!(
+        apply_topology_witnesses(&[0, 5, 9], 4, &[16], 9, 65, 2),
+        Err(mismatch(3, 4, 1))
+    );
+    let mut buf = [0, 5, 9];
+    assert_eq!(
+        scatter_topology_witnesses(&mut buf, 4, &[16], 65),
+        Err(mismatch(3, 4, 1))
+    );
+    // Segments and prefix both wrong: SegmentsOutOfRange.
+    assert_eq!(
+        apply_topology_witnesses(&[0, 5, 9, -1], 4, &[16], 9, 0, 2),
+        Err(WitnessError::SegmentsOutOfRange { num_segments: 0 })
+    );
+}
+
+/// Recall is the quotient kept / total as the original computes it, with no
+/// special case for a row without mass: 0/0 is NaN, x/0 is ±inf.
+#[test]
+fn recall_is_the_plain_quotient_of_the_original() {
+    assert_eq!(attention_mass_recall(&[0], &[1.0, -1.0]), f64::INFINITY);
+    assert_eq!(attention_mass_recall(&[1], &[1.0, -1.0]), f64::NEG_INFINITY);
+    assert!(attention_mass_recall(&[0], &[0.0, 0.0]).is_nan());
+    assert!(attention_mass_recall(&[], &[0.0]).is_nan());
+    assert_eq!(attention_mass_recall(&[], &[0.5, 0.5]), 0.0);
 }

@@ -136,16 +136,15 @@ def _check_keep(learned_keep: int, topk: int) -> None:
 
 
 def segment_of(token: int, context_len: int, num_segments: int) -> int:
-    """``min(floor(token * S_eff / L'), S - 1)`` with ``L' = max(L, 1)``,
-    ``S_eff = min(S, L')``; 0 when ``S = 0``. Exact on Python ints."""
+    """The segment map itself, ``floor(token * S_eff / L')`` with
+    ``L' = max(L, 1)`` and ``S_eff = min(S, L')``; not clamped (only the
+    merge's occupancy pass clamps to ``S - 1``). Exact on Python ints."""
     token = _count("token", token)
     context_len = _count("context_len", context_len)
     num_segments = _count("num_segments", num_segments)
-    if num_segments == 0:
-        return 0
     length = max(context_len, 1)
     s_eff = min(num_segments, length)
-    return min(token * s_eff // length, num_segments - 1)
+    return token * s_eff // length
 
 
 def _witness_table(learned: np.ndarray, context_lens: np.ndarray, num_segments: int) -> np.ndarray:
@@ -308,15 +307,15 @@ def segment_coverage(candidates: Any, context_len: int, num_segments: int) -> fl
 
 def attention_mass_recall(candidates: Any, attention_row: Any) -> float:
     """``sum(a_x for distinct x in C, 0 <= x < L) / sum(a)`` with
-    ``L = len(attention_row)``; NaN when the row has no mass."""
+    ``L = len(attention_row)``, the plain quotient as in the original: NaN for
+    0/0, ``±inf`` for something kept from a row summing to 0."""
     a = np.asarray(attention_row, dtype=np.float64)
     if a.ndim != 1:
         raise ValueError("attention_row must be 1-D")
-    total = float(np.sum(a))
+    total = np.sum(a)
     x = _distinct_in_range(candidates, len(a))
-    if total == 0.0:
-        return float("nan")
-    return float(np.sum(a[x])) / total
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.sum(a[x]) / total)
 
 
 # ==========================================================================

@@ -142,8 +142,12 @@ def test_segment_of_equals_the_reference_over_the_whole_u64_range(token, context
     got = ks.segment_of(token, context_len, num_segments)
     assert type(got) is int
     assert got == ref.segment_of(token, context_len, num_segments)
-    # The contract: a segment id below S (0 when S is 0 or 1).
-    assert 0 <= got <= max(num_segments - 1, 0)
+    # The contract: σ itself, never clamped. It never exceeds the token, and a
+    # token inside the context lands in one of the S_eff segments (0 when S is 0).
+    assert 0 <= got <= token
+    length = max(context_len, 1)
+    if token < length:
+        assert got < max(min(num_segments, length), 1)
 
 
 @CHEAP

@@ -342,7 +342,11 @@ def test_the_native_module_reproduces_the_spec_hand_examples():
     ks.scatter_topology_witnesses(buf, lens, 4)
     assert buf.tolist() == [[0, 1, 2, 3, 4, 8, -1, -1]]
     assert ks.segment_coverage(buf[0], 16, 4) == 0.75
-    assert ks.segment_of(20, 4, 8) == 7
+    # segment_of is σ itself (the original's): 20 maps to 20 with L = 4, S = 8;
+    # only the merge's occupancy pass clamps it (to 7, outside the partition).
+    assert ks.segment_of(20, 4, 8) == 20
+    assert ks.segment_of(20, 16, 4) == 5
+    assert ks.segment_of(2**31 - 1, 2**31 - 1, 4) == 4
     assert ks.segment_of(2, 10, 4) == 0
     assert ks.MAX_TOPOLOGY_SEGMENTS == 64
 
@@ -419,7 +423,7 @@ def test_rows_are_judged_on_the_entry_count_so_zero_width_rows_never_mismatch():
 def test_counts_given_as_numpy_integers_are_accepted():
     got = ks.apply_topology_witnesses(LEARNED, LENS, np.int64(1), np.uint8(4), np.int32(3))
     assert_same_array(got, ref.apply_topology_witnesses(LEARNED, LENS, 1, 4, 3))
-    assert ks.segment_of(np.int64(20), np.int16(4), np.uint64(8)) == 7
+    assert ks.segment_of(np.int64(20), np.int16(4), np.uint64(8)) == 20
     assert ks.locality_null(np.int64(10), np.int8(3)).tolist() == [7, 8, 9]
 
 
@@ -790,6 +794,9 @@ def test_the_nulls_spend_exactly_the_policy_budget():
 
 def test_recall_is_nan_without_mass_and_coverage_is_one_without_segments():
     assert math.isnan(ks.attention_mass_recall(np.array([0, 1], np.int32), np.zeros(4)))
+    # kept / total as the original computes it: +inf, not NaN, for a row whose
+    # weights sum to 0 but whose kept part does not.
+    assert ks.attention_mass_recall(np.array([0], np.int32), np.array([1.0, -1.0])) == math.inf
     assert ks.segment_coverage(np.array([], np.int32), 0, 4) == 1.0
     assert ks.segment_coverage(np.array([3], np.int32), 16, 0) == 1.0
     assert ks.attention_mass_recall(np.array([-1, 9, 0, 0], np.int32), np.array([0.5, 0.5])) == 0.5

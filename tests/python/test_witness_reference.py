@@ -49,9 +49,13 @@ def test_overwriting_a_sole_tail_occupant_uncovers_its_segment():
 
 
 def test_an_out_of_range_learned_index_is_clamped_rather_than_refused():
-    assert ref.segment_of(20, 4, 8) == 7
-    # Segment 7 lies outside the partition of S_eff = 4 segments, so the
-    # entry 20 hides no witness, and it passes through the merge.
+    # segment_of is the map itself: σ(20) = 20 with L = 4, S = 8. The
+    # occupancy pass clamps it to segment 7, outside the partition of
+    # S_eff = 4 segments, so the entry 20 hides no witness, and it passes
+    # through the merge.
+    assert ref.segment_of(20, 4, 8) == 20
+    assert ref.segment_of(20, 16, 4) == 5
+    assert ref.segment_of(2**31 - 1, 2**31 - 1, 4) == 4
     assert ref.topology_witness_indices(row(20, -1), lens(4), 8).tolist() == [
         [0, 1, 2, 3, -1, -1, -1, -1]
     ]
@@ -270,11 +274,11 @@ def test_witnesses_beyond_the_budget_are_dropped_in_ascending_segment_order():
 
 
 def test_segment_of_reads_a_zero_length_as_one_and_zero_segments_as_segment_zero():
-    assert ref.segment_of(5, 0, 4) == 3  # L' = 1, S_eff = 1, floor(5) clamped to 3
+    assert ref.segment_of(5, 0, 4) == 5  # L' = 1, S_eff = 1, floor(5 * 1 / 1), no clamp
     assert ref.segment_of(0, 0, 4) == 0
     assert ref.segment_of(123, 10, 0) == 0
     big = 2**70
-    assert ref.segment_of(big, big, 3) == 2
+    assert ref.segment_of(big, big, 3) == 3
     assert ref.segment_of(big - 1, big, 3) == 2
     assert ref.segment_of(big // 3, big, 3) == 0
 
@@ -284,6 +288,8 @@ def test_coverage_is_one_without_segments_and_recall_is_nan_without_mass():
     assert ref.segment_coverage(np.array([1], np.int32), 10, 0) == 1.0
     assert ref.segment_coverage(np.array([-1, 10], np.int32), 10, 4) == 0.0
     assert math.isnan(ref.attention_mass_recall(np.array([0], np.int32), np.zeros(3)))
+    # The plain quotient, as the original: something kept from a row summing to 0.
+    assert ref.attention_mass_recall(np.array([0], np.int32), np.array([1.0, -1.0])) == math.inf
 
 
 def test_a_rows_mismatch_is_judged_on_the_entry_count():
