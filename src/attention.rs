@@ -399,7 +399,7 @@ fn check_pass(
 // ---------------------------------------------------------------------------
 
 /// A score-free selection rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Selector {
     /// Every causal key.
     Dense,

@@ -132,7 +132,7 @@ pub const MINIMAX_BLOCK_SIZE: usize = 128;
 /// nothing can still be written down literally; every selection function
 /// refuses one with [`SelectionError::InvalidConfig`], and
 /// [`BlockSparseConfig::new`] refuses to build one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BlockSparseConfig {
     /// Tokens per block. [`MINIMAX_BLOCK_SIZE`] for a real checkpoint;
     /// configurable only so the rules can be tested at a readable size.

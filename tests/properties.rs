@@ -299,11 +299,17 @@ proptest! {
     #![proptest_config(cases(2000))]
 
     #[test]
-    fn segment_of_never_panics_and_stays_in_range(
+    fn segment_of_never_panics_and_is_the_exact_quotient(
         token in position_usize(), len in position_usize(), s in position_usize()
     ) {
+        // σ itself, never clamped: floor(token · S_eff / L) in exact
+        // arithmetic, at most the token, and inside the partition for an
+        // in-range token.
         let seg = segment_of(token, len, s);
-        prop_assert!(seg <= s.saturating_sub(1));
+        let l = len.max(1) as u128;
+        let s_eff = (s as u128).min(l);
+        prop_assert_eq!(seg as u128, token as u128 * s_eff / l);
+        prop_assert!(seg <= token);
         if s >= 1 && token < len {
             prop_assert!(seg < s.min(len));
         }

@@ -443,3 +443,49 @@ fn recall_is_the_plain_quotient_of_the_original() {
     assert!(attention_mass_recall(&[], &[0.0]).is_nan());
     assert_eq!(attention_mass_recall(&[], &[0.5, 0.5]), 0.0);
 }
+
+/// The contract the bindings rely on to hand back an output they did not
+/// zero: `topology_witness_indices_into` and `apply_topology_witnesses_into`
+/// write every slot of their output, at every size (the parallel path
+/// included), or refuse before writing any.
+#[test]
+fn the_witness_outputs_are_written_in_full_at_every_size() {
+    use kvselect::witness::{apply_topology_witnesses_into, topology_witness_indices_into};
+    const SENTINEL: i32 = i32::MIN + 7;
+    for &(rows, topk) in &[
+        (0, 4),
+        (1, 1),
+        (3, 0),
+        (5, 7),
+        (64, 129),
+        (512, 2048),
+        (1, 1 << 20),
+    ] {
+        let learned: Vec<i32> = (0..rows * topk)
+            .map(|i| if i % 3 == 0 { -1 } else { (i % 1000) as i32 })
+            .collect();
+        let lens: Vec<i32> = (0..rows).map(|r| [0, 1, 37, 5000, -2][r % 5]).collect();
+        for s in [1, 17, 64] {
+            let mut out = vec![SENTINEL; rows * s];
+            topology_witness_indices_into(&learned, topk, &lens, s, &mut out).unwrap();
+            assert!(
+                !out.contains(&SENTINEL),
+                "indices rows={rows} topk={topk} S={s}"
+            );
+            for keep in [0, topk / 2, topk] {
+                let mut out = vec![SENTINEL; rows * topk];
+                apply_topology_witnesses_into(&learned, topk, &lens, keep, s, s, &mut out).unwrap();
+                assert!(
+                    !out.contains(&SENTINEL),
+                    "apply rows={rows} topk={topk} keep={keep}"
+                );
+            }
+        }
+        // A refusal writes nothing.
+        let mut out = vec![SENTINEL; rows * topk];
+        let refused =
+            apply_topology_witnesses_into(&learned, topk, &lens, topk + 1, 4, 4, &mut out);
+        assert!(refused.is_err());
+        assert!(out.iter().all(|&x| x == SENTINEL));
+    }
+}

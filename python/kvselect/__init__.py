@@ -24,12 +24,14 @@ Arrays that already have the right dtype and C order are read in place;
 others are converted once when that keeps their meaning (integer arrays that
 fit in int32, such as ``torch.topk``'s int64). The in-place buffer of
 :func:`scatter_topology_witnesses` is never converted. Refusals raise
-:class:`WitnessError` / :class:`SelectionError` (``ValueError`` subclasses) or
-``TypeError``; a refused call leaves every buffer byte-identical.
+:class:`WitnessError` / :class:`SelectionError` (subclasses of
+:class:`KvselectError`, a ``ValueError``) or ``TypeError``; a refused call
+leaves every buffer byte-identical.
 """
 
 from kvselect._core import (
     BlockSparseConfig,
+    KvselectError,
     MAX_TOPOLOGY_SEGMENTS,
     MINIMAX_BLOCK_SIZE,
     SelectionError,
@@ -62,6 +64,7 @@ from kvselect._core import (
 
 __all__ = [
     "BlockSparseConfig",
+    "KvselectError",
     "MAX_TOPOLOGY_SEGMENTS",
     "MINIMAX_BLOCK_SIZE",
     "SelectionError",

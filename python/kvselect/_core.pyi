@@ -8,6 +8,7 @@ import numpy.typing as npt
 __all__ = [
     "__version__",
     "MAX_TOPOLOGY_SEGMENTS",
+    "KvselectError",
     "WitnessError",
     "SelectionError",
     "segment_of",
@@ -41,8 +42,19 @@ __version__: Final[str]
 MAX_TOPOLOGY_SEGMENTS: Final[int]
 MINIMAX_BLOCK_SIZE: Final[int]
 
-class WitnessError(ValueError):
-    """A refused segment-witness call.
+class KvselectError(ValueError):
+    """A refused kvselect call: the base class of WitnessError and SelectionError,
+    raised itself by the thread controls.
+
+    ``argument`` names the argument at fault; ``variant`` names the core's
+    refusal, or is None when the bindings refuse an argument themselves.
+    """
+
+    variant: Optional[str]
+    argument: str
+
+class WitnessError(KvselectError):
+    """A refused segment-witness call, or one of its metrics.
 
     ``variant`` names the spec's refusal ("RowsMismatch", "SegmentsOutOfRange",
     "LearnedKeepOutOfRange") or is None for an argument the bindings refuse;
@@ -51,13 +63,9 @@ class WitnessError(ValueError):
     are attributes too.
     """
 
-    variant: Optional[str]
-    argument: str
-
-class SelectionError(ValueError):
-    """A refused block-selection or attention call; ``argument`` names the argument at fault."""
-
-    argument: str
+class SelectionError(KvselectError):
+    """A refused block-selection, selector or attention call; ``argument`` names the
+    argument at fault, ``variant`` the core's refusal."""
 
 def segment_of(token: int, context_len: int, num_segments: int) -> int:
     """``min(floor(token * S_eff / L), S - 1)`` with ``S_eff = min(S, L)``; a length of 0 reads as 1."""

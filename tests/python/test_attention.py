@@ -756,8 +756,13 @@ def test_errors_name_their_argument():
     assert _err(SE, ks.oracle_topk, np.zeros(5), [1], 2).argument == "attention"
     assert _err(SE, ks.oracle_topk, np.zeros((2, 5)), [1], 2).argument == "query_pos"
     assert _err(SE, ks.oracle_topk, np.zeros((1, 5)), [-1], 2).argument == "query_pos"
-    assert _err(SE, ks.attention_mass_recall_rows, np.zeros((2, 3), int), np.zeros((3, 5))).argument == "attention"
-    assert _err(SE, ks.attention_mass_recall_rows, np.zeros(3, int), np.zeros((3, 5))).argument == "candidates"
+    # The batched witness metrics raise the witness domain's class, as their
+    # single-row forms do.
+    WE = ks.WitnessError
+    assert _err(WE, ks.attention_mass_recall_rows, np.zeros((2, 3), int), np.zeros((3, 5))).argument == "attention"
+    assert _err(WE, ks.attention_mass_recall_rows, np.zeros(3, int), np.zeros((3, 5))).argument == "candidates"
+    assert _err(WE, ks.segment_coverage_rows, np.zeros(3, int), [4], 2).argument == "candidates"
+    assert _err(WE, ks.segment_coverage_rows, np.zeros((1, 3), int), [-4], 2).argument == "context_lens"
     _err(TypeError, ks.attention_mass_recall_rows, np.zeros((1, 3)), np.zeros((1, 5)))
     assert _err(SE, ks.output_relative_error_rows, np.zeros((2, 3)), np.zeros((3, 2))).argument == "sparse"
     assert _err(SE, ks.output_relative_error, np.zeros(3), np.zeros(4)).argument == "sparse"

@@ -333,7 +333,7 @@ def _():
     return {"call": lambda: _ks().oracle_topk(np.ones((2, 6)), [3], 2)}
 
 
-@case("recall-rows-not-multiple", "wrong ndim/shape", "`attention_mass_recall_rows(cand [2, 3], attention [3, 6])`", "SelectionError", argument="attention")
+@case("recall-rows-not-multiple", "wrong ndim/shape", "`attention_mass_recall_rows(cand [2, 3], attention [3, 6])`", "WitnessError", argument="attention")
 def _():
     return {"call": lambda: _ks().attention_mass_recall_rows(np.zeros((2, 3), np.int32), np.ones((3, 6)))}
 
@@ -479,6 +479,60 @@ def _():
     k = index_k()
     out = k.view(np.int32).reshape(-1)[:4].reshape(2, 2)
     return {"call": lambda: _ks().block_sparse_select(index_q(), k, 9, cfg(), out=out), "watch": [k]}
+
+
+# Aliasing through objects that are not ndarrays: the overlap is checked on the
+# arrays handed to the core, after conversion, whatever the input came from.
+
+
+@case("lens-memoryview-of-buffer", "aliasing", "`scatter_topology_witnesses(buf, memoryview(buf.ravel()[:4]), 1)`",
+      "WitnessError", argument="topk_indices")
+def _():
+    buf = np.array([[8, 6, 7, 5], [0, -1, -1, -1], [1, -1, -1, -1], [2, -1, -1, -1]], np.int32)
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, memoryview(buf.ravel()[:4]), 1), "watch": [buf]}
+
+
+@case("learned-memoryview-of-out", "aliasing", "`apply_topology_witnesses(memoryview(out), lens, …, out=out)`",
+      "WitnessError", argument="out")
+def _():
+    out = learned()
+    return {"call": lambda: _ks().apply_topology_witnesses(memoryview(out), lens(), 2, 4, 2, out=out), "watch": [out]}
+
+
+@case("learned-bytearray-of-out", "aliasing", "`topology_witness_indices(memoryview(ba).cast('i', (2, 4)), lens, 4, out=np.frombuffer(ba, int32))`",
+      "WitnessError", argument="out")
+def _():
+    ba = bytearray(learned().tobytes())
+    out = np.frombuffer(ba, np.int32).reshape(2, 4)
+    return {"call": lambda: _ks().topology_witness_indices(memoryview(ba).cast("i", (2, 4)), lens(), 4, out=out),
+            "watch": [out]}
+
+
+@case("keys-memoryview-of-out", "aliasing", "`block_sparse_select(q, memoryview(k), 9, out=k.view(int32)[…])`",
+      "SelectionError", argument="out")
+def _():
+    k = index_k()
+    out = k.view(np.int32).reshape(-1)[:4].reshape(2, 2)
+    return {"call": lambda: _ks().block_sparse_select(index_q(), memoryview(k), 9, cfg(), out=out), "watch": [k]}
+
+
+@case("packed-queries-memoryview-of-out", "aliasing",
+      "`block_sparse_select_packed(memoryview(q), k, …, out=q.view(int32)[…])`", "SelectionError", argument="out")
+def _():
+    q = np.zeros((2, 2, 2), np.float32)
+    out = q.view(np.int32)
+    return {"call": lambda: _ks().block_sparse_select_packed(memoryview(q), index_k()[:, :2].copy(), [0, 16], [0, 0],
+                                                               [9, 15], cfg(), out=out), "watch": [q]}
+
+
+@case("torch-view-of-buffer", "aliasing", "`scatter_topology_witnesses(buf, torch.from_numpy(buf).numpy()[0, :2], 2)`",
+      "WitnessError", argument="topk_indices", torch=True)
+def _():
+    import torch
+
+    buf = np.array([[8, 6, -1, -1], [3, -1, -1, -1]], np.int32)
+    lens_view = torch.from_numpy(buf).numpy()[0, :2]
+    return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens_view, 2), "watch": [buf]}
 
 
 # -- empty arrays and zero-size dimensions ---------------------------------------
@@ -769,12 +823,12 @@ def _():
     return {"call": lambda: _ks().oracle_topk(np.ones((2, 6)), [3, 5], -2)}
 
 
-@case("threads-negative", "negative / huge integer", "`set_num_threads(-1)`", "SelectionError", argument="n")
+@case("threads-negative", "negative / huge integer", "`set_num_threads(-1)`", "KvselectError", argument="n")
 def _():
     return {"call": lambda: _ks().set_num_threads(-1)}
 
 
-@case("threads-huge", "negative / huge integer", "`set_num_threads(10**9)`", "SelectionError", argument="n")
+@case("threads-huge", "negative / huge integer", "`set_num_threads(10**9)`", "KvselectError", argument="n")
 def _():
     return {"call": lambda: _ks().set_num_threads(10**9)}
 
@@ -1070,8 +1124,9 @@ def markdown() -> str:
         "tests/python/test_bad_inputs.py --markdown`), where every row is a test run in a",
         "subprocess: the interpreter never crashes, no `PanicException` ever reaches",
         "Python, and a refused in-place call leaves its buffer byte-identical.",
-        "`WitnessError` and `SelectionError` are `ValueError` subclasses whose",
-        "`argument` attribute names the argument at fault (shown in parentheses).",
+        "`WitnessError` and `SelectionError` are subclasses of `KvselectError`, a",
+        "`ValueError`, whose `argument` attribute names the argument at fault (shown",
+        "in parentheses).",
         "*accepted* means the call succeeds (the test checks its result); torch rows",
         "run only when torch is installed.",
         "",
@@ -1136,7 +1191,7 @@ if pytest is not None:
             assert rec["check"], f"accepted, but the result is wrong: {rec}"
         else:
             assert rec["untouched"], f"a refused call modified its buffer: {rec}"
-        if c.expect in ("WitnessError", "SelectionError"):
+        if c.expect in ("WitnessError", "SelectionError", "KvselectError"):
             assert "ValueError" in rec["mro"]
             assert rec["argument"] == c.argument, f"names {rec['argument']!r}: {rec['message']}"
 

@@ -1,0 +1,502 @@
+//! The typed argument layer: every entry point turns its Python arguments
+//! into checked inputs here, and nowhere else.
+//!
+//! - [`Args::input`]: an array argument as a borrowed, C-contiguous, aligned
+//!   array of the kernel's element type with its shape as `[usize; N]` —
+//!   the caller's own array when it already is one (zero copy), else one
+//!   conversion that keeps the meaning ([`Dtype`] states the rule per type).
+//! - [`Args::count`]: a Python integer as a count, never `OverflowError`.
+//! - [`Args::output`] / [`Args::inplace`]: the caller's buffer (checked,
+//!   never converted, overlapping no input *as handed to the core*) or a new
+//!   zeroed array.
+//! - [`detach`]: the core call, with the GIL released when the work is
+//!   worth the hand-off.
+//!
+//! # Releasing the GIL while holding NumPy buffers
+//!
+//! While a call runs detached, the core reads and writes the arrays'
+//! memory through plain slices. rust-numpy's borrow flags keep other Rust
+//! extensions out, and our reference to each array keeps it alive and
+//! unresizable (`ndarray.resize` refuses while we hold it), but nothing can
+//! stop *Python* code in another thread from writing into the same memory
+//! through a view or a memoryview while we work. Like `hashlib` and
+//! blake3-py with a buffer mutated during hashing, the result is then
+//! unspecified: don't mutate an array that a running kvselect call holds.
+//! No memory outside the arrays is ever touched; the bounds the core
+//! relies on are its own checks against the shapes recorded here.
+
+use numpy::{
+    Element, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn,
+    PyReadwriteArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{IntoPyDict, PyTuple};
+
+use super::errors::{refuse, Domain};
+
+/// A Python argument.
+pub(super) type Obj<'py> = Bound<'py, PyAny>;
+/// An optional Python argument (`out=`, `config=`, `width=`).
+pub(super) type Opt<'a, 'py> = Option<&'a Bound<'py, PyAny>>;
+/// Output arrays.
+pub(super) type I32<'py> = Bound<'py, PyArrayDyn<i32>>;
+pub(super) type F64<'py> = Bound<'py, PyArrayDyn<f64>>;
+
+/// Below this many elements of work the GIL is kept: releasing and
+/// re-acquiring it costs more than the call.
+pub(super) const DETACH_MIN: usize = 1 << 14;
+
+/// Outputs above this many bytes are allocated through `numpy.zeros`,
+/// which raises `MemoryError` when the allocation fails (and is calloc of
+/// fresh pages, about the cost of `numpy.empty`); smaller ones through the
+/// C API, which is faster but would turn a failed allocation into a panic.
+const BIG_OUTPUT_BYTES: usize = 64 << 20;
+
+pub(super) fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    NUMPY
+        .get_or_try_init(py, || py.import("numpy").map(Bound::unbind))
+        .map(|m| m.bind(py))
+}
+
+pub(super) fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".to_string())
+}
+
+/// An element type a kernel reads, and which arrays convert to it.
+pub(super) trait Dtype: Element + Copy {
+    /// What the argument must hold, for the `TypeError`.
+    const HOLDS: &'static str;
+    /// The NumPy dtype kinds that convert without losing meaning.
+    const KINDS: &'static [u8];
+    /// For integer targets: the value range; values of a wider input type
+    /// are checked against it before converting.
+    const RANGE: Option<(i128, i128, &'static str)>;
+    /// Whether an input of this kind and item size always fits `RANGE`.
+    fn always_fits(kind: u8, itemsize: usize) -> bool;
+}
+
+impl Dtype for i32 {
+    const HOLDS: &'static str = "integers (int32 offsets)";
+    const KINDS: &'static [u8] = b"iu";
+    const RANGE: Option<(i128, i128, &'static str)> =
+        Some((i32::MIN as i128, i32::MAX as i128, "int32"));
+    fn always_fits(kind: u8, itemsize: usize) -> bool {
+        (kind == b'i' && itemsize <= 4) || (kind == b'u' && itemsize <= 2)
+    }
+}
+
+impl Dtype for i64 {
+    const HOLDS: &'static str = "integers";
+    const KINDS: &'static [u8] = b"iu";
+    const RANGE: Option<(i128, i128, &'static str)> =
+        Some((i64::MIN as i128, i64::MAX as i128, "int64"));
+    fn always_fits(kind: u8, itemsize: usize) -> bool {
+        kind == b'i' || (kind == b'u' && itemsize <= 4)
+    }
+}
+
+impl Dtype for f32 {
+    const HOLDS: &'static str = "floats";
+    const KINDS: &'static [u8] = b"f";
+    const RANGE: Option<(i128, i128, &'static str)> = None;
+    fn always_fits(_: u8, _: usize) -> bool {
+        true
+    }
+}
+
+impl Dtype for f64 {
+    const HOLDS: &'static str = "floats";
+    const KINDS: &'static [u8] = b"f";
+    const RANGE: Option<(i128, i128, &'static str)> = None;
+    fn always_fits(_: u8, _: usize) -> bool {
+        true
+    }
+}
+
+/// Whether the array's data is aligned for its dtype (`NPY_ARRAY_ALIGNED`).
+pub(super) fn is_aligned(a: &Bound<'_, PyUntypedArray>) -> bool {
+    const ALIGNED: i32 = 0x0100;
+    // SAFETY: `a` is a live ndarray; reading its flags field is what
+    // `PyArray_FLAGS` does.
+    unsafe { (*a.as_array_ptr()).fields.flags & ALIGNED != 0 }
+}
+
+fn is_writeable(a: &Bound<'_, PyUntypedArray>) -> bool {
+    const WRITEABLE: i32 = 0x0400;
+    // SAFETY: as in `is_aligned` (`PyArray_ISWRITEABLE`).
+    unsafe { (*a.as_array_ptr()).fields.flags & WRITEABLE != 0 }
+}
+
+/// The one converter: `obj` as a C-contiguous, aligned array of `T`, the
+/// caller's own array when it already is one, else one `numpy.require`
+/// conversion when `T::KINDS` says it keeps the meaning.
+pub(super) fn convert<'py, T: Dtype>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+    domain: Domain,
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    if let Ok(a) = obj.cast::<PyArrayDyn<T>>() {
+        if a.is_c_contiguous() && is_aligned(a.as_untyped()) {
+            return Ok(a.clone());
+        }
+    }
+    let np = numpy(obj.py())?;
+    let arr = np.call_method1("asarray", (obj,))?;
+    let untyped = arr.cast::<PyUntypedArray>()?;
+    let (kind, itemsize, size) = (
+        untyped.dtype().kind(),
+        untyped.dtype().itemsize(),
+        untyped.len(),
+    );
+    if size > 0 && !T::KINDS.contains(&kind) {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must hold {}, got dtype {}",
+            T::HOLDS,
+            untyped.dtype()
+        )));
+    }
+    if let Some((min, max, what)) = T::RANGE {
+        if size > 0 && !T::always_fits(kind, itemsize) {
+            let lo: i128 = arr.call_method0("min")?.extract()?;
+            let hi: i128 = arr.call_method0("max")?.extract()?;
+            if lo < min || hi > max {
+                return Err(refuse(
+                    domain,
+                    name,
+                    format!("{name} holds values in [{lo}, {hi}], outside {what}"),
+                ));
+            }
+        }
+    }
+    let kwargs = [("dtype", numpy::dtype::<T>(obj.py()))].into_py_dict(obj.py())?;
+    kwargs.set_item("requirements", "CA")?;
+    Ok(np
+        .call_method("require", (arr,), Some(&kwargs))?
+        .cast_into::<PyArrayDyn<T>>()?)
+}
+
+/// The byte range an array's elements may occupy, `None` when it has none.
+fn extent(a: &Bound<'_, PyUntypedArray>) -> Option<(usize, usize)> {
+    let shape = a.shape();
+    if shape.contains(&0) {
+        return None;
+    }
+    // SAFETY: `a` is a live ndarray; its data pointer is read, not followed.
+    let data = unsafe { (*a.as_array_ptr()).fields.data } as isize;
+    let (mut lo, mut hi) = (data, data);
+    for (&n, &stride) in shape.iter().zip(a.strides()) {
+        let span = (n as isize - 1).saturating_mul(stride);
+        if span < 0 {
+            lo = lo.saturating_add(span);
+        } else {
+            hi = hi.saturating_add(span);
+        }
+    }
+    let item = a.dtype().itemsize() as isize;
+    Some((lo as usize, hi.saturating_add(item) as usize))
+}
+
+/// Whether two arrays' memory may overlap (`numpy.may_share_memory`'s
+/// bounds test).
+fn may_overlap(a: &Bound<'_, PyUntypedArray>, b: &Bound<'_, PyUntypedArray>) -> bool {
+    match (extent(a), extent(b)) {
+        (Some((alo, ahi)), Some((blo, bhi))) => alo < bhi && blo < ahi,
+        _ => false,
+    }
+}
+
+/// An input as the core will read it: converted, shape-checked and
+/// borrowed read-only for the call.
+pub(super) struct In<'py, T: Element, const N: usize> {
+    ro: PyReadonlyArrayDyn<'py, T>,
+    pub shape: [usize; N],
+}
+
+impl<'py, T: Element, const N: usize> In<'py, T, N> {
+    /// The elements, row-major.
+    pub fn slice(&self) -> PyResult<&[T]> {
+        self.ro
+            .as_slice()
+            .map_err(|e| PyTypeError::new_err(e.to_string()))
+    }
+
+    pub fn untyped(&self) -> &Bound<'py, PyUntypedArray> {
+        self.ro.as_untyped()
+    }
+}
+
+/// An output buffer borrowed read-write for the call.
+pub(super) struct Out<'py, T: Element> {
+    rw: PyReadwriteArrayDyn<'py, T>,
+}
+
+impl<'py, T: Element> Out<'py, T> {
+    pub fn slice(&mut self) -> PyResult<&mut [T]> {
+        self.rw
+            .as_slice_mut()
+            .map_err(|e| PyTypeError::new_err(e.to_string()))
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        self.rw.shape()
+    }
+
+    /// The array, its borrow released.
+    pub fn finish(self) -> Bound<'py, PyArrayDyn<T>> {
+        let a: Bound<'py, PyArrayDyn<T>> = (**self.rw).clone();
+        drop(self.rw);
+        a
+    }
+}
+
+/// The argument context of one entry point: its exception domain.
+#[derive(Clone, Copy)]
+pub(super) struct Args(pub Domain);
+
+impl Args {
+    /// An `N`-D array argument of `T` (`what` describes its axes in
+    /// messages, e.g. `"[rows, topk]"`).
+    pub fn input<'py, T: Dtype, const N: usize>(
+        self,
+        obj: &Bound<'py, PyAny>,
+        name: &str,
+        what: &str,
+    ) -> PyResult<In<'py, T, N>> {
+        let a = convert::<T>(obj, name, self.0)?;
+        let shape = self.dims::<N>(a.as_untyped(), name, what)?;
+        Ok(In {
+            ro: a.try_readonly()?,
+            shape,
+        })
+    }
+
+    /// An array argument of `T` with any number of dimensions.
+    pub fn input_dyn<'py, T: Dtype>(
+        self,
+        obj: &Bound<'py, PyAny>,
+        name: &str,
+    ) -> PyResult<(In<'py, T, 0>, Vec<usize>)> {
+        let a = convert::<T>(obj, name, self.0)?;
+        let shape = a.shape().to_vec();
+        Ok((
+            In {
+                ro: a.try_readonly()?,
+                shape: [],
+            },
+            shape,
+        ))
+    }
+
+    /// `a`'s shape as `[usize; N]`, or a refusal naming its `ndim`.
+    pub fn dims<const N: usize>(
+        self,
+        a: &Bound<'_, PyUntypedArray>,
+        name: &str,
+        what: &str,
+    ) -> PyResult<[usize; N]> {
+        a.shape().try_into().map_err(|_| {
+            refuse(
+                self.0,
+                name,
+                format!("{name} must be {N}-D {what}, got {}-D", a.ndim()),
+            )
+        })
+    }
+
+    /// A non-negative integer argument, at most `max`.
+    pub fn count(self, obj: &Bound<'_, PyAny>, name: &str, max: u64) -> PyResult<usize> {
+        self.count_within(obj, name, max, max)
+    }
+
+    /// [`Args::count`] whose refusal names `bound` (the rule's real bound,
+    /// which the core enforces) for a value past `max` (what can be taken).
+    pub fn count_within(
+        self,
+        obj: &Bound<'_, PyAny>,
+        name: &str,
+        max: u64,
+        bound: u64,
+    ) -> PyResult<usize> {
+        let negative = || {
+            refuse(
+                self.0,
+                name,
+                format!("{name} must be non-negative, got {obj}"),
+            )
+        };
+        let too_large = || {
+            refuse(
+                self.0,
+                name,
+                format!("{name} is too large: at most {bound}"),
+            )
+        };
+        let value = match obj.extract::<u64>() {
+            Ok(v) => v,
+            Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
+                return Err(if obj.lt(0i64)? {
+                    negative()
+                } else {
+                    too_large()
+                });
+            }
+            Err(e) => {
+                return Err(PyTypeError::new_err(format!(
+                    "{name} must be an integer, got {}: {e}",
+                    type_name(obj)
+                )))
+            }
+        };
+        // u64 fits usize on every 64-bit target this wheel is built for.
+        (value <= max)
+            .then_some(value as usize)
+            .ok_or_else(too_large)
+    }
+
+    /// The caller's buffer for in-place writes: an ndarray of `T`, `ndim`
+    /// dims, C-contiguous, aligned, writeable, overlapping none of `inputs`.
+    /// Never converted: anything else is refused and left untouched.
+    pub fn inplace<'py, T: Element>(
+        self,
+        obj: &Bound<'py, PyAny>,
+        name: &str,
+        ndim: usize,
+        inputs: &[&Bound<'py, PyUntypedArray>],
+    ) -> PyResult<Out<'py, T>> {
+        let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
+            return Err(PyTypeError::new_err(format!(
+                "{name} must be a numpy.ndarray (it is written in place; for a torch tensor \
+                 pass t.numpy(), after .int() if it is int64), got {}",
+                type_name(obj)
+            )));
+        };
+        let Ok(arr) = obj.cast::<PyArrayDyn<T>>() else {
+            return Err(PyTypeError::new_err(format!(
+                "{name} must have dtype {}, got {}: it is written in place, so it is never \
+                 converted (torch.topk gives int64: call .int() first)",
+                numpy::dtype::<T>(obj.py()),
+                untyped.dtype()
+            )));
+        };
+        let fault = if untyped.ndim() != ndim {
+            format!("{name} must be {ndim}-D, got {}-D", untyped.ndim())
+        } else if !untyped.is_c_contiguous() {
+            format!("{name} is not C-contiguous: it is written in place, so it is never copied")
+        } else if !is_aligned(untyped) {
+            format!("{name} is not aligned")
+        } else if !is_writeable(untyped) {
+            format!("{name} is read-only")
+        } else if inputs.iter().any(|i| may_overlap(untyped, i)) {
+            format!("{name} overlaps another argument's memory")
+        } else {
+            return arr
+                .try_readwrite()
+                .map(|rw| Out { rw })
+                .map_err(|e| refuse(self.0, name, format!("{name} cannot be written: {e}")));
+        };
+        Err(refuse(self.0, name, fault))
+    }
+
+    /// The output of a call: the caller's `out` (checked as
+    /// [`Args::inplace`], and of exactly `shape`) or a new zeroed array.
+    pub fn output<'py, T: Element>(
+        self,
+        py: Python<'py>,
+        out: Option<&Bound<'py, PyAny>>,
+        shape: &[usize],
+        inputs: &[&Bound<'py, PyUntypedArray>],
+    ) -> PyResult<Out<'py, T>> {
+        match out {
+            Some(o) if !o.is_none() => {
+                let mut buf = self.inplace::<T>(o, "out", shape.len(), inputs)?;
+                let got = buf.rw.shape().to_vec();
+                if got != shape {
+                    return Err(refuse(
+                        self.0,
+                        "out",
+                        format!("out must have shape {shape:?}, got {got:?}"),
+                    ));
+                }
+                buf.slice()?;
+                Ok(buf)
+            }
+            _ => Ok(Out {
+                rw: zeros::<T>(py, shape)?.try_readwrite()?,
+            }),
+        }
+    }
+}
+
+/// A new zeroed array (a failed large allocation is a `MemoryError`, never
+/// an abort).
+pub(super) fn zeros<'py, T: Element>(
+    py: Python<'py>,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    let bytes = shape
+        .iter()
+        .try_fold(std::mem::size_of::<T>(), |a, &n| a.checked_mul(n));
+    match bytes {
+        Some(b) if b <= BIG_OUTPUT_BYTES => Ok(PyArrayDyn::<T>::zeros(py, shape, false)),
+        _ => {
+            let kwargs = [("dtype", numpy::dtype::<T>(py))].into_py_dict(py)?;
+            Ok(numpy(py)?
+                .call_method("zeros", (PyTuple::new(py, shape)?,), Some(&kwargs))?
+                .cast_into::<PyArrayDyn<T>>()?)
+        }
+    }
+}
+
+/// A new array whose every element the core overwrites before Python can
+/// see it (zero-filling costs as much as the copy the witness merge is
+/// measured against). Large outputs are zeroed anyway (`zeros`).
+///
+/// # Safety
+/// The caller must hand the whole array to a core function whose contract
+/// is "writes every slot or refuses before writing", and drop it unread on
+/// a refusal (each use names the contract it relies on; a test fills the
+/// output with a sentinel and checks none survives, at every size).
+pub(super) unsafe fn filled_by_core<'py>(
+    py: Python<'py>,
+    shape: &[usize],
+) -> PyResult<Out<'py, i32>> {
+    let bytes = shape.iter().try_fold(4usize, |a, &n| a.checked_mul(n));
+    let array = match bytes {
+        // SAFETY: the caller's contract (above).
+        Some(b) if b <= BIG_OUTPUT_BYTES => unsafe { PyArrayDyn::<i32>::new(py, shape, false) },
+        _ => zeros::<i32>(py, shape)?,
+    };
+    Ok(Out {
+        rw: array.try_readwrite()?,
+    })
+}
+
+/// Runs `f` with the GIL released when `work` (elements touched) is worth
+/// the hand-off.
+pub(super) fn detach<T: Send>(py: Python<'_>, work: usize, f: impl FnOnce() -> T + Send) -> T {
+    if work >= DETACH_MIN {
+        py.detach(f)
+    } else {
+        f()
+    }
+}
+
+/// A 1-D array of positions (any integer dtype) as `usize`: one small copy
+/// of `n` entries; a negative entry is refused, naming its index.
+pub(super) fn positions(args: Args, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<usize>> {
+    let p = args.input::<i64, 1>(obj, name, "[n]")?;
+    p.slice()?
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            usize::try_from(v)
+                .map_err(|_| refuse(args.0, name, format!("{name}[{i}] = {v} is negative")))
+        })
+        .collect()
+}

@@ -1,0 +1,441 @@
+//! The attention module: baseline selectors, the oracle top-k, the dense
+//! and sparse causal passes, dense probabilities and output error (every
+//! one raises `SelectionError`); and the thread and SIMD controls.
+
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+
+use super::args::{convert, detach, is_aligned, positions, Args, In, Obj, Opt, F64, I32};
+use super::errors::{refuse, Domain};
+use crate::attention::{self, AttentionShape, OracleTopK, Selector};
+use crate::{metrics, pool, simd};
+
+const S: Args = Args(Domain::Selection);
+const I32_MAX: u64 = i32::MAX as u64;
+
+/// A score-free baseline selector: which keys query row ``i`` of a causal
+/// sequence (keys ``0..=i``) may attend to. Build one with
+/// ``Selector.dense()``, ``Selector.local(window)``,
+/// ``Selector.random(budget, seed)`` or ``Selector.sink_window(sinks,
+/// window)``; rows are distinct, ascending and causal.
+#[pyclass(name = "Selector", module = "kvselect", frozen, eq, hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct PySelector(Selector);
+
+#[pymethods]
+impl PySelector {
+    /// Every causal key.
+    #[staticmethod]
+    fn dense() -> Self {
+        PySelector(Selector::Dense)
+    }
+
+    /// The ``window`` most recent keys, the query's own included.
+    #[staticmethod]
+    fn local(window: &Obj) -> PyResult<Self> {
+        let window = S.count(window, "window", I32_MAX)?;
+        Ok(PySelector(Selector::Local { window }))
+    }
+
+    /// ``budget`` distinct keys drawn uniformly from the causal set
+    /// (ChaCha8 keyed by ``seed`` on stream ``i``: deterministic per seed and row).
+    #[staticmethod]
+    fn random(budget: &Obj, seed: &Obj) -> PyResult<Self> {
+        let budget = S.count(budget, "budget", I32_MAX)?;
+        let seed = S.count(seed, "seed", u64::MAX)? as u64;
+        Ok(PySelector(Selector::Random { budget, seed }))
+    }
+
+    /// StreamingLLM: the first ``sinks`` keys plus the ``window`` most recent.
+    #[staticmethod]
+    fn sink_window(sinks: &Obj, window: &Obj) -> PyResult<Self> {
+        let sinks = S.count(sinks, "sinks", I32_MAX)?;
+        let window = S.count(window, "window", I32_MAX)?;
+        Ok(PySelector(Selector::SinkWindow { sinks, window }))
+    }
+
+    /// The candidates of query row ``row`` (keys ``0..=row``), ascending.
+    fn row<'py>(&self, py: Python<'py>, row: &Obj<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let row = S.count(row, "row", I32_MAX - 1)?;
+        let sel = self.0;
+        Ok(PyArray1::from_vec(
+            py,
+            detach(py, sel.row_len(row), || sel.row(row)),
+        ))
+    }
+
+    /// The candidates of every query position in ``query_pos``: int32
+    /// ``[n, width]``, ascending then -1; ``width`` defaults to the widest row.
+    #[pyo3(signature = (query_pos, width=None))]
+    fn rows<'py>(
+        &self,
+        py: Python<'py>,
+        query_pos: &Obj<'py>,
+        width: Opt<'_, 'py>,
+    ) -> PyResult<I32<'py>> {
+        let (sel, pos) = (self.0, positions(S, query_pos, "query_pos")?);
+        let widest = || pos.iter().map(|&p| sel.row_len(p)).max().unwrap_or(0);
+        let width = width_arg(width, widest)?;
+        let mut out = S.output::<i32>(py, None, &[pos.len(), width], &[])?;
+        let os = out.slice()?;
+        detach(py, os.len(), || sel.rows_into(&pos, width, os))?;
+        Ok(out.finish())
+    }
+
+    fn __repr__(&self) -> String {
+        match self.0 {
+            Selector::Dense => "Selector.dense()".into(),
+            Selector::Local { window } => format!("Selector.local(window={window})"),
+            Selector::Random { budget, seed } => {
+                format!("Selector.random(budget={budget}, seed={seed})")
+            }
+            Selector::SinkWindow { sinks, window } => {
+                format!("Selector.sink_window(sinks={sinks}, window={window})")
+            }
+        }
+    }
+}
+
+/// An optional `width` count, else `default()`.
+fn width_arg(width: Opt, default: impl FnOnce() -> usize) -> PyResult<usize> {
+    match width {
+        Some(w) if !w.is_none() => S.count(w, "width", I32_MAX),
+        _ => Ok(default()),
+    }
+}
+
+/// The oracle top-k: for each row of ``attention`` (float64 ``[n,
+/// row_len]``, the dense attention row of query position ``query_pos[i]``),
+/// the ``budget`` keys with the largest weight among ``0..=query_pos[i]``,
+/// ties to the lower key; int32 ``[n, width]`` ascending then -1.
+#[pyfunction]
+#[pyo3(signature = (attention, query_pos, budget, *, width=None))]
+fn oracle_topk<'py>(
+    py: Python<'py>,
+    attention: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    budget: &Obj<'py>,
+    width: Opt<'_, 'py>,
+) -> PyResult<I32<'py>> {
+    let a = S.input::<f64, 2>(attention, "attention", "[n_rows, row_len]")?;
+    let pos = positions(S, query_pos, "query_pos")?;
+    let oracle = OracleTopK {
+        budget: S.count(budget, "budget", I32_MAX)?,
+    };
+    let [n, row_len] = a.shape;
+    let widest = || {
+        pos.iter()
+            .map(|&p| oracle.row_len(p, row_len))
+            .max()
+            .unwrap_or(0)
+    };
+    let width = width_arg(width, widest)?;
+    if pos.len() != n {
+        let msg = format!(
+            "query_pos has {} positions for {n} attention rows",
+            pos.len()
+        );
+        return Err(refuse(Domain::Selection, "query_pos", msg));
+    }
+    let mut out = S.output::<i32>(py, None, &[n, width], &[])?;
+    let (asl, os) = (a.slice()?, out.slice()?);
+    detach(py, asl.len(), || {
+        oracle.rows_into(asl, row_len, &pos, width, os)
+    })?;
+    Ok(out.finish())
+}
+
+/// `q` `[n_queries, n_q_heads, d_k]` and `k` `[n_keys, n_kv_heads, d_k]`,
+/// float32, and the pass's shape (`d_v` to be filled in).
+fn queries_and_keys<'py>(
+    q: &Obj<'py>,
+    k: &Obj<'py>,
+) -> PyResult<(In<'py, f32, 3>, In<'py, f32, 3>, AttentionShape)> {
+    let qa = S.input::<f32, 3>(q, "q", "[n_queries, n_q_heads, d_k]")?;
+    let ka = S.input::<f32, 3>(k, "k", "[n_keys, n_kv_heads, d_k]")?;
+    let ([n, hq, d], [nk, hkv, dk]) = (qa.shape, ka.shape);
+    if d != dk {
+        return Err(refuse(
+            Domain::Selection,
+            "q",
+            format!("q has d_k={d} but k has d_k={dk}"),
+        ));
+    }
+    let shape = AttentionShape {
+        n_queries: n,
+        n_q_heads: hq,
+        n_kv_heads: hkv,
+        d_k: d,
+        d_v: 0,
+        n_keys: nk,
+    };
+    Ok((qa, ka, shape))
+}
+
+/// The values argument, read in place when it is float32 with unit stride
+/// in its last axis and a uniform row stride over (key, head) — a C-order
+/// array, or MLA's `kv[..., :d_v]` view of the keys — else converted once.
+struct Values<'py> {
+    ro: PyReadonlyArrayDyn<'py, f32>,
+    /// `[n_keys, n_kv_heads, d_v]`.
+    dims: [usize; 3],
+    /// Elements between consecutive (key, head) rows, `>= d_v`.
+    stride: usize,
+}
+
+impl<'py> Values<'py> {
+    fn new(v: &Obj<'py>, shape: &AttentionShape) -> PyResult<Self> {
+        let row_stride = |a: &Bound<'py, PyArrayDyn<f32>>| -> Option<usize> {
+            let u = a.as_untyped();
+            match (u.shape(), u.strides()) {
+                _ if !is_aligned(u) => None,
+                ([_, h, dv], [s0, s1, 4])
+                    if *s1 > 0 && *s1 % 4 == 0 && *s0 == *s1 * (*h as isize) =>
+                {
+                    Some((*s1 / 4) as usize).filter(|&s| s >= *dv)
+                }
+                ([_, _, dv], _) if u.is_c_contiguous() => Some(*dv),
+                _ => None,
+            }
+        };
+        let a = match v.cast::<PyArrayDyn<f32>>() {
+            Ok(a) if a.ndim() == 3 && row_stride(a).is_some() => a.clone(),
+            _ => convert::<f32>(v, "v", Domain::Selection)?,
+        };
+        let dims = S.dims::<3>(a.as_untyped(), "v", "[n_keys, n_kv_heads, d_v]")?;
+        let bad_layout = || refuse(Domain::Selection, "v", "v has an unusable memory layout");
+        let stride = row_stride(&a).ok_or_else(bad_layout)?;
+        if dims[..2] != [shape.n_keys, shape.n_kv_heads] {
+            let msg = format!(
+                "v must be [n_keys={}, n_kv_heads={}, d_v], got {dims:?}",
+                shape.n_keys, shape.n_kv_heads
+            );
+            return Err(refuse(Domain::Selection, "v", msg));
+        }
+        Ok(Values {
+            ro: a.try_readonly()?,
+            dims,
+            stride,
+        })
+    }
+
+    /// The memory its value rows occupy: row `(key j, head h)` is the `d_v`
+    /// floats at `(j · n_kv_heads + h) · stride`.
+    fn rows(&self) -> &[f32] {
+        let ([n, h, d_v], stride) = (self.dims, self.stride);
+        if n == 0 || h == 0 || d_v == 0 {
+            return &[];
+        }
+        let len = (n * h - 1) * stride + d_v;
+        // SAFETY: `new` checked the layout: unit stride in the last axis and
+        // a uniform (key, head) row stride of `stride` elements (the C-order
+        // case is `stride = d_v`), so the last element of the last row,
+        // `(n·h − 1)·stride + d_v − 1`, lies inside the array, which `self.ro`
+        // keeps alive and borrowed read-only for as long as the slice lives.
+        unsafe { std::slice::from_raw_parts(self.ro.data(), len) }
+    }
+}
+
+/// Dense causal attention probabilities, float64 ``[n_queries, n_q_heads,
+/// n_keys]`` (zeros after each query's position): the rows recall is
+/// measured against.
+#[pyfunction]
+#[pyo3(signature = (q, k, query_pos, *, scale=None))]
+fn attention_probabilities<'py>(
+    py: Python<'py>,
+    q: &Obj<'py>,
+    k: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    scale: Option<f64>,
+) -> PyResult<F64<'py>> {
+    let (qa, ka, shape) = queries_and_keys(q, k)?;
+    let pos = positions(S, query_pos, "query_pos")?;
+    let scale = scale.unwrap_or_else(|| attention::softmax_scale(shape.d_k) as f64);
+    shape.validate()?;
+    let mut out = S.output::<f64>(
+        py,
+        None,
+        &[shape.n_queries, shape.n_q_heads, shape.n_keys],
+        &[],
+    )?;
+    let (qs, ks, os) = (qa.slice()?, ka.slice()?, out.slice()?);
+    detach(py, os.len().saturating_mul(shape.d_k.max(1)), || {
+        metrics::attention_probabilities(qs, ks, &shape, &pos, scale, os)
+    })?;
+    Ok(out.finish())
+}
+
+/// A float32 output array.
+type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
+/// `(out, lse, empty_rows)` of an attention pass.
+type Pass<'py> = (F32<'py>, F32<'py>, usize);
+
+/// The dense pass (`selection` None) or the sparse pass over `selection`.
+fn attention_pass<'py>(
+    py: Python<'py>,
+    (q, k, v): (&Obj<'py>, &Obj<'py>, &Obj<'py>),
+    query_pos: &Obj<'py>,
+    selection: Opt<'_, 'py>,
+    scale: Option<f64>,
+) -> PyResult<Pass<'py>> {
+    let (qa, ka, mut shape) = queries_and_keys(q, k)?;
+    let va = Values::new(v, &shape)?;
+    let stride = va.stride;
+    shape.d_v = va.dims[2];
+    let pos = positions(S, query_pos, "query_pos")?;
+    shape.validate()?;
+    let what = "[n_queries, n_kv_heads, width]";
+    let sel = selection
+        .map(|s| S.input::<i32, 3>(s, "selection", what))
+        .transpose()?;
+    if let Some(got) = sel
+        .as_ref()
+        .map(|s| s.shape)
+        .filter(|s| s[..2] != [shape.n_queries, shape.n_kv_heads])
+    {
+        let msg = format!(
+            "selection must be [n_queries={}, n_kv_heads={}, width], got {got:?}",
+            shape.n_queries, shape.n_kv_heads
+        );
+        return Err(refuse(Domain::Selection, "selection", msg));
+    }
+    let scale = scale.map_or_else(|| attention::softmax_scale(shape.d_k), |s| s as f32);
+    let mut out = S.output::<f32>(
+        py,
+        None,
+        &[shape.n_queries, shape.n_q_heads, shape.d_v],
+        &[],
+    )?;
+    let mut lse = S.output::<f32>(py, None, &[shape.n_queries, shape.n_q_heads], &[])?;
+    let (qs, ks, vs) = (qa.slice()?, ka.slice()?, va.rows());
+    let (os, ls) = (out.slice()?, lse.slice()?);
+    let empty = match &sel {
+        Some(s) => {
+            let (ss, width) = (s.slice()?, s.shape[2]);
+            let work = ss
+                .len()
+                .saturating_mul(shape.d_k + shape.d_v)
+                .saturating_mul(shape.group().max(1));
+            detach(py, work, || {
+                attention::sparse_attention(
+                    qs, ks, vs, stride, &shape, &pos, ss, width, scale, os, ls,
+                )
+            })
+        }
+        None => {
+            let work = shape
+                .n_queries
+                .saturating_mul(shape.n_q_heads)
+                .saturating_mul(shape.n_keys);
+            detach(py, work.saturating_mul(shape.d_k + shape.d_v), || {
+                attention::dense_attention(qs, ks, vs, stride, &shape, &pos, scale, os, ls)
+            })
+        }
+    }?;
+    Ok((out.finish(), lse.finish(), empty))
+}
+
+/// Dense causal attention: ``(out [n_queries, n_q_heads, d_v], lse
+/// [n_queries, n_q_heads])``, every query over keys ``0..=query_pos``.
+/// ``v`` may be MLA's strided ``kv[..., :d_v]`` view, read in place.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, query_pos, *, scale=None))]
+fn dense_attention<'py>(
+    py: Python<'py>,
+    q: &Obj<'py>,
+    k: &Obj<'py>,
+    v: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    scale: Option<f64>,
+) -> PyResult<(F32<'py>, F32<'py>)> {
+    let (out, lse, _) = attention_pass(py, (q, k, v), query_pos, None, scale)?;
+    Ok((out, lse))
+}
+
+/// Sparse causal attention over ``selection`` (int32 ``[n_queries,
+/// n_kv_heads, width]`` key indices; a KV head's row serves its query-head
+/// group): ``(out, lse, empty_rows)``; a row that selects nothing gets
+/// zeros and ``lse = -inf`` and is counted in ``empty_rows``.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, query_pos, selection, *, scale=None))]
+fn sparse_attention<'py>(
+    py: Python<'py>,
+    q: &Obj<'py>,
+    k: &Obj<'py>,
+    v: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    selection: &Obj<'py>,
+    scale: Option<f64>,
+) -> PyResult<Pass<'py>> {
+    attention_pass(py, (q, k, v), query_pos, Some(selection), scale)
+}
+
+/// ``‖sparse − dense‖ / ‖dense‖`` per row over the last axis (float32
+/// inputs of one shape, at least 1-D): float64 of the leading shape.
+#[pyfunction]
+fn output_relative_error_rows<'py>(
+    py: Python<'py>,
+    sparse: &Obj<'py>,
+    dense: &Obj<'py>,
+) -> PyResult<F64<'py>> {
+    let (s, shape) = S.input_dyn::<f32>(sparse, "sparse")?;
+    let (d, dense_shape) = S.input_dyn::<f32>(dense, "dense")?;
+    let Some((&width, lead)) = shape.split_last().filter(|_| shape == dense_shape) else {
+        let msg =
+            format!("sparse {shape:?} and dense {dense_shape:?} must have one shape, at least 1-D");
+        return Err(refuse(Domain::Selection, "sparse", msg));
+    };
+    let mut out = S.output::<f64>(py, None, lead, &[])?;
+    let (ss, ds, os) = (s.slice()?, d.slice()?, out.slice()?);
+    detach(py, ss.len(), || {
+        metrics::output_relative_error_rows(ss, ds, width, os)
+    })?;
+    Ok(out.finish())
+}
+
+/// ``‖sparse − dense‖ / ‖dense‖`` over whole arrays of one shape (float64).
+#[pyfunction]
+fn output_relative_error(sparse: &Obj, dense: &Obj) -> PyResult<f64> {
+    let (s, shape) = S.input_dyn::<f32>(sparse, "sparse")?;
+    let (d, dense_shape) = S.input_dyn::<f32>(dense, "dense")?;
+    if shape != dense_shape {
+        let msg = format!("sparse {shape:?} and dense {dense_shape:?} must have one shape");
+        return Err(refuse(Domain::Selection, "sparse", msg));
+    }
+    Ok(metrics::output_relative_error(s.slice()?, d.slice()?)?)
+}
+
+/// Sets the number of threads kvselect's parallel paths use (at most
+/// 65536); 0 restores the default (``RAYON_NUM_THREADS``, else every core).
+#[pyfunction]
+fn set_num_threads(n: &Obj) -> PyResult<()> {
+    pool::set_num_threads(Args(Domain::Base).count(n, "n", 1 << 16)?);
+    Ok(())
+}
+
+/// The number of threads kvselect's parallel paths use.
+#[pyfunction]
+fn get_num_threads() -> usize {
+    pool::num_threads()
+}
+
+/// The instruction-set level the SIMD kernels dispatched to on this CPU
+/// ("avx2" or "scalar").
+#[pyfunction]
+fn simd_level() -> &'static str {
+    simd::level().name()
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PySelector>()?;
+    m.add_function(wrap_pyfunction!(oracle_topk, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_probabilities, m)?)?;
+    m.add_function(wrap_pyfunction!(dense_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(output_relative_error, m)?)?;
+    m.add_function(wrap_pyfunction!(output_relative_error_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(simd_level, m)?)?;
+    Ok(())
+}

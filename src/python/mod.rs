@@ -1,0 +1,44 @@
+//! The Python bindings: the only code that knows PyO3 and NumPy.
+//!
+//! Every entry point reads as "arguments → core call → result": it turns
+//! its arguments into checked inputs with the typed argument layer
+//! ([`args`]), calls the core with the GIL released when the work is worth
+//! it, and lets [`errors`] map the core's refusal to a Python exception.
+//! The rules it enforces (`design.md`, "Conventions"):
+//!
+//! - **Read-only arguments** are read in place when they already have the
+//!   right dtype and C order; otherwise one conversion is made when it keeps
+//!   the meaning (integer arrays whose values fit; floats to the kernel's
+//!   float type), and anything else is refused.
+//! - **In-place buffers and `out=` are never converted**, checked on every
+//!   call (the off switch included) and refused when they overlap any input
+//!   as handed to the core — after conversion, so an alias through a
+//!   memoryview or any other buffer-protocol object is caught.
+//! - **Counts** are Python integers; a negative or oversized one is a
+//!   `ValueError` subclass naming the real bound, never `OverflowError`.
+//! - **Outputs are never uninitialised memory** visible to Python: new
+//!   arrays are zeroed, except where the core's documented contract writes
+//!   every slot (the witness outputs, tested with a sentinel at every size).
+//! - **No panic reaches Python**: the core returns `Result` for every
+//!   refusal and is handed slices whose lengths match the shapes it is told.
+
+mod args;
+mod attention;
+mod block_sparse;
+mod errors;
+mod witness;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("KvselectError", py.get_type::<errors::KvselectError>())?;
+    m.add("WitnessError", py.get_type::<errors::WitnessError>())?;
+    m.add("SelectionError", py.get_type::<errors::SelectionError>())?;
+    witness::register(m)?;
+    block_sparse::register(m)?;
+    attention::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,254 @@
+//! Segment witnesses: the spec's API, the null models and the metrics,
+//! single and batched (every one raises `WitnessError`).
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+
+use super::args::{detach, filled_by_core, positions, Args, Obj, Opt, Out, F64, I32};
+use super::errors::{witness_metric, Domain};
+use crate::{metrics, witness};
+
+const W: Args = Args(Domain::Witness);
+const I32_MAX: u64 = i32::MAX as u64;
+/// What a merge's segment count is bounded by (the 64-bit occupancy mask).
+const MERGE_MAX: u64 = witness::MAX_TOPOLOGY_SEGMENTS as u64;
+
+/// The segment of ``token`` in a row of ``context_len`` tokens cut into
+/// ``num_segments`` segments: the segment map itself,
+/// ``floor(token * S_eff / L)`` with ``L = max(context_len, 1)`` and
+/// ``S_eff = min(num_segments, L)``, exact for every integer up to 2**64 - 1.
+/// Not clamped: an out-of-range token maps past the partition
+/// (``segment_of(20, 4, 8) == 20``); only the merge clamps to ``S - 1``.
+#[pyfunction]
+fn segment_of(token: &Obj, context_len: &Obj, num_segments: &Obj) -> PyResult<usize> {
+    let token = W.count(token, "token", u64::MAX)?;
+    let len = W.count(context_len, "context_len", u64::MAX)?;
+    let s = W.count(num_segments, "num_segments", u64::MAX)?;
+    Ok(witness::segment_of(token, len, s))
+}
+
+/// The witnesses of every learned row: int32 ``[rows, num_segments]``, slot
+/// ``s`` holding the left edge ``e_s = ceil(s * L / S_eff)`` of segment ``s``
+/// when the row does not occupy it, ``-1`` when it does or ``s >= S_eff``.
+/// ``learned`` is ``[rows, topk]`` row-relative offsets (negative =
+/// padding), ``context_lens`` ``[rows]``; a row of length <= 0 gets none.
+/// Any positive segment count is accepted. ``out=`` reuses a buffer.
+#[pyfunction]
+#[pyo3(signature = (learned, context_lens, num_segments, *, out=None))]
+fn topology_witness_indices<'py>(
+    py: Python<'py>,
+    learned: &Obj<'py>,
+    context_lens: &Obj<'py>,
+    num_segments: &Obj<'py>,
+    out: Opt<'_, 'py>,
+) -> PyResult<I32<'py>> {
+    let learned = W.input::<i32, 2>(learned, "learned", "[rows, topk]")?;
+    let lens = W.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
+    let s = W.count(num_segments, "num_segments", u32::MAX as u64)?;
+    let (shape, topk) = ([lens.shape[0], s], learned.shape[1]);
+    let mut out = match out {
+        Some(_) => W.output(py, out, &shape, &[learned.untyped(), lens.untyped()])?,
+        // SAFETY: `topology_witness_indices_into` writes every slot of every
+        // row (each row is filled with -1 first) or refuses before writing.
+        None => unsafe { filled_by_core(py, &shape)? },
+    };
+    let (l, c, o) = (learned.slice()?, lens.slice()?, out.slice()?);
+    detach(py, l.len() + o.len(), || {
+        witness::topology_witness_indices_into(l, topk, c, s, o)
+    })?;
+    Ok(out.finish())
+}
+
+/// The learned rows with witnesses merged in, as a new int32 array (or into
+/// ``out=``): slots ``[0, learned_keep)`` kept bit for bit, the witnesses in
+/// ascending segment order written to slots ``learned_keep, ...`` up to
+/// ``B = min(max_replacements, topk - learned_keep)``, the rest dropped.
+/// Refuses 0 or more than 64 segments and ``learned_keep > topk``.
+#[pyfunction]
+#[pyo3(signature = (learned, context_lens, learned_keep, num_segments, max_replacements, *, out=None))]
+fn apply_topology_witnesses<'py>(
+    py: Python<'py>,
+    learned: &Obj<'py>,
+    context_lens: &Obj<'py>,
+    learned_keep: &Obj<'py>,
+    num_segments: &Obj<'py>,
+    max_replacements: &Obj<'py>,
+    out: Opt<'_, 'py>,
+) -> PyResult<I32<'py>> {
+    let learned = W.input::<i32, 2>(learned, "learned", "[rows, topk]")?;
+    let lens = W.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
+    let keep = W.count(learned_keep, "learned_keep", u64::MAX)?;
+    let s = W.count_within(num_segments, "num_segments", u64::MAX, MERGE_MAX)?;
+    let budget = W.count(max_replacements, "max_replacements", u64::MAX)?;
+    let [rows, topk] = learned.shape;
+    let mut out = match out {
+        Some(_) => W.output(py, out, &[rows, topk], &[learned.untyped(), lens.untyped()])?,
+        // SAFETY: `apply_topology_witnesses_into` copies every learned row
+        // into its output row, or refuses before writing.
+        None => unsafe { filled_by_core(py, &[rows, topk])? },
+    };
+    let (l, c, o) = (learned.slice()?, lens.slice()?, out.slice()?);
+    detach(py, l.len(), || {
+        witness::apply_topology_witnesses_into(l, topk, c, keep, s, budget, o)
+    })?;
+    Ok(out.finish())
+}
+
+/// The serving entry point: merges witnesses into ``topk_indices`` (int32
+/// ``[rows, topk]``, C-contiguous, writeable) in place, with ``keep = topk -
+/// num_segments`` and ``max_replacements = num_segments``. The buffer is
+/// never converted (a ``torch.topk`` result is int64: call ``.int()``
+/// first) and is checked on every call; ``num_segments = 0`` is the off
+/// switch. A refused call leaves the buffer byte-identical.
+#[pyfunction]
+fn scatter_topology_witnesses<'py>(
+    py: Python<'py>,
+    topk_indices: &Obj<'py>,
+    context_lens: &Obj<'py>,
+    num_segments: &Obj<'py>,
+) -> PyResult<()> {
+    let lens = W.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
+    let mut buf: Out<'py, i32> = W.inplace(topk_indices, "topk_indices", 2, &[lens.untyped()])?;
+    let s = W.count_within(num_segments, "num_segments", u64::MAX, MERGE_MAX)?;
+    if s == 0 {
+        return Ok(());
+    }
+    let topk = buf.shape()[1];
+    let (c, b) = (lens.slice()?, buf.slice()?);
+    detach(py, b.len(), || {
+        witness::scatter_topology_witnesses(b, topk, c, s)
+    })?;
+    Ok(())
+}
+
+/// The random null: ``min(budget, context_len)`` tokens drawn uniformly
+/// without replacement from ``[0, context_len)``, ascending, deterministic
+/// in ``seed`` (row ``L - 1`` of ``Selector.random(budget, seed)``).
+#[pyfunction]
+fn random_null<'py>(
+    py: Python<'py>,
+    context_len: &Obj<'py>,
+    budget: &Obj<'py>,
+    seed: &Obj<'py>,
+) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    let len = W.count(context_len, "context_len", I32_MAX)?;
+    let budget = W.count(budget, "budget", u64::MAX)?;
+    let seed = W.count(seed, "seed", u64::MAX)? as u64;
+    let v = detach(py, budget.min(len), || {
+        witness::random_null(len, budget, seed)
+    });
+    Ok(PyArray1::from_vec(py, v))
+}
+
+/// The locality null: the ``min(budget, context_len)`` most recent tokens,
+/// ``[L - k, L)`` (row ``L - 1`` of ``Selector.local(budget)``).
+#[pyfunction]
+fn locality_null<'py>(
+    py: Python<'py>,
+    context_len: &Obj<'py>,
+    budget: &Obj<'py>,
+) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    let len = W.count(context_len, "context_len", I32_MAX)?;
+    let budget = W.count(budget, "budget", u64::MAX)?;
+    Ok(PyArray1::from_vec(py, witness::locality_null(len, budget)))
+}
+
+/// The share of the ``S_eff`` segments of ``[0, context_len)`` that
+/// ``candidates`` (1-D) meets; padding, duplicates and out-of-range entries
+/// count for nothing; 1.0 when there are no segments.
+#[pyfunction]
+fn segment_coverage(
+    py: Python<'_>,
+    candidates: &Obj,
+    context_len: &Obj,
+    num_segments: &Obj,
+) -> PyResult<f64> {
+    let cand = W.input::<i32, 1>(candidates, "candidates", "[k]")?;
+    let len = W.count(context_len, "context_len", u64::MAX)?;
+    let s = W.count(num_segments, "num_segments", u64::MAX)?;
+    let c = cand.slice()?;
+    Ok(detach(py, c.len(), || witness::segment_coverage(c, len, s)))
+}
+
+/// The share of a dense attention row's mass that ``candidates`` keeps:
+/// ``sum(a[x] for distinct x in C, 0 <= x < L) / sum(a)``, the plain
+/// quotient (NaN for 0/0, ``±inf`` when a row summing to 0 keeps something).
+#[pyfunction]
+fn attention_mass_recall(py: Python<'_>, candidates: &Obj, attention_row: &Obj) -> PyResult<f64> {
+    let cand = W.input::<i32, 1>(candidates, "candidates", "[k]")?;
+    let row = W.input::<f64, 1>(attention_row, "attention_row", "[L]")?;
+    let (c, r) = (cand.slice()?, row.slice()?);
+    Ok(detach(py, c.len() + r.len(), || {
+        witness::attention_mass_recall(c, r)
+    }))
+}
+
+/// :func:`segment_coverage` of every row of ``candidates`` (``[rows,
+/// width]``) with its ``context_lens[r]``: float64 ``[rows]``.
+#[pyfunction]
+fn segment_coverage_rows<'py>(
+    py: Python<'py>,
+    candidates: &Obj<'py>,
+    context_lens: &Obj<'py>,
+    num_segments: &Obj<'py>,
+) -> PyResult<F64<'py>> {
+    let cand = W.input::<i32, 2>(candidates, "candidates", "[rows, width]")?;
+    let lens = positions(W, context_lens, "context_lens")?;
+    let s = W.count(num_segments, "num_segments", u64::MAX)?;
+    let [rows, width] = cand.shape;
+    let mut out = W.output::<f64>(py, None, &[rows], &[])?;
+    let (c, o) = (cand.slice()?, out.slice()?);
+    detach(py, c.len(), || {
+        metrics::segment_coverage_rows(c, width, &lens, s, o)
+    })
+    .map_err(witness_metric)?;
+    Ok(out.finish())
+}
+
+/// :func:`attention_mass_recall` of every row ``r`` of ``attention``
+/// (float64 ``[n_rows, row_len]``) against candidate row ``r // group``,
+/// ``group = n_rows / rows`` (a KV head's selection serves its query
+/// heads): float64 ``[n_rows]``.
+#[pyfunction]
+fn attention_mass_recall_rows<'py>(
+    py: Python<'py>,
+    candidates: &Obj<'py>,
+    attention: &Obj<'py>,
+) -> PyResult<F64<'py>> {
+    let cand = W.input::<i32, 2>(candidates, "candidates", "[rows, width]")?;
+    let att = W.input::<f64, 2>(attention, "attention", "[n_rows, row_len]")?;
+    let ([rows, width], [n_rows, row_len]) = (cand.shape, att.shape);
+    // With no candidate rows there must be no attention rows either.
+    let group = match n_rows.checked_div(rows) {
+        None if n_rows == 0 => 1,
+        g => g.filter(|&g| g > 0 && g * rows == n_rows).ok_or_else(|| {
+            super::errors::refuse(
+                Domain::Witness,
+                "attention",
+                format!("attention has {n_rows} rows, not a positive multiple of the {rows} candidate rows"),
+            )
+        })?,
+    };
+    let mut out = W.output::<f64>(py, None, &[n_rows], &[])?;
+    let (c, a, o) = (cand.slice()?, att.slice()?, out.slice()?);
+    detach(py, a.len(), || {
+        metrics::attention_mass_recall_rows(c, width, a, row_len, group, o)
+    })
+    .map_err(witness_metric)?;
+    Ok(out.finish())
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("MAX_TOPOLOGY_SEGMENTS", witness::MAX_TOPOLOGY_SEGMENTS)?;
+    m.add_function(wrap_pyfunction!(segment_of, m)?)?;
+    m.add_function(wrap_pyfunction!(topology_witness_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_topology_witnesses, m)?)?;
+    m.add_function(wrap_pyfunction!(scatter_topology_witnesses, m)?)?;
+    m.add_function(wrap_pyfunction!(random_null, m)?)?;
+    m.add_function(wrap_pyfunction!(locality_null, m)?)?;
+    m.add_function(wrap_pyfunction!(segment_coverage, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_mass_recall, m)?)?;
+    m.add_function(wrap_pyfunction!(segment_coverage_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_mass_recall_rows, m)?)?;
+    Ok(())
+}
