@@ -1,42 +1,51 @@
-"""Plain NumPy reference implementations of kvselect's policies.
+"""Plain NumPy reference implementations of kvselect's native functions.
 
-This module is written from the specifications (``spec/segment-witnesses.md``
-and the Python API contract of ``design.md``), independently of the Rust
-core. It is the oracle of the differential tests: the native functions of
-``kvselect`` must equal these exactly on integer outputs, and within a stated
-tolerance on float outputs. It favours being obviously right over being fast,
-uses only NumPy, and never imports the native module.
+This module is written from the specifications (``spec/segment-witnesses.md``,
+``spec/block_sparse.rs.txt``, the module docs of ``src/attention.rs`` and
+``src/metrics.rs``, and the Python API contract of ``design.md``),
+independently of the Rust core. It is the oracle of the differential tests:
+the native functions of ``kvselect`` must equal these exactly on integer
+data (integer outputs, and float outputs computed from integer-valued
+inputs), and within a stated tolerance on other float outputs. It favours
+being obviously right over being fast, uses only NumPy, and never imports
+the native module.
 
-Arithmetic is done in int64 (or Python ints for scalars). Every product the
-rule forms is below 2**62 for int32 inputs: ``x * S_eff`` with ``x < 2**31``
-and ``S_eff <= L < 2**31``, and ``s * L`` with ``s < S_eff <= L < 2**31``.
+Its sections mirror ``src/``, in that order:
 
-Segment witnesses, in one paragraph
------------------------------------
-A row of context length ``L >= 1`` and a segment count ``S >= 1`` put
-``S_eff = min(S, L)`` and cut ``[0, L)`` into ``S_eff`` segments with left
-edges ``e_s = ceil(s * L / S_eff)`` and segment map
-``sigma(x) = floor(x * S_eff / L)``. A learned row occupies the segments of
-its non-negative entries (an entry ``x >= L`` marks
-``min(floor(x * S_eff / L), S - 1)``, possibly outside the partition; any
-negative entry is padding and marks nothing). Its witnesses are the edges of
-the segments ``s < S_eff`` it does not occupy. A row with ``L <= 0`` gets no
-witnesses. The merge keeps slots ``[0, keep)`` and writes the witnesses, in
-ascending segment order, into slots ``keep, keep + 1, ...``, at most
-``B = min(max_replacements, topk - keep)`` of them; later slots are left as
-they were. Occupancy is read from the whole learned row, tail included.
+- **witness**: segment witnesses, the null models, the scalar metrics;
+- **block_sparse**: MiniMax-M3 block selection;
+- **attention**: the baseline selectors, the oracle top-k, the dense and
+  sparse attention pass;
+- **metrics**: attention probabilities, batched coverage and recall, the
+  output relative error.
+
+Each public function takes the signature of the native function of the same
+name (``Selector.dense().rows(...)`` and its kin are ``dense_rows`` and its
+kin; ``attention`` and ``block_scores`` are the reference's own). Arguments
+pass through one conversion layer, the native binding layer's rules:
+counts are Python integers, index arrays hold integers whose values fit
+int32 (floats are a ``TypeError``), position arrays hold non-negative
+integers, float arrays hold floats and are converted to the kernel's type;
+an out-of-range value is a ``ValueError`` (a ``ReferenceSelectionError``
+naming the argument for the block-selection and attention functions).
+``random_null`` and ``Selector.random`` have no reference: their draws are
+ChaCha8's, not a specification's.
 """
 
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 
 __all__ = [
-    "MAX_TOPOLOGY_SEGMENTS",
+    # errors
     "ReferenceWitnessError",
+    "ReferenceSelectionError",
+    # witness
+    "MAX_TOPOLOGY_SEGMENTS",
     "segment_of",
     "topology_witness_indices",
     "apply_topology_witnesses",
@@ -44,13 +53,33 @@ __all__ = [
     "locality_null",
     "segment_coverage",
     "attention_mass_recall",
+    # block_sparse
+    "MINIMAX_BLOCK_SIZE",
+    "BlockSparseConfig",
+    "block_scores",
+    "block_sparse_select",
+    "block_sparse_select_packed",
+    "positions_of_blocks",
+    # attention
+    "dense_rows",
+    "local_rows",
+    "sink_window_rows",
+    "oracle_topk",
+    "attention",
+    "dense_attention",
+    "sparse_attention",
+    # metrics
+    "attention_probabilities",
+    "segment_coverage_rows",
+    "attention_mass_recall_rows",
+    "output_relative_error",
+    "output_relative_error_rows",
 ]
 
-#: The most segments the merge accepts (the fused kernel's 64-bit mask).
-MAX_TOPOLOGY_SEGMENTS = 64
 
-_I32_MIN = -(2**31)
-_I32_MAX = 2**31 - 1
+# ==========================================================================
+# Errors
+# ==========================================================================
 
 
 class ReferenceWitnessError(ValueError):
@@ -67,13 +96,42 @@ class ReferenceWitnessError(ValueError):
             setattr(self, name, value)
 
 
+class ReferenceSelectionError(ValueError):
+    """A refused block-selection or attention call, shaped like
+    ``kvselect.SelectionError``; ``argument`` names the argument."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+# ==========================================================================
+# Input conversion: the one layer every public function reads through
 # --------------------------------------------------------------------------
-# Argument handling
-# --------------------------------------------------------------------------
+# As the native bindings do, a refusal belongs to a domain: a witness-domain
+# argument that the bindings refuse (not one of the spec's variants) is a
+# plain ``ValueError``; a selection-domain one (block selection, attention,
+# the batched metrics) is a ``ReferenceSelectionError`` naming the argument.
+# ==========================================================================
+
+_WITNESS = "witness"
+_SELECTION = "selection"
+
+_I32_MIN = -(2**31)
+_I32_MAX = 2**31 - 1
+_I64_MAX = 2**63 - 1
+
+
+def _refuse(domain: str, argument: str, message: str) -> ValueError:
+    """The refusal of ``argument`` in ``domain`` (to be raised)."""
+    if domain == _SELECTION:
+        return ReferenceSelectionError(argument, message)
+    return ValueError(message)
 
 
 def _count(name: str, value: Any) -> int:
-    """A non-negative integer argument (a count, length or position)."""
+    """A count, length or position: a non-negative integer, as a Python int.
+    Anything but an integer is a ``TypeError``; a negative one a ``ValueError``."""
     try:
         v = operator.index(value)
     except TypeError:
@@ -83,19 +141,110 @@ def _count(name: str, value: Any) -> int:
     return v
 
 
-def _index_array(name: str, value: Any, ndim: int) -> np.ndarray:
-    """An integer array of int32 values, returned as int64 for arithmetic."""
+def _index_array(
+    name: str, value: Any, ndim: int, domain: str, *, positions: bool = False
+) -> np.ndarray:
+    """An integer array of ``ndim`` dimensions, as int64 for the arithmetic.
+
+    Integers of any width are accepted (an empty array of any dtype too);
+    floats are a ``TypeError``. An index array's values must fit int32 (the
+    native ``int32_array``); a position array's (``positions=True``: query
+    positions, offsets, ids, lengths) must be non-negative and fit int64 (the
+    native ``int64_array``). A wrong ``ndim`` or value is refused in ``domain``.
+    """
     a = np.asarray(value)
     if a.size == 0 and a.dtype.kind not in "iu":
         a = a.astype(np.int64)
     if a.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
     if a.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
-    # Compare in the array's own dtype: a cast first could wrap uint64 values.
-    if a.size and (int(a.min()) < _I32_MIN or int(a.max()) > _I32_MAX):
-        raise ValueError(f"{name} holds values outside int32")
+        raise _refuse(domain, name, f"{name} must be {ndim}-D, got shape {a.shape}")
+    if a.size:
+        # Compare in the array's own dtype: a cast first could wrap uint64 values.
+        lo, hi = int(a.min()), int(a.max())
+        if positions and lo < 0:
+            raise _refuse(domain, name, f"{name} holds a negative value")
+        if positions and hi > _I64_MAX:
+            raise _refuse(domain, name, f"{name} holds {hi}, past any position")
+        if not positions and (lo < _I32_MIN or hi > _I32_MAX):
+            raise _refuse(domain, name, f"{name} holds values outside int32")
     return a.astype(np.int64)
+
+
+def _float_array(
+    name: str, value: Any, ndim: Optional[int], domain: str, *, dtype: Any = np.float32
+) -> np.ndarray:
+    """A float array of ``ndim`` dimensions (any when None), converted to
+    ``dtype`` (what the native kernel computes on: float32 for tensors and
+    outputs, float64 for attention rows) and widened to float64 for the
+    arithmetic. Non-float data is a ``TypeError`` unless the array is empty."""
+    a = np.asarray(value)
+    if a.dtype.kind != "f" and a.size > 0:
+        raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
+    if ndim is not None and a.ndim != ndim:
+        raise _refuse(domain, name, f"{name} must be {ndim}-D, got shape {a.shape}")
+    return a.astype(dtype).astype(np.float64)
+
+
+def _inplace_i32(name: str, value: Any, ndim: int, domain: str) -> np.ndarray:
+    """A buffer written in place (``topk_indices``, ``out=``): an int32,
+    writeable ndarray of ``ndim`` dimensions, never converted. (The reference
+    computes on copies, so it asks nothing of the buffer's memory layout.)"""
+    if not isinstance(value, np.ndarray) or value.dtype != np.int32:
+        raise TypeError(f"{name} must be an int32 numpy array")
+    if value.ndim != ndim:
+        raise _refuse(domain, name, f"{name} must be {ndim}-D")
+    if not value.flags.writeable:
+        raise _refuse(domain, name, f"{name} must be writeable")
+    return value
+
+
+def _output(out: Any, shape: tuple, domain: str) -> Optional[np.ndarray]:
+    """The caller's ``out=`` buffer, checked for the call's output ``shape``
+    (before any of the spec's refusals, as natively), or None."""
+    if out is None:
+        return None
+    out = _inplace_i32("out", out, len(shape), domain)
+    if out.shape != tuple(shape):
+        raise _refuse(domain, "out", f"out must have shape {tuple(shape)}, got {out.shape}")
+    return out
+
+
+def _deliver(result: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+    """The int32 ``result``, written into ``out`` and ``out`` returned when given."""
+    if out is None:
+        return result.astype(np.int32)
+    out[...] = result
+    return out
+
+
+# ==========================================================================
+# witness: segment witnesses, null models, scalar metrics
+# --------------------------------------------------------------------------
+# Written from spec/segment-witnesses.md.
+#
+# A row of context length ``L >= 1`` and a segment count ``S >= 1`` put
+# ``S_eff = min(S, L)`` and cut ``[0, L)`` into ``S_eff`` segments with left
+# edges ``e_s = ceil(s * L / S_eff)`` and segment map
+# ``sigma(x) = floor(x * S_eff / L)``. A learned row occupies the segments of
+# its non-negative entries (an entry ``x >= L`` marks
+# ``min(floor(x * S_eff / L), S - 1)``, possibly outside the partition; any
+# negative entry is padding and marks nothing). Its witnesses are the edges
+# of the segments ``s < S_eff`` it does not occupy. A row with ``L <= 0``
+# gets no witnesses. The merge keeps slots ``[0, keep)`` and writes the
+# witnesses, in ascending segment order, into slots ``keep, keep + 1, ...``,
+# at most ``B = min(max_replacements, topk - keep)`` of them; later slots are
+# left as they were. Occupancy is read from the whole learned row, tail
+# included.
+#
+# Arithmetic is done in int64 (or Python ints for scalars). Every product
+# the rule forms is below 2**62 for int32 inputs: ``x * S_eff`` with
+# ``x < 2**31`` and ``S_eff <= L < 2**31``, and ``s * L`` with
+# ``s < S_eff <= L < 2**31``.
+# ==========================================================================
+
+#: The most segments the merge accepts (the fused kernel's 64-bit mask).
+MAX_TOPOLOGY_SEGMENTS = 64
 
 
 def _check_rows(learned: np.ndarray, context_lens: np.ndarray) -> None:
@@ -128,11 +277,6 @@ def _check_keep(learned_keep: int, topk: int) -> None:
             learned_keep=learned_keep,
             topk=topk,
         )
-
-
-# --------------------------------------------------------------------------
-# Segment witnesses
-# --------------------------------------------------------------------------
 
 
 def segment_of(token: int, context_len: int, num_segments: int) -> int:
@@ -178,23 +322,26 @@ def _witness_table(learned: np.ndarray, context_lens: np.ndarray, num_segments: 
     return np.where(is_witness, edges, -1)
 
 
-def topology_witness_indices(learned: Any, context_lens: Any, num_segments: int) -> np.ndarray:
+def topology_witness_indices(
+    learned: Any, context_lens: Any, num_segments: int, *, out: Optional[np.ndarray] = None
+) -> np.ndarray:
     """The witnesses of every learned row: int32 ``[rows, num_segments]``
-    with ``rows = len(context_lens)``.
+    with ``rows = len(context_lens)`` (a new array, or ``out`` filled).
 
     Refuses ``num_segments = 0`` (any positive count is accepted, including
     more than 64) and a ``learned`` whose size is not ``topk * rows``.
     """
-    learned = _index_array("learned", learned, 2)
-    context_lens = _index_array("context_lens", context_lens, 1)
+    learned = _index_array("learned", learned, 2, _WITNESS)
+    context_lens = _index_array("context_lens", context_lens, 1, _WITNESS)
     num_segments = _count("num_segments", num_segments)
     if num_segments == 0:
         raise ReferenceWitnessError(
             "SegmentsOutOfRange", "num_segments must be positive", num_segments=0
         )
     _check_rows(learned, context_lens)
+    out = _output(out, (len(context_lens), num_segments), _WITNESS)
     learned = learned.reshape(len(context_lens), learned.shape[1])
-    return _witness_table(learned, context_lens, num_segments).astype(np.int32)
+    return _deliver(_witness_table(learned, context_lens, num_segments), out)
 
 
 def _merge(
@@ -224,43 +371,42 @@ def apply_topology_witnesses(
     learned_keep: int,
     num_segments: int,
     max_replacements: int,
+    *,
+    out: Optional[np.ndarray] = None,
 ) -> np.ndarray:
-    """The learned rows with witnesses merged in, as a new int32 array.
+    """The learned rows with witnesses merged in, int32 ``[rows, topk]`` (a
+    new array, or ``out`` filled).
 
     Slots ``[0, learned_keep)`` are kept, witnesses in ascending segment
     order overwrite slots ``learned_keep, ...``, at most
     ``B = min(max_replacements, topk - learned_keep)`` of them.
     """
-    learned = _index_array("learned", learned, 2)
-    context_lens = _index_array("context_lens", context_lens, 1)
+    learned = _index_array("learned", learned, 2, _WITNESS)
+    context_lens = _index_array("context_lens", context_lens, 1, _WITNESS)
     learned_keep = _count("learned_keep", learned_keep)
     num_segments = _count("num_segments", num_segments)
     max_replacements = _count("max_replacements", max_replacements)
+    out = _output(out, learned.shape, _WITNESS)
     _check_rows(learned, context_lens)
     _check_merge_segments(num_segments)
     topk = learned.shape[1]
     _check_keep(learned_keep, topk)
 
     budget = min(max_replacements, topk - learned_keep)
-    out = learned.copy()
-    _merge(out, learned, context_lens, learned_keep, num_segments, budget)
-    return out.astype(np.int32)
+    merged = learned.copy()
+    _merge(merged, learned, context_lens, learned_keep, num_segments, budget)
+    return _deliver(merged, out)
 
 
 def scatter_topology_witnesses(topk_indices: np.ndarray, context_lens: Any, num_segments: int) -> None:
     """The serving entry point: merges witnesses into the int32 array
     ``topk_indices`` in place with ``keep = max(topk - S, 0)`` and
     ``max_replacements = S``. ``num_segments = 0`` is the off switch."""
-    if not isinstance(topk_indices, np.ndarray) or topk_indices.dtype != np.int32:
-        raise TypeError("topk_indices must be an int32 numpy array")
-    if topk_indices.ndim != 2:
-        raise ValueError("topk_indices must be 2-D")
-    if not topk_indices.flags.writeable:
-        raise ValueError("topk_indices must be writeable")
+    _inplace_i32("topk_indices", topk_indices, 2, _WITNESS)
     num_segments = _count("num_segments", num_segments)
     if num_segments == 0:
         return None
-    context_lens = _index_array("context_lens", context_lens, 1)
+    context_lens = _index_array("context_lens", context_lens, 1, _WITNESS)
     learned = topk_indices.astype(np.int64)
     _check_rows(learned, context_lens)
     _check_merge_segments(num_segments)
@@ -270,13 +416,8 @@ def scatter_topology_witnesses(topk_indices: np.ndarray, context_lens: Any, num_
 
     merged = learned.copy()
     _merge(merged, learned, context_lens, keep, num_segments, budget)
-    topk_indices[...] = merged.astype(np.int32)
+    _deliver(merged, topk_indices)
     return None
-
-
-# --------------------------------------------------------------------------
-# Null models and metrics
-# --------------------------------------------------------------------------
 
 
 def locality_null(context_len: int, budget: int) -> np.ndarray:
@@ -287,9 +428,9 @@ def locality_null(context_len: int, budget: int) -> np.ndarray:
     return np.arange(context_len - k, context_len, dtype=np.int64).astype(np.int32)
 
 
-def _distinct_in_range(candidates: Any, context_len: int) -> np.ndarray:
-    c = _index_array("candidates", candidates, 1)
-    return np.unique(c[(c >= 0) & (c < context_len)])
+def _distinct_in_range(candidates: np.ndarray, context_len: int) -> np.ndarray:
+    """The distinct entries ``0 <= x < L`` of an int64 candidate row."""
+    return np.unique(candidates[(candidates >= 0) & (candidates < context_len)])
 
 
 def segment_coverage(candidates: Any, context_len: int, num_segments: int) -> float:
@@ -300,7 +441,8 @@ def segment_coverage(candidates: Any, context_len: int, num_segments: int) -> fl
     s_eff = min(num_segments, context_len)
     if s_eff == 0:
         return 1.0
-    x = _distinct_in_range(candidates, context_len)
+    c = _index_array("candidates", candidates, 1, _WITNESS)
+    x = _distinct_in_range(c, context_len)
     segments = np.unique(x * s_eff // context_len)  # x < L, so no clamp is needed
     return len(segments) / s_eff
 
@@ -309,27 +451,18 @@ def attention_mass_recall(candidates: Any, attention_row: Any) -> float:
     """``sum(a_x for distinct x in C, 0 <= x < L) / sum(a)`` with
     ``L = len(attention_row)``, the plain quotient as in the original: NaN for
     0/0, ``±inf`` for something kept from a row summing to 0."""
-    a = np.asarray(attention_row, dtype=np.float64)
-    if a.ndim != 1:
-        raise ValueError("attention_row must be 1-D")
+    a = _float_array("attention_row", attention_row, 1, _WITNESS, dtype=np.float64)
     total = np.sum(a)
-    x = _distinct_in_range(candidates, len(a))
+    c = _index_array("candidates", candidates, 1, _WITNESS)
+    x = _distinct_in_range(c, len(a))
     with np.errstate(divide="ignore", invalid="ignore"):
         return float(np.sum(a[x]) / total)
 
 
 # ==========================================================================
-# Block-sparse selection and attention references
+# block_sparse: MiniMax-M3 block selection
 # --------------------------------------------------------------------------
-# Reserved: the NumPy references of block_sparse_select, positions_of_blocks
-# and the attention module go below this line (added separately, written
-# from spec/block_sparse.rs.txt and design.md).
-# ==========================================================================
-
-
-# --------------------------------------------------------------------------
-# Block-sparse selection (MiniMax-M3), written from spec/block_sparse.rs.txt
-# --------------------------------------------------------------------------
+# Written from spec/block_sparse.rs.txt.
 #
 # For one query at ``query_pos`` over ``n_positions`` keys, with block size
 # ``bs``:
@@ -353,20 +486,14 @@ def attention_mass_recall(candidates: Any, attention_row: Any) -> float:
 # float32 dot product. On integer-valued data of small magnitude every dot
 # product is exact in any summation order, so the selections must agree
 # exactly; on other data they agree up to ties within float32 rounding.
+# ==========================================================================
 
 #: MiniMax-M3's KV block (and KV page), in tokens.
 MINIMAX_BLOCK_SIZE = 128
 
 
-class ReferenceSelectionError(ValueError):
-    """A refused block-selection call; ``argument`` names the argument."""
-
-    def __init__(self, argument: str, message: str) -> None:
-        super().__init__(message)
-        self.argument = argument
-
-
 def _block_config(block_size: Any, top_blocks: Any, init_blocks: Any, local_blocks: Any):
+    """The four counts, refused when they could select nothing."""
     bs = _count("block_size", block_size)
     top = _count("top_blocks", top_blocks)
     init = _count("init_blocks", init_blocks)
@@ -380,15 +507,43 @@ def _block_config(block_size: Any, top_blocks: Any, init_blocks: Any, local_bloc
     return bs, top, init, local
 
 
-def _float_keys(name: str, value: Any, ndim: int) -> np.ndarray:
-    """A float array converted to float32 (the native kernel's type), then
-    widened to float64 for the dot products."""
-    a = np.asarray(value)
-    if a.dtype.kind != "f":
-        raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
-    if a.ndim != ndim:
-        raise ReferenceSelectionError(name, f"{name} must be {ndim}-D, got shape {a.shape}")
-    return a.astype(np.float32).astype(np.float64)
+@dataclass(frozen=True)
+class BlockSparseConfig:
+    """``kvselect.BlockSparseConfig``: how many blocks a query may see, and
+    which are free. Building one refuses a config that can select nothing
+    (``block_size`` 0, or ``top_blocks`` 0 with no forced block); a field
+    given as None takes its default."""
+
+    block_size: int = MINIMAX_BLOCK_SIZE
+    top_blocks: int = 32
+    init_blocks: int = 1
+    local_blocks: int = 2
+
+    def __post_init__(self) -> None:
+        defaults = (MINIMAX_BLOCK_SIZE, 32, 1, 2)
+        given = (self.block_size, self.top_blocks, self.init_blocks, self.local_blocks)
+        fields = _block_config(*(d if v is None else v for v, d in zip(given, defaults)))
+        for name, value in zip(("block_size", "top_blocks", "init_blocks", "local_blocks"), fields):
+            object.__setattr__(self, name, value)
+
+    @property
+    def width(self) -> int:
+        """The fixed width of an output row: ``max(top_blocks, init_blocks + local_blocks)``."""
+        return max(self.top_blocks, self.init_blocks + self.local_blocks)
+
+
+def _config(config: Any):
+    """``(block_size, top_blocks, init_blocks, local_blocks)`` of ``config``:
+    None for the default, or a config (this module's or the native one)."""
+    if config is None:
+        config = BlockSparseConfig()
+    try:
+        fields = (config.block_size, config.top_blocks, config.init_blocks, config.local_blocks)
+    except AttributeError:
+        raise TypeError(
+            f"config must be a BlockSparseConfig or None, got {type(config).__name__}"
+        ) from None
+    return _block_config(*fields)
 
 
 def _block_scores(q: np.ndarray, keys: np.ndarray, query_pos: int, bs: int) -> np.ndarray:
@@ -425,9 +580,10 @@ def block_scores(
     """The score of every visible block for one query, float64
     ``[n_kv_heads, n_blocks]`` (``index_q [n_kv_heads, d]``): the max raw dot
     product over the block's visible positions, NaN ignored (-inf for a
-    block of only NaNs), -0.0 read as +0.0. What the selection ranks."""
-    keys = _float_keys("index_k", index_k, 2)
-    q = _float_keys("index_q", index_q, 2)
+    block of only NaNs), -0.0 read as +0.0. What the selection ranks (no
+    native counterpart: the native module returns only the selection)."""
+    keys = _float_array("index_k", index_k, 2, _SELECTION)
+    q = _float_array("index_q", index_q, 2, _SELECTION)
     if q.shape[1] != keys.shape[1]:
         raise ReferenceSelectionError("index_q", "index_q and index_k differ in d")
     bs = _count("block_size", block_size)
@@ -474,51 +630,39 @@ def block_sparse_select(
     index_q: Any,
     index_k: Any,
     query_pos: Any,
-    block_size: int = MINIMAX_BLOCK_SIZE,
-    top_blocks: int = 32,
-    init_blocks: int = 1,
-    local_blocks: int = 2,
+    config: Any = None,
+    *,
+    out: Optional[np.ndarray] = None,
 ) -> np.ndarray:
-    """The blocks each KV head may read, int32.
+    """The blocks each KV head may read, int32 (a new array, or ``out`` filled).
 
     ``index_q [n_kv_heads, d]`` with an int ``query_pos`` gives
     ``[n_kv_heads, width]``; ``index_q [n_queries, n_kv_heads, d]`` with a
     1-D ``query_pos [n_queries]`` gives ``[n_queries, n_kv_heads, width]``.
     ``index_k`` is ``[n_positions, d]``. Each row: ascending block ids, then -1.
     """
-    bs, top, init, local = _block_config(block_size, top_blocks, init_blocks, local_blocks)
-    keys = _float_keys("index_k", index_k, 2)
+    bs, top, init, local = _config(config)
+    width = max(top, init + local)
+    keys = _float_array("index_k", index_k, 2, _SELECTION)
     q = np.asarray(index_q)
     if q.ndim == 2:
-        q = _float_keys("index_q", q, 2)
+        q = _float_array("index_q", q, 2, _SELECTION)
         if q.shape[1] != keys.shape[1]:
             raise ReferenceSelectionError("index_q", "index_q and index_k differ in d")
         pos = _count("query_pos", query_pos)
-        return _select_one_query(q, keys, pos, bs, top, init, local).astype(np.int32)
-    q = _float_keys("index_q", q, 3)
+        out = _output(out, (q.shape[0], width), _SELECTION)
+        return _deliver(_select_one_query(q, keys, pos, bs, top, init, local), out)
+    q = _float_array("index_q", q, 3, _SELECTION)
     if q.shape[2] != keys.shape[1]:
         raise ReferenceSelectionError("index_q", "index_q and index_k differ in d")
-    positions = _index_positions("query_pos", query_pos)
+    positions = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
     if positions.shape != (q.shape[0],):
         raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
-    width = max(top, init + local)
-    out = np.full((q.shape[0], q.shape[1], width), -1, dtype=np.int64)
+    out = _output(out, (q.shape[0], q.shape[1], width), _SELECTION)
+    selected = np.full((q.shape[0], q.shape[1], width), -1, dtype=np.int64)
     for i, p in enumerate(positions):
-        out[i] = _select_one_query(q[i], keys, int(p), bs, top, init, local)
-    return out.astype(np.int32)
-
-
-def _index_positions(name: str, value: Any) -> np.ndarray:
-    a = np.asarray(value)
-    if a.size == 0 and a.dtype.kind not in "iu":
-        a = a.astype(np.int64)
-    if a.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
-    if a.ndim != 1:
-        raise ReferenceSelectionError(name, f"{name} must be 1-D, got shape {a.shape}")
-    if a.size and int(a.min()) < 0:
-        raise ReferenceSelectionError(name, f"{name} holds a negative value")
-    return a
+        selected[i] = _select_one_query(q[i], keys, int(p), bs, top, init, local)
+    return _deliver(selected, out)
 
 
 def block_sparse_select_packed(
@@ -527,24 +671,25 @@ def block_sparse_select_packed(
     cu_seqlens: Any,
     seq_ids: Any,
     query_pos: Any,
-    block_size: int = MINIMAX_BLOCK_SIZE,
-    top_blocks: int = 32,
-    init_blocks: int = 1,
-    local_blocks: int = 2,
+    config: Any = None,
+    *,
+    out: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """A packed batch: sequence ``s`` owns key rows
     ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i`` (``index_q [n_queries,
     n_kv_heads, d]``) selects over sequence ``seq_ids[i]``'s keys alone at
     ``query_pos[i]`` within it, block ids counted from the sequence's start.
-    int32 ``[n_queries, n_kv_heads, width]``."""
-    bs, top, init, local = _block_config(block_size, top_blocks, init_blocks, local_blocks)
-    keys = _float_keys("index_k", index_k, 2)
-    q = _float_keys("index_q", index_q, 3)
+    int32 ``[n_queries, n_kv_heads, width]`` (a new array, or ``out`` filled)."""
+    bs, top, init, local = _config(config)
+    width = max(top, init + local)
+    keys = _float_array("index_k", index_k, 2, _SELECTION)
+    q = _float_array("index_q", index_q, 3, _SELECTION)
     if q.shape[2] != keys.shape[1]:
         raise ReferenceSelectionError("index_q", "index_q and index_k differ in d")
-    cu = _index_positions("cu_seqlens", cu_seqlens)
-    sid = _index_positions("seq_ids", seq_ids)
-    pos = _index_positions("query_pos", query_pos)
+    cu = _index_array("cu_seqlens", cu_seqlens, 1, _SELECTION, positions=True)
+    sid = _index_array("seq_ids", seq_ids, 1, _SELECTION, positions=True)
+    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    out = _output(out, (q.shape[0], q.shape[1], width), _SELECTION)
     if len(cu) == 0 or cu[0] != 0 or cu[-1] != keys.shape[0] or np.any(np.diff(cu) < 0):
         raise ReferenceSelectionError(
             "cu_seqlens", "cu_seqlens must rise from 0 to n_positions without decreasing"
@@ -554,29 +699,27 @@ def block_sparse_select_packed(
         raise ReferenceSelectionError("seq_ids", "seq_ids needs one id per query")
     if pos.shape != (q.shape[0],):
         raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
-    width = max(top, init + local)
-    out = np.full((q.shape[0], q.shape[1], width), -1, dtype=np.int64)
+    selected = np.full((q.shape[0], q.shape[1], width), -1, dtype=np.int64)
     for i in range(q.shape[0]):
         s = int(sid[i])
         if s >= n_seqs:
             raise ReferenceSelectionError("seq_ids", f"seq_ids[{i}] = {s} is out of range")
         seq_keys = keys[int(cu[s]) : int(cu[s + 1])]
-        out[i] = _select_one_query(q[i], seq_keys, int(pos[i]), bs, top, init, local)
-    return out.astype(np.int32)
+        selected[i] = _select_one_query(q[i], seq_keys, int(pos[i]), bs, top, init, local)
+    return _deliver(selected, out)
 
 
 def positions_of_blocks(
-    blocks: Any, query_pos: int, n_positions: int, block_size: int = MINIMAX_BLOCK_SIZE
+    blocks: Any, query_pos: int, n_positions: int, config: Any = None
 ) -> np.ndarray:
     """The positions a selection covers, ascending, deduplicated and causally
     clipped, int32: block ``b`` covers ``[b*bs, min((b+1)*bs, n_positions,
-    query_pos + 1))``. Negative entries (-1 padding) are skipped."""
-    b = _index_array("blocks", blocks, 1)
+    query_pos + 1))`` with ``bs = config.block_size``. Negative entries (-1
+    padding) are skipped."""
+    bs = _config(config)[0]
+    b = _index_array("blocks", blocks, 1, _SELECTION)
     query_pos = _count("query_pos", query_pos)
     n_positions = _count("n_positions", n_positions)
-    bs = _count("block_size", block_size)
-    if bs == 0:
-        raise ReferenceSelectionError("block_size", "block_size must be positive")
     limit = min(query_pos + 1, n_positions)
     covered: set[int] = set()
     for block in b[b >= 0]:
@@ -585,21 +728,11 @@ def positions_of_blocks(
     return np.array(sorted(covered), dtype=np.int64).astype(np.int32)
 
 
-__all__ += [
-    "MINIMAX_BLOCK_SIZE",
-    "ReferenceSelectionError",
-    "block_scores",
-    "block_sparse_select",
-    "block_sparse_select_packed",
-    "positions_of_blocks",
-]
-
-
 # ==========================================================================
-# Attention: baseline selectors, the oracle, dense/sparse attention, metrics
+# attention: baseline selectors, the oracle top-k, the dense/sparse pass
 # --------------------------------------------------------------------------
-# Written from the module docs of src/attention.rs and src/metrics.rs and the
-# stubs of the native module (``kvselect._core.pyi``):
+# Written from the module docs of src/attention.rs and the stubs of the
+# native module (``kvselect._core.pyi``):
 #
 # - a query at position ``p`` over ``n_keys`` keys sees keys
 #   ``0 .. min(p, n_keys - 1)``; selector rows are built for a causal
@@ -624,11 +757,6 @@ __all__ += [
 # ==========================================================================
 
 
-def _positions_1d(name: str, value: Any) -> np.ndarray:
-    """Query positions: a 1-D integer array of non-negative entries, int64."""
-    return _index_positions(name, value).astype(np.int64)
-
-
 def _pad_rows(rows: list, width: Optional[int]) -> np.ndarray:
     """int32 ``[len(rows), width]``: each row, then -1. ``width`` defaults to
     the longest row; a row longer than ``width`` is refused."""
@@ -645,15 +773,15 @@ def _pad_rows(rows: list, width: Optional[int]) -> np.ndarray:
 
 
 def dense_rows(query_pos: Any, width: Optional[int] = None) -> np.ndarray:
-    """``Selector.dense().rows(query_pos)``: row ``p`` is ``0..=p``."""
-    pos = _positions_1d("query_pos", query_pos)
+    """``Selector.dense().rows(query_pos, width=None)``: row ``p`` is ``0..=p``."""
+    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
     return _pad_rows([np.arange(p + 1) for p in pos], width)
 
 
 def local_rows(query_pos: Any, window: int, width: Optional[int] = None) -> np.ndarray:
-    """``Selector.local(window).rows(query_pos)``: the ``window`` most recent
-    keys of ``0..=p``, the query's own included."""
-    pos = _positions_1d("query_pos", query_pos)
+    """``Selector.local(window).rows(query_pos, width=None)``: the ``window``
+    most recent keys of ``0..=p``, the query's own included."""
+    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
     window = _count("window", window)
     return _pad_rows([np.arange(max(p + 1 - window, 0), p + 1) for p in pos], width)
 
@@ -661,9 +789,10 @@ def local_rows(query_pos: Any, window: int, width: Optional[int] = None) -> np.n
 def sink_window_rows(
     query_pos: Any, sinks: int, window: int, width: Optional[int] = None
 ) -> np.ndarray:
-    """``Selector.sink_window(sinks, window).rows(query_pos)``: the union of
-    the first ``sinks`` keys and the ``window`` most recent of ``0..=p``."""
-    pos = _positions_1d("query_pos", query_pos)
+    """``Selector.sink_window(sinks, window).rows(query_pos, width=None)``:
+    the union of the first ``sinks`` keys and the ``window`` most recent of
+    ``0..=p``."""
+    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
     sinks = _count("sinks", sinks)
     window = _count("window", window)
     rows = []
@@ -684,19 +813,14 @@ def _oracle_row(weights: np.ndarray, budget: int) -> np.ndarray:
 
 
 def oracle_topk(
-    attention: Any, query_pos: Any, budget: int, width: Optional[int] = None
+    attention: Any, query_pos: Any, budget: int, *, width: Optional[int] = None
 ) -> np.ndarray:
     """The oracle top-k of each attention row (float64 ``[n, row_len]``,
     row ``r`` belonging to ``query_pos[r]``): the ``budget`` heaviest keys
     among ``0..=min(query_pos[r], row_len - 1)``, ties to the lower key,
     NaN read as -inf; int32 ``[n, width]``, ascending then -1."""
-    a = np.asarray(attention)
-    if a.dtype.kind != "f":
-        raise TypeError(f"attention must be a float array, got dtype {a.dtype}")
-    if a.ndim != 2:
-        raise ReferenceSelectionError("attention", f"attention must be 2-D, got shape {a.shape}")
-    a = a.astype(np.float64)
-    pos = _positions_1d("query_pos", query_pos)
+    a = _float_array("attention", attention, 2, _SELECTION, dtype=np.float64)
+    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
     budget = _count("budget", budget)
     if len(pos) != a.shape[0]:
         raise ReferenceSelectionError("query_pos", "query_pos needs one position per row")
@@ -707,17 +831,6 @@ def oracle_topk(
     return _pad_rows(rows, width)
 
 
-def _float_tensor(name: str, value: Any) -> np.ndarray:
-    """A 3-D float array, converted to float32 (the native type) and widened
-    to float64 for the arithmetic."""
-    a = np.asarray(value)
-    if a.dtype.kind != "f" and a.size > 0:
-        raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
-    if a.ndim != 3:
-        raise ReferenceSelectionError(name, f"{name} must be 3-D, got shape {a.shape}")
-    return a.astype(np.float32).astype(np.float64)
-
-
 def _native_scale(d_k: int) -> float:
     """The default scale as the native module uses it: ``1/sqrt(d_k)``
     rounded to float32 (1 for ``d_k = 0``)."""
@@ -725,8 +838,10 @@ def _native_scale(d_k: int) -> float:
 
 
 def _qk(q: Any, k: Any, query_pos: Any):
-    q = _float_tensor("q", q)
-    k = _float_tensor("k", k)
+    """``q``, ``k`` (float64 from float32), the query positions and the GQA
+    group, the shapes checked against each other."""
+    q = _float_array("q", q, 3, _SELECTION)
+    k = _float_array("k", k, 3, _SELECTION)
     if q.shape[2] != k.shape[2]:
         raise ReferenceSelectionError("q", f"q has d_k={q.shape[2]} but k has d_k={k.shape[2]}")
     n_q_heads, n_kv_heads = q.shape[1], k.shape[1]
@@ -734,32 +849,10 @@ def _qk(q: Any, k: Any, query_pos: Any):
         raise ReferenceSelectionError("n_kv_heads", "n_kv_heads is 0")
     if n_q_heads % n_kv_heads != 0:
         raise ReferenceSelectionError("n_q_heads", "n_q_heads is not a multiple of n_kv_heads")
-    pos = _positions_1d("query_pos", query_pos)
+    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
     if len(pos) != q.shape[0]:
         raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
     return q, k, pos, n_q_heads // n_kv_heads
-
-
-def attention_probabilities(
-    q: Any, k: Any, query_pos: Any, scale: Optional[float] = None
-) -> np.ndarray:
-    """Dense causal softmax rows, float64 ``[n_queries, n_q_heads, n_keys]``:
-    row ``(i, h)`` is ``softmax((q_ih . k_j) * scale)`` over the visible keys
-    ``j <= min(query_pos[i], n_keys - 1)`` of KV head ``h // group``, 0 after."""
-    q, k, pos, group = _qk(q, k, query_pos)
-    n_queries, n_q_heads, d_k = q.shape
-    n_keys = k.shape[0]
-    scale = _native_scale(d_k) if scale is None else float(scale)
-    out = np.zeros((n_queries, n_q_heads, n_keys))
-    for i, p in enumerate(pos):
-        visible = min(p + 1, n_keys)
-        if visible == 0:
-            continue
-        for h in range(n_q_heads):
-            s = (k[:visible, h // group] @ q[i, h]) * scale
-            e = np.exp(s - s.max())
-            out[i, h, :visible] = e / e.sum()
-    return out
 
 
 def attention(
@@ -768,11 +861,13 @@ def attention(
     v: Any,
     query_pos: Any,
     selection: Any = None,
+    *,
     scale: Optional[float] = None,
 ):
-    """Causal attention over the selected keys (every visible key when
-    ``selection`` is None): ``(out float64 [n_queries, n_q_heads, d_v],
-    lse float64 [n_queries, n_q_heads], empty_rows)``.
+    """The attention pass that :func:`dense_attention` (``selection`` None:
+    every visible key) and :func:`sparse_attention` share: ``(out float64
+    [n_queries, n_q_heads, d_v], lse float64 [n_queries, n_q_heads],
+    empty_rows)``.
 
     Row ``(i, h)`` attends to the set of entries ``x`` of
     ``selection[i, h // group]`` with ``0 <= x <= min(query_pos[i],
@@ -782,19 +877,16 @@ def attention(
     q, k, pos, group = _qk(q, k, query_pos)
     n_queries, n_q_heads, d_k = q.shape
     n_keys, n_kv_heads = k.shape[0], k.shape[1]
-    v = _float_tensor("v", v)
+    v = _float_array("v", v, 3, _SELECTION)
     if v.shape[:2] != (n_keys, n_kv_heads):
         raise ReferenceSelectionError("v", f"v must be [{n_keys}, {n_kv_heads}, d_v], got {v.shape}")
     d_v = v.shape[2]
     if selection is not None:
-        sel = np.asarray(selection)
-        if sel.dtype.kind not in "iu" and sel.size > 0:
-            raise TypeError(f"selection must hold integers, got dtype {sel.dtype}")
-        if sel.ndim != 3 or sel.shape[:2] != (n_queries, n_kv_heads):
+        sel = _index_array("selection", selection, 3, _SELECTION)
+        if sel.shape[:2] != (n_queries, n_kv_heads):
             raise ReferenceSelectionError(
                 "selection", f"selection must be [{n_queries}, {n_kv_heads}, width], got {sel.shape}"
             )
-        sel = sel.astype(np.int64)
     # The attention pass computes with a float32 scale.
     scale = float(np.float32(_native_scale(d_k) if scale is None else scale))
 
@@ -822,11 +914,60 @@ def attention(
     return out, lse, empty_rows
 
 
+def dense_attention(
+    q: Any, k: Any, v: Any, query_pos: Any, *, scale: Optional[float] = None
+):
+    """Dense causal attention: ``(out float64 [n_queries, n_q_heads, d_v],
+    lse float64 [n_queries, n_q_heads])``, every query over keys
+    ``0..=query_pos``."""
+    out, lse, _ = attention(q, k, v, query_pos, None, scale=scale)
+    return out, lse
+
+
+def sparse_attention(
+    q: Any, k: Any, v: Any, query_pos: Any, selection: Any, *, scale: Optional[float] = None
+):
+    """Sparse causal attention over ``selection [n_queries, n_kv_heads,
+    width]``: ``(out, lse, empty_rows)`` as :func:`attention`."""
+    return attention(q, k, v, query_pos, selection, scale=scale)
+
+
+# ==========================================================================
+# metrics: attention probabilities, batched coverage/recall, output error
+# --------------------------------------------------------------------------
+# Written from the module docs of src/metrics.rs. Each batched metric is the
+# witness section's scalar metric of every row (called, not reimplemented);
+# with GQA, attention row ``r`` is read against candidate row ``r // group``.
+# ==========================================================================
+
+
+def attention_probabilities(
+    q: Any, k: Any, query_pos: Any, *, scale: Optional[float] = None
+) -> np.ndarray:
+    """Dense causal softmax rows, float64 ``[n_queries, n_q_heads, n_keys]``:
+    row ``(i, h)`` is ``softmax((q_ih . k_j) * scale)`` over the visible keys
+    ``j <= min(query_pos[i], n_keys - 1)`` of KV head ``h // group``, 0 after."""
+    q, k, pos, group = _qk(q, k, query_pos)
+    n_queries, n_q_heads, d_k = q.shape
+    n_keys = k.shape[0]
+    scale = _native_scale(d_k) if scale is None else float(scale)
+    out = np.zeros((n_queries, n_q_heads, n_keys))
+    for i, p in enumerate(pos):
+        visible = min(p + 1, n_keys)
+        if visible == 0:
+            continue
+        for h in range(n_q_heads):
+            s = (k[:visible, h // group] @ q[i, h]) * scale
+            e = np.exp(s - s.max())
+            out[i, h, :visible] = e / e.sum()
+    return out
+
+
 def segment_coverage_rows(candidates: Any, context_lens: Any, num_segments: int) -> np.ndarray:
     """:func:`segment_coverage` of every row of ``candidates [rows, width]``
     with its own context length; float64 ``[rows]``."""
-    c = _index_array("candidates", candidates, 2)
-    lens = _positions_1d("context_lens", context_lens)
+    c = _index_array("candidates", candidates, 2, _SELECTION)
+    lens = _index_array("context_lens", context_lens, 1, _SELECTION, positions=True)
     num_segments = _count("num_segments", num_segments)
     if len(lens) != c.shape[0]:
         raise ReferenceSelectionError("context_lens", "context_lens needs one length per row")
@@ -841,10 +982,8 @@ def attention_mass_recall_rows(candidates: Any, attention: Any) -> np.ndarray:
     ``attention [n_rows, row_len]`` against candidate row ``r // group``,
     ``group = n_rows // rows`` (a KV head's selection serves its query-head
     group); float64 ``[n_rows]``, NaN for a row with no mass."""
-    c = _index_array("candidates", candidates, 2)
-    a = np.asarray(attention, dtype=np.float64)
-    if a.ndim != 2:
-        raise ReferenceSelectionError("attention", f"attention must be 2-D, got shape {a.shape}")
+    c = _index_array("candidates", candidates, 2, _SELECTION)
+    a = _float_array("attention", attention, 2, _SELECTION, dtype=np.float64)
     rows, n_rows = c.shape[0], a.shape[0]
     if rows == 0:
         if n_rows != 0:
@@ -871,45 +1010,29 @@ def _relative_error(sparse: np.ndarray, dense: np.ndarray) -> float:
         return float(np.sqrt(np.float64(diff) / np.float64(norm)))
 
 
-def _float32_pair(sparse: Any, dense: Any):
-    s = np.asarray(sparse)
-    d = np.asarray(dense)
-    for name, a in (("sparse", s), ("dense", d)):
-        if a.dtype.kind != "f" and a.size > 0:
-            raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
+def _outputs(sparse: Any, dense: Any):
+    """``sparse`` and ``dense`` as the native metric reads them (float32,
+    widened to float64), of one shape."""
+    s = _float_array("sparse", sparse, None, _SELECTION)
+    d = _float_array("dense", dense, None, _SELECTION)
     if s.shape != d.shape:
         raise ReferenceSelectionError("sparse", f"sparse {s.shape} and dense {d.shape} differ")
-    # The native metric reads float32 outputs.
-    return s.astype(np.float32).astype(np.float64), d.astype(np.float32).astype(np.float64)
+    return s, d
 
 
 def output_relative_error(sparse: Any, dense: Any) -> float:
     """``||sparse - dense||_2 / ||dense||_2`` over whole arrays, float64."""
-    s, d = _float32_pair(sparse, dense)
+    s, d = _outputs(sparse, dense)
     return _relative_error(s.ravel(), d.ravel())
 
 
 def output_relative_error_rows(sparse: Any, dense: Any) -> np.ndarray:
     """:func:`output_relative_error` per row over the last axis: float64 of
     the leading shape."""
-    s, d = _float32_pair(sparse, dense)
+    s, d = _outputs(sparse, dense)
     if s.ndim == 0:
         raise ReferenceSelectionError("sparse", "sparse and dense must be at least 1-D")
     lead = s.shape[:-1]
     s2 = s.reshape(-1, s.shape[-1]) if s.size else s.reshape(int(np.prod(lead)), s.shape[-1])
     d2 = d.reshape(s2.shape)
     return np.array([_relative_error(s2[r], d2[r]) for r in range(s2.shape[0])]).reshape(lead)
-
-
-__all__ += [
-    "dense_rows",
-    "local_rows",
-    "sink_window_rows",
-    "oracle_topk",
-    "attention_probabilities",
-    "attention",
-    "segment_coverage_rows",
-    "attention_mass_recall_rows",
-    "output_relative_error",
-    "output_relative_error_rows",
-]

@@ -50,11 +50,11 @@ def _cfg_tuple(cfg):
 
 
 def _ref_select(q, k, pos, cfg):
-    return ref.block_sparse_select(q, k, pos, *_cfg_tuple(cfg))
+    return ref.block_sparse_select(q, k, pos, cfg)
 
 
 def _ref_packed(q, k, cu, sid, pos, cfg):
-    return ref.block_sparse_select_packed(q, k, cu, sid, pos, *_cfg_tuple(cfg))
+    return ref.block_sparse_select_packed(q, k, cu, sid, pos, cfg)
 
 
 def _random_config(rng):
@@ -447,12 +447,12 @@ def test_spec_examples():
     sel = ks.block_sparse_select(q, _keys(16, []), 6, c8)[0]
     assert sel[sel >= 0].tolist() == [0, 1]
     assert ks.positions_of_blocks(sel, 6, 16, c8).tolist() == list(range(7))
-    assert ref.positions_of_blocks(sel, 6, 16, 4).tolist() == list(range(7))
+    assert ref.positions_of_blocks(sel, 6, 16, c8).tolist() == list(range(7))
     # A query beyond the keys is clipped.
     sel = ks.block_sparse_select(q, _keys(6, []), 100, c8)[0]
     assert sel[sel >= 0].tolist() == [0, 1]
     assert ks.positions_of_blocks(sel, 100, 6, c8).tolist() == [0, 1, 2, 3, 4, 5]
-    assert ref.positions_of_blocks(sel, 100, 6, 4).tolist() == [0, 1, 2, 3, 4, 5]
+    assert ref.positions_of_blocks(sel, 100, 6, c8).tolist() == [0, 1, 2, 3, 4, 5]
     # Ties to the lower block, run after run.
     c0 = ks.BlockSparseConfig(4, 3, 0, 0)
     allsame = np.tile(np.array([[1.0, 0.0]], np.float32), (16, 1))
@@ -815,7 +815,7 @@ def test_refused_configs():
         assert e.value.argument == argument, (args, e.value.argument)
         if args in ((0,), (0, 4, 1, 1), (4, 0, 0, 0)):
             with pytest.raises(ref.ReferenceSelectionError) as e:
-                ref.block_sparse_select(np.ones((1, 1)), np.ones((1, 1)), 0, *args)
+                ref.block_sparse_select(np.ones((1, 1)), np.ones((1, 1)), 0, ref.BlockSparseConfig(*args))
             assert e.value.argument == argument
     for bad in ("4", 4.0, 4.5, [4]):
         with pytest.raises(TypeError):
@@ -855,7 +855,7 @@ def test_positions_of_blocks_examples():
 def test_positions_of_blocks_equals_reference(blocks, query_pos, n_positions, bs):
     cfg = ks.BlockSparseConfig(bs, 1, 0, 0)
     got = ks.positions_of_blocks(np.array(blocks, np.int32), query_pos, n_positions, cfg)
-    want = ref.positions_of_blocks(np.array(blocks, np.int64), query_pos, n_positions, bs)
+    want = ref.positions_of_blocks(np.array(blocks, np.int64), query_pos, n_positions, cfg)
     assert got.dtype == np.int32
     assert got.tolist() == want.tolist()
     assert np.all(np.diff(got) > 0)

@@ -368,9 +368,7 @@ def _packed_problem(draw):
 def test_packed_selection_equals_the_reference_and_the_per_sequence_calls(problem):
     cfg, q, k, cu, sid, pos = problem
     got = ks.block_sparse_select_packed(q, k, cu, sid, pos, cfg)
-    want = ref.block_sparse_select_packed(
-        q, k, cu, sid, pos, cfg.block_size, cfg.top_blocks, cfg.init_blocks, cfg.local_blocks
-    )
+    want = ref.block_sparse_select_packed(q, k, cu, sid, pos, cfg)
     assert_same_ints(got, want, "packed vs reference")
     assert got.shape == (q.shape[0], q.shape[1], cfg.width)
     for i, s in enumerate(sid):
@@ -463,7 +461,7 @@ def test_oracle_topk_equals_the_reference_on_tied_integer_weights(problem, extra
     assert_same_ints(ks.oracle_topk(a, pos, budget), natural, "default width")
     width = None if extra is None else natural.shape[1] + extra
     got = ks.oracle_topk(a, pos, budget, width=width)
-    assert_same_ints(got, ref.oracle_topk(a, pos, budget, width), f"width={width}")
+    assert_same_ints(got, ref.oracle_topk(a, pos, budget, width=width), f"width={width}")
     for p, row in zip(pos, got):
         ids = row[row >= 0]
         assert len(ids) == min(budget, p + 1, a.shape[1])
