@@ -31,7 +31,7 @@ import pathlib
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvselect as ks
@@ -50,7 +50,7 @@ PROB_TOL = 1e-12
 METRIC_TOL = 1e-12
 
 HYP = settings(
-    max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    max_examples=120, deadline=None
 )
 
 

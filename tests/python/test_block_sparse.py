@@ -20,7 +20,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -33,7 +33,7 @@ N_PACKED_CASES = 250  # packed batches
 N_FLOAT_CASES = 250  # random normal data
 
 HYP = settings(
-    max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    max_examples=150, deadline=None
 )
 
 
