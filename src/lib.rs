@@ -20,6 +20,7 @@
 
 pub mod attention;
 pub mod block_sparse;
+mod error;
 pub mod metrics;
 pub mod pool;
 pub mod simd;
