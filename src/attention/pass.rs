@@ -8,7 +8,7 @@ use super::shape::check_pass;
 use super::AttentionShape;
 use crate::error::{check_len, checked_size, AttentionError};
 use crate::pool;
-use crate::simd::{self, Level};
+use crate::simd::{self, Avx2};
 
 /// Rows scored together against each key tile while it is in L1.
 const ROW_GROUP: usize = 16;
@@ -20,7 +20,7 @@ const SPARSE_BLOCK: usize = 8;
 
 /// What every row of a call shares.
 struct Ctx<'a> {
-    level: Level,
+    isa: Option<Avx2>,
     q: &'a [f32],
     v: &'a [f32],
     d_k: usize,
@@ -166,7 +166,7 @@ fn attend_group(
         for &(r0, nr, most, _) in tiles {
             if j0 < most {
                 kernels::scores(
-                    ctx.level,
+                    ctx.isa,
                     ctx.q,
                     &q_offs[r0..r0 + nr],
                     ktile,
@@ -180,7 +180,7 @@ fn attend_group(
     }
 
     // The first chunk of value rows is fetched while the softmax runs.
-    kernels::prefetch_rows(ctx.level, ctx.v, &voff[..n_max.min(KEY_CHUNK)], d_v);
+    kernels::prefetch_rows(ctx.isa, ctx.v, &voff[..n_max.min(KEY_CHUNK)], d_v);
 
     // Softmax per row, in place.
     for (r, &n) in n_vis.iter().enumerate() {
@@ -191,7 +191,7 @@ fn attend_group(
         let n8 = n.next_multiple_of(8);
         let row = &mut s[r * stride..r * stride + n8];
         row[n..].fill(f32::NEG_INFINITY);
-        bufs.ml.push(kernels::softmax(ctx.level, row));
+        bufs.ml.push(kernels::softmax(ctx.isa, row));
     }
 
     // Values: key chunk outer; within a micro-tile, the keys every row sees
@@ -200,12 +200,12 @@ fn attend_group(
     while j0 < n_max {
         let j1 = (j0 + KEY_CHUNK).min(n_max);
         let j2 = (j1 + KEY_CHUNK).min(n_max);
-        kernels::prefetch_rows(ctx.level, ctx.v, &voff[j1..j2], d_v);
+        kernels::prefetch_rows(ctx.isa, ctx.v, &voff[j1..j2], d_v);
         for &(r0, nr, _, fewest) in tiles {
             let joint = j1.min(fewest);
             if joint > j0 {
                 kernels::accumulate(
-                    ctx.level,
+                    ctx.isa,
                     s,
                     stride,
                     r0,
@@ -222,7 +222,7 @@ fn attend_group(
                 let (a, b) = (j0.max(fewest), j1.min(n));
                 if b > a {
                     kernels::accumulate(
-                        ctx.level,
+                        ctx.isa,
                         s,
                         stride,
                         r,
@@ -301,7 +301,7 @@ pub fn dense_attention(
         return Ok(0);
     }
     let ctx = Ctx {
-        level: simd::level(),
+        isa: simd::avx2(),
         q,
         v,
         d_k,
@@ -318,7 +318,7 @@ pub fn dense_attention(
     let mut voffs = Vec::with_capacity(n_kv);
     for h in 0..n_kv {
         let mut kt = Vec::new();
-        kernels::pack_keys(ctx.level, &mut kt, k, d_k, n_pack, |j| (j * n_kv + h) * d_k);
+        kernels::pack_keys(ctx.isa, &mut kt, k, d_k, n_pack, |j| (j * n_kv + h) * d_k);
         kts.push(kt);
         voffs.push(
             (0..n_pack)
@@ -403,7 +403,7 @@ pub fn sparse_attention(
         return Ok(0);
     }
     let ctx = Ctx {
-        level: simd::level(),
+        isa: simd::avx2(),
         q,
         v,
         d_k,
@@ -426,7 +426,7 @@ pub fn sparse_attention(
                 continue;
             }
             let list = &sc.list;
-            kernels::pack_keys(ctx.level, &mut sc.kt, k, d_k, n, |j| {
+            kernels::pack_keys(ctx.isa, &mut sc.kt, k, d_k, n, |j| {
                 (list[j] * n_kv + h) * d_k
             });
             sc.voff.clear();

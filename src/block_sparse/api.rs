@@ -46,7 +46,7 @@ pub fn block_sparse_select(
     let vis = [visible_end(query_pos, n_positions)];
     let mut out: Vec<Vec<usize>> = vec![Vec::new(); n_kv_heads];
     run_engine(
-        simd::level(),
+        simd::avx2(),
         index_q,
         n_kv_heads,
         &vis,
@@ -110,7 +110,7 @@ pub fn select_batch_into<P: IndexLike>(
         vis.push(visible_end(p, n_positions));
     }
     run_engine(
-        simd::level(),
+        simd::avx2(),
         index_q,
         n_kv_heads,
         &vis,
@@ -196,7 +196,7 @@ pub fn select_packed_into<C: IndexLike, I: IndexLike>(
             .map(|&p| visible_end(p, k1 - k0))
             .collect();
         run_engine(
-            simd::level(),
+            simd::avx2(),
             &index_q[start * row_q..end * row_q],
             n_kv_heads,
             &vis,

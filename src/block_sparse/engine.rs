@@ -5,7 +5,7 @@ use super::kernels::{run_segment, Segment, TileOut, MR};
 use super::select::select_blocks;
 use super::BlockSparseConfig;
 use crate::pool;
-use crate::simd::Level;
+use crate::simd::Avx2;
 
 /// Cap on the per-(row, block) scratch of one row group, in f32s (4 MiB).
 pub(super) const SCRATCH_FLOATS: usize = 1 << 20;
@@ -56,7 +56,7 @@ impl PaddedRows {
 /// `out_width`. Inputs are already validated.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run_engine<T: Send>(
-    level: Level,
+    isa: Option<Avx2>,
     index_q: &[f32],
     heads: usize,
     vis: &[usize],
@@ -92,7 +92,7 @@ pub(super) fn run_engine<T: Send>(
         let key_chunk = (KEY_CHUNK_BYTES / (4 * d)).max(MR);
         pool::for_each_row_mut(&mut scratch, rp * blocks_per_task, 1, |task, maxima| {
             score_blocks(
-                level,
+                isa,
                 &padded,
                 keys,
                 d,
@@ -121,7 +121,7 @@ pub(super) fn run_engine<T: Send>(
 /// with every padded row's max score over blocks `b0 .. b0 + n_blk`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn score_blocks(
-    level: Level,
+    isa: Option<Avx2>,
     rows: &PaddedRows,
     keys: &[f32],
     d: usize,
@@ -169,7 +169,7 @@ pub(super) fn score_blocks(
                 stride: rp,
                 col: t * MR,
             };
-            run_segment(level, &seg, out);
+            run_segment(isa, &seg, out);
         }
         c0 = c1;
     }

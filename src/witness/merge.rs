@@ -4,7 +4,7 @@
 use super::scan::{copy_occupancy, occupancy, Row};
 use super::{WitnessError, MAX_TOPOLOGY_SEGMENTS};
 use crate::pool;
-use crate::simd::{self, Level};
+use crate::simd::{self, Avx2};
 
 fn check_rows(learned_len: usize, topk: usize, rows: usize) -> Result<(), WitnessError> {
     if topk.checked_mul(rows) != Some(learned_len) {
@@ -19,13 +19,19 @@ fn check_rows(learned_len: usize, topk: usize, rows: usize) -> Result<(), Witnes
 
 /// Writes row `row`'s witnesses into `out` (`num_segments` slots, slot `s`
 /// holding `e_s` for a missing segment `s < S_eff` and `-1` otherwise).
-fn witness_row(row: &[i32], context_len: i32, num_segments: usize, out: &mut [i32], level: Level) {
+fn witness_row(
+    row: &[i32],
+    context_len: i32,
+    num_segments: usize,
+    out: &mut [i32],
+    isa: Option<Avx2>,
+) {
     out.fill(-1);
     let Some(g) = Row::new(context_len, num_segments) else {
         return;
     };
     if num_segments <= MAX_TOPOLOGY_SEGMENTS {
-        let mut missing = !occupancy(row, &g, level) & g.partition_mask();
+        let mut missing = !occupancy(row, &g, isa) & g.partition_mask();
         while missing != 0 {
             let s = missing.trailing_zeros() as u64;
             out[s as usize] = g.edge(s);
@@ -92,49 +98,41 @@ pub fn topology_witness_indices_into(
         return Err(WitnessError::SegmentsOutOfRange { num_segments });
     }
     check_rows(out.len(), num_segments, rows)?;
-    let level = simd::level();
+    let isa = simd::avx2();
     pool::for_each_row_mut(out, num_segments, pool::min_rows(topk), |r, out_row| {
         let row = &learned[r * topk..(r + 1) * topk];
-        witness_row(row, context_lens[r], num_segments, out_row, level);
+        witness_row(row, context_lens[r], num_segments, out_row, isa);
     });
     Ok(())
 }
 
-/// Merges witnesses into one row in place: occupancy from the whole row,
-/// witnesses in ascending segment order into slots `keep..keep + budget`.
-/// Requires `1 <= num_segments <= 64` and `keep + budget <= row.len()`.
-fn merge_row(
-    row: &mut [i32],
-    context_len: i32,
-    num_segments: usize,
-    keep: usize,
-    budget: usize,
-    level: Level,
-) {
-    let Some(g) = Row::new(context_len, num_segments) else {
-        return;
-    };
-    let missing = !occupancy(row, &g, level) & g.partition_mask();
-    write_witnesses(&mut row[keep..keep + budget], missing, &g);
-}
-
-/// [`merge_row`] from `src` into `dst` (the learned row and its output
-/// slot): the copy and the occupancy scan are one pass.
+/// Merges witnesses into one row: occupancy from the whole learned row,
+/// witnesses in ascending segment order into slots `keep..keep + budget`
+/// of `dst`. The learned row is `src`, copied into `dst` in the same pass
+/// as its occupancy scan (apply), or `dst` itself when `src` is `None`
+/// (scatter, in place). Requires `1 <= num_segments <= 64`,
+/// `keep + budget <= dst.len()` and, with `src`, `src.len() == dst.len()`.
 #[allow(clippy::too_many_arguments)]
-fn merge_row_from(
-    src: &[i32],
+fn merge_row(
+    src: Option<&[i32]>,
     dst: &mut [i32],
     context_len: i32,
     num_segments: usize,
     keep: usize,
     budget: usize,
-    level: Level,
+    isa: Option<Avx2>,
 ) {
     let Some(g) = Row::new(context_len, num_segments) else {
-        dst.copy_from_slice(src);
+        if let Some(src) = src {
+            dst.copy_from_slice(src);
+        }
         return;
     };
-    let missing = !copy_occupancy(src, dst, &g, level) & g.partition_mask();
+    let occupied = match src {
+        Some(src) => copy_occupancy(src, dst, &g, isa),
+        None => occupancy(dst, &g, isa),
+    };
+    let missing = !occupied & g.partition_mask();
     write_witnesses(&mut dst[keep..keep + budget], missing, &g);
 }
 
@@ -232,11 +230,11 @@ pub fn apply_topology_witnesses_into(
         out.copy_from_slice(learned);
         return Ok(());
     }
-    let level = simd::level();
+    let isa = simd::avx2();
     pool::for_each_row_mut(out, topk, pool::min_rows(2 * topk), |r, out_row| {
         let src = &learned[r * topk..(r + 1) * topk];
         let (len, keep) = (context_lens[r], learned_keep);
-        merge_row_from(src, out_row, len, num_segments, keep, budget, level);
+        merge_row(Some(src), out_row, len, num_segments, keep, budget, isa);
     });
     Ok(())
 }
@@ -270,9 +268,9 @@ pub fn scatter_topology_witnesses(
     if budget == 0 {
         return Ok(());
     }
-    let level = simd::level();
+    let isa = simd::avx2();
     pool::for_each_row_mut(topk_indices, topk, pool::min_rows(topk), |r, row| {
-        merge_row(row, context_lens[r], num_segments, keep, budget, level);
+        merge_row(None, row, context_lens[r], num_segments, keep, budget, isa);
     });
     Ok(())
 }

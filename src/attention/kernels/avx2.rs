@@ -3,14 +3,16 @@
 
 use super::portable::{EXP_LO, LN2_HI, LN2_LO, LOG2E, P, ROUND};
 use super::KEY_TILE;
+use crate::simd::Avx2;
 use std::arch::x86_64::*;
 
 /// # Safety
-/// AVX2+FMA; `q_offs.len() == R`, `q_offs[r] + d <= q.len()`,
+/// `_token` proves AVX2+FMA; `q_offs.len() == R`, `q_offs[r] + d <= q.len()`,
 /// `ktile.len() >= 16 d`, `out.len() >= (R - 1) · stride + 16`.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn scores<const R: usize>(
+    _token: Avx2,
     q: &[f32],
     q_offs: &[usize],
     ktile: &[f32],
@@ -56,9 +58,10 @@ pub(super) unsafe fn scores<const R: usize>(
 /// rows in `next`.
 ///
 /// # Safety
-/// AVX2+FMA; `rows[t] + d <= k.len()`; `dst.len() == 8 d`.
+/// `_token` proves AVX2+FMA; `rows[t] + d <= k.len()`; `dst.len() == 8 d`.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn pack_block(
+    _token: Avx2,
     k: &[f32],
     rows: &[usize; 8],
     next: Option<&[usize; 8]>,
@@ -147,9 +150,9 @@ pub(super) fn exp(x: __m256) -> __m256 {
 }
 
 /// # Safety
-/// AVX2+FMA; `s.len()` a multiple of 8.
+/// `_token` proves AVX2+FMA; `s.len()` a multiple of 8.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn softmax(s: &mut [f32]) -> (f32, f32) {
+pub(super) unsafe fn softmax(_token: Avx2, s: &mut [f32]) -> (f32, f32) {
     let mut vm = _mm256_set1_ps(f32::NEG_INFINITY);
     for c in s.chunks_exact(8) {
         // SAFETY: 8 in-bounds floats.
@@ -185,12 +188,13 @@ pub(super) unsafe fn softmax(s: &mut [f32]) -> (f32, f32) {
 }
 
 /// # Safety
-/// AVX2+FMA; `(r0 + R - 1) · stride + j1 <= p.len()`,
+/// `_token` proves AVX2+FMA; `(r0 + R - 1) · stride + j1 <= p.len()`,
 /// `(r0 + R) · d_v <= o.len()`, `j1 <= voff.len()`, and
 /// `voff[j] + d_v <= v.len()` for `j` in `j0..j1`.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn accumulate<const R: usize>(
+    _token: Avx2,
     p: &[f32],
     stride: usize,
     r0: usize,
@@ -205,19 +209,23 @@ pub(super) unsafe fn accumulate<const R: usize>(
     let vp = v.as_ptr();
     let op = o.as_mut_ptr();
     let mut c = 0;
-    // SAFETY (all blocks below): the bounds of the function's
-    // contract; `c + 16 <= d_v` / `c + 8 <= d_v` / `c < d_v` in each
-    // loop.
+    // Every block below relies on the bounds of the function's contract:
+    // rows `r0 + r < r0 + R` of `o` (`d_v` apart) and of `p` (`stride`
+    // apart, keys `j < j1`), value rows `voff[j] + d_v <= v.len()`, and the
+    // columns of each loop (`c + 16 <= d_v`, `c + 8 <= d_v`, `cc < d_v`).
     while c + 16 <= d_v {
         let mut a0 = [_mm256_setzero_ps(); R];
         let mut a1 = [_mm256_setzero_ps(); R];
         for r in 0..R {
+            // SAFETY: output row `r0 + r`, columns `c..c + 16 <= d_v`.
             unsafe {
                 a0[r] = _mm256_loadu_ps(op.add((r0 + r) * d_v + c));
                 a1[r] = _mm256_loadu_ps(op.add((r0 + r) * d_v + c + 8));
             }
         }
         for j in j0..j1 {
+            // SAFETY: `j < j1 <= voff.len()`; value row `voff[j]`, columns
+            // `c..c + 16 <= d_v`; probability `(r0 + r, j)` is in `p`.
             unsafe {
                 let vr = vp.add(*voff.get_unchecked(j) + c);
                 let b0 = _mm256_loadu_ps(vr);
@@ -230,6 +238,7 @@ pub(super) unsafe fn accumulate<const R: usize>(
             }
         }
         for r in 0..R {
+            // SAFETY: output row `r0 + r`, columns `c..c + 16 <= d_v`.
             unsafe {
                 _mm256_storeu_ps(op.add((r0 + r) * d_v + c), a0[r]);
                 _mm256_storeu_ps(op.add((r0 + r) * d_v + c + 8), a1[r]);
@@ -240,9 +249,12 @@ pub(super) unsafe fn accumulate<const R: usize>(
     if c + 8 <= d_v {
         let mut a0 = [_mm256_setzero_ps(); R];
         for r in 0..R {
+            // SAFETY: output row `r0 + r`, columns `c..c + 8 <= d_v`.
             unsafe { a0[r] = _mm256_loadu_ps(op.add((r0 + r) * d_v + c)) };
         }
         for j in j0..j1 {
+            // SAFETY: `j < j1 <= voff.len()`; value row `voff[j]`, columns
+            // `c..c + 8 <= d_v`; probability `(r0 + r, j)` is in `p`.
             unsafe {
                 let b0 = _mm256_loadu_ps(vp.add(*voff.get_unchecked(j) + c));
                 for r in 0..R {
@@ -252,12 +264,15 @@ pub(super) unsafe fn accumulate<const R: usize>(
             }
         }
         for r in 0..R {
+            // SAFETY: output row `r0 + r`, columns `c..c + 8 <= d_v`.
             unsafe { _mm256_storeu_ps(op.add((r0 + r) * d_v + c), a0[r]) };
         }
         c += 8;
     }
     for cc in c..d_v {
         for r in 0..R {
+            // SAFETY: output row `r0 + r`, column `cc < d_v`; value rows and
+            // probabilities as above.
             unsafe {
                 let mut a = *op.add((r0 + r) * d_v + cc);
                 for j in j0..j1 {

@@ -1,9 +1,11 @@
-//! The pass's kernels. Each exists twice -- AVX2+FMA ([`avx2`]) and
-//! portable ([`portable`]) -- and both run the same per-element chains of
+//! The pass's kernels. Each exists twice -- AVX2+FMA (`avx2.rs`) and
+//! portable (`portable.rs`) -- and both run the same per-element chains of
 //! IEEE operations, so they agree bit for bit (see the module docs of
-//! [`crate::attention`]). The functions here dispatch on the level.
+//! [`crate::attention`]). The functions here check the bounds the kernels
+//! rely on and dispatch: to AVX2 when handed an [`Avx2`] token (which only
+//! run-time detection makes), else to the portable twin.
 
-use crate::simd::Level;
+use crate::simd::Avx2;
 
 /// Keys per score micro-tile: two 8-lane blocks.
 pub(super) const KEY_TILE: usize = 16;
@@ -16,7 +18,7 @@ pub(super) const ROW_TILE: usize = 4;
 /// `round_up(n, 16) · d` entries; the padding keys' contents are
 /// unspecified (their scores are masked).
 pub(super) fn pack_keys(
-    level: Level,
+    isa: Option<Avx2>,
     dst: &mut Vec<f32>,
     k: &[f32],
     d: usize,
@@ -30,9 +32,10 @@ pub(super) fn pack_keys(
     if d == 0 {
         return;
     }
+    #[allow(unused_mut)] // only the AVX2 branch packs ahead of the portable tail
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx2 {
+    if let Some(token) = isa {
         // Whole blocks of 8 keys: 8×8 register transposes, the next
         // block's rows prefetched (a packing is a copy: any method gives
         // the same bits).
@@ -49,10 +52,12 @@ pub(super) fn pack_keys(
         for b in 0..blocks {
             let rows = next.unwrap_or_else(|| rows_of(b));
             next = (b + 1 < blocks).then(|| rows_of(b + 1));
-            // SAFETY: AVX2+FMA detected; every row `r + d <= k.len()`
-            // (asserted), and the block is `8 d` floats.
+            // SAFETY: `token` proves AVX2+FMA (only run-time detection
+            // makes one); every row `r + d <= k.len()` (asserted in
+            // `rows_of`), and the block is `8 d` floats.
             unsafe {
                 avx2::pack_block(
+                    token,
                     k,
                     &rows,
                     next.as_ref(),
@@ -63,39 +68,34 @@ pub(super) fn pack_keys(
         }
         done = blocks * 8;
     }
-    let _ = level;
-    for j in done..n {
-        let src = &k[offset(j)..offset(j) + d];
-        let block = &mut dst[(j / 8) * 8 * d..(j / 8 + 1) * 8 * d];
-        for (slot, &x) in block[j % 8..].iter_mut().step_by(8).zip(src) {
-            *slot = x;
-        }
-    }
+    let _ = isa;
+    portable::pack_keys(dst, k, d, done..n, offset);
 }
 
 /// Asks for the value rows `voff` (each `d_v` floats) to be brought into
 /// cache ahead of use: a sparse row's values are scattered, and issuing
 /// every line up front overlaps their misses. No effect on results.
-pub(super) fn prefetch_rows(level: Level, v: &[f32], voff: &[usize], d_v: usize) {
+pub(super) fn prefetch_rows(isa: Option<Avx2>, v: &[f32], voff: &[usize], d_v: usize) {
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx2 {
+    if isa.is_some() {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         for &o in voff {
             for c in (0..d_v).step_by(16) {
                 let p = v.as_ptr().wrapping_add(o + c) as *const i8;
-                // SAFETY: a prefetch never faults and does not
-                // dereference its pointer.
+                // SAFETY: a prefetch (baseline SSE) never faults and does
+                // not dereference its pointer.
                 unsafe { _mm_prefetch::<_MM_HINT_T0>(p) };
             }
         }
     }
-    let _ = (level, v, voff, d_v);
+    let _ = (isa, v, voff, d_v);
 }
+
 /// Scores of `q_offs.len()` rows against one packed key tile, times
 /// `scale`, into `out[r · stride + t]`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn scores(
-    level: Level,
+    isa: Option<Avx2>,
     q: &[f32],
     q_offs: &[usize],
     ktile: &[f32],
@@ -112,59 +112,35 @@ pub(super) fn scores(
             && q_offs.iter().all(|&o| o + d <= q.len())
     );
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx2 {
-        // SAFETY: `Level::Avx2` comes from run-time detection of AVX2
-        // and FMA; the bounds the kernel relies on are asserted above.
+    if let Some(t) = isa {
+        // SAFETY: `t` proves AVX2+FMA (only run-time detection makes one);
+        // the bounds the kernel relies on are asserted above.
         unsafe {
             match rows {
-                1 => avx2::scores::<1>(q, q_offs, ktile, d, scale, out, stride),
-                2 => avx2::scores::<2>(q, q_offs, ktile, d, scale, out, stride),
-                3 => avx2::scores::<3>(q, q_offs, ktile, d, scale, out, stride),
-                _ => avx2::scores::<4>(q, q_offs, ktile, d, scale, out, stride),
+                1 => avx2::scores::<1>(t, q, q_offs, ktile, d, scale, out, stride),
+                2 => avx2::scores::<2>(t, q, q_offs, ktile, d, scale, out, stride),
+                3 => avx2::scores::<3>(t, q, q_offs, ktile, d, scale, out, stride),
+                _ => avx2::scores::<4>(t, q, q_offs, ktile, d, scale, out, stride),
             }
         }
         return;
     }
-    let _ = level;
-    for (r, &qo) in q_offs.iter().enumerate() {
-        let qr = &q[qo..qo + d];
-        for t in 0..KEY_TILE {
-            let kb = &ktile[(t / 8) * 8 * d..];
-            let mut acc = 0.0f32;
-            for (c, &x) in qr.iter().enumerate() {
-                acc = x.mul_add(kb[c * 8 + t % 8], acc);
-            }
-            out[r * stride + t] = acc * scale;
-        }
-    }
+    let _ = isa;
+    portable::scores(q, q_offs, ktile, d, scale, out, stride);
 }
 
 /// Softmax numerator in place over `s` (a multiple of 8 long, entries
 /// past the row's keys already `-inf`); returns `(m, l)`.
-pub(super) fn softmax(level: Level, s: &mut [f32]) -> (f32, f32) {
+pub(super) fn softmax(isa: Option<Avx2>, s: &mut [f32]) -> (f32, f32) {
     assert!(s.len() % 8 == 0);
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx2 {
-        // SAFETY: AVX2 and FMA were detected at run time.
-        return unsafe { avx2::softmax(s) };
+    if let Some(t) = isa {
+        // SAFETY: `t` proves AVX2+FMA (only run-time detection makes one);
+        // the length is a multiple of 8 (asserted above).
+        return unsafe { avx2::softmax(t, s) };
     }
-    let _ = level;
-    let mut m = f32::NEG_INFINITY;
-    for &x in s.iter() {
-        if x > m {
-            m = x;
-        }
-    }
-    // -0.0 and +0.0 are one maximum.
-    let m = m + 0.0;
-    let mut lanes = [0.0f32; 8];
-    for chunk in s.chunks_exact_mut(8) {
-        for (lane, x) in lanes.iter_mut().zip(chunk.iter_mut()) {
-            *x = exp_scalar(*x - m);
-            *lane += *x;
-        }
-    }
-    (m, reduce8(lanes))
+    let _ = isa;
+    portable::softmax(s)
 }
 
 /// `o[r][c] = fma(p[r][j], v[voff[j] + c], o[r][c])` for `j` in `j0..j1`
@@ -172,7 +148,7 @@ pub(super) fn softmax(level: Level, s: &mut [f32]) -> (f32, f32) {
 /// `d_v` apart).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn accumulate(
-    level: Level,
+    isa: Option<Avx2>,
     p: &[f32],
     stride: usize,
     r0: usize,
@@ -191,35 +167,31 @@ pub(super) fn accumulate(
             && (r0 + rows - 1) * stride + j1 <= p.len()
             && (r0 + rows) * d_v <= o.len()
     );
-    // Value rows were bounds-checked when `voff` was built (`check_pass`
-    // and the key lists); checked again here in debug builds.
-    debug_assert!(voff[j0..j1].iter().all(|&x| x + d_v <= v.len()));
+    // Every value row read is in `v`. `voff` is built from validated
+    // shapes (`check_pass`) and key lists, so this never fails; it is
+    // checked in release builds too because the AVX2 kernel reads through
+    // raw pointers (O(j1 - j0) compares against O((j1 - j0) · d_v) FMAs).
+    let last = v.len().checked_sub(d_v);
+    assert!(
+        voff[j0..j1].iter().all(|&x| last.is_some_and(|l| x <= l)),
+        "a value row past the end of v"
+    );
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx2 {
-        // SAFETY: AVX2 and FMA were detected at run time; row and key
-        // bounds asserted above, value rows in bounds by construction.
+    if let Some(t) = isa {
+        // SAFETY: `t` proves AVX2+FMA (only run-time detection makes one);
+        // row, key and value-row bounds are asserted above.
         unsafe {
             match rows {
-                1 => avx2::accumulate::<1>(p, stride, r0, v, voff, j0, j1, o, d_v),
-                2 => avx2::accumulate::<2>(p, stride, r0, v, voff, j0, j1, o, d_v),
-                3 => avx2::accumulate::<3>(p, stride, r0, v, voff, j0, j1, o, d_v),
-                _ => avx2::accumulate::<4>(p, stride, r0, v, voff, j0, j1, o, d_v),
+                1 => avx2::accumulate::<1>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+                2 => avx2::accumulate::<2>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+                3 => avx2::accumulate::<3>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+                _ => avx2::accumulate::<4>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
             }
         }
         return;
     }
-    let _ = level;
-    for r in r0..r0 + rows {
-        let orow = &mut o[r * d_v..(r + 1) * d_v];
-        let prow = &p[r * stride..];
-        for j in j0..j1 {
-            let pj = prow[j];
-            let vrow = &v[voff[j]..voff[j] + d_v];
-            for (oc, &vc) in orow.iter_mut().zip(vrow) {
-                *oc = pj.mul_add(vc, *oc);
-            }
-        }
-    }
+    let _ = isa;
+    portable::accumulate(p, stride, r0, rows, v, voff, j0, j1, o, d_v);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -229,12 +201,11 @@ pub(super) fn accumulate(
 mod avx2;
 mod portable;
 
-use portable::{exp_scalar, reduce8};
-
 #[cfg(test)]
 mod tests {
-    use super::portable::EXP_LO;
+    use super::portable::{exp_scalar, EXP_LO};
     use super::*;
+    use crate::simd::avx2_for_test;
 
     /// The exp kernel is within 2 ulp-ish of libm on `[-87, 0]`, exactly
     /// 1 at 0, 0 below the underflow limit, NaN on NaN -- and the AVX2
@@ -270,13 +241,15 @@ mod tests {
         }
         assert_eq!(exp_scalar(0.0), 1.0);
         assert!(exp_scalar(f32::NAN).is_nan());
+        let token = avx2_for_test();
         #[cfg(target_arch = "x86_64")]
-        if crate::simd::level() == Level::Avx2 {
+        if token.is_some() {
             use std::arch::x86_64::*;
             xs.extend([f32::NAN; 8]);
             for c in xs.chunks_exact(8) {
                 let mut got = [0.0f32; 8];
-                // SAFETY: AVX2+FMA detected; 8-float buffers.
+                // SAFETY: `token` is `Some`, so this CPU has AVX2+FMA;
+                // 8-float buffers.
                 unsafe {
                     let x = _mm256_loadu_ps(c.as_ptr());
                     _mm256_storeu_ps(got.as_mut_ptr(), avx2::exp(x));
@@ -296,9 +269,10 @@ mod tests {
     /// on ragged shapes.
     #[test]
     fn every_kernel_is_bit_identical_on_every_level() {
-        if crate::simd::level() != Level::Avx2 {
+        let Some(token) = avx2_for_test() else {
             return;
-        }
+        };
+        let isa = Some(token);
         let mut state = 0x2545_F491_4F6C_DD1Du64;
         let mut next = move || {
             state ^= state << 13;
@@ -313,14 +287,14 @@ mod tests {
             let stride = 24;
             let mut a = vec![0.0f32; rows * stride];
             let mut b = a.clone();
-            scores(Level::Avx2, &q, &q_offs, &k, d, 0.3, &mut a, stride);
-            scores(Level::Scalar, &q, &q_offs, &k, d, 0.3, &mut b, stride);
+            scores(isa, &q, &q_offs, &k, d, 0.3, &mut a, stride);
+            scores(None, &q, &q_offs, &k, d, 0.3, &mut b, stride);
             assert_eq!(a, b, "scores d={d}");
             let mut sa: Vec<f32> = (0..24).map(|_| next() * 20.0).collect();
             sa[21..].fill(f32::NEG_INFINITY);
             let mut sb = sa.clone();
-            let ma = softmax(Level::Avx2, &mut sa);
-            let mb = softmax(Level::Scalar, &mut sb);
+            let ma = softmax(isa, &mut sa);
+            let mb = softmax(None, &mut sb);
             assert_eq!(
                 (ma.0.to_bits(), ma.1.to_bits()),
                 (mb.0.to_bits(), mb.1.to_bits())
@@ -332,15 +306,15 @@ mod tests {
             let p: Vec<f32> = (0..rows * n).map(|_| next().abs()).collect();
             let mut oa: Vec<f32> = (0..rows * d_v).map(|_| next()).collect();
             let mut ob = oa.clone();
-            accumulate(Level::Avx2, &p, n, 0, rows, &v, &voff, 3, n, &mut oa, d_v);
-            accumulate(Level::Scalar, &p, n, 0, rows, &v, &voff, 3, n, &mut ob, d_v);
+            accumulate(isa, &p, n, 0, rows, &v, &voff, 3, n, &mut oa, d_v);
+            accumulate(None, &p, n, 0, rows, &v, &voff, 3, n, &mut ob, d_v);
             assert_eq!(oa, ob, "accumulate d_v={d_v}");
             // Packing: a copy either way.
             let keys: Vec<f32> = (0..50 * d).map(|_| next()).collect();
             let order: Vec<usize> = (0..29).map(|j| (j * 17) % 50).collect();
             let (mut pa, mut pb) = (Vec::new(), Vec::new());
-            pack_keys(Level::Avx2, &mut pa, &keys, d, 29, |j| order[j] * d);
-            pack_keys(Level::Scalar, &mut pb, &keys, d, 29, |j| order[j] * d);
+            pack_keys(isa, &mut pa, &keys, d, 29, |j| order[j] * d);
+            pack_keys(None, &mut pb, &keys, d, 29, |j| order[j] * d);
             assert_eq!(pa[..29 / 8 * 8 * d], pb[..29 / 8 * 8 * d], "pack d={d}");
             for j in 0..29 {
                 for c in 0..d {

@@ -1,6 +1,7 @@
 //! The AVX2 + FMA kernel: 4 rows × up to 3 keys of dot products per
 //! step, one `__m256` accumulator each, reduced in the canonical order.
 use super::{Pieces, Segment, TileOut, MR, PREFETCH_KEYS};
+use crate::simd::Avx2;
 use std::arch::x86_64::*;
 
 /// Sums the 8 lanes of `a, b, c, d` in the canonical order
@@ -49,13 +50,8 @@ unsafe fn dots<const NR: usize>(
             // SAFETY: key j's dims c*8 .. c*8+8 are within its d.
             *v = unsafe { _mm256_loadu_ps(k.add(j * d + c * 8)) };
         }
-        for (r, accr) in acc.iter_mut().enumerate() {
-            // SAFETY: row r's dims c*8 .. c*8+8 are within dp.
-            let qv = unsafe { _mm256_loadu_ps(q.add(r * dp + c * 8)) };
-            for j in 0..NR {
-                accr[j] = _mm256_fmadd_ps(qv, kv[j], accr[j]);
-            }
-        }
+        // SAFETY: row r's dims c*8 .. c*8+8 are within dp.
+        unsafe { fma_chunk(&mut acc, q, dp, c, &kv) };
     }
     if d % 8 != 0 {
         let c = full;
@@ -64,19 +60,69 @@ unsafe fn dots<const NR: usize>(
             // SAFETY: the mask reads only dims c*8 .. d of key j.
             *v = unsafe { _mm256_maskload_ps(k.add(j * d + c * 8), tail) };
         }
-        for (r, accr) in acc.iter_mut().enumerate() {
-            // SAFETY: dp is d rounded up to 8, zero-padded.
-            let qv = unsafe { _mm256_loadu_ps(q.add(r * dp + c * 8)) };
-            for j in 0..NR {
-                accr[j] = _mm256_fmadd_ps(qv, kv[j], accr[j]);
-            }
-        }
+        // SAFETY: dp is d rounded up to 8, zero-padded.
+        unsafe { fma_chunk(&mut acc, q, dp, c, &kv) };
     }
     let mut outv = [_mm_setzero_ps(); NR];
     for (j, o) in outv.iter_mut().enumerate() {
         *o = reduce4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]);
     }
     outv
+}
+
+/// `acc[r][j] = fma(q_r[8c..8c+8], kv[j], acc[r][j])` for the 4 rows at
+/// `q` (stride `dp`): one 8-dimension step of [`dots`].
+///
+/// # Safety
+/// `q` must be readable for `3 * dp + 8 * c + 8` floats.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_chunk<const NR: usize>(
+    acc: &mut [[__m256; NR]; MR],
+    q: *const f32,
+    dp: usize,
+    c: usize,
+    kv: &[__m256; NR],
+) {
+    for (r, accr) in acc.iter_mut().enumerate() {
+        // SAFETY: row r's dims c*8 .. c*8+8 are readable (the contract).
+        let qv = unsafe { _mm256_loadu_ps(q.add(r * dp + c * 8)) };
+        for j in 0..NR {
+            accr[j] = _mm256_fmadd_ps(qv, kv[j], accr[j]);
+        }
+    }
+}
+
+/// [`dots`] of `n` (1 to 3) keys, as three; the lanes of keys past `n` are
+/// `-inf`.
+///
+/// # Safety
+/// As [`dots`], for `n` keys.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_upto3(
+    q: *const f32,
+    dp: usize,
+    k: *const f32,
+    d: usize,
+    tail: __m256i,
+    n: usize,
+) -> [__m128; 3] {
+    let neg_inf = _mm_set1_ps(f32::NEG_INFINITY);
+    // SAFETY: the contract, for the `n` keys read.
+    unsafe {
+        match n {
+            3 => dots::<3>(q, dp, k, d, tail),
+            2 => {
+                let [a, b] = dots::<2>(q, dp, k, d, tail);
+                [a, b, neg_inf]
+            }
+            _ => {
+                let [a] = dots::<1>(q, dp, k, d, tail);
+                [a, neg_inf, neg_inf]
+            }
+        }
+    }
 }
 
 /// Lanes `[r0, r2, r1, r3]` back in row order.
@@ -90,21 +136,22 @@ fn unpermute(m: __m128) -> [f32; MR] {
 }
 
 /// # Safety
-/// The CPU must support AVX2 and FMA.
+/// `_token` proves AVX2+FMA; every bound the pointer reads rely on is
+/// asserted here (a violated one panics, in release builds too).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn segment(seg: &Segment<'_>, mut out: TileOut<'_>) {
+pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, mut out: TileOut<'_>) {
     let d = seg.d;
     let dp = seg.dp;
-    // Every key this segment reads must exist, and q must hold 4 rows
-    // (the engine guarantees both; this keeps the pointer reads sound
-    // even if it did not).
-    let sound = seg.end.saturating_mul(d) <= seg.keys.len()
-        && seg.q.len() >= MR * dp
-        && dp >= d.div_ceil(8) * 8;
-    debug_assert!(sound, "block_sparse kernel called out of bounds");
-    if !sound {
-        return;
-    }
+    // Every key this segment reads must exist, and q must hold 4 rows.
+    // The engine guarantees both; checked once per segment so that the
+    // pointer reads stay sound even if it did not, and so that a broken
+    // guarantee fails loudly rather than giving a quiet wrong answer.
+    assert!(
+        seg.end.saturating_mul(d) <= seg.keys.len()
+            && seg.q.len() >= MR * dp
+            && dp >= d.div_ceil(8) * 8,
+        "block_sparse kernel called out of bounds"
+    );
     let rem = (d % 8) as i32;
     let tail = _mm256_setr_epi32(
         -((rem > 0) as i32),
@@ -151,17 +198,13 @@ pub(super) unsafe fn segment(seg: &Segment<'_>, mut out: TileOut<'_>) {
                 m = _mm_max_ps(s[2], m);
                 p += 3;
             }
-            if p + 2 <= to {
-                // SAFETY: as above.
-                let s = unsafe { dots::<2>(q, dp, kbase.add(p * d), d, tail) };
-                m = _mm_max_ps(s[0], m);
-                m = _mm_max_ps(s[1], m);
-                p += 2;
-            }
             if p < to {
-                // SAFETY: as above.
-                let s = unsafe { dots::<1>(q, dp, kbase.add(p * d), d, tail) };
-                m = _mm_max_ps(s[0], m);
+                let n = to - p;
+                // SAFETY: as above, for the last `n < 3` keys.
+                let s = unsafe { dots_upto3(q, dp, kbase.add(p * d), d, tail, n) };
+                for &sj in &s[..n] {
+                    m = _mm_max_ps(sj, m);
+                }
             }
         } else {
             // Lane i keeps key p iff p < vis of row [0, 2, 1, 3][i],
@@ -176,20 +219,8 @@ pub(super) unsafe fn segment(seg: &Segment<'_>, mut out: TileOut<'_>) {
             let mut p = from;
             while p < to {
                 let n = (to - p).min(3);
-                // SAFETY: as above.
-                let s = unsafe {
-                    match n {
-                        3 => dots::<3>(q, dp, kbase.add(p * d), d, tail),
-                        2 => {
-                            let [a, b] = dots::<2>(q, dp, kbase.add(p * d), d, tail);
-                            [a, b, neg_inf]
-                        }
-                        _ => {
-                            let [a] = dots::<1>(q, dp, kbase.add(p * d), d, tail);
-                            [a, neg_inf, neg_inf]
-                        }
-                    }
-                };
+                // SAFETY: as above, for keys p..p+n.
+                let s = unsafe { dots_upto3(q, dp, kbase.add(p * d), d, tail, n) };
                 for (j, sj) in s.into_iter().enumerate().take(n) {
                     let rel_p = (p + j - from).min(i32::MAX as usize) as i32;
                     let keep = _mm_castsi128_ps(_mm_cmpgt_epi32(vis, _mm_set1_epi32(rel_p)));

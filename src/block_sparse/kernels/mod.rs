@@ -3,7 +3,7 @@
 //! portable kernel (bit-identical: see the module docs of
 //! [`crate::block_sparse`]).
 
-use crate::simd::Level;
+use crate::simd::Avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -57,19 +57,17 @@ impl TileOut<'_> {
     }
 }
 
-pub(super) fn run_segment(level: Level, seg: &Segment<'_>, out: TileOut<'_>) {
+/// Scores one segment with the AVX2 kernel when handed the token, else
+/// with the portable one (bit-identical block maxima either way).
+pub(super) fn run_segment(isa: Option<Avx2>, seg: &Segment<'_>, out: TileOut<'_>) {
     #[cfg(target_arch = "x86_64")]
-    {
-        if level == Level::Avx2
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            unsafe { avx2::segment(seg, out) };
-            return;
-        }
+    if let Some(token) = isa {
+        // SAFETY: `token` proves AVX2+FMA (only run-time detection makes
+        // one); the kernel asserts the bounds its pointer reads rely on.
+        unsafe { avx2::segment(token, seg, out) };
+        return;
     }
-    let _ = level;
+    let _ = isa;
     portable::segment(seg, out);
 }
 

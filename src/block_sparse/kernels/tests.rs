@@ -4,7 +4,7 @@ use super::portable;
 use crate::block_sparse::engine::{run_engine, score_blocks, PaddedRows, SCRATCH_FLOATS};
 use crate::block_sparse::select::write_i32_row;
 use crate::block_sparse::BlockSparseConfig;
-use crate::simd::{self, Level};
+use crate::simd::{self, Avx2};
 
 struct XorShift(u64);
 impl XorShift {
@@ -26,9 +26,9 @@ impl XorShift {
     }
 }
 
-/// Block maxima of every (query, head) row, computed with `level`.
+/// Block maxima of every (query, head) row, computed with `isa`.
 fn maxima(
-    level: Level,
+    isa: Option<Avx2>,
     q: &[f32],
     rows: usize,
     vis: &[usize],
@@ -44,7 +44,7 @@ fn maxima(
     // Several tasks and a small key chunk, to cross every boundary.
     let bpt = 3;
     for (t, chunk) in scratch.chunks_mut(rp * bpt).enumerate() {
-        score_blocks(level, &padded, keys, d, n_keys, bs, t * bpt, chunk, 5);
+        score_blocks(isa, &padded, keys, d, n_keys, bs, t * bpt, chunk, 5);
     }
     let mut bits = Vec::new();
     for r in 0..rows {
@@ -61,16 +61,9 @@ fn maxima(
 /// summation order is the same on both.
 #[test]
 fn the_avx2_and_portable_kernels_give_bit_identical_block_maxima() {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if !(std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma"))
-        {
-            return;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    return;
+    let Some(token) = simd::avx2_for_test() else {
+        return;
+    };
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
     let mut finite = 0;
     for case in 0..300 {
@@ -87,8 +80,8 @@ fn the_avx2_and_portable_kernels_give_bit_identical_block_maxima() {
             }
         }
         let vis: Vec<usize> = (0..rows).map(|_| rng.below(n_keys + 1)).collect();
-        let a = maxima(Level::Scalar, &q, rows, &vis, &keys, d, bs);
-        let b = maxima(Level::Avx2, &q, rows, &vis, &keys, d, bs);
+        let a = maxima(None, &q, rows, &vis, &keys, d, bs);
+        let b = maxima(Some(token), &q, rows, &vis, &keys, d, bs);
         finite += a.iter().filter(|&&x| f32::from_bits(x).is_finite()).count();
         assert_eq!(
             a, b,
@@ -122,7 +115,7 @@ fn row_groups_do_not_change_the_selection() {
         let run = |scratch: usize| {
             let mut out = vec![0i32; n_q * heads * w];
             run_engine(
-                simd::level(),
+                simd::avx2(),
                 &q,
                 heads,
                 &vis,

@@ -1,6 +1,7 @@
 //! The AVX2 scan: eight entries per step.
 
 use super::segment_fast;
+use crate::simd::Avx2;
 
 /// Eight entries per step: convert to f64, scale and lift with one FMA
 /// (a single rounding: the error bound of the module docs only shrinks),
@@ -17,10 +18,12 @@ use super::segment_fast;
 /// entries for a behaviour the instruction already has.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
+/// `_token` proves AVX2+FMA; with `COPY`, `dst.len() == row.len()` is
+/// asserted (in release builds too) before any store.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn occupancy_avx2<const COPY: bool>(
+    _token: Avx2,
     row: &[i32],
     dst: &mut [i32],
     ratio: f64,
@@ -73,7 +76,10 @@ pub(super) unsafe fn occupancy_avx2<const COPY: bool>(
 
     // With COPY, `dst` receives `row` as it is scanned (apply's fused
     // copy): the stores ride along with loads the scan makes anyway.
-    debug_assert!(!COPY || dst.len() == row.len());
+    assert!(
+        !COPY || dst.len() == row.len(),
+        "the fused copy needs a destination of the row's length"
+    );
     let mut done = 0;
     let mut chunks = row.chunks_exact(super::portable::CHUNK);
     for chunk in chunks.by_ref() {

@@ -2,7 +2,7 @@
 //! mask, by the f64 segment map (exact: see the module docs of
 //! [`crate::witness`]); one kernel per instruction set.
 
-use crate::simd::Level;
+use crate::simd::Avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -66,37 +66,34 @@ impl Row {
 /// The segments `row` occupies, as a mask; bits at or past `S_eff` may be set
 /// by out-of-range entries and mean nothing. Requires `S <= 64`. May stop
 /// early once every segment of the partition is occupied.
-pub(super) fn occupancy(row: &[i32], g: &Row, level: Level) -> u64 {
+pub(super) fn occupancy(row: &[i32], g: &Row, isa: Option<Avx2>) -> u64 {
     let full = g.partition_mask();
     #[cfg(target_arch = "x86_64")]
-    {
-        if level == Level::Avx2 {
-            // SAFETY: `Level::Avx2` is only ever produced by `simd::level()`
-            // after run-time detection found AVX2 and FMA on this CPU.
-            return unsafe {
-                avx2::occupancy_avx2::<false>(row, &mut [], g.ratio(), g.s_last as i32, full)
-            };
-        }
+    if let Some(token) = isa {
+        // SAFETY: `token` proves AVX2+FMA (only run-time detection makes
+        // one); the kernel reads `row` through its bounds-checked chunks.
+        return unsafe {
+            avx2::occupancy_avx2::<false>(token, row, &mut [], g.ratio(), g.s_last as i32, full)
+        };
     }
-    let _ = level;
+    let _ = isa;
     portable::occupancy_scalar(row, g.ratio(), g.s_last as i32, full)
 }
 
 /// [`occupancy`] of `src` while copying it into `dst` (same length): one
 /// pass over the learned row for the merge's copy and its scan.
-pub(super) fn copy_occupancy(src: &[i32], dst: &mut [i32], g: &Row, level: Level) -> u64 {
+pub(super) fn copy_occupancy(src: &[i32], dst: &mut [i32], g: &Row, isa: Option<Avx2>) -> u64 {
     let full = g.partition_mask();
     #[cfg(target_arch = "x86_64")]
-    {
-        if level == Level::Avx2 {
-            // SAFETY: as in `occupancy`; `dst.len() == src.len()` (callers
-            // pass two rows of one `topk`).
-            return unsafe {
-                avx2::occupancy_avx2::<true>(src, dst, g.ratio(), g.s_last as i32, full)
-            };
-        }
+    if let Some(token) = isa {
+        // SAFETY: as in `occupancy`; the kernel asserts `dst.len() ==
+        // src.len()` before its unchecked stores (callers pass two rows of
+        // one `topk`).
+        return unsafe {
+            avx2::occupancy_avx2::<true>(token, src, dst, g.ratio(), g.s_last as i32, full)
+        };
     }
-    let _ = level;
+    let _ = isa;
     dst.copy_from_slice(src);
     portable::occupancy_scalar(src, g.ratio(), g.s_last as i32, full)
 }
@@ -110,7 +107,6 @@ pub(super) fn segment_fast(x: i32, ratio: f64, s_last: i32) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simd;
 
     /// The f64 map equals exact integer division on every segment edge and
     /// its neighbours, and on random entries, for every S the merge accepts.
@@ -173,6 +169,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (state >> 33) as u32
         };
+        let token = crate::simd::avx2_for_test();
         for case in 0..4000 {
             let len = match case % 4 {
                 0 => (next() % 40) as i32 + 1,
@@ -199,14 +196,30 @@ mod tests {
                 .fold(0u64, |m, &x| m | 1 << g.segment_exact(x));
             assert_eq!(want & full, exact & full);
             #[cfg(target_arch = "x86_64")]
-            if simd::level() == Level::Avx2 {
+            if let Some(t) = token {
+                // SAFETY: `t` proves AVX2+FMA.
                 let got = unsafe {
-                    avx2::occupancy_avx2::<false>(&row, &mut [], g.ratio(), g.s_last as i32, full)
+                    avx2::occupancy_avx2::<false>(
+                        t,
+                        &row,
+                        &mut [],
+                        g.ratio(),
+                        g.s_last as i32,
+                        full,
+                    )
                 };
                 assert_eq!(got & full, want & full, "row={row:?} L={len} S={s}");
                 let mut copy = vec![0; row.len()];
+                // SAFETY: `t` proves AVX2+FMA; `copy` has `row`'s length.
                 let got = unsafe {
-                    avx2::occupancy_avx2::<true>(&row, &mut copy, g.ratio(), g.s_last as i32, full)
+                    avx2::occupancy_avx2::<true>(
+                        t,
+                        &row,
+                        &mut copy,
+                        g.ratio(),
+                        g.s_last as i32,
+                        full,
+                    )
                 };
                 assert_eq!(
                     got & full,
