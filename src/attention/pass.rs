@@ -23,9 +23,27 @@ struct Ctx<'a> {
     isa: Option<Avx2>,
     q: &'a [f32],
     v: &'a [f32],
+    n_q_heads: usize,
+    /// Query heads per KV head.
+    g: usize,
     d_k: usize,
     d_v: usize,
     scale: f32,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(q: &'a [f32], v: &'a [f32], shape: &AttentionShape, scale: f32) -> Self {
+        Ctx {
+            isa: simd::avx2(),
+            q,
+            v,
+            n_q_heads: shape.n_q_heads,
+            g: shape.group(),
+            d_k: shape.d_k,
+            d_v: shape.d_v,
+            scale,
+        }
+    }
 }
 
 /// A row group's working buffers.
@@ -48,7 +66,13 @@ struct Scratch {
     list: Vec<usize>,
     /// Offsets of its value rows in `v`.
     voff: Vec<usize>,
-    /// The row group: offsets of its query rows in `q`, keys each sees.
+    group: RowGroup,
+}
+
+/// A row group: offsets of its query rows in `q`, keys each sees, and its
+/// working buffers.
+#[derive(Default)]
+struct RowGroup {
     q_offs: Vec<usize>,
     n_vis: Vec<usize>,
     bufs: GroupBufs,
@@ -241,6 +265,46 @@ fn attend_group(
     }
 }
 
+/// Attends rows `0..rows` of task `t` against one key list (keys packed in
+/// `kt`, value rows at `voff`), in groups of at most [`ROW_GROUP`], and
+/// writes each row out; returns how many saw no key. Row `r` is query head
+/// `r % g` of the group of the task's query `a = a0 + r / g`, and sees the
+/// first `n_vis(a)` keys of the list. The dense and the sparse pass differ
+/// only in the key lists they hand this.
+#[allow(clippy::too_many_arguments)]
+fn attend_rows(
+    ctx: &Ctx<'_>,
+    kt: &[f32],
+    voff: &[usize],
+    rg: &mut RowGroup,
+    t: &mut Task<'_>,
+    a0: usize,
+    rows: usize,
+    n_vis: impl Fn(usize) -> usize,
+) -> usize {
+    let (g, d_v) = (ctx.g, ctx.d_v);
+    let mut empty = 0;
+    for start in (0..rows).step_by(ROW_GROUP) {
+        let end = (start + ROW_GROUP).min(rows);
+        rg.q_offs.clear();
+        rg.n_vis.clear();
+        for r in start..end {
+            let a = a0 + r / g;
+            let i = t.q0 + a;
+            rg.q_offs
+                .push((i * ctx.n_q_heads + t.h * g + r % g) * ctx.d_k);
+            rg.n_vis.push(n_vis(a));
+        }
+        attend_group(ctx, kt, voff, &rg.q_offs, &rg.n_vis, &mut rg.bufs);
+        for r in start..end {
+            let (a, gi) = (a0 + r / g, r % g);
+            let dst = &mut t.outs[a][gi * d_v..(gi + 1) * d_v];
+            empty += finish_row(&rg.bufs, r - start, d_v, dst, &mut t.lses[a][gi]);
+        }
+    }
+    empty
+}
+
 /// Writes row `r` of a finished group to `dst` / `lse`; returns 1 if the
 /// row saw nothing (zeros, `-inf`), else 0.
 fn finish_row(bufs: &GroupBufs, r: usize, d_v: usize, dst: &mut [f32], lse: &mut f32) -> usize {
@@ -296,18 +360,11 @@ pub fn dense_attention(
     lse: &mut [f32],
 ) -> Result<usize, AttentionError> {
     check_pass(q, k, v, v_stride, shape, query_pos, scale, out, lse)?;
-    let (n_q_heads, n_kv, d_k, g) = (shape.n_q_heads, shape.n_kv_heads, shape.d_k, shape.group());
-    if shape.n_queries == 0 || n_q_heads == 0 {
+    let (n_kv, d_k, g) = (shape.n_kv_heads, shape.d_k, shape.group());
+    if shape.n_queries == 0 || shape.n_q_heads == 0 {
         return Ok(0);
     }
-    let ctx = Ctx {
-        isa: simd::avx2(),
-        q,
-        v,
-        d_k,
-        d_v: shape.d_v,
-        scale,
-    };
+    let ctx = Ctx::new(q, v, shape, scale);
     // Each KV head's keys are packed once and shared by every task.
     let n_pack = query_pos
         .iter()
@@ -329,32 +386,9 @@ pub fn dense_attention(
     let block = ROW_GROUP.div_ceil(g).max(1);
     let mut tasks = make_tasks(out, lse, shape, block);
     let empty = run_tasks(&mut tasks, |sc, t| {
-        let rows = t.outs.len() * g;
-        let mut empty = 0;
-        for start in (0..rows).step_by(ROW_GROUP) {
-            let end = (start + ROW_GROUP).min(rows);
-            sc.q_offs.clear();
-            sc.n_vis.clear();
-            for r in start..end {
-                let i = t.q0 + r / g;
-                sc.q_offs.push((i * n_q_heads + t.h * g + r % g) * d_k);
-                sc.n_vis.push(shape.visible(query_pos[i]));
-            }
-            attend_group(
-                &ctx,
-                &kts[t.h],
-                &voffs[t.h],
-                &sc.q_offs,
-                &sc.n_vis,
-                &mut sc.bufs,
-            );
-            for r in start..end {
-                let (a, gi) = (r / g, r % g);
-                let dst = &mut t.outs[a][gi * ctx.d_v..(gi + 1) * ctx.d_v];
-                empty += finish_row(&sc.bufs, r - start, ctx.d_v, dst, &mut t.lses[a][gi]);
-            }
-        }
-        empty
+        let (rows, q0, h) = (t.outs.len() * g, t.q0, t.h);
+        let n_vis = |a: usize| shape.visible(query_pos[q0 + a]);
+        attend_rows(&ctx, &kts[h], &voffs[h], &mut sc.group, t, 0, rows, n_vis)
     });
     Ok(empty)
 }
@@ -391,7 +425,7 @@ pub fn sparse_attention(
     lse: &mut [f32],
 ) -> Result<usize, AttentionError> {
     check_pass(q, k, v, v_stride, shape, query_pos, scale, out, lse)?;
-    let (n_q_heads, n_kv, d_k, g) = (shape.n_q_heads, shape.n_kv_heads, shape.d_k, shape.group());
+    let (n_kv, d_k, g) = (shape.n_kv_heads, shape.d_k, shape.group());
     let ns = checked_size("selection", &[shape.n_queries, n_kv, width])?;
     check_len("selection", selection.len(), ns, || {
         format!(
@@ -399,17 +433,10 @@ pub fn sparse_attention(
             shape.n_queries
         )
     })?;
-    if shape.n_queries == 0 || n_q_heads == 0 {
+    if shape.n_queries == 0 || shape.n_q_heads == 0 {
         return Ok(0);
     }
-    let ctx = Ctx {
-        isa: simd::avx2(),
-        q,
-        v,
-        d_k,
-        d_v: shape.d_v,
-        scale,
-    };
+    let ctx = Ctx::new(q, v, shape, scale);
     let mut tasks = make_tasks(out, lse, shape, SPARSE_BLOCK);
     let empty = run_tasks(&mut tasks, |sc, t| {
         let h = t.h;
@@ -432,20 +459,7 @@ pub fn sparse_attention(
             sc.voff.clear();
             sc.voff
                 .extend(list.iter().map(|&j| (j * n_kv + h) * v_stride));
-            for start in (0..g).step_by(ROW_GROUP) {
-                let end = (start + ROW_GROUP).min(g);
-                sc.q_offs.clear();
-                sc.n_vis.clear();
-                for gi in start..end {
-                    sc.q_offs.push((i * n_q_heads + h * g + gi) * d_k);
-                    sc.n_vis.push(n);
-                }
-                attend_group(&ctx, &sc.kt, &sc.voff, &sc.q_offs, &sc.n_vis, &mut sc.bufs);
-                for gi in start..end {
-                    let dst = &mut t.outs[a][gi * ctx.d_v..(gi + 1) * ctx.d_v];
-                    empty += finish_row(&sc.bufs, gi - start, ctx.d_v, dst, &mut t.lses[a][gi]);
-                }
-            }
+            empty += attend_rows(&ctx, &sc.kt, &sc.voff, &mut sc.group, t, a, g, |_| n);
         }
         empty
     });
