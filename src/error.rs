@@ -3,7 +3,11 @@
 //!
 //! [`AttentionError`] is what the attention pass, the baseline selectors and
 //! the metrics refuse with (all three take the same shapes); it is
-//! re-exported as `kvselect::attention::AttentionError`.
+//! re-exported as `kvselect::attention::AttentionError`. [`product`], the
+//! overflow-checked element count of a shape, serves block selection's
+//! checks too. (`block_sparse::SelectionError` and
+//! `witness::WitnessError` stay with their modules: their variants differ,
+//! and they are public API as they are.)
 
 use std::fmt;
 
@@ -82,15 +86,20 @@ impl fmt::Display for AttentionError {
 
 impl std::error::Error for AttentionError {}
 
+/// `Π factors`, or `None` if it overflows `usize`: the element count of a
+/// flat row-major shape, as every module's size checks compute it.
+pub(crate) fn product(factors: &[usize]) -> Option<usize> {
+    factors
+        .iter()
+        .try_fold(1usize, |acc, &f| acc.checked_mul(f))
+}
+
 /// `Π factors`, or `TooLarge` naming `argument`.
 pub(crate) fn checked_size(
     argument: &'static str,
     factors: &[usize],
 ) -> Result<usize, AttentionError> {
-    factors
-        .iter()
-        .try_fold(1usize, |acc, &f| acc.checked_mul(f))
-        .ok_or(AttentionError::TooLarge { argument })
+    product(factors).ok_or(AttentionError::TooLarge { argument })
 }
 
 /// Refuses `actual != expected`.

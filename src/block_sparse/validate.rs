@@ -2,6 +2,7 @@
 //! refusal names its argument.
 
 use super::{BlockSparseConfig, IndexLike, SelectionError};
+use crate::error::product;
 
 /// Exclusive end of the keys a query at `query_pos` sees.
 pub(super) fn visible_end(query_pos: usize, n_positions: usize) -> usize {
@@ -33,9 +34,7 @@ pub(super) fn check_q_len(
     n_kv_heads: usize,
     d: usize,
 ) -> Result<(), SelectionError> {
-    let expected = n_queries
-        .checked_mul(n_kv_heads)
-        .and_then(|r| r.checked_mul(d));
+    let expected = product(&[n_queries, n_kv_heads, d]);
     if expected != Some(index_q.len()) {
         let want = match expected {
             Some(e) => e.to_string(),
@@ -83,9 +82,7 @@ pub(super) fn check_out(
     n_kv_heads: usize,
     width: usize,
 ) -> Result<(), SelectionError> {
-    let expected = n_queries
-        .checked_mul(n_kv_heads)
-        .and_then(|r| r.checked_mul(width));
+    let expected = product(&[n_queries, n_kv_heads, width]);
     if expected != Some(out.len()) {
         return Err(SelectionError::OutputSize {
             argument: "out",
