@@ -109,6 +109,13 @@
 //! crate's pool (never rayon's global one) by (query block, KV head),
 //! writing disjoint output rows, so a single query's KV heads still run in
 //! parallel; one query with one KV head runs on one thread.
+//!
+//! # Layout
+//!
+//! `shape.rs` (the sizes of a call and the checks run before anything is
+//! written), `selectors.rs` (the baselines and the oracle), `pass.rs` (the
+//! dense and sparse passes: tasks, row groups, key lists), `kernels/` (the
+//! bounds checks and dispatch in `mod.rs`, `portable.rs`, `avx2.rs`).
 
 mod kernels;
 mod pass;

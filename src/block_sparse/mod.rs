@@ -116,6 +116,15 @@
 //!
 //! Selection then takes each row's block maxima, canonicalises them, and
 //! finds the top few with a partial selection rather than a full sort.
+//!
+//! # Layout
+//!
+//! This file: the rule, the config, the refusals and the accepted index
+//! types. `api.rs` (the entry points), `validate.rs` (the checks),
+//! `select.rs` (the rule applied to one row's block maxima), `engine.rs`
+//! (fused scoring + max-pool across the pool, then selection), `kernels/`
+//! (the segment interface and dispatch in `mod.rs`, `portable.rs`,
+//! `avx2.rs`, and the tests of one against the other).
 
 use std::fmt;
 

@@ -50,6 +50,13 @@
 //! exact integer path. The occupancy of a row is a 64-bit mask, as in the
 //! fused kernel upstream; the AVX2 kernel builds it eight entries at a time
 //! and stops once every segment is occupied.
+//!
+//! # Layout
+//!
+//! This file: the rule, the refusals, σ. `merge.rs` (witnesses of a row and
+//! their merge: copied, or in place), `measure.rs` (the null models and the
+//! two metrics of one row), `scan/` (the occupancy scan: the segment map
+//! and dispatch in `mod.rs`, `portable.rs`, `avx2.rs`).
 
 use std::fmt;
 
