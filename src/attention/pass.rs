@@ -3,7 +3,7 @@
 //! groups (see the module docs of [`crate::attention`] for the rule and the
 //! numbers).
 
-use super::kernels;
+use super::kernels::{self, ValueRows};
 use super::shape::check_pass;
 use super::AttentionShape;
 use crate::error::{check_len, checked_size, AttentionError};
@@ -22,7 +22,6 @@ const SPARSE_BLOCK: usize = 8;
 struct Ctx<'a> {
     isa: Option<Avx2>,
     q: &'a [f32],
-    v: &'a [f32],
     n_q_heads: usize,
     /// Query heads per KV head.
     g: usize,
@@ -32,11 +31,10 @@ struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    fn new(q: &'a [f32], v: &'a [f32], shape: &AttentionShape, scale: f32) -> Self {
+    fn new(q: &'a [f32], shape: &AttentionShape, scale: f32) -> Self {
         Ctx {
             isa: simd::avx2(),
             q,
-            v,
             n_q_heads: shape.n_q_heads,
             g: shape.group(),
             d_k: shape.d_k,
@@ -147,12 +145,12 @@ where
 
 /// Attends the rows of one group (at most [`ROW_GROUP`]): row `r` has its
 /// query at `q_offs[r]` and sees the first `n_vis[r]` keys of a key list
-/// whose keys are packed in `kt` and whose value rows start at `voff`.
+/// whose keys are packed in `kt` and whose value rows are `vals`.
 /// Leaves unnormalised outputs in `bufs.o` and `(m, l)` in `bufs.ml`.
 fn attend_group(
     ctx: &Ctx<'_>,
     kt: &[f32],
-    voff: &[usize],
+    vals: ValueRows<'_>,
     q_offs: &[usize],
     n_vis: &[usize],
     bufs: &mut GroupBufs,
@@ -161,7 +159,7 @@ fn attend_group(
     let (d_k, d_v) = (ctx.d_k, ctx.d_v);
     let n_max = n_vis.iter().copied().max().unwrap_or(0);
     let stride = n_max.next_multiple_of(kernels::KEY_TILE);
-    debug_assert!(kt.len() >= stride * d_k && voff.len() >= n_max);
+    debug_assert!(kt.len() >= stride * d_k && vals.len() >= n_max);
     if bufs.s.len() < rows * stride {
         bufs.s.resize(rows * stride, 0.0);
     }
@@ -204,7 +202,7 @@ fn attend_group(
     }
 
     // The first chunk of value rows is fetched while the softmax runs.
-    kernels::prefetch_rows(ctx.isa, ctx.v, &voff[..n_max.min(KEY_CHUNK)], d_v);
+    kernels::prefetch_rows(ctx.isa, vals, 0..n_max.min(KEY_CHUNK));
 
     // Softmax per row, in place.
     for (r, &n) in n_vis.iter().enumerate() {
@@ -224,40 +222,16 @@ fn attend_group(
     while j0 < n_max {
         let j1 = (j0 + KEY_CHUNK).min(n_max);
         let j2 = (j1 + KEY_CHUNK).min(n_max);
-        kernels::prefetch_rows(ctx.isa, ctx.v, &voff[j1..j2], d_v);
+        kernels::prefetch_rows(ctx.isa, vals, j1..j2);
         for &(r0, nr, _, fewest) in tiles {
             let joint = j1.min(fewest);
             if joint > j0 {
-                kernels::accumulate(
-                    ctx.isa,
-                    s,
-                    stride,
-                    r0,
-                    nr,
-                    ctx.v,
-                    voff,
-                    j0,
-                    joint,
-                    &mut bufs.o,
-                    d_v,
-                );
+                kernels::accumulate(ctx.isa, s, stride, r0, nr, vals, j0, joint, &mut bufs.o);
             }
             for (r, &n) in n_vis.iter().enumerate().skip(r0).take(nr) {
                 let (a, b) = (j0.max(fewest), j1.min(n));
                 if b > a {
-                    kernels::accumulate(
-                        ctx.isa,
-                        s,
-                        stride,
-                        r,
-                        1,
-                        ctx.v,
-                        voff,
-                        a,
-                        b,
-                        &mut bufs.o,
-                        d_v,
-                    );
+                    kernels::accumulate(ctx.isa, s, stride, r, 1, vals, a, b, &mut bufs.o);
                 }
             }
         }
@@ -266,7 +240,7 @@ fn attend_group(
 }
 
 /// Attends rows `0..rows` of task `t` against one key list (keys packed in
-/// `kt`, value rows at `voff`), in groups of at most [`ROW_GROUP`], and
+/// `kt`, value rows `vals`), in groups of at most [`ROW_GROUP`], and
 /// writes each row out; returns how many saw no key. Row `r` is query head
 /// `r % g` of the group of the task's query `a = a0 + r / g`, and sees the
 /// first `n_vis(a)` keys of the list. The dense and the sparse pass differ
@@ -275,7 +249,7 @@ fn attend_group(
 fn attend_rows(
     ctx: &Ctx<'_>,
     kt: &[f32],
-    voff: &[usize],
+    vals: ValueRows<'_>,
     rg: &mut RowGroup,
     t: &mut Task<'_>,
     a0: usize,
@@ -295,7 +269,7 @@ fn attend_rows(
                 .push((i * ctx.n_q_heads + t.h * g + r % g) * ctx.d_k);
             rg.n_vis.push(n_vis(a));
         }
-        attend_group(ctx, kt, voff, &rg.q_offs, &rg.n_vis, &mut rg.bufs);
+        attend_group(ctx, kt, vals, &rg.q_offs, &rg.n_vis, &mut rg.bufs);
         for r in start..end {
             let (a, gi) = (a0 + r / g, r % g);
             let dst = &mut t.outs[a][gi * d_v..(gi + 1) * d_v];
@@ -364,7 +338,7 @@ pub fn dense_attention(
     if shape.n_queries == 0 || shape.n_q_heads == 0 {
         return Ok(0);
     }
-    let ctx = Ctx::new(q, v, shape, scale);
+    let ctx = Ctx::new(q, shape, scale);
     // Each KV head's keys are packed once and shared by every task.
     let n_pack = query_pos
         .iter()
@@ -383,12 +357,16 @@ pub fn dense_attention(
                 .collect::<Vec<_>>(),
         );
     }
+    let vals: Vec<ValueRows<'_>> = voffs
+        .iter()
+        .map(|off| ValueRows::new(v, off, ctx.d_v))
+        .collect();
     let block = ROW_GROUP.div_ceil(g).max(1);
     let mut tasks = make_tasks(out, lse, shape, block);
     let empty = run_tasks(&mut tasks, |sc, t| {
         let (rows, q0, h) = (t.outs.len() * g, t.q0, t.h);
         let n_vis = |a: usize| shape.visible(query_pos[q0 + a]);
-        attend_rows(&ctx, &kts[h], &voffs[h], &mut sc.group, t, 0, rows, n_vis)
+        attend_rows(&ctx, &kts[h], vals[h], &mut sc.group, t, 0, rows, n_vis)
     });
     Ok(empty)
 }
@@ -436,7 +414,7 @@ pub fn sparse_attention(
     if shape.n_queries == 0 || shape.n_q_heads == 0 {
         return Ok(0);
     }
-    let ctx = Ctx::new(q, v, shape, scale);
+    let ctx = Ctx::new(q, shape, scale);
     let mut tasks = make_tasks(out, lse, shape, SPARSE_BLOCK);
     let empty = run_tasks(&mut tasks, |sc, t| {
         let h = t.h;
@@ -459,7 +437,8 @@ pub fn sparse_attention(
             sc.voff.clear();
             sc.voff
                 .extend(list.iter().map(|&j| (j * n_kv + h) * v_stride));
-            empty += attend_rows(&ctx, &sc.kt, &sc.voff, &mut sc.group, t, a, g, |_| n);
+            let vals = ValueRows::new(v, &sc.voff, ctx.d_v);
+            empty += attend_rows(&ctx, &sc.kt, vals, &mut sc.group, t, a, g, |_| n);
         }
         empty
     });

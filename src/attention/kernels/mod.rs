@@ -12,6 +12,34 @@ pub(super) const KEY_TILE: usize = 16;
 /// Rows per micro-tile.
 pub(super) const ROW_TILE: usize = 4;
 
+/// The value rows of a key list: row `j` is `v[off[j]..off[j] + d_v]`.
+/// Every row is checked to lie in `v` once, when the list is built (in
+/// release builds too: the AVX2 kernel reads them through raw pointers), so
+/// [`accumulate`] needs no per-call check. The offsets come from validated
+/// shapes (`check_pass`) and key lists, so the check never fails.
+#[derive(Clone, Copy)]
+pub(super) struct ValueRows<'a> {
+    v: &'a [f32],
+    off: &'a [usize],
+    d_v: usize,
+}
+
+impl<'a> ValueRows<'a> {
+    pub(super) fn new(v: &'a [f32], off: &'a [usize], d_v: usize) -> Self {
+        let last = v.len().checked_sub(d_v);
+        assert!(
+            off.iter().all(|&x| last.is_some_and(|l| x <= l)),
+            "a value row past the end of v"
+        );
+        ValueRows { v, off, d_v }
+    }
+
+    /// Rows in the list.
+    pub(super) fn len(&self) -> usize {
+        self.off.len()
+    }
+}
+
 /// Packs keys `0..n` of a key list as `K^T` in blocks of 8: key `j`,
 /// dimension `c` at `dst[(j / 8) · 8d + c · 8 + j % 8]`, key `j`'s row
 /// starting at `k[offset(j)]`. `dst` gets at least
@@ -72,10 +100,11 @@ pub(super) fn pack_keys(
     portable::pack_keys(dst, k, d, done..n, offset);
 }
 
-/// Asks for the value rows `voff` (each `d_v` floats) to be brought into
-/// cache ahead of use: a sparse row's values are scattered, and issuing
-/// every line up front overlaps their misses. No effect on results.
-pub(super) fn prefetch_rows(isa: Option<Avx2>, v: &[f32], voff: &[usize], d_v: usize) {
+/// Asks for value rows `rows` of `vals` to be brought into cache ahead of
+/// use: a sparse row's values are scattered, and issuing every line up
+/// front overlaps their misses. No effect on results.
+pub(super) fn prefetch_rows(isa: Option<Avx2>, vals: ValueRows<'_>, rows: std::ops::Range<usize>) {
+    let (v, voff, d_v) = (vals.v, &vals.off[rows], vals.d_v);
     #[cfg(target_arch = "x86_64")]
     if isa.is_some() {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
@@ -145,7 +174,7 @@ pub(super) fn softmax(isa: Option<Avx2>, s: &mut [f32]) -> (f32, f32) {
 
 /// `o[r][c] = fma(p[r][j], v[voff[j] + c], o[r][c])` for `j` in `j0..j1`
 /// ascending, rows `r0..r0 + rows` (`p` rows `stride` apart, `o` rows
-/// `d_v` apart).
+/// `d_v` apart), `v`, `voff` and `d_v` being those of `vals`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn accumulate(
     isa: Option<Avx2>,
@@ -153,13 +182,12 @@ pub(super) fn accumulate(
     stride: usize,
     r0: usize,
     rows: usize,
-    v: &[f32],
-    voff: &[usize],
+    vals: ValueRows<'_>,
     j0: usize,
     j1: usize,
     o: &mut [f32],
-    d_v: usize,
 ) {
+    let (v, voff, d_v) = (vals.v, vals.off, vals.d_v);
     assert!(
         (1..=ROW_TILE).contains(&rows)
             && j0 <= j1
@@ -167,19 +195,11 @@ pub(super) fn accumulate(
             && (r0 + rows - 1) * stride + j1 <= p.len()
             && (r0 + rows) * d_v <= o.len()
     );
-    // Every value row read is in `v`. `voff` is built from validated
-    // shapes (`check_pass`) and key lists, so this never fails; it is
-    // checked in release builds too because the AVX2 kernel reads through
-    // raw pointers (O(j1 - j0) compares against O((j1 - j0) · d_v) FMAs).
-    let last = v.len().checked_sub(d_v);
-    assert!(
-        voff[j0..j1].iter().all(|&x| last.is_some_and(|l| x <= l)),
-        "a value row past the end of v"
-    );
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = isa {
         // SAFETY: `t` proves AVX2+FMA (only run-time detection makes one);
-        // row, key and value-row bounds are asserted above.
+        // row and key bounds are asserted above, and every value row is in
+        // `v` (checked when `vals` was built, `ValueRows::new`).
         unsafe {
             match rows {
                 1 => avx2::accumulate::<1>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
@@ -306,8 +326,9 @@ mod tests {
             let p: Vec<f32> = (0..rows * n).map(|_| next().abs()).collect();
             let mut oa: Vec<f32> = (0..rows * d_v).map(|_| next()).collect();
             let mut ob = oa.clone();
-            accumulate(isa, &p, n, 0, rows, &v, &voff, 3, n, &mut oa, d_v);
-            accumulate(None, &p, n, 0, rows, &v, &voff, 3, n, &mut ob, d_v);
+            let vals = ValueRows::new(&v, &voff, d_v);
+            accumulate(isa, &p, n, 0, rows, vals, 3, n, &mut oa);
+            accumulate(None, &p, n, 0, rows, vals, 3, n, &mut ob);
             assert_eq!(oa, ob, "accumulate d_v={d_v}");
             // Packing: a copy either way.
             let keys: Vec<f32> = (0..50 * d).map(|_| next()).collect();
