@@ -11,15 +11,32 @@
 //!   the oracle top-k) that the null models are rows of, and a sparse causal
 //!   attention pass (GQA, MLA) to judge a selection by its output;
 //! - [`metrics`]: dense attention probabilities, batched coverage and
-//!   recall, output relative error.
+//!   recall, output relative error;
+//! - [`pool`]: kvselect's own rayon pool (resizable, fork-safe), which every
+//!   batched call runs on;
+//! - [`simd`]: run-time SIMD dispatch, and the [`simd::Avx2`] token without
+//!   which no AVX2 kernel can be called.
+//!
+//! A concept with parts is a folder: its `mod.rs` states the rule and
+//! re-exports the public API, beside files for its checks, its batching and
+//! its kernels, one per instruction set (`kernels/portable.rs`,
+//! `kernels/avx2.rs`; `witness/scan/`). Errors shared between modules live in
+//! `error.rs` (re-exported where they are used, e.g.
+//! [`attention::AttentionError`]).
 //!
 //! The core works on flat row-major slices with explicit shapes, returns
 //! `Result` for every refusal and never panics on user input. The Python
-//! bindings (feature `python`) live in one file and only validate arrays,
-//! release the GIL, call the core and map errors.
+//! bindings (feature `python`, `src/python/`) are the only code that knows
+//! PyO3 and NumPy: they turn arguments into checked inputs, release the GIL,
+//! call the core and map its errors.
+
+// Every `unsafe` block says why it is sound (`// SAFETY:`); CI runs clippy
+// with `-D warnings`.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod attention;
 pub mod block_sparse;
+mod error;
 pub mod metrics;
 pub mod pool;
 pub mod simd;

@@ -595,6 +595,16 @@ fn the_portable_kernels_give_the_same_bits_as_the_simd_ones() {
         );
         return;
     }
+    if kvselect::simd::avx2().is_none() {
+        // The comparison still runs (and still checks the child's digest),
+        // but scalar against scalar: say so, and fail where AVX2 is required.
+        eprintln!("skipped: this CPU has no AVX2 (or KVSELECT_SIMD=scalar is set)");
+        assert!(
+            std::env::var_os("KVSELECT_REQUIRE_AVX2").is_none_or(|v| v != "1"),
+            "KVSELECT_REQUIRE_AVX2=1, but the SIMD level is scalar: AVX2 cannot be compared \
+             against the portable kernels"
+        );
+    }
     let exe = std::env::current_exe().unwrap();
     let child = std::process::Command::new(exe)
         .args([

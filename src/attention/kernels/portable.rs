@@ -1,0 +1,140 @@
+//! The portable kernels: the chains the AVX2 kernels run eight at a time,
+//! one element at a time with `f32::mul_add` (bounds are checked by the
+//! dispatchers in `mod.rs`).
+
+use super::KEY_TILE;
+
+// Cephes' expf: exp(x) = 2^n · exp(r), n = round(x·log2 e),
+// r = x - n·ln 2 (ln 2 split in two for an exact first step).
+pub(super) const LOG2E: f32 = std::f32::consts::LOG2_E;
+/// Below this, exp underflows past the smallest normal float: 0.
+pub(super) const EXP_LO: f32 = -87.336_55;
+pub(super) const LN2_HI: f32 = 0.693_359_4;
+pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
+#[allow(clippy::excessive_precision)]
+pub(super) const P: [f32; 6] = [
+    1.987_569_150_0e-4,
+    1.398_199_950_7e-3,
+    8.333_451_907_3e-3,
+    4.166_579_589_4e-2,
+    1.666_666_545_9e-1,
+    5.000_000_120_1e-1,
+];
+/// `1.5 · 2^23`: adding and subtracting it rounds `|t| < 2^22` to the
+/// nearest integer, ties to even, with two plain IEEE additions.
+pub(super) const ROUND: f32 = 12_582_912.0;
+
+/// `exp(x)` for `x <= 0` (NaN stays NaN), the scalar twin of
+/// `exp_avx2`, operation for operation.
+#[inline(always)]
+pub(super) fn exp_scalar(x: f32) -> f32 {
+    // `_mm256_max_ps(LO, x)`: x when it is NaN.
+    let xc = if EXP_LO > x { EXP_LO } else { x };
+    let n = (xc * LOG2E + ROUND) - ROUND;
+    let r = n.mul_add(-LN2_HI, xc);
+    let r = n.mul_add(-LN2_LO, r);
+    let mut y = P[0];
+    for &p in &P[1..] {
+        y = y.mul_add(r, p);
+    }
+    let y = y.mul_add(r * r, r) + 1.0;
+    let e = y * f32::from_bits(((n as i32 + 127) << 23) as u32);
+    if x < EXP_LO {
+        0.0
+    } else {
+        e
+    }
+}
+
+/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
+#[inline(always)]
+fn reduce8(l: [f32; 8]) -> f32 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+/// Keys `keys` of [`super::pack_keys`]'s list, one at a time.
+pub(super) fn pack_keys(
+    dst: &mut [f32],
+    k: &[f32],
+    d: usize,
+    keys: std::ops::Range<usize>,
+    offset: impl Fn(usize) -> usize,
+) {
+    for j in keys {
+        let src = &k[offset(j)..offset(j) + d];
+        let block = &mut dst[(j / 8) * 8 * d..(j / 8 + 1) * 8 * d];
+        for (slot, &x) in block[j % 8..].iter_mut().step_by(8).zip(src) {
+            *slot = x;
+        }
+    }
+}
+
+/// [`super::scores`], one dot product at a time.
+pub(super) fn scores(
+    q: &[f32],
+    q_offs: &[usize],
+    ktile: &[f32],
+    d: usize,
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+) {
+    for (r, &qo) in q_offs.iter().enumerate() {
+        let qr = &q[qo..qo + d];
+        for t in 0..KEY_TILE {
+            let kb = &ktile[(t / 8) * 8 * d..];
+            let mut acc = 0.0f32;
+            for (c, &x) in qr.iter().enumerate() {
+                acc = x.mul_add(kb[c * 8 + t % 8], acc);
+            }
+            out[r * stride + t] = acc * scale;
+        }
+    }
+}
+
+/// [`super::softmax`], lane by lane.
+pub(super) fn softmax(s: &mut [f32]) -> (f32, f32) {
+    let mut m = f32::NEG_INFINITY;
+    for &x in s.iter() {
+        if x > m {
+            m = x;
+        }
+    }
+    // -0.0 and +0.0 are one maximum.
+    let m = m + 0.0;
+    let mut lanes = [0.0f32; 8];
+    for chunk in s.chunks_exact_mut(8) {
+        for (lane, x) in lanes.iter_mut().zip(chunk.iter_mut()) {
+            *x = exp_scalar(*x - m);
+            *lane += *x;
+        }
+    }
+    (m, reduce8(lanes))
+}
+
+/// [`super::accumulate`], one element at a time.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn accumulate(
+    p: &[f32],
+    stride: usize,
+    r0: usize,
+    rows: usize,
+    v: &[f32],
+    voff: &[usize],
+    j0: usize,
+    j1: usize,
+    o: &mut [f32],
+    d_v: usize,
+) {
+    for r in r0..r0 + rows {
+        let orow = &mut o[r * d_v..(r + 1) * d_v];
+        let prow = &p[r * stride..];
+        for j in j0..j1 {
+            let pj = prow[j];
+            let vrow = &v[voff[j]..voff[j] + d_v];
+            for (oc, &vc) in orow.iter_mut().zip(vrow) {
+                *oc = pj.mul_add(vc, *oc);
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The scoring kernels' interface -- a 4-row tile against a run of keys,
+//! cut into per-block pieces -- and the dispatch to the AVX2 or the
+//! portable kernel (bit-identical: see the module docs of
+//! [`crate::block_sparse`]).
+
+use crate::simd::Avx2;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod portable;
+#[cfg(test)]
+mod tests;
+
+/// Rows (query heads) are padded to tiles of this many.
+pub(super) const MR: usize = 4;
+/// How many keys ahead the streaming kernel prefetches.
+pub(super) const PREFETCH_KEYS: usize = 12;
+
+/// One row tile against keys `start..end`, all within one task's blocks.
+pub(super) struct Segment<'a> {
+    /// 4 padded rows, `dp` apart.
+    pub(super) q: &'a [f32],
+    pub(super) dp: usize,
+    pub(super) keys: &'a [f32],
+    pub(super) d: usize,
+    pub(super) start: usize,
+    pub(super) end: usize,
+    /// Keys at or past this index are checked against each row's `vis`.
+    pub(super) mask_from: usize,
+    pub(super) vis: [usize; MR],
+    pub(super) bs: usize,
+    /// First block of the task (`maxima` row 0).
+    pub(super) b0: usize,
+    /// Prefetch keys ahead (they come from memory, used once).
+    pub(super) prefetch: bool,
+}
+
+/// Where a tile's block maxima go: `maxima[(b - b0) * stride + col + i]`.
+pub(super) struct TileOut<'a> {
+    pub(super) maxima: &'a mut [f32],
+    pub(super) stride: usize,
+    pub(super) col: usize,
+}
+
+impl TileOut<'_> {
+    /// Merges a running max into the stored one (NaN-free, order-free).
+    #[inline]
+    fn flush(&mut self, block_rel: usize, m: [f32; MR]) {
+        let at = block_rel * self.stride + self.col;
+        if let Some(dst) = self.maxima.get_mut(at..at + MR) {
+            for (o, v) in dst.iter_mut().zip(m) {
+                if v > *o {
+                    *o = v;
+                }
+            }
+        }
+    }
+}
+
+/// Scores one segment with the AVX2 kernel when handed the token, else
+/// with the portable one (bit-identical block maxima either way).
+pub(super) fn run_segment(isa: Option<Avx2>, seg: &Segment<'_>, out: TileOut<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(token) = isa {
+        // SAFETY: `token` proves AVX2+FMA (only run-time detection makes
+        // one); the kernel asserts the bounds its pointer reads rely on.
+        unsafe { avx2::segment(token, seg, out) };
+        return;
+    }
+    let _ = isa;
+    portable::segment(seg, out);
+}
+
+/// The pieces of a segment's keys, in increasing order: each lies in one
+/// block and is either wholly unmasked (`< mask_from`) or wholly masked.
+struct Pieces {
+    p: usize,
+    end: usize,
+    mask_from: usize,
+    bs: usize,
+}
+
+/// One piece: keys `from..to` of block `block`.
+struct Piece {
+    block: usize,
+    from: usize,
+    to: usize,
+    masked: bool,
+}
+
+impl Pieces {
+    fn new(seg: &Segment<'_>) -> Self {
+        Pieces {
+            p: seg.start,
+            end: seg.end,
+            mask_from: seg.mask_from,
+            bs: seg.bs,
+        }
+    }
+}
+
+impl Iterator for Pieces {
+    type Item = Piece;
+
+    #[inline]
+    fn next(&mut self) -> Option<Piece> {
+        if self.p >= self.end || self.bs == 0 {
+            return None;
+        }
+        let block = self.p / self.bs;
+        let block_end = (block + 1).saturating_mul(self.bs).min(self.end);
+        let (to, masked) = if self.p < self.mask_from {
+            (self.mask_from.min(block_end), false)
+        } else {
+            (block_end, true)
+        };
+        let from = self.p;
+        self.p = to;
+        Some(Piece {
+            block,
+            from,
+            to,
+            masked,
+        })
+    }
+}

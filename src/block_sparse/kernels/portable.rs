@@ -1,0 +1,62 @@
+//! The portable kernel: the AVX2 kernel's exact arithmetic, lane by lane.
+use super::{Pieces, Segment, TileOut, MR};
+
+/// One dot product in the canonical order (see the module docs). `q` is
+/// zero-padded to `k.len()` rounded up to 8; past `k.len()` a key
+/// dimension counts as 0.
+#[inline]
+pub(super) fn dot(q: &[f32], k: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let full = k.len() / 8;
+    for c in 0..full {
+        let (Some(qv), Some(kv)) = (q.get(c * 8..c * 8 + 8), k.get(c * 8..c * 8 + 8)) else {
+            break;
+        };
+        for j in 0..8 {
+            acc[j] = qv[j].mul_add(kv[j], acc[j]);
+        }
+    }
+    if k.len() % 8 != 0 {
+        let c = full * 8;
+        for (j, a) in acc.iter_mut().enumerate() {
+            let x = q.get(c + j).copied().unwrap_or(0.0);
+            let y = k.get(c + j).copied().unwrap_or(0.0);
+            *a = x.mul_add(y, *a);
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+pub(super) fn segment(seg: &Segment<'_>, mut out: TileOut<'_>) {
+    let (d, dp) = (seg.d, seg.dp);
+    let mut cur_block = usize::MAX;
+    let mut m = [f32::NEG_INFINITY; MR];
+    for piece in Pieces::new(seg) {
+        if piece.block != cur_block {
+            if cur_block != usize::MAX {
+                out.flush(cur_block - seg.b0, m);
+            }
+            cur_block = piece.block;
+            m = [f32::NEG_INFINITY; MR];
+        }
+        for p in piece.from..piece.to {
+            let Some(k) = seg.keys.get(p * d..(p + 1) * d) else {
+                break;
+            };
+            for (r, mr) in m.iter_mut().enumerate() {
+                if piece.masked && p >= seg.vis[r] {
+                    continue;
+                }
+                let q = seg.q.get(r * dp..(r + 1) * dp).unwrap_or(&[]);
+                let s = dot(q, k);
+                // NaN never wins; same semantics as `_mm_max_ps(s, m)`.
+                if s > *mr {
+                    *mr = s;
+                }
+            }
+        }
+    }
+    if cur_block != usize::MAX {
+        out.flush(cur_block - seg.b0, m);
+    }
+}

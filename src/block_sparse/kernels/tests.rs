@@ -1,0 +1,150 @@
+//! The kernels against each other, and the engine's row groups.
+
+use super::portable;
+use crate::block_sparse::engine::{run_engine, score_blocks, PaddedRows, SCRATCH_FLOATS};
+use crate::block_sparse::select::write_i32_row;
+use crate::block_sparse::BlockSparseConfig;
+use crate::simd::{self, Avx2};
+
+struct XorShift(u64);
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    fn f32(&mut self) -> f32 {
+        // In [-1, 1), with a full 24-bit mantissa: rounding differs
+        // between summation orders, so a mismatch would show.
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Block maxima of every (query, head) row, computed with `isa`.
+fn maxima(
+    isa: Option<Avx2>,
+    q: &[f32],
+    rows: usize,
+    vis: &[usize],
+    keys: &[f32],
+    d: usize,
+    bs: usize,
+) -> Vec<u32> {
+    let padded = PaddedRows::new(q, rows, d, |r| vis[r]);
+    let n_keys = keys.len() / d;
+    let nb = vis.iter().map(|v| v.div_ceil(bs)).max().unwrap_or(0);
+    let rp = padded.rows_pad;
+    let mut scratch = vec![f32::NEG_INFINITY; nb * rp];
+    // Several tasks and a small key chunk, to cross every boundary.
+    let bpt = 3;
+    for (t, chunk) in scratch.chunks_mut(rp * bpt).enumerate() {
+        score_blocks(isa, &padded, keys, d, n_keys, bs, t * bpt, chunk, 5);
+    }
+    let mut bits = Vec::new();
+    for r in 0..rows {
+        for b in 0..vis[r].div_ceil(bs) {
+            bits.push(scratch[b * rp + r].to_bits());
+        }
+    }
+    bits
+}
+
+/// The AVX2 kernel and the portable kernel compute bit-identical block
+/// maxima (not merely close ones) on random full-precision data, for
+/// odd dimensions, block sizes, row counts and causal limits -- the
+/// summation order is the same on both.
+#[test]
+fn the_avx2_and_portable_kernels_give_bit_identical_block_maxima() {
+    let Some(token) = simd::avx2_for_test() else {
+        return;
+    };
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut finite = 0;
+    for case in 0..300 {
+        let d = 1 + rng.below(40);
+        let n_keys = rng.below(90);
+        let rows = 1 + rng.below(9);
+        let bs = 1 + rng.below(13);
+        let keys: Vec<f32> = (0..n_keys * d).map(|_| rng.f32()).collect();
+        let mut q: Vec<f32> = (0..rows * d).map(|_| rng.f32()).collect();
+        if case % 7 == 0 {
+            // Exact zeros, so -0.0 vs +0.0 sums appear too.
+            for v in q.iter_mut().step_by(2) {
+                *v = -0.0;
+            }
+        }
+        let vis: Vec<usize> = (0..rows).map(|_| rng.below(n_keys + 1)).collect();
+        let a = maxima(None, &q, rows, &vis, &keys, d, bs);
+        let b = maxima(Some(token), &q, rows, &vis, &keys, d, bs);
+        finite += a.iter().filter(|&&x| f32::from_bits(x).is_finite()).count();
+        assert_eq!(
+            a, b,
+            "case {case}: d={d} n_keys={n_keys} rows={rows} bs={bs}"
+        );
+    }
+    assert!(finite > 5_000, "only {finite} finite block maxima compared");
+}
+
+/// Splitting the rows into groups (to bound the scratch) changes
+/// nothing: a scratch budget of one tile gives the same selections as
+/// one group holding every row.
+#[test]
+fn row_groups_do_not_change_the_selection() {
+    let mut rng = XorShift(0xabcdef);
+    for case in 0..40 {
+        let (heads, d) = (1 + rng.below(6), 1 + rng.below(20));
+        let n_keys = 1 + rng.below(200);
+        let n_q = 1 + rng.below(9);
+        let cfg = BlockSparseConfig::new(
+            1 + rng.below(6),
+            1 + rng.below(5),
+            rng.below(2),
+            rng.below(2),
+        )
+        .unwrap();
+        let w = cfg.width();
+        let keys: Vec<f32> = (0..n_keys * d).map(|_| rng.f32()).collect();
+        let q: Vec<f32> = (0..n_q * heads * d).map(|_| rng.f32()).collect();
+        let vis: Vec<usize> = (0..n_q).map(|_| rng.below(n_keys + 1)).collect();
+        let run = |scratch: usize| {
+            let mut out = vec![0i32; n_q * heads * w];
+            run_engine(
+                simd::avx2(),
+                &q,
+                heads,
+                &vis,
+                &keys,
+                d,
+                &cfg,
+                &mut out,
+                w,
+                &write_i32_row,
+                scratch,
+            );
+            out
+        };
+        assert_eq!(run(1), run(SCRATCH_FLOATS), "case {case}");
+    }
+}
+
+/// The canonical dot product is what the module docs say it is.
+#[test]
+fn the_portable_dot_product_sums_eight_lanes_in_the_documented_order() {
+    let q: Vec<f32> = (0..11).map(|i| (i as f32 + 1.0) * 0.1).collect();
+    let k: Vec<f32> = (0..11).map(|i| 1.0 / (i as f32 + 3.0)).collect();
+    let mut qp = q.clone();
+    qp.resize(16, 0.0);
+    let mut l = [0.0f32; 8];
+    for i in 0..16 {
+        let kv = k.get(i).copied().unwrap_or(0.0);
+        l[i % 8] = qp[i].mul_add(kv, l[i % 8]);
+    }
+    let want = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    assert_eq!(portable::dot(&qp, &k).to_bits(), want.to_bits());
+}

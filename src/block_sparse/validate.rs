@@ -1,0 +1,172 @@
+//! The checks every entry point runs before it writes anything; each
+//! refusal names its argument.
+
+use super::{BlockSparseConfig, IndexLike, SelectionError};
+use crate::error::product;
+
+/// Exclusive end of the keys a query at `query_pos` sees.
+pub(super) fn visible_end(query_pos: usize, n_positions: usize) -> usize {
+    query_pos.saturating_add(1).min(n_positions)
+}
+
+pub(super) fn key_rows(index_k: &[f32], d: usize) -> Result<usize, SelectionError> {
+    if d == 0 {
+        return Err(SelectionError::ShapeMismatch {
+            argument: "d",
+            message: "d is 0: index vectors need at least one dimension".into(),
+        });
+    }
+    if index_k.len() % d != 0 {
+        return Err(SelectionError::ShapeMismatch {
+            argument: "index_k",
+            message: format!(
+                "index_k has {} values, which is not a whole number of rows of d={d}",
+                index_k.len()
+            ),
+        });
+    }
+    Ok(index_k.len() / d)
+}
+
+pub(super) fn check_q_len(
+    index_q: &[f32],
+    n_queries: usize,
+    n_kv_heads: usize,
+    d: usize,
+) -> Result<(), SelectionError> {
+    let expected = product(&[n_queries, n_kv_heads, d]);
+    if expected != Some(index_q.len()) {
+        let want = match expected {
+            Some(e) => e.to_string(),
+            None => "more than usize::MAX".into(),
+        };
+        let message = if n_queries == 1 {
+            format!(
+                "index_q has {} values, expected {want} = n_kv_heads ({n_kv_heads}) × d ({d})",
+                index_q.len()
+            )
+        } else {
+            format!(
+                "index_q has {} values, expected {want} = n_queries ({n_queries}) × \
+                 n_kv_heads ({n_kv_heads}) × d ({d})",
+                index_q.len()
+            )
+        };
+        return Err(SelectionError::ShapeMismatch {
+            argument: "index_q",
+            message,
+        });
+    }
+    Ok(())
+}
+
+pub(super) fn check_per_query_len(
+    argument: &'static str,
+    len: usize,
+    n_queries: usize,
+) -> Result<(), SelectionError> {
+    if len != n_queries {
+        return Err(SelectionError::ShapeMismatch {
+            argument,
+            message: format!(
+                "{argument} has {len} entries, expected one per query (n_queries = {n_queries})"
+            ),
+        });
+    }
+    Ok(())
+}
+
+pub(super) fn check_out(
+    out: &[i32],
+    n_queries: usize,
+    n_kv_heads: usize,
+    width: usize,
+) -> Result<(), SelectionError> {
+    let expected = product(&[n_queries, n_kv_heads, width]);
+    if expected != Some(out.len()) {
+        return Err(SelectionError::OutputSize {
+            argument: "out",
+            expected: expected.unwrap_or(usize::MAX),
+            actual: out.len(),
+            shape: format!(
+                "n_queries ({n_queries}) × n_kv_heads ({n_kv_heads}) × width ({width}), \
+                 width = max(top_blocks, init_blocks + local_blocks)"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Block ids are written as int32: refuse keys with more blocks than that.
+pub(super) fn check_block_ids_fit_i32(
+    n_positions: usize,
+    cfg: &BlockSparseConfig,
+) -> Result<(), SelectionError> {
+    let n_blocks = n_positions.div_ceil(cfg.block_size.max(1));
+    if n_blocks > i32::MAX as usize {
+        return Err(SelectionError::ShapeMismatch {
+            argument: "index_k",
+            message: format!(
+                "index_k has {n_positions} positions, {n_blocks} blocks of {}: block ids \
+                 past {} do not fit the int32 output",
+                cfg.block_size,
+                i32::MAX
+            ),
+        });
+    }
+    Ok(())
+}
+
+pub(super) fn bad_position<P: IndexLike>(i: usize, p: P) -> SelectionError {
+    SelectionError::OutOfRange {
+        argument: "query_pos",
+        index: i,
+        message: format!("query_pos[{i}] = {p} is out of range: a position must be >= 0"),
+    }
+}
+
+pub(super) fn check_cu_seqlens<C: IndexLike>(
+    cu_seqlens: &[C],
+    n_positions: usize,
+) -> Result<Vec<usize>, SelectionError> {
+    let Some(first) = cu_seqlens.first() else {
+        return Err(SelectionError::ShapeMismatch {
+            argument: "cu_seqlens",
+            message: "cu_seqlens is empty: it needs n_seqs + 1 entries, starting at 0".into(),
+        });
+    };
+    if first.to_usize() != Some(0) {
+        return Err(SelectionError::OutOfRange {
+            argument: "cu_seqlens",
+            index: 0,
+            message: format!("cu_seqlens[0] = {first}, but the first sequence starts at 0"),
+        });
+    }
+    let mut bounds = Vec::with_capacity(cu_seqlens.len());
+    let mut prev = 0usize;
+    for (i, &c) in cu_seqlens.iter().enumerate() {
+        let v = c
+            .to_usize()
+            .filter(|&v| v >= prev && v <= n_positions)
+            .ok_or_else(|| SelectionError::OutOfRange {
+                argument: "cu_seqlens",
+                index: i,
+                message: format!(
+                    "cu_seqlens[{i}] = {c} is out of range: entries must be non-decreasing \
+                     (the previous is {prev}) and at most n_positions = {n_positions}"
+                ),
+            })?;
+        bounds.push(v);
+        prev = v;
+    }
+    if prev != n_positions {
+        return Err(SelectionError::ShapeMismatch {
+            argument: "cu_seqlens",
+            message: format!(
+                "cu_seqlens ends at {prev}, but index_k has {n_positions} positions: the last \
+                 entry must be the total key count"
+            ),
+        });
+    }
+    Ok(bounds)
+}
