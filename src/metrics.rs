@@ -144,7 +144,7 @@ pub fn attention_mass_recall_rows(
     out: &mut [f64],
 ) -> Result<(), AttentionError> {
     let rows = out.len();
-    if group == 0 || rows % group != 0 {
+    if group == 0 || !rows.is_multiple_of(group) {
         return Err(AttentionError::Invalid {
             argument: "group",
             message: format!(

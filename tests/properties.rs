@@ -505,7 +505,7 @@ impl BlockCase {
     fn valid(&self) -> bool {
         config_valid(&self.cfg)
             && self.d > 0
-            && self.k.len() % self.d == 0
+            && self.k.len().is_multiple_of(self.d)
             && self.q.len() == self.n_queries * self.n_kv_heads * self.d
             && self.pos.len() == self.n_queries
             && self.pos.iter().all(|&p| p >= 0)
@@ -864,7 +864,7 @@ impl AttnCase {
             .checked_sub(1)
             .map_or(0, |l| l * self.v_stride + s.d_v);
         s.n_kv_heads > 0
-            && s.n_q_heads % s.n_kv_heads == 0
+            && s.n_q_heads.is_multiple_of(s.n_kv_heads)
             && self.q.len() == s.n_queries * s.n_q_heads * s.d_k
             && self.k.len() == s.n_keys * s.n_kv_heads * s.d_k
             && self.v.len() >= v_need

@@ -479,7 +479,7 @@ pub fn causal_mla_attention_sparse(
             message: format!("d_v={d_v} is wider than the latent rows (d_k={d_k})"),
         });
     }
-    if kv.len() % d_k != 0 {
+    if !kv.len().is_multiple_of(d_k) {
         return Err(AttentionError::Length {
             argument: "kv",
             expected: kv.len() / d_k * d_k,

@@ -57,7 +57,7 @@ impl AttentionShape {
                 message: "n_kv_heads is 0: every query head needs a KV head to read".into(),
             });
         }
-        if self.n_q_heads % self.n_kv_heads != 0 {
+        if !self.n_q_heads.is_multiple_of(self.n_kv_heads) {
             return Err(AttentionError::Invalid {
                 argument: "n_q_heads",
                 message: format!(

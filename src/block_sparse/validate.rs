@@ -16,7 +16,7 @@ pub(super) fn key_rows(index_k: &[f32], d: usize) -> Result<usize, SelectionErro
             message: "d is 0: index vectors need at least one dimension".into(),
         });
     }
-    if index_k.len() % d != 0 {
+    if !index_k.len().is_multiple_of(d) {
         return Err(SelectionError::ShapeMismatch {
             argument: "index_k",
             message: format!(

@@ -161,7 +161,7 @@ pub(super) fn scores(
 /// Softmax numerator in place over `s` (a multiple of 8 long, entries
 /// past the row's keys already `-inf`); returns `(m, l)`.
 pub(super) fn softmax(isa: Option<Avx2>, s: &mut [f32]) -> (f32, f32) {
-    assert!(s.len() % 8 == 0);
+    assert!(s.len().is_multiple_of(8));
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = isa {
         // SAFETY: `t` proves AVX2+FMA (only run-time detection makes one);
@@ -247,7 +247,7 @@ mod tests {
         ]);
         let ln2 = std::f32::consts::LN_2;
         xs.extend([-ln2, -ln2 / 2.0, -1.5 * ln2]);
-        while xs.len() % 8 != 0 {
+        while !xs.len().is_multiple_of(8) {
             xs.push(-0.5);
         }
         for &x in &xs {

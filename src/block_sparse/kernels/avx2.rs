@@ -53,7 +53,7 @@ unsafe fn dots<const NR: usize>(
         // SAFETY: row r's dims c*8 .. c*8+8 are within dp.
         unsafe { fma_chunk(&mut acc, q, dp, c, &kv) };
     }
-    if d % 8 != 0 {
+    if !d.is_multiple_of(8) {
         let c = full;
         let mut kv = [_mm256_setzero_ps(); NR];
         for (j, v) in kv.iter_mut().enumerate() {

@@ -16,7 +16,7 @@ pub(super) fn dot(q: &[f32], k: &[f32]) -> f32 {
             acc[j] = qv[j].mul_add(kv[j], acc[j]);
         }
     }
-    if k.len() % 8 != 0 {
+    if !k.len().is_multiple_of(8) {
         let c = full * 8;
         for (j, a) in acc.iter_mut().enumerate() {
             let x = q.get(c + j).copied().unwrap_or(0.0);
