@@ -1,7 +1,7 @@
 """Plain NumPy reference implementations of kvselect's native functions.
 
 This module is written from the specifications (``spec/segment-witnesses.md``,
-``spec/block_sparse.rs.txt``, the module docs of ``src/attention.rs`` and
+``spec/block_sparse.rs.txt``, the module docs of ``src/attention/`` and
 ``src/metrics.rs``, and the Python API contract of ``design.md``),
 independently of the Rust core. It is the oracle of the differential tests:
 the native functions of ``kvselect`` must equal these exactly on integer
@@ -731,7 +731,7 @@ def positions_of_blocks(
 # ==========================================================================
 # attention: baseline selectors, the oracle top-k, the dense/sparse pass
 # --------------------------------------------------------------------------
-# Written from the module docs of src/attention.rs and the stubs of the
+# Written from the module docs of src/attention/ and the stubs of the
 # native module (``kvselect._core.pyi``):
 #
 # - a query at position ``p`` over ``n_keys`` keys sees keys
