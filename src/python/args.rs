@@ -243,6 +243,13 @@ impl<'py, T: Element> Out<'py, T> {
             .map_err(|e| PyTypeError::new_err(e.to_string()))
     }
 
+    /// A new zeroed output of `shape`.
+    pub fn zeros(py: Python<'py>, shape: &[usize]) -> PyResult<Self> {
+        Ok(Out {
+            rw: zeros::<T>(py, shape)?.try_readwrite()?,
+        })
+    }
+
     pub fn shape(&self) -> &[usize] {
         self.rw.shape()
     }
@@ -252,6 +259,22 @@ impl<'py, T: Element> Out<'py, T> {
         let a: Bound<'py, PyArrayDyn<T>> = (**self.rw).clone();
         drop(self.rw);
         a
+    }
+
+    /// Runs the core call `f` on the output's slice (see [`detach`] for
+    /// `work`) and hands back the array.
+    pub fn run<E: Into<PyErr> + Send>(
+        mut self,
+        work: usize,
+        f: impl FnOnce(&mut [T]) -> Result<(), E> + Send,
+    ) -> PyResult<Bound<'py, PyArrayDyn<T>>>
+    where
+        T: Send,
+    {
+        let py = self.rw.py();
+        let o = self.slice()?;
+        detach(py, work, || f(o)).map_err(Into::into)?;
+        Ok(self.finish())
     }
 }
 
@@ -403,6 +426,26 @@ impl Args {
         Err(refuse(self.0, name, fault))
     }
 
+    /// [`Args::output`] where the core writes every slot of a new output,
+    /// which is then not zeroed first (see [`filled_by_core`]).
+    ///
+    /// # Safety
+    /// As [`filled_by_core`]: the output must go whole to a core function
+    /// that writes every slot or refuses before writing.
+    pub unsafe fn output_filled_by_core<'py>(
+        self,
+        py: Python<'py>,
+        out: Option<&Bound<'py, PyAny>>,
+        shape: &[usize],
+        inputs: &[&Bound<'py, PyUntypedArray>],
+    ) -> PyResult<Out<'py, i32>> {
+        match out {
+            Some(o) if !o.is_none() => self.output(py, out, shape, inputs),
+            // SAFETY: the caller's contract (above).
+            _ => unsafe { filled_by_core(py, shape) },
+        }
+    }
+
     /// The output of a call: the caller's `out` (checked as
     /// [`Args::inplace`], and of exactly `shape`) or a new zeroed array.
     pub fn output<'py, T: Element>(
@@ -426,9 +469,7 @@ impl Args {
                 buf.slice()?;
                 Ok(buf)
             }
-            _ => Ok(Out {
-                rw: zeros::<T>(py, shape)?.try_readwrite()?,
-            }),
+            _ => Out::zeros(py, shape),
         }
     }
 }

@@ -5,7 +5,7 @@
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
-use super::args::{convert, detach, is_aligned, positions, Args, In, Obj, Opt, F64, I32};
+use super::args::{convert, detach, is_aligned, positions, Args, In, Obj, Opt, Out, F64, I32};
 use super::errors::{refuse, Domain};
 use crate::attention::{self, AttentionShape, OracleTopK, Selector};
 use crate::{metrics, pool, simd};
@@ -76,10 +76,8 @@ impl PySelector {
         let (sel, pos) = (self.0, positions(S, query_pos, "query_pos")?);
         let widest = || pos.iter().map(|&p| sel.row_len(p)).max().unwrap_or(0);
         let width = width_arg(width, widest)?;
-        let mut out = S.output::<i32>(py, None, &[pos.len(), width], &[])?;
-        let os = out.slice()?;
-        detach(py, os.len(), || sel.rows_into(&pos, width, os))?;
-        Ok(out.finish())
+        let out = Out::<i32>::zeros(py, &[pos.len(), width])?;
+        out.run(pos.len() * width, |os| sel.rows_into(&pos, width, os))
     }
 
     fn __repr__(&self) -> String {
@@ -137,12 +135,11 @@ fn oracle_topk<'py>(
         );
         return Err(refuse(Domain::Selection, "query_pos", msg));
     }
-    let mut out = S.output::<i32>(py, None, &[n, width], &[])?;
-    let (asl, os) = (a.slice()?, out.slice()?);
-    detach(py, asl.len(), || {
+    let asl = a.slice()?;
+    let out = Out::<i32>::zeros(py, &[n, width])?;
+    out.run(asl.len(), |os| {
         oracle.rows_into(asl, row_len, &pos, width, os)
-    })?;
-    Ok(out.finish())
+    })
 }
 
 /// `q` `[n_queries, n_q_heads, d_k]` and `k` `[n_keys, n_kv_heads, d_k]`,
@@ -252,17 +249,15 @@ fn attention_probabilities<'py>(
     let pos = positions(S, query_pos, "query_pos")?;
     let scale = scale.unwrap_or_else(|| attention::softmax_scale(shape.d_k) as f64);
     shape.validate()?;
-    let mut out = S.output::<f64>(
-        py,
-        None,
-        &[shape.n_queries, shape.n_q_heads, shape.n_keys],
-        &[],
-    )?;
-    let (qs, ks, os) = (qa.slice()?, ka.slice()?, out.slice()?);
-    detach(py, os.len().saturating_mul(shape.d_k.max(1)), || {
+    let dims = [shape.n_queries, shape.n_q_heads, shape.n_keys];
+    let (qs, ks, out) = (qa.slice()?, ka.slice()?, Out::<f64>::zeros(py, &dims)?);
+    let work = dims
+        .iter()
+        .product::<usize>()
+        .saturating_mul(shape.d_k.max(1));
+    out.run(work, |os| {
         metrics::attention_probabilities(qs, ks, &shape, &pos, scale, os)
-    })?;
-    Ok(out.finish())
+    })
 }
 
 /// A float32 output array.
@@ -300,37 +295,30 @@ fn attention_pass<'py>(
         return Err(refuse(Domain::Selection, "selection", msg));
     }
     let scale = scale.map_or_else(|| attention::softmax_scale(shape.d_k), |s| s as f32);
-    let mut out = S.output::<f32>(
-        py,
-        None,
-        &[shape.n_queries, shape.n_q_heads, shape.d_v],
-        &[],
-    )?;
-    let mut lse = S.output::<f32>(py, None, &[shape.n_queries, shape.n_q_heads], &[])?;
+    let (n, hq) = (shape.n_queries, shape.n_q_heads);
+    let (mut out, mut lse) = (
+        Out::<f32>::zeros(py, &[n, hq, shape.d_v])?,
+        Out::<f32>::zeros(py, &[n, hq])?,
+    );
     let (qs, ks, vs) = (qa.slice()?, ka.slice()?, va.rows());
     let (os, ls) = (out.slice()?, lse.slice()?);
+    let per_key = (shape.d_k + shape.d_v).saturating_mul(shape.group().max(1));
     let empty = match &sel {
         Some(s) => {
             let (ss, width) = (s.slice()?, s.shape[2]);
-            let work = ss
-                .len()
-                .saturating_mul(shape.d_k + shape.d_v)
-                .saturating_mul(shape.group().max(1));
-            detach(py, work, || {
+            detach(py, ss.len().saturating_mul(per_key), || {
                 attention::sparse_attention(
                     qs, ks, vs, stride, &shape, &pos, ss, width, scale, os, ls,
                 )
             })
         }
-        None => {
-            let work = shape
-                .n_queries
-                .saturating_mul(shape.n_q_heads)
-                .saturating_mul(shape.n_keys);
-            detach(py, work.saturating_mul(shape.d_k + shape.d_v), || {
-                attention::dense_attention(qs, ks, vs, stride, &shape, &pos, scale, os, ls)
-            })
-        }
+        None => detach(
+            py,
+            (n * shape.n_kv_heads)
+                .saturating_mul(shape.n_keys)
+                .saturating_mul(per_key),
+            || attention::dense_attention(qs, ks, vs, stride, &shape, &pos, scale, os, ls),
+        ),
     }?;
     Ok((out.finish(), lse.finish(), empty))
 }
@@ -385,12 +373,10 @@ fn output_relative_error_rows<'py>(
             format!("sparse {shape:?} and dense {dense_shape:?} must have one shape, at least 1-D");
         return Err(refuse(Domain::Selection, "sparse", msg));
     };
-    let mut out = S.output::<f64>(py, None, lead, &[])?;
-    let (ss, ds, os) = (s.slice()?, d.slice()?, out.slice()?);
-    detach(py, ss.len(), || {
+    let (ss, ds, out) = (s.slice()?, d.slice()?, Out::<f64>::zeros(py, lead)?);
+    out.run(ss.len(), |os| {
         metrics::output_relative_error_rows(ss, ds, width, os)
-    })?;
-    Ok(out.finish())
+    })
 }
 
 /// ``‖sparse − dense‖ / ‖dense‖`` over whole arrays of one shape (float64).

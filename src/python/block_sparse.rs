@@ -7,7 +7,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple, PyType};
 
-use super::args::{detach, type_name, Args, Obj, Opt, I32};
+use super::args::{type_name, Args, Obj, Opt, I32};
 use super::errors::{refuse, Domain};
 use crate::block_sparse::{self, BlockSparseConfig};
 
@@ -165,18 +165,16 @@ fn block_sparse_select<'py>(
     };
     let mut inputs: Vec<&Bound<'py, PyUntypedArray>> = vec![q.untyped(), k.untyped()];
     inputs.extend(positions.as_ref().map(|p| p.untyped()));
-    let mut out = S.output::<i32>(py, out, &shape, &inputs)?;
+    let out = S.output::<i32>(py, out, &shape, &inputs)?;
     let (qs, ks, d) = (q.slice()?, k.slice()?, k.shape[1]);
     let ps: &[i64] = match &positions {
         Some(p) => p.slice()?,
         None => &[],
     };
-    let os = out.slice()?;
-    detach(py, qs.len().saturating_add(ks.len()), || match batched {
+    out.run(qs.len().saturating_add(ks.len()), |os| match batched {
         true => block_sparse::select_batch_into(qs, n_queries, n_kv_heads, ks, d, ps, &cfg, os),
         false => block_sparse::select_into(qs, n_kv_heads, ks, d, single, &cfg, os),
-    })?;
-    Ok(out.finish())
+    })
 }
 
 /// With a 2-D `index_q` (one query), `query_pos` is one integer.
@@ -230,15 +228,15 @@ fn block_sparse_select_packed<'py>(
         sid.untyped(),
         pos.untyped(),
     ];
-    let mut out = S.output::<i32>(py, out, &[n_queries, n_kv_heads, cfg.width()], &inputs)?;
-    let (qs, ks, os) = (q.slice()?, k.slice()?, out.slice()?);
+    let out = S.output::<i32>(py, out, &[n_queries, n_kv_heads, cfg.width()], &inputs)?;
+    let (qs, ks) = (q.slice()?, k.slice()?);
     let (cus, sids, poss) = (cu.slice()?, sid.slice()?, pos.slice()?);
-    detach(py, qs.len().saturating_add(ks.len()), || {
+    let select = |os: &mut [i32]| {
         block_sparse::select_packed_into(
             qs, n_queries, n_kv_heads, ks, d, cus, sids, poss, &cfg, os,
         )
-    })?;
-    Ok(out.finish())
+    };
+    out.run(qs.len().saturating_add(ks.len()), select)
 }
 
 /// The positions a block selection covers, int32, ascending and causally

@@ -217,10 +217,14 @@ impl From<AttentionError> for PyErr {
 }
 
 /// An attention-module refusal raised as a `WitnessError` (the batched
-/// witness metrics).
-pub(super) fn witness_metric(e: AttentionError) -> PyErr {
-    if let AttentionError::TooLarge { .. } = e {
-        return PyMemoryError::new_err(e.to_string());
+/// witness metrics report through the attention module's errors).
+pub(super) struct Witness(pub AttentionError);
+
+impl From<Witness> for PyErr {
+    fn from(Witness(e): Witness) -> PyErr {
+        if let AttentionError::TooLarge { .. } = e {
+            return PyMemoryError::new_err(e.to_string());
+        }
+        Refusal::from(e).in_domain(Domain::Witness).into()
     }
-    Refusal::from(e).in_domain(Domain::Witness).into()
 }

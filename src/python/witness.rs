@@ -4,8 +4,8 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
 
-use super::args::{detach, filled_by_core, positions, Args, Obj, Opt, Out, F64, I32};
-use super::errors::{witness_metric, Domain};
+use super::args::{detach, positions, Args, Obj, Opt, Out, F64, I32};
+use super::errors::{Domain, Witness};
 use crate::{metrics, witness};
 
 const W: Args = Args(Domain::Witness);
@@ -46,17 +46,14 @@ fn topology_witness_indices<'py>(
     let lens = W.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
     let s = W.count(num_segments, "num_segments", u32::MAX as u64)?;
     let (shape, topk) = ([lens.shape[0], s], learned.shape[1]);
-    let mut out = match out {
-        Some(_) => W.output(py, out, &shape, &[learned.untyped(), lens.untyped()])?,
-        // SAFETY: `topology_witness_indices_into` writes every slot of every
-        // row (each row is filled with -1 first) or refuses before writing.
-        None => unsafe { filled_by_core(py, &shape)? },
-    };
-    let (l, c, o) = (learned.slice()?, lens.slice()?, out.slice()?);
-    detach(py, l.len() + o.len(), || {
+    let inputs = [learned.untyped(), lens.untyped()];
+    // SAFETY: `topology_witness_indices_into` writes every slot of every row
+    // (each row is filled with -1 first) or refuses before writing.
+    let out = unsafe { W.output_filled_by_core(py, out, &shape, &inputs)? };
+    let (l, c) = (learned.slice()?, lens.slice()?);
+    out.run(l.len() + shape[0] * s, |o| {
         witness::topology_witness_indices_into(l, topk, c, s, o)
-    })?;
-    Ok(out.finish())
+    })
 }
 
 /// The learned rows with witnesses merged in, as a new int32 array (or into
@@ -80,18 +77,14 @@ fn apply_topology_witnesses<'py>(
     let keep = W.count(learned_keep, "learned_keep", u64::MAX)?;
     let s = W.count_within(num_segments, "num_segments", u64::MAX, MERGE_MAX)?;
     let budget = W.count(max_replacements, "max_replacements", u64::MAX)?;
-    let [rows, topk] = learned.shape;
-    let mut out = match out {
-        Some(_) => W.output(py, out, &[rows, topk], &[learned.untyped(), lens.untyped()])?,
-        // SAFETY: `apply_topology_witnesses_into` copies every learned row
-        // into its output row, or refuses before writing.
-        None => unsafe { filled_by_core(py, &[rows, topk])? },
-    };
-    let (l, c, o) = (learned.slice()?, lens.slice()?, out.slice()?);
-    detach(py, l.len(), || {
+    let inputs = [learned.untyped(), lens.untyped()];
+    // SAFETY: `apply_topology_witnesses_into` copies every learned row into
+    // its output row, or refuses before writing.
+    let out = unsafe { W.output_filled_by_core(py, out, &learned.shape, &inputs)? };
+    let (l, c, topk) = (learned.slice()?, lens.slice()?, learned.shape[1]);
+    out.run(l.len(), |o| {
         witness::apply_topology_witnesses_into(l, topk, c, keep, s, budget, o)
-    })?;
-    Ok(out.finish())
+    })
 }
 
 /// The serving entry point: merges witnesses into ``topk_indices`` (int32
@@ -108,7 +101,7 @@ fn scatter_topology_witnesses<'py>(
     num_segments: &Obj<'py>,
 ) -> PyResult<()> {
     let lens = W.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
-    let mut buf: Out<'py, i32> = W.inplace(topk_indices, "topk_indices", 2, &[lens.untyped()])?;
+    let mut buf = W.inplace::<i32>(topk_indices, "topk_indices", 2, &[lens.untyped()])?;
     let s = W.count_within(num_segments, "num_segments", u64::MAX, MERGE_MAX)?;
     if s == 0 {
         return Ok(());
@@ -196,13 +189,11 @@ fn segment_coverage_rows<'py>(
     let lens = positions(W, context_lens, "context_lens")?;
     let s = W.count(num_segments, "num_segments", u64::MAX)?;
     let [rows, width] = cand.shape;
-    let mut out = W.output::<f64>(py, None, &[rows], &[])?;
-    let (c, o) = (cand.slice()?, out.slice()?);
-    detach(py, c.len(), || {
-        metrics::segment_coverage_rows(c, width, &lens, s, o)
+    let out = Out::<f64>::zeros(py, &[rows])?;
+    let c = cand.slice()?;
+    out.run(c.len(), |o| {
+        metrics::segment_coverage_rows(c, width, &lens, s, o).map_err(Witness)
     })
-    .map_err(witness_metric)?;
-    Ok(out.finish())
 }
 
 /// :func:`attention_mass_recall` of every row ``r`` of ``attention``
@@ -229,13 +220,11 @@ fn attention_mass_recall_rows<'py>(
             )
         })?,
     };
-    let mut out = W.output::<f64>(py, None, &[n_rows], &[])?;
-    let (c, a, o) = (cand.slice()?, att.slice()?, out.slice()?);
-    detach(py, a.len(), || {
-        metrics::attention_mass_recall_rows(c, width, a, row_len, group, o)
-    })
-    .map_err(witness_metric)?;
-    Ok(out.finish())
+    let out = Out::<f64>::zeros(py, &[n_rows])?;
+    let (c, a) = (cand.slice()?, att.slice()?);
+    let recall =
+        |o: &mut [f64]| metrics::attention_mass_recall_rows(c, width, a, row_len, group, o);
+    out.run(a.len(), |o| recall(o).map_err(Witness))
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
