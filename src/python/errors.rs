@@ -64,6 +64,23 @@ pub(super) struct Refusal {
 }
 
 impl Refusal {
+    /// A core refusal of `argument` with the variant's name and fields.
+    fn core(
+        domain: Domain,
+        argument: &str,
+        variant: &'static str,
+        message: String,
+        fields: Vec<(&'static str, usize)>,
+    ) -> Self {
+        Refusal {
+            domain,
+            argument: argument.to_string(),
+            variant: Some(variant),
+            message,
+            fields,
+        }
+    }
+
     /// The same refusal raised in another domain (a witness metric's
     /// batched form reports through the attention module's errors).
     pub fn in_domain(mut self, domain: Domain) -> Self {
@@ -136,13 +153,7 @@ impl From<CoreWitnessError> for Refusal {
                 e.to_string(),
             ),
         };
-        Refusal {
-            domain: Domain::Witness,
-            argument: argument.to_string(),
-            variant: Some(variant),
-            message,
-            fields,
-        }
+        Refusal::core(Domain::Witness, argument, variant, message, fields)
     }
 }
 
@@ -161,13 +172,13 @@ impl From<CoreSelectionError> for Refusal {
             ),
             E::OutputTooLarge { len, .. } => ("OutputTooLarge", vec![("len", len)]),
         };
-        Refusal {
-            domain: Domain::Selection,
-            argument: e.argument().to_string(),
-            variant: Some(variant),
-            message: e.to_string(),
+        Refusal::core(
+            Domain::Selection,
+            e.argument(),
+            variant,
+            e.to_string(),
             fields,
-        }
+        )
     }
 }
 
@@ -182,13 +193,13 @@ impl From<AttentionError> for Refusal {
             E::OutOfRange { index, .. } => ("OutOfRange", vec![("index", index)]),
             E::TooLarge { .. } => ("TooLarge", vec![]),
         };
-        Refusal {
-            domain: Domain::Selection,
-            argument: e.argument().to_string(),
-            variant: Some(variant),
-            message: e.to_string(),
+        Refusal::core(
+            Domain::Selection,
+            e.argument(),
+            variant,
+            e.to_string(),
             fields,
-        }
+        )
     }
 }
 
