@@ -10,6 +10,10 @@
 //! - [`attention`]: baseline selectors (dense, local, random, sink + window,
 //!   the oracle top-k) that the null models are rows of, and a sparse causal
 //!   attention pass (GQA, MLA) to judge a selection by its output;
+//! - [`indexer`]: DeepSeek's lightning indexer, the learned top-k itself
+//!   (exact, one total order, witnesses in the same pass);
+//! - [`keys`]: the element formats engines hold keys in (float32, float16,
+//!   bfloat16, float8 e4m3fn), decoded exactly, read in place;
 //! - [`metrics`]: dense attention probabilities, batched coverage and
 //!   recall, output relative error;
 //! - [`pool`]: kvselect's own rayon pool (resizable, fork-safe), which every
@@ -37,6 +41,8 @@
 pub mod attention;
 pub mod block_sparse;
 mod error;
+pub mod indexer;
+pub mod keys;
 pub mod metrics;
 pub mod pool;
 pub mod simd;

@@ -1,0 +1,276 @@
+//! DeepSeek's lightning indexer (DeepSeek-V3.2/V4, GLM-5: "DSA"): the
+//! learned top-k that segment witnesses sit on, exact and deterministic.
+//!
+//! # The rule
+//!
+//! A query at position `p` sees keys `0 .. L`, `L = min(p + 1, T)` (a
+//! position past the keys is clipped to what exists, as block selection
+//! does). With `H` index heads `q_h`, per-query head weights `w_h` (the
+//! caller folds the softmax scale, `H^-1/2` and any query scale in, as vLLM
+//! does), index keys `k_t` and a per-key scale `c_t` (1 without scales):
+//!
+//! ```text
+//!   score(t) = c_t · Σ_h w_h · max(q_h · k_t, 0)
+//! ```
+//!
+//! The row is the `topk` positions of `[0, L)` with the largest scores, **in
+//! rank order**: the best first, then down one total order — descending
+//! score, ties to the lower position — then `-1`. Rows with `L ≤ topk` hold
+//! all of `0 .. L` (still in rank order). Entries are row-relative int32
+//! offsets, exactly what `scatter_topology_witnesses` and `sparse_attention`
+//! take.
+//!
+//! - **Ties are structural**: after the ReLU a plateau of exact zeros is
+//!   common, and it goes to the lowest positions.
+//! - **`-0.0` and `+0.0` are one score**: every score is canonicalised
+//!   (`+ 0.0`) before it is ranked on its bits.
+//! - **NaN ranks below every number**, `-inf` included, and never displaces
+//!   a finite score. The ReLU keeps a NaN dot product NaN (`x <= 0 ? 0 : x`;
+//!   a SIMD `max(x, 0)` with the operands the other way round would turn it
+//!   into 0 and let a NaN key join the zero plateau). `±inf` inputs give
+//!   IEEE results: a `+inf` dot product times a positive weight is `+inf`
+//!   (ranked first), times a zero weight NaN (ranked last); a `-inf` one is
+//!   0 after the ReLU; `+inf − inf` across heads is NaN.
+//!
+//! # Numbers: one summation order, everywhere
+//!
+//! `q_h · k_t` is accumulated in 8 lanes — lane `j` takes dimensions
+//! `j, j + 8, …` with a fused multiply-add, a dimension past `d` counting as
+//! `fma(0, 0, acc)` — and the lanes are summed as `((l0+l4)+(l2+l6)) +
+//! ((l1+l5)+(l3+l7))`, the order block selection uses. The heads are then
+//! summed in head order, `acc = fma(w_h, relu_h, acc)` from `acc = 0`, and
+//! the sum multiplied by `c_t`. The AVX2 kernel runs those chains eight
+//! dimensions at a time; the portable one lane by lane with `f32::mul_add`:
+//! so every SIMD level and thread count gives the same bits, the selection
+//! equals exact-arithmetic selection whenever scores differ by more than
+//! rounding, and on integer-valued data (exact sums) it equals the float64
+//! reference exactly.
+//!
+//! # Witnesses in the same pass
+//!
+//! With `num_segments = S` (1..=64), each row is the serving row that covers
+//! every segment: the top `max(topk − S, 0)` positions in rank order, then
+//! `scatter_topology_witnesses` of that row widened to `topk` slots with
+//! `-1`, with `context_lens = L` — the same call, so the two-call
+//! composition and the fused one are equal by construction.
+//!
+//! # Formats
+//!
+//! Keys and queries are float32, float16, bfloat16 or float8 e4m3fn
+//! ([`crate::keys`]), decoded exactly one row at a time: scoring decoded
+//! values equals scoring the same values given as float32, bit for bit.
+
+mod kernels;
+
+use crate::error::{check_len, checked_size, AttentionError};
+use crate::keys::Encoded;
+use crate::witness::{self, MAX_TOPOLOGY_SEGMENTS};
+use crate::{pool, simd};
+
+/// The shape of an indexer call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexerShape {
+    /// Queries (rows of the output).
+    pub n_queries: usize,
+    /// Index heads per query.
+    pub n_heads: usize,
+    /// Index head dimension.
+    pub d: usize,
+    /// Keys `T`.
+    pub n_keys: usize,
+}
+
+/// The inputs of a single-sequence call (flat, row-major).
+#[derive(Debug, Clone, Copy)]
+pub struct IndexerInputs<'a> {
+    /// `[n_queries, n_heads, d]`.
+    pub q: Encoded<'a>,
+    /// `[n_queries, n_heads]`, the folded head weights.
+    pub weights: &'a [f32],
+    /// `[n_keys, d]`.
+    pub k: Encoded<'a>,
+    /// `[n_keys]`, or `None` for a scale of 1.
+    pub key_scale: Option<&'a [f32]>,
+    /// `[n_queries]`: each query's position (clipped to the keys).
+    pub query_pos: &'a [usize],
+}
+
+/// The lightning indexer's top-k of every query, into `out`
+/// (`[n_queries, topk]` int32, rank order then `-1`; see the module docs),
+/// and optionally each selected entry's score into `scores`
+/// (`[n_queries, topk]`, NaN where the row holds `-1`). `num_segments` in
+/// `1..=64` writes the reserved-tail witness row; 0 is off.
+///
+/// Refuses, before writing anything, a buffer whose length does not match
+/// its shape, `d = 0`, more than `i32::MAX` keys, `topk > i32::MAX` and
+/// `num_segments > 64`.
+pub fn indexer_topk_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    topk: usize,
+    num_segments: usize,
+    out: &mut [i32],
+    scores: Option<&mut [f32]>,
+) -> Result<(), AttentionError> {
+    check(
+        shape,
+        inputs,
+        topk,
+        num_segments,
+        out.len(),
+        scores.as_deref(),
+    )?;
+    if shape.n_queries == 0 || topk == 0 {
+        return Ok(());
+    }
+    let level = simd::avx2();
+    let (h, d) = (shape.n_heads, shape.d);
+    let work_per_row = shape.n_keys.saturating_mul(h).saturating_mul(d);
+    let min_rows = pool::min_rows(work_per_row);
+    let row = |i: usize, out_row: &mut [i32], score_row: Option<&mut [f32]>| {
+        let mut scratch = kernels::Scratch::new(h, d);
+        let len = inputs.query_pos[i].saturating_add(1).min(shape.n_keys);
+        let w = &inputs.weights[i * h..(i + 1) * h];
+        scratch.load_query(&inputs.q, i * h * d);
+        let scores_buf =
+            kernels::score_keys(level, &mut scratch, w, &inputs.k, inputs.key_scale, len);
+        select_row(scores_buf, len, topk, num_segments, out_row, score_row);
+    };
+    match scores {
+        None => pool::for_each_row_mut(out, topk, min_rows, |i, o| row(i, o, None)),
+        Some(s) => {
+            // Rows of `out` and `scores` pair up; split both the same way.
+            let mut pairs: Vec<(&mut [i32], &mut [f32])> =
+                out.chunks_mut(topk).zip(s.chunks_mut(topk)).collect();
+            pool::for_each_row_mut(&mut pairs, 1, min_rows, |i, p| {
+                let (o, s) = &mut p[0];
+                row(i, o, Some(s));
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    topk: usize,
+    num_segments: usize,
+    out_len: usize,
+    scores: Option<&[f32]>,
+) -> Result<(), AttentionError> {
+    let &IndexerShape {
+        n_queries: n,
+        n_heads: h,
+        d,
+        n_keys: t,
+    } = shape;
+    let invalid = |argument, message: String| Err(AttentionError::Invalid { argument, message });
+    if d == 0 {
+        return invalid(
+            "d",
+            "d is 0: index vectors need at least one dimension".into(),
+        );
+    }
+    if t > i32::MAX as usize {
+        return invalid(
+            "index_k",
+            format!(
+                "index_k has {t} keys: positions past {} do not fit the int32 output",
+                i32::MAX
+            ),
+        );
+    }
+    if topk > i32::MAX as usize {
+        return invalid("topk", format!("topk={topk} is past {}", i32::MAX));
+    }
+    if num_segments > MAX_TOPOLOGY_SEGMENTS {
+        return invalid("num_segments", format!("num_segments={num_segments} is out of range: 0 (off) or 1..={MAX_TOPOLOGY_SEGMENTS}"));
+    }
+    let q_len = checked_size("index_q", &[n, h, d])?;
+    check_len("index_q", inputs.q.len(), q_len, || {
+        format!("[n_queries={n}, n_heads={h}, d={d}]")
+    })?;
+    let w_len = checked_size("weights", &[n, h])?;
+    check_len("weights", inputs.weights.len(), w_len, || {
+        format!("[n_queries={n}, n_heads={h}]")
+    })?;
+    let k_len = checked_size("index_k", &[t, d])?;
+    check_len("index_k", inputs.k.len(), k_len, || {
+        format!("[n_keys={t}, d={d}]")
+    })?;
+    if let Some(c) = inputs.key_scale {
+        check_len("key_scale", c.len(), t, || format!("[n_keys={t}]"))?;
+    }
+    check_len("query_pos", inputs.query_pos.len(), n, || {
+        format!("[n_queries={n}]")
+    })?;
+    let o_len = checked_size("out", &[n, topk])?;
+    check_len("out", out_len, o_len, || {
+        format!("[n_queries={n}, topk={topk}]")
+    })?;
+    if let Some(s) = scores {
+        check_len("scores", s.len(), o_len, || {
+            format!("[n_queries={n}, topk={topk}]")
+        })?;
+    }
+    Ok(())
+}
+
+/// A score's place in the total order, as an integer that sorts the same
+/// way: NaN lowest (0), then every number by value, `-0.0 == +0.0`.
+#[inline]
+pub(crate) fn rank_key(score: f32) -> u32 {
+    if score.is_nan() {
+        return 0;
+    }
+    let b = (score + 0.0).to_bits();
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// Row `i`'s selection from its `len` scores: the top `topk` (or
+/// `topk − S` with witnesses) in rank order, then `-1`, then the witnesses.
+fn select_row(
+    scores: &[f32],
+    len: usize,
+    topk: usize,
+    num_segments: usize,
+    out: &mut [i32],
+    score_out: Option<&mut [f32]>,
+) {
+    let keep = topk.saturating_sub(num_segments);
+    // Larger is better: the rank key, then the lower position.
+    let mut cand: Vec<u64> = (0..len)
+        .map(|t| ((rank_key(scores[t]) as u64) << 32) | (u32::MAX - t as u32) as u64)
+        .collect();
+    let take = keep.min(len);
+    if take > 0 && take < len {
+        cand.select_nth_unstable_by(take - 1, |a, b| b.cmp(a));
+    }
+    let top = &mut cand[..take];
+    top.sort_unstable_by(|a, b| b.cmp(a));
+    out.fill(-1);
+    for (slot, &c) in out.iter_mut().zip(top.iter()) {
+        // Positions are < n_keys <= i32::MAX (checked).
+        *slot = (u32::MAX - c as u32) as i32;
+    }
+    if num_segments > 0 {
+        // `len <= i32::MAX` (checked); one row of the serving entry point.
+        let lens = [len as i32];
+        let merged = witness::scatter_topology_witnesses(out, topk, &lens, num_segments);
+        // Unreachable: `check` refused S > 64, and this is one row of `topk`.
+        assert!(
+            merged.is_ok(),
+            "witness merge refused a checked row: {merged:?}"
+        );
+    }
+    if let Some(s) = score_out {
+        for (dst, &t) in s.iter_mut().zip(out.iter()) {
+            *dst = if t >= 0 { scores[t as usize] } else { f32::NAN };
+        }
+    }
+}

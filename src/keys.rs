@@ -1,0 +1,216 @@
+//! The element formats engines keep index keys and queries in, decoded
+//! exactly to `f32`, read in place.
+//!
+//! - **float32**: read as it is.
+//! - **float16** (IEEE binary16): every value, subnormals, infinities and
+//!   NaN included, is exactly an `f32`; decoded from the bits.
+//! - **bfloat16**: the upper half of an `f32`, so decoding is a shift.
+//! - **float8 e4m3fn** (the OCP "FN" variant vLLM and DeepSeek use): 1 sign,
+//!   4 exponent (bias 7) and 3 mantissa bits, no infinities, `0x7F`/`0xFF`
+//!   are NaN, the largest finite value is 448. Decoded by a 256-entry table
+//!   built from that definition.
+//!
+//! A decode is exact, so scoring decoded values equals, bit for bit, scoring
+//! the same values given as `f32`: a low-precision key changes nothing but
+//! the bytes read. Encoded rows are never widened into a copy of the whole
+//! array; a kernel decodes one row (or a chunk of rows) at a time.
+
+/// An element format of keys or queries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    F32,
+    F16,
+    Bf16,
+    /// float8 e4m3fn, no scale of its own (a per-key scale is separate).
+    Fp8E4m3,
+}
+
+impl Format {
+    /// The name NumPy / ml_dtypes give the dtype.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::F32 => "float32",
+            Format::F16 => "float16",
+            Format::Bf16 => "bfloat16",
+            Format::Fp8E4m3 => "float8_e4m3fn",
+        }
+    }
+
+    /// The format of that name (as [`Format::name`] spells it).
+    pub fn from_name(name: &str) -> Option<Format> {
+        [Format::F32, Format::F16, Format::Bf16, Format::Fp8E4m3]
+            .into_iter()
+            .find(|f| f.name() == name)
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Format::F32 => 4,
+            Format::F16 | Format::Bf16 => 2,
+            Format::Fp8E4m3 => 1,
+        }
+    }
+}
+
+/// A row-major array of encoded elements, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub enum Encoded<'a> {
+    F32(&'a [f32]),
+    F16(&'a [u16]),
+    Bf16(&'a [u16]),
+    Fp8E4m3(&'a [u8]),
+}
+
+impl Encoded<'_> {
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            Encoded::F32(s) => s.len(),
+            Encoded::F16(s) | Encoded::Bf16(s) => s.len(),
+            Encoded::Fp8E4m3(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn format(&self) -> Format {
+        match self {
+            Encoded::F32(_) => Format::F32,
+            Encoded::F16(_) => Format::F16,
+            Encoded::Bf16(_) => Format::Bf16,
+            Encoded::Fp8E4m3(_) => Format::Fp8E4m3,
+        }
+    }
+
+    /// Decodes elements `start .. start + out.len()` into `out`.
+    ///
+    /// # Panics
+    /// If the range is past the end (callers check shapes first).
+    pub fn decode(&self, start: usize, out: &mut [f32]) {
+        let end = start + out.len();
+        match self {
+            Encoded::F32(s) => out.copy_from_slice(&s[start..end]),
+            Encoded::F16(s) => {
+                for (o, &b) in out.iter_mut().zip(&s[start..end]) {
+                    *o = f16_to_f32(b);
+                }
+            }
+            Encoded::Bf16(s) => {
+                for (o, &b) in out.iter_mut().zip(&s[start..end]) {
+                    *o = bf16_to_f32(b);
+                }
+            }
+            Encoded::Fp8E4m3(s) => {
+                let table = fp8_table();
+                for (o, &b) in out.iter_mut().zip(&s[start..end]) {
+                    *o = table[b as usize];
+                }
+            }
+        }
+    }
+}
+
+/// bfloat16 bits to `f32`: the upper half of the `f32`'s bits.
+#[inline]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// IEEE binary16 bits to `f32`, exactly (subnormals normalised, infinities
+/// and NaN payloads kept).
+#[inline]
+pub fn f16_to_f32(bits: u16) -> f32 {
+    let sign = ((bits & 0x8000) as u32) << 16;
+    let exp = ((bits >> 10) & 0x1F) as u32;
+    let man = (bits & 0x3FF) as u32;
+    let magnitude = match (exp, man) {
+        (0, 0) => 0,
+        // Subnormal: man · 2⁻²⁴, exact in f32.
+        (0, m) => (m as f32 * f32::from_bits(0x3380_0000)).to_bits(),
+        (0x1F, m) => 0x7F80_0000 | (m << 13),
+        (e, m) => ((e + 127 - 15) << 23) | (m << 13),
+    };
+    f32::from_bits(sign | magnitude)
+}
+
+/// float8 e4m3fn bits to `f32`, from the format's definition.
+pub fn fp8_e4m3fn_to_f32(bits: u8) -> f32 {
+    let sign = if bits & 0x80 != 0 { -1.0f32 } else { 1.0 };
+    let exp = ((bits >> 3) & 0xF) as i32;
+    let man = (bits & 0x7) as f32;
+    if exp == 0xF && bits & 0x7 == 0x7 {
+        return f32::NAN;
+    }
+    if exp == 0 {
+        // Subnormal: man/8 · 2⁻⁶ (exact: powers of two and small integers).
+        return sign * man * (1.0 / 512.0);
+    }
+    sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+}
+
+/// The 256 e4m3fn values, built once.
+fn fp8_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|b| fp8_e4m3fn_to_f32(b as u8)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every binary16 value decodes to the f32 Rust's own `as` conversion of
+    /// its f64 value gives (computed independently from the definition).
+    #[test]
+    fn every_float16_decodes_exactly() {
+        for bits in 0..=u16::MAX {
+            let sign = if bits & 0x8000 != 0 { -1.0f64 } else { 1.0 };
+            let exp = ((bits >> 10) & 0x1F) as i32;
+            let man = (bits & 0x3FF) as f64;
+            let want = match exp {
+                0 => sign * man * 2f64.powi(-24),
+                0x1F if man == 0.0 => sign * f64::INFINITY,
+                0x1F => f64::NAN,
+                e => sign * (1.0 + man / 1024.0) * 2f64.powi(e - 15),
+            };
+            let got = f16_to_f32(bits);
+            if want.is_nan() {
+                assert!(got.is_nan(), "{bits:#06x}");
+            } else {
+                assert_eq!(got.to_bits(), (want as f32).to_bits(), "{bits:#06x}");
+            }
+        }
+    }
+
+    /// The e4m3fn table: the format's landmarks.
+    #[test]
+    fn float8_e4m3fn_has_no_infinities_and_tops_out_at_448() {
+        assert_eq!(fp8_e4m3fn_to_f32(0x00), 0.0);
+        assert_eq!(fp8_e4m3fn_to_f32(0x80).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(fp8_e4m3fn_to_f32(0x38), 1.0);
+        assert_eq!(fp8_e4m3fn_to_f32(0x7E), 448.0);
+        assert_eq!(fp8_e4m3fn_to_f32(0xFE), -448.0);
+        assert_eq!(fp8_e4m3fn_to_f32(0x01), 2f32.powi(-9));
+        assert!(fp8_e4m3fn_to_f32(0x7F).is_nan() && fp8_e4m3fn_to_f32(0xFF).is_nan());
+        let finite = (0..=255u8)
+            .filter(|&b| fp8_e4m3fn_to_f32(b).is_finite())
+            .count();
+        assert_eq!(finite, 254);
+        for b in 0..=255u8 {
+            assert_eq!(
+                fp8_table()[b as usize].to_bits(),
+                fp8_e4m3fn_to_f32(b).to_bits()
+            );
+        }
+    }
+
+    #[test]
+    fn bfloat16_is_the_upper_half_of_a_float32() {
+        for x in [0.0f32, -0.0, 1.0, -2.5, 3.0e38, f32::INFINITY, 1.0e-40] {
+            let bits = (x.to_bits() >> 16) as u16;
+            assert_eq!(bf16_to_f32(bits).to_bits(), bits as u32 * 65536);
+        }
+    }
+}

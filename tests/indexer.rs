@@ -1,0 +1,407 @@
+//! The lightning indexer's rule, pinned by hand examples and checked on
+//! randomised inputs against a plain float64 oracle.
+
+use kvselect::indexer::{indexer_topk_into, IndexerInputs, IndexerShape};
+use kvselect::keys::{bf16_to_f32, f16_to_f32, fp8_e4m3fn_to_f32, Encoded};
+use kvselect::witness::scatter_topology_witnesses;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// One f32 single-sequence call: `q` `[n, h, d]`, `w` `[n, h]`, `k` `[t, d]`.
+struct Case {
+    h: usize,
+    d: usize,
+    q: Vec<f32>,
+    w: Vec<f32>,
+    k: Vec<f32>,
+    scale: Option<Vec<f32>>,
+    pos: Vec<usize>,
+}
+
+impl Case {
+    fn n(&self) -> usize {
+        self.pos.len()
+    }
+    fn t(&self) -> usize {
+        self.k.len() / self.d
+    }
+    fn run_with(&self, k: Encoded<'_>, topk: usize, s: usize) -> (Vec<i32>, Vec<f32>) {
+        let shape = IndexerShape {
+            n_queries: self.n(),
+            n_heads: self.h,
+            d: self.d,
+            n_keys: self.t(),
+        };
+        let inputs = IndexerInputs {
+            q: Encoded::F32(&self.q),
+            weights: &self.w,
+            k,
+            key_scale: self.scale.as_deref(),
+            query_pos: &self.pos,
+        };
+        let mut out = vec![7; self.n() * topk];
+        let mut scores = vec![7.0; self.n() * topk];
+        indexer_topk_into(&shape, &inputs, topk, s, &mut out, Some(&mut scores)).unwrap();
+        (out, scores)
+    }
+    fn run(&self, topk: usize, s: usize) -> Vec<i32> {
+        self.run_with(Encoded::F32(&self.k), topk, s).0
+    }
+
+    /// The rule in float64: scores of keys `0..L`, then the total order.
+    fn oracle(&self, i: usize, topk: usize) -> Vec<i32> {
+        let len = (self.pos[i] + 1).min(self.t());
+        let score = |t: usize| -> f64 {
+            let mut s = 0.0f64;
+            for hh in 0..self.h {
+                let qh = &self.q[(i * self.h + hh) * self.d..][..self.d];
+                let dot: f64 = qh
+                    .iter()
+                    .zip(&self.k[t * self.d..][..self.d])
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum();
+                let r = if dot.is_nan() { f64::NAN } else { dot.max(0.0) };
+                s += self.w[i * self.h + hh] as f64 * r;
+            }
+            s * self.scale.as_ref().map_or(1.0, |c| c[t] as f64) + 0.0
+        };
+        let mut order: Vec<(f64, usize)> = (0..len).map(|t| (score(t), t)).collect();
+        order.sort_by(|a, b| match (a.0.is_nan(), b.0.is_nan()) {
+            (true, true) => a.1.cmp(&b.1),
+            (true, false) => std::cmp::Ordering::Greater,
+            (false, true) => std::cmp::Ordering::Less,
+            _ => b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)),
+        });
+        let mut row = vec![-1; topk];
+        for (slot, &(_, t)) in row.iter_mut().zip(&order) {
+            *slot = t as i32;
+        }
+        row
+    }
+}
+
+/// One query, one head of dimension 1: score(t) = w · max(q · k_t, 0).
+fn one_head(k: &[f32], q: f32, w: f32, pos: usize) -> Case {
+    Case {
+        h: 1,
+        d: 1,
+        q: vec![q],
+        w: vec![w],
+        k: k.to_vec(),
+        scale: None,
+        pos: vec![pos],
+    }
+}
+
+#[test]
+fn ties_go_to_the_lower_position() {
+    let c = one_head(&[1.0, 3.0, 2.0, 3.0, 3.0, 1.0], 1.0, 1.0, 5);
+    assert_eq!(c.run(4, 0), vec![1, 3, 4, 2]);
+}
+
+#[test]
+fn a_relu_plateau_of_zeros_is_filled_from_the_lowest_positions() {
+    // Negative dot products are all 0 after the ReLU: one plateau, taken
+    // from position 0 up, after the positive scores.
+    let c = one_head(&[-1.0, -5.0, 2.0, -3.0, -0.5, 4.0, -2.0], 1.0, 1.0, 6);
+    assert_eq!(c.run(5, 0), vec![5, 2, 0, 1, 3]);
+}
+
+#[test]
+fn minus_zero_and_plus_zero_are_one_score() {
+    // A negative key scale turns a zero into -0.0: still a tie with +0.0,
+    // so the lower position goes first (ranking on raw bits would put the
+    // -0.0 keys 0 and 2 after key 1).
+    let c = Case {
+        h: 1,
+        d: 1,
+        q: vec![0.0],
+        w: vec![1.0],
+        k: vec![1.0, -1.0, 2.0],
+        scale: Some(vec![-1.0, 1.0, -1.0]),
+        pos: vec![2],
+    };
+    let (row, scores) = c.run_with(Encoded::F32(&c.k), 3, 0);
+    assert_eq!(row, vec![0, 1, 2]);
+    assert!(
+        scores.iter().all(|s| s.to_bits() == 0),
+        "canonical +0.0: {scores:?}"
+    );
+}
+
+#[test]
+fn a_short_row_holds_every_position_in_rank_order_then_padding() {
+    let c = one_head(&[1.0, 4.0, 2.0, 9.0, 9.0], 1.0, 1.0, 2);
+    assert_eq!(c.run(6, 0), vec![1, 2, 0, -1, -1, -1]);
+}
+
+#[test]
+fn a_query_at_position_zero_sees_only_key_zero() {
+    let c = one_head(&[1.0, 100.0, 100.0], 1.0, 1.0, 0);
+    assert_eq!(c.run(3, 0), vec![0, -1, -1]);
+}
+
+#[test]
+fn a_query_past_the_keys_is_clipped_to_what_exists() {
+    let c = one_head(&[1.0, 2.0], 1.0, 1.0, 1_000_000);
+    assert_eq!(c.run(3, 0), vec![1, 0, -1]);
+}
+
+#[test]
+fn a_nan_key_ranks_last_and_never_joins_the_zero_plateau() {
+    // Key 0 is NaN: its dot product is NaN, and the ReLU must keep it NaN,
+    // or it would win the zero tie at position 0.
+    let c = one_head(&[f32::NAN, -1.0, 3.0, -2.0], 1.0, 1.0, 3);
+    let (row, scores) = c.run_with(Encoded::F32(&c.k), 4, 0);
+    assert_eq!(row, vec![2, 1, 3, 0]);
+    assert!(scores[3].is_nan() && scores[1] == 0.0);
+    // A NaN ranks below -inf too.
+    let c = Case {
+        h: 1,
+        d: 1,
+        q: vec![1.0],
+        w: vec![-1.0],
+        k: vec![f32::NAN, f32::INFINITY, 1.0],
+        scale: None,
+        pos: vec![2],
+    };
+    assert_eq!(c.run(3, 0), vec![2, 1, 0]);
+}
+
+#[test]
+fn scores_are_summed_over_heads_with_their_weights_and_scaled_per_key() {
+    // Two heads of d = 2; key scale 2 on key 1, 0.5 on key 2.
+    let c = Case {
+        h: 2,
+        d: 2,
+        q: vec![1.0, 0.0, 0.0, 1.0],
+        w: vec![1.0, 3.0],
+        k: vec![1.0, 0.0, 0.0, 1.0, 4.0, 1.0],
+        scale: Some(vec![1.0, 2.0, 0.5]),
+        pos: vec![2],
+    };
+    // score = c · (1·relu(k0) + 3·relu(k1)): 1, 6, 3.5
+    let (row, scores) = c.run_with(Encoded::F32(&c.k), 3, 0);
+    assert_eq!(row, vec![1, 2, 0]);
+    assert_eq!(scores, vec![6.0, 3.5, 1.0]);
+}
+
+#[test]
+fn the_fp8_page_keys_with_scales_score_like_their_decoded_float32() {
+    // Every e4m3fn byte but the NaNs, as keys of d = 2, with scales.
+    let bytes: Vec<u8> = (0..=255u8).filter(|b| b & 0x7F != 0x7F).collect();
+    let t = bytes.len() / 2;
+    let bytes = &bytes[..2 * t];
+    let decoded: Vec<f32> = bytes.iter().map(|&b| fp8_e4m3fn_to_f32(b)).collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let scale: Vec<f32> = (0..t)
+        .map(|_| rng.random_range(1..5) as f32 / 4.0)
+        .collect();
+    let c = Case {
+        h: 3,
+        d: 2,
+        q: vec![1.0, -2.0, 0.5, 0.25, -1.0, 1.0],
+        w: vec![1.0, 2.0, 0.5],
+        k: decoded,
+        scale: Some(scale),
+        pos: vec![t - 1],
+    };
+    let want = c.run_with(Encoded::F32(&c.k), t, 0);
+    assert_eq!(c.run_with(Encoded::Fp8E4m3(bytes), t, 0).0, want.0);
+    assert_eq!(c.run_with(Encoded::Fp8E4m3(bytes), t, 0).1, want.1);
+}
+
+fn random_case(rng: &mut ChaCha8Rng, integer: bool) -> Case {
+    let (n, h, d, t) = (
+        rng.random_range(1..5),
+        rng.random_range(1..10),
+        rng.random_range(1..40),
+        rng.random_range(1..300),
+    );
+    let mut val = |lo: i32, hi: i32| -> f32 {
+        if integer {
+            rng.random_range(lo..=hi) as f32
+        } else {
+            rng.random::<f32>() * (hi - lo) as f32 + lo as f32
+        }
+    };
+    let q = (0..n * h * d).map(|_| val(-3, 3)).collect();
+    let w = (0..n * h).map(|_| val(-2, 2)).collect();
+    let k = (0..t * d).map(|_| val(-3, 3)).collect();
+    let scale = (t % 2 == 0).then(|| (0..t).map(|_| val(1, 4)).collect());
+    let pos = (0..n).map(|_| rng.random_range(0..t + 5)).collect();
+    Case {
+        h,
+        d,
+        q,
+        w,
+        k,
+        scale,
+        pos,
+    }
+}
+
+#[test]
+fn on_integer_data_the_rows_equal_the_float64_rule_exactly() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for _ in 0..400 {
+        let c = random_case(&mut rng, true);
+        let topk = rng.random_range(1..40);
+        let got = c.run(topk, 0);
+        for i in 0..c.n() {
+            assert_eq!(&got[i * topk..(i + 1) * topk], c.oracle(i, topk).as_slice());
+        }
+    }
+}
+
+#[test]
+fn rows_are_in_rank_order_with_their_scores() {
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for _ in 0..200 {
+        let c = random_case(&mut rng, false);
+        let topk = rng.random_range(1..60);
+        let (rows, scores) = c.run_with(Encoded::F32(&c.k), topk, 0);
+        for (row, sc) in rows.chunks(topk).zip(scores.chunks(topk)) {
+            let valid = row.iter().take_while(|&&x| x >= 0).count();
+            assert!(row[valid..].iter().all(|&x| x == -1));
+            for j in 1..valid {
+                let (a, b) = (sc[j - 1], sc[j]);
+                assert!(
+                    a > b || (a == b && row[j - 1] < row[j]) || b.is_nan(),
+                    "{row:?} {sc:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn witnesses_in_the_same_pass_equal_the_two_call_composition() {
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    for _ in 0..1000 {
+        let c = random_case(&mut rng, false);
+        let topk = rng.random_range(1..80);
+        let s = rng.random_range(1..=64);
+        let fused = c.run(topk, s);
+        let keep = topk.saturating_sub(s);
+        let mut two = vec![-1; c.n() * topk];
+        if keep > 0 {
+            let plain = c.run(keep, 0);
+            for i in 0..c.n() {
+                two[i * topk..i * topk + keep].copy_from_slice(&plain[i * keep..(i + 1) * keep]);
+            }
+        }
+        let lens: Vec<i32> = c.pos.iter().map(|&p| (p + 1).min(c.t()) as i32).collect();
+        scatter_topology_witnesses(&mut two, topk, &lens, s).unwrap();
+        assert_eq!(fused, two, "topk={topk} S={s}");
+    }
+}
+
+#[test]
+fn every_key_format_scores_like_its_decoded_float32() {
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    for _ in 0..100 {
+        let c = random_case(&mut rng, false);
+        let topk = rng.random_range(1..50);
+        let bits16: Vec<u16> = (0..c.k.len()).map(|_| rng.random::<u16>()).collect();
+        let bits8: Vec<u8> = (0..c.k.len()).map(|_| rng.random::<u8>()).collect();
+        for (enc, dec) in [
+            (
+                Encoded::Bf16(&bits16),
+                bits16.iter().map(|&b| bf16_to_f32(b)).collect::<Vec<_>>(),
+            ),
+            (
+                Encoded::F16(&bits16),
+                bits16.iter().map(|&b| f16_to_f32(b)).collect(),
+            ),
+            (
+                Encoded::Fp8E4m3(&bits8),
+                bits8.iter().map(|&b| fp8_e4m3fn_to_f32(b)).collect(),
+            ),
+        ] {
+            let as_f32 = Case {
+                k: dec,
+                scale: c.scale.clone(),
+                q: c.q.clone(),
+                w: c.w.clone(),
+                pos: c.pos.clone(),
+                ..c
+            };
+            let (a, sa) = as_f32.run_with(enc, topk, 0);
+            let (b, sb) = as_f32.run_with(Encoded::F32(&as_f32.k), topk, 0);
+            assert_eq!(a, b);
+            assert!(sa.iter().zip(&sb).all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
+    }
+}
+
+#[test]
+fn malformed_calls_are_refused_and_write_nothing() {
+    let c = one_head(&[1.0, 2.0, 3.0], 1.0, 1.0, 2);
+    let shape = IndexerShape {
+        n_queries: 1,
+        n_heads: 1,
+        d: 1,
+        n_keys: 3,
+    };
+    let ok = IndexerInputs {
+        q: Encoded::F32(&c.q),
+        weights: &c.w,
+        k: Encoded::F32(&c.k),
+        key_scale: None,
+        query_pos: &c.pos,
+    };
+    let refused =
+        |shape: IndexerShape, inputs: IndexerInputs<'_>, topk: usize, s: usize, out_len: usize| {
+            let mut out = vec![7; out_len];
+            let e = indexer_topk_into(&shape, &inputs, topk, s, &mut out, None).unwrap_err();
+            assert!(out.iter().all(|&x| x == 7));
+            e.argument()
+        };
+    assert_eq!(refused(shape, ok, 2, 65, 2), "num_segments");
+    assert_eq!(refused(IndexerShape { d: 0, ..shape }, ok, 2, 0, 2), "d");
+    assert_eq!(
+        refused(
+            shape,
+            IndexerInputs {
+                weights: &[1.0, 2.0],
+                ..ok
+            },
+            2,
+            0,
+            2
+        ),
+        "weights"
+    );
+    assert_eq!(
+        refused(
+            shape,
+            IndexerInputs {
+                key_scale: Some(&[1.0]),
+                ..ok
+            },
+            2,
+            0,
+            2
+        ),
+        "key_scale"
+    );
+    assert_eq!(
+        refused(
+            shape,
+            IndexerInputs {
+                query_pos: &[],
+                ..ok
+            },
+            2,
+            0,
+            2
+        ),
+        "query_pos"
+    );
+    assert_eq!(
+        refused(IndexerShape { n_keys: 4, ..shape }, ok, 2, 0, 2),
+        "index_k"
+    );
+    assert_eq!(refused(shape, ok, 2, 0, 3), "out");
+}
