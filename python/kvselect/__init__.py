@@ -17,6 +17,9 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   values), dense probabilities and batched metrics
   (:func:`attention_probabilities`, :func:`segment_coverage_rows`,
   :func:`attention_mass_recall_rows`, :func:`output_relative_error_rows`);
+- the learned top-k itself, DeepSeek's lightning indexer
+  (:func:`indexer_topk`): exact, one total order, float32 / float16 /
+  bfloat16 / fp8 keys read in place, witnesses in the same pass;
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -46,6 +49,7 @@ from kvselect._core import (
     block_sparse_select_packed,
     dense_attention,
     get_num_threads,
+    indexer_topk,
     locality_null,
     oracle_topk,
     output_relative_error,
@@ -79,6 +83,7 @@ __all__ = [
     "block_sparse_select_packed",
     "dense_attention",
     "get_num_threads",
+    "indexer_topk",
     "locality_null",
     "oracle_topk",
     "output_relative_error",

@@ -36,6 +36,7 @@ __all__ = [
     "set_num_threads",
     "get_num_threads",
     "simd_level",
+    "indexer_topk",
 ]
 
 __version__: Final[str]
@@ -301,6 +302,33 @@ def set_num_threads(n: int) -> None:
 
 def get_num_threads() -> int:
     """The threads kvselect's parallel paths use."""
+
+def indexer_topk(
+    index_q: npt.ArrayLike,
+    weights: npt.ArrayLike,
+    index_k: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    topk: int,
+    *,
+    key_scale: Optional[npt.ArrayLike] = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    num_segments: int = 0,
+    out: Optional[npt.NDArray[np.int32]] = None,
+    scores_out: Optional[npt.NDArray[np.float32]] = None,
+) -> npt.NDArray[np.int32]:
+    """The lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5), single sequence.
+
+    For each query, the ``topk`` positions of ``[0, L)``, ``L = min(query_pos + 1,
+    T)``, with the largest ``key_scale[t] * sum_h weights[h] * max(index_q[h] .
+    index_k[t], 0)``, in rank order (score descending, ties to the lower
+    position, -0.0 == +0.0, NaN last), then -1: int32 ``[n_queries, topk]``.
+    ``index_q [n_queries, H, d]``, ``weights`` float32 ``[n_queries, H]``,
+    ``index_k [T, d]``, ``key_scale`` float32 ``[T]``. float32, float16 and
+    ml_dtypes bfloat16 / float8_e4m3fn are read in place; raw uint16 / uint8
+    views need ``key_format`` / ``query_format``. ``num_segments`` (1..=64)
+    gives the reserved-tail witness row; ``scores_out`` receives the scores.
+    """
 
 def simd_level() -> str:
     """The SIMD level the kernels dispatched to on this CPU: "avx2" or "scalar"."""

@@ -16,6 +16,8 @@ Its sections mirror ``src/``, in that order:
 - **block_sparse**: MiniMax-M3 block selection;
 - **attention**: the baseline selectors, the oracle top-k, the dense and
   sparse attention pass;
+- **indexer**: DeepSeek's lightning indexer top-k, with the key formats
+  (float16, bfloat16, float8 e4m3fn) decoded from their bits;
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error.
 
@@ -68,6 +70,9 @@ __all__ = [
     "attention",
     "dense_attention",
     "sparse_attention",
+    # indexer
+    "decode",
+    "indexer_topk",
     # metrics
     "attention_probabilities",
     "segment_coverage_rows",
@@ -930,6 +935,135 @@ def sparse_attention(
     """Sparse causal attention over ``selection [n_queries, n_kv_heads,
     width]``: ``(out, lse, empty_rows)`` as :func:`attention`."""
     return attention(q, k, v, query_pos, selection, scale=scale)
+
+
+# ==========================================================================
+# indexer: the lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5)
+# --------------------------------------------------------------------------
+# Written from issue 11 and the module docs of src/indexer/:
+#
+# - score(t) = c_t * sum_h w_h * max(q_h . k_t, 0) over keys t < L,
+#   L = min(query_pos + 1, T); the ReLU keeps NaN NaN;
+# - the row is the topk best positions in rank order (score descending,
+#   ties to the lower position, -0.0 == +0.0, NaN below every number), then
+#   -1; with num_segments = S the top max(topk - S, 0), widened with -1 and
+#   merged by scatter_topology_witnesses with context_lens = L;
+# - keys and queries are decoded exactly from their formats, then scored in
+#   float64.
+# ==========================================================================
+
+
+def _fp8_e4m3fn_table() -> np.ndarray:
+    """The 256 float8 e4m3fn values, from the format's definition (1 sign,
+    4 exponent bits of bias 7, 3 mantissa bits; 0x7F / 0xFF are NaN)."""
+    b = np.arange(256)
+    sign = np.where(b & 0x80, -1.0, 1.0)
+    exp = (b >> 3) & 0xF
+    man = (b & 0x7).astype(np.float64)
+    value = np.where(exp == 0, man / 8.0 * 2.0**-6, (1.0 + man / 8.0) * 2.0 ** (exp - 7.0))
+    value = sign * value
+    value[(b & 0x7F) == 0x7F] = np.nan
+    return value
+
+
+_FORMATS = ("float32", "float16", "bfloat16", "float8_e4m3fn")
+
+
+def decode(values: Any, format: Optional[str] = None) -> np.ndarray:
+    """``values`` decoded exactly to float64: float arrays as they are (float64
+    rounded to float32 first, as natively), ml_dtypes bfloat16 / float8_e4m3fn
+    arrays from their bits, and raw uint16 (``format`` "bfloat16" or
+    "float16") / uint8 (``format`` "float8_e4m3fn") views."""
+    a = np.asarray(values)
+    name = a.dtype.name
+    if format is not None and format not in _FORMATS:
+        raise TypeError(f"unknown format {format!r}")
+    if name in ("uint16", "uint8"):
+        if format is None or (name == "uint16") != (format in ("bfloat16", "float16")):
+            raise TypeError(f"a raw {name} array needs a matching format, got {format!r}")
+        name = format
+    elif format is not None and format != ("float32" if name == "float64" else name):
+        raise TypeError(f"dtype {a.dtype} does not hold {format}")
+    if name == "bfloat16":
+        bits = np.ascontiguousarray(a).view(np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32).astype(np.float64)
+    if name == "float16":
+        return np.ascontiguousarray(a).view(np.float16).astype(np.float64)
+    if name == "float8_e4m3fn":
+        return _fp8_e4m3fn_table()[np.ascontiguousarray(a).view(np.uint8)]
+    if a.dtype.kind != "f" and a.size:
+        raise TypeError(f"values must hold floats, got dtype {a.dtype}")
+    return a.astype(np.float32).astype(np.float64)
+
+
+def _rank_order(scores: np.ndarray) -> np.ndarray:
+    """Positions in the total order: score descending, ties to the lower
+    position, -0.0 == +0.0, NaN last."""
+    key = np.where(np.isnan(scores), np.inf, -(scores + 0.0))
+    return np.lexsort((np.arange(len(scores)), key, np.isnan(scores)))
+
+
+def indexer_topk(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    topk: int,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    num_segments: int = 0,
+    out: Any = None,
+    scores_out: Any = None,
+) -> np.ndarray:
+    """The lightning indexer's top-k of every query (see the section notes):
+    int32 ``[n_queries, topk]``; ``scores_out`` (float32 ``[n_queries,
+    topk]``) receives each entry's score, NaN where the row holds -1."""
+    q = decode(index_q, query_format)
+    k = decode(index_k, key_format)
+    if q.ndim != 3:
+        raise _refuse(_SELECTION, "index_q", f"index_q must be 3-D, got shape {q.shape}")
+    if k.ndim != 2:
+        raise _refuse(_SELECTION, "index_k", f"index_k must be 2-D, got shape {k.shape}")
+    n, h, d = q.shape
+    if k.shape[1] != d:
+        raise _refuse(_SELECTION, "index_q", f"index_q has d={d} but index_k has d={k.shape[1]}")
+    w = _float_array("weights", weights, 2, _SELECTION)
+    if w.shape != (n, h):
+        raise _refuse(_SELECTION, "weights", f"weights must be {(n, h)}, got {w.shape}")
+    t = k.shape[0]
+    c = np.ones(t) if key_scale is None else _float_array("key_scale", key_scale, 1, _SELECTION)
+    if c.shape != (t,):
+        raise _refuse(_SELECTION, "key_scale", f"key_scale must be ({t},), got {c.shape}")
+    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    if len(pos) != n:
+        raise _refuse(_SELECTION, "query_pos", f"query_pos must have {n} entries")
+    topk = _count("topk", topk)
+    num_segments = _count("num_segments", num_segments)
+    if num_segments > MAX_TOPOLOGY_SEGMENTS:
+        raise _refuse(_SELECTION, "num_segments", "num_segments must be 0 (off) or 1..=64")
+    out_buf = _output(out, (n, topk), _SELECTION)
+    rows = np.full((n, topk), -1, dtype=np.int64)
+    chosen_scores = np.full((n, topk), np.nan)
+    keep = max(topk - num_segments, 0)
+    for i in range(n):
+        length = min(int(pos[i]) + 1, t)
+        with np.errstate(invalid="ignore", over="ignore"):
+            dots = q[i] @ k[:length].T  # [h, length]
+            relu = np.where(np.isnan(dots), np.nan, np.maximum(dots, 0.0))
+            scores = (w[i] @ relu) * c[:length] if length else np.zeros(0)
+        order = _rank_order(scores)[:keep]
+        rows[i, : len(order)] = order
+        if num_segments:
+            row = rows[i : i + 1].astype(np.int32)
+            scatter_topology_witnesses(row, np.array([length], np.int32), num_segments)
+            rows[i] = row[0]
+        valid = rows[i] >= 0
+        chosen_scores[i, valid] = scores[rows[i, valid]]
+    if scores_out is not None:
+        scores_out[...] = chosen_scores
+    return _deliver(rows, out_buf)
 
 
 # ==========================================================================

@@ -35,6 +35,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyTuple};
 
 use super::errors::{refuse, Domain};
+use crate::keys::{Encoded, Format};
 
 /// A Python argument.
 pub(super) type Obj<'py> = Bound<'py, PyAny>;
@@ -252,6 +253,10 @@ impl<'py, T: Element> Out<'py, T> {
 
     pub fn shape(&self) -> &[usize] {
         self.rw.shape()
+    }
+
+    pub fn untyped(&self) -> &Bound<'py, PyUntypedArray> {
+        self.rw.as_untyped()
     }
 
     /// The array, its borrow released.
@@ -540,4 +545,96 @@ pub(super) fn positions(args: Args, obj: &Bound<'_, PyAny>, name: &str) -> PyRes
                 .map_err(|_| refuse(args.0, name, format!("{name}[{i}] = {v} is negative")))
         })
         .collect()
+}
+
+/// An array of keys or queries in one of the engines' element formats,
+/// borrowed as the core reads it: float32 in place (float64 and array-likes
+/// converted once), float16 / bfloat16 / float8 e4m3fn (`ml_dtypes` arrays,
+/// or raw `uint16` / `uint8` views with an explicit `format`) reinterpreted
+/// in place, never widened.
+pub(super) enum EncodedIn<'py> {
+    F32(In<'py, f32, 0>),
+    U16(PyReadonlyArrayDyn<'py, u16>, Format),
+    U8(PyReadonlyArrayDyn<'py, u8>),
+}
+
+impl<'py> EncodedIn<'py> {
+    /// `obj` in its format, and its shape. `format` (the `key_format` /
+    /// `query_format` argument) is required for raw `uint16` / `uint8`
+    /// arrays and must agree with a typed array's dtype.
+    pub fn new(
+        args: Args,
+        obj: &Bound<'py, PyAny>,
+        name: &str,
+        format: Option<&str>,
+    ) -> PyResult<(Self, Vec<usize>)> {
+        let py = obj.py();
+        let np = numpy(py)?;
+        let arr = np.call_method1("asarray", (obj,))?;
+        let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
+        let asked = match format {
+            Some(f) => Some(Format::from_name(f).ok_or_else(|| {
+                PyTypeError::new_err(format!(
+                    "{name}'s format {f:?} is not one of float32, float16, bfloat16, float8_e4m3fn"
+                ))
+            })?),
+            None => None,
+        };
+        let typed = match dtype.as_str() {
+            "float64" => Some(Format::F32),
+            "uint16" | "uint8" => None,
+            other => Format::from_name(other),
+        };
+        let chosen = match (typed, asked, dtype.as_str()) {
+            (Some(t), None, _) => t,
+            (Some(t), Some(a), _) if t == a => t,
+            (None, Some(a @ (Format::F16 | Format::Bf16)), "uint16") => a,
+            (None, Some(Format::Fp8E4m3), "uint8") => Format::Fp8E4m3,
+            _ => {
+                let wanted = asked.map_or("a float format", |a| a.name());
+                return Err(PyTypeError::new_err(format!(
+                    "{name} has dtype {dtype}, which does not hold {wanted}: pass float32, \
+                     float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw uint16 (bfloat16, \
+                     float16) / uint8 (float8_e4m3fn) view with an explicit format"
+                )));
+            }
+        };
+        let shape = arr.getattr("shape")?.extract::<Vec<usize>>()?;
+        if chosen == Format::F32 {
+            let (a, _) = args.input_dyn::<f32>(&arr, name)?;
+            return Ok((EncodedIn::F32(a), shape));
+        }
+        // One contiguous copy only if the caller's array is not already
+        // C-contiguous; then a zero-copy reinterpretation of its bytes.
+        let arr = np.call_method1("ascontiguousarray", (arr,))?;
+        let raw = match chosen.size() {
+            2 => np.getattr("uint16")?,
+            _ => np.getattr("uint8")?,
+        };
+        let view = arr.call_method1("view", (raw,))?;
+        let encoded = match chosen {
+            Format::Fp8E4m3 => EncodedIn::U8(view.cast_into::<PyArrayDyn<u8>>()?.try_readonly()?),
+            f => EncodedIn::U16(view.cast_into::<PyArrayDyn<u16>>()?.try_readonly()?, f),
+        };
+        Ok((encoded, shape))
+    }
+
+    pub fn untyped(&self) -> &Bound<'py, PyUntypedArray> {
+        match self {
+            EncodedIn::F32(a) => a.untyped(),
+            EncodedIn::U16(a, _) => a.as_untyped(),
+            EncodedIn::U8(a) => a.as_untyped(),
+        }
+    }
+
+    /// The elements as the core reads them.
+    pub fn encoded(&self) -> PyResult<Encoded<'_>> {
+        let err = |e: numpy::AsSliceError| PyTypeError::new_err(e.to_string());
+        Ok(match self {
+            EncodedIn::F32(a) => Encoded::F32(a.slice()?),
+            EncodedIn::U16(a, Format::Bf16) => Encoded::Bf16(a.as_slice().map_err(err)?),
+            EncodedIn::U16(a, _) => Encoded::F16(a.as_slice().map_err(err)?),
+            EncodedIn::U8(a) => Encoded::Fp8E4m3(a.as_slice().map_err(err)?),
+        })
+    }
 }

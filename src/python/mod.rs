@@ -26,6 +26,7 @@ mod args;
 mod attention;
 mod block_sparse;
 mod errors;
+mod indexer;
 mod witness;
 
 use pyo3::prelude::*;
@@ -40,5 +41,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     witness::register(m)?;
     block_sparse::register(m)?;
     attention::register(m)?;
+    indexer::register(m)?;
     Ok(())
 }

@@ -535,6 +535,59 @@ def _():
     return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens_view, 2), "watch": [buf]}
 
 
+# -- the lightning indexer --------------------------------------------------------
+
+
+def indexer_args():
+    r = rng()
+    q = r.integers(-3, 4, size=(2, 3, 4)).astype(np.float32)
+    w = r.integers(-2, 3, size=(2, 3)).astype(np.float32)
+    k = r.integers(-3, 4, size=(16, 4)).astype(np.float32)
+    return q, w, k, np.array([9, 15])
+
+
+@case("indexer-raw-view-no-format", "indexer formats", "`indexer_topk(q, w, k.astype(float16).view(uint16), pos, 4)`", "TypeError",
+      note="a raw view needs key_format")
+def _():
+    q, w, k, p = indexer_args()
+    return {"call": lambda: _ks().indexer_topk(q, w, k.astype(np.float16).view(np.uint16), p, 4)}
+
+
+@case("indexer-format-mismatch", "indexer formats", "`indexer_topk(q, w, k.astype(float16), pos, 4, key_format='bfloat16')`", "TypeError")
+def _():
+    q, w, k, p = indexer_args()
+    return {"call": lambda: _ks().indexer_topk(q, w, k.astype(np.float16), p, 4, key_format="bfloat16")}
+
+
+@case("indexer-raw-bf16-view", "indexer formats", "`indexer_topk(q, w, bf16 bits as uint16, pos, 4, key_format='bfloat16')`", ACCEPTED,
+      note="read in place: the same rows as the float32 keys")
+def _():
+    q, w, k, p = indexer_args()
+    bits = (k.view(np.uint32) >> 16).astype(np.uint16)  # integers: exact in bfloat16
+    ref = lambda: _ks().indexer_topk(q, w, k, p, 4)  # noqa: E731
+    return {"call": lambda: _ks().indexer_topk(q, w, bits, p, 4, key_format="bfloat16"), "check": same(ref)}
+
+
+@case("indexer-d-mismatch", "indexer formats", "`indexer_topk(q, w, k[:, :3], pos, 4)`", "SelectionError", argument="index_q")
+def _():
+    q, w, k, p = indexer_args()
+    return {"call": lambda: _ks().indexer_topk(q, w, np.ascontiguousarray(k[:, :3]), p, 4)}
+
+
+@case("indexer-segments-65", "indexer formats", "`indexer_topk(q, w, k, pos, 4, num_segments=65)`", "SelectionError", argument="num_segments")
+def _():
+    q, w, k, p = indexer_args()
+    return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, num_segments=65)}
+
+
+@case("indexer-out-aliases-keys", "indexer formats", "`indexer_topk(q, w, memoryview(k), pos, 4, out=k.view(int32)[…])`",
+      "SelectionError", argument="out")
+def _():
+    q, w, k, p = indexer_args()
+    out = k.view(np.int32).reshape(-1)[:8].reshape(2, 4)
+    return {"call": lambda: _ks().indexer_topk(q, w, memoryview(k), p, 4, out=out), "watch": [k]}
+
+
 # -- empty arrays and zero-size dimensions ---------------------------------------
 
 

@@ -1,0 +1,145 @@
+"""The lightning indexer's top-k against the plain NumPy reference, on every
+key and query format, and its contract (rank order, witnesses in the same
+pass, refusals)."""
+
+import numpy as np
+import pytest
+
+import kvselect as ks
+from kvselect import reference as ref
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+SEED = 20261201
+
+
+def _case(rng, integer=True):
+    n, h, d, t = (int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 40)), int(rng.integers(1, 400)))
+    draw = (lambda lo, hi, size: rng.integers(lo, hi + 1, size).astype(np.float32)) if integer else (
+        lambda lo, hi, size: rng.uniform(lo, hi, size).astype(np.float32))
+    q, w, k = draw(-3, 3, (n, h, d)), draw(-2, 2, (n, h)), draw(-3, 3, (t, d))
+    c = draw(1, 4, t) if rng.random() < 0.5 else None
+    pos = rng.integers(0, t + 5, n)
+    if rng.random() < 0.1:
+        k[rng.integers(0, t)] = np.nan
+    return q, w, k, c, pos
+
+
+def _formats(x, rng):
+    """``x`` (integer-valued float32, |x| <= 3) in every format that holds it
+    exactly, with the format argument a raw view needs."""
+    bf16 = x.astype(ml_dtypes.bfloat16)
+    fp8 = x.astype(ml_dtypes.float8_e4m3fn)
+    return [
+        (x, None),
+        (x.astype(np.float16), None),
+        (bf16, None),
+        (bf16.view(np.uint16), "bfloat16"),
+        (x.astype(np.float16).view(np.uint16), "float16"),
+        (fp8, None),
+        (fp8.view(np.uint8), "float8_e4m3fn"),
+    ]
+
+
+def test_every_format_equals_the_float64_reference_exactly_on_integer_data():
+    rng = np.random.default_rng(SEED)
+    cases = 0
+    for _ in range(300):
+        q, w, k, c, pos = _case(rng)
+        topk = int(rng.integers(1, 60))
+        s = int(rng.choice([0, 0, 1, 4, 64]))
+        want_scores = np.zeros((len(pos), topk), np.float32)
+        want = ref.indexer_topk(q, w, k, pos, topk, key_scale=c, num_segments=s, scores_out=want_scores)
+        for kk, kf in _formats(k, rng):
+            for qq, qf in _formats(q, rng)[:: 3]:
+                got_scores = np.full((len(pos), topk), 7.0, np.float32)
+                got = ks.indexer_topk(qq, w, kk, pos, topk, key_scale=c, key_format=kf, query_format=qf,
+                                      num_segments=s, scores_out=got_scores)
+                assert got.dtype == np.int32 and np.array_equal(got, want), (kf, qf, got, want)
+                np.testing.assert_array_equal(got_scores, want_scores)
+                cases += 1
+    assert cases >= 2000
+
+
+def test_on_random_float_data_every_row_is_in_rank_order_of_its_own_scores():
+    rng = np.random.default_rng(SEED + 1)
+    for _ in range(200):
+        q, w, k, c, pos = _case(rng, integer=False)
+        topk = int(rng.integers(1, 80))
+        scores = np.zeros((len(pos), topk), np.float32)
+        rows = ks.indexer_topk(q, w, k, pos, topk, key_scale=c, scores_out=scores)
+        for row, sc, p in zip(rows, scores, pos):
+            n_valid = min(int(p) + 1, len(k), topk)
+            assert (row[:n_valid] >= 0).all() and (row[n_valid:] == -1).all()
+            assert len(set(row[:n_valid].tolist())) == n_valid
+            a, b = sc[:n_valid - 1], sc[1:n_valid]
+            ordered = (a > b) | ((a == b) & (row[:n_valid - 1] < row[1:n_valid])) | np.isnan(b)
+            assert ordered.all(), (row, sc)
+        # And the reference agrees within rounding: the same set wherever the
+        # threshold is not within float32 rounding of a tie.
+        want = ref.indexer_topk(q, w, k, pos, topk, key_scale=c)
+        assert (rows == want).mean() > 0.9
+
+
+def test_witnesses_in_the_same_pass_equal_the_two_call_composition():
+    rng = np.random.default_rng(SEED + 2)
+    for _ in range(500):
+        q, w, k, c, pos = _case(rng, integer=False)
+        topk = int(rng.integers(1, 80))
+        s = int(rng.integers(1, 65))
+        fused = ks.indexer_topk(q, w, k, pos, topk, key_scale=c, num_segments=s)
+        keep = max(topk - s, 0)
+        two = np.full((len(pos), topk), -1, np.int32)
+        if keep:
+            two[:, :keep] = ks.indexer_topk(q, w, k, pos, keep, key_scale=c)
+        lens = np.minimum(pos + 1, len(k)).astype(np.int32)
+        ks.scatter_topology_witnesses(two, lens, s)
+        np.testing.assert_array_equal(fused, two)
+
+
+def test_out_is_filled_in_place_and_returned():
+    rng = np.random.default_rng(SEED + 3)
+    q, w, k, c, pos = _case(rng)
+    out = np.full((len(pos), 5), 99, np.int32)
+    got = ks.indexer_topk(q, w, k, pos, 5, key_scale=c, out=out)
+    assert got is out or np.shares_memory(got, out)
+    np.testing.assert_array_equal(out, ref.indexer_topk(q, w, k, pos, 5, key_scale=c))
+
+
+def _err(exc, fn, *args, **kwargs):
+    with pytest.raises(exc) as e:
+        fn(*args, **kwargs)
+    return e.value
+
+
+def test_malformed_calls_are_refused_naming_the_argument_and_write_nothing():
+    q = np.ones((2, 3, 4), np.float32)
+    w = np.ones((2, 3), np.float32)
+    k = np.ones((10, 4), np.float32)
+    pos = np.array([3, 9])
+    SE = ks.SelectionError
+    assert _err(SE, ks.indexer_topk, q[0], w, k, pos, 4).argument == "index_q"
+    assert _err(SE, ks.indexer_topk, q, w, k[:, :3], pos, 4).argument == "index_q"
+    assert _err(SE, ks.indexer_topk, q, w[:, :2], k, pos, 4).argument == "weights"
+    assert _err(SE, ks.indexer_topk, q, w, k, pos, 4, key_scale=np.ones(9, np.float32)).argument == "key_scale"
+    assert _err(SE, ks.indexer_topk, q, w, k, pos[:1], 4).argument == "query_pos"
+    assert _err(SE, ks.indexer_topk, q, w, k, [3, -1], 4).argument == "query_pos"
+    assert _err(SE, ks.indexer_topk, q, w, k, pos, -1).argument == "topk"
+    assert _err(SE, ks.indexer_topk, q, w, k, pos, 4, num_segments=65).argument == "num_segments"
+    # Formats: a raw view needs its format, and a typed array must agree with one.
+    _err(TypeError, ks.indexer_topk, q, w, k.astype(np.float16).view(np.uint16), pos, 4)
+    _err(TypeError, ks.indexer_topk, q, w, k.astype(np.float16), pos, 4, key_format="bfloat16")
+    _err(TypeError, ks.indexer_topk, q, w, k.astype(np.float16).view(np.uint16), pos, 4, key_format="float8_e4m3fn")
+    _err(TypeError, ks.indexer_topk, q, w, k.astype(np.int32), pos, 4)
+    _err(TypeError, ks.indexer_topk, q, w, k, pos, 4, key_format="int4")
+    # out= and scores_out=: checked, never converted, never aliasing an input.
+    out = np.full((2, 4), 7, np.int32)
+    assert _err(SE, ks.indexer_topk, q, w, k, pos, 5, out=out).argument == "out"
+    # An out= aliasing a query handed over as a memoryview is still caught.
+    qb = np.zeros((2, 1, 4), np.float32)
+    out_view = qb.view(np.int32).reshape(2, 4)
+    assert _err(SE, ks.indexer_topk, memoryview(qb), np.ones((2, 1), np.float32), k, pos, 4, out=out_view).argument == "out"
+    assert (qb == 0).all()
+    scores = np.zeros((2, 4), np.float32)
+    assert _err(SE, ks.indexer_topk, q, w, k, pos, 4, out=scores.view(np.int32), scores_out=scores).argument == "scores_out"
+    assert (scores == 0).all() and (out == 7).all()
