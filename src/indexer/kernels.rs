@@ -5,32 +5,27 @@
 use crate::keys::Encoded;
 use crate::simd::Avx2;
 
-/// One worker's buffers: the query's heads, zero-padded to `dp` (d rounded
-/// up to 8), one decoded key, and the row's scores.
-pub(super) struct Scratch {
-    h: usize,
-    d: usize,
-    dp: usize,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    scores: Vec<f32>,
+/// A query's heads decoded and zero-padded to `dp` (d rounded up to 8).
+pub(super) struct Query {
+    pub h: usize,
+    pub d: usize,
+    pub dp: usize,
+    pub q: Vec<f32>,
 }
 
-impl Scratch {
+impl Query {
     pub fn new(h: usize, d: usize) -> Self {
         let dp = d.div_ceil(8) * 8;
-        Scratch {
+        Query {
             h,
             d,
             dp,
             q: vec![0.0; h * dp],
-            k: vec![0.0; dp],
-            scores: Vec::new(),
         }
     }
 
     /// Decodes the query whose `h × d` elements start at `start`.
-    pub fn load_query(&mut self, q: &Encoded<'_>, start: usize) {
+    pub fn load(&mut self, q: &Encoded<'_>, start: usize) {
         let (d, dp) = (self.d, self.dp);
         for (head, row) in self.q.chunks_exact_mut(dp).enumerate() {
             q.decode(start + head * d, &mut row[..d]);
@@ -49,32 +44,55 @@ fn relu(x: f32) -> f32 {
     }
 }
 
-/// The scores of keys `0 .. len` (canonical: `-0.0` is `+0.0`).
-pub(super) fn score_keys<'s>(
+/// Keys per register tile of the AVX2 kernel.
+const KEYS: usize = 2;
+/// Keys decoded per step: a block small enough to stay in L1 while every
+/// tile of heads passes over it (so the query's heads are read from cache
+/// once per block, not once per key).
+const BLOCK: usize = KEYS * 6;
+
+/// The scores of keys `first .. first + out.len()` into `out` (canonical:
+/// `-0.0` is `+0.0`).
+pub(super) fn score_keys(
     level: Option<Avx2>,
-    sc: &'s mut Scratch,
+    q: &Query,
     w: &[f32],
     keys: &Encoded<'_>,
     scale: Option<&[f32]>,
-    len: usize,
-) -> &'s [f32] {
-    let (d, dp, h) = (sc.d, sc.dp, sc.h);
-    assert!(w.len() == h && sc.q.len() == h * dp && sc.k.len() == dp);
-    sc.scores.clear();
-    sc.scores.reserve(len);
-    for t in 0..len {
-        keys.decode(t * d, &mut sc.k[..d]);
-        let acc = match level {
+    first: usize,
+    out: &mut [f32],
+) {
+    let (d, dp, h) = (q.d, q.dp, q.h);
+    assert!(w.len() == h && q.q.len() == h * dp);
+    assert!((first + out.len()) * d <= keys.len());
+    assert!(scale.is_none_or(|c| first + out.len() <= c.len()));
+    let mut kbuf = vec![0.0f32; BLOCK * dp];
+    for (j, block) in out.chunks_mut(BLOCK).enumerate() {
+        let t0 = first + j * BLOCK;
+        for (r, row) in kbuf.chunks_exact_mut(dp).enumerate() {
+            match r < block.len() {
+                true => keys.decode((t0 + r) * d, &mut row[..d]),
+                false => row.fill(0.0), // a partial block's unused rows: scored, discarded
+            }
+        }
+        let mut acc = [0.0f32; BLOCK];
+        match level {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX2 and FMA; `q` holds `h` rows of
-            // `dp`, `k` holds `dp` (asserted above), `dp` a multiple of 8.
-            Some(token) => unsafe { avx2::weighted_relu_sum(token, &sc.q, &sc.k, w, dp) },
-            _ => portable::weighted_relu_sum(&sc.q, &sc.k, w, dp),
-        };
-        let c = scale.map_or(1.0, |s| s[t]);
-        sc.scores.push(acc * c + 0.0);
+            // SAFETY: the token proves AVX2 and FMA; `q.q` holds `h` rows of
+            // `dp` (asserted above), `kbuf` holds `BLOCK` rows of `dp`, and
+            // `dp` is a multiple of 8.
+            Some(token) => unsafe { avx2::weighted_relu_sums(token, &q.q, &kbuf, w, dp, &mut acc) },
+            _ => {
+                for (a, k) in acc.iter_mut().zip(kbuf.chunks_exact(dp)).take(block.len()) {
+                    *a = portable::weighted_relu_sum(&q.q, k, w, dp);
+                }
+            }
+        }
+        for (r, o) in block.iter_mut().enumerate() {
+            let c = scale.map_or(1.0, |s| s[t0 + r]);
+            *o = acc[r] * c + 0.0;
+        }
     }
-    &sc.scores
 }
 
 mod portable {
@@ -100,50 +118,97 @@ mod portable {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::relu;
+    use super::{relu, BLOCK, KEYS};
     use crate::simd::Avx2;
     use std::arch::x86_64::*;
 
-    /// The portable kernel's chains, eight dimensions per FMA; the key's
-    /// chunks are loaded once per group of up to 8 heads.
+    /// Heads per register tile.
+    const HEADS: usize = 4;
+
+    /// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))` of one accumulator.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn reduce(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)))
+    }
+
+    /// The portable kernel's chains for a block of `BLOCK` keys: for each
+    /// tile of `HEADS` heads in head order, every pair of keys in the block
+    /// (8 accumulators, kept in registers: the tile's loops have constant
+    /// bounds). Each dot product is still one 8-lane FMA chain over the
+    /// dimensions in order, and each key's sum takes its heads in head order.
     ///
     /// # Safety
-    /// `q.len() == w.len() * dp`, `k.len() == dp`, `dp % 8 == 0` (the
-    /// token proves the CPU can run it).
+    /// `q.len() == w.len() * dp`, `k.len() == BLOCK * dp`, `dp % 8 == 0`
+    /// (the token proves the CPU can run it).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn weighted_relu_sum(
+    pub(super) unsafe fn weighted_relu_sums(
         _: Avx2,
         q: &[f32],
         k: &[f32],
         w: &[f32],
         dp: usize,
-    ) -> f32 {
-        const G: usize = 8;
+        acc: &mut [f32; BLOCK],
+    ) {
         let h = w.len();
-        let mut acc = 0.0f32;
-        let mut h0 = 0;
-        while h0 < h {
-            let g = (h - h0).min(G);
-            let mut a = [_mm256_setzero_ps(); G];
-            for c in (0..dp).step_by(8) {
-                // SAFETY: `c + 8 <= dp = k.len()`.
-                let kv = unsafe { _mm256_loadu_ps(k.as_ptr().add(c)) };
-                for (j, aj) in a.iter_mut().enumerate().take(g) {
-                    // SAFETY: head `h0 + j < h`, dims `c .. c + 8` of its `dp`.
-                    let qv = unsafe { _mm256_loadu_ps(q.as_ptr().add((h0 + j) * dp + c)) };
-                    *aj = _mm256_fmadd_ps(qv, kv, *aj);
+        let full = h / HEADS * HEADS;
+        let pairs = acc.chunks_exact_mut(KEYS).zip(k.chunks_exact(KEYS * dp));
+        let mut pairs: Vec<(&mut [f32], &[f32])> = pairs.collect();
+        for h0 in (0..full).step_by(HEADS) {
+            for (a, kk) in pairs.iter_mut() {
+                // SAFETY: heads `h0 .. h0 + HEADS <= h`; `KEYS` keys of `dp`.
+                unsafe { tile::<HEADS>(q, kk, w, dp, h0, a) };
+            }
+        }
+        for h0 in full..h {
+            for (a, kk) in pairs.iter_mut() {
+                // SAFETY: head `h0 < h`; `KEYS` keys of `dp`.
+                unsafe { tile::<1>(q, kk, w, dp, h0, a) };
+            }
+        }
+    }
+
+    /// Heads `h0 .. h0 + G` against `KEYS` keys (`k`: `KEYS` rows of `dp`),
+    /// folded into `acc` (`KEYS` sums).
+    ///
+    /// # Safety
+    /// `q.len() >= (h0 + G) * dp`, `k.len() >= KEYS * dp`, `acc.len() ==
+    /// KEYS`, `h0 + G <= w.len()`, `dp % 8 == 0`; the CPU has AVX2 and FMA.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers
+    unsafe fn tile<const G: usize>(
+        q: &[f32],
+        k: &[f32],
+        w: &[f32],
+        dp: usize,
+        h0: usize,
+        acc: &mut [f32],
+    ) {
+        let (qp, kp) = (q.as_ptr(), k.as_ptr());
+        let mut a = [[_mm256_setzero_ps(); KEYS]; G];
+        for c in (0..dp).step_by(8) {
+            // SAFETY: `c + 8 <= dp`; keys `0..KEYS` of `dp` each; heads
+            // `h0 .. h0 + G` of `dp` each (the function's contract).
+            unsafe {
+                let kv: [__m256; KEYS] =
+                    std::array::from_fn(|r| _mm256_loadu_ps(kp.add(r * dp + c)));
+                for j in 0..G {
+                    let qv = _mm256_loadu_ps(qp.add((h0 + j) * dp + c));
+                    for r in 0..KEYS {
+                        a[j][r] = _mm256_fmadd_ps(qv, kv[r], a[j][r]);
+                    }
                 }
             }
-            for (j, &v) in a.iter().enumerate().take(g) {
-                // ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))
-                let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-                let t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                let dot = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-                acc = w[h0 + j].mul_add(relu(dot), acc);
-            }
-            h0 += g;
         }
-        acc
+        for j in 0..G {
+            for r in 0..KEYS {
+                let dot = reduce(a[j][r]);
+                acc[r] = w[h0 + j].mul_add(relu(dot), acc[r]);
+            }
+        }
     }
 }
 
@@ -190,12 +255,20 @@ mod tests {
                 }
                 let w: Vec<f32> = (0..h).map(|_| next()).collect();
                 let a = portable::weighted_relu_sum(&q, &k, &w, dp);
+                // A second key: the first reversed over its d dimensions.
+                let mut second = k.clone();
+                second[..d].reverse();
+                let b = portable::weighted_relu_sum(&q, &second, &w, dp);
+                let mut block = [k.clone(), second].concat();
+                block.resize(BLOCK * dp, 0.5);
+                let mut got = [0.0f32; BLOCK];
                 // SAFETY: shapes as the kernel requires.
-                let b = unsafe { avx2::weighted_relu_sum(token, &q, &k, &w, dp) };
-                assert!(
-                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
-                    "h={h} d={d}"
-                );
+                unsafe { avx2::weighted_relu_sums(token, &q, &block, &w, dp, &mut got) };
+                let same =
+                    |x: f32, y: f32| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
+                let c = portable::weighted_relu_sum(&q, &block[(BLOCK - 1) * dp..], &w, dp);
+                assert!(same(c, got[BLOCK - 1]), "h={h} d={d} last key");
+                assert!(same(a, got[0]) && same(b, got[1]), "h={h} d={d}");
             }
         }
     }

@@ -67,6 +67,10 @@ use crate::keys::Encoded;
 use crate::witness::{self, MAX_TOPOLOGY_SEGMENTS};
 use crate::{pool, simd};
 
+/// Keys scored per parallel task (their scores and decoded rows stay in
+/// cache; the query's heads are shared by every task).
+const KEY_CHUNK: usize = 1024;
+
 /// The shape of an indexer call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexerShape {
@@ -125,28 +129,41 @@ pub fn indexer_topk_into(
     }
     let level = simd::avx2();
     let (h, d) = (shape.n_heads, shape.d);
-    let work_per_row = shape.n_keys.saturating_mul(h).saturating_mul(d);
-    let min_rows = pool::min_rows(work_per_row);
-    let row = |i: usize, out_row: &mut [i32], score_row: Option<&mut [f32]>| {
-        let mut scratch = kernels::Scratch::new(h, d);
+    // One query at a time, its keys split across the pool in chunks that
+    // stay in cache; then the row is selected from its scores. The only
+    // buffers are the query, one score per visible key and the candidates.
+    let mut query = kernels::Query::new(h, d);
+    let mut row_scores = vec![0.0f32; shape.n_keys];
+    let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(h).saturating_mul(d));
+    let mut scores = scores;
+    for i in 0..shape.n_queries {
         let len = inputs.query_pos[i].saturating_add(1).min(shape.n_keys);
         let w = &inputs.weights[i * h..(i + 1) * h];
-        scratch.load_query(&inputs.q, i * h * d);
-        let scores_buf =
-            kernels::score_keys(level, &mut scratch, w, &inputs.k, inputs.key_scale, len);
-        select_row(scores_buf, len, topk, num_segments, out_row, score_row);
-    };
-    match scores {
-        None => pool::for_each_row_mut(out, topk, min_rows, |i, o| row(i, o, None)),
-        Some(s) => {
-            // Rows of `out` and `scores` pair up; split both the same way.
-            let mut pairs: Vec<(&mut [i32], &mut [f32])> =
-                out.chunks_mut(topk).zip(s.chunks_mut(topk)).collect();
-            pool::for_each_row_mut(&mut pairs, 1, min_rows, |i, p| {
-                let (o, s) = &mut p[0];
-                row(i, o, Some(s));
-            });
-        }
+        query.load(&inputs.q, i * h * d);
+        let q = &query;
+        pool::for_each_row_mut(&mut row_scores[..len], KEY_CHUNK, min_chunks, |c, chunk| {
+            kernels::score_keys(
+                level,
+                q,
+                w,
+                &inputs.k,
+                inputs.key_scale,
+                c * KEY_CHUNK,
+                chunk,
+            );
+        });
+        let out_row = &mut out[i * topk..(i + 1) * topk];
+        let score_row = scores
+            .as_deref_mut()
+            .map(|s| &mut s[i * topk..(i + 1) * topk]);
+        select_row(
+            &row_scores[..len],
+            len,
+            topk,
+            num_segments,
+            out_row,
+            score_row,
+        );
     }
     Ok(())
 }
