@@ -62,7 +62,7 @@ pub enum Encoded<'a> {
     Fp8E4m3(&'a [u8]),
 }
 
-impl Encoded<'_> {
+impl<'a> Encoded<'a> {
     /// Elements held.
     pub fn len(&self) -> usize {
         match self {
@@ -82,6 +82,19 @@ impl Encoded<'_> {
             Encoded::F16(_) => Format::F16,
             Encoded::Bf16(_) => Format::Bf16,
             Encoded::Fp8E4m3(_) => Format::Fp8E4m3,
+        }
+    }
+
+    /// Elements `start .. end`, as an array of the same format.
+    ///
+    /// # Panics
+    /// If the range is out of bounds (callers check shapes first).
+    pub fn slice(&self, start: usize, end: usize) -> Encoded<'a> {
+        match *self {
+            Encoded::F32(s) => Encoded::F32(&s[start..end]),
+            Encoded::F16(s) => Encoded::F16(&s[start..end]),
+            Encoded::Bf16(s) => Encoded::Bf16(&s[start..end]),
+            Encoded::Fp8E4m3(s) => Encoded::Fp8E4m3(&s[start..end]),
         }
     }
 

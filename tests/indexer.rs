@@ -405,3 +405,68 @@ fn malformed_calls_are_refused_and_write_nothing() {
     );
     assert_eq!(refused(shape, ok, 2, 0, 3), "out");
 }
+
+#[test]
+fn the_packed_form_equals_one_call_per_sequence() {
+    use kvselect::indexer::indexer_topk_packed_into;
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    for _ in 0..200 {
+        let (h, d) = (rng.random_range(1..6), rng.random_range(1..20));
+        let n_seqs = rng.random_range(1..5);
+        let lens: Vec<usize> = (0..n_seqs).map(|_| rng.random_range(0..60)).collect();
+        let mut cu = vec![0];
+        for l in &lens {
+            cu.push(cu.last().unwrap() + l);
+        }
+        let total = *cu.last().unwrap();
+        let k: Vec<f32> = (0..total * d).map(|_| rng.random::<f32>() - 0.5).collect();
+        let scale: Vec<f32> = (0..total).map(|_| rng.random::<f32>() + 0.5).collect();
+        let n = rng.random_range(1..8);
+        let seq_ids: Vec<usize> = (0..n).map(|_| rng.random_range(0..n_seqs)).collect();
+        let pos: Vec<usize> = (0..n).map(|_| rng.random_range(0..70)).collect();
+        let q: Vec<f32> = (0..n * h * d).map(|_| rng.random::<f32>() - 0.5).collect();
+        let w: Vec<f32> = (0..n * h).map(|_| rng.random::<f32>() - 0.5).collect();
+        let (topk, s) = (rng.random_range(1..30), rng.random_range(0..5));
+        let shape = IndexerShape {
+            n_queries: n,
+            n_heads: h,
+            d,
+            n_keys: total,
+        };
+        let inputs = IndexerInputs {
+            q: Encoded::F32(&q),
+            weights: &w,
+            k: Encoded::F32(&k),
+            key_scale: Some(&scale),
+            query_pos: &pos,
+        };
+        let mut packed = vec![7; n * topk];
+        indexer_topk_packed_into(&shape, &inputs, &cu, &seq_ids, topk, s, &mut packed, None)
+            .unwrap();
+        for i in 0..n {
+            let (k0, k1) = (cu[seq_ids[i]], cu[seq_ids[i] + 1]);
+            let one = IndexerShape {
+                n_queries: 1,
+                n_keys: k1 - k0,
+                ..shape
+            };
+            let single = IndexerInputs {
+                q: Encoded::F32(&q[i * h * d..(i + 1) * h * d]),
+                weights: &w[i * h..(i + 1) * h],
+                k: Encoded::F32(&k[k0 * d..k1 * d]),
+                key_scale: Some(&scale[k0..k1]),
+                query_pos: &pos[i..i + 1],
+            };
+            let mut row = vec![7; topk];
+            indexer_topk_into(&one, &single, topk, s, &mut row, None).unwrap();
+            assert_eq!(&packed[i * topk..(i + 1) * topk], row.as_slice());
+        }
+        // A sequence id past cu_seqlens is refused and writes nothing.
+        let bad: Vec<usize> = seq_ids.iter().map(|_| n_seqs).collect();
+        let mut untouched = vec![7; n * topk];
+        let e = indexer_topk_packed_into(&shape, &inputs, &cu, &bad, topk, s, &mut untouched, None)
+            .unwrap_err();
+        assert_eq!(e.argument(), "seq_ids");
+        assert!(untouched.iter().all(|&x| x == 7));
+    }
+}

@@ -18,7 +18,7 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   (:func:`attention_probabilities`, :func:`segment_coverage_rows`,
   :func:`attention_mass_recall_rows`, :func:`output_relative_error_rows`);
 - the learned top-k itself, DeepSeek's lightning indexer
-  (:func:`indexer_topk`): exact, one total order, float32 / float16 /
+  (:func:`indexer_topk`, :func:`indexer_topk_packed`): exact, one total order, float32 / float16 /
   bfloat16 / fp8 keys read in place, witnesses in the same pass;
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
@@ -50,6 +50,7 @@ from kvselect._core import (
     dense_attention,
     get_num_threads,
     indexer_topk,
+    indexer_topk_packed,
     locality_null,
     oracle_topk,
     output_relative_error,
@@ -84,6 +85,7 @@ __all__ = [
     "dense_attention",
     "get_num_threads",
     "indexer_topk",
+    "indexer_topk_packed",
     "locality_null",
     "oracle_topk",
     "output_relative_error",

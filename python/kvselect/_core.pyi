@@ -37,6 +37,7 @@ __all__ = [
     "get_num_threads",
     "simd_level",
     "indexer_topk",
+    "indexer_topk_packed",
 ]
 
 __version__: Final[str]
@@ -329,6 +330,27 @@ def indexer_topk(
     views need ``key_format`` / ``query_format``. ``num_segments`` (1..=64)
     gives the reserved-tail witness row; ``scores_out`` receives the scores.
     """
+
+def indexer_topk_packed(
+    index_q: npt.ArrayLike,
+    weights: npt.ArrayLike,
+    index_k: npt.ArrayLike,
+    cu_seqlens: npt.ArrayLike,
+    seq_ids: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    topk: int,
+    *,
+    key_scale: Optional[npt.ArrayLike] = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    num_segments: int = 0,
+    out: Optional[npt.NDArray[np.int32]] = None,
+    scores_out: Optional[npt.NDArray[np.float32]] = None,
+) -> npt.NDArray[np.int32]:
+    """:func:`indexer_topk` over a packed batch: sequence ``s`` owns key rows
+    ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i`` belongs to sequence
+    ``seq_ids[i]`` at ``query_pos[i]`` within it; rows are offsets from the start
+    of each query's sequence."""
 
 def simd_level() -> str:
     """The SIMD level the kernels dispatched to on this CPU: "avx2" or "scalar"."""

@@ -73,6 +73,7 @@ __all__ = [
     # indexer
     "decode",
     "indexer_topk",
+    "indexer_topk_packed",
     # metrics
     "attention_probabilities",
     "segment_coverage_rows",
@@ -1064,6 +1065,49 @@ def indexer_topk(
     if scores_out is not None:
         scores_out[...] = chosen_scores
     return _deliver(rows, out_buf)
+
+
+def indexer_topk_packed(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    cu_seqlens: Any,
+    seq_ids: Any,
+    query_pos: Any,
+    topk: int,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    num_segments: int = 0,
+    out: Any = None,
+    scores_out: Any = None,
+) -> np.ndarray:
+    """:func:`indexer_topk` of each query over its own sequence's keys, rows
+    ``cu_seqlens[s] .. cu_seqlens[s + 1]`` for ``s = seq_ids[i]``."""
+    k = np.asarray(index_k)
+    cu = _index_array("cu_seqlens", cu_seqlens, 1, _SELECTION, positions=True)
+    sid = _index_array("seq_ids", seq_ids, 1, _SELECTION, positions=True)
+    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    if len(cu) == 0 or cu[0] != 0 or (np.diff(cu) < 0).any() or cu[-1] != len(k):
+        raise _refuse(_SELECTION, "cu_seqlens", "cu_seqlens must run from 0 to n_keys, non-decreasing")
+    if (sid >= len(cu) - 1).any():
+        raise _refuse(_SELECTION, "seq_ids", "a sequence id past cu_seqlens")
+    q = np.asarray(index_q)
+    w = np.asarray(weights)
+    c = None if key_scale is None else np.asarray(key_scale)
+    rows, scores = [], []
+    for i in range(len(sid)):
+        k0, k1 = int(cu[sid[i]]), int(cu[sid[i] + 1])
+        s_row = np.zeros((1, _count("topk", topk)), np.float32)
+        rows.append(indexer_topk(q[i : i + 1], w[i : i + 1], k[k0:k1], pos[i : i + 1], topk,
+                                 key_scale=None if c is None else c[k0:k1], key_format=key_format,
+                                 query_format=query_format, num_segments=num_segments, scores_out=s_row))
+        scores.append(s_row)
+    result = np.concatenate(rows) if rows else np.zeros((0, topk), np.int32)
+    if scores_out is not None and scores:
+        scores_out[...] = np.concatenate(scores)
+    return _deliver(result, _output(out, result.shape, _SELECTION))
 
 
 # ==========================================================================

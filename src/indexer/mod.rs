@@ -127,30 +127,136 @@ pub fn indexer_topk_into(
     if shape.n_queries == 0 || topk == 0 {
         return Ok(());
     }
+    run_queries(shape, inputs, topk, num_segments, out, scores, |_| {
+        (0, shape.n_keys)
+    });
+    Ok(())
+}
+
+/// The packed form, serving-engine style: the keys of all sequences are
+/// concatenated in `inputs.k` (`[n_keys, d]`, `key_scale` alike), sequence
+/// `s` owning rows `cu_seqlens[s] .. cu_seqlens[s + 1]` (`n_seqs + 1`
+/// non-decreasing entries from 0 to `n_keys`); query `i` belongs to
+/// sequence `seq_ids[i]` and sits at `query_pos[i]` *within* it, sees only
+/// its own sequence's keys, and its row holds offsets from the start of its
+/// sequence. Row for row equal to [`indexer_topk_into`] on each sequence.
+#[allow(clippy::too_many_arguments)]
+pub fn indexer_topk_packed_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    cu_seqlens: &[usize],
+    seq_ids: &[usize],
+    topk: usize,
+    num_segments: usize,
+    out: &mut [i32],
+    scores: Option<&mut [f32]>,
+) -> Result<(), AttentionError> {
+    check(
+        shape,
+        inputs,
+        topk,
+        num_segments,
+        out.len(),
+        scores.as_deref(),
+    )?;
+    let out_of_range = |argument, index, message| {
+        Err(AttentionError::OutOfRange {
+            argument,
+            index,
+            message,
+        })
+    };
+    match cu_seqlens.first() {
+        None => {
+            return out_of_range(
+                "cu_seqlens",
+                0,
+                "cu_seqlens is empty: it needs n_seqs + 1 entries, from 0".into(),
+            )
+        }
+        Some(&c) if c != 0 => {
+            return out_of_range(
+                "cu_seqlens",
+                0,
+                format!("cu_seqlens[0] = {c}, but the first sequence starts at 0"),
+            )
+        }
+        _ => {}
+    }
+    for (i, pair) in cu_seqlens.windows(2).enumerate() {
+        if pair[1] < pair[0] {
+            return out_of_range(
+                "cu_seqlens",
+                i + 1,
+                format!(
+                    "cu_seqlens[{}] = {} is below the previous entry {}",
+                    i + 1,
+                    pair[1],
+                    pair[0]
+                ),
+            );
+        }
+    }
+    let last = cu_seqlens[cu_seqlens.len() - 1];
+    if last != shape.n_keys {
+        let message = format!(
+            "cu_seqlens ends at {last}, but index_k has {} keys",
+            shape.n_keys
+        );
+        return out_of_range("cu_seqlens", cu_seqlens.len() - 1, message);
+    }
+    check_len("seq_ids", seq_ids.len(), shape.n_queries, || {
+        format!("[n_queries={}]", shape.n_queries)
+    })?;
+    let n_seqs = cu_seqlens.len() - 1;
+    if let Some((i, &s)) = seq_ids.iter().enumerate().find(|&(_, &s)| s >= n_seqs) {
+        return out_of_range(
+            "seq_ids",
+            i,
+            format!(
+                "seq_ids[{i}] = {s} is out of range: cu_seqlens describes {n_seqs} sequence(s)"
+            ),
+        );
+    }
+    run_queries(shape, inputs, topk, num_segments, out, scores, |i| {
+        (cu_seqlens[seq_ids[i]], cu_seqlens[seq_ids[i] + 1])
+    });
+    Ok(())
+}
+
+/// Every query's row, query `i` over key rows `keys_of(i)` (checked to lie
+/// within `inputs.k`): one query at a time, its keys split across the pool
+/// in chunks that stay in cache, then the row selected from its scores.
+/// The only buffers are the query, one score per visible key and the
+/// candidates.
+#[allow(clippy::too_many_arguments)]
+fn run_queries(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    topk: usize,
+    num_segments: usize,
+    out: &mut [i32],
+    mut scores: Option<&mut [f32]>,
+    keys_of: impl Fn(usize) -> (usize, usize),
+) {
+    if shape.n_queries == 0 || topk == 0 {
+        return;
+    }
     let level = simd::avx2();
     let (h, d) = (shape.n_heads, shape.d);
-    // One query at a time, its keys split across the pool in chunks that
-    // stay in cache; then the row is selected from its scores. The only
-    // buffers are the query, one score per visible key and the candidates.
     let mut query = kernels::Query::new(h, d);
     let mut row_scores = vec![0.0f32; shape.n_keys];
     let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(h).saturating_mul(d));
-    let mut scores = scores;
     for i in 0..shape.n_queries {
-        let len = inputs.query_pos[i].saturating_add(1).min(shape.n_keys);
+        let (k0, k1) = keys_of(i);
+        let keys = inputs.k.slice(k0 * d, k1 * d);
+        let scale = inputs.key_scale.map(|c| &c[k0..k1]);
+        let len = inputs.query_pos[i].saturating_add(1).min(k1 - k0);
         let w = &inputs.weights[i * h..(i + 1) * h];
         query.load(&inputs.q, i * h * d);
         let q = &query;
         pool::for_each_row_mut(&mut row_scores[..len], KEY_CHUNK, min_chunks, |c, chunk| {
-            kernels::score_keys(
-                level,
-                q,
-                w,
-                &inputs.k,
-                inputs.key_scale,
-                c * KEY_CHUNK,
-                chunk,
-            );
+            kernels::score_keys(level, q, w, &keys, scale, c * KEY_CHUNK, chunk);
         });
         let out_row = &mut out[i * topk..(i + 1) * topk];
         let score_row = scores
@@ -165,7 +271,6 @@ pub fn indexer_topk_into(
             score_row,
         );
     }
-    Ok(())
 }
 
 fn check(

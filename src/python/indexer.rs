@@ -1,12 +1,133 @@
-//! The lightning indexer's top-k (raises `SelectionError`).
+//! The lightning indexer's top-k, single-sequence and packed (both raise
+//! `SelectionError`).
 
 use pyo3::prelude::*;
 
-use super::args::{detach, positions, Args, EncodedIn, Obj, Opt, I32};
+use super::args::{detach, positions, Args, EncodedIn, In, Obj, Opt, I32};
 use super::errors::{refuse, Domain};
 use crate::indexer::{self, IndexerInputs, IndexerShape};
 
 const S: Args = Args(Domain::Selection);
+
+/// The arguments both forms share, checked and borrowed.
+struct Call<'py> {
+    q: EncodedIn<'py>,
+    w: In<'py, f32, 2>,
+    k: EncodedIn<'py>,
+    scale: Option<In<'py, f32, 1>>,
+    pos: Vec<usize>,
+    shape: IndexerShape,
+    topk: usize,
+    segs: usize,
+}
+
+/// `(index_q, weights, index_k, query_pos, topk)` and the keyword arguments
+/// `(key_scale, key_format, query_format, num_segments)`.
+type Common<'a, 'py> = (
+    &'a Obj<'py>,
+    &'a Obj<'py>,
+    &'a Obj<'py>,
+    &'a Obj<'py>,
+    &'a Obj<'py>,
+);
+type Options<'a, 'py> = (Opt<'a, 'py>, Option<&'a str>, Option<&'a str>, Opt<'a, 'py>);
+
+impl<'py> Call<'py> {
+    fn new(
+        (q, w, k, pos, topk): Common<'_, 'py>,
+        (scale, kf, qf, segs): Options<'_, 'py>,
+    ) -> PyResult<Self> {
+        let (q, q_shape) = EncodedIn::new(S, q, "index_q", qf)?;
+        let [n, h, _] = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_heads, d]")?;
+        let w = S.input::<f32, 2>(w, "weights", "[n_queries, n_heads]")?;
+        let (k, _) = EncodedIn::new(S, k, "index_k", kf)?;
+        let [t, d] = S.dims::<2>(k.untyped(), "index_k", "[n_keys, d]")?;
+        if q_shape[2] != d {
+            let msg = format!("index_q has d={} but index_k has d={d}", q_shape[2]);
+            return Err(refuse(Domain::Selection, "index_q", msg));
+        }
+        let scale = match scale {
+            Some(c) if !c.is_none() => Some(S.input::<f32, 1>(c, "key_scale", "[n_keys]")?),
+            _ => None,
+        };
+        let pos = positions(S, pos, "query_pos")?;
+        let topk = S.count(topk, "topk", i32::MAX as u64)?;
+        let segs = match segs {
+            Some(s) if !s.is_none() => S.count_within(s, "num_segments", u64::MAX, 64)?,
+            _ => 0,
+        };
+        let shape = IndexerShape {
+            n_queries: n,
+            n_heads: h,
+            d,
+            n_keys: t,
+        };
+        Ok(Call {
+            q,
+            w,
+            k,
+            scale,
+            pos,
+            shape,
+            topk,
+            segs,
+        })
+    }
+
+    /// Runs `core` into `out` (and `scores_out`), both checked against every
+    /// input; returns the int32 rows.
+    fn run(
+        self,
+        py: Python<'py>,
+        (out, scores_out): (Opt<'_, 'py>, Opt<'_, 'py>),
+        core: impl FnOnce(
+                &IndexerInputs<'_>,
+                &mut [i32],
+                Option<&mut [f32]>,
+            ) -> Result<(), crate::attention::AttentionError>
+            + Send,
+    ) -> PyResult<I32<'py>> {
+        let (n, topk) = (self.shape.n_queries, self.topk);
+        let mut inputs = vec![self.q.untyped(), self.w.untyped(), self.k.untyped()];
+        inputs.extend(self.scale.as_ref().map(|c| c.untyped()));
+        let mut out = S.output::<i32>(py, out, &[n, topk], &inputs)?;
+        let mut scores = match scores_out {
+            Some(s) if !s.is_none() => {
+                inputs.push(out.untyped());
+                let buf = S.inplace::<f32>(s, "scores_out", 2, &inputs)?;
+                if buf.shape() != [n, topk] {
+                    let msg = format!(
+                        "scores_out must have shape [{n}, {topk}], got {:?}",
+                        buf.shape()
+                    );
+                    return Err(refuse(Domain::Selection, "scores_out", msg));
+                }
+                Some(buf)
+            }
+            _ => None,
+        };
+        let key_scale = self.scale.as_ref().map(|c| c.slice()).transpose()?;
+        let (q, weights, k) = (self.q.encoded()?, self.w.slice()?, self.k.encoded()?);
+        let inputs = IndexerInputs {
+            q,
+            weights,
+            k,
+            key_scale,
+            query_pos: &self.pos,
+        };
+        let (o, sc) = (
+            out.slice()?,
+            scores.as_mut().map(|s| s.slice()).transpose()?,
+        );
+        let s = self.shape;
+        let work = n
+            .saturating_mul(s.n_keys)
+            .saturating_mul(s.n_heads)
+            .saturating_mul(s.d);
+        detach(py, work, || core(&inputs, o, sc))?;
+        Ok(out.finish())
+    }
+}
 
 /// The lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5), single-sequence
 /// form: for each query, the ``topk`` positions of ``[0, L)``, ``L =
@@ -46,67 +167,59 @@ fn indexer_topk<'py>(
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
-    let (q, q_shape) = EncodedIn::new(S, index_q, "index_q", query_format)?;
-    let [n, h, _] = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_heads, d]")?;
-    let w = S.input::<f32, 2>(weights, "weights", "[n_queries, n_heads]")?;
-    let (k, _) = EncodedIn::new(S, index_k, "index_k", key_format)?;
-    let [t, d] = S.dims::<2>(k.untyped(), "index_k", "[n_keys, d]")?;
-    if q_shape[2] != d {
-        let msg = format!("index_q has d={} but index_k has d={d}", q_shape[2]);
-        return Err(refuse(Domain::Selection, "index_q", msg));
-    }
-    let scale = match key_scale {
-        Some(c) if !c.is_none() => Some(S.input::<f32, 1>(c, "key_scale", "[n_keys]")?),
-        _ => None,
-    };
-    let pos = positions(S, query_pos, "query_pos")?;
-    let topk = S.count(topk, "topk", i32::MAX as u64)?;
-    let segs = match num_segments {
-        Some(s) if !s.is_none() => S.count_within(s, "num_segments", u64::MAX, 64)?,
-        _ => 0,
-    };
-    let mut inputs = vec![q.untyped(), w.untyped(), k.untyped()];
-    inputs.extend(scale.as_ref().map(|c| c.untyped()));
-    let mut out = S.output::<i32>(py, out, &[n, topk], &inputs)?;
-    let mut scores = match scores_out {
-        Some(s) if !s.is_none() => {
-            let inputs = [&inputs[..], &[out.untyped()]].concat();
-            let buf = S.inplace::<f32>(s, "scores_out", 2, &inputs)?;
-            if buf.shape() != [n, topk] {
-                let msg = format!(
-                    "scores_out must have shape [{n}, {topk}], got {:?}",
-                    buf.shape()
-                );
-                return Err(refuse(Domain::Selection, "scores_out", msg));
-            }
-            Some(buf)
-        }
-        _ => None,
-    };
-    let shape = IndexerShape {
-        n_queries: n,
-        n_heads: h,
-        d,
-        n_keys: t,
-    };
-    let c = scale.as_ref().map(|c| c.slice()).transpose()?;
-    let inputs = IndexerInputs {
-        q: q.encoded()?,
-        weights: w.slice()?,
-        k: k.encoded()?,
-        key_scale: c,
-        query_pos: &pos,
-    };
-    let o = out.slice()?;
-    let sc = scores.as_mut().map(|s| s.slice()).transpose()?;
-    let work = n.saturating_mul(t).saturating_mul(h).saturating_mul(d);
-    detach(py, work, || {
-        indexer::indexer_topk_into(&shape, &inputs, topk, segs, o, sc)
-    })?;
-    Ok(out.finish())
+    let common = (index_q, weights, index_k, query_pos, topk);
+    let call = Call::new(common, (key_scale, key_format, query_format, num_segments))?;
+    let (shape, topk, segs) = (call.shape, call.topk, call.segs);
+    call.run(py, (out, scores_out), |inputs, o, s| {
+        indexer::indexer_topk_into(&shape, inputs, topk, segs, o, s)
+    })
+}
+
+/// The packed form, serving-engine style: the keys of all sequences
+/// concatenated in ``index_k [n_keys, d]`` (``key_scale`` alike), sequence
+/// ``s`` owning rows ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i``
+/// belongs to sequence ``seq_ids[i]`` at position ``query_pos[i]`` within
+/// it and its row holds offsets from the start of its sequence. Otherwise
+/// as :func:`indexer_topk`, row for row.
+#[pyfunction]
+#[pyo3(
+    signature = (index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, topk, *, key_scale=None,
+                 key_format=None, query_format=None, num_segments=None, out=None, scores_out=None),
+    text_signature = "(index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, topk, *, \
+                      key_scale=None, key_format=None, query_format=None, num_segments=0, out=None, \
+                      scores_out=None)"
+)]
+#[allow(clippy::too_many_arguments)]
+fn indexer_topk_packed<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    weights: &Obj<'py>,
+    index_k: &Obj<'py>,
+    cu_seqlens: &Obj<'py>,
+    seq_ids: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    topk: &Obj<'py>,
+    key_scale: Opt<'_, 'py>,
+    key_format: Option<&str>,
+    query_format: Option<&str>,
+    num_segments: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
+    scores_out: Opt<'_, 'py>,
+) -> PyResult<I32<'py>> {
+    let common = (index_q, weights, index_k, query_pos, topk);
+    let call = Call::new(common, (key_scale, key_format, query_format, num_segments))?;
+    let (cu, sid) = (
+        positions(S, cu_seqlens, "cu_seqlens")?,
+        positions(S, seq_ids, "seq_ids")?,
+    );
+    let (shape, topk, segs) = (call.shape, call.topk, call.segs);
+    call.run(py, (out, scores_out), |inputs, o, s| {
+        indexer::indexer_topk_packed_into(&shape, inputs, &cu, &sid, topk, segs, o, s)
+    })
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(indexer_topk, m)?)?;
+    m.add_function(wrap_pyfunction!(indexer_topk_packed, m)?)?;
     Ok(())
 }

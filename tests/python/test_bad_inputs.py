@@ -588,6 +588,21 @@ def _():
     return {"call": lambda: _ks().indexer_topk(q, w, memoryview(k), p, 4, out=out), "watch": [k]}
 
 
+@case("indexer-packed-seq-id", "indexer formats", "`indexer_topk_packed(q, w, k, [0, 8, 16], seq_ids=[0, 2], …)`", "SelectionError",
+      argument="seq_ids")
+def _():
+    q, w, k, p = indexer_args()
+    return {"call": lambda: _ks().indexer_topk_packed(q, w, k, [0, 8, 16], [0, 2], [3, 5], 4)}
+
+
+@case("indexer-packed-out-aliases-weights", "indexer formats", "`indexer_topk_packed(q, memoryview(w), k, …, out=w.view(int32))`",
+      "SelectionError", argument="out")
+def _():
+    q, w, k, p = indexer_args()
+    return {"call": lambda: _ks().indexer_topk_packed(q, memoryview(w), k, [0, 8, 16], [0, 1], [3, 5], 3,
+                                                        out=w.view(np.int32)), "watch": [w]}
+
+
 # -- empty arrays and zero-size dimensions ---------------------------------------
 
 

@@ -143,3 +143,32 @@ def test_malformed_calls_are_refused_naming_the_argument_and_write_nothing():
     scores = np.zeros((2, 4), np.float32)
     assert _err(SE, ks.indexer_topk, q, w, k, pos, 4, out=scores.view(np.int32), scores_out=scores).argument == "scores_out"
     assert (scores == 0).all() and (out == 7).all()
+
+
+def test_the_packed_form_equals_the_reference_and_one_call_per_sequence():
+    rng = np.random.default_rng(SEED + 4)
+    for _ in range(200):
+        h, d = int(rng.integers(1, 6)), int(rng.integers(1, 24))
+        lens = rng.integers(0, 80, int(rng.integers(1, 5)))
+        cu = np.concatenate([[0], np.cumsum(lens)])
+        k = rng.integers(-3, 4, (int(cu[-1]), d)).astype(np.float32)
+        c = rng.integers(1, 4, len(k)).astype(np.float32)
+        n = int(rng.integers(1, 8))
+        sid = rng.integers(0, len(lens), n)
+        pos = rng.integers(0, 90, n)
+        q = rng.integers(-3, 4, (n, h, d)).astype(np.float32)
+        w = rng.integers(-2, 3, (n, h)).astype(np.float32)
+        topk, s = int(rng.integers(1, 40)), int(rng.choice([0, 3]))
+        fmt = rng.integers(0, 3)
+        kk, kf = [(k, None), (k.astype(ml_dtypes.bfloat16), None), (k.astype(ml_dtypes.float8_e4m3fn).view(np.uint8), "float8_e4m3fn")][fmt]
+        got = ks.indexer_topk_packed(q, w, kk, cu, sid, pos, topk, key_scale=c, key_format=kf, num_segments=s)
+        want = ref.indexer_topk_packed(q, w, k, cu, sid, pos, topk, key_scale=c, num_segments=s)
+        np.testing.assert_array_equal(got, want)
+        for i in range(n):
+            k0, k1 = cu[sid[i]], cu[sid[i] + 1]
+            one = ks.indexer_topk(q[i:i + 1], w[i:i + 1], k[k0:k1], pos[i:i + 1], topk, key_scale=c[k0:k1], num_segments=s)
+            np.testing.assert_array_equal(got[i:i + 1], one)
+    q, w, k = np.ones((1, 1, 2), np.float32), np.ones((1, 1), np.float32), np.ones((6, 2), np.float32)
+    assert _err(ks.SelectionError, ks.indexer_topk_packed, q, w, k, [0, 4], [0], [1], 2).argument == "cu_seqlens"
+    assert _err(ks.SelectionError, ks.indexer_topk_packed, q, w, k, [0, 2, 6], [2], [1], 2).argument == "seq_ids"
+    assert _err(ks.SelectionError, ks.indexer_topk_packed, q, w, k, [0, 6], [0, 0], [1], 2).argument == "seq_ids"
