@@ -69,22 +69,32 @@ pub(super) fn score_keys(
     let mut kbuf = vec![0.0f32; BLOCK * dp];
     for (j, block) in out.chunks_mut(BLOCK).enumerate() {
         let t0 = first + j * BLOCK;
-        for (r, row) in kbuf.chunks_exact_mut(dp).enumerate() {
-            match r < block.len() {
-                true => keys.decode((t0 + r) * d, &mut row[..d]),
-                false => row.fill(0.0), // a partial block's unused rows: scored, discarded
+        // float32 keys already in the padded layout (d a multiple of 8) are
+        // read in place; any other block is decoded (or padded) into `kbuf`.
+        let k: &[f32] = match keys {
+            Encoded::F32(s) if d == dp && block.len() == BLOCK => &s[t0 * d..(t0 + BLOCK) * d],
+            _ => {
+                for (r, row) in kbuf.chunks_exact_mut(dp).enumerate() {
+                    match r < block.len() {
+                        true => keys.decode((t0 + r) * d, &mut row[..d]),
+                        false => row.fill(0.0), // a partial block's unused rows: scored, discarded
+                    }
+                }
+                &kbuf
             }
-        }
+        };
         let mut acc = [0.0f32; BLOCK];
+        // The bounds the kernel's pointer reads rely on, checked in release.
+        assert!(k.len() == BLOCK * dp && dp % 8 == 0);
         match level {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves AVX2 and FMA; `q.q` holds `h` rows of
-            // `dp` (asserted above), `kbuf` holds `BLOCK` rows of `dp`, and
-            // `dp` is a multiple of 8.
-            Some(token) => unsafe { avx2::weighted_relu_sums(token, &q.q, &kbuf, w, dp, &mut acc) },
+            // `dp` (asserted above), `k` holds `BLOCK` rows of `dp` (a full
+            // block read in place, or `kbuf`), and `dp` is a multiple of 8.
+            Some(token) => unsafe { avx2::weighted_relu_sums(token, &q.q, k, w, dp, &mut acc) },
             _ => {
-                for (a, k) in acc.iter_mut().zip(kbuf.chunks_exact(dp)).take(block.len()) {
-                    *a = portable::weighted_relu_sum(&q.q, k, w, dp);
+                for (a, key) in acc.iter_mut().zip(k.chunks_exact(dp)).take(block.len()) {
+                    *a = portable::weighted_relu_sum(&q.q, key, w, dp);
                 }
             }
         }
@@ -154,20 +164,40 @@ mod avx2 {
     ) {
         let h = w.len();
         let full = h / HEADS * HEADS;
-        let pairs = acc.chunks_exact_mut(KEYS).zip(k.chunks_exact(KEYS * dp));
-        let mut pairs: Vec<(&mut [f32], &[f32])> = pairs.collect();
         for h0 in (0..full).step_by(HEADS) {
-            for (a, kk) in pairs.iter_mut() {
-                // SAFETY: heads `h0 .. h0 + HEADS <= h`; `KEYS` keys of `dp`.
-                unsafe { tile::<HEADS>(q, kk, w, dp, h0, a) };
+            for p in (0..BLOCK).step_by(KEYS) {
+                // SAFETY: heads `h0 .. h0 + HEADS <= h`; keys `p .. p + KEYS`
+                // of the block's `BLOCK` rows of `dp`.
+                unsafe { tile::<HEADS>(q, &k[p * dp..], w, dp, h0, &mut acc[p..p + KEYS]) };
             }
         }
         for h0 in full..h {
-            for (a, kk) in pairs.iter_mut() {
-                // SAFETY: head `h0 < h`; `KEYS` keys of `dp`.
-                unsafe { tile::<1>(q, kk, w, dp, h0, a) };
+            for p in (0..BLOCK).step_by(KEYS) {
+                // SAFETY: head `h0 < h`; keys `p .. p + KEYS` as above.
+                unsafe { tile::<1>(q, &k[p * dp..], w, dp, h0, &mut acc[p..p + KEYS]) };
             }
         }
+    }
+
+    /// The lanes of `a, b, c, d` each summed in the canonical order
+    /// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, four at once; they come out
+    /// as `[a, c, b, d]` (the block-selection kernel's reduction).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
+        let x = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        );
+        let y = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(c, d),
+            _mm256_permute2f128_ps::<0x31>(c, d),
+        );
+        let z = _mm256_add_ps(
+            _mm256_shuffle_ps::<0x44>(x, y),
+            _mm256_shuffle_ps::<0xEE>(x, y),
+        );
+        _mm_hadd_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps::<1>(z))
     }
 
     /// Heads `h0 .. h0 + G` against `KEYS` keys (`k`: `KEYS` rows of `dp`),
@@ -203,10 +233,25 @@ mod avx2 {
                 }
             }
         }
-        for j in 0..G {
+        if G == HEADS {
+            // Four dot products per reduction; the ReLU (`x <= 0 ? 0 : x`,
+            // NaN kept) on the vector; then each key's sum in head order.
             for r in 0..KEYS {
-                let dot = reduce(a[j][r]);
-                acc[r] = w[h0 + j].mul_add(relu(dot), acc[r]);
+                let m = reduce4(a[0][r], a[1 % G][r], a[2 % G][r], a[3 % G][r]);
+                let m = _mm_andnot_ps(_mm_cmp_ps::<_CMP_LE_OQ>(m, _mm_setzero_ps()), m);
+                let mut v = [0.0f32; 4];
+                // SAFETY: `v` holds 4 floats.
+                unsafe { _mm_storeu_ps(v.as_mut_ptr(), m) };
+                for (j, lane) in [0, 2, 1, 3].into_iter().enumerate() {
+                    acc[r] = w[h0 + j].mul_add(v[lane], acc[r]);
+                }
+            }
+        } else {
+            for j in 0..G {
+                for r in 0..KEYS {
+                    let dot = reduce(a[j][r]);
+                    acc[r] = w[h0 + j].mul_add(relu(dot), acc[r]);
+                }
             }
         }
     }
