@@ -470,3 +470,286 @@ fn the_packed_form_equals_one_call_per_sequence() {
         assert!(untouched.iter().all(|&x| x == 7));
     }
 }
+
+mod paged {
+    use super::*;
+    use kvselect::indexer::{indexer_topk_paged_into, PageLayout, PagedCache, PagedInputs};
+    use kvselect::keys::Format;
+
+    /// One query against one page of vLLM's fp8 layout: block_size 2, d 2 —
+    /// bytes `[k0 (2 e4m3fn), k1 (2 e4m3fn), scale0 (f32 LE), scale1 (f32 LE)]`.
+    #[test]
+    fn the_fp8_page_layout_is_read_byte_for_byte() {
+        // 0x38 = 1.0, 0x40 = 2.0, 0x00 = 0.0 in e4m3fn.
+        let mut page = vec![0x38, 0x00, 0x40, 0x38];
+        page.extend(3.0f32.to_le_bytes());
+        page.extend(1.0f32.to_le_bytes());
+        let cache = PagedCache {
+            bytes: &page,
+            n_pages: 1,
+            page_stride: page.len(),
+            block_size: 2,
+            d: 2,
+            layout: PageLayout::Fp8WithScales,
+        };
+        let (q, w) = ([1.0f32, 1.0], [1.0f32]);
+        let inputs = PagedInputs {
+            q: Encoded::F32(&q),
+            weights: &w,
+            cache,
+            block_table: &[0],
+            max_blocks: 1,
+            seq_lens: &[2],
+            seq_ids: &[0],
+            query_pos: &[1],
+        };
+        let (mut out, mut scores) = (vec![0; 2], vec![0.0; 2]);
+        indexer_topk_paged_into(1, 1, &inputs, 2, 0, &mut out, Some(&mut scores)).unwrap();
+        // key 0: 3 · (1 + 0) = 3; key 1: 1 · (2 + 1) = 3: a tie, to the lower.
+        assert_eq!(out, vec![0, 1]);
+        assert_eq!(scores, vec![3.0, 3.0]);
+    }
+
+    fn encode(layout: PageLayout, keys: &[f32], scale: &[f32], bs: usize, d: usize) -> Vec<u8> {
+        // One page's bytes for `keys` (at most `bs` rows, zero-padded).
+        let mut page = Vec::new();
+        match layout {
+            PageLayout::Dense(Format::F32) => {
+                keys.iter().for_each(|x| page.extend(x.to_le_bytes()))
+            }
+            PageLayout::Dense(Format::Bf16) => keys
+                .iter()
+                .for_each(|x| page.extend(((x.to_bits() >> 16) as u16).to_le_bytes())),
+            _ => page.extend(keys.iter().map(|x| fp8_of(*x))),
+        }
+        let elem = match layout {
+            PageLayout::Dense(Format::F32) => 4,
+            PageLayout::Dense(Format::Bf16) => 2,
+            _ => 1,
+        };
+        page.resize(bs * d * elem, 0);
+        if layout == PageLayout::Fp8WithScales {
+            for t in 0..bs {
+                page.extend(scale.get(t).copied().unwrap_or(0.0).to_le_bytes());
+            }
+        }
+        page
+    }
+
+    /// Small integers to e4m3fn (exact for |x| <= 8: integers up to 16 are).
+    fn fp8_of(x: f32) -> u8 {
+        (0..=255u8)
+            .find(|&b| fp8_e4m3fn_to_f32(b) == x && (x != 0.0 || b == 0))
+            .expect("exact in e4m3fn")
+    }
+
+    #[test]
+    fn a_paged_cache_with_pages_out_of_order_and_interleaved_equals_the_contiguous_keys() {
+        let mut rng = ChaCha8Rng::seed_from_u64(16);
+        for case in 0..150 {
+            let layout = [
+                PageLayout::Dense(Format::F32),
+                PageLayout::Dense(Format::Bf16),
+                PageLayout::Fp8WithScales,
+            ][case % 3];
+            let (h, d, bs) = (
+                rng.random_range(1..5),
+                rng.random_range(1..12),
+                rng.random_range(1..9),
+            );
+            let n_seqs = rng.random_range(1..4);
+            let lens: Vec<usize> = (0..n_seqs).map(|_| rng.random_range(0..40)).collect();
+            let max_blocks =
+                lens.iter().map(|l| l.div_ceil(bs)).max().unwrap_or(0) + rng.random_range(0..3);
+            let keys: Vec<Vec<f32>> = lens
+                .iter()
+                .map(|&l| {
+                    (0..l * d)
+                        .map(|_| rng.random_range(-3..=3) as f32)
+                        .collect()
+                })
+                .collect();
+            let scales: Vec<Vec<f32>> = lens
+                .iter()
+                .map(|&l| (0..l).map(|_| rng.random_range(1..=4) as f32).collect())
+                .collect();
+            // Pages in a random order, a spare page, and a stride wider than a page.
+            let n_pages: usize = lens.iter().map(|l| l.div_ceil(bs)).sum::<usize>() + 1;
+            let mut order: Vec<usize> = (0..n_pages).collect();
+            for i in (1..n_pages).rev() {
+                order.swap(i, rng.random_range(0..=i));
+            }
+            let page_len = encode(layout, &[], &[], bs, d).len();
+            let stride = page_len + rng.random_range(0..3) * 16;
+            let mut bytes = vec![0xAAu8; (n_pages - 1) * stride + page_len];
+            let mut table = vec![0i32; n_seqs * max_blocks];
+            let mut next = 0;
+            for s in 0..n_seqs {
+                for b in 0..lens[s].div_ceil(bs) {
+                    let page = order[next];
+                    next += 1;
+                    table[s * max_blocks + b] = page as i32;
+                    let rows = (lens[s] - b * bs).min(bs);
+                    let enc = encode(
+                        layout,
+                        &keys[s][b * bs * d..(b * bs + rows) * d],
+                        &scales[s][b * bs..b * bs + rows],
+                        bs,
+                        d,
+                    );
+                    bytes[page * stride..page * stride + page_len].copy_from_slice(&enc);
+                }
+            }
+            let cache = PagedCache {
+                bytes: &bytes,
+                n_pages,
+                page_stride: stride,
+                block_size: bs,
+                d,
+                layout,
+            };
+            let n = rng.random_range(1..6);
+            let seq_ids: Vec<usize> = (0..n).map(|_| rng.random_range(0..n_seqs)).collect();
+            let pos: Vec<usize> = (0..n).map(|_| rng.random_range(0..45)).collect();
+            let q: Vec<f32> = (0..n * h * d)
+                .map(|_| rng.random_range(-3..=3) as f32)
+                .collect();
+            let w: Vec<f32> = (0..n * h)
+                .map(|_| rng.random_range(-2..=2) as f32)
+                .collect();
+            let (topk, segs) = (rng.random_range(1..30), rng.random_range(0..4));
+            let inputs = PagedInputs {
+                q: Encoded::F32(&q),
+                weights: &w,
+                cache,
+                block_table: &table,
+                max_blocks,
+                seq_lens: &lens,
+                seq_ids: &seq_ids,
+                query_pos: &pos,
+            };
+            let mut paged = vec![7; n * topk];
+            indexer_topk_paged_into(n, h, &inputs, topk, segs, &mut paged, None).unwrap();
+            for i in 0..n {
+                let s = seq_ids[i];
+                let one = IndexerShape {
+                    n_queries: 1,
+                    n_heads: h,
+                    d,
+                    n_keys: lens[s],
+                };
+                let scale = (layout == PageLayout::Fp8WithScales).then_some(&scales[s][..]);
+                let dense = IndexerInputs {
+                    q: Encoded::F32(&q[i * h * d..(i + 1) * h * d]),
+                    weights: &w[i * h..(i + 1) * h],
+                    k: Encoded::F32(&keys[s]),
+                    key_scale: scale,
+                    query_pos: &pos[i..i + 1],
+                };
+                let mut row = vec![7; topk];
+                indexer_topk_into(&one, &dense, topk, segs, &mut row, None).unwrap();
+                assert_eq!(
+                    &paged[i * topk..(i + 1) * topk],
+                    row.as_slice(),
+                    "{layout:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_block_table_is_refused_and_nothing_is_written() {
+        let page = vec![0u8; 2 * 2 * 4];
+        let cache = PagedCache {
+            bytes: &page,
+            n_pages: 1,
+            page_stride: 16,
+            block_size: 2,
+            d: 2,
+            layout: PageLayout::Dense(Format::F32),
+        };
+        let (q, w) = ([1.0f32, 1.0], [1.0f32]);
+        let base = PagedInputs {
+            q: Encoded::F32(&q),
+            weights: &w,
+            cache,
+            block_table: &[0, 0],
+            max_blocks: 2,
+            seq_lens: &[2],
+            seq_ids: &[0],
+            query_pos: &[1],
+        };
+        let refused = |inputs: PagedInputs<'_>| {
+            let mut out = vec![7; 2];
+            let e = indexer_topk_paged_into(1, 1, &inputs, 2, 0, &mut out, None).unwrap_err();
+            assert_eq!(out, vec![7, 7]);
+            e.argument()
+        };
+        assert_eq!(
+            refused(PagedInputs {
+                block_table: &[-1, 0],
+                ..base
+            }),
+            "block_table"
+        );
+        assert_eq!(
+            refused(PagedInputs {
+                block_table: &[1, 0],
+                ..base
+            }),
+            "block_table"
+        );
+        // A sequence longer than its block-table row.
+        assert_eq!(
+            refused(PagedInputs {
+                seq_lens: &[5],
+                ..base
+            }),
+            "block_table"
+        );
+        assert_eq!(
+            refused(PagedInputs {
+                seq_ids: &[1],
+                ..base
+            }),
+            "seq_ids"
+        );
+        assert_eq!(
+            refused(PagedInputs {
+                cache: PagedCache {
+                    page_stride: 8,
+                    ..cache
+                },
+                ..base
+            }),
+            "kv_cache"
+        );
+        assert_eq!(
+            refused(PagedInputs {
+                cache: PagedCache {
+                    n_pages: 2,
+                    ..cache
+                },
+                ..base
+            }),
+            "kv_cache"
+        );
+        // The padding past the entries a sequence needs is never read: a
+        // 0 there (vLLM's padding) or garbage is fine.
+        let mut out = vec![7; 2];
+        indexer_topk_paged_into(
+            1,
+            1,
+            &PagedInputs {
+                block_table: &[0, -99],
+                ..base
+            },
+            2,
+            0,
+            &mut out,
+            None,
+        )
+        .unwrap();
+        assert_eq!(out, vec![0, 1]);
+    }
+}

@@ -18,7 +18,8 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   (:func:`attention_probabilities`, :func:`segment_coverage_rows`,
   :func:`attention_mass_recall_rows`, :func:`output_relative_error_rows`);
 - the learned top-k itself, DeepSeek's lightning indexer
-  (:func:`indexer_topk`, :func:`indexer_topk_packed`): exact, one total order, float32 / float16 /
+  (:func:`indexer_topk`, :func:`indexer_topk_packed`,
+  :func:`indexer_topk_paged`): exact, one total order, float32 / float16 /
   bfloat16 / fp8 keys read in place, witnesses in the same pass;
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
@@ -51,6 +52,7 @@ from kvselect._core import (
     get_num_threads,
     indexer_topk,
     indexer_topk_packed,
+    indexer_topk_paged,
     locality_null,
     oracle_topk,
     output_relative_error,
@@ -86,6 +88,7 @@ __all__ = [
     "get_num_threads",
     "indexer_topk",
     "indexer_topk_packed",
+    "indexer_topk_paged",
     "locality_null",
     "oracle_topk",
     "output_relative_error",

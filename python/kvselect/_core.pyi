@@ -38,6 +38,7 @@ __all__ = [
     "simd_level",
     "indexer_topk",
     "indexer_topk_packed",
+    "indexer_topk_paged",
 ]
 
 __version__: Final[str]
@@ -351,6 +352,33 @@ def indexer_topk_packed(
     ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i`` belongs to sequence
     ``seq_ids[i]`` at ``query_pos[i]`` within it; rows are offsets from the start
     of each query's sequence."""
+
+def indexer_topk_paged(
+    index_q: npt.ArrayLike,
+    weights: npt.ArrayLike,
+    kv_cache: npt.ArrayLike,
+    block_table: npt.ArrayLike,
+    seq_lens: npt.ArrayLike,
+    seq_ids: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    topk: int,
+    *,
+    layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    num_segments: int = 0,
+    out: Optional[npt.NDArray[np.int32]] = None,
+    scores_out: Optional[npt.NDArray[np.float32]] = None,
+) -> npt.NDArray[np.int32]:
+    """:func:`indexer_topk` over an engine's paged key cache, read in place.
+
+    ``layout="dense"``: ``kv_cache [num_blocks, block_size, d]`` pages of float32 /
+    float16 / bfloat16 / float8_e4m3fn. ``layout="fp8_scaled"``: vLLM's DSA
+    index-K pages, uint8 ``[num_blocks, block_size, 1, d + 4]`` (each page the
+    ``block_size × d`` e4m3fn bytes, then ``block_size`` float32 scales). The
+    block axis may be strided. ``block_table`` int32 ``[n_seqs, max_blocks]``
+    (only the first ``ceil(seq_lens[s] / block_size)`` entries are read).
+    """
 
 def simd_level() -> str:
     """The SIMD level the kernels dispatched to on this CPU: "avx2" or "scalar"."""

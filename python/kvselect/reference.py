@@ -74,6 +74,7 @@ __all__ = [
     "decode",
     "indexer_topk",
     "indexer_topk_packed",
+    "indexer_topk_paged",
     # metrics
     "attention_probabilities",
     "segment_coverage_rows",
@@ -1102,6 +1103,70 @@ def indexer_topk_packed(
         s_row = np.zeros((1, _count("topk", topk)), np.float32)
         rows.append(indexer_topk(q[i : i + 1], w[i : i + 1], k[k0:k1], pos[i : i + 1], topk,
                                  key_scale=None if c is None else c[k0:k1], key_format=key_format,
+                                 query_format=query_format, num_segments=num_segments, scores_out=s_row))
+        scores.append(s_row)
+    result = np.concatenate(rows) if rows else np.zeros((0, topk), np.int32)
+    if scores_out is not None and scores:
+        scores_out[...] = np.concatenate(scores)
+    return _deliver(result, _output(out, result.shape, _SELECTION))
+
+
+def _gather_pages(kv_cache: Any, block_table: np.ndarray, s: int, length: int, layout: str, key_format: Optional[str]):
+    """Sequence ``s``'s first ``length`` keys (and scales) from its pages."""
+    cache = np.asarray(kv_cache)
+    if layout == "fp8_scaled":
+        n_blocks, bs, width = cache.shape[0], cache.shape[1], cache.shape[-1]
+        d = width - 4
+        pages = np.ascontiguousarray(cache).reshape(n_blocks, bs * width)
+        keys = _fp8_e4m3fn_table()[pages[:, : bs * d].reshape(n_blocks, bs, d)]
+        scales = pages[:, bs * d :].copy().view(np.float32).astype(np.float64).reshape(n_blocks, bs)
+    else:
+        bs = cache.shape[1]
+        keys, scales = decode(cache, key_format), None
+    need = -(-length // bs)
+    ids = block_table[s, :need]
+    if (ids < 0).any() or (ids >= len(keys)).any():
+        raise _refuse(_SELECTION, "block_table", "a block-table entry is not a page of the cache")
+    k = keys[ids].reshape(-1, keys.shape[-1])[:length]
+    c = None if scales is None else scales[ids].reshape(-1)[:length]
+    return k, c
+
+
+def indexer_topk_paged(
+    index_q: Any,
+    weights: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    seq_ids: Any,
+    query_pos: Any,
+    topk: int,
+    *,
+    layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    num_segments: int = 0,
+    out: Any = None,
+    scores_out: Any = None,
+) -> np.ndarray:
+    """:func:`indexer_topk` of each query over its sequence's keys gathered
+    from the pages its block-table row names (only the first
+    ``ceil(seq_len / block_size)`` entries are read)."""
+    table = _index_array("block_table", block_table, 2, _SELECTION)
+    lens = _index_array("seq_lens", seq_lens, 1, _SELECTION, positions=True)
+    sid = _index_array("seq_ids", seq_ids, 1, _SELECTION, positions=True)
+    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    if (sid >= len(lens)).any():
+        raise _refuse(_SELECTION, "seq_ids", "a sequence id past seq_lens")
+    q = np.asarray(index_q)
+    w = np.asarray(weights)
+    topk = _count("topk", topk)
+    rows, scores = [], []
+    for i in range(len(sid)):
+        s = int(sid[i])
+        k, c = _gather_pages(kv_cache, table, s, int(lens[s]), layout, key_format)
+        s_row = np.zeros((1, topk), np.float32)
+        rows.append(indexer_topk(q[i : i + 1], w[i : i + 1], k, pos[i : i + 1], topk, key_scale=c,
                                  query_format=query_format, num_segments=num_segments, scores_out=s_row))
         scores.append(s_row)
     result = np.concatenate(rows) if rows else np.zeros((0, topk), np.int32)

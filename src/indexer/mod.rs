@@ -61,6 +61,9 @@
 //! values equals scoring the same values given as float32, bit for bit.
 
 mod kernels;
+mod paged;
+
+pub use paged::{indexer_topk_paged_into, PageLayout, PagedCache, PagedInputs};
 
 use crate::error::{check_len, checked_size, AttentionError};
 use crate::keys::Encoded;
@@ -303,12 +306,7 @@ fn check(
             ),
         );
     }
-    if topk > i32::MAX as usize {
-        return invalid("topk", format!("topk={topk} is past {}", i32::MAX));
-    }
-    if num_segments > MAX_TOPOLOGY_SEGMENTS {
-        return invalid("num_segments", format!("num_segments={num_segments} is out of range: 0 (off) or 1..={MAX_TOPOLOGY_SEGMENTS}"));
-    }
+    check_segments_and_topk(topk, num_segments)?;
     let q_len = checked_size("index_q", &[n, h, d])?;
     check_len("index_q", inputs.q.len(), q_len, || {
         format!("[n_queries={n}, n_heads={h}, d={d}]")
@@ -335,6 +333,21 @@ fn check(
         check_len("scores", s.len(), o_len, || {
             format!("[n_queries={n}, topk={topk}]")
         })?;
+    }
+    Ok(())
+}
+
+/// Refuses `topk > i32::MAX` and `num_segments > 64` (0 is off).
+fn check_segments_and_topk(topk: usize, num_segments: usize) -> Result<(), AttentionError> {
+    let invalid = |argument, message: String| Err(AttentionError::Invalid { argument, message });
+    if topk > i32::MAX as usize {
+        return invalid("topk", format!("topk={topk} is past {}", i32::MAX));
+    }
+    if num_segments > MAX_TOPOLOGY_SEGMENTS {
+        let message = format!(
+            "num_segments={num_segments} is out of range: 0 (off) or 1..={MAX_TOPOLOGY_SEGMENTS}"
+        );
+        return invalid("num_segments", message);
     }
     Ok(())
 }

@@ -1,11 +1,17 @@
 //! The lightning indexer's top-k, single-sequence and packed (both raise
 //! `SelectionError`).
 
+use numpy::{
+    PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::args::{detach, positions, Args, EncodedIn, In, Obj, Opt, I32};
+use super::args::{detach, numpy, positions, Args, EncodedIn, In, Obj, Opt, Out, I32};
 use super::errors::{refuse, Domain};
-use crate::indexer::{self, IndexerInputs, IndexerShape};
+use crate::indexer::{self, IndexerInputs, IndexerShape, PageLayout, PagedCache, PagedInputs};
+use crate::keys::Format;
 
 const S: Args = Args(Domain::Selection);
 
@@ -221,5 +227,259 @@ fn indexer_topk_packed<'py>(
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(indexer_topk, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_topk_packed, m)?)?;
+    m.add_function(wrap_pyfunction!(indexer_topk_paged, m)?)?;
     Ok(())
+}
+
+/// A paged cache argument, borrowed as bytes in place: `[num_blocks, …]`
+/// whose pages (every axis but the first) are C-contiguous, the block axis
+/// with any positive stride (vLLM interleaves other layers' pages).
+struct Pages<'py> {
+    ro: PyReadonlyArrayDyn<'py, u8>,
+    n_pages: usize,
+    stride: usize,
+    page_bytes: usize,
+}
+
+impl<'py> Pages<'py> {
+    fn new(cache: &Obj<'py>) -> PyResult<Self> {
+        let np = numpy(cache.py())?;
+        let arr = np.call_method1("asarray", (cache,))?;
+        let untyped = arr.cast::<PyUntypedArray>()?;
+        let (shape, strides, item) = (
+            untyped.shape().to_vec(),
+            untyped.strides().to_vec(),
+            untyped.dtype().itemsize(),
+        );
+        let inner_contiguous = {
+            let mut want = item as isize;
+            shape.iter().zip(&strides).skip(1).rev().all(|(&n, &s)| {
+                let ok = n == 1 || s == want;
+                want *= n as isize;
+                ok
+            })
+        };
+        let page_bytes = shape.iter().skip(1).product::<usize>() * item;
+        let usable = shape.len() >= 2
+            && inner_contiguous
+            && (shape[0] <= 1 || strides[0] >= page_bytes as isize);
+        // Otherwise one copy into C order (then every page is contiguous).
+        let arr = match usable {
+            true => arr,
+            false => np.call_method1("ascontiguousarray", (arr,))?,
+        };
+        let untyped = arr.cast::<PyUntypedArray>()?;
+        let n_pages = untyped.shape().first().copied().unwrap_or(0);
+        let stride = match n_pages {
+            0 | 1 => page_bytes,
+            _ => untyped.strides()[0] as usize,
+        };
+        // The bytes, reinterpreted in place: the last axis as uint8.
+        let bytes = arr.call_method1("view", (np.getattr("uint8")?,))?;
+        let ro = bytes.cast_into::<PyArrayDyn<u8>>()?.try_readonly()?;
+        Ok(Pages {
+            ro,
+            n_pages,
+            stride,
+            page_bytes,
+        })
+    }
+
+    /// From the first page's first byte to the last page's last.
+    fn bytes(&self) -> &[u8] {
+        let len = match self.n_pages {
+            0 => 0,
+            n => (n - 1) * self.stride + self.page_bytes,
+        };
+        // SAFETY: `new` checked (or made, by copying) the layout: every page
+        // is `page_bytes` contiguous bytes and pages are `stride >=
+        // page_bytes` bytes apart, so the last page's last byte is at
+        // `(n_pages − 1)·stride + page_bytes − 1` from the first element;
+        // `self.ro` keeps the array alive and borrowed read-only for as long
+        // as the slice lives.
+        unsafe { std::slice::from_raw_parts(self.ro.data(), len) }
+    }
+}
+
+/// :func:`indexer_topk` over an engine's paged key cache, read in place:
+/// ``kv_cache`` is ``[num_blocks, block_size, d]`` pages of float32 /
+/// float16 / bfloat16 / float8_e4m3fn (``layout="dense"``; raw uint16 /
+/// uint8 with ``key_format``), or vLLM's DSA index-K pages (``layout=
+/// "fp8_scaled"``: uint8 ``[num_blocks, block_size, 1, d + 4]`` or
+/// ``[num_blocks, block_size, d + 4]``, each page the ``block_size × d``
+/// e4m3fn bytes then ``block_size`` float32 scales). The block axis may be
+/// strided. ``block_table`` is int32 ``[n_seqs, max_blocks]`` (only the
+/// first ``ceil(seq_lens[s] / block_size)`` entries of a row are read),
+/// ``seq_lens`` ``[n_seqs]``; query ``i`` belongs to sequence ``seq_ids[i]``
+/// at ``query_pos[i]`` within it, and its row holds positions within it.
+#[pyfunction]
+#[pyo3(
+    signature = (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *,
+                 layout="dense", key_format=None, query_format=None, num_segments=None, out=None,
+                 scores_out=None),
+    text_signature = "(index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *, \
+                      layout='dense', key_format=None, query_format=None, num_segments=0, out=None, \
+                      scores_out=None)"
+)]
+#[allow(clippy::too_many_arguments)]
+fn indexer_topk_paged<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    weights: &Obj<'py>,
+    kv_cache: &Obj<'py>,
+    block_table: &Obj<'py>,
+    seq_lens: &Obj<'py>,
+    seq_ids: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    topk: &Obj<'py>,
+    layout: &str,
+    key_format: Option<&str>,
+    query_format: Option<&str>,
+    num_segments: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
+    scores_out: Opt<'_, 'py>,
+) -> PyResult<I32<'py>> {
+    let (q, _) = EncodedIn::new(S, index_q, "index_q", query_format)?;
+    let [n, h, dq] = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_heads, d]")?;
+    let w = S.input::<f32, 2>(weights, "weights", "[n_queries, n_heads]")?;
+    let (page_layout, shape) = cache_layout(kv_cache, layout, key_format)?;
+    let (block_size, d) = (
+        shape[1],
+        shape[shape.len() - 1] - 4 * (page_layout == PageLayout::Fp8WithScales) as usize,
+    );
+    if dq != d {
+        return Err(refuse(
+            Domain::Selection,
+            "index_q",
+            format!("index_q has d={dq} but kv_cache has d={d}"),
+        ));
+    }
+    let pages = Pages::new(kv_cache)?;
+    let table = S.input::<i32, 2>(block_table, "block_table", "[n_seqs, max_blocks]")?;
+    let lens = positions(S, seq_lens, "seq_lens")?;
+    let (sid, pos) = (
+        positions(S, seq_ids, "seq_ids")?,
+        positions(S, query_pos, "query_pos")?,
+    );
+    let topk = S.count(topk, "topk", i32::MAX as u64)?;
+    let segs = match num_segments {
+        Some(s) if !s.is_none() => S.count_within(s, "num_segments", u64::MAX, 64)?,
+        _ => 0,
+    };
+    let inputs = [
+        q.untyped(),
+        w.untyped(),
+        pages.ro.as_untyped(),
+        table.untyped(),
+    ];
+    let mut out = S.output::<i32>(py, out, &[n, topk], &inputs)?;
+    let mut scores = paged_scores(
+        scores_out,
+        [n, topk],
+        &[&inputs[..], &[out.untyped()]].concat(),
+    )?;
+    let cache = PagedCache {
+        bytes: pages.bytes(),
+        n_pages: pages.n_pages,
+        page_stride: pages.stride,
+        block_size,
+        d,
+        layout: page_layout,
+    };
+    let max_blocks = table.shape[1];
+    let paged = PagedInputs {
+        q: q.encoded()?,
+        weights: w.slice()?,
+        cache,
+        block_table: table.slice()?,
+        max_blocks,
+        seq_lens: &lens,
+        seq_ids: &sid,
+        query_pos: &pos,
+    };
+    let (o, sc) = (
+        out.slice()?,
+        scores.as_mut().map(|s| s.slice()).transpose()?,
+    );
+    let work = n
+        .saturating_mul(pages.n_pages * block_size)
+        .saturating_mul(h * d);
+    detach(py, work, || {
+        indexer::indexer_topk_paged_into(n, h, &paged, topk, segs, o, sc)
+    })?;
+    Ok(out.finish())
+}
+
+/// The page layout and the cache's shape, from `layout` and the dtype.
+fn cache_layout(
+    cache: &Obj<'_>,
+    layout: &str,
+    key_format: Option<&str>,
+) -> PyResult<(PageLayout, Vec<usize>)> {
+    let np = numpy(cache.py())?;
+    let arr = np.call_method1("asarray", (cache,))?;
+    let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
+    let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
+    match layout {
+        "fp8_scaled" => {
+            let ok = dtype == "uint8" && matches!(shape[..], [_, _, 1, x] | [_, _, x] if x > 4);
+            if !ok {
+                let msg = format!(
+                    "with layout='fp8_scaled', kv_cache must be uint8 [num_blocks, block_size, 1, d + 4] \
+                     or [num_blocks, block_size, d + 4], got {dtype} {shape:?}"
+                );
+                return Err(refuse(Domain::Selection, "kv_cache", msg));
+            }
+            Ok((PageLayout::Fp8WithScales, shape))
+        }
+        "dense" => {
+            let typed = Format::from_name(&dtype);
+            let format = match (typed, key_format.map(Format::from_name)) {
+                (Some(t), None) => t,
+                (Some(t), Some(Some(k))) if t == k => t,
+                (None, Some(Some(k @ (Format::F16 | Format::Bf16)))) if dtype == "uint16" => k,
+                (None, Some(Some(Format::Fp8E4m3))) if dtype == "uint8" => Format::Fp8E4m3,
+                _ => {
+                    return Err(PyTypeError::new_err(format!(
+                        "kv_cache has dtype {dtype}: pages are read in place, so they must be float32, \
+                         float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw uint16 / uint8 view with \
+                         key_format"
+                    )))
+                }
+            };
+            if shape.len() != 3 {
+                let msg = format!(
+                    "kv_cache must be 3-D [num_blocks, block_size, d], got {}-D",
+                    shape.len()
+                );
+                return Err(refuse(Domain::Selection, "kv_cache", msg));
+            }
+            Ok((PageLayout::Dense(format), shape))
+        }
+        other => Err(PyValueError::new_err(format!(
+            "layout must be 'dense' or 'fp8_scaled', got {other:?}"
+        ))),
+    }
+}
+
+/// The optional `scores_out` buffer of `shape`, overlapping none of `inputs`.
+fn paged_scores<'py>(
+    scores_out: Opt<'_, 'py>,
+    [n, topk]: [usize; 2],
+    inputs: &[&Bound<'py, PyUntypedArray>],
+) -> PyResult<Option<Out<'py, f32>>> {
+    match scores_out {
+        Some(s) if !s.is_none() => {
+            let buf = S.inplace::<f32>(s, "scores_out", 2, inputs)?;
+            if buf.shape() != [n, topk] {
+                let msg = format!(
+                    "scores_out must have shape [{n}, {topk}], got {:?}",
+                    buf.shape()
+                );
+                return Err(refuse(Domain::Selection, "scores_out", msg));
+            }
+            Ok(Some(buf))
+        }
+        _ => Ok(None),
+    }
 }

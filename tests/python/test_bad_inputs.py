@@ -603,6 +603,40 @@ def _():
                                                         out=w.view(np.int32)), "watch": [w]}
 
 
+@case("indexer-paged-negative-block", "indexer formats", "`indexer_topk_paged(q, w, pages, block_table=[[-1, 0]], seq_lens=[3], …)`",
+      "SelectionError", argument="block_table")
+def _():
+    q, w, k, p = indexer_args()
+    pages = np.ascontiguousarray(k.reshape(8, 2, 4))
+    return {"call": lambda: _ks().indexer_topk_paged(q, w, pages, np.array([[-1, 0]], np.int32), [3], [0, 0], p, 2)}
+
+
+@case("indexer-paged-block-past-cache", "indexer formats", "`indexer_topk_paged(q, w, pages (8), block_table=[[0, 8]], …)`",
+      "SelectionError", argument="block_table")
+def _():
+    q, w, k, p = indexer_args()
+    pages = np.ascontiguousarray(k.reshape(8, 2, 4))
+    return {"call": lambda: _ks().indexer_topk_paged(q, w, pages, np.array([[0, 8]], np.int32), [3], [0, 0], p, 2)}
+
+
+@case("indexer-paged-short-row", "indexer formats", "`indexer_topk_paged(…, block_table=[[0]], seq_lens=[3])` (needs 2 blocks)",
+      "SelectionError", argument="block_table")
+def _():
+    q, w, k, p = indexer_args()
+    pages = np.ascontiguousarray(k.reshape(8, 2, 4))
+    return {"call": lambda: _ks().indexer_topk_paged(q, w, pages, np.array([[0]], np.int32), [3], [0, 0], p, 2)}
+
+
+@case("indexer-paged-padding-not-read", "indexer formats", "`indexer_topk_paged(…, block_table=[[3, 1, 0, 0]], seq_lens=[4])`",
+      ACCEPTED, note="vLLM's 0 padding past ⌈L / block_size⌉ is never read")
+def _():
+    q, w, k, p = indexer_args()
+    pages = np.ascontiguousarray(k.reshape(8, 2, 4))
+    ref = lambda: _ks().indexer_topk(q, w, np.concatenate([pages[3], pages[1]]), [3, 3], 2)  # noqa: E731
+    return {"call": lambda: _ks().indexer_topk_paged(q, w, pages, np.array([[3, 1, 0, 0]], np.int32), [4], [0, 0], [3, 3], 2),
+            "check": same(ref)}
+
+
 # -- empty arrays and zero-size dimensions ---------------------------------------
 
 

@@ -172,3 +172,138 @@ def test_the_packed_form_equals_the_reference_and_one_call_per_sequence():
     assert _err(ks.SelectionError, ks.indexer_topk_packed, q, w, k, [0, 4], [0], [1], 2).argument == "cu_seqlens"
     assert _err(ks.SelectionError, ks.indexer_topk_packed, q, w, k, [0, 2, 6], [2], [1], 2).argument == "seq_ids"
     assert _err(ks.SelectionError, ks.indexer_topk_packed, q, w, k, [0, 6], [0, 0], [1], 2).argument == "seq_ids"
+
+
+def _vllm_fp8_pages(keys_per_seq, scales_per_seq, bs, rng, interleave=2):
+    """vLLM's DSA index-K cache for the given sequences: pages of ``bs`` tokens,
+    each the ``bs × d`` e4m3fn bytes then ``bs`` float32 scales, viewed
+    ``[num_blocks, bs, 1, d + 4]`` uint8; pages handed out in a random order and
+    the block axis interleaved with another layer's pages (a strided view)."""
+    d = keys_per_seq[0].shape[1]
+    need = [-(-len(k) // bs) for k in keys_per_seq]
+    n_blocks = sum(need) + 2
+    order = rng.permutation(n_blocks)
+    big = np.full((n_blocks, interleave, bs * (d + 4)), 0xAB, np.uint8)  # other layers' bytes
+    page_of = big[:, interleave - 1]
+    max_blocks = max(need) + 1
+    table = np.zeros((len(keys_per_seq), max_blocks), np.int32)  # vLLM pads with 0
+    nxt = 0
+    for s, (k, c) in enumerate(zip(keys_per_seq, scales_per_seq)):
+        for b in range(need[s]):
+            p = order[nxt]
+            nxt += 1
+            table[s, b] = p
+            rows = k[b * bs:(b + 1) * bs]
+            fp8 = np.zeros((bs, d), np.uint8)
+            fp8[: len(rows)] = rows.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+            sc = np.zeros(bs, np.float32)
+            sc[: len(rows)] = c[b * bs:(b + 1) * bs]
+            page_of[p] = np.concatenate([fp8.reshape(-1), sc.view(np.uint8)])
+    cache = page_of.reshape(n_blocks, bs, 1, d + 4)
+    assert not cache.flags.c_contiguous and np.shares_memory(cache, big)  # strided, in place
+    return cache, table
+
+
+def test_the_fp8_paged_cache_equals_the_dense_call_on_its_keys_and_the_reference():
+    rng = np.random.default_rng(SEED + 5)
+    for case in range(150):
+        h, d, bs = int(rng.integers(1, 5)), int(rng.integers(1, 20)), int(rng.choice([1, 4, 16, 64]))
+        lens = rng.integers(0, 150, int(rng.integers(1, 4)))
+        integer = case % 2 == 0
+        keys, scales = [], []
+        for n_tok in lens:
+            if integer:
+                k = rng.integers(-3, 4, (n_tok, d)).astype(np.float32)
+                c = rng.integers(1, 5, n_tok).astype(np.float32)
+            else:  # as vLLM quantises: scale = max(amax, 1e-4) / 448
+                raw = rng.standard_normal((n_tok, d)).astype(np.float32)
+                c = (np.maximum(np.abs(raw).max(axis=1, initial=0), 1e-4) / 448).astype(np.float32)
+                k = (raw / c[:, None]).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+            keys.append(k)
+            scales.append(c)
+        cache, table = _vllm_fp8_pages(keys, scales, bs, rng)
+        n = int(rng.integers(1, 6))
+        sid = rng.integers(0, len(lens), n)
+        pos = rng.integers(0, 160, n)
+        q = rng.integers(-3, 4, (n, h, d)).astype(np.float32)
+        w = rng.integers(-2, 3, (n, h)).astype(np.float32)
+        topk, s = int(rng.integers(1, 50)), int(rng.choice([0, 2]))
+        got = ks.indexer_topk_paged(q, w, cache, table, lens, sid, pos, topk, layout="fp8_scaled", num_segments=s)
+        for i in range(n):
+            one = ks.indexer_topk(q[i:i + 1], w[i:i + 1], keys[sid[i]], pos[i:i + 1], topk,
+                                  key_scale=scales[sid[i]], num_segments=s)
+            np.testing.assert_array_equal(got[i:i + 1], one)
+        if integer:
+            want = ref.indexer_topk_paged(q, w, cache, table, lens, sid, pos, topk, layout="fp8_scaled", num_segments=s)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_dense_pages_in_every_format_equal_the_dense_call():
+    rng = np.random.default_rng(SEED + 6)
+    for case in range(90):
+        h, d, bs = int(rng.integers(1, 5)), int(rng.integers(1, 20)), int(rng.choice([2, 8, 128]))
+        n_tok = int(rng.integers(1, 300))
+        k = rng.integers(-3, 4, (n_tok, d)).astype(np.float32)
+        need = -(-n_tok // bs)
+        n_blocks = need + 3
+        order = rng.permutation(n_blocks)[:need]
+        pages = np.zeros((n_blocks, bs, d), np.float32)
+        padded = np.zeros((need * bs, d), np.float32)
+        padded[:n_tok] = k
+        pages[order] = padded.reshape(need, bs, d)
+        table = np.zeros((1, need + 2), np.int32)
+        table[0, :need] = order
+        fmt = case % 4
+        cache, kf = [(pages, None), (pages.astype(ml_dtypes.bfloat16), None),
+                     (pages.astype(np.float16).view(np.uint16), "float16"),
+                     (pages.astype(ml_dtypes.float8_e4m3fn).view(np.uint8), "float8_e4m3fn")][fmt]
+        q = rng.integers(-3, 4, (2, h, d)).astype(np.float32)
+        w = rng.integers(-2, 3, (2, h)).astype(np.float32)
+        pos = rng.integers(0, n_tok + 3, 2)
+        got = ks.indexer_topk_paged(q, w, cache, table, [n_tok], [0, 0], pos, 20, key_format=kf)
+        np.testing.assert_array_equal(got, ks.indexer_topk(q, w, k, pos, 20))
+        np.testing.assert_array_equal(got, ref.indexer_topk_paged(q, w, cache, table, [n_tok], [0, 0], pos, 20, key_format=kf))
+
+
+def test_a_paged_call_refuses_a_bad_block_table_and_writes_nothing():
+    q, w = np.ones((1, 1, 4), np.float32), np.ones((1, 1), np.float32)
+    cache = np.zeros((3, 2, 4), np.float32)
+    out = np.full((1, 2), 7, np.int32)
+    SE = ks.SelectionError
+    for table, lens in [([[-1, 0]], [3]), ([[0, 3]], [3]), ([[0]], [3])]:
+        e = _err(SE, ks.indexer_topk_paged, q, w, cache, np.array(table, np.int32), lens, [0], [2], 2, out=out)
+        assert e.argument == "block_table"
+    assert (out == 7).all()
+    assert _err(SE, ks.indexer_topk_paged, q, w, cache, np.zeros((1, 2), np.int32), [3], [1], [2], 2).argument == "seq_ids"
+    assert _err(SE, ks.indexer_topk_paged, q, w, cache[:, :, :3], np.zeros((1, 2), np.int32), [3], [0], [2], 2).argument == "index_q"
+    # fp8_scaled pages are uint8 [num_blocks, block_size, (1,) d + 4].
+    for bad in (np.zeros((3, 2, 4), np.uint8), cache):
+        assert _err(SE, ks.indexer_topk_paged, q, w, bad, np.zeros((1, 2), np.int32), [3], [0], [2], 2,
+                    layout="fp8_scaled").argument == "kv_cache"
+    _err(TypeError, ks.indexer_topk_paged, q, w, cache.astype(np.float64), np.zeros((1, 2), np.int32), [3], [0], [2], 2)
+    _err(ValueError, ks.indexer_topk_paged, q, w, cache, np.zeros((1, 2), np.int32), [3], [0], [2], 2, layout="ragged")
+    # out= aliasing the cache through a memoryview.
+    c2 = np.zeros((2, 2, 4), np.float32)
+    alias = c2.view(np.int32).reshape(-1)[:2].reshape(1, 2)
+    e = _err(SE, ks.indexer_topk_paged, q, w, memoryview(c2), np.zeros((1, 2), np.int32), [3], [0], [2], 2, out=alias)
+    assert e.argument == "out"
+
+
+@pytest.mark.parametrize("t, topk, values", [(16_385, 2048, 3), (200_000, 4096, 5), (1_000_000, 10_000, 2)])
+def test_low_contrast_rows_select_exactly_where_radix_kernels_dropped_candidates(t, topk, values):
+    """Scores crowd into a handful of values, so the threshold holds tens of
+    thousands of tied candidates (where vllm#51782, sglang#36807 and b12x#55
+    returned wrong sets): the row must still be exactly the total order's."""
+    rng = np.random.default_rng(SEED + t)
+    k = rng.integers(0, values, (t, 2)).astype(np.float32)
+    q = np.array([[[1.0, 1.0]]], np.float32)
+    w = np.ones((1, 1), np.float32)
+    got = ks.indexer_topk(q, w, k, [t - 1], topk)
+    want = ref.indexer_topk(q, w, k, [t - 1], topk)
+    np.testing.assert_array_equal(got, want)
+    # The threshold's ties really are that many, and the lowest positions won them.
+    scores = k.sum(axis=1)
+    threshold = scores[got[0, -1]]
+    assert (scores == threshold).sum() > topk // 2
+    tied = got[0][scores[got[0]] == threshold]
+    assert np.array_equal(tied, np.flatnonzero(scores == threshold)[: len(tied)])
