@@ -105,3 +105,32 @@ pub(crate) fn avx2_for_test() -> Option<Avx2> {
     }
     token
 }
+
+/// SIMD building blocks shared by the kernels of several modules.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Sums the 8 lanes of `a, b, c, d` in the canonical order
+    /// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`; lanes come out as
+    /// `[a, c, b, d]` (rows 0, 2, 1, 3).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
+        // [a_j + a_{j+4} | b_j + b_{j+4}], j = 0..4
+        let x = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        );
+        let y = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(c, d),
+            _mm256_permute2f128_ps::<0x31>(c, d),
+        );
+        // [x0+x2, x1+x3, y0+y2, y1+y3 | x4+x6, x5+x7, y4+y6, y5+y7]
+        let z = _mm256_add_ps(
+            _mm256_shuffle_ps::<0x44>(x, y),
+            _mm256_shuffle_ps::<0xEE>(x, y),
+        );
+        _mm_hadd_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps::<1>(z))
+    }
+}

@@ -1094,16 +1094,25 @@ def indexer_topk_packed(
         raise _refuse(_SELECTION, "cu_seqlens", "cu_seqlens must run from 0 to n_keys, non-decreasing")
     if (sid >= len(cu) - 1).any():
         raise _refuse(_SELECTION, "seq_ids", "a sequence id past cu_seqlens")
-    q = np.asarray(index_q)
-    w = np.asarray(weights)
+    q, w = np.asarray(index_q), np.asarray(weights)
     c = None if key_scale is None else np.asarray(key_scale)
-    rows, scores = [], []
-    for i in range(len(sid)):
+
+    def one(i: int, s_row: np.ndarray) -> np.ndarray:
         k0, k1 = int(cu[sid[i]]), int(cu[sid[i] + 1])
-        s_row = np.zeros((1, _count("topk", topk)), np.float32)
-        rows.append(indexer_topk(q[i : i + 1], w[i : i + 1], k[k0:k1], pos[i : i + 1], topk,
-                                 key_scale=None if c is None else c[k0:k1], key_format=key_format,
-                                 query_format=query_format, num_segments=num_segments, scores_out=s_row))
+        return indexer_topk(q[i : i + 1], w[i : i + 1], k[k0:k1], pos[i : i + 1], topk,
+                            key_scale=None if c is None else c[k0:k1], key_format=key_format,
+                            query_format=query_format, num_segments=num_segments, scores_out=s_row)
+
+    return _query_by_query(len(sid), _count("topk", topk), one, out, scores_out)
+
+
+def _query_by_query(n: int, topk: int, one: Any, out: Any, scores_out: Any) -> np.ndarray:
+    """The rows ``one(i, scores_row)`` of queries ``0..n`` stacked, into
+    ``out`` when given, their scores into ``scores_out`` when given."""
+    rows, scores = [], []
+    for i in range(n):
+        s_row = np.zeros((1, topk), np.float32)
+        rows.append(one(i, s_row))
         scores.append(s_row)
     result = np.concatenate(rows) if rows else np.zeros((0, topk), np.int32)
     if scores_out is not None and scores:
@@ -1158,21 +1167,15 @@ def indexer_topk_paged(
     pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
     if (sid >= len(lens)).any():
         raise _refuse(_SELECTION, "seq_ids", "a sequence id past seq_lens")
-    q = np.asarray(index_q)
-    w = np.asarray(weights)
-    topk = _count("topk", topk)
-    rows, scores = [], []
-    for i in range(len(sid)):
+    q, w = np.asarray(index_q), np.asarray(weights)
+
+    def one(i: int, s_row: np.ndarray) -> np.ndarray:
         s = int(sid[i])
         k, c = _gather_pages(kv_cache, table, s, int(lens[s]), layout, key_format)
-        s_row = np.zeros((1, topk), np.float32)
-        rows.append(indexer_topk(q[i : i + 1], w[i : i + 1], k, pos[i : i + 1], topk, key_scale=c,
-                                 query_format=query_format, num_segments=num_segments, scores_out=s_row))
-        scores.append(s_row)
-    result = np.concatenate(rows) if rows else np.zeros((0, topk), np.int32)
-    if scores_out is not None and scores:
-        scores_out[...] = np.concatenate(scores)
-    return _deliver(result, _output(out, result.shape, _SELECTION))
+        return indexer_topk(q[i : i + 1], w[i : i + 1], k, pos[i : i + 1], topk, key_scale=c,
+                            query_format=query_format, num_segments=num_segments, scores_out=s_row)
+
+    return _query_by_query(len(sid), _count("topk", topk), one, out, scores_out)
 
 
 # ==========================================================================

@@ -129,6 +129,7 @@ mod portable {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{relu, BLOCK, KEYS};
+    use crate::simd::x86::reduce4;
     use crate::simd::Avx2;
     use std::arch::x86_64::*;
 
@@ -177,27 +178,6 @@ mod avx2 {
                 unsafe { tile::<1>(q, &k[p * dp..], w, dp, h0, &mut acc[p..p + KEYS]) };
             }
         }
-    }
-
-    /// The lanes of `a, b, c, d` each summed in the canonical order
-    /// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, four at once; they come out
-    /// as `[a, c, b, d]` (the block-selection kernel's reduction).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
-        let x = _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x20>(a, b),
-            _mm256_permute2f128_ps::<0x31>(a, b),
-        );
-        let y = _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x20>(c, d),
-            _mm256_permute2f128_ps::<0x31>(c, d),
-        );
-        let z = _mm256_add_ps(
-            _mm256_shuffle_ps::<0x44>(x, y),
-            _mm256_shuffle_ps::<0xEE>(x, y),
-        );
-        _mm_hadd_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps::<1>(z))
     }
 
     /// Heads `h0 .. h0 + G` against `KEYS` keys (`k`: `KEYS` rows of `dp`),

@@ -127,9 +127,6 @@ pub fn indexer_topk_into(
         out.len(),
         scores.as_deref(),
     )?;
-    if shape.n_queries == 0 || topk == 0 {
-        return Ok(());
-    }
     run_queries(shape, inputs, topk, num_segments, out, scores, |_| {
         (0, shape.n_keys)
     });
@@ -227,40 +224,31 @@ pub fn indexer_topk_packed_into(
     Ok(())
 }
 
-/// Every query's row, query `i` over key rows `keys_of(i)` (checked to lie
-/// within `inputs.k`): one query at a time, its keys split across the pool
-/// in chunks that stay in cache, then the row selected from its scores.
-/// The only buffers are the query, one score per visible key and the
-/// candidates.
+/// Every query's row: the query decoded, its `len` scores computed by
+/// `score(i, query, weights, row_scores) -> len` (into the first `len`
+/// slots of a buffer of `max_len`), then the row selected from them. The
+/// only buffers are the query, one score per visible key and the
+/// candidates, never `[queries, positions]`.
 #[allow(clippy::too_many_arguments)]
-fn run_queries(
-    shape: &IndexerShape,
-    inputs: &IndexerInputs<'_>,
+fn for_each_query(
+    (n, h, d): (usize, usize, usize),
+    q: &Encoded<'_>,
+    weights: &[f32],
+    max_len: usize,
     topk: usize,
     num_segments: usize,
     out: &mut [i32],
     mut scores: Option<&mut [f32]>,
-    keys_of: impl Fn(usize) -> (usize, usize),
+    score: impl Fn(usize, &kernels::Query, &[f32], &mut [f32]) -> usize,
 ) {
-    if shape.n_queries == 0 || topk == 0 {
+    if n == 0 || topk == 0 {
         return;
     }
-    let level = simd::avx2();
-    let (h, d) = (shape.n_heads, shape.d);
     let mut query = kernels::Query::new(h, d);
-    let mut row_scores = vec![0.0f32; shape.n_keys];
-    let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(h).saturating_mul(d));
-    for i in 0..shape.n_queries {
-        let (k0, k1) = keys_of(i);
-        let keys = inputs.k.slice(k0 * d, k1 * d);
-        let scale = inputs.key_scale.map(|c| &c[k0..k1]);
-        let len = inputs.query_pos[i].saturating_add(1).min(k1 - k0);
-        let w = &inputs.weights[i * h..(i + 1) * h];
-        query.load(&inputs.q, i * h * d);
-        let q = &query;
-        pool::for_each_row_mut(&mut row_scores[..len], KEY_CHUNK, min_chunks, |c, chunk| {
-            kernels::score_keys(level, q, w, &keys, scale, c * KEY_CHUNK, chunk);
-        });
+    let mut row_scores = vec![0.0f32; max_len];
+    for i in 0..n {
+        query.load(q, i * h * d);
+        let len = score(i, &query, &weights[i * h..(i + 1) * h], &mut row_scores);
         let out_row = &mut out[i * topk..(i + 1) * topk];
         let score_row = scores
             .as_deref_mut()
@@ -274,6 +262,43 @@ fn run_queries(
             score_row,
         );
     }
+}
+
+/// [`for_each_query`] over contiguous keys, query `i` over key rows
+/// `keys_of(i)` (checked to lie within `inputs.k`), split across the pool in
+/// chunks of [`KEY_CHUNK`] keys that stay in cache.
+fn run_queries(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    topk: usize,
+    num_segments: usize,
+    out: &mut [i32],
+    scores: Option<&mut [f32]>,
+    keys_of: impl Fn(usize) -> (usize, usize),
+) {
+    let (level, h, d) = (simd::avx2(), shape.n_heads, shape.d);
+    let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(h).saturating_mul(d));
+    let dims = (shape.n_queries, h, d);
+    for_each_query(
+        dims,
+        &inputs.q,
+        inputs.weights,
+        shape.n_keys,
+        topk,
+        num_segments,
+        out,
+        scores,
+        |i, q, w, row| {
+            let (k0, k1) = keys_of(i);
+            let keys = inputs.k.slice(k0 * d, k1 * d);
+            let scale = inputs.key_scale.map(|c| &c[k0..k1]);
+            let len = inputs.query_pos[i].saturating_add(1).min(k1 - k0);
+            pool::for_each_row_mut(&mut row[..len], KEY_CHUNK, min_chunks, |c, chunk| {
+                kernels::score_keys(level, q, w, &keys, scale, c * KEY_CHUNK, chunk);
+            });
+            len
+        },
+    );
 }
 
 fn check(

@@ -21,7 +21,7 @@
 //! Each page's rows are decoded exactly, so a paged call equals, row for
 //! row, the dense call on the same keys laid out contiguously.
 
-use super::{check_segments_and_topk, kernels, select_row, KEY_CHUNK};
+use super::{check_segments_and_topk, for_each_query, kernels, KEY_CHUNK};
 use crate::error::{check_len, checked_size, AttentionError};
 use crate::keys::{bf16_to_f32, f16_to_f32, Encoded, Format};
 use crate::{pool, simd};
@@ -257,45 +257,35 @@ pub fn indexer_topk_paged_into(
             format!("seq_ids[{i}] = {s} is out of range: {n_seqs} sequence(s)"),
         );
     }
-    if n == 0 || topk == 0 {
-        return Ok(());
-    }
-
     let level = simd::avx2();
-    let mut query = kernels::Query::new(h, d);
     let max_len = inputs.seq_lens.iter().copied().max().unwrap_or(0);
-    let mut row_scores = vec![0.0f32; max_len];
     let min_blocks = pool::min_rows(bs.saturating_mul(h).saturating_mul(d)).max(KEY_CHUNK / bs / 4);
-    let mut scores = scores;
-    for i in 0..n {
-        let s = inputs.seq_ids[i];
-        let len = inputs.query_pos[i]
-            .saturating_add(1)
-            .min(inputs.seq_lens[s]);
-        let w = &inputs.weights[i * h..(i + 1) * h];
-        query.load(&inputs.q, i * h * d);
-        let (q, table) = (&query, &inputs.block_table[s * inputs.max_blocks..]);
-        pool::for_each_row_mut(&mut row_scores[..len], bs, min_blocks, |b, chunk| {
-            // Checked above: the first ⌈len / bs⌉ entries are pages of the cache.
-            let page = table[b] as usize;
-            let mut keys = vec![0.0f32; chunk.len() * d];
-            let mut scale = vec![1.0f32; chunk.len()];
-            c.decode(page, chunk.len(), &mut keys, &mut scale);
-            let scale = (c.layout == PageLayout::Fp8WithScales).then_some(&scale[..]);
-            kernels::score_keys(level, q, w, &Encoded::F32(&keys), scale, 0, chunk);
-        });
-        let out_row = &mut out[i * topk..(i + 1) * topk];
-        let score_row = scores
-            .as_deref_mut()
-            .map(|sc| &mut sc[i * topk..(i + 1) * topk]);
-        select_row(
-            &row_scores[..len],
-            len,
-            topk,
-            num_segments,
-            out_row,
-            score_row,
-        );
-    }
+    for_each_query(
+        (n, h, d),
+        &inputs.q,
+        inputs.weights,
+        max_len,
+        topk,
+        num_segments,
+        out,
+        scores,
+        |i, q, w, row| {
+            let s = inputs.seq_ids[i];
+            let len = inputs.query_pos[i]
+                .saturating_add(1)
+                .min(inputs.seq_lens[s]);
+            let table = &inputs.block_table[s * inputs.max_blocks..];
+            pool::for_each_row_mut(&mut row[..len], bs, min_blocks, |b, chunk| {
+                // Checked above: the first ⌈len / bs⌉ entries are pages of the cache.
+                let page = table[b] as usize;
+                let mut keys = vec![0.0f32; chunk.len() * d];
+                let mut scale = vec![1.0f32; chunk.len()];
+                c.decode(page, chunk.len(), &mut keys, &mut scale);
+                let scale = (c.layout == PageLayout::Fp8WithScales).then_some(&scale[..]);
+                kernels::score_keys(level, q, w, &Encoded::F32(&keys), scale, 0, chunk);
+            });
+            len
+        },
+    );
     Ok(())
 }
