@@ -2,10 +2,10 @@
 //! and sparse causal passes, dense probabilities and output error (every
 //! one raises `SelectionError`); and the thread and SIMD controls.
 
-use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
-use super::args::{convert, detach, is_aligned, positions, Args, In, Obj, Opt, Out, F64, I32};
+use super::args::{convert, detach, positions, Args, In, Obj, Opt, Out, StridedRows, F64, I32};
 use super::errors::{refuse, Domain};
 use crate::attention::{self, AttentionShape, OracleTopK, Selector};
 use crate::{metrics, pool, simd};
@@ -169,68 +169,32 @@ fn queries_and_keys<'py>(
     Ok((qa, ka, shape))
 }
 
-/// The values argument, read in place when it is float32 with unit stride
-/// in its last axis and a uniform row stride over (key, head) — a C-order
-/// array, or MLA's `kv[..., :d_v]` view of the keys — else converted once.
-struct Values<'py> {
-    ro: PyReadonlyArrayDyn<'py, f32>,
-    /// `[n_keys, n_kv_heads, d_v]`.
-    dims: [usize; 3],
-    /// Elements between consecutive (key, head) rows, `>= d_v`.
-    stride: usize,
-}
-
-impl<'py> Values<'py> {
-    fn new(v: &Obj<'py>, shape: &AttentionShape) -> PyResult<Self> {
-        let row_stride = |a: &Bound<'py, PyArrayDyn<f32>>| -> Option<usize> {
-            let u = a.as_untyped();
-            match (u.shape(), u.strides()) {
-                _ if !is_aligned(u) => None,
-                ([_, h, dv], [s0, s1, 4])
-                    if *s1 > 0 && *s1 % 4 == 0 && *s0 == *s1 * (*h as isize) =>
-                {
-                    Some((*s1 / 4) as usize).filter(|&s| s >= *dv)
-                }
-                ([_, _, dv], _) if u.is_c_contiguous() => Some(*dv),
-                _ => None,
-            }
-        };
-        let a = match v.cast::<PyArrayDyn<f32>>() {
-            Ok(a) if a.ndim() == 3 && row_stride(a).is_some() => a.clone(),
-            _ => convert::<f32>(v, "v", Domain::Selection)?,
-        };
-        let dims = S.dims::<3>(a.as_untyped(), "v", "[n_keys, n_kv_heads, d_v]")?;
-        let bad_layout = || refuse(Domain::Selection, "v", "v has an unusable memory layout");
-        let stride = row_stride(&a).ok_or_else(bad_layout)?;
-        if dims[..2] != [shape.n_keys, shape.n_kv_heads] {
-            let msg = format!(
-                "v must be [n_keys={}, n_kv_heads={}, d_v], got {dims:?}",
-                shape.n_keys, shape.n_kv_heads
-            );
-            return Err(refuse(Domain::Selection, "v", msg));
+/// The values argument `[n_keys, n_kv_heads, d_v]`, read in place when it
+/// is float32 rows of `d_v` with a uniform row stride over (key, head) — a
+/// C-order array, or MLA's `kv[..., :d_v]` view of the keys — else
+/// converted once.
+fn values<'py>(v: &Obj<'py>, shape: &AttentionShape) -> PyResult<StridedRows<'py, f32>> {
+    let in_place = match v.cast::<PyArrayDyn<f32>>() {
+        Ok(a) if a.ndim() == 3 => StridedRows::new(a, 2)?,
+        _ => None,
+    };
+    let rows = match in_place {
+        Some(r) => r,
+        None => {
+            let a = convert::<f32>(v, "v", Domain::Selection)?;
+            S.dims::<3>(a.as_untyped(), "v", "[n_keys, n_kv_heads, d_v]")?;
+            let bad_layout = || refuse(Domain::Selection, "v", "v has an unusable memory layout");
+            StridedRows::new(&a, 2)?.ok_or_else(bad_layout)?
         }
-        Ok(Values {
-            ro: a.try_readonly()?,
-            dims,
-            stride,
-        })
+    };
+    if rows.shape[..2] != [shape.n_keys, shape.n_kv_heads] {
+        let msg = format!(
+            "v must be [n_keys={}, n_kv_heads={}, d_v], got {:?}",
+            shape.n_keys, shape.n_kv_heads, rows.shape
+        );
+        return Err(refuse(Domain::Selection, "v", msg));
     }
-
-    /// The memory its value rows occupy: row `(key j, head h)` is the `d_v`
-    /// floats at `(j · n_kv_heads + h) · stride`.
-    fn rows(&self) -> &[f32] {
-        let ([n, h, d_v], stride) = (self.dims, self.stride);
-        if n == 0 || h == 0 || d_v == 0 {
-            return &[];
-        }
-        let len = (n * h - 1) * stride + d_v;
-        // SAFETY: `new` checked the layout: unit stride in the last axis and
-        // a uniform (key, head) row stride of `stride` elements (the C-order
-        // case is `stride = d_v`), so the last element of the last row,
-        // `(n·h − 1)·stride + d_v − 1`, lies inside the array, which `self.ro`
-        // keeps alive and borrowed read-only for as long as the slice lives.
-        unsafe { std::slice::from_raw_parts(self.ro.data(), len) }
-    }
+    Ok(rows)
 }
 
 /// Dense causal attention probabilities, float64 ``[n_queries, n_q_heads,
@@ -274,9 +238,9 @@ fn attention_pass<'py>(
     scale: Option<f64>,
 ) -> PyResult<Pass<'py>> {
     let (qa, ka, mut shape) = queries_and_keys(q, k)?;
-    let va = Values::new(v, &shape)?;
+    let va = values(v, &shape)?;
     let stride = va.stride;
-    shape.d_v = va.dims[2];
+    shape.d_v = va.row_len;
     let pos = positions(S, query_pos, "query_pos")?;
     shape.validate()?;
     let what = "[n_queries, n_kv_heads, width]";
@@ -300,7 +264,7 @@ fn attention_pass<'py>(
         Out::<f32>::zeros(py, &[n, hq, shape.d_v])?,
         Out::<f32>::zeros(py, &[n, hq])?,
     );
-    let (qs, ks, vs) = (qa.slice()?, ka.slice()?, va.rows());
+    let (qs, ks, vs) = (qa.slice()?, ka.slice()?, va.slice());
     let (os, ls) = (out.slice()?, lse.slice()?);
     let per_key = (shape.d_k + shape.d_v).saturating_mul(shape.group().max(1));
     let empty = match &sel {

@@ -1,14 +1,11 @@
 //! The lightning indexer's top-k, single-sequence and packed (both raise
 //! `SelectionError`).
 
-use numpy::{
-    PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray,
-    PyUntypedArrayMethods,
-};
+use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::args::{detach, numpy, positions, Args, EncodedIn, In, Obj, Opt, Out, I32};
+use super::args::{detach, numpy, positions, Args, EncodedIn, In, Obj, Opt, Out, StridedRows, I32};
 use super::errors::{refuse, Domain};
 use crate::indexer::{self, IndexerInputs, IndexerShape, PageLayout, PagedCache, PagedInputs};
 use crate::keys::Format;
@@ -231,74 +228,32 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// A paged cache argument, borrowed as bytes in place: `[num_blocks, …]`
-/// whose pages (every axis but the first) are C-contiguous, the block axis
-/// with any positive stride (vLLM interleaves other layers' pages).
-struct Pages<'py> {
-    ro: PyReadonlyArrayDyn<'py, u8>,
-    n_pages: usize,
-    stride: usize,
-    page_bytes: usize,
-}
-
-impl<'py> Pages<'py> {
-    fn new(cache: &Obj<'py>) -> PyResult<Self> {
-        let np = numpy(cache.py())?;
-        let arr = np.call_method1("asarray", (cache,))?;
-        let untyped = arr.cast::<PyUntypedArray>()?;
-        let (shape, strides, item) = (
-            untyped.shape().to_vec(),
-            untyped.strides().to_vec(),
-            untyped.dtype().itemsize(),
-        );
-        let inner_contiguous = {
-            let mut want = item as isize;
-            shape.iter().zip(&strides).skip(1).rev().all(|(&n, &s)| {
-                let ok = n == 1 || s == want;
-                want *= n as isize;
-                ok
-            })
-        };
-        let page_bytes = shape.iter().skip(1).product::<usize>() * item;
-        let usable = shape.len() >= 2
-            && inner_contiguous
-            && (shape[0] <= 1 || strides[0] >= page_bytes as isize);
-        // Otherwise one copy into C order (then every page is contiguous).
-        let arr = match usable {
-            true => arr,
-            false => np.call_method1("ascontiguousarray", (arr,))?,
-        };
-        let untyped = arr.cast::<PyUntypedArray>()?;
-        let n_pages = untyped.shape().first().copied().unwrap_or(0);
-        let stride = match n_pages {
-            0 | 1 => page_bytes,
-            _ => untyped.strides()[0] as usize,
-        };
-        // The bytes, reinterpreted in place: the last axis as uint8.
-        let bytes = arr.call_method1("view", (np.getattr("uint8")?,))?;
-        let ro = bytes.cast_into::<PyArrayDyn<u8>>()?.try_readonly()?;
-        Ok(Pages {
-            ro,
-            n_pages,
-            stride,
-            page_bytes,
-        })
+/// A paged cache argument as bytes in place: `[num_blocks, …]`, each page
+/// (every axis but the first) contiguous, the block axis with any positive
+/// stride (vLLM interleaves other layers' pages); any other layout is
+/// copied to C order once.
+fn pages<'py>(cache: &Obj<'py>) -> PyResult<StridedRows<'py, u8>> {
+    let np = numpy(cache.py())?;
+    let (arr, uint8) = (np.call_method1("asarray", (cache,))?, np.getattr("uint8")?);
+    // The last axis reinterpreted as bytes: a view when it is contiguous.
+    let bytes = match arr.call_method1("view", (&uint8,)) {
+        Ok(b) => b,
+        Err(_) => np
+            .call_method1("ascontiguousarray", (arr,))?
+            .call_method1("view", (&uint8,))?,
+    };
+    if let Some(rows) = StridedRows::new(bytes.cast::<PyArrayDyn<u8>>()?, 1)? {
+        return Ok(rows);
     }
-
-    /// From the first page's first byte to the last page's last.
-    fn bytes(&self) -> &[u8] {
-        let len = match self.n_pages {
-            0 => 0,
-            n => (n - 1) * self.stride + self.page_bytes,
-        };
-        // SAFETY: `new` checked (or made, by copying) the layout: every page
-        // is `page_bytes` contiguous bytes and pages are `stride >=
-        // page_bytes` bytes apart, so the last page's last byte is at
-        // `(n_pages − 1)·stride + page_bytes − 1` from the first element;
-        // `self.ro` keeps the array alive and borrowed read-only for as long
-        // as the slice lives.
-        unsafe { std::slice::from_raw_parts(self.ro.data(), len) }
-    }
+    let copy = np.call_method1("ascontiguousarray", (bytes,))?;
+    let bad = || {
+        refuse(
+            Domain::Selection,
+            "kv_cache",
+            "kv_cache has an unusable memory layout",
+        )
+    };
+    StridedRows::new(copy.cast::<PyArrayDyn<u8>>()?, 1)?.ok_or_else(bad)
 }
 
 /// :func:`indexer_topk` over an engine's paged key cache, read in place:
@@ -354,7 +309,7 @@ fn indexer_topk_paged<'py>(
             format!("index_q has d={dq} but kv_cache has d={d}"),
         ));
     }
-    let pages = Pages::new(kv_cache)?;
+    let pages = pages(kv_cache)?;
     let table = S.input::<i32, 2>(block_table, "block_table", "[n_seqs, max_blocks]")?;
     let lens = positions(S, seq_lens, "seq_lens")?;
     let (sid, pos) = (
@@ -366,12 +321,7 @@ fn indexer_topk_paged<'py>(
         Some(s) if !s.is_none() => S.count_within(s, "num_segments", u64::MAX, 64)?,
         _ => 0,
     };
-    let inputs = [
-        q.untyped(),
-        w.untyped(),
-        pages.ro.as_untyped(),
-        table.untyped(),
-    ];
+    let inputs = [q.untyped(), w.untyped(), pages.untyped(), table.untyped()];
     let mut out = S.output::<i32>(py, out, &[n, topk], &inputs)?;
     let mut scores = paged_scores(
         scores_out,
@@ -379,8 +329,8 @@ fn indexer_topk_paged<'py>(
         &[&inputs[..], &[out.untyped()]].concat(),
     )?;
     let cache = PagedCache {
-        bytes: pages.bytes(),
-        n_pages: pages.n_pages,
+        bytes: pages.slice(),
+        n_pages: pages.rows,
         page_stride: pages.stride,
         block_size,
         d,
@@ -402,7 +352,7 @@ fn indexer_topk_paged<'py>(
         scores.as_mut().map(|s| s.slice()).transpose()?,
     );
     let work = n
-        .saturating_mul(pages.n_pages * block_size)
+        .saturating_mul(pages.rows * block_size)
         .saturating_mul(h * d);
     detach(py, work, || {
         indexer::indexer_topk_paged_into(n, h, &paged, topk, segs, o, sc)
