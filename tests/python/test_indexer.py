@@ -307,3 +307,55 @@ def test_low_contrast_rows_select_exactly_where_radix_kernels_dropped_candidates
     assert (scores == threshold).sum() > topk // 2
     tied = got[0][scores[got[0]] == threshold]
     assert np.array_equal(tied, np.flatnonzero(scores == threshold)[: len(tied)])
+
+
+_SCALAR_CHILD = """
+import sys
+import numpy as np
+import kvselect as ks
+assert ks.simd_level() == "scalar", ks.simd_level()
+data = np.load(sys.argv[1])
+out = {}
+for i in range(int(data["n"])):
+    s = np.zeros((len(data[f"pos_{i}"]), int(data[f"topk_{i}"])), np.float32)
+    out[f"rows_{i}"] = ks.indexer_topk(data[f"q_{i}"], data[f"w_{i}"], data[f"k_{i}"], data[f"pos_{i}"],
+                                       int(data[f"topk_{i}"]), key_scale=data[f"c_{i}"], scores_out=s)
+    out[f"scores_{i}"] = s
+np.savez(sys.argv[2], **out)
+"""
+
+
+def test_every_simd_level_gives_the_same_rows_and_score_bits(tmp_path):
+    """One summation order on every level: random float data (near-ties, -0.0,
+    NaN keys) gives the same rows and the same score bits with the portable
+    kernel (KVSELECT_SIMD=scalar, in a child process) as with AVX2."""
+    import os
+    import subprocess
+    import sys
+
+    if ks.simd_level() == "scalar":
+        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":  # CI machines have AVX2
+            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
+        pytest.skip("this CPU only has the scalar kernel")
+    rng = np.random.default_rng(SEED + 7)
+    arrays, expected = {"n": np.array(40)}, {}
+    for i in range(40):
+        q, w, k, c, pos = _case(rng, integer=False)
+        if i % 4 == 0:
+            k = np.round(k * 2) / 2  # exact ties and signed zeros
+        c = np.ones(len(k), np.float32) if c is None else c
+        topk = int(rng.integers(1, 80))
+        arrays.update({f"q_{i}": q, f"w_{i}": w, f"k_{i}": k, f"c_{i}": c, f"pos_{i}": pos, f"topk_{i}": np.array(topk)})
+        s = np.zeros((len(pos), topk), np.float32)
+        expected[f"rows_{i}"] = ks.indexer_topk(q, w, k, pos, topk, key_scale=c, scores_out=s)
+        expected[f"scores_{i}"] = s
+    np.savez(tmp_path / "in.npz", **arrays)
+    env = dict(os.environ, KVSELECT_SIMD="scalar")
+    subprocess.run([sys.executable, "-c", _SCALAR_CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+                   check=True, env=env, timeout=300)
+    got = np.load(tmp_path / "out.npz")
+    for name, want in expected.items():
+        if name.startswith("scores"):
+            assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
+        else:
+            assert np.array_equal(got[name], want), name
