@@ -573,6 +573,69 @@ def print_witness_table(rows: list) -> None:
         )
 
 
+def bench_indexer(quick: bool) -> list:
+    """The lightning indexer (64 heads, d 128, top-k 2048) against NumPy's bare
+    product ``index_k @ index_q.T`` (no ReLU, no weights, no top-k), the NumPy
+    pipeline a user would write (product, ReLU, weights, sum, argpartition,
+    sort), and torch's when torch is installed (matmul, relu, weights, sum,
+    topk). Ratios, not times, are what to read."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(0)
+    h, d, topk = 64, 128, 2048
+    out = []
+    for case, n_q, t in (("decode", 1, 131_072), ("prefill", 8, 32_768)):
+        k = rng.standard_normal((t, d), dtype=np.float32)
+        q = rng.standard_normal((n_q, h, d), dtype=np.float32)
+        w = (rng.standard_normal((n_q, h)) / np.sqrt(h * d)).astype(np.float32)
+        pos = np.arange(t - n_q, t)
+
+        def numpy_pipeline():
+            rows = []
+            for i in range(n_q):
+                s = np.maximum(k[: pos[i] + 1] @ q[i].T, 0) @ w[i]
+                top = np.argpartition(-s, topk - 1)[:topk]
+                rows.append(top[np.argsort(-s[top], kind="stable")])
+            return rows
+
+        cases = {
+            "ours": lambda: ks.indexer_topk(q, w, k, pos, topk),
+            "product": lambda: k @ q.reshape(n_q * h, d).T,
+            "numpy": numpy_pipeline,
+        }
+        if torch is not None:
+            tk, tq, tw = torch.from_numpy(k), torch.from_numpy(q), torch.from_numpy(w)
+
+            def torch_pipeline():
+                s = (torch.relu(torch.einsum("td,nhd->nht", tk, tq)) * tw[:, :, None]).sum(1)
+                return torch.topk(s, topk, dim=-1).indices
+
+            cases["torch"] = torch_pipeline
+        reps = 3 if quick else 10
+        t_ms = {name: v / 1e6 for name, v in interleaved(cases, reps, pause=PAUSE_S).items()}
+        flops = 2 * h * d * t * n_q
+        out.append({"case": f"{case}: {n_q} × {h} heads × {t:,} keys", "flops": flops, **t_ms})
+    return out
+
+
+def print_indexer_table(rows: list) -> None:
+    print(
+        "\nLightning indexer, 64 heads, d 128, top-k 2048, float32 (ratios against NumPy's bare "
+        "index_k @ index_q.T, which does no ReLU, weighting or top-k)\n"
+    )
+    print("| case | bare product ms | ours | ours GFLOP/s | NumPy pipeline | torch pipeline |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        p = r["product"]
+        torch_col = f"{r['torch']:.1f} ({r['torch'] / p:.2f}×)" if "torch" in r else "not installed"
+        print(
+            f"| {r['case']} | {p:.1f} | {r['ours']:.1f} ({r['ours'] / p:.2f}×) | "
+            f"{r['flops'] / r['ours'] / 1e6:.0f} | {r['numpy']:.1f} ({r['numpy'] / p:.2f}×) | {torch_col} |"
+        )
+
+
 def print_block_table(rows: list) -> None:
     print(
         "\nBlock-sparse selection, block 128, top 16, init 0, local 1, d 128 (ratios against "
@@ -653,7 +716,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="few repetitions (a smoke run)")
     p.add_argument(
         "--only",
-        choices=["witness", "block", "attention", "threads", "overhead"],
+        choices=["witness", "block", "indexer", "attention", "threads", "overhead"],
         help="run one section",
     )
     p.add_argument("--plot", metavar="FILE.png", help="also plot cost against size")
@@ -668,6 +731,9 @@ def main(argv=None) -> int:
     if args.only in (None, "block"):
         results["block_sparse"] = bench_block_sparse(args.quick)
         print_block_table(results["block_sparse"])
+    if args.only in (None, "indexer"):
+        results["indexer"] = bench_indexer(args.quick)
+        print_indexer_table(results["indexer"])
     if args.only in (None, "attention"):
         results["attention"] = bench_attention(args.quick)
         print_attention_table(results["attention"])
