@@ -78,6 +78,11 @@ def _calls():
     row = np.abs(r.standard_normal(1000))
     buf = learned.copy()
     sink = {}
+    # Indexer inputs: fp8 keys as raw bytes with scales, and vLLM-layout pages.
+    k_fp8 = (np.clip(k, -8, 8) * 16).astype(np.int8).view(np.uint8)
+    k_scale = np.full(512, 0.5, np.float32)
+    pages = np.zeros((40, 16, 1, 16 + 4), np.uint8)
+    table = np.arange(40, dtype=np.int32).reshape(2, 20)
 
     def catch(f, exc):
         def call():
@@ -121,6 +126,14 @@ def _calls():
         "output_relative_error": lambda: ks.output_relative_error(V * 1.1, V),
         "output_relative_error_rows": lambda: ks.output_relative_error_rows(V * 1.1, V),
         "get/set_num_threads": lambda: ks.set_num_threads(ks.get_num_threads()),
+        "indexer_topk": lambda: ks.indexer_topk(Q, Q[:, :, 0], k, pos * 8, 32, num_segments=8),
+        "indexer_topk-fp8-raw": lambda: ks.indexer_topk(
+            Q, Q[:, :, 0], k_fp8, pos * 8, 32, key_scale=k_scale, key_format="float8_e4m3fn"
+        ),
+        "indexer_topk_packed": lambda: ks.indexer_topk_packed(Q, Q[:, :, 0], k, [0, 256, 512], [0, 1, 0, 1], pos, 32),
+        "indexer_topk_paged": lambda: ks.indexer_topk_paged(
+            Q, Q[:, :, 0], pages, table, [300, 200], [0, 1, 0, 1], pos, 32, layout="fp8_scaled"
+        ),
         # Refusals: errors with attributes, buffers borrowed and released.
         "refused-rows-mismatch": catch(
             lambda: ks.apply_topology_witnesses(learned, lens[:3], 32, 32, 32), ks.WitnessError
