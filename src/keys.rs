@@ -164,10 +164,36 @@ pub fn fp8_e4m3fn_to_f32(bits: u8) -> f32 {
     sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
 }
 
-/// The 256 e4m3fn values, built once.
+/// The 256 e4m3fn values as `f32` bits, computed at compile time from the
+/// format's fields (a constant, so no lazy initialisation: nothing a forked
+/// child could find half-done).
+const FP8_TABLE: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut b = 0;
+    while b < 256 {
+        let sign = ((b as u32) & 0x80) << 24;
+        let exp = ((b >> 3) & 0xF) as u32;
+        let man = (b & 0x7) as u32;
+        let bits = if exp == 0xF && man == 0x7 {
+            0x7FC0_0000 // NaN, as `f32::NAN`
+        } else if exp == 0 && man == 0 {
+            sign
+        } else if exp == 0 {
+            // Subnormal man/8 · 2⁻⁶: normalise the mantissa's leading bit p.
+            let p = 31 - man.leading_zeros(); // 0, 1 or 2
+            let e = 127 - 9 + p;
+            sign | (e << 23) | ((man << (23 - p)) & 0x7F_FFFF)
+        } else {
+            sign | ((exp + 127 - 7) << 23) | (man << 20)
+        };
+        t[b] = f32::from_bits(bits);
+        b += 1;
+    }
+    t
+};
+
 fn fp8_table() -> &'static [f32; 256] {
-    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| std::array::from_fn(|b| fp8_e4m3fn_to_f32(b as u8)))
+    &FP8_TABLE
 }
 
 #[cfg(test)]

@@ -8,29 +8,70 @@
 //!
 //! - its size comes from [`set_num_threads`], else `RAYON_NUM_THREADS`, else
 //!   the machine's available parallelism;
-//! - it remembers the process id that built it, and a process that finds a
-//!   pool built by another pid (a forked child) builds a fresh one; the
-//!   inherited pool is leaked, not dropped, since dropping it would signal
-//!   threads that only exist in the parent;
+//! - its state is per process id: a process that finds state made by
+//!   another pid (a forked child) makes fresh state and builds a fresh pool,
+//!   never touching the inherited lock (another parent thread may have held
+//!   it at the fork) and leaking, not dropping, the inherited pool, since
+//!   dropping it would signal threads that only exist in the parent;
 //! - if a pool cannot be built at all, work runs on the calling thread.
 //!
 //! Results never depend on the thread count: every parallel path splits work
 //! by independent rows, and each row is computed the same way on any thread.
 
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
 struct PoolState {
-    pid: u32,
     threads: usize,
     pool: Arc<ThreadPool>,
 }
 
-/// `None` until the first parallel call, or after [`set_num_threads`].
-static POOL: Mutex<Option<PoolState>> = Mutex::new(None);
-/// The size asked for by [`set_num_threads`]; 0 means "not set".
-static REQUESTED: Mutex<usize> = Mutex::new(0);
+/// One process's pool state. A forked child must not touch its parent's:
+/// another thread of the parent may have held the lock at the moment of
+/// `fork()`, and in the child that lock stays held forever (the thread
+/// holding it does not exist there). So the state is per process id, behind
+/// an atomic pointer a child swaps for a fresh one, leaking the inherited one.
+struct Slot {
+    pid: u32,
+    /// `None` until the first parallel call, or after [`set_num_threads`].
+    state: Mutex<Option<PoolState>>,
+}
+
+static SLOT: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
+/// The size asked for by [`set_num_threads`]; 0 means "not set". An atomic,
+/// not a lock, for the same reason as [`Slot`].
+static REQUESTED: AtomicUsize = AtomicUsize::new(0);
+
+/// This process's slot, made on first use (and first use after a fork).
+fn slot() -> &'static Slot {
+    let pid = std::process::id();
+    loop {
+        let cur = SLOT.load(Ordering::Acquire);
+        // SAFETY: every non-null pointer in `SLOT` comes from `Box::leak`
+        // below and is never freed, so it is valid for `'static`.
+        if let Some(s) = unsafe { cur.as_ref() } {
+            if s.pid == pid {
+                return s;
+            }
+        }
+        let fresh = Box::into_raw(Box::new(Slot {
+            pid,
+            state: Mutex::new(None),
+        }));
+        match SLOT.compare_exchange(cur, fresh, Ordering::AcqRel, Ordering::Acquire) {
+            // The inherited slot (if any) is leaked: its pool's workers only
+            // exist in the parent, and its lock may be held forever.
+            // SAFETY: `fresh` was just leaked from a Box and is now in `SLOT`.
+            Ok(_) => return unsafe { &*fresh },
+            // Another thread of this process installed one first: use it.
+            // SAFETY: `fresh` came from `Box::into_raw` above and was never
+            // shared, so it can be freed.
+            Err(_) => drop(unsafe { Box::from_raw(fresh) }),
+        }
+    }
+}
 
 fn default_threads() -> usize {
     std::env::var("RAYON_NUM_THREADS")
@@ -46,17 +87,15 @@ fn default_threads() -> usize {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A poisoned lock only means another thread panicked while holding it;
-    // the data (a pool handle, a count) is still consistent.
+    // the data (a pool handle) is still consistent.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The number of threads parallel calls use.
 pub fn num_threads() -> usize {
-    let requested = *lock(&REQUESTED);
-    if requested > 0 {
-        requested
-    } else {
-        default_threads()
+    match REQUESTED.load(Ordering::Relaxed) {
+        0 => default_threads(),
+        requested => requested,
     }
 }
 
@@ -64,13 +103,8 @@ pub fn num_threads() -> usize {
 /// calling thread). `0` restores the default (`RAYON_NUM_THREADS`, else the
 /// available parallelism).
 pub fn set_num_threads(n: usize) {
-    *lock(&REQUESTED) = n;
-    let mut state = lock(&POOL);
-    if let Some(old) = state.take() {
-        if old.pid != std::process::id() {
-            std::mem::forget(old);
-        }
-    }
+    REQUESTED.store(n, Ordering::Relaxed);
+    *lock(&slot().state) = None;
 }
 
 fn current_pool() -> Option<Arc<ThreadPool>> {
@@ -78,17 +112,10 @@ fn current_pool() -> Option<Arc<ThreadPool>> {
     if threads <= 1 {
         return None;
     }
-    let pid = std::process::id();
-    let mut state = lock(&POOL);
+    let mut state = lock(&slot().state);
     if let Some(s) = state.as_ref() {
-        if s.pid == pid && s.threads == threads {
+        if s.threads == threads {
             return Some(Arc::clone(&s.pool));
-        }
-    }
-    if let Some(old) = state.take() {
-        if old.pid != pid {
-            // Built by our parent before a fork: its workers do not exist here.
-            std::mem::forget(old);
         }
     }
     let pool = ThreadPoolBuilder::new()
@@ -98,7 +125,6 @@ fn current_pool() -> Option<Arc<ThreadPool>> {
         .ok()?;
     let pool = Arc::new(pool);
     *state = Some(PoolState {
-        pid,
         threads,
         pool: Arc::clone(&pool),
     });
