@@ -71,6 +71,10 @@ def _workload():
     probs = ks.attention_probabilities(Q, K, apos)
     cand = ks.oracle_topk(probs[:, 0, :], apos, 64)
 
+    idx_q = r.standard_normal((4, 16, 64)).astype(np.float32)
+    idx_w = r.standard_normal((4, 16)).astype(np.float32)
+    idx_table = r.permutation(64).astype(np.int32)[None, :]
+
     def scatter():
         buf = learned.copy()
         ks.scatter_topology_witnesses(buf, lens, 32)
@@ -99,6 +103,11 @@ def _workload():
             cand, probs[:, 0, :].copy()
         ),
         "output_relative_error_rows": lambda: ks.output_relative_error_rows(Q * 1.01, Q),
+        # The indexer: 4 queries x 16 heads over 8,192 keys splits into key chunks.
+        "indexer_topk": lambda: ks.indexer_topk(idx_q, idx_w, keys, qpos[:4], 256, num_segments=16),
+        "indexer_topk_paged": lambda: ks.indexer_topk_paged(
+            idx_q, idx_w, keys.reshape(64, 128, 64), idx_table, [8192], [0] * 4, qpos[:4], 256
+        ),
     }
 
 
