@@ -462,7 +462,7 @@ impl Args {
     ) -> PyResult<Out<'py, T>> {
         match out {
             Some(o) if !o.is_none() => {
-                let mut buf = self.inplace::<T>(o, "out", shape.len(), inputs)?;
+                let buf = self.inplace::<T>(o, "out", shape.len(), inputs)?;
                 let got = buf.rw.shape().to_vec();
                 if got != shape {
                     return Err(refuse(
@@ -471,7 +471,6 @@ impl Args {
                         format!("out must have shape {shape:?}, got {got:?}"),
                     ));
                 }
-                buf.slice()?;
                 Ok(buf)
             }
             _ => Out::zeros(py, shape),

@@ -35,30 +35,52 @@ type Common<'a, 'py> = (
 );
 type Options<'a, 'py> = (Opt<'a, 'py>, Option<&'a str>, Option<&'a str>, Opt<'a, 'py>);
 
+/// `index_q` `[n_queries, n_heads, d]` in its format and `weights`
+/// float32 `[n_queries, n_heads]`, with `[n, h, d]`.
+fn queries<'py>(
+    index_q: &Obj<'py>,
+    weights: &Obj<'py>,
+    query_format: Option<&str>,
+) -> PyResult<(EncodedIn<'py>, In<'py, f32, 2>, [usize; 3])> {
+    let (q, _) = EncodedIn::new(S, index_q, "index_q", query_format)?;
+    let dims = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_heads, d]")?;
+    let w = S.input::<f32, 2>(weights, "weights", "[n_queries, n_heads]")?;
+    Ok((q, w, dims))
+}
+
+/// Refuses query heads of another dimension than the keys'.
+fn same_d(dq: usize, d: usize, keys: &str) -> PyResult<()> {
+    if dq == d {
+        return Ok(());
+    }
+    let msg = format!("index_q has d={dq} but {keys} has d={d}");
+    Err(refuse(Domain::Selection, "index_q", msg))
+}
+
+/// The `num_segments` keyword: None is 0 (off); past 64 the core refuses.
+fn segments(num_segments: Opt<'_, '_>) -> PyResult<usize> {
+    match num_segments {
+        Some(s) if !s.is_none() => S.count_within(s, "num_segments", u64::MAX, 64),
+        _ => Ok(0),
+    }
+}
+
 impl<'py> Call<'py> {
     fn new(
         (q, w, k, pos, topk): Common<'_, 'py>,
         (scale, kf, qf, segs): Options<'_, 'py>,
     ) -> PyResult<Self> {
-        let (q, q_shape) = EncodedIn::new(S, q, "index_q", qf)?;
-        let [n, h, _] = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_heads, d]")?;
-        let w = S.input::<f32, 2>(w, "weights", "[n_queries, n_heads]")?;
+        let (q, w, [n, h, dq]) = queries(q, w, qf)?;
         let (k, _) = EncodedIn::new(S, k, "index_k", kf)?;
         let [t, d] = S.dims::<2>(k.untyped(), "index_k", "[n_keys, d]")?;
-        if q_shape[2] != d {
-            let msg = format!("index_q has d={} but index_k has d={d}", q_shape[2]);
-            return Err(refuse(Domain::Selection, "index_q", msg));
-        }
+        same_d(dq, d, "index_k")?;
         let scale = match scale {
             Some(c) if !c.is_none() => Some(S.input::<f32, 1>(c, "key_scale", "[n_keys]")?),
             _ => None,
         };
         let pos = positions(S, pos, "query_pos")?;
         let topk = S.count(topk, "topk", i32::MAX as u64)?;
-        let segs = match segs {
-            Some(s) if !s.is_none() => S.count_within(s, "num_segments", u64::MAX, 64)?,
-            _ => 0,
-        };
+        let segs = segments(segs)?;
         let shape = IndexerShape {
             n_queries: n,
             n_heads: h,
@@ -94,21 +116,8 @@ impl<'py> Call<'py> {
         let mut inputs = vec![self.q.untyped(), self.w.untyped(), self.k.untyped()];
         inputs.extend(self.scale.as_ref().map(|c| c.untyped()));
         let mut out = S.output::<i32>(py, out, &[n, topk], &inputs)?;
-        let mut scores = match scores_out {
-            Some(s) if !s.is_none() => {
-                inputs.push(out.untyped());
-                let buf = S.inplace::<f32>(s, "scores_out", 2, &inputs)?;
-                if buf.shape() != [n, topk] {
-                    let msg = format!(
-                        "scores_out must have shape [{n}, {topk}], got {:?}",
-                        buf.shape()
-                    );
-                    return Err(refuse(Domain::Selection, "scores_out", msg));
-                }
-                Some(buf)
-            }
-            _ => None,
-        };
+        inputs.push(out.untyped());
+        let mut scores = scores_buffer(scores_out, [n, topk], &inputs)?;
         let key_scale = self.scale.as_ref().map(|c| c.slice()).transpose()?;
         let (q, weights, k) = (self.q.encoded()?, self.w.slice()?, self.k.encoded()?);
         let inputs = IndexerInputs {
@@ -294,21 +303,11 @@ fn indexer_topk_paged<'py>(
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
-    let (q, _) = EncodedIn::new(S, index_q, "index_q", query_format)?;
-    let [n, h, dq] = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_heads, d]")?;
-    let w = S.input::<f32, 2>(weights, "weights", "[n_queries, n_heads]")?;
+    let (q, w, [n, h, dq]) = queries(index_q, weights, query_format)?;
     let (page_layout, shape) = cache_layout(kv_cache, layout, key_format)?;
-    let (block_size, d) = (
-        shape[1],
-        shape[shape.len() - 1] - 4 * (page_layout == PageLayout::Fp8WithScales) as usize,
-    );
-    if dq != d {
-        return Err(refuse(
-            Domain::Selection,
-            "index_q",
-            format!("index_q has d={dq} but kv_cache has d={d}"),
-        ));
-    }
+    let scales = 4 * (page_layout == PageLayout::Fp8WithScales) as usize;
+    let (block_size, d) = (shape[1], shape[shape.len() - 1] - scales);
+    same_d(dq, d, "kv_cache")?;
     let pages = pages(kv_cache)?;
     let table = S.input::<i32, 2>(block_table, "block_table", "[n_seqs, max_blocks]")?;
     let lens = positions(S, seq_lens, "seq_lens")?;
@@ -317,13 +316,10 @@ fn indexer_topk_paged<'py>(
         positions(S, query_pos, "query_pos")?,
     );
     let topk = S.count(topk, "topk", i32::MAX as u64)?;
-    let segs = match num_segments {
-        Some(s) if !s.is_none() => S.count_within(s, "num_segments", u64::MAX, 64)?,
-        _ => 0,
-    };
+    let segs = segments(num_segments)?;
     let inputs = [q.untyped(), w.untyped(), pages.untyped(), table.untyped()];
     let mut out = S.output::<i32>(py, out, &[n, topk], &inputs)?;
-    let mut scores = paged_scores(
+    let mut scores = scores_buffer(
         scores_out,
         [n, topk],
         &[&inputs[..], &[out.untyped()]].concat(),
@@ -413,7 +409,7 @@ fn cache_layout(
 }
 
 /// The optional `scores_out` buffer of `shape`, overlapping none of `inputs`.
-fn paged_scores<'py>(
+fn scores_buffer<'py>(
     scores_out: Opt<'_, 'py>,
     [n, topk]: [usize; 2],
     inputs: &[&Bound<'py, PyUntypedArray>],
