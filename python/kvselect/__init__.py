@@ -10,6 +10,7 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   :func:`segment_coverage` / :func:`attention_mass_recall`;
 - block-sparse selection as in MiniMax-M3 (:class:`BlockSparseConfig`,
   :func:`block_sparse_select`, :func:`block_sparse_select_packed`,
+  :func:`block_sparse_select_paged` (paged bfloat16 / fp8 caches),
   :func:`positions_of_blocks`): which KV blocks each KV head may read;
 - the attention module: baseline selectors (:class:`Selector`,
   :func:`oracle_topk`), dense and sparse causal attention
@@ -48,6 +49,7 @@ from kvselect._core import (
     attention_probabilities,
     block_sparse_select,
     block_sparse_select_packed,
+    block_sparse_select_paged,
     dense_attention,
     get_num_threads,
     indexer_topk,
@@ -84,6 +86,7 @@ __all__ = [
     "attention_probabilities",
     "block_sparse_select",
     "block_sparse_select_packed",
+    "block_sparse_select_paged",
     "dense_attention",
     "get_num_threads",
     "indexer_topk",

@@ -23,6 +23,7 @@ __all__ = [
     "BlockSparseConfig",
     "block_sparse_select",
     "block_sparse_select_packed",
+    "block_sparse_select_paged",
     "positions_of_blocks",
     "Selector",
     "oracle_topk",
@@ -167,14 +168,21 @@ def block_sparse_select(
     query_pos: Union[int, npt.ArrayLike],
     config: Optional[BlockSparseConfig] = None,
     *,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    head_major: bool = False,
     out: Optional[npt.NDArray[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The blocks each KV head may read: ascending block ids, then -1 padding.
 
     ``index_q [n_kv_heads, d]`` with an int ``query_pos`` gives
     ``[n_kv_heads, width]``; ``index_q [n_queries, n_kv_heads, d]`` with one
-    position per query gives ``[n_queries, n_kv_heads, width]``. ``index_k`` is
-    ``[n_positions, d]``. float32 is read in place; float16/float64 converted.
+    position per query gives ``[n_queries, n_kv_heads, width]``, or the
+    engines' ``[n_kv_heads, n_queries, width]`` with ``head_major=True``.
+    ``index_k`` is ``[n_positions, d]``. float32, float16 and ml_dtypes
+    bfloat16 / float8_e4m3fn keys and queries are read in place (a raw
+    uint16 / uint8 view needs ``key_format`` / ``query_format``); float64
+    is converted.
     """
 
 def block_sparse_select_packed(
@@ -185,22 +193,64 @@ def block_sparse_select_packed(
     query_pos: npt.ArrayLike,
     config: Optional[BlockSparseConfig] = None,
     *,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    head_major: bool = False,
     out: Optional[npt.NDArray[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """A packed batch of sequences: keys concatenated with ``cu_seqlens`` offsets.
 
     Query ``i`` belongs to sequence ``seq_ids[i]`` at ``query_pos[i]`` within it,
     sees only that sequence's keys, and its block ids count from the
-    sequence's start. Returns ``[n_queries, n_kv_heads, width]`` int32.
+    sequence's start. Returns ``[n_queries, n_kv_heads, width]`` int32
+    (``[n_kv_heads, n_queries, width]`` with ``head_major=True``).
+    """
+
+def block_sparse_select_paged(
+    index_q: npt.ArrayLike,
+    kv_cache: npt.ArrayLike,
+    block_table: npt.ArrayLike,
+    seq_lens: npt.ArrayLike,
+    seq_ids: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    config: Optional[BlockSparseConfig] = None,
+    *,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    head_major: bool = False,
+    physical: bool = False,
+    out: Optional[npt.NDArray[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """Block selection over an engine's paged index-K cache, read in place.
+
+    ``kv_cache [num_blocks, block_size, d]`` (float32 / float16 / bfloat16 /
+    float8_e4m3fn, or a raw view with ``key_format``; the block axis may be
+    strided) whose page is the block: ``block_size`` must equal
+    ``config.block_size``. ``block_table`` int32 ``[n_seqs, max_blocks]``
+    (only the first ``ceil(seq_lens[s] / block_size)`` entries are read),
+    ``seq_lens [n_seqs]``; query ``i`` (``index_q [n_queries, n_kv_heads,
+    d]``) belongs to sequence ``seq_ids[i]`` at ``query_pos[i]``. Rows hold
+    logical block ids of the sequence, ascending, then -1; ``physical=True``
+    maps each through the block table to its page id (same order).
     """
 
 def positions_of_blocks(
     blocks: npt.ArrayLike,
-    query_pos: int,
-    n_positions: int,
+    query_pos: Union[int, npt.ArrayLike],
+    n_positions: Union[int, npt.ArrayLike],
     config: Optional[BlockSparseConfig] = None,
+    *,
+    head_major: bool = False,
 ) -> npt.NDArray[np.int32]:
-    """The positions a block selection covers, ascending and causally clipped (-1 skipped)."""
+    """The positions a block selection covers, ascending and causally clipped (-1 skipped).
+
+    1-D ``blocks`` with an int ``query_pos`` and ``n_positions``: the positions,
+    as a 1-D array of their own length. Batched: ``blocks [rows, width]`` or a
+    selection's ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads, n_queries,
+    width]`` with ``head_major=True``) gives int32 rows ``[..., width *
+    block_size]``, ascending then -1; ``query_pos`` and ``n_positions`` are an
+    int or one entry per row (2-D) or per query (3-D).
+    """
 
 @final
 class Selector:

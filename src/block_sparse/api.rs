@@ -1,14 +1,41 @@
 //! The public entry points: one query, a chunk of queries, a packed batch of
-//! sequences, and the positions a selection covers.
+//! sequences, a paged cache, and the positions a selection covers.
 
-use super::engine::{run_engine, SCRATCH_FLOATS};
+use super::engine::{run_engine, Keys, SCRATCH_FLOATS};
 use super::select::write_i32_row;
 use super::validate::{
     bad_position, check_block_ids_fit_i32, check_cu_seqlens, check_out, check_per_query_len,
     check_q_len, key_rows, visible_end,
 };
-use super::{BlockSparseConfig, IndexLike, SelectionError};
+use super::{BlockIds, BlockSparseConfig, IndexLike, OutLayout, SelectionError};
+use crate::keys::{BlockTable, Encoded, PagedCache};
 use crate::simd;
+
+/// `out` cut into one slice per (query, head) row, listed query-major
+/// whatever the layout, so the engine writes every row where `layout`
+/// puts it (no transpose afterwards).
+fn out_rows(
+    out: &mut [i32],
+    n_queries: usize,
+    heads: usize,
+    width: usize,
+    layout: OutLayout,
+) -> Vec<&mut [i32]> {
+    match layout {
+        OutLayout::QueryMajor => out.chunks_exact_mut(width).collect(),
+        OutLayout::HeadMajor => {
+            let mut per_head: Vec<_> = out
+                .chunks_exact_mut(n_queries * width)
+                .map(|h| h.chunks_exact_mut(width))
+                .collect();
+            let mut rows = Vec::with_capacity(n_queries * heads);
+            for _ in 0..n_queries {
+                rows.extend(per_head.iter_mut().filter_map(|h| h.next()));
+            }
+            rows
+        }
+    }
+}
 
 /// The blocks each KV head may read for one query position, ascending.
 ///
@@ -41,20 +68,20 @@ pub fn block_sparse_select(
     cfg: &BlockSparseConfig,
 ) -> Result<Vec<Vec<usize>>, SelectionError> {
     cfg.validate()?;
-    let n_positions = key_rows(index_k, d)?;
-    check_q_len(index_q, 1, n_kv_heads, d)?;
+    let n_positions = key_rows(index_k.len(), d)?;
+    check_q_len(index_q.len(), 1, n_kv_heads, d)?;
     let vis = [visible_end(query_pos, n_positions)];
     let mut out: Vec<Vec<usize>> = vec![Vec::new(); n_kv_heads];
+    let mut rows: Vec<&mut [Vec<usize>]> = out.iter_mut().map(std::slice::from_mut).collect();
     run_engine(
         simd::avx2(),
-        index_q,
+        &Encoded::F32(index_q),
         n_kv_heads,
         &vis,
-        index_k,
+        &Keys::Dense(Encoded::F32(index_k)),
         d,
         cfg,
-        &mut out,
-        1,
+        &mut rows,
         &|sel: &[usize], row: &mut [Vec<usize>]| {
             if let Some(slot) = row.first_mut() {
                 slot.clear();
@@ -97,9 +124,30 @@ pub fn select_batch_into<P: IndexLike>(
     cfg: &BlockSparseConfig,
     out: &mut [i32],
 ) -> Result<(), SelectionError> {
+    let (q, k) = (Encoded::F32(index_q), Encoded::F32(index_k));
+    let layout = OutLayout::QueryMajor;
+    select_batch_encoded_into(q, n_queries, n_kv_heads, k, d, query_pos, cfg, layout, out)
+}
+
+/// [`select_batch_into`] for keys and queries in any [`Encoded`] format
+/// (decoded exactly: the selection equals the float32 call on the decoded
+/// values, bit for bit), written in `layout`: `[n_queries, n_kv_heads,
+/// width]` or the engines' `[n_kv_heads, n_queries, width]`.
+#[allow(clippy::too_many_arguments)]
+pub fn select_batch_encoded_into<P: IndexLike>(
+    index_q: Encoded<'_>,
+    n_queries: usize,
+    n_kv_heads: usize,
+    index_k: Encoded<'_>,
+    d: usize,
+    query_pos: &[P],
+    cfg: &BlockSparseConfig,
+    layout: OutLayout,
+    out: &mut [i32],
+) -> Result<(), SelectionError> {
     cfg.validate()?;
-    let n_positions = key_rows(index_k, d)?;
-    check_q_len(index_q, n_queries, n_kv_heads, d)?;
+    let n_positions = key_rows(index_k.len(), d)?;
+    check_q_len(index_q.len(), n_queries, n_kv_heads, d)?;
     check_block_ids_fit_i32(n_positions, cfg)?;
     check_per_query_len("query_pos", query_pos.len(), n_queries)?;
     let width = cfg.width();
@@ -109,16 +157,16 @@ pub fn select_batch_into<P: IndexLike>(
         let p = p.to_usize().ok_or_else(|| bad_position(i, p))?;
         vis.push(visible_end(p, n_positions));
     }
+    let mut rows = out_rows(out, n_queries, n_kv_heads, width, layout);
     run_engine(
         simd::avx2(),
-        index_q,
+        &index_q,
         n_kv_heads,
         &vis,
-        index_k,
+        &Keys::Dense(index_k),
         d,
         cfg,
-        out,
-        width,
+        &mut rows,
         &write_i32_row,
         SCRATCH_FLOATS,
     );
@@ -148,9 +196,32 @@ pub fn select_packed_into<C: IndexLike, I: IndexLike>(
     cfg: &BlockSparseConfig,
     out: &mut [i32],
 ) -> Result<(), SelectionError> {
+    let (q, k) = (Encoded::F32(index_q), Encoded::F32(index_k));
+    let (sids, pos, layout) = (seq_ids, query_pos, OutLayout::QueryMajor);
+    select_packed_encoded_into(
+        q, n_queries, n_kv_heads, k, d, cu_seqlens, sids, pos, cfg, layout, out,
+    )
+}
+
+/// [`select_packed_into`] for keys and queries in any [`Encoded`] format,
+/// written in `layout` (see [`select_batch_encoded_into`]).
+#[allow(clippy::too_many_arguments)]
+pub fn select_packed_encoded_into<C: IndexLike, I: IndexLike>(
+    index_q: Encoded<'_>,
+    n_queries: usize,
+    n_kv_heads: usize,
+    index_k: Encoded<'_>,
+    d: usize,
+    cu_seqlens: &[C],
+    seq_ids: &[I],
+    query_pos: &[I],
+    cfg: &BlockSparseConfig,
+    layout: OutLayout,
+    out: &mut [i32],
+) -> Result<(), SelectionError> {
     cfg.validate()?;
-    let n_positions = key_rows(index_k, d)?;
-    check_q_len(index_q, n_queries, n_kv_heads, d)?;
+    let n_positions = key_rows(index_k.len(), d)?;
+    check_q_len(index_q.len(), n_queries, n_kv_heads, d)?;
     check_block_ids_fit_i32(n_positions, cfg)?;
     let bounds = check_cu_seqlens(cu_seqlens, n_positions)?;
     let n_seqs = bounds.len().saturating_sub(1);
@@ -176,20 +247,9 @@ pub fn select_packed_into<C: IndexLike, I: IndexLike>(
         seqs.push(s);
         pos.push(p);
     }
-
-    // One engine call per run of consecutive queries in the same sequence
-    // (a serving batch is normally one run per sequence).
-    // Both fit: index_q and out were checked to hold n_queries such rows
-    // (and with no queries, these are never used).
+    let mut rows = out_rows(out, n_queries, n_kv_heads, width, layout);
     let row_q = n_kv_heads.saturating_mul(d);
-    let row_out = n_kv_heads.saturating_mul(width);
-    let mut start = 0;
-    while start < n_queries {
-        let s = seqs[start];
-        let mut end = start + 1;
-        while end < n_queries && seqs[end] == s {
-            end += 1;
-        }
+    for_each_run(&seqs, |s, start, end| {
         let (k0, k1) = (bounds[s], bounds[s + 1]);
         let vis: Vec<usize> = pos[start..end]
             .iter()
@@ -197,19 +257,127 @@ pub fn select_packed_into<C: IndexLike, I: IndexLike>(
             .collect();
         run_engine(
             simd::avx2(),
-            &index_q[start * row_q..end * row_q],
+            &index_q.slice(start * row_q, end * row_q),
             n_kv_heads,
             &vis,
-            &index_k[k0 * d..k1 * d],
+            &Keys::Dense(index_k.slice(k0 * d, k1 * d)),
             d,
             cfg,
-            &mut out[start * row_out..end * row_out],
-            width,
+            &mut rows[start * n_kv_heads..end * n_kv_heads],
             &write_i32_row,
             SCRATCH_FLOATS,
         );
+    });
+    Ok(())
+}
+
+/// Calls `f(seq, start, end)` for every run `start..end` of consecutive
+/// queries of one sequence (a serving batch is normally one run per
+/// sequence): one engine call per run.
+fn for_each_run(seqs: &[usize], mut f: impl FnMut(usize, usize, usize)) {
+    let mut start = 0;
+    while start < seqs.len() {
+        let s = seqs[start];
+        let end = start + seqs[start..].iter().take_while(|&&x| x == s).count();
+        f(s, start, end);
         start = end;
     }
+}
+
+/// The inputs of a paged selection (see [`select_paged_into`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PagedBlocks<'a> {
+    /// `[n_queries, n_kv_heads, d]`.
+    pub q: Encoded<'a>,
+    pub n_queries: usize,
+    pub n_kv_heads: usize,
+    /// Pages of `cfg.block_size` tokens (the page is the block).
+    pub cache: PagedCache<'a>,
+    pub table: BlockTable<'a>,
+    /// `[n_queries]`: each query's sequence.
+    pub seq_ids: &'a [usize],
+    /// `[n_queries]`: each query's position within its sequence.
+    pub query_pos: &'a [usize],
+}
+
+/// Block selection over an engine's paged index-K cache, read in place
+/// (vLLM's MiniMax-M3 layout: `[num_blocks, 128, d]`, one index head shared
+/// by the KV heads, bfloat16 or fp8). Query `i` sees tokens `0 ..
+/// min(query_pos[i] + 1, seq_lens[s])` of its sequence `s = seq_ids[i]`;
+/// its row holds the sequence's **logical** block ids (what vLLM's
+/// `minimax_m3_index_topk` returns), or with [`BlockIds::Physical`] the
+/// page each maps to through the block table (same slots). Row for row
+/// equal to [`select_into`] on the sequence's keys laid out contiguously.
+///
+/// Refuses, before writing anything: pages of another size than
+/// `cfg.block_size` (the block size is the page size: an ABI), a
+/// block-table entry that would be read and is negative or past the cache,
+/// a row shorter than its sequence needs, an unknown sequence id, and every
+/// shape mismatch.
+pub fn select_paged_into(
+    inputs: &PagedBlocks<'_>,
+    cfg: &BlockSparseConfig,
+    layout: OutLayout,
+    ids: BlockIds,
+    out: &mut [i32],
+) -> Result<(), SelectionError> {
+    cfg.validate()?;
+    let (c, table) = (inputs.cache, inputs.table);
+    c.check()?;
+    if c.block_size != cfg.block_size {
+        return Err(SelectionError::ShapeMismatch {
+            argument: "kv_cache",
+            message: format!(
+                "kv_cache pages hold {} tokens but config.block_size is {}: the page is the \
+                 block (an ABI, not a tuning knob), so they must be equal",
+                c.block_size, cfg.block_size
+            ),
+        });
+    }
+    let (n, h, d) = (inputs.n_queries, inputs.n_kv_heads, c.d);
+    check_q_len(inputs.q.len(), n, h, d)?;
+    check_per_query_len("seq_ids", inputs.seq_ids.len(), n)?;
+    check_per_query_len("query_pos", inputs.query_pos.len(), n)?;
+    let width = cfg.width();
+    check_out(out, n, h, width)?;
+    table.check(c.n_pages, c.block_size)?;
+    table.check_seq_ids(inputs.seq_ids)?;
+    let mut rows = out_rows(out, n, h, width, layout);
+    let row_q = h.saturating_mul(d);
+    for_each_run(inputs.seq_ids, |seq, start, end| {
+        let len = table.seq_lens[seq];
+        let vis: Vec<usize> = inputs.query_pos[start..end]
+            .iter()
+            .map(|&p| visible_end(p, len))
+            .collect();
+        // Logical ids are < ⌈len / bs⌉, each checked to be a page.
+        let physical = |sel: &[usize], row: &mut [i32]| {
+            let mut it = sel.iter();
+            for slot in row.iter_mut() {
+                *slot = it.next().map_or(-1, |&b| table.page(seq, b) as i32);
+            }
+        };
+        let write: &(dyn Fn(&[usize], &mut [i32]) + Sync) = match ids {
+            BlockIds::Logical => &write_i32_row,
+            BlockIds::Physical => &physical,
+        };
+        run_engine(
+            simd::avx2(),
+            &inputs.q.slice(start * row_q, end * row_q),
+            h,
+            &vis,
+            &Keys::Paged {
+                cache: c,
+                table,
+                seq,
+            },
+            d,
+            cfg,
+            &mut rows[start * h..end * h],
+            write,
+            SCRATCH_FLOATS,
+        );
+    });
     Ok(())
 }
 
@@ -277,6 +445,126 @@ pub fn positions_of_blocks_i32(
         out.extend(r.map(|p| p as i32));
     }
     Ok(out)
+}
+
+/// [`positions_of_blocks_i32`] for a whole batch of selection rows, each
+/// written as a fixed-width row of `width × block_size` positions,
+/// ascending, then `-1` — what [`crate::attention`]'s sparse pass takes.
+///
+/// `blocks` is `[n_queries, heads, width]` (or `[heads, n_queries, width]`
+/// with [`OutLayout::HeadMajor`]; a plain list of rows is `heads = 1`);
+/// `query_pos` and `n_positions` hold one entry per query, or one for all.
+/// Every slot of `out` is written. Refuses (before writing) a covered
+/// position that does not fit an `i32`, and every shape mismatch.
+#[allow(clippy::too_many_arguments)]
+pub fn positions_of_blocks_batch_into(
+    blocks: &[i32],
+    n_queries: usize,
+    heads: usize,
+    width: usize,
+    layout: OutLayout,
+    query_pos: &[usize],
+    n_positions: &[usize],
+    cfg: &BlockSparseConfig,
+    out: &mut [i32],
+) -> Result<(), SelectionError> {
+    cfg.validate()?;
+    let bs = cfg.block_size;
+    let n_rows = n_queries.saturating_mul(heads);
+    let shape_err = |argument, message| Err(SelectionError::ShapeMismatch { argument, message });
+    if crate::error::product(&[n_rows, width]) != Some(blocks.len()) {
+        let message = format!(
+            "blocks has {} entries, expected n_queries ({n_queries}) × heads ({heads}) × width \
+             ({width})",
+            blocks.len()
+        );
+        return shape_err("blocks", message);
+    }
+    for (name, v) in [("query_pos", query_pos), ("n_positions", n_positions)] {
+        if v.len() != 1 && v.len() != n_queries {
+            let message = format!(
+                "{name} has {} entries, expected one per query ({n_queries}) or one for all",
+                v.len()
+            );
+            return shape_err(name, message);
+        }
+    }
+    let Some(row_len) = width.checked_mul(bs) else {
+        return Err(SelectionError::OutputTooLarge {
+            argument: "out",
+            len: usize::MAX,
+        });
+    };
+    let expected = n_rows.checked_mul(row_len);
+    if expected != Some(out.len()) {
+        return Err(SelectionError::OutputSize {
+            argument: "out",
+            expected: expected.unwrap_or(usize::MAX),
+            actual: out.len(),
+            shape: format!("rows ({n_rows}) × width ({width}) × block_size ({bs})"),
+        });
+    }
+    let query = |r: usize| match layout {
+        OutLayout::QueryMajor => r / heads.max(1),
+        OutLayout::HeadMajor => r % n_queries.max(1),
+    };
+    let pick = |v: &[usize], q: usize| if v.len() == 1 { v[0] } else { v[q] };
+    let limit = |r: usize| {
+        let q = query(r);
+        visible_end(pick(query_pos, q), pick(n_positions, q))
+    };
+    // Refuse before writing: a covered position past i32.
+    for (r, row) in blocks.chunks_exact(width.max(1)).enumerate() {
+        let lim = limit(r);
+        let n_blocks = lim.div_ceil(bs);
+        let last = row
+            .iter()
+            .filter_map(|&b| usize::try_from(b).ok())
+            .filter(|&b| b < n_blocks)
+            .max();
+        if let Some(b) = last {
+            let end = (b + 1).saturating_mul(bs).min(lim);
+            if end - 1 > i32::MAX as usize {
+                let index = r * width + row.iter().position(|&x| x as usize == b).unwrap_or(0);
+                let message = format!(
+                    "blocks[{index}] = {b} covers position {}, which does not fit an int32",
+                    end - 1
+                );
+                return Err(SelectionError::OutOfRange {
+                    argument: "blocks",
+                    index,
+                    message,
+                });
+            }
+        }
+    }
+    let min_rows = crate::pool::min_rows(row_len);
+    crate::pool::for_each_row_mut(out, row_len, min_rows, |r, dst| {
+        let lim = limit(r);
+        let src = &blocks[r * width..(r + 1) * width];
+        let n_blocks = lim.div_ceil(bs);
+        let mut ids: Vec<usize> = src
+            .iter()
+            .filter_map(|&b| usize::try_from(b).ok())
+            .filter(|&b| b < n_blocks)
+            .collect();
+        if !ids.windows(2).all(|w| w[0] < w[1]) {
+            ids.sort_unstable();
+            ids.dedup();
+        }
+        let mut at = 0;
+        for b in ids {
+            // b < ⌈lim / bs⌉, so b·bs < lim; every position fits i32 (above).
+            let start = b * bs;
+            let n = (start + bs).min(lim) - start;
+            for (i, slot) in dst[at..at + n].iter_mut().enumerate() {
+                *slot = (start + i) as i32;
+            }
+            at += n;
+        }
+        dst[at..].fill(-1);
+    });
+    Ok(())
 }
 
 /// The position ranges covered by `blocks` under `limit` (exclusive),

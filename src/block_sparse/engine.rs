@@ -1,9 +1,18 @@
 //! The engine: block scoring fused with the max-pool, split across the
 //! crate's pool by ranges of whole blocks, then the selection of each row.
+//!
+//! Keys come from a [`Keys`] source: float32 rows are read where they lie;
+//! any other format, and every paged cache, is decoded a chunk of rows at a
+//! time into a per-task scratch that stays in cache (a decode is exact, so
+//! the scores are bit-identical to scoring the same values as float32).
+//! Output rows are handed in as one slice per (query, head) row, in
+//! query-major order, so that the caller decides where each lands (the
+//! engines' head-major layout is the same slices in another order).
 
 use super::kernels::{run_segment, Segment, TileOut, MR};
 use super::select::select_blocks;
 use super::BlockSparseConfig;
+use crate::keys::{BlockTable, Encoded, PagedCache};
 use crate::pool;
 use crate::simd::Avx2;
 
@@ -17,6 +26,60 @@ pub(super) const KEY_CHUNK_BYTES: usize = 64 * 1024;
 /// With this few row tiles, keys are streamed from memory once (decode):
 /// the kernel prefetches ahead of itself.
 pub(super) const STREAMING_TILES: usize = 2;
+/// Bytes of decoded keys per chunk when keys are streamed and decoded
+/// (L1-resident between the decode and the kernel).
+pub(super) const DECODE_CHUNK_BYTES: usize = 16 * 1024;
+
+/// Where the keys of one sequence come from.
+#[derive(Clone, Copy)]
+pub(super) enum Keys<'a> {
+    /// `[n_keys, d]` rows of one format.
+    Dense(Encoded<'a>),
+    /// Sequence `seq` of a paged cache (pages of `cfg.block_size` tokens).
+    Paged {
+        cache: PagedCache<'a>,
+        table: BlockTable<'a>,
+        seq: usize,
+    },
+}
+
+impl Keys<'_> {
+    pub(super) fn n_keys(&self, d: usize) -> usize {
+        match self {
+            Keys::Dense(k) => k.len() / d,
+            Keys::Paged { table, seq, .. } => table.seq_lens[*seq],
+        }
+    }
+
+    /// Keys are read in place: no decode, no chunk boundaries of their own.
+    fn borrowed(&self) -> Option<&[f32]> {
+        match self {
+            Keys::Dense(Encoded::F32(k)) => Some(k),
+            _ => None,
+        }
+    }
+
+    /// The end of the chunk that starts at key `c0` and wants to end at
+    /// `c1`: a decoded chunk never crosses a page.
+    fn chunk_end(&self, c0: usize, c1: usize, bs: usize) -> usize {
+        match self {
+            Keys::Paged { .. } => c1.min((c0 / bs + 1) * bs),
+            Keys::Dense(_) => c1,
+        }
+    }
+
+    /// Keys `c0..c1` decoded into `buf` (`(c1 - c0) * d` floats); for a
+    /// paged source `c0..c1` lies within one page.
+    fn decode(&self, c0: usize, d: usize, bs: usize, buf: &mut [f32]) {
+        match self {
+            Keys::Dense(k) => k.decode(c0 * d, buf),
+            Keys::Paged { cache, table, seq } => {
+                let page = table.page(*seq, c0 / bs);
+                cache.decode(page, c0 % bs, buf, &mut []);
+            }
+        }
+    }
+}
 
 /// Query heads padded into 4-row tiles, `dp = d` rounded up to 8, zeros in
 /// the padding (so a padded dimension contributes `fma(0, 0, acc)`).
@@ -29,12 +92,19 @@ pub(super) struct PaddedRows {
 }
 
 impl PaddedRows {
-    pub(super) fn new(q: &[f32], rows: usize, d: usize, row_vis: impl Fn(usize) -> usize) -> Self {
+    /// Rows `r0 .. r0 + rows` of `q` (rows of `d`), decoded and padded.
+    pub(super) fn new(
+        q: &Encoded<'_>,
+        r0: usize,
+        rows: usize,
+        d: usize,
+        row_vis: impl Fn(usize) -> usize,
+    ) -> Self {
         let dp = d.div_ceil(8) * 8;
         let rows_pad = rows.div_ceil(MR) * MR;
         let mut qp = vec![0.0f32; rows_pad * dp];
-        for (dst, src) in qp.chunks_exact_mut(dp).zip(q.chunks_exact(d)) {
-            dst[..d].copy_from_slice(src);
+        for (r, dst) in qp.chunks_exact_mut(dp).take(rows).enumerate() {
+            q.decode((r0 + r) * d, &mut dst[..d]);
         }
         // Padding rows copy the last real row's visibility, so a tile's
         // masked region is set by its real rows only; their scores are
@@ -52,37 +122,36 @@ impl PaddedRows {
 }
 
 /// Scores `index_q` (`vis.len()` queries × `heads` rows of `d`) against
-/// `keys` and writes each row's selection with `write` into `out` rows of
-/// `out_width`. Inputs are already validated.
+/// `keys` and writes each row's selection with `write` into its slice of
+/// `rows` (one per query-major (query, head) row). Inputs are validated.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run_engine<T: Send>(
     isa: Option<Avx2>,
-    index_q: &[f32],
+    index_q: &Encoded<'_>,
     heads: usize,
     vis: &[usize],
-    keys: &[f32],
+    keys: &Keys<'_>,
     d: usize,
     cfg: &BlockSparseConfig,
-    out: &mut [T],
-    out_width: usize,
+    rows: &mut [&mut [T]],
     write: &(dyn Fn(&[usize], &mut [T]) + Sync),
     scratch_floats: usize,
 ) {
-    let rows = vis.len() * heads;
-    if rows == 0 || out_width == 0 {
+    let n_rows = vis.len() * heads;
+    if n_rows == 0 || rows.len() < n_rows {
         return;
     }
     let bs = cfg.block_size;
-    let n_keys = keys.len() / d;
+    let n_keys = keys.n_keys(d);
     let row_vis = |r: usize| vis[r / heads];
     let max_blocks = vis.iter().map(|v| v.div_ceil(bs)).max().unwrap_or(0);
     // Rows per group (a multiple of the tile height), so the scratch stays
     // within `scratch_floats` -- or one tile, when a single tile exceeds it.
     let group = (scratch_floats / max_blocks.max(1) / MR).max(1) * MR;
     let mut g0 = 0;
-    while g0 < rows {
-        let g1 = g0.saturating_add(group).min(rows);
-        let padded = PaddedRows::new(&index_q[g0 * d..g1 * d], g1 - g0, d, |r| row_vis(g0 + r));
+    while g0 < n_rows {
+        let g1 = g0.saturating_add(group).min(n_rows);
+        let padded = PaddedRows::new(index_q, g0, g1 - g0, d, |r| row_vis(g0 + r));
         let n_blocks = (g0..g1).map(|r| row_vis(r).div_ceil(bs)).max().unwrap_or(0);
         let rp = padded.rows_pad;
         // Block-major: scratch[b * rows_pad + r] is row r's max over block b.
@@ -105,13 +174,14 @@ pub(super) fn run_engine<T: Send>(
         });
 
         let scratch = &scratch;
-        let sel_rows = &mut out[g0 * out_width..g1 * out_width];
-        pool::for_each_row_mut(sel_rows, out_width, 64, |r, row| {
+        pool::for_each_row_mut(&mut rows[g0..g1], 1, 64, |r, row| {
             let nb = row_vis(g0 + r).div_ceil(bs);
             let mut cand = Vec::new();
             let mut sel = Vec::with_capacity(cfg.width().min(nb));
             select_blocks(nb, |b| scratch[b * rp + r], cfg, &mut cand, &mut sel);
-            write(&sel, row);
+            if let Some(row) = row.first_mut() {
+                write(&sel, row);
+            }
         });
         g0 = g1;
     }
@@ -123,7 +193,7 @@ pub(super) fn run_engine<T: Send>(
 pub(super) fn score_blocks(
     isa: Option<Avx2>,
     rows: &PaddedRows,
-    keys: &[f32],
+    keys: &Keys<'_>,
     d: usize,
     n_keys: usize,
     bs: usize,
@@ -134,16 +204,33 @@ pub(super) fn score_blocks(
     let rp = rows.rows_pad;
     let n_blk = maxima.len() / rp;
     // Few row tiles: each key is used a few times and then never again, so
-    // memory latency is what to hide (and with one tile, chunking buys
-    // nothing).
+    // memory latency is what to hide (and with one tile, chunking in-place
+    // keys buys nothing).
     let tiles = rp / MR;
     let streaming = tiles <= STREAMING_TILES;
-    let key_chunk = if tiles == 1 { usize::MAX } else { key_chunk };
+    let in_place = keys.borrowed();
+    let key_chunk = match (in_place, tiles) {
+        (Some(_), 1) => usize::MAX,
+        (Some(_), _) => key_chunk,
+        (None, _) if streaming => (DECODE_CHUNK_BYTES / (4 * d)).max(MR),
+        (None, _) => key_chunk,
+    };
+    let mut buf = Vec::new();
     let k_start = b0.saturating_mul(bs).min(n_keys);
     let k_end = b0.saturating_add(n_blk).saturating_mul(bs).min(n_keys);
     let mut c0 = k_start;
     while c0 < k_end {
-        let c1 = c0.saturating_add(key_chunk).min(k_end);
+        let c1 = keys.chunk_end(c0, c0.saturating_add(key_chunk).min(k_end), bs);
+        // The chunk's keys: in place (indexed from key 0), or decoded
+        // (indexed from key c0).
+        let (chunk, base) = match in_place {
+            Some(k) => (k, 0),
+            None => {
+                buf.resize((c1 - c0) * d, 0.0);
+                keys.decode(c0, d, bs, &mut buf);
+                (&buf[..], c0)
+            }
+        };
         for (t, tile_vis) in rows.vis.chunks_exact(MR).enumerate() {
             let lo = tile_vis.iter().copied().min().unwrap_or(0);
             let hi = tile_vis.iter().copied().max().unwrap_or(0);
@@ -154,7 +241,8 @@ pub(super) fn score_blocks(
             let seg = Segment {
                 q: &rows.q[t * MR * rows.dp..(t + 1) * MR * rows.dp],
                 dp: rows.dp,
-                keys,
+                keys: chunk,
+                base,
                 d,
                 start: c0,
                 end,
@@ -162,7 +250,7 @@ pub(super) fn score_blocks(
                 vis: [tile_vis[0], tile_vis[1], tile_vis[2], tile_vis[3]],
                 bs,
                 b0,
-                prefetch: streaming,
+                prefetch: streaming && in_place.is_some(),
             };
             let out = TileOut {
                 maxima: &mut *maxima,

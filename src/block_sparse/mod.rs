@@ -135,9 +135,32 @@ mod select;
 mod validate;
 
 pub use api::{
-    block_sparse_select, positions_of_blocks, positions_of_blocks_i32, select_batch_into,
-    select_into, select_packed_into,
+    block_sparse_select, positions_of_blocks, positions_of_blocks_batch_into,
+    positions_of_blocks_i32, select_batch_encoded_into, select_batch_into, select_into,
+    select_packed_encoded_into, select_packed_into, select_paged_into, PagedBlocks,
 };
+
+/// The order of a batched selection's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OutLayout {
+    /// `[n_queries, n_kv_heads, width]`, kvselect's own.
+    #[default]
+    QueryMajor,
+    /// `[n_kv_heads, n_queries, width]`, the serving engines' (vLLM's
+    /// `minimax_m3_index_topk` returns `[H, total_q, topk]`).
+    HeadMajor,
+}
+
+/// What a paged selection's entries name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum BlockIds {
+    /// The sequence's logical block ids (what vLLM's kernel returns).
+    #[default]
+    Logical,
+    /// The cache pages those blocks live in (what a sparse attention
+    /// kernel reads), through the block table.
+    Physical,
+}
 
 /// MiniMax-M3's KV block, in tokens. Also the KV page size -- see the
 /// module docs.
@@ -278,6 +301,29 @@ pub enum SelectionError {
         /// Entries it would hold.
         len: usize,
     },
+}
+
+/// The shared cache and block-table checks ([`crate::keys::paged`]) speak
+/// the crate's common error; block selection reports them as its own.
+impl From<crate::error::AttentionError> for SelectionError {
+    fn from(e: crate::error::AttentionError) -> Self {
+        use crate::error::AttentionError as A;
+        match e {
+            A::OutOfRange {
+                argument,
+                index,
+                message,
+            } => SelectionError::OutOfRange {
+                argument,
+                index,
+                message,
+            },
+            other => SelectionError::ShapeMismatch {
+                argument: other.argument(),
+                message: other.to_string(),
+            },
+        }
+    }
 }
 
 impl SelectionError {

@@ -9,47 +9,45 @@ pub(super) fn visible_end(query_pos: usize, n_positions: usize) -> usize {
     query_pos.saturating_add(1).min(n_positions)
 }
 
-pub(super) fn key_rows(index_k: &[f32], d: usize) -> Result<usize, SelectionError> {
+/// Rows of `d` in `len` key values.
+pub(super) fn key_rows(len: usize, d: usize) -> Result<usize, SelectionError> {
     if d == 0 {
         return Err(SelectionError::ShapeMismatch {
             argument: "d",
             message: "d is 0: index vectors need at least one dimension".into(),
         });
     }
-    if !index_k.len().is_multiple_of(d) {
+    if !len.is_multiple_of(d) {
         return Err(SelectionError::ShapeMismatch {
             argument: "index_k",
             message: format!(
-                "index_k has {} values, which is not a whole number of rows of d={d}",
-                index_k.len()
+                "index_k has {len} values, which is not a whole number of rows of d={d}"
             ),
         });
     }
-    Ok(index_k.len() / d)
+    Ok(len / d)
 }
 
 pub(super) fn check_q_len(
-    index_q: &[f32],
+    q_len: usize,
     n_queries: usize,
     n_kv_heads: usize,
     d: usize,
 ) -> Result<(), SelectionError> {
     let expected = product(&[n_queries, n_kv_heads, d]);
-    if expected != Some(index_q.len()) {
+    if expected != Some(q_len) {
         let want = match expected {
             Some(e) => e.to_string(),
             None => "more than usize::MAX".into(),
         };
         let message = if n_queries == 1 {
             format!(
-                "index_q has {} values, expected {want} = n_kv_heads ({n_kv_heads}) × d ({d})",
-                index_q.len()
+                "index_q has {q_len} values, expected {want} = n_kv_heads ({n_kv_heads}) × d ({d})"
             )
         } else {
             format!(
-                "index_q has {} values, expected {want} = n_queries ({n_queries}) × \
-                 n_kv_heads ({n_kv_heads}) × d ({d})",
-                index_q.len()
+                "index_q has {q_len} values, expected {want} = n_queries ({n_queries}) × \
+                 n_kv_heads ({n_kv_heads}) × d ({d})"
             )
         };
         return Err(SelectionError::ShapeMismatch {

@@ -63,7 +63,8 @@
 mod kernels;
 mod paged;
 
-pub use paged::{indexer_topk_paged_into, PageLayout, PagedCache, PagedInputs};
+pub use crate::keys::{PageLayout, PagedCache};
+pub use paged::{indexer_topk_paged_into, PagedInputs};
 
 use crate::error::{check_len, checked_size, AttentionError};
 use crate::keys::Encoded;

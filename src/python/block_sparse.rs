@@ -1,15 +1,17 @@
-//! Block-sparse selection (MiniMax-M3): the config, the single, batched
-//! and packed selections, and the positions a selection covers (every one
-//! raises `SelectionError`).
+//! Block-sparse selection (MiniMax-M3): the config, the single, batched,
+//! packed and paged selections, and the positions a selection covers
+//! (every one raises `SelectionError`).
 
 use numpy::{PyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple, PyType};
 
-use super::args::{type_name, Args, Obj, Opt, I32};
+use super::args::{positions, type_name, Args, EncodedIn, Obj, Opt, I32};
+use super::cache::{cache_layout, pages};
 use super::errors::{refuse, Domain};
-use crate::block_sparse::{self, BlockSparseConfig};
+use crate::block_sparse::{self, BlockIds, BlockSparseConfig, OutLayout, PagedBlocks};
+use crate::keys::{BlockTable, PagedCache};
 
 const S: Args = Args(Domain::Selection);
 /// Counts past i32 cannot be honoured by an int32 output anyway.
@@ -116,33 +118,69 @@ fn config(obj: Opt<'_, '_>) -> PyResult<BlockSparseConfig> {
     }
 }
 
-/// `index_k` as float32 `[n_positions, d]`, read in place when it already is.
-fn index_keys<'py>(index_k: &Obj<'py>) -> PyResult<super::args::In<'py, f32, 2>> {
-    S.input::<f32, 2>(index_k, "index_k", "[n_positions, d]")
+/// The output layout `head_major` asks for.
+fn layout(head_major: bool) -> OutLayout {
+    match head_major {
+        true => OutLayout::HeadMajor,
+        false => OutLayout::QueryMajor,
+    }
+}
+
+/// `[n_queries, n_kv_heads, width]`, or head-major `[n_kv_heads, n_queries, width]`.
+fn rows_shape(n: usize, h: usize, w: usize, layout: OutLayout) -> Vec<usize> {
+    match layout {
+        OutLayout::QueryMajor => vec![n, h, w],
+        OutLayout::HeadMajor => vec![h, n, w],
+    }
+}
+
+/// `index_q` `[n_queries, n_kv_heads, d]` in its format, with `[n, h]`.
+fn queries<'py>(
+    index_q: &Obj<'py>,
+    format: Option<&str>,
+) -> PyResult<(EncodedIn<'py>, [usize; 2])> {
+    let (q, _) = EncodedIn::new(S, index_q, "index_q", format)?;
+    let [n, h, _] = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_kv_heads, d]")?;
+    Ok((q, [n, h]))
+}
+
+/// `index_k` `[n_positions, d]` in its format, with `d`.
+fn index_keys<'py>(index_k: &Obj<'py>, format: Option<&str>) -> PyResult<(EncodedIn<'py>, usize)> {
+    let (k, _) = EncodedIn::new(S, index_k, "index_k", format)?;
+    let [_, d] = S.dims::<2>(k.untyped(), "index_k", "[n_positions, d]")?;
+    Ok((k, d))
 }
 
 /// The blocks each KV head may read, ascending then -1, int32. One query:
 /// ``index_q [n_kv_heads, d]`` with an int ``query_pos`` gives ``[n_kv_heads,
 /// width]``; a chunk of queries of one sequence: ``index_q [n_queries,
 /// n_kv_heads, d]`` with ``query_pos [n_queries]`` gives ``[n_queries,
-/// n_kv_heads, width]``. ``index_k`` is ``[n_positions, d]``; ``width =
-/// config.width``; ``out=`` reuses a buffer.
+/// n_kv_heads, width]``, or the engines' ``[n_kv_heads, n_queries, width]``
+/// with ``head_major=True``. ``index_k`` is ``[n_positions, d]``; ``width =
+/// config.width``. float32, float16 and ml_dtypes bfloat16 / float8_e4m3fn
+/// keys and queries are read in place (a raw uint16 / uint8 view names its
+/// format with ``key_format`` / ``query_format``); ``out=`` reuses a buffer.
 #[pyfunction]
-#[pyo3(signature = (index_q, index_k, query_pos, config=None, *, out=None))]
+#[pyo3(signature = (index_q, index_k, query_pos, config=None, *, key_format=None,
+                    query_format=None, head_major=false, out=None))]
+#[allow(clippy::too_many_arguments)]
 fn block_sparse_select<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
     index_k: &Obj<'py>,
     query_pos: &Obj<'py>,
     config: Opt<'_, 'py>,
+    key_format: Option<&str>,
+    query_format: Option<&str>,
+    head_major: bool,
     out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
-    let cfg = self::config(config)?;
-    let (q, q_shape) = S.input_dyn::<f32>(index_q, "index_q")?;
-    let k = index_keys(index_k)?;
-    let (n_queries, n_kv_heads, batched) = match q_shape[..] {
-        [h, _] => (1, h, false),
-        [n, h, _] => (n, h, true),
+    let (cfg, layout) = (self::config(config)?, layout(head_major));
+    let (q, q_shape) = EncodedIn::new(S, index_q, "index_q", query_format)?;
+    let (k, d) = index_keys(index_k, key_format)?;
+    let (n, h, pos) = match q_shape[..] {
+        [h, _] => (1, h, vec![single_position(query_pos)?]),
+        [n, h, _] => (n, h, positions(S, query_pos, "query_pos")?),
         _ => {
             let msg = format!(
                 "index_q must be [n_kv_heads, d] (one query) or [n_queries, n_kv_heads, d], got {}-D",
@@ -151,29 +189,14 @@ fn block_sparse_select<'py>(
             return Err(refuse(Domain::Selection, "index_q", msg));
         }
     };
-    let positions = match batched {
-        true => Some(S.input::<i64, 1>(query_pos, "query_pos", "[n_queries]")?),
-        false => None,
+    let shape = match q_shape.len() {
+        2 => vec![h, cfg.width()],
+        _ => rows_shape(n, h, cfg.width(), layout),
     };
-    let single = match batched {
-        true => 0,
-        false => single_position(query_pos)?,
-    };
-    let shape = match batched {
-        true => vec![n_queries, n_kv_heads, cfg.width()],
-        false => vec![n_kv_heads, cfg.width()],
-    };
-    let mut inputs: Vec<&Bound<'py, PyUntypedArray>> = vec![q.untyped(), k.untyped()];
-    inputs.extend(positions.as_ref().map(|p| p.untyped()));
-    let out = S.output::<i32>(py, out, &shape, &inputs)?;
-    let (qs, ks, d) = (q.slice()?, k.slice()?, k.shape[1]);
-    let ps: &[i64] = match &positions {
-        Some(p) => p.slice()?,
-        None => &[],
-    };
-    out.run(qs.len().saturating_add(ks.len()), |os| match batched {
-        true => block_sparse::select_batch_into(qs, n_queries, n_kv_heads, ks, d, ps, &cfg, os),
-        false => block_sparse::select_into(qs, n_kv_heads, ks, d, single, &cfg, os),
+    let out = S.output::<i32>(py, out, &shape, &[q.untyped(), k.untyped()])?;
+    let (qs, ks) = (q.encoded()?, k.encoded()?);
+    out.run(qs.len().saturating_add(ks.len()), |os| {
+        block_sparse::select_batch_encoded_into(qs, n, h, ks, d, &pos, &cfg, layout, os)
     })
 }
 
@@ -200,9 +223,12 @@ fn single_position(query_pos: &Obj) -> PyResult<usize> {
 /// .. cu_seqlens[s + 1]``; query ``i`` (``index_q [n_queries, n_kv_heads,
 /// d]``) belongs to sequence ``seq_ids[i]`` at position ``query_pos[i]``
 /// within it, and its block ids count from the start of its sequence.
-/// Returns int32 ``[n_queries, n_kv_heads, width]``; ``out=`` reuses a buffer.
+/// Returns int32 ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
+/// n_queries, width]`` with ``head_major=True``); formats as
+/// :func:`block_sparse_select`; ``out=`` reuses a buffer.
 #[pyfunction]
-#[pyo3(signature = (index_q, index_k, cu_seqlens, seq_ids, query_pos, config=None, *, out=None))]
+#[pyo3(signature = (index_q, index_k, cu_seqlens, seq_ids, query_pos, config=None, *,
+                    key_format=None, query_format=None, head_major=false, out=None))]
 #[allow(clippy::too_many_arguments)]
 fn block_sparse_select_packed<'py>(
     py: Python<'py>,
@@ -212,51 +238,170 @@ fn block_sparse_select_packed<'py>(
     seq_ids: &Obj<'py>,
     query_pos: &Obj<'py>,
     config: Opt<'_, 'py>,
+    key_format: Option<&str>,
+    query_format: Option<&str>,
+    head_major: bool,
     out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
-    let cfg = self::config(config)?;
-    let q = S.input::<f32, 3>(index_q, "index_q", "[n_queries, n_kv_heads, d]")?;
-    let k = index_keys(index_k)?;
-    let cu = S.input::<i64, 1>(cu_seqlens, "cu_seqlens", "[n_seqs + 1]")?;
-    let sid = S.input::<i64, 1>(seq_ids, "seq_ids", "[n_queries]")?;
-    let pos = S.input::<i64, 1>(query_pos, "query_pos", "[n_queries]")?;
-    let ([n_queries, n_kv_heads, _], d) = (q.shape, k.shape[1]);
-    let inputs = [
-        q.untyped(),
-        k.untyped(),
-        cu.untyped(),
-        sid.untyped(),
-        pos.untyped(),
-    ];
-    let out = S.output::<i32>(py, out, &[n_queries, n_kv_heads, cfg.width()], &inputs)?;
-    let (qs, ks) = (q.slice()?, k.slice()?);
-    let (cus, sids, poss) = (cu.slice()?, sid.slice()?, pos.slice()?);
-    let select = |os: &mut [i32]| {
-        block_sparse::select_packed_into(
-            qs, n_queries, n_kv_heads, ks, d, cus, sids, poss, &cfg, os,
-        )
+    let (cfg, layout) = (self::config(config)?, layout(head_major));
+    let (q, [n, h]) = queries(index_q, query_format)?;
+    let (k, d) = index_keys(index_k, key_format)?;
+    let cu = positions(S, cu_seqlens, "cu_seqlens")?;
+    let (sid, pos) = (
+        positions(S, seq_ids, "seq_ids")?,
+        positions(S, query_pos, "query_pos")?,
+    );
+    let shape = rows_shape(n, h, cfg.width(), layout);
+    let out = S.output::<i32>(py, out, &shape, &[q.untyped(), k.untyped()])?;
+    let (qs, ks) = (q.encoded()?, k.encoded()?);
+    out.run(qs.len().saturating_add(ks.len()), |os| {
+        block_sparse::select_packed_encoded_into(qs, n, h, ks, d, &cu, &sid, &pos, &cfg, layout, os)
+    })
+}
+
+/// Block selection over an engine's paged index-K cache, read in place
+/// (vLLM's MiniMax-M3 layout): ``kv_cache [num_blocks, block_size, d]`` of
+/// float32 / float16 / bfloat16 / float8_e4m3fn (a raw view with
+/// ``key_format``; the block axis may be strided), whose page is the block:
+/// ``block_size`` must equal ``config.block_size``. ``block_table`` int32
+/// ``[n_seqs, max_blocks]`` (only the first ``ceil(seq_lens[s] /
+/// block_size)`` entries of a row are read), ``seq_lens [n_seqs]``; query
+/// ``i`` (``index_q [n_queries, n_kv_heads, d]``) belongs to sequence
+/// ``seq_ids[i]`` at ``query_pos[i]`` within it. Rows hold the sequence's
+/// logical block ids, ascending, then -1 (what vLLM's
+/// ``minimax_m3_index_topk`` returns); ``physical=True`` maps each through
+/// the block table to its page id, in the same slots. ``head_major=True``
+/// gives ``[n_kv_heads, n_queries, width]``; ``out=`` reuses a buffer.
+#[pyfunction]
+#[pyo3(signature = (index_q, kv_cache, block_table, seq_lens, seq_ids, query_pos, config=None, *,
+                    key_format=None, query_format=None, head_major=false, physical=false,
+                    out=None))]
+#[allow(clippy::too_many_arguments)]
+fn block_sparse_select_paged<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    kv_cache: &Obj<'py>,
+    block_table: &Obj<'py>,
+    seq_lens: &Obj<'py>,
+    seq_ids: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    config: Opt<'_, 'py>,
+    key_format: Option<&str>,
+    query_format: Option<&str>,
+    head_major: bool,
+    physical: bool,
+    out: Opt<'_, 'py>,
+) -> PyResult<I32<'py>> {
+    let (cfg, layout) = (self::config(config)?, layout(head_major));
+    let ids = if physical {
+        BlockIds::Physical
+    } else {
+        BlockIds::Logical
     };
-    out.run(qs.len().saturating_add(ks.len()), select)
+    let (q, [n, h]) = queries(index_q, query_format)?;
+    let (page_layout, shape) = cache_layout(kv_cache, "dense", key_format)?;
+    let (pages, table) = (
+        pages(kv_cache)?,
+        S.input::<i32, 2>(block_table, "block_table", "[n_seqs, max_blocks]")?,
+    );
+    let lens = positions(S, seq_lens, "seq_lens")?;
+    let (sid, pos) = (
+        positions(S, seq_ids, "seq_ids")?,
+        positions(S, query_pos, "query_pos")?,
+    );
+    let inputs = [q.untyped(), pages.untyped(), table.untyped()];
+    let out = S.output::<i32>(py, out, &rows_shape(n, h, cfg.width(), layout), &inputs)?;
+    let (block_size, d) = (shape[1], shape[2]);
+    let cache = PagedCache {
+        bytes: pages.slice(),
+        n_pages: pages.rows,
+        page_stride: pages.stride,
+        block_size,
+        d,
+        layout: page_layout,
+    };
+    let table = BlockTable {
+        table: table.slice()?,
+        max_blocks: table.shape[1],
+        seq_lens: &lens,
+    };
+    let inputs = PagedBlocks {
+        q: q.encoded()?,
+        n_queries: n,
+        n_kv_heads: h,
+        cache,
+        table,
+        seq_ids: &sid,
+        query_pos: &pos,
+    };
+    let work = n.saturating_mul(h).saturating_mul(pages.slice().len());
+    out.run(work, |os| {
+        block_sparse::select_paged_into(&inputs, &cfg, layout, ids, os)
+    })
 }
 
 /// The positions a block selection covers, int32, ascending and causally
 /// clipped: block ``b`` contributes ``b*bs .. min((b+1)*bs, n_positions,
-/// query_pos + 1)``; ``blocks`` is 1-D, negative entries (padding) skipped.
+/// query_pos + 1)``; negative entries (padding) are skipped. 1-D ``blocks``
+/// with an int ``query_pos`` and ``n_positions``: the positions, as long as
+/// they are. Batched, in one call: ``blocks [rows, width]``, or a
+/// selection's ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
+/// n_queries, width]`` with ``head_major=True``), gives fixed-width rows
+/// ``[..., width * block_size]``, ascending then -1 (what
+/// :func:`sparse_attention` takes); ``query_pos`` and ``n_positions`` are an
+/// int, or one entry per row (2-D) or per query (3-D).
 #[pyfunction]
-#[pyo3(signature = (blocks, query_pos, n_positions, config=None))]
+#[pyo3(signature = (blocks, query_pos, n_positions, config=None, *, head_major=false))]
 fn positions_of_blocks<'py>(
     py: Python<'py>,
     blocks: &Obj<'py>,
     query_pos: &Obj<'py>,
     n_positions: &Obj<'py>,
     config: Opt<'_, 'py>,
-) -> PyResult<Bound<'py, PyArray1<i32>>> {
-    let cfg = self::config(config)?;
-    let b = S.input::<i32, 1>(blocks, "blocks", "[width]")?;
-    let query_pos = S.count(query_pos, "query_pos", u64::MAX)?;
-    let n_positions = S.count(n_positions, "n_positions", u64::MAX)?;
-    let v = block_sparse::positions_of_blocks_i32(b.slice()?, query_pos, n_positions, &cfg)?;
-    Ok(PyArray1::from_vec(py, v))
+    head_major: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (cfg, layout) = (self::config(config)?, layout(head_major));
+    let (b, shape) = S.input_dyn::<i32>(blocks, "blocks")?;
+    let (n, h, w) = match (&shape[..], layout) {
+        ([_], _) => {
+            let query_pos = S.count(query_pos, "query_pos", u64::MAX)?;
+            let n_positions = S.count(n_positions, "n_positions", u64::MAX)?;
+            let v =
+                block_sparse::positions_of_blocks_i32(b.slice()?, query_pos, n_positions, &cfg)?;
+            return Ok(PyArray1::from_vec(py, v).into_any());
+        }
+        (&[rows, w], _) => (rows, 1, w),
+        (&[n, h, w], OutLayout::QueryMajor) | (&[h, n, w], OutLayout::HeadMajor) => (n, h, w),
+        _ => {
+            let msg = format!(
+                "blocks must be 1-D [width], 2-D [rows, width] or 3-D [n_queries, n_kv_heads, width], got {}-D",
+                shape.len()
+            );
+            return Err(refuse(Domain::Selection, "blocks", msg));
+        }
+    };
+    let qp = per_query(query_pos, "query_pos")?;
+    let np = per_query(n_positions, "n_positions")?;
+    let mut out_shape = shape.clone();
+    out_shape[shape.len() - 1] = w.saturating_mul(cfg.block_size);
+    // SAFETY: positions_of_blocks_batch_into writes every slot of `out`
+    // when it succeeds, and a refused call's array is never handed back.
+    let out = unsafe { S.output_filled_by_core(py, None, &out_shape, &[b.untyped()])? };
+    let bs = b.slice()?;
+    let res = out.run(bs.len(), |os| {
+        block_sparse::positions_of_blocks_batch_into(bs, n, h, w, layout, &qp, &np, &cfg, os)
+    })?;
+    Ok(res.into_any())
+}
+
+/// An int, or a 1-D array of one entry per query (or row).
+fn per_query(obj: &Obj<'_>, name: &str) -> PyResult<Vec<usize>> {
+    match obj.cast::<PyUntypedArray>().map(|a| a.ndim()) {
+        Ok(0) | Err(_) if obj.cast::<PyList>().is_err() && obj.cast::<PyTuple>().is_err() => {
+            Ok(vec![S.count(obj, name, u64::MAX)?])
+        }
+        _ => positions(S, obj, name),
+    }
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -264,6 +409,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBlockSparseConfig>()?;
     m.add_function(wrap_pyfunction!(block_sparse_select, m)?)?;
     m.add_function(wrap_pyfunction!(block_sparse_select_packed, m)?)?;
+    m.add_function(wrap_pyfunction!(block_sparse_select_paged, m)?)?;
     m.add_function(wrap_pyfunction!(positions_of_blocks, m)?)?;
     Ok(())
 }

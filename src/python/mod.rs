@@ -25,6 +25,7 @@
 mod args;
 mod attention;
 mod block_sparse;
+mod cache;
 mod errors;
 mod indexer;
 mod witness;

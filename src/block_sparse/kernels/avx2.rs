@@ -125,7 +125,11 @@ pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, mut out: TileOut<'
     // pointer reads stay sound even if it did not, and so that a broken
     // guarantee fails loudly rather than giving a quiet wrong answer.
     assert!(
-        seg.end.saturating_mul(d) <= seg.keys.len()
+        seg.start >= seg.base
+            && seg
+                .end
+                .checked_sub(seg.base)
+                .is_some_and(|n| n.saturating_mul(d) <= seg.keys.len())
             && seg.q.len() >= MR * dp
             && dp >= d.div_ceil(8) * 8,
         "block_sparse kernel called out of bounds"
@@ -142,7 +146,8 @@ pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, mut out: TileOut<'
         -((rem > 7) as i32),
     );
     let q = seg.q.as_ptr();
-    let kbase = seg.keys.as_ptr();
+    // Key `p` is at `kbase + (p - base) * d`.
+    let (kbase, base) = (seg.keys.as_ptr(), seg.base);
     let neg_inf = _mm_set1_ps(f32::NEG_INFINITY);
     let mut cur_block = usize::MAX;
     let mut m = neg_inf;
@@ -162,15 +167,15 @@ pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, mut out: TileOut<'
                 if pf_dist > 0 {
                     // A hint only: never dereferenced, so an address past
                     // the keys is harmless (hence wrapping arithmetic).
-                    let ahead = kbase.wrapping_add((p + pf_dist) * d) as *const i8;
+                    let ahead = kbase.wrapping_add((p - base + pf_dist) * d) as *const i8;
                     let mut off = 0;
                     while off < 3 * d * 4 {
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off));
                         off += 64;
                     }
                 }
-                // SAFETY: keys p..p+3 exist (end * d <= keys.len()).
-                let s = unsafe { dots::<3>(q, dp, kbase.add(p * d), d, tail) };
+                // SAFETY: keys p..p+3 exist ((end - base) * d <= keys.len(), p >= base).
+                let s = unsafe { dots::<3>(q, dp, kbase.add((p - base) * d), d, tail) };
                 m = _mm_max_ps(s[0], m);
                 m = _mm_max_ps(s[1], m);
                 m = _mm_max_ps(s[2], m);
@@ -179,7 +184,7 @@ pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, mut out: TileOut<'
             if p < to {
                 let n = to - p;
                 // SAFETY: as above, for the last `n < 3` keys.
-                let s = unsafe { dots_upto3(q, dp, kbase.add(p * d), d, tail, n) };
+                let s = unsafe { dots_upto3(q, dp, kbase.add((p - base) * d), d, tail, n) };
                 for &sj in &s[..n] {
                     m = _mm_max_ps(sj, m);
                 }
@@ -198,7 +203,7 @@ pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, mut out: TileOut<'
             while p < to {
                 let n = (to - p).min(3);
                 // SAFETY: as above, for keys p..p+n.
-                let s = unsafe { dots_upto3(q, dp, kbase.add(p * d), d, tail, n) };
+                let s = unsafe { dots_upto3(q, dp, kbase.add((p - base) * d), d, tail, n) };
                 for (j, sj) in s.into_iter().enumerate().take(n) {
                     let rel_p = (p + j - from).min(i32::MAX as usize) as i32;
                     let keep = _mm_castsi128_ps(_mm_cmpgt_epi32(vis, _mm_set1_epi32(rel_p)));

@@ -21,8 +21,11 @@ pub(super) struct Segment<'a> {
     /// 4 padded rows, `dp` apart.
     pub(super) q: &'a [f32],
     pub(super) dp: usize,
+    /// Keys `base ..`, `d` floats each: key `p` is at `(p - base) * d`.
     pub(super) keys: &'a [f32],
+    pub(super) base: usize,
     pub(super) d: usize,
+    /// Key indices (absolute, `>= base`), so that block ids are too.
     pub(super) start: usize,
     pub(super) end: usize,
     /// Keys at or past this index are checked against each row's `vis`.

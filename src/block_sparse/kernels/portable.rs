@@ -40,7 +40,8 @@ pub(super) fn segment(seg: &Segment<'_>, mut out: TileOut<'_>) {
             m = [f32::NEG_INFINITY; MR];
         }
         for p in piece.from..piece.to {
-            let Some(k) = seg.keys.get(p * d..(p + 1) * d) else {
+            let at = (p - seg.base) * d;
+            let Some(k) = seg.keys.get(at..at + d) else {
                 break;
             };
             for (r, mr) in m.iter_mut().enumerate() {

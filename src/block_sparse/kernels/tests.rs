@@ -1,9 +1,10 @@
 //! The kernels against each other, and the engine's row groups.
 
 use super::portable;
-use crate::block_sparse::engine::{run_engine, score_blocks, PaddedRows, SCRATCH_FLOATS};
+use crate::block_sparse::engine::{run_engine, score_blocks, Keys, PaddedRows, SCRATCH_FLOATS};
 use crate::block_sparse::select::write_i32_row;
 use crate::block_sparse::BlockSparseConfig;
+use crate::keys::{bf16_to_f32, Encoded};
 use crate::simd::{self, Avx2};
 
 struct XorShift(u64);
@@ -32,12 +33,12 @@ fn maxima(
     q: &[f32],
     rows: usize,
     vis: &[usize],
-    keys: &[f32],
+    keys: &Keys<'_>,
     d: usize,
     bs: usize,
 ) -> Vec<u32> {
-    let padded = PaddedRows::new(q, rows, d, |r| vis[r]);
-    let n_keys = keys.len() / d;
+    let padded = PaddedRows::new(&Encoded::F32(q), 0, rows, d, |r| vis[r]);
+    let n_keys = keys.n_keys(d);
     let nb = vis.iter().map(|v| v.div_ceil(bs)).max().unwrap_or(0);
     let rp = padded.rows_pad;
     let mut scratch = vec![f32::NEG_INFINITY; nb * rp];
@@ -80,6 +81,7 @@ fn the_avx2_and_portable_kernels_give_bit_identical_block_maxima() {
             }
         }
         let vis: Vec<usize> = (0..rows).map(|_| rng.below(n_keys + 1)).collect();
+        let keys = Keys::Dense(Encoded::F32(&keys));
         let a = maxima(None, &q, rows, &vis, &keys, d, bs);
         let b = maxima(Some(token), &q, rows, &vis, &keys, d, bs);
         finite += a.iter().filter(|&&x| f32::from_bits(x).is_finite()).count();
@@ -89,6 +91,52 @@ fn the_avx2_and_portable_kernels_give_bit_identical_block_maxima() {
         );
     }
     assert!(finite > 5_000, "only {finite} finite block maxima compared");
+}
+
+/// Keys decoded a chunk at a time (bfloat16 here) give the block maxima
+/// of the same values read in place as float32, bit for bit, with either
+/// kernel: decoding changes the bytes read, never a score.
+#[test]
+fn decoded_keys_give_the_block_maxima_of_their_float32_values() {
+    let mut rng = XorShift(0x05ee_db16);
+    let level = simd::avx2();
+    for case in 0..200 {
+        let d = 1 + rng.below(40);
+        let n_keys = rng.below(300);
+        let rows = 1 + rng.below(13);
+        let bs = 1 + rng.below(40);
+        // Finite bfloat16 bit patterns (exponent below all-ones).
+        let bits: Vec<u16> = (0..n_keys * d)
+            .map(|_| (rng.next() as u16) & 0xBFFF)
+            .collect();
+        let values: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
+        let q: Vec<f32> = (0..rows * d).map(|_| rng.f32()).collect();
+        let vis: Vec<usize> = (0..rows).map(|_| rng.below(n_keys + 1)).collect();
+        for isa in [None, level] {
+            let a = maxima(
+                isa,
+                &q,
+                rows,
+                &vis,
+                &Keys::Dense(Encoded::F32(&values)),
+                d,
+                bs,
+            );
+            let b = maxima(
+                isa,
+                &q,
+                rows,
+                &vis,
+                &Keys::Dense(Encoded::Bf16(&bits)),
+                d,
+                bs,
+            );
+            assert_eq!(
+                a, b,
+                "case {case}: d={d} n_keys={n_keys} rows={rows} bs={bs}"
+            );
+        }
+    }
 }
 
 /// Splitting the rows into groups (to bound the scratch) changes
@@ -114,16 +162,16 @@ fn row_groups_do_not_change_the_selection() {
         let vis: Vec<usize> = (0..n_q).map(|_| rng.below(n_keys + 1)).collect();
         let run = |scratch: usize| {
             let mut out = vec![0i32; n_q * heads * w];
+            let mut rows: Vec<&mut [i32]> = out.chunks_exact_mut(w).collect();
             run_engine(
                 simd::avx2(),
-                &q,
+                &Encoded::F32(&q),
                 heads,
                 &vis,
-                &keys,
+                &Keys::Dense(Encoded::F32(&keys)),
                 d,
                 &cfg,
-                &mut out,
-                w,
+                &mut rows,
                 &write_i32_row,
                 scratch,
             );

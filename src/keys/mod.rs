@@ -14,6 +14,13 @@
 //! the same values given as `f32`: a low-precision key changes nothing but
 //! the bytes read. Encoded rows are never widened into a copy of the whole
 //! array; a kernel decodes one row (or a chunk of rows) at a time.
+//!
+//! [`paged`] reads an engine's paged cache of such keys through its block
+//! table; both the lightning indexer and block selection use it.
+
+pub mod paged;
+
+pub use paged::{BlockTable, PageLayout, PagedCache};
 
 /// An element format of keys or queries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -123,6 +130,20 @@ impl<'a> Encoded<'a> {
                 }
             }
         }
+    }
+}
+
+/// Little-endian bfloat16 bytes (two per element) decoded into `out`.
+pub(crate) fn decode_bf16(bytes: &[u8], out: &mut [f32]) {
+    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+    }
+}
+
+/// Little-endian float16 bytes (two per element) decoded into `out`.
+pub(crate) fn decode_f16(bytes: &[u8], out: &mut [f32]) {
+    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        *o = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
     }
 }
 

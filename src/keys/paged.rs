@@ -1,0 +1,230 @@
+//! An engine's paged key cache and the block table that addresses it,
+//! read in place: the part the lightning indexer's and block selection's
+//! paged forms share.
+//!
+//! A cache is `n_pages` pages of `block_size` tokens, `page_stride` bytes
+//! apart (vLLM may interleave other layers' pages, so the stride can exceed
+//! a page). Sequence `s` owns logical blocks `0, 1, …`; entry `b` of its
+//! block-table row names the page holding its tokens `b·block_size ..
+//! (b+1)·block_size`. vLLM pads unused block-table entries with 0, a valid
+//! page id, so only the first `⌈seq_len / block_size⌉` entries of a row are
+//! read ([`BlockTable::check`]), and a row shorter than that is refused.
+//!
+//! Two page layouts:
+//!
+//! - [`PageLayout::Dense`]: `[block_size, d]` elements of one format
+//!   (float32, float16, bfloat16, fp8 e4m3fn), no per-key scale — vLLM's
+//!   MiniMax-M3 index-K cache (`[num_blocks, 128, 128]`, bfloat16 or fp8);
+//! - [`PageLayout::Fp8WithScales`]: vLLM's DSA index-K page, as
+//!   `indexer_k_quant_and_cache` writes it — the `block_size × d` e4m3fn
+//!   bytes first (token `t`'s at `t·d`), then `block_size` little-endian
+//!   float32 scales (token `t`'s at `block_size·d + 4t`, unaligned).
+//!
+//! Each page's rows are decoded exactly, so a paged call equals, row for
+//! row, the dense call on the same keys laid out contiguously.
+
+use super::{decode_bf16, decode_f16, Encoded, Format};
+use crate::error::{check_len, checked_size, AttentionError};
+
+/// How a page stores its keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageLayout {
+    /// `[block_size, d]` elements of the format, no scale.
+    Dense(Format),
+    /// `block_size × d` e4m3fn bytes, then `block_size` float32 scales.
+    Fp8WithScales,
+}
+
+/// An engine's paged key cache, borrowed as bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedCache<'a> {
+    /// From the first page's first byte to the last page's last.
+    pub bytes: &'a [u8],
+    pub n_pages: usize,
+    /// Bytes from one page's start to the next's.
+    pub page_stride: usize,
+    pub block_size: usize,
+    pub d: usize,
+    pub layout: PageLayout,
+}
+
+impl PagedCache<'_> {
+    /// Bytes one page occupies.
+    pub fn page_bytes(&self) -> Option<usize> {
+        let keys = self.block_size.checked_mul(self.d)?;
+        match self.layout {
+            PageLayout::Dense(f) => keys.checked_mul(f.size()),
+            PageLayout::Fp8WithScales => keys.checked_add(self.block_size.checked_mul(4)?),
+        }
+    }
+
+    /// Refuses a cache whose pages do not fit its bytes (what [`decode`]
+    /// relies on).
+    ///
+    /// [`decode`]: PagedCache::decode
+    pub fn check(&self) -> Result<(), AttentionError> {
+        let invalid = |message: String| {
+            Err(AttentionError::Invalid {
+                argument: "kv_cache",
+                message,
+            })
+        };
+        if self.block_size == 0 || self.d == 0 {
+            return invalid(format!(
+                "block_size={} and d={} must both be at least 1",
+                self.block_size, self.d
+            ));
+        }
+        let Some(page) = self.page_bytes() else {
+            return Err(AttentionError::TooLarge {
+                argument: "kv_cache",
+            });
+        };
+        if self.n_pages > 0 && self.page_stride < page {
+            return invalid(format!(
+                "pages are {} bytes apart but hold {page}",
+                self.page_stride
+            ));
+        }
+        let need = match self.n_pages {
+            0 => Some(0),
+            n => (n - 1)
+                .checked_mul(self.page_stride)
+                .and_then(|x| x.checked_add(page)),
+        };
+        match need {
+            Some(need) if need <= self.bytes.len() => Ok(()),
+            _ => invalid(format!(
+                "{} pages of {page} bytes, {} bytes apart, do not fit the {} bytes given",
+                self.n_pages,
+                self.page_stride,
+                self.bytes.len()
+            )),
+        }
+    }
+
+    /// Rows `r0 .. r0 + keys.len() / d` of page `page`, decoded into `keys`
+    /// and, for the scaled layout, their scales into `scales` (left as they
+    /// are otherwise).
+    ///
+    /// # Panics
+    /// If the page or the rows are past the cache ([`check`] makes every
+    /// page of a checked cache readable).
+    ///
+    /// [`check`]: PagedCache::check
+    pub fn decode(&self, page: usize, r0: usize, keys: &mut [f32], scales: &mut [f32]) {
+        let (d, bs) = (self.d, self.block_size);
+        let rows = keys.len() / d;
+        let p = &self.bytes[page * self.page_stride..];
+        let (a, b) = (r0 * d, (r0 + rows) * d);
+        match self.layout {
+            PageLayout::Dense(Format::F32) => {
+                for (o, b) in keys.iter_mut().zip(p[4 * a..4 * b].chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            PageLayout::Dense(Format::F16) => decode_f16(&p[2 * a..2 * b], keys),
+            PageLayout::Dense(Format::Bf16) => decode_bf16(&p[2 * a..2 * b], keys),
+            PageLayout::Dense(Format::Fp8E4m3) | PageLayout::Fp8WithScales => {
+                Encoded::Fp8E4m3(&p[a..b]).decode(0, keys);
+            }
+        }
+        if self.layout == PageLayout::Fp8WithScales {
+            let s = &p[bs * d + 4 * r0..bs * d + 4 * (r0 + rows)];
+            for (o, b) in scales[..rows].iter_mut().zip(s.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+    }
+}
+
+/// A block table with the sequence lengths it serves.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockTable<'a> {
+    /// `[n_seqs, max_blocks]`: logical block → page, per sequence.
+    pub table: &'a [i32],
+    pub max_blocks: usize,
+    /// `[n_seqs]`: tokens each sequence holds.
+    pub seq_lens: &'a [usize],
+}
+
+impl BlockTable<'_> {
+    /// Sequences described.
+    pub fn n_seqs(&self) -> usize {
+        self.seq_lens.len()
+    }
+
+    /// The page holding logical block `b` of sequence `s`.
+    ///
+    /// # Panics
+    /// If the entry is past the table. After [`check`], every entry a
+    /// sequence's tokens need is a page of the cache.
+    ///
+    /// [`check`]: BlockTable::check
+    #[inline]
+    pub fn page(&self, s: usize, b: usize) -> usize {
+        self.table[s * self.max_blocks + b] as usize
+    }
+
+    /// Refuses, for a cache of `n_pages` pages of `block_size` tokens: a
+    /// table whose length is not `n_seqs × max_blocks`, a sequence longer
+    /// than an int32 position can name or than its row covers, and an entry
+    /// that would be read and is negative or past the cache. Entries past
+    /// `⌈seq_lens[s] / block_size⌉` are never read, so never checked.
+    pub fn check(&self, n_pages: usize, block_size: usize) -> Result<(), AttentionError> {
+        let (n_seqs, mb) = (self.n_seqs(), self.max_blocks);
+        let len = checked_size("block_table", &[n_seqs, mb])?;
+        check_len("block_table", self.table.len(), len, || {
+            format!("[n_seqs={n_seqs} (seq_lens), max_blocks={mb}]")
+        })?;
+        let out_of_range = |argument, index, message| {
+            Err(AttentionError::OutOfRange {
+                argument,
+                index,
+                message,
+            })
+        };
+        for (s, &len) in self.seq_lens.iter().enumerate() {
+            if len > i32::MAX as usize {
+                let message = format!(
+                    "seq_lens[{s}] = {len}: positions past {} do not fit the int32 output",
+                    i32::MAX
+                );
+                return out_of_range("seq_lens", s, message);
+            }
+            let needed = len.div_ceil(block_size.max(1));
+            if needed > mb {
+                let message = format!(
+                    "seq_lens[{s}] = {len} needs {needed} blocks of {block_size}, but block_table \
+                     rows have {mb}"
+                );
+                return out_of_range("block_table", s * mb, message);
+            }
+            let row = &self.table[s * mb..][..needed];
+            if let Some((b, &page)) = row
+                .iter()
+                .enumerate()
+                .find(|&(_, &p)| p < 0 || p as usize >= n_pages)
+            {
+                let message = format!(
+                    "block_table[{s}, {b}] = {page} is not a page of the cache (0..{n_pages})"
+                );
+                return out_of_range("block_table", s * mb + b, message);
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a sequence id that names no sequence.
+    pub fn check_seq_ids(&self, seq_ids: &[usize]) -> Result<(), AttentionError> {
+        let n_seqs = self.n_seqs();
+        match seq_ids.iter().enumerate().find(|&(_, &s)| s >= n_seqs) {
+            Some((i, &s)) => Err(AttentionError::OutOfRange {
+                argument: "seq_ids",
+                index: i,
+                message: format!("seq_ids[{i}] = {s} is out of range: {n_seqs} sequence(s)"),
+            }),
+            None => Ok(()),
+        }
+    }
+}
