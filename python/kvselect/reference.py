@@ -13,11 +13,14 @@ the native module.
 Its sections mirror ``src/``, in that order:
 
 - **witness**: segment witnesses, the null models, the scalar metrics;
-- **block_sparse**: MiniMax-M3 block selection;
+- **block_sparse**: MiniMax-M3 block selection over dense, packed and
+  paged keys in every key format, query- or head-major, and the positions
+  a selection covers (one row or batched);
 - **attention**: the baseline selectors, the oracle top-k, the dense and
   sparse attention pass;
 - **indexer**: DeepSeek's lightning indexer top-k, with the key formats
-  (float16, bfloat16, float8 e4m3fn) decoded from their bits;
+  (float16, bfloat16, float8 e4m3fn) decoded from their bits (``decode``,
+  which block selection reads its keys and queries through too);
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error.
 
@@ -27,7 +30,9 @@ kin; ``attention`` and ``block_scores`` are the reference's own). Arguments
 pass through one conversion layer, the native binding layer's rules:
 counts are Python integers, index arrays hold integers whose values fit
 int32 (floats are a ``TypeError``), position arrays hold non-negative
-integers, float arrays hold floats and are converted to the kernel's type;
+integers, float arrays hold floats and are converted to the kernel's type
+(the keys and queries of block selection and the indexer are decoded
+exactly from their format by ``decode``);
 an out-of-range value is a ``ValueError`` (a ``ReferenceSelectionError``
 naming the argument for the block-selection and attention functions).
 ``random_null`` and ``Selector.random`` have no reference: their draws are
@@ -61,6 +66,7 @@ __all__ = [
     "block_scores",
     "block_sparse_select",
     "block_sparse_select_packed",
+    "block_sparse_select_paged",
     "positions_of_blocks",
     # attention
     "dense_rows",
@@ -469,7 +475,8 @@ def attention_mass_recall(candidates: Any, attention_row: Any) -> float:
 # ==========================================================================
 # block_sparse: MiniMax-M3 block selection
 # --------------------------------------------------------------------------
-# Written from spec/block_sparse.rs.txt.
+# Written from spec/block_sparse.rs.txt and the stubs of the native module
+# (``kvselect._core.pyi``).
 #
 # For one query at ``query_pos`` over ``n_positions`` keys, with block size
 # ``bs``:
@@ -487,9 +494,44 @@ def attention_mass_recall(candidates: Any, attention_row: Any) -> float:
 # - a row is the chosen ids ascending, then -1 up to
 #   ``width = max(top_blocks, init_blocks + local_blocks)``.
 #
-# Dot products are taken in float64 from float32 inputs (float16/float64
-# inputs are first converted to float32, as the native API does) and each
-# is rounded once to float32, the spec's score type: the correctly rounded
+# The batched forms are that one-query rule, query by query:
+#
+# - dense (``block_sparse_select``, 3-D ``index_q``): every query over all
+#   of ``index_k``; packed: query ``i`` over rows ``cu_seqlens[s] ..
+#   cu_seqlens[s + 1]`` of ``index_k``, ``s = seq_ids[i]``;
+# - paged (``block_sparse_select_paged``): query ``i`` over its sequence's
+#   keys gathered from the cache, token ``t`` of sequence ``s`` being
+#   ``kv_cache[block_table[s, t // bs], t % bs]`` for ``t < seq_lens[s]``.
+#   The page is the block, so ``kv_cache.shape[1]`` must be ``bs``. Only
+#   the first ``ceil(seq_lens[s] / bs)`` entries of row ``s`` are read, for
+#   every sequence ``s`` (as the native paged indexer checks them): a row
+#   shorter than that, or a read entry that is not a page of the cache, is
+#   refused; unread entries may hold anything. Ids are the sequence's
+#   logical blocks; ``physical=True`` replaces each id ``b >= 0`` of query
+#   ``i``'s row by ``block_table[seq_ids[i], b]``, in the same slots;
+# - a batched result is ``[n_queries, n_kv_heads, width]``, or with
+#   ``head_major=True`` exactly its transpose ``[n_kv_heads, n_queries,
+#   width]`` (C order); ``out=`` must have the shape returned. With a 2-D
+#   ``index_q`` the flag changes nothing.
+#
+# Keys and queries may be float32, float16, float64 (rounded to float32),
+# ml_dtypes bfloat16 / float8_e4m3fn, or raw uint16 / uint8 views with
+# ``key_format`` / ``query_format``: decoded exactly by the indexer
+# section's ``decode`` (called, not reimplemented). A paged cache is read in
+# place natively, so a float64 one is a ``TypeError`` here too.
+#
+# ``positions_of_blocks``: block ``b`` covers ``[b*bs, min((b+1)*bs,
+# n_positions, query_pos + 1))``; a selection covers the union of its
+# non-negative entries' ranges, ascending. 1-D ``blocks`` (with int
+# ``query_pos`` and ``n_positions``) give that union as it is; 2-D ``[rows,
+# width]`` and 3-D ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
+# n_queries, width]`` with ``head_major=True``) give one such union per row
+# of the last axis, padded with -1 to ``width * bs``; ``query_pos`` and
+# ``n_positions`` are an int (every row) or 1-D with one entry per row (2-D)
+# or per query (3-D, the query axis being 0, or 1 when head-major).
+#
+# Dot products are taken in float64 from the decoded values and each is
+# rounded once to float32, the spec's score type: the correctly rounded
 # float32 dot product. On integer-valued data of small magnitude every dot
 # product is exact in any summation order, so the selections must agree
 # exactly; on other data they agree up to ties within float32 rounding.
@@ -633,43 +675,82 @@ def _select_one_query(
     return out
 
 
+def _flag(name: str, value: Any) -> bool:
+    """A keyword flag (``head_major``, ``physical``): a bool, as natively."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def _decoded(name: str, value: Any, format: Optional[str], ndim: Optional[int] = None) -> np.ndarray:
+    """Keys or queries decoded exactly to float64 by :func:`decode` (a bad
+    dtype or format is a ``TypeError``), refused unless ``ndim``-D (when given)."""
+    a = decode(value, format)
+    if ndim is not None and a.ndim != ndim:
+        raise ReferenceSelectionError(name, f"{name} must be {ndim}-D, got shape {a.shape}")
+    return a
+
+
+def _same_d(q: np.ndarray, keys: np.ndarray) -> None:
+    if q.shape[-1] != keys.shape[-1]:
+        raise ReferenceSelectionError(
+            "index_q", f"index_q has d={q.shape[-1]} but the keys have d={keys.shape[-1]}"
+        )
+
+
+def _batch_shape(n_queries: int, n_heads: int, width: int, head_major: bool) -> tuple:
+    """The shape a batched selection is returned in."""
+    return (n_heads, n_queries, width) if head_major else (n_queries, n_heads, width)
+
+
+def _in_major(selected: np.ndarray, head_major: bool) -> np.ndarray:
+    """A query-major ``[n_queries, n_kv_heads, width]`` selection in the
+    requested layout: itself, or its C-order transpose when head-major."""
+    return np.ascontiguousarray(selected.transpose(1, 0, 2)) if head_major else selected
+
+
 def block_sparse_select(
     index_q: Any,
     index_k: Any,
     query_pos: Any,
     config: Any = None,
     *,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    head_major: bool = False,
     out: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """The blocks each KV head may read, int32 (a new array, or ``out`` filled).
 
     ``index_q [n_kv_heads, d]`` with an int ``query_pos`` gives
     ``[n_kv_heads, width]``; ``index_q [n_queries, n_kv_heads, d]`` with a
-    1-D ``query_pos [n_queries]`` gives ``[n_queries, n_kv_heads, width]``.
-    ``index_k`` is ``[n_positions, d]``. Each row: ascending block ids, then -1.
+    1-D ``query_pos [n_queries]`` gives ``[n_queries, n_kv_heads, width]``,
+    or its transpose ``[n_kv_heads, n_queries, width]`` with
+    ``head_major=True``. ``index_k`` is ``[n_positions, d]``; keys and
+    queries in any format :func:`decode` reads. Each row: ascending block
+    ids, then -1.
     """
     bs, top, init, local = _config(config)
     width = max(top, init + local)
-    keys = _float_array("index_k", index_k, 2, _SELECTION)
-    q = np.asarray(index_q)
+    head_major = _flag("head_major", head_major)
+    keys = _decoded("index_k", index_k, key_format, 2)
+    q = _decoded("index_q", index_q, query_format)
     if q.ndim == 2:
-        q = _float_array("index_q", q, 2, _SELECTION)
-        if q.shape[1] != keys.shape[1]:
-            raise ReferenceSelectionError("index_q", "index_q and index_k differ in d")
+        _same_d(q, keys)
         pos = _count("query_pos", query_pos)
         out = _output(out, (q.shape[0], width), _SELECTION)
         return _deliver(_select_one_query(q, keys, pos, bs, top, init, local), out)
-    q = _float_array("index_q", q, 3, _SELECTION)
-    if q.shape[2] != keys.shape[1]:
-        raise ReferenceSelectionError("index_q", "index_q and index_k differ in d")
+    if q.ndim != 3:
+        raise ReferenceSelectionError("index_q", f"index_q must be 2-D or 3-D, got shape {q.shape}")
+    _same_d(q, keys)
     positions = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
     if positions.shape != (q.shape[0],):
         raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
-    out = _output(out, (q.shape[0], q.shape[1], width), _SELECTION)
+    out = _output(out, _batch_shape(q.shape[0], q.shape[1], width, head_major), _SELECTION)
     selected = np.full((q.shape[0], q.shape[1], width), -1, dtype=np.int64)
     for i, p in enumerate(positions):
         selected[i] = _select_one_query(q[i], keys, int(p), bs, top, init, local)
-    return _deliver(selected, out)
+    return _deliver(_in_major(selected, head_major), out)
 
 
 def block_sparse_select_packed(
@@ -680,23 +761,27 @@ def block_sparse_select_packed(
     query_pos: Any,
     config: Any = None,
     *,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    head_major: bool = False,
     out: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """A packed batch: sequence ``s`` owns key rows
     ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i`` (``index_q [n_queries,
     n_kv_heads, d]``) selects over sequence ``seq_ids[i]``'s keys alone at
     ``query_pos[i]`` within it, block ids counted from the sequence's start.
-    int32 ``[n_queries, n_kv_heads, width]`` (a new array, or ``out`` filled)."""
+    int32 ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads, n_queries,
+    width]`` with ``head_major=True``; a new array, or ``out`` filled)."""
     bs, top, init, local = _config(config)
     width = max(top, init + local)
-    keys = _float_array("index_k", index_k, 2, _SELECTION)
-    q = _float_array("index_q", index_q, 3, _SELECTION)
-    if q.shape[2] != keys.shape[1]:
-        raise ReferenceSelectionError("index_q", "index_q and index_k differ in d")
+    head_major = _flag("head_major", head_major)
+    keys = _decoded("index_k", index_k, key_format, 2)
+    q = _decoded("index_q", index_q, query_format, 3)
+    _same_d(q, keys)
     cu = _index_array("cu_seqlens", cu_seqlens, 1, _SELECTION, positions=True)
     sid = _index_array("seq_ids", seq_ids, 1, _SELECTION, positions=True)
     pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
-    out = _output(out, (q.shape[0], q.shape[1], width), _SELECTION)
+    out = _output(out, _batch_shape(q.shape[0], q.shape[1], width, head_major), _SELECTION)
     if len(cu) == 0 or cu[0] != 0 or cu[-1] != keys.shape[0] or np.any(np.diff(cu) < 0):
         raise ReferenceSelectionError(
             "cu_seqlens", "cu_seqlens must rise from 0 to n_positions without decreasing"
@@ -713,26 +798,187 @@ def block_sparse_select_packed(
             raise ReferenceSelectionError("seq_ids", f"seq_ids[{i}] = {s} is out of range")
         seq_keys = keys[int(cu[s]) : int(cu[s + 1])]
         selected[i] = _select_one_query(q[i], seq_keys, int(pos[i]), bs, top, init, local)
-    return _deliver(selected, out)
+    return _deliver(_in_major(selected, head_major), out)
+
+
+def _paged_cache(kv_cache: Any, key_format: Optional[str], bs: int) -> np.ndarray:
+    """The cache's pages decoded, float64 ``[num_blocks, bs, d]``. The page
+    must be the block; a float64 cache (which the native call cannot read
+    in place) is a ``TypeError``."""
+    if np.asarray(kv_cache).dtype == np.float64:
+        raise TypeError(
+            "kv_cache is read in place: float32, float16, bfloat16 or float8_e4m3fn "
+            "(or a raw uint16 / uint8 view with key_format), got float64"
+        )
+    pages = _decoded("kv_cache", kv_cache, key_format, 3)
+    if pages.shape[1] != bs:
+        raise ReferenceSelectionError(
+            "kv_cache",
+            f"kv_cache pages hold {pages.shape[1]} tokens, but config.block_size is {bs}: "
+            "the page must be the block",
+        )
+    return pages
+
+
+def _check_block_table(table: np.ndarray, lens: np.ndarray, n_pages: int, bs: int) -> None:
+    """Every entry that will be read, the first ``ceil(seq_lens[s] / bs)`` of
+    each row, must exist and name a page of the cache."""
+    if table.shape[0] != len(lens):
+        raise ReferenceSelectionError(
+            "block_table", f"block_table has {table.shape[0]} rows for {len(lens)} sequences"
+        )
+    for s, length in enumerate(lens):
+        need = -(-int(length) // bs)
+        if need > table.shape[1]:
+            raise ReferenceSelectionError(
+                "block_table",
+                f"seq_lens[{s}] = {int(length)} needs {need} blocks, "
+                f"but block_table rows have {table.shape[1]}",
+            )
+        read = table[s, :need]
+        bad = np.flatnonzero((read < 0) | (read >= n_pages))
+        if len(bad):
+            b = int(bad[0])
+            raise ReferenceSelectionError(
+                "block_table",
+                f"block_table[{s}, {b}] = {int(read[b])} is not a page of the cache (0..{n_pages})",
+            )
+
+
+def block_sparse_select_paged(
+    index_q: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    seq_ids: Any,
+    query_pos: Any,
+    config: Any = None,
+    *,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    head_major: bool = False,
+    physical: bool = False,
+    out: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """Block selection over a paged cache (see the section notes): query
+    ``i`` (``index_q [n_queries, n_kv_heads, d]``) is :func:`block_sparse_select`
+    of ``index_q[i]`` at ``query_pos[i]`` over the ``seq_lens[s]`` keys of
+    sequence ``s = seq_ids[i]`` laid out contiguously, ``kv_cache[
+    block_table[s, :nb]].reshape(-1, d)[:seq_lens[s]]``. int32 ``[n_queries,
+    n_kv_heads, width]`` (``[n_kv_heads, n_queries, width]`` with
+    ``head_major=True``) of logical block ids, or with ``physical=True`` the
+    pages they live in."""
+    bs, top, init, local = _config(config)
+    width = max(top, init + local)
+    head_major = _flag("head_major", head_major)
+    physical = _flag("physical", physical)
+    pages = _paged_cache(kv_cache, key_format, bs)
+    q = _decoded("index_q", index_q, query_format, 3)
+    _same_d(q, pages)
+    table = _index_array("block_table", block_table, 2, _SELECTION)
+    lens = _index_array("seq_lens", seq_lens, 1, _SELECTION, positions=True)
+    sid = _index_array("seq_ids", seq_ids, 1, _SELECTION, positions=True)
+    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    n_queries, n_heads, d = q.shape
+    if sid.shape != (n_queries,):
+        raise ReferenceSelectionError("seq_ids", "seq_ids needs one id per query")
+    if pos.shape != (n_queries,):
+        raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
+    out = _output(out, _batch_shape(n_queries, n_heads, width, head_major), _SELECTION)
+    _check_block_table(table, lens, pages.shape[0], bs)
+    for i, s in enumerate(sid):
+        if s >= len(lens):
+            raise ReferenceSelectionError(
+                "seq_ids", f"seq_ids[{i}] = {int(s)} is out of range: {len(lens)} sequence(s)"
+            )
+    selected = np.full((n_queries, n_heads, width), -1, dtype=np.int64)
+    for i in range(n_queries):
+        s, length = int(sid[i]), int(lens[sid[i]])
+        ids = table[s, : -(-length // bs)]  # the pages of its logical blocks, in order
+        keys = pages[ids].reshape(-1, d)[:length]
+        row = _select_one_query(q[i], keys, int(pos[i]), bs, top, init, local)
+        if physical:  # each chosen block's page, slot for slot; -1 stays -1
+            chosen = row >= 0
+            row[chosen] = table[s][row[chosen]]
+        selected[i] = row
+    return _deliver(_in_major(selected, head_major), out)
+
+
+def _position(name: str, value: Any) -> int:
+    """An int ``query_pos`` / ``n_positions``: a non-negative integer (a
+    ``TypeError`` if not an integer, refused naming ``name`` if negative or
+    if it is an array, which 1-D blocks do not take)."""
+    if np.ndim(value) != 0:
+        raise ReferenceSelectionError(name, f"{name} must be an int with 1-D blocks")
+    try:
+        return _count(name, value)
+    except ValueError as e:
+        raise ReferenceSelectionError(name, str(e)) from None
+
+
+def _per_query(name: str, value: Any, n: int) -> list:
+    """``query_pos`` / ``n_positions`` of batched blocks as ``n`` Python
+    ints: an int broadcast, or a 1-D array of ``n`` non-negative entries."""
+    if np.ndim(value) == 0:
+        return [_position(name, value)] * n
+    a = _index_array(name, value, 1, _SELECTION, positions=True)
+    if a.shape != (n,):
+        raise ReferenceSelectionError(name, f"{name} needs {n} entries, got shape {a.shape}")
+    return [int(v) for v in a]
+
+
+def _covered(blocks: np.ndarray, query_pos: int, n_positions: int, bs: int) -> np.ndarray:
+    """int64: the positions the non-negative entries of one row of
+    ``blocks`` cover, ascending and distinct (each distinct block's range,
+    the ranges disjoint and taken in ascending block order)."""
+    limit = min(query_pos + 1, n_positions)
+    pieces = [np.zeros(0, dtype=np.int64)]
+    for block in np.unique(blocks[blocks >= 0]):
+        start = int(block) * bs  # Python ints: no overflow
+        if start < limit:
+            pieces.append(np.arange(start, start + min(bs, limit - start), dtype=np.int64))
+    return np.concatenate(pieces)
 
 
 def positions_of_blocks(
-    blocks: Any, query_pos: int, n_positions: int, config: Any = None
+    blocks: Any,
+    query_pos: Any,
+    n_positions: Any,
+    config: Any = None,
+    *,
+    head_major: bool = False,
 ) -> np.ndarray:
     """The positions a selection covers, ascending, deduplicated and causally
     clipped, int32: block ``b`` covers ``[b*bs, min((b+1)*bs, n_positions,
-    query_pos + 1))`` with ``bs = config.block_size``. Negative entries (-1
-    padding) are skipped."""
+    query_pos + 1))`` with ``bs = config.block_size``; negative entries (-1
+    padding) are skipped. 1-D ``blocks`` give a 1-D array of its own length;
+    2-D ``[rows, width]`` and 3-D (a selection, query-major or with
+    ``head_major=True`` head-major) give ``[..., width * bs]``, each row
+    ascending then -1, with ``query_pos`` / ``n_positions`` an int or one
+    entry per row (2-D) or per query (3-D)."""
     bs = _config(config)[0]
-    b = _index_array("blocks", blocks, 1, _SELECTION)
-    query_pos = _count("query_pos", query_pos)
-    n_positions = _count("n_positions", n_positions)
-    limit = min(query_pos + 1, n_positions)
-    covered: set[int] = set()
-    for block in b[b >= 0]:
-        start = int(block) * bs
-        covered.update(range(start, min(start + bs, limit)))
-    return np.array(sorted(covered), dtype=np.int64).astype(np.int32)
+    head_major = _flag("head_major", head_major)
+    a = np.asarray(blocks)
+    b = _index_array("blocks", a, a.ndim, _SELECTION)
+    if b.ndim == 1:
+        qp1 = _position("query_pos", query_pos)
+        n_pos1 = _position("n_positions", n_positions)
+        return _covered(b, qp1, n_pos1, bs).astype(np.int32)
+    if b.ndim not in (2, 3):
+        raise ReferenceSelectionError(
+            "blocks", f"blocks must be 1-D, [rows, width] or a 3-D selection, got shape {b.shape}"
+        )
+    query_axis = 1 if (b.ndim == 3 and head_major) else 0
+    n = b.shape[query_axis]
+    qp = _per_query("query_pos", query_pos, n)
+    n_pos = _per_query("n_positions", n_positions, n)
+    lead = b.shape[:-1]
+    result = np.full(lead + (b.shape[-1] * bs,), -1, dtype=np.int64)
+    for idx in np.ndindex(*lead):
+        i = idx[query_axis]
+        row = _covered(b[idx], qp[i], n_pos[i], bs)
+        result[idx][: len(row)] = row
+    return result.astype(np.int32)
 
 
 # ==========================================================================
