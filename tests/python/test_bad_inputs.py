@@ -307,6 +307,30 @@ def _():
     return {"call": lambda: _ks().block_sparse_select_packed(index_q(True), index_k(), [0, 8, 15], [0, 1], [7, 7], cfg())}
 
 
+def three_queries():
+    """index_q ``[3 queries, 2 heads, 3]`` and its positions: the query-major
+    ``[3, 2, width]`` and head-major ``[2, 3, width]`` shapes differ."""
+    return rng().integers(-3, 4, size=(3, 2, 3)).astype(np.float32), [1, 4, 9]
+
+
+@case("head-major-out-query-major-shape", "wrong ndim/shape", "`block_sparse_select(q [3, 2, d], k, pos, head_major=True, out=np.empty((3, 2, 2), int32))`",
+      "SelectionError", argument="out", note="head-major out is [n_kv_heads, n_queries, width]")
+def _():
+    q, p = three_queries()
+    out = np.full((3, 2, 2), 7, np.int32)
+    return {"call": lambda: _ks().block_sparse_select(q, index_k(), p, cfg(), head_major=True, out=out), "watch": [out]}
+
+
+@case("packed-head-major-out-query-major-shape", "wrong ndim/shape",
+      "`block_sparse_select_packed(q [3, 2, d], k, [0, 16], …, head_major=True, out=np.empty((3, 2, 2), int32))`",
+      "SelectionError", argument="out")
+def _():
+    q, p = three_queries()
+    out = np.full((3, 2, 2), 7, np.int32)
+    return {"call": lambda: _ks().block_sparse_select_packed(q, index_k(), [0, 16], [0, 0, 0], p, cfg(), head_major=True, out=out),
+            "watch": [out]}
+
+
 @case("v-wrong-shape", "wrong ndim/shape", "`dense_attention(q, k, v[:5], pos)`", "SelectionError", argument="v")
 def _():
     q, k, v, p = qkv()
@@ -525,6 +549,23 @@ def _():
                                                                [9, 15], cfg(), out=out), "watch": [q]}
 
 
+@case("half-keys-out-views-keys", "aliasing", "`block_sparse_select(q, k16, 9, out=k16.view(int32)[…])` (float16 keys, read in place)",
+      "SelectionError", argument="out")
+def _():
+    k16 = index_k().astype(np.float16)
+    out = k16.reshape(-1).view(np.int32)[:4].reshape(2, 2)
+    return {"call": lambda: _ks().block_sparse_select(index_q(), k16, 9, cfg(), out=out), "watch": [k16]}
+
+
+@case("packed-out-views-keys", "aliasing", "`block_sparse_select_packed(q, k, [0, 16], …, out=k.view(int32)[…])`",
+      "SelectionError", argument="out")
+def _():
+    k = index_k()
+    out = k.view(np.int32).reshape(-1)[:8].reshape(2, 2, 2)
+    return {"call": lambda: _ks().block_sparse_select_packed(index_q(True), k, [0, 16], [0, 0], [9, 15], cfg(), out=out),
+            "watch": [k]}
+
+
 @case("torch-view-of-buffer", "aliasing", "`scatter_topology_witnesses(buf, torch.from_numpy(buf).numpy()[0, :2], 2)`",
       "WitnessError", argument="topk_indices", torch=True)
 def _():
@@ -635,6 +676,267 @@ def _():
     ref = lambda: _ks().indexer_topk(q, w, np.concatenate([pages[3], pages[1]]), [3, 3], 2)  # noqa: E731
     return {"call": lambda: _ks().indexer_topk_paged(q, w, pages, np.array([[3, 1, 0, 0]], np.int32), [4], [0, 0], [3, 3], 2),
             "check": same(ref)}
+
+
+# -- block selection over a paged cache ---------------------------------------------
+
+
+def paged():
+    """A paged index-K cache of 6 pages of 4 tokens (``cfg().block_size``),
+    d = 3; one sequence of 10 tokens in pages 2, 0, 5 (the table's fourth
+    entry is not read); two queries at positions 4 and 9. Returns q
+    ``[2, 2, 3]``, the cache, the table, seq_lens, seq_ids, query_pos."""
+    cache = rng().integers(-3, 4, size=(6, 4, 3)).astype(np.float32)
+    return index_q(True), cache, np.array([[2, 0, 5, 1]], np.int32), [10], [0, 0], [4, 9]
+
+
+def paged_keys(cache):
+    """The sequence's keys laid out contiguously: what the paged call must select over."""
+    return np.concatenate([cache[2], cache[0], cache[5]])[:10]
+
+
+def paged_out():
+    return np.full((2, 2, 2), 7, np.int32)  # [n_queries, n_kv_heads, cfg().width]
+
+
+def paged_refusal(**changes):
+    """A paged call with some arguments replaced, an ``out=`` to fill, and
+    every buffer watched."""
+    q, cache, table, lens, sid, pos = paged()
+    args = dict(index_q=q, kv_cache=cache, block_table=table, seq_lens=lens, seq_ids=sid, query_pos=pos, config=cfg())
+    args.update(changes)
+    out = paged_out()
+    watch = [out] + [a for a in args.values() if isinstance(a, np.ndarray)]
+    return {"call": lambda: _ks().block_sparse_select_paged(out=out, **args), "watch": watch}
+
+
+@case("paged-block-past-cache", "paged block selection", "`block_sparse_select_paged(q, pages (6), block_table=[[2, 6, 5, 1]], seq_lens=[10], …)`",
+      "SelectionError", argument="block_table", note="an entry that is read must name a page")
+def _():
+    return paged_refusal(block_table=np.array([[2, 6, 5, 1]], np.int32))
+
+
+@case("paged-negative-block", "paged block selection", "`block_sparse_select_paged(…, block_table=[[2, 0, -1, 1]], seq_lens=[10])`",
+      "SelectionError", argument="block_table")
+def _():
+    return paged_refusal(block_table=np.array([[2, 0, -1, 1]], np.int32))
+
+
+@case("paged-unread-entries-not-read", "paged block selection", "`block_sparse_select_paged(…, block_table=[[2, 0, 5, -7, 99]], seq_lens=[10])`",
+      ACCEPTED, note="only the first ⌈L / block_size⌉ entries are read: the rest may hold anything")
+def _():
+    q, cache, _, lens, sid, pos = paged()
+    ref = lambda: _ks().block_sparse_select(q, paged_keys(cache), pos, cfg())  # noqa: E731
+    table = np.array([[2, 0, 5, -7, 99]], np.int32)
+    return {"call": lambda: _ks().block_sparse_select_paged(q, cache, table, lens, sid, pos, cfg()), "check": same(ref)}
+
+
+@case("paged-short-row", "paged block selection", "`block_sparse_select_paged(…, block_table=[[2, 0]], seq_lens=[10])` (needs 3 blocks)",
+      "SelectionError", argument="block_table")
+def _():
+    return paged_refusal(block_table=np.array([[2, 0]], np.int32))
+
+
+@case("paged-page-is-not-the-block", "paged block selection", "`block_sparse_select_paged(q, pages of 4 tokens, …, BlockSparseConfig(8, 2, 1, 1))`",
+      "SelectionError", argument="kv_cache", note="the page size must be config.block_size")
+def _():
+    return paged_refusal(config=_ks().BlockSparseConfig(8, 2, 1, 1))
+
+
+@case("paged-seq-id-out-of-range", "paged block selection", "`block_sparse_select_paged(…, seq_lens=[10], seq_ids=[0, 1], …)`",
+      "SelectionError", argument="seq_ids")
+def _():
+    return paged_refusal(seq_ids=np.array([0, 1], np.int32))
+
+
+@case("paged-seq-id-negative", "paged block selection", "`block_sparse_select_paged(…, seq_ids=[0, -1], …)`",
+      "SelectionError", argument="seq_ids")
+def _():
+    return paged_refusal(seq_ids=np.array([0, -1], np.int32))
+
+
+@case("paged-seq-lens-wrong-length", "paged block selection", "`block_sparse_select_paged(…, block_table (1 row), seq_lens=[10, 3], …)`",
+      "SelectionError", argument="block_table", note="one table row per sequence of seq_lens")
+def _():
+    return paged_refusal(seq_lens=np.array([10, 3], np.int32))
+
+
+@case("paged-seq-ids-wrong-length", "paged block selection", "`block_sparse_select_paged(q (2 queries), …, seq_ids=[0], …)`",
+      "SelectionError", argument="seq_ids")
+def _():
+    return paged_refusal(seq_ids=np.array([0], np.int32))
+
+
+@case("paged-query-pos-wrong-length", "paged block selection", "`block_sparse_select_paged(q (2 queries), …, query_pos=[4])`",
+      "SelectionError", argument="query_pos")
+def _():
+    return paged_refusal(query_pos=np.array([4], np.int64))
+
+
+@case("paged-int64-table", "paged block selection", "`block_sparse_select_paged(…, block_table.astype(int64), …)`", ACCEPTED,
+      note="values fit int32: converted once")
+def _():
+    q, cache, table, lens, sid, pos = paged()
+    ref = lambda: _ks().block_sparse_select(q, paged_keys(cache), pos, cfg())  # noqa: E731
+    return {"call": lambda: _ks().block_sparse_select_paged(q, cache, table.astype(np.int64), lens, sid, pos, cfg()),
+            "check": same(ref)}
+
+
+@case("paged-int64-table-past-int32", "paged block selection", "`block_sparse_select_paged(…, block_table=int64 [[2, 0, 5, 2**40]], seq_lens=[10])`",
+      "SelectionError", argument="block_table", note="converted as a whole: even an unread entry must fit int32")
+def _():
+    return paged_refusal(block_table=np.array([[2, 0, 5, 2**40]], np.int64))
+
+
+@case("paged-float-table", "paged block selection", "`block_sparse_select_paged(…, block_table.astype(float32), …)`", "TypeError")
+def _():
+    return paged_refusal(block_table=np.array([[2, 0, 5, 1]], np.float32))
+
+
+@case("paged-cache-2d", "paged block selection", "`block_sparse_select_paged(q, pages.reshape(24, 3), …)`", "SelectionError",
+      argument="kv_cache", note="[num_blocks, block_size, d]")
+def _():
+    q, cache, *_ = paged()
+    return paged_refusal(kv_cache=cache.reshape(24, 3))
+
+
+@case("paged-cache-4d", "paged block selection", "`block_sparse_select_paged(q, pages[:, :, None], …)`", "SelectionError",
+      argument="kv_cache")
+def _():
+    q, cache, *_ = paged()
+    return paged_refusal(kv_cache=cache[:, :, None])
+
+
+@case("paged-cache-float64", "paged block selection", "`block_sparse_select_paged(q, pages.astype(float64), …)`", "TypeError",
+      note="pages are read in place, never converted")
+def _():
+    q, cache, *_ = paged()
+    return paged_refusal(kv_cache=cache.astype(np.float64))
+
+
+@case("paged-cache-raw-no-format", "paged block selection", "`block_sparse_select_paged(q, bf16 bits as uint16, …)`", "TypeError",
+      note="a raw view needs key_format")
+def _():
+    q, cache, *_ = paged()
+    return paged_refusal(kv_cache=(cache.view(np.uint32) >> 16).astype(np.uint16))
+
+
+@case("paged-cache-raw-bf16", "paged block selection", "`block_sparse_select_paged(q, bf16 bits as uint16, …, key_format='bfloat16')`",
+      ACCEPTED, note="read in place: the same rows as the float32 pages")
+def _():
+    q, cache, table, lens, sid, pos = paged()
+    bits = (cache.view(np.uint32) >> 16).astype(np.uint16)  # integers: exact in bfloat16
+    ref = lambda: _ks().block_sparse_select(q, paged_keys(cache), pos, cfg())  # noqa: E731
+    return {"call": lambda: _ks().block_sparse_select_paged(q, bits, table, lens, sid, pos, cfg(), key_format="bfloat16"),
+            "check": same(ref)}
+
+
+@case("paged-key-format-mismatch", "paged block selection", "`block_sparse_select_paged(q, pages.astype(float16), …, key_format='bfloat16')`",
+      "TypeError")
+def _():
+    q, cache, *_ = paged()
+    return paged_refusal(kv_cache=cache.astype(np.float16), key_format="bfloat16")
+
+
+@case("paged-out-views-table", "paged block selection", "`block_sparse_select_paged(…, block_table=t [1, 8], …, out=t.reshape(2, 2, 2))`",
+      "SelectionError", argument="out")
+def _():
+    q, cache, _, lens, sid, pos = paged()
+    table = np.array([[2, 0, 5, 1, 0, 0, 0, 0]], np.int32)
+    out = table.reshape(2, 2, 2)
+    return {"call": lambda: _ks().block_sparse_select_paged(q, cache, table, lens, sid, pos, cfg(), out=out),
+            "watch": [table, cache]}
+
+
+@case("paged-out-views-cache", "paged block selection", "`block_sparse_select_paged(q, pages16, …, out=pages16.view(int32)[…])` (float16 pages)",
+      "SelectionError", argument="out")
+def _():
+    q, cache, table, lens, sid, pos = paged()
+    pages16 = cache.astype(np.float16)
+    out = pages16.reshape(-1).view(np.int32)[:8].reshape(2, 2, 2)
+    return {"call": lambda: _ks().block_sparse_select_paged(q, pages16, table, lens, sid, pos, cfg(), out=out),
+            "watch": [pages16, table]}
+
+
+@case("paged-out-views-cache-memoryview", "paged block selection", "`block_sparse_select_paged(q, memoryview(pages), …, out=pages.view(int32)[…])`",
+      "SelectionError", argument="out")
+def _():
+    q, cache, table, lens, sid, pos = paged()
+    out = cache.view(np.int32).reshape(-1)[:8].reshape(2, 2, 2)
+    return {"call": lambda: _ks().block_sparse_select_paged(q, memoryview(cache), table, lens, sid, pos, cfg(), out=out),
+            "watch": [cache, table]}
+
+
+@case("paged-head-major-out-query-major-shape", "paged block selection",
+      "`block_sparse_select_paged(q [3, 2, d], …, head_major=True, out=np.empty((3, 2, 2), int32))`", "SelectionError", argument="out",
+      note="head-major out is [n_kv_heads, n_queries, width]")
+def _():
+    q, p = three_queries()
+    _, cache, table, lens, *_ = paged()
+    out = np.full((3, 2, 2), 7, np.int32)
+    return {"call": lambda: _ks().block_sparse_select_paged(q, cache, table, lens, [0, 0, 0], p, cfg(), head_major=True, out=out),
+            "watch": [out, cache, table]}
+
+
+# -- batched positions_of_blocks -----------------------------------------------------
+
+
+@case("positions-4d", "batched positions", "`positions_of_blocks(np.zeros((1, 2, 3, 2), int32), 5, 10, cfg)`", "SelectionError",
+      argument="blocks", note="1-D, [rows, width] or [n_queries, n_kv_heads, width]")
+def _():
+    return {"call": lambda: _ks().positions_of_blocks(np.zeros((1, 2, 3, 2), np.int32), 5, 10, cfg())}
+
+
+@case("positions-query-pos-wrong-length", "batched positions", "`positions_of_blocks(blocks [3, 2], [1, 2], 10, cfg)`", "SelectionError",
+      argument="query_pos", note="an int, or one entry per row")
+def _():
+    return {"call": lambda: _ks().positions_of_blocks(np.zeros((3, 2), np.int32), [1, 2], 10, cfg())}
+
+
+@case("positions-head-major-query-pos-wrong-length", "batched positions",
+      "`positions_of_blocks(blocks [2, 3, 2], [1, 2], 10, cfg, head_major=True)`", "SelectionError", argument="query_pos",
+      note="one per query: axis 1 when head-major")
+def _():
+    return {"call": lambda: _ks().positions_of_blocks(np.zeros((2, 3, 2), np.int32), [1, 2], 10, cfg(), head_major=True)}
+
+
+@case("positions-n-positions-wrong-length", "batched positions", "`positions_of_blocks(blocks [3, 2], 5, [10, 10], cfg)`", "SelectionError",
+      argument="n_positions")
+def _():
+    return {"call": lambda: _ks().positions_of_blocks(np.zeros((3, 2), np.int32), 5, [10, 10], cfg())}
+
+
+@case("positions-batched-past-int32", "batched positions", "`positions_of_blocks([[0, 2**31 - 1]], 2**62, 2**62, cfg)`", "SelectionError",
+      argument="blocks", note="a covered position must fit int32")
+def _():
+    return {"call": lambda: _ks().positions_of_blocks(np.array([[0, 2**31 - 1]], np.int32), 2**62, 2**62, cfg())}
+
+
+@case("positions-batched-huge-block-clipped", "batched positions", "`positions_of_blocks([[0, 2**31 - 1]], 5, 10, cfg)`", ACCEPTED,
+      note="the huge block covers nothing before the query: [0, 1, 2, 3, -1, …]")
+def _():
+    return {"call": lambda: _ks().positions_of_blocks(np.array([[0, 2**31 - 1]], np.int32), 5, 10, cfg()),
+            "check": lambda r: r.dtype == np.int32 and r.tolist() == [[0, 1, 2, 3, -1, -1, -1, -1]]}
+
+
+@case("positions-of-a-selection", "batched positions", "`positions_of_blocks(block_sparse_select(q3d, k, [9, 15]), [9, 15], 16, cfg)`",
+      ACCEPTED, note="[n_queries, n_kv_heads, width * block_size]: each row the 1-D call's, then -1")
+def _():
+    pos = [9, 15]
+
+    def check(r):
+        sel = _ks().block_sparse_select(index_q(True), index_k(), pos, cfg())
+        if r.shape != (2, 2, 8) or r.dtype != np.int32:
+            return False
+        for i in range(2):
+            for h in range(2):
+                one = _ks().positions_of_blocks(sel[i, h], pos[i], 16, cfg())
+                if r[i, h, : len(one)].tolist() != one.tolist() or not (r[i, h, len(one):] == -1).all():
+                    return False
+        return True
+
+    return {"call": lambda: _ks().positions_of_blocks(_ks().block_sparse_select(index_q(True), index_k(), pos, cfg()), pos, 16, cfg()),
+            "check": check}
 
 
 # -- empty arrays and zero-size dimensions ---------------------------------------

@@ -74,6 +74,12 @@ def _workload():
     idx_q = r.standard_normal((4, 16, 64)).astype(np.float32)
     idx_w = r.standard_normal((4, 16)).astype(np.float32)
     idx_table = r.permutation(64).astype(np.int32)[None, :]
+    # The paged block selection: the same keys as 128 pages of cfg.block_size,
+    # handed out shuffled to two sequences of 4,096 tokens.
+    sel_table = r.permutation(128).astype(np.int32).reshape(2, 64)
+    sel_pages = np.empty((128, 64, 64), np.float32)
+    sel_pages[sel_table.ravel()] = keys.reshape(128, 64, 64)
+    sel_pages_bf16 = (sel_pages.view(np.uint32) >> 16).astype(np.uint16)  # raw bfloat16 bits
 
     def scatter():
         buf = learned.copy()
@@ -107,6 +113,13 @@ def _workload():
         "indexer_topk": lambda: ks.indexer_topk(idx_q, idx_w, keys, qpos[:4], 256, num_segments=16),
         "indexer_topk_paged": lambda: ks.indexer_topk_paged(
             idx_q, idx_w, keys.reshape(64, 128, 64), idx_table, [8192], [0] * 4, qpos[:4], 256
+        ),
+        "block_sparse_select_paged": lambda: ks.block_sparse_select_paged(
+            q3, sel_pages, sel_table, [4096, 4096], np.arange(32) % 2, qpos % 4096, cfg
+        ),
+        "block_sparse_select_paged-bf16-head_major-physical": lambda: ks.block_sparse_select_paged(
+            q3, sel_pages_bf16, sel_table, [4096, 4096], np.arange(32) % 2, qpos % 4096, cfg,
+            key_format="bfloat16", head_major=True, physical=True,
         ),
     }
 

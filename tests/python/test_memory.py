@@ -83,6 +83,36 @@ def _calls():
     k_scale = np.full(512, 0.5, np.float32)
     pages = np.zeros((40, 16, 1, 16 + 4), np.uint8)
     table = np.arange(40, dtype=np.int32).reshape(2, 20)
+    # Block selection on engine caches: 16 queries x 2 heads x width 8 is
+    # 1 KiB out per call. bfloat16 / float8 pages and keys are ml_dtypes
+    # arrays when it is installed (the dtype lookup is exercised), raw
+    # views with key_format otherwise.
+    bq = r.standard_normal((16, 2, 16)).astype(np.float32)
+    bpos = r.integers(0, 256, 16)
+    bsid = np.arange(16) % 2
+    bcache = r.standard_normal((40, 16, 16)).astype(np.float32)  # pages of cfg.block_size
+    btable = r.permutation(40).astype(np.int32).reshape(2, 20)
+    blens = np.array([300, 256])
+    bf16_bits = lambda a: (a.view(np.uint32) >> 16).astype(np.uint16)  # noqa: E731
+    fp8_bytes = (r.integers(0, 0x7F, bcache.shape) | (r.integers(0, 2, bcache.shape) << 7)).astype(np.uint8)
+    try:
+        import ml_dtypes
+
+        k_bf16, k_bf16_fmt = k.astype(ml_dtypes.bfloat16), None
+        pages_bf16, pages_bf16_fmt = bcache.astype(ml_dtypes.bfloat16), None
+        pages_fp8, pages_fp8_fmt = fp8_bytes.view(ml_dtypes.float8_e4m3fn), None
+    except ImportError:
+        k_bf16, k_bf16_fmt = bf16_bits(k), "bfloat16"
+        pages_bf16, pages_bf16_fmt = bf16_bits(bcache), "bfloat16"
+        pages_fp8, pages_fp8_fmt = fp8_bytes, "float8_e4m3fn"
+    bsel = ks.block_sparse_select(bq, k, bpos, cfg)
+    bsel_hm = ks.block_sparse_select(bq, k, bpos, cfg, head_major=True)
+    bsel_out = np.empty((16, 2, 8), np.int32)
+    bsel_out_hm = np.empty((2, 16, 8), np.int32)
+    bad_table = btable.copy()
+    bad_table[1, 3] = 40  # past the cache, among the entries read
+    wide_table = np.zeros((2, 128), np.int32)  # out= over it overlaps the table
+    wide_table[:, :20] = btable
 
     def catch(f, exc):
         def call():
@@ -114,7 +144,31 @@ def _calls():
         "block_sparse_select_packed": lambda: ks.block_sparse_select_packed(
             q, k, [0, 256, 512], [0, 1, 0, 1], pos, cfg
         ),
+        "block_sparse_select-bf16": lambda: ks.block_sparse_select(bq, k_bf16, bpos, cfg, key_format=k_bf16_fmt),
+        "block_sparse_select-bf16-out": lambda: ks.block_sparse_select(
+            bq, k_bf16, bpos, cfg, key_format=k_bf16_fmt, out=bsel_out
+        ),
+        "block_sparse_select-bf16-head_major-out": lambda: ks.block_sparse_select(
+            bq, k_bf16, bpos, cfg, key_format=k_bf16_fmt, head_major=True, out=bsel_out_hm
+        ),
+        "block_sparse_select_paged": lambda: ks.block_sparse_select_paged(bq, bcache, btable, blens, bsid, bpos, cfg),
+        "block_sparse_select_paged-bf16": lambda: ks.block_sparse_select_paged(
+            bq, pages_bf16, btable, blens, bsid, bpos, cfg, key_format=pages_bf16_fmt
+        ),
+        "block_sparse_select_paged-fp8": lambda: ks.block_sparse_select_paged(
+            bq, pages_fp8, btable, blens, bsid, bpos, cfg, key_format=pages_fp8_fmt
+        ),
+        "block_sparse_select_paged-head_major-out": lambda: ks.block_sparse_select_paged(
+            bq, bcache, btable, blens, bsid, bpos, cfg, head_major=True, out=bsel_out_hm
+        ),
+        "block_sparse_select_paged-physical": lambda: ks.block_sparse_select_paged(
+            bq, pages_bf16, btable, blens, bsid, bpos, cfg, key_format=pages_bf16_fmt, physical=True
+        ),
         "positions_of_blocks": lambda: ks.positions_of_blocks([0, 3, 7, -1], 500, 512, cfg),
+        "positions_of_blocks-batched": lambda: ks.positions_of_blocks(bsel, bpos, 512, cfg),
+        "positions_of_blocks-batched-head_major": lambda: ks.positions_of_blocks(
+            bsel_hm, bpos, blens[bsid], cfg, head_major=True
+        ),
         "Selector.rows": lambda: ks.Selector.sink_window(4, 60).rows(np.arange(100, 116)),
         "Selector.row": lambda: ks.Selector.random(64, 9).row(1000),
         "oracle_topk": lambda: ks.oracle_topk(att, np.repeat(pos, 4), 16),
@@ -154,6 +208,16 @@ def _calls():
         "refused-negative-count": catch(lambda: ks.random_null(5000, -1, 1), ks.WitnessError),
         "refused-huge-count": catch(lambda: ks.segment_of(2**70, 1, 1), ks.WitnessError),
         "refused-selection-shape": catch(lambda: ks.block_sparse_select(q, k, [1, 2], cfg), ks.SelectionError),
+        "refused-paged-block-table": catch(
+            lambda: ks.block_sparse_select_paged(bq, pages_bf16, bad_table, blens, bsid, bpos, cfg,
+                                                 key_format=pages_bf16_fmt, out=bsel_out),
+            ks.SelectionError,
+        ),
+        "refused-paged-out-aliases-table": catch(
+            lambda: ks.block_sparse_select_paged(bq, bcache, wide_table, blens, bsid, bpos, cfg,
+                                                 out=wide_table.reshape(16, 2, 8)),
+            ks.SelectionError,
+        ),
         "refused-attention-scale": catch(
             lambda: ks.dense_attention(Q, K, V, pos, scale=float("nan")), ks.SelectionError
         ),
