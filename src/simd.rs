@@ -39,7 +39,9 @@ impl Level {
     }
 }
 
-/// Proof that this CPU executes AVX2 and FMA instructions.
+/// Proof that this CPU executes AVX2, FMA and F16C instructions (every
+/// AVX2 CPU shipped has all three; F16C decodes float16 keys in the
+/// kernels).
 ///
 /// Zero-sized and `Copy`; its field is private, so the only way to get one
 /// is [`avx2`] (run-time CPU feature detection). Every AVX2 kernel takes
@@ -47,7 +49,7 @@ impl Level {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Avx2(());
 
-/// The token if this CPU has AVX2 and FMA, whatever `KVSELECT_SIMD` says
+/// The token if this CPU has AVX2, FMA and F16C, whatever `KVSELECT_SIMD` says
 /// (detected once per process).
 fn cpu_avx2() -> Option<Avx2> {
     static CPU: OnceLock<Option<Avx2>> = OnceLock::new();
@@ -56,6 +58,7 @@ fn cpu_avx2() -> Option<Avx2> {
         {
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
             {
                 return Some(Avx2(()));
             }

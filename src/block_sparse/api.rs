@@ -8,7 +8,7 @@ use super::validate::{
     check_q_len, key_rows, visible_end,
 };
 use super::{BlockIds, BlockSparseConfig, IndexLike, OutLayout, SelectionError};
-use crate::keys::{BlockTable, Encoded, PagedCache};
+use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
 use crate::simd;
 
 /// `out` cut into one slice per (query, head) row, listed query-major
@@ -324,6 +324,14 @@ pub fn select_paged_into(
     cfg.validate()?;
     let (c, table) = (inputs.cache, inputs.table);
     c.check()?;
+    if c.layout == PageLayout::Fp8WithScales {
+        return Err(SelectionError::ShapeMismatch {
+            argument: "kv_cache",
+            message: "block selection reads unscaled pages (MiniMax-M3's index-K cache); \
+                      the fp8-with-scales layout is the DSA indexer's"
+                .into(),
+        });
+    }
     if c.block_size != cfg.block_size {
         return Err(SelectionError::ShapeMismatch {
             argument: "kv_cache",

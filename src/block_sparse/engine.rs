@@ -1,10 +1,12 @@
 //! The engine: block scoring fused with the max-pool, split across the
 //! crate's pool by ranges of whole blocks, then the selection of each row.
 //!
-//! Keys come from a [`Keys`] source: float32 rows are read where they lie;
-//! any other format, and every paged cache, is decoded a chunk of rows at a
-//! time into a per-task scratch that stays in cache (a decode is exact, so
-//! the scores are bit-identical to scoring the same values as float32).
+//! Keys come from a [`Keys`] source and are read where they lie, in their
+//! own format (the kernels decode each load exactly, so the scores are
+//! bit-identical to scoring the same values as float32): a dense array
+//! whole, a paged cache one page at a time through its block table. Only a
+//! page whose bytes are misaligned for its element type is decoded into a
+//! small scratch first.
 //! Output rows are handed in as one slice per (query, head) row, in
 //! query-major order, so that the caller decides where each lands (the
 //! engines' head-major layout is the same slices in another order).
@@ -12,7 +14,7 @@
 use super::kernels::{run_segment, Segment, TileOut, MR};
 use super::select::select_blocks;
 use super::BlockSparseConfig;
-use crate::keys::{BlockTable, Encoded, PagedCache};
+use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
 use crate::pool;
 use crate::simd::Avx2;
 
@@ -51,16 +53,32 @@ impl Keys<'_> {
         }
     }
 
-    /// Keys are read in place: no decode, no chunk boundaries of their own.
-    fn borrowed(&self) -> Option<&[f32]> {
+    /// The keys around key `c0`, read in place in their format, with the
+    /// index of their first key: a dense array whole, a paged cache the
+    /// page holding `c0`. `None` when a page's bytes are not aligned for
+    /// its element type (then it is decoded instead).
+    fn in_place(&self, c0: usize, d: usize, bs: usize) -> Option<(Encoded<'_>, usize)> {
         match self {
-            Keys::Dense(Encoded::F32(k)) => Some(k),
-            _ => None,
+            Keys::Dense(k) => Some((*k, 0)),
+            Keys::Paged { cache, table, seq } => {
+                let PageLayout::Dense(format) = cache.layout else {
+                    return None;
+                };
+                let start = table.page(*seq, c0 / bs) * cache.page_stride;
+                let bytes = cache.bytes.get(start..start + bs * d * format.size())?;
+                let keys = match format {
+                    Format::F32 => Encoded::F32(bytemuck::try_cast_slice(bytes).ok()?),
+                    Format::F16 => Encoded::F16(bytemuck::try_cast_slice(bytes).ok()?),
+                    Format::Bf16 => Encoded::Bf16(bytemuck::try_cast_slice(bytes).ok()?),
+                    Format::Fp8E4m3 => Encoded::Fp8E4m3(bytes),
+                };
+                Some((keys, c0 / bs * bs))
+            }
         }
     }
 
     /// The end of the chunk that starts at key `c0` and wants to end at
-    /// `c1`: a decoded chunk never crosses a page.
+    /// `c1`: a chunk of a paged cache never crosses a page.
     fn chunk_end(&self, c0: usize, c1: usize, bs: usize) -> usize {
         match self {
             Keys::Paged { .. } => c1.min((c0 / bs + 1) * bs),
@@ -208,27 +226,33 @@ pub(super) fn score_blocks(
     // keys buys nothing).
     let tiles = rp / MR;
     let streaming = tiles <= STREAMING_TILES;
-    let in_place = keys.borrowed();
-    let key_chunk = match (in_place, tiles) {
-        (Some(_), 1) => usize::MAX,
-        (Some(_), _) => key_chunk,
-        (None, _) if streaming => (DECODE_CHUNK_BYTES / (4 * d)).max(MR),
-        (None, _) => key_chunk,
+    let paged = matches!(keys, Keys::Paged { .. });
+    let key_chunk = match (paged, tiles) {
+        (false, 1) => usize::MAX,
+        _ => key_chunk,
     };
     let mut buf = Vec::new();
     let k_start = b0.saturating_mul(bs).min(n_keys);
     let k_end = b0.saturating_add(n_blk).saturating_mul(bs).min(n_keys);
     let mut c0 = k_start;
     while c0 < k_end {
-        let c1 = keys.chunk_end(c0, c0.saturating_add(key_chunk).min(k_end), bs);
-        // The chunk's keys: in place (indexed from key 0), or decoded
-        // (indexed from key c0).
-        let (chunk, base) = match in_place {
-            Some(k) => (k, 0),
+        let mut c1 = keys.chunk_end(c0, c0.saturating_add(key_chunk).min(k_end), bs);
+        // The chunk's keys in place, or (a misaligned page) decoded a
+        // cache-sized run at a time.
+        // With many row tiles, a low-precision chunk is decoded once into
+        // float32 rather than once per tile.
+        let view = keys
+            .in_place(c0, d, bs)
+            .filter(|(k, _)| streaming || k.format() == Format::F32);
+        let (chunk, base, in_place) = match view {
+            Some((k, base)) => (k, base, true),
             None => {
+                if streaming {
+                    c1 = c1.min(c0 + (DECODE_CHUNK_BYTES / (4 * d)).max(MR));
+                }
                 buf.resize((c1 - c0) * d, 0.0);
                 keys.decode(c0, d, bs, &mut buf);
-                (&buf[..], c0)
+                (Encoded::F32(&buf), c0, false)
             }
         };
         for (t, tile_vis) in rows.vis.chunks_exact(MR).enumerate() {
@@ -250,7 +274,7 @@ pub(super) fn score_blocks(
                 vis: [tile_vis[0], tile_vis[1], tile_vis[2], tile_vis[3]],
                 bs,
                 b0,
-                prefetch: streaming && in_place.is_some(),
+                prefetch: streaming && in_place,
             };
             let out = TileOut {
                 maxima: &mut *maxima,

@@ -19,6 +19,8 @@
 //! table; both the lightning indexer and block selection use it.
 
 pub mod paged;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
 
 pub use paged::{BlockTable, PageLayout, PagedCache};
 
@@ -113,17 +115,24 @@ impl<'a> Encoded<'a> {
         let end = start + out.len();
         match self {
             Encoded::F32(s) => out.copy_from_slice(&s[start..end]),
-            Encoded::F16(s) => {
-                for (o, &b) in out.iter_mut().zip(&s[start..end]) {
-                    *o = f16_to_f32(b);
+            Encoded::F16(s) | Encoded::Bf16(s) => {
+                let f16 = matches!(self, Encoded::F16(_));
+                #[cfg(target_arch = "x86_64")]
+                if let Some(token) = crate::simd::avx2() {
+                    x86::decode_u16(token, &s[start..end], out, f16);
+                    return;
                 }
-            }
-            Encoded::Bf16(s) => {
+                let dec = if f16 { f16_to_f32 } else { bf16_to_f32 };
                 for (o, &b) in out.iter_mut().zip(&s[start..end]) {
-                    *o = bf16_to_f32(b);
+                    *o = dec(b);
                 }
             }
             Encoded::Fp8E4m3(s) => {
+                #[cfg(target_arch = "x86_64")]
+                if let Some(token) = crate::simd::avx2() {
+                    x86::decode_fp8(token, &s[start..end], out);
+                    return;
+                }
                 let table = fp8_table();
                 for (o, &b) in out.iter_mut().zip(&s[start..end]) {
                     *o = table[b as usize];

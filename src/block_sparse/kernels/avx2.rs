@@ -1,24 +1,101 @@
 //! The AVX2 + FMA kernel: 4 rows × up to 3 keys of dot products per
 //! step, one `__m256` accumulator each, reduced in the canonical order.
+//! Keys are read in their own format ([`Load`]): a bfloat16, float16 or
+//! fp8 key is decoded exactly into the lanes the float32 kernel would have
+//! loaded, so the arithmetic, and every block max, is the same.
 use super::{Pieces, Segment, TileOut, MR, PREFETCH_KEYS};
+use crate::keys::{x86 as decode, Encoded};
 use crate::simd::x86::reduce4;
 use crate::simd::Avx2;
 use std::arch::x86_64::*;
+
+/// An element format the kernel reads keys in.
+trait Load {
+    type E: Copy;
+    /// Eight elements at `p` as `f32` lanes.
+    ///
+    /// # Safety
+    /// `p` must be readable for 8 elements; AVX2, FMA and F16C available.
+    unsafe fn load8(p: *const Self::E) -> __m256;
+    /// The last `n < 8` elements of a key at `p`, zeros in the other lanes.
+    ///
+    /// # Safety
+    /// `p` must be readable for `n` elements; AVX2, FMA and F16C available.
+    unsafe fn load_tail(p: *const Self::E, n: usize) -> __m256 {
+        let mut buf = [Self::zero(); 8];
+        // SAFETY: `n` elements at `p` are readable (the contract); `buf`
+        // holds 8 >= n, and the 8 read back are all initialised.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            Self::load8(buf.as_ptr())
+        }
+    }
+    fn zero() -> Self::E;
+}
+
+struct F32;
+struct Bf16;
+struct F16;
+struct Fp8;
+
+impl Load for F32 {
+    type E = f32;
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        // SAFETY: the contract.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    fn zero() -> f32 {
+        0.0
+    }
+}
+impl Load for Bf16 {
+    type E = u16;
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        // SAFETY: the contract.
+        unsafe { decode::load8_bf16(p) }
+    }
+    fn zero() -> u16 {
+        0
+    }
+}
+impl Load for F16 {
+    type E = u16;
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        // SAFETY: the contract.
+        unsafe { decode::load8_f16(p) }
+    }
+    fn zero() -> u16 {
+        0
+    }
+}
+impl Load for Fp8 {
+    type E = u8;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the contract.
+        unsafe { decode::load8_fp8(p) }
+    }
+    fn zero() -> u8 {
+        0
+    }
+}
 
 /// Dot products of the 4 rows at `q` (stride `dp`) with the `NR` keys
 /// at `k` (stride `d`), each as `[r0, r2, r1, r3]`.
 ///
 /// # Safety
 /// `q` must be readable for `4 * dp` floats with `dp >= d` rounded up
-/// to 8, and `k` for `NR * d` floats.
+/// to 8, and `k` for `NR * d` elements.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots<const NR: usize>(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots<L: Load, const NR: usize>(
     q: *const f32,
     dp: usize,
-    k: *const f32,
+    k: *const L::E,
     d: usize,
-    tail: __m256i,
 ) -> [__m128; NR] {
     let mut acc = [[_mm256_setzero_ps(); NR]; MR];
     let full = d / 8;
@@ -26,7 +103,7 @@ unsafe fn dots<const NR: usize>(
         let mut kv = [_mm256_setzero_ps(); NR];
         for (j, v) in kv.iter_mut().enumerate() {
             // SAFETY: key j's dims c*8 .. c*8+8 are within its d.
-            *v = unsafe { _mm256_loadu_ps(k.add(j * d + c * 8)) };
+            *v = unsafe { L::load8(k.add(j * d + c * 8)) };
         }
         // SAFETY: row r's dims c*8 .. c*8+8 are within dp.
         unsafe { fma_chunk(&mut acc, q, dp, c, &kv) };
@@ -35,8 +112,8 @@ unsafe fn dots<const NR: usize>(
         let c = full;
         let mut kv = [_mm256_setzero_ps(); NR];
         for (j, v) in kv.iter_mut().enumerate() {
-            // SAFETY: the mask reads only dims c*8 .. d of key j.
-            *v = unsafe { _mm256_maskload_ps(k.add(j * d + c * 8), tail) };
+            // SAFETY: only dims c*8 .. d of key j are read.
+            *v = unsafe { L::load_tail(k.add(j * d + c * 8), d % 8) };
         }
         // SAFETY: dp is d rounded up to 8, zero-padded.
         unsafe { fma_chunk(&mut acc, q, dp, c, &kv) };
@@ -54,7 +131,7 @@ unsafe fn dots<const NR: usize>(
 /// # Safety
 /// `q` must be readable for `3 * dp + 8 * c + 8` floats.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fma_chunk<const NR: usize>(
     acc: &mut [[__m256; NR]; MR],
     q: *const f32,
@@ -77,26 +154,25 @@ unsafe fn fma_chunk<const NR: usize>(
 /// # Safety
 /// As [`dots`], for `n` keys.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots_upto3(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_upto3<L: Load>(
     q: *const f32,
     dp: usize,
-    k: *const f32,
+    k: *const L::E,
     d: usize,
-    tail: __m256i,
     n: usize,
 ) -> [__m128; 3] {
     let neg_inf = _mm_set1_ps(f32::NEG_INFINITY);
     // SAFETY: the contract, for the `n` keys read.
     unsafe {
         match n {
-            3 => dots::<3>(q, dp, k, d, tail),
+            3 => dots::<L, 3>(q, dp, k, d),
             2 => {
-                let [a, b] = dots::<2>(q, dp, k, d, tail);
+                let [a, b] = dots::<L, 2>(q, dp, k, d);
                 [a, b, neg_inf]
             }
             _ => {
-                let [a] = dots::<1>(q, dp, k, d, tail);
+                let [a] = dots::<L, 1>(q, dp, k, d);
                 [a, neg_inf, neg_inf]
             }
         }
@@ -105,7 +181,7 @@ unsafe fn dots_upto3(
 
 /// Lanes `[r0, r2, r1, r3]` back in row order.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn unpermute(m: __m128) -> [f32; MR] {
     let mut a = [0.0f32; 4];
     // SAFETY: `a` holds 4 floats.
@@ -114,10 +190,28 @@ fn unpermute(m: __m128) -> [f32; MR] {
 }
 
 /// # Safety
-/// `_token` proves AVX2+FMA; every bound the pointer reads rely on is
-/// asserted here (a violated one panics, in release builds too).
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, mut out: TileOut<'_>) {
+/// `_token` proves AVX2, FMA and F16C; every bound the pointer reads rely
+/// on is asserted in [`segment_typed`] (a violated one panics, in release
+/// builds too).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, out: TileOut<'_>) {
+    // SAFETY: the token (above) for each format's kernel.
+    unsafe {
+        match seg.keys {
+            Encoded::F32(k) => segment_typed::<F32>(seg, k, out),
+            Encoded::Bf16(k) => segment_typed::<Bf16>(seg, k, out),
+            Encoded::F16(k) => segment_typed::<F16>(seg, k, out),
+            Encoded::Fp8E4m3(k) => segment_typed::<Fp8>(seg, k, out),
+        }
+    }
+}
+
+/// [`segment`] on keys of one format (`keys` is `seg.keys`' elements).
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn segment_typed<L: Load>(seg: &Segment<'_>, keys: &[L::E], mut out: TileOut<'_>) {
     let d = seg.d;
     let dp = seg.dp;
     // Every key this segment reads must exist, and q must hold 4 rows.
@@ -129,25 +223,15 @@ pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, mut out: TileOut<'
             && seg
                 .end
                 .checked_sub(seg.base)
-                .is_some_and(|n| n.saturating_mul(d) <= seg.keys.len())
+                .is_some_and(|n| n.saturating_mul(d) <= keys.len())
             && seg.q.len() >= MR * dp
             && dp >= d.div_ceil(8) * 8,
         "block_sparse kernel called out of bounds"
     );
-    let rem = (d % 8) as i32;
-    let tail = _mm256_setr_epi32(
-        -((rem > 0) as i32),
-        -((rem > 1) as i32),
-        -((rem > 2) as i32),
-        -((rem > 3) as i32),
-        -((rem > 4) as i32),
-        -((rem > 5) as i32),
-        -((rem > 6) as i32),
-        -((rem > 7) as i32),
-    );
     let q = seg.q.as_ptr();
     // Key `p` is at `kbase + (p - base) * d`.
-    let (kbase, base) = (seg.keys.as_ptr(), seg.base);
+    let (kbase, base) = (keys.as_ptr(), seg.base);
+    let key_bytes = d * std::mem::size_of::<L::E>();
     let neg_inf = _mm_set1_ps(f32::NEG_INFINITY);
     let mut cur_block = usize::MAX;
     let mut m = neg_inf;
@@ -169,13 +253,13 @@ pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, mut out: TileOut<'
                     // the keys is harmless (hence wrapping arithmetic).
                     let ahead = kbase.wrapping_add((p - base + pf_dist) * d) as *const i8;
                     let mut off = 0;
-                    while off < 3 * d * 4 {
+                    while off < 3 * key_bytes {
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off));
                         off += 64;
                     }
                 }
                 // SAFETY: keys p..p+3 exist ((end - base) * d <= keys.len(), p >= base).
-                let s = unsafe { dots::<3>(q, dp, kbase.add((p - base) * d), d, tail) };
+                let s = unsafe { dots::<L, 3>(q, dp, kbase.add((p - base) * d), d) };
                 m = _mm_max_ps(s[0], m);
                 m = _mm_max_ps(s[1], m);
                 m = _mm_max_ps(s[2], m);
@@ -184,7 +268,7 @@ pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, mut out: TileOut<'
             if p < to {
                 let n = to - p;
                 // SAFETY: as above, for the last `n < 3` keys.
-                let s = unsafe { dots_upto3(q, dp, kbase.add((p - base) * d), d, tail, n) };
+                let s = unsafe { dots_upto3::<L>(q, dp, kbase.add((p - base) * d), d, n) };
                 for &sj in &s[..n] {
                     m = _mm_max_ps(sj, m);
                 }
@@ -203,7 +287,7 @@ pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, mut out: TileOut<'
             while p < to {
                 let n = (to - p).min(3);
                 // SAFETY: as above, for keys p..p+n.
-                let s = unsafe { dots_upto3(q, dp, kbase.add((p - base) * d), d, tail, n) };
+                let s = unsafe { dots_upto3::<L>(q, dp, kbase.add((p - base) * d), d, n) };
                 for (j, sj) in s.into_iter().enumerate().take(n) {
                     let rel_p = (p + j - from).min(i32::MAX as usize) as i32;
                     let keep = _mm_castsi128_ps(_mm_cmpgt_epi32(vis, _mm_set1_epi32(rel_p)));

@@ -3,6 +3,7 @@
 //! portable kernel (bit-identical: see the module docs of
 //! [`crate::block_sparse`]).
 
+use crate::keys::Encoded;
 use crate::simd::Avx2;
 
 #[cfg(target_arch = "x86_64")]
@@ -21,8 +22,9 @@ pub(super) struct Segment<'a> {
     /// 4 padded rows, `dp` apart.
     pub(super) q: &'a [f32],
     pub(super) dp: usize,
-    /// Keys `base ..`, `d` floats each: key `p` is at `(p - base) * d`.
-    pub(super) keys: &'a [f32],
+    /// Keys `base ..`, `d` elements each, in their format: key `p` is at
+    /// element `(p - base) * d`.
+    pub(super) keys: Encoded<'a>,
     pub(super) base: usize,
     pub(super) d: usize,
     /// Key indices (absolute, `>= base`), so that block ids are too.
@@ -65,8 +67,9 @@ impl TileOut<'_> {
 pub(super) fn run_segment(isa: Option<Avx2>, seg: &Segment<'_>, out: TileOut<'_>) {
     #[cfg(target_arch = "x86_64")]
     if let Some(token) = isa {
-        // SAFETY: `token` proves AVX2+FMA (only run-time detection makes
-        // one); the kernel asserts the bounds its pointer reads rely on.
+        // SAFETY: `token` proves AVX2, FMA and F16C (only run-time
+        // detection makes one); the kernel asserts the bounds its pointer
+        // reads rely on.
         unsafe { avx2::segment(token, seg, out) };
         return;
     }

@@ -31,6 +31,7 @@ pub(super) fn segment(seg: &Segment<'_>, mut out: TileOut<'_>) {
     let (d, dp) = (seg.d, seg.dp);
     let mut cur_block = usize::MAX;
     let mut m = [f32::NEG_INFINITY; MR];
+    let mut key = vec![0.0f32; d];
     for piece in Pieces::new(seg) {
         if piece.block != cur_block {
             if cur_block != usize::MAX {
@@ -41,9 +42,12 @@ pub(super) fn segment(seg: &Segment<'_>, mut out: TileOut<'_>) {
         }
         for p in piece.from..piece.to {
             let at = (p - seg.base) * d;
-            let Some(k) = seg.keys.get(at..at + d) else {
+            if at + d > seg.keys.len() {
                 break;
-            };
+            }
+            // Decoded exactly: the values the float32 kernel would read.
+            seg.keys.decode(at, &mut key);
+            let k = &key[..];
             for (r, mr) in m.iter_mut().enumerate() {
                 if piece.masked && p >= seg.vis[r] {
                     continue;

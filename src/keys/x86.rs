@@ -1,0 +1,189 @@
+//! Eight encoded elements to eight `f32` lanes, exactly, for the AVX2
+//! kernels that read low-precision keys in place: each is the scalar
+//! decode of [`super`] lane by lane (the tests below check every bit
+//! pattern), so a kernel's arithmetic on decoded lanes is the arithmetic
+//! on the same values given as float32.
+
+use crate::simd::Avx2;
+use std::arch::x86_64::*;
+
+/// Eight bfloat16 values at `p`: the upper halves of the `f32`s.
+///
+/// # Safety
+/// `p` must be readable for 8 `u16`s.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load8_bf16(p: *const u16) -> __m256 {
+    // SAFETY: 16 bytes at `p` are readable (the contract); unaligned load.
+    let raw = unsafe { _mm_loadu_si128(p.cast()) };
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw)))
+}
+
+/// Eight IEEE float16 values at `p` (F16C: exact, subnormals included).
+///
+/// # Safety
+/// `p` must be readable for 8 `u16`s.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load8_f16(p: *const u16) -> __m256 {
+    // SAFETY: 16 bytes at `p` are readable (the contract); unaligned load.
+    let raw = unsafe { _mm_loadu_si128(p.cast()) };
+    _mm256_cvtph_ps(raw)
+}
+
+/// e4m3fn bytes (in 16-bit lanes) as float16 bits that hold the value
+/// `2⁻⁸ ×` theirs: `seeeemmm` → `s0eeeemmm0000000` (a normal e4m3fn is a
+/// normal float16, a subnormal a subnormal), and `0x7F`/`0xFF` → the
+/// float16 NaN `0x7E00` (which widens to the scalar table's `0x7FC0_0000`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fp8_as_f16_bits(x: __m128i) -> __m128i {
+    let m = _mm_and_si128(x, _mm_set1_epi16(0x7F));
+    let sign = _mm_slli_epi16::<8>(_mm_and_si128(x, _mm_set1_epi16(0x80)));
+    let h = _mm_or_si128(_mm_slli_epi16::<7>(m), sign);
+    let nan = _mm_cmpeq_epi16(m, _mm_set1_epi16(0x7F));
+    _mm_blendv_epi8(h, _mm_set1_epi16(0x7E00), nan)
+}
+
+/// Eight float8 e4m3fn values at `p`: through float16 (F16C widens
+/// subnormals exactly), then `× 2⁸`, an exact multiply of a normal float32
+/// (so no float subnormal ever enters an arithmetic instruction).
+///
+/// # Safety
+/// `p` must be readable for 8 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load8_fp8(p: *const u8) -> __m256 {
+    // SAFETY: 8 bytes at `p` are readable (the contract); unaligned load.
+    let raw = unsafe { _mm_loadl_epi64(p.cast()) };
+    let h = fp8_as_f16_bits(_mm_cvtepu8_epi16(raw));
+    _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0))
+}
+
+/// `src` (e4m3fn bytes) decoded into `dst`, 16 at a time, exactly as the
+/// scalar table decodes them.
+pub(crate) fn decode_fp8(_token: Avx2, src: &[u8], dst: &mut [f32]) {
+    // SAFETY: the token proves AVX2, FMA and F16C.
+    unsafe { decode_fp8_avx2(src, dst) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn decode_fp8_avx2(src: &[u8], dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: `i + 16 <= n` elements of `src` and `dst` exist.
+        unsafe {
+            let lo = load8_fp8(src.as_ptr().add(i));
+            let hi = load8_fp8(src.as_ptr().add(i + 8));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), lo);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i + 8), hi);
+        }
+        i += 16;
+    }
+    for (o, &b) in dst[i..n].iter_mut().zip(&src[i..n]) {
+        *o = super::fp8_e4m3fn_to_f32(b);
+    }
+}
+
+/// `src` (bfloat16 bits, or float16 with `f16`) decoded into `dst`, 8 at a
+/// time, exactly as the scalar decodes do.
+pub(crate) fn decode_u16(_token: Avx2, src: &[u16], dst: &mut [f32], f16: bool) {
+    // SAFETY: the token proves AVX2, FMA and F16C.
+    unsafe { decode_u16_avx2(src, dst, f16) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn decode_u16_avx2(src: &[u16], dst: &mut [f32], f16: bool) {
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: `i + 8 <= n` elements of `src` and `dst` exist.
+        unsafe {
+            let p = src.as_ptr().add(i);
+            let v = if f16 { load8_f16(p) } else { load8_bf16(p) };
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), v);
+        }
+        i += 8;
+    }
+    for (o, &b) in dst[i..n].iter_mut().zip(&src[i..n]) {
+        *o = if f16 {
+            super::f16_to_f32(b)
+        } else {
+            super::bf16_to_f32(b)
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{bf16_to_f32, f16_to_f32, fp8_e4m3fn_to_f32};
+
+    fn lanes(v: __m256) -> [u32; 8] {
+        let mut out = [0f32; 8];
+        // SAFETY: `out` holds 8 floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+        out.map(f32::to_bits)
+    }
+
+    /// Every e4m3fn byte decodes to the scalar table's bits; every bfloat16
+    /// and float16 pattern to the scalar decode's value (float16 NaNs: any
+    /// NaN, since F16C quiets a signalling one).
+    #[test]
+    fn the_simd_decodes_equal_the_scalar_decodes_on_every_bit_pattern() {
+        if crate::simd::avx2_for_test().is_none() {
+            return;
+        }
+        let bytes: Vec<u8> = (0..=255u8).collect();
+        let mut dst = vec![0f32; 256 + 5];
+        decode_fp8(
+            crate::simd::avx2_for_test().unwrap(),
+            &[&bytes[..], &bytes[..5]].concat(),
+            &mut dst,
+        );
+        for (i, v) in dst.iter().enumerate() {
+            assert_eq!(
+                v.to_bits(),
+                fp8_e4m3fn_to_f32(bytes[i % 256]).to_bits(),
+                "byte {i}"
+            );
+        }
+        for chunk in bytes.chunks(8) {
+            // SAFETY: F16C/AVX2 detected above; `chunk` holds 8 bytes.
+            let got = lanes(unsafe { load8_fp8(chunk.as_ptr()) });
+            let want = [0, 1, 2, 3, 4, 5, 6, 7].map(|i| fp8_e4m3fn_to_f32(chunk[i]).to_bits());
+            assert_eq!(got, want, "fp8 bytes {chunk:02x?}");
+        }
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        let token = crate::simd::avx2_for_test().unwrap();
+        for f16 in [false, true] {
+            // 65,536 + 3: the 8-wide loop and the scalar tail.
+            let src = [&all[..], &all[..3]].concat();
+            let mut dst = vec![0f32; src.len()];
+            decode_u16(token, &src, &mut dst, f16);
+            for (&b, v) in src.iter().zip(&dst) {
+                let want = if f16 { f16_to_f32(b) } else { bf16_to_f32(b) };
+                assert!(
+                    v.to_bits() == want.to_bits() || (want.is_nan() && v.is_nan()),
+                    "{b:#06x}"
+                );
+            }
+        }
+        for chunk in all.chunks(8) {
+            // SAFETY: as above, 8 u16s.
+            let bf = lanes(unsafe { load8_bf16(chunk.as_ptr()) });
+            // SAFETY: as above.
+            let hf = lanes(unsafe { load8_f16(chunk.as_ptr()) });
+            for i in 0..8 {
+                assert_eq!(bf[i], bf16_to_f32(chunk[i]).to_bits());
+                let want = f16_to_f32(chunk[i]);
+                if want.is_nan() {
+                    assert!(f32::from_bits(hf[i]).is_nan(), "{:#06x}", chunk[i]);
+                } else {
+                    assert_eq!(hf[i], want.to_bits(), "{:#06x}", chunk[i]);
+                }
+            }
+        }
+    }
+}
