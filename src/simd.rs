@@ -27,6 +27,9 @@ pub enum Level {
     Scalar,
     /// x86-64 with AVX2 (and FMA, which every AVX2 CPU shipped has).
     Avx2,
+    /// x86-64 with AVX-512 (F, BW, DQ, VL) besides AVX2: block selection's
+    /// kernel runs two keys per 512-bit register; the other kernels AVX2.
+    Avx512,
 }
 
 impl Level {
@@ -35,6 +38,7 @@ impl Level {
         match self {
             Level::Scalar => "scalar",
             Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
         }
     }
 }
@@ -67,26 +71,102 @@ fn cpu_avx2() -> Option<Avx2> {
     })
 }
 
-/// The token the dispatched kernels run with: `Some` iff this CPU has AVX2
-/// and FMA and `KVSELECT_SIMD=scalar` does not force the portable path
-/// (read once per process).
-pub fn avx2() -> Option<Avx2> {
-    static CHOSEN: OnceLock<Option<Avx2>> = OnceLock::new();
-    *CHOSEN.get_or_init(|| {
-        if std::env::var("KVSELECT_SIMD").is_ok_and(|v| v.eq_ignore_ascii_case("scalar")) {
-            None
-        } else {
-            cpu_avx2()
-        }
+/// `KVSELECT_SIMD`, read once per process: `scalar` forces the portable
+/// kernels, `avx2` caps them at AVX2 (for testing and for measuring what
+/// each level buys).
+fn requested() -> Option<Level> {
+    static REQUESTED: OnceLock<Option<Level>> = OnceLock::new();
+    *REQUESTED.get_or_init(|| {
+        let v = std::env::var("KVSELECT_SIMD").ok()?;
+        [Level::Scalar, Level::Avx2, Level::Avx512]
+            .into_iter()
+            .find(|l| v.eq_ignore_ascii_case(l.name()))
     })
 }
 
-/// The best level this CPU supports (read once per process).
-pub fn level() -> Level {
-    match avx2() {
-        Some(_) => Level::Avx2,
-        None => Level::Scalar,
+/// The token the dispatched kernels run with: `Some` iff this CPU has AVX2,
+/// FMA and F16C and `KVSELECT_SIMD=scalar` does not force the portable path.
+pub fn avx2() -> Option<Avx2> {
+    match requested() {
+        Some(Level::Scalar) => None,
+        _ => cpu_avx2(),
     }
+}
+
+/// Proof that this CPU executes AVX-512 F, BW, DQ and VL besides
+/// everything [`Avx2`] proves. Only [`avx512`] makes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Avx512(Avx2);
+
+impl Avx512 {
+    /// The AVX2 token this one implies.
+    pub fn avx2(self) -> Avx2 {
+        self.0
+    }
+}
+
+fn cpu_avx512() -> Option<Avx512> {
+    static CPU: OnceLock<Option<Avx512>> = OnceLock::new();
+    *CPU.get_or_init(|| {
+        let avx2 = cpu_avx2()?;
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
+                return Some(Avx512(avx2));
+            }
+        }
+        let _ = avx2;
+        None
+    })
+}
+
+/// The AVX-512 token the block kernel runs with: `Some` iff this CPU has it
+/// and `KVSELECT_SIMD` asks for neither `scalar` nor `avx2`.
+pub fn avx512() -> Option<Avx512> {
+    match requested() {
+        Some(Level::Scalar | Level::Avx2) => None,
+        _ => cpu_avx512(),
+    }
+}
+
+/// The best level dispatched to (`kvselect.simd_level()`).
+pub fn level() -> Level {
+    match (avx512(), avx2()) {
+        (Some(_), _) => Level::Avx512,
+        (None, Some(_)) => Level::Avx2,
+        (None, None) => Level::Scalar,
+    }
+}
+
+/// What a kernel with an AVX2 and an AVX-512 version may run: the best
+/// token dispatch allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wide {
+    Avx2(Avx2),
+    Avx512(Avx512),
+}
+
+impl Wide {
+    /// The best token dispatch allows, if any.
+    pub fn best() -> Option<Wide> {
+        match (avx512(), avx2()) {
+            (Some(t), _) => Some(Wide::Avx512(t)),
+            (None, Some(t)) => Some(Wide::Avx2(t)),
+            (None, None) => None,
+        }
+    }
+}
+
+/// [`avx2_for_test`]'s AVX-512 twin (skipped visibly, never failed: CI
+/// machines are only guaranteed AVX2).
+#[cfg(test)]
+pub(crate) fn avx512_for_test() -> Option<Avx512> {
+    let token = cpu_avx512();
+    if token.is_none() {
+        eprintln!("skipped: this CPU has no AVX-512");
+    }
+    token
 }
 
 /// For the unit tests that compare an AVX2 kernel against its portable

@@ -16,7 +16,7 @@ use super::select::select_blocks;
 use super::BlockSparseConfig;
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
 use crate::pool;
-use crate::simd::Avx2;
+use crate::simd::Wide;
 
 /// Cap on the per-(row, block) scratch of one row group, in f32s (4 MiB).
 pub(super) const SCRATCH_FLOATS: usize = 1 << 20;
@@ -144,7 +144,7 @@ impl PaddedRows {
 /// `rows` (one per query-major (query, head) row). Inputs are validated.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run_engine<T: Send>(
-    isa: Option<Avx2>,
+    isa: Option<Wide>,
     index_q: &Encoded<'_>,
     heads: usize,
     vis: &[usize],
@@ -209,7 +209,7 @@ pub(super) fn run_engine<T: Send>(
 /// with every padded row's max score over blocks `b0 .. b0 + n_blk`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn score_blocks(
-    isa: Option<Avx2>,
+    isa: Option<Wide>,
     rows: &PaddedRows,
     keys: &Keys<'_>,
     d: usize,

@@ -45,6 +45,17 @@ fn fp8_as_f16_bits(x: __m128i) -> __m128i {
     _mm_blendv_epi8(h, _mm_set1_epi16(0x7E00), nan)
 }
 
+/// [`fp8_as_f16_bits`] on sixteen 16-bit lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn fp8_as_f16_bits_256(x: __m256i) -> __m256i {
+    let m = _mm256_and_si256(x, _mm256_set1_epi16(0x7F));
+    let sign = _mm256_slli_epi16::<8>(_mm256_and_si256(x, _mm256_set1_epi16(0x80)));
+    let h = _mm256_or_si256(_mm256_slli_epi16::<7>(m), sign);
+    let nan = _mm256_cmpeq_epi16(m, _mm256_set1_epi16(0x7F));
+    _mm256_blendv_epi8(h, _mm256_set1_epi16(0x7E00), nan)
+}
+
 /// Eight float8 e4m3fn values at `p`: through float16 (F16C widens
 /// subnormals exactly), then `× 2⁸`, an exact multiply of a normal float32
 /// (so no float subnormal ever enters an arithmetic instruction).

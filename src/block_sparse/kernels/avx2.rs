@@ -2,86 +2,15 @@
 //! step, one `__m256` accumulator each, reduced in the canonical order.
 //! Keys are read in their own format ([`Load`]): a bfloat16, float16 or
 //! fp8 key is decoded exactly into the lanes the float32 kernel would have
-//! loaded, so the arithmetic, and every block max, is the same.
+//! loaded, so the arithmetic, and every block max, is the same. The walk
+//! over a segment is shared with the AVX-512 kernel, which only replaces
+//! the [`Step`] over whole runs of keys.
+use super::load::{Bf16, Load, F16, F32 as L32, Fp8};
 use super::{Pieces, Segment, TileOut, MR, PREFETCH_KEYS};
-use crate::keys::{x86 as decode, Encoded};
+use crate::keys::Encoded;
 use crate::simd::x86::reduce4;
 use crate::simd::Avx2;
 use std::arch::x86_64::*;
-
-/// An element format the kernel reads keys in.
-trait Load {
-    type E: Copy;
-    /// Eight elements at `p` as `f32` lanes.
-    ///
-    /// # Safety
-    /// `p` must be readable for 8 elements; AVX2, FMA and F16C available.
-    unsafe fn load8(p: *const Self::E) -> __m256;
-    /// The last `n < 8` elements of a key at `p`, zeros in the other lanes.
-    ///
-    /// # Safety
-    /// `p` must be readable for `n` elements; AVX2, FMA and F16C available.
-    unsafe fn load_tail(p: *const Self::E, n: usize) -> __m256 {
-        let mut buf = [Self::zero(); 8];
-        // SAFETY: `n` elements at `p` are readable (the contract); `buf`
-        // holds 8 >= n, and the 8 read back are all initialised.
-        unsafe {
-            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
-            Self::load8(buf.as_ptr())
-        }
-    }
-    fn zero() -> Self::E;
-}
-
-struct F32;
-struct Bf16;
-struct F16;
-struct Fp8;
-
-impl Load for F32 {
-    type E = f32;
-    #[inline(always)]
-    unsafe fn load8(p: *const f32) -> __m256 {
-        // SAFETY: the contract.
-        unsafe { _mm256_loadu_ps(p) }
-    }
-    fn zero() -> f32 {
-        0.0
-    }
-}
-impl Load for Bf16 {
-    type E = u16;
-    #[inline(always)]
-    unsafe fn load8(p: *const u16) -> __m256 {
-        // SAFETY: the contract.
-        unsafe { decode::load8_bf16(p) }
-    }
-    fn zero() -> u16 {
-        0
-    }
-}
-impl Load for F16 {
-    type E = u16;
-    #[inline(always)]
-    unsafe fn load8(p: *const u16) -> __m256 {
-        // SAFETY: the contract.
-        unsafe { decode::load8_f16(p) }
-    }
-    fn zero() -> u16 {
-        0
-    }
-}
-impl Load for Fp8 {
-    type E = u8;
-    #[inline(always)]
-    unsafe fn load8(p: *const u8) -> __m256 {
-        // SAFETY: the contract.
-        unsafe { decode::load8_fp8(p) }
-    }
-    fn zero() -> u8 {
-        0
-    }
-}
 
 /// Dot products of the 4 rows at `q` (stride `dp`) with the `NR` keys
 /// at `k` (stride `d`), each as `[r0, r2, r1, r3]`.
@@ -155,7 +84,7 @@ unsafe fn fma_chunk<const NR: usize>(
 /// As [`dots`], for `n` keys.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dots_upto3<L: Load>(
+pub(super) unsafe fn dots_upto3<L: Load>(
     q: *const f32,
     dp: usize,
     k: *const L::E,
@@ -179,6 +108,40 @@ unsafe fn dots_upto3<L: Load>(
     }
 }
 
+/// A run of [`Step::KEYS`] consecutive keys scored against the tile and
+/// folded into the running max `m` (lanes `[r0, r2, r1, r3]`): the one
+/// thing the AVX-512 kernel does differently.
+pub(super) trait Step: Copy {
+    const KEYS: usize;
+    /// # Safety
+    /// `q` readable for `4 * dp` floats (`dp >= d` rounded up to 8,
+    /// zero-padded), `k` for `KEYS * d` elements; AVX2, FMA, F16C.
+    unsafe fn fold<L: Load>(self, q: *const f32, dp: usize, k: *const L::E, d: usize, m: __m128)
+        -> __m128;
+}
+
+/// Three keys per step, one `__m256` accumulator per (row, key).
+#[derive(Clone, Copy)]
+pub(super) struct Step3;
+
+impl Step for Step3 {
+    const KEYS: usize = 3;
+    #[inline(always)]
+    unsafe fn fold<L: Load>(
+        self,
+        q: *const f32,
+        dp: usize,
+        k: *const L::E,
+        d: usize,
+        m: __m128,
+    ) -> __m128 {
+        // SAFETY: the contract.
+        let s = unsafe { dots::<L, 3>(q, dp, k, d) };
+        // SAFETY: SSE, which x86-64 always has.
+        unsafe { _mm_max_ps(s[2], _mm_max_ps(s[1], _mm_max_ps(s[0], m))) }
+    }
+}
+
 /// Lanes `[r0, r2, r1, r3]` back in row order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -194,14 +157,14 @@ fn unpermute(m: __m128) -> [f32; MR] {
 /// on is asserted in [`segment_typed`] (a violated one panics, in release
 /// builds too).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, out: TileOut<'_>) {
+pub(super) unsafe fn segment<S: Step>(_token: Avx2, step: S, seg: &Segment<'_>, out: TileOut<'_>) {
     // SAFETY: the token (above) for each format's kernel.
     unsafe {
         match seg.keys {
-            Encoded::F32(k) => segment_typed::<F32>(seg, k, out),
-            Encoded::Bf16(k) => segment_typed::<Bf16>(seg, k, out),
-            Encoded::F16(k) => segment_typed::<F16>(seg, k, out),
-            Encoded::Fp8E4m3(k) => segment_typed::<Fp8>(seg, k, out),
+            Encoded::F32(k) => segment_typed::<L32, S>(step, seg, k, out),
+            Encoded::Bf16(k) => segment_typed::<Bf16, S>(step, seg, k, out),
+            Encoded::F16(k) => segment_typed::<F16, S>(step, seg, k, out),
+            Encoded::Fp8E4m3(k) => segment_typed::<Fp8, S>(step, seg, k, out),
         }
     }
 }
@@ -211,7 +174,12 @@ pub(super) unsafe fn segment(_token: Avx2, seg: &Segment<'_>, out: TileOut<'_>) 
 /// # Safety
 /// AVX2, FMA and F16C must be available.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn segment_typed<L: Load>(seg: &Segment<'_>, keys: &[L::E], mut out: TileOut<'_>) {
+unsafe fn segment_typed<L: Load, S: Step>(
+    step: S,
+    seg: &Segment<'_>,
+    keys: &[L::E],
+    mut out: TileOut<'_>,
+) {
     let d = seg.d;
     let dp = seg.dp;
     // Every key this segment reads must exist, and q must hold 4 rows.
@@ -247,31 +215,29 @@ unsafe fn segment_typed<L: Load>(seg: &Segment<'_>, keys: &[L::E], mut out: Tile
         let (from, to) = (piece.from, piece.to);
         if !piece.masked {
             let mut p = from;
-            while p + 3 <= to {
+            while p + S::KEYS <= to {
                 if pf_dist > 0 {
                     // A hint only: never dereferenced, so an address past
                     // the keys is harmless (hence wrapping arithmetic).
                     let ahead = kbase.wrapping_add((p - base + pf_dist) * d) as *const i8;
                     let mut off = 0;
-                    while off < 3 * key_bytes {
+                    while off < S::KEYS * key_bytes {
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off));
                         off += 64;
                     }
                 }
-                // SAFETY: keys p..p+3 exist ((end - base) * d <= keys.len(), p >= base).
-                let s = unsafe { dots::<L, 3>(q, dp, kbase.add((p - base) * d), d) };
-                m = _mm_max_ps(s[0], m);
-                m = _mm_max_ps(s[1], m);
-                m = _mm_max_ps(s[2], m);
-                p += 3;
+                // SAFETY: keys p..p+KEYS exist ((end - base) * d <= keys.len(), p >= base).
+                m = unsafe { step.fold::<L>(q, dp, kbase.add((p - base) * d), d, m) };
+                p += S::KEYS;
             }
-            if p < to {
-                let n = to - p;
-                // SAFETY: as above, for the last `n < 3` keys.
+            while p < to {
+                let n = (to - p).min(3);
+                // SAFETY: as above, for the last keys, at most 3 at a time.
                 let s = unsafe { dots_upto3::<L>(q, dp, kbase.add((p - base) * d), d, n) };
                 for &sj in &s[..n] {
                     m = _mm_max_ps(sj, m);
                 }
+                p += n;
             }
         } else {
             // Lane i keeps key p iff p < vis of row [0, 2, 1, 3][i],

@@ -4,10 +4,14 @@
 //! [`crate::block_sparse`]).
 
 use crate::keys::Encoded;
-use crate::simd::Avx2;
+use crate::simd::Wide;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod load;
 mod portable;
 #[cfg(test)]
 mod tests;
@@ -62,16 +66,19 @@ impl TileOut<'_> {
     }
 }
 
-/// Scores one segment with the AVX2 kernel when handed the token, else
-/// with the portable one (bit-identical block maxima either way).
-pub(super) fn run_segment(isa: Option<Avx2>, seg: &Segment<'_>, out: TileOut<'_>) {
+/// Scores one segment with the AVX-512 or AVX2 kernel when handed a
+/// token, else with the portable one (bit-identical block maxima on all
+/// three).
+pub(super) fn run_segment(isa: Option<Wide>, seg: &Segment<'_>, out: TileOut<'_>) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(token) = isa {
-        // SAFETY: `token` proves AVX2, FMA and F16C (only run-time
+    match isa {
+        // SAFETY: the tokens prove the instruction sets (only run-time
         // detection makes one); the kernel asserts the bounds its pointer
         // reads rely on.
-        unsafe { avx2::segment(token, seg, out) };
-        return;
+        Some(Wide::Avx512(t)) => return unsafe { avx2::segment(t.avx2(), avx512::Step6(t), seg, out) },
+        // SAFETY: as above.
+        Some(Wide::Avx2(t)) => return unsafe { avx2::segment(t, avx2::Step3, seg, out) },
+        None => {}
     }
     let _ = isa;
     portable::segment(seg, out);

@@ -5,7 +5,7 @@ use crate::block_sparse::engine::{run_engine, score_blocks, Keys, PaddedRows, SC
 use crate::block_sparse::select::write_i32_row;
 use crate::block_sparse::BlockSparseConfig;
 use crate::keys::{bf16_to_f32, Encoded};
-use crate::simd::{self, Avx2};
+use crate::simd::{self, Wide};
 
 struct XorShift(u64);
 impl XorShift {
@@ -29,7 +29,7 @@ impl XorShift {
 
 /// Block maxima of every (query, head) row, computed with `isa`.
 fn maxima(
-    isa: Option<Avx2>,
+    isa: Option<Wide>,
     q: &[f32],
     rows: usize,
     vis: &[usize],
@@ -56,15 +56,16 @@ fn maxima(
     bits
 }
 
-/// The AVX2 kernel and the portable kernel compute bit-identical block
+/// The AVX-512, AVX2 and portable kernels compute bit-identical block
 /// maxima (not merely close ones) on random full-precision data, for
 /// odd dimensions, block sizes, row counts and causal limits -- the
 /// summation order is the same on both.
 #[test]
-fn the_avx2_and_portable_kernels_give_bit_identical_block_maxima() {
+fn the_avx512_avx2_and_portable_kernels_give_bit_identical_block_maxima() {
     let Some(token) = simd::avx2_for_test() else {
         return;
     };
+    let wide = simd::avx512_for_test();
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
     let mut finite = 0;
     for case in 0..300 {
@@ -83,7 +84,11 @@ fn the_avx2_and_portable_kernels_give_bit_identical_block_maxima() {
         let vis: Vec<usize> = (0..rows).map(|_| rng.below(n_keys + 1)).collect();
         let keys = Keys::Dense(Encoded::F32(&keys));
         let a = maxima(None, &q, rows, &vis, &keys, d, bs);
-        let b = maxima(Some(token), &q, rows, &vis, &keys, d, bs);
+        let b = maxima(Some(Wide::Avx2(token)), &q, rows, &vis, &keys, d, bs);
+        if let Some(t) = wide {
+            let c = maxima(Some(Wide::Avx512(t)), &q, rows, &vis, &keys, d, bs);
+            assert_eq!(a, c, "case {case} (AVX-512): d={d} n_keys={n_keys} rows={rows} bs={bs}");
+        }
         finite += a.iter().filter(|&&x| f32::from_bits(x).is_finite()).count();
         assert_eq!(
             a, b,
@@ -99,7 +104,11 @@ fn the_avx2_and_portable_kernels_give_bit_identical_block_maxima() {
 #[test]
 fn decoded_keys_give_the_block_maxima_of_their_float32_values() {
     let mut rng = XorShift(0x05ee_db16);
-    let level = simd::avx2();
+    let levels = [
+        None,
+        simd::avx2().map(Wide::Avx2),
+        simd::avx512().map(Wide::Avx512),
+    ];
     for case in 0..200 {
         let d = 1 + rng.below(40);
         let n_keys = rng.below(300);
@@ -112,7 +121,7 @@ fn decoded_keys_give_the_block_maxima_of_their_float32_values() {
         let values: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
         let q: Vec<f32> = (0..rows * d).map(|_| rng.f32()).collect();
         let vis: Vec<usize> = (0..rows).map(|_| rng.below(n_keys + 1)).collect();
-        for isa in [None, level] {
+        for isa in levels {
             let a = maxima(
                 isa,
                 &q,
@@ -164,7 +173,7 @@ fn row_groups_do_not_change_the_selection() {
             let mut out = vec![0i32; n_q * heads * w];
             let mut rows: Vec<&mut [i32]> = out.chunks_exact_mut(w).collect();
             run_engine(
-                simd::avx2(),
+                simd::Wide::best(),
                 &Encoded::F32(&q),
                 heads,
                 &vis,

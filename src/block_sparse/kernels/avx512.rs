@@ -1,0 +1,93 @@
+//! The AVX-512 step: six keys at a time, two per 512-bit register — key
+//! `2p` in lanes 0–7, key `2p + 1` in lanes 8–15 — against each query row
+//! broadcast to both halves. Each half is exactly the AVX2 kernel's `__m256`
+//! accumulator of its key (the same fused multiply-adds on the same lanes in
+//! the same order), and each half is reduced with the same [`reduce4`], so
+//! the block maxima are bit-identical to the AVX2 and portable kernels';
+//! what changes is that one instruction does the work of two. The walk over
+//! a segment (pieces, masking, the last keys of a run) is the AVX2
+//! kernel's.
+
+use super::avx2::Step;
+use super::load::Load;
+use super::MR;
+use crate::simd::x86::reduce4;
+use crate::simd::Avx512;
+use std::arch::x86_64::*;
+
+/// Six keys per step; holds the proof that the AVX-512 code may run.
+#[derive(Clone, Copy)]
+pub(super) struct Step6(pub(super) Avx512);
+
+impl Step for Step6 {
+    const KEYS: usize = 6;
+    #[inline(always)]
+    unsafe fn fold<L: Load>(
+        self,
+        q: *const f32,
+        dp: usize,
+        k: *const L::E,
+        d: usize,
+        m: __m128,
+    ) -> __m128 {
+        // SAFETY: `self.0` proves AVX-512 F/BW/DQ/VL (and AVX2, FMA, F16C);
+        // the pointer contract is the caller's.
+        let s = unsafe { dots6::<L>(q, dp, k, d) };
+        s.into_iter().fold(m, |m, sj| {
+            // SAFETY: SSE, which x86-64 always has.
+            unsafe { _mm_max_ps(sj, m) }
+        })
+    }
+}
+
+/// Dot products of the 4 rows at `q` (stride `dp`) with the 6 keys at `k`
+/// (stride `d`), each as `[r0, r2, r1, r3]`.
+///
+/// # Safety
+/// `q` readable for `4 * dp` floats (`dp >= d` rounded up to 8), `k` for
+/// `6 * d` elements; AVX-512 F/BW/DQ/VL, AVX2, FMA and F16C available.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn dots6<L: Load>(q: *const f32, dp: usize, k: *const L::E, d: usize) -> [__m128; 6] {
+    let mut acc = [[_mm512_setzero_ps(); 3]; MR];
+    let full = d / 8;
+    for c in 0..full {
+        let mut kv = [_mm512_setzero_ps(); 3];
+        for (p, v) in kv.iter_mut().enumerate() {
+            // SAFETY: keys 2p and 2p+1, dims c*8 .. c*8+8, are within d.
+            *v = unsafe { L::load16(k.add(2 * p * d + c * 8), k.add((2 * p + 1) * d + c * 8)) };
+        }
+        for (r, accr) in acc.iter_mut().enumerate() {
+            // SAFETY: row r's dims c*8 .. c*8+8 are within dp.
+            let qv = _mm512_broadcast_f32x8(unsafe { _mm256_loadu_ps(q.add(r * dp + c * 8)) });
+            for p in 0..3 {
+                accr[p] = _mm512_fmadd_ps(qv, kv[p], accr[p]);
+            }
+        }
+    }
+    if !d.is_multiple_of(8) {
+        let (c, n) = (full, d % 8);
+        let mut kv = [_mm512_setzero_ps(); 3];
+        for (p, v) in kv.iter_mut().enumerate() {
+            // SAFETY: only dims c*8 .. d of keys 2p and 2p+1 are read.
+            *v = unsafe {
+                L::load16_tail(k.add(2 * p * d + c * 8), k.add((2 * p + 1) * d + c * 8), n)
+            };
+        }
+        for (r, accr) in acc.iter_mut().enumerate() {
+            // SAFETY: dp is d rounded up to 8, zero-padded.
+            let qv = _mm512_broadcast_f32x8(unsafe { _mm256_loadu_ps(q.add(r * dp + c * 8)) });
+            for p in 0..3 {
+                accr[p] = _mm512_fmadd_ps(qv, kv[p], accr[p]);
+            }
+        }
+    }
+    let lo = |v: __m512| _mm512_castps512_ps256(v);
+    let hi = |v: __m512| _mm512_extractf32x8_ps::<1>(v);
+    let mut out = [_mm_setzero_ps(); 6];
+    for p in 0..3 {
+        let [a, b, c, e] = [acc[0][p], acc[1][p], acc[2][p], acc[3][p]];
+        out[2 * p] = reduce4(lo(a), lo(b), lo(c), lo(e));
+        out[2 * p + 1] = reduce4(hi(a), hi(b), hi(c), hi(e));
+    }
+    out
+}
