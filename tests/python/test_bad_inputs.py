@@ -210,7 +210,7 @@ def _():
 
 
 @case("float64-keys", "wrong dtype", "`block_sparse_select(q.astype(float64), k.astype(float16), 9)`", ACCEPTED,
-      note="converted once to float32")
+      note="float64 queries converted once to float32; float16 keys read in place")
 def _():
     ref = lambda: _ks().block_sparse_select(index_q(), index_k(), 9, cfg())  # noqa: E731
     return {"call": lambda: _ks().block_sparse_select(index_q().astype(np.float64), index_k().astype(np.float16), 9, cfg()),
