@@ -277,7 +277,7 @@ fn run_queries(
     scores: Option<&mut [f32]>,
     keys_of: impl Fn(usize) -> (usize, usize),
 ) {
-    let (level, h, d) = (simd::avx2(), shape.n_heads, shape.d);
+    let (level, h, d) = (simd::Wide::best(), shape.n_heads, shape.d);
     let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(h).saturating_mul(d));
     let dims = (shape.n_queries, h, d);
     for_each_query(

@@ -80,7 +80,7 @@ pub fn indexer_topk_paged_into(
     }
     table.check(c.n_pages, bs)?;
     table.check_seq_ids(inputs.seq_ids)?;
-    let level = simd::avx2();
+    let level = simd::Wide::best();
     let max_len = inputs.seq_lens.iter().copied().max().unwrap_or(0);
     let min_blocks = pool::min_rows(bs.saturating_mul(h).saturating_mul(d)).max(KEY_CHUNK / bs / 4);
     for_each_query(

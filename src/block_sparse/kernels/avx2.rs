@@ -5,7 +5,7 @@
 //! loaded, so the arithmetic, and every block max, is the same. The walk
 //! over a segment is shared with the AVX-512 kernel, which only replaces
 //! the [`Step`] over whole runs of keys.
-use super::load::{Bf16, Load, F16, F32 as L32, Fp8};
+use super::load::{Bf16, Fp8, Load, F16, F32 as L32};
 use super::{Pieces, Segment, TileOut, MR, PREFETCH_KEYS};
 use crate::keys::Encoded;
 use crate::simd::x86::reduce4;
@@ -116,8 +116,14 @@ pub(super) trait Step: Copy {
     /// # Safety
     /// `q` readable for `4 * dp` floats (`dp >= d` rounded up to 8,
     /// zero-padded), `k` for `KEYS * d` elements; AVX2, FMA, F16C.
-    unsafe fn fold<L: Load>(self, q: *const f32, dp: usize, k: *const L::E, d: usize, m: __m128)
-        -> __m128;
+    unsafe fn fold<L: Load>(
+        self,
+        q: *const f32,
+        dp: usize,
+        k: *const L::E,
+        d: usize,
+        m: __m128,
+    ) -> __m128;
 }
 
 /// Three keys per step, one `__m256` accumulator per (row, key).

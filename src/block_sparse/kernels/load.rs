@@ -153,4 +153,3 @@ impl Load for Fp8 {
         0
     }
 }
-

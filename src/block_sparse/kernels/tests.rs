@@ -87,7 +87,10 @@ fn the_avx512_avx2_and_portable_kernels_give_bit_identical_block_maxima() {
         let b = maxima(Some(Wide::Avx2(token)), &q, rows, &vis, &keys, d, bs);
         if let Some(t) = wide {
             let c = maxima(Some(Wide::Avx512(t)), &q, rows, &vis, &keys, d, bs);
-            assert_eq!(a, c, "case {case} (AVX-512): d={d} n_keys={n_keys} rows={rows} bs={bs}");
+            assert_eq!(
+                a, c,
+                "case {case} (AVX-512): d={d} n_keys={n_keys} rows={rows} bs={bs}"
+            );
         }
         finite += a.iter().filter(|&&x| f32::from_bits(x).is_finite()).count();
         assert_eq!(
