@@ -431,4 +431,6 @@ def indexer_topk_paged(
     """
 
 def simd_level() -> str:
-    """The SIMD level the kernels dispatched to on this CPU: "avx2" or "scalar"."""
+    """The best SIMD level the kernels dispatched to on this CPU: "avx512" (block selection and
+    the indexer use it; the other kernels AVX2), "avx2" or "scalar" (`KVSELECT_SIMD=avx2` or
+    `=scalar` caps it)."""

@@ -369,8 +369,10 @@ fn get_num_threads() -> usize {
     pool::num_threads()
 }
 
-/// The instruction-set level the SIMD kernels dispatched to on this CPU
-/// ("avx2" or "scalar").
+/// The best instruction-set level the SIMD kernels dispatched to on this
+/// CPU: "avx512" (block selection and the indexer; the other kernels run
+/// AVX2), "avx2" or "scalar". ``KVSELECT_SIMD=avx2`` or ``=scalar`` in the
+/// environment caps it.
 #[pyfunction]
 fn simd_level() -> &'static str {
     simd::level().name()

@@ -72,14 +72,16 @@ impl TileOut<'_> {
 pub(super) fn run_segment(isa: Option<Wide>, seg: &Segment<'_>, out: TileOut<'_>) {
     #[cfg(target_arch = "x86_64")]
     match isa {
-        // SAFETY: the tokens prove the instruction sets (only run-time
-        // detection makes one); the kernel asserts the bounds its pointer
-        // reads rely on.
         Some(Wide::Avx512(t)) => {
-            return unsafe { avx2::segment(t.avx2(), avx512::Step6(t), seg, out) }
+            // SAFETY: the tokens prove the instruction sets (only run-time
+            // detection makes one); the kernel asserts the bounds its
+            // pointer reads rely on.
+            return unsafe { avx2::segment(t.avx2(), avx512::Step6(t), seg, out) };
         }
-        // SAFETY: as above.
-        Some(Wide::Avx2(t)) => return unsafe { avx2::segment(t, avx2::Step3, seg, out) },
+        Some(Wide::Avx2(t)) => {
+            // SAFETY: as above.
+            return unsafe { avx2::segment(t, avx2::Step3, seg, out) };
+        }
         None => {}
     }
     let _ = isa;
