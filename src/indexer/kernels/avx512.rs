@@ -2,11 +2,13 @@
 //! two keys per 512-bit register — key `2p` in lanes 0–7, key `2p + 1` in
 //! lanes 8–15 — against each head broadcast to both halves. Each half is
 //! exactly the AVX2 kernel's `__m256` chain of its (head, key) pair, reduced
-//! by the same [`reduce4`] and folded in head order by the same
-//! [`fold_heads`], so the scores are bit-identical to the AVX2 and portable
-//! kernels'; one instruction does the work of two.
+//! by the same [`reduce4`] (four keys of one head at a time) and folded in
+//! head order with one fused multiply-add per lane, the scalar fold's, so
+//! the scores are bit-identical to the AVX2 and portable kernels'; one
+//! instruction does the work of two, and the fold works on four keys at
+//! once.
 
-use super::avx2::{fold_heads, tile, HEADS};
+use super::avx2::{tile, HEADS};
 use super::{BLOCK, KEYS};
 use crate::simd::x86::reduce4;
 use crate::simd::Avx512;
@@ -92,18 +94,20 @@ unsafe fn tile4<const G: usize>(
             }
         }
     }
+    // Each head's dots with the 4 keys in one reduction (lanes [k0, k2,
+    // k1, k3]), through the ReLU, then into the 4 keys' sums at once: lane
+    // by lane the scalar `acc = fma(w_h, relu(dot_h), acc)` in head order.
     let lo = |v: __m512| _mm512_castps512_ps256(v);
     let hi = |v: __m512| _mm512_extractf32x8_ps::<1>(v);
-    for p in 0..2 {
-        for g in (0..G).step_by(HEADS) {
-            let [x, y, z, t] = [a[g][p], a[g + 1][p], a[g + 2][p], a[g + 3][p]];
-            let heads = &w[h0 + g..h0 + g + HEADS];
-            fold_heads(reduce4(lo(x), lo(y), lo(z), lo(t)), heads, &mut acc[2 * p]);
-            fold_heads(
-                reduce4(hi(x), hi(y), hi(z), hi(t)),
-                heads,
-                &mut acc[2 * p + 1],
-            );
-        }
+    let mut sums = _mm_setr_ps(acc[0], acc[2], acc[1], acc[3]);
+    for j in 0..G {
+        let [x, y] = a[j];
+        let m = reduce4(lo(x), hi(x), lo(y), hi(y));
+        let m = _mm_andnot_ps(_mm_cmp_ps::<_CMP_LE_OQ>(m, _mm_setzero_ps()), m);
+        sums = _mm_fmadd_ps(_mm_set1_ps(w[h0 + j]), m, sums);
     }
+    let mut v = [0.0f32; 4];
+    // SAFETY: `v` holds 4 floats.
+    unsafe { _mm_storeu_ps(v.as_mut_ptr(), sums) };
+    acc[..4].copy_from_slice(&[v[0], v[2], v[1], v[3]]);
 }
