@@ -11,9 +11,10 @@
 //! query-major order, so that the caller decides where each lands (the
 //! engines' head-major layout is the same slices in another order).
 
-use super::kernels::{run_segment, Segment, TileOut, MR};
+use super::kernels::{run_segment, Segment, TileOut, MR, PREFETCH_KEYS};
 use super::select::select_blocks;
 use super::BlockSparseConfig;
+use crate::keys::prefetch as prefetch_keys;
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
 use crate::pool;
 use crate::simd::Wide;
@@ -244,6 +245,13 @@ pub(super) fn score_blocks(
         let view = keys
             .in_place(c0, d, bs)
             .filter(|(k, _)| streaming || k.format() == Format::F32);
+        // A page's successor lies anywhere in the cache: start fetching its
+        // first keys now (the kernel's own prefetch runs within a chunk).
+        if streaming && c1 < k_end {
+            if let Some((next, next_base)) = keys.in_place(c1, d, bs) {
+                prefetch_keys(&next, (c1 - next_base) * d, PREFETCH_KEYS * d);
+            }
+        }
         let (chunk, base, in_place) = match view {
             Some((k, base)) => (k, base, true),
             None => {

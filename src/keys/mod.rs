@@ -142,6 +142,33 @@ impl<'a> Encoded<'a> {
     }
 }
 
+/// Hints the cache to fetch elements `start .. start + len` of `keys` (keys
+/// a few steps ahead, so a kernel does not wait on memory when it gets
+/// there). Addresses past the keys are never formed.
+#[inline]
+pub(crate) fn prefetch(keys: &Encoded<'_>, start: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (ptr, size, n) = match keys {
+            Encoded::F32(s) => (s.as_ptr() as *const i8, 4, s.len()),
+            Encoded::F16(s) | Encoded::Bf16(s) => (s.as_ptr() as *const i8, 2, s.len()),
+            Encoded::Fp8E4m3(s) => (s.as_ptr() as *const i8, 1, s.len()),
+        };
+        let end = start.saturating_add(len).min(n) * size;
+        let mut at = start.saturating_mul(size);
+        while at < end {
+            // SAFETY: `at < end <= n * size`: within the keys' allocation;
+            // a prefetch reads nothing architecturally.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(ptr.add(at))
+            };
+            at += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (keys, start, len);
+}
+
 /// Little-endian bfloat16 bytes (two per element) decoded into `out`.
 pub(crate) fn decode_bf16(bytes: &[u8], out: &mut [f32]) {
     for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {

@@ -59,33 +59,6 @@ const KEYS: usize = 2;
 /// once per block, not once per key).
 const BLOCK: usize = KEYS * 6;
 
-/// Hints the cache to fetch elements `start .. start + len` of `keys` (a
-/// block a few steps ahead, so its first tile does not wait on memory).
-/// Addresses past the keys are never formed.
-#[inline]
-fn prefetch_block(keys: &Encoded<'_>, start: usize, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let (ptr, size, n) = match keys {
-            Encoded::F32(s) => (s.as_ptr() as *const i8, 4, s.len()),
-            Encoded::F16(s) | Encoded::Bf16(s) => (s.as_ptr() as *const i8, 2, s.len()),
-            Encoded::Fp8E4m3(s) => (s.as_ptr() as *const i8, 1, s.len()),
-        };
-        let end = start.saturating_add(len).min(n) * size;
-        let mut at = start.saturating_mul(size);
-        while at < end {
-            // SAFETY: `at < end <= n * size`: within the keys' allocation;
-            // a prefetch reads nothing architecturally.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(ptr.add(at))
-            };
-            at += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (keys, start, len);
-}
-
 /// The scores of keys `first .. first + out.len()` into `out` (canonical:
 /// `-0.0` is `+0.0`).
 pub(super) fn score_keys(
@@ -104,7 +77,7 @@ pub(super) fn score_keys(
     let mut kbuf = vec![0.0f32; BLOCK * dp];
     for (j, block) in out.chunks_mut(BLOCK).enumerate() {
         let t0 = first + j * BLOCK;
-        prefetch_block(keys, (t0 + 2 * BLOCK) * d, BLOCK * d);
+        crate::keys::prefetch(keys, (t0 + 2 * BLOCK) * d, BLOCK * d);
         // float32 keys already in the padded layout (d a multiple of 8) are
         // read in place; any other block is decoded (or padded) into `kbuf`.
         let k: &[f32] = match keys {
