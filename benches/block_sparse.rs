@@ -18,8 +18,10 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvselect::block_sparse::{
-    select_batch_into, select_into, select_packed_into, BlockSparseConfig,
+    select_batch_encoded_into, select_batch_into, select_into, select_packed_into,
+    BlockSparseConfig, OutLayout,
 };
+use kvselect::keys::Encoded;
 
 const HEADS: usize = 4;
 const D: usize = 128;
@@ -74,6 +76,24 @@ fn decode(c: &mut Criterion) {
             black_box(&out);
         })
     });
+    // The same keys in the engines' formats (bfloat16: the upper halves;
+    // fp8: any byte but NaN), read in place.
+    let bf16: Vec<u16> = keys.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+    let fp8: Vec<u8> = (0..keys.len()).map(|i| (i * 37 % 127) as u8).collect();
+    for (name, k) in [
+        ("bf16", Encoded::Bf16(&bf16)),
+        ("fp8", Encoded::Fp8E4m3(&fp8)),
+    ] {
+        group.bench_function(format!("select_into/{name}"), |b| {
+            b.iter(|| {
+                let (q, pos) = (Encoded::F32(black_box(&q)), [n_pos - 1]);
+                let layout = OutLayout::QueryMajor;
+                select_batch_encoded_into(q, 1, HEADS, k, D, &pos, &cfg, layout, &mut out)
+                    .expect("valid shapes");
+                black_box(&out);
+            })
+        });
+    }
     group.bench_function("read_keys_floor", |b| {
         // Reads the keys once on as many threads as the selection uses, in
         // eight independent lanes per thread: bandwidth-, not latency-bound.

@@ -14,6 +14,7 @@
 use super::kernels::{run_segment, Segment, TileOut, MR, PREFETCH_KEYS};
 use super::select::select_blocks;
 use super::BlockSparseConfig;
+use crate::keys::fp8_has_nan;
 use crate::keys::prefetch as prefetch_keys;
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
 use crate::pool;
@@ -29,6 +30,8 @@ pub(super) const KEY_CHUNK_BYTES: usize = 64 * 1024;
 /// With this few row tiles, keys are streamed from memory once (decode):
 /// the kernel prefetches ahead of itself.
 pub(super) const STREAMING_TILES: usize = 2;
+/// Bytes of fp8 keys per chunk: scanned for NaN, then scored from L1.
+pub(super) const FP8_CHUNK_BYTES: usize = 16 * 1024;
 /// Bytes of decoded keys per chunk when keys are streamed and decoded
 /// (L1-resident between the decode and the kernel).
 pub(super) const DECODE_CHUNK_BYTES: usize = 16 * 1024;
@@ -228,8 +231,12 @@ pub(super) fn score_blocks(
     let tiles = rp / MR;
     let streaming = tiles <= STREAMING_TILES;
     let paged = matches!(keys, Keys::Paged { .. });
-    let key_chunk = match (paged, tiles) {
-        (false, 1) => usize::MAX,
+    // fp8 chunks are scanned for NaN bytes first: small enough that the
+    // scan leaves them in L1 for the kernel.
+    let fp8 = matches!(keys, Keys::Dense(Encoded::Fp8E4m3(_)));
+    let key_chunk = match (paged, tiles, fp8) {
+        (false, _, true) => FP8_CHUNK_BYTES / d,
+        (false, 1, false) => usize::MAX,
         _ => key_chunk,
     };
     let mut buf = Vec::new();
@@ -263,6 +270,10 @@ pub(super) fn score_blocks(
                 (Encoded::F32(&buf), c0, false)
             }
         };
+        let fp8_finite = match chunk {
+            Encoded::Fp8E4m3(k) => !fp8_has_nan(&k[(c0 - base) * d..(c1 - base) * d]),
+            _ => false,
+        };
         for (t, tile_vis) in rows.vis.chunks_exact(MR).enumerate() {
             let lo = tile_vis.iter().copied().min().unwrap_or(0);
             let hi = tile_vis.iter().copied().max().unwrap_or(0);
@@ -283,6 +294,7 @@ pub(super) fn score_blocks(
                 bs,
                 b0,
                 prefetch: streaming && in_place,
+                fp8_finite,
             };
             let out = TileOut {
                 maxima: &mut *maxima,

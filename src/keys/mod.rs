@@ -24,6 +24,14 @@ pub(crate) mod x86;
 
 pub use paged::{BlockTable, PageLayout, PagedCache};
 
+/// Whether any byte is an e4m3fn NaN (`0x7F` or `0xFF`).
+pub(crate) fn fp8_has_nan(bytes: &[u8]) -> bool {
+    // Branch-free over 64-byte runs, so it vectorises.
+    bytes
+        .chunks(64)
+        .any(|c| c.iter().fold(false, |acc, &b| acc | (b & 0x7F == 0x7F)))
+}
+
 /// An element format of keys or queries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Format {

@@ -5,7 +5,7 @@
 //! loaded, so the arithmetic, and every block max, is the same. The walk
 //! over a segment is shared with the AVX-512 kernel, which only replaces
 //! the [`Step`] over whole runs of keys.
-use super::load::{Bf16, Fp8, Load, F16, F32 as L32};
+use super::load::{Bf16, Fp8, Fp8Finite, Load, F16, F32 as L32};
 use super::{Pieces, Segment, TileOut, MR, PREFETCH_KEYS};
 use crate::keys::Encoded;
 use crate::simd::x86::reduce4;
@@ -170,6 +170,9 @@ pub(super) unsafe fn segment<S: Step>(_token: Avx2, step: S, seg: &Segment<'_>, 
             Encoded::F32(k) => segment_typed::<L32, S>(step, seg, k, out),
             Encoded::Bf16(k) => segment_typed::<Bf16, S>(step, seg, k, out),
             Encoded::F16(k) => segment_typed::<F16, S>(step, seg, k, out),
+            Encoded::Fp8E4m3(k) if seg.fp8_finite => {
+                segment_typed::<Fp8Finite, S>(step, seg, k, out)
+            }
             Encoded::Fp8E4m3(k) => segment_typed::<Fp8, S>(step, seg, k, out),
         }
     }

@@ -42,6 +42,8 @@ pub(super) struct Segment<'a> {
     pub(super) b0: usize,
     /// Prefetch keys ahead (they come from memory, used once).
     pub(super) prefetch: bool,
+    /// fp8 keys `start..end` hold no NaN byte (the fast decode applies).
+    pub(super) fp8_finite: bool,
 }
 
 /// Where a tile's block maxima go: `maxima[(b - b0) * stride + col + i]`.

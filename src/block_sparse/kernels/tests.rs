@@ -4,7 +4,7 @@ use super::portable;
 use crate::block_sparse::engine::{run_engine, score_blocks, Keys, PaddedRows, SCRATCH_FLOATS};
 use crate::block_sparse::select::write_i32_row;
 use crate::block_sparse::BlockSparseConfig;
-use crate::keys::{bf16_to_f32, Encoded};
+use crate::keys::{bf16_to_f32, fp8_e4m3fn_to_f32, Encoded};
 use crate::simd::{self, Wide};
 
 struct XorShift(u64);
