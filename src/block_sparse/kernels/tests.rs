@@ -124,29 +124,29 @@ fn decoded_keys_give_the_block_maxima_of_their_float32_values() {
         let values: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
         let q: Vec<f32> = (0..rows * d).map(|_| rng.f32()).collect();
         let vis: Vec<usize> = (0..rows).map(|_| rng.below(n_keys + 1)).collect();
+        // fp8: every byte but NaN, or (every third case) NaN bytes too, so
+        // both the NaN-free fast decode and the exact one run.
+        let bytes: Vec<u8> = (0..n_keys * d)
+            .map(|_| match rng.next() as u8 {
+                b if b & 0x7F == 0x7F && case % 3 != 0 => b ^ 1,
+                b => b,
+            })
+            .collect();
+        let fp8_values: Vec<f32> = bytes.iter().map(|&b| fp8_e4m3fn_to_f32(b)).collect();
+        let pairs = [
+            (Encoded::F32(&values), Encoded::Bf16(&bits)),
+            (Encoded::F32(&fp8_values), Encoded::Fp8E4m3(&bytes)),
+        ];
         for isa in levels {
-            let a = maxima(
-                isa,
-                &q,
-                rows,
-                &vis,
-                &Keys::Dense(Encoded::F32(&values)),
-                d,
-                bs,
-            );
-            let b = maxima(
-                isa,
-                &q,
-                rows,
-                &vis,
-                &Keys::Dense(Encoded::Bf16(&bits)),
-                d,
-                bs,
-            );
-            assert_eq!(
-                a, b,
-                "case {case}: d={d} n_keys={n_keys} rows={rows} bs={bs}"
-            );
+            for (plain, encoded) in pairs {
+                let a = maxima(isa, &q, rows, &vis, &Keys::Dense(plain), d, bs);
+                let b = maxima(isa, &q, rows, &vis, &Keys::Dense(encoded), d, bs);
+                let f = encoded.format();
+                assert_eq!(
+                    a, b,
+                    "case {case} ({f:?}): d={d} n_keys={n_keys} rows={rows} bs={bs}"
+                );
+            }
         }
     }
 }
