@@ -18,6 +18,12 @@ the same output.
 Where the environment pins OpenBLAS to an older kernel (OPENBLAS_CORETYPE /
 OPENBLAS_L2_SIZE), the script re-executes itself without them, so no ratio
 is flattered by a handicapped baseline, and prints what NumPy's BLAS runs.
+It also sets OPENBLAS_THREAD_TIMEOUT=4: OpenBLAS's idle workers otherwise
+busy-wait for ~0.1-0.3 s after every product (measured here: kvselect's
+indexer call right after a product took 27-44 ms, 21-24 ms once the workers
+slept), so in an interleaved run the product's threads would eat the cores
+of whatever ran next. With it every contender, BLAS included, starts from
+sleeping threads and pays its own wake-up.
 """
 
 from __future__ import annotations
@@ -30,8 +36,12 @@ import sys
 import time
 
 _PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-if any(k in os.environ for k in _PINS) and __name__ == "__main__":
+_IDLE = ("OPENBLAS_THREAD_TIMEOUT", "4")
+if __name__ == "__main__" and (
+    any(k in os.environ for k in _PINS) or os.environ.get(_IDLE[0]) != _IDLE[1]
+):
     env = {k: v for k, v in os.environ.items() if k not in _PINS}
+    env[_IDLE[0]] = _IDLE[1]
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 import numpy as np  # noqa: E402

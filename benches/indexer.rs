@@ -4,7 +4,9 @@
 //! - `decode`: one query against 131,072 keys, float32, bfloat16 and fp8
 //!   (with per-key scales) — 2·H·d = 16,384 flops per key, compute-bound;
 //!   `fma_peak` beside it is a register-resident FMA loop on one thread
-//!   (10 independent 8-lane chains), the machine's floor for a fraction.
+//!   (10 independent 8-lane chains), the machine's floor for a fraction;
+//!   `fma_peak_avx512` the same with 16-lane chains (the kernels' level on
+//!   a CPU with AVX-512).
 //! - `prefill`: 16 queries at the end of a 32,768-key sequence.
 //!
 //! The NumPy side (`index_k @ index_q.T`, the bare product, and the pipeline
@@ -104,6 +106,9 @@ fn decode(c: &mut Criterion) {
     group.bench_function("fma_peak", |b| {
         b.iter(|| black_box(fma_peak(2 * H * D * t / 160)))
     });
+    group.bench_function("fma_peak_avx512", |b| {
+        b.iter(|| black_box(fma_peak_avx512(2 * H * D * t / 320)))
+    });
     group.finish();
 }
 
@@ -156,6 +161,39 @@ fn fma_peak_avx2(iters: usize) -> f32 {
         .iter()
         .fold(_mm256_setzero_ps(), |s, &v| _mm256_add_ps(s, v));
     _mm_cvtss_f32(_mm256_castps256_ps128(s))
+}
+
+/// `iters` steps of 10 independent 16-lane AVX-512 FMA chains (320 flops a
+/// step) on one thread: the floor on CPUs whose kernels dispatch to
+/// AVX-512 (NaN without it).
+fn fma_peak_avx512(iters: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512 F was detected just above.
+        return unsafe { fma_peak_512(iters) };
+    }
+    let _ = iters;
+    f32::NAN
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn fma_peak_512(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let mut a = [_mm512_set1_ps(1.0); 10];
+    let (x, y) = (
+        _mm512_set1_ps(black_box(0.999_999)),
+        _mm512_set1_ps(black_box(1e-7)),
+    );
+    for _ in 0..iters {
+        for v in a.iter_mut() {
+            *v = _mm512_fmadd_ps(*v, x, y);
+        }
+    }
+    let s = a
+        .iter()
+        .fold(_mm512_setzero_ps(), |s, &v| _mm512_add_ps(s, v));
+    _mm512_reduce_add_ps(s)
 }
 
 criterion_group!(benches, decode, prefill);

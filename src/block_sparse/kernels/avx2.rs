@@ -225,9 +225,12 @@ unsafe fn segment_typed<L: Load, S: Step>(
         if !piece.masked {
             let mut p = from;
             while p + S::KEYS <= to {
-                if pf_dist > 0 {
-                    // A hint only: never dereferenced, so an address past
-                    // the keys is harmless (hence wrapping arithmetic).
+                // Not past the segment: a paged segment's successor is
+                // another page (the engine prefetches its start), and what
+                // follows this page in memory is not read.
+                if pf_dist > 0 && p + pf_dist + S::KEYS <= seg.end {
+                    // A hint only: never dereferenced (hence wrapping
+                    // arithmetic).
                     let ahead = kbase.wrapping_add((p - base + pf_dist) * d) as *const i8;
                     let mut off = 0;
                     while off < S::KEYS * key_bytes {
