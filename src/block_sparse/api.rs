@@ -533,9 +533,11 @@ pub fn positions_of_blocks_batch_into(
         if let Some(b) = last {
             let end = (b + 1).saturating_mul(bs).min(lim);
             if end - 1 > i32::MAX as usize {
-                let index = r * width + row.iter().position(|&x| x as usize == b).unwrap_or(0);
+                let j = row.iter().position(|&x| x as usize == b).unwrap_or(0);
+                let index = r * width + j;
                 let message = format!(
-                    "blocks[{index}] = {b} covers position {}, which does not fit an int32",
+                    "blocks row {r}, entry {j} = {b} covers position {}, which does not fit an \
+                     int32",
                     end - 1
                 );
                 return Err(SelectionError::OutOfRange {

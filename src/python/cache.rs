@@ -67,6 +67,20 @@ pub(super) fn cache_layout(
                 (Some(t), Some(Some(k))) if t == k => t,
                 (None, Some(Some(k @ (Format::F16 | Format::Bf16)))) if dtype == "uint16" => k,
                 (None, Some(Some(Format::Fp8E4m3))) if dtype == "uint8" => Format::Fp8E4m3,
+                (_, Some(None)) => {
+                    return Err(PyTypeError::new_err(format!(
+                        "key_format {:?} is not one of float32, float16, bfloat16, float8_e4m3fn",
+                        key_format.unwrap_or_default()
+                    )))
+                }
+                (_, Some(Some(k))) => {
+                    return Err(PyTypeError::new_err(format!(
+                        "kv_cache has dtype {dtype}, which does not hold {} (key_format): pass \
+                         the pages in that format, or a raw uint16 (bfloat16, float16) / uint8 \
+                         (float8_e4m3fn) view of them",
+                        k.name()
+                    )))
+                }
                 _ => {
                     return Err(PyTypeError::new_err(format!(
                         "kv_cache has dtype {dtype}: pages are read in place, so they must be float32, \
