@@ -59,6 +59,21 @@ unsafe fn join(lo: __m256, hi: __m256) -> __m512 {
     unsafe { _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi) }
 }
 
+/// Eight 16-bit elements at `a`, then eight at `b`.
+///
+/// # Safety
+/// `a` and `b` readable for 16 bytes each; AVX2.
+#[inline(always)]
+unsafe fn two_rows16(a: *const u16, b: *const u16) -> __m256i {
+    // SAFETY: 16 bytes at each (the contract); unaligned loads.
+    unsafe {
+        _mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(a.cast())),
+            _mm_loadu_si128(b.cast()),
+        )
+    }
+}
+
 /// Sixteen bytes: eight at `a`, then eight at `b`.
 ///
 /// # Safety
@@ -103,13 +118,9 @@ impl Load for Bf16 {
     #[inline(always)]
     unsafe fn load16(a: *const u16, b: *const u16) -> __m512 {
         // SAFETY: the contract; 16 bytes at each of `a` and `b`.
-        unsafe {
-            let x = _mm256_inserti128_si256::<1>(
-                _mm256_castsi128_si256(_mm_loadu_si128(a.cast())),
-                _mm_loadu_si128(b.cast()),
-            );
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(x)))
-        }
+        let x = unsafe { two_rows16(a, b) };
+        // SAFETY: AVX-512 F (the contract).
+        unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(x))) }
     }
     fn zero() -> u16 {
         0
@@ -125,13 +136,9 @@ impl Load for F16 {
     #[inline(always)]
     unsafe fn load16(a: *const u16, b: *const u16) -> __m512 {
         // SAFETY: the contract; 16 bytes at each of `a` and `b`.
-        unsafe {
-            let x = _mm256_inserti128_si256::<1>(
-                _mm256_castsi128_si256(_mm_loadu_si128(a.cast())),
-                _mm_loadu_si128(b.cast()),
-            );
-            _mm512_cvtph_ps(x)
-        }
+        let x = unsafe { two_rows16(a, b) };
+        // SAFETY: AVX-512 F (the contract).
+        unsafe { _mm512_cvtph_ps(x) }
     }
     fn zero() -> u16 {
         0
