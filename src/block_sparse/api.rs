@@ -553,22 +553,47 @@ pub fn positions_of_blocks_batch_into(
         let lim = limit(r);
         let src = &blocks[r * width..(r + 1) * width];
         let n_blocks = lim.div_ceil(bs);
-        let mut ids: Vec<usize> = src
+        // The row's visible ids, on the stack for a selection's width (no
+        // allocation per row), sorted and deduplicated unless already so.
+        let (mut stack, mut heap) = ([0usize; 64], Vec::new());
+        let valid = src
             .iter()
             .filter_map(|&b| usize::try_from(b).ok())
-            .filter(|&b| b < n_blocks)
-            .collect();
-        if !ids.windows(2).all(|w| w[0] < w[1]) {
+            .filter(|&b| b < n_blocks);
+        let ids: &mut [usize] = if width <= stack.len() {
+            let mut n = 0;
+            for b in valid {
+                stack[n] = b;
+                n += 1;
+            }
+            &mut stack[..n]
+        } else {
+            heap.extend(valid);
+            &mut heap
+        };
+        let ids = if ids.windows(2).all(|w| w[0] < w[1]) {
+            &ids[..]
+        } else {
             ids.sort_unstable();
-            ids.dedup();
-        }
+            let mut n = 0;
+            for i in 0..ids.len() {
+                if n == 0 || ids[i] != ids[n - 1] {
+                    ids[n] = ids[i];
+                    n += 1;
+                }
+            }
+            &ids[..n]
+        };
         let mut at = 0;
-        for b in ids {
+        for &b in ids {
             // b < ⌈lim / bs⌉, so b·bs < lim; every position fits i32 (above).
             let start = b * bs;
             let n = (start + bs).min(lim) - start;
-            for (i, slot) in dst[at..at + n].iter_mut().enumerate() {
-                *slot = (start + i) as i32;
+            // An i32 counter, so the loop vectorises as an iota.
+            let mut v = start as i32;
+            for slot in &mut dst[at..at + n] {
+                *slot = v;
+                v = v.wrapping_add(1);
             }
             at += n;
         }
