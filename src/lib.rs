@@ -40,6 +40,7 @@
 
 pub mod attention;
 pub mod block_sparse;
+pub mod check;
 mod error;
 pub mod indexer;
 pub mod keys;

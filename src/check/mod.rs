@@ -1,0 +1,267 @@
+//! Is an engine's selection right? The token top-k rule applied to a row a
+//! kernel returned, with the tolerance a lower-precision engine is owed.
+//!
+//! # The rule
+//!
+//! A row for a query with context `L` and budget `topk` is **correct** iff
+//!
+//! - its valid (non-negative) entries come first, then only padding (`-1`,
+//!   or any negative value): no hole;
+//! - they are distinct and causal, `0 <= x < L`;
+//! - there are exactly `min(topk, L)` of them;
+//! - every selected position scores at least every unselected one, up to
+//!   the tolerance below.
+//!
+//! Engines return rows **unordered** and break ties at the threshold as
+//! they like (vLLM's top-k by atomic arrival order), so the check never
+//! compares index sets: it compares scores, which is the same as comparing
+//! the selected-score multiset with the exact top-k's. Ties at the
+//! threshold are therefore never errors.
+//!
+//! # The tolerance, defined
+//!
+//! Each exact score `s_t` carries an error bound `e_t = atol + rtol · m_t`,
+//! where `m_t` is the magnitude a lower-precision engine's rounding scales
+//! with — for the lightning indexer `Σ_h |w_h| · Σ_i |q_hi · k_ti|`, passed
+//! in per position. A selected `a` and an unselected `b` with `s_a < s_b`
+//! are a tie, not an error, when `s_b − s_a ≤ e_a + e_b`. So the row is
+//! right iff `max over unselected b of (s_b − e_b) ≤ min over selected a
+//! of (s_a + e_a)`, an O(L) test; the difference is the row's **margin**
+//! (positive: wrong by that much). With `atol = rtol = 0` the check is
+//! exact — what an engine's row owes the engine's *own* scores, the test
+//! that catches a few-1e-4 threshold shift any tolerance would mask.
+//!
+//! NaN scores rank below every number (the indexer's order), and no
+//! tolerance makes a NaN tie with a number: a selected NaN while a number
+//! is left out is an error, whatever the bounds. `-0.0` and `+0.0` are one
+//! score.
+
+#[cfg(test)]
+mod tests;
+
+/// At most this many dropped and intruding positions are listed per row
+/// (the counts are always complete).
+pub const MAX_LISTED: usize = 16;
+
+/// The tolerance: `e_t = atol + rtol · magnitude_t`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Tolerance {
+    pub atol: f64,
+    pub rtol: f64,
+}
+
+/// One thing wrong with a row. A row can have several (its structure is
+/// checked first; the selection only on a row whose structure is sound).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Problem {
+    /// A valid entry after padding: slot `slot` holds `position` although
+    /// an earlier slot was padding (the first such slot only).
+    PaddingHole { slot: usize, position: i64 },
+    /// `position` appears in `first` and again in `slot`.
+    Duplicate {
+        position: i64,
+        first: usize,
+        slot: usize,
+    },
+    /// `position` in `slot` is not in `0..len` (a future position, or past
+    /// the keys).
+    NotCausal { slot: usize, position: i64 },
+    /// `valid` distinct causal entries where the rule wants `expected =
+    /// min(topk, len)`.
+    WrongCount { valid: usize, expected: usize },
+    /// Positions that had to be selected were not (`dropped`), and
+    /// selected ones that had to yield (`intruders`), beyond the
+    /// tolerance; each with its score, the first [`MAX_LISTED`] by how far
+    /// past the line they are. `threshold` is the exact `min(topk, len)`-th
+    /// best score of the row, `margin` how far the best unselected lower
+    /// bound sits above the worst selected upper bound.
+    WrongSelection {
+        dropped: Vec<(usize, f32)>,
+        intruders: Vec<(usize, f32)>,
+        n_dropped: usize,
+        n_intruders: usize,
+        threshold: f32,
+        margin: f64,
+    },
+}
+
+/// The verdict on one row: correct iff `problems` is empty.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RowCheck {
+    pub problems: Vec<Problem>,
+}
+
+impl RowCheck {
+    pub fn is_correct(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// A score with the rule's order: NaN below every number, `-0.0 == +0.0`;
+/// `lo`/`hi` are the ends of its tolerance interval.
+#[derive(Clone, Copy)]
+struct Bounded {
+    nan: bool,
+    lo: f64,
+    hi: f64,
+}
+
+impl Bounded {
+    fn new(s: f32, e: f64) -> Self {
+        let v = f64::from(s) + 0.0;
+        Bounded {
+            nan: s.is_nan(),
+            lo: v - e,
+            hi: v + e,
+        }
+    }
+}
+
+/// How far unselected `b` sits above selected `a` beyond the tolerance
+/// (positive: `b` should have been chosen over `a`). A NaN never beats a
+/// number and always loses to one.
+fn excess(b: Bounded, a: Bounded) -> f64 {
+    match (b.nan, a.nan) {
+        (true, _) => f64::NEG_INFINITY,
+        (false, true) => f64::INFINITY,
+        // inf - inf: two infinite scores of one sign tie.
+        (false, false) => match b.lo - a.hi {
+            d if d.is_nan() => 0.0,
+            d => d,
+        },
+    }
+}
+
+/// Checks one row against its exact scores.
+///
+/// `scores[t]` is the exact score of position `t` for `t < len` (at least
+/// `len` entries); `magnitudes`, if given, `m_t` alike (required for a
+/// non-zero `rtol`; see the module docs). `row` is the engine's row, any
+/// order, negative entries padding.
+///
+/// # Panics
+/// If `scores` (or `magnitudes`) holds fewer than `len` entries, or `rtol`
+/// is non-zero without magnitudes — the public entry points check both.
+pub fn check_topk_row(
+    scores: &[f32],
+    magnitudes: Option<&[f32]>,
+    tol: Tolerance,
+    row: &[i64],
+    len: usize,
+    topk: usize,
+) -> RowCheck {
+    assert!(scores.len() >= len && magnitudes.is_none_or(|m| m.len() >= len));
+    assert!(tol.rtol == 0.0 || magnitudes.is_some());
+    let mut problems = Vec::new();
+    let mut chosen = vec![usize::MAX; len]; // slot holding each position
+    let mut selected = Vec::with_capacity(row.len().min(len));
+    let (mut padding_at, mut hole) = (None, false);
+    for (slot, &x) in row.iter().enumerate() {
+        if x < 0 {
+            padding_at.get_or_insert(slot);
+            continue;
+        }
+        if padding_at.is_some() && !hole {
+            hole = true;
+            problems.push(Problem::PaddingHole { slot, position: x });
+        }
+        let Some(p) = usize::try_from(x).ok().filter(|&p| p < len) else {
+            problems.push(Problem::NotCausal { slot, position: x });
+            continue;
+        };
+        if chosen[p] != usize::MAX {
+            problems.push(Problem::Duplicate {
+                position: x,
+                first: chosen[p],
+                slot,
+            });
+            continue;
+        }
+        chosen[p] = slot;
+        selected.push(p);
+    }
+    let expected = topk.min(len);
+    if selected.len() != expected {
+        problems.push(Problem::WrongCount {
+            valid: selected.len(),
+            expected,
+        });
+    }
+    if !problems.is_empty() {
+        return RowCheck { problems };
+    }
+
+    let bound = |t: usize| {
+        let e = tol.atol + tol.rtol * magnitudes.map_or(0.0, |m| f64::from(m[t]).abs());
+        Bounded::new(scores[t], e)
+    };
+    // The worst selected (lowest upper end) and the best unselected
+    // (highest lower end), in the rule's order (NaN below every number).
+    let order = |nan: bool, v: f64| (!nan, v);
+    let cmp = |x: (bool, f64), y: (bool, f64)| x.0.cmp(&y.0).then(x.1.total_cmp(&y.1));
+    let worst = selected
+        .iter()
+        .map(|&a| bound(a))
+        .min_by(|x, y| cmp(order(x.nan, x.hi), order(y.nan, y.hi)));
+    let unselected = (0..len).filter(|&t| chosen[t] == usize::MAX);
+    let best = unselected
+        .clone()
+        .map(bound)
+        .max_by(|x, y| cmp(order(x.nan, x.lo), order(y.nan, y.lo)));
+    let (Some(worst), Some(best)) = (worst, best) else {
+        return RowCheck { problems }; // nothing selected or nothing left out
+    };
+    let margin = excess(best, worst);
+    if margin <= 0.0 {
+        return RowCheck { problems };
+    }
+    // Dropped: unselected positions that beat the worst selected one;
+    // intruders: selected ones the best unselected one beats.
+    let mut dropped: Vec<(usize, f64)> = unselected
+        .map(|b| (b, excess(bound(b), worst)))
+        .filter(|&(_, x)| x > 0.0)
+        .collect();
+    let mut intruders: Vec<(usize, f64)> = selected
+        .iter()
+        .map(|&a| (a, excess(best, bound(a))))
+        .filter(|&(_, x)| x > 0.0)
+        .collect();
+    let by_excess = |x: &(usize, f64), y: &(usize, f64)| {
+        y.1.partial_cmp(&x.1)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(x.0.cmp(&y.0))
+    };
+    dropped.sort_by(by_excess);
+    intruders.sort_by(by_excess);
+    let list = |v: &[(usize, f64)]| -> Vec<(usize, f32)> {
+        v.iter()
+            .take(MAX_LISTED)
+            .map(|&(t, _)| (t, scores[t]))
+            .collect()
+    };
+    problems.push(Problem::WrongSelection {
+        dropped: list(&dropped),
+        intruders: list(&intruders),
+        n_dropped: dropped.len(),
+        n_intruders: intruders.len(),
+        threshold: kth_best(&scores[..len], expected),
+        margin,
+    });
+    RowCheck { problems }
+}
+
+/// The `k`-th best score of `scores` in the rule's order (`k >= 1`).
+fn kth_best(scores: &[f32], k: usize) -> f32 {
+    let mut keys: Vec<u32> = scores
+        .iter()
+        .map(|&s| crate::indexer::rank_key(s))
+        .collect();
+    let i = keys.len() - k;
+    let (_, &mut key, _) = keys.select_nth_unstable(i);
+    // Back from the rank key to a score (NaN for key 0).
+    match key {
+        0 => f32::NAN,
+        k if k >> 31 == 1 => f32::from_bits(k & 0x7FFF_FFFF),
+        k => f32::from_bits(!k),
+    }
+}

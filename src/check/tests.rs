@@ -1,0 +1,253 @@
+//! The rule on hand examples, and on randomised engine-like rows: every row
+//! the rule allows (unordered, ties broken any way, scores perturbed inside
+//! the tolerance) is accepted; every way of being wrong is reported as such.
+
+use super::*;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn exact(scores: &[f32], row: &[i64], topk: usize) -> RowCheck {
+    check_topk_row(scores, None, Tolerance::default(), row, scores.len(), topk)
+}
+
+#[test]
+fn an_unordered_row_of_the_best_positions_is_correct() {
+    let s = [0.5, 3.0, 1.0, 2.0, -1.0];
+    assert!(exact(&s, &[3, 1, 2], 3).is_correct());
+    assert!(exact(&s, &[1, 2, 3], 3).is_correct());
+}
+
+#[test]
+fn a_tie_at_the_threshold_may_be_broken_either_way() {
+    let s = [1.0, 2.0, 1.0, 1.0];
+    for row in [[1, 0], [2, 1], [1, 3]] {
+        assert!(exact(&s, &row, 2).is_correct(), "{row:?}");
+    }
+    // -0.0 and +0.0 are one score.
+    assert!(exact(&[0.0, -0.0, -1.0], &[1], 1).is_correct());
+}
+
+#[test]
+fn a_dropped_candidate_names_the_dropped_and_the_intruder_with_threshold_and_margin() {
+    let s = [0.5, 3.0, 1.0, 2.0, -1.0];
+    let c = exact(&s, &[1, 3, 0], 3);
+    let [Problem::WrongSelection {
+        dropped,
+        intruders,
+        n_dropped,
+        n_intruders,
+        threshold,
+        margin,
+    }] = &c.problems[..]
+    else {
+        panic!("{c:?}");
+    };
+    assert_eq!(
+        (dropped.as_slice(), intruders.as_slice()),
+        (&[(2, 1.0)][..], &[(0, 0.5)][..])
+    );
+    assert_eq!((*n_dropped, *n_intruders), (1, 1));
+    assert_eq!(*threshold, 1.0);
+    assert_eq!(*margin, 0.5);
+}
+
+#[test]
+fn structural_faults_are_reported_before_the_selection() {
+    let s = [0.0; 6];
+    let c = exact(&s, &[0, 0, 1], 3);
+    assert_eq!(
+        c.problems[0],
+        Problem::Duplicate {
+            position: 0,
+            first: 0,
+            slot: 1
+        }
+    );
+    let c = exact(&s, &[0, 6, 1], 3);
+    assert_eq!(
+        c.problems[0],
+        Problem::NotCausal {
+            slot: 1,
+            position: 6
+        }
+    );
+    let c = exact(&s, &[0, -1, 1], 3);
+    assert_eq!(
+        c.problems[0],
+        Problem::PaddingHole {
+            slot: 2,
+            position: 1
+        }
+    );
+    let c = exact(&s, &[0, 1, -1], 3);
+    assert_eq!(
+        c.problems,
+        vec![Problem::WrongCount {
+            valid: 2,
+            expected: 3
+        }]
+    );
+    // A short context: exactly L valid entries, then padding.
+    assert!(check_topk_row(&s, None, Tolerance::default(), &[2, 0, 1, -1], 3, 4).is_correct());
+}
+
+#[test]
+fn nan_ranks_below_every_number_and_no_tolerance_saves_it() {
+    let tol = Tolerance {
+        atol: 1e30,
+        rtol: 0.0,
+    };
+    let s = [f32::NAN, f32::NEG_INFINITY, 1.0];
+    let c = check_topk_row(&s, None, tol, &[2, 0], 3, 2);
+    assert!(
+        matches!(c.problems[..], [Problem::WrongSelection { .. }]),
+        "{c:?}"
+    );
+    assert!(check_topk_row(&s, None, tol, &[2, 1], 3, 2).is_correct());
+    // Two infinities of one sign tie.
+    let s = [f32::INFINITY, f32::INFINITY, 0.0];
+    assert!(exact(&s, &[1], 1).is_correct() && exact(&s, &[0], 1).is_correct());
+}
+
+#[test]
+fn the_tolerance_is_atol_plus_rtol_times_the_magnitude_on_both_sides() {
+    // s_b - s_a = 0.3; e_a + e_b = 2·(0.1 + 0.05·m).
+    let s = [1.0, 1.3, 5.0];
+    let row = [2, 0]; // 1 (1.3) left out for 0 (1.0)
+    let m = [1.0, 1.0, 1.0];
+    let at = |atol, rtol| check_topk_row(&s, Some(&m), Tolerance { atol, rtol }, &row, 3, 2);
+    assert!(!at(0.0, 0.0).is_correct());
+    assert!(!at(0.1, 0.0).is_correct()); // 0.2 < 0.3
+    assert!(at(0.1, 0.05).is_correct()); // 0.3 <= 0.3
+    assert!(at(0.0, 0.15).is_correct());
+    assert!(!at(0.0, 0.14).is_correct());
+}
+
+#[test]
+fn the_exact_check_catches_a_threshold_shift_of_a_few_ulps() {
+    // vllm#51782's drops moved the threshold by ~1e-4: exact catches it.
+    let s = [0.5, 0.5001, 0.9];
+    assert!(!exact(&s, &[2, 0], 2).is_correct());
+    let tol = Tolerance {
+        atol: 1e-3,
+        rtol: 0.0,
+    };
+    assert!(check_topk_row(&s, None, tol, &[2, 0], 3, 2).is_correct());
+}
+
+/// An engine emulator: the exact top-k (ties among equals by a random
+/// arrival order), rows shuffled, then optionally one bug of a kind.
+fn engine_row(rng: &mut ChaCha8Rng, s: &[f32], topk: usize) -> Vec<i64> {
+    let mut order: Vec<usize> = (0..s.len()).collect();
+    order.shuffle(rng); // arrival order breaks ties
+    order.sort_by(|&a, &b| crate::indexer::rank_key(s[b]).cmp(&crate::indexer::rank_key(s[a])));
+    let mut row: Vec<i64> = order.iter().take(topk).map(|&t| t as i64).collect();
+    row.shuffle(rng);
+    row.resize(topk, -1);
+    row
+}
+
+#[test]
+fn engine_rows_are_accepted_and_each_bug_is_reported_as_itself() {
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    for case in 0..3000 {
+        let len = rng.random_range(1..60);
+        let topk = rng.random_range(1..40);
+        // Coarse values: many exact ties (a ReLU's zero plateau too).
+        let s: Vec<f32> = (0..len)
+            .map(|_| match rng.random_range(0..20) {
+                0 => f32::NAN,
+                1 => -0.0,
+                _ => rng.random_range(-4i32..5).max(0) as f32,
+            })
+            .collect();
+        let row = engine_row(&mut rng, &s, topk);
+        let c = exact(&s, &row, topk);
+        assert!(c.is_correct(), "case {case}: {s:?} {row:?} {c:?}");
+        let m = topk.min(len);
+        let mut bad = row.clone();
+        let kind = case % 4;
+        match kind {
+            0 if m >= 2 => bad[1] = bad[0],
+            1 => bad[0] = len as i64 + rng.random_range(0..3),
+            2 if m >= 2 => {
+                bad[0] = -1;
+            }
+            3 if m < len => {
+                // Drop the best selected for the worst unselected, when
+                // they are not tied (then the swap is a real error).
+                let sel: Vec<usize> = bad[..m].iter().map(|&x| x as usize).collect();
+                let best = *sel
+                    .iter()
+                    .max_by_key(|&&t| crate::indexer::rank_key(s[t]))
+                    .unwrap();
+                let worst_out = (0..len)
+                    .filter(|t| !sel.contains(t))
+                    .min_by_key(|&t| crate::indexer::rank_key(s[t]))
+                    .unwrap();
+                if crate::indexer::rank_key(s[best]) == crate::indexer::rank_key(s[worst_out]) {
+                    continue;
+                }
+                let slot = bad.iter().position(|&x| x as usize == best).unwrap();
+                bad[slot] = worst_out as i64;
+            }
+            _ => continue,
+        }
+        let c = exact(&s, &bad, topk);
+        let ok = match kind {
+            0 => matches!(c.problems[0], Problem::Duplicate { slot: 1, .. }),
+            1 => matches!(c.problems[0], Problem::NotCausal { slot: 0, .. }),
+            2 => matches!(
+                c.problems[..],
+                [
+                    Problem::PaddingHole { slot: 1, .. },
+                    Problem::WrongCount { .. }
+                ]
+            ),
+            _ => matches!(
+                c.problems[..],
+                [Problem::WrongSelection { n_dropped: 1.., .. }]
+            ),
+        };
+        assert!(ok, "case {case} kind {kind}: {s:?} {bad:?} {c:?}");
+    }
+}
+
+#[test]
+fn scores_perturbed_inside_the_tolerance_are_ties_and_outside_are_errors() {
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    let (mut accepted, mut refused) = (0, 0);
+    for case in 0..2000 {
+        let len = rng.random_range(2..50);
+        let topk = rng.random_range(1..len);
+        let exact_s: Vec<f32> = (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let m: Vec<f32> = (0..len).map(|_| rng.random_range(0.5f32..2.0)).collect();
+        let tol = Tolerance {
+            atol: 1e-3,
+            rtol: 1e-2,
+        };
+        // The engine's scores: each off by at most its bound e_t.
+        let engine: Vec<f32> = exact_s
+            .iter()
+            .zip(&m)
+            .map(|(&s, &mt)| {
+                let e = (tol.atol + tol.rtol * f64::from(mt)) as f32;
+                s + rng.random_range(-0.999f32..0.999) * e
+            })
+            .collect();
+        let row = engine_row(&mut rng, &engine, topk);
+        let c = check_topk_row(&exact_s, Some(&m), tol, &row, len, topk);
+        assert!(
+            c.is_correct(),
+            "case {case}: a selection of scores within e_t is a tie: {c:?}"
+        );
+        accepted += 1;
+        // The same row judged exactly is wrong whenever the perturbation
+        // reordered the threshold.
+        if !exact(&exact_s, &row, topk).is_correct() {
+            refused += 1;
+        }
+    }
+    assert!(accepted == 2000 && refused > 100, "{accepted} {refused}");
+}
