@@ -1,6 +1,6 @@
 """Type stubs for the native module ``kvselect._core`` (checked by stubtest)."""
 
-from typing import Final, Optional, Union, final
+from typing import Any, Final, Optional, Union, final
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +40,7 @@ __all__ = [
     "indexer_topk",
     "indexer_topk_packed",
     "indexer_topk_paged",
+    "check_topk",
 ]
 
 __version__: Final[str]
@@ -428,6 +429,26 @@ def indexer_topk_paged(
     ``block_size × d`` e4m3fn bytes, then ``block_size`` float32 scales). The
     block axis may be strided. ``block_table`` int32 ``[n_seqs, max_blocks]``
     (only the first ``ceil(seq_lens[s] / block_size)`` entries are read).
+    """
+
+def check_topk(
+    scores: npt.ArrayLike,
+    rows: npt.ArrayLike,
+    context_lens: Optional[npt.ArrayLike] = None,
+    *,
+    topk: Optional[int] = None,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    magnitudes: Optional[npt.ArrayLike] = None,
+) -> dict[str, Any]:
+    """Whether each of an engine's top-k rows is a correct selection of its exact scores.
+
+    ``scores`` float32 ``[n_rows, n_positions]``; ``rows`` int32/int64 ``[n_rows, width]``
+    (any order, negative entries padding); ``context_lens [n_rows]``; ``topk`` defaults to
+    ``width``. A row is correct iff its valid entries come first, are distinct, causal, exactly
+    ``min(topk, L)``, and every selected position scores at least every unselected one up to
+    ``e_t = atol + rtol * magnitudes[t]`` on each side. Returns ``rows``, ``correct``,
+    ``wrong``, ``by_reason`` and ``details`` (one entry per wrong row).
     """
 
 def simd_level() -> str:

@@ -41,6 +41,7 @@ ChaCha8's, not a specification's.
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -81,6 +82,7 @@ __all__ = [
     "indexer_topk",
     "indexer_topk_packed",
     "indexer_topk_paged",
+    "check_topk",
     # metrics
     "attention_probabilities",
     "segment_coverage_rows",
@@ -1528,3 +1530,145 @@ def output_relative_error_rows(sparse: Any, dense: Any) -> np.ndarray:
     s2 = s.reshape(-1, s.shape[-1]) if s.size else s.reshape(int(np.prod(lead)), s.shape[-1])
     d2 = d.reshape(s2.shape)
     return np.array([_relative_error(s2[r], d2[r]) for r in range(s2.shape[0])]).reshape(lead)
+
+
+# ==========================================================================
+# check: is an engine's top-k right?
+# --------------------------------------------------------------------------
+# A row for context L and budget topk is correct iff its valid (non-negative)
+# entries come first, then only padding; they are distinct and causal
+# (0 <= x < L); there are exactly min(topk, L) of them; and every selected
+# position scores at least every unselected one up to e_t = atol + rtol*|m_t|
+# on each side: with lo_t = s_t - e_t and hi_t = s_t + e_t, the row is right
+# iff max over unselected b of lo_b <= min over selected a of hi_a (NaN ranks
+# below every number and no tolerance makes it tie with one; two infinities
+# of one sign tie; -0.0 is +0.0). Structure is judged in slot order (one
+# padding hole reported, the first), the selection only when the structure
+# is sound. A wrong selection names its threshold T (the exact min(topk, L)-th
+# best score) and lists the dropped (unselected b not below T that beat the
+# worst selected beyond the tolerance) and the intruders (selected a strictly
+# below T that the best unselected beats), by how far past the line, then by
+# position, the first 16 of each.
+# ==========================================================================
+
+_CHECK_REASONS = ("padding_hole", "duplicate", "not_causal", "wrong_count", "wrong_selection")
+_MAX_LISTED = 16
+
+
+def _excess(b: tuple, a: tuple) -> float:
+    """How far unselected ``b = (nan, lo, hi)`` sits above selected ``a``."""
+    if b[0]:
+        return -math.inf
+    if a[0]:
+        return math.inf
+    d = b[1] - a[2]
+    return 0.0 if math.isnan(d) else d
+
+
+def _kth_best(scores: np.ndarray, k: int) -> float:
+    """The k-th best score in the rule's order (NaN lowest, -0.0 is +0.0)."""
+    numbers = np.sort(scores[~np.isnan(scores)].astype(np.float64))[::-1] + 0.0
+    return float(numbers[k - 1]) if k <= len(numbers) else math.nan
+
+
+def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
+               row: np.ndarray, L: int, topk: int) -> list:
+    problems: list = []
+    chosen: dict = {}
+    padding, hole = False, False
+    for slot, x in enumerate(int(v) for v in row):
+        if x < 0:
+            padding = True
+            continue
+        if padding and not hole:
+            hole = True
+            problems.append({"reason": "padding_hole", "slot": slot, "position": x})
+        if x >= L:
+            problems.append({"reason": "not_causal", "slot": slot, "position": x})
+            continue
+        if x in chosen:
+            problems.append({"reason": "duplicate", "position": x, "first": chosen[x], "slot": slot})
+            continue
+        chosen[x] = slot
+    expected = min(topk, L)
+    if len(chosen) != expected:
+        problems.append({"reason": "wrong_count", "valid": len(chosen), "expected": expected})
+    if problems:
+        return problems
+
+    def bound(t: int) -> tuple:
+        e = atol + rtol * (abs(float(m[t])) if m is not None else 0.0)
+        v = float(s[t]) + 0.0
+        return (math.isnan(float(s[t])), v - e, v + e)
+
+    selected = list(chosen)
+    unselected = [t for t in range(L) if t not in chosen]
+    if not selected or not unselected:
+        return problems
+    worst = min((bound(a) for a in selected), key=lambda x: (not x[0], x[2]))
+    best = max((bound(b) for b in unselected), key=lambda x: (not x[0], x[1]))
+    margin = _excess(best, worst)
+    if margin <= 0.0:
+        return problems
+    threshold = _kth_best(s[:L], expected)
+
+    def rank(v: float) -> tuple:
+        return (not math.isnan(v), 0.0 if math.isnan(v) else v + 0.0)
+
+    dropped = [(b, _excess(bound(b), worst)) for b in unselected if rank(float(s[b])) >= rank(threshold)]
+    intruders = [(a, _excess(best, bound(a))) for a in selected if rank(float(s[a])) < rank(threshold)]
+    listed = {}
+    for name, v in (("dropped", dropped), ("intruders", intruders)):
+        v = sorted((p for p in v if p[1] > 0.0), key=lambda p: (-p[1], p[0]))
+        listed[name] = ([(t, float(s[t])) for t, _ in v[:_MAX_LISTED]], len(v))
+    problems.append({
+        "reason": "wrong_selection",
+        "dropped": listed["dropped"][0],
+        "intruders": listed["intruders"][0],
+        "n_dropped": listed["dropped"][1],
+        "n_intruders": listed["intruders"][1],
+        "threshold": threshold,
+        "margin": margin,
+    })
+    return problems
+
+
+def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = None,
+               atol: float = 0.0, rtol: float = 0.0, magnitudes: Any = None) -> dict:
+    """``kvselect.check_topk``: whether each engine row is a correct top-k of
+    its exact scores (see the section's rule), as the native report."""
+    s = _float_array("scores", scores, 2, _SELECTION).astype(np.float32)
+    r = np.asarray(rows)
+    if r.dtype.kind not in "iu":
+        raise TypeError(f"rows must hold integers, got dtype {r.dtype}")
+    if r.ndim != 2:
+        raise ReferenceSelectionError("rows", f"rows must be 2-D, got shape {r.shape}")
+    r = r.astype(np.int64)
+    n, t = s.shape
+    lens = [t] * n if context_lens is None else [int(x) for x in _index_array(
+        "context_lens", context_lens, 1, _SELECTION, positions=True)]
+    k = r.shape[1] if topk is None else _count("topk", topk)
+    m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION).astype(np.float32)
+    if len(lens) != n:
+        raise ReferenceSelectionError("scores", "scores must have one row per context_lens entry")
+    if m is not None and m.shape != s.shape:
+        raise ReferenceSelectionError("magnitudes", "magnitudes must have the shape of scores")
+    if r.shape[0] != n:
+        raise ReferenceSelectionError("rows", "rows must have one row per context_lens entry")
+    for i, L in enumerate(lens):
+        if L > t:
+            raise ReferenceSelectionError("context_lens", f"context_lens[{i}] = {L} is past the scores")
+    for name, v in (("atol", atol), ("rtol", rtol)):
+        if not (math.isfinite(v) and v >= 0):
+            raise ReferenceSelectionError(name, f"{name} must be finite and non-negative")
+    if rtol != 0 and m is None:
+        raise ReferenceSelectionError("rtol", "rtol > 0 needs magnitudes")
+    details, by_reason = [], dict.fromkeys(_CHECK_REASONS, 0)
+    for i in range(n):
+        problems = _check_row(s[i], None if m is None else m[i], float(atol), float(rtol), r[i], lens[i], k)
+        if problems:
+            for reason in {p["reason"] for p in problems}:
+                by_reason[reason] += 1
+            details.append({"row": i, "problems": problems})
+    return {"rows": n, "correct": n - len(details), "wrong": len(details),
+            "by_reason": by_reason, "details": details}

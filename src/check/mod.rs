@@ -69,12 +69,14 @@ pub enum Problem {
     /// `valid` distinct causal entries where the rule wants `expected =
     /// min(topk, len)`.
     WrongCount { valid: usize, expected: usize },
-    /// Positions that had to be selected were not (`dropped`), and
-    /// selected ones that had to yield (`intruders`), beyond the
-    /// tolerance; each with its score, the first [`MAX_LISTED`] by how far
-    /// past the line they are. `threshold` is the exact `min(topk, len)`-th
-    /// best score of the row, `margin` how far the best unselected lower
-    /// bound sits above the worst selected upper bound.
+    /// The row's `threshold` is its exact `min(topk, len)`-th best score;
+    /// `dropped` are unselected positions not below it that beat the worst
+    /// selected one beyond the tolerance, `intruders` selected ones below
+    /// it that the best unselected one beats (none when the intruders tie
+    /// the threshold), each with its score,
+    /// the first [`MAX_LISTED`] by how far past the line they are (then by
+    /// position). `margin` is how far the best unselected lower bound sits
+    /// above the worst selected upper bound.
     WrongSelection {
         dropped: Vec<(usize, f32)>,
         intruders: Vec<(usize, f32)>,
@@ -215,14 +217,22 @@ pub fn check_topk_row(
     if margin <= 0.0 {
         return RowCheck { problems };
     }
-    // Dropped: unselected positions that beat the worst selected one;
-    // intruders: selected ones the best unselected one beats.
+    // Dropped: unselected positions that beat the worst selected one beyond
+    // the tolerance and are not below the threshold (the exact
+    // `expected`-th best score: a wrong row always has one, its best
+    // unselected); intruders: selected ones strictly below the threshold
+    // that the best unselected one beats (none when they tie it).
+    let threshold = kth_best(&scores[..len], expected);
+    let t_key = crate::indexer::rank_key(threshold);
+    let key = |t: usize| crate::indexer::rank_key(scores[t]);
     let mut dropped: Vec<(usize, f64)> = unselected
+        .filter(|&b| key(b) >= t_key)
         .map(|b| (b, excess(bound(b), worst)))
         .filter(|&(_, x)| x > 0.0)
         .collect();
     let mut intruders: Vec<(usize, f64)> = selected
         .iter()
+        .filter(|&&a| key(a) < t_key)
         .map(|&a| (a, excess(best, bound(a))))
         .filter(|&(_, x)| x > 0.0)
         .collect();
@@ -244,7 +254,7 @@ pub fn check_topk_row(
         intruders: list(&intruders),
         n_dropped: dropped.len(),
         n_intruders: intruders.len(),
-        threshold: kth_best(&scores[..len], expected),
+        threshold,
         margin,
     });
     RowCheck { problems }
@@ -264,4 +274,81 @@ fn kth_best(scores: &[f32], k: usize) -> f32 {
         k if k >> 31 == 1 => f32::from_bits(k & 0x7FFF_FFFF),
         k => f32::from_bits(!k),
     }
+}
+
+/// The rows of a batch checked against their exact scores.
+#[derive(Debug, Clone, Copy)]
+pub struct TopkBatch<'a> {
+    /// `[n_rows, n_positions]`: row `i`'s exact score of position `t` at
+    /// `i * n_positions + t` (only `t < lens[i]` is read).
+    pub scores: &'a [f32],
+    /// `[n_rows, n_positions]` magnitudes `m_t`, or `None`.
+    pub magnitudes: Option<&'a [f32]>,
+    pub n_positions: usize,
+    /// `[n_rows, width]`: the engine's rows, negative entries padding.
+    pub rows: &'a [i64],
+    pub width: usize,
+    /// `[n_rows]`: each row's context `L`.
+    pub lens: &'a [usize],
+    pub topk: usize,
+}
+
+/// [`check_topk_row`] on every row of `batch` (in parallel), after
+/// refusing shapes that do not match, a context past `n_positions`, a
+/// negative or non-finite tolerance, and a non-zero `rtol` without
+/// magnitudes.
+pub fn check_topk_rows(
+    batch: &TopkBatch<'_>,
+    tol: Tolerance,
+) -> Result<Vec<RowCheck>, crate::error::AttentionError> {
+    use crate::error::{check_len, checked_size, AttentionError};
+    let b = batch;
+    let n = b.lens.len();
+    let invalid = |argument, message: String| Err(AttentionError::Invalid { argument, message });
+    let grid = checked_size("scores", &[n, b.n_positions])?;
+    check_len("scores", b.scores.len(), grid, || {
+        format!("[n_rows={n} (context_lens), n_positions={}]", b.n_positions)
+    })?;
+    if let Some(m) = b.magnitudes {
+        check_len("magnitudes", m.len(), grid, || "the shape of scores".into())?;
+    }
+    let rows = checked_size("rows", &[n, b.width])?;
+    check_len("rows", b.rows.len(), rows, || {
+        format!("[n_rows={n}, width={}]", b.width)
+    })?;
+    if let Some((i, &l)) = b.lens.iter().enumerate().find(|&(_, &l)| l > b.n_positions) {
+        return Err(AttentionError::OutOfRange {
+            argument: "context_lens",
+            index: i,
+            message: format!(
+                "context_lens[{i}] = {l} is past the {} scored positions",
+                b.n_positions
+            ),
+        });
+    }
+    for (name, v) in [("atol", tol.atol), ("rtol", tol.rtol)] {
+        if !(v >= 0.0 && v.is_finite()) {
+            return invalid(
+                name,
+                format!("{name} = {v} must be finite and non-negative"),
+            );
+        }
+    }
+    if tol.rtol != 0.0 && b.magnitudes.is_none() {
+        return invalid(
+            "rtol",
+            "rtol > 0 scales each score's magnitude: pass magnitudes (for the indexer, \
+             Σ_h |w_h| Σ_i |q_hi k_ti|)"
+                .into(),
+        );
+    }
+    let mut out = vec![RowCheck::default(); n];
+    let (t, w) = (b.n_positions, b.width);
+    crate::pool::for_each_row_mut(&mut out, 1, crate::pool::min_rows(t.max(w)), |i, slot| {
+        let scores = &b.scores[i * t..(i + 1) * t];
+        let mags = b.magnitudes.map(|m| &m[i * t..(i + 1) * t]);
+        let row = &b.rows[i * w..(i + 1) * w];
+        slot[0] = check_topk_row(scores, mags, tol, row, b.lens[i], b.topk);
+    });
+    Ok(out)
 }

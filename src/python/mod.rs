@@ -26,6 +26,7 @@ mod args;
 mod attention;
 mod block_sparse;
 mod cache;
+mod check;
 mod errors;
 mod indexer;
 mod witness;
@@ -43,5 +44,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     block_sparse::register(m)?;
     attention::register(m)?;
     indexer::register(m)?;
+    check::register(m)?;
     Ok(())
 }
