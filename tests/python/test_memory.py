@@ -125,6 +125,12 @@ def _calls():
 
         return call
 
+    rng_check = np.random.default_rng(7)
+    check_scores = rng_check.standard_normal((64, 256)).astype(np.float32)
+    check_rows = np.argsort(-check_scores, axis=1)[:, :32].astype(np.int64)
+    check_rows[::4, 0] = check_rows[::4, 1]  # duplicates
+    check_rows[1::4, 0] = 300  # not causal
+    check_rows[2::4, 5] = np.argsort(-check_scores[2::4], axis=1)[:, 100]  # wrong selection
     calls = {
         "segment_of": lambda: ks.segment_of(12345, 100000, 64),
         "topology_witness_indices": lambda: ks.topology_witness_indices(learned, lens, 64),
@@ -188,6 +194,10 @@ def _calls():
         "indexer_topk_paged": lambda: ks.indexer_topk_paged(
             Q, Q[:, :, 0], pages, table, [300, 200], [0, 1, 0, 1], pos, 32, layout="fp8_scaled"
         ),
+        # A report of wrong rows (every problem kind): dicts, lists, tuples.
+        "check_topk": lambda: ks.check_topk(
+            check_scores, check_rows, atol=1e-3, rtol=0.1, magnitudes=np.abs(check_scores)
+        ),
         # Refusals: errors with attributes, buffers borrowed and released.
         "refused-rows-mismatch": catch(
             lambda: ks.apply_topology_witnesses(learned, lens[:3], 32, 32, 32), ks.WitnessError
@@ -222,6 +232,7 @@ def _calls():
             lambda: ks.dense_attention(Q, K, V, pos, scale=float("nan")), ks.SelectionError
         ),
         "refused-config": catch(lambda: ks.BlockSparseConfig(0), ks.SelectionError),
+        "refused-check-rtol": catch(lambda: ks.check_topk(check_scores, check_rows, rtol=0.1), ks.SelectionError),
         "refused-memory": catch(
             lambda: ks.Selector.dense().rows(np.full(4096, 2**31 - 2)), MemoryError
         ),
