@@ -23,7 +23,8 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   :func:`indexer_topk_paged`): exact, one total order, float32 / float16 /
   bfloat16 / fp8 keys read in place, witnesses in the same pass;
 - :func:`check_topk`: is an engine's top-k right? The rule applied to a
-  kernel's rows, tie-aware, with a defined tolerance and a report;
+  kernel's rows, tie-aware, with a defined tolerance and a report
+  (:func:`indexer_scores` gives the exact scores and their error scales);
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -58,6 +59,7 @@ from kvselect._core import (
     indexer_topk_packed,
     indexer_topk_paged,
     check_topk,
+    indexer_scores,
     locality_null,
     oracle_topk,
     output_relative_error,
@@ -96,6 +98,7 @@ __all__ = [
     "indexer_topk_packed",
     "indexer_topk_paged",
     "check_topk",
+    "indexer_scores",
     "locality_null",
     "oracle_topk",
     "output_relative_error",

@@ -41,6 +41,7 @@ __all__ = [
     "indexer_topk_packed",
     "indexer_topk_paged",
     "check_topk",
+    "indexer_scores",
 ]
 
 __version__: Final[str]
@@ -430,6 +431,21 @@ def indexer_topk_paged(
     block axis may be strided. ``block_table`` int32 ``[n_seqs, max_blocks]``
     (only the first ``ceil(seq_lens[s] / block_size)`` entries are read).
     """
+
+def indexer_scores(
+    index_q: npt.ArrayLike,
+    weights: npt.ArrayLike,
+    index_k: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    *,
+    key_scale: Optional[npt.ArrayLike] = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    magnitudes: bool = False,
+) -> npt.NDArray[np.float32]:
+    """Every query's exact score of every key it sees, float32 ``[n_queries, n_keys]`` (NaN past
+    each context): what :func:`indexer_topk` ranks, bit for bit. ``magnitudes=True``: each
+    score's error scale ``|c_t| * sum_h |w_h| * sum_i |q_hi * k_ti|`` (for :func:`check_topk`)."""
 
 def check_topk(
     scores: npt.ArrayLike,

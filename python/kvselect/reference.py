@@ -83,6 +83,7 @@ __all__ = [
     "indexer_topk_packed",
     "indexer_topk_paged",
     "check_topk",
+    "indexer_scores",
     # metrics
     "attention_probabilities",
     "segment_coverage_rows",
@@ -1314,6 +1315,46 @@ def indexer_topk(
     if scores_out is not None:
         scores_out[...] = chosen_scores
     return _deliver(rows, out_buf)
+
+
+def indexer_scores(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    magnitudes: bool = False,
+) -> np.ndarray:
+    """Every query's score of every key it sees, float32 ``[n_queries,
+    n_keys]``, NaN past its context (computed in float64, rounded once); with
+    ``magnitudes``, ``|c_t| * sum_h |w_h| * sum_i |q_hi * k_ti|`` instead."""
+    q = decode(index_q, query_format)
+    k = decode(index_k, key_format)
+    if q.ndim != 3 or k.ndim != 2 or k.shape[1] != q.shape[2]:
+        raise _refuse(_SELECTION, "index_q", f"index_q {q.shape} and index_k {k.shape} do not fit")
+    n, h, d = q.shape
+    w = _float_array("weights", weights, 2, _SELECTION)
+    if w.shape != (n, h):
+        raise _refuse(_SELECTION, "weights", f"weights must be {(n, h)}, got {w.shape}")
+    t = k.shape[0]
+    c = np.ones(t) if key_scale is None else _float_array("key_scale", key_scale, 1, _SELECTION)
+    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    if len(pos) != n:
+        raise _refuse(_SELECTION, "query_pos", f"query_pos must have {n} entries")
+    out = np.full((n, t), np.nan)
+    for i in range(n):
+        length = min(int(pos[i]) + 1, t)
+        with np.errstate(invalid="ignore", over="ignore"):
+            if magnitudes:
+                out[i, :length] = (np.abs(w[i]) @ (np.abs(q[i]) @ np.abs(k[:length]).T)) * np.abs(c[:length])
+            else:
+                dots = q[i] @ k[:length].T
+                relu = np.where(np.isnan(dots), np.nan, np.maximum(dots, 0.0))
+                out[i, :length] = (w[i] @ relu) * c[:length] if length else np.zeros(0)
+    return (out.astype(np.float32) + np.float32(0.0)).astype(np.float32)
 
 
 def indexer_topk_packed(

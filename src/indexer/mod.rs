@@ -134,6 +134,45 @@ pub fn indexer_topk_into(
     Ok(())
 }
 
+/// Every query's score of every key it sees, `out` `[n_queries, n_keys]`
+/// (NaN past each query's context `L`): the exact scores
+/// [`indexer_topk_into`] ranks, bit for bit — what an engine's rows are
+/// checked against ([`crate::check`]). With `magnitude`, instead the bound
+/// `m_t = |c_t| · Σ_h |w_h| · Σ_i |q_hi · k_ti|` a lower-precision engine's
+/// rounding of `score(t)` scales with (the check's `rtol` multiplies it).
+pub fn indexer_scores_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    magnitude: bool,
+    out: &mut [f32],
+) -> Result<(), AttentionError> {
+    let t = shape.n_keys;
+    check(shape, inputs, t, 0, out.len(), None)?;
+    let (level, h, d) = (simd::Wide::best(), shape.n_heads, shape.d);
+    let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(h).saturating_mul(d));
+    let mut query = kernels::Query::new(h, d);
+    let abs_scale: Option<Vec<f32>> = match (magnitude, inputs.key_scale) {
+        (true, Some(c)) => Some(c.iter().map(|x| x.abs()).collect()),
+        _ => None,
+    };
+    let scale = abs_scale.as_deref().or(inputs.key_scale);
+    for (i, row) in out.chunks_mut(t.max(1)).enumerate().take(shape.n_queries) {
+        query.load(&inputs.q, i * h * d);
+        let mut w = inputs.weights[i * h..(i + 1) * h].to_vec();
+        if magnitude {
+            query.abs();
+            w.iter_mut().for_each(|x| *x = x.abs());
+        }
+        let len = inputs.query_pos[i].saturating_add(1).min(t);
+        let (q, keys) = (&query, &inputs.k);
+        pool::for_each_row_mut(&mut row[..len], KEY_CHUNK, min_chunks, |c, chunk| {
+            kernels::score_keys(level, q, &w, keys, scale, c * KEY_CHUNK, chunk, magnitude);
+        });
+        row[len..].fill(f32::NAN);
+    }
+    Ok(())
+}
+
 /// The packed form, serving-engine style: the keys of all sequences are
 /// concatenated in `inputs.k` (`[n_keys, d]`, `key_scale` alike), sequence
 /// `s` owning rows `cu_seqlens[s] .. cu_seqlens[s + 1]` (`n_seqs + 1`
@@ -295,7 +334,7 @@ fn run_queries(
             let scale = inputs.key_scale.map(|c| &c[k0..k1]);
             let len = inputs.query_pos[i].saturating_add(1).min(k1 - k0);
             pool::for_each_row_mut(&mut row[..len], KEY_CHUNK, min_chunks, |c, chunk| {
-                kernels::score_keys(level, q, w, &keys, scale, c * KEY_CHUNK, chunk);
+                kernels::score_keys(level, q, w, &keys, scale, c * KEY_CHUNK, chunk, false);
             });
             len
         },

@@ -104,7 +104,7 @@ pub fn indexer_topk_paged_into(
                 let mut scale = vec![1.0f32; chunk.len()];
                 c.decode(page, 0, &mut keys, &mut scale);
                 let scale = (c.layout == PageLayout::Fp8WithScales).then_some(&scale[..]);
-                kernels::score_keys(level, q, w, &Encoded::F32(&keys), scale, 0, chunk);
+                kernels::score_keys(level, q, w, &Encoded::F32(&keys), scale, 0, chunk, false);
             });
             len
         },

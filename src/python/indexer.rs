@@ -229,7 +229,60 @@ fn indexer_topk_packed<'py>(
     })
 }
 
+/// Every query's exact score of every key it sees, float32 ``[n_queries,
+/// n_keys]`` (NaN past each query's context): the scores :func:`indexer_topk`
+/// ranks, bit for bit — what :func:`check_topk` judges an engine's rows
+/// against. ``magnitudes=True`` gives instead each score's error scale
+/// ``|key_scale[t]| * sum_h |weights[h]| * sum_i |index_q[h, i] *
+/// index_k[t, i]|``, the ``magnitudes`` of :func:`check_topk` (its ``rtol``
+/// multiplies them). Arguments as :func:`indexer_topk`. Builds the whole
+/// ``[n_queries, n_keys]`` matrix: a checking tool, not a serving path.
+#[pyfunction]
+#[pyo3(signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
+                    query_format=None, magnitudes=false))]
+#[allow(clippy::too_many_arguments)]
+fn indexer_scores<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    weights: &Obj<'py>,
+    index_k: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    key_scale: Opt<'_, 'py>,
+    key_format: Option<&str>,
+    query_format: Option<&str>,
+    magnitudes: bool,
+) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
+    let (q, w, [n, h, dq]) = queries(index_q, weights, query_format)?;
+    let (k, _) = EncodedIn::new(S, index_k, "index_k", key_format)?;
+    let [t, d] = S.dims::<2>(k.untyped(), "index_k", "[n_keys, d]")?;
+    same_d(dq, d, "index_k")?;
+    let scale = match key_scale {
+        Some(c) if !c.is_none() => Some(S.input::<f32, 1>(c, "key_scale", "[n_keys]")?),
+        _ => None,
+    };
+    let pos = positions(S, query_pos, "query_pos")?;
+    let shape = IndexerShape {
+        n_queries: n,
+        n_heads: h,
+        d,
+        n_keys: t,
+    };
+    let out = Out::<f32>::zeros(py, &[n, t])?;
+    let inputs = IndexerInputs {
+        q: q.encoded()?,
+        weights: w.slice()?,
+        k: k.encoded()?,
+        key_scale: scale.as_ref().map(|c| c.slice()).transpose()?,
+        query_pos: &pos,
+    };
+    let work = n.saturating_mul(t).saturating_mul(h).saturating_mul(d);
+    out.run(work, |o| {
+        indexer::indexer_scores_into(&shape, &inputs, magnitudes, o)
+    })
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(indexer_scores, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_topk, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_topk_packed, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_topk_paged, m)?)?;

@@ -169,3 +169,69 @@ def test_the_report_is_json_ready():
     back = json.loads(json.dumps(report))
     assert back["by_reason"]["wrong_selection"] == 1
     assert back["details"][0]["problems"][0]["dropped"] == [[2, 1.0]]
+
+
+def _indexer_case(rng, n=6, h=8, d=32, t=300, integer=True):
+    if integer:
+        q = rng.integers(-3, 4, (n, h, d)).astype(np.float32)
+        w = rng.integers(-2, 3, (n, h)).astype(np.float32)
+        k = rng.integers(-3, 4, (t, d)).astype(np.float32)
+    else:
+        q = rng.standard_normal((n, h, d)).astype(np.float32)
+        w = rng.standard_normal((n, h)).astype(np.float32)
+        k = rng.standard_normal((t, d)).astype(np.float32)
+    pos = rng.integers(0, t + 20, n)
+    return q, w, k, pos
+
+
+def test_indexer_scores_are_the_scores_the_indexer_ranks_bit_for_bit():
+    rng = np.random.default_rng(SEED + 4)
+    for integer in (True, False):
+        q, w, k, pos = _indexer_case(rng, integer=integer)
+        c = rng.random(len(k)).astype(np.float32) + 0.5
+        scores = ks.indexer_scores(q, w, k, pos, key_scale=c)
+        lens = np.minimum(pos + 1, len(k))
+        for i, L in enumerate(lens):
+            assert np.isnan(scores[i, L:]).all() and not np.isnan(scores[i, :L]).any()
+        topk = 64
+        chosen = np.zeros((len(q), topk), np.float32)
+        rows = ks.indexer_topk(q, w, k, pos, topk, key_scale=c, scores_out=chosen)
+        for i in range(len(q)):
+            valid = rows[i] >= 0
+            got = scores[i, rows[i, valid]]
+            assert np.array_equal(got.view(np.uint32), chosen[i, valid].view(np.uint32)), i
+        # The indexer's own rows are exactly right for these scores.
+        assert ks.check_topk(np.nan_to_num(scores), rows, lens, topk=topk)["wrong"] == 0
+        if integer:  # exact in any order: equal to the reference
+            want = ref.indexer_scores(q, w, k, pos, key_scale=c)
+            assert np.array_equal(scores, want, equal_nan=True)
+
+
+def test_indexer_magnitudes_bound_every_score_and_equal_the_reference():
+    rng = np.random.default_rng(SEED + 5)
+    q, w, k, pos = _indexer_case(rng)
+    s = ks.indexer_scores(q, w, k, pos)
+    m = ks.indexer_scores(q, w, k, pos, magnitudes=True)
+    seen = ~np.isnan(s)
+    assert np.array_equal(np.isnan(m), ~seen) and (np.abs(s[seen]) <= m[seen]).all()
+    assert np.array_equal(m, ref.indexer_scores(q, w, k, pos, magnitudes=True), equal_nan=True)
+    # All-positive inputs: the bound is the score itself.
+    qa, wa, ka = np.abs(q), np.abs(w), np.abs(k)
+    assert np.array_equal(ks.indexer_scores(qa, wa, ka, pos), ks.indexer_scores(qa, wa, ka, pos, magnitudes=True),
+                          equal_nan=True)
+
+
+def test_an_engine_scoring_bfloat16_keys_passes_with_its_rounding_owed_and_not_exactly():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(SEED + 6)
+    q, w, k, pos = _indexer_case(rng, n=32, t=2000, integer=False)
+    k16 = k.astype(ml_dtypes.bfloat16)
+    served = ks.indexer_topk(q, w, k16, pos, 128)  # the engine: bf16 keys
+    exact = ks.indexer_scores(q, w, k, pos)
+    m = ks.indexer_scores(q, w, k, pos, magnitudes=True)
+    lens = np.minimum(pos + 1, len(k))
+    # bfloat16 keeps 8 significant bits, so rounding to nearest moves each key
+    # element by at most 2^-8 of itself: |Δs_t| <= 2^-8 · m_t (plus float32
+    # rounding of the sums, far below).
+    assert ks.check_topk(np.nan_to_num(exact), served, lens, rtol=2.0**-8, magnitudes=np.nan_to_num(m))["wrong"] == 0
+    assert ks.check_topk(np.nan_to_num(exact), served, lens)["wrong"] > 0

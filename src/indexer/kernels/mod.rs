@@ -32,6 +32,11 @@ impl Query {
         }
     }
 
+    /// Every element as its absolute value (for the error bound).
+    pub fn abs(&mut self) {
+        self.q.iter_mut().for_each(|x| *x = x.abs());
+    }
+
     /// Decodes the query whose `h × d` elements start at `start`.
     pub fn load(&mut self, q: &Encoded<'_>, start: usize) {
         let (d, dp) = (self.d, self.dp);
@@ -60,7 +65,10 @@ const KEYS: usize = 2;
 const BLOCK: usize = KEYS * 6;
 
 /// The scores of keys `first .. first + out.len()` into `out` (canonical:
-/// `-0.0` is `+0.0`).
+/// `-0.0` is `+0.0`). With `magnitude`, every key is read as its absolute
+/// value (and the caller passes `|q|`, `|w|`, `|c|`): the scores' error
+/// bound `|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|` (the ReLU is then the identity).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn score_keys(
     level: Option<Wide>,
     q: &Query,
@@ -69,6 +77,7 @@ pub(super) fn score_keys(
     scale: Option<&[f32]>,
     first: usize,
     out: &mut [f32],
+    magnitude: bool,
 ) {
     let (d, dp, h) = (q.d, q.dp, q.h);
     assert!(w.len() == h && q.q.len() == h * dp);
@@ -81,12 +90,17 @@ pub(super) fn score_keys(
         // float32 keys already in the padded layout (d a multiple of 8) are
         // read in place; any other block is decoded (or padded) into `kbuf`.
         let k: &[f32] = match keys {
-            Encoded::F32(s) if d == dp && block.len() == BLOCK => &s[t0 * d..(t0 + BLOCK) * d],
+            Encoded::F32(s) if d == dp && block.len() == BLOCK && !magnitude => {
+                &s[t0 * d..(t0 + BLOCK) * d]
+            }
             _ => {
                 for (r, row) in kbuf.chunks_exact_mut(dp).enumerate() {
                     match r < block.len() {
                         true => keys.decode((t0 + r) * d, &mut row[..d]),
                         false => row.fill(0.0), // a partial block's unused rows: scored, discarded
+                    }
+                    if magnitude {
+                        row.iter_mut().for_each(|x| *x = x.abs());
                     }
                 }
                 &kbuf
