@@ -1640,7 +1640,9 @@ def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
     def bound(t: int) -> tuple:
         e = atol + rtol * (abs(float(m[t])) if m is not None else 0.0)
         v = float(s[t]) + 0.0
-        return (math.isnan(float(s[t])), v - e, v + e)
+        nan = math.isnan(v)
+        lo, hi = v - e, v + e  # an infinite score with an infinite bound spans every number
+        return (nan, -math.inf if math.isnan(lo) and not nan else lo, math.inf if math.isnan(hi) and not nan else hi)
 
     selected = list(chosen)
     unselected = [t for t in range(L) if t not in chosen]
@@ -1704,6 +1706,8 @@ def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = 
             raise ReferenceSelectionError(name, f"{name} must be finite and non-negative")
     if rtol != 0 and m is None:
         raise ReferenceSelectionError("rtol", "rtol > 0 needs magnitudes")
+    if m is not None and any(np.isnan(m[i, :L]).any() for i, L in enumerate(lens)):
+        raise ReferenceSelectionError("magnitudes", "magnitudes must be numbers within each context")
     details, by_reason = [], dict.fromkeys(_CHECK_REASONS, 0)
     for i in range(n):
         problems = _check_row(s[i], None if m is None else m[i], float(atol), float(rtol), r[i], lens[i], k)

@@ -111,10 +111,12 @@ struct Bounded {
 impl Bounded {
     fn new(s: f32, e: f64) -> Self {
         let v = f64::from(s) + 0.0;
+        // An infinite score with an infinite bound spans every number.
+        let or = |x: f64, inf: f64| if x.is_nan() { inf } else { x };
         Bounded {
             nan: s.is_nan(),
-            lo: v - e,
-            hi: v + e,
+            lo: or(v - e, f64::NEG_INFINITY),
+            hi: or(v + e, f64::INFINITY),
         }
     }
 }
@@ -341,6 +343,21 @@ pub fn check_topk_rows(
              Σ_h |w_h| Σ_i |q_hi k_ti|)"
                 .into(),
         );
+    }
+    if let Some(m) = b.magnitudes {
+        for (i, &l) in b.lens.iter().enumerate() {
+            let row = &m[i * b.n_positions..][..l];
+            if let Some(t) = row.iter().position(|x| x.is_nan()) {
+                return Err(AttentionError::OutOfRange {
+                    argument: "magnitudes",
+                    index: i * b.n_positions + t,
+                    message: format!(
+                        "magnitudes[{i}, {t}] is NaN: a bound must be a number within each \
+                         row's context"
+                    ),
+                });
+            }
+        }
     }
     let mut out = vec![RowCheck::default(); n];
     let (t, w) = (b.n_positions, b.width);
