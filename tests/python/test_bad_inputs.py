@@ -1478,6 +1478,77 @@ def _():
     return {"call": lambda: _ks().topology_witness_indices(_torch().from_numpy(learned().astype(np.float32)), lens(), 4)}
 
 
+def check_args():
+    scores = np.array([[0.5, 3.0, 1.0, 2.0, -1.0], [1.0, 1.0, 0.0, 2.0, 0.5]], np.float32)
+    rows = np.array([[3, 1, 2], [3, 0, 1]], np.int64)
+    return scores, rows
+
+
+@case("check-float-rows", "engine check", "`check_topk(scores, rows.astype(float32))`", "TypeError")
+def _():
+    s, r = check_args()
+    return {"call": lambda: _ks().check_topk(s, r.astype(np.float32)), "watch": [s]}
+
+
+@case("check-3d-scores", "engine check", "`check_topk(scores[None], rows)`", "SelectionError", argument="scores")
+def _():
+    s, r = check_args()
+    return {"call": lambda: _ks().check_topk(s[None], r), "watch": [s, r]}
+
+
+@case("check-context-past-scores", "engine check", "`check_topk(scores [2, 5], rows, context_lens=[5, 6])`",
+      "SelectionError", argument="context_lens")
+def _():
+    s, r = check_args()
+    return {"call": lambda: _ks().check_topk(s, r, [5, 6]), "watch": [s, r]}
+
+
+@case("check-rtol-without-magnitudes", "engine check", "`check_topk(scores, rows, rtol=0.01)`", "SelectionError",
+      argument="rtol", note="rtol scales each score's magnitude: there is none to scale")
+def _():
+    s, r = check_args()
+    return {"call": lambda: _ks().check_topk(s, r, rtol=0.01), "watch": [s, r]}
+
+
+@case("check-negative-atol", "engine check", "`check_topk(scores, rows, atol=-1e-3)`", "SelectionError", argument="atol")
+def _():
+    s, r = check_args()
+    return {"call": lambda: _ks().check_topk(s, r, atol=-1e-3), "watch": [s, r]}
+
+
+@case("check-nan-magnitude", "engine check", "`check_topk(scores, rows, rtol=0.01, magnitudes=[[nan, …]])`",
+      "SelectionError", argument="magnitudes", note="NaN past a row's context is never read, so it is allowed")
+def _():
+    s, r = check_args()
+    m = np.abs(s)
+    m[0, 0] = np.nan
+    return {"call": lambda: _ks().check_topk(s, r, rtol=0.01, magnitudes=m), "watch": [s, r, m]}
+
+
+@case("check-int64-far-position", "engine check", "`check_topk(scores, rows with 2**40)`", ACCEPTED,
+      note="reported as a non-causal entry of that row, not refused")
+def _():
+    s, r = check_args()
+    r[1, 0] = 2**40
+    return {"call": lambda: _ks().check_topk(s, r),
+            "check": lambda rep: rep["wrong"] == 1 and rep["details"][0]["problems"][0]
+            == {"reason": "not_causal", "slot": 0, "position": 2**40}}
+
+
+@case("indexer-scores-d-mismatch", "engine check", "`indexer_scores(q [.., d=4], w, k[:, :3], pos)`", "SelectionError",
+      argument="index_q")
+def _():
+    q, w, k, p = indexer_args()
+    return {"call": lambda: _ks().indexer_scores(q, w, np.ascontiguousarray(k[:, :3]), p), "watch": [q, w, k]}
+
+
+@case("indexer-scores-negative-position", "engine check", "`indexer_scores(q, w, k, [-1, 5])`", "SelectionError",
+      argument="query_pos")
+def _():
+    q, w, k, p = indexer_args()
+    return {"call": lambda: _ks().indexer_scores(q, w, k, [-1, 5]), "watch": [q, w, k]}
+
+
 # ---------------------------------------------------------------------------
 # Running the catalogue (in the subprocess)
 # ---------------------------------------------------------------------------
