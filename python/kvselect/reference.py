@@ -1698,6 +1698,8 @@ def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = 
         raise ReferenceSelectionError("magnitudes", "magnitudes must have the shape of scores")
     if r.shape[0] != n:
         raise ReferenceSelectionError("rows", "rows must have one row per context_lens entry")
+    if k > r.shape[1]:
+        raise ReferenceSelectionError("topk", f"topk = {k} but rows hold {r.shape[1]} slots")
     for i, L in enumerate(lens):
         if L > t:
             raise ReferenceSelectionError("context_lens", f"context_lens[{i}] = {L} is past the scores")

@@ -296,7 +296,8 @@ pub struct TopkBatch<'a> {
 }
 
 /// [`check_topk_row`] on every row of `batch` (in parallel), after
-/// refusing shapes that do not match, a context past `n_positions`, a
+/// refusing shapes that do not match, a `topk` past the rows' width (no
+/// row could hold it), a context past `n_positions`, a
 /// negative or non-finite tolerance, and a non-zero `rtol` without
 /// magnitudes.
 pub fn check_topk_rows(
@@ -318,6 +319,12 @@ pub fn check_topk_rows(
     check_len("rows", b.rows.len(), rows, || {
         format!("[n_rows={n}, width={}]", b.width)
     })?;
+    if b.topk > b.width {
+        return invalid(
+            "topk",
+            format!("topk = {} but rows hold {} slots", b.topk, b.width),
+        );
+    }
     if let Some((i, &l)) = b.lens.iter().enumerate().find(|&(_, &l)| l > b.n_positions) {
         return Err(AttentionError::OutOfRange {
             argument: "context_lens",

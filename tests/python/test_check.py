@@ -153,6 +153,7 @@ def test_bad_arguments_are_refused_naming_them(impl):
         ("atol", dict(atol=math.inf)),
         ("magnitudes", dict(magnitudes=np.zeros((2, 4), np.float32))),
         ("magnitudes", dict(magnitudes=np.full((2, 5), np.nan, np.float32))),
+        ("topk", dict(topk=4)),
     ]:
         with pytest.raises(_error(impl)) as e:
             check(s, rows, **kwargs)
