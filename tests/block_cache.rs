@@ -580,3 +580,45 @@ fn batched_positions_refuse_a_position_past_int32_and_bad_lengths() {
     .expect_err("three positions for two queries");
     assert_eq!(e.argument(), "query_pos");
 }
+
+#[test]
+fn wide_fp8_keys_and_empty_head_major_batches_return() {
+    // fp8 keys are scanned in 16 KiB chunks: a key wider than that is one
+    // chunk, not zero (which never advanced).
+    let cfg = BlockSparseConfig::new(2, 1, 0, 0).unwrap();
+    let d = 20_000;
+    let keys: Vec<u8> = (0..3 * d)
+        .map(|i| if i / d == 1 { 0x38 } else { 0 })
+        .collect();
+    let q = vec![1.0f32; d];
+    let mut out = vec![7; 1];
+    let (qe, ke) = (Encoded::F32(&q), Encoded::Fp8E4m3(&keys));
+    select_batch_encoded_into(
+        qe,
+        1,
+        1,
+        ke,
+        d,
+        &[2usize],
+        &cfg,
+        OutLayout::QueryMajor,
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out, vec![0]); // block 0 holds key 1 (all ones); block 1 is key 2 (zeros)
+                              // No queries, head-major: nothing to write, no panic.
+    let mut none: Vec<i32> = Vec::new();
+    let (qe, ke) = (Encoded::F32(&[]), Encoded::F32(&[0.0; 4]));
+    select_batch_encoded_into(
+        qe,
+        0,
+        2,
+        ke,
+        2,
+        &[0usize; 0],
+        &cfg,
+        OutLayout::HeadMajor,
+        &mut none,
+    )
+    .unwrap();
+}

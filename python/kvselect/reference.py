@@ -1638,7 +1638,8 @@ def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
         return problems
 
     def bound(t: int) -> tuple:
-        e = atol + rtol * (abs(float(m[t])) if m is not None else 0.0)
+        rel = rtol * abs(float(m[t])) if (m is not None and rtol != 0) else 0.0
+        e = atol if math.isnan(rel) else atol + rel
         v = float(s[t]) + 0.0
         nan = math.isnan(v)
         lo, hi = v - e, v + e  # an infinite score with an infinite bound spans every number
@@ -1658,8 +1659,14 @@ def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
     def rank(v: float) -> tuple:
         return (not math.isnan(v), 0.0 if math.isnan(v) else v + 0.0)
 
-    dropped = [(b, _excess(bound(b), worst)) for b in unselected if rank(float(s[b])) >= rank(threshold)]
-    intruders = [(a, _excess(best, bound(a))) for a in selected if rank(float(s[a])) < rank(threshold)]
+    over = {b: _excess(bound(b), worst) for b in unselected}
+    under = {a: _excess(best, bound(a)) for a in selected}
+    dropped = [(b, x) for b, x in over.items() if rank(float(s[b])) >= rank(threshold) and x > 0]
+    if not dropped:  # tolerances that differ by position: name whoever is past the line
+        dropped = list(over.items())
+    intruders = [(a, x) for a, x in under.items() if rank(float(s[a])) < rank(threshold) and x > 0]
+    if not intruders:
+        intruders = list(under.items())
     listed = {}
     for name, v in (("dropped", dropped), ("intruders", intruders)):
         v = sorted((p for p in v if p[1] > 0.0), key=lambda p: (-p[1], p[0]))

@@ -21,6 +21,9 @@ fn out_rows(
     width: usize,
     layout: OutLayout,
 ) -> Vec<&mut [i32]> {
+    if n_queries == 0 || heads == 0 || width == 0 {
+        return Vec::new();
+    }
     match layout {
         OutLayout::QueryMajor => out.chunks_exact_mut(width).collect(),
         OutLayout::HeadMajor => {

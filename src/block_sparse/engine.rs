@@ -235,7 +235,7 @@ pub(super) fn score_blocks(
     // scan leaves them in L1 for the kernel.
     let fp8 = matches!(keys, Keys::Dense(Encoded::Fp8E4m3(_)));
     let key_chunk = match (paged, tiles, fp8) {
-        (false, _, true) => FP8_CHUNK_BYTES / d,
+        (false, _, true) => (FP8_CHUNK_BYTES / d).max(MR),
         (false, 1, false) => usize::MAX,
         _ => key_chunk,
     };

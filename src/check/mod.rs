@@ -72,8 +72,9 @@ pub enum Problem {
     /// The row's `threshold` is its exact `min(topk, len)`-th best score;
     /// `dropped` are unselected positions not below it that beat the worst
     /// selected one beyond the tolerance, `intruders` selected ones below
-    /// it that the best unselected one beats (none when the intruders tie
-    /// the threshold), each with its score,
+    /// it that the best unselected one beats (either list, when that leaves
+    /// it empty, every such position regardless of the threshold), each
+    /// with its score,
     /// the first [`MAX_LISTED`] by how far past the line they are (then by
     /// position). `margin` is how far the best unselected lower bound sits
     /// above the worst selected upper bound.
@@ -196,7 +197,18 @@ pub fn check_topk_row(
     }
 
     let bound = |t: usize| {
-        let e = tol.atol + tol.rtol * magnitudes.map_or(0.0, |m| f64::from(m[t]).abs());
+        // rtol = 0 means no relative term, even for an infinite magnitude
+        // (0 · inf would be NaN); a NaN magnitude adds none either (the
+        // batch entry point refuses one).
+        let rel = match (tol.rtol, magnitudes) {
+            (r, Some(m)) if r != 0.0 => tol.rtol * f64::from(m[t]).abs(),
+            _ => 0.0,
+        };
+        let e = if rel.is_nan() {
+            tol.atol
+        } else {
+            tol.atol + rel
+        };
         Bounded::new(scores[t], e)
     };
     // The worst selected (lowest upper end) and the best unselected
@@ -227,17 +239,36 @@ pub fn check_topk_row(
     let threshold = kth_best(&scores[..len], expected);
     let t_key = crate::indexer::rank_key(threshold);
     let key = |t: usize| crate::indexer::rank_key(scores[t]);
+    // (With tolerances that differ by position, the position that beats the
+    // selection can sit below the threshold: then every unselected position
+    // past the line is listed, so the report always names it.)
+    let over = |b: usize| excess(bound(b), worst);
     let mut dropped: Vec<(usize, f64)> = unselected
+        .clone()
         .filter(|&b| key(b) >= t_key)
-        .map(|b| (b, excess(bound(b), worst)))
+        .map(|b| (b, over(b)))
         .filter(|&(_, x)| x > 0.0)
         .collect();
+    if dropped.is_empty() {
+        dropped = unselected
+            .map(|b| (b, over(b)))
+            .filter(|&(_, x)| x > 0.0)
+            .collect();
+    }
+    let under = |a: usize| excess(best, bound(a));
     let mut intruders: Vec<(usize, f64)> = selected
         .iter()
         .filter(|&&a| key(a) < t_key)
-        .map(|&a| (a, excess(best, bound(a))))
+        .map(|&a| (a, under(a)))
         .filter(|&(_, x)| x > 0.0)
         .collect();
+    if intruders.is_empty() {
+        intruders = selected
+            .iter()
+            .map(|&a| (a, under(a)))
+            .filter(|&(_, x)| x > 0.0)
+            .collect();
+    }
     let by_excess = |x: &(usize, f64), y: &(usize, f64)| {
         y.1.partial_cmp(&x.1)
             .unwrap_or(std::cmp::Ordering::Equal)

@@ -251,3 +251,35 @@ fn scores_perturbed_inside_the_tolerance_are_ties_and_outside_are_errors() {
     }
     assert!(accepted == 2000 && refused > 100, "{accepted} {refused}");
 }
+
+#[test]
+fn an_infinite_magnitude_adds_nothing_when_rtol_is_zero() {
+    // 0 · inf must not turn the exact check into "anything ties".
+    let s = [1.0, 2.0];
+    let m = [f32::INFINITY, 1.0];
+    let c = check_topk_row(&s, Some(&m), Tolerance::default(), &[0], 2, 1);
+    assert!(!c.is_correct(), "{c:?}");
+}
+
+#[test]
+fn the_position_that_beats_the_selection_is_named_even_below_the_threshold() {
+    // Position 0 is the exact top-1 but owed a huge tolerance, so choosing 2
+    // over it is fine; choosing 2 over 1 is not: 1 must be named.
+    let s = [10.0, 5.0, 1.0];
+    let m = [100.0, 0.0, 0.0];
+    let tol = Tolerance {
+        atol: 0.0,
+        rtol: 1.0,
+    };
+    let c = check_topk_row(&s, Some(&m), tol, &[2], 3, 1);
+    let [Problem::WrongSelection {
+        dropped, intruders, ..
+    }] = &c.problems[..]
+    else {
+        panic!("{c:?}");
+    };
+    assert_eq!(
+        (dropped.as_slice(), intruders.as_slice()),
+        (&[(1, 5.0)][..], &[(2, 1.0)][..])
+    );
+}

@@ -148,6 +148,9 @@ pub fn indexer_scores_into(
 ) -> Result<(), AttentionError> {
     let t = shape.n_keys;
     check(shape, inputs, t, 0, out.len(), None)?;
+    if shape.n_queries == 0 || t == 0 {
+        return Ok(()); // nothing to score (and the heads' shape is unchecked)
+    }
     let (level, h, d) = (simd::Wide::best(), shape.n_heads, shape.d);
     let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(h).saturating_mul(d));
     let mut query = kernels::Query::new(h, d);

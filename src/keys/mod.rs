@@ -198,7 +198,7 @@ pub fn bf16_to_f32(bits: u16) -> f32 {
 }
 
 /// IEEE binary16 bits to `f32`, exactly (subnormals normalised, infinities
-/// and NaN payloads kept).
+/// kept; a NaN keeps its payload and is quieted, as F16C converts it).
 #[inline]
 pub fn f16_to_f32(bits: u16) -> f32 {
     let sign = ((bits & 0x8000) as u32) << 16;
@@ -208,7 +208,10 @@ pub fn f16_to_f32(bits: u16) -> f32 {
         (0, 0) => 0,
         // Subnormal: man · 2⁻²⁴, exact in f32.
         (0, m) => (m as f32 * f32::from_bits(0x3380_0000)).to_bits(),
-        (0x1F, m) => 0x7F80_0000 | (m << 13),
+        (0x1F, 0) => 0x7F80_0000,
+        // NaN: the payload widened, quieted (as F16C's conversion does, so
+        // every level gives the same bits).
+        (0x1F, m) => 0x7FC0_0000 | (m << 13),
         (e, m) => ((e + 127 - 15) << 23) | (m << 13),
     };
     f32::from_bits(sign | magnitude)

@@ -238,3 +238,10 @@ def test_an_engine_scoring_bfloat16_keys_passes_with_its_rounding_owed_and_not_e
     # indexer_scores' output as it is: NaN past each context is never read.
     assert ks.check_topk(exact, served, lens, rtol=2.0**-8, magnitudes=m)["wrong"] == 0
     assert ks.check_topk(exact, served, lens)["wrong"] > 0
+
+
+def test_indexer_scores_of_no_queries_is_empty_whatever_the_head_shape():
+    q = np.zeros((0, 2**40, 1), np.float32)  # zero elements: a shape, not memory
+    w = np.zeros((0, 2**40), np.float32)
+    out = ks.indexer_scores(q, w, np.zeros((7, 1), np.float32), np.zeros(0, np.int64))
+    assert out.shape == (0, 7) and out.dtype == np.float32
