@@ -69,6 +69,19 @@ impl<'py> Call<'py> {
         (q, w, k, pos, topk): Common<'_, 'py>,
         (scale, kf, qf, segs): Options<'_, 'py>,
     ) -> PyResult<Self> {
+        let mut call = Call::inputs((q, w, k, pos), (scale, kf, qf))?;
+        call.topk = S.count(topk, "topk", i32::MAX as u64)?;
+        call.segs = segments(segs)?;
+        Ok(call)
+    }
+
+    /// The scoring arguments alone (`topk` and `num_segments` left 0):
+    /// `(index_q, weights, index_k, query_pos)` and `(key_scale,
+    /// key_format, query_format)`.
+    fn inputs(
+        (q, w, k, pos): (&Obj<'py>, &Obj<'py>, &Obj<'py>, &Obj<'py>),
+        (scale, kf, qf): (Opt<'_, 'py>, Option<&str>, Option<&str>),
+    ) -> PyResult<Self> {
         let (q, w, [n, h, dq]) = queries(q, w, qf)?;
         let (k, _) = EncodedIn::new(S, k, "index_k", kf)?;
         let [t, d] = S.dims::<2>(k.untyped(), "index_k", "[n_keys, d]")?;
@@ -78,8 +91,6 @@ impl<'py> Call<'py> {
             _ => None,
         };
         let pos = positions(S, pos, "query_pos")?;
-        let topk = S.count(topk, "topk", i32::MAX as u64)?;
-        let segs = segments(segs)?;
         let shape = IndexerShape {
             n_queries: n,
             n_heads: h,
@@ -93,9 +104,29 @@ impl<'py> Call<'py> {
             scale,
             pos,
             shape,
-            topk,
-            segs,
+            topk: 0,
+            segs: 0,
         })
+    }
+
+    /// The arrays as the core reads them.
+    fn borrowed(&self) -> PyResult<IndexerInputs<'_>> {
+        Ok(IndexerInputs {
+            q: self.q.encoded()?,
+            weights: self.w.slice()?,
+            k: self.k.encoded()?,
+            key_scale: self.scale.as_ref().map(|c| c.slice()).transpose()?,
+            query_pos: &self.pos,
+        })
+    }
+
+    /// Multiply-adds of scoring every key for every query (for `detach`).
+    fn work(&self) -> usize {
+        let s = self.shape;
+        s.n_queries
+            .saturating_mul(s.n_keys)
+            .saturating_mul(s.n_heads)
+            .saturating_mul(s.d)
     }
 
     /// Runs `core` into `out` (and `scores_out`), both checked against every
@@ -117,25 +148,12 @@ impl<'py> Call<'py> {
         let mut out = S.output::<i32>(py, out, &[n, topk], &inputs)?;
         inputs.push(out.untyped());
         let mut scores = scores_buffer(scores_out, [n, topk], &inputs)?;
-        let key_scale = self.scale.as_ref().map(|c| c.slice()).transpose()?;
-        let (q, weights, k) = (self.q.encoded()?, self.w.slice()?, self.k.encoded()?);
-        let inputs = IndexerInputs {
-            q,
-            weights,
-            k,
-            key_scale,
-            query_pos: &self.pos,
-        };
+        let (borrowed, work) = (self.borrowed()?, self.work());
         let (o, sc) = (
             out.slice()?,
             scores.as_mut().map(|s| s.slice()).transpose()?,
         );
-        let s = self.shape;
-        let work = n
-            .saturating_mul(s.n_keys)
-            .saturating_mul(s.n_heads)
-            .saturating_mul(s.d);
-        detach(py, work, || core(&inputs, o, sc))?;
+        detach(py, work, || core(&borrowed, o, sc))?;
         Ok(out.finish())
     }
 }
@@ -252,30 +270,11 @@ fn indexer_scores<'py>(
     query_format: Option<&str>,
     magnitudes: bool,
 ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
-    let (q, w, [n, h, dq]) = queries(index_q, weights, query_format)?;
-    let (k, _) = EncodedIn::new(S, index_k, "index_k", key_format)?;
-    let [t, d] = S.dims::<2>(k.untyped(), "index_k", "[n_keys, d]")?;
-    same_d(dq, d, "index_k")?;
-    let scale = match key_scale {
-        Some(c) if !c.is_none() => Some(S.input::<f32, 1>(c, "key_scale", "[n_keys]")?),
-        _ => None,
-    };
-    let pos = positions(S, query_pos, "query_pos")?;
-    let shape = IndexerShape {
-        n_queries: n,
-        n_heads: h,
-        d,
-        n_keys: t,
-    };
-    let out = Out::<f32>::zeros(py, &[n, t])?;
-    let inputs = IndexerInputs {
-        q: q.encoded()?,
-        weights: w.slice()?,
-        k: k.encoded()?,
-        key_scale: scale.as_ref().map(|c| c.slice()).transpose()?,
-        query_pos: &pos,
-    };
-    let work = n.saturating_mul(t).saturating_mul(h).saturating_mul(d);
+    let common = (index_q, weights, index_k, query_pos);
+    let call = Call::inputs(common, (key_scale, key_format, query_format))?;
+    let shape = call.shape;
+    let out = Out::<f32>::zeros(py, &[shape.n_queries, shape.n_keys])?;
+    let (inputs, work) = (call.borrowed()?, call.work());
     out.run(work, |o| {
         indexer::indexer_scores_into(&shape, &inputs, magnitudes, o)
     })
