@@ -152,7 +152,6 @@ pub fn indexer_scores_into(
         return Ok(()); // nothing to score (and the heads' shape is unchecked)
     }
     let (level, h, d) = (simd::Wide::best(), shape.n_heads, shape.d);
-    let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(h).saturating_mul(d));
     let mut query = kernels::Query::new(h, d);
     let abs_scale: Option<Vec<f32>> = match (magnitude, inputs.key_scale) {
         (true, Some(c)) => Some(c.iter().map(|x| x.abs()).collect()),
@@ -167,10 +166,8 @@ pub fn indexer_scores_into(
             w.iter_mut().for_each(|x| *x = x.abs());
         }
         let len = inputs.query_pos[i].saturating_add(1).min(t);
-        let (q, keys) = (&query, &inputs.k);
-        pool::for_each_row_mut(&mut row[..len], KEY_CHUNK, min_chunks, |c, chunk| {
-            kernels::score_keys(level, q, &w, keys, scale, c * KEY_CHUNK, chunk, magnitude);
-        });
+        let keys = (&inputs.k, scale);
+        score_row(level, &query, &w, keys, &mut row[..len], magnitude);
         row[len..].fill(f32::NAN);
     }
     Ok(())
@@ -320,7 +317,6 @@ fn run_queries(
     keys_of: impl Fn(usize) -> (usize, usize),
 ) {
     let (level, h, d) = (simd::Wide::best(), shape.n_heads, shape.d);
-    let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(h).saturating_mul(d));
     let dims = (shape.n_queries, h, d);
     for_each_query(
         dims,
@@ -336,12 +332,27 @@ fn run_queries(
             let keys = inputs.k.slice(k0 * d, k1 * d);
             let scale = inputs.key_scale.map(|c| &c[k0..k1]);
             let len = inputs.query_pos[i].saturating_add(1).min(k1 - k0);
-            pool::for_each_row_mut(&mut row[..len], KEY_CHUNK, min_chunks, |c, chunk| {
-                kernels::score_keys(level, q, w, &keys, scale, c * KEY_CHUNK, chunk, false);
-            });
+            score_row(level, q, w, (&keys, scale), &mut row[..len], false);
             len
         },
     );
+}
+
+/// One query's scores of keys `0 .. row.len()` (with their scales, if
+/// any) into `row`, split across the pool in chunks of [`KEY_CHUNK`] keys
+/// that stay in cache; `magnitude` as [`kernels::score_keys`].
+fn score_row(
+    level: Option<simd::Wide>,
+    q: &kernels::Query,
+    w: &[f32],
+    (keys, scale): (&Encoded<'_>, Option<&[f32]>),
+    row: &mut [f32],
+    magnitude: bool,
+) {
+    let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(q.h).saturating_mul(q.d));
+    pool::for_each_row_mut(row, KEY_CHUNK, min_chunks, |c, chunk| {
+        kernels::score_keys(level, q, w, keys, scale, c * KEY_CHUNK, chunk, magnitude);
+    });
 }
 
 fn check(
