@@ -1271,6 +1271,36 @@ def indexer_topk(
     """The lightning indexer's top-k of every query (see the section notes):
     int32 ``[n_queries, topk]``; ``scores_out`` (float32 ``[n_queries,
     topk]``) receives each entry's score, NaN where the row holds -1."""
+    q, w, k, c, pos = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
+    n, t = len(q), len(k)
+    topk = _count("topk", topk)
+    num_segments = _count("num_segments", num_segments)
+    if num_segments > MAX_TOPOLOGY_SEGMENTS:
+        raise _refuse(_SELECTION, "num_segments", "num_segments must be 0 (off) or 1..=64")
+    out_buf = _output(out, (n, topk), _SELECTION)
+    rows = np.full((n, topk), -1, dtype=np.int64)
+    chosen_scores = np.full((n, topk), np.nan)
+    keep = max(topk - num_segments, 0)
+    for i in range(n):
+        length = min(int(pos[i]) + 1, t)
+        scores = _indexer_row(q[i], w[i], k[:length], c[:length])
+        order = _rank_order(scores)[:keep]
+        rows[i, : len(order)] = order
+        if num_segments:
+            row = rows[i : i + 1].astype(np.int32)
+            scatter_topology_witnesses(row, np.array([length], np.int32), num_segments)
+            rows[i] = row[0]
+        valid = rows[i] >= 0
+        chosen_scores[i, valid] = scores[rows[i, valid]]
+    if scores_out is not None:
+        scores_out[...] = chosen_scores
+    return _deliver(rows, out_buf)
+
+
+def _indexer_inputs(index_q: Any, weights: Any, index_k: Any, query_pos: Any, key_scale: Any,
+                    key_format: Optional[str], query_format: Optional[str]) -> tuple:
+    """``(q, w, k, c, pos)`` decoded (float64) and checked: ``q [n, h, d]``,
+    ``w [n, h]``, ``k [t, d]``, ``c [t]`` (ones when None), ``pos [n]``."""
     q = decode(index_q, query_format)
     k = decode(index_k, key_format)
     if q.ndim != 3:
@@ -1290,31 +1320,18 @@ def indexer_topk(
     pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
     if len(pos) != n:
         raise _refuse(_SELECTION, "query_pos", f"query_pos must have {n} entries")
-    topk = _count("topk", topk)
-    num_segments = _count("num_segments", num_segments)
-    if num_segments > MAX_TOPOLOGY_SEGMENTS:
-        raise _refuse(_SELECTION, "num_segments", "num_segments must be 0 (off) or 1..=64")
-    out_buf = _output(out, (n, topk), _SELECTION)
-    rows = np.full((n, topk), -1, dtype=np.int64)
-    chosen_scores = np.full((n, topk), np.nan)
-    keep = max(topk - num_segments, 0)
-    for i in range(n):
-        length = min(int(pos[i]) + 1, t)
-        with np.errstate(invalid="ignore", over="ignore"):
-            dots = q[i] @ k[:length].T  # [h, length]
-            relu = np.where(np.isnan(dots), np.nan, np.maximum(dots, 0.0))
-            scores = (w[i] @ relu) * c[:length] if length else np.zeros(0)
-        order = _rank_order(scores)[:keep]
-        rows[i, : len(order)] = order
-        if num_segments:
-            row = rows[i : i + 1].astype(np.int32)
-            scatter_topology_witnesses(row, np.array([length], np.int32), num_segments)
-            rows[i] = row[0]
-        valid = rows[i] >= 0
-        chosen_scores[i, valid] = scores[rows[i, valid]]
-    if scores_out is not None:
-        scores_out[...] = chosen_scores
-    return _deliver(rows, out_buf)
+    return q, w, k, c, pos
+
+
+def _indexer_row(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """One query's scores (float64) of the keys ``k``: ``c_t * sum_h w_h *
+    relu(q_h . k_t)``, a NaN dot product kept NaN."""
+    if not len(k):
+        return np.zeros(0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dots = q @ k.T  # [h, length]
+        relu = np.where(np.isnan(dots), np.nan, np.maximum(dots, 0.0))
+        return (w @ relu) * c
 
 
 def indexer_scores(
@@ -1331,29 +1348,13 @@ def indexer_scores(
     """Every query's score of every key it sees, float32 ``[n_queries,
     n_keys]``, NaN past its context (computed in float64, rounded once); with
     ``magnitudes``, ``|c_t| * sum_h |w_h| * sum_i |q_hi * k_ti|`` instead."""
-    q = decode(index_q, query_format)
-    k = decode(index_k, key_format)
-    if q.ndim != 3 or k.ndim != 2 or k.shape[1] != q.shape[2]:
-        raise _refuse(_SELECTION, "index_q", f"index_q {q.shape} and index_k {k.shape} do not fit")
-    n, h, d = q.shape
-    w = _float_array("weights", weights, 2, _SELECTION)
-    if w.shape != (n, h):
-        raise _refuse(_SELECTION, "weights", f"weights must be {(n, h)}, got {w.shape}")
-    t = k.shape[0]
-    c = np.ones(t) if key_scale is None else _float_array("key_scale", key_scale, 1, _SELECTION)
-    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
-    if len(pos) != n:
-        raise _refuse(_SELECTION, "query_pos", f"query_pos must have {n} entries")
-    out = np.full((n, t), np.nan)
-    for i in range(n):
-        length = min(int(pos[i]) + 1, t)
-        with np.errstate(invalid="ignore", over="ignore"):
-            if magnitudes:
-                out[i, :length] = (np.abs(w[i]) @ (np.abs(q[i]) @ np.abs(k[:length]).T)) * np.abs(c[:length])
-            else:
-                dots = q[i] @ k[:length].T
-                relu = np.where(np.isnan(dots), np.nan, np.maximum(dots, 0.0))
-                out[i, :length] = (w[i] @ relu) * c[:length] if length else np.zeros(0)
+    q, w, k, c, pos = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
+    if magnitudes:  # the ReLU is the identity on the absolute values
+        q, w, k, c = np.abs(q), np.abs(w), np.abs(k), np.abs(c)
+    out = np.full((len(q), len(k)), np.nan)
+    for i in range(len(q)):
+        length = min(int(pos[i]) + 1, len(k))
+        out[i, :length] = _indexer_row(q[i], w[i], k[:length], c[:length])
     return (out.astype(np.float32) + np.float32(0.0)).astype(np.float32)
 
 
