@@ -622,3 +622,53 @@ fn wide_fp8_keys_and_empty_head_major_batches_return() {
     )
     .unwrap();
 }
+
+#[test]
+fn a_cache_whose_pages_are_misaligned_for_their_type_selects_the_same() {
+    // The same pages one byte off their element alignment: read byte by
+    // byte instead of cast in place, the selection does not change.
+    let mut rng = ChaCha8Rng::seed_from_u64(16);
+    for case in 0..60 {
+        let format = [Format::F32, Format::F16, Format::Bf16][case % 3];
+        let cfg = random_cfg(&mut rng);
+        let (bs, h, d) = (
+            cfg.block_size,
+            rng.random_range(1..4),
+            rng.random_range(1..10),
+        );
+        let lens = vec![rng.random_range(1..40)];
+        let seqs = vec![RawKeys::random(&mut rng, lens[0] * d, format)];
+        let paged = Paged::new(&mut rng, &seqs, &lens, bs, d);
+        let q = unit(&mut rng, h * d);
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(&paged.bytes);
+        let run = |bytes: &[u8]| {
+            let mut cache = paged.cache(bs, d, format);
+            cache.bytes = bytes;
+            let inputs = PagedBlocks {
+                q: Encoded::F32(&q),
+                n_queries: 1,
+                n_kv_heads: h,
+                cache,
+                table: paged.table(),
+                seq_ids: &[0],
+                query_pos: &[lens[0] - 1],
+            };
+            let mut out = vec![7; h * cfg.width()];
+            select_paged_into(
+                &inputs,
+                &cfg,
+                OutLayout::QueryMajor,
+                BlockIds::Logical,
+                &mut out,
+            )
+            .unwrap();
+            out
+        };
+        assert_eq!(
+            run(&shifted[1..]),
+            run(&paged.bytes),
+            "case {case}: {format:?}"
+        );
+    }
+}

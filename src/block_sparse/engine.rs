@@ -61,21 +61,14 @@ impl Keys<'_> {
     /// index of their first key: a dense array whole, a paged cache the
     /// page holding `c0`. `None` when a page's bytes are not aligned for
     /// its element type (then it is decoded instead).
-    fn in_place(&self, c0: usize, d: usize, bs: usize) -> Option<(Encoded<'_>, usize)> {
+    fn in_place(&self, c0: usize, bs: usize) -> Option<(Encoded<'_>, usize)> {
         match self {
             Keys::Dense(k) => Some((*k, 0)),
             Keys::Paged { cache, table, seq } => {
-                let PageLayout::Dense(format) = cache.layout else {
+                if !matches!(cache.layout, PageLayout::Dense(_)) {
                     return None;
-                };
-                let start = table.page(*seq, c0 / bs) * cache.page_stride;
-                let bytes = cache.bytes.get(start..start + bs * d * format.size())?;
-                let keys = match format {
-                    Format::F32 => Encoded::F32(bytemuck::try_cast_slice(bytes).ok()?),
-                    Format::F16 => Encoded::F16(bytemuck::try_cast_slice(bytes).ok()?),
-                    Format::Bf16 => Encoded::Bf16(bytemuck::try_cast_slice(bytes).ok()?),
-                    Format::Fp8E4m3 => Encoded::Fp8E4m3(bytes),
-                };
+                }
+                let keys = cache.page_keys(table.page(*seq, c0 / bs))?;
                 Some((keys, c0 / bs * bs))
             }
         }
@@ -250,12 +243,12 @@ pub(super) fn score_blocks(
         // With many row tiles, a low-precision chunk is decoded once into
         // float32 rather than once per tile.
         let view = keys
-            .in_place(c0, d, bs)
+            .in_place(c0, bs)
             .filter(|(k, _)| streaming || k.format() == Format::F32);
         // A page's successor lies anywhere in the cache: start fetching its
         // first keys now (the kernel's own prefetch runs within a chunk).
         if streaming && c1 < k_end {
-            if let Some((next, next_base)) = keys.in_place(c1, d, bs) {
+            if let Some((next, next_base)) = keys.in_place(c1, bs) {
                 prefetch_keys(&next, (c1 - next_base) * d, PREFETCH_KEYS * d);
             }
         }

@@ -103,9 +103,34 @@ impl PagedCache<'_> {
         }
     }
 
+    /// Page `page`'s `block_size × d` keys in place, as their element type
+    /// (the scaled layout: its e4m3fn bytes), or `None` when the page's
+    /// bytes are not aligned for that type.
+    ///
+    /// # Panics
+    /// If the page is past the cache ([`check`] makes every page of a
+    /// checked cache readable).
+    ///
+    /// [`check`]: PagedCache::check
+    pub fn page_keys(&self, page: usize) -> Option<Encoded<'_>> {
+        let (n, start) = (self.block_size * self.d, page * self.page_stride);
+        let (format, size) = match self.layout {
+            PageLayout::Dense(f) => (f, f.size()),
+            PageLayout::Fp8WithScales => (Format::Fp8E4m3, 1),
+        };
+        let bytes = &self.bytes[start..start + n * size];
+        Some(match format {
+            Format::F32 => Encoded::F32(bytemuck::try_cast_slice(bytes).ok()?),
+            Format::F16 => Encoded::F16(bytemuck::try_cast_slice(bytes).ok()?),
+            Format::Bf16 => Encoded::Bf16(bytemuck::try_cast_slice(bytes).ok()?),
+            Format::Fp8E4m3 => Encoded::Fp8E4m3(bytes),
+        })
+    }
+
     /// Rows `r0 .. r0 + keys.len() / d` of page `page`, decoded into `keys`
     /// and, for the scaled layout, their scales into `scales` (left as they
-    /// are otherwise).
+    /// are otherwise): through [`Encoded::decode`] (the SIMD decodes) when
+    /// the page is aligned, byte by byte otherwise.
     ///
     /// # Panics
     /// If the page or the rows are past the cache ([`check`] makes every
@@ -117,16 +142,15 @@ impl PagedCache<'_> {
         let rows = keys.len() / d;
         let p = &self.bytes[page * self.page_stride..];
         let (a, b) = (r0 * d, (r0 + rows) * d);
-        match self.layout {
-            PageLayout::Dense(Format::F32) => {
+        match (self.page_keys(page), self.layout) {
+            (Some(k), _) => k.decode(a, keys),
+            (None, PageLayout::Dense(Format::F16)) => decode_f16(&p[2 * a..2 * b], keys),
+            (None, PageLayout::Dense(Format::Bf16)) => decode_bf16(&p[2 * a..2 * b], keys),
+            (None, _) => {
+                // A misaligned float32 page (fp8 pages are always aligned).
                 for (o, b) in keys.iter_mut().zip(p[4 * a..4 * b].chunks_exact(4)) {
                     *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 }
-            }
-            PageLayout::Dense(Format::F16) => decode_f16(&p[2 * a..2 * b], keys),
-            PageLayout::Dense(Format::Bf16) => decode_bf16(&p[2 * a..2 * b], keys),
-            PageLayout::Dense(Format::Fp8E4m3) | PageLayout::Fp8WithScales => {
-                Encoded::Fp8E4m3(&p[a..b]).decode(0, keys);
             }
         }
         if self.layout == PageLayout::Fp8WithScales {
