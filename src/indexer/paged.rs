@@ -99,12 +99,22 @@ pub fn indexer_topk_paged_into(
                 .min(inputs.seq_lens[s]);
             pool::for_each_row_mut(&mut row[..len], bs, min_blocks, |b, chunk| {
                 // Checked above: the first ⌈len / bs⌉ entries are pages of the cache.
+                let mut decoded;
                 let page = table.page(s, b);
-                let mut keys = vec![0.0f32; chunk.len() * d];
                 let mut scale = vec![1.0f32; chunk.len()];
-                c.decode(page, 0, &mut keys, &mut scale);
+                c.scales(page, 0, &mut scale);
                 let scale = (c.layout == PageLayout::Fp8WithScales).then_some(&scale[..]);
-                kernels::score_keys(level, q, w, &Encoded::F32(&keys), scale, 0, chunk, false);
+                // The page's keys in place (the kernel decodes each block of
+                // them); a misaligned page is decoded first.
+                let keys = match c.page_keys(page) {
+                    Some(k) => k,
+                    None => {
+                        decoded = vec![0.0f32; chunk.len() * d];
+                        c.decode(page, 0, &mut decoded, &mut []);
+                        Encoded::F32(&decoded)
+                    }
+                };
+                kernels::score_keys(level, q, w, &keys, scale, 0, chunk, false);
             });
             len
         },

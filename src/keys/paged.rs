@@ -138,7 +138,7 @@ impl PagedCache<'_> {
     ///
     /// [`check`]: PagedCache::check
     pub fn decode(&self, page: usize, r0: usize, keys: &mut [f32], scales: &mut [f32]) {
-        let (d, bs) = (self.d, self.block_size);
+        let d = self.d;
         let rows = keys.len() / d;
         let p = &self.bytes[page * self.page_stride..];
         let (a, b) = (r0 * d, (r0 + rows) * d);
@@ -154,10 +154,24 @@ impl PagedCache<'_> {
             }
         }
         if self.layout == PageLayout::Fp8WithScales {
-            let s = &p[bs * d + 4 * r0..bs * d + 4 * (r0 + rows)];
-            for (o, b) in scales[..rows].iter_mut().zip(s.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
+            self.scales(page, r0, &mut scales[..rows]);
+        }
+    }
+
+    /// The scales of rows `r0 .. r0 + scales.len()` of page `page` (the
+    /// scaled layout; nothing to write for the dense one).
+    ///
+    /// # Panics
+    /// As [`PagedCache::decode`].
+    pub fn scales(&self, page: usize, r0: usize, scales: &mut [f32]) {
+        if self.layout != PageLayout::Fp8WithScales {
+            return;
+        }
+        let keys = self.block_size * self.d;
+        let p = &self.bytes[page * self.page_stride + keys..];
+        let s = &p[4 * r0..4 * (r0 + scales.len())];
+        for (o, b) in scales.iter_mut().zip(s.chunks_exact(4)) {
+            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }
     }
 }
