@@ -10,6 +10,7 @@ use kvselect::block_sparse::{
     select_batch_into, select_packed_encoded_into, select_paged_into, BlockIds, BlockSparseConfig,
     OutLayout, PagedBlocks, SelectionError,
 };
+use kvselect::indexer::{indexer_topk_paged_into, PagedInputs};
 use kvselect::keys::{
     bf16_to_f32, f16_to_f32, fp8_e4m3fn_to_f32, BlockTable, Encoded, Format, PageLayout, PagedCache,
 };
@@ -670,5 +671,27 @@ fn a_cache_whose_pages_are_misaligned_for_their_type_selects_the_same() {
             run(&paged.bytes),
             "case {case}: {format:?}"
         );
+        // The indexer's paged form, too.
+        let w = unit(&mut rng, h);
+        let topk = rng.random_range(1..20);
+        let index = |bytes: &[u8]| {
+            let mut cache = paged.cache(bs, d, format);
+            cache.bytes = bytes;
+            let inputs = PagedInputs {
+                q: Encoded::F32(&q),
+                weights: &w,
+                cache,
+                block_table: &paged.table,
+                max_blocks: paged.max_blocks,
+                seq_lens: &paged.lens,
+                seq_ids: &[0],
+                query_pos: &[lens[0] - 1],
+            };
+            let (mut out, mut sc) = (vec![7; topk], vec![0.0f32; topk]);
+            indexer_topk_paged_into(1, h, &inputs, topk, 0, &mut out, Some(&mut sc)).unwrap();
+            (out, sc.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+        };
+        let (a, b) = (index(&shifted[1..]), index(&paged.bytes));
+        assert_eq!(a, b, "case {case}: indexer, {format:?}");
     }
 }
