@@ -22,9 +22,14 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   (:func:`indexer_topk`, :func:`indexer_topk_packed`,
   :func:`indexer_topk_paged`): exact, one total order, float32 / float16 /
   bfloat16 / fp8 keys read in place, witnesses in the same pass;
-- :func:`check_topk`: is an engine's top-k right? The rule applied to a
-  kernel's rows, tie-aware, with a defined tolerance and a report
-  (:func:`indexer_scores` gives the exact scores and their error scales);
+- is an engine's selection right? The rules applied to a kernel's rows,
+  tie-aware, with a defined tolerance and a report: :func:`check_topk`
+  (token top-k; :func:`indexer_scores` gives the exact scores and their
+  error scales), :func:`check_blocks` (MiniMax-M3 blocks;
+  :func:`block_scores`), :func:`check_witnesses` (an in-place witness
+  call), rows in the engines' global slot ids through :class:`GlobalSlots`;
+  ``kvselect check DUMP.npz`` (:mod:`kvselect.checking`) runs them on a
+  dump of one kernel call;
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -39,6 +44,7 @@ leaves every buffer byte-identical.
 
 from kvselect._core import (
     BlockSparseConfig,
+    GlobalSlots,
     KvselectError,
     MAX_TOPOLOGY_SEGMENTS,
     MINIMAX_BLOCK_SIZE,
@@ -50,6 +56,7 @@ from kvselect._core import (
     attention_mass_recall,
     attention_mass_recall_rows,
     attention_probabilities,
+    block_scores,
     block_sparse_select,
     block_sparse_select_packed,
     block_sparse_select_paged,
@@ -58,7 +65,9 @@ from kvselect._core import (
     indexer_topk,
     indexer_topk_packed,
     indexer_topk_paged,
+    check_blocks,
     check_topk,
+    check_witnesses,
     indexer_scores,
     locality_null,
     oracle_topk,
@@ -78,6 +87,7 @@ from kvselect._core import (
 
 __all__ = [
     "BlockSparseConfig",
+    "GlobalSlots",
     "KvselectError",
     "MAX_TOPOLOGY_SEGMENTS",
     "MINIMAX_BLOCK_SIZE",
@@ -89,6 +99,7 @@ __all__ = [
     "attention_mass_recall",
     "attention_mass_recall_rows",
     "attention_probabilities",
+    "block_scores",
     "block_sparse_select",
     "block_sparse_select_packed",
     "block_sparse_select_paged",
@@ -97,7 +108,9 @@ __all__ = [
     "indexer_topk",
     "indexer_topk_packed",
     "indexer_topk_paged",
+    "check_blocks",
     "check_topk",
+    "check_witnesses",
     "indexer_scores",
     "locality_null",
     "oracle_topk",

@@ -1,7 +1,7 @@
 //! The public entry points: one query, a chunk of queries, a packed batch of
 //! sequences, a paged cache, and the positions a selection covers.
 
-use super::engine::{run_engine, Keys, SCRATCH_FLOATS};
+use super::engine::{run_engine, Finish, Keys, SCRATCH_FLOATS};
 use super::select::write_i32_row;
 use super::validate::{
     bad_position, check_block_ids_fit_i32, check_cu_seqlens, check_out, check_per_query_len,
@@ -85,12 +85,12 @@ pub fn block_sparse_select(
         d,
         cfg,
         &mut rows,
-        &|sel: &[usize], row: &mut [Vec<usize>]| {
+        Finish::Select(&|sel: &[usize], row: &mut [Vec<usize>]| {
             if let Some(slot) = row.first_mut() {
                 slot.clear();
                 slot.extend_from_slice(sel);
             }
-        },
+        }),
         SCRATCH_FLOATS,
     );
     Ok(out)
@@ -170,7 +170,82 @@ pub fn select_batch_encoded_into<P: IndexLike>(
         d,
         cfg,
         &mut rows,
-        &write_i32_row,
+        Finish::Select(&write_i32_row),
+        SCRATCH_FLOATS,
+    );
+    Ok(())
+}
+
+/// Every row's block scores themselves, the exact values the selection
+/// ranks (bit for bit, at every SIMD level): `out` is `[n_queries,
+/// n_kv_heads, n_blocks]` float32 with `n_blocks = ⌈n_positions /
+/// block_size⌉`, entry `b` of a row the max of `q · k_t` over block `b`'s
+/// visible positions (`-0.0` read as `+0.0`; `-inf` when every visible
+/// score is NaN), NaN past the row's visible blocks. With `magnitude`, the
+/// same maxima of `Σ_i |q_i · k_ti|` instead: the scale a lower-precision
+/// engine's rounding of a block score grows with ([`crate::check`]).
+/// Only `cfg.block_size` matters here; the config is validated as ever.
+#[allow(clippy::too_many_arguments)]
+pub fn block_scores_into<P: IndexLike>(
+    index_q: Encoded<'_>,
+    n_queries: usize,
+    n_kv_heads: usize,
+    index_k: Encoded<'_>,
+    d: usize,
+    query_pos: &[P],
+    cfg: &BlockSparseConfig,
+    magnitude: bool,
+    out: &mut [f32],
+) -> Result<(), SelectionError> {
+    cfg.validate()?;
+    let n_positions = key_rows(index_k.len(), d)?;
+    check_q_len(index_q.len(), n_queries, n_kv_heads, d)?;
+    check_per_query_len("query_pos", query_pos.len(), n_queries)?;
+    let n_blocks = n_positions.div_ceil(cfg.block_size);
+    let expected = n_queries
+        .checked_mul(n_kv_heads)
+        .and_then(|r| r.checked_mul(n_blocks));
+    if expected != Some(out.len()) {
+        return Err(SelectionError::OutputSize {
+            argument: "out",
+            expected: expected.unwrap_or(usize::MAX),
+            actual: out.len(),
+            shape: format!("[{n_queries}, {n_kv_heads}, {n_blocks}]"),
+        });
+    }
+    let mut vis = Vec::with_capacity(n_queries);
+    for (i, &p) in query_pos.iter().enumerate() {
+        let p = p.to_usize().ok_or_else(|| bad_position(i, p))?;
+        vis.push(visible_end(p, n_positions));
+    }
+    if n_blocks == 0 {
+        return Ok(());
+    }
+    // |q · k| summed term by term is the dot product of |q| and |k|: the
+    // magnitudes are the same engine run on the inputs' absolute values.
+    let (abs_q, abs_k) = if magnitude {
+        (Some(index_q.abs()), Some(index_k.abs()))
+    } else {
+        (None, None)
+    };
+    let q = abs_q.as_ref().map_or(index_q, |a| a.encoded());
+    let k = abs_k.as_ref().map_or(index_k, |a| a.encoded());
+    let mut rows: Vec<&mut [f32]> = out.chunks_mut(n_blocks).collect();
+    let write = |nb: usize, score: &dyn Fn(usize) -> f32, row: &mut [f32]| {
+        for (b, slot) in row.iter_mut().enumerate() {
+            *slot = if b < nb { score(b) } else { f32::NAN };
+        }
+    };
+    run_engine(
+        simd::Wide::best(),
+        &q,
+        n_kv_heads,
+        &vis,
+        &Keys::Dense(k),
+        d,
+        cfg,
+        &mut rows,
+        Finish::Scores(&write),
         SCRATCH_FLOATS,
     );
     Ok(())
@@ -267,7 +342,7 @@ pub fn select_packed_encoded_into<C: IndexLike, I: IndexLike>(
             d,
             cfg,
             &mut rows[start * n_kv_heads..end * n_kv_heads],
-            &write_i32_row,
+            Finish::Select(&write_i32_row),
             SCRATCH_FLOATS,
         );
     });
@@ -385,7 +460,7 @@ pub fn select_paged_into(
             d,
             cfg,
             &mut rows[start * h..end * h],
-            write,
+            Finish::Select(write),
             SCRATCH_FLOATS,
         );
     });

@@ -136,9 +136,21 @@ impl PaddedRows {
     }
 }
 
+/// Receives a row's visible block count, its maxima by block, and its slice.
+pub(super) type ScoresFn<T> = dyn Fn(usize, &dyn Fn(usize) -> f32, &mut [T]) + Sync;
+
+/// What the engine does with one row's block maxima.
+pub(super) enum Finish<'a, T> {
+    /// Selects by the rule and writes the selection with this function.
+    Select(&'a (dyn Fn(&[usize], &mut [T]) + Sync)),
+    /// Hands the row's visible block count and its maxima (canonical: `-0.0`
+    /// reads as `+0.0`) to this function: the checker's exact block scores.
+    Scores(&'a ScoresFn<T>),
+}
+
 /// Scores `index_q` (`vis.len()` queries × `heads` rows of `d`) against
-/// `keys` and writes each row's selection with `write` into its slice of
-/// `rows` (one per query-major (query, head) row). Inputs are validated.
+/// `keys` and finishes each row (see [`Finish`]) into its slice of `rows`
+/// (one per query-major (query, head) row). Inputs are validated.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run_engine<T: Send>(
     isa: Option<Wide>,
@@ -149,7 +161,7 @@ pub(super) fn run_engine<T: Send>(
     d: usize,
     cfg: &BlockSparseConfig,
     rows: &mut [&mut [T]],
-    write: &(dyn Fn(&[usize], &mut [T]) + Sync),
+    finish: Finish<'_, T>,
     scratch_floats: usize,
 ) {
     let n_rows = vis.len() * heads;
@@ -191,11 +203,15 @@ pub(super) fn run_engine<T: Send>(
         let scratch = &scratch;
         pool::for_each_row_mut(&mut rows[g0..g1], 1, 64, |r, row| {
             let nb = row_vis(g0 + r).div_ceil(bs);
-            let mut cand = Vec::new();
-            let mut sel = Vec::with_capacity(cfg.width().min(nb));
-            select_blocks(nb, |b| scratch[b * rp + r], cfg, &mut cand, &mut sel);
-            if let Some(row) = row.first_mut() {
-                write(&sel, row);
+            let Some(row) = row.first_mut() else { return };
+            match &finish {
+                Finish::Select(write) => {
+                    let mut cand = Vec::new();
+                    let mut sel = Vec::with_capacity(cfg.width().min(nb));
+                    select_blocks(nb, |b| scratch[b * rp + r], cfg, &mut cand, &mut sel);
+                    write(&sel, row);
+                }
+                Finish::Scores(f) => f(nb, &|b| scratch[b * rp + r] + 0.0, row),
             }
         });
         g0 = g1;

@@ -135,7 +135,7 @@ mod select;
 mod validate;
 
 pub use api::{
-    block_sparse_select, positions_of_blocks, positions_of_blocks_batch_into,
+    block_scores_into, block_sparse_select, positions_of_blocks, positions_of_blocks_batch_into,
     positions_of_blocks_i32, select_batch_encoded_into, select_batch_into, select_into,
     select_packed_encoded_into, select_packed_into, select_paged_into, PagedBlocks,
 };

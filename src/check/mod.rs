@@ -36,12 +36,25 @@
 //! is left out is an error, whatever the bounds. `-0.0` and `+0.0` are one
 //! score.
 
+mod blocks;
+pub mod layout;
 #[cfg(test)]
 mod tests;
+mod witness;
+
+use crate::block_sparse::BlockSparseConfig;
+pub use blocks::check_block_row;
+pub use layout::GlobalSlots;
+pub use witness::check_witness_rows;
 
 /// At most this many dropped and intruding positions are listed per row
 /// (the counts are always complete).
 pub const MAX_LISTED: usize = 16;
+
+/// A row-relative id that stands for an engine entry naming no position of
+/// its row (a global slot outside the request's block table): reported as
+/// [`Problem::NotInTable`] with the engine's value.
+pub const UNMAPPED: i64 = i64::MAX;
 
 /// The tolerance: `e_t = atol + rtol · magnitude_t`.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -66,6 +79,42 @@ pub enum Problem {
     /// `position` in `slot` is not in `0..len` (a future position, or past
     /// the keys).
     NotCausal { slot: usize, position: i64 },
+    /// The engine's entry `value` in `slot` is a global slot id that maps to
+    /// no position of the row's request (not a page of its block table, or
+    /// an offset past the page).
+    NotInTable { slot: usize, value: i64 },
+    /// Witness rows: slot `slot < keep` no longer holds the learned entry
+    /// (`n_changed` such slots).
+    PrefixChanged {
+        slot: usize,
+        learned: i64,
+        got: i64,
+        n_changed: usize,
+    },
+    /// Witness rows: slot `slot` of the witness run holds `got` where the
+    /// rule writes `expected`, and `why` names the contract it breaks
+    /// (`n_wrong` such slots).
+    WrongWitness {
+        slot: usize,
+        expected: i64,
+        got: i64,
+        why: &'static str,
+        n_wrong: usize,
+    },
+    /// Witness rows: slot `slot` past the witness run no longer holds the
+    /// learned entry (`n_changed` such slots).
+    TailChanged {
+        slot: usize,
+        learned: i64,
+        got: i64,
+        n_changed: usize,
+    },
+    /// Forced blocks (init or local) the row lacks: the first
+    /// [`MAX_LISTED`] of them, and how many.
+    MissingForced {
+        blocks: Vec<usize>,
+        n_missing: usize,
+    },
     /// `valid` distinct causal entries where the rule wants `expected =
     /// min(topk, len)`.
     WrongCount { valid: usize, expected: usize },
@@ -157,11 +206,55 @@ pub fn check_topk_row(
 ) -> RowCheck {
     assert!(scores.len() >= len && magnitudes.is_none_or(|m| m.len() >= len));
     assert!(tol.rtol == 0.0 || magnitudes.is_some());
+    let sc = Scored {
+        scores,
+        magnitudes,
+        tol,
+    };
+    topk_row(&sc, row, row, len, topk)
+}
+
+/// [`check_topk_row`] on a row read back from the engine's `raw` one.
+fn topk_row(sc: &Scored<'_>, raw: &[i64], row: &[i64], len: usize, topk: usize) -> RowCheck {
     let mut problems = Vec::new();
-    let mut chosen = vec![usize::MAX; len]; // slot holding each position
+    let scan = scan_row(raw, row, len, &mut problems);
+    let expected = topk.min(len);
+    if scan.selected.len() != expected {
+        problems.push(Problem::WrongCount {
+            valid: scan.selected.len(),
+            expected,
+        });
+    }
+    if problems.is_empty() {
+        let unselected: Vec<usize> = (0..len).filter(|&t| !scan.is_chosen(t)).collect();
+        problems.extend(sc.selection(&scan.selected, &unselected, expected));
+    }
+    RowCheck { problems }
+}
+
+/// A row's valid entries, read once.
+pub(crate) struct Scan {
+    /// The slot holding each id in `0..len` (`usize::MAX`: not chosen).
+    chosen: Vec<usize>,
+    /// The distinct in-range ids, in slot order.
+    pub(crate) selected: Vec<usize>,
+}
+
+impl Scan {
+    pub(crate) fn is_chosen(&self, id: usize) -> bool {
+        self.chosen[id] != usize::MAX
+    }
+}
+
+/// The structural half of the rule (padding after the valid entries, each
+/// in `0..len`, no duplicate), shared by tokens and blocks. `row` holds
+/// row-relative ids, [`UNMAPPED`] where the engine's entry (in `raw`, the
+/// row as the engine wrote it) named no position of the row.
+pub(crate) fn scan_row(raw: &[i64], row: &[i64], len: usize, problems: &mut Vec<Problem>) -> Scan {
+    let mut chosen = vec![usize::MAX; len];
     let mut selected = Vec::with_capacity(row.len().min(len));
     let (mut padding_at, mut hole) = (None, false);
-    for (slot, &x) in row.iter().enumerate() {
+    for (slot, (&x, &engine)) in row.iter().zip(raw).enumerate() {
         if x < 0 {
             padding_at.get_or_insert(slot);
             continue;
@@ -169,6 +262,13 @@ pub fn check_topk_row(
         if padding_at.is_some() && !hole {
             hole = true;
             problems.push(Problem::PaddingHole { slot, position: x });
+        }
+        if x == UNMAPPED {
+            problems.push(Problem::NotInTable {
+                slot,
+                value: engine,
+            });
+            continue;
         }
         let Some(p) = usize::try_from(x).ok().filter(|&p| p < len) else {
             problems.push(Problem::NotCausal { slot, position: x });
@@ -185,112 +285,130 @@ pub fn check_topk_row(
         chosen[p] = slot;
         selected.push(p);
     }
-    let expected = topk.min(len);
-    if selected.len() != expected {
-        problems.push(Problem::WrongCount {
-            valid: selected.len(),
-            expected,
-        });
-    }
-    if !problems.is_empty() {
-        return RowCheck { problems };
-    }
+    Scan { chosen, selected }
+}
 
-    let bound = |t: usize| {
-        // rtol = 0 means no relative term, even for an infinite magnitude
-        // (0 · inf would be NaN); a NaN magnitude adds none either (the
-        // batch entry point refuses one).
-        let rel = match (tol.rtol, magnitudes) {
-            (r, Some(m)) if r != 0.0 => tol.rtol * f64::from(m[t]).abs(),
-            _ => 0.0,
+/// Exact scores with their tolerance: the selection half of the rule.
+#[derive(Clone, Copy)]
+pub(crate) struct Scored<'a> {
+    pub(crate) scores: &'a [f32],
+    pub(crate) magnitudes: Option<&'a [f32]>,
+    pub(crate) tol: Tolerance,
+}
+
+impl Scored<'_> {
+    /// Whether `selected` (the chosen candidates) score at least every one
+    /// of `unselected` (the rest), up to the tolerance; `want` is how many
+    /// of the candidates the rule selects (the threshold is the `want`-th
+    /// best). `None` when they do.
+    pub(crate) fn selection(
+        &self,
+        selected: &[usize],
+        unselected: &[usize],
+        want: usize,
+    ) -> Option<Problem> {
+        let (scores, magnitudes, tol) = (self.scores, self.magnitudes, self.tol);
+        let bound = |t: usize| {
+            // rtol = 0 means no relative term, even for an infinite magnitude
+            // (0 · inf would be NaN); a NaN magnitude adds none either (the
+            // batch entry point refuses one).
+            let rel = match (tol.rtol, magnitudes) {
+                (r, Some(m)) if r != 0.0 => tol.rtol * f64::from(m[t]).abs(),
+                _ => 0.0,
+            };
+            let e = if rel.is_nan() {
+                tol.atol
+            } else {
+                tol.atol + rel
+            };
+            Bounded::new(scores[t], e)
         };
-        let e = if rel.is_nan() {
-            tol.atol
-        } else {
-            tol.atol + rel
+        // The worst selected (lowest upper end) and the best unselected
+        // (highest lower end), in the rule's order (NaN below every number).
+        let order = |nan: bool, v: f64| (!nan, v);
+        let cmp = |x: (bool, f64), y: (bool, f64)| x.0.cmp(&y.0).then(x.1.total_cmp(&y.1));
+        let worst = selected
+            .iter()
+            .map(|&a| bound(a))
+            .min_by(|x, y| cmp(order(x.nan, x.hi), order(y.nan, y.hi)));
+        let best = unselected
+            .iter()
+            .map(|&b| bound(b))
+            .max_by(|x, y| cmp(order(x.nan, x.lo), order(y.nan, y.lo)));
+        let (Some(worst), Some(best)) = (worst, best) else {
+            return None; // nothing selected or nothing left out
         };
-        Bounded::new(scores[t], e)
-    };
-    // The worst selected (lowest upper end) and the best unselected
-    // (highest lower end), in the rule's order (NaN below every number).
-    let order = |nan: bool, v: f64| (!nan, v);
-    let cmp = |x: (bool, f64), y: (bool, f64)| x.0.cmp(&y.0).then(x.1.total_cmp(&y.1));
-    let worst = selected
-        .iter()
-        .map(|&a| bound(a))
-        .min_by(|x, y| cmp(order(x.nan, x.hi), order(y.nan, y.hi)));
-    let unselected = (0..len).filter(|&t| chosen[t] == usize::MAX);
-    let best = unselected
-        .clone()
-        .map(bound)
-        .max_by(|x, y| cmp(order(x.nan, x.lo), order(y.nan, y.lo)));
-    let (Some(worst), Some(best)) = (worst, best) else {
-        return RowCheck { problems }; // nothing selected or nothing left out
-    };
-    let margin = excess(best, worst);
-    if margin <= 0.0 {
-        return RowCheck { problems };
-    }
-    // Dropped: unselected positions that beat the worst selected one beyond
-    // the tolerance and are not below the threshold (the exact
-    // `expected`-th best score: a wrong row always has one, its best
-    // unselected); intruders: selected ones strictly below the threshold
-    // that the best unselected one beats (none when they tie it).
-    let threshold = kth_best(&scores[..len], expected);
-    let t_key = crate::indexer::rank_key(threshold);
-    let key = |t: usize| crate::indexer::rank_key(scores[t]);
-    // (With tolerances that differ by position, the position that beats the
-    // selection can sit below the threshold: then every unselected position
-    // past the line is listed, so the report always names it.)
-    let over = |b: usize| excess(bound(b), worst);
-    let mut dropped: Vec<(usize, f64)> = unselected
-        .clone()
-        .filter(|&b| key(b) >= t_key)
-        .map(|b| (b, over(b)))
-        .filter(|&(_, x)| x > 0.0)
-        .collect();
-    if dropped.is_empty() {
-        dropped = unselected
+        let margin = excess(best, worst);
+        if margin <= 0.0 {
+            return None;
+        }
+        // Dropped: unselected positions that beat the worst selected one beyond
+        // the tolerance and are not below the threshold (the exact
+        // `expected`-th best score: a wrong row always has one, its best
+        // unselected); intruders: selected ones strictly below the threshold
+        // that the best unselected one beats (none when they tie it).
+        let candidates: Vec<f32> = selected
+            .iter()
+            .chain(unselected)
+            .map(|&t| scores[t])
+            .collect();
+        let threshold = kth_best(&candidates, want);
+        let t_key = crate::indexer::rank_key(threshold);
+        let key = |t: usize| crate::indexer::rank_key(scores[t]);
+        // (With tolerances that differ by position, the position that beats the
+        // selection can sit below the threshold: then every unselected position
+        // past the line is listed, so the report always names it.)
+        let over = |b: usize| excess(bound(b), worst);
+        let mut dropped: Vec<(usize, f64)> = unselected
+            .iter()
+            .copied()
+            .filter(|&b| key(b) >= t_key)
             .map(|b| (b, over(b)))
             .filter(|&(_, x)| x > 0.0)
             .collect();
-    }
-    let under = |a: usize| excess(best, bound(a));
-    let mut intruders: Vec<(usize, f64)> = selected
-        .iter()
-        .filter(|&&a| key(a) < t_key)
-        .map(|&a| (a, under(a)))
-        .filter(|&(_, x)| x > 0.0)
-        .collect();
-    if intruders.is_empty() {
-        intruders = selected
+        if dropped.is_empty() {
+            dropped = unselected
+                .iter()
+                .map(|&b| (b, over(b)))
+                .filter(|&(_, x)| x > 0.0)
+                .collect();
+        }
+        let under = |a: usize| excess(best, bound(a));
+        let mut intruders: Vec<(usize, f64)> = selected
             .iter()
+            .filter(|&&a| key(a) < t_key)
             .map(|&a| (a, under(a)))
             .filter(|&(_, x)| x > 0.0)
             .collect();
+        if intruders.is_empty() {
+            intruders = selected
+                .iter()
+                .map(|&a| (a, under(a)))
+                .filter(|&(_, x)| x > 0.0)
+                .collect();
+        }
+        let by_excess = |x: &(usize, f64), y: &(usize, f64)| {
+            y.1.partial_cmp(&x.1)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(x.0.cmp(&y.0))
+        };
+        dropped.sort_by(by_excess);
+        intruders.sort_by(by_excess);
+        let list = |v: &[(usize, f64)]| -> Vec<(usize, f32)> {
+            v.iter()
+                .take(MAX_LISTED)
+                .map(|&(t, _)| (t, scores[t]))
+                .collect()
+        };
+        Some(Problem::WrongSelection {
+            dropped: list(&dropped),
+            intruders: list(&intruders),
+            n_dropped: dropped.len(),
+            n_intruders: intruders.len(),
+            threshold,
+            margin,
+        })
     }
-    let by_excess = |x: &(usize, f64), y: &(usize, f64)| {
-        y.1.partial_cmp(&x.1)
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(x.0.cmp(&y.0))
-    };
-    dropped.sort_by(by_excess);
-    intruders.sort_by(by_excess);
-    let list = |v: &[(usize, f64)]| -> Vec<(usize, f32)> {
-        v.iter()
-            .take(MAX_LISTED)
-            .map(|&(t, _)| (t, scores[t]))
-            .collect()
-    };
-    problems.push(Problem::WrongSelection {
-        dropped: list(&dropped),
-        intruders: list(&intruders),
-        n_dropped: dropped.len(),
-        n_intruders: intruders.len(),
-        threshold,
-        margin,
-    });
-    RowCheck { problems }
 }
 
 /// The `k`-th best score of `scores` in the rule's order (`k >= 1`).
@@ -309,11 +427,23 @@ fn kth_best(scores: &[f32], k: usize) -> f32 {
     }
 }
 
+/// What a batch's rows are checked against.
+#[derive(Debug, Clone, Copy)]
+pub enum Rule {
+    /// The token top-k: `min(topk, L)` of the `L` positions
+    /// ([`check_topk_row`]).
+    Topk(usize),
+    /// MiniMax-M3's block selection with this config
+    /// ([`check_block_row`]); a row's "context" is its visible block count.
+    Blocks(BlockSparseConfig),
+}
+
 /// The rows of a batch checked against their exact scores.
 #[derive(Debug, Clone, Copy)]
-pub struct TopkBatch<'a> {
-    /// `[n_rows, n_positions]`: row `i`'s exact score of position `t` at
-    /// `i * n_positions + t` (only `t < lens[i]` is read).
+pub struct Batch<'a> {
+    /// `[n_rows, n_positions]`: row `i`'s exact score of candidate `t` (a
+    /// position, or a block) at `i * n_positions + t` (only `t < lens[i]`
+    /// is read).
     pub scores: &'a [f32],
     /// `[n_rows, n_positions]` magnitudes `m_t`, or `None`.
     pub magnitudes: Option<&'a [f32]>,
@@ -321,18 +451,22 @@ pub struct TopkBatch<'a> {
     /// `[n_rows, width]`: the engine's rows, negative entries padding.
     pub rows: &'a [i64],
     pub width: usize,
-    /// `[n_rows]`: each row's context `L`.
+    /// `[n_rows]`: each row's candidates: its context `L`, or its visible
+    /// blocks.
     pub lens: &'a [usize],
-    pub topk: usize,
+    /// How the engine wrote its ids: `None` row-relative, else global slot
+    /// ids read back through this map ([`layout`]).
+    pub global: Option<GlobalSlots<'a>>,
 }
 
-/// [`check_topk_row`] on every row of `batch` (in parallel), after
-/// refusing shapes that do not match, a `topk` past the rows' width (no
-/// row could hold it), a context past `n_positions`, a
-/// negative or non-finite tolerance, and a non-zero `rtol` without
-/// magnitudes.
-pub fn check_topk_rows(
-    batch: &TopkBatch<'_>,
+/// Every row of `batch` checked by `rule` (in parallel), after refusing
+/// shapes that do not match, rows too narrow for the rule's selection (no
+/// row could hold it), a row with more candidates than `n_positions`, a
+/// negative or non-finite tolerance, a non-zero `rtol` without magnitudes,
+/// a NaN magnitude, and a global map that does not describe the rows.
+pub fn check_rows(
+    batch: &Batch<'_>,
+    rule: Rule,
     tol: Tolerance,
 ) -> Result<Vec<RowCheck>, crate::error::AttentionError> {
     use crate::error::{check_len, checked_size, AttentionError};
@@ -341,7 +475,7 @@ pub fn check_topk_rows(
     let invalid = |argument, message: String| Err(AttentionError::Invalid { argument, message });
     let grid = checked_size("scores", &[n, b.n_positions])?;
     check_len("scores", b.scores.len(), grid, || {
-        format!("[n_rows={n} (context_lens), n_positions={}]", b.n_positions)
+        format!("[n_rows={n}, n_candidates={}]", b.n_positions)
     })?;
     if let Some(m) = b.magnitudes {
         check_len("magnitudes", m.len(), grid, || "the shape of scores".into())?;
@@ -350,10 +484,23 @@ pub fn check_topk_rows(
     check_len("rows", b.rows.len(), rows, || {
         format!("[n_rows={n}, width={}]", b.width)
     })?;
-    if b.topk > b.width {
+    let (name, need) = match rule {
+        Rule::Topk(k) => ("topk", k),
+        Rule::Blocks(cfg) => {
+            cfg.validate().map_err(|e| AttentionError::Invalid {
+                argument: "config",
+                message: e.to_string(),
+            })?;
+            ("config", cfg.width())
+        }
+    };
+    if need > b.width {
         return invalid(
-            "topk",
-            format!("topk = {} but rows hold {} slots", b.topk, b.width),
+            name,
+            format!(
+                "the rule selects up to {need} but rows hold {} slots",
+                b.width
+            ),
         );
     }
     if let Some((i, &l)) = b.lens.iter().enumerate().find(|&(_, &l)| l > b.n_positions) {
@@ -361,7 +508,7 @@ pub fn check_topk_rows(
             argument: "context_lens",
             index: i,
             message: format!(
-                "context_lens[{i}] = {l} is past the {} scored positions",
+                "row {i} has {l} candidates but only {} are scored",
                 b.n_positions
             ),
         });
@@ -397,13 +544,36 @@ pub fn check_topk_rows(
             }
         }
     }
+    let inverse = match b.global {
+        Some(g) => {
+            g.check(n)?;
+            Some(g.inverse())
+        }
+        None => None,
+    };
     let mut out = vec![RowCheck::default(); n];
     let (t, w) = (b.n_positions, b.width);
     crate::pool::for_each_row_mut(&mut out, 1, crate::pool::min_rows(t.max(w)), |i, slot| {
         let scores = &b.scores[i * t..(i + 1) * t];
-        let mags = b.magnitudes.map(|m| &m[i * t..(i + 1) * t]);
-        let row = &b.rows[i * w..(i + 1) * w];
-        slot[0] = check_topk_row(scores, mags, tol, row, b.lens[i], b.topk);
+        let magnitudes = b.magnitudes.map(|m| &m[i * t..(i + 1) * t]);
+        let sc = Scored {
+            scores,
+            magnitudes,
+            tol,
+        };
+        let raw = &b.rows[i * w..(i + 1) * w];
+        let mut mapped = Vec::new();
+        let row = match &inverse {
+            Some(inv) => {
+                inv.to_relative(i, raw, &mut mapped);
+                &mapped[..]
+            }
+            None => raw,
+        };
+        slot[0] = match rule {
+            Rule::Topk(k) => topk_row(&sc, raw, row, b.lens[i], k),
+            Rule::Blocks(cfg) => blocks::block_row(&sc, raw, row, b.lens[i], &cfg),
+        };
     });
     Ok(out)
 }

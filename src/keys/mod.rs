@@ -79,6 +79,27 @@ pub enum Encoded<'a> {
     Fp8E4m3(&'a [u8]),
 }
 
+/// An owned copy of [`Encoded`] values (see [`Encoded::abs`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum OwnedEncoded {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+    Bf16(Vec<u16>),
+    Fp8E4m3(Vec<u8>),
+}
+
+impl OwnedEncoded {
+    /// The values, borrowed in their format.
+    pub fn encoded(&self) -> Encoded<'_> {
+        match self {
+            OwnedEncoded::F32(v) => Encoded::F32(v),
+            OwnedEncoded::F16(v) => Encoded::F16(v),
+            OwnedEncoded::Bf16(v) => Encoded::Bf16(v),
+            OwnedEncoded::Fp8E4m3(v) => Encoded::Fp8E4m3(v),
+        }
+    }
+}
+
 impl<'a> Encoded<'a> {
     /// Elements held.
     pub fn len(&self) -> usize {
@@ -91,6 +112,17 @@ impl<'a> Encoded<'a> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Every value's absolute value, in the same format: the sign bit
+    /// cleared, which is exact in each (a NaN stays a NaN).
+    pub fn abs(&self) -> OwnedEncoded {
+        match self {
+            Encoded::F32(s) => OwnedEncoded::F32(s.iter().map(|x| x.abs()).collect()),
+            Encoded::F16(s) => OwnedEncoded::F16(s.iter().map(|x| x & 0x7FFF).collect()),
+            Encoded::Bf16(s) => OwnedEncoded::Bf16(s.iter().map(|x| x & 0x7FFF).collect()),
+            Encoded::Fp8E4m3(s) => OwnedEncoded::Fp8E4m3(s.iter().map(|x| x & 0x7F).collect()),
+        }
     }
 
     pub fn format(&self) -> Format {

@@ -2,7 +2,7 @@
 //! packed and paged selections, and the positions a selection covers
 //! (every one raises `SelectionError`).
 
-use numpy::{PyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDyn, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple, PyType};
@@ -102,7 +102,7 @@ impl PyBlockSparseConfig {
 }
 
 /// The `config` argument: a `BlockSparseConfig`, or None for the defaults.
-fn config(obj: Opt<'_, '_>) -> PyResult<BlockSparseConfig> {
+pub(super) fn config(obj: Opt<'_, '_>) -> PyResult<BlockSparseConfig> {
     match obj {
         Some(c) if !c.is_none() => {
             c.cast::<PyBlockSparseConfig>()
@@ -197,6 +197,41 @@ fn block_sparse_select<'py>(
     let (qs, ks) = (q.encoded()?, k.encoded()?);
     out.run(qs.len().saturating_add(ks.len()), |os| {
         block_sparse::select_batch_encoded_into(qs, n, h, ks, d, &pos, &cfg, layout, os)
+    })
+}
+
+/// Every row's exact block scores, the values block selection ranks (bit
+/// for bit): float32 ``[n_queries, n_kv_heads, n_blocks]``, ``n_blocks =
+/// ceil(n_positions / config.block_size)``, entry ``b`` the max of ``q . k``
+/// over block ``b``'s visible positions (``-inf`` when all are NaN), NaN past
+/// the row's visible blocks. ``magnitudes=True`` gives instead the max of
+/// ``sum_i |q_i * k_i|``: the ``magnitudes`` of :func:`check_blocks`.
+/// ``index_q`` is ``[n_queries, n_kv_heads, d]`` with ``query_pos
+/// [n_queries]``; formats as :func:`block_sparse_select`.
+#[pyfunction]
+#[pyo3(signature = (index_q, index_k, query_pos, config=None, *, key_format=None,
+                    query_format=None, magnitudes=false))]
+#[allow(clippy::too_many_arguments)]
+fn block_scores<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    index_k: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    config: Opt<'_, 'py>,
+    key_format: Option<&str>,
+    query_format: Option<&str>,
+    magnitudes: bool,
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    let cfg = self::config(config)?;
+    let (q, [n, h]) = queries(index_q, query_format)?;
+    let (k, d) = index_keys(index_k, key_format)?;
+    let pos = positions(S, query_pos, "query_pos")?;
+    let n_keys = k.untyped().shape()[0];
+    let shape = [n, h, n_keys.div_ceil(cfg.block_size.max(1))];
+    let out = S.output::<f32>(py, None, &shape, &[])?;
+    let (qs, ks) = (q.encoded()?, k.encoded()?);
+    out.run(qs.len().saturating_add(ks.len()), |os| {
+        block_sparse::block_scores_into(qs, n, h, ks, d, &pos, &cfg, magnitudes, os)
     })
 }
 
@@ -411,5 +446,6 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(block_sparse_select_packed, m)?)?;
     m.add_function(wrap_pyfunction!(block_sparse_select_paged, m)?)?;
     m.add_function(wrap_pyfunction!(positions_of_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(block_scores, m)?)?;
     Ok(())
 }

@@ -1,14 +1,120 @@
-//! `check_topk`: an engine's top-k rows judged by the rule (raises
-//! `SelectionError`); the report is plain Python data, JSON-ready.
+//! The checkers: an engine's rows judged by the rule (raising
+//! `SelectionError` on a refused call); every report is plain Python data,
+//! JSON-ready, in one shape: `rows`, `correct`, `wrong`, `by_reason`,
+//! `details`.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::args::{detach, positions, Args, Obj, Opt};
+use super::block_sparse::config;
 use super::errors::Domain;
-use crate::check::{self, Problem, RowCheck, Tolerance, TopkBatch};
+use crate::check::{self, Batch, GlobalSlots, Problem, RowCheck, Rule, Tolerance};
 
 const S: Args = Args(Domain::Selection);
+
+/// ``GlobalSlots(block_table, req_ids, block_size, *, block_stride_rows=None,
+/// prefill_req_ids=None, workspace_starts=None)``: how an engine wrote its
+/// rows as global cache slots, as vLLM's
+/// ``triton_convert_req_index_to_global_index`` does: position ``t`` of
+/// request ``r`` is slot ``block_table[r, t // block_size] *
+/// block_stride_rows + t % block_size`` (``block_stride_rows`` defaults to
+/// ``block_size``), and a prefill row (``prefill_req_ids[row] >= 0``) holds
+/// ``workspace_starts[prefill_req_ids[row]] + t`` instead; ``-1`` stays
+/// padding. ``req_ids`` names each checked row's request. MiniMax-M3's
+/// physical block ids are the case ``block_size=1``. The checkers read the
+/// rows back through it; an entry naming no position of its request is
+/// reported as ``not_in_table`` with the engine's value.
+#[pyclass(name = "GlobalSlots", module = "kvselect", frozen)]
+pub(super) struct PyGlobalSlots {
+    block_table: Vec<i32>,
+    max_blocks: usize,
+    block_size: usize,
+    stride: usize,
+    req_ids: Vec<usize>,
+    prefill_req_ids: Option<Vec<i64>>,
+    workspace_starts: Vec<i64>,
+}
+
+#[pymethods]
+impl PyGlobalSlots {
+    #[new]
+    #[pyo3(signature = (block_table, req_ids, block_size, *, block_stride_rows=None,
+                        prefill_req_ids=None, workspace_starts=None))]
+    fn new(
+        block_table: &Obj<'_>,
+        req_ids: &Obj<'_>,
+        block_size: &Obj<'_>,
+        block_stride_rows: Opt<'_, '_>,
+        prefill_req_ids: Opt<'_, '_>,
+        workspace_starts: Opt<'_, '_>,
+    ) -> PyResult<Self> {
+        let t = S.input::<i32, 2>(block_table, "block_table", "[n_requests, max_blocks]")?;
+        let block_size = S.count(block_size, "block_size", i32::MAX as u64)?;
+        let stride = match block_stride_rows {
+            Some(s) if !s.is_none() => S.count(s, "block_stride_rows", i32::MAX as u64)?,
+            _ => block_size,
+        };
+        let vec_i64 = |o: Opt<'_, '_>, name| -> PyResult<Option<Vec<i64>>> {
+            match o {
+                Some(o) if !o.is_none() => {
+                    Ok(Some(S.input::<i64, 1>(o, name, "[n]")?.slice()?.to_vec()))
+                }
+                _ => Ok(None),
+            }
+        };
+        let prefill = vec_i64(prefill_req_ids, "prefill_req_ids")?;
+        let starts = vec_i64(workspace_starts, "workspace_starts")?;
+        if prefill.is_some() != starts.is_some() {
+            return Err(super::errors::refuse(
+                Domain::Selection,
+                "workspace_starts",
+                "prefill_req_ids and workspace_starts go together: pass both or neither",
+            ));
+        }
+        Ok(PyGlobalSlots {
+            block_table: t.slice()?.to_vec(),
+            max_blocks: t.shape[1],
+            block_size,
+            stride,
+            req_ids: positions(S, req_ids, "req_ids")?,
+            prefill_req_ids: prefill,
+            workspace_starts: starts.unwrap_or_default(),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "GlobalSlots(<{} requests x {} blocks>, <{} rows>, block_size={}, \
+             block_stride_rows={}, prefill={})",
+            self.block_table.len() / self.max_blocks.max(1),
+            self.max_blocks,
+            self.req_ids.len(),
+            self.block_size,
+            self.stride,
+            self.prefill_req_ids.is_some()
+        )
+    }
+}
+
+impl PyGlobalSlots {
+    fn map(&self) -> GlobalSlots<'_> {
+        GlobalSlots {
+            block_table: &self.block_table,
+            max_blocks: self.max_blocks,
+            block_size: self.block_size,
+            stride: self.stride,
+            req_ids: &self.req_ids,
+            prefill_req_ids: self.prefill_req_ids.as_deref(),
+            workspace_starts: &self.workspace_starts,
+        }
+    }
+}
+
+/// The `layout` argument: `None` (row-relative) or a `GlobalSlots`.
+fn layout<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalSlots<'a>> {
+    obj.as_ref().map(|g| g.get().map())
+}
 
 /// Whether each of an engine's top-k rows is a correct selection of its
 /// row's exact ``scores`` (float32 ``[n_rows, n_positions]``): its valid
@@ -17,20 +123,21 @@ const S: Args = Args(Domain::Selection);
 /// unselected one — up to ``e_t = atol + rtol * magnitudes[t]`` on each
 /// side, so a tie within the engine's rounding is never an error (rows may
 /// be in any order; ties at the threshold broken any way). ``rows`` is
-/// int32 or int64 ``[n_rows, width]``, negative entries padding;
-/// ``context_lens`` ``[n_rows]`` (default: every position); ``topk``
-/// defaults to ``width``. With ``atol = rtol = 0`` the check is exact.
+/// int32 or int64 ``[n_rows, width]``, negative entries padding, row-relative
+/// or (``layout=GlobalSlots(...)``) global slot ids; ``context_lens``
+/// ``[n_rows]`` (default: every position); ``topk`` defaults to ``width``.
+/// With ``atol = rtol = 0`` the check is exact.
 ///
 /// Returns a dict: ``rows``, ``correct``, ``wrong``, ``by_reason`` (rows
 /// per reason: ``padding_hole``, ``duplicate``, ``not_causal``,
-/// ``wrong_count``, ``wrong_selection``) and ``details``, one entry per
-/// wrong row: its ``row`` and ``problems`` (each a dict with its
-/// ``reason``; a wrong selection lists the ``dropped`` and ``intruders``
-/// as ``[position, score]``, their counts, the row's exact ``threshold``
-/// and the ``margin`` by which it is wrong).
+/// ``not_in_table``, ``wrong_count``, ``wrong_selection``) and ``details``,
+/// one entry per wrong row: its ``row`` and ``problems`` (each a dict with
+/// its ``reason``; a wrong selection lists the ``dropped`` and
+/// ``intruders`` as ``[position, score]``, their counts, the row's exact
+/// ``threshold`` and the ``margin`` by which it is wrong).
 #[pyfunction]
 #[pyo3(signature = (scores, rows, context_lens=None, *, topk=None, atol=0.0, rtol=0.0,
-                    magnitudes=None))]
+                    magnitudes=None, layout=None))]
 #[allow(clippy::too_many_arguments)]
 fn check_topk<'py>(
     py: Python<'py>,
@@ -41,108 +148,281 @@ fn check_topk<'py>(
     atol: f64,
     rtol: f64,
     magnitudes: Opt<'_, 'py>,
+    layout: Option<Bound<'py, PyGlobalSlots>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let s = S.input::<f32, 2>(scores, "scores", "[n_rows, n_positions]")?;
     let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
-    let [n, t] = s.shape;
-    let lens = match context_lens {
-        Some(c) if !c.is_none() => positions(S, c, "context_lens")?,
-        _ => vec![t; n],
-    };
     let topk = match topk {
         Some(k) if !k.is_none() => S.count(k, "topk", u64::MAX)?,
         _ => r.shape[1],
     };
+    let tol = Tolerance { atol, rtol };
+    let lens = |n, t| match context_lens {
+        Some(c) if !c.is_none() => positions(S, c, "context_lens"),
+        _ => Ok(vec![t; n]),
+    };
+    run(
+        py,
+        scores,
+        &r,
+        lens,
+        magnitudes,
+        &layout,
+        Rule::Topk(topk),
+        tol,
+        TOPK,
+    )
+}
+
+/// Whether each of an engine's block-selection rows (MiniMax-M3) is correct
+/// under ``config``: every forced block (the first ``init_blocks``, the
+/// newest ``local_blocks``) present, exactly ``min(max(top_blocks, #forced),
+/// n)`` distinct blocks ``0 <= b < n`` (``n = num_blocks[row]``, the blocks
+/// the query sees), valid entries first, and every chosen free block
+/// scoring at least every rejected free one up to the tolerance of
+/// :func:`check_topk`. ``block_scores`` is float32 ``[n_rows, n_blocks]`` (a
+/// row per (query, head): :func:`block_scores` reshaped), ``rows`` int32 or
+/// int64 ``[n_rows, width]`` in any order, logical ids or (``layout``)
+/// physical ones. The report is :func:`check_topk`'s, with the reason
+/// ``missing_forced`` beside its others.
+#[pyfunction]
+#[pyo3(signature = (block_scores, rows, num_blocks, config=None, *, atol=0.0, rtol=0.0,
+                    magnitudes=None, layout=None))]
+#[allow(clippy::too_many_arguments)]
+fn check_blocks<'py>(
+    py: Python<'py>,
+    block_scores: &Obj<'py>,
+    rows: &Obj<'py>,
+    num_blocks: &Obj<'py>,
+    config: Opt<'_, 'py>,
+    atol: f64,
+    rtol: f64,
+    magnitudes: Opt<'_, 'py>,
+    layout: Option<Bound<'py, PyGlobalSlots>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let cfg = self::config(config)?;
+    let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
+    let tol = Tolerance { atol, rtol };
+    let lens = |_, _| positions(S, num_blocks, "num_blocks");
+    run(
+        py,
+        block_scores,
+        &r,
+        lens,
+        magnitudes,
+        &layout,
+        Rule::Blocks(cfg),
+        tol,
+        BLOCKS,
+    )
+}
+
+/// The shared body of the two score checks: arguments → core → report.
+#[allow(clippy::too_many_arguments)]
+fn run<'py>(
+    py: Python<'py>,
+    scores: &Obj<'py>,
+    rows: &super::args::In<'py, i64, 2>,
+    lens: impl FnOnce(usize, usize) -> PyResult<Vec<usize>>,
+    magnitudes: Opt<'_, 'py>,
+    layout: &Option<Bound<'py, PyGlobalSlots>>,
+    rule: Rule,
+    tol: Tolerance,
+    reasons: &[&str],
+) -> PyResult<Bound<'py, PyDict>> {
+    let s = S.input::<f32, 2>(scores, "scores", "[n_rows, n_candidates]")?;
+    let [n, t] = s.shape;
+    let lens = lens(n, t)?;
     let m = match magnitudes {
         Some(m) if !m.is_none() => {
-            Some(S.input::<f32, 2>(m, "magnitudes", "[n_rows, n_positions]")?)
+            Some(S.input::<f32, 2>(m, "magnitudes", "[n_rows, n_candidates]")?)
         }
         _ => None,
     };
-    let batch = TopkBatch {
+    let batch = Batch {
         scores: s.slice()?,
         magnitudes: m.as_ref().map(|m| m.slice()).transpose()?,
         n_positions: t,
-        rows: r.slice()?,
-        width: r.shape[1],
+        rows: rows.slice()?,
+        width: rows.shape[1],
         lens: &lens,
-        topk,
+        global: self::layout(layout),
     };
-    let tol = Tolerance { atol, rtol };
     let checks = detach(py, n.saturating_mul(t), || {
-        check::check_topk_rows(&batch, tol)
+        check::check_rows(&batch, rule, tol)
     })?;
-    report(py, &checks)
+    report(py, &checks, reasons)
 }
 
-/// The report dict of [`check_topk`].
-fn report<'py>(py: Python<'py>, checks: &[RowCheck]) -> PyResult<Bound<'py, PyDict>> {
-    let reasons = [
-        "padding_hole",
-        "duplicate",
-        "not_causal",
-        "wrong_count",
-        "wrong_selection",
-    ];
-    let mut by_reason = [0usize; 5];
+/// Whether an engine's in-place witness call (vLLM's
+/// ``scatter_topology_witnesses_``) wrote exactly what the rule writes:
+/// ``before`` and ``after`` are the ``[rows, topk]`` buffer before and after
+/// the call (int32 or int64), ``context_lens`` one per row. The witness rule
+/// is integer-exact, so a row is correct iff it equals
+/// :func:`scatter_topology_witnesses` of ``before``; a row that is not says
+/// which contract it breaks: ``prefix_changed`` (a slot before ``topk - S``
+/// is not the learned entry), ``wrong_witness`` (the slot, the witness the
+/// rule writes there, what the engine wrote and why that is wrong),
+/// ``tail_changed`` (a slot past the witnesses is not the learned entry).
+#[pyfunction]
+#[pyo3(signature = (before, after, context_lens, num_segments))]
+fn check_witnesses<'py>(
+    py: Python<'py>,
+    before: &Obj<'py>,
+    after: &Obj<'py>,
+    context_lens: &Obj<'py>,
+    num_segments: &Obj<'py>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let b = S.input::<i32, 2>(before, "before", "[rows, topk]")?;
+    let a = S.input::<i32, 2>(after, "after", "[rows, topk]")?;
+    let lens = S.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
+    let s = S.count(num_segments, "num_segments", u64::MAX)?;
+    let (bs, as_, ls) = (b.slice()?, a.slice()?, lens.slice()?);
+    let topk = b.shape[1];
+    let checks = detach(py, bs.len(), || {
+        check::check_witness_rows(bs, as_, topk, ls, s)
+    })?;
+    report(py, &checks, WITNESS)
+}
+
+const TOPK: &[&str] = &[
+    "padding_hole",
+    "duplicate",
+    "not_causal",
+    "not_in_table",
+    "wrong_count",
+    "wrong_selection",
+];
+const BLOCKS: &[&str] = &[
+    "padding_hole",
+    "duplicate",
+    "not_causal",
+    "not_in_table",
+    "missing_forced",
+    "wrong_count",
+    "wrong_selection",
+];
+const WITNESS: &[&str] = &["prefix_changed", "wrong_witness", "tail_changed"];
+
+/// One problem as `(reason, fields)`.
+fn problem<'py>(py: Python<'py>, p: &Problem) -> PyResult<(&'static str, Bound<'py, PyDict>)> {
+    let d = PyDict::new(py);
+    let reason = match p {
+        Problem::PaddingHole { slot, position } => {
+            d.set_item("slot", slot)?;
+            d.set_item("position", position)?;
+            "padding_hole"
+        }
+        Problem::Duplicate {
+            position,
+            first,
+            slot,
+        } => {
+            d.set_item("position", position)?;
+            d.set_item("first", first)?;
+            d.set_item("slot", slot)?;
+            "duplicate"
+        }
+        Problem::NotCausal { slot, position } => {
+            d.set_item("slot", slot)?;
+            d.set_item("position", position)?;
+            "not_causal"
+        }
+        Problem::NotInTable { slot, value } => {
+            d.set_item("slot", slot)?;
+            d.set_item("value", value)?;
+            "not_in_table"
+        }
+        Problem::MissingForced { blocks, n_missing } => {
+            d.set_item("blocks", blocks)?;
+            d.set_item("n_missing", n_missing)?;
+            "missing_forced"
+        }
+        Problem::WrongCount { valid, expected } => {
+            d.set_item("valid", valid)?;
+            d.set_item("expected", expected)?;
+            "wrong_count"
+        }
+        Problem::WrongSelection {
+            dropped,
+            intruders,
+            n_dropped,
+            n_intruders,
+            threshold,
+            margin,
+        } => {
+            d.set_item("dropped", dropped)?;
+            d.set_item("intruders", intruders)?;
+            d.set_item("n_dropped", n_dropped)?;
+            d.set_item("n_intruders", n_intruders)?;
+            d.set_item("threshold", threshold)?;
+            d.set_item("margin", margin)?;
+            "wrong_selection"
+        }
+        Problem::PrefixChanged {
+            slot,
+            learned,
+            got,
+            n_changed,
+        }
+        | Problem::TailChanged {
+            slot,
+            learned,
+            got,
+            n_changed,
+        } => {
+            d.set_item("slot", slot)?;
+            d.set_item("learned", learned)?;
+            d.set_item("got", got)?;
+            d.set_item("n_changed", n_changed)?;
+            match p {
+                Problem::PrefixChanged { .. } => "prefix_changed",
+                _ => "tail_changed",
+            }
+        }
+        Problem::WrongWitness {
+            slot,
+            expected,
+            got,
+            why,
+            n_wrong,
+        } => {
+            d.set_item("slot", slot)?;
+            d.set_item("expected", expected)?;
+            d.set_item("got", got)?;
+            d.set_item("why", why)?;
+            d.set_item("n_wrong", n_wrong)?;
+            "wrong_witness"
+        }
+    };
+    Ok((reason, d))
+}
+
+/// The report dict: `reasons` are the keys of `by_reason`, in order.
+fn report<'py>(
+    py: Python<'py>,
+    checks: &[RowCheck],
+    reasons: &[&str],
+) -> PyResult<Bound<'py, PyDict>> {
+    let by_reason = PyDict::new(py);
+    for r in reasons {
+        by_reason.set_item(r, 0)?;
+    }
     let details = PyList::empty(py);
     for (i, c) in checks.iter().enumerate().filter(|(_, c)| !c.is_correct()) {
         let problems = PyList::empty(py);
-        let mut seen = [false; 5];
+        let mut seen: Vec<&str> = Vec::new();
         for p in &c.problems {
-            let d = PyDict::new(py);
-            let k = match p {
-                Problem::PaddingHole { slot, position } => {
-                    d.set_item("slot", slot)?;
-                    d.set_item("position", position)?;
-                    0
-                }
-                Problem::Duplicate {
-                    position,
-                    first,
-                    slot,
-                } => {
-                    d.set_item("position", position)?;
-                    d.set_item("first", first)?;
-                    d.set_item("slot", slot)?;
-                    1
-                }
-                Problem::NotCausal { slot, position } => {
-                    d.set_item("slot", slot)?;
-                    d.set_item("position", position)?;
-                    2
-                }
-                Problem::WrongCount { valid, expected } => {
-                    d.set_item("valid", valid)?;
-                    d.set_item("expected", expected)?;
-                    3
-                }
-                Problem::WrongSelection {
-                    dropped,
-                    intruders,
-                    n_dropped,
-                    n_intruders,
-                    threshold,
-                    margin,
-                } => {
-                    d.set_item("dropped", dropped)?;
-                    d.set_item("intruders", intruders)?;
-                    d.set_item("n_dropped", n_dropped)?;
-                    d.set_item("n_intruders", n_intruders)?;
-                    d.set_item("threshold", threshold)?;
-                    d.set_item("margin", margin)?;
-                    4
-                }
-            };
+            let (reason, fields) = problem(py, p)?;
             // `reason` first, then the fields (as the reference orders them).
             let entry = PyDict::new(py);
-            entry.set_item("reason", reasons[k])?;
-            entry.update(d.as_mapping())?;
-            seen[k] = true;
+            entry.set_item("reason", reason)?;
+            entry.update(fields.as_mapping())?;
             problems.append(entry)?;
-        }
-        for (count, hit) in by_reason.iter_mut().zip(seen) {
-            *count += hit as usize;
+            if !seen.contains(&reason) {
+                seen.push(reason);
+                let count: usize = by_reason.get_item(reason)?.map_or(Ok(0), |c| c.extract())?;
+                by_reason.set_item(reason, count + 1)?;
+            }
         }
         let row = PyDict::new(py);
         row.set_item("row", i)?;
@@ -154,16 +434,15 @@ fn report<'py>(py: Python<'py>, checks: &[RowCheck]) -> PyResult<Bound<'py, PyDi
     out.set_item("rows", checks.len())?;
     out.set_item("correct", checks.len() - wrong)?;
     out.set_item("wrong", wrong)?;
-    let br = PyDict::new(py);
-    for (name, count) in reasons.iter().zip(by_reason) {
-        br.set_item(name, count)?;
-    }
-    out.set_item("by_reason", br)?;
+    out.set_item("by_reason", by_reason)?;
     out.set_item("details", details)?;
     Ok(out)
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyGlobalSlots>()?;
     m.add_function(wrap_pyfunction!(check_topk, m)?)?;
+    m.add_function(wrap_pyfunction!(check_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(check_witnesses, m)?)?;
     Ok(())
 }

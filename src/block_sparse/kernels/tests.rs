@@ -184,7 +184,7 @@ fn row_groups_do_not_change_the_selection() {
                 d,
                 &cfg,
                 &mut rows,
-                &write_i32_row,
+                crate::block_sparse::engine::Finish::Select(&write_i32_row),
                 scratch,
             );
             out

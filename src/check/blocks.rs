@@ -1,0 +1,80 @@
+//! The block-selection rule (MiniMax-M3) applied to an engine's row.
+//!
+//! A row for a query that sees `n` blocks is correct iff, besides the
+//! structure every row owes (valid entries first, distinct, `0 <= b < n`):
+//!
+//! - every forced block is present: the first `min(init_blocks, n)` and the
+//!   newest `local_blocks` (vLLM's kernel forces them with scores 1e30 and
+//!   1e29; the rule forces them before any scoring);
+//! - it holds exactly `min(max(top_blocks, #forced), n)` blocks — the budget
+//!   includes the forced blocks;
+//! - every chosen free block scores at least every rejected free block, up
+//!   to the tolerance of the token check ([`super`]): the forced blocks are
+//!   not candidates, so their scores never enter the comparison.
+
+use super::{scan_row, Problem, RowCheck, Scored, MAX_LISTED};
+use crate::block_sparse::BlockSparseConfig;
+
+/// Checks one engine row of block ids against the row's exact block
+/// `scores` (the max of `q · k` over each block's visible positions, as
+/// [`crate::block_sparse::block_scores_into`] gives them) for a query that
+/// sees `n_blocks` blocks.
+///
+/// # Panics
+/// If `scores` (or `magnitudes`) holds fewer than `n_blocks` entries, or
+/// `rtol` is non-zero without magnitudes — the batch entry point
+/// ([`super::check_rows`]) checks both.
+pub fn check_block_row(
+    scores: &[f32],
+    magnitudes: Option<&[f32]>,
+    tol: super::Tolerance,
+    row: &[i64],
+    n_blocks: usize,
+    cfg: &BlockSparseConfig,
+) -> RowCheck {
+    assert!(scores.len() >= n_blocks && magnitudes.is_none_or(|m| m.len() >= n_blocks));
+    assert!(tol.rtol == 0.0 || magnitudes.is_some());
+    let sc = Scored {
+        scores,
+        magnitudes,
+        tol,
+    };
+    block_row(&sc, row, row, n_blocks, cfg)
+}
+
+/// [`check_block_row`] on a row read back from the engine's `raw` one.
+pub(super) fn block_row(
+    sc: &Scored<'_>,
+    raw: &[i64],
+    row: &[i64],
+    n: usize,
+    cfg: &BlockSparseConfig,
+) -> RowCheck {
+    let mut problems = Vec::new();
+    let scan = scan_row(raw, row, n, &mut problems);
+    // The rule's forced set: blocks 0..init_end and local_start..n.
+    let init_end = cfg.init_blocks.min(n);
+    let local_start = (n - cfg.local_blocks.min(n)).max(init_end);
+    let n_forced = init_end + (n - local_start);
+    let forced = (0..init_end).chain(local_start..n);
+    let missing: Vec<usize> = forced.filter(|&b| !scan.is_chosen(b)).collect();
+    if !missing.is_empty() {
+        problems.push(Problem::MissingForced {
+            blocks: missing.iter().copied().take(MAX_LISTED).collect(),
+            n_missing: missing.len(),
+        });
+    }
+    let expected = cfg.top_blocks.max(n_forced).min(n);
+    if scan.selected.len() != expected {
+        problems.push(Problem::WrongCount {
+            valid: scan.selected.len(),
+            expected,
+        });
+    }
+    if problems.is_empty() {
+        let free = init_end..local_start;
+        let (chosen, rejected): (Vec<usize>, Vec<usize>) = free.partition(|&b| scan.is_chosen(b));
+        problems.extend(sc.selection(&chosen, &rejected, expected - n_forced));
+    }
+    RowCheck { problems }
+}

@@ -1,0 +1,168 @@
+//! The engines' row layouts, read back to row-relative ids.
+//!
+//! vLLM's sparse MLA backends do not hand the attention kernel row-relative
+//! positions: `triton_convert_req_index_to_global_index`
+//! (`vllm/v1/attention/backends/mla/sparse_utils.py`) maps position `t` of
+//! request `r` to the global slot `block_table[r, t / B] · stride + t % B`
+//! (`stride` the cache's rows per block, `B` or more when other layers'
+//! pages sit between this cache's blocks), keeps `-1`, and maps a prefill
+//! row's `t` to `workspace_starts[prefill_req] + t` instead. MiniMax-M3's
+//! physical block ids are the same map with one "token" per block.
+//!
+//! [`GlobalSlots::to_relative`] inverts it exactly: a slot names page
+//! `slot / stride` at offset `slot % stride`, the page is looked up among the
+//! request's table entries (the first logical block holding it wins), and a
+//! slot that names no page of the table, or an offset past the page, becomes
+//! [`UNMAPPED`](super::UNMAPPED) — reported with the engine's value, never
+//! silently dropped. (The decode-context-parallel path, which leaves each
+//! rank only the slots it owns, is not read: its rows are a rank's share of
+//! the selection, which the rule does not judge on its own.)
+
+use std::collections::HashMap;
+
+use super::UNMAPPED;
+use crate::error::AttentionError;
+
+/// The parameters of the global-slot map, one entry per checked row where
+/// per-row.
+#[derive(Debug, Clone, Copy)]
+pub struct GlobalSlots<'a> {
+    /// `[n_requests, max_blocks]` physical page ids (negative: unused).
+    pub block_table: &'a [i32],
+    pub max_blocks: usize,
+    /// Tokens per page `B`.
+    pub block_size: usize,
+    /// Rows of the flat cache view per page (`>= block_size`).
+    pub stride: usize,
+    /// The request of each checked row.
+    pub req_ids: &'a [usize],
+    /// Per row, the prefill request index into `workspace_starts`, or
+    /// negative for a decode row; `None`: every row is a decode row.
+    pub prefill_req_ids: Option<&'a [i64]>,
+    pub workspace_starts: &'a [i64],
+}
+
+/// Each request's page → logical block map, built once.
+pub struct Inverse<'a> {
+    map: GlobalSlots<'a>,
+    pages: HashMap<usize, HashMap<i64, usize>>,
+}
+
+impl<'a> GlobalSlots<'a> {
+    /// Refuses parameters that do not describe `n_rows` rows.
+    pub fn check(&self, n_rows: usize) -> Result<(), AttentionError> {
+        let invalid =
+            |argument, message: String| Err(AttentionError::Invalid { argument, message });
+        if self.block_size == 0 {
+            return invalid("block_size", "block_size must be at least 1".into());
+        }
+        if self.stride < self.block_size {
+            return invalid(
+                "block_stride_rows",
+                format!(
+                    "block_stride_rows = {} is below block_size = {}: pages would overlap",
+                    self.stride, self.block_size
+                ),
+            );
+        }
+        let n_req = match self.block_table.len().checked_div(self.max_blocks) {
+            Some(n) if n * self.max_blocks == self.block_table.len() => n,
+            _ => {
+                return invalid(
+                    "block_table",
+                    "block_table must be [n_requests, max_blocks] with max_blocks >= 1".into(),
+                )
+            }
+        };
+        if self.req_ids.len() != n_rows {
+            return invalid(
+                "req_ids",
+                format!(
+                    "req_ids has {} entries for {n_rows} rows",
+                    self.req_ids.len()
+                ),
+            );
+        }
+        if let Some((i, &r)) = self.req_ids.iter().enumerate().find(|(_, &r)| r >= n_req) {
+            return Err(AttentionError::OutOfRange {
+                argument: "req_ids",
+                index: i,
+                message: format!("req_ids[{i}] = {r} but block_table has {n_req} requests"),
+            });
+        }
+        if let Some(p) = self.prefill_req_ids {
+            if p.len() != n_rows {
+                return invalid(
+                    "prefill_req_ids",
+                    format!("prefill_req_ids has {} entries for {n_rows} rows", p.len()),
+                );
+            }
+            let n_ws = self.workspace_starts.len();
+            if let Some((i, &r)) = p
+                .iter()
+                .enumerate()
+                .find(|(_, &r)| r >= 0 && r as usize >= n_ws)
+            {
+                return Err(AttentionError::OutOfRange {
+                    argument: "prefill_req_ids",
+                    index: i,
+                    message: format!(
+                        "prefill_req_ids[{i}] = {r} but workspace_starts has {n_ws} entries"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The inverse map of every request the rows name (after [`Self::check`]).
+    pub fn inverse(self) -> Inverse<'a> {
+        let mut pages: HashMap<usize, HashMap<i64, usize>> = HashMap::new();
+        for &r in self.req_ids {
+            pages.entry(r).or_insert_with(|| {
+                let row = &self.block_table[r * self.max_blocks..][..self.max_blocks];
+                let mut m = HashMap::with_capacity(row.len());
+                for (b, &page) in row.iter().enumerate().filter(|(_, &p)| p >= 0) {
+                    m.entry(i64::from(page)).or_insert(b);
+                }
+                m
+            });
+        }
+        Inverse { map: self, pages }
+    }
+}
+
+impl Inverse<'_> {
+    /// Row `i`'s engine entries `raw` as row-relative ids in `out`:
+    /// negative entries stay padding, an entry naming no position of the
+    /// row's request becomes [`UNMAPPED`].
+    pub fn to_relative(&self, i: usize, raw: &[i64], out: &mut Vec<i64>) {
+        let m = &self.map;
+        out.clear();
+        let prefill = m
+            .prefill_req_ids
+            .and_then(|p| usize::try_from(p[i]).ok())
+            .map(|r| m.workspace_starts[r]);
+        let pages = &self.pages[&m.req_ids[i]];
+        let (bs, stride) = (m.block_size as i64, m.stride as i64);
+        out.extend(raw.iter().map(|&g| {
+            if g < 0 {
+                return g;
+            }
+            if let Some(start) = prefill {
+                return match g.checked_sub(start) {
+                    Some(t) if t >= 0 => t,
+                    _ => UNMAPPED,
+                };
+            }
+            let (page, off) = (g / stride, g % stride);
+            match pages.get(&page) {
+                Some(&b) if off < bs => (b as i64)
+                    .checked_mul(bs)
+                    .and_then(|x| x.checked_add(off))
+                    .unwrap_or(UNMAPPED),
+                _ => UNMAPPED,
+            }
+        }));
+    }
+}
