@@ -51,6 +51,9 @@ Rules (each broken one is a :class:`WorkloadError` naming the key):
 - ``index_q``/``index_k`` (both or neither) are your indexer's query and key
   (e.g. DeepSeek-V3.2's lightning indexer); without them the indexer is
   derived by :func:`derive_indexer`.
+- Axis 1 is heads and axis 2 tokens: a ``q`` with fewer tokens than query
+  heads loads with a :class:`WorkloadWarning` (it was probably saved as
+  ``[layers, tokens, heads, d]``, a common torch layout).
 - Any other key is refused (it is most likely a typo, such as ``Q`` or
   ``index_keys``, that would otherwise be silently ignored); the error lists
   the allowed keys.
@@ -65,6 +68,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -76,6 +80,7 @@ __all__ = [
     "HEAD_KINDS",
     "Workload",
     "WorkloadError",
+    "WorkloadWarning",
     "derive_indexer",
     "example",
     "load_npz",
@@ -93,6 +98,11 @@ _OPTIONAL_KEYS = ("index_q", "index_k", "scale", "layer_ids", "kv_head_ids")
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 PathLike = Union[str, os.PathLike]  # type: ignore[type-arg]
+
+
+class WorkloadWarning(UserWarning):
+    """A workload that loads but is probably not what was meant (a dump
+    whose heads and tokens look swapped, say)."""
 
 
 class WorkloadError(ValueError):
@@ -644,7 +654,14 @@ def load_npz(
     Raises:
         FileNotFoundError: no such file.
         WorkloadError: not an ``.npz`` archive, or an array that breaks the
-            format; the message names the key and what was expected.
+            format; the message names the key and what was expected, in
+            layers, heads and tokens.
+
+    Warns:
+        WorkloadWarning: ``q`` has fewer tokens (axis 2) than query heads
+            (axis 1): the dump was probably saved as ``[layers, tokens,
+            heads, d]`` (a common torch layout) and would be evaluated as
+            many heads of a few tokens.
     """
     path = Path(path)
     if not path.is_file():
@@ -653,32 +670,51 @@ def load_npz(
 
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
     n_layers, n_heads, tokens, d = q.shape
+    n_kv = k.shape[1]
+    hint = _transposed_hint(q.shape)
     if k.shape[0] != n_layers or v.shape[0] != n_layers:
         bad = "k" if k.shape[0] != n_layers else "v"
         raise WorkloadError(
             f"{bad}: expected {n_layers} layers (axis 0, as in q {q.shape}), "
-            f"got {arrays[bad].shape}"
+            f"got {arrays[bad].shape}: {bad} has {arrays[bad].shape[0]} layers where q has "
+            f"{n_layers}"
         )
-    n_kv = k.shape[1]
     if k.shape[2:] != (tokens, d):
+        what = (
+            f"k has {k.shape[2]} tokens where q has {tokens}"
+            if k.shape[2] != tokens
+            else f"k's head dim is {k.shape[3]} where q's is {d}"
+        )
         raise WorkloadError(
             f"k: expected shape [{n_layers}, n_kv_heads, {tokens}, {d}] (tokens and d as in "
-            f"q {q.shape}), got {k.shape}"
+            f"q {q.shape}), got {k.shape}: {what}" + hint
         )
     if v.shape[1:3] != (n_kv, tokens):
+        what = (
+            f"v has {v.shape[1]} KV heads where k has {n_kv}"
+            if v.shape[1] != n_kv
+            else f"v has {v.shape[2]} tokens where q and k have {tokens}"
+        )
         raise WorkloadError(
             f"v: expected shape [{n_layers}, {n_kv}, {tokens}, d_v] (heads as in k, tokens "
-            f"as in q), got {v.shape}"
+            f"as in q), got {v.shape}: {what}" + hint
         )
     for key, arr in (("q", q), ("k", k), ("v", v)):
         if 0 in arr.shape:
-            raise WorkloadError(f"{key}: expected no empty axis, got shape {arr.shape}")
+            raise WorkloadError(
+                f"{key}: expected no empty axis, got shape {arr.shape} "
+                f"({_describe(key, arr.shape)})"
+            )
     if tokens < 2:
-        raise WorkloadError(f"q: expected at least 2 tokens (axis 2), got {tokens}")
+        raise WorkloadError(
+            f"q: expected at least 2 tokens (axis 2), got {tokens} "
+            f"({_describe('q', q.shape)})" + hint
+        )
     if n_heads % n_kv:
         raise WorkloadError(
             f"q: n_heads = {n_heads} (axis 1) is not a multiple of n_kv_heads = {n_kv} "
-            f"(axis 1 of k)"
+            f"(axis 1 of k): {n_heads} query heads cannot share {n_kv} KV heads evenly "
+            f"(grouped-query attention)" + hint
         )
     has_index = "index_q" in arrays
     if has_index:
@@ -686,12 +722,23 @@ def load_npz(
         if iq.shape[:3] != (n_layers, n_kv, tokens) or iq.shape[3] == 0:
             raise WorkloadError(
                 f"index_q: expected shape [{n_layers}, {n_kv}, {tokens}, d_idx] (one index "
-                f"head per KV head), got {iq.shape}"
+                f"head per KV head), got {iq.shape} ({_describe('index_q', iq.shape)}; "
+                f"q and k have {n_layers} layers, {n_kv} KV heads, {tokens} tokens)"
             )
         if ik.shape != iq.shape:
             raise WorkloadError(
-                f"index_k: expected shape {iq.shape} to match index_q, got {ik.shape}"
+                f"index_k: expected shape {iq.shape} to match index_q, got {ik.shape} "
+                f"({_describe('index_k', ik.shape)})"
             )
+    if hint:
+        warnings.warn(
+            f"{path.name}: q reads as {n_heads} query heads (axis 1) of {tokens} tokens "
+            f"(axis 2), fewer tokens than heads: probably saved as [layers, tokens, heads, "
+            f"dim]; the format is [layers, heads, tokens, dim] (x.transpose(0, 2, 1, 3), "
+            f"or x.permute(0, 2, 1, 3) in torch)",
+            WorkloadWarning,
+            stacklevel=2,
+        )
 
     scale = 1.0 / math.sqrt(d)
     if "scale" in arrays:
@@ -759,12 +806,57 @@ def load_npz(
     )
 
 
+def _describe(key: str, shape: Tuple[int, ...]) -> str:
+    """A 4-D dump array's shape in words: layers, heads, tokens, dims."""
+    heads = "query heads" if key == "q" else ("index heads" if key.startswith("index")
+                                              else "KV heads")
+    if len(shape) != 4:
+        return f"{len(shape)} dimensions"
+    layers, h, t, dim = shape
+    return f"{layers} layers x {h} {heads} x {t} tokens x dim {dim}"
+
+
+def _transposed_hint(q_shape: Tuple[int, ...]) -> str:
+    """A suffix for shape errors when ``q`` has fewer tokens than heads (a
+    dump probably saved as ``[layers, tokens, heads, d]``); '' otherwise."""
+    _, heads, tokens, _ = q_shape
+    if tokens >= heads:
+        return ""
+    return (
+        f"; q reads as {heads} query heads of {tokens} tokens: were the arrays saved as "
+        f"[layers, tokens, heads, dim]? The format is [layers, heads, tokens, dim] "
+        f"(x.transpose(0, 2, 1, 3))"
+    )
+
+
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip file: an entry, or empty
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def _read_npz(path: Path) -> Dict[str, np.ndarray]:
     """Open, check keys and dtypes; arrays stay in their file dtype."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith(_NPY_MAGIC):
+        raise WorkloadError(
+            f"{path.name}: not a NumPy .npz archive (it holds a single array, an .npy "
+            f"file; save the arrays with numpy.savez_compressed(path, q=..., k=..., v=...))"
+        )
+    if not head.startswith(_ZIP_MAGIC):
+        # NumPy would try to unpickle it, and say so: never the advice here.
+        what = "it is empty" if not head else f"it starts with {head!r}, not a zip header"
+        raise WorkloadError(
+            f"{path.name}: not a NumPy .npz archive ({what}); an .npz is the zip file "
+            f"numpy.savez or numpy.savez_compressed writes"
+        )
     try:
         archive = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise WorkloadError(f"{path.name}: not a NumPy .npz archive ({exc})") from None
+        reason = "unreadable" if "pickle" in str(exc) else str(exc)
+        raise WorkloadError(
+            f"{path.name}: not a NumPy .npz archive ({reason}); an .npz is the zip file "
+            f"numpy.savez or numpy.savez_compressed writes"
+        ) from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise WorkloadError(
             f"{path.name}: not a NumPy .npz archive (it holds a single array; save the "
@@ -793,8 +885,11 @@ def _read_npz(path: Path) -> Dict[str, np.ndarray]:
         for key in sorted(keys):
             try:
                 arr = archive[key]
-            except ValueError as exc:  # object arrays need pickle: refused
-                raise WorkloadError(f"{key}: unreadable without pickle ({exc})") from None
+            except ValueError:  # an object array: Python objects, never unpickled
+                raise WorkloadError(
+                    f"{key}: holds Python objects (an object array), not numbers; save it "
+                    f"as a float array (numpy.asarray(x, dtype=numpy.float32))"
+                ) from None
             if key in ("layer_ids", "kv_head_ids"):
                 if arr.dtype.kind not in "iu":
                     raise WorkloadError(f"{key}: expected an integer dtype, got {arr.dtype}")
@@ -809,9 +904,13 @@ def _read_npz(path: Path) -> Dict[str, np.ndarray]:
                 if arr.ndim != 4:
                     dims = "d_idx" if key.startswith("index") else ("d_v" if key == "v" else "d")
                     heads = "n_heads" if key == "q" else "n_kv_heads"
+                    words = "query heads" if key == "q" else "KV heads"
+                    one = (
+                        "; a single layer still needs its axis: x[None]" if arr.ndim == 3 else ""
+                    )
                     raise WorkloadError(
-                        f"{key}: expected 4 dimensions [layers, {heads}, tokens, {dims}], "
-                        f"got shape {arr.shape}"
+                        f"{key}: expected 4 dimensions [layers, {heads}, tokens, {dims}] "
+                        f"(layers, {words}, tokens, head dim), got shape {arr.shape}" + one
                     )
             arrays[key] = arr
     return arrays

@@ -475,3 +475,55 @@ def test_every_synthetic_workload_and_the_example_pass_workload_validation_again
     # a Workload rebuilt from its own fields is valid (nothing was bypassed)
     for w in (synthetic(context=256, queries=4), example(queries=4)):
         Workload(**{f: getattr(w, f) for f in w.__dataclass_fields__})
+
+
+# --- dumps in the user's terms: transposed layouts, files that are not archives ---
+
+
+def test_load_npz_warns_on_a_dump_with_fewer_tokens_than_heads(tmp_path):
+    """[layers, tokens, heads, d] saved by mistake: 64 tokens of 4 heads read
+    as 64 heads of 4 tokens."""
+    from kvselect.workloads import WorkloadWarning
+
+    rng = np.random.default_rng(0)
+    arrays = {key: rng.standard_normal((1, 64, 4, 8)).astype(np.float32) for key in "qkv"}
+    with pytest.warns(WorkloadWarning, match=r"64 query heads \(axis 1\) of 4 tokens"):
+        w = load_npz(write(tmp_path, **arrays))
+    assert w.n_heads == 64 and w.tokens == 4  # loaded as written, with the warning
+
+
+def test_load_npz_does_not_warn_on_the_documented_layout(tmp_path, recwarn):
+    load_npz(write(tmp_path, **small_arrays()))
+    assert not [w for w in recwarn if "heads" in str(w.message)]
+
+
+def test_load_npz_words_a_transposed_gqa_dump_in_layers_heads_and_tokens(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = dict(
+        q=rng.standard_normal((2, 32, 8, 4)).astype(np.float32),
+        k=rng.standard_normal((2, 32, 2, 4)).astype(np.float32),
+        v=rng.standard_normal((2, 32, 2, 4)).astype(np.float32),
+    )
+    with pytest.raises(WorkloadError) as info:
+        load_npz(write(tmp_path, **arrays))
+    text = str(info.value)
+    assert "k has 2 tokens where q has 8" in text
+    assert "q reads as 32 query heads of 8 tokens" in text
+    assert "[layers, tokens, heads, dim]" in text
+
+
+@pytest.mark.parametrize("content", [b"", b"q,k,v\n1,2,3\n", b"\x80\x04K\x01."])
+def test_load_npz_calls_a_non_archive_what_it_is_and_never_suggests_pickle(tmp_path, content):
+    path = tmp_path / "x.npz"
+    path.write_bytes(content)  # empty, text, and a real pickle
+    with pytest.raises(WorkloadError, match="not a NumPy .npz archive") as info:
+        load_npz(path)
+    assert "pickle" not in str(info.value).lower()
+
+
+def test_load_npz_refuses_an_object_array_without_mentioning_pickle(tmp_path):
+    arrays = small_arrays()
+    arrays["v"] = np.array([None, 1.0], dtype=object)
+    with pytest.raises(WorkloadError, match="v: holds Python objects") as info:
+        load_npz(write(tmp_path, **arrays))
+    assert "pickle" not in str(info.value).lower()
