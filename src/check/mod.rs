@@ -40,6 +40,8 @@ mod blocks;
 pub mod layout;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_more;
 mod witness;
 
 use crate::block_sparse::BlockSparseConfig;
