@@ -112,8 +112,8 @@ fn block_scores_are_the_maxima_selection_ranks_and_its_rows_always_pass() {
         let w = c.width();
         let mut rows = vec![0i32; n_q * h * w];
         select_batch_into(&q, n_q, h, &k, d, &pos, &c, &mut rows).unwrap();
-        for i in 0..n_q {
-            let vis = (pos[i] + 1).min(n_keys);
+        for (i, &p) in pos.iter().enumerate() {
+            let vis = (p + 1).min(n_keys);
             let nb = vis.div_ceil(c.block_size);
             for j in 0..h {
                 let r = i * h + j;
