@@ -9,7 +9,9 @@ harness then measures, per query head:
 - **attention-mass recall**: the share of the dense attention row's mass the
   selection keeps (mean, and the 5th percentile over heads and queries);
 - **output relative error** ``‖o_sparse − o_dense‖ / ‖o_dense‖`` of sparse
-  attention over the selection against dense attention;
+  attention over the selection against dense attention: its mean, median and
+  95th percentile over heads and queries (a ratio: rows whose dense output is
+  near zero can dominate the mean, so the median says what is typical);
 - **slots used**: distinct valid positions selected (a policy may use fewer
   than ``k``, never more), and the time its selection took.
 
@@ -36,6 +38,14 @@ The policies (``k`` slots each):
     the ``k`` keys with the largest true attention weight (averaged over the
     KV head's query-head group): unusable in production, the ceiling.
 
+A policy that cannot run at a budget (block-sparse when the budget holds no
+whole block) is reported with NaN numbers and a note, the others run. A
+budget at which every policy sees every key of every query (the budget holds
+the context) is listed in :attr:`Report.every_key_budgets`, and the table
+says so once instead of printing trivially perfect numbers.
+:func:`derive_settings` gives the settings at a budget, scaling what must
+scale with ``k`` (segments, block geometry, sinks) when it is not given.
+
 Every number comes from kvselect's own functions: this module only slices
 arrays, calls them and averages what they return.
 """
@@ -43,8 +53,8 @@ arrays, calls them and averages what they return.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -77,6 +87,10 @@ class Settings:
     seed: int = 0
 
     def check(self) -> None:
+        """Refuses settings that cannot work at all. A block larger than the
+        budget is not refused: block-sparse then cannot run at this budget
+        and is reported ``n/a`` (see :meth:`block_sparse_note`) while the
+        other policies run."""
         if self.budget < 1:
             raise ValueError(f"budget must be at least 1, got {self.budget}")
         if not 1 <= self.segments <= ks.MAX_TOPOLOGY_SEGMENTS:
@@ -88,21 +102,169 @@ class Settings:
                 f"segments ({self.segments}) cannot exceed the budget ({self.budget}): "
                 "the witnesses need a slot each"
             )
-        if self.block_size < 1 or self.budget // self.block_size < 1:
-            raise ValueError(
-                f"the budget ({self.budget}) must hold at least one block of "
-                f"{self.block_size} tokens"
-            )
-        if self.block_size * (self.init_blocks + self.local_blocks) > self.budget:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {self.block_size}")
+        if self.init_blocks < 0 or self.local_blocks < 0 or self.sinks < 0:
+            raise ValueError("init_blocks, local_blocks and sinks must be non-negative")
+        if (
+            self.block_sparse_note() is None
+            and self.block_size * (self.init_blocks + self.local_blocks) > self.budget
+        ):
             raise ValueError(
                 f"init_blocks + local_blocks ({self.init_blocks} + {self.local_blocks}) "
                 f"blocks of {self.block_size} exceed the budget ({self.budget})"
             )
 
+    def block_sparse_note(self) -> Optional[str]:
+        """Why block-sparse cannot run at these settings (``None`` if it can):
+        the budget holds no whole block."""
+        if self.budget < self.block_size:
+            return f"the budget ({self.budget}) holds no block of {self.block_size} tokens"
+        return None
+
+
+class SettingsError(ValueError):
+    """Settings that cannot work; ``fields`` names the settings the caller
+    gave that would have to change (empty when none of them is to blame)."""
+
+    def __init__(self, message: str, fields: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
+#: The settings :func:`derive_settings` may derive from the budget, with the
+#: defaults they take whenever the budget allows.
+DERIVED_FIELDS = ("segments", "block_size", "init_blocks", "local_blocks", "sinks")
+
+
+def derive_settings(
+    budget: int,
+    *,
+    segments: Optional[int] = None,
+    block_size: Optional[int] = None,
+    init_blocks: Optional[int] = None,
+    local_blocks: Optional[int] = None,
+    sinks: Optional[int] = None,
+    seed: int = 0,
+    names: Optional[Mapping[str, str]] = None,
+) -> Tuple[Settings, Dict[str, int]]:
+    """The settings at ``budget``: what the caller gave (not ``None``) is
+    kept, what it left out is derived from the budget.
+
+    The derivation keeps :class:`Settings`' defaults (S = 64, blocks of 64,
+    1 init + 2 local blocks, 4 sinks) wherever the budget allows them (so a
+    run that worked on the defaults is unchanged), and scales only what must
+    scale with ``k``:
+
+    - ``segments``: ``min(64, k)`` (each witness needs a slot);
+    - ``block_size``: the largest power of two up to 64 whose forced blocks
+      (``init_blocks + local_blocks``, at least one block) fit the budget;
+      64 from ``k = 192`` on with the default 1 + 2 forced blocks;
+    - ``init_blocks``, ``local_blocks``: trimmed, init blocks first, when the
+      forced blocks do not fit the budget's ``k // block_size`` blocks (with
+      a given ``block_size``, or below 3 tokens);
+    - ``sinks``: ``min(4, k - 1)`` (the window keeps one slot).
+
+    A given ``block_size`` larger than the budget is kept: block-sparse is
+    then ``n/a`` at this budget (:meth:`Settings.block_sparse_note`). A given
+    setting that cannot work raises :class:`SettingsError` naming it, as
+    ``names`` spells it (``{"local_blocks": "--local-blocks"}``, say; the
+    field names by default).
+
+    Returns the settings and the derived values that differ from the
+    defaults (empty when the defaults fit)."""
+    spell = dict(names or {})
+
+    def name(f: str) -> str:
+        return spell.get(f, f)
+
+    d = Settings()
+    k = int(budget)
+    if k < 1:
+        raise SettingsError(f"budget must be at least 1, got {k}")
+    derived: Dict[str, int] = {}
+
+    if segments is None:
+        segs = min(d.segments, k)
+    else:
+        segs = int(segments)
+        if not 1 <= segs <= ks.MAX_TOPOLOGY_SEGMENTS:
+            raise SettingsError(
+                f"{name('segments')} must be in 1..{ks.MAX_TOPOLOGY_SEGMENTS}, got {segs}",
+                ["segments"],
+            )
+        if segs > k:
+            raise SettingsError(
+                f"{name('segments')} ({segs}) cannot exceed the budget ({k}): the witnesses "
+                f"need a slot each; lower {name('segments')}, or leave it out to use "
+                f"min({d.segments}, k)",
+                ["segments"],
+            )
+
+    init = d.init_blocks if init_blocks is None else int(init_blocks)
+    local = d.local_blocks if local_blocks is None else int(local_blocks)
+    if block_size is None:
+        bs = d.block_size
+        while bs > 1 and max(init + local, 1) * bs > k:
+            bs //= 2
+    else:
+        bs = int(block_size)
+        if bs < 1:
+            raise SettingsError(
+                f"{name('block_size')} must be at least 1, got {bs}", ["block_size"]
+            )
+    blocks = k // bs
+    if blocks >= 1 and init + local > blocks:
+        # Trim what was not given; the newest blocks (the query's own) last.
+        if init_blocks is None:
+            init = max(0, min(init, blocks - local))
+        if local_blocks is None:
+            local = max(0, min(local, blocks - init))
+        if init + local > blocks:
+            given = [f for f, v in (("init_blocks", init_blocks), ("local_blocks", local_blocks),
+                                    ("block_size", block_size)) if v is not None]
+            raise SettingsError(
+                f"{init} init + {local} local blocks of {bs} tokens "
+                f"({(init + local) * bs} tokens) exceed the budget ({k}): lower "
+                + " or ".join(name(f) for f in given),
+                given,
+            )
+
+    if sinks is None:
+        sink = min(d.sinks, k - 1)
+    else:
+        sink = int(sinks)
+        if sink < 0:
+            raise SettingsError(f"{name('sinks')} must be non-negative, got {sink}", ["sinks"])
+        if sink >= k:
+            raise SettingsError(
+                f"{name('sinks')} ({sink}) leaves no slot for the window at the budget "
+                f"({k}): lower {name('sinks')}, or leave it out to use min({d.sinks}, k - 1)",
+                ["sinks"],
+            )
+
+    s = Settings(
+        budget=k, segments=segs, block_size=bs, init_blocks=init, local_blocks=local,
+        sinks=sink, seed=seed,
+    )
+    given_values = dict(segments=segments, block_size=block_size, init_blocks=init_blocks,
+                        local_blocks=local_blocks, sinks=sinks)
+    for f in DERIVED_FIELDS:
+        if given_values[f] is None and getattr(s, f) != getattr(d, f):
+            derived[f] = getattr(s, f)
+    s.check()
+    return s, derived
+
 
 @dataclass
 class PolicyResult:
-    """One policy's numbers at one budget, averaged over heads and queries."""
+    """One policy's numbers at one budget, over heads and queries.
+
+    ``output_error`` is the mean over (query, query head) of
+    ``‖o_sparse − o_dense‖ / ‖o_dense‖``; a ratio, so a few rows whose dense
+    output is near zero can dominate it: ``output_error_median`` and
+    ``output_error_p95`` say how typical the mean is. A policy that cannot
+    run at the budget has NaN numbers and a ``note`` saying why."""
 
     policy: str
     budget: int
@@ -112,10 +274,24 @@ class PolicyResult:
     output_error: float
     slots_used: float
     select_us_per_query: float
+    output_error_median: float = float("nan")
+    output_error_p95: float = float("nan")
+    note: Optional[str] = None
+
+    @property
+    def ran(self) -> bool:
+        """False for a policy that could not run at this budget (``n/a``)."""
+        return self.note is None
 
 
 @dataclass
 class Report:
+    """Every policy's results at every budget of one evaluation.
+
+    ``every_key_budgets`` lists the budgets at which every policy selected
+    every visible key of every query (the budget holds every context): the
+    numbers there are trivially perfect and compare nothing."""
+
     workload: str
     source: str
     settings: List[dict]
@@ -125,10 +301,12 @@ class Report:
     tokens: int
     results: List[PolicyResult] = field(default_factory=list)
     seconds: float = 0.0
+    every_key_budgets: List[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        """A JSON-ready dict: NaN (the learned policy's uncharged time) becomes
-        None, so ``json.dumps(..., allow_nan=False)`` accepts it."""
+        """A JSON-ready dict: NaN (the learned policy's uncharged time, an
+        ``n/a`` policy's numbers) becomes None, so ``json.dumps(...,
+        allow_nan=False)`` accepts it."""
         d = asdict(self)
         d["results"] = [
             {key: None if isinstance(val, float) and np.isnan(val) else val
@@ -173,7 +351,7 @@ def _prepare_head(w: Workload, h: int, pos: np.ndarray) -> _Head:
 
 def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
     """Every policy's selection ``[n, width]`` (int32, -1 padded) and the
-    seconds it took."""
+    seconds it took; a policy that cannot run at ``s`` is missing."""
     k, segs = s.budget, s.segments
     n = len(pos)
     lens = (pos + 1).astype(np.int32)
@@ -221,7 +399,8 @@ def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
 
     timed("witnesses (reserved tail)", reserved)
     timed("witnesses (as served)", served)
-    timed("block-sparse", blocks)
+    if s.block_sparse_note() is None:
+        timed("block-sparse", blocks)
     timed("random null", lambda: ks.Selector.random(k, s.seed).rows(pos, width=k))
     timed("locality null", lambda: ks.Selector.local(k).rows(pos, width=k))
     sinks = min(s.sinks, k - 1)
@@ -251,24 +430,38 @@ def _measure(
         "recall": recall.reshape(n, group),
         "error": error.reshape(n, group),
         "used": used,
+        "every_key": used == lens,
     }
 
 
 def evaluate(
     workload: Workload,
     budgets: Sequence[int] = (2048,),
-    settings: Optional[Settings] = None,
+    settings: Union[None, Settings, Sequence[Settings]] = None,
     progress: Optional[Callable[[Iterable], Iterable]] = None,
 ) -> Report:
     """Runs every policy at every budget on every KV head of ``workload``.
 
-    ``settings`` gives everything but the budget (its ``budget`` is replaced
-    by each of ``budgets``). ``progress`` wraps the iteration over heads (a
-    progress bar, say)."""
-    base = settings or Settings()
-    # A budget named twice is one experiment, reported once.
-    unique = list(dict.fromkeys(int(b) for b in budgets))
-    runs = [Settings(**{**asdict(base), "budget": b}) for b in unique]
+    ``settings`` gives everything but the budget: one :class:`Settings` for
+    every budget (its ``budget`` is replaced by each of ``budgets``), or one
+    per budget, in the order of ``budgets`` (as :func:`derive_settings`
+    gives them). ``progress`` wraps the iteration over heads (a progress
+    bar, say). A policy that cannot run at a budget (block-sparse when the
+    budget holds no block) is reported with NaN numbers and a note."""
+    budgets = [int(b) for b in budgets]
+    if settings is None or isinstance(settings, Settings):
+        per = [settings or Settings()] * len(budgets)
+    else:
+        per = list(settings)
+        if len(per) != len(budgets):
+            raise ValueError(
+                f"settings: expected one Settings per budget ({len(budgets)}), got {len(per)}"
+            )
+    # A budget named twice is one experiment, reported once (its first settings).
+    chosen: Dict[int, Settings] = {}
+    for b, s in zip(budgets, per):
+        chosen.setdefault(b, replace(s, budget=b))
+    runs = list(chosen.values())
     for r in runs:
         r.check()
     pos = np.asarray(workload.query_positions, dtype=np.int64)
@@ -295,9 +488,23 @@ def evaluate(
         queries=len(pos),
         tokens=workload.k.shape[1],
     )
+    nan = float("nan")
     for s in runs:
+        every_key = True
         for name in POLICIES:
+            if (s.budget, name) not in acc:
+                note = s.block_sparse_note() if name == "block-sparse" else None
+                report.results.append(
+                    PolicyResult(
+                        policy=name, budget=s.budget, coverage=nan, recall_mean=nan,
+                        recall_p5=nan, output_error=nan, slots_used=nan,
+                        select_us_per_query=nan, note=note or "cannot run at these settings",
+                    )
+                )
+                every_key = False
+                continue
             m = {key: np.concatenate(v) for key, v in acc[(s.budget, name)].items()}
+            every_key = every_key and bool(np.all(m["every_key"]))
             report.results.append(
                 PolicyResult(
                     policy=name,
@@ -310,71 +517,167 @@ def evaluate(
                     select_us_per_query=float(
                         np.sum(m["secs"]) / (len(pos) * workload.n_kv_heads) * 1e6
                     ),
+                    output_error_median=float(np.median(m["error"])),
+                    output_error_p95=float(np.percentile(m["error"], 95)),
                 )
             )
+        if every_key:
+            report.every_key_budgets.append(s.budget)
     report.seconds = time.perf_counter() - t0
     return report
 
 
+def _geometry(s: dict) -> str:
+    return (
+        f"S = {s['segments']} segments, blocks of {s['block_size']} "
+        f"({s['init_blocks']} init + {s['local_blocks']} local), {s['sinks']} sinks"
+    )
+
+
+def _num(x: float, fmt: str = ".3f") -> str:
+    return "n/a" if np.isnan(x) else format(x, fmt)
+
+
 def format_table(report: Report) -> str:
-    """The report as a Markdown table (it reads well in a terminal too)."""
+    """The report as Markdown tables, one per budget (they read well in a
+    terminal too). Budgets at which every policy sees every key get one
+    sentence between them instead of tables of trivially perfect numbers;
+    a policy that cannot run at a budget reads ``n/a`` with the reason."""
+    geometries = {_geometry(s) for s in report.settings}
+    uniform = len(geometries) == 1
     lines = [
         f"workload: {report.workload} — {report.source}",
         f"{report.n_kv_heads} KV heads ({report.n_q_heads} query heads), {report.queries} "
         f"query positions each, up to {report.tokens} tokens; "
-        f"S = {report.settings[0]['segments']} segments, blocks of "
-        f"{report.settings[0]['block_size']}; {report.seconds:.1f} s",
+        + (next(iter(geometries)) if uniform else "settings per budget below")
+        + f"; {report.seconds:.1f} s",
     ]
-    for budget in sorted({r.budget for r in report.results}):
+    by_budget = {s["budget"]: s for s in report.settings}
+    trivial = set(report.every_key_budgets)
+    for budget in sorted({r.budget for r in report.results} - trivial):
+        heading = f"budget k = {budget}"
+        if not uniform:
+            heading += f" ({_geometry(by_budget[budget])})"
         lines += [
             "",
-            f"budget k = {budget}",
+            heading,
             "",
-            "| policy | coverage | recall mean | recall p5 | output rel. error | slots used | "
-            "select µs/query |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| policy | coverage | recall mean | recall p5 | output rel. error mean | "
+            "error median | error p95 | slots used | select µs/query |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in report.results:
-            if r.budget == budget:
-                lines.append(
-                    f"| {r.policy} | {r.coverage:.3f} | {r.recall_mean:.3f} | {r.recall_p5:.3f} | "
-                    f"{r.output_error:.3f} | {r.slots_used:.0f} | "
-                    + ("—" if np.isnan(r.select_us_per_query) else f"{r.select_us_per_query:.1f}")
-                    + " |"
-                )
+            if r.budget != budget:
+                continue
+            if not r.ran:
+                lines.append(f"| {r.policy} | " + "n/a | " * 7 + f"n/a: {r.note} |")
+                continue
+            lines.append(
+                f"| {r.policy} | {_num(r.coverage)} | {_num(r.recall_mean)} | "
+                f"{_num(r.recall_p5)} | {_num(r.output_error)} | "
+                f"{_num(r.output_error_median)} | {_num(r.output_error_p95)} | "
+                f"{_num(r.slots_used, '.0f')} | "
+                + ("—" if np.isnan(r.select_us_per_query) else f"{r.select_us_per_query:.1f}")
+                + " |"
+            )
+    if trivial:
+        ks_ = ", ".join(str(b) for b in sorted(trivial))
+        lines += [
+            "",
+            f"budget{'s' if len(trivial) > 1 else ''} k = {ks_}: every query's context fits "
+            f"(the workload has {report.tokens} tokens), "
+            f"so every policy sees every key — coverage 1.000, recall 1.000, "
+            f"output error 0.000 for all, nothing to compare (no table); use a budget "
+            f"below the context.",
+        ]
     return "\n".join(lines)
 
 
-def plot(report: Report, path: str) -> None:
-    """Recall against budget, one line per policy, written to ``path`` (PNG).
-
-    Needs matplotlib (``pip install 'kvselect[plot]'``)."""
+def _import_pyplot() -> Any:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - exercised via the CLI test
+    except ImportError as e:
         raise ImportError(
             "--plot needs matplotlib: pip install 'kvselect[plot]' (or pip install matplotlib)"
         ) from e
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    return plt
+
+
+def check_plot() -> None:
+    """Raises ImportError (with the install command) when :func:`plot`
+    cannot run: a check to make before a long evaluation."""
+    _import_pyplot()
+
+
+def _settings_title(report: Report) -> str:
+    def span(key: str) -> str:
+        vals = sorted({s[key] for s in report.settings})
+        return str(vals[0]) if len(vals) == 1 else f"{vals[0]}–{vals[-1]}"
+
+    varies = any(len({s[key] for s in report.settings}) > 1
+                 for key in ("segments", "block_size"))
+    return f"S = {span('segments')}, blocks of {span('block_size')}" + (
+        " (per budget)" if varies else ""
+    )
+
+
+def _budget_label(b: int) -> str:
+    return str(int(b))
+
+
+def figure(report: Report) -> Any:
+    """The plot as a matplotlib figure: attention-mass recall (left) and
+    mean output relative error (right) against budget, one line per
+    policy, the legend below both panels (never over a point), budgets on a
+    log axis labelled with their values. Needs matplotlib."""
+    plt = _import_pyplot()
+    fig, (rec, err) = plt.subplots(1, 2, figsize=(11, 5), dpi=120)
+    budgets = sorted({r.budget for r in report.results})
     for name in POLICIES:
         rows = sorted((r for r in report.results if r.policy == name), key=lambda r: r.budget)
-        ax.plot(
-            [r.budget for r in rows],
-            [r.recall_mean for r in rows],
+        style = dict(
             marker="o",
             label=name,
             linestyle="--" if "null" in name or "oracle" in name else "-",
         )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("token budget k per query")
-    ax.set_ylabel("attention-mass recall (mean)")
-    ax.set_ylim(0, 1.02)
-    ax.set_title(f"{report.workload}: recall at an identical budget")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
+        x = [r.budget for r in rows]
+        rec.plot(x, [r.recall_mean for r in rows], **style)  # NaN (n/a): a gap
+        err.plot(x, [r.output_error for r in rows], **style)
+    for ax in (rec, err):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets)
+        ax.set_xticklabels([_budget_label(b) for b in budgets])
+        ax.minorticks_off()
+        ax.set_xlabel("token budget k per query")
+        ax.grid(True, alpha=0.3)
+    rec.set_ylabel("attention-mass recall (mean)")
+    rec.set_ylim(0, 1.02)
+    rec.set_title("attention-mass recall", fontsize=10)
+    err.set_ylabel("output relative error (mean)")
+    err.set_ylim(bottom=0)
+    err.set_title("output error ‖o_sparse − o_dense‖ / ‖o_dense‖", fontsize=10)
+    fig.suptitle(
+        f"{report.workload} ({report.tokens} tokens): policies at an identical budget — "
+        f"{_settings_title(report)}",
+        fontsize=11,
+    )
+    handles, labels = rec.get_legend_handles_labels()
+    fig.legend(
+        handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False,
+        bbox_to_anchor=(0.5, 0.0),
+    )
+    fig.tight_layout(rect=(0, 0.12, 1, 0.95))
+    return fig
+
+
+def plot(report: Report, path: str) -> None:
+    """:func:`figure` written to ``path`` (PNG).
+
+    Needs matplotlib (``pip install 'kvselect[plot]'``)."""
+    plt = _import_pyplot()
+    fig = figure(report)
     fig.savefig(path, format="png")
     plt.close(fig)

@@ -207,7 +207,8 @@ def row_metrics(w: Workload, h: int, p: int, row: list, S: int) -> tuple:
 
 
 def expected_results(w: Workload, s: Settings) -> dict:
-    """policy -> (coverage, recall mean, recall p5, output error, slots used)."""
+    """policy -> (coverage, recall mean, recall p5, output error mean, slots used,
+    output error median, output error p95)."""
     per: dict = {name: ([], [], [], []) for name in POLICIES}
     for h in range(N_KV):  # the harness's order: KV head, then query
         for name, rows in expected_selections(w, h, s).items():
@@ -224,6 +225,8 @@ def expected_results(w: Workload, s: Settings) -> dict:
             float(np.percentile(rec, 5)),
             float(np.mean(err)),
             float(np.mean(used)),
+            float(np.median(err)),
+            float(np.percentile(err, 95)),
         )
         for name, (cov, rec, err, used) in per.items()
     }
@@ -248,14 +251,17 @@ def test_every_reported_number_matches_a_direct_computation(workload, run):
         got = {r.policy: r for r in report.results if r.budget == budget}
         assert set(got) == set(POLICIES)
         for name in POLICIES:
-            cov, rec_mean, rec_p5, err, used = expected[name]
+            cov, rec_mean, rec_p5, err, used, err_median, err_p95 = expected[name]
             r = got[name]
             where = f"{name} at k = {budget}"
+            assert r.ran and r.note is None, where
             assert r.coverage == cov, where
             assert r.slots_used == used, where
             assert r.recall_mean == pytest.approx(rec_mean, abs=1e-9), where
             assert r.recall_p5 == pytest.approx(rec_p5, abs=1e-9), where
             assert r.output_error == pytest.approx(err, rel=1e-4, abs=1e-5), where
+            assert r.output_error_median == pytest.approx(err_median, rel=1e-4, abs=1e-5), where
+            assert r.output_error_p95 == pytest.approx(err_p95, rel=1e-4, abs=1e-5), where
 
 
 def test_the_hand_computations_are_not_trivial(workload, run):
@@ -393,15 +399,39 @@ def test_the_report_dict_is_strict_json_and_round_trips(run):
     assert back["settings"][0]["budget"] == BUDGETS[0]
 
 
-def test_the_table_names_every_policy_and_budget(run):
+def test_the_table_names_every_policy_and_budget_below_the_context(run):
     _, report = run
     table = evaluate.format_table(report)
-    for b in BUDGETS:
-        assert f"budget k = {b}" in table
+    for b in (8, 16):
+        assert f"budget k = {b}\n" in table
     for name in POLICIES:
-        assert table.count(f"| {name} |") == len(BUDGETS)
+        assert table.count(f"| {name} |") == 2  # k = 48 holds the context: no table
     assert "tiny" in table
     assert "—" in table  # the learned policy's uncharged time
+    assert "error median" in table and "error p95" in table
+
+
+def test_a_budget_holding_every_context_is_said_once_instead_of_a_table(run):
+    _, report = run
+    assert report.every_key_budgets == [48]
+    table = evaluate.format_table(report)
+    assert table.count("every policy sees every key") == 1
+    assert "budget k = 48: every query's context fits" in table
+    assert "budget k = 48\n" not in table
+
+
+def test_a_budget_equal_to_the_context_is_a_table_when_a_policy_still_drops_keys(workload):
+    """k = 40 = the context: the reserved tail keeps k - S learned keys, so it
+    does not see every key and the numbers still compare something."""
+    s = SETTINGS["partial blocks"]
+    report = evaluate.evaluate(workload, budgets=[40, 48], settings=s)
+    assert report.every_key_budgets == [48]
+    (tail,) = [r for r in report.results
+               if r.budget == 40 and r.policy == "witnesses (reserved tail)"]
+    assert tail.recall_mean < 1.0
+    table = evaluate.format_table(report)
+    assert "budget k = 40\n" in table
+    assert "budget k = 48: every query's context fits" in table
 
 
 def test_the_progress_callable_wraps_the_iteration_over_kv_heads(workload):
@@ -463,8 +493,7 @@ def test_returned_results_are_policy_results():
         (dict(budget=8, segments=9, block_size=4, local_blocks=1), "cannot exceed the budget"),
         (dict(budget=128, segments=65), "segments must be in 1..64"),
         (dict(budget=128, segments=0), "segments must be in 1..64"),
-        (dict(budget=16, segments=4, block_size=32), "at least one block"),
-        (dict(budget=16, segments=4, block_size=0), "at least one block"),
+        (dict(budget=16, segments=4, block_size=0), "block_size must be at least 1"),
         (dict(budget=16, segments=4, block_size=8, init_blocks=1, local_blocks=2),
          "exceed the budget"),
     ],
@@ -489,3 +518,172 @@ def test_one_inconsistent_budget_refuses_the_whole_sweep_before_any_work(workloa
             progress=lambda heads: calls.append(1) or heads,
         )
     assert calls == []
+
+
+# --------------------------------------------------------------------------
+# A policy that cannot run at a budget; settings derived from the budget
+# --------------------------------------------------------------------------
+
+
+def test_a_block_larger_than_the_budget_is_not_refused_block_sparse_is_na(workload):
+    s = Settings(budget=8, segments=4, block_size=16, init_blocks=1, local_blocks=2)
+    s.check()  # not refused: only block-sparse cannot run
+    assert s.block_sparse_note() == "the budget (8) holds no block of 16 tokens"
+    report = evaluate.evaluate(workload, budgets=[8, 48], settings=s)
+    by = {(r.budget, r.policy): r for r in report.results}
+    na = by[(8, "block-sparse")]
+    assert not na.ran and na.note == s.block_sparse_note()
+    assert math.isnan(na.recall_mean) and math.isnan(na.slots_used)
+    # The others ran, and match a run at a block size that fits.
+    other = evaluate.evaluate(
+        workload, budgets=[8], settings=Settings(budget=8, segments=4, block_size=2)
+    )
+    for r in other.results:
+        if r.policy not in ("block-sparse", "random null"):
+            assert by[(8, r.policy)].ran
+            assert by[(8, r.policy)].recall_mean == r.recall_mean, r.policy
+    assert by[(48, "block-sparse")].ran  # 48 holds three blocks of 16
+    table = evaluate.format_table(report)
+    assert "| block-sparse | n/a |" in table
+    assert "the budget (8) holds no block of 16 tokens" in table
+    d = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    (row,) = [r for r in d["results"] if r["budget"] == 8 and r["policy"] == "block-sparse"]
+    assert row["recall_mean"] is None and row["note"] == s.block_sparse_note()
+    assert report.every_key_budgets == [48]
+
+
+def test_derive_settings_keeps_the_defaults_wherever_they_fit():
+    for k in (192, 256, 2048, 100_000):
+        s, derived = evaluate.derive_settings(k)
+        assert derived == {}, k
+        assert s == Settings(budget=k)
+
+
+@pytest.mark.parametrize(
+    "k, expected",
+    [
+        (1, dict(segments=1, block_size=1, init_blocks=0, local_blocks=1, sinks=0)),
+        (2, dict(segments=2, block_size=1, init_blocks=0, local_blocks=2, sinks=1)),
+        (3, dict(segments=3, block_size=1, init_blocks=1, local_blocks=2, sinks=2)),
+        (8, dict(segments=8, block_size=2, init_blocks=1, local_blocks=2, sinks=4)),
+        (32, dict(segments=32, block_size=8, init_blocks=1, local_blocks=2, sinks=4)),
+        (64, dict(segments=64, block_size=16, init_blocks=1, local_blocks=2, sinks=4)),
+        (191, dict(segments=64, block_size=32, init_blocks=1, local_blocks=2, sinks=4)),
+    ],
+)
+def test_derive_settings_scales_what_must_scale_with_a_small_budget(k, expected):
+    s, derived = evaluate.derive_settings(k)
+    assert {f: getattr(s, f) for f in expected} == expected
+    assert derived == {f: v for f, v in expected.items() if getattr(Settings(), f) != v}
+    s.check()
+
+
+def test_every_budget_from_1_runs_every_policy_on_the_derived_defaults(workload):
+    budgets = list(range(1, 50))
+    runs = [evaluate.derive_settings(k)[0] for k in budgets]
+    report = evaluate.evaluate(workload, budgets=budgets, settings=runs)
+    assert len(report.results) == len(budgets) * len(POLICIES)
+    for r in report.results:
+        assert r.ran, (r.budget, r.policy)
+        assert 0 < r.slots_used <= r.budget, (r.budget, r.policy)
+    assert [s["segments"] for s in report.settings] == [min(64, k) for k in budgets]
+
+
+def test_derive_settings_keeps_what_was_given_and_trims_only_the_rest():
+    s, derived = evaluate.derive_settings(32, block_size=16)  # 2 blocks: 1 + 2 cannot fit
+    assert (s.block_size, s.init_blocks, s.local_blocks) == (16, 0, 2)
+    assert derived == {"segments": 32, "init_blocks": 0}
+    s, _ = evaluate.derive_settings(32, block_size=16, init_blocks=1)
+    assert (s.init_blocks, s.local_blocks) == (1, 1)
+    s, _ = evaluate.derive_settings(32, local_blocks=5)  # the block shrinks instead
+    assert (s.block_size, s.init_blocks, s.local_blocks) == (4, 1, 5)
+    s, _ = evaluate.derive_settings(32, block_size=64)  # kept: block-sparse n/a
+    assert s.block_size == 64 and s.block_sparse_note() is not None
+
+
+FLAGS = {"segments": "--segments", "block_size": "--block-size",
+         "init_blocks": "--init-blocks", "local_blocks": "--local-blocks", "sinks": "--sinks"}
+
+
+@pytest.mark.parametrize(
+    "k, given, fields, message",
+    [
+        (8, dict(segments=16), ("segments",), r"--segments \(16\) cannot exceed the budget \(8\)"),
+        (128, dict(segments=65), ("segments",), r"--segments must be in 1\.\.64"),
+        (32, dict(block_size=8, local_blocks=5), ("local_blocks", "block_size"),
+         r"exceed the budget \(32\): lower --local-blocks or --block-size"),
+        (32, dict(block_size=8, init_blocks=2, local_blocks=3),
+         ("init_blocks", "local_blocks", "block_size"), "lower --init-blocks or --local-blocks"),
+        (4, dict(local_blocks=5), ("local_blocks",), r"lower --local-blocks$"),
+        (4, dict(sinks=4), ("sinks",), r"--sinks \(4\) leaves no slot for the window"),
+    ],
+)
+def test_derive_settings_names_the_given_setting_that_cannot_work(k, given, fields, message):
+    with pytest.raises(evaluate.SettingsError, match=message) as info:
+        evaluate.derive_settings(k, names=FLAGS, **given)
+    assert info.value.fields == fields
+
+
+def test_one_settings_per_budget_is_taken_in_order_and_must_match_in_number(workload):
+    runs = [Settings(budget=8, segments=2, block_size=2), Settings(budget=16, segments=8,
+                                                                   block_size=4)]
+    report = evaluate.evaluate(workload, budgets=[8, 16], settings=runs)
+    assert [(s["budget"], s["segments"], s["block_size"]) for s in report.settings] == [
+        (8, 2, 2), (16, 8, 4)
+    ]
+    table = evaluate.format_table(report)
+    assert "budget k = 8 (S = 2 segments, blocks of 2" in table
+    with pytest.raises(ValueError, match="one Settings per budget"):
+        evaluate.evaluate(workload, budgets=[8], settings=runs)
+
+
+def test_output_error_median_and_p95_bracket_a_mean_dominated_by_near_zero_outputs():
+    """One query head's dense output is near zero: its relative error is huge
+    and drags the mean, while the median stays with the typical rows."""
+    w = tiny_workload()
+    v = w.v.copy()
+    v[0] -= v[0].mean(axis=0, keepdims=True)  # KV head 0: values around zero
+    w0 = Workload(**{**w.__dict__, "v": np.ascontiguousarray(v)})
+    before, after = (
+        {x.policy: x for x in evaluate.evaluate(
+            x, budgets=[8], settings=SETTINGS["partial blocks"]).results}
+        for x in (w, w0)
+    )
+    for name in ("learned top-k", "locality null", "oracle top-k"):
+        a, b = before[name], after[name]
+        assert b.output_error > 3 * a.output_error, name  # the mean follows the outliers
+        assert b.output_error_p95 > 3 * a.output_error_p95, name
+        assert b.output_error_median < 1.5 * a.output_error_median, name  # the median not
+        assert b.output_error_median < b.output_error < b.output_error_p95, name
+
+
+# --------------------------------------------------------------------------
+# The plot
+# --------------------------------------------------------------------------
+
+
+def test_the_figure_has_two_panels_the_legend_outside_and_budget_ticks(run):
+    pytest.importorskip("matplotlib")
+    _, report = run
+    fig = evaluate.figure(report)
+    try:
+        fig.canvas.draw()
+        axes = fig.get_axes()
+        assert len(axes) == 2
+        assert "recall" in axes[0].get_ylabel() and "error" in axes[1].get_ylabel()
+        renderer = fig.canvas.get_renderer()
+        (legend,) = fig.legends
+        box = legend.get_window_extent(renderer)
+        for ax in axes:
+            assert not box.overlaps(ax.get_window_extent(renderer))  # no point covered
+            labels = [t.get_text() for t in ax.get_xticklabels()]
+            assert labels == [str(b) for b in BUDGETS]
+        assert len(legend.get_texts()) == len(POLICIES)
+        title = fig._suptitle.get_text()
+        s = report.settings[0]
+        assert "tiny" in title
+        assert f"S = {s['segments']}" in title and f"blocks of {s['block_size']}" in title
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
