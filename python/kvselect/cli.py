@@ -3,9 +3,13 @@
 ``kvselect eval`` compares selection policies at an identical token budget
 on a workload — the built-in synthetic long-context one by default, the real
 example shipped with the package, or your own Q/K/V dump (``.npz``, see
-``kvselect.workloads``) — and prints one table per budget. Exit codes: 0 on
-success, 2 on a usage error (argparse's), 1 when the workload cannot be
-loaded or the settings are inconsistent.
+``kvselect.workloads``) — and prints one table per budget. Every budget
+>= 1 runs on the defaults: what must scale with k and was not given is
+derived (``kvselect.evaluate.derive_settings``) and one line says what.
+Exit codes: 0 on success, 2 on a usage error (argparse's), 1 when the
+workload cannot be loaded, a given setting cannot work (the message names
+its flag), or an output (--json, --plot) cannot be written — the last two
+checked before the evaluation.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Iterable, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import kvselect as ks
 
@@ -44,48 +48,116 @@ def _load(args: argparse.Namespace):
     return workloads.load_npz(args.workload, queries=args.queries, seed=args.seed)
 
 
+#: The command-line flag of each setting, for messages that say which to change.
+_FLAGS = {
+    "segments": "--segments",
+    "block_size": "--block-size",
+    "init_blocks": "--init-blocks",
+    "local_blocks": "--local-blocks",
+    "sinks": "--sinks",
+}
+
+
+def _derived_line(derived: Dict[int, Dict[str, int]]) -> Optional[str]:
+    """One line on what was derived from the budget, or None if nothing was."""
+    parts = []
+    for budget, fields in derived.items():
+        if fields:
+            said = ", ".join(f"{_FLAGS[f]} {v}" for f, v in fields.items())
+            parts.append(f"k = {budget}: {said}")
+    if not parts:
+        return None
+    return (
+        "derived from the budget (not given; set them to override): " + "; ".join(parts)
+    )
+
+
+def _check_output(flag: str, path: str) -> Optional[str]:
+    """Why ``path`` cannot be written (None if it can), checked before the run."""
+    import os
+
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if os.path.isdir(target):
+        return f"{flag} {path!r} is a directory; give a file name"
+    if not os.path.isdir(folder):
+        return f"{flag} {path!r}: the folder {folder!r} does not exist"
+    if not os.access(folder, os.W_OK):
+        return f"{flag} {path!r}: the folder {folder!r} is not writable"
+    return None
+
+
 def _eval(args: argparse.Namespace) -> int:
+    import warnings
+
     from kvselect import evaluate
     from kvselect.workloads import WorkloadError
+
+    def fail(message: str) -> int:
+        print(f"kvselect eval: {message}", file=sys.stderr)
+        return 1
+
+    # Everything that can fail cheaply fails before the workload is built.
+    runs: List[evaluate.Settings] = []
+    derived: Dict[int, Dict[str, int]] = {}
+    for budget in dict.fromkeys(args.budget):
+        try:
+            s, d = evaluate.derive_settings(
+                budget,
+                segments=args.segments,
+                block_size=args.block_size,
+                init_blocks=args.init_blocks,
+                local_blocks=args.local_blocks,
+                sinks=args.sinks,
+                seed=args.seed,
+                names=_FLAGS,
+            )
+        except ValueError as e:
+            return fail(f"at --budget {budget}: {e}")
+        runs.append(s)
+        derived[budget] = d
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            problem = _check_output(flag, path)
+            if problem:
+                return fail(problem)
+    if args.plot:
+        try:
+            evaluate.check_plot()
+        except ImportError as e:
+            return fail(str(e))
 
     if args.threads is not None:
         ks.set_num_threads(args.threads)
     try:
-        workload = _load(args)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            workload = _load(args)
     except (OSError, WorkloadError, ValueError) as e:
-        print(f"kvselect eval: cannot load workload {args.workload!r}: {e}", file=sys.stderr)
-        return 1
-    budgets = args.budget
-    # A budget above the context is every key (the harness pads its rows).
-    settings = evaluate.Settings(
-        budget=budgets[0],
-        segments=args.segments,
-        block_size=args.block_size,
-        init_blocks=args.init_blocks,
-        local_blocks=args.local_blocks,
-        sinks=args.sinks,
-        seed=args.seed,
-    )
+        return fail(f"cannot load workload {args.workload!r}: {e}")
+    for w in caught:
+        print(f"kvselect eval: warning: {w.message}", file=sys.stderr)
+    line = _derived_line(derived)
     try:
         report = evaluate.evaluate(
             workload,
-            budgets,
-            settings,
+            [s.budget for s in runs],
+            runs,
             progress=_progress(sys.stderr.isatty() and not args.quiet),
         )
     except ValueError as e:
-        print(f"kvselect eval: {e}", file=sys.stderr)
-        return 1
+        return fail(str(e))
+    if line:
+        print(line)
     print(evaluate.format_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report.to_dict(), f, indent=2)
-    if args.plot:
-        try:
+    try:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report.to_dict(), f, indent=2)
+        if args.plot:
             evaluate.plot(report, args.plot)
-        except ImportError as e:
-            print(f"kvselect eval: {e}", file=sys.stderr)
-            return 1
+    except (OSError, ImportError) as e:
+        return fail(str(e))
     return 0
 
 
@@ -124,6 +196,15 @@ def _non_negative(text: str) -> int:
     return v
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that a flag is never broken at its hyphen."""
+
+    def _split_lines(self, text: str, width: int) -> List[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvselect",
@@ -134,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser(
         "eval",
+        formatter_class=_HelpFormatter,
         help="compare selection policies at an identical token budget",
         description=(
             "Compare learned top-k, segment witnesses (reserved tail and as served), "
@@ -145,8 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--workload",
         default="synthetic",
-        help="'synthetic' (built in, default), 'example' (real MiniLM Q/K/V shipped with "
-        "the package), or the path of your own .npz dump",
+        help="'synthetic' (built in), 'example' (real MiniLM Q/K/V shipped with "
+        "the package), or the path of your own .npz dump (default: synthetic)",
     )
     ev.add_argument(
         "--budget",
@@ -154,20 +236,73 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[2048],
         metavar="K",
-        help="token budget k per query; several values make a sweep (default 2048)",
+        help="token budget k per query; several values make a sweep (default: 2048)",
     )
-    ev.add_argument("--segments", type=_positive, default=64, help="witness segments S (1-64)")
-    ev.add_argument("--block-size", type=_positive, default=64, help="block-sparse block size")
-    ev.add_argument("--init-blocks", type=_non_negative, default=1, help="forced first blocks")
-    ev.add_argument("--local-blocks", type=_non_negative, default=2, help="forced newest blocks")
-    ev.add_argument("--sinks", type=_non_negative, default=4, help="sink + window: sink tokens")
-    ev.add_argument("--context", type=_positive, default=32768, help="synthetic context length")
-    ev.add_argument("--queries", type=_positive, default=64, help="query positions per head")
-    ev.add_argument("--seed", type=_non_negative, default=0, help="workload and null seed")
-    ev.add_argument("--threads", type=_non_negative, help="kvselect threads (0 = all cores)")
-    ev.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    ev.add_argument("--plot", metavar="FILE.png", help="plot recall against budget (matplotlib)")
-    ev.add_argument("--quiet", action="store_true", help="no progress bar")
+    ev.add_argument(
+        "--segments",
+        type=_positive,
+        default=None,
+        help="witness segments S, 1-64 (default: 64, or k when the budget k is below 64)",
+    )
+    ev.add_argument(
+        "--block-size",
+        type=_positive,
+        default=None,
+        help="block-sparse block size in tokens (default: 64, halved until the forced "
+        "blocks fit the budget, i.e. below k = 192). kvselect.BlockSparseConfig's "
+        "default is 128, MiniMax-M3's block and KV page size; 64 here gives the default "
+        "k = 2048 on the 32K synthetic context 32 blocks to choose, not 16. "
+        "--block-size 128 --init-blocks 0 --local-blocks 1 --budget 2048 is the released "
+        "MiniMax-M3 checkpoint's geometry",
+    )
+    ev.add_argument(
+        "--init-blocks",
+        type=_non_negative,
+        default=None,
+        help="block-sparse: forced first blocks (default: 1, fewer if the budget cannot "
+        "hold them)",
+    )
+    ev.add_argument(
+        "--local-blocks",
+        type=_non_negative,
+        default=None,
+        help="block-sparse: forced newest blocks (default: 2, fewer if the budget cannot "
+        "hold them)",
+    )
+    ev.add_argument(
+        "--sinks",
+        type=_non_negative,
+        default=None,
+        help="sink + window: sink tokens (default: 4, or k - 1 when the budget is below 5)",
+    )
+    ev.add_argument(
+        "--context", type=_positive, default=32768,
+        help="synthetic workload: context length in tokens (default: 32768)",
+    )
+    ev.add_argument(
+        "--queries", type=_positive, default=64,
+        help="query positions evaluated per head (default: 64)",
+    )
+    ev.add_argument(
+        "--seed", type=_non_negative, default=0,
+        help="seed of the workload, the query positions and the random null (default: 0)",
+    )
+    ev.add_argument(
+        "--threads", type=_non_negative,
+        help="kvselect threads, 0 = all cores (default: all cores)",
+    )
+    ev.add_argument(
+        "--json", metavar="FILE",
+        help="also write the results as JSON (default: none)",
+    )
+    ev.add_argument(
+        "--plot", metavar="FILE.png",
+        help="plot recall and output error against budget, needs matplotlib (default: none)",
+    )
+    ev.add_argument(
+        "--quiet", action="store_true",
+        help="no progress bar (default: a progress bar on a terminal)",
+    )
     ev.set_defaults(run=_eval)
 
     demo = sub.add_parser("demo", help="a quick witness demo (a small eval)")

@@ -8,6 +8,7 @@ the missing matplotlib.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -137,10 +138,10 @@ def test_plot_without_matplotlib_exits_1_naming_matplotlib(capsys, tmp_path, mon
     path = tmp_path / "recall.png"
     code, out, err = run(capsys, [*TINY, "--plot", str(path)])
     assert code == 1
-    assert "matplotlib" in err
+    assert "matplotlib" in err and "pip install" in err
     assert "Traceback" not in err
     assert not path.exists()
-    assert "budget k = 32" in out  # the table was still printed
+    assert out == ""  # checked before the evaluation: no table
 
 
 def test_the_shipped_example_workload_runs(capsys):
@@ -211,6 +212,38 @@ def test_eval_help_exits_0_and_describes_the_options(capsys):
                    "--threads", "--json", "--plot", "--quiet"):
         assert option in out, option
     assert "example" in out and ".npz" in out
+
+
+def eval_help_entries(out):
+    """{option: its help text} from ``kvselect eval --help``."""
+    entries, current = {}, None
+    for line in out.splitlines():
+        stripped = line.strip()
+        if line.startswith("  -"):
+            current = stripped.split()[0].rstrip(",")
+            entries[current] = stripped
+        elif current and line.startswith("        "):
+            entries[current] += " " + stripped
+        else:
+            current = None
+    return entries
+
+
+def test_eval_help_shows_every_default_and_explains_the_block_size(capsys):
+    code, out, _ = run(capsys, ["eval", "--help"])
+    assert code == 0
+    entries = eval_help_entries(out)
+    (sub,) = [a for a in cli.build_parser()._actions
+              if isinstance(a, argparse._SubParsersAction)]
+    options = [a.option_strings[-1] for a in sub.choices["eval"]._actions
+               if a.option_strings != ["-h", "--help"]]
+    assert len(options) == 14
+    for option in options:
+        assert "(default: " in entries[option], option
+    block = entries["--block-size"]
+    assert "(default: 64" in block and "128" in block and "MiniMax-M3" in block
+    assert "--init-blocks 0" in block  # a flag is never broken at its hyphen
+    assert "(default: 2048)" in entries["--budget"]
 
 
 def test_top_level_help_lists_the_subcommands(capsys):
@@ -300,16 +333,195 @@ def test_a_file_that_is_not_an_npz_exits_1(capsys, tmp_path):
 @pytest.mark.parametrize(
     "extra, hint",
     [
-        (["--segments", "64", "--budget", "32"], "cannot exceed the budget"),
-        (["--segments", "65", "--budget", "128"], "segments must be in 1..64"),
-        (["--block-size", "64", "--budget", "32"], "at least one block"),
-        (["--local-blocks", "4", "--budget", "32"], "exceed the budget"),
-        (["--segments", "16", "--budget", "64", "8"], "segments (16) cannot exceed the budget (8)"),
+        (["--segments", "64", "--budget", "32"], "--segments (64) cannot exceed the budget (32)"),
+        (["--segments", "65", "--budget", "128"], "--segments must be in 1..64"),
+        (["--local-blocks", "5", "--budget", "32"],
+         "exceed the budget (32): lower --local-blocks or --block-size"),
+        (["--init-blocks", "2", "--local-blocks", "3", "--budget", "32"],
+         "lower --init-blocks or --local-blocks or --block-size"),
+        (["--segments", "16", "--budget", "64", "8"],
+         "at --budget 8: --segments (16) cannot exceed the budget (8)"),
+        (["--sinks", "32"], "--sinks (32) leaves no slot for the window at the budget (32)"),
     ],
 )
-def test_inconsistent_settings_exit_1_with_the_reason(capsys, extra, hint):
+def test_a_given_setting_that_cannot_work_exits_1_naming_the_flag(capsys, extra, hint):
     code, out, err = run(capsys, [*TINY, *extra])
     assert code == 1
     assert err.startswith("kvselect eval: ")
     assert hint in err
     assert out == ""
+
+
+def test_a_derived_setting_never_blames_a_flag_that_was_not_given(capsys):
+    """--local-blocks 40 at k = 32: the block size shrinks to 1 (derived) and
+    40 blocks still cannot fit; only --local-blocks is named."""
+    code, out, err = run(capsys, ["eval", "--context", "256", "--queries", "2",
+                                  "--budget", "32", "--local-blocks", "40", "--quiet"])
+    assert code == 1
+    assert err.rstrip().endswith("lower --local-blocks")
+    assert "--block-size" not in err and out == ""
+
+
+# --------------------------------------------------------------------------
+# Every budget works on the defaults
+# --------------------------------------------------------------------------
+
+
+SMALL = ["eval", "--context", "512", "--queries", "2", "--quiet"]
+
+
+def tables(out):
+    """{budget: [table rows]} from the printed tables."""
+    found, budget = {}, None
+    for line in out.splitlines():
+        if line.startswith("budget k = ") and "every policy sees every key" not in line:
+            budget = int(line.split()[3])
+            found[budget] = []
+        elif budget is not None and line.startswith("| ") and not line.startswith("| policy"):
+            found[budget].append(line)
+    return found
+
+
+def test_every_small_budget_runs_on_the_defaults_and_says_what_was_derived(capsys):
+    budgets = [1, 2, 3, 8, 64, 100, 191, 192]
+    code, out, err = run(capsys, [*SMALL, "--budget", *map(str, budgets)])
+    assert code == 0, err
+    assert err == ""
+    lines = out.splitlines()
+    derived = [line for line in lines if line.startswith("derived from the budget")]
+    assert len(derived) == 1  # one line
+    line = derived[0]
+    assert "k = 1: --segments 1, --block-size 1, --init-blocks 0, --local-blocks 1, " \
+           "--sinks 0" in line
+    assert "k = 64: --block-size 16" in line and "k = 191: --block-size 32" in line
+    assert "k = 192" not in line  # the defaults fit there: nothing derived
+    got = tables(out)
+    assert sorted(got) == budgets
+    for budget, rows in got.items():
+        assert len(rows) == len(POLICIES), budget
+        assert not any("n/a" in row for row in rows), budget
+    assert "budget k = 64 (S = 64 segments, blocks of 16 (1 init + 2 local), 4 sinks)" in out
+
+
+def test_the_default_budget_prints_no_derived_line(capsys):
+    code, out, err = run(capsys, [*SMALL, "--budget", "256"])
+    assert code == 0, err
+    assert "derived" not in out
+    assert "S = 64 segments, blocks of 64 (1 init + 2 local), 4 sinks" in out
+
+
+def test_a_given_block_larger_than_the_budget_is_na_in_its_row_and_the_rest_run(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    code, out, err = run(capsys, [*SMALL, "--block-size", "64", "--budget", "32", "256",
+                                  "--json", str(path)])
+    assert code == 0, err
+    got = tables(out)
+    (row,) = [r for r in got[32] if r.startswith("| block-sparse |")]
+    assert "n/a" in row and "the budget (32) holds no block of 64 tokens" in row
+    others = [r for r in got[32] if not r.startswith("| block-sparse |")]
+    assert len(others) == len(POLICIES) - 1 and not any("n/a" in r for r in others)
+    assert not any("n/a" in r for r in got[256])
+    report = strict_json(path)
+    (res,) = [r for r in report["results"] if r["budget"] == 32 and r["policy"] == "block-sparse"]
+    assert res["recall_mean"] is None and "no block of 64" in res["note"]
+
+
+def test_a_budget_holding_the_context_says_so_once_instead_of_tables(capsys):
+    code, out, err = run(capsys, ["eval", "--workload", "example", "--queries", "2",
+                                  "--budget", "32", "1024", "2048", "--quiet"])
+    assert code == 0, err
+    assert out.count("every policy sees every key") == 1
+    assert "budgets k = 1024, 2048: every query's context fits (the workload has 512 tokens)" \
+        in out
+    assert out.count("| oracle top-k |") == 1  # the table of k = 32 only
+    assert sorted(tables(out)) == [32]
+
+
+# --------------------------------------------------------------------------
+# Cheap checks before the run; dumps in the user's terms
+# --------------------------------------------------------------------------
+
+
+def test_json_into_a_missing_folder_fails_before_the_run(capsys, tmp_path):
+    path = tmp_path / "no" / "such" / "r.json"
+    code, out, err = run(capsys, [*TINY, "--json", str(path)])
+    assert code == 1
+    assert err.startswith("kvselect eval: --json")
+    assert "does not exist" in err and "Traceback" not in err
+    assert out == ""
+
+
+def test_json_onto_a_directory_fails_before_the_run(capsys, tmp_path):
+    code, out, err = run(capsys, [*TINY, "--json", str(tmp_path)])
+    assert code == 1
+    assert "is a directory" in err and out == ""
+
+
+def test_plot_into_a_missing_folder_fails_before_the_run(capsys, tmp_path):
+    code, out, err = run(capsys, [*TINY, "--plot", str(tmp_path / "nope" / "p.png")])
+    assert code == 1
+    assert err.startswith("kvselect eval: --plot") and out == ""
+
+
+def test_a_dump_saved_tokens_before_heads_warns_on_stderr(capsys, tmp_path):
+    """[layers, tokens, heads, d] (a torch layout): 256 tokens of 4 heads read
+    as 256 heads of 4 tokens."""
+    rng = np.random.default_rng(1)
+    x = lambda: rng.standard_normal((1, 256, 4, 8)).astype(np.float32)  # noqa: E731
+    path = tiny_npz(tmp_path / "torch.npz", q=x(), k=x(), v=x())
+    code, out, err = run(capsys, ["eval", "--workload", path, "--queries", "2", "--budget",
+                                  "2", "--quiet"])
+    assert code == 0, err
+    assert "kvselect eval: warning:" in err
+    assert "256 query heads (axis 1) of 4 tokens" in err
+    assert "[layers, tokens, heads, dim]" in err and "transpose(0, 2, 1, 3)" in err
+
+
+def test_a_well_shaped_dump_does_not_warn(capsys, tmp_path):
+    path = tiny_npz(tmp_path / "ok.npz")
+    code, _, err = run(capsys, ["eval", "--workload", path, "--queries", "2", "--budget",
+                                "16", "--quiet"])
+    assert code == 0 and err == ""
+
+
+def test_a_transposed_gqa_dump_is_refused_in_layers_heads_and_tokens(capsys, tmp_path):
+    rng = np.random.default_rng(2)
+    path = tiny_npz(
+        tmp_path / "gqa.npz",
+        q=rng.standard_normal((1, 64, 4, 8)).astype(np.float32),
+        k=rng.standard_normal((1, 64, 2, 8)).astype(np.float32),
+        v=rng.standard_normal((1, 64, 2, 8)).astype(np.float32),
+    )
+    code, out, err = run(capsys, ["eval", "--workload", path, "--quiet"])
+    assert code == 1 and out == ""
+    assert "k has 2 tokens where q has 4" in err
+    assert "q reads as 64 query heads of 4 tokens" in err
+    assert "[layers, tokens, heads, dim]" in err
+
+
+def test_a_three_dimensional_array_is_refused_in_the_users_terms(capsys, tmp_path):
+    path = tiny_npz(tmp_path / "3d.npz", v=np.zeros((1, 64, 8), np.float32))
+    code, _, err = run(capsys, ["eval", "--workload", path, "--quiet"])
+    assert code == 1
+    assert "(layers, KV heads, tokens, head dim)" in err and "x[None]" in err
+
+
+def test_a_text_file_named_npz_never_suggests_pickle(capsys, tmp_path):
+    path = tmp_path / "notes.npz"
+    path.write_text("q k v as text")
+    code, out, err = run(capsys, ["eval", "--workload", str(path), "--quiet"])
+    assert code == 1 and out == ""
+    assert "not a NumPy .npz archive" in err
+    assert "pickle" not in err.lower()
+
+
+def test_an_object_array_in_a_dump_never_suggests_pickle(capsys, tmp_path):
+    path = tmp_path / "obj.npz"
+    rng = np.random.default_rng(0)
+    np.savez(path, q=rng.standard_normal((1, 2, 64, 8)).astype(np.float32),
+             k=rng.standard_normal((1, 1, 64, 8)).astype(np.float32),
+             v=np.array([None, 1], dtype=object))
+    code, _, err = run(capsys, ["eval", "--workload", str(path), "--quiet"])
+    assert code == 1
+    assert "v: holds Python objects" in err
+    assert "pickle" not in err.lower()
