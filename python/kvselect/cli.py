@@ -305,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.set_defaults(run=_eval)
 
+    from kvselect import checking
+
+    checking.add_parser(sub)
+
     demo = sub.add_parser("demo", help="a quick witness demo (a small eval)")
     demo.set_defaults(run=_demo)
     return parser

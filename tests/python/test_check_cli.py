@@ -1,0 +1,199 @@
+"""``kvselect check DUMP.npz``: the dump format, the report, the exit status.
+
+Dumps here are written the way an engine author would write them (raw
+low-precision bits with a format key, int64 indices, engines' layouts), by
+:func:`kvselect.checking.save_dump` or by hand with ``np.savez``.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvselect as ks
+from kvselect import checking
+from kvselect.cli import main
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+
+def run(capsys, *argv):
+    code = main(["check", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_the_shipped_example_is_what_make_example_writes(tmp_path):
+    fresh = tmp_path / "fresh.npz"
+    checking.make_example(str(fresh))
+    with np.load(checking.example_path()) as a, np.load(fresh) as b:
+        assert sorted(a.files) == sorted(b.files)
+        for k in a.files:
+            assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), k
+
+
+def test_the_shipped_example_reports_its_one_broken_row_and_exits_1(capsys):
+    code, out, _ = run(capsys, checking.example_path())
+    assert code == 1
+    assert "row 24: wrong selection: dropped 1" in out
+    assert out.count("wrong_selection") == 2  # both checks catch it
+    assert out.rstrip().endswith("1 wrong row(s)")
+    result = checking.check_dump(checking.example_path())
+    assert result["wrong"] == 1
+    for c in result["checks"]:
+        assert [x["row"] for x in c["report"]["details"]] == [24]
+        assert c["report"]["by_reason"]["wrong_selection"] == 1
+
+
+def _fixed_example(tmp_path, **change):
+    """The example with its broken row repaired (or other keys changed)."""
+    with np.load(checking.example_path()) as z:
+        d = {k: z[k] for k in z.files}
+    table, bs = d["block_table"][0], int(d["block_size"])
+    engine = d["engine_scores"]
+    L = int(d["query_pos"][24]) + 1
+    best = np.argsort(-engine[24, :L], kind="stable")[:64]
+    d["rows"][24] = table[best // bs].astype(np.int64) * bs + best % bs
+    d.update(change)
+    path = tmp_path / "dump.npz"
+    np.savez(path, **d)
+    return path
+
+
+def test_a_correct_dump_exits_0_and_says_so(tmp_path, capsys):
+    code, out, _ = run(capsys, _fixed_example(tmp_path))
+    assert code == 0, out
+    assert out.rstrip().endswith("all rows correct")
+
+
+def test_json_is_the_full_report_and_the_exit_status_holds(capsys):
+    code, out, _ = run(capsys, checking.example_path(), "--json")
+    assert code == 1
+    r = json.loads(out)
+    assert r["kind"] == "topk" and r["rows"] == 48 and r["wrong"] == 1
+    assert r["tolerance"] == {"precision": "bfloat16", "atol": 0.0, "rtol": 2.0**-7}
+    (p,) = r["checks"][0]["report"]["details"][0]["problems"]
+    assert p["reason"] == "wrong_selection" and p["n_dropped"] == 1 and p["margin"] > 0
+
+
+def test_the_tolerance_follows_the_precision_and_the_flags_override_it(tmp_path, capsys):
+    # Exactly, the bfloat16 engine's rows are wrong where its rounding broke
+    # ties; with the precision's rtol they are not.
+    path = _fixed_example(tmp_path)
+    assert run(capsys, path)[0] == 0
+    code, out, _ = run(capsys, path, "--rtol", "0", "--json")
+    r = json.loads(out)
+    assert code == 1 and r["tolerance"]["rtol"] == 0
+    assert r["checks"][0]["report"]["wrong"] > 0
+    assert r["checks"][1]["report"]["wrong"] == 0  # its own scores: exact, and right
+    path32 = _fixed_example(tmp_path, precision=np.asarray("float32"))
+    r = checking.check_dump(str(path32))
+    assert r["tolerance"]["rtol"] == checking.DEFAULT_RTOL["float32"]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"not a zip at all\n", "is not an .npz archive"),
+        (None, "no such file"),
+    ],
+)
+def test_an_unreadable_dump_exits_2_without_suggesting_pickle(tmp_path, capsys, content, message):
+    path = tmp_path / "dump.npz"
+    if content is not None:
+        path.write_bytes(content)
+    code, out, err = run(capsys, path)
+    assert code == 2 and message in err and "pickle" not in err and out == ""
+
+
+def test_a_dump_missing_a_key_or_with_a_bad_kind_names_it(tmp_path, capsys):
+    p = tmp_path / "a.npz"
+    np.savez(p, kind=np.asarray("topk"), rows=np.zeros((2, 3), dtype=np.int64))
+    code, _, err = run(capsys, p)
+    assert code == 2 and "'index_q'" in err
+    np.savez(p, kind=np.asarray("attention"))
+    code, _, err = run(capsys, p)
+    assert code == 2 and "kind must be one of topk, blocks, witnesses" in err
+    np.savez(p, rows=np.zeros((2, 3)))
+    assert run(capsys, p)[0] == 2
+
+
+def test_a_scores_dump_is_checked_with_atol_only_unless_it_has_magnitudes(tmp_path, capsys):
+    rng = np.random.default_rng(5)
+    s = rng.integers(0, 4, (6, 30)).astype(np.float32)
+    lens = rng.integers(1, 31, 6)
+    rows = np.full((6, 5), -1, dtype=np.int64)
+    for i, L in enumerate(lens):
+        best = np.argsort(-s[i, :L], kind="stable")[:5]
+        rows[i, : len(best)] = rng.permutation(best)
+    p = tmp_path / "s.npz"
+    checking.save_dump(str(p), "topk", scores=s, context_lens=lens, rows=rows)
+    assert run(capsys, p)[0] == 0
+    bad = rows.copy()
+    bad[2, 0] = bad[2, 1]
+    checking.save_dump(str(p), "topk", scores=s, context_lens=lens, rows=bad)
+    code, out, _ = run(capsys, p)
+    assert code == 1 and "row 2: duplicate" in out
+    code, _, err = run(capsys, p, "--rtol", "0.1")
+    assert code == 2 and "magnitudes" in err
+
+
+def test_a_block_dump_in_the_engines_head_major_physical_layout(tmp_path, capsys):
+    rng = np.random.default_rng(6)
+    n, h, d, n_k = 5, 3, 8, 200
+    cfg = ks.BlockSparseConfig(16, 4, 1, 1)
+    q = rng.integers(-2, 3, (n, h, d)).astype(ml_dtypes.bfloat16)
+    k = rng.integers(-2, 3, (n_k, d)).astype(ml_dtypes.bfloat16)
+    pos = rng.integers(0, n_k, n)
+    rows = ks.block_sparse_select(q, k, pos, cfg, head_major=True).astype(np.int64)
+    pages = rng.permutation(40)[:13].astype(np.int32)
+    phys = np.where(rows < 0, -1, pages[np.maximum(rows, 0)])
+    for r in phys.reshape(-1, phys.shape[-1]):  # engines' rows are unordered
+        rng.shuffle(r[r >= 0])
+    p = tmp_path / "b.npz"
+    fields = dict(index_q=q, index_k=k, query_pos=pos, block_size=16, top_blocks=4,
+                  init_blocks=1, local_blocks=1, head_major=1, block_table=pages[None, :])
+    checking.save_dump(str(p), "blocks", rows=phys, **fields)
+    code, out, _ = run(capsys, p)
+    assert code == 0, out
+    # Drop the init block of query 3, KV head 1 for a free block it rejected.
+    bad = phys.copy()
+    row = bad[1, 3]
+    row[row == pages[0]] = [b for b in pages[: -(-(pos[3] + 1) // 16)] if b not in row][0]
+    checking.save_dump(str(p), "blocks", rows=bad, **fields)
+    code, out, _ = run(capsys, p)
+    assert code == 1 and "(query 3, KV head 1): missing forced: blocks [0]" in out
+
+
+def test_a_witness_dump_names_the_broken_contract(tmp_path, capsys):
+    rng = np.random.default_rng(7)
+    lens = rng.integers(20, 200, 12).astype(np.int32)
+    before = np.stack([rng.choice(L, 16, replace=False) for L in lens]).astype(np.int32)
+    after = before.copy()
+    ks.scatter_topology_witnesses(after, lens, 8)
+    p = tmp_path / "w.npz"
+    checking.save_dump(str(p), "witnesses", before=before, after=after, context_lens=lens,
+                       num_segments=8)
+    assert run(capsys, p)[0] == 0
+    i = next(i for i in range(12) if (after[i, 8:] != before[i, 8:]).sum() >= 2)
+    swapped = after.copy()
+    w = np.flatnonzero(after[i, 8:] != before[i, 8:])[:2] + 8
+    swapped[i, w] = swapped[i, w[::-1]]
+    checking.save_dump(str(p), "witnesses", before=before, after=swapped, context_lens=lens,
+                       num_segments=8)
+    code, out, _ = run(capsys, p, "--json")
+    r = json.loads(out)
+    assert code == 1 and r["wrong"] == 1
+    (p0,) = r["checks"][0]["report"]["details"][0]["problems"]
+    assert p0["reason"] == "wrong_witness" and p0["slot"] == w[0]
+    assert "wrong slot" in p0["why"]
+
+
+def test_the_console_script_runs_the_check(tmp_path):
+    path = _fixed_example(tmp_path)
+    cmd = [sys.executable, "-m", "kvselect", "check", str(path)]
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    cmd[-1] = checking.example_path()
+    assert subprocess.run(cmd, capture_output=True).returncode == 1
