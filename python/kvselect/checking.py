@@ -63,7 +63,8 @@ The tolerance
 computed its scores in, and sets the default ``rtol``: rounding each operand
 of a product once to that precision moves it by up to ``(1 + u)^2 - 1 ≈ 2u``
 (``u`` its unit roundoff), so ``rtol = 2u``: ``2^-7`` for bfloat16,
-``2^-10`` for float16, ``2^-3`` for float8_e4m3fn; float32 gets ``2^-16``,
+``2^-10`` for float16, ``2^-3`` for float8_e4m3fn (also ``"fp8"``,
+``"bf16"``, ``"fp16"``, ``"fp32"``); float32 gets ``2^-16``,
 room for another summation order over a few hundred terms. ``atol`` defaults
 to 0. Both are overridable (``--rtol``, ``--atol``); ``0, 0`` is the exact
 check. The engine's own scores are always checked exactly.
@@ -89,6 +90,10 @@ DEFAULT_RTOL: Dict[str, float] = {
     "float8_e4m3fn": 2.0**-3,
 }
 """The default ``rtol`` for each ``precision`` (see the module docs)."""
+
+# Other names the dump's precision may use.
+_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn",
+            "float8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
 
 KINDS = ("topk", "blocks", "witnesses")
 _RAW_FORMATS = {"bfloat16": np.uint16, "float16": np.uint16, "float8_e4m3fn": np.uint8}
@@ -165,6 +170,7 @@ def _need(d: Mapping[str, np.ndarray], *keys: str) -> None:
 def _tolerance(d: Mapping[str, np.ndarray], atol: Optional[float], rtol: Optional[float]):
     precision = _text(d, "precision", "float32")
     assert precision is not None
+    precision = _ALIASES.get(precision, precision)
     if precision not in DEFAULT_RTOL:
         raise DumpError(f"precision must be one of {', '.join(DEFAULT_RTOL)}, got {precision!r}")
     return precision, (0.0 if atol is None else atol), (DEFAULT_RTOL[precision] if rtol is None else rtol)
