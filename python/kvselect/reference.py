@@ -22,11 +22,14 @@ Its sections mirror ``src/``, in that order:
   (float16, bfloat16, float8 e4m3fn) decoded from their bits (``decode``,
   which block selection reads its keys and queries through too);
 - **metrics**: attention probabilities, batched coverage and recall, the
-  output relative error.
+  output relative error;
+- **check**: is an engine's selection right? The token top-k, block and
+  witness rules applied to an engine's rows (row-relative or global slot
+  ids), with the native checkers' reports.
 
 Each public function takes the signature of the native function of the same
 name (``Selector.dense().rows(...)`` and its kin are ``dense_rows`` and its
-kin; ``attention`` and ``block_scores`` are the reference's own). Arguments
+kin; ``attention`` is the reference's own). Arguments
 pass through one conversion layer, the native binding layer's rules:
 counts are Python integers, index arrays hold integers whose values fit
 int32 (floats are a ``TypeError``), position arrays hold non-negative
@@ -82,8 +85,12 @@ __all__ = [
     "indexer_topk",
     "indexer_topk_packed",
     "indexer_topk_paged",
-    "check_topk",
     "indexer_scores",
+    # check
+    "GlobalSlots",
+    "check_topk",
+    "check_blocks",
+    "check_witnesses",
     # metrics
     "attention_probabilities",
     "segment_coverage_rows",
@@ -627,21 +634,39 @@ def _block_scores(q: np.ndarray, keys: np.ndarray, query_pos: int, bs: int) -> n
 
 
 def block_scores(
-    index_q: Any, index_k: Any, query_pos: int, block_size: int = MINIMAX_BLOCK_SIZE
+    index_q: Any,
+    index_k: Any,
+    query_pos: Any,
+    config: Any = None,
+    *,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    magnitudes: bool = False,
 ) -> np.ndarray:
-    """The score of every visible block for one query, float64
-    ``[n_kv_heads, n_blocks]`` (``index_q [n_kv_heads, d]``): the max raw dot
-    product over the block's visible positions, NaN ignored (-inf for a
-    block of only NaNs), -0.0 read as +0.0. What the selection ranks (no
-    native counterpart: the native module returns only the selection)."""
-    keys = _float_array("index_k", index_k, 2, _SELECTION)
-    q = _float_array("index_q", index_q, 2, _SELECTION)
-    if q.shape[1] != keys.shape[1]:
-        raise ReferenceSelectionError("index_q", "index_q and index_k differ in d")
-    bs = _count("block_size", block_size)
-    if bs == 0:
-        raise ReferenceSelectionError("block_size", "block_size must be positive")
-    return _block_scores(q, keys, _count("query_pos", query_pos), bs)
+    """``kvselect.block_scores``: every row's block scores, the values the
+    selection ranks, float32 ``[n_queries, n_kv_heads, n_blocks]`` with
+    ``n_blocks = ceil(n_positions / block_size)`` (``index_q [n_queries,
+    n_kv_heads, d]``, ``query_pos [n_queries]``): entry ``b`` the max raw
+    dot product over block ``b``'s visible positions, NaN ignored (-inf for
+    a block of only NaNs), -0.0 read as +0.0; NaN past the row's visible
+    blocks. ``magnitudes=True``: the same maxima of ``sum_i |q_i * k_i|``
+    (the scores of ``|q|`` and ``|k|``), ``check_blocks``' magnitudes."""
+    bs = _config(config)[0]
+    magnitudes = _flag("magnitudes", magnitudes)
+    keys = _decoded("index_k", index_k, key_format, 2)
+    q = _decoded("index_q", index_q, query_format, 3)
+    _same_d(q, keys)
+    positions = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    if positions.shape != (q.shape[0],):
+        raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
+    if magnitudes:
+        q, keys = np.abs(q), np.abs(keys)
+    n_blocks = -(-keys.shape[0] // bs)
+    out = np.full((q.shape[0], q.shape[1], n_blocks), np.nan, np.float32)
+    for i, p in enumerate(positions):
+        visible = _block_scores(q[i], keys, int(p), bs)
+        out[i, :, : visible.shape[1]] = visible
+    return out
 
 
 def _select_one_query(
@@ -1575,26 +1600,63 @@ def output_relative_error_rows(sparse: Any, dense: Any) -> np.ndarray:
 
 
 # ==========================================================================
-# check: is an engine's top-k right?
+# check: is an engine's selection right?
 # --------------------------------------------------------------------------
-# A row for context L and budget topk is correct iff its valid (non-negative)
-# entries come first, then only padding; they are distinct and causal
-# (0 <= x < L); there are exactly min(topk, L) of them; and every selected
-# position scores at least every unselected one up to e_t = atol + rtol*|m_t|
-# on each side: with lo_t = s_t - e_t and hi_t = s_t + e_t, the row is right
-# iff max over unselected b of lo_b <= min over selected a of hi_a (NaN ranks
-# below every number and no tolerance makes it tie with one; two infinities
-# of one sign tie; -0.0 is +0.0). Structure is judged in slot order (one
-# padding hole reported, the first), the selection only when the structure
-# is sound. A wrong selection names its threshold T (the exact min(topk, L)-th
-# best score) and lists the dropped (unselected b not below T that beat the
-# worst selected beyond the tolerance) and the intruders (selected a strictly
-# below T that the best unselected beats), by how far past the line, then by
-# position, the first 16 of each.
+# Written from the module docs of ``src/check/`` (the rule, its tolerance and
+# the report), independently of the code there.
+#
+# Token top-k (``check_topk``). A row for context L and budget topk is
+# correct iff its valid (non-negative) entries come first, then only
+# padding; they are distinct and causal (0 <= x < L); there are exactly
+# min(topk, L) of them; and every selected position scores at least every
+# unselected one up to e_t = atol + rtol*|m_t| on each side: with
+# lo_t = s_t - e_t and hi_t = s_t + e_t, the row is right iff max over
+# unselected b of lo_b <= min over selected a of hi_a (NaN ranks below every
+# number and no tolerance makes it tie with one; two infinities of one sign
+# tie; -0.0 is +0.0). Structure is judged in slot order (one padding hole
+# reported, the first), the selection only when the structure is sound. A
+# wrong selection names its threshold T (the exact min(topk, L)-th best
+# score among the candidates) and lists the dropped (unselected b not below
+# T that beat the worst selected beyond the tolerance) and the intruders
+# (selected a strictly below T that the best unselected beats), by how far
+# past the line, then by position, the first 16 of each (either list, when
+# that leaves it empty: every position past the line, whatever T).
+#
+# Blocks (``check_blocks``, MiniMax-M3). A row for a query that sees n
+# blocks owes the same structure (0 <= b < n); the forced blocks
+# [0, min(init, n)) and [max(n - local, min(init, n)), n) must all be
+# present (``missing_forced``: the first 16, and how many); it holds exactly
+# min(max(top, #forced), n) blocks; and the chosen free blocks score at
+# least the rejected free ones, by the token rule with the free blocks as
+# the candidates (the forced ones never enter the comparison).
+#
+# Global slot ids (``GlobalSlots``, vLLM's index converter inverted): an
+# entry g >= 0 of a decode row names page g // stride at offset g % stride;
+# the page is looked up among the non-negative entries of the row's request
+# in the block table (the first logical block holding it wins) and, with
+# offset < block_size, is position b * block_size + offset; a prefill row
+# (prefill_req_ids[row] >= 0) holds t = g - workspace_starts[that] instead.
+# An entry naming no page of the table, an offset past the page, or a
+# prefill t < 0 names no position: ``not_in_table``, with the engine's value
+# (negative entries stay padding).
+#
+# Witnesses (``check_witnesses``): the rule is integer-exact, so a row is
+# correct iff it equals scatter_topology_witnesses of the buffer before the
+# call. A row that differs is told apart by the contracts: slots before
+# keep = topk - S (``prefix_changed``), the witness run (``wrong_witness``,
+# with the witness the rule writes there and why the engine's entry is
+# wrong), the slots after it (``tail_changed``); each names its first
+# differing slot and how many differ.
 # ==========================================================================
 
-_CHECK_REASONS = ("padding_hole", "duplicate", "not_causal", "wrong_count", "wrong_selection")
+_CHECK_REASONS = ("padding_hole", "duplicate", "not_causal", "not_in_table", "wrong_count", "wrong_selection")
+_BLOCK_REASONS = ("padding_hole", "duplicate", "not_causal", "not_in_table", "missing_forced", "wrong_count",
+                  "wrong_selection")
+_WITNESS_REASONS = ("prefix_changed", "wrong_witness", "tail_changed")
 _MAX_LISTED = 16
+#: A row-relative id standing for an engine entry that names no position of
+#: its row (as the native checker reads it back): reported ``not_in_table``.
+_UNMAPPED = _I64_MAX
 
 
 def _excess(b: tuple, a: tuple) -> float:
@@ -1613,30 +1675,38 @@ def _kth_best(scores: np.ndarray, k: int) -> float:
     return float(numbers[k - 1]) if k <= len(numbers) else math.nan
 
 
-def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
-               row: np.ndarray, L: int, topk: int) -> list:
-    problems: list = []
+def _scan(raw: np.ndarray, row: list, n: int, problems: list) -> dict:
+    """The structural half of the rule, shared by tokens and blocks: the
+    distinct in-range ids of ``row`` (row-relative, ``_UNMAPPED`` where the
+    engine's entry in ``raw`` named no position) as ``{id: slot}`` in slot
+    order; what is wrong with the structure appended to ``problems``."""
     chosen: dict = {}
     padding, hole = False, False
-    for slot, x in enumerate(int(v) for v in row):
+    for slot, x in enumerate(row):
         if x < 0:
             padding = True
             continue
         if padding and not hole:
             hole = True
             problems.append({"reason": "padding_hole", "slot": slot, "position": x})
-        if x >= L:
+        if x == _UNMAPPED:
+            problems.append({"reason": "not_in_table", "slot": slot, "value": int(raw[slot])})
+            continue
+        if x >= n:
             problems.append({"reason": "not_causal", "slot": slot, "position": x})
             continue
         if x in chosen:
             problems.append({"reason": "duplicate", "position": x, "first": chosen[x], "slot": slot})
             continue
         chosen[x] = slot
-    expected = min(topk, L)
-    if len(chosen) != expected:
-        problems.append({"reason": "wrong_count", "valid": len(chosen), "expected": expected})
-    if problems:
-        return problems
+    return chosen
+
+
+def _selection(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
+               selected: list, unselected: list, want: int) -> Optional[dict]:
+    """The selection half: None when ``selected`` score at least every one
+    of ``unselected`` up to the tolerance, else the ``wrong_selection``
+    problem (``want``: how many of the candidates the rule selects)."""
 
     def bound(t: int) -> tuple:
         rel = rtol * abs(float(m[t])) if (m is not None and rtol != 0) else 0.0
@@ -1646,16 +1716,14 @@ def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
         lo, hi = v - e, v + e  # an infinite score with an infinite bound spans every number
         return (nan, -math.inf if math.isnan(lo) and not nan else lo, math.inf if math.isnan(hi) and not nan else hi)
 
-    selected = list(chosen)
-    unselected = [t for t in range(L) if t not in chosen]
     if not selected or not unselected:
-        return problems
+        return None
     worst = min((bound(a) for a in selected), key=lambda x: (not x[0], x[2]))
     best = max((bound(b) for b in unselected), key=lambda x: (not x[0], x[1]))
     margin = _excess(best, worst)
     if margin <= 0.0:
-        return problems
-    threshold = _kth_best(s[:L], expected)
+        return None
+    threshold = _kth_best(s[np.array(selected + unselected)], want)
 
     def rank(v: float) -> tuple:
         return (not math.isnan(v), 0.0 if math.isnan(v) else v + 0.0)
@@ -1672,7 +1740,7 @@ def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
     for name, v in (("dropped", dropped), ("intruders", intruders)):
         v = sorted((p for p in v if p[1] > 0.0), key=lambda p: (-p[1], p[0]))
         listed[name] = ([(t, float(s[t])) for t, _ in v[:_MAX_LISTED]], len(v))
-    problems.append({
+    return {
         "reason": "wrong_selection",
         "dropped": listed["dropped"][0],
         "intruders": listed["intruders"][0],
@@ -1680,50 +1748,302 @@ def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
         "n_intruders": listed["intruders"][1],
         "threshold": threshold,
         "margin": margin,
-    })
+    }
+
+
+def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
+               raw: np.ndarray, row: list, L: int, topk: int) -> list:
+    """One token top-k row (``row`` read back from the engine's ``raw``)."""
+    problems: list = []
+    chosen = _scan(raw, row, L, problems)
+    expected = min(topk, L)
+    if len(chosen) != expected:
+        problems.append({"reason": "wrong_count", "valid": len(chosen), "expected": expected})
+    if not problems:
+        unselected = [t for t in range(L) if t not in chosen]
+        p = _selection(s, m, atol, rtol, list(chosen), unselected, expected)
+        if p is not None:
+            problems.append(p)
     return problems
 
 
-def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = None,
-               atol: float = 0.0, rtol: float = 0.0, magnitudes: Any = None) -> dict:
-    """``kvselect.check_topk``: whether each engine row is a correct top-k of
-    its exact scores (see the section's rule), as the native report."""
-    s = _float_array("scores", scores, 2, _SELECTION).astype(np.float32)
-    r = np.asarray(rows)
-    if r.dtype.kind not in "iu":
-        raise TypeError(f"rows must hold integers, got dtype {r.dtype}")
-    if r.ndim != 2:
-        raise ReferenceSelectionError("rows", f"rows must be 2-D, got shape {r.shape}")
-    r = r.astype(np.int64)
+def _check_block_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
+                     raw: np.ndarray, row: list, n: int, cfg: tuple) -> list:
+    """One block row for a query that sees ``n`` blocks; ``cfg`` is
+    ``(block_size, top_blocks, init_blocks, local_blocks)``."""
+    _, top, init, local = cfg
+    problems: list = []
+    chosen = _scan(raw, row, n, problems)
+    init_end = min(init, n)
+    local_start = max(n - min(local, n), init_end)
+    forced = list(range(init_end)) + list(range(local_start, n))
+    missing = [b for b in forced if b not in chosen]
+    if missing:
+        problems.append({"reason": "missing_forced", "blocks": missing[:_MAX_LISTED], "n_missing": len(missing)})
+    expected = min(max(top, len(forced)), n)
+    if len(chosen) != expected:
+        problems.append({"reason": "wrong_count", "valid": len(chosen), "expected": expected})
+    if not problems:
+        free = range(init_end, local_start)
+        p = _selection(s, m, atol, rtol, [b for b in free if b in chosen], [b for b in free if b not in chosen],
+                       expected - len(forced))
+        if p is not None:
+            problems.append(p)
+    return problems
+
+
+def _int64_array(name: str, value: Any, ndim: int) -> np.ndarray:
+    """An integer array whose values fit int64 (negative ones allowed)."""
+    a = np.asarray(value)
+    if a.size == 0 and a.dtype.kind not in "iu":
+        a = a.astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+    if a.ndim != ndim:
+        raise ReferenceSelectionError(name, f"{name} must be {ndim}-D, got shape {a.shape}")
+    if a.size and int(a.max()) > _I64_MAX:
+        raise ReferenceSelectionError(name, f"{name} holds values outside int64")
+    return a.astype(np.int64)
+
+
+def _selection_count(name: str, value: Any) -> int:
+    """A count argument: a ``TypeError`` if not an integer, refused naming
+    ``name`` if negative."""
+    try:
+        return _count(name, value)
+    except ValueError as e:
+        raise ReferenceSelectionError(name, str(e)) from None
+
+
+class GlobalSlots:
+    """``kvselect.GlobalSlots``: how an engine wrote its rows as global
+    cache slots (vLLM's ``triton_convert_req_index_to_global_index``):
+    position ``t`` of request ``r`` is ``block_table[r, t // block_size] *
+    block_stride_rows + t % block_size``; a prefill row (``prefill_req_ids
+    [row] >= 0``) holds ``workspace_starts[prefill_req_ids[row]] + t``;
+    ``req_ids`` names each checked row's request. The parameters are read
+    here and judged against the rows when a check uses them, as natively."""
+
+    def __init__(self, block_table: Any, req_ids: Any, block_size: Any, *, block_stride_rows: Any = None,
+                 prefill_req_ids: Any = None, workspace_starts: Any = None) -> None:
+        self.block_table = _index_array("block_table", block_table, 2, _SELECTION)
+        self.block_size = _selection_count("block_size", block_size)
+        self.stride = (self.block_size if block_stride_rows is None
+                       else _selection_count("block_stride_rows", block_stride_rows))
+        self.prefill_req_ids = None if prefill_req_ids is None else _int64_array("prefill_req_ids", prefill_req_ids, 1)
+        starts = None if workspace_starts is None else _int64_array("workspace_starts", workspace_starts, 1)
+        if (self.prefill_req_ids is None) != (starts is None):
+            raise ReferenceSelectionError(
+                "workspace_starts", "prefill_req_ids and workspace_starts go together: pass both or neither")
+        self.workspace_starts = np.zeros(0, np.int64) if starts is None else starts
+        self.req_ids = _index_array("req_ids", req_ids, 1, _SELECTION, positions=True)
+
+    def _check(self, n_rows: int) -> None:
+        """Refuses parameters that do not describe ``n_rows`` rows."""
+        n_req, max_blocks = self.block_table.shape
+        if self.block_size == 0:
+            raise ReferenceSelectionError("block_size", "block_size must be at least 1")
+        if self.stride < self.block_size:
+            raise ReferenceSelectionError("block_stride_rows", "block_stride_rows is below block_size")
+        if max_blocks == 0:
+            raise ReferenceSelectionError("block_table", "block_table must have max_blocks >= 1")
+        if len(self.req_ids) != n_rows:
+            raise ReferenceSelectionError("req_ids", f"req_ids needs one entry per row ({n_rows})")
+        if len(self.req_ids) and int(self.req_ids.max()) >= n_req:
+            raise ReferenceSelectionError("req_ids", "req_ids names a request past the block table")
+        if self.prefill_req_ids is not None:
+            p = self.prefill_req_ids
+            if len(p) != n_rows:
+                raise ReferenceSelectionError("prefill_req_ids", f"prefill_req_ids needs one entry per row ({n_rows})")
+            if len(p) and int(p.max()) >= len(self.workspace_starts):
+                raise ReferenceSelectionError("prefill_req_ids", "prefill_req_ids names a start past workspace_starts")
+
+    def _relative(self, i: int, raw: np.ndarray) -> list:
+        """Row ``i``'s entries as row-relative ids (``_UNMAPPED``: none)."""
+        start = None
+        if self.prefill_req_ids is not None and self.prefill_req_ids[i] >= 0:
+            start = int(self.workspace_starts[self.prefill_req_ids[i]])
+        pages: dict = {}
+        for b, page in enumerate(int(p) for p in self.block_table[self.req_ids[i]]):
+            if page >= 0:
+                pages.setdefault(page, b)  # the first logical block holding the page
+        out = []
+        for g in (int(v) for v in raw):
+            if g < 0:  # padding stays padding
+                out.append(g)
+            elif start is not None:  # a prefill row: offset by its workspace start
+                t = g - start
+                out.append(t if 0 <= t < _UNMAPPED else _UNMAPPED)
+            else:
+                page, off = divmod(g, self.stride)
+                b = pages.get(page)
+                out.append(b * self.block_size + off if b is not None and off < self.block_size else _UNMAPPED)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"GlobalSlots(<{self.block_table.shape[0]} requests x {self.block_table.shape[1]} blocks>, "
+                f"<{len(self.req_ids)} rows>, block_size={self.block_size}, block_stride_rows={self.stride}, "
+                f"prefill={self.prefill_req_ids is not None})")
+
+
+def _check_batch(s: np.ndarray, r: np.ndarray, lens: list, m: Optional[np.ndarray], atol: float, rtol: float,
+                layout: Any, names: dict, need: tuple, judge: Any, reasons: tuple) -> dict:
+    """The shared body of the score checks: refusals, then each row judged
+    by ``judge(s_i, m_i, raw_i, row_i, len_i)``. ``names`` maps ``scores``
+    and ``lens`` to the caller's argument names; ``need`` is (argument, the
+    most ids a row must hold)."""
     n, t = s.shape
-    lens = [t] * n if context_lens is None else [int(x) for x in _index_array(
-        "context_lens", context_lens, 1, _SELECTION, positions=True)]
-    k = r.shape[1] if topk is None else _count("topk", topk)
-    m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION).astype(np.float32)
     if len(lens) != n:
-        raise ReferenceSelectionError("scores", "scores must have one row per context_lens entry")
+        raise ReferenceSelectionError(names["scores"], f"{names['scores']} must have one row per "
+                                      f"{names['lens']} entry")
     if m is not None and m.shape != s.shape:
-        raise ReferenceSelectionError("magnitudes", "magnitudes must have the shape of scores")
+        raise ReferenceSelectionError("magnitudes", f"magnitudes must have the shape of {names['scores']}")
     if r.shape[0] != n:
-        raise ReferenceSelectionError("rows", "rows must have one row per context_lens entry")
-    if k > r.shape[1]:
-        raise ReferenceSelectionError("topk", f"topk = {k} but rows hold {r.shape[1]} slots")
+        raise ReferenceSelectionError("rows", f"rows must have one row per {names['lens']} entry")
+    if need[1] > r.shape[1]:
+        raise ReferenceSelectionError(need[0], f"the rule selects up to {need[1]} but rows hold {r.shape[1]} slots")
     for i, L in enumerate(lens):
         if L > t:
-            raise ReferenceSelectionError("context_lens", f"context_lens[{i}] = {L} is past the scores")
+            raise ReferenceSelectionError(names["lens"], f"{names['lens']}[{i}] = {L} is past the scores")
     for name, v in (("atol", atol), ("rtol", rtol)):
         if not (math.isfinite(v) and v >= 0):
             raise ReferenceSelectionError(name, f"{name} must be finite and non-negative")
     if rtol != 0 and m is None:
         raise ReferenceSelectionError("rtol", "rtol > 0 needs magnitudes")
     if m is not None and any(np.isnan(m[i, :L]).any() for i, L in enumerate(lens)):
-        raise ReferenceSelectionError("magnitudes", "magnitudes must be numbers within each context")
-    details, by_reason = [], dict.fromkeys(_CHECK_REASONS, 0)
+        raise ReferenceSelectionError("magnitudes", "magnitudes must be numbers within each row")
+    if layout is not None:
+        if not isinstance(layout, GlobalSlots):
+            raise TypeError(f"layout must be a GlobalSlots or None, got {type(layout).__name__}")
+        layout._check(n)
+    details, by_reason = [], dict.fromkeys(reasons, 0)
     for i in range(n):
-        problems = _check_row(s[i], None if m is None else m[i], float(atol), float(rtol), r[i], lens[i], k)
+        row = [int(x) for x in r[i]] if layout is None else layout._relative(i, r[i])
+        problems = judge(s[i], None if m is None else m[i], r[i], row, lens[i])
         if problems:
             for reason in {p["reason"] for p in problems}:
                 by_reason[reason] += 1
             details.append({"row": i, "problems": problems})
     return {"rows": n, "correct": n - len(details), "wrong": len(details),
+            "by_reason": by_reason, "details": details}
+
+
+def _engine_rows(rows: Any) -> np.ndarray:
+    """An engine's rows: a 2-D integer array (values within int64), int64."""
+    r = np.asarray(rows)
+    if r.dtype.kind not in "iu":
+        raise TypeError(f"rows must hold integers, got dtype {r.dtype}")
+    return _int64_array("rows", r, 2)
+
+
+def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = None,
+               atol: float = 0.0, rtol: float = 0.0, magnitudes: Any = None, layout: Any = None) -> dict:
+    """``kvselect.check_topk``: whether each engine row is a correct top-k of
+    its exact scores (see the section's rule), as the native report; with
+    ``layout``, the rows are global slot ids read back through it."""
+    r = _engine_rows(rows)
+    k = r.shape[1] if topk is None else _selection_count("topk", topk)
+    s = _float_array("scores", scores, 2, _SELECTION).astype(np.float32)
+    n, t = s.shape
+    lens = [t] * n if context_lens is None else [int(x) for x in _index_array(
+        "context_lens", context_lens, 1, _SELECTION, positions=True)]
+    m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION).astype(np.float32)
+    a, rt = float(atol), float(rtol)
+    return _check_batch(s, r, lens, m, a, rt, layout, {"scores": "scores", "lens": "context_lens"}, ("topk", k),
+                       lambda si, mi, raw, row, L: _check_row(si, mi, a, rt, raw, row, L, k), _CHECK_REASONS)
+
+
+def check_blocks(block_scores: Any, rows: Any, num_blocks: Any, config: Any = None, *, atol: float = 0.0,
+                 rtol: float = 0.0, magnitudes: Any = None, layout: Any = None) -> dict:
+    """``kvselect.check_blocks``: whether each engine row of block ids (one
+    row per (query, head), any order) is a correct block selection under
+    ``config`` for a query that sees ``num_blocks[row]`` blocks, judged
+    against ``block_scores [n_rows, n_blocks]`` (see the section's rule)."""
+    cfg = _config(config)
+    r = _engine_rows(rows)
+    s = _float_array("block_scores", block_scores, 2, _SELECTION).astype(np.float32)
+    lens = [int(x) for x in _index_array("num_blocks", num_blocks, 1, _SELECTION, positions=True)]
+    m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION).astype(np.float32)
+    a, rt = float(atol), float(rtol)
+    width = max(cfg[1], cfg[2] + cfg[3])
+    return _check_batch(s, r, lens, m, a, rt, layout, {"scores": "block_scores", "lens": "num_blocks"},
+                       ("config", width),
+                       lambda si, mi, raw, row, nb: _check_block_row(si, mi, a, rt, raw, row, nb, cfg),
+                       _BLOCK_REASONS)
+
+
+def _why_wrong(got: int, learned: np.ndarray, L: int, S: int, run: list, slot: int) -> str:
+    """Which contract the entry ``got`` in witness slot ``slot`` breaks."""
+    if got == int(learned[slot]):
+        return "not written: the learned entry is still there"
+    if got < 0:
+        return "padding where a witness belongs"
+    length = max(L, 1)
+    if got >= length:
+        return "past the context"
+    s_eff = min(S, length)
+    seg = got * s_eff // length
+    if -(-seg * length // s_eff) != got:
+        return "not a segment's left edge"
+    if any(min(int(x) * s_eff // length, S - 1) == seg for x in learned if x >= 0):
+        return "the edge of a segment the learned row already covers"
+    if got in run:
+        return "a witness in the wrong slot (the run must ascend by segment)"
+    return "a witness past the budget, or one the learned row's tail already holds"
+
+
+def _first_diff(a: np.ndarray, e: np.ndarray, lo: int, hi: int):
+    diff = [t for t in range(lo, hi) if a[t] != e[t]]
+    return (diff[0], len(diff)) if diff else None
+
+
+def check_witnesses(before: Any, after: Any, context_lens: Any, num_segments: Any) -> dict:
+    """``kvselect.check_witnesses``: whether an engine's in-place witness
+    call turned ``before`` into exactly what the rule writes (``after``),
+    and if not, which contract each wrong row breaks."""
+    b = _index_array("before", before, 2, _SELECTION)
+    a = _index_array("after", after, 2, _SELECTION)
+    lens = _index_array("context_lens", context_lens, 1, _SELECTION)
+    S = _selection_count("num_segments", num_segments)
+    if a.shape != b.shape:
+        raise ReferenceSelectionError("after", f"after has shape {a.shape} but before {b.shape}: "
+                                      "the in-place call keeps the shape")
+    rows, topk = len(lens), b.shape[1]
+    if b.size != rows * topk:
+        raise ReferenceSelectionError("context_lens", f"before has {b.size} entries, but topk={topk} x "
+                                      f"{rows} context_lens rows")
+    if S > MAX_TOPOLOGY_SEGMENTS:
+        raise ReferenceSelectionError("num_segments", f"num_segments={S} must be at most {MAX_TOPOLOGY_SEGMENTS}")
+    b = b.reshape(rows, topk)
+    a = a.reshape(rows, topk)
+    expected = b.copy()
+    keep = topk if S == 0 else max(topk - S, 0)
+    table = None
+    if S > 0 and topk > 0:
+        _merge(expected, b, lens, keep, S, min(S, topk - keep))
+        table = _witness_table(b, lens, S)
+    details, by_reason = [], dict.fromkeys(_WITNESS_REASONS, 0)
+    for i in range(rows):
+        if np.array_equal(a[i], expected[i]):
+            continue
+        present = [] if table is None else [int(w) for w in table[i] if w >= 0]
+        written = min(len(present), topk - keep)
+        problems = []
+        d = _first_diff(a[i], expected[i], 0, keep)
+        if d:
+            problems.append({"reason": "prefix_changed", "slot": d[0], "learned": int(b[i, d[0]]),
+                             "got": int(a[i, d[0]]), "n_changed": d[1]})
+        d = _first_diff(a[i], expected[i], keep, keep + written)
+        if d:
+            why = _why_wrong(int(a[i, d[0]]), b[i], int(lens[i]), S, present[:written], d[0])
+            problems.append({"reason": "wrong_witness", "slot": d[0], "expected": int(expected[i, d[0]]),
+                             "got": int(a[i, d[0]]), "why": why, "n_wrong": d[1]})
+        d = _first_diff(a[i], expected[i], keep + written, topk)
+        if d:
+            problems.append({"reason": "tail_changed", "slot": d[0], "learned": int(b[i, d[0]]),
+                             "got": int(a[i, d[0]]), "n_changed": d[1]})
+        for reason in {p["reason"] for p in problems}:
+            by_reason[reason] += 1
+        details.append({"row": i, "problems": problems})
+    return {"rows": rows, "correct": rows - len(details), "wrong": len(details),
             "by_reason": by_reason, "details": details}
