@@ -42,6 +42,10 @@ __all__ = [
     "indexer_topk_paged",
     "check_topk",
     "indexer_scores",
+    "block_scores",
+    "GlobalSlots",
+    "check_blocks",
+    "check_witnesses",
 ]
 
 __version__: Final[str]
@@ -456,15 +460,90 @@ def check_topk(
     atol: float = 0.0,
     rtol: float = 0.0,
     magnitudes: Optional[npt.ArrayLike] = None,
+    layout: Optional["GlobalSlots"] = None,
 ) -> dict[str, Any]:
     """Whether each of an engine's top-k rows is a correct selection of its exact scores.
 
     ``scores`` float32 ``[n_rows, n_positions]``; ``rows`` int32/int64 ``[n_rows, width]``
-    (any order, negative entries padding); ``context_lens [n_rows]``; ``topk`` defaults to
-    ``width``. A row is correct iff its valid entries come first, are distinct, causal, exactly
-    ``min(topk, L)``, and every selected position scores at least every unselected one up to
-    ``e_t = atol + rtol * magnitudes[t]`` on each side. Returns ``rows``, ``correct``,
-    ``wrong``, ``by_reason`` and ``details`` (one entry per wrong row).
+    (any order, negative entries padding), row-relative or, with ``layout``, global slot ids;
+    ``context_lens [n_rows]``; ``topk`` defaults to ``width``. A row is correct iff its valid
+    entries come first, are distinct, causal, exactly ``min(topk, L)``, and every selected
+    position scores at least every unselected one up to ``e_t = atol + rtol * magnitudes[t]``
+    on each side. Returns ``rows``, ``correct``, ``wrong``, ``by_reason`` (``padding_hole``,
+    ``duplicate``, ``not_causal``, ``not_in_table``, ``wrong_count``, ``wrong_selection``)
+    and ``details`` (one entry per wrong row).
+    """
+
+def block_scores(
+    index_q: npt.ArrayLike,
+    index_k: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    config: Optional[BlockSparseConfig] = None,
+    *,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    magnitudes: bool = False,
+) -> npt.NDArray[np.float32]:
+    """Every row's exact block scores, what block selection ranks (bit for bit): float32
+    ``[n_queries, n_kv_heads, ceil(n_positions / block_size)]``, entry ``b`` the max of
+    ``q . k`` over block ``b``'s visible positions (-inf when all are NaN), NaN past the row's
+    visible blocks. ``magnitudes=True``: the max of ``sum_i |q_i * k_i|`` instead (for
+    :func:`check_blocks`). ``index_q [n_queries, n_kv_heads, d]``, ``query_pos [n_queries]``."""
+
+@final
+class GlobalSlots:
+    """How an engine wrote its rows as global cache slots (vLLM's
+    ``triton_convert_req_index_to_global_index``): position ``t`` of request ``r`` is slot
+    ``block_table[r, t // block_size] * block_stride_rows + t % block_size``; a prefill row
+    (``prefill_req_ids[row] >= 0``) holds ``workspace_starts[prefill_req_ids[row]] + t``.
+    ``req_ids`` names each checked row's request; MiniMax-M3's physical block ids are the case
+    ``block_size=1``. An entry naming no position of its request is reported ``not_in_table``.
+    The parameters are judged against the rows when a check uses them.
+    """
+
+    def __new__(
+        cls,
+        block_table: npt.ArrayLike,
+        req_ids: npt.ArrayLike,
+        block_size: int,
+        *,
+        block_stride_rows: Optional[int] = None,
+        prefill_req_ids: Optional[npt.ArrayLike] = None,
+        workspace_starts: Optional[npt.ArrayLike] = None,
+    ) -> "GlobalSlots": ...
+
+def check_blocks(
+    block_scores: npt.ArrayLike,
+    rows: npt.ArrayLike,
+    num_blocks: npt.ArrayLike,
+    config: Optional[BlockSparseConfig] = None,
+    *,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    magnitudes: Optional[npt.ArrayLike] = None,
+    layout: Optional[GlobalSlots] = None,
+) -> dict[str, Any]:
+    """Whether each of an engine's block-selection rows (MiniMax-M3) is correct under ``config``.
+
+    ``block_scores`` float32 ``[n_rows, n_blocks]`` (:func:`block_scores` reshaped, one row per
+    (query, head)); ``rows`` int32/int64 ``[n_rows, width]`` in any order, logical or (with
+    ``layout``) physical ids; ``num_blocks [n_rows]`` the blocks each query sees. Correct iff
+    every forced block is present, exactly ``min(max(top_blocks, #forced), n)`` distinct blocks
+    ``0 <= b < n``, valid entries first, and every chosen free block scores at least every
+    rejected free one up to the tolerance of :func:`check_topk`. The report is
+    :func:`check_topk`'s, with ``missing_forced`` among its reasons.
+    """
+
+def check_witnesses(
+    before: npt.ArrayLike,
+    after: npt.ArrayLike,
+    context_lens: npt.ArrayLike,
+    num_segments: int,
+) -> dict[str, Any]:
+    """Whether an engine's in-place witness call (``scatter_topology_witnesses_``) wrote exactly
+    what the rule writes: ``before`` and ``after`` the ``[rows, topk]`` buffer around the call.
+    A wrong row names the contract it breaks: ``prefix_changed``, ``wrong_witness`` (the slot,
+    the rule's witness, the engine's entry and why it is wrong) or ``tail_changed``.
     """
 
 def simd_level() -> str:
