@@ -65,6 +65,7 @@ POLICIES = (
     "learned top-k",
     "witnesses (reserved tail)",
     "witnesses (as served)",
+    "witnesses (served, unordered)",
     "block-sparse",
     "random null",
     "locality null",
@@ -302,6 +303,15 @@ class Report:
     results: List[PolicyResult] = field(default_factory=list)
     seconds: float = 0.0
     every_key_budgets: List[int] = field(default_factory=list)
+    indexer: str = ""
+
+    def oracle_gap(self, budget: int) -> Optional[float]:
+        """How far the learned top-k's mean recall sits below the oracle's at
+        ``budget``: how good the indexer is (None if either did not run)."""
+        got = {r.policy: r for r in self.results if r.budget == budget and r.ran}
+        if "learned top-k" not in got or "oracle top-k" not in got:
+            return None
+        return got["oracle top-k"].recall_mean - got["learned top-k"].recall_mean
 
     def to_dict(self) -> dict:
         """A JSON-ready dict: NaN (the learned policy's uncharged time, an
@@ -326,9 +336,9 @@ class _Head:
     v: np.ndarray
     index_q: np.ndarray
     index_k: np.ndarray
+    learned: dict  # kvselect.indexer_topk's inputs for the learned top-k
     probs: np.ndarray  # [n, group, T] dense attention probabilities (f64)
     dense: np.ndarray  # [n, group, d_v] dense attention output
-    index_order: np.ndarray  # [n, T] positions by descending index score
 
 
 def _prepare_head(w: Workload, h: int, pos: np.ndarray) -> _Head:
@@ -340,29 +350,27 @@ def _prepare_head(w: Workload, h: int, pos: np.ndarray) -> _Head:
     probs = ks.attention_probabilities(q, k, pos, scale=w.scale)
     dense, _ = ks.dense_attention(q, k, v, pos, scale=w.scale)
     index_q = np.ascontiguousarray(w.index_q[h][pos])
-    index_k = w.index_k[h]
-    # The indexer's scores, future keys masked; a stable descending order is
-    # what torch.topk serves (ties to the lower position).
-    scores = index_q @ index_k.T
-    scores[np.arange(tokens)[None, :] > pos[:, None]] = -np.inf
-    order = np.argsort(-scores, axis=1, kind="stable")
-    return _Head(q, k, v, index_q, index_k, probs, dense, order)
+    return _Head(q, k, v, index_q, w.index_k[h], w.learned_inputs(h, pos), probs, dense)
+
+
+def _group_sum(probs: np.ndarray) -> np.ndarray:
+    """The group's summed attention weight per key, in head order in float64:
+    what the core's oracle selector ranks by (a KV head's selection serves its
+    whole group, so the group's total recall is what it maximises)."""
+    out = probs[:, 0].copy()
+    for j in range(1, probs.shape[1]):
+        out += probs[:, j]
+    return out
 
 
 def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
     """Every policy's selection ``[n, width]`` (int32, -1 padded) and the
-    seconds it took; a policy that cannot run at ``s`` is missing."""
+    seconds it took; a policy that cannot run at ``s`` is missing. Every
+    selection is charged, the learned top-k (kvselect's native lightning
+    indexer) included, and the witness policies include the top-k they
+    start from."""
     k, segs = s.budget, s.segments
-    n = len(pos)
     lens = (pos + 1).astype(np.int32)
-    visible = np.minimum(lens, k)
-    # A budget above the workload's tokens is a row wider than the order:
-    # its extra slots are padding.
-    learned = np.full((n, k), -1, dtype=np.int32)
-    width = min(k, head.index_order.shape[1])
-    learned[:, :width] = head.index_order[:, :width]
-    # A row shorter than k holds future positions past its visible part.
-    learned[np.arange(k)[None, :] >= visible[:, None]] = -1
     out: Dict[str, tuple] = {}
 
     def timed(name: str, fn: Callable[[], np.ndarray]) -> None:
@@ -370,19 +378,31 @@ def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
         sel = fn()
         out[name] = (sel, time.perf_counter() - t0)
 
-    # The indexer's own top-k is upstream of kvselect: no time is charged.
-    out["learned top-k"] = (learned, float("nan"))
+    def learned() -> np.ndarray:
+        return ks.indexer_topk(**head.learned, query_pos=pos, topk=k)
 
     def reserved() -> np.ndarray:
-        buf = learned.copy()
-        buf[:, k - segs :] = -1
+        # Fused: the top k - S in rank order, then the witnesses, one pass.
+        return ks.indexer_topk(**head.learned, query_pos=pos, topk=k, num_segments=segs)
+
+    def served() -> np.ndarray:
+        buf = learned()  # rank order: the last S slots are the lowest ranked
         ks.scatter_topology_witnesses(buf, lens, segs)
         return buf
 
-    def served() -> np.ndarray:
-        buf = learned.copy()
+    def served_unordered() -> Tuple[np.ndarray, float]:
+        # Engines' rows are unordered (vLLM's top-k kernels): the slots the
+        # scatter overwrites are arbitrary members of the row. The shuffle
+        # stands for the engine's order, so it is not charged.
+        t0 = time.perf_counter()
+        buf = learned()
+        t1 = time.perf_counter()
+        keys = np.random.default_rng(s.seed).random(buf.shape)
+        keys[buf < 0] = 2.0  # padding stays last
+        buf = np.ascontiguousarray(np.take_along_axis(buf, np.argsort(keys, axis=1), axis=1))
+        t2 = time.perf_counter()
         ks.scatter_topology_witnesses(buf, lens, segs)
-        return buf
+        return buf, (t1 - t0) + (time.perf_counter() - t2)
 
     def blocks() -> np.ndarray:
         cfg = ks.BlockSparseConfig(
@@ -393,12 +413,14 @@ def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
         # width = k // block_size (check() keeps the forced blocks within the
         # budget), so the rows fit in k slots; the rest is padding.
         covered = ks.positions_of_blocks(chosen[:, 0], pos, len(head.index_k), cfg)
-        rows = np.full((n, k), -1, dtype=np.int32)
+        rows = np.full((len(pos), k), -1, dtype=np.int32)
         rows[:, : covered.shape[1]] = covered
         return rows
 
+    timed("learned top-k", learned)
     timed("witnesses (reserved tail)", reserved)
     timed("witnesses (as served)", served)
+    out["witnesses (served, unordered)"] = served_unordered()
     if s.block_sparse_note() is None:
         timed("block-sparse", blocks)
     timed("random null", lambda: ks.Selector.random(k, s.seed).rows(pos, width=k))
@@ -408,8 +430,7 @@ def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
         "sink + window",
         lambda: ks.Selector.sink_window(sinks, k - sinks).rows(pos, width=k),
     )
-    group_mean = head.probs.mean(axis=1)
-    timed("oracle top-k", lambda: ks.oracle_topk(group_mean, pos, k, width=k))
+    timed("oracle top-k", lambda: ks.oracle_topk(_group_sum(head.probs), pos, k, width=k))
     return out
 
 
@@ -487,6 +508,10 @@ def evaluate(
         n_q_heads=workload.n_heads,
         queries=len(pos),
         tokens=workload.k.shape[1],
+        indexer=(
+            workload.indexer.description if workload.indexer is not None
+            else "index_q · index_k, one index head per KV head"
+        ),
     )
     nan = float("nan")
     for s in runs:
@@ -551,6 +576,7 @@ def format_table(report: Report) -> str:
         f"query positions each, up to {report.tokens} tokens; "
         + (next(iter(geometries)) if uniform else "settings per budget below")
         + f"; {report.seconds:.1f} s",
+        f"learned top-k: kvselect.indexer_topk of the {report.indexer}",
     ]
     by_budget = {s["budget"]: s for s in report.settings}
     trivial = set(report.every_key_budgets)
@@ -580,6 +606,13 @@ def format_table(report: Report) -> str:
                 + ("—" if np.isnan(r.select_us_per_query) else f"{r.select_us_per_query:.1f}")
                 + " |"
             )
+        gap = report.oracle_gap(budget)
+        if gap is not None:
+            lines += [
+                "",
+                f"The indexer's quality: the learned top-k's recall is {gap:.3f} below the "
+                f"oracle's at this budget.",
+            ]
     if trivial:
         ks_ = ", ".join(str(b) for b in sorted(trivial))
         lines += [

@@ -27,6 +27,13 @@ def default_workload() -> Workload:
     return synthetic()
 
 
+@pytest.fixture(scope="module")
+def precise_workload() -> Workload:
+    """The default workload with a precise indexer (a tenth of the default
+    noise): the indexer's construction itself, not the knob's default."""
+    return synthetic(index_noise=0.25)
+
+
 def causal_probs(w: Workload, head: int, i: int) -> np.ndarray:
     """softmax over keys 0..=i of query head `head` at position i (float64)."""
     kv = head // w.group
@@ -164,9 +171,9 @@ def test_synthetic_indexer_is_8_bit_per_row(default_workload):
 
 
 def test_synthetic_indexer_top_k_agrees_with_the_true_top_k_partially_not_perfectly(
-    default_workload,
+    precise_workload,
 ):
-    w = default_workload
+    w = precise_workload
     k = 16
     recalls = []
     for h in range(w.n_heads):
@@ -182,9 +189,9 @@ def test_synthetic_indexer_top_k_agrees_with_the_true_top_k_partially_not_perfec
 
 
 def test_synthetic_indexer_top_k_finds_most_attention_mass_of_structured_heads(
-    default_workload,
+    precise_workload,
 ):
-    w = default_workload
+    w = precise_workload
     for h in range(w.n_heads):
         kv = h // w.group
         if w.head_kinds[kv] == "diffuse":
@@ -195,6 +202,55 @@ def test_synthetic_indexer_top_k_finds_most_attention_mass_of_structured_heads(
             index = w.index_k[kv, : i + 1] @ w.index_q[kv, i]
             mass.append(causal_probs(w, h, i)[np.argpartition(-index, 256)[:256]].sum())
         assert float(np.mean(mass)) > 0.6, (h, w.head_kinds[kv])
+
+
+def test_index_noise_is_the_knob_the_learned_top_k_gets_worse_as_it_grows():
+    """The DSA indexer's recall of the attention mass falls as index_noise
+    grows, from near the oracle's (0.25) to visibly below it (the default)."""
+    import kvselect as ks
+    from kvselect import evaluate
+
+    recall = {}
+    for noise in (0.25, 2.0, 6.0):
+        w = synthetic(context=4096, queries=8, index_noise=noise)
+        pos = w.query_positions
+        got, best = [], []
+        for g in range(w.n_kv_heads):
+            head = evaluate._prepare_head(w, g, pos)
+            probs = head.probs.mean(axis=1)
+            rows = ks.indexer_topk(**head.learned, query_pos=pos, topk=128)
+            got.append(ks.attention_mass_recall_rows(rows, probs).mean())
+            oracle = ks.oracle_topk(head.probs.sum(axis=1), pos, 128, width=128)
+            best.append(ks.attention_mass_recall_rows(oracle, probs).mean())
+        recall[noise] = (float(np.mean(got)), float(np.mean(best)))
+    assert recall[0.25][0] > recall[2.0][0] > recall[6.0][0]
+    gap = {noise: best - got for noise, (got, best) in recall.items()}
+    assert gap[0.25] < 0.01 < gap[2.0] < gap[6.0], gap
+
+
+def test_the_synthetic_dsa_indexer_stores_fp8_keys_with_per_key_scales(default_workload):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ix = default_workload.indexer
+    assert ix is not None and ix.key_format == "float8_e4m3fn" and ix.k.dtype == np.uint8
+    assert ix.heads == 4 and ix.q.shape[:2] == (4, default_workload.tokens)
+    # The bytes decode (ml_dtypes) to the projected keys within fp8's precision.
+    decoded = ix.k.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * ix.key_scale[..., None]
+    k_p = default_workload.k @ __import__("kvselect.workloads", fromlist=["_projection"])._projection(
+        default_workload.d, ix.q.shape[3], 0)
+    assert np.allclose(decoded, k_p, rtol=2**-3, atol=1e-4 * 448 / 448)
+
+
+def test_fp8_rounding_equals_ml_dtypes_on_every_magnitude():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from kvselect.workloads import fp8_e4m3fn, fp8_e4m3fn_bytes
+
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(100_000) * np.exp2(rng.uniform(-14, 10, 100_000))).astype(np.float32)
+    x = np.concatenate([x, [0.0, -0.0, 448, -448, 2**-9, 2**-10, 3 * 2**-11, 2**-6]]).astype(np.float32)
+    want = np.clip(x, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    grid = fp8_e4m3fn(x)
+    assert np.array_equal(grid.view(np.uint32), want.astype(np.float32).view(np.uint32))
+    assert np.array_equal(fp8_e4m3fn_bytes(grid), want.view(np.uint8))
 
 
 # --- shared rules -----------------------------------------------------------------
