@@ -1549,6 +1549,190 @@ def _():
     return {"call": lambda: _ks().indexer_scores(q, w, k, [-1, 5]), "watch": [q, w, k]}
 
 
+def block_check_args():
+    scores = np.array([[9, 5, 3, 1, 4, 0], [2, 7, 1, 0, 0, 0]], np.float32)
+    rows = np.array([[5, 0], [0, 3]], np.int64)  # cfg: the init and the local block of each
+    return scores, rows, np.array([6, 4])
+
+
+@case("check-blocks-float-rows", "engine check", "`check_blocks(block_scores, rows.astype(float32), num_blocks, cfg)`",
+      "TypeError")
+def _():
+    s, r, nb = block_check_args()
+    return {"call": lambda: _ks().check_blocks(s, r.astype(np.float32), nb, cfg()), "watch": [s, nb]}
+
+
+@case("check-blocks-narrow-rows", "engine check", "`check_blocks(block_scores, rows[:, :1], num_blocks, cfg)`",
+      "SelectionError", argument="config", note="no row could hold config.width blocks")
+def _():
+    s, r, nb = block_check_args()
+    return {"call": lambda: _ks().check_blocks(s, r[:, :1], nb, cfg()), "watch": [s, r, nb]}
+
+
+@case("check-blocks-negative-num-blocks", "engine check", "`check_blocks(block_scores, rows, [-1, 4], cfg)`",
+      "SelectionError", argument="num_blocks")
+def _():
+    s, r, _ = block_check_args()
+    return {"call": lambda: _ks().check_blocks(s, r, [-1, 4], cfg()), "watch": [s, r]}
+
+
+@case("check-blocks-rtol-without-magnitudes", "engine check", "`check_blocks(block_scores, rows, num_blocks, cfg, rtol=0.01)`",
+      "SelectionError", argument="rtol")
+def _():
+    s, r, nb = block_check_args()
+    return {"call": lambda: _ks().check_blocks(s, r, nb, cfg(), rtol=0.01), "watch": [s, r, nb]}
+
+
+@case("check-blocks-dict-config", "engine check", "`check_blocks(block_scores, rows, num_blocks, {'block_size': 4})`",
+      "TypeError")
+def _():
+    s, r, nb = block_check_args()
+    return {"call": lambda: _ks().check_blocks(s, r, nb, {"block_size": 4}), "watch": [s, r, nb]}
+
+
+@case("check-blocks-far-block", "engine check", "`check_blocks(block_scores, rows with 2**40, num_blocks, cfg)`",
+      ACCEPTED, note="reported as a non-causal entry of that row, not refused")
+def _():
+    s, r, nb = block_check_args()
+    r[1, 1] = 2**40
+    return {"call": lambda: _ks().check_blocks(s, r, nb, cfg()),
+            "check": lambda rep: rep["wrong"] == 1 and rep["details"][0]["problems"][0]
+            == {"reason": "not_causal", "slot": 1, "position": 2**40}}
+
+
+@case("block-scores-2d-q", "engine check", "`block_scores(q [n_kv_heads, d], k, 9)`", "SelectionError",
+      argument="index_q", note="one query is index_q[None] with [query_pos]")
+def _():
+    q, k = index_q(), index_k()
+    return {"call": lambda: _ks().block_scores(q, k, 9, cfg()), "watch": [q, k]}
+
+
+@case("block-scores-query-pos-count", "engine check", "`block_scores(q [2, 2, 3], k, [9])`", "SelectionError",
+      argument="query_pos")
+def _():
+    q, k = index_q(True), index_k()
+    return {"call": lambda: _ks().block_scores(q, k, [9], cfg()), "watch": [q, k]}
+
+
+@case("block-scores-int-magnitudes", "engine check", "`block_scores(q, k, pos, cfg, magnitudes=1)`", "TypeError",
+      note="a bool")
+def _():
+    q, k = index_q(True), index_k()
+    return {"call": lambda: _ks().block_scores(q, k, [9, 15], cfg(), magnitudes=1), "watch": [q, k]}
+
+
+def witness_check_args():
+    before = learned()
+    after = before.copy()
+    _ks().scatter_topology_witnesses(after, lens(), 2)
+    return before, after
+
+
+@case("check-witnesses-float", "engine check", "`check_witnesses(before.astype(float32), after, lens, 2)`",
+      "TypeError")
+def _():
+    b, a = witness_check_args()
+    return {"call": lambda: _ks().check_witnesses(b.astype(np.float32), a, lens(), 2), "watch": [a]}
+
+
+@case("check-witnesses-after-shorter", "engine check", "`check_witnesses(before, after[:, :3], lens, 2)`",
+      "SelectionError", argument="after", note="the in-place call keeps the shape")
+def _():
+    b, a = witness_check_args()
+    return {"call": lambda: _ks().check_witnesses(b, a[:, :3], lens(), 2), "watch": [b, a]}
+
+
+@case("check-witnesses-outside-int32", "engine check", "`check_witnesses(before.astype(int64) + 2**40, after, lens, 2)`",
+      "SelectionError", argument="before")
+def _():
+    b, a = witness_check_args()
+    far = b.astype(np.int64) + 2**40
+    return {"call": lambda: _ks().check_witnesses(far, a, lens(), 2), "watch": [far, a]}
+
+
+@case("check-witnesses-negative-segments", "engine check", "`check_witnesses(before, after, lens, -1)`",
+      "SelectionError", argument="num_segments")
+def _():
+    b, a = witness_check_args()
+    return {"call": lambda: _ks().check_witnesses(b, a, lens(), -1), "watch": [b, a]}
+
+
+@case("check-witnesses-int64", "engine check", "`check_witnesses(before.astype(int64), after.astype(int64), lens, 2)`",
+      ACCEPTED, note="an int64 engine buffer whose values fit int32")
+def _():
+    b, a = witness_check_args()
+    return {"call": lambda: _ks().check_witnesses(b.astype(np.int64), a.astype(np.int64), lens(), 2),
+            "check": lambda rep: rep["rows"] == 2 and rep["wrong"] == 0}
+
+
+def slots_args():
+    table = np.array([[3, 1]], np.int32)
+    scores = np.arange(8, dtype=np.float32)[None]
+    rows = np.array([[3 * 4 + 2, 1 * 4 + 3]], np.int64)  # positions 2 and 7
+    return table, scores, rows
+
+
+@case("global-slots-1d-table", "engine check", "`GlobalSlots(block_table.ravel(), req_ids, 4)`", "SelectionError",
+      argument="block_table")
+def _():
+    t, _, _ = slots_args()
+    return {"call": lambda: _ks().GlobalSlots(t.ravel(), [0], 4), "watch": [t]}
+
+
+@case("global-slots-prefill-without-starts", "engine check", "`GlobalSlots(block_table, req_ids, 4, prefill_req_ids=[0])`",
+      "SelectionError", argument="workspace_starts", note="the two go together")
+def _():
+    t, _, _ = slots_args()
+    return {"call": lambda: _ks().GlobalSlots(t, [0], 4, prefill_req_ids=[0]), "watch": [t]}
+
+
+@case("global-slots-stride-below-page", "engine check",
+      "`check_topk(scores, rows, layout=GlobalSlots(block_table, req_ids, 4, block_stride_rows=3))`", "SelectionError",
+      argument="block_stride_rows", note="pages would overlap; a layout is judged when a check reads it")
+def _():
+    t, s, r = slots_args()
+    return {"call": lambda: _ks().check_topk(s, r, layout=_ks().GlobalSlots(t, [0], 4, block_stride_rows=3)),
+            "watch": [t, s, r]}
+
+
+@case("global-slots-req-count", "engine check", "`check_topk(scores [1, 8], rows, layout=GlobalSlots(…, req_ids=[0, 0], 4))`",
+      "SelectionError", argument="req_ids", note="one request per checked row")
+def _():
+    t, s, r = slots_args()
+    return {"call": lambda: _ks().check_topk(s, r, layout=_ks().GlobalSlots(t, [0, 0], 4)), "watch": [t, s, r]}
+
+
+@case("global-slots-req-past-table", "engine check", "`check_topk(scores, rows, layout=GlobalSlots(…, req_ids=[1], 4))`",
+      "SelectionError", argument="req_ids")
+def _():
+    t, s, r = slots_args()
+    return {"call": lambda: _ks().check_topk(s, r, layout=_ks().GlobalSlots(t, [1], 4)), "watch": [t, s, r]}
+
+
+@case("global-slots-prefill-past-starts", "engine check",
+      "`check_topk(…, layout=GlobalSlots(…, prefill_req_ids=[1], workspace_starts=[0]))`", "SelectionError",
+      argument="prefill_req_ids")
+def _():
+    t, s, r = slots_args()
+    lay = _ks().GlobalSlots(t, [0], 4, prefill_req_ids=[1], workspace_starts=[0])
+    return {"call": lambda: _ks().check_topk(s, r, layout=lay), "watch": [t, s, r]}
+
+
+@case("check-layout-not-global-slots", "engine check", "`check_topk(scores, rows, layout='global')`", "TypeError")
+def _():
+    _, s, r = slots_args()
+    return {"call": lambda: _ks().check_topk(s, r, layout="global"), "watch": [s, r]}
+
+
+@case("global-slot-outside-table", "engine check", "`check_topk(scores, rows with a slot of no page, layout=…)`",
+      ACCEPTED, note="reported as not_in_table with the engine's value, not refused")
+def _():
+    t, s, r = slots_args()
+    r[0, 1] = 5 * 4 + 1  # page 5: not in the request's table
+    return {"call": lambda: _ks().check_topk(s, r, layout=_ks().GlobalSlots(t, [0], 4)),
+            "check": lambda rep: rep["details"][0]["problems"][0] == {"reason": "not_in_table", "slot": 1, "value": 21}}
+
+
 # ---------------------------------------------------------------------------
 # Running the catalogue (in the subprocess)
 # ---------------------------------------------------------------------------
