@@ -15,9 +15,11 @@ checked before the evaluation.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import sys
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import kvselect as ks
 
@@ -38,17 +40,32 @@ def _progress(enabled: bool):
     return wrap
 
 
-def _load(args: argparse.Namespace):
+def _sources(args: argparse.Namespace) -> List[str]:
+    """The workloads named by ``--workload``: each name, a directory read as
+    its ``*.npz`` files in name order."""
+    out: List[str] = []
+    for name in args.workload:
+        if os.path.isdir(name):
+            found = sorted(glob.glob(os.path.join(name, "*.npz")))
+            if not found:
+                raise FileNotFoundError(f"{name!r} is a directory with no .npz file")
+            out += found
+        else:
+            out.append(name)
+    return out
+
+
+def _load(args: argparse.Namespace, name: str):
     from kvselect import workloads
 
-    if args.workload == "synthetic":
+    if name == "synthetic":
         return workloads.synthetic(
             context=args.context, queries=args.queries, seed=args.seed,
             index_heads=args.index_heads, index_noise=args.index_noise,
         )
-    if args.workload == "example":
+    if name == "example":
         return workloads.example(queries=args.queries, seed=args.seed)
-    return workloads.load_npz(args.workload, queries=args.queries, seed=args.seed)
+    return workloads.load_npz(name, queries=args.queries, seed=args.seed)
 
 
 #: The command-line flag of each setting, for messages that say which to change.
@@ -133,32 +150,59 @@ def _eval(args: argparse.Namespace) -> int:
     if args.threads is not None:
         ks.set_num_threads(args.threads)
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            workload = _load(args)
-    except (OSError, WorkloadError, ValueError) as e:
-        return fail(f"cannot load workload {args.workload!r}: {e}")
-    for w in caught:
-        print(f"kvselect eval: warning: {w.message}", file=sys.stderr)
+        sources = _sources(args)
+    except OSError as e:
+        return fail(str(e))
     line = _derived_line(derived)
+    failed: List[str] = []
+    shown: List[str] = []
+
+    def workloads_() -> Iterator[Any]:
+        # One at a time: each dump is loaded when the last one is done.
+        for name in sources:
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    w = _load(args, name)
+            except (OSError, WorkloadError, ValueError) as e:
+                failed.append(f"cannot load workload {name!r}: {e}")
+                return
+            for c in caught:
+                print(f"kvselect eval: warning: {c.message}", file=sys.stderr)
+            yield w
+
+    def show(report: "evaluate.Report") -> None:
+        if line and not shown:
+            print(line)
+        shown.append(report.workload)
+        print(evaluate.format_table(report))
+        if len(sources) > 1:
+            print()
+
     try:
-        report = evaluate.evaluate(
-            workload,
+        reports, pooled = evaluate.evaluate_many(
+            workloads_(),
             [s.budget for s in runs],
             runs,
             progress=_progress(sys.stderr.isatty() and not args.quiet),
+            on_report=show,
         )
     except ValueError as e:
-        return fail(str(e))
-    if line:
-        print(line)
-    print(evaluate.format_table(report))
+        return fail(failed[0] if failed else str(e))
+    if failed:
+        return fail(failed[0])
+    if len(reports) > 1:
+        print(evaluate.format_table(pooled))
     try:
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(report.to_dict(), f, indent=2)
+                if len(reports) == 1:
+                    json.dump(reports[0].to_dict(), f, indent=2)
+                else:
+                    doc = {"workloads": [r.to_dict() for r in reports], "pooled": pooled.to_dict()}
+                    json.dump(doc, f, indent=2)
         if args.plot:
-            evaluate.plot(report, args.plot)
+            evaluate.plot(pooled if len(reports) > 1 else reports[0], args.plot)
     except (OSError, ImportError) as e:
         return fail(str(e))
     return 0
@@ -167,7 +211,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """The old witness demo, now a tiny eval: the synthetic workload at 8K."""
     ns = argparse.Namespace(
-        workload="synthetic",
+        workload=["synthetic"],
         context=8192,
         queries=8,
         seed=0,
@@ -241,9 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--workload",
-        default="synthetic",
+        nargs="+",
+        default=["synthetic"],
+        metavar="WORKLOAD",
         help="'synthetic' (built in), 'example' (real MiniLM Q/K/V shipped with "
-        "the package), or the path of your own .npz dump (default: synthetic)",
+        "the package), or your own .npz dumps: several files, or a directory of them, are "
+        "evaluated one at a time (memory bounded by one dump), each reported, then pooled "
+        "(default: synthetic)",
     )
     ev.add_argument(
         "--budget",

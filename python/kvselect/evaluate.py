@@ -455,20 +455,10 @@ def _measure(
     }
 
 
-def evaluate(
-    workload: Workload,
-    budgets: Sequence[int] = (2048,),
-    settings: Union[None, Settings, Sequence[Settings]] = None,
-    progress: Optional[Callable[[Iterable], Iterable]] = None,
-) -> Report:
-    """Runs every policy at every budget on every KV head of ``workload``.
-
-    ``settings`` gives everything but the budget: one :class:`Settings` for
-    every budget (its ``budget`` is replaced by each of ``budgets``), or one
-    per budget, in the order of ``budgets`` (as :func:`derive_settings`
-    gives them). ``progress`` wraps the iteration over heads (a progress
-    bar, say). A policy that cannot run at a budget (block-sparse when the
-    budget holds no block) is reported with NaN numbers and a note."""
+def _runs(
+    budgets: Sequence[int], settings: Union[None, Settings, Sequence[Settings]]
+) -> List[Settings]:
+    """One checked :class:`Settings` per distinct budget (see :func:`evaluate`)."""
     budgets = [int(b) for b in budgets]
     if settings is None or isinstance(settings, Settings):
         per = [settings or Settings()] * len(budgets)
@@ -485,9 +475,23 @@ def evaluate(
     runs = list(chosen.values())
     for r in runs:
         r.check()
+    return runs
+
+
+#: Per (budget, policy): lists of per-row metric arrays, the seconds, and the
+#: selections they were spent on (queries × KV heads).
+_Acc = Dict[tuple, Dict[str, list]]
+
+
+def _accumulate(
+    workload: Workload,
+    runs: Sequence[Settings],
+    acc: _Acc,
+    progress: Optional[Callable[[Iterable], Iterable]] = None,
+) -> None:
+    """Every policy at every run's budget on every KV head of ``workload``,
+    its per-row numbers appended to ``acc``."""
     pos = np.asarray(workload.query_positions, dtype=np.int64)
-    t0 = time.perf_counter()
-    acc: Dict[tuple, Dict[str, list]] = {}
     heads: Iterable[int] = range(workload.n_kv_heads)
     if progress is not None:
         heads = progress(heads)
@@ -496,23 +500,17 @@ def evaluate(
         for s in runs:
             for name, (sel, secs) in _select(head, pos, s).items():
                 m = _measure(head, pos, sel, s, workload.scale)
-                slot = acc.setdefault((s.budget, name), {k: [] for k in (*m, "secs")})
+                slot = acc.setdefault(
+                    (s.budget, name), {k: [] for k in (*m, "secs", "selections")}
+                )
                 for key, val in m.items():
                     slot[key].append(val.ravel())
                 slot["secs"].append(np.array([secs]))
-    report = Report(
-        workload=workload.name,
-        source=workload.source,
-        settings=[asdict(r) for r in runs],
-        n_kv_heads=workload.n_kv_heads,
-        n_q_heads=workload.n_heads,
-        queries=len(pos),
-        tokens=workload.k.shape[1],
-        indexer=(
-            workload.indexer.description if workload.indexer is not None
-            else "index_q · index_k, one index head per KV head"
-        ),
-    )
+                slot["selections"].append(np.array([len(pos)]))
+
+
+def _results(report: Report, runs: Sequence[Settings], acc: _Acc) -> None:
+    """The report's results (and every-key budgets) from accumulated rows."""
     nan = float("nan")
     for s in runs:
         every_key = True
@@ -539,17 +537,104 @@ def evaluate(
                     recall_p5=float(np.percentile(m["recall"], 5)),
                     output_error=float(np.mean(m["error"])),
                     slots_used=float(np.mean(m["used"])),
-                    select_us_per_query=float(
-                        np.sum(m["secs"]) / (len(pos) * workload.n_kv_heads) * 1e6
-                    ),
+                    select_us_per_query=float(np.sum(m["secs"]) / np.sum(m["selections"]) * 1e6),
                     output_error_median=float(np.median(m["error"])),
                     output_error_p95=float(np.percentile(m["error"], 95)),
                 )
             )
         if every_key:
             report.every_key_budgets.append(s.budget)
+
+
+def _report_of(workload: Workload, runs: Sequence[Settings]) -> Report:
+    return Report(
+        workload=workload.name,
+        source=workload.source,
+        settings=[asdict(r) for r in runs],
+        n_kv_heads=workload.n_kv_heads,
+        n_q_heads=workload.n_heads,
+        queries=len(workload.query_positions),
+        tokens=workload.k.shape[1],
+        indexer=(
+            workload.indexer.description if workload.indexer is not None
+            else "index_q · index_k (one index head per KV head)"
+        ),
+    )
+
+
+def evaluate(
+    workload: Workload,
+    budgets: Sequence[int] = (2048,),
+    settings: Union[None, Settings, Sequence[Settings]] = None,
+    progress: Optional[Callable[[Iterable], Iterable]] = None,
+) -> Report:
+    """Runs every policy at every budget on every KV head of ``workload``.
+
+    ``settings`` gives everything but the budget: one :class:`Settings` for
+    every budget (its ``budget`` is replaced by each of ``budgets``), or one
+    per budget, in the order of ``budgets`` (as :func:`derive_settings`
+    gives them). ``progress`` wraps the iteration over heads (a progress
+    bar, say). A policy that cannot run at a budget (block-sparse when the
+    budget holds no block) is reported with NaN numbers and a note."""
+    runs = _runs(budgets, settings)
+    t0 = time.perf_counter()
+    acc: _Acc = {}
+    _accumulate(workload, runs, acc, progress)
+    report = _report_of(workload, runs)
+    _results(report, runs, acc)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def evaluate_many(
+    workloads: Iterable[Workload],
+    budgets: Sequence[int] = (2048,),
+    settings: Union[None, Settings, Sequence[Settings]] = None,
+    progress: Optional[Callable[[Iterable], Iterable]] = None,
+    on_report: Optional[Callable[[Report], None]] = None,
+) -> Tuple[List[Report], Report]:
+    """:func:`evaluate` on each workload in turn, and the pooled report.
+
+    ``workloads`` is consumed one at a time (pass a generator that loads each
+    dump when asked, and memory stays bounded by one dump: only the per-row
+    numbers are kept). ``on_report`` receives each workload's report as soon
+    as it is done. The pooled report's numbers are over every (query, head)
+    row of every workload, as if they were one; its ``n_kv_heads`` and
+    ``n_q_heads`` are the totals, ``queries`` the total query positions per
+    head summed over workloads, ``tokens`` the longest context."""
+    runs = _runs(budgets, settings)
+    t0 = time.perf_counter()
+    pooled: _Acc = {}
+    reports: List[Report] = []
+    for w in workloads:
+        t1 = time.perf_counter()
+        acc: _Acc = {}
+        _accumulate(w, runs, acc, progress)
+        report = _report_of(w, runs)
+        _results(report, runs, acc)
+        report.seconds = time.perf_counter() - t1
+        reports.append(report)
+        if on_report is not None:
+            on_report(report)
+        for key, val in acc.items():
+            slot = pooled.setdefault(key, {k: [] for k in val})
+            for k, v in val.items():
+                slot[k] += v
+    if not reports:
+        raise ValueError("workloads: expected at least one workload")
+    total = Report(
+        workload=f"pooled ({len(reports)} workloads)",
+        source="; ".join(r.workload for r in reports),
+        settings=[asdict(r) for r in runs],
+        n_kv_heads=sum(r.n_kv_heads for r in reports),
+        n_q_heads=sum(r.n_q_heads for r in reports),
+        queries=sum(r.queries for r in reports),
+        tokens=max(r.tokens for r in reports),
+        indexer="; ".join(dict.fromkeys(r.indexer for r in reports)),
+    )
+    _results(total, runs, pooled)
+    total.seconds = time.perf_counter() - t0
+    return reports, total
 
 
 def _geometry(s: dict) -> str:
@@ -576,7 +661,7 @@ def format_table(report: Report) -> str:
         f"query positions each, up to {report.tokens} tokens; "
         + (next(iter(geometries)) if uniform else "settings per budget below")
         + f"; {report.seconds:.1f} s",
-        f"learned top-k: kvselect.indexer_topk of the {report.indexer}",
+        f"learned top-k: kvselect.indexer_topk on {report.indexer}",
     ]
     by_budget = {s["budget"]: s for s in report.settings}
     trivial = set(report.every_key_budgets)

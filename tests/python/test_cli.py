@@ -525,3 +525,65 @@ def test_an_object_array_in_a_dump_never_suggests_pickle(capsys, tmp_path):
     assert code == 1
     assert "v: holds Python objects" in err
     assert "pickle" not in err.lower()
+
+
+# --------------------------------------------------------------------------
+# Many dumps, and the DSA form
+# --------------------------------------------------------------------------
+
+
+def dsa_npz(path, seed=0):
+    """A one-layer dump with a DeepSeek-style indexer: 3 index heads per
+    token, per-token head weights, one shared index key per token."""
+    rng = np.random.default_rng(seed)
+    return tiny_npz(
+        path,
+        index_q=rng.standard_normal((1, 64, 3, 4)).astype(np.float32),
+        index_weights=rng.uniform(0.5, 1.5, (1, 64, 3)).astype(np.float32),
+        index_k=rng.standard_normal((1, 64, 4)).astype(np.float32),
+    )
+
+
+def test_a_directory_of_dumps_is_reported_per_dump_then_pooled(capsys, tmp_path):
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    tiny_npz(folder / "a.npz")
+    dsa_npz(folder / "b.npz")
+    (folder / "notes.txt").write_text("not a dump")
+    code, out, err = run(capsys, ["eval", "--workload", str(folder), "--queries", "2",
+                                  "--budget", "16", "--segments", "4", "--block-size", "4",
+                                  "--quiet", "--json", str(tmp_path / "r.json")])
+    assert code == 0, err
+    names = [line.split(" — ")[0] for line in out.splitlines() if line.startswith("workload: ")]
+    assert names == ["workload: a", "workload: b", "workload: pooled (2 workloads)"]
+    assert "kvselect.indexer_topk on dumped DSA indexer: 3 index heads of dim 4" in out
+    doc = strict_json(tmp_path / "r.json")
+    assert [w["workload"] for w in doc["workloads"]] == ["a", "b"]
+    pooled = {r["policy"]: r for r in doc["pooled"]["results"]}
+    each = [{r["policy"]: r for r in w["results"]} for w in doc["workloads"]]
+    # Both dumps have the same number of rows: the pooled mean is their mean.
+    for name in POLICIES:
+        want = (each[0][name]["recall_mean"] + each[1][name]["recall_mean"]) / 2
+        assert pooled[name]["recall_mean"] == pytest.approx(want, abs=1e-12), name
+    assert doc["pooled"]["n_kv_heads"] == 2
+
+
+def test_one_unloadable_dump_among_several_exits_1_naming_it(capsys, tmp_path):
+    good = tiny_npz(tmp_path / "good.npz")
+    code, _, err = run(capsys, ["eval", "--workload", good, str(tmp_path / "missing.npz"),
+                                "--queries", "2", "--budget", "16", "--segments", "4",
+                                "--block-size", "4", "--quiet"])
+    assert code == 1 and "missing.npz" in err
+
+
+def test_an_empty_directory_exits_1_saying_so(capsys, tmp_path):
+    code, _, err = run(capsys, ["eval", "--workload", str(tmp_path), "--quiet"])
+    assert code == 1 and "no .npz file" in err
+
+
+def test_the_index_noise_flag_reaches_the_synthetic_indexer(capsys):
+    code, out, _ = run(capsys, [*TINY, "--index-noise", "0.5", "--index-heads", "2"])
+    assert code == 0
+    assert "index_heads=2, index_noise=0.5" in out
+    assert "2 index heads of dim 16, noise 0.5" in out
+    assert run(capsys, [*TINY, "--index-noise", "-1"])[0] == 2
