@@ -131,6 +131,28 @@ def _calls():
     check_rows[::4, 0] = check_rows[::4, 1]  # duplicates
     check_rows[1::4, 0] = 300  # not causal
     check_rows[2::4, 5] = np.argsort(-check_scores[2::4], axis=1)[:, 100]  # wrong selection
+    # The same rows as global slots (pages of 16 rows at a stride of 32), and
+    # one outside the table.
+    slot_table = r.permutation(80).astype(np.int32).reshape(4, 20)
+    slot_req = np.arange(64) % 4
+    slot_rows = np.where(check_rows >= 0, slot_table[slot_req[:, None], check_rows // 16] * 32 + check_rows % 16, -1)
+    slot_rows[::8, 1] = 80 * 32 + 3
+    slots = ks.GlobalSlots(slot_table, slot_req, 16, block_stride_rows=32)
+    # Block rows of every kind of problem: 16 queries x 2 heads.
+    blk_scores = ks.block_scores(bq, k, bpos, cfg).reshape(32, -1)
+    blk_nb = np.repeat(-(-np.minimum(bpos + 1, 512) // 16), 2)
+    blk_rows = bsel.reshape(32, 8).astype(np.int64)
+    blk_rows[::4, 0] = blk_rows[::4, 1]  # duplicates (and a forced block missing)
+    blk_rows[1::4, 7] = 99  # not causal
+    for i in range(2, 32, 4):  # a free block for an unchosen one: wrong selections
+        free = [b for b in range(1, blk_nb[i] - 2) if b not in blk_rows[i]]
+        blk_rows[i, 1] = free[0] if free else blk_rows[i, 1]
+    # Witness rows: the rule's scatter, then bugs in every part of some rows.
+    wit_after = learned.copy()
+    ks.scatter_topology_witnesses(wit_after, lens, 16)
+    wit_after[::3, 0] += 1
+    wit_after[1::3, 48] = -7  # the first witness slot
+    wit_after[2::3, 63] = 4
     calls = {
         "segment_of": lambda: ks.segment_of(12345, 100000, 64),
         "topology_witness_indices": lambda: ks.topology_witness_indices(learned, lens, 64),
@@ -198,6 +220,15 @@ def _calls():
         "check_topk": lambda: ks.check_topk(
             check_scores, check_rows, atol=1e-3, rtol=0.1, magnitudes=np.abs(check_scores)
         ),
+        "check_topk-global-slots": lambda: ks.check_topk(check_scores, slot_rows, layout=slots),
+        "GlobalSlots": lambda: sink.__setitem__("slots", ks.GlobalSlots(
+            slot_table, slot_req, 16, block_stride_rows=32, prefill_req_ids=slot_req - 2, workspace_starts=[0, 9])),
+        "block_scores": lambda: ks.block_scores(bq, k, bpos, cfg),
+        "block_scores-magnitudes": lambda: ks.block_scores(bq, k_bf16, bpos, cfg, key_format=k_bf16_fmt, magnitudes=True),
+        "check_blocks": lambda: ks.check_blocks(
+            blk_scores, blk_rows, blk_nb, cfg, atol=1e-3, rtol=0.1, magnitudes=np.abs(np.nan_to_num(blk_scores))
+        ),
+        "check_witnesses": lambda: ks.check_witnesses(learned, wit_after, lens, 16),
         # Refusals: errors with attributes, buffers borrowed and released.
         "refused-rows-mismatch": catch(
             lambda: ks.apply_topology_witnesses(learned, lens[:3], 32, 32, 32), ks.WitnessError
@@ -233,6 +264,16 @@ def _calls():
         ),
         "refused-config": catch(lambda: ks.BlockSparseConfig(0), ks.SelectionError),
         "refused-check-rtol": catch(lambda: ks.check_topk(check_scores, check_rows, rtol=0.1), ks.SelectionError),
+        "refused-check-layout": catch(
+            lambda: ks.check_topk(check_scores, slot_rows, layout=ks.GlobalSlots(slot_table, slot_req[:3], 16)),
+            ks.SelectionError,
+        ),
+        "refused-check-blocks-config": catch(
+            lambda: ks.check_blocks(blk_scores, blk_rows[:, :4], blk_nb, cfg), ks.SelectionError
+        ),
+        "refused-check-witnesses": catch(
+            lambda: ks.check_witnesses(learned, wit_after[:, :8], lens, 16), ks.SelectionError
+        ),
         "refused-memory": catch(
             lambda: ks.Selector.dense().rows(np.full(4096, 2**31 - 2)), MemoryError
         ),
