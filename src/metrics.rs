@@ -128,6 +128,38 @@ pub fn segment_coverage_rows(
     Ok(())
 }
 
+/// Slots a selection really uses: `out[r]` is how many distinct entries of
+/// candidate row `r` (`candidates` is `[rows, width]`, `rows = out.len()`)
+/// lie in `0..context_lens[r]` — padding, duplicates and out-of-range
+/// entries use no key. (A policy may use fewer than its budget, never more.)
+pub fn slots_used_rows(
+    candidates: &[i32],
+    width: usize,
+    context_lens: &[usize],
+    out: &mut [i64],
+) -> Result<(), AttentionError> {
+    let rows = out.len();
+    let n = checked_size("candidates", &[rows, width])?;
+    check_len("candidates", candidates.len(), n, || {
+        format!("[rows={rows} (out's length), width={width}]")
+    })?;
+    check_len("context_lens", context_lens.len(), rows, || {
+        format!("one per row, rows={rows} (out's length)")
+    })?;
+    pool::for_each_row_mut(out, 1, min_rows(width), |r, o| {
+        let len = context_lens[r];
+        let mut valid: Vec<i32> = candidates[r * width..(r + 1) * width]
+            .iter()
+            .copied()
+            .filter(|&x| usize::try_from(x).is_ok_and(|x| x < len))
+            .collect();
+        valid.sort_unstable();
+        valid.dedup();
+        o[0] = valid.len() as i64;
+    });
+    Ok(())
+}
+
 /// Attention-mass recall of many rows: `out[r]` is
 /// [`crate::witness::attention_mass_recall`] of candidate row `r / group`
 /// against attention row `r` (`attention` is `[rows, row_len]`,

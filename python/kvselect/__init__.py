@@ -81,6 +81,7 @@ from kvselect._core import (
     segment_of,
     set_num_threads,
     simd_level,
+    slots_used_rows,
     sparse_attention,
     topology_witness_indices,
 )
@@ -124,6 +125,7 @@ __all__ = [
     "segment_of",
     "set_num_threads",
     "simd_level",
+    "slots_used_rows",
     "sparse_attention",
     "topology_witness_indices",
 ]

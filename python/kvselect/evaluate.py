@@ -444,8 +444,7 @@ def _measure(
     recall = ks.attention_mass_recall_rows(sel, head.probs.reshape(n * group, tokens))
     sparse, _, _ = ks.sparse_attention(head.q, head.k, head.v, pos, sel[:, None, :], scale=scale)
     error = ks.output_relative_error_rows(sparse, head.dense)
-    valid = (sel >= 0) & (sel <= pos[:, None])
-    used = np.array([len(np.unique(r[v])) for r, v in zip(sel, valid)])
+    used = ks.slots_used_rows(sel, lens)
     return {
         "coverage": coverage,
         "recall": recall.reshape(n, group),

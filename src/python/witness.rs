@@ -196,6 +196,26 @@ fn segment_coverage_rows<'py>(
     })
 }
 
+/// How many distinct entries of each row of ``candidates`` (``[rows,
+/// width]``) lie in ``[0, context_lens[r])``: the keys the selection really
+/// uses (padding, duplicates and out-of-range entries use none), int64
+/// ``[rows]``.
+#[pyfunction]
+fn slots_used_rows<'py>(
+    py: Python<'py>,
+    candidates: &Obj<'py>,
+    context_lens: &Obj<'py>,
+) -> PyResult<Bound<'py, numpy::PyArrayDyn<i64>>> {
+    let cand = W.input::<i32, 2>(candidates, "candidates", "[rows, width]")?;
+    let lens = positions(W, context_lens, "context_lens")?;
+    let [rows, width] = cand.shape;
+    let out = Out::<i64>::zeros(py, &[rows])?;
+    let c = cand.slice()?;
+    out.run(c.len(), |o| {
+        metrics::slots_used_rows(c, width, &lens, o).map_err(Witness)
+    })
+}
+
 /// :func:`attention_mass_recall` of every row ``r`` of ``attention``
 /// (float64 ``[n_rows, row_len]``) against candidate row ``r // group``,
 /// ``group = n_rows / rows`` (a KV head's selection serves its query
@@ -239,5 +259,6 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_mass_recall, m)?)?;
     m.add_function(wrap_pyfunction!(segment_coverage_rows, m)?)?;
     m.add_function(wrap_pyfunction!(attention_mass_recall_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(slots_used_rows, m)?)?;
     Ok(())
 }

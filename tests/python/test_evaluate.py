@@ -725,3 +725,18 @@ def test_the_figure_has_two_panels_the_legend_outside_and_budget_ticks(run):
         import matplotlib.pyplot as plt
 
         plt.close(fig)
+
+
+def test_slots_used_counts_distinct_entries_within_the_context_natively():
+    """The harness's 'slots used', counted natively, on rows with padding,
+    duplicates, future and far positions: the distinct entries in [0, L)."""
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        rows, width = rng.integers(0, 6), rng.integers(0, 12)
+        cand = rng.integers(-3, 20, (rows, width)).astype(np.int32)
+        lens = rng.integers(0, 20, rows)
+        want = [len({int(x) for x in r if 0 <= x < L}) for r, L in zip(cand, lens)]
+        got = ks.slots_used_rows(cand, lens)
+        assert got.dtype == np.int64 and got.tolist() == want
+    with pytest.raises(ks.WitnessError):
+        ks.slots_used_rows(np.zeros((2, 3), np.int32), [1])
