@@ -36,6 +36,29 @@ How Q/K/V are captured (forward hooks, one forward pass, batch 1):
 
 Not captured: attention masks (sliding windows, padding), ALiBi biases, soft
 caps; the evaluation applies a plain causal mask.
+
+A model with a lightning indexer (DeepSeek-V3.2/V4, GLM-5: "DSA") is MLA and
+not captured by the hooks above, but its indexer can be added to a dump by
+hand in the DSA form :func:`kvselect.workloads.load_npz` reads. For
+DeepSeek-V3.2 (``Indexer`` in the reference ``inference/model.py``; vLLM's
+``Indexer`` in ``vllm/model_executor/models/deepseek_v2.py``), per layer and
+token, after the indexer's rotary embedding (and its Hadamard rotation, which
+does not change ``q · k``):
+
+- ``index_q`` ``[layers, tokens, H, d_idx]``: the indexer's query heads
+  (``H = 64``, ``d_idx = 128``; GLM-5 has ``H = 32``), from ``wq_b`` of the
+  low-rank query;
+- ``index_weights`` ``[layers, tokens, H]``: ``weights_proj(x)`` times
+  ``H^-1/2 · d_idx^-1/2`` (and the query's fp8 scale, if you dump the
+  quantised query), exactly the factor the model multiplies each head's
+  ``relu(q · k)`` by;
+- ``index_k`` ``[layers, tokens, d_idx]``: the indexer's key (``wk`` then its
+  norm and rotary), one per token, shared by the heads; with the fp8 cache,
+  its dequantised values ``k8 · scale`` or the fp8 values with
+  ``index_k_scale`` ``[layers, tokens]`` beside them.
+
+``save`` stores those keys like the others (``index_weights`` and
+``index_k_scale`` are kept float32, being scales).
 """
 
 from __future__ import annotations
@@ -358,7 +381,7 @@ def save(
     out: Dict[str, np.ndarray] = {}
     for key, arr in arrays.items():
         arr = np.asarray(arr)
-        if key in ("q", "k", "v", "index_q", "index_k"):
+        if key in ("q", "k", "v", "index_q", "index_k"):  # weights and scales stay float32
             with np.errstate(over="ignore"):  # overflow -> inf, refused below
                 cast = arr.astype(dtype)
             if not np.isfinite(cast).all():
