@@ -166,7 +166,7 @@ def test_a_lower_precision_block_engine_is_owed_its_rounding_and_no_more(impl):
         assert mod.check_blocks(served, rows, nb, cfg)["wrong"] == 0
         tolerant_rows += tolerant["rows"]
         strict_wrong += strict["wrong"]
-    assert strict_wrong > 10, strict_wrong
+    assert tolerant_rows > 200 and strict_wrong > 10, (tolerant_rows, strict_wrong)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -256,9 +256,8 @@ def test_native_block_report_equals_reference_on_randomised_engine_rows_with_bug
             swap = _free_swap(rows[i], int(nb[i]), s[i], cfg)
             if swap:
                 rows[i][rows[i] == swap[0]] = swap[1]
-        m = None
         kw = dict(atol=float(rng.choice([0.0, 0.5])))
-        if case % 3 == 0:
+        if case % 3 == 0:  # |q| . |k| bounds the scores' rounding (any magnitudes do here)
             m = ks.block_scores(np.abs(q), np.abs(k), pos, cfg).reshape(s.shape)
             kw.update(rtol=0.125, magnitudes=np.nan_to_num(m, nan=1.0))
         lays = {"native": None, "reference": None}
