@@ -32,6 +32,7 @@ __all__ = [
     "sparse_attention",
     "segment_coverage_rows",
     "attention_mass_recall_rows",
+    "slots_used_rows",
     "output_relative_error",
     "output_relative_error_rows",
     "set_num_threads",
@@ -340,6 +341,12 @@ def segment_coverage_rows(
     candidates: npt.ArrayLike, context_lens: npt.ArrayLike, num_segments: int
 ) -> npt.NDArray[np.float64]:
     """:func:`segment_coverage` of every row of ``candidates [rows, width]``."""
+
+def slots_used_rows(
+    candidates: npt.ArrayLike, context_lens: npt.ArrayLike
+) -> npt.NDArray[np.int64]:
+    """How many distinct entries of each row of ``candidates [rows, width]`` lie in
+    ``[0, context_lens[r])``: the keys the selection really uses, int64 ``[rows]``."""
 
 def attention_mass_recall_rows(
     candidates: npt.ArrayLike, attention: npt.ArrayLike

@@ -1538,6 +1538,17 @@ def segment_coverage_rows(candidates: Any, context_lens: Any, num_segments: int)
     )
 
 
+def slots_used_rows(candidates: Any, context_lens: Any) -> np.ndarray:
+    """How many distinct entries of each row of ``candidates [rows, width]``
+    lie in ``[0, context_lens[r])``; int64 ``[rows]``."""
+    c = _index_array("candidates", candidates, 2, _SELECTION)
+    lens = _index_array("context_lens", context_lens, 1, _SELECTION, positions=True)
+    if len(lens) != c.shape[0]:
+        raise ReferenceSelectionError("context_lens", "context_lens needs one length per row")
+    return np.array([len({int(x) for x in row if 0 <= x < L}) for row, L in zip(c, lens)],
+                    dtype=np.int64)
+
+
 def attention_mass_recall_rows(candidates: Any, attention: Any) -> np.ndarray:
     """:func:`attention_mass_recall` of every attention row ``r`` of
     ``attention [n_rows, row_len]`` against candidate row ``r // group``,
@@ -1688,7 +1699,8 @@ def _scan(raw: np.ndarray, row: list, n: int, problems: list) -> dict:
             continue
         if padding and not hole:
             hole = True
-            problems.append({"reason": "padding_hole", "slot": slot, "position": x})
+            problems.append({"reason": "padding_hole", "slot": slot,
+                             "position": int(raw[slot]) if x == _UNMAPPED else x})
         if x == _UNMAPPED:
             problems.append({"reason": "not_in_table", "slot": slot, "value": int(raw[slot])})
             continue
@@ -1821,8 +1833,9 @@ class GlobalSlots:
     position ``t`` of request ``r`` is ``block_table[r, t // block_size] *
     block_stride_rows + t % block_size``; a prefill row (``prefill_req_ids
     [row] >= 0``) holds ``workspace_starts[prefill_req_ids[row]] + t``;
-    ``req_ids`` names each checked row's request. The parameters are read
-    here and judged against the rows when a check uses them, as natively."""
+    ``req_ids`` names each checked row's request. A page of no tokens or
+    overlapping pages are refused here; the rest is judged against the rows
+    when a check uses them, as natively."""
 
     def __init__(self, block_table: Any, req_ids: Any, block_size: Any, *, block_stride_rows: Any = None,
                  prefill_req_ids: Any = None, workspace_starts: Any = None) -> None:
@@ -1837,6 +1850,11 @@ class GlobalSlots:
                 "workspace_starts", "prefill_req_ids and workspace_starts go together: pass both or neither")
         self.workspace_starts = np.zeros(0, np.int64) if starts is None else starts
         self.req_ids = _index_array("req_ids", req_ids, 1, _SELECTION, positions=True)
+        # What no rows can make right is refused at once.
+        if self.block_size == 0:
+            raise ReferenceSelectionError("block_size", "block_size must be at least 1")
+        if self.stride < self.block_size:
+            raise ReferenceSelectionError("block_stride_rows", "block_stride_rows is below block_size")
 
     def _check(self, n_rows: int) -> None:
         """Refuses parameters that do not describe ``n_rows`` rows."""

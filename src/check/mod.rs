@@ -263,7 +263,9 @@ pub(crate) fn scan_row(raw: &[i64], row: &[i64], len: usize, problems: &mut Vec<
         }
         if padding_at.is_some() && !hole {
             hole = true;
-            problems.push(Problem::PaddingHole { slot, position: x });
+            // The engine's own value when it names no position of the row.
+            let position = if x == UNMAPPED { engine } else { x };
+            problems.push(Problem::PaddingHole { slot, position });
         }
         if x == UNMAPPED {
             problems.push(Problem::NotInTable {
@@ -475,9 +477,14 @@ pub fn check_rows(
     let b = batch;
     let n = b.lens.len();
     let invalid = |argument, message: String| Err(AttentionError::Invalid { argument, message });
-    let grid = checked_size("scores", &[n, b.n_positions])?;
-    check_len("scores", b.scores.len(), grid, || {
-        format!("[n_rows={n}, n_candidates={}]", b.n_positions)
+    // The Python parameters' names, which differ by rule.
+    let (scores_name, lens_name) = match rule {
+        Rule::Topk(_) => ("scores", "context_lens"),
+        Rule::Blocks(_) => ("block_scores", "num_blocks"),
+    };
+    let grid = checked_size(scores_name, &[n, b.n_positions])?;
+    check_len(scores_name, b.scores.len(), grid, || {
+        format!("[n_rows={n} ({lens_name}), n_candidates={}]", b.n_positions)
     })?;
     if let Some(m) = b.magnitudes {
         check_len("magnitudes", m.len(), grid, || "the shape of scores".into())?;
@@ -507,10 +514,10 @@ pub fn check_rows(
     }
     if let Some((i, &l)) = b.lens.iter().enumerate().find(|&(_, &l)| l > b.n_positions) {
         return Err(AttentionError::OutOfRange {
-            argument: "context_lens",
+            argument: lens_name,
             index: i,
             message: format!(
-                "row {i} has {l} candidates but only {} are scored",
+                "{lens_name}[{i}] = {l} but only {} candidates are scored",
                 b.n_positions
             ),
         });

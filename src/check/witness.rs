@@ -29,9 +29,22 @@ pub fn check_witness_rows(
     num_segments: usize,
 ) -> Result<Vec<RowCheck>, AttentionError> {
     let refused = |e: WitnessError| AttentionError::Invalid {
-        argument: "before",
+        argument: match e {
+            WitnessError::SegmentsOutOfRange { .. } => "num_segments",
+            WitnessError::RowsMismatch { .. } => "context_lens",
+            WitnessError::LearnedKeepOutOfRange { .. } => "before",
+        },
         message: e.to_string(),
     };
+    // Every row needs its length, the off switch (S = 0) included: checked
+    // before anything else, so no row is read past the buffer or left unjudged.
+    if topk.checked_mul(context_lens.len()) != Some(before.len()) {
+        return Err(refused(WitnessError::RowsMismatch {
+            learned_len: before.len(),
+            topk,
+            rows: context_lens.len(),
+        }));
+    }
     if after.len() != before.len() {
         return Err(AttentionError::Invalid {
             argument: "after",

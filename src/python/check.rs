@@ -55,6 +55,16 @@ impl PyGlobalSlots {
             Some(s) if !s.is_none() => S.count(s, "block_stride_rows", i32::MAX as u64)?,
             _ => block_size,
         };
+        let probe = GlobalSlots {
+            block_table: &[],
+            max_blocks: 1,
+            block_size,
+            stride,
+            req_ids: &[],
+            prefill_req_ids: None,
+            workspace_starts: &[],
+        };
+        probe.check(0)?; // a page of no tokens, or pages that overlap
         let vec_i64 = |o: Opt<'_, '_>, name| -> PyResult<Option<Vec<i64>>> {
             match o {
                 Some(o) if !o.is_none() => {
@@ -229,7 +239,11 @@ fn run<'py>(
     tol: Tolerance,
     reasons: &[&str],
 ) -> PyResult<Bound<'py, PyDict>> {
-    let s = S.input::<f32, 2>(scores, "scores", "[n_rows, n_candidates]")?;
+    let name = match rule {
+        Rule::Topk(_) => "scores",
+        Rule::Blocks(_) => "block_scores",
+    };
+    let s = S.input::<f32, 2>(scores, name, "[n_rows, n_candidates]")?;
     let [n, t] = s.shape;
     let lens = lens(n, t)?;
     let m = match magnitudes {
@@ -274,6 +288,13 @@ fn check_witnesses<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let b = S.input::<i32, 2>(before, "before", "[rows, topk]")?;
     let a = S.input::<i32, 2>(after, "after", "[rows, topk]")?;
+    if a.shape != b.shape {
+        let msg = format!(
+            "after has shape {:?} but before has {:?}: the in-place call keeps the shape",
+            a.shape, b.shape
+        );
+        return Err(super::errors::refuse(Domain::Selection, "after", msg));
+    }
     let lens = S.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
     let s = S.count(num_segments, "num_segments", u64::MAX)?;
     let (bs, as_, ls) = (b.slice()?, a.slice()?, lens.slice()?);

@@ -1665,6 +1665,49 @@ def _():
             "check": lambda rep: rep["rows"] == 2 and rep["wrong"] == 0}
 
 
+@case("check-witnesses-lens-mismatch-off", "engine check", "`check_witnesses(before, after, [8, 6, 5], 0)`",
+      "SelectionError", argument="context_lens", note="every row needs its length, the off switch included")
+def _():
+    b, a = witness_check_args()
+    return {"call": lambda: _ks().check_witnesses(b, a, [8, 6, 5], 0), "watch": [b, a]}
+
+
+@case("check-witnesses-fewer-lens-off", "engine check", "`check_witnesses(before, after + 1, [], 0)`",
+      "SelectionError", argument="context_lens", note="no row is left unjudged")
+def _():
+    b, a = witness_check_args()
+    wrong = a + 1
+    return {"call": lambda: _ks().check_witnesses(b, wrong, [], 0), "watch": [b, wrong]}
+
+
+@case("check-witnesses-65-segments", "engine check", "`check_witnesses(before, after, lens, 65)`",
+      "SelectionError", argument="num_segments")
+def _():
+    b, a = witness_check_args()
+    return {"call": lambda: _ks().check_witnesses(b, a, lens(), 65), "watch": [b, a]}
+
+
+@case("check-witnesses-reshaped-after", "engine check", "`check_witnesses(before [2, 4], after.reshape(4, 2), lens, 2)`",
+      "SelectionError", argument="after", note="the same size in another shape is another buffer")
+def _():
+    b, a = witness_check_args()
+    other = a.reshape(4, 2)
+    return {"call": lambda: _ks().check_witnesses(b, other, lens(), 2), "watch": [b, other]}
+
+
+@case("slots-used-lens-mismatch", "metrics", "`slots_used_rows(rows [2, 4], [8])`", "WitnessError",
+      argument="context_lens")
+def _():
+    r = learned()
+    return {"call": lambda: _ks().slots_used_rows(r, [8]), "watch": [r]}
+
+
+@case("slots-used-float", "metrics", "`slots_used_rows(rows.astype(float32), lens)`", "TypeError")
+def _():
+    r = learned().astype(np.float32)
+    return {"call": lambda: _ks().slots_used_rows(r, lens()), "watch": [r]}
+
+
 def slots_args():
     table = np.array([[3, 1]], np.int32)
     scores = np.arange(8, dtype=np.float32)[None]

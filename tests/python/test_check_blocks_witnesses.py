@@ -779,10 +779,9 @@ def test_bad_block_check_arguments_are_refused_naming_them(impl):
     assert all(np.array_equal(a, b) for a, b in zip(watched, before))
 
 
-# The native checkers name a few arguments by their core names, not the
-# Python parameter the caller passed (reported; the reference names the
-# parameter). Strict: these start passing when the bindings are fixed.
-NATIVE_MISNAMED = pytest.mark.xfail(strict=True, reason="the native binding names the core's argument")
+# Refusals name the Python parameter the caller passed (the native bindings
+# once named the core's argument, panicked on a witness buffer with more
+# lengths than rows and no segments, and accepted one with fewer).
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -792,8 +791,6 @@ NATIVE_MISNAMED = pytest.mark.xfail(strict=True, reason="the native binding name
     ("num_blocks", "past"),
 ])
 def test_bad_block_scores_and_num_blocks_are_named_as_passed(impl, argument, bad, request):
-    if impl == "native":
-        request.applymarker(NATIVE_MISNAMED)
     cfg, s, rows, nb = _block_args()
     call = {"3d": lambda: _mod(impl).check_blocks(s[None], rows, nb, cfg),
             "rows": lambda: _mod(impl).check_blocks(s, rows, [6, 4, 3], cfg),
@@ -843,6 +840,9 @@ def test_bad_global_slots_are_refused_naming_them(impl):
         ("block_stride_rows", lambda: m.GlobalSlots(t, [0], 4, block_stride_rows=-1)),
         ("workspace_starts", lambda: m.GlobalSlots(t, [0], 4, prefill_req_ids=[0])),
         ("workspace_starts", lambda: m.GlobalSlots(t, [0], 4, workspace_starts=[0])),
+        # No rows can make these right: refused at once.
+        ("block_size", lambda: m.GlobalSlots(t, [0], 0)),
+        ("block_stride_rows", lambda: m.GlobalSlots(t, [0], 4, block_stride_rows=3)),
     ]:
         with pytest.raises(_error(impl)) as e:
             make()
@@ -851,8 +851,6 @@ def test_bad_global_slots_are_refused_naming_them(impl):
         m.GlobalSlots(t.astype(float), [0], 4)
     # Judged against the rows when a check uses them.
     for argument, lay in [
-        ("block_size", m.GlobalSlots(t, [0], 0)),
-        ("block_stride_rows", m.GlobalSlots(t, [0], 4, block_stride_rows=3)),
         ("block_table", m.GlobalSlots(np.zeros((1, 0), np.int32), [0], 4)),
         ("req_ids", m.GlobalSlots(t, [0, 0], 4)),
         ("req_ids", m.GlobalSlots(t, [1], 4)),
@@ -896,16 +894,14 @@ def test_bad_witness_check_arguments_are_refused_naming_them(impl):
     ("after", "same size, another shape"),
 ])
 def test_bad_witness_arguments_are_named_as_passed(impl, argument, bad, request):
-    if impl == "native":
-        request.applymarker(NATIVE_MISNAMED)
     m = _mod(impl)
     b = np.array([[0, 5, -1, -1, 7, 9]], np.int32)
     call = {
         "65 segments": lambda: m.check_witnesses(b, b, [10], 65),
         "rows mismatch": lambda: m.check_witnesses(b, b, [10, 3], 2),
-        # Native: a PanicException (a slice past the buffer), not a refusal.
+        # Once a PanicException natively (a slice past the buffer).
         "rows mismatch, no segments": lambda: m.check_witnesses(b, b, [10, 3], 0),
-        # Native: accepted, the row without a length never judged.
+        # Once accepted natively, the row without a length never judged.
         "fewer lens, no segments": lambda: m.check_witnesses(b, b + 1, [], 0),
         "same size, another shape": lambda: m.check_witnesses(b, b.reshape(2, 3), [10], 2),
     }[bad]

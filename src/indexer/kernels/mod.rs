@@ -94,14 +94,23 @@ pub(super) fn score_keys(
                 &s[t0 * d..(t0 + BLOCK) * d]
             }
             _ => {
-                for (r, row) in kbuf.chunks_exact_mut(dp).enumerate() {
-                    match r < block.len() {
-                        true => keys.decode((t0 + r) * d, &mut row[..d]),
-                        false => row.fill(0.0), // a partial block's unused rows: scored, discarded
+                let n = block.len();
+                if d == dp {
+                    // Rows need no padding: the block's keys are one run,
+                    // decoded in one call (a call per short row costs more
+                    // than the decode itself at small d).
+                    keys.decode(t0 * d, &mut kbuf[..n * d]);
+                    kbuf[n * d..].fill(0.0); // a partial block's unused rows: scored, discarded
+                } else {
+                    for (r, row) in kbuf.chunks_exact_mut(dp).enumerate() {
+                        match r < n {
+                            true => keys.decode((t0 + r) * d, &mut row[..d]),
+                            false => row.fill(0.0),
+                        }
                     }
-                    if magnitude {
-                        row.iter_mut().for_each(|x| *x = x.abs());
-                    }
+                }
+                if magnitude {
+                    kbuf.iter_mut().for_each(|x| *x = x.abs());
                 }
                 &kbuf
             }
