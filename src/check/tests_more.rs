@@ -196,6 +196,10 @@ fn the_witness_rule_is_equality_and_each_broken_contract_is_named() {
     // A refused buffer is refused, not judged.
     assert!(check_witness_rows(&before, &rule[..7], 8, &lens, 4).is_err());
     assert!(check_witness_rows(&before, &rule, 8, &lens, 65).is_err());
+    // Every row needs its length, the off switch included: none is read past
+    // the buffer, none is left unjudged.
+    assert!(check_witness_rows(&before, &before, 8, &[16, 3], 0).is_err());
+    assert!(check_witness_rows(&before, &rule, 8, &[], 0).is_err());
 }
 
 /// Row-relative `rows` as vLLM writes them: global slots through a block
