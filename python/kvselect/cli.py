@@ -305,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--segments",
         type=_positive,
         default=None,
-        help="witness segments S, 1-64 (default: 64, or k when the budget k is below 64)",
+        help="witness segments S, 1-64 (default: 64, or k // 8 (at least 1) when the budget k is below 512)",
     )
     ev.add_argument(
         "--block-size",

@@ -157,7 +157,9 @@ def derive_settings(
     run that worked on the defaults is unchanged), and scales only what must
     scale with ``k``:
 
-    - ``segments``: ``min(64, k)`` (each witness needs a slot);
+    - ``segments``: ``min(64, max(1, k // 8))``: 64 from ``k = 512`` on, at
+      most an eighth of the row below (S = k would leave the reserved tail no
+      learned slot and overwrite the whole row as served);
     - ``block_size``: the largest power of two up to 64 whose forced blocks
       (``init_blocks + local_blocks``, at least one block) fit the budget;
       64 from ``k = 192`` on with the default 1 + 2 forced blocks;
@@ -186,7 +188,9 @@ def derive_settings(
     derived: Dict[str, int] = {}
 
     if segments is None:
-        segs = min(d.segments, k)
+        # At most an eighth of the row: S = k would make the reserved tail
+        # all witnesses and the as-served row none of the learned top-k.
+        segs = min(d.segments, max(1, k // 8))
     else:
         segs = int(segments)
         if not 1 <= segs <= ks.MAX_TOPOLOGY_SEGMENTS:
@@ -198,7 +202,7 @@ def derive_settings(
             raise SettingsError(
                 f"{name('segments')} ({segs}) cannot exceed the budget ({k}): the witnesses "
                 f"need a slot each; lower {name('segments')}, or leave it out to use "
-                f"min({d.segments}, k)",
+                f"min({d.segments}, max(1, k // 8))",
                 ["segments"],
             )
 

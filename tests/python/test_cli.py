@@ -383,7 +383,7 @@ def tables(out):
 
 
 def test_every_small_budget_runs_on_the_defaults_and_says_what_was_derived(capsys):
-    budgets = [1, 2, 3, 8, 64, 100, 191, 192]
+    budgets = [1, 2, 3, 8, 64, 100, 191, 192, 512]
     code, out, err = run(capsys, [*SMALL, "--budget", *map(str, budgets)])
     assert code == 0, err
     assert err == ""
@@ -393,18 +393,19 @@ def test_every_small_budget_runs_on_the_defaults_and_says_what_was_derived(capsy
     line = derived[0]
     assert "k = 1: --segments 1, --block-size 1, --init-blocks 0, --local-blocks 1, " \
            "--sinks 0" in line
-    assert "k = 64: --block-size 16" in line and "k = 191: --block-size 32" in line
-    assert "k = 192" not in line  # the defaults fit there: nothing derived
+    assert "k = 64: --segments 8, --block-size 16" in line
+    assert "k = 191: --segments 23, --block-size 32" in line and "k = 192: --segments 24" in line
+    assert "k = 512" not in line  # the defaults fit there: nothing derived
     got = tables(out)
     assert sorted(got) == budgets
     for budget, rows in got.items():
         assert len(rows) == len(POLICIES), budget
         assert not any("n/a" in row for row in rows), budget
-    assert "budget k = 64 (S = 64 segments, blocks of 16 (1 init + 2 local), 4 sinks)" in out
+    assert "budget k = 64 (S = 8 segments, blocks of 16 (1 init + 2 local), 4 sinks)" in out
 
 
 def test_the_default_budget_prints_no_derived_line(capsys):
-    code, out, err = run(capsys, [*SMALL, "--budget", "256"])
+    code, out, err = run(capsys, [*SMALL, "--budget", "512"])
     assert code == 0, err
     assert "derived" not in out
     assert "S = 64 segments, blocks of 64 (1 init + 2 local), 4 sinks" in out

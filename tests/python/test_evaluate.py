@@ -591,7 +591,7 @@ def test_a_block_larger_than_the_budget_is_not_refused_block_sparse_is_na(worklo
 
 
 def test_derive_settings_keeps_the_defaults_wherever_they_fit():
-    for k in (192, 256, 2048, 100_000):
+    for k in (512, 1024, 2048, 100_000):
         s, derived = evaluate.derive_settings(k)
         assert derived == {}, k
         assert s == Settings(budget=k)
@@ -601,12 +601,14 @@ def test_derive_settings_keeps_the_defaults_wherever_they_fit():
     "k, expected",
     [
         (1, dict(segments=1, block_size=1, init_blocks=0, local_blocks=1, sinks=0)),
-        (2, dict(segments=2, block_size=1, init_blocks=0, local_blocks=2, sinks=1)),
-        (3, dict(segments=3, block_size=1, init_blocks=1, local_blocks=2, sinks=2)),
-        (8, dict(segments=8, block_size=2, init_blocks=1, local_blocks=2, sinks=4)),
-        (32, dict(segments=32, block_size=8, init_blocks=1, local_blocks=2, sinks=4)),
-        (64, dict(segments=64, block_size=16, init_blocks=1, local_blocks=2, sinks=4)),
-        (191, dict(segments=64, block_size=32, init_blocks=1, local_blocks=2, sinks=4)),
+        (2, dict(segments=1, block_size=1, init_blocks=0, local_blocks=2, sinks=1)),
+        (3, dict(segments=1, block_size=1, init_blocks=1, local_blocks=2, sinks=2)),
+        (8, dict(segments=1, block_size=2, init_blocks=1, local_blocks=2, sinks=4)),
+        (32, dict(segments=4, block_size=8, init_blocks=1, local_blocks=2, sinks=4)),
+        (64, dict(segments=8, block_size=16, init_blocks=1, local_blocks=2, sinks=4)),
+        (191, dict(segments=23, block_size=32, init_blocks=1, local_blocks=2, sinks=4)),
+        (192, dict(segments=24, block_size=64, init_blocks=1, local_blocks=2, sinks=4)),
+        (511, dict(segments=63, block_size=64, init_blocks=1, local_blocks=2, sinks=4)),
     ],
 )
 def test_derive_settings_scales_what_must_scale_with_a_small_budget(k, expected):
@@ -624,13 +626,13 @@ def test_every_budget_from_1_runs_every_policy_on_the_derived_defaults(workload)
     for r in report.results:
         assert r.ran, (r.budget, r.policy)
         assert 0 < r.slots_used <= r.budget, (r.budget, r.policy)
-    assert [s["segments"] for s in report.settings] == [min(64, k) for k in budgets]
+    assert [s["segments"] for s in report.settings] == [min(64, max(1, k // 8)) for k in budgets]
 
 
 def test_derive_settings_keeps_what_was_given_and_trims_only_the_rest():
     s, derived = evaluate.derive_settings(32, block_size=16)  # 2 blocks: 1 + 2 cannot fit
     assert (s.block_size, s.init_blocks, s.local_blocks) == (16, 0, 2)
-    assert derived == {"segments": 32, "init_blocks": 0}
+    assert derived == {"segments": 4, "init_blocks": 0}
     s, _ = evaluate.derive_settings(32, block_size=16, init_blocks=1)
     assert (s.init_blocks, s.local_blocks) == (1, 1)
     s, _ = evaluate.derive_settings(32, local_blocks=5)  # the block shrinks instead
