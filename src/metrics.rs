@@ -102,6 +102,22 @@ pub fn attention_probabilities(
     Ok(())
 }
 
+/// `candidates` is `[rows, width]` with one context length per row.
+fn check_candidate_rows(
+    candidates: &[i32],
+    width: usize,
+    context_lens: &[usize],
+    rows: usize,
+) -> Result<(), AttentionError> {
+    let n = checked_size("candidates", &[rows, width])?;
+    check_len("candidates", candidates.len(), n, || {
+        format!("[rows={rows} (out's length), width={width}]")
+    })?;
+    check_len("context_lens", context_lens.len(), rows, || {
+        format!("one per row, rows={rows} (out's length)")
+    })
+}
+
 /// Segment coverage of many rows: `out[r]` is
 /// [`crate::witness::segment_coverage`] of candidate row `r`
 /// (`candidates` is `[rows, width]`, `rows = out.len()`) with context length
@@ -113,14 +129,7 @@ pub fn segment_coverage_rows(
     num_segments: usize,
     out: &mut [f64],
 ) -> Result<(), AttentionError> {
-    let rows = out.len();
-    let n = checked_size("candidates", &[rows, width])?;
-    check_len("candidates", candidates.len(), n, || {
-        format!("[rows={rows} (out's length), width={width}]")
-    })?;
-    check_len("context_lens", context_lens.len(), rows, || {
-        format!("one per row, rows={rows} (out's length)")
-    })?;
+    check_candidate_rows(candidates, width, context_lens, out.len())?;
     pool::for_each_row_mut(out, 1, min_rows(width), |r, o| {
         let row = &candidates[r * width..(r + 1) * width];
         o[0] = witness::segment_coverage(row, context_lens[r], num_segments);
@@ -138,14 +147,7 @@ pub fn slots_used_rows(
     context_lens: &[usize],
     out: &mut [i64],
 ) -> Result<(), AttentionError> {
-    let rows = out.len();
-    let n = checked_size("candidates", &[rows, width])?;
-    check_len("candidates", candidates.len(), n, || {
-        format!("[rows={rows} (out's length), width={width}]")
-    })?;
-    check_len("context_lens", context_lens.len(), rows, || {
-        format!("one per row, rows={rows} (out's length)")
-    })?;
+    check_candidate_rows(candidates, width, context_lens, out.len())?;
     pool::for_each_row_mut(out, 1, min_rows(width), |r, o| {
         let len = context_lens[r];
         let mut valid: Vec<i32> = candidates[r * width..(r + 1) * width]

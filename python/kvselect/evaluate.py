@@ -579,14 +579,8 @@ def evaluate(
     gives them). ``progress`` wraps the iteration over heads (a progress
     bar, say). A policy that cannot run at a budget (block-sparse when the
     budget holds no block) is reported with NaN numbers and a note."""
-    runs = _runs(budgets, settings)
-    t0 = time.perf_counter()
-    acc: _Acc = {}
-    _accumulate(workload, runs, acc, progress)
-    report = _report_of(workload, runs)
-    _results(report, runs, acc)
-    report.seconds = time.perf_counter() - t0
-    return report
+    reports, _ = evaluate_many([workload], budgets, settings, progress)
+    return reports[0]
 
 
 def evaluate_many(

@@ -148,18 +148,11 @@ pub fn select_batch_encoded_into<P: IndexLike>(
     layout: OutLayout,
     out: &mut [i32],
 ) -> Result<(), SelectionError> {
-    cfg.validate()?;
-    let n_positions = key_rows(index_k.len(), d)?;
-    check_q_len(index_q.len(), n_queries, n_kv_heads, d)?;
+    let (n_positions, vis) =
+        dense_rows(&index_q, n_queries, n_kv_heads, &index_k, d, query_pos, cfg)?;
     check_block_ids_fit_i32(n_positions, cfg)?;
-    check_per_query_len("query_pos", query_pos.len(), n_queries)?;
     let width = cfg.width();
     check_out(out, n_queries, n_kv_heads, width)?;
-    let mut vis = Vec::with_capacity(n_queries);
-    for (i, &p) in query_pos.iter().enumerate() {
-        let p = p.to_usize().ok_or_else(|| bad_position(i, p))?;
-        vis.push(visible_end(p, n_positions));
-    }
     let mut rows = out_rows(out, n_queries, n_kv_heads, width, layout);
     run_engine(
         simd::Wide::best(),
@@ -174,6 +167,32 @@ pub fn select_batch_encoded_into<P: IndexLike>(
         SCRATCH_FLOATS,
     );
     Ok(())
+}
+
+/// The checks a dense call's inputs share (config, keys, queries, one
+/// position per query), and each query's visible end.
+fn dense_rows<P: IndexLike>(
+    index_q: &Encoded<'_>,
+    n_queries: usize,
+    n_kv_heads: usize,
+    index_k: &Encoded<'_>,
+    d: usize,
+    query_pos: &[P],
+    cfg: &BlockSparseConfig,
+) -> Result<(usize, Vec<usize>), SelectionError> {
+    cfg.validate()?;
+    let n_positions = key_rows(index_k.len(), d)?;
+    check_q_len(index_q.len(), n_queries, n_kv_heads, d)?;
+    check_per_query_len("query_pos", query_pos.len(), n_queries)?;
+    let vis = query_pos
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            let p = p.to_usize().ok_or_else(|| bad_position(i, p))?;
+            Ok(visible_end(p, n_positions))
+        })
+        .collect::<Result<_, SelectionError>>()?;
+    Ok((n_positions, vis))
 }
 
 /// Every row's block scores themselves, the exact values the selection
@@ -197,10 +216,8 @@ pub fn block_scores_into<P: IndexLike>(
     magnitude: bool,
     out: &mut [f32],
 ) -> Result<(), SelectionError> {
-    cfg.validate()?;
-    let n_positions = key_rows(index_k.len(), d)?;
-    check_q_len(index_q.len(), n_queries, n_kv_heads, d)?;
-    check_per_query_len("query_pos", query_pos.len(), n_queries)?;
+    let (n_positions, vis) =
+        dense_rows(&index_q, n_queries, n_kv_heads, &index_k, d, query_pos, cfg)?;
     let n_blocks = n_positions.div_ceil(cfg.block_size);
     let expected = n_queries
         .checked_mul(n_kv_heads)
@@ -212,11 +229,6 @@ pub fn block_scores_into<P: IndexLike>(
             actual: out.len(),
             shape: format!("[{n_queries}, {n_kv_heads}, {n_blocks}]"),
         });
-    }
-    let mut vis = Vec::with_capacity(n_queries);
-    for (i, &p) in query_pos.iter().enumerate() {
-        let p = p.to_usize().ok_or_else(|| bad_position(i, p))?;
-        vis.push(visible_end(p, n_positions));
     }
     if n_blocks == 0 {
         return Ok(());
