@@ -505,7 +505,9 @@ class GlobalSlots:
     (``prefill_req_ids[row] >= 0``) holds ``workspace_starts[prefill_req_ids[row]] + t``.
     ``req_ids`` names each checked row's request; MiniMax-M3's physical block ids are the case
     ``block_size=1``. An entry naming no position of its request is reported ``not_in_table``.
-    The parameters are judged against the rows when a check uses them.
+    The parameters are judged against the rows when a check uses them. With ``dcp_size > 1``
+    (decode context parallelism, tokens dealt ``dcp_interleave`` at a time), ``block_table``
+    is ``[dcp_size, n_requests, max_blocks]`` and the rows are the ranks' rows side by side.
     """
 
     def __new__(
@@ -517,6 +519,8 @@ class GlobalSlots:
         block_stride_rows: Optional[int] = None,
         prefill_req_ids: Optional[npt.ArrayLike] = None,
         workspace_starts: Optional[npt.ArrayLike] = None,
+        dcp_size: Optional[int] = None,
+        dcp_interleave: Optional[int] = None,
     ) -> "GlobalSlots": ...
 
 def check_blocks(

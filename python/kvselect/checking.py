@@ -54,7 +54,12 @@ max_blocks]`` int32, ``req_ids`` ``[n_rows]`` and ``block_size`` the rows are
 global slot ids as vLLM's ``triton_convert_req_index_to_global_index``
 writes them (optional ``block_stride_rows``; prefill rows through
 ``prefill_req_ids`` ``[n_rows]``, ``-1`` for a decode row, and
-``workspace_starts``); see :class:`kvselect.GlobalSlots`.
+``workspace_starts``); see :class:`kvselect.GlobalSlots`. With decode
+context parallelism add ``dcp_size`` and ``dcp_interleave``: ``rows`` is then
+every rank's output, ``[dcp_size, n_rows, topk]`` (each rank keeps the tokens
+it owns, ``-1`` or compacted elsewhere), and ``block_table`` every rank's,
+``[dcp_size, n_requests, max_blocks]``: the ranks' rows together are the
+selection.
 
 The tolerance
 -------------
@@ -203,16 +208,27 @@ def _layout(d: Mapping[str, np.ndarray], rows: np.ndarray) -> Optional[ks.Global
         block_stride_rows=_int(d, "block_stride_rows", _int(d, "block_size")),
         prefill_req_ids=None if prefill is None else prefill[rows],
         workspace_starts=d.get("workspace_starts"),
+        dcp_size=_int(d, "dcp_size", 1),
+        dcp_interleave=_int(d, "dcp_interleave", 1),
     )
 
 
 def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[Tuple[str, dict]]:
     _need(d, "rows")
     engine_rows = d["rows"]
-    if engine_rows.ndim != 2:
+    ranks = _int(d, "dcp_size", 1)
+    if ranks > 1:
+        if engine_rows.ndim != 3 or engine_rows.shape[0] != ranks:
+            raise DumpError(f"rows must be [dcp_size = {ranks}, n_rows, topk] (each DCP rank's "
+                            f"rows), got shape {engine_rows.shape}")
+        width = engine_rows.shape[2]
+        engine_rows = np.concatenate(list(engine_rows), axis=1)  # the ranks side by side
+    elif engine_rows.ndim != 2:
         raise DumpError(f"rows must be [n_rows, topk], got shape {engine_rows.shape}")
+    else:
+        width = engine_rows.shape[1]
     n = len(engine_rows)
-    topk = _int(d, "topk", engine_rows.shape[1])
+    topk = _int(d, "topk", width)
     fmt = {"key_format": _text(d, "index_k_format"), "query_format": _text(d, "index_q_format")}
     parts: List[Tuple[np.ndarray, dict]] = []
     if "scores" in d:

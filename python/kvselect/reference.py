@@ -1686,13 +1686,14 @@ def _kth_best(scores: np.ndarray, k: int) -> float:
     return float(numbers[k - 1]) if k <= len(numbers) else math.nan
 
 
-def _scan(raw: np.ndarray, row: list, n: int, problems: list) -> dict:
+def _scan(raw: np.ndarray, row: list, n: int, problems: list, holes: bool = False) -> dict:
     """The structural half of the rule, shared by tokens and blocks: the
     distinct in-range ids of ``row`` (row-relative, ``_UNMAPPED`` where the
     engine's entry in ``raw`` named no position) as ``{id: slot}`` in slot
-    order; what is wrong with the structure appended to ``problems``."""
+    order; what is wrong with the structure appended to ``problems``. With
+    ``holes`` (DCP ranks' rows), padding may sit anywhere."""
     chosen: dict = {}
-    padding, hole = False, False
+    padding, hole = False, holes
     for slot, x in enumerate(row):
         if x < 0:
             padding = True
@@ -1764,10 +1765,10 @@ def _selection(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
 
 
 def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
-               raw: np.ndarray, row: list, L: int, topk: int) -> list:
+               raw: np.ndarray, row: list, L: int, topk: int, holes: bool = False) -> list:
     """One token top-k row (``row`` read back from the engine's ``raw``)."""
     problems: list = []
-    chosen = _scan(raw, row, L, problems)
+    chosen = _scan(raw, row, L, problems, holes)
     expected = min(topk, L)
     if len(chosen) != expected:
         problems.append({"reason": "wrong_count", "valid": len(chosen), "expected": expected})
@@ -1838,8 +1839,22 @@ class GlobalSlots:
     when a check uses them, as natively."""
 
     def __init__(self, block_table: Any, req_ids: Any, block_size: Any, *, block_stride_rows: Any = None,
-                 prefill_req_ids: Any = None, workspace_starts: Any = None) -> None:
-        self.block_table = _index_array("block_table", block_table, 2, _SELECTION)
+                 prefill_req_ids: Any = None, workspace_starts: Any = None, dcp_size: Any = None,
+                 dcp_interleave: Any = None) -> None:
+        self.dcp_size = 1 if dcp_size is None else _selection_count("dcp_size", dcp_size)
+        self.dcp_interleave = 1 if dcp_interleave is None else _selection_count("dcp_interleave", dcp_interleave)
+        if self.dcp_size == 0 or self.dcp_interleave == 0:
+            arg = "dcp_size" if self.dcp_size == 0 else "dcp_interleave"
+            raise ReferenceSelectionError(arg, f"{arg} must be at least 1")
+        table = np.asarray(block_table)
+        ndim = 2 if self.dcp_size == 1 else 3
+        if table.ndim != ndim or (ndim == 3 and table.shape[0] != self.dcp_size):
+            raise ReferenceSelectionError("block_table", f"block_table must be {ndim}-D (one table per DCP rank)")
+        # One table per rank: [dcp_size, n_requests, max_blocks].
+        n_req, max_blocks = table.shape[-2:]
+        flat = table.reshape(self.dcp_size * n_req, max_blocks)
+        self.tables = _index_array("block_table", flat, 2, _SELECTION).reshape(self.dcp_size, n_req, max_blocks)
+        self.block_table = self.tables[0]
         self.block_size = _selection_count("block_size", block_size)
         self.stride = (self.block_size if block_stride_rows is None
                        else _selection_count("block_stride_rows", block_stride_rows))
@@ -1877,25 +1892,38 @@ class GlobalSlots:
                 raise ReferenceSelectionError("prefill_req_ids", "prefill_req_ids names a start past workspace_starts")
 
     def _relative(self, i: int, raw: np.ndarray) -> list:
-        """Row ``i``'s entries as row-relative ids (``_UNMAPPED``: none)."""
+        """Row ``i``'s entries as row-relative ids (``_UNMAPPED``: none); with
+        DCP, slot ``j`` is rank ``j // (width / dcp_size)``'s, its local
+        position mapped back to the request's token."""
         start = None
         if self.prefill_req_ids is not None and self.prefill_req_ids[i] >= 0:
             start = int(self.workspace_starts[self.prefill_req_ids[i]])
-        pages: dict = {}
-        for b, page in enumerate(int(p) for p in self.block_table[self.req_ids[i]]):
-            if page >= 0:
-                pages.setdefault(page, b)  # the first logical block holding the page
+        size, il = self.dcp_size, self.dcp_interleave
+        share = len(raw) // size
+        pages: list = []
+        for rank in range(size):
+            p: dict = {}
+            for b, page in enumerate(int(x) for x in self.tables[rank][self.req_ids[i]]):
+                if page >= 0:
+                    p.setdefault(page, b)  # the first logical block holding the page
+            pages.append(p)
         out = []
-        for g in (int(v) for v in raw):
+        for j, g in enumerate(int(v) for v in raw):
             if g < 0:  # padding stays padding
                 out.append(g)
             elif start is not None:  # a prefill row: offset by its workspace start
                 t = g - start
                 out.append(t if 0 <= t < _UNMAPPED else _UNMAPPED)
             else:
+                rank = j // share if share else 0
                 page, off = divmod(g, self.stride)
-                b = pages.get(page)
-                out.append(b * self.block_size + off if b is not None and off < self.block_size else _UNMAPPED)
+                b = pages[rank].get(page)
+                if b is None or off >= self.block_size:
+                    out.append(_UNMAPPED)
+                    continue
+                local = b * self.block_size + off
+                t = (local // il) * (size * il) + rank * il + local % il
+                out.append(t if t < _UNMAPPED else _UNMAPPED)
         return out
 
     def __repr__(self) -> str:
@@ -1934,6 +1962,10 @@ def _check_batch(s: np.ndarray, r: np.ndarray, lens: list, m: Optional[np.ndarra
         if not isinstance(layout, GlobalSlots):
             raise TypeError(f"layout must be a GlobalSlots or None, got {type(layout).__name__}")
         layout._check(n)
+        if layout.dcp_size > 1 and (need[0] == "config" or r.shape[1] % layout.dcp_size):
+            raise ReferenceSelectionError(
+                "layout", "a DCP layout reads token rows of dcp_size ranks side by side: the rows' "
+                "width must be a multiple of it (and blocks have no DCP form)")
     details, by_reason = [], dict.fromkeys(reasons, 0)
     for i in range(n):
         row = [int(x) for x in r[i]] if layout is None else layout._relative(i, r[i])
@@ -1960,7 +1992,8 @@ def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = 
     its exact scores (see the section's rule), as the native report; with
     ``layout``, the rows are global slot ids read back through it."""
     r = _engine_rows(rows)
-    k = r.shape[1] if topk is None else _selection_count("topk", topk)
+    ranks = layout.dcp_size if isinstance(layout, GlobalSlots) else 1
+    k = r.shape[1] // ranks if topk is None else _selection_count("topk", topk)
     s = _float_array("scores", scores, 2, _SELECTION).astype(np.float32)
     n, t = s.shape
     lens = [t] * n if context_lens is None else [int(x) for x in _index_array(
@@ -1968,7 +2001,8 @@ def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = 
     m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION).astype(np.float32)
     a, rt = float(atol), float(rtol)
     return _check_batch(s, r, lens, m, a, rt, layout, {"scores": "scores", "lens": "context_lens"}, ("topk", k),
-                       lambda si, mi, raw, row, L: _check_row(si, mi, a, rt, raw, row, L, k), _CHECK_REASONS)
+                       lambda si, mi, raw, row, L: _check_row(si, mi, a, rt, raw, row, L, k, ranks > 1),
+                       _CHECK_REASONS)
 
 
 def check_blocks(block_scores: Any, rows: Any, num_blocks: Any, config: Any = None, *, atol: float = 0.0,

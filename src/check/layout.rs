@@ -14,9 +14,18 @@
 //! request's table entries (the first logical block holding it wins), and a
 //! slot that names no page of the table, or an offset past the page, becomes
 //! [`UNMAPPED`](super::UNMAPPED) — reported with the engine's value, never
-//! silently dropped. (The decode-context-parallel path, which leaves each
-//! rank only the slots it owns, is not read: its rows are a rank's share of
-//! the selection, which the rule does not judge on its own.)
+//! silently dropped.
+//!
+//! Decode context parallelism (DCP) splits a request's tokens over
+//! `dcp_size` ranks, `dcp_interleave` at a time (token `t` lives on rank
+//! `(t / il) % size`, at local position `(t / (size · il)) · il + t % il` of
+//! that rank's own cache and block table), and each rank's converter keeps
+//! only the slots it owns (`-1` for the rest, or its valid slots compacted
+//! to the front). One rank's row is a share of the selection, which the
+//! rule cannot judge alone; the ranks' rows side by side are the selection.
+//! So a DCP map takes every rank's block table and reads slot `j` of a row
+//! `[size · topk]` wide as rank `j / topk`'s, mapping its local position back
+//! to the token; padding may then sit inside each rank's part.
 
 use std::collections::HashMap;
 
@@ -40,12 +49,17 @@ pub struct GlobalSlots<'a> {
     /// negative for a decode row; `None`: every row is a decode row.
     pub prefill_req_ids: Option<&'a [i64]>,
     pub workspace_starts: &'a [i64],
+    /// DCP ranks (1: none); with more, `block_table` is `[dcp_size,
+    /// n_requests, max_blocks]`, one table per rank.
+    pub dcp_size: usize,
+    /// Consecutive tokens per rank in DCP's round robin.
+    pub dcp_interleave: usize,
 }
 
-/// Each request's page → logical block map, built once.
+/// Each (rank, request)'s page → logical block map, built once.
 pub struct Inverse<'a> {
     map: GlobalSlots<'a>,
-    pages: HashMap<usize, HashMap<i64, usize>>,
+    pages: HashMap<(usize, usize), HashMap<i64, usize>>,
 }
 
 impl<'a> GlobalSlots<'a> {
@@ -65,12 +79,24 @@ impl<'a> GlobalSlots<'a> {
                 ),
             );
         }
-        let n_req = match self.block_table.len().checked_div(self.max_blocks) {
-            Some(n) if n * self.max_blocks == self.block_table.len() => n,
+        if self.dcp_size == 0 || self.dcp_interleave == 0 {
+            let arg = if self.dcp_size == 0 {
+                "dcp_size"
+            } else {
+                "dcp_interleave"
+            };
+            return invalid(arg, format!("{arg} must be at least 1"));
+        }
+        let per_table = self.max_blocks.saturating_mul(self.dcp_size);
+        let n_req = match self.block_table.len().checked_div(per_table) {
+            Some(n) if n * per_table == self.block_table.len() => n,
             _ => {
                 return invalid(
                     "block_table",
-                    "block_table must be [n_requests, max_blocks] with max_blocks >= 1".into(),
+                    "block_table must be [n_requests, max_blocks] (one per DCP rank, \
+                     [dcp_size, n_requests, max_blocks], with dcp_size > 1) with \
+                     max_blocks >= 1"
+                        .into(),
                 )
             }
         };
@@ -115,18 +141,23 @@ impl<'a> GlobalSlots<'a> {
         Ok(())
     }
 
-    /// The inverse map of every request the rows name (after [`Self::check`]).
+    /// The inverse map of every request the rows name, on every rank
+    /// (after [`Self::check`]).
     pub fn inverse(self) -> Inverse<'a> {
-        let mut pages: HashMap<usize, HashMap<i64, usize>> = HashMap::new();
-        for &r in self.req_ids {
-            pages.entry(r).or_insert_with(|| {
-                let row = &self.block_table[r * self.max_blocks..][..self.max_blocks];
-                let mut m = HashMap::with_capacity(row.len());
-                for (b, &page) in row.iter().enumerate().filter(|(_, &p)| p >= 0) {
-                    m.entry(i64::from(page)).or_insert(b);
-                }
-                m
-            });
+        let mut pages: HashMap<(usize, usize), HashMap<i64, usize>> = HashMap::new();
+        let n_req = self.block_table.len() / (self.max_blocks * self.dcp_size);
+        for rank in 0..self.dcp_size {
+            for &r in self.req_ids {
+                pages.entry((rank, r)).or_insert_with(|| {
+                    let at = (rank * n_req + r) * self.max_blocks;
+                    let row = &self.block_table[at..][..self.max_blocks];
+                    let mut m = HashMap::with_capacity(row.len());
+                    for (b, &page) in row.iter().enumerate().filter(|(_, &p)| p >= 0) {
+                        m.entry(i64::from(page)).or_insert(b);
+                    }
+                    m
+                });
+            }
         }
         Inverse { map: self, pages }
     }
@@ -135,7 +166,8 @@ impl<'a> GlobalSlots<'a> {
 impl Inverse<'_> {
     /// Row `i`'s engine entries `raw` as row-relative ids in `out`:
     /// negative entries stay padding, an entry naming no position of the
-    /// row's request becomes [`UNMAPPED`].
+    /// row's request becomes [`UNMAPPED`]. With DCP, `raw` is the ranks'
+    /// rows side by side (`raw.len()` a multiple of `dcp_size`).
     pub fn to_relative(&self, i: usize, raw: &[i64], out: &mut Vec<i64>) {
         let m = &self.map;
         out.clear();
@@ -143,9 +175,10 @@ impl Inverse<'_> {
             .prefill_req_ids
             .and_then(|p| usize::try_from(p[i]).ok())
             .map(|r| m.workspace_starts[r]);
-        let pages = &self.pages[&m.req_ids[i]];
+        let share = raw.len() / m.dcp_size.max(1);
         let (bs, stride) = (m.block_size as i64, m.stride as i64);
-        out.extend(raw.iter().map(|&g| {
+        let (size, il) = (m.dcp_size as i64, m.dcp_interleave as i64);
+        out.extend(raw.iter().enumerate().map(|(j, &g)| {
             if g < 0 {
                 return g;
             }
@@ -155,14 +188,22 @@ impl Inverse<'_> {
                     _ => UNMAPPED,
                 };
             }
+            let rank = j.checked_div(share).unwrap_or(0);
+            let pages = &self.pages[&(rank, m.req_ids[i])];
             let (page, off) = (g / stride, g % stride);
-            match pages.get(&page) {
-                Some(&b) if off < bs => (b as i64)
-                    .checked_mul(bs)
-                    .and_then(|x| x.checked_add(off))
-                    .unwrap_or(UNMAPPED),
-                _ => UNMAPPED,
-            }
+            let local = match pages.get(&page) {
+                Some(&b) if off < bs => (b as i64).checked_mul(bs).and_then(|x| x.checked_add(off)),
+                _ => None,
+            };
+            // The rank's local position back to the request's token.
+            local
+                .and_then(|l| {
+                    (l / il)
+                        .checked_mul(size * il)?
+                        .checked_add(rank as i64 * il)?
+                        .checked_add(l % il)
+                })
+                .unwrap_or(UNMAPPED)
         }));
     }
 }

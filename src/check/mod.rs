@@ -213,13 +213,21 @@ pub fn check_topk_row(
         magnitudes,
         tol,
     };
-    topk_row(&sc, row, row, len, topk)
+    topk_row(&sc, row, row, len, topk, false)
 }
 
-/// [`check_topk_row`] on a row read back from the engine's `raw` one.
-fn topk_row(sc: &Scored<'_>, raw: &[i64], row: &[i64], len: usize, topk: usize) -> RowCheck {
+/// [`check_topk_row`] on a row read back from the engine's `raw` one
+/// (`holes`: padding may sit anywhere).
+fn topk_row(
+    sc: &Scored<'_>,
+    raw: &[i64],
+    row: &[i64],
+    len: usize,
+    topk: usize,
+    holes: bool,
+) -> RowCheck {
     let mut problems = Vec::new();
-    let scan = scan_row(raw, row, len, &mut problems);
+    let scan = scan_row(raw, row, len, holes, &mut problems);
     let expected = topk.min(len);
     if scan.selected.len() != expected {
         problems.push(Problem::WrongCount {
@@ -248,14 +256,22 @@ impl Scan {
     }
 }
 
-/// The structural half of the rule (padding after the valid entries, each
-/// in `0..len`, no duplicate), shared by tokens and blocks. `row` holds
+/// The structural half of the rule (padding after the valid entries unless
+/// `holes` allows it anywhere — DCP's ranks leave their remote slots `-1`
+/// in place — each in `0..len`, no duplicate), shared by tokens and blocks. `row` holds
 /// row-relative ids, [`UNMAPPED`] where the engine's entry (in `raw`, the
 /// row as the engine wrote it) named no position of the row.
-pub(crate) fn scan_row(raw: &[i64], row: &[i64], len: usize, problems: &mut Vec<Problem>) -> Scan {
+pub(crate) fn scan_row(
+    raw: &[i64],
+    row: &[i64],
+    len: usize,
+    holes: bool,
+    problems: &mut Vec<Problem>,
+) -> Scan {
     let mut chosen = vec![usize::MAX; len];
     let mut selected = Vec::with_capacity(row.len().min(len));
-    let (mut padding_at, mut hole) = (None, false);
+    // With `holes`, padding may sit anywhere (a hole is then no fault).
+    let (mut padding_at, mut hole) = (None, holes);
     for (slot, (&x, &engine)) in row.iter().zip(raw).enumerate() {
         if x < 0 {
             padding_at.get_or_insert(slot);
@@ -560,6 +576,19 @@ pub fn check_rows(
         }
         None => None,
     };
+    // DCP: the ranks' rows side by side, padding anywhere (each rank keeps
+    // `-1` where a token is another rank's, unless it compacts).
+    let ranks = b.global.map_or(1, |g| g.dcp_size);
+    if ranks > 1 && (matches!(rule, Rule::Blocks(_)) || !b.width.is_multiple_of(ranks)) {
+        return invalid(
+            "layout",
+            format!(
+                "a DCP layout reads token rows of dcp_size = {ranks} ranks side by side: the \
+                 rows' width ({}) must be a multiple of it (and blocks have no DCP form)",
+                b.width
+            ),
+        );
+    }
     let mut out = vec![RowCheck::default(); n];
     let (t, w) = (b.n_positions, b.width);
     crate::pool::for_each_row_mut(&mut out, 1, crate::pool::min_rows(t.max(w)), |i, slot| {
@@ -580,7 +609,7 @@ pub fn check_rows(
             None => raw,
         };
         slot[0] = match rule {
-            Rule::Topk(k) => topk_row(&sc, raw, row, b.lens[i], k),
+            Rule::Topk(k) => topk_row(&sc, raw, row, b.lens[i], k, ranks > 1),
             Rule::Blocks(cfg) => blocks::block_row(&sc, raw, row, b.lens[i], &cfg),
         };
     });

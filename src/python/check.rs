@@ -25,6 +25,13 @@ const S: Args = Args(Domain::Selection);
 /// physical block ids are the case ``block_size=1``. The checkers read the
 /// rows back through it; an entry naming no position of its request is
 /// reported as ``not_in_table`` with the engine's value.
+///
+/// Decode context parallelism: with ``dcp_size > 1`` (tokens dealt to the
+/// ranks ``dcp_interleave`` at a time), ``block_table`` is ``[dcp_size,
+/// n_requests, max_blocks]``, one table per rank, and the rows checked are
+/// the ranks' rows side by side (``np.concatenate(rank_rows, axis=1)``,
+/// ``[n_rows, dcp_size * topk]``): each rank keeps only its own tokens, so
+/// only together are they the selection; each rank's part pads on its own.
 #[pyclass(name = "GlobalSlots", module = "kvselect", frozen)]
 pub(super) struct PyGlobalSlots {
     block_table: Vec<i32>,
@@ -34,13 +41,17 @@ pub(super) struct PyGlobalSlots {
     req_ids: Vec<usize>,
     prefill_req_ids: Option<Vec<i64>>,
     workspace_starts: Vec<i64>,
+    dcp_size: usize,
+    dcp_interleave: usize,
 }
 
 #[pymethods]
 impl PyGlobalSlots {
     #[new]
     #[pyo3(signature = (block_table, req_ids, block_size, *, block_stride_rows=None,
-                        prefill_req_ids=None, workspace_starts=None))]
+                        prefill_req_ids=None, workspace_starts=None, dcp_size=None,
+                        dcp_interleave=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         block_table: &Obj<'_>,
         req_ids: &Obj<'_>,
@@ -48,8 +59,28 @@ impl PyGlobalSlots {
         block_stride_rows: Opt<'_, '_>,
         prefill_req_ids: Opt<'_, '_>,
         workspace_starts: Opt<'_, '_>,
+        dcp_size: Opt<'_, '_>,
+        dcp_interleave: Opt<'_, '_>,
     ) -> PyResult<Self> {
-        let t = S.input::<i32, 2>(block_table, "block_table", "[n_requests, max_blocks]")?;
+        let one_or = |o: Opt<'_, '_>, name| match o {
+            Some(o) if !o.is_none() => S.count(o, name, i32::MAX as u64),
+            _ => Ok(1),
+        };
+        let dcp_size = one_or(dcp_size, "dcp_size")?;
+        let dcp_interleave = one_or(dcp_interleave, "dcp_interleave")?;
+        let (t, shape) = S.input_dyn::<i32>(block_table, "block_table")?;
+        let max_blocks = match (dcp_size, &shape[..]) {
+            (1, [_, m]) => *m,
+            (r, [ranks, _, m]) if r > 1 && *ranks == r => *m,
+            _ => {
+                let want = match dcp_size {
+                    1 => "2-D [n_requests, max_blocks]".to_string(),
+                    r => format!("3-D [dcp_size = {r}, n_requests, max_blocks]"),
+                };
+                let msg = format!("block_table must be {want}, got shape {shape:?}");
+                return Err(super::errors::refuse(Domain::Selection, "block_table", msg));
+            }
+        };
         let block_size = S.count(block_size, "block_size", i32::MAX as u64)?;
         let stride = match block_stride_rows {
             Some(s) if !s.is_none() => S.count(s, "block_stride_rows", i32::MAX as u64)?,
@@ -63,8 +94,10 @@ impl PyGlobalSlots {
             req_ids: &[],
             prefill_req_ids: None,
             workspace_starts: &[],
+            dcp_size,
+            dcp_interleave,
         };
-        probe.check(0)?; // a page of no tokens, or pages that overlap
+        probe.check(0)?; // a page of no tokens, overlapping pages, no rank
         let vec_i64 = |o: Opt<'_, '_>, name| -> PyResult<Option<Vec<i64>>> {
             match o {
                 Some(o) if !o.is_none() => {
@@ -84,25 +117,29 @@ impl PyGlobalSlots {
         }
         Ok(PyGlobalSlots {
             block_table: t.slice()?.to_vec(),
-            max_blocks: t.shape[1],
+            max_blocks,
             block_size,
             stride,
             req_ids: positions(S, req_ids, "req_ids")?,
             prefill_req_ids: prefill,
             workspace_starts: starts.unwrap_or_default(),
+            dcp_size,
+            dcp_interleave,
         })
     }
 
     fn __repr__(&self) -> String {
         format!(
             "GlobalSlots(<{} requests x {} blocks>, <{} rows>, block_size={}, \
-             block_stride_rows={}, prefill={})",
-            self.block_table.len() / self.max_blocks.max(1),
+             block_stride_rows={}, prefill={}, dcp_size={}, dcp_interleave={})",
+            self.block_table.len() / (self.max_blocks * self.dcp_size).max(1),
             self.max_blocks,
             self.req_ids.len(),
             self.block_size,
             self.stride,
-            self.prefill_req_ids.is_some()
+            self.prefill_req_ids.is_some(),
+            self.dcp_size,
+            self.dcp_interleave
         )
     }
 }
@@ -117,6 +154,8 @@ impl PyGlobalSlots {
             req_ids: &self.req_ids,
             prefill_req_ids: self.prefill_req_ids.as_deref(),
             workspace_starts: &self.workspace_starts,
+            dcp_size: self.dcp_size,
+            dcp_interleave: self.dcp_interleave,
         }
     }
 }
@@ -135,7 +174,8 @@ fn layout<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalSlots<'
 /// be in any order; ties at the threshold broken any way). ``rows`` is
 /// int32 or int64 ``[n_rows, width]``, negative entries padding, row-relative
 /// or (``layout=GlobalSlots(...)``) global slot ids; ``context_lens``
-/// ``[n_rows]`` (default: every position); ``topk`` defaults to ``width``.
+/// ``[n_rows]`` (default: every position); ``topk`` defaults to ``width``
+/// (a rank's width with a DCP layout).
 /// With ``atol = rtol = 0`` the check is exact.
 ///
 /// Returns a dict: ``rows``, ``correct``, ``wrong``, ``by_reason`` (rows
@@ -163,7 +203,8 @@ fn check_topk<'py>(
     let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
     let topk = match topk {
         Some(k) if !k.is_none() => S.count(k, "topk", u64::MAX)?,
-        _ => r.shape[1],
+        // DCP rows are the ranks' rows side by side: each rank's width.
+        _ => r.shape[1] / layout.as_ref().map_or(1, |g| g.get().dcp_size),
     };
     let tol = Tolerance { atol, rtol };
     let lens = |n, t| match context_lens {

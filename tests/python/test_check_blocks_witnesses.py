@@ -913,3 +913,83 @@ def test_bad_witness_arguments_are_named_as_passed(impl, argument, bad, request)
         pytest.fail(f"{type(e).__name__}: {e}")
     else:
         pytest.fail("accepted")
+
+
+# --------------------------------------------------------------------------
+# Decode context parallelism: the ranks' rows side by side
+# --------------------------------------------------------------------------
+
+
+def _dcp_rows(rng, rows, size, il, tables, bs, req_ids, compact):
+    """vLLM's converter on each DCP rank: a rank keeps the tokens it owns
+    (token t on rank (t // il) % size, local slot (t // (size il)) il + t % il),
+    as global slots through its own table, -1 elsewhere (or compacted to
+    the front); the ranks' rows side by side."""
+    n, topk = rows.shape
+    out = np.full((n, size, topk), -1, dtype=np.int64)
+    for i in range(n):
+        for slot, t in enumerate(rows[i]):
+            if t < 0:
+                continue
+            rank, local = (t // il) % size, (t // (size * il)) * il + t % il
+            g = int(tables[rank, req_ids[i], local // bs]) * bs + local % bs
+            at = int(np.argmax(out[i, rank] < 0)) if compact else slot
+            out[i, rank, at] = g
+    return out.reshape(n, size * topk)
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_dcp_ranks_rows_side_by_side_are_judged_as_the_whole_selection(compact):
+    rng = np.random.default_rng(44)
+    seen = {True: 0, False: 0}
+    for case in range(150):
+        size, il, bs, max_blocks, n_req = int(rng.integers(2, 4)), int(rng.integers(1, 4)), 4, 6, 2
+        tables = np.stack([rng.permutation(n_req * max_blocks).reshape(n_req, max_blocks)
+                           for _ in range(size)]).astype(np.int32)
+        t = size * bs * max_blocks
+        n = int(rng.integers(1, 6))
+        s = rng.integers(0, 4, (n, t)).astype(np.float32)
+        lens = rng.integers(1, t + 1, n)
+        req = rng.integers(0, n_req, n)
+        topk = int(rng.integers(1, 7))
+        rows = np.full((n, topk), -1, dtype=np.int64)
+        for i, L in enumerate(lens):
+            arrival = rng.permutation(L)
+            best = arrival[np.argsort(-s[i, :L][arrival], kind="stable")][: min(topk, L)]
+            rows[i, : len(best)] = best
+            if rng.random() < 0.25 and len(best) > 1:
+                rows[i, 0] = rows[i, 1]  # a duplicate
+        ranked = _dcp_rows(rng, rows, size, il, tables, bs, req, compact)
+        want = ks.check_topk(s, rows, lens, topk=topk)
+        reports = []
+        for impl in (ks, ref):
+            lay = impl.GlobalSlots(tables, req, bs, dcp_size=size, dcp_interleave=il)
+            reports.append(impl.check_topk(s, ranked, lens, layout=lay))  # topk: a rank's width
+        assert reports[0] == reports[1], case  # native == reference, slot for slot
+        got = reports[0]
+        # The same verdicts and reasons as the row-relative rows (the slots
+        # differ: a DCP row is the ranks' rows side by side).
+        def gist(r):
+            return [(d["row"], [p["reason"] for p in d["problems"]]) for d in r["details"]]
+        assert gist(got) == gist(want) and got["correct"] == want["correct"], case
+        for d in want["details"]:
+            assert d["problems"][0]["reason"] == "duplicate"
+        seen[True] += want["correct"]
+        seen[False] += want["wrong"]
+    assert seen[True] > 100 and seen[False] > 20, seen
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_dcp_layout_refuses_a_width_that_is_no_whole_number_of_ranks(impl):
+    m = _mod(impl)
+    tables = np.zeros((2, 1, 4), np.int32)
+    lay = m.GlobalSlots(tables, [0], 4, dcp_size=2)
+    with pytest.raises(_error(impl)) as e:
+        m.check_topk(np.zeros((1, 16), np.float32), np.zeros((1, 3), np.int64), topk=1, layout=lay)
+    assert e.value.argument == "layout"
+    with pytest.raises(_error(impl)) as e:
+        m.GlobalSlots(tables[0], [0], 4, dcp_size=2)  # one table per rank
+    assert e.value.argument == "block_table"
+    with pytest.raises(_error(impl)) as e:
+        m.GlobalSlots(tables, [0], 4, dcp_size=2, dcp_interleave=0)
+    assert e.value.argument == "dcp_interleave"

@@ -197,3 +197,37 @@ def test_the_console_script_runs_the_check(tmp_path):
     assert subprocess.run(cmd, capture_output=True).returncode == 0
     cmd[-1] = checking.example_path()
     assert subprocess.run(cmd, capture_output=True).returncode == 1
+
+
+def test_a_dcp_dump_is_every_ranks_rows_judged_together(tmp_path, capsys):
+    """Decode context parallelism: two ranks, tokens dealt two at a time,
+    each rank's rows its own tokens as global slots through its own table."""
+    rng = np.random.default_rng(8)
+    size, il, bs, max_blocks, n, topk = 2, 2, 4, 8, 5, 6
+    tables = np.stack([rng.permutation(max_blocks)[None] for _ in range(size)]).astype(np.int32)
+    t = size * bs * max_blocks
+    s = rng.integers(0, 9, (n, t)).astype(np.float32)
+    lens = rng.integers(topk, t + 1, n)
+    ranked = np.full((size, n, topk), -1, dtype=np.int64)
+    for i, L in enumerate(lens):
+        for tok in np.argsort(-s[i, :L], kind="stable")[:topk]:
+            rank, local = (tok // il) % size, (tok // (size * il)) * il + tok % il
+            at = int(np.argmax(ranked[rank, i] < 0))  # compacted to the front
+            ranked[rank, i, at] = int(tables[rank, 0, local // bs]) * bs + local % bs
+    fields = dict(scores=s, context_lens=lens, block_table=tables, req_ids=np.zeros(n, np.int64),
+                  block_size=bs, dcp_size=size, dcp_interleave=il, topk=topk)
+    p = tmp_path / "dcp.npz"
+    checking.save_dump(str(p), "topk", rows=ranked, **fields)
+    code, out, _ = run(capsys, p)
+    assert code == 0, out
+    # Rank 1 loses one of its tokens: the row as a whole is one short.
+    i, slot = next((i, j) for i in range(n) for j in range(topk) if ranked[1, i, j] >= 0)
+    ranked[1, i, slot] = -1
+    checking.save_dump(str(p), "topk", rows=ranked, **fields)
+    r = checking.check_dump(str(p))
+    (row,) = r["checks"][0]["report"]["details"]
+    assert row["row"] == i and row["problems"] == [{"reason": "wrong_count", "valid": topk - 1,
+                                                     "expected": topk}]
+    checking.save_dump(str(p), "topk", rows=ranked[0], **fields)  # one rank's rows only
+    code, _, err = run(capsys, p)
+    assert code == 2 and "dcp_size = 2" in err
