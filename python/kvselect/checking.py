@@ -43,7 +43,9 @@ beside it (``"bfloat16"``, ``"float16"`` or ``"float8_e4m3fn"``); from torch,
 - ``rows`` ``[n_queries, n_kv_heads, width]``, or the engines'
   ``[n_kv_heads, n_queries, width]`` with ``head_major = 1``: block ids, any
   order, ``-1`` padded; physical page ids when ``block_table`` (``[n_seqs,
-  max_blocks]``) and ``seq_ids`` (``[n_queries]``, default all 0) are given.
+  max_blocks]``) is given;
+- several sequences packed: ``cu_seqlens`` ``[n_seqs + 1]`` and ``seq_ids``
+  ``[n_queries]`` (default all 0), ``query_pos`` within the sequence.
 
 ``kind = "witnesses"`` — an in-place ``scatter_topology_witnesses_`` call:
 ``before`` and ``after`` (``[rows, topk]``, the buffer before and after the
@@ -64,15 +66,23 @@ selection.
 The tolerance
 -------------
 
-``precision`` (a string key; default ``"float32"``) names what the engine
-computed its scores in, and sets the default ``rtol``: rounding each operand
-of a product once to that precision moves it by up to ``(1 + u)^2 - 1 ≈ 2u``
-(``u`` its unit roundoff), so ``rtol = 2u``: ``2^-7`` for bfloat16,
-``2^-10`` for float16, ``2^-3`` for float8_e4m3fn (also ``"fp8"``,
-``"bf16"``, ``"fp16"``, ``"fp32"``); float32 gets ``2^-16``,
-room for another summation order over a few hundred terms. ``atol`` defaults
+The exact scores are computed from the dumped operands themselves, so an
+engine is owed only the roundings it did *beyond* them. ``precision`` (a
+string key; default ``"float32"``) names the coarsest of those: the
+precision the engine accumulated or stored its scores in, or that it
+rounded a dumped operand to on the fly (a bfloat16 query it quantised to
+fp8, say). One rounding to it moves a score by at most ``u`` (its unit
+roundoff) times its magnitude ``Σ_h |w_h| Σ_i |q_hi k_ti|``, so the default
+``rtol`` is ``u``: ``2^-8`` for bfloat16, ``2^-11`` for float16, ``2^-4``
+for float8_e4m3fn (also ``"fp8"``, ``"bf16"``, ``"fp16"``, ``"fp32"``);
+float32 gets ``2^-16``, room for another summation order over a few hundred
+terms. An fp8 kernel that accumulates in float32 (DeepGEMM's MQA logits)
+is ``"float32"``: its fp8 operands are in the dump, exact. ``atol`` defaults
 to 0. Both are overridable (``--rtol``, ``--atol``); ``0, 0`` is the exact
-check. The engine's own scores are always checked exactly.
+check. The engine's own scores are always checked exactly. The report counts
+the rows the tolerance makes **vacuous** — every position's interval meets
+every other's, so no selection could fail — and warns when there are any:
+such a check proves nothing about those rows.
 """
 
 from __future__ import annotations
@@ -90,9 +100,9 @@ import kvselect as ks
 
 DEFAULT_RTOL: Dict[str, float] = {
     "float32": 2.0**-16,
-    "float16": 2.0**-10,
-    "bfloat16": 2.0**-7,
-    "float8_e4m3fn": 2.0**-3,
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+    "float8_e4m3fn": 2.0**-4,
 }
 """The default ``rtol`` for each ``precision`` (see the module docs)."""
 
@@ -152,7 +162,8 @@ def _text(d: Mapping[str, np.ndarray], key: str, default: Optional[str] = None) 
     a = d[key]
     if a.ndim != 0 or a.dtype.kind not in "US":
         raise DumpError(f"{key} must be a string, got dtype {a.dtype} shape {a.shape}")
-    return str(a)
+    v = a.item()
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _int(d: Mapping[str, np.ndarray], key: str, default: Optional[int] = None) -> int:
@@ -213,9 +224,67 @@ def _layout(d: Mapping[str, np.ndarray], rows: np.ndarray) -> Optional[ks.Global
     )
 
 
+def _fp8_table() -> np.ndarray:
+    """Every float8 e4m3fn byte's value (0x7F and 0xFF are NaN)."""
+    b = np.arange(256)
+    e, m = (b >> 3) & 0xF, b & 7
+    v = np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * np.exp2(e - 7.0))
+    v = np.where((e == 15) & (m == 7), np.nan, v)
+    return np.where(b >> 7, -v, v).astype(np.float32)
+
+
+def _floats(d: Mapping[str, np.ndarray], key: str) -> Optional[np.ndarray]:
+    """A float array of the dump as float32 (``None`` if absent), decoding
+    raw low-precision bits named by ``<key>_format``."""
+    if key not in d:
+        return None
+    a, fmt = d[key], _text(d, f"{key}_format")
+    if fmt is None:
+        if a.dtype.kind != "f":
+            raise DumpError(f"{key} must hold floats (or raw bits with a {key}_format), got {a.dtype}")
+        return a.astype(np.float32)
+    raw = {"bfloat16": np.uint16, "float16": np.uint16, "float8_e4m3fn": np.uint8}.get(fmt)
+    if raw is None or a.dtype != raw:
+        raise DumpError(f"{key}_format {fmt!r} needs {key} as raw uint16 (bfloat16, float16) or "
+                        f"uint8 (float8_e4m3fn) bits, got {a.dtype}")
+    if fmt == "bfloat16":
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    if fmt == "float16":
+        return a.view(np.float16).astype(np.float32)
+    return _fp8_table()[a]
+
+
+def _same_rows(n: int, d: Mapping[str, np.ndarray], *keys: str) -> None:
+    """Every per-row array of the dump has one entry per engine row: a
+    truncated output (or input) is refused, never half checked."""
+    for key in keys:
+        if key in d and len(np.atleast_1d(d[key])) != n:
+            raise DumpError(f"{key} has {len(np.atleast_1d(d[key]))} rows but the engine's rows have "
+                            f"{n}: one each per row")
+
+
+def _vacuous(scores: np.ndarray, mags: Optional[np.ndarray], lens: np.ndarray, topk: int,
+             atol: float, rtol: float) -> int:
+    """Rows no selection could fail at this tolerance: more positions than
+    ``topk``, and every position's interval ``s ± e`` meets every other's."""
+    count = 0
+    for i, L in enumerate(lens):
+        L = int(L)
+        if L <= topk:
+            continue
+        s = scores[i, :L].astype(np.float64)
+        e = atol + (0.0 if mags is None else rtol * np.abs(mags[i, :L].astype(np.float64)))
+        ok = ~np.isnan(s)
+        if ok.any() and ok.all() and np.max(s - e) <= np.min(s + e):
+            count += 1
+    return count
+
+
 def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[Tuple[str, dict]]:
     _need(d, "rows")
     engine_rows = d["rows"]
+    if engine_rows.dtype.kind not in "iu":
+        raise DumpError(f"rows must hold integers (int32 or int64), got {engine_rows.dtype}")
     ranks = _int(d, "dcp_size", 1)
     if ranks > 1:
         if engine_rows.ndim != 3 or engine_rows.shape[0] != ranks:
@@ -229,25 +298,35 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
         width = engine_rows.shape[1]
     n = len(engine_rows)
     topk = _int(d, "topk", width)
+    _same_rows(n, d, "scores", "context_lens", "magnitudes", "engine_scores", "index_q", "weights",
+               "query_pos", "seq_ids", "req_ids", "prefill_req_ids")
     fmt = {"key_format": _text(d, "index_k_format"), "query_format": _text(d, "index_q_format")}
     parts: List[Tuple[np.ndarray, dict]] = []
+    vacuous = 0
     if "scores" in d:
         _need(d, "context_lens")
-        mags = d.get("magnitudes")
+        scores, mags = _floats(d, "scores"), _floats(d, "magnitudes")
+        assert scores is not None
         if rtol != 0 and mags is None:
             raise DumpError("rtol > 0 needs each score's magnitude: add 'magnitudes' to the "
                             "dump, pass --rtol 0 (and an --atol), or dump the indexer's inputs")
+        lens = _ints(d, "context_lens")
         parts.append((np.arange(n), ks.check_topk(
-            d["scores"], engine_rows, d["context_lens"], topk=topk, atol=atol, rtol=rtol,
+            scores, engine_rows, lens, topk=topk, atol=atol, rtol=rtol,
             magnitudes=mags, layout=_layout(d, np.arange(n)))))
-        lens = np.asarray(d["context_lens"])
+        vacuous = _vacuous(scores, mags, lens, topk, atol, rtol)
     else:
         _need(d, "index_q", "weights", "index_k", "query_pos")
-        q, w, k, pos = d["index_q"], d["weights"], d["index_k"], np.asarray(d["query_pos"])
-        scale = d.get("key_scale")
+        q, k, pos = d["index_q"], d["index_k"], _ints(d, "query_pos")
+        w, scale = _floats(d, "weights"), _floats(d, "key_scale")
+        assert w is not None
         if "cu_seqlens" in d:
             _need(d, "seq_ids")
-            cu, seq = np.asarray(d["cu_seqlens"]), np.asarray(d["seq_ids"])
+            cu, seq = _ints(d, "cu_seqlens"), _ints(d, "seq_ids")
+            if len(cu) < 2 or np.any(np.diff(cu) < 0) or cu[0] != 0 or cu[-1] != len(k):
+                raise DumpError(f"cu_seqlens must rise from 0 to the {len(k)} keys, got {cu[:8]}")
+            if len(seq) and (seq.min() < 0 or seq.max() >= len(cu) - 1):
+                raise DumpError(f"seq_ids must name one of the {len(cu) - 1} sequences")
         else:
             cu, seq = np.array([0, len(k)]), np.zeros(n, dtype=np.int64)
         lens = np.zeros(n, dtype=np.int64)
@@ -265,11 +344,25 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
                 parts.append((rows, ks.check_topk(
                     scores, engine_rows[rows], lens[rows], topk=topk, atol=atol, rtol=rtol,
                     magnitudes=mags, layout=_layout(d, rows))))
-    checks = [("against the exact scores", _merge(parts))]
-    if "engine_scores" in d:
-        checks.append(("against the engine's own scores, exactly", ks.check_topk(
-            d["engine_scores"], engine_rows, lens, topk=topk, layout=_layout(d, np.arange(n)))))
+                vacuous += _vacuous(scores, mags, lens[rows], topk, atol, rtol)
+    exact = _merge(parts)
+    exact["vacuous"] = vacuous
+    checks = [("against the exact scores", exact)]
+    engine_scores = _floats(d, "engine_scores")
+    if engine_scores is not None:
+        own = ks.check_topk(engine_scores, engine_rows, lens, topk=topk,
+                            layout=_layout(d, np.arange(n)))
+        own["vacuous"] = _vacuous(engine_scores, None, lens, topk, 0.0, 0.0)
+        checks.append(("against the engine's own scores, exactly", own))
     return checks
+
+
+def _ints(d: Mapping[str, np.ndarray], key: str) -> np.ndarray:
+    """An integer array of the dump, as int64."""
+    a = np.asarray(d[key])
+    if a.dtype.kind not in "iu":
+        raise DumpError(f"{key} must hold integers, got {a.dtype}")
+    return a.astype(np.int64).reshape(-1)
 
 
 def _check_blocks(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[Tuple[str, dict]]:
@@ -277,21 +370,44 @@ def _check_blocks(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List
     cfg = ks.BlockSparseConfig(
         _int(d, "block_size"), _int(d, "top_blocks"), _int(d, "init_blocks"), _int(d, "local_blocks"))
     fmt = {"key_format": _text(d, "index_k_format"), "query_format": _text(d, "index_q_format")}
-    q, k, pos = d["index_q"], d["index_k"], np.asarray(d["query_pos"])
+    q, k, pos = d["index_q"], d["index_k"], _ints(d, "query_pos")
     rows = d["rows"]
-    if rows.ndim != 3:
-        raise DumpError(f"rows must be [n_queries, n_kv_heads, width] (or head-major), got {rows.shape}")
+    if rows.ndim != 3 or rows.dtype.kind not in "iu":
+        raise DumpError(f"rows must be integer [n_queries, n_kv_heads, width] (or head-major), "
+                        f"got {rows.dtype} {rows.shape}")
     if _int(d, "head_major", 0):
         rows = rows.transpose(1, 0, 2)
+    if q.ndim != 3:
+        raise DumpError(f"index_q must be [n_queries, n_kv_heads, d], got shape {q.shape}")
     n, h = q.shape[0], q.shape[1]
     if rows.shape[:2] != (n, h):
         raise DumpError(f"rows has shape {d['rows'].shape} for {n} queries of {h} KV heads")
-    scores = ks.block_scores(q, k, pos, cfg, **fmt).reshape(n * h, -1)
-    mags = ks.block_scores(q, k, pos, cfg, magnitudes=True, **fmt).reshape(n * h, -1) if rtol else None
-    nb = np.repeat(-(-np.minimum(pos + 1, len(k)) // cfg.block_size), h)
+    _same_rows(n, d, "query_pos", "seq_ids")
+    seq = _ints(d, "seq_ids") if "seq_ids" in d else np.zeros(n, dtype=np.int64)
+    # Several sequences packed: each query scored over its own sequence's keys.
+    cu = _ints(d, "cu_seqlens") if "cu_seqlens" in d else np.array([0, len(k)])
+    if len(cu) < 2 or np.any(np.diff(cu) < 0) or cu[0] != 0 or cu[-1] != len(k):
+        raise DumpError(f"cu_seqlens must rise from 0 to the {len(k)} keys, got {cu[:8]}")
+    if len(seq) and (seq.min() < 0 or seq.max() >= len(cu) - 1):
+        raise DumpError(f"seq_ids must name one of the {len(cu) - 1} sequences")
+    width_b = -(-int(np.diff(cu).max()) // cfg.block_size)
+    scores = np.full((n, h, width_b), np.nan, dtype=np.float32)
+    mags = np.full_like(scores, np.nan) if rtol else None
+    nb = np.zeros((n, h), dtype=np.int64)
+    for s in np.unique(seq):
+        idx = np.flatnonzero(seq == s)
+        keys = k[int(cu[s]) : int(cu[s + 1])]
+        got = ks.block_scores(q[idx], keys, pos[idx], cfg, **fmt)
+        scores[idx, :, : got.shape[2]] = got
+        if mags is not None:
+            mags[idx, :, : got.shape[2]] = ks.block_scores(q[idx], keys, pos[idx], cfg,
+                                                           magnitudes=True, **fmt)
+        nb[idx] = (-(-np.minimum(pos[idx] + 1, len(keys)) // cfg.block_size))[:, None]
+    scores = scores.reshape(n * h, -1)
+    mags = None if mags is None else mags.reshape(n * h, -1)
+    nb = nb.reshape(-1)
     layout = None
     if "block_table" in d:
-        seq = np.asarray(d["seq_ids"]) if "seq_ids" in d else np.zeros(n, dtype=np.int64)
         layout = ks.GlobalSlots(d["block_table"], np.repeat(seq, h), 1)
     report = ks.check_blocks(scores, np.ascontiguousarray(rows).reshape(n * h, -1), nb, cfg,
                              atol=atol, rtol=rtol, magnitudes=mags, layout=layout)
@@ -316,8 +432,11 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
     if kind not in KINDS:
         raise DumpError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     precision, atol_, rtol_ = _tolerance(d, atol, rtol)
+    note = None
     if kind == "topk" and "scores" in d and "magnitudes" not in d and rtol is None:
         rtol_ = 0.0  # given scores without magnitudes: only atol applies
+        note = ("the dump's scores carry no magnitudes, so no relative tolerance applies "
+                "(rtol 0): add 'magnitudes', or dump the indexer's inputs")
     try:
         if kind == "topk":
             checks = _check_topk(d, atol_, rtol_)
@@ -330,12 +449,14 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
         raise DumpError(f"the dump's arrays do not fit together: {e}") from e
     except KeyError as e:
         raise DumpError(f"the dump has no {e}") from e
+    except (TypeError, ValueError, IndexError) as e:  # never a traceback: name what is off
+        raise DumpError(f"the dump cannot be checked: {e}") from e
     wrong = set()
     for _, r in checks:
         wrong.update(x["row"] for x in r["details"])
     return {
         "kind": kind,
-        "tolerance": {"precision": precision, "atol": atol_, "rtol": rtol_},
+        "tolerance": {"precision": precision, "atol": atol_, "rtol": rtol_, "note": note},
         "rows": checks[0][1]["rows"],
         "wrong": len(wrong),
         "checks": [{"name": name, "report": r} for name, r in checks],
@@ -372,7 +493,10 @@ def format_report(result: dict, *, show: int = 5, source: str = "") -> str:
     tol = "exact" if t["precision"] == "exact" else (
         f"precision {t['precision']}: rtol {t['rtol']:.3g}, atol {t['atol']:.3g}")
     lines = [f"kvselect check{' ' + source if source else ''}: {result['kind']}, "
-             f"{result['rows']} rows, {tol}", ""]
+             f"{result['rows']} rows, {tol}"]
+    if t.get("note"):
+        lines.append(f"note: {t['note']}")
+    lines.append("")
     name_w = max(len(c["name"]) for c in result["checks"])
     lines.append(f"{'':{name_w}}  {'rows':>7} {'correct':>8} {'wrong':>7}")
     for c in result["checks"]:
@@ -394,8 +518,26 @@ def format_report(result: dict, *, show: int = 5, source: str = "") -> str:
                 lines.append(f"  {where if i == 0 else ' ' * len(where)}: {_describe(p)}")
         if len(details) > show:
             lines.append(f"  ... and {len(details) - show} more (--show N, or --json)")
+    for c in result["checks"]:
+        v = c["report"].get("vacuous", 0)
+        if v:
+            lines += ["", f"warning: {v} of {c['report']['rows']} rows {c['name']} are vacuous at this "
+                          f"tolerance — every position's interval meets every other's, so no "
+                          f"selection could fail them: lower --rtol / --atol to test them"]
     lines += ["", "all rows correct" if result["wrong"] == 0 else f"{result['wrong']} wrong row(s)"]
     return "\n".join(lines)
+
+
+def _strict(x: Any) -> Any:
+    """The report as strict JSON data: a non-finite number (a NaN score, an
+    infinite margin) becomes the string ``"nan"``, ``"inf"`` or ``"-inf"``."""
+    if isinstance(x, float) and not np.isfinite(x):
+        return "nan" if np.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    return x
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -405,7 +547,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"kvselect check: {e}", file=sys.stderr)
         return 2
     if args.json:
-        json.dump(result, sys.stdout, indent=2)
+        json.dump(_strict(result), sys.stdout, indent=2, allow_nan=False)
         print()
     else:
         print(format_report(result, show=args.show, source=args.dump))

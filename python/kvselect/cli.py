@@ -170,6 +170,7 @@ def _eval(args: argparse.Namespace) -> int:
             for c in caught:
                 print(f"kvselect eval: warning: {c.message}", file=sys.stderr)
             yield w
+            del w  # released before the next dump loads
 
     def show(report: "evaluate.Report") -> None:
         if line and not shown:

@@ -1686,7 +1686,8 @@ def _kth_best(scores: np.ndarray, k: int) -> float:
     return float(numbers[k - 1]) if k <= len(numbers) else math.nan
 
 
-def _scan(raw: np.ndarray, row: list, n: int, problems: list, holes: bool = False) -> dict:
+def _scan(raw: np.ndarray, row: list, n: int, problems: list, holes: bool = False,
+          mapped: bool = True) -> dict:
     """The structural half of the rule, shared by tokens and blocks: the
     distinct in-range ids of ``row`` (row-relative, ``_UNMAPPED`` where the
     engine's entry in ``raw`` named no position) as ``{id: slot}`` in slot
@@ -1701,8 +1702,8 @@ def _scan(raw: np.ndarray, row: list, n: int, problems: list, holes: bool = Fals
         if padding and not hole:
             hole = True
             problems.append({"reason": "padding_hole", "slot": slot,
-                             "position": int(raw[slot]) if x == _UNMAPPED else x})
-        if x == _UNMAPPED:
+                             "position": int(raw[slot]) if mapped and x == _UNMAPPED else x})
+        if mapped and x == _UNMAPPED:
             problems.append({"reason": "not_in_table", "slot": slot, "value": int(raw[slot])})
             continue
         if x >= n:
@@ -1765,10 +1766,11 @@ def _selection(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
 
 
 def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
-               raw: np.ndarray, row: list, L: int, topk: int, holes: bool = False) -> list:
+               raw: np.ndarray, row: list, L: int, topk: int, holes: bool = False,
+               mapped: bool = False) -> list:
     """One token top-k row (``row`` read back from the engine's ``raw``)."""
     problems: list = []
-    chosen = _scan(raw, row, L, problems, holes)
+    chosen = _scan(raw, row, L, problems, holes, mapped)
     expected = min(topk, L)
     if len(chosen) != expected:
         problems.append({"reason": "wrong_count", "valid": len(chosen), "expected": expected})
@@ -1781,12 +1783,12 @@ def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
 
 
 def _check_block_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
-                     raw: np.ndarray, row: list, n: int, cfg: tuple) -> list:
+                     raw: np.ndarray, row: list, n: int, cfg: tuple, mapped: bool = False) -> list:
     """One block row for a query that sees ``n`` blocks; ``cfg`` is
     ``(block_size, top_blocks, init_blocks, local_blocks)``."""
     _, top, init, local = cfg
     problems: list = []
-    chosen = _scan(raw, row, n, problems)
+    chosen = _scan(raw, row, n, problems, False, mapped)
     init_end = min(init, n)
     local_start = max(n - min(local, n), init_end)
     forced = list(range(init_end)) + list(range(local_start, n))
@@ -1935,13 +1937,17 @@ class GlobalSlots:
 def _check_batch(s: np.ndarray, r: np.ndarray, lens: list, m: Optional[np.ndarray], atol: float, rtol: float,
                 layout: Any, names: dict, need: tuple, judge: Any, reasons: tuple) -> dict:
     """The shared body of the score checks: refusals, then each row judged
-    by ``judge(s_i, m_i, raw_i, row_i, len_i)``. ``names`` maps ``scores``
+    by ``judge(s_i, m_i, raw_i, row_i, len_i, mapped)``. ``names`` maps ``scores``
     and ``lens`` to the caller's argument names; ``need`` is (argument, the
     most ids a row must hold)."""
     n, t = s.shape
-    if len(lens) != n:
-        raise ReferenceSelectionError(names["scores"], f"{names['scores']} must have one row per "
-                                      f"{names['lens']} entry")
+    counts = (n, r.shape[0], len(lens))
+    if len(set(counts)) > 1:  # the one that disagrees with the other two is named
+        culprit = {(True, False): names["lens"], (False, True): "rows"}.get(
+            (counts[0] == counts[1], counts[0] == counts[2]),
+            names["scores"] if counts[1] == counts[2] else "rows")
+        raise ReferenceSelectionError(culprit, f"{names['scores']}, rows and {names['lens']} must count "
+                                      "the same rows")
     if m is not None and m.shape != s.shape:
         raise ReferenceSelectionError("magnitudes", f"magnitudes must have the shape of {names['scores']}")
     if r.shape[0] != n:
@@ -1969,7 +1975,7 @@ def _check_batch(s: np.ndarray, r: np.ndarray, lens: list, m: Optional[np.ndarra
     details, by_reason = [], dict.fromkeys(reasons, 0)
     for i in range(n):
         row = [int(x) for x in r[i]] if layout is None else layout._relative(i, r[i])
-        problems = judge(s[i], None if m is None else m[i], r[i], row, lens[i])
+        problems = judge(s[i], None if m is None else m[i], r[i], row, lens[i], layout is not None)
         if problems:
             for reason in {p["reason"] for p in problems}:
                 by_reason[reason] += 1
@@ -2001,7 +2007,7 @@ def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = 
     m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION).astype(np.float32)
     a, rt = float(atol), float(rtol)
     return _check_batch(s, r, lens, m, a, rt, layout, {"scores": "scores", "lens": "context_lens"}, ("topk", k),
-                       lambda si, mi, raw, row, L: _check_row(si, mi, a, rt, raw, row, L, k, ranks > 1),
+                       lambda si, mi, raw, row, L, mp: _check_row(si, mi, a, rt, raw, row, L, k, ranks > 1, mp),
                        _CHECK_REASONS)
 
 
@@ -2020,7 +2026,7 @@ def check_blocks(block_scores: Any, rows: Any, num_blocks: Any, config: Any = No
     width = max(cfg[1], cfg[2] + cfg[3])
     return _check_batch(s, r, lens, m, a, rt, layout, {"scores": "block_scores", "lens": "num_blocks"},
                        ("config", width),
-                       lambda si, mi, raw, row, nb: _check_block_row(si, mi, a, rt, raw, row, nb, cfg),
+                       lambda si, mi, raw, row, nb, mp: _check_block_row(si, mi, a, rt, raw, row, nb, cfg, mp),
                        _BLOCK_REASONS)
 
 

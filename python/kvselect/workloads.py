@@ -404,7 +404,8 @@ class Workload:
         head ``kv_head``'s learned top-k at ``pos``: the DSA indexer's, or
         without one the one-head indexer ``index_q · index_k`` run as a
         lightning indexer with the two heads ``(q, -q)`` and weights ``(1,
-        -1)``, whose score ``max(s, 0) - max(-s, 0)`` is exactly ``s``."""
+        -1)``, whose score ``max(s, 0) - max(-s, 0)`` is exactly ``s``, the
+        kernel's float32 dot product ``q · k`` (one of the two terms is 0)."""
         if self.indexer is not None:
             return self.indexer.inputs(kv_head, pos)
         q = self.index_q[kv_head][pos]

@@ -51,7 +51,7 @@ pub(super) fn block_row(
     cfg: &BlockSparseConfig,
 ) -> RowCheck {
     let mut problems = Vec::new();
-    let scan = scan_row(raw, row, n, false, &mut problems);
+    let scan = scan_row(raw, row, n, false, !std::ptr::eq(raw, row), &mut problems);
     // The rule's forced set: blocks 0..init_end and local_start..n.
     let init_end = cfg.init_blocks.min(n);
     let local_start = (n - cfg.local_blocks.min(n)).max(init_end);

@@ -227,7 +227,8 @@ fn topk_row(
     holes: bool,
 ) -> RowCheck {
     let mut problems = Vec::new();
-    let scan = scan_row(raw, row, len, holes, &mut problems);
+    // Read back through a layout iff `row` is not the engine's `raw` itself.
+    let scan = scan_row(raw, row, len, holes, !std::ptr::eq(raw, row), &mut problems);
     let expected = topk.min(len);
     if scan.selected.len() != expected {
         problems.push(Problem::WrongCount {
@@ -259,13 +260,16 @@ impl Scan {
 /// The structural half of the rule (padding after the valid entries unless
 /// `holes` allows it anywhere — DCP's ranks leave their remote slots `-1`
 /// in place — each in `0..len`, no duplicate), shared by tokens and blocks. `row` holds
-/// row-relative ids, [`UNMAPPED`] where the engine's entry (in `raw`, the
-/// row as the engine wrote it) named no position of the row.
+/// row-relative ids and, when `mapped` (read back through a layout),
+/// [`UNMAPPED`] where the engine's entry (in `raw`, the row as the engine
+/// wrote it) named no position of the row; unmapped, every entry is read as
+/// the position it says.
 pub(crate) fn scan_row(
     raw: &[i64],
     row: &[i64],
     len: usize,
     holes: bool,
+    mapped: bool,
     problems: &mut Vec<Problem>,
 ) -> Scan {
     let mut chosen = vec![usize::MAX; len];
@@ -280,10 +284,10 @@ pub(crate) fn scan_row(
         if padding_at.is_some() && !hole {
             hole = true;
             // The engine's own value when it names no position of the row.
-            let position = if x == UNMAPPED { engine } else { x };
+            let position = if mapped && x == UNMAPPED { engine } else { x };
             problems.push(Problem::PaddingHole { slot, position });
         }
-        if x == UNMAPPED {
+        if mapped && x == UNMAPPED {
             problems.push(Problem::NotInTable {
                 slot,
                 value: engine,

@@ -39,11 +39,14 @@ pub fn check_witness_rows(
     // Every row needs its length, the off switch (S = 0) included: checked
     // before anything else, so no row is read past the buffer or left unjudged.
     if topk.checked_mul(context_lens.len()) != Some(before.len()) {
-        return Err(refused(WitnessError::RowsMismatch {
-            learned_len: before.len(),
-            topk,
-            rows: context_lens.len(),
-        }));
+        return Err(AttentionError::Invalid {
+            argument: "context_lens",
+            message: format!(
+                "before has {} rows of {topk} but context_lens has {} entries: one per row",
+                before.len().checked_div(topk).unwrap_or(0),
+                context_lens.len()
+            ),
+        });
     }
     if after.len() != before.len() {
         return Err(AttentionError::Invalid {

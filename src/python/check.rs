@@ -287,6 +287,7 @@ fn run<'py>(
     let s = S.input::<f32, 2>(scores, name, "[n_rows, n_candidates]")?;
     let [n, t] = s.shape;
     let lens = lens(n, t)?;
+    blame_row_counts(name, n, rows.shape[0], lens.len(), rule)?;
     let m = match magnitudes {
         Some(m) if !m.is_none() => {
             Some(S.input::<f32, 2>(m, "magnitudes", "[n_rows, n_candidates]")?)
@@ -306,6 +307,33 @@ fn run<'py>(
         check::check_rows(&batch, rule, tol)
     })?;
     report(py, &checks, reasons)
+}
+
+/// Scores, rows and lengths must count the same rows; when one disagrees
+/// with the other two, it is the one named (the lengths default to the
+/// scores' count, so then the rows are).
+fn blame_row_counts(
+    scores: &str,
+    n_scores: usize,
+    n_rows: usize,
+    n_lens: usize,
+    rule: Rule,
+) -> PyResult<()> {
+    let lens = match rule {
+        Rule::Topk(_) => "context_lens",
+        Rule::Blocks(_) => "num_blocks",
+    };
+    let culprit = match (n_scores == n_rows, n_scores == n_lens, n_rows == n_lens) {
+        (true, true, _) => return Ok(()),
+        (true, false, _) => lens,
+        (false, true, _) => "rows",
+        (false, false, true) => scores,
+        _ => "rows",
+    };
+    let msg = format!(
+        "{scores} has {n_scores} rows, rows has {n_rows}, {lens} has {n_lens} entries: one each per row"
+    );
+    Err(super::errors::refuse(Domain::Selection, culprit, msg))
 }
 
 /// Whether an engine's in-place witness call (vLLM's

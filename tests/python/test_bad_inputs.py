@@ -1484,6 +1484,21 @@ def check_args():
     return scores, rows
 
 
+@case("check-short-lens", "engine check", "`check_topk(scores [2, 5], rows [2, 3], context_lens=[5])`",
+      "SelectionError", argument="context_lens", note="scores and rows agree: the lengths are named")
+def _():
+    s, r = check_args()
+    return {"call": lambda: _ks().check_topk(s, r, [5]), "watch": [s, r]}
+
+
+@case("check-short-rows", "engine check", "`check_topk(scores [2, 5], rows[:1])`", "SelectionError",
+      argument="rows", note="the lengths default to the scores' rows: the rows are named")
+def _():
+    s, r = check_args()
+    one = r[:1].copy()
+    return {"call": lambda: _ks().check_topk(s, one), "watch": [s, one]}
+
+
 @case("check-float-rows", "engine check", "`check_topk(scores, rows.astype(float32))`", "TypeError")
 def _():
     s, r = check_args()

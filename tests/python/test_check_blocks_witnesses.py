@@ -787,7 +787,7 @@ def test_bad_block_check_arguments_are_refused_naming_them(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("argument, bad", [
     ("block_scores", "3d"),
-    ("block_scores", "rows"),
+    ("num_blocks", "rows"),  # block_scores and rows agree: num_blocks is the odd one out
     ("num_blocks", "past"),
 ])
 def test_bad_block_scores_and_num_blocks_are_named_as_passed(impl, argument, bad, request):

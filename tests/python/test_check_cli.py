@@ -73,7 +73,7 @@ def test_json_is_the_full_report_and_the_exit_status_holds(capsys):
     assert code == 1
     r = json.loads(out)
     assert r["kind"] == "topk" and r["rows"] == 48 and r["wrong"] == 1
-    assert r["tolerance"] == {"precision": "bfloat16", "atol": 0.0, "rtol": 2.0**-7}
+    assert r["tolerance"] == {"precision": "bfloat16", "atol": 0.0, "rtol": 2.0**-8, "note": None}
     (p,) = r["checks"][0]["report"]["details"][0]["problems"]
     assert p["reason"] == "wrong_selection" and p["n_dropped"] == 1 and p["margin"] > 0
 
@@ -231,3 +231,59 @@ def test_a_dcp_dump_is_every_ranks_rows_judged_together(tmp_path, capsys):
     checking.save_dump(str(p), "topk", rows=ranked[0], **fields)  # one rank's rows only
     code, _, err = run(capsys, p)
     assert code == 2 and "dcp_size = 2" in err
+
+
+def test_a_tolerance_that_covers_everything_is_flagged_as_vacuous(capsys):
+    code, out, _ = run(capsys, checking.example_path(), "--rtol", "0.125")
+    # Every row's intervals overlap: the exact-score check passes them all,
+    # says so, and only the exact self-consistency check catches row 24.
+    assert "warning: 48 of 48 rows against the exact scores are vacuous" in out
+    r = checking.check_dump(checking.example_path(), rtol=0.125)
+    assert [c["report"]["wrong"] for c in r["checks"]] == [0, 1]
+    assert checking.check_dump(checking.example_path())["checks"][0]["report"]["vacuous"] == 0
+
+
+def test_json_is_strict_even_with_nan_scores(tmp_path, capsys):
+    s = np.array([[3.0, np.nan, 1.0, 2.0]], np.float32)
+    p = tmp_path / "nan.npz"
+    checking.save_dump(str(p), "topk", scores=s, context_lens=[4], rows=np.array([[1, 0]]))
+    code, out, _ = run(capsys, p, "--json")
+    assert code == 1
+
+    def refuse(name):
+        raise ValueError(name)
+
+    r = json.loads(out, parse_constant=refuse)  # NaN / Infinity would be refused
+    (prob,) = r["checks"][0]["report"]["details"][0]["problems"]
+    assert prob["margin"] == "inf" and [1, "nan"] in prob["intruders"]
+
+
+def test_low_precision_scores_round_trip_through_save_dump(tmp_path, capsys):
+    rng = np.random.default_rng(9)
+    s = rng.standard_normal((4, 40)).astype(np.float32)
+    rows = np.argsort(-s, axis=1, kind="stable")[:, :8]
+    p = tmp_path / "bf16.npz"
+    checking.save_dump(str(p), "topk", scores=s, context_lens=np.full(4, 40), rows=rows,
+                       engine_scores=s.astype(ml_dtypes.bfloat16))
+    r = checking.check_dump(str(p))
+    assert r["checks"][1]["name"].startswith("against the engine's own")
+    assert r["checks"][0]["report"]["wrong"] == 0  # decoded, not refused as uint16
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(query_pos=np.arange(47)), "query_pos has 47 rows but the engine's rows have 48"),
+    (dict(rows=np.zeros((47, 64), np.int64)), "has 48 rows but the engine's rows have 47"),
+    (dict(req_ids=np.zeros(3, np.int64)), "req_ids has 3 rows"),
+    (dict(rows=np.zeros((48, 64), np.float32)), "rows must hold integers"),
+    (dict(cu_seqlens=np.array([0, 5]), seq_ids=np.zeros(48, np.int64)), "cu_seqlens must rise"),
+    (dict(cu_seqlens=np.array([0, 1024]), seq_ids=np.full(48, 3)), "seq_ids must name"),
+    (dict(weights=np.zeros((48, 64), np.int32)), "weights must hold floats"),
+])
+def test_a_dump_whose_arrays_do_not_fit_exits_2_naming_the_key(tmp_path, capsys, change, message):
+    with np.load(checking.example_path()) as z:
+        d = {k: z[k] for k in z.files}
+    d.update(change)
+    p = tmp_path / "bad.npz"
+    np.savez(p, **d)
+    code, out, err = run(capsys, p)
+    assert code == 2 and message in err and out == "", err
