@@ -1,0 +1,54 @@
+"""How long `kvselect check` takes on a realistic lightning-indexer dump.
+
+    python benches/check_throughput.py [--queries 256] [--keys 32768]
+
+Builds a decode dump (64 index heads of dim 128, bfloat16 queries, fp8 keys
+with per-key scales, top-k 2048, rows from kvselect's own indexer) and times
+the indexer call that made the rows, then `kvselect.checking.check_dump` on
+the dump: the check recomputes the exact scores and their magnitudes (two
+native passes) and judges every row. Needs ml_dtypes.
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+import ml_dtypes
+import numpy as np
+
+import kvselect as ks
+from kvselect import checking
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--queries", type=int, default=256)
+    ap.add_argument("--keys", type=int, default=32768)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    n_q, h, d, n_k, topk = args.queries, 64, 128, args.keys, 2048
+    k = rng.standard_normal((n_k, d)).astype(np.float32)
+    scale = (np.abs(k).max(axis=1) / 448).astype(np.float32)
+    k8 = (k / scale[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    q = rng.standard_normal((n_q, h, d)).astype(ml_dtypes.bfloat16)
+    w = (rng.standard_normal((n_q, h)) / np.sqrt(h * d)).astype(np.float32)
+    pos = np.sort(rng.integers(n_k // 2, n_k, n_q))
+    t0 = time.perf_counter()
+    rows = ks.indexer_topk(q, w, k8, pos, topk, key_scale=scale)
+    t1 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "dump.npz")
+        checking.save_dump(path, "topk", rows=rows.astype(np.int64), index_q=q, weights=w,
+                           index_k=k8, key_scale=scale, query_pos=pos, topk=topk,
+                           precision="float32")
+        t2 = time.perf_counter()
+        result = checking.check_dump(path)
+        t3 = time.perf_counter()
+    print(f"{n_q} queries x {n_k} keys x {h} heads x d {d}, top-k {topk}: "
+          f"indexer_topk {t1 - t0:.2f} s, check_dump {t3 - t2:.2f} s "
+          f"({result['wrong']} wrong of {result['rows']} rows)")
+
+
+if __name__ == "__main__":
+    main()
