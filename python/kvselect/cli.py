@@ -391,7 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except BrokenPipeError:  # `kvselect check dump.npz | head`: the reader left early
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second traceback when Python flushes stdout
+        return 141  # what a shell reports for a process ended by SIGPIPE (128 + 13)
 
 
 if __name__ == "__main__":

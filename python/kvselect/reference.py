@@ -1962,8 +1962,8 @@ def _check_batch(s: np.ndarray, r: np.ndarray, lens: list, m: Optional[np.ndarra
             raise ReferenceSelectionError(name, f"{name} must be finite and non-negative")
     if rtol != 0 and m is None:
         raise ReferenceSelectionError("rtol", "rtol > 0 needs magnitudes")
-    if m is not None and any(np.isnan(m[i, :L]).any() for i, L in enumerate(lens)):
-        raise ReferenceSelectionError("magnitudes", "magnitudes must be numbers within each row")
+    if m is not None and any((np.isnan(m[i, :L]) | (m[i, :L] < 0)).any() for i, L in enumerate(lens)):
+        raise ReferenceSelectionError("magnitudes", "magnitudes must be numbers >= 0 within each row")
     if layout is not None:
         if not isinstance(layout, GlobalSlots):
             raise TypeError(f"layout must be a GlobalSlots or None, got {type(layout).__name__}")

@@ -561,13 +561,14 @@ pub fn check_rows(
     if let Some(m) = b.magnitudes {
         for (i, &l) in b.lens.iter().enumerate() {
             let row = &m[i * b.n_positions..][..l];
-            if let Some(t) = row.iter().position(|x| x.is_nan()) {
+            if let Some(t) = row.iter().position(|x| x.is_nan() || *x < 0.0) {
                 return Err(AttentionError::OutOfRange {
                     argument: "magnitudes",
                     index: i * b.n_positions + t,
                     message: format!(
-                        "magnitudes[{i}, {t}] is NaN: a bound must be a number within each \
-                         row's context"
+                        "magnitudes[{i}, {t}] is {}: a bound must be a number >= 0 within each \
+                         row's context",
+                        row[t]
                     ),
                 });
             }

@@ -1484,6 +1484,14 @@ def check_args():
     return scores, rows
 
 
+@case("check-negative-magnitude", "engine check", "`check_topk(scores, rows, rtol=0.01, magnitudes=-ones)`",
+      "SelectionError", argument="magnitudes", note="a bound is never negative")
+def _():
+    s, r = check_args()
+    m = -np.ones_like(s)
+    return {"call": lambda: _ks().check_topk(s, r, rtol=0.01, magnitudes=m), "watch": [s, r, m]}
+
+
 @case("check-short-lens", "engine check", "`check_topk(scores [2, 5], rows [2, 3], context_lens=[5])`",
       "SelectionError", argument="context_lens", note="scores and rows agree: the lengths are named")
 def _():

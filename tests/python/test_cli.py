@@ -588,3 +588,15 @@ def test_the_index_noise_flag_reaches_the_synthetic_indexer(capsys):
     assert "index_heads=2, index_noise=0.5" in out
     assert "2 index heads of dim 16, noise 0.5" in out
     assert run(capsys, [*TINY, "--index-noise", "-1"])[0] == 2
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`kvselect eval | head -1`: the pipe closes before the table is written."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "kvselect", *TINY], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait() == 141 and "Traceback" not in err, err
