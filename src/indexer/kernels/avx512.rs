@@ -10,6 +10,7 @@
 
 use super::avx2::{tile, HEADS};
 use super::{BLOCK, KEYS};
+#[cfg(doc)]
 use crate::simd::x86::reduce4;
 use crate::simd::Avx512;
 use std::arch::x86_64::*;
@@ -58,6 +59,35 @@ pub(super) unsafe fn weighted_relu_sums(
     }
 }
 
+/// [`reduce4`] of two heads' tiles at once: `x = [[k0 | k1], [k2 | k3]]` of
+/// one head and `y` of the next; the low 128 bits of the result are
+/// `reduce4(k0, k1, k2, k3)` of `x`, the high 128 bits of `y` — the same
+/// additions of the same pairs, in the same order, on 512-bit registers
+/// (about half the shuffles per dot).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+fn reduce4_pair(x: [__m512; 2], y: [__m512; 2]) -> __m256 {
+    // [a.L, a.H, b.L, b.H] and [c.L, c.H, d.L, d.H] (128-bit lanes) to
+    // [a.L+a.H, b.L+b.H | c.L+c.H, d.L+d.H]: reduce4's X | Y.
+    let halves = |[ab, cd]: [__m512; 2]| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
+        )
+    };
+    let (sx, sy) = (halves(x), halves(y));
+    // [X_x | X_y] and [Y_x | Y_y], then reduce4's in-lane step on both.
+    let u = _mm512_shuffle_f32x4::<0b01_00_01_00>(sx, sy);
+    let v = _mm512_shuffle_f32x4::<0b11_10_11_10>(sx, sy);
+    let z = _mm512_add_ps(
+        _mm512_shuffle_ps::<0x44>(u, v),
+        _mm512_shuffle_ps::<0xEE>(u, v),
+    );
+    // [z_x.0, z_y.0] and [z_x.1, z_y.1]: one hadd finishes both heads.
+    let a = _mm512_shuffle_f32x4::<0b11_01_10_00>(z, z);
+    _mm256_hadd_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps::<1>(a))
+}
+
 /// Heads `h0 .. h0 + G` (`G` a multiple of 4) against 4 keys (`k`: 4 rows
 /// of `dp`), folded into `acc` (4 sums) in head order.
 ///
@@ -97,14 +127,18 @@ unsafe fn tile4<const G: usize>(
     // Each head's dots with the 4 keys in one reduction (lanes [k0, k2,
     // k1, k3]), through the ReLU, then into the 4 keys' sums at once: lane
     // by lane the scalar `acc = fma(w_h, relu(dot_h), acc)` in head order.
-    let lo = |v: __m512| _mm512_castps512_ps256(v);
-    let hi = |v: __m512| _mm512_extractf32x8_ps::<1>(v);
     let mut sums = _mm_setr_ps(acc[0], acc[2], acc[1], acc[3]);
-    for j in 0..G {
-        let [x, y] = a[j];
-        let m = reduce4(lo(x), hi(x), lo(y), hi(y));
-        let m = _mm_andnot_ps(_mm_cmp_ps::<_CMP_LE_OQ>(m, _mm_setzero_ps()), m);
-        sums = _mm_fmadd_ps(_mm_set1_ps(w[h0 + j]), m, sums);
+    for j in (0..G).step_by(2) {
+        // Two heads' reductions at once, each half of a 256-bit result
+        // exactly one head's `reduce4` (lanes [k0, k2, k1, k3]).
+        let m = reduce4_pair(a[j], a[j + 1]);
+        let m = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(m, _mm256_setzero_ps()), m);
+        sums = _mm_fmadd_ps(_mm_set1_ps(w[h0 + j]), _mm256_castps256_ps128(m), sums);
+        sums = _mm_fmadd_ps(
+            _mm_set1_ps(w[h0 + j + 1]),
+            _mm256_extractf128_ps::<1>(m),
+            sums,
+        );
     }
     let mut v = [0.0f32; 4];
     // SAFETY: `v` holds 4 floats.
