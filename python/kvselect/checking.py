@@ -92,7 +92,7 @@ import json
 import os
 import sys
 import zipfile
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -224,15 +224,6 @@ def _layout(d: Mapping[str, np.ndarray], rows: np.ndarray) -> Optional[ks.Global
     )
 
 
-def _fp8_table() -> np.ndarray:
-    """Every float8 e4m3fn byte's value (0x7F and 0xFF are NaN)."""
-    b = np.arange(256)
-    e, m = (b >> 3) & 0xF, b & 7
-    v = np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * np.exp2(e - 7.0))
-    v = np.where((e == 15) & (m == 7), np.nan, v)
-    return np.where(b >> 7, -v, v).astype(np.float32)
-
-
 def _floats(d: Mapping[str, np.ndarray], key: str) -> Optional[np.ndarray]:
     """A float array of the dump as float32 (``None`` if absent), decoding
     raw low-precision bits named by ``<key>_format``."""
@@ -247,11 +238,18 @@ def _floats(d: Mapping[str, np.ndarray], key: str) -> Optional[np.ndarray]:
     if raw is None or a.dtype != raw:
         raise DumpError(f"{key}_format {fmt!r} needs {key} as raw uint16 (bfloat16, float16) or "
                         f"uint8 (float8_e4m3fn) bits, got {a.dtype}")
-    if fmt == "bfloat16":
-        return (a.astype(np.uint32) << 16).view(np.float32)
-    if fmt == "float16":
-        return a.view(np.float16).astype(np.float32)
-    return _fp8_table()[a]
+    from kvselect.reference import decode  # the formats' exact decodes, in NumPy
+
+    return decode(a, fmt).astype(np.float32)  # exact: every such value is a float32
+
+
+def _check_packing(cu: np.ndarray, seq: np.ndarray, n_keys: int) -> None:
+    """``cu_seqlens`` rises from 0 to the keys, and each ``seq_ids`` entry
+    names one of its sequences."""
+    if len(cu) < 2 or np.any(np.diff(cu) < 0) or cu[0] != 0 or cu[-1] != n_keys:
+        raise DumpError(f"cu_seqlens must rise from 0 to the {n_keys} keys, got {cu[:8]}")
+    if len(seq) and (seq.min() < 0 or seq.max() >= len(cu) - 1):
+        raise DumpError(f"seq_ids must name one of the {len(cu) - 1} sequences")
 
 
 def _same_rows(n: int, d: Mapping[str, np.ndarray], *keys: str) -> None:
@@ -323,10 +321,7 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
         if "cu_seqlens" in d:
             _need(d, "seq_ids")
             cu, seq = _ints(d, "cu_seqlens"), _ints(d, "seq_ids")
-            if len(cu) < 2 or np.any(np.diff(cu) < 0) or cu[0] != 0 or cu[-1] != len(k):
-                raise DumpError(f"cu_seqlens must rise from 0 to the {len(k)} keys, got {cu[:8]}")
-            if len(seq) and (seq.min() < 0 or seq.max() >= len(cu) - 1):
-                raise DumpError(f"seq_ids must name one of the {len(cu) - 1} sequences")
+            _check_packing(cu, seq, len(k))
         else:
             cu, seq = np.array([0, len(k)]), np.zeros(n, dtype=np.int64)
         lens = np.zeros(n, dtype=np.int64)
@@ -386,10 +381,7 @@ def _check_blocks(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List
     seq = _ints(d, "seq_ids") if "seq_ids" in d else np.zeros(n, dtype=np.int64)
     # Several sequences packed: each query scored over its own sequence's keys.
     cu = _ints(d, "cu_seqlens") if "cu_seqlens" in d else np.array([0, len(k)])
-    if len(cu) < 2 or np.any(np.diff(cu) < 0) or cu[0] != 0 or cu[-1] != len(k):
-        raise DumpError(f"cu_seqlens must rise from 0 to the {len(k)} keys, got {cu[:8]}")
-    if len(seq) and (seq.min() < 0 or seq.max() >= len(cu) - 1):
-        raise DumpError(f"seq_ids must name one of the {len(cu) - 1} sequences")
+    _check_packing(cu, seq, len(k))
     width_b = -(-int(np.diff(cu).max()) // cfg.block_size)
     scores = np.full((n, h, width_b), np.nan, dtype=np.float32)
     mags = np.full_like(scores, np.nan) if rtol else None
@@ -554,15 +546,10 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if result["wrong"] else 0
 
 
-def _non_negative_float(text: str) -> float:
-    v = float(text)
-    if not (v >= 0 and np.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"must be finite and non-negative, got {text}")
-    return v
-
-
 def add_parser(sub: Any) -> None:
     """The ``check`` subcommand of ``kvselect``."""
+    from kvselect.cli import _non_negative_float  # the CLI's one number parser
+
     p = sub.add_parser(
         "check",
         help="is an engine's selection right? (exit 1 if any row is wrong)",
@@ -627,9 +614,3 @@ def make_example(path: str, *, seed: int = 0) -> None:
 def example_path() -> str:
     """The path of the example dump shipped with the package."""
     return os.path.join(os.path.dirname(__file__), "data", "check-example.npz")
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:  # pragma: no cover - via kvselect
-    from kvselect.cli import main as cli_main
-
-    return cli_main(["check", *(argv or sys.argv[1:])])
