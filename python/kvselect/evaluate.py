@@ -389,24 +389,12 @@ def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
         # Fused: the top k - S in rank order, then the witnesses, one pass.
         return ks.indexer_topk(**head.learned, query_pos=pos, topk=k, num_segments=segs)
 
-    def served() -> np.ndarray:
-        buf = learned()  # rank order: the last S slots are the lowest ranked
-        ks.scatter_topology_witnesses(buf, lens, segs)
-        return buf
-
-    def served_unordered() -> Tuple[np.ndarray, float]:
-        # Engines' rows are unordered (vLLM's top-k kernels): the slots the
-        # scatter overwrites are arbitrary members of the row. The shuffle
-        # stands for the engine's order, so it is not charged.
+    def served_from(rows: np.ndarray) -> float:
+        """The scatter on a copy of the learned rows, charged with the
+        learned top-k it starts from (computed once, above)."""
         t0 = time.perf_counter()
-        buf = learned()
-        t1 = time.perf_counter()
-        keys = np.random.default_rng(s.seed).random(buf.shape)
-        keys[buf < 0] = 2.0  # padding stays last
-        buf = np.ascontiguousarray(np.take_along_axis(buf, np.argsort(keys, axis=1), axis=1))
-        t2 = time.perf_counter()
-        ks.scatter_topology_witnesses(buf, lens, segs)
-        return buf, (t1 - t0) + (time.perf_counter() - t2)
+        ks.scatter_topology_witnesses(rows, lens, segs)
+        return learned_secs + time.perf_counter() - t0
 
     def blocks() -> np.ndarray:
         cfg = ks.BlockSparseConfig(
@@ -423,9 +411,18 @@ def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
 
     learned()  # warm-up, untimed: the first call of a head pays its cold caches
     timed("learned top-k", learned)
+    top, learned_secs = out["learned top-k"]
     timed("witnesses (reserved tail)", reserved)
-    timed("witnesses (as served)", served)
-    out["witnesses (served, unordered)"] = served_unordered()
+    # As served: the row in rank order, its last S slots the lowest ranked.
+    rank_order = top.copy()
+    out["witnesses (as served)"] = (rank_order, served_from(rank_order))
+    # Engines' rows are unordered (vLLM's top-k kernels): the slots the
+    # scatter overwrites are arbitrary members of the row. The shuffle
+    # stands for the engine's order, so it is not charged.
+    keys = np.random.default_rng(s.seed).random(top.shape)
+    keys[top < 0] = 2.0  # padding stays last
+    unordered = np.ascontiguousarray(np.take_along_axis(top, np.argsort(keys, axis=1), axis=1))
+    out["witnesses (served, unordered)"] = (unordered, served_from(unordered))
     if s.block_sparse_note() is None:
         timed("block-sparse", blocks)
     timed("random null", lambda: ks.Selector.random(k, s.seed).rows(pos, width=k))
