@@ -176,6 +176,10 @@ impl Inverse<'_> {
             .and_then(|p| usize::try_from(p[i]).ok())
             .map(|r| m.workspace_starts[r]);
         let share = raw.len() / m.dcp_size.max(1);
+        // Each rank's page map for this row's request, looked up once.
+        let maps: Vec<&HashMap<i64, usize>> = (0..m.dcp_size)
+            .map(|rank| &self.pages[&(rank, m.req_ids[i])])
+            .collect();
         let (bs, stride) = (m.block_size as i64, m.stride as i64);
         let (size, il) = (m.dcp_size as i64, m.dcp_interleave as i64);
         out.extend(raw.iter().enumerate().map(|(j, &g)| {
@@ -189,9 +193,8 @@ impl Inverse<'_> {
                 };
             }
             let rank = j.checked_div(share).unwrap_or(0);
-            let pages = &self.pages[&(rank, m.req_ids[i])];
             let (page, off) = (g / stride, g % stride);
-            let local = match pages.get(&page) {
+            let local = match maps[rank].get(&page) {
                 Some(&b) if off < bs => (b as i64).checked_mul(bs).and_then(|x| x.checked_add(off)),
                 _ => None,
             };
