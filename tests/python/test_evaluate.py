@@ -740,5 +740,8 @@ def test_slots_used_counts_distinct_entries_within_the_context_natively():
         want = [len({int(x) for x in r if 0 <= x < L}) for r, L in zip(cand, lens)]
         got = ks.slots_used_rows(cand, lens)
         assert got.dtype == np.int64 and got.tolist() == want
+        from kvselect import reference as ref
+
+        assert ref.slots_used_rows(cand, lens).tolist() == want  # the NumPy twin too
     with pytest.raises(ks.WitnessError):
         ks.slots_used_rows(np.zeros((2, 3), np.int32), [1])
