@@ -9,7 +9,7 @@
 //! row's `t` to `workspace_starts[prefill_req] + t` instead. MiniMax-M3's
 //! physical block ids are the same map with one "token" per block.
 //!
-//! [`GlobalSlots::to_relative`] inverts it exactly: a slot names page
+//! [`Inverse::to_relative`] inverts it exactly: a slot names page
 //! `slot / stride` at offset `slot % stride`, the page is looked up among the
 //! request's table entries (the first logical block holding it wins), and a
 //! slot that names no page of the table, or an offset past the page, becomes

@@ -34,17 +34,24 @@
 //!
 //! # Numbers: one summation order, everywhere
 //!
-//! `q_h · k_t` is accumulated in 8 lanes — lane `j` takes dimensions
-//! `j, j + 8, …` with a fused multiply-add, a dimension past `d` counting as
-//! `fma(0, 0, acc)` — and the lanes are summed as `((l0+l4)+(l2+l6)) +
-//! ((l1+l5)+(l3+l7))`, the order block selection uses. The heads are then
-//! summed in head order, `acc = fma(w_h, relu_h, acc)` from `acc = 0`, and
-//! the sum multiplied by `c_t`. The AVX2 kernel runs those chains eight
-//! dimensions at a time; the portable one lane by lane with `f32::mul_add`:
-//! so every SIMD level and thread count gives the same bits, the selection
-//! equals exact-arithmetic selection whenever scores differ by more than
-//! rounding, and on integer-valued data (exact sums) it equals the float64
-//! reference exactly.
+//! `q_h · k_t` is one fused multiply-add chain over the dimensions in order,
+//! `dot = fma(q_hi, k_ti, dot)` for `i = 0 .. d` from `dot = +0.0`; the heads
+//! are then summed in head order, `acc = fma(w_h, relu_h, acc)` from
+//! `acc = +0.0`, and the sum multiplied by `c_t`. The SIMD kernels put keys
+//! across vector lanes (a block of keys transposed, dimension-major), so each
+//! lane runs exactly that scalar chain for its key and nothing is ever summed
+//! across lanes; the portable kernel runs it with `f32::mul_add`. So every
+//! SIMD level and thread count gives the same bits, the selection equals
+//! exact-arithmetic selection whenever scores differ by more than rounding,
+//! and on integer-valued data (exact sums) it equals the float64 reference
+//! exactly.
+//!
+//! # Batching
+//!
+//! Queries that read the same keys (a prefill's, one sequence's) are scored
+//! in groups: each block of keys is read, decoded and transposed once for
+//! the group, and the key chunks go across the pool (`run.rs`). Rows are
+//! selected by an exact partial select on one integer per key (`select.rs`).
 //!
 //! # Witnesses in the same pass
 //!
@@ -62,14 +69,20 @@
 
 mod kernels;
 mod paged;
+mod run;
+mod select;
 
 pub use crate::keys::{PageLayout, PagedCache};
 pub use paged::{indexer_topk_paged_into, PagedInputs};
 
+pub(crate) use select::rank_key;
+
 use crate::error::{check_len, checked_size, AttentionError};
 use crate::keys::Encoded;
-use crate::witness::{self, MAX_TOPOLOGY_SEGMENTS};
+use crate::witness::MAX_TOPOLOGY_SEGMENTS;
 use crate::{pool, simd};
+use kernels::{Keys, Query};
+use run::{Queries, Rows};
 
 /// Keys scored per parallel task (their scores and decoded rows stay in
 /// cache; the query's heads are shared by every task).
@@ -128,9 +141,13 @@ pub fn indexer_topk_into(
         out.len(),
         scores.as_deref(),
     )?;
-    run_queries(shape, inputs, topk, num_segments, out, scores, |_| {
-        (0, shape.n_keys)
-    });
+    let rows = Rows {
+        topk,
+        num_segments,
+        out,
+        scores,
+    };
+    run_queries(shape, inputs, rows, |_| (0, shape.n_keys));
     Ok(())
 }
 
@@ -152,23 +169,25 @@ pub fn indexer_scores_into(
         return Ok(()); // nothing to score (and the heads' shape is unchecked)
     }
     let (level, h, d) = (simd::Wide::best(), shape.n_heads, shape.d);
-    let mut query = kernels::Query::new(h, d);
+    let mut query = Query::new(h, d);
     let abs_scale: Option<Vec<f32>> = match (magnitude, inputs.key_scale) {
         (true, Some(c)) => Some(c.iter().map(|x| x.abs()).collect()),
         _ => None,
     };
-    let scale = abs_scale.as_deref().or(inputs.key_scale);
+    let keys = Keys {
+        enc: inputs.k,
+        scale: abs_scale.as_deref().or(inputs.key_scale),
+    };
+    let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(h).saturating_mul(d));
     for (i, row) in out.chunks_mut(t.max(1)).enumerate().take(shape.n_queries) {
-        query.load(&inputs.q, i * h * d);
-        let mut w = inputs.weights[i * h..(i + 1) * h].to_vec();
-        if magnitude {
-            query.abs();
-            w.iter_mut().for_each(|x| *x = x.abs());
-        }
+        query.load(&inputs.q, inputs.weights, i, magnitude);
         let len = inputs.query_pos[i].saturating_add(1).min(t);
-        let keys = (&inputs.k, scale);
-        score_row(level, &query, &w, keys, &mut row[..len], magnitude);
-        row[len..].fill(f32::NAN);
+        let (seen, unseen) = row.split_at_mut(len);
+        pool::for_each_row_mut(seen, KEY_CHUNK, min_chunks, |c, chunk| {
+            let group = std::slice::from_ref(&query);
+            kernels::score_keys(level, group, keys, c * KEY_CHUNK, &mut [chunk], magnitude);
+        });
+        unseen.fill(f32::NAN);
     }
     Ok(())
 }
@@ -258,100 +277,47 @@ pub fn indexer_topk_packed_into(
             ),
         );
     }
-    run_queries(shape, inputs, topk, num_segments, out, scores, |i| {
+    let rows = Rows {
+        topk,
+        num_segments,
+        out,
+        scores,
+    };
+    run_queries(shape, inputs, rows, |i| {
         (cu_seqlens[seq_ids[i]], cu_seqlens[seq_ids[i] + 1])
     });
     Ok(())
 }
 
-/// Every query's row: the query decoded, its `len` scores computed by
-/// `score(i, query, weights, row_scores) -> len` (into the first `len`
-/// slots of a buffer of `max_len`), then the row selected from them. The
-/// only buffers are the query, one score per visible key and the
-/// candidates, never `[queries, positions]`.
-#[allow(clippy::too_many_arguments)]
-fn for_each_query(
-    (n, h, d): (usize, usize, usize),
-    q: &Encoded<'_>,
-    weights: &[f32],
-    max_len: usize,
-    topk: usize,
-    num_segments: usize,
-    out: &mut [i32],
-    mut scores: Option<&mut [f32]>,
-    score: impl Fn(usize, &kernels::Query, &[f32], &mut [f32]) -> usize,
-) {
-    if n == 0 || topk == 0 {
-        return;
-    }
-    let mut query = kernels::Query::new(h, d);
-    let mut row_scores = vec![0.0f32; max_len];
-    for i in 0..n {
-        query.load(q, i * h * d);
-        let len = score(i, &query, &weights[i * h..(i + 1) * h], &mut row_scores);
-        let out_row = &mut out[i * topk..(i + 1) * topk];
-        let score_row = scores
-            .as_deref_mut()
-            .map(|s| &mut s[i * topk..(i + 1) * topk]);
-        select_row(
-            &row_scores[..len],
-            len,
-            topk,
-            num_segments,
-            out_row,
-            score_row,
-        );
-    }
-}
-
-/// [`for_each_query`] over contiguous keys, query `i` over key rows
-/// `keys_of(i)` (checked to lie within `inputs.k`), split across the pool in
-/// chunks of [`KEY_CHUNK`] keys that stay in cache.
+/// Every query's row over contiguous keys, query `i` over key rows
+/// `keys_of(i)` (checked to lie within `inputs.k`); queries with the same
+/// key rows share their groups ([`run`]).
 fn run_queries(
     shape: &IndexerShape,
     inputs: &IndexerInputs<'_>,
-    topk: usize,
-    num_segments: usize,
-    out: &mut [i32],
-    scores: Option<&mut [f32]>,
-    keys_of: impl Fn(usize) -> (usize, usize),
+    rows: Rows<'_>,
+    keys_of: impl Fn(usize) -> (usize, usize) + Sync,
 ) {
     let (level, h, d) = (simd::Wide::best(), shape.n_heads, shape.d);
-    let dims = (shape.n_queries, h, d);
-    for_each_query(
-        dims,
-        &inputs.q,
-        inputs.weights,
-        shape.n_keys,
-        topk,
-        num_segments,
-        out,
-        scores,
-        |i, q, w, row| {
+    let queries = Queries {
+        n: shape.n_queries,
+        h,
+        d,
+        q: &inputs.q,
+        weights: inputs.weights,
+        same_keys: |i: usize, j: usize| keys_of(i) == keys_of(j),
+        len: |i: usize| {
             let (k0, k1) = keys_of(i);
-            let keys = inputs.k.slice(k0 * d, k1 * d);
-            let scale = inputs.key_scale.map(|c| &c[k0..k1]);
-            let len = inputs.query_pos[i].saturating_add(1).min(k1 - k0);
-            score_row(level, q, w, (&keys, scale), &mut row[..len], false);
-            len
+            inputs.query_pos[i].saturating_add(1).min(k1 - k0)
         },
-    );
-}
-
-/// One query's scores of keys `0 .. row.len()` (with their scales, if
-/// any) into `row`, split across the pool in chunks of [`KEY_CHUNK`] keys
-/// that stay in cache; `magnitude` as [`kernels::score_keys`].
-fn score_row(
-    level: Option<simd::Wide>,
-    q: &kernels::Query,
-    w: &[f32],
-    (keys, scale): (&Encoded<'_>, Option<&[f32]>),
-    row: &mut [f32],
-    magnitude: bool,
-) {
-    let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(q.h).saturating_mul(q.d));
-    pool::for_each_row_mut(row, KEY_CHUNK, min_chunks, |c, chunk| {
-        kernels::score_keys(level, q, w, keys, scale, c * KEY_CHUNK, chunk, magnitude);
+    };
+    run::for_each_group(queries, rows, KEY_CHUNK, |i0, c, group, outs| {
+        let (k0, k1) = keys_of(i0);
+        let keys = Keys {
+            enc: inputs.k.slice(k0 * d, k1 * d),
+            scale: inputs.key_scale.map(|s| &s[k0..k1]),
+        };
+        kernels::score_keys(level, group, keys, c * KEY_CHUNK, outs, false);
     });
 }
 
@@ -429,62 +395,4 @@ fn check_segments_and_topk(topk: usize, num_segments: usize) -> Result<(), Atten
         return invalid("num_segments", message);
     }
     Ok(())
-}
-
-/// A score's place in the total order, as an integer that sorts the same
-/// way: NaN lowest (0), then every number by value, `-0.0 == +0.0`.
-#[inline]
-pub(crate) fn rank_key(score: f32) -> u32 {
-    if score.is_nan() {
-        return 0;
-    }
-    let b = (score + 0.0).to_bits();
-    if b >> 31 == 1 {
-        !b
-    } else {
-        b | 0x8000_0000
-    }
-}
-
-/// Row `i`'s selection from its `len` scores: the top `topk` (or
-/// `topk − S` with witnesses) in rank order, then `-1`, then the witnesses.
-fn select_row(
-    scores: &[f32],
-    len: usize,
-    topk: usize,
-    num_segments: usize,
-    out: &mut [i32],
-    score_out: Option<&mut [f32]>,
-) {
-    let keep = topk.saturating_sub(num_segments);
-    // Larger is better: the rank key, then the lower position.
-    let mut cand: Vec<u64> = (0..len)
-        .map(|t| ((rank_key(scores[t]) as u64) << 32) | (u32::MAX - t as u32) as u64)
-        .collect();
-    let take = keep.min(len);
-    if take > 0 && take < len {
-        cand.select_nth_unstable_by(take - 1, |a, b| b.cmp(a));
-    }
-    let top = &mut cand[..take];
-    top.sort_unstable_by(|a, b| b.cmp(a));
-    out.fill(-1);
-    for (slot, &c) in out.iter_mut().zip(top.iter()) {
-        // Positions are < n_keys <= i32::MAX (checked).
-        *slot = (u32::MAX - c as u32) as i32;
-    }
-    if num_segments > 0 {
-        // `len <= i32::MAX` (checked); one row of the serving entry point.
-        let lens = [len as i32];
-        let merged = witness::scatter_topology_witnesses(out, topk, &lens, num_segments);
-        // Unreachable: `check` refused S > 64, and this is one row of `topk`.
-        assert!(
-            merged.is_ok(),
-            "witness merge refused a checked row: {merged:?}"
-        );
-    }
-    if let Some(s) = score_out {
-        for (dst, &t) in s.iter_mut().zip(out.iter()) {
-            *dst = if t >= 0 { scores[t as usize] } else { f32::NAN };
-        }
-    }
 }

@@ -4,10 +4,12 @@
 //! decoded exactly, so a paged call equals, row for row, the dense call on
 //! the same keys laid out contiguously.
 
-use super::{check_segments_and_topk, for_each_query, kernels, KEY_CHUNK};
+use super::kernels::{self, Keys};
+use super::run::{self, Queries, Rows};
+use super::{check_segments_and_topk, KEY_CHUNK};
 use crate::error::{check_len, checked_size, AttentionError};
 use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
-use crate::{pool, simd};
+use crate::simd;
 
 /// The inputs of a paged call.
 #[derive(Debug, Clone, Copy)]
@@ -81,43 +83,59 @@ pub fn indexer_topk_paged_into(
     table.check(c.n_pages, bs)?;
     table.check_seq_ids(inputs.seq_ids)?;
     let level = simd::Wide::best();
-    let max_len = inputs.seq_lens.iter().copied().max().unwrap_or(0);
-    let min_blocks = pool::min_rows(bs.saturating_mul(h).saturating_mul(d)).max(KEY_CHUNK / bs / 4);
-    for_each_query(
-        (n, h, d),
-        &inputs.q,
-        inputs.weights,
-        max_len,
+    let (seq_lens, seq_ids, query_pos) = (inputs.seq_lens, inputs.seq_ids, inputs.query_pos);
+    let queries = Queries {
+        n,
+        h,
+        d,
+        q: &inputs.q,
+        weights: inputs.weights,
+        same_keys: |i: usize, j: usize| seq_ids[i] == seq_ids[j],
+        len: |i: usize| query_pos[i].saturating_add(1).min(seq_lens[seq_ids[i]]),
+    };
+    let rows = Rows {
         topk,
         num_segments,
         out,
         scores,
-        |i, q, w, row| {
-            let s = inputs.seq_ids[i];
-            let len = inputs.query_pos[i]
-                .saturating_add(1)
-                .min(inputs.seq_lens[s]);
-            pool::for_each_row_mut(&mut row[..len], bs, min_blocks, |b, chunk| {
-                // Checked above: the first ⌈len / bs⌉ entries are pages of the cache.
-                let mut decoded;
-                let page = table.page(s, b);
-                let mut scale = vec![1.0f32; chunk.len()];
-                c.scales(page, 0, &mut scale);
-                let scale = (c.layout == PageLayout::Fp8WithScales).then_some(&scale[..]);
-                // The page's keys in place (the kernel decodes each block of
-                // them); a misaligned page is decoded first.
-                let keys = match c.page_keys(page) {
-                    Some(k) => k,
-                    None => {
-                        decoded = vec![0.0f32; chunk.len() * d];
-                        c.decode(page, 0, &mut decoded, &mut []);
-                        Encoded::F32(&decoded)
-                    }
-                };
-                kernels::score_keys(level, q, w, &keys, scale, 0, chunk, false);
-            });
-            len
-        },
-    );
+    };
+    // A chunk is whole pages, about KEY_CHUNK tokens.
+    let pages = (KEY_CHUNK / bs).max(1);
+    run::for_each_group(queries, rows, pages * bs, |i0, chunk, group, outs| {
+        let s = seq_ids[i0];
+        let mut scale = vec![1.0f32; bs];
+        let mut decoded = Vec::new();
+        for p in 0..pages {
+            let cut = |o: &mut &mut [f32]| -> std::ops::Range<usize> {
+                (p * bs).min(o.len())..((p + 1) * bs).min(o.len())
+            };
+            let tokens = outs.iter_mut().map(|o| cut(o).len()).max().unwrap_or(0);
+            if tokens == 0 {
+                break;
+            }
+            // Checked above: the first ⌈len / bs⌉ entries are pages of the cache.
+            let page = table.page(s, chunk * pages + p);
+            c.scales(page, 0, &mut scale[..tokens]);
+            let scale = (c.layout == PageLayout::Fp8WithScales).then_some(&scale[..tokens]);
+            // The page's keys in place (the kernel decodes each block of
+            // them); a misaligned page is decoded first.
+            let enc = match c.page_keys(page) {
+                Some(k) => k,
+                None => {
+                    decoded.resize(tokens * d, 0.0);
+                    c.decode(page, 0, &mut decoded, &mut []);
+                    Encoded::F32(&decoded)
+                }
+            };
+            let mut page_outs: Vec<&mut [f32]> = outs
+                .iter_mut()
+                .map(|o| {
+                    let r = cut(o);
+                    &mut o[r]
+                })
+                .collect();
+            kernels::score_keys(level, group, Keys { enc, scale }, 0, &mut page_outs, false);
+        }
+    });
     Ok(())
 }

@@ -147,6 +147,18 @@ impl<'a> Encoded<'a> {
         }
     }
 
+    /// The bytes of elements `start .. start + len`, clipped to the end (an
+    /// empty slice past it): what a kernel prefetches ahead.
+    pub fn bytes(&self, start: usize, len: usize) -> &'a [u8] {
+        let n = self.len();
+        let (a, b) = (start.min(n), start.saturating_add(len).min(n));
+        match *self {
+            Encoded::F32(s) => bytemuck::cast_slice(&s[a..b]),
+            Encoded::F16(s) | Encoded::Bf16(s) => bytemuck::cast_slice(&s[a..b]),
+            Encoded::Fp8E4m3(s) => &s[a..b],
+        }
+    }
+
     /// Decodes elements `start .. start + out.len()` into `out`.
     ///
     /// # Panics

@@ -1,118 +1,160 @@
-//! The AVX2 + FMA kernel: 4 heads × 2 keys per register tile, one
-//! `__m256` accumulator per (head, key), reduced in the canonical order.
+//! The AVX2 + FMA kernel: tiles of 4 heads (then 1) × 16 of the block's
+//! keys in two 8-lane registers, one chain per (head, register).
 
-use super::{relu, BLOCK, KEYS};
-use crate::simd::x86::reduce4;
+use super::{prefetch_line, prefetch_runs, BLOCK};
 use crate::simd::Avx2;
 use std::arch::x86_64::*;
 
-/// Heads per register tile.
-pub(super) const HEADS: usize = 4;
+const LANES: usize = 8;
+/// Keys per tile (two registers).
+const TILE_KEYS: usize = 2 * LANES;
+const _: () = assert!(BLOCK.is_multiple_of(TILE_KEYS));
 
-/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))` of one accumulator.
+/// `out[b][a] = r[a][b]`: an 8 × 8 transpose (32-bit pairs, 64-bit pairs,
+/// then 128-bit halves).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn reduce(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)))
+fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    let t: [__m256; 8] = std::array::from_fn(|j| match j % 2 {
+        0 => _mm256_unpacklo_ps(r[j], r[j + 1]),
+        _ => _mm256_unpackhi_ps(r[j - 1], r[j]),
+    });
+    // u[4g + c], half L: rows 4g .. 4g + 4 of column 4L + c.
+    let u: [__m256; 8] = std::array::from_fn(|j| {
+        let (g, c) = (j / 4 * 4, j % 4);
+        let (a, b) = (t[g + c / 2], t[g + c / 2 + 2]);
+        match c % 2 {
+            0 => _mm256_shuffle_ps::<0x44>(a, b),
+            _ => _mm256_shuffle_ps::<0xEE>(a, b),
+        }
+    });
+    std::array::from_fn(|j| match j < 4 {
+        true => _mm256_permute2f128_ps::<0x20>(u[j], u[j + 4]),
+        false => _mm256_permute2f128_ps::<0x31>(u[j - 4], u[j]),
+    })
 }
 
-/// The portable kernel's chains for a block of `BLOCK` keys: for each
-/// tile of `HEADS` heads in head order, every pair of keys in the block
-/// (8 accumulators, kept in registers: the tile's loops have constant
-/// bounds). Each dot product is still one 8-lane FMA chain over the
-/// dimensions in order, and each key's sum takes its heads in head order.
+/// [`super::portable::transpose`] in 8 × 8 tiles (masked loads for a last
+/// tile narrower than 8 dimensions; zero rows past `n`).
 ///
 /// # Safety
-/// `q.len() == w.len() * dp`, `k.len() == BLOCK * dp`, `dp % 8 == 0`
-/// (the token proves the CPU can run it).
+/// `rows.len() >= n * d`, `n <= BLOCK`, `kt.len() >= d * BLOCK` (the token
+/// proves the CPU can run it).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn transpose(_: Avx2, rows: &[f32], n: usize, d: usize, kt: &mut [f32]) {
+    let (src, dst) = (rows.as_ptr(), kt.as_mut_ptr());
+    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for r0 in (0..BLOCK).step_by(LANES) {
+        for c0 in (0..d).step_by(LANES) {
+            let cols = LANES.min(d - c0);
+            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols as i32), lane);
+            let tile: [__m256; 8] = std::array::from_fn(|j| match r0 + j < n {
+                // SAFETY: row `r0 + j < n`, its lanes `c0 .. c0 + cols <= d`
+                // (the rest masked off, never read).
+                true => unsafe { _mm256_maskload_ps(src.add((r0 + j) * d + c0), mask) },
+                false => _mm256_setzero_ps(),
+            });
+            let t = transpose8(tile);
+            for (c, v) in t.iter().enumerate().take(cols) {
+                // SAFETY: row `c0 + c < d` of `kt`, lanes `r0 .. r0 + 8 <= BLOCK`.
+                unsafe { _mm256_storeu_ps(dst.add((c0 + c) * BLOCK + r0), *v) };
+            }
+        }
+    }
+}
+
+/// [`super::portable::weighted_relu_sums`], tiles of 4 heads then 1.
+///
+/// # Safety
+/// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK` (the token proves
+/// the CPU can run it).
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn weighted_relu_sums(
     _: Avx2,
-    q: &[f32],
-    k: &[f32],
+    qt: &[f32],
+    kt: &[f32],
     w: &[f32],
-    dp: usize,
+    d: usize,
     acc: &mut [f32; BLOCK],
+    next: &[u8],
 ) {
     let h = w.len();
-    let full = h / HEADS * HEADS;
-    for h0 in (0..full).step_by(HEADS) {
-        for p in (0..BLOCK).step_by(KEYS) {
-            // SAFETY: heads `h0 .. h0 + HEADS <= h`; keys `p .. p + KEYS`
-            // of the block's `BLOCK` rows of `dp`.
-            unsafe { tile::<HEADS>(q, &k[p * dp..], w, dp, h0, &mut acc[p..p + KEYS]) };
+    let full = h / 4 * 4;
+    let mut runs = prefetch_runs(next, (h / 4 + h % 4) * (BLOCK / TILE_KEYS));
+    for h0 in (0..full).step_by(4) {
+        for r0 in (0..BLOCK).step_by(TILE_KEYS) {
+            let pf = runs.next().unwrap_or_default();
+            // SAFETY: heads `h0 .. h0 + 4 <= h`, keys `r0 .. r0 + 16 <= BLOCK`.
+            unsafe { tile::<4>(qt, kt, w, d, h0, r0, acc, pf) };
         }
     }
     for h0 in full..h {
-        for p in (0..BLOCK).step_by(KEYS) {
-            // SAFETY: head `h0 < h`; keys `p .. p + KEYS` as above.
-            unsafe { tile::<1>(q, &k[p * dp..], w, dp, h0, &mut acc[p..p + KEYS]) };
+        for r0 in (0..BLOCK).step_by(TILE_KEYS) {
+            let pf = runs.next().unwrap_or_default();
+            // SAFETY: head `h0 < h`, keys as above.
+            unsafe { tile::<1>(qt, kt, w, d, h0, r0, acc, pf) };
         }
     }
 }
 
-/// Four heads' dot products of one key (`m`, lanes `[h0, h2, h1, h3]` as
-/// [`reduce4`] leaves them) through the ReLU (`x <= 0 ? 0 : x`, NaN kept,
-/// on the vector), then into the key's sum in head order.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn fold_heads(m: __m128, w: &[f32], acc: &mut f32) {
-    let m = _mm_andnot_ps(_mm_cmp_ps::<_CMP_LE_OQ>(m, _mm_setzero_ps()), m);
-    let mut v = [0.0f32; 4];
-    // SAFETY: `v` holds 4 floats.
-    unsafe { _mm_storeu_ps(v.as_mut_ptr(), m) };
-    for (j, lane) in [0, 2, 1, 3].into_iter().enumerate() {
-        *acc = w[j].mul_add(v[lane], *acc);
-    }
-}
-
-/// Heads `h0 .. h0 + G` against `KEYS` keys (`k`: `KEYS` rows of `dp`),
-/// folded into `acc` (`KEYS` sums).
+/// Heads `h0 .. h0 + G` against keys `r0 .. r0 + 16` of the block, folded
+/// into their sums in head order; the lines of `pf` prefetched, one per
+/// dimension (the rest after).
 ///
 /// # Safety
-/// `q.len() >= (h0 + G) * dp`, `k.len() >= KEYS * dp`, `acc.len() ==
-/// KEYS`, `h0 + G <= w.len()`, `dp % 8 == 0`; the CPU has AVX2 and FMA.
+/// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK`, `h0 + G <= w.len()`,
+/// `r0 + 16 <= BLOCK`; the CPU has AVX2 and FMA.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers
-pub(super) unsafe fn tile<const G: usize>(
-    q: &[f32],
-    k: &[f32],
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const G: usize>(
+    qt: &[f32],
+    kt: &[f32],
     w: &[f32],
-    dp: usize,
+    d: usize,
     h0: usize,
-    acc: &mut [f32],
+    r0: usize,
+    acc: &mut [f32; BLOCK],
+    pf: &[u8],
 ) {
-    let (qp, kp) = (q.as_ptr(), k.as_ptr());
-    let mut a = [[_mm256_setzero_ps(); KEYS]; G];
-    for c in (0..dp).step_by(8) {
-        // SAFETY: `c + 8 <= dp`; keys `0..KEYS` of `dp` each; heads
-        // `h0 .. h0 + G` of `dp` each (the function's contract).
+    let h = w.len();
+    let (qp, kp) = (qt.as_ptr(), kt.as_ptr());
+    let mut a = [[_mm256_setzero_ps(); 2]; G];
+    for i in 0..d {
+        prefetch_line(pf, i);
+        // SAFETY: `i < d`: lanes `r0 .. r0 + 16` of row `i` of `kt`, heads
+        // `h0 .. h0 + G <= h` of row `i` of `qt` (the contract).
         unsafe {
-            let kv: [__m256; KEYS] = std::array::from_fn(|r| _mm256_loadu_ps(kp.add(r * dp + c)));
+            let k0 = _mm256_loadu_ps(kp.add(i * BLOCK + r0));
+            let k1 = _mm256_loadu_ps(kp.add(i * BLOCK + r0 + LANES));
+            let q = qp.add(i * h + h0);
             for j in 0..G {
-                let qv = _mm256_loadu_ps(qp.add((h0 + j) * dp + c));
-                for r in 0..KEYS {
-                    a[j][r] = _mm256_fmadd_ps(qv, kv[r], a[j][r]);
-                }
+                let qv = _mm256_set1_ps(*q.add(j));
+                a[j][0] = _mm256_fmadd_ps(qv, k0, a[j][0]);
+                a[j][1] = _mm256_fmadd_ps(qv, k1, a[j][1]);
             }
         }
     }
-    if G == HEADS {
-        // Four dot products per reduction; the ReLU (`x <= 0 ? 0 : x`,
-        // NaN kept) on the vector; then each key's sum in head order.
-        for r in 0..KEYS {
-            let m = reduce4(a[0][r], a[1 % G][r], a[2 % G][r], a[3 % G][r]);
-            fold_heads(m, &w[h0..h0 + HEADS], &mut acc[r]);
+    for i in d..pf.len().div_ceil(64) {
+        prefetch_line(pf, i);
+    }
+    let zero = _mm256_setzero_ps();
+    let ap = acc[r0..r0 + TILE_KEYS].as_mut_ptr();
+    // SAFETY: `ap` points at 16 floats.
+    let mut s = unsafe { [_mm256_loadu_ps(ap), _mm256_loadu_ps(ap.add(LANES))] };
+    for j in 0..G {
+        let wv = _mm256_set1_ps(w[h0 + j]);
+        for p in 0..2 {
+            // relu: `x <= 0 ? 0 : x` (NaN is not `<= 0`: kept).
+            let x = a[j][p];
+            let x = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(x, zero), x);
+            s[p] = _mm256_fmadd_ps(wv, x, s[p]);
         }
-    } else {
-        for j in 0..G {
-            for r in 0..KEYS {
-                let dot = reduce(a[j][r]);
-                acc[r] = w[h0 + j].mul_add(relu(dot), acc[r]);
-            }
-        }
+    }
+    // SAFETY: as above.
+    unsafe {
+        _mm256_storeu_ps(ap, s[0]);
+        _mm256_storeu_ps(ap.add(LANES), s[1]);
     }
 }

@@ -1,147 +1,166 @@
-//! The AVX-512 kernel: `G` heads (8, then 4) × 4 keys per register tile,
-//! two keys per 512-bit register — key `2p` in lanes 0–7, key `2p + 1` in
-//! lanes 8–15 — against each head broadcast to both halves. Each half is
-//! exactly the AVX2 kernel's `__m256` chain of its (head, key) pair, reduced
-//! by the same [`reduce4`] (four keys of one head at a time) and folded in
-//! head order with one fused multiply-add per lane, the scalar fold's, so
-//! the scores are bit-identical to the AVX2 and portable kernels'; one
-//! instruction does the work of two, and the fold works on four keys at
-//! once.
+//! The AVX-512 kernel: tiles of 8 heads (then 4, then 1) × the block's 32
+//! keys in two 16-lane registers, one chain per (head, register): per
+//! dimension two key loads, one broadcast per head, two FMAs per head.
 
-use super::avx2::{tile, HEADS};
-use super::{BLOCK, KEYS};
-#[cfg(doc)]
-use crate::simd::x86::reduce4;
+use super::{prefetch_line, prefetch_runs, BLOCK};
 use crate::simd::Avx512;
 use std::arch::x86_64::*;
 
-/// Keys per AVX-512 tile (two registers of two keys).
-const KEYS4: usize = 4;
-const _: () = assert!(BLOCK.is_multiple_of(KEYS4) && BLOCK.is_multiple_of(KEYS));
+const LANES: usize = 16;
+const _: () = assert!(BLOCK == 2 * LANES);
 
-/// [`super::avx2::weighted_relu_sums`] with the AVX-512 tiles: heads in
-/// tiles of 8 while 8 remain, then 4, then one at a time (the AVX2 tile).
-///
-/// # Safety
-/// `q.len() == w.len() * dp`, `k.len() == BLOCK * dp`, `dp % 8 == 0` (the
-/// token proves the CPU can run it).
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-pub(super) unsafe fn weighted_relu_sums(
-    _: Avx512,
-    q: &[f32],
-    k: &[f32],
-    w: &[f32],
-    dp: usize,
-    acc: &mut [f32; BLOCK],
-) {
-    let h = w.len();
-    let mut h0 = 0;
-    while h0 + 8 <= h {
-        for p in (0..BLOCK).step_by(KEYS4) {
-            // SAFETY: heads `h0 .. h0 + 8 <= h`; keys `p .. p + 4` of the
-            // block's `BLOCK` rows of `dp`.
-            unsafe { tile4::<8>(q, &k[p * dp..], w, dp, h0, &mut acc[p..p + KEYS4]) };
+/// `out[b][a] = r[a][b]`: a 16 × 16 transpose in four rounds of shuffles
+/// (32-bit pairs, 64-bit pairs, then 128-bit lanes twice).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    // t[2i], t[2i+1]: rows 2i, 2i+1 interleaved within each 128-bit lane.
+    let t: [__m512; 16] = std::array::from_fn(|j| match j % 2 {
+        0 => _mm512_unpacklo_ps(r[j], r[j + 1]),
+        _ => _mm512_unpackhi_ps(r[j - 1], r[j]),
+    });
+    // u[4g + c], lane L: rows 4g .. 4g + 4 of column 4L + c.
+    let u: [__m512; 16] = std::array::from_fn(|j| {
+        let (g, c) = (j / 4 * 4, j % 4);
+        let (a, b) = (t[g + c / 2], t[g + c / 2 + 2]);
+        match c % 2 {
+            0 => _mm512_shuffle_ps::<0x44>(a, b),
+            _ => _mm512_shuffle_ps::<0xEE>(a, b),
         }
-        h0 += 8;
+    });
+    // Column 4L + c is lane L of u[c], u[4 + c], u[8 + c], u[12 + c]: a
+    // 4 × 4 transpose of 128-bit lanes, in two rounds.
+    let mut out = [_mm512_setzero_ps(); 16];
+    for c in 0..4 {
+        let v0 = _mm512_shuffle_f32x4::<0x88>(u[c], u[4 + c]);
+        let v1 = _mm512_shuffle_f32x4::<0xDD>(u[c], u[4 + c]);
+        let v2 = _mm512_shuffle_f32x4::<0x88>(u[8 + c], u[12 + c]);
+        let v3 = _mm512_shuffle_f32x4::<0xDD>(u[8 + c], u[12 + c]);
+        out[c] = _mm512_shuffle_f32x4::<0x88>(v0, v2);
+        out[8 + c] = _mm512_shuffle_f32x4::<0xDD>(v0, v2);
+        out[4 + c] = _mm512_shuffle_f32x4::<0x88>(v1, v3);
+        out[12 + c] = _mm512_shuffle_f32x4::<0xDD>(v1, v3);
     }
-    while h0 + HEADS <= h {
-        for p in (0..BLOCK).step_by(KEYS4) {
-            // SAFETY: as above, heads `h0 .. h0 + 4 <= h`.
-            unsafe { tile4::<HEADS>(q, &k[p * dp..], w, dp, h0, &mut acc[p..p + KEYS4]) };
-        }
-        h0 += HEADS;
-    }
-    for h0 in h0..h {
-        for p in (0..BLOCK).step_by(KEYS) {
-            // SAFETY: head `h0 < h`; keys `p .. p + KEYS` as above.
-            unsafe { tile::<1>(q, &k[p * dp..], w, dp, h0, &mut acc[p..p + KEYS]) };
-        }
-    }
+    out
 }
 
-/// [`reduce4`] of two heads' tiles at once: `x = [[k0 | k1], [k2 | k3]]` of
-/// one head and `y` of the next; the low 128 bits of the result are
-/// `reduce4(k0, k1, k2, k3)` of `x`, the high 128 bits of `y` — the same
-/// additions of the same pairs, in the same order, on 512-bit registers
-/// (about half the shuffles per dot).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-fn reduce4_pair(x: [__m512; 2], y: [__m512; 2]) -> __m256 {
-    // [a.L, a.H, b.L, b.H] and [c.L, c.H, d.L, d.H] (128-bit lanes) to
-    // [a.L+a.H, b.L+b.H | c.L+c.H, d.L+d.H]: reduce4's X | Y.
-    let halves = |[ab, cd]: [__m512; 2]| {
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
-        )
-    };
-    let (sx, sy) = (halves(x), halves(y));
-    // [X_x | X_y] and [Y_x | Y_y], then reduce4's in-lane step on both.
-    let u = _mm512_shuffle_f32x4::<0b01_00_01_00>(sx, sy);
-    let v = _mm512_shuffle_f32x4::<0b11_10_11_10>(sx, sy);
-    let z = _mm512_add_ps(
-        _mm512_shuffle_ps::<0x44>(u, v),
-        _mm512_shuffle_ps::<0xEE>(u, v),
-    );
-    // [z_x.0, z_y.0] and [z_x.1, z_y.1]: one hadd finishes both heads.
-    let a = _mm512_shuffle_f32x4::<0b11_01_10_00>(z, z);
-    _mm256_hadd_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps::<1>(a))
-}
-
-/// Heads `h0 .. h0 + G` (`G` a multiple of 4) against 4 keys (`k`: 4 rows
-/// of `dp`), folded into `acc` (4 sums) in head order.
+/// [`super::portable::transpose`] in 16 × 16 tiles (masked loads for a
+/// last tile narrower than 16 dimensions; zero rows past `n`).
 ///
 /// # Safety
-/// `q.len() >= (h0 + G) * dp`, `k.len() >= 4 * dp`, `acc.len() == 4`,
-/// `h0 + G <= w.len()`, `dp % 8 == 0`; the CPU has AVX-512 F/DQ, AVX2, FMA.
-#[inline]
+/// `rows.len() >= n * d`, `n <= BLOCK`, `kt.len() >= d * BLOCK` (the token
+/// proves the CPU can run it).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-#[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers
-unsafe fn tile4<const G: usize>(
-    q: &[f32],
-    k: &[f32],
-    w: &[f32],
-    dp: usize,
-    h0: usize,
-    acc: &mut [f32],
-) {
-    let (qp, kp) = (q.as_ptr(), k.as_ptr());
-    let mut a = [[_mm512_setzero_ps(); 2]; G];
-    for c in (0..dp).step_by(8) {
-        // SAFETY: `c + 8 <= dp`; keys `0..4` of `dp` each; heads `h0 ..
-        // h0 + G` of `dp` each (the function's contract).
-        unsafe {
-            let kv: [__m512; 2] = std::array::from_fn(|p| {
-                let lo = _mm256_loadu_ps(kp.add(2 * p * dp + c));
-                let hi = _mm256_loadu_ps(kp.add((2 * p + 1) * dp + c));
-                _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi)
+pub(super) unsafe fn transpose(_: Avx512, rows: &[f32], n: usize, d: usize, kt: &mut [f32]) {
+    let (src, dst) = (rows.as_ptr(), kt.as_mut_ptr());
+    for r0 in (0..BLOCK).step_by(LANES) {
+        for c0 in (0..d).step_by(LANES) {
+            let cols = LANES.min(d - c0);
+            let mask: __mmask16 = (u32::MAX >> (32 - cols)) as u16;
+            let tile: [__m512; 16] = std::array::from_fn(|j| match r0 + j < n {
+                // SAFETY: row `r0 + j < n`, its lanes `c0 .. c0 + cols <= d`
+                // (the rest masked off, never read).
+                true => unsafe { _mm512_maskz_loadu_ps(mask, src.add((r0 + j) * d + c0)) },
+                false => _mm512_setzero_ps(),
             });
-            for j in 0..G {
-                let qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(qp.add((h0 + j) * dp + c)));
-                for p in 0..2 {
-                    a[j][p] = _mm512_fmadd_ps(qv, kv[p], a[j][p]);
-                }
+            let t = transpose16(tile);
+            for (c, v) in t.iter().enumerate().take(cols) {
+                // SAFETY: row `c0 + c < d` of `kt`, lanes `r0 .. r0 + 16 <= BLOCK`.
+                unsafe { _mm512_storeu_ps(dst.add((c0 + c) * BLOCK + r0), *v) };
             }
         }
     }
-    // Each head's dots with the 4 keys in one reduction (lanes [k0, k2,
-    // k1, k3]), through the ReLU, then into the 4 keys' sums at once: lane
-    // by lane the scalar `acc = fma(w_h, relu(dot_h), acc)` in head order.
-    let mut sums = _mm_setr_ps(acc[0], acc[2], acc[1], acc[3]);
-    for j in (0..G).step_by(2) {
-        // Two heads' reductions at once, each half of a 256-bit result
-        // exactly one head's `reduce4` (lanes [k0, k2, k1, k3]).
-        let m = reduce4_pair(a[j], a[j + 1]);
-        let m = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(m, _mm256_setzero_ps()), m);
-        sums = _mm_fmadd_ps(_mm_set1_ps(w[h0 + j]), _mm256_castps256_ps128(m), sums);
-        sums = _mm_fmadd_ps(
-            _mm_set1_ps(w[h0 + j + 1]),
-            _mm256_extractf128_ps::<1>(m),
-            sums,
-        );
+}
+
+/// [`super::portable::weighted_relu_sums`], tiles of 8, 4, then 1 heads.
+///
+/// # Safety
+/// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK` (the token proves
+/// the CPU can run it).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+pub(super) unsafe fn weighted_relu_sums(
+    _: Avx512,
+    qt: &[f32],
+    kt: &[f32],
+    w: &[f32],
+    d: usize,
+    acc: &mut [f32; BLOCK],
+    next: &[u8],
+) {
+    let h = w.len();
+    let mut runs = prefetch_runs(next, h / 8 + usize::from(h % 8 >= 4) + h % 4);
+    let mut h0 = 0;
+    while h0 + 8 <= h {
+        // SAFETY: heads `h0 .. h0 + 8 <= h` (the bounds as the contract).
+        unsafe { tile::<8>(qt, kt, w, d, h0, acc, runs.next().unwrap_or_default()) };
+        h0 += 8;
     }
-    let mut v = [0.0f32; 4];
-    // SAFETY: `v` holds 4 floats.
-    unsafe { _mm_storeu_ps(v.as_mut_ptr(), sums) };
-    acc[..4].copy_from_slice(&[v[0], v[2], v[1], v[3]]);
+    if h0 + 4 <= h {
+        // SAFETY: heads `h0 .. h0 + 4 <= h`.
+        unsafe { tile::<4>(qt, kt, w, d, h0, acc, runs.next().unwrap_or_default()) };
+        h0 += 4;
+    }
+    for h0 in h0..h {
+        // SAFETY: head `h0 < h`.
+        unsafe { tile::<1>(qt, kt, w, d, h0, acc, runs.next().unwrap_or_default()) };
+    }
+}
+
+/// Heads `h0 .. h0 + G` against the block, folded into `acc` in head
+/// order; the lines of `pf` prefetched, one per dimension (the rest after).
+///
+/// # Safety
+/// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK`, `h0 + G <= w.len()`;
+/// the CPU has AVX-512 F and FMA.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+#[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers
+unsafe fn tile<const G: usize>(
+    qt: &[f32],
+    kt: &[f32],
+    w: &[f32],
+    d: usize,
+    h0: usize,
+    acc: &mut [f32; BLOCK],
+    pf: &[u8],
+) {
+    let h = w.len();
+    let (qp, kp) = (qt.as_ptr(), kt.as_ptr());
+    let mut a = [[_mm512_setzero_ps(); 2]; G];
+    for i in 0..d {
+        prefetch_line(pf, i);
+        // SAFETY: `i < d`: row `i` of `kt` (`BLOCK` lanes) and heads
+        // `h0 .. h0 + G <= h` of row `i` of `qt` (the contract).
+        unsafe {
+            let k0 = _mm512_loadu_ps(kp.add(i * BLOCK));
+            let k1 = _mm512_loadu_ps(kp.add(i * BLOCK + LANES));
+            let q = qp.add(i * h + h0);
+            for j in 0..G {
+                let qv = _mm512_set1_ps(*q.add(j));
+                a[j][0] = _mm512_fmadd_ps(qv, k0, a[j][0]);
+                a[j][1] = _mm512_fmadd_ps(qv, k1, a[j][1]);
+            }
+        }
+    }
+    for i in d..pf.len().div_ceil(64) {
+        prefetch_line(pf, i);
+    }
+    let zero = _mm512_setzero_ps();
+    let ap = acc.as_mut_ptr();
+    // SAFETY: `acc` holds `BLOCK = 2 × 16` floats.
+    let mut s = unsafe { [_mm512_loadu_ps(ap), _mm512_loadu_ps(ap.add(LANES))] };
+    for j in 0..G {
+        let wv = _mm512_set1_ps(w[h0 + j]);
+        for p in 0..2 {
+            // relu: `x <= 0 ? 0 : x` (NaN is not `<= 0`: kept).
+            let x = a[j][p];
+            let x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, zero), zero);
+            s[p] = _mm512_fmadd_ps(wv, x, s[p]);
+        }
+    }
+    // SAFETY: as above.
+    unsafe {
+        _mm512_storeu_ps(ap, s[0]);
+        _mm512_storeu_ps(ap.add(LANES), s[1]);
+    }
 }

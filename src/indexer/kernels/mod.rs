@@ -1,6 +1,24 @@
-//! The indexer's scoring kernels: every key of a row against every head of
-//! one query, in the summation order of the module docs. The AVX2 kernel
-//! and the portable one run the same chains, so they agree bit for bit.
+//! The indexer's scoring kernels: a block of keys against every head of one
+//! query, in the summation order of the module docs.
+//!
+//! # Keys across lanes
+//!
+//! A block of [`BLOCK`] keys is transposed to dimension-major order,
+//! `kt[i · BLOCK + r] = k_r[i]`, so that vector lane `r` carries key `r`'s
+//! dot product with one head: `dot = fma(q_hi, k_ri, dot)` for `i = 0 .. d`
+//! in order, the query's element broadcast to every lane. Nothing is ever
+//! summed across lanes: the ReLU, the weight and the head fold
+//! `s = fma(w_h, relu(dot_h), s)` run on whole vectors, sixteen keys (eight
+//! with AVX2) at a time, and each lane's chain of operations is exactly the
+//! scalar chain the portable kernel runs for its key. So every level gives
+//! the same bits by construction, and the work is the FMAs and nothing else:
+//! no reduction per dot product, no shuffle in the inner loop (the transpose
+//! costs `d · BLOCK` moves per block, shared by every head).
+//!
+//! What would break the bit-identity: a kernel that splits a dot product
+//! into partial chains (more accumulators per key, summed at the end), or
+//! folds heads in any order but `0 .. H`, or a ReLU that is not
+//! `x <= 0 ? 0 : x` on every level.
 
 use crate::keys::Encoded;
 use crate::simd::Wide;
@@ -13,37 +31,54 @@ mod portable;
 #[cfg(test)]
 mod tests;
 
-/// A query's heads decoded and zero-padded to `dp` (d rounded up to 8).
+/// Keys per block: the lanes of two AVX-512 registers (four AVX2 ones).
+pub(super) const BLOCK: usize = 32;
+
+/// A query's heads decoded, transposed dimension-major: `qt[i · h + head]`
+/// (a tile of heads reads one run of its broadcasts per dimension), and its
+/// head weights.
 pub(super) struct Query {
     pub h: usize,
     pub d: usize,
-    pub dp: usize,
-    pub q: Vec<f32>,
+    pub qt: Vec<f32>,
+    pub w: Vec<f32>,
 }
 
 impl Query {
     pub fn new(h: usize, d: usize) -> Self {
-        let dp = d.div_ceil(8) * 8;
         Query {
             h,
             d,
-            dp,
-            q: vec![0.0; h * dp],
+            qt: vec![0.0; h * d],
+            w: vec![0.0; h],
         }
     }
 
-    /// Every element as its absolute value (for the error bound).
-    pub fn abs(&mut self) {
-        self.q.iter_mut().for_each(|x| *x = x.abs());
-    }
-
-    /// Decodes the query whose `h × d` elements start at `start`.
-    pub fn load(&mut self, q: &Encoded<'_>, start: usize) {
-        let (d, dp) = (self.d, self.dp);
-        for (head, row) in self.q.chunks_exact_mut(dp).enumerate() {
-            q.decode(start + head * d, &mut row[..d]);
+    /// Loads query `i`: its `h × d` elements of `q` and its `h` weights;
+    /// with `magnitude`, their absolute values (for the error bound).
+    pub fn load(&mut self, q: &Encoded<'_>, weights: &[f32], i: usize, magnitude: bool) {
+        let (h, d) = (self.h, self.d);
+        let mut row = vec![0.0f32; d];
+        for head in 0..h {
+            q.decode((i * h + head) * d, &mut row);
+            for (x, &v) in self.qt[head..].iter_mut().step_by(h).zip(&row) {
+                *x = v;
+            }
+        }
+        self.w.copy_from_slice(&weights[i * h..(i + 1) * h]);
+        if magnitude {
+            self.qt.iter_mut().for_each(|x| *x = x.abs());
+            self.w.iter_mut().for_each(|x| *x = x.abs());
         }
     }
+}
+
+/// The keys a call scores: `enc` holds rows of `d` elements, `scale` one
+/// factor per row (`None`: 1).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Keys<'a> {
+    pub enc: Encoded<'a>,
+    pub scale: Option<&'a [f32]>,
 }
 
 /// `x <= 0 ? 0 : x`: the ReLU that keeps NaN (a NaN dot product must not
@@ -57,89 +92,137 @@ fn relu(x: f32) -> f32 {
     }
 }
 
-/// Keys per register tile of the AVX2 kernel.
-const KEYS: usize = 2;
-/// Keys decoded per step: a block small enough to stay in L1 while every
-/// tile of heads passes over it (so the query's heads are read from cache
-/// once per block, not once per key).
-const BLOCK: usize = KEYS * 6;
+/// A cache line of floats: the transposed block's rows (`BLOCK` floats, two
+/// lines) start on line boundaries, so no kernel load splits a line.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
 
-/// The scores of keys `first .. first + out.len()` into `out` (canonical:
-/// `-0.0` is `+0.0`). With `magnitude`, every key is read as its absolute
-/// value (and the caller passes `|q|`, `|w|`, `|c|`): the scores' error
-/// bound `|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|` (the ReLU is then the identity).
-#[allow(clippy::too_many_arguments)]
+/// Every query's scores of keys `first ..`: query `j`'s of keys `first ..
+/// first + outs[j].len()` into `outs[j]` (canonical: `-0.0` is `+0.0`).
+/// Each block of keys is read, decoded and transposed once for all the
+/// queries (a prefill's queries share it). With `magnitude`, every key is
+/// read as its absolute value (and the queries were loaded as magnitudes,
+/// the scales given as `|c|`): the scores' error bound
+/// `|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|` (the ReLU is then the identity).
 pub(super) fn score_keys(
     level: Option<Wide>,
-    q: &Query,
-    w: &[f32],
-    keys: &Encoded<'_>,
-    scale: Option<&[f32]>,
+    queries: &[Query],
+    keys: Keys<'_>,
     first: usize,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
     magnitude: bool,
 ) {
-    let (d, dp, h) = (q.d, q.dp, q.h);
-    assert!(w.len() == h && q.q.len() == h * dp);
-    assert!((first + out.len()) * d <= keys.len());
-    assert!(scale.is_none_or(|c| first + out.len() <= c.len()));
-    let mut kbuf = vec![0.0f32; BLOCK * dp];
-    for (j, block) in out.chunks_mut(BLOCK).enumerate() {
-        let t0 = first + j * BLOCK;
-        crate::keys::prefetch(keys, (t0 + 2 * BLOCK) * d, BLOCK * d);
-        // float32 keys already in the padded layout (d a multiple of 8) are
-        // read in place; any other block is decoded (or padded) into `kbuf`.
-        let k: &[f32] = match keys {
-            Encoded::F32(s) if d == dp && block.len() == BLOCK && !magnitude => {
-                &s[t0 * d..(t0 + BLOCK) * d]
-            }
-            _ => {
-                let n = block.len();
-                if d == dp {
-                    // Rows need no padding: the block's keys are one run,
-                    // decoded in one call (a call per short row costs more
-                    // than the decode itself at small d).
-                    keys.decode(t0 * d, &mut kbuf[..n * d]);
-                    kbuf[n * d..].fill(0.0); // a partial block's unused rows: scored, discarded
-                } else {
-                    for (r, row) in kbuf.chunks_exact_mut(dp).enumerate() {
-                        match r < n {
-                            true => keys.decode((t0 + r) * d, &mut row[..d]),
-                            false => row.fill(0.0),
-                        }
-                    }
-                }
-                if magnitude {
-                    kbuf.iter_mut().for_each(|x| *x = x.abs());
-                }
-                &kbuf
+    let Some(q0) = queries.first() else { return };
+    let (d, h) = (q0.d, q0.h);
+    let n = outs.iter().map(|o| o.len()).max().unwrap_or(0);
+    // The bounds the kernels' pointer reads rely on, checked in release.
+    assert!(queries.len() == outs.len());
+    assert!(queries
+        .iter()
+        .all(|q| q.h == h && q.d == d && q.w.len() == h && q.qt.len() == h * d));
+    assert!((first + n) * d <= keys.enc.len());
+    assert!(keys.scale.is_none_or(|c| first + n <= c.len()));
+    let mut kt = vec![Line([0.0; 16]); d * BLOCK / 16];
+    let kt: &mut [f32] = bytemuck::cast_slice_mut(&mut kt);
+    let mut decoded = Vec::new();
+    for b in (0..n).step_by(BLOCK) {
+        let (t0, nb) = (first + b, BLOCK.min(n - b));
+        // float32 keys are read in place; any other format is decoded first
+        // (the block's rows are one run: one call).
+        let rows: &[f32] = match keys.enc {
+            Encoded::F32(s) => &s[t0 * d..(t0 + nb) * d],
+            enc => {
+                decoded.resize(nb * d, 0.0);
+                enc.decode(t0 * d, &mut decoded);
+                &decoded
             }
         };
-        let mut acc = [0.0f32; BLOCK];
-        // The bounds the kernel's pointer reads rely on, checked in release.
-        assert!(k.len() == BLOCK * dp && dp % 8 == 0);
-        match level {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX2 and FMA; `q.q` holds `h` rows of
-            // `dp` (asserted above), `k` holds `BLOCK` rows of `dp` (a full
-            // block read in place, or `kbuf`), and `dp` is a multiple of 8.
-            Some(Wide::Avx2(token)) => unsafe {
-                avx2::weighted_relu_sums(token, &q.q, k, w, dp, &mut acc)
-            },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above, the token proving AVX-512 too.
-            Some(Wide::Avx512(token)) => unsafe {
-                avx512::weighted_relu_sums(token, &q.q, k, w, dp, &mut acc)
-            },
-            _ => {
-                for (a, key) in acc.iter_mut().zip(k.chunks_exact(dp)).take(block.len()) {
-                    *a = portable::weighted_relu_sum(&q.q, key, w, dp);
-                }
+        transpose(level, rows, d, kt);
+        if magnitude {
+            kt.iter_mut().for_each(|x| *x = x.abs());
+        }
+        // The next block's bytes are fetched while this one is scored.
+        let mut next = keys.enc.bytes((t0 + BLOCK) * d, BLOCK * d);
+        for (q, out) in queries.iter().zip(outs.iter_mut()) {
+            let Some(dst) = out.get_mut(b..).filter(|o| !o.is_empty()) else {
+                continue;
+            };
+            let mut acc = [0.0f32; BLOCK];
+            weighted_relu_sums(level, q, kt, &mut acc, std::mem::take(&mut next));
+            for (r, (o, a)) in dst.iter_mut().zip(acc).enumerate() {
+                let c = keys.scale.map_or(1.0, |s| s[t0 + r]);
+                *o = a * c + 0.0;
             }
         }
-        for (r, o) in block.iter_mut().enumerate() {
-            let c = scale.map_or(1.0, |s| s[t0 + r]);
-            *o = acc[r] * c + 0.0;
+    }
+}
+
+/// `kt[i · BLOCK + r] = rows[r · d + i]` for the `rows.len() / d ≤ BLOCK`
+/// keys given, `0` in the lanes of the keys past them (scored, discarded).
+fn transpose(level: Option<Wide>, rows: &[f32], d: usize, kt: &mut [f32]) {
+    let n = rows.len() / d;
+    assert!(n <= BLOCK && rows.len() == n * d && kt.len() == d * BLOCK);
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves AVX-512; `rows` holds `n <= BLOCK` rows
+        // of `d` and `kt` `d` rows of `BLOCK` (asserted above).
+        Some(Wide::Avx512(token)) => unsafe { avx512::transpose(token, rows, n, d, kt) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves AVX2; the bounds as above.
+        Some(Wide::Avx2(token)) => unsafe { avx2::transpose(token, rows, n, d, kt) },
+        _ => portable::transpose(rows, n, d, kt),
+    }
+}
+
+/// The block's `Σ_h fma(w_h, relu(q_h · k_r))` for every key `r`, in head
+/// order, into `acc` (which starts at `+0.0`); `next`'s cache lines are
+/// prefetched along the way, spread over the FMAs (a burst of prefetches
+/// stalls on the line-fill buffers; spread out they hide under the work).
+fn weighted_relu_sums(
+    level: Option<Wide>,
+    q: &Query,
+    kt: &[f32],
+    acc: &mut [f32; BLOCK],
+    next: &[u8],
+) {
+    let (h, d, w) = (q.h, q.d, &q.w[..]);
+    assert!(w.len() == h && q.qt.len() == h * d && kt.len() == d * BLOCK);
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves AVX-512, AVX2 and FMA; `q.qt` holds `d`
+        // rows of `h`, `kt` `d` rows of `BLOCK`, `w` `h` weights (asserted).
+        Some(Wide::Avx512(token)) => unsafe {
+            avx512::weighted_relu_sums(token, &q.qt, kt, w, d, acc, next)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, the token proving AVX2 and FMA.
+        Some(Wide::Avx2(token)) => unsafe {
+            avx2::weighted_relu_sums(token, &q.qt, kt, w, d, acc, next)
+        },
+        _ => portable::weighted_relu_sums(&q.qt, kt, w, d, acc),
+    }
+}
+
+/// `next` cut into `tiles` runs of whole cache lines, one per tile call.
+fn prefetch_runs(next: &[u8], tiles: usize) -> impl Iterator<Item = &[u8]> {
+    let per = next.len().div_ceil(64).div_ceil(tiles.max(1)).max(1) * 64;
+    next.chunks(per).chain(std::iter::repeat(&[][..]))
+}
+
+/// Hints the cache hierarchy to fetch line `i` of `run` into L2 (nothing
+/// past the run).
+#[inline(always)]
+fn prefetch_line(run: &[u8], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(line) = run.get(i * 64..).filter(|l| !l.is_empty()) {
+        // SAFETY: a prefetch reads nothing architecturally; the address is
+        // within `run`.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+            _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8)
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (run, i);
 }

@@ -1,20 +1,39 @@
-//! The portable kernel: the AVX2 kernel's chains, lane by lane.
+//! The portable kernel: every lane's chain, one key at a time (written as
+//! loops over the block's keys, which a compiler may vectorise: each key's
+//! operations stay the same scalar chain).
 
-use super::relu;
+use super::{relu, BLOCK};
 
-/// `Σ_h fma(w_h, relu(q_h · k))` in head order, each dot in 8 lanes.
-pub(super) fn weighted_relu_sum(q: &[f32], k: &[f32], w: &[f32], dp: usize) -> f32 {
-    let mut acc = 0.0f32;
-    for (qh, &wh) in q.chunks_exact(dp).zip(w) {
-        let mut lanes = [0.0f32; 8];
-        for (qc, kc) in qh.chunks_exact(8).zip(k.chunks_exact(8)) {
-            for j in 0..8 {
-                lanes[j] = qc[j].mul_add(kc[j], lanes[j]);
+/// `kt[i · BLOCK + r] = rows[r · d + i]` for `r < n`, `0` past `n`.
+pub(super) fn transpose(rows: &[f32], n: usize, d: usize, kt: &mut [f32]) {
+    for (i, lanes) in kt.chunks_exact_mut(BLOCK).enumerate().take(d) {
+        for (r, lane) in lanes.iter_mut().enumerate() {
+            *lane = if r < n { rows[r * d + i] } else { 0.0 };
+        }
+    }
+}
+
+/// For every key `r` of the block, `acc_r = fma(w_h, relu(dot_hr), acc_r)`
+/// in head order, `dot_hr = fma(q_hi, k_ri, dot_hr)` over `i` in order
+/// from `+0.0`; `qt` is `[d, h]`, `kt` `[d, BLOCK]`.
+pub(super) fn weighted_relu_sums(
+    qt: &[f32],
+    kt: &[f32],
+    w: &[f32],
+    d: usize,
+    acc: &mut [f32; BLOCK],
+) {
+    let h = w.len();
+    for (head, &wh) in w.iter().enumerate() {
+        let mut dot = [0.0f32; BLOCK];
+        for i in 0..d {
+            let qi = qt[i * h + head];
+            for (x, &k) in dot.iter_mut().zip(&kt[i * BLOCK..(i + 1) * BLOCK]) {
+                *x = qi.mul_add(k, *x);
             }
         }
-        let l = lanes;
-        let dot = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-        acc = wh.mul_add(relu(dot), acc);
+        for (a, &x) in acc.iter_mut().zip(&dot) {
+            *a = wh.mul_add(relu(x), *a);
+        }
     }
-    acc
 }

@@ -2,73 +2,147 @@
 
 use super::*;
 
-/// The AVX-512, AVX2 and portable kernels give the same bits on ragged shapes,
-/// NaN and signed zeros included.
+/// xorshift values in [-2, 2) with a full mantissa.
+fn source(seed: u64) -> impl FnMut() -> f32 {
+    let mut state = seed | 1;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+    }
+}
+
+fn same(x: f32, y: f32) -> bool {
+    x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+}
+
+const SHAPES: [(usize, usize); 10] = [
+    (1, 1),
+    (3, 7),
+    (8, 16),
+    (9, 33),
+    (64, 128),
+    (12, 24),
+    (6, 8),
+    (17, 5),
+    (4, 16),
+    (13, 31),
+];
+
+/// Every level's transpose is the same copy: `kt[i · BLOCK + r] = k_r[i]`,
+/// zero in the lanes past the block's keys, on ragged `d` and partial blocks.
+#[test]
+fn every_level_transposes_a_block_exactly() {
+    let mut next = source(0x51ED_2701);
+    for &(_, d) in &SHAPES {
+        for n in [BLOCK, 1, 7, 16, 17, 31] {
+            let rows: Vec<f32> = (0..n * d).map(|_| next()).collect();
+            let mut want = vec![f32::NAN; d * BLOCK];
+            portable::transpose(&rows, n, d, &mut want);
+            for i in 0..d {
+                for r in 0..BLOCK {
+                    let x = if r < n { rows[r * d + i] } else { 0.0 };
+                    assert!(
+                        same(want[i * BLOCK + r], x),
+                        "portable d={d} n={n} ({i}, {r})"
+                    );
+                }
+            }
+            for level in [
+                crate::simd::avx2_for_test().map(Wide::Avx2),
+                crate::simd::avx512_for_test().map(Wide::Avx512),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let mut got = vec![f32::NAN; d * BLOCK];
+                transpose(Some(level), &rows, d, &mut got);
+                let ok = got.iter().zip(&want).all(|(x, y)| same(*x, *y));
+                assert!(ok, "{level:?} d={d} n={n}");
+            }
+        }
+    }
+}
+
+/// The AVX-512, AVX2 and portable kernels give the same bits on ragged
+/// shapes, NaN, infinities and signed zeros included, and the portable one
+/// is the scalar rule written out: each dot one FMA chain over `i` in
+/// order, the heads folded in order.
 #[test]
 fn every_level_scores_bit_identically() {
     let Some(token) = crate::simd::avx2_for_test() else {
         return;
     };
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-    };
-    for &(h, d) in &[
-        (1usize, 1usize),
-        (3, 7),
-        (8, 16),
-        (9, 33),
-        (64, 128),
-        (12, 24),
-        (6, 8),
-        (17, 5),
-    ] {
-        let dp = d.div_ceil(8) * 8;
+    let mut next = source(0x9E37_79B9_7F4A_7C15);
+    for &(h, d) in &SHAPES {
         for trial in 0..20 {
-            let mut q = vec![0.0f32; h * dp];
-            for (i, x) in q.iter_mut().enumerate() {
-                if i % dp < d {
-                    *x = next();
+            let mut q = Query::new(h, d);
+            q.qt.iter_mut().for_each(|x| *x = next());
+            let mut kt: Vec<f32> = (0..d * BLOCK).map(|_| next()).collect();
+            match trial {
+                3 => kt[5] = f32::NAN,
+                4 => kt[(BLOCK + 2) % (d * BLOCK)] = f32::INFINITY,
+                5 => kt.iter_mut().for_each(|x| *x = (*x * 2.0).round() * 0.0), // ±0.0
+                6 => kt.iter_mut().step_by(3).for_each(|x| *x = (*x).round()),
+                _ => {}
+            }
+            q.w.iter_mut().for_each(|x| *x = next());
+            let w = q.w.clone();
+            let mut want = [0.0f32; BLOCK];
+            portable::weighted_relu_sums(&q.qt, &kt, &w, d, &mut want);
+            for (r, &got) in want.iter().enumerate() {
+                let mut s = 0.0f32;
+                for (head, wh) in w.iter().enumerate() {
+                    let mut dot = 0.0f32;
+                    for i in 0..d {
+                        dot = q.qt[i * h + head].mul_add(kt[i * BLOCK + r], dot);
+                    }
+                    s = wh.mul_add(if dot <= 0.0 { 0.0 } else { dot }, s);
                 }
-            }
-            let mut k = vec![0.0f32; dp];
-            for x in k.iter_mut().take(d) {
-                *x = next();
-            }
-            if trial == 3 {
-                k[0] = f32::NAN;
-            }
-            let w: Vec<f32> = (0..h).map(|_| next()).collect();
-            let a = portable::weighted_relu_sum(&q, &k, &w, dp);
-            // A second key: the first reversed over its d dimensions.
-            let mut second = k.clone();
-            second[..d].reverse();
-            let b = portable::weighted_relu_sum(&q, &second, &w, dp);
-            let mut block = [k.clone(), second].concat();
-            // The other keys random too (every lane of every tile differs).
-            for _ in 2..BLOCK {
-                block.extend((0..dp).map(|i| if i < d { next() } else { 0.0 }));
+                assert!(same(s, got), "portable h={h} d={d} key {r}");
             }
             let mut got = [0.0f32; BLOCK];
-            // SAFETY: shapes as the kernel requires.
-            unsafe { avx2::weighted_relu_sums(token, &q, &block, &w, dp, &mut got) };
-            let same = |x: f32, y: f32| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
-            for (r, g) in got.iter().enumerate() {
-                let want = portable::weighted_relu_sum(&q, &block[r * dp..(r + 1) * dp], &w, dp);
-                assert!(same(want, *g), "h={h} d={d} key {r}");
+            weighted_relu_sums(Some(Wide::Avx2(token)), &q, &kt, &mut got, &[]);
+            for (r, (x, y)) in got.iter().zip(&want).enumerate() {
+                assert!(same(*x, *y), "AVX2 h={h} d={d} key {r}");
             }
             if let Some(t) = crate::simd::avx512_for_test() {
                 let mut wide = [0.0f32; BLOCK];
-                // SAFETY: shapes as the kernel requires; the token.
-                unsafe { avx512::weighted_relu_sums(t, &q, &block, &w, dp, &mut wide) };
-                for (r, (x, y)) in wide.iter().zip(&got).enumerate() {
-                    assert!(same(*x, *y), "h={h} d={d} key {r}, AVX-512");
+                weighted_relu_sums(Some(Wide::Avx512(t)), &q, &kt, &mut wide, &[]);
+                for (r, (x, y)) in wide.iter().zip(&want).enumerate() {
+                    assert!(same(*x, *y), "AVX-512 h={h} d={d} key {r}");
                 }
             }
-            assert!(same(a, got[0]) && same(b, got[1]), "h={h} d={d}");
         }
+    }
+}
+
+/// A NaN dot product stays NaN through the ReLU on every level (it must not
+/// join the zero plateau), and a negative one is exactly `+0.0` weight.
+#[test]
+fn the_relu_keeps_nan_and_zeroes_negatives_on_every_level() {
+    let (h, d) = (2, 3);
+    let mut q = Query::new(h, d);
+    q.qt.copy_from_slice(&[1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+    let mut kt = vec![0.0f32; d * BLOCK];
+    kt[0] = f32::NAN; // key 0: NaN dot
+    kt[1] = -1.0; // key 1: negative dot
+    kt[2] = 2.0; // key 2: positive dot
+    q.w.copy_from_slice(&[1.0, 0.5]);
+    let levels = [
+        None,
+        crate::simd::avx2_for_test().map(Wide::Avx2),
+        crate::simd::avx512_for_test().map(Wide::Avx512),
+    ];
+    for (i, level) in levels.into_iter().enumerate() {
+        if i > 0 && level.is_none() {
+            continue;
+        }
+        let mut acc = [0.0f32; BLOCK];
+        weighted_relu_sums(level, &q, &kt, &mut acc, &[]);
+        assert!(acc[0].is_nan(), "{level:?}");
+        assert_eq!(acc[1].to_bits(), 0.0f32.to_bits(), "{level:?}");
+        assert_eq!(acc[2], 3.0, "{level:?}");
     }
 }

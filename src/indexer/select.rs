@@ -1,0 +1,106 @@
+//! A row's selection from its scores: the one total order (descending
+//! score, NaN last, `-0.0 == +0.0`, ties to the lower position), exact
+//! whatever the scores look like — a plateau of tens of thousands of equal
+//! scores included, where histogram top-k kernels have gone wrong: each
+//! candidate is one `u64` (the score's rank key, then the position
+//! reversed), all distinct, so a partial select on them is the order itself.
+
+use crate::pool;
+use crate::witness;
+
+/// A score's place in the total order, as an integer that sorts the same
+/// way: NaN lowest (0), then every number by value, `-0.0 == +0.0`.
+#[inline]
+pub(crate) fn rank_key(score: f32) -> u32 {
+    if score.is_nan() {
+        return 0;
+    }
+    let b = (score + 0.0).to_bits();
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// Key `t`'s candidate: larger is better (the rank key, then the lower
+/// position). Positions are `< 2^31` (checked by every entry point).
+#[inline]
+fn candidate(score: f32, t: usize) -> u64 {
+    ((rank_key(score) as u64) << 32) | (u32::MAX - t as u32) as u64
+}
+
+/// A row selected in parallel parts when it is at least this long (a
+/// decode's single long row; a group's rows go in parallel instead).
+const SPLIT_LEN: usize = 1 << 15;
+
+/// The row of `len` scores (`score(t)`, `t < len`): the top `topk` (or
+/// `topk − S` with witnesses) in rank order, then `-1`, then the witnesses.
+/// `split`: the row may be cut into parallel parts (each part's best, then
+/// the best of those — the same set, since every part keeps all of its
+/// members that could be in the row's top).
+pub(super) fn select_row(
+    score: impl Fn(usize) -> f32 + Sync,
+    len: usize,
+    topk: usize,
+    num_segments: usize,
+    out: &mut [i32],
+    split: bool,
+) {
+    let take = topk.saturating_sub(num_segments).min(len);
+    let threads = pool::num_threads();
+    let top = if split && threads > 1 && len >= SPLIT_LEN && len >= 4 * take {
+        best_in_parts(&score, len, take, len.div_ceil(threads))
+    } else {
+        best((0..len).map(|t| candidate(score(t), t)).collect(), take)
+    };
+    out.fill(-1);
+    for (slot, &c) in out.iter_mut().zip(top.iter()) {
+        *slot = (u32::MAX - c as u32) as i32;
+    }
+    if num_segments > 0 {
+        // `len <= i32::MAX` (checked); one row of the serving entry point.
+        let lens = [len as i32];
+        let merged = witness::scatter_topology_witnesses(out, topk, &lens, num_segments);
+        // Unreachable: every entry point refused S > 64, and this is one row of `topk`.
+        assert!(
+            merged.is_ok(),
+            "witness merge refused a checked row: {merged:?}"
+        );
+    }
+}
+
+/// The `take` largest candidates, largest first.
+fn best(mut cand: Vec<u64>, take: usize) -> Vec<u64> {
+    if take > 0 && take < cand.len() {
+        cand.select_nth_unstable_by(take - 1, |a, b| b.cmp(a));
+    }
+    cand.truncate(take);
+    cand.sort_unstable_by(|a, b| b.cmp(a));
+    cand
+}
+
+/// [`best`] of the row's candidates, built and reduced in parts of `part`
+/// keys across the pool: each part's `take` best, then the best of those.
+fn best_in_parts(
+    score: &(impl Fn(usize) -> f32 + Sync),
+    len: usize,
+    take: usize,
+    part: usize,
+) -> Vec<u64> {
+    let mut cand = vec![0u64; len];
+    pool::for_each_row_mut(&mut cand, part, 1, |p, run| {
+        for (r, c) in run.iter_mut().enumerate() {
+            let t = p * part + r;
+            *c = candidate(score(t), t);
+        }
+        if take > 0 && take < run.len() {
+            run.select_nth_unstable_by(take - 1, |a, b| b.cmp(a));
+        }
+    });
+    let kept: Vec<u64> = cand
+        .chunks(part)
+        .flat_map(|run| run[..take.min(run.len())].iter().copied())
+        .collect();
+    best(kept, take)
+}
