@@ -23,7 +23,8 @@ busy-wait for ~0.1-0.3 s after every product (measured here: kvselect's
 indexer call right after a product took 27-44 ms, 21-24 ms once the workers
 slept), so in an interleaved run the product's threads would eat the cores
 of whatever ran next. With it every contender, BLAS included, starts from
-sleeping threads and pays its own wake-up.
+sleeping threads and pays its own wake-up; OMP_WAIT_POLICY=PASSIVE does the
+same for torch's OpenMP threads, when torch is installed.
 """
 
 from __future__ import annotations
@@ -36,18 +37,21 @@ import sys
 import time
 
 _PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-_IDLE = ("OPENBLAS_THREAD_TIMEOUT", "4")
+_IDLE = {"OPENBLAS_THREAD_TIMEOUT": "4", "OMP_WAIT_POLICY": "PASSIVE"}
 if __name__ == "__main__" and (
-    any(k in os.environ for k in _PINS) or os.environ.get(_IDLE[0]) != _IDLE[1]
+    any(k in os.environ for k in _PINS) or any(os.environ.get(k) != v for k, v in _IDLE.items())
 ):
     env = {k: v for k, v in os.environ.items() if k not in _PINS}
-    env[_IDLE[0]] = _IDLE[1]
+    env.update(_IDLE)
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 import numpy as np  # noqa: E402
 
 import kvselect as ks  # noqa: E402
 from kvselect import reference as ref  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from indexer_cases import bench_indexer, print_indexer_table  # noqa: E402
 
 TOPK = 2048
 SEGMENTS = 64
@@ -833,69 +837,6 @@ def print_witness_table(rows: list) -> None:
             f"({r['apply_out_us'] / c:.2f}×) | {r['copy_new_us']:.1f} | {r['apply_us']:.1f} "
             f"({r['apply_us'] / r['copy_new_us']:.2f}×) | "
             f"{r['reference_us']:.0f} ({r['reference_us'] / c:.0f}×) |"
-        )
-
-
-def bench_indexer(quick: bool) -> list:
-    """The lightning indexer (64 heads, d 128, top-k 2048) against NumPy's bare
-    product ``index_k @ index_q.T`` (no ReLU, no weights, no top-k), the NumPy
-    pipeline a user would write (product, ReLU, weights, sum, argpartition,
-    sort), and torch's when torch is installed (matmul, relu, weights, sum,
-    topk). Ratios, not times, are what to read."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        torch = None
-    rng = np.random.default_rng(0)
-    h, d, topk = 64, 128, 2048
-    out = []
-    for case, n_q, t in (("decode", 1, 131_072), ("prefill", 8, 32_768)):
-        k = rng.standard_normal((t, d), dtype=np.float32)
-        q = rng.standard_normal((n_q, h, d), dtype=np.float32)
-        w = (rng.standard_normal((n_q, h)) / np.sqrt(h * d)).astype(np.float32)
-        pos = np.arange(t - n_q, t)
-
-        def numpy_pipeline():
-            rows = []
-            for i in range(n_q):
-                s = np.maximum(k[: pos[i] + 1] @ q[i].T, 0) @ w[i]
-                top = np.argpartition(-s, topk - 1)[:topk]
-                rows.append(top[np.argsort(-s[top], kind="stable")])
-            return rows
-
-        cases = {
-            "ours": lambda: ks.indexer_topk(q, w, k, pos, topk),
-            "product": lambda: k @ q.reshape(n_q * h, d).T,
-            "numpy": numpy_pipeline,
-        }
-        if torch is not None:
-            tk, tq, tw = torch.from_numpy(k), torch.from_numpy(q), torch.from_numpy(w)
-
-            def torch_pipeline():
-                s = (torch.relu(torch.einsum("td,nhd->nht", tk, tq)) * tw[:, :, None]).sum(1)
-                return torch.topk(s, topk, dim=-1).indices
-
-            cases["torch"] = torch_pipeline
-        reps = 3 if quick else 10
-        t_ms = {name: v / 1e6 for name, v in interleaved(cases, reps, pause=PAUSE_S).items()}
-        flops = 2 * h * d * t * n_q
-        out.append({"case": f"{case}: {n_q} × {h} heads × {t:,} keys", "flops": flops, **t_ms})
-    return out
-
-
-def print_indexer_table(rows: list) -> None:
-    print(
-        "\nLightning indexer, 64 heads, d 128, top-k 2048, float32 (ratios against NumPy's bare "
-        "index_k @ index_q.T, which does no ReLU, weighting or top-k)\n"
-    )
-    print("| case | bare product ms | ours | ours GFLOP/s | NumPy pipeline | torch pipeline |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for r in rows:
-        p = r["product"]
-        torch_col = f"{r['torch']:.1f} ({r['torch'] / p:.2f}×)" if "torch" in r else "not installed"
-        print(
-            f"| {r['case']} | {p:.1f} | {r['ours']:.1f} ({r['ours'] / p:.2f}×) | "
-            f"{r['flops'] / r['ours'] / 1e6:.0f} | {r['numpy']:.1f} ({r['numpy'] / p:.2f}×) | {torch_col} |"
         )
 
 

@@ -218,3 +218,91 @@ pub(crate) mod x86 {
         _mm_hadd_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps::<1>(z))
     }
 }
+
+/// The machine's floor for compute-bound kernels: a register-resident FMA
+/// loop, `iters` steps of [`FLOOR_CHAINS`] independent chains at the widest
+/// level dispatch allows (16 lanes with AVX-512, 8 with AVX2, 1 portable),
+/// on every thread of the crate's pool at once. Returns the flops done (2
+/// per lane per step) — a benchmark divides them by the time it measured —
+/// and the chains' sum, which depends on every step (so no compiler can
+/// drop the loop).
+pub fn fma_floor(iters: usize) -> (u64, f32) {
+    let threads = crate::pool::num_threads().max(1);
+    let lanes = match Wide::best() {
+        Some(Wide::Avx512(_)) => 16,
+        Some(Wide::Avx2(_)) => 8,
+        None => 1,
+    };
+    let mut sums = vec![0.0f32; threads];
+    crate::pool::for_each_row_mut(&mut sums, 1, 1, |_, s| s[0] = floor::run(iters));
+    let flops = (threads * iters * FLOOR_CHAINS * lanes * 2) as u64;
+    (flops, sums.iter().sum())
+}
+
+/// Independent FMA chains in [`fma_floor`]: enough to cover the latency of
+/// two FMA ports (4 cycles × 2), with room.
+pub const FLOOR_CHAINS: usize = 12;
+
+mod floor {
+    use super::{Wide, FLOOR_CHAINS};
+    use std::hint::black_box;
+
+    pub(super) fn run(iters: usize) -> f32 {
+        match Wide::best() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX-512 F.
+            Some(Wide::Avx512(_)) => unsafe { avx512(iters) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves AVX2 and FMA.
+            Some(Wide::Avx2(_)) => unsafe { avx2(iters) },
+            _ => portable(iters),
+        }
+    }
+
+    fn portable(iters: usize) -> f32 {
+        let (x, y) = (black_box(0.999_999f32), black_box(1e-7f32));
+        let mut a = [1.0f32; FLOOR_CHAINS];
+        for _ in 0..iters {
+            for v in a.iter_mut() {
+                *v = v.mul_add(x, y);
+            }
+        }
+        a.iter().sum()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn avx2(iters: usize) -> f32 {
+        use std::arch::x86_64::*;
+        let (x, y) = (
+            _mm256_set1_ps(black_box(0.999_999)),
+            _mm256_set1_ps(black_box(1e-7)),
+        );
+        let mut a = [_mm256_set1_ps(1.0); FLOOR_CHAINS];
+        for _ in 0..iters {
+            for v in a.iter_mut() {
+                *v = _mm256_fmadd_ps(*v, x, y);
+            }
+        }
+        let s = a.iter().fold(_mm256_setzero_ps(), |s, &v| _mm256_add_ps(s, v));
+        _mm_cvtss_f32(_mm256_castps256_ps128(s))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn avx512(iters: usize) -> f32 {
+        use std::arch::x86_64::*;
+        let (x, y) = (
+            _mm512_set1_ps(black_box(0.999_999)),
+            _mm512_set1_ps(black_box(1e-7)),
+        );
+        let mut a = [_mm512_set1_ps(1.0); FLOOR_CHAINS];
+        for _ in 0..iters {
+            for v in a.iter_mut() {
+                *v = _mm512_fmadd_ps(*v, x, y);
+            }
+        }
+        let s = a.iter().fold(_mm512_setzero_ps(), |s, &v| _mm512_add_ps(s, v));
+        _mm512_reduce_add_ps(s)
+    }
+}

@@ -378,8 +378,18 @@ fn simd_level() -> &'static str {
     simd::level().name()
 }
 
+/// Benchmarks' floor (private): ``iters`` steps of a register-resident FMA
+/// loop on every pool thread at the best SIMD level; returns ``(flops,
+/// checksum)``, the caller times the call.
+#[pyfunction]
+fn _fma_floor(py: Python<'_>, iters: &Obj) -> PyResult<(u64, f32)> {
+    let iters = Args(Domain::Base).count(iters, "iters", 1 << 40)?;
+    Ok(py.detach(|| simd::fma_floor(iters)))
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySelector>()?;
+    m.add_function(wrap_pyfunction!(_fma_floor, m)?)?;
     m.add_function(wrap_pyfunction!(oracle_topk, m)?)?;
     m.add_function(wrap_pyfunction!(attention_probabilities, m)?)?;
     m.add_function(wrap_pyfunction!(dense_attention, m)?)?;

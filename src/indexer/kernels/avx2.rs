@@ -1,7 +1,9 @@
 //! The AVX2 + FMA kernel: tiles of 4 heads (then 1) × 16 of the block's
 //! keys in two 8-lane registers, one chain per (head, register).
 
-use super::{prefetch_line, prefetch_runs, BLOCK};
+use super::{prefetch_line, prefetch_runs, Src, BLOCK};
+use crate::keys::x86::{load8_bf16, load8_f16, load8_fp8};
+use crate::keys::Encoded;
 use crate::simd::Avx2;
 use std::arch::x86_64::*;
 
@@ -34,24 +36,47 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     })
 }
 
-/// [`super::portable::transpose`] in 8 × 8 tiles (masked loads for a last
-/// tile narrower than 8 dimensions; zero rows past `n`).
+/// Eight elements `at ..` of `src` decoded (the [`crate::keys::x86`]
+/// loads, exact); a last tile narrower than 8 (`cols < 8`) is decoded by
+/// the scalar decode into a zeroed buffer first.
 ///
 /// # Safety
-/// `rows.len() >= n * d`, `n <= BLOCK`, `kt.len() >= d * BLOCK` (the token
-/// proves the CPU can run it).
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn transpose(_: Avx2, rows: &[f32], n: usize, d: usize, kt: &mut [f32]) {
-    let (src, dst) = (rows.as_ptr(), kt.as_mut_ptr());
-    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+/// Elements `at .. at + cols` are in `src.enc`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load8(src: Src<'_>, at: usize, cols: usize) -> __m256 {
+    if cols < LANES {
+        let mut v = [0.0f32; LANES];
+        src.enc.decode(at, &mut v[..cols]);
+        // SAFETY: `v` holds 8 floats.
+        return unsafe { _mm256_loadu_ps(v.as_ptr()) };
+    }
+    // SAFETY (every arm): elements `at .. at + 8` exist (the contract).
+    unsafe {
+        match src.enc {
+            Encoded::F32(s) => _mm256_loadu_ps(s.as_ptr().add(at)),
+            Encoded::Bf16(s) => load8_bf16(s.as_ptr().add(at)),
+            Encoded::F16(s) => load8_f16(s.as_ptr().add(at)),
+            Encoded::Fp8E4m3(s) => load8_fp8(s.as_ptr().add(at)),
+        }
+    }
+}
+
+/// [`super::portable::transpose`] of the decoded keys, in 8 × 8 tiles
+/// (zero rows past `n`), decoding as it loads.
+///
+/// # Safety
+/// `src.enc.len() >= n * d`, `n <= BLOCK`, `kt.len() >= d * BLOCK` (the
+/// token proves the CPU can run it).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn transpose(_: Avx2, src: Src<'_>, n: usize, d: usize, kt: &mut [f32]) {
+    let dst = kt.as_mut_ptr();
     for r0 in (0..BLOCK).step_by(LANES) {
         for c0 in (0..d).step_by(LANES) {
             let cols = LANES.min(d - c0);
-            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols as i32), lane);
             let tile: [__m256; 8] = std::array::from_fn(|j| match r0 + j < n {
-                // SAFETY: row `r0 + j < n`, its lanes `c0 .. c0 + cols <= d`
-                // (the rest masked off, never read).
-                true => unsafe { _mm256_maskload_ps(src.add((r0 + j) * d + c0), mask) },
+                // SAFETY: row `r0 + j < n`, its elements `c0 .. c0 + cols <= d`.
+                true => unsafe { load8(src, (r0 + j) * d + c0, cols) },
                 false => _mm256_setzero_ps(),
             });
             let t = transpose8(tile);

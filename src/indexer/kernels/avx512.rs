@@ -2,7 +2,8 @@
 //! keys in two 16-lane registers, one chain per (head, register): per
 //! dimension two key loads, one broadcast per head, two FMAs per head.
 
-use super::{prefetch_line, prefetch_runs, BLOCK};
+use super::{prefetch_line, prefetch_runs, Src, BLOCK};
+use crate::keys::Encoded;
 use crate::simd::Avx512;
 use std::arch::x86_64::*;
 
@@ -44,25 +45,100 @@ fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
     out
 }
 
-/// [`super::portable::transpose`] in 16 × 16 tiles (masked loads for a
-/// last tile narrower than 16 dimensions; zero rows past `n`).
+/// The key formats, as `const` parameters (each transpose is compiled per
+/// format, so no load decides its format at run time).
+const F32: u8 = 0;
+const BF16: u8 = 1;
+const F16: u8 = 2;
+const FP8: u8 = 3;
+const FP8_FINITE: u8 = 4;
+
+/// Sixteen elements `at ..` of the block at `p` in format `F` (the lanes
+/// off in `mask` read as 0, never touched), decoded exactly as the scalar
+/// decodes do: bfloat16 as the upper halves of `f32`s, float16 by the F16C
+/// conversion, e4m3fn through float16 (`seeeemmm` → `s0eeeemmm0000000`, a
+/// normal e4m3fn a normal float16 and a subnormal a subnormal, `0x7F` /
+/// `0xFF` → the float16 NaN unless `F` is [`FP8_FINITE`]) then `× 2⁸`, an
+/// exact multiply of a normal.
 ///
 /// # Safety
-/// `rows.len() >= n * d`, `n <= BLOCK`, `kt.len() >= d * BLOCK` (the token
-/// proves the CPU can run it).
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-pub(super) unsafe fn transpose(_: Avx512, rows: &[f32], n: usize, d: usize, kt: &mut [f32]) {
-    let (src, dst) = (rows.as_ptr(), kt.as_mut_ptr());
+/// Every lane on in `mask` is an element of the block at `p`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn load16<const F: u8>(p: *const u8, at: usize, mask: __mmask16) -> __m512 {
+    // SAFETY (every arm): the lanes read are the ones on in `mask`, elements
+    // of the block (the contract); masked-off lanes are never accessed.
+    unsafe {
+        match F {
+            F32 => _mm512_maskz_loadu_ps(mask, p.cast::<f32>().add(at)),
+            BF16 => {
+                let w = _mm256_maskz_loadu_epi16(mask, p.cast::<u16>().add(at).cast());
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(w)))
+            }
+            F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast::<u16>().add(at).cast())),
+            _ => {
+                let x = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(mask, p.add(at).cast()));
+                // `x << 7`: magnitude in place, sign at bit 14; `t + (t &
+                // 0x4000)` carries the sign into bit 15.
+                let t = _mm256_slli_epi16::<7>(x);
+                let mut h = _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)));
+                if F == FP8 {
+                    let m = _mm256_and_si256(x, _mm256_set1_epi16(0x7F));
+                    let nan = _mm256_cmpeq_epi16_mask(m, _mm256_set1_epi16(0x7F));
+                    h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7E00));
+                }
+                _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0))
+            }
+        }
+    }
+}
+
+/// [`super::portable::transpose`] of the decoded keys, in 16 × 16 tiles
+/// (masked loads for a last tile narrower than 16 dimensions; zero rows
+/// past `n`), decoding as it loads.
+///
+/// # Safety
+/// `src.enc.len() >= n * d`, `n <= BLOCK`, `kt.len() >= d * BLOCK` (the
+/// token proves the CPU can run it).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn transpose(_: Avx512, src: Src<'_>, n: usize, d: usize, kt: &mut [f32]) {
+    // SAFETY (every arm): the block holds `n` rows of `d` elements of the
+    // format named (the contract).
+    unsafe {
+        match src.enc {
+            Encoded::F32(s) => tiles::<F32>(s.as_ptr().cast(), n, d, kt),
+            Encoded::Bf16(s) => tiles::<BF16>(s.as_ptr().cast(), n, d, kt),
+            Encoded::F16(s) => tiles::<F16>(s.as_ptr().cast(), n, d, kt),
+            Encoded::Fp8E4m3(s) if src.finite => tiles::<FP8_FINITE>(s.as_ptr(), n, d, kt),
+            Encoded::Fp8E4m3(s) => tiles::<FP8>(s.as_ptr(), n, d, kt),
+        }
+    }
+}
+
+/// [`transpose`] of the block at `p`, in format `F`.
+///
+/// # Safety
+/// `p` holds `n <= BLOCK` rows of `d` elements in format `F`; `kt.len() >=
+/// d * BLOCK`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn tiles<const F: u8>(p: *const u8, n: usize, d: usize, kt: &mut [f32]) {
+    let dst = kt.as_mut_ptr();
     for r0 in (0..BLOCK).step_by(LANES) {
+        let rows = n.saturating_sub(r0).min(LANES);
         for c0 in (0..d).step_by(LANES) {
             let cols = LANES.min(d - c0);
             let mask: __mmask16 = (u32::MAX >> (32 - cols)) as u16;
-            let tile: [__m512; 16] = std::array::from_fn(|j| match r0 + j < n {
-                // SAFETY: row `r0 + j < n`, its lanes `c0 .. c0 + cols <= d`
-                // (the rest masked off, never read).
-                true => unsafe { _mm512_maskz_loadu_ps(mask, src.add((r0 + j) * d + c0)) },
-                false => _mm512_setzero_ps(),
-            });
+            // SAFETY (both): row `r0 + j < n` (`j < rows`), its lanes `c0 ..
+            // c0 + cols <= d` (the rest masked off, never read).
+            let tile: [__m512; 16] = match rows == LANES {
+                // A full tile: sixteen loads the compiler keeps in registers.
+                true => std::array::from_fn(|j| unsafe { load16::<F>(p, (r0 + j) * d + c0, mask) }),
+                false => std::array::from_fn(|j| match j < rows {
+                    true => unsafe { load16::<F>(p, (r0 + j) * d + c0, mask) },
+                    false => _mm512_setzero_ps(),
+                }),
+            };
             let t = transpose16(tile);
             for (c, v) in t.iter().enumerate().take(cols) {
                 // SAFETY: row `c0 + c < d` of `kt`, lanes `r0 .. r0 + 16 <= BLOCK`.

@@ -128,17 +128,10 @@ pub(super) fn score_keys(
     let mut decoded = Vec::new();
     for b in (0..n).step_by(BLOCK) {
         let (t0, nb) = (first + b, BLOCK.min(n - b));
-        // float32 keys are read in place; any other format is decoded first
-        // (the block's rows are one run: one call).
-        let rows: &[f32] = match keys.enc {
-            Encoded::F32(s) => &s[t0 * d..(t0 + nb) * d],
-            enc => {
-                decoded.resize(nb * d, 0.0);
-                enc.decode(t0 * d, &mut decoded);
-                &decoded
-            }
-        };
-        transpose(level, rows, d, kt);
+        // The block's keys are read in place and decoded as they are
+        // transposed (the portable path decodes them first).
+        let block = keys.enc.slice(t0 * d, (t0 + nb) * d);
+        transpose(level, Src::new(level, block), d, kt, &mut decoded);
         if magnitude {
             kt.iter_mut().for_each(|x| *x = x.abs());
         }
@@ -158,20 +151,50 @@ pub(super) fn score_keys(
     }
 }
 
-/// `kt[i · BLOCK + r] = rows[r · d + i]` for the `rows.len() / d ≤ BLOCK`
-/// keys given, `0` in the lanes of the keys past them (scored, discarded).
-fn transpose(level: Option<Wide>, rows: &[f32], d: usize, kt: &mut [f32]) {
-    let n = rows.len() / d;
-    assert!(n <= BLOCK && rows.len() == n * d && kt.len() == d * BLOCK);
+/// A block's keys as a transpose reads them: the encoded rows, and whether
+/// fp8 bytes are known to hold no NaN (the AVX-512 decode then skips the
+/// NaN fix-up; the bytes are checked once per block, 64 at a time).
+#[derive(Clone, Copy)]
+pub(super) struct Src<'a> {
+    pub enc: Encoded<'a>,
+    pub finite: bool,
+}
+
+impl<'a> Src<'a> {
+    fn new(level: Option<Wide>, enc: Encoded<'a>) -> Self {
+        let finite = match (level, enc) {
+            (Some(Wide::Avx512(_)), Encoded::Fp8E4m3(b)) => !crate::keys::fp8_has_nan(b),
+            _ => false,
+        };
+        Src { enc, finite }
+    }
+}
+
+/// `kt[i · BLOCK + r] = k_r[i]` for the `src.enc.len() / d ≤ BLOCK` keys
+/// given (decoded exactly), `0` in the lanes of the keys past them (scored,
+/// discarded). `decoded` is the portable path's buffer for the decoded rows.
+fn transpose(level: Option<Wide>, src: Src<'_>, d: usize, kt: &mut [f32], decoded: &mut Vec<f32>) {
+    let n = src.enc.len() / d;
+    assert!(n <= BLOCK && src.enc.len() == n * d && kt.len() == d * BLOCK);
     match level {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the token proves AVX-512; `rows` holds `n <= BLOCK` rows
-        // of `d` and `kt` `d` rows of `BLOCK` (asserted above).
-        Some(Wide::Avx512(token)) => unsafe { avx512::transpose(token, rows, n, d, kt) },
+        // SAFETY: the token proves AVX-512 (F16C too); `src` holds `n <=
+        // BLOCK` rows of `d` and `kt` `d` rows of `BLOCK` (asserted above).
+        Some(Wide::Avx512(token)) => unsafe { avx512::transpose(token, src, n, d, kt) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the token proves AVX2; the bounds as above.
-        Some(Wide::Avx2(token)) => unsafe { avx2::transpose(token, rows, n, d, kt) },
-        _ => portable::transpose(rows, n, d, kt),
+        // SAFETY: the token proves AVX2 and F16C; the bounds as above.
+        Some(Wide::Avx2(token)) => unsafe { avx2::transpose(token, src, n, d, kt) },
+        _ => {
+            let rows: &[f32] = match src.enc {
+                Encoded::F32(s) => s,
+                enc => {
+                    decoded.resize(n * d, 0.0);
+                    enc.decode(0, decoded);
+                    decoded
+                }
+            };
+            portable::transpose(rows, n, d, kt)
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! The kernels against each other.
 
 use super::*;
+use crate::keys::Encoded;
 
 /// xorshift values in [-2, 2) with a full mantissa.
 fn source(seed: u64) -> impl FnMut() -> f32 {
@@ -30,36 +31,51 @@ const SHAPES: [(usize, usize); 10] = [
     (13, 31),
 ];
 
-/// Every level's transpose is the same copy: `kt[i · BLOCK + r] = k_r[i]`,
-/// zero in the lanes past the block's keys, on ragged `d` and partial blocks.
+/// Every level's transpose is the same exact decode and copy:
+/// `kt[i · BLOCK + r] = k_r[i]`, zero in the lanes past the block's keys,
+/// for every key format (all 256 fp8 bytes, NaN among them, and random
+/// 16-bit patterns), on ragged `d` and partial blocks.
 #[test]
-fn every_level_transposes_a_block_exactly() {
+fn every_level_decodes_and_transposes_a_block_exactly() {
     let mut next = source(0x51ED_2701);
+    let mut bits = source(0xB175);
     for &(_, d) in &SHAPES {
         for n in [BLOCK, 1, 7, 16, 17, 31] {
-            let rows: Vec<f32> = (0..n * d).map(|_| next()).collect();
-            let mut want = vec![f32::NAN; d * BLOCK];
-            portable::transpose(&rows, n, d, &mut want);
-            for i in 0..d {
-                for r in 0..BLOCK {
-                    let x = if r < n { rows[r * d + i] } else { 0.0 };
-                    assert!(
-                        same(want[i * BLOCK + r], x),
-                        "portable d={d} n={n} ({i}, {r})"
-                    );
+            let f32s: Vec<f32> = (0..n * d).map(|_| next()).collect();
+            let u16s: Vec<u16> = (0..n * d).map(|_| (bits().to_bits() >> 7) as u16).collect();
+            let mut fp8: Vec<u8> = (0..n * d).map(|i| (i * 37 + n) as u8).collect();
+            let finite: Vec<u8> = fp8.iter().map(|&b| if b & 0x7F == 0x7F { 0x12 } else { b }).collect();
+            fp8[0] = 0xFF; // a NaN in every block
+            let encodings = [
+                Encoded::F32(&f32s),
+                Encoded::Bf16(&u16s),
+                Encoded::F16(&u16s),
+                Encoded::Fp8E4m3(&fp8),
+                Encoded::Fp8E4m3(&finite),
+            ];
+            for enc in encodings {
+                let mut rows = vec![0.0f32; n * d];
+                enc.decode(0, &mut rows);
+                let mut want = vec![f32::NAN; d * BLOCK];
+                transpose(None, Src::new(None, enc), d, &mut want, &mut Vec::new());
+                for i in 0..d {
+                    for r in 0..BLOCK {
+                        let x = if r < n { rows[r * d + i] } else { 0.0 };
+                        assert!(same(want[i * BLOCK + r], x), "portable {:?} d={d} n={n} ({i}, {r})", enc.format());
+                    }
                 }
-            }
-            for level in [
-                crate::simd::avx2_for_test().map(Wide::Avx2),
-                crate::simd::avx512_for_test().map(Wide::Avx512),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                let mut got = vec![f32::NAN; d * BLOCK];
-                transpose(Some(level), &rows, d, &mut got);
-                let ok = got.iter().zip(&want).all(|(x, y)| same(*x, *y));
-                assert!(ok, "{level:?} d={d} n={n}");
+                for level in [
+                    crate::simd::avx2_for_test().map(Wide::Avx2),
+                    crate::simd::avx512_for_test().map(Wide::Avx512),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    let mut got = vec![f32::NAN; d * BLOCK];
+                    transpose(Some(level), Src::new(Some(level), enc), d, &mut got, &mut Vec::new());
+                    let ok = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(ok, "{level:?} {:?} d={d} n={n}", enc.format());
+                }
             }
         }
     }

@@ -1,0 +1,256 @@
+"""The lightning indexer's side of ``benches/compare.py`` (``--only indexer``).
+
+DeepSeek-V3.2's geometry: 64 index heads of dimension 128, top-k 2048. Every
+case is timed in one run, repetitions interleaved, against:
+
+- the machine's floor: ``kvselect._core._fma_floor``, a register-resident FMA
+  loop on the same threads at the same SIMD level, timed beside the call;
+- NumPy's bare product ``index_k @ index_q.T`` (no ReLU, no weights, no
+  top-k) and the NumPy pipeline a user would write (product, ReLU in place,
+  weights, causal mask, ``argpartition``, sort);
+- torch's bare product and its pipeline (matmul, relu, weights, sum, causal
+  mask, ``topk``) when torch is importable (never in CI: measure it in a
+  benchmark venv).
+
+Then: peak extra memory of a prefill, each pipeline in a fresh process;
+bfloat16 and fp8 keys against float32; the fused witnesses' cost; 1 vs 2
+threads; cost against the context length.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import kvselect as ks
+from kvselect import _core
+from kvselect.workloads import quantize_fp8
+
+H, D, TOPK = 64, 128, 2048
+DECODE_T = 131_072
+PREFILL_N, PREFILL_T = 128, 32_768
+
+
+def interleaved(cases: dict, reps: int) -> dict:
+    """Median seconds per case, repetitions interleaved across cases."""
+    times: dict = {name: [] for name in cases}
+    for _ in range(reps):
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def make(n_q: int, t: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((t, D), dtype=np.float32)
+    q = rng.standard_normal((n_q, H, D), dtype=np.float32)
+    w = (rng.standard_normal((n_q, H)) / np.sqrt(H * D)).astype(np.float32)
+    return q, w, k, np.arange(t - n_q, t)
+
+
+def numpy_pipeline(q, w, k, pos, topk=TOPK):
+    n_q, t = len(pos), len(k)
+    s = q.reshape(n_q * H, D) @ k.T  # [n·H, T]
+    np.maximum(s, 0, out=s)
+    scores = np.matmul(w[:, None, :], s.reshape(n_q, H, t))[:, 0]  # [n, T]
+    scores[np.arange(t)[None, :] > pos[:, None]] = -np.inf
+    top = np.argpartition(-scores, topk - 1, axis=1)[:, :topk]
+    order = np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable")
+    return np.take_along_axis(top, order, 1)
+
+
+def torch_cases(q, w, k, pos, topk=TOPK) -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {}
+    torch.set_num_threads(ks.get_num_threads())
+    tq, tw, tk = torch.from_numpy(q), torch.from_numpy(w), torch.from_numpy(k)
+    n_q, t = len(pos), len(k)
+    future = torch.arange(t)[None, :] > torch.from_numpy(pos)[:, None]
+
+    def pipeline():
+        s = torch.relu(tq.reshape(n_q * H, D) @ tk.T).view(n_q, H, t)
+        s = (s * tw[:, :, None]).sum(1).masked_fill_(future, float("-inf"))
+        return torch.topk(s, topk, dim=-1).indices
+
+    return {
+        "torch product": lambda: tk @ tq.reshape(n_q * H, D).T,
+        "torch pipeline": pipeline,
+    }
+
+
+def floor_case(flops: float):
+    """The FMA floor doing about ``flops``; returns (case, flops it does)."""
+    per_iter = _core._fma_floor(1)[0]  # flops per step, every thread
+    iters = max(1, int(flops / per_iter))
+    return (lambda: _core._fma_floor(iters)), iters * per_iter
+
+
+def pipelines(n_q: int, t: int, reps: int) -> dict:
+    """One case against every other pipeline and the floor: seconds and
+    GFLOP/s."""
+    q, w, k, pos = make(n_q, t)
+    flops = 2 * H * D * t * n_q
+    floor, floor_flops = floor_case(flops)
+    cases = {
+        "ours": lambda: ks.indexer_topk(q, w, k, pos, TOPK),
+        "floor": floor,
+        "numpy product": lambda: k @ q.reshape(n_q * H, D).T,
+        "numpy pipeline": lambda: numpy_pipeline(q, w, k, pos),
+        **torch_cases(q, w, k, pos),
+    }
+    got = ks.indexer_topk(q, w, k, pos, TOPK)
+    want = numpy_pipeline(q, w, k, pos)
+    same = all(set(a) == set(b) for a, b in zip(got, want))
+    sec = interleaved(cases, reps)
+    return {
+        "n_queries": n_q,
+        "n_keys": t,
+        "flops": flops,
+        "floor_gflops": floor_flops / sec["floor"] / 1e9,
+        "same_sets_as_numpy": same,
+        "ms": {name: s * 1e3 for name, s in sec.items() if name != "floor"},
+    }
+
+
+_MEMORY_PROBE = r"""
+import sys
+sys.path.insert(0, sys.argv[2])
+import numpy as np
+import kvselect as ks
+from indexer_cases import make, numpy_pipeline, torch_cases, PREFILL_N, PREFILL_T
+q, w, k, pos = make(PREFILL_N, PREFILL_T)
+who = sys.argv[1]
+run = {
+    "ours": lambda: ks.indexer_topk(q, w, k, pos, 2048),
+    "numpy pipeline": lambda: numpy_pipeline(q, w, k, pos),
+}.get(who) or torch_cases(q, w, k, pos)["torch pipeline"]
+small = make(2, 4096)
+ks.indexer_topk(*small, 64)  # load everything once
+def rss_kib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4
+base = rss_kib()
+run()
+with open("/proc/self/status") as f:
+    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+print(peak - base)
+"""
+
+
+def prefill_memory() -> dict:
+    """Peak extra memory (MiB above the inputs) of one prefill call per
+    pipeline, each in a fresh process so one's peak cannot hide another's."""
+    who = ["ours", "numpy pipeline"]
+    try:
+        import torch  # noqa: F401
+
+        who.append("torch pipeline")
+    except ImportError:
+        pass
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = {}
+    for name in who:
+        r = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, name, here],
+                           capture_output=True, text=True, check=True)
+        out[name] = int(r.stdout.strip()) / 1024
+    return out
+
+
+def formats_and_witnesses(reps: int) -> dict:
+    """Decode with bfloat16 and fp8-with-scales keys (raw bits, read in
+    place), and with the fused witnesses (S = 16, 64), against float32."""
+    q, w, k, pos = make(1, DECODE_T)
+    bf16 = (k.view(np.uint32) >> 16).astype(np.uint16)
+    fp8, scale = quantize_fp8(k)
+    cases = {
+        "float32": lambda: ks.indexer_topk(q, w, k, pos, TOPK),
+        "bfloat16": lambda: ks.indexer_topk(q, w, bf16, pos, TOPK, key_format="bfloat16"),
+        "fp8 + scales": lambda: ks.indexer_topk(q, w, fp8, pos, TOPK, key_scale=scale,
+                                                key_format="float8_e4m3fn"),
+        "witnesses S=16": lambda: ks.indexer_topk(q, w, k, pos, TOPK, num_segments=16),
+        "witnesses S=64": lambda: ks.indexer_topk(q, w, k, pos, TOPK, num_segments=64),
+    }
+    return {name: s * 1e3 for name, s in interleaved(cases, reps).items()}
+
+
+def threads(reps: int) -> dict:
+    """Decode and the floor on 1 and on 2 threads."""
+    q, w, k, pos = make(1, DECODE_T)
+    flops = 2 * H * D * DECODE_T
+    before = ks.get_num_threads()
+    out = {}
+    try:
+        for n in (1, 2):
+            ks.set_num_threads(n)
+            floor, floor_flops = floor_case(flops)
+            sec = interleaved({"ours": lambda: ks.indexer_topk(q, w, k, pos, TOPK), "floor": floor}, reps)
+            out[n] = {"ms": sec["ours"] * 1e3, "gflops": flops / sec["ours"] / 1e9,
+                      "floor_gflops": floor_flops / sec["floor"] / 1e9}
+    finally:
+        ks.set_num_threads(before)
+    return out
+
+
+def scaling(reps: int) -> dict:
+    """Decode cost against the context length: ns per key should be flat."""
+    out = {}
+    for t in (16_384, 32_768, 65_536, 131_072, 262_144):
+        q, w, k, pos = make(1, t)
+        sec = interleaved({"ours": lambda: ks.indexer_topk(q, w, k, pos, TOPK)}, reps)["ours"]
+        out[t] = {"ms": sec * 1e3, "ns_per_key": sec / t * 1e9}
+    return out
+
+
+def bench_indexer(quick: bool) -> dict:
+    reps = 3 if quick else 9
+    return {
+        "decode": pipelines(1, DECODE_T, reps),
+        "prefill": pipelines(PREFILL_N, PREFILL_T, max(3, reps // 3)),
+        "prefill_memory_mib": prefill_memory(),
+        "formats_ms": formats_and_witnesses(reps),
+        "threads": threads(reps),
+        "scaling": scaling(reps),
+    }
+
+
+def print_indexer_table(r: dict) -> None:
+    print(f"\nLightning indexer, {H} heads, d {D}, top-k {TOPK}, float32 keys, "
+          f"{ks.get_num_threads()} threads, SIMD {ks.simd_level()}")
+    print("(ratios are time against ours; the floor is the FMA loop timed in the same run)\n")
+    names = ["numpy product", "numpy pipeline", "torch product", "torch pipeline"]
+    print("| case | ours ms | GFLOP/s | of the FMA floor | " + " | ".join(names) + " |")
+    print("|---|---:|---:|---:|" + "---:|" * len(names))
+    for case in ("decode", "prefill"):
+        c = r[case]
+        ours = c["ms"]["ours"]
+        gflops = c["flops"] / ours / 1e6
+        cells = [f"{c['ms'][n]:.1f} ({c['ms'][n] / ours:.2f}×)" if n in c["ms"] else "not installed"
+                 for n in names]
+        label = f"{case}: {c['n_queries']} × {c['n_keys']:,} keys"
+        print(f"| {label} | {ours:.1f} | {gflops:.0f} | {gflops / c['floor_gflops']:.0%} "
+              f"of {c['floor_gflops']:.0f} | " + " | ".join(cells) + " |")
+    mem = r["prefill_memory_mib"]
+    print("\nPrefill peak extra memory (fresh process each): " + ", ".join(
+        f"{n} {m:.1f} MiB" for n, m in mem.items())
+          + f" — ours is {mem['ours'] / mem['numpy pipeline']:.2%} of NumPy's")
+    f = r["formats_ms"]
+    base = f["float32"]
+    print("\nDecode by key format and with the fused witnesses (ms, ratio to float32): " + ", ".join(
+        f"{n} {ms:.2f} ({ms / base:.3f}×)" for n, ms in f.items()))
+    t = r["threads"]
+    print("\nThreads (decode): " + "; ".join(
+        f"{n}: {v['ms']:.1f} ms, {v['gflops']:.0f} GFLOP/s = {v['gflops'] / v['floor_gflops']:.0%} "
+        f"of the {v['floor_gflops']:.0f} GFLOP/s floor" for n, v in t.items())
+          + f"; speed-up {t[1]['ms'] / t[2]['ms']:.2f}×")
+    s = r["scaling"]
+    print("\nDecode cost against T: " + ", ".join(
+        f"{n:,}: {v['ms']:.2f} ms ({v['ns_per_key']:.0f} ns/key)" for n, v in s.items()))
+    for case in ("decode", "prefill"):
+        if not r[case]["same_sets_as_numpy"]:
+            print(f"\nWARNING: {case}: the rows' sets differ from NumPy's pipeline")
