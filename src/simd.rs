@@ -284,7 +284,9 @@ mod floor {
                 *v = _mm256_fmadd_ps(*v, x, y);
             }
         }
-        let s = a.iter().fold(_mm256_setzero_ps(), |s, &v| _mm256_add_ps(s, v));
+        let s = a
+            .iter()
+            .fold(_mm256_setzero_ps(), |s, &v| _mm256_add_ps(s, v));
         _mm_cvtss_f32(_mm256_castps256_ps128(s))
     }
 
@@ -302,7 +304,9 @@ mod floor {
                 *v = _mm512_fmadd_ps(*v, x, y);
             }
         }
-        let s = a.iter().fold(_mm512_setzero_ps(), |s, &v| _mm512_add_ps(s, v));
+        let s = a
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, &v| _mm512_add_ps(s, v));
         _mm512_reduce_add_ps(s)
     }
 }

@@ -1,7 +1,7 @@
 //! The AVX2 + FMA kernel: tiles of 4 heads (then 1) × 16 of the block's
 //! keys in two 8-lane registers, one chain per (head, register).
 
-use super::{prefetch_line, prefetch_runs, Src, BLOCK};
+use super::{prefetch_line, prefetch_runs, slot, Src, BLOCK};
 use crate::keys::x86::{load8_bf16, load8_f16, load8_fp8};
 use crate::keys::Encoded;
 use crate::simd::Avx2;
@@ -51,7 +51,7 @@ unsafe fn load8(src: Src<'_>, at: usize, cols: usize) -> __m256 {
         // SAFETY: `v` holds 8 floats.
         return unsafe { _mm256_loadu_ps(v.as_ptr()) };
     }
-    // SAFETY (every arm): elements `at .. at + 8` exist (the contract).
+    // SAFETY: (every arm) elements `at .. at + 8` exist (the contract).
     unsafe {
         match src.enc {
             Encoded::F32(s) => _mm256_loadu_ps(s.as_ptr().add(at)),
@@ -143,17 +143,20 @@ unsafe fn tile<const G: usize>(
     acc: &mut [f32; BLOCK],
     pf: &[u8],
 ) {
-    let h = w.len();
+    // Heads `h0 .. h0 + G` lie in one of the query's tiles (4 or 1 here are
+    // whole tiles or halves of an 8): element `i` of head `h0 + j` at
+    // `base + i · stride + j`.
+    let (base, stride) = slot(w.len(), d, h0);
     let (qp, kp) = (qt.as_ptr(), kt.as_ptr());
     let mut a = [[_mm256_setzero_ps(); 2]; G];
     for i in 0..d {
         prefetch_line(pf, i);
-        // SAFETY: `i < d`: lanes `r0 .. r0 + 16` of row `i` of `kt`, heads
-        // `h0 .. h0 + G <= h` of row `i` of `qt` (the contract).
+        // SAFETY: `i < d`: lanes `r0 .. r0 + 16` of row `i` of `kt`, and
+        // element `i` of heads `h0 .. h0 + G <= h` in `qt` (the contract).
         unsafe {
             let k0 = _mm256_loadu_ps(kp.add(i * BLOCK + r0));
             let k1 = _mm256_loadu_ps(kp.add(i * BLOCK + r0 + LANES));
-            let q = qp.add(i * h + h0);
+            let q = qp.add(base + i * stride);
             for j in 0..G {
                 let qv = _mm256_set1_ps(*q.add(j));
                 a[j][0] = _mm256_fmadd_ps(qv, k0, a[j][0]);

@@ -66,7 +66,7 @@ const FP8_FINITE: u8 = 4;
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 unsafe fn load16<const F: u8>(p: *const u8, at: usize, mask: __mmask16) -> __m512 {
-    // SAFETY (every arm): the lanes read are the ones on in `mask`, elements
+    // SAFETY: (every arm) the lanes read are the ones on in `mask`, elements
     // of the block (the contract); masked-off lanes are never accessed.
     unsafe {
         match F {
@@ -75,7 +75,10 @@ unsafe fn load16<const F: u8>(p: *const u8, at: usize, mask: __mmask16) -> __m51
                 let w = _mm256_maskz_loadu_epi16(mask, p.cast::<u16>().add(at).cast());
                 _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(w)))
             }
-            F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast::<u16>().add(at).cast())),
+            F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                mask,
+                p.cast::<u16>().add(at).cast(),
+            )),
             _ => {
                 let x = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(mask, p.add(at).cast()));
                 // `x << 7`: magnitude in place, sign at bit 14; `t + (t &
@@ -102,7 +105,7 @@ unsafe fn load16<const F: u8>(p: *const u8, at: usize, mask: __mmask16) -> __m51
 /// token proves the CPU can run it).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn transpose(_: Avx512, src: Src<'_>, n: usize, d: usize, kt: &mut [f32]) {
-    // SAFETY (every arm): the block holds `n` rows of `d` elements of the
+    // SAFETY: (every arm) the block holds `n` rows of `d` elements of the
     // format named (the contract).
     unsafe {
         match src.enc {
@@ -124,31 +127,48 @@ pub(super) unsafe fn transpose(_: Avx512, src: Src<'_>, n: usize, d: usize, kt: 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 unsafe fn tiles<const F: u8>(p: *const u8, n: usize, d: usize, kt: &mut [f32]) {
     let dst = kt.as_mut_ptr();
+    for c0 in (0..d).step_by(LANES) {
+        // SAFETY: `c0 < d`; the rest is the contract.
+        unsafe { columns::<F>(p, n, d, dst, c0) };
+    }
+}
+
+/// Rows `c0 .. min(c0 + 16, d)` of the transposed block (dimensions `c0 ..`
+/// of every key): two 16 × 16 tiles.
+///
+/// # Safety
+/// `p` holds `n <= BLOCK` rows of `d` elements in format `F`; `dst` points
+/// at `d * BLOCK` writable floats; `c0 < d`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn columns<const F: u8>(p: *const u8, n: usize, d: usize, dst: *mut f32, c0: usize) {
+    let cols = LANES.min(d - c0);
+    let mask: __mmask16 = (u32::MAX >> (32 - cols)) as u16;
     for r0 in (0..BLOCK).step_by(LANES) {
         let rows = n.saturating_sub(r0).min(LANES);
-        for c0 in (0..d).step_by(LANES) {
-            let cols = LANES.min(d - c0);
-            let mask: __mmask16 = (u32::MAX >> (32 - cols)) as u16;
-            // SAFETY (both): row `r0 + j < n` (`j < rows`), its lanes `c0 ..
-            // c0 + cols <= d` (the rest masked off, never read).
-            let tile: [__m512; 16] = match rows == LANES {
-                // A full tile: sixteen loads the compiler keeps in registers.
-                true => std::array::from_fn(|j| unsafe { load16::<F>(p, (r0 + j) * d + c0, mask) }),
-                false => std::array::from_fn(|j| match j < rows {
-                    true => unsafe { load16::<F>(p, (r0 + j) * d + c0, mask) },
-                    false => _mm512_setzero_ps(),
-                }),
-            };
-            let t = transpose16(tile);
-            for (c, v) in t.iter().enumerate().take(cols) {
-                // SAFETY: row `c0 + c < d` of `kt`, lanes `r0 .. r0 + 16 <= BLOCK`.
-                unsafe { _mm512_storeu_ps(dst.add((c0 + c) * BLOCK + r0), *v) };
-            }
+        let tile: [__m512; 16] = match rows == LANES {
+            // A full tile: sixteen loads the compiler keeps in registers.
+            true => std::array::from_fn(|j| {
+                // SAFETY: row `r0 + j < n`, its lanes `c0 .. c0 + cols <= d`
+                // (the rest masked off, never read).
+                unsafe { load16::<F>(p, (r0 + j) * d + c0, mask) }
+            }),
+            false => std::array::from_fn(|j| match j < rows {
+                // SAFETY: as above, `j < rows` so row `r0 + j < n`.
+                true => unsafe { load16::<F>(p, (r0 + j) * d + c0, mask) },
+                false => _mm512_setzero_ps(),
+            }),
+        };
+        let t = transpose16(tile);
+        for (c, v) in t.iter().enumerate().take(cols) {
+            // SAFETY: row `c0 + c < d` of the block, lanes `r0 .. r0 + 16 <= BLOCK`.
+            unsafe { _mm512_storeu_ps(dst.add((c0 + c) * BLOCK + r0), *v) };
         }
     }
 }
 
-/// [`super::portable::weighted_relu_sums`], tiles of 8, 4, then 1 heads.
+/// [`super::portable::weighted_relu_sums`], tiles of 8, 4, then 1 heads
+/// (the query's tiles, [`super::Query`]).
 ///
 /// # Safety
 /// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK` (the token proves
@@ -182,12 +202,14 @@ pub(super) unsafe fn weighted_relu_sums(
     }
 }
 
-/// Heads `h0 .. h0 + G` against the block, folded into `acc` in head
-/// order; the lines of `pf` prefetched, one per dimension (the rest after).
+/// Heads `h0 .. h0 + G` (one of the query's tiles) against the block,
+/// folded into `acc` in head order; the lines of `pf` prefetched, one per
+/// dimension (the rest after).
 ///
 /// # Safety
-/// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK`, `h0 + G <= w.len()`;
-/// the CPU has AVX-512 F and FMA.
+/// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK`, `h0 + G <= w.len()`
+/// with `h0 .. h0 + G` a tile of the query's layout; the CPU has AVX-512 F
+/// and FMA.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
 #[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers
@@ -200,17 +222,17 @@ unsafe fn tile<const G: usize>(
     acc: &mut [f32; BLOCK],
     pf: &[u8],
 ) {
-    let h = w.len();
     let (qp, kp) = (qt.as_ptr(), kt.as_ptr());
     let mut a = [[_mm512_setzero_ps(); 2]; G];
     for i in 0..d {
         prefetch_line(pf, i);
-        // SAFETY: `i < d`: row `i` of `kt` (`BLOCK` lanes) and heads
-        // `h0 .. h0 + G <= h` of row `i` of `qt` (the contract).
+        // SAFETY: `i < d`: row `i` of `kt` (`BLOCK` lanes), and element `i`
+        // of the tile of heads `h0 .. h0 + G <= h` in `qt` (the contract:
+        // [`super::Query`]'s tiles are this kernel's).
         unsafe {
             let k0 = _mm512_loadu_ps(kp.add(i * BLOCK));
             let k1 = _mm512_loadu_ps(kp.add(i * BLOCK + LANES));
-            let q = qp.add(i * h + h0);
+            let q = qp.add(h0 * d + i * G);
             for j in 0..G {
                 let qv = _mm512_set1_ps(*q.add(j));
                 a[j][0] = _mm512_fmadd_ps(qv, k0, a[j][0]);

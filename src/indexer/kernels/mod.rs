@@ -34,14 +34,33 @@ mod tests;
 /// Keys per block: the lanes of two AVX-512 registers (four AVX2 ones).
 pub(super) const BLOCK: usize = 32;
 
-/// A query's heads decoded, transposed dimension-major: `qt[i · h + head]`
-/// (a tile of heads reads one run of its broadcasts per dimension), and its
-/// head weights.
+/// A query's heads decoded, in head tiles: heads `0 .. 8⌊h/8⌋` in tiles of
+/// 8, then a tile of 4 if 4 remain, then tiles of 1 (the AVX-512 kernel's
+/// tiles), each tile dimension-major — head `h0 + j` of a tile of `G`
+/// starting at `h0` has its element `i` at `h0 · d + i · G + j` ([`slot`]).
+/// A tile's broadcasts are then one sequential run (`G · d` floats: 4 KiB
+/// at `d` = 128), so the tile streams from L2 while the block stays in L1.
+/// Also the query's head weights.
 pub(super) struct Query {
     pub h: usize,
     pub d: usize,
     pub qt: Vec<f32>,
     pub w: Vec<f32>,
+}
+
+/// Where head `head`'s elements are in [`Query::qt`]: element `i` at
+/// `base + i · stride`.
+#[inline]
+pub(super) fn slot(h: usize, d: usize, head: usize) -> (usize, usize) {
+    let eights = h / 8 * 8;
+    let (h0, g) = if head < eights {
+        (head / 8 * 8, 8)
+    } else if h - eights >= 4 && head < eights + 4 {
+        (eights, 4)
+    } else {
+        (head, 1)
+    };
+    (h0 * d + head - h0, g)
 }
 
 impl Query {
@@ -61,7 +80,8 @@ impl Query {
         let mut row = vec![0.0f32; d];
         for head in 0..h {
             q.decode((i * h + head) * d, &mut row);
-            for (x, &v) in self.qt[head..].iter_mut().step_by(h).zip(&row) {
+            let (base, stride) = slot(h, d, head);
+            for (x, &v) in self.qt[base..].iter_mut().step_by(stride).zip(&row) {
                 *x = v;
             }
         }
@@ -130,8 +150,8 @@ pub(super) fn score_keys(
         let (t0, nb) = (first + b, BLOCK.min(n - b));
         // The block's keys are read in place and decoded as they are
         // transposed (the portable path decodes them first).
-        let block = keys.enc.slice(t0 * d, (t0 + nb) * d);
-        transpose(level, Src::new(level, block), d, kt, &mut decoded);
+        let src = Src::new(level, keys.enc.slice(t0 * d, (t0 + nb) * d));
+        transpose(level, src, d, kt, &mut decoded);
         if magnitude {
             kt.iter_mut().for_each(|x| *x = x.abs());
         }
@@ -213,8 +233,9 @@ fn weighted_relu_sums(
     assert!(w.len() == h && q.qt.len() == h * d && kt.len() == d * BLOCK);
     match level {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the token proves AVX-512, AVX2 and FMA; `q.qt` holds `d`
-        // rows of `h`, `kt` `d` rows of `BLOCK`, `w` `h` weights (asserted).
+        // SAFETY: the token proves AVX-512, AVX2 and FMA; `q.qt` holds the
+        // `h` heads' tiles of `d`, `kt` `d` rows of `BLOCK`, `w` `h` weights
+        // (asserted).
         Some(Wide::Avx512(token)) => unsafe {
             avx512::weighted_relu_sums(token, &q.qt, kt, w, d, acc, next)
         },

@@ -44,7 +44,10 @@ fn every_level_decodes_and_transposes_a_block_exactly() {
             let f32s: Vec<f32> = (0..n * d).map(|_| next()).collect();
             let u16s: Vec<u16> = (0..n * d).map(|_| (bits().to_bits() >> 7) as u16).collect();
             let mut fp8: Vec<u8> = (0..n * d).map(|i| (i * 37 + n) as u8).collect();
-            let finite: Vec<u8> = fp8.iter().map(|&b| if b & 0x7F == 0x7F { 0x12 } else { b }).collect();
+            let finite: Vec<u8> = fp8
+                .iter()
+                .map(|&b| if b & 0x7F == 0x7F { 0x12 } else { b })
+                .collect();
             fp8[0] = 0xFF; // a NaN in every block
             let encodings = [
                 Encoded::F32(&f32s),
@@ -61,7 +64,11 @@ fn every_level_decodes_and_transposes_a_block_exactly() {
                 for i in 0..d {
                     for r in 0..BLOCK {
                         let x = if r < n { rows[r * d + i] } else { 0.0 };
-                        assert!(same(want[i * BLOCK + r], x), "portable {:?} d={d} n={n} ({i}, {r})", enc.format());
+                        assert!(
+                            same(want[i * BLOCK + r], x),
+                            "portable {:?} d={d} n={n} ({i}, {r})",
+                            enc.format()
+                        );
                     }
                 }
                 for level in [
@@ -72,10 +79,46 @@ fn every_level_decodes_and_transposes_a_block_exactly() {
                 .flatten()
                 {
                     let mut got = vec![f32::NAN; d * BLOCK];
-                    transpose(Some(level), Src::new(Some(level), enc), d, &mut got, &mut Vec::new());
-                    let ok = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                    transpose(
+                        Some(level),
+                        Src::new(Some(level), enc),
+                        d,
+                        &mut got,
+                        &mut Vec::new(),
+                    );
+                    let ok = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
                     assert!(ok, "{level:?} {:?} d={d} n={n}", enc.format());
                 }
+            }
+        }
+    }
+}
+
+/// Every head's elements have their own slots in the query's tiles: the
+/// layout is a permutation of `0 .. h · d`, and loading puts `q_h[i]` there.
+#[test]
+fn the_query_tiles_are_a_permutation() {
+    for &(h, d) in &SHAPES {
+        let mut seen = vec![false; h * d];
+        for head in 0..h {
+            let (base, stride) = slot(h, d, head);
+            for i in 0..d {
+                assert!(
+                    !std::mem::replace(&mut seen[base + i * stride], true),
+                    "h={h} d={d}"
+                );
+            }
+        }
+        let values: Vec<f32> = (0..h * d).map(|x| x as f32).collect();
+        let mut q = Query::new(h, d);
+        q.load(&Encoded::F32(&values), &vec![1.0; h], 0, false);
+        for head in 0..h {
+            let (base, stride) = slot(h, d, head);
+            for i in 0..d {
+                assert_eq!(q.qt[base + i * stride], (head * d + i) as f32);
             }
         }
     }
@@ -111,8 +154,9 @@ fn every_level_scores_bit_identically() {
                 let mut s = 0.0f32;
                 for (head, wh) in w.iter().enumerate() {
                     let mut dot = 0.0f32;
+                    let (base, stride) = slot(h, d, head);
                     for i in 0..d {
-                        dot = q.qt[i * h + head].mul_add(kt[i * BLOCK + r], dot);
+                        dot = q.qt[base + i * stride].mul_add(kt[i * BLOCK + r], dot);
                     }
                     s = wh.mul_add(if dot <= 0.0 { 0.0 } else { dot }, s);
                 }
