@@ -3,11 +3,10 @@
 //!
 //! - `decode`: one query against 131,072 keys, float32, bfloat16 and fp8
 //!   (with per-key scales) — 2·H·d = 16,384 flops per key, compute-bound;
-//!   `fma_peak` beside it is a register-resident FMA loop on one thread
-//!   (10 independent 8-lane chains), the machine's floor for a fraction;
-//!   `fma_peak_avx512` the same with 16-lane chains (the kernels' level on
-//!   a CPU with AVX-512).
-//! - `prefill`: 16 queries at the end of a 32,768-key sequence.
+//!   `fma_floor` beside it is [`kvselect::simd::fma_floor`], a
+//!   register-resident FMA loop doing the same flops on the same threads at
+//!   the same SIMD level: the machine's floor, for a fraction.
+//! - `prefill`: 128 queries at the end of a 32,768-key sequence.
 //!
 //! The NumPy side (`index_k @ index_q.T`, the bare product, and the pipeline
 //! a user would write) is in `benches/compare.py`; report ratios.
@@ -103,17 +102,22 @@ fn decode(c: &mut Criterion) {
             )
         })
     });
-    group.bench_function("fma_peak", |b| {
-        b.iter(|| black_box(fma_peak(2 * H * D * t / 160)))
-    });
-    group.bench_function("fma_peak_avx512", |b| {
-        b.iter(|| black_box(fma_peak_avx512(2 * H * D * t / 320)))
+    // The floor doing the same flops: steps of FLOOR_CHAINS chains of 16
+    // lanes (AVX-512; 8 with AVX2) on every thread.
+    let lanes = match kvselect::simd::level() {
+        kvselect::simd::Level::Avx512 => 16,
+        kvselect::simd::Level::Avx2 => 8,
+        kvselect::simd::Level::Scalar => 1,
+    };
+    let per_step = kvselect::pool::num_threads() * kvselect::simd::FLOOR_CHAINS * lanes * 2;
+    group.bench_function("fma_floor", |b| {
+        b.iter(|| black_box(kvselect::simd::fma_floor(2 * H * D * t / per_step)))
     });
     group.finish();
 }
 
 fn prefill(c: &mut Criterion) {
-    let (t, n) = (32_768, 16);
+    let (t, n) = (32_768, 128);
     let keys = random(t * D, 4);
     let q = random(n * H * D, 6);
     let w = random(n * H, 7);
@@ -129,71 +133,6 @@ fn prefill(c: &mut Criterion) {
         b.iter(|| run(&q, &w, Encoded::F32(&keys), None, &pos, t, &mut out))
     });
     group.finish();
-}
-
-/// `iters` steps of 10 independent 8-lane AVX2 FMA chains (160 flops a
-/// step) on one thread: the register-resident floor.
-fn fma_peak(iters: usize) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: AVX2 and FMA were detected just above.
-        return unsafe { fma_peak_avx2(iters) };
-    }
-    let _ = iters;
-    f32::NAN
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn fma_peak_avx2(iters: usize) -> f32 {
-    use std::arch::x86_64::*;
-    let mut a = [_mm256_set1_ps(1.0); 10];
-    let (x, y) = (
-        _mm256_set1_ps(black_box(0.999_999)),
-        _mm256_set1_ps(black_box(1e-7)),
-    );
-    for _ in 0..iters {
-        for v in a.iter_mut() {
-            *v = _mm256_fmadd_ps(*v, x, y);
-        }
-    }
-    let s = a
-        .iter()
-        .fold(_mm256_setzero_ps(), |s, &v| _mm256_add_ps(s, v));
-    _mm_cvtss_f32(_mm256_castps256_ps128(s))
-}
-
-/// `iters` steps of 10 independent 16-lane AVX-512 FMA chains (320 flops a
-/// step) on one thread: the floor on CPUs whose kernels dispatch to
-/// AVX-512 (NaN without it).
-fn fma_peak_avx512(iters: usize) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512 F was detected just above.
-        return unsafe { fma_peak_512(iters) };
-    }
-    let _ = iters;
-    f32::NAN
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn fma_peak_512(iters: usize) -> f32 {
-    use std::arch::x86_64::*;
-    let mut a = [_mm512_set1_ps(1.0); 10];
-    let (x, y) = (
-        _mm512_set1_ps(black_box(0.999_999)),
-        _mm512_set1_ps(black_box(1e-7)),
-    );
-    for _ in 0..iters {
-        for v in a.iter_mut() {
-            *v = _mm512_fmadd_ps(*v, x, y);
-        }
-    }
-    let s = a
-        .iter()
-        .fold(_mm512_setzero_ps(), |s, &v| _mm512_add_ps(s, v));
-    _mm512_reduce_add_ps(s)
 }
 
 criterion_group!(benches, decode, prefill);
