@@ -208,7 +208,7 @@ def scaling(reps: int) -> dict:
 
 
 def bench_indexer(quick: bool) -> dict:
-    reps = 3 if quick else 9
+    reps = 3 if quick else 15
     return {
         "decode": pipelines(1, DECODE_T, reps),
         "prefill": pipelines(PREFILL_N, PREFILL_T, max(3, reps // 3)),
