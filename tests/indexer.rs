@@ -753,3 +753,40 @@ mod paged {
         assert_eq!(out, vec![0, 1]);
     }
 }
+
+/// Queries scored together (a prefill's, sharing every block of keys in
+/// groups of up to 16) get exactly the rows and score bits they get one
+/// call each, in every key format, with witnesses, and across group
+/// boundaries (40 queries, positions in any order).
+#[test]
+fn a_batch_of_queries_equals_one_call_per_query() {
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    for trial in 0..60 {
+        let mut c = random_case(&mut rng, false);
+        let n = rng.random_range(17..41);
+        c.q = (0..n * c.h * c.d).map(|_| rng.random::<f32>() * 4.0 - 2.0).collect();
+        c.w = (0..n * c.h).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+        c.pos = (0..n).map(|_| rng.random_range(0..c.t() + 3)).collect();
+        let (topk, s) = (rng.random_range(1..50), [0, 0, 4][trial % 3]);
+        let bf16: Vec<u16> = c.k.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+        let fp8: Vec<u8> = c.k.iter().map(|x| (x.to_bits() >> 24) as u8).collect();
+        for k in [Encoded::F32(&c.k), Encoded::Bf16(&bf16), Encoded::Fp8E4m3(&fp8)] {
+            let (rows, scores) = c.run_with(k, topk, s);
+            for i in 0..n {
+                let one = Case {
+                    h: c.h,
+                    d: c.d,
+                    q: c.q[i * c.h * c.d..(i + 1) * c.h * c.d].to_vec(),
+                    w: c.w[i * c.h..(i + 1) * c.h].to_vec(),
+                    k: c.k.clone(),
+                    scale: c.scale.clone(),
+                    pos: vec![c.pos[i]],
+                };
+                let (r, sc) = one.run_with(k, topk, s);
+                assert_eq!(&rows[i * topk..(i + 1) * topk], r.as_slice(), "trial {trial} query {i}");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&scores[i * topk..(i + 1) * topk]), bits(&sc), "trial {trial} query {i}");
+            }
+        }
+    }
+}

@@ -38,6 +38,7 @@ __all__ = [
     "set_num_threads",
     "get_num_threads",
     "simd_level",
+    "_fma_floor",
     "indexer_topk",
     "indexer_topk_packed",
     "indexer_topk_paged",
@@ -561,3 +562,8 @@ def simd_level() -> str:
     """The best SIMD level the kernels dispatched to on this CPU: "avx512" (block selection and
     the indexer use it; the other kernels AVX2), "avx2" or "scalar" (`KVSELECT_SIMD=avx2` or
     `=scalar` caps it)."""
+
+def _fma_floor(iters: int) -> tuple[int, float]:
+    """Benchmarks' floor (private): ``iters`` steps of a register-resident FMA loop on every
+    pool thread at the best SIMD level; returns ``(flops, checksum)``, the caller times the
+    call."""
