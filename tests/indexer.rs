@@ -1,7 +1,7 @@
 //! The lightning indexer's rule, pinned by hand examples and checked on
 //! randomised inputs against a plain float64 oracle.
 
-use kvselect::indexer::{indexer_topk_into, IndexerInputs, IndexerShape};
+use kvselect::indexer::{indexer_scores_into, indexer_topk_into, IndexerInputs, IndexerShape};
 use kvselect::keys::{bf16_to_f32, f16_to_f32, fp8_e4m3fn_to_f32, Encoded};
 use kvselect::witness::scatter_topology_witnesses;
 use rand::{RngExt, SeedableRng};
@@ -764,13 +764,21 @@ fn a_batch_of_queries_equals_one_call_per_query() {
     for trial in 0..60 {
         let mut c = random_case(&mut rng, false);
         let n = rng.random_range(17..41);
-        c.q = (0..n * c.h * c.d).map(|_| rng.random::<f32>() * 4.0 - 2.0).collect();
-        c.w = (0..n * c.h).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+        c.q = (0..n * c.h * c.d)
+            .map(|_| rng.random::<f32>() * 4.0 - 2.0)
+            .collect();
+        c.w = (0..n * c.h)
+            .map(|_| rng.random::<f32>() * 2.0 - 1.0)
+            .collect();
         c.pos = (0..n).map(|_| rng.random_range(0..c.t() + 3)).collect();
         let (topk, s) = (rng.random_range(1..50), [0, 0, 4][trial % 3]);
         let bf16: Vec<u16> = c.k.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
         let fp8: Vec<u8> = c.k.iter().map(|x| (x.to_bits() >> 24) as u8).collect();
-        for k in [Encoded::F32(&c.k), Encoded::Bf16(&bf16), Encoded::Fp8E4m3(&fp8)] {
+        for k in [
+            Encoded::F32(&c.k),
+            Encoded::Bf16(&bf16),
+            Encoded::Fp8E4m3(&fp8),
+        ] {
             let (rows, scores) = c.run_with(k, topk, s);
             for i in 0..n {
                 let one = Case {
@@ -783,9 +791,71 @@ fn a_batch_of_queries_equals_one_call_per_query() {
                     pos: vec![c.pos[i]],
                 };
                 let (r, sc) = one.run_with(k, topk, s);
-                assert_eq!(&rows[i * topk..(i + 1) * topk], r.as_slice(), "trial {trial} query {i}");
+                assert_eq!(
+                    &rows[i * topk..(i + 1) * topk],
+                    r.as_slice(),
+                    "trial {trial} query {i}"
+                );
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&scores[i * topk..(i + 1) * topk]), bits(&sc), "trial {trial} query {i}");
+                assert_eq!(
+                    bits(&scores[i * topk..(i + 1) * topk]),
+                    bits(&sc),
+                    "trial {trial} query {i}"
+                );
+            }
+        }
+    }
+}
+
+/// `indexer_scores_into` gives, bit for bit, the scores the top-k ranks:
+/// every selected entry's score is its row's score at that position, every
+/// position past a query's context is NaN — for batches of queries of
+/// different lengths across group boundaries.
+#[test]
+fn the_exact_scores_are_the_ones_the_selection_ranks() {
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    for trial in 0..40 {
+        let mut c = random_case(&mut rng, false);
+        let n = rng.random_range(1..40);
+        c.q = (0..n * c.h * c.d)
+            .map(|_| rng.random::<f32>() * 4.0 - 2.0)
+            .collect();
+        c.w = (0..n * c.h)
+            .map(|_| rng.random::<f32>() * 2.0 - 1.0)
+            .collect();
+        c.pos = (0..n).map(|_| rng.random_range(0..c.t() + 3)).collect();
+        let (t, topk) = (c.t(), rng.random_range(1..30));
+        let (rows, scores) = c.run_with(Encoded::F32(&c.k), topk, 0);
+        let shape = IndexerShape {
+            n_queries: n,
+            n_heads: c.h,
+            d: c.d,
+            n_keys: t,
+        };
+        let inputs = IndexerInputs {
+            q: Encoded::F32(&c.q),
+            weights: &c.w,
+            k: Encoded::F32(&c.k),
+            key_scale: c.scale.as_deref(),
+            query_pos: &c.pos,
+        };
+        let mut all = vec![7.0f32; n * t];
+        indexer_scores_into(&shape, &inputs, false, &mut all).unwrap();
+        for i in 0..n {
+            let len = (c.pos[i] + 1).min(t);
+            assert!(
+                all[i * t + len..(i + 1) * t].iter().all(|x| x.is_nan()),
+                "trial {trial} row {i}"
+            );
+            for (slot, &p) in rows[i * topk..(i + 1) * topk].iter().enumerate() {
+                if p >= 0 {
+                    let (want, got) = (scores[i * topk + slot], all[i * t + p as usize]);
+                    assert_eq!(
+                        want.to_bits(),
+                        got.to_bits(),
+                        "trial {trial} row {i} slot {slot}"
+                    );
+                }
             }
         }
     }

@@ -169,7 +169,6 @@ pub fn indexer_scores_into(
         return Ok(()); // nothing to score (and the heads' shape is unchecked)
     }
     let (level, h, d) = (simd::Wide::best(), shape.n_heads, shape.d);
-    let mut query = Query::new(h, d);
     let abs_scale: Option<Vec<f32>> = match (magnitude, inputs.key_scale) {
         (true, Some(c)) => Some(c.iter().map(|x| x.abs()).collect()),
         _ => None,
@@ -178,16 +177,41 @@ pub fn indexer_scores_into(
         enc: inputs.k,
         scale: abs_scale.as_deref().or(inputs.key_scale),
     };
-    let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(h).saturating_mul(d));
-    for (i, row) in out.chunks_mut(t.max(1)).enumerate().take(shape.n_queries) {
-        query.load(&inputs.q, inputs.weights, i, magnitude);
-        let len = inputs.query_pos[i].saturating_add(1).min(t);
-        let (seen, unseen) = row.split_at_mut(len);
-        pool::for_each_row_mut(seen, KEY_CHUNK, min_chunks, |c, chunk| {
-            let group = std::slice::from_ref(&query);
-            kernels::score_keys(level, group, keys, c * KEY_CHUNK, &mut [chunk], magnitude);
+    // Groups of queries share each block of keys, as the top-k does; the
+    // scores go straight into the rows, chunk `c` of every row of the group
+    // being one parallel task.
+    let mut group: Vec<Query> = Vec::new();
+    let rows = out.chunks_mut(t).take(shape.n_queries).enumerate();
+    let mut rows = rows.peekable();
+    while rows.peek().is_some() {
+        let mut pieces: Vec<Vec<&mut [f32]>> = Vec::new();
+        group.clear();
+        for (j, (i, row)) in rows.by_ref().take(run::GROUP).enumerate() {
+            let mut query = Query::new(h, d);
+            query.load(&inputs.q, inputs.weights, i, magnitude);
+            group.push(query);
+            let len = inputs.query_pos[i].saturating_add(1).min(t);
+            let (seen, unseen) = row.split_at_mut(len);
+            unseen.fill(f32::NAN);
+            for (c, piece) in seen.chunks_mut(KEY_CHUNK).enumerate() {
+                if pieces.len() <= c {
+                    pieces.resize_with(c + 1, Vec::new);
+                }
+                // Query `j`'s piece of chunk `c` at index `j` (empty ones
+                // for earlier, shorter rows).
+                pieces[c].resize_with(j, Default::default);
+                pieces[c].push(piece);
+            }
+        }
+        // Rows shorter than the group's longest have empty pieces past their
+        // ends, so every chunk's pieces line up with the group's queries.
+        for p in pieces.iter_mut() {
+            p.resize_with(group.len(), Default::default);
+        }
+        let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(group.len() * h * d));
+        pool::for_each_row_mut(&mut pieces, 1, min_chunks, |c, chunk| {
+            kernels::score_keys(level, &group, keys, c * KEY_CHUNK, &mut chunk[0], magnitude);
         });
-        unseen.fill(f32::NAN);
     }
     Ok(())
 }

@@ -125,12 +125,17 @@ mod tests {
         for trial in 0..200 {
             let len = 1 + next(3000) as usize;
             let distinct = 1 + next(values.len() as u64) as usize;
-            let row: Vec<f32> = (0..len).map(|_| values[next(distinct as u64) as usize]).collect();
+            let row: Vec<f32> = (0..len)
+                .map(|_| values[next(distinct as u64) as usize])
+                .collect();
             let take = next(len as u64 + 1) as usize;
             let part = 1 + next(len as u64) as usize;
             let whole = best((0..len).map(|t| candidate(row[t], t)).collect(), take);
             let parts = best_in_parts(&|t| row[t], len, take, part);
-            assert_eq!(whole, parts, "trial {trial}: len {len} take {take} part {part}");
+            assert_eq!(
+                whole, parts,
+                "trial {trial}: len {len} take {take} part {part}"
+            );
         }
     }
 }
