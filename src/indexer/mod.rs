@@ -64,8 +64,9 @@
 //! # Formats
 //!
 //! Keys and queries are float32, float16, bfloat16 or float8 e4m3fn
-//! ([`crate::keys`]), decoded exactly one row at a time: scoring decoded
-//! values equals scoring the same values given as float32, bit for bit.
+//! ([`crate::keys`]), decoded exactly a block of keys at a time (as the
+//! block is transposed): scoring decoded values equals scoring the same
+//! values given as float32, bit for bit.
 
 mod kernels;
 mod paged;
@@ -84,8 +85,9 @@ use crate::{pool, simd};
 use kernels::{Keys, Query};
 use run::{Queries, Rows};
 
-/// Keys scored per parallel task (their scores and decoded rows stay in
-/// cache; the query's heads are shared by every task).
+/// Keys scored per parallel task: one chunk of them against a group of
+/// queries (the chunk's scores stay in cache; each block of 32 keys in it is
+/// decoded and transposed once for the whole group).
 const KEY_CHUNK: usize = 1024;
 
 /// The shape of an indexer call.

@@ -103,7 +103,7 @@ pub fn indexer_topk_paged_into(
     let pages = (KEY_CHUNK / bs).max(1);
     run::for_each_group(queries, rows, pages * bs, |i0, chunk, group, outs| {
         let s = seq_ids[i0];
-        let mut scale = vec![1.0f32; bs];
+        let (mut scale, mut spare) = (vec![1.0f32; bs], vec![0.0f32; bs]);
         let mut decoded = Vec::new();
         for p in 0..pages {
             let cut = |o: &mut &mut [f32]| -> std::ops::Range<usize> {
@@ -123,7 +123,7 @@ pub fn indexer_topk_paged_into(
                 Some(k) => k,
                 None => {
                     decoded.resize(tokens * d, 0.0);
-                    c.decode(page, 0, &mut decoded, &mut []);
+                    c.decode(page, 0, &mut decoded, &mut spare[..tokens]);
                     Encoded::F32(&decoded)
                 }
             };

@@ -10,8 +10,9 @@
 //! parallel parts instead.
 //!
 //! The only buffers are one group's scores — at most [`GROUP`] queries × the
-//! keys they see, capped at [`GROUP_FLOATS`] — and the candidates of the
-//! rows being selected: never `[queries, positions]`.
+//! keys they see (rounded up to whole chunks), kept near [`GROUP_FLOATS`] —
+//! and the candidates of the rows being selected: never
+//! `[queries, positions]`.
 
 use super::kernels::Query;
 use super::select::select_row;

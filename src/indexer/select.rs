@@ -49,8 +49,11 @@ pub(super) fn select_row(
 ) {
     let take = topk.saturating_sub(num_segments).min(len);
     let threads = pool::num_threads();
-    let top = if split && threads > 1 && len >= SPLIT_LEN && len >= 4 * take {
-        best_in_parts(&score, len, take, len.div_ceil(threads))
+    let top = if take == 0 {
+        Vec::new() // all witnesses (or nothing): no candidate can be kept
+    } else if split && threads > 1 && len >= SPLIT_LEN && len >= 4 * take {
+        // `threads` whole parts (the pool counts whole ones) and a remainder.
+        best_in_parts(&score, len, take, len / threads)
     } else {
         best((0..len).map(|t| candidate(score(t), t)).collect(), take)
     };

@@ -127,8 +127,9 @@ pub(super) unsafe fn weighted_relu_sums(
 /// dimension (the rest after).
 ///
 /// # Safety
-/// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK`, `h0 + G <= w.len()`,
-/// `r0 + 16 <= BLOCK`; the CPU has AVX2 and FMA.
+/// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK`, `h0 + G <= w.len()`
+/// with heads `h0 .. h0 + G` within one tile of the query's layout
+/// ([`slot`]), `r0 + 16 <= BLOCK`; the CPU has AVX2 and FMA.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers

@@ -62,7 +62,9 @@ const FP8_FINITE: u8 = 4;
 /// exact multiply of a normal.
 ///
 /// # Safety
-/// Every lane on in `mask` is an element of the block at `p`.
+/// Every lane on in `mask` is an element of the block at `p`, and `mask`
+/// has at least its first lane on (so `p` advanced by `at` elements stays
+/// within the block); the CPU has AVX-512 F/BW/DQ/VL, AVX2, FMA and F16C.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 unsafe fn load16<const F: u8>(p: *const u8, at: usize, mask: __mmask16) -> __m512 {
@@ -208,8 +210,8 @@ pub(super) unsafe fn weighted_relu_sums(
 ///
 /// # Safety
 /// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK`, `h0 + G <= w.len()`
-/// with `h0 .. h0 + G` a tile of the query's layout; the CPU has AVX-512 F
-/// and FMA.
+/// with `h0 .. h0 + G` a tile of the query's layout; the CPU has AVX-512
+/// F/BW/DQ/VL, AVX2 and FMA.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
 #[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers

@@ -1,5 +1,5 @@
-//! The indexer's scoring kernels: a block of keys against every head of one
-//! query, in the summation order of the module docs.
+//! The indexer's scoring kernels: a block of keys against every head of a
+//! group of queries, in the summation order of the module docs.
 //!
 //! # Keys across lanes
 //!
