@@ -754,6 +754,21 @@ mod paged {
     }
 }
 
+/// A random float case with a batch of `n` queries (`n` drawn from
+/// `queries`) at positions in any order, some past the keys.
+fn batch_case(rng: &mut ChaCha8Rng, queries: std::ops::Range<usize>) -> Case {
+    let mut c = random_case(rng, false);
+    let n = rng.random_range(queries);
+    c.q = (0..n * c.h * c.d)
+        .map(|_| rng.random::<f32>() * 4.0 - 2.0)
+        .collect();
+    c.w = (0..n * c.h)
+        .map(|_| rng.random::<f32>() * 2.0 - 1.0)
+        .collect();
+    c.pos = (0..n).map(|_| rng.random_range(0..c.t() + 3)).collect();
+    c
+}
+
 /// Queries scored together (a prefill's, sharing every block of keys in
 /// groups of up to 16) get exactly the rows and score bits they get one
 /// call each, in every key format, with witnesses, and across group
@@ -762,15 +777,8 @@ mod paged {
 fn a_batch_of_queries_equals_one_call_per_query() {
     let mut rng = ChaCha8Rng::seed_from_u64(23);
     for trial in 0..60 {
-        let mut c = random_case(&mut rng, false);
-        let n = rng.random_range(17..41);
-        c.q = (0..n * c.h * c.d)
-            .map(|_| rng.random::<f32>() * 4.0 - 2.0)
-            .collect();
-        c.w = (0..n * c.h)
-            .map(|_| rng.random::<f32>() * 2.0 - 1.0)
-            .collect();
-        c.pos = (0..n).map(|_| rng.random_range(0..c.t() + 3)).collect();
+        let c = batch_case(&mut rng, 17..41);
+        let n = c.n();
         let (topk, s) = (rng.random_range(1..50), [0, 0, 4][trial % 3]);
         let bf16: Vec<u16> = c.k.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
         let fp8: Vec<u8> = c.k.iter().map(|x| (x.to_bits() >> 24) as u8).collect();
@@ -815,15 +823,8 @@ fn a_batch_of_queries_equals_one_call_per_query() {
 fn the_exact_scores_are_the_ones_the_selection_ranks() {
     let mut rng = ChaCha8Rng::seed_from_u64(29);
     for trial in 0..40 {
-        let mut c = random_case(&mut rng, false);
-        let n = rng.random_range(1..40);
-        c.q = (0..n * c.h * c.d)
-            .map(|_| rng.random::<f32>() * 4.0 - 2.0)
-            .collect();
-        c.w = (0..n * c.h)
-            .map(|_| rng.random::<f32>() * 2.0 - 1.0)
-            .collect();
-        c.pos = (0..n).map(|_| rng.random_range(0..c.t() + 3)).collect();
+        let c = batch_case(&mut rng, 1..40);
+        let n = c.n();
         let (t, topk) = (c.t(), rng.random_range(1..30));
         let (rows, scores) = c.run_with(Encoded::F32(&c.k), topk, 0);
         let shape = IndexerShape {
