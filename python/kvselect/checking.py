@@ -92,7 +92,7 @@ import json
 import os
 import sys
 import zipfile
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Union, cast
 
 import numpy as np
 
@@ -135,10 +135,10 @@ def save_dump(path: str, kind: str, **arrays: Any) -> None:
             out[f"{name}_format"] = np.asarray(fmt)
         else:
             out[name] = a
-    np.savez_compressed(path, **out)
+    np.savez_compressed(path, **cast(Dict[str, Any], out))  # NumPy's stub types **kwds as its flags
 
 
-def load_dump(path: str) -> Dict[str, np.ndarray]:
+def load_dump(path: Union[str, "os.PathLike[str]"]) -> Dict[str, np.ndarray]:
     """The arrays of a dump, never unpickling anything."""
     if not os.path.exists(path):
         raise DumpError(f"{path}: no such file")
@@ -298,7 +298,7 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
     topk = _int(d, "topk", width)
     _same_rows(n, d, "scores", "context_lens", "magnitudes", "engine_scores", "index_q", "weights",
                "query_pos", "seq_ids", "req_ids", "prefill_req_ids")
-    fmt = {"key_format": _text(d, "index_k_format"), "query_format": _text(d, "index_q_format")}
+    fmt: Dict[str, Any] = {"key_format": _text(d, "index_k_format"), "query_format": _text(d, "index_q_format")}
     parts: List[Tuple[np.ndarray, dict]] = []
     vacuous = 0
     if "scores" in d:
@@ -364,7 +364,7 @@ def _check_blocks(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List
     _need(d, "index_q", "index_k", "query_pos", "rows")
     cfg = ks.BlockSparseConfig(
         _int(d, "block_size"), _int(d, "top_blocks"), _int(d, "init_blocks"), _int(d, "local_blocks"))
-    fmt = {"key_format": _text(d, "index_k_format"), "query_format": _text(d, "index_q_format")}
+    fmt: Dict[str, Any] = {"key_format": _text(d, "index_k_format"), "query_format": _text(d, "index_q_format")}
     q, k, pos = d["index_q"], d["index_k"], _ints(d, "query_pos")
     rows = d["rows"]
     if rows.ndim != 3 or rows.dtype.kind not in "iu":
@@ -383,9 +383,9 @@ def _check_blocks(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List
     cu = _ints(d, "cu_seqlens") if "cu_seqlens" in d else np.array([0, len(k)])
     _check_packing(cu, seq, len(k))
     width_b = -(-int(np.diff(cu).max()) // cfg.block_size)
-    scores = np.full((n, h, width_b), np.nan, dtype=np.float32)
-    mags = np.full_like(scores, np.nan) if rtol else None
-    nb = np.zeros((n, h), dtype=np.int64)
+    scores: np.ndarray = np.full((n, h, width_b), np.nan, dtype=np.float32)
+    mags: Optional[np.ndarray] = np.full_like(scores, np.nan) if rtol else None
+    nb: np.ndarray = np.zeros((n, h), dtype=np.int64)
     for s in np.unique(seq):
         idx = np.flatnonzero(seq == s)
         keys = k[int(cu[s]) : int(cu[s + 1])]
@@ -443,7 +443,7 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
         raise DumpError(f"the dump has no {e}") from e
     except (TypeError, ValueError, IndexError) as e:  # never a traceback: name what is off
         raise DumpError(f"the dump cannot be checked: {e}") from e
-    wrong = set()
+    wrong: Set[int] = set()
     for _, r in checks:
         wrong.update(x["row"] for x in r["details"])
     return {
