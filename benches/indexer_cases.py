@@ -162,17 +162,35 @@ def prefill_memory() -> dict:
     return out
 
 
+def fp8_pages(fp8, scale, bs: int, seed: int = 1):
+    """fp8 keys and scales as vLLM's DSA index-K cache: pages of ``bs``
+    tokens (the ``bs × d`` e4m3fn bytes, then ``bs`` float32 scales), viewed
+    ``[num_blocks, bs, 1, d + 4]`` uint8, in a shuffled order, with the
+    one-sequence block table that reads them back."""
+    t, d = fp8.shape
+    nb = t // bs
+    perm = np.random.default_rng(seed).permutation(nb)
+    pages = np.zeros((nb, bs * (d + 4)), np.uint8)
+    pages[perm, : bs * d] = fp8.reshape(nb, bs * d)
+    pages[perm, bs * d:] = scale.reshape(nb, bs).view(np.uint8)
+    return pages.reshape(nb, bs, 1, d + 4), perm[None].astype(np.int32)
+
+
 def formats_and_witnesses(reps: int) -> dict:
     """Decode with bfloat16 and fp8-with-scales keys (raw bits, read in
-    place), and with the fused witnesses (S = 16, 64), against float32."""
+    place), fp8 in vLLM's paged layout, and with the fused witnesses (S =
+    16, 64), against float32."""
     q, w, k, pos = make(1, DECODE_T)
     bf16 = (k.view(np.uint32) >> 16).astype(np.uint16)
     fp8, scale = quantize_fp8(k)
+    cache, table = fp8_pages(fp8, scale, 64)
     cases = {
         "float32": lambda: ks.indexer_topk(q, w, k, pos, TOPK),
         "bfloat16": lambda: ks.indexer_topk(q, w, bf16, pos, TOPK, key_format="bfloat16"),
         "fp8 + scales": lambda: ks.indexer_topk(q, w, fp8, pos, TOPK, key_scale=scale,
                                                 key_format="float8_e4m3fn"),
+        "paged fp8 (vLLM pages, shuffled)": lambda: ks.indexer_topk_paged(
+            q, w, cache, table, [DECODE_T], [0], pos, TOPK, layout="fp8_scaled"),
         "witnesses S=16": lambda: ks.indexer_topk(q, w, k, pos, TOPK, num_segments=16),
         "witnesses S=64": lambda: ks.indexer_topk(q, w, k, pos, TOPK, num_segments=64),
     }

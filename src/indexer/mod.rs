@@ -82,7 +82,7 @@ use crate::error::{check_len, checked_size, AttentionError};
 use crate::keys::Encoded;
 use crate::witness::MAX_TOPOLOGY_SEGMENTS;
 use crate::{pool, simd};
-use kernels::{Keys, Query};
+use kernels::{Keys, Query, Scratch};
 use run::{Queries, Rows};
 
 /// Keys scored per parallel task: one chunk of them against a group of
@@ -175,10 +175,7 @@ pub fn indexer_scores_into(
         (true, Some(c)) => Some(c.iter().map(|x| x.abs()).collect()),
         _ => None,
     };
-    let keys = Keys {
-        enc: inputs.k,
-        scale: abs_scale.as_deref().or(inputs.key_scale),
-    };
+    let keys = Keys::new(inputs.k, abs_scale.as_deref().or(inputs.key_scale));
     // Groups of queries share each block of keys, as the top-k does; the
     // scores go straight into the rows, chunk `c` of every row of the group
     // being one parallel task.
@@ -212,7 +209,9 @@ pub fn indexer_scores_into(
         }
         let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(group.len() * h * d));
         pool::for_each_row_mut(&mut pieces, 1, min_chunks, |c, chunk| {
-            kernels::score_keys(level, &group, keys, c * KEY_CHUNK, &mut chunk[0], magnitude);
+            let scratch = &mut Scratch::new(d);
+            let (group, first) = (&group, c * KEY_CHUNK);
+            kernels::score_keys(level, group, keys, first, &mut chunk[0], magnitude, scratch);
         });
     }
     Ok(())
@@ -339,11 +338,10 @@ fn run_queries(
     };
     run::for_each_group(queries, rows, KEY_CHUNK, |i0, c, group, outs| {
         let (k0, k1) = keys_of(i0);
-        let keys = Keys {
-            enc: inputs.k.slice(k0 * d, k1 * d),
-            scale: inputs.key_scale.map(|s| &s[k0..k1]),
-        };
-        kernels::score_keys(level, group, keys, c * KEY_CHUNK, outs, false);
+        let enc = inputs.k.slice(k0 * d, k1 * d);
+        let keys = Keys::new(enc, inputs.key_scale.map(|s| &s[k0..k1]));
+        let scratch = &mut Scratch::new(d);
+        kernels::score_keys(level, group, keys, c * KEY_CHUNK, outs, false, scratch);
     });
 }
 

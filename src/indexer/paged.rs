@@ -104,12 +104,16 @@ pub fn indexer_topk_paged_into(
     run::for_each_group(queries, rows, pages * bs, |i0, chunk, group, outs| {
         let s = seq_ids[i0];
         let (mut scale, mut spare) = (vec![1.0f32; bs], vec![0.0f32; bs]);
-        let mut decoded = Vec::new();
+        let (mut decoded, mut scratch) = (Vec::new(), kernels::Scratch::new(d));
+        let cut = |p: usize, len: usize| (p * bs).min(len)..((p + 1) * bs).min(len);
+        let reads = |p: usize, outs: &[&mut [f32]]| {
+            outs.iter()
+                .map(|o| cut(p, o.len()).len())
+                .max()
+                .unwrap_or(0)
+        };
         for p in 0..pages {
-            let cut = |o: &mut &mut [f32]| -> std::ops::Range<usize> {
-                (p * bs).min(o.len())..((p + 1) * bs).min(o.len())
-            };
-            let tokens = outs.iter_mut().map(|o| cut(o).len()).max().unwrap_or(0);
+            let tokens = reads(p, outs);
             if tokens == 0 {
                 break;
             }
@@ -127,14 +131,22 @@ pub fn indexer_topk_paged_into(
                     Encoded::F32(&decoded)
                 }
             };
+            // The next page of this chunk (if a query reads it) is where the
+            // keys go on: its first block is prefetched during this page's last.
+            let then = match p + 1 < pages && reads(p + 1, outs) > 0 {
+                true => c.page_keys(table.page(s, chunk * pages + p + 1)),
+                false => None,
+            };
+            let then = then.map_or(&[][..], |k| k.bytes(0, kernels::BLOCK * d));
             let mut page_outs: Vec<&mut [f32]> = outs
                 .iter_mut()
                 .map(|o| {
-                    let r = cut(o);
+                    let r = cut(p, o.len());
                     &mut o[r]
                 })
                 .collect();
-            kernels::score_keys(level, group, Keys { enc, scale }, 0, &mut page_outs, false);
+            let keys = Keys { enc, scale, then };
+            kernels::score_keys(level, group, keys, 0, &mut page_outs, false, &mut scratch);
         }
     });
     Ok(())

@@ -94,11 +94,40 @@ impl Query {
 }
 
 /// The keys a call scores: `enc` holds rows of `d` elements, `scale` one
-/// factor per row (`None`: 1).
+/// factor per row (`None`: 1), and `then` the bytes the caller scores next
+/// if they are not the ones after `enc` (a paged cache's next page): they
+/// are prefetched while the last block is scored.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Keys<'a> {
     pub enc: Encoded<'a>,
     pub scale: Option<&'a [f32]>,
+    pub then: &'a [u8],
+}
+
+impl<'a> Keys<'a> {
+    pub fn new(enc: Encoded<'a>, scale: Option<&'a [f32]>) -> Self {
+        Keys {
+            enc,
+            scale,
+            then: &[],
+        }
+    }
+}
+
+/// A call's working buffers, reused across calls: the transposed block
+/// (cache-line aligned) and the portable path's decoded rows.
+pub(super) struct Scratch {
+    kt: Vec<Line>,
+    decoded: Vec<f32>,
+}
+
+impl Scratch {
+    pub fn new(d: usize) -> Self {
+        Scratch {
+            kt: vec![Line([0.0; 16]); d * BLOCK / 16],
+            decoded: Vec::new(),
+        }
+    }
 }
 
 /// `x <= 0 ? 0 : x`: the ReLU that keeps NaN (a NaN dot product must not
@@ -132,6 +161,7 @@ pub(super) fn score_keys(
     first: usize,
     outs: &mut [&mut [f32]],
     magnitude: bool,
+    scratch: &mut Scratch,
 ) {
     let Some(q0) = queries.first() else { return };
     let (d, h) = (q0.d, q0.h);
@@ -143,20 +173,26 @@ pub(super) fn score_keys(
         .all(|q| q.h == h && q.d == d && q.w.len() == h && q.qt.len() == h * d));
     assert!((first + n) * d <= keys.enc.len());
     assert!(keys.scale.is_none_or(|c| first + n <= c.len()));
-    let mut kt = vec![Line([0.0; 16]); d * BLOCK / 16];
-    let kt: &mut [f32] = bytemuck::cast_slice_mut(&mut kt);
-    let mut decoded = Vec::new();
+    if scratch.kt.len() != d * BLOCK / 16 {
+        *scratch = Scratch::new(d);
+    }
+    let kt: &mut [f32] = bytemuck::cast_slice_mut(&mut scratch.kt);
+    let decoded = &mut scratch.decoded;
     for b in (0..n).step_by(BLOCK) {
         let (t0, nb) = (first + b, BLOCK.min(n - b));
         // The block's keys are read in place and decoded as they are
         // transposed (the portable path decodes them first).
         let src = Src::new(level, keys.enc.slice(t0 * d, (t0 + nb) * d));
-        transpose(level, src, d, kt, &mut decoded);
+        transpose(level, src, d, kt, decoded);
         if magnitude {
             kt.iter_mut().for_each(|x| *x = x.abs());
         }
         // The next block's bytes are fetched while this one is scored.
-        let mut next = keys.enc.bytes((t0 + BLOCK) * d, BLOCK * d);
+        let mut next = match b + BLOCK < n {
+            true => keys.enc.bytes((t0 + BLOCK) * d, BLOCK * d),
+            false if !keys.then.is_empty() => keys.then,
+            false => keys.enc.bytes((t0 + BLOCK) * d, BLOCK * d),
+        };
         for (q, out) in queries.iter().zip(outs.iter_mut()) {
             let Some(dst) = out.get_mut(b..).filter(|o| !o.is_empty()) else {
                 continue;
