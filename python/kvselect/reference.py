@@ -1707,7 +1707,8 @@ def _scan(raw: np.ndarray, row: list, n: int, problems: list, holes: bool = Fals
             problems.append({"reason": "not_in_table", "slot": slot, "value": int(raw[slot])})
             continue
         if x >= n:
-            problems.append({"reason": "not_causal", "slot": slot, "position": x})
+            problems.append({"reason": "not_causal", "slot": slot, "position": x,
+                             **({"value": int(raw[slot])} if mapped else {})})
             continue
         if x in chosen:
             problems.append({"reason": "duplicate", "position": x, "first": chosen[x], "slot": slot})

@@ -79,8 +79,13 @@ pub enum Problem {
         slot: usize,
     },
     /// `position` in `slot` is not in `0..len` (a future position, or past
-    /// the keys).
-    NotCausal { slot: usize, position: i64 },
+    /// the keys); `value` is the engine's own entry when the row was read
+    /// back through a layout (the global slot id that names `position`).
+    NotCausal {
+        slot: usize,
+        position: i64,
+        value: Option<i64>,
+    },
     /// The engine's entry `value` in `slot` is a global slot id that maps to
     /// no position of the row's request (not a page of its block table, or
     /// an offset past the page).
@@ -295,7 +300,11 @@ pub(crate) fn scan_row(
             continue;
         }
         let Some(p) = usize::try_from(x).ok().filter(|&p| p < len) else {
-            problems.push(Problem::NotCausal { slot, position: x });
+            problems.push(Problem::NotCausal {
+                slot,
+                position: x,
+                value: mapped.then_some(engine),
+            });
             continue;
         };
         if chosen[p] != usize::MAX {

@@ -69,7 +69,8 @@ fn structural_faults_are_reported_before_the_selection() {
         c.problems[0],
         Problem::NotCausal {
             slot: 1,
-            position: 6
+            position: 6,
+            value: None
         }
     );
     let c = exact(&s, &[0, -1, 1], 3);

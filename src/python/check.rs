@@ -184,7 +184,9 @@ fn layout<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalSlots<'
 /// one entry per wrong row: its ``row`` and ``problems`` (each a dict with
 /// its ``reason``; a wrong selection lists the ``dropped`` and
 /// ``intruders`` as ``[position, score]``, their counts, the row's exact
-/// ``threshold`` and the ``margin`` by which it is wrong).
+/// ``threshold`` and the ``margin`` by which it is wrong; with ``layout``, a
+/// ``not_causal`` entry also carries the engine's ``value``, the slot id it
+/// wrote).
 #[pyfunction]
 #[pyo3(signature = (scores, rows, context_lens=None, *, topk=None, atol=0.0, rtol=0.0,
                     magnitudes=None, layout=None))]
@@ -412,9 +414,16 @@ fn problem<'py>(py: Python<'py>, p: &Problem) -> PyResult<(&'static str, Bound<'
             d.set_item("slot", slot)?;
             "duplicate"
         }
-        Problem::NotCausal { slot, position } => {
+        Problem::NotCausal {
+            slot,
+            position,
+            value,
+        } => {
             d.set_item("slot", slot)?;
             d.set_item("position", position)?;
+            if let Some(v) = value {
+                d.set_item("value", v)?; // the engine's global slot id
+            }
             "not_causal"
         }
         Problem::NotInTable { slot, value } => {
