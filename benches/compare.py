@@ -52,6 +52,7 @@ from kvselect import reference as ref  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from indexer_cases import bench_indexer, print_indexer_table  # noqa: E402
+from timing import PAUSE_S, interleaved  # noqa: E402
 
 TOPK = 2048
 SEGMENTS = 64
@@ -65,29 +66,6 @@ def median_ns(fn, reps: int) -> float:
         fn()
         times.append(time.perf_counter_ns() - t0)
     return float(np.median(times))
-
-
-#: Idle time before each timed call where a BLAS product is a contender, so
-#: that OpenBLAS's worker threads, which busy-wait for a while after a
-#: product, do not eat the cores while the next contender runs: every call
-#: then starts from idle threads. (Not used for the witness cases, which
-#: involve no BLAS and are measured back to back, as a serving loop runs.)
-PAUSE_S = 0.003
-
-
-def interleaved(cases: dict, reps: int, setup=None, pause: float = 0.0) -> dict:
-    """Median ns per case, repetitions interleaved across cases."""
-    times: dict = {name: [] for name in cases}
-    for _ in range(reps):
-        for name, fn in cases.items():
-            if setup is not None:
-                setup()
-            if pause:
-                time.sleep(pause)
-            t0 = time.perf_counter_ns()
-            fn()
-            times[name].append(time.perf_counter_ns() - t0)
-    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def witness_buffer(rows: int, worst: bool, seed: int = 0) -> np.ndarray:

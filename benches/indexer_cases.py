@@ -20,28 +20,22 @@ threads; cost against the context length.
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 
 import kvselect as ks
 from kvselect import _core
 from kvselect.workloads import quantize_fp8
+from timing import PAUSE_S, interleaved
 
 H, D, TOPK = 64, 128, 2048
 DECODE_T = 131_072
 PREFILL_N, PREFILL_T = 128, 32_768
 
 
-def interleaved(cases: dict, reps: int) -> dict:
-    """Median seconds per case, repetitions interleaved across cases."""
-    times: dict = {name: [] for name in cases}
-    for _ in range(reps):
-        for name, fn in cases.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: float(np.median(t)) for name, t in times.items()}
+def seconds(cases: dict, reps: int, pause: float = 0.0) -> dict:
+    """:func:`timing.interleaved`, in seconds."""
+    return {name: ns / 1e9 for name, ns in interleaved(cases, reps, pause=pause).items()}
 
 
 def make(n_q: int, t: int, seed: int = 0):
@@ -107,7 +101,7 @@ def pipelines(n_q: int, t: int, reps: int) -> dict:
     got = ks.indexer_topk(q, w, k, pos, TOPK)
     want = numpy_pipeline(q, w, k, pos)
     same = all(set(a) == set(b) for a, b in zip(got, want))
-    sec = interleaved(cases, reps)
+    sec = seconds(cases, reps, pause=PAUSE_S)  # BLAS products among the contenders
     return {
         "n_queries": n_q,
         "n_keys": t,
@@ -194,7 +188,7 @@ def formats_and_witnesses(reps: int) -> dict:
         "witnesses S=16": lambda: ks.indexer_topk(q, w, k, pos, TOPK, num_segments=16),
         "witnesses S=64": lambda: ks.indexer_topk(q, w, k, pos, TOPK, num_segments=64),
     }
-    return {name: s * 1e3 for name, s in interleaved(cases, reps).items()}
+    return {name: s * 1e3 for name, s in seconds(cases, reps).items()}
 
 
 def threads(reps: int) -> dict:
@@ -207,7 +201,7 @@ def threads(reps: int) -> dict:
         for n in (1, 2):
             ks.set_num_threads(n)
             floor, floor_flops = floor_case(flops)
-            sec = interleaved({"ours": lambda: ks.indexer_topk(q, w, k, pos, TOPK), "floor": floor}, reps)
+            sec = seconds({"ours": lambda: ks.indexer_topk(q, w, k, pos, TOPK), "floor": floor}, reps)
             out[n] = {"ms": sec["ours"] * 1e3, "gflops": flops / sec["ours"] / 1e9,
                       "floor_gflops": floor_flops / sec["floor"] / 1e9}
     finally:
@@ -220,7 +214,7 @@ def scaling(reps: int) -> dict:
     out = {}
     for t in (16_384, 32_768, 65_536, 131_072, 262_144):
         q, w, k, pos = make(1, t)
-        sec = interleaved({"ours": lambda: ks.indexer_topk(q, w, k, pos, TOPK)}, reps)["ours"]
+        sec = seconds({"ours": lambda: ks.indexer_topk(q, w, k, pos, TOPK)}, reps)["ours"]
         out[t] = {"ms": sec * 1e3, "ns_per_key": sec / t * 1e9}
     return out
 

@@ -187,12 +187,12 @@ pub(super) fn score_keys(
         if magnitude {
             kt.iter_mut().for_each(|x| *x = x.abs());
         }
-        // The next block's bytes are fetched while this one is scored.
-        let mut next = match b + BLOCK < n {
-            true => keys.enc.bytes((t0 + BLOCK) * d, BLOCK * d),
-            false if !keys.then.is_empty() => keys.then,
-            false => keys.enc.bytes((t0 + BLOCK) * d, BLOCK * d),
-        };
+        // The next block's bytes are fetched while this one is scored: the
+        // ones after it, or past the end of `enc` the caller's `then`.
+        let mut next = keys.enc.bytes((t0 + BLOCK) * d, BLOCK * d);
+        if next.is_empty() {
+            next = keys.then;
+        }
         for (q, out) in queries.iter().zip(outs.iter_mut()) {
             let Some(dst) = out.get_mut(b..).filter(|o| !o.is_empty()) else {
                 continue;
