@@ -681,9 +681,7 @@ fn a_cache_whose_pages_are_misaligned_for_their_type_selects_the_same() {
                 q: Encoded::F32(&q),
                 weights: &w,
                 cache,
-                block_table: &paged.table,
-                max_blocks: paged.max_blocks,
-                seq_lens: &paged.lens,
+                table: paged.table(),
                 seq_ids: &[0],
                 query_pos: &[lens[0] - 1],
             };

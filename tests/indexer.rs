@@ -474,7 +474,7 @@ fn the_packed_form_equals_one_call_per_sequence() {
 mod paged {
     use super::*;
     use kvselect::indexer::{indexer_topk_paged_into, PageLayout, PagedCache, PagedInputs};
-    use kvselect::keys::Format;
+    use kvselect::keys::{BlockTable, Format};
 
     /// One query against one page of vLLM's fp8 layout: block_size 2, d 2 —
     /// bytes `[k0 (2 e4m3fn), k1 (2 e4m3fn), scale0 (f32 LE), scale1 (f32 LE)]`.
@@ -497,9 +497,11 @@ mod paged {
             q: Encoded::F32(&q),
             weights: &w,
             cache,
-            block_table: &[0],
-            max_blocks: 1,
-            seq_lens: &[2],
+            table: BlockTable {
+                table: &[0],
+                max_blocks: 1,
+                seq_lens: &[2],
+            },
             seq_ids: &[0],
             query_pos: &[1],
         };
@@ -622,9 +624,11 @@ mod paged {
                 q: Encoded::F32(&q),
                 weights: &w,
                 cache,
-                block_table: &table,
-                max_blocks,
-                seq_lens: &lens,
+                table: BlockTable {
+                    table: &table,
+                    max_blocks,
+                    seq_lens: &lens,
+                },
                 seq_ids: &seq_ids,
                 query_pos: &pos,
             };
@@ -673,9 +677,11 @@ mod paged {
             q: Encoded::F32(&q),
             weights: &w,
             cache,
-            block_table: &[0, 0],
-            max_blocks: 2,
-            seq_lens: &[2],
+            table: BlockTable {
+                table: &[0, 0],
+                max_blocks: 2,
+                seq_lens: &[2],
+            },
             seq_ids: &[0],
             query_pos: &[1],
         };
@@ -687,14 +693,20 @@ mod paged {
         };
         assert_eq!(
             refused(PagedInputs {
-                block_table: &[-1, 0],
+                table: BlockTable {
+                    table: &[-1, 0],
+                    ..base.table
+                },
                 ..base
             }),
             "block_table"
         );
         assert_eq!(
             refused(PagedInputs {
-                block_table: &[1, 0],
+                table: BlockTable {
+                    table: &[1, 0],
+                    ..base.table
+                },
                 ..base
             }),
             "block_table"
@@ -702,7 +714,10 @@ mod paged {
         // A sequence longer than its block-table row.
         assert_eq!(
             refused(PagedInputs {
-                seq_lens: &[5],
+                table: BlockTable {
+                    seq_lens: &[5],
+                    ..base.table
+                },
                 ..base
             }),
             "block_table"
@@ -741,7 +756,10 @@ mod paged {
             1,
             1,
             &PagedInputs {
-                block_table: &[0, -99],
+                table: BlockTable {
+                    table: &[0, -99],
+                    ..base.table
+                },
                 ..base
             },
             2,

@@ -38,6 +38,7 @@
 
 mod blocks;
 pub mod layout;
+mod report;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -47,6 +48,7 @@ mod witness;
 use crate::block_sparse::BlockSparseConfig;
 pub use blocks::check_block_row;
 pub use layout::GlobalSlots;
+pub use report::{ByReason, Detail, Report, BLOCK_REASONS, TOPK_REASONS, WITNESS_REASONS};
 pub use witness::check_witness_rows;
 
 /// At most this many dropped and intruding positions are listed per row
@@ -67,7 +69,10 @@ pub struct Tolerance {
 
 /// One thing wrong with a row. A row can have several (its structure is
 /// checked first; the selection only on a row whose structure is sound).
-#[derive(Debug, Clone, PartialEq)]
+/// Serialised as a map: `reason` (the variant's snake_case name, as
+/// [`Problem::reason`] gives it), then the fields in order.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
 pub enum Problem {
     /// A valid entry after padding: slot `slot` holds `position` although
     /// an earlier slot was padding (the first such slot only).
@@ -84,6 +89,7 @@ pub enum Problem {
     NotCausal {
         slot: usize,
         position: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
         value: Option<i64>,
     },
     /// The engine's entry `value` in `slot` is a global slot id that maps to

@@ -19,11 +19,8 @@ pub struct PagedInputs<'a> {
     /// `[n_queries, n_heads]`.
     pub weights: &'a [f32],
     pub cache: PagedCache<'a>,
-    /// `[n_seqs, max_blocks]`: logical block → page, per sequence.
-    pub block_table: &'a [i32],
-    pub max_blocks: usize,
-    /// `[n_seqs]`: tokens each sequence holds.
-    pub seq_lens: &'a [usize],
+    /// Each sequence's pages and length.
+    pub table: BlockTable<'a>,
     /// `[n_queries]`: each query's sequence.
     pub seq_ids: &'a [usize],
     /// `[n_queries]`: each query's position within its sequence.
@@ -60,11 +57,7 @@ pub fn indexer_topk_paged_into(
         checked_size("weights", &[n, h])?,
         || format!("[{n}, {h}]"),
     )?;
-    let table = BlockTable {
-        table: inputs.block_table,
-        max_blocks: inputs.max_blocks,
-        seq_lens: inputs.seq_lens,
-    };
+    let table = inputs.table;
     check_len("seq_ids", inputs.seq_ids.len(), n, || {
         format!("[n_queries={n}]")
     })?;
@@ -83,7 +76,7 @@ pub fn indexer_topk_paged_into(
     table.check(c.n_pages, bs)?;
     table.check_seq_ids(inputs.seq_ids)?;
     let level = simd::Wide::best();
-    let (seq_lens, seq_ids, query_pos) = (inputs.seq_lens, inputs.seq_ids, inputs.query_pos);
+    let (seq_lens, seq_ids, query_pos) = (table.seq_lens, inputs.seq_ids, inputs.query_pos);
     let queries = Queries {
         n,
         h,

@@ -342,6 +342,11 @@ impl Args {
         self.count_within(obj, name, max, max)
     }
 
+    /// An optional [`Args::count`]: `default` when the argument is None.
+    pub fn count_or(self, obj: Opt, name: &str, max: u64, default: usize) -> PyResult<usize> {
+        obj.map_or(Ok(default), |o| self.count(o, name, max))
+    }
+
     /// [`Args::count`] whose refusal names `bound` (the rule's real bound,
     /// which the core enforces) for a value past `max` (what can be taken).
     pub fn count_within(
@@ -445,9 +450,9 @@ impl Args {
         inputs: &[&Bound<'py, PyUntypedArray>],
     ) -> PyResult<Out<'py, i32>> {
         match out {
-            Some(o) if !o.is_none() => self.output(py, out, shape, inputs),
+            Some(_) => self.output(py, out, shape, inputs),
             // SAFETY: the caller's contract (above).
-            _ => unsafe { filled_by_core(py, shape) },
+            None => unsafe { filled_by_core(py, shape) },
         }
     }
 
@@ -461,20 +466,26 @@ impl Args {
         inputs: &[&Bound<'py, PyUntypedArray>],
     ) -> PyResult<Out<'py, T>> {
         match out {
-            Some(o) if !o.is_none() => {
-                let buf = self.inplace::<T>(o, "out", shape.len(), inputs)?;
-                let got = buf.rw.shape().to_vec();
-                if got != shape {
-                    return Err(refuse(
-                        self.0,
-                        "out",
-                        format!("out must have shape {shape:?}, got {got:?}"),
-                    ));
-                }
-                Ok(buf)
-            }
-            _ => Out::zeros(py, shape),
+            Some(o) => self.buffer(o, "out", shape, inputs),
+            None => Out::zeros(py, shape),
         }
+    }
+
+    /// The caller's buffer `name` (checked as [`Args::inplace`]) of exactly
+    /// `shape`.
+    pub fn buffer<'py, T: Element>(
+        self,
+        obj: &Bound<'py, PyAny>,
+        name: &str,
+        shape: &[usize],
+        inputs: &[&Bound<'py, PyUntypedArray>],
+    ) -> PyResult<Out<'py, T>> {
+        let buf = self.inplace::<T>(obj, name, shape.len(), inputs)?;
+        if buf.shape() != shape {
+            let msg = format!("{name} must have shape {shape:?}, got {:?}", buf.shape());
+            return Err(refuse(self.0, name, msg));
+        }
+        Ok(buf)
     }
 }
 
@@ -567,37 +578,10 @@ impl<'py> EncodedIn<'py> {
         name: &str,
         format: Option<&str>,
     ) -> PyResult<(Self, Vec<usize>)> {
-        let py = obj.py();
-        let np = numpy(py)?;
+        let np = numpy(obj.py())?;
         let arr = np.call_method1("asarray", (obj,))?;
         let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
-        let asked = match format {
-            Some(f) => Some(Format::from_name(f).ok_or_else(|| {
-                PyTypeError::new_err(format!(
-                    "{name}'s format {f:?} is not one of float32, float16, bfloat16, float8_e4m3fn"
-                ))
-            })?),
-            None => None,
-        };
-        let typed = match dtype.as_str() {
-            "float64" => Some(Format::F32),
-            "uint16" | "uint8" => None,
-            other => Format::from_name(other),
-        };
-        let chosen = match (typed, asked, dtype.as_str()) {
-            (Some(t), None, _) => t,
-            (Some(t), Some(a), _) if t == a => t,
-            (None, Some(a @ (Format::F16 | Format::Bf16)), "uint16") => a,
-            (None, Some(Format::Fp8E4m3), "uint8") => Format::Fp8E4m3,
-            _ => {
-                let wanted = asked.map_or("a float format", |a| a.name());
-                return Err(PyTypeError::new_err(format!(
-                    "{name} has dtype {dtype}, which does not hold {wanted}: pass float32, \
-                     float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw uint16 (bfloat16, \
-                     float16) / uint8 (float8_e4m3fn) view with an explicit format"
-                )));
-            }
-        };
+        let chosen = format_of(name, &dtype, format, true)?;
         let shape = arr.getattr("shape")?.extract::<Vec<usize>>()?;
         if chosen == Format::F32 {
             let (a, _) = args.input_dyn::<f32>(&arr, name)?;
@@ -635,6 +619,50 @@ impl<'py> EncodedIn<'py> {
             EncodedIn::U16(a, _) => Encoded::F16(a.as_slice().map_err(err)?),
             EncodedIn::U8(a) => Encoded::Fp8E4m3(a.as_slice().map_err(err)?),
         })
+    }
+}
+
+/// The format an array `name` of `dtype` is read in: a typed array's own
+/// (which `format`, the `key_format` / `query_format` argument, must agree
+/// with when given), or the one `format` names for a raw `uint16` / `uint8`
+/// view. float64 is read as float32, converted once, only where `converts`.
+pub(super) fn format_of(
+    name: &str,
+    dtype: &str,
+    format: Option<&str>,
+    converts: bool,
+) -> PyResult<Format> {
+    let unknown = |f| {
+        let msg = format!(
+            "{name}'s format {f:?} is not one of float32, float16, bfloat16, float8_e4m3fn"
+        );
+        PyTypeError::new_err(msg)
+    };
+    let asked = format
+        .map(|f| Format::from_name(f).ok_or_else(|| unknown(f)))
+        .transpose()?;
+    let typed = match dtype {
+        "float64" if converts => Some(Format::F32),
+        d => Format::from_name(d),
+    };
+    match (typed, asked, dtype) {
+        (Some(t), None, _) => Ok(t),
+        (Some(t), Some(a), _) if t == a => Ok(t),
+        (None, Some(a @ (Format::F16 | Format::Bf16)), "uint16") => Ok(a),
+        (None, Some(Format::Fp8E4m3), "uint8") => Ok(Format::Fp8E4m3),
+        _ => {
+            let wanted = asked.map_or("a float format", |a| a.name());
+            let never = if converts {
+                ""
+            } else {
+                " (it is read in place, never converted)"
+            };
+            Err(PyTypeError::new_err(format!(
+                "{name} has dtype {dtype}, which does not hold {wanted}{never}: pass float32, \
+                 float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw uint16 (bfloat16, \
+                 float16) / uint8 (float8_e4m3fn) view with an explicit format"
+            )))
+        }
     }
 }
 

@@ -96,10 +96,7 @@ impl PySelector {
 
 /// An optional `width` count, else `default()`.
 fn width_arg(width: Opt, default: impl FnOnce() -> usize) -> PyResult<usize> {
-    match width {
-        Some(w) if !w.is_none() => S.count(w, "width", I32_MAX),
-        _ => Ok(default()),
-    }
+    width.map_or_else(|| Ok(default()), |w| S.count(w, "width", I32_MAX))
 }
 
 /// The oracle top-k: for each row of ``attention`` (float64 ``[n,

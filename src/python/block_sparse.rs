@@ -8,10 +8,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple, PyType};
 
 use super::args::{positions, type_name, Args, EncodedIn, Obj, Opt, I32};
-use super::cache::{cache_layout, pages};
+use super::cache::Paged;
 use super::errors::{refuse, Domain};
 use crate::block_sparse::{self, BlockIds, BlockSparseConfig, OutLayout, PagedBlocks};
-use crate::keys::{BlockTable, PagedCache};
 
 const S: Args = Args(Domain::Selection);
 /// Counts past i32 cannot be honoured by an int32 output anyway.
@@ -42,10 +41,7 @@ impl PyBlockSparseConfig {
         local_blocks: Opt<'_, '_>,
     ) -> PyResult<Self> {
         let d = BlockSparseConfig::default();
-        let field = |obj: Opt, name, default| match obj {
-            Some(o) if !o.is_none() => S.count(o, name, I32_MAX),
-            _ => Ok(default),
-        };
+        let field = |obj: Opt, name, default| S.count_or(obj, name, I32_MAX, default);
         Ok(PyBlockSparseConfig(BlockSparseConfig::new(
             field(block_size, "block_size", d.block_size)?,
             field(top_blocks, "top_blocks", d.top_blocks)?,
@@ -103,19 +99,18 @@ impl PyBlockSparseConfig {
 
 /// The `config` argument: a `BlockSparseConfig`, or None for the defaults.
 pub(super) fn config(obj: Opt<'_, '_>) -> PyResult<BlockSparseConfig> {
-    match obj {
-        Some(c) if !c.is_none() => {
-            c.cast::<PyBlockSparseConfig>()
-                .map(|c| c.get().0)
-                .map_err(|_| {
-                    PyTypeError::new_err(format!(
-                        "config must be a kvselect.BlockSparseConfig or None, got {}",
-                        type_name(c)
-                    ))
-                })
-        }
-        _ => Ok(BlockSparseConfig::default()),
-    }
+    let Some(c) = obj else {
+        return Ok(BlockSparseConfig::default());
+    };
+    let wrong = |_| {
+        let got = type_name(c);
+        PyTypeError::new_err(format!(
+            "config must be a kvselect.BlockSparseConfig or None, got {got}"
+        ))
+    };
+    c.cast::<PyBlockSparseConfig>()
+        .map(|c| c.get().0)
+        .map_err(wrong)
 }
 
 /// The output layout `head_major` asks for.
@@ -163,7 +158,6 @@ fn index_keys<'py>(index_k: &Obj<'py>, format: Option<&str>) -> PyResult<(Encode
 #[pyfunction]
 #[pyo3(signature = (index_q, index_k, query_pos, config=None, *, key_format=None,
                     query_format=None, head_major=false, out=None))]
-#[allow(clippy::too_many_arguments)]
 fn block_sparse_select<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -211,7 +205,6 @@ fn block_sparse_select<'py>(
 #[pyfunction]
 #[pyo3(signature = (index_q, index_k, query_pos, config=None, *, key_format=None,
                     query_format=None, magnitudes=false))]
-#[allow(clippy::too_many_arguments)]
 fn block_scores<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -264,7 +257,6 @@ fn single_position(query_pos: &Obj) -> PyResult<usize> {
 #[pyfunction]
 #[pyo3(signature = (index_q, index_k, cu_seqlens, seq_ids, query_pos, config=None, *,
                     key_format=None, query_format=None, head_major=false, out=None))]
-#[allow(clippy::too_many_arguments)]
 fn block_sparse_select_packed<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -311,7 +303,6 @@ fn block_sparse_select_packed<'py>(
 #[pyo3(signature = (index_q, kv_cache, block_table, seq_lens, seq_ids, query_pos, config=None, *,
                     key_format=None, query_format=None, head_major=false, physical=false,
                     out=None))]
-#[allow(clippy::too_many_arguments)]
 fn block_sparse_select_paged<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -334,42 +325,20 @@ fn block_sparse_select_paged<'py>(
         BlockIds::Logical
     };
     let (q, [n, h]) = queries(index_q, query_format)?;
-    let (page_layout, shape) = cache_layout(kv_cache, "dense", key_format)?;
-    let (pages, table) = (
-        pages(kv_cache)?,
-        S.input::<i32, 2>(block_table, "block_table", "[n_seqs, max_blocks]")?,
-    );
-    let lens = positions(S, seq_lens, "seq_lens")?;
-    let (sid, pos) = (
-        positions(S, seq_ids, "seq_ids")?,
-        positions(S, query_pos, "query_pos")?,
-    );
-    let inputs = [q.untyped(), pages.untyped(), table.untyped()];
-    let out = S.output::<i32>(py, out, &rows_shape(n, h, cfg.width(), layout), &inputs)?;
-    let (block_size, d) = (shape[1], shape[2]);
-    let cache = PagedCache {
-        bytes: pages.slice(),
-        n_pages: pages.rows,
-        page_stride: pages.stride,
-        block_size,
-        d,
-        layout: page_layout,
-    };
-    let table = BlockTable {
-        table: table.slice()?,
-        max_blocks: table.shape[1],
-        seq_lens: &lens,
-    };
+    let paged = (kv_cache, block_table, seq_lens, seq_ids, query_pos);
+    let paged = Paged::new(paged, "dense", key_format)?;
+    let arrays = [&[q.untyped()][..], &paged.untyped()].concat();
+    let out = S.output::<i32>(py, out, &rows_shape(n, h, cfg.width(), layout), &arrays)?;
     let inputs = PagedBlocks {
         q: q.encoded()?,
         n_queries: n,
         n_kv_heads: h,
-        cache,
-        table,
-        seq_ids: &sid,
-        query_pos: &pos,
+        cache: paged.cache(),
+        table: paged.table()?,
+        seq_ids: &paged.seq_ids,
+        query_pos: &paged.query_pos,
     };
-    let work = n.saturating_mul(h).saturating_mul(pages.slice().len());
+    let work = (n * h * paged.d).saturating_mul(paged.tokens());
     out.run(work, |os| {
         block_sparse::select_paged_into(&inputs, &cfg, layout, ids, os)
     })

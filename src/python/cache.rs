@@ -1,20 +1,99 @@
-//! The paged cache argument both paged forms (the indexer's, block
-//! selection's) take: its page layout from the dtype and the layout name,
-//! and its pages as bytes read in place.
+//! The paged arguments both paged forms (the indexer's, block selection's)
+//! take: the cache's page layout from the dtype and the layout name, its
+//! pages as bytes read in place, and the block table that maps each
+//! sequence onto them.
 
-use numpy::PyArrayDyn;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use numpy::{PyArrayDyn, PyUntypedArray};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use super::args::{numpy, Obj, StridedRows};
+use super::args::{format_of, numpy, positions, Args, In, Obj, StridedRows};
 use super::errors::{refuse, Domain};
-use crate::keys::{Format, PageLayout};
+use crate::keys::{BlockTable, PageLayout, PagedCache};
+
+const S: Args = Args(Domain::Selection);
+
+/// `(kv_cache, block_table, seq_lens, seq_ids, query_pos)`.
+pub(super) type PagedArgs<'a, 'py> = (
+    &'a Obj<'py>,
+    &'a Obj<'py>,
+    &'a Obj<'py>,
+    &'a Obj<'py>,
+    &'a Obj<'py>,
+);
+
+/// A paged cache and its block table, checked and borrowed: query `i`
+/// belongs to sequence `seq_ids[i]` at `query_pos[i]` within it.
+pub(super) struct Paged<'py> {
+    pages: StridedRows<'py, u8>,
+    table: In<'py, i32, 2>,
+    layout: PageLayout,
+    pub block_size: usize,
+    /// Elements per key (a DSA page's scales not counted).
+    pub d: usize,
+    seq_lens: Vec<usize>,
+    pub seq_ids: Vec<usize>,
+    pub query_pos: Vec<usize>,
+}
+
+impl<'py> Paged<'py> {
+    /// The arguments, `layout` being "dense" or "fp8_scaled".
+    pub fn new(
+        (kv_cache, block_table, seq_lens, seq_ids, query_pos): PagedArgs<'_, 'py>,
+        layout: &str,
+        key_format: Option<&str>,
+    ) -> PyResult<Self> {
+        let (layout, shape) = cache_layout(kv_cache, layout, key_format)?;
+        let scales = 4 * (layout == PageLayout::Fp8WithScales) as usize;
+        Ok(Paged {
+            pages: pages(kv_cache)?,
+            table: S.input::<i32, 2>(block_table, "block_table", "[n_seqs, max_blocks]")?,
+            layout,
+            block_size: shape[1],
+            d: shape[shape.len() - 1] - scales,
+            seq_lens: positions(S, seq_lens, "seq_lens")?,
+            seq_ids: positions(S, seq_ids, "seq_ids")?,
+            query_pos: positions(S, query_pos, "query_pos")?,
+        })
+    }
+
+    /// The pages as the core reads them.
+    pub fn cache(&self) -> PagedCache<'_> {
+        PagedCache {
+            bytes: self.pages.slice(),
+            n_pages: self.pages.rows,
+            page_stride: self.pages.stride,
+            block_size: self.block_size,
+            d: self.d,
+            layout: self.layout,
+        }
+    }
+
+    /// The block table with the sequence lengths it serves.
+    pub fn table(&self) -> PyResult<BlockTable<'_>> {
+        Ok(BlockTable {
+            table: self.table.slice()?,
+            max_blocks: self.table.shape[1],
+            seq_lens: &self.seq_lens,
+        })
+    }
+
+    /// The arrays an output must not overlap.
+    pub fn untyped(&self) -> [&Bound<'py, PyUntypedArray>; 2] {
+        [self.pages.untyped(), self.table.untyped()]
+    }
+
+    /// Tokens the cache holds (for `detach`).
+    pub fn tokens(&self) -> usize {
+        self.pages.rows.saturating_mul(self.block_size)
+    }
+}
 
 /// A paged cache argument as bytes in place: `[num_blocks, …]`, each page
 /// (every axis but the first) contiguous, the block axis with any positive
 /// stride (vLLM interleaves other layers' pages); any other layout is
 /// copied to C order once.
-pub(super) fn pages<'py>(cache: &Obj<'py>) -> PyResult<StridedRows<'py, u8>> {
+fn pages<'py>(cache: &Obj<'py>) -> PyResult<StridedRows<'py, u8>> {
     let np = numpy(cache.py())?;
     let (arr, uint8) = (np.call_method1("asarray", (cache,))?, np.getattr("uint8")?);
     // The last axis reinterpreted as bytes: a view when it is contiguous.
@@ -39,67 +118,35 @@ pub(super) fn pages<'py>(cache: &Obj<'py>) -> PyResult<StridedRows<'py, u8>> {
 }
 
 /// The page layout and the cache's shape, from `layout` and the dtype.
-pub(super) fn cache_layout(
+fn cache_layout(
     cache: &Obj<'_>,
     layout: &str,
     key_format: Option<&str>,
 ) -> PyResult<(PageLayout, Vec<usize>)> {
-    let np = numpy(cache.py())?;
-    let arr = np.call_method1("asarray", (cache,))?;
+    let arr = numpy(cache.py())?.call_method1("asarray", (cache,))?;
     let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
     let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
-    match layout {
-        "fp8_scaled" => {
-            let ok = dtype == "uint8" && matches!(shape[..], [_, _, 1, x] | [_, _, x] if x > 4);
-            if !ok {
-                let msg = format!(
-                    "with layout='fp8_scaled', kv_cache must be uint8 [num_blocks, block_size, 1, d + 4] \
-                     or [num_blocks, block_size, d + 4], got {dtype} {shape:?}"
-                );
-                return Err(refuse(Domain::Selection, "kv_cache", msg));
-            }
-            Ok((PageLayout::Fp8WithScales, shape))
+    let (page_layout, fits, want) = match layout {
+        "fp8_scaled" => (
+            PageLayout::Fp8WithScales,
+            dtype == "uint8" && matches!(shape[..], [_, _, 1, x] | [_, _, x] if x > 4),
+            "with layout='fp8_scaled', kv_cache must be uint8 [num_blocks, block_size, 1, d + 4] \
+             or [num_blocks, block_size, d + 4]",
+        ),
+        // Pages are read in place: float64 is not converted.
+        "dense" => (
+            PageLayout::Dense(format_of("kv_cache", &dtype, key_format, false)?),
+            shape.len() == 3,
+            "kv_cache must be 3-D [num_blocks, block_size, d]",
+        ),
+        other => {
+            let msg = format!("layout must be 'dense' or 'fp8_scaled', got {other:?}");
+            return Err(PyValueError::new_err(msg));
         }
-        "dense" => {
-            let typed = Format::from_name(&dtype);
-            let format = match (typed, key_format.map(Format::from_name)) {
-                (Some(t), None) => t,
-                (Some(t), Some(Some(k))) if t == k => t,
-                (None, Some(Some(k @ (Format::F16 | Format::Bf16)))) if dtype == "uint16" => k,
-                (None, Some(Some(Format::Fp8E4m3))) if dtype == "uint8" => Format::Fp8E4m3,
-                (_, Some(None)) => {
-                    return Err(PyTypeError::new_err(format!(
-                        "key_format {:?} is not one of float32, float16, bfloat16, float8_e4m3fn",
-                        key_format.unwrap_or_default()
-                    )))
-                }
-                (_, Some(Some(k))) => {
-                    return Err(PyTypeError::new_err(format!(
-                        "kv_cache has dtype {dtype}, which does not hold {} (key_format): pass \
-                         the pages in that format, or a raw uint16 (bfloat16, float16) / uint8 \
-                         (float8_e4m3fn) view of them",
-                        k.name()
-                    )))
-                }
-                _ => {
-                    return Err(PyTypeError::new_err(format!(
-                        "kv_cache has dtype {dtype}: pages are read in place, so they must be float32, \
-                         float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw uint16 / uint8 view with \
-                         key_format"
-                    )))
-                }
-            };
-            if shape.len() != 3 {
-                let msg = format!(
-                    "kv_cache must be 3-D [num_blocks, block_size, d], got {}-D",
-                    shape.len()
-                );
-                return Err(refuse(Domain::Selection, "kv_cache", msg));
-            }
-            Ok((PageLayout::Dense(format), shape))
-        }
-        other => Err(PyValueError::new_err(format!(
-            "layout must be 'dense' or 'fp8_scaled', got {other:?}"
-        ))),
+    };
+    if !fits {
+        let msg = format!("{want}, got {dtype} {shape:?}");
+        return Err(refuse(Domain::Selection, "kv_cache", msg));
     }
+    Ok((page_layout, shape))
 }

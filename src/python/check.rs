@@ -4,14 +4,18 @@
 //! `details`.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
 
-use super::args::{detach, positions, Args, Obj, Opt};
+use super::args::{detach, positions, Args, In, Obj, Opt};
 use super::block_sparse::config;
-use super::errors::Domain;
-use crate::check::{self, Batch, GlobalSlots, Problem, RowCheck, Rule, Tolerance};
+use super::errors::{refuse, Domain};
+use crate::check::WITNESS_REASONS;
+use crate::check::{self, Batch, GlobalSlots, RowCheck, Rule, Tolerance};
+
+/// A report: a dict.
+type Report<'py> = Bound<'py, PyAny>;
 
 const S: Args = Args(Domain::Selection);
+const I32_MAX: u64 = i32::MAX as u64;
 
 /// ``GlobalSlots(block_table, req_ids, block_size, *, block_stride_rows=None,
 /// prefill_req_ids=None, workspace_starts=None)``: how an engine wrote its
@@ -35,14 +39,11 @@ const S: Args = Args(Domain::Selection);
 #[pyclass(name = "GlobalSlots", module = "kvselect", frozen)]
 pub(super) struct PyGlobalSlots {
     block_table: Vec<i32>,
-    max_blocks: usize,
-    block_size: usize,
-    stride: usize,
     req_ids: Vec<usize>,
     prefill_req_ids: Option<Vec<i64>>,
     workspace_starts: Vec<i64>,
-    dcp_size: usize,
-    dcp_interleave: usize,
+    /// The map's scalars, its slices empty (filled in by [`Self::map`]).
+    shape: GlobalSlots<'static>,
 }
 
 #[pymethods]
@@ -51,7 +52,6 @@ impl PyGlobalSlots {
     #[pyo3(signature = (block_table, req_ids, block_size, *, block_stride_rows=None,
                         prefill_req_ids=None, workspace_starts=None, dcp_size=None,
                         dcp_interleave=None))]
-    #[allow(clippy::too_many_arguments)]
     fn new(
         block_table: &Obj<'_>,
         req_ids: &Obj<'_>,
@@ -62,12 +62,8 @@ impl PyGlobalSlots {
         dcp_size: Opt<'_, '_>,
         dcp_interleave: Opt<'_, '_>,
     ) -> PyResult<Self> {
-        let one_or = |o: Opt<'_, '_>, name| match o {
-            Some(o) if !o.is_none() => S.count(o, name, i32::MAX as u64),
-            _ => Ok(1),
-        };
-        let dcp_size = one_or(dcp_size, "dcp_size")?;
-        let dcp_interleave = one_or(dcp_interleave, "dcp_interleave")?;
+        let dcp_size = S.count_or(dcp_size, "dcp_size", I32_MAX, 1)?;
+        let dcp_interleave = S.count_or(dcp_interleave, "dcp_interleave", I32_MAX, 1)?;
         let (t, shape) = S.input_dyn::<i32>(block_table, "block_table")?;
         let max_blocks = match (dcp_size, &shape[..]) {
             (1, [_, m]) => *m,
@@ -78,17 +74,14 @@ impl PyGlobalSlots {
                     r => format!("3-D [dcp_size = {r}, n_requests, max_blocks]"),
                 };
                 let msg = format!("block_table must be {want}, got shape {shape:?}");
-                return Err(super::errors::refuse(Domain::Selection, "block_table", msg));
+                return Err(refuse(Domain::Selection, "block_table", msg));
             }
         };
-        let block_size = S.count(block_size, "block_size", i32::MAX as u64)?;
-        let stride = match block_stride_rows {
-            Some(s) if !s.is_none() => S.count(s, "block_stride_rows", i32::MAX as u64)?,
-            _ => block_size,
-        };
-        let probe = GlobalSlots {
+        let block_size = S.count(block_size, "block_size", I32_MAX)?;
+        let stride = S.count_or(block_stride_rows, "block_stride_rows", I32_MAX, block_size)?;
+        let shape = GlobalSlots {
             block_table: &[],
-            max_blocks: 1,
+            max_blocks,
             block_size,
             stride,
             req_ids: &[],
@@ -97,19 +90,21 @@ impl PyGlobalSlots {
             dcp_size,
             dcp_interleave,
         };
-        probe.check(0)?; // a page of no tokens, overlapping pages, no rank
+        // A page of no tokens, overlapping pages, no rank (the table's own
+        // shape is checked against the rows, call by call).
+        GlobalSlots {
+            max_blocks: 1,
+            ..shape
+        }
+        .check(0)?;
         let vec_i64 = |o: Opt<'_, '_>, name| -> PyResult<Option<Vec<i64>>> {
-            match o {
-                Some(o) if !o.is_none() => {
-                    Ok(Some(S.input::<i64, 1>(o, name, "[n]")?.slice()?.to_vec()))
-                }
-                _ => Ok(None),
-            }
+            o.map(|o| Ok(S.input::<i64, 1>(o, name, "[n]")?.slice()?.to_vec()))
+                .transpose()
         };
         let prefill = vec_i64(prefill_req_ids, "prefill_req_ids")?;
         let starts = vec_i64(workspace_starts, "workspace_starts")?;
         if prefill.is_some() != starts.is_some() {
-            return Err(super::errors::refuse(
+            return Err(refuse(
                 Domain::Selection,
                 "workspace_starts",
                 "prefill_req_ids and workspace_starts go together: pass both or neither",
@@ -117,29 +112,26 @@ impl PyGlobalSlots {
         }
         Ok(PyGlobalSlots {
             block_table: t.slice()?.to_vec(),
-            max_blocks,
-            block_size,
-            stride,
             req_ids: positions(S, req_ids, "req_ids")?,
             prefill_req_ids: prefill,
             workspace_starts: starts.unwrap_or_default(),
-            dcp_size,
-            dcp_interleave,
+            shape,
         })
     }
 
     fn __repr__(&self) -> String {
+        let g = self.shape;
         format!(
             "GlobalSlots(<{} requests x {} blocks>, <{} rows>, block_size={}, \
              block_stride_rows={}, prefill={}, dcp_size={}, dcp_interleave={})",
-            self.block_table.len() / (self.max_blocks * self.dcp_size).max(1),
-            self.max_blocks,
+            self.block_table.len() / (g.max_blocks * g.dcp_size).max(1),
+            g.max_blocks,
             self.req_ids.len(),
-            self.block_size,
-            self.stride,
+            g.block_size,
+            g.stride,
             self.prefill_req_ids.is_some(),
-            self.dcp_size,
-            self.dcp_interleave
+            g.dcp_size,
+            g.dcp_interleave
         )
     }
 }
@@ -148,14 +140,10 @@ impl PyGlobalSlots {
     fn map(&self) -> GlobalSlots<'_> {
         GlobalSlots {
             block_table: &self.block_table,
-            max_blocks: self.max_blocks,
-            block_size: self.block_size,
-            stride: self.stride,
             req_ids: &self.req_ids,
             prefill_req_ids: self.prefill_req_ids.as_deref(),
             workspace_starts: &self.workspace_starts,
-            dcp_size: self.dcp_size,
-            dcp_interleave: self.dcp_interleave,
+            ..self.shape
         }
     }
 }
@@ -190,7 +178,6 @@ fn layout<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalSlots<'
 #[pyfunction]
 #[pyo3(signature = (scores, rows, context_lens=None, *, topk=None, atol=0.0, rtol=0.0,
                     magnitudes=None, layout=None))]
-#[allow(clippy::too_many_arguments)]
 fn check_topk<'py>(
     py: Python<'py>,
     scores: &Obj<'py>,
@@ -201,28 +188,20 @@ fn check_topk<'py>(
     rtol: f64,
     magnitudes: Opt<'_, 'py>,
     layout: Option<Bound<'py, PyGlobalSlots>>,
-) -> PyResult<Bound<'py, PyDict>> {
+) -> PyResult<Report<'py>> {
     let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
-    let topk = match topk {
-        Some(k) if !k.is_none() => S.count(k, "topk", u64::MAX)?,
-        // DCP rows are the ranks' rows side by side: each rank's width.
-        _ => r.shape[1] / layout.as_ref().map_or(1, |g| g.get().dcp_size),
-    };
+    // DCP rows are the ranks' rows side by side: by default, each rank's width.
+    let width = r.shape[1] / layout.as_ref().map_or(1, |g| g.get().shape.dcp_size);
+    let topk = S.count_or(topk, "topk", u64::MAX, width)?;
+    let lens = |n, t| context_lens.map_or(Ok(vec![t; n]), |c| positions(S, c, "context_lens"));
     let tol = Tolerance { atol, rtol };
-    let lens = |n, t| match context_lens {
-        Some(c) if !c.is_none() => positions(S, c, "context_lens"),
-        _ => Ok(vec![t; n]),
-    };
     run(
         py,
-        scores,
-        &r,
-        lens,
-        magnitudes,
-        &layout,
         Rule::Topk(topk),
         tol,
-        TOPK,
+        (scores, &r, magnitudes),
+        lens,
+        &layout,
     )
 }
 
@@ -240,7 +219,6 @@ fn check_topk<'py>(
 #[pyfunction]
 #[pyo3(signature = (block_scores, rows, num_blocks, config=None, *, atol=0.0, rtol=0.0,
                     magnitudes=None, layout=None))]
-#[allow(clippy::too_many_arguments)]
 fn check_blocks<'py>(
     py: Python<'py>,
     block_scores: &Obj<'py>,
@@ -251,37 +229,31 @@ fn check_blocks<'py>(
     rtol: f64,
     magnitudes: Opt<'_, 'py>,
     layout: Option<Bound<'py, PyGlobalSlots>>,
-) -> PyResult<Bound<'py, PyDict>> {
+) -> PyResult<Report<'py>> {
     let cfg = self::config(config)?;
     let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
-    let tol = Tolerance { atol, rtol };
     let lens = |_, _| positions(S, num_blocks, "num_blocks");
+    let tol = Tolerance { atol, rtol };
     run(
         py,
-        block_scores,
-        &r,
-        lens,
-        magnitudes,
-        &layout,
         Rule::Blocks(cfg),
         tol,
-        BLOCKS,
+        (block_scores, &r, magnitudes),
+        lens,
+        &layout,
     )
 }
 
 /// The shared body of the two score checks: arguments → core → report.
-#[allow(clippy::too_many_arguments)]
+/// `lens(n_rows, n_candidates)` gives each row's context.
 fn run<'py>(
     py: Python<'py>,
-    scores: &Obj<'py>,
-    rows: &super::args::In<'py, i64, 2>,
-    lens: impl FnOnce(usize, usize) -> PyResult<Vec<usize>>,
-    magnitudes: Opt<'_, 'py>,
-    layout: &Option<Bound<'py, PyGlobalSlots>>,
     rule: Rule,
     tol: Tolerance,
-    reasons: &[&str],
-) -> PyResult<Bound<'py, PyDict>> {
+    (scores, rows, magnitudes): (&Obj<'py>, &In<'py, i64, 2>, Opt<'_, 'py>),
+    lens: impl FnOnce(usize, usize) -> PyResult<Vec<usize>>,
+    layout: &Option<Bound<'py, PyGlobalSlots>>,
+) -> PyResult<Report<'py>> {
     let name = match rule {
         Rule::Topk(_) => "scores",
         Rule::Blocks(_) => "block_scores",
@@ -290,12 +262,9 @@ fn run<'py>(
     let [n, t] = s.shape;
     let lens = lens(n, t)?;
     blame_row_counts(name, n, rows.shape[0], lens.len(), rule)?;
-    let m = match magnitudes {
-        Some(m) if !m.is_none() => {
-            Some(S.input::<f32, 2>(m, "magnitudes", "[n_rows, n_candidates]")?)
-        }
-        _ => None,
-    };
+    let m = magnitudes
+        .map(|m| S.input::<f32, 2>(m, "magnitudes", "[n_rows, n_candidates]"))
+        .transpose()?;
     let batch = Batch {
         scores: s.slice()?,
         magnitudes: m.as_ref().map(|m| m.slice()).transpose()?,
@@ -308,7 +277,7 @@ fn run<'py>(
     let checks = detach(py, n.saturating_mul(t), || {
         check::check_rows(&batch, rule, tol)
     })?;
-    report(py, &checks, reasons)
+    report(py, &checks, rule.reasons())
 }
 
 /// Scores, rows and lengths must count the same rows; when one disagrees
@@ -335,7 +304,7 @@ fn blame_row_counts(
     let msg = format!(
         "{scores} has {n_scores} rows, rows has {n_rows}, {lens} has {n_lens} entries: one each per row"
     );
-    Err(super::errors::refuse(Domain::Selection, culprit, msg))
+    Err(refuse(Domain::Selection, culprit, msg))
 }
 
 /// Whether an engine's in-place witness call (vLLM's
@@ -356,7 +325,7 @@ fn check_witnesses<'py>(
     after: &Obj<'py>,
     context_lens: &Obj<'py>,
     num_segments: &Obj<'py>,
-) -> PyResult<Bound<'py, PyDict>> {
+) -> PyResult<Report<'py>> {
     let b = S.input::<i32, 2>(before, "before", "[rows, topk]")?;
     let a = S.input::<i32, 2>(after, "after", "[rows, topk]")?;
     if a.shape != b.shape {
@@ -364,7 +333,7 @@ fn check_witnesses<'py>(
             "after has shape {:?} but before has {:?}: the in-place call keeps the shape",
             a.shape, b.shape
         );
-        return Err(super::errors::refuse(Domain::Selection, "after", msg));
+        return Err(refuse(Domain::Selection, "after", msg));
     }
     let lens = S.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
     let s = S.count(num_segments, "num_segments", u64::MAX)?;
@@ -373,169 +342,19 @@ fn check_witnesses<'py>(
     let checks = detach(py, bs.len(), || {
         check::check_witness_rows(bs, as_, topk, ls, s)
     })?;
-    report(py, &checks, WITNESS)
+    report(py, &checks, WITNESS_REASONS)
 }
 
-const TOPK: &[&str] = &[
-    "padding_hole",
-    "duplicate",
-    "not_causal",
-    "not_in_table",
-    "wrong_count",
-    "wrong_selection",
-];
-const BLOCKS: &[&str] = &[
-    "padding_hole",
-    "duplicate",
-    "not_causal",
-    "not_in_table",
-    "missing_forced",
-    "wrong_count",
-    "wrong_selection",
-];
-const WITNESS: &[&str] = &["prefix_changed", "wrong_witness", "tail_changed"];
-
-/// One problem as `(reason, fields)`.
-fn problem<'py>(py: Python<'py>, p: &Problem) -> PyResult<(&'static str, Bound<'py, PyDict>)> {
-    let d = PyDict::new(py);
-    let reason = match p {
-        Problem::PaddingHole { slot, position } => {
-            d.set_item("slot", slot)?;
-            d.set_item("position", position)?;
-            "padding_hole"
-        }
-        Problem::Duplicate {
-            position,
-            first,
-            slot,
-        } => {
-            d.set_item("position", position)?;
-            d.set_item("first", first)?;
-            d.set_item("slot", slot)?;
-            "duplicate"
-        }
-        Problem::NotCausal {
-            slot,
-            position,
-            value,
-        } => {
-            d.set_item("slot", slot)?;
-            d.set_item("position", position)?;
-            if let Some(v) = value {
-                d.set_item("value", v)?; // the engine's global slot id
-            }
-            "not_causal"
-        }
-        Problem::NotInTable { slot, value } => {
-            d.set_item("slot", slot)?;
-            d.set_item("value", value)?;
-            "not_in_table"
-        }
-        Problem::MissingForced { blocks, n_missing } => {
-            d.set_item("blocks", blocks)?;
-            d.set_item("n_missing", n_missing)?;
-            "missing_forced"
-        }
-        Problem::WrongCount { valid, expected } => {
-            d.set_item("valid", valid)?;
-            d.set_item("expected", expected)?;
-            "wrong_count"
-        }
-        Problem::WrongSelection {
-            dropped,
-            intruders,
-            n_dropped,
-            n_intruders,
-            threshold,
-            margin,
-        } => {
-            d.set_item("dropped", dropped)?;
-            d.set_item("intruders", intruders)?;
-            d.set_item("n_dropped", n_dropped)?;
-            d.set_item("n_intruders", n_intruders)?;
-            d.set_item("threshold", threshold)?;
-            d.set_item("margin", margin)?;
-            "wrong_selection"
-        }
-        Problem::PrefixChanged {
-            slot,
-            learned,
-            got,
-            n_changed,
-        }
-        | Problem::TailChanged {
-            slot,
-            learned,
-            got,
-            n_changed,
-        } => {
-            d.set_item("slot", slot)?;
-            d.set_item("learned", learned)?;
-            d.set_item("got", got)?;
-            d.set_item("n_changed", n_changed)?;
-            match p {
-                Problem::PrefixChanged { .. } => "prefix_changed",
-                _ => "tail_changed",
-            }
-        }
-        Problem::WrongWitness {
-            slot,
-            expected,
-            got,
-            why,
-            n_wrong,
-        } => {
-            d.set_item("slot", slot)?;
-            d.set_item("expected", expected)?;
-            d.set_item("got", got)?;
-            d.set_item("why", why)?;
-            d.set_item("n_wrong", n_wrong)?;
-            "wrong_witness"
-        }
-    };
-    Ok((reason, d))
-}
-
-/// The report dict: `reasons` are the keys of `by_reason`, in order.
+/// The report as plain Python data (dicts, lists, tuples, numbers).
 fn report<'py>(
     py: Python<'py>,
     checks: &[RowCheck],
-    reasons: &[&str],
-) -> PyResult<Bound<'py, PyDict>> {
-    let by_reason = PyDict::new(py);
-    for r in reasons {
-        by_reason.set_item(r, 0)?;
-    }
-    let details = PyList::empty(py);
-    for (i, c) in checks.iter().enumerate().filter(|(_, c)| !c.is_correct()) {
-        let problems = PyList::empty(py);
-        let mut seen: Vec<&str> = Vec::new();
-        for p in &c.problems {
-            let (reason, fields) = problem(py, p)?;
-            // `reason` first, then the fields (as the reference orders them).
-            let entry = PyDict::new(py);
-            entry.set_item("reason", reason)?;
-            entry.update(fields.as_mapping())?;
-            problems.append(entry)?;
-            if !seen.contains(&reason) {
-                seen.push(reason);
-                let count: usize = by_reason.get_item(reason)?.map_or(Ok(0), |c| c.extract())?;
-                by_reason.set_item(reason, count + 1)?;
-            }
-        }
-        let row = PyDict::new(py);
-        row.set_item("row", i)?;
-        row.set_item("problems", problems)?;
-        details.append(row)?;
-    }
-    let out = PyDict::new(py);
-    let wrong = details.len();
-    out.set_item("rows", checks.len())?;
-    out.set_item("correct", checks.len() - wrong)?;
-    out.set_item("wrong", wrong)?;
-    out.set_item("by_reason", by_reason)?;
-    out.set_item("details", details)?;
-    Ok(out)
+    reasons: &[&'static str],
+) -> PyResult<Report<'py>> {
+    Ok(pythonize::pythonize(
+        py,
+        &check::Report::new(checks, reasons),
+    )?)
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

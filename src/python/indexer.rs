@@ -1,13 +1,15 @@
 //! The lightning indexer's top-k, single-sequence and packed (both raise
 //! `SelectionError`).
 
-use numpy::PyUntypedArray;
 use pyo3::prelude::*;
 
+use numpy::PyUntypedArray;
+
 use super::args::{detach, positions, Args, EncodedIn, In, Obj, Opt, Out, I32};
-use super::cache::{cache_layout, pages};
+use super::cache::Paged;
 use super::errors::{refuse, Domain};
-use crate::indexer::{self, IndexerInputs, IndexerShape, PageLayout, PagedCache, PagedInputs};
+use crate::attention::AttentionError as Error;
+use crate::indexer::{self, IndexerInputs, IndexerShape, PagedInputs};
 
 const S: Args = Args(Domain::Selection);
 
@@ -58,10 +60,7 @@ fn same_d(dq: usize, d: usize, keys: &str) -> PyResult<()> {
 
 /// The `num_segments` keyword: None is 0 (off); past 64 the core refuses.
 fn segments(num_segments: Opt<'_, '_>) -> PyResult<usize> {
-    match num_segments {
-        Some(s) if !s.is_none() => S.count_within(s, "num_segments", u64::MAX, 64),
-        _ => Ok(0),
-    }
+    num_segments.map_or(Ok(0), |s| S.count_within(s, "num_segments", u64::MAX, 64))
 }
 
 impl<'py> Call<'py> {
@@ -86,10 +85,9 @@ impl<'py> Call<'py> {
         let (k, _) = EncodedIn::new(S, k, "index_k", kf)?;
         let [t, d] = S.dims::<2>(k.untyped(), "index_k", "[n_keys, d]")?;
         same_d(dq, d, "index_k")?;
-        let scale = match scale {
-            Some(c) if !c.is_none() => Some(S.input::<f32, 1>(c, "key_scale", "[n_keys]")?),
-            _ => None,
-        };
+        let scale = scale
+            .map(|c| S.input::<f32, 1>(c, "key_scale", "[n_keys]"))
+            .transpose()?;
         let pos = positions(S, pos, "query_pos")?;
         let shape = IndexerShape {
             n_queries: n,
@@ -129,33 +127,44 @@ impl<'py> Call<'py> {
             .saturating_mul(s.d)
     }
 
-    /// Runs `core` into `out` (and `scores_out`), both checked against every
-    /// input; returns the int32 rows.
+    /// Runs `core` on the borrowed inputs (see [`run_topk`]).
     fn run(
         self,
         py: Python<'py>,
-        (out, scores_out): (Opt<'_, 'py>, Opt<'_, 'py>),
-        core: impl FnOnce(
-                &IndexerInputs<'_>,
-                &mut [i32],
-                Option<&mut [f32]>,
-            ) -> Result<(), crate::attention::AttentionError>
+        outs: (Opt<'_, 'py>, Opt<'_, 'py>),
+        core: impl FnOnce(&IndexerInputs<'_>, &mut [i32], Option<&mut [f32]>) -> Result<(), Error>
             + Send,
     ) -> PyResult<I32<'py>> {
-        let (n, topk) = (self.shape.n_queries, self.topk);
-        let mut inputs = vec![self.q.untyped(), self.w.untyped(), self.k.untyped()];
-        inputs.extend(self.scale.as_ref().map(|c| c.untyped()));
-        let mut out = S.output::<i32>(py, out, &[n, topk], &inputs)?;
-        inputs.push(out.untyped());
-        let mut scores = scores_buffer(scores_out, [n, topk], &inputs)?;
-        let (borrowed, work) = (self.borrowed()?, self.work());
-        let (o, sc) = (
-            out.slice()?,
-            scores.as_mut().map(|s| s.slice()).transpose()?,
-        );
-        detach(py, work, || core(&borrowed, o, sc))?;
-        Ok(out.finish())
+        let mut arrays = vec![self.q.untyped(), self.w.untyped(), self.k.untyped()];
+        arrays.extend(self.scale.as_ref().map(|c| c.untyped()));
+        let (inputs, work) = (self.borrowed()?, self.work());
+        let shape = [self.shape.n_queries, self.topk];
+        run_topk(py, &arrays, shape, outs, work, |o, s| core(&inputs, o, s))
     }
+}
+
+/// Runs a top-k `core` call into `out` (int32 `[n, topk]`) and `scores_out`
+/// (float32, when given), both checked against every input array and each
+/// other; returns the rows.
+fn run_topk<'py>(
+    py: Python<'py>,
+    arrays: &[&Bound<'py, PyUntypedArray>],
+    shape: [usize; 2],
+    (out, scores_out): (Opt<'_, 'py>, Opt<'_, 'py>),
+    work: usize,
+    core: impl FnOnce(&mut [i32], Option<&mut [f32]>) -> Result<(), Error> + Send,
+) -> PyResult<I32<'py>> {
+    let mut out = S.output::<i32>(py, out, &shape, arrays)?;
+    let arrays = [arrays, &[out.untyped()]].concat();
+    let mut scores = scores_out
+        .map(|s| S.buffer::<f32>(s, "scores_out", &shape, &arrays))
+        .transpose()?;
+    let (o, s) = (
+        out.slice()?,
+        scores.as_mut().map(|s| s.slice()).transpose()?,
+    );
+    detach(py, work, || core(o, s))?;
+    Ok(out.finish())
 }
 
 /// The lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5), single-sequence
@@ -181,7 +190,6 @@ impl<'py> Call<'py> {
     text_signature = "(index_q, weights, index_k, query_pos, topk, *, key_scale=None, \
                       key_format=None, query_format=None, num_segments=0, out=None, scores_out=None)"
 )]
-#[allow(clippy::too_many_arguments)]
 fn indexer_topk<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -218,7 +226,6 @@ fn indexer_topk<'py>(
                       key_scale=None, key_format=None, query_format=None, num_segments=0, out=None, \
                       scores_out=None)"
 )]
-#[allow(clippy::too_many_arguments)]
 fn indexer_topk_packed<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -258,7 +265,6 @@ fn indexer_topk_packed<'py>(
 #[pyfunction]
 #[pyo3(signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
                     query_format=None, magnitudes=false))]
-#[allow(clippy::too_many_arguments)]
 fn indexer_scores<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -308,7 +314,6 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
                       layout='dense', key_format=None, query_format=None, num_segments=0, out=None, \
                       scores_out=None)"
 )]
-#[allow(clippy::too_many_arguments)]
 fn indexer_topk_paged<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -327,76 +332,22 @@ fn indexer_topk_paged<'py>(
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let (q, w, [n, h, dq]) = queries(index_q, weights, query_format)?;
-    let (page_layout, shape) = cache_layout(kv_cache, layout, key_format)?;
-    let scales = 4 * (page_layout == PageLayout::Fp8WithScales) as usize;
-    let (block_size, d) = (shape[1], shape[shape.len() - 1] - scales);
-    same_d(dq, d, "kv_cache")?;
-    let pages = pages(kv_cache)?;
-    let table = S.input::<i32, 2>(block_table, "block_table", "[n_seqs, max_blocks]")?;
-    let lens = positions(S, seq_lens, "seq_lens")?;
-    let (sid, pos) = (
-        positions(S, seq_ids, "seq_ids")?,
-        positions(S, query_pos, "query_pos")?,
-    );
+    let paged = (kv_cache, block_table, seq_lens, seq_ids, query_pos);
+    let paged = Paged::new(paged, layout, key_format)?;
+    same_d(dq, paged.d, "kv_cache")?;
     let topk = S.count(topk, "topk", i32::MAX as u64)?;
     let segs = segments(num_segments)?;
-    let inputs = [q.untyped(), w.untyped(), pages.untyped(), table.untyped()];
-    let mut out = S.output::<i32>(py, out, &[n, topk], &inputs)?;
-    let mut scores = scores_buffer(
-        scores_out,
-        [n, topk],
-        &[&inputs[..], &[out.untyped()]].concat(),
-    )?;
-    let cache = PagedCache {
-        bytes: pages.slice(),
-        n_pages: pages.rows,
-        page_stride: pages.stride,
-        block_size,
-        d,
-        layout: page_layout,
-    };
-    let max_blocks = table.shape[1];
-    let paged = PagedInputs {
+    let inputs = PagedInputs {
         q: q.encoded()?,
         weights: w.slice()?,
-        cache,
-        block_table: table.slice()?,
-        max_blocks,
-        seq_lens: &lens,
-        seq_ids: &sid,
-        query_pos: &pos,
+        cache: paged.cache(),
+        table: paged.table()?,
+        seq_ids: &paged.seq_ids,
+        query_pos: &paged.query_pos,
     };
-    let (o, sc) = (
-        out.slice()?,
-        scores.as_mut().map(|s| s.slice()).transpose()?,
-    );
-    let work = n
-        .saturating_mul(pages.rows * block_size)
-        .saturating_mul(h * d);
-    detach(py, work, || {
-        indexer::indexer_topk_paged_into(n, h, &paged, topk, segs, o, sc)
-    })?;
-    Ok(out.finish())
-}
-
-/// The optional `scores_out` buffer of `shape`, overlapping none of `inputs`.
-fn scores_buffer<'py>(
-    scores_out: Opt<'_, 'py>,
-    [n, topk]: [usize; 2],
-    inputs: &[&Bound<'py, PyUntypedArray>],
-) -> PyResult<Option<Out<'py, f32>>> {
-    match scores_out {
-        Some(s) if !s.is_none() => {
-            let buf = S.inplace::<f32>(s, "scores_out", 2, inputs)?;
-            if buf.shape() != [n, topk] {
-                let msg = format!(
-                    "scores_out must have shape [{n}, {topk}], got {:?}",
-                    buf.shape()
-                );
-                return Err(refuse(Domain::Selection, "scores_out", msg));
-            }
-            Ok(Some(buf))
-        }
-        _ => Ok(None),
-    }
+    let arrays = [&[q.untyped(), w.untyped()][..], &paged.untyped()].concat();
+    let work = (n * h * paged.d).saturating_mul(paged.tokens());
+    run_topk(py, &arrays, [n, topk], (out, scores_out), work, |o, s| {
+        indexer::indexer_topk_paged_into(n, h, &inputs, topk, segs, o, s)
+    })
 }
