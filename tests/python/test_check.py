@@ -116,8 +116,21 @@ def test_a_lower_precision_engine_is_owed_its_rounding_and_no_more(impl):
 
 
 def _canonical(report):
-    """NaN-safe comparison form (NaN thresholds compare equal)."""
-    return json.loads(json.dumps(report, allow_nan=True).replace("NaN", '"nan"'))
+    """A strict, NaN-safe comparison form: keys in order, containers, numbers
+    and their Python types as they are (a tuple is not a list, 1 is not 1.0),
+    NaN equal to NaN; and the report must be JSON-ready."""
+    json.dumps(report, allow_nan=True)
+
+    def form(x):
+        if isinstance(x, dict):
+            return ("dict", tuple((k, form(v)) for k, v in x.items()))
+        if isinstance(x, (list, tuple)):
+            return (type(x).__name__, tuple(form(v) for v in x))
+        if isinstance(x, float) and math.isnan(x):
+            return ("float", "nan")
+        return (type(x).__name__, x)
+
+    return form(report)
 
 
 def test_native_equals_reference_on_randomised_engine_rows_with_bugs():
