@@ -71,6 +71,7 @@ impl Report {
         let mut by_reason: Vec<(&'static str, usize)> = reasons.iter().map(|&r| (r, 0)).collect();
         let mut details = Vec::new();
         for (row, check) in checks.iter().enumerate().filter(|(_, c)| !c.is_correct()) {
+            debug_assert!(check.problems.iter().all(|p| reasons.contains(&p.reason())));
             for (reason, count) in by_reason.iter_mut() {
                 *count += check.problems.iter().any(|p| p.reason() == *reason) as usize;
             }
@@ -89,7 +90,7 @@ impl Report {
 
 impl Serialize for ByReason {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_map(self.0.iter().map(|(reason, n)| (reason, n)))
+        s.collect_map(self.0.iter().copied())
     }
 }
 
@@ -153,41 +154,91 @@ mod tests {
         assert_eq!(r.details[0].problems.len(), 3);
     }
 
-    #[test]
-    fn every_reason_a_check_can_report_is_one_of_its_reasons() {
-        for r in [
-            Problem::MissingForced {
-                blocks: vec![],
-                n_missing: 0,
-            }
-            .reason(),
-            Problem::NotInTable { slot: 0, value: 0 }.reason(),
-        ] {
-            assert!(BLOCK_REASONS.contains(&r));
-        }
-        assert!(!TOPK_REASONS.contains(&"missing_forced"));
-        for w in [
+    /// One problem of every variant.
+    fn every_variant() -> Vec<Problem> {
+        vec![
+            Problem::PaddingHole {
+                slot: 1,
+                position: 2,
+            },
+            Problem::Duplicate {
+                position: 2,
+                first: 0,
+                slot: 1,
+            },
+            Problem::NotCausal {
+                slot: 0,
+                position: 9,
+                value: Some(77),
+            },
+            Problem::NotInTable { slot: 0, value: 5 },
             Problem::PrefixChanged {
                 slot: 0,
-                learned: 0,
-                got: 0,
+                learned: 1,
+                got: 2,
                 n_changed: 1,
             },
             Problem::WrongWitness {
-                slot: 0,
-                expected: 0,
-                got: 0,
-                why: "",
+                slot: 3,
+                expected: 4,
+                got: 5,
+                why: "not_a_witness",
                 n_wrong: 1,
             },
             Problem::TailChanged {
-                slot: 0,
-                learned: 0,
-                got: 0,
+                slot: 5,
+                learned: 1,
+                got: 2,
                 n_changed: 1,
             },
-        ] {
-            assert!(WITNESS_REASONS.contains(&w.reason()));
+            Problem::MissingForced {
+                blocks: vec![0],
+                n_missing: 1,
+            },
+            Problem::WrongCount {
+                valid: 1,
+                expected: 2,
+            },
+            Problem::WrongSelection {
+                dropped: vec![(3, 1.5)],
+                intruders: vec![(4, 0.5)],
+                n_dropped: 1,
+                n_intruders: 1,
+                threshold: 1.0,
+                margin: 1.0,
+            },
+        ]
+    }
+
+    #[test]
+    fn a_problem_serialises_with_its_reason_first_and_that_reason_is_the_one_counted() {
+        for p in every_variant() {
+            let json = serde_json::to_string(&p).unwrap();
+            let tag = format!("{{\"reason\":\"{}\",", p.reason());
+            assert!(json.starts_with(&tag), "{json} does not start with {tag}");
+            let listed = [TOPK_REASONS, BLOCK_REASONS, WITNESS_REASONS];
+            assert!(listed.iter().any(|r| r.contains(&p.reason())), "{json}");
         }
+    }
+
+    #[test]
+    fn a_position_read_in_place_has_no_engine_value_in_the_report() {
+        let p = Problem::NotCausal {
+            slot: 0,
+            position: 9,
+            value: None,
+        };
+        let json = serde_json::to_string(&p).unwrap();
+        assert_eq!(json, r#"{"reason":"not_causal","slot":0,"position":9}"#);
+    }
+
+    #[test]
+    fn a_report_serialises_in_the_documented_shape() {
+        let checks = [row(vec![]), row(vec![every_variant().pop().unwrap()])];
+        let json = serde_json::to_string(&Report::new(&checks, TOPK_REASONS)).unwrap();
+        assert_eq!(
+            json,
+            r#"{"rows":2,"correct":1,"wrong":1,"by_reason":{"padding_hole":0,"duplicate":0,"not_causal":0,"not_in_table":0,"wrong_count":0,"wrong_selection":1},"details":[{"row":1,"problems":[{"reason":"wrong_selection","dropped":[[3,1.5]],"intruders":[[4,0.5]],"n_dropped":1,"n_intruders":1,"threshold":1.0,"margin":1.0}]}]}"#
+        );
     }
 }

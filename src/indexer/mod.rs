@@ -73,7 +73,7 @@ mod paged;
 mod run;
 mod select;
 
-pub use crate::keys::{PageLayout, PagedCache};
+pub use crate::keys::{BlockTable, PageLayout, PagedCache};
 pub use paged::{indexer_topk_paged_into, PagedInputs};
 
 pub(crate) use select::rank_key;

@@ -57,7 +57,6 @@ pub fn indexer_topk_paged_into(
         checked_size("weights", &[n, h])?,
         || format!("[{n}, {h}]"),
     )?;
-    let table = inputs.table;
     check_len("seq_ids", inputs.seq_ids.len(), n, || {
         format!("[n_queries={n}]")
     })?;
@@ -73,6 +72,7 @@ pub fn indexer_topk_paged_into(
             format!("[n_queries={n}, topk={topk}]")
         })?;
     }
+    let table = inputs.table;
     table.check(c.n_pages, bs)?;
     table.check_seq_ids(inputs.seq_ids)?;
     let level = simd::Wide::best();

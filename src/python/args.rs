@@ -576,7 +576,7 @@ impl<'py> EncodedIn<'py> {
         args: Args,
         obj: &Bound<'py, PyAny>,
         name: &str,
-        format: Option<&str>,
+        format: FormatArg<'_>,
     ) -> PyResult<(Self, Vec<usize>)> {
         let np = numpy(obj.py())?;
         let arr = np.call_method1("asarray", (obj,))?;
@@ -622,20 +622,21 @@ impl<'py> EncodedIn<'py> {
     }
 }
 
+/// A format argument: its name (`key_format` / `query_format`) and value.
+pub(super) type FormatArg<'a> = (&'a str, Option<&'a str>);
+
 /// The format an array `name` of `dtype` is read in: a typed array's own
-/// (which `format`, the `key_format` / `query_format` argument, must agree
-/// with when given), or the one `format` names for a raw `uint16` / `uint8`
-/// view. float64 is read as float32, converted once, only where `converts`.
+/// (which the format argument must agree with when given), or the one the
+/// argument names for a raw `uint16` / `uint8` view. float64 is read as
+/// float32, converted once, only where `converts`.
 pub(super) fn format_of(
     name: &str,
     dtype: &str,
-    format: Option<&str>,
+    (arg, format): FormatArg<'_>,
     converts: bool,
 ) -> PyResult<Format> {
     let unknown = |f| {
-        let msg = format!(
-            "{name}'s format {f:?} is not one of float32, float16, bfloat16, float8_e4m3fn"
-        );
+        let msg = format!("{arg} {f:?} is not one of float32, float16, bfloat16, float8_e4m3fn");
         PyTypeError::new_err(msg)
     };
     let asked = format
@@ -651,16 +652,15 @@ pub(super) fn format_of(
         (None, Some(a @ (Format::F16 | Format::Bf16)), "uint16") => Ok(a),
         (None, Some(Format::Fp8E4m3), "uint8") => Ok(Format::Fp8E4m3),
         _ => {
-            let wanted = asked.map_or("a float format", |a| a.name());
-            let never = if converts {
-                ""
-            } else {
-                " (it is read in place, never converted)"
+            let why = match asked {
+                Some(a) => format!("which does not hold {} ({arg})", a.name()),
+                None if dtype == "float64" => "and is read in place, never converted".into(),
+                None => "which is not a key format".into(),
             };
             Err(PyTypeError::new_err(format!(
-                "{name} has dtype {dtype}, which does not hold {wanted}{never}: pass float32, \
-                 float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw uint16 (bfloat16, \
-                 float16) / uint8 (float8_e4m3fn) view with an explicit format"
+                "{name} has dtype {dtype}, {why}: pass float32, float16, ml_dtypes bfloat16 / \
+                 float8_e4m3fn, or a raw uint16 (bfloat16, float16) / uint8 (float8_e4m3fn) \
+                 view with {arg}"
             )))
         }
     }

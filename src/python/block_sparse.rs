@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple, PyType};
 
 use super::args::{positions, type_name, Args, EncodedIn, Obj, Opt, I32};
-use super::cache::Paged;
+use super::cache::{Paged, PagedArgs};
 use super::errors::{refuse, Domain};
 use crate::block_sparse::{self, BlockIds, BlockSparseConfig, OutLayout, PagedBlocks};
 
@@ -134,14 +134,14 @@ fn queries<'py>(
     index_q: &Obj<'py>,
     format: Option<&str>,
 ) -> PyResult<(EncodedIn<'py>, [usize; 2])> {
-    let (q, _) = EncodedIn::new(S, index_q, "index_q", format)?;
+    let (q, _) = EncodedIn::new(S, index_q, "index_q", ("query_format", format))?;
     let [n, h, _] = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_kv_heads, d]")?;
     Ok((q, [n, h]))
 }
 
 /// `index_k` `[n_positions, d]` in its format, with `d`.
 fn index_keys<'py>(index_k: &Obj<'py>, format: Option<&str>) -> PyResult<(EncodedIn<'py>, usize)> {
-    let (k, _) = EncodedIn::new(S, index_k, "index_k", format)?;
+    let (k, _) = EncodedIn::new(S, index_k, "index_k", ("key_format", format))?;
     let [_, d] = S.dims::<2>(k.untyped(), "index_k", "[n_positions, d]")?;
     Ok((k, d))
 }
@@ -170,7 +170,7 @@ fn block_sparse_select<'py>(
     out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let (cfg, layout) = (self::config(config)?, layout(head_major));
-    let (q, q_shape) = EncodedIn::new(S, index_q, "index_q", query_format)?;
+    let (q, q_shape) = EncodedIn::new(S, index_q, "index_q", ("query_format", query_format))?;
     let (k, d) = index_keys(index_k, key_format)?;
     let (n, h, pos) = match q_shape[..] {
         [h, _] => (1, h, vec![single_position(query_pos)?]),
@@ -325,8 +325,14 @@ fn block_sparse_select_paged<'py>(
         BlockIds::Logical
     };
     let (q, [n, h]) = queries(index_q, query_format)?;
-    let paged = (kv_cache, block_table, seq_lens, seq_ids, query_pos);
-    let paged = Paged::new(paged, "dense", key_format)?;
+    let args = PagedArgs {
+        kv_cache,
+        block_table,
+        seq_lens,
+        seq_ids,
+        query_pos,
+    };
+    let paged = Paged::new(args, "dense", key_format, None)?;
     let arrays = [&[q.untyped()][..], &paged.untyped()].concat();
     let out = S.output::<i32>(py, out, &rows_shape(n, h, cfg.width(), layout), &arrays)?;
     let inputs = PagedBlocks {
@@ -338,8 +344,7 @@ fn block_sparse_select_paged<'py>(
         seq_ids: &paged.seq_ids,
         query_pos: &paged.query_pos,
     };
-    let work = (n * h * paged.d).saturating_mul(paged.tokens());
-    out.run(work, |os| {
+    out.run(paged.work(n, h), |os| {
         block_sparse::select_paged_into(&inputs, &cfg, layout, ids, os)
     })
 }

@@ -13,14 +13,14 @@ use crate::keys::{BlockTable, PageLayout, PagedCache};
 
 const S: Args = Args(Domain::Selection);
 
-/// `(kv_cache, block_table, seq_lens, seq_ids, query_pos)`.
-pub(super) type PagedArgs<'a, 'py> = (
-    &'a Obj<'py>,
-    &'a Obj<'py>,
-    &'a Obj<'py>,
-    &'a Obj<'py>,
-    &'a Obj<'py>,
-);
+/// The paged arguments as the caller passed them.
+pub(super) struct PagedArgs<'a, 'py> {
+    pub kv_cache: &'a Obj<'py>,
+    pub block_table: &'a Obj<'py>,
+    pub seq_lens: &'a Obj<'py>,
+    pub seq_ids: &'a Obj<'py>,
+    pub query_pos: &'a Obj<'py>,
+}
 
 /// A paged cache and its block table, checked and borrowed: query `i`
 /// belongs to sequence `seq_ids[i]` at `query_pos[i]` within it.
@@ -28,7 +28,7 @@ pub(super) struct Paged<'py> {
     pages: StridedRows<'py, u8>,
     table: In<'py, i32, 2>,
     layout: PageLayout,
-    pub block_size: usize,
+    block_size: usize,
     /// Elements per key (a DSA page's scales not counted).
     pub d: usize,
     seq_lens: Vec<usize>,
@@ -37,23 +37,36 @@ pub(super) struct Paged<'py> {
 }
 
 impl<'py> Paged<'py> {
-    /// The arguments, `layout` being "dense" or "fp8_scaled".
+    /// The arguments, `layout` being "dense" or "fp8_scaled"; with
+    /// `query_d`, keys of another dimension are refused (naming `index_q`)
+    /// before anything else is read.
     pub fn new(
-        (kv_cache, block_table, seq_lens, seq_ids, query_pos): PagedArgs<'_, 'py>,
+        a: PagedArgs<'_, 'py>,
         layout: &str,
         key_format: Option<&str>,
+        query_d: Option<usize>,
     ) -> PyResult<Self> {
-        let (layout, shape) = cache_layout(kv_cache, layout, key_format)?;
+        let (layout, shape) = cache_layout(a.kv_cache, layout, key_format)?;
         let scales = 4 * (layout == PageLayout::Fp8WithScales) as usize;
+        let (block_size, d) = (shape[1], shape[shape.len() - 1] - scales);
+        if let Some(dq) = query_d.filter(|&dq| dq != d) {
+            let msg = format!("index_q has d={dq} but kv_cache has d={d}");
+            return Err(refuse(Domain::Selection, "index_q", msg));
+        }
+        let pages = pages(a.kv_cache)?;
+        let table = S.input::<i32, 2>(a.block_table, "block_table", "[n_seqs, max_blocks]")?;
+        let seq_lens = positions(S, a.seq_lens, "seq_lens")?;
+        let seq_ids = positions(S, a.seq_ids, "seq_ids")?;
+        let query_pos = positions(S, a.query_pos, "query_pos")?;
         Ok(Paged {
-            pages: pages(kv_cache)?,
-            table: S.input::<i32, 2>(block_table, "block_table", "[n_seqs, max_blocks]")?,
+            pages,
+            table,
             layout,
-            block_size: shape[1],
-            d: shape[shape.len() - 1] - scales,
-            seq_lens: positions(S, seq_lens, "seq_lens")?,
-            seq_ids: positions(S, seq_ids, "seq_ids")?,
-            query_pos: positions(S, query_pos, "query_pos")?,
+            block_size,
+            d,
+            seq_lens,
+            seq_ids,
+            query_pos,
         })
     }
 
@@ -83,9 +96,13 @@ impl<'py> Paged<'py> {
         [self.pages.untyped(), self.table.untyped()]
     }
 
-    /// Tokens the cache holds (for `detach`).
-    pub fn tokens(&self) -> usize {
-        self.pages.rows.saturating_mul(self.block_size)
+    /// Multiply-adds of scoring every token of the cache for `n` queries of
+    /// `h` heads (for `detach`).
+    pub fn work(&self, n: usize, h: usize) -> usize {
+        let tokens = self.pages.rows.saturating_mul(self.block_size);
+        [n, h, self.d]
+            .iter()
+            .fold(tokens, |w, &x| w.saturating_mul(x))
     }
 }
 
@@ -135,7 +152,12 @@ fn cache_layout(
         ),
         // Pages are read in place: float64 is not converted.
         "dense" => (
-            PageLayout::Dense(format_of("kv_cache", &dtype, key_format, false)?),
+            PageLayout::Dense(format_of(
+                "kv_cache",
+                &dtype,
+                ("key_format", key_format),
+                false,
+            )?),
             shape.len() == 3,
             "kv_cache must be 3-D [num_blocks, block_size, d]",
         ),

@@ -4,6 +4,7 @@
 //! `details`.
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use super::args::{detach, positions, Args, In, Obj, Opt};
 use super::block_sparse::config;
@@ -11,8 +12,8 @@ use super::errors::{refuse, Domain};
 use crate::check::WITNESS_REASONS;
 use crate::check::{self, Batch, GlobalSlots, RowCheck, Rule, Tolerance};
 
-/// A report: a dict.
-type Report<'py> = Bound<'py, PyAny>;
+/// A report, as a dict.
+type PyReport<'py> = Bound<'py, PyDict>;
 
 const S: Args = Args(Domain::Selection);
 const I32_MAX: u64 = i32::MAX as u64;
@@ -42,7 +43,8 @@ pub(super) struct PyGlobalSlots {
     req_ids: Vec<usize>,
     prefill_req_ids: Option<Vec<i64>>,
     workspace_starts: Vec<i64>,
-    /// The map's scalars, its slices empty (filled in by [`Self::map`]).
+    /// The map's scalars. Its slices are empty: never use it as a map, only
+    /// through [`Self::map`], which fills them in.
     shape: GlobalSlots<'static>,
 }
 
@@ -171,7 +173,7 @@ fn layout<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalSlots<'
 /// ``not_in_table``, ``wrong_count``, ``wrong_selection``) and ``details``,
 /// one entry per wrong row: its ``row`` and ``problems`` (each a dict with
 /// its ``reason``; a wrong selection lists the ``dropped`` and
-/// ``intruders`` as ``[position, score]``, their counts, the row's exact
+/// ``intruders`` as ``(position, score)``, their counts, the row's exact
 /// ``threshold`` and the ``margin`` by which it is wrong; with ``layout``, a
 /// ``not_causal`` entry also carries the engine's ``value``, the slot id it
 /// wrote).
@@ -188,12 +190,13 @@ fn check_topk<'py>(
     rtol: f64,
     magnitudes: Opt<'_, 'py>,
     layout: Option<Bound<'py, PyGlobalSlots>>,
-) -> PyResult<Report<'py>> {
+) -> PyResult<PyReport<'py>> {
     let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
     // DCP rows are the ranks' rows side by side: by default, each rank's width.
     let width = r.shape[1] / layout.as_ref().map_or(1, |g| g.get().shape.dcp_size);
     let topk = S.count_or(topk, "topk", u64::MAX, width)?;
-    let lens = |n, t| context_lens.map_or(Ok(vec![t; n]), |c| positions(S, c, "context_lens"));
+    let lens =
+        |n, t| context_lens.map_or_else(|| Ok(vec![t; n]), |c| positions(S, c, "context_lens"));
     let tol = Tolerance { atol, rtol };
     run(
         py,
@@ -229,7 +232,7 @@ fn check_blocks<'py>(
     rtol: f64,
     magnitudes: Opt<'_, 'py>,
     layout: Option<Bound<'py, PyGlobalSlots>>,
-) -> PyResult<Report<'py>> {
+) -> PyResult<PyReport<'py>> {
     let cfg = self::config(config)?;
     let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
     let lens = |_, _| positions(S, num_blocks, "num_blocks");
@@ -253,7 +256,7 @@ fn run<'py>(
     (scores, rows, magnitudes): (&Obj<'py>, &In<'py, i64, 2>, Opt<'_, 'py>),
     lens: impl FnOnce(usize, usize) -> PyResult<Vec<usize>>,
     layout: &Option<Bound<'py, PyGlobalSlots>>,
-) -> PyResult<Report<'py>> {
+) -> PyResult<PyReport<'py>> {
     let name = match rule {
         Rule::Topk(_) => "scores",
         Rule::Blocks(_) => "block_scores",
@@ -325,7 +328,7 @@ fn check_witnesses<'py>(
     after: &Obj<'py>,
     context_lens: &Obj<'py>,
     num_segments: &Obj<'py>,
-) -> PyResult<Report<'py>> {
+) -> PyResult<PyReport<'py>> {
     let b = S.input::<i32, 2>(before, "before", "[rows, topk]")?;
     let a = S.input::<i32, 2>(after, "after", "[rows, topk]")?;
     if a.shape != b.shape {
@@ -350,11 +353,9 @@ fn report<'py>(
     py: Python<'py>,
     checks: &[RowCheck],
     reasons: &[&'static str],
-) -> PyResult<Report<'py>> {
-    Ok(pythonize::pythonize(
-        py,
-        &check::Report::new(checks, reasons),
-    )?)
+) -> PyResult<PyReport<'py>> {
+    let report = pythonize::pythonize(py, &check::Report::new(checks, reasons))?;
+    Ok(report.cast_into::<PyDict>()?)
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

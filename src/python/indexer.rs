@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use numpy::PyUntypedArray;
 
 use super::args::{detach, positions, Args, EncodedIn, In, Obj, Opt, Out, I32};
-use super::cache::Paged;
+use super::cache::{Paged, PagedArgs};
 use super::errors::{refuse, Domain};
 use crate::attention::AttentionError as Error;
 use crate::indexer::{self, IndexerInputs, IndexerShape, PagedInputs};
@@ -43,7 +43,7 @@ fn queries<'py>(
     weights: &Obj<'py>,
     query_format: Option<&str>,
 ) -> PyResult<(EncodedIn<'py>, In<'py, f32, 2>, [usize; 3])> {
-    let (q, _) = EncodedIn::new(S, index_q, "index_q", query_format)?;
+    let (q, _) = EncodedIn::new(S, index_q, "index_q", ("query_format", query_format))?;
     let dims = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_heads, d]")?;
     let w = S.input::<f32, 2>(weights, "weights", "[n_queries, n_heads]")?;
     Ok((q, w, dims))
@@ -82,7 +82,7 @@ impl<'py> Call<'py> {
         (scale, kf, qf): (Opt<'_, 'py>, Option<&str>, Option<&str>),
     ) -> PyResult<Self> {
         let (q, w, [n, h, dq]) = queries(q, w, qf)?;
-        let (k, _) = EncodedIn::new(S, k, "index_k", kf)?;
+        let (k, _) = EncodedIn::new(S, k, "index_k", ("key_format", kf))?;
         let [t, d] = S.dims::<2>(k.untyped(), "index_k", "[n_keys, d]")?;
         same_d(dq, d, "index_k")?;
         let scale = scale
@@ -332,9 +332,14 @@ fn indexer_topk_paged<'py>(
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let (q, w, [n, h, dq]) = queries(index_q, weights, query_format)?;
-    let paged = (kv_cache, block_table, seq_lens, seq_ids, query_pos);
-    let paged = Paged::new(paged, layout, key_format)?;
-    same_d(dq, paged.d, "kv_cache")?;
+    let args = PagedArgs {
+        kv_cache,
+        block_table,
+        seq_lens,
+        seq_ids,
+        query_pos,
+    };
+    let paged = Paged::new(args, layout, key_format, Some(dq))?;
     let topk = S.count(topk, "topk", i32::MAX as u64)?;
     let segs = segments(num_segments)?;
     let inputs = PagedInputs {
@@ -346,8 +351,12 @@ fn indexer_topk_paged<'py>(
         query_pos: &paged.query_pos,
     };
     let arrays = [&[q.untyped(), w.untyped()][..], &paged.untyped()].concat();
-    let work = (n * h * paged.d).saturating_mul(paged.tokens());
-    run_topk(py, &arrays, [n, topk], (out, scores_out), work, |o, s| {
-        indexer::indexer_topk_paged_into(n, h, &inputs, topk, segs, o, s)
-    })
+    run_topk(
+        py,
+        &arrays,
+        [n, topk],
+        (out, scores_out),
+        paged.work(n, h),
+        |o, s| indexer::indexer_topk_paged_into(n, h, &inputs, topk, segs, o, s),
+    )
 }

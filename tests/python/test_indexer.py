@@ -276,6 +276,9 @@ def test_a_paged_call_refuses_a_bad_block_table_and_writes_nothing():
     assert (out == 7).all()
     assert _err(SE, ks.indexer_topk_paged, q, w, cache, np.zeros((1, 2), np.int32), [3], [1], [2], 2).argument == "seq_ids"
     assert _err(SE, ks.indexer_topk_paged, q, w, cache[:, :, :3], np.zeros((1, 2), np.int32), [3], [0], [2], 2).argument == "index_q"
+    # The keys' dimension is refused before the table and sequences are read.
+    assert _err(SE, ks.indexer_topk_paged, q, w, cache[:, :, :3], np.zeros((1, 2), np.float32), [-3], [0], [2],
+                2).argument == "index_q"
     # fp8_scaled pages are uint8 [num_blocks, block_size, (1,) d + 4].
     for bad in (np.zeros((3, 2, 4), np.uint8), cache):
         assert _err(SE, ks.indexer_topk_paged, q, w, bad, np.zeros((1, 2), np.int32), [3], [0], [2], 2,
