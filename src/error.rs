@@ -13,8 +13,10 @@ use std::fmt;
 
 /// A refused selector, attention or metrics call. Every message names the
 /// argument it is about, and nothing is written to an output buffer before
-/// every check has passed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// every check has passed. Serialises as its fields with the variant's name
+/// under `variant`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "variant")]
 pub enum AttentionError {
     /// A buffer's length does not match the shape the other arguments give
     /// it.

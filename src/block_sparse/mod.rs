@@ -255,8 +255,10 @@ impl BlockSparseConfig {
 }
 
 /// A refused call. Every message names the argument it is about; nothing is
-/// written to an output buffer before every check has passed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// written to an output buffer before every check has passed. Serialises as
+/// its fields with the variant's name under `variant`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "variant")]
 pub enum SelectionError {
     /// The config can select nothing (`block_size == 0`, or `top_blocks ==
     /// 0` with no forced blocks).

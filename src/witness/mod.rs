@@ -74,8 +74,10 @@ pub use merge::{
 /// fused kernel upstream, and both paths accept the same inputs.
 pub const MAX_TOPOLOGY_SEGMENTS: usize = 64;
 
-/// A refused call. Mirrors the source's `ValueError`s.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A refused call. Mirrors the source's `ValueError`s. Serialises as its
+/// fields with the variant's name under `variant`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "variant")]
 pub enum WitnessError {
     /// The context lengths do not cover every learned row
     /// (`learned_len != topk * rows`), so some row's offsets cannot be
@@ -124,6 +126,17 @@ impl fmt::Display for WitnessError {
                 f,
                 "learned_keep={learned_keep} is wider than the row (topk={topk})"
             ),
+        }
+    }
+}
+
+impl WitnessError {
+    /// The argument the error is about.
+    pub fn argument(&self) -> &'static str {
+        match self {
+            WitnessError::RowsMismatch { .. } => "context_lens",
+            WitnessError::SegmentsOutOfRange { .. } => "num_segments",
+            WitnessError::LearnedKeepOutOfRange { .. } => "learned_keep",
         }
     }
 }

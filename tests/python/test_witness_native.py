@@ -832,3 +832,22 @@ def test_every_refusal_is_a_kvselect_error_of_its_domain():
     with pytest.raises(ks.WitnessError, match="at most 64") as e:
         ks.scatter_topology_witnesses(buf, [16], 2**64)
     assert e.value.argument == "num_segments"
+
+
+def test_a_core_refusal_carries_its_variant_and_every_integer_field_as_attributes():
+    # Block selection: an id past the sequences, with the entry's index.
+    with pytest.raises(ks.SelectionError) as e:
+        ks.block_sparse_select_packed(np.zeros((2, 1, 4), np.float32), np.zeros((5, 4), np.float32),
+                                      [0, 5], [0, 3], [0, 1])
+    assert (e.value.argument, e.value.variant, e.value.index) == ("seq_ids", "OutOfRange", 1)
+    # The attention module: a length that disagrees, with both counts.
+    q, kv = np.zeros((1, 1, 4), np.float32), np.zeros((2, 1, 4), np.float32)
+    with pytest.raises(ks.SelectionError) as e:
+        ks.dense_attention(q, kv, kv, [0, 1])
+    assert (e.value.argument, e.value.variant, e.value.expected, e.value.actual) == ("query_pos", "Length", 1, 2)
+    # The same refusal from a batched witness metric is a WitnessError.
+    with pytest.raises(ks.WitnessError) as e:
+        ks.segment_coverage_rows(np.zeros((2, 3), np.int32), [1], 2)
+    assert (e.value.argument, e.value.variant, e.value.expected, e.value.actual) == ("context_lens", "Length", 2, 1)
+    # Only integers become attributes: a message or shape text stays in str(e).
+    assert not any(isinstance(v, str) for k, v in vars(e.value).items() if k not in ("argument", "variant"))
