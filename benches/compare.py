@@ -15,6 +15,15 @@ the same output.
 
     python benches/compare.py --only block  # both block tables, engine caches too
 
+Beside NumPy, the pipeline a torch user would write instead, when torch is
+importable (never a dependency: run the script from a venv that has it):
+witnesses, block selection, dense and sparse attention here
+(``torch_cases.py``), the lightning indexer in ``indexer_cases.py``. Each is
+timed interleaved with ours in the same loop and checked against ours on the
+same inputs, untimed: integer outputs for equality (a NO / "differs" cell
+and a WARNING line otherwise), attention by its relative error. Without
+torch the torch columns say "not installed".
+
 Where the environment pins OpenBLAS to an older kernel (OPENBLAS_CORETYPE /
 OPENBLAS_L2_SIZE), the script re-executes itself without them, so no ratio
 is flattered by a handicapped baseline, and prints what NumPy's BLAS runs.
@@ -53,6 +62,7 @@ from kvselect import reference as ref  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from indexer_cases import bench_indexer, print_indexer_table  # noqa: E402
 from timing import PAUSE_S, interleaved  # noqa: E402
+import torch_cases  # noqa: E402
 
 TOPK = 2048
 SEGMENTS = 64
@@ -91,6 +101,10 @@ def witness_buffer(rows: int, worst: bool, seed: int = 0) -> np.ndarray:
 
 
 def bench_witnesses(quick: bool) -> list:
+    """The in-place scatter, the merge into a new array and into ``out=``,
+    interleaved with np.copyto of the same buffer (the floor), and torch's
+    integer-op merge when torch is installed (checked equal to ours); the
+    NumPy reference timed apart (it is far slower), and checked equal."""
     rows_list = [32, 512, 4096]
     out = []
     for worst in (True, False):
@@ -98,11 +112,14 @@ def bench_witnesses(quick: bool) -> list:
             pristine = witness_buffer(rows, worst)
             lens = np.full(rows, CONTEXT, dtype=np.int32)
             buf = pristine.copy()
+            torch_buf = pristine.copy()
+            theirs = torch_cases.witness_cases(torch_buf, lens, SEGMENTS)
             dst = np.empty_like(pristine)
             out_buf = np.empty_like(pristine)
 
             def restore():
                 buf[:, TOPK - SEGMENTS :] = -1
+                torch_buf[:, TOPK - SEGMENTS :] = -1
 
             reps = 15 if quick else (200 if rows <= 512 else 60)
             t = interleaved(
@@ -118,13 +135,15 @@ def bench_witnesses(quick: bool) -> list:
                     "apply_out": lambda: ks.apply_topology_witnesses(
                         pristine, lens, TOPK - SEGMENTS, SEGMENTS, SEGMENTS, out=out_buf
                     ),
+                    **theirs,
                 },
                 reps,
                 setup=restore,
             )
-            ref_buf = pristine.copy()
+            # A fresh buffer each call (its copy is < 1% of the reference's
+            # time): a merged tail would hold witnesses already.
             t_ref = median_ns(
-                lambda: ref.scatter_topology_witnesses(ref_buf, lens, SEGMENTS),
+                lambda: ref.scatter_topology_witnesses(pristine.copy(), lens, SEGMENTS),
                 3 if rows >= 4096 or quick else 7,
             )
             check = pristine.copy()
@@ -132,18 +151,22 @@ def bench_witnesses(quick: bool) -> list:
             ref_check = pristine.copy()
             ref.scatter_topology_witnesses(ref_check, lens, SEGMENTS)
             assert np.array_equal(check, ref_check), "native and reference disagree"
-            out.append(
-                {
-                    "case": "worst" if worst else "best",
-                    "rows": rows,
-                    "copy_us": t["copy"] / 1e3,
-                    "copy_new_us": t["copy_new"] / 1e3,
-                    "scatter_us": t["scatter"] / 1e3,
-                    "apply_us": t["apply"] / 1e3,
-                    "apply_out_us": t["apply_out"] / 1e3,
-                    "reference_us": t_ref / 1e3,
-                }
-            )
+            row = {
+                "case": "worst" if worst else "best",
+                "rows": rows,
+                "copy_us": t["copy"] / 1e3,
+                "copy_new_us": t["copy_new"] / 1e3,
+                "scatter_us": t["scatter"] / 1e3,
+                "apply_us": t["apply"] / 1e3,
+                "apply_out_us": t["apply_out"] / 1e3,
+                "reference_us": t_ref / 1e3,
+            }
+            if theirs:
+                restore()
+                theirs["torch"]()
+                row["torch_us"] = t["torch"] / 1e3
+                row["torch_agree"] = bool(np.array_equal(torch_buf, check))
+            out.append(row)
     return out
 
 
@@ -165,9 +188,11 @@ def numpy_block_select(q, k, pos, bs, top, init, local):
     nvb = -(-vis // bs)
     visible = ids[None, :] < nvb[:, None]
     forced = visible & ((ids[None, :] < init) | (ids[None, :] >= (nvb - local)[:, None]))
-    key = np.where(forced[:, None, :], -np.inf, -block.astype(np.float64))
-    key = np.where(visible[:, None, :], key, np.nan)  # NaN sorts last
-    order = np.argsort(key, axis=-1, kind="stable")
+    # Forced blocks first, then the visible free ones by score (ties to the
+    # lower id: lexsort is stable), then the invisible: a category key, not
+    # a -inf score, so a block scoring +inf cannot displace a forced one.
+    category = np.broadcast_to(np.where(forced, 0, np.where(visible, 1, 2))[:, None, :], block.shape)
+    order = np.lexsort((-block.astype(np.float64), category), axis=-1)
     width = max(top, init + local)
     budget = np.minimum(np.maximum(top, forced.sum(axis=1)), nvb)
     big = np.iinfo(np.int64).max
@@ -182,7 +207,9 @@ def numpy_block_select(q, k, pos, bs, top, init, local):
 def bench_block_sparse(quick: bool) -> list:
     """Decode and prefill at the released checkpoint's config (top 16, init 0,
     local 1, block 128), 4 KV heads, d 128, against NumPy's bare product
-    (which masks, pools and ranks nothing) and the NumPy reference."""
+    (which masks, pools and ranks nothing) and the NumPy reference; with
+    torch installed, also torch's bare product and its whole pipeline
+    (``torch_cases.block_select``, its blocks checked equal to ours)."""
     cfg = ks.BlockSparseConfig(128, 16, 0, 1)
     rng = np.random.default_rng(0)
     out = []
@@ -192,20 +219,20 @@ def bench_block_sparse(quick: bool) -> list:
     index_k = rng.standard_normal((n, 128), dtype=np.float32)
     q = rng.standard_normal((4, 128), dtype=np.float32)
     reps = 5 if quick else 40
+    q3 = q[None]
+    theirs = torch_cases.block_cases(q3, index_k, [n - 1], 128, 16, 0, 1)
     t = interleaved(
         {
             "ours": lambda: ks.block_sparse_select(q, index_k, n - 1, cfg),
             "product": lambda: index_k @ q.T,
+            **theirs,
         },
         reps,
         pause=PAUSE_S,
     )
-    q3 = q[None]
     t_ref = median_ns(lambda: numpy_block_select(q3, index_k, [n - 1], 128, 16, 0, 1), 3 if quick else 7)
-    agree = np.array_equal(
-        ks.block_sparse_select(q, index_k, n - 1, cfg),
-        numpy_block_select(q3, index_k, [n - 1], 128, 16, 0, 1)[0],
-    )
+    ours = ks.block_sparse_select(q, index_k, n - 1, cfg)
+    agree = np.array_equal(ours, numpy_block_select(q3, index_k, [n - 1], 128, 16, 0, 1)[0])
     out.append(
         {
             "case": "decode: 1 query × 4 heads, 131,072 positions",
@@ -213,6 +240,7 @@ def bench_block_sparse(quick: bool) -> list:
             "product_ms": t["product"] / 1e6,
             "reference_ms": t_ref / 1e6,
             "agree": bool(agree),
+            **_torch_block(theirs, t, ours[None]),
         }
     )
 
@@ -223,19 +251,19 @@ def bench_block_sparse(quick: bool) -> list:
     pos = np.arange(n - m, n)
     flat = qs.reshape(-1, 128)
     reps = 3 if quick else 15
+    theirs = torch_cases.block_cases(qs, index_k, pos, 128, 16, 0, 1)
     t = interleaved(
         {
             "ours": lambda: ks.block_sparse_select(qs, index_k, pos, cfg),
             "product": lambda: index_k @ flat.T,
+            **theirs,
         },
         reps,
         pause=PAUSE_S,
     )
     t_ref = median_ns(lambda: numpy_block_select(qs, index_k, pos, 128, 16, 0, 1), 1 if quick else 5)
-    agree = np.array_equal(
-        ks.block_sparse_select(qs, index_k, pos, cfg),
-        numpy_block_select(qs, index_k, pos, 128, 16, 0, 1),
-    )
+    ours = ks.block_sparse_select(qs, index_k, pos, cfg)
+    agree = np.array_equal(ours, numpy_block_select(qs, index_k, pos, 128, 16, 0, 1))
     out.append(
         {
             "case": "prefill: 512 queries × 4 heads, 16,384 positions",
@@ -243,10 +271,24 @@ def bench_block_sparse(quick: bool) -> list:
             "product_ms": t["product"] / 1e6,
             "reference_ms": t_ref / 1e6,
             "agree": bool(agree),
+            **_torch_block(theirs, t, ours),
             **prefill_memory(),
         }
     )
     return out
+
+
+def _torch_block(theirs: dict, t: dict, ours: np.ndarray) -> dict:
+    """The torch columns of a block row: its product's and pipeline's times
+    and whether the pipeline's blocks, computed once more untimed, equal
+    ours (``[m, h, width]``); nothing when torch is not installed."""
+    if not theirs:
+        return {}
+    return {
+        "torch_product_ms": t["torch product"] / 1e6,
+        "torch_pipeline_ms": t["torch pipeline"] / 1e6,
+        "torch_agree": bool(np.array_equal(theirs["torch pipeline"]().numpy(), ours)),
+    }
 
 
 _MEMORY_PROBE = """
@@ -540,12 +582,15 @@ def bench_block_engine(quick: bool) -> list:
     return out
 
 
-def numpy_dense_attention(q, k, v, scale):
-    """A straightforward NumPy float32 causal attention over one head."""
+def numpy_dense_attention(q, k, v, scale, future=None):
+    """A straightforward NumPy float32 causal attention over one head
+    (``future``, the strict upper triangle, built once by the caller)."""
     n = q.shape[0]
     sc = q @ k.T
     sc *= np.float32(scale)
-    sc[np.triu(np.ones((n, n), dtype=bool), 1)] = -np.inf
+    if future is None:
+        future = np.triu(np.ones((n, n), dtype=bool), 1)
+    sc[future] = -np.inf
     sc -= sc.max(axis=1, keepdims=True)
     np.exp(sc, out=sc)
     sc /= sc.sum(axis=1, keepdims=True)
@@ -555,31 +600,41 @@ def numpy_dense_attention(q, k, v, scale):
 def bench_attention(quick: bool) -> list:
     """Dense causal attention at L = 8,192 (one head, d = 64) against a
     straightforward NumPy float32 pass, and sparse attention's cost against
-    k at fixed L and against L at fixed k."""
+    k at fixed L and against L at fixed k. With torch installed, dense
+    beside ``scaled_dot_product_attention`` and sparse beside a gather +
+    softmax decode (``torch_cases.sparse_attention``), each with its
+    relative error against our output."""
     rng = np.random.default_rng(0)
     out = []
     n, d = 8192, 64
     q, k, v = (rng.standard_normal((n, d), dtype=np.float32) for _ in range(3))
     pos = np.arange(n)
     scale = d**-0.5
+    theirs = torch_cases.dense_attention_cases(q, k, v)
+    future = np.triu(np.ones((n, n), dtype=bool), 1)
     t = interleaved(
         {
             "ours": lambda: ks.dense_attention(q[:, None], k[:, None], v[:, None], pos),
-            "numpy": lambda: numpy_dense_attention(q, k, v, scale),
+            "numpy": lambda: numpy_dense_attention(q, k, v, scale, future),
+            **theirs,
         },
         2 if quick else 7,
         pause=PAUSE_S,
     )
     ours, _ = ks.dense_attention(q[:, None], k[:, None], v[:, None], pos)
     err = ks.output_relative_error(ours[:, 0], numpy_dense_attention(q, k, v, scale))
-    out.append(
-        {
-            "case": "dense, L = 8,192, 1 head, d = 64",
-            "ours_ms": t["ours"] / 1e6,
-            "numpy_ms": t["numpy"] / 1e6,
-            "rel_error": err,
-        }
-    )
+    row = {
+        "case": "dense, L = 8,192, 1 head, d = 64",
+        "ours_ms": t["ours"] / 1e6,
+        "numpy_ms": t["numpy"] / 1e6,
+        "rel_error": err,
+    }
+    if theirs:
+        row["torch_ms"] = t["torch sdpa"] / 1e6
+        row["torch_rel_error"] = ks.output_relative_error(
+            theirs["torch sdpa"]()[0, 0].numpy(), ours[:, 0]
+        )
+    out.append(row)
     # Sparse decode: 32 queries, 8 query heads over 2 KV heads, d = 128.
     nq, hq, hkv, d = 32, 8, 2, 128
     qs = rng.standard_normal((nq, hq, d), dtype=np.float32)
@@ -592,15 +647,26 @@ def bench_attention(quick: bool) -> list:
         sel = np.sort(
             np.stack([rng.choice(length, budget, replace=False) for _ in range(nq * hkv)]), axis=1
         ).reshape(nq, hkv, budget).astype(np.int32)
-        tt = median_ns(lambda: ks.sparse_attention(qs, kk, vv, p, sel), 5 if quick else 30)
-        out.append(
-            {
-                "case": f"sparse, 32 queries × 8 heads (GQA 4:1), d = 128, L = {length:,}, "
-                f"k = {budget}",
-                "ours_ms": tt / 1e6,
-                "us_per_query_head_per_key": tt / 1e3 / (nq * hq * budget),
-            }
+        # With torch, its batched products run interleaved with ours, each
+        # after the idle pause; alone, ours is timed back to back as before.
+        theirs = torch_cases.sparse_attention_cases(qs, kk, vv, sel)
+        t = interleaved(
+            {"ours": lambda: ks.sparse_attention(qs, kk, vv, p, sel), **theirs},
+            5 if quick else 30,
+            pause=PAUSE_S if theirs else 0.0,
         )
+        row = {
+            "case": f"sparse, 32 queries × 8 heads (GQA 4:1), d = 128, L = {length:,}, "
+            f"k = {budget}",
+            "ours_ms": t["ours"] / 1e6,
+            "us_per_query_head_per_key": t["ours"] / 1e3 / (nq * hq * budget),
+        }
+        if theirs:
+            row["torch_ms"] = t["torch"] / 1e6
+            row["torch_rel_error"] = ks.output_relative_error(
+                theirs["torch"]().numpy(), ks.sparse_attention(qs, kk, vv, p, sel)[0]
+            )
+        out.append(row)
     return out
 
 
@@ -793,6 +859,7 @@ def machine() -> dict:
         "kvselect_simd": ks.simd_level(),
         "numpy": np.__version__,
         "blas": blas_info(),
+        "torch": torch_cases.version(),
     }
 
 
@@ -804,18 +871,28 @@ def print_witness_table(rows: list) -> None:
     )
     print(
         "| buffer | rows | np.copyto µs | scatter (in place) | apply (out=) | np.empty + "
-        "np.copyto µs | apply (new array, vs empty + copyto) | NumPy reference |"
+        "np.copyto µs | apply (new array, vs empty + copyto) | NumPy reference | "
+        "torch (in place) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    differ = []
     for r in rows:
         c = r["copy_us"]
+        torch = "not installed"
+        if "torch_us" in r:
+            torch = f"{r['torch_us']:.0f} ({r['torch_us'] / c:.1f}×)"
+            if not r["torch_agree"]:
+                torch += " **differs from ours**"
+                differ.append(f"{r['case']}, {r['rows']} rows")
         print(
             f"| {r['case']} | {r['rows']} | {c:.1f} | {r['scatter_us']:.1f} "
             f"({r['scatter_us'] / c:.2f}×) | {r['apply_out_us']:.1f} "
             f"({r['apply_out_us'] / c:.2f}×) | {r['copy_new_us']:.1f} | {r['apply_us']:.1f} "
             f"({r['apply_us'] / r['copy_new_us']:.2f}×) | "
-            f"{r['reference_us']:.0f} ({r['reference_us'] / c:.0f}×) |"
+            f"{r['reference_us']:.0f} ({r['reference_us'] / c:.0f}×) | {torch} |"
         )
+    for case in differ:
+        print(f"\nWARNING: witnesses, {case}: torch's merged rows differ from ours")
 
 
 def print_block_table(rows: list) -> None:
@@ -825,9 +902,10 @@ def print_block_table(rows: list) -> None:
     )
     print(
         "| case | bare product ms | ours | vectorised NumPy rule | same blocks | "
+        "torch product | torch pipeline | torch same blocks | "
         "peak extra memory (ours vs NumPy) |"
     )
-    print("|---|---:|---:|---:|:-:|---:|")
+    print("|---|---:|---:|---:|:-:|---:|---:|:-:|---:|")
     for r in rows:
         p = r["product_ms"]
         mem = ""
@@ -836,12 +914,22 @@ def print_block_table(rows: list) -> None:
                 f"{r['ours_peak_extra_mib']:.1f} MiB vs {r['reference_peak_extra_mib']:.0f} MiB "
                 f"({r['ours_peak_extra_mib'] / r['reference_peak_extra_mib']:.1%})"
             )
+        torch = "not installed | not installed | not installed"
+        if "torch_pipeline_ms" in r:
+            tp, tl = r["torch_product_ms"], r["torch_pipeline_ms"]
+            torch = (
+                f"{tp:.2f} ({tp / p:.2f}×) | {tl:.1f} ({tl / p:.1f}×; ours "
+                f"{tl / r['ours_ms']:.1f}× faster) | {'yes' if r['torch_agree'] else 'NO'}"
+            )
         print(
             f"| {r['case']} | {p:.2f} | {r['ours_ms']:.2f} ({r['ours_ms'] / p:.2f}×) | "
             f"{r['reference_ms']:.1f} ({r['reference_ms'] / p:.1f}×; ours "
             f"{r['reference_ms'] / r['ours_ms']:.1f}× faster) | {'yes' if r['agree'] else 'NO'} | "
-            f"{mem} |"
+            f"{torch} | {mem} |"
         )
+    for r in rows:
+        if not r.get("torch_agree", True):
+            print(f"\nWARNING: {r['case']}: torch's pipeline selects other blocks than ours")
 
 
 def print_block_engine_table(rows: list) -> None:
@@ -877,20 +965,48 @@ def print_block_engine_table(rows: list) -> None:
         )
 
 
+#: The relative error past which torch's attention output is reported as
+#: disagreeing with ours (float32 passes in another order differ by ~1e-7).
+ATTENTION_TOLERANCE = 1e-4
+
+
 def print_attention_table(rows: list) -> None:
-    print("\nAttention (dense against a straightforward NumPy float32 pass; sparse cost)\n")
-    print("| case | ours ms | NumPy ms | ratio | note |")
-    print("|---|---:|---:|---:|---|")
+    print(
+        "\nAttention (dense against a straightforward NumPy float32 pass and torch's "
+        "scaled_dot_product_attention; sparse cost, beside torch's gather + softmax; torch's "
+        "rel. error is against our output)\n"
+    )
+    print(
+        "| case | ours ms | NumPy ms | ratio | note | torch ms | ours / torch | "
+        "torch rel. error |"
+    )
+    print("|---|---:|---:|---:|---|---:|---:|---:|")
     for r in rows:
+        torch = "not installed | | "
+        if "torch_ms" in r:
+            bad = not r["torch_rel_error"] <= ATTENTION_TOLERANCE  # NaN is bad too
+            torch = (
+                f"{r['torch_ms']:.{1 if 'numpy_ms' in r else 2}f} | "
+                f"{r['ours_ms'] / r['torch_ms']:.2f}× | {r['torch_rel_error']:.1e}"
+                + (" **disagrees**" if bad else "")
+            )
         if "numpy_ms" in r:
             print(
                 f"| {r['case']} | {r['ours_ms']:.1f} | {r['numpy_ms']:.1f} | "
-                f"{r['ours_ms'] / r['numpy_ms']:.2f}× | rel. error {r['rel_error']:.1e} |"
+                f"{r['ours_ms'] / r['numpy_ms']:.2f}× | rel. error {r['rel_error']:.1e} | "
+                f"{torch} |"
             )
         else:
             print(
                 f"| {r['case']} | {r['ours_ms']:.2f} | | | "
-                f"{r['us_per_query_head_per_key'] * 1e3:.2f} ns per query head per key |"
+                f"{r['us_per_query_head_per_key'] * 1e3:.2f} ns per query head per key | "
+                f"{torch} |"
+            )
+    for r in rows:
+        if not r.get("torch_rel_error", 0.0) <= ATTENTION_TOLERANCE:
+            print(
+                f"\nWARNING: {r['case']}: torch's output is {r['torch_rel_error']:.1e} from ours "
+                f"(tolerance {ATTENTION_TOLERANCE:.0e})"
             )
 
 
