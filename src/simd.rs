@@ -149,6 +149,14 @@ pub enum Wide {
 }
 
 impl Wide {
+    /// The AVX2 token either level implies.
+    pub fn avx2(self) -> Avx2 {
+        match self {
+            Wide::Avx2(t) => t,
+            Wide::Avx512(t) => t.avx2(),
+        }
+    }
+
     /// The best token dispatch allows, if any.
     pub fn best() -> Option<Wide> {
         match (avx512(), avx2()) {

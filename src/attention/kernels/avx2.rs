@@ -52,14 +52,16 @@ pub(super) unsafe fn scores<const R: usize>(
     }
 }
 
-/// Packs 8 keys (rows at `k[rows[t]..rows[t] + d]`) into `dst`
-/// (`8 d` floats, dimension `c` of key `t` at `c · 8 + t`), eight
-/// dimensions at a time through an 8×8 transpose; prefetches the
-/// rows in `next`.
+/// Packs 8 keys (rows at `k[rows[t]..rows[t] + d]`) into `dst`, a block
+/// of `lanes · d` floats (`lanes` 8 or 16): dimension `c` of key `t` at
+/// `c · lanes + first + t`, eight dimensions at a time through an 8×8
+/// transpose; prefetches the rows in `next`.
 ///
 /// # Safety
-/// `_token` proves AVX2+FMA; `rows[t] + d <= k.len()`; `dst.len() == 8 d`.
+/// `_token` proves AVX2+FMA; `rows[t] + d <= k.len()`; `dst.len() == lanes
+/// · d` and `first + 8 <= lanes`.
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn pack_block(
     _token: Avx2,
     k: &[f32],
@@ -67,6 +69,8 @@ pub(super) unsafe fn pack_block(
     next: Option<&[usize; 8]>,
     d: usize,
     dst: &mut [f32],
+    lanes: usize,
+    first: usize,
 ) {
     if let Some(next) = next {
         for &o in next {
@@ -77,10 +81,12 @@ pub(super) unsafe fn pack_block(
         }
     }
     let kp = k.as_ptr();
-    let dp = dst.as_mut_ptr();
+    // SAFETY: `first < lanes <= dst.len()` (the contract).
+    let dp = unsafe { dst.as_mut_ptr().add(first) };
     let mut c = 0;
     while c + 8 <= d {
-        // SAFETY: `c + 8 <= d`, rows in bounds, `dst` is `8 d`.
+        // SAFETY: `c + 8 <= d`, rows in bounds; dimension `c + i` goes to
+        // `dst[(c + i) · lanes + first ..][..8]`, inside the `lanes · d` block.
         unsafe {
             let r = |t: usize| _mm256_loadu_ps(kp.add(rows[t] + c));
             let (r0, r1, r2, r3) = (r(0), r(1), r(2), r(3));
@@ -101,21 +107,21 @@ pub(super) unsafe fn pack_block(
             let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
             let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
             let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-            let o = dp.add(c * 8);
+            let o = dp.add(c * lanes);
             _mm256_storeu_ps(o, _mm256_permute2f128_ps::<0x20>(u0, u4));
-            _mm256_storeu_ps(o.add(8), _mm256_permute2f128_ps::<0x20>(u1, u5));
-            _mm256_storeu_ps(o.add(16), _mm256_permute2f128_ps::<0x20>(u2, u6));
-            _mm256_storeu_ps(o.add(24), _mm256_permute2f128_ps::<0x20>(u3, u7));
-            _mm256_storeu_ps(o.add(32), _mm256_permute2f128_ps::<0x31>(u0, u4));
-            _mm256_storeu_ps(o.add(40), _mm256_permute2f128_ps::<0x31>(u1, u5));
-            _mm256_storeu_ps(o.add(48), _mm256_permute2f128_ps::<0x31>(u2, u6));
-            _mm256_storeu_ps(o.add(56), _mm256_permute2f128_ps::<0x31>(u3, u7));
+            _mm256_storeu_ps(o.add(lanes), _mm256_permute2f128_ps::<0x20>(u1, u5));
+            _mm256_storeu_ps(o.add(2 * lanes), _mm256_permute2f128_ps::<0x20>(u2, u6));
+            _mm256_storeu_ps(o.add(3 * lanes), _mm256_permute2f128_ps::<0x20>(u3, u7));
+            _mm256_storeu_ps(o.add(4 * lanes), _mm256_permute2f128_ps::<0x31>(u0, u4));
+            _mm256_storeu_ps(o.add(5 * lanes), _mm256_permute2f128_ps::<0x31>(u1, u5));
+            _mm256_storeu_ps(o.add(6 * lanes), _mm256_permute2f128_ps::<0x31>(u2, u6));
+            _mm256_storeu_ps(o.add(7 * lanes), _mm256_permute2f128_ps::<0x31>(u3, u7));
         }
         c += 8;
     }
     for cc in c..d {
         for (t, &o) in rows.iter().enumerate() {
-            dst[cc * 8 + t] = k[o + cc];
+            dst[cc * lanes + first + t] = k[o + cc];
         }
     }
 }
@@ -194,7 +200,7 @@ pub(super) unsafe fn softmax(_token: Avx2, s: &mut [f32]) -> (f32, f32) {
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn accumulate<const R: usize>(
-    _token: Avx2,
+    token: Avx2,
     p: &[f32],
     stride: usize,
     r0: usize,
@@ -205,10 +211,33 @@ pub(super) unsafe fn accumulate<const R: usize>(
     o: &mut [f32],
     d_v: usize,
 ) {
+    // SAFETY: the same contract; columns from 0.
+    unsafe { accumulate_cols::<R>(token, p, stride, r0, v, voff, j0, j1, o, d_v, 0) }
+}
+
+/// [`accumulate`] of columns `c0..d_v` only (the AVX-512 kernel's tail).
+///
+/// # Safety
+/// As [`accumulate`], and `c0 <= d_v`.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn accumulate_cols<const R: usize>(
+    _token: Avx2,
+    p: &[f32],
+    stride: usize,
+    r0: usize,
+    v: &[f32],
+    voff: &[usize],
+    j0: usize,
+    j1: usize,
+    o: &mut [f32],
+    d_v: usize,
+    c0: usize,
+) {
     let pp = p.as_ptr();
     let vp = v.as_ptr();
     let op = o.as_mut_ptr();
-    let mut c = 0;
+    let mut c = c0;
     // Every block below relies on the bounds of the function's contract:
     // rows `r0 + r < r0 + R` of `o` (`d_v` apart) and of `p` (`stride`
     // apart, keys `j < j1`), value rows `voff[j] + d_v <= v.len()`, and the

@@ -5,7 +5,7 @@
 //! rely on and dispatch: to AVX2 when handed an [`Avx2`] token (which only
 //! run-time detection makes), else to the portable twin.
 
-use crate::simd::Avx2;
+use crate::simd::{Avx2, Wide};
 
 /// Keys per score micro-tile: two 8-lane blocks.
 pub(super) const KEY_TILE: usize = 16;
@@ -40,13 +40,23 @@ impl<'a> ValueRows<'a> {
     }
 }
 
-/// Packs keys `0..n` of a key list as `K^T` in blocks of 8: key `j`,
-/// dimension `c` at `dst[(j / 8) · 8d + c · 8 + j % 8]`, key `j`'s row
-/// starting at `k[offset(j)]`. `dst` gets at least
+/// Keys per packed block at this level: 16 with AVX-512 (a tile is one
+/// block, a key per lane of a 512-bit register), else 8.
+pub(super) fn lanes(isa: Option<Wide>) -> usize {
+    match isa {
+        Some(Wide::Avx512(_)) => 16,
+        _ => 8,
+    }
+}
+
+/// Packs keys `0..n` of a key list as `K^T` in blocks of `L =`
+/// [`lanes`]`(isa)`: key `j`, dimension `c` at `dst[(j / L) · L d + c · L + j
+/// % L]`, key `j`'s row starting at `k[offset(j)]`. `dst` gets at least
 /// `round_up(n, 16) · d` entries; the padding keys' contents are
-/// unspecified (their scores are masked).
+/// unspecified (their scores are masked). [`scores`] reads the blocks of
+/// the level it is handed: pass both the same `isa`.
 pub(super) fn pack_keys(
-    isa: Option<Avx2>,
+    isa: Option<Wide>,
     dst: &mut Vec<f32>,
     k: &[f32],
     d: usize,
@@ -60,13 +70,14 @@ pub(super) fn pack_keys(
     if d == 0 {
         return;
     }
+    let lanes = lanes(isa);
     #[allow(unused_mut)] // only the AVX2 branch packs ahead of the portable tail
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if let Some(token) = isa {
-        // Whole blocks of 8 keys: 8×8 register transposes, the next
-        // block's rows prefetched (a packing is a copy: any method gives
-        // the same bits).
+    if let Some(token) = isa.map(Wide::avx2) {
+        // Whole groups of 8 keys: 8×8 register transposes, the next
+        // group's rows prefetched (a packing is a copy: any method gives
+        // the same bits). A block of 16 takes two groups.
         let rows_of = |b: usize| {
             let mut rows = [0usize; 8];
             for (t, r) in rows.iter_mut().enumerate() {
@@ -75,14 +86,16 @@ pub(super) fn pack_keys(
             }
             rows
         };
-        let blocks = n / 8;
-        let mut next = (blocks > 0).then(|| rows_of(0));
-        for b in 0..blocks {
+        let groups = n / lanes * (lanes / 8);
+        let mut next = (groups > 0).then(|| rows_of(0));
+        for b in 0..groups {
             let rows = next.unwrap_or_else(|| rows_of(b));
-            next = (b + 1 < blocks).then(|| rows_of(b + 1));
+            next = (b + 1 < groups).then(|| rows_of(b + 1));
+            let (block, first) = (b * 8 / lanes, b * 8 % lanes);
             // SAFETY: `token` proves AVX2+FMA (only run-time detection
             // makes one); every row `r + d <= k.len()` (asserted in
-            // `rows_of`), and the block is `8 d` floats.
+            // `rows_of`); the block is `lanes · d` floats of `dst` (`block
+            // < n / lanes`), and `first + 8 <= lanes`.
             unsafe {
                 avx2::pack_block(
                     token,
@@ -90,14 +103,15 @@ pub(super) fn pack_keys(
                     &rows,
                     next.as_ref(),
                     d,
-                    &mut dst[b * 8 * d..(b + 1) * 8 * d],
+                    &mut dst[block * lanes * d..(block + 1) * lanes * d],
+                    lanes,
+                    first,
                 )
             };
         }
-        done = blocks * 8;
+        done = groups * 8;
     }
-    let _ = isa;
-    portable::pack_keys(dst, k, d, done..n, offset);
+    portable::pack_keys(dst, k, d, lanes, done..n, offset);
 }
 
 /// Asks for value rows `rows` of `vals` to be brought into cache ahead of
@@ -120,50 +134,85 @@ pub(super) fn prefetch_rows(isa: Option<Avx2>, vals: ValueRows<'_>, rows: std::o
     let _ = (isa, v, voff, d_v);
 }
 
-/// Scores of `q_offs.len()` rows against one packed key tile, times
-/// `scale`, into `out[r · stride + t]`.
+/// Scores of `q_offs.len()` rows against `tiles` (1 or 2) consecutive
+/// packed key tiles (packed by [`pack_keys`] with the same `isa`), times
+/// `scale`, into `out[r · stride + t]`, `t < 16 · tiles`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn scores(
-    isa: Option<Avx2>,
+    isa: Option<Wide>,
     q: &[f32],
     q_offs: &[usize],
-    ktile: &[f32],
+    ktiles: &[f32],
+    tiles: usize,
     d: usize,
     scale: f32,
     out: &mut [f32],
     stride: usize,
 ) {
     let rows = q_offs.len();
+    let width = tiles * KEY_TILE;
     assert!(
         (1..=ROW_TILE).contains(&rows)
-            && ktile.len() >= KEY_TILE * d
-            && out.len() >= (rows - 1) * stride + KEY_TILE
+            && (1..=2).contains(&tiles)
+            && ktiles.len() >= width * d
+            && out.len() >= (rows - 1) * stride + width
             && q_offs.iter().all(|&o| o + d <= q.len())
     );
     #[cfg(target_arch = "x86_64")]
-    if let Some(t) = isa {
-        // SAFETY: `t` proves AVX2+FMA (only run-time detection makes one);
-        // the bounds the kernel relies on are asserted above.
+    if let Some(Wide::Avx512(t)) = isa {
+        // SAFETY: `t` proves AVX-512 F and AVX2+FMA (only run-time
+        // detection makes one); the bounds the kernel relies on are
+        // asserted above, and the tiles are in its 16-lane blocks (packed
+        // with the same level).
         unsafe {
-            match rows {
-                1 => avx2::scores::<1>(t, q, q_offs, ktile, d, scale, out, stride),
-                2 => avx2::scores::<2>(t, q, q_offs, ktile, d, scale, out, stride),
-                3 => avx2::scores::<3>(t, q, q_offs, ktile, d, scale, out, stride),
-                _ => avx2::scores::<4>(t, q, q_offs, ktile, d, scale, out, stride),
+            match (rows, tiles) {
+                (1, 1) => avx512::scores::<1, 1>(t, q, q_offs, ktiles, d, scale, out, stride),
+                (2, 1) => avx512::scores::<2, 1>(t, q, q_offs, ktiles, d, scale, out, stride),
+                (3, 1) => avx512::scores::<3, 1>(t, q, q_offs, ktiles, d, scale, out, stride),
+                (_, 1) => avx512::scores::<4, 1>(t, q, q_offs, ktiles, d, scale, out, stride),
+                (1, _) => avx512::scores::<1, 2>(t, q, q_offs, ktiles, d, scale, out, stride),
+                (2, _) => avx512::scores::<2, 2>(t, q, q_offs, ktiles, d, scale, out, stride),
+                (3, _) => avx512::scores::<3, 2>(t, q, q_offs, ktiles, d, scale, out, stride),
+                _ => avx512::scores::<4, 2>(t, q, q_offs, ktiles, d, scale, out, stride),
             }
         }
         return;
     }
-    let _ = isa;
-    portable::scores(q, q_offs, ktile, d, scale, out, stride);
+    for tile in 0..tiles {
+        let ktile = &ktiles[tile * KEY_TILE * d..];
+        let out = &mut out[tile * KEY_TILE..];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(t) = isa.map(Wide::avx2) {
+            // SAFETY: `t` proves AVX2+FMA (only run-time detection makes
+            // one); the bounds the kernel relies on are asserted above (for
+            // this tile: its `16 d` floats, its 16 columns of `out`).
+            unsafe {
+                match rows {
+                    1 => avx2::scores::<1>(t, q, q_offs, ktile, d, scale, out, stride),
+                    2 => avx2::scores::<2>(t, q, q_offs, ktile, d, scale, out, stride),
+                    3 => avx2::scores::<3>(t, q, q_offs, ktile, d, scale, out, stride),
+                    _ => avx2::scores::<4>(t, q, q_offs, ktile, d, scale, out, stride),
+                }
+            }
+            continue;
+        }
+        portable::scores(q, q_offs, ktile, d, scale, out, stride);
+    }
 }
 
 /// Softmax numerator in place over `s` (a multiple of 8 long, entries
 /// past the row's keys already `-inf`); returns `(m, l)`.
-pub(super) fn softmax(isa: Option<Avx2>, s: &mut [f32]) -> (f32, f32) {
+pub(super) fn softmax(isa: Option<Wide>, s: &mut [f32]) -> (f32, f32) {
     assert!(s.len().is_multiple_of(8));
     #[cfg(target_arch = "x86_64")]
-    if let Some(t) = isa {
+    if let Some(Wide::Avx512(t)) = isa {
+        // SAFETY: `t` proves AVX-512 F and AVX2+FMA (only run-time
+        // detection makes one); the length is a multiple of 8 (asserted
+        // above).
+        return unsafe { avx512::softmax(t, s) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = isa.map(Wide::avx2) {
         // SAFETY: `t` proves AVX2+FMA (only run-time detection makes one);
         // the length is a multiple of 8 (asserted above).
         return unsafe { avx2::softmax(t, s) };
@@ -177,7 +226,7 @@ pub(super) fn softmax(isa: Option<Avx2>, s: &mut [f32]) -> (f32, f32) {
 /// `d_v` apart), `v`, `voff` and `d_v` being those of `vals`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn accumulate(
-    isa: Option<Avx2>,
+    isa: Option<Wide>,
     p: &[f32],
     stride: usize,
     r0: usize,
@@ -196,7 +245,23 @@ pub(super) fn accumulate(
             && (r0 + rows) * d_v <= o.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if let Some(t) = isa {
+    if let Some(Wide::Avx512(t)) = isa {
+        // SAFETY: `t` proves AVX-512 F and AVX2+FMA (only run-time
+        // detection makes one); row and key bounds are asserted above, and
+        // every value row is in `v` (checked when `vals` was built,
+        // `ValueRows::new`).
+        unsafe {
+            match rows {
+                1 => avx512::accumulate::<1>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+                2 => avx512::accumulate::<2>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+                3 => avx512::accumulate::<3>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+                _ => avx512::accumulate::<4>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = isa.map(Wide::avx2) {
         // SAFETY: `t` proves AVX2+FMA (only run-time detection makes one);
         // row and key bounds are asserted above, and every value row is in
         // `v` (checked when `vals` was built, `ValueRows::new`).
@@ -219,13 +284,16 @@ pub(super) fn accumulate(
 // registers, which iterator adaptors over them can defeat.
 #[allow(clippy::needless_range_loop)]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)]
+mod avx512;
 mod portable;
 
 #[cfg(test)]
 mod tests {
     use super::portable::{exp_scalar, EXP_LO};
     use super::*;
-    use crate::simd::avx2_for_test;
+    use crate::simd::{avx2_for_test, avx512_for_test};
 
     /// The exp kernel is within 2 ulp-ish of libm on `[-87, 0]`, exactly
     /// 1 at 0, 0 below the underflow limit, NaN on NaN -- and the AVX2
@@ -282,6 +350,25 @@ mod tests {
                     );
                 }
             }
+            if avx512_for_test().is_some() {
+                xs.extend([-1.0f32; 8]); // a whole number of 16-lane registers
+                for c in xs.chunks_exact(16) {
+                    let mut got = [0.0f32; 16];
+                    // SAFETY: `avx512_for_test` returned a token, so this CPU
+                    // has AVX-512 F; 16-float buffers.
+                    unsafe {
+                        let x = _mm512_loadu_ps(c.as_ptr());
+                        _mm512_storeu_ps(got.as_mut_ptr(), avx512::exp(x));
+                    }
+                    for (g, &x) in got.iter().zip(c) {
+                        let want = exp_scalar(x);
+                        assert!(
+                            g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                            "x={x}: avx512 {g} vs scalar {want}"
+                        );
+                    }
+                }
+            }
         }
     }
 
@@ -300,47 +387,102 @@ mod tests {
             state ^= state << 17;
             ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
         };
-        for &(d, d_v, rows) in &[(1, 1, 1), (7, 5, 2), (32, 32, 3), (64, 24, 4), (65, 17, 4)] {
+        let shapes = [
+            (1, 1, 1),
+            (7, 5, 2),
+            (32, 32, 3),
+            (64, 24, 4),
+            (65, 17, 4),
+            (16, 40, 1),
+            (8, 57, 2),
+            (128, 40, 4),
+        ];
+        for &(d, d_v, rows) in &shapes {
             let q: Vec<f32> = (0..rows * d + 3).map(|_| next()).collect();
-            let k: Vec<f32> = (0..KEY_TILE * d).map(|_| next()).collect();
             let q_offs: Vec<usize> = (0..rows).map(|r| r * d + 1).collect();
-            let stride = 24;
-            let mut a = vec![0.0f32; rows * stride];
-            let mut b = a.clone();
-            scores(isa, &q, &q_offs, &k, d, 0.3, &mut a, stride);
-            scores(None, &q, &q_offs, &k, d, 0.3, &mut b, stride);
-            assert_eq!(a, b, "scores d={d}");
-            let mut sa: Vec<f32> = (0..24).map(|_| next() * 20.0).collect();
-            sa[21..].fill(f32::NEG_INFINITY);
-            let mut sb = sa.clone();
-            let ma = softmax(isa, &mut sa);
+            // Keys packed and scored at each level, one tile or two, against
+            // the portable kernels on their own packing: the same bits.
+            let keys: Vec<f32> = (0..50 * d).map(|_| next()).collect();
+            let order: Vec<usize> = (0..37).map(|j| (j * 17) % 50).collect();
+            let mut plain = Vec::new();
+            pack_keys(None, &mut plain, &keys, d, 37, |j| order[j] * d);
+            let mut levels = vec![Wide::Avx2(token)];
+            levels.extend(avx512_for_test().map(Wide::Avx512));
+            for &level in &levels {
+                let mut packed = Vec::new();
+                pack_keys(Some(level), &mut packed, &keys, d, 37, |j| order[j] * d);
+                let l = lanes(Some(level));
+                for j in 0..37 {
+                    for c in 0..d {
+                        let got = packed[(j / l) * l * d + c * l + j % l];
+                        assert_eq!(got, keys[order[j] * d + c], "pack {level:?} d={d}");
+                    }
+                }
+                for tiles in [1, 2] {
+                    let stride = 40;
+                    let mut a = vec![0.0f32; rows * stride];
+                    let mut b = a.clone();
+                    scores(
+                        Some(level),
+                        &q,
+                        &q_offs,
+                        &packed,
+                        tiles,
+                        d,
+                        0.3,
+                        &mut a,
+                        stride,
+                    );
+                    scores(None, &q, &q_offs, &plain, tiles, d, 0.3, &mut b, stride);
+                    assert_eq!(a, b, "scores {level:?} d={d} tiles={tiles}");
+                    let width = tiles * KEY_TILE;
+                    assert!(a
+                        .iter()
+                        .enumerate()
+                        .all(|(i, &x)| (i % stride < width) == (x != 0.0)));
+                }
+            }
+            // Softmax over 40 scores (two 16-lane pairs and a last 8), the
+            // last three masked.
+            let mut sb: Vec<f32> = (0..40).map(|_| next() * 20.0).collect();
+            sb[37..].fill(f32::NEG_INFINITY);
+            let sb_in = sb.clone();
             let mb = softmax(None, &mut sb);
-            assert_eq!(
-                (ma.0.to_bits(), ma.1.to_bits()),
-                (mb.0.to_bits(), mb.1.to_bits())
-            );
-            assert_eq!(sa, sb);
+            for &level in &levels {
+                let mut sa = sb_in.clone();
+                let ma = softmax(Some(level), &mut sa);
+                assert_eq!(
+                    (ma.0.to_bits(), ma.1.to_bits()),
+                    (mb.0.to_bits(), mb.1.to_bits()),
+                    "softmax {level:?}"
+                );
+                assert_eq!(sa, sb, "softmax {level:?}");
+            }
+
             let n = 37;
-            let v: Vec<f32> = (0..n * 40).map(|_| next()).collect();
-            let voff: Vec<usize> = (0..n).map(|j| ((j * 7) % n) * 40 + 2).collect();
+            let v: Vec<f32> = (0..n * (d_v + 3)).map(|_| next()).collect();
+            let voff: Vec<usize> = (0..n).map(|j| ((j * 7) % n) * (d_v + 3) + 2).collect();
             let p: Vec<f32> = (0..rows * n).map(|_| next().abs()).collect();
             let mut oa: Vec<f32> = (0..rows * d_v).map(|_| next()).collect();
             let mut ob = oa.clone();
             let vals = ValueRows::new(&v, &voff, d_v);
-            accumulate(isa, &p, n, 0, rows, vals, 3, n, &mut oa);
+            let mut oc = oa.clone();
+            accumulate(isa.map(Wide::Avx2), &p, n, 0, rows, vals, 3, n, &mut oa);
             accumulate(None, &p, n, 0, rows, vals, 3, n, &mut ob);
             assert_eq!(oa, ob, "accumulate d_v={d_v}");
-            // Packing: a copy either way.
-            let keys: Vec<f32> = (0..50 * d).map(|_| next()).collect();
-            let order: Vec<usize> = (0..29).map(|j| (j * 17) % 50).collect();
-            let (mut pa, mut pb) = (Vec::new(), Vec::new());
-            pack_keys(isa, &mut pa, &keys, d, 29, |j| order[j] * d);
-            pack_keys(None, &mut pb, &keys, d, 29, |j| order[j] * d);
-            assert_eq!(pa[..29 / 8 * 8 * d], pb[..29 / 8 * 8 * d], "pack d={d}");
-            for j in 0..29 {
-                for c in 0..d {
-                    assert_eq!(pa[(j / 8) * 8 * d + c * 8 + j % 8], keys[order[j] * d + c]);
-                }
+            if let Some(wide) = avx512_for_test() {
+                accumulate(
+                    Some(Wide::Avx512(wide)),
+                    &p,
+                    n,
+                    0,
+                    rows,
+                    vals,
+                    3,
+                    n,
+                    &mut oc,
+                );
+                assert_eq!(oc, ob, "accumulate (AVX-512) d_v={d_v}");
             }
         }
     }

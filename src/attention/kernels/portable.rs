@@ -52,18 +52,20 @@ fn reduce8(l: [f32; 8]) -> f32 {
     ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
-/// Keys `keys` of [`super::pack_keys`]'s list, one at a time.
+/// Keys `keys` of [`super::pack_keys`]'s list, one at a time, in blocks
+/// of `lanes` keys.
 pub(super) fn pack_keys(
     dst: &mut [f32],
     k: &[f32],
     d: usize,
+    lanes: usize,
     keys: std::ops::Range<usize>,
     offset: impl Fn(usize) -> usize,
 ) {
     for j in keys {
         let src = &k[offset(j)..offset(j) + d];
-        let block = &mut dst[(j / 8) * 8 * d..(j / 8 + 1) * 8 * d];
-        for (slot, &x) in block[j % 8..].iter_mut().step_by(8).zip(src) {
+        let block = &mut dst[(j / lanes) * lanes * d..(j / lanes + 1) * lanes * d];
+        for (slot, &x) in block[j % lanes..].iter_mut().step_by(lanes).zip(src) {
             *slot = x;
         }
     }

@@ -1,0 +1,262 @@
+//! The AVX-512 kernels: the portable chains sixteen columns at a time. Every
+//! output element is still one FMA chain over the keys in order, so the
+//! bits are those of every other level.
+
+use super::portable::{EXP_LO, LN2_HI, LN2_LO, LOG2E, P, ROUND};
+use super::KEY_TILE;
+use crate::simd::Avx512;
+use std::arch::x86_64::*;
+
+/// [`super::avx2::scores`] with 512-bit registers over `T` (1 or 2) tiles:
+/// a tile is one 16-lane block (dimension `c` of key `t` at `c · 16 + t`),
+/// so each key is a lane and its score one FMA chain over the dimensions,
+/// as on every level; `R · T` accumulators.
+///
+/// # Safety
+/// `_token` proves AVX-512 F; `q_offs.len() == R`, `q_offs[r] + d <=
+/// q.len()`, `ktiles.len() >= 16 T d`, `out.len() >= (R - 1) · stride + 16 T`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn scores<const R: usize, const T: usize>(
+    _token: Avx512,
+    q: &[f32],
+    q_offs: &[usize],
+    ktiles: &[f32],
+    d: usize,
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let mut qp = [q.as_ptr(); R];
+    for (p, &o) in qp.iter_mut().zip(q_offs) {
+        // SAFETY: `o + d <= q.len()`.
+        *p = unsafe { q.as_ptr().add(o) };
+    }
+    let k0 = ktiles.as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for c in 0..d {
+        // SAFETY: `c < d`; tile `t < T` is the `16 d` floats at `16 d t`;
+        // query rows of `d` floats.
+        unsafe {
+            let mut b = [_mm512_setzero_ps(); T];
+            for (t, bt) in b.iter_mut().enumerate() {
+                *bt = _mm512_loadu_ps(k0.add(t * KEY_TILE * d + c * KEY_TILE));
+            }
+            for r in 0..R {
+                let x = _mm512_set1_ps(*qp[r].add(c));
+                for t in 0..T {
+                    acc[r][t] = _mm512_fmadd_ps(x, b[t], acc[r][t]);
+                }
+            }
+        }
+    }
+    let vs = _mm512_set1_ps(scale);
+    for r in 0..R {
+        for t in 0..T {
+            // SAFETY: `(R - 1) · stride + 16 T <= out.len()`.
+            unsafe {
+                let o = out.as_mut_ptr().add(r * stride + t * KEY_TILE);
+                _mm512_storeu_ps(o, _mm512_mul_ps(acc[r][t], vs));
+            }
+        }
+    }
+}
+
+/// [`super::avx2::accumulate`] with 512-bit registers: 32 columns of `R`
+/// rows per pass over the keys (`2R` accumulators), then 16, then the AVX2
+/// kernel's 8-column and scalar tails.
+///
+/// # Safety
+/// `_token` proves AVX-512 F (and AVX2+FMA); `(r0 + R - 1) · stride + j1 <=
+/// p.len()`, `(r0 + R) · d_v <= o.len()`, `j1 <= voff.len()`, and
+/// `voff[j] + d_v <= v.len()` for `j` in `j0..j1`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn accumulate<const R: usize>(
+    token: Avx512,
+    p: &[f32],
+    stride: usize,
+    r0: usize,
+    v: &[f32],
+    voff: &[usize],
+    j0: usize,
+    j1: usize,
+    o: &mut [f32],
+    d_v: usize,
+) {
+    let pp = p.as_ptr();
+    let vp = v.as_ptr();
+    let op = o.as_mut_ptr();
+    let mut c = 0;
+    // Every block below relies on the bounds of the function's contract:
+    // rows `r0 + r < r0 + R` of `o` (`d_v` apart) and of `p` (`stride`
+    // apart, keys `j < j1`), value rows `voff[j] + d_v <= v.len()`, and the
+    // columns of each loop (`c + 32 <= d_v`, `c + 16 <= d_v`).
+    while c + 32 <= d_v {
+        let mut a0 = [_mm512_setzero_ps(); R];
+        let mut a1 = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            // SAFETY: output row `r0 + r`, columns `c..c + 32 <= d_v`.
+            unsafe {
+                a0[r] = _mm512_loadu_ps(op.add((r0 + r) * d_v + c));
+                a1[r] = _mm512_loadu_ps(op.add((r0 + r) * d_v + c + 16));
+            }
+        }
+        for j in j0..j1 {
+            // SAFETY: `j < j1 <= voff.len()`; value row `voff[j]`, columns
+            // `c..c + 32 <= d_v`; probability `(r0 + r, j)` is in `p`.
+            unsafe {
+                let vr = vp.add(*voff.get_unchecked(j) + c);
+                let b0 = _mm512_loadu_ps(vr);
+                let b1 = _mm512_loadu_ps(vr.add(16));
+                for r in 0..R {
+                    let x = _mm512_set1_ps(*pp.add((r0 + r) * stride + j));
+                    a0[r] = _mm512_fmadd_ps(x, b0, a0[r]);
+                    a1[r] = _mm512_fmadd_ps(x, b1, a1[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            // SAFETY: output row `r0 + r`, columns `c..c + 32 <= d_v`.
+            unsafe {
+                _mm512_storeu_ps(op.add((r0 + r) * d_v + c), a0[r]);
+                _mm512_storeu_ps(op.add((r0 + r) * d_v + c + 16), a1[r]);
+            }
+        }
+        c += 32;
+    }
+    if c + 16 <= d_v {
+        let mut a0 = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            // SAFETY: output row `r0 + r`, columns `c..c + 16 <= d_v`.
+            unsafe { a0[r] = _mm512_loadu_ps(op.add((r0 + r) * d_v + c)) };
+        }
+        for j in j0..j1 {
+            // SAFETY: `j < j1 <= voff.len()`; value row `voff[j]`, columns
+            // `c..c + 16 <= d_v`; probability `(r0 + r, j)` is in `p`.
+            unsafe {
+                let b0 = _mm512_loadu_ps(vp.add(*voff.get_unchecked(j) + c));
+                for r in 0..R {
+                    let x = _mm512_set1_ps(*pp.add((r0 + r) * stride + j));
+                    a0[r] = _mm512_fmadd_ps(x, b0, a0[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            // SAFETY: output row `r0 + r`, columns `c..c + 16 <= d_v`.
+            unsafe { _mm512_storeu_ps(op.add((r0 + r) * d_v + c), a0[r]) };
+        }
+        c += 16;
+    }
+    if c < d_v {
+        // The last columns (fewer than 16): the AVX2 kernel's tails.
+        // SAFETY: `token` implies AVX2+FMA; the same contract, and `c <= d_v`.
+        unsafe {
+            super::avx2::accumulate_cols::<R>(
+                token.avx2(),
+                p,
+                stride,
+                r0,
+                v,
+                voff,
+                j0,
+                j1,
+                o,
+                d_v,
+                c,
+            )
+        };
+    }
+}
+
+/// [`super::avx2::exp`] on sixteen lanes, operation for operation (the
+/// same constants, FMAs, rounding and underflow cut-off), so lane for lane
+/// the same bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) fn exp(x: __m512) -> __m512 {
+    let lo = _mm512_set1_ps(EXP_LO);
+    let xc = _mm512_max_ps(lo, x);
+    let round = _mm512_set1_ps(ROUND);
+    let n = _mm512_sub_ps(
+        _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(LOG2E)), round),
+        round,
+    );
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), xc);
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+    let mut y = _mm512_set1_ps(P[0]);
+    for &p in &P[1..] {
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(p));
+    }
+    let y = _mm512_add_ps(
+        _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r),
+        _mm512_set1_ps(1.0),
+    );
+    let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvtps_epi32(n),
+        _mm512_set1_epi32(127),
+    ));
+    let e = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+    // Zero where `x < EXP_LO` (ordered: a NaN keeps its NaN), as the AVX2
+    // kernel's `andnot` of the comparison.
+    let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, lo);
+    _mm512_maskz_mov_ps(!under, e)
+}
+
+/// [`super::avx2::softmax`] with the exponentials taken sixteen at a time:
+/// the maximum is the same (a maximum does not depend on the grouping; NaN
+/// is skipped and ±0 made +0 alike), each exponential the same bits, and
+/// the sum keeps the AVX2 kernel's order exactly: each 16-lane result is
+/// added to the 8-lane accumulator as its low half, then its high half,
+/// which are the AVX2 kernel's consecutive chunks.
+///
+/// # Safety
+/// `token` proves AVX-512 F and AVX2+FMA; `s.len()` a multiple of 8.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn softmax(token: Avx512, s: &mut [f32]) -> (f32, f32) {
+    let mut vm = _mm256_set1_ps(f32::NEG_INFINITY);
+    for c in s.chunks_exact(8) {
+        // SAFETY: 8 in-bounds floats.
+        let x = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+        vm = _mm256_max_ps(x, vm);
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), vm) };
+    let mut m = f32::NEG_INFINITY;
+    for x in lanes {
+        if x > m {
+            m = x;
+        }
+    }
+    let m = m + 0.0;
+    let vmv = _mm512_set1_ps(m);
+    let mut acc = _mm256_setzero_ps();
+    let mut pairs = s.chunks_exact_mut(16);
+    for c in &mut pairs {
+        // SAFETY: 16 in-bounds floats.
+        unsafe {
+            let p = exp(_mm512_sub_ps(_mm512_loadu_ps(c.as_ptr()), vmv));
+            _mm512_storeu_ps(c.as_mut_ptr(), p);
+            acc = _mm256_add_ps(acc, _mm512_castps512_ps256(p));
+            acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps::<1>(p));
+        }
+    }
+    let rest = pairs.into_remainder();
+    if !rest.is_empty() {
+        // The last 8 (the length is a multiple of 8): the AVX2 exponential.
+        // SAFETY: 8 in-bounds floats; `token` implies AVX2+FMA.
+        unsafe {
+            let x = _mm256_sub_ps(_mm256_loadu_ps(rest.as_ptr()), _mm256_set1_ps(m));
+            let p = super::avx2::exp(x);
+            _mm256_storeu_ps(rest.as_mut_ptr(), p);
+            acc = _mm256_add_ps(acc, p);
+        }
+    }
+    let _ = token;
+    // ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), as the AVX2 kernel.
+    let a = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+    let b = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    let l = _mm_add_ss(b, _mm_movehdup_ps(b));
+    (m, _mm_cvtss_f32(l))
+}
