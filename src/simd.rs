@@ -28,8 +28,8 @@ pub enum Level {
     /// x86-64 with AVX2 (and FMA, which every AVX2 CPU shipped has).
     Avx2,
     /// x86-64 with AVX-512 (F, BW, DQ, VL) besides AVX2: block selection's
-    /// kernels run two keys per 512-bit register, the indexer's sixteen
-    /// (one per lane); the other kernels AVX2.
+    /// kernels run two keys per 512-bit register, the indexer's and the
+    /// attention pass's sixteen (one per lane); the other kernels AVX2.
     Avx512,
 }
 

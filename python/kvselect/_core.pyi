@@ -559,9 +559,9 @@ def check_witnesses(
     """
 
 def simd_level() -> str:
-    """The best SIMD level the kernels dispatched to on this CPU: "avx512" (block selection and
-    the indexer use it; the other kernels AVX2), "avx2" or "scalar" (`KVSELECT_SIMD=avx2` or
-    `=scalar` caps it)."""
+    """The best SIMD level the kernels dispatched to on this CPU: "avx512" (block selection,
+    the indexer and attention use it; the other kernels AVX2), "avx2" or "scalar"
+    (`KVSELECT_SIMD=avx2` or `=scalar` caps it)."""
 
 def _fma_floor(iters: int) -> tuple[int, float]:
     """Benchmarks' floor (private): ``iters`` steps of a register-resident FMA loop on every

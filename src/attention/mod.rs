@@ -81,10 +81,14 @@
 //! - each output element is one `fma` chain over the key list in ascending
 //!   key order, then divided by `l`.
 //!
-//! The AVX2+FMA kernels run these chains eight keys or columns at a time;
-//! the portable kernels run the same chains one at a time with
-//! `f32::mul_add`. So the two levels are bit-identical (a test checks it
-//! with `KVSELECT_SIMD=scalar` in a child process), and since a row's result
+//! The AVX2+FMA kernels run these chains eight keys or columns at a time,
+//! the AVX-512 ones sixteen (the scores and the value accumulation; their
+//! softmax takes sixteen exponentials at a time and adds them to the
+//! 8-lane sum in the AVX2 kernel's order); the portable kernels run the
+//! same chains one at a time with `f32::mul_add`. So the levels are
+//! bit-identical (the kernel tests compare each level against the portable
+//! one, and a test checks the best level against `KVSELECT_SIMD=scalar` in
+//! a child process), and since a row's result
 //! does not depend on which rows share its tile or its thread, the thread
 //! count changes nothing, and a sparse pass over the full causal selection
 //! equals [`dense_attention`] bit for bit. What would break it: an online
@@ -102,10 +106,12 @@
 //! the row (and a sort only when a row is not already ascending), never
 //! `O(L)`. With few query heads per KV head, that gather of scattered rows
 //! from memory, not arithmetic, is what a sparse row costs. The dense pass
-//! packs each KV head's keys once, then computes tiles of 4 rows × 16 keys
-//! with 8 AVX2 accumulators, 16 rows sharing each key tile while it is in
-//! L1, skipping key tiles above every row's causal limit; values are
-//! accumulated 4 rows × 16 columns per key. Work is split across the
+//! packs each KV head's keys once (in blocks of 8 keys, 16 with AVX-512),
+//! then computes tiles of 4 rows × 16 keys with 8 AVX2 accumulators (4 rows
+//! × 32 keys with 8 AVX-512 ones), 16 rows sharing each key tile while it
+//! is in L1, skipping key tiles above every row's causal limit; values are
+//! accumulated 4 rows × 16 columns per key (32 with AVX-512). Only the
+//! sparse pass prefetches value rows: the dense pass's are in cache. Work is split across the
 //! crate's pool (never rayon's global one) by (query block, KV head),
 //! writing disjoint output rows, so a single query's KV heads still run in
 //! parallel; one query with one KV head runs on one thread.
@@ -115,7 +121,8 @@
 //! `shape.rs` (the sizes of a call and the checks run before anything is
 //! written), `selectors.rs` (the baselines and the oracle), `pass.rs` (the
 //! dense and sparse passes: tasks, row groups, key lists), `kernels/` (the
-//! bounds checks and dispatch in `mod.rs`, `portable.rs`, `avx2.rs`).
+//! bounds checks and dispatch in `mod.rs`, `portable.rs`, `avx2.rs`,
+//! `avx512.rs`).
 
 mod kernels;
 mod pass;

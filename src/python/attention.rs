@@ -367,9 +367,9 @@ fn get_num_threads() -> usize {
 }
 
 /// The best instruction-set level the SIMD kernels dispatched to on this
-/// CPU: "avx512" (block selection and the indexer; the other kernels run
-/// AVX2), "avx2" or "scalar". ``KVSELECT_SIMD=avx2`` or ``=scalar`` in the
-/// environment caps it.
+/// CPU: "avx512" (block selection, the indexer and attention; the other
+/// kernels run AVX2), "avx2" or "scalar". ``KVSELECT_SIMD=avx2`` or
+/// ``=scalar`` in the environment caps it.
 #[pyfunction]
 fn simd_level() -> &'static str {
     simd::level().name()

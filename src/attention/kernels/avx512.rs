@@ -211,8 +211,8 @@ pub(super) fn exp(x: __m512) -> __m512 {
 /// which are the AVX2 kernel's consecutive chunks.
 ///
 /// # Safety
-/// `token` proves AVX-512 F and AVX2+FMA; `s.len()` a multiple of 8.
-#[target_feature(enable = "avx512f,avx2,fma")]
+/// `token` proves AVX-512 F and DQ and AVX2+FMA; `s.len()` a multiple of 8.
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(super) unsafe fn softmax(token: Avx512, s: &mut [f32]) -> (f32, f32) {
     let mut vm = _mm256_set1_ps(f32::NEG_INFINITY);
     for c in s.chunks_exact(8) {

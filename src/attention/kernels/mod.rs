@@ -1,9 +1,12 @@
-//! The pass's kernels. Each exists twice -- AVX2+FMA (`avx2.rs`) and
-//! portable (`portable.rs`) -- and both run the same per-element chains of
-//! IEEE operations, so they agree bit for bit (see the module docs of
-//! [`crate::attention`]). The functions here check the bounds the kernels
-//! rely on and dispatch: to AVX2 when handed an [`Avx2`] token (which only
-//! run-time detection makes), else to the portable twin.
+//! The pass's kernels. Each exists at every level -- AVX-512 (`avx512.rs`:
+//! the scores, the value accumulation and the softmax's exponentials),
+//! AVX2+FMA (`avx2.rs`) and portable (`portable.rs`) -- and all run the same
+//! per-element chains of IEEE operations, so they agree bit for bit (see
+//! the module docs of [`crate::attention`]). The functions here check the
+//! bounds the kernels rely on and dispatch by the token they are handed
+//! ([`Wide`] or [`Avx2`], which only run-time detection makes), else to the
+//! portable twin. Packed keys are in the blocks of the level that packed
+//! them ([`lanes`]): pack and score with the same token.
 
 use crate::simd::{Avx2, Wide};
 
@@ -206,9 +209,9 @@ pub(super) fn softmax(isa: Option<Wide>, s: &mut [f32]) -> (f32, f32) {
     assert!(s.len().is_multiple_of(8));
     #[cfg(target_arch = "x86_64")]
     if let Some(Wide::Avx512(t)) = isa {
-        // SAFETY: `t` proves AVX-512 F and AVX2+FMA (only run-time
-        // detection makes one); the length is a multiple of 8 (asserted
-        // above).
+        // SAFETY: `t` proves AVX-512 F, BW, DQ, VL and AVX2+FMA (only
+        // run-time detection makes one); the length is a multiple of 8
+        // (asserted above).
         return unsafe { avx512::softmax(t, s) };
     }
     #[cfg(target_arch = "x86_64")]
