@@ -605,29 +605,35 @@ fn the_portable_kernels_give_the_same_bits_as_the_simd_ones() {
              against the portable kernels"
         );
     }
-    let exe = std::env::current_exe().unwrap();
-    let child = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "the_portable_kernels_give_the_same_bits_as_the_simd_ones",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("KVSELECT_SIMD", "scalar")
-        .env("KVSELECT_TEST_DIGEST_CHILD", "1")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&child.stdout);
-    let line = text
-        .lines()
-        .find_map(|l| l.split_once("DIGEST=").map(|(_, d)| d.trim()))
-        .unwrap_or_else(|| panic!("child printed no digest: {text}"));
-    assert_eq!(
-        line,
-        format!("{:016x}@scalar", digest()),
-        "scalar level differs from {:?}",
-        kvselect::simd::level()
-    );
+    // Each capped level in a child process: the portable kernels, and AVX2
+    // (below AVX-512 on a CPU that has it).
+    let want = format!("{:016x}", digest());
+    for level in ["scalar", "avx2"] {
+        let exe = std::env::current_exe().unwrap();
+        let child = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "the_portable_kernels_give_the_same_bits_as_the_simd_ones",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("KVSELECT_SIMD", level)
+            .env("KVSELECT_TEST_DIGEST_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&child.stdout);
+        let line = text
+            .lines()
+            .find_map(|l| l.split_once("DIGEST=").map(|(_, d)| d.trim()))
+            .unwrap_or_else(|| panic!("child printed no digest: {text}"));
+        let (got, ran) = line.split_once('@').unwrap_or((line, "?"));
+        assert_eq!(
+            got,
+            want,
+            "KVSELECT_SIMD={level} (ran {ran}) differs from {:?}",
+            kvselect::simd::level()
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -95,7 +95,10 @@
 //! (flash) softmax with a tile size that differs between the two passes, a
 //! horizontal-sum dot product on one level only, or libm's `expf`.
 //! Non-finite inputs give non-finite outputs (a NaN score makes its row NaN),
-//! as in any attention.
+//! as in any attention. Bit-identical means every number's bits; a NaN is
+//! a NaN on every level, but its sign and payload are not pinned (where
+//! NaNs of both signs meet, which one an operation returns depends on the
+//! operand order the compiler picks for each level's FMAs).
 //!
 //! # Cost
 //!

@@ -20,9 +20,9 @@ const SPARSE_BLOCK: usize = 8;
 
 /// What every row of a call shares.
 struct Ctx<'a> {
-    /// The best level: the value accumulation runs AVX-512 where it can,
-    /// the other kernels AVX2 (`avx2`).
+    /// The best level: packing, scores, softmax and value accumulation.
     wide: Option<Wide>,
+    /// The AVX2 token, for the value prefetch (a baseline instruction).
     isa: Option<Avx2>,
     /// Whether value rows are prefetched a chunk ahead: a sparse row's are
     /// scattered; the dense pass's are the same runs for every row group,

@@ -58,8 +58,8 @@ pub(super) unsafe fn scores<const R: usize>(
 /// transpose; prefetches the rows in `next`.
 ///
 /// # Safety
-/// `_token` proves AVX2+FMA; `rows[t] + d <= k.len()`; `dst.len() == lanes
-/// · d` and `first + 8 <= lanes`.
+/// `_token` proves AVX2+FMA; `rows[t] + d <= k.len()`; `d >= 1`, `dst.len()
+/// == lanes · d` and `first + 8 <= lanes`.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn pack_block(
@@ -81,7 +81,7 @@ pub(super) unsafe fn pack_block(
         }
     }
     let kp = k.as_ptr();
-    // SAFETY: `first < lanes <= dst.len()` (the contract).
+    // SAFETY: `first < lanes <= lanes · d = dst.len()` (the contract: `d >= 1`).
     let dp = unsafe { dst.as_mut_ptr().add(first) };
     let mut c = 0;
     while c + 8 <= d {

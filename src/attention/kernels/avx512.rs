@@ -7,6 +7,32 @@ use super::KEY_TILE;
 use crate::simd::Avx512;
 use std::arch::x86_64::*;
 
+/// [`scores_tiles`] over `tiles` (1 or 2) tiles.
+///
+/// # Safety
+/// As [`scores_tiles`] with `T = tiles`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn scores<const R: usize>(
+    token: Avx512,
+    q: &[f32],
+    q_offs: &[usize],
+    ktiles: &[f32],
+    tiles: usize,
+    d: usize,
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+) {
+    // SAFETY: the caller's contract, for the `T` chosen.
+    unsafe {
+        match tiles {
+            2 => scores_tiles::<R, 2>(token, q, q_offs, ktiles, d, scale, out, stride),
+            _ => scores_tiles::<R, 1>(token, q, q_offs, ktiles, d, scale, out, stride),
+        }
+    }
+}
+
 /// [`super::avx2::scores`] with 512-bit registers over `T` (1 or 2) tiles:
 /// a tile is one 16-lane block (dimension `c` of key `t` at `c · 16 + t`),
 /// so each key is a lane and its score one FMA chain over the dimensions,
@@ -17,7 +43,7 @@ use std::arch::x86_64::*;
 /// q.len()`, `ktiles.len() >= 16 T d`, `out.len() >= (R - 1) · stride + 16 T`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn scores<const R: usize, const T: usize>(
+unsafe fn scores_tiles<const R: usize, const T: usize>(
     _token: Avx512,
     q: &[f32],
     q_offs: &[usize],

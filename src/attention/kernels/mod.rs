@@ -10,15 +10,16 @@
 
 use crate::simd::{Avx2, Wide};
 
-/// Keys per score micro-tile: two 8-lane blocks.
+/// Keys per score micro-tile: two 8-lane blocks, or one 16-lane block at
+/// the AVX-512 level.
 pub(super) const KEY_TILE: usize = 16;
 /// Rows per micro-tile.
 pub(super) const ROW_TILE: usize = 4;
 
 /// The value rows of a key list: row `j` is `v[off[j]..off[j] + d_v]`.
 /// Every row is checked to lie in `v` once, when the list is built (in
-/// release builds too: the AVX2 kernel reads them through raw pointers), so
-/// [`accumulate`] needs no per-call check. The offsets come from validated
+/// release builds too: the AVX2 and AVX-512 kernels read them through raw
+/// pointers), so [`accumulate`] needs no per-call check. The offsets come from validated
 /// shapes (`check_pass`) and key lists, so the check never fails.
 #[derive(Clone, Copy)]
 pub(super) struct ValueRows<'a> {
@@ -97,8 +98,9 @@ pub(super) fn pack_keys(
             let (block, first) = (b * 8 / lanes, b * 8 % lanes);
             // SAFETY: `token` proves AVX2+FMA (only run-time detection
             // makes one); every row `r + d <= k.len()` (asserted in
-            // `rows_of`); the block is `lanes · d` floats of `dst` (`block
-            // < n / lanes`), and `first + 8 <= lanes`.
+            // `rows_of`); `d >= 1` (returned above otherwise); the block is
+            // `lanes · d` floats of `dst` (`block < n / lanes`), and `first +
+            // 8 <= lanes`.
             unsafe {
                 avx2::pack_block(
                     token,
@@ -168,15 +170,12 @@ pub(super) fn scores(
         // asserted above, and the tiles are in its 16-lane blocks (packed
         // with the same level).
         unsafe {
-            match (rows, tiles) {
-                (1, 1) => avx512::scores::<1, 1>(t, q, q_offs, ktiles, d, scale, out, stride),
-                (2, 1) => avx512::scores::<2, 1>(t, q, q_offs, ktiles, d, scale, out, stride),
-                (3, 1) => avx512::scores::<3, 1>(t, q, q_offs, ktiles, d, scale, out, stride),
-                (_, 1) => avx512::scores::<4, 1>(t, q, q_offs, ktiles, d, scale, out, stride),
-                (1, _) => avx512::scores::<1, 2>(t, q, q_offs, ktiles, d, scale, out, stride),
-                (2, _) => avx512::scores::<2, 2>(t, q, q_offs, ktiles, d, scale, out, stride),
-                (3, _) => avx512::scores::<3, 2>(t, q, q_offs, ktiles, d, scale, out, stride),
-                _ => avx512::scores::<4, 2>(t, q, q_offs, ktiles, d, scale, out, stride),
+            let (k, n) = (ktiles, tiles);
+            match rows {
+                1 => avx512::scores::<1>(t, q, q_offs, k, n, d, scale, out, stride),
+                2 => avx512::scores::<2>(t, q, q_offs, k, n, d, scale, out, stride),
+                3 => avx512::scores::<3>(t, q, q_offs, k, n, d, scale, out, stride),
+                _ => avx512::scores::<4>(t, q, q_offs, k, n, d, scale, out, stride),
             }
         }
         return;
@@ -298,6 +297,11 @@ mod tests {
     use super::*;
     use crate::simd::{avx2_for_test, avx512_for_test};
 
+    /// The bits of each float: `-0.0` is not `+0.0` here.
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
+
     /// The exp kernel is within 2 ulp-ish of libm on `[-87, 0]`, exactly
     /// 1 at 0, 0 below the underflow limit, NaN on NaN -- and the AVX2
     /// twin agrees bit for bit.
@@ -399,6 +403,11 @@ mod tests {
             (16, 40, 1),
             (8, 57, 2),
             (128, 40, 4),
+            (33, 64, 3),
+            (64, 81, 4),
+            (3, 7, 2),
+            (9, 48, 4),
+            (130, 130, 3),
         ];
         for &(d, d_v, rows) in &shapes {
             let q: Vec<f32> = (0..rows * d + 3).map(|_| next()).collect();
@@ -425,19 +434,15 @@ mod tests {
                     let stride = 40;
                     let mut a = vec![0.0f32; rows * stride];
                     let mut b = a.clone();
-                    scores(
-                        Some(level),
-                        &q,
-                        &q_offs,
-                        &packed,
-                        tiles,
-                        d,
-                        0.3,
-                        &mut a,
-                        stride,
-                    );
-                    scores(None, &q, &q_offs, &plain, tiles, d, 0.3, &mut b, stride);
-                    assert_eq!(a, b, "scores {level:?} d={d} tiles={tiles}");
+                    let (qs, kp) = (&q_offs[..], &packed[..]);
+                    scores(Some(level), &q, qs, kp, tiles, d, 0.3, &mut a, stride);
+                    // The portable kernels row by row: a row's scores do not
+                    // depend on the rows that share its tile.
+                    for r in 0..rows {
+                        let (qo, o) = (&q_offs[r..r + 1], &mut b[r * stride..]);
+                        scores(None, &q, qo, &plain, tiles, d, 0.3, o, stride);
+                    }
+                    assert_eq!(bits(&a), bits(&b), "scores {level:?} d={d} tiles={tiles}");
                     let width = tiles * KEY_TILE;
                     assert!(a
                         .iter()
@@ -445,23 +450,24 @@ mod tests {
                         .all(|(i, &x)| (i % stride < width) == (x != 0.0)));
                 }
             }
-            // Softmax over 40 scores (two 16-lane pairs and a last 8), the
-            // last three masked.
-            let mut sb: Vec<f32> = (0..40).map(|_| next() * 20.0).collect();
-            sb[37..].fill(f32::NEG_INFINITY);
-            let sb_in = sb.clone();
-            let mb = softmax(None, &mut sb);
-            for &level in &levels {
-                let mut sa = sb_in.clone();
-                let ma = softmax(Some(level), &mut sa);
-                assert_eq!(
-                    (ma.0.to_bits(), ma.1.to_bits()),
-                    (mb.0.to_bits(), mb.1.to_bits()),
-                    "softmax {level:?}"
-                );
-                assert_eq!(sa, sb, "softmax {level:?}");
+            // Softmax over 8, 16, 40 (two 16-lane pairs and a last 8) and 48
+            // scores, the last three masked.
+            for len in [8, 16, 40, 48] {
+                let mut sb: Vec<f32> = (0..len).map(|_| next() * 20.0).collect();
+                sb[len - 3..].fill(f32::NEG_INFINITY);
+                let sb_in = sb.clone();
+                let mb = softmax(None, &mut sb);
+                for &level in &levels {
+                    let mut sa = sb_in.clone();
+                    let ma = softmax(Some(level), &mut sa);
+                    assert_eq!(
+                        (ma.0.to_bits(), ma.1.to_bits()),
+                        (mb.0.to_bits(), mb.1.to_bits()),
+                        "softmax {level:?} len={len}"
+                    );
+                    assert_eq!(bits(&sa), bits(&sb), "softmax {level:?} len={len}");
+                }
             }
-
             let n = 37;
             let v: Vec<f32> = (0..n * (d_v + 3)).map(|_| next()).collect();
             let voff: Vec<usize> = (0..n).map(|j| ((j * 7) % n) * (d_v + 3) + 2).collect();
@@ -470,9 +476,11 @@ mod tests {
             let mut ob = oa.clone();
             let vals = ValueRows::new(&v, &voff, d_v);
             let mut oc = oa.clone();
+            for r in 0..rows {
+                accumulate(None, &p, n, r, 1, vals, 3, n, &mut ob);
+            }
             accumulate(isa.map(Wide::Avx2), &p, n, 0, rows, vals, 3, n, &mut oa);
-            accumulate(None, &p, n, 0, rows, vals, 3, n, &mut ob);
-            assert_eq!(oa, ob, "accumulate d_v={d_v}");
+            assert_eq!(bits(&oa), bits(&ob), "accumulate d_v={d_v}");
             if let Some(wide) = avx512_for_test() {
                 accumulate(
                     Some(Wide::Avx512(wide)),
@@ -485,7 +493,7 @@ mod tests {
                     n,
                     &mut oc,
                 );
-                assert_eq!(oc, ob, "accumulate (AVX-512) d_v={d_v}");
+                assert_eq!(bits(&oc), bits(&ob), "accumulate (AVX-512) d_v={d_v}");
             }
         }
     }
