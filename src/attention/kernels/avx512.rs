@@ -229,9 +229,9 @@ pub(super) fn exp(x: __m512) -> __m512 {
     _mm512_maskz_mov_ps(!under, e)
 }
 
-/// [`super::avx2::softmax`] with the exponentials taken sixteen at a time:
-/// the maximum is the same (a maximum does not depend on the grouping; NaN
-/// is skipped and ±0 made +0 alike), each exponential the same bits, and
+/// [`super::avx2::softmax`] sixteen lanes at a time: the maximum is the
+/// same (a maximum does not depend on the grouping; NaN is skipped and ±0
+/// made +0 alike), each exponential the same bits, and
 /// the sum keeps the AVX2 kernel's order exactly: each 16-lane result is
 /// added to the 8-lane accumulator as its low half, then its high half,
 /// which are the AVX2 kernel's consecutive chunks.
@@ -240,8 +240,20 @@ pub(super) fn exp(x: __m512) -> __m512 {
 /// `token` proves AVX-512 F and DQ and AVX2+FMA; `s.len()` a multiple of 8.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
 pub(super) unsafe fn softmax(token: Avx512, s: &mut [f32]) -> (f32, f32) {
-    let mut vm = _mm256_set1_ps(f32::NEG_INFINITY);
-    for c in s.chunks_exact(8) {
+    // The maximum sixteen at a time, folded to eight lanes, then the last
+    // eight: `max(x, m)` keeps `m` when `x` is NaN, on either width.
+    let mut wide = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut pairs = s.chunks_exact(16);
+    for c in &mut pairs {
+        // SAFETY: 16 in-bounds floats.
+        let x = unsafe { _mm512_loadu_ps(c.as_ptr()) };
+        wide = _mm512_max_ps(x, wide);
+    }
+    let mut vm = _mm256_max_ps(
+        _mm512_castps512_ps256(wide),
+        _mm512_extractf32x8_ps::<1>(wide),
+    );
+    if let Some(c) = pairs.remainder().get(..8) {
         // SAFETY: 8 in-bounds floats.
         let x = unsafe { _mm256_loadu_ps(c.as_ptr()) };
         vm = _mm256_max_ps(x, vm);
