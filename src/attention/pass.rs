@@ -8,7 +8,7 @@ use super::shape::check_pass;
 use super::AttentionShape;
 use crate::error::{check_len, checked_size, AttentionError};
 use crate::pool;
-use crate::simd::{self, Avx2, Wide};
+use crate::simd::{self, Wide};
 
 /// Rows scored together against each key tile while it is in L1.
 const ROW_GROUP: usize = 16;
@@ -20,10 +20,8 @@ const SPARSE_BLOCK: usize = 8;
 
 /// What every row of a call shares.
 struct Ctx<'a> {
-    /// The best level: packing, scores, softmax and value accumulation.
+    /// The best level every kernel runs at.
     wide: Option<Wide>,
-    /// The AVX2 token, for the value prefetch (a baseline instruction).
-    isa: Option<Avx2>,
     /// Whether value rows are prefetched a chunk ahead: a sparse row's are
     /// scattered; the dense pass's are the same runs for every row group,
     /// in cache after the first (and a burst of prefetches for lines
@@ -42,7 +40,6 @@ impl<'a> Ctx<'a> {
     fn new(q: &'a [f32], shape: &AttentionShape, scale: f32, prefetch: bool) -> Self {
         Ctx {
             wide: simd::Wide::best(),
-            isa: simd::avx2(),
             prefetch,
             q,
             n_q_heads: shape.n_q_heads,
@@ -225,7 +222,7 @@ fn attend_group(
 
     // The first chunk of value rows is fetched while the softmax runs.
     if ctx.prefetch {
-        kernels::prefetch_rows(ctx.isa, vals, 0..n_max.min(KEY_CHUNK));
+        kernels::prefetch_rows(ctx.wide, vals, 0..n_max.min(KEY_CHUNK));
     }
 
     // Softmax per row, in place.
@@ -247,7 +244,7 @@ fn attend_group(
         let j1 = (j0 + KEY_CHUNK).min(n_max);
         let j2 = (j1 + KEY_CHUNK).min(n_max);
         if ctx.prefetch {
-            kernels::prefetch_rows(ctx.isa, vals, j1..j2);
+            kernels::prefetch_rows(ctx.wide, vals, j1..j2);
         }
         for &(r0, nr, _, fewest) in tiles {
             let joint = j1.min(fewest);

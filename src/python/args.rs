@@ -337,6 +337,15 @@ impl Args {
         })
     }
 
+    /// Refuses query heads (`index_q`) of another dimension than `keys`'.
+    pub fn same_d(self, dq: usize, d: usize, keys: &str) -> PyResult<()> {
+        if dq == d {
+            return Ok(());
+        }
+        let msg = format!("index_q has d={dq} but {keys} has d={d}");
+        Err(refuse(self.0, "index_q", msg))
+    }
+
     /// A non-negative integer argument, at most `max`.
     pub fn count(self, obj: &Bound<'_, PyAny>, name: &str, max: u64) -> PyResult<usize> {
         self.count_within(obj, name, max, max)

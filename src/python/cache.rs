@@ -49,9 +49,8 @@ impl<'py> Paged<'py> {
         let (layout, shape) = cache_layout(a.kv_cache, layout, key_format)?;
         let scales = 4 * (layout == PageLayout::Fp8WithScales) as usize;
         let (block_size, d) = (shape[1], shape[shape.len() - 1] - scales);
-        if let Some(dq) = query_d.filter(|&dq| dq != d) {
-            let msg = format!("index_q has d={dq} but kv_cache has d={d}");
-            return Err(refuse(Domain::Selection, "index_q", msg));
+        if let Some(dq) = query_d {
+            S.same_d(dq, d, "kv_cache")?;
         }
         let pages = pages(a.kv_cache)?;
         let table = S.input::<i32, 2>(a.block_table, "block_table", "[n_seqs, max_blocks]")?;

@@ -7,7 +7,7 @@ use numpy::PyUntypedArray;
 
 use super::args::{detach, positions, Args, EncodedIn, In, Obj, Opt, Out, I32};
 use super::cache::{Paged, PagedArgs};
-use super::errors::{refuse, Domain};
+use super::errors::Domain;
 use crate::attention::AttentionError as Error;
 use crate::indexer::{self, IndexerInputs, IndexerShape, PagedInputs};
 
@@ -49,15 +49,6 @@ fn queries<'py>(
     Ok((q, w, dims))
 }
 
-/// Refuses query heads of another dimension than the keys'.
-fn same_d(dq: usize, d: usize, keys: &str) -> PyResult<()> {
-    if dq == d {
-        return Ok(());
-    }
-    let msg = format!("index_q has d={dq} but {keys} has d={d}");
-    Err(refuse(Domain::Selection, "index_q", msg))
-}
-
 /// The `num_segments` keyword: None is 0 (off); past 64 the core refuses.
 fn segments(num_segments: Opt<'_, '_>) -> PyResult<usize> {
     num_segments.map_or(Ok(0), |s| S.count_within(s, "num_segments", u64::MAX, 64))
@@ -84,7 +75,7 @@ impl<'py> Call<'py> {
         let (q, w, [n, h, dq]) = queries(q, w, qf)?;
         let (k, _) = EncodedIn::new(S, k, "index_k", ("key_format", kf))?;
         let [t, d] = S.dims::<2>(k.untyped(), "index_k", "[n_keys, d]")?;
-        same_d(dq, d, "index_k")?;
+        S.same_d(dq, d, "index_k")?;
         let scale = scale
             .map(|c| S.input::<f32, 1>(c, "key_scale", "[n_keys]"))
             .transpose()?;

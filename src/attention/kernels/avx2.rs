@@ -166,16 +166,7 @@ pub(super) unsafe fn softmax(_token: Avx2, s: &mut [f32]) -> (f32, f32) {
         // `x > m ? x : m`, as the scalar loop.
         vm = _mm256_max_ps(x, vm);
     }
-    let mut lanes = [0.0f32; 8];
-    // SAFETY: 8 floats.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), vm) };
-    let mut m = f32::NEG_INFINITY;
-    for x in lanes {
-        if x > m {
-            m = x;
-        }
-    }
-    let m = m + 0.0;
+    let m = max_of_lanes(vm);
     let vmv = _mm256_set1_ps(m);
     let mut acc = _mm256_setzero_ps();
     for c in s.chunks_exact_mut(8) {
@@ -186,11 +177,32 @@ pub(super) unsafe fn softmax(_token: Avx2, s: &mut [f32]) -> (f32, f32) {
             acc = _mm256_add_ps(acc, p);
         }
     }
-    // ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))
+    (m, sum_of_lanes(acc))
+}
+
+/// The softmax's maximum from its 8 lane maxima: lane by lane as the
+/// scalar loop (`x > m`), then `+ 0.0` (-0.0 and +0.0 are one maximum).
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn max_of_lanes(vm: __m256) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), vm) };
+    let mut m = f32::NEG_INFINITY;
+    for x in lanes {
+        if x > m {
+            m = x;
+        }
+    }
+    m + 0.0
+}
+
+/// The softmax's sum from its 8 lane sums: `((l0+l4)+(l2+l6)) +
+/// ((l1+l5)+(l3+l7))`, the portable `reduce8`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn sum_of_lanes(acc: __m256) -> f32 {
     let a = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
     let b = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    let l = _mm_add_ss(b, _mm_movehdup_ps(b));
-    (m, _mm_cvtss_f32(l))
+    _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)))
 }
 
 /// # Safety

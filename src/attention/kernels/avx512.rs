@@ -93,7 +93,7 @@ unsafe fn scores_tiles<const R: usize, const T: usize>(
 /// kernel's 8-column and scalar tails.
 ///
 /// # Safety
-/// `_token` proves AVX-512 F (and AVX2+FMA); `(r0 + R - 1) · stride + j1 <=
+/// `token` proves AVX-512 F (and AVX2+FMA); `(r0 + R - 1) · stride + j1 <=
 /// p.len()`, `(r0 + R) · d_v <= o.len()`, `j1 <= voff.len()`, and
 /// `voff[j] + d_v <= v.len()` for `j` in `j0..j1`.
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -110,68 +110,15 @@ pub(super) unsafe fn accumulate<const R: usize>(
     o: &mut [f32],
     d_v: usize,
 ) {
-    let pp = p.as_ptr();
-    let vp = v.as_ptr();
-    let op = o.as_mut_ptr();
     let mut c = 0;
-    // Every block below relies on the bounds of the function's contract:
-    // rows `r0 + r < r0 + R` of `o` (`d_v` apart) and of `p` (`stride`
-    // apart, keys `j < j1`), value rows `voff[j] + d_v <= v.len()`, and the
-    // columns of each loop (`c + 32 <= d_v`, `c + 16 <= d_v`).
     while c + 32 <= d_v {
-        let mut a0 = [_mm512_setzero_ps(); R];
-        let mut a1 = [_mm512_setzero_ps(); R];
-        for r in 0..R {
-            // SAFETY: output row `r0 + r`, columns `c..c + 32 <= d_v`.
-            unsafe {
-                a0[r] = _mm512_loadu_ps(op.add((r0 + r) * d_v + c));
-                a1[r] = _mm512_loadu_ps(op.add((r0 + r) * d_v + c + 16));
-            }
-        }
-        for j in j0..j1 {
-            // SAFETY: `j < j1 <= voff.len()`; value row `voff[j]`, columns
-            // `c..c + 32 <= d_v`; probability `(r0 + r, j)` is in `p`.
-            unsafe {
-                let vr = vp.add(*voff.get_unchecked(j) + c);
-                let b0 = _mm512_loadu_ps(vr);
-                let b1 = _mm512_loadu_ps(vr.add(16));
-                for r in 0..R {
-                    let x = _mm512_set1_ps(*pp.add((r0 + r) * stride + j));
-                    a0[r] = _mm512_fmadd_ps(x, b0, a0[r]);
-                    a1[r] = _mm512_fmadd_ps(x, b1, a1[r]);
-                }
-            }
-        }
-        for r in 0..R {
-            // SAFETY: output row `r0 + r`, columns `c..c + 32 <= d_v`.
-            unsafe {
-                _mm512_storeu_ps(op.add((r0 + r) * d_v + c), a0[r]);
-                _mm512_storeu_ps(op.add((r0 + r) * d_v + c + 16), a1[r]);
-            }
-        }
+        // SAFETY: the contract, and columns `c..c + 32 <= d_v`.
+        unsafe { columns::<R, 2>(p, stride, r0, v, voff, j0, j1, o, d_v, c) };
         c += 32;
     }
     if c + 16 <= d_v {
-        let mut a0 = [_mm512_setzero_ps(); R];
-        for r in 0..R {
-            // SAFETY: output row `r0 + r`, columns `c..c + 16 <= d_v`.
-            unsafe { a0[r] = _mm512_loadu_ps(op.add((r0 + r) * d_v + c)) };
-        }
-        for j in j0..j1 {
-            // SAFETY: `j < j1 <= voff.len()`; value row `voff[j]`, columns
-            // `c..c + 16 <= d_v`; probability `(r0 + r, j)` is in `p`.
-            unsafe {
-                let b0 = _mm512_loadu_ps(vp.add(*voff.get_unchecked(j) + c));
-                for r in 0..R {
-                    let x = _mm512_set1_ps(*pp.add((r0 + r) * stride + j));
-                    a0[r] = _mm512_fmadd_ps(x, b0, a0[r]);
-                }
-            }
-        }
-        for r in 0..R {
-            // SAFETY: output row `r0 + r`, columns `c..c + 16 <= d_v`.
-            unsafe { _mm512_storeu_ps(op.add((r0 + r) * d_v + c), a0[r]) };
-        }
+        // SAFETY: the contract, and columns `c..c + 16 <= d_v`.
+        unsafe { columns::<R, 1>(p, stride, r0, v, voff, j0, j1, o, d_v, c) };
         c += 16;
     }
     if c < d_v {
@@ -192,6 +139,61 @@ pub(super) unsafe fn accumulate<const R: usize>(
                 c,
             )
         };
+    }
+}
+
+/// Columns `c .. c + 16 C` of [`accumulate`]'s `R` rows, `C` registers per
+/// row: each element one FMA chain over keys `j0..j1` in order.
+///
+/// # Safety
+/// [`accumulate`]'s contract, and `c + 16 C <= d_v`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn columns<const R: usize, const C: usize>(
+    p: &[f32],
+    stride: usize,
+    r0: usize,
+    v: &[f32],
+    voff: &[usize],
+    j0: usize,
+    j1: usize,
+    o: &mut [f32],
+    d_v: usize,
+    c: usize,
+) {
+    let (pp, vp, op) = (p.as_ptr(), v.as_ptr(), o.as_mut_ptr());
+    // Every access relies on the contract: rows `r0 + r < r0 + R` of `o`
+    // (`d_v` apart) and of `p` (`stride` apart, keys `j < j1`), value rows
+    // `voff[j] + d_v <= v.len()`, columns `c..c + 16 C <= d_v`.
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    for r in 0..R {
+        for (x, a) in acc[r].iter_mut().enumerate() {
+            // SAFETY: output row `r0 + r`, columns `c + 16 x ..+ 16 <= d_v`.
+            *a = unsafe { _mm512_loadu_ps(op.add((r0 + r) * d_v + c + 16 * x)) };
+        }
+    }
+    for j in j0..j1 {
+        // SAFETY: `j < j1 <= voff.len()`; value row `voff[j]`, columns
+        // `c..c + 16 C <= d_v`; probability `(r0 + r, j)` is in `p`.
+        unsafe {
+            let vr = vp.add(*voff.get_unchecked(j) + c);
+            let mut b = [_mm512_setzero_ps(); C];
+            for (x, bx) in b.iter_mut().enumerate() {
+                *bx = _mm512_loadu_ps(vr.add(16 * x));
+            }
+            for r in 0..R {
+                let w = _mm512_set1_ps(*pp.add((r0 + r) * stride + j));
+                for x in 0..C {
+                    acc[r][x] = _mm512_fmadd_ps(w, b[x], acc[r][x]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for (x, a) in acc[r].iter().enumerate() {
+            // SAFETY: output row `r0 + r`, columns `c + 16 x ..+ 16 <= d_v`.
+            unsafe { _mm512_storeu_ps(op.add((r0 + r) * d_v + c + 16 * x), *a) };
+        }
     }
 }
 
@@ -237,9 +239,9 @@ pub(super) fn exp(x: __m512) -> __m512 {
 /// which are the AVX2 kernel's consecutive chunks.
 ///
 /// # Safety
-/// `token` proves AVX-512 F and DQ and AVX2+FMA; `s.len()` a multiple of 8.
+/// `_token` proves AVX-512 F and DQ and AVX2+FMA; `s.len()` a multiple of 8.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
-pub(super) unsafe fn softmax(token: Avx512, s: &mut [f32]) -> (f32, f32) {
+pub(super) unsafe fn softmax(_token: Avx512, s: &mut [f32]) -> (f32, f32) {
     // The maximum sixteen at a time, folded to eight lanes, then the last
     // eight: `max(x, m)` keeps `m` when `x` is NaN, on either width.
     let mut wide = _mm512_set1_ps(f32::NEG_INFINITY);
@@ -258,16 +260,7 @@ pub(super) unsafe fn softmax(token: Avx512, s: &mut [f32]) -> (f32, f32) {
         let x = unsafe { _mm256_loadu_ps(c.as_ptr()) };
         vm = _mm256_max_ps(x, vm);
     }
-    let mut lanes = [0.0f32; 8];
-    // SAFETY: 8 floats.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), vm) };
-    let mut m = f32::NEG_INFINITY;
-    for x in lanes {
-        if x > m {
-            m = x;
-        }
-    }
-    let m = m + 0.0;
+    let m = super::avx2::max_of_lanes(vm);
     let vmv = _mm512_set1_ps(m);
     let mut acc = _mm256_setzero_ps();
     let mut pairs = s.chunks_exact_mut(16);
@@ -283,7 +276,7 @@ pub(super) unsafe fn softmax(token: Avx512, s: &mut [f32]) -> (f32, f32) {
     let rest = pairs.into_remainder();
     if !rest.is_empty() {
         // The last 8 (the length is a multiple of 8): the AVX2 exponential.
-        // SAFETY: 8 in-bounds floats; `token` implies AVX2+FMA.
+        // SAFETY: 8 in-bounds floats.
         unsafe {
             let x = _mm256_sub_ps(_mm256_loadu_ps(rest.as_ptr()), _mm256_set1_ps(m));
             let p = super::avx2::exp(x);
@@ -291,10 +284,5 @@ pub(super) unsafe fn softmax(token: Avx512, s: &mut [f32]) -> (f32, f32) {
             acc = _mm256_add_ps(acc, p);
         }
     }
-    let _ = token;
-    // ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), as the AVX2 kernel.
-    let a = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-    let b = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    let l = _mm_add_ss(b, _mm_movehdup_ps(b));
-    (m, _mm_cvtss_f32(l))
+    (m, super::avx2::sum_of_lanes(acc))
 }

@@ -3,12 +3,12 @@
 //! AVX2+FMA (`avx2.rs`) and portable (`portable.rs`) -- and all run the same
 //! per-element chains of IEEE operations, so they agree bit for bit (see
 //! the module docs of [`crate::attention`]). The functions here check the
-//! bounds the kernels rely on and dispatch by the token they are handed
-//! ([`Wide`] or [`Avx2`], which only run-time detection makes), else to the
-//! portable twin. Packed keys are in the blocks of the level that packed
+//! bounds the kernels rely on and dispatch by the [`Wide`] token they are
+//! handed (which only run-time detection makes), else to the portable
+//! twin. Packed keys are in the blocks of the level that packed
 //! them ([`lanes`]): pack and score with the same token.
 
-use crate::simd::{Avx2, Wide};
+use crate::simd::Wide;
 
 /// Keys per score micro-tile: two 8-lane blocks, or one 16-lane block at
 /// the AVX-512 level.
@@ -122,7 +122,7 @@ pub(super) fn pack_keys(
 /// Asks for value rows `rows` of `vals` to be brought into cache ahead of
 /// use: a sparse row's values are scattered, and issuing every line up
 /// front overlaps their misses. No effect on results.
-pub(super) fn prefetch_rows(isa: Option<Avx2>, vals: ValueRows<'_>, rows: std::ops::Range<usize>) {
+pub(super) fn prefetch_rows(isa: Option<Wide>, vals: ValueRows<'_>, rows: std::ops::Range<usize>) {
     let (v, voff, d_v) = (vals.v, &vals.off[rows], vals.d_v);
     #[cfg(target_arch = "x86_64")]
     if isa.is_some() {
@@ -336,47 +336,47 @@ mod tests {
         }
         assert_eq!(exp_scalar(0.0), 1.0);
         assert!(exp_scalar(f32::NAN).is_nan());
-        let token = avx2_for_test();
-        #[cfg(target_arch = "x86_64")]
-        if token.is_some() {
-            use std::arch::x86_64::*;
-            xs.extend([f32::NAN; 8]);
-            for c in xs.chunks_exact(8) {
-                let mut got = [0.0f32; 8];
-                // SAFETY: `token` is `Some`, so this CPU has AVX2+FMA;
-                // 8-float buffers.
-                unsafe {
-                    let x = _mm256_loadu_ps(c.as_ptr());
-                    _mm256_storeu_ps(got.as_mut_ptr(), avx2::exp(x));
-                }
-                for (g, &x) in got.iter().zip(c) {
-                    let want = exp_scalar(x);
-                    assert!(
-                        g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                        "x={x}: avx2 {g} vs scalar {want}"
-                    );
-                }
-            }
-            if avx512_for_test().is_some() {
-                xs.extend([-1.0f32; 8]); // a whole number of 16-lane registers
-                for c in xs.chunks_exact(16) {
-                    let mut got = [0.0f32; 16];
-                    // SAFETY: `avx512_for_test` returned a token, so this CPU
-                    // has AVX-512 F; 16-float buffers.
-                    unsafe {
-                        let x = _mm512_loadu_ps(c.as_ptr());
-                        _mm512_storeu_ps(got.as_mut_ptr(), avx512::exp(x));
-                    }
-                    for (g, &x) in got.iter().zip(c) {
+        // Every level's vector exp against the scalar one, bit for bit (NaN
+        // for NaN), `lanes` inputs at a time.
+        let same_as_scalar =
+            |xs: &[f32], lanes: usize, level: &str, exp: &dyn Fn(&[f32]) -> Vec<f32>| {
+                for c in xs.chunks_exact(lanes) {
+                    for (g, &x) in exp(c).iter().zip(c) {
                         let want = exp_scalar(x);
                         assert!(
                             g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                            "x={x}: avx512 {g} vs scalar {want}"
+                            "x={x}: {level} {g} vs scalar {want}"
                         );
                     }
                 }
+            };
+        #[cfg(target_arch = "x86_64")]
+        if avx2_for_test().is_some() {
+            use std::arch::x86_64::*;
+            xs.extend([f32::NAN; 8]);
+            same_as_scalar(&xs, 8, "avx2", &|c| {
+                let mut got = vec![0.0f32; 8];
+                // SAFETY: `avx2_for_test` returned a token, so this CPU has
+                // AVX2+FMA; 8-float buffers.
+                unsafe {
+                    _mm256_storeu_ps(got.as_mut_ptr(), avx2::exp(_mm256_loadu_ps(c.as_ptr())))
+                };
+                got
+            });
+            if avx512_for_test().is_some() {
+                xs.extend([-1.0f32; 8]); // a whole number of 16-lane registers
+                same_as_scalar(&xs, 16, "avx512", &|c| {
+                    let mut got = vec![0.0f32; 16];
+                    // SAFETY: `avx512_for_test` returned a token, so this
+                    // CPU has AVX-512 F; 16-float buffers.
+                    unsafe {
+                        _mm512_storeu_ps(got.as_mut_ptr(), avx512::exp(_mm512_loadu_ps(c.as_ptr())))
+                    };
+                    got
+                });
             }
         }
+        let _ = same_as_scalar; // unused off x86-64
     }
 
     /// Scores, softmax and value accumulation: every level, bit for bit,
