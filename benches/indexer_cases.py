@@ -184,7 +184,7 @@ def formats_and_witnesses(reps: int) -> dict:
         "fp8 + scales": lambda: ks.indexer_topk(q, w, fp8, pos, TOPK, key_scale=scale,
                                                 key_format="float8_e4m3fn"),
         "paged fp8 (vLLM pages, shuffled)": lambda: ks.indexer_topk_paged(
-            q, w, cache, table, [DECODE_T], [0], pos, TOPK, layout="fp8_scaled"),
+            q, w, cache, table, [DECODE_T], [0], pos, TOPK, page_layout="fp8_scaled"),
         "witnesses S=16": lambda: ks.indexer_topk(q, w, k, pos, TOPK, num_segments=16),
         "witnesses S=64": lambda: ks.indexer_topk(q, w, k, pos, TOPK, num_segments=64),
     }

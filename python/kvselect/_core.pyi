@@ -44,7 +44,9 @@ __all__ = [
     "indexer_topk_paged",
     "check_topk",
     "indexer_scores",
+    "indexer_magnitudes",
     "block_scores",
+    "block_magnitudes",
     "GlobalSlots",
     "check_blocks",
     "check_witnesses",
@@ -427,7 +429,7 @@ def indexer_topk_paged(
     query_pos: npt.ArrayLike,
     topk: int,
     *,
-    layout: str = "dense",
+    page_layout: str = "dense",
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     num_segments: int = 0,
@@ -436,8 +438,8 @@ def indexer_topk_paged(
 ) -> npt.NDArray[np.int32]:
     """:func:`indexer_topk` over an engine's paged key cache, read in place.
 
-    ``layout="dense"``: ``kv_cache [num_blocks, block_size, d]`` pages of float32 /
-    float16 / bfloat16 / float8_e4m3fn. ``layout="fp8_scaled"``: vLLM's DSA
+    ``page_layout="dense"``: ``kv_cache [num_blocks, block_size, d]`` pages of float32 /
+    float16 / bfloat16 / float8_e4m3fn. ``page_layout="fp8_scaled"``: vLLM's DSA
     index-K pages, uint8 ``[num_blocks, block_size, 1, d + 4]`` (each page the
     ``block_size × d`` e4m3fn bytes, then ``block_size`` float32 scales). The
     block axis may be strided. ``block_table`` int32 ``[n_seqs, max_blocks]``
@@ -453,11 +455,24 @@ def indexer_scores(
     key_scale: Optional[npt.ArrayLike] = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
-    magnitudes: bool = False,
+    out: Optional[npt.NDArray[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """Every query's exact score of every key it sees, float32 ``[n_queries, n_keys]`` (NaN past
-    each context): what :func:`indexer_topk` ranks, bit for bit. ``magnitudes=True``: each
-    score's error scale ``|c_t| * sum_h |w_h| * sum_i |q_hi * k_ti|`` (for :func:`check_topk`)."""
+    each context): what :func:`indexer_topk` ranks, bit for bit."""
+
+def indexer_magnitudes(
+    index_q: npt.ArrayLike,
+    weights: npt.ArrayLike,
+    index_k: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    *,
+    key_scale: Optional[npt.ArrayLike] = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    out: Optional[npt.NDArray[np.float32]] = None,
+) -> npt.NDArray[np.float32]:
+    """Each :func:`indexer_scores` entry's error scale ``|c_t| * sum_h |w_h| * sum_i |q_hi * k_ti|``
+    (the ``magnitudes`` of :func:`check_topk`), float32 ``[n_queries, n_keys]``, NaN past each context."""
 
 def check_topk(
     scores: npt.ArrayLike,
@@ -468,12 +483,12 @@ def check_topk(
     atol: float = 0.0,
     rtol: float = 0.0,
     magnitudes: Optional[npt.ArrayLike] = None,
-    layout: Optional["GlobalSlots"] = None,
+    slots: Optional["GlobalSlots"] = None,
 ) -> dict[str, Any]:
     """Whether each of an engine's top-k rows is a correct selection of its exact scores.
 
     ``scores`` float32 ``[n_rows, n_positions]``; ``rows`` int32/int64 ``[n_rows, width]``
-    (any order, negative entries padding), row-relative or, with ``layout``, global slot ids;
+    (any order, negative entries padding), row-relative or, with ``slots``, global slot ids;
     ``context_lens [n_rows]``; ``topk`` defaults to ``width``. A row is correct iff its valid
     entries come first, are distinct, causal, exactly ``min(topk, L)``, and every selected
     position scores at least every unselected one up to ``e_t = atol + rtol * magnitudes[t]``
@@ -490,13 +505,25 @@ def block_scores(
     *,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
-    magnitudes: bool = False,
+    out: Optional[npt.NDArray[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """Every row's exact block scores, what block selection ranks (bit for bit): float32
     ``[n_queries, n_kv_heads, ceil(n_positions / block_size)]``, entry ``b`` the max of
     ``q . k`` over block ``b``'s visible positions (-inf when all are NaN), NaN past the row's
-    visible blocks. ``magnitudes=True``: the max of ``sum_i |q_i * k_i|`` instead (for
-    :func:`check_blocks`). ``index_q [n_queries, n_kv_heads, d]``, ``query_pos [n_queries]``."""
+    visible blocks. ``index_q [n_queries, n_kv_heads, d]``, ``query_pos [n_queries]``."""
+
+def block_magnitudes(
+    index_q: npt.ArrayLike,
+    index_k: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    config: Optional[BlockSparseConfig] = None,
+    *,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    out: Optional[npt.NDArray[np.float32]] = None,
+) -> npt.NDArray[np.float32]:
+    """The error scale of every :func:`block_scores` entry: the max of ``sum_i |q_i * k_i|`` over
+    the block's visible positions (the ``magnitudes`` of :func:`check_blocks`)."""
 
 @final
 class GlobalSlots:
@@ -527,19 +554,19 @@ class GlobalSlots:
 def check_blocks(
     block_scores: npt.ArrayLike,
     rows: npt.ArrayLike,
-    num_blocks: npt.ArrayLike,
+    visible_blocks: npt.ArrayLike,
     config: Optional[BlockSparseConfig] = None,
     *,
     atol: float = 0.0,
     rtol: float = 0.0,
     magnitudes: Optional[npt.ArrayLike] = None,
-    layout: Optional[GlobalSlots] = None,
+    slots: Optional[GlobalSlots] = None,
 ) -> dict[str, Any]:
     """Whether each of an engine's block-selection rows (MiniMax-M3) is correct under ``config``.
 
     ``block_scores`` float32 ``[n_rows, n_blocks]`` (:func:`block_scores` reshaped, one row per
     (query, head)); ``rows`` int32/int64 ``[n_rows, width]`` in any order, logical or (with
-    ``layout``) physical ids; ``num_blocks [n_rows]`` the blocks each query sees. Correct iff
+    ``slots``) physical ids; ``visible_blocks [n_rows]`` the blocks each query sees. Correct iff
     every forced block is present, exactly ``min(max(top_blocks, #forced), n)`` distinct blocks
     ``0 <= b < n``, valid entries first, and every chosen free block scores at least every
     rejected free one up to the tolerance of :func:`check_topk`. The report is

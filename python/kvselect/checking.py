@@ -311,7 +311,7 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
         lens = _ints(d, "context_lens")
         parts.append((np.arange(n), ks.check_topk(
             scores, engine_rows, lens, topk=topk, atol=atol, rtol=rtol,
-            magnitudes=mags, layout=_layout(d, np.arange(n)))))
+            magnitudes=mags, slots=_layout(d, np.arange(n)))))
         vacuous = _vacuous(scores, mags, lens, topk, atol, rtol)
     else:
         _need(d, "index_q", "weights", "index_k", "query_pos")
@@ -334,11 +334,11 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
                 rows = idx[c : c + step]
                 args = (q[rows], w[rows], keys, pos[rows])
                 scores = ks.indexer_scores(*args, key_scale=ksc, **fmt)
-                mags = ks.indexer_scores(*args, key_scale=ksc, magnitudes=True, **fmt) if rtol else None
+                mags = ks.indexer_magnitudes(*args, key_scale=ksc, **fmt) if rtol else None
                 lens[rows] = np.minimum(pos[rows] + 1, hi - lo)
                 parts.append((rows, ks.check_topk(
                     scores, engine_rows[rows], lens[rows], topk=topk, atol=atol, rtol=rtol,
-                    magnitudes=mags, layout=_layout(d, rows))))
+                    magnitudes=mags, slots=_layout(d, rows))))
                 vacuous += _vacuous(scores, mags, lens[rows], topk, atol, rtol)
     exact = _merge(parts)
     exact["vacuous"] = vacuous
@@ -346,7 +346,7 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
     engine_scores = _floats(d, "engine_scores")
     if engine_scores is not None:
         own = ks.check_topk(engine_scores, engine_rows, lens, topk=topk,
-                            layout=_layout(d, np.arange(n)))
+                            slots=_layout(d, np.arange(n)))
         own["vacuous"] = _vacuous(engine_scores, None, lens, topk, 0.0, 0.0)
         checks.append(("against the engine's own scores, exactly", own))
     return checks
@@ -392,8 +392,7 @@ def _check_blocks(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List
         got = ks.block_scores(q[idx], keys, pos[idx], cfg, **fmt)
         scores[idx, :, : got.shape[2]] = got
         if mags is not None:
-            mags[idx, :, : got.shape[2]] = ks.block_scores(q[idx], keys, pos[idx], cfg,
-                                                           magnitudes=True, **fmt)
+            mags[idx, :, : got.shape[2]] = ks.block_magnitudes(q[idx], keys, pos[idx], cfg, **fmt)
         nb[idx] = (-(-np.minimum(pos[idx] + 1, len(keys)) // cfg.block_size))[:, None]
     scores = scores.reshape(n * h, -1)
     mags = None if mags is None else mags.reshape(n * h, -1)
@@ -402,7 +401,7 @@ def _check_blocks(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List
     if "block_table" in d:
         layout = ks.GlobalSlots(d["block_table"], np.repeat(seq, h), 1)
     report = ks.check_blocks(scores, np.ascontiguousarray(rows).reshape(n * h, -1), nb, cfg,
-                             atol=atol, rtol=rtol, magnitudes=mags, layout=layout)
+                             atol=atol, rtol=rtol, magnitudes=mags, slots=layout)
     for x in report["details"]:  # name rows in the user's terms
         x["query"], x["kv_head"] = divmod(x["row"], h)
     return [("against the exact block scores", report)]

@@ -209,12 +209,13 @@ def _float_array(
     return a.astype(dtype).astype(np.float64)
 
 
-def _inplace_i32(name: str, value: Any, ndim: int, domain: str) -> np.ndarray:
-    """A buffer written in place (``topk_indices``, ``out=``): an int32,
-    writeable ndarray of ``ndim`` dimensions, never converted. (The reference
-    computes on copies, so it asks nothing of the buffer's memory layout.)"""
-    if not isinstance(value, np.ndarray) or value.dtype != np.int32:
-        raise TypeError(f"{name} must be an int32 numpy array")
+def _inplace_i32(name: str, value: Any, ndim: int, domain: str, dtype: Any = np.int32) -> np.ndarray:
+    """A buffer written in place (``topk_indices``, ``out=``): a writeable
+    ndarray of ``dtype`` (int32 unless said) and ``ndim`` dimensions, never
+    converted. (The reference computes on copies, so it asks nothing of the
+    buffer's memory layout.)"""
+    if not isinstance(value, np.ndarray) or value.dtype != dtype:
+        raise TypeError(f"{name} must be a {np.dtype(dtype).name} numpy array")
     if value.ndim != ndim:
         raise _refuse(domain, name, f"{name} must be {ndim}-D")
     if not value.flags.writeable:
@@ -222,21 +223,22 @@ def _inplace_i32(name: str, value: Any, ndim: int, domain: str) -> np.ndarray:
     return value
 
 
-def _output(out: Any, shape: tuple, domain: str) -> Optional[np.ndarray]:
+def _output(out: Any, shape: tuple, domain: str, dtype: Any = np.int32) -> Optional[np.ndarray]:
     """The caller's ``out=`` buffer, checked for the call's output ``shape``
-    (before any of the spec's refusals, as natively), or None."""
+    and ``dtype`` (before any of the spec's refusals, as natively), or None."""
     if out is None:
         return None
-    out = _inplace_i32("out", out, len(shape), domain)
+    out = _inplace_i32("out", out, len(shape), domain, dtype)
     if out.shape != tuple(shape):
         raise _refuse(domain, "out", f"out must have shape {tuple(shape)}, got {out.shape}")
     return out
 
 
 def _deliver(result: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
-    """The int32 ``result``, written into ``out`` and ``out`` returned when given."""
+    """``result`` (int32 unless float32), written into ``out`` and ``out``
+    returned when given."""
     if out is None:
-        return result.astype(np.int32)
+        return result if result.dtype == np.float32 else result.astype(np.int32)
     out[...] = result
     return out
 
@@ -641,7 +643,7 @@ def block_scores(
     *,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
-    magnitudes: bool = False,
+    out: Any = None,
 ) -> np.ndarray:
     """``kvselect.block_scores``: every row's block scores, the values the
     selection ranks, float32 ``[n_queries, n_kv_heads, n_blocks]`` with
@@ -649,10 +651,29 @@ def block_scores(
     n_kv_heads, d]``, ``query_pos [n_queries]``): entry ``b`` the max raw
     dot product over block ``b``'s visible positions, NaN ignored (-inf for
     a block of only NaNs), -0.0 read as +0.0; NaN past the row's visible
-    blocks. ``magnitudes=True``: the same maxima of ``sum_i |q_i * k_i|``
-    (the scores of ``|q|`` and ``|k|``), ``check_blocks``' magnitudes."""
+    blocks."""
+    return _block_values(index_q, index_k, query_pos, config, key_format, query_format, out, False)
+
+
+def block_magnitudes(
+    index_q: Any,
+    index_k: Any,
+    query_pos: Any,
+    config: Any = None,
+    *,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    out: Any = None,
+) -> np.ndarray:
+    """``kvselect.block_magnitudes``: :func:`block_scores`' maxima of
+    ``sum_i |q_i * k_i|`` instead (the scores of ``|q|`` and ``|k|``),
+    ``check_blocks``' magnitudes."""
+    return _block_values(index_q, index_k, query_pos, config, key_format, query_format, out, True)
+
+
+def _block_values(index_q: Any, index_k: Any, query_pos: Any, config: Any, key_format: Optional[str],
+                  query_format: Optional[str], out: Any, magnitudes: bool) -> np.ndarray:
     bs = _config(config)[0]
-    magnitudes = _flag("magnitudes", magnitudes)
     keys = _decoded("index_k", index_k, key_format, 2)
     q = _decoded("index_q", index_q, query_format, 3)
     _same_d(q, keys)
@@ -662,11 +683,11 @@ def block_scores(
     if magnitudes:
         q, keys = np.abs(q), np.abs(keys)
     n_blocks = -(-keys.shape[0] // bs)
-    out = np.full((q.shape[0], q.shape[1], n_blocks), np.nan, np.float32)
+    result = np.full((q.shape[0], q.shape[1], n_blocks), np.nan, np.float32)
     for i, p in enumerate(positions):
         visible = _block_scores(q[i], keys, int(p), bs)
-        out[i, :, : visible.shape[1]] = visible
-    return out
+        result[i, :, : visible.shape[1]] = visible
+    return _deliver(result, _output(out, result.shape, _SELECTION, np.float32))
 
 
 def _select_one_query(
@@ -1368,12 +1389,33 @@ def indexer_scores(
     key_scale: Any = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
-    magnitudes: bool = False,
+    out: Any = None,
 ) -> np.ndarray:
     """Every query's score of every key it sees, float32 ``[n_queries,
-    n_keys]``, NaN past its context (computed in float64, rounded once); with
-    ``magnitudes``, ``|c_t| * sum_h |w_h| * sum_i |q_hi * k_ti|`` instead."""
-    q, w, k, c, pos = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
+    n_keys]``, NaN past its context (computed in float64, rounded once)."""
+    args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
+    return _deliver(_indexer_matrix(*args, False), _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32))
+
+
+def indexer_magnitudes(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    out: Any = None,
+) -> np.ndarray:
+    """Each :func:`indexer_scores` entry's error scale ``|c_t| * sum_h |w_h|
+    * sum_i |q_hi * k_ti|``, float32, NaN past each context."""
+    args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
+    return _deliver(_indexer_matrix(*args, True), _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32))
+
+
+def _indexer_matrix(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray, pos: np.ndarray,
+                    magnitudes: bool) -> np.ndarray:
     if magnitudes:  # the ReLU is the identity on the absolute values
         q, w, k, c = np.abs(q), np.abs(w), np.abs(k), np.abs(c)
     out = np.full((len(q), len(k)), np.nan)
@@ -1435,10 +1477,11 @@ def _query_by_query(n: int, topk: int, one: Any, out: Any, scores_out: Any) -> n
     return _deliver(result, _output(out, result.shape, _SELECTION))
 
 
-def _gather_pages(kv_cache: Any, block_table: np.ndarray, s: int, length: int, layout: str, key_format: Optional[str]):
+def _gather_pages(kv_cache: Any, block_table: np.ndarray, s: int, length: int, page_layout: str,
+                  key_format: Optional[str]):
     """Sequence ``s``'s first ``length`` keys (and scales) from its pages."""
     cache = np.asarray(kv_cache)
-    if layout == "fp8_scaled":
+    if page_layout == "fp8_scaled":
         n_blocks, bs, width = cache.shape[0], cache.shape[1], cache.shape[-1]
         d = width - 4
         pages = np.ascontiguousarray(cache).reshape(n_blocks, bs * width)
@@ -1466,7 +1509,7 @@ def indexer_topk_paged(
     query_pos: Any,
     topk: int,
     *,
-    layout: str = "dense",
+    page_layout: str = "dense",
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     num_segments: int = 0,
@@ -1486,7 +1529,7 @@ def indexer_topk_paged(
 
     def one(i: int, s_row: np.ndarray) -> np.ndarray:
         s = int(sid[i])
-        k, c = _gather_pages(kv_cache, table, s, int(lens[s]), layout, key_format)
+        k, c = _gather_pages(kv_cache, table, s, int(lens[s]), page_layout, key_format)
         return indexer_topk(q[i : i + 1], w[i : i + 1], k, pos[i : i + 1], topk, key_scale=c,
                             query_format=query_format, num_segments=num_segments, scores_out=s_row)
 
@@ -1994,12 +2037,12 @@ def _engine_rows(rows: Any) -> np.ndarray:
 
 
 def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = None,
-               atol: float = 0.0, rtol: float = 0.0, magnitudes: Any = None, layout: Any = None) -> dict:
+               atol: float = 0.0, rtol: float = 0.0, magnitudes: Any = None, slots: Any = None) -> dict:
     """``kvselect.check_topk``: whether each engine row is a correct top-k of
     its exact scores (see the section's rule), as the native report; with
-    ``layout``, the rows are global slot ids read back through it."""
+    ``slots``, the rows are global slot ids read back through it."""
     r = _engine_rows(rows)
-    ranks = layout.dcp_size if isinstance(layout, GlobalSlots) else 1
+    ranks = slots.dcp_size if isinstance(slots, GlobalSlots) else 1
     k = r.shape[1] // ranks if topk is None else _selection_count("topk", topk)
     s = _float_array("scores", scores, 2, _SELECTION).astype(np.float32)
     n, t = s.shape
@@ -2007,25 +2050,25 @@ def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = 
         "context_lens", context_lens, 1, _SELECTION, positions=True)]
     m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION).astype(np.float32)
     a, rt = float(atol), float(rtol)
-    return _check_batch(s, r, lens, m, a, rt, layout, {"scores": "scores", "lens": "context_lens"}, ("topk", k),
+    return _check_batch(s, r, lens, m, a, rt, slots, {"scores": "scores", "lens": "context_lens"}, ("topk", k),
                        lambda si, mi, raw, row, L, mp: _check_row(si, mi, a, rt, raw, row, L, k, ranks > 1, mp),
                        _CHECK_REASONS)
 
 
-def check_blocks(block_scores: Any, rows: Any, num_blocks: Any, config: Any = None, *, atol: float = 0.0,
-                 rtol: float = 0.0, magnitudes: Any = None, layout: Any = None) -> dict:
+def check_blocks(block_scores: Any, rows: Any, visible_blocks: Any, config: Any = None, *, atol: float = 0.0,
+                 rtol: float = 0.0, magnitudes: Any = None, slots: Any = None) -> dict:
     """``kvselect.check_blocks``: whether each engine row of block ids (one
     row per (query, head), any order) is a correct block selection under
-    ``config`` for a query that sees ``num_blocks[row]`` blocks, judged
+    ``config`` for a query that sees ``visible_blocks[row]`` blocks, judged
     against ``block_scores [n_rows, n_blocks]`` (see the section's rule)."""
     cfg = _config(config)
     r = _engine_rows(rows)
     s = _float_array("block_scores", block_scores, 2, _SELECTION).astype(np.float32)
-    lens = [int(x) for x in _index_array("num_blocks", num_blocks, 1, _SELECTION, positions=True)]
+    lens = [int(x) for x in _index_array("visible_blocks", visible_blocks, 1, _SELECTION, positions=True)]
     m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION).astype(np.float32)
     a, rt = float(atol), float(rtol)
     width = max(cfg[1], cfg[2] + cfg[3])
-    return _check_batch(s, r, lens, m, a, rt, layout, {"scores": "block_scores", "lens": "num_blocks"},
+    return _check_batch(s, r, lens, m, a, rt, slots, {"scores": "block_scores", "lens": "visible_blocks"},
                        ("config", width),
                        lambda si, mi, raw, row, nb, mp: _check_block_row(si, mi, a, rt, raw, row, nb, cfg, mp),
                        _BLOCK_REASONS)

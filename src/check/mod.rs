@@ -515,7 +515,7 @@ pub fn check_rows(
     // The Python parameters' names, which differ by rule.
     let (scores_name, lens_name) = match rule {
         Rule::Topk(_) => ("scores", "context_lens"),
-        Rule::Blocks(_) => ("block_scores", "num_blocks"),
+        Rule::Blocks(_) => ("block_scores", "visible_blocks"),
     };
     let grid = checked_size(scores_name, &[n, b.n_positions])?;
     check_len(scores_name, b.scores.len(), grid, || {

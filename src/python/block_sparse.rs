@@ -198,13 +198,13 @@ fn block_sparse_select<'py>(
 /// for bit): float32 ``[n_queries, n_kv_heads, n_blocks]``, ``n_blocks =
 /// ceil(n_positions / config.block_size)``, entry ``b`` the max of ``q . k``
 /// over block ``b``'s visible positions (``-inf`` when all are NaN), NaN past
-/// the row's visible blocks. ``magnitudes=True`` gives instead the max of
-/// ``sum_i |q_i * k_i|``: the ``magnitudes`` of :func:`check_blocks`.
-/// ``index_q`` is ``[n_queries, n_kv_heads, d]`` with ``query_pos
-/// [n_queries]``; formats as :func:`block_sparse_select`.
+/// the row's visible blocks. ``index_q`` is ``[n_queries, n_kv_heads, d]``
+/// with ``query_pos [n_queries]``; formats as :func:`block_sparse_select`;
+/// ``out=`` (float32, that shape) reuses a buffer. Their error scales are
+/// :func:`block_magnitudes`.
 #[pyfunction]
 #[pyo3(signature = (index_q, index_k, query_pos, config=None, *, key_format=None,
-                    query_format=None, magnitudes=false))]
+                    query_format=None, out=None))]
 fn block_scores<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -213,6 +213,54 @@ fn block_scores<'py>(
     config: Opt<'_, 'py>,
     key_format: Option<&str>,
     query_format: Option<&str>,
+    out: Opt<'_, 'py>,
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    let formats = (key_format, query_format);
+    block_values(
+        py,
+        (index_q, index_k, query_pos),
+        config,
+        formats,
+        out,
+        false,
+    )
+}
+
+/// The error scale of every :func:`block_scores` entry: the max over the
+/// block's visible positions of ``sum_i |q_i * k_i|``, the ``magnitudes``
+/// of :func:`check_blocks` (its ``rtol`` multiplies them). Arguments,
+/// shape and NaN padding as :func:`block_scores`.
+#[pyfunction]
+#[pyo3(signature = (index_q, index_k, query_pos, config=None, *, key_format=None,
+                    query_format=None, out=None))]
+fn block_magnitudes<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    index_k: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    config: Opt<'_, 'py>,
+    key_format: Option<&str>,
+    query_format: Option<&str>,
+    out: Opt<'_, 'py>,
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    let formats = (key_format, query_format);
+    block_values(
+        py,
+        (index_q, index_k, query_pos),
+        config,
+        formats,
+        out,
+        true,
+    )
+}
+
+/// The body of :func:`block_scores` and :func:`block_magnitudes`.
+fn block_values<'py>(
+    py: Python<'py>,
+    (index_q, index_k, query_pos): (&Obj<'py>, &Obj<'py>, &Obj<'py>),
+    config: Opt<'_, 'py>,
+    (key_format, query_format): (Option<&str>, Option<&str>),
+    out: Opt<'_, 'py>,
     magnitudes: bool,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
     let cfg = self::config(config)?;
@@ -221,7 +269,7 @@ fn block_scores<'py>(
     let pos = positions(S, query_pos, "query_pos")?;
     let n_keys = k.untyped().shape()[0];
     let shape = [n, h, n_keys.div_ceil(cfg.block_size.max(1))];
-    let out = S.output::<f32>(py, None, &shape, &[])?;
+    let out = S.output::<f32>(py, out, &shape, &[q.untyped(), k.untyped()])?;
     let (qs, ks) = (q.encoded()?, k.encoded()?);
     out.run(qs.len().saturating_add(ks.len()), |os| {
         block_sparse::block_scores_into(qs, n, h, ks, d, &pos, &cfg, magnitudes, os)
@@ -421,5 +469,6 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(block_sparse_select_paged, m)?)?;
     m.add_function(wrap_pyfunction!(positions_of_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(block_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(block_magnitudes, m)?)?;
     Ok(())
 }

@@ -4,7 +4,6 @@
 //! sequence onto them.
 
 use numpy::{PyArrayDyn, PyUntypedArray};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::args::{format_of, numpy, positions, Args, In, Obj, StridedRows};
@@ -146,7 +145,7 @@ fn cache_layout(
         "fp8_scaled" => (
             PageLayout::Fp8WithScales,
             dtype == "uint8" && matches!(shape[..], [_, _, 1, x] | [_, _, x] if x > 4),
-            "with layout='fp8_scaled', kv_cache must be uint8 [num_blocks, block_size, 1, d + 4] \
+            "with page_layout='fp8_scaled', kv_cache must be uint8 [num_blocks, block_size, 1, d + 4] \
              or [num_blocks, block_size, d + 4]",
         ),
         // Pages are read in place: float64 is not converted.
@@ -161,8 +160,8 @@ fn cache_layout(
             "kv_cache must be 3-D [num_blocks, block_size, d]",
         ),
         other => {
-            let msg = format!("layout must be 'dense' or 'fp8_scaled', got {other:?}");
-            return Err(PyValueError::new_err(msg));
+            let msg = format!("page_layout must be 'dense' or 'fp8_scaled', got {other:?}");
+            return Err(refuse(Domain::Selection, "page_layout", msg));
         }
     };
     if !fits {

@@ -150,8 +150,8 @@ impl PyGlobalSlots {
     }
 }
 
-/// The `layout` argument: `None` (row-relative) or a `GlobalSlots`.
-fn layout<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalSlots<'a>> {
+/// The `slots` argument: `None` (row-relative) or a `GlobalSlots`.
+fn global_slots<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalSlots<'a>> {
     obj.as_ref().map(|g| g.get().map())
 }
 
@@ -163,9 +163,9 @@ fn layout<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalSlots<'
 /// side, so a tie within the engine's rounding is never an error (rows may
 /// be in any order; ties at the threshold broken any way). ``rows`` is
 /// int32 or int64 ``[n_rows, width]``, negative entries padding, row-relative
-/// or (``layout=GlobalSlots(...)``) global slot ids; ``context_lens``
+/// or (``slots=GlobalSlots(...)``) global slot ids; ``context_lens``
 /// ``[n_rows]`` (default: every position); ``topk`` defaults to ``width``
-/// (a rank's width with a DCP layout).
+/// (a rank's width with DCP slots).
 /// With ``atol = rtol = 0`` the check is exact.
 ///
 /// Returns a dict: ``rows``, ``correct``, ``wrong``, ``by_reason`` (rows
@@ -174,12 +174,12 @@ fn layout<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalSlots<'
 /// one entry per wrong row: its ``row`` and ``problems`` (each a dict with
 /// its ``reason``; a wrong selection lists the ``dropped`` and
 /// ``intruders`` as ``(position, score)``, their counts, the row's exact
-/// ``threshold`` and the ``margin`` by which it is wrong; with ``layout``, a
+/// ``threshold`` and the ``margin`` by which it is wrong; with ``slots``, a
 /// ``not_causal`` entry also carries the engine's ``value``, the slot id it
 /// wrote).
 #[pyfunction]
 #[pyo3(signature = (scores, rows, context_lens=None, *, topk=None, atol=0.0, rtol=0.0,
-                    magnitudes=None, layout=None))]
+                    magnitudes=None, slots=None))]
 fn check_topk<'py>(
     py: Python<'py>,
     scores: &Obj<'py>,
@@ -189,11 +189,11 @@ fn check_topk<'py>(
     atol: f64,
     rtol: f64,
     magnitudes: Opt<'_, 'py>,
-    layout: Option<Bound<'py, PyGlobalSlots>>,
+    slots: Option<Bound<'py, PyGlobalSlots>>,
 ) -> PyResult<PyReport<'py>> {
     let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
     // DCP rows are the ranks' rows side by side: by default, each rank's width.
-    let width = r.shape[1] / layout.as_ref().map_or(1, |g| g.get().shape.dcp_size);
+    let width = r.shape[1] / slots.as_ref().map_or(1, |g| g.get().shape.dcp_size);
     let topk = S.count_or(topk, "topk", u64::MAX, width)?;
     let lens =
         |n, t| context_lens.map_or_else(|| Ok(vec![t; n]), |c| positions(S, c, "context_lens"));
@@ -204,38 +204,38 @@ fn check_topk<'py>(
         tol,
         (scores, &r, magnitudes),
         lens,
-        &layout,
+        &slots,
     )
 }
 
 /// Whether each of an engine's block-selection rows (MiniMax-M3) is correct
 /// under ``config``: every forced block (the first ``init_blocks``, the
 /// newest ``local_blocks``) present, exactly ``min(max(top_blocks, #forced),
-/// n)`` distinct blocks ``0 <= b < n`` (``n = num_blocks[row]``, the blocks
+/// n)`` distinct blocks ``0 <= b < n`` (``n = visible_blocks[row]``, the blocks
 /// the query sees), valid entries first, and every chosen free block
 /// scoring at least every rejected free one up to the tolerance of
 /// :func:`check_topk`. ``block_scores`` is float32 ``[n_rows, n_blocks]`` (a
 /// row per (query, head): :func:`block_scores` reshaped), ``rows`` int32 or
-/// int64 ``[n_rows, width]`` in any order, logical ids or (``layout``)
+/// int64 ``[n_rows, width]`` in any order, logical ids or (``slots``)
 /// physical ones. The report is :func:`check_topk`'s, with the reason
 /// ``missing_forced`` beside its others.
 #[pyfunction]
-#[pyo3(signature = (block_scores, rows, num_blocks, config=None, *, atol=0.0, rtol=0.0,
-                    magnitudes=None, layout=None))]
+#[pyo3(signature = (block_scores, rows, visible_blocks, config=None, *, atol=0.0, rtol=0.0,
+                    magnitudes=None, slots=None))]
 fn check_blocks<'py>(
     py: Python<'py>,
     block_scores: &Obj<'py>,
     rows: &Obj<'py>,
-    num_blocks: &Obj<'py>,
+    visible_blocks: &Obj<'py>,
     config: Opt<'_, 'py>,
     atol: f64,
     rtol: f64,
     magnitudes: Opt<'_, 'py>,
-    layout: Option<Bound<'py, PyGlobalSlots>>,
+    slots: Option<Bound<'py, PyGlobalSlots>>,
 ) -> PyResult<PyReport<'py>> {
     let cfg = self::config(config)?;
     let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
-    let lens = |_, _| positions(S, num_blocks, "num_blocks");
+    let lens = |_, _| positions(S, visible_blocks, "visible_blocks");
     let tol = Tolerance { atol, rtol };
     run(
         py,
@@ -243,7 +243,7 @@ fn check_blocks<'py>(
         tol,
         (block_scores, &r, magnitudes),
         lens,
-        &layout,
+        &slots,
     )
 }
 
@@ -255,7 +255,7 @@ fn run<'py>(
     tol: Tolerance,
     (scores, rows, magnitudes): (&Obj<'py>, &In<'py, i64, 2>, Opt<'_, 'py>),
     lens: impl FnOnce(usize, usize) -> PyResult<Vec<usize>>,
-    layout: &Option<Bound<'py, PyGlobalSlots>>,
+    slots: &Option<Bound<'py, PyGlobalSlots>>,
 ) -> PyResult<PyReport<'py>> {
     let name = match rule {
         Rule::Topk(_) => "scores",
@@ -275,7 +275,7 @@ fn run<'py>(
         rows: rows.slice()?,
         width: rows.shape[1],
         lens: &lens,
-        global: self::layout(layout),
+        global: global_slots(slots),
     };
     let checks = detach(py, n.saturating_mul(t), || {
         check::check_rows(&batch, rule, tol)
@@ -295,7 +295,7 @@ fn blame_row_counts(
 ) -> PyResult<()> {
     let lens = match rule {
         Rule::Topk(_) => "context_lens",
-        Rule::Blocks(_) => "num_blocks",
+        Rule::Blocks(_) => "visible_blocks",
     };
     let culprit = match (n_scores == n_rows, n_scores == n_lens, n_rows == n_lens) {
         (true, true, _) => return Ok(()),

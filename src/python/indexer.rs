@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 
 use numpy::PyUntypedArray;
 
-use super::args::{detach, positions, Args, EncodedIn, In, Obj, Opt, Out, I32};
+use super::args::{detach, positions, Args, EncodedIn, In, Obj, Opt, I32};
 use super::cache::{Paged, PagedArgs};
 use super::errors::Domain;
 use crate::attention::AttentionError as Error;
@@ -248,14 +248,13 @@ fn indexer_topk_packed<'py>(
 /// Every query's exact score of every key it sees, float32 ``[n_queries,
 /// n_keys]`` (NaN past each query's context): the scores :func:`indexer_topk`
 /// ranks, bit for bit — what :func:`check_topk` judges an engine's rows
-/// against. ``magnitudes=True`` gives instead each score's error scale
-/// ``|key_scale[t]| * sum_h |weights[h]| * sum_i |index_q[h, i] *
-/// index_k[t, i]|``, the ``magnitudes`` of :func:`check_topk` (its ``rtol``
-/// multiplies them). Arguments as :func:`indexer_topk`. Builds the whole
-/// ``[n_queries, n_keys]`` matrix: a checking tool, not a serving path.
+/// against. Arguments as :func:`indexer_topk`; ``out=`` (float32
+/// ``[n_queries, n_keys]``) reuses a buffer. Builds the whole matrix: a
+/// checking tool, not a serving path. Their error scales are
+/// :func:`indexer_magnitudes`.
 #[pyfunction]
 #[pyo3(signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
-                    query_format=None, magnitudes=false))]
+                    query_format=None, out=None))]
 fn indexer_scores<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -265,20 +264,58 @@ fn indexer_scores<'py>(
     key_scale: Opt<'_, 'py>,
     key_format: Option<&str>,
     query_format: Option<&str>,
-    magnitudes: bool,
+    out: Opt<'_, 'py>,
 ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
     let common = (index_q, weights, index_k, query_pos);
     let call = Call::inputs(common, (key_scale, key_format, query_format))?;
-    let shape = call.shape;
-    let out = Out::<f32>::zeros(py, &[shape.n_queries, shape.n_keys])?;
-    let (inputs, work) = (call.borrowed()?, call.work());
-    out.run(work, |o| {
-        indexer::indexer_scores_into(&shape, &inputs, magnitudes, o)
-    })
+    call.score_matrix(py, out, false)
+}
+
+/// Each :func:`indexer_scores` entry's error scale ``|key_scale[t]| *
+/// sum_h |weights[h]| * sum_i |index_q[h, i] * index_k[t, i]|``: the
+/// ``magnitudes`` of :func:`check_topk` (its ``rtol`` multiplies them).
+/// Arguments, shape and NaN padding as :func:`indexer_scores`.
+#[pyfunction]
+#[pyo3(signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
+                    query_format=None, out=None))]
+fn indexer_magnitudes<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    weights: &Obj<'py>,
+    index_k: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    key_scale: Opt<'_, 'py>,
+    key_format: Option<&str>,
+    query_format: Option<&str>,
+    out: Opt<'_, 'py>,
+) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
+    let common = (index_q, weights, index_k, query_pos);
+    let call = Call::inputs(common, (key_scale, key_format, query_format))?;
+    call.score_matrix(py, out, true)
+}
+
+impl<'py> Call<'py> {
+    /// The `[n_queries, n_keys]` scores (or their magnitudes) into `out`.
+    fn score_matrix(
+        self,
+        py: Python<'py>,
+        out: Opt<'_, 'py>,
+        magnitudes: bool,
+    ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
+        let shape = self.shape;
+        let mut arrays = vec![self.q.untyped(), self.w.untyped(), self.k.untyped()];
+        arrays.extend(self.scale.as_ref().map(|c| c.untyped()));
+        let out = S.output::<f32>(py, out, &[shape.n_queries, shape.n_keys], &arrays)?;
+        let (inputs, work) = (self.borrowed()?, self.work());
+        out.run(work, |o| {
+            indexer::indexer_scores_into(&shape, &inputs, magnitudes, o)
+        })
+    }
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(indexer_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(indexer_magnitudes, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_topk, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_topk_packed, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_topk_paged, m)?)?;
@@ -287,8 +324,8 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// :func:`indexer_topk` over an engine's paged key cache, read in place:
 /// ``kv_cache`` is ``[num_blocks, block_size, d]`` pages of float32 /
-/// float16 / bfloat16 / float8_e4m3fn (``layout="dense"``; raw uint16 /
-/// uint8 with ``key_format``), or vLLM's DSA index-K pages (``layout=
+/// float16 / bfloat16 / float8_e4m3fn (``page_layout="dense"``; raw uint16 /
+/// uint8 with ``key_format``), or vLLM's DSA index-K pages (``page_layout=
 /// "fp8_scaled"``: uint8 ``[num_blocks, block_size, 1, d + 4]`` or
 /// ``[num_blocks, block_size, d + 4]``, each page the ``block_size × d``
 /// e4m3fn bytes then ``block_size`` float32 scales). The block axis may be
@@ -299,10 +336,10 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(
     signature = (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *,
-                 layout="dense", key_format=None, query_format=None, num_segments=None, out=None,
+                 page_layout="dense", key_format=None, query_format=None, num_segments=None, out=None,
                  scores_out=None),
     text_signature = "(index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *, \
-                      layout='dense', key_format=None, query_format=None, num_segments=0, out=None, \
+                      page_layout='dense', key_format=None, query_format=None, num_segments=0, out=None, \
                       scores_out=None)"
 )]
 fn indexer_topk_paged<'py>(
@@ -315,7 +352,7 @@ fn indexer_topk_paged<'py>(
     seq_ids: &Obj<'py>,
     query_pos: &Obj<'py>,
     topk: &Obj<'py>,
-    layout: &str,
+    page_layout: &str,
     key_format: Option<&str>,
     query_format: Option<&str>,
     num_segments: Opt<'_, 'py>,
@@ -330,7 +367,7 @@ fn indexer_topk_paged<'py>(
         seq_ids,
         query_pos,
     };
-    let paged = Paged::new(args, layout, key_format, Some(dq))?;
+    let paged = Paged::new(args, page_layout, key_format, Some(dq))?;
     let topk = S.count(topk, "topk", i32::MAX as u64)?;
     let segs = segments(num_segments)?;
     let inputs = PagedInputs {

@@ -1578,28 +1578,28 @@ def block_check_args():
     return scores, rows, np.array([6, 4])
 
 
-@case("check-blocks-float-rows", "engine check", "`check_blocks(block_scores, rows.astype(float32), num_blocks, cfg)`",
+@case("check-blocks-float-rows", "engine check", "`check_blocks(block_scores, rows.astype(float32), visible_blocks, cfg)`",
       "TypeError")
 def _():
     s, r, nb = block_check_args()
     return {"call": lambda: _ks().check_blocks(s, r.astype(np.float32), nb, cfg()), "watch": [s, nb]}
 
 
-@case("check-blocks-narrow-rows", "engine check", "`check_blocks(block_scores, rows[:, :1], num_blocks, cfg)`",
+@case("check-blocks-narrow-rows", "engine check", "`check_blocks(block_scores, rows[:, :1], visible_blocks, cfg)`",
       "SelectionError", argument="config", note="no row could hold config.width blocks")
 def _():
     s, r, nb = block_check_args()
     return {"call": lambda: _ks().check_blocks(s, r[:, :1], nb, cfg()), "watch": [s, r, nb]}
 
 
-@case("check-blocks-negative-num-blocks", "engine check", "`check_blocks(block_scores, rows, [-1, 4], cfg)`",
-      "SelectionError", argument="num_blocks")
+@case("check-blocks-negative-visible-blocks", "engine check", "`check_blocks(block_scores, rows, [-1, 4], cfg)`",
+      "SelectionError", argument="visible_blocks")
 def _():
     s, r, _ = block_check_args()
     return {"call": lambda: _ks().check_blocks(s, r, [-1, 4], cfg()), "watch": [s, r]}
 
 
-@case("check-blocks-rtol-without-magnitudes", "engine check", "`check_blocks(block_scores, rows, num_blocks, cfg, rtol=0.01)`",
+@case("check-blocks-rtol-without-magnitudes", "engine check", "`check_blocks(block_scores, rows, visible_blocks, cfg, rtol=0.01)`",
       "SelectionError", argument="rtol")
 def _():
     s, r, nb = block_check_args()
@@ -1613,7 +1613,7 @@ def _():
     return {"call": lambda: _ks().check_blocks(s, r, nb, {"block_size": 4}), "watch": [s, r, nb]}
 
 
-@case("check-blocks-far-block", "engine check", "`check_blocks(block_scores, rows with 2**40, num_blocks, cfg)`",
+@case("check-blocks-far-block", "engine check", "`check_blocks(block_scores, rows with 2**40, visible_blocks, cfg)`",
       ACCEPTED, note="reported as a non-causal entry of that row, not refused")
 def _():
     s, r, nb = block_check_args()
@@ -1753,49 +1753,49 @@ def _():
 
 
 @case("global-slots-stride-below-page", "engine check",
-      "`check_topk(scores, rows, layout=GlobalSlots(block_table, req_ids, 4, block_stride_rows=3))`", "SelectionError",
+      "`check_topk(scores, rows, slots=GlobalSlots(block_table, req_ids, 4, block_stride_rows=3))`", "SelectionError",
       argument="block_stride_rows", note="pages would overlap; a layout is judged when a check reads it")
 def _():
     t, s, r = slots_args()
-    return {"call": lambda: _ks().check_topk(s, r, layout=_ks().GlobalSlots(t, [0], 4, block_stride_rows=3)),
+    return {"call": lambda: _ks().check_topk(s, r, slots=_ks().GlobalSlots(t, [0], 4, block_stride_rows=3)),
             "watch": [t, s, r]}
 
 
-@case("global-slots-req-count", "engine check", "`check_topk(scores [1, 8], rows, layout=GlobalSlots(…, req_ids=[0, 0], 4))`",
+@case("global-slots-req-count", "engine check", "`check_topk(scores [1, 8], rows, slots=GlobalSlots(…, req_ids=[0, 0], 4))`",
       "SelectionError", argument="req_ids", note="one request per checked row")
 def _():
     t, s, r = slots_args()
-    return {"call": lambda: _ks().check_topk(s, r, layout=_ks().GlobalSlots(t, [0, 0], 4)), "watch": [t, s, r]}
+    return {"call": lambda: _ks().check_topk(s, r, slots=_ks().GlobalSlots(t, [0, 0], 4)), "watch": [t, s, r]}
 
 
-@case("global-slots-req-past-table", "engine check", "`check_topk(scores, rows, layout=GlobalSlots(…, req_ids=[1], 4))`",
+@case("global-slots-req-past-table", "engine check", "`check_topk(scores, rows, slots=GlobalSlots(…, req_ids=[1], 4))`",
       "SelectionError", argument="req_ids")
 def _():
     t, s, r = slots_args()
-    return {"call": lambda: _ks().check_topk(s, r, layout=_ks().GlobalSlots(t, [1], 4)), "watch": [t, s, r]}
+    return {"call": lambda: _ks().check_topk(s, r, slots=_ks().GlobalSlots(t, [1], 4)), "watch": [t, s, r]}
 
 
 @case("global-slots-prefill-past-starts", "engine check",
-      "`check_topk(…, layout=GlobalSlots(…, prefill_req_ids=[1], workspace_starts=[0]))`", "SelectionError",
+      "`check_topk(…, slots=GlobalSlots(…, prefill_req_ids=[1], workspace_starts=[0]))`", "SelectionError",
       argument="prefill_req_ids")
 def _():
     t, s, r = slots_args()
     lay = _ks().GlobalSlots(t, [0], 4, prefill_req_ids=[1], workspace_starts=[0])
-    return {"call": lambda: _ks().check_topk(s, r, layout=lay), "watch": [t, s, r]}
+    return {"call": lambda: _ks().check_topk(s, r, slots=lay), "watch": [t, s, r]}
 
 
-@case("check-layout-not-global-slots", "engine check", "`check_topk(scores, rows, layout='global')`", "TypeError")
+@case("check-slots-not-global-slots", "engine check", "`check_topk(scores, rows, slots='global')`", "TypeError")
 def _():
     _, s, r = slots_args()
-    return {"call": lambda: _ks().check_topk(s, r, layout="global"), "watch": [s, r]}
+    return {"call": lambda: _ks().check_topk(s, r, slots="global"), "watch": [s, r]}
 
 
-@case("global-slot-outside-table", "engine check", "`check_topk(scores, rows with a slot of no page, layout=…)`",
+@case("global-slot-outside-table", "engine check", "`check_topk(scores, rows with a slot of no page, slots=…)`",
       ACCEPTED, note="reported as not_in_table with the engine's value, not refused")
 def _():
     t, s, r = slots_args()
     r[0, 1] = 5 * 4 + 1  # page 5: not in the request's table
-    return {"call": lambda: _ks().check_topk(s, r, layout=_ks().GlobalSlots(t, [0], 4)),
+    return {"call": lambda: _ks().check_topk(s, r, slots=_ks().GlobalSlots(t, [0], 4)),
             "check": lambda rep: rep["details"][0]["problems"][0] == {"reason": "not_in_table", "slot": 1, "value": 21}}
 
 

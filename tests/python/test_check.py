@@ -226,13 +226,13 @@ def test_indexer_magnitudes_bound_every_score_and_equal_the_reference():
     rng = np.random.default_rng(SEED + 5)
     q, w, k, pos = _indexer_case(rng)
     s = ks.indexer_scores(q, w, k, pos)
-    m = ks.indexer_scores(q, w, k, pos, magnitudes=True)
+    m = ks.indexer_magnitudes(q, w, k, pos)
     seen = ~np.isnan(s)
     assert np.array_equal(np.isnan(m), ~seen) and (np.abs(s[seen]) <= m[seen]).all()
-    assert np.array_equal(m, ref.indexer_scores(q, w, k, pos, magnitudes=True), equal_nan=True)
+    assert np.array_equal(m, ref.indexer_magnitudes(q, w, k, pos), equal_nan=True)
     # All-positive inputs: the bound is the score itself.
     qa, wa, ka = np.abs(q), np.abs(w), np.abs(k)
-    assert np.array_equal(ks.indexer_scores(qa, wa, ka, pos), ks.indexer_scores(qa, wa, ka, pos, magnitudes=True),
+    assert np.array_equal(ks.indexer_magnitudes(qa, wa, ka, pos), ks.indexer_magnitudes(qa, wa, ka, pos),
                           equal_nan=True)
 
 
@@ -243,7 +243,7 @@ def test_an_engine_scoring_bfloat16_keys_passes_with_its_rounding_owed_and_not_e
     k16 = k.astype(ml_dtypes.bfloat16)
     served = ks.indexer_topk(q, w, k16, pos, 128)  # the engine: bf16 keys
     exact = ks.indexer_scores(q, w, k, pos)
-    m = ks.indexer_scores(q, w, k, pos, magnitudes=True)
+    m = ks.indexer_magnitudes(q, w, k, pos)
     lens = np.minimum(pos + 1, len(k))
     # bfloat16 keeps 8 significant bits, so rounding to nearest moves each key
     # element by at most 2^-8 of itself: |Δs_t| <= 2^-8 · m_t (plus float32

@@ -1,5 +1,5 @@
 """``check_blocks``, ``check_witnesses``, ``block_scores`` and global slot
-ids (``GlobalSlots``, ``check_topk(layout=)``): an engine's rows judged by
+ids (``GlobalSlots``, ``check_topk(slots=)``): an engine's rows judged by
 the rule.
 
 The rows under test look like an engine's, not like kvselect's: NumPy
@@ -153,7 +153,7 @@ def test_a_lower_precision_block_engine_is_owed_its_rounding_and_no_more(impl):
     for _ in range(40):
         q, k, pos, cfg = _block_case(rng, n_heads=2)
         s, nb = _block_inputs(q, k, pos, cfg)
-        m = ks.block_scores(q, k, pos, cfg, magnitudes=True).reshape(s.shape)
+        m = ks.block_magnitudes(q, k, pos, cfg).reshape(s.shape)
         atol, rtol = 1.0, 2.0**-5
         e = (atol + rtol * np.nan_to_num(m.astype(np.float64))) * 0.999
         served = (s + rng.uniform(-1, 1, s.shape) * e).astype(np.float32)
@@ -269,8 +269,8 @@ def test_native_block_report_equals_reference_on_randomised_engine_rows_with_bug
             rows = np.where(rows >= 0, table[req[:, None], np.clip(rows, 0, s.shape[1] - 1)], rows)
             rows[rng.random(rows.shape) < 0.02] = table.size + 7  # a page of no request
             lays = {"native": ks.GlobalSlots(table, req, 1), "reference": ref.GlobalSlots(table, req, 1)}
-        a = ks.check_blocks(s, rows, nb, cfg, layout=lays["native"], **kw)
-        b = ref.check_blocks(s, rows, nb, cfg, layout=lays["reference"], **kw)
+        a = ks.check_blocks(s, rows, nb, cfg, slots=lays["native"], **kw)
+        b = ref.check_blocks(s, rows, nb, cfg, slots=lays["reference"], **kw)
         assert _canonical(a) == _canonical(b), f"case {case}"
         assert json.dumps(a) == json.dumps(b), f"case {case}: the same report, keys in another order"
         checked += a["rows"]
@@ -291,15 +291,15 @@ def test_block_scores_equal_the_reference_on_integer_data():
         q, k, pos, cfg = _block_case(rng)
         if case % 7 == 0:
             k[rng.random(len(k)) < 0.2] = np.nan  # NaN keys: ignored, -inf for an all-NaN block
-        for magnitudes in (False, True):
-            a = ks.block_scores(q, k, pos, cfg, magnitudes=magnitudes)
-            b = ref.block_scores(q, k, pos, cfg, magnitudes=magnitudes)
+        for name in ("block_scores", "block_magnitudes"):
+            a = getattr(ks, name)(q, k, pos, cfg)
+            b = getattr(ref, name)(q, k, pos, cfg)
             assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32)) or np.array_equal(a, b, equal_nan=True), case
             nb = _visible_blocks(pos, len(k), cfg.block_size)
             for i, n in enumerate(nb):  # NaN exactly past each query's visible blocks
                 assert np.isnan(a[i, :, n:]).all() and not np.isnan(a[i, :, :n]).any(), (case, i)
-        m = ks.block_scores(q, k, pos, cfg, magnitudes=True)
+        m = ks.block_magnitudes(q, k, pos, cfg)
         s = ks.block_scores(q, k, pos, cfg)
         finite = np.isfinite(s)
         assert (np.abs(s[finite]) <= m[finite]).all()
@@ -371,13 +371,13 @@ def test_physical_block_ids_read_back_through_the_block_table():
         rows = phys.reshape(-1, cfg.width)
         for impl in IMPLS:
             lay = layout if impl == "native" else ref.GlobalSlots(table, np.repeat(sid, 2), 1)
-            report = _mod(impl).check_blocks(s.reshape(10, -1), rows, nb, cfg, layout=lay)
+            report = _mod(impl).check_blocks(s.reshape(10, -1), rows, nb, cfg, slots=lay)
             assert report["wrong"] == 0, report["details"][:1]
             # Another request's page is in no row of this one's table.
             bad = rows.copy()
             other = table[1 - np.repeat(sid, 2)[0]]
             bad[0, 0] = int(other[0])
-            got = _mod(impl).check_blocks(s.reshape(10, -1), bad, nb, cfg, layout=lay)
+            got = _mod(impl).check_blocks(s.reshape(10, -1), bad, nb, cfg, slots=lay)
             assert got["details"][0]["problems"][0] == {"reason": "not_in_table", "slot": 0, "value": int(other[0])}
 
 
@@ -458,7 +458,7 @@ def test_global_slot_rows_are_judged_as_their_positions(impl):
         glob = to_global(rel, bs, stride, table, req, prefill, starts)
         layout = _layouts(bs, stride, table, req, prefill, starts)[impl]
         mod = _mod(impl)
-        report = mod.check_topk(s, glob, lens, topk=topk, layout=layout)
+        report = mod.check_topk(s, glob, lens, topk=topk, slots=layout)
         assert report["wrong"] == 0, report["details"][:1]
         # A bug in row-relative terms reads back as the same report.
         bad = rel.copy()
@@ -468,7 +468,7 @@ def test_global_slot_rows_are_judged_as_their_positions(impl):
             bad[i, j] = rng.integers(-1, limit) if limit else -1
         want = mod.check_topk(s, bad, lens, topk=topk)
         bad_global = to_global(bad, bs, stride, table, req, prefill, starts)
-        got = mod.check_topk(s, bad_global, lens, topk=topk, layout=layout)
+        got = mod.check_topk(s, bad_global, lens, topk=topk, slots=layout)
         # A future position read back through the layout also names the
         # slot id the engine wrote; otherwise the report is the relative one.
         for d in got["details"]:
@@ -511,7 +511,7 @@ def test_a_global_slot_outside_the_table_is_reported_with_the_engines_value(impl
             want[i] = {"reason": "not_in_table", "slot": slot, "value": value}
             seen[kind] += 1
         layout = _layouts(bs, stride, table, req, prefill, starts)[impl]
-        report = _mod(impl).check_topk(s, glob, lens, topk=8, layout=layout)
+        report = _mod(impl).check_topk(s, glob, lens, topk=8, slots=layout)
         got = {d["row"]: d["problems"] for d in report["details"]}
         assert set(got) == set(want)
         for i, p in want.items():
@@ -527,10 +527,10 @@ def test_the_inverse_map_reads_the_first_logical_block_of_a_page():
     for impl in IMPLS:
         m = _mod(impl)
         lay = m.GlobalSlots(table, [0], 4)
-        r = m.check_topk(s, rows, topk=2, layout=lay)
+        r = m.check_topk(s, rows, topk=2, slots=lay)
         assert r["details"][0]["problems"][0]["reason"] == "wrong_selection"
         assert r["details"][0]["problems"][0]["intruders"] == [(3, 3.0), (12, 12.0)]  # not 11: block 2
-        r = m.check_topk(s, np.array([[13, 7 * 4 + 1, 15, -1]]), topk=3, layout=lay)  # page 3: in no entry
+        r = m.check_topk(s, np.array([[13, 7 * 4 + 1, 15, -1]]), topk=3, slots=lay)  # page 3: in no entry
         assert [p["reason"] for p in r["details"][0]["problems"]] == ["not_in_table", "not_in_table", "wrong_count"]
         assert [p.get("value") for p in r["details"][0]["problems"]] == [13, 15, None]
         assert r["details"][0]["problems"][1]["slot"] == 2
@@ -556,8 +556,8 @@ def test_native_global_slot_report_equals_reference_on_random_slots():
         hit = rng.random(glob.shape) < 0.04  # any slot at all: in, out of, or past the table
         glob[hit] = rng.integers(-2, (table.size + 6) * stride, int(hit.sum()))
         lays = _layouts(bs, stride, table, req, prefill, starts)
-        a = ks.check_topk(s, glob, lens, topk=topk, layout=lays["native"])
-        b = ref.check_topk(s, glob, lens, topk=topk, layout=lays["reference"])
+        a = ks.check_topk(s, glob, lens, topk=topk, slots=lays["native"])
+        b = ref.check_topk(s, glob, lens, topk=topk, slots=lays["reference"])
         assert _canonical(a) == _canonical(b), f"case {case}"
         assert json.dumps(a) == json.dumps(b), f"case {case}: the same report, keys in another order"
         checked += a["rows"]
@@ -773,14 +773,14 @@ def test_bad_block_check_arguments_are_refused_naming_them(impl):
         ("atol", lambda: check(s, rows, nb, cfg, atol=-1.0)),
         ("magnitudes", lambda: check(s, rows, nb, cfg, magnitudes=np.zeros((2, 5), np.float32))),
         ("magnitudes", lambda: check(s, rows, nb, cfg, rtol=0.1, magnitudes=np.full((2, 6), np.nan, np.float32))),
-        ("num_blocks", lambda: check(s, rows, [-1, 4], cfg)),
-        ("block_size", lambda: check(s, rows, nb, cfg, layout=m.GlobalSlots(np.zeros((1, 2), np.int32), [0, 0], 0))),
+        ("visible_blocks", lambda: check(s, rows, [-1, 4], cfg)),
+        ("block_size", lambda: check(s, rows, nb, cfg, slots=m.GlobalSlots(np.zeros((1, 2), np.int32), [0, 0], 0))),
     ]:
         with pytest.raises(_error(impl)) as e:
             call()
         assert e.value.argument == argument, (argument, str(e.value))
     for call in [lambda: check(s, rows.astype(np.float32), nb, cfg), lambda: check(s, rows, nb, "cfg"),
-                 lambda: check(s.astype(np.int32), rows, nb, cfg), lambda: check(s, rows, nb, cfg, layout="x")]:
+                 lambda: check(s.astype(np.int32), rows, nb, cfg), lambda: check(s, rows, nb, cfg, slots="x")]:
         with pytest.raises(TypeError):
             call()
     assert all(np.array_equal(a, b) for a, b in zip(watched, before))
@@ -794,10 +794,10 @@ def test_bad_block_check_arguments_are_refused_naming_them(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("argument, bad", [
     ("block_scores", "3d"),
-    ("num_blocks", "rows"),  # block_scores and rows agree: num_blocks is the odd one out
-    ("num_blocks", "past"),
+    ("visible_blocks", "rows"),  # block_scores and rows agree: visible_blocks is the odd one out
+    ("visible_blocks", "past"),
 ])
-def test_bad_block_scores_and_num_blocks_are_named_as_passed(impl, argument, bad, request):
+def test_bad_block_scores_and_visible_blocks_are_named_as_passed(impl, argument, bad, request):
     cfg, s, rows, nb = _block_args()
     call = {"3d": lambda: _mod(impl).check_blocks(s[None], rows, nb, cfg),
             "rows": lambda: _mod(impl).check_blocks(s, rows, [6, 4, 3], cfg),
@@ -865,10 +865,10 @@ def test_bad_global_slots_are_refused_naming_them(impl):
         ("prefill_req_ids", m.GlobalSlots(t, [0], 4, prefill_req_ids=[0, 1], workspace_starts=[0])),
     ]:
         with pytest.raises(_error(impl)) as e:
-            m.check_topk(s, rows, layout=lay)
+            m.check_topk(s, rows, slots=lay)
         assert e.value.argument == argument, (argument, str(e.value))
     with pytest.raises(TypeError):
-        m.check_topk(s, rows, layout="x")
+        m.check_topk(s, rows, slots="x")
     assert rows.tolist() == [[12, 13, -1]] and t.tolist() == [[3, 1]]
 
 
@@ -971,7 +971,7 @@ def test_dcp_ranks_rows_side_by_side_are_judged_as_the_whole_selection(compact):
         reports = []
         for impl in (ks, ref):
             lay = impl.GlobalSlots(tables, req, bs, dcp_size=size, dcp_interleave=il)
-            reports.append(impl.check_topk(s, ranked, lens, layout=lay))  # topk: a rank's width
+            reports.append(impl.check_topk(s, ranked, lens, slots=lay))  # topk: a rank's width
         assert reports[0] == reports[1], case  # native == reference, slot for slot
         got = reports[0]
         # The same verdicts and reasons as the row-relative rows (the slots
@@ -992,7 +992,7 @@ def test_a_dcp_layout_refuses_a_width_that_is_no_whole_number_of_ranks(impl):
     tables = np.zeros((2, 1, 4), np.int32)
     lay = m.GlobalSlots(tables, [0], 4, dcp_size=2)
     with pytest.raises(_error(impl)) as e:
-        m.check_topk(np.zeros((1, 16), np.float32), np.zeros((1, 3), np.int64), topk=1, layout=lay)
+        m.check_topk(np.zeros((1, 16), np.float32), np.zeros((1, 3), np.int64), topk=1, slots=lay)
     assert e.value.argument == "layout"
     with pytest.raises(_error(impl)) as e:
         m.GlobalSlots(tables[0], [0], 4, dcp_size=2)  # one table per rank

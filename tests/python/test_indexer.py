@@ -228,13 +228,13 @@ def test_the_fp8_paged_cache_equals_the_dense_call_on_its_keys_and_the_reference
         q = rng.integers(-3, 4, (n, h, d)).astype(np.float32)
         w = rng.integers(-2, 3, (n, h)).astype(np.float32)
         topk, s = int(rng.integers(1, 50)), int(rng.choice([0, 2]))
-        got = ks.indexer_topk_paged(q, w, cache, table, lens, sid, pos, topk, layout="fp8_scaled", num_segments=s)
+        got = ks.indexer_topk_paged(q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled", num_segments=s)
         for i in range(n):
             one = ks.indexer_topk(q[i:i + 1], w[i:i + 1], keys[sid[i]], pos[i:i + 1], topk,
                                   key_scale=scales[sid[i]], num_segments=s)
             np.testing.assert_array_equal(got[i:i + 1], one)
         if integer:
-            want = ref.indexer_topk_paged(q, w, cache, table, lens, sid, pos, topk, layout="fp8_scaled", num_segments=s)
+            want = ref.indexer_topk_paged(q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled", num_segments=s)
             np.testing.assert_array_equal(got, want)
 
 
@@ -282,9 +282,9 @@ def test_a_paged_call_refuses_a_bad_block_table_and_writes_nothing():
     # fp8_scaled pages are uint8 [num_blocks, block_size, (1,) d + 4].
     for bad in (np.zeros((3, 2, 4), np.uint8), cache):
         assert _err(SE, ks.indexer_topk_paged, q, w, bad, np.zeros((1, 2), np.int32), [3], [0], [2], 2,
-                    layout="fp8_scaled").argument == "kv_cache"
+                    page_layout="fp8_scaled").argument == "kv_cache"
     _err(TypeError, ks.indexer_topk_paged, q, w, cache.astype(np.float64), np.zeros((1, 2), np.int32), [3], [0], [2], 2)
-    _err(ValueError, ks.indexer_topk_paged, q, w, cache, np.zeros((1, 2), np.int32), [3], [0], [2], 2, layout="ragged")
+    _err(ValueError, ks.indexer_topk_paged, q, w, cache, np.zeros((1, 2), np.int32), [3], [0], [2], 2, page_layout="ragged")
     # out= aliasing the cache through a memoryview.
     c2 = np.zeros((2, 2, 4), np.float32)
     alias = c2.view(np.int32).reshape(-1)[:2].reshape(1, 2)

@@ -214,17 +214,17 @@ def _calls():
         ),
         "indexer_topk_packed": lambda: ks.indexer_topk_packed(Q, Q[:, :, 0], k, [0, 256, 512], [0, 1, 0, 1], pos, 32),
         "indexer_topk_paged": lambda: ks.indexer_topk_paged(
-            Q, Q[:, :, 0], pages, table, [300, 200], [0, 1, 0, 1], pos, 32, layout="fp8_scaled"
+            Q, Q[:, :, 0], pages, table, [300, 200], [0, 1, 0, 1], pos, 32, page_layout="fp8_scaled"
         ),
         # A report of wrong rows (every problem kind): dicts, lists, tuples.
         "check_topk": lambda: ks.check_topk(
             check_scores, check_rows, atol=1e-3, rtol=0.1, magnitudes=np.abs(check_scores)
         ),
-        "check_topk-global-slots": lambda: ks.check_topk(check_scores, slot_rows, layout=slots),
+        "check_topk-global-slots": lambda: ks.check_topk(check_scores, slot_rows, slots=slots),
         "GlobalSlots": lambda: sink.__setitem__("slots", ks.GlobalSlots(
             slot_table, slot_req, 16, block_stride_rows=32, prefill_req_ids=slot_req - 2, workspace_starts=[0, 9])),
         "block_scores": lambda: ks.block_scores(bq, k, bpos, cfg),
-        "block_scores-magnitudes": lambda: ks.block_scores(bq, k_bf16, bpos, cfg, key_format=k_bf16_fmt, magnitudes=True),
+        "block_scores-magnitudes": lambda: ks.block_magnitudes(bq, k_bf16, bpos, cfg, key_format=k_bf16_fmt),
         "check_blocks": lambda: ks.check_blocks(
             blk_scores, blk_rows, blk_nb, cfg, atol=1e-3, rtol=0.1, magnitudes=np.abs(np.nan_to_num(blk_scores))
         ),
@@ -265,7 +265,7 @@ def _calls():
         "refused-config": catch(lambda: ks.BlockSparseConfig(0), ks.SelectionError),
         "refused-check-rtol": catch(lambda: ks.check_topk(check_scores, check_rows, rtol=0.1), ks.SelectionError),
         "refused-check-layout": catch(
-            lambda: ks.check_topk(check_scores, slot_rows, layout=ks.GlobalSlots(slot_table, slot_req[:3], 16)),
+            lambda: ks.check_topk(check_scores, slot_rows, slots=ks.GlobalSlots(slot_table, slot_req[:3], 16)),
             ks.SelectionError,
         ),
         "refused-check-blocks-config": catch(
