@@ -337,6 +337,21 @@ impl Args {
         })
     }
 
+    /// Refuses `name` unless its shape is `want`, axis by axis. Each axis
+    /// of `want` is named with the size the other arguments fix, and the
+    /// refusal shows both shapes: `weights must be [n_queries=3, H=4], got
+    /// [4, 3]`. (Checking element counts instead would accept a transposed
+    /// or reshaped array and read it as another one.)
+    pub fn axes(self, name: &str, got: &[usize], want: &[(&str, usize)]) -> PyResult<()> {
+        let fits = got.len() == want.len() && got.iter().zip(want).all(|(&g, &(_, w))| g == w);
+        if fits {
+            return Ok(());
+        }
+        let want: Vec<String> = want.iter().map(|(a, n)| format!("{a}={n}")).collect();
+        let msg = format!("{name} must be [{}], got {got:?}", want.join(", "));
+        Err(refuse(self.0, name, msg))
+    }
+
     /// Refuses query heads (`index_q`) of another dimension than `keys`'.
     pub fn same_d(self, dq: usize, d: usize, keys: &str) -> PyResult<()> {
         if dq == d {
@@ -564,6 +579,20 @@ pub(super) fn positions(args: Args, obj: &Bound<'_, PyAny>, name: &str) -> PyRes
                 .map_err(|_| refuse(args.0, name, format!("{name}[{i}] = {v} is negative")))
         })
         .collect()
+}
+
+/// The `query_pos` argument: one position per query, `[n_queries]`, or one
+/// integer (a 0-D array too) for a batch of one query, read as `[p]` — the
+/// other arguments keep their query axis, of length 1, and so does the
+/// result. (Broadcasting one position over many queries would hide a
+/// forgotten array.)
+pub(super) fn query_positions(args: Args, obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    // A Python int, a NumPy integer or a 0-D array (`numpy.ndim` is 0).
+    let ndim: usize = numpy(obj.py())?.call_method1("ndim", (obj,))?.extract()?;
+    if ndim != 0 {
+        return positions(args, obj, "query_pos");
+    }
+    Ok(vec![args.count(obj, "query_pos", i64::MAX as u64)?])
 }
 
 /// An array of keys or queries in one of the engines' element formats,

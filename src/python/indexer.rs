@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 
 use numpy::PyUntypedArray;
 
-use super::args::{detach, positions, Args, EncodedIn, In, Obj, Opt, I32};
+use super::args::{detach, positions, query_positions, Args, EncodedIn, In, Obj, Opt, I32};
 use super::cache::{Paged, PagedArgs};
 use super::errors::Domain;
 use crate::attention::AttentionError as Error;
@@ -46,6 +46,8 @@ fn queries<'py>(
     let (q, _) = EncodedIn::new(S, index_q, "index_q", ("query_format", query_format))?;
     let dims = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_heads, d]")?;
     let w = S.input::<f32, 2>(weights, "weights", "[n_queries, n_heads]")?;
+    let [n, h, _] = dims;
+    S.axes("weights", &w.shape, &[("n_queries", n), ("H", h)])?;
     Ok((q, w, dims))
 }
 
@@ -79,7 +81,8 @@ impl<'py> Call<'py> {
         let scale = scale
             .map(|c| S.input::<f32, 1>(c, "key_scale", "[n_keys]"))
             .transpose()?;
-        let pos = positions(S, pos, "query_pos")?;
+        let pos = query_positions(S, pos)?;
+        S.axes("query_pos", &[pos.len()], &[("n_queries", n)])?;
         let shape = IndexerShape {
             n_queries: n,
             n_heads: h,
