@@ -6,8 +6,10 @@ low-precision bits with a format key, int64 indices, engines' layouts), by
 """
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,13 +27,50 @@ def run(capsys, *argv):
     return code, out.out, out.err
 
 
-def test_the_shipped_example_is_what_make_example_writes(tmp_path):
-    fresh = tmp_path / "fresh.npz"
-    checking.make_example(str(fresh))
-    with np.load(checking.example_path()) as a, np.load(fresh) as b:
+def _oldest_ml_dtypes():
+    """The oldest ml_dtypes the package allows (pyproject's floor), installed
+    by .ci/run with ``pip install --no-deps --target`` and named by
+    ``KVSELECT_ML_DTYPES_OLDEST``; CI (``KVSELECT_CI=1``) fails without it."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+, as CI
+
+    path = os.environ.get("KVSELECT_ML_DTYPES_OLDEST")
+    if not path:
+        if os.environ.get("KVSELECT_CI") == "1":
+            pytest.fail("KVSELECT_ML_DTYPES_OLDEST is not set: .ci/run installs the oldest ml_dtypes")
+        pytest.skip("KVSELECT_ML_DTYPES_OLDEST is not set (.ci/run sets it)")
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    extras = [d for ds in project["optional-dependencies"].values() for d in ds]
+    floor = {d.split(">=")[1] for d in extras if d.startswith("ml_dtypes>=")}
+    assert len(floor) == 1, floor
+    return path, floor.pop()
+
+
+def _same_archive(a_path, b_path):
+    with np.load(a_path) as a, np.load(b_path) as b:
         assert sorted(a.files) == sorted(b.files)
         for k in a.files:
             assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), k
+
+
+@pytest.mark.parametrize("ml_dtypes_version", ["installed", "oldest allowed"])
+def test_the_shipped_example_is_what_make_example_writes(tmp_path, ml_dtypes_version):
+    """Byte for byte, with the newest ml_dtypes (the one a fresh install gets)
+    and the oldest the package allows: their float64 -> bfloat16 casts differ
+    (0.5 rounds through float32, 0.7 once), so the example casts from float32."""
+    fresh = tmp_path / "fresh.npz"
+    if ml_dtypes_version == "installed":
+        checking.make_example(str(fresh))
+    else:
+        path, floor = _oldest_ml_dtypes()
+        code = ("import sys, ml_dtypes; from kvselect import checking; "
+                "checking.make_example(sys.argv[1]); print(ml_dtypes.__version__)")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, os.environ.get("PYTHONPATH", "")])}
+        done = subprocess.run([sys.executable, "-c", code, str(fresh)], env=env, capture_output=True,
+                              text=True, check=True)
+        ran = [int(x) for x in done.stdout.split()[-1].split(".")]
+        want = [int(x) for x in floor.split(".")]
+        assert ran == want + [0] * (len(ran) - len(want)), (ran, floor)  # it really ran the oldest
+    _same_archive(checking.example_path(), fresh)
 
 
 def test_the_shipped_example_reports_its_one_broken_row_and_exits_1(capsys):

@@ -528,9 +528,24 @@ def test_example_heads_show_the_character_they_were_picked_for():
 
 
 def test_every_synthetic_workload_and_the_example_pass_workload_validation_again():
-    # a Workload rebuilt from its own fields is valid (nothing was bypassed)
+    # A Workload rebuilt from its own fields is valid (nothing was bypassed)
+    # and equal to the original field by field; the same fields with one
+    # broken (keys of another length, float64 queries) are refused by name.
+    from kvselect.workloads import WorkloadError
+
     for w in (synthetic(context=256, queries=4), example(queries=4)):
-        Workload(**{f: getattr(w, f) for f in w.__dataclass_fields__})
+        fields = {f: getattr(w, f) for f in w.__dataclass_fields__}
+        again = Workload(**fields)
+        for f, value in fields.items():
+            got = getattr(again, f)
+            if isinstance(value, np.ndarray):
+                assert got.dtype == value.dtype and np.array_equal(got, value, equal_nan=True), f
+            elif f != "indexer":
+                assert got == value, f
+        with pytest.raises(WorkloadError, match="^k: expected shape"):
+            Workload(**{**fields, "k": np.ascontiguousarray(w.k[:, :-1])})
+        with pytest.raises(WorkloadError, match="^q: expected dtype float32"):
+            Workload(**{**fields, "q": w.q.astype(np.float64)})
 
 
 # --- dumps in the user's terms: transposed layouts, files that are not archives ---
