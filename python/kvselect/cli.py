@@ -165,8 +165,10 @@ def _eval(args: argparse.Namespace) -> int:
                     warnings.simplefilter("always")
                     w = _load(args, name)
             except (OSError, WorkloadError, ValueError) as e:
-                failed.append(f"cannot load workload {name!r}: {e}")
-                return
+                # Reported now, by name; the good dumps still make the pooled table.
+                failed.append(name)
+                print(f"kvselect eval: cannot load workload {name!r}: {e}", file=sys.stderr)
+                continue
             for c in caught:
                 print(f"kvselect eval: warning: {c.message}", file=sys.stderr)
             yield w
@@ -189,9 +191,9 @@ def _eval(args: argparse.Namespace) -> int:
             on_report=show,
         )
     except ValueError as e:
-        return fail(failed[0] if failed else str(e))
-    if failed:
-        return fail(failed[0])
+        if failed and not shown:  # no workload loaded: each failure is already said
+            return 1
+        return fail(str(e))
     if len(reports) > 1:
         print(evaluate.format_table(pooled))
     try:
@@ -206,6 +208,9 @@ def _eval(args: argparse.Namespace) -> int:
             evaluate.plot(pooled if len(reports) > 1 else reports[0], args.plot)
     except (OSError, ImportError) as e:
         return fail(str(e))
+    if failed:
+        return fail(f"{len(failed)} of {len(sources)} workloads could not be loaded: "
+                    + ", ".join(map(repr, failed)) + " (the tables above leave them out)")
     return 0
 
 
@@ -232,8 +237,16 @@ def _demo(args: argparse.Namespace) -> int:
     return _eval(ns)
 
 
+def _integer(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        # argparse would say "invalid _positive value": the function's name.
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
 def _positive(text: str) -> int:
-    v = int(text)
+    v = _integer(text, "a positive integer")
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
     return v
@@ -243,14 +256,14 @@ def _non_negative_float(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
     if not (v >= 0 and v != float("inf")):
         raise argparse.ArgumentTypeError(f"must be finite and non-negative, got {text}")
     return v
 
 
 def _non_negative(text: str) -> int:
-    v = int(text)
+    v = _integer(text, "a non-negative integer")
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be non-negative, got {v}")
     return v
