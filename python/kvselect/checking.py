@@ -341,8 +341,10 @@ def read_archive(path: Union[str, "os.PathLike[str]"]) -> Dict[str, np.ndarray]:
     (``np.savez_compressed``) read whole."""
     path = os.fspath(path)
     where = os.path.basename(path)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise DumpError(f"{path}: no such file")
+    if not os.path.isfile(path):
+        raise DumpError(f"{path}: not a file (a directory or a device), not an .npz archive")
     with open(path, "rb") as f:
         head = f.read(8)
     if head.startswith(_NPY_MAGIC):
