@@ -5,7 +5,8 @@ The checkers (:func:`kvselect.check_topk`, :func:`kvselect.check_blocks`,
 tensors an engine author saves around it — inputs, output, lengths, config.
 :func:`check_dump` runs the right checker and :func:`format_report` prints
 what it found; ``kvselect check DUMP.npz`` does both, exits 1 when any row
-is wrong (so it can gate a kernel's CI) and 2 when the dump cannot be read.
+is wrong (so it can gate a kernel's CI) and 2 when the dump cannot be read
+or checked — "cannot check" is never reported as "the engine is wrong".
 
 The dump format
 ---------------
@@ -974,7 +975,9 @@ def add_parser(sub: Any) -> None:
         description="Check a dump of one selection kernel call against kvselect's exact rule: "
         "token top-k (the lightning indexer's), MiniMax-M3 blocks, or witness rows. Exit "
         "status 0: every row correct; 1: some row wrong; 2: the dump cannot be checked. "
-        "The dump format: python -c 'import kvselect.checking as c; help(c)'.",
+        "The dump format: docs/dump-format.md, or python -c 'import kvselect.checking as c; "
+        "help(c)'. A dump that cannot be checked (an unknown key, a non-finite operand) exits "
+        "2, never 1.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("dump", help="the .npz dump (see help(kvselect.checking))")

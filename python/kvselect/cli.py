@@ -2,14 +2,19 @@
 
 ``kvselect eval`` compares selection policies at an identical token budget
 on a workload — the built-in synthetic long-context one by default, the real
-example shipped with the package, or your own Q/K/V dump (``.npz``, see
-``kvselect.workloads``) — and prints one table per budget. Every budget
+example shipped with the package, or your own Q/K/V dumps (``.npz``, the
+one dump format of ``kvselect check`` and ``eval``, kind ``"workload"``:
+``docs/dump-format.md``, ``kvselect.workloads``) — and prints one table per
+budget. Every budget
 >= 1 runs on the defaults: what must scale with k and was not given is
 derived (``kvselect.evaluate.derive_settings``) and one line says what.
-Exit codes: 0 on success, 2 on a usage error (argparse's), 1 when the
-workload cannot be loaded, a given setting cannot work (the message names
-its flag), or an output (--json, --plot) cannot be written — the last two
-checked before the evaluation.
+Exit codes: 0 on success, 2 on a usage error (argparse's; a flag that is
+not a number is named with what it expects), 1 when a workload cannot be
+loaded, a given setting cannot work (the message names its flag), or an
+output (--json, --plot) cannot be written — the last two checked before the
+evaluation. Of several dumps (or a folder), one that cannot be loaded is
+reported by name when its turn comes and the others are still evaluated and
+pooled; the exit status is then 1.
 """
 
 from __future__ import annotations
