@@ -133,3 +133,20 @@ __all__ = [
     "sparse_attention",
     "topology_witness_indices",
 ]
+
+# The pure-Python submodules, imported on first use (PEP 562): ``import
+# kvselect`` stays light, and ``kvselect.checking`` (which imports kvselect)
+# works without its own import statement.
+_SUBMODULES = ("checking", "cli", "dump_hf", "evaluate", "reference", "workloads")
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"kvselect.{name}")
+    raise AttributeError(f"module 'kvselect' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_SUBMODULES))

@@ -5,16 +5,25 @@ The checkers (:func:`kvselect.check_topk`, :func:`kvselect.check_blocks`,
 tensors an engine author saves around it — inputs, output, lengths, config.
 :func:`check_dump` runs the right checker and :func:`format_report` prints
 what it found; ``kvselect check DUMP.npz`` does both, exits 1 when any row
-is wrong (so it can gate a kernel's CI) and 2 when the dump cannot be read.
+is wrong (so it can gate a kernel's CI) and 2 when the dump cannot be read
+or checked — "cannot check" is never reported as "the engine is wrong".
 
 The dump format
 ---------------
 
-A NumPy ``.npz`` archive (:func:`save_dump` writes one) with a ``kind`` and
-the keys of that kind. ``.npz`` cannot carry ``ml_dtypes`` arrays (bfloat16
-and float8 load back as raw ``void``), so a low-precision tensor ``X`` is
-stored as its raw ``uint16`` / ``uint8`` bits with a string ``X_format``
-beside it (``"bfloat16"``, ``"float16"`` or ``"float8_e4m3fn"``); from torch,
+One format for every dump, ``kvselect check``'s and ``kvselect eval``'s
+(the kind ``"workload"``, see :mod:`kvselect.workloads`); every key of every
+kind is tabled in ``docs/dump-format.md`` (and :data:`TABLES`). A NumPy
+``.npz`` archive (:func:`save_dump` writes one, uncompressed, so
+:func:`load_dump` memory-maps each array and reads only the bytes used)
+with a ``kind`` and the keys of that kind; a key not in the kind's table is
+refused, naming the closest known key (an unknown key is never ignored).
+The names are the API's: ``index_q``, ``index_k``, ``weights``,
+``key_scale``, as :func:`kvselect.indexer_topk` takes them. ``.npz`` cannot
+carry ``ml_dtypes`` arrays (bfloat16 and float8 load back as raw ``void``),
+so a low-precision tensor ``X`` is stored as its raw ``uint16`` / ``uint8``
+bits with a string ``X_format`` beside it (``"bfloat16"``, ``"float16"`` or
+``"float8_e4m3fn"``; float16 may also be a real float16 array); from torch,
 ``t.view(torch.uint16).numpy()`` (bfloat16) or ``t.view(torch.uint8).numpy()``
 (float8) is that view, zero-copy. Index arrays may be int32 or int64.
 
@@ -58,10 +67,18 @@ writes them (optional ``block_stride_rows``; prefill rows through
 ``prefill_req_ids`` ``[n_rows]``, ``-1`` for a decode row, and
 ``workspace_starts``); see :class:`kvselect.GlobalSlots`. With decode
 context parallelism add ``dcp_size`` and ``dcp_interleave``: ``rows`` is then
-every rank's output, ``[dcp_size, n_rows, topk]`` (each rank keeps the tokens
-it owns, ``-1`` or compacted elsewhere), and ``block_table`` every rank's,
-``[dcp_size, n_requests, max_blocks]``: the ranks' rows together are the
-selection.
+every rank's output side by side, 2-D ``[n_rows, dcp_size * topk]`` (rank
+``r``'s rows are columns ``r * topk`` to ``(r + 1) * topk``; each rank keeps
+the tokens it owns, ``-1`` or compacted elsewhere) — exactly what
+:func:`kvselect.check_topk` takes with ``slots=GlobalSlots(dcp_size=...)``
+— and ``block_table`` every rank's, ``[dcp_size, n_requests, max_blocks]``:
+the ranks' rows together are the selection. 3-D rows only ever mean
+``[n_queries, n_heads, width]`` (a blocks dump's); a DCP topk dump with 3-D
+rows is refused.
+
+The indexer's operands (``index_q``, ``weights``, ``index_k``,
+``key_scale``) must be finite: a NaN or infinite one is refused, naming the
+key and its index, since its exact scores are undefined.
 
 The tolerance
 -------------
@@ -89,7 +106,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import difflib
 import os
+import re
+import struct
 import sys
 import zipfile
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Union, cast
@@ -110,50 +130,416 @@ DEFAULT_RTOL: Dict[str, float] = {
 _ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn",
             "float8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
 
-KINDS = ("topk", "blocks", "witnesses")
-_RAW_FORMATS = {"bfloat16": np.uint16, "float16": np.uint16, "float8_e4m3fn": np.uint8}
+KINDS = ("topk", "blocks", "witnesses", "workload")
+"""The dump kinds: the three ``kvselect check`` reads and ``kvselect eval``'s workload."""
+CHECK_KINDS = ("topk", "blocks", "witnesses")
+FORMATS: Dict[str, Any] = {"bfloat16": np.uint16, "float16": np.uint16, "float8_e4m3fn": np.uint8}
+"""The ``X_format`` strings and the raw-bits dtype each needs beside it."""
+_RAW_FORMATS = FORMATS
 # Scores of at most this many bytes are held at once (a chunk of rows).
 _CHUNK_BYTES = 256 << 20
+
+# One row per key: (dtype class, shape, when required, meaning). The dtype
+# classes: "float" (float16/32/64, or raw bits with an X_format), "int"
+# (any integer dtype), "int scalar", "number", "str".
+_T = Tuple[str, str, str, str]
+TABLES: Dict[str, Dict[str, _T]] = {
+    "topk": {
+        "kind": ("str", "", "required", '"topk"'),
+        "rows": ("int", "[n_rows, topk]; with dcp_size: [n_rows, dcp_size * topk]", "required",
+                 "the engine's output, any order, -1 padded (with DCP: every rank's rows side by side)"),
+        "scores": ("float", "[n_rows, n_positions]", "scores or the indexer inputs",
+                   "the exact scores"),
+        "context_lens": ("int", "[n_rows]", "with scores", "each row's positions"),
+        "magnitudes": ("float", "[n_rows, n_positions]", "optional, with scores",
+                       "each score's error scale (for a relative tolerance)"),
+        "index_q": ("float", "[n_rows, H, d]", "the indexer inputs or scores",
+                    "the indexer's queries"),
+        "weights": ("float", "[n_rows, H]", "with index_q", "per-row head weights, scales folded in"),
+        "index_k": ("float", "[n_keys, d]", "with index_q", "the indexer's keys"),
+        "key_scale": ("float", "[n_keys]", "optional, with index_k", "per-key scales"),
+        "query_pos": ("int", "[n_rows]", "with index_q", "each row's query position (within its sequence)"),
+        "cu_seqlens": ("int", "[n_seqs + 1]", "optional, with index_q",
+                       "packed sequences' key offsets (as indexer_topk_packed takes them)"),
+        "seq_ids": ("int", "[n_rows]", "with cu_seqlens", "each row's sequence"),
+        "topk": ("int scalar", "", "optional", "k (default: the rows' width; with DCP: width / dcp_size)"),
+        "engine_scores": ("float", "[n_rows, n_positions]", "optional",
+                          "the engine's own scores, whose exact top-k the rows must also be"),
+        "precision": ("str", "", "optional", "the engine's coarsest rounding (default float32)"),
+        "block_table": ("int", "[n_requests, max_blocks]; with dcp_size: [dcp_size, n_requests, max_blocks]",
+                        "optional", "rows are global slot ids through it (GlobalSlots)"),
+        "req_ids": ("int", "[n_rows]", "with block_table", "each row's request"),
+        "block_size": ("int scalar", "", "with block_table", "tokens per page"),
+        "block_stride_rows": ("int scalar", "", "optional", "slots per page (default block_size)"),
+        "prefill_req_ids": ("int", "[n_rows]", "optional", "a prefill row's request, -1 for decode"),
+        "workspace_starts": ("int", "[n_prefill_requests]", "optional", "prefill workspace offsets"),
+        "dcp_size": ("int scalar", "", "optional", "decode context parallel ranks (default 1)"),
+        "dcp_interleave": ("int scalar", "", "optional", "tokens dealt to a rank at a time (default 1)"),
+    },
+    "blocks": {
+        "kind": ("str", "", "required", '"blocks"'),
+        "index_q": ("float", "[n_queries, n_kv_heads, d]", "required", "the block indexer's queries"),
+        "index_k": ("float", "[n_keys, d]", "required", "its keys"),
+        "query_pos": ("int", "[n_queries]", "required", "each query's position (within its sequence)"),
+        "block_size": ("int scalar", "", "required", "BlockSparseConfig.block_size"),
+        "top_blocks": ("int scalar", "", "required", "BlockSparseConfig.top_blocks"),
+        "init_blocks": ("int scalar", "", "required", "BlockSparseConfig.init_blocks"),
+        "local_blocks": ("int scalar", "", "required", "BlockSparseConfig.local_blocks"),
+        "rows": ("int", "[n_queries, n_kv_heads, width] (head_major: [n_kv_heads, n_queries, width])",
+                 "required", "block ids, any order, -1 padded"),
+        "head_major": ("int scalar", "", "optional", "1: rows are head-major"),
+        "block_table": ("int", "[n_seqs, max_blocks]", "optional", "rows are physical page ids through it"),
+        "cu_seqlens": ("int", "[n_seqs + 1]", "optional", "packed sequences' key offsets"),
+        "seq_ids": ("int", "[n_queries]", "optional (default all 0)", "each query's sequence"),
+        "precision": ("str", "", "optional", "the engine's coarsest rounding (default float32)"),
+    },
+    "witnesses": {
+        "kind": ("str", "", "required", '"witnesses"'),
+        "before": ("int", "[rows, topk]", "required", "the buffer before scatter_topology_witnesses_"),
+        "after": ("int", "[rows, topk]", "required", "the buffer after it"),
+        "context_lens": ("int", "[rows]", "required", "each row's positions"),
+        "num_segments": ("int scalar", "", "required", "the call's num_segments"),
+    },
+    "workload": {
+        "kind": ("str", "", "optional when q, k and v are present", '"workload"'),
+        "q": ("float", "[layers, n_heads, tokens, d]", "required", "the query heads (after rotary / norms)"),
+        "k": ("float", "[layers, n_kv_heads, tokens, d]", "required", "the key heads"),
+        "v": ("float", "[layers, n_kv_heads, tokens, d_v]", "required", "the value heads"),
+        "index_q": ("float", "[layers, n_kv_heads, tokens, d_idx]; DSA form: [layers, tokens, H, d_idx]",
+                    "optional, with index_k", "your indexer's queries"),
+        "index_k": ("float", "[layers, n_kv_heads, tokens, d_idx]; DSA form: [layers, tokens, d_idx]",
+                    "optional, with index_q", "your indexer's keys"),
+        "weights": ("float", "[layers, tokens, H]", "optional (makes the DSA form)",
+                    "the DSA indexer's per-query head weights, scales folded in"),
+        "key_scale": ("float", "[layers, tokens]", "optional, DSA form", "per-key scales (fp8 cache)"),
+        "scale": ("number", "", "optional", "the softmax scale (default 1/sqrt(d))"),
+        "layer_ids": ("int", "[layers]", "optional", "the model's layer numbers"),
+        "kv_head_ids": ("int", "[layers, n_kv_heads]", "optional", "the model's KV head numbers"),
+    },
+}
+"""Every kind's keys: ``key -> (dtype class, shape, when required, meaning)``
+(docs/dump-format.md is these tables). A key not in its kind's table is refused."""
+
+# Old or easily confused names: the suggestion for each (the eval format's old
+# names, and the API's format arguments).
+_RENAMED = {"index_k_scale": "key_scale", "index_weights": "weights", "key_scales": "key_scale",
+            "key_format": "index_k_format", "query_format": "index_q_format"}
 
 
 class DumpError(ValueError):
     """A dump that cannot be checked: the message names the key."""
 
 
-def save_dump(path: str, kind: str, **arrays: Any) -> None:
-    """Write a dump of ``kind`` (see the module docs). ``ml_dtypes`` arrays
-    (bfloat16, float8_e4m3fn) are stored as their raw bits with a
-    ``<name>_format`` key; strings and numbers as 0-d arrays."""
+class Dump(Dict[str, np.ndarray]):
+    """A dump's arrays, key by key (uncompressed members memory-mapped), with
+    the ``X_format`` pairs decoded: ``formats[X]`` is X's format and the
+    ``X_format`` keys are gone. ``kind`` and ``source`` (the file name, or
+    ``""``) say what it is."""
+
+    kind: str
+    source: str
+    formats: Dict[str, str]
+
+    def floats(self, key: str) -> Optional[np.ndarray]:
+        """Array ``key`` as float32 (raw bits decoded exactly), or None."""
+        if key not in self:
+            return None
+        return decode32(self[key], self.formats.get(key))
+
+
+def decode32(a: np.ndarray, fmt: Optional[str]) -> np.ndarray:
+    """Raw ``fmt`` bits (or a float array, when ``fmt`` is None) as float32,
+    exactly: every bfloat16 / float16 / float8_e4m3fn value is a float32."""
+    if fmt is None or a.dtype.kind == "f":
+        with np.errstate(over="ignore"):
+            return np.asarray(a, dtype=np.float32)
+    if fmt == "bfloat16":
+        return (np.asarray(a, dtype=np.uint32) << 16).view(np.float32)
+    if fmt == "float16":
+        return np.ascontiguousarray(a).view(np.float16).astype(np.float32)
+    from kvselect.reference import _fp8_e4m3fn_table  # the exact decode of all 256 bytes
+
+    return _fp8_e4m3fn_table().astype(np.float32)[np.asarray(a)]
+
+
+def save_dump(path: Union[str, "os.PathLike[str]"], kind: str, **arrays: Any) -> None:
+    """Write a dump of ``kind`` (any of :data:`KINDS`, see docs/dump-format.md),
+    uncompressed (``np.savez``, so a reader memory-maps each array).
+    ``ml_dtypes`` arrays (bfloat16, float8_e4m3fn) are stored as their raw bits
+    with a ``<name>_format`` key; strings and numbers as 0-d arrays. The file
+    is written beside ``path`` and renamed onto it, so a reader still mapping
+    the old file keeps its bytes. A key not in the kind's table is refused
+    before anything is written."""
     if kind not in KINDS:
         raise DumpError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     out: Dict[str, np.ndarray] = {"kind": np.asarray(kind)}
     for name, value in arrays.items():
         a = np.asarray(value)
         fmt = a.dtype.name
-        if fmt in _RAW_FORMATS:
-            out[name] = np.ascontiguousarray(a).view(_RAW_FORMATS[fmt])
+        if fmt in ("bfloat16", "float8_e4m3fn"):
+            out[name] = np.ascontiguousarray(a).view(FORMATS[fmt])
             out[f"{name}_format"] = np.asarray(fmt)
         else:
             out[name] = a
-    np.savez_compressed(path, **cast(Dict[str, Any], out))  # NumPy's stub types **kwds as its flags
+    validate(dict(out), source=os.fspath(path))  # never write what the reader refuses
+    target = os.fspath(path)
+    tmp = f"{target}.tmp{os.getpid()}.npz"
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **cast(Dict[str, Any], out))  # NumPy's stub types **kwds as its flags
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
-def load_dump(path: Union[str, "os.PathLike[str]"]) -> Dict[str, np.ndarray]:
-    """The arrays of a dump, never unpickling anything."""
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, where: str) -> np.ndarray:
+    """One archive member: memory-mapped when stored uncompressed (its local
+    header and .npy header parsed, so only the bytes used are ever read), read
+    whole otherwise; an object array is refused, never unpickled."""
+    fmt = np.lib.format
+    if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1:
+        with open(path, "rb") as f:
+            f.seek(info.header_offset)
+            local = f.read(30)
+            if len(local) == 30 and local[:4] == b"PK\x03\x04":
+                n, m = struct.unpack("<HH", local[26:30])
+                start = info.header_offset + 30 + n + m
+                f.seek(start)
+                try:
+                    version = fmt.read_magic(f)
+                    reader = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}
+                    header = reader.get(version)
+                    got = None if header is None else header(f)
+                except ValueError as e:
+                    raise DumpError(f"{where}: {key} is not a NumPy array ({e})") from None
+                if got is not None:
+                    shape, fortran, dtype = got
+                    if dtype.hasobject:
+                        raise DumpError(f"{where}: {key}: holds Python objects (an object array), "
+                                        f"not numbers, which a dump never needs")
+                    offset = f.tell()
+                    size = int(np.prod(shape)) * dtype.itemsize
+                    if shape and size and offset + size <= start + info.file_size:
+                        return np.memmap(path, dtype=dtype, mode="r", offset=offset,
+                                         shape=shape, order="F" if fortran else "C")
+    try:
+        with zf.open(info) as f:
+            return fmt.read_array(f, allow_pickle=False)
+    except ValueError as e:
+        if "allow_pickle" in str(e) or "object" in str(e).lower():
+            raise DumpError(f"{where}: {key}: holds Python objects (an object array), "
+                            f"not numbers, which a dump never needs") from None
+        raise DumpError(f"{where}: {key} cannot be read as an array ({e})") from None
+
+
+def read_archive(path: Union[str, "os.PathLike[str]"]) -> Dict[str, np.ndarray]:
+    """An ``.npz`` archive's arrays, by key, never unpickling anything:
+    uncompressed members (``np.savez``) memory-mapped, compressed ones
+    (``np.savez_compressed``) read whole."""
+    path = os.fspath(path)
+    where = os.path.basename(path)
     if not os.path.exists(path):
         raise DumpError(f"{path}: no such file")
-    if not zipfile.is_zipfile(path):
-        raise DumpError(f"{path} is not an .npz archive (np.savez writes one)")
+    if not os.path.isfile(path):
+        raise DumpError(f"{path}: not a file (a directory or a device), not an .npz archive")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith(_NPY_MAGIC):
+        raise DumpError(f"{where}: not a NumPy .npz archive (it holds a single array, an .npy "
+                        f"file; save the arrays with numpy.savez(path, name=array, ...))")
+    if not head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        what = "it is empty" if not head else f"it starts with {head!r}, not a zip header"
+        raise DumpError(f"{where}: not a NumPy .npz archive ({what}); an .npz is the zip file "
+                        f"numpy.savez or numpy.savez_compressed writes")
     try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except ValueError as e:  # an object array: refuse it, never unpickle
-        raise DumpError(f"{path}: holds a Python object array, which a dump never needs ({e})")
-    except (OSError, zipfile.BadZipFile) as e:
-        raise DumpError(f"{path} cannot be read as an .npz archive: {e}")
-    if "kind" not in data:
-        raise DumpError(f"{path}: no 'kind' key (one of {', '.join(KINDS)})")
-    return data
+        with zipfile.ZipFile(path) as zf:
+            out: Dict[str, np.ndarray] = {}
+            for info in zf.infolist():
+                name = info.filename
+                if not name.endswith(".npy"):
+                    raise DumpError(f"{where}: member {name!r} is not an array (.npy); an .npz "
+                                    f"holds arrays only")
+                out[name[:-4]] = _member(path, zf, info, name[:-4], where)
+            return out
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise DumpError(f"{where}: not a NumPy .npz archive ({e}); an .npz is the zip file "
+                        f"numpy.savez or numpy.savez_compressed writes") from None
+
+
+def _closest(key: str, known: Any) -> Optional[str]:
+    if key in _RENAMED and _RENAMED[key] in known:
+        return _RENAMED[key]
+    same_case = [k for k in known if k.lower() == key.lower()]
+    if same_case:
+        return same_case[0]
+    near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.5)
+    return near[0] if near else None
+
+
+def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
+             expect: Optional[Tuple[str, ...]] = None) -> Dump:
+    """The shared refusals of every dump, then its kind's table: the kind
+    (absent with q, k and v present: a workload), the ``X_format`` pairs
+    (decoded into ``Dump.formats``), no key outside the kind's table (the
+    refusal names the closest known key), every required key present and
+    every key of its dtype class. ``expect``: the kinds the reader takes."""
+    where = os.path.basename(source) if source else "the dump"
+    d = {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in arrays.items()}
+    for k, v in d.items():
+        if v.dtype.hasobject:
+            raise DumpError(f"{where}: {k}: holds Python objects (an object array), not numbers, "
+                            f"which a dump never needs")
+    if "kind" in d:
+        kind = _text(d, "kind")
+    elif any(k in d for k in ("q", "k", "v")):
+        kind = "workload"  # a plain np.savez(path, q=..., k=..., v=...)
+    else:
+        raise DumpError(f"{where}: no 'kind' key (one of {', '.join(KINDS)}; a file without one "
+                        f"is a workload only when it has q, k and v)")
+    if kind not in KINDS:
+        raise DumpError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    assert kind is not None
+    if expect is not None and kind not in expect:
+        how = ("kvselect eval --workload" if kind == "workload" else "kvselect check")
+        raise DumpError(f"{where}: a {kind} dump, not {' or '.join(expect)} ({how} reads it)")
+    table = TABLES[kind]
+    formats: Dict[str, str] = {}
+    for k in sorted(d):
+        if not k.endswith("_format") or k in table:
+            continue
+        base = k[: -len("_format")]
+        if base not in table:
+            continue  # refused below as an unknown key
+        if table[base][0] != "float":
+            raise DumpError(f"{where}: {k}: {base} holds {table[base][0].replace(' scalar', '')}s, "
+                            f"not floats; only a float key has a format")
+        if base not in d:
+            raise DumpError(f"{where}: {k} is given but {base} is not")
+        fmt = _text(d, k)
+        if fmt not in FORMATS:
+            raise DumpError(f"{where}: {k} must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        a = d[base]
+        if fmt == "float16" and a.dtype == np.float16:
+            pass  # a real float16 array: the format says nothing more
+        elif a.dtype != FORMATS[fmt]:
+            raise DumpError(f"{where}: {k} {fmt!r} needs {base} as its raw "
+                            f"{np.dtype(FORMATS[fmt]).name} bits, got {a.dtype}")
+        else:
+            formats[base] = cast(str, fmt)
+        del d[k]
+    unknown = sorted(set(d) - set(table))
+    if unknown:
+        k = unknown[0]
+        near = _closest(k, list(table) + [f"{x}_format" for x, t in table.items() if t[0] == "float"])
+        hint = f" (did you mean {near!r}?)" if near else ""
+        raise DumpError(f"{where}: unknown key {k!r} in a {kind} dump{hint}; the known keys are "
+                        f"{list(table)} (docs/dump-format.md): an unknown key is refused, never "
+                        f"ignored")
+    missing = [k for k, t in table.items() if t[2] == "required" and k not in d]
+    if missing:
+        raise DumpError(f"{where}: missing required key(s) {missing}; found {sorted(d)}")
+    for k, a in d.items():
+        cls = table[k][0]
+        if cls == "float" and k not in formats and a.dtype not in _FLOATS:
+            raw = (f" (raw bfloat16 / float16 / float8_e4m3fn bits need {k}_format beside them)"
+                   if a.dtype in (np.uint16, np.uint8) else "")
+            raise DumpError(f"{where}: {k}: expected dtype float16, float32 or float64, got "
+                            f"{a.dtype}{raw}")
+        if cls == "int" and a.dtype.kind not in "iu":
+            raise DumpError(f"{where}: {k}: expected an integer dtype (int32 or int64), got {a.dtype}")
+        if cls == "int scalar" and (a.ndim != 0 or a.dtype.kind not in "iub"):
+            raise DumpError(f"{where}: {k} must be one integer, got dtype {a.dtype} shape {a.shape}")
+        if cls == "number" and a.dtype.kind not in "fiu":
+            raise DumpError(f"{where}: {k}: expected a number, got dtype {a.dtype}")
+        if cls == "str" and (a.ndim != 0 or a.dtype.kind not in "US"):
+            raise DumpError(f"{where}: {k} must be a string, got dtype {a.dtype} shape {a.shape}")
+    out = Dump(d)
+    out.kind, out.source, out.formats = kind, source, formats
+    return out
+
+
+_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+_DTYPE_WORDS = {
+    "float": "float16 / float32 / float64, or raw bits + `X_format`",
+    "int": "int32 / int64",
+    "int scalar": "integer, 0-d",
+    "number": "number, 0-d",
+    "str": "string, 0-d",
+}
+
+_KIND_NOTES = {
+    "topk": "A token top-k (the lightning indexer's, or any), checked by `kvselect check`. "
+            "The exact scores are either given (`scores` + `context_lens`) or computed from "
+            "the indexer's inputs (`index_q`, `weights`, `index_k`, `query_pos`).",
+    "blocks": "MiniMax-M3 block selection, checked by `kvselect check`.",
+    "witnesses": "An in-place `scatter_topology_witnesses_` call, checked by `kvselect check`.",
+    "workload": "Q/K/V a selection policy is judged on, read by `kvselect eval --workload` "
+                "(`kvselect.workloads.load_npz`; `python -m kvselect.dump_hf` writes one). "
+                "A file without `kind` that has `q`, `k` and `v` is a workload (a plain "
+                "`np.savez(path, q=..., k=..., v=...)`). `weights` makes the DSA form "
+                "(DeepSeek-V3.2/V4, GLM-5): `index_q` is then `[layers, tokens, H, d_idx]` "
+                "and `index_k` `[layers, tokens, d_idx]`.",
+}
+
+
+def dump_format_markdown() -> str:
+    """docs/dump-format.md: the format's rules and one table per kind, made
+    from :data:`TABLES` (a test keeps the file fresh)."""
+    out = [
+        "# The dump format",
+        "",
+        "<!-- Generated: python -c 'import kvselect.checking as c; print(c.dump_format_markdown(), "
+        "end=\"\")' > docs/dump-format.md -->",
+        "",
+        "One format for every dump `kvselect check` and `kvselect eval` read: a NumPy `.npz` "
+        "archive with a string `kind` and the keys of that kind, read by one loader "
+        "(`kvselect.checking.load_dump`) with one set of refusals. "
+        "`kvselect.checking.save_dump(path, kind, **arrays)` writes any kind.",
+        "",
+        "- **Names** are the API's: `index_q`, `index_k`, `weights`, `key_scale`, as "
+        "`kvselect.indexer_topk` takes them.",
+        "- **Unknown keys are refused**, never ignored: the message names the key and the "
+        "closest known one (`index_k_scale` → `key_scale`, `index_weights` → `weights`, "
+        "`key_format` → `index_k_format`).",
+        "- **Low precision**: `.npz` cannot hold `ml_dtypes` arrays, so a bfloat16 or "
+        "float8_e4m3fn tensor `X` is stored as its raw `uint16` / `uint8` bits with a string "
+        "`X_format` beside it (`\"bfloat16\"`, `\"float16\"`, `\"float8_e4m3fn\"`); float16 may "
+        "also be a real float16 array. From torch: `t.view(torch.uint16).numpy()`. Only a float "
+        "key may have a format; raw `uint16` / `uint8` bits without one are refused.",
+        "- **Reading one layer reads only its bytes**: uncompressed members (`np.savez`, what "
+        "`save_dump` writes) are memory-mapped; compressed ones (`np.savez_compressed`) load, "
+        "read whole.",
+        "- **Never unpickled**: an object array is refused.",
+        "- Index arrays may be int32 or int64; scalars (config, `topk`) are 0-d arrays, "
+        "strings 0-d string arrays.",
+        "- 3-D `rows` only ever mean `[n_queries, n_heads, width]` (a blocks dump's). A topk dump "
+        "with decode context parallelism (`dcp_size`) has 2-D rows `[n_rows, dcp_size * topk]`, "
+        "the ranks' rows side by side, as `kvselect.check_topk` takes them with "
+        "`slots=GlobalSlots(dcp_size=...)`.",
+        "",
+        "`kvselect check` exits 2 (never 1, \"the engine is wrong\") for any dump it cannot "
+        "check.",
+    ]
+    for kind, table in TABLES.items():
+        out += ["", f"## kind = \"{kind}\"", "", _KIND_NOTES[kind], "",
+                "| key | dtype | shape | required | meaning |", "|---|---|---|---|---|"]
+        for key, (cls, shape, req, meaning) in table.items():
+            shape_ = f"`{shape}`" if shape else "0-d"
+            out.append(f"| `{key}` | {_DTYPE_WORDS[cls]} | {shape_} | {req} | {meaning} |")
+    return "\n".join(out) + "\n"
+
+
+def load_dump(path: Union[str, "os.PathLike[str]"],
+              expect: Optional[Tuple[str, ...]] = None) -> Dump:
+    """A dump, read and checked (:func:`read_archive`, then :func:`validate`):
+    the one loader of ``kvselect check`` and ``kvselect eval``."""
+    return validate(read_archive(path), source=os.fspath(path), expect=expect)
 
 
 def _text(d: Mapping[str, np.ndarray], key: str, default: Optional[str] = None) -> Optional[str]:
@@ -225,22 +611,32 @@ def _layout(d: Mapping[str, np.ndarray], rows: np.ndarray) -> Optional[ks.Global
 
 
 def _floats(d: Mapping[str, np.ndarray], key: str) -> Optional[np.ndarray]:
-    """A float array of the dump as float32 (``None`` if absent), decoding
-    raw low-precision bits named by ``<key>_format``."""
+    """A float array of the dump as float32 (``None`` if absent), raw
+    low-precision bits decoded (the loader read their ``<key>_format``)."""
     if key not in d:
         return None
-    a, fmt = d[key], _text(d, f"{key}_format")
-    if fmt is None:
-        if a.dtype.kind != "f":
-            raise DumpError(f"{key} must hold floats (or raw bits with a {key}_format), got {a.dtype}")
-        return a.astype(np.float32)
-    raw = {"bfloat16": np.uint16, "float16": np.uint16, "float8_e4m3fn": np.uint8}.get(fmt)
-    if raw is None or a.dtype != raw:
-        raise DumpError(f"{key}_format {fmt!r} needs {key} as raw uint16 (bfloat16, float16) or "
-                        f"uint8 (float8_e4m3fn) bits, got {a.dtype}")
-    from kvselect.reference import decode  # the formats' exact decodes, in NumPy
+    return decode32(d[key], getattr(d, "formats", {}).get(key))
 
-    return decode(a, fmt).astype(np.float32)  # exact: every such value is a float32
+
+def _finite(d: Mapping[str, np.ndarray], *keys: str) -> None:
+    """The indexer's operands are finite: the exact score of a NaN or
+    infinite operand is undefined, so such a dump cannot be checked (and the
+    checkers would name the derived magnitudes, not the key)."""
+    for key in keys:
+        a = _floats(d, key)
+        if a is None:
+            continue
+        bad = ~np.isfinite(a)
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise DumpError(f"{key}[{', '.join(map(str, at))}] is {a[at]}: the exact scores of a "
+                            f"non-finite {key} are undefined, so the dump cannot be checked")
+
+
+def _formats(d: Mapping[str, np.ndarray]) -> Dict[str, Any]:
+    """The native functions' format arguments from the dump's formats."""
+    f = getattr(d, "formats", {})
+    return {"key_format": f.get("index_k"), "query_format": f.get("index_q")}
 
 
 def _check_packing(cu: np.ndarray, seq: np.ndarray, n_keys: int) -> None:
@@ -284,21 +680,27 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
     if engine_rows.dtype.kind not in "iu":
         raise DumpError(f"rows must hold integers (int32 or int64), got {engine_rows.dtype}")
     ranks = _int(d, "dcp_size", 1)
+    if engine_rows.ndim == 3 and ranks > 1:
+        raise DumpError(f"rows: a DCP dump's rows are the ranks' rows side by side, 2-D [n_rows, "
+                        f"dcp_size * topk] (what check_topk takes with slots=GlobalSlots(dcp_size="
+                        f"{ranks})), got 3-D {engine_rows.shape}: write "
+                        f"np.concatenate(list(rows), axis=1) (3-D rows only ever mean [n_queries, "
+                        f"n_heads, width], a blocks dump's)")
+    if engine_rows.ndim != 2:
+        raise DumpError(f"rows must be [n_rows, {'dcp_size * ' if ranks > 1 else ''}topk], got "
+                        f"shape {engine_rows.shape}")
+    width = engine_rows.shape[1]
     if ranks > 1:
-        if engine_rows.ndim != 3 or engine_rows.shape[0] != ranks:
-            raise DumpError(f"rows must be [dcp_size = {ranks}, n_rows, topk] (each DCP rank's "
-                            f"rows), got shape {engine_rows.shape}")
-        width = engine_rows.shape[2]
-        engine_rows = np.concatenate(list(engine_rows), axis=1)  # the ranks side by side
-    elif engine_rows.ndim != 2:
-        raise DumpError(f"rows must be [n_rows, topk], got shape {engine_rows.shape}")
-    else:
-        width = engine_rows.shape[1]
+        if width % ranks:
+            raise DumpError(f"rows: a DCP dump's rows are [n_rows, dcp_size * topk], the "
+                            f"dcp_size = {ranks} ranks' rows side by side, got width {width}, "
+                            f"not a multiple of {ranks}")
+        width //= ranks
     n = len(engine_rows)
     topk = _int(d, "topk", width)
     _same_rows(n, d, "scores", "context_lens", "magnitudes", "engine_scores", "index_q", "weights",
                "query_pos", "seq_ids", "req_ids", "prefill_req_ids")
-    fmt: Dict[str, Any] = {"key_format": _text(d, "index_k_format"), "query_format": _text(d, "index_q_format")}
+    fmt = _formats(d)
     parts: List[Tuple[np.ndarray, dict]] = []
     vacuous = 0
     if "scores" in d:
@@ -315,6 +717,7 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
         vacuous = _vacuous(scores, mags, lens, topk, atol, rtol)
     else:
         _need(d, "index_q", "weights", "index_k", "query_pos")
+        _finite(d, "index_q", "weights", "index_k", "key_scale")
         q, k, pos = d["index_q"], d["index_k"], _ints(d, "query_pos")
         w, scale = _floats(d, "weights"), _floats(d, "key_scale")
         assert w is not None
@@ -364,7 +767,8 @@ def _check_blocks(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List
     _need(d, "index_q", "index_k", "query_pos", "rows")
     cfg = ks.BlockSparseConfig(
         _int(d, "block_size"), _int(d, "top_blocks"), _int(d, "init_blocks"), _int(d, "local_blocks"))
-    fmt: Dict[str, Any] = {"key_format": _text(d, "index_k_format"), "query_format": _text(d, "index_q_format")}
+    fmt = _formats(d)
+    _finite(d, "index_q", "index_k")
     q, k, pos = d["index_q"], d["index_k"], _ints(d, "query_pos")
     rows = d["rows"]
     if rows.ndim != 3 or rows.dtype.kind not in "iu":
@@ -418,10 +822,15 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
     with its ``kind``, the ``tolerance`` used and one entry per check in
     ``checks`` (``name`` and the checker's ``report``); ``wrong`` is the
     number of rows some check found wrong."""
-    d = load_dump(dump) if isinstance(dump, (str, os.PathLike)) else dump
-    kind = _text(d, "kind")
-    if kind not in KINDS:
-        raise DumpError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if isinstance(dump, (str, os.PathLike)):
+        d = load_dump(dump, expect=CHECK_KINDS)
+    elif isinstance(dump, Dump):
+        d = dump
+        if d.kind not in CHECK_KINDS:
+            raise DumpError(f"a {d.kind} dump, not {' or '.join(CHECK_KINDS)}")
+    else:
+        d = validate(dump, expect=CHECK_KINDS)
+    kind = d.kind
     precision, atol_, rtol_ = _tolerance(d, atol, rtol)
     note = None
     if kind == "topk" and "scores" in d and "magnitudes" not in d and rtol is None:
@@ -437,11 +846,11 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
             checks = _check_witnesses(d)
             precision, atol_, rtol_ = "exact", 0.0, 0.0
     except ks.KvselectError as e:
-        raise DumpError(f"the dump's arrays do not fit together: {e}") from e
+        raise DumpError(f"the dump's arrays do not fit together: {_in_dump_terms(str(e))}") from e
     except KeyError as e:
         raise DumpError(f"the dump has no {e}") from e
     except (TypeError, ValueError, IndexError) as e:  # never a traceback: name what is off
-        raise DumpError(f"the dump cannot be checked: {e}") from e
+        raise DumpError(f"the dump cannot be checked: {_in_dump_terms(str(e))}") from e
     wrong: Set[int] = set()
     for _, r in checks:
         wrong.update(x["row"] for x in r["details"])
@@ -452,6 +861,17 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
         "wrong": len(wrong),
         "checks": [{"name": name, "report": r} for name, r in checks],
     }
+
+
+# The API's argument names that are not the dump's keys, and the dump's.
+_DUMP_TERMS = {"key_format": "index_k_format", "query_format": "index_q_format"}
+
+
+def _in_dump_terms(message: str) -> str:
+    """A native refusal's message with its argument names the dump's keys."""
+    for api, key in _DUMP_TERMS.items():
+        message = re.sub(rf"\b{api}\b", key, message)
+    return message
 
 
 def _describe(p: dict) -> str:
@@ -555,7 +975,9 @@ def add_parser(sub: Any) -> None:
         description="Check a dump of one selection kernel call against kvselect's exact rule: "
         "token top-k (the lightning indexer's), MiniMax-M3 blocks, or witness rows. Exit "
         "status 0: every row correct; 1: some row wrong; 2: the dump cannot be checked. "
-        "The dump format: python -c 'import kvselect.checking as c; help(c)'.",
+        "The dump format: docs/dump-format.md, or python -c 'import kvselect.checking as c; "
+        "help(c)'. A dump that cannot be checked (an unknown key, a non-finite operand) exits "
+        "2, never 1.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("dump", help="the .npz dump (see help(kvselect.checking))")

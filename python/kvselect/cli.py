@@ -2,14 +2,19 @@
 
 ``kvselect eval`` compares selection policies at an identical token budget
 on a workload — the built-in synthetic long-context one by default, the real
-example shipped with the package, or your own Q/K/V dump (``.npz``, see
-``kvselect.workloads``) — and prints one table per budget. Every budget
+example shipped with the package, or your own Q/K/V dumps (``.npz``, the
+one dump format of ``kvselect check`` and ``eval``, kind ``"workload"``:
+``docs/dump-format.md``, ``kvselect.workloads``) — and prints one table per
+budget. Every budget
 >= 1 runs on the defaults: what must scale with k and was not given is
 derived (``kvselect.evaluate.derive_settings``) and one line says what.
-Exit codes: 0 on success, 2 on a usage error (argparse's), 1 when the
-workload cannot be loaded, a given setting cannot work (the message names
-its flag), or an output (--json, --plot) cannot be written — the last two
-checked before the evaluation.
+Exit codes: 0 on success, 2 on a usage error (argparse's; a flag that is
+not a number is named with what it expects), 1 when a workload cannot be
+loaded, a given setting cannot work (the message names its flag), or an
+output (--json, --plot) cannot be written — the last two checked before the
+evaluation. Of several dumps (or a folder), one that cannot be loaded is
+reported by name when its turn comes and the others are still evaluated and
+pooled; the exit status is then 1.
 """
 
 from __future__ import annotations
@@ -165,8 +170,10 @@ def _eval(args: argparse.Namespace) -> int:
                     warnings.simplefilter("always")
                     w = _load(args, name)
             except (OSError, WorkloadError, ValueError) as e:
-                failed.append(f"cannot load workload {name!r}: {e}")
-                return
+                # Reported now, by name; the good dumps still make the pooled table.
+                failed.append(name)
+                print(f"kvselect eval: cannot load workload {name!r}: {e}", file=sys.stderr)
+                continue
             for c in caught:
                 print(f"kvselect eval: warning: {c.message}", file=sys.stderr)
             yield w
@@ -189,9 +196,9 @@ def _eval(args: argparse.Namespace) -> int:
             on_report=show,
         )
     except ValueError as e:
-        return fail(failed[0] if failed else str(e))
-    if failed:
-        return fail(failed[0])
+        if failed and not shown:  # no workload loaded: each failure is already said
+            return 1
+        return fail(str(e))
     if len(reports) > 1:
         print(evaluate.format_table(pooled))
     try:
@@ -206,6 +213,9 @@ def _eval(args: argparse.Namespace) -> int:
             evaluate.plot(pooled if len(reports) > 1 else reports[0], args.plot)
     except (OSError, ImportError) as e:
         return fail(str(e))
+    if failed:
+        return fail(f"{len(failed)} of {len(sources)} workloads could not be loaded: "
+                    + ", ".join(map(repr, failed)) + " (the tables above leave them out)")
     return 0
 
 
@@ -232,8 +242,16 @@ def _demo(args: argparse.Namespace) -> int:
     return _eval(ns)
 
 
+def _integer(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        # argparse would say "invalid _positive value": the function's name.
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
 def _positive(text: str) -> int:
-    v = int(text)
+    v = _integer(text, "a positive integer")
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
     return v
@@ -243,14 +261,14 @@ def _non_negative_float(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
     if not (v >= 0 and v != float("inf")):
         raise argparse.ArgumentTypeError(f"must be finite and non-negative, got {text}")
     return v
 
 
 def _non_negative(text: str) -> int:
-    v = int(text)
+    v = _integer(text, "a non-negative integer")
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be non-negative, got {v}")
     return v

@@ -48,17 +48,20 @@ does not change ``q · k``):
 - ``index_q`` ``[layers, tokens, H, d_idx]``: the indexer's query heads
   (``H = 64``, ``d_idx = 128``; GLM-5 has ``H = 32``), from ``wq_b`` of the
   low-rank query;
-- ``index_weights`` ``[layers, tokens, H]``: ``weights_proj(x)`` times
+- ``weights`` ``[layers, tokens, H]``: ``weights_proj(x)`` times
   ``H^-1/2 · d_idx^-1/2`` (and the query's fp8 scale, if you dump the
   quantised query), exactly the factor the model multiplies each head's
   ``relu(q · k)`` by;
 - ``index_k`` ``[layers, tokens, d_idx]``: the indexer's key (``wk`` then its
   norm and rotary), one per token, shared by the heads; with the fp8 cache,
   its dequantised values ``k8 · scale`` or the fp8 values with
-  ``index_k_scale`` ``[layers, tokens]`` beside them.
+  ``key_scale`` ``[layers, tokens]`` beside them (the fp8 bytes as raw
+  ``uint8`` with ``index_k_format = "float8_e4m3fn"``).
 
-``save`` stores those keys like the others (``index_weights`` and
-``index_k_scale`` are kept float32, being scales).
+The names are :func:`kvselect.indexer_topk`'s, and the file is the one dump
+format (``docs/dump-format.md``, the kind ``"workload"``). ``save`` stores
+those keys like the others (``weights`` and ``key_scale`` are kept float32,
+being scales), uncompressed, so a reader memory-maps one layer at a time.
 """
 
 from __future__ import annotations
@@ -366,18 +369,26 @@ def save(
     *,
     dtype: Union[str, np.dtype] = "float16",
 ) -> Path:
-    """Write ``arrays`` (from :func:`dump_qkv`) as a compressed ``.npz``.
+    """Write ``arrays`` (from :func:`dump_qkv`) as a workload dump
+    (:func:`kvselect.checking.save_dump` with kind ``"workload"``: uncompressed,
+    so a reader memory-maps each layer; a key outside the workload table is
+    refused, naming the closest known one).
 
     Float arrays are stored as ``dtype`` (float16 by default: half the size,
-    and ample for ranking keys); integer and scalar entries are kept. If a
+    and ample for ranking keys; ``"bfloat16"`` stores raw bits with an
+    ``X_format``); integer and scalar entries are kept. If a
     value does not fit float16 (|x| > 65504) the save is refused with a hint
     to use float32 rather than writing infinities.
 
     Returns the path written (NumPy adds ``.npz`` when missing).
     """
-    dtype = np.dtype(dtype)
+    from kvselect.checking import DumpError as FormatError
+    from kvselect.checking import save_dump
+
+    bf16 = str(dtype) == "bfloat16"
+    dtype = np.dtype(np.float32 if bf16 else dtype)
     if dtype not in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)):
-        raise DumpError(f"dtype: expected float16, float32 or float64, got {dtype}")
+        raise DumpError(f"dtype: expected float16, bfloat16, float32 or float64, got {dtype}")
     out: Dict[str, np.ndarray] = {}
     for key, arr in arrays.items():
         arr = np.asarray(arr)
@@ -390,12 +401,24 @@ def save(
                     "save with dtype='float32' (--dtype float32)"
                 )
             arr = cast
+            if bf16:  # round to nearest even, kept as raw bits
+                bits = np.ascontiguousarray(arr, dtype=np.float32).view(np.uint32)
+                rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+                if not np.isfinite(arr).all() or np.any((rounded & 0x7F80) == 0x7F80):
+                    raise DumpError(f"{key}: values do not fit bfloat16; save with dtype='float32'")
+                arr = rounded.astype(np.uint16)
+                out[f"{key}_format"] = np.asarray("bfloat16")
         out[key] = arr
     path = Path(path)
     if path.suffix != ".npz":
         path = path.with_name(path.name + ".npz")
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path, **out)  # type: ignore[arg-type]
+    formats = {k: v for k, v in out.items() if k.endswith("_format")}
+    try:
+        save_dump(path, "workload", **{k: v for k, v in out.items() if k not in formats},
+                  **formats)
+    except FormatError as e:
+        raise DumpError(str(e)) from None
     return path
 
 
@@ -418,7 +441,7 @@ def _parser() -> argparse.ArgumentParser:
         "--layers", type=int, nargs="+", default=None,
         help="attention layer indices to dump (default: all)",
     )
-    p.add_argument("--dtype", choices=("float16", "float32"), default="float16")
+    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
     p.add_argument(
         "--no-rotary", action="store_true",
         help="do not apply the model's rotary embedding (dump raw projections)",

@@ -22,7 +22,15 @@ Three sources:
 The ``.npz`` format read by :func:`load_npz`
 --------------------------------------------
 
-A NumPy ``.npz`` archive (``np.savez`` or ``np.savez_compressed``) with:
+The one dump format of ``kvselect check`` and ``kvselect eval``
+(``docs/dump-format.md`` tables every kind's keys; :mod:`kvselect.checking`
+holds the loader), of the kind ``"workload"``: a NumPy ``.npz`` archive
+(``np.savez``, or :func:`kvselect.checking.save_dump` ``(path,
+"workload", ...)``, whose uncompressed members are memory-mapped, so only the
+layers used are read; ``np.savez_compressed`` archives load too, read whole)
+with ``kind = "workload"`` — or no ``kind`` at all when ``q``, ``k`` and
+``v`` are present (a plain ``np.savez(path, q=..., k=..., v=...)`` is a
+workload) — and:
 
 - ``q``: ``[layers, n_heads, tokens, d]`` (required): the query heads;
 - ``k``: ``[layers, n_kv_heads, tokens, d]`` (required);
@@ -32,13 +40,15 @@ A NumPy ``.npz`` archive (``np.savez`` or ``np.savez_compressed``) with:
   per KV head (MiniMax-M3's form; the learned top-k ranks by ``index_q ·
   index_k`` and block selection scores it);
 - or the **DSA form** (DeepSeek-V3.2/V4, GLM-5's lightning indexer), told
-  apart by ``index_weights``: ``index_q`` ``[layers, tokens, H, d_idx]``
-  (``H`` index heads per token), ``index_weights`` ``[layers, tokens, H]``
+  apart by ``weights``: ``index_q`` ``[layers, tokens, H, d_idx]``
+  (``H`` index heads per token), ``weights`` ``[layers, tokens, H]``
   (the per-query head weights, softmax scale and ``H^-1/2`` folded in, as
   the model computes them), ``index_k`` ``[layers, tokens, d_idx]`` (one
   index key per token, shared by the index heads), and optionally
-  ``index_k_scale`` ``[layers, tokens]`` (the fp8 cache's per-key scale,
-  with ``index_k`` its dequantised-by-``1/scale`` values). The learned
+  ``key_scale`` ``[layers, tokens]`` (the fp8 cache's per-key scale,
+  with ``index_k`` its dequantised-by-``1/scale`` values; raw fp8 bits with
+  ``index_k_format = "float8_e4m3fn"``). The names are
+  :func:`kvselect.indexer_topk`'s. The learned
   top-k is then :func:`kvselect.indexer_topk` of it — one row per query,
   shared by every KV head of the layer, as DSA shares it — and block
   selection scores the derived indexer (:func:`derive_indexer`);
@@ -49,7 +59,9 @@ A NumPy ``.npz`` archive (``np.savez`` or ``np.savez_compressed``) with:
 
 Rules (each broken one is a :class:`WorkloadError` naming the key):
 
-- Arrays are float16, float32 or float64 (read as float32) and finite.
+- Arrays are float16, float32 or float64, or the raw bits of bfloat16 /
+  float16 / float8_e4m3fn with an ``X_format`` key beside them (read as
+  float32, exactly), and finite.
 - ``n_heads`` is a multiple of ``n_kv_heads`` (grouped-query attention):
   query head ``h`` of a layer reads KV head ``h // (n_heads // n_kv_heads)``
   of the same layer. Multi-head attention is ``n_heads == n_kv_heads``.
@@ -67,8 +79,9 @@ Rules (each broken one is a :class:`WorkloadError` naming the key):
   heads loads with a :class:`WorkloadWarning` (it was probably saved as
   ``[layers, tokens, heads, d]``, a common torch layout).
 - Any other key is refused (it is most likely a typo, such as ``Q`` or
-  ``index_keys``, that would otherwise be silently ignored); the error lists
-  the allowed keys.
+  ``index_keys``, or an old name such as ``index_weights``, that would
+  otherwise be silently ignored); the error names the closest known key and
+  lists them all.
 
 Layers are flattened into heads: the workload has ``layers * n_heads`` query
 heads and ``layers * n_kv_heads`` KV heads, named ``"L{layer}/H{kv_head}"``
@@ -81,7 +94,6 @@ from __future__ import annotations
 import math
 import os
 import warnings
-import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -108,12 +120,6 @@ __all__ = [
 
 #: The head types :func:`synthetic` cycles through, in order, over KV heads.
 HEAD_KINDS: Tuple[str, ...] = ("sink", "local", "retrieval", "diffuse")
-
-_REQUIRED_KEYS = ("q", "k", "v")
-_OPTIONAL_KEYS = (
-    "index_q", "index_k", "index_weights", "index_k_scale", "scale", "layer_ids", "kv_head_ids",
-)
-_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 PathLike = Union[str, os.PathLike]  # type: ignore[type-arg]
 
@@ -890,7 +896,9 @@ def load_npz(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such workload file: {str(path)!r}")
-    arrays = _read_npz(path)
+    from kvselect.checking import decode32
+
+    arrays, formats = _read_npz(path)
 
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
     n_layers, n_heads, tokens, d = q.shape
@@ -941,9 +949,9 @@ def load_npz(
             f"(grouped-query attention)" + hint
         )
     has_index = "index_q" in arrays
-    dsa = "index_weights" in arrays
+    dsa = "weights" in arrays
     if dsa:
-        iq, iw, ik = arrays["index_q"], arrays["index_weights"], arrays["index_k"]
+        iq, iw, ik = arrays["index_q"], arrays["weights"], arrays["index_k"]
         heads = iq.shape[2]
         if iq.shape[:2] != (n_layers, tokens) or 0 in iq.shape:
             raise WorkloadError(
@@ -952,7 +960,7 @@ def load_npz(
             )
         if iw.shape != (n_layers, tokens, heads):
             raise WorkloadError(
-                f"index_weights: expected shape [{n_layers}, {tokens}, {heads}] (one weight "
+                f"weights: expected shape [{n_layers}, {tokens}, {heads}] (one weight "
                 f"per token and index head of index_q), got {iw.shape}"
             )
         if ik.shape != (n_layers, tokens, iq.shape[3]):
@@ -960,10 +968,10 @@ def load_npz(
                 f"index_k: expected shape [{n_layers}, {tokens}, {iq.shape[3]}] (the DSA "
                 f"form: one key per token, shared by the index heads), got {ik.shape}"
             )
-        if "index_k_scale" in arrays and arrays["index_k_scale"].shape != (n_layers, tokens):
+        if "key_scale" in arrays and arrays["key_scale"].shape != (n_layers, tokens):
             raise WorkloadError(
-                f"index_k_scale: expected shape [{n_layers}, {tokens}], got "
-                f"{arrays['index_k_scale'].shape}"
+                f"key_scale: expected shape [{n_layers}, {tokens}], got "
+                f"{arrays['key_scale'].shape}"
             )
     elif has_index:
         iq, ik = arrays["index_q"], arrays["index_k"]
@@ -1015,10 +1023,13 @@ def load_npz(
 
     chosen = _choose_layers(layers, n_layers)
 
+    def read(key: str) -> np.ndarray:
+        # Only the chosen layers' bytes are read (the members are memory-mapped).
+        return decode32(arrays[key][chosen], formats.get(key))
+
     def flat(key: str) -> np.ndarray:
-        arr = arrays[key][chosen]
-        with np.errstate(over="ignore"):  # float64 beyond float32 -> inf, refused below
-            out = np.ascontiguousarray(arr.reshape(-1, *arr.shape[2:]), dtype=np.float32)
+        arr = read(key)
+        out = np.ascontiguousarray(arr.reshape(-1, *arr.shape[2:]), dtype=np.float32)
         if not np.isfinite(out).all():
             bad = np.argwhere(~np.isfinite(out))[0]
             raise WorkloadError(
@@ -1036,16 +1047,15 @@ def load_npz(
         fiq, fik = derive_indexer(fq, fk, n_kv_heads=fk.shape[0])
     if dsa:
         def layer_major(key: str) -> np.ndarray:
-            with np.errstate(over="ignore"):
-                out = np.ascontiguousarray(arrays[key][chosen], dtype=np.float32)
+            out = np.ascontiguousarray(read(key), dtype=np.float32)
             if not np.isfinite(out).all():
                 raise WorkloadError(f"{key}: expected finite values (within float32 range)")
             return out
 
-        scale_k = layer_major("index_k_scale") if "index_k_scale" in arrays else None
+        scale_k = layer_major("key_scale") if "key_scale" in arrays else None
         indexer = Indexer(
             q=layer_major("index_q"),
-            weights=layer_major("index_weights"),
+            weights=layer_major("weights"),
             k=layer_major("index_k"),
             key_scale=scale_k,
             key_format="float32",
@@ -1074,7 +1084,7 @@ def load_npz(
         scale=scale,
         source=(
             f"{path.name}: layers {[int(layer_ids[l]) for l in chosen]}, {n_heads} query / "
-            f"{n_kv} KV heads each, {tokens} tokens, {q.dtype}; {index_note}"
+            f"{n_kv} KV heads each, {tokens} tokens, {formats.get('q', q.dtype)}; {index_note}"
         ),
         indexer=indexer,
     )
@@ -1103,107 +1113,55 @@ def _transposed_hint(q_shape: Tuple[int, ...]) -> str:
     )
 
 
-_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip file: an entry, or empty
-_NPY_MAGIC = b"\x93NUMPY"
+def _read_npz(path: Path) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
+    """The dump's arrays (memory-mapped, in their file dtype) and formats, read
+    by the one dump loader (:func:`kvselect.checking.load_dump`: its shared
+    refusals and the workload table), then the workload's own rules."""
+    from kvselect.checking import DumpError, load_dump
 
-
-def _read_npz(path: Path) -> Dict[str, np.ndarray]:
-    """Open, check keys and dtypes; arrays stay in their file dtype."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if head.startswith(_NPY_MAGIC):
-        raise WorkloadError(
-            f"{path.name}: not a NumPy .npz archive (it holds a single array, an .npy "
-            f"file; save the arrays with numpy.savez_compressed(path, q=..., k=..., v=...))"
-        )
-    if not head.startswith(_ZIP_MAGIC):
-        # NumPy would try to unpickle it, and say so: never the advice here.
-        what = "it is empty" if not head else f"it starts with {head!r}, not a zip header"
-        raise WorkloadError(
-            f"{path.name}: not a NumPy .npz archive ({what}); an .npz is the zip file "
-            f"numpy.savez or numpy.savez_compressed writes"
-        )
     try:
-        archive = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        reason = "unreadable" if "pickle" in str(exc) else str(exc)
+        dump = load_dump(path, expect=("workload",))
+    except DumpError as e:
+        raise WorkloadError(str(e)) from None
+    keys = set(dump)
+    if ("index_q" in keys) != ("index_k" in keys):
+        have, lack = ("index_q", "index_k") if "index_q" in keys else ("index_k", "index_q")
         raise WorkloadError(
-            f"{path.name}: not a NumPy .npz archive ({reason}); an .npz is the zip file "
-            f"numpy.savez or numpy.savez_compressed writes"
-        ) from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise WorkloadError(
-            f"{path.name}: not a NumPy .npz archive (it holds a single array; save the "
-            f"arrays with numpy.savez_compressed(path, q=..., k=..., v=...))"
+            f"{lack}: missing; {have} is present, and the indexer needs both "
+            f"(or neither, to derive one)"
         )
-    with archive:
-        keys = set(archive.files)
-        allowed = _REQUIRED_KEYS + _OPTIONAL_KEYS
-        missing = [key for key in _REQUIRED_KEYS if key not in keys]
-        if missing:
-            raise WorkloadError(
-                f"{path.name}: missing required key(s) {missing}; found {sorted(keys)}"
-            )
-        unknown = sorted(keys - set(allowed))
-        if unknown:
-            raise WorkloadError(
-                f"{path.name}: unknown key(s) {unknown}; allowed keys are {list(allowed)}"
-            )
-        if ("index_q" in keys) != ("index_k" in keys):
-            have, lack = ("index_q", "index_k") if "index_q" in keys else ("index_k", "index_q")
-            raise WorkloadError(
-                f"{lack}: missing; {have} is present, and the indexer needs both "
-                f"(or neither, to derive one)"
-            )
-        dsa = "index_weights" in keys
-        if "index_k_scale" in keys and not dsa:
-            raise WorkloadError(
-                "index_k_scale: only the DSA form (with index_weights) has per-key scales"
-            )
-        # The DSA form: one shared index key per position, so fewer axes.
-        dsa_dims = {"index_k": (3, "[layers, tokens, d_idx]"),
-                    "index_weights": (3, "[layers, tokens, H]"),
-                    "index_k_scale": (2, "[layers, tokens]")}
-        arrays: Dict[str, np.ndarray] = {}
-        for key in sorted(keys):
-            try:
-                arr = archive[key]
-            except ValueError:  # an object array: Python objects, never unpickled
+    dsa = "weights" in keys
+    if dsa and "index_q" not in keys:
+        raise WorkloadError("weights: the DSA form's head weights need index_q and index_k")
+    if "key_scale" in keys and not dsa:
+        raise WorkloadError("key_scale: only the DSA form (with weights) has per-key scales")
+    # The DSA form: one shared index key per position, so fewer axes.
+    dsa_dims = {"index_k": (3, "[layers, tokens, d_idx]"),
+                "weights": (3, "[layers, tokens, H]"),
+                "key_scale": (2, "[layers, tokens]")}
+    for key in sorted(keys):
+        arr = dump[key]
+        if key in ("kind", "scale", "layer_ids", "kv_head_ids"):
+            continue
+        if dsa and key in dsa_dims:
+            ndim, what = dsa_dims[key]
+            if arr.ndim != ndim:
                 raise WorkloadError(
-                    f"{key}: holds Python objects (an object array), not numbers; save it "
-                    f"as a float array (numpy.asarray(x, dtype=numpy.float32))"
-                ) from None
-            if key in ("layer_ids", "kv_head_ids"):
-                if arr.dtype.kind not in "iu":
-                    raise WorkloadError(f"{key}: expected an integer dtype, got {arr.dtype}")
-            elif key == "scale":
-                if arr.dtype.kind not in "fiu":
-                    raise WorkloadError(f"scale: expected a number, got dtype {arr.dtype}")
-            else:
-                if arr.dtype not in _FLOAT_DTYPES:
-                    raise WorkloadError(
-                        f"{key}: expected dtype float16, float32 or float64, got {arr.dtype}"
-                    )
-                if dsa and key in dsa_dims:
-                    ndim, what = dsa_dims[key]
-                    if arr.ndim != ndim:
-                        raise WorkloadError(
-                            f"{key}: expected {ndim} dimensions {what} (the DSA form: "
-                            f"index_weights is present), got shape {arr.shape}"
-                        )
-                elif arr.ndim != 4:
-                    dims = "d_idx" if key.startswith("index") else ("d_v" if key == "v" else "d")
-                    heads = "n_heads" if key == "q" else "n_kv_heads"
-                    words = "query heads" if key == "q" else "KV heads"
-                    one = (
-                        "; a single layer still needs its axis: x[None]" if arr.ndim == 3 else ""
-                    )
-                    raise WorkloadError(
-                        f"{key}: expected 4 dimensions [layers, {heads}, tokens, {dims}] "
-                        f"(layers, {words}, tokens, head dim), got shape {arr.shape}" + one
-                    )
-            arrays[key] = arr
-    return arrays
+                    f"{key}: expected {ndim} dimensions {what} (the DSA form: "
+                    f"weights is present), got shape {arr.shape}"
+                )
+        elif arr.ndim != 4:
+            dims = "d_idx" if key.startswith("index") else ("d_v" if key == "v" else "d")
+            heads = "n_heads" if key == "q" else "n_kv_heads"
+            words = "query heads" if key == "q" else "KV heads"
+            one = "; a single layer still needs its axis: x[None]" if arr.ndim == 3 else ""
+            raise WorkloadError(
+                f"{key}: expected 4 dimensions [layers, {heads}, tokens, {dims}] "
+                f"(layers, {words}, tokens, head dim), got shape {arr.shape}" + one
+            )
+    arrays = dict(dump)
+    arrays.pop("kind", None)
+    return arrays, dict(dump.formats)
 
 
 def _choose_layers(layers: Union[None, int, Sequence[int]], n_layers: int) -> List[int]:

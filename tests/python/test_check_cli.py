@@ -135,7 +135,7 @@ def test_the_tolerance_follows_the_precision_and_the_flags_override_it(tmp_path,
 @pytest.mark.parametrize(
     "content, message",
     [
-        (b"not a zip at all\n", "is not an .npz archive"),
+        (b"not a zip at all\n", "not a NumPy .npz archive"),
         (None, "no such file"),
     ],
 )
@@ -256,20 +256,35 @@ def test_a_dcp_dump_is_every_ranks_rows_judged_together(tmp_path, capsys):
     fields = dict(scores=s, context_lens=lens, block_table=tables, req_ids=np.zeros(n, np.int64),
                   block_size=bs, dcp_size=size, dcp_interleave=il, topk=topk)
     p = tmp_path / "dcp.npz"
-    checking.save_dump(str(p), "topk", rows=ranked, **fields)
+    side_by_side = np.concatenate(list(ranked), axis=1)  # [n_rows, dcp_size * topk]
+    checking.save_dump(str(p), "topk", rows=side_by_side, **fields)
     code, out, _ = run(capsys, p)
     assert code == 0, out
     # Rank 1 loses one of its tokens: the row as a whole is one short.
     i, slot = next((i, j) for i in range(n) for j in range(topk) if ranked[1, i, j] >= 0)
     ranked[1, i, slot] = -1
-    checking.save_dump(str(p), "topk", rows=ranked, **fields)
+    checking.save_dump(str(p), "topk", rows=np.concatenate(list(ranked), axis=1), **fields)
     r = checking.check_dump(str(p))
     (row,) = r["checks"][0]["report"]["details"]
     assert row["row"] == i and row["problems"] == [{"reason": "wrong_count", "valid": topk - 1,
                                                      "expected": topk}]
-    checking.save_dump(str(p), "topk", rows=ranked[0], **fields)  # one rank's rows only
+    checking.save_dump(str(p), "topk", rows=ranked[0][:, :topk - 1], **fields)  # not 2 ranks wide
     code, _, err = run(capsys, p)
     assert code == 2 and "dcp_size = 2" in err
+
+
+def test_a_dcp_dump_with_3d_rows_is_refused_with_the_side_by_side_fix(tmp_path, capsys):
+    """3-D rows only ever mean [n_queries, n_heads, width]; a DCP topk dump's
+    rows are the ranks' rows side by side, and the refusal says how."""
+    tables = np.stack([np.arange(2)[None] for _ in range(2)]).astype(np.int32)
+    rows = np.zeros((2, 3, 2), np.int64)  # [dcp_size, n_rows, topk], the old form
+    p = tmp_path / "dcp3.npz"
+    checking.save_dump(str(p), "topk", rows=rows, scores=np.zeros((3, 16), np.float32),
+                       context_lens=np.full(3, 16), block_table=tables,
+                       req_ids=np.zeros(3, np.int64), block_size=4, dcp_size=2)
+    code, _, err = run(capsys, p)
+    assert code == 2
+    assert "[n_rows, dcp_size * topk]" in err and "np.concatenate(list(rows), axis=1)" in err
 
 
 def test_a_tolerance_that_covers_everything_is_flagged_as_vacuous(capsys):
@@ -313,10 +328,10 @@ def test_low_precision_scores_round_trip_through_save_dump(tmp_path, capsys):
     (dict(query_pos=np.arange(47)), "query_pos has 47 rows but the engine's rows have 48"),
     (dict(rows=np.zeros((47, 64), np.int64)), "has 48 rows but the engine's rows have 47"),
     (dict(req_ids=np.zeros(3, np.int64)), "req_ids has 3 rows"),
-    (dict(rows=np.zeros((48, 64), np.float32)), "rows must hold integers"),
+    (dict(rows=np.zeros((48, 64), np.float32)), "rows: expected an integer dtype"),
     (dict(cu_seqlens=np.array([0, 5]), seq_ids=np.zeros(48, np.int64)), "cu_seqlens must rise"),
     (dict(cu_seqlens=np.array([0, 1024]), seq_ids=np.full(48, 3)), "seq_ids must name"),
-    (dict(weights=np.zeros((48, 64), np.int32)), "weights must hold floats"),
+    (dict(weights=np.zeros((48, 64), np.int32)), "weights: expected dtype float16, float32 or float64, got int32"),
 ])
 def test_a_dump_whose_arrays_do_not_fit_exits_2_naming_the_key(tmp_path, capsys, change, message):
     with np.load(checking.example_path()) as z:

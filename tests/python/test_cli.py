@@ -540,7 +540,7 @@ def dsa_npz(path, seed=0):
     return tiny_npz(
         path,
         index_q=rng.standard_normal((1, 64, 3, 4)).astype(np.float32),
-        index_weights=rng.uniform(0.5, 1.5, (1, 64, 3)).astype(np.float32),
+        weights=rng.uniform(0.5, 1.5, (1, 64, 3)).astype(np.float32),
         index_k=rng.standard_normal((1, 64, 4)).astype(np.float32),
     )
 

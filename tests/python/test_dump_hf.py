@@ -337,3 +337,45 @@ def test_dump_of_a_tiny_llama_reproduces_its_own_attention():
         p = np.exp(logits - logits.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         np.testing.assert_allclose(p, attn[layer][0].numpy(), atol=1e-4)
+
+
+def test_save_writes_a_workload_dump_uncompressed_with_the_api_names(tmp_path):
+    import zipfile
+
+    from kvselect.checking import load_dump
+
+    rng = np.random.default_rng(3)
+    arrays = {"q": rng.standard_normal((1, 2, 8, 4)).astype(np.float32),
+              "k": rng.standard_normal((1, 1, 8, 4)).astype(np.float32),
+              "v": rng.standard_normal((1, 1, 8, 4)).astype(np.float32),
+              "index_q": rng.standard_normal((1, 8, 3, 4)).astype(np.float32),
+              "weights": rng.uniform(0.5, 1.5, (1, 8, 3)).astype(np.float32),
+              "index_k": rng.standard_normal((1, 8, 4)).astype(np.float32),
+              "key_scale": rng.uniform(0.5, 2, (1, 8)).astype(np.float32)}
+    path = save(tmp_path / "dsa.npz", arrays)
+    with zipfile.ZipFile(path) as z:
+        assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_STORED}
+    d = load_dump(path)
+    assert d.kind == "workload" and isinstance(d["q"], np.memmap)
+    assert d["weights"].dtype == np.float32 and d["key_scale"].dtype == np.float32
+    assert load_npz(path).indexer is not None
+
+
+def test_save_refuses_an_old_key_name_suggesting_the_api_name(tmp_path):
+    arrays = {"q": np.ones((1, 1, 2, 2), np.float32), "k": np.ones((1, 1, 2, 2), np.float32),
+              "v": np.ones((1, 1, 2, 2), np.float32), "index_k_scale": np.ones((1, 2), np.float32)}
+    with pytest.raises(DumpError, match="did you mean 'key_scale'"):
+        save(tmp_path / "old.npz", arrays)
+    assert not (tmp_path / "old.npz").exists()
+
+
+def test_save_in_bfloat16_stores_raw_bits_with_their_format_rounded_to_nearest(tmp_path):
+    from kvselect.checking import load_dump
+
+    q = np.array([1.0, 1.00390625, 1.01171875, -3.0], np.float32).reshape(1, 1, 2, 2)
+    arrays = {"q": q, "k": np.ones((1, 1, 2, 2), np.float32), "v": np.ones((1, 1, 2, 2), np.float32)}
+    path = save(tmp_path / "bf.npz", arrays, dtype="bfloat16")
+    d = load_dump(path)
+    assert d.formats["q"] == "bfloat16" and d["q"].dtype == np.uint16
+    # Both are ties (bfloat16 steps by 2^-7 at 1): to even, 1.0 and 1 + 2^-6.
+    np.testing.assert_array_equal(d.floats("q").reshape(-1), [1.0, 1.0, 1.015625, -3.0])

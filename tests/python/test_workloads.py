@@ -428,7 +428,7 @@ def test_load_npz_refuses_missing_required_keys(tmp_path):
 
 
 def test_load_npz_refuses_unknown_keys_and_lists_the_allowed_ones(tmp_path):
-    with pytest.raises(WorkloadError, match=r"unknown key\(s\) \['Q'\]; allowed keys are"):
+    with pytest.raises(WorkloadError, match=r"unknown key 'Q' in a workload dump \(did you mean 'q'\?\); the known keys are"):
         load_npz(write(tmp_path, Q=np.zeros(1), **small_arrays()))
 
 
