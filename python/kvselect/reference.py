@@ -1393,8 +1393,8 @@ def indexer_scores(
 ) -> np.ndarray:
     """Every query's score of every key it sees, float32 ``[n_queries,
     n_keys]``, NaN past its context (computed in float64, rounded once)."""
-    args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
-    return _deliver(_indexer_matrix(*args, False), _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32))
+    q, w, k, c, pos = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
+    return _deliver(_indexer_matrix(q, w, k, c, pos, False), _output(out, (len(q), len(k)), _SELECTION, np.float32))
 
 
 def indexer_magnitudes(
@@ -1410,8 +1410,8 @@ def indexer_magnitudes(
 ) -> np.ndarray:
     """Each :func:`indexer_scores` entry's error scale ``|c_t| * sum_h |w_h|
     * sum_i |q_hi * k_ti|``, float32, NaN past each context."""
-    args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
-    return _deliver(_indexer_matrix(*args, True), _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32))
+    q, w, k, c, pos = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
+    return _deliver(_indexer_matrix(q, w, k, c, pos, True), _output(out, (len(q), len(k)), _SELECTION, np.float32))
 
 
 def _indexer_matrix(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray, pos: np.ndarray,
