@@ -1006,7 +1006,7 @@ def _position(name: str, value: Any) -> int:
         raise ReferenceSelectionError(name, str(e)) from None
 
 
-def _per_query(name: str, value: Any, n: int, n_axes: int = 3) -> list:
+def _per_query(name: str, value: Any, n: int, n_axes: int) -> list:
     """``query_pos`` / ``n_positions`` of batched blocks as ``n`` Python
     ints: an int broadcast, or a 1-D array of ``n`` non-negative entries."""
     if np.ndim(value) == 0:

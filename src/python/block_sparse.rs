@@ -312,7 +312,9 @@ fn single_position(query_pos: &Obj) -> PyResult<usize> {
 /// within it, and its block ids count from the start of its sequence.
 /// Returns int32 ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
 /// n_queries, width]`` with ``head_major=True``); formats as
-/// :func:`block_sparse_select`; ``out=`` reuses a buffer.
+/// :func:`block_sparse_select`; ``seq_ids`` and ``query_pos`` are
+/// ``[n_queries]`` (``query_pos`` one integer for one query); ``out=``
+/// reuses a buffer.
 #[pyfunction]
 #[pyo3(signature = (index_q, index_k, cu_seqlens, seq_ids, query_pos, config=None, *,
                     key_format=None, query_format=None, head_major=false, out=None))]
@@ -354,7 +356,9 @@ fn block_sparse_select_packed<'py>(
 /// ``[n_seqs, max_blocks]`` (only the first ``ceil(seq_lens[s] /
 /// block_size)`` entries of a row are read), ``seq_lens [n_seqs]``; query
 /// ``i`` (``index_q [n_queries, n_kv_heads, d]``) belongs to sequence
-/// ``seq_ids[i]`` at ``query_pos[i]`` within it. Rows hold the sequence's
+/// ``seq_ids[i]`` at ``query_pos[i]`` within it (``query_pos`` one integer
+/// for one query); ``block_table`` must be ``[len(seq_lens), max_blocks]``,
+/// axis by axis. Rows hold the sequence's
 /// logical block ids, ascending, then -1 (what vLLM's
 /// ``minimax_m3_index_topk`` returns); ``physical=True`` maps each through
 /// the block table to its page id, in the same slots. ``head_major=True``

@@ -221,8 +221,9 @@ fn indexer_topk<'py>(
 /// concatenated in ``index_k [n_keys, d]`` (``key_scale`` alike), sequence
 /// ``s`` owning rows ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i``
 /// belongs to sequence ``seq_ids[i]`` at position ``query_pos[i]`` within
-/// it and its row holds offsets from the start of its sequence. Otherwise
-/// as :func:`indexer_topk`, row for row.
+/// it and its row holds offsets from the start of its sequence (``seq_ids``
+/// ``[n_queries]``, ``query_pos`` too or one integer for one query).
+/// Otherwise as :func:`indexer_topk`, row for row.
 #[pyfunction]
 #[pyo3(
     signature = (index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, topk, *, key_scale=None,
@@ -345,8 +346,10 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// e4m3fn bytes then ``block_size`` float32 scales). The block axis may be
 /// strided. ``block_table`` is int32 ``[n_seqs, max_blocks]`` (only the
 /// first ``ceil(seq_lens[s] / block_size)`` entries of a row are read),
-/// ``seq_lens`` ``[n_seqs]``; query ``i`` belongs to sequence ``seq_ids[i]``
-/// at ``query_pos[i]`` within it, and its row holds positions within it.
+/// ``seq_lens`` ``[n_seqs]`` (``block_table`` is checked against it axis by
+/// axis); query ``i`` belongs to sequence ``seq_ids[i]`` at ``query_pos[i]``
+/// within it (``query_pos`` one integer for one query), and its row holds
+/// positions within it.
 /// The pages are never converted: a cache in non-native byte order is
 /// refused (naming ``kv_cache``: pass ``kv_cache.astype(kv_cache.dtype
 /// .newbyteorder('='))``); misaligned pages are read in place, byte by byte.
