@@ -192,7 +192,9 @@ def block_sparse_select(
     ``index_k`` is ``[n_positions, d]``. float32, float16 and ml_dtypes
     bfloat16 / float8_e4m3fn keys and queries are read in place (a raw
     uint16 / uint8 view needs ``key_format`` / ``query_format``); float64
-    is converted.
+    is converted, and an array of any format in non-native byte order or
+    misaligned is copied once to a native, aligned one (same values). A
+    batched ``query_pos`` may be one integer for a batch of one query.
     """
 
 def block_sparse_select_packed(
@@ -241,7 +243,9 @@ def block_sparse_select_paged(
     ``seq_lens [n_seqs]``; query ``i`` (``index_q [n_queries, n_kv_heads,
     d]``) belongs to sequence ``seq_ids[i]`` at ``query_pos[i]``. Rows hold
     logical block ids of the sequence, ascending, then -1; ``physical=True``
-    maps each through the block table to its page id (same order).
+    maps each through the block table to its page id (same order). Pages are
+    never converted: a cache in non-native byte order is refused (naming
+    ``kv_cache``); misaligned pages are read in place, byte by byte.
     """
 
 def positions_of_blocks(
@@ -251,6 +255,7 @@ def positions_of_blocks(
     config: Optional[BlockSparseConfig] = None,
     *,
     head_major: bool = False,
+    out: Optional[npt.NDArray[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The positions a block selection covers, ascending and causally clipped (-1 skipped).
 
@@ -259,7 +264,8 @@ def positions_of_blocks(
     selection's ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads, n_queries,
     width]`` with ``head_major=True``) gives int32 rows ``[..., width *
     block_size]``, ascending then -1; ``query_pos`` and ``n_positions`` are an
-    int or one entry per row (2-D) or per query (3-D).
+    int or one entry per row (2-D) or per query (3-D). Batched, ``out=`` (int32,
+    exactly that shape, overlapping no input) receives the rows and is returned.
     """
 
 @final
@@ -394,8 +400,12 @@ def indexer_topk(
     ``index_q [n_queries, H, d]``, ``weights`` float32 ``[n_queries, H]``,
     ``index_k [T, d]``, ``key_scale`` float32 ``[T]``. float32, float16 and
     ml_dtypes bfloat16 / float8_e4m3fn are read in place; raw uint16 / uint8
-    views need ``key_format`` / ``query_format``. ``num_segments`` (1..=64)
-    gives the reserved-tail witness row; ``scores_out`` receives the scores.
+    views need ``key_format`` / ``query_format``. Every array is checked axis by
+    axis (a transposed or reshaped ``weights`` is refused, naming both shapes);
+    ``query_pos`` may be one integer for a batch of one query. An array in
+    non-native byte order or misaligned is copied once to a native, aligned one
+    (same values). ``num_segments`` (1..=64) gives the reserved-tail witness
+    row; ``scores_out`` receives the scores.
     """
 
 def indexer_topk_packed(
@@ -443,7 +453,10 @@ def indexer_topk_paged(
     index-K pages, uint8 ``[num_blocks, block_size, 1, d + 4]`` (each page the
     ``block_size × d`` e4m3fn bytes, then ``block_size`` float32 scales). The
     block axis may be strided. ``block_table`` int32 ``[n_seqs, max_blocks]``
-    (only the first ``ceil(seq_lens[s] / block_size)`` entries are read).
+    (only the first ``ceil(seq_lens[s] / block_size)`` entries are read). Pages
+    are never converted: a cache in non-native byte order is refused (naming
+    ``kv_cache``; pass ``kv_cache.astype(kv_cache.dtype.newbyteorder('='))``);
+    misaligned pages are read in place, byte by byte.
     """
 
 def indexer_scores(
@@ -510,7 +523,8 @@ def block_scores(
     """Every row's exact block scores, what block selection ranks (bit for bit): float32
     ``[n_queries, n_kv_heads, ceil(n_positions / block_size)]``, entry ``b`` the max of
     ``q . k`` over block ``b``'s visible positions (-inf when all are NaN), NaN past the row's
-    visible blocks. ``index_q [n_queries, n_kv_heads, d]``, ``query_pos [n_queries]``."""
+    visible blocks. ``index_q [n_queries, n_kv_heads, d]``, ``query_pos [n_queries]`` (one
+    integer for one query)."""
 
 def block_magnitudes(
     index_q: npt.ArrayLike,

@@ -209,6 +209,51 @@ def _float_array(
     return a.astype(dtype).astype(np.float64)
 
 
+def _axes(name: str, got: tuple, want: list) -> None:
+    """Refuses ``name`` unless its shape is ``want`` (``[(axis, size), ...]``)
+    axis by axis, naming both shapes, as the native ``Args::axes``."""
+    if tuple(got) != tuple(n for _, n in want):
+        axes = ", ".join(f"{a}={n}" for a, n in want)
+        raise ReferenceSelectionError(name, f"{name} must be [{axes}], got {list(got)}")
+
+
+def _query_positions(value: Any, n: int) -> np.ndarray:
+    """``query_pos`` for a batch of ``n`` queries, int64 ``[n]``: an array
+    ``[n_queries=n]``, or one integer (a 0-D array too) when ``n`` is 1."""
+    if np.ndim(value) == 0:
+        p = _count("query_pos", value)
+        if n != 1:
+            raise ReferenceSelectionError(
+                "query_pos", f"query_pos is one integer (a batch of one query), but index_q has n_queries={n}"
+            )
+        return np.array([p], dtype=np.int64)
+    a = np.asarray(value)
+    pos = _index_array("query_pos", a, a.ndim, _SELECTION, positions=True)
+    _axes("query_pos", pos.shape, [("n_queries", n)])
+    return pos
+
+
+def _along(name: str, value: Any, axis: tuple) -> np.ndarray:
+    """A position array (``seq_ids``) whose one axis another argument fixes."""
+    a = np.asarray(value)
+    out = _index_array(name, a, a.ndim, _SELECTION, positions=True)
+    _axes(name, out.shape, [axis])
+    return out
+
+
+def _native_pages(kv_cache: Any) -> np.ndarray:
+    """A paged cache as the native call reads it, in place: refused (naming
+    ``kv_cache``) in non-native byte order, which is never converted."""
+    cache = np.asarray(kv_cache)
+    if cache.dtype.itemsize > 1 and not cache.dtype.isnative:
+        raise ReferenceSelectionError(
+            "kv_cache",
+            f"kv_cache has non-native byte order ({cache.dtype.str}): pages are read in place, never "
+            "converted; pass native byte order (kv_cache.astype(kv_cache.dtype.newbyteorder('=')))",
+        )
+    return cache
+
+
 def _inplace_i32(name: str, value: Any, ndim: int, domain: str, dtype: Any = np.int32) -> np.ndarray:
     """A buffer written in place (``topk_indices``, ``out=``): a writeable
     ndarray of ``dtype`` (int32 unless said) and ``ndim`` dimensions, never
@@ -223,14 +268,17 @@ def _inplace_i32(name: str, value: Any, ndim: int, domain: str, dtype: Any = np.
     return value
 
 
-def _output(out: Any, shape: tuple, domain: str, dtype: Any = np.int32) -> Optional[np.ndarray]:
+def _output(out: Any, shape: tuple, domain: str, dtype: Any = np.int32, inputs: tuple = ()) -> Optional[np.ndarray]:
     """The caller's ``out=`` buffer, checked for the call's output ``shape``
-    and ``dtype`` (before any of the spec's refusals, as natively), or None."""
+    and ``dtype`` (before any of the spec's refusals, as natively), or None;
+    with ``inputs``, one sharing memory with any of them is refused."""
     if out is None:
         return None
     out = _inplace_i32("out", out, len(shape), domain, dtype)
     if out.shape != tuple(shape):
         raise _refuse(domain, "out", f"out must have shape {tuple(shape)}, got {out.shape}")
+    if any(isinstance(i, np.ndarray) and np.may_share_memory(out, i) for i in inputs):
+        raise _refuse(domain, "out", "out overlaps another argument's memory")
     return out
 
 
@@ -677,9 +725,7 @@ def _block_values(index_q: Any, index_k: Any, query_pos: Any, config: Any, key_f
     keys = _decoded("index_k", index_k, key_format, 2)
     q = _decoded("index_q", index_q, query_format, 3)
     _same_d(q, keys)
-    positions = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
-    if positions.shape != (q.shape[0],):
-        raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
+    positions = _query_positions(query_pos, q.shape[0])
     if magnitudes:
         q, keys = np.abs(q), np.abs(keys)
     n_blocks = -(-keys.shape[0] // bs)
@@ -687,7 +733,7 @@ def _block_values(index_q: Any, index_k: Any, query_pos: Any, config: Any, key_f
     for i, p in enumerate(positions):
         visible = _block_scores(q[i], keys, int(p), bs)
         result[i, :, : visible.shape[1]] = visible
-    return _deliver(result, _output(out, result.shape, _SELECTION, np.float32))
+    return _deliver(result, _output(out, result.shape, _SELECTION, np.float32, (index_q, index_k)))
 
 
 def _select_one_query(
@@ -792,9 +838,7 @@ def block_sparse_select(
     if q.ndim != 3:
         raise ReferenceSelectionError("index_q", f"index_q must be 2-D or 3-D, got shape {q.shape}")
     _same_d(q, keys)
-    positions = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
-    if positions.shape != (q.shape[0],):
-        raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
+    positions = _query_positions(query_pos, q.shape[0])
     out = _output(out, _batch_shape(q.shape[0], q.shape[1], width, head_major), _SELECTION)
     selected = np.full((q.shape[0], q.shape[1], width), -1, dtype=np.int64)
     for i, p in enumerate(positions):
@@ -828,8 +872,8 @@ def block_sparse_select_packed(
     q = _decoded("index_q", index_q, query_format, 3)
     _same_d(q, keys)
     cu = _index_array("cu_seqlens", cu_seqlens, 1, _SELECTION, positions=True)
-    sid = _index_array("seq_ids", seq_ids, 1, _SELECTION, positions=True)
-    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    sid = _along("seq_ids", seq_ids, ("n_queries", q.shape[0]))
+    pos = _query_positions(query_pos, q.shape[0])
     out = _output(out, _batch_shape(q.shape[0], q.shape[1], width, head_major), _SELECTION)
     if len(cu) == 0 or cu[0] != 0 or cu[-1] != keys.shape[0] or np.any(np.diff(cu) < 0):
         raise ReferenceSelectionError(
@@ -854,7 +898,7 @@ def _paged_cache(kv_cache: Any, key_format: Optional[str], bs: int) -> np.ndarra
     """The cache's pages decoded, float64 ``[num_blocks, bs, d]``. The page
     must be the block; a float64 cache (which the native call cannot read
     in place) is a ``TypeError``."""
-    if np.asarray(kv_cache).dtype == np.float64:
+    if _native_pages(kv_cache).dtype == np.float64:
         raise TypeError(
             "kv_cache is read in place: float32, float16, bfloat16 or float8_e4m3fn "
             "(or a raw uint16 / uint8 view with key_format), got float64"
@@ -926,13 +970,10 @@ def block_sparse_select_paged(
     _same_d(q, pages)
     table = _index_array("block_table", block_table, 2, _SELECTION)
     lens = _index_array("seq_lens", seq_lens, 1, _SELECTION, positions=True)
-    sid = _index_array("seq_ids", seq_ids, 1, _SELECTION, positions=True)
-    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    _axes("block_table", table.shape, [("n_seqs", len(lens)), ("max_blocks", table.shape[1])])
     n_queries, n_heads, d = q.shape
-    if sid.shape != (n_queries,):
-        raise ReferenceSelectionError("seq_ids", "seq_ids needs one id per query")
-    if pos.shape != (n_queries,):
-        raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
+    sid = _along("seq_ids", seq_ids, ("n_queries", n_queries))
+    pos = _query_positions(query_pos, n_queries)
     out = _output(out, _batch_shape(n_queries, n_heads, width, head_major), _SELECTION)
     _check_block_table(table, lens, pages.shape[0], bs)
     for i, s in enumerate(sid):
@@ -965,14 +1006,16 @@ def _position(name: str, value: Any) -> int:
         raise ReferenceSelectionError(name, str(e)) from None
 
 
-def _per_query(name: str, value: Any, n: int) -> list:
+def _per_query(name: str, value: Any, n: int, n_axes: int) -> list:
     """``query_pos`` / ``n_positions`` of batched blocks as ``n`` Python
     ints: an int broadcast, or a 1-D array of ``n`` non-negative entries."""
     if np.ndim(value) == 0:
         return [_position(name, value)] * n
-    a = _index_array(name, value, 1, _SELECTION, positions=True)
-    if a.shape != (n,):
-        raise ReferenceSelectionError(name, f"{name} needs {n} entries, got shape {a.shape}")
+    arr = np.asarray(value)
+    a = _index_array(name, arr, arr.ndim, _SELECTION, positions=True)
+    if a.shape == (1,):  # every row's, as an int (natively too)
+        return [int(a[0])] * n
+    _axes(name, a.shape, [("rows" if n_axes == 2 else "n_queries", n)])
     return [int(v) for v in a]
 
 
@@ -996,6 +1039,7 @@ def positions_of_blocks(
     config: Any = None,
     *,
     head_major: bool = False,
+    out: Any = None,
 ) -> np.ndarray:
     """The positions a selection covers, ascending, deduplicated and causally
     clipped, int32: block ``b`` covers ``[b*bs, min((b+1)*bs, n_positions,
@@ -1004,11 +1048,14 @@ def positions_of_blocks(
     2-D ``[rows, width]`` and 3-D (a selection, query-major or with
     ``head_major=True`` head-major) give ``[..., width * bs]``, each row
     ascending then -1, with ``query_pos`` / ``n_positions`` an int or one
-    entry per row (2-D) or per query (3-D)."""
+    entry per row (2-D) or per query (3-D). Batched, ``out=`` (int32, that
+    shape) receives the rows and is returned; the 1-D form takes none."""
     bs = _config(config)[0]
     head_major = _flag("head_major", head_major)
     a = np.asarray(blocks)
     b = _index_array("blocks", a, a.ndim, _SELECTION)
+    if b.ndim == 1 and out is not None:
+        raise ReferenceSelectionError("out", "out= needs batched blocks (2-D or 3-D)")
     if b.ndim == 1:
         qp1 = _position("query_pos", query_pos)
         n_pos1 = _position("n_positions", n_positions)
@@ -1019,15 +1066,16 @@ def positions_of_blocks(
         )
     query_axis = 1 if (b.ndim == 3 and head_major) else 0
     n = b.shape[query_axis]
-    qp = _per_query("query_pos", query_pos, n)
-    n_pos = _per_query("n_positions", n_positions, n)
     lead = b.shape[:-1]
+    out_buf = _output(out, lead + (b.shape[-1] * bs,), _SELECTION, inputs=(a,))
+    qp = _per_query("query_pos", query_pos, n, b.ndim)
+    n_pos = _per_query("n_positions", n_positions, n, b.ndim)
     result = np.full(lead + (b.shape[-1] * bs,), -1, dtype=np.int64)
     for idx in np.ndindex(*lead):
         i = idx[query_axis]
         row = _covered(b[idx], qp[i], n_pos[i], bs)
         result[idx][: len(row)] = row
-    return result.astype(np.int32)
+    return _deliver(result, out_buf)
 
 
 # ==========================================================================
@@ -1272,6 +1320,8 @@ def decode(values: Any, format: Optional[str] = None) -> np.ndarray:
     arrays from their bits, and raw uint16 (``format`` "bfloat16" or
     "float16") / uint8 (``format`` "float8_e4m3fn") views."""
     a = np.asarray(values)
+    if not a.dtype.isnative:  # '>f2', '>u2' bits: the same values in native order
+        a = a.astype(a.dtype.newbyteorder("="))
     name = a.dtype.name
     if format is not None and format not in _FORMATS:
         raise TypeError(f"unknown format {format!r}")
@@ -1344,7 +1394,8 @@ def indexer_topk(
 
 
 def _indexer_inputs(index_q: Any, weights: Any, index_k: Any, query_pos: Any, key_scale: Any,
-                    key_format: Optional[str], query_format: Optional[str]) -> tuple:
+                    key_format: Optional[str],
+                    query_format: Optional[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(q, w, k, c, pos)`` decoded (float64) and checked: ``q [n, h, d]``,
     ``w [n, h]``, ``k [t, d]``, ``c [t]`` (ones when None), ``pos [n]``."""
     q = decode(index_q, query_format)
@@ -1356,17 +1407,23 @@ def _indexer_inputs(index_q: Any, weights: Any, index_k: Any, query_pos: Any, ke
     n, h, d = q.shape
     if k.shape[1] != d:
         raise _refuse(_SELECTION, "index_q", f"index_q has d={d} but index_k has d={k.shape[1]}")
-    w = _float_array("weights", weights, 2, _SELECTION)
-    if w.shape != (n, h):
-        raise _refuse(_SELECTION, "weights", f"weights must be {(n, h)}, got {w.shape}")
+    w = _float_array("weights", weights, None, _SELECTION)
+    _axes("weights", w.shape, [("n_queries", n), ("H", h)])
     t = k.shape[0]
-    c = np.ones(t) if key_scale is None else _float_array("key_scale", key_scale, 1, _SELECTION)
-    if c.shape != (t,):
-        raise _refuse(_SELECTION, "key_scale", f"key_scale must be ({t},), got {c.shape}")
-    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
-    if len(pos) != n:
-        raise _refuse(_SELECTION, "query_pos", f"query_pos must have {n} entries")
+    c = np.ones(t) if key_scale is None else _float_array("key_scale", key_scale, None, _SELECTION)
+    _axes("key_scale", c.shape, [("n_keys", t)])
+    pos = _query_positions(query_pos, n)
     return q, w, k, c, pos
+
+
+def _indexer_queries(index_q: Any, weights: Any, query_format: Optional[str]) -> tuple:
+    """``(n, h, d)`` of ``index_q [n, h, d]``, ``weights`` checked ``[n, h]``."""
+    q = decode(index_q, query_format)
+    if q.ndim != 3:
+        raise _refuse(_SELECTION, "index_q", f"index_q must be 3-D, got shape {q.shape}")
+    n, h, d = q.shape
+    _axes("weights", _float_array("weights", weights, None, _SELECTION).shape, [("n_queries", n), ("H", h)])
+    return n, h, d
 
 
 def _indexer_row(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -1393,8 +1450,10 @@ def indexer_scores(
 ) -> np.ndarray:
     """Every query's score of every key it sees, float32 ``[n_queries,
     n_keys]``, NaN past its context (computed in float64, rounded once)."""
-    q, w, k, c, pos = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
-    return _deliver(_indexer_matrix(q, w, k, c, pos, False), _output(out, (len(q), len(k)), _SELECTION, np.float32))
+    args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
+    inputs = (index_q, weights, index_k, key_scale)
+    return _deliver(_indexer_matrix(*args, False),
+                    _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32, inputs))
 
 
 def indexer_magnitudes(
@@ -1410,8 +1469,10 @@ def indexer_magnitudes(
 ) -> np.ndarray:
     """Each :func:`indexer_scores` entry's error scale ``|c_t| * sum_h |w_h|
     * sum_i |q_hi * k_ti|``, float32, NaN past each context."""
-    q, w, k, c, pos = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
-    return _deliver(_indexer_matrix(q, w, k, c, pos, True), _output(out, (len(q), len(k)), _SELECTION, np.float32))
+    args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
+    inputs = (index_q, weights, index_k, key_scale)
+    return _deliver(_indexer_matrix(*args, True),
+                    _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32, inputs))
 
 
 def _indexer_matrix(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray, pos: np.ndarray,
@@ -1443,10 +1504,16 @@ def indexer_topk_packed(
 ) -> np.ndarray:
     """:func:`indexer_topk` of each query over its own sequence's keys, rows
     ``cu_seqlens[s] .. cu_seqlens[s + 1]`` for ``s = seq_ids[i]``."""
+    n = _indexer_queries(index_q, weights, query_format)[0]
+    k = decode(index_k, key_format)
+    if k.ndim != 2:
+        raise _refuse(_SELECTION, "index_k", f"index_k must be 2-D, got shape {k.shape}")
+    if key_scale is not None:
+        _axes("key_scale", _float_array("key_scale", key_scale, None, _SELECTION).shape, [("n_keys", len(k))])
     k = np.asarray(index_k)
     cu = _index_array("cu_seqlens", cu_seqlens, 1, _SELECTION, positions=True)
-    sid = _index_array("seq_ids", seq_ids, 1, _SELECTION, positions=True)
-    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    sid = _along("seq_ids", seq_ids, ("n_queries", n))
+    pos = _query_positions(query_pos, n)
     if len(cu) == 0 or cu[0] != 0 or (np.diff(cu) < 0).any() or cu[-1] != len(k):
         raise _refuse(_SELECTION, "cu_seqlens", "cu_seqlens must run from 0 to n_keys, non-decreasing")
     if (sid >= len(cu) - 1).any():
@@ -1519,10 +1586,13 @@ def indexer_topk_paged(
     """:func:`indexer_topk` of each query over its sequence's keys gathered
     from the pages its block-table row names (only the first
     ``ceil(seq_len / block_size)`` entries are read)."""
+    n = _indexer_queries(index_q, weights, query_format)[0]
+    _native_pages(kv_cache)
     table = _index_array("block_table", block_table, 2, _SELECTION)
     lens = _index_array("seq_lens", seq_lens, 1, _SELECTION, positions=True)
-    sid = _index_array("seq_ids", seq_ids, 1, _SELECTION, positions=True)
-    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    _axes("block_table", table.shape, [("n_seqs", len(lens)), ("max_blocks", table.shape[1])])
+    sid = _along("seq_ids", seq_ids, ("n_queries", n))
+    pos = _query_positions(query_pos, n)
     if (sid >= len(lens)).any():
         raise _refuse(_SELECTION, "seq_ids", "a sequence id past seq_lens")
     q, w = np.asarray(index_q), np.asarray(weights)

@@ -403,9 +403,11 @@ impl Args {
                     too_large()
                 });
             }
-            Err(e) => {
+            // The extraction error's own text ("TypeError: 'str' object
+            // cannot be interpreted…") would only repeat this.
+            Err(_) => {
                 return Err(PyTypeError::new_err(format!(
-                    "{name} must be an integer, got {}: {e}",
+                    "{name} must be an integer, got {}",
                     type_name(obj)
                 )))
             }
@@ -571,14 +573,54 @@ pub(super) fn detach<T: Send>(py: Python<'_>, work: usize, f: impl FnOnce() -> T
 /// of `n` entries; a negative entry is refused, naming its index.
 pub(super) fn positions(args: Args, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<usize>> {
     let p = args.input::<i64, 1>(obj, name, "[n]")?;
-    p.slice()?
-        .iter()
+    non_negative(args, p.slice()?, name)
+}
+
+/// `p` as positions, a negative entry refused naming its index.
+pub(super) fn non_negative(args: Args, p: &[i64], name: &str) -> PyResult<Vec<usize>> {
+    p.iter()
         .enumerate()
         .map(|(i, &v)| {
             usize::try_from(v)
                 .map_err(|_| refuse(args.0, name, format!("{name}[{i}] = {v} is negative")))
         })
         .collect()
+}
+
+/// [`positions`] whose one axis the other arguments fix: refused, naming
+/// both shapes, unless `obj` is exactly `[axis.0=axis.1]` (a `[1, n]`
+/// reshape is refused as such, not read as `[n]`).
+pub(super) fn positions_along(
+    args: Args,
+    obj: &Bound<'_, PyAny>,
+    name: &str,
+    axis: (&str, usize),
+) -> PyResult<Vec<usize>> {
+    let (p, shape) = args.input_dyn::<i64>(obj, name)?;
+    args.axes(name, &shape, &[axis])?;
+    non_negative(args, p.slice()?, name)
+}
+
+/// [`query_positions`] for a batch of `n` queries (fixed by `index_q`):
+/// `query_pos` must be `[n_queries=n]`, or one integer when `n` is 1.
+pub(super) fn query_positions_for(
+    args: Args,
+    obj: &Bound<'_, PyAny>,
+    n: usize,
+) -> PyResult<Vec<usize>> {
+    let ndim: usize = numpy(obj.py())?.call_method1("ndim", (obj,))?.extract()?;
+    if ndim != 0 {
+        return positions_along(args, obj, "query_pos", ("n_queries", n));
+    }
+    let p = query_positions(args, obj)?;
+    if n != 1 {
+        let msg = format!(
+            "query_pos is one integer (a batch of one query), but index_q has n_queries={n}: \
+             pass query_pos [n_queries={n}]"
+        );
+        return Err(refuse(args.0, "query_pos", msg));
+    }
+    Ok(p)
 }
 
 /// The `query_pos` argument: one position per query, `[n_queries]`, or one
@@ -599,7 +641,9 @@ pub(super) fn query_positions(args: Args, obj: &Bound<'_, PyAny>) -> PyResult<Ve
 /// borrowed as the core reads it: float32 in place (float64 and array-likes
 /// converted once), float16 / bfloat16 / float8 e4m3fn (`ml_dtypes` arrays,
 /// or raw `uint16` / `uint8` views with an explicit `format`) reinterpreted
-/// in place, never widened.
+/// in place, never widened. An array of any format in non-native byte order,
+/// misaligned or not C-contiguous is copied once to a native, aligned,
+/// C-order one first (same values).
 pub(super) enum EncodedIn<'py> {
     F32(In<'py, f32, 0>),
     U16(PyReadonlyArrayDyn<'py, u16>, Format),
@@ -625,9 +669,11 @@ impl<'py> EncodedIn<'py> {
             let (a, _) = args.input_dyn::<f32>(&arr, name)?;
             return Ok((EncodedIn::F32(a), shape));
         }
-        // One contiguous copy only if the caller's array is not already
-        // C-contiguous; then a zero-copy reinterpretation of its bytes.
-        let arr = np.call_method1("ascontiguousarray", (arr,))?;
+        // One copy only if the caller's array is not already native byte
+        // order, C-contiguous and aligned (`>f2`, `>u2` and misaligned views
+        // are converted once, as float64 is to float32); then a zero-copy
+        // reinterpretation of its bytes.
+        let arr = native_aligned(&arr)?;
         let raw = match chosen.size() {
             2 => np.getattr("uint16")?,
             _ => np.getattr("uint8")?,
@@ -658,6 +704,28 @@ impl<'py> EncodedIn<'py> {
             EncodedIn::U8(a) => Encoded::Fp8E4m3(a.as_slice().map_err(err)?),
         })
     }
+}
+
+/// `arr` (an ndarray) in native byte order, C-contiguous and aligned: itself
+/// when it already is, else one copy with the same values.
+pub(super) fn native_aligned<'py>(arr: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let np = numpy(arr.py())?;
+    let dtype = arr.getattr("dtype")?;
+    let arr = if dtype.getattr("isnative")?.extract::<bool>()? {
+        arr.clone()
+    } else {
+        arr.call_method1("astype", (dtype.call_method1("newbyteorder", ("=",))?,))?
+    };
+    let kwargs = [("requirements", "CA")].into_py_dict(arr.py())?;
+    np.call_method("require", (arr,), Some(&kwargs))
+}
+
+/// Whether an ndarray `arr`'s elements are in the machine's byte order
+/// (single bytes always are, whatever order their dtype is flagged with).
+pub(super) fn is_native_order(arr: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let dtype = arr.getattr("dtype")?;
+    Ok(dtype.getattr("itemsize")?.extract::<usize>()? <= 1
+        || dtype.getattr("isnative")?.extract::<bool>()?)
 }
 
 /// A format argument: its name (`key_format` / `query_format`) and value.

@@ -7,7 +7,10 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple, PyType};
 
-use super::args::{positions, type_name, Args, EncodedIn, Obj, Opt, I32};
+use super::args::{
+    non_negative, positions, positions_along, query_positions_for, type_name, Args, EncodedIn, Obj,
+    Opt, I32,
+};
 use super::cache::{Paged, PagedArgs};
 use super::errors::{refuse, Domain};
 use crate::block_sparse::{self, BlockIds, BlockSparseConfig, OutLayout, PagedBlocks};
@@ -129,14 +132,14 @@ fn rows_shape(n: usize, h: usize, w: usize, layout: OutLayout) -> Vec<usize> {
     }
 }
 
-/// `index_q` `[n_queries, n_kv_heads, d]` in its format, with `[n, h]`.
+/// `index_q` `[n_queries, n_kv_heads, d]` in its format, with `[n, h, d]`.
 fn queries<'py>(
     index_q: &Obj<'py>,
     format: Option<&str>,
-) -> PyResult<(EncodedIn<'py>, [usize; 2])> {
+) -> PyResult<(EncodedIn<'py>, [usize; 3])> {
     let (q, _) = EncodedIn::new(S, index_q, "index_q", ("query_format", format))?;
-    let [n, h, _] = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_kv_heads, d]")?;
-    Ok((q, [n, h]))
+    let dims = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_kv_heads, d]")?;
+    Ok((q, dims))
 }
 
 /// `index_k` `[n_positions, d]` in its format, with `d`.
@@ -154,7 +157,10 @@ fn index_keys<'py>(index_k: &Obj<'py>, format: Option<&str>) -> PyResult<(Encode
 /// with ``head_major=True``. ``index_k`` is ``[n_positions, d]``; ``width =
 /// config.width``. float32, float16 and ml_dtypes bfloat16 / float8_e4m3fn
 /// keys and queries are read in place (a raw uint16 / uint8 view names its
-/// format with ``key_format`` / ``query_format``); ``out=`` reuses a buffer.
+/// format with ``key_format`` / ``query_format``); an array in non-native
+/// byte order, misaligned or not C-contiguous is copied once to a native,
+/// aligned one (the same values). A batched ``query_pos`` may be one
+/// integer for a batch of one query. ``out=`` reuses a buffer.
 #[pyfunction]
 #[pyo3(signature = (index_q, index_k, query_pos, config=None, *, key_format=None,
                     query_format=None, head_major=false, out=None))]
@@ -172,9 +178,12 @@ fn block_sparse_select<'py>(
     let (cfg, layout) = (self::config(config)?, layout(head_major));
     let (q, q_shape) = EncodedIn::new(S, index_q, "index_q", ("query_format", query_format))?;
     let (k, d) = index_keys(index_k, key_format)?;
+    if let Some(&dq) = q_shape.last().filter(|_| matches!(q_shape.len(), 2 | 3)) {
+        S.same_d(dq, d, "index_k")?;
+    }
     let (n, h, pos) = match q_shape[..] {
         [h, _] => (1, h, vec![single_position(query_pos)?]),
-        [n, h, _] => (n, h, positions(S, query_pos, "query_pos")?),
+        [n, h, _] => (n, h, query_positions_for(S, query_pos, n)?),
         _ => {
             let msg = format!(
                 "index_q must be [n_kv_heads, d] (one query) or [n_queries, n_kv_heads, d], got {}-D",
@@ -199,7 +208,8 @@ fn block_sparse_select<'py>(
 /// ceil(n_positions / config.block_size)``, entry ``b`` the max of ``q . k``
 /// over block ``b``'s visible positions (``-inf`` when all are NaN), NaN past
 /// the row's visible blocks. ``index_q`` is ``[n_queries, n_kv_heads, d]``
-/// with ``query_pos [n_queries]``; formats as :func:`block_sparse_select`;
+/// with ``query_pos [n_queries]`` (one integer for one query); formats as
+/// :func:`block_sparse_select`;
 /// ``out=`` (float32, that shape) reuses a buffer. Their error scales are
 /// :func:`block_magnitudes`.
 #[pyfunction]
@@ -264,9 +274,10 @@ fn block_values<'py>(
     magnitudes: bool,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
     let cfg = self::config(config)?;
-    let (q, [n, h]) = queries(index_q, query_format)?;
+    let (q, [n, h, dq]) = queries(index_q, query_format)?;
     let (k, d) = index_keys(index_k, key_format)?;
-    let pos = positions(S, query_pos, "query_pos")?;
+    S.same_d(dq, d, "index_k")?;
+    let pos = query_positions_for(S, query_pos, n)?;
     let n_keys = k.untyped().shape()[0];
     let shape = [n, h, n_keys.div_ceil(cfg.block_size.max(1))];
     let out = S.output::<f32>(py, out, &shape, &[q.untyped(), k.untyped()])?;
@@ -301,7 +312,9 @@ fn single_position(query_pos: &Obj) -> PyResult<usize> {
 /// within it, and its block ids count from the start of its sequence.
 /// Returns int32 ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
 /// n_queries, width]`` with ``head_major=True``); formats as
-/// :func:`block_sparse_select`; ``out=`` reuses a buffer.
+/// :func:`block_sparse_select`; ``seq_ids`` and ``query_pos`` are
+/// ``[n_queries]`` (``query_pos`` one integer for one query); ``out=``
+/// reuses a buffer.
 #[pyfunction]
 #[pyo3(signature = (index_q, index_k, cu_seqlens, seq_ids, query_pos, config=None, *,
                     key_format=None, query_format=None, head_major=false, out=None))]
@@ -319,12 +332,13 @@ fn block_sparse_select_packed<'py>(
     out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let (cfg, layout) = (self::config(config)?, layout(head_major));
-    let (q, [n, h]) = queries(index_q, query_format)?;
+    let (q, [n, h, dq]) = queries(index_q, query_format)?;
     let (k, d) = index_keys(index_k, key_format)?;
+    S.same_d(dq, d, "index_k")?;
     let cu = positions(S, cu_seqlens, "cu_seqlens")?;
     let (sid, pos) = (
-        positions(S, seq_ids, "seq_ids")?,
-        positions(S, query_pos, "query_pos")?,
+        positions_along(S, seq_ids, "seq_ids", ("n_queries", n))?,
+        query_positions_for(S, query_pos, n)?,
     );
     let shape = rows_shape(n, h, cfg.width(), layout);
     let out = S.output::<i32>(py, out, &shape, &[q.untyped(), k.untyped()])?;
@@ -342,11 +356,16 @@ fn block_sparse_select_packed<'py>(
 /// ``[n_seqs, max_blocks]`` (only the first ``ceil(seq_lens[s] /
 /// block_size)`` entries of a row are read), ``seq_lens [n_seqs]``; query
 /// ``i`` (``index_q [n_queries, n_kv_heads, d]``) belongs to sequence
-/// ``seq_ids[i]`` at ``query_pos[i]`` within it. Rows hold the sequence's
+/// ``seq_ids[i]`` at ``query_pos[i]`` within it (``query_pos`` one integer
+/// for one query); ``block_table`` must be ``[len(seq_lens), max_blocks]``,
+/// axis by axis. Rows hold the sequence's
 /// logical block ids, ascending, then -1 (what vLLM's
 /// ``minimax_m3_index_topk`` returns); ``physical=True`` maps each through
 /// the block table to its page id, in the same slots. ``head_major=True``
 /// gives ``[n_kv_heads, n_queries, width]``; ``out=`` reuses a buffer.
+/// The pages are never converted: a cache in non-native byte order is
+/// refused (naming ``kv_cache``: pass ``kv_cache.astype(kv_cache.dtype
+/// .newbyteorder('='))``); misaligned pages are read in place, byte by byte.
 #[pyfunction]
 #[pyo3(signature = (index_q, kv_cache, block_table, seq_lens, seq_ids, query_pos, config=None, *,
                     key_format=None, query_format=None, head_major=false, physical=false,
@@ -372,7 +391,7 @@ fn block_sparse_select_paged<'py>(
     } else {
         BlockIds::Logical
     };
-    let (q, [n, h]) = queries(index_q, query_format)?;
+    let (q, [n, h, dq]) = queries(index_q, query_format)?;
     let args = PagedArgs {
         kv_cache,
         block_table,
@@ -380,7 +399,7 @@ fn block_sparse_select_paged<'py>(
         seq_ids,
         query_pos,
     };
-    let paged = Paged::new(args, "dense", key_format, None)?;
+    let paged = Paged::new(args, "dense", key_format, (n, dq))?;
     let arrays = [&[q.untyped()][..], &paged.untyped()].concat();
     let out = S.output::<i32>(py, out, &rows_shape(n, h, cfg.width(), layout), &arrays)?;
     let inputs = PagedBlocks {
@@ -406,9 +425,11 @@ fn block_sparse_select_paged<'py>(
 /// n_queries, width]`` with ``head_major=True``), gives fixed-width rows
 /// ``[..., width * block_size]``, ascending then -1 (what
 /// :func:`sparse_attention` takes); ``query_pos`` and ``n_positions`` are an
-/// int, or one entry per row (2-D) or per query (3-D).
+/// int (every row's), or one entry per row (2-D) or per query (3-D).
+/// Batched, ``out=`` (int32, exactly that shape, overlapping no input)
+/// receives the rows and is returned; the 1-D form takes no ``out=``.
 #[pyfunction]
-#[pyo3(signature = (blocks, query_pos, n_positions, config=None, *, head_major=false))]
+#[pyo3(signature = (blocks, query_pos, n_positions, config=None, *, head_major=false, out=None))]
 fn positions_of_blocks<'py>(
     py: Python<'py>,
     blocks: &Obj<'py>,
@@ -416,10 +437,16 @@ fn positions_of_blocks<'py>(
     n_positions: &Obj<'py>,
     config: Opt<'_, 'py>,
     head_major: bool,
+    out: Opt<'_, 'py>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let (cfg, layout) = (self::config(config)?, layout(head_major));
     let (b, shape) = S.input_dyn::<i32>(blocks, "blocks")?;
     let (n, h, w) = match (&shape[..], layout) {
+        ([_], _) if out.is_some() => {
+            let msg = "out= needs batched blocks (2-D or 3-D): the 1-D form's length depends \
+                       on the blocks";
+            return Err(refuse(Domain::Selection, "out", msg));
+        }
         ([_], _) => {
             let query_pos = S.count(query_pos, "query_pos", u64::MAX)?;
             let n_positions = S.count(n_positions, "n_positions", u64::MAX)?;
@@ -437,13 +464,21 @@ fn positions_of_blocks<'py>(
             return Err(refuse(Domain::Selection, "blocks", msg));
         }
     };
-    let qp = per_query(query_pos, "query_pos")?;
-    let np = per_query(n_positions, "n_positions")?;
+    let axis = (
+        if shape.len() == 2 {
+            "rows"
+        } else {
+            "n_queries"
+        },
+        n,
+    );
+    let qp = per_query(query_pos, "query_pos", axis)?;
+    let np = per_query(n_positions, "n_positions", axis)?;
     let mut out_shape = shape.clone();
     out_shape[shape.len() - 1] = w.saturating_mul(cfg.block_size);
     // SAFETY: positions_of_blocks_batch_into writes every slot of `out`
     // when it succeeds, and a refused call's array is never handed back.
-    let out = unsafe { S.output_filled_by_core(py, None, &out_shape, &[b.untyped()])? };
+    let out = unsafe { S.output_filled_by_core(py, out, &out_shape, &[b.untyped()])? };
     let bs = b.slice()?;
     let res = out.run(bs.len(), |os| {
         block_sparse::positions_of_blocks_batch_into(bs, n, h, w, layout, &qp, &np, &cfg, os)
@@ -451,13 +486,20 @@ fn positions_of_blocks<'py>(
     Ok(res.into_any())
 }
 
-/// An int, or a 1-D array of one entry per query (or row).
-fn per_query(obj: &Obj<'_>, name: &str) -> PyResult<Vec<usize>> {
+/// An int (every row's), or a 1-D array of one entry per query (or row),
+/// `axis`: exactly `[axis]` (a `[1]` array is every row's, as an int).
+fn per_query(obj: &Obj<'_>, name: &str, axis: (&str, usize)) -> PyResult<Vec<usize>> {
     match obj.cast::<PyUntypedArray>().map(|a| a.ndim()) {
         Ok(0) | Err(_) if obj.cast::<PyList>().is_err() && obj.cast::<PyTuple>().is_err() => {
             Ok(vec![S.count(obj, name, u64::MAX)?])
         }
-        _ => positions(S, obj, name),
+        _ => {
+            let (p, shape) = S.input_dyn::<i64>(obj, name)?;
+            if shape != [1] {
+                S.axes(name, &shape, &[axis])?;
+            }
+            non_negative(S, p.slice()?, name)
+        }
     }
 }
 

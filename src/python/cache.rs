@@ -6,7 +6,10 @@
 use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
-use super::args::{format_of, numpy, positions, Args, In, Obj, StridedRows};
+use super::args::{
+    format_of, is_native_order, numpy, positions, positions_along, query_positions_for, Args, In,
+    Obj, StridedRows,
+};
 use super::errors::{refuse, Domain};
 use crate::keys::{BlockTable, PageLayout, PagedCache};
 
@@ -36,26 +39,29 @@ pub(super) struct Paged<'py> {
 }
 
 impl<'py> Paged<'py> {
-    /// The arguments, `layout` being "dense" or "fp8_scaled"; with
-    /// `query_d`, keys of another dimension are refused (naming `index_q`)
-    /// before anything else is read.
+    /// The arguments, `layout` being "dense" or "fp8_scaled", for `(n, dq)`
+    /// = `index_q`'s queries and their dimension: keys of another dimension
+    /// are refused (naming `index_q`) before anything else is read; every
+    /// other array is checked axis by axis (`seq_ids` and `query_pos`
+    /// `[n_queries]`, a scalar `query_pos` when `n` is 1; `block_table`
+    /// `[n_seqs, max_blocks]` with `n_seqs = len(seq_lens)`).
     pub fn new(
         a: PagedArgs<'_, 'py>,
         layout: &str,
         key_format: Option<&str>,
-        query_d: Option<usize>,
+        (n, dq): (usize, usize),
     ) -> PyResult<Self> {
         let (layout, shape) = cache_layout(a.kv_cache, layout, key_format)?;
         let scales = 4 * (layout == PageLayout::Fp8WithScales) as usize;
         let (block_size, d) = (shape[1], shape[shape.len() - 1] - scales);
-        if let Some(dq) = query_d {
-            S.same_d(dq, d, "kv_cache")?;
-        }
+        S.same_d(dq, d, "kv_cache")?;
         let pages = pages(a.kv_cache)?;
         let table = S.input::<i32, 2>(a.block_table, "block_table", "[n_seqs, max_blocks]")?;
         let seq_lens = positions(S, a.seq_lens, "seq_lens")?;
-        let seq_ids = positions(S, a.seq_ids, "seq_ids")?;
-        let query_pos = positions(S, a.query_pos, "query_pos")?;
+        let want = [("n_seqs", seq_lens.len()), ("max_blocks", table.shape[1])];
+        S.axes("block_table", &table.shape, &want)?;
+        let seq_ids = positions_along(S, a.seq_ids, "seq_ids", ("n_queries", n))?;
+        let query_pos = query_positions_for(S, a.query_pos, n)?;
         Ok(Paged {
             pages,
             table,
@@ -107,7 +113,8 @@ impl<'py> Paged<'py> {
 /// A paged cache argument as bytes in place: `[num_blocks, …]`, each page
 /// (every axis but the first) contiguous, the block axis with any positive
 /// stride (vLLM interleaves other layers' pages); any other layout is
-/// copied to C order once.
+/// copied to C order once. Misaligned pages are read in place too (the core
+/// decodes them byte by byte, little-endian), so alignment is never asked.
 fn pages<'py>(cache: &Obj<'py>) -> PyResult<StridedRows<'py, u8>> {
     let np = numpy(cache.py())?;
     let (arr, uint8) = (np.call_method1("asarray", (cache,))?, np.getattr("uint8")?);
@@ -141,6 +148,16 @@ fn cache_layout(
     let arr = numpy(cache.py())?.call_method1("asarray", (cache,))?;
     let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
     let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
+    // Pages are read in place, never converted: bytes in the other order
+    // would be decoded swapped.
+    if !is_native_order(&arr)? {
+        let d = arr.getattr("dtype")?.str()?;
+        let msg = format!(
+            "kv_cache has non-native byte order ({d}): pages are read in place, never \
+             converted; pass native byte order (kv_cache.astype(kv_cache.dtype.newbyteorder('=')))"
+        );
+        return Err(refuse(Domain::Selection, "kv_cache", msg));
+    }
     let (page_layout, fits, want) = match layout {
         "fp8_scaled" => (
             PageLayout::Fp8WithScales,

@@ -5,7 +5,9 @@ use pyo3::prelude::*;
 
 use numpy::PyUntypedArray;
 
-use super::args::{detach, positions, query_positions, Args, EncodedIn, In, Obj, Opt, I32};
+use super::args::{
+    detach, positions, positions_along, query_positions_for, Args, EncodedIn, In, Obj, Opt, I32,
+};
 use super::cache::{Paged, PagedArgs};
 use super::errors::Domain;
 use crate::attention::AttentionError as Error;
@@ -18,7 +20,7 @@ struct Call<'py> {
     q: EncodedIn<'py>,
     w: In<'py, f32, 2>,
     k: EncodedIn<'py>,
-    scale: Option<In<'py, f32, 1>>,
+    scale: Option<In<'py, f32, 0>>,
     pos: Vec<usize>,
     shape: IndexerShape,
     topk: usize,
@@ -79,10 +81,13 @@ impl<'py> Call<'py> {
         let [t, d] = S.dims::<2>(k.untyped(), "index_k", "[n_keys, d]")?;
         S.same_d(dq, d, "index_k")?;
         let scale = scale
-            .map(|c| S.input::<f32, 1>(c, "key_scale", "[n_keys]"))
+            .map(|c| {
+                let (c, shape) = S.input_dyn::<f32>(c, "key_scale")?;
+                S.axes("key_scale", &shape, &[("n_keys", t)])?;
+                Ok::<_, PyErr>(c)
+            })
             .transpose()?;
-        let pos = query_positions(S, pos)?;
-        S.axes("query_pos", &[pos.len()], &[("n_queries", n)])?;
+        let pos = query_positions_for(S, pos, n)?;
         let shape = IndexerShape {
             n_queries: n,
             n_heads: h,
@@ -174,7 +179,13 @@ fn run_topk<'py>(
 /// be float32, float16, or ``ml_dtypes`` bfloat16 / float8_e4m3fn arrays,
 /// read in place; a raw ``uint16`` / ``uint8`` view (``t.view(torch.uint8)
 /// .numpy()``) needs ``key_format`` / ``query_format`` ("bfloat16",
-/// "float16", "float8_e4m3fn"). ``num_segments=S`` (1..=64) returns the
+/// "float16", "float8_e4m3fn"). Every array is checked axis by axis
+/// (a transposed or reshaped ``weights`` is refused, naming both shapes);
+/// ``query_pos`` is ``[n_queries]``, or one integer for a batch of one
+/// query. A dense array in non-native byte order (``'>f2'``, ``'>u2'``
+/// bits), misaligned or not C-contiguous is copied once to a native,
+/// aligned one (as float64 is converted to float32); the values read are
+/// the same. ``num_segments=S`` (1..=64) returns the
 /// reserved-tail witness row; ``out=`` reuses a buffer; ``scores_out=``
 /// (float32 ``[n_queries, topk]``) receives each entry's score (NaN at -1).
 #[pyfunction]
@@ -210,8 +221,9 @@ fn indexer_topk<'py>(
 /// concatenated in ``index_k [n_keys, d]`` (``key_scale`` alike), sequence
 /// ``s`` owning rows ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i``
 /// belongs to sequence ``seq_ids[i]`` at position ``query_pos[i]`` within
-/// it and its row holds offsets from the start of its sequence. Otherwise
-/// as :func:`indexer_topk`, row for row.
+/// it and its row holds offsets from the start of its sequence (``seq_ids``
+/// ``[n_queries]``, ``query_pos`` too or one integer for one query).
+/// Otherwise as :func:`indexer_topk`, row for row.
 #[pyfunction]
 #[pyo3(
     signature = (index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, topk, *, key_scale=None,
@@ -240,7 +252,7 @@ fn indexer_topk_packed<'py>(
     let call = Call::new(common, (key_scale, key_format, query_format, num_segments))?;
     let (cu, sid) = (
         positions(S, cu_seqlens, "cu_seqlens")?,
-        positions(S, seq_ids, "seq_ids")?,
+        positions_along(S, seq_ids, "seq_ids", ("n_queries", call.shape.n_queries))?,
     );
     let (shape, topk, segs) = (call.shape, call.topk, call.segs);
     call.run(py, (out, scores_out), |inputs, o, s| {
@@ -334,8 +346,13 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// e4m3fn bytes then ``block_size`` float32 scales). The block axis may be
 /// strided. ``block_table`` is int32 ``[n_seqs, max_blocks]`` (only the
 /// first ``ceil(seq_lens[s] / block_size)`` entries of a row are read),
-/// ``seq_lens`` ``[n_seqs]``; query ``i`` belongs to sequence ``seq_ids[i]``
-/// at ``query_pos[i]`` within it, and its row holds positions within it.
+/// ``seq_lens`` ``[n_seqs]`` (``block_table`` is checked against it axis by
+/// axis); query ``i`` belongs to sequence ``seq_ids[i]`` at ``query_pos[i]``
+/// within it (``query_pos`` one integer for one query), and its row holds
+/// positions within it.
+/// The pages are never converted: a cache in non-native byte order is
+/// refused (naming ``kv_cache``: pass ``kv_cache.astype(kv_cache.dtype
+/// .newbyteorder('='))``); misaligned pages are read in place, byte by byte.
 #[pyfunction]
 #[pyo3(
     signature = (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *,
@@ -370,7 +387,7 @@ fn indexer_topk_paged<'py>(
         seq_ids,
         query_pos,
     };
-    let paged = Paged::new(args, page_layout, key_format, Some(dq))?;
+    let paged = Paged::new(args, page_layout, key_format, (n, dq))?;
     let topk = S.count(topk, "topk", i32::MAX as u64)?;
     let segs = segments(num_segments)?;
     let inputs = PagedInputs {

@@ -1799,6 +1799,218 @@ def _():
             "check": lambda rep: rep["details"][0]["problems"][0] == {"reason": "not_in_table", "slot": 1, "value": 21}}
 
 
+# -- nothing silent, inputs: transposed / reshaped / byte-swapped / misaligned --
+# For every indexer, block-selection and paged entry point: an argument
+# another one fixes the shape of is checked axis by axis (a transposed or
+# reshaped one is refused, naming it); dense keys / queries / weights in
+# non-native byte order or misaligned are converted once (the same result);
+# a paged cache in non-native byte order is refused naming kv_cache
+# (misaligned pages are read in place).
+
+
+def ns_args():
+    """n=3 queries, H=2 heads, d=4, 12 keys, two sequences (packed and paged)."""
+    r = rng()
+    return {
+        "q": r.integers(-3, 4, size=(3, 2, 4)).astype(np.float32),
+        "w": r.integers(-2, 3, size=(3, 2)).astype(np.float32),
+        "k": r.integers(-3, 4, size=(12, 4)).astype(np.float32),
+        "scale": np.linspace(0.5, 2.0, 12, dtype=np.float32),
+        "pos": np.array([5, 8, 11]),
+        "cu": np.array([0, 5, 12]),
+        "sid": np.array([0, 1, 1]),
+        "ppos": np.array([4, 3, 6]),
+        "cache": r.integers(-3, 4, size=(6, 4, 4)).astype(np.float32),
+        "table": np.array([[0, 2, 5], [1, 3, 4]], dtype=np.int32),
+        "lens": np.array([7, 8]),
+        "blocks": np.array([[[0, 1], [1, 2]], [[0, 2], [2, -1]], [[1, 2], [0, 1]]], dtype=np.int32),
+    }
+
+
+def ns_call(name, a, **kw):
+    """Entry point `name` on the arrays of `a` (as ns_args)."""
+    m, c = _ks(), cfg()
+    calls = {
+        "indexer_topk": lambda: m.indexer_topk(a["q"], a["w"], a["k"], a["pos"], 4, key_scale=a["scale"], **kw),
+        "indexer_scores": lambda: m.indexer_scores(a["q"], a["w"], a["k"], a["pos"], key_scale=a["scale"], **kw),
+        "indexer_magnitudes": lambda: m.indexer_magnitudes(a["q"], a["w"], a["k"], a["pos"], key_scale=a["scale"],
+                                                           **kw),
+        "indexer_topk_packed": lambda: m.indexer_topk_packed(a["q"], a["w"], a["k"], a["cu"], a["sid"], a["ppos"], 4,
+                                                             key_scale=a["scale"], **kw),
+        "indexer_topk_paged": lambda: m.indexer_topk_paged(a["q"], a["w"], a["cache"], a["table"], a["lens"],
+                                                           a["sid"], a["ppos"], 4, **kw),
+        "block_sparse_select": lambda: m.block_sparse_select(a["q"], a["k"], a["pos"], c, **kw),
+        "block_scores": lambda: m.block_scores(a["q"], a["k"], a["pos"], c, **kw),
+        "block_magnitudes": lambda: m.block_magnitudes(a["q"], a["k"], a["pos"], c, **kw),
+        "block_sparse_select_packed": lambda: m.block_sparse_select_packed(a["q"], a["k"], a["cu"], a["sid"],
+                                                                           a["ppos"], c, **kw),
+        "block_sparse_select_paged": lambda: m.block_sparse_select_paged(a["q"], a["cache"], a["table"], a["lens"],
+                                                                         a["sid"], a["ppos"], c, **kw),
+        "positions_of_blocks": lambda: m.positions_of_blocks(a["blocks"], a["pos"], 12, c, **kw),
+    }
+    return calls[name]()
+
+
+def ns_swapped(x):
+    """The same values in the other byte order."""
+    return x.byteswap().view(x.dtype.newbyteorder("S"))
+
+
+def ns_misaligned(x):
+    """The same values one byte off their alignment (np.frombuffer(buf, dtype, offset=1))."""
+    buf = bytearray(x.nbytes + 1)
+    m = np.frombuffer(buf, x.dtype, count=x.size, offset=1).reshape(x.shape)
+    m[...] = x
+    return m
+
+
+_NS_INDEXER = ["indexer_topk", "indexer_scores", "indexer_magnitudes", "indexer_topk_packed", "indexer_topk_paged"]
+_NS_DENSE = ["indexer_topk", "indexer_scores", "indexer_magnitudes", "indexer_topk_packed", "block_sparse_select",
+             "block_scores", "block_magnitudes", "block_sparse_select_packed"]
+_NS_PAGED = ["indexer_topk_paged", "block_sparse_select_paged"]
+_NS_ALL = _NS_INDEXER + ["block_sparse_select", "block_scores", "block_magnitudes", "block_sparse_select_packed",
+                         "block_sparse_select_paged", "positions_of_blocks"]
+_NS_POS = {n: ("ppos" if ("packed" in n or "paged" in n) else "pos") for n in _NS_ALL}
+_NS_WORDS = {"w": "weights", "scale": "key_scale", "sid": "seq_ids", "table": "block_table", "k": "index_k",
+             "pos": "query_pos", "ppos": "query_pos"}
+
+
+def _ns_refused(name, key, bend, how, argument):
+    word = _NS_WORDS[key]
+
+    @case(f"{name}-{word}-{how}", "transposed / reshaped", f"`{name}(…, {word}{bend[0]}, …)`", "SelectionError",
+          argument=argument)
+    def _():
+        a = ns_args()
+        a[key] = np.ascontiguousarray(bend[1](a[key]))
+        return {"call": lambda: ns_call(name, a), "watch": list(a.values())}
+
+
+_T = (".T", lambda x: x.T)
+_R = (".reshape(1, -1)", lambda x: x.reshape(1, -1))
+for _n in _NS_ALL:
+    if _n in _NS_INDEXER:
+        _ns_refused(_n, "w", _T, "transposed", "weights")
+        _ns_refused(_n, "w", _R, "reshaped", "weights")
+    if _n in ("indexer_topk", "indexer_scores", "indexer_magnitudes", "indexer_topk_packed"):
+        _ns_refused(_n, "scale", _R, "reshaped", "key_scale")
+    if "packed" in _n or "paged" in _n:
+        _ns_refused(_n, "sid", _R, "reshaped", "seq_ids")
+    if _n in _NS_PAGED:
+        _ns_refused(_n, "table", _T, "transposed", "block_table")
+        _ns_refused(_n, "table", _R, "reshaped", "block_table")
+    if _n in ("block_sparse_select", "block_scores", "block_magnitudes", "block_sparse_select_packed"):
+        _ns_refused(_n, "k", _T, "transposed", "index_q")  # index_k [d, n]: its d disagrees with index_q's
+    _ns_refused(_n, _NS_POS[_n], _R, "reshaped", "query_pos")
+
+
+def _ns_out_transposed(name):
+    @case(f"{name}-out-transposed", "transposed / reshaped", f"`{name}(…, out=<the output's shape, axes 0 and 1 swapped>)`",
+          "SelectionError", argument="out")
+    def _():
+        a = ns_args()
+        want = ns_call(name, a)
+        out = np.zeros((want.shape[1], want.shape[0]) + want.shape[2:], want.dtype)
+        return {"call": lambda: ns_call(name, a, out=out), "watch": [out] + list(a.values())}
+
+
+for _n in _NS_ALL:
+    _ns_out_transposed(_n)
+
+
+def _ns_dense(name, fmt, how):
+    bend = ns_swapped if how == "byte-swapped" else ns_misaligned
+    shown = {"byte-swapped": f"'>{fmt}'", "misaligned": f"misaligned {fmt}"}[how]
+
+    @case(f"{name}-{how}-{fmt}", "byte order / alignment", f"`{name}(q, k as {shown}, …)`", ACCEPTED,
+          note="converted once: the same result as native order" if how == "byte-swapped"
+          else "copied once to an aligned array: the same result")
+    def _():
+        import ml_dtypes
+
+        a = ns_args()
+        enc = {"f2": np.float16, "bf16": ml_dtypes.bfloat16, "f4": np.float32, "u2": np.float16,
+               "fp8": ml_dtypes.float8_e4m3fn}[fmt]
+        kw = {"key_format": "float16", "query_format": "float16"} if fmt == "u2" else {}
+        native = dict(a)
+        for key in ("q", "k"):
+            native[key] = a[key].astype(enc)
+            if fmt == "u2":
+                native[key] = native[key].view(np.uint16)
+        bent = dict(native)
+        for key in ("q", "k", "w", "scale"):
+            bent[key] = bend(native[key])
+        return {"call": lambda: ns_call(name, bent, **kw), "check": same(lambda: ns_call(name, native, **kw))}
+
+
+for _n in _NS_DENSE:
+    for _f in ("f2", "bf16", "f4", "u2"):
+        _ns_dense(_n, _f, "byte-swapped")
+    for _f in ("f2", "bf16", "fp8", "u2"):
+        _ns_dense(_n, _f, "misaligned")
+
+
+def _ns_paged(name, fmt, how):
+    shown = {"byte-swapped": f"'>{fmt}'", "misaligned": f"misaligned {fmt}"}[how]
+    refused = how == "byte-swapped"
+
+    @case(f"{name}-kv-cache-{how}-{fmt}", "byte order / alignment", f"`{name}(q, kv_cache as {shown}, …)`",
+          "SelectionError" if refused else ACCEPTED, argument="kv_cache" if refused else None,
+          note="pages are read in place, never converted: pass native byte order" if refused
+          else "read in place, byte by byte: the same result")
+    def _():
+        import ml_dtypes
+
+        a = ns_args()
+        enc = {"f2": np.float16, "bf16": ml_dtypes.bfloat16, "f4": np.float32, "u2": np.float16,
+               "fp8": ml_dtypes.float8_e4m3fn}[fmt]
+        kw = {"key_format": "float16"} if fmt == "u2" else {}
+        native = dict(a)
+        native["cache"] = a["cache"].astype(enc)
+        if fmt == "u2":
+            native["cache"] = native["cache"].view(np.uint16)
+        bent = dict(native)
+        bent["cache"] = (ns_swapped if refused else ns_misaligned)(native["cache"])
+        spec = {"call": lambda: ns_call(name, bent, **kw), "watch": list(bent.values())}
+        if not refused:
+            spec["check"] = same(lambda: ns_call(name, native, **kw))
+        return spec
+
+
+for _n in _NS_PAGED:
+    for _f in ("f2", "bf16", "f4", "u2"):
+        _ns_paged(_n, _f, "byte-swapped")
+    for _f in ("f2", "bf16", "fp8", "u2"):
+        _ns_paged(_n, _f, "misaligned")
+
+
+@case("indexer-topk-str", "transposed / reshaped", "`indexer_topk(q, w, k, pos, '4')`", "TypeError",
+      note="topk must be an integer, got str")
+def _():
+    a = ns_args()
+    return {"call": lambda: _ks().indexer_topk(a["q"], a["w"], a["k"], a["pos"], "4"), "watch": list(a.values())}
+
+
+@case("positions-of-blocks-out-aliases-blocks", "transposed / reshaped",
+      "`positions_of_blocks(blocks, pos, 12, out=<a view over blocks' memory>)`", "SelectionError", argument="out")
+def _():
+    a = ns_args()
+    buf = np.zeros(3 * 2 * 8, np.int32)
+    buf[:12] = a["blocks"].ravel()
+    a["blocks"] = buf[:12].reshape(3, 2, 2)
+    out = buf.reshape(3, 2, 8)
+    return {"call": lambda: ns_call("positions_of_blocks", a, out=out), "watch": [buf]}
+
+
+@case("positions-of-blocks-out", "transposed / reshaped", "`positions_of_blocks(blocks [3, 2, 2], pos, 12, out=out)`",
+      ACCEPTED, note="out is filled and returned")
+def _():
+    a = ns_args()
+    out = np.full((3, 2, 8), 7, np.int32)
+    return {"call": lambda: ns_call("positions_of_blocks", a, out=out),
+            "check": lambda r: r is out and _equal(r, ns_call("positions_of_blocks", a))}
+
+
 # ---------------------------------------------------------------------------
 # Running the catalogue (in the subprocess)
 # ---------------------------------------------------------------------------
