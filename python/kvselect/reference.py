@@ -1721,7 +1721,7 @@ def _outputs(sparse: Any, dense: Any):
     s = _float_array("sparse", sparse, None, _SELECTION)
     d = _float_array("dense", dense, None, _SELECTION)
     if s.shape != d.shape:
-        raise ReferenceSelectionError("sparse", f"sparse {s.shape} and dense {d.shape} differ")
+        raise ReferenceSelectionError("dense", f"dense must be {list(s.shape)}, got {list(d.shape)}")
     return s, d
 
 

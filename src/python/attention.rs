@@ -397,16 +397,7 @@ fn output_relative_error_rows<'py>(
         let msg = "sparse must be at least 1-D [..., width], got a 0-D array";
         return Err(refuse(Domain::Selection, "sparse", msg));
     };
-    let axis_names: Vec<String> = (0..lead.len())
-        .map(|i| format!("axis{i}"))
-        .chain(["width".to_string()])
-        .collect();
-    let want: Vec<(&str, usize)> = axis_names
-        .iter()
-        .map(String::as_str)
-        .zip(shape.iter().copied())
-        .collect();
-    S.axes("dense", &dense_shape, &want)?;
+    same_shape(&shape, &dense_shape)?;
     let out = S.output::<f64>(py, out, lead, &[s.untyped(), d.untyped()])?;
     let (ss, ds) = (s.slice()?, d.slice()?);
     out.run(ss.len(), |os| {
@@ -414,15 +405,25 @@ fn output_relative_error_rows<'py>(
     })
 }
 
-/// ``‖sparse − dense‖ / ‖dense‖`` over whole arrays of one shape (float64).
+/// Refuses a `dense` whose shape is not `sparse`'s, axis by axis (the
+/// refusal names `dense` and both shapes).
+fn same_shape(sparse: &[usize], dense: &[usize]) -> PyResult<()> {
+    let names: Vec<String> = (0..sparse.len()).map(|i| format!("axis{i}")).collect();
+    let want: Vec<(&str, usize)> = names
+        .iter()
+        .map(String::as_str)
+        .zip(sparse.iter().copied())
+        .collect();
+    S.axes("dense", dense, &want)
+}
+
+/// ``‖sparse − dense‖ / ‖dense‖`` over whole arrays of one shape (float64;
+/// ``dense`` is checked axis by axis against ``sparse``).
 #[pyfunction]
 fn output_relative_error(sparse: &Obj, dense: &Obj) -> PyResult<f64> {
     let (s, shape) = S.input_dyn::<f32>(sparse, "sparse")?;
     let (d, dense_shape) = S.input_dyn::<f32>(dense, "dense")?;
-    if shape != dense_shape {
-        let msg = format!("sparse {shape:?} and dense {dense_shape:?} must have one shape");
-        return Err(refuse(Domain::Selection, "sparse", msg));
-    }
+    same_shape(&shape, &dense_shape)?;
     Ok(metrics::output_relative_error(s.slice()?, d.slice()?)?)
 }
 
