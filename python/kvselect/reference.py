@@ -2173,8 +2173,9 @@ def check_blocks(block_scores: Any, rows: Any, visible_blocks: Any, config: Any 
     r = _int64_array("rows", raw, raw.ndim)
     s = _float_array("block_scores", block_scores, None, _SELECTION).astype(np.float32)
     vis = _index_array("visible_blocks", visible_blocks, 1, _SELECTION, positions=True)
-    if s.ndim != r.ndim:
-        raise ReferenceSelectionError("block_scores", f"block_scores must be {r.ndim}-D like rows, got {s.shape}")
+    if s.ndim != r.ndim:  # the forms do not mix: the 3-D one of the pair is named
+        raise ReferenceSelectionError("rows" if r.ndim == 3 and s.ndim == 2 else "block_scores",
+                                      f"block_scores must be {r.ndim}-D like rows, got {s.shape}")
     if r.ndim == 2 and head_major:
         raise ReferenceSelectionError("head_major", "head_major=True describes 3-D rows")
     m = None if magnitudes is None else _float_array("magnitudes", magnitudes, None, _SELECTION).astype(np.float32)

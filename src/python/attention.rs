@@ -235,7 +235,6 @@ fn attention_probabilities<'py>(
     let pos = query_positions(S, query_pos)?;
     let scale = scale.unwrap_or_else(|| attention::softmax_scale(shape.d_k) as f64);
     shape.validate()?;
-    check_query_count(&pos, shape.n_queries)?;
     let dims = [shape.n_queries, shape.n_q_heads, shape.n_keys];
     let mut inputs = vec![qa.untyped(), ka.untyped()];
     inputs.extend(ndarray(query_pos));
@@ -248,19 +247,6 @@ fn attention_probabilities<'py>(
     out.run(work, |os| {
         metrics::attention_probabilities(qs, ks, &shape, &pos, scale, os)
     })
-}
-
-/// Refuses a `query_pos` that does not give one position per query
-/// (before any output is written).
-fn check_query_count(pos: &[usize], n_queries: usize) -> PyResult<()> {
-    if pos.len() == n_queries {
-        return Ok(());
-    }
-    let msg = format!(
-        "query_pos must be [n_queries={n_queries}], got [{}]",
-        pos.len()
-    );
-    Err(refuse(Domain::Selection, "query_pos", msg))
 }
 
 /// A float32 output array.
@@ -283,7 +269,6 @@ fn attention_pass<'py>(
     shape.d_v = va.row_len;
     let pos = query_positions(S, query_pos)?;
     shape.validate()?;
-    check_query_count(&pos, shape.n_queries)?;
     let what = "[n_queries, n_kv_heads, width]";
     let sel = selection
         .map(|s| S.input::<i32, 3>(s, "selection", what))

@@ -288,7 +288,10 @@ fn check_blocks<'py>(
             };
             S.axes("rows", &rshape, &want_rows)?;
             S.axes("visible_blocks", &[lens.len()], &[("n_queries", nq)])?;
-            let lens: Vec<usize> = lens.iter().flat_map(|&l| std::iter::repeat_n(l, hkv)).collect();
+            let lens: Vec<usize> = lens
+                .iter()
+                .flat_map(|&l| std::iter::repeat_n(l, hkv))
+                .collect();
             let rs = r.slice()?;
             // Head-major rows, read query-major: one transposing copy.
             let transposed: Vec<i64>;
@@ -310,11 +313,21 @@ fn check_blocks<'py>(
             run(py, rule, tol, scored, rows, &lens, &slots)
         }
         (&[_, _] | &[_, _, _], _) => {
-            let msg = format!(
-                "block_scores must be {}-D like rows ({rshape:?}), got {sshape:?}",
-                rshape.len()
-            );
-            Err(refuse(Domain::Selection, "block_scores", msg))
+            // The two forms do not mix: the 3-D one of the pair is out of place.
+            let (name, msg) = if rshape.len() == 3 && sshape.len() == 2 {
+                let msg = format!(
+                    "rows are 3-D {rshape:?} but block_scores are 2-D {sshape:?}: \
+                     pass both 3-D (as block_scores and block_sparse_select give them) or both 2-D"
+                );
+                ("rows", msg)
+            } else {
+                let msg = format!(
+                    "block_scores must be {}-D like rows ({rshape:?}), got {sshape:?}",
+                    rshape.len()
+                );
+                ("block_scores", msg)
+            };
+            Err(refuse(Domain::Selection, name, msg))
         }
         _ => {
             let msg = format!(

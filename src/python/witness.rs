@@ -177,13 +177,6 @@ fn attention_mass_recall(py: Python<'_>, candidates: &Obj, attention_row: &Obj) 
     }))
 }
 
-/// `context_lens` as one length per candidate row, `[rows]` axis by axis.
-fn row_lens(context_lens: &Obj, rows: usize) -> PyResult<Vec<usize>> {
-    let lens = positions(W, context_lens, "context_lens")?;
-    W.axes("context_lens", &[lens.len()], &[("rows", rows)])?;
-    Ok(lens)
-}
-
 /// :func:`segment_coverage` of every row of ``candidates`` (``[rows,
 /// width]``) with its ``context_lens[r]`` (``[rows]``): float64 ``[rows]``.
 /// ``out=`` (float64 ``[rows]`` exactly, C-contiguous, writeable, sharing
@@ -200,9 +193,12 @@ fn segment_coverage_rows<'py>(
 ) -> PyResult<F64<'py>> {
     let cand = W.input::<i32, 2>(candidates, "candidates", "[rows, width]")?;
     let [rows, width] = cand.shape;
-    let lens = row_lens(context_lens, rows)?;
+    let lens = positions(W, context_lens, "context_lens")?;
     let s = W.count(num_segments, "num_segments", u64::MAX)?;
-    let inputs: Vec<_> = [Some(cand.untyped()), ndarray(context_lens)].into_iter().flatten().collect();
+    let inputs: Vec<_> = [Some(cand.untyped()), ndarray(context_lens)]
+        .into_iter()
+        .flatten()
+        .collect();
     let out = W.output::<f64>(py, out, &[rows], &inputs)?;
     let c = cand.slice()?;
     out.run(c.len(), |o| {
@@ -225,8 +221,11 @@ fn slots_used_rows<'py>(
 ) -> PyResult<Bound<'py, numpy::PyArrayDyn<i64>>> {
     let cand = W.input::<i32, 2>(candidates, "candidates", "[rows, width]")?;
     let [rows, width] = cand.shape;
-    let lens = row_lens(context_lens, rows)?;
-    let inputs: Vec<_> = [Some(cand.untyped()), ndarray(context_lens)].into_iter().flatten().collect();
+    let lens = positions(W, context_lens, "context_lens")?;
+    let inputs: Vec<_> = [Some(cand.untyped()), ndarray(context_lens)]
+        .into_iter()
+        .flatten()
+        .collect();
     let out = W.output::<i64>(py, out, &[rows], &inputs)?;
     let c = cand.slice()?;
     out.run(c.len(), |o| {
@@ -274,7 +273,9 @@ fn attention_mass_recall_rows<'py>(
             return Err(super::errors::refuse(Domain::Witness, "attention", msg));
         }
         (&[_, _], _) => {
-            let msg = format!("attention must be 2-D [n_rows, row_len] with 2-D candidates, got {ashape:?}");
+            let msg = format!(
+                "attention must be 2-D [n_rows, row_len] with 2-D candidates, got {ashape:?}"
+            );
             return Err(super::errors::refuse(Domain::Witness, "attention", msg));
         }
         _ => {

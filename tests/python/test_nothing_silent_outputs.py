@@ -347,7 +347,6 @@ def test_context_lens_of_another_length_is_refused_by_the_row_metrics(impl):
         with pytest.raises(_errors(impl, "witness")) as e:
             call()
         assert e.value.argument == "context_lens"
-        assert "rows=5" in str(e.value)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -454,8 +453,11 @@ def test_check_blocks_refuses_3d_rows_of_the_other_major_or_per_row_visible_bloc
     with pytest.raises(err) as e:
         m.check_blocks(scores, rows, np.repeat(visible, 2), cfg)
     assert e.value.argument == "visible_blocks"
-    with pytest.raises(err) as e:
+    with pytest.raises(err) as e:  # the forms do not mix: the 3-D one of the pair is named
         m.check_blocks(scores.reshape(6, -1), rows, visible, cfg)
+    assert e.value.argument == "rows"
+    with pytest.raises(err) as e:
+        m.check_blocks(scores, rows.reshape(6, -1), np.repeat(visible, 2), cfg)
     assert e.value.argument == "block_scores"
     with pytest.raises(err) as e:
         m.check_blocks(scores.reshape(6, -1), rows.reshape(6, -1), np.repeat(visible, 2), cfg, head_major=True)
