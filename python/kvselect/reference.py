@@ -1231,8 +1231,11 @@ def attention(
     out_buf = _out_buffer(out, "out", (n_queries, n_q_heads, d_v), _SELECTION, np.float32, raw)
     lse_buf = _out_buffer(lse_out, "lse_out", (n_queries, n_q_heads), _SELECTION, np.float32,
                           raw + (out_buf,))
-    # The attention pass computes with a float32 scale.
-    scale = float(np.float32(_native_scale(d_k) if scale is None else scale))
+    # The attention pass computes with a float32 scale, which must be finite.
+    with np.errstate(over="ignore"):
+        scale = float(np.float32(_native_scale(d_k) if scale is None else scale))
+    if not math.isfinite(scale):
+        raise ReferenceSelectionError("scale", f"scale={scale} is not finite")
 
     out = np.zeros((n_queries, n_q_heads, d_v))
     lse = np.full((n_queries, n_q_heads), -np.inf)

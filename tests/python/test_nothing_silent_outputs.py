@@ -523,3 +523,33 @@ def test_check_witnesses_refuses_with_witness_error(impl):
         assert e.value.argument == argument, args
         if impl == "native":
             assert not isinstance(e.value, ks.SelectionError)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), 1e300])
+def test_a_refusal_after_the_buffers_are_checked_still_leaves_them_untouched(impl, scale):
+    m = _mod(impl)
+    q, k, v, pos = _attention_args()
+    out, lse = _sentinel((3, 4, 3), np.float32), _sentinel((3, 4), np.float32)
+    before = _bits(out), _bits(lse)
+    with pytest.raises(_errors(impl, "selection")) as e:  # 1e300 is inf in float32
+        m.dense_attention(q, k, v, pos, scale=scale, out=out, lse_out=lse)
+    assert e.value.argument == "scale"
+    assert (_bits(out), _bits(lse)) == before
+    probs = _sentinel((3, 4, 9), np.float64)
+    if np.isfinite(scale):
+        return  # a finite float64 scale is a valid probabilities scale
+    with pytest.raises(_errors(impl, "selection")) as e:
+        m.attention_probabilities(q, k, pos, scale=scale, out=probs)
+    assert e.value.argument == "scale" and _bits(probs) == _bits(_sentinel((3, 4, 9), np.float64))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_check_topk_rows_are_2d_one_per_query_and_3d_rows_are_refused_naming_rows(impl):
+    m = _mod(impl)
+    s = np.arange(12, dtype=np.float32).reshape(3, 4)
+    rows = np.array([[3, 2], [3, 2], [3, 2]])
+    assert m.check_topk(s, rows)["wrong"] == 0
+    with pytest.raises(_errors(impl, "selection")) as e:
+        m.check_topk(s, rows[:, None, :])
+    assert e.value.argument == "rows"
