@@ -620,7 +620,7 @@ def check_witnesses(
     what the rule writes: ``before`` and ``after`` the ``[rows, topk]`` buffer around the call.
     A wrong row names the contract it breaks: ``prefix_changed``, ``wrong_witness`` (the slot,
     the rule's witness, the engine's entry and why it is wrong) or ``tail_changed``. Refusals
-    are ``WitnessError``. The serving layout (``keep = topk - S``); an
+    are ``WitnessError``. The serving layout (``keep = max(topk - S, 0)``); an
     ``apply_topology_witnesses`` call with another ``learned_keep`` / ``max_replacements`` is
     checked by ``np.array_equal`` with :func:`apply_topology_witnesses`.
     """

@@ -417,9 +417,10 @@ fn blame_row_counts(
 /// engine wrote and why that is wrong), ``tail_changed`` (a slot past the
 /// witnesses is not the learned entry). Refusals are ``WitnessError``.
 ///
-/// This is the serving layout (``keep = topk - S``, ``S`` witnesses at
-/// most), which is also ``apply_topology_witnesses(before, context_lens,
-/// topk - S, S, S)``. An ``apply_topology_witnesses`` call with another
+/// This is the serving layout (``keep = max(topk - S, 0)``, ``S``
+/// witnesses at most; ``S = 0`` writes nothing), which for ``S >= 1`` is
+/// also ``apply_topology_witnesses(before, context_lens, max(topk - S, 0),
+/// S, S)``. An ``apply_topology_witnesses`` call with another
 /// ``learned_keep`` or ``max_replacements`` returns a new array from its
 /// inputs, so it is checked by equality:
 /// ``np.array_equal(engine_out, apply_topology_witnesses(learned,
