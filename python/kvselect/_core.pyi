@@ -288,9 +288,14 @@ class Selector:
     def row(self, row: int) -> npt.NDArray[np.int32]:
         """The candidates of query row ``row``, ascending."""
     def rows(
-        self, query_pos: npt.ArrayLike, width: Optional[int] = None
+        self,
+        query_pos: npt.ArrayLike,
+        width: Optional[int] = None,
+        *,
+        out: Optional[npt.NDArray[np.int32]] = None,
     ) -> npt.NDArray[np.int32]:
-        """``[n, width]`` int32 rows for the query positions, ascending then -1."""
+        """``[n, width]`` int32 rows for the query positions (one integer is ``[p]``), ascending
+        then -1; ``out=`` (int32 ``[n, width]`` exactly) is filled and returned."""
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
@@ -300,9 +305,11 @@ def oracle_topk(
     budget: int,
     *,
     width: Optional[int] = None,
+    out: Optional[npt.NDArray[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The ``budget`` heaviest keys of each attention row among ``0..=query_pos[i]``
-    (ties to the lower key), ``[n, width]`` int32 ascending then -1. The diagnostic ceiling."""
+    (ties to the lower key), ``[n, width]`` int32 ascending then -1. The diagnostic ceiling.
+    One integer ``query_pos`` is ``[query_pos]``; ``out=`` (int32 ``[n, width]``) is filled."""
 
 def attention_probabilities(
     q: npt.ArrayLike,
@@ -310,11 +317,14 @@ def attention_probabilities(
     query_pos: npt.ArrayLike,
     *,
     scale: Optional[float] = None,
+    out: Optional[npt.NDArray[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
     """Dense causal softmax rows, float64 ``[n_queries, n_q_heads, n_keys]`` (0 after each position).
 
     ``q`` is ``[n_queries, n_q_heads, d_k]``, ``k`` is ``[n_keys, n_kv_heads, d_k]``;
-    ``scale`` defaults to ``1/sqrt(d_k)``.
+    ``scale`` defaults to ``1/sqrt(d_k)``; one integer ``query_pos`` is ``[query_pos]``.
+    ``out=`` (float64 of exactly the result's shape, sharing no input's memory) is filled and
+    returned; a refused call leaves it untouched.
     """
 
 def dense_attention(
@@ -324,11 +334,14 @@ def dense_attention(
     query_pos: npt.ArrayLike,
     *,
     scale: Optional[float] = None,
+    out: Optional[npt.NDArray[np.float32]] = None,
+    lse_out: Optional[npt.NDArray[np.float32]] = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """Dense causal attention: ``(out [n_queries, n_q_heads, d_v], lse [n_queries, n_q_heads])``.
 
     ``v`` is ``[n_keys, n_kv_heads, d_v]``; a strided view such as MLA's
-    ``kv[..., :d_v]`` is read in place.
+    ``kv[..., :d_v]`` is read in place. One integer ``query_pos`` is ``[query_pos]``.
+    ``out=`` / ``lse_out=`` (float32 of exactly those shapes) are filled and returned.
     """
 
 def sparse_attention(
@@ -339,6 +352,8 @@ def sparse_attention(
     selection: npt.ArrayLike,
     *,
     scale: Optional[float] = None,
+    out: Optional[npt.NDArray[np.float32]] = None,
+    lse_out: Optional[npt.NDArray[np.float32]] = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], int]:
     """Sparse causal attention over ``selection [n_queries, n_kv_heads, width]``:
     ``(out, lse, empty_rows)``. -1 padding and entries after the query are
@@ -347,29 +362,47 @@ def sparse_attention(
     """
 
 def segment_coverage_rows(
-    candidates: npt.ArrayLike, context_lens: npt.ArrayLike, num_segments: int
+    candidates: npt.ArrayLike,
+    context_lens: npt.ArrayLike,
+    num_segments: int,
+    *,
+    out: Optional[npt.NDArray[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
-    """:func:`segment_coverage` of every row of ``candidates [rows, width]``."""
+    """:func:`segment_coverage` of every row of ``candidates [rows, width]`` (``context_lens
+    [rows]``); ``out=`` (float64 ``[rows]``) is filled and returned."""
 
 def slots_used_rows(
-    candidates: npt.ArrayLike, context_lens: npt.ArrayLike
+    candidates: npt.ArrayLike,
+    context_lens: npt.ArrayLike,
+    *,
+    out: Optional[npt.NDArray[np.int64]] = None,
 ) -> npt.NDArray[np.int64]:
     """How many distinct entries of each row of ``candidates [rows, width]`` lie in
-    ``[0, context_lens[r])``: the keys the selection really uses, int64 ``[rows]``."""
+    ``[0, context_lens[r])``: the keys the selection really uses, int64 ``[rows]``;
+    ``out=`` (int64 ``[rows]``) is filled and returned."""
 
 def attention_mass_recall_rows(
-    candidates: npt.ArrayLike, attention: npt.ArrayLike
+    candidates: npt.ArrayLike,
+    attention: npt.ArrayLike,
+    *,
+    out: Optional[npt.NDArray[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
     """:func:`attention_mass_recall` of every attention row; row ``r`` is read against
-    candidate row ``r // group``, ``group = n_rows / rows`` (GQA)."""
+    candidate row ``r // group``, ``group = n_rows / rows`` (GQA). Or 3-D: ``candidates
+    [n_queries, n_kv_heads, width]`` with ``attention [n_queries, n_q_heads, n_keys]``, checked
+    axis by axis, giving ``[n_queries, n_q_heads]``. ``out=`` (float64) is filled and returned."""
 
 def output_relative_error(sparse: npt.ArrayLike, dense: npt.ArrayLike) -> float:
     """``||sparse - dense|| / ||dense||`` over whole arrays."""
 
 def output_relative_error_rows(
-    sparse: npt.ArrayLike, dense: npt.ArrayLike
+    sparse: npt.ArrayLike,
+    dense: npt.ArrayLike,
+    *,
+    out: Optional[npt.NDArray[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
-    """``||sparse - dense|| / ||dense||`` per row over the last axis."""
+    """``||sparse - dense|| / ||dense||`` per row over the last axis (``dense`` of ``sparse``'s
+    shape, axis by axis); ``out=`` (float64 of the leading shape) is filled and returned."""
 
 def set_num_threads(n: int) -> None:
     """Sets the threads kvselect's parallel paths use; 0 restores the default."""
@@ -575,12 +608,16 @@ def check_blocks(
     rtol: float = 0.0,
     magnitudes: Optional[npt.ArrayLike] = None,
     slots: Optional[GlobalSlots] = None,
+    head_major: bool = False,
 ) -> dict[str, Any]:
     """Whether each of an engine's block-selection rows (MiniMax-M3) is correct under ``config``.
 
-    ``block_scores`` float32 ``[n_rows, n_blocks]`` (:func:`block_scores` reshaped, one row per
-    (query, head)); ``rows`` int32/int64 ``[n_rows, width]`` in any order, logical or (with
-    ``slots``) physical ids; ``visible_blocks [n_rows]`` the blocks each query sees. Correct iff
+    3-D, as :func:`block_scores` / :func:`block_sparse_select` give them: ``block_scores``
+    float32 ``[n_queries, n_kv_heads, n_blocks]``, ``rows`` ``[n_queries, n_kv_heads, width]``
+    (``[n_kv_heads, n_queries, width]`` with ``head_major=True``), ``visible_blocks
+    [n_queries]``; report row ``i * n_kv_heads + h``. Or 2-D, one row per (query, head):
+    ``block_scores [n_rows, n_blocks]``, ``rows`` int32/int64 ``[n_rows, width]`` in any order,
+    logical or (with ``slots``) physical ids; ``visible_blocks [n_rows]``. Correct iff
     every forced block is present, exactly ``min(max(top_blocks, #forced), n)`` distinct blocks
     ``0 <= b < n``, valid entries first, and every chosen free block scores at least every
     rejected free one up to the tolerance of :func:`check_topk`. The report is
@@ -596,7 +633,10 @@ def check_witnesses(
     """Whether an engine's in-place witness call (``scatter_topology_witnesses_``) wrote exactly
     what the rule writes: ``before`` and ``after`` the ``[rows, topk]`` buffer around the call.
     A wrong row names the contract it breaks: ``prefix_changed``, ``wrong_witness`` (the slot,
-    the rule's witness, the engine's entry and why it is wrong) or ``tail_changed``.
+    the rule's witness, the engine's entry and why it is wrong) or ``tail_changed``. Refusals
+    are ``WitnessError``. The serving layout (``keep = max(topk - S, 0)``); an
+    ``apply_topology_witnesses`` call with another ``learned_keep`` / ``max_replacements`` is
+    checked by ``np.array_equal`` with :func:`apply_topology_witnesses`.
     """
 
 def simd_level() -> str:

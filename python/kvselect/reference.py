@@ -112,9 +112,11 @@ class ReferenceWitnessError(ValueError):
     ``"LearnedKeepOutOfRange"``; the variant's fields are attributes.
     """
 
-    def __init__(self, variant: str, message: str, **fields: int) -> None:
+    def __init__(self, variant: Optional[str], message: str, *, argument: Optional[str] = None,
+                 **fields: int) -> None:
         super().__init__(message)
         self.variant = variant
+        self.argument = argument
         for name, value in fields.items():
             setattr(self, name, value)
 
@@ -149,7 +151,7 @@ def _refuse(domain: str, argument: str, message: str) -> ValueError:
     """The refusal of ``argument`` in ``domain`` (to be raised)."""
     if domain == _SELECTION:
         return ReferenceSelectionError(argument, message)
-    return ValueError(message)
+    return ReferenceWitnessError(None, message, argument=argument)
 
 
 def _count(name: str, value: Any) -> int:
@@ -404,6 +406,7 @@ def topology_witness_indices(
     Refuses ``num_segments = 0`` (any positive count is accepted, including
     more than 64) and a ``learned`` whose size is not ``topk * rows``.
     """
+    raw = (learned, context_lens)
     learned = _index_array("learned", learned, 2, _WITNESS)
     context_lens = _index_array("context_lens", context_lens, 1, _WITNESS)
     num_segments = _count("num_segments", num_segments)
@@ -412,7 +415,7 @@ def topology_witness_indices(
             "SegmentsOutOfRange", "num_segments must be positive", num_segments=0
         )
     _check_rows(learned, context_lens)
-    out = _output(out, (len(context_lens), num_segments), _WITNESS)
+    out = _out_buffer(out, "out", (len(context_lens), num_segments), _WITNESS, np.int32, raw)
     learned = learned.reshape(len(context_lens), learned.shape[1])
     return _deliver(_witness_table(learned, context_lens, num_segments), out)
 
@@ -454,12 +457,13 @@ def apply_topology_witnesses(
     order overwrite slots ``learned_keep, ...``, at most
     ``B = min(max_replacements, topk - learned_keep)`` of them.
     """
+    raw = (learned, context_lens)
     learned = _index_array("learned", learned, 2, _WITNESS)
     context_lens = _index_array("context_lens", context_lens, 1, _WITNESS)
     learned_keep = _count("learned_keep", learned_keep)
     num_segments = _count("num_segments", num_segments)
     max_replacements = _count("max_replacements", max_replacements)
-    out = _output(out, learned.shape, _WITNESS)
+    out = _out_buffer(out, "out", learned.shape, _WITNESS, np.int32, raw)
     _check_rows(learned, context_lens)
     _check_merge_segments(num_segments)
     topk = learned.shape[1]
@@ -1107,6 +1111,31 @@ def positions_of_blocks(
 # ==========================================================================
 
 
+def _query_batch(query_pos: Any) -> np.ndarray:
+    """``query_pos`` as int64 ``[n_queries]``: one position per query, or one
+    integer (a 0-D array too) for a batch of one query, read as ``[p]``."""
+    if np.ndim(query_pos) == 0:
+        try:
+            return np.array([_count("query_pos", query_pos)], dtype=np.int64)
+        except ValueError as e:
+            raise ReferenceSelectionError("query_pos", str(e)) from None
+    return _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+
+
+def _out_buffer(out: Any, name: str, shape: tuple, domain: str, dtype: Any, inputs: tuple = ()) -> Optional[np.ndarray]:
+    """The caller's output buffer ``name`` (``out=``, ``lse_out=``): None, or
+    a writeable ndarray of ``dtype`` and exactly ``shape`` that shares no
+    memory with ``inputs`` (checked before anything is written)."""
+    if out is None:
+        return None
+    out = _inplace_i32(name, out, len(shape), domain, dtype)
+    if out.shape != tuple(shape):
+        raise _refuse(domain, name, f"{name} must have shape {tuple(shape)}, got {out.shape}")
+    if any(isinstance(a, np.ndarray) and np.may_share_memory(out, a) for a in inputs):
+        raise _refuse(domain, name, f"{name} overlaps another argument's memory")
+    return out
+
+
 def _pad_rows(rows: list, width: Optional[int]) -> np.ndarray:
     """int32 ``[len(rows), width]``: each row, then -1. ``width`` defaults to
     the longest row; a row longer than ``width`` is refused."""
@@ -1124,14 +1153,14 @@ def _pad_rows(rows: list, width: Optional[int]) -> np.ndarray:
 
 def dense_rows(query_pos: Any, width: Optional[int] = None) -> np.ndarray:
     """``Selector.dense().rows(query_pos, width=None)``: row ``p`` is ``0..=p``."""
-    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    pos = _query_batch(query_pos)
     return _pad_rows([np.arange(p + 1) for p in pos], width)
 
 
 def local_rows(query_pos: Any, window: int, width: Optional[int] = None) -> np.ndarray:
     """``Selector.local(window).rows(query_pos, width=None)``: the ``window``
     most recent keys of ``0..=p``, the query's own included."""
-    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    pos = _query_batch(query_pos)
     window = _count("window", window)
     return _pad_rows([np.arange(max(p + 1 - window, 0), p + 1) for p in pos], width)
 
@@ -1142,7 +1171,7 @@ def sink_window_rows(
     """``Selector.sink_window(sinks, window).rows(query_pos, width=None)``:
     the union of the first ``sinks`` keys and the ``window`` most recent of
     ``0..=p``."""
-    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    pos = _query_batch(query_pos)
     sinks = _count("sinks", sinks)
     window = _count("window", window)
     rows = []
@@ -1163,14 +1192,17 @@ def _oracle_row(weights: np.ndarray, budget: int) -> np.ndarray:
 
 
 def oracle_topk(
-    attention: Any, query_pos: Any, budget: int, *, width: Optional[int] = None
+    attention: Any, query_pos: Any, budget: int, *, width: Optional[int] = None,
+    out: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """The oracle top-k of each attention row (float64 ``[n, row_len]``,
-    row ``r`` belonging to ``query_pos[r]``): the ``budget`` heaviest keys
-    among ``0..=min(query_pos[r], row_len - 1)``, ties to the lower key,
-    NaN read as -inf; int32 ``[n, width]``, ascending then -1."""
+    row ``r`` belonging to ``query_pos[r]``; one integer is ``[query_pos]``):
+    the ``budget`` heaviest keys among ``0..=min(query_pos[r], row_len - 1)``,
+    ties to the lower key, NaN read as -inf; int32 ``[n, width]``, ascending
+    then -1 (or ``out`` filled)."""
+    raw = attention
     a = _float_array("attention", attention, 2, _SELECTION, dtype=np.float64)
-    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    pos = _query_batch(query_pos)
     budget = _count("budget", budget)
     if len(pos) != a.shape[0]:
         raise ReferenceSelectionError("query_pos", "query_pos needs one position per row")
@@ -1178,7 +1210,8 @@ def oracle_topk(
     for r, p in enumerate(pos):
         visible = min(p + 1, a.shape[1])
         rows.append(_oracle_row(a[r, :visible], budget))
-    return _pad_rows(rows, width)
+    result = _pad_rows(rows, width)
+    return _deliver(result, _out_buffer(out, "out", result.shape, _SELECTION, np.int32, (raw, query_pos)))
 
 
 def _native_scale(d_k: int) -> float:
@@ -1199,7 +1232,7 @@ def _qk(q: Any, k: Any, query_pos: Any):
         raise ReferenceSelectionError("n_kv_heads", "n_kv_heads is 0")
     if n_q_heads % n_kv_heads != 0:
         raise ReferenceSelectionError("n_q_heads", "n_q_heads is not a multiple of n_kv_heads")
-    pos = _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+    pos = _query_batch(query_pos)
     if len(pos) != q.shape[0]:
         raise ReferenceSelectionError("query_pos", "query_pos needs one position per query")
     return q, k, pos, n_q_heads // n_kv_heads
@@ -1213,6 +1246,8 @@ def attention(
     selection: Any = None,
     *,
     scale: Optional[float] = None,
+    out: Optional[np.ndarray] = None,
+    lse_out: Optional[np.ndarray] = None,
 ):
     """The attention pass that :func:`dense_attention` (``selection`` None:
     every visible key) and :func:`sparse_attention` share: ``(out float64
@@ -1223,7 +1258,11 @@ def attention(
     ``selection[i, h // group]`` with ``0 <= x <= min(query_pos[i],
     n_keys - 1)``: ``out = sum_j softmax(s)_j v_j`` and ``lse = log sum_j
     exp(s_j)`` with ``s_j = (q_ih . k_j) * scale``. A row whose set is empty
-    gets zeros and ``lse = -inf`` and is counted in ``empty_rows``."""
+    gets zeros and ``lse = -inf`` and is counted in ``empty_rows``. One
+    integer ``query_pos`` is ``[query_pos]``. ``out`` / ``lse_out`` (float32
+    of exactly those shapes, sharing no input's memory nor each other's) are
+    filled with the results rounded to float32 and returned in their place."""
+    raw = (q, k, v, selection, query_pos)
     q, k, pos, group = _qk(q, k, query_pos)
     n_queries, n_q_heads, d_k = q.shape
     n_keys, n_kv_heads = k.shape[0], k.shape[1]
@@ -1237,8 +1276,14 @@ def attention(
             raise ReferenceSelectionError(
                 "selection", f"selection must be [{n_queries}, {n_kv_heads}, width], got {sel.shape}"
             )
-    # The attention pass computes with a float32 scale.
-    scale = float(np.float32(_native_scale(d_k) if scale is None else scale))
+    out_buf = _out_buffer(out, "out", (n_queries, n_q_heads, d_v), _SELECTION, np.float32, raw)
+    lse_buf = _out_buffer(lse_out, "lse_out", (n_queries, n_q_heads), _SELECTION, np.float32,
+                          raw + (out_buf,))
+    # The attention pass computes with a float32 scale, which must be finite.
+    with np.errstate(over="ignore"):
+        scale = float(np.float32(_native_scale(d_k) if scale is None else scale))
+    if not math.isfinite(scale):
+        raise ReferenceSelectionError("scale", f"scale={scale} is not finite")
 
     out = np.zeros((n_queries, n_q_heads, d_v))
     lse = np.full((n_queries, n_q_heads), -np.inf)
@@ -1261,25 +1306,33 @@ def attention(
             total = e.sum(axis=1, keepdims=True)
             out[i, heads] = (e @ v[keys, kv]) / total
             lse[i, heads] = (m + np.log(total))[:, 0]
+    if out_buf is not None:
+        out_buf[...] = out
+        out = out_buf
+    if lse_buf is not None:
+        lse_buf[...] = lse
+        lse = lse_buf
     return out, lse, empty_rows
 
 
 def dense_attention(
-    q: Any, k: Any, v: Any, query_pos: Any, *, scale: Optional[float] = None
+    q: Any, k: Any, v: Any, query_pos: Any, *, scale: Optional[float] = None,
+    out: Optional[np.ndarray] = None, lse_out: Optional[np.ndarray] = None,
 ):
     """Dense causal attention: ``(out float64 [n_queries, n_q_heads, d_v],
     lse float64 [n_queries, n_q_heads])``, every query over keys
-    ``0..=query_pos``."""
-    out, lse, _ = attention(q, k, v, query_pos, None, scale=scale)
-    return out, lse
+    ``0..=query_pos``; ``out`` / ``lse_out`` as :func:`attention`."""
+    o, lse, _ = attention(q, k, v, query_pos, None, scale=scale, out=out, lse_out=lse_out)
+    return o, lse
 
 
 def sparse_attention(
-    q: Any, k: Any, v: Any, query_pos: Any, selection: Any, *, scale: Optional[float] = None
+    q: Any, k: Any, v: Any, query_pos: Any, selection: Any, *, scale: Optional[float] = None,
+    out: Optional[np.ndarray] = None, lse_out: Optional[np.ndarray] = None,
 ):
     """Sparse causal attention over ``selection [n_queries, n_kv_heads,
     width]``: ``(out, lse, empty_rows)`` as :func:`attention`."""
-    return attention(q, k, v, query_pos, selection, scale=scale)
+    return attention(q, k, v, query_pos, selection, scale=scale, out=out, lse_out=lse_out)
 
 
 # ==========================================================================
@@ -1616,15 +1669,21 @@ def indexer_topk_paged(
 
 
 def attention_probabilities(
-    q: Any, k: Any, query_pos: Any, *, scale: Optional[float] = None
+    q: Any, k: Any, query_pos: Any, *, scale: Optional[float] = None,
+    out: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """Dense causal softmax rows, float64 ``[n_queries, n_q_heads, n_keys]``:
     row ``(i, h)`` is ``softmax((q_ih . k_j) * scale)`` over the visible keys
-    ``j <= min(query_pos[i], n_keys - 1)`` of KV head ``h // group``, 0 after."""
+    ``j <= min(query_pos[i], n_keys - 1)`` of KV head ``h // group``, 0 after
+    (one integer ``query_pos`` is ``[query_pos]``; ``out`` filled when given)."""
+    raw = (q, k, query_pos)
     q, k, pos, group = _qk(q, k, query_pos)
     n_queries, n_q_heads, d_k = q.shape
     n_keys = k.shape[0]
     scale = _native_scale(d_k) if scale is None else float(scale)
+    if not math.isfinite(scale):
+        raise ReferenceSelectionError("scale", f"scale={scale} is not finite")
+    buf = _out_buffer(out, "out", (n_queries, n_q_heads, n_keys), _SELECTION, np.float64, raw)
     out = np.zeros((n_queries, n_q_heads, n_keys))
     for i, p in enumerate(pos):
         visible = min(p + 1, n_keys)
@@ -1634,54 +1693,88 @@ def attention_probabilities(
             s = (k[:visible, h // group] @ q[i, h]) * scale
             e = np.exp(s - s.max())
             out[i, h, :visible] = e / e.sum()
+    if buf is not None:
+        buf[...] = out
+        return buf
     return out
 
 
-def segment_coverage_rows(candidates: Any, context_lens: Any, num_segments: int) -> np.ndarray:
+def _row_lens(context_lens: Any, rows: int) -> np.ndarray:
+    """``context_lens`` as one length per candidate row, ``[rows]``."""
+    lens = _index_array("context_lens", context_lens, 1, _WITNESS, positions=True)
+    if lens.shape != (rows,):
+        raise _refuse(_WITNESS, "context_lens", f"context_lens must be [rows={rows}], got {list(lens.shape)}")
+    return lens
+
+
+def segment_coverage_rows(candidates: Any, context_lens: Any, num_segments: int, *,
+                          out: Optional[np.ndarray] = None) -> np.ndarray:
     """:func:`segment_coverage` of every row of ``candidates [rows, width]``
-    with its own context length; float64 ``[rows]``."""
-    c = _index_array("candidates", candidates, 2, _SELECTION)
-    lens = _index_array("context_lens", context_lens, 1, _SELECTION, positions=True)
+    with its own context length (``context_lens [rows]``); float64 ``[rows]``
+    (or ``out`` filled)."""
+    c = _index_array("candidates", candidates, 2, _WITNESS)
+    lens = _row_lens(context_lens, c.shape[0])
     num_segments = _count("num_segments", num_segments)
-    if len(lens) != c.shape[0]:
-        raise ReferenceSelectionError("context_lens", "context_lens needs one length per row")
-    return np.array(
+    buf = _out_buffer(out, "out", (c.shape[0],), _WITNESS, np.float64, (candidates, context_lens))
+    result = np.array(
         [segment_coverage(c[r], int(lens[r]), num_segments) for r in range(c.shape[0])],
         dtype=np.float64,
     )
+    return result if buf is None else _deliver(result, buf)
 
 
-def slots_used_rows(candidates: Any, context_lens: Any) -> np.ndarray:
+def slots_used_rows(candidates: Any, context_lens: Any, *, out: Optional[np.ndarray] = None) -> np.ndarray:
     """How many distinct entries of each row of ``candidates [rows, width]``
-    lie in ``[0, context_lens[r])``; int64 ``[rows]``."""
-    c = _index_array("candidates", candidates, 2, _SELECTION)
-    lens = _index_array("context_lens", context_lens, 1, _SELECTION, positions=True)
-    if len(lens) != c.shape[0]:
-        raise ReferenceSelectionError("context_lens", "context_lens needs one length per row")
-    return np.array([len({int(x) for x in row if 0 <= x < L}) for row, L in zip(c, lens)],
-                    dtype=np.int64)
+    lie in ``[0, context_lens[r])``; int64 ``[rows]`` (or ``out`` filled)."""
+    c = _index_array("candidates", candidates, 2, _WITNESS)
+    lens = _row_lens(context_lens, c.shape[0])
+    buf = _out_buffer(out, "out", (c.shape[0],), _WITNESS, np.int64, (candidates, context_lens))
+    result = np.array([len({int(x) for x in row if 0 <= x < L}) for row, L in zip(c, lens)],
+                      dtype=np.int64)
+    return result if buf is None else _deliver(result, buf)
 
 
-def attention_mass_recall_rows(candidates: Any, attention: Any) -> np.ndarray:
+def attention_mass_recall_rows(candidates: Any, attention: Any, *,
+                               out: Optional[np.ndarray] = None) -> np.ndarray:
     """:func:`attention_mass_recall` of every attention row ``r`` of
     ``attention [n_rows, row_len]`` against candidate row ``r // group``,
     ``group = n_rows // rows`` (a KV head's selection serves its query-head
-    group); float64 ``[n_rows]``, NaN for a row with no mass."""
-    c = _index_array("candidates", candidates, 2, _SELECTION)
-    a = _float_array("attention", attention, 2, _SELECTION, dtype=np.float64)
+    group); float64 ``[n_rows]``, NaN for a row with no mass. Or 3-D:
+    ``candidates [n_queries, n_kv_heads, width]`` and ``attention
+    [n_queries, n_q_heads, n_keys]``, the same rows flattened, float64
+    ``[n_queries, n_q_heads]``. ``out`` filled when given."""
+    c = _index_array("candidates", candidates, np.ndim(candidates) if np.ndim(candidates) == 3 else 2,
+                     _WITNESS)
+    if c.ndim == 3:
+        a = _float_array("attention", attention, None, _WITNESS, dtype=np.float64)
+        n, hkv = c.shape[0], c.shape[1]
+        if a.ndim != 3 or a.shape[0] != n:
+            raise _refuse(_WITNESS, "attention",
+                          f"attention must be [n_queries={n}, n_q_heads, n_keys], got {list(a.shape)}")
+        hq = a.shape[1]
+        if hkv == 0 or hq % hkv:
+            raise _refuse(_WITNESS, "attention", f"n_q_heads={hq} is not a positive multiple of {hkv}")
+        shape: tuple = (n, hq)
+        c = c.reshape(n * hkv, c.shape[2])
+        a = a.reshape(n * hq, a.shape[2])
+    else:
+        a = _float_array("attention", attention, None, _WITNESS, dtype=np.float64)
+        if a.ndim != 2:
+            raise _refuse(_WITNESS, "attention", f"attention must be 2-D like candidates, got {list(a.shape)}")
+        shape = (a.shape[0],)
     rows, n_rows = c.shape[0], a.shape[0]
+    buf = _out_buffer(out, "out", shape, _WITNESS, np.float64, (candidates, attention))
     if rows == 0:
         if n_rows != 0:
-            raise ReferenceSelectionError("attention", "attention rows without candidate rows")
-        return np.zeros(0)
+            raise _refuse(_WITNESS, "attention", "attention rows without candidate rows")
+        return np.zeros(shape) if buf is None else buf
     group = n_rows // rows
     if group == 0 or group * rows != n_rows:
-        raise ReferenceSelectionError(
-            "attention", f"{n_rows} attention rows are not a positive multiple of {rows}"
-        )
-    return np.array(
+        raise _refuse(_WITNESS, "attention", f"{n_rows} attention rows are not a positive multiple of {rows}")
+    result = np.array(
         [attention_mass_recall(c[r // group], a[r]) for r in range(n_rows)], dtype=np.float64
-    )
+    ).reshape(shape)
+    return result if buf is None else _deliver(result, buf)
 
 
 def _relative_error(sparse: np.ndarray, dense: np.ndarray) -> float:
@@ -1701,7 +1794,7 @@ def _outputs(sparse: Any, dense: Any):
     s = _float_array("sparse", sparse, None, _SELECTION)
     d = _float_array("dense", dense, None, _SELECTION)
     if s.shape != d.shape:
-        raise ReferenceSelectionError("sparse", f"sparse {s.shape} and dense {d.shape} differ")
+        raise ReferenceSelectionError("dense", f"dense must be {list(s.shape)}, got {list(d.shape)}")
     return s, d
 
 
@@ -1711,16 +1804,22 @@ def output_relative_error(sparse: Any, dense: Any) -> float:
     return _relative_error(s.ravel(), d.ravel())
 
 
-def output_relative_error_rows(sparse: Any, dense: Any) -> np.ndarray:
+def output_relative_error_rows(sparse: Any, dense: Any, *, out: Optional[np.ndarray] = None) -> np.ndarray:
     """:func:`output_relative_error` per row over the last axis: float64 of
-    the leading shape."""
-    s, d = _outputs(sparse, dense)
+    the leading shape (or ``out`` filled). ``dense`` must have ``sparse``'s
+    shape axis by axis."""
+    s = _float_array("sparse", sparse, None, _SELECTION)
     if s.ndim == 0:
-        raise ReferenceSelectionError("sparse", "sparse and dense must be at least 1-D")
+        raise ReferenceSelectionError("sparse", "sparse must be at least 1-D")
+    d = _float_array("dense", dense, None, _SELECTION)
+    if s.shape != d.shape:
+        raise ReferenceSelectionError("dense", f"dense must be {list(s.shape)}, got {list(d.shape)}")
     lead = s.shape[:-1]
+    buf = _out_buffer(out, "out", lead, _SELECTION, np.float64, (sparse, dense))
     s2 = s.reshape(-1, s.shape[-1]) if s.size else s.reshape(int(np.prod(lead)), s.shape[-1])
     d2 = d.reshape(s2.shape)
-    return np.array([_relative_error(s2[r], d2[r]) for r in range(s2.shape[0])]).reshape(lead)
+    result = np.array([_relative_error(s2[r], d2[r]) for r in range(s2.shape[0])]).reshape(lead)
+    return result if buf is None else _deliver(result, buf)
 
 
 # ==========================================================================
@@ -2126,16 +2225,52 @@ def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = 
 
 
 def check_blocks(block_scores: Any, rows: Any, visible_blocks: Any, config: Any = None, *, atol: float = 0.0,
-                 rtol: float = 0.0, magnitudes: Any = None, slots: Any = None) -> dict:
+                 rtol: float = 0.0, magnitudes: Any = None, slots: Any = None, head_major: Any = False) -> dict:
     """``kvselect.check_blocks``: whether each engine row of block ids (one
     row per (query, head), any order) is a correct block selection under
     ``config`` for a query that sees ``visible_blocks[row]`` blocks, judged
-    against ``block_scores [n_rows, n_blocks]`` (see the section's rule)."""
+    against ``block_scores [n_rows, n_blocks]`` (see the section's rule).
+
+    Or 3-D, as :func:`block_scores` / :func:`block_sparse_select` give them:
+    ``block_scores [n_queries, n_kv_heads, n_blocks]``, ``rows [n_queries,
+    n_kv_heads, width]`` (``[n_kv_heads, n_queries, width]`` with
+    ``head_major=True``) and ``visible_blocks [n_queries]``: the same check
+    of the rows flattened query-major (row ``i * n_kv_heads + h``)."""
     cfg = _config(config)
-    r = _engine_rows(rows)
-    s = _float_array("block_scores", block_scores, 2, _SELECTION).astype(np.float32)
-    lens = [int(x) for x in _index_array("visible_blocks", visible_blocks, 1, _SELECTION, positions=True)]
-    m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION).astype(np.float32)
+    head_major = _flag("head_major", head_major)
+    raw = np.asarray(rows)
+    if raw.dtype.kind not in "iu":
+        raise TypeError(f"rows must hold integers, got dtype {raw.dtype}")
+    if raw.ndim not in (2, 3):
+        raise ReferenceSelectionError("rows", f"rows must be 2-D or 3-D, got shape {raw.shape}")
+    r = _int64_array("rows", raw, raw.ndim)
+    s = _float_array("block_scores", block_scores, None, _SELECTION).astype(np.float32)
+    vis = _index_array("visible_blocks", visible_blocks, 1, _SELECTION, positions=True)
+    if s.ndim != r.ndim:  # the forms do not mix: the 3-D one of the pair is named
+        raise ReferenceSelectionError("rows" if r.ndim == 3 and s.ndim == 2 else "block_scores",
+                                      f"block_scores must be {r.ndim}-D like rows, got {s.shape}")
+    if r.ndim == 2 and head_major:
+        raise ReferenceSelectionError("head_major", "head_major=True describes 3-D rows")
+    m = None if magnitudes is None else _float_array("magnitudes", magnitudes, None, _SELECTION).astype(np.float32)
+    if r.ndim == 3:
+        nq, h, t = s.shape
+        want = (h, nq, r.shape[2]) if head_major else (nq, h, r.shape[2])
+        if r.shape != want:
+            raise ReferenceSelectionError("rows", f"rows must be {list(want)}, got {list(r.shape)}")
+        if vis.shape != (nq,):
+            raise ReferenceSelectionError("visible_blocks", f"visible_blocks must be [n_queries={nq}], "
+                                          f"got {list(vis.shape)}")
+        if m is not None and m.shape != s.shape:
+            raise ReferenceSelectionError("magnitudes", "magnitudes must have the shape of block_scores")
+        if head_major:
+            r = r.transpose(1, 0, 2)
+        r = r.reshape(nq * h, r.shape[2])
+        s = s.reshape(nq * h, t)
+        m = None if m is None else m.reshape(nq * h, t)
+        vis = np.repeat(vis, h)
+    elif m is not None and m.ndim != 2:
+        raise ReferenceSelectionError("magnitudes", "magnitudes must have the shape of block_scores")
+    lens = [int(x) for x in vis]
     a, rt = float(atol), float(rtol)
     width = max(cfg[1], cfg[2] + cfg[3])
     return _check_batch(s, r, lens, m, a, rt, slots, {"scores": "block_scores", "lens": "visible_blocks"},
@@ -2172,20 +2307,24 @@ def _first_diff(a: np.ndarray, e: np.ndarray, lo: int, hi: int):
 def check_witnesses(before: Any, after: Any, context_lens: Any, num_segments: Any) -> dict:
     """``kvselect.check_witnesses``: whether an engine's in-place witness
     call turned ``before`` into exactly what the rule writes (``after``),
-    and if not, which contract each wrong row breaks."""
-    b = _index_array("before", before, 2, _SELECTION)
-    a = _index_array("after", after, 2, _SELECTION)
-    lens = _index_array("context_lens", context_lens, 1, _SELECTION)
-    S = _selection_count("num_segments", num_segments)
+    and if not, which contract each wrong row breaks. The serving layout
+    (``keep = topk - S``, at most ``S`` witnesses); refusals are witness
+    errors (``ReferenceWitnessError`` naming the argument)."""
+    b = _index_array("before", before, 2, _WITNESS)
+    a = _index_array("after", after, 2, _WITNESS)
+    lens = _index_array("context_lens", context_lens, 1, _WITNESS)
+    try:
+        S = _count("num_segments", num_segments)
+    except ValueError as e:
+        raise _refuse(_WITNESS, "num_segments", str(e)) from None
     if a.shape != b.shape:
-        raise ReferenceSelectionError("after", f"after has shape {a.shape} but before {b.shape}: "
-                                      "the in-place call keeps the shape")
+        raise _refuse(_WITNESS, "after", f"after has shape {a.shape} but before {b.shape}: "
+                      "the in-place call keeps the shape")
     rows, topk = len(lens), b.shape[1]
-    if b.size != rows * topk:
-        raise ReferenceSelectionError("context_lens", f"before has {b.size} entries, but topk={topk} x "
-                                      f"{rows} context_lens rows")
+    if lens.shape != (b.shape[0],):
+        raise _refuse(_WITNESS, "context_lens", f"context_lens must be [rows={b.shape[0]}], got {list(lens.shape)}")
     if S > MAX_TOPOLOGY_SEGMENTS:
-        raise ReferenceSelectionError("num_segments", f"num_segments={S} must be at most {MAX_TOPOLOGY_SEGMENTS}")
+        raise _refuse(_WITNESS, "num_segments", f"num_segments={S} must be at most {MAX_TOPOLOGY_SEGMENTS}")
     b = b.reshape(rows, topk)
     a = a.reshape(rows, topk)
     expected = b.copy()

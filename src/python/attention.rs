@@ -2,10 +2,12 @@
 //! and sparse causal passes, dense probabilities and output error (every
 //! one raises `SelectionError`); and the thread and SIMD controls.
 
-use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
-use super::args::{convert, detach, positions, Args, In, Obj, Opt, Out, StridedRows, F64, I32};
+use super::args::{
+    convert, detach, query_positions, Args, In, Obj, Opt, Out, StridedRows, F64, I32,
+};
 use super::errors::{refuse, Domain};
 use crate::attention::{self, AttentionShape, OracleTopK, Selector};
 use crate::{metrics, pool, simd};
@@ -64,19 +66,24 @@ impl PySelector {
         ))
     }
 
-    /// The candidates of every query position in ``query_pos``: int32
-    /// ``[n, width]``, ascending then -1; ``width`` defaults to the widest row.
-    #[pyo3(signature = (query_pos, width=None))]
+    /// The candidates of every query position in ``query_pos`` (``[n]``, or
+    /// one integer for ``n = 1``): int32 ``[n, width]``, ascending then -1;
+    /// ``width`` defaults to the widest row. ``out=`` (int32 ``[n, width]``
+    /// exactly, C-contiguous, writeable, sharing no input's memory) is filled
+    /// and returned; a refused call leaves it untouched.
+    #[pyo3(signature = (query_pos, width=None, *, out=None))]
     fn rows<'py>(
         &self,
         py: Python<'py>,
         query_pos: &Obj<'py>,
         width: Opt<'_, 'py>,
+        out: Opt<'_, 'py>,
     ) -> PyResult<I32<'py>> {
-        let (sel, pos) = (self.0, positions(S, query_pos, "query_pos")?);
+        let (sel, pos) = (self.0, query_positions(S, query_pos)?);
         let widest = || pos.iter().map(|&p| sel.row_len(p)).max().unwrap_or(0);
         let width = width_arg(width, widest)?;
-        let out = Out::<i32>::zeros(py, &[pos.len(), width])?;
+        let inputs: Vec<_> = ndarray(query_pos).into_iter().collect();
+        let out = S.output::<i32>(py, out, &[pos.len(), width], &inputs)?;
         out.run(pos.len() * width, |os| sel.rows_into(&pos, width, os))
     }
 
@@ -94,6 +101,13 @@ impl PySelector {
     }
 }
 
+/// `obj` when it is an ndarray: an argument read into a copy before the
+/// call (query positions, lengths) whose memory an `out=` must still not
+/// share — one aliasing rule for every argument.
+pub(super) fn ndarray<'a, 'py>(obj: &'a Obj<'py>) -> Option<&'a Bound<'py, PyUntypedArray>> {
+    obj.cast::<PyUntypedArray>().ok()
+}
+
 /// An optional `width` count, else `default()`.
 fn width_arg(width: Opt, default: impl FnOnce() -> usize) -> PyResult<usize> {
     width.map_or_else(|| Ok(default()), |w| S.count(w, "width", I32_MAX))
@@ -102,18 +116,22 @@ fn width_arg(width: Opt, default: impl FnOnce() -> usize) -> PyResult<usize> {
 /// The oracle top-k: for each row of ``attention`` (float64 ``[n,
 /// row_len]``, the dense attention row of query position ``query_pos[i]``),
 /// the ``budget`` keys with the largest weight among ``0..=query_pos[i]``,
-/// ties to the lower key; int32 ``[n, width]`` ascending then -1.
+/// ties to the lower key; int32 ``[n, width]`` ascending then -1. One
+/// integer ``query_pos`` is ``[query_pos]`` (``attention`` keeps its row
+/// axis, of length 1). ``out=`` (int32 ``[n, width]`` exactly) is filled
+/// and returned; a refused call leaves it untouched.
 #[pyfunction]
-#[pyo3(signature = (attention, query_pos, budget, *, width=None))]
+#[pyo3(signature = (attention, query_pos, budget, *, width=None, out=None))]
 fn oracle_topk<'py>(
     py: Python<'py>,
     attention: &Obj<'py>,
     query_pos: &Obj<'py>,
     budget: &Obj<'py>,
     width: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let a = S.input::<f64, 2>(attention, "attention", "[n_rows, row_len]")?;
-    let pos = positions(S, query_pos, "query_pos")?;
+    let pos = query_positions(S, query_pos)?;
     let oracle = OracleTopK {
         budget: S.count(budget, "budget", I32_MAX)?,
     };
@@ -132,8 +150,10 @@ fn oracle_topk<'py>(
         );
         return Err(refuse(Domain::Selection, "query_pos", msg));
     }
+    let mut inputs = vec![a.untyped()];
+    inputs.extend(ndarray(query_pos));
+    let out = S.output::<i32>(py, out, &[n, width], &inputs)?;
     let asl = a.slice()?;
-    let out = Out::<i32>::zeros(py, &[n, width])?;
     out.run(asl.len(), |os| {
         oracle.rows_into(asl, row_len, &pos, width, os)
     })
@@ -196,22 +216,30 @@ fn values<'py>(v: &Obj<'py>, shape: &AttentionShape) -> PyResult<StridedRows<'py
 
 /// Dense causal attention probabilities, float64 ``[n_queries, n_q_heads,
 /// n_keys]`` (zeros after each query's position): the rows recall is
-/// measured against.
+/// measured against. One integer ``query_pos`` is ``[query_pos]`` (``q``
+/// keeps its query axis, of length 1). ``out=`` (float64 ``[n_queries,
+/// n_q_heads, n_keys]`` exactly, C-contiguous, writeable, sharing no
+/// input's memory) is filled and returned; a refused call leaves it
+/// untouched.
 #[pyfunction]
-#[pyo3(signature = (q, k, query_pos, *, scale=None))]
+#[pyo3(signature = (q, k, query_pos, *, scale=None, out=None))]
 fn attention_probabilities<'py>(
     py: Python<'py>,
     q: &Obj<'py>,
     k: &Obj<'py>,
     query_pos: &Obj<'py>,
     scale: Option<f64>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F64<'py>> {
     let (qa, ka, shape) = queries_and_keys(q, k)?;
-    let pos = positions(S, query_pos, "query_pos")?;
+    let pos = query_positions(S, query_pos)?;
     let scale = scale.unwrap_or_else(|| attention::softmax_scale(shape.d_k) as f64);
     shape.validate()?;
     let dims = [shape.n_queries, shape.n_q_heads, shape.n_keys];
-    let (qs, ks, out) = (qa.slice()?, ka.slice()?, Out::<f64>::zeros(py, &dims)?);
+    let mut inputs = vec![qa.untyped(), ka.untyped()];
+    inputs.extend(ndarray(query_pos));
+    let out = S.output::<f64>(py, out, &dims, &inputs)?;
+    let (qs, ks) = (qa.slice()?, ka.slice()?);
     let work = dims
         .iter()
         .product::<usize>()
@@ -233,34 +261,37 @@ fn attention_pass<'py>(
     query_pos: &Obj<'py>,
     selection: Opt<'_, 'py>,
     scale: Option<f64>,
+    (out, lse_out): (Opt<'_, 'py>, Opt<'_, 'py>),
 ) -> PyResult<Pass<'py>> {
     let (qa, ka, mut shape) = queries_and_keys(q, k)?;
     let va = values(v, &shape)?;
     let stride = va.stride;
     shape.d_v = va.row_len;
-    let pos = positions(S, query_pos, "query_pos")?;
+    let pos = query_positions(S, query_pos)?;
     shape.validate()?;
     let what = "[n_queries, n_kv_heads, width]";
     let sel = selection
         .map(|s| S.input::<i32, 3>(s, "selection", what))
         .transpose()?;
-    if let Some(got) = sel
-        .as_ref()
-        .map(|s| s.shape)
-        .filter(|s| s[..2] != [shape.n_queries, shape.n_kv_heads])
-    {
-        let msg = format!(
-            "selection must be [n_queries={}, n_kv_heads={}, width], got {got:?}",
-            shape.n_queries, shape.n_kv_heads
-        );
-        return Err(refuse(Domain::Selection, "selection", msg));
+    if let Some(s) = &sel {
+        let want = [
+            ("n_queries", shape.n_queries),
+            ("n_kv_heads", shape.n_kv_heads),
+            ("width", s.shape[2]),
+        ];
+        S.axes("selection", &s.shape, &want)?;
     }
     let scale = scale.map_or_else(|| attention::softmax_scale(shape.d_k), |s| s as f32);
     let (n, hq) = (shape.n_queries, shape.n_q_heads);
-    let (mut out, mut lse) = (
-        Out::<f32>::zeros(py, &[n, hq, shape.d_v])?,
-        Out::<f32>::zeros(py, &[n, hq])?,
-    );
+    let mut inputs = vec![qa.untyped(), ka.untyped(), va.untyped()];
+    inputs.extend(sel.as_ref().map(|s| s.untyped()));
+    inputs.extend(ndarray(query_pos));
+    let mut out = S.output::<f32>(py, out, &[n, hq, shape.d_v], &inputs)?;
+    inputs.push(out.untyped());
+    let mut lse = match lse_out {
+        Some(l) => S.buffer::<f32>(l, "lse_out", &[n, hq], &inputs)?,
+        None => Out::<f32>::zeros(py, &[n, hq])?,
+    };
     let (qs, ks, vs) = (qa.slice()?, ka.slice()?, va.slice());
     let (os, ls) = (out.slice()?, lse.slice()?);
     let per_key = (shape.d_k + shape.d_v).saturating_mul(shape.group().max(1));
@@ -285,10 +316,15 @@ fn attention_pass<'py>(
 }
 
 /// Dense causal attention: ``(out [n_queries, n_q_heads, d_v], lse
-/// [n_queries, n_q_heads])``, every query over keys ``0..=query_pos``.
+/// [n_queries, n_q_heads])``, every query over keys ``0..=query_pos`` (one
+/// integer ``query_pos`` is ``[query_pos]``: ``q`` keeps its query axis).
 /// ``v`` may be MLA's strided ``kv[..., :d_v]`` view, read in place.
+/// ``out=`` / ``lse_out=`` (float32 of exactly those shapes, C-contiguous,
+/// writeable, sharing no input's memory nor each other's) are filled and
+/// returned; a refused call leaves both untouched.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, query_pos, *, scale=None))]
+#[pyo3(signature = (q, k, v, query_pos, *, scale=None, out=None, lse_out=None))]
+#[allow(clippy::too_many_arguments)]
 fn dense_attention<'py>(
     py: Python<'py>,
     q: &Obj<'py>,
@@ -296,17 +332,22 @@ fn dense_attention<'py>(
     v: &Obj<'py>,
     query_pos: &Obj<'py>,
     scale: Option<f64>,
+    out: Opt<'_, 'py>,
+    lse_out: Opt<'_, 'py>,
 ) -> PyResult<(F32<'py>, F32<'py>)> {
-    let (out, lse, _) = attention_pass(py, (q, k, v), query_pos, None, scale)?;
+    let bufs = (out, lse_out);
+    let (out, lse, _) = attention_pass(py, (q, k, v), query_pos, None, scale, bufs)?;
     Ok((out, lse))
 }
 
 /// Sparse causal attention over ``selection`` (int32 ``[n_queries,
 /// n_kv_heads, width]`` key indices; a KV head's row serves its query-head
 /// group): ``(out, lse, empty_rows)``; a row that selects nothing gets
-/// zeros and ``lse = -inf`` and is counted in ``empty_rows``.
+/// zeros and ``lse = -inf`` and is counted in ``empty_rows``. ``query_pos``,
+/// ``out=`` and ``lse_out=`` as in :func:`dense_attention`.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, query_pos, selection, *, scale=None))]
+#[pyo3(signature = (q, k, v, query_pos, selection, *, scale=None, out=None, lse_out=None))]
+#[allow(clippy::too_many_arguments)]
 fn sparse_attention<'py>(
     py: Python<'py>,
     q: &Obj<'py>,
@@ -315,40 +356,59 @@ fn sparse_attention<'py>(
     query_pos: &Obj<'py>,
     selection: &Obj<'py>,
     scale: Option<f64>,
+    out: Opt<'_, 'py>,
+    lse_out: Opt<'_, 'py>,
 ) -> PyResult<Pass<'py>> {
-    attention_pass(py, (q, k, v), query_pos, Some(selection), scale)
+    let bufs = (out, lse_out);
+    attention_pass(py, (q, k, v), query_pos, Some(selection), scale, bufs)
 }
 
 /// ``‖sparse − dense‖ / ‖dense‖`` per row over the last axis (float32
-/// inputs of one shape, at least 1-D): float64 of the leading shape.
+/// inputs of one shape, at least 1-D; ``dense`` is checked axis by axis
+/// against ``sparse``): float64 of the leading shape. ``out=`` (float64 of
+/// exactly that shape) is filled and returned; a refused call leaves it
+/// untouched.
 #[pyfunction]
+#[pyo3(signature = (sparse, dense, *, out=None))]
 fn output_relative_error_rows<'py>(
     py: Python<'py>,
     sparse: &Obj<'py>,
     dense: &Obj<'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F64<'py>> {
     let (s, shape) = S.input_dyn::<f32>(sparse, "sparse")?;
     let (d, dense_shape) = S.input_dyn::<f32>(dense, "dense")?;
-    let Some((&width, lead)) = shape.split_last().filter(|_| shape == dense_shape) else {
-        let msg =
-            format!("sparse {shape:?} and dense {dense_shape:?} must have one shape, at least 1-D");
+    let Some((&width, lead)) = shape.split_last() else {
+        let msg = "sparse must be at least 1-D [..., width], got a 0-D array";
         return Err(refuse(Domain::Selection, "sparse", msg));
     };
-    let (ss, ds, out) = (s.slice()?, d.slice()?, Out::<f64>::zeros(py, lead)?);
+    same_shape(&shape, &dense_shape)?;
+    let out = S.output::<f64>(py, out, lead, &[s.untyped(), d.untyped()])?;
+    let (ss, ds) = (s.slice()?, d.slice()?);
     out.run(ss.len(), |os| {
         metrics::output_relative_error_rows(ss, ds, width, os)
     })
 }
 
-/// ``‖sparse − dense‖ / ‖dense‖`` over whole arrays of one shape (float64).
+/// Refuses a `dense` whose shape is not `sparse`'s, axis by axis (the
+/// refusal names `dense` and both shapes).
+fn same_shape(sparse: &[usize], dense: &[usize]) -> PyResult<()> {
+    let names: Vec<String> = (0..sparse.len()).map(|i| format!("axis{i}")).collect();
+    let want: Vec<(&str, usize)> = names
+        .iter()
+        .map(String::as_str)
+        .zip(sparse.iter().copied())
+        .collect();
+    S.axes("dense", dense, &want)
+}
+
+/// ``‖sparse − dense‖ / ‖dense‖`` over whole arrays of one shape (float64;
+/// ``dense`` is checked axis by axis against ``sparse``).
 #[pyfunction]
 fn output_relative_error(sparse: &Obj, dense: &Obj) -> PyResult<f64> {
     let (s, shape) = S.input_dyn::<f32>(sparse, "sparse")?;
     let (d, dense_shape) = S.input_dyn::<f32>(dense, "dense")?;
-    if shape != dense_shape {
-        let msg = format!("sparse {shape:?} and dense {dense_shape:?} must have one shape");
-        return Err(refuse(Domain::Selection, "sparse", msg));
-    }
+    same_shape(&shape, &dense_shape)?;
     Ok(metrics::output_relative_error(s.slice()?, d.slice()?)?)
 }
 

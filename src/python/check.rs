@@ -1,14 +1,14 @@
 //! The checkers: an engine's rows judged by the rule (raising
-//! `SelectionError` on a refused call); every report is plain Python data,
+//! `SelectionError` on a refused call, `WitnessError` for the witness check); every report is plain Python data,
 //! JSON-ready, in one shape: `rows`, `correct`, `wrong`, `by_reason`,
 //! `details`.
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::args::{detach, positions, Args, In, Obj, Opt};
+use super::args::{detach, positions, Args, Obj, Opt};
 use super::block_sparse::config;
-use super::errors::{refuse, Domain};
+use super::errors::{refuse, Domain, Witness};
 use crate::check::WITNESS_REASONS;
 use crate::check::{self, Batch, GlobalSlots, RowCheck, Rule, Tolerance};
 
@@ -16,6 +16,7 @@ use crate::check::{self, Batch, GlobalSlots, RowCheck, Rule, Tolerance};
 type PyReport<'py> = Bound<'py, PyDict>;
 
 const S: Args = Args(Domain::Selection);
+const W: Args = Args(Domain::Witness);
 const I32_MAX: u64 = i32::MAX as u64;
 
 /// ``GlobalSlots(block_table, req_ids, block_size, *, block_stride_rows=None,
@@ -156,16 +157,19 @@ fn global_slots<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalS
 }
 
 /// Whether each of an engine's top-k rows is a correct selection of its
-/// row's exact ``scores`` (float32 ``[n_rows, n_positions]``): its valid
-/// entries first, distinct, causal (``0 <= x < L``), exactly ``min(topk,
-/// L)`` of them, and every selected position scoring at least every
-/// unselected one — up to ``e_t = atol + rtol * magnitudes[t]`` on each
-/// side, so a tie within the engine's rounding is never an error (rows may
-/// be in any order; ties at the threshold broken any way). ``rows`` is
-/// int32 or int64 ``[n_rows, width]``, negative entries padding, row-relative
-/// or (``slots=GlobalSlots(...)``) global slot ids; ``context_lens``
-/// ``[n_rows]`` (default: every position); ``topk`` defaults to ``width``
-/// (a rank's width with DCP slots).
+/// row's exact ``scores`` (float32 ``[n_rows, n_positions]``, e.g.
+/// :func:`indexer_scores`): its valid entries first, distinct, causal
+/// (``0 <= x < L``), exactly ``min(topk, L)`` of them, and every selected
+/// position scoring at least every unselected one — up to ``e_t = atol +
+/// rtol * magnitudes[t]`` on each side, so a tie within the engine's
+/// rounding is never an error (rows may be in any order; ties at the
+/// threshold broken any way). ``rows`` is int32 or int64 ``[n_rows,
+/// width]`` (e.g. :func:`indexer_topk`; top-k rows are always 2-D, one per
+/// query), negative entries padding, row-relative or
+/// (``slots=GlobalSlots(...)``) global slot ids; ``context_lens``
+/// ``[n_rows]`` (default: every position; for the indexer, ``min(query_pos
+/// + 1, n_keys)``); ``magnitudes`` has the shape of ``scores``, axis by
+/// axis; ``topk`` defaults to ``width`` (a rank's width with DCP slots).
 /// With ``atol = rtol = 0`` the check is exact.
 ///
 /// Returns a dict: ``rows``, ``correct``, ``wrong``, ``by_reason`` (rows
@@ -195,33 +199,51 @@ fn check_topk<'py>(
     // DCP rows are the ranks' rows side by side: by default, each rank's width.
     let width = r.shape[1] / slots.as_ref().map_or(1, |g| g.get().shape.dcp_size);
     let topk = S.count_or(topk, "topk", u64::MAX, width)?;
-    let lens =
-        |n, t| context_lens.map_or_else(|| Ok(vec![t; n]), |c| positions(S, c, "context_lens"));
+    let s = S.input::<f32, 2>(scores, "scores", "[n_rows, n_positions]")?;
+    let [n, t] = s.shape;
+    let lens = match context_lens {
+        None => vec![t; n],
+        Some(c) => positions(S, c, "context_lens")?,
+    };
+    blame_row_counts("scores", n, r.shape[0], lens.len(), Rule::Topk(topk))?;
+    let rows = Rows {
+        rows: r.slice()?,
+        width: r.shape[1],
+    };
+    let axes = [("n_rows", n), ("n_positions", t)];
     let tol = Tolerance { atol, rtol };
-    run(
-        py,
-        Rule::Topk(topk),
-        tol,
-        (scores, &r, magnitudes),
-        lens,
-        &slots,
-    )
+    let scored = (s.slice()?, &axes[..], magnitudes);
+    run(py, Rule::Topk(topk), tol, scored, rows, &lens, &slots)
 }
 
 /// Whether each of an engine's block-selection rows (MiniMax-M3) is correct
 /// under ``config``: every forced block (the first ``init_blocks``, the
 /// newest ``local_blocks``) present, exactly ``min(max(top_blocks, #forced),
-/// n)`` distinct blocks ``0 <= b < n`` (``n = visible_blocks[row]``, the blocks
-/// the query sees), valid entries first, and every chosen free block
-/// scoring at least every rejected free one up to the tolerance of
-/// :func:`check_topk`. ``block_scores`` is float32 ``[n_rows, n_blocks]`` (a
-/// row per (query, head): :func:`block_scores` reshaped), ``rows`` int32 or
-/// int64 ``[n_rows, width]`` in any order, logical ids or (``slots``)
-/// physical ones. The report is :func:`check_topk`'s, with the reason
-/// ``missing_forced`` beside its others.
+/// n)`` distinct blocks ``0 <= b < n`` (``n`` the blocks the query sees),
+/// valid entries first, and every chosen free block scoring at least every
+/// rejected free one up to the tolerance of :func:`check_topk`. Rows are in
+/// any order, logical ids or (``slots``) physical ones; int32 or int64.
+///
+/// Two forms, one meaning (a row per (query, KV head)):
+///
+/// - 3-D, what :func:`block_scores` and :func:`block_sparse_select` give:
+///   ``block_scores`` float32 ``[n_queries, n_kv_heads, n_blocks]``,
+///   ``rows`` ``[n_queries, n_kv_heads, width]`` (or, with
+///   ``head_major=True``, the engines' ``[n_kv_heads, n_queries, width]``),
+///   ``visible_blocks`` ``[n_queries]`` (every KV head of a query sees the
+///   same blocks); the report's row ``i * n_kv_heads + h`` is query ``i``,
+///   head ``h`` in either layout.
+/// - 2-D: ``block_scores`` ``[n_rows, n_blocks]``, ``rows`` ``[n_rows,
+///   width]``, ``visible_blocks`` ``[n_rows]`` (the 3-D form reshaped, or
+///   the 2-D ``index_q`` form's ``[n_kv_heads, ...]``).
+///
+/// ``magnitudes`` has the shape of ``block_scores``, axis by axis. The
+/// report is :func:`check_topk`'s, with the reason ``missing_forced``
+/// beside its others.
 #[pyfunction]
 #[pyo3(signature = (block_scores, rows, visible_blocks, config=None, *, atol=0.0, rtol=0.0,
-                    magnitudes=None, slots=None))]
+                    magnitudes=None, slots=None, head_major=false))]
+#[allow(clippy::too_many_arguments)]
 fn check_blocks<'py>(
     py: Python<'py>,
     block_scores: &Obj<'py>,
@@ -232,54 +254,127 @@ fn check_blocks<'py>(
     rtol: f64,
     magnitudes: Opt<'_, 'py>,
     slots: Option<Bound<'py, PyGlobalSlots>>,
+    head_major: bool,
 ) -> PyResult<PyReport<'py>> {
     let cfg = self::config(config)?;
-    let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
-    let lens = |_, _| positions(S, visible_blocks, "visible_blocks");
+    let rule = Rule::Blocks(cfg);
     let tol = Tolerance { atol, rtol };
-    run(
-        py,
-        Rule::Blocks(cfg),
-        tol,
-        (block_scores, &r, magnitudes),
-        lens,
-        &slots,
-    )
+    let (r, rshape) = S.input_dyn::<i64>(rows, "rows")?;
+    let (s, sshape) = S.input_dyn::<f32>(block_scores, "block_scores")?;
+    let lens = positions(S, visible_blocks, "visible_blocks")?;
+    match (&rshape[..], &sshape[..]) {
+        (&[n_rows, width], &[n, t]) => {
+            if head_major {
+                let msg = "head_major=True describes 3-D rows [n_kv_heads, n_queries, width]; \
+                           these rows are 2-D";
+                return Err(refuse(Domain::Selection, "head_major", msg));
+            }
+            blame_row_counts("block_scores", n, n_rows, lens.len(), rule)?;
+            let rows = Rows {
+                rows: r.slice()?,
+                width,
+            };
+            let axes = [("n_rows", n), ("n_blocks", t)];
+            let scored = (s.slice()?, &axes[..], magnitudes);
+            run(py, rule, tol, scored, rows, &lens, &slots)
+        }
+        (&[a, b, width], &[n, h, t]) => {
+            let (nq, hkv) = if head_major { (b, a) } else { (a, b) };
+            let want = [("n_queries", n), ("n_kv_heads", h), ("width", width)];
+            let want_rows = if head_major {
+                [want[1], want[0], want[2]]
+            } else {
+                want
+            };
+            S.axes("rows", &rshape, &want_rows)?;
+            S.axes("visible_blocks", &[lens.len()], &[("n_queries", nq)])?;
+            let lens: Vec<usize> = lens
+                .iter()
+                .flat_map(|&l| std::iter::repeat_n(l, hkv))
+                .collect();
+            let rs = r.slice()?;
+            // Head-major rows, read query-major: one transposing copy.
+            let transposed: Vec<i64>;
+            let rows = if head_major {
+                transposed = (0..nq * hkv)
+                    .flat_map(|qh| {
+                        let (i, hh) = (qh / hkv, qh % hkv);
+                        let at = (hh * nq + i) * width;
+                        rs[at..at + width].iter().copied()
+                    })
+                    .collect();
+                &transposed[..]
+            } else {
+                rs
+            };
+            let rows = Rows { rows, width };
+            let axes = [("n_queries", n), ("n_kv_heads", h), ("n_blocks", t)];
+            let scored = (s.slice()?, &axes[..], magnitudes);
+            run(py, rule, tol, scored, rows, &lens, &slots)
+        }
+        (&[_, _] | &[_, _, _], _) => {
+            // The two forms do not mix: the 3-D one of the pair is out of place.
+            let (name, msg) = if rshape.len() == 3 && sshape.len() == 2 {
+                let msg = format!(
+                    "rows are 3-D {rshape:?} but block_scores are 2-D {sshape:?}: \
+                     pass both 3-D (as block_scores and block_sparse_select give them) or both 2-D"
+                );
+                ("rows", msg)
+            } else {
+                let msg = format!(
+                    "block_scores must be {}-D like rows ({rshape:?}), got {sshape:?}",
+                    rshape.len()
+                );
+                ("block_scores", msg)
+            };
+            Err(refuse(Domain::Selection, name, msg))
+        }
+        _ => {
+            let msg = format!(
+                "rows must be 2-D [n_rows, width] or 3-D [n_queries, n_kv_heads, width], \
+                 got {rshape:?}"
+            );
+            Err(refuse(Domain::Selection, "rows", msg))
+        }
+    }
+}
+
+/// An engine's rows, read query-major: `[n_rows, width]`.
+struct Rows<'a> {
+    rows: &'a [i64],
+    width: usize,
 }
 
 /// The shared body of the two score checks: arguments → core → report.
-/// `lens(n_rows, n_candidates)` gives each row's context.
+/// `scored` is the scores (`n_rows · n_candidates` of them, their shape's
+/// `axes` named, last the candidates) and the `magnitudes` argument, which
+/// must have that shape axis by axis; `lens` gives each row's context.
 fn run<'py>(
     py: Python<'py>,
     rule: Rule,
     tol: Tolerance,
-    (scores, rows, magnitudes): (&Obj<'py>, &In<'py, i64, 2>, Opt<'_, 'py>),
-    lens: impl FnOnce(usize, usize) -> PyResult<Vec<usize>>,
+    (scores, axes, magnitudes): (&[f32], &[(&str, usize)], Opt<'_, 'py>),
+    rows: Rows<'_>,
+    lens: &[usize],
     slots: &Option<Bound<'py, PyGlobalSlots>>,
 ) -> PyResult<PyReport<'py>> {
-    let name = match rule {
-        Rule::Topk(_) => "scores",
-        Rule::Blocks(_) => "block_scores",
-    };
-    let s = S.input::<f32, 2>(scores, name, "[n_rows, n_candidates]")?;
-    let [n, t] = s.shape;
-    let lens = lens(n, t)?;
-    blame_row_counts(name, n, rows.shape[0], lens.len(), rule)?;
     let m = magnitudes
-        .map(|m| S.input::<f32, 2>(m, "magnitudes", "[n_rows, n_candidates]"))
+        .map(|m| S.input_dyn::<f32>(m, "magnitudes"))
         .transpose()?;
+    if let Some((_, shape)) = &m {
+        S.axes("magnitudes", shape, axes)?;
+    }
+    let t = axes.last().map_or(0, |a| a.1);
     let batch = Batch {
-        scores: s.slice()?,
-        magnitudes: m.as_ref().map(|m| m.slice()).transpose()?,
+        scores,
+        magnitudes: m.as_ref().map(|(m, _)| m.slice()).transpose()?,
         n_positions: t,
-        rows: rows.slice()?,
-        width: rows.shape[1],
-        lens: &lens,
+        rows: rows.rows,
+        width: rows.width,
+        lens,
         global: global_slots(slots),
     };
-    let checks = detach(py, n.saturating_mul(t), || {
-        check::check_rows(&batch, rule, tol)
-    })?;
+    let checks = detach(py, scores.len(), || check::check_rows(&batch, rule, tol))?;
     report(py, &checks, rule.reasons())
 }
 
@@ -313,13 +408,23 @@ fn blame_row_counts(
 /// Whether an engine's in-place witness call (vLLM's
 /// ``scatter_topology_witnesses_``) wrote exactly what the rule writes:
 /// ``before`` and ``after`` are the ``[rows, topk]`` buffer before and after
-/// the call (int32 or int64), ``context_lens`` one per row. The witness rule
-/// is integer-exact, so a row is correct iff it equals
-/// :func:`scatter_topology_witnesses` of ``before``; a row that is not says
-/// which contract it breaks: ``prefix_changed`` (a slot before ``topk - S``
-/// is not the learned entry), ``wrong_witness`` (the slot, the witness the
-/// rule writes there, what the engine wrote and why that is wrong),
-/// ``tail_changed`` (a slot past the witnesses is not the learned entry).
+/// the call (int32 or int64, ``after`` of ``before``'s shape axis by axis),
+/// ``context_lens`` ``[rows]``. The witness rule is integer-exact, so a row
+/// is correct iff it equals :func:`scatter_topology_witnesses` of
+/// ``before``; a row that is not says which contract it breaks:
+/// ``prefix_changed`` (a slot before ``topk - S`` is not the learned entry),
+/// ``wrong_witness`` (the slot, the witness the rule writes there, what the
+/// engine wrote and why that is wrong), ``tail_changed`` (a slot past the
+/// witnesses is not the learned entry). Refusals are ``WitnessError``.
+///
+/// This is the serving layout (``keep = max(topk - S, 0)``, ``S``
+/// witnesses at most; ``S = 0`` writes nothing), which for ``S >= 1`` is
+/// also ``apply_topology_witnesses(before, context_lens, max(topk - S, 0),
+/// S, S)``. An ``apply_topology_witnesses`` call with another
+/// ``learned_keep`` or ``max_replacements`` returns a new array from its
+/// inputs, so it is checked by equality:
+/// ``np.array_equal(engine_out, apply_topology_witnesses(learned,
+/// context_lens, learned_keep, S, max_replacements))``.
 #[pyfunction]
 #[pyo3(signature = (before, after, context_lens, num_segments))]
 fn check_witnesses<'py>(
@@ -329,22 +434,18 @@ fn check_witnesses<'py>(
     context_lens: &Obj<'py>,
     num_segments: &Obj<'py>,
 ) -> PyResult<PyReport<'py>> {
-    let b = S.input::<i32, 2>(before, "before", "[rows, topk]")?;
-    let a = S.input::<i32, 2>(after, "after", "[rows, topk]")?;
-    if a.shape != b.shape {
-        let msg = format!(
-            "after has shape {:?} but before has {:?}: the in-place call keeps the shape",
-            a.shape, b.shape
-        );
-        return Err(refuse(Domain::Selection, "after", msg));
-    }
-    let lens = S.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
-    let s = S.count(num_segments, "num_segments", u64::MAX)?;
+    let b = W.input::<i32, 2>(before, "before", "[rows, topk]")?;
+    let a = W.input::<i32, 2>(after, "after", "[rows, topk]")?;
+    let [rows, topk] = b.shape;
+    W.axes("after", &a.shape, &[("rows", rows), ("topk", topk)])?;
+    let lens = W.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
+    W.axes("context_lens", &lens.shape, &[("rows", rows)])?;
+    let s = W.count(num_segments, "num_segments", u64::MAX)?;
     let (bs, as_, ls) = (b.slice()?, a.slice()?, lens.slice()?);
-    let topk = b.shape[1];
     let checks = detach(py, bs.len(), || {
         check::check_witness_rows(bs, as_, topk, ls, s)
-    })?;
+    })
+    .map_err(Witness)?;
     report(py, &checks, WITNESS_REASONS)
 }
 

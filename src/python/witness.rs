@@ -4,7 +4,8 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
 
-use super::args::{detach, positions, Args, Obj, Opt, Out, F64, I32};
+use super::args::{detach, positions, Args, Obj, Opt, F64, I32};
+use super::attention::ndarray;
 use super::errors::{Domain, Witness};
 use crate::{metrics, witness};
 
@@ -177,19 +178,28 @@ fn attention_mass_recall(py: Python<'_>, candidates: &Obj, attention_row: &Obj) 
 }
 
 /// :func:`segment_coverage` of every row of ``candidates`` (``[rows,
-/// width]``) with its ``context_lens[r]``: float64 ``[rows]``.
+/// width]``) with its ``context_lens[r]`` (``[rows]``): float64 ``[rows]``.
+/// ``out=`` (float64 ``[rows]`` exactly, C-contiguous, writeable, sharing
+/// no input's memory) is filled and returned; a refused call leaves it
+/// untouched.
 #[pyfunction]
+#[pyo3(signature = (candidates, context_lens, num_segments, *, out=None))]
 fn segment_coverage_rows<'py>(
     py: Python<'py>,
     candidates: &Obj<'py>,
     context_lens: &Obj<'py>,
     num_segments: &Obj<'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F64<'py>> {
     let cand = W.input::<i32, 2>(candidates, "candidates", "[rows, width]")?;
+    let [rows, width] = cand.shape;
     let lens = positions(W, context_lens, "context_lens")?;
     let s = W.count(num_segments, "num_segments", u64::MAX)?;
-    let [rows, width] = cand.shape;
-    let out = Out::<f64>::zeros(py, &[rows])?;
+    let inputs: Vec<_> = [Some(cand.untyped()), ndarray(context_lens)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let out = W.output::<f64>(py, out, &[rows], &inputs)?;
     let c = cand.slice()?;
     out.run(c.len(), |o| {
         metrics::segment_coverage_rows(c, width, &lens, s, o).map_err(Witness)
@@ -199,17 +209,24 @@ fn segment_coverage_rows<'py>(
 /// How many distinct entries of each row of ``candidates`` (``[rows,
 /// width]``) lie in ``[0, context_lens[r])``: the keys the selection really
 /// uses (padding, duplicates and out-of-range entries use none), int64
-/// ``[rows]``.
+/// ``[rows]``. ``out=`` (int64 ``[rows]`` exactly) is filled and returned;
+/// a refused call leaves it untouched.
 #[pyfunction]
+#[pyo3(signature = (candidates, context_lens, *, out=None))]
 fn slots_used_rows<'py>(
     py: Python<'py>,
     candidates: &Obj<'py>,
     context_lens: &Obj<'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<Bound<'py, numpy::PyArrayDyn<i64>>> {
     let cand = W.input::<i32, 2>(candidates, "candidates", "[rows, width]")?;
-    let lens = positions(W, context_lens, "context_lens")?;
     let [rows, width] = cand.shape;
-    let out = Out::<i64>::zeros(py, &[rows])?;
+    let lens = positions(W, context_lens, "context_lens")?;
+    let inputs: Vec<_> = [Some(cand.untyped()), ndarray(context_lens)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let out = W.output::<i64>(py, out, &[rows], &inputs)?;
     let c = cand.slice()?;
     out.run(c.len(), |o| {
         metrics::slots_used_rows(c, width, &lens, o).map_err(Witness)
@@ -219,16 +236,55 @@ fn slots_used_rows<'py>(
 /// :func:`attention_mass_recall` of every row ``r`` of ``attention``
 /// (float64 ``[n_rows, row_len]``) against candidate row ``r // group``,
 /// ``group = n_rows / rows`` (a KV head's selection serves its query
-/// heads): float64 ``[n_rows]``.
+/// heads): float64 ``[n_rows]``. Or, as the attention functions give them,
+/// ``candidates`` ``[n_queries, n_kv_heads, width]`` (a selection) and
+/// ``attention`` ``[n_queries, n_q_heads, n_keys]``
+/// (:func:`attention_probabilities`), checked axis by axis (``n_q_heads`` a
+/// multiple of ``n_kv_heads``): float64 ``[n_queries, n_q_heads]``, the
+/// same numbers. ``out=`` (float64 of exactly the result's shape) is filled
+/// and returned; a refused call leaves it untouched.
 #[pyfunction]
+#[pyo3(signature = (candidates, attention, *, out=None))]
 fn attention_mass_recall_rows<'py>(
     py: Python<'py>,
     candidates: &Obj<'py>,
     attention: &Obj<'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F64<'py>> {
-    let cand = W.input::<i32, 2>(candidates, "candidates", "[rows, width]")?;
-    let att = W.input::<f64, 2>(attention, "attention", "[n_rows, row_len]")?;
-    let ([rows, width], [n_rows, row_len]) = (cand.shape, att.shape);
+    let (cand, cshape) = W.input_dyn::<i32>(candidates, "candidates")?;
+    let (att, ashape) = W.input_dyn::<f64>(attention, "attention")?;
+    let (rows, width, n_rows, row_len, out_shape) = match (&cshape[..], &ashape[..]) {
+        (&[rows, width], &[n_rows, row_len]) => (rows, width, n_rows, row_len, vec![n_rows]),
+        (&[n, hkv, width], &[_, hq, row_len]) => {
+            let want = [("n_queries", n), ("n_q_heads", hq), ("n_keys", row_len)];
+            W.axes("attention", &ashape, &want)?;
+            if hkv == 0 || hq % hkv != 0 {
+                let msg = format!(
+                    "attention has n_q_heads={hq}, not a positive multiple of candidates' n_kv_heads={hkv}"
+                );
+                return Err(super::errors::refuse(Domain::Witness, "attention", msg));
+            }
+            (n * hkv, width, n * hq, row_len, vec![n, hq])
+        }
+        (&[_, _, _], _) => {
+            let msg = format!(
+                "attention must be 3-D [n_queries, n_q_heads, n_keys] with 3-D candidates, got {ashape:?}"
+            );
+            return Err(super::errors::refuse(Domain::Witness, "attention", msg));
+        }
+        (&[_, _], _) => {
+            let msg = format!(
+                "attention must be 2-D [n_rows, row_len] with 2-D candidates, got {ashape:?}"
+            );
+            return Err(super::errors::refuse(Domain::Witness, "attention", msg));
+        }
+        _ => {
+            let msg = format!(
+                "candidates must be 2-D [rows, width] or 3-D [n_queries, n_kv_heads, width], got {cshape:?}"
+            );
+            return Err(super::errors::refuse(Domain::Witness, "candidates", msg));
+        }
+    };
     // With no candidate rows there must be no attention rows either.
     let group = match n_rows.checked_div(rows) {
         None if n_rows == 0 => 1,
@@ -240,7 +296,7 @@ fn attention_mass_recall_rows<'py>(
             )
         })?,
     };
-    let out = Out::<f64>::zeros(py, &[n_rows])?;
+    let out = W.output::<f64>(py, out, &out_shape, &[cand.untyped(), att.untyped()])?;
     let (c, a) = (cand.slice()?, att.slice()?);
     let recall =
         |o: &mut [f64]| metrics::attention_mass_recall_rows(c, width, a, row_len, group, o);

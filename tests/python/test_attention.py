@@ -764,8 +764,9 @@ def test_errors_name_their_argument():
     assert _err(WE, ks.segment_coverage_rows, np.zeros(3, int), [4], 2).argument == "candidates"
     assert _err(WE, ks.segment_coverage_rows, np.zeros((1, 3), int), [-4], 2).argument == "context_lens"
     _err(TypeError, ks.attention_mass_recall_rows, np.zeros((1, 3)), np.zeros((1, 5)))
-    assert _err(SE, ks.output_relative_error_rows, np.zeros((2, 3)), np.zeros((3, 2))).argument == "sparse"
-    assert _err(SE, ks.output_relative_error, np.zeros(3), np.zeros(4)).argument == "sparse"
+    # dense is checked axis by axis against sparse: it is the one named.
+    assert _err(SE, ks.output_relative_error_rows, np.zeros((2, 3)), np.zeros((3, 2))).argument == "dense"
+    assert _err(SE, ks.output_relative_error, np.zeros(3), np.zeros(4)).argument == "dense"
     assert _err(ValueError, ks.Selector.local, -1).argument == "window"
 
 

@@ -362,7 +362,7 @@ def _():
     return {"call": lambda: _ks().attention_mass_recall_rows(np.zeros((2, 3), np.int32), np.ones((3, 6)))}
 
 
-@case("rel-error-shape", "wrong ndim/shape", "`output_relative_error(a [2, 3], b [3, 2])`", "SelectionError", argument="sparse")
+@case("rel-error-shape", "wrong ndim/shape", "`output_relative_error(a [2, 3], b [3, 2])`", "SelectionError", argument="dense")
 def _():
     return {"call": lambda: _ks().output_relative_error(np.ones((2, 3), np.float32), np.ones((3, 2), np.float32))}
 
@@ -1659,14 +1659,14 @@ def _():
 
 
 @case("check-witnesses-after-shorter", "engine check", "`check_witnesses(before, after[:, :3], lens, 2)`",
-      "SelectionError", argument="after", note="the in-place call keeps the shape")
+      "WitnessError", argument="after", note="the in-place call keeps the shape")
 def _():
     b, a = witness_check_args()
     return {"call": lambda: _ks().check_witnesses(b, a[:, :3], lens(), 2), "watch": [b, a]}
 
 
 @case("check-witnesses-outside-int32", "engine check", "`check_witnesses(before.astype(int64) + 2**40, after, lens, 2)`",
-      "SelectionError", argument="before")
+      "WitnessError", argument="before")
 def _():
     b, a = witness_check_args()
     far = b.astype(np.int64) + 2**40
@@ -1674,7 +1674,7 @@ def _():
 
 
 @case("check-witnesses-negative-segments", "engine check", "`check_witnesses(before, after, lens, -1)`",
-      "SelectionError", argument="num_segments")
+      "WitnessError", argument="num_segments")
 def _():
     b, a = witness_check_args()
     return {"call": lambda: _ks().check_witnesses(b, a, lens(), -1), "watch": [b, a]}
@@ -1689,14 +1689,14 @@ def _():
 
 
 @case("check-witnesses-lens-mismatch-off", "engine check", "`check_witnesses(before, after, [8, 6, 5], 0)`",
-      "SelectionError", argument="context_lens", note="every row needs its length, the off switch included")
+      "WitnessError", argument="context_lens", note="every row needs its length, the off switch included")
 def _():
     b, a = witness_check_args()
     return {"call": lambda: _ks().check_witnesses(b, a, [8, 6, 5], 0), "watch": [b, a]}
 
 
 @case("check-witnesses-fewer-lens-off", "engine check", "`check_witnesses(before, after + 1, [], 0)`",
-      "SelectionError", argument="context_lens", note="no row is left unjudged")
+      "WitnessError", argument="context_lens", note="no row is left unjudged")
 def _():
     b, a = witness_check_args()
     wrong = a + 1
@@ -1704,14 +1704,14 @@ def _():
 
 
 @case("check-witnesses-65-segments", "engine check", "`check_witnesses(before, after, lens, 65)`",
-      "SelectionError", argument="num_segments")
+      "WitnessError", argument="num_segments")
 def _():
     b, a = witness_check_args()
     return {"call": lambda: _ks().check_witnesses(b, a, lens(), 65), "watch": [b, a]}
 
 
 @case("check-witnesses-reshaped-after", "engine check", "`check_witnesses(before [2, 4], after.reshape(4, 2), lens, 2)`",
-      "SelectionError", argument="after", note="the same size in another shape is another buffer")
+      "WitnessError", argument="after", note="the same size in another shape is another buffer")
 def _():
     b, a = witness_check_args()
     other = a.reshape(4, 2)
@@ -2009,6 +2009,241 @@ def _():
     out = np.full((3, 2, 8), 7, np.int32)
     return {"call": lambda: ns_call("positions_of_blocks", a, out=out),
             "check": lambda r: r is out and _equal(r, ns_call("positions_of_blocks", a))}
+
+
+# -- output buffers and shapes axis by axis (outputs and checkers) ----------
+# One out= contract for every fixed-shape output: dtype, exact shape, no
+# input's memory; a refused call leaves the buffer and its inputs untouched.
+
+
+def _sentinel(shape, dtype):
+    return np.full(shape, 7, dtype)
+
+
+def _sharing(array, shape, dtype):
+    """A copy of ``array`` and a ``shape`` / ``dtype`` buffer over its bytes."""
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    blob = np.zeros(max(array.nbytes, n) + 8, np.uint8)
+    inp = blob[: array.nbytes].view(array.dtype).reshape(array.shape)
+    inp[...] = array
+    return inp, blob[:n].view(dtype).reshape(shape)
+
+
+def _oracle_inputs():
+    return np.arange(10, dtype=np.float64).reshape(2, 5), np.array([2, 4])
+
+
+def _metric_inputs():
+    return learned(), lens().astype(np.int64)
+
+
+# (id, function, the call as written, domain, out keyword, its shape, dtype, call(out kwargs, args)-builder)
+_OUT_FUNCS = [
+    ("attention-probabilities", "attention_probabilities(q, k, pos", "SelectionError", "out", (2, 2, 6), np.float64,
+     lambda: (list(qkv()[:2]) + [qkv()[3]], lambda a, **o: _ks().attention_probabilities(*a, **o))),
+    ("dense-attention", "dense_attention(q, k, v, pos", "SelectionError", "out", (2, 2, 4), np.float32,
+     lambda: (list(qkv()), lambda a, **o: _ks().dense_attention(*a, **o))),
+    ("dense-attention-lse", "dense_attention(q, k, v, pos", "SelectionError", "lse_out", (2, 2), np.float32,
+     lambda: (list(qkv()), lambda a, **o: _ks().dense_attention(*a, **o))),
+    ("sparse-attention", "sparse_attention(q, k, v, pos, selection", "SelectionError", "out", (2, 2, 4), np.float32,
+     lambda: (list(qkv()) + [selection()], lambda a, **o: _ks().sparse_attention(*a, **o))),
+    ("sparse-attention-lse", "sparse_attention(q, k, v, pos, selection", "SelectionError", "lse_out", (2, 2),
+     np.float32, lambda: (list(qkv()) + [selection()], lambda a, **o: _ks().sparse_attention(*a, **o))),
+    ("oracle-topk", "oracle_topk(attention, pos, 2", "SelectionError", "out", (2, 2), np.int32,
+     lambda: (list(_oracle_inputs()), lambda a, **o: _ks().oracle_topk(*a, 2, **o))),
+    ("selector-rows", "Selector.local(3).rows(pos", "SelectionError", "out", (2, 3), np.int32,
+     lambda: ([np.array([2, 7])], lambda a, **o: _ks().Selector.local(3).rows(*a, **o))),
+    ("segment-coverage-rows", "segment_coverage_rows(rows, lens, 4", "WitnessError", "out", (2,), np.float64,
+     lambda: (list(_metric_inputs()), lambda a, **o: _ks().segment_coverage_rows(*a, 4, **o))),
+    ("slots-used-rows", "slots_used_rows(rows, lens", "WitnessError", "out", (2,), np.int64,
+     lambda: (list(_metric_inputs()), lambda a, **o: _ks().slots_used_rows(*a, **o))),
+    ("attention-mass-recall-rows", "attention_mass_recall_rows(rows, attention [4, 8]", "WitnessError", "out", (4,),
+     np.float64, lambda: ([learned(), np.ones((4, 8))], lambda a, **o: _ks().attention_mass_recall_rows(*a, **o))),
+    ("output-relative-error-rows", "output_relative_error_rows(a [2, 3], b [2, 3]", "SelectionError", "out", (2,),
+     np.float64, lambda: ([np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32)],
+                          lambda a, **o: _ks().output_relative_error_rows(*a, **o))),
+    ("topology-witness-indices", "topology_witness_indices(learned, lens, 4", "WitnessError", "out", (2, 4), np.int32,
+     lambda: ([learned(), lens()], lambda a, **o: _ks().topology_witness_indices(*a, 4, **o))),
+    ("apply-topology-witnesses", "apply_topology_witnesses(learned, lens, 2, 4, 2", "WitnessError", "out", (2, 4),
+     np.int32, lambda: ([learned(), lens()], lambda a, **o: _ks().apply_topology_witnesses(*a, 2, 4, 2, **o))),
+]
+
+
+def _out_cases():
+    for cid, call, err, key, shape, dtype, make in _OUT_FUNCS:
+        wrong_dtype = np.int16 if np.dtype(dtype).kind == "f" else np.float32
+        wrong_shape = shape[:-1] + (shape[-1] + 1,)
+        dt = np.dtype(dtype).name
+
+        def wrong_type(make=make, key=key, shape=shape, wrong_dtype=wrong_dtype):
+            args, f = make()
+            buf = _sentinel(shape, wrong_dtype)
+            return {"call": lambda: f(args, **{key: buf}), "watch": [buf] + [a for a in args if isinstance(a, np.ndarray)]}
+
+        def wrong_size(make=make, key=key, wrong_shape=wrong_shape, dtype=dtype):
+            args, f = make()
+            buf = _sentinel(wrong_shape, dtype)
+            return {"call": lambda: f(args, **{key: buf}), "watch": [buf] + [a for a in args if isinstance(a, np.ndarray)]}
+
+        def sharing(make=make, key=key, shape=shape, dtype=dtype):
+            args, f = make()
+            args[0], buf = _sharing(np.asarray(args[0]), shape, dtype)
+            return {"call": lambda: f(args, **{key: buf}), "watch": [a for a in args if isinstance(a, np.ndarray)]}
+
+        def accepted(make=make, key=key, shape=shape, dtype=dtype):
+            args, f = make()
+            buf = _sentinel(shape, dtype)
+            want = f(args)
+
+            def check(result):
+                got = result if not isinstance(result, tuple) else result[0 if key == "out" else 1]
+                w = want if not isinstance(want, tuple) else want[0 if key == "out" else 1]
+                return got is buf and np.array_equal(got, w, equal_nan=True)
+
+            return {"call": lambda: f(args, **{key: buf}), "check": check}
+
+        yield (f"{cid}-{key.replace('_', '-')}-dtype", f"`{call}, {key}={wrong_dtype.__name__} array)`", "TypeError",
+               None, "", wrong_type)
+        yield (f"{cid}-{key.replace('_', '-')}-shape", f"`{call}, {key}={dt} {list(wrong_shape)})`", err, key,
+               f"must be exactly {list(shape)}", wrong_size)
+        yield (f"{cid}-{key.replace('_', '-')}-aliases-input", f"`{call}, {key}=a view of the first input's memory)`",
+               err, key, "an out= never shares an input's memory", sharing)
+        yield (f"{cid}-{key.replace('_', '-')}-accepted", f"`{call}, {key}={dt} {list(shape)})`", ACCEPTED, None,
+               "filled with what the call without it returns, and returned", accepted)
+
+
+for _cid, _call, _expect, _arg, _note, _build in _out_cases():
+    case(_cid, "output buffers", _call, _expect, argument=_arg, note=_note)(_build)
+
+
+@case("dense-attention-out-and-lse-share", "output buffers", "`dense_attention(q, k, v, pos, out=o, lse_out=o's memory)`",
+      "SelectionError", argument="lse_out", note="the two outputs never share memory")
+def _():
+    q, k, v, pos = qkv()
+    blob = np.zeros(2 * 2 * 4, np.float32)
+    o, lse = blob.reshape(2, 2, 4), blob[:4].reshape(2, 2)
+    return {"call": lambda: _ks().dense_attention(q, k, v, pos, out=o, lse_out=lse), "watch": [blob, q, k, v]}
+
+
+@case("scalar-query-pos-attention", "batched positions", "`dense_attention(q[:1], k, v, 5)`", ACCEPTED,
+      note="one integer is a batch of one query: the same as [5]")
+def _():
+    q, k, v, _ = qkv()
+    return {"call": lambda: _ks().dense_attention(q[:1], k, v, 5),
+            "check": same(lambda: _ks().dense_attention(q[:1], k, v, [5]))}
+
+
+@case("scalar-query-pos-oracle", "batched positions", "`oracle_topk(attention[:1], 3, 2)`", ACCEPTED,
+      note="the same as [3]")
+def _():
+    a, _ = _oracle_inputs()
+    return {"call": lambda: _ks().oracle_topk(a[:1], 3, 2), "check": same(lambda: _ks().oracle_topk(a[:1], [3], 2))}
+
+
+@case("scalar-query-pos-many-queries", "batched positions", "`attention_probabilities(q [2 queries], k, 5)`",
+      "SelectionError", argument="query_pos", note="one integer is one query, never broadcast")
+def _():
+    q, k, _, _ = qkv()
+    return {"call": lambda: _ks().attention_probabilities(q, k, 5), "watch": [q, k]}
+
+
+@case("transposed-selection", "wrong ndim/shape", "`sparse_attention(q, k, v, pos, selection.transpose(1, 0, 2))`",
+      "SelectionError", argument="selection", note="checked axis by axis; the refusal shows both shapes")
+def _():
+    q, k, v, pos = qkv()
+    sel = np.ascontiguousarray(selection().transpose(1, 0, 2))  # [1, 2, 3]: n_kv_heads first
+    return {"call": lambda: _ks().sparse_attention(q, k, v, pos, sel), "watch": [sel, q, k, v]}
+
+
+@case("transposed-dense", "wrong ndim/shape", "`output_relative_error_rows(a [2, 3], b [3, 2])`", "SelectionError",
+      argument="dense", note="dense is checked against sparse axis by axis")
+def _():
+    a, b = np.ones((2, 3), np.float32), np.ones((3, 2), np.float32)
+    return {"call": lambda: _ks().output_relative_error_rows(a, b), "watch": [a, b]}
+
+
+@case("transposed-attention-3d", "metrics", "`attention_mass_recall_rows(selection [2, 1, 3], probs.transpose(1, 0, 2))`",
+      "WitnessError", argument="attention", note="3-D attention must be [n_queries, n_q_heads, n_keys]")
+def _():
+    q, k, _, pos = qkv()
+    probs = np.ascontiguousarray(_ks().attention_probabilities(q[:, :1], k, pos).transpose(1, 0, 2))  # [1, 2, 6]
+    sel = selection()
+    return {"call": lambda: _ks().attention_mass_recall_rows(sel, probs), "watch": [sel, probs]}
+
+
+@case("coverage-rows-lens-short", "metrics", "`segment_coverage_rows(rows [2, 4], [8], 4)`", "WitnessError",
+      argument="context_lens", note="one length per row: [rows=2]")
+def _():
+    r = learned()
+    return {"call": lambda: _ks().segment_coverage_rows(r, [8], 4), "watch": [r]}
+
+
+@case("check-topk-transposed-magnitudes", "engine check", "`check_topk(scores [2, 5], rows, magnitudes [5, 2], rtol=0.1)`",
+      "SelectionError", argument="magnitudes", note="magnitudes have the scores' shape, axis by axis")
+def _():
+    s, r = check_args()
+    m = np.ones((5, 2), np.float32)
+    return {"call": lambda: _ks().check_topk(s, r, magnitudes=m, rtol=0.1), "watch": [s, r, m]}
+
+
+def _blocks_3d():
+    q = index_q(True)
+    k = index_k()
+    pos = np.array([9, 15])
+    return _ks().block_scores(q, k, pos, cfg()), _ks().block_sparse_select(q, k, pos, cfg()), np.array([3, 4])
+
+
+@case("check-blocks-3d-round-trip", "engine check", "`check_blocks(block_scores(q3d, k, pos), block_sparse_select(q3d, k, pos), visible, cfg)`",
+      ACCEPTED, note="3-D rows [n_queries, n_kv_heads, width], visible_blocks [n_queries]")
+def _():
+    s, r, nb = _blocks_3d()
+    return {"call": lambda: _ks().check_blocks(s, r, nb, cfg()), "check": lambda rep: rep["wrong"] == 0 and rep["rows"] == 4}
+
+
+@case("check-blocks-3d-head-major", "engine check",
+      "`check_blocks(block_scores, block_sparse_select(…, head_major=True), visible, cfg, head_major=True)`", ACCEPTED)
+def _():
+    s, _, nb = _blocks_3d()
+    hm = _ks().block_sparse_select(index_q(True), index_k(), np.array([9, 15]), cfg(), head_major=True)
+    return {"call": lambda: _ks().check_blocks(s, hm, nb, cfg(), head_major=True), "check": lambda rep: rep["wrong"] == 0}
+
+
+@case("check-blocks-3d-per-row-visible", "engine check", "`check_blocks(scores 3-D, rows 3-D, visible_blocks [n_queries * n_kv_heads], cfg)`",
+      "SelectionError", argument="visible_blocks", note="with 3-D rows, one count per query")
+def _():
+    s, r, nb = _blocks_3d()
+    per_row = np.repeat(nb, 2)
+    return {"call": lambda: _ks().check_blocks(s, r, per_row, cfg()), "watch": [s, r, per_row]}
+
+
+@case("check-blocks-3d-scores-2d-rows", "engine check", "`check_blocks(block_scores 3-D, rows.reshape(4, -1), …)`",
+      "SelectionError", argument="block_scores", note="block_scores and rows have one form")
+def _():
+    s, r, nb = _blocks_3d()
+    flat = r.reshape(4, -1)
+    return {"call": lambda: _ks().check_blocks(s, flat, np.repeat(nb, 2), cfg()), "watch": [s, flat]}
+
+
+@case("check-blocks-head-major-2d", "engine check", "`check_blocks(block_scores, rows 2-D, visible, cfg, head_major=True)`",
+      "SelectionError", argument="head_major", note="head_major describes 3-D rows")
+def _():
+    s, r, nb = block_check_args()
+    return {"call": lambda: _ks().check_blocks(s, r, nb, cfg(), head_major=True), "watch": [s, r, nb]}
+
+
+@case("check-blocks-transposed-rows-3d", "engine check", "`check_blocks(scores [2, 2, 4], rows [2, 2, w] read head-major with 3 queries)`",
+      "SelectionError", argument="rows", note="checked axis by axis; both shapes in the refusal")
+def _():
+    s, r, nb = _blocks_3d()
+    r3 = np.ascontiguousarray(np.concatenate([r, r[:1]], axis=0))  # [3, 2, w]
+    return {"call": lambda: _ks().check_blocks(s, r3, nb, cfg()), "watch": [s, r3]}
+
+
+@case("check-witnesses-lens-length", "engine check", "`check_witnesses(before [2, 4], after, [8], 2)`", "WitnessError",
+      argument="context_lens", note="context_lens is [rows]")
+def _():
+    b, a = witness_check_args()
+    return {"call": lambda: _ks().check_witnesses(b, a, [8], 2), "watch": [b, a]}
 
 
 # ---------------------------------------------------------------------------

@@ -38,6 +38,11 @@ def _error(impl):
     return ks.SelectionError if impl == "native" else ref.ReferenceSelectionError
 
 
+def _witness_error(impl):
+    """The witness check refuses in the witness domain."""
+    return ks.WitnessError if impl == "native" else ref.ReferenceWitnessError
+
+
 def _reasons(report):
     """``{row: [reason, ...]}`` of a report's wrong rows."""
     return {d["row"]: [p["reason"] for p in d["problems"]] for d in report["details"]}
@@ -883,12 +888,16 @@ def test_bad_witness_check_arguments_are_refused_naming_them(impl):
         ("before", lambda: m.check_witnesses(b.astype(np.int64) + 2**40, a, [10], 2)),
         ("num_segments", lambda: m.check_witnesses(b, a, [10], -1)),
     ]:
-        with pytest.raises(_error(impl)) as e:
+        with pytest.raises(_witness_error(impl)) as e:
             call()
         assert e.value.argument == argument, (argument, str(e.value))
     with pytest.raises(TypeError):
         m.check_witnesses(b.astype(np.float32), a, [10], 2)
-    assert m.check_witnesses(np.zeros((5, 0), np.int32), np.zeros((5, 0), np.int32), [1, 2, 3], 2)["rows"] == 3
+    # context_lens is [rows] axis by axis: 3 lengths for 5 empty rows are refused (no longer read as 3 rows).
+    with pytest.raises(_witness_error(impl)) as e:
+        m.check_witnesses(np.zeros((5, 0), np.int32), np.zeros((5, 0), np.int32), [1, 2, 3], 2)
+    assert e.value.argument == "context_lens"
+    assert m.check_witnesses(np.zeros((5, 0), np.int32), np.zeros((5, 0), np.int32), [1, 2, 3, 4, 5], 2)["rows"] == 5
     assert (b == [[0, 5, -1, -1, 7, 9]]).all() and (a == b).all()
 
 
@@ -914,7 +923,7 @@ def test_bad_witness_arguments_are_named_as_passed(impl, argument, bad, request)
     }[bad]
     try:
         call()
-    except _error(impl) as e:
+    except _witness_error(impl) as e:
         assert e.argument == argument, str(e)
     except BaseException as e:  # noqa: BLE001 - a panic is a BaseException
         pytest.fail(f"{type(e).__name__}: {e}")

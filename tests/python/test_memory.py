@@ -272,7 +272,7 @@ def _calls():
             lambda: ks.check_blocks(blk_scores, blk_rows[:, :4], blk_nb, cfg), ks.SelectionError
         ),
         "refused-check-witnesses": catch(
-            lambda: ks.check_witnesses(learned, wit_after[:, :8], lens, 16), ks.SelectionError
+            lambda: ks.check_witnesses(learned, wit_after[:, :8], lens, 16), ks.WitnessError
         ),
         "refused-memory": catch(
             lambda: ks.Selector.dense().rows(np.full(4096, 2**31 - 2)), MemoryError

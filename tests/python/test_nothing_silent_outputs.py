@@ -1,0 +1,555 @@
+"""Nothing silent, on the output and checker side.
+
+- ``out=`` (and ``lse_out=``) on every function that returns a fixed-shape
+  array follows one contract, natively and in the reference: the buffer is
+  returned, filled with exactly what the call without it returns (bit for
+  bit); a wrong dtype is a ``TypeError``; a wrong shape or a buffer sharing
+  an input's memory is refused naming the buffer; a refused call leaves the
+  buffer and every input byte-identical.
+- A scalar ``query_pos`` is a batch of one query: the same as ``[p]``.
+- Transposed or reshaped arrays are refused naming the argument and both
+  shapes.
+- The checkers take what the producers return: ``check_blocks`` the 3-D
+  ``block_scores`` / ``block_sparse_select`` (query- or head-major),
+  ``check_topk`` ``indexer_scores`` / ``indexer_topk``, ``check_witnesses``
+  a ``scatter_topology_witnesses`` before/after pair; the witness check
+  refuses with ``WitnessError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import kvselect as ks
+from kvselect import reference as ref
+
+SEED = 20261201
+IMPLS = ["native", "reference"]
+
+
+def _mod(impl):
+    return ks if impl == "native" else ref
+
+
+def _errors(impl, domain):
+    if impl == "native":
+        return ks.WitnessError if domain == "witness" else ks.SelectionError
+    return ref.ReferenceWitnessError if domain == "witness" else ref.ReferenceSelectionError
+
+
+# ---------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------
+
+
+def _qkv(rng, n=3, hq=4, hkv=2, nk=9, d=5, dv=3):
+    q = rng.standard_normal((n, hq, d)).astype(np.float32)
+    k = rng.standard_normal((nk, hkv, d)).astype(np.float32)
+    v = rng.standard_normal((nk, hkv, dv)).astype(np.float32)
+    pos = rng.integers(0, nk + 2, n).astype(np.int64)
+    return q, k, v, pos
+
+
+def _selection(rng, n=3, hkv=2, width=4, nk=9):
+    return rng.integers(-1, nk, (n, hkv, width)).astype(np.int32)
+
+
+@dataclasses.dataclass
+class OutSpec:
+    """A function with output buffers: ``call(mod, args, **bufs)``; ``args``
+    makes fresh inputs (a list, whose ndarray entries may be aliased);
+    ``bufs`` maps each buffer keyword to (shape, dtype, index of it in the
+    result or None when the result is the buffer itself)."""
+
+    id: str
+    domain: str
+    args: Callable[[], list]
+    call: Callable[..., Any]
+    bufs: dict
+    impls: tuple = ("native", "reference")
+
+
+def _attention_args():
+    q, k, v, pos = _qkv(np.random.default_rng(SEED))
+    return [q, k, v, pos]
+
+
+def _sparse_args():
+    rng = np.random.default_rng(SEED)
+    q, k, v, pos = _qkv(rng)
+    return [q, k, v, pos, _selection(rng)]
+
+
+def _probs_args():
+    q, k, _, pos = _qkv(np.random.default_rng(SEED))
+    return [q, k, pos]
+
+
+def _oracle_args():
+    rng = np.random.default_rng(SEED + 1)
+    return [rng.random((4, 10)), np.array([3, 9, 0, 12]), 3]
+
+
+def _cand_args():
+    rng = np.random.default_rng(SEED + 2)
+    return [rng.integers(-1, 12, (5, 4)).astype(np.int32), rng.integers(0, 14, 5).astype(np.int64)]
+
+
+def _recall_args():
+    rng = np.random.default_rng(SEED + 3)
+    return [rng.integers(-1, 10, (3, 4)).astype(np.int32), rng.random((6, 10))]
+
+
+def _error_args():
+    rng = np.random.default_rng(SEED + 4)
+    return [rng.standard_normal((3, 2, 5)).astype(np.float32), rng.standard_normal((3, 2, 5)).astype(np.float32)]
+
+
+def _witness_args():
+    return [np.array([[0, 5, -1, -1], [3, -1, -1, -1]], np.int32), np.array([8, 6], np.int32)]
+
+
+SPECS = [
+    OutSpec("attention_probabilities", "selection", _probs_args,
+            lambda m, a, **b: m.attention_probabilities(*a, **b), {"out": ((3, 4, 9), np.float64, None)}),
+    OutSpec("dense_attention", "selection", _attention_args,
+            lambda m, a, **b: m.dense_attention(*a, **b),
+            {"out": ((3, 4, 3), np.float32, 0), "lse_out": ((3, 4), np.float32, 1)}),
+    OutSpec("sparse_attention", "selection", _sparse_args,
+            lambda m, a, **b: m.sparse_attention(*a, **b),
+            {"out": ((3, 4, 3), np.float32, 0), "lse_out": ((3, 4), np.float32, 1)}),
+    OutSpec("oracle_topk", "selection", _oracle_args,
+            lambda m, a, **b: m.oracle_topk(*a, **b), {"out": ((4, 3), np.int32, None)}),
+    OutSpec("Selector.rows", "selection", lambda: [np.array([0, 4, 9], np.int64)],
+            lambda m, a, **b: ks.Selector.local(3).rows(*a, **b), {"out": ((3, 3), np.int32, None)},
+            impls=("native",)),
+    OutSpec("segment_coverage_rows", "witness", _cand_args,
+            lambda m, a, **b: m.segment_coverage_rows(*a, 4, **b), {"out": ((5,), np.float64, None)}),
+    OutSpec("slots_used_rows", "witness", _cand_args,
+            lambda m, a, **b: m.slots_used_rows(*a, **b), {"out": ((5,), np.int64, None)}),
+    OutSpec("attention_mass_recall_rows", "witness", _recall_args,
+            lambda m, a, **b: m.attention_mass_recall_rows(*a, **b), {"out": ((6,), np.float64, None)}),
+    OutSpec("output_relative_error_rows", "selection", _error_args,
+            lambda m, a, **b: m.output_relative_error_rows(*a, **b), {"out": ((3, 2), np.float64, None)}),
+    OutSpec("topology_witness_indices", "witness", _witness_args,
+            lambda m, a, **b: m.topology_witness_indices(*a, 4, **b), {"out": ((2, 4), np.int32, None)}),
+    OutSpec("apply_topology_witnesses", "witness", _witness_args,
+            lambda m, a, **b: m.apply_topology_witnesses(*a, 2, 4, 2, **b), {"out": ((2, 4), np.int32, None)}),
+]
+
+CASES = [(s, impl) for s in SPECS for impl in s.impls]
+IDS = [f"{s.id}-{impl}" for s, impl in CASES]
+
+
+def _pick(result, index):
+    return result if index is None else result[index]
+
+
+def _sentinel(shape, dtype):
+    b = np.empty(shape, dtype)
+    b.view(np.uint8)[...] = 0xA5  # no result would be this pattern everywhere
+    return b
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint8).tobytes()
+
+
+def _snapshot(arrays):
+    return [_bits(a) if isinstance(a, np.ndarray) else a for a in arrays]
+
+
+@pytest.mark.parametrize("spec,impl", CASES, ids=IDS)
+def test_out_is_returned_and_holds_what_the_call_without_it_returns(spec, impl):
+    m = _mod(impl)
+    want = spec.call(m, spec.args())
+    bufs = {k: _sentinel(shape, dt) for k, (shape, dt, _) in spec.bufs.items()}
+    got = spec.call(m, spec.args(), **bufs)
+    for key, (_, _, index) in spec.bufs.items():
+        assert _pick(got, index) is bufs[key], key
+        expect = np.asarray(_pick(want, index)).astype(bufs[key].dtype)
+        assert _bits(bufs[key]) == _bits(expect), key
+    if impl == "native":  # natively, the no-out result has the buffer's dtype already
+        for key, (_, dt, index) in spec.bufs.items():
+            assert np.asarray(_pick(want, index)).dtype == dt
+
+
+@pytest.mark.parametrize("spec,impl", CASES, ids=IDS)
+def test_an_out_of_the_wrong_dtype_is_a_type_error_and_stays_untouched(spec, impl):
+    m = _mod(impl)
+    for key, (shape, dt, _) in spec.bufs.items():
+        wrong = np.int16 if np.dtype(dt).kind == "f" else np.float32
+        buf = _sentinel(shape, wrong)
+        args = spec.args()
+        before = _bits(buf), _snapshot(args)
+        with pytest.raises(TypeError):
+            spec.call(m, args, **{key: buf})
+        assert (_bits(buf), _snapshot(args)) == before, key
+
+
+@pytest.mark.parametrize("spec,impl", CASES, ids=IDS)
+def test_an_out_of_the_wrong_shape_is_refused_naming_it_and_nothing_changes(spec, impl):
+    m = _mod(impl)
+    err = _errors(impl, spec.domain)
+    for key, (shape, dt, _) in spec.bufs.items():
+        # Transposed (or, 1-D, one axis more), and one slot too wide.
+        moved = [s for s in (tuple(reversed(shape)), shape[1:] + shape[:1], shape + (1,)) if s != shape]
+        wrong_shapes = [moved[0], shape[:-1] + (shape[-1] + 1,)]
+        others = {k: _sentinel(s, d) for k, (s, d, _) in spec.bufs.items() if k != key}
+        for wrong in wrong_shapes:
+            buf = _sentinel(wrong, dt)
+            args = spec.args()
+            before = _bits(buf), _snapshot(args), [_bits(o) for o in others.values()]
+            with pytest.raises(err) as e:
+                spec.call(m, args, **{key: buf}, **others)
+            assert e.value.argument == key, (wrong, str(e.value))
+            after = _bits(buf), _snapshot(args), [_bits(o) for o in others.values()]
+            assert after == before, (key, wrong)
+
+
+def _aliased(array, shape, dtype):
+    """``array``'s copy and a ``shape``/``dtype`` buffer over the same bytes."""
+    out_bytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    blob = np.zeros(max(array.nbytes, out_bytes) + 8, np.uint8)
+    inp = blob[: array.nbytes].view(array.dtype).reshape(array.shape)
+    inp[...] = array
+    return inp, blob[:out_bytes].view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("spec,impl", CASES, ids=IDS)
+def test_an_out_sharing_any_inputs_memory_is_refused_and_nothing_changes(spec, impl):
+    m = _mod(impl)
+    err = _errors(impl, spec.domain)
+    n_arrays = [i for i, a in enumerate(spec.args()) if isinstance(a, np.ndarray) and a.size]
+    assert n_arrays
+    for key, (shape, dt, _) in spec.bufs.items():
+        for i in n_arrays:
+            args = spec.args()
+            args[i], buf = _aliased(args[i], shape, dt)
+            before = _snapshot(args)
+            with pytest.raises(err) as e:
+                spec.call(m, args, **{key: buf})
+            assert e.value.argument == key, (i, str(e.value))
+            assert _snapshot(args) == before, (key, i)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_out_and_lse_out_sharing_memory_are_refused_naming_lse_out(impl):
+    m = _mod(impl)
+    q, k, v, pos = _attention_args()
+    blob = np.zeros(3 * 4 * 3, np.float32)
+    out, lse = blob.reshape(3, 4, 3), blob[:12].reshape(3, 4)
+    with pytest.raises(_errors(impl, "selection")) as e:
+        m.dense_attention(q, k, v, pos, out=out, lse_out=lse)
+    assert e.value.argument == "lse_out"
+    assert not blob.any()
+
+
+# ---------------------------------------------------------------------------
+# Scalar query_pos: a batch of one query
+# ---------------------------------------------------------------------------
+
+
+def _one_query(rng):
+    q, k, v, _ = _qkv(rng, n=1)
+    return q, k, v
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("p", [0, 4, 8, 20])
+def test_a_scalar_query_pos_is_the_same_as_a_batch_of_one(impl, p):
+    m = _mod(impl)
+    rng = np.random.default_rng(SEED + p)
+    q, k, v = _one_query(rng)
+    sel = _selection(rng, n=1)
+    for scalar in (p, np.int64(p), np.array(p), np.uint32(p)):
+        cases = [
+            (m.attention_probabilities(q, k, scalar), m.attention_probabilities(q, k, [p])),
+            (m.dense_attention(q, k, v, scalar), m.dense_attention(q, k, v, [p])),
+            (m.sparse_attention(q, k, v, scalar, sel), m.sparse_attention(q, k, v, [p], sel)),
+        ]
+        a = rng.random((1, 9))
+        cases.append((m.oracle_topk(a, scalar, 3), m.oracle_topk(a, [p], 3)))
+        for got, want in cases:
+            got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+            for g, w in zip(got, want):
+                if isinstance(w, np.ndarray):
+                    assert g.shape == w.shape and _bits(g) == _bits(w)
+                else:
+                    assert g == w
+
+
+@pytest.mark.parametrize("p", [0, 5, 31])
+def test_a_scalar_query_pos_gives_selector_rows_of_one_query(p):
+    for sel in (ks.Selector.dense(), ks.Selector.local(4), ks.Selector.sink_window(2, 3),
+                ks.Selector.random(5, 7)):
+        got, want = sel.rows(p), sel.rows([p])
+        assert got.shape == (1, want.shape[1]) and np.array_equal(got, want)
+    assert np.array_equal(ref.dense_rows(p), ref.dense_rows([p]))
+    assert np.array_equal(ks.Selector.dense().rows(p), ref.dense_rows(p))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_scalar_query_pos_for_many_queries_is_refused_naming_query_pos(impl):
+    m = _mod(impl)
+    q, k, v, _ = _qkv(np.random.default_rng(SEED))
+    with pytest.raises(_errors(impl, "selection")) as e:
+        m.attention_probabilities(q, k, 3)
+    assert e.value.argument == "query_pos"
+    with pytest.raises(_errors(impl, "selection")) as e:
+        m.dense_attention(q, k, v, 3)
+    assert e.value.argument == "query_pos"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_negative_scalar_query_pos_is_refused_naming_query_pos(impl):
+    m = _mod(impl)
+    q, k, _ = _one_query(np.random.default_rng(SEED))
+    with pytest.raises(_errors(impl, "selection")) as e:
+        m.attention_probabilities(q, k, -1)
+    assert e.value.argument == "query_pos"
+
+
+# ---------------------------------------------------------------------------
+# Shapes axis by axis
+# ---------------------------------------------------------------------------
+
+
+def test_a_transposed_selection_is_refused_naming_both_shapes():
+    rng = np.random.default_rng(SEED)
+    q, k, v, pos = _qkv(rng, n=2, hq=4, hkv=2)
+    sel = _selection(rng, n=2, hkv=2)
+    with pytest.raises(ks.SelectionError, match=r"n_queries=2, n_kv_heads=2.*got \[2, 4, 2\]") as e:
+        ks.sparse_attention(q, k, v, pos, np.ascontiguousarray(sel.transpose(0, 2, 1)))
+    assert e.value.argument == "selection"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_transposed_dense_output_is_refused_naming_dense_and_both_shapes(impl):
+    m = _mod(impl)
+    s, d = _error_args()
+    with pytest.raises(_errors(impl, "selection")) as e:
+        m.output_relative_error_rows(s, np.ascontiguousarray(d.transpose(1, 0, 2)))
+    assert e.value.argument == "dense"
+    assert "[3, 2, 5]" in str(e.value).replace("(", "[").replace(")", "]") or "axis0=3" in str(e.value)
+    assert "2, 3, 5" in str(e.value)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_context_lens_of_another_length_is_refused_by_the_row_metrics(impl):
+    m = _mod(impl)
+    c, lens = _cand_args()
+    for call in (lambda: m.segment_coverage_rows(c, lens[:4], 4), lambda: m.slots_used_rows(c, lens[:4])):
+        with pytest.raises(_errors(impl, "witness")) as e:
+            call()
+        assert e.value.argument == "context_lens"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_attention_mass_recall_rows_takes_the_attention_functions_3d_arrays(impl):
+    m = _mod(impl)
+    rng = np.random.default_rng(SEED + 7)
+    q, k, v, pos = _qkv(rng)
+    sel = _selection(rng)
+    probs = ks.attention_probabilities(q, k, pos)
+    got = m.attention_mass_recall_rows(sel, probs)
+    flat = m.attention_mass_recall_rows(sel.reshape(-1, sel.shape[-1]), probs.reshape(-1, probs.shape[-1]))
+    assert got.shape == (3, 4)
+    assert np.array_equal(got.ravel(), flat, equal_nan=True)
+    # A transposed attention array is another array: refused, naming it.
+    with pytest.raises(_errors(impl, "witness")) as e:
+        m.attention_mass_recall_rows(sel, np.ascontiguousarray(probs.transpose(1, 0, 2)))
+    assert e.value.argument == "attention"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_transposed_magnitudes_are_refused_by_check_topk(impl):
+    m = _mod(impl)
+    s = np.arange(12, dtype=np.float32).reshape(3, 4)
+    rows = np.array([[3, 2], [3, 2], [3, 2]])
+    mags = np.ones((4, 3), np.float32)
+    with pytest.raises(_errors(impl, "selection")) as e:
+        m.check_topk(s, rows, magnitudes=mags, rtol=0.1)
+    assert e.value.argument == "magnitudes"
+
+
+# ---------------------------------------------------------------------------
+# Round trips: the checkers take what the producers return
+# ---------------------------------------------------------------------------
+
+
+def _block_case(rng):
+    bs = int(rng.choice([1, 2, 4, 8]))
+    cfg = ks.BlockSparseConfig(bs, int(rng.integers(1, 5)), int(rng.integers(0, 2)), int(rng.integers(0, 2)))
+    n_pos = int(rng.integers(1, 12 * bs))
+    nq, h, d = int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 6))
+    q = rng.integers(-3, 4, (nq, h, d)).astype(np.float32)
+    k = rng.integers(-3, 4, (n_pos, d)).astype(np.float32)
+    pos = rng.integers(0, n_pos + bs, nq)
+    visible = -(-np.minimum(pos + 1, n_pos) // bs)
+    return q, k, pos, cfg, visible
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_check_blocks_accepts_block_sparse_select_against_block_scores_in_either_major(impl):
+    m = _mod(impl)
+    rng = np.random.default_rng(SEED + 11)
+    corrupted = 0
+    for _ in range(40):
+        q, k, pos, cfg, visible = _block_case(rng)
+        scores = ks.block_scores(q, k, pos, cfg)
+        rows = ks.block_sparse_select(q, k, pos, cfg)
+        assert m.check_blocks(scores, rows, visible, cfg)["wrong"] == 0
+        hm = ks.block_sparse_select(q, k, pos, cfg, head_major=True)
+        assert m.check_blocks(scores, hm, visible, cfg, head_major=True)["wrong"] == 0
+        # Corrupt one (query, head) row: that row, and only it, is wrong.
+        i, h = int(rng.integers(q.shape[0])), int(rng.integers(q.shape[1]))
+        if visible[i] == 0:
+            continue
+        bad = rows.copy()
+        bad[i, h, 0] = visible[i] + 3  # past the visible blocks
+        rep = m.check_blocks(scores, bad, visible, cfg)
+        assert rep["wrong"] == 1 and rep["details"][0]["row"] == i * q.shape[1] + h
+        bad_hm = hm.copy()
+        bad_hm[h, i, 0] = visible[i] + 3
+        rep = m.check_blocks(scores, bad_hm, visible, cfg, head_major=True)
+        assert rep["wrong"] == 1 and rep["details"][0]["row"] == i * q.shape[1] + h
+        corrupted += 1
+    assert corrupted > 10
+
+
+def test_check_blocks_3d_reports_equal_the_reference_and_the_2d_form():
+    rng = np.random.default_rng(SEED + 12)
+    for _ in range(20):
+        q, k, pos, cfg, visible = _block_case(rng)
+        scores = ks.block_scores(q, k, pos, cfg)
+        rows = ks.block_sparse_select(q, k, pos, cfg)
+        rows[..., 0] = np.where(rng.random(rows.shape[:2]) < 0.3, 0, rows[..., 0])  # some wrong
+        h = q.shape[1]
+        native = ks.check_blocks(scores, rows, visible, cfg)
+        assert native == ref.check_blocks(scores, rows, visible, cfg)
+        flat = ks.check_blocks(scores.reshape(-1, scores.shape[-1]), rows.reshape(-1, rows.shape[-1]),
+                               np.repeat(visible, h), cfg)
+        assert native == flat
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_check_blocks_refuses_3d_rows_of_the_other_major_or_per_row_visible_blocks(impl):
+    m = _mod(impl)
+    err = _errors(impl, "selection")
+    rng = np.random.default_rng(SEED + 13)
+    q = rng.integers(-3, 4, (3, 2, 4)).astype(np.float32)
+    k = rng.integers(-3, 4, (16, 4)).astype(np.float32)
+    pos, cfg = np.array([3, 9, 15]), ks.BlockSparseConfig(4, 2, 1, 1)
+    scores, rows = ks.block_scores(q, k, pos, cfg), ks.block_sparse_select(q, k, pos, cfg)
+    visible = -(-np.minimum(pos + 1, 16) // 4)
+    with pytest.raises(err) as e:
+        m.check_blocks(scores, rows, visible, cfg, head_major=True)  # [3, 2, w] read as [H=2, Q=3, w]
+    assert e.value.argument == "rows"
+    with pytest.raises(err) as e:
+        m.check_blocks(scores, rows, np.repeat(visible, 2), cfg)
+    assert e.value.argument == "visible_blocks"
+    with pytest.raises(err) as e:  # the forms do not mix: the 3-D one of the pair is named
+        m.check_blocks(scores.reshape(6, -1), rows, visible, cfg)
+    assert e.value.argument == "rows"
+    with pytest.raises(err) as e:
+        m.check_blocks(scores, rows.reshape(6, -1), np.repeat(visible, 2), cfg)
+    assert e.value.argument == "block_scores"
+    with pytest.raises(err) as e:
+        m.check_blocks(scores.reshape(6, -1), rows.reshape(6, -1), np.repeat(visible, 2), cfg, head_major=True)
+    assert e.value.argument == "head_major"
+    with pytest.raises(err) as e:
+        m.check_blocks(scores, rows, visible, cfg, magnitudes=np.ones(scores.shape[::-1], np.float32))
+    assert e.value.argument == "magnitudes"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_check_topk_accepts_indexer_topk_against_indexer_scores(impl):
+    m = _mod(impl)
+    rng = np.random.default_rng(SEED + 14)
+    for _ in range(20):
+        nq, h, d, nk = int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 6)), int(rng.integers(1, 40))
+        q = rng.integers(-3, 4, (nq, h, d)).astype(np.float32)
+        w = rng.integers(-2, 3, (nq, h)).astype(np.float32)
+        k = rng.integers(-3, 4, (nk, d)).astype(np.float32)
+        pos = rng.integers(0, nk + 3, nq)
+        topk = int(rng.integers(1, 12))
+        lens = np.minimum(pos + 1, nk)
+        scores = ks.indexer_scores(q, w, k, pos)
+        rows = ks.indexer_topk(q, w, k, pos, topk)
+        assert m.check_topk(scores, rows, lens)["wrong"] == 0
+        bad = rows.copy()
+        i = int(rng.integers(nq))
+        bad[i, 0] = lens[i] + 1  # not causal
+        rep = m.check_topk(scores, bad, lens)
+        assert rep["wrong"] == 1 and rep["details"][0]["row"] == i
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_check_witnesses_accepts_scatter_topology_witnesses_before_and_after(impl):
+    m = _mod(impl)
+    rng = np.random.default_rng(SEED + 15)
+    for _ in range(20):
+        rows, topk, S = int(rng.integers(1, 6)), int(rng.integers(1, 12)), int(rng.integers(0, 9))
+        lens = rng.integers(0, 40, rows).astype(np.int32)
+        before = rng.integers(-1, 40, (rows, topk)).astype(np.int32)
+        after = before.copy()
+        ks.scatter_topology_witnesses(after, lens, S)
+        assert m.check_witnesses(before, after, lens, S)["wrong"] == 0
+        # The serving layout is apply_topology_witnesses(keep = topk - S, S, S).
+        if S:
+            applied = ks.apply_topology_witnesses(before, lens, max(topk - S, 0), S, S)
+            assert np.array_equal(applied, after)
+        bad = after.copy()
+        bad[0, -1] += 1
+        assert m.check_witnesses(before, bad, lens, S)["wrong"] == 1
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_check_witnesses_refuses_with_witness_error(impl):
+    m = _mod(impl)
+    err = _errors(impl, "witness")
+    b = np.array([[0, 5, -1, -1], [3, -1, -1, -1]], np.int32)
+    a = b.copy()
+    lens = np.array([8, 6], np.int32)
+    for args, argument in [((b, a, lens, 65), "num_segments"), ((b, a.reshape(4, 2), lens, 2), "after"),
+                           ((b, a, lens[:1], 2), "context_lens"), ((b, a, lens, -1), "num_segments")]:
+        with pytest.raises(err) as e:
+            m.check_witnesses(*args)
+        assert e.value.argument == argument, args
+        if impl == "native":
+            assert not isinstance(e.value, ks.SelectionError)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), 1e300])
+def test_a_refusal_after_the_buffers_are_checked_still_leaves_them_untouched(impl, scale):
+    m = _mod(impl)
+    q, k, v, pos = _attention_args()
+    out, lse = _sentinel((3, 4, 3), np.float32), _sentinel((3, 4), np.float32)
+    before = _bits(out), _bits(lse)
+    with pytest.raises(_errors(impl, "selection")) as e:  # 1e300 is inf in float32
+        m.dense_attention(q, k, v, pos, scale=scale, out=out, lse_out=lse)
+    assert e.value.argument == "scale"
+    assert (_bits(out), _bits(lse)) == before
+    probs = _sentinel((3, 4, 9), np.float64)
+    if np.isfinite(scale):
+        return  # a finite float64 scale is a valid probabilities scale
+    with pytest.raises(_errors(impl, "selection")) as e:
+        m.attention_probabilities(q, k, pos, scale=scale, out=probs)
+    assert e.value.argument == "scale" and _bits(probs) == _bits(_sentinel((3, 4, 9), np.float64))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_check_topk_rows_are_2d_one_per_query_and_3d_rows_are_refused_naming_rows(impl):
+    m = _mod(impl)
+    s = np.arange(12, dtype=np.float32).reshape(3, 4)
+    rows = np.array([[3, 2], [3, 2], [3, 2]])
+    assert m.check_topk(s, rows)["wrong"] == 0
+    with pytest.raises(_errors(impl, "selection")) as e:
+        m.check_topk(s, rows[:, None, :])
+    assert e.value.argument == "rows"
