@@ -219,16 +219,26 @@ def _axes(name: str, got: tuple, want: list) -> None:
         raise ReferenceSelectionError(name, f"{name} must be [{axes}], got {list(got)}")
 
 
+def _query_batch(query_pos: Any) -> np.ndarray:
+    """``query_pos`` as int64 ``[n_queries]``: one position per query, or one
+    integer (a 0-D array too) for a batch of one query, read as ``[p]``."""
+    if np.ndim(query_pos) == 0:
+        try:
+            return np.array([_count("query_pos", query_pos)], dtype=np.int64)
+        except ValueError as e:
+            raise ReferenceSelectionError("query_pos", str(e)) from None
+    return _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+
+
 def _query_positions(value: Any, n: int) -> np.ndarray:
-    """``query_pos`` for a batch of ``n`` queries, int64 ``[n]``: an array
-    ``[n_queries=n]``, or one integer (a 0-D array too) when ``n`` is 1."""
+    """:func:`_query_batch` for a batch of ``n`` queries (fixed by ``index_q``):
+    ``[n_queries=n]``, or one integer when ``n`` is 1."""
     if np.ndim(value) == 0:
-        p = _count("query_pos", value)
         if n != 1:
             raise ReferenceSelectionError(
                 "query_pos", f"query_pos is one integer (a batch of one query), but index_q has n_queries={n}"
             )
-        return np.array([p], dtype=np.int64)
+        return _query_batch(value)
     a = np.asarray(value)
     pos = _index_array("query_pos", a, a.ndim, _SELECTION, positions=True)
     _axes("query_pos", pos.shape, [("n_queries", n)])
@@ -270,18 +280,24 @@ def _inplace_i32(name: str, value: Any, ndim: int, domain: str, dtype: Any = np.
     return value
 
 
-def _output(out: Any, shape: tuple, domain: str, dtype: Any = np.int32, inputs: tuple = ()) -> Optional[np.ndarray]:
-    """The caller's ``out=`` buffer, checked for the call's output ``shape``
-    and ``dtype`` (before any of the spec's refusals, as natively), or None;
-    with ``inputs``, one sharing memory with any of them is refused."""
+def _out_buffer(out: Any, name: str, shape: tuple, domain: str, dtype: Any, inputs: tuple = ()) -> Optional[np.ndarray]:
+    """The caller's output buffer ``name`` (``out=``, ``lse_out=``): None, or
+    a writeable ndarray of ``dtype`` and exactly ``shape`` that shares no
+    memory with ``inputs`` (checked before anything is written, and before
+    any of the spec's refusals, as natively)."""
     if out is None:
         return None
-    out = _inplace_i32("out", out, len(shape), domain, dtype)
+    out = _inplace_i32(name, out, len(shape), domain, dtype)
     if out.shape != tuple(shape):
-        raise _refuse(domain, "out", f"out must have shape {tuple(shape)}, got {out.shape}")
-    if any(isinstance(i, np.ndarray) and np.may_share_memory(out, i) for i in inputs):
-        raise _refuse(domain, "out", "out overlaps another argument's memory")
+        raise _refuse(domain, name, f"{name} must have shape {tuple(shape)}, got {out.shape}")
+    if any(isinstance(a, np.ndarray) and np.may_share_memory(out, a) for a in inputs):
+        raise _refuse(domain, name, f"{name} overlaps another argument's memory")
     return out
+
+
+def _output(out: Any, shape: tuple, domain: str, dtype: Any = np.int32, inputs: tuple = ()) -> Optional[np.ndarray]:
+    """:func:`_out_buffer` for ``out=``."""
+    return _out_buffer(out, "out", shape, domain, dtype, inputs)
 
 
 def _deliver(result: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
@@ -1111,29 +1127,6 @@ def positions_of_blocks(
 # ==========================================================================
 
 
-def _query_batch(query_pos: Any) -> np.ndarray:
-    """``query_pos`` as int64 ``[n_queries]``: one position per query, or one
-    integer (a 0-D array too) for a batch of one query, read as ``[p]``."""
-    if np.ndim(query_pos) == 0:
-        try:
-            return np.array([_count("query_pos", query_pos)], dtype=np.int64)
-        except ValueError as e:
-            raise ReferenceSelectionError("query_pos", str(e)) from None
-    return _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
-
-
-def _out_buffer(out: Any, name: str, shape: tuple, domain: str, dtype: Any, inputs: tuple = ()) -> Optional[np.ndarray]:
-    """The caller's output buffer ``name`` (``out=``, ``lse_out=``): None, or
-    a writeable ndarray of ``dtype`` and exactly ``shape`` that shares no
-    memory with ``inputs`` (checked before anything is written)."""
-    if out is None:
-        return None
-    out = _inplace_i32(name, out, len(shape), domain, dtype)
-    if out.shape != tuple(shape):
-        raise _refuse(domain, name, f"{name} must have shape {tuple(shape)}, got {out.shape}")
-    if any(isinstance(a, np.ndarray) and np.may_share_memory(out, a) for a in inputs):
-        raise _refuse(domain, name, f"{name} overlaps another argument's memory")
-    return out
 
 
 def _pad_rows(rows: list, width: Optional[int]) -> np.ndarray:
