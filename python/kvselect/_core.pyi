@@ -82,7 +82,8 @@ class SelectionError(KvselectError):
     argument at fault, ``variant`` the core's refusal."""
 
 def segment_of(token: int, context_len: int, num_segments: int) -> int:
-    """``min(floor(token * S_eff / L), S - 1)`` with ``S_eff = min(S, L)``; a length of 0 reads as 1."""
+    """The segment map ``floor(token * S_eff / L)`` with ``L = max(context_len, 1)`` and ``S_eff = min(S, L)``,
+    exact up to 2**64 - 1; not clamped (``segment_of(20, 4, 8) == 20``: only the merge clamps to ``S - 1``)."""
 
 def topology_witness_indices(
     learned: npt.ArrayLike,
@@ -358,7 +359,8 @@ def sparse_attention(
     """Sparse causal attention over ``selection [n_queries, n_kv_heads, width]``:
     ``(out, lse, empty_rows)``. -1 padding and entries after the query are
     ignored, duplicates count once; a row that selects nothing gets zeros,
-    ``lse = -inf``, and is counted in ``empty_rows``.
+    ``lse = -inf``, and is counted in ``empty_rows``. ``out=`` / ``lse_out=`` (float32, the
+    shapes returned) are filled and returned in the tuple.
     """
 
 def segment_coverage_rows(
@@ -483,7 +485,7 @@ def indexer_topk_paged(
 
     ``page_layout="dense"``: ``kv_cache [num_blocks, block_size, d]`` pages of float32 /
     float16 / bfloat16 / float8_e4m3fn. ``page_layout="fp8_scaled"``: vLLM's DSA
-    index-K pages, uint8 ``[num_blocks, block_size, 1, d + 4]`` (each page the
+    index-K pages, uint8 ``[num_blocks, block_size, 1, d + 4]`` or ``[num_blocks, block_size, d + 4]`` (each page the
     ``block_size × d`` e4m3fn bytes, then ``block_size`` float32 scales). The
     block axis may be strided. ``block_table`` int32 ``[n_seqs, max_blocks]``
     (only the first ``ceil(seq_lens[s] / block_size)`` entries are read). Pages

@@ -980,7 +980,7 @@ def add_parser(sub: Any) -> None:
         "2, never 1.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("dump", help="the .npz dump (see help(kvselect.checking))")
+    p.add_argument("dump", help="the .npz dump (the format: docs/dump-format.md, or kvselect.checking.dump_format_markdown())")
     p.add_argument("--rtol", type=_non_negative_float, default=None,
                    help="relative tolerance (default: by the dump's precision: "
                    + ", ".join(f"{k} {v:.3g}" for k, v in DEFAULT_RTOL.items()) + ")")

@@ -753,7 +753,7 @@ def _block_values(index_q: Any, index_k: Any, query_pos: Any, config: Any, key_f
     for i, p in enumerate(positions):
         visible = _block_scores(q[i], keys, int(p), bs)
         result[i, :, : visible.shape[1]] = visible
-    return _deliver(result, _output(out, result.shape, _SELECTION, np.float32, (index_q, index_k)))
+    return _deliver(result, _output(out, result.shape, _SELECTION, np.float32, (index_q, index_k, query_pos)))
 
 
 def _select_one_query(
@@ -800,7 +800,7 @@ def _flag(name: str, value: Any) -> bool:
 def _decoded(name: str, value: Any, format: Optional[str], ndim: Optional[int] = None) -> np.ndarray:
     """Keys or queries decoded exactly to float64 by :func:`decode` (a bad
     dtype or format is a ``TypeError``), refused unless ``ndim``-D (when given)."""
-    a = decode(value, format)
+    a = decode(value, format, "query_format" if name == "index_q" else "key_format")
     if ndim is not None and a.ndim != ndim:
         raise ReferenceSelectionError(name, f"{name} must be {ndim}-D, got shape {a.shape}")
     return a
@@ -853,13 +853,14 @@ def block_sparse_select(
     if q.ndim == 2:
         _same_d(q, keys)
         pos = _count("query_pos", query_pos)
-        out = _output(out, (q.shape[0], width), _SELECTION)
+        out = _output(out, (q.shape[0], width), _SELECTION, inputs=(index_q, index_k))
         return _deliver(_select_one_query(q, keys, pos, bs, top, init, local), out)
     if q.ndim != 3:
         raise ReferenceSelectionError("index_q", f"index_q must be 2-D or 3-D, got shape {q.shape}")
     _same_d(q, keys)
     positions = _query_positions(query_pos, q.shape[0])
-    out = _output(out, _batch_shape(q.shape[0], q.shape[1], width, head_major), _SELECTION)
+    out = _output(out, _batch_shape(q.shape[0], q.shape[1], width, head_major), _SELECTION,
+                  inputs=(index_q, index_k, query_pos))
     selected = np.full((q.shape[0], q.shape[1], width), -1, dtype=np.int64)
     for i, p in enumerate(positions):
         selected[i] = _select_one_query(q[i], keys, int(p), bs, top, init, local)
@@ -894,7 +895,8 @@ def block_sparse_select_packed(
     cu = _index_array("cu_seqlens", cu_seqlens, 1, _SELECTION, positions=True)
     sid = _along("seq_ids", seq_ids, ("n_queries", q.shape[0]))
     pos = _query_positions(query_pos, q.shape[0])
-    out = _output(out, _batch_shape(q.shape[0], q.shape[1], width, head_major), _SELECTION)
+    out = _output(out, _batch_shape(q.shape[0], q.shape[1], width, head_major), _SELECTION,
+                  inputs=(index_q, index_k, cu_seqlens, seq_ids, query_pos))
     if len(cu) == 0 or cu[0] != 0 or cu[-1] != keys.shape[0] or np.any(np.diff(cu) < 0):
         raise ReferenceSelectionError(
             "cu_seqlens", "cu_seqlens must rise from 0 to n_positions without decreasing"
@@ -994,7 +996,8 @@ def block_sparse_select_paged(
     n_queries, n_heads, d = q.shape
     sid = _along("seq_ids", seq_ids, ("n_queries", n_queries))
     pos = _query_positions(query_pos, n_queries)
-    out = _output(out, _batch_shape(n_queries, n_heads, width, head_major), _SELECTION)
+    out = _output(out, _batch_shape(n_queries, n_heads, width, head_major), _SELECTION,
+                  inputs=(index_q, kv_cache, block_table, seq_lens, seq_ids, query_pos))
     _check_block_table(table, lens, pages.shape[0], bs)
     for i, s in enumerate(sid):
         if s >= len(lens):
@@ -1087,7 +1090,7 @@ def positions_of_blocks(
     query_axis = 1 if (b.ndim == 3 and head_major) else 0
     n = b.shape[query_axis]
     lead = b.shape[:-1]
-    out_buf = _output(out, lead + (b.shape[-1] * bs,), _SELECTION, inputs=(a,))
+    out_buf = _output(out, lead + (b.shape[-1] * bs,), _SELECTION, inputs=(a, query_pos, n_positions))
     qp = _per_query("query_pos", query_pos, n, b.ndim)
     n_pos = _per_query("n_positions", n_positions, n, b.ndim)
     result = np.full(lead + (b.shape[-1] * bs,), -1, dtype=np.int64)
@@ -1360,16 +1363,20 @@ def _fp8_e4m3fn_table() -> np.ndarray:
 _FORMATS = ("float32", "float16", "bfloat16", "float8_e4m3fn")
 
 
-def decode(values: Any, format: Optional[str] = None) -> np.ndarray:
+def decode(values: Any, format: Optional[str] = None, argument: Optional[str] = None) -> np.ndarray:
     """``values`` decoded exactly to float64: float arrays as they are (float64
     rounded to float32 first, as natively), ml_dtypes bfloat16 / float8_e4m3fn
     arrays from their bits, and raw uint16 (``format`` "bfloat16" or
-    "float16") / uint8 (``format`` "float8_e4m3fn") views."""
+    "float16") / uint8 (``format`` "float8_e4m3fn") views. A format that is
+    none of these is a ``TypeError``, or with ``argument`` (the format's
+    parameter name) a refusal naming it, as natively."""
     a = np.asarray(values)
     if not a.dtype.isnative:  # '>f2', '>u2' bits: the same values in native order
         a = a.astype(a.dtype.newbyteorder("="))
     name = a.dtype.name
     if format is not None and format not in _FORMATS:
+        if argument is not None:
+            raise ReferenceSelectionError(argument, f"{argument} {format!r} is not one of {', '.join(_FORMATS)}")
         raise TypeError(f"unknown format {format!r}")
     if name in ("uint16", "uint8"):
         if format is None or (name == "uint16") != (format in ("bfloat16", "float16")):
@@ -1417,9 +1424,11 @@ def indexer_topk(
     n, t = len(q), len(k)
     topk = _count("topk", topk)
     num_segments = _count("num_segments", num_segments)
+    # The buffers are checked before the rule's refusals, as natively: out
+    # against every input, scores_out against them and out.
+    out_buf, scores_buf = _topk_outputs(out, scores_out, (n, topk), (index_q, weights, index_k, query_pos, key_scale))
     if num_segments > MAX_TOPOLOGY_SEGMENTS:
         raise _refuse(_SELECTION, "num_segments", "num_segments must be 0 (off) or 1..=64")
-    out_buf = _output(out, (n, topk), _SELECTION)
     rows = np.full((n, topk), -1, dtype=np.int64)
     chosen_scores = np.full((n, topk), np.nan)
     keep = max(topk - num_segments, 0)
@@ -1434,9 +1443,17 @@ def indexer_topk(
             rows[i] = row[0]
         valid = rows[i] >= 0
         chosen_scores[i, valid] = scores[rows[i, valid]]
-    if scores_out is not None:
-        scores_out[...] = chosen_scores
+    if scores_buf is not None:
+        scores_buf[...] = chosen_scores
     return _deliver(rows, out_buf)
+
+
+def _topk_outputs(out: Any, scores_out: Any, shape: tuple, inputs: tuple) -> tuple:
+    """A top-k call's ``out`` (int32) and ``scores_out`` (float32) of
+    ``shape``, checked against the ``inputs`` and each other, or None each."""
+    out_buf = _output(out, shape, _SELECTION, inputs=inputs)
+    scores_buf = _out_buffer(scores_out, "scores_out", shape, _SELECTION, np.float32, inputs + (out,))
+    return out_buf, scores_buf
 
 
 def _indexer_inputs(index_q: Any, weights: Any, index_k: Any, query_pos: Any, key_scale: Any,
@@ -1444,8 +1461,8 @@ def _indexer_inputs(index_q: Any, weights: Any, index_k: Any, query_pos: Any, ke
                     query_format: Optional[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(q, w, k, c, pos)`` decoded (float64) and checked: ``q [n, h, d]``,
     ``w [n, h]``, ``k [t, d]``, ``c [t]`` (ones when None), ``pos [n]``."""
-    q = decode(index_q, query_format)
-    k = decode(index_k, key_format)
+    q = decode(index_q, query_format, "query_format")
+    k = decode(index_k, key_format, "key_format")
     if q.ndim != 3:
         raise _refuse(_SELECTION, "index_q", f"index_q must be 3-D, got shape {q.shape}")
     if k.ndim != 2:
@@ -1464,7 +1481,7 @@ def _indexer_inputs(index_q: Any, weights: Any, index_k: Any, query_pos: Any, ke
 
 def _indexer_queries(index_q: Any, weights: Any, query_format: Optional[str]) -> tuple:
     """``(n, h, d)`` of ``index_q [n, h, d]``, ``weights`` checked ``[n, h]``."""
-    q = decode(index_q, query_format)
+    q = decode(index_q, query_format, "query_format")
     if q.ndim != 3:
         raise _refuse(_SELECTION, "index_q", f"index_q must be 3-D, got shape {q.shape}")
     n, h, d = q.shape
@@ -1497,7 +1514,7 @@ def indexer_scores(
     """Every query's score of every key it sees, float32 ``[n_queries,
     n_keys]``, NaN past its context (computed in float64, rounded once)."""
     args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
-    inputs = (index_q, weights, index_k, key_scale)
+    inputs = (index_q, weights, index_k, query_pos, key_scale)
     return _deliver(_indexer_matrix(*args, False),
                     _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32, inputs))
 
@@ -1516,7 +1533,7 @@ def indexer_magnitudes(
     """Each :func:`indexer_scores` entry's error scale ``|c_t| * sum_h |w_h|
     * sum_i |q_hi * k_ti|``, float32, NaN past each context."""
     args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
-    inputs = (index_q, weights, index_k, key_scale)
+    inputs = (index_q, weights, index_k, query_pos, key_scale)
     return _deliver(_indexer_matrix(*args, True),
                     _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32, inputs))
 
@@ -1551,7 +1568,7 @@ def indexer_topk_packed(
     """:func:`indexer_topk` of each query over its own sequence's keys, rows
     ``cu_seqlens[s] .. cu_seqlens[s + 1]`` for ``s = seq_ids[i]``."""
     n = _indexer_queries(index_q, weights, query_format)[0]
-    k = decode(index_k, key_format)
+    k = decode(index_k, key_format, "key_format")
     if k.ndim != 2:
         raise _refuse(_SELECTION, "index_k", f"index_k must be 2-D, got shape {k.shape}")
     if key_scale is not None:
@@ -1573,21 +1590,24 @@ def indexer_topk_packed(
                             key_scale=None if c is None else c[k0:k1], key_format=key_format,
                             query_format=query_format, num_segments=num_segments, scores_out=s_row)
 
-    return _query_by_query(len(sid), _count("topk", topk), one, out, scores_out)
+    return _query_by_query(len(sid), _count("topk", topk), one, out, scores_out,
+                           (index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, key_scale))
 
 
-def _query_by_query(n: int, topk: int, one: Any, out: Any, scores_out: Any) -> np.ndarray:
+def _query_by_query(n: int, topk: int, one: Any, out: Any, scores_out: Any, inputs: tuple) -> np.ndarray:
     """The rows ``one(i, scores_row)`` of queries ``0..n`` stacked, into
-    ``out`` when given, their scores into ``scores_out`` when given."""
+    ``out`` when given, their scores into ``scores_out`` when given (both
+    checked against the ``inputs`` and each other before anything runs)."""
+    out_buf, scores_buf = _topk_outputs(out, scores_out, (n, topk), inputs)
     rows, scores = [], []
     for i in range(n):
         s_row = np.zeros((1, topk), np.float32)
         rows.append(one(i, s_row))
         scores.append(s_row)
     result = np.concatenate(rows) if rows else np.zeros((0, topk), np.int32)
-    if scores_out is not None and scores:
-        scores_out[...] = np.concatenate(scores)
-    return _deliver(result, _output(out, result.shape, _SELECTION))
+    if scores_buf is not None and scores:
+        scores_buf[...] = np.concatenate(scores)
+    return _deliver(result, out_buf)
 
 
 def _gather_pages(kv_cache: Any, block_table: np.ndarray, s: int, length: int, page_layout: str,
@@ -1602,7 +1622,7 @@ def _gather_pages(kv_cache: Any, block_table: np.ndarray, s: int, length: int, p
         scales = pages[:, bs * d :].copy().view(np.float32).astype(np.float64).reshape(n_blocks, bs)
     else:
         bs = cache.shape[1]
-        keys, scales = decode(cache, key_format), None
+        keys, scales = decode(cache, key_format, "key_format"), None
     need = -(-length // bs)
     ids = block_table[s, :need]
     if (ids < 0).any() or (ids >= len(keys)).any():
@@ -1633,6 +1653,8 @@ def indexer_topk_paged(
     from the pages its block-table row names (only the first
     ``ceil(seq_len / block_size)`` entries are read)."""
     n = _indexer_queries(index_q, weights, query_format)[0]
+    if page_layout not in ("dense", "fp8_scaled"):
+        raise _refuse(_SELECTION, "page_layout", f"page_layout must be 'dense' or 'fp8_scaled', got {page_layout!r}")
     _native_pages(kv_cache)
     table = _index_array("block_table", block_table, 2, _SELECTION)
     lens = _index_array("seq_lens", seq_lens, 1, _SELECTION, positions=True)
@@ -1649,7 +1671,8 @@ def indexer_topk_paged(
         return indexer_topk(q[i : i + 1], w[i : i + 1], k, pos[i : i + 1], topk, key_scale=c,
                             query_format=query_format, num_segments=num_segments, scores_out=s_row)
 
-    return _query_by_query(len(sid), _count("topk", topk), one, out, scores_out)
+    return _query_by_query(len(sid), _count("topk", topk), one, out, scores_out,
+                           (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos))
 
 
 # ==========================================================================

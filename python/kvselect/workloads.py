@@ -217,7 +217,7 @@ class Indexer:
         n, t, h, d = self.q.shape
         if self.weights.shape != (n, t, h) or self.weights.dtype != np.float32:
             raise WorkloadError(
-                f"index_weights: expected float32 [{n}, {t}, {h}] (one weight per index head "
+                f"weights: expected float32 [{n}, {t}, {h}] (one weight per index head "
                 f"and token), got {self.weights.dtype} {self.weights.shape}"
             )
         fmt = {"float32": np.float32, "float8_e4m3fn": np.uint8}.get(self.key_format)
@@ -228,7 +228,7 @@ class Indexer:
             )
         if self.key_scale is not None and self.key_scale.shape != (n, t):
             raise WorkloadError(
-                f"index_k_scale: expected [{n}, {t}], got {self.key_scale.shape}"
+                f"key_scale: expected [{n}, {t}], got {self.key_scale.shape}"
             )
         if self.of_kv_head.ndim != 1 or not np.all((0 <= self.of_kv_head) & (self.of_kv_head < n)):
             raise WorkloadError("of_kv_head: expected one indexer index per KV head")

@@ -623,6 +623,18 @@ pub(super) fn query_positions_for(
     Ok(p)
 }
 
+/// `obj` if it is an ndarray: an argument the core reads through a copy
+/// (positions, lengths) is still memory an output must not share, since no
+/// input may alias an output whatever the core does with it.
+pub(super) fn ndarray<'a, 'py>(obj: &'a Obj<'py>) -> Option<&'a Bound<'py, PyUntypedArray>> {
+    obj.cast::<PyUntypedArray>().ok()
+}
+
+/// The ndarrays among `objs` (see [`ndarray`]).
+pub(super) fn ndarrays<'a, 'py>(objs: &[&'a Obj<'py>]) -> Vec<&'a Bound<'py, PyUntypedArray>> {
+    objs.iter().filter_map(|o| ndarray(o)).collect()
+}
+
 /// The `query_pos` argument: one position per query, `[n_queries]`, or one
 /// integer (a 0-D array too) for a batch of one query, read as `[p]` — the
 /// other arguments keep their query axis, of length 1, and so does the
@@ -741,9 +753,10 @@ pub(super) fn format_of(
     (arg, format): FormatArg<'_>,
     converts: bool,
 ) -> PyResult<Format> {
+    // A format name that is none of them is a bad value, not a bad type.
     let unknown = |f| {
         let msg = format!("{arg} {f:?} is not one of float32, float16, bfloat16, float8_e4m3fn");
-        PyTypeError::new_err(msg)
+        refuse(Domain::Selection, arg, msg)
     };
     let asked = format
         .map(|f| Format::from_name(f).ok_or_else(|| unknown(f)))

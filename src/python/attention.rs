@@ -2,11 +2,11 @@
 //! and sparse causal passes, dense probabilities and output error (every
 //! one raises `SelectionError`); and the thread and SIMD controls.
 
-use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 use super::args::{
-    convert, detach, query_positions, Args, In, Obj, Opt, Out, StridedRows, F64, I32,
+    convert, detach, ndarray, query_positions, Args, In, Obj, Opt, Out, StridedRows, F64, I32,
 };
 use super::errors::{refuse, Domain};
 use crate::attention::{self, AttentionShape, OracleTopK, Selector};
@@ -99,13 +99,6 @@ impl PySelector {
             }
         }
     }
-}
-
-/// `obj` when it is an ndarray: an argument read into a copy before the
-/// call (query positions, lengths) whose memory an `out=` must still not
-/// share — one aliasing rule for every argument.
-pub(super) fn ndarray<'a, 'py>(obj: &'a Obj<'py>) -> Option<&'a Bound<'py, PyUntypedArray>> {
-    obj.cast::<PyUntypedArray>().ok()
 }
 
 /// An optional `width` count, else `default()`.

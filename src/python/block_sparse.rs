@@ -8,8 +8,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple, PyType};
 
 use super::args::{
-    non_negative, positions, positions_along, query_positions_for, type_name, Args, EncodedIn, Obj,
-    Opt, I32,
+    ndarrays, non_negative, positions, positions_along, query_positions_for, type_name, Args,
+    EncodedIn, Obj, Opt, I32,
 };
 use super::cache::{Paged, PagedArgs};
 use super::errors::{refuse, Domain};
@@ -196,7 +196,8 @@ fn block_sparse_select<'py>(
         2 => vec![h, cfg.width()],
         _ => rows_shape(n, h, cfg.width(), layout),
     };
-    let out = S.output::<i32>(py, out, &shape, &[q.untyped(), k.untyped()])?;
+    let arrays = [&[q.untyped(), k.untyped()][..], &ndarrays(&[query_pos])].concat();
+    let out = S.output::<i32>(py, out, &shape, &arrays)?;
     let (qs, ks) = (q.encoded()?, k.encoded()?);
     out.run(qs.len().saturating_add(ks.len()), |os| {
         block_sparse::select_batch_encoded_into(qs, n, h, ks, d, &pos, &cfg, layout, os)
@@ -280,7 +281,8 @@ fn block_values<'py>(
     let pos = query_positions_for(S, query_pos, n)?;
     let n_keys = k.untyped().shape()[0];
     let shape = [n, h, n_keys.div_ceil(cfg.block_size.max(1))];
-    let out = S.output::<f32>(py, out, &shape, &[q.untyped(), k.untyped()])?;
+    let arrays = [&[q.untyped(), k.untyped()][..], &ndarrays(&[query_pos])].concat();
+    let out = S.output::<f32>(py, out, &shape, &arrays)?;
     let (qs, ks) = (q.encoded()?, k.encoded()?);
     out.run(qs.len().saturating_add(ks.len()), |os| {
         block_sparse::block_scores_into(qs, n, h, ks, d, &pos, &cfg, magnitudes, os)
@@ -341,7 +343,9 @@ fn block_sparse_select_packed<'py>(
         query_positions_for(S, query_pos, n)?,
     );
     let shape = rows_shape(n, h, cfg.width(), layout);
-    let out = S.output::<i32>(py, out, &shape, &[q.untyped(), k.untyped()])?;
+    let raw = ndarrays(&[cu_seqlens, seq_ids, query_pos]);
+    let arrays = [&[q.untyped(), k.untyped()][..], &raw].concat();
+    let out = S.output::<i32>(py, out, &shape, &arrays)?;
     let (qs, ks) = (q.encoded()?, k.encoded()?);
     out.run(qs.len().saturating_add(ks.len()), |os| {
         block_sparse::select_packed_encoded_into(qs, n, h, ks, d, &cu, &sid, &pos, &cfg, layout, os)
@@ -400,7 +404,8 @@ fn block_sparse_select_paged<'py>(
         query_pos,
     };
     let paged = Paged::new(args, "dense", key_format, (n, dq))?;
-    let arrays = [&[q.untyped()][..], &paged.untyped()].concat();
+    let raw = ndarrays(&[seq_lens, seq_ids, query_pos]);
+    let arrays = [&[q.untyped()][..], &paged.untyped(), &raw].concat();
     let out = S.output::<i32>(py, out, &rows_shape(n, h, cfg.width(), layout), &arrays)?;
     let inputs = PagedBlocks {
         q: q.encoded()?,
@@ -478,7 +483,8 @@ fn positions_of_blocks<'py>(
     out_shape[shape.len() - 1] = w.saturating_mul(cfg.block_size);
     // SAFETY: positions_of_blocks_batch_into writes every slot of `out`
     // when it succeeds, and a refused call's array is never handed back.
-    let out = unsafe { S.output_filled_by_core(py, out, &out_shape, &[b.untyped()])? };
+    let arrays = [&[b.untyped()][..], &ndarrays(&[query_pos, n_positions])].concat();
+    let out = unsafe { S.output_filled_by_core(py, out, &out_shape, &arrays)? };
     let bs = b.slice()?;
     let res = out.run(bs.len(), |os| {
         block_sparse::positions_of_blocks_batch_into(bs, n, h, w, layout, &qp, &np, &cfg, os)

@@ -20,7 +20,8 @@ const W: Args = Args(Domain::Witness);
 const I32_MAX: u64 = i32::MAX as u64;
 
 /// ``GlobalSlots(block_table, req_ids, block_size, *, block_stride_rows=None,
-/// prefill_req_ids=None, workspace_starts=None)``: how an engine wrote its
+/// prefill_req_ids=None, workspace_starts=None, dcp_size=None,
+/// dcp_interleave=None)``: how an engine wrote its
 /// rows as global cache slots, as vLLM's
 /// ``triton_convert_req_index_to_global_index`` does: position ``t`` of
 /// request ``r`` is slot ``block_table[r, t // block_size] *

@@ -6,7 +6,8 @@ use pyo3::prelude::*;
 use numpy::PyUntypedArray;
 
 use super::args::{
-    detach, positions, positions_along, query_positions_for, Args, EncodedIn, In, Obj, Opt, I32,
+    detach, ndarrays, positions, positions_along, query_positions_for, Args, EncodedIn, In, Obj,
+    Opt, I32,
 };
 use super::cache::{Paged, PagedArgs};
 use super::errors::Domain;
@@ -22,6 +23,9 @@ struct Call<'py> {
     k: EncodedIn<'py>,
     scale: Option<In<'py, f32, 0>>,
     pos: Vec<usize>,
+    /// The ndarrays among the arguments read through a copy (`query_pos`,
+    /// a packed batch's offsets): an output must not share their memory either.
+    raw: Vec<Bound<'py, PyUntypedArray>>,
     shape: IndexerShape,
     topk: usize,
     segs: usize,
@@ -87,6 +91,7 @@ impl<'py> Call<'py> {
                 Ok::<_, PyErr>(c)
             })
             .transpose()?;
+        let raw = ndarrays(&[pos]).into_iter().cloned().collect();
         let pos = query_positions_for(S, pos, n)?;
         let shape = IndexerShape {
             n_queries: n,
@@ -100,6 +105,7 @@ impl<'py> Call<'py> {
             k,
             scale,
             pos,
+            raw,
             shape,
             topk: 0,
             segs: 0,
@@ -136,6 +142,7 @@ impl<'py> Call<'py> {
     ) -> PyResult<I32<'py>> {
         let mut arrays = vec![self.q.untyped(), self.w.untyped(), self.k.untyped()];
         arrays.extend(self.scale.as_ref().map(|c| c.untyped()));
+        arrays.extend(&self.raw);
         let (inputs, work) = (self.borrowed()?, self.work());
         let shape = [self.shape.n_queries, self.topk];
         run_topk(py, &arrays, shape, outs, work, |o, s| core(&inputs, o, s))
@@ -249,7 +256,9 @@ fn indexer_topk_packed<'py>(
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let common = (index_q, weights, index_k, query_pos, topk);
-    let call = Call::new(common, (key_scale, key_format, query_format, num_segments))?;
+    let mut call = Call::new(common, (key_scale, key_format, query_format, num_segments))?;
+    call.raw
+        .extend(ndarrays(&[cu_seqlens, seq_ids]).into_iter().cloned());
     let (cu, sid) = (
         positions(S, cu_seqlens, "cu_seqlens")?,
         positions_along(S, seq_ids, "seq_ids", ("n_queries", call.shape.n_queries))?,
@@ -320,6 +329,7 @@ impl<'py> Call<'py> {
         let shape = self.shape;
         let mut arrays = vec![self.q.untyped(), self.w.untyped(), self.k.untyped()];
         arrays.extend(self.scale.as_ref().map(|c| c.untyped()));
+        arrays.extend(&self.raw);
         let out = S.output::<f32>(py, out, &[shape.n_queries, shape.n_keys], &arrays)?;
         let (inputs, work) = (self.borrowed()?, self.work());
         out.run(work, |o| {
@@ -398,7 +408,8 @@ fn indexer_topk_paged<'py>(
         seq_ids: &paged.seq_ids,
         query_pos: &paged.query_pos,
     };
-    let arrays = [&[q.untyped(), w.untyped()][..], &paged.untyped()].concat();
+    let raw = ndarrays(&[seq_lens, seq_ids, query_pos]);
+    let arrays = [&[q.untyped(), w.untyped()][..], &paged.untyped(), &raw].concat();
     run_topk(
         py,
         &arrays,

@@ -4,8 +4,8 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
 
+use super::args::ndarray;
 use super::args::{detach, positions, Args, Obj, Opt, F64, I32};
-use super::attention::ndarray;
 use super::errors::{Domain, Witness};
 use crate::{metrics, witness};
 

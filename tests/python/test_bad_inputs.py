@@ -1606,7 +1606,7 @@ def _():
     return {"call": lambda: _ks().check_blocks(s, r, nb, cfg(), rtol=0.01), "watch": [s, r, nb]}
 
 
-@case("check-blocks-dict-config", "engine check", "`check_blocks(block_scores, rows, num_blocks, {'block_size': 4})`",
+@case("check-blocks-dict-config", "engine check", "`check_blocks(block_scores, rows, visible_blocks, {'block_size': 4})`",
       "TypeError")
 def _():
     s, r, nb = block_check_args()

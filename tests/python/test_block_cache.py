@@ -169,8 +169,9 @@ def test_a_raw_view_needs_its_format_and_a_typed_array_must_agree_with_one(impl)
         m.block_sparse_select(q, raw, 3, cfg, key_format="float8_e4m3fn")  # uint16 is not fp8
     with pytest.raises(TypeError):
         m.block_sparse_select(q, k.astype(np.float16), 3, cfg, key_format="bfloat16")
-    with pytest.raises(TypeError):
-        m.block_sparse_select(q, k, 3, cfg, key_format="int4")
+    with pytest.raises(ks.SelectionError if impl == "native" else ref.ReferenceSelectionError) as e:
+        m.block_sparse_select(q, k, 3, cfg, key_format="int4")  # not a format: a bad value
+    assert e.value.argument == "key_format"
     with pytest.raises(TypeError):
         m.block_sparse_select(q.astype(np.float16).view(np.uint16), k, 3, cfg)  # queries too
     # With the right format the raw view is accepted and equals float32.

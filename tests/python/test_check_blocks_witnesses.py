@@ -83,16 +83,16 @@ def _forced(n, cfg):
     return list(range(init_end)) + list(range(local_start, n))
 
 
-def block_engine(rng, scores, num_blocks, cfg, n_heads, dtype=np.int64):
+def block_engine(rng, scores, visible_blocks, cfg, n_heads, dtype=np.int64):
     """Block rows as vLLM's kernel returns them: the forced blocks scored
     1e30 (init) and 1e29 (local), then a top-k of the budget with ties by a
     random arrival order, each row shuffled and padded with -1, returned
     head-major ``[H, Q, width]``. ``scores`` is ``[Q * H, n_blocks]``
-    (query-major rows), ``num_blocks`` one per row."""
-    n_rows = len(num_blocks)
+    (query-major rows), ``visible_blocks`` one per row."""
+    n_rows = len(visible_blocks)
     width = cfg.width
     rows = np.full((n_rows, width), -1, dtype)
-    for i, n in enumerate(num_blocks):
+    for i, n in enumerate(visible_blocks):
         n = int(n)
         sc = scores[i, :n].copy()
         forced = _forced(n, cfg)

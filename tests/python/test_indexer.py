@@ -141,7 +141,7 @@ def test_malformed_calls_are_refused_naming_the_argument_and_write_nothing():
     _err(TypeError, ks.indexer_topk, q, w, k.astype(np.float16), pos, 4, key_format="bfloat16")
     _err(TypeError, ks.indexer_topk, q, w, k.astype(np.float16).view(np.uint16), pos, 4, key_format="float8_e4m3fn")
     _err(TypeError, ks.indexer_topk, q, w, k.astype(np.int32), pos, 4)
-    _err(TypeError, ks.indexer_topk, q, w, k, pos, 4, key_format="int4")
+    assert _err(ks.SelectionError, ks.indexer_topk, q, w, k, pos, 4, key_format="int4").argument == "key_format"
     # out= and scores_out=: checked, never converted, never aliasing an input.
     out = np.full((2, 4), 7, np.int32)
     assert _err(SE, ks.indexer_topk, q, w, k, pos, 5, out=out).argument == "out"

@@ -464,3 +464,67 @@ def test_1d_positions_of_blocks_takes_no_out(impl):
         _mod(impl).positions_of_blocks(np.array([0, 1], np.int32), 9, 12, _cfg(impl), out=out)
     assert e.value.argument == "out"
     assert not out.any()
+
+
+# -- an out= sharing memory with an argument read through a copy -------------
+# query_pos, seq_ids and cu_seqlens are copied before anything is written, but
+# no input may alias an output whatever the core does with it (one rule for
+# every argument, as the attention functions and the witness metrics keep it).
+
+
+def _aliased_calls(m):
+    cfg = ks.BlockSparseConfig(4, 2, 1, 1)
+    q3, k = np.ones((2, 1, 4), np.float32), np.ones((16, 4), np.float32)
+    qi, w = np.ones((2, 3, 4), np.float32), np.ones((2, 3), np.float32)
+
+    def block(buf):
+        pos = buf.reshape(-1)[:2]
+        pos[:] = [5, 9]
+        return lambda: m.block_sparse_select(q3, k, pos, cfg, out=buf)
+
+    def packed(buf):
+        sid = buf.reshape(-1)[:2]
+        sid[:] = 0
+        return lambda: m.block_sparse_select_packed(q3, k, [0, 16], sid, [5, 9], cfg, out=buf)
+
+    def indexer(buf):
+        pos = buf.reshape(-1)[:2]
+        pos[:] = [3, 7]
+        return lambda: m.indexer_topk(qi, w, k, pos, 2, out=buf)
+
+    def indexer_packed(buf):
+        cu = buf.reshape(-1)[:2]
+        cu[:] = [0, 16]
+        return lambda: m.indexer_topk_packed(qi, w, k, cu, [0, 0], [3, 7], 2, out=buf)
+
+    return [(block, (2, 1, 2)), (packed, (2, 1, 2)), (indexer, (2, 2)), (indexer_packed, (2, 2))]
+
+
+@pytest.mark.parametrize("impl", ["native", "reference"])
+@pytest.mark.parametrize("case", range(4))
+def test_an_out_sharing_memory_with_positions_is_refused_naming_out(impl, case):
+    m = ks if impl == "native" else ref
+    make, shape = _aliased_calls(m)[case]
+    buf = np.zeros(shape, np.int32)
+    call = make(buf)
+    before = buf.copy()
+    with pytest.raises(ks.SelectionError if impl == "native" else ref.ReferenceSelectionError) as e:
+        call()
+    assert e.value.argument == "out"
+    assert np.array_equal(buf, before)
+
+
+@pytest.mark.parametrize("impl", ["native", "reference"])
+@pytest.mark.parametrize("argument", ["key_format", "query_format"])
+def test_an_unknown_format_name_is_refused_naming_its_argument(impl, argument):
+    # A bad value of a str parameter, as page_layout: a refusal naming it, not
+    # an anonymous TypeError.
+    m = ks if impl == "native" else ref
+    error = ks.SelectionError if impl == "native" else ref.ReferenceSelectionError
+    q, w, k = np.ones((1, 2, 4), np.float32), np.ones((1, 2), np.float32), np.ones((8, 4), np.float32)
+    calls = [lambda **f: m.indexer_topk(q, w, k, [3], 2, **f),
+             lambda **f: m.block_sparse_select(q[:, :1], k, [3], ks.BlockSparseConfig(4, 1, 0, 1), **f)]
+    for call in calls:
+        with pytest.raises(error) as e:
+            call(**{argument: "bfloat12"})
+        assert e.value.argument == argument and "bfloat12" in str(e.value)
