@@ -481,9 +481,9 @@ fn positions_of_blocks<'py>(
     let np = per_query(n_positions, "n_positions", axis)?;
     let mut out_shape = shape.clone();
     out_shape[shape.len() - 1] = w.saturating_mul(cfg.block_size);
+    let arrays = [&[b.untyped()][..], &ndarrays(&[query_pos, n_positions])].concat();
     // SAFETY: positions_of_blocks_batch_into writes every slot of `out`
     // when it succeeds, and a refused call's array is never handed back.
-    let arrays = [&[b.untyped()][..], &ndarrays(&[query_pos, n_positions])].concat();
     let out = unsafe { S.output_filled_by_core(py, out, &out_shape, &arrays)? };
     let bs = b.slice()?;
     let res = out.run(bs.len(), |os| {
