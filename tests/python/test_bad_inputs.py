@@ -2246,6 +2246,207 @@ def _():
     return {"call": lambda: _ks().check_witnesses(b, a, [8], 2), "watch": [b, a]}
 
 
+# -- nothing silent, the other entry points: transposed / reshaped / byte-swapped / misaligned --
+# The attention functions, the oracle, the witness and metric functions, the
+# engine checkers and GlobalSlots, one array argument at a time: transposed
+# (or, for a 1-D one, reshaped) it is refused, naming the argument the
+# disagreement shows up in; in non-native byte order or misaligned an input
+# is converted (copied) once and gives the native-order result, while
+# scatter_topology_witnesses' topk_indices, written in place, is refused.
+
+
+def ot_attention():
+    r = rng()
+    return {
+        "q": r.standard_normal((3, 2, 4)).astype(np.float32),
+        "k": r.standard_normal((7, 1, 4)).astype(np.float32),
+        "v": r.standard_normal((7, 1, 5)).astype(np.float32),
+        "query_pos": np.array([2, 4, 6]),
+        "selection": np.array([[[0, 1, 2]], [[1, 3, 4]], [[0, 5, 6]]], np.int32),
+    }
+
+
+def ot_candidates():
+    """Three candidate rows of width 4 (not square: a transposed one cannot pass)."""
+    return {
+        "candidates": np.array([[0, 5, 2, -1], [3, 1, -1, -1], [4, 4, 0, 7]], np.int32),
+        "context_lens": np.array([8, 6, 5], np.int32),
+    }
+
+
+def ot_witness_check():
+    before, after = witness_check_args()
+    return {"before": before, "after": after}
+
+
+def ot_check_topk():
+    s, r = check_args()
+    return {"scores": s, "rows": r, "magnitudes": np.array([[1, 3, 1, 2, 1], [1, 1, 1, 2, 1]], np.float32)}
+
+
+def ot_check_blocks():
+    s, _, nb = block_check_args()
+    return {"block_scores": s, "rows": np.array([[5, 0, -1], [0, 3, -1]], np.int64), "visible_blocks": nb}
+
+
+def ot_global_slots():
+    _, s, r = slots_args()
+    # Three requests of two pages; row 0 is request 2's (pages 3, 1), as in slots_args.
+    return {"block_table": np.array([[0, 2], [5, 4], [3, 1]], np.int32), "req_ids": np.array([2], np.int32),
+            "scores": s, "rows": r}
+
+
+def _ot_scatter(m, a):
+    m.scatter_topology_witnesses(a["topk_indices"], a["context_lens"], 2)
+    return a["topk_indices"]
+
+
+# name: (the arrays, the call as written ({argument} marks each array bent), the call)
+_OT = {
+    "attention_probabilities": (lambda: ot_attention(), "attention_probabilities({q}, {k}, query_pos)",
+                                lambda m, a: m.attention_probabilities(a["q"], a["k"], a["query_pos"])),
+    "dense_attention": (lambda: ot_attention(), "dense_attention({q}, {k}, {v}, query_pos)",
+                        lambda m, a: m.dense_attention(a["q"], a["k"], a["v"], a["query_pos"])),
+    "sparse_attention": (lambda: ot_attention(), "sparse_attention({q}, {k}, {v}, query_pos, {selection})",
+                         lambda m, a: m.sparse_attention(a["q"], a["k"], a["v"], a["query_pos"], a["selection"])),
+    "oracle_topk": (lambda: {"attention": rng().random((3, 7)), "query_pos": np.array([2, 4, 6])},
+                    "oracle_topk({attention}, query_pos, 3)",
+                    lambda m, a: m.oracle_topk(a["attention"], a["query_pos"], 3)),
+    "topology_witness_indices": (lambda: {"learned": learned(), "context_lens": lens()},
+                                 "topology_witness_indices({learned}, {context_lens}, 4)",
+                                 lambda m, a: m.topology_witness_indices(a["learned"], a["context_lens"], 4)),
+    "apply_topology_witnesses": (lambda: {"learned": learned(), "context_lens": lens()},
+                                 "apply_topology_witnesses({learned}, {context_lens}, 2, 4, 2)",
+                                 lambda m, a: m.apply_topology_witnesses(a["learned"], a["context_lens"], 2, 4, 2)),
+    "scatter_topology_witnesses": (lambda: {"topk_indices": learned(), "context_lens": lens()},
+                                   "scatter_topology_witnesses({topk_indices}, {context_lens}, 2)", _ot_scatter),
+    "segment_coverage_rows": (ot_candidates, "segment_coverage_rows({candidates}, {context_lens}, 4)",
+                              lambda m, a: m.segment_coverage_rows(a["candidates"], a["context_lens"], 4)),
+    "attention_mass_recall_rows": (lambda: {"candidates": ot_candidates()["candidates"], "attention": rng().random((6, 8))},
+                                   "attention_mass_recall_rows({candidates}, {attention})",
+                                   lambda m, a: m.attention_mass_recall_rows(a["candidates"], a["attention"])),
+    "slots_used_rows": (ot_candidates, "slots_used_rows({candidates}, {context_lens})",
+                        lambda m, a: m.slots_used_rows(a["candidates"], a["context_lens"])),
+    "output_relative_error_rows": (lambda: {"sparse": rng().standard_normal((3, 5)).astype(np.float32),
+                                            "dense": rng().standard_normal((3, 5)).astype(np.float32)[::-1].copy()},
+                                   "output_relative_error_rows({sparse}, {dense})",
+                                   lambda m, a: m.output_relative_error_rows(a["sparse"], a["dense"])),
+    "check_topk": (ot_check_topk, "check_topk({scores}, {rows}, rtol=0.1, magnitudes={magnitudes})",
+                   lambda m, a: m.check_topk(a["scores"], a["rows"], rtol=0.1, magnitudes=a["magnitudes"])),
+    "check_blocks": (ot_check_blocks, "check_blocks({block_scores}, {rows}, visible_blocks, cfg)",
+                     lambda m, a: m.check_blocks(a["block_scores"], a["rows"], a["visible_blocks"], cfg())),
+    "check_witnesses": (ot_witness_check, "check_witnesses({before}, {after}, lens, 2)",
+                        lambda m, a: m.check_witnesses(a["before"], a["after"], lens(), 2)),
+    "GlobalSlots": (ot_global_slots, "check_topk(scores, rows, slots=GlobalSlots({block_table}, {req_ids}, 4))",
+                    lambda m, a: m.check_topk(a["scores"], a["rows"],
+                                              slots=m.GlobalSlots(a["block_table"], a["req_ids"], 4))),
+}
+
+_OT_T2 = (".T", lambda x: x.T)
+_OT_T3 = (".transpose(1, 0, 2)", lambda x: x.transpose(1, 0, 2))
+_OT_R = (".reshape(1, -1)", lambda x: x.reshape(1, -1))
+
+# (name, argument, bend, the exception, the argument it names, note): what the library really does.
+_OT_REFUSED = [
+    ("attention_probabilities", "q", _OT_T3, "SelectionError", "query_pos", "q's query axis meets query_pos"),
+    ("attention_probabilities", "k", _OT_T3, "SelectionError", "n_q_heads", "7 KV heads cannot serve q's 2 heads"),
+    ("dense_attention", "q", _OT_T3, "SelectionError", "query_pos", "q's query axis meets query_pos"),
+    ("dense_attention", "k", _OT_T3, "SelectionError", "v", "k fixes v's [n_keys, n_kv_heads]"),
+    ("dense_attention", "v", _OT_T3, "SelectionError", "v", None),
+    ("sparse_attention", "q", _OT_T3, "SelectionError", "selection", "q fixes selection's [n_queries, n_kv_heads]"),
+    ("sparse_attention", "k", _OT_T3, "SelectionError", "v", "k fixes v's [n_keys, n_kv_heads]"),
+    ("sparse_attention", "v", _OT_T3, "SelectionError", "v", None),
+    ("sparse_attention", "selection", _OT_T3, "SelectionError", "selection", None),
+    ("oracle_topk", "attention", _OT_T2, "SelectionError", "query_pos", "one position per attention row"),
+    ("topology_witness_indices", "learned", _OT_T2, "WitnessError", "context_lens", "one length per learned row"),
+    ("topology_witness_indices", "context_lens", _OT_R, "WitnessError", "context_lens", None),
+    ("apply_topology_witnesses", "learned", _OT_T2, "WitnessError", "context_lens", "one length per learned row"),
+    ("apply_topology_witnesses", "context_lens", _OT_R, "WitnessError", "context_lens", None),
+    ("scatter_topology_witnesses", "topk_indices", _OT_T2, "WitnessError", "context_lens",
+     "one length per buffer row"),
+    ("scatter_topology_witnesses", "context_lens", _OT_R, "WitnessError", "context_lens", None),
+    ("segment_coverage_rows", "candidates", _OT_T2, "WitnessError", "context_lens", "one length per candidate row"),
+    ("segment_coverage_rows", "context_lens", _OT_R, "WitnessError", "context_lens", None),
+    ("attention_mass_recall_rows", "candidates", _OT_T2, "WitnessError", "attention",
+     "6 attention rows are no multiple of 4 candidate rows"),
+    ("attention_mass_recall_rows", "attention", _OT_T2, "WitnessError", "attention", None),
+    ("slots_used_rows", "candidates", _OT_T2, "WitnessError", "context_lens", "one length per candidate row"),
+    ("slots_used_rows", "context_lens", _OT_R, "WitnessError", "context_lens", None),
+    ("output_relative_error_rows", "sparse", _OT_T2, "SelectionError", "dense", "dense is checked against sparse"),
+    ("output_relative_error_rows", "dense", _OT_T2, "SelectionError", "dense", None),
+    ("check_topk", "scores", _OT_T2, "SelectionError", "rows", "scores and rows have one row each per row"),
+    ("check_topk", "rows", _OT_T2, "SelectionError", "rows", None),
+    ("check_topk", "magnitudes", _OT_T2, "SelectionError", "magnitudes", None),
+    ("check_blocks", "block_scores", _OT_T2, "SelectionError", "block_scores", None),
+    ("check_blocks", "rows", _OT_T2, "SelectionError", "rows", None),
+    ("check_witnesses", "before", _OT_T2, "WitnessError", "after", "after is checked against before"),
+    ("check_witnesses", "after", _OT_T2, "WitnessError", "after", None),
+    ("GlobalSlots", "block_table", _OT_T2, "SelectionError", "req_ids", "req_ids[0] = 2 is past the 2 rows left"),
+    ("GlobalSlots", "req_ids", _OT_R, "SelectionError", "req_ids", None),
+]
+
+# Arguments written in place: never converted, so refused (exception, argument it names, note) when bent.
+_OT_IN_PLACE = {
+    ("scatter_topology_witnesses", "topk_indices"): {
+        "byte-swapped": ("TypeError", None, "written in place, so never converted: pass native int32"),
+        "misaligned": ("WitnessError", "topk_indices", "written in place, so never copied"),
+    },
+}
+
+
+def _ot_shown(name, key, text):
+    """The call as written, `key` shown as `text` and every other array by its name."""
+    template = _OT[name][1]
+    names = {f: f for f in _OT[name][0]() if "{" + f + "}" in template}
+    names[key] = text
+    return "`" + template.format(**names) + "`"
+
+
+def _ot_refused(name, key, bend, expect, argument, note):
+    how = "reshaped" if bend is _OT_R else "transposed"
+
+    @case(f"{name}-{key.replace('_', '-')}-{how}", "transposed / reshaped", _ot_shown(name, key, key + bend[0]),
+          expect, argument=argument, note=note or "")
+    def _():
+        make, _, call = _OT[name]
+        a = make()
+        a[key] = np.ascontiguousarray(bend[1](a[key]))
+        return {"call": lambda: call(_ks(), a), "watch": list(a.values())}
+
+
+for _r in _OT_REFUSED:
+    _ot_refused(*_r)
+
+
+def _ot_bent(name, key, how):
+    bend = ns_swapped if how == "byte-swapped" else ns_misaligned
+    code = _OT[name][0]()[key].dtype.str[1:]
+    shown = {"byte-swapped": f"{key} as '>{code}'", "misaligned": f"{key} as misaligned {code}"}[how]
+    refused = _OT_IN_PLACE.get((name, key), {}).get(how)
+    if refused:
+        expect, argument, note = refused
+    else:
+        expect, argument = ACCEPTED, None
+        note = ("converted once: the same result as native order" if how == "byte-swapped"
+                else "copied once to an aligned array: the same result")
+
+    @case(f"{name}-{key.replace('_', '-')}-{how}", "byte order / alignment", _ot_shown(name, key, shown), expect,
+          argument=argument, note=note)
+    def _():
+        make, _, call = _OT[name]
+        a = make()
+        a[key] = bend(a[key])
+        spec = {"call": lambda: call(_ks(), a), "watch": list(a.values())}
+        if not refused:
+            spec["check"] = same(lambda: call(_ks(), make()))
+        return spec
+
+
+for _n, _k in [(_r[0], _r[1]) for _r in _OT_REFUSED]:
+    for _how in ("byte-swapped", "misaligned"):
+        _ot_bent(_n, _k, _how)
+
+
 # ---------------------------------------------------------------------------
 # Running the catalogue (in the subprocess)
 # ---------------------------------------------------------------------------
