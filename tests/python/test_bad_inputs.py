@@ -2280,13 +2280,16 @@ def ot_witness_check():
 
 
 def ot_check_topk():
-    s, r = check_args()
-    return {"scores": s, "rows": r, "magnitudes": np.array([[1, 3, 1, 2, 1], [1, 1, 1, 2, 1]], np.float32)}
+    """Row 0 is wrong (position 0 in place of 2): the report carries scores and a margin of the magnitudes."""
+    s, _ = check_args()
+    return {"scores": s, "rows": np.array([[3, 1, 0], [3, 0, 1]], np.int64),
+            "magnitudes": np.array([[1, 3, 1, 2, 1], [1, 1, 1, 2, 1]], np.float32)}
 
 
 def ot_check_blocks():
+    """Under BlockSparseConfig(4, 3, 1, 1) row 0 is wrong (block 4 in place of 1): the report carries scores."""
     s, _, nb = block_check_args()
-    return {"block_scores": s, "rows": np.array([[5, 0, -1], [0, 3, -1]], np.int64), "visible_blocks": nb}
+    return {"block_scores": s, "rows": np.array([[5, 0, 4], [0, 3, 1]], np.int64), "visible_blocks": nb}
 
 
 def ot_global_slots():
@@ -2333,8 +2336,9 @@ _OT = {
                                    lambda m, a: m.output_relative_error_rows(a["sparse"], a["dense"])),
     "check_topk": (ot_check_topk, "check_topk({scores}, {rows}, rtol=0.1, magnitudes={magnitudes})",
                    lambda m, a: m.check_topk(a["scores"], a["rows"], rtol=0.1, magnitudes=a["magnitudes"])),
-    "check_blocks": (ot_check_blocks, "check_blocks({block_scores}, {rows}, visible_blocks, cfg)",
-                     lambda m, a: m.check_blocks(a["block_scores"], a["rows"], a["visible_blocks"], cfg())),
+    "check_blocks": (ot_check_blocks, "check_blocks({block_scores}, {rows}, visible_blocks, BlockSparseConfig(4, 3, 1, 1))",
+                     lambda m, a: m.check_blocks(a["block_scores"], a["rows"], a["visible_blocks"],
+                                                 m.BlockSparseConfig(4, 3, 1, 1))),
     "check_witnesses": (ot_witness_check, "check_witnesses({before}, {after}, lens, 2)",
                         lambda m, a: m.check_witnesses(a["before"], a["after"], lens(), 2)),
     "GlobalSlots": (ot_global_slots, "check_topk(scores, rows, slots=GlobalSlots({block_table}, {req_ids}, 4))",
@@ -2381,7 +2385,7 @@ _OT_REFUSED = [
     ("check_blocks", "rows", _OT_T2, "SelectionError", "rows", None),
     ("check_witnesses", "before", _OT_T2, "WitnessError", "after", "after is checked against before"),
     ("check_witnesses", "after", _OT_T2, "WitnessError", "after", None),
-    ("GlobalSlots", "block_table", _OT_T2, "SelectionError", "req_ids", "req_ids[0] = 2 is past the 2 rows left"),
+    ("GlobalSlots", "block_table", _OT_T2, "SelectionError", "req_ids", "req_ids[0] = 2: the table now has 2 requests"),
     ("GlobalSlots", "req_ids", _OT_R, "SelectionError", "req_ids", None),
 ]
 
