@@ -123,6 +123,14 @@ impl<'py> Call<'py> {
         })
     }
 
+    /// Every array argument, as an output must not overlap them.
+    fn arrays(&self) -> Vec<&Bound<'py, PyUntypedArray>> {
+        let mut arrays = vec![self.q.untyped(), self.w.untyped(), self.k.untyped()];
+        arrays.extend(self.scale.as_ref().map(|c| c.untyped()));
+        arrays.extend(&self.raw);
+        arrays
+    }
+
     /// Multiply-adds of scoring every key for every query (for `detach`).
     fn work(&self) -> usize {
         let s = self.shape;
@@ -140,9 +148,7 @@ impl<'py> Call<'py> {
         core: impl FnOnce(&IndexerInputs<'_>, &mut [i32], Option<&mut [f32]>) -> Result<(), Error>
             + Send,
     ) -> PyResult<I32<'py>> {
-        let mut arrays = vec![self.q.untyped(), self.w.untyped(), self.k.untyped()];
-        arrays.extend(self.scale.as_ref().map(|c| c.untyped()));
-        arrays.extend(&self.raw);
+        let arrays = self.arrays();
         let (inputs, work) = (self.borrowed()?, self.work());
         let shape = [self.shape.n_queries, self.topk];
         run_topk(py, &arrays, shape, outs, work, |o, s| core(&inputs, o, s))
@@ -327,9 +333,7 @@ impl<'py> Call<'py> {
         magnitudes: bool,
     ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
         let shape = self.shape;
-        let mut arrays = vec![self.q.untyped(), self.w.untyped(), self.k.untyped()];
-        arrays.extend(self.scale.as_ref().map(|c| c.untyped()));
-        arrays.extend(&self.raw);
+        let arrays = self.arrays();
         let out = S.output::<f32>(py, out, &[shape.n_queries, shape.n_keys], &arrays)?;
         let (inputs, work) = (self.borrowed()?, self.work());
         out.run(work, |o| {
