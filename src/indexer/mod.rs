@@ -186,7 +186,7 @@ pub fn indexer_scores_into(
         let mut pieces: Vec<Vec<&mut [f32]>> = Vec::new();
         group.clear();
         for (j, (i, row)) in rows.by_ref().take(run::GROUP).enumerate() {
-            let mut query = Query::new(h, d);
+            let mut query = Query::new(h, d, level);
             query.load(&inputs.q, inputs.weights, i, magnitude);
             group.push(query);
             let len = inputs.query_pos[i].saturating_add(1).min(t);
@@ -328,6 +328,7 @@ fn run_queries(
         n: shape.n_queries,
         h,
         d,
+        level,
         q: &inputs.q,
         weights: inputs.weights,
         same_keys: |i: usize, j: usize| keys_of(i) == keys_of(j),

@@ -81,6 +81,7 @@ pub fn indexer_topk_paged_into(
         n,
         h,
         d,
+        level,
         q: &inputs.q,
         weights: inputs.weights,
         same_keys: |i: usize, j: usize| seq_ids[i] == seq_ids[j],

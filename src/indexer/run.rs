@@ -48,6 +48,8 @@ pub(super) struct Queries<'a, S, L> {
     pub n: usize,
     pub h: usize,
     pub d: usize,
+    /// The SIMD level the queries are scored at (their tiles' layout).
+    pub level: Option<crate::simd::Wide>,
     pub q: &'a Encoded<'a>,
     pub weights: &'a [f32],
     /// `same_keys(i, j)`: queries `i` and `j` read the same keys (may share
@@ -82,6 +84,7 @@ pub(super) fn for_each_group<S, L>(
         n,
         h,
         d,
+        level,
         q,
         weights,
         same_keys,
@@ -111,7 +114,7 @@ pub(super) fn for_each_group<S, L>(
             (lmax, i1) = (l, i1 + 1);
         }
         let g = i1 - i0;
-        group.resize_with(g, || Query::new(h, d));
+        group.resize_with(g, || Query::new(h, d, level));
         for (j, query) in group.iter_mut().enumerate() {
             query.load(q, weights, i0 + j, false);
         }

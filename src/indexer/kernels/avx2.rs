@@ -1,7 +1,7 @@
-//! The AVX2 + FMA kernel: tiles of 4 heads (then 1) × 16 of the block's
-//! keys in two 8-lane registers, one chain per (head, register).
+//! The AVX2 + FMA kernel: tiles of 6 heads × 16 of the block's keys in two
+//! 8-lane registers, one chain per (head, register): 12 in flight.
 
-use super::{prefetch_line, prefetch_runs, slot, Src, BLOCK};
+use super::{prefetch_line, prefetch_runs, Src, BLOCK};
 use crate::keys::x86::{load8_bf16, load8_f16, load8_fp8};
 use crate::keys::Encoded;
 use crate::simd::Avx2;
@@ -88,11 +88,14 @@ pub(super) unsafe fn transpose(_: Avx2, src: Src<'_>, n: usize, d: usize, kt: &m
     }
 }
 
-/// [`super::portable::weighted_relu_sums`], tiles of 4 heads then 1.
+/// [`super::portable::weighted_relu_sums`] over the query's [`super::Tiles::Sixes`]
+/// tiles: each 6-head tile against the block's two halves of 16 keys (12
+/// chains), then the tile of the 1–5 heads left — 1 or 2 heads against all
+/// 32 keys at once (4 or 8 chains), 3 to 5 against each half (6 to 10).
 ///
 /// # Safety
-/// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK` (the token proves
-/// the CPU can run it).
+/// `qt.len() >= d * w.len()` in the [`super::Tiles::Sixes`] layout, `kt.len() >=
+/// d * BLOCK` (the token proves the CPU can run it).
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn weighted_relu_sums(
     _: Avx2,
@@ -104,37 +107,55 @@ pub(super) unsafe fn weighted_relu_sums(
     next: &[u8],
 ) {
     let h = w.len();
-    let full = h / 4 * 4;
-    let mut runs = prefetch_runs(next, (h / 4 + h % 4) * (BLOCK / TILE_KEYS));
-    for h0 in (0..full).step_by(4) {
+    let sixes = h / 6 * 6;
+    let rest = h - sixes;
+    let halves = BLOCK / TILE_KEYS;
+    let calls = sixes / 6 * halves + if rest > 2 { halves } else { usize::from(rest > 0) };
+    let mut runs = prefetch_runs(next, calls);
+    let mut pf = || runs.next().unwrap_or_default();
+    for h0 in (0..sixes).step_by(6) {
         for r0 in (0..BLOCK).step_by(TILE_KEYS) {
-            let pf = runs.next().unwrap_or_default();
-            // SAFETY: heads `h0 .. h0 + 4 <= h`, keys `r0 .. r0 + 16 <= BLOCK`.
-            unsafe { tile::<4>(qt, kt, w, d, h0, r0, acc, pf) };
+            // SAFETY: heads `h0 .. h0 + 6 <= h` (a tile), keys `r0 .. r0 + 16 <= BLOCK`.
+            unsafe { tile::<6, 2>(qt, kt, w, d, h0, r0, acc, pf()) };
         }
     }
-    for h0 in full..h {
-        for r0 in (0..BLOCK).step_by(TILE_KEYS) {
-            let pf = runs.next().unwrap_or_default();
-            // SAFETY: head `h0 < h`, keys as above.
-            unsafe { tile::<1>(qt, kt, w, d, h0, r0, acc, pf) };
+    let h0 = sixes;
+    for r0 in (0..BLOCK).step_by(TILE_KEYS) {
+        // SAFETY: heads `h0 .. h0 + rest = h`, the last tile; keys `r0 ..
+        // r0 + 16 <= BLOCK`.
+        unsafe {
+            match rest {
+                3 => tile::<3, 2>(qt, kt, w, d, h0, r0, acc, pf()),
+                4 => tile::<4, 2>(qt, kt, w, d, h0, r0, acc, pf()),
+                5 => tile::<5, 2>(qt, kt, w, d, h0, r0, acc, pf()),
+                _ => {}
+            }
+        }
+    }
+    // SAFETY: as above, the tile's `rest` heads against all `BLOCK = 32` keys.
+    unsafe {
+        match rest {
+            1 => tile::<1, 4>(qt, kt, w, d, h0, 0, acc, pf()),
+            2 => tile::<2, 4>(qt, kt, w, d, h0, 0, acc, pf()),
+            _ => {}
         }
     }
 }
 
-/// Heads `h0 .. h0 + G` against keys `r0 .. r0 + 16` of the block, folded
-/// into their sums in head order; the lines of `pf` prefetched, one per
-/// dimension (the rest after).
+/// Heads `h0 .. h0 + G` (one whole tile of the query's layout) against keys
+/// `r0 .. r0 + 8R` of the block, folded into their sums in head order; the
+/// lines of `pf` prefetched, one per dimension (the rest after).
 ///
 /// # Safety
-/// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK`, `h0 + G <= w.len()`
-/// with heads `h0 .. h0 + G` within one tile of the query's layout
-/// ([`slot`]), `r0 + 16 <= BLOCK`; the CPU has AVX2 and FMA.
+/// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK`, `h0 .. h0 + G` a
+/// tile of the [`super::Tiles::Sixes`] layout (so its element `i` of head `h0 + j`
+/// is at `h0 · d + i · G + j`), `r0 + 8R <= BLOCK`; the CPU has AVX2 and
+/// FMA.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<const G: usize>(
+unsafe fn tile<const G: usize, const R: usize>(
     qt: &[f32],
     kt: &[f32],
     w: &[f32],
@@ -144,24 +165,21 @@ unsafe fn tile<const G: usize>(
     acc: &mut [f32; BLOCK],
     pf: &[u8],
 ) {
-    // Heads `h0 .. h0 + G` lie in one of the query's tiles (4 or 1 here are
-    // whole tiles or halves of an 8): element `i` of head `h0 + j` at
-    // `base + i · stride + j`.
-    let (base, stride) = slot(w.len(), d, h0);
     let (qp, kp) = (qt.as_ptr(), kt.as_ptr());
-    let mut a = [[_mm256_setzero_ps(); 2]; G];
+    let mut a = [[_mm256_setzero_ps(); R]; G];
     for i in 0..d {
         prefetch_line(pf, i);
-        // SAFETY: `i < d`: lanes `r0 .. r0 + 16` of row `i` of `kt`, and
+        // SAFETY: `i < d`: lanes `r0 .. r0 + 8R` of row `i` of `kt`, and
         // element `i` of heads `h0 .. h0 + G <= h` in `qt` (the contract).
         unsafe {
-            let k0 = _mm256_loadu_ps(kp.add(i * BLOCK + r0));
-            let k1 = _mm256_loadu_ps(kp.add(i * BLOCK + r0 + LANES));
-            let q = qp.add(base + i * stride);
+            let k: [__m256; R] =
+                std::array::from_fn(|p| _mm256_loadu_ps(kp.add(i * BLOCK + r0 + p * LANES)));
+            let q = qp.add(h0 * d + i * G);
             for j in 0..G {
                 let qv = _mm256_set1_ps(*q.add(j));
-                a[j][0] = _mm256_fmadd_ps(qv, k0, a[j][0]);
-                a[j][1] = _mm256_fmadd_ps(qv, k1, a[j][1]);
+                for p in 0..R {
+                    a[j][p] = _mm256_fmadd_ps(qv, k[p], a[j][p]);
+                }
             }
         }
     }
@@ -169,21 +187,20 @@ unsafe fn tile<const G: usize>(
         prefetch_line(pf, i);
     }
     let zero = _mm256_setzero_ps();
-    let ap = acc[r0..r0 + TILE_KEYS].as_mut_ptr();
-    // SAFETY: `ap` points at 16 floats.
-    let mut s = unsafe { [_mm256_loadu_ps(ap), _mm256_loadu_ps(ap.add(LANES))] };
+    let ap = acc[r0..r0 + R * LANES].as_mut_ptr();
+    // SAFETY: `ap` points at `8R` floats.
+    let mut s: [__m256; R] = std::array::from_fn(|p| unsafe { _mm256_loadu_ps(ap.add(p * LANES)) });
     for j in 0..G {
         let wv = _mm256_set1_ps(w[h0 + j]);
-        for p in 0..2 {
+        for p in 0..R {
             // relu: `x <= 0 ? 0 : x` (NaN is not `<= 0`: kept).
             let x = a[j][p];
             let x = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(x, zero), x);
             s[p] = _mm256_fmadd_ps(wv, x, s[p]);
         }
     }
-    // SAFETY: as above.
-    unsafe {
-        _mm256_storeu_ps(ap, s[0]);
-        _mm256_storeu_ps(ap.add(LANES), s[1]);
+    for (p, v) in s.iter().enumerate() {
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_ps(ap.add(p * LANES), *v) };
     }
 }

@@ -34,40 +34,77 @@ mod tests;
 /// Keys per block: the lanes of two AVX-512 registers (four AVX2 ones).
 pub(super) const BLOCK: usize = 32;
 
-/// A query's heads decoded, in head tiles: heads `0 .. 8⌊h/8⌋` in tiles of
-/// 8, then a tile of 4 if 4 remain, then tiles of 1 (the AVX-512 kernel's
-/// tiles), each tile dimension-major — head `h0 + j` of a tile of `G`
-/// starting at `h0` has its element `i` at `h0 · d + i · G + j` ([`slot`]).
-/// A tile's broadcasts are then one sequential run (`G · d` floats: 4 KiB
-/// at `d` = 128), so the tile streams from L2 while the block stays in L1.
-/// Also the query's head weights.
+/// How a query's heads are cut into the kernels' head tiles. Each tile of
+/// `G` heads starting at `h0` is dimension-major: head `h0 + j`'s element
+/// `i` is at `h0 · d + i · G + j` ([`slot`]), so a tile's broadcasts are one
+/// sequential run (`G · d` floats: 3–4 KiB at `d` = 128) that streams from
+/// L2 while the block stays in L1. The layout is the kernel's choice (its
+/// register budget); the arithmetic, and so the bits, never depend on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Tiles {
+    /// 8s, then a 4 if 4 remain, then 1s: the AVX-512 kernel's (and the
+    /// portable one's, which reads any layout).
+    Eights,
+    /// 6s, then one tile of the 1–5 heads left: the AVX2 kernel's, whose
+    /// 6 heads × 16 keys are 12 independent FMA chains in 15 of the 16
+    /// registers (two FMA ports of latency 4 need 8; 4 × 16 kept exactly 8
+    /// in flight and lost a third of the peak to every stall).
+    Sixes,
+}
+
+impl Tiles {
+    /// The layout the kernel of `level` reads.
+    pub fn of(level: Option<Wide>) -> Tiles {
+        match level {
+            Some(Wide::Avx2(_)) => Tiles::Sixes,
+            _ => Tiles::Eights,
+        }
+    }
+}
+
+/// A query's heads decoded, in head tiles ([`Tiles`]), and its head weights.
 pub(super) struct Query {
     pub h: usize,
     pub d: usize,
+    pub tiles: Tiles,
     pub qt: Vec<f32>,
     pub w: Vec<f32>,
 }
 
-/// Where head `head`'s elements are in [`Query::qt`]: element `i` at
-/// `base + i · stride`.
+/// Where head `head`'s elements are in [`Query::qt`] under `tiles`: element
+/// `i` at `base + i · stride` (the stride is the tile's head count).
 #[inline]
-pub(super) fn slot(h: usize, d: usize, head: usize) -> (usize, usize) {
-    let eights = h / 8 * 8;
-    let (h0, g) = if head < eights {
-        (head / 8 * 8, 8)
-    } else if h - eights >= 4 && head < eights + 4 {
-        (eights, 4)
-    } else {
-        (head, 1)
+pub(super) fn slot(tiles: Tiles, h: usize, d: usize, head: usize) -> (usize, usize) {
+    let (h0, g) = match tiles {
+        Tiles::Eights => {
+            let eights = h / 8 * 8;
+            if head < eights {
+                (head / 8 * 8, 8)
+            } else if h - eights >= 4 && head < eights + 4 {
+                (eights, 4)
+            } else {
+                (head, 1)
+            }
+        }
+        Tiles::Sixes => {
+            let sixes = h / 6 * 6;
+            if head < sixes {
+                (head / 6 * 6, 6)
+            } else {
+                (sixes, h - sixes)
+            }
+        }
     };
     (h0 * d + head - h0, g)
 }
 
 impl Query {
-    pub fn new(h: usize, d: usize) -> Self {
+    /// An empty query laid out for the kernel of `level`.
+    pub fn new(h: usize, d: usize, level: Option<Wide>) -> Self {
         Query {
             h,
             d,
+            tiles: Tiles::of(level),
             qt: vec![0.0; h * d],
             w: vec![0.0; h],
         }
@@ -80,7 +117,7 @@ impl Query {
         let mut row = vec![0.0f32; d];
         for head in 0..h {
             q.decode((i * h + head) * d, &mut row);
-            let (base, stride) = slot(h, d, head);
+            let (base, stride) = slot(self.tiles, h, d, head);
             for (x, &v) in self.qt[base..].iter_mut().step_by(stride).zip(&row) {
                 *x = v;
             }
@@ -168,9 +205,11 @@ pub(super) fn score_keys(
     let n = outs.iter().map(|o| o.len()).max().unwrap_or(0);
     // The bounds the kernels' pointer reads rely on, checked in release.
     assert!(queries.len() == outs.len());
-    assert!(queries
-        .iter()
-        .all(|q| q.h == h && q.d == d && q.w.len() == h && q.qt.len() == h * d));
+    assert!(queries.iter().all(|q| q.h == h
+        && q.d == d
+        && q.w.len() == h
+        && q.qt.len() == h * d
+        && q.tiles == Tiles::of(level)));
     assert!((first + n) * d <= keys.enc.len());
     assert!(keys.scale.is_none_or(|c| first + n <= c.len()));
     if scratch.kt.len() != d * BLOCK / 16 {
@@ -266,7 +305,10 @@ fn weighted_relu_sums(
     next: &[u8],
 ) {
     let (h, d, w) = (q.h, q.d, &q.w[..]);
+    // The kernels read the query in their own tiles (checked in release: a
+    // wrong layout would read other heads' elements).
     assert!(w.len() == h && q.qt.len() == h * d && kt.len() == d * BLOCK);
+    assert!(q.tiles == Tiles::of(level) || level.is_none());
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the token proves AVX-512, AVX2 and FMA; `q.qt` holds the
@@ -280,7 +322,7 @@ fn weighted_relu_sums(
         Some(Wide::Avx2(token)) => unsafe {
             avx2::weighted_relu_sums(token, &q.qt, kt, w, d, acc, next)
         },
-        _ => portable::weighted_relu_sums(&q.qt, kt, w, d, acc),
+        _ => portable::weighted_relu_sums(q.tiles, &q.qt, kt, w, d, acc),
     }
 }
 

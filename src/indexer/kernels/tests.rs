@@ -97,47 +97,59 @@ fn every_level_decodes_and_transposes_a_block_exactly() {
     }
 }
 
-/// Every head's elements have their own slots in the query's tiles: the
+/// Every head's elements have their own slots in each layout's tiles: the
 /// layout is a permutation of `0 .. h · d`, and loading puts `q_h[i]` there.
 #[test]
 fn the_query_tiles_are_a_permutation() {
-    for &(h, d) in &SHAPES {
-        let mut seen = vec![false; h * d];
-        for head in 0..h {
-            let (base, stride) = slot(h, d, head);
-            for i in 0..d {
-                assert!(
-                    !std::mem::replace(&mut seen[base + i * stride], true),
-                    "h={h} d={d}"
-                );
+    for tiles in [Tiles::Eights, Tiles::Sixes] {
+        for &(h, d) in &SHAPES {
+            let mut seen = vec![false; h * d];
+            for head in 0..h {
+                let (base, stride) = slot(tiles, h, d, head);
+                for i in 0..d {
+                    assert!(
+                        !std::mem::replace(&mut seen[base + i * stride], true),
+                        "{tiles:?} h={h} d={d}"
+                    );
+                }
             }
-        }
-        let values: Vec<f32> = (0..h * d).map(|x| x as f32).collect();
-        let mut q = Query::new(h, d);
-        q.load(&Encoded::F32(&values), &vec![1.0; h], 0, false);
-        for head in 0..h {
-            let (base, stride) = slot(h, d, head);
-            for i in 0..d {
-                assert_eq!(q.qt[base + i * stride], (head * d + i) as f32);
+            let values: Vec<f32> = (0..h * d).map(|x| x as f32).collect();
+            let mut q = Query::new(h, d, None);
+            q.tiles = tiles;
+            q.load(&Encoded::F32(&values), &vec![1.0; h], 0, false);
+            for head in 0..h {
+                let (base, stride) = slot(tiles, h, d, head);
+                for i in 0..d {
+                    assert_eq!(q.qt[base + i * stride], (head * d + i) as f32);
+                }
             }
         }
     }
 }
 
+/// The query `q[head][i]` (row-major `h × d`) with weights `w`, laid out for
+/// the kernel of `level`.
+fn laid_out(level: Option<Wide>, h: usize, d: usize, q: &[f32], w: &[f32]) -> Query {
+    let mut query = Query::new(h, d, level);
+    query.load(&Encoded::F32(q), w, 0, false);
+    query
+}
+
 /// The AVX-512, AVX2 and portable kernels give the same bits on ragged
-/// shapes, NaN, infinities and signed zeros included, and the portable one
-/// is the scalar rule written out: each dot one FMA chain over `i` in
-/// order, the heads folded in order.
+/// shapes (every remainder of the AVX2 kernel's 6-head tiles among them),
+/// NaN, infinities and signed zeros included, and the portable one is the
+/// scalar rule written out: each dot one FMA chain over `i` in order, the
+/// heads folded in order.
 #[test]
 fn every_level_scores_bit_identically() {
     let Some(token) = crate::simd::avx2_for_test() else {
         return;
     };
     let mut next = source(0x9E37_79B9_7F4A_7C15);
-    for &(h, d) in &SHAPES {
+    let more = [(2, 9), (5, 16), (7, 3), (10, 8), (11, 17), (15, 4), (32, 64)];
+    for &(h, d) in SHAPES.iter().chain(&more) {
         for trial in 0..20 {
-            let mut q = Query::new(h, d);
-            q.qt.iter_mut().for_each(|x| *x = next());
+            let qs: Vec<f32> = (0..h * d).map(|_| next()).collect();
             let mut kt: Vec<f32> = (0..d * BLOCK).map(|_| next()).collect();
             match trial {
                 3 => kt[5] = f32::NAN,
@@ -146,31 +158,32 @@ fn every_level_scores_bit_identically() {
                 6 => kt.iter_mut().step_by(3).for_each(|x| *x = (*x).round()),
                 _ => {}
             }
-            q.w.iter_mut().for_each(|x| *x = next());
-            let w = q.w.clone();
+            let w: Vec<f32> = (0..h).map(|_| next()).collect();
+            let q = laid_out(None, h, d, &qs, &w);
             let mut want = [0.0f32; BLOCK];
-            portable::weighted_relu_sums(&q.qt, &kt, &w, d, &mut want);
+            portable::weighted_relu_sums(q.tiles, &q.qt, &kt, &w, d, &mut want);
             for (r, &got) in want.iter().enumerate() {
                 let mut s = 0.0f32;
                 for (head, wh) in w.iter().enumerate() {
                     let mut dot = 0.0f32;
-                    let (base, stride) = slot(h, d, head);
                     for i in 0..d {
-                        dot = q.qt[base + i * stride].mul_add(kt[i * BLOCK + r], dot);
+                        dot = qs[head * d + i].mul_add(kt[i * BLOCK + r], dot);
                     }
                     s = wh.mul_add(if dot <= 0.0 { 0.0 } else { dot }, s);
                 }
                 assert!(same(s, got), "portable h={h} d={d} key {r}");
             }
+            let avx2 = Some(Wide::Avx2(token));
             let mut got = [0.0f32; BLOCK];
-            weighted_relu_sums(Some(Wide::Avx2(token)), &q, &kt, &mut got, &[]);
+            weighted_relu_sums(avx2, &laid_out(avx2, h, d, &qs, &w), &kt, &mut got, &[]);
             for (r, (x, y)) in got.iter().zip(&want).enumerate() {
                 assert!(same(*x, *y), "AVX2 h={h} d={d} key {r}");
             }
             if let Some(t) = crate::simd::avx512_for_test() {
-                let mut wide = [0.0f32; BLOCK];
-                weighted_relu_sums(Some(Wide::Avx512(t)), &q, &kt, &mut wide, &[]);
-                for (r, (x, y)) in wide.iter().zip(&want).enumerate() {
+                let wide = Some(Wide::Avx512(t));
+                let mut got = [0.0f32; BLOCK];
+                weighted_relu_sums(wide, &laid_out(wide, h, d, &qs, &w), &kt, &mut got, &[]);
+                for (r, (x, y)) in got.iter().zip(&want).enumerate() {
                     assert!(same(*x, *y), "AVX-512 h={h} d={d} key {r}");
                 }
             }
@@ -183,13 +196,10 @@ fn every_level_scores_bit_identically() {
 #[test]
 fn the_relu_keeps_nan_and_zeroes_negatives_on_every_level() {
     let (h, d) = (2, 3);
-    let mut q = Query::new(h, d);
-    q.qt.copy_from_slice(&[1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
     let mut kt = vec![0.0f32; d * BLOCK];
     kt[0] = f32::NAN; // key 0: NaN dot
     kt[1] = -1.0; // key 1: negative dot
     kt[2] = 2.0; // key 2: positive dot
-    q.w.copy_from_slice(&[1.0, 0.5]);
     let levels = [
         None,
         crate::simd::avx2_for_test().map(Wide::Avx2),
@@ -199,6 +209,7 @@ fn the_relu_keeps_nan_and_zeroes_negatives_on_every_level() {
         if i > 0 && level.is_none() {
             continue;
         }
+        let q = laid_out(level, h, d, &[1.0; 6], &[1.0, 0.5]);
         let mut acc = [0.0f32; BLOCK];
         weighted_relu_sums(level, &q, &kt, &mut acc, &[]);
         assert!(acc[0].is_nan(), "{level:?}");
