@@ -242,7 +242,19 @@ pub(super) fn score_blocks(
     let paged = matches!(keys, Keys::Paged { .. });
     // fp8 chunks are scanned for NaN bytes first: small enough that the
     // scan leaves them in L1 for the kernel.
-    let fp8 = matches!(keys, Keys::Dense(Encoded::Fp8E4m3(_)));
+    // (The AVX2 kernel checks each piece after reading it instead: no
+    // scan, no chunking for it.)
+    let avx2 = matches!(isa, Some(Wide::Avx2(_)));
+    let fp8 = matches!(keys, Keys::Dense(Encoded::Fp8E4m3(_))) && !avx2;
+    // The AVX2 kernel reads fp8 keys as 2⁻⁸ × their values against the
+    // query × 2⁸: folded once per call (`None`: not fp8, or an element
+    // would overflow — the keys are then decoded unscaled).
+    let folded = match keys {
+        Keys::Dense(Encoded::Fp8E4m3(_)) | Keys::Paged { .. } if avx2 => {
+            crate::keys::x86::fp8_folded_query(&rows.q)
+        }
+        _ => None,
+    };
     let key_chunk = match (paged, tiles, fp8) {
         (false, _, true) => (FP8_CHUNK_BYTES / d).max(MR),
         (false, 1, false) => usize::MAX,
@@ -279,9 +291,13 @@ pub(super) fn score_blocks(
                 (Encoded::F32(&buf), c0, false)
             }
         };
-        let fp8_finite = match chunk {
-            Encoded::Fp8E4m3(k) => !fp8_has_nan(&k[(c0 - base) * d..(c1 - base) * d]),
-            _ => false,
+        // The AVX-512 kernel is told whether fp8 keys hold a NaN byte; the
+        // AVX2 one checks each piece after reading it (no pass over the
+        // keys that waits on memory before the kernel runs).
+        let fp8_finite = match (chunk, isa) {
+            (Encoded::Fp8E4m3(_), Some(crate::simd::Wide::Avx2(_))) => None,
+            (Encoded::Fp8E4m3(k), _) => Some(!fp8_has_nan(&k[(c0 - base) * d..(c1 - base) * d])),
+            _ => Some(false),
         };
         for (t, tile_vis) in rows.vis.chunks_exact(MR).enumerate() {
             let lo = tile_vis.iter().copied().min().unwrap_or(0);
@@ -290,8 +306,10 @@ pub(super) fn score_blocks(
             if end <= c0 {
                 continue; // no row of this tile sees any key of the chunk
             }
+            let tile = t * MR * rows.dp..(t + 1) * MR * rows.dp;
             let seg = Segment {
-                q: &rows.q[t * MR * rows.dp..(t + 1) * MR * rows.dp],
+                q: &rows.q[tile.clone()],
+                q_fp8_folded: folded.as_deref().map(|f| &f[tile]),
                 dp: rows.dp,
                 keys: chunk,
                 base,

@@ -75,6 +75,71 @@ pub(crate) fn fp8_as_f16_bits_finite(x: __m128i) -> __m128i {
     _mm_add_epi16(t, _mm_and_si128(t, _mm_set1_epi16(0x4000)))
 }
 
+/// Eight e4m3fn bytes (the low 64 bits of `raw`) as the float16 bits of
+/// `2⁻⁸ ×` their values, for bytes known not to be NaN (`0x7F` / `0xFF`):
+/// sign-extended to 16 bits, `s…s seeeemmm << 7` holds the magnitude at
+/// bits 7–13 and copies of the sign at bits 14 and 15, so clearing bit 14
+/// leaves `s0eeeemmm0000000` — a normal e4m3fn a normal float16, a
+/// subnormal a subnormal (three operations). A NaN byte would come out as
+/// `±1.875`. The kernels that read fp8 keys this way carry the `2⁸` on the
+/// query instead (exact: a power of two).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn fp8x8_scaled_f16_bits_finite(raw: __m128i) -> __m128i {
+    let t = _mm_slli_epi16::<7>(_mm_cvtepi8_epi16(raw));
+    _mm_and_si128(t, _mm_set1_epi16(!0x4000))
+}
+
+/// [`fp8x8_scaled_f16_bits_finite`] for any bytes: `0x7F` / `0xFF` become
+/// the float16 NaN `0x7E00` (which widens to the scalar table's
+/// `0x7FC0_0000`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn fp8x8_scaled_f16_bits(raw: __m128i) -> __m128i {
+    let nan8 = _mm_cmpeq_epi8(_mm_and_si128(raw, _mm_set1_epi8(0x7F)), _mm_set1_epi8(0x7F));
+    let h = fp8x8_scaled_f16_bits_finite(raw);
+    _mm_blendv_epi8(h, _mm_set1_epi16(0x7E00), _mm_cvtepi8_epi16(nan8))
+}
+
+/// Eight float8 e4m3fn values at `p`, each `× 2⁻⁸` (exact: float16 holds
+/// every one, F16C widens subnormals exactly); NaN bytes are NaN.
+///
+/// # Safety
+/// `p` must be readable for 8 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load8_fp8_scaled(p: *const u8) -> __m256 {
+    // SAFETY: 8 bytes at `p` are readable (the contract); unaligned load.
+    let raw = unsafe { _mm_loadl_epi64(p.cast()) };
+    _mm256_cvtph_ps(fp8x8_scaled_f16_bits(raw))
+}
+
+/// [`load8_fp8_scaled`] of bytes known not to be NaN.
+///
+/// # Safety
+/// `p` must be readable for 8 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load8_fp8_scaled_finite(p: *const u8) -> __m256 {
+    // SAFETY: 8 bytes at `p` are readable (the contract); unaligned load.
+    let raw = unsafe { _mm_loadl_epi64(p.cast()) };
+    _mm256_cvtph_ps(fp8x8_scaled_f16_bits_finite(raw))
+}
+
+/// `q × 2⁸`, exact element by element, when no element overflows (the
+/// query a kernel reading [`load8_fp8_scaled`] keys multiplies: `(2⁸ q) ·
+/// (2⁻⁸ k)` is the real product `q · k`, so every FMA rounds the same);
+/// `None` when some `|q_i| · 2⁸` would not be finite (the caller then
+/// decodes the keys unscaled).
+pub(crate) fn fp8_folded_query(q: &[f32]) -> Option<Vec<f32>> {
+    let folded: Vec<f32> = q.iter().map(|&x| x * 256.0).collect();
+    let exact = q
+        .iter()
+        .zip(&folded)
+        .all(|(&x, &y)| y.is_finite() || !x.is_finite());
+    exact.then_some(folded)
+}
+
 /// Eight float8 e4m3fn values at `p`: through float16 (F16C widens
 /// subnormals exactly), then `× 2⁸`, an exact multiply of a normal float32
 /// (so no float subnormal ever enters an arithmetic instruction).
@@ -214,6 +279,55 @@ mod tests {
                 assert_eq!(hf[i], f16_to_f32(chunk[i]).to_bits(), "{:#06x}", chunk[i]);
             }
         }
+    }
+
+    /// The scaled fp8 loads are `2⁻⁸ ×` the scalar decode on every byte
+    /// (the NaN-exact one on all 256, NaNs included; the finite one on the
+    /// 254 that are not NaN), and the folded query puts the `2⁸` back
+    /// exactly, refusing a query that would overflow.
+    #[test]
+    fn the_scaled_fp8_loads_are_the_decode_times_two_to_the_minus_eight_on_every_byte() {
+        if crate::simd::avx2_for_test().is_none() {
+            return;
+        }
+        let bytes: Vec<u8> = (0..=255u8).collect();
+        for chunk in bytes.chunks(8) {
+            // SAFETY: F16C/AVX2 detected above; `chunk` holds 8 bytes.
+            let (got, fin) = unsafe {
+                (
+                    lanes(load8_fp8_scaled(chunk.as_ptr())),
+                    lanes(load8_fp8_scaled_finite(chunk.as_ptr())),
+                )
+            };
+            for i in 0..8 {
+                let want = fp8_e4m3fn_to_f32(chunk[i]);
+                let scaled = want / 256.0;
+                assert!(want.is_nan() || scaled * 256.0 == want, "{:#04x}", chunk[i]);
+                let want_bits = if want.is_nan() {
+                    want.to_bits()
+                } else {
+                    scaled.to_bits()
+                };
+                assert_eq!(got[i], want_bits, "{:#04x}", chunk[i]);
+                if chunk[i] & 0x7F != 0x7F {
+                    assert_eq!(fin[i], want_bits, "finite {:#04x}", chunk[i]);
+                }
+            }
+        }
+        let q = [
+            1.5f32,
+            -3.0,
+            f32::MIN_POSITIVE / 3.0,
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NAN,
+        ];
+        let f = fp8_folded_query(&q).unwrap();
+        for (x, y) in q.iter().zip(&f) {
+            assert!((x.is_nan() && y.is_nan()) || (*y / 256.0).to_bits() == x.to_bits());
+        }
+        assert!(fp8_folded_query(&[1.0, f32::MAX / 255.0]).is_none());
     }
 
     /// The NaN-free fp8 decodes on every byte but the two NaNs.

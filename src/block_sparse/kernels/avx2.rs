@@ -5,7 +5,7 @@
 //! loaded, so the arithmetic, and every block max, is the same. The walk
 //! over a segment is shared with the AVX-512 kernel, which only replaces
 //! the [`Step`] over whole runs of keys.
-use super::load::{Bf16, Fp8, Fp8Finite, Load, F16, F32 as L32};
+use super::load::{Bf16, Fp8, Fp8Finite, Fp8Scaled, Fp8ScaledFinite, Load, F16, F32 as L32};
 use super::{Pieces, Segment, TileOut, MR, PREFETCH_KEYS};
 use crate::keys::Encoded;
 use crate::simd::x86::reduce4;
@@ -113,6 +113,9 @@ pub(super) unsafe fn dots_upto3<L: Load>(
 /// thing the AVX-512 kernel does differently.
 pub(super) trait Step: Copy {
     const KEYS: usize;
+    /// Whether fp8 keys are read as `2⁻⁸ ×` their values against a query
+    /// that carries the `2⁸` ([`Fp8Scaled`]: one multiply per key fewer).
+    const FOLDS_FP8_SCALE: bool = false;
     /// # Safety
     /// `q` readable for `4 * dp` floats (`dp >= d` rounded up to 8,
     /// zero-padded), `k` for `KEYS * d` elements; AVX2, FMA, F16C.
@@ -132,6 +135,7 @@ pub(super) struct Step3;
 
 impl Step for Step3 {
     const KEYS: usize = 3;
+    const FOLDS_FP8_SCALE: bool = true;
     #[inline(always)]
     unsafe fn fold<L: Load>(
         self,
@@ -164,29 +168,58 @@ fn unpermute(m: __m128) -> [f32; MR] {
 /// builds too).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn segment<S: Step>(_token: Avx2, step: S, seg: &Segment<'_>, out: TileOut<'_>) {
+    // fp8 keys against a query carrying their format's 2⁸ (exact; `None`
+    // when an element would overflow, or for a step that does not fold).
+    let folded = seg.q_fp8_folded.filter(|_| S::FOLDS_FP8_SCALE);
+    let q = seg.q;
+    let finite = seg.fp8_finite;
     // SAFETY: the token (above) for each format's kernel.
     unsafe {
-        match seg.keys {
-            Encoded::F32(k) => segment_typed::<L32, S>(step, seg, k, out),
-            Encoded::Bf16(k) => segment_typed::<Bf16, S>(step, seg, k, out),
-            Encoded::F16(k) => segment_typed::<F16, S>(step, seg, k, out),
-            Encoded::Fp8E4m3(k) if seg.fp8_finite => {
-                segment_typed::<Fp8Finite, S>(step, seg, k, out)
+        match (seg.keys, folded) {
+            (Encoded::F32(k), _) => segment_typed::<L32, L32, S>(step, seg, q, k, None, out),
+            (Encoded::Bf16(k), _) => segment_typed::<Bf16, Bf16, S>(step, seg, q, k, None, out),
+            (Encoded::F16(k), _) => segment_typed::<F16, F16, S>(step, seg, q, k, None, out),
+            // Folded: every piece is read with the three-operation decode,
+            // then its bytes (now in cache) are checked for a NaN byte, and
+            // a piece that has one is read again with the exact decode —
+            // no pass over the keys before the kernel (that pass waited on
+            // memory alone, with nothing to overlap it).
+            (Encoded::Fp8E4m3(k), Some(fq)) if finite.is_none() => {
+                let nan = |from: usize, to: usize| crate::keys::fp8_has_nan(&k[from..to]);
+                segment_typed::<Fp8ScaledFinite, Fp8Scaled, S>(step, seg, fq, k, Some(&nan), out)
             }
-            Encoded::Fp8E4m3(k) => segment_typed::<Fp8, S>(step, seg, k, out),
+            (Encoded::Fp8E4m3(k), Some(fq)) if finite == Some(true) => {
+                segment_typed::<Fp8ScaledFinite, Fp8ScaledFinite, S>(step, seg, fq, k, None, out)
+            }
+            (Encoded::Fp8E4m3(k), Some(fq)) => {
+                segment_typed::<Fp8Scaled, Fp8Scaled, S>(step, seg, fq, k, None, out)
+            }
+            (Encoded::Fp8E4m3(k), None) if finite == Some(true) => {
+                segment_typed::<Fp8Finite, Fp8Finite, S>(step, seg, q, k, None, out)
+            }
+            (Encoded::Fp8E4m3(k), None) => segment_typed::<Fp8, Fp8, S>(step, seg, q, k, None, out),
         }
     }
 }
 
-/// [`segment`] on keys of one format (`keys` is `seg.keys`' elements).
+/// Checks elements `from .. to` of a segment's keys (offsets into its
+/// `keys`) for what the fast decode cannot read (an fp8 NaN byte).
+type Recheck<'a> = Option<&'a dyn Fn(usize, usize) -> bool>;
+
+/// [`segment`] on keys of one format (`keys` is `seg.keys`' elements)
+/// against the tile's rows `q` (`seg.q`, or it folded for the format): each
+/// piece read with `L`, and — when `recheck` says the piece holds what `L`
+/// cannot read — read again with `Lx` from the running max before it.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn segment_typed<L: Load, S: Step>(
+unsafe fn segment_typed<L: Load, Lx: Load<E = L::E>, S: Step>(
     step: S,
     seg: &Segment<'_>,
+    q: &[f32],
     keys: &[L::E],
+    recheck: Recheck<'_>,
     mut out: TileOut<'_>,
 ) {
     let d = seg.d;
@@ -201,18 +234,13 @@ unsafe fn segment_typed<L: Load, S: Step>(
                 .end
                 .checked_sub(seg.base)
                 .is_some_and(|n| n.saturating_mul(d) <= keys.len())
-            && seg.q.len() >= MR * dp
+            && q.len() >= MR * dp
             && dp >= d.div_ceil(8) * 8,
         "block_sparse kernel called out of bounds"
     );
-    let q = seg.q.as_ptr();
-    // Key `p` is at `kbase + (p - base) * d`.
-    let (kbase, base) = (keys.as_ptr(), seg.base);
-    let key_bytes = d * std::mem::size_of::<L::E>();
     let neg_inf = _mm_set1_ps(f32::NEG_INFINITY);
     let mut cur_block = usize::MAX;
     let mut m = neg_inf;
-    let pf_dist = if seg.prefetch { PREFETCH_KEYS } else { 0 };
     for piece in Pieces::new(seg) {
         if piece.block != cur_block {
             if cur_block != usize::MAX {
@@ -221,62 +249,94 @@ unsafe fn segment_typed<L: Load, S: Step>(
             cur_block = piece.block;
             m = neg_inf;
         }
-        let (from, to) = (piece.from, piece.to);
-        if !piece.masked {
-            let mut p = from;
-            while p + S::KEYS <= to {
-                // Not past the segment: a paged segment's successor is
-                // another page (the engine prefetches its start), and what
-                // follows this page in memory is not read.
-                if pf_dist > 0 && p + pf_dist + S::KEYS <= seg.end {
-                    // A hint only: never dereferenced (hence wrapping
-                    // arithmetic).
-                    let ahead = kbase.wrapping_add((p - base + pf_dist) * d) as *const i8;
-                    let mut off = 0;
-                    while off < S::KEYS * key_bytes {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off));
-                        off += 64;
-                    }
-                }
-                // SAFETY: keys p..p+KEYS exist ((end - base) * d <= keys.len(), p >= base).
-                m = unsafe { step.fold::<L>(q, dp, kbase.add((p - base) * d), d, m) };
-                p += S::KEYS;
-            }
-            while p < to {
-                let n = (to - p).min(3);
-                // SAFETY: as above, for the last keys, at most 3 at a time.
-                let s = unsafe { dots_upto3::<L>(q, dp, kbase.add((p - base) * d), d, n) };
-                for &sj in &s[..n] {
-                    m = _mm_max_ps(sj, m);
-                }
-                p += n;
-            }
-        } else {
-            // Lane i keeps key p iff p < vis of row [0, 2, 1, 3][i],
-            // compared relative to `from` so it fits an i32.
-            let rel = |v: usize| v.saturating_sub(from).min(i32::MAX as usize) as i32;
-            let vis = _mm_setr_epi32(
-                rel(seg.vis[0]),
-                rel(seg.vis[2]),
-                rel(seg.vis[1]),
-                rel(seg.vis[3]),
-            );
-            let mut p = from;
-            while p < to {
-                let n = (to - p).min(3);
-                // SAFETY: as above, for keys p..p+n.
-                let s = unsafe { dots_upto3::<L>(q, dp, kbase.add((p - base) * d), d, n) };
-                for (j, sj) in s.into_iter().enumerate().take(n) {
-                    let rel_p = (p + j - from).min(i32::MAX as usize) as i32;
-                    let keep = _mm_castsi128_ps(_mm_cmpgt_epi32(vis, _mm_set1_epi32(rel_p)));
-                    // max(s, m) where kept; m (unchanged) elsewhere.
-                    m = _mm_blendv_ps(m, _mm_max_ps(sj, m), keep);
-                }
-                p += n;
-            }
+        let before = m;
+        // SAFETY: the bounds asserted above; the token's features.
+        m = unsafe { fold_piece::<L, S>(step, seg, q, keys, &piece, before) };
+        let (from, to) = ((piece.from - seg.base) * d, (piece.to - seg.base) * d);
+        if recheck.is_some_and(|nan| nan(from, to)) {
+            // SAFETY: as above.
+            m = unsafe { fold_piece::<Lx, S>(step, seg, q, keys, &piece, before) };
         }
     }
     if cur_block != usize::MAX {
         out.flush(cur_block - seg.b0, unpermute(m));
     }
+}
+
+/// One piece of a segment folded into the running max `m`.
+///
+/// # Safety
+/// The bounds [`segment_typed`] asserts; AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fold_piece<L: Load, S: Step>(
+    step: S,
+    seg: &Segment<'_>,
+    q: &[f32],
+    keys: &[L::E],
+    piece: &super::Piece,
+    mut m: __m128,
+) -> __m128 {
+    let d = seg.d;
+    let dp = seg.dp;
+    let q = q.as_ptr();
+    // Key `p` is at `kbase + (p - base) * d`.
+    let (kbase, base) = (keys.as_ptr(), seg.base);
+    let key_bytes = d * std::mem::size_of::<L::E>();
+    let pf_dist = if seg.prefetch { PREFETCH_KEYS } else { 0 };
+    let (from, to) = (piece.from, piece.to);
+    if !piece.masked {
+        let mut p = from;
+        while p + S::KEYS <= to {
+            // Not past the segment: a paged segment's successor is
+            // another page (the engine prefetches its start), and what
+            // follows this page in memory is not read.
+            if pf_dist > 0 && p + pf_dist + S::KEYS <= seg.end {
+                // A hint only: never dereferenced (hence wrapping
+                // arithmetic).
+                let ahead = kbase.wrapping_add((p - base + pf_dist) * d) as *const i8;
+                let mut off = 0;
+                while off < S::KEYS * key_bytes {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off));
+                    off += 64;
+                }
+            }
+            // SAFETY: keys p..p+KEYS exist ((end - base) * d <= keys.len(), p >= base).
+            m = unsafe { step.fold::<L>(q, dp, kbase.add((p - base) * d), d, m) };
+            p += S::KEYS;
+        }
+        while p < to {
+            let n = (to - p).min(3);
+            // SAFETY: as above, for the last keys, at most 3 at a time.
+            let s = unsafe { dots_upto3::<L>(q, dp, kbase.add((p - base) * d), d, n) };
+            for &sj in &s[..n] {
+                m = _mm_max_ps(sj, m);
+            }
+            p += n;
+        }
+    } else {
+        // Lane i keeps key p iff p < vis of row [0, 2, 1, 3][i],
+        // compared relative to `from` so it fits an i32.
+        let rel = |v: usize| v.saturating_sub(from).min(i32::MAX as usize) as i32;
+        let vis = _mm_setr_epi32(
+            rel(seg.vis[0]),
+            rel(seg.vis[2]),
+            rel(seg.vis[1]),
+            rel(seg.vis[3]),
+        );
+        let mut p = from;
+        while p < to {
+            let n = (to - p).min(3);
+            // SAFETY: as above, for keys p..p+n.
+            let s = unsafe { dots_upto3::<L>(q, dp, kbase.add((p - base) * d), d, n) };
+            for (j, sj) in s.into_iter().enumerate().take(n) {
+                let rel_p = (p + j - from).min(i32::MAX as usize) as i32;
+                let keep = _mm_castsi128_ps(_mm_cmpgt_epi32(vis, _mm_set1_epi32(rel_p)));
+                // max(s, m) where kept; m (unchanged) elsewhere.
+                m = _mm_blendv_ps(m, _mm_max_ps(sj, m), keep);
+            }
+            p += n;
+        }
+    }
+    m
 }

@@ -91,6 +91,13 @@ pub(super) struct Fp8;
 /// fp8 keys known to hold no NaN byte (checked per chunk by the engine): a
 /// three-operation decode instead of seven.
 pub(super) struct Fp8Finite;
+/// fp8 keys as `2⁻⁸ ×` their values ([`decode::load8_fp8_scaled`]), for a
+/// kernel whose query carries the `2⁸` ([`decode::fp8_folded_query`]): no
+/// multiply per key.
+pub(super) struct Fp8Scaled;
+/// [`Fp8Scaled`] of keys known to hold no NaN byte: three integer
+/// operations and the F16C widening per eight elements.
+pub(super) struct Fp8ScaledFinite;
 
 impl Load for F32 {
     type E = f32;
@@ -182,6 +189,40 @@ impl Load for Fp8Finite {
             let h = decode::fp8_as_f16_bits_256_finite(x);
             _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0))
         }
+    }
+    fn zero() -> u8 {
+        0
+    }
+}
+
+impl Load for Fp8Scaled {
+    type E = u8;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the contract.
+        unsafe { decode::load8_fp8_scaled(p) }
+    }
+    #[inline(always)]
+    unsafe fn load16(a: *const u8, b: *const u8) -> __m512 {
+        // SAFETY: the contract (8 bytes at each; AVX-512 for the join).
+        unsafe { join(Self::load8(a), Self::load8(b)) }
+    }
+    fn zero() -> u8 {
+        0
+    }
+}
+
+impl Load for Fp8ScaledFinite {
+    type E = u8;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the contract.
+        unsafe { decode::load8_fp8_scaled_finite(p) }
+    }
+    #[inline(always)]
+    unsafe fn load16(a: *const u8, b: *const u8) -> __m512 {
+        // SAFETY: the contract (8 bytes at each; AVX-512 for the join).
+        unsafe { join(Self::load8(a), Self::load8(b)) }
     }
     fn zero() -> u8 {
         0

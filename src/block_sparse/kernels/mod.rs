@@ -26,6 +26,9 @@ pub(super) struct Segment<'a> {
     /// 4 padded rows, `dp` apart.
     pub(super) q: &'a [f32],
     pub(super) dp: usize,
+    /// `q × 2⁸` (exact), for a kernel reading fp8 keys as `2⁻⁸ ×` their
+    /// values; `None` when it would overflow or the keys are not fp8.
+    pub(super) q_fp8_folded: Option<&'a [f32]>,
     /// Keys `base ..`, `d` elements each, in their format: key `p` is at
     /// element `(p - base) * d`.
     pub(super) keys: Encoded<'a>,
@@ -42,8 +45,10 @@ pub(super) struct Segment<'a> {
     pub(super) b0: usize,
     /// Prefetch keys ahead (they come from memory, used once).
     pub(super) prefetch: bool,
-    /// fp8 keys `start..end` hold no NaN byte (the fast decode applies).
-    pub(super) fp8_finite: bool,
+    /// Whether fp8 keys `start..end` hold no NaN byte (the fast decode then
+    /// applies); `None`: not checked before the kernel (the AVX2 kernel
+    /// checks each piece once it has read it).
+    pub(super) fp8_finite: Option<bool>,
 }
 
 /// Where a tile's block maxima go: `maxima[(b - b0) * stride + col + i]`.
@@ -100,7 +105,7 @@ struct Pieces {
 }
 
 /// One piece: keys `from..to` of block `block`.
-struct Piece {
+pub(super) struct Piece {
     block: usize,
     from: usize,
     to: usize,

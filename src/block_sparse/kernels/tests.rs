@@ -122,7 +122,15 @@ fn decoded_keys_give_the_block_maxima_of_their_float32_values() {
             .map(|_| (rng.next() as u16) & 0xBFFF)
             .collect();
         let values: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
-        let q: Vec<f32> = (0..rows * d).map(|_| rng.f32()).collect();
+        let mut q: Vec<f32> = (0..rows * d).map(|_| rng.f32()).collect();
+        // A query the fp8 kernel cannot carry the format's 2⁸ on (2⁸ × it
+        // overflows: the keys are then decoded unscaled), and subnormal
+        // elements (2⁸ × them is still exact).
+        match case % 5 {
+            1 => q[0] = f32::MAX / 3.0,
+            2 => q.iter_mut().step_by(3).for_each(|v| *v *= 1e-40),
+            _ => {}
+        }
         let vis: Vec<usize> = (0..rows).map(|_| rng.below(n_keys + 1)).collect();
         // fp8: every byte but NaN, or (every third case) NaN bytes too, so
         // both the NaN-free fast decode and the exact one run.

@@ -110,7 +110,12 @@ pub(super) unsafe fn weighted_relu_sums(
     let sixes = h / 6 * 6;
     let rest = h - sixes;
     let halves = BLOCK / TILE_KEYS;
-    let calls = sixes / 6 * halves + if rest > 2 { halves } else { usize::from(rest > 0) };
+    let calls = sixes / 6 * halves
+        + if rest > 2 {
+            halves
+        } else {
+            usize::from(rest > 0)
+        };
     let mut runs = prefetch_runs(next, calls);
     let mut pf = || runs.next().unwrap_or_default();
     for h0 in (0..sixes).step_by(6) {

@@ -146,7 +146,15 @@ fn every_level_scores_bit_identically() {
         return;
     };
     let mut next = source(0x9E37_79B9_7F4A_7C15);
-    let more = [(2, 9), (5, 16), (7, 3), (10, 8), (11, 17), (15, 4), (32, 64)];
+    let more = [
+        (2, 9),
+        (5, 16),
+        (7, 3),
+        (10, 8),
+        (11, 17),
+        (15, 4),
+        (32, 64),
+    ];
     for &(h, d) in SHAPES.iter().chain(&more) {
         for trial in 0..20 {
             let qs: Vec<f32> = (0..h * d).map(|_| next()).collect();
