@@ -453,15 +453,15 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
         a = d[k]
         if a.dtype.kind != "V" or a.dtype.names is not None:
             continue
-        raw = {1: np.uint8, 2: np.uint16}.get(a.dtype.itemsize)
+        bits: Any = {1: np.uint8, 2: np.uint16}.get(a.dtype.itemsize)
         floaty = k in table and table[k][0] in ("float", "cache")
-        if raw is not None and floaty and f"{k}_format" in d:
-            d[k] = a.view(raw)  # the same bytes, as the raw bits the format names
+        if bits is not None and floaty and f"{k}_format" in d:
+            d[k] = a.view(bits)  # the same bytes, as the raw bits the format names
             continue
-        if raw is None or not floaty:
+        if bits is None or not floaty:
             raise DumpError(f"{where}: {k}: raw {a.dtype.str} bytes (a void array), which a dump "
                             f"never needs here")
-        which = ('"bfloat16" or "float16", whichever it is' if raw is np.uint16
+        which = ('"bfloat16" or "float16", whichever it is' if bits is np.uint16
                  else '"float8_e4m3fn"')
         raise DumpError(f"{where}: {k}: raw {a.dtype.str} bytes, how np.savez stores an ml_dtypes array: "
                         f"add {k}_format={which} (the bytes alone do not say which; or save with "
