@@ -1002,6 +1002,8 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
         d = validate(dump, expect=CHECK_KINDS)
     kind = d.kind
     precision, atol_, rtol_ = _tolerance(d, atol, rtol)
+    if filler is not None and kind != "topk":
+        raise DumpError(f"--filler applies to topk dumps (token rows), not a {kind} dump")
     fill = filler if filler is not None else _text(d, "filler", "-1")
     if fill not in FILLERS:
         where = "--filler" if filler is not None else "the dump's filler"
@@ -1062,14 +1064,14 @@ def _describe(p: dict, filler: Optional[str] = None) -> str:
         text = (f"not causal: {n} {'entry' if n == 1 else 'entries'} at or past the context "
                 f"{p['context']} (first: {holds})")
         if filler is not None and filler != "past_context":
-            text += ' — if that is the engine\'s filler, check with filler="past_context"'
+            text += ' — if that is the engine\'s filler, check with filler="past_context" (--filler past_context)'
         return text
     if r == "duplicate" and "n_slots" in p:
         n = p["n_slots"]
         text = (f"duplicate: {n} {'entry repeats' if n == 1 else 'entries repeat'} an earlier one "
                 f"(first: slot {p['slot']} repeats position {p['position']} of slot {p['first']})")
         if filler is not None and filler != "repeat":
-            text += ' — if that is the engine\'s filler, check with filler="repeat"'
+            text += ' — if that is the engine\'s filler, check with filler="repeat" (--filler repeat)'
         return text
     if r == "wrong_selection":
         def few(pairs):
@@ -1160,6 +1162,8 @@ def _run(args: argparse.Namespace) -> int:
         problem = _check_output("--json", args.json)
         if problem:
             return fail(problem)
+        if os.path.exists(args.json) and os.path.exists(args.dump) and os.path.samefile(args.json, args.dump):
+            return fail(f"--json {args.json!r} is the dump itself: give another file name")
     try:
         result = check_dump(args.dump, atol=args.atol, rtol=args.rtol, filler=args.filler)
     except DumpError as e:

@@ -8,6 +8,7 @@ Native and reference are compared on randomised rows (fixed seeds).
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -402,3 +403,22 @@ def test_an_unwritable_json_file_is_refused_before_the_check_runs(tmp_path, caps
     code, _, err = run(capsys, checking.example_path(), "--json", tmp_path)
     assert code == 2 and "is a directory" in err
     assert not os.path.exists(missing)
+
+
+def test_json_onto_the_dump_itself_is_refused_and_the_dump_survives(tmp_path, capsys):
+    p = tmp_path / "d.npz"
+    p.write_bytes(Path(checking.example_path()).read_bytes())
+    before = p.read_bytes()
+    code, _, err = run(capsys, p, "--json", p)
+    assert code == 2 and "the dump itself" in err
+    assert p.read_bytes() == before
+
+
+def test_the_filler_flag_on_a_dump_without_token_rows_is_refused(tmp_path, capsys):
+    p = tmp_path / "w.npz"
+    before = np.array([[0, 1, -1]], np.int32)
+    checking.save_dump(p, "witnesses", before=before, after=before, context_lens=np.array([2], np.int32),
+                       num_segments=0)
+    assert run(capsys, p)[0] == 0
+    code, _, err = run(capsys, p, "--filler", "repeat")
+    assert code == 2 and "--filler applies to topk dumps" in err
