@@ -820,9 +820,11 @@ def _paged_keys(d: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, Optional[np.nd
         t = int(np.flatnonzero(~np.isfinite(c))[0])
         raise DumpError(f"kv_cache: key {t}'s fp8_scaled scale is {c[t]}: the exact scores of a "
                         f"non-finite scale are undefined, so the dump cannot be checked")
-    if fmt is None and not np.isfinite(k.astype(np.float32)).all():
-        raise DumpError("kv_cache holds a non-finite key: the exact scores are undefined, so the dump "
-                        "cannot be checked")
+    bad = ~np.isfinite(decode32(k, fmt))
+    if bad.any():
+        t, i = (int(x) for x in np.argwhere(bad)[0])
+        raise DumpError(f"kv_cache: key {t} (in its sequence's pages, packed) element {i} is not finite: "
+                        f"the exact scores of a non-finite key are undefined, so the dump cannot be checked")
     return np.ascontiguousarray(k), c, np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), fmt
 
 

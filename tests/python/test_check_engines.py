@@ -422,3 +422,25 @@ def test_the_filler_flag_on_a_dump_without_token_rows_is_refused(tmp_path, capsy
     assert run(capsys, p)[0] == 0
     code, _, err = run(capsys, p, "--filler", "repeat")
     assert code == 2 and "--filler applies to topk dumps" in err
+
+
+def test_a_paged_dump_with_a_non_finite_key_in_a_read_page_cannot_be_checked(tmp_path, capsys):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(SEED + 10)
+    cache = rng.standard_normal((4, 4, 8)).astype(np.float32)
+    table, lens = np.array([[2, 0]], np.int32), np.array([6])
+    q, w = rng.standard_normal((2, 2, 8)).astype(np.float32), rng.standard_normal((2, 2)).astype(np.float32)
+    seq, pos = np.array([0, 0]), np.array([5, 3])
+    rows = ks.indexer_topk_paged(q, w, cache, table, lens, seq, pos, 4)
+    cache[0, 1, 3] = np.nan  # key 5 of the sequence: page 0 is its second
+    p = tmp_path / "paged.npz"
+    checking.save_dump(p, "topk", rows=rows, index_q=q, weights=w, kv_cache=cache.astype(ml_dtypes.bfloat16),
+                       block_table=table, seq_lens=lens, seq_ids=seq, query_pos=pos)
+    code, _, err = run(capsys, p)
+    assert code == 2 and "key 5" in err and "not finite" in err
+    cache[0, 1, 3] = 0.0
+    rows = ks.indexer_topk_paged(q, w, cache.astype(ml_dtypes.bfloat16), table, lens, seq, pos, 4)
+    cache[1] = np.nan  # a page no sequence reads
+    checking.save_dump(p, "topk", rows=rows, index_q=q, weights=w, kv_cache=cache.astype(ml_dtypes.bfloat16),
+                       block_table=table, seq_lens=lens, seq_ids=seq, query_pos=pos)
+    assert run(capsys, p)[0] == 0
