@@ -433,7 +433,8 @@ def indexer_topk(
     index_k[t], 0)``, in rank order (score descending, ties to the lower
     position, -0.0 == +0.0, NaN last), then -1: int32 ``[n_queries, topk]``.
     ``index_q [n_queries, H, d]``, ``weights`` float32 ``[n_queries, H]``,
-    ``index_k [T, d]``, ``key_scale`` float32 ``[T]``. float32, float16 and
+    ``index_k [T, d]``, ``key_scale`` float32 ``[T]`` or one number for every key
+    (a per-tensor scale). float32, float16 and
     ml_dtypes bfloat16 / float8_e4m3fn are read in place; raw uint16 / uint8
     views need ``key_format`` / ``query_format``. Every array is checked axis by
     axis (a transposed or reshaped ``weights`` is refused, naming both shapes);
@@ -532,6 +533,7 @@ def check_topk(
     rtol: float = 0.0,
     magnitudes: Optional[npt.ArrayLike] = None,
     slots: Optional["GlobalSlots"] = None,
+    filler: str = "-1",
 ) -> dict[str, Any]:
     """Whether each of an engine's top-k rows is a correct selection of its exact scores.
 
@@ -542,7 +544,11 @@ def check_topk(
     position scores at least every unselected one up to ``e_t = atol + rtol * magnitudes[t]``
     on each side. Returns ``rows``, ``correct``, ``wrong``, ``by_reason`` (``padding_hole``,
     ``duplicate``, ``not_causal``, ``not_in_table``, ``wrong_count``, ``wrong_selection``)
-    and ``details`` (one entry per wrong row).
+    and ``details`` (one entry per wrong row). ``filler`` is the engine's rule for the slots
+    it has no position for: ``"-1"`` (negative entries, after the valid ones),
+    ``"past_context"`` (entries at or past ``L``, or negative, anywhere) or ``"repeat"``
+    (repeats of an earlier valid entry, anywhere); a row's not-causal entries are one
+    problem (``n_slots``, ``context``), its duplicates alike.
     """
 
 def block_scores(

@@ -25,7 +25,12 @@ so a low-precision tensor ``X`` is stored as its raw ``uint16`` / ``uint8``
 bits with a string ``X_format`` beside it (``"bfloat16"``, ``"float16"`` or
 ``"float8_e4m3fn"``; float16 may also be a real float16 array); from torch,
 ``t.view(torch.uint16).numpy()`` (bfloat16) or ``t.view(torch.uint8).numpy()``
-(float8) is that view, zero-copy. Index arrays may be int32 or int64.
+(float8) is that view, zero-copy. An archive ``np.savez`` wrote from
+``ml_dtypes`` arrays holds raw ``void`` bytes (``|V2``, ``|V1``): it is read
+when the key's ``X_format`` is given (the bytes viewed as ``uint16`` /
+``uint8`` raw bits), and refused otherwise, naming the key and the fix
+(``|V2`` may be bfloat16 or float16, ``|V1`` any fp8: never guessed). Index
+arrays may be int32 or int64.
 
 ``kind = "topk"`` — a token top-k (the lightning indexer's, or any):
 
@@ -38,7 +43,21 @@ bits with a string ``X_format`` beside it (``"bfloat16"``, ``"float16"`` or
   ``key_scale`` ``[n_keys]`` float32, ``query_pos`` ``[n_rows]``; several
   sequences packed as :func:`kvselect.indexer_topk_packed` takes them add
   ``cu_seqlens`` ``[n_seqs + 1]`` and ``seq_ids`` ``[n_rows]``
-  (``query_pos`` within the sequence);
+  (``query_pos`` within the sequence); ``key_scale`` may be 0-d, one
+  per-tensor scale for every key; a paged cache as
+  :func:`kvselect.indexer_topk_paged` takes it: ``kv_cache`` (instead of
+  ``index_k``), ``block_table`` ``[n_seqs, max_blocks]``, ``seq_lens``
+  ``[n_seqs]``, ``seq_ids`` ``[n_rows]``, ``page_layout`` (``"dense"``, the
+  default: pages of raw bits with ``kv_cache_format`` or floats;
+  ``"fp8_scaled"``: vLLM's uint8 DSA pages, the keys' e4m3fn bytes then
+  their float32 scales). Each sequence's pages are read into its keys (and
+  scales) in the cache's own format, never converted, and scored as a
+  packed batch is;
+- ``filler`` (default ``"-1"``; ``kvselect check --filler`` overrides it):
+  how the engine fills a row that sees fewer than ``topk`` positions, as
+  :func:`kvselect.check_topk`'s ``filler=`` (``"past_context"``: entries at
+  or past the context, transformers' DSA modules; ``"repeat"``: a repeated
+  position);
 - ``topk`` (default: the rows' width); ``engine_scores`` (optional,
   ``[n_rows, n_positions]`` float32): the engine's own scores, whose exact
   top-k the rows must also be — the self-consistency check that catches a
@@ -72,7 +91,17 @@ every rank's output side by side, 2-D ``[n_rows, dcp_size * topk]`` (rank
 the tokens it owns, ``-1`` or compacted elsewhere) — exactly what
 :func:`kvselect.check_topk` takes with ``slots=GlobalSlots(dcp_size=...)``
 — and ``block_table`` every rank's, ``[dcp_size, n_requests, max_blocks]``:
-the ranks' rows together are the selection. 3-D rows only ever mean
+the ranks' rows together are the selection. In a paged dump
+(``kv_cache``) ``block_table`` is the cache's, and, as in vLLM, where the
+indexer's cache and the attention share one block table, it is also the
+table rows are read back through: the rows are positions within their
+sequence (what :func:`kvselect.indexer_topk_paged` returns) unless
+``req_ids`` is given, which makes them global slot ids through that same
+table (``req_ids`` must then equal ``seq_ids``, row ``s`` of the table
+being sequence ``s``; ``block_size``, if given, must be the cache's page
+size; no DCP). Anything else — ``block_size`` or ``block_stride_rows``
+without ``req_ids``, ``index_k`` or ``cu_seqlens`` beside ``kv_cache`` — is
+ambiguous and refused. 3-D rows only ever mean
 ``[n_queries, n_heads, width]`` (a blocks dump's); a DCP topk dump with 3-D
 rows is refused.
 
@@ -157,19 +186,32 @@ TABLES: Dict[str, Dict[str, _T]] = {
                     "the indexer's queries"),
         "weights": ("float", "[n_rows, H]", "with index_q", "per-row head weights, scales folded in"),
         "index_k": ("float", "[n_keys, d]", "with index_q", "the indexer's keys"),
-        "key_scale": ("float", "[n_keys]", "optional, with index_k", "per-key scales"),
+        "key_scale": ("float", "[n_keys], or 0-d (one scale for every key)", "optional, with index_k",
+                      "per-key scales, or a per-tensor scale"),
         "query_pos": ("int", "[n_rows]", "with index_q", "each row's query position (within its sequence)"),
         "cu_seqlens": ("int", "[n_seqs + 1]", "optional, with index_q",
                        "packed sequences' key offsets (as indexer_topk_packed takes them)"),
-        "seq_ids": ("int", "[n_rows]", "with cu_seqlens", "each row's sequence"),
+        "seq_ids": ("int", "[n_rows]", "with cu_seqlens or kv_cache", "each row's sequence"),
+        "kv_cache": ("cache", "[num_blocks, block_size, d]; fp8_scaled: uint8 [num_blocks, block_size, "
+                     "(1,) d + 4]", "optional, with index_q (instead of index_k)",
+                     "the indexer's paged key cache, as indexer_topk_paged takes it"),
+        "seq_lens": ("int", "[n_seqs]", "with kv_cache", "each sequence's keys in the cache"),
+        "page_layout": ("str", "", "optional, with kv_cache",
+                        '"dense" (default) or "fp8_scaled" (vLLM\'s DSA index-K pages)'),
         "topk": ("int scalar", "", "optional", "k (default: the rows' width; with DCP: width / dcp_size)"),
         "engine_scores": ("float", "[n_rows, n_positions]", "optional",
                           "the engine's own scores, whose exact top-k the rows must also be"),
         "precision": ("str", "", "optional", "the engine's coarsest rounding (default float32)"),
+        "filler": ("str", "", "optional",
+                   'the engine\'s filler: "-1" (default), "past_context" or "repeat" (check_topk\'s filler=)'),
         "block_table": ("int", "[n_requests, max_blocks]; with dcp_size: [dcp_size, n_requests, max_blocks]",
-                        "optional", "rows are global slot ids through it (GlobalSlots)"),
-        "req_ids": ("int", "[n_rows]", "with block_table", "each row's request"),
-        "block_size": ("int scalar", "", "with block_table", "tokens per page"),
+                        "optional; with kv_cache required",
+                        "rows are global slot ids through it (GlobalSlots); with kv_cache, the cache's "
+                        "block table [n_seqs, max_blocks], shared: rows are global slot ids only with req_ids"),
+        "req_ids": ("int", "[n_rows]", "with block_table (with kv_cache: optional, = seq_ids)",
+                    "each row's request"),
+        "block_size": ("int scalar", "", "with block_table (with kv_cache: kv_cache's page size)",
+                       "tokens per page"),
         "block_stride_rows": ("int scalar", "", "optional", "slots per page (default block_size)"),
         "prefill_req_ids": ("int", "[n_rows]", "optional", "a prefill row's request, -1 for decode"),
         "workspace_starts": ("int", "[n_prefill_requests]", "optional", "prefill workspace offsets"),
@@ -407,6 +449,23 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
         how = ("kvselect eval --workload" if kind == "workload" else "kvselect check")
         raise DumpError(f"{where}: a {kind} dump, not {' or '.join(expect)} ({how} reads it)")
     table = TABLES[kind]
+    for k in sorted(d):  # np.savez of ml_dtypes arrays: raw void bytes
+        a = d[k]
+        if a.dtype.kind != "V" or a.dtype.names is not None:
+            continue
+        bits: Any = {1: np.uint8, 2: np.uint16}.get(a.dtype.itemsize)
+        floaty = k in table and table[k][0] in ("float", "cache")
+        if bits is not None and floaty and f"{k}_format" in d:
+            d[k] = a.view(bits)  # the same bytes, as the raw bits the format names
+            continue
+        if bits is None or not floaty:
+            raise DumpError(f"{where}: {k}: raw {a.dtype.str} bytes (a void array), which a dump "
+                            f"never needs here")
+        which = ('"bfloat16" or "float16", whichever it is' if bits is np.uint16
+                 else '"float8_e4m3fn"')
+        raise DumpError(f"{where}: {k}: raw {a.dtype.str} bytes, how np.savez stores an ml_dtypes array: "
+                        f"add {k}_format={which} (the bytes alone do not say which; or save with "
+                        f"kvselect.checking.save_dump, which writes the format)")
     formats: Dict[str, str] = {}
     for k in sorted(d):
         if not k.endswith("_format") or k in table:
@@ -414,7 +473,7 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
         base = k[: -len("_format")]
         if base not in table:
             continue  # refused below as an unknown key
-        if table[base][0] != "float":
+        if table[base][0] not in ("float", "cache"):
             raise DumpError(f"{where}: {k}: {base} holds {table[base][0].replace(' scalar', '')}s, "
                             f"not floats; only a float key has a format")
         if base not in d:
@@ -434,7 +493,7 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
     unknown = sorted(set(d) - set(table))
     if unknown:
         k = unknown[0]
-        near = _closest(k, list(table) + [f"{x}_format" for x, t in table.items() if t[0] == "float"])
+        near = _closest(k, list(table) + [f"{x}_format" for x, t in table.items() if t[0] in ("float", "cache")])
         hint = f" (did you mean {near!r}?)" if near else ""
         raise DumpError(f"{where}: unknown key {k!r} in a {kind} dump{hint}; the known keys are "
                         f"{list(table)} (docs/dump-format.md): an unknown key is refused, never "
@@ -444,6 +503,9 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
         raise DumpError(f"{where}: missing required key(s) {missing}; found {sorted(d)}")
     for k, a in d.items():
         cls = table[k][0]
+        if cls == "cache" and k not in formats and a.dtype not in _FLOATS and a.dtype != np.uint8:
+            raise DumpError(f"{where}: {k}: expected float pages, raw bits with {k}_format, or uint8 "
+                            f"fp8_scaled pages, got {a.dtype}")
         if cls == "float" and k not in formats and a.dtype not in _FLOATS:
             raw = (f" (raw bfloat16 / float16 / float8_e4m3fn bits need {k}_format beside them)"
                    if a.dtype in (np.uint16, np.uint8) else "")
@@ -467,6 +529,7 @@ _FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 _DTYPE_WORDS = {
     "float": "float16 / float32 / float64, or raw bits + `X_format`",
+    "cache": "as float; uint8 for `fp8_scaled` pages",
     "int": "int32 / int64",
     "int scalar": "integer, 0-d",
     "number": "number, 0-d",
@@ -594,15 +657,17 @@ def _merge(reports: List[Tuple[np.ndarray, dict]]) -> dict:
 
 def _layout(d: Mapping[str, np.ndarray], rows: np.ndarray) -> Optional[ks.GlobalSlots]:
     """The global-slot map of dump rows ``rows``, if the dump has one."""
-    if "block_table" not in d:
-        return None
-    _need(d, "req_ids", "block_size")
+    if "block_table" not in d or ("kv_cache" in d and "req_ids" not in d):
+        return None  # (a paged dump's table is its cache's: rows are positions without req_ids)
+    page = int(d["kv_cache"].shape[1]) if "kv_cache" in d else None
+    _need(d, "req_ids", *(() if page else ("block_size",)))
+    bs = _int(d, "block_size", page)
     prefill = d.get("prefill_req_ids")
     return ks.GlobalSlots(
         d["block_table"],
         d["req_ids"][rows],
-        _int(d, "block_size"),
-        block_stride_rows=_int(d, "block_stride_rows", _int(d, "block_size")),
+        bs,
+        block_stride_rows=_int(d, "block_stride_rows", bs),
         prefill_req_ids=None if prefill is None else prefill[rows],
         workspace_starts=d.get("workspace_starts"),
         dcp_size=_int(d, "dcp_size", 1),
@@ -629,7 +694,8 @@ def _finite(d: Mapping[str, np.ndarray], *keys: str) -> None:
         bad = ~np.isfinite(a)
         if bad.any():
             at = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise DumpError(f"{key}[{', '.join(map(str, at))}] is {a[at]}: the exact scores of a "
+            name = f"{key}[{', '.join(map(str, at))}]" if at else key
+            raise DumpError(f"{name} is {a[at]}: the exact scores of a "
                             f"non-finite {key} are undefined, so the dump cannot be checked")
 
 
@@ -674,7 +740,96 @@ def _vacuous(scores: np.ndarray, mags: Optional[np.ndarray], lens: np.ndarray, t
     return count
 
 
-def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[Tuple[str, dict]]:
+def _paged_keys(d: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, Optional[np.ndarray], np.ndarray,
+                                                     Optional[str]]:
+    """A paged dump's keys as a packed batch: ``(index_k, key_scale,
+    cu_seqlens, key_format)``, each sequence's first ``seq_lens[s]`` keys
+    read from the pages its ``block_table`` row names (as
+    :func:`kvselect.indexer_topk_paged` reads them), in the cache's own
+    format: raw bits stay raw bits with their format; ``fp8_scaled`` pages
+    give their e4m3fn bytes and float32 scales."""
+    ambiguous = [k for k in ("index_k", "cu_seqlens", "key_scale") if k in d]
+    if ambiguous:
+        raise DumpError(f"{ambiguous[0]} beside kv_cache: the keys are either packed (index_k, "
+                        f"cu_seqlens, key_scale) or paged (kv_cache, block_table, seq_lens), not both")
+    if "req_ids" not in d:
+        stray = [k for k in ("block_size", "block_stride_rows", "prefill_req_ids") if k in d]
+        if stray:
+            raise DumpError(f"{stray[0]} in a paged dump without req_ids is ambiguous: the page size is "
+                            f"kv_cache's axis 1 and rows are positions within their sequence; add "
+                            f"req_ids (= seq_ids) if the rows are global slot ids through block_table")
+    else:
+        if _int(d, "dcp_size", 1) > 1:
+            raise DumpError("dcp_size in a paged dump: a paged cache has one block table, DCP one per "
+                            "rank; dump the ranks' rows with index_k (or scores) instead")
+        if not np.array_equal(_ints(d, "req_ids"), _ints(d, "seq_ids")):
+            raise DumpError("req_ids must equal seq_ids in a paged dump: the indexer's cache and the "
+                            "attention share one block table, whose row s is sequence s")
+        if "block_size" in d and _int(d, "block_size") != d["kv_cache"].shape[1]:
+            raise DumpError(f"block_size {_int(d, 'block_size')} is not kv_cache's page size "
+                            f"{d['kv_cache'].shape[1]}: the paged dump's one block table has one page size")
+    _need(d, "block_table", "seq_lens", "seq_ids")
+    layout = _text(d, "page_layout", "dense")
+    cache = d["kv_cache"]
+    fmt = getattr(d, "formats", {}).get("kv_cache")
+    table = np.asarray(d["block_table"])
+    lens = _ints(d, "seq_lens")
+    if table.ndim != 2 or table.dtype.kind not in "iu" or len(table) != len(lens):
+        raise DumpError(f"block_table must be integer [n_seqs={len(lens)}, max_blocks] in a paged dump, "
+                        f"got {table.dtype} {table.shape}")
+    if layout == "fp8_scaled":
+        if cache.dtype != np.uint8 or cache.ndim not in (3, 4) or (cache.ndim == 4 and cache.shape[2] != 1):
+            raise DumpError(f"kv_cache: fp8_scaled pages are uint8 [num_blocks, block_size, (1,) d + 4], "
+                            f"got {cache.dtype} {cache.shape}")
+        if fmt is not None:
+            raise DumpError("kv_cache_format with page_layout fp8_scaled: the pages' layout says their "
+                            "format (e4m3fn bytes, then float32 scales)")
+        nb, bs, width = cache.shape[0], cache.shape[1], cache.shape[-1]
+        dim = width - 4
+        if dim < 1:
+            raise DumpError(f"kv_cache: fp8_scaled pages need d + 4 bytes per key, got {width}")
+        pages = np.ascontiguousarray(cache).reshape(nb, bs * width)
+        keys = pages[:, : bs * dim].reshape(nb, bs, dim)
+        scales: Optional[np.ndarray] = pages[:, bs * dim :].copy().view(np.float32).reshape(nb, bs)
+        fmt = "float8_e4m3fn"
+    elif layout == "dense":
+        if cache.ndim != 3:
+            raise DumpError(f"kv_cache: dense pages are [num_blocks, block_size, d], got {cache.shape}")
+        if fmt is None and cache.dtype.kind != "f":
+            raise DumpError(f"kv_cache: raw {cache.dtype} pages need kv_cache_format, or "
+                            f"page_layout=\"fp8_scaled\" for vLLM's DSA pages")
+        keys, scales, bs = cache, None, cache.shape[1]
+    else:
+        raise DumpError(f"page_layout must be \"dense\" or \"fp8_scaled\", got {layout!r}")
+    if bs < 1:
+        raise DumpError("kv_cache: pages of no tokens")
+    ks_, cs = [], []
+    for s, L in enumerate(int(x) for x in lens):
+        need = -(-L // bs)
+        if need > table.shape[1]:
+            raise DumpError(f"seq_lens[{s}] = {L} needs {need} pages but block_table has {table.shape[1]}")
+        ids = table[s, :need].astype(np.int64)
+        if len(ids) and (ids.min() < 0 or ids.max() >= len(keys)):
+            raise DumpError(f"block_table[{s}] names a page outside kv_cache's {len(keys)}")
+        ks_.append(keys[ids].reshape(-1, keys.shape[-1])[:L])
+        if scales is not None:
+            cs.append(scales[ids].reshape(-1)[:L])
+    k = np.concatenate(ks_) if ks_ else keys[:0].reshape(0, keys.shape[-1])
+    c = None if scales is None else (np.concatenate(cs) if cs else np.zeros(0, np.float32))
+    if c is not None and not np.isfinite(c).all():
+        t = int(np.flatnonzero(~np.isfinite(c))[0])
+        raise DumpError(f"kv_cache: key {t}'s fp8_scaled scale is {c[t]}: the exact scores of a "
+                        f"non-finite scale are undefined, so the dump cannot be checked")
+    bad = ~np.isfinite(decode32(k, fmt))
+    if bad.any():
+        t, i = (int(x) for x in np.argwhere(bad)[0])
+        raise DumpError(f"kv_cache: key {t} (in its sequence's pages, packed) element {i} is not finite: "
+                        f"the exact scores of a non-finite key are undefined, so the dump cannot be checked")
+    return np.ascontiguousarray(k), c, np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), fmt
+
+
+def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float,
+                filler: str = "-1") -> List[Tuple[str, dict]]:
     _need(d, "rows")
     engine_rows = d["rows"]
     if engine_rows.dtype.kind not in "iu":
@@ -700,7 +855,7 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
     topk = _int(d, "topk", width)
     _same_rows(n, d, "scores", "context_lens", "magnitudes", "engine_scores", "index_q", "weights",
                "query_pos", "seq_ids", "req_ids", "prefill_req_ids")
-    fmt = _formats(d)
+    fmt: Dict[str, Any] = _formats(d)
     parts: List[Tuple[np.ndarray, dict]] = []
     vacuous = 0
     if "scores" in d:
@@ -711,22 +866,33 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
             raise DumpError("rtol > 0 needs each score's magnitude: add 'magnitudes' to the "
                             "dump, pass --rtol 0 (and an --atol), or dump the indexer's inputs")
         lens = _ints(d, "context_lens")
+        if "kv_cache" in d:
+            raise DumpError("kv_cache beside scores: the exact scores are either given or computed "
+                            "from the indexer's inputs, not both")
         parts.append((np.arange(n), ks.check_topk(
             scores, engine_rows, lens, topk=topk, atol=atol, rtol=rtol,
-            magnitudes=mags, slots=_layout(d, np.arange(n)))))
+            magnitudes=mags, slots=_layout(d, np.arange(n)), filler=filler)))
         vacuous = _vacuous(scores, mags, lens, topk, atol, rtol)
     else:
-        _need(d, "index_q", "weights", "index_k", "query_pos")
+        paged = "kv_cache" in d
+        _need(d, "index_q", "weights", "query_pos", *(() if paged else ("index_k",)))
         _finite(d, "index_q", "weights", "index_k", "key_scale")
-        q, k, pos = d["index_q"], d["index_k"], _ints(d, "query_pos")
+        q, pos = d["index_q"], _ints(d, "query_pos")
         w, scale = _floats(d, "weights"), _floats(d, "key_scale")
         assert w is not None
-        if "cu_seqlens" in d:
+        if paged:  # each sequence's pages, read into the packed batch's keys
+            k, scale, cu, fmt["key_format"] = _paged_keys(d)
+            seq = _ints(d, "seq_ids")
+            _check_packing(cu, seq, len(k))
+        elif "cu_seqlens" in d:
             _need(d, "seq_ids")
-            cu, seq = _ints(d, "cu_seqlens"), _ints(d, "seq_ids")
+            k, cu, seq = d["index_k"], _ints(d, "cu_seqlens"), _ints(d, "seq_ids")
             _check_packing(cu, seq, len(k))
         else:
+            k = d["index_k"]
             cu, seq = np.array([0, len(k)]), np.zeros(n, dtype=np.int64)
+        if scale is not None and scale.ndim == 0:
+            scale = np.full(len(k), scale, dtype=np.float32)  # one per-tensor scale
         lens = np.zeros(n, dtype=np.int64)
         for s in np.unique(seq):
             lo, hi = int(cu[s]), int(cu[s + 1])
@@ -741,7 +907,7 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
                 lens[rows] = np.minimum(pos[rows] + 1, hi - lo)
                 parts.append((rows, ks.check_topk(
                     scores, engine_rows[rows], lens[rows], topk=topk, atol=atol, rtol=rtol,
-                    magnitudes=mags, slots=_layout(d, rows))))
+                    magnitudes=mags, slots=_layout(d, rows), filler=filler)))
                 vacuous += _vacuous(scores, mags, lens[rows], topk, atol, rtol)
     exact = _merge(parts)
     exact["vacuous"] = vacuous
@@ -749,7 +915,7 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[T
     engine_scores = _floats(d, "engine_scores")
     if engine_scores is not None:
         own = ks.check_topk(engine_scores, engine_rows, lens, topk=topk,
-                            slots=_layout(d, np.arange(n)))
+                            slots=_layout(d, np.arange(n)), filler=filler)
         own["vacuous"] = _vacuous(engine_scores, None, lens, topk, 0.0, 0.0)
         checks.append(("against the engine's own scores, exactly", own))
     return checks
@@ -817,9 +983,15 @@ def _check_witnesses(d: Mapping[str, np.ndarray]) -> List[Tuple[str, dict]]:
     return [("against the witness rule (exact)", report)]
 
 
-def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float] = None) -> dict:
+FILLERS = ("-1", "past_context", "repeat")
+"""The ``filler`` rules of a topk dump (:func:`kvselect.check_topk`'s ``filler=``)."""
+
+
+def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float] = None,
+               filler: Optional[str] = None) -> dict:
     """Check a dump (a path, or the dict :func:`load_dump` returns): a dict
-    with its ``kind``, the ``tolerance`` used and one entry per check in
+    with its ``kind``, the ``tolerance`` used, the ``filler`` rule (topk
+    dumps: ``filler`` overrides the dump's) and one entry per check in
     ``checks`` (``name`` and the checker's ``report``); ``wrong`` is the
     number of rows some check found wrong."""
     if isinstance(dump, (str, os.PathLike)):
@@ -832,6 +1004,13 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
         d = validate(dump, expect=CHECK_KINDS)
     kind = d.kind
     precision, atol_, rtol_ = _tolerance(d, atol, rtol)
+    if filler is not None and kind != "topk":
+        raise DumpError(f"--filler applies to topk dumps (token rows), not a {kind} dump")
+    fill = filler if filler is not None else _text(d, "filler", "-1")
+    if fill not in FILLERS:
+        where = "--filler" if filler is not None else "the dump's filler"
+        raise DumpError(f"{where} must be one of {', '.join(map(repr, FILLERS))}, got {fill!r}")
+    assert fill is not None
     note = None
     if kind == "topk" and "scores" in d and "magnitudes" not in d and rtol is None:
         rtol_ = 0.0  # given scores without magnitudes: only atol applies
@@ -839,7 +1018,7 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
                 "(rtol 0): add 'magnitudes', or dump the indexer's inputs")
     try:
         if kind == "topk":
-            checks = _check_topk(d, atol_, rtol_)
+            checks = _check_topk(d, atol_, rtol_, fill)
         elif kind == "blocks":
             checks = _check_blocks(d, atol_, rtol_)
         else:
@@ -857,6 +1036,7 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
     return {
         "kind": kind,
         "tolerance": {"precision": precision, "atol": atol_, "rtol": rtol_, "note": note},
+        **({"filler": fill} if kind == "topk" else {}),
         "rows": checks[0][1]["rows"],
         "wrong": len(wrong),
         "checks": [{"name": name, "report": r} for name, r in checks],
@@ -874,9 +1054,27 @@ def _in_dump_terms(message: str) -> str:
     return message
 
 
-def _describe(p: dict) -> str:
-    """One problem in a sentence."""
+def _describe(p: dict, filler: Optional[str] = None) -> str:
+    """One problem in a sentence; ``filler`` (a topk check's rule) adds the
+    rule that would take the entries as the engine's filler, when one would."""
     r = p["reason"]
+    if r == "not_causal" and "n_slots" in p:
+        holds = f"slot {p['slot']} holds {p['value'] if 'value' in p else p['position']}"
+        if "value" in p:
+            holds += f" (position {p['position']})"
+        n = p["n_slots"]
+        text = (f"not causal: {n} {'entry' if n == 1 else 'entries'} at or past the context "
+                f"{p['context']} (first: {holds})")
+        if filler is not None and filler != "past_context":
+            text += ' — if that is the engine\'s filler, check with filler="past_context" (--filler past_context)'
+        return text
+    if r == "duplicate" and "n_slots" in p:
+        n = p["n_slots"]
+        text = (f"duplicate: {n} {'entry repeats' if n == 1 else 'entries repeat'} an earlier one "
+                f"(first: slot {p['slot']} repeats position {p['position']} of slot {p['first']})")
+        if filler is not None and filler != "repeat":
+            text += ' — if that is the engine\'s filler, check with filler="repeat" (--filler repeat)'
+        return text
     if r == "wrong_selection":
         def few(pairs):
             return ", ".join(f"{t} ({s:.6g})" for t, s in pairs)
@@ -903,8 +1101,10 @@ def format_report(result: dict, *, show: int = 5, source: str = "") -> str:
     t = result["tolerance"]
     tol = "exact" if t["precision"] == "exact" else (
         f"precision {t['precision']}: rtol {t['rtol']:.3g}, atol {t['atol']:.3g}")
+    fill = result.get("filler")
+    fill_text = f", filler {fill!r}" if fill not in (None, "-1") else ""
     lines = [f"kvselect check{' ' + source if source else ''}: {result['kind']}, "
-             f"{result['rows']} rows, {tol}"]
+             f"{result['rows']} rows, {tol}{fill_text}"]
     if t.get("note"):
         lines.append(f"note: {t['note']}")
     lines.append("")
@@ -926,9 +1126,10 @@ def format_report(result: dict, *, show: int = 5, source: str = "") -> str:
             if "query" in row:
                 where += f" (query {row['query']}, KV head {row['kv_head']})"
             for i, p in enumerate(row["problems"]):
-                lines.append(f"  {where if i == 0 else ' ' * len(where)}: {_describe(p)}")
+                lines.append(f"  {where if i == 0 else ' ' * len(where)}: "
+                             f"{_describe(p, result.get('filler'))}")
         if len(details) > show:
-            lines.append(f"  ... and {len(details) - show} more (--show N, or --json)")
+            lines.append(f"  ... and {len(details) - show} more (--show N, or --json FILE)")
     for c in result["checks"]:
         v = c["report"].get("vacuous", 0)
         if v:
@@ -952,15 +1153,34 @@ def _strict(x: Any) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        result = check_dump(args.dump, atol=args.atol, rtol=args.rtol)
-    except DumpError as e:
-        print(f"kvselect check: {e}", file=sys.stderr)
+    from kvselect.cli import _check_output  # the CLI's one output check
+
+    def fail(message: str) -> int:
+        print(f"kvselect check: {message}", file=sys.stderr)
         return 2
-    if args.json:
+
+    to_file = args.json is not None and args.json != "-"
+    if to_file:  # refused before the check runs, as eval does
+        problem = _check_output("--json", args.json)
+        if problem:
+            return fail(problem)
+        if os.path.exists(args.json) and os.path.exists(args.dump) and os.path.samefile(args.json, args.dump):
+            return fail(f"--json {args.json!r} is the dump itself: give another file name")
+    try:
+        result = check_dump(args.dump, atol=args.atol, rtol=args.rtol, filler=args.filler)
+    except DumpError as e:
+        return fail(str(e))
+    if args.json == "-":
         json.dump(_strict(result), sys.stdout, indent=2, allow_nan=False)
         print()
     else:
+        if to_file:
+            try:
+                with open(args.json, "w") as f:
+                    json.dump(_strict(result), f, indent=2, allow_nan=False)
+                    f.write("\n")
+            except OSError as e:
+                return fail(f"--json {args.json!r}: {e}")
         print(format_report(result, show=args.show, source=args.dump))
     return 1 if result["wrong"] else 0
 
@@ -987,7 +1207,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--atol", type=_non_negative_float, default=None,
                    help="absolute tolerance (default 0)")
     p.add_argument("--show", type=int, default=5, help="wrong rows shown in detail per check")
-    p.add_argument("--json", action="store_true", help="print the full report as JSON instead")
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="also write the full report as JSON to FILE (the text report is still "
+                   "printed); '-' prints the JSON to stdout instead of the text")
+    p.add_argument("--filler", choices=FILLERS, default=None,
+                   help="how the engine fills a row that sees fewer than topk positions (overrides "
+                   "the dump's filler; default \"-1\"): \"past_context\" ignores entries at or past "
+                   "the context, \"repeat\" ignores repeats of an earlier entry")
     p.set_defaults(run=_run)
 
 

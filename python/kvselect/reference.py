@@ -1473,10 +1473,19 @@ def _indexer_inputs(index_q: Any, weights: Any, index_k: Any, query_pos: Any, ke
     w = _float_array("weights", weights, None, _SELECTION)
     _axes("weights", w.shape, [("n_queries", n), ("H", h)])
     t = k.shape[0]
-    c = np.ones(t) if key_scale is None else _float_array("key_scale", key_scale, None, _SELECTION)
-    _axes("key_scale", c.shape, [("n_keys", t)])
+    c = np.ones(t) if key_scale is None else _key_scale(key_scale, t)
     pos = _query_positions(query_pos, n)
     return q, w, k, c, pos
+
+
+def _key_scale(key_scale: Any, t: int) -> np.ndarray:
+    """``key_scale`` as ``[t]`` scales: one number (0-D, a Python or NumPy
+    float) is the scale of every key, else ``[n_keys]``."""
+    c = _float_array("key_scale", key_scale, None, _SELECTION)
+    if c.ndim == 0:
+        return np.full(t, float(c))
+    _axes("key_scale", c.shape, [("n_keys", t)])
+    return c
 
 
 def _indexer_queries(index_q: Any, weights: Any, query_format: Optional[str]) -> tuple:
@@ -1571,8 +1580,7 @@ def indexer_topk_packed(
     k = decode(index_k, key_format, "key_format")
     if k.ndim != 2:
         raise _refuse(_SELECTION, "index_k", f"index_k must be 2-D, got shape {k.shape}")
-    if key_scale is not None:
-        _axes("key_scale", _float_array("key_scale", key_scale, None, _SELECTION).shape, [("n_keys", len(k))])
+    c = None if key_scale is None else _key_scale(key_scale, len(k))
     k = np.asarray(index_k)
     cu = _index_array("cu_seqlens", cu_seqlens, 1, _SELECTION, positions=True)
     sid = _along("seq_ids", seq_ids, ("n_queries", n))
@@ -1582,7 +1590,6 @@ def indexer_topk_packed(
     if (sid >= len(cu) - 1).any():
         raise _refuse(_SELECTION, "seq_ids", "a sequence id past cu_seqlens")
     q, w = np.asarray(index_q), np.asarray(weights)
-    c = None if key_scale is None else np.asarray(key_scale)
 
     def one(i: int, s_row: np.ndarray) -> np.ndarray:
         k0, k1 = int(cu[sid[i]]), int(cu[sid[i] + 1])
@@ -1914,32 +1921,61 @@ def _kth_best(scores: np.ndarray, k: int) -> float:
     return float(numbers[k - 1]) if k <= len(numbers) else math.nan
 
 
+_FILLERS = ("-1", "past_context", "repeat")
+
+
+def _filler(filler: Any) -> str:
+    """The ``filler=`` rule, checked (see :func:`check_topk`)."""
+    if not isinstance(filler, str):
+        raise TypeError(f"filler must be a string, got {type(filler).__name__}")
+    if filler not in _FILLERS:
+        names = ", ".join(f'"{f}"' for f in _FILLERS)
+        raise ReferenceSelectionError("filler", f"filler must be one of {names}, got {filler!r}")
+    return filler
+
+
 def _scan(raw: np.ndarray, row: list, n: int, problems: list, holes: bool = False,
-          mapped: bool = True) -> dict:
+          mapped: bool = True, filler: str = "-1") -> dict:
     """The structural half of the rule, shared by tokens and blocks: the
     distinct in-range ids of ``row`` (row-relative, ``_UNMAPPED`` where the
     engine's entry in ``raw`` named no position) as ``{id: slot}`` in slot
-    order; what is wrong with the structure appended to ``problems``. With
-    ``holes`` (DCP ranks' rows), padding may sit anywhere."""
+    order; what is wrong with the structure appended to ``problems`` (a
+    row's not-causal entries one problem with their count, its duplicates
+    alike). With ``holes`` (DCP ranks' rows), padding may sit anywhere; the
+    entries ``filler`` names (``"past_context"``: at or past ``n``;
+    ``"repeat"``: a repeat of an earlier valid entry) are ignored."""
     chosen: dict = {}
-    padding, hole = False, holes
+    padding, hole = False, holes or filler == "past_context"
+    causal: Optional[dict] = None
+    dup: Optional[dict] = None
     for slot, x in enumerate(row):
         if x < 0:
             padding = True
             continue
+        unmapped = mapped and x == _UNMAPPED
+        if filler == "past_context" and not unmapped and x >= n:
+            continue
+        if filler == "repeat" and x in chosen:
+            continue
         if padding and not hole:
             hole = True
             problems.append({"reason": "padding_hole", "slot": slot,
-                             "position": int(raw[slot]) if mapped and x == _UNMAPPED else x})
-        if mapped and x == _UNMAPPED:
+                             "position": int(raw[slot]) if unmapped else x})
+        if unmapped:
             problems.append({"reason": "not_in_table", "slot": slot, "value": int(raw[slot])})
             continue
         if x >= n:
-            problems.append({"reason": "not_causal", "slot": slot, "position": x,
-                             **({"value": int(raw[slot])} if mapped else {})})
+            if causal is None:
+                causal = {"reason": "not_causal", "slot": slot, "position": x,
+                          **({"value": int(raw[slot])} if mapped else {}), "n_slots": 0, "context": n}
+                problems.append(causal)
+            causal["n_slots"] += 1
             continue
         if x in chosen:
-            problems.append({"reason": "duplicate", "position": x, "first": chosen[x], "slot": slot})
+            if dup is None:
+                dup = {"reason": "duplicate", "position": x, "first": chosen[x], "slot": slot, "n_slots": 0}
+                problems.append(dup)
+            dup["n_slots"] += 1
             continue
         chosen[x] = slot
     return chosen
@@ -1996,10 +2032,10 @@ def _selection(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
 
 def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
                raw: np.ndarray, row: list, L: int, topk: int, holes: bool = False,
-               mapped: bool = False) -> list:
+               mapped: bool = False, filler: str = "-1") -> list:
     """One token top-k row (``row`` read back from the engine's ``raw``)."""
     problems: list = []
-    chosen = _scan(raw, row, L, problems, holes, mapped)
+    chosen = _scan(raw, row, L, problems, holes, mapped, filler)
     expected = min(topk, L)
     if len(chosen) != expected:
         problems.append({"reason": "wrong_count", "valid": len(chosen), "expected": expected})
@@ -2222,10 +2258,16 @@ def _engine_rows(rows: Any) -> np.ndarray:
 
 
 def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = None,
-               atol: float = 0.0, rtol: float = 0.0, magnitudes: Any = None, slots: Any = None) -> dict:
+               atol: float = 0.0, rtol: float = 0.0, magnitudes: Any = None, slots: Any = None,
+               filler: str = "-1") -> dict:
     """``kvselect.check_topk``: whether each engine row is a correct top-k of
     its exact scores (see the section's rule), as the native report; with
-    ``slots``, the rows are global slot ids read back through it."""
+    ``slots``, the rows are global slot ids read back through it; ``filler``
+    the engine's rule for the slots it has no position for (``"-1"``:
+    negative entries, after the valid ones; ``"past_context"``: entries at or
+    past ``L`` or negative, anywhere; ``"repeat"``: repeats of an earlier
+    valid entry, anywhere)."""
+    fill = _filler(filler)
     r = _engine_rows(rows)
     ranks = slots.dcp_size if isinstance(slots, GlobalSlots) else 1
     k = r.shape[1] // ranks if topk is None else _selection_count("topk", topk)
@@ -2236,7 +2278,8 @@ def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = 
     m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION).astype(np.float32)
     a, rt = float(atol), float(rtol)
     return _check_batch(s, r, lens, m, a, rt, slots, {"scores": "scores", "lens": "context_lens"}, ("topk", k),
-                       lambda si, mi, raw, row, L, mp: _check_row(si, mi, a, rt, raw, row, L, k, ranks > 1, mp),
+                       lambda si, mi, raw, row, L, mp: _check_row(si, mi, a, rt, raw, row, L, k, ranks > 1, mp,
+                                                                 fill),
                        _CHECK_REASONS)
 
 

@@ -12,7 +12,7 @@
 //!   to the tolerance of the token check ([`super`]): the forced blocks are
 //!   not candidates, so their scores never enter the comparison.
 
-use super::{scan_row, Problem, RowCheck, Scored, MAX_LISTED};
+use super::{scan_row, Filler, Problem, RowCheck, Scored, MAX_LISTED};
 use crate::block_sparse::BlockSparseConfig;
 
 /// Checks one engine row of block ids against the row's exact block
@@ -51,7 +51,8 @@ pub(super) fn block_row(
     cfg: &BlockSparseConfig,
 ) -> RowCheck {
     let mut problems = Vec::new();
-    let scan = scan_row(raw, row, n, false, !std::ptr::eq(raw, row), &mut problems);
+    let mapped = !std::ptr::eq(raw, row);
+    let scan = scan_row(raw, row, n, false, mapped, Filler::MinusOne, &mut problems);
     // The rule's forced set: blocks 0..init_end and local_start..n.
     let init_end = cfg.init_blocks.min(n);
     let local_start = (n - cfg.local_blocks.min(n)).max(init_end);

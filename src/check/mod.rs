@@ -9,6 +9,9 @@
 //!   or any negative value): no hole;
 //! - they are distinct and causal, `0 <= x < L`;
 //! - there are exactly `min(topk, L)` of them;
+//!
+//! (the first three as the default [`Filler::MinusOne`] states them: an
+//! engine that fills a short row another way says so with its [`Filler`]);
 //! - every selected position scores at least every unselected one, up to
 //!   the tolerance below.
 //!
@@ -60,6 +63,54 @@ pub const MAX_LISTED: usize = 16;
 /// [`Problem::NotInTable`] with the engine's value.
 pub const UNMAPPED: i64 = i64::MAX;
 
+/// How an engine fills the slots of a row it has no position for (a row
+/// that sees fewer than `topk` positions), and pads in general: the entries
+/// the check ignores. Whatever the filler, a correct row holds exactly
+/// `min(topk, L)` distinct valid entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Filler {
+    /// `"-1"`: negative entries are padding and come after the valid ones
+    /// (a valid entry after padding is a `padding_hole`); an entry at or
+    /// past `L` is `not_causal`.
+    #[default]
+    MinusOne,
+    /// `"past_context"` (transformers' DeepSeek-V3.2-family DSA modules,
+    /// whose `torch.topk` over masked scores fills with masked future
+    /// positions): an entry at or past the row's context `L`, or negative,
+    /// is filler and ignored wherever it sits. An entry read back through a
+    /// layout that names no position of its request is still `not_in_table`.
+    PastContext,
+    /// `"repeat"` (engines that repeat a position): an entry equal to an
+    /// earlier valid entry of the row is filler, ignored wherever it sits;
+    /// negative entries are padding as with `"-1"`. A row that repeats
+    /// instead of selecting holds too few distinct entries (`wrong_count`).
+    Repeat,
+}
+
+impl Filler {
+    /// The rules' names, as `filler=` spells them.
+    pub const NAMES: [&'static str; 3] = ["-1", "past_context", "repeat"];
+
+    /// The rule named `name`, or `None`.
+    pub fn from_name(name: &str) -> Option<Filler> {
+        match name {
+            "-1" => Some(Filler::MinusOne),
+            "past_context" => Some(Filler::PastContext),
+            "repeat" => Some(Filler::Repeat),
+            _ => None,
+        }
+    }
+
+    /// The rule's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Filler::MinusOne => "-1",
+            Filler::PastContext => "past_context",
+            Filler::Repeat => "repeat",
+        }
+    }
+}
+
 /// The tolerance: `e_t = atol + rtol · magnitude_t`.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Tolerance {
@@ -77,20 +128,26 @@ pub enum Problem {
     /// A valid entry after padding: slot `slot` holds `position` although
     /// an earlier slot was padding (the first such slot only).
     PaddingHole { slot: usize, position: i64 },
-    /// `position` appears in `first` and again in `slot`.
+    /// `position` appears in `first` and again in `slot` (the row's first
+    /// repeat); `n_slots` entries of the row repeat an earlier one.
     Duplicate {
         position: i64,
         first: usize,
         slot: usize,
+        n_slots: usize,
     },
-    /// `position` in `slot` is not in `0..len` (a future position, or past
-    /// the keys); `value` is the engine's own entry when the row was read
-    /// back through a layout (the global slot id that names `position`).
+    /// `position` in `slot` is not in `0..context` (a future position, or
+    /// past the keys; the row's first such entry); `value` is the engine's
+    /// own entry when the row was read back through a layout (the global
+    /// slot id that names `position`); `n_slots` entries of the row are at
+    /// or past its `context`.
     NotCausal {
         slot: usize,
         position: i64,
         #[serde(skip_serializing_if = "Option::is_none")]
         value: Option<i64>,
+        n_slots: usize,
+        context: usize,
     },
     /// The engine's entry `value` in `slot` is a global slot id that maps to
     /// no position of the row's request (not a page of its block table, or
@@ -219,12 +276,30 @@ pub fn check_topk_row(
 ) -> RowCheck {
     assert!(scores.len() >= len && magnitudes.is_none_or(|m| m.len() >= len));
     assert!(tol.rtol == 0.0 || magnitudes.is_some());
+    check_topk_row_with(scores, magnitudes, tol, row, len, topk, Filler::MinusOne)
+}
+
+/// [`check_topk_row`] with the engine's [`Filler`].
+///
+/// # Panics
+/// As [`check_topk_row`].
+pub fn check_topk_row_with(
+    scores: &[f32],
+    magnitudes: Option<&[f32]>,
+    tol: Tolerance,
+    row: &[i64],
+    len: usize,
+    topk: usize,
+    filler: Filler,
+) -> RowCheck {
+    assert!(scores.len() >= len && magnitudes.is_none_or(|m| m.len() >= len));
+    assert!(tol.rtol == 0.0 || magnitudes.is_some());
     let sc = Scored {
         scores,
         magnitudes,
         tol,
     };
-    topk_row(&sc, row, row, len, topk, false)
+    topk_row(&sc, row, row, len, topk, false, filler)
 }
 
 /// [`check_topk_row`] on a row read back from the engine's `raw` one
@@ -236,10 +311,12 @@ fn topk_row(
     len: usize,
     topk: usize,
     holes: bool,
+    filler: Filler,
 ) -> RowCheck {
     let mut problems = Vec::new();
     // Read back through a layout iff `row` is not the engine's `raw` itself.
-    let scan = scan_row(raw, row, len, holes, !std::ptr::eq(raw, row), &mut problems);
+    let mapped = !std::ptr::eq(raw, row);
+    let scan = scan_row(raw, row, len, holes, mapped, filler, &mut problems);
     let expected = topk.min(len);
     if scan.selected.len() != expected {
         problems.push(Problem::WrongCount {
@@ -270,55 +347,85 @@ impl Scan {
 
 /// The structural half of the rule (padding after the valid entries unless
 /// `holes` allows it anywhere — DCP's ranks leave their remote slots `-1`
-/// in place — each in `0..len`, no duplicate), shared by tokens and blocks. `row` holds
+/// in place — each in `0..len`, no duplicate; the entries `filler` names
+/// ignored), shared by tokens and blocks. `row` holds
 /// row-relative ids and, when `mapped` (read back through a layout),
 /// [`UNMAPPED`] where the engine's entry (in `raw`, the row as the engine
 /// wrote it) named no position of the row; unmapped, every entry is read as
-/// the position it says.
+/// the position it says. A row's not-causal entries are one problem (its
+/// first, and how many), its duplicates alike.
 pub(crate) fn scan_row(
     raw: &[i64],
     row: &[i64],
     len: usize,
     holes: bool,
     mapped: bool,
+    filler: Filler,
     problems: &mut Vec<Problem>,
 ) -> Scan {
     let mut chosen = vec![usize::MAX; len];
     let mut selected = Vec::with_capacity(row.len().min(len));
-    // With `holes`, padding may sit anywhere (a hole is then no fault).
-    let (mut padding_at, mut hole) = (None, holes);
+    // With `holes`, or filler that may sit anywhere, padding may sit
+    // anywhere (a hole is then no fault).
+    let anywhere = holes || filler == Filler::PastContext;
+    let (mut padding_at, mut hole) = (None, anywhere);
+    // Where the row's one not-causal / duplicate problem sits in `problems`.
+    let (mut not_causal, mut duplicate) = (None::<usize>, None::<usize>);
     for (slot, (&x, &engine)) in row.iter().zip(raw).enumerate() {
         if x < 0 {
             padding_at.get_or_insert(slot);
             continue;
         }
+        let unmapped = mapped && x == UNMAPPED;
+        let in_range = usize::try_from(x).ok().filter(|&p| p < len);
+        if filler == Filler::PastContext && !unmapped && in_range.is_none() {
+            continue; // a future position: the engine's filler
+        }
+        if filler == Filler::Repeat && in_range.is_some_and(|p| chosen[p] != usize::MAX) {
+            continue; // a repeat of a valid entry: the engine's filler
+        }
         if padding_at.is_some() && !hole {
             hole = true;
             // The engine's own value when it names no position of the row.
-            let position = if mapped && x == UNMAPPED { engine } else { x };
+            let position = if unmapped { engine } else { x };
             problems.push(Problem::PaddingHole { slot, position });
         }
-        if mapped && x == UNMAPPED {
+        if unmapped {
             problems.push(Problem::NotInTable {
                 slot,
                 value: engine,
             });
             continue;
         }
-        let Some(p) = usize::try_from(x).ok().filter(|&p| p < len) else {
-            problems.push(Problem::NotCausal {
-                slot,
-                position: x,
-                value: mapped.then_some(engine),
-            });
+        let Some(p) = in_range else {
+            match not_causal.and_then(|i| problems.get_mut(i)) {
+                Some(Problem::NotCausal { n_slots, .. }) => *n_slots += 1,
+                _ => {
+                    not_causal = Some(problems.len());
+                    problems.push(Problem::NotCausal {
+                        slot,
+                        position: x,
+                        value: mapped.then_some(engine),
+                        n_slots: 1,
+                        context: len,
+                    });
+                }
+            }
             continue;
         };
         if chosen[p] != usize::MAX {
-            problems.push(Problem::Duplicate {
-                position: x,
-                first: chosen[p],
-                slot,
-            });
+            match duplicate.and_then(|i| problems.get_mut(i)) {
+                Some(Problem::Duplicate { n_slots, .. }) => *n_slots += 1,
+                _ => {
+                    duplicate = Some(problems.len());
+                    problems.push(Problem::Duplicate {
+                        position: x,
+                        first: chosen[p],
+                        slot,
+                        n_slots: 1,
+                    });
+                }
+            }
             continue;
         }
         chosen[p] = slot;
@@ -508,6 +615,17 @@ pub fn check_rows(
     rule: Rule,
     tol: Tolerance,
 ) -> Result<Vec<RowCheck>, crate::error::AttentionError> {
+    check_rows_with(batch, rule, tol, Filler::MinusOne)
+}
+
+/// [`check_rows`] with the engine's [`Filler`] (token rows only: block rows
+/// always pad with `-1`).
+pub fn check_rows_with(
+    batch: &Batch<'_>,
+    rule: Rule,
+    tol: Tolerance,
+    filler: Filler,
+) -> Result<Vec<RowCheck>, crate::error::AttentionError> {
     use crate::error::{check_len, checked_size, AttentionError};
     let b = batch;
     let n = b.lens.len();
@@ -629,7 +747,7 @@ pub fn check_rows(
             None => raw,
         };
         slot[0] = match rule {
-            Rule::Topk(k) => topk_row(&sc, raw, row, b.lens[i], k, ranks > 1),
+            Rule::Topk(k) => topk_row(&sc, raw, row, b.lens[i], k, ranks > 1, filler),
             Rule::Blocks(cfg) => blocks::block_row(&sc, raw, row, b.lens[i], &cfg),
         };
     });

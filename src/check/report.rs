@@ -4,6 +4,18 @@
 //! with its problems. It serialises (serde) to the JSON shape the Python
 //! bindings hand back and `kvselect check` writes: a problem is a map whose
 //! first key, `reason`, is the variant's snake_case name, then its fields.
+//!
+//! The problems' fields, by reason: `padding_hole` {`slot`, `position`};
+//! `duplicate` {`position`, `first`, `slot`, `n_slots`} (the row's first
+//! repeat, and how many entries repeat an earlier one); `not_causal`
+//! {`slot`, `position`, [`value`], `n_slots`, `context`} (the row's first
+//! entry at or past its context, the engine's slot id `value` when read
+//! through a layout, how many such entries, the context `L`); `not_in_table`
+//! {`slot`, `value`}; `missing_forced` {`blocks`, `n_missing`};
+//! `wrong_count` {`valid`, `expected`}; `wrong_selection` {`dropped`,
+//! `intruders`, `n_dropped`, `n_intruders`, `threshold`, `margin`}; the
+//! witness reasons as [`super::Problem`] documents them. A row's filler
+//! (see [`super::Filler`]) is thus one problem, never one per slot.
 
 use serde::ser::{Serialize, Serializer};
 
@@ -165,11 +177,14 @@ mod tests {
                 position: 2,
                 first: 0,
                 slot: 1,
+                n_slots: 1,
             },
             Problem::NotCausal {
                 slot: 0,
                 position: 9,
                 value: Some(77),
+                n_slots: 1,
+                context: 4,
             },
             Problem::NotInTable { slot: 0, value: 5 },
             Problem::PrefixChanged {
@@ -227,9 +242,14 @@ mod tests {
             slot: 0,
             position: 9,
             value: None,
+            n_slots: 3,
+            context: 4,
         };
         let json = serde_json::to_string(&p).unwrap();
-        assert_eq!(json, r#"{"reason":"not_causal","slot":0,"position":9}"#);
+        assert_eq!(
+            json,
+            r#"{"reason":"not_causal","slot":0,"position":9,"n_slots":3,"context":4}"#
+        );
     }
 
     #[test]

@@ -61,7 +61,8 @@ fn structural_faults_are_reported_before_the_selection() {
         Problem::Duplicate {
             position: 0,
             first: 0,
-            slot: 1
+            slot: 1,
+            n_slots: 1
         }
     );
     let c = exact(&s, &[0, 6, 1], 3);
@@ -70,7 +71,9 @@ fn structural_faults_are_reported_before_the_selection() {
         Problem::NotCausal {
             slot: 1,
             position: 6,
-            value: None
+            value: None,
+            n_slots: 1,
+            context: 6
         }
     );
     let c = exact(&s, &[0, -1, 1], 3);

@@ -10,7 +10,7 @@ use super::args::{detach, positions, Args, Obj, Opt};
 use super::block_sparse::config;
 use super::errors::{refuse, Domain, Witness};
 use crate::check::WITNESS_REASONS;
-use crate::check::{self, Batch, GlobalSlots, RowCheck, Rule, Tolerance};
+use crate::check::{self, Batch, Filler, GlobalSlots, RowCheck, Rule, Tolerance};
 
 /// A report, as a dict.
 type PyReport<'py> = Bound<'py, PyDict>;
@@ -173,6 +173,21 @@ fn global_slots<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalS
 /// axis; ``topk`` defaults to ``width`` (a rank's width with DCP slots).
 /// With ``atol = rtol = 0`` the check is exact.
 ///
+/// ``filler`` states how the engine fills a row that sees fewer than
+/// ``topk`` positions (and pads in general); the entries it names are
+/// ignored, and a correct row still holds exactly ``min(topk, L)`` distinct
+/// valid entries: ``"-1"`` (the default) — negative entries are padding and
+/// come after the valid ones; ``"past_context"`` (transformers'
+/// DeepSeek-V3.2-family DSA modules, whose ``torch.topk`` over masked
+/// scores fills with masked future positions) — an entry at or past the
+/// row's context ``L``, or negative, is filler wherever it sits (with
+/// ``slots``, an entry naming no position of its request is still
+/// ``not_in_table``); ``"repeat"`` — an entry equal to an earlier valid
+/// entry of the row is filler wherever it sits, negative ones padding as
+/// with ``"-1"`` (a row that repeats instead of selecting is short:
+/// ``wrong_count``). DCP rows (``slots`` with ``dcp_size > 1``) pad
+/// anywhere under every rule.
+///
 /// Returns a dict: ``rows``, ``correct``, ``wrong``, ``by_reason`` (rows
 /// per reason: ``padding_hole``, ``duplicate``, ``not_causal``,
 /// ``not_in_table``, ``wrong_count``, ``wrong_selection``) and ``details``,
@@ -181,10 +196,14 @@ fn global_slots<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalS
 /// ``intruders`` as ``(position, score)``, their counts, the row's exact
 /// ``threshold`` and the ``margin`` by which it is wrong; with ``slots``, a
 /// ``not_causal`` entry also carries the engine's ``value``, the slot id it
-/// wrote).
+/// wrote). A row's entries past its context are one ``not_causal`` problem
+/// (the first ``slot`` and ``position``, ``n_slots`` such entries, the
+/// row's ``context``), its repeats one ``duplicate`` (the first, and
+/// ``n_slots``).
 #[pyfunction]
 #[pyo3(signature = (scores, rows, context_lens=None, *, topk=None, atol=0.0, rtol=0.0,
-                    magnitudes=None, slots=None))]
+                    magnitudes=None, slots=None, filler="-1"))]
+#[allow(clippy::too_many_arguments)]
 fn check_topk<'py>(
     py: Python<'py>,
     scores: &Obj<'py>,
@@ -195,7 +214,15 @@ fn check_topk<'py>(
     rtol: f64,
     magnitudes: Opt<'_, 'py>,
     slots: Option<Bound<'py, PyGlobalSlots>>,
+    filler: &str,
 ) -> PyResult<PyReport<'py>> {
+    let filler = Filler::from_name(filler).ok_or_else(|| {
+        let msg = format!(
+            "filler must be one of {}, got {filler:?}",
+            Filler::NAMES.map(|n| format!("{n:?}")).join(", ")
+        );
+        refuse(Domain::Selection, "filler", msg)
+    })?;
     let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
     // DCP rows are the ranks' rows side by side: by default, each rank's width.
     let width = r.shape[1] / slots.as_ref().map_or(1, |g| g.get().shape.dcp_size);
@@ -214,7 +241,8 @@ fn check_topk<'py>(
     let axes = [("n_rows", n), ("n_positions", t)];
     let tol = Tolerance { atol, rtol };
     let scored = (s.slice()?, &axes[..], magnitudes);
-    run(py, Rule::Topk(topk), tol, scored, rows, &lens, &slots)
+    let rule = (Rule::Topk(topk), filler);
+    run(py, rule, tol, scored, rows, &lens, &slots)
 }
 
 /// Whether each of an engine's block-selection rows (MiniMax-M3) is correct
@@ -277,7 +305,15 @@ fn check_blocks<'py>(
             };
             let axes = [("n_rows", n), ("n_blocks", t)];
             let scored = (s.slice()?, &axes[..], magnitudes);
-            run(py, rule, tol, scored, rows, &lens, &slots)
+            run(
+                py,
+                (rule, Filler::MinusOne),
+                tol,
+                scored,
+                rows,
+                &lens,
+                &slots,
+            )
         }
         (&[a, b, width], &[n, h, t]) => {
             let (nq, hkv) = if head_major { (b, a) } else { (a, b) };
@@ -311,7 +347,15 @@ fn check_blocks<'py>(
             let rows = Rows { rows, width };
             let axes = [("n_queries", n), ("n_kv_heads", h), ("n_blocks", t)];
             let scored = (s.slice()?, &axes[..], magnitudes);
-            run(py, rule, tol, scored, rows, &lens, &slots)
+            run(
+                py,
+                (rule, Filler::MinusOne),
+                tol,
+                scored,
+                rows,
+                &lens,
+                &slots,
+            )
         }
         (&[_, _] | &[_, _, _], _) => {
             // The two forms do not mix: the 3-D one of the pair is out of place.
@@ -349,10 +393,11 @@ struct Rows<'a> {
 /// The shared body of the two score checks: arguments → core → report.
 /// `scored` is the scores (`n_rows · n_candidates` of them, their shape's
 /// `axes` named, last the candidates) and the `magnitudes` argument, which
-/// must have that shape axis by axis; `lens` gives each row's context.
+/// must have that shape axis by axis; `lens` gives each row's context;
+/// `rule` comes with the engine's filler.
 fn run<'py>(
     py: Python<'py>,
-    rule: Rule,
+    (rule, filler): (Rule, Filler),
     tol: Tolerance,
     (scores, axes, magnitudes): (&[f32], &[(&str, usize)], Opt<'_, 'py>),
     rows: Rows<'_>,
@@ -375,7 +420,9 @@ fn run<'py>(
         lens,
         global: global_slots(slots),
     };
-    let checks = detach(py, scores.len(), || check::check_rows(&batch, rule, tol))?;
+    let checks = detach(py, scores.len(), || {
+        check::check_rows_with(&batch, rule, tol, filler)
+    })?;
     report(py, &checks, rule.reasons())
 }
 

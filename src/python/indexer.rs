@@ -22,6 +22,9 @@ struct Call<'py> {
     w: In<'py, f32, 2>,
     k: EncodedIn<'py>,
     scale: Option<In<'py, f32, 0>>,
+    /// A per-tensor `key_scale` (a scalar) as the per-key vector the core
+    /// reads: the scalar for every key.
+    scale_fill: Option<Vec<f32>>,
     pos: Vec<usize>,
     /// The ndarrays among the arguments read through a copy (`query_pos`,
     /// a packed batch's offsets): an output must not share their memory either.
@@ -84,10 +87,17 @@ impl<'py> Call<'py> {
         let (k, _) = EncodedIn::new(S, k, "index_k", ("key_format", kf))?;
         let [t, d] = S.dims::<2>(k.untyped(), "index_k", "[n_keys, d]")?;
         S.same_d(dq, d, "index_k")?;
+        // A scalar (0-D array, Python or NumPy float) is one scale for every
+        // key; else one per key.
+        let mut scale_fill = None;
         let scale = scale
             .map(|c| {
                 let (c, shape) = S.input_dyn::<f32>(c, "key_scale")?;
-                S.axes("key_scale", &shape, &[("n_keys", t)])?;
+                if shape.is_empty() {
+                    scale_fill = Some(vec![c.slice()?[0]; t]);
+                } else {
+                    S.axes("key_scale", &shape, &[("n_keys", t)])?;
+                }
                 Ok::<_, PyErr>(c)
             })
             .transpose()?;
@@ -104,6 +114,7 @@ impl<'py> Call<'py> {
             w,
             k,
             scale,
+            scale_fill,
             pos,
             raw,
             shape,
@@ -118,7 +129,10 @@ impl<'py> Call<'py> {
             q: self.q.encoded()?,
             weights: self.w.slice()?,
             k: self.k.encoded()?,
-            key_scale: self.scale.as_ref().map(|c| c.slice()).transpose()?,
+            key_scale: match &self.scale_fill {
+                Some(v) => Some(&v[..]),
+                None => self.scale.as_ref().map(|c| c.slice()).transpose()?,
+            },
             query_pos: &self.pos,
         })
     }
@@ -188,7 +202,9 @@ fn run_topk<'py>(
 ///
 /// ``index_q`` is ``[n_queries, H, d]``, ``weights`` float32 ``[n_queries,
 /// H]`` (softmax scale, H**-0.5 and any query scale folded in), ``index_k``
-/// ``[T, d]``, ``key_scale`` float32 ``[T]`` or None. Keys and queries may
+/// ``[T, d]``, ``key_scale`` float32 ``[T]``, one number for every key (a
+/// per-tensor scale: a Python or NumPy float, or a 0-D array) or None (1).
+/// Keys and queries may
 /// be float32, float16, or ``ml_dtypes`` bfloat16 / float8_e4m3fn arrays,
 /// read in place; a raw ``uint16`` / ``uint8`` view (``t.view(torch.uint8)
 /// .numpy()``) needs ``key_format`` / ``query_format`` ("bfloat16",

@@ -609,6 +609,23 @@ def _():
     return {"call": lambda: _ks().indexer_topk(q, w, bits, p, 4, key_format="bfloat16"), "check": same(ref)}
 
 
+@case("indexer-scalar-key-scale", "indexer formats", "`indexer_topk(q, w, k, pos, 4, key_scale=0.5)`", ACCEPTED,
+      note="a per-tensor scale: the same rows as key_scale=np.full(n_keys, 0.5)")
+def _():
+    q, w, k, p = indexer_args()
+    full = np.full(len(k), 0.5, np.float32)
+    ref = lambda: _ks().indexer_topk(q, w, k, p, 4, key_scale=full)  # noqa: E731
+    return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, key_scale=0.5), "check": same(ref)}
+
+
+@case("indexer-key-scale-2d", "indexer formats", "`indexer_topk(q, w, k, pos, 4, key_scale=ones([16, 1]))`",
+      "SelectionError", argument="key_scale", note="one number, or one per key: never another shape")
+def _():
+    q, w, k, p = indexer_args()
+    c = np.ones((len(k), 1), np.float32)
+    return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, key_scale=c), "watch": [q, w, k, c]}
+
+
 @case("indexer-d-mismatch", "indexer formats", "`indexer_topk(q, w, k[:, :3], pos, 4)`", "SelectionError", argument="index_q")
 def _():
     q, w, k, p = indexer_args()
@@ -1492,6 +1509,30 @@ def _():
     return {"call": lambda: _ks().check_topk(s, r, rtol=0.01, magnitudes=m), "watch": [s, r, m]}
 
 
+@case("check-unknown-filler", "engine check", "`check_topk(scores, rows, filler='pad')`", "SelectionError",
+      argument="filler", note="the message lists the rules: \"-1\", \"past_context\", \"repeat\"")
+def _():
+    s, r = check_args()
+    return {"call": lambda: _ks().check_topk(s, r, filler="pad"), "watch": [s, r]}
+
+
+@case("check-filler-not-a-string", "engine check", "`check_topk(scores, rows, filler=-1)`", "TypeError")
+def _():
+    s, r = check_args()
+    return {"call": lambda: _ks().check_topk(s, r, filler=-1), "watch": [s, r]}
+
+
+@case("check-past-context-filler", "engine check",
+      "`check_topk(scores, rows with a future position, [2, 5], filler='past_context')`", ACCEPTED,
+      note="the engine's filler ignored: only the wrong row (row 1) is reported")
+def _():
+    s, r = check_args()
+    r[0] = [1, 4, 0]  # L = 2, topk 3: both positions and a future one
+    r[1] = [3, 0, 2]  # a wrong selection: position 4 (0.5) beats 2 (0.0)
+    return {"call": lambda: _ks().check_topk(s, r, [2, 5], filler="past_context"),
+            "check": lambda rep: [d["row"] for d in rep["details"]] == [1], "watch": [s, r]}
+
+
 @case("check-short-lens", "engine check", "`check_topk(scores [2, 5], rows [2, 3], context_lens=[5])`",
       "SelectionError", argument="context_lens", note="scores and rows agree: the lengths are named")
 def _():
@@ -1555,7 +1596,7 @@ def _():
     r[1, 0] = 2**40
     return {"call": lambda: _ks().check_topk(s, r),
             "check": lambda rep: rep["wrong"] == 1 and rep["details"][0]["problems"][0]
-            == {"reason": "not_causal", "slot": 0, "position": 2**40}}
+            == {"reason": "not_causal", "slot": 0, "position": 2**40, "n_slots": 1, "context": 5}}
 
 
 @case("indexer-scores-d-mismatch", "engine check", "`indexer_scores(q [.., d=4], w, k[:, :3], pos)`", "SelectionError",
@@ -1619,8 +1660,9 @@ def _():
     s, r, nb = block_check_args()
     r[1, 1] = 2**40
     return {"call": lambda: _ks().check_blocks(s, r, nb, cfg()),
-            "check": lambda rep: rep["wrong"] == 1 and rep["details"][0]["problems"][0]
-            == {"reason": "not_causal", "slot": 1, "position": 2**40}}
+            "check": lambda rep: rep["wrong"] == 1 and {
+                k: v for k, v in rep["details"][0]["problems"][0].items() if k != "context"}
+            == {"reason": "not_causal", "slot": 1, "position": 2**40, "n_slots": 1}}
 
 
 @case("block-scores-2d-q", "engine check", "`block_scores(q [n_kv_heads, d], k, 9)`", "SelectionError",

@@ -108,7 +108,7 @@ def test_a_correct_dump_exits_0_and_says_so(tmp_path, capsys):
 
 
 def test_json_is_the_full_report_and_the_exit_status_holds(capsys):
-    code, out, _ = run(capsys, checking.example_path(), "--json")
+    code, out, _ = run(capsys, checking.example_path(), "--json", "-")
     assert code == 1
     r = json.loads(out)
     assert r["kind"] == "topk" and r["rows"] == 48 and r["wrong"] == 1
@@ -122,7 +122,7 @@ def test_the_tolerance_follows_the_precision_and_the_flags_override_it(tmp_path,
     # ties; with the precision's rtol they are not.
     path = _fixed_example(tmp_path)
     assert run(capsys, path)[0] == 0
-    code, out, _ = run(capsys, path, "--rtol", "0", "--json")
+    code, out, _ = run(capsys, path, "--rtol", "0", "--json", "-")
     r = json.loads(out)
     assert code == 1 and r["tolerance"]["rtol"] == 0
     assert r["checks"][0]["report"]["wrong"] > 0
@@ -222,7 +222,7 @@ def test_a_witness_dump_names_the_broken_contract(tmp_path, capsys):
     swapped[i, w] = swapped[i, w[::-1]]
     checking.save_dump(str(p), "witnesses", before=before, after=swapped, context_lens=lens,
                        num_segments=8)
-    code, out, _ = run(capsys, p, "--json")
+    code, out, _ = run(capsys, p, "--json", "-")
     r = json.loads(out)
     assert code == 1 and r["wrong"] == 1
     (p0,) = r["checks"][0]["report"]["details"][0]["problems"]
@@ -301,7 +301,7 @@ def test_json_is_strict_even_with_nan_scores(tmp_path, capsys):
     s = np.array([[3.0, np.nan, 1.0, 2.0]], np.float32)
     p = tmp_path / "nan.npz"
     checking.save_dump(str(p), "topk", scores=s, context_lens=[4], rows=np.array([[1, 0]]))
-    code, out, _ = run(capsys, p, "--json")
+    code, out, _ = run(capsys, p, "--json", "-")
     assert code == 1
 
     def refuse(name):
