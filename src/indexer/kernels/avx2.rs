@@ -36,29 +36,50 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     })
 }
 
-/// Eight elements `at ..` of `src` decoded (the [`crate::keys::x86`]
-/// loads, exact); a last tile narrower than 8 (`cols < 8`) is decoded by
-/// the scalar decode into a zeroed buffer first.
-///
-/// # Safety
-/// Elements `at .. at + cols` are in `src.enc`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load8(src: Src<'_>, at: usize, cols: usize) -> __m256 {
-    if cols < LANES {
-        let mut v = [0.0f32; LANES];
-        src.enc.decode(at, &mut v[..cols]);
-        // SAFETY: `v` holds 8 floats.
-        return unsafe { _mm256_loadu_ps(v.as_ptr()) };
+/// An element format the transpose reads in place: eight elements at `p`
+/// as `f32` lanes, exactly (the [`crate::keys::x86`] loads).
+trait Lanes {
+    type E: Copy;
+    /// # Safety
+    /// `p` readable for 8 elements; AVX2, FMA and F16C available.
+    unsafe fn load8(p: *const Self::E) -> __m256;
+}
+
+struct F32s;
+struct Bf16s;
+struct F16s;
+struct Fp8s;
+
+impl Lanes for F32s {
+    type E = f32;
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        // SAFETY: the contract.
+        unsafe { _mm256_loadu_ps(p) }
     }
-    // SAFETY: (every arm) elements `at .. at + 8` exist (the contract).
-    unsafe {
-        match src.enc {
-            Encoded::F32(s) => _mm256_loadu_ps(s.as_ptr().add(at)),
-            Encoded::Bf16(s) => load8_bf16(s.as_ptr().add(at)),
-            Encoded::F16(s) => load8_f16(s.as_ptr().add(at)),
-            Encoded::Fp8E4m3(s) => load8_fp8(s.as_ptr().add(at)),
-        }
+}
+impl Lanes for Bf16s {
+    type E = u16;
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        // SAFETY: the contract.
+        unsafe { load8_bf16(p) }
+    }
+}
+impl Lanes for F16s {
+    type E = u16;
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        // SAFETY: the contract.
+        unsafe { load8_f16(p) }
+    }
+}
+impl Lanes for Fp8s {
+    type E = u8;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the contract.
+        unsafe { load8_fp8(p) }
     }
 }
 
@@ -70,15 +91,44 @@ unsafe fn load8(src: Src<'_>, at: usize, cols: usize) -> __m256 {
 /// token proves the CPU can run it).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn transpose(_: Avx2, src: Src<'_>, n: usize, d: usize, kt: &mut [f32]) {
-    let dst = kt.as_mut_ptr();
+    // One match per block, not per load: each format's loop is its own.
+    // SAFETY: (every arm) the contract, for the format's elements.
+    unsafe {
+        match src.enc {
+            Encoded::F32(s) => transpose_as::<F32s>(s, src, n, d, kt),
+            Encoded::Bf16(s) => transpose_as::<Bf16s>(s, src, n, d, kt),
+            Encoded::F16(s) => transpose_as::<F16s>(s, src, n, d, kt),
+            Encoded::Fp8E4m3(s) => transpose_as::<Fp8s>(s, src, n, d, kt),
+        }
+    }
+}
+
+/// [`transpose`] of `L` elements `e` (`src.enc`'s, for the scalar decode
+/// of a ragged edge).
+///
+/// # Safety
+/// As [`transpose`].
+#[inline(always)]
+unsafe fn transpose_as<L: Lanes>(e: &[L::E], src: Src<'_>, n: usize, d: usize, kt: &mut [f32]) {
+    let (p, dst) = (e.as_ptr(), kt.as_mut_ptr());
     for r0 in (0..BLOCK).step_by(LANES) {
+        let rows = n.saturating_sub(r0).min(LANES);
         for c0 in (0..d).step_by(LANES) {
             let cols = LANES.min(d - c0);
-            let tile: [__m256; 8] = std::array::from_fn(|j| match r0 + j < n {
-                // SAFETY: row `r0 + j < n`, its elements `c0 .. c0 + cols <= d`.
-                true => unsafe { load8(src, (r0 + j) * d + c0, cols) },
-                false => _mm256_setzero_ps(),
-            });
+            let tile: [__m256; 8] = if rows == LANES && cols == LANES {
+                // SAFETY: rows `r0 .. r0 + 8 <= n`, elements `c0 .. c0 + 8 <= d`.
+                std::array::from_fn(|j| unsafe { L::load8(p.add((r0 + j) * d + c0)) })
+            } else {
+                // A ragged edge: the scalar decode into zeroed lanes.
+                std::array::from_fn(|j| {
+                    let mut v = [0.0f32; LANES];
+                    if j < rows {
+                        src.enc.decode((r0 + j) * d + c0, &mut v[..cols]);
+                    }
+                    // SAFETY: `v` holds 8 floats.
+                    unsafe { _mm256_loadu_ps(v.as_ptr()) }
+                })
+            };
             let t = transpose8(tile);
             for (c, v) in t.iter().enumerate().take(cols) {
                 // SAFETY: row `c0 + c < d` of `kt`, lanes `r0 .. r0 + 8 <= BLOCK`.

@@ -341,8 +341,8 @@ fn prefetch_line(run: &[u8], i: usize) {
         // SAFETY: a prefetch reads nothing architecturally; the address is
         // within `run`.
         unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-            _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8)
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8)
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
