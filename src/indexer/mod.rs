@@ -207,7 +207,7 @@ pub fn indexer_scores_into(
         for p in pieces.iter_mut() {
             p.resize_with(group.len(), Default::default);
         }
-        let min_chunks = pool::min_rows(KEY_CHUNK.saturating_mul(group.len() * h * d));
+        let min_chunks = pool::min_rows(run::chunk_work(KEY_CHUNK, group.len(), h, d));
         pool::for_each_row_mut(&mut pieces, 1, min_chunks, |c, chunk| {
             let scratch = &mut Scratch::new(d);
             let (group, first) = (&group, c * KEY_CHUNK);

@@ -26,6 +26,19 @@ pub(super) const GROUP: usize = 16;
 /// single query needs more: a long context gets smaller groups.
 const GROUP_FLOATS: usize = 4 << 20;
 
+/// A chunk's work in the pool's units ([`pool::PAR_MIN_WORK`] counts
+/// elements a scan touches, about 0.4 ns each): `width` keys scored
+/// against `g` queries of `h` heads of `d`. An FMA lane costs about a
+/// twentieth of a scanned element (sixteen lanes a cycle at AVX2), and
+/// every key also pays its transpose (`d` elements, shared by the group)
+/// and its place in the selection. Counting FMA lanes as elements (as
+/// before) split a small-head decode (4 heads × 16 dims: 64 lanes a key)
+/// across threads at 16K keys, where one thread was faster than two.
+pub(super) fn chunk_work(width: usize, g: usize, h: usize, d: usize) -> usize {
+    let per_key = g.saturating_mul(h * d / 20 + 10) + d / 4;
+    width.saturating_mul(per_key)
+}
+
 /// A group's scores, chunk-major: chunk `c` of query `j` is the `width`
 /// floats at `(c · g + j) · width`, so one chunk of the whole group is one
 /// contiguous run (one parallel task).
@@ -124,7 +137,7 @@ pub(super) fn for_each_group<S, L>(
         if buf.len() < size {
             buf.resize(size, 0.0); // every slot read below is written first
         }
-        let min_chunks = pool::min_rows(width.saturating_mul(g * h * d));
+        let min_chunks = pool::min_rows(chunk_work(width, g, h, d));
         pool::for_each_row_mut(&mut buf[..size], g * width, min_chunks, |c, region| {
             let mut outs: Vec<&mut [f32]> = region
                 .chunks_mut(width)

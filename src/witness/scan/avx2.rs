@@ -87,11 +87,22 @@ pub(super) unsafe fn occupancy_avx2<const COPY: bool>(
             // SAFETY: `v8` is 8 in-bounds i32s; the load is unaligned.
             let v = unsafe { _mm256_loadu_si256(v8.as_ptr() as *const __m256i) };
             if COPY {
-                // SAFETY: `dst` has `row`'s length, so these 8 slots
-                // (at the same offset as `v8`) are in bounds.
+                // An assembly store: written as an intrinsic, the compiler
+                // recognised the loop's stores as a copy and replaced them
+                // by a `memcpy` call per chunk before the scan, reading
+                // every entry twice (a third of the merge's time in a
+                // profile of 512 rows × 2,048).
+                // SAFETY: `dst` has `row`'s length (asserted above), so
+                // these 8 slots (at the same offset as `v8`) are in
+                // bounds; the store writes only them, no stack or flags.
                 unsafe {
-                    _mm256_storeu_si256(dst.as_mut_ptr().add(done + 8 * j) as *mut __m256i, v)
-                };
+                    asm!(
+                        "vmovdqu ymmword ptr [{p}], {v}",
+                        p = in(reg) dst.as_mut_ptr().add(done + 8 * j),
+                        v = in(ymm_reg) v,
+                        options(nostack, preserves_flags),
+                    );
+                }
             }
             let a = _mm256_cvtepi32_pd(_mm256_castsi256_si128(v));
             let b = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(v));
