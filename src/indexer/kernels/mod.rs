@@ -247,8 +247,10 @@ pub(super) fn score_keys(
 }
 
 /// A block's keys as a transpose reads them: the encoded rows, and whether
-/// fp8 bytes are known to hold no NaN (the AVX-512 decode then skips the
-/// NaN fix-up; the bytes are checked once per block, 64 at a time).
+/// fp8 bytes are known to hold no NaN (the AVX-512 and AVX2 decodes then
+/// skip the NaN fix-up; the bytes are checked once per block, 64 at a time,
+/// already in cache: the block was prefetched while the last one was
+/// scored).
 #[derive(Clone, Copy)]
 pub(super) struct Src<'a> {
     pub enc: Encoded<'a>,
@@ -258,7 +260,7 @@ pub(super) struct Src<'a> {
 impl<'a> Src<'a> {
     fn new(level: Option<Wide>, enc: Encoded<'a>) -> Self {
         let finite = match (level, enc) {
-            (Some(Wide::Avx512(_)), Encoded::Fp8E4m3(b)) => !crate::keys::fp8_has_nan(b),
+            (Some(_), Encoded::Fp8E4m3(b)) => !crate::keys::fp8_has_nan(b),
             _ => false,
         };
         Src { enc, finite }
