@@ -30,7 +30,8 @@ pub(super) const KEY_CHUNK_BYTES: usize = 64 * 1024;
 /// With this few row tiles, keys are streamed from memory once (decode):
 /// the kernel prefetches ahead of itself.
 pub(super) const STREAMING_TILES: usize = 2;
-/// Bytes of fp8 keys per chunk: scanned for NaN, then scored from L1.
+/// Bytes of fp8 keys per chunk where the kernel is told whether they hold a
+/// NaN byte (AVX-512): scanned for NaN, then scored from L1.
 pub(super) const FP8_CHUNK_BYTES: usize = 16 * 1024;
 /// Bytes of decoded keys per chunk when keys are streamed and decoded
 /// (L1-resident between the decode and the kernel).
@@ -240,8 +241,8 @@ pub(super) fn score_blocks(
     let tiles = rp / MR;
     let streaming = tiles <= STREAMING_TILES;
     let paged = matches!(keys, Keys::Paged { .. });
-    // fp8 chunks are scanned for NaN bytes first: small enough that the
-    // scan leaves them in L1 for the kernel.
+    // fp8 chunks are scanned for NaN bytes first (for the AVX-512 kernel):
+    // small enough that the scan leaves them in L1 for the kernel.
     // (The AVX2 kernel checks each piece after reading it instead: no
     // scan, no chunking for it.)
     let avx2 = matches!(isa, Some(Wide::Avx2(_)));
