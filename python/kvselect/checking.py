@@ -733,7 +733,6 @@ def _indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, q
     h, d = q_arr.shape[1], q_arr.shape[2]
     parts: List[Tuple[np.ndarray, dict]] = []
     vacuous = 0
-    fmt = {"key_format": key_format, "query_format": query_format}
     if whole is not None:  # one piece: every sequence's scores in one matrix
         t_max = int(np.diff(cu).max()) if n else 0
         full = np.full((n, t_max), np.nan)
@@ -748,8 +747,9 @@ def _indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, q
         for c0 in range(0, len(idx), step):
             sub = idx[c0 : c0 + step]
             args = (q_arr[sub], w32[sub], keys, pos[sub])
-            S = ks.indexer_scores(*args, key_scale=ksc, **fmt)
-            M = ks.indexer_magnitudes(*args, key_scale=ksc, **fmt)
+            S = ks.indexer_scores(*args, key_scale=ksc, key_format=key_format, query_format=query_format)
+            M = ks.indexer_magnitudes(*args, key_scale=ksc, key_format=key_format,
+                                      query_format=query_format)
             lens = np.minimum(pos[sub] + 1, hi - lo)
             layout = whole if whole is not None else layout_of(sub)
             rel = None if whole is None else whole.positions(engine_rows)[sub]
@@ -803,12 +803,12 @@ def _rescore(S: np.ndarray, M: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
     if rel is None:
         rel = layout.positions(rows) if layout is not None else np.asarray(rows, dtype=np.int64)
     r_idx = np.arange(c)[:, None]
-    inside = np.arange(t, dtype=np.int64)[None, :] < lens[:, None]
+    inside: np.ndarray = np.arange(t, dtype=np.int64)[None, :] < lens[:, None]
     ok = (rel >= 0) & (rel < lens[:, None])
     sel = np.zeros((c, t), dtype=bool)
     sel[np.broadcast_to(r_idx, rel.shape)[ok], rel[ok]] = True
     uns = inside & ~sel
-    has_both = uns.any(axis=1) & sel.any(axis=1)
+    has_both = np.asarray(uns.any(axis=1) & sel.any(axis=1))
     absw = np.abs(w32.astype(np.float64)).sum(axis=1)
     eta = 2 * 8 * _ETA32 * (float(absc.max(initial=1.0)) * (d * absw + h) + 1.0) + 4 * _U32 * atol
     f32 = np.float32
@@ -1113,15 +1113,27 @@ def _in_dump_terms(message: str) -> str:
     return message
 
 
+def _digits(x: Any) -> str:
+    """A score with every digit it needs to be told apart from any other:
+    the shortest repr that round-trips, float32's when the value is a
+    float32 (``1.0000001``, not ``1``)."""
+    x = float(x)
+    if not np.isfinite(x):
+        return repr(x)
+    with np.errstate(over="ignore"):
+        f = np.float32(x)
+    return str(f) if float(f) == x else repr(x)
+
+
 def _describe(p: dict) -> str:
     """One problem in a sentence."""
     r = p["reason"]
     if r == "wrong_selection":
         def few(pairs):
-            return ", ".join(f"{t} ({s:.6g})" for t, s in pairs)
+            return ", ".join(f"{t} ({_digits(s)})" for t, s in pairs)
         return (f"wrong selection: dropped {p['n_dropped']} [{few(p['dropped'])}], "
                 f"intruders {p['n_intruders']} [{few(p['intruders'])}]; "
-                f"threshold {p['threshold']:.6g}, margin {p['margin']:.3g}")
+                f"threshold {_digits(p['threshold'])}, margin {p['margin']:.3g}")
     if r == "wrong_witness":
         return (f"wrong witness in slot {p['slot']}: {p['got']} where the rule writes "
                 f"{p['expected']} — {p['why']} ({p['n_wrong']} slot(s))")
@@ -1170,7 +1182,15 @@ def format_report(result: dict, *, show: int = 5, source: str = "") -> str:
             lines.append(f"  ... and {len(details) - show} more (--show N, or --json)")
     for c in result["checks"]:
         v = c["report"].get("vacuous", 0)
-        if v:
+        if not v:
+            continue
+        exact = t["atol"] == 0 and t["rtol"] == 0 or "own scores" in c["name"]
+        if exact:  # no tolerance: every score of those rows is the same number
+            lines += ["", f"warning: {v} of {c['report']['rows']} rows {c['name']} are vacuous — every "
+                          f"position of such a row has the same score, so any selection of the right "
+                          f"size is correct there: to test them, dump a case whose scores differ "
+                          f"(distinct keys, or distinct queries)"]
+        else:
             lines += ["", f"warning: {v} of {c['report']['rows']} rows {c['name']} are vacuous at this "
                           f"tolerance — every position's interval meets every other's, so no "
                           f"selection could fail them: lower --rtol / --atol to test them"]

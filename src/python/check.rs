@@ -153,7 +153,7 @@ impl PyGlobalSlots {
             out.extend(row.iter().map(|&x| x.max(-1)));
         }
         let flat = numpy::PyArray1::from_vec(py, out);
-        Ok(flat.call_method1("reshape", ((n, w),))?)
+        flat.call_method1("reshape", ((n, w),))
     }
 
     fn __repr__(&self) -> String {

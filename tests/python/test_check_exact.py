@@ -1,0 +1,237 @@
+"""The exact check means real arithmetic: kvselect.checking.check_indexer_topk
+decides rows against scores exact up to float64 rounding (issue 22, §1), and
+the report tells near-ties apart (§4)."""
+
+import numpy as np
+import pytest
+
+import kvselect as ks
+from kvselect import checking, reference
+
+IMPLS = ["native", "reference"]
+
+
+def _impl(name):
+    return ks if name == "native" else reference
+
+
+def _repro():
+    q = np.ones((1, 1, 3), np.float32)
+    w = np.ones((1, 1), np.float32)
+    k = np.array([[1, 2.0**-23 - 2.0**-30, 0], [1, 2.0**-24, 2.0**-24]], np.float32)
+    return q, w, k
+
+
+def _margins(report):
+    return [p["margin"] for x in report["details"] for p in x["problems"] if p["reason"] == "wrong_selection"]
+
+
+def test_the_float64_correct_row_passes_at_rtol_zero_and_the_float32_one_fails_by_two_to_the_minus_30():
+    q, w, k = _repro()
+    assert ks.indexer_topk(q, w, k, [1], 1)[0, 0] == 0  # kvselect's float32 ranks 0 first
+    exact = k.astype(np.float64).sum(axis=1)
+    assert exact[1] > exact[0]  # float64 ranks 1 first
+    right = checking.check_indexer_topk(np.array([[1]]), q, w, k, [1], 1, atol=0, rtol=0)
+    assert right["wrong"] == 0
+    wrong = checking.check_indexer_topk(np.array([[0]]), q, w, k, [1], 1, atol=0, rtol=0)
+    assert wrong["wrong"] == 1 and _margins(wrong) == [pytest.approx(2.0**-30, rel=1e-12)]
+
+
+def test_the_reproduction_through_a_dump_passes_the_float64_correct_row(tmp_path):
+    q, w, k = _repro()
+    for row, wrong in (([1], 0), ([0], 1)):
+        path = tmp_path / f"d{row[0]}.npz"
+        checking.save_dump(path, "topk", rows=np.array([row]), index_q=q, weights=w, index_k=k,
+                           query_pos=np.array([1]), topk=1)
+        result = checking.check_dump(str(path), atol=0, rtol=0)
+        assert result["wrong"] == wrong
+        if wrong:
+            assert _margins(result["checks"][0]["report"]) == [pytest.approx(2.0**-30, rel=1e-12)]
+
+
+def _ik_llama(weight_scale=1.0):
+    """T 4096, query at 4092, topk 256: 255 keys at 1.0, key 100 at
+    1014/1024, key 4090 at 1010/1024, the rest lower."""
+    t, topk, d = 4096, 256, 4
+    rng = np.random.default_rng(7)
+    score = rng.uniform(0.1, 0.9, t)
+    best = rng.choice(np.setdiff1d(np.arange(t - 4), [100, 4090]), 255, replace=False)
+    score[best] = 1.0
+    score[100], score[4090] = 1014 / 1024, 1010 / 1024
+    score = score.astype(np.float32)
+    k = np.zeros((t, d), np.float32)
+    k[:, 0] = score
+    q = np.zeros((1, 1, d), np.float32)
+    q[0, 0, 0] = 1
+    w = np.array([[weight_scale]], np.float32)
+    right = np.concatenate([best, [100]])
+    return q, w, k, np.array([4092]), topk, right, best
+
+
+def test_ik_llamas_truncated_tail_keeping_4090_over_100_is_wrong_by_4_over_1024():
+    q, w, k, pos, topk, right, best = _ik_llama()
+    faulty = np.concatenate([best, [4090]])[None]
+    for rtol in (0.0, None):
+        r = checking.check_indexer_topk(faulty, q, w, k, pos, topk, atol=0 if rtol == 0 else None, rtol=rtol)
+        assert r["wrong"] == 1
+        if rtol == 0:
+            assert _margins(r) == [pytest.approx(4 / 1024, rel=1e-9)]
+    assert checking.check_indexer_topk(right[None], q, w, k, pos, topk, atol=0, rtol=0)["wrong"] == 0
+    assert checking.check_indexer_topk(right[None], q, w, k, pos, topk)["wrong"] == 0
+
+
+def test_ik_llamas_absolute_early_out_returning_the_first_positions_is_wrong_at_tiny_weights():
+    q, w, k, pos, topk, right, _ = _ik_llama(2.0**-30)
+    first = np.arange(topk)[None]
+    assert checking.check_indexer_topk(first, q, w, k, pos, topk)["wrong"] == 1
+    assert checking.check_indexer_topk(right[None], q, w, k, pos, topk)["wrong"] == 0
+
+
+def _exact_all(q, w, k, c, pos, cu, seq):
+    """Every position's float64-exact score, brute force."""
+    qd, kd = reference.decode(q), reference.decode(k)
+    n = len(qd)
+    t = int(np.diff(cu).max())
+    out = np.full((n, t), np.nan)
+    lens = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        lo, hi = int(cu[seq[i]]), int(cu[seq[i] + 1])
+        L = min(int(pos[i]) + 1, hi - lo)
+        lens[i] = L
+        dots = qd[i] @ kd[lo : lo + L].T
+        s = np.asarray(w[i], np.float32).astype(np.float64) @ np.maximum(dots, 0.0)
+        if c is not None:
+            s = s * np.asarray(c[lo : lo + L], np.float32).astype(np.float64)
+        out[i, :L] = s
+    return out, lens
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "fp8"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_check_indexer_topk_agrees_with_a_brute_force_float64_check_on_near_ties(fmt, packed):
+    import ml_dtypes
+
+    rng = np.random.default_rng({"float32": 1, "bfloat16": 2, "fp8": 3}[fmt] + 10 * packed)
+    n, h, d, t, topk = 24, 3, 8, 96, 12
+    base = rng.standard_normal((t, d)).astype(np.float32)
+    # Near ties: duplicated keys and keys one last bit apart.
+    base[1::7] = base[0]
+    bumped = base[2::9].copy()
+    bumped[:, 0] = np.nextafter(bumped[:, 0], np.float32(np.inf))
+    base[3::9][: len(bumped)] = bumped[: len(base[3::9])]
+    c = None
+    if fmt == "float32":
+        k = base
+    elif fmt == "bfloat16":
+        k = base.astype(ml_dtypes.bfloat16)
+    else:
+        c = (np.abs(base).max(axis=1) / 448).astype(np.float32)
+        k = (base / c[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    q = rng.standard_normal((n, h, d)).astype(np.float32)
+    q[1::3] = q[0]  # repeated queries: rows whose scores tie across rows
+    w = rng.standard_normal((n, h)).astype(np.float32)
+    if packed:
+        cu = np.array([0, 40, t])
+        seq = rng.integers(0, 2, n)
+        pos = np.array([rng.integers(0, (cu[s + 1] - cu[s]) + 4) for s in seq])
+        kw = dict(cu_seqlens=cu, seq_ids=seq)
+        rows = ks.indexer_topk_packed(q, w, k, cu, seq, pos, topk, key_scale=c).astype(np.int64)
+    else:
+        cu, seq = np.array([0, t]), np.zeros(n, dtype=np.int64)
+        pos = rng.integers(0, t + 4, n)
+        kw = {}
+        rows = ks.indexer_topk(q, w, k, pos, topk, key_scale=c).astype(np.int64)
+    exact, lens = _exact_all(q, w, k, c, pos, cu, seq)
+    # Engine rows: kvselect's, some with the best dropped for the best loser,
+    # some with the exact top-k (ties by position).
+    for i in range(0, n, 3):
+        L = int(lens[i])
+        if L > topk:
+            order = np.argsort(-exact[i, :L], kind="stable")
+            if i % 2:
+                rows[i, :topk] = order[:topk]
+            else:
+                rows[i, 0], rows[i, 1:topk] = order[topk], order[1:topk]
+    for atol, rtol in ((0.0, 0.0), (0.0, 2.0**-16), (1e-3, 0.0)):
+        got = checking.check_indexer_topk(rows, q, w, k, pos, topk, key_scale=c, atol=atol, rtol=rtol, **kw)
+        mags = np.full_like(exact, np.nan, dtype=np.float32)
+        for s in np.unique(seq):
+            idx = np.flatnonzero(seq == s)
+            lo, hi = int(cu[s]), int(cu[s + 1])
+            m = ks.indexer_magnitudes(q[idx], w[idx], k[lo:hi], pos[idx],
+                                      key_scale=None if c is None else c[lo:hi])
+            mags[idx, : hi - lo] = m
+        want = ks.check_topk(exact, rows, lens, topk=topk, atol=atol, rtol=rtol,
+                             magnitudes=mags if rtol else None)
+        assert (got["correct"], got["wrong"]) == (want["correct"], want["wrong"]), (atol, rtol)
+        assert [x["row"] for x in got["details"]] == [x["row"] for x in want["details"]]
+        assert _margins(got) == pytest.approx(_margins(want), rel=1e-12, abs=1e-300)
+        assert got["wrong"] > 0  # the broken rows are caught
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float64_scores_are_checked_as_given_and_reported_as_float64(impl):
+    m = _impl(impl)
+    s = np.array([[1.0, 1.0 + 2.0**-40, 0.5]])
+    r = m.check_topk(s, np.array([[0]]))
+    [p] = r["details"][0]["problems"]
+    assert p["threshold"] == 1.0 + 2.0**-40 and p["dropped"] == [(1, 1.0 + 2.0**-40)]
+    assert p["margin"] == pytest.approx(2.0**-40)
+    assert m.check_topk(s, np.array([[1]]))["wrong"] == 0
+    # As float32 the two are one score: a tie.
+    assert m.check_topk(s.astype(np.float32), np.array([[0]]))["wrong"] == 0
+
+
+def test_float64_scores_native_and_reference_agree_on_random_rows():
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        n, t, k = 6, 20, 5
+        s = rng.choice([0.0, 1.0, 1.0 + 2.0**-45, 2.0, np.nan, -0.0], (n, t)) + rng.standard_normal((n, t)) * (rng.random() < 0.5)
+        m = np.abs(rng.standard_normal((n, t)))
+        rows = np.array([rng.permutation(t)[:k] for _ in range(n)])
+        lens = rng.integers(k, t + 1, n)
+        rows = np.where(rows < lens[:, None], rows, -1)
+        for atol, rtol in ((0.0, 0.0), (0.1, 0.0), (0.0, 0.05)):
+            a = ks.check_topk(s, rows, lens, topk=k, atol=atol, rtol=rtol, magnitudes=m)
+            b = reference.check_topk(s, rows, lens, topk=k, atol=atol, rtol=rtol, magnitudes=m)
+            assert repr(a) == repr(b)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float16_or_integer_scores_are_refused_naming_scores(impl):
+    m = _impl(impl)
+    for bad in (np.zeros((1, 3), np.float16), np.zeros((1, 3), np.int64)):
+        with pytest.raises(TypeError, match="scores"):
+            m.check_topk(bad, np.array([[0]]))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_global_slots_positions_read_rows_back_with_padding_and_a_sentinel_for_unmapped(impl):
+    m = _impl(impl)
+    table = np.array([[3, 1]], np.int32)
+    slots = m.GlobalSlots(table, [0, 0], 4)
+    rows = np.array([[12, 5, -1, -7], [8, 15, 4, 13]])
+    got = slots.positions(rows)
+    assert got.dtype == np.int64
+    assert got.tolist() == [[0, 5, -1, -1], [2**63 - 1, 3, 4, 1]]
+
+
+def test_the_report_prints_digits_that_tell_near_ties_apart():
+    q, w, k = _repro()
+    result = checking.check_dump(checking.validate(dict(
+        kind=np.asarray("topk"), rows=np.array([[0]]), index_q=q, weights=w, index_k=k,
+        query_pos=np.array([1]), topk=np.asarray(1))), atol=0, rtol=0)
+    text = checking.format_report(result)
+    assert "1.0000001" in text and "1.000000118277967" in text, text
+
+
+def test_the_vacuous_advice_at_zero_tolerance_says_any_selection_is_right_and_how_to_test():
+    k = np.ones((8, 2), np.float32)
+    q = np.ones((1, 1, 2), np.float32)
+    w = np.ones((1, 1), np.float32)
+    result = checking.check_dump(checking.validate(dict(
+        kind=np.asarray("topk"), rows=np.array([[0, 1]]), index_q=q, weights=w, index_k=k,
+        query_pos=np.array([7]), topk=np.asarray(2))), atol=0, rtol=0)
+    text = checking.format_report(result)
+    assert "any selection of the right size is correct" in text and "distinct keys" in text, text
+    assert "lower --rtol" not in text
