@@ -96,7 +96,15 @@ float32 gets ``2^-16``, room for another summation order over a few hundred
 terms. An fp8 kernel that accumulates in float32 (DeepGEMM's MQA logits)
 is ``"float32"``: its fp8 operands are in the dump, exact. ``atol`` defaults
 to 0. Both are overridable (``--rtol``, ``--atol``); ``0, 0`` is the exact
-check. The engine's own scores are always checked exactly. The report counts
+check. Which check compares against what:
+
+- the exact check (a dump of the indexer's inputs, or
+  :func:`check_indexer_topk`): scores exact up to float64 rounding — the
+  float32 scores screen, the candidates near each row's line are re-scored
+  in float64 — so ``rtol = 0`` means "right up to float64 rounding", never
+  "ranked like kvselect's float32 sum";
+- a dump's given ``scores``: those values, as given (float32 or float64);
+- the engine's own scores (``engine_scores``): exactly, as given. The report counts
 the rows the tolerance makes **vacuous** — every position's interval meets
 every other's, so no selection could fail — and warns when there are any:
 such a check proves nothing about those rows.
