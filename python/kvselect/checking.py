@@ -665,26 +665,46 @@ def _same_rows(n: int, d: Mapping[str, np.ndarray], *keys: str) -> None:
                             f"{n}: one each per row")
 
 
+def _vacuous_rows(scores: np.ndarray, mags: Optional[np.ndarray], lens: np.ndarray, topk: int,
+                  atol: float, rtol: float) -> np.ndarray:
+    """Which rows no selection could fail at this tolerance: more positions
+    than ``topk``, no NaN score, and every position's interval ``s ± e``
+    meets every other's (``max (s - e) <= min (s + e)`` over the row's
+    positions), ``e = atol + rtol |m|`` as :func:`kvselect.check_topk` takes
+    it (no relative term at ``rtol = 0`` or a NaN magnitude). Vectorised
+    over chunks of rows, in float64."""
+    n, t = scores.shape
+    lens = np.asarray(lens, dtype=np.int64)
+    out = np.zeros(n, dtype=bool)
+    step = max(1, _CHUNK_BYTES // (40 * max(1, t)))
+    for r0 in range(0, n, step):
+        s = scores[r0 : r0 + step].astype(np.float64)
+        L = lens[r0 : r0 + step]
+        inside = np.arange(t)[None, :] < L[:, None]
+        with np.errstate(invalid="ignore", over="ignore"):
+            if mags is not None and rtol:
+                rel = rtol * np.abs(mags[r0 : r0 + step].astype(np.float64))
+                e = atol + np.where(np.isnan(rel), 0.0, rel)
+            else:
+                e = np.float64(atol)
+            nan = (np.isnan(s) & inside).any(axis=1)
+            top = np.where(inside, s - e, -np.inf).max(axis=1, initial=-np.inf)
+            bottom = np.where(inside, s + e, np.inf).min(axis=1, initial=np.inf)
+            out[r0 : r0 + step] = (L > topk) & ~nan & (top <= bottom)
+    return out
+
+
 def _vacuous(scores: np.ndarray, mags: Optional[np.ndarray], lens: np.ndarray, topk: int,
              atol: float, rtol: float) -> int:
-    """Rows no selection could fail at this tolerance: more positions than
-    ``topk``, and every position's interval ``s ± e`` meets every other's."""
-    count = 0
-    for i, L in enumerate(lens):
-        L = int(L)
-        if L <= topk:
-            continue
-        s = scores[i, :L].astype(np.float64)
-        e = atol + (0.0 if mags is None else rtol * np.abs(mags[i, :L].astype(np.float64)))
-        ok = ~np.isnan(s)
-        if ok.any() and ok.all() and np.max(s - e) <= np.min(s + e):
-            count += 1
-    return count
+    """How many rows no selection could fail at this tolerance (see
+    :func:`_vacuous_rows`)."""
+    return int(_vacuous_rows(scores, mags, lens, topk, atol, rtol).sum())
 
 
-# The float32 unit roundoff, and the smallest subnormal float32's half (the
-# absolute error of a rounding into the subnormal range).
+# The float32 unit roundoff, the float64 one, and the smallest subnormal
+# float32's half (the absolute error of a rounding into the subnormal range).
 _U32 = 2.0**-24
+_U64 = 2.0**-53
 _ETA32 = 2.0**-150
 
 
@@ -693,14 +713,38 @@ def _gamma(n: int) -> float:
     return n * _U32 / (1.0 - n * _U32)
 
 
-def _exact_scores(q: np.ndarray, w: np.ndarray, keys: np.ndarray, c: Optional[np.ndarray]) -> np.ndarray:
-    """One query's float64 scores of the (decoded, float64) ``keys``: ``c_t
-    Σ_h w_h max(q_h · k_t, 0)``, every product exact in float64."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        dots = q @ keys.T  # [H, n]
-        relu = np.where(np.isnan(dots), np.nan, np.maximum(dots, 0.0))
-        out = w @ relu
-        return out if c is None else out * c
+def _up32(x: np.ndarray) -> np.ndarray:
+    """``x`` (float64) as float32 rounded up: the least float32 ``>= x``."""
+    y = np.asarray(x, dtype=np.float64).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        return np.where(y < x, np.nextafter(y, np.float32(np.inf)), y)
+
+
+def _down32(x: np.ndarray) -> np.ndarray:
+    """``x`` (float64) as float32 rounded down: the greatest float32 ``<= x``."""
+    y = np.asarray(x, dtype=np.float64).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        return np.where(y > x, np.nextafter(y, np.float32(-np.inf)), y)
+
+
+def _key_bounds(keys: Any, ksc: Optional[np.ndarray], key_format: Optional[str]) -> np.ndarray:
+    """``g_t = |c_t| max_i |k_ti|`` per key (float64, exact: the product of
+    two values of at most 24 significant bits), the keys decoded a chunk at a
+    time so a long sequence never decodes all of them at once. NaN for a NaN
+    key or scale."""
+    from kvselect import reference
+
+    keys = np.asarray(keys)
+    n = len(keys)
+    d = int(np.prod(keys.shape[1:])) if keys.ndim > 1 else 1
+    g = np.empty(n, dtype=np.float64)
+    step = max(1, (16 << 20) // (8 * max(1, d)))
+    for a in range(0, n, step):
+        kd = reference.decode(keys[a : a + step], key_format, "key_format").reshape(-1, d)
+        g[a : a + step] = np.abs(kd).max(axis=1, initial=0.0)
+    if ksc is not None:
+        g *= np.abs(np.asarray(ksc, dtype=np.float32).astype(np.float64))
+    return g
 
 
 def _indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, query_pos: np.ndarray,
@@ -744,37 +788,37 @@ def _indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, q
     if whole is not None:  # one piece: every sequence's scores in one matrix
         t_max = int(np.diff(cu).max()) if n else 0
         full = np.full((n, t_max), np.nan)
-        full_m = np.full((n, t_max), np.nan, dtype=np.float32)
+        full_m = np.full((n, t_max), np.nan) if rtol else None
         full_lens = np.zeros(n, dtype=np.int64)
     for s in np.unique(seq):
         lo, hi = int(cu[s]), int(cu[s + 1])
         keys, ksc = k_arr[lo:hi], None if c32 is None else c32[lo:hi]
-        absc = np.ones(hi - lo) if ksc is None else np.abs(ksc.astype(np.float64))
+        absc = np.ones(1) if ksc is None else np.abs(ksc.astype(np.float64))
+        g = _key_bounds(keys, ksc, key_format)  # once per sequence
         idx = np.flatnonzero(seq == s)
-        step = len(idx) if whole is not None else max(1, _CHUNK_BYTES // (24 * max(1, hi - lo)))
+        step = len(idx) if whole is not None else \
+            max(1, _CHUNK_BYTES // (26 * max(1, hi - lo) + 16 * max(1, h * d)))
         for c0 in range(0, len(idx), step):
             sub = idx[c0 : c0 + step]
-            args = (q_arr[sub], w32[sub], keys, pos[sub])
-            S = ks.indexer_scores(*args, key_scale=ksc, key_format=key_format, query_format=query_format)
-            M = ks.indexer_magnitudes(*args, key_scale=ksc, key_format=key_format,
-                                      query_format=query_format)
+            S = ks.indexer_scores(q_arr[sub], w32[sub], keys, pos[sub], key_scale=ksc, key_format=key_format,
+                                  query_format=query_format)
             lens = np.minimum(pos[sub] + 1, hi - lo)
             layout = whole if whole is not None else layout_of(sub)
             rel = None if whole is None else whole.positions(engine_rows)[sub]
-            exact = _rescore(S, M, engine_rows[sub], lens, topk, atol, rtol, layout,
-                             (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format), rel)
+            exact, mags, vac = _rescore(S, g, engine_rows[sub], lens, topk, atol, rtol, layout,
+                                        (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format,
+                                         key_format), rel)
+            vacuous += int(vac.sum())
             if whole is not None:
-                full[sub, : hi - lo], full_m[sub, : hi - lo], full_lens[sub] = exact, M, lens
+                full[sub, : hi - lo], full_lens[sub] = exact, lens
+                if full_m is not None and mags is not None:
+                    full_m[sub, : hi - lo] = mags
                 continue
             parts.append((sub, ks.check_topk(exact, engine_rows[sub], lens, topk=topk, atol=atol,
-                                             rtol=rtol, magnitudes=M if rtol else None, slots=layout)))
-            vacuous += _vacuous(exact, M if rtol else None, lens, _topk_of(engine_rows, topk, layout),
-                                atol, rtol)
+                                             rtol=rtol, magnitudes=mags, slots=layout)))
     if whole is not None:
         parts = [(np.arange(n), ks.check_topk(full, engine_rows, full_lens, topk=topk, atol=atol, rtol=rtol,
-                                              magnitudes=full_m if rtol else None, slots=whole))]
-        vacuous = _vacuous(full, full_m if rtol else None, full_lens, _topk_of(engine_rows, topk, whole),
-                           atol, rtol)
+                                              magnitudes=full_m, slots=whole))]
     out = _merge(parts)
     out["rows"] = n
     out["correct"] = n - out["wrong"]
@@ -792,17 +836,25 @@ def _topk_of(rows: np.ndarray, topk: Optional[int], layout: Any) -> int:
     return rows.shape[1] // ranks
 
 
-def _rescore(S: np.ndarray, M: np.ndarray, rows: np.ndarray, lens: np.ndarray, topk: Optional[int],
+def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, topk: Optional[int],
              atol: float, rtol: float, layout: Any, operands: tuple,
-             rel: Optional[np.ndarray] = None) -> np.ndarray:
-    """A chunk's float64 scores: the native float32 ``S``, exact (float64)
-    at each row's candidates (see :func:`check_indexer_topk`).
+             rel: Optional[np.ndarray] = None) -> Tuple[np.ndarray, Optional[np.ndarray], np.ndarray]:
+    """A chunk's float64 scores and magnitudes, and which of its rows are
+    vacuous (see :func:`check_indexer_topk` for the rule and why it is
+    exact). ``S`` is the native float32 scores (modified: NaN past each
+    row's length becomes ``-inf``), ``g`` the sequence's
+    :func:`_key_bounds`. The scores are ``S`` in float64, exact at the
+    candidates; the magnitudes (``None`` at ``rtol = 0``) ``M'`` in float64,
+    exact at the candidates.
 
-    The screen runs in float32 over the chunk: ``E_t`` is ``(2 γ_{d+H+2} +
-    16 u (1 + rtol)) M_t + 4 u atol + η``, the bound plus room for the
-    float32 roundings of the screen's own sums (each of its few roundings
-    moves a value of size at most ``|S| + e + E <= (2 + rtol) M + atol`` by
-    ``u`` of it), and ``η`` the row's largest underflow term."""
+    The screen: a vectorised float32 pass over the chunk for every row whose
+    operands are finite (two outer products ``A ⊗ g`` and two sums with
+    ``S``, each reduced once), finding each row's best unselected and worst
+    selected candidates; the few rows that may be wrong, that the bounds
+    leave undecided as to vacuity, or that have a non-finite operand, are
+    screened again one by one in float64 (threshold band, the positions whose
+    count in ``dropped`` / ``intruders`` the bounds leave open, and the
+    vacuous test's extremes)."""
     from kvselect import reference
 
     q, w32, keys, ksc, absc, h, d, query_format, key_format = operands
@@ -810,56 +862,177 @@ def _rescore(S: np.ndarray, M: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
     k = _topk_of(rows, topk, layout)
     if rel is None:
         rel = layout.positions(rows) if layout is not None else np.asarray(rows, dtype=np.int64)
-    r_idx = np.arange(c)[:, None]
-    inside: np.ndarray = np.arange(t, dtype=np.int64)[None, :] < lens[:, None]
-    ok = (rel >= 0) & (rel < lens[:, None])
-    sel = np.zeros((c, t), dtype=bool)
-    sel[np.broadcast_to(r_idx, rel.shape)[ok], rel[ok]] = True
-    uns = inside & ~sel
-    has_both = np.asarray(uns.any(axis=1) & sel.any(axis=1))
-    absw = np.abs(w32.astype(np.float64)).sum(axis=1)
-    eta = 2 * 8 * _ETA32 * (float(absc.max(initial=1.0)) * (d * absw + h) + 1.0) + 4 * _U32 * atol
-    f32 = np.float32
-    rel_e = f32(2 * _gamma(d + h + 2) + 16 * _U32 * (1 + rtol))
+    lens = np.asarray(lens, dtype=np.int64)
+    vac = np.zeros(c, dtype=bool)
+    f64 = np.float64
+    if t == 0:
+        return S.astype(f64), (np.zeros((c, 0)) if rtol else None), vac
+    for i in np.flatnonzero(lens < t):  # past the row's length: -inf, below every bound
+        S[i, lens[i] :] = -np.inf
+    qd = reference.decode(q, query_format, "query_format").reshape(c, h, d)
+    w64 = w32.astype(f64)
+    absw = np.abs(w64)
+    absq = np.abs(qd)
+    # A_q = Σ_h |w_h| Σ_i |q_hi|, rounded up past its float64 roundings (at
+    # most d + H + 3 of them, each relative 2^-53): M'_t = A_q g_t >= M_t.
     with np.errstate(invalid="ignore", over="ignore"):
-        E = rel_e * M + eta.astype(f32)[:, None]  # [c, t] float32
-        T = (f32(rtol) * M + f32(atol)) if rtol else np.full_like(M, f32(atol))
-        v = S - T  # unselected: exact - e lies in v ± E
-        lo = np.where(uns, v - E, -np.inf)
-        best_lo = np.fmax.reduce(lo, axis=1)
-        up = v + E
-        cand = uns & (up >= best_lo[:, None])
-        sv = np.where(ok, S[np.broadcast_to(r_idx, rel.shape), np.where(ok, rel, 0)], np.nan)
-        sT = np.where(ok, T[np.broadcast_to(r_idx, rel.shape), np.where(ok, rel, 0)], np.nan)
-        sE = np.where(ok, E[np.broadcast_to(r_idx, rel.shape), np.where(ok, rel, 0)], np.nan)
-        hi = sv + sT + sE  # selected: exact + e lies in (sv + sT) ± sE
-        worst_hi = np.fmin.reduce(np.where(ok, hi, np.inf), axis=1)
-        s_cand = ok & (sv + sT - sE <= worst_hi[:, None])
-        cand[np.broadcast_to(r_idx, rel.shape)[s_cand], rel[s_cand]] = True
-        cand |= inside & ~np.isfinite(up)  # a non-finite score or bound: always re-scored
-        # The threshold matters only on a row the bounds allow to be wrong.
-        maybe = has_both & (np.fmax.reduce(np.where(uns, up, -np.inf), axis=1)
-                            > np.fmin.reduce(np.where(ok, sv + sT - sE, np.inf), axis=1))
-        maxE = np.fmax.reduce(np.where(inside, E, 0.0), axis=1) if t else np.zeros(c)
-    cand &= has_both[:, None]
-    for i in np.flatnonzero(maybe):
-        L = int(lens[i])
-        want = min(k, L)
-        row = S[i, :L]
-        theta = np.partition(np.where(np.isnan(row), -np.inf, row), L - want)[L - want]
-        with np.errstate(invalid="ignore"):
-            far = np.abs(row.astype(np.float64) - float(theta)) > E[i, :L] + 2 * float(maxE[i])
-        cand[i, :L] |= ~far  # (a NaN distance is never far)
-    out = S.astype(np.float64)
-    qd = None
-    for i in np.flatnonzero(cand.any(axis=1)):
-        ts = np.flatnonzero(cand[i])
-        if qd is None:
-            qd = reference.decode(q, query_format, "query_format")
-        kd = reference.decode(np.asarray(keys)[ts], key_format, "key_format")
-        out[i, ts] = _exact_scores(qd[i], w32[i].astype(np.float64), kd,
-                                   None if ksc is None else ksc[ts].astype(np.float64))
-    return out
+        A = np.einsum("ch,ch->c", absw, absq.sum(axis=2)) * (1.0 + 4 * (d + h + 4) * _U64)
+        gmax = float(np.max(g, initial=0.0))
+        gam = _gamma(d + h + 2)
+        eta = 2 * 8 * _ETA32 * (float(absc.max(initial=1.0)) * (d * absw.sum(axis=1) + h) + 1.0)
+        # Δ: the underflow term plus room for the screen's own roundings (and
+        # check_topk's float64 ones): a few of size at most (2 + rtol) max M'
+        # + atol, each off by at most u of it.
+        delta = eta + 16 * _U32 * ((2 + rtol) * A * gmax + atol)
+        # Rows whose float32 scores cannot overflow (nor be NaN): finite operands.
+        fin = np.isfinite(A) & np.isfinite(delta) & np.isfinite(gmax) & (2 * A * gmax + delta < 2.0**120)
+    ok = (rel >= 0) & (rel < lens[:, None])
+    relc = np.where(ok, rel, 0)
+    r_idx = np.broadcast_to(np.arange(c)[:, None], rel.shape)
+    sr, st = r_idx[ok], rel[ok]  # the selected (row, position) pairs
+    srt = np.sort(np.where(ok, rel, -1), axis=1)
+    distinct = (srt >= 0) & np.concatenate([np.ones((c, 1), bool), srt[:, 1:] != srt[:, :-1]], axis=1) \
+        if srt.shape[1] else np.zeros((c, 0), bool)
+    n_sel = distinct.sum(axis=1)
+    has_both = (n_sel > 0) & (lens > n_sel)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # Unselected b: exact s_b - e_b >= (S - (2γ + rtol) M')_b - Δ - atol.
+        buf = np.multiply.outer(_up32(A * (2 * gam + rtol)), _up32(g))
+        np.subtract(S, buf, out=buf)
+        buf[sr, st] = -np.inf
+        lo_max = buf.max(axis=1).astype(f64)  # the best unselected lower bound, before -Δ - atol
+        # ... and s_b - e_b <= (S + 2γ M')_b + Δ - atol: a candidate iff that
+        # reaches the best lower bound.
+        np.multiply.outer(_up32(A * (2 * gam)), _up32(g), out=buf)
+        np.add(S, buf, out=buf)
+        buf[sr, st] = -np.inf
+        thr = _down32(np.where(has_both & fin, lo_max - 2 * delta, np.inf))
+        cr, ct = np.nonzero(buf >= thr[:, None])
+        # Selected a: s_a + e_a within [S - E + atol, S + E + atol + rtol M'].
+        sv = S[r_idx, relc].astype(f64)
+        Ms = A[:, None] * g[relc]
+        Es = 2 * gam * Ms + delta[:, None]
+        lo_s = np.where(ok, sv - Es + atol, np.inf)
+        up_s = np.where(ok, sv + Es + atol + rtol * Ms, np.inf)
+        worst_up = up_s.min(axis=1, initial=np.inf)
+        s_cand = ok & (lo_s <= worst_up[:, None]) & (has_both & fin)[:, None]
+        # Certainly not vacuous: some s - e (a selected one's, or the best
+        # unselected's) above some s + e (the worst selected's).
+        top = np.maximum(np.where(ok, sv - Es - atol - rtol * Ms, -np.inf).max(axis=1, initial=-np.inf),
+                         lo_max - delta - atol)
+        decided = (lens <= k) | (top > worst_up)
+    del buf
+    slow = ~fin | ~decided
+    pr_parts, pt_parts = [cr, r_idx[s_cand]], [ct, rel[s_cand]]
+    for i in np.flatnonzero(slow):
+        ts = _screen_row(S[i, : int(lens[i])], g[: int(lens[i])], float(A[i]), float(delta[i]), gam,
+                         rel[i][ok[i]], k, atol, rtol)
+        pr_parts.append(np.full(len(ts), i, dtype=np.int64))
+        pt_parts.append(ts)
+    out = S.astype(f64)
+    mags = np.multiply.outer(A, g) if rtol else None
+    keys_ = np.asarray(keys)
+    cs_all = None if ksc is None else np.asarray(ksc, dtype=np.float32).astype(f64)
+
+    def rescore(pr_parts: List[np.ndarray], pt_parts: List[np.ndarray], done: Optional[np.ndarray] = None
+                ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Re-score the (row, position) pairs in float64 (every product of
+        the decoded operands exact; one decode of their distinct keys) into
+        ``out`` and ``mags``: the pairs, their scores and magnitudes."""
+        u = np.unique(np.concatenate([np.asarray(p, dtype=np.int64) * t + np.asarray(q_, dtype=np.int64)
+                                      for p, q_ in zip(pr_parts, pt_parts)]))
+        if done is not None:
+            u = u[~np.isin(u, done)]
+        pr, pt = u // t, u % t
+        ut, inv = np.unique(pt, return_inverse=True)
+        kd = reference.decode(keys_[ut], key_format, "key_format").reshape(len(ut), d)
+        absk = np.abs(kd)
+        ex, mg = np.empty(len(u)), np.empty(len(u))
+        starts = np.flatnonzero(np.r_[True, pr[1:] != pr[:-1]]) if len(pr) else np.zeros(0, np.int64)
+        ends = np.r_[starts[1:], len(pr)].astype(np.int64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            for a_, b_ in zip(starts, ends):
+                i, j = int(pr[a_]), inv[a_:b_]
+                ex[a_:b_] = w64[i] @ np.maximum(qd[i] @ kd[j].T, 0.0)
+                mg[a_:b_] = absw[i] @ (absq[i] @ absk[j].T)
+            if cs_all is not None:
+                ex *= cs_all[pt]
+                mg *= np.abs(cs_all[pt])
+        out[pr, pt] = ex
+        if mags is not None:
+            mags[pr, pt] = mg
+        return u, pr, ex, mg
+
+    done, pr, ex, mg = rescore(pr_parts, pt_parts)
+    # Each row's exact verdict, as check_topk computes it, from its
+    # candidates (they hold its best unselected and worst selected).
+    sel = np.zeros((c, t), dtype=bool)
+    sel[sr, st] = True
+    is_sel = sel.reshape(-1)[done]
+    with np.errstate(invalid="ignore", over="ignore"):
+        rel_e = rtol * np.abs(mg) if rtol else np.zeros(len(mg))
+        e = atol + np.where(np.isnan(rel_e), 0.0, rel_e)
+        best = np.full(c, -np.inf)
+        np.maximum.at(best, pr[~is_sel], (ex - e)[~is_sel])
+        worst = np.full(c, np.inf)
+        np.minimum.at(worst, pr[is_sel], (ex + e)[is_sel])
+    wrong = has_both & (~fin | ~(best <= worst))
+    if wrong.any():  # the wrong rows' threshold and counts past the line
+        pr_parts, pt_parts = [], []
+        for i in np.flatnonzero(wrong):
+            ts = _screen_row(S[i, : int(lens[i])], g[: int(lens[i])], float(A[i]), float(delta[i]), gam,
+                             rel[i][ok[i]], k, atol, rtol, (float(best[i]), float(worst[i])))
+            pr_parts.append(np.full(len(ts), i, dtype=np.int64))
+            pt_parts.append(ts)
+        rescore(pr_parts, pt_parts, done)
+    if slow.any():
+        rs = np.flatnonzero(slow)
+        vac[rs] = _vacuous_rows(out[rs], None if mags is None else mags[rs], lens[rs], k, atol, rtol)
+    return out, mags, vac
+
+
+def _screen_row(S: np.ndarray, g: np.ndarray, A: float, delta: float, gam: float, selected: np.ndarray,
+                k: int, atol: float, rtol: float, line: Optional[Tuple[float, float]] = None) -> np.ndarray:
+    """One row's candidates (positions), screened in float64 (``S`` and
+    ``g`` the row's ``L`` positions'). Without ``line``: a row the chunk's
+    screen left undecided as to vacuity, or with a non-finite score or
+    operand: its best unselected and worst selected candidates and the
+    vacuous test's extremes. With ``line`` (the exact best unselected ``s -
+    e`` and worst selected ``s + e`` of a wrong row): the threshold band and
+    the positions whose side of the line the bounds leave open."""
+    L = len(S)
+    s = S.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        M = A * g
+        E = 2 * gam * M + delta
+        bad = ~(np.isfinite(s) & np.isfinite(E) & np.isfinite(M))
+        s, M = np.where(bad, 0.0, s), np.where(bad, 0.0, M)
+        E = np.where(bad, np.inf, E)  # a non-finite score or bound: anything
+        lo_m, up_m = s - E - atol - rtol * M, s + E - atol  # bounds of s - e
+        lo_p, up_p = s - E + atol, s + E + atol + rtol * M  # bounds of s + e
+    sel = np.zeros(L, dtype=bool)
+    sel[selected] = True
+    uns = ~sel
+    cand = bad.copy()
+    if line is not None:
+        if bad.any():
+            cand[:] = True
+        else:
+            best, worst = line
+            want = min(k, L)
+            theta = np.partition(s, L - want)[L - want]
+            cand |= np.abs(s - theta) <= E + 2 * E.max()
+            cand |= uns & (up_m >= worst) & (lo_m <= worst)
+            cand |= sel & (up_p >= best) & (lo_p <= best)
+        return np.flatnonzero(cand)
+    if sel.any() and uns.any():
+        cand |= uns & (up_m >= lo_m[uns].max())
+        cand |= sel & (lo_p <= up_p[sel].min())
+    if L > k:  # the vacuous test's extremes, unless the bounds decide it
+        top_lo, bottom_up = lo_m.max(), up_p.min()
+        if not (top_lo > bottom_up or up_m.max() <= lo_p.min()):
+            cand |= (up_m >= top_lo) | (lo_p <= bottom_up)
+    return np.flatnonzero(cand)
 
 
 def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: Any,

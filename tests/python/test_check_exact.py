@@ -88,22 +88,27 @@ def test_ik_llamas_absolute_early_out_returning_the_first_positions_is_wrong_at_
 
 
 def _exact_all(q, w, k, c, pos, cu, seq):
-    """Every position's float64-exact score, brute force."""
+    """Every position's float64-exact score and magnitude ``|c_t| Σ_h |w_h|
+    Σ_i |q_hi k_ti|``, brute force."""
     qd, kd = reference.decode(q), reference.decode(k)
     n = len(qd)
     t = int(np.diff(cu).max())
     out = np.full((n, t), np.nan)
+    mags = np.full((n, t), np.nan)
     lens = np.zeros(n, dtype=np.int64)
     for i in range(n):
         lo, hi = int(cu[seq[i]]), int(cu[seq[i] + 1])
         L = min(int(pos[i]) + 1, hi - lo)
         lens[i] = L
         dots = qd[i] @ kd[lo : lo + L].T
-        s = np.asarray(w[i], np.float32).astype(np.float64) @ np.maximum(dots, 0.0)
+        w64 = np.asarray(w[i], np.float32).astype(np.float64)
+        s = w64 @ np.maximum(dots, 0.0)
+        m = np.abs(w64) @ (np.abs(qd[i]) @ np.abs(kd[lo : lo + L]).T)
         if c is not None:
             s = s * np.asarray(c[lo : lo + L], np.float32).astype(np.float64)
-        out[i, :L] = s
-    return out, lens
+            m = m * np.abs(np.asarray(c[lo : lo + L], np.float32).astype(np.float64))
+        out[i, :L], mags[i, :L] = s, m
+    return out, mags, lens
 
 
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "fp8"])
@@ -135,13 +140,15 @@ def test_check_indexer_topk_agrees_with_a_brute_force_float64_check_on_near_ties
         seq = rng.integers(0, 2, n)
         pos = np.array([rng.integers(0, (cu[s + 1] - cu[s]) + 4) for s in seq])
         kw = dict(cu_seqlens=cu, seq_ids=seq)
+        q[np.argmax(pos)] = 0  # a row of equal scores: vacuous at any tolerance
         rows = ks.indexer_topk_packed(q, w, k, cu, seq, pos, topk, key_scale=c).astype(np.int64)
     else:
         cu, seq = np.array([0, t]), np.zeros(n, dtype=np.int64)
         pos = rng.integers(0, t + 4, n)
         kw = {}
+        q[np.argmax(pos)] = 0  # a row of equal scores: vacuous at any tolerance
         rows = ks.indexer_topk(q, w, k, pos, topk, key_scale=c).astype(np.int64)
-    exact, lens = _exact_all(q, w, k, c, pos, cu, seq)
+    exact, mags, lens = _exact_all(q, w, k, c, pos, cu, seq)
     # Engine rows: kvselect's, some with the best dropped for the best loser,
     # some with the exact top-k (ties by position).
     for i in range(0, n, 3):
@@ -152,21 +159,98 @@ def test_check_indexer_topk_agrees_with_a_brute_force_float64_check_on_near_ties
                 rows[i, :topk] = order[:topk]
             else:
                 rows[i, 0], rows[i, 1:topk] = order[topk], order[1:topk]
-    for atol, rtol in ((0.0, 0.0), (0.0, 2.0**-16), (1e-3, 0.0)):
+    vacuous = 0
+    for atol, rtol in ((0.0, 0.0), (0.0, 2.0**-16), (1e-3, 0.0), (0.0, 2.0**-6)):
         got = checking.check_indexer_topk(rows, q, w, k, pos, topk, key_scale=c, atol=atol, rtol=rtol, **kw)
-        mags = np.full_like(exact, np.nan, dtype=np.float32)
-        for s in np.unique(seq):
-            idx = np.flatnonzero(seq == s)
-            lo, hi = int(cu[s]), int(cu[s + 1])
-            m = ks.indexer_magnitudes(q[idx], w[idx], k[lo:hi], pos[idx],
-                                      key_scale=None if c is None else c[lo:hi])
-            mags[idx, : hi - lo] = m
-        want = ks.check_topk(exact, rows, lens, topk=topk, atol=atol, rtol=rtol,
-                             magnitudes=mags if rtol else None)
-        assert (got["correct"], got["wrong"]) == (want["correct"], want["wrong"]), (atol, rtol)
-        assert [x["row"] for x in got["details"]] == [x["row"] for x in want["details"]]
-        assert _margins(got) == pytest.approx(_margins(want), rel=1e-12, abs=1e-300)
+        want = _brute_check(exact, mags, rows, lens, topk, atol, rtol)
+        _assert_same(got, want, (atol, rtol))
         assert got["wrong"] > 0  # the broken rows are caught
+        vacuous += want["vacuous"]
+    assert vacuous > 0
+
+
+def _brute_check(exact, mags, rows, lens, topk, atol, rtol):
+    """check_topk on the brute-force float64 scores and magnitudes, and the
+    vacuous rows counted one by one."""
+    want = ks.check_topk(exact, rows, lens, topk=topk, atol=atol, rtol=rtol, magnitudes=mags if rtol else None)
+    vac = 0
+    for i, L in enumerate(lens):
+        s, e = exact[i, :L], atol + rtol * mags[i, :L]
+        vac += bool(L > topk and np.max(s - e) <= np.min(s + e))
+    want["vacuous"] = vac
+    return want
+
+
+def _assert_same(got, want, why):
+    """The same verdicts, margins, thresholds, counts past the line and
+    vacuous rows (the listed positions may differ: see check_indexer_topk)."""
+    assert (got["correct"], got["wrong"], got["vacuous"]) == (want["correct"], want["wrong"], want["vacuous"]), why
+    assert [x["row"] for x in got["details"]] == [x["row"] for x in want["details"]], why
+    assert _margins(got) == pytest.approx(_margins(want), rel=1e-12, abs=1e-300), why
+
+    def line(r):
+        return [(p["threshold"], p["n_dropped"], p["n_intruders"]) for x in r["details"] for p in x["problems"]
+                if p["reason"] == "wrong_selection"]
+    assert line(got) == line(want), why
+
+
+def _pairs(rtol):
+    """Rows whose fate rtol decides (H 1; row r reads its own two key
+    columns, score x + y, magnitude |x| + |y| with |x| ~ 150): type 0 swaps
+    its 8th and 9th best, 0.9 of their tolerance apart (right at rtol, wrong
+    at 0); type 1 the same 1.1 apart (wrong); type 2 is low-contrast, every
+    score within 0.4 of its tolerance of 10 (vacuous); type 3 is type 2 with
+    one score 1.05 of a tolerance above the lowest (not vacuous; it is selected,
+    the lowest is not)."""
+    rng = np.random.default_rng(11)
+    n_rows, t, topk = 12, 64, 8
+    k = np.zeros((t, 2 * n_rows), np.float32)
+    q = np.zeros((n_rows, 1, 2 * n_rows), np.float32)
+    rows = np.zeros((n_rows, topk), np.int64)
+    for r in range(n_rows):
+        q[r, 0, 2 * r : 2 * r + 2] = 1
+        x = rng.uniform(100, 200, t)
+        kind = r % 4
+        if kind < 2:
+            v = rng.permutation(t) + 1.0  # well apart
+            order = np.argsort(-v)
+            a, b = order[topk - 1], order[topk]
+            f = 0.9 if kind == 0 else 1.1
+            g = f * rtol * (2 * x[a] + 2 * x[b] - 2 * v[a]) / (1 - f * rtol)
+            v[b] = v[a] - g
+            rows[r] = np.r_[order[: topk - 1], b]
+        else:
+            v = 10 + 0.4 * rtol * (2 * x - 10) * rng.uniform(-1, 1, t)
+            if kind == 3:
+                lo = int(np.argmin(v))
+                p = (lo + 1) % t
+                f = 1.05
+                v[p] = v[lo] + f * rtol * (2 * x[p] + 2 * x[lo] - 2 * v[lo]) / (1 + f * rtol)
+            rows[r] = rng.permutation(t)[:topk]
+            if kind == 3:  # the raised one selected, the lowest not: right
+                others = rng.permutation(np.setdiff1d(np.arange(t), [p, lo]))
+                rows[r] = np.r_[p, others[: topk - 1]]
+        k[:, 2 * r] = x
+        k[:, 2 * r + 1] = (v - x).astype(np.float32)
+    w = np.ones((n_rows, 1), np.float32)
+    return q, w, k, np.full(n_rows, t - 1), topk, rows
+
+
+@pytest.mark.parametrize("rtol", [2.0**-12, 2.0**-7])
+def test_rtol_decides_near_ties_and_low_contrast_rows_exactly_as_a_brute_force_float64_check(rtol):
+    q, w, k, pos, topk, rows = _pairs(rtol)
+    cu, seq = np.array([0, len(k)]), np.zeros(len(q), dtype=np.int64)
+    exact, mags, lens = _exact_all(q, w, k, None, pos, cu, seq)
+    kinds = np.arange(len(q)) % 4
+    at = _brute_check(exact, mags, rows, lens, topk, 0.0, rtol)
+    wrong = {x["row"] for x in at["details"]}
+    assert wrong == set(np.flatnonzero(kinds == 1))  # the cases are what they say
+    assert at["vacuous"] == np.sum(kinds == 2)
+    assert {x["row"] for x in _brute_check(exact, mags, rows, lens, topk, 0.0, 0.0)["details"]} >= \
+        set(np.flatnonzero(kinds < 2))
+    for atol, r in ((0.0, rtol), (0.0, 0.0), (0.0, rtol * 1.2), (0.0, rtol / 1.2), (1e-3, rtol)):
+        got = checking.check_indexer_topk(rows, q, w, k, pos, topk, atol=atol, rtol=r)
+        _assert_same(got, _brute_check(exact, mags, rows, lens, topk, atol, r), (atol, r))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
