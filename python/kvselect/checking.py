@@ -114,8 +114,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import difflib
 import os
+import difflib
 import re
 import struct
 import sys
@@ -727,6 +727,21 @@ def _down32(x: np.ndarray) -> np.ndarray:
         return np.where(y > x, np.nextafter(y, np.float32(-np.inf)), y)
 
 
+def _one_blas_thread() -> Any:
+    """A context in which BLAS runs on one thread, if threadpoolctl is
+    installed: the re-scoring's products are small ([H, d] by [d, a row's
+    candidates]), and a threaded BLAS spends far longer waking its threads
+    than computing them, worse on a busy machine (30x measured on 2 shared
+    cores)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - an optional speed-up
+        import contextlib
+
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
 def _key_bounds(keys: Any, ksc: Optional[np.ndarray], key_format: Optional[str]) -> np.ndarray:
     """``g_t = |c_t| max_i |k_ti|`` per key (float64, exact: the product of
     two values of at most 24 significant bits), the keys decoded a chunk at a
@@ -896,20 +911,29 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
     n_sel = distinct.sum(axis=1)
     has_both = (n_sel > 0) & (lens > n_sel)
     with np.errstate(invalid="ignore", over="ignore"):
-        # Unselected b: exact s_b - e_b >= (S - (2γ + rtol) M')_b - Δ - atol.
-        buf = np.multiply.outer(_up32(A * (2 * gam + rtol)), _up32(g))
-        np.subtract(S, buf, out=buf)
-        buf[sr, st] = -np.inf
-        lo_max = buf.max(axis=1).astype(f64)  # the best unselected lower bound, before -Δ - atol
-        # ... and s_b - e_b <= (S + 2γ M')_b + Δ - atol: a candidate iff that
-        # reaches the best lower bound.
-        np.multiply.outer(_up32(A * (2 * gam)), _up32(g), out=buf)
-        np.add(S, buf, out=buf)
-        buf[sr, st] = -np.inf
-        thr = _down32(np.where(has_both & fin, lo_max - 2 * delta, np.inf))
-        cr, ct = np.nonzero(buf >= thr[:, None])
+        # Unselected b: exact s_b - e_b lies in [S_b - (2γ + rtol) M'_b - Δ -
+        # atol, S_b + 2γ M'_b + Δ - atol]. One pass finds each row's largest
+        # unselected S (the selected set to -inf meanwhile); every b that can
+        # be the best unselected has S_b >= that - (4γ + rtol) A gmax - 2Δ
+        # (a float32 threshold rounded down: an exact float32 comparison),
+        # a superset refined below with each position's own M'_b.
+        sv32 = S[r_idx, relc]
+        S[sr, st] = -np.inf
+        smax = S.max(axis=1).astype(f64)
+        coarse = _down32(np.where(has_both & fin, smax - (4 * gam + rtol) * A * gmax - 2 * delta, np.inf))
+        cr, ct = np.nonzero(S >= coarse[:, None])
+        S[sr, st] = sv32[ok]
+        Sc = S[cr, ct].astype(f64)
+        Mc = A[cr] * g[ct]
+        lo_c = Sc - (2 * gam + rtol) * Mc - delta[cr] - atol
+        lo_max = np.full(c, -np.inf)  # the best unselected lower bound
+        if len(cr):
+            starts = np.flatnonzero(np.r_[True, cr[1:] != cr[:-1]])
+            lo_max[cr[starts]] = np.maximum.reduceat(lo_c, starts)
+        keep = Sc + 2 * gam * Mc + delta[cr] - atol >= lo_max[cr]
+        cr, ct = cr[keep], ct[keep]
         # Selected a: s_a + e_a within [S - E + atol, S + E + atol + rtol M'].
-        sv = S[r_idx, relc].astype(f64)
+        sv = sv32.astype(f64)
         Ms = A[:, None] * g[relc]
         Es = 2 * gam * Ms + delta[:, None]
         lo_s = np.where(ok, sv - Es + atol, np.inf)
@@ -919,9 +943,8 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
         # Certainly not vacuous: some s - e (a selected one's, or the best
         # unselected's) above some s + e (the worst selected's).
         top = np.maximum(np.where(ok, sv - Es - atol - rtol * Ms, -np.inf).max(axis=1, initial=-np.inf),
-                         lo_max - delta - atol)
+                         lo_max)
         decided = (lens <= k) | (top > worst_up)
-    del buf
     slow = ~fin | ~decided
     pr_parts, pt_parts = [cr, r_idx[s_cand]], [ct, rel[s_cand]]
     for i in np.flatnonzero(slow):
@@ -950,7 +973,7 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
         ex, mg = np.empty(len(u)), np.empty(len(u))
         starts = np.flatnonzero(np.r_[True, pr[1:] != pr[:-1]]) if len(pr) else np.zeros(0, np.int64)
         ends = np.r_[starts[1:], len(pr)].astype(np.int64)
-        with np.errstate(invalid="ignore", over="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"), _one_blas_thread():
             for a_, b_ in zip(starts, ends):
                 i, j = int(pr[a_]), inv[a_:b_]
                 ex[a_:b_] = w64[i] @ np.maximum(qd[i] @ kd[j].T, 0.0)
