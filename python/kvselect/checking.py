@@ -820,17 +820,28 @@ def _indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, q
             lens = np.minimum(pos[sub] + 1, hi - lo)
             layout = whole if whole is not None else layout_of(sub)
             rel = None if whole is None else whole.positions(engine_rows)[sub]
-            exact, mags, vac = _rescore(S, g, engine_rows[sub], lens, topk, atol, rtol, layout,
-                                        (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format,
-                                         key_format), rel)
+            idx_, real, exact, mags, vac = _rescore(
+                S, g, engine_rows[sub], lens, topk, atol, rtol, layout,
+                (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format), rel, whole is not None)
             vacuous += int(vac.sum())
             if whole is not None:
                 full[sub, : hi - lo], full_lens[sub] = exact, lens
                 if full_m is not None and mags is not None:
                     full_m[sub, : hi - lo] = mags
                 continue
-            parts.append((sub, ks.check_topk(exact, engine_rows[sub], lens, topk=topk, atol=atol,
-                                             rtol=rtol, magnitudes=mags, slots=layout)))
+            # The exactly wrong rows against their float64 scores; the rest,
+            # exactly right, against equal scores (their structural faults).
+            mine = sub[idx_[real]]
+            if len(mine):
+                parts.append((mine, ks.check_topk(
+                    exact[real], engine_rows[mine], lens[idx_[real]], topk=topk, atol=atol, rtol=rtol,
+                    magnitudes=None if mags is None else mags[real], slots=layout_of(mine))))
+            right = np.ones(len(sub), dtype=bool)
+            right[idx_[real]] = False
+            if right.any():
+                parts.append((sub[right], ks.check_topk(
+                    np.zeros((int(right.sum()), hi - lo), np.float32), engine_rows[sub[right]],
+                    lens[right], topk=topk, slots=layout_of(sub[right]))))
     if whole is not None:
         parts = [(np.arange(n), ks.check_topk(full, engine_rows, full_lens, topk=topk, atol=atol, rtol=rtol,
                                               magnitudes=full_m, slots=whole))]
@@ -852,24 +863,26 @@ def _topk_of(rows: np.ndarray, topk: Optional[int], layout: Any) -> int:
 
 
 def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, topk: Optional[int],
-             atol: float, rtol: float, layout: Any, operands: tuple,
-             rel: Optional[np.ndarray] = None) -> Tuple[np.ndarray, Optional[np.ndarray], np.ndarray]:
-    """A chunk's float64 scores and magnitudes, and which of its rows are
-    vacuous (see :func:`check_indexer_topk` for the rule and why it is
-    exact). ``S`` is the native float32 scores (modified: NaN past each
-    row's length becomes ``-inf``), ``g`` the sequence's
-    :func:`_key_bounds`. The scores are ``S`` in float64, exact at the
-    candidates; the magnitudes (``None`` at ``rtol = 0``) ``M'`` in float64,
-    exact at the candidates.
+             atol: float, rtol: float, layout: Any, operands: tuple, rel: Optional[np.ndarray] = None,
+             full: bool = False) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
+    """The float64-exact check of a chunk of rows (see
+    :func:`check_indexer_topk` for the rule and why it is exact): ``(idx,
+    real, scores, magnitudes, vacuous)``. ``scores`` (and ``magnitudes``,
+    ``None`` at ``rtol = 0``) are rows ``idx`` of the chunk in float64: ``S``
+    (``M'``) with the exact values at the candidates; ``real[j]`` says row
+    ``idx[j]`` is exactly wrong, the rows whose values check_topk must see
+    (every other row is exactly right, so any equal scores give its report:
+    only its structural faults); every row with ``full``. ``vacuous`` is per
+    chunk row. ``S`` is the native float32 scores (modified: NaN past each
+    row's length becomes ``-inf``), ``g`` the sequence's :func:`_key_bounds`.
 
-    The screen: a vectorised float32 pass over the chunk for every row whose
-    operands are finite (two outer products ``A ⊗ g`` and two sums with
-    ``S``, each reduced once), finding each row's best unselected and worst
-    selected candidates; the few rows that may be wrong, that the bounds
-    leave undecided as to vacuity, or that have a non-finite operand, are
-    screened again one by one in float64 (threshold band, the positions whose
-    count in ``dropped`` / ``intruders`` the bounds leave open, and the
-    vacuous test's extremes)."""
+    The screen is vectorised over the chunk, in float32 for the rows with
+    finite operands: one pass for each row's largest unselected score, one
+    comparison against a per-row threshold, then arithmetic on the few
+    candidates it leaves. The candidates are re-scored and each row's exact
+    verdict is computed from them; only the exactly wrong rows, those the
+    bounds leave undecided as to vacuity, and those with a non-finite
+    operand are screened again, one by one in float64."""
     from kvselect import reference
 
     q, w32, keys, ksc, absc, h, d, query_format, key_format = operands
@@ -881,7 +894,9 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
     vac = np.zeros(c, dtype=bool)
     f64 = np.float64
     if t == 0:
-        return S.astype(f64), (np.zeros((c, 0)) if rtol else None), vac
+        idx0 = np.arange(c) if full else np.zeros(0, dtype=np.int64)
+        return idx0, np.zeros(len(idx0), bool), np.zeros((len(idx0), 0)), \
+            (np.zeros((len(idx0), 0)) if rtol else None), vac
     for i in np.flatnonzero(lens < t):  # past the row's length: -inf, below every bound
         S[i, lens[i] :] = -np.inf
     qd = reference.decode(q, query_format, "query_format").reshape(c, h, d)
@@ -952,16 +967,15 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
                          rel[i][ok[i]], k, atol, rtol)
         pr_parts.append(np.full(len(ts), i, dtype=np.int64))
         pt_parts.append(ts)
-    out = S.astype(f64)
-    mags = np.multiply.outer(A, g) if rtol else None
     keys_ = np.asarray(keys)
     cs_all = None if ksc is None else np.asarray(ksc, dtype=np.float32).astype(f64)
 
     def rescore(pr_parts: List[np.ndarray], pt_parts: List[np.ndarray], done: Optional[np.ndarray] = None
-                ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Re-score the (row, position) pairs in float64 (every product of
-        the decoded operands exact; one decode of their distinct keys) into
-        ``out`` and ``mags``: the pairs, their scores and magnitudes."""
+                ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Re-score the (row, position) pairs not ``done`` in float64 (every
+        product of the decoded operands exact; one decode of their distinct
+        keys): the pairs (``row * t + position``, row, position), their
+        scores and magnitudes."""
         u = np.unique(np.concatenate([np.asarray(p, dtype=np.int64) * t + np.asarray(q_, dtype=np.int64)
                                       for p, q_ in zip(pr_parts, pt_parts)]))
         if done is not None:
@@ -981,12 +995,9 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
             if cs_all is not None:
                 ex *= cs_all[pt]
                 mg *= np.abs(cs_all[pt])
-        out[pr, pt] = ex
-        if mags is not None:
-            mags[pr, pt] = mg
-        return u, pr, ex, mg
+        return u, pr, pt, ex, mg
 
-    done, pr, ex, mg = rescore(pr_parts, pt_parts)
+    done, pr, pt, ex, mg = rescore(pr_parts, pt_parts)
     # Each row's exact verdict, as check_topk computes it, from its
     # candidates (they hold its best unselected and worst selected).
     sel = np.zeros((c, t), dtype=bool)
@@ -1007,11 +1018,25 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
                              rel[i][ok[i]], k, atol, rtol, (float(best[i]), float(worst[i])))
             pr_parts.append(np.full(len(ts), i, dtype=np.int64))
             pt_parts.append(ts)
-        rescore(pr_parts, pt_parts, done)
+        more = rescore(pr_parts, pt_parts, done)
+        pr, pt, ex, mg = (np.concatenate([x, y]) for x, y in zip((pr, pt, ex, mg), more[1:]))
+    # The float64 scores (and magnitudes) of the rows whose values matter:
+    # the wrong ones' (check_topk reports their line) and the vacuous test's
+    # undecided ones; every row with ``full``.
+    need = np.ones(c, dtype=bool) if full else (wrong | slow)
+    idx = np.flatnonzero(need)
+    at = np.full(c, -1)
+    at[idx] = np.arange(len(idx))
+    out = S[idx].astype(f64)
+    mags = np.multiply.outer(A[idx], g) if rtol else None
+    mine = need[pr]
+    out[at[pr[mine]], pt[mine]] = ex[mine]
+    if mags is not None:
+        mags[at[pr[mine]], pt[mine]] = mg[mine]
     if slow.any():
-        rs = np.flatnonzero(slow)
-        vac[rs] = _vacuous_rows(out[rs], None if mags is None else mags[rs], lens[rs], k, atol, rtol)
-    return out, mags, vac
+        rs = at[np.flatnonzero(slow)]
+        vac[slow] = _vacuous_rows(out[rs], None if mags is None else mags[rs], lens[slow], k, atol, rtol)
+    return idx, (wrong if not full else need)[idx], out, mags, vac
 
 
 def _screen_row(S: np.ndarray, g: np.ndarray, A: float, delta: float, gam: float, selected: np.ndarray,
