@@ -5,9 +5,10 @@
 Builds a decode dump (64 index heads of dim 128, bfloat16 queries, fp8 keys
 with per-key scales, top-k 2048, rows from kvselect's own indexer) and times
 the indexer call that made the rows, then `kvselect.checking.check_dump` on
-the dump: the check recomputes the float32 scores and their magnitudes (two
-native passes), re-scores the candidates near each row's line in float64 and
-judges every row. Prints the check's cost as a ratio to the indexer_topk call
+the dump: the check recomputes the float32 scores (one native pass), screens
+them with a cheap bound on the magnitudes (|c_t| max_i |k_ti| Σ_h |w_h| Σ_i
+|q_hi|), re-scores the candidates near each row's line in float64 and judges
+every row. Prints the check's cost as a ratio to the indexer_topk call
 that made the rows. Needs ml_dtypes.
 """
 

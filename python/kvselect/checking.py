@@ -682,11 +682,10 @@ def _vacuous_rows(scores: np.ndarray, mags: Optional[np.ndarray], lens: np.ndarr
         L = lens[r0 : r0 + step]
         inside = np.arange(t)[None, :] < L[:, None]
         with np.errstate(invalid="ignore", over="ignore"):
+            e: Any = np.float64(atol)
             if mags is not None and rtol:
                 rel = rtol * np.abs(mags[r0 : r0 + step].astype(np.float64))
                 e = atol + np.where(np.isnan(rel), 0.0, rel)
-            else:
-                e = np.float64(atol)
             nan = (np.isnan(s) & inside).any(axis=1)
             top = np.where(inside, s - e, -np.inf).max(axis=1, initial=-np.inf)
             bottom = np.where(inside, s + e, np.inf).min(axis=1, initial=np.inf)
@@ -734,7 +733,7 @@ def _one_blas_thread() -> Any:
     than computing them, worse on a busy machine (30x measured on 2 shared
     cores)."""
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
     except ImportError:  # pragma: no cover - an optional speed-up
         import contextlib
 
@@ -1106,35 +1105,82 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
     rounding. The operands are the values the native kernel reads (weights
     and key scales as float32, keys and queries decoded exactly).
 
-    How: the native float32 scores ``S`` and magnitudes ``M``
-    (:func:`kvselect.indexer_scores`, :func:`kvselect.indexer_magnitudes`)
-    screen; only the candidates are re-scored in float64, and the row is
-    checked with ``S`` elsewhere and the float64 scores at its candidates.
+    How: the native float32 scores ``S`` (:func:`kvselect.indexer_scores`,
+    the one native pass) screen, with a cheap bound ``M'`` in place of the
+    magnitudes; only the candidates are re-scored in float64 (their score
+    and their magnitude), each row is decided from them, and
+    :func:`kvselect.check_topk` sees float64 scores (exact at the
+    candidates, ``S`` elsewhere) and magnitudes (exact at the candidates,
+    ``M'`` elsewhere).
 
-    - **The bound.** ``S_t = fl(c_t · Σ_h fl(w_h · relu(fl(q_h · k_t))))``
-      in float32, in whatever order a kernel sums. With ``u = 2^-24`` and
-      ``γ_n = n u / (1 - n u)``: a dot of ``d`` terms in any order is off by
-      at most ``γ_d Σ_i |q_hi k_ti|``; the ReLU is exact and 1-Lipschitz;
-      the product with ``w_h``, the sum over ``H`` heads (any order) and the
-      product with ``c_t`` add ``H + 2`` roundings, so ``|S_t - exact_t| <=
-      γ_{d+H+2} M_t^exact`` with ``M^exact = |c_t| Σ_h |w_h| Σ_i |q_hi
-      k_ti|``. ``M`` is itself float32 (``M^exact <= M / (1 - γ_{d+H+2})``),
-      so ``E_t = 2 γ_{d+H+2} M_t`` bounds it, plus the absolute error of
-      roundings into the subnormal range (at most ``2^-150`` each, scaled by
-      what multiplies them later): ``8 · 2^-150 (|c_t| (d Σ_h |w_h| + H) +
-      1)``. A non-finite ``S_t`` or ``M_t`` has ``E_t = inf``.
-    - **The candidates.** With ``e_t = atol + rtol M_t`` the tolerance, an
-      unselected ``b`` can be the best unselected (the largest ``exact_b -
-      e_b``) only if ``S_b - e_b + E_b >= max`` over unselected of ``S - e -
-      E``, and a selected ``a`` the worst selected only if ``S_a + e_a - E_a
-      <= min`` over selected of ``S + e + E``. On a row whose bounds allow it
-      to be wrong, every ``t`` with ``|S_t - θ32| <= E_t + max E`` joins
-      (``θ32`` the float32 ``min(topk, L)``-th best: the exact threshold is
-      within ``max E`` of it). The candidates are re-scored in float64,
+    - **The magnitude bound.** ``M'_t = |c_t| kmax_t A_q`` with ``kmax_t =
+      max_i |k_ti|`` (the decoded keys, once per sequence, a chunk of keys at
+      a time) and ``A_q = Σ_h |w_h| Σ_i |q_hi|``: each ``|q_hi k_ti| <=
+      |q_hi| kmax_t``, so ``M'_t >= M_t = |c_t| Σ_h |w_h| Σ_i |q_hi
+      k_ti|``. It is computed in float64: ``|c_t| kmax_t`` is exact (a
+      product of two values of at most 24 significant bits), and ``A_q`` is
+      multiplied by ``1 + 4 (d + H + 4) 2^-53``, more than its at most ``d +
+      H + 3`` float64 roundings and the product's one can take off, so the
+      computed ``M'_t`` is an upper bound.
+    - **The score bound.** ``S_t = fl(c_t · Σ_h fl(w_h · relu(fl(q_h ·
+      k_t))))`` in float32, in whatever order a kernel sums. With ``u =
+      2^-24`` and ``γ_n = n u / (1 - n u)``: a dot of ``d`` terms in any
+      order is off by at most ``γ_d Σ_i |q_hi k_ti|``; the ReLU is exact and
+      1-Lipschitz; the product with ``w_h``, the sum over ``H`` heads (any
+      order) and the product with ``c_t`` add ``H + 2`` roundings, so ``|S_t
+      - s_t| <= γ_{d+H+2} M_t`` plus the absolute error of roundings into
+      the subnormal range (at most ``2^-150`` each, scaled by what
+      multiplies them later): ``η = 8 · 2^-150 (|c|max (d Σ_h |w_h| + H) +
+      1)``, doubled. ``E_t = 2 γ_{d+H+2} M'_t + Δ`` bounds it, ``Δ = η + 16
+      u ((2 + rtol) A_q max_t g_t + atol)`` (``g_t = |c_t| kmax_t``): room
+      for the screen's and the check's own roundings, each at most ``u`` of
+      a value below ``(2 + rtol) max M' + atol``. The screen compares float32
+      scores with per-row thresholds computed in float64 and rounded down to
+      float32, so its comparisons are exact.
+    - **The tolerance, with only bounds.** ``e_t = atol + rtol m_t``, ``m_t``
+      the exact magnitude, lies in ``[atol, atol + rtol M'_t]``; so an
+      unselected ``b``'s exact ``s_b - e_b`` lies in ``[S_b - E_b - atol -
+      rtol M'_b, S_b + E_b - atol]`` and a selected ``a``'s ``s_a + e_a`` in
+      ``[S_a - E_a + atol, S_a + E_a + atol + rtol M'_a]``.
+    - **The candidates.** The unselected whose upper end reaches the largest
+      lower end over the unselected, and the selected whose lower end
+      reaches the smallest upper end over the selected: they hold the best
+      unselected and the worst selected, the row's verdict and margin. A row
+      is vacuous iff ``max_t (s_t - e_t) <= min_t (s_t + e_t)`` over all its
+      positions; unless the bounds decide it (some lower end of an ``s - e``
+      above some upper end of an ``s + e``: not vacuous; every upper end of
+      ``s - e`` at most every lower end of ``s + e``: vacuous), the positions
+      that can be those extremes, by the same rule over all positions, join.
+      On a row the re-scored candidates show wrong: every ``t`` with ``|S_t -
+      θ32| <= E_t + 2 max E`` (``θ32`` the float32 ``min(topk, L)``-th best;
+      the exact threshold is within ``max E`` of it), and every position
+      whose side of the line its interval leaves open (an unselected ``b``
+      whose ``s_b - e_b`` interval holds the exact worst ``s_a + e_a``, a
+      selected ``a`` whose ``s_a + e_a`` interval holds the exact best ``s_b
+      - e_b``). A non-finite score or operand is always re-scored (the whole
+      row when it may be wrong). The candidates are re-scored in float64,
       where every product of float32 / bfloat16 / float16 / fp8 operands is
-      exact. A non-candidate is never an extreme, so the verdict and the
-      margin are those of the exact scores; the listed scores of
-      non-candidates (``dropped``, ``intruders``) are their float32 values.
+      exact: the score and ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|``.
+    - **Why the result is exact.** A non-candidate's value as the check
+      sees it (``S_t``, and ``e_t`` from ``M'_t``) lies in the same interval
+      as its exact one, and that interval lies strictly on the losing side of
+      an extreme a candidate holds: so the best unselected ``s - e``, the
+      worst selected ``s + e`` and the vacuous test's maximum and minimum are
+      the exact scores' — the verdict, the margin and the vacuous count are
+      exact. On a wrong row the threshold is exact (every position near it is
+      exact, every other on the same side of it either way), and so are
+      ``n_dropped`` and ``n_intruders`` (every position whose count the
+      bounds leave open is exact). Not exact: the listed scores of
+      non-candidates in ``dropped`` / ``intruders`` (their float32 values),
+      and so their order, and which are listed when there are more than the
+      list holds. A row the candidates show exactly right is checked against
+      equal scores (only its structural faults can then be reported: its
+      selection is right), so only the wrong rows' scores are held in float64.
+    - **The cost.** One native pass (the float32 scores), one pass over each
+      row's keys' ``kmax``, a vectorised float32 screen (one pass for each
+      row's largest unselected score, one comparison with a per-row
+      threshold, refined with each candidate's own ``M'``), and a re-score of
+      the candidates (a few per row near its line; more on the wrong rows).
     """
     p = _ALIASES.get(precision, precision)
     if p not in DEFAULT_RTOL:
