@@ -751,11 +751,24 @@ def _key_bounds(keys: Any, ksc: Optional[np.ndarray], key_format: Optional[str])
     keys = np.asarray(keys)
     n = len(keys)
     d = int(np.prod(keys.shape[1:])) if keys.ndim > 1 else 1
-    g = np.empty(n, dtype=np.float64)
-    step = max(1, (16 << 20) // (8 * max(1, d)))
-    for a in range(0, n, step):
-        kd = reference.decode(keys[a : a + step], key_format, "key_format").reshape(-1, d)
-        g[a : a + step] = np.abs(kd).max(axis=1, initial=0.0)
+    name = keys.dtype.name
+    raw = {"uint16": 0x7FFF, "uint8": 0x7F}.get(name) if key_format in ("bfloat16", "float16",
+                                                                        "float8_e4m3fn") else None
+    sign_less = {"bfloat16": 0x7FFF, "float16": 0x7FFF, "float8_e4m3fn": 0x7F}.get(name, raw)
+    if sign_less is not None and keys.dtype.isnative and n and d:
+        # bfloat16 / float16 / fp8 e4m3fn: |x| rises with the bits below the
+        # sign (NaN codes the highest), so the largest code is kmax's.
+        bits = keys.view(np.uint16 if sign_less == 0x7FFF else np.uint8).reshape(n, d)
+        code = (bits & sign_less).max(axis=1).view(keys.dtype)
+        g = np.abs(reference.decode(code, key_format, "key_format"))
+    elif name == "float32":
+        g = np.abs(keys.reshape(n, d)).max(axis=1, initial=0.0).astype(np.float64)
+    else:
+        g = np.empty(n, dtype=np.float64)
+        step = max(1, (16 << 20) // (8 * max(1, d)))
+        for a in range(0, n, step):
+            kd = reference.decode(keys[a : a + step], key_format, "key_format").reshape(-1, d)
+            g[a : a + step] = np.abs(kd).max(axis=1, initial=0.0)
     if ksc is not None:
         g *= np.abs(np.asarray(ksc, dtype=np.float32).astype(np.float64))
     return g
@@ -808,7 +821,7 @@ def _indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, q
         lo, hi = int(cu[s]), int(cu[s + 1])
         keys, ksc = k_arr[lo:hi], None if c32 is None else c32[lo:hi]
         absc = np.ones(1) if ksc is None else np.abs(ksc.astype(np.float64))
-        g = _key_bounds(keys, ksc, key_format)  # once per sequence
+        g: Optional[np.ndarray] = None
         idx = np.flatnonzero(seq == s)
         step = len(idx) if whole is not None else \
             max(1, _CHUNK_BYTES // (26 * max(1, hi - lo) + 16 * max(1, h * d)))
@@ -816,6 +829,8 @@ def _indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, q
             sub = idx[c0 : c0 + step]
             S = ks.indexer_scores(q_arr[sub], w32[sub], keys, pos[sub], key_scale=ksc, key_format=key_format,
                                   query_format=query_format)
+            if g is None:  # once per sequence, after the native call has vetted the keys
+                g = _key_bounds(keys, ksc, key_format)
             lens = np.minimum(pos[sub] + 1, hi - lo)
             layout = whole if whole is not None else layout_of(sub)
             rel = None if whole is None else whole.positions(engine_rows)[sub]
