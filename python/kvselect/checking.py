@@ -917,10 +917,11 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
     w64 = w32.astype(f64)
     absw = np.abs(w64)
     absq = np.abs(qd)
+    wq = np.einsum("ch,chd->cd", absw, absq)  # Σ_h |w_h| |q_hi|, per row
     # A_q = Σ_h |w_h| Σ_i |q_hi|, rounded up past its float64 roundings (at
     # most d + H + 3 of them, each relative 2^-53): M'_t = A_q g_t >= M_t.
     with np.errstate(invalid="ignore", over="ignore"):
-        A = np.einsum("ch,ch->c", absw, absq.sum(axis=2)) * (1.0 + 4 * (d + h + 4) * _U64)
+        A = wq.sum(axis=1) * (1.0 + 4 * (d + h + 4) * _U64)
         gmax = float(np.max(g, initial=0.0))
         gam = _gamma(d + h + 2)
         eta = 2 * 8 * _ETA32 * (float(absc.max(initial=1.0)) * (d * absw.sum(axis=1) + h) + 1.0)
@@ -1005,7 +1006,7 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
             for a_, b_ in zip(starts, ends):
                 i, j = int(pr[a_]), inv[a_:b_]
                 ex[a_:b_] = w64[i] @ np.maximum(qd[i] @ kd[j].T, 0.0)
-                mg[a_:b_] = absw[i] @ (absq[i] @ absk[j].T)
+                mg[a_:b_] = absk[j] @ wq[i]  # Σ_i (Σ_h |w_h| |q_hi|) |k_ti|: no ReLU, so one vector
             if cs_all is not None:
                 ex *= cs_all[pt]
                 mg *= np.abs(cs_all[pt])
