@@ -911,6 +911,7 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
         idx0 = np.arange(c) if full else np.zeros(0, dtype=np.int64)
         return idx0, np.zeros(len(idx0), bool), np.zeros((len(idx0), 0)), \
             (np.zeros((len(idx0), 0)) if rtol else None), vac
+    S = np.ascontiguousarray(S)  # (the native call's already is: no copy)
     for i in np.flatnonzero(lens < t):  # past the row's length: -inf, below every bound
         S[i, lens[i] :] = -np.inf
     qd = reference.decode(q, query_format, "query_format").reshape(c, h, d)
@@ -932,14 +933,15 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
         # Rows whose float32 scores cannot overflow (nor be NaN): finite operands.
         fin = np.isfinite(A) & np.isfinite(delta) & np.isfinite(gmax) & (2 * A * gmax + delta < 2.0**120)
     ok = (rel >= 0) & (rel < lens[:, None])
-    relc = np.where(ok, rel, 0)
-    r_idx = np.broadcast_to(np.arange(c)[:, None], rel.shape)
-    sr, st = r_idx[ok], rel[ok]  # the selected (row, position) pairs
-    srt = np.sort(np.where(ok, rel, -1), axis=1)
-    distinct = (srt >= 0) & np.concatenate([np.ones((c, 1), bool), srt[:, 1:] != srt[:, :-1]], axis=1) \
-        if srt.shape[1] else np.zeros((c, 0), bool)
-    n_sel = distinct.sum(axis=1)
+    sr = np.broadcast_to(np.arange(c)[:, None], rel.shape)[ok]
+    st = rel[ok]  # the selected (row, position) pairs, row by row
+    flat = sr * t + st
+    sel = np.zeros((c, t), dtype=bool)
+    sel.reshape(-1)[flat] = True
+    n_sel = np.count_nonzero(sel, axis=1)  # distinct selected positions
     has_both = (n_sel > 0) & (lens > n_sel)
+    go = has_both & fin
+    Sf = S.reshape(-1)  # a view: S is C-contiguous (made so above)
     with np.errstate(invalid="ignore", over="ignore"):
         # Unselected b: exact s_b - e_b lies in [S_b - (2γ + rtol) M'_b - Δ -
         # atol, S_b + 2γ M'_b + Δ - atol]. One pass finds each row's largest
@@ -947,13 +949,13 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
         # be the best unselected has S_b >= that - (4γ + rtol) A gmax - 2Δ
         # (a float32 threshold rounded down: an exact float32 comparison),
         # a superset refined below with each position's own M'_b.
-        sv32 = S[r_idx, relc]
-        S[sr, st] = -np.inf
+        sv32 = Sf[flat]
+        Sf[flat] = -np.inf
         smax = S.max(axis=1).astype(f64)
-        coarse = _down32(np.where(has_both & fin, smax - (4 * gam + rtol) * A * gmax - 2 * delta, np.inf))
+        coarse = _down32(np.where(go, smax - (4 * gam + rtol) * A * gmax - 2 * delta, np.inf))
         cr, ct = np.nonzero(S >= coarse[:, None])
-        S[sr, st] = sv32[ok]
-        Sc = S[cr, ct].astype(f64)
+        Sf[flat] = sv32
+        Sc = Sf[cr * t + ct].astype(f64)
         Mc = A[cr] * g[ct]
         lo_c = Sc - (2 * gam + rtol) * Mc - delta[cr] - atol
         lo_max = np.full(c, -np.inf)  # the best unselected lower bound
@@ -964,19 +966,22 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
         cr, ct = cr[keep], ct[keep]
         # Selected a: s_a + e_a within [S - E + atol, S + E + atol + rtol M'].
         sv = sv32.astype(f64)
-        Ms = A[:, None] * g[relc]
-        Es = 2 * gam * Ms + delta[:, None]
-        lo_s = np.where(ok, sv - Es + atol, np.inf)
-        up_s = np.where(ok, sv + Es + atol + rtol * Ms, np.inf)
-        worst_up = up_s.min(axis=1, initial=np.inf)
-        s_cand = ok & (lo_s <= worst_up[:, None]) & (has_both & fin)[:, None]
+        Ms = A[sr] * g[st]
+        Es = 2 * gam * Ms + delta[sr]
+        lo_s = sv - Es + atol
+        up_s = sv + Es + atol + rtol * Ms
+        worst_up = np.full(c, np.inf)
+        top = np.full(c, -np.inf)
+        if len(sr):
+            starts = np.flatnonzero(np.r_[True, sr[1:] != sr[:-1]])
+            worst_up[sr[starts]] = np.minimum.reduceat(up_s, starts)
+            top[sr[starts]] = np.maximum.reduceat(sv - Es - atol - rtol * Ms, starts)
+        s_cand = go[sr] & (lo_s <= worst_up[sr])
         # Certainly not vacuous: some s - e (a selected one's, or the best
         # unselected's) above some s + e (the worst selected's).
-        top = np.maximum(np.where(ok, sv - Es - atol - rtol * Ms, -np.inf).max(axis=1, initial=-np.inf),
-                         lo_max)
-        decided = (lens <= k) | (top > worst_up)
+        decided = (lens <= k) | (np.maximum(top, lo_max) > worst_up)
     slow = ~fin | ~decided
-    pr_parts, pt_parts = [cr, r_idx[s_cand]], [ct, rel[s_cand]]
+    pr_parts, pt_parts = [cr, sr[s_cand]], [ct, st[s_cand]]
     for i in np.flatnonzero(slow):
         ts = _screen_row(S[i, : int(lens[i])], g[: int(lens[i])], float(A[i]), float(delta[i]), gam,
                          rel[i][ok[i]], k, atol, rtol)
@@ -1015,8 +1020,6 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
     done, pr, pt, ex, mg = rescore(pr_parts, pt_parts)
     # Each row's exact verdict, as check_topk computes it, from its
     # candidates (they hold its best unselected and worst selected).
-    sel = np.zeros((c, t), dtype=bool)
-    sel[sr, st] = True
     is_sel = sel.reshape(-1)[done]
     with np.errstate(invalid="ignore", over="ignore"):
         rel_e = rtol * np.abs(mg) if rtol else np.zeros(len(mg))
