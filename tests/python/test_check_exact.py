@@ -319,3 +319,48 @@ def test_the_vacuous_advice_at_zero_tolerance_says_any_selection_is_right_and_ho
     text = checking.format_report(result)
     assert "any selection of the right size is correct" in text and "distinct keys" in text, text
     assert "lower --rtol" not in text
+
+
+def _line(report):
+    return [(x["row"], p["threshold"], p["n_dropped"], p["n_intruders"], p["margin"])
+            for x in report["details"] for p in x["problems"] if p["reason"] == "wrong_selection"]
+
+
+@pytest.mark.parametrize("seed", range(0, 120, 8))
+def test_random_tied_faulty_rows_get_the_brute_force_verdicts_margins_counts_and_vacuous_rows(seed):
+    """Small integer-valued operands (many exact ties, whole rows of equal
+    scores), tiny key scales and zero weights, rows with a swapped-in,
+    duplicated, missing or out-of-range entry; every tolerance kind."""
+    for s in range(seed, seed + 8):
+        rng = np.random.default_rng(s)
+        n, h, d, t = rng.integers(1, 12), rng.integers(1, 4), rng.integers(1, 6), rng.integers(1, 60)
+        topk = int(rng.integers(1, 20))
+        levels = rng.integers(1, 5)
+        k = (rng.integers(-levels, levels + 1, (t, d)) * rng.choice([1.0, 0.5, 2.0**-20])).astype(np.float32)
+        if rng.random() < 0.5:
+            k = (k + rng.standard_normal((t, d)) * rng.choice([0, 1e-6, 1e-3, 1])).astype(np.float32)
+        q = rng.integers(-2, 3, (n, h, d)).astype(np.float32)
+        w = rng.choice([1.0, -1.0, 0.5, 0.0, 3.0], (n, h)).astype(np.float32)
+        c = None if rng.random() < 0.5 else rng.choice([1.0, 0.5, 2.0**-30, 4.0], t).astype(np.float32)
+        pos = rng.integers(0, t + 3, n)
+        rows = ks.indexer_topk(q, w, k, pos, topk, key_scale=c).astype(np.int64)
+        for i in range(n):
+            r = rng.random()
+            if r < 0.3:
+                rows[i, rng.integers(0, topk)] = rng.integers(0, t)
+            elif r < 0.4:
+                rows[i, rng.integers(0, topk)] = -1
+            elif r < 0.5:
+                rows[i] = rng.permutation(max(t, topk))[:topk] - (rng.random() < 0.3)
+        exact, mags, lens = _exact_all(q, w, k, c, pos, np.array([0, t]), np.zeros(n, dtype=np.int64))
+        for atol, rtol in ((0, 0), (0, rng.choice([2.0**-16, 2.0**-4, 0.5])), (rng.choice([1e-6, 0.3, 2.0]), 0),
+                           (0.1, 0.1)):
+            got = checking.check_indexer_topk(rows, q, w, k, pos, topk, key_scale=c, atol=atol, rtol=rtol)
+            want = _brute_check(exact, mags, rows, lens, topk, atol, rtol)
+            why = (s, atol, rtol)
+            assert (got["correct"], got["vacuous"], got["by_reason"]) == \
+                (want["correct"], want["vacuous"], want["by_reason"]), why
+            assert [x["row"] for x in got["details"]] == [x["row"] for x in want["details"]], why
+            a, b = _line(got), _line(want)
+            assert [x[:4] for x in a] == [x[:4] for x in b], why
+            assert [x[4] for x in a] == pytest.approx([x[4] for x in b], rel=1e-12, abs=1e-300), why
