@@ -1195,11 +1195,14 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
       list holds. A row the candidates show exactly right is checked against
       equal scores (only its structural faults can then be reported: its
       selection is right), so only the wrong rows' scores are held in float64.
-    - **The cost.** One native pass (the float32 scores), one pass over each
-      row's keys' ``kmax``, a vectorised float32 screen (one pass for each
-      row's largest unselected score, one comparison with a per-row
-      threshold, refined with each candidate's own ``M'``), and a re-score of
-      the candidates (a few per row near its line; more on the wrong rows).
+    - **The cost.** One native pass (the float32 scores), one pass over the
+      keys for ``kmax`` (once per sequence; for bfloat16 / float16 / fp8 keys
+      the largest sign-less code, since ``|x|`` rises with those bits), a
+      vectorised float32 screen (one pass for each row's largest unselected
+      score, one comparison with a per-row threshold, refined with each
+      candidate's own ``M'``), and a re-score of the candidates (some tens
+      per row near its line; more on the wrong rows, which are screened
+      again one by one).
     """
     p = _ALIASES.get(precision, precision)
     if p not in DEFAULT_RTOL:
