@@ -605,6 +605,10 @@ class GlobalSlots:
         dcp_size: Optional[int] = None,
         dcp_interleave: Optional[int] = None,
     ) -> "GlobalSlots": ...
+    def positions(self, rows: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """The engine's ``rows [n_rows, width]`` read back through the map as the checkers read them:
+        int64 row-relative positions, ``-1`` for padding, ``2**63 - 1`` for an entry that maps to no
+        position of its row's request."""
 
 def check_blocks(
     block_scores: npt.ArrayLike,

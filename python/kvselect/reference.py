@@ -2193,6 +2193,17 @@ class GlobalSlots:
                 out.append(t if t < _UNMAPPED else _UNMAPPED)
         return out
 
+    def positions(self, rows: Any) -> np.ndarray:
+        """``kvselect.GlobalSlots.positions``: the engine's rows read back
+        through the map, int64 row-relative positions, ``-1`` padding,
+        ``2**63 - 1`` for an entry naming no position of its request."""
+        r = _engine_rows(rows)
+        self._check(r.shape[0])
+        if self.dcp_size > 1 and r.shape[1] % self.dcp_size:
+            raise ReferenceSelectionError("rows", "the rows' width must be a multiple of dcp_size")
+        out = np.array([self._relative(i, r[i]) for i in range(r.shape[0])], dtype=np.int64)
+        return np.maximum(out.reshape(r.shape), -1)
+
     def __repr__(self) -> str:
         return (f"GlobalSlots(<{self.block_table.shape[0]} requests x {self.block_table.shape[1]} blocks>, "
                 f"<{len(self.req_ids)} rows>, block_size={self.block_size}, block_stride_rows={self.stride}, "
@@ -2271,11 +2282,16 @@ def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = 
     r = _engine_rows(rows)
     ranks = slots.dcp_size if isinstance(slots, GlobalSlots) else 1
     k = r.shape[1] // ranks if topk is None else _selection_count("topk", topk)
-    s = _float_array("scores", scores, 2, _SELECTION).astype(np.float32)
+    raw_s = np.asarray(scores)
+    if raw_s.size and raw_s.dtype not in (np.float32, np.float64):  # as natively: compared as given
+        raise TypeError(f"scores must be float32 or float64, got dtype {raw_s.dtype}")
+    wide = np.float64 if raw_s.dtype == np.float64 else np.float32
+    s = _float_array("scores", scores, 2, _SELECTION, dtype=wide)
     n, t = s.shape
     lens = [t] * n if context_lens is None else [int(x) for x in _index_array(
         "context_lens", context_lens, 1, _SELECTION, positions=True)]
-    m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION).astype(np.float32)
+    m_wide = np.float64 if np.asarray(magnitudes).dtype == np.float64 else np.float32
+    m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION, dtype=m_wide)
     a, rt = float(atol), float(rtol)
     return _check_batch(s, r, lens, m, a, rt, slots, {"scores": "scores", "lens": "context_lens"}, ("topk", k),
                        lambda si, mi, raw, row, L, mp: _check_row(si, mi, a, rt, raw, row, L, k, ranks > 1, mp,

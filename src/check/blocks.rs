@@ -35,8 +35,8 @@ pub fn check_block_row(
     assert!(scores.len() >= n_blocks && magnitudes.is_none_or(|m| m.len() >= n_blocks));
     assert!(tol.rtol == 0.0 || magnitudes.is_some());
     let sc = Scored {
-        scores,
-        magnitudes,
+        scores: super::Values::F32(scores),
+        magnitudes: magnitudes.map(super::Values::F32),
         tol,
     };
     block_row(&sc, row, row, n_blocks, cfg)

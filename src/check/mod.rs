@@ -34,6 +34,11 @@
 //! exact — what an engine's row owes the engine's *own* scores, the test
 //! that catches a few-1e-4 threshold shift any tolerance would mask.
 //!
+//! Scores and magnitudes are float32 or float64 ([`Values`]), read in
+//! place either way; a float64 score (kvselect's float64-exact indexer
+//! scores, `kvselect.checking.check_indexer_topk`) is compared as it is, so
+//! the report's threshold and listed scores are the input's own values.
+//!
 //! NaN scores rank below every number (the indexer's order), and no
 //! tolerance makes a NaN tie with a number: a selected NaN while a number
 //! is left out is an error, whatever the bounds. `-0.0` and `+0.0` are one
@@ -198,11 +203,11 @@ pub enum Problem {
     /// position). `margin` is how far the best unselected lower bound sits
     /// above the worst selected upper bound.
     WrongSelection {
-        dropped: Vec<(usize, f32)>,
-        intruders: Vec<(usize, f32)>,
+        dropped: Vec<(usize, f64)>,
+        intruders: Vec<(usize, f64)>,
         n_dropped: usize,
         n_intruders: usize,
-        threshold: f32,
+        threshold: f64,
         margin: f64,
     },
 }
@@ -229,8 +234,8 @@ struct Bounded {
 }
 
 impl Bounded {
-    fn new(s: f32, e: f64) -> Self {
-        let v = f64::from(s) + 0.0;
+    fn new(s: f64, e: f64) -> Self {
+        let v = s + 0.0;
         // An infinite score with an infinite bound spans every number.
         let or = |x: f64, inf: f64| if x.is_nan() { inf } else { x };
         Bounded {
@@ -256,12 +261,64 @@ fn excess(b: Bounded, a: Bounded) -> f64 {
     }
 }
 
+/// A row (or batch) of scores or magnitudes, float32 or float64, read in
+/// place: one code path reads either through [`Values::get`] (a float32
+/// value widened exactly).
+#[derive(Debug, Clone, Copy)]
+pub enum Values<'a> {
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+}
+
+impl<'a> Values<'a> {
+    pub fn len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len(),
+            Values::F64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Entry `t`, as float64 (exactly the input's value).
+    #[inline]
+    pub fn get(&self, t: usize) -> f64 {
+        match self {
+            Values::F32(v) => f64::from(v[t]),
+            Values::F64(v) => v[t],
+        }
+    }
+
+    /// Entries `at .. at + n`.
+    pub fn part(&self, at: usize, n: usize) -> Values<'a> {
+        match *self {
+            Values::F32(v) => Values::F32(&v[at..at + n]),
+            Values::F64(v) => Values::F64(&v[at..at + n]),
+        }
+    }
+}
+
+impl<'a> From<&'a [f32]> for Values<'a> {
+    fn from(v: &'a [f32]) -> Self {
+        Values::F32(v)
+    }
+}
+
+impl<'a> From<&'a [f64]> for Values<'a> {
+    fn from(v: &'a [f64]) -> Self {
+        Values::F64(v)
+    }
+}
+
 /// Checks one row against its exact scores.
 ///
 /// `scores[t]` is the exact score of position `t` for `t < len` (at least
 /// `len` entries); `magnitudes`, if given, `m_t` alike (required for a
 /// non-zero `rtol`; see the module docs). `row` is the engine's row, any
-/// order, negative entries padding.
+/// order, negative entries padding. [`check_topk_row_values`] takes float64
+/// scores too.
 ///
 /// # Panics
 /// If `scores` (or `magnitudes`) holds fewer than `len` entries, or `rtol`
@@ -274,18 +331,38 @@ pub fn check_topk_row(
     len: usize,
     topk: usize,
 ) -> RowCheck {
-    assert!(scores.len() >= len && magnitudes.is_none_or(|m| m.len() >= len));
-    assert!(tol.rtol == 0.0 || magnitudes.is_some());
+    check_topk_row_values(
+        Values::F32(scores),
+        magnitudes.map(Values::F32),
+        tol,
+        row,
+        len,
+        topk,
+    )
+}
+
+/// [`check_topk_row`] of float32 or float64 scores and magnitudes.
+///
+/// # Panics
+/// As [`check_topk_row`].
+pub fn check_topk_row_values(
+    scores: Values<'_>,
+    magnitudes: Option<Values<'_>>,
+    tol: Tolerance,
+    row: &[i64],
+    len: usize,
+    topk: usize,
+) -> RowCheck {
     check_topk_row_with(scores, magnitudes, tol, row, len, topk, Filler::MinusOne)
 }
 
-/// [`check_topk_row`] with the engine's [`Filler`].
+/// [`check_topk_row_values`] with the engine's [`Filler`].
 ///
 /// # Panics
 /// As [`check_topk_row`].
 pub fn check_topk_row_with(
-    scores: &[f32],
-    magnitudes: Option<&[f32]>,
+    scores: Values<'_>,
+    magnitudes: Option<Values<'_>>,
     tol: Tolerance,
     row: &[i64],
     len: usize,
@@ -437,8 +514,8 @@ pub(crate) fn scan_row(
 /// Exact scores with their tolerance: the selection half of the rule.
 #[derive(Clone, Copy)]
 pub(crate) struct Scored<'a> {
-    pub(crate) scores: &'a [f32],
-    pub(crate) magnitudes: Option<&'a [f32]>,
+    pub(crate) scores: Values<'a>,
+    pub(crate) magnitudes: Option<Values<'a>>,
     pub(crate) tol: Tolerance,
 }
 
@@ -459,7 +536,7 @@ impl Scored<'_> {
             // (0 · inf would be NaN); a NaN magnitude adds none either (the
             // batch entry point refuses one).
             let rel = match (tol.rtol, magnitudes) {
-                (r, Some(m)) if r != 0.0 => tol.rtol * f64::from(m[t]).abs(),
+                (r, Some(m)) if r != 0.0 => tol.rtol * m.get(t).abs(),
                 _ => 0.0,
             };
             let e = if rel.is_nan() {
@@ -467,7 +544,7 @@ impl Scored<'_> {
             } else {
                 tol.atol + rel
             };
-            Bounded::new(scores[t], e)
+            Bounded::new(scores.get(t), e)
         };
         // The worst selected (lowest upper end) and the best unselected
         // (highest lower end), in the rule's order (NaN below every number).
@@ -493,14 +570,14 @@ impl Scored<'_> {
         // `expected`-th best score: a wrong row always has one, its best
         // unselected); intruders: selected ones strictly below the threshold
         // that the best unselected one beats (none when they tie it).
-        let candidates: Vec<f32> = selected
+        let candidates: Vec<f64> = selected
             .iter()
             .chain(unselected)
-            .map(|&t| scores[t])
+            .map(|&t| scores.get(t))
             .collect();
         let threshold = kth_best(&candidates, want);
-        let t_key = crate::indexer::rank_key(threshold);
-        let key = |t: usize| crate::indexer::rank_key(scores[t]);
+        let t_key = rank_key64(threshold);
+        let key = |t: usize| rank_key64(scores.get(t));
         // (With tolerances that differ by position, the position that beats the
         // selection can sit below the threshold: then every unselected position
         // past the line is listed, so the report always names it.)
@@ -540,10 +617,10 @@ impl Scored<'_> {
         };
         dropped.sort_by(by_excess);
         intruders.sort_by(by_excess);
-        let list = |v: &[(usize, f64)]| -> Vec<(usize, f32)> {
+        let list = |v: &[(usize, f64)]| -> Vec<(usize, f64)> {
             v.iter()
                 .take(MAX_LISTED)
-                .map(|&(t, _)| (t, scores[t]))
+                .map(|&(t, _)| (t, scores.get(t)))
                 .collect()
         };
         Some(Problem::WrongSelection {
@@ -557,19 +634,31 @@ impl Scored<'_> {
     }
 }
 
+/// A float64 score's rank key: larger is better, NaN lowest (0), `-0.0 ==
+/// +0.0` — the indexer's float32 order ([`crate::indexer::rank_key`]), which
+/// it equals on widened float32 scores.
+fn rank_key64(score: f64) -> u64 {
+    if score.is_nan() {
+        return 0;
+    }
+    let b = (score + 0.0).to_bits();
+    if b >> 63 == 1 {
+        !b
+    } else {
+        b | (1 << 63)
+    }
+}
+
 /// The `k`-th best score of `scores` in the rule's order (`k >= 1`).
-fn kth_best(scores: &[f32], k: usize) -> f32 {
-    let mut keys: Vec<u32> = scores
-        .iter()
-        .map(|&s| crate::indexer::rank_key(s))
-        .collect();
+fn kth_best(scores: &[f64], k: usize) -> f64 {
+    let mut keys: Vec<u64> = scores.iter().map(|&s| rank_key64(s)).collect();
     let i = keys.len() - k;
     let (_, &mut key, _) = keys.select_nth_unstable(i);
     // Back from the rank key to a score (NaN for key 0).
     match key {
-        0 => f32::NAN,
-        k if k >> 31 == 1 => f32::from_bits(k & 0x7FFF_FFFF),
-        k => f32::from_bits(!k),
+        0 => f64::NAN,
+        k if k >> 63 == 1 => f64::from_bits(k & !(1 << 63)),
+        k => f64::from_bits(!k),
     }
 }
 
@@ -589,10 +678,10 @@ pub enum Rule {
 pub struct Batch<'a> {
     /// `[n_rows, n_positions]`: row `i`'s exact score of candidate `t` (a
     /// position, or a block) at `i * n_positions + t` (only `t < lens[i]`
-    /// is read).
-    pub scores: &'a [f32],
+    /// is read), float32 or float64.
+    pub scores: Values<'a>,
     /// `[n_rows, n_positions]` magnitudes `m_t`, or `None`.
-    pub magnitudes: Option<&'a [f32]>,
+    pub magnitudes: Option<Values<'a>>,
     pub n_positions: usize,
     /// `[n_rows, width]`: the engine's rows, negative entries padding.
     pub rows: &'a [i64],
@@ -693,15 +782,18 @@ pub fn check_rows_with(
     }
     if let Some(m) = b.magnitudes {
         for (i, &l) in b.lens.iter().enumerate() {
-            let row = &m[i * b.n_positions..][..l];
-            if let Some(t) = row.iter().position(|x| x.is_nan() || *x < 0.0) {
+            let row = m.part(i * b.n_positions, l);
+            if let Some(t) = (0..l)
+                .map(|t| row.get(t))
+                .position(|x| x.is_nan() || x < 0.0)
+            {
                 return Err(AttentionError::OutOfRange {
                     argument: "magnitudes",
                     index: i * b.n_positions + t,
                     message: format!(
                         "magnitudes[{i}, {t}] is {}: a bound must be a number >= 0 within each \
                          row's context",
-                        row[t]
+                        row.get(t)
                     ),
                 });
             }
@@ -730,8 +822,8 @@ pub fn check_rows_with(
     let mut out = vec![RowCheck::default(); n];
     let (t, w) = (b.n_positions, b.width);
     crate::pool::for_each_row_mut(&mut out, 1, crate::pool::min_rows(t.max(w)), |i, slot| {
-        let scores = &b.scores[i * t..(i + 1) * t];
-        let magnitudes = b.magnitudes.map(|m| &m[i * t..(i + 1) * t]);
+        let scores = b.scores.part(i * t, t);
+        let magnitudes = b.magnitudes.map(|m| m.part(i * t, t));
         let sc = Scored {
             scores,
             magnitudes,

@@ -287,3 +287,40 @@ fn the_position_that_beats_the_selection_is_named_even_below_the_threshold() {
         (&[(1, 5.0)][..], &[(2, 1.0)][..])
     );
 }
+
+#[test]
+fn float64_scores_are_compared_as_given_and_reported_as_their_own_values() {
+    let s = [1.0, 1.0 + 2f64.powi(-40), 0.5];
+    let c = check_topk_row_values(Values::F64(&s), None, Tolerance::default(), &[0], 3, 1);
+    let [Problem::WrongSelection {
+        dropped,
+        threshold,
+        margin,
+        ..
+    }] = &c.problems[..]
+    else {
+        panic!("{c:?}");
+    };
+    assert_eq!(dropped.as_slice(), &[(1, 1.0 + 2f64.powi(-40))][..]);
+    assert_eq!(*threshold, 1.0 + 2f64.powi(-40));
+    assert_eq!(*margin, 2f64.powi(-40));
+    let ok = check_topk_row_values(Values::F64(&s), None, Tolerance::default(), &[1], 3, 1);
+    assert!(ok.is_correct());
+}
+
+#[test]
+fn float64_scores_keep_the_order_nan_lowest_and_negative_zero_equal_to_zero() {
+    let s = [f64::NAN, -0.0, 0.0, -1.0];
+    let tol = Tolerance::default();
+    assert!(check_topk_row_values(Values::F64(&s), None, tol, &[1], 4, 1).is_correct());
+    assert!(check_topk_row_values(Values::F64(&s), None, tol, &[2, 1], 4, 2).is_correct());
+    assert!(!check_topk_row_values(Values::F64(&s), None, tol, &[0], 4, 1).is_correct());
+    // float32 and its float64 widening give the same verdicts.
+    let s32 = [3.0f32, 1.5, f32::NAN, 2.0];
+    let s64: Vec<f64> = s32.iter().map(|&x| f64::from(x)).collect();
+    for row in [[0, 3], [0, 1], [2, 0]] {
+        let a = check_topk_row(&s32, None, tol, &row, 4, 2);
+        let b = check_topk_row_values(Values::F64(&s64), None, tol, &row, 4, 2);
+        assert_eq!(format!("{a:?}"), format!("{b:?}"), "{row:?}");
+    }
+}

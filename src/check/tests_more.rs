@@ -285,7 +285,7 @@ fn global_slot_rows_read_back_to_the_row_relative_verdicts() {
         let mut global = to_global(&rows, topk, &g);
         let batch = |rows: &[i64], global: Option<GlobalSlots<'_>>| {
             let b = Batch {
-                scores: &scores,
+                scores: Values::F32(&scores),
                 magnitudes: None,
                 n_positions: t,
                 rows,
@@ -403,7 +403,7 @@ fn dcp_ranks_rows_side_by_side_read_back_to_the_whole_selection() {
         };
         let check = |rows: &[i64], width: usize, global: Option<GlobalSlots<'_>>| {
             let b = Batch {
-                scores: &scores,
+                scores: Values::F32(&scores),
                 magnitudes: None,
                 n_positions: t,
                 rows,
@@ -427,7 +427,7 @@ fn dcp_ranks_rows_side_by_side_read_back_to_the_whole_selection() {
 
 fn filled(scores: &[f32], row: &[i64], len: usize, topk: usize, filler: Filler) -> RowCheck {
     let tol = Tolerance::default();
-    check_topk_row_with(scores, None, tol, row, len, topk, filler)
+    check_topk_row_with(Values::F32(scores), None, tol, row, len, topk, filler)
 }
 
 #[test]

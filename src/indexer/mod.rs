@@ -76,6 +76,7 @@ mod select;
 pub use crate::keys::{BlockTable, PageLayout, PagedCache};
 pub use paged::{indexer_topk_paged_into, PagedInputs};
 
+#[cfg(test)]
 pub(crate) use select::rank_key;
 
 use crate::error::{check_len, checked_size, AttentionError};

@@ -870,3 +870,56 @@ impl<'py, T: Element> StridedRows<'py, T> {
         unsafe { std::slice::from_raw_parts(self.ro.data(), len) }
     }
 }
+
+/// A float32 or float64 array argument, read in place either way (scores
+/// the checkers compare as given: a float64 one is never rounded).
+pub(super) enum Floats<'py> {
+    F32(In<'py, f32, 0>),
+    F64(In<'py, f64, 0>),
+}
+
+impl Floats<'_> {
+    pub fn values(&self) -> PyResult<crate::check::Values<'_>> {
+        Ok(match self {
+            Floats::F32(a) => crate::check::Values::F32(a.slice()?),
+            Floats::F64(a) => crate::check::Values::F64(a.slice()?),
+        })
+    }
+}
+
+impl Args {
+    /// A float argument read as float64 when it is float64, else as
+    /// float32: with `strict`, only float32 (or empty) arrays take that
+    /// branch and any other dtype (float16, an integer) is a `TypeError`
+    /// naming `name`; without, any float converts to float32 as
+    /// [`Args::input_dyn`] does. Returns the array and its shape.
+    pub fn floats<'py>(
+        self,
+        obj: &Bound<'py, PyAny>,
+        name: &str,
+        strict: bool,
+    ) -> PyResult<(Floats<'py>, Vec<usize>)> {
+        let arr = match obj.cast::<PyUntypedArray>() {
+            Ok(a) => a.clone().into_any(),
+            Err(_) => numpy(obj.py())?.call_method1("asarray", (obj,))?,
+        };
+        let untyped = arr.cast::<PyUntypedArray>()?;
+        let (kind, size, empty) = (
+            untyped.dtype().kind(),
+            untyped.dtype().itemsize(),
+            untyped.len() == 0,
+        );
+        if kind == b'f' && size == 8 {
+            let (a, shape) = self.input_dyn::<f64>(&arr, name)?;
+            return Ok((Floats::F64(a), shape));
+        }
+        if strict && !empty && !(kind == b'f' && size == 4) {
+            return Err(PyTypeError::new_err(format!(
+                "{name} must be float32 or float64, got dtype {}",
+                untyped.dtype()
+            )));
+        }
+        let (a, shape) = self.input_dyn::<f32>(&arr, name)?;
+        Ok((Floats::F32(a), shape))
+    }
+}

@@ -6,7 +6,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::args::{detach, positions, Args, Obj, Opt};
+use super::args::{detach, positions, Args, Floats, Obj, Opt};
 use super::block_sparse::config;
 use super::errors::{refuse, Domain, Witness};
 use crate::check::WITNESS_REASONS;
@@ -123,6 +123,39 @@ impl PyGlobalSlots {
         })
     }
 
+    /// ``positions(rows)``: the engine's ``rows`` (int32 or int64 ``[n_rows,
+    /// width]``, one per ``req_ids`` entry; with DCP the ranks' rows side
+    /// by side) read back through the map, as the checkers read them:
+    /// int64 row-relative positions of the same shape, ``-1`` for padding
+    /// (any negative entry) and ``2**63 - 1`` (``i64::MAX``) for an entry
+    /// that maps to no position of its row's request (a page outside its
+    /// block table, an offset past the page, a prefill slot before its
+    /// workspace start). Positions are not checked against any context.
+    fn positions<'py>(&self, py: Python<'py>, rows: &Obj<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
+        let [n, w] = r.shape;
+        let map = self.map();
+        map.check(n)?;
+        if map.dcp_size > 1 && !w.is_multiple_of(map.dcp_size) {
+            let msg = format!(
+                "a DCP map reads the dcp_size = {} ranks' rows side by side: the rows' width \
+                 ({w}) must be a multiple of it",
+                map.dcp_size
+            );
+            return Err(refuse(Domain::Selection, "rows", msg));
+        }
+        let raw = r.slice()?;
+        let inverse = map.inverse();
+        let mut out = Vec::with_capacity(n * w);
+        let mut row = Vec::with_capacity(w);
+        for i in 0..n {
+            inverse.to_relative(i, &raw[i * w..(i + 1) * w], &mut row);
+            out.extend(row.iter().map(|&x| x.max(-1)));
+        }
+        let flat = numpy::PyArray1::from_vec(py, out);
+        flat.call_method1("reshape", ((n, w),))
+    }
+
     fn __repr__(&self) -> String {
         let g = self.shape;
         format!(
@@ -158,8 +191,9 @@ fn global_slots<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalS
 }
 
 /// Whether each of an engine's top-k rows is a correct selection of its
-/// row's exact ``scores`` (float32 ``[n_rows, n_positions]``, e.g.
-/// :func:`indexer_scores`): its valid entries first, distinct, causal
+/// row's exact ``scores`` (float32 or float64 ``[n_rows, n_positions]``,
+/// read as given: e.g. :func:`indexer_scores`, or float64-exact scores;
+/// any other dtype is a ``TypeError``): its valid entries first, distinct, causal
 /// (``0 <= x < L``), exactly ``min(topk, L)`` of them, and every selected
 /// position scoring at least every unselected one — up to ``e_t = atol +
 /// rtol * magnitudes[t]`` on each side, so a tie within the engine's
@@ -169,8 +203,8 @@ fn global_slots<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalS
 /// query), negative entries padding, row-relative or
 /// (``slots=GlobalSlots(...)``) global slot ids; ``context_lens``
 /// ``[n_rows]`` (default: every position; for the indexer, ``min(query_pos
-/// + 1, n_keys)``); ``magnitudes`` has the shape of ``scores``, axis by
-/// axis; ``topk`` defaults to ``width`` (a rank's width with DCP slots).
+/// + 1, n_keys)``); ``magnitudes`` (float32 or float64; another float
+/// dtype converts to float32) has the shape of ``scores``, axis by axis; ``topk`` defaults to ``width`` (a rank's width with DCP slots).
 /// With ``atol = rtol = 0`` the check is exact.
 ///
 /// ``filler`` states how the engine fills a row that sees fewer than
@@ -194,7 +228,8 @@ fn global_slots<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalS
 /// one entry per wrong row: its ``row`` and ``problems`` (each a dict with
 /// its ``reason``; a wrong selection lists the ``dropped`` and
 /// ``intruders`` as ``(position, score)``, their counts, the row's exact
-/// ``threshold`` and the ``margin`` by which it is wrong; with ``slots``, a
+/// ``threshold`` (scores and threshold are the input's own values, as
+/// Python floats) and the ``margin`` by which it is wrong; with ``slots``, a
 /// ``not_causal`` entry also carries the engine's ``value``, the slot id it
 /// wrote). A row's entries past its context are one ``not_causal`` problem
 /// (the first ``slot`` and ``position``, ``n_slots`` such entries, the
@@ -227,8 +262,14 @@ fn check_topk<'py>(
     // DCP rows are the ranks' rows side by side: by default, each rank's width.
     let width = r.shape[1] / slots.as_ref().map_or(1, |g| g.get().shape.dcp_size);
     let topk = S.count_or(topk, "topk", u64::MAX, width)?;
-    let s = S.input::<f32, 2>(scores, "scores", "[n_rows, n_positions]")?;
-    let [n, t] = s.shape;
+    let (s, shape) = S.floats(scores, "scores", true)?;
+    let [n, t] = shape[..] else {
+        let msg = format!(
+            "scores must be 2-D [n_rows, n_positions], got {}-D",
+            shape.len()
+        );
+        return Err(refuse(Domain::Selection, "scores", msg));
+    };
     let lens = match context_lens {
         None => vec![t; n],
         Some(c) => positions(S, c, "context_lens")?,
@@ -240,7 +281,7 @@ fn check_topk<'py>(
     };
     let axes = [("n_rows", n), ("n_positions", t)];
     let tol = Tolerance { atol, rtol };
-    let scored = (s.slice()?, &axes[..], magnitudes);
+    let scored = (s.values()?, &axes[..], magnitudes);
     let rule = (Rule::Topk(topk), filler);
     run(py, rule, tol, scored, rows, &lens, &slots)
 }
@@ -304,7 +345,7 @@ fn check_blocks<'py>(
                 width,
             };
             let axes = [("n_rows", n), ("n_blocks", t)];
-            let scored = (s.slice()?, &axes[..], magnitudes);
+            let scored = (check::Values::F32(s.slice()?), &axes[..], magnitudes);
             run(
                 py,
                 (rule, Filler::MinusOne),
@@ -346,7 +387,7 @@ fn check_blocks<'py>(
             };
             let rows = Rows { rows, width };
             let axes = [("n_queries", n), ("n_kv_heads", h), ("n_blocks", t)];
-            let scored = (s.slice()?, &axes[..], magnitudes);
+            let scored = (check::Values::F32(s.slice()?), &axes[..], magnitudes);
             run(
                 py,
                 (rule, Filler::MinusOne),
@@ -399,13 +440,15 @@ fn run<'py>(
     py: Python<'py>,
     (rule, filler): (Rule, Filler),
     tol: Tolerance,
-    (scores, axes, magnitudes): (&[f32], &[(&str, usize)], Opt<'_, 'py>),
+    (scores, axes, magnitudes): (check::Values<'_>, &[(&str, usize)], Opt<'_, 'py>),
     rows: Rows<'_>,
     lens: &[usize],
     slots: &Option<Bound<'py, PyGlobalSlots>>,
 ) -> PyResult<PyReport<'py>> {
-    let m = magnitudes
-        .map(|m| S.input_dyn::<f32>(m, "magnitudes"))
+    // Float64 magnitudes are read as they are; any other float converts to
+    // float32.
+    let m: Option<(Floats<'py>, Vec<usize>)> = magnitudes
+        .map(|m| S.floats(m, "magnitudes", false))
         .transpose()?;
     if let Some((_, shape)) = &m {
         S.axes("magnitudes", shape, axes)?;
@@ -413,14 +456,14 @@ fn run<'py>(
     let t = axes.last().map_or(0, |a| a.1);
     let batch = Batch {
         scores,
-        magnitudes: m.as_ref().map(|(m, _)| m.slice()).transpose()?,
+        magnitudes: m.as_ref().map(|(m, _)| m.values()).transpose()?,
         n_positions: t,
         rows: rows.rows,
         width: rows.width,
         lens,
         global: global_slots(slots),
     };
-    let checks = detach(py, scores.len(), || {
+    let checks = detach(py, batch.scores.len(), || {
         check::check_rows_with(&batch, rule, tol, filler)
     })?;
     report(py, &checks, rule.reasons())

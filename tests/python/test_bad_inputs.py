@@ -1548,6 +1548,13 @@ def _():
     return {"call": lambda: _ks().check_topk(s, one), "watch": [s, one]}
 
 
+@case("check-float16-scores", "engine check", "`check_topk(scores.astype(float16), rows)`", "TypeError")
+def _():
+    s, r = check_args()
+    s16 = s.astype(np.float16)
+    return {"call": lambda: _ks().check_topk(s16, r), "watch": [s16, r]}
+
+
 @case("check-float-rows", "engine check", "`check_topk(scores, rows.astype(float32))`", "TypeError")
 def _():
     s, r = check_args()

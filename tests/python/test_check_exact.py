@@ -1,0 +1,366 @@
+"""The exact check means real arithmetic: kvselect.checking.check_indexer_topk
+decides rows against scores exact up to float64 rounding (issue 22, §1), and
+the report tells near-ties apart (§4)."""
+
+import numpy as np
+import pytest
+
+import kvselect as ks
+from kvselect import checking, reference
+
+IMPLS = ["native", "reference"]
+
+
+def _impl(name):
+    return ks if name == "native" else reference
+
+
+def _repro():
+    q = np.ones((1, 1, 3), np.float32)
+    w = np.ones((1, 1), np.float32)
+    k = np.array([[1, 2.0**-23 - 2.0**-30, 0], [1, 2.0**-24, 2.0**-24]], np.float32)
+    return q, w, k
+
+
+def _margins(report):
+    return [p["margin"] for x in report["details"] for p in x["problems"] if p["reason"] == "wrong_selection"]
+
+
+def test_the_float64_correct_row_passes_at_rtol_zero_and_the_float32_one_fails_by_two_to_the_minus_30():
+    q, w, k = _repro()
+    assert ks.indexer_topk(q, w, k, [1], 1)[0, 0] == 0  # kvselect's float32 ranks 0 first
+    exact = k.astype(np.float64).sum(axis=1)
+    assert exact[1] > exact[0]  # float64 ranks 1 first
+    right = checking.check_indexer_topk(np.array([[1]]), q, w, k, [1], 1, atol=0, rtol=0)
+    assert right["wrong"] == 0
+    wrong = checking.check_indexer_topk(np.array([[0]]), q, w, k, [1], 1, atol=0, rtol=0)
+    assert wrong["wrong"] == 1 and _margins(wrong) == [pytest.approx(2.0**-30, rel=1e-12)]
+
+
+def test_the_reproduction_through_a_dump_passes_the_float64_correct_row(tmp_path):
+    q, w, k = _repro()
+    for row, wrong in (([1], 0), ([0], 1)):
+        path = tmp_path / f"d{row[0]}.npz"
+        checking.save_dump(path, "topk", rows=np.array([row]), index_q=q, weights=w, index_k=k,
+                           query_pos=np.array([1]), topk=1)
+        result = checking.check_dump(str(path), atol=0, rtol=0)
+        assert result["wrong"] == wrong
+        if wrong:
+            assert _margins(result["checks"][0]["report"]) == [pytest.approx(2.0**-30, rel=1e-12)]
+
+
+def _ik_llama(weight_scale=1.0):
+    """T 4096, query at 4092, topk 256: 255 keys at 1.0, key 100 at
+    1014/1024, key 4090 at 1010/1024, the rest lower."""
+    t, topk, d = 4096, 256, 4
+    rng = np.random.default_rng(7)
+    score = rng.uniform(0.1, 0.9, t)
+    best = rng.choice(np.setdiff1d(np.arange(t - 4), [100, 4090]), 255, replace=False)
+    score[best] = 1.0
+    score[100], score[4090] = 1014 / 1024, 1010 / 1024
+    score = score.astype(np.float32)
+    k = np.zeros((t, d), np.float32)
+    k[:, 0] = score
+    q = np.zeros((1, 1, d), np.float32)
+    q[0, 0, 0] = 1
+    w = np.array([[weight_scale]], np.float32)
+    right = np.concatenate([best, [100]])
+    return q, w, k, np.array([4092]), topk, right, best
+
+
+def test_ik_llamas_truncated_tail_keeping_4090_over_100_is_wrong_by_4_over_1024():
+    q, w, k, pos, topk, right, best = _ik_llama()
+    faulty = np.concatenate([best, [4090]])[None]
+    for rtol in (0.0, None):
+        r = checking.check_indexer_topk(faulty, q, w, k, pos, topk, atol=0 if rtol == 0 else None, rtol=rtol)
+        assert r["wrong"] == 1
+        if rtol == 0:
+            assert _margins(r) == [pytest.approx(4 / 1024, rel=1e-9)]
+    assert checking.check_indexer_topk(right[None], q, w, k, pos, topk, atol=0, rtol=0)["wrong"] == 0
+    assert checking.check_indexer_topk(right[None], q, w, k, pos, topk)["wrong"] == 0
+
+
+def test_ik_llamas_absolute_early_out_returning_the_first_positions_is_wrong_at_tiny_weights():
+    q, w, k, pos, topk, right, _ = _ik_llama(2.0**-30)
+    first = np.arange(topk)[None]
+    assert checking.check_indexer_topk(first, q, w, k, pos, topk)["wrong"] == 1
+    assert checking.check_indexer_topk(right[None], q, w, k, pos, topk)["wrong"] == 0
+
+
+def _exact_all(q, w, k, c, pos, cu, seq):
+    """Every position's float64-exact score and magnitude ``|c_t| Σ_h |w_h|
+    Σ_i |q_hi k_ti|``, brute force."""
+    qd, kd = reference.decode(q), reference.decode(k)
+    n = len(qd)
+    t = int(np.diff(cu).max())
+    out = np.full((n, t), np.nan)
+    mags = np.full((n, t), np.nan)
+    lens = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        lo, hi = int(cu[seq[i]]), int(cu[seq[i] + 1])
+        L = min(int(pos[i]) + 1, hi - lo)
+        lens[i] = L
+        dots = qd[i] @ kd[lo : lo + L].T
+        w64 = np.asarray(w[i], np.float32).astype(np.float64)
+        s = w64 @ np.maximum(dots, 0.0)
+        m = np.abs(w64) @ (np.abs(qd[i]) @ np.abs(kd[lo : lo + L]).T)
+        if c is not None:
+            s = s * np.asarray(c[lo : lo + L], np.float32).astype(np.float64)
+            m = m * np.abs(np.asarray(c[lo : lo + L], np.float32).astype(np.float64))
+        out[i, :L], mags[i, :L] = s, m
+    return out, mags, lens
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "fp8"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_check_indexer_topk_agrees_with_a_brute_force_float64_check_on_near_ties(fmt, packed):
+    import ml_dtypes
+
+    rng = np.random.default_rng({"float32": 1, "bfloat16": 2, "fp8": 3}[fmt] + 10 * packed)
+    n, h, d, t, topk = 24, 3, 8, 96, 12
+    base = rng.standard_normal((t, d)).astype(np.float32)
+    # Near ties: duplicated keys and keys one last bit apart.
+    base[1::7] = base[0]
+    bumped = base[2::9].copy()
+    bumped[:, 0] = np.nextafter(bumped[:, 0], np.float32(np.inf))
+    base[3::9][: len(bumped)] = bumped[: len(base[3::9])]
+    c = None
+    if fmt == "float32":
+        k = base
+    elif fmt == "bfloat16":
+        k = base.astype(ml_dtypes.bfloat16)
+    else:
+        c = (np.abs(base).max(axis=1) / 448).astype(np.float32)
+        k = (base / c[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    q = rng.standard_normal((n, h, d)).astype(np.float32)
+    q[1::3] = q[0]  # repeated queries: rows whose scores tie across rows
+    w = rng.standard_normal((n, h)).astype(np.float32)
+    if packed:
+        cu = np.array([0, 40, t])
+        seq = rng.integers(0, 2, n)
+        pos = np.array([rng.integers(0, (cu[s + 1] - cu[s]) + 4) for s in seq])
+        kw = dict(cu_seqlens=cu, seq_ids=seq)
+        q[np.argmax(pos)] = 0  # a row of equal scores: vacuous at any tolerance
+        rows = ks.indexer_topk_packed(q, w, k, cu, seq, pos, topk, key_scale=c).astype(np.int64)
+    else:
+        cu, seq = np.array([0, t]), np.zeros(n, dtype=np.int64)
+        pos = rng.integers(0, t + 4, n)
+        kw = {}
+        q[np.argmax(pos)] = 0  # a row of equal scores: vacuous at any tolerance
+        rows = ks.indexer_topk(q, w, k, pos, topk, key_scale=c).astype(np.int64)
+    exact, mags, lens = _exact_all(q, w, k, c, pos, cu, seq)
+    # Engine rows: kvselect's, some with the best dropped for the best loser,
+    # some with the exact top-k (ties by position).
+    for i in range(0, n, 3):
+        L = int(lens[i])
+        if L > topk:
+            order = np.argsort(-exact[i, :L], kind="stable")
+            if i % 2:
+                rows[i, :topk] = order[:topk]
+            else:
+                rows[i, 0], rows[i, 1:topk] = order[topk], order[1:topk]
+    vacuous = 0
+    for atol, rtol in ((0.0, 0.0), (0.0, 2.0**-16), (1e-3, 0.0), (0.0, 2.0**-6)):
+        got = checking.check_indexer_topk(rows, q, w, k, pos, topk, key_scale=c, atol=atol, rtol=rtol, **kw)
+        want = _brute_check(exact, mags, rows, lens, topk, atol, rtol)
+        _assert_same(got, want, (atol, rtol))
+        assert got["wrong"] > 0  # the broken rows are caught
+        vacuous += want["vacuous"]
+    assert vacuous > 0
+
+
+def _brute_check(exact, mags, rows, lens, topk, atol, rtol):
+    """check_topk on the brute-force float64 scores and magnitudes, and the
+    vacuous rows counted one by one."""
+    want = ks.check_topk(exact, rows, lens, topk=topk, atol=atol, rtol=rtol, magnitudes=mags if rtol else None)
+    vac = 0
+    for i, L in enumerate(lens):
+        s, e = exact[i, :L], atol + rtol * mags[i, :L]
+        vac += bool(L > topk and np.max(s - e) <= np.min(s + e))
+    want["vacuous"] = vac
+    return want
+
+
+def _assert_same(got, want, why):
+    """The same verdicts, margins, thresholds, counts past the line and
+    vacuous rows (the listed positions may differ: see check_indexer_topk)."""
+    assert (got["correct"], got["wrong"], got["vacuous"]) == (want["correct"], want["wrong"], want["vacuous"]), why
+    assert [x["row"] for x in got["details"]] == [x["row"] for x in want["details"]], why
+    assert _margins(got) == pytest.approx(_margins(want), rel=1e-12, abs=1e-300), why
+
+    def line(r):
+        return [(p["threshold"], p["n_dropped"], p["n_intruders"]) for x in r["details"] for p in x["problems"]
+                if p["reason"] == "wrong_selection"]
+    assert line(got) == line(want), why
+
+
+def _pairs(rtol):
+    """Rows whose fate rtol decides (H 1; row r reads its own two key
+    columns, score x + y, magnitude |x| + |y| with |x| ~ 150): type 0 swaps
+    its 8th and 9th best, 0.9 of their tolerance apart (right at rtol, wrong
+    at 0); type 1 the same 1.1 apart (wrong); type 2 is low-contrast, every
+    score within 0.4 of its tolerance of 10 (vacuous); type 3 is type 2 with
+    one score 1.05 of a tolerance above the lowest (not vacuous; it is selected,
+    the lowest is not)."""
+    rng = np.random.default_rng(11)
+    n_rows, t, topk = 12, 64, 8
+    k = np.zeros((t, 2 * n_rows), np.float32)
+    q = np.zeros((n_rows, 1, 2 * n_rows), np.float32)
+    rows = np.zeros((n_rows, topk), np.int64)
+    for r in range(n_rows):
+        q[r, 0, 2 * r : 2 * r + 2] = 1
+        x = rng.uniform(100, 200, t)
+        kind = r % 4
+        if kind < 2:
+            v = rng.permutation(t) + 1.0  # well apart
+            order = np.argsort(-v)
+            a, b = order[topk - 1], order[topk]
+            f = 0.9 if kind == 0 else 1.1
+            g = f * rtol * (2 * x[a] + 2 * x[b] - 2 * v[a]) / (1 - f * rtol)
+            v[b] = v[a] - g
+            rows[r] = np.r_[order[: topk - 1], b]
+        else:
+            v = 10 + 0.4 * rtol * (2 * x - 10) * rng.uniform(-1, 1, t)
+            if kind == 3:
+                lo = int(np.argmin(v))
+                p = (lo + 1) % t
+                f = 1.05
+                v[p] = v[lo] + f * rtol * (2 * x[p] + 2 * x[lo] - 2 * v[lo]) / (1 + f * rtol)
+            rows[r] = rng.permutation(t)[:topk]
+            if kind == 3:  # the raised one selected, the lowest not: right
+                others = rng.permutation(np.setdiff1d(np.arange(t), [p, lo]))
+                rows[r] = np.r_[p, others[: topk - 1]]
+        k[:, 2 * r] = x
+        k[:, 2 * r + 1] = (v - x).astype(np.float32)
+    w = np.ones((n_rows, 1), np.float32)
+    return q, w, k, np.full(n_rows, t - 1), topk, rows
+
+
+@pytest.mark.parametrize("rtol", [2.0**-12, 2.0**-7])
+def test_rtol_decides_near_ties_and_low_contrast_rows_exactly_as_a_brute_force_float64_check(rtol):
+    q, w, k, pos, topk, rows = _pairs(rtol)
+    cu, seq = np.array([0, len(k)]), np.zeros(len(q), dtype=np.int64)
+    exact, mags, lens = _exact_all(q, w, k, None, pos, cu, seq)
+    kinds = np.arange(len(q)) % 4
+    at = _brute_check(exact, mags, rows, lens, topk, 0.0, rtol)
+    wrong = {x["row"] for x in at["details"]}
+    assert wrong == set(np.flatnonzero(kinds == 1))  # the cases are what they say
+    assert at["vacuous"] == np.sum(kinds == 2)
+    assert {x["row"] for x in _brute_check(exact, mags, rows, lens, topk, 0.0, 0.0)["details"]} >= \
+        set(np.flatnonzero(kinds < 2))
+    for atol, r in ((0.0, rtol), (0.0, 0.0), (0.0, rtol * 1.2), (0.0, rtol / 1.2), (1e-3, rtol)):
+        got = checking.check_indexer_topk(rows, q, w, k, pos, topk, atol=atol, rtol=r)
+        _assert_same(got, _brute_check(exact, mags, rows, lens, topk, atol, r), (atol, r))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float64_scores_are_checked_as_given_and_reported_as_float64(impl):
+    m = _impl(impl)
+    s = np.array([[1.0, 1.0 + 2.0**-40, 0.5]])
+    r = m.check_topk(s, np.array([[0]]))
+    [p] = r["details"][0]["problems"]
+    assert p["threshold"] == 1.0 + 2.0**-40 and p["dropped"] == [(1, 1.0 + 2.0**-40)]
+    assert p["margin"] == pytest.approx(2.0**-40)
+    assert m.check_topk(s, np.array([[1]]))["wrong"] == 0
+    # As float32 the two are one score: a tie.
+    assert m.check_topk(s.astype(np.float32), np.array([[0]]))["wrong"] == 0
+
+
+def test_float64_scores_native_and_reference_agree_on_random_rows():
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        n, t, k = 6, 20, 5
+        s = rng.choice([0.0, 1.0, 1.0 + 2.0**-45, 2.0, np.nan, -0.0], (n, t)) + rng.standard_normal((n, t)) * (rng.random() < 0.5)
+        m = np.abs(rng.standard_normal((n, t)))
+        rows = np.array([rng.permutation(t)[:k] for _ in range(n)])
+        lens = rng.integers(k, t + 1, n)
+        rows = np.where(rows < lens[:, None], rows, -1)
+        for atol, rtol in ((0.0, 0.0), (0.1, 0.0), (0.0, 0.05)):
+            a = ks.check_topk(s, rows, lens, topk=k, atol=atol, rtol=rtol, magnitudes=m)
+            b = reference.check_topk(s, rows, lens, topk=k, atol=atol, rtol=rtol, magnitudes=m)
+            assert repr(a) == repr(b)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float16_or_integer_scores_are_refused_naming_scores(impl):
+    m = _impl(impl)
+    for bad in (np.zeros((1, 3), np.float16), np.zeros((1, 3), np.int64)):
+        with pytest.raises(TypeError, match="scores"):
+            m.check_topk(bad, np.array([[0]]))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_global_slots_positions_read_rows_back_with_padding_and_a_sentinel_for_unmapped(impl):
+    m = _impl(impl)
+    table = np.array([[3, 1]], np.int32)
+    slots = m.GlobalSlots(table, [0, 0], 4)
+    rows = np.array([[12, 5, -1, -7], [8, 15, 4, 13]])
+    got = slots.positions(rows)
+    assert got.dtype == np.int64
+    assert got.tolist() == [[0, 5, -1, -1], [2**63 - 1, 3, 4, 1]]
+
+
+def test_the_report_prints_digits_that_tell_near_ties_apart():
+    q, w, k = _repro()
+    result = checking.check_dump(checking.validate(dict(
+        kind=np.asarray("topk"), rows=np.array([[0]]), index_q=q, weights=w, index_k=k,
+        query_pos=np.array([1]), topk=np.asarray(1))), atol=0, rtol=0)
+    text = checking.format_report(result)
+    assert "1.0000001" in text and "1.000000118277967" in text, text
+
+
+def test_the_vacuous_advice_at_zero_tolerance_says_any_selection_is_right_and_how_to_test():
+    k = np.ones((8, 2), np.float32)
+    q = np.ones((1, 1, 2), np.float32)
+    w = np.ones((1, 1), np.float32)
+    result = checking.check_dump(checking.validate(dict(
+        kind=np.asarray("topk"), rows=np.array([[0, 1]]), index_q=q, weights=w, index_k=k,
+        query_pos=np.array([7]), topk=np.asarray(2))), atol=0, rtol=0)
+    text = checking.format_report(result)
+    assert "any selection of the right size is correct" in text and "distinct keys" in text, text
+    assert "lower --rtol" not in text
+
+
+def _line(report):
+    return [(x["row"], p["threshold"], p["n_dropped"], p["n_intruders"], p["margin"])
+            for x in report["details"] for p in x["problems"] if p["reason"] == "wrong_selection"]
+
+
+@pytest.mark.parametrize("seed", range(0, 120, 8))
+def test_random_tied_faulty_rows_get_the_brute_force_verdicts_margins_counts_and_vacuous_rows(seed):
+    """Small integer-valued operands (many exact ties, whole rows of equal
+    scores), tiny key scales and zero weights, rows with a swapped-in,
+    duplicated, missing or out-of-range entry; every tolerance kind."""
+    for s in range(seed, seed + 8):
+        rng = np.random.default_rng(s)
+        n, h, d, t = rng.integers(1, 12), rng.integers(1, 4), rng.integers(1, 6), rng.integers(1, 60)
+        topk = int(rng.integers(1, 20))
+        levels = rng.integers(1, 5)
+        k = (rng.integers(-levels, levels + 1, (t, d)) * rng.choice([1.0, 0.5, 2.0**-20])).astype(np.float32)
+        if rng.random() < 0.5:
+            k = (k + rng.standard_normal((t, d)) * rng.choice([0, 1e-6, 1e-3, 1])).astype(np.float32)
+        q = rng.integers(-2, 3, (n, h, d)).astype(np.float32)
+        w = rng.choice([1.0, -1.0, 0.5, 0.0, 3.0], (n, h)).astype(np.float32)
+        c = None if rng.random() < 0.5 else rng.choice([1.0, 0.5, 2.0**-30, 4.0], t).astype(np.float32)
+        pos = rng.integers(0, t + 3, n)
+        rows = ks.indexer_topk(q, w, k, pos, topk, key_scale=c).astype(np.int64)
+        for i in range(n):
+            r = rng.random()
+            if r < 0.3:
+                rows[i, rng.integers(0, topk)] = rng.integers(0, t)
+            elif r < 0.4:
+                rows[i, rng.integers(0, topk)] = -1
+            elif r < 0.5:
+                rows[i] = rng.permutation(max(t, topk))[:topk] - (rng.random() < 0.3)
+        exact, mags, lens = _exact_all(q, w, k, c, pos, np.array([0, t]), np.zeros(n, dtype=np.int64))
+        for atol, rtol in ((0, 0), (0, rng.choice([2.0**-16, 2.0**-4, 0.5])), (rng.choice([1e-6, 0.3, 2.0]), 0),
+                           (0.1, 0.1)):
+            got = checking.check_indexer_topk(rows, q, w, k, pos, topk, key_scale=c, atol=atol, rtol=rtol)
+            want = _brute_check(exact, mags, rows, lens, topk, atol, rtol)
+            why = (s, atol, rtol)
+            assert (got["correct"], got["vacuous"], got["by_reason"]) == \
+                (want["correct"], want["vacuous"], want["by_reason"]), why
+            assert [x["row"] for x in got["details"]] == [x["row"] for x in want["details"]], why
+            a, b = _line(got), _line(want)
+            assert [x[:4] for x in a] == [x[:4] for x in b], why
+            assert [x[4] for x in a] == pytest.approx([x[4] for x in b], rel=1e-12, abs=1e-300), why
