@@ -276,6 +276,14 @@ _RENAMED = {"index_k_scale": "key_scale", "index_weights": "weights", "key_scale
             "key_format": "index_k_format", "query_format": "index_q_format"}
 
 
+
+def _refused(argument: str, message: str) -> ks.SelectionError:
+    """A ``SelectionError`` as the native functions raise it: ``message``,
+    ``argument`` naming the argument at fault, no core ``variant``."""
+    e = ks.SelectionError(message)
+    e.argument, e.variant = argument, None
+    return e
+
 class DumpError(ValueError):
     """A dump that cannot be checked: the message names the key."""
 
@@ -850,29 +858,29 @@ def _indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, q
     piece through it instead; ``filler`` is :func:`kvselect.check_topk`'s."""
     engine_rows = np.asarray(rows)
     if engine_rows.ndim != 2 or (engine_rows.dtype.kind not in "iu" and engine_rows.size):
-        raise ks.SelectionError("rows", f"rows must be 2-D integers [n_rows, width], got "
+        raise _refused("rows", f"rows must be 2-D integers [n_rows, width], got "
                                 f"{engine_rows.dtype} {engine_rows.shape}")
     n = len(engine_rows)
     pos = np.asarray(query_pos).astype(np.int64).reshape(-1) if np.ndim(query_pos) else \
         np.array([int(query_pos)], dtype=np.int64)
     q_arr = np.asarray(index_q)
     if q_arr.ndim != 3 or len(q_arr) != n or len(pos) != n:
-        raise ks.SelectionError("rows", f"rows has {n} rows, index_q {q_arr.shape}, query_pos "
+        raise _refused("rows", f"rows has {n} rows, index_q {q_arr.shape}, query_pos "
                                 f"{len(pos)} entries: one each per row")
     k_arr = np.asarray(index_k)
     if cu_seqlens is None:
         cu, seq = np.array([0, len(k_arr)], dtype=np.int64), np.zeros(n, dtype=np.int64)
     else:
         if seq_ids is None:
-            raise ks.SelectionError("seq_ids", "cu_seqlens needs seq_ids: each row's sequence")
+            raise _refused("seq_ids", "cu_seqlens needs seq_ids: each row's sequence")
         cu = np.asarray(cu_seqlens).astype(np.int64).reshape(-1)
         seq = np.asarray(seq_ids).astype(np.int64).reshape(-1)
         if len(seq) != n:
-            raise ks.SelectionError("seq_ids", f"seq_ids has {len(seq)} entries for {n} rows")
+            raise _refused("seq_ids", f"seq_ids has {len(seq)} entries for {n} rows")
         if len(cu) < 2 or cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] != len(k_arr):
-            raise ks.SelectionError("cu_seqlens", f"cu_seqlens must rise from 0 to the {len(k_arr)} keys")
+            raise _refused("cu_seqlens", f"cu_seqlens must rise from 0 to the {len(k_arr)} keys")
         if len(seq) and (seq.min() < 0 or seq.max() >= len(cu) - 1):
-            raise ks.SelectionError("seq_ids", f"seq_ids must name one of the {len(cu) - 1} sequences")
+            raise _refused("seq_ids", f"seq_ids must name one of the {len(cu) - 1} sequences")
     w32 = np.asarray(weights, dtype=np.float32)
     c32 = None if key_scale is None else np.asarray(key_scale, dtype=np.float32)
     if c32 is not None and c32.ndim == 0:
@@ -1173,7 +1181,8 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
                        topk: Optional[int] = None, *, key_scale: Any = None, key_format: Optional[str] = None,
                        query_format: Optional[str] = None, cu_seqlens: Any = None, seq_ids: Any = None,
                        precision: str = "float32", atol: Optional[float] = None, rtol: Optional[float] = None,
-                       slots: Optional[ks.GlobalSlots] = None, filler: str = "-1") -> dict:
+                       slots: Optional[ks.GlobalSlots] = None, filler: str = "-1", kv_cache: Any = None,
+                       block_table: Any = None, seq_lens: Any = None, page_layout: str = "dense") -> dict:
     """Whether each engine row is a correct lightning-indexer top-k of the
     indexer's inputs, judged against scores **exact up to float64
     rounding**: the report of :func:`kvselect.check_topk` plus ``vacuous``
@@ -1184,8 +1193,13 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
     to the width, a rank's width with DCP ``slots``); a packed batch as
     :func:`kvselect.indexer_topk_packed` takes it (``cu_seqlens``,
     ``seq_ids``; ``query_pos`` within the sequence, rows offsets from its
-    start); ``slots`` a :class:`kvselect.GlobalSlots` when the rows are
-    global slot ids (the whole batch is then checked in one piece).
+    start); a paged cache as :func:`kvselect.indexer_topk_paged` takes it
+    (``kv_cache``, ``block_table``, ``seq_lens``, ``seq_ids``,
+    ``page_layout``; ``index_k`` None), each sequence's pages read in their
+    own format; ``slots`` a :class:`kvselect.GlobalSlots` when the rows are
+    global slot ids (the whole batch is then checked in one piece);
+    ``filler`` the engine's contract for short rows, as
+    :func:`kvselect.check_topk` takes it.
     ``precision`` names the engine's coarsest rounding and sets the default
     ``rtol`` (:data:`DEFAULT_RTOL`; ``atol`` defaults to 0), as in a dump.
     With ``atol = rtol = 0`` a row passes iff it is right up to float64
@@ -1274,18 +1288,49 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
     """
     p = _ALIASES.get(precision, precision)
     if p not in DEFAULT_RTOL:
-        raise ks.SelectionError("precision", f"precision must be one of {', '.join(DEFAULT_RTOL)}, "
+        raise _refused("precision", f"precision must be one of {', '.join(DEFAULT_RTOL)}, "
                                 f"got {precision!r}")
     atol_ = 0.0 if atol is None else float(atol)
     rtol_ = DEFAULT_RTOL[p] if rtol is None else float(rtol)
     for name, v in (("atol", atol_), ("rtol", rtol_)):
         if not (np.isfinite(v) and v >= 0):
-            raise ks.SelectionError(name, f"{name} = {v} must be finite and non-negative")
+            raise _refused(name, f"{name} = {v} must be finite and non-negative")
     if slots is not None and not isinstance(slots, ks.GlobalSlots):
         raise TypeError(f"slots must be a GlobalSlots or None, got {type(slots).__name__}")
+    if kv_cache is not None:  # each sequence's pages, read into a packed batch's keys
+        index_k, key_scale, cu_seqlens, key_format = _api_paged_keys(
+            index_k, key_scale, cu_seqlens, kv_cache, block_table, seq_lens, seq_ids, page_layout, key_format)
+    elif index_k is None:
+        raise _refused("index_k", "index_k is None: pass the keys, or kv_cache= (with block_table=, "
+                                "seq_lens=, seq_ids=) for a paged cache")
     return _indexer_check(rows, index_q, weights, index_k, query_pos, topk, key_scale, key_format,
                           query_format, cu_seqlens, seq_ids, atol_, rtol_, lambda rows_: None, slots,
                           filler=filler)
+
+
+def _api_paged_keys(index_k: Any, key_scale: Any, cu_seqlens: Any, kv_cache: Any, block_table: Any,
+                    seq_lens: Any, seq_ids: Any, page_layout: str, key_format: Optional[str]) -> tuple:
+    """:func:`check_indexer_topk`'s paged form: the pages read as a dump's
+    (:func:`_paged_keys`), refusals as the API's (``SelectionError`` naming
+    the argument)."""
+    for name, v in (("index_k", index_k), ("key_scale", key_scale), ("cu_seqlens", cu_seqlens)):
+        if v is not None:
+            raise _refused(name, f"{name} beside kv_cache: the keys are either packed (index_k, "
+                                    f"cu_seqlens, key_scale) or paged (kv_cache, block_table, seq_lens)")
+    for name, v in (("block_table", block_table), ("seq_lens", seq_lens), ("seq_ids", seq_ids)):
+        if v is None:
+            raise _refused(name, f"kv_cache needs {name}, as indexer_topk_paged takes it")
+    cache = np.asarray(kv_cache)
+    raw = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8}.get(cache.dtype.name)
+    d = Dump({"kv_cache": cache.view(raw) if raw is not None else cache,
+              "block_table": np.asarray(block_table), "seq_lens": np.asarray(seq_lens),
+              "seq_ids": np.asarray(seq_ids), "page_layout": np.array(page_layout)})
+    fmt = cache.dtype.name if raw is not None else key_format
+    d.kind, d.source, d.formats = "topk", "", ({} if fmt is None else {"kv_cache": fmt})
+    try:
+        return _paged_keys(d)
+    except DumpError as e:
+        raise _refused("kv_cache", str(e)) from e
 
 
 def _paged_keys(d: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, Optional[np.ndarray], np.ndarray,

@@ -364,3 +364,36 @@ def test_random_tied_faulty_rows_get_the_brute_force_verdicts_margins_counts_and
             a, b = _line(got), _line(want)
             assert [x[:4] for x in a] == [x[:4] for x in b], why
             assert [x[4] for x in a] == pytest.approx([x[4] for x in b], rel=1e-12, abs=1e-300), why
+
+
+@pytest.mark.parametrize("page_layout", ["dense", "fp8_scaled"])
+def test_check_indexer_topk_takes_a_paged_cache_as_indexer_topk_paged_does(page_layout):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(2027)
+    bs, d, h, n_blocks = 8, 16, 4, 24
+    lens = np.array([13, 40, 29])
+    table = np.stack([rng.permutation(n_blocks)[:6] for _ in lens]).astype(np.int32)
+    keys = rng.standard_normal((n_blocks, bs, d)).astype(np.float32)
+    if page_layout == "dense":
+        cache = keys.astype(ml_dtypes.bfloat16)
+    else:
+        scale = (np.abs(keys).max(axis=2) / 448).astype(np.float32)
+        fp8 = (keys / scale[..., None]).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+        cache = np.concatenate([fp8.reshape(n_blocks, bs * d), scale.view(np.uint8).reshape(n_blocks, bs * 4)],
+                               axis=1).reshape(n_blocks, bs, 1, d + 4)
+    seq = rng.integers(0, 3, 12)
+    pos = np.array([rng.integers(0, lens[s]) for s in seq])
+    q = rng.standard_normal((12, h, d)).astype(np.float32)
+    w = rng.standard_normal((12, h)).astype(np.float32)
+    rows = ks.indexer_topk_paged(q, w, cache, table, lens, seq, pos, 6, page_layout=page_layout)
+    paged = dict(kv_cache=cache, block_table=table, seq_lens=lens, seq_ids=seq, page_layout=page_layout)
+    assert checking.check_indexer_topk(rows, q, w, None, pos, **paged)["wrong"] == 0
+    broken = rows.copy()
+    i = int(np.flatnonzero(pos >= 6)[0])
+    kept = set(rows[i].tolist())
+    broken[i, 0] = next(t for t in range(int(pos[i]) + 1) if t not in kept)  # an unselected position
+    report = checking.check_indexer_topk(broken, q, w, None, pos, **paged)
+    assert [x["row"] for x in report["details"]] == [i]
+    with pytest.raises(ks.SelectionError) as e:
+        checking.check_indexer_topk(rows, q, w, np.zeros((3, d), np.float32), pos, **paged)
+    assert e.value.argument == "index_k"
