@@ -140,6 +140,32 @@ pub(crate) fn fp8_folded_query(q: &[f32]) -> Option<Vec<f32>> {
     exact.then_some(folded)
 }
 
+/// Whether any of `bytes` is an e4m3fn NaN (`0x7F` / `0xFF`): 32 bytes an
+/// operation (the portable [`super::fp8_has_nan`] compiles to 16), for the
+/// kernels that check a block after reading it.
+pub(crate) fn fp8_has_nan(_token: Avx2, bytes: &[u8]) -> bool {
+    // SAFETY: the token proves AVX2.
+    unsafe { fp8_has_nan_avx2(bytes) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fp8_has_nan_avx2(bytes: &[u8]) -> bool {
+    let (m, nan) = (_mm256_set1_epi8(0x7F), _mm256_set1_epi8(0x7F));
+    let mut runs = bytes.chunks_exact(128);
+    for run in runs.by_ref() {
+        let mut any = _mm256_setzero_si256();
+        for v in run.chunks_exact(32) {
+            // SAFETY: `v` is 32 in-bounds bytes; unaligned load.
+            let x = unsafe { _mm256_loadu_si256(v.as_ptr().cast()) };
+            any = _mm256_or_si256(any, _mm256_cmpeq_epi8(_mm256_and_si256(x, m), nan));
+        }
+        if _mm256_testz_si256(any, any) == 0 {
+            return true;
+        }
+    }
+    super::fp8_has_nan(runs.remainder())
+}
+
 /// Eight float8 e4m3fn values at `p`: through float16 (F16C widens
 /// subnormals exactly), then `× 2⁸`, an exact multiply of a normal float32
 /// (so no float subnormal ever enters an arithmetic instruction).
@@ -328,6 +354,27 @@ mod tests {
             assert!((x.is_nan() && y.is_nan()) || (*y / 256.0).to_bits() == x.to_bits());
         }
         assert!(fp8_folded_query(&[1.0, f32::MAX / 255.0]).is_none());
+    }
+
+    /// The AVX2 NaN scan finds a NaN byte wherever it sits (every offset
+    /// of a 300-byte run, both NaN bytes) and no other byte.
+    #[test]
+    fn the_avx2_nan_scan_finds_every_nan_byte_and_nothing_else() {
+        let Some(token) = crate::simd::avx2_for_test() else {
+            return;
+        };
+        let clean: Vec<u8> = (0..300).map(|i| (i % 256) as u8 & 0x7E).collect();
+        assert!(!fp8_has_nan(token, &clean));
+        let all_but_nan: Vec<u8> = (0..=255u8).filter(|b| b & 0x7F != 0x7F).collect();
+        assert!(!fp8_has_nan(token, &all_but_nan));
+        for at in 0..clean.len() {
+            for nan in [0x7F, 0xFF] {
+                let mut b = clean.clone();
+                b[at] = nan;
+                assert!(fp8_has_nan(token, &b), "{nan:#04x} at {at}");
+                assert!(fp8_has_nan(token, &b[at..]) && !fp8_has_nan(token, &b[at + 1..]));
+            }
+        }
     }
 
     /// The NaN-free fp8 decodes on every byte but the two NaNs.

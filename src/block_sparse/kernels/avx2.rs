@@ -185,7 +185,8 @@ pub(super) unsafe fn segment<S: Step>(_token: Avx2, step: S, seg: &Segment<'_>, 
             // no pass over the keys before the kernel (that pass waited on
             // memory alone, with nothing to overlap it).
             (Encoded::Fp8E4m3(k), Some(fq)) if finite.is_none() => {
-                let nan = |from: usize, to: usize| crate::keys::fp8_has_nan(&k[from..to]);
+                let nan =
+                    |from: usize, to: usize| crate::keys::x86::fp8_has_nan(_token, &k[from..to]);
                 segment_typed::<Fp8ScaledFinite, Fp8Scaled, S>(step, seg, fq, k, Some(&nan), out)
             }
             (Encoded::Fp8E4m3(k), Some(fq)) if finite == Some(true) => {
