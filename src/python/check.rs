@@ -329,8 +329,11 @@ fn check_blocks<'py>(
     let cfg = self::config(config)?;
     let rule = Rule::Blocks(cfg);
     let tol = Tolerance { atol, rtol };
+    let (r, rshape) = S.input_dyn::<i64>(rows, "rows")?;
+    let (s, sshape) = S.input_dyn::<f32>(block_scores, "block_scores")?;
+    let lens = positions(S, visible_blocks, "visible_blocks")?;
     // Either form ends in the one check (block rows pad with -1 only).
-    let check = |rows: Rows<'_>, lens: &[usize], axes: &[(&str, usize)]| {
+    let judge = |rows: Rows<'_>, lens: &[usize], axes: &[(&str, usize)]| {
         let scored = (check::Values::F32(s.slice()?), axes, magnitudes);
         run(
             py,
@@ -342,9 +345,6 @@ fn check_blocks<'py>(
             &slots,
         )
     };
-    let (r, rshape) = S.input_dyn::<i64>(rows, "rows")?;
-    let (s, sshape) = S.input_dyn::<f32>(block_scores, "block_scores")?;
-    let lens = positions(S, visible_blocks, "visible_blocks")?;
     match (&rshape[..], &sshape[..]) {
         (&[n_rows, width], &[n, t]) => {
             if head_major {
@@ -358,7 +358,7 @@ fn check_blocks<'py>(
                 width,
             };
             let axes = [("n_rows", n), ("n_blocks", t)];
-            check(rows, &lens, &axes)
+            judge(rows, &lens, &axes)
         }
         (&[a, b, width], &[n, h, t]) => {
             let (nq, hkv) = if head_major { (b, a) } else { (a, b) };
@@ -391,7 +391,7 @@ fn check_blocks<'py>(
             };
             let rows = Rows { rows, width };
             let axes = [("n_queries", n), ("n_kv_heads", h), ("n_blocks", t)];
-            check(rows, &lens, &axes)
+            judge(rows, &lens, &axes)
         }
         (&[_, _] | &[_, _, _], _) => {
             // The two forms do not mix: the 3-D one of the pair is out of place.
