@@ -699,6 +699,14 @@ def _floats(d: Mapping[str, np.ndarray], key: str) -> Optional[np.ndarray]:
     return decode32(d[key], getattr(d, "formats", {}).get(key))
 
 
+def _given(d: Mapping[str, np.ndarray], key: str) -> Optional[np.ndarray]:
+    """Given scores or magnitudes as they are: float64 kept float64 (the
+    checkers read it as given), anything else as :func:`_floats`."""
+    if key in d and d[key].dtype == np.float64:
+        return d[key]
+    return _floats(d, key)
+
+
 def _finite(d: Mapping[str, np.ndarray], *keys: str) -> None:
     """The indexer's operands are finite: the exact score of a NaN or
     infinite operand is undefined, so such a dump cannot be checked (and the
@@ -1297,6 +1305,8 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
             raise _refused(name, f"{name} = {v} must be finite and non-negative")
     if slots is not None and not isinstance(slots, ks.GlobalSlots):
         raise TypeError(f"slots must be a GlobalSlots or None, got {type(slots).__name__}")
+    _vet_api(rows, index_q, weights, index_k, query_pos, topk, key_scale, key_format, query_format,
+             cu_seqlens, seq_ids, kv_cache, block_table, seq_lens, page_layout, filler)
     if kv_cache is not None:  # each sequence's pages, read into a packed batch's keys
         index_k, key_scale, cu_seqlens, key_format = _api_paged_keys(
             index_k, key_scale, cu_seqlens, kv_cache, block_table, seq_lens, seq_ids, page_layout, key_format)
@@ -1306,6 +1316,75 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
     return _indexer_check(rows, index_q, weights, index_k, query_pos, topk, key_scale, key_format,
                           query_format, cu_seqlens, seq_ids, atol_, rtol_, lambda rows_: None, slots,
                           filler=filler)
+
+
+def _non_finite(name: str, a: np.ndarray) -> None:
+    """Refuses a non-finite entry of operand ``name`` (float32 values),
+    naming its index, as a dump's check does."""
+    bad = ~np.isfinite(a)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise _refused(name, f"{name}[{', '.join(map(str, at))}] is {a[at]}: the exact scores of a "
+                             f"non-finite {name} are undefined, so the rows cannot be checked")
+
+
+def _integers(name: str, a: Any) -> None:
+    """An index argument holds integers (a float position is a TypeError,
+    as the native functions raise it: never truncated)."""
+    if isinstance(a, bool) or not isinstance(a, (int, np.integer)) and np.asarray(a).dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got {np.asarray(a).dtype}")
+
+
+def _vet_api(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: Any, topk: Any, key_scale: Any,
+             key_format: Optional[str], query_format: Optional[str], cu_seqlens: Any, seq_ids: Any,
+             kv_cache: Any, block_table: Any, seq_lens: Any, page_layout: str, filler: str) -> None:
+    """:func:`check_indexer_topk`'s arguments judged before any work, each
+    refusal naming the argument as the native functions do: shapes against
+    ``rows`` and the keys, integer index arrays, finite operands (the exact
+    score of a non-finite one is undefined), ``topk`` and ``filler``."""
+    if filler not in FILLERS:
+        raise _refused("filler", f"filler must be one of {', '.join(map(repr, FILLERS))}, got {filler!r}")
+    if topk is not None:
+        if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)):
+            raise TypeError(f"topk must be an integer, got {type(topk).__name__}")
+        if topk < 1:
+            raise _refused("topk", f"topk must be at least 1, got {topk}")
+    if kv_cache is None:
+        for name, v in (("block_table", block_table), ("seq_lens", seq_lens)):
+            if v is not None:
+                raise _refused(name, f"{name} without kv_cache: a paged cache is kv_cache with block_table, "
+                                     f"seq_lens and seq_ids")
+        if page_layout != "dense":
+            raise _refused("page_layout", f"page_layout={page_layout!r} without kv_cache")
+        if seq_ids is not None and cu_seqlens is None:
+            raise _refused("seq_ids", "seq_ids without cu_seqlens: a packed batch is cu_seqlens with seq_ids")
+    _integers("query_pos", query_pos)
+    for name, v in (("seq_ids", seq_ids), ("cu_seqlens", cu_seqlens)):
+        if v is not None:
+            _integers(name, v)
+    n = len(np.asarray(rows)) if np.ndim(rows) else 0
+    q = np.asarray(index_q)
+    if q.ndim == 3:
+        h = q.shape[1]
+        if np.shape(weights) != (n, h):
+            raise _refused("weights", f"weights must be [n_queries={n}, H={h}], got {list(np.shape(weights))}")
+        _non_finite("index_q", decode32(q, query_format) if q.dtype.kind in "fV" or query_format else q)
+    _non_finite("weights", np.asarray(weights, dtype=np.float32))
+    if index_k is not None:
+        k = np.asarray(index_k)
+        if key_scale is not None and np.ndim(key_scale) != 0 and np.shape(key_scale) != (len(k),):
+            raise _refused("key_scale", f"key_scale must be [n_keys={len(k)}] or one number, got "
+                                        f"{list(np.shape(key_scale))}")
+        step = max(1, (16 << 20) // max(1, k[:1].size * 4))
+        for t0 in range(0, len(k), step):  # decoded a chunk at a time
+            part = decode32(k[t0 : t0 + step], key_format)
+            bad = ~np.isfinite(part)
+            if bad.any():
+                t, i = (int(x) for x in np.argwhere(bad)[0][:2])
+                raise _refused("index_k", f"index_k[{t0 + t}, {i}] is {part[t, i]}: the exact scores of a "
+                                          f"non-finite index_k are undefined, so the rows cannot be checked")
+    if key_scale is not None:
+        _non_finite("key_scale", np.atleast_1d(np.asarray(key_scale, dtype=np.float32)))
 
 
 def _api_paged_keys(index_k: Any, key_scale: Any, cu_seqlens: Any, kv_cache: Any, block_table: Any,
@@ -1329,8 +1408,12 @@ def _api_paged_keys(index_k: Any, key_scale: Any, cu_seqlens: Any, kv_cache: Any
     d.kind, d.source, d.formats = "topk", "", ({} if fmt is None else {"kv_cache": fmt})
     try:
         return _paged_keys(d)
-    except DumpError as e:
-        raise _refused("kv_cache", str(e)) from e
+    except DumpError as e:  # named by the argument its message starts with
+        first = re.match(r"(\w+)", str(e))
+        name = first.group(1) if first else "kv_cache"
+        name = {"kv_cache_format": "key_format"}.get(name, name)
+        known = ("kv_cache", "block_table", "seq_lens", "seq_ids", "page_layout", "key_format")
+        raise _refused(name if name in known else "kv_cache", str(e).replace("a paged dump", "a paged cache")) from e
 
 
 def _paged_keys(d: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, Optional[np.ndarray], np.ndarray,
@@ -1346,7 +1429,8 @@ def _paged_keys(d: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, Optional[np.nd
         raise DumpError(f"{ambiguous[0]} beside kv_cache: the keys are either packed (index_k, "
                         f"cu_seqlens, key_scale) or paged (kv_cache, block_table, seq_lens), not both")
     if "req_ids" not in d:
-        stray = [k for k in ("block_size", "block_stride_rows", "prefill_req_ids") if k in d]
+        stray = [k for k in ("block_size", "block_stride_rows", "prefill_req_ids", "workspace_starts",
+                             "dcp_size", "dcp_interleave") if k in d]
         if stray:
             raise DumpError(f"{stray[0]} in a paged dump without req_ids is ambiguous: the page size is "
                             f"kv_cache's axis 1 and rows are positions within their sequence; add "
@@ -1453,7 +1537,7 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float,
     vacuous = 0
     if "scores" in d:
         _need(d, "context_lens")
-        scores, mags = _floats(d, "scores"), _floats(d, "magnitudes")
+        scores, mags = _given(d, "scores"), _given(d, "magnitudes")
         assert scores is not None
         if rtol != 0 and mags is None:
             raise DumpError("rtol > 0 needs each score's magnitude: add 'magnitudes' to the "
@@ -1492,7 +1576,7 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float,
     exact = _merge(parts)
     exact["vacuous"] = vacuous
     checks = [("against the exact scores", exact)]
-    engine_scores = _floats(d, "engine_scores")
+    engine_scores = _given(d, "engine_scores")
     if engine_scores is not None:
         own = ks.check_topk(engine_scores, engine_rows, lens, topk=topk,
                             slots=_layout(d, np.arange(n)), filler=filler)

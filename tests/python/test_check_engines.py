@@ -304,6 +304,7 @@ def test_a_paged_dump_of_indexer_topk_paged_rows_passes_and_a_broken_row_is_caug
 
 @pytest.mark.parametrize("extra, message", [
     (dict(block_size=8), "without req_ids is ambiguous"),
+    (dict(dcp_size=2), "without req_ids is ambiguous"),
     (dict(req_ids=np.zeros(12, np.int64)), "req_ids must equal seq_ids"),
     (dict(index_k=np.zeros((4, 16), np.float32)), "either packed"),
     (dict(req_ids="seq", block_size=4), "not kv_cache's page size"),

@@ -397,3 +397,65 @@ def test_check_indexer_topk_takes_a_paged_cache_as_indexer_topk_paged_does(page_
     with pytest.raises(ks.SelectionError) as e:
         checking.check_indexer_topk(rows, q, w, np.zeros((3, d), np.float32), pos, **paged)
     assert e.value.argument == "index_k"
+
+
+def test_float64_scores_in_a_dump_are_judged_as_given_not_rounded_to_float32(tmp_path):
+    p = tmp_path / "f64.npz"
+    scores = np.array([[1.0, 1.0 + 2.0**-40]])  # equal once rounded to float32
+    checking.save_dump(p, "topk", rows=np.array([[0]]), scores=scores, context_lens=np.array([2]), topk=1)
+    r = checking.check_dump(p, atol=0.0, rtol=0.0)
+    assert r["wrong"] == 1
+    assert _margins(r["checks"][0]["report"]) == [2.0**-40]
+
+
+def _small():
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    w = rng.standard_normal((3, 2)).astype(np.float32)
+    k = rng.standard_normal((9, 4)).astype(np.float32)
+    pos = np.array([8, 6, 7])
+    return ks.indexer_topk(q, w, k, pos, 3), q, w, k, pos
+
+
+@pytest.mark.parametrize("name", ["index_q", "weights", "index_k", "key_scale"])
+def test_a_non_finite_operand_is_refused_naming_it_before_any_work(name):
+    rows, q, w, k, pos = _small()
+    args = dict(index_q=q.copy(), weights=w.copy(), index_k=k.copy(), key_scale=np.ones(len(k), np.float32))
+    args[name].reshape(-1)[1] = np.nan
+    with pytest.raises(ks.SelectionError) as e:
+        checking.check_indexer_topk(rows, args["index_q"], args["weights"], args["index_k"], pos,
+                                    key_scale=args["key_scale"])
+    assert e.value.argument == name and "nan" in str(e.value)
+
+
+@pytest.mark.parametrize("change, argument", [
+    (dict(weights=np.ones((2, 3), np.float32)), "weights"),        # transposed [H, n]
+    (dict(key_scale=np.ones(12, np.float32)), "key_scale"),         # longer than the keys
+    (dict(topk=0), "topk"),
+    (dict(filler="-2"), "filler"),
+    (dict(seq_ids=np.zeros(3, np.int64)), "seq_ids"),              # without cu_seqlens
+    (dict(block_table=np.zeros((1, 2), np.int32)), "block_table"),  # without kv_cache
+])
+def test_check_indexer_topk_refuses_a_bad_argument_up_front_naming_it(change, argument):
+    rows, q, w, k, pos = _small()
+    args = dict(weights=w, key_scale=None, topk=None)
+    args.update(change)
+    weights = args.pop("weights")
+    with pytest.raises(ks.SelectionError) as e:
+        checking.check_indexer_topk(rows, q, weights, k, pos, **args)
+    assert e.value.argument == argument
+
+
+def test_float_positions_are_a_type_error_never_truncated():
+    rows, q, w, k, pos = _small()
+    with pytest.raises(TypeError, match="query_pos"):
+        checking.check_indexer_topk(rows, q, w, k, pos + 0.7)
+
+
+def test_a_bad_page_layout_is_refused_naming_page_layout():
+    rows, q, w, k, pos = _small()
+    cache = k.reshape(3, 3, 4)
+    with pytest.raises(ks.SelectionError) as e:
+        checking.check_indexer_topk(rows, q, w, None, pos, kv_cache=cache, block_table=np.arange(3)[None],
+                                    seq_lens=np.array([9]), seq_ids=np.zeros(3, np.int64), page_layout="bogus")
+    assert e.value.argument == "page_layout"
