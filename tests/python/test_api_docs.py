@@ -1,0 +1,110 @@
+"""docs/api.md is written by scripts/api_docs.py from the live module's
+docstrings: the committed file must be what the script writes now, and it
+must name every public name, so neither a changed docstring nor a new
+function can leave the reference behind."""
+
+import importlib.util
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import kvselect
+import kvselect._core
+
+ROOT = Path(__file__).parents[2]
+API_MD = ROOT / "docs" / "api.md"
+SCRIPT = ROOT / "scripts" / "api_docs.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("api_docs", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["api_docs"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+api_docs = _load_script()
+
+
+def headings():
+    return set(re.findall(r"^### `([^`]+)`$", API_MD.read_text(encoding="utf-8"), re.M))
+
+
+def test_docs_api_md_is_what_the_script_writes_from_the_live_module():
+    committed = API_MD.read_text(encoding="utf-8")
+    assert committed == api_docs.render(), "docs/api.md is stale: run `python scripts/api_docs.py`"
+
+
+def test_the_script_writes_the_same_text_twice():
+    # deterministic: no timestamps, addresses or set order
+    assert api_docs.render() == api_docs.render()
+    assert not re.search(r" at 0x[0-9a-f]+>", api_docs.render())
+
+
+def test_every_public_name_of_kvselect_has_its_own_section_in_docs_api_md():
+    documented = headings()
+    native = {n for n in dir(kvselect._core) if not n.startswith("_")}
+    expected = {f"kvselect.{n}" for n in set(kvselect.__all__) | native}
+    missing = sorted(expected - documented)
+    assert not missing, f"not in docs/api.md: {missing}"
+
+
+def test_the_checking_modules_public_functions_are_documented():
+    documented = headings()
+    for name in ("check_indexer_topk", "check_dump", "load_dump", "save_dump", "format_report", "example_path"):
+        assert f"kvselect.checking.{name}" in documented
+    for name in kvselect.workloads.__all__:
+        assert f"kvselect.workloads.{name}" in documented
+    assert "kvselect.evaluate.evaluate" in documented
+
+
+def test_every_name_of_kvselect_is_in_a_concept_group_not_the_ungrouped_section():
+    grouped = [n for _, names in api_docs.GROUPS for n in names]
+    assert len(grouped) == len(set(grouped)), "a name is in two groups"
+    assert sorted(grouped) == sorted(kvselect.__all__)
+    assert f"## {api_docs.UNGROUPED}" not in API_MD.read_text(encoding="utf-8")
+
+
+def test_a_name_missing_from_the_groups_still_lands_in_the_file(monkeypatch):
+    dropped = api_docs.GROUPS[0][1][0]
+    groups = [(title, [n for n in names if n != dropped]) for title, names in api_docs.GROUPS]
+    monkeypatch.setattr(api_docs, "GROUPS", groups)
+    text = api_docs.render()
+    assert f"## {api_docs.UNGROUPED}" in text
+    assert f"### `kvselect.{dropped}`" in text
+
+
+def test_every_public_function_and_class_has_a_docstring_in_the_file():
+    # a new function without a docstring cannot pass for documented
+    undocumented = []
+    for title, _, entries in api_docs.sections():
+        for qualname, obj in entries:
+            if qualname == "kvselect.dump_hf.main":
+                continue  # the command's entry point: `python -m kvselect.dump_hf --help`
+            if (inspect.isclass(obj) or callable(obj)) and api_docs._doc(obj) is None:
+                undocumented.append(qualname)
+    assert not undocumented, f"no docstring: {undocumented}"
+
+
+def test_every_signature_and_docstring_appears_verbatim():
+    text = API_MD.read_text(encoding="utf-8")
+    for name in kvselect.__all__:
+        obj = getattr(kvselect, name)
+        if callable(obj) and not inspect.isclass(obj):
+            assert api_docs.signature(obj, name) in text
+            doc = api_docs._doc(obj)
+            assert doc is not None and doc in text, name
+    assert "indexer_topk(index_q, weights, index_k, query_pos, topk, *," in text
+
+
+def test_check_mode_reports_a_stale_file_and_accepts_a_fresh_one(tmp_path, capsys):
+    target = tmp_path / "api.md"
+    target.write_text("stale\n", encoding="utf-8")
+    assert api_docs.main(["--check", str(target)]) == 1
+    assert "stale" in capsys.readouterr().err
+    assert api_docs.main([str(target)]) == 0
+    assert api_docs.main(["--check", str(target)]) == 0
+    assert target.read_text(encoding="utf-8") == api_docs.render()
