@@ -196,7 +196,11 @@ def signature(obj: Any, name: str) -> Optional[str]:
     if inspect.isclass(obj) and issubclass(obj, BaseException):
         return None
     try:
-        text = str(_unquoted(inspect.signature(obj)))
+        sig = inspect.signature(obj)
+        params = list(sig.parameters.values())
+        if params and params[0].name in ("self", "cls"):
+            sig = sig.replace(parameters=params[1:])  # a method, as the user calls it
+        text = str(_unquoted(sig))
     except (TypeError, ValueError):
         raw = getattr(obj, "__text_signature__", None)
         if not raw:
