@@ -1,0 +1,163 @@
+"""Plain NumPy reference implementations of kvselect's native functions.
+
+This package is written from the specifications (``spec/segment-witnesses.md``,
+``spec/block_sparse.rs.txt``, the module docs of ``src/attention/`` and
+``src/metrics.rs``, and the Python API contract of ``design.md``),
+independently of the Rust core. It is the oracle of the differential tests:
+the native functions of ``kvselect`` must equal these exactly on integer
+data (integer outputs, and float outputs computed from integer-valued
+inputs), and within a stated tolerance on other float outputs. It favours
+being obviously right over being fast, uses only NumPy, and never imports
+the native module.
+
+Its modules mirror ``src/``; each name is re-exported here, so
+``kvselect.reference.X`` is the one spelling (the modules are where the code
+lives, not a second API). Bottom up (each imports only modules above it):
+
+- **_args**: the shared argument rules: the error mirror classes
+  ``ReferenceWitnessError`` / ``ReferenceSelectionError`` and the one
+  conversion layer every public function reads through (below);
+- **keys**: the key formats (float32, float16, bfloat16, float8 e4m3fn) and
+  their exact decodes from the bits (``decode``), which block selection and
+  the indexer read their keys and queries through;
+- **witness**: segment witnesses, the null models, the scalar metrics;
+- **block_sparse**: MiniMax-M3 block selection over dense, packed and
+  paged keys in every key format, query- or head-major, and the positions
+  a selection covers (one row or batched); ``block_scores`` and
+  ``block_magnitudes``;
+- **attn** (``src/attention/``; named so that ``reference.attention`` stays
+  the function): the baseline selectors, the oracle top-k, the dense and
+  sparse attention pass;
+- **indexer**: DeepSeek's lightning indexer top-k (dense, packed, paged),
+  ``indexer_scores`` and ``indexer_magnitudes`` (uses witness);
+- **metrics**: attention probabilities, batched coverage and recall, the
+  output relative error (uses witness, attn);
+- **check**: is an engine's selection right? The token top-k, block and
+  witness rules applied to an engine's rows (row-relative or
+  ``GlobalSlots`` global slot ids), with the native checkers' reports
+  (uses witness, block_sparse).
+
+Each public function takes the signature of the native function of the same
+name (``Selector.dense().rows(...)`` and its kin are ``dense_rows`` and its
+kin; ``attention`` is the reference's own). Arguments
+pass through one conversion layer, the native binding layer's rules:
+counts are Python integers, index arrays hold integers whose values fit
+int32 (floats are a ``TypeError``), position arrays hold non-negative
+integers, float arrays hold floats and are converted to the kernel's type
+(the keys and queries of block selection and the indexer are decoded
+exactly from their format by ``decode``);
+an out-of-range value is a ``ValueError`` (a ``ReferenceSelectionError``
+naming the argument for the block-selection and attention functions).
+``random_null`` and ``Selector.random`` have no reference: their draws are
+ChaCha8's, not a specification's.
+"""
+
+from __future__ import annotations
+
+from ._args import (
+    ReferenceWitnessError,
+    ReferenceSelectionError,
+)
+from .keys import (  # checking.py decodes fp8 bytes through it
+    _fp8_e4m3fn_table,
+    decode,
+)
+from .witness import (
+    MAX_TOPOLOGY_SEGMENTS,
+    segment_of,
+    topology_witness_indices,
+    apply_topology_witnesses,
+    scatter_topology_witnesses,
+    locality_null,
+    segment_coverage,
+    attention_mass_recall,
+)
+from .block_sparse import (
+    MINIMAX_BLOCK_SIZE,
+    BlockSparseConfig,
+    block_scores,
+    block_magnitudes,
+    block_sparse_select,
+    block_sparse_select_packed,
+    block_sparse_select_paged,
+    positions_of_blocks,
+)
+from .attn import (
+    dense_rows,
+    local_rows,
+    sink_window_rows,
+    oracle_topk,
+    attention,
+    dense_attention,
+    sparse_attention,
+)
+from .indexer import (
+    indexer_topk,
+    indexer_scores,
+    indexer_magnitudes,
+    indexer_topk_packed,
+    indexer_topk_paged,
+)
+from .metrics import (
+    attention_probabilities,
+    segment_coverage_rows,
+    slots_used_rows,
+    attention_mass_recall_rows,
+    output_relative_error,
+    output_relative_error_rows,
+)
+from .check import (
+    GlobalSlots,
+    check_topk,
+    check_blocks,
+    check_witnesses,
+)
+
+__all__ = [
+    # errors
+    "ReferenceWitnessError",
+    "ReferenceSelectionError",
+    # witness
+    "MAX_TOPOLOGY_SEGMENTS",
+    "segment_of",
+    "topology_witness_indices",
+    "apply_topology_witnesses",
+    "scatter_topology_witnesses",
+    "locality_null",
+    "segment_coverage",
+    "attention_mass_recall",
+    # block_sparse
+    "MINIMAX_BLOCK_SIZE",
+    "BlockSparseConfig",
+    "block_scores",
+    "block_sparse_select",
+    "block_sparse_select_packed",
+    "block_sparse_select_paged",
+    "positions_of_blocks",
+    # attention (attn)
+    "dense_rows",
+    "local_rows",
+    "sink_window_rows",
+    "oracle_topk",
+    "attention",
+    "dense_attention",
+    "sparse_attention",
+    # keys
+    "decode",
+    # indexer
+    "indexer_topk",
+    "indexer_topk_packed",
+    "indexer_topk_paged",
+    "indexer_scores",
+    # check
+    "GlobalSlots",
+    "check_topk",
+    "check_blocks",
+    "check_witnesses",
+    # metrics
+    "attention_probabilities",
+    "segment_coverage_rows",
+    "attention_mass_recall_rows",
+    "output_relative_error",
+    "output_relative_error_rows",
+]

@@ -1,0 +1,224 @@
+"""The reference's shared argument rules: the error mirror classes
+(``ReferenceWitnessError``, ``ReferenceSelectionError``) and the one
+conversion layer every public function reads its arguments through (the
+native binding layer's rules: counts, index and float arrays, axes, query
+positions, ``out=`` buffers).
+
+Part of ``kvselect.reference``; see that package's docstring.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional
+
+import numpy as np
+
+
+# ==========================================================================
+# Errors
+# ==========================================================================
+
+
+class ReferenceWitnessError(ValueError):
+    """A refused call, shaped like ``kvselect.WitnessError``.
+
+    ``variant`` is ``"RowsMismatch"``, ``"SegmentsOutOfRange"`` or
+    ``"LearnedKeepOutOfRange"``; the variant's fields are attributes.
+    """
+
+    def __init__(self, variant: Optional[str], message: str, *, argument: Optional[str] = None,
+                 **fields: int) -> None:
+        super().__init__(message)
+        self.variant = variant
+        self.argument = argument
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+class ReferenceSelectionError(ValueError):
+    """A refused block-selection or attention call, shaped like
+    ``kvselect.SelectionError``; ``argument`` names the argument."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+# ==========================================================================
+# Input conversion: the one layer every public function reads through
+# --------------------------------------------------------------------------
+# As the native bindings do, a refusal belongs to a domain: a witness-domain
+# argument that the bindings refuse (not one of the spec's variants) is a
+# plain ``ValueError``; a selection-domain one (block selection, attention,
+# the batched metrics) is a ``ReferenceSelectionError`` naming the argument.
+# ==========================================================================
+
+_WITNESS = "witness"
+_SELECTION = "selection"
+
+_I32_MIN = -(2**31)
+_I32_MAX = 2**31 - 1
+_I64_MAX = 2**63 - 1
+
+
+def _refuse(domain: str, argument: str, message: str) -> ValueError:
+    """The refusal of ``argument`` in ``domain`` (to be raised)."""
+    if domain == _SELECTION:
+        return ReferenceSelectionError(argument, message)
+    return ReferenceWitnessError(None, message, argument=argument)
+
+
+def _count(name: str, value: Any) -> int:
+    """A count, length or position: a non-negative integer, as a Python int.
+    Anything but an integer is a ``TypeError``; a negative one a ``ValueError``."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if v < 0:
+        raise ValueError(f"{name} must be non-negative, got {v}")
+    return v
+
+
+def _index_array(
+    name: str, value: Any, ndim: int, domain: str, *, positions: bool = False
+) -> np.ndarray:
+    """An integer array of ``ndim`` dimensions, as int64 for the arithmetic.
+
+    Integers of any width are accepted (an empty array of any dtype too);
+    floats are a ``TypeError``. An index array's values must fit int32 (the
+    native ``int32_array``); a position array's (``positions=True``: query
+    positions, offsets, ids, lengths) must be non-negative and fit int64 (the
+    native ``int64_array``). A wrong ``ndim`` or value is refused in ``domain``.
+    """
+    a = np.asarray(value)
+    if a.size == 0 and a.dtype.kind not in "iu":
+        a = a.astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+    if a.ndim != ndim:
+        raise _refuse(domain, name, f"{name} must be {ndim}-D, got shape {a.shape}")
+    if a.size:
+        # Compare in the array's own dtype: a cast first could wrap uint64 values.
+        lo, hi = int(a.min()), int(a.max())
+        if positions and lo < 0:
+            raise _refuse(domain, name, f"{name} holds a negative value")
+        if positions and hi > _I64_MAX:
+            raise _refuse(domain, name, f"{name} holds {hi}, past any position")
+        if not positions and (lo < _I32_MIN or hi > _I32_MAX):
+            raise _refuse(domain, name, f"{name} holds values outside int32")
+    return a.astype(np.int64)
+
+
+def _float_array(
+    name: str, value: Any, ndim: Optional[int], domain: str, *, dtype: Any = np.float32
+) -> np.ndarray:
+    """A float array of ``ndim`` dimensions (any when None), converted to
+    ``dtype`` (what the native kernel computes on: float32 for tensors and
+    outputs, float64 for attention rows) and widened to float64 for the
+    arithmetic. Non-float data is a ``TypeError`` unless the array is empty."""
+    a = np.asarray(value)
+    if a.dtype.kind != "f" and a.size > 0:
+        raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
+    if ndim is not None and a.ndim != ndim:
+        raise _refuse(domain, name, f"{name} must be {ndim}-D, got shape {a.shape}")
+    return a.astype(dtype).astype(np.float64)
+
+
+def _axes(name: str, got: tuple, want: list) -> None:
+    """Refuses ``name`` unless its shape is ``want`` (``[(axis, size), ...]``)
+    axis by axis, naming both shapes, as the native ``Args::axes``."""
+    if tuple(got) != tuple(n for _, n in want):
+        axes = ", ".join(f"{a}={n}" for a, n in want)
+        raise ReferenceSelectionError(name, f"{name} must be [{axes}], got {list(got)}")
+
+
+def _query_batch(query_pos: Any) -> np.ndarray:
+    """``query_pos`` as int64 ``[n_queries]``: one position per query, or one
+    integer (a 0-D array too) for a batch of one query, read as ``[p]``."""
+    if np.ndim(query_pos) == 0:
+        try:
+            return np.array([_count("query_pos", query_pos)], dtype=np.int64)
+        except ValueError as e:
+            raise ReferenceSelectionError("query_pos", str(e)) from None
+    return _index_array("query_pos", query_pos, 1, _SELECTION, positions=True)
+
+
+def _query_positions(value: Any, n: int) -> np.ndarray:
+    """:func:`_query_batch` for a batch of ``n`` queries (fixed by ``index_q``):
+    ``[n_queries=n]``, or one integer when ``n`` is 1."""
+    if np.ndim(value) == 0:
+        if n != 1:
+            raise ReferenceSelectionError(
+                "query_pos", f"query_pos is one integer (a batch of one query), but index_q has n_queries={n}"
+            )
+        return _query_batch(value)
+    a = np.asarray(value)
+    pos = _index_array("query_pos", a, a.ndim, _SELECTION, positions=True)
+    _axes("query_pos", pos.shape, [("n_queries", n)])
+    return pos
+
+
+def _along(name: str, value: Any, axis: tuple) -> np.ndarray:
+    """A position array (``seq_ids``) whose one axis another argument fixes."""
+    a = np.asarray(value)
+    out = _index_array(name, a, a.ndim, _SELECTION, positions=True)
+    _axes(name, out.shape, [axis])
+    return out
+
+
+def _native_pages(kv_cache: Any) -> np.ndarray:
+    """A paged cache as the native call reads it, in place: refused (naming
+    ``kv_cache``) in non-native byte order, which is never converted."""
+    cache = np.asarray(kv_cache)
+    if cache.dtype.itemsize > 1 and not cache.dtype.isnative:
+        raise ReferenceSelectionError(
+            "kv_cache",
+            f"kv_cache has non-native byte order ({cache.dtype.str}): pages are read in place, never "
+            "converted; pass native byte order (kv_cache.astype(kv_cache.dtype.newbyteorder('=')))",
+        )
+    return cache
+
+
+def _inplace_i32(name: str, value: Any, ndim: int, domain: str, dtype: Any = np.int32) -> np.ndarray:
+    """A buffer written in place (``topk_indices``, ``out=``): a writeable
+    ndarray of ``dtype`` (int32 unless said) and ``ndim`` dimensions, never
+    converted. (The reference computes on copies, so it asks nothing of the
+    buffer's memory layout.)"""
+    if not isinstance(value, np.ndarray) or value.dtype != dtype:
+        raise TypeError(f"{name} must be a {np.dtype(dtype).name} numpy array")
+    if value.ndim != ndim:
+        raise _refuse(domain, name, f"{name} must be {ndim}-D")
+    if not value.flags.writeable:
+        raise _refuse(domain, name, f"{name} must be writeable")
+    return value
+
+
+def _out_buffer(out: Any, name: str, shape: tuple, domain: str, dtype: Any, inputs: tuple = ()) -> Optional[np.ndarray]:
+    """The caller's output buffer ``name`` (``out=``, ``lse_out=``): None, or
+    a writeable ndarray of ``dtype`` and exactly ``shape`` that shares no
+    memory with ``inputs`` (checked before anything is written, and before
+    any of the spec's refusals, as natively)."""
+    if out is None:
+        return None
+    out = _inplace_i32(name, out, len(shape), domain, dtype)
+    if out.shape != tuple(shape):
+        raise _refuse(domain, name, f"{name} must have shape {tuple(shape)}, got {out.shape}")
+    if any(isinstance(a, np.ndarray) and np.may_share_memory(out, a) for a in inputs):
+        raise _refuse(domain, name, f"{name} overlaps another argument's memory")
+    return out
+
+
+def _output(out: Any, shape: tuple, domain: str, dtype: Any = np.int32, inputs: tuple = ()) -> Optional[np.ndarray]:
+    """:func:`_out_buffer` for ``out=``."""
+    return _out_buffer(out, "out", shape, domain, dtype, inputs)
+
+
+def _deliver(result: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+    """``result`` (int32 unless float32), written into ``out`` and ``out``
+    returned when given."""
+    if out is None:
+        return result if result.dtype == np.float32 else result.astype(np.int32)
+    out[...] = result
+    return out

@@ -1,0 +1,330 @@
+"""DeepSeek's lightning indexer top-k (dense, packed and paged) and its
+scores and magnitudes; the twin of ``src/indexer/``.
+
+Part of ``kvselect.reference``; see that package's docstring.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from ._args import (
+    _SELECTION,
+    _along,
+    _axes,
+    _count,
+    _deliver,
+    _float_array,
+    _index_array,
+    _native_pages,
+    _out_buffer,
+    _output,
+    _query_positions,
+    _refuse,
+)
+from .keys import decode, _fp8_e4m3fn_table
+from .witness import MAX_TOPOLOGY_SEGMENTS, scatter_topology_witnesses
+
+
+# ==========================================================================
+# indexer: the lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5)
+# --------------------------------------------------------------------------
+# Written from issue 11 and the module docs of src/indexer/:
+#
+# - score(t) = c_t * sum_h w_h * max(q_h . k_t, 0) over keys t < L,
+#   L = min(query_pos + 1, T); the ReLU keeps NaN NaN;
+# - the row is the topk best positions in rank order (score descending,
+#   ties to the lower position, -0.0 == +0.0, NaN below every number), then
+#   -1; with num_segments = S the top max(topk - S, 0), widened with -1 and
+#   merged by scatter_topology_witnesses with context_lens = L;
+# - keys and queries are decoded exactly from their formats, then scored in
+#   float64.
+# ==========================================================================
+
+
+def _rank_order(scores: np.ndarray) -> np.ndarray:
+    """Positions in the total order: score descending, ties to the lower
+    position, -0.0 == +0.0, NaN last."""
+    key = np.where(np.isnan(scores), np.inf, -(scores + 0.0))
+    return np.lexsort((np.arange(len(scores)), key, np.isnan(scores)))
+
+
+def indexer_topk(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    topk: int,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    num_segments: int = 0,
+    out: Any = None,
+    scores_out: Any = None,
+) -> np.ndarray:
+    """The lightning indexer's top-k of every query (see the section notes):
+    int32 ``[n_queries, topk]``; ``scores_out`` (float32 ``[n_queries,
+    topk]``) receives each entry's score, NaN where the row holds -1."""
+    q, w, k, c, pos = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
+    n, t = len(q), len(k)
+    topk = _count("topk", topk)
+    num_segments = _count("num_segments", num_segments)
+    # The buffers are checked before the rule's refusals, as natively: out
+    # against every input, scores_out against them and out.
+    out_buf, scores_buf = _topk_outputs(out, scores_out, (n, topk), (index_q, weights, index_k, query_pos, key_scale))
+    if num_segments > MAX_TOPOLOGY_SEGMENTS:
+        raise _refuse(_SELECTION, "num_segments", "num_segments must be 0 (off) or 1..=64")
+    rows = np.full((n, topk), -1, dtype=np.int64)
+    chosen_scores = np.full((n, topk), np.nan)
+    keep = max(topk - num_segments, 0)
+    for i in range(n):
+        length = min(int(pos[i]) + 1, t)
+        scores = _indexer_row(q[i], w[i], k[:length], c[:length])
+        order = _rank_order(scores)[:keep]
+        rows[i, : len(order)] = order
+        if num_segments:
+            row = rows[i : i + 1].astype(np.int32)
+            scatter_topology_witnesses(row, np.array([length], np.int32), num_segments)
+            rows[i] = row[0]
+        valid = rows[i] >= 0
+        chosen_scores[i, valid] = scores[rows[i, valid]]
+    if scores_buf is not None:
+        scores_buf[...] = chosen_scores
+    return _deliver(rows, out_buf)
+
+
+def _topk_outputs(out: Any, scores_out: Any, shape: tuple, inputs: tuple) -> tuple:
+    """A top-k call's ``out`` (int32) and ``scores_out`` (float32) of
+    ``shape``, checked against the ``inputs`` and each other, or None each."""
+    out_buf = _output(out, shape, _SELECTION, inputs=inputs)
+    scores_buf = _out_buffer(scores_out, "scores_out", shape, _SELECTION, np.float32, inputs + (out,))
+    return out_buf, scores_buf
+
+
+def _indexer_inputs(index_q: Any, weights: Any, index_k: Any, query_pos: Any, key_scale: Any,
+                    key_format: Optional[str],
+                    query_format: Optional[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(q, w, k, c, pos)`` decoded (float64) and checked: ``q [n, h, d]``,
+    ``w [n, h]``, ``k [t, d]``, ``c [t]`` (ones when None), ``pos [n]``."""
+    q = decode(index_q, query_format, "query_format")
+    k = decode(index_k, key_format, "key_format")
+    if q.ndim != 3:
+        raise _refuse(_SELECTION, "index_q", f"index_q must be 3-D, got shape {q.shape}")
+    if k.ndim != 2:
+        raise _refuse(_SELECTION, "index_k", f"index_k must be 2-D, got shape {k.shape}")
+    n, h, d = q.shape
+    if k.shape[1] != d:
+        raise _refuse(_SELECTION, "index_q", f"index_q has d={d} but index_k has d={k.shape[1]}")
+    w = _float_array("weights", weights, None, _SELECTION)
+    _axes("weights", w.shape, [("n_queries", n), ("H", h)])
+    t = k.shape[0]
+    c = np.ones(t) if key_scale is None else _key_scale(key_scale, t)
+    pos = _query_positions(query_pos, n)
+    return q, w, k, c, pos
+
+
+def _key_scale(key_scale: Any, t: int) -> np.ndarray:
+    """``key_scale`` as ``[t]`` scales: one number (0-D, a Python or NumPy
+    float) is the scale of every key, else ``[n_keys]``."""
+    c = _float_array("key_scale", key_scale, None, _SELECTION)
+    if c.ndim == 0:
+        return np.full(t, float(c))
+    _axes("key_scale", c.shape, [("n_keys", t)])
+    return c
+
+
+def _indexer_queries(index_q: Any, weights: Any, query_format: Optional[str]) -> tuple:
+    """``(n, h, d)`` of ``index_q [n, h, d]``, ``weights`` checked ``[n, h]``."""
+    q = decode(index_q, query_format, "query_format")
+    if q.ndim != 3:
+        raise _refuse(_SELECTION, "index_q", f"index_q must be 3-D, got shape {q.shape}")
+    n, h, d = q.shape
+    _axes("weights", _float_array("weights", weights, None, _SELECTION).shape, [("n_queries", n), ("H", h)])
+    return n, h, d
+
+
+def _indexer_row(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """One query's scores (float64) of the keys ``k``: ``c_t * sum_h w_h *
+    relu(q_h . k_t)``, a NaN dot product kept NaN."""
+    if not len(k):
+        return np.zeros(0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dots = q @ k.T  # [h, length]
+        relu = np.where(np.isnan(dots), np.nan, np.maximum(dots, 0.0))
+        return (w @ relu) * c
+
+
+def indexer_scores(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    out: Any = None,
+) -> np.ndarray:
+    """Every query's score of every key it sees, float32 ``[n_queries,
+    n_keys]``, NaN past its context (computed in float64, rounded once)."""
+    args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
+    inputs = (index_q, weights, index_k, query_pos, key_scale)
+    return _deliver(_indexer_matrix(*args, False),
+                    _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32, inputs))
+
+
+def indexer_magnitudes(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    out: Any = None,
+) -> np.ndarray:
+    """Each :func:`indexer_scores` entry's error scale ``|c_t| * sum_h |w_h|
+    * sum_i |q_hi * k_ti|``, float32, NaN past each context."""
+    args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
+    inputs = (index_q, weights, index_k, query_pos, key_scale)
+    return _deliver(_indexer_matrix(*args, True),
+                    _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32, inputs))
+
+
+def _indexer_matrix(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray, pos: np.ndarray,
+                    magnitudes: bool) -> np.ndarray:
+    if magnitudes:  # the ReLU is the identity on the absolute values
+        q, w, k, c = np.abs(q), np.abs(w), np.abs(k), np.abs(c)
+    out = np.full((len(q), len(k)), np.nan)
+    for i in range(len(q)):
+        length = min(int(pos[i]) + 1, len(k))
+        out[i, :length] = _indexer_row(q[i], w[i], k[:length], c[:length])
+    return (out.astype(np.float32) + np.float32(0.0)).astype(np.float32)
+
+
+def indexer_topk_packed(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    cu_seqlens: Any,
+    seq_ids: Any,
+    query_pos: Any,
+    topk: int,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    num_segments: int = 0,
+    out: Any = None,
+    scores_out: Any = None,
+) -> np.ndarray:
+    """:func:`indexer_topk` of each query over its own sequence's keys, rows
+    ``cu_seqlens[s] .. cu_seqlens[s + 1]`` for ``s = seq_ids[i]``."""
+    n = _indexer_queries(index_q, weights, query_format)[0]
+    k = decode(index_k, key_format, "key_format")
+    if k.ndim != 2:
+        raise _refuse(_SELECTION, "index_k", f"index_k must be 2-D, got shape {k.shape}")
+    c = None if key_scale is None else _key_scale(key_scale, len(k))
+    k = np.asarray(index_k)
+    cu = _index_array("cu_seqlens", cu_seqlens, 1, _SELECTION, positions=True)
+    sid = _along("seq_ids", seq_ids, ("n_queries", n))
+    pos = _query_positions(query_pos, n)
+    if len(cu) == 0 or cu[0] != 0 or (np.diff(cu) < 0).any() or cu[-1] != len(k):
+        raise _refuse(_SELECTION, "cu_seqlens", "cu_seqlens must run from 0 to n_keys, non-decreasing")
+    if (sid >= len(cu) - 1).any():
+        raise _refuse(_SELECTION, "seq_ids", "a sequence id past cu_seqlens")
+    q, w = np.asarray(index_q), np.asarray(weights)
+
+    def one(i: int, s_row: np.ndarray) -> np.ndarray:
+        k0, k1 = int(cu[sid[i]]), int(cu[sid[i] + 1])
+        return indexer_topk(q[i : i + 1], w[i : i + 1], k[k0:k1], pos[i : i + 1], topk,
+                            key_scale=None if c is None else c[k0:k1], key_format=key_format,
+                            query_format=query_format, num_segments=num_segments, scores_out=s_row)
+
+    return _query_by_query(len(sid), _count("topk", topk), one, out, scores_out,
+                           (index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, key_scale))
+
+
+def _query_by_query(n: int, topk: int, one: Any, out: Any, scores_out: Any, inputs: tuple) -> np.ndarray:
+    """The rows ``one(i, scores_row)`` of queries ``0..n`` stacked, into
+    ``out`` when given, their scores into ``scores_out`` when given (both
+    checked against the ``inputs`` and each other before anything runs)."""
+    out_buf, scores_buf = _topk_outputs(out, scores_out, (n, topk), inputs)
+    rows, scores = [], []
+    for i in range(n):
+        s_row = np.zeros((1, topk), np.float32)
+        rows.append(one(i, s_row))
+        scores.append(s_row)
+    result = np.concatenate(rows) if rows else np.zeros((0, topk), np.int32)
+    if scores_buf is not None and scores:
+        scores_buf[...] = np.concatenate(scores)
+    return _deliver(result, out_buf)
+
+
+def _gather_pages(kv_cache: Any, block_table: np.ndarray, s: int, length: int, page_layout: str,
+                  key_format: Optional[str]):
+    """Sequence ``s``'s first ``length`` keys (and scales) from its pages."""
+    cache = np.asarray(kv_cache)
+    if page_layout == "fp8_scaled":
+        n_blocks, bs, width = cache.shape[0], cache.shape[1], cache.shape[-1]
+        d = width - 4
+        pages = np.ascontiguousarray(cache).reshape(n_blocks, bs * width)
+        keys = _fp8_e4m3fn_table()[pages[:, : bs * d].reshape(n_blocks, bs, d)]
+        scales = pages[:, bs * d :].copy().view(np.float32).astype(np.float64).reshape(n_blocks, bs)
+    else:
+        bs = cache.shape[1]
+        keys, scales = decode(cache, key_format, "key_format"), None
+    need = -(-length // bs)
+    ids = block_table[s, :need]
+    if (ids < 0).any() or (ids >= len(keys)).any():
+        raise _refuse(_SELECTION, "block_table", "a block-table entry is not a page of the cache")
+    k = keys[ids].reshape(-1, keys.shape[-1])[:length]
+    c = None if scales is None else scales[ids].reshape(-1)[:length]
+    return k, c
+
+
+def indexer_topk_paged(
+    index_q: Any,
+    weights: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    seq_ids: Any,
+    query_pos: Any,
+    topk: int,
+    *,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    num_segments: int = 0,
+    out: Any = None,
+    scores_out: Any = None,
+) -> np.ndarray:
+    """:func:`indexer_topk` of each query over its sequence's keys gathered
+    from the pages its block-table row names (only the first
+    ``ceil(seq_len / block_size)`` entries are read)."""
+    n = _indexer_queries(index_q, weights, query_format)[0]
+    if page_layout not in ("dense", "fp8_scaled"):
+        raise _refuse(_SELECTION, "page_layout", f"page_layout must be 'dense' or 'fp8_scaled', got {page_layout!r}")
+    _native_pages(kv_cache)
+    table = _index_array("block_table", block_table, 2, _SELECTION)
+    lens = _index_array("seq_lens", seq_lens, 1, _SELECTION, positions=True)
+    _axes("block_table", table.shape, [("n_seqs", len(lens)), ("max_blocks", table.shape[1])])
+    sid = _along("seq_ids", seq_ids, ("n_queries", n))
+    pos = _query_positions(query_pos, n)
+    if (sid >= len(lens)).any():
+        raise _refuse(_SELECTION, "seq_ids", "a sequence id past seq_lens")
+    q, w = np.asarray(index_q), np.asarray(weights)
+
+    def one(i: int, s_row: np.ndarray) -> np.ndarray:
+        s = int(sid[i])
+        k, c = _gather_pages(kv_cache, table, s, int(lens[s]), page_layout, key_format)
+        return indexer_topk(q[i : i + 1], w[i : i + 1], k, pos[i : i + 1], topk, key_scale=c,
+                            query_format=query_format, num_segments=num_segments, scores_out=s_row)
+
+    return _query_by_query(len(sid), _count("topk", topk), one, out, scores_out,
+                           (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos))
