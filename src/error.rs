@@ -1,23 +1,24 @@
-//! Refusals shared by more than one module, and the size checks that build
-//! them.
+//! The crate's one argument error, and the size checks that build it.
 //!
-//! [`AttentionError`] is what the attention pass, the baseline selectors and
-//! the metrics refuse with (all three take the same shapes); it is
-//! re-exported as `kvselect::attention::AttentionError`. [`product`], the
-//! overflow-checked element count of a shape, serves block selection's
-//! checks too. (`block_sparse::SelectionError` and
-//! `witness::WitnessError` stay with their modules: their variants differ,
-//! and they are public API as they are.)
+//! [`ArgumentError`] is what every module but the segment witness refuses
+//! with: block selection, the baseline selectors, the attention pass, the
+//! metrics, the indexer, the key formats and the checkers. It is re-exported
+//! at the crate root and as `kvselect::attention::ArgumentError` and
+//! `kvselect::block_sparse::ArgumentError`. [`product`] and
+//! [`checked_size`] are the overflow-checked element count of a shape that
+//! every module's size checks use. (`witness::WitnessError` stays with its
+//! module: its variants are the spec's refusals.)
 
 use std::fmt;
 
-/// A refused selector, attention or metrics call. Every message names the
-/// argument it is about, and nothing is written to an output buffer before
-/// every check has passed. Serialises as its fields with the variant's name
-/// under `variant`.
+/// A refused call: an argument that does not fit the others, an entry out of
+/// range, or a shape or result too large. Every message names the argument
+/// it is about, and nothing is written to an output buffer before every
+/// check has passed. Serialises as its fields with the variant's name under
+/// `variant`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "variant")]
-pub enum AttentionError {
+pub enum ArgumentError {
     /// A buffer's length does not match the shape the other arguments give
     /// it.
     Length {
@@ -30,14 +31,35 @@ pub enum AttentionError {
         /// How `expected` was computed.
         shape: String,
     },
-    /// A dimension, stride, width or parameter is unusable.
+    /// An output buffer has the wrong number of slots.
+    OutputSize {
+        /// The offending argument (`out`).
+        argument: &'static str,
+        /// Slots the call needs.
+        expected: usize,
+        /// Slots the buffer has.
+        actual: usize,
+        /// How `expected` was computed.
+        shape: String,
+    },
+    /// A dimension, stride, width, shape or parameter is unusable.
     Invalid {
         /// The offending argument.
         argument: &'static str,
         /// The full message.
         message: String,
     },
-    /// An entry of an argument is out of range.
+    /// A [`BlockSparseConfig`](crate::block_sparse::BlockSparseConfig) that
+    /// can select nothing (`block_size == 0`, or `top_blocks == 0` with no
+    /// forced blocks).
+    InvalidConfig {
+        /// The offending field.
+        field: &'static str,
+        /// The full message.
+        message: String,
+    },
+    /// An entry of an argument (a position, sequence id, sequence boundary,
+    /// index) is out of range.
     OutOfRange {
         /// The offending argument.
         argument: &'static str,
@@ -51,24 +73,34 @@ pub enum AttentionError {
         /// The argument whose size overflowed.
         argument: &'static str,
     },
+    /// A result too large to allocate.
+    OutputTooLarge {
+        /// What was being built.
+        argument: &'static str,
+        /// Entries it would hold.
+        len: usize,
+    },
 }
 
-impl AttentionError {
-    /// The argument the error is about.
+impl ArgumentError {
+    /// The argument (or config field) the error is about.
     pub fn argument(&self) -> &'static str {
         match self {
-            AttentionError::Length { argument, .. }
-            | AttentionError::Invalid { argument, .. }
-            | AttentionError::OutOfRange { argument, .. }
-            | AttentionError::TooLarge { argument } => argument,
+            ArgumentError::InvalidConfig { field, .. } => field,
+            ArgumentError::Length { argument, .. }
+            | ArgumentError::OutputSize { argument, .. }
+            | ArgumentError::Invalid { argument, .. }
+            | ArgumentError::OutOfRange { argument, .. }
+            | ArgumentError::TooLarge { argument }
+            | ArgumentError::OutputTooLarge { argument, .. } => argument,
         }
     }
 }
 
-impl fmt::Display for AttentionError {
+impl fmt::Display for ArgumentError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            AttentionError::Length {
+            ArgumentError::Length {
                 argument,
                 expected,
                 actual,
@@ -77,16 +109,33 @@ impl fmt::Display for AttentionError {
                 f,
                 "{argument} has {actual} entries, expected {expected} ({shape})"
             ),
-            AttentionError::Invalid { message, .. }
-            | AttentionError::OutOfRange { message, .. } => f.write_str(message),
-            AttentionError::TooLarge { argument } => {
+            ArgumentError::OutputSize {
+                argument,
+                expected,
+                actual,
+                shape,
+            } => write!(
+                f,
+                "{argument} has {actual} slots, expected {expected} ({shape})"
+            ),
+            ArgumentError::Invalid { message, .. } | ArgumentError::OutOfRange { message, .. } => {
+                f.write_str(message)
+            }
+            ArgumentError::InvalidConfig { message, .. } => {
+                write!(f, "invalid BlockSparseConfig: {message}")
+            }
+            ArgumentError::TooLarge { argument } => {
                 write!(f, "{argument} is too large: its size overflows usize")
             }
+            ArgumentError::OutputTooLarge { argument, len } => write!(
+                f,
+                "{argument} would hold {len} entries, more than can be allocated"
+            ),
         }
     }
 }
 
-impl std::error::Error for AttentionError {}
+impl std::error::Error for ArgumentError {}
 
 /// `Π factors`, or `None` if it overflows `usize`: the element count of a
 /// flat row-major shape, as every module's size checks compute it.
@@ -100,8 +149,8 @@ pub(crate) fn product(factors: &[usize]) -> Option<usize> {
 pub(crate) fn checked_size(
     argument: &'static str,
     factors: &[usize],
-) -> Result<usize, AttentionError> {
-    product(factors).ok_or(AttentionError::TooLarge { argument })
+) -> Result<usize, ArgumentError> {
+    product(factors).ok_or(ArgumentError::TooLarge { argument })
 }
 
 /// Refuses `actual != expected`.
@@ -110,9 +159,9 @@ pub(crate) fn check_len(
     actual: usize,
     expected: usize,
     shape: impl FnOnce() -> String,
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     if actual != expected {
-        return Err(AttentionError::Length {
+        return Err(ArgumentError::Length {
             argument,
             expected,
             actual,

@@ -16,6 +16,10 @@
 //!   bfloat16, float8 e4m3fn), decoded exactly, read in place;
 //! - [`metrics`]: dense attention probabilities, batched coverage and
 //!   recall, output relative error;
+//! - [`check`]: is an engine's selection right? The token top-k rule (and
+//!   the block rule, the witnesses, the paged and packed layouts) applied to
+//!   the rows a kernel returned, with the tolerance a lower-precision engine
+//!   is owed, and a report of every violation;
 //! - [`pool`]: kvselect's own rayon pool (resizable, fork-safe), which every
 //!   batched call runs on;
 //! - [`simd`]: run-time SIMD dispatch, and the [`simd::Avx2`] token without
@@ -26,7 +30,7 @@
 //! its kernels, one per instruction set (`kernels/portable.rs`,
 //! `kernels/avx2.rs`; `witness/scan/`). Errors shared between modules live in
 //! `error.rs` (re-exported where they are used, e.g.
-//! [`attention::AttentionError`]).
+//! [`attention::ArgumentError`]).
 //!
 //! The core works on flat row-major slices with explicit shapes, returns
 //! `Result` for every refusal and never panics on user input. The Python
@@ -51,3 +55,5 @@ pub mod witness;
 
 #[cfg(feature = "python")]
 mod python;
+
+pub use error::ArgumentError;

@@ -37,7 +37,7 @@
 //! rows in parallel on the crate's pool; each row is computed the same way
 //! on any thread, so results never depend on the thread count.
 
-use crate::attention::{AttentionError, AttentionShape};
+use crate::attention::{ArgumentError, AttentionShape};
 use crate::error::{check_len, checked_size};
 use crate::pool;
 use crate::witness;
@@ -57,13 +57,13 @@ pub fn attention_probabilities(
     query_pos: &[usize],
     scale: f64,
     out: &mut [f64],
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     shape.check_qk(q, k)?;
     check_len("query_pos", query_pos.len(), shape.n_queries, || {
         format!("one position per query, n_queries={}", shape.n_queries)
     })?;
     if !scale.is_finite() {
-        return Err(AttentionError::Invalid {
+        return Err(ArgumentError::Invalid {
             argument: "scale",
             message: format!("scale={scale} is not finite"),
         });
@@ -108,7 +108,7 @@ fn check_candidate_rows(
     width: usize,
     context_lens: &[usize],
     rows: usize,
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     let n = checked_size("candidates", &[rows, width])?;
     check_len("candidates", candidates.len(), n, || {
         format!("[rows={rows} (out's length), width={width}]")
@@ -128,7 +128,7 @@ pub fn segment_coverage_rows(
     context_lens: &[usize],
     num_segments: usize,
     out: &mut [f64],
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     check_candidate_rows(candidates, width, context_lens, out.len())?;
     pool::for_each_row_mut(out, 1, min_rows(width), |r, o| {
         let row = &candidates[r * width..(r + 1) * width];
@@ -146,7 +146,7 @@ pub fn slots_used_rows(
     width: usize,
     context_lens: &[usize],
     out: &mut [i64],
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     check_candidate_rows(candidates, width, context_lens, out.len())?;
     pool::for_each_row_mut(out, 1, min_rows(width), |r, o| {
         let len = context_lens[r];
@@ -176,10 +176,10 @@ pub fn attention_mass_recall_rows(
     row_len: usize,
     group: usize,
     out: &mut [f64],
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     let rows = out.len();
     if group == 0 || !rows.is_multiple_of(group) {
-        return Err(AttentionError::Invalid {
+        return Err(ArgumentError::Invalid {
             argument: "group",
             message: format!(
                 "group={group} must be at least 1 and divide the rows (out has {rows})"
@@ -223,7 +223,7 @@ fn relative_error(a: &[f32], b: &[f32]) -> f64 {
 /// The output relative error `‖o_sparse − o_dense‖₂ / ‖o_dense‖₂` over whole
 /// outputs of equal length, in f64. 0 when they are equal (even both zero);
 /// `+inf` when only the dense output is zero; NaN if either holds NaN.
-pub fn output_relative_error(sparse: &[f32], dense: &[f32]) -> Result<f64, AttentionError> {
+pub fn output_relative_error(sparse: &[f32], dense: &[f32]) -> Result<f64, ArgumentError> {
     check_len("sparse", sparse.len(), dense.len(), || {
         "the same length as dense".into()
     })?;
@@ -237,7 +237,7 @@ pub fn output_relative_error_rows(
     dense: &[f32],
     width: usize,
     out: &mut [f64],
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     let rows = out.len();
     let n = checked_size("dense", &[rows, width])?;
     check_len("dense", dense.len(), n, || {

@@ -1069,7 +1069,7 @@ fn malformed_calls_are_refused_before_anything_is_written() {
     };
     let (on, nl) = (3 * 4 * 8, 3 * 4);
     assert_eq!(call(&c, &s, &sel, 4, 0.3, on, nl), (Ok(()), Ok(())));
-    let refused = |r: (Result<(), AttentionError>, Result<(), AttentionError>)| -> &'static str {
+    let refused = |r: (Result<(), ArgumentError>, Result<(), ArgumentError>)| -> &'static str {
         let e = r.0.unwrap_err();
         assert!(e.to_string().contains(e.argument()), "{e}");
         e.argument()

@@ -7,8 +7,8 @@
 
 use kvselect::block_sparse::{
     positions_of_blocks_batch_into, positions_of_blocks_i32, select_batch_encoded_into,
-    select_batch_into, select_packed_encoded_into, select_paged_into, BlockIds, BlockSparseConfig,
-    OutLayout, PagedBlocks, SelectionError,
+    select_batch_into, select_packed_encoded_into, select_paged_into, ArgumentError, BlockIds,
+    BlockSparseConfig, OutLayout, PagedBlocks,
 };
 use kvselect::indexer::{indexer_topk_paged_into, PagedInputs};
 use kvselect::keys::{
@@ -362,7 +362,7 @@ fn refused(
     lens: &[usize],
     sid: &[usize],
     bs: usize,
-) -> SelectionError {
+) -> ArgumentError {
     let (bytes, q) = small_paged();
     let cfg = BlockSparseConfig::new(4, 2, 0, 1).unwrap();
     let inputs = PagedBlocks {
@@ -409,7 +409,7 @@ fn a_paged_call_refuses_bad_tables_pages_and_ids_before_writing() {
     assert!(
         matches!(
             e,
-            SelectionError::OutOfRange {
+            ArgumentError::OutOfRange {
                 argument: "block_table",
                 index: 2,
                 ..
@@ -421,7 +421,7 @@ fn a_paged_call_refuses_bad_tables_pages_and_ids_before_writing() {
     assert!(
         matches!(
             e,
-            SelectionError::OutOfRange {
+            ArgumentError::OutOfRange {
                 argument: "block_table",
                 index: 1,
                 ..
@@ -436,7 +436,7 @@ fn a_paged_call_refuses_bad_tables_pages_and_ids_before_writing() {
     assert!(
         matches!(
             e,
-            SelectionError::OutOfRange {
+            ArgumentError::OutOfRange {
                 argument: "seq_ids",
                 index: 0,
                 ..
@@ -556,7 +556,7 @@ fn batched_positions_refuse_a_position_past_int32_and_bad_lengths() {
     assert!(
         matches!(
             e,
-            SelectionError::OutOfRange {
+            ArgumentError::OutOfRange {
                 argument: "blocks",
                 index: 0,
                 ..

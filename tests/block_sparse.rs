@@ -4,7 +4,7 @@
 
 use kvselect::block_sparse::{
     block_sparse_select, positions_of_blocks, positions_of_blocks_i32, select_batch_into,
-    select_into, select_packed_into, BlockSparseConfig, SelectionError, MINIMAX_BLOCK_SIZE,
+    select_into, select_packed_into, ArgumentError, BlockSparseConfig, MINIMAX_BLOCK_SIZE,
 };
 use kvselect::pool;
 
@@ -381,7 +381,7 @@ fn a_config_that_can_select_nothing_is_refused() {
     let e = BlockSparseConfig::new(0, 4, 1, 1).unwrap_err();
     assert!(matches!(
         e,
-        SelectionError::InvalidConfig {
+        ArgumentError::InvalidConfig {
             field: "block_size",
             ..
         }
@@ -390,7 +390,7 @@ fn a_config_that_can_select_nothing_is_refused() {
     let e = BlockSparseConfig::new(4, 0, 0, 0).unwrap_err();
     assert!(matches!(
         e,
-        SelectionError::InvalidConfig {
+        ArgumentError::InvalidConfig {
             field: "top_blocks",
             ..
         }
@@ -414,7 +414,7 @@ fn a_config_that_can_select_nothing_is_refused() {
     let mut out = vec![0i32; 3];
     assert!(matches!(
         select_into(&[1.0, 0.0], 1, &k, 2, 7, &bad, &mut out),
-        Err(SelectionError::InvalidConfig { .. })
+        Err(ArgumentError::InvalidConfig { .. })
     ));
     assert_eq!(
         out,
@@ -453,7 +453,7 @@ fn a_shape_mismatch_is_refused_naming_the_argument_and_sizes() {
     let e = select_into(&[1.0; 8], 2, &k, 4, 3, &c, &mut out).unwrap_err();
     assert!(matches!(
         e,
-        SelectionError::OutputSize {
+        ArgumentError::OutputSize {
             argument: "out",
             expected: 4,
             actual: 5,
@@ -473,7 +473,7 @@ fn a_shape_mismatch_is_refused_naming_the_argument_and_sizes() {
     let e = select_batch_into(&[1.0; 16], 2, 2, &k, 4, &[3i64, -1], &c, &mut out).unwrap_err();
     assert!(matches!(
         e,
-        SelectionError::OutOfRange {
+        ArgumentError::OutOfRange {
             argument: "query_pos",
             index: 1,
             ..
@@ -527,7 +527,7 @@ fn a_packed_batch_refuses_bad_sequence_boundaries_and_ids() {
     let e = call(&[1, 10], &[0], &[0]);
     assert!(matches!(
         e,
-        SelectionError::OutOfRange {
+        ArgumentError::OutOfRange {
             argument: "cu_seqlens",
             index: 0,
             ..
@@ -536,7 +536,7 @@ fn a_packed_batch_refuses_bad_sequence_boundaries_and_ids() {
     let e = call(&[0, 6, 4, 10], &[0], &[0]);
     assert!(matches!(
         e,
-        SelectionError::OutOfRange {
+        ArgumentError::OutOfRange {
             argument: "cu_seqlens",
             index: 2,
             ..
@@ -549,7 +549,7 @@ fn a_packed_batch_refuses_bad_sequence_boundaries_and_ids() {
     let e = call(&[0, 4, 10], &[2], &[0]);
     assert!(matches!(
         e,
-        SelectionError::OutOfRange {
+        ArgumentError::OutOfRange {
             argument: "seq_ids",
             index: 0,
             ..

@@ -1,7 +1,18 @@
-//! Property tests of every public entry point of the core, with arbitrary
-//! shapes and values: the stand-in for cargo-fuzz, which needs a nightly
-//! toolchain this project does not have (only stable is installed and
-//! nothing else can be fetched).
+//! Property tests with arbitrary shapes and values: the stand-in for
+//! cargo-fuzz, which needs a nightly toolchain this project does not have
+//! (only stable is installed and nothing else can be fetched).
+//!
+//! They cover the float32 entry points of the witness (`segment_of`, the
+//! witness indices, apply and scatter, the null models, coverage and recall),
+//! block selection (`BlockSparseConfig::new`, one query, a batch, packed
+//! sequences, positions of blocks), the selectors and the oracle top-k, the
+//! attention pass (sparse, dense, MLA) and the metrics (attention
+//! probabilities and the batched metrics against their row forms). They do
+//! not cover the indexer, the checkers (`check`), the encoded key formats
+//! and paged caches (`keys`, block selection's `*_encoded_into`,
+//! `select_paged_into`, `block_scores_into`), the pool or the SIMD
+//! controls: their tests are elsewhere (`tests/indexer.rs`,
+//! `tests/block_cache.rs`, the unit tests in `src/`).
 //!
 //! Each property feeds hostile input -- mismatched lengths, negative and
 //! huge integers, NaN and ±Inf floats, zero-size dimensions -- and checks:

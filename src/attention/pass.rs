@@ -6,7 +6,7 @@
 use super::kernels::{self, ValueRows};
 use super::shape::check_pass;
 use super::AttentionShape;
-use crate::error::{check_len, checked_size, AttentionError};
+use crate::error::{check_len, checked_size, ArgumentError};
 use crate::pool;
 use crate::simd::{self, Wide};
 
@@ -355,7 +355,7 @@ pub fn dense_attention(
     scale: f32,
     out: &mut [f32],
     lse: &mut [f32],
-) -> Result<usize, AttentionError> {
+) -> Result<usize, ArgumentError> {
     check_pass(q, k, v, v_stride, shape, query_pos, scale, out, lse)?;
     let (n_kv, d_k, g) = (shape.n_kv_heads, shape.d_k, shape.group());
     if shape.n_queries == 0 || shape.n_q_heads == 0 {
@@ -424,7 +424,7 @@ pub fn sparse_attention(
     scale: f32,
     out: &mut [f32],
     lse: &mut [f32],
-) -> Result<usize, AttentionError> {
+) -> Result<usize, ArgumentError> {
     check_pass(q, k, v, v_stride, shape, query_pos, scale, out, lse)?;
     let (n_kv, d_k, g) = (shape.n_kv_heads, shape.d_k, shape.group());
     let ns = checked_size("selection", &[shape.n_queries, n_kv, width])?;
@@ -489,21 +489,21 @@ pub fn causal_mla_attention_sparse(
     scale: f32,
     out: &mut [f32],
     lse: &mut [f32],
-) -> Result<usize, AttentionError> {
+) -> Result<usize, ArgumentError> {
     if d_k == 0 {
-        return Err(AttentionError::Invalid {
+        return Err(ArgumentError::Invalid {
             argument: "d_k",
             message: "d_k is 0: the latent KV rows have no width".into(),
         });
     }
     if d_v > d_k {
-        return Err(AttentionError::Invalid {
+        return Err(ArgumentError::Invalid {
             argument: "d_v",
             message: format!("d_v={d_v} is wider than the latent rows (d_k={d_k})"),
         });
     }
     if !kv.len().is_multiple_of(d_k) {
-        return Err(AttentionError::Length {
+        return Err(ArgumentError::Length {
             argument: "kv",
             expected: kv.len() / d_k * d_k,
             actual: kv.len(),

@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::shape::check_query_pos;
 use super::AttentionShape;
-use crate::error::{check_len, checked_size, AttentionError};
+use crate::error::{check_len, checked_size, ArgumentError};
 use crate::pool;
 
 /// A score-free selection rule.
@@ -111,10 +111,10 @@ impl Selector {
         rows: &[usize],
         argument: &'static str,
         width: usize,
-    ) -> Result<(), AttentionError> {
+    ) -> Result<(), ArgumentError> {
         for (index, &row) in rows.iter().enumerate() {
             if row > MAX_ROW {
-                return Err(AttentionError::OutOfRange {
+                return Err(ArgumentError::OutOfRange {
                     argument,
                     index,
                     message: format!(
@@ -125,7 +125,7 @@ impl Selector {
             }
             let need = self.row_len(row);
             if need > width {
-                return Err(AttentionError::Invalid {
+                return Err(ArgumentError::Invalid {
                     argument: "width",
                     message: format!(
                         "width={width} cannot hold row {row} ({argument}[{index}]) of {self:?}, \
@@ -148,7 +148,7 @@ impl Selector {
         rows: &[usize],
         width: usize,
         out: &mut [i32],
-    ) -> Result<(), AttentionError> {
+    ) -> Result<(), ArgumentError> {
         let n = checked_size("out", &[rows.len(), width])?;
         check_len("out", out.len(), n, || {
             format!("[rows={}, width={width}]", rows.len())
@@ -168,7 +168,7 @@ impl Selector {
         n_kv_heads: usize,
         width: usize,
         out: &mut [i32],
-    ) -> Result<(), AttentionError> {
+    ) -> Result<(), ArgumentError> {
         let n = checked_size("out", &[query_pos.len(), n_kv_heads, width])?;
         check_len("out", out.len(), n, || {
             format!(
@@ -290,7 +290,7 @@ impl OracleTopK {
         rows: &[usize],
         width: usize,
         out: &mut [i32],
-    ) -> Result<(), AttentionError> {
+    ) -> Result<(), ArgumentError> {
         let na = checked_size("attention", &[rows.len(), row_len])?;
         check_len("attention", attention.len(), na, || {
             format!("[rows={}, row_len={row_len}]", rows.len())
@@ -315,9 +315,9 @@ impl OracleTopK {
         row_len: usize,
         width: usize,
         argument: &'static str,
-    ) -> Result<(), AttentionError> {
+    ) -> Result<(), ArgumentError> {
         if row_len > MAX_ROW + 1 {
-            return Err(AttentionError::Invalid {
+            return Err(ArgumentError::Invalid {
                 argument: "attention",
                 message: format!("attention rows of {row_len} keys do not fit in i32 offsets"),
             });
@@ -325,7 +325,7 @@ impl OracleTopK {
         for (index, &row) in rows.iter().enumerate() {
             let need = self.row_len(row, row_len);
             if need > width {
-                return Err(AttentionError::Invalid {
+                return Err(ArgumentError::Invalid {
                     argument: "width",
                     message: format!(
                         "width={width} cannot hold {argument}[{index}]={row}, which has {need} \
@@ -353,7 +353,7 @@ impl OracleTopK {
         query_pos: &[usize],
         width: usize,
         out: &mut [i32],
-    ) -> Result<(), AttentionError> {
+    ) -> Result<(), ArgumentError> {
         shape.validate()?;
         let na = checked_size(
             "attention",

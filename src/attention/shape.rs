@@ -1,7 +1,7 @@
 //! The sizes of an attention call, and the checks a pass runs on its
 //! arguments before it writes anything.
 
-use crate::error::{check_len, checked_size, AttentionError};
+use crate::error::{check_len, checked_size, ArgumentError};
 
 /// The usual softmax scale, `1 / sqrt(d_k)` (1 for `d_k = 0`).
 pub fn softmax_scale(d_k: usize) -> f32 {
@@ -50,15 +50,15 @@ impl AttentionShape {
 
     /// Refuses `n_kv_heads == 0` and an `n_q_heads` that is not a multiple
     /// of `n_kv_heads`.
-    pub fn validate(&self) -> Result<(), AttentionError> {
+    pub fn validate(&self) -> Result<(), ArgumentError> {
         if self.n_kv_heads == 0 {
-            return Err(AttentionError::Invalid {
+            return Err(ArgumentError::Invalid {
                 argument: "n_kv_heads",
                 message: "n_kv_heads is 0: every query head needs a KV head to read".into(),
             });
         }
         if !self.n_q_heads.is_multiple_of(self.n_kv_heads) {
-            return Err(AttentionError::Invalid {
+            return Err(ArgumentError::Invalid {
                 argument: "n_q_heads",
                 message: format!(
                     "n_q_heads={} is not a multiple of n_kv_heads={} (GQA groups must be equal)",
@@ -70,7 +70,7 @@ impl AttentionShape {
     }
 
     /// Checks `q` and `k` against the shape.
-    pub(crate) fn check_qk(&self, q: &[f32], k: &[f32]) -> Result<(), AttentionError> {
+    pub(crate) fn check_qk(&self, q: &[f32], k: &[f32]) -> Result<(), ArgumentError> {
         self.validate()?;
         let nq = checked_size("q", &[self.n_queries, self.n_q_heads, self.d_k])?;
         check_len("q", q.len(), nq, || {
@@ -94,15 +94,15 @@ impl AttentionShape {
     }
 }
 
-pub(super) fn check_query_pos(query_pos: &[usize], n_queries: usize) -> Result<(), AttentionError> {
+pub(super) fn check_query_pos(query_pos: &[usize], n_queries: usize) -> Result<(), ArgumentError> {
     check_len("query_pos", query_pos.len(), n_queries, || {
         format!("one position per query, n_queries={n_queries}")
     })
 }
 
-fn check_scale(scale: f32) -> Result<(), AttentionError> {
+fn check_scale(scale: f32) -> Result<(), ArgumentError> {
     if !scale.is_finite() {
-        return Err(AttentionError::Invalid {
+        return Err(ArgumentError::Invalid {
             argument: "scale",
             message: format!("scale={scale} is not finite"),
         });
@@ -122,10 +122,10 @@ pub(super) fn check_pass(
     scale: f32,
     out: &[f32],
     lse: &[f32],
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     shape.check_qk(q, k)?;
     if v_stride < shape.d_v {
-        return Err(AttentionError::Invalid {
+        return Err(ArgumentError::Invalid {
             argument: "v_stride",
             message: format!(
                 "v_stride={v_stride} is less than d_v={}: value rows would overlap",
@@ -139,10 +139,10 @@ pub(super) fn check_pass(
         Some(last) => last
             .checked_mul(v_stride)
             .and_then(|x| x.checked_add(shape.d_v))
-            .ok_or(AttentionError::TooLarge { argument: "v" })?,
+            .ok_or(ArgumentError::TooLarge { argument: "v" })?,
     };
     if v.len() < need {
-        return Err(AttentionError::Length {
+        return Err(ArgumentError::Length {
             argument: "v",
             expected: need,
             actual: v.len(),

@@ -7,7 +7,7 @@ use super::validate::{
     bad_position, check_block_ids_fit_i32, check_cu_seqlens, check_out, check_per_query_len,
     check_q_len, key_rows, visible_end,
 };
-use super::{BlockIds, BlockSparseConfig, IndexLike, OutLayout, SelectionError};
+use super::{ArgumentError, BlockIds, BlockSparseConfig, IndexLike, OutLayout};
 use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
 use crate::simd;
 
@@ -69,7 +69,7 @@ pub fn block_sparse_select(
     d: usize,
     query_pos: usize,
     cfg: &BlockSparseConfig,
-) -> Result<Vec<Vec<usize>>, SelectionError> {
+) -> Result<Vec<Vec<usize>>, ArgumentError> {
     cfg.validate()?;
     let n_positions = key_rows(index_k.len(), d)?;
     check_q_len(index_q.len(), 1, n_kv_heads, d)?;
@@ -107,7 +107,7 @@ pub fn select_into(
     query_pos: usize,
     cfg: &BlockSparseConfig,
     out: &mut [i32],
-) -> Result<(), SelectionError> {
+) -> Result<(), ArgumentError> {
     select_batch_into(index_q, 1, n_kv_heads, index_k, d, &[query_pos], cfg, out)
 }
 
@@ -126,7 +126,7 @@ pub fn select_batch_into<P: IndexLike>(
     query_pos: &[P],
     cfg: &BlockSparseConfig,
     out: &mut [i32],
-) -> Result<(), SelectionError> {
+) -> Result<(), ArgumentError> {
     let (q, k) = (Encoded::F32(index_q), Encoded::F32(index_k));
     let layout = OutLayout::QueryMajor;
     select_batch_encoded_into(q, n_queries, n_kv_heads, k, d, query_pos, cfg, layout, out)
@@ -147,7 +147,7 @@ pub fn select_batch_encoded_into<P: IndexLike>(
     cfg: &BlockSparseConfig,
     layout: OutLayout,
     out: &mut [i32],
-) -> Result<(), SelectionError> {
+) -> Result<(), ArgumentError> {
     let (n_positions, vis) =
         dense_rows(&index_q, n_queries, n_kv_heads, &index_k, d, query_pos, cfg)?;
     check_block_ids_fit_i32(n_positions, cfg)?;
@@ -179,7 +179,7 @@ fn dense_rows<P: IndexLike>(
     d: usize,
     query_pos: &[P],
     cfg: &BlockSparseConfig,
-) -> Result<(usize, Vec<usize>), SelectionError> {
+) -> Result<(usize, Vec<usize>), ArgumentError> {
     cfg.validate()?;
     let n_positions = key_rows(index_k.len(), d)?;
     check_q_len(index_q.len(), n_queries, n_kv_heads, d)?;
@@ -191,7 +191,7 @@ fn dense_rows<P: IndexLike>(
             let p = p.to_usize().ok_or_else(|| bad_position(i, p))?;
             Ok(visible_end(p, n_positions))
         })
-        .collect::<Result<_, SelectionError>>()?;
+        .collect::<Result<_, ArgumentError>>()?;
     Ok((n_positions, vis))
 }
 
@@ -215,7 +215,7 @@ pub fn block_scores_into<P: IndexLike>(
     cfg: &BlockSparseConfig,
     magnitude: bool,
     out: &mut [f32],
-) -> Result<(), SelectionError> {
+) -> Result<(), ArgumentError> {
     let (n_positions, vis) =
         dense_rows(&index_q, n_queries, n_kv_heads, &index_k, d, query_pos, cfg)?;
     let n_blocks = n_positions.div_ceil(cfg.block_size);
@@ -223,7 +223,7 @@ pub fn block_scores_into<P: IndexLike>(
         .checked_mul(n_kv_heads)
         .and_then(|r| r.checked_mul(n_blocks));
     if expected != Some(out.len()) {
-        return Err(SelectionError::OutputSize {
+        return Err(ArgumentError::OutputSize {
             argument: "out",
             expected: expected.unwrap_or(usize::MAX),
             actual: out.len(),
@@ -285,7 +285,7 @@ pub fn select_packed_into<C: IndexLike, I: IndexLike>(
     query_pos: &[I],
     cfg: &BlockSparseConfig,
     out: &mut [i32],
-) -> Result<(), SelectionError> {
+) -> Result<(), ArgumentError> {
     let (q, k) = (Encoded::F32(index_q), Encoded::F32(index_k));
     let (sids, pos, layout) = (seq_ids, query_pos, OutLayout::QueryMajor);
     select_packed_encoded_into(
@@ -308,7 +308,7 @@ pub fn select_packed_encoded_into<C: IndexLike, I: IndexLike>(
     cfg: &BlockSparseConfig,
     layout: OutLayout,
     out: &mut [i32],
-) -> Result<(), SelectionError> {
+) -> Result<(), ArgumentError> {
     cfg.validate()?;
     let n_positions = key_rows(index_k.len(), d)?;
     check_q_len(index_q.len(), n_queries, n_kv_heads, d)?;
@@ -325,7 +325,7 @@ pub fn select_packed_encoded_into<C: IndexLike, I: IndexLike>(
         let s = s
             .to_usize()
             .filter(|&s| s < n_seqs)
-            .ok_or_else(|| SelectionError::OutOfRange {
+            .ok_or_else(|| ArgumentError::OutOfRange {
                 argument: "seq_ids",
                 index: i,
                 message: format!(
@@ -410,12 +410,12 @@ pub fn select_paged_into(
     layout: OutLayout,
     ids: BlockIds,
     out: &mut [i32],
-) -> Result<(), SelectionError> {
+) -> Result<(), ArgumentError> {
     cfg.validate()?;
     let (c, table) = (inputs.cache, inputs.table);
     c.check()?;
     if c.layout == PageLayout::Fp8WithScales {
-        return Err(SelectionError::ShapeMismatch {
+        return Err(ArgumentError::Invalid {
             argument: "kv_cache",
             message: "block selection reads unscaled pages (MiniMax-M3's index-K cache); \
                       the fp8-with-scales layout is the DSA indexer's"
@@ -423,7 +423,7 @@ pub fn select_paged_into(
         });
     }
     if c.block_size != cfg.block_size {
-        return Err(SelectionError::ShapeMismatch {
+        return Err(ArgumentError::Invalid {
             argument: "kv_cache",
             message: format!(
                 "kv_cache pages hold {} tokens but config.block_size is {}: the page is the \
@@ -506,7 +506,7 @@ pub fn positions_of_blocks_i32(
     query_pos: usize,
     n_positions: usize,
     cfg: &BlockSparseConfig,
-) -> Result<Vec<i32>, SelectionError> {
+) -> Result<Vec<i32>, ArgumentError> {
     cfg.validate()?;
     let limit = visible_end(query_pos, n_positions);
     let ranges = block_ranges(
@@ -521,7 +521,7 @@ pub fn positions_of_blocks_i32(
                 .iter()
                 .position(|&b| usize::try_from(b).ok() == Some(block))
                 .unwrap_or(0);
-            return Err(SelectionError::OutOfRange {
+            return Err(ArgumentError::OutOfRange {
                 argument: "blocks",
                 index,
                 message: format!(
@@ -534,7 +534,7 @@ pub fn positions_of_blocks_i32(
     let len: usize = ranges.iter().map(|r| r.len()).sum();
     let mut out: Vec<i32> = Vec::new();
     out.try_reserve_exact(len)
-        .map_err(|_| SelectionError::OutputTooLarge {
+        .map_err(|_| ArgumentError::OutputTooLarge {
             argument: "positions",
             len,
         })?;
@@ -565,11 +565,11 @@ pub fn positions_of_blocks_batch_into(
     n_positions: &[usize],
     cfg: &BlockSparseConfig,
     out: &mut [i32],
-) -> Result<(), SelectionError> {
+) -> Result<(), ArgumentError> {
     cfg.validate()?;
     let bs = cfg.block_size;
     let n_rows = n_queries.saturating_mul(heads);
-    let shape_err = |argument, message| Err(SelectionError::ShapeMismatch { argument, message });
+    let shape_err = |argument, message| Err(ArgumentError::Invalid { argument, message });
     if crate::error::product(&[n_rows, width]) != Some(blocks.len()) {
         let message = format!(
             "blocks has {} entries, expected n_queries ({n_queries}) × heads ({heads}) × width \
@@ -588,14 +588,14 @@ pub fn positions_of_blocks_batch_into(
         }
     }
     let Some(row_len) = width.checked_mul(bs) else {
-        return Err(SelectionError::OutputTooLarge {
+        return Err(ArgumentError::OutputTooLarge {
             argument: "out",
             len: usize::MAX,
         });
     };
     let expected = n_rows.checked_mul(row_len);
     if expected != Some(out.len()) {
-        return Err(SelectionError::OutputSize {
+        return Err(ArgumentError::OutputSize {
             argument: "out",
             expected: expected.unwrap_or(usize::MAX),
             actual: out.len(),
@@ -630,7 +630,7 @@ pub fn positions_of_blocks_batch_into(
                      int32",
                     end - 1
                 );
-                return Err(SelectionError::OutOfRange {
+                return Err(ArgumentError::OutOfRange {
                     argument: "blocks",
                     index,
                     message,

@@ -119,8 +119,8 @@
 //!
 //! # Layout
 //!
-//! This file: the rule, the config, the refusals and the accepted index
-//! types. `api.rs` (the entry points), `validate.rs` (the checks),
+//! This file: the rule, the config and the accepted index types (the
+//! refusals are the crate's [`ArgumentError`]). `api.rs` (the entry points), `validate.rs` (the checks),
 //! `select.rs` (the rule applied to one row's block maxima), `engine.rs`
 //! (fused scoring + max-pool across the pool, then selection), `kernels/`
 //! (the segment interface and dispatch in `mod.rs`, `portable.rs`,
@@ -133,6 +133,8 @@ mod engine;
 mod kernels;
 mod select;
 mod validate;
+
+pub use crate::error::ArgumentError;
 
 pub use api::{
     block_scores_into, block_sparse_select, positions_of_blocks, positions_of_blocks_batch_into,
@@ -170,7 +172,7 @@ pub const MINIMAX_BLOCK_SIZE: usize = 128;
 ///
 /// The fields are public (as in the spec), so a config that can select
 /// nothing can still be written down literally; every selection function
-/// refuses one with [`SelectionError::InvalidConfig`], and
+/// refuses one with [`ArgumentError::InvalidConfig`], and
 /// [`BlockSparseConfig::new`] refuses to build one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BlockSparseConfig {
@@ -207,7 +209,7 @@ impl BlockSparseConfig {
         top_blocks: usize,
         init_blocks: usize,
         local_blocks: usize,
-    ) -> Result<Self, SelectionError> {
+    ) -> Result<Self, ArgumentError> {
         let cfg = BlockSparseConfig {
             block_size,
             top_blocks,
@@ -219,15 +221,15 @@ impl BlockSparseConfig {
     }
 
     /// Refuses a config that can select nothing (see [`Self::new`]).
-    pub fn validate(&self) -> Result<(), SelectionError> {
+    pub fn validate(&self) -> Result<(), ArgumentError> {
         if self.block_size == 0 {
-            return Err(SelectionError::InvalidConfig {
+            return Err(ArgumentError::InvalidConfig {
                 field: "block_size",
                 message: "block_size is 0: a block must hold at least one position".into(),
             });
         }
         if self.top_blocks == 0 && self.init_blocks == 0 && self.local_blocks == 0 {
-            return Err(SelectionError::InvalidConfig {
+            return Err(ArgumentError::InvalidConfig {
                 field: "top_blocks",
                 message: "top_blocks is 0 and no block is forced (init_blocks = 0, \
                           local_blocks = 0), so nothing could ever be selected"
@@ -254,120 +256,6 @@ impl BlockSparseConfig {
     }
 }
 
-/// A refused call. Every message names the argument it is about; nothing is
-/// written to an output buffer before every check has passed. Serialises as
-/// its fields with the variant's name under `variant`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(tag = "variant")]
-pub enum SelectionError {
-    /// The config can select nothing (`block_size == 0`, or `top_blocks ==
-    /// 0` with no forced blocks).
-    InvalidConfig {
-        /// The offending field.
-        field: &'static str,
-        /// The full message.
-        message: String,
-    },
-    /// An input's length does not match the shape the other arguments give
-    /// it, or a dimension is unusable.
-    ShapeMismatch {
-        /// The offending argument.
-        argument: &'static str,
-        /// The full message, with the expected and actual sizes.
-        message: String,
-    },
-    /// A position, sequence id or sequence boundary is out of range.
-    OutOfRange {
-        /// The offending argument.
-        argument: &'static str,
-        /// The entry's index within the argument.
-        index: usize,
-        /// The full message.
-        message: String,
-    },
-    /// The output buffer has the wrong number of slots.
-    OutputSize {
-        /// The offending argument (`out`).
-        argument: &'static str,
-        /// Slots the call needs.
-        expected: usize,
-        /// Slots the buffer has.
-        actual: usize,
-        /// How `expected` was computed.
-        shape: String,
-    },
-    /// The result would be too large to allocate.
-    OutputTooLarge {
-        /// What was being built.
-        argument: &'static str,
-        /// Entries it would hold.
-        len: usize,
-    },
-}
-
-/// The shared cache and block-table checks ([`crate::keys::paged`]) speak
-/// the crate's common error; block selection reports them as its own.
-impl From<crate::error::AttentionError> for SelectionError {
-    fn from(e: crate::error::AttentionError) -> Self {
-        use crate::error::AttentionError as A;
-        match e {
-            A::OutOfRange {
-                argument,
-                index,
-                message,
-            } => SelectionError::OutOfRange {
-                argument,
-                index,
-                message,
-            },
-            other => SelectionError::ShapeMismatch {
-                argument: other.argument(),
-                message: other.to_string(),
-            },
-        }
-    }
-}
-
-impl SelectionError {
-    /// The argument (or config field) the error is about.
-    pub fn argument(&self) -> &'static str {
-        match self {
-            SelectionError::InvalidConfig { field, .. } => field,
-            SelectionError::ShapeMismatch { argument, .. }
-            | SelectionError::OutOfRange { argument, .. }
-            | SelectionError::OutputSize { argument, .. }
-            | SelectionError::OutputTooLarge { argument, .. } => argument,
-        }
-    }
-}
-
-impl fmt::Display for SelectionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SelectionError::InvalidConfig { message, .. } => {
-                write!(f, "invalid BlockSparseConfig: {message}")
-            }
-            SelectionError::ShapeMismatch { message, .. }
-            | SelectionError::OutOfRange { message, .. } => f.write_str(message),
-            SelectionError::OutputSize {
-                argument,
-                expected,
-                actual,
-                shape,
-            } => write!(
-                f,
-                "{argument} has {actual} slots, expected {expected} ({shape})"
-            ),
-            SelectionError::OutputTooLarge { argument, len } => write!(
-                f,
-                "{argument} would hold {len} entries, more than can be allocated"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for SelectionError {}
-
 mod sealed {
     pub trait Sealed {}
     impl Sealed for usize {}
@@ -381,7 +269,7 @@ mod sealed {
 /// boundaries: `usize`, `u32`, `u64`, `i32`, `i64` (NumPy's and torch's
 /// int64 and int32 arrays are read without conversion). A negative value,
 /// or one that does not fit `usize`, is refused with
-/// [`SelectionError::OutOfRange`].
+/// [`ArgumentError::OutOfRange`].
 pub trait IndexLike: Copy + Send + Sync + fmt::Display + sealed::Sealed {
     /// The value as a `usize`, or `None` if it is negative or too large.
     fn to_usize(self) -> Option<usize>;

@@ -1,7 +1,7 @@
 //! The checks every entry point runs before it writes anything; each
 //! refusal names its argument.
 
-use super::{BlockSparseConfig, IndexLike, SelectionError};
+use super::{ArgumentError, BlockSparseConfig, IndexLike};
 use crate::error::product;
 
 /// Exclusive end of the keys a query at `query_pos` sees.
@@ -10,15 +10,15 @@ pub(super) fn visible_end(query_pos: usize, n_positions: usize) -> usize {
 }
 
 /// Rows of `d` in `len` key values.
-pub(super) fn key_rows(len: usize, d: usize) -> Result<usize, SelectionError> {
+pub(super) fn key_rows(len: usize, d: usize) -> Result<usize, ArgumentError> {
     if d == 0 {
-        return Err(SelectionError::ShapeMismatch {
+        return Err(ArgumentError::Invalid {
             argument: "d",
             message: "d is 0: index vectors need at least one dimension".into(),
         });
     }
     if !len.is_multiple_of(d) {
-        return Err(SelectionError::ShapeMismatch {
+        return Err(ArgumentError::Invalid {
             argument: "index_k",
             message: format!(
                 "index_k has {len} values, which is not a whole number of rows of d={d}"
@@ -33,7 +33,7 @@ pub(super) fn check_q_len(
     n_queries: usize,
     n_kv_heads: usize,
     d: usize,
-) -> Result<(), SelectionError> {
+) -> Result<(), ArgumentError> {
     let expected = product(&[n_queries, n_kv_heads, d]);
     if expected != Some(q_len) {
         let want = match expected {
@@ -50,7 +50,7 @@ pub(super) fn check_q_len(
                  n_kv_heads ({n_kv_heads}) × d ({d})"
             )
         };
-        return Err(SelectionError::ShapeMismatch {
+        return Err(ArgumentError::Invalid {
             argument: "index_q",
             message,
         });
@@ -62,9 +62,9 @@ pub(super) fn check_per_query_len(
     argument: &'static str,
     len: usize,
     n_queries: usize,
-) -> Result<(), SelectionError> {
+) -> Result<(), ArgumentError> {
     if len != n_queries {
-        return Err(SelectionError::ShapeMismatch {
+        return Err(ArgumentError::Invalid {
             argument,
             message: format!(
                 "{argument} has {len} entries, expected one per query (n_queries = {n_queries})"
@@ -79,10 +79,10 @@ pub(super) fn check_out(
     n_queries: usize,
     n_kv_heads: usize,
     width: usize,
-) -> Result<(), SelectionError> {
+) -> Result<(), ArgumentError> {
     let expected = product(&[n_queries, n_kv_heads, width]);
     if expected != Some(out.len()) {
-        return Err(SelectionError::OutputSize {
+        return Err(ArgumentError::OutputSize {
             argument: "out",
             expected: expected.unwrap_or(usize::MAX),
             actual: out.len(),
@@ -99,10 +99,10 @@ pub(super) fn check_out(
 pub(super) fn check_block_ids_fit_i32(
     n_positions: usize,
     cfg: &BlockSparseConfig,
-) -> Result<(), SelectionError> {
+) -> Result<(), ArgumentError> {
     let n_blocks = n_positions.div_ceil(cfg.block_size.max(1));
     if n_blocks > i32::MAX as usize {
-        return Err(SelectionError::ShapeMismatch {
+        return Err(ArgumentError::Invalid {
             argument: "index_k",
             message: format!(
                 "index_k has {n_positions} positions, {n_blocks} blocks of {}: block ids \
@@ -115,8 +115,8 @@ pub(super) fn check_block_ids_fit_i32(
     Ok(())
 }
 
-pub(super) fn bad_position<P: IndexLike>(i: usize, p: P) -> SelectionError {
-    SelectionError::OutOfRange {
+pub(super) fn bad_position<P: IndexLike>(i: usize, p: P) -> ArgumentError {
+    ArgumentError::OutOfRange {
         argument: "query_pos",
         index: i,
         message: format!("query_pos[{i}] = {p} is out of range: a position must be >= 0"),
@@ -126,15 +126,15 @@ pub(super) fn bad_position<P: IndexLike>(i: usize, p: P) -> SelectionError {
 pub(super) fn check_cu_seqlens<C: IndexLike>(
     cu_seqlens: &[C],
     n_positions: usize,
-) -> Result<Vec<usize>, SelectionError> {
+) -> Result<Vec<usize>, ArgumentError> {
     let Some(first) = cu_seqlens.first() else {
-        return Err(SelectionError::ShapeMismatch {
+        return Err(ArgumentError::Invalid {
             argument: "cu_seqlens",
             message: "cu_seqlens is empty: it needs n_seqs + 1 entries, starting at 0".into(),
         });
     };
     if first.to_usize() != Some(0) {
-        return Err(SelectionError::OutOfRange {
+        return Err(ArgumentError::OutOfRange {
             argument: "cu_seqlens",
             index: 0,
             message: format!("cu_seqlens[0] = {first}, but the first sequence starts at 0"),
@@ -146,7 +146,7 @@ pub(super) fn check_cu_seqlens<C: IndexLike>(
         let v = c
             .to_usize()
             .filter(|&v| v >= prev && v <= n_positions)
-            .ok_or_else(|| SelectionError::OutOfRange {
+            .ok_or_else(|| ArgumentError::OutOfRange {
                 argument: "cu_seqlens",
                 index: i,
                 message: format!(
@@ -158,7 +158,7 @@ pub(super) fn check_cu_seqlens<C: IndexLike>(
         prev = v;
     }
     if prev != n_positions {
-        return Err(SelectionError::ShapeMismatch {
+        return Err(ArgumentError::Invalid {
             argument: "cu_seqlens",
             message: format!(
                 "cu_seqlens ends at {prev}, but index_k has {n_positions} positions: the last \

@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 
 use super::UNMAPPED;
-use crate::error::AttentionError;
+use crate::error::ArgumentError;
 
 /// The parameters of the global-slot map, one entry per checked row where
 /// per-row.
@@ -64,9 +64,8 @@ pub struct Inverse<'a> {
 
 impl<'a> GlobalSlots<'a> {
     /// Refuses parameters that do not describe `n_rows` rows.
-    pub fn check(&self, n_rows: usize) -> Result<(), AttentionError> {
-        let invalid =
-            |argument, message: String| Err(AttentionError::Invalid { argument, message });
+    pub fn check(&self, n_rows: usize) -> Result<(), ArgumentError> {
+        let invalid = |argument, message: String| Err(ArgumentError::Invalid { argument, message });
         if self.block_size == 0 {
             return invalid("block_size", "block_size must be at least 1".into());
         }
@@ -110,7 +109,7 @@ impl<'a> GlobalSlots<'a> {
             );
         }
         if let Some((i, &r)) = self.req_ids.iter().enumerate().find(|(_, &r)| r >= n_req) {
-            return Err(AttentionError::OutOfRange {
+            return Err(ArgumentError::OutOfRange {
                 argument: "req_ids",
                 index: i,
                 message: format!("req_ids[{i}] = {r} but block_table has {n_req} requests"),
@@ -129,7 +128,7 @@ impl<'a> GlobalSlots<'a> {
                 .enumerate()
                 .find(|(_, &r)| r >= 0 && r as usize >= n_ws)
             {
-                return Err(AttentionError::OutOfRange {
+                return Err(ArgumentError::OutOfRange {
                     argument: "prefill_req_ids",
                     index: i,
                     message: format!(

@@ -48,9 +48,15 @@ mod blocks;
 pub mod layout;
 mod report;
 #[cfg(test)]
-mod tests;
+mod tests_blocks;
 #[cfg(test)]
-mod tests_more;
+mod tests_filler;
+#[cfg(test)]
+mod tests_layout;
+#[cfg(test)]
+mod tests_topk;
+#[cfg(test)]
+mod tests_witness;
 mod witness;
 
 use crate::block_sparse::BlockSparseConfig;
@@ -703,7 +709,7 @@ pub fn check_rows(
     batch: &Batch<'_>,
     rule: Rule,
     tol: Tolerance,
-) -> Result<Vec<RowCheck>, crate::error::AttentionError> {
+) -> Result<Vec<RowCheck>, crate::error::ArgumentError> {
     check_rows_with(batch, rule, tol, Filler::MinusOne)
 }
 
@@ -714,11 +720,11 @@ pub fn check_rows_with(
     rule: Rule,
     tol: Tolerance,
     filler: Filler,
-) -> Result<Vec<RowCheck>, crate::error::AttentionError> {
-    use crate::error::{check_len, checked_size, AttentionError};
+) -> Result<Vec<RowCheck>, crate::error::ArgumentError> {
+    use crate::error::{check_len, checked_size, ArgumentError};
     let b = batch;
     let n = b.lens.len();
-    let invalid = |argument, message: String| Err(AttentionError::Invalid { argument, message });
+    let invalid = |argument, message: String| Err(ArgumentError::Invalid { argument, message });
     // The Python parameters' names, which differ by rule.
     let (scores_name, lens_name) = match rule {
         Rule::Topk(_) => ("scores", "context_lens"),
@@ -738,7 +744,7 @@ pub fn check_rows_with(
     let (name, need) = match rule {
         Rule::Topk(k) => ("topk", k),
         Rule::Blocks(cfg) => {
-            cfg.validate().map_err(|e| AttentionError::Invalid {
+            cfg.validate().map_err(|e| ArgumentError::Invalid {
                 argument: "config",
                 message: e.to_string(),
             })?;
@@ -755,7 +761,7 @@ pub fn check_rows_with(
         );
     }
     if let Some((i, &l)) = b.lens.iter().enumerate().find(|&(_, &l)| l > b.n_positions) {
-        return Err(AttentionError::OutOfRange {
+        return Err(ArgumentError::OutOfRange {
             argument: lens_name,
             index: i,
             message: format!(
@@ -787,7 +793,7 @@ pub fn check_rows_with(
                 .map(|t| row.get(t))
                 .position(|x| x.is_nan() || x < 0.0)
             {
-                return Err(AttentionError::OutOfRange {
+                return Err(ArgumentError::OutOfRange {
                     argument: "magnitudes",
                     index: i * b.n_positions + t,
                     message: format!(

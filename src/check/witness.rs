@@ -12,7 +12,7 @@
 //! - slots past the last witness are the learned row again.
 
 use super::{Problem, RowCheck};
-use crate::error::AttentionError;
+use crate::error::ArgumentError;
 use crate::witness::{
     scatter_topology_witnesses, segment_of, topology_witness_indices_into, WitnessError,
 };
@@ -27,8 +27,8 @@ pub fn check_witness_rows(
     topk: usize,
     context_lens: &[i32],
     num_segments: usize,
-) -> Result<Vec<RowCheck>, AttentionError> {
-    let refused = |e: WitnessError| AttentionError::Invalid {
+) -> Result<Vec<RowCheck>, ArgumentError> {
+    let refused = |e: WitnessError| ArgumentError::Invalid {
         argument: match e {
             WitnessError::SegmentsOutOfRange { .. } => "num_segments",
             WitnessError::RowsMismatch { .. } => "context_lens",
@@ -39,7 +39,7 @@ pub fn check_witness_rows(
     // Every row needs its length, the off switch (S = 0) included: checked
     // before anything else, so no row is read past the buffer or left unjudged.
     if topk.checked_mul(context_lens.len()) != Some(before.len()) {
-        return Err(AttentionError::Invalid {
+        return Err(ArgumentError::Invalid {
             argument: "context_lens",
             message: format!(
                 "before has {} rows of {topk} but context_lens has {} entries: one per row",
@@ -49,7 +49,7 @@ pub fn check_witness_rows(
         });
     }
     if after.len() != before.len() {
-        return Err(AttentionError::Invalid {
+        return Err(ArgumentError::Invalid {
             argument: "after",
             message: format!(
                 "after has {} entries but before has {}: the in-place call keeps the shape",

@@ -79,7 +79,7 @@ pub use paged::{indexer_topk_paged_into, PagedInputs};
 #[cfg(test)]
 pub(crate) use select::rank_key;
 
-use crate::error::{check_len, checked_size, AttentionError};
+use crate::error::{check_len, checked_size, ArgumentError};
 use crate::keys::Encoded;
 use crate::witness::MAX_TOPOLOGY_SEGMENTS;
 use crate::{pool, simd};
@@ -135,7 +135,7 @@ pub fn indexer_topk_into(
     num_segments: usize,
     out: &mut [i32],
     scores: Option<&mut [f32]>,
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     check(
         shape,
         inputs,
@@ -165,7 +165,7 @@ pub fn indexer_scores_into(
     inputs: &IndexerInputs<'_>,
     magnitude: bool,
     out: &mut [f32],
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     let t = shape.n_keys;
     check(shape, inputs, t, 0, out.len(), None)?;
     if shape.n_queries == 0 || t == 0 {
@@ -235,7 +235,7 @@ pub fn indexer_topk_packed_into(
     num_segments: usize,
     out: &mut [i32],
     scores: Option<&mut [f32]>,
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     check(
         shape,
         inputs,
@@ -245,7 +245,7 @@ pub fn indexer_topk_packed_into(
         scores.as_deref(),
     )?;
     let out_of_range = |argument, index, message| {
-        Err(AttentionError::OutOfRange {
+        Err(ArgumentError::OutOfRange {
             argument,
             index,
             message,
@@ -354,14 +354,14 @@ fn check(
     num_segments: usize,
     out_len: usize,
     scores: Option<&[f32]>,
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     let &IndexerShape {
         n_queries: n,
         n_heads: h,
         d,
         n_keys: t,
     } = shape;
-    let invalid = |argument, message: String| Err(AttentionError::Invalid { argument, message });
+    let invalid = |argument, message: String| Err(ArgumentError::Invalid { argument, message });
     if d == 0 {
         return invalid(
             "d",
@@ -409,8 +409,8 @@ fn check(
 }
 
 /// Refuses `topk > i32::MAX` and `num_segments > 64` (0 is off).
-fn check_segments_and_topk(topk: usize, num_segments: usize) -> Result<(), AttentionError> {
-    let invalid = |argument, message: String| Err(AttentionError::Invalid { argument, message });
+fn check_segments_and_topk(topk: usize, num_segments: usize) -> Result<(), ArgumentError> {
+    let invalid = |argument, message: String| Err(ArgumentError::Invalid { argument, message });
     if topk > i32::MAX as usize {
         return invalid("topk", format!("topk={topk} is past {}", i32::MAX));
     }

@@ -7,7 +7,7 @@
 use super::kernels::{self, Keys};
 use super::run::{self, Queries, Rows};
 use super::{check_segments_and_topk, KEY_CHUNK};
-use crate::error::{check_len, checked_size, AttentionError};
+use crate::error::{check_len, checked_size, ArgumentError};
 use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
 use crate::simd;
 
@@ -42,7 +42,7 @@ pub fn indexer_topk_paged_into(
     num_segments: usize,
     out: &mut [i32],
     scores: Option<&mut [f32]>,
-) -> Result<(), AttentionError> {
+) -> Result<(), ArgumentError> {
     let c = inputs.cache;
     c.check()?;
     check_segments_and_topk(topk, num_segments)?;

@@ -24,7 +24,7 @@
 //! row, the dense call on the same keys laid out contiguously.
 
 use super::{decode_bf16, decode_f16, Encoded, Format};
-use crate::error::{check_len, checked_size, AttentionError};
+use crate::error::{check_len, checked_size, ArgumentError};
 
 /// How a page stores its keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,9 +62,9 @@ impl PagedCache<'_> {
     /// relies on).
     ///
     /// [`decode`]: PagedCache::decode
-    pub fn check(&self) -> Result<(), AttentionError> {
+    pub fn check(&self) -> Result<(), ArgumentError> {
         let invalid = |message: String| {
-            Err(AttentionError::Invalid {
+            Err(ArgumentError::Invalid {
                 argument: "kv_cache",
                 message,
             })
@@ -76,7 +76,7 @@ impl PagedCache<'_> {
             ));
         }
         let Some(page) = self.page_bytes() else {
-            return Err(AttentionError::TooLarge {
+            return Err(ArgumentError::TooLarge {
                 argument: "kv_cache",
             });
         };
@@ -209,14 +209,14 @@ impl BlockTable<'_> {
     /// than an int32 position can name or than its row covers, and an entry
     /// that would be read and is negative or past the cache. Entries past
     /// `⌈seq_lens[s] / block_size⌉` are never read, so never checked.
-    pub fn check(&self, n_pages: usize, block_size: usize) -> Result<(), AttentionError> {
+    pub fn check(&self, n_pages: usize, block_size: usize) -> Result<(), ArgumentError> {
         let (n_seqs, mb) = (self.n_seqs(), self.max_blocks);
         let len = checked_size("block_table", &[n_seqs, mb])?;
         check_len("block_table", self.table.len(), len, || {
             format!("[n_seqs={n_seqs} (seq_lens), max_blocks={mb}]")
         })?;
         let out_of_range = |argument, index, message| {
-            Err(AttentionError::OutOfRange {
+            Err(ArgumentError::OutOfRange {
                 argument,
                 index,
                 message,
@@ -254,10 +254,10 @@ impl BlockTable<'_> {
     }
 
     /// Refuses a sequence id that names no sequence.
-    pub fn check_seq_ids(&self, seq_ids: &[usize]) -> Result<(), AttentionError> {
+    pub fn check_seq_ids(&self, seq_ids: &[usize]) -> Result<(), ArgumentError> {
         let n_seqs = self.n_seqs();
         match seq_ids.iter().enumerate().find(|&(_, &s)| s >= n_seqs) {
-            Some((i, &s)) => Err(AttentionError::OutOfRange {
+            Some((i, &s)) => Err(ArgumentError::OutOfRange {
                 argument: "seq_ids",
                 index: i,
                 message: format!("seq_ids[{i}] = {s} is out of range: {n_seqs} sequence(s)"),

@@ -15,8 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyString};
 use serde::Serialize;
 
-use crate::attention::AttentionError;
-use crate::block_sparse::SelectionError as CoreSelectionError;
+use crate::error::ArgumentError;
 use crate::witness::WitnessError as CoreWitnessError;
 
 pyo3::create_exception!(
@@ -97,35 +96,29 @@ impl From<CoreWitnessError> for PyErr {
     }
 }
 
-impl From<CoreSelectionError> for PyErr {
-    fn from(e: CoreSelectionError) -> PyErr {
-        match e {
-            CoreSelectionError::OutputTooLarge { .. } => PyMemoryError::new_err(e.to_string()),
-            _ => raise(Domain::Selection, e.argument(), e.to_string(), Some(&e)),
-        }
+impl From<ArgumentError> for PyErr {
+    fn from(e: ArgumentError) -> PyErr {
+        argument_error(Domain::Selection, e)
     }
 }
 
-impl From<AttentionError> for PyErr {
-    fn from(e: AttentionError) -> PyErr {
-        attention(Domain::Selection, e)
-    }
-}
-
-/// An attention-module refusal raised as a `WitnessError` (the batched
-/// witness metrics report through the attention module's errors).
-pub(super) struct Witness(pub AttentionError);
+/// An argument refusal raised as a `WitnessError` (the batched witness
+/// metrics report through the crate's argument error).
+pub(super) struct Witness(pub ArgumentError);
 
 impl From<Witness> for PyErr {
     fn from(Witness(e): Witness) -> PyErr {
-        attention(Domain::Witness, e)
+        argument_error(Domain::Witness, e)
     }
 }
 
-/// An attention-module refusal in `domain`.
-fn attention(domain: Domain, e: AttentionError) -> PyErr {
+/// An argument refusal in `domain`; a shape or result too large is a
+/// `MemoryError`.
+fn argument_error(domain: Domain, e: ArgumentError) -> PyErr {
     match e {
-        AttentionError::TooLarge { .. } => PyMemoryError::new_err(e.to_string()),
+        ArgumentError::TooLarge { .. } | ArgumentError::OutputTooLarge { .. } => {
+            PyMemoryError::new_err(e.to_string())
+        }
         _ => raise(domain, e.argument(), e.to_string(), Some(&e)),
     }
 }

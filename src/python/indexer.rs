@@ -11,7 +11,7 @@ use super::args::{
 };
 use super::cache::{Paged, PagedArgs};
 use super::errors::Domain;
-use crate::attention::AttentionError as Error;
+use crate::attention::ArgumentError as Error;
 use crate::indexer::{self, IndexerInputs, IndexerShape, PagedInputs};
 
 const S: Args = Args(Domain::Selection);
