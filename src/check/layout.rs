@@ -13,7 +13,7 @@
 //! `slot / stride` at offset `slot % stride`, the page is looked up among the
 //! request's table entries (the first logical block holding it wins), and a
 //! slot that names no page of the table, or an offset past the page, becomes
-//! [`UNMAPPED`](super::UNMAPPED) — reported with the engine's value, never
+//! [`super::UNMAPPED`] — reported with the engine's value, never
 //! silently dropped.
 //!
 //! Decode context parallelism (DCP) splits a request's tokens over
