@@ -18,14 +18,26 @@
 //! [`paged`] reads an engine's paged cache of such keys through its block
 //! table; both the lightning indexer and block selection use it.
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod lanes;
 pub mod paged;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
 pub use paged::{BlockTable, PageLayout, PagedCache};
 
-/// Whether any byte is an e4m3fn NaN (`0x7F` or `0xFF`).
+/// Whether any byte is an e4m3fn NaN (`0x7F` or `0xFF`): 32 bytes an
+/// operation where the CPU has AVX2 ([`x86::fp8_has_nan`]).
 pub(crate) fn fp8_has_nan(bytes: &[u8]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(token) = crate::simd::avx2() {
+        return x86::fp8_has_nan(token, bytes);
+    }
+    fp8_has_nan_portable(bytes)
+}
+
+/// [`fp8_has_nan`] without SIMD.
+pub(crate) fn fp8_has_nan_portable(bytes: &[u8]) -> bool {
     // Branch-free over 64-byte runs, so it vectorises.
     bytes
         .chunks(64)

@@ -31,21 +31,11 @@ pub(crate) unsafe fn load8_f16(p: *const u16) -> __m256 {
     _mm256_cvtph_ps(raw)
 }
 
-/// e4m3fn bytes (in 16-bit lanes) as float16 bits that hold the value
-/// `2⁻⁸ ×` theirs: `seeeemmm` → `s0eeeemmm0000000` (a normal e4m3fn is a
-/// normal float16, a subnormal a subnormal), and `0x7F`/`0xFF` → the
+/// e4m3fn bytes (in sixteen 16-bit lanes) as float16 bits that hold the
+/// value `2⁻⁸ ×` theirs: `seeeemmm` → `s0eeeemmm0000000` (a normal e4m3fn
+/// is a normal float16, a subnormal a subnormal), and `0x7F`/`0xFF` → the
 /// float16 NaN `0x7E00` (which widens to the scalar table's `0x7FC0_0000`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn fp8_as_f16_bits(x: __m128i) -> __m128i {
-    let m = _mm_and_si128(x, _mm_set1_epi16(0x7F));
-    let sign = _mm_slli_epi16::<8>(_mm_and_si128(x, _mm_set1_epi16(0x80)));
-    let h = _mm_or_si128(_mm_slli_epi16::<7>(m), sign);
-    let nan = _mm_cmpeq_epi16(m, _mm_set1_epi16(0x7F));
-    _mm_blendv_epi8(h, _mm_set1_epi16(0x7E00), nan)
-}
-
-/// [`fp8_as_f16_bits`] on sixteen 16-bit lanes.
+/// The AVX-512 kernels' form; eight lanes are [`fp8x8_scaled_f16_bits`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn fp8_as_f16_bits_256(x: __m256i) -> __m256i {
@@ -65,14 +55,6 @@ pub(crate) fn fp8_as_f16_bits_256(x: __m256i) -> __m256i {
 pub(crate) fn fp8_as_f16_bits_256_finite(x: __m256i) -> __m256i {
     let t = _mm256_slli_epi16::<7>(x);
     _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)))
-}
-
-/// [`fp8_as_f16_bits_256_finite`] on eight lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn fp8_as_f16_bits_finite(x: __m128i) -> __m128i {
-    let t = _mm_slli_epi16::<7>(x);
-    _mm_add_epi16(t, _mm_and_si128(t, _mm_set1_epi16(0x4000)))
 }
 
 /// Eight e4m3fn bytes (the low 64 bits of `raw`) as the float16 bits of
@@ -141,8 +123,8 @@ pub(crate) fn fp8_folded_query(q: &[f32]) -> Option<Vec<f32>> {
 }
 
 /// Whether any of `bytes` is an e4m3fn NaN (`0x7F` / `0xFF`): 32 bytes an
-/// operation (the portable [`super::fp8_has_nan`] compiles to 16), for the
-/// kernels that check a block after reading it.
+/// operation (the portable [`super::fp8_has_nan_portable`] compiles to 16);
+/// [`super::fp8_has_nan`] dispatches here.
 pub(crate) fn fp8_has_nan(_token: Avx2, bytes: &[u8]) -> bool {
     // SAFETY: the token proves AVX2.
     unsafe { fp8_has_nan_avx2(bytes) }
@@ -163,7 +145,7 @@ fn fp8_has_nan_avx2(bytes: &[u8]) -> bool {
             return true;
         }
     }
-    super::fp8_has_nan(runs.remainder())
+    super::fp8_has_nan_portable(runs.remainder())
 }
 
 /// Eight float8 e4m3fn values at `p`: through float16 (F16C widens
@@ -175,10 +157,8 @@ fn fp8_has_nan_avx2(bytes: &[u8]) -> bool {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn load8_fp8(p: *const u8) -> __m256 {
-    // SAFETY: 8 bytes at `p` are readable (the contract); unaligned load.
-    let raw = unsafe { _mm_loadl_epi64(p.cast()) };
-    let h = fp8_as_f16_bits(_mm_cvtepu8_epi16(raw));
-    _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0))
+    // SAFETY: 8 bytes at `p` are readable (the contract).
+    _mm256_mul_ps(unsafe { load8_fp8_scaled(p) }, _mm256_set1_ps(256.0))
 }
 
 /// `src` (e4m3fn bytes) decoded into `dst`, 16 at a time, exactly as the
@@ -412,7 +392,7 @@ mod tests {
             let hi = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h)), scale);
             check(lanes(lo), &chunk[..8]);
             check(lanes(hi), &chunk[8..]);
-            let h8 = fp8_as_f16_bits_finite(_mm_cvtepu8_epi16(x8));
+            let h8 = fp8x8_scaled_f16_bits_finite(x8);
             check(
                 lanes(_mm256_mul_ps(_mm256_cvtph_ps(h8), scale)),
                 &chunk[..8],

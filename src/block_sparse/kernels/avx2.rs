@@ -5,8 +5,8 @@
 //! loaded, so the arithmetic, and every block max, is the same. The walk
 //! over a segment is shared with the AVX-512 kernel, which only replaces
 //! the [`Step`] over whole runs of keys.
-use super::load::{Bf16, Fp8, Fp8Finite, Fp8Scaled, Fp8ScaledFinite, Load, F16, F32 as L32};
 use super::{Pieces, Segment, TileOut, MR, PREFETCH_KEYS};
+use crate::keys::lanes::{Bf16, Fp8, Fp8Finite, Fp8Scaled, Fp8ScaledFinite, Load, F16, F32 as L32};
 use crate::keys::Encoded;
 use crate::simd::x86::reduce4;
 use crate::simd::Avx2;
@@ -185,8 +185,7 @@ pub(super) unsafe fn segment<S: Step>(_token: Avx2, step: S, seg: &Segment<'_>, 
             // no pass over the keys before the kernel (that pass waited on
             // memory alone, with nothing to overlap it).
             (Encoded::Fp8E4m3(k), Some(fq)) if finite.is_none() => {
-                let nan =
-                    |from: usize, to: usize| crate::keys::x86::fp8_has_nan(_token, &k[from..to]);
+                let nan = |from: usize, to: usize| crate::keys::fp8_has_nan(&k[from..to]);
                 segment_typed::<Fp8ScaledFinite, Fp8Scaled, S>(step, seg, fq, k, Some(&nan), out)
             }
             (Encoded::Fp8E4m3(k), Some(fq)) if finite == Some(true) => {

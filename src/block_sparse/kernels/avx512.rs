@@ -9,8 +9,8 @@
 //! kernel's.
 
 use super::avx2::Step;
-use super::load::Load;
 use super::MR;
+use crate::keys::lanes::Load;
 use crate::simd::x86::reduce4;
 use crate::simd::Avx512;
 use std::arch::x86_64::*;

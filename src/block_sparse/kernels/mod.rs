@@ -10,8 +10,6 @@ use crate::simd::Wide;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
-#[cfg(target_arch = "x86_64")]
-mod load;
 mod portable;
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,7 @@
 //! 8-lane registers, one chain per (head, register): 12 in flight.
 
 use super::{prefetch_line, prefetch_runs, Src, BLOCK};
-use crate::keys::x86::{load8_bf16, load8_f16, load8_fp8, load8_fp8_scaled_finite};
+use crate::keys::lanes::{Bf16, Fp8, Fp8Finite, Load, F16, F32};
 use crate::keys::Encoded;
 use crate::simd::Avx2;
 use std::arch::x86_64::*;
@@ -36,65 +36,6 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     })
 }
 
-/// An element format the transpose reads in place: eight elements at `p`
-/// as `f32` lanes, exactly (the [`crate::keys::x86`] loads).
-trait Lanes {
-    type E: Copy;
-    /// # Safety
-    /// `p` readable for 8 elements; AVX2, FMA and F16C available.
-    unsafe fn load8(p: *const Self::E) -> __m256;
-}
-
-struct F32s;
-struct Bf16s;
-struct F16s;
-struct Fp8s;
-/// fp8 bytes known to hold no NaN (checked once per block): the
-/// three-operation decode, then the format's `× 2⁸`.
-struct Fp8Finite;
-
-impl Lanes for F32s {
-    type E = f32;
-    #[inline(always)]
-    unsafe fn load8(p: *const f32) -> __m256 {
-        // SAFETY: the contract.
-        unsafe { _mm256_loadu_ps(p) }
-    }
-}
-impl Lanes for Bf16s {
-    type E = u16;
-    #[inline(always)]
-    unsafe fn load8(p: *const u16) -> __m256 {
-        // SAFETY: the contract.
-        unsafe { load8_bf16(p) }
-    }
-}
-impl Lanes for F16s {
-    type E = u16;
-    #[inline(always)]
-    unsafe fn load8(p: *const u16) -> __m256 {
-        // SAFETY: the contract.
-        unsafe { load8_f16(p) }
-    }
-}
-impl Lanes for Fp8s {
-    type E = u8;
-    #[inline(always)]
-    unsafe fn load8(p: *const u8) -> __m256 {
-        // SAFETY: the contract.
-        unsafe { load8_fp8(p) }
-    }
-}
-
-impl Lanes for Fp8Finite {
-    type E = u8;
-    #[inline(always)]
-    unsafe fn load8(p: *const u8) -> __m256 {
-        // SAFETY: the contract (8 bytes at `p`).
-        unsafe { _mm256_mul_ps(load8_fp8_scaled_finite(p), _mm256_set1_ps(256.0)) }
-    }
-}
-
 /// [`super::portable::transpose`] of the decoded keys, in 8 × 8 tiles
 /// (zero rows past `n`), decoding as it loads.
 ///
@@ -107,11 +48,11 @@ pub(super) unsafe fn transpose(_: Avx2, src: Src<'_>, n: usize, d: usize, kt: &m
     // SAFETY: (every arm) the contract, for the format's elements.
     unsafe {
         match src.enc {
-            Encoded::F32(s) => transpose_as::<F32s>(s, src, n, d, kt),
-            Encoded::Bf16(s) => transpose_as::<Bf16s>(s, src, n, d, kt),
-            Encoded::F16(s) => transpose_as::<F16s>(s, src, n, d, kt),
+            Encoded::F32(s) => transpose_as::<F32>(s, src, n, d, kt),
+            Encoded::Bf16(s) => transpose_as::<Bf16>(s, src, n, d, kt),
+            Encoded::F16(s) => transpose_as::<F16>(s, src, n, d, kt),
             Encoded::Fp8E4m3(s) if src.finite => transpose_as::<Fp8Finite>(s, src, n, d, kt),
-            Encoded::Fp8E4m3(s) => transpose_as::<Fp8s>(s, src, n, d, kt),
+            Encoded::Fp8E4m3(s) => transpose_as::<Fp8>(s, src, n, d, kt),
         }
     }
 }
@@ -122,7 +63,7 @@ pub(super) unsafe fn transpose(_: Avx2, src: Src<'_>, n: usize, d: usize, kt: &m
 /// # Safety
 /// As [`transpose`].
 #[inline(always)]
-unsafe fn transpose_as<L: Lanes>(e: &[L::E], src: Src<'_>, n: usize, d: usize, kt: &mut [f32]) {
+unsafe fn transpose_as<L: Load>(e: &[L::E], src: Src<'_>, n: usize, d: usize, kt: &mut [f32]) {
     let (p, dst) = (e.as_ptr(), kt.as_mut_ptr());
     for r0 in (0..BLOCK).step_by(LANES) {
         let rows = n.saturating_sub(r0).min(LANES);

@@ -1,14 +1,15 @@
 //! Loading keys in their own format as `f32` lanes, exactly: eight
-//! elements of one key for the AVX2 kernel, or eight of each of two keys
-//! (one 512-bit register) for the AVX-512 kernel. The lanes are the scalar
+//! elements of one key for the AVX2 kernels (block selection's dots, the
+//! indexer's transpose), or eight of each of two keys (one 512-bit
+//! register) for block selection's AVX-512 kernel. The lanes are the scalar
 //! decode's values ([`crate::keys::x86`] tests every bit pattern), so the
 //! kernels' arithmetic is the float32 kernel's.
 
-use crate::keys::x86 as decode;
+use super::x86 as decode;
 use std::arch::x86_64::*;
 
 /// An element format the kernel reads keys in.
-pub(super) trait Load {
+pub(crate) trait Load {
     type E: Copy;
     /// Eight elements at `p` as `f32` lanes.
     ///
@@ -84,20 +85,20 @@ unsafe fn two_halves(a: *const u8, b: *const u8) -> __m128i {
     unsafe { _mm_unpacklo_epi64(_mm_loadl_epi64(a.cast()), _mm_loadl_epi64(b.cast())) }
 }
 
-pub(super) struct F32;
-pub(super) struct Bf16;
-pub(super) struct F16;
-pub(super) struct Fp8;
+pub(crate) struct F32;
+pub(crate) struct Bf16;
+pub(crate) struct F16;
+pub(crate) struct Fp8;
 /// fp8 keys known to hold no NaN byte (checked per chunk by the engine): a
 /// three-operation decode instead of seven.
-pub(super) struct Fp8Finite;
+pub(crate) struct Fp8Finite;
 /// fp8 keys as `2⁻⁸ ×` their values ([`decode::load8_fp8_scaled`]), for a
 /// kernel whose query carries the `2⁸` ([`decode::fp8_folded_query`]): no
 /// multiply per key.
-pub(super) struct Fp8Scaled;
+pub(crate) struct Fp8Scaled;
 /// [`Fp8Scaled`] of keys known to hold no NaN byte: three integer
 /// operations and the F16C widening per eight elements.
-pub(super) struct Fp8ScaledFinite;
+pub(crate) struct Fp8ScaledFinite;
 
 impl Load for F32 {
     type E = f32;
@@ -176,10 +177,7 @@ impl Load for Fp8Finite {
     #[inline(always)]
     unsafe fn load8(p: *const u8) -> __m256 {
         // SAFETY: the contract; 8 bytes at `p`.
-        unsafe {
-            let h = decode::fp8_as_f16_bits_finite(_mm_cvtepu8_epi16(_mm_loadl_epi64(p.cast())));
-            _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0))
-        }
+        unsafe { _mm256_mul_ps(decode::load8_fp8_scaled_finite(p), _mm256_set1_ps(256.0)) }
     }
     #[inline(always)]
     unsafe fn load16(a: *const u8, b: *const u8) -> __m512 {
