@@ -4,7 +4,7 @@
 //! its arguments into checked inputs with the typed argument layer
 //! ([`args`]), calls the core with the GIL released when the work is worth
 //! it, and lets [`errors`] map the core's refusal to a Python exception.
-//! The rules it enforces (`design.md`, "Conventions"):
+//! The rules it enforces (`docs/conventions.md`):
 //!
 //! - **Read-only arguments** are read in place when they already have the
 //!   right dtype and C order; otherwise one conversion is made when it keeps

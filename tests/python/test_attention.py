@@ -880,7 +880,7 @@ def test_values_of_the_wrong_ndim_are_refused_not_crashing(case):
 
 @pytest.mark.parametrize("case", ["v", "q", "k", "pos", "sel"])
 def test_misaligned_inputs_are_converted(case):
-    """design.md: an input that is not already right-dtype C-contiguous is
+    """docs/conventions.md: an input that is not already right-dtype C-contiguous is
     converted once; a misaligned float32/int array (np.frombuffer at an odd
     offset) must give the aligned copy's result, never a crash."""
     r = _child(case)

@@ -1,6 +1,6 @@
 """Block-sparse selection: the native functions against the NumPy reference
 (``kvselect.reference``, written from ``spec/block_sparse.rs.txt``), and the
-binding contract of design.md.
+binding contract of docs/conventions.md.
 
 On integer-valued data (small integers in [-3, 3], so every float32 dot
 product is exact whatever the summation order) the native block ids must

@@ -386,7 +386,7 @@ def test_json_file_is_written_beside_the_text_report_in_one_run(tmp_path, capsys
     assert out.startswith("kvselect check") and "1 wrong row(s)" in out
     r = json.loads(out_json.read_text())
     assert r["wrong"] == 1 and r["kind"] == "topk"
-    assert r == json.loads(json.dumps(checking._strict(checking.check_dump(checking.example_path()))))
+    assert r == json.loads(json.dumps(checking.strict_json(checking.check_dump(checking.example_path()))))
 
 
 def test_json_dash_prints_the_json_instead_of_the_text(capsys):

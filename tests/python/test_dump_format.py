@@ -112,7 +112,7 @@ def test_raw_bits_without_their_format_are_refused_naming_the_dump_key(tmp_path,
 
 
 def test_native_messages_name_the_dump_keys_not_the_api_arguments():
-    assert checking._in_dump_terms("view it with key_format, or query_format") == (
+    assert checking._common._in_dump_terms("view it with key_format, or query_format") == (
         "view it with index_k_format, or index_q_format")
 
 
@@ -198,7 +198,7 @@ def test_save_dump_writes_uncompressed_members_that_load_as_memory_maps(tmp_path
 def test_a_workload_layer_is_read_through_the_memory_map(tmp_path, monkeypatch):
     """load_npz slices the chosen layer out of the memory-mapped member: the
     array it indexes is a memmap, and only that layer's values come out."""
-    from kvselect import workloads
+    from kvselect.workloads import dumps as workloads  # the module that reads the archive
 
     p = tmp_path / "w.npz"
     arrays = workload_arrays(layers=3)

@@ -1,5 +1,5 @@
 """The native witness functions against the NumPy reference, and the binding
-contract of design.md: refusals, the in-place and zero-copy contract of the
+contract of docs/conventions.md: refusals, the in-place and zero-copy contract of the
 serving entry point, lossless integer conversion, ``out=`` buffers, and the
 properties of the random null (whose draws NumPy cannot reproduce).
 

@@ -235,8 +235,9 @@ def test_the_synthetic_dsa_indexer_stores_fp8_keys_with_per_key_scales(default_w
     assert ix.heads == 4 and ix.q.shape[:2] == (4, default_workload.tokens)
     # The bytes decode (ml_dtypes) to the projected keys within fp8's precision.
     decoded = ix.k.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * ix.key_scale[..., None]
-    k_p = default_workload.k @ __import__("kvselect.workloads", fromlist=["_projection"])._projection(
-        default_workload.d, ix.q.shape[3], 0)
+    from kvselect.workloads.indexer import projection
+
+    k_p = default_workload.k @ projection(default_workload.d, ix.q.shape[3], 0)
     assert np.allclose(decoded, k_p, rtol=2**-3, atol=1e-4 * 448 / 448)
 
 

@@ -2,7 +2,7 @@
 
 This package is written from the specifications (``spec/segment-witnesses.md``,
 ``spec/block_sparse.rs.txt``, the module docs of ``src/attention/`` and
-``src/metrics.rs``, and the Python API contract of ``design.md``),
+``src/metrics.rs``, and the Python API contract of ``docs/conventions.md``),
 independently of the Rust core. It is the oracle of the differential tests:
 the native functions of ``kvselect`` must equal these exactly on integer
 data (integer outputs, and float outputs computed from integer-valued
@@ -58,8 +58,8 @@ from ._args import (
     ReferenceWitnessError,
     ReferenceSelectionError,
 )
-from .keys import (  # checking.py decodes fp8 bytes through it
-    _fp8_e4m3fn_table,
+from .keys import (  # kvselect.checking decodes fp8 bytes through it
+    fp8_e4m3fn_table,
     decode,
 )
 from .witness import (

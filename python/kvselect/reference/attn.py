@@ -133,13 +133,13 @@ def oracle_topk(
     return _deliver(result, _out_buffer(out, "out", result.shape, _SELECTION, np.int32, (raw, query_pos)))
 
 
-def _native_scale(d_k: int) -> float:
+def native_scale(d_k: int) -> float:
     """The default scale as the native module uses it: ``1/sqrt(d_k)``
     rounded to float32 (1 for ``d_k = 0``)."""
     return 1.0 if d_k == 0 else float(np.float32(1.0 / np.sqrt(d_k)))
 
 
-def _qk(q: Any, k: Any, query_pos: Any):
+def qk_operands(q: Any, k: Any, query_pos: Any):
     """``q``, ``k`` (float64 from float32), the query positions and the GQA
     group, the shapes checked against each other."""
     q = _float_array("q", q, 3, _SELECTION)
@@ -182,7 +182,7 @@ def attention(
     of exactly those shapes, sharing no input's memory nor each other's) are
     filled with the results rounded to float32 and returned in their place."""
     raw = (q, k, v, selection, query_pos)
-    q, k, pos, group = _qk(q, k, query_pos)
+    q, k, pos, group = qk_operands(q, k, query_pos)
     n_queries, n_q_heads, d_k = q.shape
     n_keys, n_kv_heads = k.shape[0], k.shape[1]
     v = _float_array("v", v, 3, _SELECTION)
@@ -200,7 +200,7 @@ def attention(
                           raw + (out_buf,))
     # The attention pass computes with a float32 scale, which must be finite.
     with np.errstate(over="ignore"):
-        scale = float(np.float32(_native_scale(d_k) if scale is None else scale))
+        scale = float(np.float32(native_scale(d_k) if scale is None else scale))
     if not math.isfinite(scale):
         raise ReferenceSelectionError("scale", f"scale={scale} is not finite")
 

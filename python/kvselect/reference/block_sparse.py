@@ -136,7 +136,7 @@ class BlockSparseConfig:
         return max(self.top_blocks, self.init_blocks + self.local_blocks)
 
 
-def _config(config: Any):
+def config_fields(config: Any):
     """``(block_size, top_blocks, init_blocks, local_blocks)`` of ``config``:
     None for the default, or a config (this module's or the native one)."""
     if config is None:
@@ -216,7 +216,7 @@ def block_magnitudes(
 
 def _block_values(index_q: Any, index_k: Any, query_pos: Any, config: Any, key_format: Optional[str],
                   query_format: Optional[str], out: Any, magnitudes: bool) -> np.ndarray:
-    bs = _config(config)[0]
+    bs = config_fields(config)[0]
     keys = _decoded("index_k", index_k, key_format, 2)
     q = _decoded("index_q", index_q, query_format, 3)
     _same_d(q, keys)
@@ -265,7 +265,7 @@ def _select_one_query(
     return out
 
 
-def _flag(name: str, value: Any) -> bool:
+def flag_argument(name: str, value: Any) -> bool:
     """A keyword flag (``head_major``, ``physical``): a bool, as natively."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -320,9 +320,9 @@ def block_sparse_select(
     queries in any format :func:`decode` reads. Each row: ascending block
     ids, then -1.
     """
-    bs, top, init, local = _config(config)
+    bs, top, init, local = config_fields(config)
     width = max(top, init + local)
-    head_major = _flag("head_major", head_major)
+    head_major = flag_argument("head_major", head_major)
     keys = _decoded("index_k", index_k, key_format, 2)
     q = _decoded("index_q", index_q, query_format)
     if q.ndim == 2:
@@ -361,9 +361,9 @@ def block_sparse_select_packed(
     ``query_pos[i]`` within it, block ids counted from the sequence's start.
     int32 ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads, n_queries,
     width]`` with ``head_major=True``; a new array, or ``out`` filled)."""
-    bs, top, init, local = _config(config)
+    bs, top, init, local = config_fields(config)
     width = max(top, init + local)
-    head_major = _flag("head_major", head_major)
+    head_major = flag_argument("head_major", head_major)
     keys = _decoded("index_k", index_k, key_format, 2)
     q = _decoded("index_q", index_q, query_format, 3)
     _same_d(q, keys)
@@ -458,10 +458,10 @@ def block_sparse_select_paged(
     n_kv_heads, width]`` (``[n_kv_heads, n_queries, width]`` with
     ``head_major=True``) of logical block ids, or with ``physical=True`` the
     pages they live in."""
-    bs, top, init, local = _config(config)
+    bs, top, init, local = config_fields(config)
     width = max(top, init + local)
-    head_major = _flag("head_major", head_major)
-    physical = _flag("physical", physical)
+    head_major = flag_argument("head_major", head_major)
+    physical = flag_argument("physical", physical)
     pages = _paged_cache(kv_cache, key_format, bs)
     q = _decoded("index_q", index_q, query_format, 3)
     _same_d(q, pages)
@@ -548,8 +548,8 @@ def positions_of_blocks(
     ascending then -1, with ``query_pos`` / ``n_positions`` an int or one
     entry per row (2-D) or per query (3-D). Batched, ``out=`` (int32, that
     shape) receives the rows and is returned; the 1-D form takes none."""
-    bs = _config(config)[0]
-    head_major = _flag("head_major", head_major)
+    bs = config_fields(config)[0]
+    head_major = flag_argument("head_major", head_major)
     a = np.asarray(blocks)
     b = _index_array("blocks", a, a.ndim, _SELECTION)
     if b.ndim == 1 and out is not None:

@@ -22,8 +22,8 @@ from ._args import (
     _index_array,
     _refuse,
 )
-from .block_sparse import block_scores, _config, _flag
-from .witness import MAX_TOPOLOGY_SEGMENTS, _merge, _witness_table
+from .block_sparse import block_scores, config_fields, flag_argument
+from .witness import MAX_TOPOLOGY_SEGMENTS, merge_witnesses, witness_table
 
 
 # ==========================================================================
@@ -492,8 +492,8 @@ def check_blocks(block_scores: Any, rows: Any, visible_blocks: Any, config: Any 
     n_kv_heads, width]`` (``[n_kv_heads, n_queries, width]`` with
     ``head_major=True``) and ``visible_blocks [n_queries]``: the same check
     of the rows flattened query-major (row ``i * n_kv_heads + h``)."""
-    cfg = _config(config)
-    head_major = _flag("head_major", head_major)
+    cfg = config_fields(config)
+    head_major = flag_argument("head_major", head_major)
     raw = np.asarray(rows)
     if raw.dtype.kind not in "iu":
         raise TypeError(f"rows must hold integers, got dtype {raw.dtype}")
@@ -587,8 +587,8 @@ def check_witnesses(before: Any, after: Any, context_lens: Any, num_segments: An
     keep = topk if S == 0 else max(topk - S, 0)
     table = None
     if S > 0 and topk > 0:
-        _merge(expected, b, lens, keep, S, min(S, topk - keep))
-        table = _witness_table(b, lens, S)
+        merge_witnesses(expected, b, lens, keep, S, min(S, topk - keep))
+        table = witness_table(b, lens, S)
     details, by_reason = [], dict.fromkeys(_WITNESS_REASONS, 0)
     for i in range(rows):
         if np.array_equal(a[i], expected[i]):

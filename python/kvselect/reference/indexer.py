@@ -24,7 +24,7 @@ from ._args import (
     _query_positions,
     _refuse,
 )
-from .keys import decode, _fp8_e4m3fn_table
+from .keys import decode, fp8_e4m3fn_table
 from .witness import MAX_TOPOLOGY_SEGMENTS, scatter_topology_witnesses
 
 
@@ -273,7 +273,7 @@ def _gather_pages(kv_cache: Any, block_table: np.ndarray, s: int, length: int, p
         n_blocks, bs, width = cache.shape[0], cache.shape[1], cache.shape[-1]
         d = width - 4
         pages = np.ascontiguousarray(cache).reshape(n_blocks, bs * width)
-        keys = _fp8_e4m3fn_table()[pages[:, : bs * d].reshape(n_blocks, bs, d)]
+        keys = fp8_e4m3fn_table()[pages[:, : bs * d].reshape(n_blocks, bs, d)]
         scales = pages[:, bs * d :].copy().view(np.float32).astype(np.float64).reshape(n_blocks, bs)
     else:
         bs = cache.shape[1]

@@ -14,7 +14,7 @@ import numpy as np
 from ._args import ReferenceSelectionError
 
 
-def _fp8_e4m3fn_table() -> np.ndarray:
+def fp8_e4m3fn_table() -> np.ndarray:
     """The 256 float8 e4m3fn values, from the format's definition (1 sign,
     4 exponent bits of bias 7, 3 mantissa bits; 0x7F / 0xFF are NaN)."""
     b = np.arange(256)
@@ -57,7 +57,7 @@ def decode(values: Any, format: Optional[str] = None, argument: Optional[str] = 
     if name == "float16":
         return np.ascontiguousarray(a).view(np.float16).astype(np.float64)
     if name == "float8_e4m3fn":
-        return _fp8_e4m3fn_table()[np.ascontiguousarray(a).view(np.uint8)]
+        return fp8_e4m3fn_table()[np.ascontiguousarray(a).view(np.uint8)]
     if a.dtype.kind != "f" and a.size:
         raise TypeError(f"values must hold floats, got dtype {a.dtype}")
     return a.astype(np.float32).astype(np.float64)

@@ -22,7 +22,7 @@ from ._args import (
     _out_buffer,
     _refuse,
 )
-from .attn import attention, _native_scale, _qk
+from .attn import attention, native_scale, qk_operands
 from .witness import attention_mass_recall, segment_coverage
 
 
@@ -44,10 +44,10 @@ def attention_probabilities(
     ``j <= min(query_pos[i], n_keys - 1)`` of KV head ``h // group``, 0 after
     (one integer ``query_pos`` is ``[query_pos]``; ``out`` filled when given)."""
     raw = (q, k, query_pos)
-    q, k, pos, group = _qk(q, k, query_pos)
+    q, k, pos, group = qk_operands(q, k, query_pos)
     n_queries, n_q_heads, d_k = q.shape
     n_keys = k.shape[0]
-    scale = _native_scale(d_k) if scale is None else float(scale)
+    scale = native_scale(d_k) if scale is None else float(scale)
     if not math.isfinite(scale):
         raise ReferenceSelectionError("scale", f"scale={scale} is not finite")
     buf = _out_buffer(out, "out", (n_queries, n_q_heads, n_keys), _SELECTION, np.float64, raw)

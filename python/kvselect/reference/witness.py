@@ -95,7 +95,7 @@ def segment_of(token: int, context_len: int, num_segments: int) -> int:
     return token * s_eff // length
 
 
-def _witness_table(learned: np.ndarray, context_lens: np.ndarray, num_segments: int) -> np.ndarray:
+def witness_table(learned: np.ndarray, context_lens: np.ndarray, num_segments: int) -> np.ndarray:
     """int64 ``[rows, num_segments]``: slot ``s`` holds ``e_s`` when segment
     ``s < S_eff`` exists and the learned row does not occupy it, else -1.
 
@@ -146,10 +146,10 @@ def topology_witness_indices(
     _check_rows(learned, context_lens)
     out = _out_buffer(out, "out", (len(context_lens), num_segments), _WITNESS, np.int32, raw)
     learned = learned.reshape(len(context_lens), learned.shape[1])
-    return _deliver(_witness_table(learned, context_lens, num_segments), out)
+    return _deliver(witness_table(learned, context_lens, num_segments), out)
 
 
-def _merge(
+def merge_witnesses(
     out: np.ndarray,
     learned: np.ndarray,
     context_lens: np.ndarray,
@@ -162,7 +162,7 @@ def _merge(
     (With ``budget > 0``, ``topk > 0``, so ``learned`` is ``[rows, topk]``.)"""
     if budget == 0 or len(context_lens) == 0:
         return
-    table = _witness_table(learned, context_lens, num_segments)
+    table = witness_table(learned, context_lens, num_segments)
     is_witness = table >= 0
     rank = np.cumsum(is_witness, axis=1) - 1  # position among the row's witnesses
     written = is_witness & (rank < budget)  # witnesses past the budget are dropped
@@ -200,7 +200,7 @@ def apply_topology_witnesses(
 
     budget = min(max_replacements, topk - learned_keep)
     merged = learned.copy()
-    _merge(merged, learned, context_lens, learned_keep, num_segments, budget)
+    merge_witnesses(merged, learned, context_lens, learned_keep, num_segments, budget)
     return _deliver(merged, out)
 
 
@@ -221,7 +221,7 @@ def scatter_topology_witnesses(topk_indices: np.ndarray, context_lens: Any, num_
     budget = min(num_segments, topk - keep)
 
     merged = learned.copy()
-    _merge(merged, learned, context_lens, keep, num_segments, budget)
+    merge_witnesses(merged, learned, context_lens, keep, num_segments, budget)
     _deliver(merged, topk_indices)
     return None
 

@@ -1,21 +1,5 @@
-"""The ``kvselect`` command line.
-
-``kvselect eval`` compares selection policies at an identical token budget
-on a workload — the built-in synthetic long-context one by default, the real
-example shipped with the package, or your own Q/K/V dumps (``.npz``, the
-one dump format of ``kvselect check`` and ``eval``, kind ``"workload"``:
-``docs/dump-format.md``, ``kvselect.workloads``) — and prints one table per
-budget. Every budget
->= 1 runs on the defaults: what must scale with k and was not given is
-derived (``kvselect.evaluate.derive_settings``) and one line says what.
-Exit codes: 0 on success, 2 on a usage error (argparse's; a flag that is
-not a number is named with what it expects), 1 when a workload cannot be
-loaded, a given setting cannot work (the message names its flag), or an
-output (--json, --plot) cannot be written — the last two checked before the
-evaluation. Of several dumps (or a folder), one that cannot be loaded is
-reported by name when its turn comes and the others are still evaluated and
-pooled; the exit status is then 1.
-"""
+"""``kvselect eval``: selection policies compared at an identical token budget
+(the harness is :mod:`kvselect.evaluate`)."""
 
 from __future__ import annotations
 
@@ -24,9 +8,16 @@ import glob
 import json
 import os
 import sys
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import kvselect as ks
+from kvselect.cli._types import (
+    HelpFormatter,
+    check_output,
+    non_negative,
+    non_negative_float,
+    positive,
+)
 
 
 def _progress(enabled: bool):
@@ -97,22 +88,7 @@ def _derived_line(derived: Dict[int, Dict[str, int]]) -> Optional[str]:
     )
 
 
-def _check_output(flag: str, path: str) -> Optional[str]:
-    """Why ``path`` cannot be written (None if it can), checked before the run."""
-    import os
-
-    target = os.path.abspath(path)
-    folder = os.path.dirname(target)
-    if os.path.isdir(target):
-        return f"{flag} {path!r} is a directory; give a file name"
-    if not os.path.isdir(folder):
-        return f"{flag} {path!r}: the folder {folder!r} does not exist"
-    if not os.access(folder, os.W_OK):
-        return f"{flag} {path!r}: the folder {folder!r} is not writable"
-    return None
-
-
-def _eval(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import warnings
 
     from kvselect import evaluate
@@ -143,7 +119,7 @@ def _eval(args: argparse.Namespace) -> int:
         derived[budget] = d
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
-            problem = _check_output(flag, path)
+            problem = check_output(flag, path)
             if problem:
                 return fail(problem)
     if args.plot:
@@ -219,7 +195,7 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
+def run_demo(args: argparse.Namespace) -> int:
     """The old witness demo, now a tiny eval: the synthetic workload at 8K."""
     ns = argparse.Namespace(
         workload=["synthetic"],
@@ -239,61 +215,15 @@ def _demo(args: argparse.Namespace) -> int:
         plot=None,
         quiet=True,
     )
-    return _eval(ns)
+    return run(ns)
 
 
-def _integer(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        # argparse would say "invalid _positive value": the function's name.
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
 
-
-def _positive(text: str) -> int:
-    v = _integer(text, "a positive integer")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
-    if not (v >= 0 and v != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be finite and non-negative, got {text}")
-    return v
-
-
-def _non_negative(text: str) -> int:
-    v = _integer(text, "a non-negative integer")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be non-negative, got {v}")
-    return v
-
-
-class _HelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter, except that a flag is never broken at its hyphen."""
-
-    def _split_lines(self, text: str, width: int) -> List[str]:
-        import textwrap
-
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvselect",
-        description="kvselect: which KV positions a query may attend to in sparse attention.",
-    )
-    parser.add_argument("--version", action="version", version=f"kvselect {ks.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_parser(sub: Any) -> None:
+    """The ``eval`` subcommand of ``kvselect``."""
     ev = sub.add_parser(
         "eval",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
         help="compare selection policies at an identical token budget",
         description=(
             "Compare learned top-k, segment witnesses (reserved tail and as served), "
@@ -314,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--budget",
-        type=_positive,
+        type=positive,
         nargs="+",
         default=[2048],
         metavar="K",
@@ -322,13 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--segments",
-        type=_positive,
+        type=positive,
         default=None,
         help="witness segments S, 1-64 (default: 64, or k // 8 (at least 1) when the budget k is below 512)",
     )
     ev.add_argument(
         "--block-size",
-        type=_positive,
+        type=positive,
         default=None,
         help="block-sparse block size in tokens (default: 64, halved until the forced "
         "blocks fit the budget, i.e. below k = 192). kvselect.BlockSparseConfig's "
@@ -339,49 +269,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--init-blocks",
-        type=_non_negative,
+        type=non_negative,
         default=None,
         help="block-sparse: forced first blocks (default: 1, fewer if the budget cannot "
         "hold them)",
     )
     ev.add_argument(
         "--local-blocks",
-        type=_non_negative,
+        type=non_negative,
         default=None,
         help="block-sparse: forced newest blocks (default: 2, fewer if the budget cannot "
         "hold them)",
     )
     ev.add_argument(
         "--sinks",
-        type=_non_negative,
+        type=non_negative,
         default=None,
         help="sink + window: sink tokens (default: 4, or k - 1 when the budget is below 5)",
     )
     ev.add_argument(
-        "--context", type=_positive, default=32768,
+        "--context", type=positive, default=32768,
         help="synthetic workload: context length in tokens (default: 32768)",
     )
     ev.add_argument(
-        "--index-heads", type=_positive, default=4,
+        "--index-heads", type=positive, default=4,
         help="synthetic workload: the lightning indexer's index heads per KV head (default: 4)",
     )
     ev.add_argument(
-        "--index-noise", type=_non_negative_float, default=2.0,
+        "--index-noise", type=non_negative_float, default=2.0,
         help="synthetic workload: the indexer's approximation error, its index queries' noise "
         "in units of their RMS; a modelling choice, not a measurement: at 2.0 the learned "
         "top-k sits a few hundredths of recall below the oracle, at 0.25 within 0.01 "
         "(default: 2.0)",
     )
     ev.add_argument(
-        "--queries", type=_positive, default=64,
+        "--queries", type=positive, default=64,
         help="query positions evaluated per head (default: 64)",
     )
     ev.add_argument(
-        "--seed", type=_non_negative, default=0,
+        "--seed", type=non_negative, default=0,
         help="seed of the workload, the query positions and the random null (default: 0)",
     )
     ev.add_argument(
-        "--threads", type=_non_negative,
+        "--threads", type=non_negative,
         help="kvselect threads, 0 = all cores (default: all cores)",
     )
     ev.add_argument(
@@ -396,26 +326,5 @@ def build_parser() -> argparse.ArgumentParser:
         "--quiet", action="store_true",
         help="no progress bar (default: a progress bar on a terminal)",
     )
-    ev.set_defaults(run=_eval)
+    ev.set_defaults(run=run)
 
-    from kvselect import checking
-
-    checking.add_parser(sub)
-
-    demo = sub.add_parser("demo", help="a quick witness demo (a small eval)")
-    demo.set_defaults(run=_demo)
-    return parser
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.run(args))
-    except BrokenPipeError:  # `kvselect check dump.npz | head`: the reader left early
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # no second traceback when Python flushes stdout
-        return 141  # what a shell reports for a process ended by SIGPIPE (128 + 13)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,665 @@
+"""The indexer top-k checked against scores exact up to float64 rounding.
+
+:func:`check_indexer_topk` screens with the native float32 scores and a
+rigorous error bound, then re-scores only the candidate positions in
+float64 (every product of fp8/bf16/f16/f32 operands is exact there); see
+the package docs for the argument."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+
+import kvselect as ks
+from kvselect.checking._common import (
+    _ALIASES,
+    _CHUNK_BYTES,
+    DEFAULT_RTOL,
+    FILLERS,
+    Dump,
+    DumpError,
+    _merge,
+    _paged_keys,
+    _refused,
+    _vacuous_rows,
+    decode32,
+)
+
+# The float32 unit roundoff, the float64 one, and the smallest subnormal
+# float32's half (the absolute error of a rounding into the subnormal range).
+_U32 = 2.0**-24
+
+
+_U64 = 2.0**-53
+
+
+_ETA32 = 2.0**-150
+
+
+def _gamma(n: int) -> float:
+    """Higham's ``γ_n = n u / (1 - n u)``, ``u = 2^-24``."""
+    return n * _U32 / (1.0 - n * _U32)
+
+
+def _up32(x: np.ndarray) -> np.ndarray:
+    """``x`` (float64) as float32 rounded up: the least float32 ``>= x``."""
+    y = np.asarray(x, dtype=np.float64).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        return np.where(y < x, np.nextafter(y, np.float32(np.inf)), y)
+
+
+def _down32(x: np.ndarray) -> np.ndarray:
+    """``x`` (float64) as float32 rounded down: the greatest float32 ``<= x``."""
+    y = np.asarray(x, dtype=np.float64).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        return np.where(y > x, np.nextafter(y, np.float32(-np.inf)), y)
+
+
+def _one_blas_thread() -> Any:
+    """A context in which BLAS runs on one thread, if threadpoolctl is
+    installed: the re-scoring's products are small ([H, d] by [d, a row's
+    candidates]), and a threaded BLAS spends far longer waking its threads
+    than computing them, worse on a busy machine (30x measured on 2 shared
+    cores)."""
+    try:
+        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+    except ImportError:  # pragma: no cover - an optional speed-up
+        import contextlib
+
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
+def _key_bounds(keys: Any, ksc: Optional[np.ndarray], key_format: Optional[str]) -> np.ndarray:
+    """``g_t = |c_t| max_i |k_ti|`` per key (float64, exact: the product of
+    two values of at most 24 significant bits), the keys decoded a chunk at a
+    time so a long sequence never decodes all of them at once. NaN for a NaN
+    key or scale."""
+    from kvselect import reference
+
+    keys = np.asarray(keys)
+    n = len(keys)
+    d = int(np.prod(keys.shape[1:])) if keys.ndim > 1 else 1
+    name = keys.dtype.name
+    raw = {"uint16": 0x7FFF, "uint8": 0x7F}.get(name) if key_format in ("bfloat16", "float16",
+                                                                        "float8_e4m3fn") else None
+    sign_less = {"bfloat16": 0x7FFF, "float16": 0x7FFF, "float8_e4m3fn": 0x7F}.get(name, raw)
+    if sign_less is not None and keys.dtype.isnative and n and d:
+        # bfloat16 / float16 / fp8 e4m3fn: |x| rises with the bits below the
+        # sign (NaN codes the highest), so the largest code is kmax's.
+        bits = keys.view(np.uint16 if sign_less == 0x7FFF else np.uint8).reshape(n, d)
+        code = (bits & sign_less).max(axis=1).view(keys.dtype)
+        g = np.abs(reference.decode(code, key_format, "key_format"))
+    elif name == "float32":
+        g = np.abs(keys.reshape(n, d)).max(axis=1, initial=0.0).astype(np.float64)
+    else:
+        g = np.empty(n, dtype=np.float64)
+        step = max(1, (16 << 20) // (8 * max(1, d)))
+        for a in range(0, n, step):
+            kd = reference.decode(keys[a : a + step], key_format, "key_format").reshape(-1, d)
+            g[a : a + step] = np.abs(kd).max(axis=1, initial=0.0)
+    if ksc is not None:
+        g *= np.abs(np.asarray(ksc, dtype=np.float32).astype(np.float64))
+    return g
+
+
+def indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, query_pos: np.ndarray,
+                   topk: Optional[int], key_scale: Any, key_format: Optional[str], query_format: Optional[str],
+                   cu_seqlens: Optional[np.ndarray], seq_ids: Optional[np.ndarray], atol: float, rtol: float,
+                   layout_of: Any, whole: Optional[ks.GlobalSlots] = None, filler: str = "-1") -> dict:
+    """The body of :func:`check_indexer_topk` (and of a dump's indexer-input
+    check): ``layout_of(rows)`` is the ``GlobalSlots`` of those rows, or
+    None; ``whole``, a ``GlobalSlots`` of every row, checks the batch in one
+    piece through it instead; ``filler`` is :func:`kvselect.check_topk`'s."""
+    engine_rows = np.asarray(rows)
+    if engine_rows.ndim != 2 or (engine_rows.dtype.kind not in "iu" and engine_rows.size):
+        raise _refused("rows", f"rows must be 2-D integers [n_rows, width], got "
+                                f"{engine_rows.dtype} {engine_rows.shape}")
+    n = len(engine_rows)
+    pos = np.asarray(query_pos).astype(np.int64).reshape(-1) if np.ndim(query_pos) else \
+        np.array([int(query_pos)], dtype=np.int64)
+    q_arr = np.asarray(index_q)
+    if q_arr.ndim != 3 or len(q_arr) != n or len(pos) != n:
+        raise _refused("rows", f"rows has {n} rows, index_q {q_arr.shape}, query_pos "
+                                f"{len(pos)} entries: one each per row")
+    k_arr = np.asarray(index_k)
+    if cu_seqlens is None:
+        cu, seq = np.array([0, len(k_arr)], dtype=np.int64), np.zeros(n, dtype=np.int64)
+    else:
+        if seq_ids is None:
+            raise _refused("seq_ids", "cu_seqlens needs seq_ids: each row's sequence")
+        cu = np.asarray(cu_seqlens).astype(np.int64).reshape(-1)
+        seq = np.asarray(seq_ids).astype(np.int64).reshape(-1)
+        if len(seq) != n:
+            raise _refused("seq_ids", f"seq_ids has {len(seq)} entries for {n} rows")
+        if len(cu) < 2 or cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] != len(k_arr):
+            raise _refused("cu_seqlens", f"cu_seqlens must rise from 0 to the {len(k_arr)} keys")
+        if len(seq) and (seq.min() < 0 or seq.max() >= len(cu) - 1):
+            raise _refused("seq_ids", f"seq_ids must name one of the {len(cu) - 1} sequences")
+    w32 = np.asarray(weights, dtype=np.float32)
+    c32 = None if key_scale is None else np.asarray(key_scale, dtype=np.float32)
+    if c32 is not None and c32.ndim == 0:
+        c32 = np.full(len(k_arr), c32, dtype=np.float32)  # one per-tensor scale
+    h, d = q_arr.shape[1], q_arr.shape[2]
+    parts: List[Tuple[np.ndarray, dict]] = []
+    vacuous = 0
+    if whole is not None:  # one piece: every sequence's scores in one matrix
+        t_max = int(np.diff(cu).max()) if n else 0
+        full = np.full((n, t_max), np.nan)
+        full_m = np.full((n, t_max), np.nan) if rtol else None
+        full_lens = np.zeros(n, dtype=np.int64)
+    for s in np.unique(seq):
+        lo, hi = int(cu[s]), int(cu[s + 1])
+        keys, ksc = k_arr[lo:hi], None if c32 is None else c32[lo:hi]
+        absc = np.ones(1) if ksc is None else np.abs(ksc.astype(np.float64))
+        g: Optional[np.ndarray] = None
+        idx = np.flatnonzero(seq == s)
+        step = len(idx) if whole is not None else \
+            max(1, _CHUNK_BYTES // (26 * max(1, hi - lo) + 16 * max(1, h * d)))
+        for c0 in range(0, len(idx), step):
+            sub = idx[c0 : c0 + step]
+            S = ks.indexer_scores(q_arr[sub], w32[sub], keys, pos[sub], key_scale=ksc, key_format=key_format,
+                                  query_format=query_format)
+            if g is None:  # once per sequence, after the native call has vetted the keys
+                g = _key_bounds(keys, ksc, key_format)
+            lens = np.minimum(pos[sub] + 1, hi - lo)
+            layout = whole if whole is not None else layout_of(sub)
+            rel = None if whole is None else whole.positions(engine_rows)[sub]
+            idx_, real, exact, mags, vac = _rescore(
+                S, g, engine_rows[sub], lens, topk, atol, rtol, layout,
+                (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format), rel, whole is not None)
+            vacuous += int(vac.sum())
+            if whole is not None:
+                full[sub, : hi - lo], full_lens[sub] = exact, lens
+                if full_m is not None and mags is not None:
+                    full_m[sub, : hi - lo] = mags
+                continue
+            # The exactly wrong rows against their float64 scores; the rest,
+            # exactly right, against equal scores (their structural faults).
+            mine = sub[idx_[real]]
+            if len(mine):
+                parts.append((mine, ks.check_topk(
+                    exact[real], engine_rows[mine], lens[idx_[real]], topk=topk, atol=atol, rtol=rtol,
+                    magnitudes=None if mags is None else mags[real], slots=layout_of(mine), filler=filler)))
+            right = np.ones(len(sub), dtype=bool)
+            right[idx_[real]] = False
+            if right.any():
+                parts.append((sub[right], ks.check_topk(
+                    np.zeros((int(right.sum()), hi - lo), np.float32), engine_rows[sub[right]],
+                    lens[right], topk=topk, slots=layout_of(sub[right]), filler=filler)))
+    if whole is not None:
+        parts = [(np.arange(n), ks.check_topk(full, engine_rows, full_lens, topk=topk, atol=atol, rtol=rtol,
+                                              magnitudes=full_m, slots=whole, filler=filler))]
+    out = _merge(parts)
+    out["rows"] = n
+    out["correct"] = n - out["wrong"]
+    out["vacuous"] = vacuous
+    if not parts:
+        out["by_reason"] = dict.fromkeys(("padding_hole", "duplicate", "not_causal", "not_in_table",
+                                          "wrong_count", "wrong_selection"), 0)
+    return out
+
+
+def _topk_of(rows: np.ndarray, topk: Optional[int], layout: Any) -> int:
+    if topk is not None:
+        return int(topk)
+    ranks = 1 if layout is None else int(getattr(layout, "dcp_size", 1) or 1)
+    return rows.shape[1] // ranks
+
+
+def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, topk: Optional[int],
+             atol: float, rtol: float, layout: Any, operands: tuple, rel: Optional[np.ndarray] = None,
+             full: bool = False) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
+    """The float64-exact check of a chunk of rows (see
+    :func:`check_indexer_topk` for the rule and why it is exact): ``(idx,
+    real, scores, magnitudes, vacuous)``. ``scores`` (and ``magnitudes``,
+    ``None`` at ``rtol = 0``) are rows ``idx`` of the chunk in float64: ``S``
+    (``M'``) with the exact values at the candidates; ``real[j]`` says row
+    ``idx[j]`` is exactly wrong, the rows whose values check_topk must see
+    (every other row is exactly right, so any equal scores give its report:
+    only its structural faults); every row with ``full``. ``vacuous`` is per
+    chunk row. ``S`` is the native float32 scores (modified: NaN past each
+    row's length becomes ``-inf``), ``g`` the sequence's :func:`_key_bounds`.
+
+    The screen is vectorised over the chunk, in float32 for the rows with
+    finite operands: one pass for each row's largest unselected score, one
+    comparison against a per-row threshold, then arithmetic on the few
+    candidates it leaves. The candidates are re-scored and each row's exact
+    verdict is computed from them; only the exactly wrong rows, those the
+    bounds leave undecided as to vacuity, and those with a non-finite
+    operand are screened again, one by one in float64."""
+    from kvselect import reference
+
+    q, w32, keys, ksc, absc, h, d, query_format, key_format = operands
+    c, t = S.shape
+    k = _topk_of(rows, topk, layout)
+    if rel is None:
+        rel = layout.positions(rows) if layout is not None else np.asarray(rows, dtype=np.int64)
+    lens = np.asarray(lens, dtype=np.int64)
+    vac = np.zeros(c, dtype=bool)
+    f64 = np.float64
+    if t == 0:
+        idx0 = np.arange(c) if full else np.zeros(0, dtype=np.int64)
+        return idx0, np.zeros(len(idx0), bool), np.zeros((len(idx0), 0)), \
+            (np.zeros((len(idx0), 0)) if rtol else None), vac
+    S = np.ascontiguousarray(S)  # (the native call's already is: no copy)
+    for i in np.flatnonzero(lens < t):  # past the row's length: -inf, below every bound
+        S[i, lens[i] :] = -np.inf
+    qd = reference.decode(q, query_format, "query_format").reshape(c, h, d)
+    w64 = w32.astype(f64)
+    absw = np.abs(w64)
+    absq = np.abs(qd)
+    wq = np.einsum("ch,chd->cd", absw, absq)  # Σ_h |w_h| |q_hi|, per row
+    # A_q = Σ_h |w_h| Σ_i |q_hi|, rounded up past its float64 roundings (at
+    # most d + H + 3 of them, each relative 2^-53): M'_t = A_q g_t >= M_t.
+    with np.errstate(invalid="ignore", over="ignore"):
+        A = wq.sum(axis=1) * (1.0 + 4 * (d + h + 4) * _U64)
+        gmax = float(np.max(g, initial=0.0))
+        gam = _gamma(d + h + 2)
+        eta = 2 * 8 * _ETA32 * (float(absc.max(initial=1.0)) * (d * absw.sum(axis=1) + h) + 1.0)
+        # Δ: the underflow term plus room for the screen's own roundings (and
+        # check_topk's float64 ones): a few of size at most (2 + rtol) max M'
+        # + atol, each off by at most u of it.
+        delta = eta + 16 * _U32 * ((2 + rtol) * A * gmax + atol)
+        # Rows whose float32 scores cannot overflow (nor be NaN): finite operands.
+        fin = np.isfinite(A) & np.isfinite(delta) & np.isfinite(gmax) & (2 * A * gmax + delta < 2.0**120)
+    ok = (rel >= 0) & (rel < lens[:, None])
+    sr = np.broadcast_to(np.arange(c)[:, None], rel.shape)[ok]
+    st = rel[ok]  # the selected (row, position) pairs, row by row
+    flat = sr * t + st
+    sel = np.zeros((c, t), dtype=bool)
+    sel.reshape(-1)[flat] = True
+    n_sel = np.count_nonzero(sel, axis=1)  # distinct selected positions
+    has_both = (n_sel > 0) & (lens > n_sel)
+    go = has_both & fin
+    Sf = S.reshape(-1)  # a view: S is C-contiguous (made so above)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # Unselected b: exact s_b - e_b lies in [S_b - (2γ + rtol) M'_b - Δ -
+        # atol, S_b + 2γ M'_b + Δ - atol]. One pass finds each row's largest
+        # unselected S (the selected set to -inf meanwhile); every b that can
+        # be the best unselected has S_b >= that - (4γ + rtol) A gmax - 2Δ
+        # (a float32 threshold rounded down: an exact float32 comparison),
+        # a superset refined below with each position's own M'_b.
+        sv32 = Sf[flat]
+        Sf[flat] = -np.inf
+        smax = S.max(axis=1).astype(f64)
+        coarse = _down32(np.where(go, smax - (4 * gam + rtol) * A * gmax - 2 * delta, np.inf))
+        cr, ct = np.nonzero(S >= coarse[:, None])
+        Sf[flat] = sv32
+        Sc = Sf[cr * t + ct].astype(f64)
+        Mc = A[cr] * g[ct]
+        lo_c = Sc - (2 * gam + rtol) * Mc - delta[cr] - atol
+        lo_max = np.full(c, -np.inf)  # the best unselected lower bound
+        if len(cr):
+            starts = np.flatnonzero(np.r_[True, cr[1:] != cr[:-1]])
+            lo_max[cr[starts]] = np.maximum.reduceat(lo_c, starts)
+        keep = Sc + 2 * gam * Mc + delta[cr] - atol >= lo_max[cr]
+        cr, ct = cr[keep], ct[keep]
+        # Selected a: s_a + e_a within [S - E + atol, S + E + atol + rtol M'].
+        sv = sv32.astype(f64)
+        Ms = A[sr] * g[st]
+        Es = 2 * gam * Ms + delta[sr]
+        lo_s = sv - Es + atol
+        up_s = sv + Es + atol + rtol * Ms
+        worst_up = np.full(c, np.inf)
+        top = np.full(c, -np.inf)
+        if len(sr):
+            starts = np.flatnonzero(np.r_[True, sr[1:] != sr[:-1]])
+            worst_up[sr[starts]] = np.minimum.reduceat(up_s, starts)
+            top[sr[starts]] = np.maximum.reduceat(sv - Es - atol - rtol * Ms, starts)
+        s_cand = go[sr] & (lo_s <= worst_up[sr])
+        # Certainly not vacuous: some s - e (a selected one's, or the best
+        # unselected's) above some s + e (the worst selected's).
+        decided = (lens <= k) | (np.maximum(top, lo_max) > worst_up)
+    slow = ~fin | ~decided
+    pr_parts, pt_parts = [cr, sr[s_cand]], [ct, st[s_cand]]
+    for i in np.flatnonzero(slow):
+        ts = _screen_row(S[i, : int(lens[i])], g[: int(lens[i])], float(A[i]), float(delta[i]), gam,
+                         rel[i][ok[i]], k, atol, rtol)
+        pr_parts.append(np.full(len(ts), i, dtype=np.int64))
+        pt_parts.append(ts)
+    keys_ = np.asarray(keys)
+    cs_all = None if ksc is None else np.asarray(ksc, dtype=np.float32).astype(f64)
+
+    def rescore(pr_parts: List[np.ndarray], pt_parts: List[np.ndarray], done: Optional[np.ndarray] = None
+                ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Re-score the (row, position) pairs not ``done`` in float64 (every
+        product of the decoded operands exact; one decode of their distinct
+        keys): the pairs (``row * t + position``, row, position), their
+        scores and magnitudes."""
+        u = np.unique(np.concatenate([np.asarray(p, dtype=np.int64) * t + np.asarray(q_, dtype=np.int64)
+                                      for p, q_ in zip(pr_parts, pt_parts)]))
+        if done is not None:
+            u = u[~np.isin(u, done)]
+        pr, pt = u // t, u % t
+        ut, inv = np.unique(pt, return_inverse=True)
+        kd = reference.decode(keys_[ut], key_format, "key_format").reshape(len(ut), d)
+        absk = np.abs(kd)
+        ex, mg = np.empty(len(u)), np.empty(len(u))
+        starts = np.flatnonzero(np.r_[True, pr[1:] != pr[:-1]]) if len(pr) else np.zeros(0, np.int64)
+        ends = np.r_[starts[1:], len(pr)].astype(np.int64)
+        with np.errstate(invalid="ignore", over="ignore"), _one_blas_thread():
+            for a_, b_ in zip(starts, ends):
+                i, j = int(pr[a_]), inv[a_:b_]
+                ex[a_:b_] = w64[i] @ np.maximum(qd[i] @ kd[j].T, 0.0)
+                mg[a_:b_] = absk[j] @ wq[i]  # Σ_i (Σ_h |w_h| |q_hi|) |k_ti|: no ReLU, so one vector
+            if cs_all is not None:
+                ex *= cs_all[pt]
+                mg *= np.abs(cs_all[pt])
+        return u, pr, pt, ex, mg
+
+    done, pr, pt, ex, mg = rescore(pr_parts, pt_parts)
+    # Each row's exact verdict, as check_topk computes it, from its
+    # candidates (they hold its best unselected and worst selected).
+    is_sel = sel.reshape(-1)[done]
+    with np.errstate(invalid="ignore", over="ignore"):
+        rel_e = rtol * np.abs(mg) if rtol else np.zeros(len(mg))
+        e = atol + np.where(np.isnan(rel_e), 0.0, rel_e)
+        best = np.full(c, -np.inf)
+        np.maximum.at(best, pr[~is_sel], (ex - e)[~is_sel])
+        worst = np.full(c, np.inf)
+        np.minimum.at(worst, pr[is_sel], (ex + e)[is_sel])
+    wrong = has_both & (~fin | ~(best <= worst))
+    if wrong.any():  # the wrong rows' threshold and counts past the line
+        pr_parts, pt_parts = [], []
+        for i in np.flatnonzero(wrong):
+            ts = _screen_row(S[i, : int(lens[i])], g[: int(lens[i])], float(A[i]), float(delta[i]), gam,
+                             rel[i][ok[i]], k, atol, rtol, (float(best[i]), float(worst[i])))
+            pr_parts.append(np.full(len(ts), i, dtype=np.int64))
+            pt_parts.append(ts)
+        more = rescore(pr_parts, pt_parts, done)
+        pr, pt, ex, mg = (np.concatenate([x, y]) for x, y in zip((pr, pt, ex, mg), more[1:]))
+    # The float64 scores (and magnitudes) of the rows whose values matter:
+    # the wrong ones' (check_topk reports their line) and the vacuous test's
+    # undecided ones; every row with ``full``.
+    need = np.ones(c, dtype=bool) if full else (wrong | slow)
+    idx = np.flatnonzero(need)
+    at = np.full(c, -1)
+    at[idx] = np.arange(len(idx))
+    out = S[idx].astype(f64)
+    mags = np.multiply.outer(A[idx], g) if rtol else None
+    mine = need[pr]
+    out[at[pr[mine]], pt[mine]] = ex[mine]
+    if mags is not None:
+        mags[at[pr[mine]], pt[mine]] = mg[mine]
+    if slow.any():
+        rs = at[np.flatnonzero(slow)]
+        vac[slow] = _vacuous_rows(out[rs], None if mags is None else mags[rs], lens[slow], k, atol, rtol)
+    return idx, (wrong if not full else need)[idx], out, mags, vac
+
+
+def _screen_row(S: np.ndarray, g: np.ndarray, A: float, delta: float, gam: float, selected: np.ndarray,
+                k: int, atol: float, rtol: float, line: Optional[Tuple[float, float]] = None) -> np.ndarray:
+    """One row's candidates (positions), screened in float64 (``S`` and
+    ``g`` the row's ``L`` positions'). Without ``line``: a row the chunk's
+    screen left undecided as to vacuity, or with a non-finite score or
+    operand: its best unselected and worst selected candidates and the
+    vacuous test's extremes. With ``line`` (the exact best unselected ``s -
+    e`` and worst selected ``s + e`` of a wrong row): the threshold band and
+    the positions whose side of the line the bounds leave open."""
+    L = len(S)
+    s = S.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        M = A * g
+        E = 2 * gam * M + delta
+        bad = ~(np.isfinite(s) & np.isfinite(E) & np.isfinite(M))
+        s, M = np.where(bad, 0.0, s), np.where(bad, 0.0, M)
+        E = np.where(bad, np.inf, E)  # a non-finite score or bound: anything
+        lo_m, up_m = s - E - atol - rtol * M, s + E - atol  # bounds of s - e
+        lo_p, up_p = s - E + atol, s + E + atol + rtol * M  # bounds of s + e
+    sel = np.zeros(L, dtype=bool)
+    sel[selected] = True
+    uns = ~sel
+    cand = bad.copy()
+    if line is not None:
+        if bad.any():
+            cand[:] = True
+        else:
+            best, worst = line
+            want = min(k, L)
+            theta = np.partition(s, L - want)[L - want]
+            cand |= np.abs(s - theta) <= E + 2 * E.max()
+            cand |= uns & (up_m >= worst) & (lo_m <= worst)
+            cand |= sel & (up_p >= best) & (lo_p <= best)
+        return np.flatnonzero(cand)
+    if sel.any() and uns.any():
+        cand |= uns & (up_m >= lo_m[uns].max())
+        cand |= sel & (lo_p <= up_p[sel].min())
+    if L > k:  # the vacuous test's extremes, unless the bounds decide it
+        top_lo, bottom_up = lo_m.max(), up_p.min()
+        if not (top_lo > bottom_up or up_m.max() <= lo_p.min()):
+            cand |= (up_m >= top_lo) | (lo_p <= bottom_up)
+    return np.flatnonzero(cand)
+
+
+def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: Any,
+                       topk: Optional[int] = None, *, key_scale: Any = None, key_format: Optional[str] = None,
+                       query_format: Optional[str] = None, cu_seqlens: Any = None, seq_ids: Any = None,
+                       precision: str = "float32", atol: Optional[float] = None, rtol: Optional[float] = None,
+                       slots: Optional[ks.GlobalSlots] = None, filler: str = "-1", kv_cache: Any = None,
+                       block_table: Any = None, seq_lens: Any = None, page_layout: str = "dense") -> dict:
+    """Whether each engine row is a correct lightning-indexer top-k of the
+    indexer's inputs, judged against scores **exact up to float64
+    rounding**: the report of :func:`kvselect.check_topk` plus ``vacuous``
+    (the rows no selection could fail at this tolerance).
+
+    The arguments are :func:`kvselect.indexer_topk`'s (``rows`` the engine's
+    output ``[n_rows, width]``, any order, ``-1`` padded; ``topk`` defaults
+    to the width, a rank's width with DCP ``slots``); a packed batch as
+    :func:`kvselect.indexer_topk_packed` takes it (``cu_seqlens``,
+    ``seq_ids``; ``query_pos`` within the sequence, rows offsets from its
+    start); a paged cache as :func:`kvselect.indexer_topk_paged` takes it
+    (``kv_cache``, ``block_table``, ``seq_lens``, ``seq_ids``,
+    ``page_layout``; ``index_k`` None), each sequence's pages read in their
+    own format; ``slots`` a :class:`kvselect.GlobalSlots` when the rows are
+    global slot ids (the whole batch is then checked in one piece);
+    ``filler`` the engine's contract for short rows, as
+    :func:`kvselect.check_topk` takes it.
+    ``precision`` names the engine's coarsest rounding and sets the default
+    ``rtol`` (:data:`DEFAULT_RTOL`; ``atol`` defaults to 0), as in a dump.
+    With ``atol = rtol = 0`` a row passes iff it is right up to float64
+    rounding. The operands are the values the native kernel reads (weights
+    and key scales as float32, keys and queries decoded exactly).
+
+    How: the native float32 scores ``S`` (:func:`kvselect.indexer_scores`,
+    the one native pass) screen, with a cheap bound ``M'`` in place of the
+    magnitudes; only the candidates are re-scored in float64 (their score
+    and their magnitude), each row is decided from them, and
+    :func:`kvselect.check_topk` sees float64 scores (exact at the
+    candidates, ``S`` elsewhere) and magnitudes (exact at the candidates,
+    ``M'`` elsewhere).
+
+    - **The magnitude bound.** ``M'_t = |c_t| kmax_t A_q`` with ``kmax_t =
+      max_i |k_ti|`` (the decoded keys, once per sequence, a chunk of keys at
+      a time) and ``A_q = Σ_h |w_h| Σ_i |q_hi|``: each ``|q_hi k_ti| <=
+      |q_hi| kmax_t``, so ``M'_t >= M_t = |c_t| Σ_h |w_h| Σ_i |q_hi
+      k_ti|``. It is computed in float64: ``|c_t| kmax_t`` is exact (a
+      product of two values of at most 24 significant bits), and ``A_q`` is
+      multiplied by ``1 + 4 (d + H + 4) 2^-53``, more than its at most ``d +
+      H + 3`` float64 roundings and the product's one can take off, so the
+      computed ``M'_t`` is an upper bound.
+    - **The score bound.** ``S_t = fl(c_t · Σ_h fl(w_h · relu(fl(q_h ·
+      k_t))))`` in float32, in whatever order a kernel sums. With ``u =
+      2^-24`` and ``γ_n = n u / (1 - n u)``: a dot of ``d`` terms in any
+      order is off by at most ``γ_d Σ_i |q_hi k_ti|``; the ReLU is exact and
+      1-Lipschitz; the product with ``w_h``, the sum over ``H`` heads (any
+      order) and the product with ``c_t`` add ``H + 2`` roundings, so ``|S_t
+      - s_t| <= γ_{d+H+2} M_t`` plus the absolute error of roundings into
+      the subnormal range (at most ``2^-150`` each, scaled by what
+      multiplies them later): ``η = 8 · 2^-150 (|c|max (d Σ_h |w_h| + H) +
+      1)``, doubled. ``E_t = 2 γ_{d+H+2} M'_t + Δ`` bounds it, ``Δ = η + 16
+      u ((2 + rtol) A_q max_t g_t + atol)`` (``g_t = |c_t| kmax_t``): room
+      for the screen's and the check's own roundings, each at most ``u`` of
+      a value below ``(2 + rtol) max M' + atol``. The screen compares float32
+      scores with per-row thresholds computed in float64 and rounded down to
+      float32, so its comparisons are exact.
+    - **The tolerance, with only bounds.** ``e_t = atol + rtol m_t``, ``m_t``
+      the exact magnitude, lies in ``[atol, atol + rtol M'_t]``; so an
+      unselected ``b``'s exact ``s_b - e_b`` lies in ``[S_b - E_b - atol -
+      rtol M'_b, S_b + E_b - atol]`` and a selected ``a``'s ``s_a + e_a`` in
+      ``[S_a - E_a + atol, S_a + E_a + atol + rtol M'_a]``.
+    - **The candidates.** The unselected whose upper end reaches the largest
+      lower end over the unselected, and the selected whose lower end
+      reaches the smallest upper end over the selected: they hold the best
+      unselected and the worst selected, the row's verdict and margin. A row
+      is vacuous iff ``max_t (s_t - e_t) <= min_t (s_t + e_t)`` over all its
+      positions; unless the bounds decide it (some lower end of an ``s - e``
+      above some upper end of an ``s + e``: not vacuous; every upper end of
+      ``s - e`` at most every lower end of ``s + e``: vacuous), the positions
+      that can be those extremes, by the same rule over all positions, join.
+      On a row the re-scored candidates show wrong: every ``t`` with ``|S_t -
+      θ32| <= E_t + 2 max E`` (``θ32`` the float32 ``min(topk, L)``-th best;
+      the exact threshold is within ``max E`` of it), and every position
+      whose side of the line its interval leaves open (an unselected ``b``
+      whose ``s_b - e_b`` interval holds the exact worst ``s_a + e_a``, a
+      selected ``a`` whose ``s_a + e_a`` interval holds the exact best ``s_b
+      - e_b``). A non-finite score or operand is always re-scored (the whole
+      row when it may be wrong). The candidates are re-scored in float64,
+      where every product of float32 / bfloat16 / float16 / fp8 operands is
+      exact: the score and ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|``.
+    - **Why the result is exact.** A non-candidate's value as the check
+      sees it (``S_t``, and ``e_t`` from ``M'_t``) lies in the same interval
+      as its exact one, and that interval lies strictly on the losing side of
+      an extreme a candidate holds: so the best unselected ``s - e``, the
+      worst selected ``s + e`` and the vacuous test's maximum and minimum are
+      the exact scores' — the verdict, the margin and the vacuous count are
+      exact. On a wrong row the threshold is exact (every position near it is
+      exact, every other on the same side of it either way), and so are
+      ``n_dropped`` and ``n_intruders`` (every position whose count the
+      bounds leave open is exact). Not exact: the listed scores of
+      non-candidates in ``dropped`` / ``intruders`` (their float32 values),
+      and so their order, and which are listed when there are more than the
+      list holds. A row the candidates show exactly right is checked against
+      equal scores (only its structural faults can then be reported: its
+      selection is right), so only the wrong rows' scores are held in float64.
+    - **The cost.** One native pass (the float32 scores), one pass over the
+      keys for ``kmax`` (once per sequence; for bfloat16 / float16 / fp8 keys
+      the largest sign-less code, since ``|x|`` rises with those bits), a
+      vectorised float32 screen (one pass for each row's largest unselected
+      score, one comparison with a per-row threshold, refined with each
+      candidate's own ``M'``), and a re-score of the candidates (some tens
+      per row near its line; more on the wrong rows, which are screened
+      again one by one).
+    """
+    p = _ALIASES.get(precision, precision)
+    if p not in DEFAULT_RTOL:
+        raise _refused("precision", f"precision must be one of {', '.join(DEFAULT_RTOL)}, "
+                                f"got {precision!r}")
+    atol_ = 0.0 if atol is None else float(atol)
+    rtol_ = DEFAULT_RTOL[p] if rtol is None else float(rtol)
+    for name, v in (("atol", atol_), ("rtol", rtol_)):
+        if not (np.isfinite(v) and v >= 0):
+            raise _refused(name, f"{name} = {v} must be finite and non-negative")
+    if slots is not None and not isinstance(slots, ks.GlobalSlots):
+        raise TypeError(f"slots must be a GlobalSlots or None, got {type(slots).__name__}")
+    _vet_api(rows, index_q, weights, index_k, query_pos, topk, key_scale, key_format, query_format,
+             cu_seqlens, seq_ids, kv_cache, block_table, seq_lens, page_layout, filler)
+    if kv_cache is not None:  # each sequence's pages, read into a packed batch's keys
+        index_k, key_scale, cu_seqlens, key_format = _api_paged_keys(
+            index_k, key_scale, cu_seqlens, kv_cache, block_table, seq_lens, seq_ids, page_layout, key_format)
+    elif index_k is None:
+        raise _refused("index_k", "index_k is None: pass the keys, or kv_cache= (with block_table=, "
+                                "seq_lens=, seq_ids=) for a paged cache")
+    return indexer_check(rows, index_q, weights, index_k, query_pos, topk, key_scale, key_format,
+                          query_format, cu_seqlens, seq_ids, atol_, rtol_, lambda rows_: None, slots,
+                          filler=filler)
+
+
+def _non_finite(name: str, a: np.ndarray) -> None:
+    """Refuses a non-finite entry of operand ``name`` (float32 values),
+    naming its index, as a dump's check does."""
+    bad = ~np.isfinite(a)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise _refused(name, f"{name}[{', '.join(map(str, at))}] is {a[at]}: the exact scores of a "
+                             f"non-finite {name} are undefined, so the rows cannot be checked")
+
+
+def _integers(name: str, a: Any) -> None:
+    """An index argument holds integers (a float position is a TypeError,
+    as the native functions raise it: never truncated)."""
+    if isinstance(a, bool) or not isinstance(a, (int, np.integer)) and np.asarray(a).dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got {np.asarray(a).dtype}")
+
+
+def _vet_api(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: Any, topk: Any, key_scale: Any,
+             key_format: Optional[str], query_format: Optional[str], cu_seqlens: Any, seq_ids: Any,
+             kv_cache: Any, block_table: Any, seq_lens: Any, page_layout: str, filler: str) -> None:
+    """:func:`check_indexer_topk`'s arguments judged before any work, each
+    refusal naming the argument as the native functions do: shapes against
+    ``rows`` and the keys, integer index arrays, finite operands (the exact
+    score of a non-finite one is undefined), ``topk`` and ``filler``."""
+    if filler not in FILLERS:
+        raise _refused("filler", f"filler must be one of {', '.join(map(repr, FILLERS))}, got {filler!r}")
+    if topk is not None:
+        if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)):
+            raise TypeError(f"topk must be an integer, got {type(topk).__name__}")
+        if topk < 1:
+            raise _refused("topk", f"topk must be at least 1, got {topk}")
+    if kv_cache is None:
+        for name, v in (("block_table", block_table), ("seq_lens", seq_lens)):
+            if v is not None:
+                raise _refused(name, f"{name} without kv_cache: a paged cache is kv_cache with block_table, "
+                                     f"seq_lens and seq_ids")
+        if page_layout != "dense":
+            raise _refused("page_layout", f"page_layout={page_layout!r} without kv_cache")
+        if seq_ids is not None and cu_seqlens is None:
+            raise _refused("seq_ids", "seq_ids without cu_seqlens: a packed batch is cu_seqlens with seq_ids")
+    _integers("query_pos", query_pos)
+    for name, v in (("seq_ids", seq_ids), ("cu_seqlens", cu_seqlens)):
+        if v is not None:
+            _integers(name, v)
+    n = len(np.asarray(rows)) if np.ndim(rows) else 0
+    q = np.asarray(index_q)
+    if q.ndim == 3:
+        h = q.shape[1]
+        if np.shape(weights) != (n, h):
+            raise _refused("weights", f"weights must be [n_queries={n}, H={h}], got {list(np.shape(weights))}")
+        _non_finite("index_q", decode32(q, query_format) if q.dtype.kind in "fV" or query_format else q)
+    _non_finite("weights", np.asarray(weights, dtype=np.float32))
+    if index_k is not None:
+        k = np.asarray(index_k)
+        if key_scale is not None and np.ndim(key_scale) != 0 and np.shape(key_scale) != (len(k),):
+            raise _refused("key_scale", f"key_scale must be [n_keys={len(k)}] or one number, got "
+                                        f"{list(np.shape(key_scale))}")
+        step = max(1, (16 << 20) // max(1, k[:1].size * 4))
+        for t0 in range(0, len(k), step):  # decoded a chunk at a time
+            part = decode32(k[t0 : t0 + step], key_format)
+            bad = ~np.isfinite(part)
+            if bad.any():
+                t, i = (int(x) for x in np.argwhere(bad)[0][:2])
+                raise _refused("index_k", f"index_k[{t0 + t}, {i}] is {part[t, i]}: the exact scores of a "
+                                          f"non-finite index_k are undefined, so the rows cannot be checked")
+    if key_scale is not None:
+        _non_finite("key_scale", np.atleast_1d(np.asarray(key_scale, dtype=np.float32)))
+
+
+def _api_paged_keys(index_k: Any, key_scale: Any, cu_seqlens: Any, kv_cache: Any, block_table: Any,
+                    seq_lens: Any, seq_ids: Any, page_layout: str, key_format: Optional[str]) -> tuple:
+    """:func:`check_indexer_topk`'s paged form: the pages read as a dump's
+    (:func:`_paged_keys`), refusals as the API's (``SelectionError`` naming
+    the argument)."""
+    for name, v in (("index_k", index_k), ("key_scale", key_scale), ("cu_seqlens", cu_seqlens)):
+        if v is not None:
+            raise _refused(name, f"{name} beside kv_cache: the keys are either packed (index_k, "
+                                    f"cu_seqlens, key_scale) or paged (kv_cache, block_table, seq_lens)")
+    for name, v in (("block_table", block_table), ("seq_lens", seq_lens), ("seq_ids", seq_ids)):
+        if v is None:
+            raise _refused(name, f"kv_cache needs {name}, as indexer_topk_paged takes it")
+    cache = np.asarray(kv_cache)
+    raw = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8}.get(cache.dtype.name)
+    d = Dump({"kv_cache": cache.view(raw) if raw is not None else cache,
+              "block_table": np.asarray(block_table), "seq_lens": np.asarray(seq_lens),
+              "seq_ids": np.asarray(seq_ids), "page_layout": np.array(page_layout)})
+    fmt = cache.dtype.name if raw is not None else key_format
+    d.kind, d.source, d.formats = "topk", "", ({} if fmt is None else {"kv_cache": fmt})
+    try:
+        return _paged_keys(d)
+    except DumpError as e:  # named by the argument its message starts with
+        first = re.match(r"(\w+)", str(e))
+        name = first.group(1) if first else "kv_cache"
+        name = {"kv_cache_format": "key_format"}.get(name, name)
+        known = ("kv_cache", "block_table", "seq_lens", "seq_ids", "page_layout", "key_format")
+        raise _refused(name if name in known else "kv_cache", str(e).replace("a paged dump", "a paged cache")) from e

@@ -1,0 +1,346 @@
+"""Your own Q/K/V dumps: :func:`load_npz` reads the one dump format (kind
+``"workload"``, ``docs/dump-format.md``), one layer at a time."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple, Union
+
+import numpy as np
+
+from kvselect.workloads.indexer import derive_indexer
+from kvselect.workloads.model import Indexer, PathLike, Workload, WorkloadError, WorkloadWarning, query_positions
+
+
+def load_npz(
+    path: PathLike,
+    *,
+    layers: Union[None, int, Sequence[int]] = None,
+    queries: int = 64,
+    seed: int = 0,
+) -> Workload:
+    """Read a dump in the documented ``.npz`` format (see the module docstring).
+
+    Args:
+        path: the ``.npz`` file.
+        layers: which layers of the file to use (indices into its first axis,
+            in the order given); ``None`` for all. Each layer contributes its
+            heads, named ``"L{layer}/H{kv_head}"`` (the file's ``layer_ids`` /
+            ``kv_head_ids`` when present, else the indices).
+        queries: how many query positions to evaluate, drawn by
+            :func:`query_positions` over ``[tokens // 8, tokens)`` with
+            ``tokens - 1`` always included (all of them if fewer).
+        seed: the seed of those positions. (A derived indexer always uses
+            :func:`derive_indexer`'s fixed projection seed, 0.)
+
+    Returns:
+        A :class:`Workload`: float32 arrays with layers flattened into heads,
+        ``scale`` from the file or ``1/sqrt(d)``, and the file's indexer or,
+        without one, :func:`derive_indexer`'s.
+
+    Raises:
+        FileNotFoundError: no such file.
+        WorkloadError: not an ``.npz`` archive, or an array that breaks the
+            format; the message names the key and what was expected, in
+            layers, heads and tokens.
+
+    Warns:
+        WorkloadWarning: ``q`` has fewer tokens (axis 2) than query heads
+            (axis 1): the dump was probably saved as ``[layers, tokens,
+            heads, d]`` (a common torch layout) and would be evaluated as
+            many heads of a few tokens.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such workload file: {str(path)!r}")
+    from kvselect.checking import decode32
+
+    arrays, formats = _read_npz(path)
+
+    q, k, v = arrays["q"], arrays["k"], arrays["v"]
+    n_layers, n_heads, tokens, d = q.shape
+    n_kv = k.shape[1]
+    hint = _transposed_hint(q.shape)
+    if k.shape[0] != n_layers or v.shape[0] != n_layers:
+        bad = "k" if k.shape[0] != n_layers else "v"
+        raise WorkloadError(
+            f"{bad}: expected {n_layers} layers (axis 0, as in q {q.shape}), "
+            f"got {arrays[bad].shape}: {bad} has {arrays[bad].shape[0]} layers where q has "
+            f"{n_layers}"
+        )
+    if k.shape[2:] != (tokens, d):
+        what = (
+            f"k has {k.shape[2]} tokens where q has {tokens}"
+            if k.shape[2] != tokens
+            else f"k's head dim is {k.shape[3]} where q's is {d}"
+        )
+        raise WorkloadError(
+            f"k: expected shape [{n_layers}, n_kv_heads, {tokens}, {d}] (tokens and d as in "
+            f"q {q.shape}), got {k.shape}: {what}" + hint
+        )
+    if v.shape[1:3] != (n_kv, tokens):
+        what = (
+            f"v has {v.shape[1]} KV heads where k has {n_kv}"
+            if v.shape[1] != n_kv
+            else f"v has {v.shape[2]} tokens where q and k have {tokens}"
+        )
+        raise WorkloadError(
+            f"v: expected shape [{n_layers}, {n_kv}, {tokens}, d_v] (heads as in k, tokens "
+            f"as in q), got {v.shape}: {what}" + hint
+        )
+    for key, arr in (("q", q), ("k", k), ("v", v)):
+        if 0 in arr.shape:
+            raise WorkloadError(
+                f"{key}: expected no empty axis, got shape {arr.shape} "
+                f"({_describe(key, arr.shape)})"
+            )
+    if tokens < 2:
+        raise WorkloadError(
+            f"q: expected at least 2 tokens (axis 2), got {tokens} "
+            f"({_describe('q', q.shape)})" + hint
+        )
+    if n_heads % n_kv:
+        raise WorkloadError(
+            f"q: n_heads = {n_heads} (axis 1) is not a multiple of n_kv_heads = {n_kv} "
+            f"(axis 1 of k): {n_heads} query heads cannot share {n_kv} KV heads evenly "
+            f"(grouped-query attention)" + hint
+        )
+    has_index = "index_q" in arrays
+    dsa = "weights" in arrays
+    if dsa:
+        iq, iw, ik = arrays["index_q"], arrays["weights"], arrays["index_k"]
+        heads = iq.shape[2]
+        if iq.shape[:2] != (n_layers, tokens) or 0 in iq.shape:
+            raise WorkloadError(
+                f"index_q: expected shape [{n_layers}, {tokens}, H, d_idx] (the DSA form: "
+                f"layers, tokens, index heads, dim), got {iq.shape}"
+            )
+        if iw.shape != (n_layers, tokens, heads):
+            raise WorkloadError(
+                f"weights: expected shape [{n_layers}, {tokens}, {heads}] (one weight "
+                f"per token and index head of index_q), got {iw.shape}"
+            )
+        if ik.shape != (n_layers, tokens, iq.shape[3]):
+            raise WorkloadError(
+                f"index_k: expected shape [{n_layers}, {tokens}, {iq.shape[3]}] (the DSA "
+                f"form: one key per token, shared by the index heads), got {ik.shape}"
+            )
+        if "key_scale" in arrays and arrays["key_scale"].shape != (n_layers, tokens):
+            raise WorkloadError(
+                f"key_scale: expected shape [{n_layers}, {tokens}], got "
+                f"{arrays['key_scale'].shape}"
+            )
+    elif has_index:
+        iq, ik = arrays["index_q"], arrays["index_k"]
+        if iq.shape[:3] != (n_layers, n_kv, tokens) or iq.shape[3] == 0:
+            raise WorkloadError(
+                f"index_q: expected shape [{n_layers}, {n_kv}, {tokens}, d_idx] (one index "
+                f"head per KV head), got {iq.shape} ({_describe('index_q', iq.shape)}; "
+                f"q and k have {n_layers} layers, {n_kv} KV heads, {tokens} tokens)"
+            )
+        if ik.shape != iq.shape:
+            raise WorkloadError(
+                f"index_k: expected shape {iq.shape} to match index_q, got {ik.shape} "
+                f"({_describe('index_k', ik.shape)})"
+            )
+    if hint:
+        warnings.warn(
+            f"{path.name}: q reads as {n_heads} query heads (axis 1) of {tokens} tokens "
+            f"(axis 2), fewer tokens than heads: probably saved as [layers, tokens, heads, "
+            f"dim]; the format is [layers, heads, tokens, dim] (x.transpose(0, 2, 1, 3), "
+            f"or x.permute(0, 2, 1, 3) in torch)",
+            WorkloadWarning,
+            stacklevel=2,
+        )
+
+    scale = 1.0 / math.sqrt(d)
+    if "scale" in arrays:
+        s = arrays["scale"]
+        value = float(s.reshape(-1)[0]) if s.size == 1 else float("nan")
+        if not (math.isfinite(value) and value > 0):
+            raise WorkloadError(
+                f"scale: expected one finite positive number, got {s.reshape(-1)[:4]} "
+                f"(shape {s.shape})"
+            )
+        scale = value
+    layer_ids = np.arange(n_layers)
+    if "layer_ids" in arrays:
+        layer_ids = arrays["layer_ids"]
+        if layer_ids.shape != (n_layers,):
+            raise WorkloadError(
+                f"layer_ids: expected shape ({n_layers},), got {layer_ids.shape}"
+            )
+    kv_head_ids = np.broadcast_to(np.arange(n_kv), (n_layers, n_kv))
+    if "kv_head_ids" in arrays:
+        kv_head_ids = arrays["kv_head_ids"]
+        if kv_head_ids.shape != (n_layers, n_kv):
+            raise WorkloadError(
+                f"kv_head_ids: expected shape ({n_layers}, {n_kv}), got {kv_head_ids.shape}"
+            )
+
+    chosen = _choose_layers(layers, n_layers)
+
+    def read(key: str) -> np.ndarray:
+        # Only the chosen layers' bytes are read (the members are memory-mapped).
+        return decode32(arrays[key][chosen], formats.get(key))
+
+    def flat(key: str) -> np.ndarray:
+        arr = read(key)
+        out = np.ascontiguousarray(arr.reshape(-1, *arr.shape[2:]), dtype=np.float32)
+        if not np.isfinite(out).all():
+            bad = np.argwhere(~np.isfinite(out))[0]
+            raise WorkloadError(
+                f"{key}: expected finite values (within float32 range), found "
+                f"{arr.reshape(-1, *arr.shape[2:])[tuple(bad)]} at flattened head "
+                f"{bad[0]}, token {bad[1]}"
+            )
+        return out
+
+    fq, fk, fv = flat("q"), flat("k"), flat("v")
+    indexer = None
+    if has_index and not dsa:
+        fiq, fik = flat("index_q"), flat("index_k")
+    else:
+        fiq, fik = derive_indexer(fq, fk, n_kv_heads=fk.shape[0])
+    if dsa:
+        def layer_major(key: str) -> np.ndarray:
+            out = np.ascontiguousarray(read(key), dtype=np.float32)
+            if not np.isfinite(out).all():
+                raise WorkloadError(f"{key}: expected finite values (within float32 range)")
+            return out
+
+        scale_k = layer_major("key_scale") if "key_scale" in arrays else None
+        indexer = Indexer(
+            q=layer_major("index_q"),
+            weights=layer_major("weights"),
+            k=layer_major("index_k"),
+            key_scale=scale_k,
+            key_format="float32",
+            of_kv_head=np.repeat(np.arange(len(chosen), dtype=np.int64), n_kv),
+            description=(
+                f"dumped DSA indexer: {arrays['index_q'].shape[2]} index heads of dim "
+                f"{arrays['index_q'].shape[3]}, one per layer, shared by its {n_kv} KV heads"
+            ),
+        )
+    kinds = tuple(
+        f"L{int(layer_ids[l])}/H{int(kv_head_ids[l, h])}" for l in chosen for h in range(n_kv)
+    )
+    index_note = (
+        "dumped DSA indexer (blocks: derived indexer)" if dsa
+        else "dumped indexer" if has_index else "derived indexer (derive_indexer)"
+    )
+    return Workload(
+        name=path.stem,
+        q=fq,
+        k=fk,
+        v=fv,
+        index_q=fiq,
+        index_k=fik,
+        head_kinds=kinds,
+        query_positions=query_positions(tokens, queries, seed),
+        scale=scale,
+        source=(
+            f"{path.name}: layers {[int(layer_ids[l]) for l in chosen]}, {n_heads} query / "
+            f"{n_kv} KV heads each, {tokens} tokens, {formats.get('q', q.dtype)}; {index_note}"
+        ),
+        indexer=indexer,
+    )
+
+
+def _describe(key: str, shape: Tuple[int, ...]) -> str:
+    """A 4-D dump array's shape in words: layers, heads, tokens, dims."""
+    heads = "query heads" if key == "q" else ("index heads" if key.startswith("index")
+                                              else "KV heads")
+    if len(shape) != 4:
+        return f"{len(shape)} dimensions"
+    layers, h, t, dim = shape
+    return f"{layers} layers x {h} {heads} x {t} tokens x dim {dim}"
+
+
+def _transposed_hint(q_shape: Tuple[int, ...]) -> str:
+    """A suffix for shape errors when ``q`` has fewer tokens than heads (a
+    dump probably saved as ``[layers, tokens, heads, d]``); '' otherwise."""
+    _, heads, tokens, _ = q_shape
+    if tokens >= heads:
+        return ""
+    return (
+        f"; q reads as {heads} query heads of {tokens} tokens: were the arrays saved as "
+        f"[layers, tokens, heads, dim]? The format is [layers, heads, tokens, dim] "
+        f"(x.transpose(0, 2, 1, 3))"
+    )
+
+
+def _read_npz(path: Path) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
+    """The dump's arrays (memory-mapped, in their file dtype) and formats, read
+    by the one dump loader (:func:`kvselect.checking.load_dump`: its shared
+    refusals and the workload table), then the workload's own rules."""
+    from kvselect.checking import DumpError, load_dump
+
+    try:
+        dump = load_dump(path, expect=("workload",))
+    except DumpError as e:
+        raise WorkloadError(str(e)) from None
+    keys = set(dump)
+    if ("index_q" in keys) != ("index_k" in keys):
+        have, lack = ("index_q", "index_k") if "index_q" in keys else ("index_k", "index_q")
+        raise WorkloadError(
+            f"{lack}: missing; {have} is present, and the indexer needs both "
+            f"(or neither, to derive one)"
+        )
+    dsa = "weights" in keys
+    if dsa and "index_q" not in keys:
+        raise WorkloadError("weights: the DSA form's head weights need index_q and index_k")
+    if "key_scale" in keys and not dsa:
+        raise WorkloadError("key_scale: only the DSA form (with weights) has per-key scales")
+    # The DSA form: one shared index key per position, so fewer axes.
+    dsa_dims = {"index_k": (3, "[layers, tokens, d_idx]"),
+                "weights": (3, "[layers, tokens, H]"),
+                "key_scale": (2, "[layers, tokens]")}
+    for key in sorted(keys):
+        arr = dump[key]
+        if key in ("kind", "scale", "layer_ids", "kv_head_ids"):
+            continue
+        if dsa and key in dsa_dims:
+            ndim, what = dsa_dims[key]
+            if arr.ndim != ndim:
+                raise WorkloadError(
+                    f"{key}: expected {ndim} dimensions {what} (the DSA form: "
+                    f"weights is present), got shape {arr.shape}"
+                )
+        elif arr.ndim != 4:
+            dims = "d_idx" if key.startswith("index") else ("d_v" if key == "v" else "d")
+            heads = "n_heads" if key == "q" else "n_kv_heads"
+            words = "query heads" if key == "q" else "KV heads"
+            one = "; a single layer still needs its axis: x[None]" if arr.ndim == 3 else ""
+            raise WorkloadError(
+                f"{key}: expected 4 dimensions [layers, {heads}, tokens, {dims}] "
+                f"(layers, {words}, tokens, head dim), got shape {arr.shape}" + one
+            )
+    arrays = dict(dump)
+    arrays.pop("kind", None)
+    return arrays, dict(dump.formats)
+
+
+def _choose_layers(layers: Union[None, int, Sequence[int]], n_layers: int) -> List[int]:
+    if layers is None:
+        return list(range(n_layers))
+    if isinstance(layers, (int, np.integer)) and not isinstance(layers, bool):
+        layers = [int(layers)]
+    try:
+        chosen = list(layers)  # type: ignore[arg-type]
+    except TypeError:
+        raise WorkloadError(
+            f"layers: expected None, an int or a sequence of ints, got {type(layers).__name__}"
+        ) from None
+    if not chosen:
+        raise WorkloadError("layers: expected at least one layer, got none")
+    for layer in chosen:
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
+            raise WorkloadError(f"layers: expected ints, got {layer!r}")
+        if not 0 <= layer < n_layers:
+            raise WorkloadError(f"layers: layer {layer} is out of range [0, {n_layers})")
+    if len(set(int(x) for x in chosen)) != len(chosen):
+        raise WorkloadError(f"layers: expected distinct layers, got {chosen}")
+    return [int(x) for x in chosen]
