@@ -38,3 +38,28 @@ def test_every_python_block_runs_as_written(path, tmp_path, monkeypatch):
             exec(compile(code, f"{path.name}[block {i}]", "exec"), namespace)
         except Exception as e:  # the block's own failure, named by file and block
             pytest.fail(f"{path.name}, Python block {i} failed: {type(e).__name__}: {e}")
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_every_relative_link_names_a_file_and_heading_that_exist(path):
+    text = path.read_text()
+    for target, anchor in LINK.findall(text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        dest = (path.parent / target).resolve()
+        assert dest.exists(), f"{path.name} links to {target}, which does not exist"
+        if anchor and dest.suffix == ".md":
+            headings = {_anchor(h) for h in re.findall(r"^#+ (.*)$", dest.read_text(), re.M)}
+            assert anchor[1:] in headings, f"{path.name} links to {target}{anchor}: no such heading"
+    for anchor in re.findall(r"\]\((#[^)\s]+)\)", text):
+        headings = {_anchor(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
+        assert anchor[1:] in headings, f"{path.name}: no heading for {anchor}"
