@@ -159,7 +159,7 @@ def tail_lengths(n_keys: int, rows: int = 7) -> np.ndarray:
 
 # ---- building exact operands ------------------------------------------------
 
-_BASE = 2.0**23  # low-contrast scores sit at 2^23 + o: o ULPs above it
+_BASE = 21.0 * 2.0**19  # low-contrast scores sit at 1.3125 * 2^23 + o: o ULPs away, far from a bucket edge
 
 
 def _as(values: np.ndarray, key_dtype: str) -> np.ndarray:
@@ -180,9 +180,9 @@ def _as(values: np.ndarray, key_dtype: str) -> np.ndarray:
 def _offset_operands(rng: np.random.Generator, offsets: np.ndarray, heads: int, dim: int,
                      key_dtype: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One query's ``index_q [H, d]`` (float64 values), ``weights [H]`` and
-    keys ``[T, d]`` whose exact score of key ``t`` is ``2^23 + offsets[t]``
+    keys ``[T, d]`` whose exact score of key ``t`` is ``1.3125 * 2^23 + offsets[t]``
     (integers, ``|o| <= 271``), exact in float32 in any summation order,
-    with every head needed: heads weigh 1 or 2, each carries ``2^23 / H``
+    with every head needed: heads weigh 1 or 2, each carries ``1.3125 * 2^23 / H``
     (component 0, keys all 256), head 0 the offset (``16 a + b``), and
     components 3.. per-head noise whose weighted sum over heads is zero."""
     assert heads & (heads - 1) == 0 and dim >= 3 and np.abs(offsets).max(initial=0) <= 271
@@ -255,7 +255,7 @@ def _topk_case(id_: str, bug: str, rng: np.random.Generator, q1: np.ndarray, w1:
 def low_contrast(seed: int = 0, *, n_keys: int = 1029, topk: int = 64, spread: int = 8, heads: int = 4,
                  dim: int = 16, key_dtype: str = "float32", scale_exp: int = 0) -> Case:
     """A long low-contrast row: every score within ``spread`` ULPs of
-    ``2^23`` (so of the threshold), all in one coarse radix bucket, far more
+    ``1.3125 * 2^23`` (so of the threshold), all in one coarse radix bucket, far more
     of them than ``topk``.
 
     The bug: a radix / histogram select that gathers the threshold bucket's
@@ -415,7 +415,8 @@ def fp8_extremes(seed: int = 0, *, n_keys: int = 613, topk: int = 64, heads: int
     values[where[n_large + 1 : n_large + 20]] = -448.0
     rest = where[n_large + 20 :]
     tiny = np.concatenate([np.arange(1, 8) * 2.0**-9, 2.0**-6 * (1 + np.arange(8) / 8)])
-    values[rest] = tiny[rng.integers(0, len(tiny), len(rest))]
+    values[rest] = tiny[rng.integers(0, 7, len(rest))]  # subnormals, but for a few normals
+    values[rest[: topk // 4]] = tiny[rng.integers(7, len(tiny), topk // 4)]
     q, w, k = _value_operands(rng, values, heads, dim)
     k[:, 1:] = 0.0  # every byte of the key row an fp8 value (the rest unread)
     lens = np.array([n_keys if n_keys % 8 else n_keys - 1], dtype=np.int64)
@@ -715,7 +716,8 @@ def block_partial_tail(seed: int = 0, *, n_keys: int = 16 * 20, heads: int = 2, 
     k = rng.integers(-3, 4, (n_keys, dim)).astype(np.float64)
     pos = np.array([bs * 12 + 4, bs * 15 + 9, bs * 18 + 1], dtype=np.int64)
     for p in pos:
-        k[p + 1 : (p // bs + 1) * bs, 0] = 100.0  # future keys of the query's own block
+        k[p // bs * bs : p + 1, 0] = -100.0  # the visible keys of the query's own block lose ...
+        k[p + 1 : (p // bs + 1) * bs, 0] = 100.0  # ... its future keys would win
     q = np.repeat(q, len(pos), axis=0)
     return _block_case("block_partial_tail", block_partial_tail.__doc__ or "", q, k, pos, config, scale_exp,
                        {"lengths": (pos + 1).tolist()})
@@ -769,10 +771,11 @@ def witness_rows(seed: int = 0, *, topk: int = 64, num_segments: int = 8) -> Cas
     for L in lens:
         r = np.full(topk, -1, dtype=np.int32)
         m = int(min(L, topk - 3))
-        if m > 0:
-            r[:m] = rng.choice(int(L), m, replace=False)
+        if m > 0:  # learned rows cluster on recent tokens (the middle segments empty) ...
+            recent = np.arange(max(0, int(L) - 2 * m), int(L))
+            r[:m] = rng.choice(recent, m, replace=False)
             edges = -(-np.arange(num_segments) * int(L) // max(1, min(num_segments, int(L))))
-            r[: min(3, m)] = edges[: min(3, m)]  # some witnesses already present
+            r[: min(2, m)] = edges[: min(2, m)]  # ... and some segments' left edges are present
         if L > 2:
             r[-2:] = rng.integers(0, int(L), 2)  # stale ids in the reserved tail
         rows.append(r)
