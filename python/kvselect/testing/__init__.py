@@ -118,6 +118,7 @@ def _wrong_rows(checks: List[Dict[str, Any]]) -> int:
 
 def _context_lens(query_pos: np.ndarray, n_keys: int, cu_seqlens: Any, seq_ids: Any, seq_lens: Any) -> np.ndarray:
     """Each row's ``L = min(query_pos + 1, its sequence's keys)``."""
+    total: Any
     if seq_lens is not None:
         total = np.asarray(seq_lens, dtype=np.int64)[np.asarray(seq_ids, dtype=np.int64)]
     elif cu_seqlens is not None:
@@ -161,7 +162,7 @@ def _score_accuracy(engine: np.ndarray, index_q: Any, weights: Any, index_k: Any
         seq = np.asarray(seq_ids, dtype=np.int64)
         groups = [(np.flatnonzero(seq == s), int(cu[s]), int(cu[s + 1])) for s in np.unique(seq)]
     c_all = None if key_scale is None else np.asarray(key_scale, dtype=np.float32)
-    details = []
+    details: List[Dict[str, Any]] = []
     w = np.asarray(weights, dtype=np.float32)
     for idx, lo, hi in groups:
         keys = k_all[lo:hi]

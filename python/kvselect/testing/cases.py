@@ -146,7 +146,7 @@ def tail_lengths(n_keys: int, rows: int = 7) -> np.ndarray:
     residues mod 8 running through 1..7 (the tails a vectorised kernel
     handles apart), the first the longest such length."""
     top = n_keys if n_keys % 8 else n_keys - 1
-    out = []
+    out: List[int] = []
     L = top
     while len(out) < rows and L > 0:
         if L % 8:
