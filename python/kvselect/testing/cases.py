@@ -72,7 +72,7 @@ class Case:
     Attributes
     ----------
     id : str
-        A short name, unique within a ``all_*_cases()`` list (a pytest id).
+        A short name, unique within an ``all_*_cases()`` list (a pytest id).
     rule : str
         ``"topk"``, ``"blocks"`` or ``"witnesses"``.
     bug : str
@@ -265,7 +265,32 @@ def low_contrast(seed: int = 0, *, n_keys: int = 1029, topk: int = 64, spread: i
     (``fast_topk_v2``, the threshold bucket over its 4096-entry buffer). The
     dropped winners differ from the kept losers by a few ULPs: a ``1e-4``
     tolerance misses them. ``n_keys = 262149, topk = 2048`` is the
-    engines' regime (``long=True`` in :func:`all_topk_cases`)."""
+    engines' regime (``long=True`` in :func:`all_topk_cases`).
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    n_keys : int
+        The keys (the longest context).
+    topk : int
+        The ``k`` of the top-k.
+    spread : int
+        The largest offset from the base score, in ULPs.
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    key_dtype : str
+        ``"float32"``, ``"bfloat16"`` or ``"float8_e4m3fn"`` (ml_dtypes arrays).
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``topk`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     offsets = rng.integers(-spread, spread + 1, n_keys).astype(np.float64)
     q, w, k = _offset_operands(rng, offsets, heads, dim, key_dtype)
@@ -286,7 +311,34 @@ def ties_at_threshold(seed: int = 0, *, n_keys: int = 997, topk: int = 64, n_abo
     buffer loses count (``wrong_count``, duplicates); a radix select whose
     threshold bucket is all ties overflows its candidate buffer
     (vllm-project/vllm#51782, sgl-project/sglang#36807). Any ``topk -
-    n_above`` of the tied keys is right."""
+    n_above`` of the tied keys is right.
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    n_keys : int
+        The keys (the longest context).
+    topk : int
+        The ``k`` of the top-k.
+    n_above : int
+        Distinct winners above the tied threshold.
+    n_tied : int
+        Keys tied at the threshold (more than ``topk``).
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    key_dtype : str
+        ``"float32"``, ``"bfloat16"`` or ``"float8_e4m3fn"`` (ml_dtypes arrays).
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``topk`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     assert n_tied > topk > n_above
     offsets = rng.integers(-200, -1, n_keys).astype(np.float64)  # the rest: below
@@ -321,7 +373,30 @@ def signed_zeros(seed: int = 0, *, n_keys: int = 515, topk: int = 64, n_positive
     vs ``0``) — a radix select on order-mapped bits puts them in different
     top-byte buckets and miscounts the threshold's; a kernel that masks
     "score > 0" (taking the ReLU's zeros for masked keys) returns fewer than
-    ``min(topk, L)`` (``wrong_count``)."""
+    ``min(topk, L)`` (``wrong_count``).
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    n_keys : int
+        The keys (the longest context).
+    topk : int
+        The ``k`` of the top-k.
+    n_positive : int
+        Positive scores (fewer than ``topk``).
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``topk`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     values = np.zeros(n_keys)
     where = rng.permutation(n_keys)
@@ -346,7 +421,28 @@ def all_zero(seed: int = 0, *, n_keys: int = 301, topk: int = 64, heads: int = 4
 
     The bug: a kernel that treats a zero score as a masked key returns
     ``-1`` rows (``wrong_count``), or one whose threshold search never
-    leaves the zero bucket repeats a position (``duplicate``)."""
+    leaves the zero bucket repeats a position (``duplicate``).
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    n_keys : int
+        The keys (the longest context).
+    topk : int
+        The ``k`` of the top-k.
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``topk`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     values = rng.integers(0, 50, n_keys).astype(np.float64)
     q, w, k = _value_operands(rng, values, heads, dim, sign=-1.0)
@@ -363,7 +459,28 @@ def short_contexts(seed: int = 0, *, topk: int = 64, heads: int = 4, dim: int = 
     The bug: a kernel that always writes ``topk`` entries writes positions
     at or past ``L`` (``not_causal``) or garbage; one that pads in the
     middle leaves a ``padding_hole``; at ``L = topk + 1`` an off-by-one
-    keeps the last key; an empty sequence reads its neighbour's keys."""
+    keeps the last key; an empty sequence reads its neighbour's keys.
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    topk : int
+        The ``k`` of the top-k.
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    packed : bool
+        A packed batch (``cu_seqlens``, ``seq_ids``) with an empty sequence.
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``topk`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     lengths = np.array([1, topk - 3, topk, topk + 1, 2 * topk + 5], dtype=np.int64)
     if not packed:
@@ -405,7 +522,28 @@ def fp8_extremes(seed: int = 0, *, n_keys: int = 613, topk: int = 64, heads: int
 
     The bug: a decode that flushes subnormals to zero, or mis-decodes the
     top codes (``0x7e`` = 448; ``0x7f`` is NaN in e4m3fn, not inf —
-    :func:`non_finite` has it), ranks the threshold's keys wrongly."""
+    :func:`non_finite` has it), ranks the threshold's keys wrongly.
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    n_keys : int
+        The keys (the longest context).
+    topk : int
+        The ``k`` of the top-k.
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``topk`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     n_large = topk // 4
     values = np.zeros(n_keys)
@@ -434,7 +572,28 @@ def bf16_rounded_ties(seed: int = 0, *, n_keys: int = 1021, topk: int = 64, head
     The bug: many equal values share one radix bucket (the mechanism of
     vllm-project/vllm#51782 and sgl-project/sglang#36807), and tie handling
     that assumes distinct scores (a ``>=`` pass, an arrival-order buffer)
-    returns duplicates or too many."""
+    returns duplicates or too many.
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    n_keys : int
+        The keys (the longest context).
+    topk : int
+        The ``k`` of the top-k.
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``topk`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     import ml_dtypes
 
@@ -459,7 +618,30 @@ def paged(seed: int = 0, *, topk: int = 64, page_layout: str = "dense", block_si
 
     The bug: a kernel that reads the table past ``ceil(L / block_size)``
     entries (garbage pages), assumes pages in order, or reads a page's
-    scales at the wrong offset."""
+    scales at the wrong offset.
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    topk : int
+        The ``k`` of the top-k.
+    page_layout : str
+        ``"dense"`` or ``"fp8_scaled"``.
+    block_size : int
+        Tokens per page.
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``topk`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     seqs = np.array([3 * block_size + 5, 7 * block_size + 3, 5 * block_size + 7], dtype=np.int64)
     offsets = rng.integers(-12, 13, int(seqs.sum())).astype(np.float64)
@@ -529,7 +711,24 @@ def ik_tail_truncation(seed: int = 0, *, heads: int = 4, dim: int = 16, scale_ex
     The bug: the last ``L % 8`` scores are bucketed by truncation while the
     rest are rounded, so the tail key just below a bucket boundary lands in
     key 100's bucket (or above it) and displaces it: key 100 dropped, 4090
-    kept."""
+    kept.
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``topk`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     T, L, topk = 4096, 4093, 256
     j = rng.integers(0, 1000, T).astype(np.float64)
@@ -550,7 +749,28 @@ def ik_absolute_early_out(seed: int = 0, *, n_keys: int = 1021, topk: int = 64, 
     ``max - min < 1e-6``), the best keys away from the row's start.
 
     The bug: an absolute early-out ``max - min < 1e-6`` takes the row for
-    flat and returns positions ``0..topk-1``."""
+    flat and returns positions ``0..topk-1``.
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    n_keys : int
+        The keys (the longest context).
+    topk : int
+        The ``k`` of the top-k.
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``topk`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     j = rng.integers(0, 1000, n_keys).astype(np.float64)
     j[:topk] = rng.integers(0, 100, topk)  # the first positions lose
@@ -574,7 +794,32 @@ def non_finite(seed: int = 0, *, where: str = "index_k", value: float = float("n
     rows against the case's own ``scores`` (the rule's float32 scores,
     exactly). The bug: a kernel whose max / compare treats NaN as the
     largest value (``fmax`` order, raw-bits radix) selects NaN keys, or one
-    that propagates an inf into its threshold computation selects garbage."""
+    that propagates an inf into its threshold computation selects garbage.
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    where : str
+        The non-finite operand.
+    value : float
+        Its value (NaN, ``inf`` or ``-inf``).
+    n_keys : int
+        The keys (the longest context).
+    topk : int
+        The ``k`` of the top-k.
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``topk`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     values = rng.integers(1, 200, n_keys).astype(np.float64)
     q, w, k = _value_operands(rng, values, heads, dim)
@@ -684,7 +929,28 @@ def block_ties(seed: int = 0, *, n_keys: int = 16 * 24 + 5, heads: int = 2, dim:
 
     The bug: a block top-k that takes ``>=`` the threshold selects too many
     blocks, or one that breaks ties by arrival drops a forced block for a
-    tied free one (``missing_forced``)."""
+    tied free one (``missing_forced``).
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    n_keys : int
+        The keys (the longest context).
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    config : ks.BlockSparseConfig
+        The block-selection config.
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``blocks`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     q = rng.integers(-3, 4, (1, heads, dim)).astype(np.float64)
     q[..., 0] = 4.0
@@ -708,7 +974,28 @@ def block_partial_tail(seed: int = 0, *, n_keys: int = 16 * 20, heads: int = 2, 
     one, under a config with no forced blocks.
 
     The bug: a block score taken as the max over the whole block, future
-    keys included (no causal mask in the last block), selects that block."""
+    keys included (no causal mask in the last block), selects that block.
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    n_keys : int
+        The keys (the longest context).
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    config : ks.BlockSparseConfig
+        The block-selection config.
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``blocks`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     bs = config.block_size
     q = rng.integers(-3, 4, (1, heads, dim)).astype(np.float64)
@@ -731,7 +1018,26 @@ def block_short(seed: int = 0, *, heads: int = 2, dim: int = 8, config: ks.Block
 
     The bug: a kernel that always writes ``top_blocks`` ids writes blocks
     past the visible ones, or selects a forced block twice (init and local
-    overlapping: ``duplicate``)."""
+    overlapping: ``duplicate``).
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    heads : int
+        Index heads ``H`` (a power of two); KV heads for blocks.
+    dim : int
+        The index dimension ``d``.
+    config : ks.BlockSparseConfig
+        The block-selection config.
+    scale_exp : int
+        The scores are multiplied by ``2^scale_exp`` (through the weights or queries).
+
+    Returns
+    -------
+    Case
+        A ``blocks`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     bs = config.block_size
     k = rng.integers(-4, 5, (bs * 9, dim)).astype(np.float64)
@@ -764,7 +1070,22 @@ def witness_rows(seed: int = 0, *, topk: int = 64, num_segments: int = 8) -> Cas
     The bug: a kernel that computes the segment edges in floating point
     (``s * L / S``) is off by one at some ``L``; one that skips a witness
     already present elsewhere in the row, or writes past ``keep = topk -
-    S``, or touches the kept prefix (``prefix_changed``)."""
+    S``, or touches the kept prefix (``prefix_changed``).
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    topk : int
+        The ``k`` of the top-k.
+    num_segments : int
+        The call's ``num_segments``.
+
+    Returns
+    -------
+    Case
+        The ``witnesses`` case, ``expected`` from the exact rule.
+    """
     rng = np.random.default_rng(seed)
     lens = np.array([0, 1, num_segments - 3, topk - 5, topk, topk + 1, 1003, 4099, 65537], dtype=np.int64)
     rows = []
