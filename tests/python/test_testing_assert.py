@@ -55,6 +55,15 @@ def test_a_dropped_winner_raises_an_assertion_error_with_the_check_text_and_the_
     assert "row 2: wrong selection: dropped 1" in str(err) and "1 wrong row(s)" in str(err)
 
 
+def test_an_assertion_leaves_every_argument_byte_identical():
+    rows, q, w, k, pos, topk = small()
+    scores = ks.indexer_scores(q, w, k, pos)
+    args = (rows, q, w, k, pos, scores)
+    copies = [a.copy() for a in args]
+    assert_topk(rows, q, w, k, pos, topk, engine_scores=scores)
+    assert all(np.array_equal(a, b, equal_nan=True) and a.tobytes() == b.tobytes() for a, b in zip(args, copies))
+
+
 def test_the_tolerance_defaults_are_the_checks_by_precision_and_aliases():
     rows, q, w, k, pos, topk = small()
     for precision, name in (("float32", "float32"), ("bf16", "bfloat16"), ("fp8", "float8_e4m3fn")):

@@ -277,6 +277,15 @@ def test_the_long_rows_are_behind_a_parameter():
     assert int(c.context_lens[0]) == 262149 and c.expected.shape == (7, 2048)
 
 
+def test_block_and_witness_contexts_are_not_multiples_of_8_but_the_particular_ones():
+    for _, c in BLOCKS:
+        assert np.all((c.inputs["query_pos"] + 1) % 8 != 0), c.id
+    for _, c in WITNESSES:
+        lens = np.asarray(c.inputs["context_lens"])
+        topk = c.inputs["topk_indices"].shape[1]
+        assert np.all(lens >= 0) and np.all((lens % 8 != 0) | (lens == 0) | (lens == topk)), c.id
+
+
 def test_block_cases_have_their_properties():
     ties = dict(BLOCKS)["block_ties-x2^0"]
     bs = ties.inputs["config"].block_size

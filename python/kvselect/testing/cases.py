@@ -1041,7 +1041,7 @@ def block_short(seed: int = 0, *, heads: int = 2, dim: int = 8, config: ks.Block
     rng = np.random.default_rng(seed)
     bs = config.block_size
     k = rng.integers(-4, 5, (bs * 9, dim)).astype(np.float64)
-    pos = np.array([0, 5, bs + 3, bs * 3 + 7, bs * config.top_blocks + 2, bs * (config.top_blocks + 2) + 3],
+    pos = np.array([0, 5, bs + 3, bs * 3 + 6, bs * config.top_blocks + 2, bs * (config.top_blocks + 2) + 3],
                    dtype=np.int64)
     q = rng.integers(-3, 4, (len(pos), heads, dim)).astype(np.float64)
     return _block_case("block_short", block_short.__doc__ or "", q, k, pos, config, scale_exp,
@@ -1087,7 +1087,7 @@ def witness_rows(seed: int = 0, *, topk: int = 64, num_segments: int = 8) -> Cas
         The ``witnesses`` case, ``expected`` from the exact rule.
     """
     rng = np.random.default_rng(seed)
-    lens = np.array([0, 1, num_segments - 3, topk - 5, topk, topk + 1, 1003, 4099, 65537], dtype=np.int64)
+    lens = np.array([0, 1, max(num_segments - 3, 3), topk - 5, topk, topk + 1, 1003, 4099, 65537], dtype=np.int64)
     rows = []
     for L in lens:
         r = np.full(topk, -1, dtype=np.int32)
@@ -1110,6 +1110,7 @@ def witness_rows(seed: int = 0, *, topk: int = 64, num_segments: int = 8) -> Cas
 
 def all_witness_cases(*, seed: int = 0) -> List[Tuple[str, Case]]:
     """Every witness case, as ``(id, case)`` pairs: several ``num_segments``
-    (1, 7, 8, 64 — one above some rows' ``L``) and widths."""
+    (1, 7, 8, 64 — one above some rows' ``L``) and widths. (No scores here:
+    the witness rule is integer arithmetic, so there is no scale to vary.)"""
     cases = [witness_rows(seed, num_segments=s, topk=t) for s, t in ((1, 16), (7, 64), (8, 64), (64, 128))]
     return [(c.id, c) for c in cases]
