@@ -132,6 +132,8 @@ GROUPS: List[Tuple[str, List[str]]] = [
 # ``kvselect --help``.)
 MODULES: List[Tuple[str, str]] = [
     ("kvselect.checking", "Checking a kernel: dumps and reports"),
+    ("kvselect.testing", "Testing a kernel: assertions"),
+    ("kvselect.testing.cases", "Testing a kernel: the inputs that break kernels"),
     ("kvselect.evaluate", "Evaluating policies"),
     ("kvselect.workloads", "Workloads"),
     ("kvselect.dump_hf", "Dumping a Hugging Face model"),

@@ -1,0 +1,414 @@
+"""Check a kernel from its own test suite: assertions in the style of
+``torch.testing.assert_close``.
+
+:func:`assert_topk`, :func:`assert_blocks` and :func:`assert_witnesses`
+apply the rules and tolerance defaults of ``kvselect check`` (the checks of
+:mod:`kvselect.checking`) to the tensors a test already holds. Each returns
+the report (the dict :func:`kvselect.checking.check_dump` returns) when every
+row is right; otherwise it raises :class:`CheckFailure`, an
+``AssertionError`` whose message is the ``kvselect check`` text (rows by
+reason, the worst rows with their dropped and intruding positions and
+margins) and whose ``report`` attribute is the report.
+
+A row no selection could fail at the tolerance (**vacuous**: every
+position's interval meets every other's) is never counted as passing
+silently: the report counts it and, with ``fail_vacuous=True`` (the
+default), the assertion fails, since the test proves nothing about it.
+
+Arrays: NumPy arrays, or any object exporting DLPack (``__dlpack__`` /
+``__dlpack_device__``: torch, JAX, CuPy). A tensor on another device (a GPU)
+is copied to the host **once** per argument (torch ``.cpu()``, CuPy
+``.get()``, JAX ``jax.device_get``; anything else through
+``numpy.from_dlpack(x, device="cpu", copy=True)``): that is what a test
+wants, and the only copy made. CPU tensors are read in place.
+
+The hard inputs to run these on are in :mod:`kvselect.testing.cases`; the
+guide is docs/testing-a-kernel.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+import kvselect as ks
+from kvselect.checking import DEFAULT_RTOL, check_dump, check_indexer_topk, format_report
+
+__all__ = ["assert_topk", "assert_blocks", "assert_witnesses", "CheckFailure"]
+
+# DLPack's DLDeviceType for host memory (kDLCPU).
+_DL_CPU = 1
+_PRECISION_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn",
+                      "float8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
+
+
+class CheckFailure(AssertionError):
+    """A selection that is not right (or whose check proves nothing): the
+    message is the ``kvselect check`` report as text, ``report`` the report
+    dict (as :func:`kvselect.checking.check_dump` returns it)."""
+
+    def __init__(self, message: str, report: dict) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+def _host(x: Any, name: str) -> Any:
+    """``x`` where kvselect can read it: a NumPy array passes through; a
+    DLPack object on another device is copied to the host once (torch
+    ``.cpu()``, CuPy ``.get()``, JAX ``jax.device_get``, else
+    ``numpy.from_dlpack(x, device="cpu", copy=True)``); a CPU DLPack object
+    is viewed through ``numpy.from_dlpack`` (zero-copy) where NumPy has its
+    dtype, and passed on unchanged otherwise (bfloat16 / float8 tensors: the
+    core reads DLPack itself). Anything else (lists, scalars, None) is
+    passed on unchanged."""
+    if x is None or isinstance(x, np.ndarray) or not hasattr(x, "__dlpack_device__"):
+        return x
+    try:
+        device = int(x.__dlpack_device__()[0])
+    except Exception as e:  # a producer whose protocol is broken: say which argument
+        raise TypeError(f"{name}: __dlpack_device__() failed ({e})") from e
+    if device != _DL_CPU:
+        module = type(x).__module__ or ""
+        if callable(getattr(x, "cpu", None)):  # torch
+            x = x.cpu()
+        elif module.startswith("cupy") and callable(getattr(x, "get", None)):
+            return x.get()
+        elif module.startswith("jax"):
+            import jax  # type: ignore[import-not-found]
+
+            return np.asarray(jax.device_get(x))
+        else:
+            try:
+                return np.from_dlpack(x, device="cpu", copy=True)
+            except Exception as e:
+                raise TypeError(f"{name}: a tensor on DLPack device {device}, which kvselect cannot "
+                                f"copy to the host ({e}): pass it as a CPU tensor (.cpu())") from e
+    try:
+        return np.from_dlpack(x)  # until the core reads DLPack: NumPy's dtypes, zero-copy
+    except (TypeError, BufferError, RuntimeError, ValueError):
+        return x
+
+
+def _precision(precision: str) -> str:
+    p = _PRECISION_ALIASES.get(precision, precision)
+    if p not in DEFAULT_RTOL:
+        raise ValueError(f"precision must be one of {', '.join(DEFAULT_RTOL)}, got {precision!r}")
+    return p
+
+
+def _conclude(result: dict, fail_vacuous: bool, what: str) -> dict:
+    """Return ``result`` when every row is right (and, with
+    ``fail_vacuous``, no row is vacuous); raise :class:`CheckFailure` with
+    the report's text otherwise."""
+    vacuous = sum(int(c["report"].get("vacuous", 0)) for c in result["checks"])
+    result["vacuous"] = vacuous
+    if result["wrong"] == 0 and not (fail_vacuous and vacuous):
+        return result
+    text = format_report(result, source=f"({what})")
+    if result["wrong"] == 0:
+        text += (f"\n{what}: {vacuous} vacuous row(s) fail the assertion (fail_vacuous=True): the test "
+                 f"proves nothing about them; pass fail_vacuous=False to accept them")
+    raise CheckFailure(text, result)
+
+
+def _wrong_rows(checks: List[Dict[str, Any]]) -> int:
+    return len({x["row"] for c in checks for x in c["report"]["details"]})
+
+
+def _context_lens(query_pos: np.ndarray, n_keys: int, cu_seqlens: Any, seq_ids: Any, seq_lens: Any) -> np.ndarray:
+    """Each row's ``L = min(query_pos + 1, its sequence's keys)``."""
+    total: Any
+    if seq_lens is not None:
+        total = np.asarray(seq_lens, dtype=np.int64)[np.asarray(seq_ids, dtype=np.int64)]
+    elif cu_seqlens is not None:
+        total = np.diff(np.asarray(cu_seqlens, dtype=np.int64))[np.asarray(seq_ids, dtype=np.int64)]
+    else:
+        total = np.full(len(query_pos), n_keys, dtype=np.int64)
+    return np.minimum(query_pos + 1, total)
+
+
+def _exactly_vacuous(scores: np.ndarray, lens: np.ndarray, topk: int) -> int:
+    """Rows no selection could fail with no tolerance: more positions than
+    ``topk``, no NaN, every score the same number (the rule
+    :func:`kvselect.checking.check_dump` applies to an engine's own scores)."""
+    n = 0
+    for i, L in enumerate(lens):
+        s = np.asarray(scores[i, : int(L)], dtype=np.float64)
+        if L > topk and not np.isnan(s).any() and s.max() <= s.min():
+            n += 1
+    return n
+
+
+def _score_accuracy(engine: np.ndarray, index_q: Any, weights: Any, index_k: Any, query_pos: np.ndarray,
+                    lens: np.ndarray, key_scale: Any, key_format: Optional[str], cu_seqlens: Any,
+                    seq_ids: Any, atol: float, rtol: float) -> dict:
+    """The engine's own scores against kvselect's (:func:`kvselect.indexer_scores`,
+    :func:`kvselect.indexer_magnitudes`): a position is reported off only
+    when it is off by more than ``atol + rtol m`` **whatever** the float32
+    rounding of kvselect's own score (slack ``2 γ_{d+H+2} m``, the bound of
+    :func:`kvselect.checking.check_indexer_topk`), so a right kernel is never
+    reported. One problem per row: the worst position, and how many are off."""
+    q = np.asarray(index_q)
+    h, d = q.shape[1], q.shape[2]
+    u = 2.0**-24
+    gamma = (d + h + 2) * u / (1 - (d + h + 2) * u)
+    k_all = np.asarray(index_k)
+    n = len(q)
+    if cu_seqlens is None:
+        groups = [(np.arange(n), 0, len(k_all))]
+    else:
+        cu = np.asarray(cu_seqlens, dtype=np.int64)
+        seq = np.asarray(seq_ids, dtype=np.int64)
+        groups = [(np.flatnonzero(seq == s), int(cu[s]), int(cu[s + 1])) for s in np.unique(seq)]
+    c_all = None if key_scale is None else np.asarray(key_scale, dtype=np.float32)
+    details: List[Dict[str, Any]] = []
+    w = np.asarray(weights, dtype=np.float32)
+    for idx, lo, hi in groups:
+        keys = k_all[lo:hi]
+        c = None if c_all is None else (c_all if c_all.ndim == 0 else c_all[lo:hi])
+        S = ks.indexer_scores(q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format)
+        M = ks.indexer_magnitudes(q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format)
+        for j, i in enumerate(idx):
+            L = int(lens[i])
+            e = np.asarray(engine[i, :L], dtype=np.float64)
+            s, m = S[j, :L].astype(np.float64), M[j, :L].astype(np.float64)
+            allowed = (atol + (rtol + 2 * gamma) * m) * (1 + 4 * u) + 2.0**-140
+            with np.errstate(invalid="ignore"):
+                off = np.abs(e - s) > allowed
+                off |= np.isnan(e) != np.isnan(s)
+                off &= ~(np.isinf(e) & (e == s))
+            if off.any():
+                with np.errstate(invalid="ignore"):
+                    excess = np.where(off, np.nan_to_num(np.abs(e - s) - allowed, nan=np.inf), -np.inf)
+                t = int(np.argmax(excess))
+                details.append({"row": int(i), "problems": [{
+                    "reason": "score_off", "n_positions": int(off.sum()), "position": t,
+                    "engine": float(e[t]), "kvselect": float(s[t]), "allowed": float(allowed[t])}]})
+    details.sort(key=lambda x: x["row"])
+    return {"rows": n, "correct": n - len(details), "wrong": len(details),
+            "by_reason": {"score_off": len(details)}, "details": details, "vacuous": 0}
+
+
+def assert_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: Any, topk: Optional[int] = None,
+                *, key_scale: Any = None, key_format: Optional[str] = None, query_format: Optional[str] = None,
+                precision: str = "float32", rtol: Optional[float] = None, atol: Optional[float] = None,
+                engine_scores: Any = None, cu_seqlens: Any = None, seq_ids: Any = None, kv_cache: Any = None,
+                block_table: Any = None, seq_lens: Any = None, page_layout: str = "dense",
+                slots: Optional[ks.GlobalSlots] = None, filler: str = "-1", fail_vacuous: bool = True) -> dict:
+    """Assert that ``rows`` is a correct lightning-indexer top-k of the
+    indexer's inputs, as ``kvselect check`` judges it.
+
+    Parameters
+    ----------
+    rows : array_like or DLPack tensor
+        The kernel's output ``[n_rows, width]``: positions (within each
+        sequence), any order, padded as ``filler`` says.
+    index_q, weights, index_k, query_pos, topk, key_scale, key_format, query_format
+        The indexer's inputs, as :func:`kvselect.indexer_topk` takes them
+        (``topk`` defaults to the width).
+    precision : str
+        The kernel's coarsest rounding beyond these operands; sets the default
+        ``rtol`` (:data:`kvselect.checking.DEFAULT_RTOL`; ``"float32"``:
+        ``2^-16``). ``atol`` defaults to 0. ``rtol = atol = 0`` is the exact
+        check (right up to float64 rounding).
+    rtol, atol : float, optional
+        Override the tolerance: entry ``t`` may be off by ``atol + rtol m_t``,
+        ``m_t`` its magnitude.
+    engine_scores : array_like, optional
+        The kernel's own scores ``[n_rows, n_positions]`` (positions within
+        the sequence). Two more findings, each its own entry of
+        ``report["checks"]``: the rows must be an **exact** top-k of these
+        scores (self-consistency, as a dump's ``engine_scores``: it catches a
+        threshold shift no tolerance can, vllm-project/vllm#51782); and the
+        scores must match the exact ones under the tolerance (reported
+        ``score_off`` only where certainly outside it; not for ``kv_cache``).
+    cu_seqlens, seq_ids : array_like, optional
+        A packed batch, as :func:`kvselect.indexer_topk_packed` takes it.
+    kv_cache, block_table, seq_lens, page_layout : optional
+        A paged cache (instead of ``index_k``), as
+        :func:`kvselect.indexer_topk_paged` takes it, with ``seq_ids``.
+    slots : GlobalSlots, optional
+        The rows are global slot ids through this map.
+    filler : str
+        How the kernel fills a row with fewer than ``topk`` positions
+        (:func:`kvselect.check_topk`'s ``filler``).
+    fail_vacuous : bool
+        Fail when some row is vacuous (no selection could fail it at this
+        tolerance). With False such rows are still counted in the report.
+
+    Returns
+    -------
+    dict
+        The report (``kind``, ``tolerance``, ``filler``, ``rows``, ``wrong``,
+        ``vacuous``, ``checks``), as :func:`kvselect.checking.check_dump`.
+
+    Raises
+    ------
+    CheckFailure
+        (an ``AssertionError``) when some row is wrong, or vacuous with
+        ``fail_vacuous``; the message is the ``kvselect check`` text, the
+        report is ``err.report``.
+    SelectionError, TypeError
+        Arguments that do not fit together, or a non-finite operand (its
+        exact scores are undefined), as :func:`kvselect.checking.check_indexer_topk`.
+    """
+    p = _precision(precision)
+    rows = _host(rows, "rows")
+    index_q, weights, index_k = _host(index_q, "index_q"), _host(weights, "weights"), _host(index_k, "index_k")
+    query_pos, key_scale = _host(query_pos, "query_pos"), _host(key_scale, "key_scale")
+    cu_seqlens, seq_ids = _host(cu_seqlens, "cu_seqlens"), _host(seq_ids, "seq_ids")
+    kv_cache, block_table = _host(kv_cache, "kv_cache"), _host(block_table, "block_table")
+    seq_lens, engine_scores = _host(seq_lens, "seq_lens"), _host(engine_scores, "engine_scores")
+    exact = check_indexer_topk(rows, index_q, weights, index_k, query_pos, topk, key_scale=key_scale,
+                               key_format=key_format, query_format=query_format, cu_seqlens=cu_seqlens,
+                               seq_ids=seq_ids, precision=p, atol=atol, rtol=rtol, slots=slots, filler=filler,
+                               kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens,
+                               page_layout=page_layout)
+    atol_ = 0.0 if atol is None else float(atol)
+    rtol_ = DEFAULT_RTOL[p] if rtol is None else float(rtol)
+    checks: List[Dict[str, Any]] = [{"name": "against the exact scores", "report": exact}]
+    note = None
+    if engine_scores is not None:
+        r = np.asarray(rows)
+        k = int(topk) if topk is not None else r.shape[1] // (1 if slots is None else _ranks(slots))
+        pos = np.asarray(query_pos, dtype=np.int64).reshape(-1)
+        n_keys = 0 if index_k is None else len(np.asarray(index_k))
+        lens = _context_lens(pos, n_keys, cu_seqlens, seq_ids, seq_lens)
+        own_scores = np.asarray(engine_scores, dtype=np.float32)
+        own = ks.check_topk(own_scores, r, lens, topk=k, slots=slots, filler=filler)
+        own["vacuous"] = _exactly_vacuous(own_scores, lens, k)
+        checks.append({"name": "against the engine's own scores, exactly", "report": own})
+        if kv_cache is None:
+            checks.append({"name": "the engine's own scores against the exact ones", "report": _score_accuracy(
+                own_scores, index_q, weights, index_k, pos, lens, key_scale, key_format, cu_seqlens, seq_ids,
+                atol_, rtol_)})
+        else:
+            note = "the engine's own scores are not compared with the exact ones for a paged cache"
+    result = {"kind": "topk", "tolerance": {"precision": p, "atol": atol_, "rtol": rtol_, "note": note},
+              "filler": filler, "rows": exact["rows"], "wrong": _wrong_rows(checks), "checks": checks}
+    return _conclude(result, fail_vacuous, "assert_topk")
+
+
+def _assert_scores(rows: Any, scores: Any, context_lens: Any, topk: int, *, rtol: float = 0.0, atol: float = 0.0,
+                   fail_vacuous: bool = True, filler: str = "-1") -> dict:
+    """:func:`assert_topk` against given exact scores (the
+    :mod:`kvselect.testing.cases` whose operands are not finite, which
+    :func:`assert_topk` refuses): :func:`kvselect.check_topk` at ``atol``
+    (``rtol`` needs magnitudes: only 0 here), the report as a dump's."""
+    if rtol:
+        raise ValueError("given scores carry no magnitudes here: rtol must be 0")
+    r, s = np.asarray(_host(rows, "rows")), np.asarray(scores)
+    lens = np.asarray(context_lens, dtype=np.int64)
+    report = ks.check_topk(s, r, lens, topk=topk, atol=atol, filler=filler)
+    report["vacuous"] = _exactly_vacuous(s, lens, topk) if atol == 0 else 0
+    checks = [{"name": "against the exact scores", "report": report}]
+    result = {"kind": "topk", "tolerance": {"precision": "float32", "atol": float(atol), "rtol": 0.0,
+                                            "note": "checked against the case's exact scores"},
+              "filler": filler, "rows": report["rows"], "wrong": _wrong_rows(checks), "checks": checks}
+    return _conclude(result, fail_vacuous, "assert_topk")
+
+
+def _ranks(slots: ks.GlobalSlots) -> int:
+    """The decode-context-parallel ranks a ``GlobalSlots`` spreads a row over (1 without DCP)."""
+    return int(getattr(slots, "dcp_size", 1) or 1)
+
+
+def _as_dump_array(a: Any, key: str, out: Dict[str, Any], fmt: Optional[str] = None) -> None:
+    """Put ``a`` in a dump dict under ``key``: an ml_dtypes array as its raw
+    bits with ``<key>_format``, raw bits with ``fmt`` likewise."""
+    arr = np.asarray(a)
+    name = arr.dtype.name
+    if name in ("bfloat16", "float8_e4m3fn"):
+        out[key] = np.ascontiguousarray(arr).view(np.uint16 if name == "bfloat16" else np.uint8)
+        out[f"{key}_format"] = np.asarray(name)
+    else:
+        out[key] = arr
+        if fmt is not None and fmt != "float32":
+            out[f"{key}_format"] = np.asarray(fmt)
+
+
+def assert_blocks(rows: Any, index_q: Any, index_k: Any, query_pos: Any, config: ks.BlockSparseConfig, *,
+                  key_format: Optional[str] = None, query_format: Optional[str] = None,
+                  precision: str = "float32", rtol: Optional[float] = None, atol: Optional[float] = None,
+                  cu_seqlens: Any = None, seq_ids: Any = None, block_table: Any = None,
+                  head_major: bool = False) -> dict:
+    """Assert that ``rows`` is a correct MiniMax-M3 block selection, as
+    ``kvselect check`` judges a ``blocks`` dump.
+
+    Parameters
+    ----------
+    rows : array_like or DLPack tensor
+        Block ids ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
+        n_queries, width]`` with ``head_major``), any order, ``-1`` padded;
+        physical page ids with ``block_table``.
+    index_q, index_k, query_pos, config, key_format, query_format
+        As :func:`kvselect.block_sparse_select` takes them.
+    precision, rtol, atol
+        The tolerance, as :func:`assert_topk` (the block scores are
+        kvselect's float32 :func:`kvselect.block_scores`, as in a dump).
+    cu_seqlens, seq_ids : array_like, optional
+        A packed batch (each query scored over its own sequence's keys).
+    block_table : array_like, optional
+        ``[n_seqs, max_blocks]``: the rows are physical page ids through it.
+    head_major : bool
+        The rows are head-major.
+
+    Returns
+    -------
+    dict
+        The report, as :func:`kvselect.checking.check_dump`.
+
+    Raises
+    ------
+    CheckFailure
+        When some row is wrong (message: the ``kvselect check`` text;
+        ``err.report``).
+    kvselect.checking.DumpError
+        Arguments that do not fit together (named by their dump keys).
+    """
+    p = _precision(precision)
+    d: Dict[str, Any] = {"kind": np.asarray("blocks"), "precision": np.asarray(p)}
+    _as_dump_array(_host(index_q, "index_q"), "index_q", d, query_format)
+    _as_dump_array(_host(index_k, "index_k"), "index_k", d, key_format)
+    d["query_pos"] = np.asarray(_host(query_pos, "query_pos")).reshape(-1)
+    d["rows"] = np.asarray(_host(rows, "rows"))
+    for name in ("block_size", "top_blocks", "init_blocks", "local_blocks"):
+        d[name] = np.asarray(getattr(config, name))
+    if head_major:
+        d["head_major"] = np.asarray(1)
+    for name, v in (("cu_seqlens", cu_seqlens), ("seq_ids", seq_ids), ("block_table", block_table)):
+        if v is not None:
+            d[name] = np.asarray(_host(v, name))
+    result = check_dump(d, atol=atol, rtol=rtol)
+    return _conclude(result, False, "assert_blocks")
+
+
+def assert_witnesses(before: Any, after: Any, context_lens: Any, num_segments: int) -> dict:
+    """Assert that an in-place witness call (``scatter_topology_witnesses_``)
+    wrote exactly what the rule writes, as ``kvselect check`` judges a
+    ``witnesses`` dump.
+
+    Parameters
+    ----------
+    before, after : array_like or DLPack tensor
+        The ``[rows, topk]`` buffer before and after the kernel's call.
+    context_lens : array_like
+        Each row's positions ``L``.
+    num_segments : int
+        The call's ``num_segments``.
+
+    Returns
+    -------
+    dict
+        The report, as :func:`kvselect.checking.check_dump`.
+
+    Raises
+    ------
+    CheckFailure
+        When some row is not what the rule writes.
+    """
+    d = {"kind": np.asarray("witnesses"), "before": np.asarray(_host(before, "before")),
+         "after": np.asarray(_host(after, "after")), "context_lens": np.asarray(_host(context_lens, "context_lens")),
+         "num_segments": np.asarray(int(num_segments))}
+    return _conclude(check_dump(d), False, "assert_witnesses")
