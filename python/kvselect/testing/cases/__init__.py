@@ -1,0 +1,62 @@
+"""The inputs that break selection kernels, as seeded generators.
+
+Each generator takes a ``seed`` (a :func:`numpy.random.default_rng` seed)
+and returns a :class:`Case`: the kernel's inputs as NumPy arrays under the
+API's names (``case.inputs``), the answer of the exact rule
+(``case.expected``, rows of positions, ``-1`` padded), and
+``case.assert_rows(rows)``, which checks a kernel's output with
+:func:`kvselect.testing.assert_topk` (or ``assert_blocks`` /
+``assert_witnesses``) at the tolerance the case is built for. Each
+generator's docstring says the bug it provokes and the engine issue where
+it shipped.
+
+**Exact by construction.** The token top-k cases are built from small
+integers and powers of two so that every score is exact in float32 in *any*
+summation order (every partial sum is an integer multiple of one quantum and
+below ``2^24`` quanta): a kernel that accumulates in float32 owes the exact
+answer, so ``case.check`` asks for ``rtol = atol = 0``. A kernel that rounds
+its scores coarser (bfloat16) cannot tell these rows apart: at its tolerance
+they are vacuous, and :func:`~kvselect.testing.assert_topk` says so.
+
+**In every generator**: ``scale_exp`` multiplies the scores by
+``2^scale_exp`` (exact; the ranking is unchanged), and the rows' context
+lengths ``L`` have ``L mod 8 != 0`` (so ``L mod 16, 32, 64 != 0`` too)
+unless the case is about a particular ``L`` (``L = topk``).
+:func:`all_topk_cases` runs every generator at ``scale_exp`` 0, 30 and -30.
+
+Torch users: ``torch.from_numpy(a)`` for float32 / int arrays;
+``torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)`` (or
+``np.uint8`` / ``torch.float8_e4m3fn``) for the ml_dtypes ones.
+
+Sizes are small by default (tests stay fast); ``long=True`` in
+:func:`all_topk_cases` adds the 256K-key rows.
+
+Sources of the engine facts:
+
+- vllm-project/vllm#51782: ``persistent_topk`` collects the threshold
+  bin's candidates into a fixed-size shared-memory buffer and silently
+  truncates it: with every value in one coarse histogram bin (values in
+  ``[1.0, 1.245)``), k = 2048, rows of ``kv_len > 16384`` drop up to 2047
+  candidates, score deltas ~1e-4, "a tolerance of 1e-4 would mask the
+  boundary cases entirely".
+- sgl-project/sglang#36807: ``fast_topk_v2`` returns wrong top-k sets when
+  the radix threshold bucket exceeds its 4096-entry candidate buffer (k =
+  2048; clean at L = 65536, 64/64 rows wrong at L = 1048576).
+- ik_llama.cpp ``iqk_bucket_topk`` (8337e4cd, 2026-08-15, decode path), the
+  two faults ``kvselect check`` found (issue 23 of this project): (a) the
+  last ``L % 8`` scores bucketed by truncation, the rest rounded; (b) an
+  absolute early-out ``max - min < 1e-6``.
+"""
+
+from __future__ import annotations
+
+from kvselect.testing.cases._case import Case, pytest_params, tail_lengths
+from kvselect.testing.cases.blocks import (all_block_cases, all_witness_cases, block_partial_tail, block_short, block_ties, witness_rows)
+from kvselect.testing.cases.topk import (all_topk_cases, all_zero, bf16_rounded_ties, fp8_extremes, ik_absolute_early_out, ik_tail_truncation, low_contrast, non_finite, paged, short_contexts, signed_zeros, ties_at_threshold)
+
+__all__ = [
+    "Case", "pytest_params", "all_topk_cases", "all_block_cases", "all_witness_cases", "tail_lengths",
+    "low_contrast", "ties_at_threshold", "signed_zeros", "all_zero", "short_contexts", "fp8_extremes",
+    "bf16_rounded_ties", "paged", "ik_tail_truncation", "ik_absolute_early_out", "non_finite",
+    "block_ties", "block_partial_tail", "block_short", "witness_rows",
+]
