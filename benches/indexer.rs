@@ -58,6 +58,7 @@ fn run(
         k,
         key_scale: scale,
         query_pos: pos,
+        compress_ratio: 1,
     };
     indexer_topk_into(&shape, &inputs, TOPK, 0, out, None).expect("valid shapes");
 }

@@ -684,6 +684,7 @@ fn a_cache_whose_pages_are_misaligned_for_their_type_selects_the_same() {
                 table: paged.table(),
                 seq_ids: &[0],
                 query_pos: &[lens[0] - 1],
+                compress_ratio: 1,
             };
             let (mut out, mut sc) = (vec![7; topk], vec![0.0f32; topk]);
             indexer_topk_paged_into(1, h, &inputs, topk, 0, &mut out, Some(&mut sc)).unwrap();

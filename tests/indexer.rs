@@ -38,6 +38,7 @@ impl Case {
             k,
             key_scale: self.scale.as_deref(),
             query_pos: &self.pos,
+            compress_ratio: 1,
         };
         let mut out = vec![7; self.n() * topk];
         let mut scores = vec![7.0; self.n() * topk];
@@ -350,6 +351,7 @@ fn malformed_calls_are_refused_and_write_nothing() {
         k: Encoded::F32(&c.k),
         key_scale: None,
         query_pos: &c.pos,
+        compress_ratio: 1,
     };
     let refused =
         |shape: IndexerShape, inputs: IndexerInputs<'_>, topk: usize, s: usize, out_len: usize| {
@@ -439,6 +441,7 @@ fn the_packed_form_equals_one_call_per_sequence() {
             k: Encoded::F32(&k),
             key_scale: Some(&scale),
             query_pos: &pos,
+            compress_ratio: 1,
         };
         let mut packed = vec![7; n * topk];
         indexer_topk_packed_into(&shape, &inputs, &cu, &seq_ids, topk, s, &mut packed, None)
@@ -456,6 +459,7 @@ fn the_packed_form_equals_one_call_per_sequence() {
                 k: Encoded::F32(&k[k0 * d..k1 * d]),
                 key_scale: Some(&scale[k0..k1]),
                 query_pos: &pos[i..i + 1],
+                compress_ratio: 1,
             };
             let mut row = vec![7; topk];
             indexer_topk_into(&one, &single, topk, s, &mut row, None).unwrap();
@@ -504,6 +508,7 @@ mod paged {
             },
             seq_ids: &[0],
             query_pos: &[1],
+            compress_ratio: 1,
         };
         let (mut out, mut scores) = (vec![0; 2], vec![0.0; 2]);
         indexer_topk_paged_into(1, 1, &inputs, 2, 0, &mut out, Some(&mut scores)).unwrap();
@@ -631,6 +636,7 @@ mod paged {
                 },
                 seq_ids: &seq_ids,
                 query_pos: &pos,
+                compress_ratio: 1,
             };
             let mut paged = vec![7; n * topk];
             indexer_topk_paged_into(n, h, &inputs, topk, segs, &mut paged, None).unwrap();
@@ -649,6 +655,7 @@ mod paged {
                     k: Encoded::F32(&keys[s]),
                     key_scale: scale,
                     query_pos: &pos[i..i + 1],
+                    compress_ratio: 1,
                 };
                 let mut row = vec![7; topk];
                 indexer_topk_into(&one, &dense, topk, segs, &mut row, None).unwrap();
@@ -684,6 +691,7 @@ mod paged {
             },
             seq_ids: &[0],
             query_pos: &[1],
+            compress_ratio: 1,
         };
         let refused = |inputs: PagedInputs<'_>| {
             let mut out = vec![7; 2];
@@ -857,6 +865,7 @@ fn the_exact_scores_are_the_ones_the_selection_ranks() {
             k: Encoded::F32(&c.k),
             key_scale: c.scale.as_deref(),
             query_pos: &c.pos,
+            compress_ratio: 1,
         };
         let mut all = vec![7.0f32; n * t];
         indexer_scores_into(&shape, &inputs, false, &mut all).unwrap();

@@ -423,13 +423,15 @@ def indexer_topk(
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     num_segments: int = 0,
+    compress_ratio: int = 1,
     out: Optional[npt.NDArray[np.int32]] = None,
     scores_out: Optional[npt.NDArray[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5), single sequence.
 
     For each query, the ``topk`` positions of ``[0, L)``, ``L = min(query_pos + 1,
-    T)``, with the largest ``key_scale[t] * sum_h weights[h] * max(index_q[h] .
+    T)`` (over compressed keys, ``compress_ratio=m`` tokens each, ``L = min((query_pos
+    + 1) // m, T)``), with the largest ``key_scale[t] * sum_h weights[h] * max(index_q[h] .
     index_k[t], 0)``, in rank order (score descending, ties to the lower
     position, -0.0 == +0.0, NaN last), then -1: int32 ``[n_queries, topk]``.
     ``index_q [n_queries, H, d]``, ``weights`` float32 ``[n_queries, H]``,
@@ -457,6 +459,7 @@ def indexer_topk_packed(
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     num_segments: int = 0,
+    compress_ratio: int = 1,
     out: Optional[npt.NDArray[np.int32]] = None,
     scores_out: Optional[npt.NDArray[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
@@ -479,6 +482,7 @@ def indexer_topk_paged(
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     num_segments: int = 0,
+    compress_ratio: int = 1,
     out: Optional[npt.NDArray[np.int32]] = None,
     scores_out: Optional[npt.NDArray[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
@@ -504,6 +508,7 @@ def indexer_scores(
     key_scale: Optional[npt.ArrayLike] = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
+    compress_ratio: int = 1,
     out: Optional[npt.NDArray[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """Every query's exact score of every key it sees, float32 ``[n_queries, n_keys]`` (NaN past
@@ -518,6 +523,7 @@ def indexer_magnitudes(
     key_scale: Optional[npt.ArrayLike] = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
+    compress_ratio: int = 1,
     out: Optional[npt.NDArray[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """Each :func:`indexer_scores` entry's error scale ``|c_t| * sum_h |w_h| * sum_i |q_hi * k_ti|``

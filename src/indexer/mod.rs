@@ -5,7 +5,11 @@
 //!
 //! A query at position `p` sees keys `0 .. L`, `L = min(p + 1, T)` (a
 //! position past the keys is clipped to what exists, as block selection
-//! does). With `H` index heads `q_h`, per-query head weights `w_h` (the
+//! does). Over **compressed keys** (DeepSeek-V4's CSA and HCA layers, GLM-5
+//! pools: each key an entry summarising `m` tokens, `compress_ratio = m`)
+//! `L = min((p + 1) / m, T)`: entry `w` exists once token `(w + 1)·m − 1`
+//! has arrived, and `p` stays the token position. A query that sees no
+//! entry yet (`p < m − 1`) gets a row of `-1` (docs/compressed-keys.md). With `H` index heads `q_h`, per-query head weights `w_h` (the
 //! caller folds the softmax scale, `H^-1/2` and any query scale in, as vLLM
 //! does), index keys `k_t` and a per-key scale `c_t` (1 without scales):
 //!
@@ -115,8 +119,21 @@ pub struct IndexerInputs<'a> {
     pub k: Encoded<'a>,
     /// `[n_keys]`, or `None` for a scale of 1.
     pub key_scale: Option<&'a [f32]>,
-    /// `[n_queries]`: each query's position (clipped to the keys).
+    /// `[n_queries]`: each query's token position.
     pub query_pos: &'a [usize],
+    /// Tokens per key: 1 for token-level keys (DeepSeek-V3.2), `m` for keys
+    /// that are compressed entries of `m` tokens each (DeepSeek-V4's CSA
+    /// `m = 4`): a query at token `p` sees `min((p + 1) / m, T)` keys.
+    pub compress_ratio: usize,
+}
+
+/// Keys a query at token position `pos` sees, of `n_keys`: the entries
+/// completed by token `pos`, `(pos + 1) / ratio` (entry `w` is written when
+/// token `(w + 1)·ratio − 1` arrives), clipped to the keys that exist.
+/// `ratio` is at least 1 (checked by every entry point).
+#[inline]
+pub(crate) fn visible(pos: usize, ratio: usize, n_keys: usize) -> usize {
+    (pos.saturating_add(1) / ratio).min(n_keys)
 }
 
 /// The lightning indexer's top-k of every query, into `out`
@@ -190,7 +207,7 @@ pub fn indexer_scores_into(
             let mut query = Query::new(h, d, level);
             query.load(&inputs.q, inputs.weights, i, magnitude);
             group.push(query);
-            let len = inputs.query_pos[i].saturating_add(1).min(t);
+            let len = visible(inputs.query_pos[i], inputs.compress_ratio, t);
             let (seen, unseen) = row.split_at_mut(len);
             unseen.fill(f32::NAN);
             for (c, piece) in seen.chunks_mut(KEY_CHUNK).enumerate() {
@@ -335,7 +352,7 @@ fn run_queries(
         same_keys: |i: usize, j: usize| keys_of(i) == keys_of(j),
         len: |i: usize| {
             let (k0, k1) = keys_of(i);
-            inputs.query_pos[i].saturating_add(1).min(k1 - k0)
+            visible(inputs.query_pos[i], inputs.compress_ratio, k1 - k0)
         },
     };
     run::for_each_group(queries, rows, KEY_CHUNK, |i0, c, group, outs| {
@@ -378,6 +395,7 @@ fn check(
         );
     }
     check_segments_and_topk(topk, num_segments)?;
+    check_ratio(inputs.compress_ratio)?;
     let q_len = checked_size("index_q", &[n, h, d])?;
     check_len("index_q", inputs.q.len(), q_len, || {
         format!("[n_queries={n}, n_heads={h}, d={d}]")
@@ -404,6 +422,19 @@ fn check(
         check_len("scores", s.len(), o_len, || {
             format!("[n_queries={n}, topk={topk}]")
         })?;
+    }
+    Ok(())
+}
+
+/// Refuses a `compress_ratio` of 0 (an entry of no tokens).
+fn check_ratio(ratio: usize) -> Result<(), ArgumentError> {
+    if ratio == 0 {
+        let message = "compress_ratio=0: a key stands for at least one token (1 for \
+                       token-level keys, 4 for DeepSeek-V4's CSA, 128 for HCA)";
+        return Err(ArgumentError::Invalid {
+            argument: "compress_ratio",
+            message: message.into(),
+        });
     }
     Ok(())
 }

@@ -6,7 +6,7 @@
 
 use super::kernels::{self, Keys};
 use super::run::{self, Queries, Rows};
-use super::{check_segments_and_topk, KEY_CHUNK};
+use super::{check_ratio, check_segments_and_topk, visible, KEY_CHUNK};
 use crate::error::{check_len, checked_size, ArgumentError};
 use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
 use crate::simd;
@@ -23,13 +23,16 @@ pub struct PagedInputs<'a> {
     pub table: BlockTable<'a>,
     /// `[n_queries]`: each query's sequence.
     pub seq_ids: &'a [usize],
-    /// `[n_queries]`: each query's position within its sequence.
+    /// `[n_queries]`: each query's token position within its sequence.
     pub query_pos: &'a [usize],
+    /// Tokens per key ([`super::IndexerInputs::compress_ratio`]): the
+    /// cache's rows are compressed entries, `seq_lens` counts entries.
+    pub compress_ratio: usize,
 }
 
 /// [`super::indexer_topk_into`] over a paged cache (see the module docs):
-/// query `i` sees tokens `0 .. min(query_pos[i] + 1, seq_lens[s])` of its
-/// sequence `s = seq_ids[i]`, and its row holds positions within that
+/// query `i` sees keys `0 .. min((query_pos[i] + 1) / compress_ratio,
+/// seq_lens[s])` of its sequence `s = seq_ids[i]`, and its row holds positions within that
 /// sequence. Refuses, before writing anything, a block-table entry that
 /// would be read and is negative or past the cache, a block-table row
 /// shorter than its sequence needs, and every shape mismatch.
@@ -46,6 +49,7 @@ pub fn indexer_topk_paged_into(
     let c = inputs.cache;
     c.check()?;
     check_segments_and_topk(topk, num_segments)?;
+    check_ratio(inputs.compress_ratio)?;
     let (n, h, d, bs) = (n_queries, n_heads, c.d, c.block_size);
     let q_len = checked_size("index_q", &[n, h, d])?;
     check_len("index_q", inputs.q.len(), q_len, || {
@@ -77,6 +81,7 @@ pub fn indexer_topk_paged_into(
     table.check_seq_ids(inputs.seq_ids)?;
     let level = simd::Wide::best();
     let (seq_lens, seq_ids, query_pos) = (table.seq_lens, inputs.seq_ids, inputs.query_pos);
+    let ratio = inputs.compress_ratio;
     let queries = Queries {
         n,
         h,
@@ -85,7 +90,7 @@ pub fn indexer_topk_paged_into(
         q: &inputs.q,
         weights: inputs.weights,
         same_keys: |i: usize, j: usize| seq_ids[i] == seq_ids[j],
-        len: |i: usize| query_pos[i].saturating_add(1).min(seq_lens[seq_ids[i]]),
+        len: |i: usize| visible(query_pos[i], ratio, seq_lens[seq_ids[i]]),
     };
     let rows = Rows {
         topk,

@@ -32,6 +32,8 @@ struct Call<'py> {
     shape: IndexerShape,
     topk: usize,
     segs: usize,
+    /// Tokens per key (`compress_ratio`; 1 for token-level keys).
+    ratio: usize,
 }
 
 /// `(index_q, weights, index_k, query_pos, topk)` and the keyword arguments
@@ -58,6 +60,12 @@ fn queries<'py>(
     let [n, h, _] = dims;
     S.axes("weights", &w.shape, &[("n_queries", n), ("H", h)])?;
     Ok((q, w, dims))
+}
+
+/// The `compress_ratio` keyword: None is 1 (token-level keys); 0 the core
+/// refuses.
+fn ratio(compress_ratio: Opt<'_, '_>) -> PyResult<usize> {
+    S.count_or(compress_ratio, "compress_ratio", u32::MAX as u64, 1)
 }
 
 /// The `num_segments` keyword: None is 0 (off); past 64 the core refuses.
@@ -120,6 +128,7 @@ impl<'py> Call<'py> {
             shape,
             topk: 0,
             segs: 0,
+            ratio: 1,
         })
     }
 
@@ -134,6 +143,7 @@ impl<'py> Call<'py> {
                 None => self.scale.as_ref().map(|c| c.slice()).transpose()?,
             },
             query_pos: &self.pos,
+            compress_ratio: self.ratio,
         })
     }
 
@@ -214,15 +224,20 @@ fn run_topk<'py>(
 /// query. A dense array in non-native byte order (``'>f2'``, ``'>u2'``
 /// bits), misaligned or not C-contiguous is copied once to a native,
 /// aligned one (as float64 is converted to float32); the values read are
-/// the same. ``num_segments=S`` (1..=64) returns the
+/// the same. ``compress_ratio=m`` (DeepSeek-V4's CSA: 4, HCA: 128; 1 is
+/// token-level keys) makes each key a compressed entry of ``m`` tokens:
+/// ``query_pos`` stays the token position and the query sees ``L =
+/// min((query_pos + 1) // m, T)`` entries (none yet: a row of -1).
+/// ``num_segments=S`` (1..=64) returns the
 /// reserved-tail witness row; ``out=`` reuses a buffer; ``scores_out=``
 /// (float32 ``[n_queries, topk]``) receives each entry's score (NaN at -1).
 #[pyfunction]
 #[pyo3(
     signature = (index_q, weights, index_k, query_pos, topk, *, key_scale=None, key_format=None,
-                 query_format=None, num_segments=None, out=None, scores_out=None),
+                 query_format=None, num_segments=None, compress_ratio=None, out=None, scores_out=None),
     text_signature = "(index_q, weights, index_k, query_pos, topk, *, key_scale=None, \
-                      key_format=None, query_format=None, num_segments=0, out=None, scores_out=None)"
+                      key_format=None, query_format=None, num_segments=0, compress_ratio=1, out=None, \
+                      scores_out=None)"
 )]
 fn indexer_topk<'py>(
     py: Python<'py>,
@@ -235,11 +250,13 @@ fn indexer_topk<'py>(
     key_format: Option<&str>,
     query_format: Option<&str>,
     num_segments: Opt<'_, 'py>,
+    compress_ratio: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let common = (index_q, weights, index_k, query_pos, topk);
-    let call = Call::new(common, (key_scale, key_format, query_format, num_segments))?;
+    let mut call = Call::new(common, (key_scale, key_format, query_format, num_segments))?;
+    call.ratio = ratio(compress_ratio)?;
     let (shape, topk, segs) = (call.shape, call.topk, call.segs);
     call.run(py, (out, scores_out), |inputs, o, s| {
         indexer::indexer_topk_into(&shape, inputs, topk, segs, o, s)
@@ -251,15 +268,17 @@ fn indexer_topk<'py>(
 /// ``s`` owning rows ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i``
 /// belongs to sequence ``seq_ids[i]`` at position ``query_pos[i]`` within
 /// it and its row holds offsets from the start of its sequence (``seq_ids``
-/// ``[n_queries]``, ``query_pos`` too or one integer for one query).
+/// ``[n_queries]``, ``query_pos`` too or one integer for one query;
+/// ``compress_ratio``: each sequence's rows are its compressed entries).
 /// Otherwise as :func:`indexer_topk`, row for row.
 #[pyfunction]
 #[pyo3(
     signature = (index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, topk, *, key_scale=None,
-                 key_format=None, query_format=None, num_segments=None, out=None, scores_out=None),
+                 key_format=None, query_format=None, num_segments=None, compress_ratio=None, out=None,
+                 scores_out=None),
     text_signature = "(index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, topk, *, \
-                      key_scale=None, key_format=None, query_format=None, num_segments=0, out=None, \
-                      scores_out=None)"
+                      key_scale=None, key_format=None, query_format=None, num_segments=0, \
+                      compress_ratio=1, out=None, scores_out=None)"
 )]
 fn indexer_topk_packed<'py>(
     py: Python<'py>,
@@ -274,11 +293,13 @@ fn indexer_topk_packed<'py>(
     key_format: Option<&str>,
     query_format: Option<&str>,
     num_segments: Opt<'_, 'py>,
+    compress_ratio: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let common = (index_q, weights, index_k, query_pos, topk);
     let mut call = Call::new(common, (key_scale, key_format, query_format, num_segments))?;
+    call.ratio = ratio(compress_ratio)?;
     call.raw
         .extend(ndarrays(&[cu_seqlens, seq_ids]).into_iter().cloned());
     let (cu, sid) = (
@@ -296,11 +317,16 @@ fn indexer_topk_packed<'py>(
 /// ranks, bit for bit — what :func:`check_topk` judges an engine's rows
 /// against. Arguments as :func:`indexer_topk`; ``out=`` (float32
 /// ``[n_queries, n_keys]``) reuses a buffer. Builds the whole matrix: a
-/// checking tool, not a serving path. Their error scales are
+/// checking tool, not a serving path (``compress_ratio`` as
+/// :func:`indexer_topk` takes it). Their error scales are
 /// :func:`indexer_magnitudes`.
 #[pyfunction]
-#[pyo3(signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
-                    query_format=None, out=None))]
+#[pyo3(
+    signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
+                 query_format=None, compress_ratio=None, out=None),
+    text_signature = "(index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None, \
+                      query_format=None, compress_ratio=1, out=None)"
+)]
 fn indexer_scores<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -310,10 +336,12 @@ fn indexer_scores<'py>(
     key_scale: Opt<'_, 'py>,
     key_format: Option<&str>,
     query_format: Option<&str>,
+    compress_ratio: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
 ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
     let common = (index_q, weights, index_k, query_pos);
-    let call = Call::inputs(common, (key_scale, key_format, query_format))?;
+    let mut call = Call::inputs(common, (key_scale, key_format, query_format))?;
+    call.ratio = ratio(compress_ratio)?;
     call.score_matrix(py, out, false)
 }
 
@@ -322,8 +350,12 @@ fn indexer_scores<'py>(
 /// ``magnitudes`` of :func:`check_topk` (its ``rtol`` multiplies them).
 /// Arguments, shape and NaN padding as :func:`indexer_scores`.
 #[pyfunction]
-#[pyo3(signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
-                    query_format=None, out=None))]
+#[pyo3(
+    signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
+                 query_format=None, compress_ratio=None, out=None),
+    text_signature = "(index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None, \
+                      query_format=None, compress_ratio=1, out=None)"
+)]
 fn indexer_magnitudes<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -333,10 +365,12 @@ fn indexer_magnitudes<'py>(
     key_scale: Opt<'_, 'py>,
     key_format: Option<&str>,
     query_format: Option<&str>,
+    compress_ratio: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
 ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
     let common = (index_q, weights, index_k, query_pos);
-    let call = Call::inputs(common, (key_scale, key_format, query_format))?;
+    let mut call = Call::inputs(common, (key_scale, key_format, query_format))?;
+    call.ratio = ratio(compress_ratio)?;
     call.score_matrix(py, out, true)
 }
 
@@ -379,18 +413,21 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// ``seq_lens`` ``[n_seqs]`` (``block_table`` is checked against it axis by
 /// axis); query ``i`` belongs to sequence ``seq_ids[i]`` at ``query_pos[i]``
 /// within it (``query_pos`` one integer for one query), and its row holds
-/// positions within it.
+/// positions within it. With ``compress_ratio=m`` the pages hold compressed
+/// entries (DeepSeek-V4's indexer cache: entry ``c`` at ``block_table[s, c
+/// // block_size] * block_size + c % block_size``) and ``seq_lens`` counts
+/// entries.
 /// The pages are never converted: a cache in non-native byte order is
 /// refused (naming ``kv_cache``: pass ``kv_cache.astype(kv_cache.dtype
 /// .newbyteorder('='))``); misaligned pages are read in place, byte by byte.
 #[pyfunction]
 #[pyo3(
     signature = (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *,
-                 page_layout="dense", key_format=None, query_format=None, num_segments=None, out=None,
-                 scores_out=None),
+                 page_layout="dense", key_format=None, query_format=None, num_segments=None,
+                 compress_ratio=None, out=None, scores_out=None),
     text_signature = "(index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *, \
-                      page_layout='dense', key_format=None, query_format=None, num_segments=0, out=None, \
-                      scores_out=None)"
+                      page_layout='dense', key_format=None, query_format=None, num_segments=0, \
+                      compress_ratio=1, out=None, scores_out=None)"
 )]
 fn indexer_topk_paged<'py>(
     py: Python<'py>,
@@ -406,6 +443,7 @@ fn indexer_topk_paged<'py>(
     key_format: Option<&str>,
     query_format: Option<&str>,
     num_segments: Opt<'_, 'py>,
+    compress_ratio: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
@@ -420,6 +458,7 @@ fn indexer_topk_paged<'py>(
     let paged = Paged::new(args, page_layout, key_format, (n, dq))?;
     let topk = S.count(topk, "topk", i32::MAX as u64)?;
     let segs = segments(num_segments)?;
+    let compress_ratio = ratio(compress_ratio)?;
     let inputs = PagedInputs {
         q: q.encoded()?,
         weights: w.slice()?,
@@ -427,6 +466,7 @@ fn indexer_topk_paged<'py>(
         table: paged.table()?,
         seq_ids: &paged.seq_ids,
         query_pos: &paged.query_pos,
+        compress_ratio,
     };
     let raw = ndarrays(&[seq_lens, seq_ids, query_pos]);
     let arrays = [&[q.untyped(), w.untyped()][..], &paged.untyped(), &raw].concat();

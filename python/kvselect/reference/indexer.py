@@ -34,7 +34,8 @@ from .witness import MAX_TOPOLOGY_SEGMENTS, scatter_topology_witnesses
 # Written from issue 11 and the module docs of src/indexer/:
 #
 # - score(t) = c_t * sum_h w_h * max(q_h . k_t, 0) over keys t < L,
-#   L = min(query_pos + 1, T); the ReLU keeps NaN NaN;
+#   L = min(query_pos + 1, T); the ReLU keeps NaN NaN; over compressed
+#   keys (compress_ratio = m, issue 25) L = min((query_pos + 1) // m, T);
 # - the row is the topk best positions in rank order (score descending,
 #   ties to the lower position, -0.0 == +0.0, NaN below every number), then
 #   -1; with num_segments = S the top max(topk - S, 0), widened with -1 and
@@ -62,6 +63,7 @@ def indexer_topk(
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     num_segments: int = 0,
+    compress_ratio: int = 1,
     out: Any = None,
     scores_out: Any = None,
 ) -> np.ndarray:
@@ -77,11 +79,12 @@ def indexer_topk(
     out_buf, scores_buf = _topk_outputs(out, scores_out, (n, topk), (index_q, weights, index_k, query_pos, key_scale))
     if num_segments > MAX_TOPOLOGY_SEGMENTS:
         raise _refuse(_SELECTION, "num_segments", "num_segments must be 0 (off) or 1..=64")
+    m = _ratio(compress_ratio)
     rows = np.full((n, topk), -1, dtype=np.int64)
     chosen_scores = np.full((n, topk), np.nan)
     keep = max(topk - num_segments, 0)
     for i in range(n):
-        length = min(int(pos[i]) + 1, t)
+        length = visible(int(pos[i]), m, t)
         scores = _indexer_row(q[i], w[i], k[:length], c[:length])
         order = _rank_order(scores)[:keep]
         rows[i, : len(order)] = order
@@ -94,6 +97,21 @@ def indexer_topk(
     if scores_buf is not None:
         scores_buf[...] = chosen_scores
     return _deliver(rows, out_buf)
+
+
+def visible(pos: int, compress_ratio: int, n_keys: int) -> int:
+    """Keys a query at token ``pos`` sees of ``n_keys``: the entries its
+    tokens have completed, ``(pos + 1) // compress_ratio`` (entry ``w`` is
+    written when token ``(w + 1) * m - 1`` arrives), clipped to the keys."""
+    return min((pos + 1) // compress_ratio, n_keys)
+
+
+def _ratio(compress_ratio: Any) -> int:
+    """``compress_ratio`` checked: tokens per key, at least 1."""
+    m = _count("compress_ratio", compress_ratio)
+    if m < 1:
+        raise _refuse(_SELECTION, "compress_ratio", "compress_ratio=0: a key stands for at least one token")
+    return m
 
 
 def _topk_outputs(out: Any, scores_out: Any, shape: tuple, inputs: tuple) -> tuple:
@@ -166,13 +184,14 @@ def indexer_scores(
     key_scale: Any = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
+    compress_ratio: int = 1,
     out: Any = None,
 ) -> np.ndarray:
     """Every query's score of every key it sees, float32 ``[n_queries,
     n_keys]``, NaN past its context (computed in float64, rounded once)."""
     args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
     inputs = (index_q, weights, index_k, query_pos, key_scale)
-    return _deliver(_indexer_matrix(*args, False),
+    return _deliver(_indexer_matrix(*args, False, _ratio(compress_ratio)),
                     _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32, inputs))
 
 
@@ -185,23 +204,24 @@ def indexer_magnitudes(
     key_scale: Any = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
+    compress_ratio: int = 1,
     out: Any = None,
 ) -> np.ndarray:
     """Each :func:`indexer_scores` entry's error scale ``|c_t| * sum_h |w_h|
     * sum_i |q_hi * k_ti|``, float32, NaN past each context."""
     args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
     inputs = (index_q, weights, index_k, query_pos, key_scale)
-    return _deliver(_indexer_matrix(*args, True),
+    return _deliver(_indexer_matrix(*args, True, _ratio(compress_ratio)),
                     _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32, inputs))
 
 
 def _indexer_matrix(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray, pos: np.ndarray,
-                    magnitudes: bool) -> np.ndarray:
+                    magnitudes: bool, m: int) -> np.ndarray:
     if magnitudes:  # the ReLU is the identity on the absolute values
         q, w, k, c = np.abs(q), np.abs(w), np.abs(k), np.abs(c)
     out = np.full((len(q), len(k)), np.nan)
     for i in range(len(q)):
-        length = min(int(pos[i]) + 1, len(k))
+        length = visible(int(pos[i]), m, len(k))
         out[i, :length] = _indexer_row(q[i], w[i], k[:length], c[:length])
     return (out.astype(np.float32) + np.float32(0.0)).astype(np.float32)
 
@@ -219,12 +239,14 @@ def indexer_topk_packed(
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     num_segments: int = 0,
+    compress_ratio: int = 1,
     out: Any = None,
     scores_out: Any = None,
 ) -> np.ndarray:
     """:func:`indexer_topk` of each query over its own sequence's keys, rows
     ``cu_seqlens[s] .. cu_seqlens[s + 1]`` for ``s = seq_ids[i]``."""
     n = _indexer_queries(index_q, weights, query_format)[0]
+    _ratio(compress_ratio)
     k = decode(index_k, key_format, "key_format")
     if k.ndim != 2:
         raise _refuse(_SELECTION, "index_k", f"index_k must be 2-D, got shape {k.shape}")
@@ -243,7 +265,8 @@ def indexer_topk_packed(
         k0, k1 = int(cu[sid[i]]), int(cu[sid[i] + 1])
         return indexer_topk(q[i : i + 1], w[i : i + 1], k[k0:k1], pos[i : i + 1], topk,
                             key_scale=None if c is None else c[k0:k1], key_format=key_format,
-                            query_format=query_format, num_segments=num_segments, scores_out=s_row)
+                            query_format=query_format, num_segments=num_segments,
+                            compress_ratio=compress_ratio, scores_out=s_row)
 
     return _query_by_query(len(sid), _count("topk", topk), one, out, scores_out,
                            (index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, key_scale))
@@ -301,6 +324,7 @@ def indexer_topk_paged(
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     num_segments: int = 0,
+    compress_ratio: int = 1,
     out: Any = None,
     scores_out: Any = None,
 ) -> np.ndarray:
@@ -308,6 +332,7 @@ def indexer_topk_paged(
     from the pages its block-table row names (only the first
     ``ceil(seq_len / block_size)`` entries are read)."""
     n = _indexer_queries(index_q, weights, query_format)[0]
+    _ratio(compress_ratio)
     if page_layout not in ("dense", "fp8_scaled"):
         raise _refuse(_SELECTION, "page_layout", f"page_layout must be 'dense' or 'fp8_scaled', got {page_layout!r}")
     _native_pages(kv_cache)
@@ -324,7 +349,8 @@ def indexer_topk_paged(
         s = int(sid[i])
         k, c = _gather_pages(kv_cache, table, s, int(lens[s]), page_layout, key_format)
         return indexer_topk(q[i : i + 1], w[i : i + 1], k, pos[i : i + 1], topk, key_scale=c,
-                            query_format=query_format, num_segments=num_segments, scores_out=s_row)
+                            query_format=query_format, num_segments=num_segments,
+                            compress_ratio=compress_ratio, scores_out=s_row)
 
     return _query_by_query(len(sid), _count("topk", topk), one, out, scores_out,
                            (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos))

@@ -1,0 +1,177 @@
+"""The lightning indexer over compressed keys (DeepSeek-V4's CSA / HCA
+entries, GLM-5 pools: ``compress_ratio = m`` tokens per key): a query at
+token ``p`` sees ``min((p + 1) // m, T)`` entries, the rest of the rule is
+the token-level one. Differential against the NumPy reference around every
+boundary, and against the token-level call it reduces to."""
+
+import numpy as np
+import pytest
+
+import kvselect as ks
+from kvselect import reference as ref
+from pages import vllm_fp8_pages
+
+SEED = 20261202
+RATIOS = (1, 2, 3, 4, 16, 128)
+
+
+def _boundary_positions(rng, m, t, n):
+    """Token positions around the entry boundaries: ``(p + 1) % m`` in ``{0,
+    m - 1}``, before the first entry (``p < m - 1``), and past the keys."""
+    w = rng.integers(0, t + 3, n)
+    kind = rng.integers(0, 4, n)
+    p = np.where(kind == 0, (w + 1) * m - 1,            # the token that completes entry w
+        np.where(kind == 1, (w + 1) * m - 2,            # one token short of it
+        np.where(kind == 2, rng.integers(0, max(m - 1, 1), n),  # no entry yet (m > 1)
+                 w * m + rng.integers(0, m, n))))        # anywhere in window w
+    return np.maximum(p, 0)
+
+
+def _case(rng, m):
+    n, h, d, t = int(rng.integers(1, 5)), int(rng.integers(1, 6)), int(rng.integers(1, 24)), int(rng.integers(0, 90))
+    q = rng.integers(-3, 4, (n, h, d)).astype(np.float32)
+    w = rng.integers(-2, 3, (n, h)).astype(np.float32)
+    k = rng.integers(-3, 4, (t, d)).astype(np.float32)
+    if rng.random() < 0.3:  # the zero plateau after the ReLU: ties to the lower entry
+        k[rng.random(t) < 0.5] = 0
+    c = rng.integers(1, 5, t).astype(np.float32) if rng.random() < 0.5 else None
+    return q, w, k, c, _boundary_positions(rng, m, t, n)
+
+
+def test_a_query_sees_the_entries_its_tokens_have_completed():
+    # m = 4: entry w exists once token 4w + 3 has arrived.
+    q, w = np.ones((8, 1, 1), np.float32), np.ones((8, 1), np.float32)
+    k = np.arange(1, 4, dtype=np.float32)[:, None]  # entry 2 scores best
+    pos = np.array([0, 2, 3, 6, 7, 10, 11, 400])
+    got = ks.indexer_topk(q, w, k, pos, 3, compress_ratio=4)
+    want = np.array([[-1, -1, -1], [-1, -1, -1], [0, -1, -1], [0, -1, -1],
+                     [1, 0, -1], [1, 0, -1], [2, 1, 0], [2, 1, 0]], np.int32)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(ref.indexer_topk(q, w, k, pos, 3, compress_ratio=4), want)
+
+
+def test_compressed_rows_equal_the_reference_on_thousands_of_boundary_cases():
+    rng = np.random.default_rng(SEED)
+    rows = 0
+    for case in range(900):
+        m = RATIOS[case % len(RATIOS)]
+        q, w, k, c, pos = _case(rng, m)
+        visible = np.minimum((pos + 1) // m, len(k))
+        topk = int(rng.integers(1, 2 * max(int(visible.max()), 1) + 3))  # often past the visible count
+        s = int(rng.choice([0, 0, 1, 3]))
+        want_s = np.zeros((len(pos), topk), np.float32)
+        want = ref.indexer_topk(q, w, k, pos, topk, key_scale=c, num_segments=s, compress_ratio=m,
+                                scores_out=want_s)
+        got_s = np.full((len(pos), topk), 7.0, np.float32)
+        got = ks.indexer_topk(q, w, k, pos, topk, key_scale=c, num_segments=s, compress_ratio=m,
+                              scores_out=got_s)
+        np.testing.assert_array_equal(got, want, err_msg=f"case {case}: m={m} pos={pos} T={len(k)}")
+        np.testing.assert_array_equal(got_s, want_s)
+        if s == 0:  # every visible entry is in the row or outranked; none past it
+            for i, v in enumerate(visible):
+                assert (got[i] < v).all() and (got[i] >= 0).sum() == min(topk, v)
+        rows += len(pos)
+    assert rows > 2000
+
+
+def test_a_compressed_call_is_the_token_call_at_the_last_completed_entry():
+    # On float data too (native against native, bit for bit): the ratio only
+    # moves where the context ends.
+    rng = np.random.default_rng(SEED + 1)
+    for case in range(300):
+        m = RATIOS[1 + case % (len(RATIOS) - 1)]
+        n, h, d, t = int(rng.integers(1, 6)), int(rng.integers(1, 9)), int(rng.integers(1, 70)), int(rng.integers(1, 3000))
+        q = rng.standard_normal((n, h, d)).astype(np.float32)
+        w = rng.standard_normal((n, h)).astype(np.float32)
+        k = rng.standard_normal((t, d)).astype(np.float32)
+        pos = _boundary_positions(rng, m, t, n)
+        topk, s = int(rng.integers(1, 300)), int(rng.choice([0, 2]))
+        got = ks.indexer_topk(q, w, k, pos, topk, compress_ratio=m, num_segments=s)
+        seen = (pos + 1) // m
+        for i in range(n):
+            if seen[i] == 0:
+                assert (got[i] == -1).all()
+                continue
+            one = ks.indexer_topk(q[i:i + 1], w[i:i + 1], k, seen[i] - 1, topk, num_segments=s)
+            np.testing.assert_array_equal(got[i:i + 1], one)
+
+
+def test_witnesses_cover_the_compressed_context():
+    # Segments split the entries a query sees, not its tokens: the fused
+    # row is scatter_topology_witnesses over context L = (p + 1) // m.
+    rng = np.random.default_rng(SEED + 2)
+    for _ in range(200):
+        m = int(rng.choice([4, 16]))
+        q, w, k, c, pos = _case(rng, m)
+        topk, s = int(rng.integers(4, 40)), int(rng.integers(1, 5))
+        plain = ks.indexer_topk(q, w, k, pos, topk, key_scale=c, compress_ratio=m)
+        plain[:, max(topk - s, 0):] = -1
+        lens = np.minimum((pos + 1) // m, len(k)).astype(np.int32)
+        ks.scatter_topology_witnesses(plain, lens, s)
+        np.testing.assert_array_equal(ks.indexer_topk(q, w, k, pos, topk, key_scale=c, compress_ratio=m,
+                                                      num_segments=s), plain)
+
+
+def test_scores_and_magnitudes_end_at_the_last_completed_entry():
+    rng = np.random.default_rng(SEED + 3)
+    for case in range(200):
+        m = RATIOS[case % len(RATIOS)]
+        q, w, k, c, pos = _case(rng, m)
+        for fn, twin in ((ks.indexer_scores, ref.indexer_scores), (ks.indexer_magnitudes, ref.indexer_magnitudes)):
+            got = fn(q, w, k, pos, key_scale=c, compress_ratio=m)
+            np.testing.assert_array_equal(got, twin(q, w, k, pos, key_scale=c, compress_ratio=m))
+            seen = np.minimum((pos + 1) // m, len(k))
+            assert (np.isnan(got) == (np.arange(len(k))[None, :] >= seen[:, None])).all()
+
+
+def test_packed_and_paged_compressed_rows_equal_the_dense_call_per_sequence():
+    # DeepSeek-V4's indexer cache keeps V3.2's fp8 page layout over entries:
+    # entry c of a request at block_table[r, c // bs] * bs + c % bs.
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(SEED + 4)
+    for case in range(150):
+        m = RATIOS[1 + case % (len(RATIOS) - 1)]
+        h, d, bs = int(rng.integers(1, 5)), int(rng.integers(1, 20)), int(rng.choice([1, 4, 16, 64]))
+        lens = rng.integers(0, 60, int(rng.integers(1, 4)))
+        keys = [rng.integers(-3, 4, (e, d)).astype(np.float32) for e in lens]
+        scales = [rng.integers(1, 5, e).astype(np.float32) for e in lens]
+        n = int(rng.integers(1, 7))
+        sid = rng.integers(0, len(lens), n)
+        pos = _boundary_positions(rng, m, int(lens.max()), n)
+        q = rng.integers(-3, 4, (n, h, d)).astype(np.float32)
+        w = rng.integers(-2, 3, (n, h)).astype(np.float32)
+        topk, s = int(rng.integers(1, 70)), int(rng.choice([0, 2]))
+        cu = np.concatenate([[0], np.cumsum(lens)])
+        packed = ks.indexer_topk_packed(q, w, np.concatenate(keys), cu, sid, pos, topk,
+                                        key_scale=np.concatenate(scales), compress_ratio=m, num_segments=s)
+        cache, table = vllm_fp8_pages(keys, scales, bs, rng)
+        paged = ks.indexer_topk_paged(q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled",
+                                      compress_ratio=m, num_segments=s)
+        for i in range(n):
+            one = ks.indexer_topk(q[i:i + 1], w[i:i + 1], keys[sid[i]], pos[i:i + 1], topk,
+                                  key_scale=scales[sid[i]], compress_ratio=m, num_segments=s)
+            np.testing.assert_array_equal(packed[i:i + 1], one)
+            np.testing.assert_array_equal(paged[i:i + 1], one)
+        np.testing.assert_array_equal(packed, ref.indexer_topk_packed(
+            q, w, np.concatenate(keys), cu, sid, pos, topk, key_scale=np.concatenate(scales), compress_ratio=m,
+            num_segments=s))
+        np.testing.assert_array_equal(paged, ref.indexer_topk_paged(
+            q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled", compress_ratio=m, num_segments=s))
+    assert ml_dtypes is not None
+
+
+@pytest.mark.parametrize("impl", [ks, ref], ids=["native", "reference"])
+def test_a_ratio_of_zero_is_refused_and_writes_nothing(impl):
+    q, w, k = np.ones((1, 1, 2), np.float32), np.ones((1, 1), np.float32), np.ones((4, 2), np.float32)
+    out = np.full((1, 2), 7, np.int32)
+    error = ks.SelectionError if impl is ks else ref.ReferenceSelectionError
+    with pytest.raises(error) as e:
+        impl.indexer_topk(q, w, k, [3], 2, compress_ratio=0, out=out)
+    assert e.value.argument == "compress_ratio" and (out == 7).all()
+    for call in (lambda: impl.indexer_scores(q, w, k, [3], compress_ratio=0),
+                 lambda: impl.indexer_topk_packed(q[:0], w[:0], k, [0, 4], [], [], 2, compress_ratio=0)):
+        with pytest.raises(error) as e:
+            call()
+        assert e.value.argument == "compress_ratio"
+    with pytest.raises(ValueError, match="compress_ratio"):  # SelectionError is a ValueError
+        impl.indexer_topk(q, w, k, [3], 2, compress_ratio=-4)
