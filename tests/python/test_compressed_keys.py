@@ -221,3 +221,38 @@ def test_assert_topk_takes_the_compress_ratio():
     assert report["wrong"] == 0 and len(report["checks"]) == 3
     with pytest.raises(kt.CheckFailure):
         kt.assert_topk(rows, q, w, k, pos, engine_scores=scores)
+
+
+def _global_slots(rows, table, req, bs):
+    """vLLM's compressed slot mapping: entry c of request r at
+    ``block_table[r, c // bs] * bs + c % bs`` (``bs`` entries per page)."""
+    safe = np.maximum(rows, 0)
+    slots = table[req[:, None], safe // bs] * bs + safe % bs
+    return np.where(rows >= 0, slots, -1).astype(np.int32)
+
+
+def test_a_v4_dump_of_global_entry_slots_is_checked_and_its_faults_found(tmp_path):
+    # What a V4 engine writes: the CSA top-k over compressed entries as
+    # global slots of the compressed cache, in a dump with compress_ratio.
+    from kvselect.checking import check_dump, save_dump
+    from kvselect.cli import main
+    rng = np.random.default_rng(SEED + 7)
+    q, w, k, pos = _v4_case(rng)
+    bs, n_pages = 8, 16
+    table = rng.permutation(n_pages)[None, : -(-len(k) // bs)].astype(np.int32)
+    req = np.zeros(len(pos), np.int32)
+    rows = _global_slots(ks.indexer_topk(q, w, k, pos, 16, compress_ratio=4), table, req, bs)
+    dump = dict(rows=rows, index_q=q, weights=w, index_k=k, query_pos=pos, compress_ratio=4,
+                block_table=table, req_ids=req, block_size=bs)
+    save_dump(tmp_path / "v4.npz", "topk", **dump)
+    assert check_dump(str(tmp_path / "v4.npz"))["wrong"] == 0
+    assert main(["check", str(tmp_path / "v4.npz")]) == 0
+    early = rows.copy()
+    early[1, 1] = _global_slots(np.array([[1]]), table, req[:1], bs)[0, 0]  # entry 1 before token 7
+    save_dump(tmp_path / "early.npz", "topk", **{**dump, "rows": early})
+    report = check_dump(str(tmp_path / "early.npz"))
+    assert report["wrong"] == 1 and report["checks"][0]["report"]["by_reason"]["not_causal"] == 1
+    assert main(["check", str(tmp_path / "early.npz")]) != 0
+    save_dump(tmp_path / "zero.npz", "topk", **{**dump, "compress_ratio": 0})
+    with pytest.raises(ks.checking.DumpError, match="compress_ratio"):
+        check_dump(str(tmp_path / "zero.npz"))

@@ -105,6 +105,18 @@ def _key_bounds(keys: Any, ksc: Optional[np.ndarray], key_format: Optional[str])
     return g
 
 
+def _exact_scores(q: np.ndarray, w: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """``Σ_h w_h · relu(q_h · k_t)`` in float64 for each key row of ``k``
+    (``q [h, d]``, ``w [h]``, ``k [m, d]``), elementwise: the products are
+    exact and every key's sums run in one fixed order, so equal keys get
+    equal scores wherever they sit. Not BLAS: a BLAS product may round the
+    same operands differently in different output columns (edge tiles, FMA
+    or not — seen with OpenBLAS's float64 kernels on an AVX-512 Xeon), which
+    splits an exact tie by an ulp and reports a right row wrong."""
+    dots = (q[:, None, :] * k[None, :, :]).sum(axis=2)  # [h, m]
+    return (w[:, None] * np.maximum(dots, 0.0)).sum(axis=0)
+
+
 def indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, query_pos: np.ndarray,
                    topk: Optional[int], key_scale: Any, key_format: Optional[str], query_format: Optional[str],
                    cu_seqlens: Optional[np.ndarray], seq_ids: Optional[np.ndarray], atol: float, rtol: float,
@@ -341,13 +353,17 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
         kd = reference.decode(keys_[ut], key_format, "key_format").reshape(len(ut), d)
         absk = np.abs(kd)
         ex, mg = np.empty(len(u)), np.empty(len(u))
+        step = max(1, (1 << 20) // max(1, h * d))
         starts = np.flatnonzero(np.r_[True, pr[1:] != pr[:-1]]) if len(pr) else np.zeros(0, np.int64)
         ends = np.r_[starts[1:], len(pr)].astype(np.int64)
         with np.errstate(invalid="ignore", over="ignore"), _one_blas_thread():
             for a_, b_ in zip(starts, ends):
-                i, j = int(pr[a_]), inv[a_:b_]
-                ex[a_:b_] = w64[i] @ np.maximum(qd[i] @ kd[j].T, 0.0)
-                mg[a_:b_] = absk[j] @ wq[i]  # Σ_i (Σ_h |w_h| |q_hi|) |k_ti|: no ReLU, so one vector
+                for a2 in range(a_, b_, step):  # bounded [h, step, d] temporaries
+                    b2 = min(a2 + step, b_)
+                    i, j = int(pr[a2]), inv[a2:b2]
+                    ex[a2:b2] = _exact_scores(qd[i], w64[i], kd[j])
+                    # Σ_i (Σ_h |w_h| |q_hi|) |k_ti|: no ReLU, so one vector
+                    mg[a2:b2] = (absk[j] * wq[i][None, :]).sum(axis=1)
             if cs_all is not None:
                 ex *= cs_all[pt]
                 mg *= np.abs(cs_all[pt])
