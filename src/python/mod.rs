@@ -29,6 +29,7 @@ mod attention;
 mod block_sparse;
 mod cache;
 mod check;
+mod dlpack;
 mod errors;
 mod indexer;
 mod witness;
