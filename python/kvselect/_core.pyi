@@ -660,3 +660,8 @@ def _fma_floor(iters: int) -> tuple[int, float]:
     """Benchmarks' floor (private): ``iters`` steps of a register-resident FMA loop on every
     pool thread at the best SIMD level; returns ``(flops, checksum)``, the caller times the
     call."""
+
+def _dlpack_array(obj: Any) -> tuple[npt.NDArray[Any], Optional[str]]:
+    """A DLPack producer as the core reads it (private, for ``kvselect.testing``): a zero-copy
+    ndarray view of its memory and the format its raw bits hold (``"bfloat16"``,
+    ``"float8_e4m3fn"``, or None when NumPy has the dtype); an ndarray is returned as itself."""

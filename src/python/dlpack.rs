@@ -354,3 +354,28 @@ pub(super) fn view<'py>(
     }
     Ok(Some(arr))
 }
+
+/// `_dlpack_array(obj)`: the view [`view`] makes of a DLPack producer and
+/// the format its raw bits hold (`"bfloat16"`, `"float8_e4m3fn"`, or None
+/// when the dtype is NumPy's own) — for `kvselect.testing`, whose Python
+/// checks read arrays through NumPy. An ndarray is returned as itself.
+#[pyfunction]
+fn _dlpack_array<'py>(
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyAny>, Option<&'static str>)> {
+    match view(obj, "array", Domain::Selection)? {
+        Some(v) => {
+            let format = format_tag(&v).map(Format::name);
+            Ok((v, format))
+        }
+        None if obj.cast::<PyUntypedArray>().is_ok() => Ok((obj.clone(), None)),
+        None => Err(PyTypeError::new_err(format!(
+            "expected a DLPack producer or a numpy.ndarray, got {}",
+            super::args::type_name(obj)
+        ))),
+    }
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_dlpack_array, m)?)
+}

@@ -48,5 +48,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     attention::register(m)?;
     indexer::register(m)?;
     check::register(m)?;
+    dlpack::register(m)?;
     Ok(())
 }
