@@ -355,15 +355,17 @@ pub(super) fn view<'py>(
     Ok(Some(arr))
 }
 
-/// `_dlpack_array(obj)`: the view [`view`] makes of a DLPack producer and
+/// `_dlpack_array(obj, name)`: the view [`view`] makes of a DLPack producer and
 /// the format its raw bits hold (`"bfloat16"`, `"float8_e4m3fn"`, or None
 /// when the dtype is NumPy's own) — for `kvselect.testing`, whose Python
 /// checks read arrays through NumPy. An ndarray is returned as itself.
 #[pyfunction]
+#[pyo3(signature = (obj, name = "array"))]
 fn _dlpack_array<'py>(
     obj: &Bound<'py, PyAny>,
+    name: &str,
 ) -> PyResult<(Bound<'py, PyAny>, Option<&'static str>)> {
-    match view(obj, "array", Domain::Selection)? {
+    match view(obj, name, Domain::Selection)? {
         Some(v) => {
             let format = format_tag(&v).map(Format::name);
             Ok((v, format))

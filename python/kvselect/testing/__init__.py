@@ -87,7 +87,7 @@ def _host(x: Any, name: str) -> Any:
                                 f"copy to the host ({e}): pass it as a CPU tensor (.cpu())") from e
     # On the host: the core's own zero-copy view of the producer's memory;
     # bfloat16 / float8_e4m3fn (raw bits there) as ml_dtypes views of it.
-    arr, fmt = _dlpack_array(x)
+    arr, fmt = _dlpack_array(x, name)
     if fmt is None:
         return arr
     try:
