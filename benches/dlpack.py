@@ -17,10 +17,12 @@ import statistics
 import subprocess
 import sys
 import time
+import timeit
 
 import numpy as np
 
 import kvselect as ks
+from kvselect._core import _dlpack_array
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "python"))
 from dlpack_producers import Producer, bf16_bits  # noqa: E402
@@ -89,6 +91,14 @@ def main() -> None:
     print(f"  NumPy buffers  median {med['numpy'] * 1e3:9.3f} ms")
     print(f"  DLPack objects median {med['dlpack'] * 1e3:9.3f} ms")
     print(f"  ratio {med['dlpack'] / med['numpy']:.3f}x (bar: <= 1.05x)")
+    # The fixed cost per argument, apart from the call: NumPy's export plus kvselect's view, and
+    # the ctypes test producer's own capsule (slow Python, the producer's cost, not kvselect's).
+    view = Export(q)
+    per_view = min(timeit.repeat(lambda: _dlpack_array(view), number=1000, repeat=5)) / 1000
+    producer = Producer(k, dtype="bfloat16")
+    per_capsule = min(timeit.repeat(lambda: producer.__dlpack__(max_version=(1, 3)), number=200, repeat=5)) / 200
+    print(f"  per argument: NumPy export + kvselect view {per_view * 1e6:.1f} us; "
+          f"the ctypes producer's own capsule {per_capsule * 1e6:.1f} us")
 
 
 if __name__ == "__main__":
