@@ -19,13 +19,12 @@ import sys
 import time
 import timeit
 
-import numpy as np
-
 import kvselect as ks
+import numpy as np
 from kvselect._core import _dlpack_array
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "python"))
-from dlpack_producers import Producer, bf16_bits  # noqa: E402
+from dlpack_producers import Producer, bf16_bits
 
 
 class Export:

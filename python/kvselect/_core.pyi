@@ -1,6 +1,6 @@
 """Type stubs for the native module ``kvselect._core`` (checked by stubtest)."""
 
-from typing import Any, Final, Optional, Protocol, TypeVar, Union, final
+from typing import Any, Final, Optional, Protocol, TypeAlias, TypeVar, Union, final
 
 import numpy as np
 import numpy.typing as npt
@@ -62,9 +62,9 @@ class _SupportsDLPack(Protocol):
 
 _T = TypeVar("_T", bound=np.generic)
 # An array argument: anything NumPy converts, or a DLPack producer.
-_ArrayIn = Union[npt.ArrayLike, _SupportsDLPack]
+_ArrayIn: TypeAlias = Union[npt.ArrayLike, _SupportsDLPack]
 # A buffer written in place (out=, in-place rows): an ndarray or a CPU DLPack tensor of that dtype.
-_ArrayOut = Union[npt.NDArray[_T], _SupportsDLPack]
+_ArrayOut: TypeAlias = Union[npt.NDArray[_T], _SupportsDLPack]
 
 __version__: Final[str]
 MAX_TOPOLOGY_SEGMENTS: Final[int]

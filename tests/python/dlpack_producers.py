@@ -11,7 +11,7 @@ structs are the ABI of dlpack.h (DLPack 1.3, as dlpark 0.10's `ffi`).
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -101,14 +101,14 @@ class Producer:
         self,
         array: np.ndarray,
         *,
-        dtype: Optional[str] = None,
-        shape: Optional[tuple[int, ...]] = None,
-        strides: Optional[tuple[int, ...]] = None,
+        dtype: str | None = None,
+        shape: tuple[int, ...] | None = None,
+        strides: tuple[int, ...] | None = None,
         byte_offset: int = 0,
         device: tuple[int, int] = (K_DL_CPU, 0),
         read_only: bool = False,
         legacy: bool = False,
-        raises: Optional[BaseException] = None,
+        raises: BaseException | None = None,
     ) -> None:
         self.array = array
         self.code, self.bits = DTYPES[dtype or array.dtype.name]

@@ -1517,7 +1517,9 @@ def _():
 def _():
     q, w, k, p = indexer_args()
     rev = k[::-1].copy()
-    ref = lambda: _ks().indexer_topk(q, w, k, p, 4)  # noqa: E731
+    def ref():
+        return _ks().indexer_topk(q, w, k, p, 4)
+
     tensor = _dl(rev, shape=k.shape, strides=(-4, 1), byte_offset=(len(k) - 1) * 16)
     return {"call": lambda: _ks().indexer_topk(q, w, tensor, p, 4), "check": same(ref), "watch": [rev]}
 
@@ -1527,7 +1529,9 @@ def _():
 def _():
     q, w, k, p = indexer_args()
     row = k[:1].copy()
-    ref = lambda: _ks().indexer_topk(q, w, np.repeat(row, len(k), axis=0), p, 4)  # noqa: E731
+    def ref():
+        return _ks().indexer_topk(q, w, np.repeat(row, len(k), axis=0), p, 4)
+
     tensor = _dl(row, shape=k.shape, strides=(0, 1))
     return {"call": lambda: _ks().indexer_topk(q, w, tensor, p, 4), "check": same(ref), "watch": [row]}
 

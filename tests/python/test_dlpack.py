@@ -6,11 +6,10 @@ and NumPy's own ``__dlpack__``; no test needs torch.
 
 import gc
 
-import numpy as np
-import pytest
-
 import kvselect
 import kvselect.testing as kt
+import numpy as np
+import pytest
 from dlpack_producers import K_DL_CUDA, Producer, bf16_bits, fp8_bytes
 
 
@@ -45,7 +44,7 @@ def test_numpys_own_dlpack_export_gives_the_numpy_result_for_every_argument():
 
 
 def test_bfloat16_keys_are_read_as_bfloat16_without_key_format():
-    rng, q, w, k, pos = _indexer(1)
+    _, q, w, k, pos = _indexer(1)
     bits = bf16_bits(k)
     want = kvselect.indexer_topk(q, w, bits, pos, 16, key_format="bfloat16")
     got = kvselect.indexer_topk(q, w, Producer(bits, dtype="bfloat16"), pos, 16)
@@ -232,7 +231,7 @@ def test_a_misaligned_byte_offset_is_read_through_one_aligned_copy():
 
 
 def test_an_output_aliasing_a_dlpack_input_is_refused():
-    _, q, w, k, _ = _indexer(21)
+    _, _, w, k, _ = _indexer(21)
     buf = np.zeros((3, 16), dtype=np.int32)
     q_alias = Producer(buf.view(np.float32).reshape(3, 1, 16))
     with pytest.raises(kvselect.SelectionError, match="overlaps"):
