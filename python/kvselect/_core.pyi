@@ -1,6 +1,6 @@
 """Type stubs for the native module ``kvselect._core`` (checked by stubtest)."""
 
-from typing import Any, Final, Optional, Union, final
+from typing import Any, Final, Optional, Protocol, TypeAlias, TypeVar, Union, final
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +39,7 @@ __all__ = [
     "get_num_threads",
     "simd_level",
     "_fma_floor",
+    "_dlpack_array",
     "indexer_topk",
     "indexer_topk_packed",
     "indexer_topk_paged",
@@ -51,6 +52,19 @@ __all__ = [
     "check_blocks",
     "check_witnesses",
 ]
+
+class _SupportsDLPack(Protocol):
+    """Any object exporting DLPack (torch, JAX, CuPy, NumPy >= 1.22): read in place when it is in
+    host memory, refused naming ``.cpu()`` when it is not (docs/dlpack.md)."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def __dlpack_device__(self) -> Any: ...
+
+_T = TypeVar("_T", bound=np.generic)
+# An array argument: anything NumPy converts, or a DLPack producer.
+_ArrayIn: TypeAlias = Union[npt.ArrayLike, _SupportsDLPack]
+# A buffer written in place (out=, in-place rows): an ndarray or a CPU DLPack tensor of that dtype.
+_ArrayOut: TypeAlias = Union[npt.NDArray[_T], _SupportsDLPack]
 
 __version__: Final[str]
 MAX_TOPOLOGY_SEGMENTS: Final[int]
@@ -86,11 +100,11 @@ def segment_of(token: int, context_len: int, num_segments: int) -> int:
     exact up to 2**64 - 1; not clamped (``segment_of(20, 4, 8) == 20``: only the merge clamps to ``S - 1``)."""
 
 def topology_witness_indices(
-    learned: npt.ArrayLike,
-    context_lens: npt.ArrayLike,
+    learned: _ArrayIn,
+    context_lens: _ArrayIn,
     num_segments: int,
     *,
-    out: Optional[npt.NDArray[np.int32]] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The witnesses of every learned row, int32 ``[rows, num_segments]``.
 
@@ -99,13 +113,13 @@ def topology_witness_indices(
     """
 
 def apply_topology_witnesses(
-    learned: npt.ArrayLike,
-    context_lens: npt.ArrayLike,
+    learned: _ArrayIn,
+    context_lens: _ArrayIn,
     learned_keep: int,
     num_segments: int,
     max_replacements: int,
     *,
-    out: Optional[npt.NDArray[np.int32]] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The learned rows with witnesses merged in, int32 ``[rows, topk]`` (a new array, or ``out``).
 
@@ -115,8 +129,8 @@ def apply_topology_witnesses(
     """
 
 def scatter_topology_witnesses(
-    topk_indices: npt.NDArray[np.int32],
-    context_lens: npt.ArrayLike,
+    topk_indices: _ArrayOut[np.int32],
+    context_lens: _ArrayIn,
     num_segments: int,
 ) -> None:
     """The serving entry point: writes witnesses into ``topk_indices`` in place.
@@ -132,10 +146,10 @@ def random_null(context_len: int, budget: int, seed: int) -> npt.NDArray[np.int3
 def locality_null(context_len: int, budget: int) -> npt.NDArray[np.int32]:
     """The ``min(budget, L)`` most recent tokens, ``[L - k, L)``."""
 
-def segment_coverage(candidates: npt.ArrayLike, context_len: int, num_segments: int) -> float:
+def segment_coverage(candidates: _ArrayIn, context_len: int, num_segments: int) -> float:
     """The share of the ``S_eff`` segments of ``[0, L)`` that ``candidates`` meets (1.0 with no segments)."""
 
-def attention_mass_recall(candidates: npt.ArrayLike, attention_row: npt.ArrayLike) -> float:
+def attention_mass_recall(candidates: _ArrayIn, attention_row: _ArrayIn) -> float:
     """The share of ``attention_row``'s mass on ``candidates`` (NaN for a row with no mass)."""
 
 @final
@@ -174,15 +188,15 @@ class BlockSparseConfig:
     def __reduce__(self) -> tuple[type["BlockSparseConfig"], tuple[int, int, int, int]]: ...
 
 def block_sparse_select(
-    index_q: npt.ArrayLike,
-    index_k: npt.ArrayLike,
-    query_pos: Union[int, npt.ArrayLike],
+    index_q: _ArrayIn,
+    index_k: _ArrayIn,
+    query_pos: Union[int, _ArrayIn],
     config: Optional[BlockSparseConfig] = None,
     *,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     head_major: bool = False,
-    out: Optional[npt.NDArray[np.int32]] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The blocks each KV head may read: ascending block ids, then -1 padding.
 
@@ -199,17 +213,17 @@ def block_sparse_select(
     """
 
 def block_sparse_select_packed(
-    index_q: npt.ArrayLike,
-    index_k: npt.ArrayLike,
-    cu_seqlens: npt.ArrayLike,
-    seq_ids: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
+    index_q: _ArrayIn,
+    index_k: _ArrayIn,
+    cu_seqlens: _ArrayIn,
+    seq_ids: _ArrayIn,
+    query_pos: _ArrayIn,
     config: Optional[BlockSparseConfig] = None,
     *,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     head_major: bool = False,
-    out: Optional[npt.NDArray[np.int32]] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """A packed batch of sequences: keys concatenated with ``cu_seqlens`` offsets.
 
@@ -220,19 +234,19 @@ def block_sparse_select_packed(
     """
 
 def block_sparse_select_paged(
-    index_q: npt.ArrayLike,
-    kv_cache: npt.ArrayLike,
-    block_table: npt.ArrayLike,
-    seq_lens: npt.ArrayLike,
-    seq_ids: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
+    index_q: _ArrayIn,
+    kv_cache: _ArrayIn,
+    block_table: _ArrayIn,
+    seq_lens: _ArrayIn,
+    seq_ids: _ArrayIn,
+    query_pos: _ArrayIn,
     config: Optional[BlockSparseConfig] = None,
     *,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     head_major: bool = False,
     physical: bool = False,
-    out: Optional[npt.NDArray[np.int32]] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """Block selection over an engine's paged index-K cache, read in place.
 
@@ -250,13 +264,13 @@ def block_sparse_select_paged(
     """
 
 def positions_of_blocks(
-    blocks: npt.ArrayLike,
-    query_pos: Union[int, npt.ArrayLike],
-    n_positions: Union[int, npt.ArrayLike],
+    blocks: _ArrayIn,
+    query_pos: Union[int, _ArrayIn],
+    n_positions: Union[int, _ArrayIn],
     config: Optional[BlockSparseConfig] = None,
     *,
     head_major: bool = False,
-    out: Optional[npt.NDArray[np.int32]] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The positions a block selection covers, ascending and causally clipped (-1 skipped).
 
@@ -290,10 +304,10 @@ class Selector:
         """The candidates of query row ``row``, ascending."""
     def rows(
         self,
-        query_pos: npt.ArrayLike,
+        query_pos: _ArrayIn,
         width: Optional[int] = None,
         *,
-        out: Optional[npt.NDArray[np.int32]] = None,
+        out: Optional[_ArrayOut[np.int32]] = None,
     ) -> npt.NDArray[np.int32]:
         """``[n, width]`` int32 rows for the query positions (one integer is ``[p]``), ascending
         then -1; ``out=`` (int32 ``[n, width]`` exactly) is filled and returned."""
@@ -301,24 +315,24 @@ class Selector:
     def __hash__(self) -> int: ...
 
 def oracle_topk(
-    attention: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
+    attention: _ArrayIn,
+    query_pos: _ArrayIn,
     budget: int,
     *,
     width: Optional[int] = None,
-    out: Optional[npt.NDArray[np.int32]] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The ``budget`` heaviest keys of each attention row among ``0..=query_pos[i]``
     (ties to the lower key), ``[n, width]`` int32 ascending then -1. The diagnostic ceiling.
     One integer ``query_pos`` is ``[query_pos]``; ``out=`` (int32 ``[n, width]``) is filled."""
 
 def attention_probabilities(
-    q: npt.ArrayLike,
-    k: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
+    q: _ArrayIn,
+    k: _ArrayIn,
+    query_pos: _ArrayIn,
     *,
     scale: Optional[float] = None,
-    out: Optional[npt.NDArray[np.float64]] = None,
+    out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
     """Dense causal softmax rows, float64 ``[n_queries, n_q_heads, n_keys]`` (0 after each position).
 
@@ -329,14 +343,14 @@ def attention_probabilities(
     """
 
 def dense_attention(
-    q: npt.ArrayLike,
-    k: npt.ArrayLike,
-    v: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
+    q: _ArrayIn,
+    k: _ArrayIn,
+    v: _ArrayIn,
+    query_pos: _ArrayIn,
     *,
     scale: Optional[float] = None,
-    out: Optional[npt.NDArray[np.float32]] = None,
-    lse_out: Optional[npt.NDArray[np.float32]] = None,
+    out: Optional[_ArrayOut[np.float32]] = None,
+    lse_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """Dense causal attention: ``(out [n_queries, n_q_heads, d_v], lse [n_queries, n_q_heads])``.
 
@@ -346,15 +360,15 @@ def dense_attention(
     """
 
 def sparse_attention(
-    q: npt.ArrayLike,
-    k: npt.ArrayLike,
-    v: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
-    selection: npt.ArrayLike,
+    q: _ArrayIn,
+    k: _ArrayIn,
+    v: _ArrayIn,
+    query_pos: _ArrayIn,
+    selection: _ArrayIn,
     *,
     scale: Optional[float] = None,
-    out: Optional[npt.NDArray[np.float32]] = None,
-    lse_out: Optional[npt.NDArray[np.float32]] = None,
+    out: Optional[_ArrayOut[np.float32]] = None,
+    lse_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], int]:
     """Sparse causal attention over ``selection [n_queries, n_kv_heads, width]``:
     ``(out, lse, empty_rows)``. -1 padding and entries after the query are
@@ -364,44 +378,44 @@ def sparse_attention(
     """
 
 def segment_coverage_rows(
-    candidates: npt.ArrayLike,
-    context_lens: npt.ArrayLike,
+    candidates: _ArrayIn,
+    context_lens: _ArrayIn,
     num_segments: int,
     *,
-    out: Optional[npt.NDArray[np.float64]] = None,
+    out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
     """:func:`segment_coverage` of every row of ``candidates [rows, width]`` (``context_lens
     [rows]``); ``out=`` (float64 ``[rows]``) is filled and returned."""
 
 def slots_used_rows(
-    candidates: npt.ArrayLike,
-    context_lens: npt.ArrayLike,
+    candidates: _ArrayIn,
+    context_lens: _ArrayIn,
     *,
-    out: Optional[npt.NDArray[np.int64]] = None,
+    out: Optional[_ArrayOut[np.int64]] = None,
 ) -> npt.NDArray[np.int64]:
     """How many distinct entries of each row of ``candidates [rows, width]`` lie in
     ``[0, context_lens[r])``: the keys the selection really uses, int64 ``[rows]``;
     ``out=`` (int64 ``[rows]``) is filled and returned."""
 
 def attention_mass_recall_rows(
-    candidates: npt.ArrayLike,
-    attention: npt.ArrayLike,
+    candidates: _ArrayIn,
+    attention: _ArrayIn,
     *,
-    out: Optional[npt.NDArray[np.float64]] = None,
+    out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
     """:func:`attention_mass_recall` of every attention row; row ``r`` is read against
     candidate row ``r // group``, ``group = n_rows / rows`` (GQA). Or 3-D: ``candidates
     [n_queries, n_kv_heads, width]`` with ``attention [n_queries, n_q_heads, n_keys]``, checked
     axis by axis, giving ``[n_queries, n_q_heads]``. ``out=`` (float64) is filled and returned."""
 
-def output_relative_error(sparse: npt.ArrayLike, dense: npt.ArrayLike) -> float:
+def output_relative_error(sparse: _ArrayIn, dense: _ArrayIn) -> float:
     """``||sparse - dense|| / ||dense||`` over whole arrays."""
 
 def output_relative_error_rows(
-    sparse: npt.ArrayLike,
-    dense: npt.ArrayLike,
+    sparse: _ArrayIn,
+    dense: _ArrayIn,
     *,
-    out: Optional[npt.NDArray[np.float64]] = None,
+    out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
     """``||sparse - dense|| / ||dense||`` per row over the last axis (``dense`` of ``sparse``'s
     shape, axis by axis); ``out=`` (float64 of the leading shape) is filled and returned."""
@@ -413,19 +427,19 @@ def get_num_threads() -> int:
     """The threads kvselect's parallel paths use."""
 
 def indexer_topk(
-    index_q: npt.ArrayLike,
-    weights: npt.ArrayLike,
-    index_k: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
+    index_q: _ArrayIn,
+    weights: _ArrayIn,
+    index_k: _ArrayIn,
+    query_pos: _ArrayIn,
     topk: int,
     *,
-    key_scale: Optional[npt.ArrayLike] = None,
+    key_scale: Optional[_ArrayIn] = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     num_segments: int = 0,
     compress_ratio: int = 1,
-    out: Optional[npt.NDArray[np.int32]] = None,
-    scores_out: Optional[npt.NDArray[np.float32]] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
+    scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5), single sequence.
 
@@ -447,21 +461,21 @@ def indexer_topk(
     """
 
 def indexer_topk_packed(
-    index_q: npt.ArrayLike,
-    weights: npt.ArrayLike,
-    index_k: npt.ArrayLike,
-    cu_seqlens: npt.ArrayLike,
-    seq_ids: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
+    index_q: _ArrayIn,
+    weights: _ArrayIn,
+    index_k: _ArrayIn,
+    cu_seqlens: _ArrayIn,
+    seq_ids: _ArrayIn,
+    query_pos: _ArrayIn,
     topk: int,
     *,
-    key_scale: Optional[npt.ArrayLike] = None,
+    key_scale: Optional[_ArrayIn] = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     num_segments: int = 0,
     compress_ratio: int = 1,
-    out: Optional[npt.NDArray[np.int32]] = None,
-    scores_out: Optional[npt.NDArray[np.float32]] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
+    scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
     """:func:`indexer_topk` over a packed batch: sequence ``s`` owns key rows
     ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i`` belongs to sequence
@@ -469,13 +483,13 @@ def indexer_topk_packed(
     of each query's sequence."""
 
 def indexer_topk_paged(
-    index_q: npt.ArrayLike,
-    weights: npt.ArrayLike,
-    kv_cache: npt.ArrayLike,
-    block_table: npt.ArrayLike,
-    seq_lens: npt.ArrayLike,
-    seq_ids: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
+    index_q: _ArrayIn,
+    weights: _ArrayIn,
+    kv_cache: _ArrayIn,
+    block_table: _ArrayIn,
+    seq_lens: _ArrayIn,
+    seq_ids: _ArrayIn,
+    query_pos: _ArrayIn,
     topk: int,
     *,
     page_layout: str = "dense",
@@ -483,8 +497,8 @@ def indexer_topk_paged(
     query_format: Optional[str] = None,
     num_segments: int = 0,
     compress_ratio: int = 1,
-    out: Optional[npt.NDArray[np.int32]] = None,
-    scores_out: Optional[npt.NDArray[np.float32]] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
+    scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
     """:func:`indexer_topk` over an engine's paged key cache, read in place.
 
@@ -500,44 +514,44 @@ def indexer_topk_paged(
     """
 
 def indexer_scores(
-    index_q: npt.ArrayLike,
-    weights: npt.ArrayLike,
-    index_k: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
+    index_q: _ArrayIn,
+    weights: _ArrayIn,
+    index_k: _ArrayIn,
+    query_pos: _ArrayIn,
     *,
-    key_scale: Optional[npt.ArrayLike] = None,
+    key_scale: Optional[_ArrayIn] = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     compress_ratio: int = 1,
-    out: Optional[npt.NDArray[np.float32]] = None,
+    out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """Every query's exact score of every key it sees, float32 ``[n_queries, n_keys]`` (NaN past
     each context): what :func:`indexer_topk` ranks, bit for bit."""
 
 def indexer_magnitudes(
-    index_q: npt.ArrayLike,
-    weights: npt.ArrayLike,
-    index_k: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
+    index_q: _ArrayIn,
+    weights: _ArrayIn,
+    index_k: _ArrayIn,
+    query_pos: _ArrayIn,
     *,
-    key_scale: Optional[npt.ArrayLike] = None,
+    key_scale: Optional[_ArrayIn] = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     compress_ratio: int = 1,
-    out: Optional[npt.NDArray[np.float32]] = None,
+    out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """Each :func:`indexer_scores` entry's error scale ``|c_t| * sum_h |w_h| * sum_i |q_hi * k_ti|``
     (the ``magnitudes`` of :func:`check_topk`), float32 ``[n_queries, n_keys]``, NaN past each context."""
 
 def check_topk(
-    scores: npt.ArrayLike,
-    rows: npt.ArrayLike,
-    context_lens: Optional[npt.ArrayLike] = None,
+    scores: _ArrayIn,
+    rows: _ArrayIn,
+    context_lens: Optional[_ArrayIn] = None,
     *,
     topk: Optional[int] = None,
     atol: float = 0.0,
     rtol: float = 0.0,
-    magnitudes: Optional[npt.ArrayLike] = None,
+    magnitudes: Optional[_ArrayIn] = None,
     slots: Optional["GlobalSlots"] = None,
     filler: str = "-1",
 ) -> dict[str, Any]:
@@ -558,14 +572,14 @@ def check_topk(
     """
 
 def block_scores(
-    index_q: npt.ArrayLike,
-    index_k: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
+    index_q: _ArrayIn,
+    index_k: _ArrayIn,
+    query_pos: _ArrayIn,
     config: Optional[BlockSparseConfig] = None,
     *,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
-    out: Optional[npt.NDArray[np.float32]] = None,
+    out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """Every row's exact block scores, what block selection ranks (bit for bit): float32
     ``[n_queries, n_kv_heads, ceil(n_positions / block_size)]``, entry ``b`` the max of
@@ -574,14 +588,14 @@ def block_scores(
     integer for one query)."""
 
 def block_magnitudes(
-    index_q: npt.ArrayLike,
-    index_k: npt.ArrayLike,
-    query_pos: npt.ArrayLike,
+    index_q: _ArrayIn,
+    index_k: _ArrayIn,
+    query_pos: _ArrayIn,
     config: Optional[BlockSparseConfig] = None,
     *,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
-    out: Optional[npt.NDArray[np.float32]] = None,
+    out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """The error scale of every :func:`block_scores` entry: the max of ``sum_i |q_i * k_i|`` over
     the block's visible positions (the ``magnitudes`` of :func:`check_blocks`)."""
@@ -601,30 +615,30 @@ class GlobalSlots:
 
     def __new__(
         cls,
-        block_table: npt.ArrayLike,
-        req_ids: npt.ArrayLike,
+        block_table: _ArrayIn,
+        req_ids: _ArrayIn,
         block_size: int,
         *,
         block_stride_rows: Optional[int] = None,
-        prefill_req_ids: Optional[npt.ArrayLike] = None,
-        workspace_starts: Optional[npt.ArrayLike] = None,
+        prefill_req_ids: Optional[_ArrayIn] = None,
+        workspace_starts: Optional[_ArrayIn] = None,
         dcp_size: Optional[int] = None,
         dcp_interleave: Optional[int] = None,
     ) -> "GlobalSlots": ...
-    def positions(self, rows: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    def positions(self, rows: _ArrayIn) -> npt.NDArray[np.int64]:
         """The engine's ``rows [n_rows, width]`` read back through the map as the checkers read them:
         int64 row-relative positions, ``-1`` for padding, ``2**63 - 1`` for an entry that maps to no
         position of its row's request."""
 
 def check_blocks(
-    block_scores: npt.ArrayLike,
-    rows: npt.ArrayLike,
-    visible_blocks: npt.ArrayLike,
+    block_scores: _ArrayIn,
+    rows: _ArrayIn,
+    visible_blocks: _ArrayIn,
     config: Optional[BlockSparseConfig] = None,
     *,
     atol: float = 0.0,
     rtol: float = 0.0,
-    magnitudes: Optional[npt.ArrayLike] = None,
+    magnitudes: Optional[_ArrayIn] = None,
     slots: Optional[GlobalSlots] = None,
     head_major: bool = False,
 ) -> dict[str, Any]:
@@ -643,9 +657,9 @@ def check_blocks(
     """
 
 def check_witnesses(
-    before: npt.ArrayLike,
-    after: npt.ArrayLike,
-    context_lens: npt.ArrayLike,
+    before: _ArrayIn,
+    after: _ArrayIn,
+    context_lens: _ArrayIn,
     num_segments: int,
 ) -> dict[str, Any]:
     """Whether an engine's in-place witness call (``scatter_topology_witnesses_``) wrote exactly
@@ -666,3 +680,8 @@ def _fma_floor(iters: int) -> tuple[int, float]:
     """Benchmarks' floor (private): ``iters`` steps of a register-resident FMA loop on every
     pool thread at the best SIMD level; returns ``(flops, checksum)``, the caller times the
     call."""
+
+def _dlpack_array(obj: Any, name: str = "array") -> tuple[npt.NDArray[Any], Optional[str]]:
+    """A DLPack producer as the core reads it (private, for ``kvselect.testing``): a zero-copy
+    ndarray view of its memory and the format its raw bits hold (``"bfloat16"``,
+    ``"float8_e4m3fn"``, or None when NumPy has the dtype); an ndarray is returned as itself."""

@@ -34,6 +34,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyTuple};
 
+use super::dlpack;
 use super::errors::{refuse, Domain};
 use crate::keys::{Encoded, Format};
 
@@ -147,6 +148,16 @@ pub(super) fn convert<'py, T: Dtype>(
             return Ok(a.clone());
         }
     }
+    let view = dlpack::view(obj, name, domain)?;
+    if let Some(v) = &view {
+        not_raw_bits(v, name, T::HOLDS)?;
+        if let Ok(a) = v.cast::<PyArrayDyn<T>>() {
+            if a.is_c_contiguous() && is_aligned(a.as_untyped()) {
+                return Ok(a.clone());
+            }
+        }
+    }
+    let obj = view.as_ref().unwrap_or(obj);
     let np = numpy(obj.py())?;
     let arr = np.call_method1("asarray", (obj,))?;
     let untyped = arr.cast::<PyUntypedArray>()?;
@@ -180,6 +191,18 @@ pub(super) fn convert<'py, T: Dtype>(
     Ok(np
         .call_method("require", (arr,), Some(&kwargs))?
         .cast_into::<PyArrayDyn<T>>()?)
+}
+
+/// Refuses a DLPack view of bfloat16 / float8_e4m3fn bits as an argument
+/// that must hold `holds` (only keys and queries are read in those formats).
+fn not_raw_bits(view: &Bound<'_, PyAny>, name: &str, holds: &str) -> PyResult<()> {
+    match dlpack::format_tag(view) {
+        Some(f) => Err(PyTypeError::new_err(format!(
+            "{name} must hold {holds}, got DLPack dtype {}",
+            f.name()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The byte range an array's elements may occupy, `None` when it has none.
@@ -288,6 +311,14 @@ impl<'py, T: Element> Out<'py, T> {
 pub(super) struct Args(pub Domain);
 
 impl Args {
+    /// The one way into the argument layer for an object that may be a
+    /// DLPack producer: `obj` itself (an ndarray, a list, a scalar), or a
+    /// zero-copy ndarray view of a producer's memory ([`dlpack::view`]),
+    /// which every rule below then applies to as to any ndarray.
+    pub fn arg<'py>(self, obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Obj<'py>> {
+        Ok(dlpack::view(obj, name, self.0)?.unwrap_or_else(|| obj.clone()))
+    }
+
     /// An `N`-D array argument of `T` (`what` describes its axes in
     /// messages, e.g. `"[rows, topk]"`).
     pub fn input<'py, T: Dtype, const N: usize>(
@@ -428,10 +459,11 @@ impl Args {
         ndim: usize,
         inputs: &[&Bound<'py, PyUntypedArray>],
     ) -> PyResult<Out<'py, T>> {
+        let obj = &self.arg(obj, name)?;
         let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
             return Err(PyTypeError::new_err(format!(
-                "{name} must be a numpy.ndarray (it is written in place; for a torch tensor \
-                 pass t.numpy(), after .int() if it is int64), got {}",
+                "{name} must be a numpy.ndarray or a CPU DLPack tensor (it is written in place; \
+                 a torch tensor after .int() if it is int64), got {}",
                 type_name(obj)
             )));
         };
@@ -608,6 +640,7 @@ pub(super) fn query_positions_for(
     obj: &Bound<'_, PyAny>,
     n: usize,
 ) -> PyResult<Vec<usize>> {
+    let obj = &args.arg(obj, "query_pos")?;
     let ndim: usize = numpy(obj.py())?.call_method1("ndim", (obj,))?.extract()?;
     if ndim != 0 {
         return positions_along(args, obj, "query_pos", ("n_queries", n));
@@ -626,12 +659,19 @@ pub(super) fn query_positions_for(
 /// `obj` if it is an ndarray: an argument the core reads through a copy
 /// (positions, lengths) is still memory an output must not share, since no
 /// input may alias an output whatever the core does with it.
-pub(super) fn ndarray<'a, 'py>(obj: &'a Obj<'py>) -> Option<&'a Bound<'py, PyUntypedArray>> {
-    obj.cast::<PyUntypedArray>().ok()
+///
+/// A DLPack producer counts as its view (a producer that cannot be viewed
+/// is refused where the argument is read, not here).
+pub(super) fn ndarray<'py>(obj: &Obj<'py>) -> Option<Bound<'py, PyUntypedArray>> {
+    if let Ok(a) = obj.cast::<PyUntypedArray>() {
+        return Some(a.clone());
+    }
+    let view = dlpack::view(obj, "", Domain::Selection).ok()??;
+    view.cast_into::<PyUntypedArray>().ok()
 }
 
 /// The ndarrays among `objs` (see [`ndarray`]).
-pub(super) fn ndarrays<'a, 'py>(objs: &[&'a Obj<'py>]) -> Vec<&'a Bound<'py, PyUntypedArray>> {
+pub(super) fn ndarrays<'py>(objs: &[&Obj<'py>]) -> Vec<Bound<'py, PyUntypedArray>> {
     objs.iter().filter_map(|o| ndarray(o)).collect()
 }
 
@@ -641,6 +681,7 @@ pub(super) fn ndarrays<'a, 'py>(objs: &[&'a Obj<'py>]) -> Vec<&'a Bound<'py, PyU
 /// result. (Broadcasting one position over many queries would hide a
 /// forgotten array.)
 pub(super) fn query_positions(args: Args, obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    let obj = &args.arg(obj, "query_pos")?;
     // A Python int, a NumPy integer or a 0-D array (`numpy.ndim` is 0).
     let ndim: usize = numpy(obj.py())?.call_method1("ndim", (obj,))?.extract()?;
     if ndim != 0 {
@@ -673,8 +714,14 @@ impl<'py> EncodedIn<'py> {
         format: FormatArg<'_>,
     ) -> PyResult<(Self, Vec<usize>)> {
         let np = numpy(obj.py())?;
-        let arr = np.call_method1("asarray", (obj,))?;
-        let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
+        let view = dlpack::view(obj, name, args.0)?;
+        // A DLPack view of bfloat16 / float8_e4m3fn holds raw bits, tagged.
+        let tag = view.as_ref().and_then(dlpack::format_tag);
+        let arr = np.call_method1("asarray", (view.as_ref().unwrap_or(obj),))?;
+        let dtype: String = match tag {
+            Some(f) => f.name().to_string(),
+            None => arr.getattr("dtype")?.getattr("name")?.extract()?,
+        };
         let chosen = format_of(name, &dtype, format, true)?;
         let shape = arr.getattr("shape")?.extract::<Vec<usize>>()?;
         if chosen == Format::F32 {
@@ -899,6 +946,8 @@ impl Args {
         name: &str,
         strict: bool,
     ) -> PyResult<(Floats<'py>, Vec<usize>)> {
+        let obj = &self.arg(obj, name)?;
+        not_raw_bits(obj, name, "float32 or float64")?;
         let arr = match obj.cast::<PyUntypedArray>() {
             Ok(a) => a.clone().into_any(),
             Err(_) => numpy(obj.py())?.call_method1("asarray", (obj,))?,

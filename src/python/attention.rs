@@ -82,7 +82,8 @@ impl PySelector {
         let (sel, pos) = (self.0, query_positions(S, query_pos)?);
         let widest = || pos.iter().map(|&p| sel.row_len(p)).max().unwrap_or(0);
         let width = width_arg(width, widest)?;
-        let inputs: Vec<_> = ndarray(query_pos).into_iter().collect();
+        let raw = ndarray(query_pos);
+        let inputs: Vec<_> = raw.iter().collect();
         let out = S.output::<i32>(py, out, &[pos.len(), width], &inputs)?;
         out.run(pos.len() * width, |os| sel.rows_into(&pos, width, os))
     }
@@ -144,7 +145,8 @@ fn oracle_topk<'py>(
         return Err(refuse(Domain::Selection, "query_pos", msg));
     }
     let mut inputs = vec![a.untyped()];
-    inputs.extend(ndarray(query_pos));
+    let raw = ndarray(query_pos);
+    inputs.extend(raw.as_ref());
     let out = S.output::<i32>(py, out, &[n, width], &inputs)?;
     let asl = a.slice()?;
     out.run(asl.len(), |os| {
@@ -184,6 +186,7 @@ fn queries_and_keys<'py>(
 /// C-order array, or MLA's `kv[..., :d_v]` view of the keys — else
 /// converted once.
 fn values<'py>(v: &Obj<'py>, shape: &AttentionShape) -> PyResult<StridedRows<'py, f32>> {
+    let v = &S.arg(v, "v")?;
     let in_place = match v.cast::<PyArrayDyn<f32>>() {
         Ok(a) if a.ndim() == 3 => StridedRows::new(a, 2)?,
         _ => None,
@@ -230,7 +233,8 @@ fn attention_probabilities<'py>(
     shape.validate()?;
     let dims = [shape.n_queries, shape.n_q_heads, shape.n_keys];
     let mut inputs = vec![qa.untyped(), ka.untyped()];
-    inputs.extend(ndarray(query_pos));
+    let raw = ndarray(query_pos);
+    inputs.extend(raw.as_ref());
     let out = S.output::<f64>(py, out, &dims, &inputs)?;
     let (qs, ks) = (qa.slice()?, ka.slice()?);
     let work = dims
@@ -278,7 +282,8 @@ fn attention_pass<'py>(
     let (n, hq) = (shape.n_queries, shape.n_q_heads);
     let mut inputs = vec![qa.untyped(), ka.untyped(), va.untyped()];
     inputs.extend(sel.as_ref().map(|s| s.untyped()));
-    inputs.extend(ndarray(query_pos));
+    let raw = ndarray(query_pos);
+    inputs.extend(raw.as_ref());
     let mut out = S.output::<f32>(py, out, &[n, hq, shape.d_v], &inputs)?;
     inputs.push(out.untyped());
     let mut lse = match lse_out {

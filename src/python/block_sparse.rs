@@ -196,7 +196,12 @@ fn block_sparse_select<'py>(
         2 => vec![h, cfg.width()],
         _ => rows_shape(n, h, cfg.width(), layout),
     };
-    let arrays = [&[q.untyped(), k.untyped()][..], &ndarrays(&[query_pos])].concat();
+    let raw = ndarrays(&[query_pos]);
+    let arrays = [
+        &[q.untyped(), k.untyped()][..],
+        &raw.iter().collect::<Vec<_>>(),
+    ]
+    .concat();
     let out = S.output::<i32>(py, out, &shape, &arrays)?;
     let (qs, ks) = (q.encoded()?, k.encoded()?);
     out.run(qs.len().saturating_add(ks.len()), |os| {
@@ -281,7 +286,12 @@ fn block_values<'py>(
     let pos = query_positions_for(S, query_pos, n)?;
     let n_keys = k.untyped().shape()[0];
     let shape = [n, h, n_keys.div_ceil(cfg.block_size.max(1))];
-    let arrays = [&[q.untyped(), k.untyped()][..], &ndarrays(&[query_pos])].concat();
+    let raw = ndarrays(&[query_pos]);
+    let arrays = [
+        &[q.untyped(), k.untyped()][..],
+        &raw.iter().collect::<Vec<_>>(),
+    ]
+    .concat();
     let out = S.output::<f32>(py, out, &shape, &arrays)?;
     let (qs, ks) = (q.encoded()?, k.encoded()?);
     out.run(qs.len().saturating_add(ks.len()), |os| {
@@ -291,6 +301,7 @@ fn block_values<'py>(
 
 /// With a 2-D `index_q` (one query), `query_pos` is one integer.
 fn single_position(query_pos: &Obj) -> PyResult<usize> {
+    let query_pos = &S.arg(query_pos, "query_pos")?;
     let array_like = query_pos
         .cast::<PyUntypedArray>()
         .is_ok_and(|a| a.ndim() > 0)
@@ -344,7 +355,11 @@ fn block_sparse_select_packed<'py>(
     );
     let shape = rows_shape(n, h, cfg.width(), layout);
     let raw = ndarrays(&[cu_seqlens, seq_ids, query_pos]);
-    let arrays = [&[q.untyped(), k.untyped()][..], &raw].concat();
+    let arrays = [
+        &[q.untyped(), k.untyped()][..],
+        &raw.iter().collect::<Vec<_>>(),
+    ]
+    .concat();
     let out = S.output::<i32>(py, out, &shape, &arrays)?;
     let (qs, ks) = (q.encoded()?, k.encoded()?);
     out.run(qs.len().saturating_add(ks.len()), |os| {
@@ -405,7 +420,12 @@ fn block_sparse_select_paged<'py>(
     };
     let paged = Paged::new(args, "dense", key_format, (n, dq))?;
     let raw = ndarrays(&[seq_lens, seq_ids, query_pos]);
-    let arrays = [&[q.untyped()][..], &paged.untyped(), &raw].concat();
+    let arrays = [
+        &[q.untyped()][..],
+        &paged.untyped(),
+        &raw.iter().collect::<Vec<_>>(),
+    ]
+    .concat();
     let out = S.output::<i32>(py, out, &rows_shape(n, h, cfg.width(), layout), &arrays)?;
     let inputs = PagedBlocks {
         q: q.encoded()?,
@@ -481,7 +501,8 @@ fn positions_of_blocks<'py>(
     let np = per_query(n_positions, "n_positions", axis)?;
     let mut out_shape = shape.clone();
     out_shape[shape.len() - 1] = w.saturating_mul(cfg.block_size);
-    let arrays = [&[b.untyped()][..], &ndarrays(&[query_pos, n_positions])].concat();
+    let raw = ndarrays(&[query_pos, n_positions]);
+    let arrays = [&[b.untyped()][..], &raw.iter().collect::<Vec<_>>()].concat();
     // SAFETY: positions_of_blocks_batch_into writes every slot of `out`
     // when it succeeds, and a refused call's array is never handed back.
     let out = unsafe { S.output_filled_by_core(py, out, &out_shape, &arrays)? };
@@ -495,6 +516,7 @@ fn positions_of_blocks<'py>(
 /// An int (every row's), or a 1-D array of one entry per query (or row),
 /// `axis`: exactly `[axis]` (a `[1]` array is every row's, as an int).
 fn per_query(obj: &Obj<'_>, name: &str, axis: (&str, usize)) -> PyResult<Vec<usize>> {
+    let obj = &S.arg(obj, name)?;
     match obj.cast::<PyUntypedArray>().map(|a| a.ndim()) {
         Ok(0) | Err(_) if obj.cast::<PyList>().is_err() && obj.cast::<PyTuple>().is_err() => {
             Ok(vec![S.count(obj, name, u64::MAX)?])

@@ -51,11 +51,12 @@ impl<'py> Paged<'py> {
         key_format: Option<&str>,
         (n, dq): (usize, usize),
     ) -> PyResult<Self> {
-        let (layout, shape) = cache_layout(a.kv_cache, layout, key_format)?;
+        let kv_cache = &S.arg(a.kv_cache, "kv_cache")?;
+        let (layout, shape) = cache_layout(kv_cache, layout, key_format)?;
         let scales = 4 * (layout == PageLayout::Fp8WithScales) as usize;
         let (block_size, d) = (shape[1], shape[shape.len() - 1] - scales);
         S.same_d(dq, d, "kv_cache")?;
-        let pages = pages(a.kv_cache)?;
+        let pages = pages(kv_cache)?;
         let table = S.input::<i32, 2>(a.block_table, "block_table", "[n_seqs, max_blocks]")?;
         let seq_lens = positions(S, a.seq_lens, "seq_lens")?;
         let want = [("n_seqs", seq_lens.len()), ("max_blocks", table.shape[1])];
@@ -147,7 +148,11 @@ fn cache_layout(
 ) -> PyResult<(PageLayout, Vec<usize>)> {
     let arr = numpy(cache.py())?.call_method1("asarray", (cache,))?;
     let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
-    let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
+    // A DLPack view of bfloat16 / float8_e4m3fn pages holds raw bits, tagged.
+    let dtype: String = match super::dlpack::format_tag(cache) {
+        Some(f) => f.name().to_string(),
+        None => arr.getattr("dtype")?.getattr("name")?.extract()?,
+    };
     // Pages are read in place, never converted: bytes in the other order
     // would be decoded swapped.
     if !is_native_order(&arr)? {

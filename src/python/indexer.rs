@@ -109,7 +109,7 @@ impl<'py> Call<'py> {
                 Ok::<_, PyErr>(c)
             })
             .transpose()?;
-        let raw = ndarrays(&[pos]).into_iter().cloned().collect();
+        let raw = ndarrays(&[pos]);
         let pos = query_positions_for(S, pos, n)?;
         let shape = IndexerShape {
             n_queries: n,
@@ -300,8 +300,7 @@ fn indexer_topk_packed<'py>(
     let common = (index_q, weights, index_k, query_pos, topk);
     let mut call = Call::new(common, (key_scale, key_format, query_format, num_segments))?;
     call.ratio = ratio(compress_ratio)?;
-    call.raw
-        .extend(ndarrays(&[cu_seqlens, seq_ids]).into_iter().cloned());
+    call.raw.extend(ndarrays(&[cu_seqlens, seq_ids]));
     let (cu, sid) = (
         positions(S, cu_seqlens, "cu_seqlens")?,
         positions_along(S, seq_ids, "seq_ids", ("n_queries", call.shape.n_queries))?,
@@ -469,7 +468,12 @@ fn indexer_topk_paged<'py>(
         compress_ratio,
     };
     let raw = ndarrays(&[seq_lens, seq_ids, query_pos]);
-    let arrays = [&[q.untyped(), w.untyped()][..], &paged.untyped(), &raw].concat();
+    let arrays = [
+        &[q.untyped(), w.untyped()][..],
+        &paged.untyped(),
+        &raw.iter().collect::<Vec<_>>(),
+    ]
+    .concat();
     run_topk(
         py,
         &arrays,

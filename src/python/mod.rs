@@ -6,6 +6,10 @@
 //! it, and lets [`errors`] map the core's refusal to a Python exception.
 //! The rules it enforces (`docs/conventions.md`):
 //!
+//! - **Any array argument** may be a NumPy array or a DLPack producer
+//!   (torch, JAX, CuPy): a producer in host memory is read as a zero-copy
+//!   ndarray view of its memory ([`dlpack`]), to which every rule below
+//!   applies; one elsewhere is refused, naming `.cpu()`.
 //! - **Read-only arguments** are read in place when they already have the
 //!   right dtype and C order; otherwise one conversion is made when it keeps
 //!   the meaning (integer arrays whose values fit; floats to the kernel's
@@ -29,6 +33,7 @@ mod attention;
 mod block_sparse;
 mod cache;
 mod check;
+mod dlpack;
 mod errors;
 mod indexer;
 mod witness;
@@ -47,5 +52,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     attention::register(m)?;
     indexer::register(m)?;
     check::register(m)?;
+    dlpack::register(m)?;
     Ok(())
 }

@@ -195,7 +195,8 @@ fn segment_coverage_rows<'py>(
     let [rows, width] = cand.shape;
     let lens = positions(W, context_lens, "context_lens")?;
     let s = W.count(num_segments, "num_segments", u64::MAX)?;
-    let inputs: Vec<_> = [Some(cand.untyped()), ndarray(context_lens)]
+    let raw = ndarray(context_lens);
+    let inputs: Vec<_> = [Some(cand.untyped()), raw.as_ref()]
         .into_iter()
         .flatten()
         .collect();
@@ -222,7 +223,8 @@ fn slots_used_rows<'py>(
     let cand = W.input::<i32, 2>(candidates, "candidates", "[rows, width]")?;
     let [rows, width] = cand.shape;
     let lens = positions(W, context_lens, "context_lens")?;
-    let inputs: Vec<_> = [Some(cand.untyped()), ndarray(context_lens)]
+    let raw = ndarray(context_lens);
+    let inputs: Vec<_> = [Some(cand.untyped()), raw.as_ref()]
         .into_iter()
         .flatten()
         .collect();

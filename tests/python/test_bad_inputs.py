@@ -1457,6 +1457,100 @@ def _():
     return {"call": lambda: _ks().topology_witness_indices(np.ma.masked_array(learned()), lens(), 4), "check": same(ref)}
 
 
+# -- DLPack producers (a ctypes producer over NumPy memory, tests/python/dlpack_producers.py) --
+
+
+def _dl(a, **kw):
+    from dlpack_producers import Producer
+
+    return Producer(a, **kw)
+
+
+def _topk_out():
+    return np.full((2, 4), -7, dtype=np.int32)
+
+
+@case("dlpack-gpu", "DLPack", "`indexer_topk(q, w, k on cuda:0, pos, 4, out=buf)`", "SelectionError",
+      argument="index_k", note="says to move it with .cpu(); nothing is exported or written")
+def _():
+    q, w, k, p = indexer_args()
+    buf = _topk_out()
+    return {"call": lambda: _ks().indexer_topk(q, w, _dl(k, device=(2, 0)), p, 4, out=buf), "watch": [buf]}
+
+
+@case("dlpack-unsupported-dtype", "DLPack", "`indexer_topk(q, w, complex64 tensor, pos, 4)`", "TypeError",
+      note="names the DLPack type code; the capsule is deleted")
+def _():
+    q, w, k, p = indexer_args()
+    return {"call": lambda: _ks().indexer_topk(q, w, _dl(k.view(np.complex64), dtype="complex64"), p, 4)}
+
+
+@case("dlpack-raises", "DLPack", "`indexer_topk(q, weights whose __dlpack__ raises, k, pos, 4, out=buf)`",
+      "SelectionError", argument="weights", note="the producer's exception is the cause")
+def _():
+    q, w, k, p = indexer_args()
+    buf = _topk_out()
+    bad = _dl(w, raises=RuntimeError("producer failed"))
+    return {"call": lambda: _ks().indexer_topk(q, bad, k, p, 4, out=buf), "watch": [buf]}
+
+
+@case("dlpack-bare-capsule", "DLPack", "`indexer_topk(q, w, k.__dlpack__(), pos, 4)`", "TypeError",
+      note="pass the tensor, not its capsule")
+def _():
+    q, w, k, p = indexer_args()
+    return {"call": lambda: _ks().indexer_topk(q, w, k.__dlpack__(), p, 4)}
+
+
+@case("dlpack-negative-strides-out", "DLPack", "`indexer_topk(q, w, k, pos, 4, out=tensor with strides (-4, 1))`",
+      "SelectionError", argument="out", note="written in place, so never copied")
+def _():
+    q, w, k, p = indexer_args()
+    buf = _topk_out()
+    out = _dl(buf, shape=(2, 4), strides=(-4, 1), byte_offset=16)
+    return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, out=out), "watch": [buf]}
+
+
+@case("dlpack-zero-strides-out", "DLPack", "`indexer_topk(q, w, k, pos, 4, out=tensor with strides (0, 1))`",
+      "SelectionError", argument="out", note="written in place, so never copied")
+def _():
+    q, w, k, p = indexer_args()
+    buf = _topk_out()
+    out = _dl(buf, shape=(2, 4), strides=(0, 1))
+    return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, out=out), "watch": [buf]}
+
+
+@case("dlpack-read-only-out", "DLPack", "`indexer_topk(q, w, k, pos, 4, out=read-only tensor)`", "SelectionError",
+      argument="out", note="the versioned capsule's READ_ONLY flag is honoured")
+def _():
+    q, w, k, p = indexer_args()
+    buf = _topk_out()
+    return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, out=_dl(buf, read_only=True)), "watch": [buf]}
+
+
+@case("dlpack-negative-strides-input", "DLPack", "`indexer_topk(q, w, k reversed (strides (-4, 1)), pos, 4)`",
+      ACCEPTED, note="a read-only input: copied once to C order, the same result")
+def _():
+    q, w, k, p = indexer_args()
+    rev = k[::-1].copy()
+    def ref():
+        return _ks().indexer_topk(q, w, k, p, 4)
+
+    tensor = _dl(rev, shape=k.shape, strides=(-4, 1), byte_offset=(len(k) - 1) * 16)
+    return {"call": lambda: _ks().indexer_topk(q, w, tensor, p, 4), "check": same(ref), "watch": [rev]}
+
+
+@case("dlpack-zero-strides-input", "DLPack", "`indexer_topk(q, w, one key broadcast (strides (0, 1)), pos, 4)`",
+      ACCEPTED, note="a read-only input: copied once to C order, the same result")
+def _():
+    q, w, k, p = indexer_args()
+    row = k[:1].copy()
+    def ref():
+        return _ks().indexer_topk(q, w, np.repeat(row, len(k), axis=0), p, 4)
+
+    tensor = _dl(row, shape=k.shape, strides=(0, 1))
+    return {"call": lambda: _ks().indexer_topk(q, w, tensor, p, 4), "check": same(ref), "watch": [row]}
+
+
 # -- torch tensors (skipped when torch is absent) ------------------------------------------
 
 
@@ -1481,11 +1575,14 @@ def _():
     return {"call": lambda: _ks().scatter_topology_witnesses(t, lens(), 2), "watch": [t.numpy()]}
 
 
-@case("torch-int32-buffer", "torch tensor", "`scatter_topology_witnesses(int32 tensor, lens, 2)`", "TypeError", torch=True,
-      note="an ndarray is required: pass t.numpy()")
+@case("torch-int32-buffer", "torch tensor", "`scatter_topology_witnesses(int32 tensor, lens, 2)`", ACCEPTED, torch=True,
+      note="a CPU tensor is written in place through DLPack")
 def _():
     t = _torch().from_numpy(learned())
-    return {"call": lambda: _ks().scatter_topology_witnesses(t, lens(), 2), "watch": [t.numpy()]}
+    want = learned()
+    _ks().scatter_topology_witnesses(want, lens(), 2)
+    return {"call": lambda: _ks().scatter_topology_witnesses(t, lens(), 2),
+            "check": lambda r: r is None and np.array_equal(t.numpy(), want)}
 
 
 @case("torch-numpy-view-buffer", "torch tensor", "`scatter_topology_witnesses(t.int().numpy(), lens, 2)`", ACCEPTED, torch=True,

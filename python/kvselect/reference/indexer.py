@@ -166,13 +166,22 @@ def _indexer_queries(index_q: Any, weights: Any, query_format: Optional[str]) ->
 
 def _indexer_row(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray) -> np.ndarray:
     """One query's scores (float64) of the keys ``k``: ``c_t * sum_h w_h *
-    relu(q_h . k_t)``, a NaN dot product kept NaN."""
+    relu(q_h . k_t)``, a NaN dot product kept NaN. Elementwise products and
+    sums in one fixed order per key, not BLAS: a BLAS product may round equal
+    operands differently in different columns (OpenBLAS's float64 kernels on
+    an AVX-512 Xeon do), which would split the exact ties the rule orders by
+    position."""
     if not len(k):
         return np.zeros(0)
+    h, d = q.shape
+    step = max(1, (1 << 21) // max(1, h * d))
+    out = np.empty(len(k))
     with np.errstate(invalid="ignore", over="ignore"):
-        dots = q @ k.T  # [h, length]
-        relu = np.where(np.isnan(dots), np.nan, np.maximum(dots, 0.0))
-        return (w @ relu) * c
+        for a in range(0, len(k), step):
+            dots = (q[:, None, :] * k[None, a : a + step, :]).sum(axis=2)  # [h, step]
+            relu = np.where(np.isnan(dots), np.nan, np.maximum(dots, 0.0))
+            out[a : a + step] = (w[:, None] * relu).sum(axis=0)
+        return out * c
 
 
 def indexer_scores(

@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 import kvselect as ks
+from kvselect._core import _dlpack_array
 from kvselect.checking import DEFAULT_RTOL, check_dump, check_indexer_topk, format_report
 
 __all__ = ["assert_topk", "assert_blocks", "assert_witnesses", "CheckFailure"]
@@ -58,9 +59,9 @@ def _host(x: Any, name: str) -> Any:
     DLPack object on another device is copied to the host once (torch
     ``.cpu()``, CuPy ``.get()``, JAX ``jax.device_get``, else
     ``numpy.from_dlpack(x, device="cpu", copy=True)``); a CPU DLPack object
-    is viewed through ``numpy.from_dlpack`` (zero-copy) where NumPy has its
-    dtype, and passed on unchanged otherwise (bfloat16 / float8 tensors: the
-    core reads DLPack itself). Anything else (lists, scalars, None) is
+    (or the host copy) is viewed in place through the core's DLPack reader
+    (zero-copy; bfloat16 / float8_e4m3fn as ml_dtypes views of the same
+    bytes). Anything else (lists, scalars, None) is
     passed on unchanged."""
     if x is None or isinstance(x, np.ndarray) or not hasattr(x, "__dlpack_device__"):
         return x
@@ -84,10 +85,17 @@ def _host(x: Any, name: str) -> Any:
             except Exception as e:
                 raise TypeError(f"{name}: a tensor on DLPack device {device}, which kvselect cannot "
                                 f"copy to the host ({e}): pass it as a CPU tensor (.cpu())") from e
+    # On the host: the core's own zero-copy view of the producer's memory;
+    # bfloat16 / float8_e4m3fn (raw bits there) as ml_dtypes views of it.
+    arr, fmt = _dlpack_array(x, name)
+    if fmt is None:
+        return arr
     try:
-        return np.from_dlpack(x)  # until the core reads DLPack: NumPy's dtypes, zero-copy
-    except (TypeError, BufferError, RuntimeError, ValueError):
-        return x
+        import ml_dtypes
+    except ImportError as e:
+        raise TypeError(f"{name}: a {fmt} DLPack tensor needs ml_dtypes in kvselect.testing "
+                        f"(pip install 'kvselect[formats]')") from e
+    return arr.view(getattr(ml_dtypes, fmt))
 
 
 def _precision(precision: str) -> str:
