@@ -348,6 +348,8 @@ pub fn expand_entries_into(
 pub struct CombineInputs<'a> {
     /// int32 `[num_tokens, topk_width]`, `topk_width >= topk`.
     pub topk_indices: &'a [i32],
+    /// `topk_indices`' rows.
+    pub num_tokens: usize,
     pub topk_width: usize,
     /// `[num_reqs + 1]`, from 0 rising to `num_tokens`.
     pub query_start_loc: &'a [usize],
@@ -371,14 +373,6 @@ pub fn combined_width(topk: usize, window_size: usize) -> Option<usize> {
 }
 
 impl CombineInputs<'_> {
-    fn num_tokens(&self) -> usize {
-        if self.topk_width == 0 {
-            self.query_start_loc.last().copied().unwrap_or(0)
-        } else {
-            self.topk_indices.len() / self.topk_width
-        }
-    }
-
     /// Every refusal, before anything is written.
     fn check(&self, num_tokens: usize) -> Result<(), ArgumentError> {
         check_ratio(self.compress_ratio)?;
@@ -504,13 +498,11 @@ pub fn combine_topk_swa_indices_into(
             ),
         ));
     }
-    if s.topk_width > 0 && s.topk_indices.len() % s.topk_width != 0 {
-        return Err(invalid(
-            "topk_indices",
-            "topk_indices is not whole rows".into(),
-        ));
-    }
-    let num_tokens = s.num_tokens();
+    let num_tokens = s.num_tokens;
+    let rows = checked_size("topk_indices", &[num_tokens, s.topk_width])?;
+    crate::error::check_len("topk_indices", s.topk_indices.len(), rows, || {
+        format!("[num_tokens={num_tokens}, {}]", s.topk_width)
+    })?;
     let width = combined_width(s.topk, s.window_size)
         .filter(|&w| w <= i32::MAX as usize)
         .ok_or(ArgumentError::TooLarge {

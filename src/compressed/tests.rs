@@ -49,6 +49,7 @@ fn combine(
 ) -> Result<(Vec<i32>, Vec<i32>), ArgumentError> {
     let inputs = CombineInputs {
         topk_indices: topk,
+        num_tokens: topk.len() / width,
         topk_width: width,
         query_start_loc: qsl,
         seq_lens: seq,

@@ -29,6 +29,7 @@ mod attention;
 mod block_sparse;
 mod cache;
 mod check;
+mod compressed;
 mod errors;
 mod indexer;
 mod witness;
@@ -47,5 +48,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     attention::register(m)?;
     indexer::register(m)?;
     check::register(m)?;
+    compressed::register(m)?;
     Ok(())
 }
