@@ -6,6 +6,11 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "window_positions",
+    "visible_entries",
+    "compressed_entry_tokens",
+    "expand_entries",
+    "combine_topk_swa_indices",
     "__version__",
     "MAX_TOPOLOGY_SEGMENTS",
     "KvselectError",
@@ -666,3 +671,63 @@ def _fma_floor(iters: int) -> tuple[int, float]:
     """Benchmarks' floor (private): ``iters`` steps of a register-resident FMA loop on every
     pool thread at the best SIMD level; returns ``(flops, checksum)``, the caller times the
     call."""
+
+# DeepSeek-V4's attention sets, vLLM's combined index rows, GLM-5-Next's pools (src/compressed/)
+
+def window_positions(
+    query_pos: npt.ArrayLike,
+    window_size: int,
+    *,
+    out: Optional[npt.NDArray[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """Each query's sliding window ``[max(0, p - W + 1), p]`` ascending, then -1: int32
+    ``[n_queries, window_size]``."""
+
+def visible_entries(
+    query_pos: npt.ArrayLike,
+    compress_ratio: int,
+    n_entries: int,
+    *,
+    out: Optional[npt.NDArray[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """Every compressed entry each query sees, ``0 .. min((p + 1) // m, n_entries)``, then -1:
+    int32 ``[n_queries, n_entries]`` (an HCA query's entries)."""
+
+def compressed_entry_tokens(
+    entries: npt.ArrayLike,
+    compress_ratio: int,
+    *,
+    overlap: bool,
+    out: Optional[npt.NDArray[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """The tokens ``[start, end)`` each entry covers, int32 ``entries.shape + (2,)``: CSA's
+    overlapping ``[max(0, m(w - 1)), m(w + 1))`` or HCA's ``[m w, m(w + 1))``; -1 is (-1, -1)."""
+
+def expand_entries(
+    entry_rows: npt.ArrayLike,
+    query_pos: npt.ArrayLike,
+    compress_ratio: int,
+    *,
+    tail: bool = False,
+    width: Optional[int] = None,
+    out: Optional[npt.NDArray[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """Selected entries expanded to their tokens (GLM-5-Next's pools), the visible incomplete
+    tail appended with ``tail``, -1 to ``width``: int32 ``[n_queries, width]``."""
+
+def combine_topk_swa_indices(
+    topk_indices: npt.ArrayLike,
+    query_start_loc: npt.ArrayLike,
+    seq_lens: npt.ArrayLike,
+    gather_lens: npt.ArrayLike,
+    window_size: int,
+    compress_ratio: int,
+    topk: int,
+    M: int,
+    N: int,
+    *,
+    out: Optional[npt.NDArray[np.int32]] = None,
+    lens_out: Optional[npt.NDArray[np.int32]] = None,
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """vLLM's ``combine_topk_swa_indices`` (DeepSeek-V4 sparse prefill): ``(combined_indices
+    [num_tokens, roundup(topk + window_size, 128)], combined_lens [num_tokens])``, int32."""
