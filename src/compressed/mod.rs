@@ -402,6 +402,7 @@ impl CombineInputs<'_> {
                 qsl[0], qsl[reqs])));
         }
         let limit = i32::MAX as u128;
+        // Rising first: every request's rows then lie inside topk_indices.
         for b in 0..reqs {
             if qsl[b + 1] < qsl[b] {
                 return Err(out_of_range(
@@ -415,6 +416,8 @@ impl CombineInputs<'_> {
                     ),
                 ));
             }
+        }
+        for b in 0..reqs {
             let (seq, gather, qlen) = (self.seq_lens[b], self.gather_lens[b], qsl[b + 1] - qsl[b]);
             if qlen > seq {
                 return Err(out_of_range(

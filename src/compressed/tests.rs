@@ -125,3 +125,17 @@ fn vllm_rows_refuse_what_the_kernel_would_mis_index() {
         "compress_ratio"
     );
 }
+
+#[test]
+fn a_query_start_loc_that_overshoots_then_falls_is_refused_before_any_row_is_read() {
+    let err = combine(
+        &[0, 0, 0, 0],
+        1,
+        &[0, 5, 4],
+        &[8, 8],
+        &[8, 8],
+        (4, 4, 1, 20, 8),
+    )
+    .unwrap_err();
+    assert_eq!(err.argument(), "query_start_loc");
+}

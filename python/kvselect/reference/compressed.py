@@ -170,6 +170,7 @@ def combine_topk_swa_indices(topk_indices: Any, query_start_loc: Any, seq_lens: 
     for b in range(reqs):
         if qsl[b + 1] < qsl[b]:
             raise ReferenceSelectionError("query_start_loc", f"query_start_loc[{b + 1}] falls")
+    for b in range(reqs):
         qlen = qsl[b + 1] - qsl[b]
         if qlen > seq[b]:
             raise ReferenceSelectionError("seq_lens", f"seq_lens[{b}] is shorter than request {b}'s query")
