@@ -2507,8 +2507,9 @@ V4 = "V4 sets / combined rows"
 
 def v4_args(**bend):
     """vLLM's `combine_topk_swa_indices` arguments: two requests, m = W = 4, topk = 2."""
-    a = dict(topk_indices=np.array([[1, 0], [0, 1], [1, 0], [-1, 0]], np.int32), query_start_loc=np.array([0, 3, 4]),
-             seq_lens=np.array([8, 4]), gather_lens=np.array([8, 4]), window_size=4, compress_ratio=4, topk=2, M=20, N=8)
+    a = {"topk_indices": np.array([[1, 0], [0, 1], [1, 0], [-1, 0]], np.int32), "query_start_loc": np.array([0, 3, 4]),
+         "seq_lens": np.array([8, 4]), "gather_lens": np.array([8, 4]), "window_size": 4, "compress_ratio": 4, "topk": 2,
+         "M": 20, "N": 8}
     a.update(bend)
     return a
 

@@ -5,11 +5,10 @@ cache_utils.py``): small rows written out by hand, native == the NumPy
 reference on thousands of random cases around every boundary, and every
 refusal leaving its buffers byte-identical."""
 
-import numpy as np
-import pytest
-
 import kvselect as ks
 import kvselect.reference as ref
+import numpy as np
+import pytest
 
 # -- hand examples (m = 4, W = 4) ----------------------------------------------
 
@@ -110,7 +109,7 @@ def test_combined_rows_equal_the_reference_on_random_batches_around_every_bounda
     seen = {"chunked": 0, "gather_short": 0, "no_entry": 0, "topk_over_visible": 0, "edge0": 0, "edge_m1": 0}
     for _ in range(1500):
         args = _combine_case(r)
-        rows, qsl, seq, gather, w, m, topk, M, N = args
+        _, qsl, seq, gather, _, m, topk, _, _ = args
         got = ks.combine_topk_swa_indices(*args)
         want = ref.combine_topk_swa_indices(*args)
         np.testing.assert_array_equal(got[0], want[0])

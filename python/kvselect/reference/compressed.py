@@ -16,13 +16,14 @@ Part of ``kvselect.reference``; see that package's docstring.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
 from ._args import (
-    ReferenceSelectionError,
     _SELECTION,
+    ReferenceSelectionError,
+    _along,
     _count,
     _deliver,
     _index_array,
@@ -30,7 +31,6 @@ from ._args import (
     _output,
     _query_batch,
     _query_positions,
-    _along,
 )
 
 _I32_MAX = 2**31 - 1
@@ -142,7 +142,7 @@ def expand_entries(entry_rows: Any, query_pos: Any, compress_ratio: Any, *, tail
 
 def combine_topk_swa_indices(topk_indices: Any, query_start_loc: Any, seq_lens: Any, gather_lens: Any,
                              window_size: Any, compress_ratio: Any, topk: Any, M: Any, N: Any, *,
-                             out: Any = None, lens_out: Any = None) -> Tuple[np.ndarray, np.ndarray]:
+                             out: Any = None, lens_out: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """vLLM's ``combine_topk_swa_indices``, token by token (see the module
     docstring); the refusals of the native function, before any write."""
     t = _index_array("topk_indices", topk_indices, 2, _SELECTION)
@@ -159,7 +159,7 @@ def combine_topk_swa_indices(topk_indices: Any, query_start_loc: Any, seq_lens: 
     num_tokens = t.shape[0]
     inputs = (topk_indices, query_start_loc, seq_lens, gather_lens)
     o = _output(out, (num_tokens, width), _SELECTION, inputs=inputs)
-    lo: Optional[np.ndarray] = _out_buffer(lens_out, "lens_out", (num_tokens,), _SELECTION, np.int32,
+    lo: np.ndarray | None = _out_buffer(lens_out, "lens_out", (num_tokens,), _SELECTION, np.int32,
                                            inputs + ((o,) if o is not None else ()))
     if t.shape[1] < k:
         raise ReferenceSelectionError("topk_indices", f"topk_indices has {t.shape[1]} columns, fewer than topk={k}")
