@@ -172,8 +172,8 @@ def fp8_pages(fp8, scale, bs: int, seed: int = 1):
 
 def formats_and_witnesses(reps: int) -> dict:
     """Decode with bfloat16 and fp8-with-scales keys (raw bits, read in
-    place), fp8 in vLLM's paged layout, and with the fused witnesses (S =
-    16, 64), against float32."""
+    place), fp8 in vLLM's paged layout, over the same keys as compressed
+    entries, and with the fused witnesses (S = 16, 64), against float32."""
     q, w, k, pos = make(1, DECODE_T)
     bf16 = (k.view(np.uint32) >> 16).astype(np.uint16)
     fp8, scale = quantize_fp8(k)
@@ -185,6 +185,9 @@ def formats_and_witnesses(reps: int) -> dict:
                                                 key_format="float8_e4m3fn"),
         "paged fp8 (vLLM pages, shuffled)": lambda: ks.indexer_topk_paged(
             q, w, cache, table, [DECODE_T], [0], pos, TOPK, page_layout="fp8_scaled"),
+        # The same T keys as DeepSeek-V4 CSA entries, seen from token 4T - 1:
+        # the cost per key must be the token-level one (issue 25: <= 1.1x).
+        "compressed entries (m=4)": lambda: ks.indexer_topk(q, w, k, 4 * pos + 3, TOPK, compress_ratio=4),
         "witnesses S=16": lambda: ks.indexer_topk(q, w, k, pos, TOPK, num_segments=16),
         "witnesses S=64": lambda: ks.indexer_topk(q, w, k, pos, TOPK, num_segments=64),
     }

@@ -336,6 +336,60 @@ fn every_key_format_scores_like_its_decoded_float32() {
     }
 }
 
+/// Over compressed keys (`compress_ratio = m`) a query at token `p` sees
+/// the `(p + 1) / m` entries its tokens have completed: its row is the
+/// token-level row of a query at entry `(p + 1) / m − 1`, and all `-1` when
+/// no entry is complete yet — witnesses included, bit for bit.
+#[test]
+fn a_compressed_row_is_the_token_row_at_the_last_completed_entry() {
+    let mut rng = ChaCha8Rng::seed_from_u64(25);
+    for trial in 0..300 {
+        let mut c = random_case(&mut rng, trial % 2 == 0);
+        let m = [2usize, 3, 4, 16, 128][trial % 5];
+        let t = c.t();
+        for p in c.pos.iter_mut() {
+            *p = match rng.random_range(0..3) {
+                0 => rng.random_range(0..m - 1),               // no entry yet
+                1 => (rng.random_range(0..t + 2) + 1) * m - 1, // completes an entry
+                _ => rng.random_range(0..(t + 2) * m),
+            };
+        }
+        let (topk, s) = (rng.random_range(1..40), [0, 0, 2][trial % 3]);
+        let shape = IndexerShape {
+            n_queries: c.n(),
+            n_heads: c.h,
+            d: c.d,
+            n_keys: t,
+        };
+        let inputs = IndexerInputs {
+            q: Encoded::F32(&c.q),
+            weights: &c.w,
+            k: Encoded::F32(&c.k),
+            key_scale: c.scale.as_deref(),
+            query_pos: &c.pos,
+            compress_ratio: m,
+        };
+        let mut got = vec![7; c.n() * topk];
+        indexer_topk_into(&shape, &inputs, topk, s, &mut got, None).unwrap();
+        for (i, row) in got.chunks(topk).enumerate() {
+            let seen = (c.pos[i] + 1) / m;
+            if seen == 0 {
+                assert!(row.iter().all(|&x| x == -1), "trial {trial}: {row:?}");
+                continue;
+            }
+            let token = Case {
+                q: c.q[i * c.h * c.d..(i + 1) * c.h * c.d].to_vec(),
+                w: c.w[i * c.h..(i + 1) * c.h].to_vec(),
+                k: c.k.clone(),
+                scale: c.scale.clone(),
+                pos: vec![seen - 1],
+                ..c
+            };
+            assert_eq!(row, token.run(topk, s).as_slice(), "trial {trial} m {m}");
+        }
+    }
+}
+
 #[test]
 fn malformed_calls_are_refused_and_write_nothing() {
     let c = one_head(&[1.0, 2.0, 3.0], 1.0, 1.0, 2);

@@ -638,6 +638,21 @@ def _():
     return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, num_segments=65)}
 
 
+@case("indexer-compress-ratio-0", "indexer formats", "`indexer_topk(q, w, k, pos, 4, compress_ratio=0, out=out)`",
+      "SelectionError", argument="compress_ratio")
+def _():
+    q, w, k, p = indexer_args()
+    out = np.full((len(q), 4), 7, np.int32)
+    return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, compress_ratio=0, out=out), "watch": [q, w, k, out]}
+
+
+@case("indexer-compress-ratio-negative", "indexer formats", "`indexer_scores(q, w, k, pos, compress_ratio=-4)`",
+      "SelectionError", argument="compress_ratio")
+def _():
+    q, w, k, p = indexer_args()
+    return {"call": lambda: _ks().indexer_scores(q, w, k, p, compress_ratio=-4)}
+
+
 @case("indexer-out-aliases-keys", "indexer formats", "`indexer_topk(q, w, memoryview(k), pos, 4, out=k.view(int32)[…])`",
       "SelectionError", argument="out")
 def _():

@@ -100,10 +100,16 @@ def _exact_all(q, w, k, c, pos, cu, seq):
         lo, hi = int(cu[seq[i]]), int(cu[seq[i] + 1])
         L = min(int(pos[i]) + 1, hi - lo)
         lens[i] = L
-        dots = qd[i] @ kd[lo : lo + L].T
+        # Elementwise products and sums, not BLAS: a BLAS product may round
+        # the same operands differently in different columns (edge tiles,
+        # FMA or not; seen with OpenBLAS on an AVX-512 Xeon), which would
+        # split the exact ties of duplicated keys by an ulp.
+        kk = kd[lo : lo + L]
+        dots = (qd[i][:, None, :] * kk[None, :, :]).sum(axis=2)  # [h, L]
         w64 = np.asarray(w[i], np.float32).astype(np.float64)
-        s = w64 @ np.maximum(dots, 0.0)
-        m = np.abs(w64) @ (np.abs(qd[i]) @ np.abs(kd[lo : lo + L]).T)
+        s = (w64[:, None] * np.maximum(dots, 0.0)).sum(axis=0)
+        absdots = (np.abs(qd[i])[:, None, :] * np.abs(kk)[None, :, :]).sum(axis=2)
+        m = (np.abs(w64)[:, None] * absdots).sum(axis=0)
         if c is not None:
             s = s * np.asarray(c[lo : lo + L], np.float32).astype(np.float64)
             m = m * np.abs(np.asarray(c[lo : lo + L], np.float32).astype(np.float64))

@@ -9,6 +9,8 @@ import pytest
 
 import kvselect as ks
 from kvselect import reference as ref
+from kvselect import testing as kt
+from kvselect.checking import check_indexer_topk
 from pages import vllm_fp8_pages
 
 SEED = 20261202
@@ -175,3 +177,82 @@ def test_a_ratio_of_zero_is_refused_and_writes_nothing(impl):
         assert e.value.argument == "compress_ratio"
     with pytest.raises(ValueError, match="compress_ratio"):  # SelectionError is a ValueError
         impl.indexer_topk(q, w, k, [3], 2, compress_ratio=-4)
+
+
+def _v4_case(rng, n=6, t=80, h=4, d=16, m=4):
+    q = rng.standard_normal((n, h, d)).astype(np.float32)
+    w = rng.standard_normal((n, h)).astype(np.float32)
+    k = rng.standard_normal((t, d)).astype(np.float32)
+    pos = np.array([m - 2, m - 1, 2 * m, 37, 4 * t - 1, 4 * t + 9])[:n]  # none, one, ... all entries
+    return q, w, k, pos
+
+
+def test_the_check_passes_right_compressed_rows_in_any_order_and_finds_planted_faults():
+    rng = np.random.default_rng(SEED + 5)
+    q, w, k, pos = _v4_case(rng)
+    topk = 16
+    rows = ks.indexer_topk(q, w, k, pos, topk, compress_ratio=4)
+    for i in range(len(rows)):  # an engine's order of the entries is its own (-1 stays last)
+        rng.shuffle(rows[i, : int((rows[i] >= 0).sum())])
+    ok = check_indexer_topk(rows, q, w, k, pos, compress_ratio=4)
+    assert ok["wrong"] == 0 and ok["rows"] == len(pos)
+    # Read as token-level rows they are wrong: the row of the query at 37
+    # holds 9 entries of the 38 tokens it sees.
+    assert check_indexer_topk(rows, q, w, k, pos)["wrong"] > 0
+    dropped = rows.copy()
+    i = 3  # p = 37: 9 entries visible, all in the row
+    dropped[i, np.flatnonzero(dropped[i] >= 0)[0]] = -1
+    rep = check_indexer_topk(dropped, q, w, k, pos, compress_ratio=4)
+    assert rep["wrong"] == 1 and rep["details"][0]["row"] == i
+    early = rows.copy()
+    early[1, np.flatnonzero(early[1] == -1)[0]] = 1  # p = 3 sees entry 0 only; entry 1 is not written yet
+    rep = check_indexer_topk(early, q, w, k, pos, compress_ratio=4)
+    assert rep["wrong"] == 1 and rep["by_reason"]["not_causal"] == 1
+    with pytest.raises(ks.SelectionError):
+        check_indexer_topk(rows, q, w, k, pos, compress_ratio=0)
+
+
+def test_assert_topk_takes_the_compress_ratio():
+    rng = np.random.default_rng(SEED + 6)
+    q, w, k, pos = _v4_case(rng)
+    rows = ks.indexer_topk(q, w, k, pos, 8, compress_ratio=4)
+    scores = ks.indexer_scores(q, w, k, pos, compress_ratio=4)
+    report = kt.assert_topk(rows, q, w, k, pos, compress_ratio=4, engine_scores=scores)
+    assert report["wrong"] == 0 and len(report["checks"]) == 3
+    with pytest.raises(kt.CheckFailure):
+        kt.assert_topk(rows, q, w, k, pos, engine_scores=scores)
+
+
+def _global_slots(rows, table, req, bs):
+    """vLLM's compressed slot mapping: entry c of request r at
+    ``block_table[r, c // bs] * bs + c % bs`` (``bs`` entries per page)."""
+    safe = np.maximum(rows, 0)
+    slots = table[req[:, None], safe // bs] * bs + safe % bs
+    return np.where(rows >= 0, slots, -1).astype(np.int32)
+
+
+def test_a_v4_dump_of_global_entry_slots_is_checked_and_its_faults_found(tmp_path):
+    # What a V4 engine writes: the CSA top-k over compressed entries as
+    # global slots of the compressed cache, in a dump with compress_ratio.
+    from kvselect.checking import check_dump, save_dump
+    from kvselect.cli import main
+    rng = np.random.default_rng(SEED + 7)
+    q, w, k, pos = _v4_case(rng)
+    bs, n_pages = 8, 16
+    table = rng.permutation(n_pages)[None, : -(-len(k) // bs)].astype(np.int32)
+    req = np.zeros(len(pos), np.int32)
+    rows = _global_slots(ks.indexer_topk(q, w, k, pos, 16, compress_ratio=4), table, req, bs)
+    dump = dict(rows=rows, index_q=q, weights=w, index_k=k, query_pos=pos, compress_ratio=4,
+                block_table=table, req_ids=req, block_size=bs)
+    save_dump(tmp_path / "v4.npz", "topk", **dump)
+    assert check_dump(str(tmp_path / "v4.npz"))["wrong"] == 0
+    assert main(["check", str(tmp_path / "v4.npz")]) == 0
+    early = rows.copy()
+    early[1, 1] = _global_slots(np.array([[1]]), table, req[:1], bs)[0, 0]  # entry 1 before token 7
+    save_dump(tmp_path / "early.npz", "topk", **{**dump, "rows": early})
+    report = check_dump(str(tmp_path / "early.npz"))
+    assert report["wrong"] == 1 and report["checks"][0]["report"]["by_reason"]["not_causal"] == 1
+    assert main(["check", str(tmp_path / "early.npz")]) != 0
+    save_dump(tmp_path / "zero.npz", "topk", **{**dump, "compress_ratio": 0})
+    with pytest.raises(ks.checking.DumpError, match="compress_ratio"):
+        check_dump(str(tmp_path / "zero.npz"))

@@ -96,12 +96,15 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float,
                 _need(d, "seq_ids")
                 cu, seq = _ints(d, "cu_seqlens"), _ints(d, "seq_ids")
                 _check_packing(cu, seq, len(k))
+        ratio = _int(d, "compress_ratio", 1)
+        if ratio < 1:
+            raise DumpError(f"compress_ratio = {ratio}: a key stands for at least one token")
         report = indexer_check(
             engine_rows, q, _floats(d, "weights"), k, pos, topk, scale, key_format, fmt["query_format"],
-            cu, seq, atol, rtol, lambda rows: _layout(d, rows), filler=filler)
+            cu, seq, atol, rtol, lambda rows: _layout(d, rows), filler=filler, compress_ratio=ratio)
         parts.append((np.arange(n), report))
         vacuous = report["vacuous"]
-        lens = np.minimum(pos + 1, len(k) if cu is None else np.diff(cu)[seq])
+        lens = np.minimum((pos + 1) // ratio, len(k) if cu is None else np.diff(cu)[seq])
     exact = _merge(parts)
     exact["vacuous"] = vacuous
     checks = [("against the exact scores", exact)]

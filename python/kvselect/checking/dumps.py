@@ -60,6 +60,9 @@ TABLES: Dict[str, Dict[str, _T]] = {
                      "(1,) d + 4]", "optional, with index_q (instead of index_k)",
                      "the indexer's paged key cache, as indexer_topk_paged takes it"),
         "seq_lens": ("int", "[n_seqs]", "with kv_cache", "each sequence's keys in the cache"),
+        "compress_ratio": ("int scalar", "", "optional, with index_q",
+                           "tokens per key: rows select compressed entries (DeepSeek-V4 CSA: 4), a row's context "
+                           "is (query_pos + 1) // compress_ratio entries (default 1)"),
         "page_layout": ("str", "", "optional, with kv_cache",
                         '"dense" (default) or "fp8_scaled" (vLLM\'s DSA index-K pages)'),
         "topk": ("int scalar", "", "optional", "k (default: the rows' width; with DCP: width / dcp_size)"),

@@ -105,14 +105,29 @@ def _key_bounds(keys: Any, ksc: Optional[np.ndarray], key_format: Optional[str])
     return g
 
 
+def _exact_scores(q: np.ndarray, w: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """``Σ_h w_h · relu(q_h · k_t)`` in float64 for each key row of ``k``
+    (``q [h, d]``, ``w [h]``, ``k [m, d]``), elementwise: the products are
+    exact and every key's sums run in one fixed order, so equal keys get
+    equal scores wherever they sit. Not BLAS: a BLAS product may round the
+    same operands differently in different output columns (edge tiles, FMA
+    or not — seen with OpenBLAS's float64 kernels on an AVX-512 Xeon), which
+    splits an exact tie by an ulp and reports a right row wrong."""
+    dots = (q[:, None, :] * k[None, :, :]).sum(axis=2)  # [h, m]
+    return (w[:, None] * np.maximum(dots, 0.0)).sum(axis=0)
+
+
 def indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, query_pos: np.ndarray,
                    topk: Optional[int], key_scale: Any, key_format: Optional[str], query_format: Optional[str],
                    cu_seqlens: Optional[np.ndarray], seq_ids: Optional[np.ndarray], atol: float, rtol: float,
-                   layout_of: Any, whole: Optional[ks.GlobalSlots] = None, filler: str = "-1") -> dict:
+                   layout_of: Any, whole: Optional[ks.GlobalSlots] = None, filler: str = "-1",
+                   compress_ratio: int = 1) -> dict:
     """The body of :func:`check_indexer_topk` (and of a dump's indexer-input
     check): ``layout_of(rows)`` is the ``GlobalSlots`` of those rows, or
     None; ``whole``, a ``GlobalSlots`` of every row, checks the batch in one
-    piece through it instead; ``filler`` is :func:`kvselect.check_topk`'s."""
+    piece through it instead; ``filler`` is :func:`kvselect.check_topk`'s;
+    ``compress_ratio`` :func:`kvselect.indexer_topk`'s (keys are compressed
+    entries: a row's context is ``(query_pos + 1) // compress_ratio``)."""
     engine_rows = np.asarray(rows)
     if engine_rows.ndim != 2 or (engine_rows.dtype.kind not in "iu" and engine_rows.size):
         raise _refused("rows", f"rows must be 2-D integers [n_rows, width], got "
@@ -161,10 +176,10 @@ def indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, qu
         for c0 in range(0, len(idx), step):
             sub = idx[c0 : c0 + step]
             S = ks.indexer_scores(q_arr[sub], w32[sub], keys, pos[sub], key_scale=ksc, key_format=key_format,
-                                  query_format=query_format)
+                                  query_format=query_format, compress_ratio=compress_ratio)
             if g is None:  # once per sequence, after the native call has vetted the keys
                 g = _key_bounds(keys, ksc, key_format)
-            lens = np.minimum(pos[sub] + 1, hi - lo)
+            lens = np.minimum((pos[sub] + 1) // compress_ratio, hi - lo)
             layout = whole if whole is not None else layout_of(sub)
             rel = None if whole is None else whole.positions(engine_rows)[sub]
             idx_, real, exact, mags, vac = _rescore(
@@ -338,13 +353,17 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
         kd = reference.decode(keys_[ut], key_format, "key_format").reshape(len(ut), d)
         absk = np.abs(kd)
         ex, mg = np.empty(len(u)), np.empty(len(u))
+        step = max(1, (1 << 20) // max(1, h * d))
         starts = np.flatnonzero(np.r_[True, pr[1:] != pr[:-1]]) if len(pr) else np.zeros(0, np.int64)
         ends = np.r_[starts[1:], len(pr)].astype(np.int64)
         with np.errstate(invalid="ignore", over="ignore"), _one_blas_thread():
             for a_, b_ in zip(starts, ends):
-                i, j = int(pr[a_]), inv[a_:b_]
-                ex[a_:b_] = w64[i] @ np.maximum(qd[i] @ kd[j].T, 0.0)
-                mg[a_:b_] = absk[j] @ wq[i]  # Σ_i (Σ_h |w_h| |q_hi|) |k_ti|: no ReLU, so one vector
+                for a2 in range(a_, b_, step):  # bounded [h, step, d] temporaries
+                    b2 = min(a2 + step, b_)
+                    i, j = int(pr[a2]), inv[a2:b2]
+                    ex[a2:b2] = _exact_scores(qd[i], w64[i], kd[j])
+                    # Σ_i (Σ_h |w_h| |q_hi|) |k_ti|: no ReLU, so one vector
+                    mg[a2:b2] = (absk[j] * wq[i][None, :]).sum(axis=1)
             if cs_all is not None:
                 ex *= cs_all[pt]
                 mg *= np.abs(cs_all[pt])
@@ -439,7 +458,8 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
                        query_format: Optional[str] = None, cu_seqlens: Any = None, seq_ids: Any = None,
                        precision: str = "float32", atol: Optional[float] = None, rtol: Optional[float] = None,
                        slots: Optional[ks.GlobalSlots] = None, filler: str = "-1", kv_cache: Any = None,
-                       block_table: Any = None, seq_lens: Any = None, page_layout: str = "dense") -> dict:
+                       block_table: Any = None, seq_lens: Any = None, page_layout: str = "dense",
+                       compress_ratio: int = 1) -> dict:
     """Whether each engine row is a correct lightning-indexer top-k of the
     indexer's inputs, judged against scores **exact up to float64
     rounding**: the report of :func:`kvselect.check_topk` plus ``vacuous``
@@ -453,7 +473,9 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
     start); a paged cache as :func:`kvselect.indexer_topk_paged` takes it
     (``kv_cache``, ``block_table``, ``seq_lens``, ``seq_ids``,
     ``page_layout``; ``index_k`` None), each sequence's pages read in their
-    own format; ``slots`` a :class:`kvselect.GlobalSlots` when the rows are
+    own format; ``compress_ratio`` as :func:`kvselect.indexer_topk` takes it
+    (DeepSeek-V4's CSA rows: positions are compressed entries, ``query_pos``
+    the token); ``slots`` a :class:`kvselect.GlobalSlots` when the rows are
     global slot ids (the whole batch is then checked in one piece);
     ``filler`` the engine's contract for short rows, as
     :func:`kvselect.check_topk` takes it.
@@ -554,6 +576,10 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
             raise _refused(name, f"{name} = {v} must be finite and non-negative")
     if slots is not None and not isinstance(slots, ks.GlobalSlots):
         raise TypeError(f"slots must be a GlobalSlots or None, got {type(slots).__name__}")
+    if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, (int, np.integer)):
+        raise TypeError(f"compress_ratio must be an integer, got {type(compress_ratio).__name__}")
+    if compress_ratio < 1:
+        raise _refused("compress_ratio", f"compress_ratio must be at least 1 (tokens per key), got {compress_ratio}")
     _vet_api(rows, index_q, weights, index_k, query_pos, topk, key_scale, key_format, query_format,
              cu_seqlens, seq_ids, kv_cache, block_table, seq_lens, page_layout, filler)
     if kv_cache is not None:  # each sequence's pages, read into a packed batch's keys
@@ -564,7 +590,7 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
                                 "seq_lens=, seq_ids=) for a paged cache")
     return indexer_check(rows, index_q, weights, index_k, query_pos, topk, key_scale, key_format,
                           query_format, cu_seqlens, seq_ids, atol_, rtol_, lambda rows_: None, slots,
-                          filler=filler)
+                          filler=filler, compress_ratio=compress_ratio)
 
 
 def _non_finite(name: str, a: np.ndarray) -> None:

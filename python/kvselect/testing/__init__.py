@@ -116,8 +116,9 @@ def _wrong_rows(checks: List[Dict[str, Any]]) -> int:
     return len({x["row"] for c in checks for x in c["report"]["details"]})
 
 
-def _context_lens(query_pos: np.ndarray, n_keys: int, cu_seqlens: Any, seq_ids: Any, seq_lens: Any) -> np.ndarray:
-    """Each row's ``L = min(query_pos + 1, its sequence's keys)``."""
+def _context_lens(query_pos: np.ndarray, n_keys: int, cu_seqlens: Any, seq_ids: Any, seq_lens: Any,
+                  compress_ratio: int) -> np.ndarray:
+    """Each row's ``L = min((query_pos + 1) // compress_ratio, its sequence's keys)``."""
     total: Any
     if seq_lens is not None:
         total = np.asarray(seq_lens, dtype=np.int64)[np.asarray(seq_ids, dtype=np.int64)]
@@ -125,7 +126,7 @@ def _context_lens(query_pos: np.ndarray, n_keys: int, cu_seqlens: Any, seq_ids: 
         total = np.diff(np.asarray(cu_seqlens, dtype=np.int64))[np.asarray(seq_ids, dtype=np.int64)]
     else:
         total = np.full(len(query_pos), n_keys, dtype=np.int64)
-    return np.minimum(query_pos + 1, total)
+    return np.minimum((query_pos + 1) // compress_ratio, total)
 
 
 def _exactly_vacuous(scores: np.ndarray, lens: np.ndarray, topk: int) -> int:
@@ -142,7 +143,7 @@ def _exactly_vacuous(scores: np.ndarray, lens: np.ndarray, topk: int) -> int:
 
 def _score_accuracy(engine: np.ndarray, index_q: Any, weights: Any, index_k: Any, query_pos: np.ndarray,
                     lens: np.ndarray, key_scale: Any, key_format: Optional[str], cu_seqlens: Any,
-                    seq_ids: Any, atol: float, rtol: float) -> dict:
+                    seq_ids: Any, atol: float, rtol: float, compress_ratio: int) -> dict:
     """The engine's own scores against kvselect's (:func:`kvselect.indexer_scores`,
     :func:`kvselect.indexer_magnitudes`): a position is reported off only
     when it is off by more than ``atol + rtol m`` **whatever** the float32
@@ -167,8 +168,10 @@ def _score_accuracy(engine: np.ndarray, index_q: Any, weights: Any, index_k: Any
     for idx, lo, hi in groups:
         keys = k_all[lo:hi]
         c = None if c_all is None else (c_all if c_all.ndim == 0 else c_all[lo:hi])
-        S = ks.indexer_scores(q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format)
-        M = ks.indexer_magnitudes(q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format)
+        S = ks.indexer_scores(q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format,
+                              compress_ratio=compress_ratio)
+        M = ks.indexer_magnitudes(q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format,
+                                  compress_ratio=compress_ratio)
         for j, i in enumerate(idx):
             L = int(lens[i])
             e = np.asarray(engine[i, :L], dtype=np.float64)
@@ -195,7 +198,8 @@ def assert_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: 
                 precision: str = "float32", rtol: Optional[float] = None, atol: Optional[float] = None,
                 engine_scores: Any = None, cu_seqlens: Any = None, seq_ids: Any = None, kv_cache: Any = None,
                 block_table: Any = None, seq_lens: Any = None, page_layout: str = "dense",
-                slots: Optional[ks.GlobalSlots] = None, filler: str = "-1", fail_vacuous: bool = True) -> dict:
+                slots: Optional[ks.GlobalSlots] = None, filler: str = "-1", fail_vacuous: bool = True,
+                compress_ratio: int = 1) -> dict:
     """Assert that ``rows`` is a correct lightning-indexer top-k of the
     indexer's inputs, as ``kvselect check`` judges it.
 
@@ -236,6 +240,10 @@ def assert_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: 
     fail_vacuous : bool
         Fail when some row is vacuous (no selection could fail it at this
         tolerance). With False such rows are still counted in the report.
+    compress_ratio : int
+        Tokens per key (DeepSeek-V4's CSA: 4): the rows select compressed
+        entries and a row's context is ``(query_pos + 1) // compress_ratio``
+        entries, as :func:`kvselect.indexer_topk` takes it.
 
     Returns
     -------
@@ -264,7 +272,7 @@ def assert_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: 
                                key_format=key_format, query_format=query_format, cu_seqlens=cu_seqlens,
                                seq_ids=seq_ids, precision=p, atol=atol, rtol=rtol, slots=slots, filler=filler,
                                kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens,
-                               page_layout=page_layout)
+                               page_layout=page_layout, compress_ratio=compress_ratio)
     atol_ = 0.0 if atol is None else float(atol)
     rtol_ = DEFAULT_RTOL[p] if rtol is None else float(rtol)
     checks: List[Dict[str, Any]] = [{"name": "against the exact scores", "report": exact}]
@@ -274,7 +282,7 @@ def assert_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: 
         k = int(topk) if topk is not None else r.shape[1] // (1 if slots is None else _ranks(slots))
         pos = np.asarray(query_pos, dtype=np.int64).reshape(-1)
         n_keys = 0 if index_k is None else len(np.asarray(index_k))
-        lens = _context_lens(pos, n_keys, cu_seqlens, seq_ids, seq_lens)
+        lens = _context_lens(pos, n_keys, cu_seqlens, seq_ids, seq_lens, compress_ratio)
         own_scores = np.asarray(engine_scores, dtype=np.float32)
         own = ks.check_topk(own_scores, r, lens, topk=k, slots=slots, filler=filler)
         own["vacuous"] = _exactly_vacuous(own_scores, lens, k)
@@ -282,7 +290,7 @@ def assert_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: 
         if kv_cache is None:
             checks.append({"name": "the engine's own scores against the exact ones", "report": _score_accuracy(
                 own_scores, index_q, weights, index_k, pos, lens, key_scale, key_format, cu_seqlens, seq_ids,
-                atol_, rtol_)})
+                atol_, rtol_, compress_ratio)})
         else:
             note = "the engine's own scores are not compared with the exact ones for a paged cache"
     result = {"kind": "topk", "tolerance": {"precision": p, "atol": atol_, "rtol": rtol_, "note": note},
