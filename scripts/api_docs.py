@@ -79,6 +79,16 @@ GROUPS: List[Tuple[str, List[str]]] = [
         ],
     ),
     (
+        "DeepSeek-V4 attention sets and GLM-5-Next pools",
+        [
+            "window_positions",
+            "visible_entries",
+            "compressed_entry_tokens",
+            "expand_entries",
+            "combine_topk_swa_indices",
+        ],
+    ),
+    (
         "Engine caches: global slot ids",
         ["GlobalSlots"],
     ),

@@ -16,6 +16,9 @@
 //!   bfloat16, float8 e4m3fn), decoded exactly, read in place;
 //! - [`metrics`]: dense attention probabilities, batched coverage and
 //!   recall, output relative error;
+//! - [`compressed`]: DeepSeek-V4's attention sets (window + compressed
+//!   entries), vLLM's combined index rows, the entry → tokens map and
+//!   GLM-5-Next's pool expansion;
 //! - [`check`]: is an engine's selection right? The token top-k rule (and
 //!   the block rule, the witnesses, the paged and packed layouts) applied to
 //!   the rows a kernel returned, with the tolerance a lower-precision engine
@@ -45,6 +48,7 @@
 pub mod attention;
 pub mod block_sparse;
 pub mod check;
+pub mod compressed;
 mod error;
 pub mod indexer;
 pub mod keys;

@@ -30,6 +30,13 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   call), rows in the engines' global slot ids through :class:`GlobalSlots`;
   ``kvselect check DUMP.npz`` (:mod:`kvselect.checking`) runs them on a
   dump of one kernel call;
+- DeepSeek-V4's attention sets over compressed keys: the sliding window
+  (:func:`window_positions`), the entries an HCA query sees
+  (:func:`visible_entries`; a CSA query's are :func:`indexer_topk` with
+  ``compress_ratio``), the tokens an entry covers
+  (:func:`compressed_entry_tokens`), vLLM's combined index rows
+  (:func:`combine_topk_swa_indices`) and GLM-5-Next's pool expansion
+  (:func:`expand_entries`);
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -69,6 +76,11 @@ from kvselect._core import (
     check_blocks,
     check_topk,
     check_witnesses,
+    combine_topk_swa_indices,
+    compressed_entry_tokens,
+    expand_entries,
+    visible_entries,
+    window_positions,
     indexer_scores,
     indexer_magnitudes,
     locality_null,
@@ -115,6 +127,11 @@ __all__ = [
     "check_blocks",
     "check_topk",
     "check_witnesses",
+    "combine_topk_swa_indices",
+    "compressed_entry_tokens",
+    "expand_entries",
+    "visible_entries",
+    "window_positions",
     "indexer_scores",
     "indexer_magnitudes",
     "locality_null",

@@ -6,6 +6,11 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "window_positions",
+    "visible_entries",
+    "compressed_entry_tokens",
+    "expand_entries",
+    "combine_topk_swa_indices",
     "__version__",
     "MAX_TOPOLOGY_SEGMENTS",
     "KvselectError",
@@ -71,33 +76,40 @@ MAX_TOPOLOGY_SEGMENTS: Final[int]
 MINIMAX_BLOCK_SIZE: Final[int]
 
 class KvselectError(ValueError):
-    """A refused kvselect call: the base class of WitnessError and SelectionError,
-    raised itself by the thread controls.
+    """A refused kvselect call (a ValueError): the base class of WitnessError and
+    SelectionError, raised itself by the thread controls.
 
-    ``argument`` names the argument at fault; ``variant`` names the core's
-    refusal, or is None when the bindings refuse an argument themselves.
+    `argument` names the argument at fault; `variant` names the core's refusal
+    (or is None when the bindings refuse an argument themselves, such as a
+    buffer that cannot be written); the variant's fields are attributes too.
     """
 
     variant: Optional[str]
     argument: str
 
 class WitnessError(KvselectError):
-    """A refused segment-witness call, or one of its metrics.
+    """A refused segment-witness call, or one of its metrics (a ValueError).
 
-    ``variant`` names the spec's refusal ("RowsMismatch", "SegmentsOutOfRange",
-    "LearnedKeepOutOfRange") or is None for an argument the bindings refuse;
-    ``argument`` names the argument at fault; the variant's fields
-    (``learned_len``, ``topk``, ``rows``, ``num_segments``, ``learned_keep``)
-    are attributes too.
+    `variant` names the spec's refusal ("RowsMismatch", "SegmentsOutOfRange",
+    "LearnedKeepOutOfRange") or is None for an argument the bindings refuse
+    (a bad buffer, a negative count); `argument` names the argument at fault,
+    and the variant's fields (learned_len, topk, rows, num_segments,
+    learned_keep) are attributes too.
     """
 
 class SelectionError(KvselectError):
-    """A refused block-selection, selector or attention call; ``argument`` names the
-    argument at fault, ``variant`` the core's refusal."""
+    """A refused block-selection, selector or attention call (a ValueError);
+    `argument` names the argument at fault, `variant` the core's refusal.
+    """
 
 def segment_of(token: int, context_len: int, num_segments: int) -> int:
-    """The segment map ``floor(token * S_eff / L)`` with ``L = max(context_len, 1)`` and ``S_eff = min(S, L)``,
-    exact up to 2**64 - 1; not clamped (``segment_of(20, 4, 8) == 20``: only the merge clamps to ``S - 1``)."""
+    """The segment of ``token`` in a row of ``context_len`` tokens cut into
+    ``num_segments`` segments: the segment map itself,
+    ``floor(token * S_eff / L)`` with ``L = max(context_len, 1)`` and
+    ``S_eff = min(num_segments, L)``, exact for every integer up to 2**64 - 1.
+    Not clamped: an out-of-range token maps past the partition
+    (``segment_of(20, 4, 8) == 20``); only the merge clamps to ``S - 1``.
+    """
 
 def topology_witness_indices(
     learned: _ArrayIn,
@@ -106,10 +118,12 @@ def topology_witness_indices(
     *,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The witnesses of every learned row, int32 ``[rows, num_segments]``.
-
-    Slot ``s`` holds the left edge ``ceil(s*L/S_eff)`` of segment ``s`` when the
-    row does not occupy it, else -1. Accepts any positive ``num_segments``.
+    """The witnesses of every learned row: int32 ``[rows, num_segments]``, slot
+    ``s`` holding the left edge ``e_s = ceil(s * L / S_eff)`` of segment ``s``
+    when the row does not occupy it, ``-1`` when it does or ``s >= S_eff``.
+    ``learned`` is ``[rows, topk]`` row-relative offsets (negative =
+    padding), ``context_lens`` ``[rows]``; a row of length <= 0 gets none.
+    Any positive segment count is accepted. ``out=`` reuses a buffer.
     """
 
 def apply_topology_witnesses(
@@ -121,11 +135,11 @@ def apply_topology_witnesses(
     *,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The learned rows with witnesses merged in, int32 ``[rows, topk]`` (a new array, or ``out``).
-
-    Slots ``[0, learned_keep)`` are kept bit for bit; witnesses in ascending
-    segment order overwrite slots ``learned_keep, learned_keep + 1, ...`` up to
-    ``min(max_replacements, topk - learned_keep)``.
+    """The learned rows with witnesses merged in, as a new int32 array (or into
+    ``out=``): slots ``[0, learned_keep)`` kept bit for bit, the witnesses in
+    ascending segment order written to slots ``learned_keep, ...`` up to
+    ``B = min(max_replacements, topk - learned_keep)``, the rest dropped.
+    Refuses 0 or more than 64 segments and ``learned_keep > topk``.
     """
 
 def scatter_topology_witnesses(
@@ -133,32 +147,46 @@ def scatter_topology_witnesses(
     context_lens: _ArrayIn,
     num_segments: int,
 ) -> None:
-    """The serving entry point: writes witnesses into ``topk_indices`` in place.
-
-    ``topk_indices`` must be an int32, C-contiguous, writeable 2-D ndarray (a
-    CPU torch tensor's ``.numpy()`` view works; ``torch.topk`` gives int64, so
-    call ``.int()`` first). ``num_segments=0`` is the off switch.
+    """The serving entry point: merges witnesses into ``topk_indices`` (int32
+    ``[rows, topk]``, C-contiguous, writeable) in place, with ``keep = topk -
+    num_segments`` and ``max_replacements = num_segments``. The buffer is
+    never converted (a ``torch.topk`` result is int64: call ``.int()``
+    first) and is checked on every call; ``num_segments = 0`` is the off
+    switch. A refused call leaves the buffer byte-identical.
     """
 
 def random_null(context_len: int, budget: int, seed: int) -> npt.NDArray[np.int32]:
-    """``min(budget, L)`` tokens drawn uniformly from ``[0, L)``, ascending; deterministic per seed."""
+    """The random null: ``min(budget, context_len)`` tokens drawn uniformly
+    without replacement from ``[0, context_len)``, ascending, deterministic
+    in ``seed`` (row ``L - 1`` of ``Selector.random(budget, seed)``).
+    """
 
 def locality_null(context_len: int, budget: int) -> npt.NDArray[np.int32]:
-    """The ``min(budget, L)`` most recent tokens, ``[L - k, L)``."""
+    """The locality null: the ``min(budget, context_len)`` most recent tokens,
+    ``[L - k, L)`` (row ``L - 1`` of ``Selector.local(budget)``).
+    """
 
 def segment_coverage(candidates: _ArrayIn, context_len: int, num_segments: int) -> float:
-    """The share of the ``S_eff`` segments of ``[0, L)`` that ``candidates`` meets (1.0 with no segments)."""
+    """The share of the ``S_eff`` segments of ``[0, context_len)`` that
+    ``candidates`` (1-D) meets; padding, duplicates and out-of-range entries
+    count for nothing; 1.0 when there are no segments.
+    """
 
 def attention_mass_recall(candidates: _ArrayIn, attention_row: _ArrayIn) -> float:
-    """The share of ``attention_row``'s mass on ``candidates`` (NaN for a row with no mass)."""
+    """The share of a dense attention row's mass that ``candidates`` keeps:
+    ``sum(a[x] for distinct x in C, 0 <= x < L) / sum(a)``, the plain
+    quotient (NaN for 0/0, ``±inf`` when a row summing to 0 keeps something).
+    """
 
 @final
 class BlockSparseConfig:
-    """How many blocks a query may see, and which are free (immutable, compares by value).
+    """``BlockSparseConfig(block_size=128, top_blocks=32, init_blocks=1,
+    local_blocks=2)``: how many blocks a query may see, and which are free.
 
-    Building one refuses a config that can select nothing (``block_size`` 0, or
-    ``top_blocks`` 0 with no forced block). The released MiniMax-M3 checkpoint
-    uses ``top_blocks=16, init_blocks=0, local_blocks=1``.
+    Immutable, compares by value, hashable. Building one refuses a config
+    that can select nothing (block_size 0, or top_blocks 0 with no forced
+    block), since an empty selection is a NaN downstream. The released
+    MiniMax-M3 checkpoint uses top_blocks=16, init_blocks=0, local_blocks=1.
     """
 
     def __new__(
@@ -170,7 +198,7 @@ class BlockSparseConfig:
     ) -> "BlockSparseConfig": ...
     @property
     def block_size(self) -> int:
-        """Tokens per block (also the KV page size)."""
+        """Tokens per block (128 for a real checkpoint; also the KV page size)."""
     @property
     def top_blocks(self) -> int:
         """Total blocks visible per query, forced ones counted."""
@@ -182,7 +210,7 @@ class BlockSparseConfig:
         """Blocks nearest the query that are always visible."""
     @property
     def width(self) -> int:
-        """The fixed width of an output row: ``max(top_blocks, init_blocks + local_blocks)``."""
+        """The fixed width of an output row: max(top_blocks, init_blocks + local_blocks)."""
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
     def __reduce__(self) -> tuple[type["BlockSparseConfig"], tuple[int, int, int, int]]: ...
@@ -198,18 +226,18 @@ def block_sparse_select(
     head_major: bool = False,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The blocks each KV head may read: ascending block ids, then -1 padding.
-
-    ``index_q [n_kv_heads, d]`` with an int ``query_pos`` gives
-    ``[n_kv_heads, width]``; ``index_q [n_queries, n_kv_heads, d]`` with one
-    position per query gives ``[n_queries, n_kv_heads, width]``, or the
-    engines' ``[n_kv_heads, n_queries, width]`` with ``head_major=True``.
-    ``index_k`` is ``[n_positions, d]``. float32, float16 and ml_dtypes
-    bfloat16 / float8_e4m3fn keys and queries are read in place (a raw
-    uint16 / uint8 view needs ``key_format`` / ``query_format``); float64
-    is converted, and an array of any format in non-native byte order or
-    misaligned is copied once to a native, aligned one (same values). A
-    batched ``query_pos`` may be one integer for a batch of one query.
+    """The blocks each KV head may read, ascending then -1, int32. One query:
+    ``index_q [n_kv_heads, d]`` with an int ``query_pos`` gives ``[n_kv_heads,
+    width]``; a chunk of queries of one sequence: ``index_q [n_queries,
+    n_kv_heads, d]`` with ``query_pos [n_queries]`` gives ``[n_queries,
+    n_kv_heads, width]``, or the engines' ``[n_kv_heads, n_queries, width]``
+    with ``head_major=True``. ``index_k`` is ``[n_positions, d]``; ``width =
+    config.width``. float32, float16 and ml_dtypes bfloat16 / float8_e4m3fn
+    keys and queries are read in place (a raw uint16 / uint8 view names its
+    format with ``key_format`` / ``query_format``); an array in non-native
+    byte order, misaligned or not C-contiguous is copied once to a native,
+    aligned one (the same values). A batched ``query_pos`` may be one
+    integer for a batch of one query. ``out=`` reuses a buffer.
     """
 
 def block_sparse_select_packed(
@@ -225,12 +253,16 @@ def block_sparse_select_packed(
     head_major: bool = False,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """A packed batch of sequences: keys concatenated with ``cu_seqlens`` offsets.
-
-    Query ``i`` belongs to sequence ``seq_ids[i]`` at ``query_pos[i]`` within it,
-    sees only that sequence's keys, and its block ids count from the
-    sequence's start. Returns ``[n_queries, n_kv_heads, width]`` int32
-    (``[n_kv_heads, n_queries, width]`` with ``head_major=True``).
+    """A packed serving batch: the keys of all sequences concatenated in
+    ``index_k [n_positions, d]``, sequence ``s`` owning rows ``cu_seqlens[s]
+    .. cu_seqlens[s + 1]``; query ``i`` (``index_q [n_queries, n_kv_heads,
+    d]``) belongs to sequence ``seq_ids[i]`` at position ``query_pos[i]``
+    within it, and its block ids count from the start of its sequence.
+    Returns int32 ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
+    n_queries, width]`` with ``head_major=True``); formats as
+    :func:`block_sparse_select`; ``seq_ids`` and ``query_pos`` are
+    ``[n_queries]`` (``query_pos`` one integer for one query); ``out=``
+    reuses a buffer.
     """
 
 def block_sparse_select_paged(
@@ -248,19 +280,24 @@ def block_sparse_select_paged(
     physical: bool = False,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """Block selection over an engine's paged index-K cache, read in place.
-
-    ``kv_cache [num_blocks, block_size, d]`` (float32 / float16 / bfloat16 /
-    float8_e4m3fn, or a raw view with ``key_format``; the block axis may be
-    strided) whose page is the block: ``block_size`` must equal
-    ``config.block_size``. ``block_table`` int32 ``[n_seqs, max_blocks]``
-    (only the first ``ceil(seq_lens[s] / block_size)`` entries are read),
-    ``seq_lens [n_seqs]``; query ``i`` (``index_q [n_queries, n_kv_heads,
-    d]``) belongs to sequence ``seq_ids[i]`` at ``query_pos[i]``. Rows hold
-    logical block ids of the sequence, ascending, then -1; ``physical=True``
-    maps each through the block table to its page id (same order). Pages are
-    never converted: a cache in non-native byte order is refused (naming
-    ``kv_cache``); misaligned pages are read in place, byte by byte.
+    """Block selection over an engine's paged index-K cache, read in place
+    (vLLM's MiniMax-M3 layout): ``kv_cache [num_blocks, block_size, d]`` of
+    float32 / float16 / bfloat16 / float8_e4m3fn (a raw view with
+    ``key_format``; the block axis may be strided), whose page is the block:
+    ``block_size`` must equal ``config.block_size``. ``block_table`` int32
+    ``[n_seqs, max_blocks]`` (only the first ``ceil(seq_lens[s] /
+    block_size)`` entries of a row are read), ``seq_lens [n_seqs]``; query
+    ``i`` (``index_q [n_queries, n_kv_heads, d]``) belongs to sequence
+    ``seq_ids[i]`` at ``query_pos[i]`` within it (``query_pos`` one integer
+    for one query); ``block_table`` must be ``[len(seq_lens), max_blocks]``,
+    axis by axis. Rows hold the sequence's
+    logical block ids, ascending, then -1 (what vLLM's
+    ``minimax_m3_index_topk`` returns); ``physical=True`` maps each through
+    the block table to its page id, in the same slots. ``head_major=True``
+    gives ``[n_kv_heads, n_queries, width]``; ``out=`` reuses a buffer.
+    The pages are never converted: a cache in non-native byte order is
+    refused (naming ``kv_cache``: pass ``kv_cache.astype(kv_cache.dtype
+    .newbyteorder('='))``); misaligned pages are read in place, byte by byte.
     """
 
 def positions_of_blocks(
@@ -272,21 +309,28 @@ def positions_of_blocks(
     head_major: bool = False,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The positions a block selection covers, ascending and causally clipped (-1 skipped).
-
-    1-D ``blocks`` with an int ``query_pos`` and ``n_positions``: the positions,
-    as a 1-D array of their own length. Batched: ``blocks [rows, width]`` or a
-    selection's ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads, n_queries,
-    width]`` with ``head_major=True``) gives int32 rows ``[..., width *
-    block_size]``, ascending then -1; ``query_pos`` and ``n_positions`` are an
-    int or one entry per row (2-D) or per query (3-D). Batched, ``out=`` (int32,
-    exactly that shape, overlapping no input) receives the rows and is returned.
+    """The positions a block selection covers, int32, ascending and causally
+    clipped: block ``b`` contributes ``b*bs .. min((b+1)*bs, n_positions,
+    query_pos + 1)``; negative entries (padding) are skipped. 1-D ``blocks``
+    with an int ``query_pos`` and ``n_positions``: the positions, as long as
+    they are. Batched, in one call: ``blocks [rows, width]``, or a
+    selection's ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
+    n_queries, width]`` with ``head_major=True``), gives fixed-width rows
+    ``[..., width * block_size]``, ascending then -1 (what
+    :func:`sparse_attention` takes); ``query_pos`` and ``n_positions`` are an
+    int (every row's), or one entry per row (2-D) or per query (3-D).
+    Batched, ``out=`` (int32, exactly that shape, overlapping no input)
+    receives the rows and is returned; the 1-D form takes no ``out=``.
     """
 
 @final
 class Selector:
     """A score-free baseline selector: which keys query row ``i`` of a causal
-    sequence (keys ``0..=i``) may attend to. Rows are distinct, ascending, causal."""
+    sequence (keys ``0..=i``) may attend to. Build one with
+    ``Selector.dense()``, ``Selector.local(window)``,
+    ``Selector.random(budget, seed)`` or ``Selector.sink_window(sinks,
+    window)``; rows are distinct, ascending and causal.
+    """
 
     @staticmethod
     def dense() -> "Selector":
@@ -296,12 +340,14 @@ class Selector:
         """The ``window`` most recent keys, the query's own included."""
     @staticmethod
     def random(budget: int, seed: int) -> "Selector":
-        """``budget`` distinct keys drawn uniformly (ChaCha8 keyed by ``seed`` on stream ``i``)."""
+        """``budget`` distinct keys drawn uniformly from the causal set
+        (ChaCha8 keyed by ``seed`` on stream ``i``: deterministic per seed and row).
+        """
     @staticmethod
     def sink_window(sinks: int, window: int) -> "Selector":
         """StreamingLLM: the first ``sinks`` keys plus the ``window`` most recent."""
     def row(self, row: int) -> npt.NDArray[np.int32]:
-        """The candidates of query row ``row``, ascending."""
+        """The candidates of query row ``row`` (keys ``0..=row``), ascending."""
     def rows(
         self,
         query_pos: _ArrayIn,
@@ -309,8 +355,12 @@ class Selector:
         *,
         out: Optional[_ArrayOut[np.int32]] = None,
     ) -> npt.NDArray[np.int32]:
-        """``[n, width]`` int32 rows for the query positions (one integer is ``[p]``), ascending
-        then -1; ``out=`` (int32 ``[n, width]`` exactly) is filled and returned."""
+        """The candidates of every query position in ``query_pos`` (``[n]``, or
+        one integer for ``n = 1``): int32 ``[n, width]``, ascending then -1;
+        ``width`` defaults to the widest row. ``out=`` (int32 ``[n, width]``
+        exactly, C-contiguous, writeable, sharing no input's memory) is filled
+        and returned; a refused call leaves it untouched.
+        """
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
@@ -322,9 +372,14 @@ def oracle_topk(
     width: Optional[int] = None,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The ``budget`` heaviest keys of each attention row among ``0..=query_pos[i]``
-    (ties to the lower key), ``[n, width]`` int32 ascending then -1. The diagnostic ceiling.
-    One integer ``query_pos`` is ``[query_pos]``; ``out=`` (int32 ``[n, width]``) is filled."""
+    """The oracle top-k: for each row of ``attention`` (float64 ``[n,
+    row_len]``, the dense attention row of query position ``query_pos[i]``),
+    the ``budget`` keys with the largest weight among ``0..=query_pos[i]``,
+    ties to the lower key; int32 ``[n, width]`` ascending then -1. One
+    integer ``query_pos`` is ``[query_pos]`` (``attention`` keeps its row
+    axis, of length 1). ``out=`` (int32 ``[n, width]`` exactly) is filled
+    and returned; a refused call leaves it untouched.
+    """
 
 def attention_probabilities(
     q: _ArrayIn,
@@ -334,12 +389,13 @@ def attention_probabilities(
     scale: Optional[float] = None,
     out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
-    """Dense causal softmax rows, float64 ``[n_queries, n_q_heads, n_keys]`` (0 after each position).
-
-    ``q`` is ``[n_queries, n_q_heads, d_k]``, ``k`` is ``[n_keys, n_kv_heads, d_k]``;
-    ``scale`` defaults to ``1/sqrt(d_k)``; one integer ``query_pos`` is ``[query_pos]``.
-    ``out=`` (float64 of exactly the result's shape, sharing no input's memory) is filled and
-    returned; a refused call leaves it untouched.
+    """Dense causal attention probabilities, float64 ``[n_queries, n_q_heads,
+    n_keys]`` (zeros after each query's position): the rows recall is
+    measured against. One integer ``query_pos`` is ``[query_pos]`` (``q``
+    keeps its query axis, of length 1). ``out=`` (float64 ``[n_queries,
+    n_q_heads, n_keys]`` exactly, C-contiguous, writeable, sharing no
+    input's memory) is filled and returned; a refused call leaves it
+    untouched.
     """
 
 def dense_attention(
@@ -352,11 +408,13 @@ def dense_attention(
     out: Optional[_ArrayOut[np.float32]] = None,
     lse_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    """Dense causal attention: ``(out [n_queries, n_q_heads, d_v], lse [n_queries, n_q_heads])``.
-
-    ``v`` is ``[n_keys, n_kv_heads, d_v]``; a strided view such as MLA's
-    ``kv[..., :d_v]`` is read in place. One integer ``query_pos`` is ``[query_pos]``.
-    ``out=`` / ``lse_out=`` (float32 of exactly those shapes) are filled and returned.
+    """Dense causal attention: ``(out [n_queries, n_q_heads, d_v], lse
+    [n_queries, n_q_heads])``, every query over keys ``0..=query_pos`` (one
+    integer ``query_pos`` is ``[query_pos]``: ``q`` keeps its query axis).
+    ``v`` may be MLA's strided ``kv[..., :d_v]`` view, read in place.
+    ``out=`` / ``lse_out=`` (float32 of exactly those shapes, C-contiguous,
+    writeable, sharing no input's memory nor each other's) are filled and
+    returned; a refused call leaves both untouched.
     """
 
 def sparse_attention(
@@ -370,11 +428,11 @@ def sparse_attention(
     out: Optional[_ArrayOut[np.float32]] = None,
     lse_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], int]:
-    """Sparse causal attention over ``selection [n_queries, n_kv_heads, width]``:
-    ``(out, lse, empty_rows)``. -1 padding and entries after the query are
-    ignored, duplicates count once; a row that selects nothing gets zeros,
-    ``lse = -inf``, and is counted in ``empty_rows``. ``out=`` / ``lse_out=`` (float32, the
-    shapes returned) are filled and returned in the tuple.
+    """Sparse causal attention over ``selection`` (int32 ``[n_queries,
+    n_kv_heads, width]`` key indices; a KV head's row serves its query-head
+    group): ``(out, lse, empty_rows)``; a row that selects nothing gets
+    zeros and ``lse = -inf`` and is counted in ``empty_rows``. ``query_pos``,
+    ``out=`` and ``lse_out=`` as in :func:`dense_attention`.
     """
 
 def segment_coverage_rows(
@@ -384,8 +442,12 @@ def segment_coverage_rows(
     *,
     out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
-    """:func:`segment_coverage` of every row of ``candidates [rows, width]`` (``context_lens
-    [rows]``); ``out=`` (float64 ``[rows]``) is filled and returned."""
+    """:func:`segment_coverage` of every row of ``candidates`` (``[rows,
+    width]``) with its ``context_lens[r]`` (``[rows]``): float64 ``[rows]``.
+    ``out=`` (float64 ``[rows]`` exactly, C-contiguous, writeable, sharing
+    no input's memory) is filled and returned; a refused call leaves it
+    untouched.
+    """
 
 def slots_used_rows(
     candidates: _ArrayIn,
@@ -393,9 +455,12 @@ def slots_used_rows(
     *,
     out: Optional[_ArrayOut[np.int64]] = None,
 ) -> npt.NDArray[np.int64]:
-    """How many distinct entries of each row of ``candidates [rows, width]`` lie in
-    ``[0, context_lens[r])``: the keys the selection really uses, int64 ``[rows]``;
-    ``out=`` (int64 ``[rows]``) is filled and returned."""
+    """How many distinct entries of each row of ``candidates`` (``[rows,
+    width]``) lie in ``[0, context_lens[r])``: the keys the selection really
+    uses (padding, duplicates and out-of-range entries use none), int64
+    ``[rows]``. ``out=`` (int64 ``[rows]`` exactly) is filled and returned;
+    a refused call leaves it untouched.
+    """
 
 def attention_mass_recall_rows(
     candidates: _ArrayIn,
@@ -403,13 +468,22 @@ def attention_mass_recall_rows(
     *,
     out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
-    """:func:`attention_mass_recall` of every attention row; row ``r`` is read against
-    candidate row ``r // group``, ``group = n_rows / rows`` (GQA). Or 3-D: ``candidates
-    [n_queries, n_kv_heads, width]`` with ``attention [n_queries, n_q_heads, n_keys]``, checked
-    axis by axis, giving ``[n_queries, n_q_heads]``. ``out=`` (float64) is filled and returned."""
+    """:func:`attention_mass_recall` of every row ``r`` of ``attention``
+    (float64 ``[n_rows, row_len]``) against candidate row ``r // group``,
+    ``group = n_rows / rows`` (a KV head's selection serves its query
+    heads): float64 ``[n_rows]``. Or, as the attention functions give them,
+    ``candidates`` ``[n_queries, n_kv_heads, width]`` (a selection) and
+    ``attention`` ``[n_queries, n_q_heads, n_keys]``
+    (:func:`attention_probabilities`), checked axis by axis (``n_q_heads`` a
+    multiple of ``n_kv_heads``): float64 ``[n_queries, n_q_heads]``, the
+    same numbers. ``out=`` (float64 of exactly the result's shape) is filled
+    and returned; a refused call leaves it untouched.
+    """
 
 def output_relative_error(sparse: _ArrayIn, dense: _ArrayIn) -> float:
-    """``||sparse - dense|| / ||dense||`` over whole arrays."""
+    """``‖sparse − dense‖ / ‖dense‖`` over whole arrays of one shape (float64;
+    ``dense`` is checked axis by axis against ``sparse``).
+    """
 
 def output_relative_error_rows(
     sparse: _ArrayIn,
@@ -417,14 +491,20 @@ def output_relative_error_rows(
     *,
     out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
-    """``||sparse - dense|| / ||dense||`` per row over the last axis (``dense`` of ``sparse``'s
-    shape, axis by axis); ``out=`` (float64 of the leading shape) is filled and returned."""
+    """``‖sparse − dense‖ / ‖dense‖`` per row over the last axis (float32
+    inputs of one shape, at least 1-D; ``dense`` is checked axis by axis
+    against ``sparse``): float64 of the leading shape. ``out=`` (float64 of
+    exactly that shape) is filled and returned; a refused call leaves it
+    untouched.
+    """
 
 def set_num_threads(n: int) -> None:
-    """Sets the threads kvselect's parallel paths use; 0 restores the default."""
+    """Sets the number of threads kvselect's parallel paths use (at most
+    65536); 0 restores the default (``RAYON_NUM_THREADS``, else every core).
+    """
 
 def get_num_threads() -> int:
-    """The threads kvselect's parallel paths use."""
+    """The number of threads kvselect's parallel paths use."""
 
 def indexer_topk(
     index_q: _ArrayIn,
@@ -441,23 +521,34 @@ def indexer_topk(
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5), single sequence.
+    """The lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5), single-sequence
+    form: for each query, the ``topk`` positions of ``[0, L)``, ``L =
+    min(query_pos + 1, T)``, with the largest ``score(t) = key_scale[t] *
+    sum_h weights[h] * max(index_q[h] . index_k[t], 0)``, in rank order
+    (score descending, ties to the lower position, -0.0 == +0.0, NaN last),
+    then -1: int32 ``[n_queries, topk]``.
 
-    For each query, the ``topk`` positions of ``[0, L)``, ``L = min(query_pos + 1,
-    T)`` (over compressed keys, ``compress_ratio=m`` tokens each, ``L = min((query_pos
-    + 1) // m, T)``), with the largest ``key_scale[t] * sum_h weights[h] * max(index_q[h] .
-    index_k[t], 0)``, in rank order (score descending, ties to the lower
-    position, -0.0 == +0.0, NaN last), then -1: int32 ``[n_queries, topk]``.
-    ``index_q [n_queries, H, d]``, ``weights`` float32 ``[n_queries, H]``,
-    ``index_k [T, d]``, ``key_scale`` float32 ``[T]`` or one number for every key
-    (a per-tensor scale). float32, float16 and
-    ml_dtypes bfloat16 / float8_e4m3fn are read in place; raw uint16 / uint8
-    views need ``key_format`` / ``query_format``. Every array is checked axis by
-    axis (a transposed or reshaped ``weights`` is refused, naming both shapes);
-    ``query_pos`` may be one integer for a batch of one query. An array in
-    non-native byte order or misaligned is copied once to a native, aligned one
-    (same values). ``num_segments`` (1..=64) gives the reserved-tail witness
-    row; ``scores_out`` receives the scores.
+    ``index_q`` is ``[n_queries, H, d]``, ``weights`` float32 ``[n_queries,
+    H]`` (softmax scale, H**-0.5 and any query scale folded in), ``index_k``
+    ``[T, d]``, ``key_scale`` float32 ``[T]``, one number for every key (a
+    per-tensor scale: a Python or NumPy float, or a 0-D array) or None (1).
+    Keys and queries may
+    be float32, float16, or ``ml_dtypes`` bfloat16 / float8_e4m3fn arrays,
+    read in place; a raw ``uint16`` / ``uint8`` view (``t.view(torch.uint8)
+    .numpy()``) needs ``key_format`` / ``query_format`` ("bfloat16",
+    "float16", "float8_e4m3fn"). Every array is checked axis by axis
+    (a transposed or reshaped ``weights`` is refused, naming both shapes);
+    ``query_pos`` is ``[n_queries]``, or one integer for a batch of one
+    query. A dense array in non-native byte order (``'>f2'``, ``'>u2'``
+    bits), misaligned or not C-contiguous is copied once to a native,
+    aligned one (as float64 is converted to float32); the values read are
+    the same. ``compress_ratio=m`` (DeepSeek-V4's CSA: 4, HCA: 128; 1 is
+    token-level keys) makes each key a compressed entry of ``m`` tokens:
+    ``query_pos`` stays the token position and the query sees ``L =
+    min((query_pos + 1) // m, T)`` entries (none yet: a row of -1).
+    ``num_segments=S`` (1..=64) returns the
+    reserved-tail witness row; ``out=`` reuses a buffer; ``scores_out=``
+    (float32 ``[n_queries, topk]``) receives each entry's score (NaN at -1).
     """
 
 def indexer_topk_packed(
@@ -477,10 +568,15 @@ def indexer_topk_packed(
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """:func:`indexer_topk` over a packed batch: sequence ``s`` owns key rows
-    ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i`` belongs to sequence
-    ``seq_ids[i]`` at ``query_pos[i]`` within it; rows are offsets from the start
-    of each query's sequence."""
+    """The packed form, serving-engine style: the keys of all sequences
+    concatenated in ``index_k [n_keys, d]`` (``key_scale`` alike), sequence
+    ``s`` owning rows ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i``
+    belongs to sequence ``seq_ids[i]`` at position ``query_pos[i]`` within
+    it and its row holds offsets from the start of its sequence (``seq_ids``
+    ``[n_queries]``, ``query_pos`` too or one integer for one query;
+    ``compress_ratio``: each sequence's rows are its compressed entries).
+    Otherwise as :func:`indexer_topk`, row for row.
+    """
 
 def indexer_topk_paged(
     index_q: _ArrayIn,
@@ -500,17 +596,25 @@ def indexer_topk_paged(
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """:func:`indexer_topk` over an engine's paged key cache, read in place.
-
-    ``page_layout="dense"``: ``kv_cache [num_blocks, block_size, d]`` pages of float32 /
-    float16 / bfloat16 / float8_e4m3fn. ``page_layout="fp8_scaled"``: vLLM's DSA
-    index-K pages, uint8 ``[num_blocks, block_size, 1, d + 4]`` or ``[num_blocks, block_size, d + 4]`` (each page the
-    ``block_size × d`` e4m3fn bytes, then ``block_size`` float32 scales). The
-    block axis may be strided. ``block_table`` int32 ``[n_seqs, max_blocks]``
-    (only the first ``ceil(seq_lens[s] / block_size)`` entries are read). Pages
-    are never converted: a cache in non-native byte order is refused (naming
-    ``kv_cache``; pass ``kv_cache.astype(kv_cache.dtype.newbyteorder('='))``);
-    misaligned pages are read in place, byte by byte.
+    """:func:`indexer_topk` over an engine's paged key cache, read in place:
+    ``kv_cache`` is ``[num_blocks, block_size, d]`` pages of float32 /
+    float16 / bfloat16 / float8_e4m3fn (``page_layout="dense"``; raw uint16 /
+    uint8 with ``key_format``), or vLLM's DSA index-K pages (``page_layout=
+    "fp8_scaled"``: uint8 ``[num_blocks, block_size, 1, d + 4]`` or
+    ``[num_blocks, block_size, d + 4]``, each page the ``block_size × d``
+    e4m3fn bytes then ``block_size`` float32 scales). The block axis may be
+    strided. ``block_table`` is int32 ``[n_seqs, max_blocks]`` (only the
+    first ``ceil(seq_lens[s] / block_size)`` entries of a row are read),
+    ``seq_lens`` ``[n_seqs]`` (``block_table`` is checked against it axis by
+    axis); query ``i`` belongs to sequence ``seq_ids[i]`` at ``query_pos[i]``
+    within it (``query_pos`` one integer for one query), and its row holds
+    positions within it. With ``compress_ratio=m`` the pages hold compressed
+    entries (DeepSeek-V4's indexer cache: entry ``c`` at ``block_table[s, c
+    // block_size] * block_size + c % block_size``) and ``seq_lens`` counts
+    entries.
+    The pages are never converted: a cache in non-native byte order is
+    refused (naming ``kv_cache``: pass ``kv_cache.astype(kv_cache.dtype
+    .newbyteorder('='))``); misaligned pages are read in place, byte by byte.
     """
 
 def indexer_scores(
@@ -525,8 +629,15 @@ def indexer_scores(
     compress_ratio: int = 1,
     out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
-    """Every query's exact score of every key it sees, float32 ``[n_queries, n_keys]`` (NaN past
-    each context): what :func:`indexer_topk` ranks, bit for bit."""
+    """Every query's exact score of every key it sees, float32 ``[n_queries,
+    n_keys]`` (NaN past each query's context): the scores :func:`indexer_topk`
+    ranks, bit for bit — what :func:`check_topk` judges an engine's rows
+    against. Arguments as :func:`indexer_topk`; ``out=`` (float32
+    ``[n_queries, n_keys]``) reuses a buffer. Builds the whole matrix: a
+    checking tool, not a serving path (``compress_ratio`` as
+    :func:`indexer_topk` takes it). Their error scales are
+    :func:`indexer_magnitudes`.
+    """
 
 def indexer_magnitudes(
     index_q: _ArrayIn,
@@ -540,8 +651,11 @@ def indexer_magnitudes(
     compress_ratio: int = 1,
     out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
-    """Each :func:`indexer_scores` entry's error scale ``|c_t| * sum_h |w_h| * sum_i |q_hi * k_ti|``
-    (the ``magnitudes`` of :func:`check_topk`), float32 ``[n_queries, n_keys]``, NaN past each context."""
+    """Each :func:`indexer_scores` entry's error scale ``|key_scale[t]| *
+    sum_h |weights[h]| * sum_i |index_q[h, i] * index_k[t, i]|``: the
+    ``magnitudes`` of :func:`check_topk` (its ``rtol`` multiplies them).
+    Arguments, shape and NaN padding as :func:`indexer_scores`.
+    """
 
 def check_topk(
     scores: _ArrayIn,
@@ -555,20 +669,51 @@ def check_topk(
     slots: Optional["GlobalSlots"] = None,
     filler: str = "-1",
 ) -> dict[str, Any]:
-    """Whether each of an engine's top-k rows is a correct selection of its exact scores.
+    """Whether each of an engine's top-k rows is a correct selection of its
+    row's exact ``scores`` (float32 or float64 ``[n_rows, n_positions]``,
+    read as given: e.g. :func:`indexer_scores`, or float64-exact scores;
+    any other dtype is a ``TypeError``): its valid entries first, distinct, causal
+    (``0 <= x < L``), exactly ``min(topk, L)`` of them, and every selected
+    position scoring at least every unselected one — up to ``e_t = atol +
+    rtol * magnitudes[t]`` on each side, so a tie within the engine's
+    rounding is never an error (rows may be in any order; ties at the
+    threshold broken any way). ``rows`` is int32 or int64 ``[n_rows,
+    width]`` (e.g. :func:`indexer_topk`; top-k rows are always 2-D, one per
+    query), negative entries padding, row-relative or
+    (``slots=GlobalSlots(...)``) global slot ids; ``context_lens``
+    ``[n_rows]`` (default: every position; for the indexer, ``min(query_pos
+    + 1, n_keys)``); ``magnitudes`` (float32 or float64; another float
+    dtype converts to float32) has the shape of ``scores``, axis by axis; ``topk`` defaults to ``width`` (a rank's width with DCP slots).
+    With ``atol = rtol = 0`` the check is exact.
 
-    ``scores`` float32 ``[n_rows, n_positions]``; ``rows`` int32/int64 ``[n_rows, width]``
-    (any order, negative entries padding), row-relative or, with ``slots``, global slot ids;
-    ``context_lens [n_rows]``; ``topk`` defaults to ``width``. A row is correct iff its valid
-    entries come first, are distinct, causal, exactly ``min(topk, L)``, and every selected
-    position scores at least every unselected one up to ``e_t = atol + rtol * magnitudes[t]``
-    on each side. Returns ``rows``, ``correct``, ``wrong``, ``by_reason`` (``padding_hole``,
-    ``duplicate``, ``not_causal``, ``not_in_table``, ``wrong_count``, ``wrong_selection``)
-    and ``details`` (one entry per wrong row). ``filler`` is the engine's rule for the slots
-    it has no position for: ``"-1"`` (negative entries, after the valid ones),
-    ``"past_context"`` (entries at or past ``L``, or negative, anywhere) or ``"repeat"``
-    (repeats of an earlier valid entry, anywhere); a row's not-causal entries are one
-    problem (``n_slots``, ``context``), its duplicates alike.
+    ``filler`` states how the engine fills a row that sees fewer than
+    ``topk`` positions (and pads in general); the entries it names are
+    ignored, and a correct row still holds exactly ``min(topk, L)`` distinct
+    valid entries: ``"-1"`` (the default) — negative entries are padding and
+    come after the valid ones; ``"past_context"`` (transformers'
+    DeepSeek-V3.2-family DSA modules, whose ``torch.topk`` over masked
+    scores fills with masked future positions) — an entry at or past the
+    row's context ``L``, or negative, is filler wherever it sits (with
+    ``slots``, an entry naming no position of its request is still
+    ``not_in_table``); ``"repeat"`` — an entry equal to an earlier valid
+    entry of the row is filler wherever it sits, negative ones padding as
+    with ``"-1"`` (a row that repeats instead of selecting is short:
+    ``wrong_count``). DCP rows (``slots`` with ``dcp_size > 1``) pad
+    anywhere under every rule.
+
+    Returns a dict: ``rows``, ``correct``, ``wrong``, ``by_reason`` (rows
+    per reason: ``padding_hole``, ``duplicate``, ``not_causal``,
+    ``not_in_table``, ``wrong_count``, ``wrong_selection``) and ``details``,
+    one entry per wrong row: its ``row`` and ``problems`` (each a dict with
+    its ``reason``; a wrong selection lists the ``dropped`` and
+    ``intruders`` as ``(position, score)``, their counts, the row's exact
+    ``threshold`` (scores and threshold are the input's own values, as
+    Python floats) and the ``margin`` by which it is wrong; with ``slots``, a
+    ``not_causal`` entry also carries the engine's ``value``, the slot id it
+    wrote). A row's entries past its context are one ``not_causal`` problem
+    (the first ``slot`` and ``position``, ``n_slots`` such entries, the
+    row's ``context``), its repeats one ``duplicate`` (the first, and
+    ``n_slots``).
     """
 
 def block_scores(
@@ -581,11 +726,16 @@ def block_scores(
     query_format: Optional[str] = None,
     out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
-    """Every row's exact block scores, what block selection ranks (bit for bit): float32
-    ``[n_queries, n_kv_heads, ceil(n_positions / block_size)]``, entry ``b`` the max of
-    ``q . k`` over block ``b``'s visible positions (-inf when all are NaN), NaN past the row's
-    visible blocks. ``index_q [n_queries, n_kv_heads, d]``, ``query_pos [n_queries]`` (one
-    integer for one query)."""
+    """Every row's exact block scores, the values block selection ranks (bit
+    for bit): float32 ``[n_queries, n_kv_heads, n_blocks]``, ``n_blocks =
+    ceil(n_positions / config.block_size)``, entry ``b`` the max of ``q . k``
+    over block ``b``'s visible positions (``-inf`` when all are NaN), NaN past
+    the row's visible blocks. ``index_q`` is ``[n_queries, n_kv_heads, d]``
+    with ``query_pos [n_queries]`` (one integer for one query); formats as
+    :func:`block_sparse_select`;
+    ``out=`` (float32, that shape) reuses a buffer. Their error scales are
+    :func:`block_magnitudes`.
+    """
 
 def block_magnitudes(
     index_q: _ArrayIn,
@@ -597,20 +747,34 @@ def block_magnitudes(
     query_format: Optional[str] = None,
     out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
-    """The error scale of every :func:`block_scores` entry: the max of ``sum_i |q_i * k_i|`` over
-    the block's visible positions (the ``magnitudes`` of :func:`check_blocks`)."""
+    """The error scale of every :func:`block_scores` entry: the max over the
+    block's visible positions of ``sum_i |q_i * k_i|``, the ``magnitudes``
+    of :func:`check_blocks` (its ``rtol`` multiplies them). Arguments,
+    shape and NaN padding as :func:`block_scores`.
+    """
 
 @final
 class GlobalSlots:
-    """How an engine wrote its rows as global cache slots (vLLM's
-    ``triton_convert_req_index_to_global_index``): position ``t`` of request ``r`` is slot
-    ``block_table[r, t // block_size] * block_stride_rows + t % block_size``; a prefill row
-    (``prefill_req_ids[row] >= 0``) holds ``workspace_starts[prefill_req_ids[row]] + t``.
-    ``req_ids`` names each checked row's request; MiniMax-M3's physical block ids are the case
-    ``block_size=1``. An entry naming no position of its request is reported ``not_in_table``.
-    The parameters are judged against the rows when a check uses them. With ``dcp_size > 1``
-    (decode context parallelism, tokens dealt ``dcp_interleave`` at a time), ``block_table``
-    is ``[dcp_size, n_requests, max_blocks]`` and the rows are the ranks' rows side by side.
+    """``GlobalSlots(block_table, req_ids, block_size, *, block_stride_rows=None,
+    prefill_req_ids=None, workspace_starts=None, dcp_size=None,
+    dcp_interleave=None)``: how an engine wrote its
+    rows as global cache slots, as vLLM's
+    ``triton_convert_req_index_to_global_index`` does: position ``t`` of
+    request ``r`` is slot ``block_table[r, t // block_size] *
+    block_stride_rows + t % block_size`` (``block_stride_rows`` defaults to
+    ``block_size``), and a prefill row (``prefill_req_ids[row] >= 0``) holds
+    ``workspace_starts[prefill_req_ids[row]] + t`` instead; ``-1`` stays
+    padding. ``req_ids`` names each checked row's request. MiniMax-M3's
+    physical block ids are the case ``block_size=1``. The checkers read the
+    rows back through it; an entry naming no position of its request is
+    reported as ``not_in_table`` with the engine's value.
+
+    Decode context parallelism: with ``dcp_size > 1`` (tokens dealt to the
+    ranks ``dcp_interleave`` at a time), ``block_table`` is ``[dcp_size,
+    n_requests, max_blocks]``, one table per rank, and the rows checked are
+    the ranks' rows side by side (``np.concatenate(rank_rows, axis=1)``,
+    ``[n_rows, dcp_size * topk]``): each rank keeps only its own tokens, so
+    only together are they the selection; each rank's part pads on its own.
     """
 
     def __new__(
@@ -626,9 +790,15 @@ class GlobalSlots:
         dcp_interleave: Optional[int] = None,
     ) -> "GlobalSlots": ...
     def positions(self, rows: _ArrayIn) -> npt.NDArray[np.int64]:
-        """The engine's ``rows [n_rows, width]`` read back through the map as the checkers read them:
-        int64 row-relative positions, ``-1`` for padding, ``2**63 - 1`` for an entry that maps to no
-        position of its row's request."""
+        """``positions(rows)``: the engine's ``rows`` (int32 or int64 ``[n_rows,
+        width]``, one per ``req_ids`` entry; with DCP the ranks' rows side
+        by side) read back through the map, as the checkers read them:
+        int64 row-relative positions of the same shape, ``-1`` for padding
+        (any negative entry) and ``2**63 - 1`` (``i64::MAX``) for an entry
+        that maps to no position of its row's request (a page outside its
+        block table, an offset past the page, a prefill slot before its
+        workspace start). Positions are not checked against any context.
+        """
 
 def check_blocks(
     block_scores: _ArrayIn,
@@ -642,18 +812,30 @@ def check_blocks(
     slots: Optional[GlobalSlots] = None,
     head_major: bool = False,
 ) -> dict[str, Any]:
-    """Whether each of an engine's block-selection rows (MiniMax-M3) is correct under ``config``.
+    """Whether each of an engine's block-selection rows (MiniMax-M3) is correct
+    under ``config``: every forced block (the first ``init_blocks``, the
+    newest ``local_blocks``) present, exactly ``min(max(top_blocks, #forced),
+    n)`` distinct blocks ``0 <= b < n`` (``n`` the blocks the query sees),
+    valid entries first, and every chosen free block scoring at least every
+    rejected free one up to the tolerance of :func:`check_topk`. Rows are in
+    any order, logical ids or (``slots``) physical ones; int32 or int64.
 
-    3-D, as :func:`block_scores` / :func:`block_sparse_select` give them: ``block_scores``
-    float32 ``[n_queries, n_kv_heads, n_blocks]``, ``rows`` ``[n_queries, n_kv_heads, width]``
-    (``[n_kv_heads, n_queries, width]`` with ``head_major=True``), ``visible_blocks
-    [n_queries]``; report row ``i * n_kv_heads + h``. Or 2-D, one row per (query, head):
-    ``block_scores [n_rows, n_blocks]``, ``rows`` int32/int64 ``[n_rows, width]`` in any order,
-    logical or (with ``slots``) physical ids; ``visible_blocks [n_rows]``. Correct iff
-    every forced block is present, exactly ``min(max(top_blocks, #forced), n)`` distinct blocks
-    ``0 <= b < n``, valid entries first, and every chosen free block scores at least every
-    rejected free one up to the tolerance of :func:`check_topk`. The report is
-    :func:`check_topk`'s, with ``missing_forced`` among its reasons.
+    Two forms, one meaning (a row per (query, KV head)):
+
+    - 3-D, what :func:`block_scores` and :func:`block_sparse_select` give:
+      ``block_scores`` float32 ``[n_queries, n_kv_heads, n_blocks]``,
+      ``rows`` ``[n_queries, n_kv_heads, width]`` (or, with
+      ``head_major=True``, the engines' ``[n_kv_heads, n_queries, width]``),
+      ``visible_blocks`` ``[n_queries]`` (every KV head of a query sees the
+      same blocks); the report's row ``i * n_kv_heads + h`` is query ``i``,
+      head ``h`` in either layout.
+    - 2-D: ``block_scores`` ``[n_rows, n_blocks]``, ``rows`` ``[n_rows,
+      width]``, ``visible_blocks`` ``[n_rows]`` (the 3-D form reshaped, or
+      the 2-D ``index_q`` form's ``[n_kv_heads, ...]``).
+
+    ``magnitudes`` has the shape of ``block_scores``, axis by axis. The
+    report is :func:`check_topk`'s, with the reason ``missing_forced``
+    beside its others.
     """
 
 def check_witnesses(
@@ -662,26 +844,142 @@ def check_witnesses(
     context_lens: _ArrayIn,
     num_segments: int,
 ) -> dict[str, Any]:
-    """Whether an engine's in-place witness call (``scatter_topology_witnesses_``) wrote exactly
-    what the rule writes: ``before`` and ``after`` the ``[rows, topk]`` buffer around the call.
-    A wrong row names the contract it breaks: ``prefix_changed``, ``wrong_witness`` (the slot,
-    the rule's witness, the engine's entry and why it is wrong) or ``tail_changed``. Refusals
-    are ``WitnessError``. The serving layout (``keep = max(topk - S, 0)``); an
-    ``apply_topology_witnesses`` call with another ``learned_keep`` / ``max_replacements`` is
-    checked by ``np.array_equal`` with :func:`apply_topology_witnesses`.
+    """Whether an engine's in-place witness call (vLLM's
+    ``scatter_topology_witnesses_``) wrote exactly what the rule writes:
+    ``before`` and ``after`` are the ``[rows, topk]`` buffer before and after
+    the call (int32 or int64, ``after`` of ``before``'s shape axis by axis),
+    ``context_lens`` ``[rows]``. The witness rule is integer-exact, so a row
+    is correct iff it equals :func:`scatter_topology_witnesses` of
+    ``before``; a row that is not says which contract it breaks:
+    ``prefix_changed`` (a slot before ``topk - S`` is not the learned entry),
+    ``wrong_witness`` (the slot, the witness the rule writes there, what the
+    engine wrote and why that is wrong), ``tail_changed`` (a slot past the
+    witnesses is not the learned entry). Refusals are ``WitnessError``.
+
+    This is the serving layout (``keep = max(topk - S, 0)``, ``S``
+    witnesses at most; ``S = 0`` writes nothing), which for ``S >= 1`` is
+    also ``apply_topology_witnesses(before, context_lens, max(topk - S, 0),
+    S, S)``. An ``apply_topology_witnesses`` call with another
+    ``learned_keep`` or ``max_replacements`` returns a new array from its
+    inputs, so it is checked by equality:
+    ``np.array_equal(engine_out, apply_topology_witnesses(learned,
+    context_lens, learned_keep, S, max_replacements))``.
     """
 
 def simd_level() -> str:
-    """The best SIMD level the kernels dispatched to on this CPU: "avx512" (block selection,
-    the indexer and attention use it; the other kernels AVX2), "avx2" or "scalar"
-    (`KVSELECT_SIMD=avx2` or `=scalar` caps it)."""
+    """The best instruction-set level the SIMD kernels dispatched to on this
+    CPU: "avx512" (block selection, the indexer and attention; the other
+    kernels run AVX2), "avx2" or "scalar". ``KVSELECT_SIMD=avx2`` or
+    ``=scalar`` in the environment caps it.
+    """
 
 def _fma_floor(iters: int) -> tuple[int, float]:
-    """Benchmarks' floor (private): ``iters`` steps of a register-resident FMA loop on every
-    pool thread at the best SIMD level; returns ``(flops, checksum)``, the caller times the
-    call."""
+    """Benchmarks' floor (private): ``iters`` steps of a register-resident FMA
+    loop on every pool thread at the best SIMD level; returns ``(flops,
+    checksum)``, the caller times the call.
+    """
 
 def _dlpack_array(obj: Any, name: str = "array") -> tuple[npt.NDArray[Any], Optional[str]]:
-    """A DLPack producer as the core reads it (private, for ``kvselect.testing``): a zero-copy
-    ndarray view of its memory and the format its raw bits hold (``"bfloat16"``,
-    ``"float8_e4m3fn"``, or None when NumPy has the dtype); an ndarray is returned as itself."""
+    """`_dlpack_array(obj, name)`: the view [`view`] makes of a DLPack producer and
+    the format its raw bits hold (`"bfloat16"`, `"float8_e4m3fn"`, or None
+    when the dtype is NumPy's own) — for `kvselect.testing`, whose Python
+    checks read arrays through NumPy. An ndarray is returned as itself.
+    """
+
+
+# DeepSeek-V4's attention sets, vLLM's combined index rows, GLM-5-Next's pools (src/compressed/)
+
+def window_positions(
+    query_pos: _ArrayIn,
+    window_size: int,
+    *,
+    out: Optional[_ArrayOut[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """Each query's sliding window, DeepSeek-V4's ``[max(0, p - W + 1), p]``
+    (the query included) ascending, then -1: int32 ``[n_queries,
+    window_size]``. ``query_pos`` is ``[n_queries]``, or one integer for one
+    query; ``out=`` reuses a buffer.
+    """
+
+def visible_entries(
+    query_pos: _ArrayIn,
+    compress_ratio: int,
+    n_entries: int,
+    *,
+    out: Optional[_ArrayOut[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """Every compressed entry each query sees, ``0 .. min((query_pos + 1) //
+    compress_ratio, n_entries)`` ascending, then -1: int32 ``[n_queries,
+    n_entries]`` — an HCA query's entries (it attends to all of them; a CSA
+    query's are its :func:`indexer_topk` row with ``compress_ratio``).
+    ``out=`` reuses a buffer.
+    """
+
+def compressed_entry_tokens(
+    entries: _ArrayIn,
+    compress_ratio: int,
+    *,
+    overlap: bool,
+    out: Optional[_ArrayOut[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """The tokens each compressed entry covers, ``[start, end)`` (end
+    exclusive), int32 ``entries.shape + (2,)``: with ``overlap=True``
+    DeepSeek-V4's CSA entry ``w`` is ``[max(0, m(w - 1)), m(w + 1))``; with
+    ``overlap=False`` an HCA entry (or a GLM-5-Next pool) is ``[m w, m(w +
+    1))``; a -1 entry is ``(-1, -1)``. ``out=`` reuses a buffer.
+    """
+
+def expand_entries(
+    entry_rows: _ArrayIn,
+    query_pos: _ArrayIn,
+    compress_ratio: int,
+    *,
+    tail: bool = False,
+    width: Optional[int] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
+    """Selected compressed entries expanded to token rows (GLM-5-Next's pools):
+    ``entry_rows`` int32 ``[n_queries, k]`` (an :func:`indexer_topk` row with
+    ``compress_ratio=m``: entry ids, then -1) becomes, at columns ``j*m ..
+    (j+1)*m``, entry ``j``'s tokens ``m*w .. m*w + m - 1`` (a -1 entry: ``m``
+    times -1). With ``tail=True`` the next ``m - 1`` columns hold the visible
+    incomplete tail, ``(p + 1) % m`` tokens from ``(p + 1) - (p + 1) % m``,
+    then -1. The row is padded with -1 to ``width`` (default ``k*m``, plus
+    ``m - 1`` with the tail; GLM-5-Next: ``index_topk + kpool - 1``). An
+    entry not yet visible to its query (``w >= (p + 1) // m``) is refused.
+    ``out=`` reuses a buffer.
+    """
+
+def combine_topk_swa_indices(
+    topk_indices: _ArrayIn,
+    query_start_loc: _ArrayIn,
+    seq_lens: _ArrayIn,
+    gather_lens: _ArrayIn,
+    window_size: int,
+    compress_ratio: int,
+    topk: int,
+    M: int,
+    N: int,
+    *,
+    out: Optional[_ArrayOut[np.int32]] = None,
+    lens_out: Optional[_ArrayOut[np.int32]] = None,
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """vLLM's ``combine_topk_swa_indices`` (DeepSeek-V4 sparse prefill,
+    ``vllm/v1/attention/ops/deepseek_v4_ops/cache_utils.py``), same arguments
+    in the same order: ``topk_indices`` int32 ``[num_tokens, >= topk]``,
+    ``query_start_loc`` ``[num_reqs + 1]``, ``seq_lens`` and ``gather_lens``
+    ``[num_reqs]``. Token ``i`` of request ``b`` at ``pos = seq_len -
+    query_len + (i - query_start_loc[b])`` gets ``topk_len = min((pos + 1) //
+    compress_ratio, topk)`` top-k entries ``topk_indices[i, :topk_len] + M*b``
+    (copied as vLLM does: a -1 becomes ``M*b - 1``), then its window of
+    ``swa_len = min(pos + 1, window_size)`` tokens ascending at ``M*b + N +
+    (pos - swa_len + 1 - gather_start) + j`` (``gather_start = seq_len -
+    gather_len``), then -1. Returns ``(combined_indices, combined_lens)``:
+    int32 ``[num_tokens, roundup(topk + window_size, 128)]`` and int32
+    ``[num_tokens]`` (``topk_len + swa_len``); ``out=`` / ``lens_out=`` reuse
+    buffers. Refused, naming the argument: ``query_start_loc`` not rising
+    from 0 to ``num_tokens``, a query longer than its sequence, a
+    ``gather_len`` longer than it or a window starting before the gathered
+    tokens, a top-k entry ``>= N``, and ``N + gather_len > M`` before the last
+    request (its window would run into the next request's workspace).
+    """

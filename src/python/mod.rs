@@ -33,6 +33,7 @@ mod attention;
 mod block_sparse;
 mod cache;
 mod check;
+mod compressed;
 mod dlpack;
 mod errors;
 mod indexer;
@@ -53,5 +54,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     indexer::register(m)?;
     check::register(m)?;
     dlpack::register(m)?;
+    compressed::register(m)?;
     Ok(())
 }

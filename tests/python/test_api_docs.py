@@ -108,3 +108,36 @@ def test_check_mode_reports_a_stale_file_and_accepts_a_fresh_one(tmp_path, capsy
     assert api_docs.main([str(target)]) == 0
     assert api_docs.main(["--check", str(target)]) == 0
     assert target.read_text(encoding="utf-8") == api_docs.render()
+
+
+def _stub_doc(source, name):
+    import ast
+
+    node = next(n for n in ast.parse(source).body if getattr(n, "name", None) == name)
+    return ast.get_docstring(node)
+
+
+def _stub_docs():
+    spec = importlib.util.spec_from_file_location("stub_docs", ROOT / "scripts" / "stub_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_stubs_docstrings_are_the_live_modules_one_source():
+    # scripts/stub_docs.py writes _core.pyi's docstrings from the Rust `///`
+    # text (what help() shows): the committed stub is what it writes now.
+    stub = _stub_docs()
+    text, errors = stub.render(stub.STUB.read_text(), kvselect._core)
+    assert not errors
+    assert text == stub.STUB.read_text(), "python/kvselect/_core.pyi is stale: run python scripts/stub_docs.py"
+    assert _stub_doc(text, "indexer_topk") == inspect.cleandoc(kvselect._core.indexer_topk.__doc__)
+
+
+def test_a_stub_docstring_that_disagrees_is_rewritten():
+    stub = _stub_docs()
+    source = 'def segment_of(token: int, context_len: int, num_segments: int) -> int:\n    """clamps to S-1"""\n'
+    text, errors = stub.render(source, kvselect._core)
+    assert not errors and "clamps to S-1" not in text
+    assert _stub_doc(text, "segment_of") == inspect.cleandoc(kvselect._core.segment_of.__doc__)

@@ -2612,6 +2612,131 @@ for _n, _k in [(_r[0], _r[1]) for _r in _OT_REFUSED]:
         _ot_bent(_n, _k, _how)
 
 
+# -- DeepSeek-V4 attention sets and vLLM's combined index rows ----------------------
+
+V4 = "V4 sets / combined rows"
+
+
+def v4_args(**bend):
+    """vLLM's `combine_topk_swa_indices` arguments: two requests, m = W = 4, topk = 2."""
+    a = {"topk_indices": np.array([[1, 0], [0, 1], [1, 0], [-1, 0]], np.int32), "query_start_loc": np.array([0, 3, 4]),
+         "seq_lens": np.array([8, 4]), "gather_lens": np.array([8, 4]), "window_size": 4, "compress_ratio": 4, "topk": 2,
+         "M": 20, "N": 8}
+    a.update(bend)
+    return a
+
+
+def v4_refused(id, call, expect, argument, note="", **bend):
+    @case(id, V4, call, expect, argument=argument, note=note)
+    def _():
+        a = v4_args(**bend)
+        out, lens_out = np.full((4, 128), 7, np.int32), np.full(4, 7, np.int32)
+        return {"call": lambda: _ks().combine_topk_swa_indices(**a, out=out, lens_out=lens_out),
+                "watch": [out, lens_out] + [v for v in a.values() if isinstance(v, np.ndarray)]}
+
+
+v4_refused("combine-float-topk", "`combine_topk_swa_indices(topk_indices.astype(float32), …)`", "TypeError", None,
+           topk_indices=v4_args()["topk_indices"].astype(np.float32))
+v4_refused("combine-topk-1d", "`combine_topk_swa_indices(topk_indices.ravel(), …)`", "SelectionError", "topk_indices",
+           topk_indices=v4_args()["topk_indices"].ravel())
+v4_refused("combine-topk-narrow", "`combine_topk_swa_indices(topk_indices[:, :1], …, topk=2, …)`", "SelectionError",
+           "topk_indices", "fewer columns than topk", topk_indices=np.zeros((4, 1), np.int32))
+v4_refused("combine-qsl-not-from-0", "`combine_topk_swa_indices(…, query_start_loc=[1, 3, 4], …)`", "SelectionError",
+           "query_start_loc", "must rise from 0 to num_tokens", query_start_loc=np.array([1, 3, 4]))
+v4_refused("combine-qsl-falls", "`combine_topk_swa_indices(…, query_start_loc=[0, 5, 4], …)`", "SelectionError",
+           "query_start_loc", "checked before any row is read", query_start_loc=np.array([0, 5, 4]))
+v4_refused("combine-qsl-short", "`combine_topk_swa_indices(…, query_start_loc=[0, 3], …)`", "SelectionError",
+           "seq_lens", "query_start_loc fixes num_reqs = 1", query_start_loc=np.array([0, 4]))
+v4_refused("combine-query-past-seq", "`combine_topk_swa_indices(…, seq_lens=[2, 4], …)`", "SelectionError", "seq_lens",
+           "a query longer than its sequence", seq_lens=np.array([2, 4]), gather_lens=np.array([2, 4]))
+v4_refused("combine-gather-past-seq", "`combine_topk_swa_indices(…, gather_lens=[9, 4], …)`", "SelectionError",
+           "gather_lens", seq_lens=np.array([8, 4]), gather_lens=np.array([9, 4]))
+v4_refused("combine-window-before-gather", "`combine_topk_swa_indices(…, gather_lens=[4, 4], …)`", "SelectionError",
+           "gather_lens", "the first window starts at token 2, the gathered tokens at 4", gather_lens=np.array([4, 4]))
+v4_refused("combine-topk-past-N", "`combine_topk_swa_indices(topk_indices with 8, …, N=8)`", "SelectionError",
+           "topk_indices", "it would read the window's tokens as entries",
+           topk_indices=np.array([[1, 0], [0, 1], [1, 8], [0, -1]], np.int32))
+v4_refused("combine-M-overlaps-next", "`combine_topk_swa_indices(…, M=15, N=8)`", "SelectionError", "M",
+           "request 0's window would run into request 1's workspace", M=15)
+v4_refused("combine-negative-window", "`combine_topk_swa_indices(…, window_size=-1, …)`", "SelectionError",
+           "window_size", window_size=-1)
+v4_refused("combine-ratio-0", "`combine_topk_swa_indices(…, compress_ratio=0, …)`", "SelectionError",
+           "compress_ratio", compress_ratio=0)
+v4_refused("combine-huge-M", "`combine_topk_swa_indices(…, M=2**31, …)`", "SelectionError", "M", M=2**31)
+
+
+@case("combine-minus-one-copied", V4, "`combine_topk_swa_indices(topk_indices with -1 in the top-k part, …)`", ACCEPTED,
+      note="copied as vLLM does: request 1's -1 becomes M*1 - 1 = 19")
+def _():
+    def check(result):
+        return int(result[0][3, 0]) == 19 and _equal(result[0], _ref().combine_topk_swa_indices(**v4_args())[0])
+    return {"call": lambda: _ks().combine_topk_swa_indices(**v4_args()), "check": check}
+
+
+@case("combine-lens-out-int64", V4, "`combine_topk_swa_indices(…, lens_out=int64 array)`", "TypeError")
+def _():
+    lens_out = np.full(4, 7, np.int64)
+    return {"call": lambda: _ks().combine_topk_swa_indices(**v4_args(), lens_out=lens_out), "watch": [lens_out]}
+
+
+@case("combine-lens-out-is-out", V4, "`combine_topk_swa_indices(…, out=out, lens_out=out[:, 0])`", "SelectionError",
+      argument="lens_out")
+def _():
+    out = np.full((4, 128), 7, np.int32)
+    lens_out = out[:, 0]
+    return {"call": lambda: _ks().combine_topk_swa_indices(**v4_args(), out=out, lens_out=lens_out), "watch": [out]}
+
+
+@case("combine-out-wrong-shape", V4, "`combine_topk_swa_indices(…, out=int32 [4, 8])`", "SelectionError", argument="out",
+      note="the rows are roundup(topk + window_size, 128) wide")
+def _():
+    out = np.full((4, 8), 7, np.int32)
+    return {"call": lambda: _ks().combine_topk_swa_indices(**v4_args(), out=out), "watch": [out]}
+
+
+def v4_set_refused(id, call, expect, argument, make, note=""):
+    @case(id, V4, call, expect, argument=argument, note=note)
+    def _():
+        fn, out = make()
+        return {"call": lambda: fn(_ks(), out), "watch": [out]}
+
+
+v4_set_refused("expand-invisible-entry", "`expand_entries([[3]], query_pos=[11], 4)`", "SelectionError", "entry_rows",
+               lambda: (lambda k, o: k.expand_entries(np.array([[3]], np.int32), [11], 4, out=o), np.full((1, 4), 7, np.int32)),
+               "entry 3 is complete only at token 15")
+v4_set_refused("expand-entry-minus-2", "`expand_entries([[-2]], [11], 4)`", "SelectionError", "entry_rows",
+               lambda: (lambda k, o: k.expand_entries(np.array([[-2]], np.int32), [11], 4, out=o), np.full((1, 4), 7, np.int32)))
+v4_set_refused("expand-width-too-small", "`expand_entries([[0]], [11], 4, tail=True, width=6)`", "SelectionError", "width",
+               lambda: (lambda k, o: k.expand_entries(np.array([[0]], np.int32), [11], 4, tail=True, width=6, out=o),
+                        np.full((1, 6), 7, np.int32)), "the expansion writes k*m + m - 1 = 7 columns")
+v4_set_refused("expand-one-pos-two-rows", "`expand_entries(rows [2, 1], query_pos=11, 4)`", "SelectionError", "query_pos",
+               lambda: (lambda k, o: k.expand_entries(np.zeros((2, 1), np.int32), 11, 4, out=o), np.full((2, 4), 7, np.int32)))
+v4_set_refused("entry-tokens-minus-3", "`compressed_entry_tokens([0, -3], 4, overlap=True)`", "SelectionError", "entries",
+               lambda: (lambda k, o: k.compressed_entry_tokens(np.array([0, -3]), 4, overlap=True, out=o),
+                        np.full((2, 2), 7, np.int32)))
+v4_set_refused("entry-tokens-past-int32", "`compressed_entry_tokens([2**30], 4, overlap=False)`", "SelectionError",
+               "entries", lambda: (lambda k, o: k.compressed_entry_tokens(np.array([2**30]), 4, overlap=False, out=o),
+                                   np.full((1, 2), 7, np.int32)), "its end, 4 * (2**30 + 1), is past int32")
+v4_set_refused("entry-tokens-float", "`compressed_entry_tokens([0.5], 4, overlap=False)`", "TypeError", None,
+               lambda: (lambda k, o: k.compressed_entry_tokens(np.array([0.5]), 4, overlap=False, out=o),
+                        np.full((1, 2), 7, np.int32)))
+v4_set_refused("entry-tokens-no-overlap-arg", "`compressed_entry_tokens([0], 4)`", "TypeError", None,
+               lambda: (lambda k, o: k.compressed_entry_tokens(np.array([0]), 4, out=o), np.full((1, 2), 7, np.int32)),
+               "overlap (CSA or HCA) is required")
+v4_set_refused("visible-entries-negative-pos", "`visible_entries([-1], 4, 3)`", "SelectionError", "query_pos",
+               lambda: (lambda k, o: k.visible_entries(np.array([-1]), 4, 3, out=o), np.full((1, 3), 7, np.int32)))
+v4_set_refused("visible-entries-ratio-0", "`visible_entries([3], 0, 3)`", "SelectionError", "compress_ratio",
+               lambda: (lambda k, o: k.visible_entries([3], 0, 3, out=o), np.full((1, 3), 7, np.int32)))
+v4_set_refused("window-pos-past-int32", "`window_positions([2**31], 4)`", "SelectionError", "query_pos",
+               lambda: (lambda k, o: k.window_positions(np.array([2**31]), 4, out=o), np.full((1, 4), 7, np.int32)))
+
+
+def _ref():
+    import kvselect.reference
+
+    return kvselect.reference
+
+
 # ---------------------------------------------------------------------------
 # Running the catalogue (in the subprocess)
 # ---------------------------------------------------------------------------

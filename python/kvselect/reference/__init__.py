@@ -30,6 +30,9 @@ lives, not a second API). Bottom up (each imports only modules above it):
   sparse attention pass;
 - **indexer**: DeepSeek's lightning indexer top-k (dense, packed, paged),
   ``indexer_scores`` and ``indexer_magnitudes`` (uses witness);
+- **compressed**: DeepSeek-V4's window and visible entries, the entry →
+  tokens map, GLM-5-Next's pool expansion and vLLM's combined index rows
+  (``combine_topk_swa_indices``);
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error (uses witness, attn);
 - **check**: is an engine's selection right? The token top-k, block and
@@ -98,6 +101,13 @@ from .indexer import (
     indexer_topk_packed,
     indexer_topk_paged,
 )
+from .compressed import (
+    window_positions,
+    visible_entries,
+    compressed_entry_tokens,
+    expand_entries,
+    combine_topk_swa_indices,
+)
 from .metrics import (
     attention_probabilities,
     segment_coverage_rows,
@@ -149,6 +159,12 @@ __all__ = [
     "indexer_topk_packed",
     "indexer_topk_paged",
     "indexer_scores",
+    # compressed
+    "window_positions",
+    "visible_entries",
+    "compressed_entry_tokens",
+    "expand_entries",
+    "combine_topk_swa_indices",
     # check
     "GlobalSlots",
     "check_topk",
