@@ -521,34 +521,67 @@ def indexer_topk(
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5), single-sequence
-    form: for each query, the ``topk`` positions of ``[0, L)``, ``L =
-    min(query_pos + 1, T)``, with the largest ``score(t) = key_scale[t] *
-    sum_h weights[h] * max(index_q[h] . index_k[t], 0)``, in rank order
-    (score descending, ties to the lower position, -0.0 == +0.0, NaN last),
-    then -1: int32 ``[n_queries, topk]``.
+    """The lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5), single-sequence form.
 
-    ``index_q`` is ``[n_queries, H, d]``, ``weights`` float32 ``[n_queries,
-    H]`` (softmax scale, H**-0.5 and any query scale folded in), ``index_k``
-    ``[T, d]``, ``key_scale`` float32 ``[T]``, one number for every key (a
-    per-tensor scale: a Python or NumPy float, or a 0-D array) or None (1).
-    Keys and queries may
-    be float32, float16, or ``ml_dtypes`` bfloat16 / float8_e4m3fn arrays,
-    read in place; a raw ``uint16`` / ``uint8`` view (``t.view(torch.uint8)
-    .numpy()``) needs ``key_format`` / ``query_format`` ("bfloat16",
-    "float16", "float8_e4m3fn"). Every array is checked axis by axis
-    (a transposed or reshaped ``weights`` is refused, naming both shapes);
-    ``query_pos`` is ``[n_queries]``, or one integer for a batch of one
-    query. A dense array in non-native byte order (``'>f2'``, ``'>u2'``
-    bits), misaligned or not C-contiguous is copied once to a native,
-    aligned one (as float64 is converted to float32); the values read are
-    the same. ``compress_ratio=m`` (DeepSeek-V4's CSA: 4, HCA: 128; 1 is
-    token-level keys) makes each key a compressed entry of ``m`` tokens:
-    ``query_pos`` stays the token position and the query sees ``L =
-    min((query_pos + 1) // m, T)`` entries (none yet: a row of -1).
-    ``num_segments=S`` (1..=64) returns the
-    reserved-tail witness row; ``out=`` reuses a buffer; ``scores_out=``
-    (float32 ``[n_queries, topk]``) receives each entry's score (NaN at -1).
+    For each query, the ``topk`` positions of ``[0, L)``, ``L = min(query_pos + 1, T)``, with the
+    largest ``score(t) = key_scale[t] * sum_h weights[h] * max(index_q[h] . index_k[t], 0)``, in
+    rank order (score descending, ties to the lower position, -0.0 == +0.0, NaN last), then -1.
+    With ``compress_ratio=m`` each key is a compressed entry of ``m`` tokens (DeepSeek-V4's CSA:
+    4, HCA: 128; GLM-5-Next's pools: 16): ``query_pos`` stays the token position and the query
+    sees ``L = min((query_pos + 1) // m, T)`` entries (none yet: a row of -1).
+
+    Every array is checked axis by axis (a transposed or reshaped ``weights`` is refused, naming
+    both shapes). A dense array in non-native byte order (``'>f2'``, ``'>u2'`` bits), misaligned
+    or not C-contiguous is copied once to a native, aligned one (as float64 is converted to
+    float32); the values read are the same. Any array argument may be a DLPack tensor
+    (torch, JAX, CuPy) in CPU memory, read in place.
+
+    Parameters
+    ----------
+    index_q : array_like, [n_queries, H, d]
+        The index queries: float32, float16, or ``ml_dtypes`` bfloat16 / float8_e4m3fn, read in
+        place; a raw ``uint16`` / ``uint8`` view needs ``query_format``.
+    weights : array_like of float32, [n_queries, H]
+        The head weights, with the softmax scale, ``H**-0.5`` and any query scale folded in.
+    index_k : array_like, [T, d]
+        The index keys, in the formats ``index_q`` takes (raw views need ``key_format``).
+    query_pos : array_like of int, [n_queries], or int
+        Each query's (token) position; one integer for a batch of one query.
+    topk : int
+        The row width, at most ``2**31 - 1``.
+    key_scale : array_like of float32, [T], or float, optional
+        Per-key scales (fp8 keys' dequantisation scales), or one number for every key (a
+        per-tensor scale: a Python or NumPy float, or a 0-D array); None is 1.
+    key_format, query_format : str, optional
+        The format of a raw ``uint16`` / ``uint8`` view: "bfloat16", "float16" or
+        "float8_e4m3fn". Not needed (and checked against the dtype) for typed arrays.
+    num_segments : int, optional
+        ``S`` in 1..=64 returns the reserved-tail witness row (the top ``topk - S`` then the
+        witnesses of ``scatter_topology_witnesses``); 0 (default) is off.
+    compress_ratio : int, optional
+        Tokens per key, at least 1 (default 1: token-level keys).
+    out : ndarray of int32, [n_queries, topk], optional
+        Written and returned: C-contiguous, writeable, aligned, native byte order, not
+        overlapping any input (else refused, nothing written).
+    scores_out : ndarray of float32, [n_queries, topk], optional
+        Receives each entry's score (NaN where the row holds -1); the same rules as ``out``.
+
+    Returns
+    -------
+    ndarray of int32, [n_queries, topk]
+        The rows, row-relative positions in rank order, then -1 (then the witnesses).
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) on a shape that does not fit the others,
+        ``d = 0``, more than ``2**31 - 1`` keys, a negative ``query_pos``, ``topk`` or
+        ``num_segments`` out of range, ``compress_ratio < 1``, a format that does not match the
+        dtype, a GPU DLPack tensor (move it with ``.cpu()``), or an output that cannot be written
+        or overlaps an input. Nothing is written.
+    TypeError
+        On an argument of the wrong type or dtype (a float position, a complex array, a bare
+        PyCapsule).
     """
 
 def indexer_topk_packed(
@@ -568,14 +601,43 @@ def indexer_topk_packed(
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The packed form, serving-engine style: the keys of all sequences
-    concatenated in ``index_k [n_keys, d]`` (``key_scale`` alike), sequence
-    ``s`` owning rows ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i``
-    belongs to sequence ``seq_ids[i]`` at position ``query_pos[i]`` within
-    it and its row holds offsets from the start of its sequence (``seq_ids``
-    ``[n_queries]``, ``query_pos`` too or one integer for one query;
-    ``compress_ratio``: each sequence's rows are its compressed entries).
-    Otherwise as :func:`indexer_topk`, row for row.
+    """The lightning indexer's top-k over a packed batch, serving-engine style.
+
+    The keys of all sequences are concatenated in ``index_k`` (``key_scale`` alike), sequence
+    ``s`` owning rows ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i`` belongs to sequence
+    ``seq_ids[i]`` at position ``query_pos[i]`` within it, sees only its own sequence's keys,
+    and its row holds offsets from the start of its sequence. Otherwise as
+    :func:`indexer_topk`, row for row (with ``compress_ratio``, each sequence's rows are its
+    compressed entries).
+
+    Parameters
+    ----------
+    index_q, weights, index_k : array_like
+        As :func:`indexer_topk` takes them; ``index_k`` is ``[n_keys, d]``, every sequence's keys.
+    cu_seqlens : array_like of int, [n_seqs + 1]
+        Non-decreasing key offsets from 0 to ``n_keys``.
+    seq_ids : array_like of int, [n_queries]
+        Each query's sequence.
+    query_pos : array_like of int, [n_queries], or int
+        Each query's position within its sequence; one integer for one query.
+    topk, key_scale, key_format, query_format, num_segments, compress_ratio : optional
+        As :func:`indexer_topk` takes them.
+    out, scores_out : ndarray, [n_queries, topk], optional
+        As :func:`indexer_topk` takes them.
+
+    Returns
+    -------
+    ndarray of int32, [n_queries, topk]
+        Each query's row, offsets within its sequence, in rank order, then -1.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) as :func:`indexer_topk`, and on
+        ``cu_seqlens`` that do not rise from 0 to the keys, or a ``seq_ids`` entry past them.
+        Nothing is written.
+    TypeError
+        On an argument of the wrong type or dtype.
     """
 
 def indexer_topk_paged(
@@ -596,25 +658,56 @@ def indexer_topk_paged(
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """:func:`indexer_topk` over an engine's paged key cache, read in place:
-    ``kv_cache`` is ``[num_blocks, block_size, d]`` pages of float32 /
-    float16 / bfloat16 / float8_e4m3fn (``page_layout="dense"``; raw uint16 /
-    uint8 with ``key_format``), or vLLM's DSA index-K pages (``page_layout=
-    "fp8_scaled"``: uint8 ``[num_blocks, block_size, 1, d + 4]`` or
-    ``[num_blocks, block_size, d + 4]``, each page the ``block_size × d``
-    e4m3fn bytes then ``block_size`` float32 scales). The block axis may be
-    strided. ``block_table`` is int32 ``[n_seqs, max_blocks]`` (only the
-    first ``ceil(seq_lens[s] / block_size)`` entries of a row are read),
-    ``seq_lens`` ``[n_seqs]`` (``block_table`` is checked against it axis by
-    axis); query ``i`` belongs to sequence ``seq_ids[i]`` at ``query_pos[i]``
-    within it (``query_pos`` one integer for one query), and its row holds
-    positions within it. With ``compress_ratio=m`` the pages hold compressed
-    entries (DeepSeek-V4's indexer cache: entry ``c`` at ``block_table[s, c
-    // block_size] * block_size + c % block_size``) and ``seq_lens`` counts
-    entries.
-    The pages are never converted: a cache in non-native byte order is
-    refused (naming ``kv_cache``: pass ``kv_cache.astype(kv_cache.dtype
-    .newbyteorder('='))``); misaligned pages are read in place, byte by byte.
+    """The lightning indexer's top-k over an engine's paged key cache, read in place.
+
+    Query ``i`` belongs to sequence ``seq_ids[i]`` at ``query_pos[i]`` within it and its row
+    holds positions within it. The pages are never converted: a cache in non-native byte order is
+    refused (naming ``kv_cache``: pass ``kv_cache.astype(kv_cache.dtype.newbyteorder('='))``);
+    misaligned pages are read in place, byte by byte. With ``compress_ratio=m`` the pages hold
+    compressed entries (DeepSeek-V4's indexer cache: entry ``c`` at ``block_table[s, c //
+    block_size] * block_size + c % block_size``) and ``seq_lens`` counts entries.
+
+    Parameters
+    ----------
+    index_q, weights : array_like
+        As :func:`indexer_topk` takes them.
+    kv_cache : array_like
+        ``page_layout="dense"``: ``[num_blocks, block_size, d]`` pages of float32 / float16 /
+        bfloat16 / float8_e4m3fn (raw uint16 / uint8 with ``key_format``).
+        ``page_layout="fp8_scaled"``: vLLM's DSA index-K pages, uint8 ``[num_blocks,
+        block_size, 1, d + 4]`` or ``[num_blocks, block_size, d + 4]``, each page the
+        ``block_size × d`` e4m3fn bytes then ``block_size`` float32 scales. The block axis may
+        be strided.
+    block_table : array_like of int32, [n_seqs, max_blocks]
+        Each sequence's pages; only the first ``ceil(seq_lens[s] / block_size)`` entries of a
+        row are read.
+    seq_lens : array_like of int, [n_seqs]
+        Each sequence's keys (entries with ``compress_ratio``).
+    seq_ids : array_like of int, [n_queries]
+        Each query's sequence.
+    query_pos : array_like of int, [n_queries], or int
+        Each query's position within its sequence; one integer for one query.
+    topk, key_format, query_format, num_segments, compress_ratio : optional
+        As :func:`indexer_topk` takes them.
+    page_layout : str, optional
+        "dense" (default) or "fp8_scaled".
+    out, scores_out : ndarray, [n_queries, topk], optional
+        As :func:`indexer_topk` takes them.
+
+    Returns
+    -------
+    ndarray of int32, [n_queries, topk]
+        Each query's row, positions within its sequence, in rank order, then -1.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) as :func:`indexer_topk`, and on a
+        block-table entry that would be read and is negative or past the cache, a block-table row
+        shorter than its sequence needs, a ``seq_ids`` entry past ``seq_lens``, or a cache in
+        non-native byte order. Nothing is written.
+    TypeError
+        On an argument of the wrong type or dtype.
     """
 
 def indexer_scores(
@@ -629,14 +722,33 @@ def indexer_scores(
     compress_ratio: int = 1,
     out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
-    """Every query's exact score of every key it sees, float32 ``[n_queries,
-    n_keys]`` (NaN past each query's context): the scores :func:`indexer_topk`
-    ranks, bit for bit — what :func:`check_topk` judges an engine's rows
-    against. Arguments as :func:`indexer_topk`; ``out=`` (float32
-    ``[n_queries, n_keys]``) reuses a buffer. Builds the whole matrix: a
-    checking tool, not a serving path (``compress_ratio`` as
-    :func:`indexer_topk` takes it). Their error scales are
-    :func:`indexer_magnitudes`.
+    """Every query's exact score of every key it sees.
+
+    The scores :func:`indexer_topk` ranks, bit for bit — what :func:`check_topk` judges an
+    engine's rows against. Builds the whole ``[n_queries, n_keys]`` matrix: a checking tool, not
+    a serving path. Their error scales are :func:`indexer_magnitudes`.
+
+    Parameters
+    ----------
+    index_q, weights, index_k, query_pos, key_scale, key_format, query_format, compress_ratio
+        As :func:`indexer_topk` takes them.
+    out : ndarray of float32, [n_queries, n_keys], optional
+        Written and returned: C-contiguous, writeable, aligned, native byte order, not
+        overlapping any input.
+
+    Returns
+    -------
+    ndarray of float32, [n_queries, n_keys]
+        Each query's scores, NaN past its context (``L`` keys, as :func:`indexer_topk` counts
+        them).
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) as :func:`indexer_topk`. Nothing is
+        written.
+    TypeError
+        On an argument of the wrong type or dtype.
     """
 
 def indexer_magnitudes(
@@ -651,10 +763,30 @@ def indexer_magnitudes(
     compress_ratio: int = 1,
     out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
-    """Each :func:`indexer_scores` entry's error scale ``|key_scale[t]| *
-    sum_h |weights[h]| * sum_i |index_q[h, i] * index_k[t, i]|``: the
+    """Each :func:`indexer_scores` entry's error scale.
+
+    ``|key_scale[t]| * sum_h |weights[h]| * sum_i |index_q[h, i] * index_k[t, i]|``: the
     ``magnitudes`` of :func:`check_topk` (its ``rtol`` multiplies them).
-    Arguments, shape and NaN padding as :func:`indexer_scores`.
+
+    Parameters
+    ----------
+    index_q, weights, index_k, query_pos, key_scale, key_format, query_format, compress_ratio
+        As :func:`indexer_topk` takes them.
+    out : ndarray of float32, [n_queries, n_keys], optional
+        As :func:`indexer_scores` takes it.
+
+    Returns
+    -------
+    ndarray of float32, [n_queries, n_keys]
+        The magnitudes, NaN past each query's context.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) as :func:`indexer_topk`. Nothing is
+        written.
+    TypeError
+        On an argument of the wrong type or dtype.
     """
 
 def check_topk(
@@ -895,10 +1027,34 @@ def window_positions(
     *,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """Each query's sliding window, DeepSeek-V4's ``[max(0, p - W + 1), p]``
-    (the query included) ascending, then -1: int32 ``[n_queries,
-    window_size]``. ``query_pos`` is ``[n_queries]``, or one integer for one
-    query; ``out=`` reuses a buffer.
+    """Each query's sliding window: DeepSeek-V4's raw-token part of the attention set.
+
+    The positions ``[max(0, p - W + 1), p]`` (the query included) ascending, then -1, as
+    transformers' sliding-window mask (``kv_idx > q_idx - sliding_window``) admits them.
+
+    Parameters
+    ----------
+    query_pos : array_like of int, [n_queries], or int
+        Each query's token position ``p``; one integer for one query.
+    window_size : int
+        ``W``, the window's tokens (128 in DeepSeek-V4's configs).
+    out : ndarray of int32, optional
+        Written and returned (the shape of the result): C-contiguous, writeable, aligned, native
+        byte order, not overlapping any input (else refused, nothing written).
+
+    Returns
+    -------
+    ndarray of int32, [n_queries, window_size]
+        Each query's window, ascending, then -1.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) on a negative position or count, or a row
+        width past int32.
+        Nothing is written.
+    TypeError
+        On an argument of the wrong type or dtype (a float position, say).
     """
 
 def visible_entries(
@@ -908,11 +1064,37 @@ def visible_entries(
     *,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """Every compressed entry each query sees, ``0 .. min((query_pos + 1) //
-    compress_ratio, n_entries)`` ascending, then -1: int32 ``[n_queries,
-    n_entries]`` — an HCA query's entries (it attends to all of them; a CSA
-    query's are its :func:`indexer_topk` row with ``compress_ratio``).
-    ``out=`` reuses a buffer.
+    """Every compressed entry each query sees: an HCA query's attention set.
+
+    The entries ``0 .. min((query_pos + 1) // compress_ratio, n_entries)`` ascending, then -1.
+    An HCA query attends to all of them; a CSA query's entries are its :func:`indexer_topk` row
+    with ``compress_ratio``.
+
+    Parameters
+    ----------
+    query_pos : array_like of int, [n_queries], or int
+        Each query's token position; one integer for one query.
+    compress_ratio : int
+        Tokens per entry, at least 1 (DeepSeek-V4's HCA: 128).
+    n_entries : int
+        The entries that exist (the row width).
+    out : ndarray of int32, optional
+        Written and returned (the shape of the result): C-contiguous, writeable, aligned, native
+        byte order, not overlapping any input (else refused, nothing written).
+
+    Returns
+    -------
+    ndarray of int32, [n_queries, n_entries]
+        Each query's visible entries, ascending, then -1.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) on a negative position or count,
+        ``compress_ratio < 1``, or a
+        row width past int32. Nothing is written.
+    TypeError
+        On an argument of the wrong type or dtype (a float position, say).
     """
 
 def compressed_entry_tokens(
@@ -922,11 +1104,37 @@ def compressed_entry_tokens(
     overlap: bool,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The tokens each compressed entry covers, ``[start, end)`` (end
-    exclusive), int32 ``entries.shape + (2,)``: with ``overlap=True``
-    DeepSeek-V4's CSA entry ``w`` is ``[max(0, m(w - 1)), m(w + 1))``; with
-    ``overlap=False`` an HCA entry (or a GLM-5-Next pool) is ``[m w, m(w +
-    1))``; a -1 entry is ``(-1, -1)``. ``out=`` reuses a buffer.
+    """The tokens each compressed entry covers, ``[start, end)`` (end exclusive).
+
+    With ``overlap=True`` DeepSeek-V4's CSA entry ``w`` is ``[max(0, m(w - 1)), m(w + 1))``
+    (window ``w - 1``'s Ca half and window ``w``'s Cb half); with ``overlap=False`` an HCA
+    entry (or a GLM-5-Next pool) is ``[m w, m(w + 1))``; a -1 entry is ``(-1, -1)``.
+
+    Parameters
+    ----------
+    entries : array_like of int, any shape
+        Entry ids, -1 for padding.
+    compress_ratio : int
+        ``m``, tokens per entry, at least 1.
+    overlap : bool
+        True for CSA's overlapping entries, False for HCA's (no default: say which).
+    out : ndarray of int32, optional
+        Written and returned (the shape of the result): C-contiguous, writeable, aligned, native
+        byte order, not overlapping any input (else refused, nothing written).
+
+    Returns
+    -------
+    ndarray of int32, entries.shape + (2,)
+        Each entry's first token and one past its last.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) on an entry below -1, ``compress_ratio <
+        1``, or an end past
+        int32. Nothing is written.
+    TypeError
+        On an argument of the wrong type or dtype (a float position, say).
     """
 
 def expand_entries(
@@ -938,16 +1146,45 @@ def expand_entries(
     width: Optional[int] = None,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """Selected compressed entries expanded to token rows (GLM-5-Next's pools):
-    ``entry_rows`` int32 ``[n_queries, k]`` (an :func:`indexer_topk` row with
-    ``compress_ratio=m``: entry ids, then -1) becomes, at columns ``j*m ..
-    (j+1)*m``, entry ``j``'s tokens ``m*w .. m*w + m - 1`` (a -1 entry: ``m``
-    times -1). With ``tail=True`` the next ``m - 1`` columns hold the visible
-    incomplete tail, ``(p + 1) % m`` tokens from ``(p + 1) - (p + 1) % m``,
-    then -1. The row is padded with -1 to ``width`` (default ``k*m``, plus
-    ``m - 1`` with the tail; GLM-5-Next: ``index_topk + kpool - 1``). An
-    entry not yet visible to its query (``w >= (p + 1) // m``) is refused.
-    ``out=`` reuses a buffer.
+    """Selected compressed entries expanded to token rows (GLM-5-Next's pools).
+
+    ``entry_rows`` (an :func:`indexer_topk` row with ``compress_ratio=m``: entry ids, then -1)
+    becomes, at columns ``j*m .. (j+1)*m``, entry ``j``'s tokens ``m*w .. m*w + m - 1`` (a -1
+    entry: ``m`` times -1). With ``tail=True`` the next ``m - 1`` columns hold the visible
+    incomplete tail, ``(p + 1) % m`` tokens from ``(p + 1) - (p + 1) % m``, then -1; the row is
+    padded with -1 to ``width``.
+
+    Parameters
+    ----------
+    entry_rows : array_like of int32, [n_queries, k]
+        Each query's selected entries, then -1.
+    query_pos : array_like of int, [n_queries], or int
+        Each query's token position; one integer for one query.
+    compress_ratio : int
+        ``m``, tokens per entry, at least 1 (GLM-5-Next: ``index_kpool``, 16).
+    tail : bool, optional
+        Append the visible incomplete tail (GLM-5-Next's ``index_kpool_always_select_tail``).
+    width : int, optional
+        The row width, at least ``k*m`` (plus ``m - 1`` with the tail), which is the default
+        (GLM-5-Next: ``index_topk + kpool - 1``).
+    out : ndarray of int32, optional
+        Written and returned (the shape of the result): C-contiguous, writeable, aligned, native
+        byte order, not overlapping any input (else refused, nothing written).
+
+    Returns
+    -------
+    ndarray of int32, [n_queries, width]
+        The token rows.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) on an entry not yet visible to its query
+        (``w >= (p + 1) // m``),
+        a negative entry other than -1, a ``width`` too small for the expansion, or a width
+        past int32. Nothing is written.
+    TypeError
+        On an argument of the wrong type or dtype (a float position, say).
     """
 
 def combine_topk_swa_indices(
@@ -964,22 +1201,49 @@ def combine_topk_swa_indices(
     out: Optional[_ArrayOut[np.int32]] = None,
     lens_out: Optional[_ArrayOut[np.int32]] = None,
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-    """vLLM's ``combine_topk_swa_indices`` (DeepSeek-V4 sparse prefill,
-    ``vllm/v1/attention/ops/deepseek_v4_ops/cache_utils.py``), same arguments
-    in the same order: ``topk_indices`` int32 ``[num_tokens, >= topk]``,
-    ``query_start_loc`` ``[num_reqs + 1]``, ``seq_lens`` and ``gather_lens``
-    ``[num_reqs]``. Token ``i`` of request ``b`` at ``pos = seq_len -
-    query_len + (i - query_start_loc[b])`` gets ``topk_len = min((pos + 1) //
-    compress_ratio, topk)`` top-k entries ``topk_indices[i, :topk_len] + M*b``
-    (copied as vLLM does: a -1 becomes ``M*b - 1``), then its window of
-    ``swa_len = min(pos + 1, window_size)`` tokens ascending at ``M*b + N +
-    (pos - swa_len + 1 - gather_start) + j`` (``gather_start = seq_len -
-    gather_len``), then -1. Returns ``(combined_indices, combined_lens)``:
-    int32 ``[num_tokens, roundup(topk + window_size, 128)]`` and int32
-    ``[num_tokens]`` (``topk_len + swa_len``); ``out=`` / ``lens_out=`` reuse
-    buffers. Refused, naming the argument: ``query_start_loc`` not rising
-    from 0 to ``num_tokens``, a query longer than its sequence, a
-    ``gather_len`` longer than it or a window starting before the gathered
-    tokens, a top-k entry ``>= N``, and ``N + gather_len > M`` before the last
-    request (its window would run into the next request's workspace).
+    """vLLM's ``combine_topk_swa_indices`` (DeepSeek-V4 sparse prefill), exactly.
+
+    From ``vllm/v1/attention/ops/deepseek_v4_ops/cache_utils.py``, same arguments in the same
+    order. Token ``i`` of request ``b`` at ``pos = seq_len - query_len + (i -
+    query_start_loc[b])`` gets ``topk_len = min((pos + 1) // compress_ratio, topk)`` top-k
+    entries ``topk_indices[i, :topk_len] + M*b`` (copied as vLLM does: a -1 becomes ``M*b -
+    1``), then its window of ``swa_len = min(pos + 1, window_size)`` tokens ascending at ``M*b +
+    N + (pos - swa_len + 1 - gather_start) + j`` (``gather_start = seq_len - gather_len``), then
+    -1.
+
+    Parameters
+    ----------
+    topk_indices : array_like of int32, [num_tokens, >= topk]
+        The indexer's rows over compressed entries.
+    query_start_loc : array_like of int, [num_reqs + 1]
+        Each request's first token, rising from 0 to ``num_tokens``.
+    seq_lens, gather_lens : array_like of int, [num_reqs]
+        Each request's tokens, and the tokens gathered into its workspace window.
+    window_size, compress_ratio, topk : int
+        ``W``, ``m`` and the top-k width.
+    M, N : int
+        The per-request workspace stride and the window's offset in it.
+    out : ndarray of int32, [num_tokens, roundup(topk + window_size, 128)], optional
+        Written and returned: C-contiguous, writeable, aligned, native byte order, not
+        overlapping any input.
+    lens_out : ndarray of int32, [num_tokens], optional
+        The same rules.
+
+    Returns
+    -------
+    tuple of ndarray
+        ``(combined_indices, combined_lens)``: int32 ``[num_tokens, roundup(topk +
+        window_size, 128)]`` and int32 ``[num_tokens]`` (``topk_len + swa_len``).
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) on ``query_start_loc`` not rising from 0 to
+        ``num_tokens``, a
+        query longer than its sequence, a ``gather_len`` longer than it or a window starting
+        before the gathered tokens, a top-k entry ``>= N``, ``N + gather_len > M`` before the
+        last request (its window would run into the next request's workspace), or
+        ``topk_indices`` narrower than ``topk``. Nothing is written.
+    TypeError
+        On an argument of the wrong type or dtype (a float position, say).
     """

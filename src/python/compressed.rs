@@ -33,10 +33,34 @@ fn run<'py>(
     S.output::<i32>(py, out, shape, inputs)?.run(work, core)
 }
 
-/// Each query's sliding window, DeepSeek-V4's ``[max(0, p - W + 1), p]``
-/// (the query included) ascending, then -1: int32 ``[n_queries,
-/// window_size]``. ``query_pos`` is ``[n_queries]``, or one integer for one
-/// query; ``out=`` reuses a buffer.
+/// Each query's sliding window: DeepSeek-V4's raw-token part of the attention set.
+///
+/// The positions ``[max(0, p - W + 1), p]`` (the query included) ascending, then -1, as
+/// transformers' sliding-window mask (``kv_idx > q_idx - sliding_window``) admits them.
+///
+/// Parameters
+/// ----------
+/// query_pos : array_like of int, [n_queries], or int
+///     Each query's token position ``p``; one integer for one query.
+/// window_size : int
+///     ``W``, the window's tokens (128 in DeepSeek-V4's configs).
+/// out : ndarray of int32, optional
+///     Written and returned (the shape of the result): C-contiguous, writeable, aligned, native
+///     byte order, not overlapping any input (else refused, nothing written).
+///
+/// Returns
+/// -------
+/// ndarray of int32, [n_queries, window_size]
+///     Each query's window, ascending, then -1.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) on a negative position or count, or a row
+///     width past int32.
+///     Nothing is written.
+/// TypeError
+///     On an argument of the wrong type or dtype (a float position, say).
 #[pyfunction]
 #[pyo3(signature = (query_pos, window_size, *, out=None))]
 fn window_positions<'py>(
@@ -57,11 +81,37 @@ fn window_positions<'py>(
     )
 }
 
-/// Every compressed entry each query sees, ``0 .. min((query_pos + 1) //
-/// compress_ratio, n_entries)`` ascending, then -1: int32 ``[n_queries,
-/// n_entries]`` — an HCA query's entries (it attends to all of them; a CSA
-/// query's are its :func:`indexer_topk` row with ``compress_ratio``).
-/// ``out=`` reuses a buffer.
+/// Every compressed entry each query sees: an HCA query's attention set.
+///
+/// The entries ``0 .. min((query_pos + 1) // compress_ratio, n_entries)`` ascending, then -1.
+/// An HCA query attends to all of them; a CSA query's entries are its :func:`indexer_topk` row
+/// with ``compress_ratio``.
+///
+/// Parameters
+/// ----------
+/// query_pos : array_like of int, [n_queries], or int
+///     Each query's token position; one integer for one query.
+/// compress_ratio : int
+///     Tokens per entry, at least 1 (DeepSeek-V4's HCA: 128).
+/// n_entries : int
+///     The entries that exist (the row width).
+/// out : ndarray of int32, optional
+///     Written and returned (the shape of the result): C-contiguous, writeable, aligned, native
+///     byte order, not overlapping any input (else refused, nothing written).
+///
+/// Returns
+/// -------
+/// ndarray of int32, [n_queries, n_entries]
+///     Each query's visible entries, ascending, then -1.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) on a negative position or count,
+///     ``compress_ratio < 1``, or a
+///     row width past int32. Nothing is written.
+/// TypeError
+///     On an argument of the wrong type or dtype (a float position, say).
 #[pyfunction]
 #[pyo3(signature = (query_pos, compress_ratio, n_entries, *, out=None))]
 fn visible_entries<'py>(
@@ -84,11 +134,37 @@ fn visible_entries<'py>(
     )
 }
 
-/// The tokens each compressed entry covers, ``[start, end)`` (end
-/// exclusive), int32 ``entries.shape + (2,)``: with ``overlap=True``
-/// DeepSeek-V4's CSA entry ``w`` is ``[max(0, m(w - 1)), m(w + 1))``; with
-/// ``overlap=False`` an HCA entry (or a GLM-5-Next pool) is ``[m w, m(w +
-/// 1))``; a -1 entry is ``(-1, -1)``. ``out=`` reuses a buffer.
+/// The tokens each compressed entry covers, ``[start, end)`` (end exclusive).
+///
+/// With ``overlap=True`` DeepSeek-V4's CSA entry ``w`` is ``[max(0, m(w - 1)), m(w + 1))``
+/// (window ``w - 1``'s Ca half and window ``w``'s Cb half); with ``overlap=False`` an HCA
+/// entry (or a GLM-5-Next pool) is ``[m w, m(w + 1))``; a -1 entry is ``(-1, -1)``.
+///
+/// Parameters
+/// ----------
+/// entries : array_like of int, any shape
+///     Entry ids, -1 for padding.
+/// compress_ratio : int
+///     ``m``, tokens per entry, at least 1.
+/// overlap : bool
+///     True for CSA's overlapping entries, False for HCA's (no default: say which).
+/// out : ndarray of int32, optional
+///     Written and returned (the shape of the result): C-contiguous, writeable, aligned, native
+///     byte order, not overlapping any input (else refused, nothing written).
+///
+/// Returns
+/// -------
+/// ndarray of int32, entries.shape + (2,)
+///     Each entry's first token and one past its last.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) on an entry below -1, ``compress_ratio <
+///     1``, or an end past
+///     int32. Nothing is written.
+/// TypeError
+///     On an argument of the wrong type or dtype (a float position, say).
 #[pyfunction]
 #[pyo3(signature = (entries, compress_ratio, *, overlap, out=None))]
 fn compressed_entry_tokens<'py>(
@@ -107,16 +183,45 @@ fn compressed_entry_tokens<'py>(
     })
 }
 
-/// Selected compressed entries expanded to token rows (GLM-5-Next's pools):
-/// ``entry_rows`` int32 ``[n_queries, k]`` (an :func:`indexer_topk` row with
-/// ``compress_ratio=m``: entry ids, then -1) becomes, at columns ``j*m ..
-/// (j+1)*m``, entry ``j``'s tokens ``m*w .. m*w + m - 1`` (a -1 entry: ``m``
-/// times -1). With ``tail=True`` the next ``m - 1`` columns hold the visible
-/// incomplete tail, ``(p + 1) % m`` tokens from ``(p + 1) - (p + 1) % m``,
-/// then -1. The row is padded with -1 to ``width`` (default ``k*m``, plus
-/// ``m - 1`` with the tail; GLM-5-Next: ``index_topk + kpool - 1``). An
-/// entry not yet visible to its query (``w >= (p + 1) // m``) is refused.
-/// ``out=`` reuses a buffer.
+/// Selected compressed entries expanded to token rows (GLM-5-Next's pools).
+///
+/// ``entry_rows`` (an :func:`indexer_topk` row with ``compress_ratio=m``: entry ids, then -1)
+/// becomes, at columns ``j*m .. (j+1)*m``, entry ``j``'s tokens ``m*w .. m*w + m - 1`` (a -1
+/// entry: ``m`` times -1). With ``tail=True`` the next ``m - 1`` columns hold the visible
+/// incomplete tail, ``(p + 1) % m`` tokens from ``(p + 1) - (p + 1) % m``, then -1; the row is
+/// padded with -1 to ``width``.
+///
+/// Parameters
+/// ----------
+/// entry_rows : array_like of int32, [n_queries, k]
+///     Each query's selected entries, then -1.
+/// query_pos : array_like of int, [n_queries], or int
+///     Each query's token position; one integer for one query.
+/// compress_ratio : int
+///     ``m``, tokens per entry, at least 1 (GLM-5-Next: ``index_kpool``, 16).
+/// tail : bool, optional
+///     Append the visible incomplete tail (GLM-5-Next's ``index_kpool_always_select_tail``).
+/// width : int, optional
+///     The row width, at least ``k*m`` (plus ``m - 1`` with the tail), which is the default
+///     (GLM-5-Next: ``index_topk + kpool - 1``).
+/// out : ndarray of int32, optional
+///     Written and returned (the shape of the result): C-contiguous, writeable, aligned, native
+///     byte order, not overlapping any input (else refused, nothing written).
+///
+/// Returns
+/// -------
+/// ndarray of int32, [n_queries, width]
+///     The token rows.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) on an entry not yet visible to its query
+///     (``w >= (p + 1) // m``),
+///     a negative entry other than -1, a ``width`` too small for the expansion, or a width
+///     past int32. Nothing is written.
+/// TypeError
+///     On an argument of the wrong type or dtype (a float position, say).
 #[pyfunction]
 #[pyo3(
     signature = (entry_rows, query_pos, compress_ratio, *, tail=false, width=None, out=None),
@@ -146,24 +251,51 @@ fn expand_entries<'py>(
     })
 }
 
-/// vLLM's ``combine_topk_swa_indices`` (DeepSeek-V4 sparse prefill,
-/// ``vllm/v1/attention/ops/deepseek_v4_ops/cache_utils.py``), same arguments
-/// in the same order: ``topk_indices`` int32 ``[num_tokens, >= topk]``,
-/// ``query_start_loc`` ``[num_reqs + 1]``, ``seq_lens`` and ``gather_lens``
-/// ``[num_reqs]``. Token ``i`` of request ``b`` at ``pos = seq_len -
-/// query_len + (i - query_start_loc[b])`` gets ``topk_len = min((pos + 1) //
-/// compress_ratio, topk)`` top-k entries ``topk_indices[i, :topk_len] + M*b``
-/// (copied as vLLM does: a -1 becomes ``M*b - 1``), then its window of
-/// ``swa_len = min(pos + 1, window_size)`` tokens ascending at ``M*b + N +
-/// (pos - swa_len + 1 - gather_start) + j`` (``gather_start = seq_len -
-/// gather_len``), then -1. Returns ``(combined_indices, combined_lens)``:
-/// int32 ``[num_tokens, roundup(topk + window_size, 128)]`` and int32
-/// ``[num_tokens]`` (``topk_len + swa_len``); ``out=`` / ``lens_out=`` reuse
-/// buffers. Refused, naming the argument: ``query_start_loc`` not rising
-/// from 0 to ``num_tokens``, a query longer than its sequence, a
-/// ``gather_len`` longer than it or a window starting before the gathered
-/// tokens, a top-k entry ``>= N``, and ``N + gather_len > M`` before the last
-/// request (its window would run into the next request's workspace).
+/// vLLM's ``combine_topk_swa_indices`` (DeepSeek-V4 sparse prefill), exactly.
+///
+/// From ``vllm/v1/attention/ops/deepseek_v4_ops/cache_utils.py``, same arguments in the same
+/// order. Token ``i`` of request ``b`` at ``pos = seq_len - query_len + (i -
+/// query_start_loc[b])`` gets ``topk_len = min((pos + 1) // compress_ratio, topk)`` top-k
+/// entries ``topk_indices[i, :topk_len] + M*b`` (copied as vLLM does: a -1 becomes ``M*b -
+/// 1``), then its window of ``swa_len = min(pos + 1, window_size)`` tokens ascending at ``M*b +
+/// N + (pos - swa_len + 1 - gather_start) + j`` (``gather_start = seq_len - gather_len``), then
+/// -1.
+///
+/// Parameters
+/// ----------
+/// topk_indices : array_like of int32, [num_tokens, >= topk]
+///     The indexer's rows over compressed entries.
+/// query_start_loc : array_like of int, [num_reqs + 1]
+///     Each request's first token, rising from 0 to ``num_tokens``.
+/// seq_lens, gather_lens : array_like of int, [num_reqs]
+///     Each request's tokens, and the tokens gathered into its workspace window.
+/// window_size, compress_ratio, topk : int
+///     ``W``, ``m`` and the top-k width.
+/// M, N : int
+///     The per-request workspace stride and the window's offset in it.
+/// out : ndarray of int32, [num_tokens, roundup(topk + window_size, 128)], optional
+///     Written and returned: C-contiguous, writeable, aligned, native byte order, not
+///     overlapping any input.
+/// lens_out : ndarray of int32, [num_tokens], optional
+///     The same rules.
+///
+/// Returns
+/// -------
+/// tuple of ndarray
+///     ``(combined_indices, combined_lens)``: int32 ``[num_tokens, roundup(topk +
+///     window_size, 128)]`` and int32 ``[num_tokens]`` (``topk_len + swa_len``).
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) on ``query_start_loc`` not rising from 0 to
+///     ``num_tokens``, a
+///     query longer than its sequence, a ``gather_len`` longer than it or a window starting
+///     before the gathered tokens, a top-k entry ``>= N``, ``N + gather_len > M`` before the
+///     last request (its window would run into the next request's workspace), or
+///     ``topk_indices`` narrower than ``topk``. Nothing is written.
+/// TypeError
+///     On an argument of the wrong type or dtype (a float position, say).
 #[pyfunction]
 #[pyo3(signature = (topk_indices, query_start_loc, seq_lens, gather_lens, window_size,
                     compress_ratio, topk, M, N, *, out=None, lens_out=None))]

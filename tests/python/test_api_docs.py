@@ -141,3 +141,27 @@ def test_a_stub_docstring_that_disagrees_is_rewritten():
     text, errors = stub.render(source, kvselect._core)
     assert not errors and "clamps to S-1" not in text
     assert _stub_doc(text, "segment_of") == inspect.cleandoc(kvselect._core.segment_of.__doc__)
+
+
+def _numpydoc_gaps(fn):
+    """What ``fn``'s docstring lacks of numpydoc: a section header, or a
+    parameter of its signature not named in Parameters (``name :``, or one
+    of a combined ``a, b :`` line)."""
+    doc = inspect.cleandoc(fn.__doc__ or "")
+    gaps = [h for h in ("Parameters\n----------", "Returns\n-------", "Raises\n------") if h not in doc]
+    params = doc.split("Parameters\n----------")[-1].split("Returns\n-------")[0]
+    named = set()
+    for line in params.splitlines():
+        if line and not line.startswith(" "):
+            named.update(n.strip() for n in line.split(":")[0].split(","))
+    sig = inspect.signature(fn)
+    gaps += [f"parameter {p}" for p in sig.parameters if p not in named]
+    return gaps
+
+
+def test_every_indexer_and_compressed_function_documents_parameters_returns_and_raises():
+    names = ["indexer_topk", "indexer_topk_packed", "indexer_topk_paged", "indexer_scores",
+             "indexer_magnitudes", "window_positions", "visible_entries", "compressed_entry_tokens",
+             "expand_entries", "combine_topk_swa_indices"]
+    gaps = {n: g for n in names if (g := _numpydoc_gaps(getattr(kvselect, n)))}
+    assert not gaps, gaps
