@@ -256,3 +256,83 @@ def test_a_v4_dump_of_global_entry_slots_is_checked_and_its_faults_found(tmp_pat
     save_dump(tmp_path / "zero.npz", "topk", **{**dump, "compress_ratio": 0})
     with pytest.raises(ks.checking.DumpError, match="compress_ratio"):
         check_dump(str(tmp_path / "zero.npz"))
+
+
+def _v4_batch(rng, m=4, W=8, topk=4, h=2, d=8):
+    """Two requests mid chunked prefill, their indexer rows over compressed
+    entries and vLLM's combined rows of them."""
+    sl, ql = np.array([40, 30]), np.array([6, 4])
+    gl = np.array([40, 20])  # request 1 gathered only its last 20 tokens
+    qsl = np.concatenate([[0], np.cumsum(ql)])
+    n_ent = sl // m
+    cu = np.concatenate([[0], np.cumsum(n_ent)])
+    k = rng.standard_normal((int(cu[-1]), d)).astype(np.float32)
+    n = int(qsl[-1])
+    q = rng.standard_normal((n, h, d)).astype(np.float32)
+    w = rng.standard_normal((n, h)).astype(np.float32)
+    req = np.repeat([0, 1], ql)
+    pos = sl[req] - ql[req] + (np.arange(n) - qsl[req])
+    rows = ks.indexer_topk_packed(q, w, k, cu, req, pos, topk, compress_ratio=m)
+    N = int(n_ent.max())
+    M = N + int(gl.max()) + 8
+    combined, lens = ks.combine_topk_swa_indices(rows, qsl, sl, gl, W, m, topk, M, N)
+    args = (q, w, k, cu, qsl, sl, gl, W, m, topk, M, N)
+    return combined, lens, args, pos, req, M
+
+
+def test_v4_combined_rows_pass_in_any_entry_order_and_each_planted_fault_is_named():
+    from kvselect.checking import check_v4_combined_indices as check
+    rng = np.random.default_rng(SEED + 8)
+    combined, lens, args, pos, req, M = _v4_batch(rng)
+    m, topk, W = 4, 4, 8
+    assert check(combined, lens, *args)["wrong"] == 0
+    shuffled = combined.copy()
+    for i in range(len(shuffled)):  # the engine's order of the entries is its own
+        t0 = min((int(pos[i]) + 1) // m, topk)
+        rng.shuffle(shuffled[i, :t0])
+    assert check(shuffled, lens, *args)["wrong"] == 0
+
+    def only_fault(rows, row_lens, reason):
+        rep = check(rows, row_lens, *args)
+        assert rep["wrong"] == 1 and rep["details"][0]["row"] == 2, rep
+        assert rep["by_reason"][reason] == 1, rep["by_reason"]
+
+    i = 2  # request 0, token 36: entries 0..9 visible, the top 4 chosen
+    visible = (int(pos[i]) + 1) // m
+    chosen = set(combined[i, :topk] - M * req[i])
+    dropped = combined.copy()
+    dropped[i, 0] = M * req[i] + min(set(range(visible)) - chosen)  # a worse entry for a winner
+    only_fault(dropped, lens, "wrong_selection")
+    early = combined.copy()
+    early[i, 0] = M * req[i] + visible  # the next entry: not written until token 4 * visible + 3
+    only_fault(early, lens, "not_causal")
+    shifted = combined.copy()
+    shifted[i, topk] -= 1  # the window's first slot one token before the window
+    only_fault(shifted, lens, "window_slot")
+    padded = combined.copy()
+    padded[i, topk + W] = 0
+    only_fault(padded, lens, "padding")
+    short = lens.copy()
+    short[i] -= 1
+    only_fault(combined, short, "wrong_len")
+    assert W == min(int(pos[i]) + 1, W)
+
+
+def test_a_v4_combined_dump_is_checked_by_kvselect_check(tmp_path):
+    from kvselect.checking import check_dump, save_dump
+    from kvselect.cli import main
+    rng = np.random.default_rng(SEED + 9)
+    combined, lens, args, pos, req, M = _v4_batch(rng)
+    q, w, k, cu, qsl, sl, gl, W, m, topk, M, N = args
+    dump = dict(combined_indices=combined, combined_lens=lens, index_q=q, weights=w, index_k=k, cu_entries=cu,
+                query_start_loc=qsl, seq_lens=sl, gather_lens=gl, window_size=W, compress_ratio=m, topk=topk,
+                M=M, N=N)
+    save_dump(tmp_path / "v4.npz", "v4_combined", **dump)
+    assert check_dump(str(tmp_path / "v4.npz"))["wrong"] == 0
+    assert main(["check", str(tmp_path / "v4.npz")]) == 0
+    bad = combined.copy()
+    bad[2, topk] -= 1  # a window slot outside the window
+    save_dump(tmp_path / "bad.npz", "v4_combined", **{**dump, "combined_indices": bad})
+    report = check_dump(str(tmp_path / "bad.npz"))
+    assert report["wrong"] == 1 and report["checks"][0]["report"]["by_reason"]["window_slot"] == 1
+    assert main(["check", str(tmp_path / "bad.npz")]) == 1

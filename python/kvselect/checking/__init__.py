@@ -155,8 +155,10 @@ from kvselect.checking.dumps import (
 from kvselect.checking.exact import check_indexer_topk
 from kvselect.checking.example import example_path, make_example
 from kvselect.checking.report import format_report, strict_json
+from kvselect.checking.v4 import check_v4_combined_indices
 
 __all__ = [
+    "check_v4_combined_indices",
     "DEFAULT_RTOL",
     "FILLERS",
     "KINDS",

@@ -31,6 +31,7 @@ from kvselect.checking._common import (
     _vacuous,
 )
 from kvselect.checking.dumps import CHECK_KINDS, load_dump, validate
+from kvselect.checking.v4 import check_v4_combined_indices
 from kvselect.checking.exact import indexer_check
 
 
@@ -173,6 +174,21 @@ def _check_witnesses(d: Mapping[str, np.ndarray]) -> List[Tuple[str, dict]]:
     return [("against the witness rule (exact)", report)]
 
 
+def _check_v4(d: Mapping[str, np.ndarray], precision: str, atol: float,
+              rtol: float) -> List[Tuple[str, dict]]:
+    """A ``v4_combined`` dump: :func:`kvselect.checking.check_v4_combined_indices`."""
+    _finite(d, "index_q", "weights", "index_k", "key_scale")
+    fmt = _formats(d)
+    scalars = [_int(d, name) for name in ("window_size", "compress_ratio", "topk", "M", "N")]
+    report = check_v4_combined_indices(
+        _ints(d, "combined_indices").reshape(np.shape(d["combined_indices"])), _ints(d, "combined_lens"),
+        d["index_q"], _floats(d, "weights"), d["index_k"], _ints(d, "cu_entries"),
+        _ints(d, "query_start_loc"), _ints(d, "seq_lens"), _ints(d, "gather_lens"), *scalars,
+        key_scale=_floats(d, "key_scale"), key_format=fmt["key_format"], query_format=fmt["query_format"],
+        precision=precision, atol=atol, rtol=rtol)
+    return [("the combined rows (the CSA top-k exactly scored, the window exact)", report)]
+
+
 def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float] = None,
                filler: Optional[str] = None) -> dict:
     """Check a dump (a path, or the dict :func:`load_dump` returns): a dict
@@ -207,6 +223,8 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
             checks = _check_topk(d, atol_, rtol_, fill)
         elif kind == "blocks":
             checks = _check_blocks(d, atol_, rtol_)
+        elif kind == "v4_combined":
+            checks = _check_v4(d, precision, atol_, rtol_)
         else:
             checks = _check_witnesses(d)
             precision, atol_, rtol_ = "exact", 0.0, 0.0

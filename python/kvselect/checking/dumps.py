@@ -16,11 +16,11 @@ import numpy as np
 
 from kvselect.checking._common import Dump, DumpError, _text
 
-KINDS = ("topk", "blocks", "witnesses", "workload")
-"""The dump kinds: the three ``kvselect check`` reads and ``kvselect eval``'s workload."""
+KINDS = ("topk", "blocks", "witnesses", "v4_combined", "workload")
+"""The dump kinds: the four ``kvselect check`` reads and ``kvselect eval``'s workload."""
 
 
-CHECK_KINDS = ("topk", "blocks", "witnesses")
+CHECK_KINDS = ("topk", "blocks", "witnesses", "v4_combined")
 
 
 FORMATS: Dict[str, Any] = {"bfloat16": np.uint16, "float16": np.uint16, "float8_e4m3fn": np.uint8}
@@ -108,6 +108,26 @@ TABLES: Dict[str, Dict[str, _T]] = {
         "after": ("int", "[rows, topk]", "required", "the buffer after it"),
         "context_lens": ("int", "[rows]", "required", "each row's positions"),
         "num_segments": ("int scalar", "", "required", "the call's num_segments"),
+    },
+    "v4_combined": {
+        "kind": ("str", "", "required", '"v4_combined"'),
+        "combined_indices": ("int", "[num_tokens, width]", "required",
+                             "the engine's combine_topk_swa_indices rows (DeepSeek-V4 sparse prefill)"),
+        "combined_lens": ("int", "[num_tokens]", "required", "the engine's row lengths"),
+        "index_q": ("float", "[num_tokens, H, d]", "required", "the indexer's queries"),
+        "weights": ("float", "[num_tokens, H]", "required", "its head weights, scales folded in"),
+        "index_k": ("float", "[n_entries, d]", "required", "every request's compressed indexer keys"),
+        "key_scale": ("float", "[n_entries]", "optional", "per-entry scales (fp8 cache)"),
+        "cu_entries": ("int", "[num_reqs + 1]", "required", "request b's entries: index_k rows cu_entries[b] .."),
+        "query_start_loc": ("int", "[num_reqs + 1]", "required", "as combine_topk_swa_indices takes it"),
+        "seq_lens": ("int", "[num_reqs]", "required", "each request's tokens"),
+        "gather_lens": ("int", "[num_reqs]", "required", "the tokens gathered into its workspace"),
+        "window_size": ("int scalar", "", "required", "the sliding window W"),
+        "compress_ratio": ("int scalar", "", "required", "tokens per compressed entry (CSA: 4)"),
+        "topk": ("int scalar", "", "required", "the indexer's top-k"),
+        "M": ("int scalar", "", "required", "the per-request workspace stride"),
+        "N": ("int scalar", "", "required", "the window's offset in the workspace"),
+        "precision": ("str", "", "optional", "the engine's coarsest rounding (default float32)"),
     },
     "workload": {
         "kind": ("str", "", "optional when q, k and v are present", '"workload"'),
@@ -375,6 +395,9 @@ _KIND_NOTES = {
             "the indexer's inputs (`index_q`, `weights`, `index_k`, `query_pos`).",
     "blocks": "MiniMax-M3 block selection, checked by `kvselect check`.",
     "witnesses": "An in-place `scatter_topology_witnesses_` call, checked by `kvselect check`.",
+    "v4_combined": "DeepSeek-V4's combined sparse-prefill index (vLLM's `combine_topk_swa_indices`: "
+                   "the CSA top-k over compressed entries, then the sliding window), checked by "
+                   "`kvselect check` (`kvselect.checking.check_v4_combined_indices`).",
     "workload": "Q/K/V a selection policy is judged on, read by `kvselect eval --workload` "
                 "(`kvselect.workloads.load_npz`; `python -m kvselect.dump_hf` writes one). "
                 "A file without `kind` that has `q`, `k` and `v` is a workload (a plain "
