@@ -1,4 +1,4 @@
-"""Nothing silent on the input side of the indexer, block-selection and
+"""The conventions (docs/conventions.md) on the input side of the indexer, block-selection and
 paged-cache entry points: every array argument is checked axis by axis (a
 transposed or reshaped one is refused, naming it and both shapes), a dense
 array in non-native byte order or misaligned gives the same bits as the

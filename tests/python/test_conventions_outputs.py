@@ -1,4 +1,4 @@
-"""Nothing silent, on the output and checker side.
+"""The conventions (docs/conventions.md), on the output and checker side.
 
 - ``out=`` (and ``lse_out=``) on every function that returns a fixed-shape
   array follows one contract, natively and in the reference: the buffer is
