@@ -196,13 +196,13 @@ def _section(doc, title):
     if head not in doc:
         return None
     body = doc.split(head, 1)[1]
-    following = re.search(r"^\S[^\n]*\n-{3,}\n", body, re.M)
+    following = re.search(r"^\S[^\n]*\n-{3,}\n", body, re.MULTILINE)
     return body[: following.start()] if following else body
 
 
 def _documented_parameters(section):
     names = []
-    for line in re.findall(r"^(\w+(?:, \w+)*) :", section, re.M):
+    for line in re.findall(r"^(\w+(?:, \w+)*) :", section, re.MULTILINE):
         names.extend(line.split(", "))
     return names
 
@@ -217,7 +217,7 @@ def test_every_block_and_attention_function_documents_parameters_returns_and_rai
             if _section(doc, title) is None:
                 faults.append(f"{qualname}: no {title} section")
         raises = _section(doc, "Raises") or ""
-        if not re.search(r"^(SelectionError|KvselectError|TypeError)$", raises, re.M):
+        if not re.search(r"^(SelectionError|KvselectError|TypeError)$", raises, re.MULTILINE):
             faults.append(f"{qualname}: Raises names no exception class")
         documented = _documented_parameters(_section(doc, "Parameters") or "")
         for name in _signature_parameters(obj):
