@@ -180,13 +180,35 @@ def attention_mass_recall(candidates: _ArrayIn, attention_row: _ArrayIn) -> floa
 
 @final
 class BlockSparseConfig:
-    """``BlockSparseConfig(block_size=128, top_blocks=32, init_blocks=1,
-    local_blocks=2)``: how many blocks a query may see, and which are free.
+    """How many blocks a query may see, and which are free.
 
-    Immutable, compares by value, hashable. Building one refuses a config
-    that can select nothing (block_size 0, or top_blocks 0 with no forced
-    block), since an empty selection is a NaN downstream. The released
-    MiniMax-M3 checkpoint uses top_blocks=16, init_blocks=0, local_blocks=1.
+    ``BlockSparseConfig(block_size=128, top_blocks=32, init_blocks=1, local_blocks=2)``.
+    Immutable, compares by value, hashable. Building one refuses a config that can select
+    nothing (block_size 0, or top_blocks 0 with no forced block), since an empty selection is
+    a NaN downstream. The released MiniMax-M3 checkpoint uses top_blocks=16, init_blocks=0,
+    local_blocks=1. Rows of a selection are ``width = max(top_blocks, init_blocks +
+    local_blocks)`` wide.
+
+    Parameters
+    ----------
+    block_size : int, default 128
+        Tokens per block (128 for a real checkpoint; also the KV page size), at least 1.
+    top_blocks : int, default 32
+        Total blocks visible per query, forced ones counted.
+    init_blocks : int, default 1
+        Blocks at the start of the sequence that are always visible.
+    local_blocks : int, default 2
+        Blocks nearest the query that are always visible. Every field is a non-negative
+        integer, at most 2**31 - 1 (None takes the default).
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the field) when a field is negative or past
+        2**31 - 1, ``block_size`` is 0, or ``top_blocks`` is 0 with ``init_blocks`` and
+        ``local_blocks`` both 0 (``.argument`` is ``top_blocks``).
+    TypeError
+        when a field is not an integer (or None).
     """
 
     def __new__(
@@ -226,18 +248,65 @@ def block_sparse_select(
     head_major: bool = False,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The blocks each KV head may read, ascending then -1, int32. One query:
-    ``index_q [n_kv_heads, d]`` with an int ``query_pos`` gives ``[n_kv_heads,
-    width]``; a chunk of queries of one sequence: ``index_q [n_queries,
-    n_kv_heads, d]`` with ``query_pos [n_queries]`` gives ``[n_queries,
-    n_kv_heads, width]``, or the engines' ``[n_kv_heads, n_queries, width]``
-    with ``head_major=True``. ``index_k`` is ``[n_positions, d]``; ``width =
-    config.width``. float32, float16 and ml_dtypes bfloat16 / float8_e4m3fn
-    keys and queries are read in place (a raw uint16 / uint8 view names its
-    format with ``key_format`` / ``query_format``); an array in non-native
-    byte order, misaligned or not C-contiguous is copied once to a native,
-    aligned one (the same values). A batched ``query_pos`` may be one
-    integer for a batch of one query. ``out=`` reuses a buffer.
+    """The blocks each KV head may read: block ids ascending, then -1, int32.
+
+    One query: ``index_q [n_kv_heads, d]`` with an int ``query_pos`` gives ``[n_kv_heads,
+    width]``; a chunk of queries of one sequence: ``index_q [n_queries, n_kv_heads, d]`` with
+    ``query_pos [n_queries]`` gives ``[n_queries, n_kv_heads, width]``, or the engines'
+    ``[n_kv_heads, n_queries, width]`` with ``head_major=True``; ``width = config.width``.
+    float32, float16 and ml_dtypes bfloat16 / float8_e4m3fn keys and queries are read in
+    place (a raw uint16 / uint8 view names its format with ``key_format`` /
+    ``query_format``); an array in non-native byte order, misaligned or not C-contiguous is
+    copied once to a native, aligned one (the same values). NaN scores are absent: a row of
+    them gets its forced blocks, then the lowest ids.
+
+    Parameters
+    ----------
+    index_q : array_like, [n_kv_heads, d] or [n_queries, n_kv_heads, d]
+        The indexer queries of one query (2-D) or of a chunk of one sequence (3-D): float32
+        (float64 converted once), float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw
+        uint16 / uint8 view with ``query_format``. Any CPU DLPack tensor too.
+    index_k : array_like, [n_positions, d]
+        The sequence's index keys, in the formats of ``index_q`` (raw views with
+        ``key_format``); ``d`` is ``index_q``'s, at least 1. Any CPU DLPack tensor too.
+    query_pos : int or array_like of int, [n_queries]
+        Each query's position, >= 0 (one past the last key is clipped to the keys that
+        exist). One integer with a 2-D ``index_q``; with a 3-D one ``[n_queries]``, or one
+        integer for a batch of one query.
+    config : BlockSparseConfig, optional
+        The selection rule; None for ``BlockSparseConfig()``.
+    key_format, query_format : str, optional
+        The format of a raw view: "float32", "float16", "bfloat16" or "float8_e4m3fn".
+        Required for a raw uint16 / uint8 array; with a typed array it must agree with its
+        dtype.
+    head_major : bool, default False
+        Batched rows as the engines' ``[n_kv_heads, n_queries, width]`` instead of
+        ``[n_queries, n_kv_heads, width]``.
+    out : ndarray of int32, optional
+        ``out=`` reuses a buffer: exactly the result's shape, written in place and returned.
+        C-contiguous, writeable, aligned, native byte order, not overlapping any input (else
+        refused, nothing written).
+
+    Returns
+    -------
+    ndarray of int32, [n_kv_heads, width] or [n_queries, n_kv_heads, width]
+        Each row's block ids, ascending, then -1: ``[n_kv_heads, width]`` for one query,
+        ``[n_kv_heads, n_queries, width]`` batched with ``head_major=True``.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) when ``index_q`` is not 2-D or 3-D,
+        or its ``d`` is not ``index_k``'s (``index_q``); ``index_k`` is not 2-D (or its block
+        ids would not fit int32); ``d`` is 0 (``d``); ``query_pos`` is negative, past
+        2**63 - 1, not one integer with a 2-D ``index_q``, or not ``[n_queries]`` with a 3-D
+        one; a format name is unknown; a tensor is on a GPU (``.cpu()`` it); ``out`` is
+        refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when an array's dtype is no key format (int32 keys; a raw view without its format),
+        ``query_pos`` is not integers (a float, inf), ``config`` is not a BlockSparseConfig or
+        None, an argument is not an array (None, a DLPack capsule), or ``out`` is not an
+        int32 ndarray.
     """
 
 def block_sparse_select_packed(
@@ -253,16 +322,59 @@ def block_sparse_select_packed(
     head_major: bool = False,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """A packed serving batch: the keys of all sequences concatenated in
-    ``index_k [n_positions, d]``, sequence ``s`` owning rows ``cu_seqlens[s]
-    .. cu_seqlens[s + 1]``; query ``i`` (``index_q [n_queries, n_kv_heads,
-    d]``) belongs to sequence ``seq_ids[i]`` at position ``query_pos[i]``
-    within it, and its block ids count from the start of its sequence.
-    Returns int32 ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
-    n_queries, width]`` with ``head_major=True``); formats as
-    :func:`block_sparse_select`; ``seq_ids`` and ``query_pos`` are
-    ``[n_queries]`` (``query_pos`` one integer for one query); ``out=``
-    reuses a buffer.
+    """Block selection over a packed serving batch of sequences.
+
+    The keys of all sequences are concatenated in ``index_k [n_positions, d]``, sequence
+    ``s`` owning rows ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i`` (``index_q
+    [n_queries, n_kv_heads, d]``) belongs to sequence ``seq_ids[i]`` at position
+    ``query_pos[i]`` within it, and its block ids count from the start of its sequence.
+    Formats as :func:`block_sparse_select`.
+
+    Parameters
+    ----------
+    index_q : array_like, [n_queries, n_kv_heads, d]
+        The indexer queries, formats as :func:`block_sparse_select`. Any CPU DLPack tensor
+        too.
+    index_k : array_like, [n_positions, d]
+        Every sequence's index keys, concatenated; formats as :func:`block_sparse_select`.
+    cu_seqlens : array_like of int, [n_seqs + 1]
+        Sequence starts: 0 first, non-decreasing, the last ``n_positions``.
+    seq_ids : array_like of int, [n_queries]
+        Each query's sequence, in ``0..n_seqs``.
+    query_pos : int or array_like of int, [n_queries]
+        Each query's position within its sequence, >= 0 (one integer for one query).
+    config : BlockSparseConfig, optional
+        The selection rule; None for ``BlockSparseConfig()``.
+    key_format, query_format : str, optional
+        The format of a raw uint16 / uint8 view, as in :func:`block_sparse_select`.
+    head_major : bool, default False
+        Rows as ``[n_kv_heads, n_queries, width]`` instead of ``[n_queries, n_kv_heads,
+        width]``.
+    out : ndarray of int32, optional
+        ``out=`` reuses a buffer: exactly the result's shape, written in place and returned.
+        C-contiguous, writeable, aligned, native byte order, not overlapping any input (else
+        refused, nothing written).
+
+    Returns
+    -------
+    ndarray of int32, [n_queries, n_kv_heads, width]
+        Each row's block ids within its sequence, ascending, then -1 (``[n_kv_heads,
+        n_queries, width]`` with ``head_major=True``).
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) when ``index_q`` is not 3-D or its
+        ``d`` is not ``index_k``'s (``index_q``); ``index_k`` is not 2-D; ``d`` is 0;
+        ``cu_seqlens`` is not 1-D, empty, does not start at 0, decreases or does not end at
+        ``n_positions``; ``seq_ids`` is not ``[n_queries]`` or names no sequence;
+        ``query_pos`` is negative or not ``[n_queries]``; a format name is unknown; a tensor
+        is on a GPU; ``out`` is refused (its shape, layout, read-only, or overlapping an
+        input).
+    TypeError
+        when an array's dtype is no key format, a position array is not integers, ``config``
+        is not a BlockSparseConfig or None, an argument is not an array, or ``out`` is not an
+        int32 ndarray.
     """
 
 def block_sparse_select_paged(
@@ -280,24 +392,71 @@ def block_sparse_select_paged(
     physical: bool = False,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """Block selection over an engine's paged index-K cache, read in place
-    (vLLM's MiniMax-M3 layout): ``kv_cache [num_blocks, block_size, d]`` of
-    float32 / float16 / bfloat16 / float8_e4m3fn (a raw view with
-    ``key_format``; the block axis may be strided), whose page is the block:
-    ``block_size`` must equal ``config.block_size``. ``block_table`` int32
-    ``[n_seqs, max_blocks]`` (only the first ``ceil(seq_lens[s] /
-    block_size)`` entries of a row are read), ``seq_lens [n_seqs]``; query
-    ``i`` (``index_q [n_queries, n_kv_heads, d]``) belongs to sequence
-    ``seq_ids[i]`` at ``query_pos[i]`` within it (``query_pos`` one integer
-    for one query); ``block_table`` must be ``[len(seq_lens), max_blocks]``,
-    axis by axis. Rows hold the sequence's
-    logical block ids, ascending, then -1 (what vLLM's
-    ``minimax_m3_index_topk`` returns); ``physical=True`` maps each through
-    the block table to its page id, in the same slots. ``head_major=True``
-    gives ``[n_kv_heads, n_queries, width]``; ``out=`` reuses a buffer.
-    The pages are never converted: a cache in non-native byte order is
-    refused (naming ``kv_cache``: pass ``kv_cache.astype(kv_cache.dtype
-    .newbyteorder('='))``); misaligned pages are read in place, byte by byte.
+    """Block selection over an engine's paged index-K cache, read in place.
+
+    vLLM's MiniMax-M3 layout: ``kv_cache [num_blocks, block_size, d]``, whose page is the
+    block. Query ``i`` (``index_q [n_queries, n_kv_heads, d]``) belongs to sequence
+    ``seq_ids[i]`` at ``query_pos[i]`` within it. Rows hold the sequence's logical block
+    ids, ascending, then -1 (what vLLM's ``minimax_m3_index_topk`` returns);
+    ``physical=True`` maps each through the block table to its page id, in the same slots.
+    The pages are never converted: a cache in non-native byte order is refused (naming
+    ``kv_cache``: pass ``kv_cache.astype(kv_cache.dtype.newbyteorder('='))``); misaligned
+    pages are read in place, byte by byte.
+
+    Parameters
+    ----------
+    index_q : array_like, [n_queries, n_kv_heads, d]
+        The indexer queries, formats as :func:`block_sparse_select`. Any CPU DLPack tensor
+        too.
+    kv_cache : ndarray, [num_blocks, block_size, d]
+        The pages: float32 / float16 / bfloat16 / float8_e4m3fn (a raw uint16 / uint8 view
+        with ``key_format``), native byte order; the block axis may be strided.
+        ``block_size`` must equal ``config.block_size``. Any CPU DLPack tensor too.
+    block_table : array_like of int32, [n_seqs, max_blocks]
+        Each sequence's pages (int64 converted once when every entry fits int32). Must be
+        ``[len(seq_lens), max_blocks]``, axis by axis; only the first ``ceil(seq_lens[s] /
+        block_size)`` entries of a row are read, and each must name a page.
+    seq_lens : array_like of int, [n_seqs]
+        Each sequence's length in tokens.
+    seq_ids : array_like of int, [n_queries]
+        Each query's sequence, in ``0..n_seqs``.
+    query_pos : int or array_like of int, [n_queries]
+        Each query's position within its sequence, >= 0 (one integer for one query).
+    config : BlockSparseConfig, optional
+        The selection rule; None for ``BlockSparseConfig()``.
+    key_format, query_format : str, optional
+        The format of a raw uint16 / uint8 view, as in :func:`block_sparse_select`.
+    head_major : bool, default False
+        Rows as ``[n_kv_heads, n_queries, width]`` instead of ``[n_queries, n_kv_heads,
+        width]``.
+    physical : bool, default False
+        Page ids (through the block table) instead of logical block ids.
+    out : ndarray of int32, optional
+        ``out=`` reuses a buffer: exactly the result's shape, written in place and returned.
+        C-contiguous, writeable, aligned, native byte order, not overlapping any input or
+        page (else refused, nothing written).
+
+    Returns
+    -------
+    ndarray of int32, [n_queries, n_kv_heads, width]
+        Each row's block ids (page ids with ``physical=True``), ascending, then -1
+        (``[n_kv_heads, n_queries, width]`` with ``head_major=True``).
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) when ``kv_cache`` is not 3-D, in
+        non-native byte order, or its pages are not ``config.block_size`` tokens;
+        ``block_table`` is not ``[len(seq_lens), max_blocks]``, too short for a sequence, a
+        read entry names no page, or an entry does not fit int32; ``seq_ids`` is not
+        ``[n_queries]`` or names no sequence; ``query_pos`` is negative or not
+        ``[n_queries]``; ``index_q`` is not 3-D or of another ``d``; a format name is
+        unknown; a tensor is on a GPU; ``out`` is refused (its shape, layout, read-only, or
+        overlapping an input).
+    TypeError
+        when a dtype does not fit (float64 pages, a raw view without ``key_format`` or with
+        another one, a float ``block_table``), ``config`` is not a BlockSparseConfig or
+        None, an argument is not an array, or ``out`` is not an int32 ndarray.
     """
 
 def positions_of_blocks(
@@ -309,45 +468,163 @@ def positions_of_blocks(
     head_major: bool = False,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The positions a block selection covers, int32, ascending and causally
-    clipped: block ``b`` contributes ``b*bs .. min((b+1)*bs, n_positions,
-    query_pos + 1)``; negative entries (padding) are skipped. 1-D ``blocks``
-    with an int ``query_pos`` and ``n_positions``: the positions, as long as
-    they are. Batched, in one call: ``blocks [rows, width]``, or a
-    selection's ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
-    n_queries, width]`` with ``head_major=True``), gives fixed-width rows
-    ``[..., width * block_size]``, ascending then -1 (what
-    :func:`sparse_attention` takes); ``query_pos`` and ``n_positions`` are an
-    int (every row's), or one entry per row (2-D) or per query (3-D).
-    Batched, ``out=`` (int32, exactly that shape, overlapping no input)
-    receives the rows and is returned; the 1-D form takes no ``out=``.
+    """The positions a block selection covers, int32, ascending and causally clipped.
+
+    Block ``b`` contributes ``b*bs .. min((b+1)*bs, n_positions, query_pos + 1)``; negative
+    entries (padding) are skipped. 1-D ``blocks`` with an int ``query_pos`` and
+    ``n_positions``: the positions, as long as they are. Batched, in one call: ``blocks
+    [rows, width]``, or a selection's ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
+    n_queries, width]`` with ``head_major=True``), gives fixed-width rows ``[..., width *
+    block_size]``, ascending then -1 (what :func:`sparse_attention` takes).
+
+    Parameters
+    ----------
+    blocks : array_like of int32, [width], [rows, width] or [n_queries, n_kv_heads, width]
+        Block ids, negative entries padding (a selection's rows as they come).
+    query_pos, n_positions : int or array_like of int, [rows] or [n_queries]
+        The query's position and the sequence length: an int (every row's), or, batched,
+        one entry per row (2-D) or per query (3-D). The 1-D form takes ints.
+    config : BlockSparseConfig, optional
+        Its ``block_size`` (``bs``); None for ``BlockSparseConfig()``.
+    head_major : bool, default False
+        3-D ``blocks`` are ``[n_kv_heads, n_queries, width]``.
+    out : ndarray of int32, [..., width * block_size], optional
+        Batched only (the 1-D form takes no ``out=``): exactly that shape, written in place
+        and returned. C-contiguous, writeable, aligned, native byte order, overlapping no
+        input (else refused, nothing written).
+
+    Returns
+    -------
+    ndarray of int32, [n_covered] (1-D ``blocks``) or [..., width * block_size]
+        The covered positions, ascending (batched rows then -1).
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) when ``blocks`` is not 1-D, 2-D or
+        3-D, or a covered position would not fit int32; ``query_pos`` / ``n_positions`` is
+        negative, or neither an int nor one entry per row / per query (axis 1 when
+        head-major); ``out`` is given with 1-D ``blocks``, or is refused (its shape,
+        layout, read-only, or overlapping an input).
+    TypeError
+        when ``blocks`` or a position is not integers, ``config`` is not a BlockSparseConfig
+        or None, or ``out`` is not an int32 ndarray.
     """
 
 @final
 class Selector:
-    """A score-free baseline selector: which keys query row ``i`` of a causal
-    sequence (keys ``0..=i``) may attend to. Build one with
-    ``Selector.dense()``, ``Selector.local(window)``,
-    ``Selector.random(budget, seed)`` or ``Selector.sink_window(sinks,
-    window)``; rows are distinct, ascending and causal.
+    """A score-free baseline selector: which keys each query row of a causal sequence may see.
+
+    Query row ``i`` of a causal sequence sees keys ``0..=i``. Build one with
+    ``Selector.dense()``, ``Selector.local(window)``, ``Selector.random(budget, seed)`` or
+    ``Selector.sink_window(sinks, window)``; rows are distinct, ascending and causal.
+    Immutable, compares by value, hashable.
     """
 
     @staticmethod
     def dense() -> "Selector":
-        """Every causal key."""
+        """Every causal key.
+
+        Row ``i`` is keys ``0..=i``.
+
+        Returns
+        -------
+        Selector
+            The dense selector.
+        """
     @staticmethod
     def local(window: int) -> "Selector":
-        """The ``window`` most recent keys, the query's own included."""
+        """The ``window`` most recent keys, the query's own included.
+
+        Parameters
+        ----------
+        window : int
+            How many keys a row holds at most: a non-negative integer, at most 2**31 - 1.
+
+        Returns
+        -------
+        Selector
+            The local-window selector.
+
+        Raises
+        ------
+        SelectionError
+            (a ValueError; ``.argument`` is ``window``) when ``window`` is negative or past
+            2**31 - 1.
+        TypeError
+            when ``window`` is not an integer.
+        """
     @staticmethod
     def random(budget: int, seed: int) -> "Selector":
-        """``budget`` distinct keys drawn uniformly from the causal set
-        (ChaCha8 keyed by ``seed`` on stream ``i``: deterministic per seed and row).
+        """``budget`` distinct keys drawn uniformly from the causal set.
+
+        ChaCha8 keyed by ``seed`` on stream ``i`` (the row): deterministic per seed and row.
+
+        Parameters
+        ----------
+        budget : int
+            Keys per row (all of them when the row has fewer): a non-negative integer, at most
+            2**31 - 1.
+        seed : int
+            The generator's key, in ``0 .. 2**64 - 1``.
+
+        Returns
+        -------
+        Selector
+            The random selector.
+
+        Raises
+        ------
+        SelectionError
+            (a ValueError; ``.argument`` names the argument) when ``budget`` or ``seed`` is
+            negative or too large.
+        TypeError
+            when ``budget`` or ``seed`` is not an integer.
         """
     @staticmethod
     def sink_window(sinks: int, window: int) -> "Selector":
-        """StreamingLLM: the first ``sinks`` keys plus the ``window`` most recent."""
+        """StreamingLLM: the first ``sinks`` keys plus the ``window`` most recent.
+
+        Parameters
+        ----------
+        sinks : int
+            Keys at the start of the sequence every row keeps: non-negative, at most 2**31 - 1.
+        window : int
+            The most recent keys, the query's own included: non-negative, at most 2**31 - 1.
+
+        Returns
+        -------
+        Selector
+            The sink-plus-window selector.
+
+        Raises
+        ------
+        SelectionError
+            (a ValueError; ``.argument`` names the argument) when ``sinks`` or ``window`` is
+            negative or past 2**31 - 1.
+        TypeError
+            when ``sinks`` or ``window`` is not an integer.
+        """
     def row(self, row: int) -> npt.NDArray[np.int32]:
-        """The candidates of query row ``row`` (keys ``0..=row``), ascending."""
+        """The candidates of query row ``row`` (keys ``0..=row``), ascending.
+
+        Parameters
+        ----------
+        row : int
+            The query's position: a non-negative integer, at most 2**31 - 2.
+
+        Returns
+        -------
+        ndarray of int32, [n_candidates]
+            The row's keys, distinct and ascending.
+
+        Raises
+        ------
+        SelectionError
+            (a ValueError; ``.argument`` is ``row``) when ``row`` is negative or past 2**31 - 2.
+        TypeError
+            when ``row`` is not an integer.
+        """
     def rows(
         self,
         query_pos: _ArrayIn,
@@ -355,11 +632,37 @@ class Selector:
         *,
         out: Optional[_ArrayOut[np.int32]] = None,
     ) -> npt.NDArray[np.int32]:
-        """The candidates of every query position in ``query_pos`` (``[n]``, or
-        one integer for ``n = 1``): int32 ``[n, width]``, ascending then -1;
-        ``width`` defaults to the widest row. ``out=`` (int32 ``[n, width]``
-        exactly, C-contiguous, writeable, sharing no input's memory) is filled
-        and returned; a refused call leaves it untouched.
+        """The candidates of every query position in ``query_pos``, as fixed-width rows.
+
+        Row ``r`` holds the candidates of position ``query_pos[r]`` (as :meth:`row`), ascending,
+        then -1 up to ``width``.
+
+        Parameters
+        ----------
+        query_pos : int or array_like of int, [n]
+            The query positions, each >= 0 (one integer for ``n = 1``).
+        width : int, optional
+            The row width, at least the widest row's candidates; defaults to the widest row.
+        out : ndarray of int32, [n, width], optional
+            Filled in place and returned: exactly ``[n, width]``, C-contiguous, writeable,
+            aligned, native byte order, sharing no input's memory (else refused: a refused call
+            leaves it untouched).
+
+        Returns
+        -------
+        ndarray of int32, [n, width]
+            Each position's candidates, ascending, then -1.
+
+        Raises
+        ------
+        SelectionError
+            (a ValueError; ``.argument`` names the argument) when ``query_pos`` is negative or
+            not 1-D; ``width`` is negative, past 2**31 - 1 or cannot hold a row's candidates;
+            ``out`` is refused (its shape, layout, read-only, or sharing an input's memory).
+        TypeError
+            when ``query_pos`` or ``width`` is not integers, or ``out`` is not an int32 ndarray.
+        MemoryError
+            when the output is too large to allocate.
         """
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
@@ -372,13 +675,44 @@ def oracle_topk(
     width: Optional[int] = None,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The oracle top-k: for each row of ``attention`` (float64 ``[n,
-    row_len]``, the dense attention row of query position ``query_pos[i]``),
-    the ``budget`` keys with the largest weight among ``0..=query_pos[i]``,
-    ties to the lower key; int32 ``[n, width]`` ascending then -1. One
-    integer ``query_pos`` is ``[query_pos]`` (``attention`` keeps its row
-    axis, of length 1). ``out=`` (int32 ``[n, width]`` exactly) is filled
-    and returned; a refused call leaves it untouched.
+    """The oracle top-k: each row's ``budget`` heaviest causal keys of the dense attention.
+
+    For each row ``i`` of ``attention`` (the dense attention row of query position
+    ``query_pos[i]``), the ``budget`` keys with the largest weight among
+    ``0..=query_pos[i]``, ties to the lower key (NaN ranks as -inf), ascending then -1.
+
+    Parameters
+    ----------
+    attention : array_like of float64, [n, row_len]
+        Dense attention rows (other float dtypes converted once). Any CPU DLPack tensor too.
+    query_pos : int or array_like of int, [n]
+        Each row's query position, >= 0. One integer is ``[query_pos]`` (``attention`` keeps
+        its row axis, of length 1).
+    budget : int
+        Keys per row: non-negative, at most 2**31 - 1.
+    width : int, optional
+        The row width, at least every row's key count; defaults to the widest row.
+    out : ndarray of int32, [n, width], optional
+        Filled in place and returned: exactly ``[n, width]``, C-contiguous, writeable,
+        aligned, native byte order, sharing no input's memory (else refused: a refused call
+        leaves it untouched).
+
+    Returns
+    -------
+    ndarray of int32, [n, width]
+        Each row's selected keys, ascending, then -1.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) when ``attention`` is not 2-D (or
+        its rows do not fit int32 offsets); ``query_pos`` is negative or has not one
+        position per attention row; ``budget`` or ``width`` is negative or past 2**31 - 1,
+        or ``width`` cannot hold a row; ``out`` is refused (its shape, layout, read-only, or
+        sharing an input's memory).
+    TypeError
+        when ``attention`` is not floats, ``query_pos``, ``budget`` or ``width`` is not
+        integers, or ``out`` is not an int32 ndarray.
     """
 
 def attention_probabilities(
@@ -389,13 +723,43 @@ def attention_probabilities(
     scale: Optional[float] = None,
     out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
-    """Dense causal attention probabilities, float64 ``[n_queries, n_q_heads,
-    n_keys]`` (zeros after each query's position): the rows recall is
-    measured against. One integer ``query_pos`` is ``[query_pos]`` (``q``
-    keeps its query axis, of length 1). ``out=`` (float64 ``[n_queries,
-    n_q_heads, n_keys]`` exactly, C-contiguous, writeable, sharing no
-    input's memory) is filled and returned; a refused call leaves it
-    untouched.
+    """Dense causal attention probabilities: the rows recall is measured against.
+
+    Query ``i`` attends over keys ``0..=query_pos[i]`` with ``softmax(scale * q . k)``;
+    entries after its position are zero. A KV head serves its group of query heads (GQA).
+
+    Parameters
+    ----------
+    q : array_like of float32, [n_queries, n_q_heads, d_k]
+        The queries (other float dtypes converted once). Any CPU DLPack tensor too.
+    k : array_like of float32, [n_keys, n_kv_heads, d_k]
+        The keys; ``n_q_heads`` must be a multiple of ``n_kv_heads``.
+    query_pos : int or array_like of int, [n_queries]
+        Each query's position, >= 0. One integer is ``[query_pos]`` (``q`` keeps its query
+        axis, of length 1): never broadcast over many queries.
+    scale : float, optional
+        The softmax scale, finite; defaults to ``1 / sqrt(d_k)``.
+    out : ndarray of float64, [n_queries, n_q_heads, n_keys], optional
+        Filled in place and returned: exactly that shape, C-contiguous, writeable, aligned,
+        native byte order, sharing no input's memory (else refused: a refused call leaves it
+        untouched).
+
+    Returns
+    -------
+    ndarray of float64, [n_queries, n_q_heads, n_keys]
+        The probabilities, zeros after each query's position.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) when ``q`` or ``k`` is not 3-D, or
+        their ``d_k`` differ (``q``); ``n_kv_heads`` is 0 or does not divide ``n_q_heads``
+        (``n_kv_heads`` / ``n_q_heads``); ``query_pos`` is negative or not ``[n_queries]``;
+        ``scale`` is not finite; ``out`` is refused (its shape, layout, read-only, or
+        sharing an input's memory).
+    TypeError
+        when ``q`` or ``k`` is not floats, ``query_pos`` is not integers, ``scale`` is not a
+        number, or ``out`` is not a float64 ndarray.
     """
 
 def dense_attention(
@@ -408,13 +772,50 @@ def dense_attention(
     out: Optional[_ArrayOut[np.float32]] = None,
     lse_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    """Dense causal attention: ``(out [n_queries, n_q_heads, d_v], lse
-    [n_queries, n_q_heads])``, every query over keys ``0..=query_pos`` (one
-    integer ``query_pos`` is ``[query_pos]``: ``q`` keeps its query axis).
-    ``v`` may be MLA's strided ``kv[..., :d_v]`` view, read in place.
-    ``out=`` / ``lse_out=`` (float32 of exactly those shapes, C-contiguous,
-    writeable, sharing no input's memory nor each other's) are filled and
-    returned; a refused call leaves both untouched.
+    """Dense causal attention: every query over the keys up to its position.
+
+    Query ``i`` attends over keys ``0..=query_pos[i]``; a KV head serves its group of query
+    heads (GQA). ``v`` may be MLA's strided ``kv[..., :d_v]`` view, read in place.
+
+    Parameters
+    ----------
+    q : array_like of float32, [n_queries, n_q_heads, d_k]
+        The queries (other float dtypes converted once). Any CPU DLPack tensor too.
+    k : array_like of float32, [n_keys, n_kv_heads, d_k]
+        The keys; ``n_q_heads`` must be a multiple of ``n_kv_heads``.
+    v : array_like of float32, [n_keys, n_kv_heads, d_v]
+        The values: read in place when float32 rows of ``d_v`` with a uniform row stride (a
+        C-order array, or MLA's ``kv[..., :d_v]`` view of the keys), else converted once.
+    query_pos : int or array_like of int, [n_queries]
+        Each query's position, >= 0. One integer is ``[query_pos]`` (``q`` keeps its query
+        axis, of length 1).
+    scale : float, optional
+        The softmax scale, finite; defaults to ``1 / sqrt(d_k)``.
+    out : ndarray of float32, [n_queries, n_q_heads, d_v], optional
+        Filled in place and returned: exactly that shape, C-contiguous, writeable, aligned,
+        native byte order, sharing no input's memory nor ``lse_out``'s (else refused: a
+        refused call leaves both untouched).
+    lse_out : ndarray of float32, [n_queries, n_q_heads], optional
+        The same for ``lse``.
+
+    Returns
+    -------
+    out : ndarray of float32, [n_queries, n_q_heads, d_v]
+        The attention output.
+    lse : ndarray of float32, [n_queries, n_q_heads]
+        Each row's log-sum-exp of its scaled scores (natural log).
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) when ``q``, ``k`` or ``v`` is not
+        3-D, ``q`` and ``k`` differ in ``d_k`` (``q``), or ``v`` is not ``[n_keys,
+        n_kv_heads, d_v]``; ``n_kv_heads`` is 0 or does not divide ``n_q_heads``;
+        ``query_pos`` is negative or not ``[n_queries]``; ``scale`` is not finite; ``out`` or
+        ``lse_out`` is refused (its shape, layout, read-only, or sharing memory).
+    TypeError
+        when an array is not of its dtype kind (int32 ``q``), ``query_pos`` is not integers,
+        ``scale`` is not a number, or ``out`` / ``lse_out`` is not a float32 ndarray.
     """
 
 def sparse_attention(
@@ -428,11 +829,51 @@ def sparse_attention(
     out: Optional[_ArrayOut[np.float32]] = None,
     lse_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], int]:
-    """Sparse causal attention over ``selection`` (int32 ``[n_queries,
-    n_kv_heads, width]`` key indices; a KV head's row serves its query-head
-    group): ``(out, lse, empty_rows)``; a row that selects nothing gets
-    zeros and ``lse = -inf`` and is counted in ``empty_rows``. ``query_pos``,
-    ``out=`` and ``lse_out=`` as in :func:`dense_attention`.
+    """Sparse causal attention over ``selection``: each row attends to its selected keys only.
+
+    A KV head's row of ``selection`` serves its query-head group. A row attends to its
+    entries ``x`` with ``0 <= x <= min(query_pos[i], n_keys - 1)`` (negative entries are
+    padding, later ones are masked as future keys, duplicates count once); a row that
+    selects nothing gets zeros and ``lse = -inf`` and is counted in ``empty_rows``.
+    ``query_pos``, ``out=`` and ``lse_out=`` as in :func:`dense_attention`.
+
+    Parameters
+    ----------
+    q : array_like of float32, [n_queries, n_q_heads, d_k]
+        The queries (other float dtypes converted once). Any CPU DLPack tensor too.
+    k : array_like of float32, [n_keys, n_kv_heads, d_k]
+        The keys; ``n_q_heads`` must be a multiple of ``n_kv_heads``.
+    v : array_like of float32, [n_keys, n_kv_heads, d_v]
+        The values, read in place as in :func:`dense_attention` (MLA's ``kv[..., :d_v]``).
+    query_pos : int or array_like of int, [n_queries]
+        Each query's position, >= 0 (one integer is ``[query_pos]``).
+    selection : array_like of int32, [n_queries, n_kv_heads, width]
+        Key indices per (query, KV head) row, e.g. :func:`positions_of_blocks`' rows.
+    scale : float, optional
+        The softmax scale, finite; defaults to ``1 / sqrt(d_k)``.
+    out : ndarray of float32, [n_queries, n_q_heads, d_v], optional
+        Filled in place and returned: exactly that shape, C-contiguous, writeable, aligned,
+        native byte order, sharing no input's memory nor ``lse_out``'s (else refused: a
+        refused call leaves both untouched).
+    lse_out : ndarray of float32, [n_queries, n_q_heads], optional
+        The same for ``lse``.
+
+    Returns
+    -------
+    out : ndarray of float32, [n_queries, n_q_heads, d_v]
+        The attention output (zeros for an empty row).
+    lse : ndarray of float32, [n_queries, n_q_heads]
+        Each row's log-sum-exp of its scaled scores (``-inf`` for an empty row).
+    empty_rows : int
+        How many (query, query head) rows selected nothing.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) as :func:`dense_attention`, and when
+        ``selection`` is not ``[n_queries, n_kv_heads, width]``.
+    TypeError
+        as :func:`dense_attention`, and when ``selection`` is not integers.
     """
 
 def segment_coverage_rows(
@@ -481,8 +922,26 @@ def attention_mass_recall_rows(
     """
 
 def output_relative_error(sparse: _ArrayIn, dense: _ArrayIn) -> float:
-    """``‖sparse − dense‖ / ‖dense‖`` over whole arrays of one shape (float64;
-    ``dense`` is checked axis by axis against ``sparse``).
+    """``‖sparse − dense‖ / ‖dense‖`` over whole arrays of one shape.
+
+    Parameters
+    ----------
+    sparse : array_like of float32
+        Any shape (other float dtypes converted once). Any CPU DLPack tensor too.
+    dense : array_like of float32
+        Of ``sparse``'s shape, checked axis by axis.
+
+    Returns
+    -------
+    float
+        The relative error, computed in float64.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` is ``dense``) when ``dense`` has another shape.
+    TypeError
+        when an input is not floats.
     """
 
 def output_relative_error_rows(
@@ -491,20 +950,63 @@ def output_relative_error_rows(
     *,
     out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
-    """``‖sparse − dense‖ / ‖dense‖`` per row over the last axis (float32
-    inputs of one shape, at least 1-D; ``dense`` is checked axis by axis
-    against ``sparse``): float64 of the leading shape. ``out=`` (float64 of
-    exactly that shape) is filled and returned; a refused call leaves it
-    untouched.
+    """``‖sparse − dense‖ / ‖dense‖`` per row over the last axis.
+
+    Parameters
+    ----------
+    sparse : array_like of float32, [..., width]
+        At least 1-D (other float dtypes converted once). Any CPU DLPack tensor too.
+    dense : array_like of float32, [..., width]
+        Of ``sparse``'s shape, checked axis by axis.
+    out : ndarray of float64, [...], optional
+        Filled in place and returned: exactly the leading shape, C-contiguous, writeable,
+        aligned, native byte order, sharing no input's memory (else refused: a refused call
+        leaves it untouched).
+
+    Returns
+    -------
+    ndarray of float64, [...]
+        Each row's relative error, of the leading shape.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) when ``sparse`` is 0-D, ``dense``
+        has another shape (``dense``), or ``out`` is refused (its shape, layout, read-only,
+        or sharing an input's memory).
+    TypeError
+        when an input is not floats, or ``out`` is not a float64 ndarray.
     """
 
 def set_num_threads(n: int) -> None:
-    """Sets the number of threads kvselect's parallel paths use (at most
-    65536); 0 restores the default (``RAYON_NUM_THREADS``, else every core).
+    """Sets the number of threads kvselect's parallel paths use.
+
+    Parameters
+    ----------
+    n : int
+        The thread count, at most 65536; 0 restores the default (``RAYON_NUM_THREADS``, else
+        every core).
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    KvselectError
+        (a ValueError; ``.argument`` is ``n``) when ``n`` is negative or past 65536.
+    TypeError
+        when ``n`` is not an integer.
     """
 
 def get_num_threads() -> int:
-    """The number of threads kvselect's parallel paths use."""
+    """The number of threads kvselect's parallel paths use.
+
+    Returns
+    -------
+    int
+        The thread count (:func:`set_num_threads` sets it).
+    """
 
 def indexer_topk(
     index_q: _ArrayIn,
@@ -858,15 +1360,47 @@ def block_scores(
     query_format: Optional[str] = None,
     out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
-    """Every row's exact block scores, the values block selection ranks (bit
-    for bit): float32 ``[n_queries, n_kv_heads, n_blocks]``, ``n_blocks =
-    ceil(n_positions / config.block_size)``, entry ``b`` the max of ``q . k``
-    over block ``b``'s visible positions (``-inf`` when all are NaN), NaN past
-    the row's visible blocks. ``index_q`` is ``[n_queries, n_kv_heads, d]``
-    with ``query_pos [n_queries]`` (one integer for one query); formats as
-    :func:`block_sparse_select`;
-    ``out=`` (float32, that shape) reuses a buffer. Their error scales are
+    """Every row's exact block scores: the values block selection ranks, bit for bit.
+
+    Entry ``b`` of a row is the max of ``q . k`` over block ``b``'s visible positions
+    (``-inf`` when all are NaN), NaN past the row's visible blocks; ``n_blocks =
+    ceil(n_positions / config.block_size)``. Their error scales are
     :func:`block_magnitudes`.
+
+    Parameters
+    ----------
+    index_q : array_like, [n_queries, n_kv_heads, d]
+        The indexer queries (one query is ``index_q[None]``), in the formats of
+        :func:`block_sparse_select`. Any CPU DLPack tensor too.
+    index_k : array_like, [n_positions, d]
+        The index keys, formats as :func:`block_sparse_select`.
+    query_pos : int or array_like of int, [n_queries]
+        Each query's position, >= 0 (one integer for one query).
+    config : BlockSparseConfig, optional
+        The selection rule; None for ``BlockSparseConfig()``.
+    key_format, query_format : str, optional
+        The format of a raw uint16 / uint8 view, as in :func:`block_sparse_select`.
+    out : ndarray of float32, [n_queries, n_kv_heads, n_blocks], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
+
+    Returns
+    -------
+    ndarray of float32, [n_queries, n_kv_heads, n_blocks]
+        The block scores, NaN past each row's visible blocks.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) when ``index_q`` is not 3-D or its
+        ``d`` is not ``index_k``'s (``index_q``); ``index_k`` is not 2-D; ``d`` is 0;
+        ``query_pos`` is negative or not ``[n_queries]`` (one integer only for one query); a
+        format name is unknown; a tensor is on a GPU; ``out`` is refused (its shape, layout,
+        read-only, or overlapping an input).
+    TypeError
+        when an array's dtype is no key format, ``query_pos`` is not integers, ``config`` is
+        not a BlockSparseConfig or None, an argument is not an array, or ``out`` is not a
+        float32 ndarray.
     """
 
 def block_magnitudes(
@@ -879,10 +1413,45 @@ def block_magnitudes(
     query_format: Optional[str] = None,
     out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
-    """The error scale of every :func:`block_scores` entry: the max over the
-    block's visible positions of ``sum_i |q_i * k_i|``, the ``magnitudes``
-    of :func:`check_blocks` (its ``rtol`` multiplies them). Arguments,
+    """The error scale of every :func:`block_scores` entry.
+
+    Entry ``b`` is the max over block ``b``'s visible positions of ``sum_i |q_i * k_i|``:
+    the ``magnitudes`` of :func:`check_blocks` (its ``rtol`` multiplies them). Arguments,
     shape and NaN padding as :func:`block_scores`.
+
+    Parameters
+    ----------
+    index_q : array_like, [n_queries, n_kv_heads, d]
+        The indexer queries, formats as :func:`block_sparse_select`. Any CPU DLPack tensor
+        too.
+    index_k : array_like, [n_positions, d]
+        The index keys, formats as :func:`block_sparse_select`.
+    query_pos : int or array_like of int, [n_queries]
+        Each query's position, >= 0 (one integer for one query).
+    config : BlockSparseConfig, optional
+        The selection rule; None for ``BlockSparseConfig()``.
+    key_format, query_format : str, optional
+        The format of a raw uint16 / uint8 view, as in :func:`block_sparse_select`.
+    out : ndarray of float32, [n_queries, n_kv_heads, n_blocks], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
+
+    Returns
+    -------
+    ndarray of float32, [n_queries, n_kv_heads, n_blocks]
+        The magnitudes, NaN past each row's visible blocks.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) as :func:`block_scores`: ``index_q``
+        not 3-D or of another ``d`` (``index_q``), ``index_k`` not 2-D, ``d`` 0,
+        ``query_pos`` negative or not ``[n_queries]``, an unknown format name, a GPU tensor,
+        a refused ``out``.
+    TypeError
+        when an array's dtype is no key format, ``query_pos`` is not integers, ``config`` is
+        not a BlockSparseConfig or None, an argument is not an array, or ``out`` is not a
+        float32 ndarray.
     """
 
 @final
@@ -999,10 +1568,15 @@ def check_witnesses(
     """
 
 def simd_level() -> str:
-    """The best instruction-set level the SIMD kernels dispatched to on this
-    CPU: "avx512" (block selection, the indexer and attention; the other
-    kernels run AVX2), "avx2" or "scalar". ``KVSELECT_SIMD=avx2`` or
-    ``=scalar`` in the environment caps it.
+    """The best instruction-set level the SIMD kernels dispatched to on this CPU.
+
+    "avx512" (block selection, the indexer and attention; the other kernels run AVX2),
+    "avx2" or "scalar". ``KVSELECT_SIMD=avx2`` or ``=scalar`` in the environment caps it.
+
+    Returns
+    -------
+    str
+        "avx512", "avx2" or "scalar".
     """
 
 def _fma_floor(iters: int) -> tuple[int, float]:

@@ -15,11 +15,12 @@ use crate::{metrics, pool, simd};
 const S: Args = Args(Domain::Selection);
 const I32_MAX: u64 = i32::MAX as u64;
 
-/// A score-free baseline selector: which keys query row ``i`` of a causal
-/// sequence (keys ``0..=i``) may attend to. Build one with
-/// ``Selector.dense()``, ``Selector.local(window)``,
-/// ``Selector.random(budget, seed)`` or ``Selector.sink_window(sinks,
-/// window)``; rows are distinct, ascending and causal.
+/// A score-free baseline selector: which keys each query row of a causal sequence may see.
+///
+/// Query row ``i`` of a causal sequence sees keys ``0..=i``. Build one with
+/// ``Selector.dense()``, ``Selector.local(window)``, ``Selector.random(budget, seed)`` or
+/// ``Selector.sink_window(sinks, window)``; rows are distinct, ascending and causal.
+/// Immutable, compares by value, hashable.
 #[pyclass(name = "Selector", module = "kvselect", frozen, eq, hash)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct PySelector(Selector);
@@ -27,20 +28,67 @@ struct PySelector(Selector);
 #[pymethods]
 impl PySelector {
     /// Every causal key.
+    ///
+    /// Row ``i`` is keys ``0..=i``.
+    ///
+    /// Returns
+    /// -------
+    /// Selector
+    ///     The dense selector.
     #[staticmethod]
     fn dense() -> Self {
         PySelector(Selector::Dense)
     }
 
     /// The ``window`` most recent keys, the query's own included.
+    ///
+    /// Parameters
+    /// ----------
+    /// window : int
+    ///     How many keys a row holds at most: a non-negative integer, at most 2**31 - 1.
+    ///
+    /// Returns
+    /// -------
+    /// Selector
+    ///     The local-window selector.
+    ///
+    /// Raises
+    /// ------
+    /// SelectionError
+    ///     (a ValueError; ``.argument`` is ``window``) when ``window`` is negative or past
+    ///     2**31 - 1.
+    /// TypeError
+    ///     when ``window`` is not an integer.
     #[staticmethod]
     fn local(window: &Obj) -> PyResult<Self> {
         let window = S.count(window, "window", I32_MAX)?;
         Ok(PySelector(Selector::Local { window }))
     }
 
-    /// ``budget`` distinct keys drawn uniformly from the causal set
-    /// (ChaCha8 keyed by ``seed`` on stream ``i``: deterministic per seed and row).
+    /// ``budget`` distinct keys drawn uniformly from the causal set.
+    ///
+    /// ChaCha8 keyed by ``seed`` on stream ``i`` (the row): deterministic per seed and row.
+    ///
+    /// Parameters
+    /// ----------
+    /// budget : int
+    ///     Keys per row (all of them when the row has fewer): a non-negative integer, at most
+    ///     2**31 - 1.
+    /// seed : int
+    ///     The generator's key, in ``0 .. 2**64 - 1``.
+    ///
+    /// Returns
+    /// -------
+    /// Selector
+    ///     The random selector.
+    ///
+    /// Raises
+    /// ------
+    /// SelectionError
+    ///     (a ValueError; ``.argument`` names the argument) when ``budget`` or ``seed`` is
+    ///     negative or too large.
+    /// TypeError
+    ///     when ``budget`` or ``seed`` is not an integer.
     #[staticmethod]
     fn random(budget: &Obj, seed: &Obj) -> PyResult<Self> {
         let budget = S.count(budget, "budget", I32_MAX)?;
@@ -49,6 +97,26 @@ impl PySelector {
     }
 
     /// StreamingLLM: the first ``sinks`` keys plus the ``window`` most recent.
+    ///
+    /// Parameters
+    /// ----------
+    /// sinks : int
+    ///     Keys at the start of the sequence every row keeps: non-negative, at most 2**31 - 1.
+    /// window : int
+    ///     The most recent keys, the query's own included: non-negative, at most 2**31 - 1.
+    ///
+    /// Returns
+    /// -------
+    /// Selector
+    ///     The sink-plus-window selector.
+    ///
+    /// Raises
+    /// ------
+    /// SelectionError
+    ///     (a ValueError; ``.argument`` names the argument) when ``sinks`` or ``window`` is
+    ///     negative or past 2**31 - 1.
+    /// TypeError
+    ///     when ``sinks`` or ``window`` is not an integer.
     #[staticmethod]
     fn sink_window(sinks: &Obj, window: &Obj) -> PyResult<Self> {
         let sinks = S.count(sinks, "sinks", I32_MAX)?;
@@ -57,6 +125,23 @@ impl PySelector {
     }
 
     /// The candidates of query row ``row`` (keys ``0..=row``), ascending.
+    ///
+    /// Parameters
+    /// ----------
+    /// row : int
+    ///     The query's position: a non-negative integer, at most 2**31 - 2.
+    ///
+    /// Returns
+    /// -------
+    /// ndarray of int32, [n_candidates]
+    ///     The row's keys, distinct and ascending.
+    ///
+    /// Raises
+    /// ------
+    /// SelectionError
+    ///     (a ValueError; ``.argument`` is ``row``) when ``row`` is negative or past 2**31 - 2.
+    /// TypeError
+    ///     when ``row`` is not an integer.
     fn row<'py>(&self, py: Python<'py>, row: &Obj<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let row = S.count(row, "row", I32_MAX - 1)?;
         let sel = self.0;
@@ -66,11 +151,37 @@ impl PySelector {
         ))
     }
 
-    /// The candidates of every query position in ``query_pos`` (``[n]``, or
-    /// one integer for ``n = 1``): int32 ``[n, width]``, ascending then -1;
-    /// ``width`` defaults to the widest row. ``out=`` (int32 ``[n, width]``
-    /// exactly, C-contiguous, writeable, sharing no input's memory) is filled
-    /// and returned; a refused call leaves it untouched.
+    /// The candidates of every query position in ``query_pos``, as fixed-width rows.
+    ///
+    /// Row ``r`` holds the candidates of position ``query_pos[r]`` (as :meth:`row`), ascending,
+    /// then -1 up to ``width``.
+    ///
+    /// Parameters
+    /// ----------
+    /// query_pos : int or array_like of int, [n]
+    ///     The query positions, each >= 0 (one integer for ``n = 1``).
+    /// width : int, optional
+    ///     The row width, at least the widest row's candidates; defaults to the widest row.
+    /// out : ndarray of int32, [n, width], optional
+    ///     Filled in place and returned: exactly ``[n, width]``, C-contiguous, writeable,
+    ///     aligned, native byte order, sharing no input's memory (else refused: a refused call
+    ///     leaves it untouched).
+    ///
+    /// Returns
+    /// -------
+    /// ndarray of int32, [n, width]
+    ///     Each position's candidates, ascending, then -1.
+    ///
+    /// Raises
+    /// ------
+    /// SelectionError
+    ///     (a ValueError; ``.argument`` names the argument) when ``query_pos`` is negative or
+    ///     not 1-D; ``width`` is negative, past 2**31 - 1 or cannot hold a row's candidates;
+    ///     ``out`` is refused (its shape, layout, read-only, or sharing an input's memory).
+    /// TypeError
+    ///     when ``query_pos`` or ``width`` is not integers, or ``out`` is not an int32 ndarray.
+    /// MemoryError
+    ///     when the output is too large to allocate.
     #[pyo3(signature = (query_pos, width=None, *, out=None))]
     fn rows<'py>(
         &self,
@@ -107,13 +218,44 @@ fn width_arg(width: Opt, default: impl FnOnce() -> usize) -> PyResult<usize> {
     width.map_or_else(|| Ok(default()), |w| S.count(w, "width", I32_MAX))
 }
 
-/// The oracle top-k: for each row of ``attention`` (float64 ``[n,
-/// row_len]``, the dense attention row of query position ``query_pos[i]``),
-/// the ``budget`` keys with the largest weight among ``0..=query_pos[i]``,
-/// ties to the lower key; int32 ``[n, width]`` ascending then -1. One
-/// integer ``query_pos`` is ``[query_pos]`` (``attention`` keeps its row
-/// axis, of length 1). ``out=`` (int32 ``[n, width]`` exactly) is filled
-/// and returned; a refused call leaves it untouched.
+/// The oracle top-k: each row's ``budget`` heaviest causal keys of the dense attention.
+///
+/// For each row ``i`` of ``attention`` (the dense attention row of query position
+/// ``query_pos[i]``), the ``budget`` keys with the largest weight among
+/// ``0..=query_pos[i]``, ties to the lower key (NaN ranks as -inf), ascending then -1.
+///
+/// Parameters
+/// ----------
+/// attention : array_like of float64, [n, row_len]
+///     Dense attention rows (other float dtypes converted once). Any CPU DLPack tensor too.
+/// query_pos : int or array_like of int, [n]
+///     Each row's query position, >= 0. One integer is ``[query_pos]`` (``attention`` keeps
+///     its row axis, of length 1).
+/// budget : int
+///     Keys per row: non-negative, at most 2**31 - 1.
+/// width : int, optional
+///     The row width, at least every row's key count; defaults to the widest row.
+/// out : ndarray of int32, [n, width], optional
+///     Filled in place and returned: exactly ``[n, width]``, C-contiguous, writeable,
+///     aligned, native byte order, sharing no input's memory (else refused: a refused call
+///     leaves it untouched).
+///
+/// Returns
+/// -------
+/// ndarray of int32, [n, width]
+///     Each row's selected keys, ascending, then -1.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) when ``attention`` is not 2-D (or
+///     its rows do not fit int32 offsets); ``query_pos`` is negative or has not one
+///     position per attention row; ``budget`` or ``width`` is negative or past 2**31 - 1,
+///     or ``width`` cannot hold a row; ``out`` is refused (its shape, layout, read-only, or
+///     sharing an input's memory).
+/// TypeError
+///     when ``attention`` is not floats, ``query_pos``, ``budget`` or ``width`` is not
+///     integers, or ``out`` is not an int32 ndarray.
 #[pyfunction]
 #[pyo3(signature = (attention, query_pos, budget, *, width=None, out=None))]
 fn oracle_topk<'py>(
@@ -210,13 +352,43 @@ fn values<'py>(v: &Obj<'py>, shape: &AttentionShape) -> PyResult<StridedRows<'py
     Ok(rows)
 }
 
-/// Dense causal attention probabilities, float64 ``[n_queries, n_q_heads,
-/// n_keys]`` (zeros after each query's position): the rows recall is
-/// measured against. One integer ``query_pos`` is ``[query_pos]`` (``q``
-/// keeps its query axis, of length 1). ``out=`` (float64 ``[n_queries,
-/// n_q_heads, n_keys]`` exactly, C-contiguous, writeable, sharing no
-/// input's memory) is filled and returned; a refused call leaves it
-/// untouched.
+/// Dense causal attention probabilities: the rows recall is measured against.
+///
+/// Query ``i`` attends over keys ``0..=query_pos[i]`` with ``softmax(scale * q . k)``;
+/// entries after its position are zero. A KV head serves its group of query heads (GQA).
+///
+/// Parameters
+/// ----------
+/// q : array_like of float32, [n_queries, n_q_heads, d_k]
+///     The queries (other float dtypes converted once). Any CPU DLPack tensor too.
+/// k : array_like of float32, [n_keys, n_kv_heads, d_k]
+///     The keys; ``n_q_heads`` must be a multiple of ``n_kv_heads``.
+/// query_pos : int or array_like of int, [n_queries]
+///     Each query's position, >= 0. One integer is ``[query_pos]`` (``q`` keeps its query
+///     axis, of length 1): never broadcast over many queries.
+/// scale : float, optional
+///     The softmax scale, finite; defaults to ``1 / sqrt(d_k)``.
+/// out : ndarray of float64, [n_queries, n_q_heads, n_keys], optional
+///     Filled in place and returned: exactly that shape, C-contiguous, writeable, aligned,
+///     native byte order, sharing no input's memory (else refused: a refused call leaves it
+///     untouched).
+///
+/// Returns
+/// -------
+/// ndarray of float64, [n_queries, n_q_heads, n_keys]
+///     The probabilities, zeros after each query's position.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) when ``q`` or ``k`` is not 3-D, or
+///     their ``d_k`` differ (``q``); ``n_kv_heads`` is 0 or does not divide ``n_q_heads``
+///     (``n_kv_heads`` / ``n_q_heads``); ``query_pos`` is negative or not ``[n_queries]``;
+///     ``scale`` is not finite; ``out`` is refused (its shape, layout, read-only, or
+///     sharing an input's memory).
+/// TypeError
+///     when ``q`` or ``k`` is not floats, ``query_pos`` is not integers, ``scale`` is not a
+///     number, or ``out`` is not a float64 ndarray.
 #[pyfunction]
 #[pyo3(signature = (q, k, query_pos, *, scale=None, out=None))]
 fn attention_probabilities<'py>(
@@ -313,13 +485,50 @@ fn attention_pass<'py>(
     Ok((out.finish(), lse.finish(), empty))
 }
 
-/// Dense causal attention: ``(out [n_queries, n_q_heads, d_v], lse
-/// [n_queries, n_q_heads])``, every query over keys ``0..=query_pos`` (one
-/// integer ``query_pos`` is ``[query_pos]``: ``q`` keeps its query axis).
-/// ``v`` may be MLA's strided ``kv[..., :d_v]`` view, read in place.
-/// ``out=`` / ``lse_out=`` (float32 of exactly those shapes, C-contiguous,
-/// writeable, sharing no input's memory nor each other's) are filled and
-/// returned; a refused call leaves both untouched.
+/// Dense causal attention: every query over the keys up to its position.
+///
+/// Query ``i`` attends over keys ``0..=query_pos[i]``; a KV head serves its group of query
+/// heads (GQA). ``v`` may be MLA's strided ``kv[..., :d_v]`` view, read in place.
+///
+/// Parameters
+/// ----------
+/// q : array_like of float32, [n_queries, n_q_heads, d_k]
+///     The queries (other float dtypes converted once). Any CPU DLPack tensor too.
+/// k : array_like of float32, [n_keys, n_kv_heads, d_k]
+///     The keys; ``n_q_heads`` must be a multiple of ``n_kv_heads``.
+/// v : array_like of float32, [n_keys, n_kv_heads, d_v]
+///     The values: read in place when float32 rows of ``d_v`` with a uniform row stride (a
+///     C-order array, or MLA's ``kv[..., :d_v]`` view of the keys), else converted once.
+/// query_pos : int or array_like of int, [n_queries]
+///     Each query's position, >= 0. One integer is ``[query_pos]`` (``q`` keeps its query
+///     axis, of length 1).
+/// scale : float, optional
+///     The softmax scale, finite; defaults to ``1 / sqrt(d_k)``.
+/// out : ndarray of float32, [n_queries, n_q_heads, d_v], optional
+///     Filled in place and returned: exactly that shape, C-contiguous, writeable, aligned,
+///     native byte order, sharing no input's memory nor ``lse_out``'s (else refused: a
+///     refused call leaves both untouched).
+/// lse_out : ndarray of float32, [n_queries, n_q_heads], optional
+///     The same for ``lse``.
+///
+/// Returns
+/// -------
+/// out : ndarray of float32, [n_queries, n_q_heads, d_v]
+///     The attention output.
+/// lse : ndarray of float32, [n_queries, n_q_heads]
+///     Each row's log-sum-exp of its scaled scores (natural log).
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) when ``q``, ``k`` or ``v`` is not
+///     3-D, ``q`` and ``k`` differ in ``d_k`` (``q``), or ``v`` is not ``[n_keys,
+///     n_kv_heads, d_v]``; ``n_kv_heads`` is 0 or does not divide ``n_q_heads``;
+///     ``query_pos`` is negative or not ``[n_queries]``; ``scale`` is not finite; ``out`` or
+///     ``lse_out`` is refused (its shape, layout, read-only, or sharing memory).
+/// TypeError
+///     when an array is not of its dtype kind (int32 ``q``), ``query_pos`` is not integers,
+///     ``scale`` is not a number, or ``out`` / ``lse_out`` is not a float32 ndarray.
 #[pyfunction]
 #[pyo3(signature = (q, k, v, query_pos, *, scale=None, out=None, lse_out=None))]
 #[allow(clippy::too_many_arguments)]
@@ -338,11 +547,51 @@ fn dense_attention<'py>(
     Ok((out, lse))
 }
 
-/// Sparse causal attention over ``selection`` (int32 ``[n_queries,
-/// n_kv_heads, width]`` key indices; a KV head's row serves its query-head
-/// group): ``(out, lse, empty_rows)``; a row that selects nothing gets
-/// zeros and ``lse = -inf`` and is counted in ``empty_rows``. ``query_pos``,
-/// ``out=`` and ``lse_out=`` as in :func:`dense_attention`.
+/// Sparse causal attention over ``selection``: each row attends to its selected keys only.
+///
+/// A KV head's row of ``selection`` serves its query-head group. A row attends to its
+/// entries ``x`` with ``0 <= x <= min(query_pos[i], n_keys - 1)`` (negative entries are
+/// padding, later ones are masked as future keys, duplicates count once); a row that
+/// selects nothing gets zeros and ``lse = -inf`` and is counted in ``empty_rows``.
+/// ``query_pos``, ``out=`` and ``lse_out=`` as in :func:`dense_attention`.
+///
+/// Parameters
+/// ----------
+/// q : array_like of float32, [n_queries, n_q_heads, d_k]
+///     The queries (other float dtypes converted once). Any CPU DLPack tensor too.
+/// k : array_like of float32, [n_keys, n_kv_heads, d_k]
+///     The keys; ``n_q_heads`` must be a multiple of ``n_kv_heads``.
+/// v : array_like of float32, [n_keys, n_kv_heads, d_v]
+///     The values, read in place as in :func:`dense_attention` (MLA's ``kv[..., :d_v]``).
+/// query_pos : int or array_like of int, [n_queries]
+///     Each query's position, >= 0 (one integer is ``[query_pos]``).
+/// selection : array_like of int32, [n_queries, n_kv_heads, width]
+///     Key indices per (query, KV head) row, e.g. :func:`positions_of_blocks`' rows.
+/// scale : float, optional
+///     The softmax scale, finite; defaults to ``1 / sqrt(d_k)``.
+/// out : ndarray of float32, [n_queries, n_q_heads, d_v], optional
+///     Filled in place and returned: exactly that shape, C-contiguous, writeable, aligned,
+///     native byte order, sharing no input's memory nor ``lse_out``'s (else refused: a
+///     refused call leaves both untouched).
+/// lse_out : ndarray of float32, [n_queries, n_q_heads], optional
+///     The same for ``lse``.
+///
+/// Returns
+/// -------
+/// out : ndarray of float32, [n_queries, n_q_heads, d_v]
+///     The attention output (zeros for an empty row).
+/// lse : ndarray of float32, [n_queries, n_q_heads]
+///     Each row's log-sum-exp of its scaled scores (``-inf`` for an empty row).
+/// empty_rows : int
+///     How many (query, query head) rows selected nothing.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) as :func:`dense_attention`, and when
+///     ``selection`` is not ``[n_queries, n_kv_heads, width]``.
+/// TypeError
+///     as :func:`dense_attention`, and when ``selection`` is not integers.
 #[pyfunction]
 #[pyo3(signature = (q, k, v, query_pos, selection, *, scale=None, out=None, lse_out=None))]
 #[allow(clippy::too_many_arguments)]
@@ -361,11 +610,32 @@ fn sparse_attention<'py>(
     attention_pass(py, (q, k, v), query_pos, Some(selection), scale, bufs)
 }
 
-/// ``‖sparse − dense‖ / ‖dense‖`` per row over the last axis (float32
-/// inputs of one shape, at least 1-D; ``dense`` is checked axis by axis
-/// against ``sparse``): float64 of the leading shape. ``out=`` (float64 of
-/// exactly that shape) is filled and returned; a refused call leaves it
-/// untouched.
+/// ``‖sparse − dense‖ / ‖dense‖`` per row over the last axis.
+///
+/// Parameters
+/// ----------
+/// sparse : array_like of float32, [..., width]
+///     At least 1-D (other float dtypes converted once). Any CPU DLPack tensor too.
+/// dense : array_like of float32, [..., width]
+///     Of ``sparse``'s shape, checked axis by axis.
+/// out : ndarray of float64, [...], optional
+///     Filled in place and returned: exactly the leading shape, C-contiguous, writeable,
+///     aligned, native byte order, sharing no input's memory (else refused: a refused call
+///     leaves it untouched).
+///
+/// Returns
+/// -------
+/// ndarray of float64, [...]
+///     Each row's relative error, of the leading shape.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) when ``sparse`` is 0-D, ``dense``
+///     has another shape (``dense``), or ``out`` is refused (its shape, layout, read-only,
+///     or sharing an input's memory).
+/// TypeError
+///     when an input is not floats, or ``out`` is not a float64 ndarray.
 #[pyfunction]
 #[pyo3(signature = (sparse, dense, *, out=None))]
 fn output_relative_error_rows<'py>(
@@ -400,8 +670,26 @@ fn same_shape(sparse: &[usize], dense: &[usize]) -> PyResult<()> {
     S.axes("dense", dense, &want)
 }
 
-/// ``‖sparse − dense‖ / ‖dense‖`` over whole arrays of one shape (float64;
-/// ``dense`` is checked axis by axis against ``sparse``).
+/// ``‖sparse − dense‖ / ‖dense‖`` over whole arrays of one shape.
+///
+/// Parameters
+/// ----------
+/// sparse : array_like of float32
+///     Any shape (other float dtypes converted once). Any CPU DLPack tensor too.
+/// dense : array_like of float32
+///     Of ``sparse``'s shape, checked axis by axis.
+///
+/// Returns
+/// -------
+/// float
+///     The relative error, computed in float64.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` is ``dense``) when ``dense`` has another shape.
+/// TypeError
+///     when an input is not floats.
 #[pyfunction]
 fn output_relative_error(sparse: &Obj, dense: &Obj) -> PyResult<f64> {
     let (s, shape) = S.input_dyn::<f32>(sparse, "sparse")?;
@@ -410,8 +698,24 @@ fn output_relative_error(sparse: &Obj, dense: &Obj) -> PyResult<f64> {
     Ok(metrics::output_relative_error(s.slice()?, d.slice()?)?)
 }
 
-/// Sets the number of threads kvselect's parallel paths use (at most
-/// 65536); 0 restores the default (``RAYON_NUM_THREADS``, else every core).
+/// Sets the number of threads kvselect's parallel paths use.
+///
+/// Parameters
+/// ----------
+/// n : int
+///     The thread count, at most 65536; 0 restores the default (``RAYON_NUM_THREADS``, else
+///     every core).
+///
+/// Returns
+/// -------
+/// None
+///
+/// Raises
+/// ------
+/// KvselectError
+///     (a ValueError; ``.argument`` is ``n``) when ``n`` is negative or past 65536.
+/// TypeError
+///     when ``n`` is not an integer.
 #[pyfunction]
 fn set_num_threads(n: &Obj) -> PyResult<()> {
     pool::set_num_threads(Args(Domain::Base).count(n, "n", 1 << 16)?);
@@ -419,15 +723,25 @@ fn set_num_threads(n: &Obj) -> PyResult<()> {
 }
 
 /// The number of threads kvselect's parallel paths use.
+///
+/// Returns
+/// -------
+/// int
+///     The thread count (:func:`set_num_threads` sets it).
 #[pyfunction]
 fn get_num_threads() -> usize {
     pool::num_threads()
 }
 
-/// The best instruction-set level the SIMD kernels dispatched to on this
-/// CPU: "avx512" (block selection, the indexer and attention; the other
-/// kernels run AVX2), "avx2" or "scalar". ``KVSELECT_SIMD=avx2`` or
-/// ``=scalar`` in the environment caps it.
+/// The best instruction-set level the SIMD kernels dispatched to on this CPU.
+///
+/// "avx512" (block selection, the indexer and attention; the other kernels run AVX2),
+/// "avx2" or "scalar". ``KVSELECT_SIMD=avx2`` or ``=scalar`` in the environment caps it.
+///
+/// Returns
+/// -------
+/// str
+///     "avx512", "avx2" or "scalar".
 #[pyfunction]
 fn simd_level() -> &'static str {
     simd::level().name()

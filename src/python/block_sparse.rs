@@ -19,13 +19,35 @@ const S: Args = Args(Domain::Selection);
 /// Counts past i32 cannot be honoured by an int32 output anyway.
 const I32_MAX: u64 = i32::MAX as u64;
 
-/// ``BlockSparseConfig(block_size=128, top_blocks=32, init_blocks=1,
-/// local_blocks=2)``: how many blocks a query may see, and which are free.
+/// How many blocks a query may see, and which are free.
 ///
-/// Immutable, compares by value, hashable. Building one refuses a config
-/// that can select nothing (block_size 0, or top_blocks 0 with no forced
-/// block), since an empty selection is a NaN downstream. The released
-/// MiniMax-M3 checkpoint uses top_blocks=16, init_blocks=0, local_blocks=1.
+/// ``BlockSparseConfig(block_size=128, top_blocks=32, init_blocks=1, local_blocks=2)``.
+/// Immutable, compares by value, hashable. Building one refuses a config that can select
+/// nothing (block_size 0, or top_blocks 0 with no forced block), since an empty selection is
+/// a NaN downstream. The released MiniMax-M3 checkpoint uses top_blocks=16, init_blocks=0,
+/// local_blocks=1. Rows of a selection are ``width = max(top_blocks, init_blocks +
+/// local_blocks)`` wide.
+///
+/// Parameters
+/// ----------
+/// block_size : int, default 128
+///     Tokens per block (128 for a real checkpoint; also the KV page size), at least 1.
+/// top_blocks : int, default 32
+///     Total blocks visible per query, forced ones counted.
+/// init_blocks : int, default 1
+///     Blocks at the start of the sequence that are always visible.
+/// local_blocks : int, default 2
+///     Blocks nearest the query that are always visible. Every field is a non-negative
+///     integer, at most 2**31 - 1 (None takes the default).
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the field) when a field is negative or past
+///     2**31 - 1, ``block_size`` is 0, or ``top_blocks`` is 0 with ``init_blocks`` and
+///     ``local_blocks`` both 0 (``.argument`` is ``top_blocks``).
+/// TypeError
+///     when a field is not an integer (or None).
 #[pyclass(name = "BlockSparseConfig", module = "kvselect", frozen, eq, hash)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct PyBlockSparseConfig(BlockSparseConfig);
@@ -149,18 +171,65 @@ fn index_keys<'py>(index_k: &Obj<'py>, format: Option<&str>) -> PyResult<(Encode
     Ok((k, d))
 }
 
-/// The blocks each KV head may read, ascending then -1, int32. One query:
-/// ``index_q [n_kv_heads, d]`` with an int ``query_pos`` gives ``[n_kv_heads,
-/// width]``; a chunk of queries of one sequence: ``index_q [n_queries,
-/// n_kv_heads, d]`` with ``query_pos [n_queries]`` gives ``[n_queries,
-/// n_kv_heads, width]``, or the engines' ``[n_kv_heads, n_queries, width]``
-/// with ``head_major=True``. ``index_k`` is ``[n_positions, d]``; ``width =
-/// config.width``. float32, float16 and ml_dtypes bfloat16 / float8_e4m3fn
-/// keys and queries are read in place (a raw uint16 / uint8 view names its
-/// format with ``key_format`` / ``query_format``); an array in non-native
-/// byte order, misaligned or not C-contiguous is copied once to a native,
-/// aligned one (the same values). A batched ``query_pos`` may be one
-/// integer for a batch of one query. ``out=`` reuses a buffer.
+/// The blocks each KV head may read: block ids ascending, then -1, int32.
+///
+/// One query: ``index_q [n_kv_heads, d]`` with an int ``query_pos`` gives ``[n_kv_heads,
+/// width]``; a chunk of queries of one sequence: ``index_q [n_queries, n_kv_heads, d]`` with
+/// ``query_pos [n_queries]`` gives ``[n_queries, n_kv_heads, width]``, or the engines'
+/// ``[n_kv_heads, n_queries, width]`` with ``head_major=True``; ``width = config.width``.
+/// float32, float16 and ml_dtypes bfloat16 / float8_e4m3fn keys and queries are read in
+/// place (a raw uint16 / uint8 view names its format with ``key_format`` /
+/// ``query_format``); an array in non-native byte order, misaligned or not C-contiguous is
+/// copied once to a native, aligned one (the same values). NaN scores are absent: a row of
+/// them gets its forced blocks, then the lowest ids.
+///
+/// Parameters
+/// ----------
+/// index_q : array_like, [n_kv_heads, d] or [n_queries, n_kv_heads, d]
+///     The indexer queries of one query (2-D) or of a chunk of one sequence (3-D): float32
+///     (float64 converted once), float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw
+///     uint16 / uint8 view with ``query_format``. Any CPU DLPack tensor too.
+/// index_k : array_like, [n_positions, d]
+///     The sequence's index keys, in the formats of ``index_q`` (raw views with
+///     ``key_format``); ``d`` is ``index_q``'s, at least 1. Any CPU DLPack tensor too.
+/// query_pos : int or array_like of int, [n_queries]
+///     Each query's position, >= 0 (one past the last key is clipped to the keys that
+///     exist). One integer with a 2-D ``index_q``; with a 3-D one ``[n_queries]``, or one
+///     integer for a batch of one query.
+/// config : BlockSparseConfig, optional
+///     The selection rule; None for ``BlockSparseConfig()``.
+/// key_format, query_format : str, optional
+///     The format of a raw view: "float32", "float16", "bfloat16" or "float8_e4m3fn".
+///     Required for a raw uint16 / uint8 array; with a typed array it must agree with its
+///     dtype.
+/// head_major : bool, default False
+///     Batched rows as the engines' ``[n_kv_heads, n_queries, width]`` instead of
+///     ``[n_queries, n_kv_heads, width]``.
+/// out : ndarray of int32, optional
+///     ``out=`` reuses a buffer: exactly the result's shape, written in place and returned.
+///     C-contiguous, writeable, aligned, native byte order, not overlapping any input (else
+///     refused, nothing written).
+///
+/// Returns
+/// -------
+/// ndarray of int32, [n_kv_heads, width] or [n_queries, n_kv_heads, width]
+///     Each row's block ids, ascending, then -1: ``[n_kv_heads, width]`` for one query,
+///     ``[n_kv_heads, n_queries, width]`` batched with ``head_major=True``.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) when ``index_q`` is not 2-D or 3-D,
+///     or its ``d`` is not ``index_k``'s (``index_q``); ``index_k`` is not 2-D (or its block
+///     ids would not fit int32); ``d`` is 0 (``d``); ``query_pos`` is negative, past
+///     2**63 - 1, not one integer with a 2-D ``index_q``, or not ``[n_queries]`` with a 3-D
+///     one; a format name is unknown; a tensor is on a GPU (``.cpu()`` it); ``out`` is
+///     refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when an array's dtype is no key format (int32 keys; a raw view without its format),
+///     ``query_pos`` is not integers (a float, inf), ``config`` is not a BlockSparseConfig or
+///     None, an argument is not an array (None, a DLPack capsule), or ``out`` is not an
+///     int32 ndarray.
 #[pyfunction]
 #[pyo3(signature = (index_q, index_k, query_pos, config=None, *, key_format=None,
                     query_format=None, head_major=false, out=None))]
@@ -209,15 +278,47 @@ fn block_sparse_select<'py>(
     })
 }
 
-/// Every row's exact block scores, the values block selection ranks (bit
-/// for bit): float32 ``[n_queries, n_kv_heads, n_blocks]``, ``n_blocks =
-/// ceil(n_positions / config.block_size)``, entry ``b`` the max of ``q . k``
-/// over block ``b``'s visible positions (``-inf`` when all are NaN), NaN past
-/// the row's visible blocks. ``index_q`` is ``[n_queries, n_kv_heads, d]``
-/// with ``query_pos [n_queries]`` (one integer for one query); formats as
-/// :func:`block_sparse_select`;
-/// ``out=`` (float32, that shape) reuses a buffer. Their error scales are
+/// Every row's exact block scores: the values block selection ranks, bit for bit.
+///
+/// Entry ``b`` of a row is the max of ``q . k`` over block ``b``'s visible positions
+/// (``-inf`` when all are NaN), NaN past the row's visible blocks; ``n_blocks =
+/// ceil(n_positions / config.block_size)``. Their error scales are
 /// :func:`block_magnitudes`.
+///
+/// Parameters
+/// ----------
+/// index_q : array_like, [n_queries, n_kv_heads, d]
+///     The indexer queries (one query is ``index_q[None]``), in the formats of
+///     :func:`block_sparse_select`. Any CPU DLPack tensor too.
+/// index_k : array_like, [n_positions, d]
+///     The index keys, formats as :func:`block_sparse_select`.
+/// query_pos : int or array_like of int, [n_queries]
+///     Each query's position, >= 0 (one integer for one query).
+/// config : BlockSparseConfig, optional
+///     The selection rule; None for ``BlockSparseConfig()``.
+/// key_format, query_format : str, optional
+///     The format of a raw uint16 / uint8 view, as in :func:`block_sparse_select`.
+/// out : ndarray of float32, [n_queries, n_kv_heads, n_blocks], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
+///
+/// Returns
+/// -------
+/// ndarray of float32, [n_queries, n_kv_heads, n_blocks]
+///     The block scores, NaN past each row's visible blocks.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) when ``index_q`` is not 3-D or its
+///     ``d`` is not ``index_k``'s (``index_q``); ``index_k`` is not 2-D; ``d`` is 0;
+///     ``query_pos`` is negative or not ``[n_queries]`` (one integer only for one query); a
+///     format name is unknown; a tensor is on a GPU; ``out`` is refused (its shape, layout,
+///     read-only, or overlapping an input).
+/// TypeError
+///     when an array's dtype is no key format, ``query_pos`` is not integers, ``config`` is
+///     not a BlockSparseConfig or None, an argument is not an array, or ``out`` is not a
+///     float32 ndarray.
 #[pyfunction]
 #[pyo3(signature = (index_q, index_k, query_pos, config=None, *, key_format=None,
                     query_format=None, out=None))]
@@ -242,10 +343,45 @@ fn block_scores<'py>(
     )
 }
 
-/// The error scale of every :func:`block_scores` entry: the max over the
-/// block's visible positions of ``sum_i |q_i * k_i|``, the ``magnitudes``
-/// of :func:`check_blocks` (its ``rtol`` multiplies them). Arguments,
+/// The error scale of every :func:`block_scores` entry.
+///
+/// Entry ``b`` is the max over block ``b``'s visible positions of ``sum_i |q_i * k_i|``:
+/// the ``magnitudes`` of :func:`check_blocks` (its ``rtol`` multiplies them). Arguments,
 /// shape and NaN padding as :func:`block_scores`.
+///
+/// Parameters
+/// ----------
+/// index_q : array_like, [n_queries, n_kv_heads, d]
+///     The indexer queries, formats as :func:`block_sparse_select`. Any CPU DLPack tensor
+///     too.
+/// index_k : array_like, [n_positions, d]
+///     The index keys, formats as :func:`block_sparse_select`.
+/// query_pos : int or array_like of int, [n_queries]
+///     Each query's position, >= 0 (one integer for one query).
+/// config : BlockSparseConfig, optional
+///     The selection rule; None for ``BlockSparseConfig()``.
+/// key_format, query_format : str, optional
+///     The format of a raw uint16 / uint8 view, as in :func:`block_sparse_select`.
+/// out : ndarray of float32, [n_queries, n_kv_heads, n_blocks], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
+///
+/// Returns
+/// -------
+/// ndarray of float32, [n_queries, n_kv_heads, n_blocks]
+///     The magnitudes, NaN past each row's visible blocks.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) as :func:`block_scores`: ``index_q``
+///     not 3-D or of another ``d`` (``index_q``), ``index_k`` not 2-D, ``d`` 0,
+///     ``query_pos`` negative or not ``[n_queries]``, an unknown format name, a GPU tensor,
+///     a refused ``out``.
+/// TypeError
+///     when an array's dtype is no key format, ``query_pos`` is not integers, ``config`` is
+///     not a BlockSparseConfig or None, an argument is not an array, or ``out`` is not a
+///     float32 ndarray.
 #[pyfunction]
 #[pyo3(signature = (index_q, index_k, query_pos, config=None, *, key_format=None,
                     query_format=None, out=None))]
@@ -318,16 +454,59 @@ fn single_position(query_pos: &Obj) -> PyResult<usize> {
     S.count(query_pos, "query_pos", i64::MAX as u64)
 }
 
-/// A packed serving batch: the keys of all sequences concatenated in
-/// ``index_k [n_positions, d]``, sequence ``s`` owning rows ``cu_seqlens[s]
-/// .. cu_seqlens[s + 1]``; query ``i`` (``index_q [n_queries, n_kv_heads,
-/// d]``) belongs to sequence ``seq_ids[i]`` at position ``query_pos[i]``
-/// within it, and its block ids count from the start of its sequence.
-/// Returns int32 ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
-/// n_queries, width]`` with ``head_major=True``); formats as
-/// :func:`block_sparse_select`; ``seq_ids`` and ``query_pos`` are
-/// ``[n_queries]`` (``query_pos`` one integer for one query); ``out=``
-/// reuses a buffer.
+/// Block selection over a packed serving batch of sequences.
+///
+/// The keys of all sequences are concatenated in ``index_k [n_positions, d]``, sequence
+/// ``s`` owning rows ``cu_seqlens[s] .. cu_seqlens[s + 1]``; query ``i`` (``index_q
+/// [n_queries, n_kv_heads, d]``) belongs to sequence ``seq_ids[i]`` at position
+/// ``query_pos[i]`` within it, and its block ids count from the start of its sequence.
+/// Formats as :func:`block_sparse_select`.
+///
+/// Parameters
+/// ----------
+/// index_q : array_like, [n_queries, n_kv_heads, d]
+///     The indexer queries, formats as :func:`block_sparse_select`. Any CPU DLPack tensor
+///     too.
+/// index_k : array_like, [n_positions, d]
+///     Every sequence's index keys, concatenated; formats as :func:`block_sparse_select`.
+/// cu_seqlens : array_like of int, [n_seqs + 1]
+///     Sequence starts: 0 first, non-decreasing, the last ``n_positions``.
+/// seq_ids : array_like of int, [n_queries]
+///     Each query's sequence, in ``0..n_seqs``.
+/// query_pos : int or array_like of int, [n_queries]
+///     Each query's position within its sequence, >= 0 (one integer for one query).
+/// config : BlockSparseConfig, optional
+///     The selection rule; None for ``BlockSparseConfig()``.
+/// key_format, query_format : str, optional
+///     The format of a raw uint16 / uint8 view, as in :func:`block_sparse_select`.
+/// head_major : bool, default False
+///     Rows as ``[n_kv_heads, n_queries, width]`` instead of ``[n_queries, n_kv_heads,
+///     width]``.
+/// out : ndarray of int32, optional
+///     ``out=`` reuses a buffer: exactly the result's shape, written in place and returned.
+///     C-contiguous, writeable, aligned, native byte order, not overlapping any input (else
+///     refused, nothing written).
+///
+/// Returns
+/// -------
+/// ndarray of int32, [n_queries, n_kv_heads, width]
+///     Each row's block ids within its sequence, ascending, then -1 (``[n_kv_heads,
+///     n_queries, width]`` with ``head_major=True``).
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) when ``index_q`` is not 3-D or its
+///     ``d`` is not ``index_k``'s (``index_q``); ``index_k`` is not 2-D; ``d`` is 0;
+///     ``cu_seqlens`` is not 1-D, empty, does not start at 0, decreases or does not end at
+///     ``n_positions``; ``seq_ids`` is not ``[n_queries]`` or names no sequence;
+///     ``query_pos`` is negative or not ``[n_queries]``; a format name is unknown; a tensor
+///     is on a GPU; ``out`` is refused (its shape, layout, read-only, or overlapping an
+///     input).
+/// TypeError
+///     when an array's dtype is no key format, a position array is not integers, ``config``
+///     is not a BlockSparseConfig or None, an argument is not an array, or ``out`` is not an
+///     int32 ndarray.
 #[pyfunction]
 #[pyo3(signature = (index_q, index_k, cu_seqlens, seq_ids, query_pos, config=None, *,
                     key_format=None, query_format=None, head_major=false, out=None))]
@@ -367,24 +546,71 @@ fn block_sparse_select_packed<'py>(
     })
 }
 
-/// Block selection over an engine's paged index-K cache, read in place
-/// (vLLM's MiniMax-M3 layout): ``kv_cache [num_blocks, block_size, d]`` of
-/// float32 / float16 / bfloat16 / float8_e4m3fn (a raw view with
-/// ``key_format``; the block axis may be strided), whose page is the block:
-/// ``block_size`` must equal ``config.block_size``. ``block_table`` int32
-/// ``[n_seqs, max_blocks]`` (only the first ``ceil(seq_lens[s] /
-/// block_size)`` entries of a row are read), ``seq_lens [n_seqs]``; query
-/// ``i`` (``index_q [n_queries, n_kv_heads, d]``) belongs to sequence
-/// ``seq_ids[i]`` at ``query_pos[i]`` within it (``query_pos`` one integer
-/// for one query); ``block_table`` must be ``[len(seq_lens), max_blocks]``,
-/// axis by axis. Rows hold the sequence's
-/// logical block ids, ascending, then -1 (what vLLM's
-/// ``minimax_m3_index_topk`` returns); ``physical=True`` maps each through
-/// the block table to its page id, in the same slots. ``head_major=True``
-/// gives ``[n_kv_heads, n_queries, width]``; ``out=`` reuses a buffer.
-/// The pages are never converted: a cache in non-native byte order is
-/// refused (naming ``kv_cache``: pass ``kv_cache.astype(kv_cache.dtype
-/// .newbyteorder('='))``); misaligned pages are read in place, byte by byte.
+/// Block selection over an engine's paged index-K cache, read in place.
+///
+/// vLLM's MiniMax-M3 layout: ``kv_cache [num_blocks, block_size, d]``, whose page is the
+/// block. Query ``i`` (``index_q [n_queries, n_kv_heads, d]``) belongs to sequence
+/// ``seq_ids[i]`` at ``query_pos[i]`` within it. Rows hold the sequence's logical block
+/// ids, ascending, then -1 (what vLLM's ``minimax_m3_index_topk`` returns);
+/// ``physical=True`` maps each through the block table to its page id, in the same slots.
+/// The pages are never converted: a cache in non-native byte order is refused (naming
+/// ``kv_cache``: pass ``kv_cache.astype(kv_cache.dtype.newbyteorder('='))``); misaligned
+/// pages are read in place, byte by byte.
+///
+/// Parameters
+/// ----------
+/// index_q : array_like, [n_queries, n_kv_heads, d]
+///     The indexer queries, formats as :func:`block_sparse_select`. Any CPU DLPack tensor
+///     too.
+/// kv_cache : ndarray, [num_blocks, block_size, d]
+///     The pages: float32 / float16 / bfloat16 / float8_e4m3fn (a raw uint16 / uint8 view
+///     with ``key_format``), native byte order; the block axis may be strided.
+///     ``block_size`` must equal ``config.block_size``. Any CPU DLPack tensor too.
+/// block_table : array_like of int32, [n_seqs, max_blocks]
+///     Each sequence's pages (int64 converted once when every entry fits int32). Must be
+///     ``[len(seq_lens), max_blocks]``, axis by axis; only the first ``ceil(seq_lens[s] /
+///     block_size)`` entries of a row are read, and each must name a page.
+/// seq_lens : array_like of int, [n_seqs]
+///     Each sequence's length in tokens.
+/// seq_ids : array_like of int, [n_queries]
+///     Each query's sequence, in ``0..n_seqs``.
+/// query_pos : int or array_like of int, [n_queries]
+///     Each query's position within its sequence, >= 0 (one integer for one query).
+/// config : BlockSparseConfig, optional
+///     The selection rule; None for ``BlockSparseConfig()``.
+/// key_format, query_format : str, optional
+///     The format of a raw uint16 / uint8 view, as in :func:`block_sparse_select`.
+/// head_major : bool, default False
+///     Rows as ``[n_kv_heads, n_queries, width]`` instead of ``[n_queries, n_kv_heads,
+///     width]``.
+/// physical : bool, default False
+///     Page ids (through the block table) instead of logical block ids.
+/// out : ndarray of int32, optional
+///     ``out=`` reuses a buffer: exactly the result's shape, written in place and returned.
+///     C-contiguous, writeable, aligned, native byte order, not overlapping any input or
+///     page (else refused, nothing written).
+///
+/// Returns
+/// -------
+/// ndarray of int32, [n_queries, n_kv_heads, width]
+///     Each row's block ids (page ids with ``physical=True``), ascending, then -1
+///     (``[n_kv_heads, n_queries, width]`` with ``head_major=True``).
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) when ``kv_cache`` is not 3-D, in
+///     non-native byte order, or its pages are not ``config.block_size`` tokens;
+///     ``block_table`` is not ``[len(seq_lens), max_blocks]``, too short for a sequence, a
+///     read entry names no page, or an entry does not fit int32; ``seq_ids`` is not
+///     ``[n_queries]`` or names no sequence; ``query_pos`` is negative or not
+///     ``[n_queries]``; ``index_q`` is not 3-D or of another ``d``; a format name is
+///     unknown; a tensor is on a GPU; ``out`` is refused (its shape, layout, read-only, or
+///     overlapping an input).
+/// TypeError
+///     when a dtype does not fit (float64 pages, a raw view without ``key_format`` or with
+///     another one, a float ``block_table``), ``config`` is not a BlockSparseConfig or
+///     None, an argument is not an array, or ``out`` is not an int32 ndarray.
 #[pyfunction]
 #[pyo3(signature = (index_q, kv_cache, block_table, seq_lens, seq_ids, query_pos, config=None, *,
                     key_format=None, query_format=None, head_major=false, physical=false,
@@ -441,18 +667,47 @@ fn block_sparse_select_paged<'py>(
     })
 }
 
-/// The positions a block selection covers, int32, ascending and causally
-/// clipped: block ``b`` contributes ``b*bs .. min((b+1)*bs, n_positions,
-/// query_pos + 1)``; negative entries (padding) are skipped. 1-D ``blocks``
-/// with an int ``query_pos`` and ``n_positions``: the positions, as long as
-/// they are. Batched, in one call: ``blocks [rows, width]``, or a
-/// selection's ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
-/// n_queries, width]`` with ``head_major=True``), gives fixed-width rows
-/// ``[..., width * block_size]``, ascending then -1 (what
-/// :func:`sparse_attention` takes); ``query_pos`` and ``n_positions`` are an
-/// int (every row's), or one entry per row (2-D) or per query (3-D).
-/// Batched, ``out=`` (int32, exactly that shape, overlapping no input)
-/// receives the rows and is returned; the 1-D form takes no ``out=``.
+/// The positions a block selection covers, int32, ascending and causally clipped.
+///
+/// Block ``b`` contributes ``b*bs .. min((b+1)*bs, n_positions, query_pos + 1)``; negative
+/// entries (padding) are skipped. 1-D ``blocks`` with an int ``query_pos`` and
+/// ``n_positions``: the positions, as long as they are. Batched, in one call: ``blocks
+/// [rows, width]``, or a selection's ``[n_queries, n_kv_heads, width]`` (``[n_kv_heads,
+/// n_queries, width]`` with ``head_major=True``), gives fixed-width rows ``[..., width *
+/// block_size]``, ascending then -1 (what :func:`sparse_attention` takes).
+///
+/// Parameters
+/// ----------
+/// blocks : array_like of int32, [width], [rows, width] or [n_queries, n_kv_heads, width]
+///     Block ids, negative entries padding (a selection's rows as they come).
+/// query_pos, n_positions : int or array_like of int, [rows] or [n_queries]
+///     The query's position and the sequence length: an int (every row's), or, batched,
+///     one entry per row (2-D) or per query (3-D). The 1-D form takes ints.
+/// config : BlockSparseConfig, optional
+///     Its ``block_size`` (``bs``); None for ``BlockSparseConfig()``.
+/// head_major : bool, default False
+///     3-D ``blocks`` are ``[n_kv_heads, n_queries, width]``.
+/// out : ndarray of int32, [..., width * block_size], optional
+///     Batched only (the 1-D form takes no ``out=``): exactly that shape, written in place
+///     and returned. C-contiguous, writeable, aligned, native byte order, overlapping no
+///     input (else refused, nothing written).
+///
+/// Returns
+/// -------
+/// ndarray of int32, [n_covered] (1-D ``blocks``) or [..., width * block_size]
+///     The covered positions, ascending (batched rows then -1).
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) when ``blocks`` is not 1-D, 2-D or
+///     3-D, or a covered position would not fit int32; ``query_pos`` / ``n_positions`` is
+///     negative, or neither an int nor one entry per row / per query (axis 1 when
+///     head-major); ``out`` is given with 1-D ``blocks``, or is refused (its shape,
+///     layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``blocks`` or a position is not integers, ``config`` is not a BlockSparseConfig
+///     or None, or ``out`` is not an int32 ndarray.
 #[pyfunction]
 #[pyo3(signature = (blocks, query_pos, n_positions, config=None, *, head_major=false, out=None))]
 fn positions_of_blocks<'py>(

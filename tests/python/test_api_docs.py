@@ -165,3 +165,112 @@ def test_every_indexer_and_compressed_function_documents_parameters_returns_and_
              "expand_entries", "combine_topk_swa_indices"]
     gaps = {n: g for n in names if (g := _numpydoc_gaps(getattr(kvselect, n)))}
     assert not gaps, gaps
+
+
+# The public native functions and methods of src/python/block_sparse.rs and
+# src/python/attention.rs, by hand (a new one is added here).
+# BlockSparseConfig stands for its __new__: a class's parameters are documented on the
+# class, which returns nothing.
+_BLOCK_AND_ATTENTION = [
+    "BlockSparseConfig",
+    "block_sparse_select",
+    "block_scores",
+    "block_magnitudes",
+    "block_sparse_select_packed",
+    "block_sparse_select_paged",
+    "positions_of_blocks",
+    "Selector.local",
+    "Selector.random",
+    "Selector.sink_window",
+    "Selector.row",
+    "Selector.rows",
+    "oracle_topk",
+    "attention_probabilities",
+    "dense_attention",
+    "sparse_attention",
+    "output_relative_error_rows",
+    "output_relative_error",
+    "set_num_threads",
+]
+# These take no argument and refuse nothing: Returns is their only section.
+_NO_ARGUMENTS = ["Selector.dense", "get_num_threads", "simd_level"]
+
+
+def _native(qualname):
+    obj = kvselect._core
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _signature_parameters(obj):
+    text = obj.__text_signature__
+    assert text and text.startswith("(") and text.endswith(")"), text
+    names = []
+    for part in text[1:-1].split(","):
+        name = part.split("=")[0].strip().lstrip("*")
+        if name and name not in ("/", "$self", "$cls", "self", "cls"):
+            names.append(name)
+    return names
+
+
+def _section(doc, title):
+    """The body of numpydoc section `title`, up to the next section header."""
+    head = f"\n{title}\n{'-' * len(title)}\n"
+    if head not in doc:
+        return None
+    body = doc.split(head, 1)[1]
+    following = re.search(r"^\S[^\n]*\n-{3,}\n", body, re.MULTILINE)
+    return body[: following.start()] if following else body
+
+
+def _documented_parameters(section):
+    names = []
+    for line in re.findall(r"^(\w+(?:, \w+)*) :", section, re.MULTILINE):
+        names.extend(line.split(", "))
+    return names
+
+
+def test_every_block_and_attention_function_documents_parameters_returns_and_raises():
+    faults = []
+    for qualname in _BLOCK_AND_ATTENTION:
+        obj = _native(qualname)
+        doc = inspect.cleandoc(obj.__doc__ or "")
+        is_class = inspect.isclass(obj)
+        for title in ("Parameters", "Raises") + (() if is_class else ("Returns",)):
+            if _section(doc, title) is None:
+                faults.append(f"{qualname}: no {title} section")
+        raises = _section(doc, "Raises") or ""
+        if not re.search(r"^(SelectionError|KvselectError|TypeError)$", raises, re.MULTILINE):
+            faults.append(f"{qualname}: Raises names no exception class")
+        documented = _documented_parameters(_section(doc, "Parameters") or "")
+        for name in _signature_parameters(obj):
+            if name not in documented:
+                faults.append(f"{qualname}: parameter {name} is not documented as `{name} :`")
+        extra = set(documented) - set(_signature_parameters(obj))
+        if extra:
+            faults.append(f"{qualname}: documents parameters it does not take: {sorted(extra)}")
+    for qualname in _NO_ARGUMENTS:
+        obj = _native(qualname)
+        assert _signature_parameters(obj) == [], f"{qualname} takes arguments: document them"
+        if _section(inspect.cleandoc(obj.__doc__ or ""), "Returns") is None:
+            faults.append(f"{qualname}: no Returns section")
+    assert not faults, "\n".join(faults)
+
+
+def test_the_block_and_attention_list_names_every_function_those_files_register():
+    # the explicit list above cannot fall behind the bindings
+    registered = set()
+    for name in ("block_sparse.rs", "attention.rs"):
+        source = (ROOT / "src" / "python" / name).read_text(encoding="utf-8")
+        registered |= set(re.findall(r"wrap_pyfunction!\((\w+), m\)", source))
+    public = {n for n in registered if not n.startswith("_")}
+    listed = {n for n in _BLOCK_AND_ATTENTION + _NO_ARGUMENTS if "." not in n and n[0].islower()}
+    assert public == listed
+
+
+def test_the_section_reader_finds_a_missing_parameter():
+    doc = "Summary.\n\nParameters\n----------\na, b : int\n    Two.\n\nReturns\n-------\nint\n    One.\n"
+    assert _documented_parameters(_section(doc, "Parameters")) == ["a", "b"]
+    assert _section(doc, "Raises") is None
+    assert "int\n    One." in _section(doc, "Returns")
