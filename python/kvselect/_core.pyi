@@ -1138,13 +1138,14 @@ class GlobalSlots:
     SelectionError
         (a ValueError; ``.argument`` names the argument) when ``block_table`` is not 2-D
         (``dcp_size = 1``) or 3-D with ``dcp_size`` tables, or holds a value outside int32;
-        ``block_size``, ``dcp_size`` or ``dcp_interleave`` is 0; ``block_stride_rows`` is
-        below ``block_size`` (pages would overlap); a count is negative or above
-        2**31 - 1; ``req_ids`` (or ``prefill_req_ids``, ``workspace_starts``) is not 1-D or
-        ``req_ids`` has a negative entry; only one of ``prefill_req_ids`` and
-        ``workspace_starts`` is given (``workspace_starts`` is named); or a tensor is not on
-        the CPU. ``req_ids`` and ``prefill_req_ids`` against the rows and tables (one entry
-        per row, naming a request that exists) are checked by each call that reads rows.
+        ``block_size``, ``dcp_size`` (named as ``block_table``'s shape) or ``dcp_interleave``
+        is 0; ``block_stride_rows`` is below ``block_size`` (pages would overlap); a count
+        is negative or above 2**31 - 1; ``req_ids`` (or ``prefill_req_ids``,
+        ``workspace_starts``) is not 1-D or ``req_ids`` has a negative entry; only one of
+        ``prefill_req_ids`` and ``workspace_starts`` is given (``workspace_starts`` is
+        named); or a tensor is not on the CPU. ``req_ids`` and ``prefill_req_ids`` against
+        the rows and tables (one entry per row, naming a request that exists) are checked
+        by each call that reads rows.
     TypeError
         when an array holds no integers or a count is not an integer.
     """
