@@ -103,12 +103,35 @@ class SelectionError(KvselectError):
     """
 
 def segment_of(token: int, context_len: int, num_segments: int) -> int:
-    """The segment of ``token`` in a row of ``context_len`` tokens cut into
-    ``num_segments`` segments: the segment map itself,
-    ``floor(token * S_eff / L)`` with ``L = max(context_len, 1)`` and
-    ``S_eff = min(num_segments, L)``, exact for every integer up to 2**64 - 1.
-    Not clamped: an out-of-range token maps past the partition
-    (``segment_of(20, 4, 8) == 20``); only the merge clamps to ``S - 1``.
+    """The segment of one token: the segment map itself.
+
+    The segment of ``token`` in a row of ``context_len`` tokens cut into ``num_segments``
+    segments, ``floor(token * S_eff / L)`` with ``L = max(context_len, 1)`` and
+    ``S_eff = min(num_segments, L)``, exact for every integer up to 2**64 - 1. Not clamped:
+    an out-of-range token maps past the partition (``segment_of(20, 4, 8) == 20``); only the
+    merge clamps to ``S - 1``.
+
+    Parameters
+    ----------
+    token : int
+        The token's position, 0 to 2**64 - 1 (a Python or NumPy integer).
+    context_len : int
+        The row's length ``L``, 0 to 2**64 - 1 (0 is read as 1).
+    num_segments : int
+        The segment count ``S``, 0 to 2**64 - 1.
+
+    Returns
+    -------
+    int
+        The segment index, ``floor(token * S_eff / L)``.
+
+    Raises
+    ------
+    WitnessError
+        (a ValueError; ``.argument`` names the argument) when an argument is negative or
+        above 2**64 - 1.
+    TypeError
+        when an argument is not an integer (a float, NaN, a string, None).
     """
 
 def topology_witness_indices(
@@ -118,12 +141,47 @@ def topology_witness_indices(
     *,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The witnesses of every learned row: int32 ``[rows, num_segments]``, slot
-    ``s`` holding the left edge ``e_s = ceil(s * L / S_eff)`` of segment ``s``
-    when the row does not occupy it, ``-1`` when it does or ``s >= S_eff``.
-    ``learned`` is ``[rows, topk]`` row-relative offsets (negative =
-    padding), ``context_lens`` ``[rows]``; a row of length <= 0 gets none.
-    Any positive segment count is accepted. ``out=`` reuses a buffer.
+    """The witnesses of every learned row, one slot per segment.
+
+    Slot ``s`` of row ``r`` holds the left edge ``e_s = ceil(s * L / S_eff)`` of segment
+    ``s`` when the row does not occupy it, ``-1`` when it does or ``s >= S_eff``
+    (``L = context_lens[r]``, ``S_eff = min(num_segments, L)``). A row of length <= 0 gets
+    none. Any positive segment count is accepted.
+
+    Parameters
+    ----------
+    learned : array_like of int, [rows, topk]
+        Row-relative offsets, negative = padding; any integer dtype whose values fit int32
+        (int64 ``torch.topk`` indices convert once), any layout (copied once when not
+        C-contiguous, aligned and native int32). Any CPU DLPack tensor too.
+    context_lens : array_like of int, [rows]
+        Each row's length ``L``, values within int32; one per learned row.
+    num_segments : int
+        The segment count ``S``, 1 to 2**32 - 1.
+    out : ndarray of int32, [rows, num_segments], optional
+        Reuses a buffer: written in place and returned. Exactly that shape, native int32,
+        C-contiguous, aligned, writeable, sharing no input's memory (an ndarray or a CPU
+        DLPack tensor; never converted). A refused call leaves it untouched.
+
+    Returns
+    -------
+    ndarray of int32, [rows, num_segments]
+        The witnesses (``out`` itself when given).
+
+    Raises
+    ------
+    WitnessError
+        (a ValueError; ``.argument`` names the argument) when ``learned`` is not 2-D,
+        ``context_lens`` is not 1-D with one entry per row, a value does not fit int32,
+        ``num_segments`` is 0, negative or above 2**32 - 1, ``out`` has another shape, is not
+        C-contiguous, aligned and writeable, or overlaps an input, or a tensor is not on
+        the CPU.
+    TypeError
+        when an array holds no integers (floats, bools, strings), an argument is no array
+        (None, an object, a dict), ``num_segments`` is not an integer, or ``out`` is not an
+        int32 ndarray or tensor (another dtype, byte order or a list).
+    MemoryError
+        when the ``[rows, num_segments]`` result is too large to allocate.
     """
 
 def apply_topology_witnesses(
@@ -135,11 +193,46 @@ def apply_topology_witnesses(
     *,
     out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
-    """The learned rows with witnesses merged in, as a new int32 array (or into
-    ``out=``): slots ``[0, learned_keep)`` kept bit for bit, the witnesses in
-    ascending segment order written to slots ``learned_keep, ...`` up to
+    """The learned rows with witnesses merged in, as a new int32 array (or into ``out=``).
+
+    Slots ``[0, learned_keep)`` are kept bit for bit, the witnesses in ascending segment
+    order are written to slots ``learned_keep, ...`` up to
     ``B = min(max_replacements, topk - learned_keep)``, the rest dropped.
-    Refuses 0 or more than 64 segments and ``learned_keep > topk``.
+
+    Parameters
+    ----------
+    learned : array_like of int, [rows, topk]
+        Row-relative offsets, negative = padding; any integer dtype whose values fit int32,
+        any layout (copied once when needed). Any CPU DLPack tensor too.
+    context_lens : array_like of int, [rows]
+        Each row's length, values within int32; one per learned row.
+    learned_keep : int
+        The retained prefix, 0 to ``topk``.
+    num_segments : int
+        The segment count ``S``, 1 to 64 (``MAX_TOPOLOGY_SEGMENTS``).
+    max_replacements : int
+        The witness budget per row, 0 to 2**64 - 1 (capped by the row).
+    out : ndarray of int32, [rows, topk], optional
+        Written in place and returned. Exactly ``learned``'s shape, native int32,
+        C-contiguous, aligned, writeable, sharing no input's memory (an ndarray or a CPU
+        DLPack tensor; never converted). A refused call leaves it untouched.
+
+    Returns
+    -------
+    ndarray of int32, [rows, topk]
+        The merged rows (``out`` itself when given).
+
+    Raises
+    ------
+    WitnessError
+        (a ValueError; ``.argument`` names the argument) when ``learned`` is not 2-D,
+        ``context_lens`` is not 1-D with one entry per row, a value does not fit int32,
+        ``num_segments`` is 0 or more than 64, ``learned_keep > topk``, a count is negative
+        or above 2**64 - 1, ``out`` has another shape, is not C-contiguous, aligned and
+        writeable, or overlaps an input, or a tensor is not on the CPU.
+    TypeError
+        when an array holds no integers, an argument is no array, a count is not an integer
+        (None, a float), or ``out`` is not an int32 ndarray or tensor.
     """
 
 def scatter_topology_witnesses(
@@ -147,35 +240,158 @@ def scatter_topology_witnesses(
     context_lens: _ArrayIn,
     num_segments: int,
 ) -> None:
-    """The serving entry point: merges witnesses into ``topk_indices`` (int32
-    ``[rows, topk]``, C-contiguous, writeable) in place, with ``keep = topk -
-    num_segments`` and ``max_replacements = num_segments``. The buffer is
-    never converted (a ``torch.topk`` result is int64: call ``.int()``
-    first) and is checked on every call; ``num_segments = 0`` is the off
-    switch. A refused call leaves the buffer byte-identical.
+    """The serving entry point: merges witnesses into ``topk_indices`` in place.
+
+    The merge of :func:`apply_topology_witnesses` with ``keep = topk - num_segments`` and
+    ``max_replacements = num_segments``, written into the caller's buffer. The buffer is
+    never converted (a ``torch.topk`` result is int64: call ``.int()`` first) and is checked
+    on every call; ``num_segments = 0`` is the off switch. A refused call leaves the buffer
+    byte-identical.
+
+    Parameters
+    ----------
+    topk_indices : ndarray of int32, [rows, topk]
+        The learned rows, rewritten in place: native int32, C-contiguous, aligned,
+        writeable, not overlapping ``context_lens`` (an ndarray or a CPU DLPack tensor,
+        e.g. an int32 torch tensor; never converted or copied).
+    context_lens : array_like of int, [rows]
+        Each row's length, values within int32; one per buffer row.
+    num_segments : int
+        The segment count ``S``, 0 (off: nothing written) to 64 (``MAX_TOPOLOGY_SEGMENTS``).
+
+    Returns
+    -------
+    None
+        The merged rows are ``topk_indices`` itself, rewritten in place.
+
+    Raises
+    ------
+    WitnessError
+        (a ValueError; ``.argument`` names the argument) when ``topk_indices`` is not 2-D,
+        not C-contiguous, misaligned, read-only or overlaps ``context_lens`` (checked even
+        with the off switch), ``context_lens`` is not 1-D with one entry per row or holds a
+        value outside int32, ``num_segments`` is negative or more than 64, or a tensor is
+        not on the CPU.
+    TypeError
+        when ``topk_indices`` is not a native int32 ndarray or tensor (int64, float32,
+        byte-swapped, a list, None; checked even with the off switch), ``context_lens``
+        holds no integers, or ``num_segments`` is not an integer.
     """
 
 def random_null(context_len: int, budget: int, seed: int) -> npt.NDArray[np.int32]:
-    """The random null: ``min(budget, context_len)`` tokens drawn uniformly
-    without replacement from ``[0, context_len)``, ascending, deterministic
-    in ``seed`` (row ``L - 1`` of ``Selector.random(budget, seed)``).
+    """The random null: ``min(budget, context_len)`` tokens drawn uniformly.
+
+    Drawn without replacement from ``[0, context_len)``, ascending, deterministic in
+    ``seed`` (row ``L - 1`` of ``Selector.random(budget, seed)``).
+
+    Parameters
+    ----------
+    context_len : int
+        The row's length ``L``, 0 to 2**31 - 1.
+    budget : int
+        How many tokens to draw, 0 to 2**64 - 1 (capped at ``L``).
+    seed : int
+        The seed, 0 to 2**64 - 1.
+
+    Returns
+    -------
+    ndarray of int32, [min(budget, context_len)]
+        The drawn tokens, ascending.
+
+    Raises
+    ------
+    WitnessError
+        (a ValueError; ``.argument`` names the argument) when ``context_len`` is above
+        2**31 - 1, or an argument is negative or above 2**64 - 1.
+    TypeError
+        when an argument is not an integer (a float, ``np.float64``, a string).
     """
 
 def locality_null(context_len: int, budget: int) -> npt.NDArray[np.int32]:
-    """The locality null: the ``min(budget, context_len)`` most recent tokens,
-    ``[L - k, L)`` (row ``L - 1`` of ``Selector.local(budget)``).
+    """The locality null: the ``min(budget, context_len)`` most recent tokens.
+
+    The tokens ``[L - k, L)``, ``k = min(budget, L)`` (row ``L - 1`` of
+    ``Selector.local(budget)``).
+
+    Parameters
+    ----------
+    context_len : int
+        The row's length ``L``, 0 to 2**31 - 1.
+    budget : int
+        How many tokens to keep, 0 to 2**64 - 1 (capped at ``L``).
+
+    Returns
+    -------
+    ndarray of int32, [min(budget, context_len)]
+        ``L - k, ..., L - 1``.
+
+    Raises
+    ------
+    WitnessError
+        (a ValueError; ``.argument`` names the argument) when ``context_len`` is above
+        2**31 - 1, or an argument is negative or above 2**64 - 1.
+    TypeError
+        when an argument is not an integer (a string, a float).
     """
 
 def segment_coverage(candidates: _ArrayIn, context_len: int, num_segments: int) -> float:
-    """The share of the ``S_eff`` segments of ``[0, context_len)`` that
-    ``candidates`` (1-D) meets; padding, duplicates and out-of-range entries
-    count for nothing; 1.0 when there are no segments.
+    """The share of the ``S_eff`` segments of ``[0, context_len)`` that ``candidates`` meets.
+
+    Padding, duplicates and out-of-range entries count for nothing; 1.0 when there are no
+    segments (``S_eff = min(num_segments, L)``).
+
+    Parameters
+    ----------
+    candidates : array_like of int, [k]
+        The selected positions (1-D), any integer dtype whose values fit int32; negative =
+        padding. Any CPU DLPack tensor too.
+    context_len : int
+        The row's length ``L``, 0 to 2**64 - 1.
+    num_segments : int
+        The segment count ``S``, 0 to 2**64 - 1.
+
+    Returns
+    -------
+    float
+        Segments met / ``S_eff``, in [0, 1].
+
+    Raises
+    ------
+    WitnessError
+        (a ValueError; ``.argument`` names the argument) when ``candidates`` is not 1-D or
+        holds a value outside int32, a count is negative or above 2**64 - 1, or a tensor is
+        not on the CPU.
+    TypeError
+        when ``candidates`` holds no integers (complex, bytes) or a count is not an integer.
     """
 
 def attention_mass_recall(candidates: _ArrayIn, attention_row: _ArrayIn) -> float:
-    """The share of a dense attention row's mass that ``candidates`` keeps:
-    ``sum(a[x] for distinct x in C, 0 <= x < L) / sum(a)``, the plain
-    quotient (NaN for 0/0, ``±inf`` when a row summing to 0 keeps something).
+    """The share of a dense attention row's mass that ``candidates`` keeps.
+
+    ``sum(a[x] for distinct x in C, 0 <= x < L) / sum(a)``, the plain quotient (NaN for
+    0/0, ``±inf`` when a row summing to 0 keeps something; NaN in the row propagates).
+
+    Parameters
+    ----------
+    candidates : array_like of int, [k]
+        The selected positions (1-D), any integer dtype whose values fit int32; negative
+        and out-of-range entries keep nothing. Any CPU DLPack tensor too.
+    attention_row : array_like of float, [L]
+        The row's attention weights ``a`` (1-D), read as float64 (other floats convert once).
+
+    Returns
+    -------
+    float
+        The kept share of the mass.
+
+    Raises
+    ------
+    WitnessError
+        (a ValueError; ``.argument`` names the argument) when an argument is not 1-D,
+        ``candidates`` holds a value outside int32, or a tensor is not on the CPU.
+    TypeError
+        when ``candidates`` holds no integers or ``attention_row`` no floats (a list of
+        ints included).
     """
 
 @final
@@ -883,11 +1099,41 @@ def segment_coverage_rows(
     *,
     out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
-    """:func:`segment_coverage` of every row of ``candidates`` (``[rows,
-    width]``) with its ``context_lens[r]`` (``[rows]``): float64 ``[rows]``.
-    ``out=`` (float64 ``[rows]`` exactly, C-contiguous, writeable, sharing
-    no input's memory) is filled and returned; a refused call leaves it
-    untouched.
+    """:func:`segment_coverage` of every row of ``candidates``, with its ``context_lens[r]``.
+
+    Row ``r`` of the result is ``segment_coverage(candidates[r], context_lens[r],
+    num_segments)``.
+
+    Parameters
+    ----------
+    candidates : array_like of int, [rows, width]
+        The selections, any integer dtype whose values fit int32; negative = padding. Any
+        CPU DLPack tensor too.
+    context_lens : array_like of int, [rows]
+        Each row's length, every entry >= 0; one per candidate row.
+    num_segments : int
+        The segment count ``S``, 0 to 2**64 - 1.
+    out : ndarray of float64, [rows], optional
+        Filled and returned: exactly ``[rows]``, native float64, C-contiguous, aligned,
+        writeable, sharing no input's memory (never converted). A refused call leaves it
+        untouched.
+
+    Returns
+    -------
+    ndarray of float64, [rows]
+        Each row's coverage (``out`` itself when given).
+
+    Raises
+    ------
+    WitnessError
+        (a ValueError; ``.argument`` names the argument) when ``candidates`` is not 2-D or
+        holds a value outside int32, ``context_lens`` is not 1-D with one entry per row or
+        has a negative entry, ``num_segments`` is negative or above 2**64 - 1, ``out`` has
+        another shape, is not C-contiguous, aligned and writeable, or overlaps an input, or
+        a tensor is not on the CPU.
+    TypeError
+        when an array holds no integers, ``num_segments`` is not an integer, or ``out`` is
+        not a float64 ndarray or tensor.
     """
 
 def slots_used_rows(
@@ -896,11 +1142,36 @@ def slots_used_rows(
     *,
     out: Optional[_ArrayOut[np.int64]] = None,
 ) -> npt.NDArray[np.int64]:
-    """How many distinct entries of each row of ``candidates`` (``[rows,
-    width]``) lie in ``[0, context_lens[r])``: the keys the selection really
-    uses (padding, duplicates and out-of-range entries use none), int64
-    ``[rows]``. ``out=`` (int64 ``[rows]`` exactly) is filled and returned;
-    a refused call leaves it untouched.
+    """How many distinct entries of each row of ``candidates`` lie in ``[0, context_lens[r])``.
+
+    The keys the selection really uses: padding, duplicates and out-of-range entries use
+    none.
+
+    Parameters
+    ----------
+    candidates : array_like of int, [rows, width]
+        The selections, any integer dtype whose values fit int32. Any CPU DLPack tensor too.
+    context_lens : array_like of int, [rows]
+        Each row's length, every entry >= 0; one per candidate row.
+    out : ndarray of int64, [rows], optional
+        Filled and returned: exactly ``[rows]``, native int64, C-contiguous, aligned,
+        writeable, sharing no input's memory (never converted). A refused call leaves it
+        untouched.
+
+    Returns
+    -------
+    ndarray of int64, [rows]
+        Each row's count of used keys (``out`` itself when given).
+
+    Raises
+    ------
+    WitnessError
+        (a ValueError; ``.argument`` names the argument) when ``candidates`` is not 2-D or
+        holds a value outside int32, ``context_lens`` is not 1-D with one entry per row or
+        has a negative entry, ``out`` has another shape, is not C-contiguous, aligned and
+        writeable, or overlaps an input, or a tensor is not on the CPU.
+    TypeError
+        when an array holds no integers, or ``out`` is not an int64 ndarray or tensor.
     """
 
 def attention_mass_recall_rows(
@@ -909,16 +1180,46 @@ def attention_mass_recall_rows(
     *,
     out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
-    """:func:`attention_mass_recall` of every row ``r`` of ``attention``
-    (float64 ``[n_rows, row_len]``) against candidate row ``r // group``,
-    ``group = n_rows / rows`` (a KV head's selection serves its query
-    heads): float64 ``[n_rows]``. Or, as the attention functions give them,
-    ``candidates`` ``[n_queries, n_kv_heads, width]`` (a selection) and
-    ``attention`` ``[n_queries, n_q_heads, n_keys]``
-    (:func:`attention_probabilities`), checked axis by axis (``n_q_heads`` a
-    multiple of ``n_kv_heads``): float64 ``[n_queries, n_q_heads]``, the
-    same numbers. ``out=`` (float64 of exactly the result's shape) is filled
-    and returned; a refused call leaves it untouched.
+    """:func:`attention_mass_recall` of every attention row against its candidate row.
+
+    Row ``r`` of ``attention`` (float64 ``[n_rows, row_len]``) is judged against candidate
+    row ``r // group``, ``group = n_rows / rows`` (a KV head's selection serves its query
+    heads): float64 ``[n_rows]``. Or, as the attention functions give them, ``candidates``
+    ``[n_queries, n_kv_heads, width]`` (a selection) and ``attention``
+    ``[n_queries, n_q_heads, n_keys]`` (:func:`attention_probabilities`), checked axis by
+    axis (``n_q_heads`` a multiple of ``n_kv_heads``): float64 ``[n_queries, n_q_heads]``,
+    the same numbers.
+
+    Parameters
+    ----------
+    candidates : array_like of int, [rows, width] or [n_queries, n_kv_heads, width]
+        The selections, any integer dtype whose values fit int32. Any CPU DLPack tensor too.
+    attention : array_like of float, [n_rows, row_len] or [n_queries, n_q_heads, n_keys]
+        Dense attention rows, read as float64 (other floats convert once); 2-D with 2-D
+        candidates (``n_rows`` a positive multiple of ``rows``; none when there are no
+        candidate rows), 3-D with 3-D ones.
+    out : ndarray of float64, [n_rows] or [n_queries, n_q_heads], optional
+        Filled and returned: exactly the result's shape, native float64, C-contiguous,
+        aligned, writeable, sharing no input's memory (never converted). A refused call
+        leaves it untouched.
+
+    Returns
+    -------
+    ndarray of float64, [n_rows] or [n_queries, n_q_heads]
+        Each attention row's recall (``out`` itself when given).
+
+    Raises
+    ------
+    WitnessError
+        (a ValueError; ``.argument`` names the argument) when ``candidates`` is neither 2-D
+        nor 3-D or holds a value outside int32; ``attention`` has the other form, another
+        ``n_queries``, an ``n_q_heads`` that is no positive multiple of ``n_kv_heads``, or a
+        row count that is no positive multiple of the candidate rows; ``out`` has another
+        shape, is not C-contiguous, aligned and writeable, or overlaps an input; or a tensor
+        is not on the CPU.
+    TypeError
+        when ``candidates`` holds no integers, ``attention`` no floats, or ``out`` is not a
+        float64 ndarray or tensor.
     """
 
 def output_relative_error(sparse: _ArrayIn, dense: _ArrayIn) -> float:
@@ -1303,51 +1604,86 @@ def check_topk(
     slots: Optional["GlobalSlots"] = None,
     filler: str = "-1",
 ) -> dict[str, Any]:
-    """Whether each of an engine's top-k rows is a correct selection of its
-    row's exact ``scores`` (float32 or float64 ``[n_rows, n_positions]``,
-    read as given: e.g. :func:`indexer_scores`, or float64-exact scores;
-    any other dtype is a ``TypeError``): its valid entries first, distinct, causal
-    (``0 <= x < L``), exactly ``min(topk, L)`` of them, and every selected
-    position scoring at least every unselected one — up to ``e_t = atol +
-    rtol * magnitudes[t]`` on each side, so a tie within the engine's
-    rounding is never an error (rows may be in any order; ties at the
-    threshold broken any way). ``rows`` is int32 or int64 ``[n_rows,
-    width]`` (e.g. :func:`indexer_topk`; top-k rows are always 2-D, one per
-    query), negative entries padding, row-relative or
-    (``slots=GlobalSlots(...)``) global slot ids; ``context_lens``
-    ``[n_rows]`` (default: every position; for the indexer, ``min(query_pos
-    + 1, n_keys)``); ``magnitudes`` (float32 or float64; another float
-    dtype converts to float32) has the shape of ``scores``, axis by axis; ``topk`` defaults to ``width`` (a rank's width with DCP slots).
-    With ``atol = rtol = 0`` the check is exact.
+    """Whether each of an engine's top-k rows is a correct selection of its row's exact scores.
 
-    ``filler`` states how the engine fills a row that sees fewer than
-    ``topk`` positions (and pads in general); the entries it names are
-    ignored, and a correct row still holds exactly ``min(topk, L)`` distinct
-    valid entries: ``"-1"`` (the default) — negative entries are padding and
-    come after the valid ones; ``"past_context"`` (transformers'
-    DeepSeek-V3.2-family DSA modules, whose ``torch.topk`` over masked
-    scores fills with masked future positions) — an entry at or past the
-    row's context ``L``, or negative, is filler wherever it sits (with
-    ``slots``, an entry naming no position of its request is still
-    ``not_in_table``); ``"repeat"`` — an entry equal to an earlier valid
-    entry of the row is filler wherever it sits, negative ones padding as
-    with ``"-1"`` (a row that repeats instead of selecting is short:
-    ``wrong_count``). DCP rows (``slots`` with ``dcp_size > 1``) pad
-    anywhere under every rule.
+    A correct row has its valid entries first, distinct, causal (``0 <= x < L``), exactly
+    ``min(topk, L)`` of them, and every selected position scoring at least every unselected
+    one — up to ``e_t = atol + rtol * magnitudes[t]`` on each side, so a tie within the
+    engine's rounding is never an error (rows may be in any order; ties at the threshold
+    broken any way). With ``atol = rtol = 0`` the check is exact.
 
-    Returns a dict: ``rows``, ``correct``, ``wrong``, ``by_reason`` (rows
-    per reason: ``padding_hole``, ``duplicate``, ``not_causal``,
-    ``not_in_table``, ``wrong_count``, ``wrong_selection``) and ``details``,
-    one entry per wrong row: its ``row`` and ``problems`` (each a dict with
-    its ``reason``; a wrong selection lists the ``dropped`` and
-    ``intruders`` as ``(position, score)``, their counts, the row's exact
-    ``threshold`` (scores and threshold are the input's own values, as
-    Python floats) and the ``margin`` by which it is wrong; with ``slots``, a
-    ``not_causal`` entry also carries the engine's ``value``, the slot id it
-    wrote). A row's entries past its context are one ``not_causal`` problem
-    (the first ``slot`` and ``position``, ``n_slots`` such entries, the
-    row's ``context``), its repeats one ``duplicate`` (the first, and
-    ``n_slots``).
+    ``filler`` states how the engine fills a row that sees fewer than ``topk`` positions
+    (and pads in general); the entries it names are ignored, and a correct row still holds
+    exactly ``min(topk, L)`` distinct valid entries: ``"-1"`` (the default) — negative
+    entries are padding and come after the valid ones; ``"past_context"`` (transformers'
+    DeepSeek-V3.2-family DSA modules, whose ``torch.topk`` over masked scores fills with
+    masked future positions) — an entry at or past the row's context ``L``, or negative, is
+    filler wherever it sits (with ``slots``, an entry naming no position of its request is
+    still ``not_in_table``); ``"repeat"`` — an entry equal to an earlier valid entry of the
+    row is filler wherever it sits, negative ones padding as with ``"-1"`` (a row that
+    repeats instead of selecting is short: ``wrong_count``). DCP rows (``slots`` with
+    ``dcp_size > 1``) pad anywhere under every rule.
+
+    Parameters
+    ----------
+    scores : array_like of float32 or float64, [n_rows, n_positions]
+        Each row's exact scores, read as given: e.g. :func:`indexer_scores`, or
+        float64-exact scores; any other dtype is a ``TypeError``.
+    rows : array_like of int32 or int64, [n_rows, width]
+        The engine's rows (e.g. :func:`indexer_topk`; top-k rows are always 2-D, one per
+        query), negative entries padding, row-relative or (``slots=GlobalSlots(...)``)
+        global slot ids. Any integer dtype whose values fit int64 converts once.
+    context_lens : array_like of int, [n_rows], optional
+        Each row's context ``L``, 0 to ``n_positions`` (default: every position; for the
+        indexer, ``min(query_pos + 1, n_keys)``).
+    topk : int, optional
+        The selection size, at most ``width``; defaults to ``width`` (a rank's width with
+        DCP slots).
+    atol, rtol : float, optional
+        The tolerance ``e_t = atol + rtol * magnitudes[t]``, finite and >= 0 (default 0);
+        ``rtol > 0`` needs ``magnitudes``.
+    magnitudes : array_like of float, [n_rows, n_positions], optional
+        Each score's magnitude (float32 or float64; another float dtype converts to
+        float32), the shape of ``scores`` axis by axis; every entry within a row's context a
+        number >= 0 (NaN past it is never read).
+    slots : GlobalSlots, optional
+        How to read global slot ids back to positions; None (the default) for row-relative
+        rows.
+    filler : str, optional
+        ``"-1"`` (the default), ``"past_context"`` or ``"repeat"`` (above).
+
+    Returns
+    -------
+    dict
+        ``rows``, ``correct``, ``wrong``, ``by_reason`` (rows per reason: ``padding_hole``,
+        ``duplicate``, ``not_causal``, ``not_in_table``, ``wrong_count``,
+        ``wrong_selection``) and ``details``, one entry per wrong row: its ``row`` and
+        ``problems`` (each a dict with its ``reason``; a wrong selection lists the
+        ``dropped`` and ``intruders`` as ``(position, score)``, their counts, the row's exact
+        ``threshold`` (scores and threshold are the input's own values, as Python floats)
+        and the ``margin`` by which it is wrong; with ``slots``, a ``not_causal`` entry also
+        carries the engine's ``value``, the slot id it wrote). A row's entries past its
+        context are one ``not_causal`` problem (the first ``slot`` and ``position``,
+        ``n_slots`` such entries, the row's ``context``), its repeats one ``duplicate`` (the
+        first, and ``n_slots``). Plain Python data, JSON-ready. A wrong entry (a huge or
+        future position, a slot of no page) is reported, never refused.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) when ``filler`` is not one of the
+        three rules; ``scores`` or ``rows`` is not 2-D; ``scores``, ``rows`` and
+        ``context_lens`` do not count the same rows (the one that disagrees is named);
+        ``context_lens`` has an entry that is negative or above ``n_positions``; ``topk`` is
+        negative or above ``width``; ``atol`` or ``rtol`` is negative or not finite;
+        ``rtol > 0`` without ``magnitudes``; ``magnitudes`` has another shape or a NaN or
+        negative entry within a row's context; ``slots`` does not describe the rows
+        (``req_ids``, ``prefill_req_ids``, the DCP width); or a tensor is not on the CPU.
+    TypeError
+        when ``scores`` is not float32 or float64 (float16 included), ``rows`` or
+        ``context_lens`` holds no integers, ``magnitudes`` no floats, ``topk`` is not an
+        integer, ``atol`` or ``rtol`` not a number, ``slots`` not a ``GlobalSlots`` or
+        ``filler`` not a string.
     """
 
 def block_scores(
@@ -1456,26 +1792,63 @@ def block_magnitudes(
 
 @final
 class GlobalSlots:
-    """``GlobalSlots(block_table, req_ids, block_size, *, block_stride_rows=None,
-    prefill_req_ids=None, workspace_starts=None, dcp_size=None,
-    dcp_interleave=None)``: how an engine wrote its
-    rows as global cache slots, as vLLM's
-    ``triton_convert_req_index_to_global_index`` does: position ``t`` of
-    request ``r`` is slot ``block_table[r, t // block_size] *
-    block_stride_rows + t % block_size`` (``block_stride_rows`` defaults to
-    ``block_size``), and a prefill row (``prefill_req_ids[row] >= 0``) holds
-    ``workspace_starts[prefill_req_ids[row]] + t`` instead; ``-1`` stays
-    padding. ``req_ids`` names each checked row's request. MiniMax-M3's
-    physical block ids are the case ``block_size=1``. The checkers read the
-    rows back through it; an entry naming no position of its request is
-    reported as ``not_in_table`` with the engine's value.
+    """How an engine wrote its rows as global cache slots (the ``slots=`` of the checkers).
 
-    Decode context parallelism: with ``dcp_size > 1`` (tokens dealt to the
-    ranks ``dcp_interleave`` at a time), ``block_table`` is ``[dcp_size,
-    n_requests, max_blocks]``, one table per rank, and the rows checked are
-    the ranks' rows side by side (``np.concatenate(rank_rows, axis=1)``,
-    ``[n_rows, dcp_size * topk]``): each rank keeps only its own tokens, so
-    only together are they the selection; each rank's part pads on its own.
+    ``GlobalSlots(block_table, req_ids, block_size, *, block_stride_rows=None,
+    prefill_req_ids=None, workspace_starts=None, dcp_size=None, dcp_interleave=None)``, as
+    vLLM's ``triton_convert_req_index_to_global_index`` does: position ``t`` of request ``r``
+    is slot ``block_table[r, t // block_size] * block_stride_rows + t % block_size``
+    (``block_stride_rows`` defaults to ``block_size``), and a prefill row
+    (``prefill_req_ids[row] >= 0``) holds ``workspace_starts[prefill_req_ids[row]] + t``
+    instead; ``-1`` stays padding. ``req_ids`` names each checked row's request.
+    MiniMax-M3's physical block ids are the case ``block_size=1``. The checkers read the
+    rows back through it; an entry naming no position of its request is reported as
+    ``not_in_table`` with the engine's value.
+
+    Decode context parallelism: with ``dcp_size > 1`` (tokens dealt to the ranks
+    ``dcp_interleave`` at a time), ``block_table`` is ``[dcp_size, n_requests,
+    max_blocks]``, one table per rank, and the rows checked are the ranks' rows side by side
+    (``np.concatenate(rank_rows, axis=1)``, ``[n_rows, dcp_size * topk]``): each rank keeps
+    only its own tokens, so only together are they the selection; each rank's part pads on
+    its own.
+
+    Parameters
+    ----------
+    block_table : array_like of int, [n_requests, max_blocks] or [dcp_size, n_requests, max_blocks]
+        Each request's pages, any integer dtype whose values fit int32 (copied once); 3-D
+        exactly when ``dcp_size > 1``. Any CPU DLPack tensor too.
+    req_ids : array_like of int, [n_rows]
+        The request of each checked row, every entry >= 0 and below ``n_requests``.
+    block_size : int
+        Tokens per page, 1 to 2**31 - 1.
+    block_stride_rows : int, optional
+        Slots from one page to the next, ``block_size`` (the default) to 2**31 - 1.
+    prefill_req_ids : array_like of int, [n_rows], optional
+        Per row, the index into ``workspace_starts`` of a prefill row, or negative for a
+        row read through ``block_table``. Given together with ``workspace_starts``.
+    workspace_starts : array_like of int, [n_prefill_requests], optional
+        Each prefill request's first workspace slot. Given together with
+        ``prefill_req_ids``.
+    dcp_size : int, optional
+        The decode-context-parallel ranks, 1 (the default) to 2**31 - 1.
+    dcp_interleave : int, optional
+        Tokens dealt to a rank at a time, 1 (the default) to 2**31 - 1.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) when ``block_table`` is not 2-D
+        (``dcp_size = 1``) or 3-D with ``dcp_size`` tables, or holds a value outside int32;
+        ``block_size``, ``dcp_size`` (named as ``block_table``'s shape) or ``dcp_interleave``
+        is 0; ``block_stride_rows`` is below ``block_size`` (pages would overlap); a count
+        is negative or above 2**31 - 1; ``req_ids`` (or ``prefill_req_ids``,
+        ``workspace_starts``) is not 1-D or ``req_ids`` has a negative entry; only one of
+        ``prefill_req_ids`` and ``workspace_starts`` is given (``workspace_starts`` is
+        named); or a tensor is not on the CPU. ``req_ids`` and ``prefill_req_ids`` against
+        the rows and tables (one entry per row, naming a request that exists) are checked
+        by each call that reads rows.
+    TypeError
+        when an array holds no integers or a count is not an integer.
     """
 
     def __new__(
@@ -1491,14 +1864,35 @@ class GlobalSlots:
         dcp_interleave: Optional[int] = None,
     ) -> "GlobalSlots": ...
     def positions(self, rows: _ArrayIn) -> npt.NDArray[np.int64]:
-        """``positions(rows)``: the engine's ``rows`` (int32 or int64 ``[n_rows,
-        width]``, one per ``req_ids`` entry; with DCP the ranks' rows side
-        by side) read back through the map, as the checkers read them:
-        int64 row-relative positions of the same shape, ``-1`` for padding
-        (any negative entry) and ``2**63 - 1`` (``i64::MAX``) for an entry
-        that maps to no position of its row's request (a page outside its
-        block table, an offset past the page, a prefill slot before its
-        workspace start). Positions are not checked against any context.
+        """The engine's ``rows`` read back through the map, as the checkers read them.
+
+        Int64 row-relative positions of the rows' shape, ``-1`` for padding (any negative
+        entry) and ``2**63 - 1`` (``i64::MAX``) for an entry that maps to no position of its
+        row's request (a page outside its block table, an offset past the page, a prefill slot
+        before its workspace start). Positions are not checked against any context.
+
+        Parameters
+        ----------
+        rows : array_like of int, [n_rows, width]
+            Global slot ids, int32 or int64 (any integer dtype whose values fit int64), one row
+            per ``req_ids`` entry; with DCP the ranks' rows side by side (``width`` a multiple
+            of ``dcp_size``). Any CPU DLPack tensor too.
+
+        Returns
+        -------
+        ndarray of int64, [n_rows, width]
+            The row-relative positions.
+
+        Raises
+        ------
+        SelectionError
+            (a ValueError; ``.argument`` names the argument) when ``rows`` is not 2-D or holds a
+            value outside int64, ``rows``' width is no multiple of ``dcp_size``, ``req_ids`` (or
+            ``prefill_req_ids``) does not have one entry per row, an entry of ``req_ids`` names
+            no request of ``block_table`` (or of ``prefill_req_ids`` no entry of
+            ``workspace_starts``), or a tensor is not on the CPU.
+        TypeError
+            when ``rows`` holds no integers.
         """
 
 def check_blocks(
@@ -1513,30 +1907,68 @@ def check_blocks(
     slots: Optional[GlobalSlots] = None,
     head_major: bool = False,
 ) -> dict[str, Any]:
-    """Whether each of an engine's block-selection rows (MiniMax-M3) is correct
-    under ``config``: every forced block (the first ``init_blocks``, the
-    newest ``local_blocks``) present, exactly ``min(max(top_blocks, #forced),
-    n)`` distinct blocks ``0 <= b < n`` (``n`` the blocks the query sees),
-    valid entries first, and every chosen free block scoring at least every
-    rejected free one up to the tolerance of :func:`check_topk`. Rows are in
-    any order, logical ids or (``slots``) physical ones; int32 or int64.
+    """Whether each of an engine's block-selection rows (MiniMax-M3) is correct under ``config``.
+
+    A correct row has every forced block (the first ``init_blocks``, the newest
+    ``local_blocks``) present, exactly ``min(max(top_blocks, #forced), n)`` distinct blocks
+    ``0 <= b < n`` (``n`` the blocks the query sees), valid entries first, and every chosen
+    free block scoring at least every rejected free one up to the tolerance of
+    :func:`check_topk`. Rows are in any order, logical ids or (``slots``) physical ones;
+    int32 or int64.
 
     Two forms, one meaning (a row per (query, KV head)):
 
-    - 3-D, what :func:`block_scores` and :func:`block_sparse_select` give:
-      ``block_scores`` float32 ``[n_queries, n_kv_heads, n_blocks]``,
-      ``rows`` ``[n_queries, n_kv_heads, width]`` (or, with
-      ``head_major=True``, the engines' ``[n_kv_heads, n_queries, width]``),
-      ``visible_blocks`` ``[n_queries]`` (every KV head of a query sees the
-      same blocks); the report's row ``i * n_kv_heads + h`` is query ``i``,
-      head ``h`` in either layout.
-    - 2-D: ``block_scores`` ``[n_rows, n_blocks]``, ``rows`` ``[n_rows,
-      width]``, ``visible_blocks`` ``[n_rows]`` (the 3-D form reshaped, or
-      the 2-D ``index_q`` form's ``[n_kv_heads, ...]``).
+    - 3-D, what :func:`block_scores` and :func:`block_sparse_select` give: ``block_scores``
+      float32 ``[n_queries, n_kv_heads, n_blocks]``, ``rows`` ``[n_queries, n_kv_heads,
+      width]`` (or, with ``head_major=True``, the engines' ``[n_kv_heads, n_queries,
+      width]``), ``visible_blocks`` ``[n_queries]`` (every KV head of a query sees the same
+      blocks); the report's row ``i * n_kv_heads + h`` is query ``i``, head ``h`` in either
+      layout.
+    - 2-D: ``block_scores`` ``[n_rows, n_blocks]``, ``rows`` ``[n_rows, width]``,
+      ``visible_blocks`` ``[n_rows]`` (the 3-D form reshaped, or the 2-D ``index_q`` form's
+      ``[n_kv_heads, ...]``).
 
-    ``magnitudes`` has the shape of ``block_scores``, axis by axis. The
-    report is :func:`check_topk`'s, with the reason ``missing_forced``
-    beside its others.
+    Parameters
+    ----------
+    block_scores : array_like of float, [n_queries, n_kv_heads, n_blocks] or [n_rows, n_blocks]
+        Each row's block scores, read as float32 (other floats convert once).
+    rows : array_like of int32 or int64, [n_queries, n_kv_heads, width] or [n_rows, width]
+        The engine's block rows, of ``block_scores``' form; negative entries padding. Any
+        integer dtype whose values fit int64 converts once.
+    visible_blocks : array_like of int, [n_queries] or [n_rows]
+        The blocks each query sees, 0 to ``n_blocks``.
+    config : BlockSparseConfig, optional
+        The selection rule (None: the defaults); rows must hold ``config.width`` blocks.
+    atol, rtol : float, optional
+        The tolerance, as for :func:`check_topk`: finite and >= 0 (default 0); ``rtol > 0``
+        needs ``magnitudes``.
+    magnitudes : array_like of float, optional
+        The shape of ``block_scores``, axis by axis, as for :func:`check_topk`.
+    slots : GlobalSlots, optional
+        How to read physical block ids back to logical ones; None for logical rows.
+    head_major : bool, optional
+        3-D rows are ``[n_kv_heads, n_queries, width]`` (default False).
+
+    Returns
+    -------
+    dict
+        :func:`check_topk`'s report, with the reason ``missing_forced`` beside its others.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names the argument) when ``rows`` is neither 2-D nor
+        3-D, or of another form than ``block_scores`` (3-D rows with 2-D scores name
+        ``rows``, else ``block_scores``); 3-D ``rows`` or ``visible_blocks`` do not match
+        the scores axis by axis (``visible_blocks`` is one count per query); 2-D row counts
+        disagree; ``head_major=True`` with 2-D rows; ``config`` is invalid or no row could
+        hold ``config.width`` blocks; ``visible_blocks`` has an entry that is negative or
+        above ``n_blocks``; ``atol``, ``rtol``, ``magnitudes`` or ``slots`` are refused as
+        by :func:`check_topk`; or a tensor is not on the CPU.
+    TypeError
+        when ``block_scores`` or ``magnitudes`` holds no floats, ``rows`` or
+        ``visible_blocks`` no integers, ``config`` is not a ``BlockSparseConfig`` or None
+        (a dict), ``slots`` not a ``GlobalSlots``, or ``head_major`` not a bool.
     """
 
 def check_witnesses(
@@ -1545,26 +1977,54 @@ def check_witnesses(
     context_lens: _ArrayIn,
     num_segments: int,
 ) -> dict[str, Any]:
-    """Whether an engine's in-place witness call (vLLM's
-    ``scatter_topology_witnesses_``) wrote exactly what the rule writes:
-    ``before`` and ``after`` are the ``[rows, topk]`` buffer before and after
-    the call (int32 or int64, ``after`` of ``before``'s shape axis by axis),
-    ``context_lens`` ``[rows]``. The witness rule is integer-exact, so a row
-    is correct iff it equals :func:`scatter_topology_witnesses` of
-    ``before``; a row that is not says which contract it breaks:
-    ``prefix_changed`` (a slot before ``topk - S`` is not the learned entry),
-    ``wrong_witness`` (the slot, the witness the rule writes there, what the
-    engine wrote and why that is wrong), ``tail_changed`` (a slot past the
-    witnesses is not the learned entry). Refusals are ``WitnessError``.
+    """Whether an engine's in-place witness call wrote exactly what the rule writes.
 
-    This is the serving layout (``keep = max(topk - S, 0)``, ``S``
-    witnesses at most; ``S = 0`` writes nothing), which for ``S >= 1`` is
-    also ``apply_topology_witnesses(before, context_lens, max(topk - S, 0),
-    S, S)``. An ``apply_topology_witnesses`` call with another
-    ``learned_keep`` or ``max_replacements`` returns a new array from its
-    inputs, so it is checked by equality:
-    ``np.array_equal(engine_out, apply_topology_witnesses(learned,
-    context_lens, learned_keep, S, max_replacements))``.
+    The call is vLLM's ``scatter_topology_witnesses_``. The witness rule is integer-exact,
+    so a row is correct iff it equals :func:`scatter_topology_witnesses` of ``before``; a
+    row that is not says which contract it breaks: ``prefix_changed`` (a slot before
+    ``topk - S`` is not the learned entry), ``wrong_witness`` (the slot, the witness the
+    rule writes there, what the engine wrote and why that is wrong), ``tail_changed`` (a
+    slot past the witnesses is not the learned entry).
+
+    This is the serving layout (``keep = max(topk - S, 0)``, ``S`` witnesses at most;
+    ``S = 0`` writes nothing), which for ``S >= 1`` is also
+    ``apply_topology_witnesses(before, context_lens, max(topk - S, 0), S, S)``. An
+    ``apply_topology_witnesses`` call with another ``learned_keep`` or ``max_replacements``
+    returns a new array from its inputs, so it is checked by equality:
+    ``np.array_equal(engine_out, apply_topology_witnesses(learned, context_lens,
+    learned_keep, S, max_replacements))``.
+
+    Parameters
+    ----------
+    before : array_like of int, [rows, topk]
+        The buffer before the call, int32 or int64 (any integer dtype whose values fit
+        int32). Any CPU DLPack tensor too.
+    after : array_like of int, [rows, topk]
+        The buffer after the call, of ``before``'s shape axis by axis (the same size in
+        another shape is another buffer).
+    context_lens : array_like of int, [rows]
+        Each row's length, values within int32; every row needs one, the off switch
+        included.
+    num_segments : int
+        The segment count ``S`` the engine was called with, 0 (off) to 64.
+
+    Returns
+    -------
+    dict
+        The report: ``rows``, ``correct``, ``wrong``, ``by_reason`` (rows per reason:
+        ``prefix_changed``, ``wrong_witness``, ``tail_changed``) and ``details`` (per wrong
+        row, its ``row`` and ``problems``), plain Python data.
+
+    Raises
+    ------
+    WitnessError
+        (a ValueError; ``.argument`` names the argument; refusals are ``WitnessError``, not
+        ``SelectionError``) when ``before`` or ``after`` is not 2-D or holds a value outside
+        int32, ``after`` has another shape than ``before``, ``context_lens`` is not
+        ``[rows]``, ``num_segments`` is negative or more than 64, or a tensor is not on the
+        CPU.
+    TypeError
+        when an array holds no integers or ``num_segments`` is not an integer.
     """
 
 def simd_level() -> str:

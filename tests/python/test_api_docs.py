@@ -196,6 +196,47 @@ _BLOCK_AND_ATTENTION = [
 _NO_ARGUMENTS = ["Selector.dense", "get_num_threads", "simd_level"]
 
 
+# The public native functions of src/python/witness.rs and src/python/check.rs
+# (the class GlobalSlots documents its constructor's parameters).
+WITNESS_AND_CHECK_FUNCTIONS = [
+    "segment_of",
+    "topology_witness_indices",
+    "apply_topology_witnesses",
+    "scatter_topology_witnesses",
+    "random_null",
+    "locality_null",
+    "segment_coverage",
+    "attention_mass_recall",
+    "segment_coverage_rows",
+    "slots_used_rows",
+    "attention_mass_recall_rows",
+    "check_topk",
+    "check_blocks",
+    "check_witnesses",
+    "GlobalSlots",
+    "GlobalSlots.positions",
+]
+NUMPYDOC_SECTION = re.compile(r"^(\w[\w ]*)\n-+$", re.MULTILINE)
+
+
+def _numpydoc_sections(doc):
+    """``{header: body}`` of a numpydoc docstring's underlined sections."""
+    heads = list(NUMPYDOC_SECTION.finditer(doc))
+    ends = [h.start() for h in heads[1:]] + [len(doc)]
+    return {h.group(1): doc[h.end() : end] for h, end in zip(heads, ends)}
+
+
+def _documented_parameter_set(section):
+    """The names of the ``name : type`` (or ``a, b : type``) lines of a
+    Parameters section."""
+    names = set()
+    for line in section.splitlines():
+        m = re.match(r"^(\w+(?:, \w+)*) :", line)
+        if m:
+            names.update(m.group(1).split(", "))
+    return names
+
+
 def _native(qualname):
     obj = kvselect._core
     for part in qualname.split("."):
@@ -274,3 +315,32 @@ def test_the_section_reader_finds_a_missing_parameter():
     assert _documented_parameters(_section(doc, "Parameters")) == ["a", "b"]
     assert _section(doc, "Raises") is None
     assert "int\n    One." in _section(doc, "Returns")
+
+
+def test_every_witness_and_check_function_documents_parameters_returns_and_raises():
+    for qualname in WITNESS_AND_CHECK_FUNCTIONS:
+        obj = _native(qualname)
+        doc = inspect.cleandoc(obj.__doc__ or "")
+        headers = ["Parameters\n----------", "Raises\n------"]
+        if not inspect.isclass(obj):  # a class documents its constructor: nothing returned
+            headers.insert(1, "Returns\n-------")
+        for header in headers:
+            assert f"\n{header}\n" in doc, f"{qualname}: no {header.splitlines()[0]} section"
+        sections = _numpydoc_sections(doc)
+        assert sections["Raises"].strip(), f"{qualname}: empty Raises section"
+        signature = inspect.signature(obj)
+        params = [p for p in signature.parameters if p not in ("self", "$self")]
+        assert params, f"{qualname}: no parameters in {obj.__text_signature__!r}"
+        documented = _documented_parameter_set(sections["Parameters"])
+        missing = [p for p in params if p not in documented]
+        assert not missing, f"{qualname}: {missing} not documented as `name :` in Parameters"
+
+
+def test_the_parameter_check_reads_combined_lines_and_sees_a_missing_name():
+    section = "\na, b : float\n    Tolerances.\nout : ndarray, optional\n    Written.\n"
+    assert _documented_parameter_set(section) == {"a", "b", "out"}
+    doc = "Summary.\n\nParameters\n----------\nx : int\n    A count.\n\nReturns\n-------\nint\n"
+    sections = _numpydoc_sections(doc)
+    assert set(sections) == {"Parameters", "Returns"}
+    assert _documented_parameter_set(sections["Parameters"]) == {"x"}
+    assert "int" in sections["Returns"] and "x :" not in sections["Returns"]
