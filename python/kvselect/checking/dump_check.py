@@ -209,8 +209,8 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
     atol : float, optional
         The absolute tolerance; None (the default) is 0.
     rtol : float, optional
-        The relative tolerance; None (the default) is the dump's
-        ``precision``'s unit roundoff (:data:`DEFAULT_RTOL`).
+        The relative tolerance; None (the default) is the default of
+        the dump's ``precision`` (:data:`DEFAULT_RTOL`).
     filler : str, optional
         One of :data:`FILLERS`, overriding a ``topk`` dump's ``filler``
         (``kvselect check --filler``); None (the default) reads the dump's
@@ -236,6 +236,8 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
         operand (the native refusals, and any ``TypeError``, ``ValueError``,
         ``IndexError`` or ``KeyError`` on the way, re-raised as a
         ``DumpError`` in the dump's terms: never a traceback).
+    OSError
+        When a path cannot be opened for reading (from :func:`load_dump`).
     """
     if isinstance(dump, (str, os.PathLike)):
         d = load_dump(dump, expect=CHECK_KINDS)

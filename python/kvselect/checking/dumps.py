@@ -284,6 +284,8 @@ def read_archive(path: Union[str, "os.PathLike[str]"]) -> Dict[str, np.ndarray]:
         not a zip, a corrupt zip); when a member is not an ``.npy`` array or
         cannot be read as one; and when a member is an object array (never
         unpickled).
+    OSError
+        When the file exists but cannot be opened (a permission, say).
     """
     path = os.fspath(path)
     where = os.path.basename(path)
@@ -566,5 +568,7 @@ def load_dump(path: Union[str, "os.PathLike[str]"],
         Every refusal of :func:`read_archive` (a missing file, not an
         ``.npz``, an object array) and of :func:`validate` (an unknown or
         missing key, a wrong dtype, a kind not in ``expect``).
+    OSError
+        When the file exists but cannot be opened (a permission, say).
     """
     return validate(read_archive(path), source=os.fspath(path), expect=expect)

@@ -484,11 +484,12 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
     weights : array_like
         ``[n_rows, H]``, read as float32 (scales folded in).
     index_k : array_like or None
-        ``[n_keys, d]``, as ``index_q`` (raw bits with ``key_format``);
+        ``[n_keys, d]``, in the formats ``index_q`` takes (raw bits with
+        ``key_format``);
         None with ``kv_cache``.
-    query_pos : array_like
+    query_pos : array_like or int
         Integer ``[n_rows]``: each row's query position (within its
-        sequence; the token, with ``compress_ratio``).
+        sequence; the token, with ``compress_ratio``); one int for one row.
     topk : int, optional
         ``k``; None (the default) is the rows' width (a rank's width with
         DCP ``slots``).
@@ -508,7 +509,7 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
         ``rtol`` (:data:`DEFAULT_RTOL`), as in a dump.
     atol, rtol : float, optional
         The tolerance, finite and non-negative; None (the default) is 0 for
-        ``atol`` and ``precision``'s unit roundoff for ``rtol``.
+        ``atol`` and ``DEFAULT_RTOL[precision]`` for ``rtol``.
     slots : kvselect.GlobalSlots, optional
         When the rows are global slot ids (the whole batch is then checked
         in one piece).
