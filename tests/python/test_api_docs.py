@@ -344,3 +344,116 @@ def test_the_parameter_check_reads_combined_lines_and_sees_a_missing_name():
     assert set(sections) == {"Parameters", "Returns"}
     assert _documented_parameter_set(sections["Parameters"]) == {"x"}
     assert "int" in sections["Returns"] and "x :" not in sections["Returns"]
+
+
+# The public functions of kvselect.checking and kvselect.testing.cases, by hand
+# (issue #24 §3; the completeness test below keeps the list from falling behind).
+_CHECKING_AND_CASES = [
+    "checking.decode32",
+    "checking.save_dump",
+    "checking.read_archive",
+    "checking.validate",
+    "checking.dump_format_markdown",
+    "checking.load_dump",
+    "checking.check_indexer_topk",
+    "checking.check_dump",
+    "checking.format_report",
+    "checking.strict_json",
+    "checking.make_example",
+    "checking.example_path",
+    "checking.check_v4_combined_indices",
+    "testing.cases.pytest_params",
+    "testing.cases.all_topk_cases",
+    "testing.cases.all_block_cases",
+    "testing.cases.all_witness_cases",
+    "testing.cases.tail_lengths",
+]
+# These raise nothing of their own (no `raise` in their source, checked below): a
+# malformed argument fails inside NumPy or a dict lookup, not in a refusal of theirs,
+# so they have no Raises section. decode32, strict_json, format_report,
+# dump_format_markdown, example_path: pure decoding / formatting of what they are
+# given. tail_lengths and the all_*_cases lists: the generators they call with fixed,
+# valid arguments.
+_RAISE_NOTHING = {
+    "checking.decode32",
+    "checking.dump_format_markdown",
+    "checking.format_report",
+    "checking.strict_json",
+    "checking.example_path",
+    "testing.cases.tail_lengths",
+    "testing.cases.all_topk_cases",
+    "testing.cases.all_block_cases",
+    "testing.cases.all_witness_cases",
+}
+# These take no argument (checked below): Parameters would be empty, so it is omitted.
+_TAKE_NOTHING = {"checking.dump_format_markdown", "checking.example_path"}
+_EXCEPTIONS = {"DumpError", "SelectionError", "TypeError", "ValueError", "ImportError", "OSError"}
+
+
+def _python_api(qualname):
+    import importlib
+
+    module, name = qualname.rsplit(".", 1)
+    return getattr(importlib.import_module(f"kvselect.{module}"), name)
+
+
+def _parameter_names(section):
+    """The names a Parameters section documents: ``name :`` or ``a, b :`` lines at
+    column 0 (``**arrays :`` names ``arrays``)."""
+    names = []
+    for line in section.splitlines():
+        if line and not line[0].isspace() and " :" in line:
+            names += [n.strip().lstrip("*") for n in line.split(" :")[0].split(",")]
+    return names
+
+
+def test_every_checking_and_cases_function_documents_parameters_returns_and_raises():
+    faults = []
+    for qualname in _CHECKING_AND_CASES:
+        fn = _python_api(qualname)
+        doc = inspect.getdoc(fn) or ""
+        params = list(inspect.signature(fn).parameters)
+        if qualname in _TAKE_NOTHING:
+            assert params == [], f"{qualname} takes arguments: document them"
+        elif "Parameters\n----------" not in doc:
+            faults.append(f"{qualname}: no Parameters section")
+        if "Returns\n-------" not in doc:
+            faults.append(f"{qualname}: no Returns section")
+        if qualname in _RAISE_NOTHING:
+            assert not re.search(r"\braise\b", inspect.getsource(fn)), f"{qualname} raises: document it"
+        elif "Raises\n------" not in doc:
+            faults.append(f"{qualname}: no Raises section")
+        else:
+            named = set(re.findall(r"^(\w+)$", _section(doc, "Raises") or "", re.MULTILINE))
+            if not named or not named <= _EXCEPTIONS:
+                faults.append(f"{qualname}: Raises names {sorted(named)}, not exception classes")
+        documented = _parameter_names(_section(doc, "Parameters") or "")
+        missing = [p for p in params if p not in documented]
+        if missing:
+            faults.append(f"{qualname}: parameters {missing} not named in Parameters")
+        extra = sorted(set(documented) - set(params))
+        if extra:
+            faults.append(f"{qualname}: documents parameters it does not take: {extra}")
+    for cls in (kvselect.checking.Dump, kvselect.checking.DumpError, kvselect.testing.cases.Case):
+        doc = inspect.getdoc(cls) or ""
+        assert len(doc.splitlines()) > 2, f"{cls.__name__}: a one-line class docstring"
+    for cls in (kvselect.checking.Dump, kvselect.testing.cases.Case):
+        assert "Attributes\n----------" in (inspect.getdoc(cls) or ""), cls.__name__
+    assert not faults, "\n".join(faults)
+
+
+def test_the_checking_and_cases_list_names_every_public_function_of_those_packages():
+    import kvselect.checking
+    import kvselect.testing.cases
+
+    generators = {"low_contrast", "ties_at_threshold", "signed_zeros", "all_zero", "short_contexts",
+                  "fp8_extremes", "bf16_rounded_ties", "paged", "ik_tail_truncation",
+                  "ik_absolute_early_out", "non_finite", "block_ties", "block_partial_tail",
+                  "block_short", "witness_rows"}  # each a generator documented on its own terms
+    public = set()
+    for prefix, module in (("checking", kvselect.checking), ("testing.cases", kvselect.testing.cases)):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isfunction(obj) and name not in generators:
+                public.add(f"{prefix}.{name}")
+    assert public == set(_CHECKING_AND_CASES)

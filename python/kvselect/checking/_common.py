@@ -30,14 +30,33 @@ _CHUNK_BYTES = 256 << 20
 
 
 class DumpError(ValueError):
-    """A dump that cannot be checked: the message names the key."""
+    """A dump that cannot be read or checked: the message names the key.
+
+    A ``ValueError``. Raised by :func:`read_archive`, :func:`validate`,
+    :func:`load_dump`, :func:`save_dump` and :func:`check_dump` for an
+    archive, a key, a dtype or a shape they refuse, and for arrays that do
+    not fit together; ``kvselect check`` exits 2 on it ("cannot check", never
+    "the engine is wrong").
+    """
 
 
 class Dump(Dict[str, np.ndarray]):
-    """A dump's arrays, key by key (uncompressed members memory-mapped), with
-    the ``X_format`` pairs decoded: ``formats[X]`` is X's format and the
-    ``X_format`` keys are gone. ``kind`` and ``source`` (the file name, or
-    ``""``) say what it is."""
+    """A dump's arrays, key by key (uncompressed members memory-mapped).
+
+    A ``dict`` of ``str`` to ``numpy.ndarray``, as :func:`validate` and
+    :func:`load_dump` return it, with the ``X_format`` pairs decoded:
+    ``formats[X]`` is X's format and the ``X_format`` keys are gone.
+
+    Attributes
+    ----------
+    kind : str
+        The dump's kind, one of :data:`KINDS`.
+    source : str
+        The file name, or ``""``.
+    formats : dict of str to str
+        ``key -> "bfloat16" | "float16" | "float8_e4m3fn"`` for each key
+        held as raw bits.
+    """
 
     kind: str
     source: str
@@ -51,8 +70,27 @@ class Dump(Dict[str, np.ndarray]):
 
 
 def decode32(a: np.ndarray, fmt: Optional[str]) -> np.ndarray:
-    """Raw ``fmt`` bits (or a float array, when ``fmt`` is None) as float32,
-    exactly: every bfloat16 / float16 / float8_e4m3fn value is a float32."""
+    """Raw ``fmt`` bits (or a float array, when ``fmt`` is None) as float32, exactly.
+
+    Every bfloat16 / float16 / float8_e4m3fn value is a float32, so the
+    decode loses nothing.
+
+    Parameters
+    ----------
+    a : numpy.ndarray
+        Any shape: a float array (any float dtype, read as its values,
+        whatever ``fmt`` says), or raw bits: ``uint16`` for ``"bfloat16"``
+        and ``"float16"``, ``uint8`` for ``"float8_e4m3fn"``.
+    fmt : str or None
+        ``"bfloat16"``, ``"float16"`` or ``"float8_e4m3fn"`` (any other
+        string is read as float8_e4m3fn bytes); None when ``a`` holds floats.
+
+    Returns
+    -------
+    numpy.ndarray
+        float32, ``a``'s shape: the decoded values (a float64 value too
+        large for float32 becomes ``inf``).
+    """
     if fmt is None or a.dtype.kind == "f":
         with np.errstate(over="ignore"):
             return np.asarray(a, dtype=np.float32)

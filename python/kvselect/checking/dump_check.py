@@ -191,11 +191,54 @@ def _check_v4(d: Mapping[str, np.ndarray], precision: str, atol: float,
 
 def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float] = None,
                filler: Optional[str] = None) -> dict:
-    """Check a dump (a path, or the dict :func:`load_dump` returns): a dict
-    with its ``kind``, the ``tolerance`` used, the ``filler`` rule (topk
-    dumps: ``filler`` overrides the dump's) and one entry per check in
-    ``checks`` (``name`` and the checker's ``report``); ``wrong`` is the
-    number of rows some check found wrong."""
+    """Check a dump of one kernel call: the kind's checker, its reports merged.
+
+    A ``topk`` dump is checked against the exact scores (given, or computed
+    from the indexer's inputs) and, with ``engine_scores``, against the
+    engine's own scores exactly; a ``blocks`` dump against the exact block
+    scores; a ``v4_combined`` dump by :func:`check_v4_combined_indices`; a
+    ``witnesses`` dump against the witness rule (exact). Given ``scores``
+    without ``magnitudes`` and no ``rtol`` get ``rtol = 0`` and a note.
+
+    Parameters
+    ----------
+    dump : str, os.PathLike, Dump or Mapping of str to array_like
+        A path (read with :func:`load_dump`), the :class:`Dump` it returns,
+        or a dict of the dump's arrays (checked with :func:`validate`); its
+        kind one of :data:`CHECK_KINDS`.
+    atol : float, optional
+        The absolute tolerance; None (the default) is 0.
+    rtol : float, optional
+        The relative tolerance; None (the default) is the default of
+        the dump's ``precision`` (:data:`DEFAULT_RTOL`).
+    filler : str, optional
+        One of :data:`FILLERS`, overriding a ``topk`` dump's ``filler``
+        (``kvselect check --filler``); None (the default) reads the dump's
+        (default ``"-1"``).
+
+    Returns
+    -------
+    dict
+        ``kind``; ``tolerance`` (``precision``, ``atol``, ``rtol`` and a
+        ``note`` or None; ``"exact"``, 0, 0 for witnesses); ``filler``
+        (topk dumps only); ``rows``; ``wrong``, the number of rows some check
+        found wrong; and one entry per check in ``checks`` (``name`` and the
+        checker's ``report``, with ``vacuous`` for a topk check).
+
+    Raises
+    ------
+    DumpError
+        When the dump cannot be read or checked: every refusal of
+        :func:`load_dump` / :func:`validate`; a kind not in
+        :data:`CHECK_KINDS`; an unknown ``precision``; ``filler`` given for a
+        dump that is not ``topk``, or not one of :data:`FILLERS`; a missing
+        key, a wrong shape, arrays that do not fit together, a non-finite
+        operand (the native refusals, and any ``TypeError``, ``ValueError``,
+        ``IndexError`` or ``KeyError`` on the way, re-raised as a
+        ``DumpError`` in the dump's terms: never a traceback).
+    OSError
+        When a path cannot be opened for reading (from :func:`load_dump`).
+    """
     if isinstance(dump, (str, os.PathLike)):
         d = load_dump(dump, expect=CHECK_KINDS)
     elif isinstance(dump, Dump):

@@ -157,13 +157,40 @@ _RENAMED = {"index_k_scale": "key_scale", "index_weights": "weights", "key_scale
 
 
 def save_dump(path: Union[str, "os.PathLike[str]"], kind: str, **arrays: Any) -> None:
-    """Write a dump of ``kind`` (any of :data:`KINDS`, see docs/dump-format.md),
-    uncompressed (``np.savez``, so a reader memory-maps each array).
+    """Write a dump of ``kind``, uncompressed (``np.savez``, so a reader memory-maps each array).
+
     ``ml_dtypes`` arrays (bfloat16, float8_e4m3fn) are stored as their raw bits
     with a ``<name>_format`` key; strings and numbers as 0-d arrays. The file
     is written beside ``path`` and renamed onto it, so a reader still mapping
-    the old file keeps its bytes. A key not in the kind's table is refused
-    before anything is written."""
+    the old file keeps its bytes. The arrays are checked as :func:`load_dump`
+    checks them before anything is written: a key not in the kind's table is
+    refused, so nothing is ever written that the reader refuses.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.npz`` file to write (replaced if it exists).
+    kind : str
+        Any of :data:`KINDS` (see docs/dump-format.md).
+    **arrays : array_like, str or number
+        The kind's keys (:data:`TABLES`), each any array NumPy takes, an
+        ``ml_dtypes`` bfloat16 / float8_e4m3fn array, a string or a number;
+        their shapes and dtypes as the kind's table gives them.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    DumpError
+        When ``kind`` is not one of :data:`KINDS`, or the arrays are not a
+        valid dump of it (every refusal of :func:`validate`: an unknown key,
+        naming the closest known one; a missing required key; a wrong dtype
+        class). Nothing is written.
+    OSError
+        When the file cannot be written (the temporary file is removed).
+    """
     if kind not in KINDS:
         raise DumpError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     out: Dict[str, np.ndarray] = {"kind": np.asarray(kind)}
@@ -231,9 +258,35 @@ def _member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, whe
 
 
 def read_archive(path: Union[str, "os.PathLike[str]"]) -> Dict[str, np.ndarray]:
-    """An ``.npz`` archive's arrays, by key, never unpickling anything:
-    uncompressed members (``np.savez``) memory-mapped, compressed ones
-    (``np.savez_compressed``) read whole."""
+    """An ``.npz`` archive's arrays, by key, never unpickling anything.
+
+    Uncompressed members (``np.savez``) are memory-mapped (only the bytes
+    used are ever read), compressed ones (``np.savez_compressed``) read
+    whole. The arrays are not validated: :func:`load_dump` is this, then
+    :func:`validate`.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.npz`` archive.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Each member's array (a read-only ``numpy.memmap`` when stored
+        uncompressed, not 0-d and not empty), by its name without ``.npy``.
+
+    Raises
+    ------
+    DumpError
+        When ``path`` does not exist (never ``FileNotFoundError``) or is not
+        a file; when it is not an ``.npz`` archive (empty, an ``.npy`` file,
+        not a zip, a corrupt zip); when a member is not an ``.npy`` array or
+        cannot be read as one; and when a member is an object array (never
+        unpickled).
+    OSError
+        When the file exists but cannot be opened (a permission, say).
+    """
     path = os.fspath(path)
     where = os.path.basename(path)
     if not os.path.exists(path):
@@ -276,11 +329,39 @@ def _closest(key: str, known: Any) -> Optional[str]:
 
 def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
              expect: Optional[Tuple[str, ...]] = None) -> Dump:
-    """The shared refusals of every dump, then its kind's table: the kind
-    (absent with q, k and v present: a workload), the ``X_format`` pairs
-    (decoded into ``Dump.formats``), no key outside the kind's table (the
-    refusal names the closest known key), every required key present and
-    every key of its dtype class. ``expect``: the kinds the reader takes."""
+    """The shared refusals of every dump, then its kind's table.
+
+    Checked in turn: no object array; the kind (absent with q, k and v
+    present: a workload); raw ``void`` bytes (``np.savez`` of ``ml_dtypes``
+    arrays) read as raw bits only beside their ``X_format``; the
+    ``X_format`` pairs (decoded into ``Dump.formats``); no key outside the
+    kind's table (the refusal names the closest known key); every required
+    key present and every key of its dtype class.
+
+    Parameters
+    ----------
+    arrays : Mapping of str to array_like
+        The dump's arrays by key, as :func:`read_archive` returns them
+        (anything else is taken through ``numpy.asarray``); not modified.
+    source : str, optional
+        The file the arrays came from, named (by its base name) in every
+        refusal; ``""`` (the default) says "the dump".
+    expect : tuple of str, optional
+        The kinds the reader takes; None (the default) takes any of
+        :data:`KINDS`.
+
+    Returns
+    -------
+    Dump
+        The arrays (void bytes viewed as their raw bits), without the
+        ``X_format`` keys, with ``kind``, ``source`` and ``formats`` set.
+
+    Raises
+    ------
+    DumpError
+        When any check above fails, or the kind is not one of ``expect``;
+        the message names the key.
+    """
     where = os.path.basename(source) if source else "the dump"
     d = {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in arrays.items()}
     for k, v in d.items():
@@ -408,8 +489,15 @@ _KIND_NOTES = {
 
 
 def dump_format_markdown() -> str:
-    """docs/dump-format.md: the format's rules and one table per kind, made
-    from :data:`TABLES` (a test keeps the file fresh)."""
+    """docs/dump-format.md: the format's rules and one table per kind.
+
+    Made from :data:`TABLES` (a test keeps the file fresh).
+
+    Returns
+    -------
+    str
+        The Markdown text, ending in a newline.
+    """
     out = [
         "# The dump format",
         "",
@@ -456,6 +544,31 @@ def dump_format_markdown() -> str:
 
 def load_dump(path: Union[str, "os.PathLike[str]"],
               expect: Optional[Tuple[str, ...]] = None) -> Dump:
-    """A dump, read and checked (:func:`read_archive`, then :func:`validate`):
-    the one loader of ``kvselect check`` and ``kvselect eval``."""
+    """A dump, read and checked (:func:`read_archive`, then :func:`validate`).
+
+    The one loader of ``kvselect check`` and ``kvselect eval``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.npz`` archive.
+    expect : tuple of str, optional
+        The kinds the caller takes (``kvselect check``'s are
+        :data:`CHECK_KINDS`); None (the default) takes any of :data:`KINDS`.
+
+    Returns
+    -------
+    Dump
+        The validated arrays (uncompressed members memory-mapped), with
+        ``kind``, ``source`` (``path``) and ``formats``.
+
+    Raises
+    ------
+    DumpError
+        Every refusal of :func:`read_archive` (a missing file, not an
+        ``.npz``, an object array) and of :func:`validate` (an unknown or
+        missing key, a wrong dtype, a kind not in ``expect``).
+    OSError
+        When the file exists but cannot be opened (a permission, say).
+    """
     return validate(read_archive(path), source=os.fspath(path), expect=expect)

@@ -460,31 +460,105 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
                        slots: Optional[ks.GlobalSlots] = None, filler: str = "-1", kv_cache: Any = None,
                        block_table: Any = None, seq_lens: Any = None, page_layout: str = "dense",
                        compress_ratio: int = 1) -> dict:
-    """Whether each engine row is a correct lightning-indexer top-k of the
-    indexer's inputs, judged against scores **exact up to float64
-    rounding**: the report of :func:`kvselect.check_topk` plus ``vacuous``
-    (the rows no selection could fail at this tolerance).
+    """Whether each engine row is a correct lightning-indexer top-k of the indexer's inputs.
 
-    The arguments are :func:`kvselect.indexer_topk`'s (``rows`` the engine's
-    output ``[n_rows, width]``, any order, ``-1`` padded; ``topk`` defaults
-    to the width, a rank's width with DCP ``slots``); a packed batch as
-    :func:`kvselect.indexer_topk_packed` takes it (``cu_seqlens``,
-    ``seq_ids``; ``query_pos`` within the sequence, rows offsets from its
-    start); a paged cache as :func:`kvselect.indexer_topk_paged` takes it
-    (``kv_cache``, ``block_table``, ``seq_lens``, ``seq_ids``,
-    ``page_layout``; ``index_k`` None), each sequence's pages read in their
-    own format; ``compress_ratio`` as :func:`kvselect.indexer_topk` takes it
-    (DeepSeek-V4's CSA rows: positions are compressed entries, ``query_pos``
-    the token); ``slots`` a :class:`kvselect.GlobalSlots` when the rows are
-    global slot ids (the whole batch is then checked in one piece);
-    ``filler`` the engine's contract for short rows, as
-    :func:`kvselect.check_topk` takes it.
-    ``precision`` names the engine's coarsest rounding and sets the default
-    ``rtol`` (:data:`DEFAULT_RTOL`; ``atol`` defaults to 0), as in a dump.
-    With ``atol = rtol = 0`` a row passes iff it is right up to float64
-    rounding. The operands are the values the native kernel reads (weights
-    and key scales as float32, keys and queries decoded exactly).
+    Judged against scores **exact up to float64 rounding**. The arguments
+    are :func:`kvselect.indexer_topk`'s; a packed batch as
+    :func:`kvselect.indexer_topk_packed` takes it; a paged cache as
+    :func:`kvselect.indexer_topk_paged` takes it, each sequence's pages read
+    in their own format. With ``atol = rtol = 0`` a row passes iff it is
+    right up to float64 rounding. The operands are the values the native
+    kernel reads (weights and key scales as float32, keys and queries
+    decoded exactly). Every argument is judged before any work.
 
+    Parameters
+    ----------
+    rows : array_like
+        The engine's output, int32 or int64 ``[n_rows, width]`` (with DCP
+        ``slots``, every rank's rows side by side), any order, ``-1`` padded:
+        positions (offsets from the sequence's start in a packed batch), or
+        global slot ids through ``slots``.
+    index_q : array_like
+        ``[n_rows, H, d]``: float32, float16, ``ml_dtypes`` bfloat16 /
+        float8_e4m3fn, or raw bits with ``query_format``.
+    weights : array_like
+        ``[n_rows, H]``, read as float32 (scales folded in).
+    index_k : array_like or None
+        ``[n_keys, d]``, in the formats ``index_q`` takes (raw bits with
+        ``key_format``);
+        None with ``kv_cache``.
+    query_pos : array_like or int
+        Integer ``[n_rows]``: each row's query position (within its
+        sequence; the token, with ``compress_ratio``); one int for one row.
+    topk : int, optional
+        ``k``; None (the default) is the rows' width (a rank's width with
+        DCP ``slots``).
+    key_scale : array_like, optional
+        float32 ``[n_keys]``, or 0-d: one per-tensor scale for every key.
+    key_format, query_format : str, optional
+        ``"bfloat16"``, ``"float16"`` or ``"float8_e4m3fn"`` when
+        ``index_k`` / ``index_q`` (or ``kv_cache``) hold raw bits.
+    cu_seqlens : array_like, optional
+        Integer ``[n_seqs + 1]``: a packed batch's key offsets, rising from 0
+        to ``n_keys``; needs ``seq_ids``.
+    seq_ids : array_like, optional
+        Integer ``[n_rows]``: each row's sequence (packed or paged).
+    precision : str, optional
+        The engine's coarsest rounding (default ``"float32"``; aliases
+        ``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``): sets the default
+        ``rtol`` (:data:`DEFAULT_RTOL`), as in a dump.
+    atol, rtol : float, optional
+        The tolerance, finite and non-negative; None (the default) is 0 for
+        ``atol`` and ``DEFAULT_RTOL[precision]`` for ``rtol``.
+    slots : kvselect.GlobalSlots, optional
+        When the rows are global slot ids (the whole batch is then checked
+        in one piece).
+    filler : str, optional
+        The engine's contract for short rows, one of :data:`FILLERS`
+        (default ``"-1"``), as :func:`kvselect.check_topk` takes it.
+    kv_cache : array_like, optional
+        A paged cache as :func:`kvselect.indexer_topk_paged` takes it
+        (``index_k``, ``key_scale`` and ``cu_seqlens`` then None).
+    block_table : array_like, optional
+        Integer ``[n_seqs, max_blocks]``, with ``kv_cache``.
+    seq_lens : array_like, optional
+        Integer ``[n_seqs]``, with ``kv_cache``.
+    page_layout : str, optional
+        ``"dense"`` (the default) or ``"fp8_scaled"`` (vLLM's uint8 DSA
+        pages), with ``kv_cache``.
+    compress_ratio : int, optional
+        As :func:`kvselect.indexer_topk` takes it (default 1; DeepSeek-V4's
+        CSA rows: positions are compressed entries, ``query_pos`` the token).
+
+    Returns
+    -------
+    dict
+        The report of :func:`kvselect.check_topk` (``rows``, ``correct``,
+        ``wrong``, ``by_reason``, ``details``) plus ``vacuous``: the number
+        of rows no selection could fail at this tolerance.
+
+    Raises
+    ------
+    SelectionError
+        ``argument`` naming the argument at fault: an unknown
+        ``precision`` or ``filler``; a negative or non-finite ``atol`` /
+        ``rtol``; ``topk`` or ``compress_ratio`` below 1; ``rows`` not 2-D
+        integers or not one per ``index_q`` / ``query_pos`` row;
+        ``weights`` or ``key_scale`` of the wrong shape; a NaN or infinite
+        operand (its exact score is undefined); ``cu_seqlens`` without
+        ``seq_ids`` or not rising from 0 to the keys; ``seq_ids`` naming no
+        sequence, or without ``cu_seqlens`` or ``kv_cache``; ``block_table`` / ``seq_lens`` / ``page_layout`` without
+        ``kv_cache``, packed keys beside it, or a paged cache the pages
+        refuse; ``index_k`` None without ``kv_cache``; and the native
+        functions' refusals.
+    TypeError
+        When ``slots`` is not a :class:`kvselect.GlobalSlots` or None;
+        ``topk`` or ``compress_ratio`` is not an integer; ``query_pos``,
+        ``seq_ids`` or ``cu_seqlens`` does not hold integers (never
+        truncated).
+
+    Notes
+    -----
     How: the native float32 scores ``S`` (:func:`kvselect.indexer_scores`,
     the one native pass) screen, with a cheap bound ``M'`` in place of the
     magnitudes; only the candidates are re-scored in float64 (their score

@@ -11,13 +11,34 @@ from kvselect.checking.dumps import save_dump
 
 
 def make_example(path: str, *, seed: int = 0) -> None:
-    """The example dump shipped with the package: a lightning-indexer top-k of
-    48 decode queries over 1,024 fp8 keys with per-key scales (64 heads of
-    dim 32), scored by an emulated engine in bfloat16 and returned as vLLM
-    does — rows unordered, ties by arrival order, int64 global slot ids
-    through a shuffled block table of 64-token pages — with one row broken
-    the way vllm-project/vllm#51782 broke rows: a winner dropped for the
-    best loser."""
+    """Write the example dump shipped with the package.
+
+    A lightning-indexer top-k of 48 decode queries over 1,024 fp8 keys with
+    per-key scales (64 heads of dim 32), scored by an emulated engine in
+    bfloat16 and returned as vLLM does — rows unordered, ties by arrival
+    order, int64 global slot ids through a shuffled block table of 64-token
+    pages — with one row broken the way vllm-project/vllm#51782 broke rows:
+    a winner dropped for the best loser. Written with :func:`save_dump`
+    (kind ``"topk"``, ``precision = "bfloat16"``, with ``engine_scores``).
+
+    Parameters
+    ----------
+    path : str
+        The ``.npz`` file to write (replaced if it exists).
+    seed : int, optional
+        The NumPy Generator's seed (default 0, the shipped file's).
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    ImportError
+        When ``ml_dtypes`` (the ``formats`` extra) is not installed.
+    OSError
+        When the file cannot be written (from :func:`save_dump`).
+    """
     import ml_dtypes
 
     rng = np.random.default_rng(seed)
@@ -55,5 +76,14 @@ def make_example(path: str, *, seed: int = 0) -> None:
 
 
 def example_path() -> str:
-    """The path of the example dump shipped with the package."""
+    """The path of the example dump shipped with the package.
+
+    The file is ``kvselect/data/check-example.npz`` (:func:`make_example`
+    wrote it); this does not check that it exists.
+
+    Returns
+    -------
+    str
+        The absolute path inside the installed package.
+    """
     return os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "check-example.npz")

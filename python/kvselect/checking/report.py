@@ -62,8 +62,28 @@ def _severity(row: dict) -> Tuple[int, float]:
 
 
 def format_report(result: dict, *, show: int = 5, source: str = "") -> str:
-    """The report as text: a summary table, then the worst ``show`` rows of
-    each check in detail."""
+    """The report as text: a summary table, then the worst ``show`` rows of each check in detail.
+
+    What ``kvselect check`` prints: a header (kind, rows, tolerance, a
+    non-default filler), the tolerance's note, one line per check and per
+    reason, the worst rows (structural faults first, then selections by
+    margin), a warning for each check with vacuous rows, and the verdict.
+
+    Parameters
+    ----------
+    result : dict
+        What :func:`check_dump` returns.
+    show : int, optional
+        How many of each check's wrong rows to describe (default 5); the
+        rest are counted.
+    source : str, optional
+        The dump's name for the header (default ``""``: none).
+
+    Returns
+    -------
+    str
+        The report, lines joined by ``"\\n"`` (no trailing newline).
+    """
     t = result["tolerance"]
     tol = "exact" if t["precision"] == "exact" else (
         f"precision {t['precision']}: rtol {t['rtol']:.3g}, atol {t['atol']:.3g}")
@@ -115,8 +135,22 @@ def format_report(result: dict, *, show: int = 5, source: str = "") -> str:
 
 
 def strict_json(x: Any) -> Any:
-    """The report as strict JSON data: a non-finite number (a NaN score, an
-    infinite margin) becomes the string ``"nan"``, ``"inf"`` or ``"-inf"``."""
+    """The report as strict JSON data.
+
+    A non-finite number (a NaN score, an infinite margin) becomes the string
+    ``"nan"``, ``"inf"`` or ``"-inf"``; dicts, lists and tuples are copied
+    through (a tuple becomes a list); anything else is returned as it is.
+
+    Parameters
+    ----------
+    x : Any
+        A :func:`check_dump` result, or any part of one.
+
+    Returns
+    -------
+    Any
+        ``x`` with every non-finite ``float`` replaced by its string.
+    """
     if isinstance(x, float) and not np.isfinite(x):
         return "nan" if np.isnan(x) else ("inf" if x > 0 else "-inf")
     if isinstance(x, dict):

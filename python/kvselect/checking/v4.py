@@ -58,7 +58,9 @@ def check_v4_combined_indices(combined_indices: Any, combined_lens: Any, index_q
         Every request's compressed indexer keys, concatenated.
     cu_entries : array_like of int, [num_reqs + 1]
         Request ``b``'s entries are rows ``cu_entries[b] .. cu_entries[b + 1]`` of ``index_k``.
-    query_start_loc, seq_lens, gather_lens, window_size, compress_ratio, topk, M, N
+    query_start_loc, seq_lens, gather_lens : array_like of int
+        As :func:`kvselect.combine_topk_swa_indices` takes them.
+    window_size, compress_ratio, topk, M, N : int
         As :func:`kvselect.combine_topk_swa_indices` takes them.
     key_scale, key_format, query_format, precision, atol, rtol : optional
         As :func:`kvselect.checking.check_indexer_topk` takes them.

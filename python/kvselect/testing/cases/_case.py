@@ -11,7 +11,11 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Case:
-    """One hard input.
+    """One hard input: a kernel's arguments, the exact rule's answer, how to check.
+
+    Made by the generators (``seed`` in, :class:`Case` out); frozen.
+    :meth:`assert_rows` checks a kernel's output at the tolerance the case
+    is built for; :attr:`form` says which form of the API it exercises.
 
     Attributes
     ----------
@@ -78,17 +82,49 @@ class Case:
 
 
 def pytest_params(cases: Sequence[Tuple[str, Case]]) -> List[Any]:
-    """``(id, case)`` pairs as ``pytest.param(case, id=id)``:
-    ``@pytest.mark.parametrize("case", pytest_params(all_topk_cases()))``."""
+    """``(id, case)`` pairs as ``pytest.param(case, id=id)``.
+
+    Use: ``@pytest.mark.parametrize("case", pytest_params(all_topk_cases()))``.
+
+    Parameters
+    ----------
+    cases : sequence of (str, Case)
+        What :func:`all_topk_cases`, :func:`all_block_cases` or
+        :func:`all_witness_cases` return.
+
+    Returns
+    -------
+    list of pytest.param
+        One per pair, in order, the case its value and its id the pytest id.
+
+    Raises
+    ------
+    ImportError
+        When pytest is not installed (it is imported only here).
+    """
     import pytest
 
     return [pytest.param(c, id=i) for i, c in cases]
 
 
 def tail_lengths(n_keys: int, rows: int = 7) -> np.ndarray:
-    """``rows`` context lengths ``<= n_keys``, none a multiple of 8, their
-    residues mod 8 running through 1..7 (the tails a vectorised kernel
-    handles apart), the first the longest such length."""
+    """Context lengths ``<= n_keys``, none a multiple of 8: the tails a vectorised kernel handles apart.
+
+    Their residues mod 8 run through 1..7, the first the longest such
+    length; fewer than ``rows`` when ``n_keys`` is too small to hold them.
+
+    Parameters
+    ----------
+    n_keys : int
+        The longest length allowed.
+    rows : int, optional
+        How many lengths (default 7).
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[<= rows]``, descending.
+    """
     top = n_keys if n_keys % 8 else n_keys - 1
     out: List[int] = []
     L = top

@@ -155,8 +155,24 @@ def block_short(seed: int = 0, *, heads: int = 2, dim: int = 8, config: ks.Block
 
 
 def all_block_cases(*, scales: Sequence[int] = (0, 30, -30), seed: int = 0) -> List[Tuple[str, Case]]:
-    """Every block-selection case, as ``(id, case)`` pairs, at each
-    ``scale_exp`` (the queries times ``2^scale_exp``)."""
+    """Every block-selection case, as ``(id, case)`` pairs, at each ``scale_exp``.
+
+    :func:`block_ties`, :func:`block_partial_tail` and :func:`block_short`,
+    each at every ``scale_exp`` of ``scales``.
+
+    Parameters
+    ----------
+    scales : sequence of int, optional
+        The ``scale_exp`` values (the queries times ``2^scale_exp``); default
+        ``(0, 30, -30)``.
+    seed : int, optional
+        Every generator's seed (default 0).
+
+    Returns
+    -------
+    list of (str, Case)
+        ``(case.id, case)`` for each case.
+    """
     makers: List[Callable[[int], Case]] = [
         lambda e: block_ties(seed, scale_exp=e),
         lambda e: block_partial_tail(seed, scale_exp=e),
@@ -216,8 +232,21 @@ def witness_rows(seed: int = 0, *, topk: int = 64, num_segments: int = 8) -> Cas
 
 
 def all_witness_cases(*, seed: int = 0) -> List[Tuple[str, Case]]:
-    """Every witness case, as ``(id, case)`` pairs: several ``num_segments``
-    (1, 7, 8, 64 — one above some rows' ``L``) and widths. (No scores here:
-    the witness rule is integer arithmetic, so there is no scale to vary.)"""
+    """Every witness case, as ``(id, case)`` pairs.
+
+    :func:`witness_rows` at several ``num_segments`` (1, 7, 8, 64 — one
+    above some rows' ``L``) and widths. (No scores here: the witness rule is
+    integer arithmetic, so there is no scale to vary.)
+
+    Parameters
+    ----------
+    seed : int, optional
+        :func:`witness_rows`'s seed (default 0).
+
+    Returns
+    -------
+    list of (str, Case)
+        ``(case.id, case)`` for each case.
+    """
     cases = [witness_rows(seed, num_segments=s, topk=t) for s, t in ((1, 16), (7, 64), (8, 64), (64, 128))]
     return [(c.id, c) for c in cases]

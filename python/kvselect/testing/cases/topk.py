@@ -612,12 +612,31 @@ def non_finite(seed: int = 0, *, where: str = "index_k", value: float = float("n
 def all_topk_cases(*, long: bool = False, scales: Sequence[int] = (0, 30, -30),
                    forms: Sequence[str] = ("dense", "packed", "paged"), non_finite_cases: bool = True,
                    seed: int = 0) -> List[Tuple[str, Case]]:
-    """Every token top-k case, as ``(id, case)`` pairs (see
-    :func:`pytest_params`): each generator at each ``scale_exp`` of
-    ``scales``; ``forms`` picks the forms a kernel takes (``"dense"``:
-    ``index_k``; ``"packed"``: ``cu_seqlens``; ``"paged"``: ``kv_cache``);
-    ``non_finite_cases`` adds the NaN / inf cases (dense); ``long`` the
-    256K-key low-contrast rows (``topk = 2048``)."""
+    """Every token top-k case, as ``(id, case)`` pairs (see :func:`pytest_params`).
+
+    Each generator at each ``scale_exp`` of ``scales``, then the non-finite
+    cases; the ids are unique.
+
+    Parameters
+    ----------
+    long : bool, optional
+        Adds the 256K-key low-contrast rows (``topk = 2048``); default False.
+    scales : sequence of int, optional
+        The ``scale_exp`` values (scores times ``2^scale_exp``); default
+        ``(0, 30, -30)``.
+    forms : sequence of str, optional
+        The forms a kernel takes (``"dense"``: ``index_k``; ``"packed"``:
+        ``cu_seqlens``; ``"paged"``: ``kv_cache``); default all three.
+    non_finite_cases : bool, optional
+        Adds the NaN / inf cases (dense); default True.
+    seed : int, optional
+        Every generator's seed (default 0).
+
+    Returns
+    -------
+    list of (str, Case)
+        ``(case.id, case)`` for each case.
+    """
     makers: List[Callable[[int], Case]] = []
     if "dense" in forms:
         makers += [
