@@ -87,7 +87,11 @@ _ROTARY_NAME = "rotary_emb"
 
 
 class DumpError(ValueError):
-    """The model (or its outputs) does not fit what the dumper understands."""
+    """The model (or its outputs) does not fit what the dumper understands.
+
+    A :class:`ValueError`, raised by :func:`find_attention`, :func:`dump_qkv`
+    and :func:`save`; the message names what did not fit.
+    """
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,20 @@ def _join(prefix: str, name: str) -> str:
 def find_attention(model: Any) -> List[AttentionModules]:
     """The model's attention layers, in ``named_modules()`` order.
 
-    Raises:
-        DumpError: none found; the message lists the names looked for.
+    Parameters
+    ----------
+    model : object
+        Anything with ``named_modules()`` (a torch module).
+
+    Returns
+    -------
+    list of AttentionModules
+        One per attention layer found.
+
+    Raises
+    ------
+    DumpError
+        None found; the message lists the names looked for.
     """
     modules: Dict[str, Any] = dict(model.named_modules())
     found: List[AttentionModules] = []
@@ -231,26 +247,36 @@ def dump_qkv(
     outputs with ``.detach().cpu().float().numpy()`` (torch tensors) or NumPy
     arrays; nothing here imports torch. Call it under ``torch.no_grad()``.
 
-    Args:
-        model: the model (for Hugging Face, the base model or a ``*ForCausalLM``).
-        input_ids: ``[1, tokens]`` token ids, what ``model(input_ids)`` accepts.
-        num_heads / num_kv_heads / head_dim: from the model config
-            (``num_attention_heads``, ``num_key_value_heads``, ``head_dim``).
-        layers: indices among the attention layers found (in module order);
-            ``None`` for all.
-        rotary: ``None`` to apply a rotary embedding when the model has one,
-            ``True`` to require one, ``False`` to dump pre-rotary projections.
+    Parameters
+    ----------
+    model : object
+        The model (for Hugging Face, the base model or a ``*ForCausalLM``).
+    input_ids : object
+        ``[1, tokens]`` token ids, what ``model(input_ids)`` accepts.
+    num_heads, num_kv_heads, head_dim : int
+        From the model config (``num_attention_heads``,
+        ``num_key_value_heads``, ``head_dim``).
+    layers : sequence of int, optional
+        Indices among the attention layers found (in module order); ``None``
+        for all.
+    rotary : bool or None
+        ``None`` to apply a rotary embedding when the model has one, ``True``
+        to require one, ``False`` to dump pre-rotary projections.
 
-    Returns:
-        ``{"q": [L, num_heads, T, head_dim], "k": [L, num_kv_heads, T, head_dim],
-        "v": [L, num_kv_heads, T, d_v], "layer_ids": [L]}`` (float32 / int64),
-        plus ``"scale"`` (a 0-d float64) when the attention modules carry a
-        ``scaling`` attribute.
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``{"q": [L, num_heads, T, head_dim], "k": [L, num_kv_heads, T,
+        head_dim], "v": [L, num_kv_heads, T, d_v], "layer_ids": [L]}``
+        (float32 / int64), plus ``"scale"`` (a 0-d float64) when the
+        attention modules carry a ``scaling`` attribute.
 
-    Raises:
-        DumpError: projections not found, a layer index out of range, heads
-            that do not divide, outputs of an unexpected shape, or an
-            ambiguous rotary embedding.
+    Raises
+    ------
+    DumpError
+        Projections not found, a layer index out of range, heads that do
+        not divide, outputs of an unexpected shape, or an ambiguous rotary
+        embedding.
     """
     sizes = (("num_heads", num_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim))
     for what, n in sizes:
@@ -369,10 +395,11 @@ def save(
     *,
     dtype: Union[str, np.dtype] = "float16",
 ) -> Path:
-    """Write ``arrays`` (from :func:`dump_qkv`) as a workload dump
-    (:func:`kvselect.checking.save_dump` with kind ``"workload"``: uncompressed,
-    so a reader memory-maps each layer; a key outside the workload table is
-    refused, naming the closest known one).
+    """Write ``arrays`` (from :func:`dump_qkv`) as a workload dump.
+
+    The dump is :func:`kvselect.checking.save_dump`'s with kind
+    ``"workload"``: uncompressed, so a reader memory-maps each layer; a key
+    outside the workload table is refused, naming the closest known one.
 
     Float arrays are stored as ``dtype`` (float16 by default: half the size,
     and ample for ranking keys; ``"bfloat16"`` stores raw bits with an
@@ -380,7 +407,28 @@ def save(
     value does not fit float16 (|x| > 65504) the save is refused with a hint
     to use float32 rather than writing infinities.
 
-    Returns the path written (NumPy adds ``.npz`` when missing).
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        Where to write; ``.npz`` is added when missing.
+    arrays : dict of str to numpy.ndarray
+        What :func:`dump_qkv` returned.
+    dtype : str or numpy.dtype
+        ``"float16"`` (default), ``"bfloat16"``, ``"float32"`` or
+        ``"float64"``.
+
+    Returns
+    -------
+    pathlib.Path
+        The path written (NumPy adds ``.npz`` when missing).
+
+    Raises
+    ------
+    DumpError
+        Another ``dtype``, a value that does not fit it, or a key or array
+        the workload format refuses.
+    OSError
+        The file cannot be written.
     """
     from kvselect.checking import DumpError as FormatError
     from kvselect.checking import save_dump
@@ -451,6 +499,32 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command ``python -m kvselect.dump_hf`` (see its ``--help``).
+
+    Loads the model (torch and transformers, imported here only), dumps
+    Q/K/V on the text's first ``--max-tokens`` tokens with :func:`dump_qkv`
+    and writes them with :func:`save`.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments (``None``: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        0 on success; 2 when ``--max-tokens`` is below 2 or torch or
+        transformers is missing (the error is printed to stderr).
+
+    Raises
+    ------
+    SystemExit
+        Bad arguments, or ``--help`` (argparse).
+    DumpError
+        As :func:`dump_qkv` and :func:`save` raise it.
+    OSError
+        The text file cannot be read or the dump cannot be written.
+    """
     args = _parser().parse_args(argv)
     if args.max_tokens < 2:
         print("error: --max-tokens must be at least 2", file=sys.stderr)

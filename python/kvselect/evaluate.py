@@ -77,7 +77,23 @@ POLICIES = (
 @dataclass(frozen=True)
 class Settings:
     """What the harness compares at: the budget ``k``, the witness segment
-    count ``S``, the block geometry and the nulls' knobs."""
+    count ``S``, the block geometry and the nulls' knobs.
+
+    Attributes
+    ----------
+    budget : int
+        The token budget ``k``: slots per query row.
+    segments : int
+        The witness segment count ``S``.
+    block_size, init_blocks, local_blocks : int
+        Block-sparse's block geometry: tokens per block, forced init blocks,
+        forced local blocks.
+    sinks : int
+        The sink + window policy's sink count.
+    seed : int
+        The seed of the random null and of the unordered served row's
+        shuffle.
+    """
 
     budget: int = 2048
     segments: int = 64
@@ -125,8 +141,15 @@ class Settings:
 
 
 class SettingsError(ValueError):
-    """Settings that cannot work; ``fields`` names the settings the caller
-    gave that would have to change (empty when none of them is to blame)."""
+    """Settings that cannot work (a :class:`ValueError`), raised by
+    :func:`derive_settings`.
+
+    Attributes
+    ----------
+    fields : tuple of str
+        The settings the caller gave that would have to change (empty when
+        none of them is to blame).
+    """
 
     def __init__(self, message: str, fields: Sequence[str] = ()) -> None:
         super().__init__(message)
@@ -149,8 +172,10 @@ def derive_settings(
     seed: int = 0,
     names: Optional[Mapping[str, str]] = None,
 ) -> Tuple[Settings, Dict[str, int]]:
-    """The settings at ``budget``: what the caller gave (not ``None``) is
-    kept, what it left out is derived from the budget.
+    """The settings at ``budget``.
+
+    What the caller gave (not ``None``) is kept, what it left out is derived
+    from the budget.
 
     The derivation keeps :class:`Settings`' defaults (S = 64, blocks of 64,
     1 init + 2 local blocks, 4 sinks) wherever the budget allows them (so a
@@ -169,13 +194,38 @@ def derive_settings(
     - ``sinks``: ``min(4, k - 1)`` (the window keeps one slot).
 
     A given ``block_size`` larger than the budget is kept: block-sparse is
-    then ``n/a`` at this budget (:meth:`Settings.block_sparse_note`). A given
-    setting that cannot work raises :class:`SettingsError` naming it, as
-    ``names`` spells it (``{"local_blocks": "--local-blocks"}``, say; the
-    field names by default).
+    then ``n/a`` at this budget (:meth:`Settings.block_sparse_note`).
 
-    Returns the settings and the derived values that differ from the
-    defaults (empty when the defaults fit)."""
+    Parameters
+    ----------
+    budget : int
+        The token budget ``k`` (at least 1).
+    segments, block_size, init_blocks, local_blocks, sinks : int or None
+        The settings the caller gives; ``None`` derives it from the budget
+        as above.
+    seed : int
+        :attr:`Settings.seed`, kept as given.
+    names : mapping of str to str, optional
+        How the caller spells each field in error messages
+        (``{"local_blocks": "--local-blocks"}``, say; the field names by
+        default).
+
+    Returns
+    -------
+    settings : Settings
+        The checked settings at ``budget``.
+    derived : dict of str to int
+        The derived values that differ from the defaults (empty when the
+        defaults fit).
+
+    Raises
+    ------
+    SettingsError
+        A budget below 1, or a given setting that cannot work, naming it
+        (as ``names`` spells it) in the message and in ``fields``.
+    ValueError
+        Settings that :meth:`Settings.check` refuses.
+    """
     spell = dict(names or {})
 
     def name(f: str) -> str:
@@ -265,11 +315,34 @@ def derive_settings(
 class PolicyResult:
     """One policy's numbers at one budget, over heads and queries.
 
-    ``output_error`` is the mean over (query, query head) of
-    ``‖o_sparse − o_dense‖ / ‖o_dense‖``; a ratio, so a few rows whose dense
-    output is near zero can dominate it: ``output_error_median`` and
-    ``output_error_p95`` say how typical the mean is. A policy that cannot
-    run at the budget has NaN numbers and a ``note`` saying why."""
+    ``output_error`` is a ratio, so a few rows whose dense output is near
+    zero can dominate it: ``output_error_median`` and ``output_error_p95``
+    say how typical the mean is. A policy that cannot run at the budget has
+    NaN numbers and a ``note`` saying why.
+
+    Attributes
+    ----------
+    policy : str
+        The policy's name (one of ``POLICIES``).
+    budget : int
+        The token budget ``k``.
+    coverage : float
+        Mean segment coverage of the selection.
+    recall_mean, recall_p5 : float
+        Attention-mass recall: mean, and 5th percentile over heads and
+        queries.
+    output_error : float
+        The mean over (query, query head) of
+        ``‖o_sparse − o_dense‖ / ‖o_dense‖``.
+    slots_used : float
+        Mean distinct valid positions selected.
+    select_us_per_query : float
+        Selection time per query, in microseconds (NaN: not charged).
+    output_error_median, output_error_p95 : float
+        The output error's median and 95th percentile.
+    note : str or None
+        Why the policy could not run (``None`` when it ran).
+    """
 
     policy: str
     budget: int
@@ -293,9 +366,29 @@ class PolicyResult:
 class Report:
     """Every policy's results at every budget of one evaluation.
 
-    ``every_key_budgets`` lists the budgets at which every policy selected
-    every visible key of every query (the budget holds every context): the
-    numbers there are trivially perfect and compare nothing."""
+    Attributes
+    ----------
+    workload, source : str
+        The workload's name and where it came from.
+    settings : list of dict
+        Each budget's :class:`Settings`, as dicts.
+    n_kv_heads, n_q_heads : int
+        The KV heads and query heads evaluated.
+    queries : int
+        Query positions per head.
+    tokens : int
+        The context length (the longest, for a pooled report).
+    results : list of PolicyResult
+        Every policy at every budget.
+    seconds : float
+        Wall time of the evaluation.
+    every_key_budgets : list of int
+        The budgets at which every policy selected every visible key of
+        every query (the budget holds every context): the numbers there are
+        trivially perfect and compare nothing.
+    indexer : str
+        What the learned top-k ranked by.
+    """
 
     workload: str
     source: str
@@ -571,12 +664,34 @@ def evaluate(
 ) -> Report:
     """Runs every policy at every budget on every KV head of ``workload``.
 
-    ``settings`` gives everything but the budget: one :class:`Settings` for
-    every budget (its ``budget`` is replaced by each of ``budgets``), or one
-    per budget, in the order of ``budgets`` (as :func:`derive_settings`
-    gives them). ``progress`` wraps the iteration over heads (a progress
-    bar, say). A policy that cannot run at a budget (block-sparse when the
-    budget holds no block) is reported with NaN numbers and a note."""
+    A policy that cannot run at a budget (block-sparse when the budget holds
+    no block) is reported with NaN numbers and a note.
+
+    Parameters
+    ----------
+    workload : Workload
+        The tensors to evaluate on.
+    budgets : sequence of int
+        The token budgets ``k`` (a budget named twice runs once).
+    settings : Settings, sequence of Settings, or None
+        Everything but the budget: one :class:`Settings` for every budget
+        (its ``budget`` is replaced by each of ``budgets``), or one per
+        budget, in the order of ``budgets`` (as :func:`derive_settings`
+        gives them); ``None``: the defaults.
+    progress : callable, optional
+        Wraps the iteration over heads (a progress bar, say).
+
+    Returns
+    -------
+    Report
+        Every policy's results at every budget.
+
+    Raises
+    ------
+    ValueError
+        A settings sequence whose length is not the budgets', or settings
+        that :meth:`Settings.check` refuses.
+    """
     reports, _ = evaluate_many([workload], budgets, settings, progress)
     return reports[0]
 
@@ -590,13 +705,32 @@ def evaluate_many(
 ) -> Tuple[List[Report], Report]:
     """:func:`evaluate` on each workload in turn, and the pooled report.
 
-    ``workloads`` is consumed one at a time (pass a generator that loads each
-    dump when asked, and memory stays bounded by one dump: only the per-row
-    numbers are kept). ``on_report`` receives each workload's report as soon
-    as it is done. The pooled report's numbers are over every (query, head)
-    row of every workload, as if they were one; its ``n_kv_heads`` and
-    ``n_q_heads`` are the totals, ``queries`` the total query positions per
-    head summed over workloads, ``tokens`` the longest context."""
+    Parameters
+    ----------
+    workloads : iterable of Workload
+        Consumed one at a time (pass a generator that loads each dump when
+        asked, and memory stays bounded by one dump: only the per-row
+        numbers are kept).
+    budgets, settings, progress : see :func:`evaluate`
+    on_report : callable, optional
+        Receives each workload's report as soon as it is done.
+
+    Returns
+    -------
+    reports : list of Report
+        One report per workload, in order.
+    pooled : Report
+        Numbers over every (query, head) row of every workload, as if they
+        were one; its ``n_kv_heads`` and ``n_q_heads`` are the totals,
+        ``queries`` the total query positions per head summed over
+        workloads, ``tokens`` the longest context.
+
+    Raises
+    ------
+    ValueError
+        No workload at all, a settings sequence whose length is not the
+        budgets', or settings that :meth:`Settings.check` refuses.
+    """
     runs = _runs(budgets, settings)
     t0 = time.perf_counter()
     pooled: _Acc = {}
@@ -645,10 +779,23 @@ def _num(x: float, fmt: str = ".3f") -> str:
 
 
 def format_table(report: Report) -> str:
-    """The report as Markdown tables, one per budget (they read well in a
-    terminal too). Budgets at which every policy sees every key get one
-    sentence between them instead of tables of trivially perfect numbers;
-    a policy that cannot run at a budget reads ``n/a`` with the reason."""
+    """The report as Markdown tables, one per budget.
+
+    They read well in a terminal too. Budgets at which every policy sees
+    every key get one sentence between them instead of tables of trivially
+    perfect numbers; a policy that cannot run at a budget reads ``n/a`` with
+    the reason.
+
+    Parameters
+    ----------
+    report : Report
+        What :func:`evaluate` or :func:`evaluate_many` returned.
+
+    Returns
+    -------
+    str
+        The tables, lines joined by newlines.
+    """
     geometries = {_geometry(s) for s in report.settings}
     uniform = len(geometries) == 1
     lines = [
@@ -721,8 +868,18 @@ def _import_pyplot() -> Any:
 
 
 def check_plot() -> None:
-    """Raises ImportError (with the install command) when :func:`plot`
-    cannot run: a check to make before a long evaluation."""
+    """Checks that :func:`plot` can run: a check to make before a long
+    evaluation.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    ImportError
+        matplotlib is not installed (the message gives the install command).
+    """
     _import_pyplot()
 
 
@@ -743,10 +900,27 @@ def _budget_label(b: int) -> str:
 
 
 def figure(report: Report) -> Any:
-    """The plot as a matplotlib figure: attention-mass recall (left) and
-    mean output relative error (right) against budget, one line per
-    policy, the legend below both panels (never over a point), budgets on a
-    log axis labelled with their values. Needs matplotlib."""
+    """The plot as a matplotlib figure.
+
+    Attention-mass recall (left) and mean output relative error (right)
+    against budget, one line per policy, the legend below both panels (never
+    over a point), budgets on a log axis labelled with their values.
+
+    Parameters
+    ----------
+    report : Report
+        What :func:`evaluate` or :func:`evaluate_many` returned.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The two-panel figure.
+
+    Raises
+    ------
+    ImportError
+        matplotlib is not installed (needs matplotlib).
+    """
     plt = _import_pyplot()
     fig, (rec, err) = plt.subplots(1, 2, figsize=(11, 5), dpi=120)
     budgets = sorted({r.budget for r in report.results})
@@ -790,7 +964,24 @@ def figure(report: Report) -> Any:
 def plot(report: Report, path: str) -> None:
     """:func:`figure` written to ``path`` (PNG).
 
-    Needs matplotlib (``pip install 'kvselect[plot]'``)."""
+    Parameters
+    ----------
+    report : Report
+        What :func:`evaluate` or :func:`evaluate_many` returned.
+    path : str
+        Where the PNG is written.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    ImportError
+        matplotlib is not installed (``pip install 'kvselect[plot]'``).
+    OSError
+        ``path`` cannot be written.
+    """
     plt = _import_pyplot()
     fig = figure(report)
     fig.savefig(path, format="png")

@@ -45,9 +45,17 @@ _PRECISION_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", 
 
 
 class CheckFailure(AssertionError):
-    """A selection that is not right (or whose check proves nothing): the
-    message is the ``kvselect check`` report as text, ``report`` the report
-    dict (as :func:`kvselect.checking.check_dump` returns it)."""
+    """A selection that is not right (or whose check proves nothing).
+
+    An :class:`AssertionError`, so pytest shows it as a failed assertion. Its
+    message is the ``kvselect check`` report as text.
+
+    Attributes
+    ----------
+    report : dict
+        The report dict (as :func:`kvselect.checking.check_dump` returns
+        it).
+    """
 
     def __init__(self, message: str, report: dict) -> None:
         super().__init__(message)

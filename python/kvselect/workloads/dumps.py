@@ -23,34 +23,45 @@ def load_npz(
 ) -> Workload:
     """Read a dump in the documented ``.npz`` format (see the module docstring).
 
-    Args:
-        path: the ``.npz`` file.
-        layers: which layers of the file to use (indices into its first axis,
-            in the order given); ``None`` for all. Each layer contributes its
-            heads, named ``"L{layer}/H{kv_head}"`` (the file's ``layer_ids`` /
-            ``kv_head_ids`` when present, else the indices).
-        queries: how many query positions to evaluate, drawn by
-            :func:`query_positions` over ``[tokens // 8, tokens)`` with
-            ``tokens - 1`` always included (all of them if fewer).
-        seed: the seed of those positions. (A derived indexer always uses
-            :func:`derive_indexer`'s fixed projection seed, 0.)
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.npz`` file.
+    layers : int, sequence of int, or None
+        Which layers of the file to use (indices into its first axis, in the
+        order given); ``None`` for all. Each layer contributes its heads,
+        named ``"L{layer}/H{kv_head}"`` (the file's ``layer_ids`` /
+        ``kv_head_ids`` when present, else the indices).
+    queries : int
+        How many query positions to evaluate, drawn by
+        :func:`query_positions` over ``[tokens // 8, tokens)`` with
+        ``tokens - 1`` always included (all of them if fewer).
+    seed : int
+        The seed of those positions. (A derived indexer always uses
+        :func:`derive_indexer`'s fixed projection seed, 0.)
 
-    Returns:
-        A :class:`Workload`: float32 arrays with layers flattened into heads,
-        ``scale`` from the file or ``1/sqrt(d)``, and the file's indexer or,
-        without one, :func:`derive_indexer`'s.
+    Returns
+    -------
+    Workload
+        float32 arrays with layers flattened into heads, ``scale`` from the
+        file or ``1/sqrt(d)``, and the file's indexer or, without one,
+        :func:`derive_indexer`'s.
 
-    Raises:
-        FileNotFoundError: no such file.
-        WorkloadError: not an ``.npz`` archive, or an array that breaks the
-            format; the message names the key and what was expected, in
-            layers, heads and tokens.
+    Raises
+    ------
+    FileNotFoundError
+        No such file.
+    WorkloadError
+        Not an ``.npz`` archive, or an array that breaks the format; the
+        message names the key and what was expected, in layers, heads and
+        tokens.
 
-    Warns:
-        WorkloadWarning: ``q`` has fewer tokens (axis 2) than query heads
-            (axis 1): the dump was probably saved as ``[layers, tokens,
-            heads, d]`` (a common torch layout) and would be evaluated as
-            many heads of a few tokens.
+    Warns
+    -----
+    WorkloadWarning
+        ``q`` has fewer tokens (axis 2) than query heads (axis 1): the dump
+        was probably saved as ``[layers, tokens, heads, d]`` (a common torch
+        layout) and would be evaluated as many heads of a few tokens.
     """
     path = Path(path)
     if not path.is_file():

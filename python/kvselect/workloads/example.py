@@ -24,6 +24,23 @@ def example(*, queries: int = 64, seed: int = 0) -> Workload:
     bidirectional; the evaluation applies a causal mask. Context is short:
     use small blocks (8-32) with it. The indexer is derived
     (:func:`derive_indexer`).
+
+    Parameters
+    ----------
+    queries : int
+        Query positions to evaluate (as for :func:`load_npz`).
+    seed : int
+        The query positions' seed (as for :func:`load_npz`).
+
+    Returns
+    -------
+    Workload
+        Named ``minilm-example``.
+
+    Raises
+    ------
+    WorkloadError
+        ``queries`` is not a positive int.
     """
     from importlib import resources
 

@@ -59,16 +59,30 @@ def derive_indexer(
     approximation whose top-k agrees with the true top-k partially. It is not
     a trained indexer; when you have one, dump ``index_q``/``index_k``.
 
-    Args:
-        q: ``[n_heads, tokens, d]``; k: ``[n_kv_heads, tokens, d]`` (any float
-            dtype; computed in float32).
-        n_kv_heads: KV heads; ``n_heads`` must be a multiple of it.
-        d_index: index dimension (default ``max(4, d // 4)``).
-        seed: the projection's seed (0 by default and in :func:`load_npz`).
+    Parameters
+    ----------
+    q : array_like
+        ``[n_heads, tokens, d]`` (any float dtype; computed in float32).
+    k : array_like
+        ``[n_kv_heads, tokens, d]`` (any float dtype; computed in float32).
+    n_kv_heads : int
+        KV heads; ``n_heads`` must be a multiple of it.
+    d_index : int, optional
+        Index dimension (default ``max(4, d // 4)``).
+    seed : int
+        The projection's seed (0 by default and in :func:`load_npz`).
 
-    Returns:
-        ``(index_q, index_k)``, both float32 C-contiguous
-        ``[n_kv_heads, tokens, d_index]``.
+    Returns
+    -------
+    index_q, index_k : numpy.ndarray
+        Both float32 C-contiguous ``[n_kv_heads, tokens, d_index]``.
+
+    Raises
+    ------
+    WorkloadError
+        ``q`` or ``k`` not 3-D, ``k`` without ``n_kv_heads`` heads, ``n_heads``
+        not a multiple of ``n_kv_heads``, ``k``'s tokens or ``d`` not ``q``'s,
+        or ``n_kv_heads`` / ``d_index`` not a positive int.
     """
     q = np.asarray(q, dtype=np.float32)
     k = np.asarray(k, dtype=np.float32)

@@ -21,15 +21,20 @@ PathLike = Union[str, os.PathLike]  # type: ignore[type-arg]
 
 
 class WorkloadWarning(UserWarning):
-    """A workload that loads but is probably not what was meant (a dump
-    whose heads and tokens look swapped, say)."""
+    """A workload that loads but is probably not what was meant.
+
+    A :class:`UserWarning`, issued by :func:`load_npz` for a dump whose heads
+    and tokens look swapped, say: filter it with :mod:`warnings` by this
+    class.
+    """
 
 
 class WorkloadError(ValueError):
     """A workload (or a workload file) that breaks the documented contract.
 
-    The message names the offending field or ``.npz`` key, and what was
-    expected against what was found."""
+    A :class:`ValueError`. The message names the offending field or ``.npz``
+    key, and what was expected against what was found.
+    """
 
 
 # --------------------------------------------------------------------------
@@ -39,23 +44,34 @@ class WorkloadError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class Indexer:
-    """A DSA-style lightning indexer (DeepSeek-V3.2/V4, GLM-5): the learned
-    top-k a workload's "learned" policy ranks by, scored natively by
-    :func:`kvselect.indexer_topk` as ``c_t · Σ_h w_h · max(q_h · k_t, 0)``.
+    """A DSA-style lightning indexer (DeepSeek-V3.2/V4, GLM-5).
 
-    Attributes:
-        q: float32 ``[n_indexers, tokens, H, d_idx]``: each query's ``H``
-            index heads.
-        weights: float32 ``[n_indexers, tokens, H]``: per-query head weights
-            (scales folded in).
-        k: ``[n_indexers, tokens, d_idx]``: the index keys, float32 or the raw
-            ``uint8`` bytes of float8 e4m3fn (``key_format``).
-        key_scale: float32 ``[n_indexers, tokens]`` per-key scales, or None.
-        key_format: ``"float32"`` or ``"float8_e4m3fn"``.
-        of_kv_head: int64 ``[n_kv_heads]``: the indexer that serves each KV
-            head (one per KV head, or one per layer shared by its KV heads:
-            DSA's one learned row per query, shared by every head).
-        description: one line on what it models.
+    The learned top-k a workload's "learned" policy ranks by, scored natively
+    by :func:`kvselect.indexer_topk` as ``c_t · Σ_h w_h · max(q_h · k_t, 0)``.
+    Building one whose arrays disagree in shape or dtype raises
+    :class:`WorkloadError`.
+
+    Attributes
+    ----------
+    q : numpy.ndarray
+        float32 ``[n_indexers, tokens, H, d_idx]``: each query's ``H`` index
+        heads.
+    weights : numpy.ndarray
+        float32 ``[n_indexers, tokens, H]``: per-query head weights (scales
+        folded in).
+    k : numpy.ndarray
+        ``[n_indexers, tokens, d_idx]``: the index keys, float32 or the raw
+        ``uint8`` bytes of float8 e4m3fn (``key_format``).
+    key_scale : numpy.ndarray or None
+        float32 ``[n_indexers, tokens]`` per-key scales, or None.
+    key_format : str
+        ``"float32"`` or ``"float8_e4m3fn"``.
+    of_kv_head : numpy.ndarray
+        int64 ``[n_kv_heads]``: the indexer that serves each KV head (one per
+        KV head, or one per layer shared by its KV heads: DSA's one learned
+        row per query, shared by every head).
+    description : str
+        One line on what it models.
     """
 
     q: np.ndarray
@@ -113,31 +129,44 @@ class Indexer:
 class Workload:
     """One causal decode-style evaluation problem.
 
-    Attributes:
-        name: short name (``"synthetic"``, ``"minilm-example"``, a file stem).
-        q: float32 ``[n_heads, tokens, d]``, the query heads.
-        k: float32 ``[n_kv_heads, tokens, d]``.
-        v: float32 ``[n_kv_heads, tokens, d_v]``.
-        index_q: float32 ``[n_kv_heads, tokens, d_idx]``, the approximate
-            indexer's query: one index head per KV head.
-        index_k: float32 ``[n_kv_heads, tokens, d_idx]``, its key.
-        head_kinds: one label per KV head (``"sink"``, ``"local"``,
-            ``"retrieval"``, ``"diffuse"``; ``"L3/H5"`` for dumps).
-        query_positions: int64, 1-D, strictly increasing positions in
-            ``[0, tokens)``; the query at position ``i`` sees keys ``0..=i``.
-        scale: the softmax scale (``1/sqrt(d)`` unless the model says
-            otherwise): the logit of query head ``h`` at ``i`` on key ``j`` is
-            ``q[h, i] · k[h // group, j] * scale``.
-        source: one line on where the workload came from.
-        indexer: the DSA-style lightning indexer the learned top-k ranks by
-            (:class:`Indexer`), or None: then the learned top-k ranks by
-            ``index_q · index_k`` (:meth:`learned_inputs`).
-
     ``index_q``/``index_k`` (one index head per KV head) are also what block
-    selection scores, as MiniMax-M3's indexer does. ``n_heads`` is a multiple of ``n_kv_heads`` (grouped-query attention;
-    ``group = n_heads // n_kv_heads`` query heads share each KV head). All
-    arrays are C-contiguous; building a workload that breaks any of this
-    raises :class:`WorkloadError`. The arrays are not copied.
+    selection scores, as MiniMax-M3's indexer does. ``n_heads`` is a
+    multiple of ``n_kv_heads`` (grouped-query attention; ``group = n_heads //
+    n_kv_heads`` query heads share each KV head). All arrays are
+    C-contiguous; building a workload that breaks any of this raises
+    :class:`WorkloadError`. The arrays are not copied.
+
+    Attributes
+    ----------
+    name : str
+        Short name (``"synthetic"``, ``"minilm-example"``, a file stem).
+    q : numpy.ndarray
+        float32 ``[n_heads, tokens, d]``, the query heads.
+    k : numpy.ndarray
+        float32 ``[n_kv_heads, tokens, d]``.
+    v : numpy.ndarray
+        float32 ``[n_kv_heads, tokens, d_v]``.
+    index_q : numpy.ndarray
+        float32 ``[n_kv_heads, tokens, d_idx]``, the approximate indexer's
+        query: one index head per KV head.
+    index_k : numpy.ndarray
+        float32 ``[n_kv_heads, tokens, d_idx]``, its key.
+    head_kinds : tuple of str
+        One label per KV head (``"sink"``, ``"local"``, ``"retrieval"``,
+        ``"diffuse"``; ``"L3/H5"`` for dumps).
+    query_positions : numpy.ndarray
+        int64, 1-D, strictly increasing positions in ``[0, tokens)``; the
+        query at position ``i`` sees keys ``0..=i``.
+    scale : float
+        The softmax scale (``1/sqrt(d)`` unless the model says otherwise):
+        the logit of query head ``h`` at ``i`` on key ``j`` is
+        ``q[h, i] · k[h // group, j] * scale``.
+    source : str
+        One line on where the workload came from.
+    indexer : Indexer or None
+        The DSA-style lightning indexer the learned top-k ranks by, or None:
+        then the learned top-k ranks by ``index_q · index_k``
+        (:meth:`learned_inputs`).
     """
 
     name: str
@@ -304,8 +333,26 @@ def query_positions(tokens: int, queries: int, seed: int = 0) -> np.ndarray:
     contributes ``tokens - 1`` (the longest context). Stratifying spreads the
     queries over short and long contexts; skipping the first eighth skips
     queries whose whole context fits any budget. If the range holds no more
-    than ``queries`` positions, all of them are returned. int64, strictly
-    increasing.
+    than ``queries`` positions, all of them are returned.
+
+    Parameters
+    ----------
+    tokens : int
+        The context length (at least 1).
+    queries : int
+        How many positions to draw (at least 1).
+    seed : int
+        The draw's seed.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64, strictly increasing, C-contiguous.
+
+    Raises
+    ------
+    WorkloadError
+        ``tokens`` or ``queries`` is not an int of at least 1.
     """
     tokens = as_count("tokens", tokens, minimum=1)
     queries = as_count("queries", queries, minimum=1)

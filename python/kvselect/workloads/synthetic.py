@@ -132,9 +132,36 @@ def synthetic(
     ``[context // 8, context)`` including ``context - 1``). Same arguments,
     same arrays, on any machine with the same NumPy random streams.
 
-    Raises:
-        WorkloadError: a size out of range (``context >= 64``, ``d`` even and
-        ``>= 8``, ``n_heads`` a multiple of ``n_kv_heads``, counts ``>= 1``).
+    Parameters
+    ----------
+    context : int
+        Tokens (at least 64).
+    n_heads, n_kv_heads : int
+        Query heads and KV heads; ``n_heads`` a multiple of ``n_kv_heads``.
+    d, d_v : int
+        Query/key and value head dimensions (``d`` even and at least 8).
+    d_index : int
+        The indexers' dimension.
+    queries : int
+        Query positions to evaluate.
+    seed : int
+        The seed of every random draw (at least 0).
+    index_heads : int
+        Index heads of each DSA indexer.
+    index_noise : float
+        The indexers' noise, times the row's RMS (finite, at least 0).
+
+    Returns
+    -------
+    Workload
+        Named ``synthetic``, with a DSA :class:`Indexer`.
+
+    Raises
+    ------
+    WorkloadError
+        A size out of range (``context >= 64``, ``d`` even and ``>= 8``,
+        ``n_heads`` a multiple of ``n_kv_heads``, counts ``>= 1``), or an
+        ``index_noise`` that is not a finite float ``>= 0``.
     """
     context = as_count("context", context, minimum=64)
     n_heads = as_count("n_heads", n_heads, minimum=1)
@@ -292,13 +319,32 @@ def _unit(rng: np.random.Generator, d: int) -> np.ndarray:
 
 def synthetic_needles(context: int, seed: int, kv_head: int) -> np.ndarray:
     """The needle positions of retrieval KV head ``kv_head`` in
-    ``synthetic(context=context, seed=seed, ...)`` (int64, ascending, 8).
+    ``synthetic(context=context, seed=seed, ...)``.
 
     Needle ``m`` is drawn uniformly from stratum ``m`` of 8 equal strata of
     ``[4, 0.75 * context)``, by its own stream
     (``SeedSequence([seed, 0x6e656564, kv_head])``), so the positions depend on
     the context, the seed and the head only. Useful to score a policy on
     needle recall; meaningful only for heads whose kind is ``"retrieval"``.
+
+    Parameters
+    ----------
+    context : int
+        As for :func:`synthetic` (at least 64).
+    seed : int
+        As for :func:`synthetic` (at least 0).
+    kv_head : int
+        The KV head (at least 0).
+
+    Returns
+    -------
+    numpy.ndarray
+        int64, ascending, 8 positions.
+
+    Raises
+    ------
+    WorkloadError
+        ``context``, ``seed`` or ``kv_head`` is not an int in range.
     """
     context = as_count("context", context, minimum=64)
     seed = as_count("seed", seed, minimum=0)
