@@ -561,8 +561,7 @@ def test_the_evaluate_workloads_and_dump_hf_lists_name_every_public_name_of_thos
     import kvselect.workloads
 
     functions, classes = set(), set()
-    evaluate_names = [n for n, o in vars(kvselect.evaluate).items()
-                      if not n.startswith("_") and getattr(o, "__module__", None) == "kvselect.evaluate"]
+    evaluate_names = kvselect.evaluate.__all__
     for prefix, module, names in (("evaluate", kvselect.evaluate, evaluate_names),
                                   ("workloads", kvselect.workloads, kvselect.workloads.__all__),
                                   ("dump_hf", kvselect.dump_hf, kvselect.dump_hf.__all__)):

@@ -1,0 +1,424 @@
+"""The experiment the witness spec's metrics exist for: selection policies
+compared at one identical token budget.
+
+For every KV head of a workload and every evaluated query position ``i``
+(context ``L = i + 1``), each policy picks at most ``k`` key positions; the
+harness then measures, per query head:
+
+- **segment coverage** of the selection (``S`` segments of ``[0, L)``);
+- **attention-mass recall**: the share of the dense attention row's mass the
+  selection keeps (mean, and the 5th percentile over heads and queries);
+- **output relative error** ``‖o_sparse − o_dense‖ / ‖o_dense‖`` of sparse
+  attention over the selection against dense attention: its mean, median and
+  95th percentile over heads and queries (a ratio: rows whose dense output is
+  near zero can dominate the mean, so the median says what is typical);
+- **slots used**: distinct valid positions selected (a policy may use fewer
+  than ``k``, never more), and the time its selection took.
+
+The policies (``k`` slots each):
+
+``learned top-k``
+    the top ``k`` positions of the *indexer's* scores (the workload's
+    ``index_q · index_k``, an approximation of the true scores, as DeepSeek's
+    lightning indexer is).
+``witnesses (reserved tail)``
+    the top ``k − S`` learned positions, ``S`` padding slots, then
+    :func:`kvselect.scatter_topology_witnesses`: every segment is covered.
+``witnesses (as served)``
+    the full top-``k`` row in score order, whose last ``S`` slots the scatter
+    overwrites (the spec's caveat: a segment can end up uncovered).
+``block-sparse``
+    MiniMax-M3 block selection on the same indexer, ``k / block_size`` blocks
+    (forced init and local blocks included), expanded to positions.
+``random null``, ``locality null``
+    the spec's null models (rows of the random and local selectors).
+``sink + window``
+    StreamingLLM: the first ``sinks`` keys and the most recent ``k − sinks``.
+``oracle top-k``
+    the ``k`` keys with the largest true attention weight (averaged over the
+    KV head's query-head group): unusable in production, the ceiling.
+
+A policy that cannot run at a budget (block-sparse when the budget holds no
+whole block) is reported with NaN numbers and a note, the others run. A
+budget at which every policy sees every key of every query (the budget holds
+the context) is listed in :attr:`Report.every_key_budgets`, and the table
+says so once instead of printing trivially perfect numbers.
+:func:`derive_settings` gives the settings at a budget, scaling what must
+scale with ``k`` (segments, block geometry, sinks) when it is not given.
+
+Every number comes from kvselect's own functions: this module only slices
+arrays, calls them and averages what they return.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace  # noqa: F401
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+import kvselect as ks
+from kvselect.workloads import Workload
+from kvselect.evaluate.report import PolicyResult, Report, check_plot, figure, format_table, plot
+from kvselect.evaluate.settings import DERIVED_FIELDS, POLICIES, Settings, SettingsError, derive_settings
+
+__all__ = [
+    "POLICIES",
+    "DERIVED_FIELDS",
+    "Settings",
+    "SettingsError",
+    "derive_settings",
+    "PolicyResult",
+    "Report",
+    "evaluate",
+    "evaluate_many",
+    "format_table",
+    "check_plot",
+    "figure",
+    "plot",
+]
+
+
+@dataclass
+class _Head:
+    """One KV head's tensors, shaped the way the attention functions take
+    them: queries ``[n, group, d]``, keys ``[T, 1, d]``, values ``[T, 1, d_v]``."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    index_q: np.ndarray
+    index_k: np.ndarray
+    learned: dict  # kvselect.indexer_topk's inputs for the learned top-k
+    probs: np.ndarray  # [n, group, T] dense attention probabilities (f64)
+    dense: np.ndarray  # [n, group, d_v] dense attention output
+
+
+def _prepare_head(w: Workload, h: int, pos: np.ndarray) -> _Head:
+    group = w.n_heads // w.n_kv_heads
+    q = np.ascontiguousarray(w.q[h * group : (h + 1) * group][:, pos].transpose(1, 0, 2))
+    tokens = w.k.shape[1]
+    k = w.k[h].reshape(tokens, 1, -1)
+    v = w.v[h].reshape(tokens, 1, -1)
+    probs = ks.attention_probabilities(q, k, pos, scale=w.scale)
+    dense, _ = ks.dense_attention(q, k, v, pos, scale=w.scale)
+    index_q = np.ascontiguousarray(w.index_q[h][pos])
+    return _Head(q, k, v, index_q, w.index_k[h], w.learned_inputs(h, pos), probs, dense)
+
+
+def _group_sum(probs: np.ndarray) -> np.ndarray:
+    """The group's summed attention weight per key, in head order in float64:
+    what the core's oracle selector ranks by (a KV head's selection serves its
+    whole group, so the group's total recall is what it maximises)."""
+    out = probs[:, 0].copy()
+    for j in range(1, probs.shape[1]):
+        out += probs[:, j]
+    return out
+
+
+def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
+    """Every policy's selection ``[n, width]`` (int32, -1 padded) and the
+    seconds it took; a policy that cannot run at ``s`` is missing. Every
+    selection is charged, the learned top-k (kvselect's native lightning
+    indexer) included, and the witness policies include the top-k they
+    start from."""
+    k, segs = s.budget, s.segments
+    lens = (pos + 1).astype(np.int32)
+    out: Dict[str, tuple] = {}
+
+    def timed(name: str, fn: Callable[[], np.ndarray]) -> None:
+        t0 = time.perf_counter()
+        sel = fn()
+        out[name] = (sel, time.perf_counter() - t0)
+
+    def learned() -> np.ndarray:
+        return ks.indexer_topk(**head.learned, query_pos=pos, topk=k)
+
+    def reserved() -> np.ndarray:
+        # Fused: the top k - S in rank order, then the witnesses, one pass.
+        return ks.indexer_topk(**head.learned, query_pos=pos, topk=k, num_segments=segs)
+
+    def served_from(rows: np.ndarray) -> float:
+        """The scatter on a copy of the learned rows, charged with the
+        learned top-k it starts from (computed once, above)."""
+        t0 = time.perf_counter()
+        ks.scatter_topology_witnesses(rows, lens, segs)
+        return learned_secs + time.perf_counter() - t0
+
+    def blocks() -> np.ndarray:
+        cfg = ks.BlockSparseConfig(
+            s.block_size, k // s.block_size, s.init_blocks, s.local_blocks
+        )
+        chosen = ks.block_sparse_select(head.index_q[:, None, :], head.index_k, pos, cfg)
+        # One call for every row: [n, width * block_size], ascending then -1.
+        # width = k // block_size (check() keeps the forced blocks within the
+        # budget), so the rows fit in k slots; the rest is padding.
+        covered = ks.positions_of_blocks(chosen[:, 0], pos, len(head.index_k), cfg)
+        rows = np.full((len(pos), k), -1, dtype=np.int32)
+        rows[:, : covered.shape[1]] = covered
+        return rows
+
+    learned()  # warm-up, untimed: the first call of a head pays its cold caches
+    timed("learned top-k", learned)
+    top, learned_secs = out["learned top-k"]
+    timed("witnesses (reserved tail)", reserved)
+    # As served: the row in rank order, its last S slots the lowest ranked.
+    rank_order = top.copy()
+    out["witnesses (as served)"] = (rank_order, served_from(rank_order))
+    # Engines' rows are unordered (vLLM's top-k kernels): the slots the
+    # scatter overwrites are arbitrary members of the row. The shuffle
+    # stands for the engine's order, so it is not charged.
+    keys = np.random.default_rng(s.seed).random(top.shape)
+    keys[top < 0] = 2.0  # padding stays last
+    unordered = np.ascontiguousarray(np.take_along_axis(top, np.argsort(keys, axis=1), axis=1))
+    out["witnesses (served, unordered)"] = (unordered, served_from(unordered))
+    if s.block_sparse_note() is None:
+        timed("block-sparse", blocks)
+    timed("random null", lambda: ks.Selector.random(k, s.seed).rows(pos, width=k))
+    timed("locality null", lambda: ks.Selector.local(k).rows(pos, width=k))
+    sinks = min(s.sinks, k - 1)
+    timed(
+        "sink + window",
+        lambda: ks.Selector.sink_window(sinks, k - sinks).rows(pos, width=k),
+    )
+    timed("oracle top-k", lambda: ks.oracle_topk(_group_sum(head.probs), pos, k, width=k))
+    return out
+
+
+def _measure(
+    head: _Head, pos: np.ndarray, sel: np.ndarray, s: Settings, scale: float
+) -> Dict[str, np.ndarray]:
+    """Per query head and query: coverage, recall, output error, slots used."""
+    n, group, tokens = head.probs.shape
+    lens = pos + 1
+    coverage = ks.segment_coverage_rows(sel, lens, s.segments)
+    recall = ks.attention_mass_recall_rows(sel, head.probs.reshape(n * group, tokens))
+    sparse, _, _ = ks.sparse_attention(head.q, head.k, head.v, pos, sel[:, None, :], scale=scale)
+    error = ks.output_relative_error_rows(sparse, head.dense)
+    used = ks.slots_used_rows(sel, lens)
+    return {
+        "coverage": coverage,
+        "recall": recall.reshape(n, group),
+        "error": error.reshape(n, group),
+        "used": used,
+        "every_key": used == lens,
+    }
+
+
+def _runs(
+    budgets: Sequence[int], settings: Union[None, Settings, Sequence[Settings]]
+) -> List[Settings]:
+    """One checked :class:`Settings` per distinct budget (see :func:`evaluate`)."""
+    budgets = [int(b) for b in budgets]
+    if settings is None or isinstance(settings, Settings):
+        per = [settings or Settings()] * len(budgets)
+    else:
+        per = list(settings)
+        if len(per) != len(budgets):
+            raise ValueError(
+                f"settings: expected one Settings per budget ({len(budgets)}), got {len(per)}"
+            )
+    # A budget named twice is one experiment, reported once (its first settings).
+    chosen: Dict[int, Settings] = {}
+    for b, s in zip(budgets, per):
+        chosen.setdefault(b, replace(s, budget=b))
+    runs = list(chosen.values())
+    for r in runs:
+        r.check()
+    return runs
+
+
+#: Per (budget, policy): lists of per-row metric arrays, the seconds, and the
+#: selections they were spent on (queries × KV heads).
+_Acc = Dict[tuple, Dict[str, list]]
+
+
+def _accumulate(
+    workload: Workload,
+    runs: Sequence[Settings],
+    acc: _Acc,
+    progress: Optional[Callable[[Iterable], Iterable]] = None,
+) -> None:
+    """Every policy at every run's budget on every KV head of ``workload``,
+    its per-row numbers appended to ``acc``."""
+    pos = np.asarray(workload.query_positions, dtype=np.int64)
+    heads: Iterable[int] = range(workload.n_kv_heads)
+    if progress is not None:
+        heads = progress(heads)
+    for h in heads:
+        head = _prepare_head(workload, h, pos)
+        for s in runs:
+            for name, (sel, secs) in _select(head, pos, s).items():
+                m = _measure(head, pos, sel, s, workload.scale)
+                slot = acc.setdefault(
+                    (s.budget, name), {k: [] for k in (*m, "secs", "selections")}
+                )
+                for key, val in m.items():
+                    slot[key].append(val.ravel())
+                slot["secs"].append(np.array([secs]))
+                slot["selections"].append(np.array([len(pos)]))
+
+
+def _results(report: Report, runs: Sequence[Settings], acc: _Acc) -> None:
+    """The report's results (and every-key budgets) from accumulated rows."""
+    nan = float("nan")
+    for s in runs:
+        every_key = True
+        for name in POLICIES:
+            if (s.budget, name) not in acc:
+                note = s.block_sparse_note() if name == "block-sparse" else None
+                report.results.append(
+                    PolicyResult(
+                        policy=name, budget=s.budget, coverage=nan, recall_mean=nan,
+                        recall_p5=nan, output_error=nan, slots_used=nan,
+                        select_us_per_query=nan, note=note or "cannot run at these settings",
+                    )
+                )
+                every_key = False
+                continue
+            m = {key: np.concatenate(v) for key, v in acc[(s.budget, name)].items()}
+            every_key = every_key and bool(np.all(m["every_key"]))
+            report.results.append(
+                PolicyResult(
+                    policy=name,
+                    budget=s.budget,
+                    coverage=float(np.mean(m["coverage"])),
+                    recall_mean=float(np.mean(m["recall"])),
+                    recall_p5=float(np.percentile(m["recall"], 5)),
+                    output_error=float(np.mean(m["error"])),
+                    slots_used=float(np.mean(m["used"])),
+                    select_us_per_query=float(np.sum(m["secs"]) / np.sum(m["selections"]) * 1e6),
+                    output_error_median=float(np.median(m["error"])),
+                    output_error_p95=float(np.percentile(m["error"], 95)),
+                )
+            )
+        if every_key:
+            report.every_key_budgets.append(s.budget)
+
+
+def _report_of(workload: Workload, runs: Sequence[Settings]) -> Report:
+    return Report(
+        workload=workload.name,
+        source=workload.source,
+        settings=[asdict(r) for r in runs],
+        n_kv_heads=workload.n_kv_heads,
+        n_q_heads=workload.n_heads,
+        queries=len(workload.query_positions),
+        tokens=workload.k.shape[1],
+        indexer=(
+            workload.indexer.description if workload.indexer is not None
+            else "index_q · index_k (one index head per KV head)"
+        ),
+    )
+
+
+def evaluate(
+    workload: Workload,
+    budgets: Sequence[int] = (2048,),
+    settings: Union[None, Settings, Sequence[Settings]] = None,
+    progress: Optional[Callable[[Iterable], Iterable]] = None,
+) -> Report:
+    """Runs every policy at every budget on every KV head of ``workload``.
+
+    A policy that cannot run at a budget (block-sparse when the budget holds
+    no block) is reported with NaN numbers and a note.
+
+    Parameters
+    ----------
+    workload : Workload
+        The tensors to evaluate on.
+    budgets : sequence of int
+        The token budgets ``k`` (a budget named twice runs once).
+    settings : Settings, sequence of Settings, or None
+        Everything but the budget: one :class:`Settings` for every budget
+        (its ``budget`` is replaced by each of ``budgets``), or one per
+        budget, in the order of ``budgets`` (as :func:`derive_settings`
+        gives them); ``None``: the defaults.
+    progress : callable, optional
+        Wraps the iteration over heads (a progress bar, say).
+
+    Returns
+    -------
+    Report
+        Every policy's results at every budget.
+
+    Raises
+    ------
+    ValueError
+        A settings sequence whose length is not the budgets', or settings
+        that :meth:`Settings.check` refuses.
+    """
+    reports, _ = evaluate_many([workload], budgets, settings, progress)
+    return reports[0]
+
+
+def evaluate_many(
+    workloads: Iterable[Workload],
+    budgets: Sequence[int] = (2048,),
+    settings: Union[None, Settings, Sequence[Settings]] = None,
+    progress: Optional[Callable[[Iterable], Iterable]] = None,
+    on_report: Optional[Callable[[Report], None]] = None,
+) -> Tuple[List[Report], Report]:
+    """:func:`evaluate` on each workload in turn, and the pooled report.
+
+    Parameters
+    ----------
+    workloads : iterable of Workload
+        Consumed one at a time (pass a generator that loads each dump when
+        asked, and memory stays bounded by one dump: only the per-row
+        numbers are kept).
+    budgets, settings, progress : see :func:`evaluate`
+    on_report : callable, optional
+        Receives each workload's report as soon as it is done.
+
+    Returns
+    -------
+    reports : list of Report
+        One report per workload, in order.
+    pooled : Report
+        Numbers over every (query, head) row of every workload, as if they
+        were one; its ``n_kv_heads`` and ``n_q_heads`` are the totals,
+        ``queries`` the total query positions per head summed over
+        workloads, ``tokens`` the longest context.
+
+    Raises
+    ------
+    ValueError
+        No workload at all, a settings sequence whose length is not the
+        budgets', or settings that :meth:`Settings.check` refuses.
+    """
+    runs = _runs(budgets, settings)
+    t0 = time.perf_counter()
+    pooled: _Acc = {}
+    reports: List[Report] = []
+    for w in workloads:
+        t1 = time.perf_counter()
+        acc: _Acc = {}
+        _accumulate(w, runs, acc, progress)
+        report = _report_of(w, runs)
+        _results(report, runs, acc)
+        report.seconds = time.perf_counter() - t1
+        reports.append(report)
+        del w  # the next workload loads with this one released: memory bounded by one
+        if on_report is not None:
+            on_report(report)
+        for key, val in acc.items():
+            slot = pooled.setdefault(key, {k: [] for k in val})
+            for k, v in val.items():
+                slot[k] += v
+    if not reports:
+        raise ValueError("workloads: expected at least one workload")
+    total = Report(
+        workload=f"pooled ({len(reports)} workloads)",
+        source="; ".join(r.workload for r in reports),
+        settings=[asdict(r) for r in runs],
+        n_kv_heads=sum(r.n_kv_heads for r in reports),
+        n_q_heads=sum(r.n_q_heads for r in reports),
+        queries=sum(r.queries for r in reports),
+        tokens=max(r.tokens for r in reports),
+        indexer="; ".join(dict.fromkeys(r.indexer for r in reports)),
+    )
+    _results(total, runs, pooled)
+    total.seconds = time.perf_counter() - t0
+    return reports, total

@@ -1,0 +1,259 @@
+"""The evaluation's settings: the policies, one budget, and the settings derived
+from a workload (part of :mod:`kvselect.evaluate`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+
+import kvselect as ks
+
+POLICIES = (
+    "learned top-k",
+    "witnesses (reserved tail)",
+    "witnesses (as served)",
+    "witnesses (served, unordered)",
+    "block-sparse",
+    "random null",
+    "locality null",
+    "sink + window",
+    "oracle top-k",
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the harness compares at: the budget ``k``, the witness segment
+    count ``S``, the block geometry and the nulls' knobs.
+
+    Attributes
+    ----------
+    budget : int
+        The token budget ``k``: slots per query row.
+    segments : int
+        The witness segment count ``S``.
+    block_size, init_blocks, local_blocks : int
+        Block-sparse's block geometry: tokens per block, forced init blocks,
+        forced local blocks.
+    sinks : int
+        The sink + window policy's sink count.
+    seed : int
+        The seed of the random null and of the unordered served row's
+        shuffle.
+    """
+
+    budget: int = 2048
+    segments: int = 64
+    block_size: int = 64
+    init_blocks: int = 1
+    local_blocks: int = 2
+    sinks: int = 4
+    seed: int = 0
+
+    def check(self) -> None:
+        """Refuses settings that cannot work at all. A block larger than the
+        budget is not refused: block-sparse then cannot run at this budget
+        and is reported ``n/a`` (see :meth:`block_sparse_note`) while the
+        other policies run."""
+        if self.budget < 1:
+            raise ValueError(f"budget must be at least 1, got {self.budget}")
+        if not 1 <= self.segments <= ks.MAX_TOPOLOGY_SEGMENTS:
+            raise ValueError(
+                f"segments must be in 1..{ks.MAX_TOPOLOGY_SEGMENTS}, got {self.segments}"
+            )
+        if self.segments > self.budget:
+            raise ValueError(
+                f"segments ({self.segments}) cannot exceed the budget ({self.budget}): "
+                "the witnesses need a slot each"
+            )
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {self.block_size}")
+        if self.init_blocks < 0 or self.local_blocks < 0 or self.sinks < 0:
+            raise ValueError("init_blocks, local_blocks and sinks must be non-negative")
+        if (
+            self.block_sparse_note() is None
+            and self.block_size * (self.init_blocks + self.local_blocks) > self.budget
+        ):
+            raise ValueError(
+                f"init_blocks + local_blocks ({self.init_blocks} + {self.local_blocks}) "
+                f"blocks of {self.block_size} exceed the budget ({self.budget})"
+            )
+
+    def block_sparse_note(self) -> Optional[str]:
+        """Why block-sparse cannot run at these settings (``None`` if it can):
+        the budget holds no whole block."""
+        if self.budget < self.block_size:
+            return f"the budget ({self.budget}) holds no block of {self.block_size} tokens"
+        return None
+
+
+class SettingsError(ValueError):
+    """Settings that cannot work (a :class:`ValueError`), raised by
+    :func:`derive_settings`.
+
+    Attributes
+    ----------
+    fields : tuple of str
+        The settings the caller gave that would have to change (empty when
+        none of them is to blame).
+    """
+
+    def __init__(self, message: str, fields: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
+#: The settings :func:`derive_settings` may derive from the budget, with the
+#: defaults they take whenever the budget allows.
+DERIVED_FIELDS = ("segments", "block_size", "init_blocks", "local_blocks", "sinks")
+
+
+def derive_settings(
+    budget: int,
+    *,
+    segments: Optional[int] = None,
+    block_size: Optional[int] = None,
+    init_blocks: Optional[int] = None,
+    local_blocks: Optional[int] = None,
+    sinks: Optional[int] = None,
+    seed: int = 0,
+    names: Optional[Mapping[str, str]] = None,
+) -> Tuple[Settings, Dict[str, int]]:
+    """The settings at ``budget``.
+
+    What the caller gave (not ``None``) is kept, what it left out is derived
+    from the budget.
+
+    The derivation keeps :class:`Settings`' defaults (S = 64, blocks of 64,
+    1 init + 2 local blocks, 4 sinks) wherever the budget allows them (so a
+    run that worked on the defaults is unchanged), and scales only what must
+    scale with ``k``:
+
+    - ``segments``: ``min(64, max(1, k // 8))``: 64 from ``k = 512`` on, at
+      most an eighth of the row below (S = k would leave the reserved tail no
+      learned slot and overwrite the whole row as served);
+    - ``block_size``: the largest power of two up to 64 whose forced blocks
+      (``init_blocks + local_blocks``, at least one block) fit the budget;
+      64 from ``k = 192`` on with the default 1 + 2 forced blocks;
+    - ``init_blocks``, ``local_blocks``: trimmed, init blocks first, when the
+      forced blocks do not fit the budget's ``k // block_size`` blocks (with
+      a given ``block_size``, or below 3 tokens);
+    - ``sinks``: ``min(4, k - 1)`` (the window keeps one slot).
+
+    A given ``block_size`` larger than the budget is kept: block-sparse is
+    then ``n/a`` at this budget (:meth:`Settings.block_sparse_note`).
+
+    Parameters
+    ----------
+    budget : int
+        The token budget ``k`` (at least 1).
+    segments, block_size, init_blocks, local_blocks, sinks : int or None
+        The settings the caller gives; ``None`` derives it from the budget
+        as above.
+    seed : int
+        :attr:`Settings.seed`, kept as given.
+    names : mapping of str to str, optional
+        How the caller spells each field in error messages
+        (``{"local_blocks": "--local-blocks"}``, say; the field names by
+        default).
+
+    Returns
+    -------
+    settings : Settings
+        The checked settings at ``budget``.
+    derived : dict of str to int
+        The derived values that differ from the defaults (empty when the
+        defaults fit).
+
+    Raises
+    ------
+    SettingsError
+        A budget below 1, or a given setting that cannot work, naming it
+        (as ``names`` spells it) in the message and in ``fields``.
+    ValueError
+        Settings that :meth:`Settings.check` refuses.
+    """
+    spell = dict(names or {})
+
+    def name(f: str) -> str:
+        return spell.get(f, f)
+
+    d = Settings()
+    k = int(budget)
+    if k < 1:
+        raise SettingsError(f"budget must be at least 1, got {k}")
+    derived: Dict[str, int] = {}
+
+    if segments is None:
+        # At most an eighth of the row: S = k would make the reserved tail
+        # all witnesses and the as-served row none of the learned top-k.
+        segs = min(d.segments, max(1, k // 8))
+    else:
+        segs = int(segments)
+        if not 1 <= segs <= ks.MAX_TOPOLOGY_SEGMENTS:
+            raise SettingsError(
+                f"{name('segments')} must be in 1..{ks.MAX_TOPOLOGY_SEGMENTS}, got {segs}",
+                ["segments"],
+            )
+        if segs > k:
+            raise SettingsError(
+                f"{name('segments')} ({segs}) cannot exceed the budget ({k}): the witnesses "
+                f"need a slot each; lower {name('segments')}, or leave it out to use "
+                f"min({d.segments}, max(1, k // 8))",
+                ["segments"],
+            )
+
+    init = d.init_blocks if init_blocks is None else int(init_blocks)
+    local = d.local_blocks if local_blocks is None else int(local_blocks)
+    if block_size is None:
+        bs = d.block_size
+        while bs > 1 and max(init + local, 1) * bs > k:
+            bs //= 2
+    else:
+        bs = int(block_size)
+        if bs < 1:
+            raise SettingsError(
+                f"{name('block_size')} must be at least 1, got {bs}", ["block_size"]
+            )
+    blocks = k // bs
+    if blocks >= 1 and init + local > blocks:
+        # Trim what was not given; the newest blocks (the query's own) last.
+        if init_blocks is None:
+            init = max(0, min(init, blocks - local))
+        if local_blocks is None:
+            local = max(0, min(local, blocks - init))
+        if init + local > blocks:
+            given = [f for f, v in (("init_blocks", init_blocks), ("local_blocks", local_blocks),
+                                    ("block_size", block_size)) if v is not None]
+            raise SettingsError(
+                f"{init} init + {local} local blocks of {bs} tokens "
+                f"({(init + local) * bs} tokens) exceed the budget ({k}): lower "
+                + " or ".join(name(f) for f in given),
+                given,
+            )
+
+    if sinks is None:
+        sink = min(d.sinks, k - 1)
+    else:
+        sink = int(sinks)
+        if sink < 0:
+            raise SettingsError(f"{name('sinks')} must be non-negative, got {sink}", ["sinks"])
+        if sink >= k:
+            raise SettingsError(
+                f"{name('sinks')} ({sink}) leaves no slot for the window at the budget "
+                f"({k}): lower {name('sinks')}, or leave it out to use min({d.sinks}, k - 1)",
+                ["sinks"],
+            )
+
+    s = Settings(
+        budget=k, segments=segs, block_size=bs, init_blocks=init, local_blocks=local,
+        sinks=sink, seed=seed,
+    )
+    given_values = dict(segments=segments, block_size=block_size, init_blocks=init_blocks,
+                        local_blocks=local_blocks, sinks=sinks)
+    for f in DERIVED_FIELDS:
+        if given_values[f] is None and getattr(s, f) != getattr(d, f):
+            derived[f] = getattr(s, f)
+    s.check()
+    return s, derived
