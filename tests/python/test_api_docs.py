@@ -573,3 +573,24 @@ def test_the_evaluate_workloads_and_dump_hf_lists_name_every_public_name_of_thos
                 functions.add(f"{prefix}.{name}")
     assert functions == set(_EVALUATE_WORKLOADS_AND_DUMP_HF)
     assert classes | {"testing.CheckFailure"} == set(_EVALUATE_WORKLOADS_AND_DUMP_HF_CLASSES)
+
+
+def test_the_public_methods_of_the_python_classes_document_their_parameters_and_returns():
+    from kvselect.checking import Dump
+    from kvselect.evaluate import Report, Settings
+    from kvselect.testing.cases import Case
+    from kvselect.workloads import Indexer, Workload
+
+    methods = [Dump.floats, Case.assert_rows, Indexer.inputs, Workload.learned_inputs, Settings.check,
+               Settings.block_sparse_note, Report.oracle_gap, Report.to_dict]
+    gaps = {}
+    for m in methods:
+        doc = inspect.getdoc(m) or ""
+        missing = [h for h in ("Returns\n-------",) if h not in doc]
+        params = [p for p in inspect.signature(m).parameters if p != "self"]
+        if params and "Parameters\n----------" not in doc:
+            missing.append("Parameters")
+        missing += [p for p in params if not re.search(rf"^{p} :", doc, re.MULTILINE)]
+        if missing:
+            gaps[m.__qualname__] = missing
+    assert not gaps, gaps

@@ -63,7 +63,19 @@ class Dump(Dict[str, np.ndarray]):
     formats: Dict[str, str]
 
     def floats(self, key: str) -> Optional[np.ndarray]:
-        """Array ``key`` as float32 (raw bits decoded exactly), or None."""
+        """Array ``key`` as float32 (raw bits decoded exactly), or None.
+
+        Parameters
+        ----------
+        key : str
+            A key of the dump; its ``<key>_format`` (if any) says how to decode raw bits.
+
+        Returns
+        -------
+        ndarray of float32 or None
+            The array decoded exactly (bfloat16 / float16 / fp8 bits widen without
+            rounding; see :func:`decode32`), or None when the dump has no ``key``.
+        """
         if key not in self:
             return None
         return decode32(self[key], self.formats.get(key))

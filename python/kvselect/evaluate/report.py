@@ -105,7 +105,18 @@ class Report:
 
     def oracle_gap(self, budget: int) -> Optional[float]:
         """How far the learned top-k's mean recall sits below the oracle's at
-        ``budget``: how good the indexer is (None if either did not run)."""
+        ``budget``: how good the indexer is (None if either did not run).
+
+        Parameters
+        ----------
+        budget : int
+            One of the report's budgets.
+
+        Returns
+        -------
+        float or None
+            The oracle's mean recall minus the learned top-k's, or None.
+        """
         got = {r.policy: r for r in self.results if r.budget == budget and r.ran}
         if "learned top-k" not in got or "oracle top-k" not in got:
             return None
@@ -114,7 +125,13 @@ class Report:
     def to_dict(self) -> dict:
         """A JSON-ready dict: NaN (the learned policy's uncharged time, an
         ``n/a`` policy's numbers) becomes None, so ``json.dumps(...,
-        allow_nan=False)`` accepts it."""
+        allow_nan=False)`` accepts it.
+
+        Returns
+        -------
+        dict
+            The report's fields, ``results`` one dict per row.
+        """
         d = asdict(self)
         d["results"] = [
             {key: None if isinstance(val, float) and np.isnan(val) else val

@@ -55,7 +55,19 @@ class Settings:
         """Refuses settings that cannot work at all. A block larger than the
         budget is not refused: block-sparse then cannot run at this budget
         and is reported ``n/a`` (see :meth:`block_sparse_note`) while the
-        other policies run."""
+        other policies run.
+
+        Returns
+        -------
+        None
+
+        Raises
+        ------
+        ValueError
+            A budget below 1, ``segments`` outside ``1..64`` or past the
+            budget, ``block_size`` below 1, negative ``init_blocks`` /
+            ``local_blocks`` / ``sinks``, or fixed blocks that exceed the budget.
+        """
         if self.budget < 1:
             raise ValueError(f"budget must be at least 1, got {self.budget}")
         if not 1 <= self.segments <= ks.MAX_TOPOLOGY_SEGMENTS:
@@ -82,7 +94,13 @@ class Settings:
 
     def block_sparse_note(self) -> Optional[str]:
         """Why block-sparse cannot run at these settings (``None`` if it can):
-        the budget holds no whole block."""
+        the budget holds no whole block.
+
+        Returns
+        -------
+        str or None
+            The reason, for the table's ``n/a`` row, or None.
+        """
         if self.budget < self.block_size:
             return f"the budget ({self.budget}) holds no block of {self.block_size} tokens"
         return None

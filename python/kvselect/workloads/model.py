@@ -114,7 +114,26 @@ class Indexer:
 
     def inputs(self, kv_head: int, pos: np.ndarray) -> dict:
         """The keyword arguments of :func:`kvselect.indexer_topk` for KV head
-        ``kv_head``'s queries at ``pos``."""
+        ``kv_head``'s queries at ``pos``.
+
+        Parameters
+        ----------
+        kv_head : int
+            The KV head (its indexer head group ``of_kv_head[kv_head]``).
+        pos : ndarray of int, [n]
+            The query positions.
+
+        Returns
+        -------
+        dict
+            ``index_q`` ``[n, H, d]``, ``weights`` ``[n, H]``, ``index_k``,
+            ``key_scale`` (or None) and ``key_format``.
+
+        Raises
+        ------
+        IndexError
+            When ``kv_head`` or a position is out of range.
+        """
         i = int(self.of_kv_head[kv_head])
         return {
             "index_q": np.ascontiguousarray(self.q[i][pos]),
@@ -298,7 +317,26 @@ class Workload:
         without one the one-head indexer ``index_q · index_k`` run as a
         lightning indexer with the two heads ``(q, -q)`` and weights ``(1,
         -1)``, whose score ``max(s, 0) - max(-s, 0)`` is exactly ``s``, the
-        kernel's float32 dot product ``q · k`` (one of the two terms is 0)."""
+        kernel's float32 dot product ``q · k`` (one of the two terms is 0).
+
+        Parameters
+        ----------
+        kv_head : int
+            The KV head.
+        pos : ndarray of int, [n]
+            The query positions.
+
+        Returns
+        -------
+        dict
+            ``index_q``, ``weights``, ``index_k``, ``key_scale`` and
+            ``key_format``, as :func:`kvselect.indexer_topk` takes them.
+
+        Raises
+        ------
+        IndexError
+            When ``kv_head`` or a position is out of range.
+        """
         if self.indexer is not None:
             return self.indexer.inputs(kv_head, pos)
         q = self.index_q[kv_head][pos]

@@ -65,8 +65,27 @@ class Case:
         return str(self.meta.get("form", self.rule))
 
     def assert_rows(self, rows: Any) -> dict:
-        """Check a kernel's output for this case (the report when right;
-        :class:`kvselect.testing.CheckFailure` otherwise)."""
+        """Check a kernel's output for this case.
+
+        Parameters
+        ----------
+        rows : array_like or DLPack tensor
+            The kernel's output on ``case.inputs``: top-k rows, block rows, or
+            the witness buffer after the merge, as the case's rule has it.
+
+        Returns
+        -------
+        dict
+            The report, when every row is right.
+
+        Raises
+        ------
+        CheckFailure
+            (an ``AssertionError``) when some row is wrong (or vacuous where
+            the case's ``check`` fails vacuous rows); the report is ``err.report``.
+        SelectionError, WitnessError, TypeError
+            When ``rows`` does not fit the case (shape, dtype).
+        """
         from kvselect import testing
 
         if self.rule == "witnesses":
