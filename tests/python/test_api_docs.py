@@ -406,25 +406,28 @@ def _parameter_names(section):
     return names
 
 
-def test_every_checking_and_cases_function_documents_parameters_returns_and_raises():
+def _python_function_faults(names, take_nothing, raise_nothing, exceptions):
+    """What the pure-Python functions ``names`` lack of numpydoc: the three
+    sections (Parameters unless it takes nothing, Raises unless its source
+    raises nothing), exception classes in Raises, and exactly its parameters."""
     faults = []
-    for qualname in _CHECKING_AND_CASES:
+    for qualname in names:
         fn = _python_api(qualname)
         doc = inspect.getdoc(fn) or ""
         params = list(inspect.signature(fn).parameters)
-        if qualname in _TAKE_NOTHING:
+        if qualname in take_nothing:
             assert params == [], f"{qualname} takes arguments: document them"
         elif "Parameters\n----------" not in doc:
             faults.append(f"{qualname}: no Parameters section")
         if "Returns\n-------" not in doc:
             faults.append(f"{qualname}: no Returns section")
-        if qualname in _RAISE_NOTHING:
+        if qualname in raise_nothing:
             assert not re.search(r"\braise\b", inspect.getsource(fn)), f"{qualname} raises: document it"
         elif "Raises\n------" not in doc:
             faults.append(f"{qualname}: no Raises section")
         else:
             named = set(re.findall(r"^(\w+)$", _section(doc, "Raises") or "", re.MULTILINE))
-            if not named or not named <= _EXCEPTIONS:
+            if not named or not named <= exceptions:
                 faults.append(f"{qualname}: Raises names {sorted(named)}, not exception classes")
         documented = _parameter_names(_section(doc, "Parameters") or "")
         missing = [p for p in params if p not in documented]
@@ -433,6 +436,11 @@ def test_every_checking_and_cases_function_documents_parameters_returns_and_rais
         extra = sorted(set(documented) - set(params))
         if extra:
             faults.append(f"{qualname}: documents parameters it does not take: {extra}")
+    return faults
+
+
+def test_every_checking_and_cases_function_documents_parameters_returns_and_raises():
+    faults = _python_function_faults(_CHECKING_AND_CASES, _TAKE_NOTHING, _RAISE_NOTHING, _EXCEPTIONS)
     for cls in (kvselect.checking.Dump, kvselect.checking.DumpError, kvselect.testing.cases.Case):
         doc = inspect.getdoc(cls) or ""
         assert len(doc.splitlines()) > 2, f"{cls.__name__}: a one-line class docstring"
@@ -514,32 +522,8 @@ _EVALUATE_WORKLOADS_AND_DUMP_HF_CLASSES = {
 
 
 def test_every_evaluate_workloads_and_dump_hf_function_documents_parameters_returns_and_raises():
-    faults = []
-    for qualname in _EVALUATE_WORKLOADS_AND_DUMP_HF:
-        fn = _python_api(qualname)
-        doc = inspect.getdoc(fn) or ""
-        params = list(inspect.signature(fn).parameters)
-        if qualname in _EVALUATE_TAKE_NOTHING:
-            assert params == [], f"{qualname} takes arguments: document them"
-        elif "Parameters\n----------" not in doc:
-            faults.append(f"{qualname}: no Parameters section")
-        if "Returns\n-------" not in doc:
-            faults.append(f"{qualname}: no Returns section")
-        if qualname in _EVALUATE_RAISE_NOTHING:
-            assert not re.search(r"\braise\b", inspect.getsource(fn)), f"{qualname} raises: document it"
-        elif "Raises\n------" not in doc:
-            faults.append(f"{qualname}: no Raises section")
-        else:
-            named = set(re.findall(r"^(\w+)$", _section(doc, "Raises") or "", re.MULTILINE))
-            if not named or not named <= _EVALUATE_EXCEPTIONS:
-                faults.append(f"{qualname}: Raises names {sorted(named)}, not exception classes")
-        documented = _parameter_names(_section(doc, "Parameters") or "")
-        missing = [p for p in params if p not in documented]
-        if missing:
-            faults.append(f"{qualname}: parameters {missing} not named in Parameters")
-        extra = sorted(set(documented) - set(params))
-        if extra:
-            faults.append(f"{qualname}: documents parameters it does not take: {extra}")
+    faults = _python_function_faults(_EVALUATE_WORKLOADS_AND_DUMP_HF, _EVALUATE_TAKE_NOTHING,
+                                     _EVALUATE_RAISE_NOTHING, _EVALUATE_EXCEPTIONS)
     for qualname, has_attributes in _EVALUATE_WORKLOADS_AND_DUMP_HF_CLASSES.items():
         cls = _python_api(qualname)
         doc = inspect.getdoc(cls) or ""
