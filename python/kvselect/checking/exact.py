@@ -105,18 +105,6 @@ def _key_bounds(keys: Any, ksc: Optional[np.ndarray], key_format: Optional[str])
     return g
 
 
-def _exact_scores(q: np.ndarray, w: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """``Σ_h w_h · relu(q_h · k_t)`` in float64 for each key row of ``k``
-    (``q [h, d]``, ``w [h]``, ``k [m, d]``), elementwise: the products are
-    exact and every key's sums run in one fixed order, so equal keys get
-    equal scores wherever they sit. Not BLAS: a BLAS product may round the
-    same operands differently in different output columns (edge tiles, FMA
-    or not — seen with OpenBLAS's float64 kernels on an AVX-512 Xeon), which
-    splits an exact tie by an ulp and reports a right row wrong."""
-    dots = (q[:, None, :] * k[None, :, :]).sum(axis=2)  # [h, m]
-    return (w[:, None] * np.maximum(dots, 0.0)).sum(axis=0)
-
-
 def indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, query_pos: np.ndarray,
                    topk: Optional[int], key_scale: Any, key_format: Optional[str], query_format: Optional[str],
                    cu_seqlens: Optional[np.ndarray], seq_ids: Optional[np.ndarray], atol: float, rtol: float,
@@ -361,7 +349,7 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
                 for a2 in range(a_, b_, step):  # bounded [h, step, d] temporaries
                     b2 = min(a2 + step, b_)
                     i, j = int(pr[a2]), inv[a2:b2]
-                    ex[a2:b2] = _exact_scores(qd[i], w64[i], kd[j])
+                    ex[a2:b2] = reference.indexer.head_sum_scores(qd[i], w64[i], kd[j])
                     # Σ_i (Σ_h |w_h| |q_hi|) |k_ti|: no ReLU, so one vector
                     mg[a2:b2] = (absk[j] * wq[i][None, :]).sum(axis=1)
             if cs_all is not None:

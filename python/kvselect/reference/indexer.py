@@ -164,15 +164,14 @@ def _indexer_queries(index_q: Any, weights: Any, query_format: Optional[str]) ->
     return n, h, d
 
 
-def _indexer_row(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """One query's scores (float64) of the keys ``k``: ``c_t * sum_h w_h *
-    relu(q_h . k_t)``, a NaN dot product kept NaN. Elementwise products and
-    sums in one fixed order per key, not BLAS: a BLAS product may round equal
-    operands differently in different columns (OpenBLAS's float64 kernels on
-    an AVX-512 Xeon do), which would split the exact ties the rule orders by
-    position."""
-    if not len(k):
-        return np.zeros(0)
+def head_sum_scores(q: np.ndarray, w: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """``sum_h w_h * relu(q_h . k_t)`` in float64 for each key row of ``k``
+    (``q [h, d]``, ``w [h]``, ``k [m, d]``, decoded), a NaN dot product kept
+    NaN. Elementwise products and sums in one fixed order per key, not BLAS:
+    a BLAS product may round equal operands differently in different columns
+    (OpenBLAS's float64 kernels on an AVX-512 Xeon do), which would split the
+    exact ties the rule orders by position. Shared with
+    :func:`kvselect.checking.check_indexer_topk`'s float64 re-score."""
     h, d = q.shape
     step = max(1, (1 << 21) // max(1, h * d))
     out = np.empty(len(k))
@@ -181,7 +180,16 @@ def _indexer_row(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray) -> 
             dots = (q[:, None, :] * k[None, a : a + step, :]).sum(axis=2)  # [h, step]
             relu = np.where(np.isnan(dots), np.nan, np.maximum(dots, 0.0))
             out[a : a + step] = (w[:, None] * relu).sum(axis=0)
-        return out * c
+    return out
+
+
+def _indexer_row(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """One query's scores (float64) of the keys ``k``: ``c_t *``
+    :func:`head_sum_scores`."""
+    if not len(k):
+        return np.zeros(0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return head_sum_scores(q, w, k) * c
 
 
 def indexer_scores(
