@@ -24,20 +24,9 @@ import numpy as np
 from kvselect._core import _dlpack_array
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "python"))
-from dlpack_producers import Producer, bf16_bits
+from dlpack_producers import NumpyExport as Export, Producer, bf16_bits
 
 
-class Export:
-    """Only NumPy's own DLPack export of `a`."""
-
-    def __init__(self, a):
-        self.a = a
-
-    def __dlpack__(self, **kwargs):
-        return self.a.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.a.__dlpack_device__()
 
 
 def cpu_model() -> str:

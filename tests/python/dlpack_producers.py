@@ -193,3 +193,16 @@ def fp8_bytes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     """Random float8_e4m3fn bytes, NaN (0x7f / 0xff) excluded."""
     b = rng.integers(0, 256, size=shape, dtype=np.uint8)
     return np.where((b & 0x7F) == 0x7F, b ^ 1, b).astype(np.uint8)
+
+
+class NumpyExport:
+    """Only NumPy's own ``__dlpack__`` / ``__dlpack_device__``: not an ndarray."""
+
+    def __init__(self, a: Any) -> None:
+        self.a = a
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self.a.__dlpack_device__()

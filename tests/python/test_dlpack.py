@@ -10,20 +10,7 @@ import kvselect
 import kvselect.testing as kt
 import numpy as np
 import pytest
-from dlpack_producers import K_DL_CUDA, Producer, bf16_bits, fp8_bytes
-
-
-class NumpyExport:
-    """Only NumPy's own ``__dlpack__`` / ``__dlpack_device__``: not an ndarray."""
-
-    def __init__(self, a):
-        self.a = a
-
-    def __dlpack__(self, **kwargs):
-        return self.a.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.a.__dlpack_device__()
+from dlpack_producers import K_DL_CUDA, NumpyExport, Producer, bf16_bits, fp8_bytes
 
 
 def _indexer(seed=0, n=3, h=4, d=16, t=200):
