@@ -206,8 +206,8 @@ def test_a_workload_layer_is_read_through_the_memory_map(tmp_path, monkeypatch):
     seen = {}
     real = workloads._read_npz
 
-    def spy(path):
-        got, formats = real(path)
+    def spy(path, lazy):
+        got, formats = real(path, lazy)
         seen.update(got)
         return got, formats
 

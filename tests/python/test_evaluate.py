@@ -404,7 +404,7 @@ def test_the_learned_top_k_of_a_dsa_indexer_is_the_reference_lightning_indexer()
     w = Workload(**{**{f: getattr(w0, f) for f in w0.__dataclass_fields__}, "indexer": indexer})
     s = Settings(segments=4, block_size=4, init_blocks=1, local_blocks=1, sinks=2, budget=8)
     for h in range(N_KV):
-        head = evaluate._prepare_head(w, h, POSITIONS)
+        head = evaluate._prepare_head(w.head_inputs(h, POSITIONS), POSITIONS, w.scale)
         rows, secs = evaluate._select(head, POSITIONS, s)["learned top-k"]
         want = ref.indexer_topk(iq[h][POSITIONS], iw[h][POSITIONS], k8[h], POSITIONS, 8,
                                 key_scale=scale[h], key_format="float8_e4m3fn")

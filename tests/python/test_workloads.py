@@ -216,7 +216,7 @@ def test_index_noise_is_the_knob_the_learned_top_k_gets_worse_as_it_grows():
         pos = w.query_positions
         got, best = [], []
         for g in range(w.n_kv_heads):
-            head = evaluate._prepare_head(w, g, pos)
+            head = evaluate._prepare_head(w.head_inputs(g, pos), pos, w.scale)
             probs = head.probs.mean(axis=1)
             rows = ks.indexer_topk(**head.learned, query_pos=pos, topk=128)
             got.append(ks.attention_mass_recall_rows(rows, probs).mean())

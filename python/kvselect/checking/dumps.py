@@ -15,6 +15,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union, cast
 import numpy as np
 
 from kvselect.checking._common import Dump, DumpError, _text
+from kvselect.checking.files import RangedArray, Source
 
 KINDS = ("topk", "blocks", "witnesses", "v4_combined", "workload")
 """The dump kinds: the four ``kvselect check`` reads and ``kvselect eval``'s workload."""
@@ -217,13 +218,22 @@ def save_dump(path: Union[str, "os.PathLike[str]"], kind: str, **arrays: Any) ->
 _NPY_MAGIC = b"\x93NUMPY"
 
 
-def _member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, where: str) -> np.ndarray:
-    """One archive member: memory-mapped when stored uncompressed (its local
-    header and .npy header parsed, so only the bytes used are ever read), read
-    whole otherwise; an object array is refused, never unpickled."""
+#: A URL's stored members up to this size are read when the archive is opened;
+#: larger ones are RangedArrays (read in byte ranges when indexed) if lazy.
+_EAGER_BYTES = 1 << 20
+
+
+def _member(src: Source, zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, where: str,
+            lazy: bool) -> Any:
+    """One archive member: stored uncompressed, memory-mapped (a local file)
+    or, behind a URL, read in byte ranges (a :class:`RangedArray` when
+    ``lazy`` and over a megabyte, else read now) — either way only the bytes
+    used are read, its local header and .npy header parsed; compressed, read
+    whole. An object array is refused, never unpickled."""
     fmt = np.lib.format
+    got, start, offset = None, 0, 0
     if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1:
-        with open(path, "rb") as f:
+        with src.open() as f:
             f.seek(info.header_offset)
             local = f.read(30)
             if len(local) == 30 and local[:4] == b"PK\x03\x04":
@@ -237,16 +247,19 @@ def _member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, whe
                     got = None if header is None else header(f)
                 except ValueError as e:
                     raise DumpError(f"{where}: {key} is not a NumPy array ({e})") from None
-                if got is not None:
-                    shape, fortran, dtype = got
-                    if dtype.hasobject:
-                        raise DumpError(f"{where}: {key}: holds Python objects (an object array), "
-                                        f"not numbers, which a dump never needs")
-                    offset = f.tell()
-                    size = int(np.prod(shape)) * dtype.itemsize
-                    if shape and size and offset + size <= start + info.file_size:
-                        return np.memmap(path, dtype=dtype, mode="r", offset=offset,
-                                         shape=shape, order="F" if fortran else "C")
+                offset = f.tell()
+        if got is not None:
+            shape, fortran, dtype = got
+            if dtype.hasobject:
+                raise DumpError(f"{where}: {key}: holds Python objects (an object array), "
+                                f"not numbers, which a dump never needs")
+            size = int(np.prod(shape)) * dtype.itemsize
+            if shape and size and offset + size <= start + info.file_size:
+                if not src.url:
+                    return np.memmap(src.path, dtype=dtype, mode="r", offset=offset,
+                                     shape=shape, order="F" if fortran else "C")
+                ranged = RangedArray(src.fs, src.path, offset, shape, dtype, fortran)
+                return ranged if lazy and size > _EAGER_BYTES else np.asarray(ranged)
     try:
         with zf.open(info) as f:
             return fmt.read_array(f, allow_pickle=False)
@@ -257,24 +270,33 @@ def _member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, whe
         raise DumpError(f"{where}: {key} cannot be read as an array ({e})") from None
 
 
-def read_archive(path: Union[str, "os.PathLike[str]"]) -> Dict[str, np.ndarray]:
+def read_archive(path: Union[str, "os.PathLike[str]"], *, lazy: bool = False) -> Dict[str, np.ndarray]:
     """An ``.npz`` archive's arrays, by key, never unpickling anything.
 
-    Uncompressed members (``np.savez``) are memory-mapped (only the bytes
-    used are ever read), compressed ones (``np.savez_compressed``) read
-    whole. The arrays are not validated: :func:`load_dump` is this, then
+    ``path`` is a local file or an fsspec URL (``file://``, ``s3://`` with
+    s3fs, ...; :mod:`kvselect.checking.files`). Uncompressed members
+    (``np.savez``) of a local file are memory-mapped (only the bytes used are
+    ever read); behind a URL they are read when the archive is opened, or
+    with ``lazy=True`` (over a megabyte) left as
+    :class:`~kvselect.checking.files.RangedArray` s that read one byte range
+    per index. Compressed members (``np.savez_compressed``) are read whole.
+    The arrays are not validated: :func:`load_dump` is this, then
     :func:`validate`.
 
     Parameters
     ----------
     path : str or os.PathLike
-        The ``.npz`` archive.
+        The ``.npz`` archive: a local path or an fsspec URL.
+    lazy : bool, optional
+        Behind a URL, leave large stored members unread until indexed
+        (default False: every member is an in-memory array).
 
     Returns
     -------
     dict of str to numpy.ndarray
         Each member's array (a read-only ``numpy.memmap`` when stored
-        uncompressed, not 0-d and not empty), by its name without ``.npy``.
+        uncompressed in a local file, not 0-d and not empty), by its name
+        without ``.npy``.
 
     Raises
     ------
@@ -282,18 +304,19 @@ def read_archive(path: Union[str, "os.PathLike[str]"]) -> Dict[str, np.ndarray]:
         When ``path`` does not exist (never ``FileNotFoundError``) or is not
         a file; when it is not an ``.npz`` archive (empty, an ``.npy`` file,
         not a zip, a corrupt zip); when a member is not an ``.npy`` array or
-        cannot be read as one; and when a member is an object array (never
-        unpickled).
+        cannot be read as one; when a member is an object array (never
+        unpickled); and when a URL cannot be opened (fsspec missing, or an
+        unknown protocol).
     OSError
         When the file exists but cannot be opened (a permission, say).
     """
-    path = os.fspath(path)
-    where = os.path.basename(path)
-    if not os.path.exists(path):
-        raise DumpError(f"{path}: no such file")
-    if not os.path.isfile(path):
-        raise DumpError(f"{path}: not a file (a directory or a device), not an .npz archive")
-    with open(path, "rb") as f:
+    src = Source(path)
+    where = src.basename
+    if not src.exists():
+        raise DumpError(f"{src.name}: no such file")
+    if not src.isfile():
+        raise DumpError(f"{src.name}: not a file (a directory or a device), not an .npz archive")
+    with src.open() as f:
         head = f.read(8)
     if head.startswith(_NPY_MAGIC):
         raise DumpError(f"{where}: not a NumPy .npz archive (it holds a single array, an .npy "
@@ -303,14 +326,14 @@ def read_archive(path: Union[str, "os.PathLike[str]"]) -> Dict[str, np.ndarray]:
         raise DumpError(f"{where}: not a NumPy .npz archive ({what}); an .npz is the zip file "
                         f"numpy.savez or numpy.savez_compressed writes")
     try:
-        with zipfile.ZipFile(path) as zf:
+        with src.open() as raw, zipfile.ZipFile(raw) as zf:
             out: Dict[str, np.ndarray] = {}
             for info in zf.infolist():
                 name = info.filename
                 if not name.endswith(".npy"):
                     raise DumpError(f"{where}: member {name!r} is not an array (.npy); an .npz "
                                     f"holds arrays only")
-                out[name[:-4]] = _member(path, zf, info, name[:-4], where)
+                out[name[:-4]] = _member(src, zf, info, name[:-4], where, lazy)
             return out
     except (OSError, EOFError, zipfile.BadZipFile) as e:
         raise DumpError(f"{where}: not a NumPy .npz archive ({e}); an .npz is the zip file "
@@ -363,7 +386,7 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
         the message names the key.
     """
     where = os.path.basename(source) if source else "the dump"
-    d = {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in arrays.items()}
+    d = {k: v if isinstance(v, (np.ndarray, RangedArray)) else np.asarray(v) for k, v in arrays.items()}
     for k, v in d.items():
         if v.dtype.hasobject:
             raise DumpError(f"{where}: {k}: holds Python objects (an object array), not numbers, "

@@ -59,7 +59,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 
 import kvselect as ks
-from kvselect.workloads import Workload
+from kvselect.workloads import HeadInputs, Workload, WorkloadDump
 from kvselect.evaluate.report import PolicyResult, Report, check_plot, figure, format_table, plot
 from kvselect.evaluate.settings import DERIVED_FIELDS, POLICIES, Settings, SettingsError, derive_settings
 
@@ -73,6 +73,11 @@ __all__ = [
     "Report",
     "evaluate",
     "evaluate_many",
+    "check_runs",
+    "head_rows",
+    "Tally",
+    "report_header",
+    "pooled_header",
     "format_table",
     "check_plot",
     "figure",
@@ -95,16 +100,13 @@ class _Head:
     dense: np.ndarray  # [n, group, d_v] dense attention output
 
 
-def _prepare_head(w: Workload, h: int, pos: np.ndarray) -> _Head:
-    group = w.n_heads // w.n_kv_heads
-    q = np.ascontiguousarray(w.q[h * group : (h + 1) * group][:, pos].transpose(1, 0, 2))
-    tokens = w.k.shape[1]
-    k = w.k[h].reshape(tokens, 1, -1)
-    v = w.v[h].reshape(tokens, 1, -1)
-    probs = ks.attention_probabilities(q, k, pos, scale=w.scale)
-    dense, _ = ks.dense_attention(q, k, v, pos, scale=w.scale)
-    index_q = np.ascontiguousarray(w.index_q[h][pos])
-    return _Head(q, k, v, index_q, w.index_k[h], w.learned_inputs(h, pos), probs, dense)
+def _prepare_head(x: HeadInputs, pos: np.ndarray, scale: float) -> _Head:
+    tokens = len(x.k)
+    k = x.k.reshape(tokens, 1, -1)
+    v = x.v.reshape(tokens, 1, -1)
+    probs = ks.attention_probabilities(x.q, k, pos, scale=scale)
+    dense, _ = ks.dense_attention(x.q, k, v, pos, scale=scale)
+    return _Head(x.q, k, v, x.index_q, x.index_k, x.learned, probs, dense)
 
 
 def _group_sum(probs: np.ndarray) -> np.ndarray:
@@ -206,10 +208,29 @@ def _measure(
     }
 
 
-def _runs(
+def check_runs(
     budgets: Sequence[int], settings: Union[None, Settings, Sequence[Settings]]
 ) -> List[Settings]:
-    """One checked :class:`Settings` per distinct budget (see :func:`evaluate`)."""
+    """One checked :class:`Settings` per distinct budget.
+
+    Parameters
+    ----------
+    budgets : sequence of int
+        The token budgets (a budget named twice is one run, its first settings).
+    settings : Settings, sequence of Settings, or None
+        As :func:`evaluate` takes them.
+
+    Returns
+    -------
+    list of Settings
+        One per distinct budget, in order, each checked.
+
+    Raises
+    ------
+    ValueError
+        A settings sequence whose length is not the budgets', or settings
+        that :meth:`Settings.check` refuses.
+    """
     budgets = [int(b) for b in budgets]
     if settings is None or isinstance(settings, Settings):
         per = [settings or Settings()] * len(budgets)
@@ -229,35 +250,140 @@ def _runs(
     return runs
 
 
-#: Per (budget, policy): lists of per-row metric arrays, the seconds, and the
-#: selections they were spent on (queries × KV heads).
+#: One head's numbers: per (budget, policy), each metric's per-row values,
+#: the seconds its selection took and the queries it was spent on.
+HeadRows = Dict[Tuple[int, str], Dict[str, np.ndarray]]
+
+#: Per (budget, policy): the per-row arrays of every head so far, in order.
 _Acc = Dict[tuple, Dict[str, list]]
+
+
+def head_rows(inputs: HeadInputs, pos: np.ndarray, runs: Sequence[Settings], scale: float) -> HeadRows:
+    """Every policy at every run's budget on one KV head: its per-row numbers.
+
+    The unit of an evaluation: a head's numbers depend on that head's
+    tensors and the settings only, so heads can be evaluated anywhere, in
+    any order, and pooled in a fixed order (:class:`Tally`).
+
+    Parameters
+    ----------
+    inputs : HeadInputs
+        The head (:meth:`Workload.head_inputs`, or
+        :meth:`kvselect.workloads.WorkloadDump.head`).
+    pos : ndarray of int, [n]
+        The query positions ``inputs`` holds the rows of.
+    runs : sequence of Settings
+        One checked :class:`Settings` per budget.
+    scale : float
+        The softmax scale.
+
+    Returns
+    -------
+    dict
+        ``(budget, policy) -> {metric: per-row values}``: ``coverage``,
+        ``recall``, ``error``, ``used``, ``every_key``, ``secs`` (one value)
+        and ``selections`` (the queries, one value).
+
+    Raises
+    ------
+    ValueError
+        The native functions' refusals (``kvselect.KvselectError``): inputs
+        that do not fit together.
+    """
+    pos = np.asarray(pos, dtype=np.int64)
+    head = _prepare_head(inputs, pos, scale)
+    out: HeadRows = {}
+    for s in runs:
+        for name, (sel, secs) in _select(head, pos, s).items():
+            m = _measure(head, pos, sel, s, scale)
+            row = {key: val.ravel() for key, val in m.items()}
+            row["secs"] = np.array([secs])
+            row["selections"] = np.array([len(pos)])
+            out[(s.budget, name)] = row
+    return out
+
+
+class Tally:
+    """Heads' per-row numbers, kept in the order they are added; reports
+    computed from them.
+
+    The order of :meth:`add` is the order of the rows every statistic is
+    computed over (a mean or a percentile of the same values in the same
+    order is the same number), so heads evaluated anywhere and added in a
+    fixed order give the same report.
+    """
+
+    def __init__(self) -> None:
+        self._acc: _Acc = {}
+
+    def add(self, rows: HeadRows) -> None:
+        """Append one head's numbers (:func:`head_rows`).
+
+        Parameters
+        ----------
+        rows : dict
+            What :func:`head_rows` returns.
+
+        Returns
+        -------
+        None
+        """
+        for key, metrics in rows.items():
+            slot = self._acc.setdefault(key, {k: [] for k in metrics})
+            for k, v in metrics.items():
+                slot[k].append(v)
+
+    def extend(self, other: "Tally") -> None:
+        """Append every head of ``other``, in its order.
+
+        Parameters
+        ----------
+        other : Tally
+            Another tally (a workload's, into the pooled one).
+
+        Returns
+        -------
+        None
+        """
+        for key, val in other._acc.items():
+            slot = self._acc.setdefault(key, {k: [] for k in val})
+            for k, v in val.items():
+                slot[k] += v
+
+    def report(self, header: Report, runs: Sequence[Settings]) -> Report:
+        """``header`` with its results filled in from the numbers so far.
+
+        Parameters
+        ----------
+        header : Report
+            The report's description (:func:`report_header`); its
+            ``results`` and ``every_key_budgets`` are filled in.
+        runs : sequence of Settings
+            The settings the numbers were computed at.
+
+        Returns
+        -------
+        Report
+            ``header``.
+        """
+        _results(header, runs, self._acc)
+        return header
 
 
 def _accumulate(
     workload: Workload,
     runs: Sequence[Settings],
-    acc: _Acc,
+    tally: Tally,
     progress: Optional[Callable[[Iterable], Iterable]] = None,
 ) -> None:
     """Every policy at every run's budget on every KV head of ``workload``,
-    its per-row numbers appended to ``acc``."""
+    its per-row numbers added to ``tally``."""
     pos = np.asarray(workload.query_positions, dtype=np.int64)
     heads: Iterable[int] = range(workload.n_kv_heads)
     if progress is not None:
         heads = progress(heads)
     for h in heads:
-        head = _prepare_head(workload, h, pos)
-        for s in runs:
-            for name, (sel, secs) in _select(head, pos, s).items():
-                m = _measure(head, pos, sel, s, workload.scale)
-                slot = acc.setdefault(
-                    (s.budget, name), {k: [] for k in (*m, "secs", "selections")}
-                )
-                for key, val in m.items():
-                    slot[key].append(val.ravel())
-                slot["secs"].append(np.array([secs]))
-                slot["selections"].append(np.array([len(pos)]))
+        tally.add(head_rows(workload.head_inputs(h, pos), pos, runs, workload.scale))
 
 
 def _results(report: Report, runs: Sequence[Settings], acc: _Acc) -> None:
@@ -297,7 +423,21 @@ def _results(report: Report, runs: Sequence[Settings], acc: _Acc) -> None:
             report.every_key_budgets.append(s.budget)
 
 
-def _report_of(workload: Workload, runs: Sequence[Settings]) -> Report:
+def report_header(workload: Union[Workload, WorkloadDump], runs: Sequence[Settings]) -> Report:
+    """A report on ``workload`` at ``runs``, without results yet.
+
+    Parameters
+    ----------
+    workload : Workload or WorkloadDump
+        What is evaluated (its name, source, heads, queries, tokens, indexer).
+    runs : sequence of Settings
+        The settings, one per budget.
+
+    Returns
+    -------
+    Report
+        With empty ``results``.
+    """
     return Report(
         workload=workload.name,
         source=workload.source,
@@ -305,11 +445,36 @@ def _report_of(workload: Workload, runs: Sequence[Settings]) -> Report:
         n_kv_heads=workload.n_kv_heads,
         n_q_heads=workload.n_heads,
         queries=len(workload.query_positions),
-        tokens=workload.k.shape[1],
-        indexer=(
-            workload.indexer.description if workload.indexer is not None
-            else "index_q · index_k (one index head per KV head)"
-        ),
+        tokens=workload.tokens,
+        indexer=workload.indexer_description,
+    )
+
+
+def pooled_header(reports: Sequence[Report], runs: Sequence[Settings]) -> Report:
+    """The pooled report's description over ``reports`` (see
+    :func:`evaluate_many`), without results yet.
+
+    Parameters
+    ----------
+    reports : sequence of Report
+        The workloads' reports, in order.
+    runs : sequence of Settings
+        The settings, one per budget.
+
+    Returns
+    -------
+    Report
+        With empty ``results``.
+    """
+    return Report(
+        workload=f"pooled ({len(reports)} workloads)",
+        source="; ".join(r.workload for r in reports),
+        settings=[asdict(r) for r in runs],
+        n_kv_heads=sum(r.n_kv_heads for r in reports),
+        n_q_heads=sum(r.n_q_heads for r in reports),
+        queries=sum(r.queries for r in reports),
+        tokens=max(r.tokens for r in reports),
+        indexer="; ".join(dict.fromkeys(r.indexer for r in reports)),
     )
 
 
@@ -388,37 +553,23 @@ def evaluate_many(
         No workload at all, a settings sequence whose length is not the
         budgets', or settings that :meth:`Settings.check` refuses.
     """
-    runs = _runs(budgets, settings)
+    runs = check_runs(budgets, settings)
     t0 = time.perf_counter()
-    pooled: _Acc = {}
+    pooled = Tally()
     reports: List[Report] = []
     for w in workloads:
         t1 = time.perf_counter()
-        acc: _Acc = {}
-        _accumulate(w, runs, acc, progress)
-        report = _report_of(w, runs)
-        _results(report, runs, acc)
+        tally = Tally()
+        _accumulate(w, runs, tally, progress)
+        report = tally.report(report_header(w, runs), runs)
         report.seconds = time.perf_counter() - t1
         reports.append(report)
         del w  # the next workload loads with this one released: memory bounded by one
         if on_report is not None:
             on_report(report)
-        for key, val in acc.items():
-            slot = pooled.setdefault(key, {k: [] for k in val})
-            for k, v in val.items():
-                slot[k] += v
+        pooled.extend(tally)
     if not reports:
         raise ValueError("workloads: expected at least one workload")
-    total = Report(
-        workload=f"pooled ({len(reports)} workloads)",
-        source="; ".join(r.workload for r in reports),
-        settings=[asdict(r) for r in runs],
-        n_kv_heads=sum(r.n_kv_heads for r in reports),
-        n_q_heads=sum(r.n_q_heads for r in reports),
-        queries=sum(r.queries for r in reports),
-        tokens=max(r.tokens for r in reports),
-        indexer="; ".join(dict.fromkeys(r.indexer for r in reports)),
-    )
-    _results(total, runs, pooled)
+    total = pooled.report(pooled_header(reports, runs), runs)
     total.seconds = time.perf_counter() - t0
     return reports, total

@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import math
+import os
 import warnings
-from pathlib import Path
-from typing import Dict, List, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from kvselect.workloads.indexer import derive_indexer
-from kvselect.workloads.model import Indexer, PathLike, Workload, WorkloadError, WorkloadWarning, query_positions
+from kvselect.checking.files import basename, is_url, stem, take_rows
+from kvselect.workloads.indexer import derive_head, derive_indexer
+from kvselect.workloads.model import (ONE_HEAD_INDEXER, HeadInputs, Indexer, PathLike, Workload, WorkloadError,
+                                     WorkloadWarning, one_head_inputs, query_positions)
 
 
 def load_npz(
@@ -63,12 +66,277 @@ def load_npz(
         was probably saved as ``[layers, tokens, heads, d]`` (a common torch
         layout) and would be evaluated as many heads of a few tokens.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such workload file: {str(path)!r}")
+    o = _open(path, lazy=False)
+    if o.warning:
+        warnings.warn(o.warning, WorkloadWarning, stacklevel=2)
+    arrays, formats = o.arrays, o.formats
+    n_layers, n_heads, n_kv, tokens = o.n_layers, o.n_heads, o.n_kv, o.tokens
+    has_index, dsa, layer_ids, kv_head_ids = o.has_index, o.dsa, o.layer_ids, o.kv_head_ids
     from kvselect.checking import decode32
 
-    arrays, formats = _read_npz(path)
+    chosen = _choose_layers(layers, n_layers)
+
+    def read(key: str) -> np.ndarray:
+        # Only the chosen layers' bytes are read (the members are memory-mapped).
+        return decode32(arrays[key][chosen], formats.get(key))
+
+    def flat(key: str) -> np.ndarray:
+        arr = read(key)
+        out = np.ascontiguousarray(arr.reshape(-1, *arr.shape[2:]), dtype=np.float32)
+        if not np.isfinite(out).all():
+            bad = np.argwhere(~np.isfinite(out))[0]
+            raise WorkloadError(
+                f"{key}: expected finite values (within float32 range), found "
+                f"{arr.reshape(-1, *arr.shape[2:])[tuple(bad)]} at flattened head "
+                f"{bad[0]}, token {bad[1]}"
+            )
+        return out
+
+    fq, fk, fv = flat("q"), flat("k"), flat("v")
+    indexer = None
+    if has_index and not dsa:
+        fiq, fik = flat("index_q"), flat("index_k")
+    else:
+        fiq, fik = derive_indexer(fq, fk, n_kv_heads=fk.shape[0])
+    if dsa:
+        def layer_major(key: str) -> np.ndarray:
+            out = np.ascontiguousarray(read(key), dtype=np.float32)
+            if not np.isfinite(out).all():
+                raise WorkloadError(f"{key}: expected finite values (within float32 range)")
+            return out
+
+        scale_k = layer_major("key_scale") if "key_scale" in arrays else None
+        indexer = Indexer(
+            q=layer_major("index_q"),
+            weights=layer_major("weights"),
+            k=layer_major("index_k"),
+            key_scale=scale_k,
+            key_format="float32",
+            of_kv_head=np.repeat(np.arange(len(chosen), dtype=np.int64), n_kv),
+            description=o.dsa_description(),
+        )
+    kinds = tuple(
+        f"L{int(layer_ids[l])}/H{int(kv_head_ids[l, h])}" for l in chosen for h in range(n_kv)
+    )
+    return Workload(
+        name=stem(o.name),
+        q=fq,
+        k=fk,
+        v=fv,
+        index_q=fiq,
+        index_k=fik,
+        head_kinds=kinds,
+        query_positions=query_positions(tokens, queries, seed),
+        scale=o.scale,
+        source=o.source(chosen),
+        indexer=indexer,
+    )
+
+
+def open_workload(path: PathLike, *, queries: int = 64, seed: int = 0) -> "WorkloadDump":
+    """A workload dump opened to be read one (layer, KV head) at a time.
+
+    Every refusal of :func:`load_npz` that needs no value is made here, so a
+    malformed dump fails before any head is read; reading nothing else.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.npz`` file: a local path (memory-mapped) or an fsspec URL
+        (read in byte ranges, :mod:`kvselect.checking.files`).
+    queries, seed : int
+        The query positions, as :func:`load_npz` draws them.
+
+    Returns
+    -------
+    WorkloadDump
+        Its heads, one :meth:`WorkloadDump.head` each.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such local file.
+    WorkloadError
+        Not an ``.npz`` archive, a URL that cannot be read, or an array that
+        breaks the format (as :func:`load_npz`).
+    """
+    return WorkloadDump(_open(path, lazy=True), queries, seed)
+
+
+class WorkloadDump:
+    """A workload dump read one KV head at a time: the unit of work of an
+    evaluation over a corpus (:mod:`kvselect.corpus`).
+
+    :meth:`head` reads, of one layer's KV head, its query heads *at the
+    evaluated positions only*, its keys and values, and its indexer rows,
+    and returns exactly what :meth:`Workload.head_inputs` returns for that
+    head of ``load_npz(path)`` — bit for bit: the derived indexer is
+    computed per row (:func:`derive_head`). Only those bytes are read
+    (:meth:`bytes_per_head`). A value that is not finite is refused where it
+    is read, naming its layer, head and token: a NaN at a position no
+    evaluation reads is not seen (``load_npz`` reads every position and
+    refuses it).
+
+    Attributes
+    ----------
+    name, source : str
+        As :func:`load_npz`'s workload has them.
+    n_layers : int
+        Layers of the dump.
+    n_heads, n_kv_heads : int
+        Query and KV heads over all layers (layers flattened into heads).
+    tokens : int
+        The context length.
+    scale : float
+        The softmax scale.
+    query_positions : numpy.ndarray
+        The evaluated positions (int64).
+    indexer_description : str
+        What the learned top-k ranks by.
+    warning : str or None
+        Why the dump is probably not what was meant (``load_npz``'s
+        :class:`WorkloadWarning`), or None.
+    """
+
+    def __init__(self, opened: "_Opened", queries: int, seed: int) -> None:
+        o = self._o = opened
+        self.name = stem(o.name)
+        self.source = o.source(range(o.n_layers))
+        self.n_layers = o.n_layers
+        self.n_heads = o.n_layers * o.n_heads
+        self.n_kv_heads = o.n_layers * o.n_kv
+        self.tokens = o.tokens
+        self.scale = o.scale
+        self.query_positions = query_positions(o.tokens, queries, seed)
+        self.indexer_description = o.dsa_description() if o.dsa else ONE_HEAD_INDEXER
+        self.warning = o.warning
+
+    def units(self) -> List[Tuple[int, int]]:
+        """Every ``(layer, kv_head)``, layer-major: the order heads are pooled in."""
+        return [(layer, h) for layer in range(self._o.n_layers) for h in range(self._o.n_kv)]
+
+    def bytes_per_head(self) -> int:
+        """The bytes :meth:`head` reads from the file for one head."""
+        o, a, n = self._o, self._o.arrays, len(self.query_positions)
+        g = o.n_heads // o.n_kv
+
+        def row(key: str) -> int:  # the bytes of one token of one head of key
+            arr = a[key]
+            token_axis = 1 if o.dsa and key not in ("q", "k", "v") else 2
+            return int(np.prod(arr.shape[token_axis + 1:], dtype=np.int64)) * arr.dtype.itemsize
+
+        total = g * n * row("q") + o.tokens * (row("k") + row("v"))
+        if o.has_index:
+            total += (n * (row("index_q") + (row("weights") if o.dsa else 0))
+                      + o.tokens * (row("index_k") + (row("key_scale") if "key_scale" in a else 0)))
+        return total
+
+    def head(self, layer: int, kv_head: int) -> HeadInputs:
+        """KV head ``kv_head`` of layer ``layer`` at :attr:`query_positions`.
+
+        Parameters
+        ----------
+        layer, kv_head : int
+            Indices into the dump's layers and its layer's KV heads.
+
+        Returns
+        -------
+        HeadInputs
+            Bit for bit ``load_npz(path).head_inputs(layer * n_kv + kv_head,
+            pos)``.
+
+        Raises
+        ------
+        IndexError
+            A layer or head out of range.
+        WorkloadError
+            A value read is not finite (within float32 range).
+        """
+        o, a, pos = self._o, self._o.arrays, self.query_positions
+        if not (0 <= layer < o.n_layers and 0 <= kv_head < o.n_kv):
+            raise IndexError(f"head ({layer}, {kv_head}) is not in {o.n_layers} layers of "
+                             f"{o.n_kv} KV heads")
+        from kvselect.checking import decode32
+
+        def checked(key: str, x: Any, where: str, tokens: np.ndarray) -> np.ndarray:
+            out = np.ascontiguousarray(decode32(x, o.formats.get(key)), dtype=np.float32)
+            if not np.isfinite(out).all():
+                bad = np.argwhere(~np.isfinite(out.reshape(len(out), -1)))[0]
+                raise WorkloadError(
+                    f"{key}: expected finite values (within float32 range), found "
+                    f"{out.reshape(len(out), -1)[tuple(bad)]} at layer {int(o.layer_ids[layer])}"
+                    f"{where}, token {int(tokens[bad[0]])}")
+            return out
+
+        every = np.arange(o.tokens)
+
+        def rows(key: str, lead: Tuple[int, ...], where: str = "") -> np.ndarray:
+            return checked(key, take_rows(a[key], lead, pos), where, pos)
+
+        def whole(key: str, lead: Tuple[int, ...], where: str = "") -> np.ndarray:
+            return checked(key, np.asarray(a[key][lead]), where, every)
+
+        g = o.n_heads // o.n_kv
+        at = f", KV head {int(o.kv_head_ids[layer, kv_head])}"
+        q = np.stack([rows("q", (layer, kv_head * g + j), f", query head {kv_head * g + j}")
+                      for j in range(g)])
+        k, v = whole("k", (layer, kv_head), at), whole("v", (layer, kv_head), at)
+        if o.has_index and not o.dsa:
+            iq, ik = rows("index_q", (layer, kv_head), at), whole("index_k", (layer, kv_head), at)
+        else:
+            iq, ik = derive_head(q, k)
+        if o.dsa:
+            learned = {
+                "index_q": rows("index_q", (layer,)),
+                "weights": rows("weights", (layer,)),
+                "index_k": whole("index_k", (layer,)),
+                "key_scale": whole("key_scale", (layer,)) if "key_scale" in a else None,
+                "key_format": "float32",
+            }
+        else:
+            learned = one_head_inputs(iq, ik)
+        return HeadInputs(q=np.ascontiguousarray(q.transpose(1, 0, 2)), k=k, v=v,
+                          index_q=iq, index_k=ik, learned=learned)
+
+
+@dataclass
+class _Opened:
+    name: str
+    arrays: Dict[str, Any]
+    formats: Dict[str, str]
+    n_layers: int
+    n_heads: int
+    n_kv: int
+    tokens: int
+    d: int
+    scale: float
+    layer_ids: np.ndarray
+    kv_head_ids: np.ndarray
+    has_index: bool
+    dsa: bool
+    warning: Optional[str]
+
+    def source(self, chosen: Sequence[int]) -> str:
+        q = self.arrays["q"]
+        note = ("dumped DSA indexer (blocks: derived indexer)" if self.dsa
+                else "dumped indexer" if self.has_index else "derived indexer (derive_indexer)")
+        return (f"{basename(self.name)}: layers {[int(self.layer_ids[l]) for l in chosen]}, "
+                f"{self.n_heads} query / {self.n_kv} KV heads each, {self.tokens} tokens, "
+                f"{self.formats.get('q', q.dtype)}; {note}")
+
+    def dsa_description(self) -> str:
+        iq = self.arrays["index_q"]
+        return (f"dumped DSA indexer: {iq.shape[2]} index heads of dim {iq.shape[3]}, one per "
+                f"layer, shared by its {self.n_kv} KV heads")
+
+
+def _open(path: PathLike, lazy: bool) -> "_Opened":
+    """The dump's arrays (unread: memory-mapped, or byte ranges behind a URL)
+    and every refusal of :func:`load_npz` that needs no array's values."""
+    name = os.fspath(path)
+    if not is_url(name) and not os.path.isfile(name):
+        raise FileNotFoundError(f"no such workload file: {name!r}")
+    arrays, formats = _read_npz(name, lazy)
 
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
     n_layers, n_heads, tokens, d = q.shape
@@ -156,14 +424,13 @@ def load_npz(
                 f"index_k: expected shape {iq.shape} to match index_q, got {ik.shape} "
                 f"({_describe('index_k', ik.shape)})"
             )
+    warning = None
     if hint:
-        warnings.warn(
-            f"{path.name}: q reads as {n_heads} query heads (axis 1) of {tokens} tokens "
+        warning = (
+            f"{basename(name)}: q reads as {n_heads} query heads (axis 1) of {tokens} tokens "
             f"(axis 2), fewer tokens than heads: probably saved as [layers, tokens, heads, "
             f"dim]; the format is [layers, heads, tokens, dim] (x.transpose(0, 2, 1, 3), "
-            f"or x.permute(0, 2, 1, 3) in torch)",
-            WorkloadWarning,
-            stacklevel=2,
+            f"or x.permute(0, 2, 1, 3) in torch)"
         )
 
     scale = 1.0 / math.sqrt(d)
@@ -191,73 +458,8 @@ def load_npz(
                 f"kv_head_ids: expected shape ({n_layers}, {n_kv}), got {kv_head_ids.shape}"
             )
 
-    chosen = _choose_layers(layers, n_layers)
-
-    def read(key: str) -> np.ndarray:
-        # Only the chosen layers' bytes are read (the members are memory-mapped).
-        return decode32(arrays[key][chosen], formats.get(key))
-
-    def flat(key: str) -> np.ndarray:
-        arr = read(key)
-        out = np.ascontiguousarray(arr.reshape(-1, *arr.shape[2:]), dtype=np.float32)
-        if not np.isfinite(out).all():
-            bad = np.argwhere(~np.isfinite(out))[0]
-            raise WorkloadError(
-                f"{key}: expected finite values (within float32 range), found "
-                f"{arr.reshape(-1, *arr.shape[2:])[tuple(bad)]} at flattened head "
-                f"{bad[0]}, token {bad[1]}"
-            )
-        return out
-
-    fq, fk, fv = flat("q"), flat("k"), flat("v")
-    indexer = None
-    if has_index and not dsa:
-        fiq, fik = flat("index_q"), flat("index_k")
-    else:
-        fiq, fik = derive_indexer(fq, fk, n_kv_heads=fk.shape[0])
-    if dsa:
-        def layer_major(key: str) -> np.ndarray:
-            out = np.ascontiguousarray(read(key), dtype=np.float32)
-            if not np.isfinite(out).all():
-                raise WorkloadError(f"{key}: expected finite values (within float32 range)")
-            return out
-
-        scale_k = layer_major("key_scale") if "key_scale" in arrays else None
-        indexer = Indexer(
-            q=layer_major("index_q"),
-            weights=layer_major("weights"),
-            k=layer_major("index_k"),
-            key_scale=scale_k,
-            key_format="float32",
-            of_kv_head=np.repeat(np.arange(len(chosen), dtype=np.int64), n_kv),
-            description=(
-                f"dumped DSA indexer: {arrays['index_q'].shape[2]} index heads of dim "
-                f"{arrays['index_q'].shape[3]}, one per layer, shared by its {n_kv} KV heads"
-            ),
-        )
-    kinds = tuple(
-        f"L{int(layer_ids[l])}/H{int(kv_head_ids[l, h])}" for l in chosen for h in range(n_kv)
-    )
-    index_note = (
-        "dumped DSA indexer (blocks: derived indexer)" if dsa
-        else "dumped indexer" if has_index else "derived indexer (derive_indexer)"
-    )
-    return Workload(
-        name=path.stem,
-        q=fq,
-        k=fk,
-        v=fv,
-        index_q=fiq,
-        index_k=fik,
-        head_kinds=kinds,
-        query_positions=query_positions(tokens, queries, seed),
-        scale=scale,
-        source=(
-            f"{path.name}: layers {[int(layer_ids[l]) for l in chosen]}, {n_heads} query / "
-            f"{n_kv} KV heads each, {tokens} tokens, {formats.get('q', q.dtype)}; {index_note}"
-        ),
-        indexer=indexer,
-    )
+    return _Opened(name, arrays, formats, n_layers, n_heads, n_kv, tokens, d, scale,
+                   layer_ids, kv_head_ids, has_index, dsa, warning)
 
 
 def _describe(key: str, shape: Tuple[int, ...]) -> str:
@@ -283,14 +485,14 @@ def _transposed_hint(q_shape: Tuple[int, ...]) -> str:
     )
 
 
-def _read_npz(path: Path) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
+def _read_npz(path: str, lazy: bool) -> Tuple[Dict[str, Any], Dict[str, str]]:
     """The dump's arrays (memory-mapped, in their file dtype) and formats, read
     by the one dump loader (:func:`kvselect.checking.load_dump`: its shared
     refusals and the workload table), then the workload's own rules."""
-    from kvselect.checking import DumpError, load_dump
+    from kvselect.checking import DumpError, read_archive, validate
 
     try:
-        dump = load_dump(path, expect=("workload",))
+        dump = validate(read_archive(path, lazy=lazy), source=path, expect=("workload",))
     except DumpError as e:
         raise WorkloadError(str(e)) from None
     keys = set(dump)

@@ -22,10 +22,60 @@ def projection(d: int, d_index: int, seed: int) -> np.ndarray:
 
 
 def group_mean(q: np.ndarray, n_kv_heads: int) -> np.ndarray:
+    """The mean of each GQA group's query heads, ``[n_kv_heads, ...]``
+    float32: the heads summed in order (``q[0] + q[1] + ...``), then divided
+    by the group size, elementwise, so a row's mean is the same bits whether
+    it is computed alone or with every other row."""
     n_heads = q.shape[0]
     g = n_heads // n_kv_heads
-    out: np.ndarray = q.reshape(n_kv_heads, g, *q.shape[1:]).mean(axis=1, dtype=np.float32)
+    grouped = np.asarray(q, dtype=np.float32).reshape(n_kv_heads, g, *q.shape[1:])
+    out = grouped[:, 0].copy()
+    for j in range(1, g):
+        out += grouped[:, j]
+    out /= np.float32(g)
     return out
+
+
+#: Rows projected at a time by :func:`project` (bounds its float64 scratch).
+_PROJECT_ROWS = 4096
+
+
+def project(x: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """``x @ p`` for ``x [..., d]`` and ``p [d, e]``, float32, the same bits
+    on every machine and for every batch of rows.
+
+    Each output is the float64 sum over ``j = 0, 1, ..., d - 1`` in that
+    order of the exact products ``x[..., j] * p[j]`` (a float32 product is
+    exact in float64), rounded once to float32. A BLAS ``@`` may order (and
+    fuse) those sums differently by CPU, thread count or the number of rows
+    in the call, which would make a row's derived index depend on where and
+    with what it was computed.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    d, e = p.shape
+    flat = x.reshape(-1, d)
+    p64 = p.astype(np.float64)
+    out = np.empty((len(flat), e), dtype=np.float32)
+    for r0 in range(0, len(flat), _PROJECT_ROWS):
+        rows = flat[r0 : r0 + _PROJECT_ROWS].astype(np.float64)
+        acc = rows[:, 0:1] * p64[0]
+        for j in range(1, d):
+            acc += rows[:, j : j + 1] * p64[j]
+        out[r0 : r0 + _PROJECT_ROWS] = acc
+    return out.reshape(*x.shape[:-1], e)
+
+
+def derive_head(q_group: np.ndarray, k: np.ndarray, d_index: Optional[int] = None,
+                seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """:func:`derive_indexer` for one KV head: ``q_group`` ``[group, rows,
+    d]`` (its query heads, at any subset of positions) and ``k`` ``[tokens,
+    d]`` give ``index_q [rows, d_index]`` and ``index_k [tokens, d_index]``,
+    bit for bit the rows :func:`derive_indexer` gives for them."""
+    d = k.shape[-1]
+    d_index = max(4, d // 4) if d_index is None else d_index
+    p = projection(d, d_index, seed)
+    return (quantize_rows(project(group_mean(q_group, 1)[0], p)),
+            quantize_rows(project(k, p)))
 
 
 def derive_indexer(
@@ -50,6 +100,9 @@ def derive_indexer(
        defaults to ``max(4, d // 4)``. By Johnson–Lindenstrauss,
        ``(q P)·(k P)`` is an unbiased estimate of ``q·k`` whose error shrinks
        as ``d_index`` grows.
+       Every product is summed in float64 in a fixed order and rounded once
+       (:func:`project`), so the indexer is the same bits on every machine
+       and whichever rows are computed together.
     3. Quantise every row of ``q_bar P`` and ``k P`` to 8 bits with
        :func:`quantize_rows` (per-row symmetric: ``s = max|row| / 127``,
        ``round(row / s) * s``).
@@ -108,6 +161,6 @@ def derive_indexer(
     d = q.shape[2]
     d_index = max(4, d // 4) if d_index is None else as_count("d_index", d_index, minimum=1)
     p = projection(d, d_index, seed)
-    index_q = quantize_rows(group_mean(q, n_kv_heads) @ p)
-    index_k = quantize_rows(k @ p)
+    index_q = quantize_rows(project(group_mean(q, n_kv_heads), p))
+    index_k = quantize_rows(project(k, p))
     return index_q, index_k

@@ -339,14 +339,46 @@ class Workload:
         """
         if self.indexer is not None:
             return self.indexer.inputs(kv_head, pos)
-        q = self.index_q[kv_head][pos]
-        return {
-            "index_q": np.ascontiguousarray(np.stack([q, -q], axis=1)),
-            "weights": np.tile(np.array([1.0, -1.0], dtype=np.float32), (len(pos), 1)),
-            "index_k": self.index_k[kv_head],
-            "key_scale": None,
-            "key_format": "float32",
-        }
+        return one_head_inputs(self.index_q[kv_head][pos], self.index_k[kv_head])
+
+    @property
+    def indexer_description(self) -> str:
+        """What the learned top-k ranks by, in one line."""
+        if self.indexer is not None:
+            return self.indexer.description
+        return ONE_HEAD_INDEXER
+
+    def head_inputs(self, kv_head: int, pos: np.ndarray) -> "HeadInputs":
+        """Everything the evaluation of KV head ``kv_head`` at ``pos`` reads.
+
+        Parameters
+        ----------
+        kv_head : int
+            The KV head.
+        pos : ndarray of int, [n]
+            The query positions.
+
+        Returns
+        -------
+        HeadInputs
+            Its query heads at ``pos``, keys, values, index rows and the
+            learned top-k's inputs.
+
+        Raises
+        ------
+        IndexError
+            When ``kv_head`` or a position is out of range.
+        """
+        g = self.group
+        q = self.q[kv_head * g : (kv_head + 1) * g][:, pos]
+        return HeadInputs(
+            q=np.ascontiguousarray(q.transpose(1, 0, 2)),
+            k=self.k[kv_head],
+            v=self.v[kv_head],
+            index_q=np.ascontiguousarray(self.index_q[kv_head][pos]),
+            index_k=self.index_k[kv_head],
+            learned=self.learned_inputs(kv_head, pos),
+        )
 
     def __repr__(self) -> str:
         return (
@@ -355,6 +387,51 @@ class Workload:
             f"d_v={self.d_v}, d_index={self.d_index}, "
             f"queries={self.query_positions.size}, source={self.source!r})"
         )
+
+
+#: What a workload without a DSA indexer ranks its learned top-k by.
+ONE_HEAD_INDEXER = "index_q · index_k (one index head per KV head)"
+
+
+def one_head_inputs(index_q: np.ndarray, index_k: np.ndarray) -> dict:
+    """:func:`kvselect.indexer_topk`'s inputs for the one-head indexer
+    ``index_q · index_k`` (see :meth:`Workload.learned_inputs`): ``index_q``
+    ``[n, d_idx]`` at the query positions, ``index_k`` ``[tokens, d_idx]``."""
+    return {
+        "index_q": np.ascontiguousarray(np.stack([index_q, -index_q], axis=1)),
+        "weights": np.tile(np.array([1.0, -1.0], dtype=np.float32), (len(index_q), 1)),
+        "index_k": index_k,
+        "key_scale": None,
+        "key_format": "float32",
+    }
+
+
+@dataclass(frozen=True, eq=False)
+class HeadInputs:
+    """One KV head's tensors at the evaluated query positions ``pos`` (``n``
+    of them): all that evaluating the head reads, float32.
+
+    Attributes
+    ----------
+    q : numpy.ndarray
+        ``[n, group, d]``: the head's query heads at ``pos``.
+    k, v : numpy.ndarray
+        ``[tokens, d]`` and ``[tokens, d_v]``.
+    index_q : numpy.ndarray
+        ``[n, d_idx]``: the one-head indexer's queries at ``pos``.
+    index_k : numpy.ndarray
+        ``[tokens, d_idx]``: its keys.
+    learned : dict
+        :func:`kvselect.indexer_topk`'s inputs for the learned top-k at ``pos``
+        (:meth:`Workload.learned_inputs`).
+    """
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    index_q: np.ndarray
+    index_k: np.ndarray
+    learned: dict
 
 
 # --------------------------------------------------------------------------
