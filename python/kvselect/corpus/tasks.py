@@ -1,0 +1,198 @@
+"""The units of work of a corpus run: plain functions of plain arguments, so
+that a Dask worker (or this process) can run any of them, in any order, any
+number of times, and return the same value.
+
+Each task opens its dump itself (a worker reads the dump; the client never
+does) and returns a :class:`Done`: its value, how long it took and how many
+bytes of the dump it read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+import kvselect as ks
+from kvselect import evaluate
+from kvselect.checking import check_dump, read_archive, validate
+from kvselect.checking.dumps import CHECK_KINDS
+from kvselect.workloads import open_workload
+
+
+@dataclass
+class Done:
+    """A task's value, its seconds and the bytes of the dump it read."""
+
+    value: Any
+    seconds: float
+    bytes_read: int
+
+
+def use_threads(threads: Optional[int]) -> None:
+    """kvselect's native threads for the tasks of this process: ``threads``
+    if given; inside a Dask worker, the cores shared out among the worker's
+    task threads (so that ``workers × tasks per worker × native threads``
+    stays within the cores); otherwise left as they are."""
+    if threads is None:
+        try:
+            from distributed import get_worker
+
+            nthreads = get_worker().state.nthreads
+        except (ImportError, ValueError):
+            return  # not in a worker: this process's setting stands
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores // max(1, nthreads))
+    ks.set_num_threads(threads)
+
+
+# --- eval: (dump, layer, KV head) ------------------------------------------
+
+
+@dataclass
+class WorkloadPlan:
+    """A workload dump's report header and its units."""
+
+    header: "evaluate.Report"
+    units: List[Tuple[int, int]]
+    bytes_per_head: int
+    warning: Optional[str]
+
+
+def plan_workload(name: str, runs: Sequence["evaluate.Settings"], queries: int, seed: int) -> Done:
+    """Open a workload dump and make every refusal that needs no values:
+    its report header and its ``(layer, kv_head)`` units."""
+    t0 = time.perf_counter()
+    dump = open_workload(name, queries=queries, seed=seed)
+    plan = WorkloadPlan(evaluate.report_header(dump, runs), dump.units(), dump.bytes_per_head(),
+                        dump.warning)
+    return Done(plan, time.perf_counter() - t0, 0)
+
+
+def evaluate_head(name: str, layer: int, kv_head: int, runs: Sequence["evaluate.Settings"],
+                  queries: int, seed: int, threads: Optional[int]) -> Done:
+    """One KV head of one layer of a dump: :func:`kvselect.evaluate.head_rows`."""
+    use_threads(threads)
+    t0 = time.perf_counter()
+    dump = open_workload(name, queries=queries, seed=seed)
+    rows = evaluate.head_rows(dump.head(layer, kv_head), dump.query_positions, runs, dump.scale)
+    return Done(rows, time.perf_counter() - t0, dump.bytes_per_head())
+
+
+# --- check: (dump, row chunk) -----------------------------------------------
+
+#: Per kind, the keys with one entry per row (axis 0; a head-major blocks
+#: dump's rows: axis 1). Every other key is shared by the rows.
+ROW_KEYS: Dict[str, Tuple[str, ...]] = {
+    "topk": ("rows", "scores", "context_lens", "magnitudes", "engine_scores", "index_q", "weights",
+             "query_pos", "seq_ids", "req_ids", "prefill_req_ids"),
+    "blocks": ("rows", "index_q", "query_pos", "seq_ids"),
+    "witnesses": ("before", "after", "context_lens"),
+    "v4_combined": (),  # rows grouped by request: the dump is one chunk
+}
+
+
+@dataclass
+class CheckPlan:
+    """A check dump's kind, rows and chunks ``[start, stop)``."""
+
+    kind: str
+    n_rows: int
+    chunks: List[Tuple[int, int]]
+    heads: int = 1  # a blocks dump's KV heads: its report rows are query * heads + head
+
+
+def _rows_of(d: Any) -> int:
+    kind = d.kind
+    if kind == "witnesses":
+        return len(d["before"])
+    if kind == "blocks":
+        rows = d["rows"]
+        head_major = "head_major" in d and int(np.asarray(d["head_major"])) != 0
+        return int(rows.shape[1] if head_major and rows.ndim == 3 else rows.shape[0])
+    if kind == "v4_combined":
+        return len(d["combined_indices"])
+    return len(d["rows"])
+
+
+def plan_check(name: str, chunk_rows: int) -> Done:
+    """Open a check dump: its kind, rows and row chunks (``chunk_rows`` each;
+    one chunk for a ``v4_combined`` dump)."""
+    t0 = time.perf_counter()
+    d = validate(read_archive(name, lazy=True), source=name, expect=CHECK_KINDS)
+    n = _rows_of(d)
+    if not ROW_KEYS[d.kind] or n == 0:
+        chunks = [(0, n)]
+    else:
+        chunks = [(a, min(n, a + chunk_rows)) for a in range(0, n, chunk_rows)]
+    heads = int(d["index_q"].shape[1]) if d.kind == "blocks" and d["index_q"].ndim == 3 else 1
+    return Done(CheckPlan(d.kind, n, chunks, heads), time.perf_counter() - t0, 0)
+
+
+def check_rows(name: str, start: int, stop: int, whole: bool, atol: Optional[float],
+               rtol: Optional[float], filler: Optional[str], threads: Optional[int]) -> Done:
+    """Rows ``[start, stop)`` of a check dump, checked: :func:`check_dump` of
+    the dump with its per-row keys cut to those rows (``whole``: the dump as
+    it is)."""
+    use_threads(threads)
+    t0 = time.perf_counter()
+    d = validate(read_archive(name, lazy=True), source=name, expect=CHECK_KINDS)
+    head_major = d.kind == "blocks" and "head_major" in d and int(np.asarray(d["head_major"])) != 0
+    sub = {}
+    read = 0
+    for key, a in d.items():
+        if not whole and key in ROW_KEYS[d.kind] and np.ndim(a) >= 1:
+            part = np.asarray(a[:, start:stop] if key == "rows" and head_major else a[start:stop])
+        else:
+            part = np.asarray(a)
+        sub[key] = part
+        read += part.nbytes
+    for key, fmt in d.formats.items():
+        sub[f"{key}_format"] = np.asarray(fmt)
+    sub["kind"] = np.asarray(d.kind)
+    result = check_dump(validate(sub, source=name, expect=CHECK_KINDS), atol=atol, rtol=rtol,
+                        filler=filler)
+    return Done(result, time.perf_counter() - t0, read)
+
+
+def merge_checks(kind: str, parts: Sequence[Tuple[int, dict]], heads: int = 1) -> dict:
+    """The result of :func:`check_dump` on a whole dump, from its chunks'
+    results ``(start row, result)`` in row order: counts summed, reasons
+    summed, each wrong row renumbered in the dump's rows (a blocks dump's
+    report rows are ``query * heads + head``)."""
+    first = parts[0][1]
+    out = dict(first)
+    out["rows"] = sum(r["rows"] for _, r in parts)
+    out["wrong"] = sum(r["wrong"] for _, r in parts)
+    checks = []
+    for i, check in enumerate(first["checks"]):
+        merged: dict = {}
+        for start, r in parts:
+            rep = r["checks"][i]["report"]
+            for key, val in rep.items():
+                if key == "details":
+                    shift = start * heads
+                    moved = []
+                    for x in val:
+                        y = dict(x, row=x["row"] + shift)
+                        if "query" in y:
+                            y["query"] = y["query"] + start
+                        moved.append(y)
+                    merged.setdefault("details", []).extend(moved)
+                elif key == "by_reason":
+                    into = merged.setdefault("by_reason", {})
+                    for reason, n in val.items():
+                        into[reason] = into.get(reason, 0) + n
+                elif isinstance(val, (int, np.integer)) and not isinstance(val, bool):
+                    merged[key] = merged.get(key, 0) + int(val)
+                elif key not in merged:
+                    merged[key] = val
+                elif merged[key] != val:
+                    raise ValueError(f"chunks disagree on {key!r}: {merged[key]!r} and {val!r}")
+        merged.get("details", []).sort(key=lambda x: x["row"])
+        checks.append({"name": check["name"], "report": merged})
+    out["checks"] = checks
+    return out
