@@ -1,12 +1,14 @@
 """The command line's argument types and checks, shared by its subcommands:
-argparse types that name what they expect, and the one check that an
-output path can be written before a run starts."""
+argparse types that name what they expect, the one check that an output
+path can be written before a run starts, and the flags that say where a
+corpus runs (in this process, or on Dask)."""
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import List, Optional
+import sys
+from typing import Any, Callable, List, Optional
 
 
 def integer(text: str, what: str) -> int:
@@ -61,3 +63,44 @@ def check_output(flag: str, path: str) -> Optional[str]:
     if not os.access(folder, os.W_OK):
         return f"{flag} {path!r}: the folder {folder!r} is not writable"
     return None
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser, unit: str) -> None:
+    """``--workers`` / ``--scheduler`` (one or neither) and ``--threads``."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--workers", type=positive, metavar="N",
+        help=f"run on a local Dask cluster of N worker processes, one task per worker, a task "
+        f"per {unit}; needs 'kvselect[distributed]' (default: serial, in this process; the "
+        f"numbers are the same)",
+    )
+    where.add_argument(
+        "--scheduler", metavar="ADDRESS",
+        help="run on the existing Dask cluster at ADDRESS (tcp://host:8786); its workers read "
+        "the dumps themselves, so give paths or URLs they can open (default: serial)",
+    )
+    parser.add_argument(
+        "--threads", type=non_negative,
+        help="kvselect threads per task, 0 = all cores (default: all cores serially; on Dask, "
+        "each worker's share of its machine's cores)",
+    )
+
+
+def executor_of(args: argparse.Namespace) -> Any:
+    """Where the run's tasks go: ``--workers`` / ``--scheduler``, else serial."""
+    from kvselect.corpus import Dask, Serial
+
+    if args.workers is not None:
+        return Dask(workers=args.workers)
+    if args.scheduler is not None:
+        return Dask(scheduler=args.scheduler)
+    return Serial()
+
+
+def progress_bar(enabled: bool) -> Optional[Callable[[int], Any]]:
+    """A progress bar over a run's tasks on a terminal (tqdm), or None."""
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return lambda total: tqdm(total=total, desc="tasks", unit="task", leave=False, file=sys.stderr)

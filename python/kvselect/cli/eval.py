@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import json
-import os
 import sys
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import kvselect as ks
 from kvselect.cli._types import (
     HelpFormatter,
+    add_cluster_flags,
     check_output,
     non_negative,
     non_negative_float,
@@ -20,48 +19,31 @@ from kvselect.cli._types import (
 )
 
 
-def _progress(enabled: bool):
-    """A progress bar over KV heads on a terminal (tqdm), nothing otherwise."""
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return None
+#: The workloads made in this process rather than read from a dump.
+BUILTINS = ("synthetic", "example")
 
-    def wrap(it: Iterable) -> Iterable:
-        seq = list(it)
-        return tqdm(seq, desc="KV heads", unit="head", leave=False, file=sys.stderr)
 
-    return wrap
+def _builtins(args: argparse.Namespace) -> Dict[str, Callable[[], Any]]:
+    from kvselect import workloads
+
+    return {
+        "synthetic": lambda: workloads.synthetic(
+            context=args.context, queries=args.queries, seed=args.seed,
+            index_heads=args.index_heads, index_noise=args.index_noise,
+        ),
+        "example": lambda: workloads.example(queries=args.queries, seed=args.seed),
+    }
 
 
 def _sources(args: argparse.Namespace) -> List[str]:
-    """The workloads named by ``--workload``: each name, a directory read as
-    its ``*.npz`` files in name order."""
+    """The workloads named by ``--workload``: each built-in name, file, folder
+    (its ``*.npz`` files in name order) or glob, local or an fsspec URL."""
+    from kvselect.checking.files import expand
+
     out: List[str] = []
     for name in args.workload:
-        if os.path.isdir(name):
-            found = sorted(glob.glob(os.path.join(name, "*.npz")))
-            if not found:
-                raise FileNotFoundError(f"{name!r} is a directory with no .npz file")
-            out += found
-        else:
-            out.append(name)
+        out += [name] if name in BUILTINS else expand([name])
     return out
-
-
-def _load(args: argparse.Namespace, name: str):
-    from kvselect import workloads
-
-    if name == "synthetic":
-        return workloads.synthetic(
-            context=args.context, queries=args.queries, seed=args.seed,
-            index_heads=args.index_heads, index_noise=args.index_noise,
-        )
-    if name == "example":
-        return workloads.example(queries=args.queries, seed=args.seed)
-    return workloads.load_npz(name, queries=args.queries, seed=args.seed)
 
 
 #: The command-line flag of each setting, for messages that say which to change.
@@ -89,10 +71,7 @@ def _derived_line(derived: Dict[int, Dict[str, int]]) -> Optional[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
-
     from kvselect import evaluate
-    from kvselect.workloads import WorkloadError
 
     def fail(message: str) -> int:
         print(f"kvselect eval: {message}", file=sys.stderr)
@@ -128,32 +107,22 @@ def run(args: argparse.Namespace) -> int:
         except ImportError as e:
             return fail(str(e))
 
-    if args.threads is not None:
+    from kvselect import corpus
+    from kvselect.cli._types import executor_of, progress_bar
+
+    distributed = args.workers is not None or args.scheduler is not None
+    if args.threads is not None and not distributed:
         ks.set_num_threads(args.threads)
     try:
         sources = _sources(args)
-    except OSError as e:
+    except (OSError, ValueError) as e:
         return fail(str(e))
+    if distributed and any(name in BUILTINS for name in sources):
+        named = ", ".join(repr(n) for n in sources if n in BUILTINS)
+        return fail(f"--workers and --scheduler evaluate dumps; {named} is built in this "
+                    f"process: drop the flag, or dump it (kvselect.checking.save_dump)")
     line = _derived_line(derived)
-    failed: List[str] = []
     shown: List[str] = []
-
-    def workloads_() -> Iterator[Any]:
-        # One at a time: each dump is loaded when the last one is done.
-        for name in sources:
-            try:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    w = _load(args, name)
-            except (OSError, WorkloadError, ValueError) as e:
-                # Reported now, by name; the good dumps still make the pooled table.
-                failed.append(name)
-                print(f"kvselect eval: cannot load workload {name!r}: {e}", file=sys.stderr)
-                continue
-            for c in caught:
-                print(f"kvselect eval: warning: {c.message}", file=sys.stderr)
-            yield w
-            del w  # released before the next dump loads
 
     def show(report: "evaluate.Report") -> None:
         if line and not shown:
@@ -163,18 +132,30 @@ def run(args: argparse.Namespace) -> int:
         if len(sources) > 1:
             print()
 
+    def failed_one(f: "corpus.Failure") -> None:
+        # Reported now, by name; the good dumps still make the pooled table.
+        print(f"kvselect eval: cannot load workload {f.name!r}: {f.error}", file=sys.stderr)
+
+    def warn(name: str, message: str) -> None:
+        print(f"kvselect eval: warning: {message}", file=sys.stderr)
+
     try:
-        reports, pooled = evaluate.evaluate_many(
-            workloads_(),
-            [s.budget for s in runs],
-            runs,
-            progress=_progress(sys.stderr.isatty() and not args.quiet),
-            on_report=show,
+        executor = executor_of(args)
+        result = corpus.evaluate_corpus(
+            sources, runs, queries=args.queries, seed=args.seed, executor=executor,
+            threads=args.threads if distributed else None, builtins=_builtins(args),
+            progress=progress_bar(sys.stderr.isatty() and not args.quiet),
+            on_report=show, on_failure=failed_one, on_warning=warn,
         )
-    except ValueError as e:
-        if failed and not shown:  # no workload loaded: each failure is already said
-            return 1
+    except BrokenPipeError:
+        raise  # the reader left: main() says so once
+    except (ImportError, ValueError, OSError) as e:  # no Dask; a scheduler not reached
         return fail(str(e))
+    reports, pooled = result.reports, result.pooled
+    failed = [f.name for f in result.failures]
+    if not reports:  # no workload evaluated: each failure is already said
+        return 1
+    assert pooled is not None
     if len(reports) > 1:
         print(evaluate.format_table(pooled))
     try:
@@ -211,6 +192,8 @@ def run_demo(args: argparse.Namespace) -> int:
         index_heads=4,
         index_noise=2.0,
         threads=None,
+        workers=None,
+        scheduler=None,
         json=None,
         plot=None,
         quiet=True,
@@ -238,9 +221,9 @@ def add_parser(sub: Any) -> None:
         default=["synthetic"],
         metavar="WORKLOAD",
         help="'synthetic' (built in), 'example' (real MiniLM Q/K/V shipped with "
-        "the package), or your own .npz dumps: several files, or a directory of them, are "
-        "evaluated one at a time (memory bounded by one dump), each reported, then pooled "
-        "(default: synthetic)",
+        "the package), or your own .npz dumps: files, folders (their *.npz) or globs, local "
+        "paths or fsspec URLs (file://, s3:// with s3fs, ...); read one (layer, KV head) at a "
+        "time, each dump reported, then pooled (default: synthetic)",
     )
     ev.add_argument(
         "--budget",
@@ -310,10 +293,7 @@ def add_parser(sub: Any) -> None:
         "--seed", type=non_negative, default=0,
         help="seed of the workload, the query positions and the random null (default: 0)",
     )
-    ev.add_argument(
-        "--threads", type=non_negative,
-        help="kvselect threads, 0 = all cores (default: all cores)",
-    )
+    add_cluster_flags(ev, "(layer, KV head) of a dump")
     ev.add_argument(
         "--json", metavar="FILE",
         help="also write the results as JSON (default: none)",

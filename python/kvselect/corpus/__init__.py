@@ -51,7 +51,7 @@ from kvselect.corpus import tasks
 from kvselect.corpus.executors import Dask, Serial
 from kvselect.workloads import Workload
 
-__all__ = ["Dask", "Serial", "Failure", "TaskStats", "EvalRun", "CheckRun", "evaluate_corpus",
+__all__ = ["CHUNK_ROWS", "Dask", "Serial", "Failure", "TaskStats", "EvalRun", "CheckRun", "evaluate_corpus",
            "check_corpus"]
 
 

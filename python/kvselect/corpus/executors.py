@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 import sys
+import warnings
 from typing import Any, Callable, Deque, Iterable, Iterator, Optional, TextIO, Tuple
 
 
@@ -91,7 +92,7 @@ class Dask:
     """
 
     def __init__(self, workers: Optional[int] = None, scheduler: Optional[str] = None,
-                 log: TextIO = sys.stderr) -> None:
+                 log: Optional[TextIO] = None) -> None:
         if (workers is None) == (scheduler is None):
             raise ValueError("Dask: give workers (a local cluster) or scheduler (an address), one")
         self.scheduler, self.log = scheduler, log
@@ -107,15 +108,17 @@ class Dask:
                 self.client = d.Client(self.scheduler)
                 self.workers = len(self.client.scheduler_info()["workers"])
                 print(f"kvselect: on the Dask scheduler at {self.scheduler} ({self.workers} "
-                      f"workers)", file=self.log)
+                      f"workers)", file=self.log or sys.stderr)
             else:
-                self.cluster = d.LocalCluster(n_workers=self.workers, threads_per_worker=1,
-                                              processes=True, silence_logs=logging.CRITICAL)
+                with warnings.catch_warnings():  # "port 8787 in use": the link below says which
+                    warnings.simplefilter("ignore", UserWarning)
+                    self.cluster = d.LocalCluster(n_workers=self.workers, threads_per_worker=1,
+                                                  processes=True, silence_logs=logging.CRITICAL)
                 self.client = d.Client(self.cluster)
                 link = self.cluster.dashboard_link if self._has_bokeh() else (
                     "none (the dashboard needs bokeh: pip install 'kvselect[distributed]')")
                 print(f"kvselect: a local Dask cluster of {self.workers} workers; dashboard: "
-                      f"{link}", file=self.log)
+                      f"{link}", file=self.log or sys.stderr)
         except BaseException:
             self.__exit__()
             raise
