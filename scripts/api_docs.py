@@ -146,6 +146,8 @@ MODULES: List[Tuple[str, str]] = [
     ("kvselect.testing.cases", "Testing a kernel: the inputs that break kernels"),
     ("kvselect.evaluate", "Evaluating policies"),
     ("kvselect.workloads", "Workloads"),
+    ("kvselect.corpus", "A corpus of dumps, serially or on Dask"),
+    ("kvselect.checking.files", "Where dumps live: local paths and fsspec URLs"),
     ("kvselect.dump_hf", "Dumping a Hugging Face model"),
 ]
 

@@ -319,5 +319,26 @@ def test_ctrl_c_shuts_the_local_cluster_down_leaving_no_process(tmp_path):
         if p.poll() is None:
             p.kill()
     assert code != 0
-    gone, alive = psutil.wait_procs(children, timeout=20)
+    _, alive = psutil.wait_procs(children, timeout=20)
     assert alive == [], alive
+
+
+def _threads_after(threads):
+    from kvselect.corpus import tasks
+
+    tasks.use_threads(threads)
+    return ks.get_num_threads()
+
+
+def test_a_task_on_dask_takes_its_share_of_the_hosts_cores_never_more(cluster):
+    """Two workers of one task thread each on one host: each task's native
+    pool is half the cores (at least 1), so 2 workers x 1 task x threads <=
+    cores; an explicit count is used as it is."""
+    executor = corpus.Dask(scheduler=cluster.scheduler_address)
+    with executor:
+        (sharing,) = executor.host_threads.values()
+        assert sharing == 2
+        cores = len(os.sched_getaffinity(0))
+        got = executor.client.submit(_threads_after, executor.host_threads, pure=False).result()
+        assert got == max(1, cores // 2)
+        assert executor.client.submit(_threads_after, 3, pure=False).result() == 3

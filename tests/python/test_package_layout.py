@@ -44,7 +44,7 @@ def _top_level_imports(module: str, path: pathlib.Path):
 
 def test_the_package_shows_its_concepts_as_modules_and_folders():
     assert sorted(p.name for p in PACKAGE.iterdir() if not p.name.startswith((".", "__pycache__", "_core"))) == [
-        "__init__.py", "__main__.py", "checking", "cli", "data", "dump_hf.py", "evaluate", "py.typed",
+        "__init__.py", "__main__.py", "checking", "cli", "corpus", "data", "dump_hf.py", "evaluate", "py.typed",
         "reference", "testing", "workloads",
     ]
 

@@ -139,8 +139,10 @@ class RangedArray:
         if len(data) != nbytes:
             raise DumpError(f"{self.path}: the archive ends inside an array ({len(data)} of "
                             f"{nbytes} bytes read at offset {begin})")
-        order = "F" if self.fortran else "C"
-        return np.frombuffer(data, dtype=self.dtype).reshape(shape, order=order).copy(order=order)
+        flat = np.frombuffer(data, dtype=self.dtype)
+        if self.fortran:
+            return flat.reshape(shape, order="F").copy(order="F")
+        return flat.reshape(shape).copy()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self._read(0, self.size, self.shape)

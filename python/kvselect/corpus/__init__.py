@@ -253,8 +253,9 @@ def evaluate_corpus(
     executor : Serial or Dask, optional
         Where the units run (default: :class:`Serial`, this process).
     threads : int, optional
-        kvselect's native threads per unit (default: the worker's share of
-        its machine's cores; serially, the process's setting).
+        kvselect's native threads per unit (default: on Dask, the cores of
+        a worker's host shared among the task threads of every worker on
+        it; serially, the process's setting).
     builtins : mapping of str to callable, optional
         Names evaluated in this process (``"synthetic"``: its workload's
         factory); only with the serial executor.
@@ -302,7 +303,8 @@ def evaluate_corpus(
             return [(_builtin_head, (w, h, runs)) for _, h in p.units]
         if item.plan.warning and on_warning is not None:
             on_warning(item.name, item.plan.warning)
-        return [(tasks.evaluate_head, (item.name, layer, h, runs, queries, seed, threads))
+        share = threads if threads is not None else getattr(executor, "host_threads", None)
+        return [(tasks.evaluate_head, (item.name, layer, h, runs, queries, seed, share))
                 for layer, h in item.plan.units]
 
     def finish(item: _Item) -> None:
@@ -397,7 +399,8 @@ def check_corpus(
     def units(item: _Item) -> List[Tuple[Callable[..., Any], tuple]]:
         p = item.plan
         whole = len(p.chunks) == 1
-        return [(tasks.check_rows, (item.name, a, b, whole, atol, rtol, filler, threads))
+        share = threads if threads is not None else getattr(executor, "host_threads", None)
+        return [(tasks.check_rows, (item.name, a, b, whole, atol, rtol, filler, share))
                 for a, b in p.chunks]
 
     def finish(item: _Item) -> None:

@@ -17,7 +17,7 @@ import collections
 import logging
 import sys
 import warnings
-from typing import Any, Callable, Deque, Iterable, Iterator, Optional, TextIO, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Optional, TextIO, Tuple
 
 
 class _Task:
@@ -99,6 +99,8 @@ class Dask:
         self.workers = workers or 0
         self.cluster: Any = None
         self.client: Any = None
+        #: Per host, the task threads of every worker on it (set on entry).
+        self.host_threads: Dict[str, int] = {}
         self._distributed = _dask()
 
     def __enter__(self) -> "Dask":
@@ -110,8 +112,18 @@ class Dask:
                 print(f"kvselect: on the Dask scheduler at {self.scheduler} ({self.workers} "
                       f"workers)", file=self.log or sys.stderr)
             else:
-                with warnings.catch_warnings():  # "port 8787 in use": the link below says which
-                    warnings.simplefilter("ignore", UserWarning)
+                import dask
+
+                # Dask starts workers with MALLOC_TRIM_THRESHOLD_=65536, which also turns off
+                # glibc's adaptive mmap threshold: every large array is then a fresh mmap whose
+                # pages fault in on first touch, and a task here (tens of MiB of temporaries)
+                # took 1.9x as long (benches/corpus_dask.py). The nannies read this setting
+                # once, when made: restarted workers keep it.
+                environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
+                environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+                with warnings.catch_warnings(), dask.config.set(
+                        {"distributed.nanny.pre-spawn-environ": environ}):
+                    warnings.simplefilter("ignore", UserWarning)  # "port 8787 in use": the link says
                     self.cluster = d.LocalCluster(n_workers=self.workers, threads_per_worker=1,
                                                   processes=True, silence_logs=logging.CRITICAL)
                 self.client = d.Client(self.cluster)
@@ -119,6 +131,9 @@ class Dask:
                     "none (the dashboard needs bokeh: pip install 'kvselect[distributed]')")
                 print(f"kvselect: a local Dask cluster of {self.workers} workers; dashboard: "
                       f"{link}", file=self.log or sys.stderr)
+            for info in self.client.scheduler_info()["workers"].values():
+                host = str(info["host"])
+                self.host_threads[host] = self.host_threads.get(host, 0) + int(info["nthreads"])
         except BaseException:
             self.__exit__()
             raise

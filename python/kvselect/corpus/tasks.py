@@ -9,10 +9,11 @@ bytes of the dump it read.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -20,7 +21,7 @@ import kvselect as ks
 from kvselect import evaluate
 from kvselect.checking import DumpError, check_dump, load_dump, read_archive, validate
 from kvselect.checking.dumps import CHECK_KINDS
-from kvselect.workloads import open_workload
+from kvselect.workloads import WorkloadDump, open_workload
 
 
 @dataclass
@@ -32,21 +33,40 @@ class Done:
     bytes_read: int
 
 
-def use_threads(threads: Optional[int]) -> None:
-    """kvselect's native threads for the tasks of this process: ``threads``
-    if given; inside a Dask worker, the cores shared out among the worker's
-    task threads (so that ``workers × tasks per worker × native threads``
-    stays within the cores); otherwise left as they are."""
-    if threads is None:
+#: Native threads of a task: a count, or per host the task threads that
+#: share its cores (each task then takes ``cores // task threads``).
+Threads = Union[None, int, Dict[str, int]]
+
+
+def use_threads(threads: Threads) -> None:
+    """kvselect's native threads for the tasks of this process.
+
+    An int is used as it is; a ``{host: task threads}`` map shares the
+    cores of the worker's host among the task threads of every worker on
+    that host (``workers × task threads × native threads <= cores``: no
+    oversubscription); None leaves this process's setting as it is.
+    """
+    if isinstance(threads, dict):
         try:
             from distributed import get_worker
 
-            nthreads = get_worker().state.nthreads
+            worker = get_worker()
         except (ImportError, ValueError):
             return  # not in a worker: this process's setting stands
+        host = worker.address.split("://")[-1].rsplit(":", 1)[0]
+        sharing = threads.get(host, worker.state.nthreads)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        threads = max(1, cores // max(1, nthreads))
-    ks.set_num_threads(threads)
+        threads = max(1, cores // max(1, sharing))
+    if threads is not None:
+        ks.set_num_threads(threads)
+
+
+@functools.lru_cache(maxsize=1)
+def _workload(name: str, queries: int, seed: int) -> "WorkloadDump":
+    """The dump a task reads, kept open for the next task of the same dump
+    in this process (a compressed dump is then decompressed once per
+    process, not once per head). A dump must not change during a run."""
+    return open_workload(name, queries=queries, seed=seed)
 
 
 # --- eval: (dump, layer, KV head) ------------------------------------------
@@ -73,11 +93,11 @@ def plan_workload(name: str, runs: Sequence["evaluate.Settings"], queries: int, 
 
 
 def evaluate_head(name: str, layer: int, kv_head: int, runs: Sequence["evaluate.Settings"],
-                  queries: int, seed: int, threads: Optional[int]) -> Done:
+                  queries: int, seed: int, threads: Threads) -> Done:
     """One KV head of one layer of a dump: :func:`kvselect.evaluate.head_rows`."""
     use_threads(threads)
     t0 = time.perf_counter()
-    dump = open_workload(name, queries=queries, seed=seed)
+    dump = _workload(name, queries, seed)
     rows = evaluate.head_rows(dump.head(layer, kv_head), dump.query_positions, runs, dump.scale)
     return Done(rows, time.perf_counter() - t0, dump.bytes_per_head())
 
@@ -133,7 +153,7 @@ def plan_check(name: str, chunk_rows: int) -> Done:
 
 
 def check_rows(name: str, start: int, stop: int, whole: bool, atol: Optional[float],
-               rtol: Optional[float], filler: Optional[str], threads: Optional[int]) -> Done:
+               rtol: Optional[float], filler: Optional[str], threads: Threads) -> Done:
     """Rows ``[start, stop)`` of a check dump, checked: :func:`check_dump` of
     the dump with its per-row keys cut to those rows (``whole``: the dump as
     it is)."""
