@@ -342,3 +342,39 @@ def test_a_task_on_dask_takes_its_share_of_the_hosts_cores_never_more(cluster):
         got = executor.client.submit(_threads_after, executor.host_threads, pure=False).result()
         assert got == max(1, cores // 2)
         assert executor.client.submit(_threads_after, 3, pure=False).result() == 3
+
+
+def test_a_built_in_workload_is_not_sent_to_workers(capsys):
+    code = cli.main(["eval", "--workload", "synthetic", "--workers", "2", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and "'synthetic' is built in this process" in err and "drop the flag" in err
+
+
+def test_without_dask_the_distributed_flags_name_the_extra_and_nothing_runs(dumps, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
+    code = cli.main(["eval", "--workload", str(dumps), "--workers", "2", "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 1 and "pip install 'kvselect[distributed]'" in captured.err
+    assert captured.out == ""  # no table: the run never started
+    code = cli.main(["check", str(dumps), "--workers", "2"])
+    assert code == 2 and "kvselect[distributed]" in capsys.readouterr().err
+
+
+def test_a_url_without_fsspec_names_the_package(dumps, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fsspec", None)
+    with pytest.raises(checking.DumpError, match=r"reading a URL needs fsspec \(pip install fsspec"):
+        checking.read_archive(f"file://{dumps}/c_indexer.npz")
+    assert checking.read_archive(dumps / "c_indexer.npz")  # a local path never needs it
+
+
+def test_an_unknown_url_protocol_and_an_empty_pattern_are_named(tmp_path, capsys):
+    assert cli.main(["check", "nosuchproto://bucket/x.npz"]) == 2
+    assert "nosuchproto" in capsys.readouterr().err
+    assert cli.main(["eval", "--workload", str(tmp_path / "*.npz"), "--quiet"]) == 1
+    assert "a pattern that matches no file" in capsys.readouterr().err
+
+
+def test_a_scheduler_that_cannot_be_reached_is_an_oserror_not_a_hang():
+    with pytest.raises(OSError):
+        with corpus.Dask(scheduler="tcp://127.0.0.1:9", timeout=2):
+            pass

@@ -85,17 +85,18 @@ class Dask:
     """Tasks on a Dask cluster: a ``LocalCluster`` of ``workers`` processes
     (one task thread each), or the existing cluster at ``scheduler``.
 
-    A worker that dies takes its running tasks with it; the scheduler
+    ``timeout`` (seconds) bounds the wait for the scheduler: past it, an
+    ``OSError``. A worker that dies takes its running tasks with it; the scheduler
     reruns them elsewhere (they are pure: same inputs, same value), and only
     after a task has killed ``distributed.scheduler.allowed-failures``
     workers does it fail, as ``KilledWorker``.
     """
 
     def __init__(self, workers: Optional[int] = None, scheduler: Optional[str] = None,
-                 log: Optional[TextIO] = None) -> None:
+                 log: Optional[TextIO] = None, timeout: float = 30.0) -> None:
         if (workers is None) == (scheduler is None):
             raise ValueError("Dask: give workers (a local cluster) or scheduler (an address), one")
-        self.scheduler, self.log = scheduler, log
+        self.scheduler, self.log, self.timeout = scheduler, log, timeout
         self.workers = workers or 0
         self.cluster: Any = None
         self.client: Any = None
@@ -107,7 +108,7 @@ class Dask:
         d = self._distributed
         try:
             if self.scheduler is not None:
-                self.client = d.Client(self.scheduler)
+                self.client = d.Client(self.scheduler, timeout=self.timeout)  # OSError past it
                 self.workers = len(self.client.scheduler_info()["workers"])
                 print(f"kvselect: on the Dask scheduler at {self.scheduler} ({self.workers} "
                       f"workers)", file=self.log or sys.stderr)
