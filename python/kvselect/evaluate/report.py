@@ -82,7 +82,9 @@ class Report:
     results : list of PolicyResult
         Every policy at every budget.
     seconds : float
-        Wall time of the evaluation.
+        Time of the evaluation: a workload's, its tasks' run times summed
+        (one task per KV head, wherever it ran); the pooled report's, the
+        wall time of the whole run.
     every_key_budgets : list of int
         The budgets at which every policy selected every visible key of
         every query (the budget holds every context): the numbers there are
