@@ -158,12 +158,20 @@ class _Item:
         return self.errors[min(self.errors)] if self.errors else None
 
 
+def _threads(threads: Optional[int], executor: Any) -> "tasks.Threads":
+    """A unit's native threads: as given, else the executor's share per host."""
+    return threads if threads is not None else getattr(executor, "host_threads", None)
+
+
 def _run(executor: Any, items: List[_Item], plan: Callable[[_Item], Tuple[Callable[..., Any], tuple]],
          units: Callable[[_Item], List[Tuple[Callable[..., Any], tuple]]],
          finish: Callable[[_Item], None], stats: TaskStats,
-         progress: Optional[Callable[[int], Any]]) -> None:
-    """Plans, then units, on ``executor``; ``finish`` called on each item in
-    source order as soon as it and every item before it are complete."""
+         progress: Optional[Callable[[int], Any]],
+         on_failure: Optional[Callable[[Failure], None]]) -> List[Failure]:
+    """Plans, then units, on ``executor``; each item, in source order as soon
+    as it and every item before it are complete, passed to ``finish`` or, if
+    a task of it failed, to ``on_failure`` (and returned among the failures)."""
+    failures: List[Failure] = []
     bar = progress(0) if progress is not None else None
     tags: Dict[Any, Tuple[int, Optional[int]]] = {}
     try:
@@ -205,12 +213,20 @@ def _run(executor: Any, items: List[_Item], plan: Callable[[_Item], Tuple[Callab
                     else:
                         item.errors[u] = _describe(done)
                 while cursor < len(items) and items[cursor].complete:
-                    finish(items[cursor])
-                    items[cursor].values = {}
+                    done_item = items[cursor]
+                    error = done_item.failure
+                    if error is None:
+                        finish(done_item)
+                    else:
+                        failures.append(Failure(done_item.name, error))
+                        if on_failure is not None:
+                            on_failure(failures[-1])
+                    done_item.values = {}
                     cursor += 1
     finally:
         if bar is not None:
             bar.close()
+    return failures
 
 
 def _builtin_plan(workload: Workload, runs: Sequence["evaluate.Settings"]) -> tasks.Done:
@@ -289,7 +305,6 @@ def evaluate_corpus(
                          f"process; --workers and --scheduler evaluate dumps")
     items = [_Item(s) for s in sources]
     reports: List["evaluate.Report"] = []
-    failures: List[Failure] = []
     stats = TaskStats()
     pooled = evaluate.Tally()
 
@@ -305,17 +320,11 @@ def evaluate_corpus(
             return [(_builtin_head, (w, h, runs)) for _, h in p.units]
         if item.plan.warning and on_warning is not None:
             on_warning(item.name, item.plan.warning)
-        share = threads if threads is not None else getattr(executor, "host_threads", None)
+        share = _threads(threads, executor)
         return [(tasks.evaluate_head, (item.name, layer, h, runs, queries, seed, share))
                 for layer, h in item.plan.units]
 
     def finish(item: _Item) -> None:
-        error = item.failure
-        if error is not None:
-            failures.append(Failure(item.name, error))
-            if on_failure is not None:
-                on_failure(failures[-1])
-            return
         tally = evaluate.Tally()
         for u in range(item.units):
             tally.add(item.values[u])
@@ -327,7 +336,7 @@ def evaluate_corpus(
             on_report(report)
 
     t0 = time.perf_counter()
-    _run(executor, items, plan, units, finish, stats, progress)
+    failures = _run(executor, items, plan, units, finish, stats, progress, on_failure)
     total = None
     if reports:
         total = pooled.report(evaluate.pooled_header(reports, runs), runs)
@@ -389,7 +398,6 @@ def check_corpus(
     executor = executor if executor is not None else Serial()
     items = [_Item(s) for s in sources]
     results: List[Tuple[str, dict]] = []
-    failures: List[Failure] = []
     stats = TaskStats()
 
     def plan(item: _Item) -> Tuple[Callable[..., Any], tuple]:
@@ -398,17 +406,11 @@ def check_corpus(
     def units(item: _Item) -> List[Tuple[Callable[..., Any], tuple]]:
         p = item.plan
         whole = len(p.chunks) == 1
-        share = threads if threads is not None else getattr(executor, "host_threads", None)
+        share = _threads(threads, executor)
         return [(tasks.check_rows, (item.name, a, b, whole, atol, rtol, filler, share))
                 for a, b in p.chunks]
 
     def finish(item: _Item) -> None:
-        error = item.failure
-        if error is not None:
-            failures.append(Failure(item.name, error))
-            if on_failure is not None:
-                on_failure(failures[-1])
-            return
         p = item.plan
         parts = [(a, item.values[j]) for j, (a, _) in enumerate(p.chunks)]
         result = tasks.merge_checks(p.kind, parts, p.heads)
@@ -416,5 +418,5 @@ def check_corpus(
         if on_result is not None:
             on_result(item.name, result)
 
-    _run(executor, items, plan, units, finish, stats, progress)
+    failures = _run(executor, items, plan, units, finish, stats, progress, on_failure)
     return CheckRun(results, failures, stats)
