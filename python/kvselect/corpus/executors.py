@@ -164,6 +164,11 @@ class Dask:
         return self._distributed.as_completed(list(handles))
 
     def outcome(self, handle: Any) -> Tuple[bool, Any]:
-        if handle.status == "finished":
+        # result(), not the status: a finished task's value lives on its worker, and a
+        # worker that dies before the value is fetched takes it along — the future is
+        # then computed again and result() waits for it (its status meanwhile says
+        # "pending", and exception() would return None once it succeeded).
+        try:
             return True, handle.result()
-        return False, handle.exception()
+        except Exception as e:  # the task's own exception, or KilledWorker
+            return False, e
