@@ -378,3 +378,18 @@ def test_a_scheduler_that_cannot_be_reached_is_an_oserror_not_a_hang():
     with pytest.raises(OSError):
         with corpus.Dask(scheduler="tcp://127.0.0.1:9", timeout=2):
             pass
+
+
+def test_a_non_finite_value_fails_its_dump_naming_layer_head_and_token(tmp_path):
+    rng = np.random.default_rng(2)
+    k = rng.standard_normal((2, 2, 100, 8)).astype(np.float32)
+    k[1, 0, 5, 3] = np.inf
+    checking.save_dump(tmp_path / "nan.npz", "workload", q=rng.standard_normal((2, 2, 100, 8)).astype(np.float32),
+                       k=k, v=rng.standard_normal((2, 2, 100, 8)).astype(np.float32))
+    checking.save_dump(tmp_path / "ok.npz", "workload", q=rng.standard_normal((1, 2, 100, 8)).astype(np.float32),
+                       k=k[:1], v=rng.standard_normal((1, 2, 100, 8)).astype(np.float32))
+    run = corpus.evaluate_corpus(expand([tmp_path]), RUNS, queries=8)
+    (failure,) = run.failures
+    assert os.path.basename(failure.name) == "nan.npz"
+    assert failure.error == "k: expected finite values (within float32 range), found inf at layer 1, KV head 0, token 5"
+    assert [r.workload for r in run.reports] == ["ok"] and run.pooled is not None
