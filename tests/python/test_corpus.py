@@ -181,8 +181,11 @@ def test_a_worker_killed_during_the_run_changes_nothing(dumps, tmp_path):
     assert [f.name for f in run.failures] == [f.name for f in serial.failures]
 
 
-def test_dumps_named_by_file_urls_and_in_memory_filesystems_give_the_same_reports(dumps):
+def test_dumps_named_by_file_urls_and_in_memory_filesystems_give_the_same_reports(dumps, monkeypatch):
     fsspec = pytest.importorskip("fsspec")
+    from kvselect.checking import dumps as reader
+
+    monkeypatch.setattr(reader, "_EAGER_BYTES", 0)  # every stored member a RangedArray: ranges only
     local = expand([dumps])[:4]
     urls = [f"file://{p}" for p in local]
     mem = fsspec.filesystem("memory")
@@ -274,6 +277,17 @@ def test_a_folder_checked_in_chunks_equals_each_dump_checked_whole(check_dumps):
     with pytest.raises(checking.DumpError) as whole:
         checking.check_dump(failure.name)
     assert failure.error == str(whole.value) and "weights[5, 1]" in failure.error  # the dump's row
+
+
+def test_check_dumps_named_by_urls_and_read_in_byte_ranges_give_the_same_results(check_dumps, monkeypatch):
+    from kvselect.checking import dumps as reader
+
+    monkeypatch.setattr(reader, "_EAGER_BYTES", 0)
+    local = corpus.check_corpus(expand([check_dumps]), chunk_rows=2)
+    urls = corpus.check_corpus(expand([f"file://{check_dumps}"]), chunk_rows=2)
+    assert [checking.strict_json(r) for _, r in urls.results] == [checking.strict_json(r) for _, r in local.results]
+    assert [f.error for f in urls.failures] == [f.error for f in local.failures]
+    assert all(name.startswith("file://") for name, _ in urls.results)
 
 
 def test_check_over_a_folder_on_two_workers_equals_the_per_file_runs(check_dumps, tmp_path, capsys):
