@@ -71,8 +71,8 @@ def add_cluster_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     where.add_argument(
         "--workers", type=positive, metavar="N",
         help=f"run on a local Dask cluster of N worker processes, one task per worker, a task "
-        f"per {unit}; needs 'kvselect[distributed]' (default: serial, in this process; the "
-        f"numbers are the same)",
+        f"per {unit}; needs 'kvselect[distributed]'; the numbers are the serial run's, timing "
+        f"excepted (default: serial, in this process)",
     )
     where.add_argument(
         "--scheduler", metavar="ADDRESS",
