@@ -14,6 +14,7 @@ processes with it).
 from __future__ import annotations
 
 import collections
+import importlib.util
 import logging
 import sys
 import warnings
@@ -142,11 +143,7 @@ class Dask:
 
     @staticmethod
     def _has_bokeh() -> bool:
-        try:
-            import bokeh  # noqa: F401
-        except ImportError:
-            return False
-        return True
+        return importlib.util.find_spec("bokeh") is not None
 
     def __exit__(self, *exc: Any) -> None:
         # Cancel what is left and shut down: no worker process outlives the run.
