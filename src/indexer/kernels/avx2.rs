@@ -2,7 +2,7 @@
 //! 8-lane registers, one chain per (head, register): 12 in flight.
 
 use super::{prefetch_line, prefetch_runs, Src, BLOCK};
-use crate::keys::lanes::{Bf16, Fp8, Fp8Finite, Load, F16, F32};
+use crate::keys::lanes::{Bf16, Fp8, Fp8Finite, Fp8Scaled, Fp8ScaledFinite, Load, F16, F32};
 use crate::keys::Encoded;
 use crate::simd::Avx2;
 use std::arch::x86_64::*;
@@ -37,7 +37,8 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 }
 
 /// [`super::portable::transpose`] of the decoded keys, in 8 × 8 tiles
-/// (zero rows past `n`), decoding as it loads.
+/// (zero rows past `n`), decoding as it loads; fp8 keys with `src.scaled`
+/// as `2⁻⁸ ×` their values (exact; the caller's query carries the `2⁸`).
 ///
 /// # Safety
 /// `src.enc.len() >= n * d`, `n <= BLOCK`, `kt.len() >= d * BLOCK` (the
@@ -48,22 +49,25 @@ pub(super) unsafe fn transpose(_: Avx2, src: Src<'_>, n: usize, d: usize, kt: &m
     // SAFETY: (every arm) the contract, for the format's elements.
     unsafe {
         match src.enc {
-            Encoded::F32(s) => transpose_as::<F32>(s, src, n, d, kt),
-            Encoded::Bf16(s) => transpose_as::<Bf16>(s, src, n, d, kt),
-            Encoded::F16(s) => transpose_as::<F16>(s, src, n, d, kt),
-            Encoded::Fp8E4m3(s) if src.finite => transpose_as::<Fp8Finite>(s, src, n, d, kt),
-            Encoded::Fp8E4m3(s) => transpose_as::<Fp8>(s, src, n, d, kt),
+            Encoded::F32(s) => transpose_as::<F32>(s, n, d, kt),
+            Encoded::Bf16(s) => transpose_as::<Bf16>(s, n, d, kt),
+            Encoded::F16(s) => transpose_as::<F16>(s, n, d, kt),
+            Encoded::Fp8E4m3(s) => match (src.scaled, src.finite) {
+                (true, true) => transpose_as::<Fp8ScaledFinite>(s, n, d, kt),
+                (true, false) => transpose_as::<Fp8Scaled>(s, n, d, kt),
+                (false, true) => transpose_as::<Fp8Finite>(s, n, d, kt),
+                (false, false) => transpose_as::<Fp8>(s, n, d, kt),
+            },
         }
     }
 }
 
-/// [`transpose`] of `L` elements `e` (`src.enc`'s, for the scalar decode
-/// of a ragged edge).
+/// [`transpose`] of `L` elements `e`.
 ///
 /// # Safety
-/// As [`transpose`].
+/// As [`transpose`], with `e.len() >= n * d`.
 #[inline(always)]
-unsafe fn transpose_as<L: Load>(e: &[L::E], src: Src<'_>, n: usize, d: usize, kt: &mut [f32]) {
+unsafe fn transpose_as<L: Load>(e: &[L::E], n: usize, d: usize, kt: &mut [f32]) {
     let (p, dst) = (e.as_ptr(), kt.as_mut_ptr());
     for r0 in (0..BLOCK).step_by(LANES) {
         let rows = n.saturating_sub(r0).min(LANES);
@@ -73,14 +77,13 @@ unsafe fn transpose_as<L: Load>(e: &[L::E], src: Src<'_>, n: usize, d: usize, kt
                 // SAFETY: rows `r0 .. r0 + 8 <= n`, elements `c0 .. c0 + 8 <= d`.
                 std::array::from_fn(|j| unsafe { L::load8(p.add((r0 + j) * d + c0)) })
             } else {
-                // A ragged edge: the scalar decode into zeroed lanes.
-                std::array::from_fn(|j| {
-                    let mut v = [0.0f32; LANES];
-                    if j < rows {
-                        src.enc.decode((r0 + j) * d + c0, &mut v[..cols]);
-                    }
-                    // SAFETY: `v` holds 8 floats.
-                    unsafe { _mm256_loadu_ps(v.as_ptr()) }
+                // A ragged edge: the format's own load of the `cols`
+                // elements there (the same decode as a full tile's), zero
+                // lanes past them and zero rows past `n`.
+                std::array::from_fn(|j| match j < rows {
+                    // SAFETY: row `r0 + j < n`, elements `c0 .. c0 + cols <= d`.
+                    true => unsafe { L::load_tail(p.add((r0 + j) * d + c0), cols) },
+                    false => _mm256_setzero_ps(),
                 })
             };
             let t = transpose8(tile);
