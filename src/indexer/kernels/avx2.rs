@@ -53,8 +53,8 @@ pub(super) unsafe fn transpose(_: Avx2, src: Src<'_>, n: usize, d: usize, kt: &m
             Encoded::Bf16(s) => transpose_as::<Bf16>(s, n, d, kt),
             Encoded::F16(s) => transpose_as::<F16>(s, n, d, kt),
             Encoded::Fp8E4m3(s) => match (src.scaled, src.finite) {
-                (true, true) => transpose_as::<Fp8ScaledFinite>(s, n, d, kt),
-                (true, false) => transpose_as::<Fp8Scaled>(s, n, d, kt),
+                (true, true) => transpose_fp8_scaled::<Fp8ScaledFinite, true>(s, n, d, kt),
+                (true, false) => transpose_fp8_scaled::<Fp8Scaled, false>(s, n, d, kt),
                 (false, true) => transpose_as::<Fp8Finite>(s, n, d, kt),
                 (false, false) => transpose_as::<Fp8>(s, n, d, kt),
             },
@@ -70,27 +70,136 @@ pub(super) unsafe fn transpose(_: Avx2, src: Src<'_>, n: usize, d: usize, kt: &m
 unsafe fn transpose_as<L: Load>(e: &[L::E], n: usize, d: usize, kt: &mut [f32]) {
     let (p, dst) = (e.as_ptr(), kt.as_mut_ptr());
     for r0 in (0..BLOCK).step_by(LANES) {
-        let rows = n.saturating_sub(r0).min(LANES);
         for c0 in (0..d).step_by(LANES) {
-            let cols = LANES.min(d - c0);
-            let tile: [__m256; 8] = if rows == LANES && cols == LANES {
-                // SAFETY: rows `r0 .. r0 + 8 <= n`, elements `c0 .. c0 + 8 <= d`.
-                std::array::from_fn(|j| unsafe { L::load8(p.add((r0 + j) * d + c0)) })
-            } else {
-                // A ragged edge: the format's own load of the `cols`
-                // elements there (the same decode as a full tile's), zero
-                // lanes past them and zero rows past `n`.
-                std::array::from_fn(|j| match j < rows {
-                    // SAFETY: row `r0 + j < n`, elements `c0 .. c0 + cols <= d`.
-                    true => unsafe { L::load_tail(p.add((r0 + j) * d + c0), cols) },
-                    false => _mm256_setzero_ps(),
-                })
-            };
-            let t = transpose8(tile);
-            for (c, v) in t.iter().enumerate().take(cols) {
-                // SAFETY: row `c0 + c < d` of `kt`, lanes `r0 .. r0 + 8 <= BLOCK`.
-                unsafe { _mm256_storeu_ps(dst.add((c0 + c) * BLOCK + r0), *v) };
+            // SAFETY: `r0 < BLOCK`, `c0 < d`; the rest is the contract.
+            unsafe { tile8::<L>(p, n, d, r0, c0, dst) };
+        }
+    }
+}
+
+/// Rows `r0 .. r0 + 8`, dimensions `c0 .. min(c0 + 8, d)` of the
+/// transposed block: one 8 × 8 tile of `L` elements at `p` (zero lanes
+/// past `n` keys, the format's own tail load past `d`).
+///
+/// # Safety
+/// `p` holds `n <= BLOCK` rows of `d` elements; `dst` points at `d *
+/// BLOCK` writable floats; `r0 < BLOCK` a multiple of 8, `c0 < d`.
+#[inline(always)]
+unsafe fn tile8<L: Load>(p: *const L::E, n: usize, d: usize, r0: usize, c0: usize, dst: *mut f32) {
+    let rows = n.saturating_sub(r0).min(LANES);
+    let cols = LANES.min(d - c0);
+    let tile: [__m256; 8] = if rows == LANES && cols == LANES {
+        // SAFETY: rows `r0 .. r0 + 8 <= n`, elements `c0 .. c0 + 8 <= d`.
+        std::array::from_fn(|j| unsafe { L::load8(p.add((r0 + j) * d + c0)) })
+    } else {
+        // A ragged edge: the format's own load of the `cols` elements
+        // there (the same decode as a full tile's), zero lanes past them
+        // and zero rows past `n`.
+        std::array::from_fn(|j| match j < rows {
+            // SAFETY: row `r0 + j < n`, elements `c0 .. c0 + cols <= d`.
+            true => unsafe { L::load_tail(p.add((r0 + j) * d + c0), cols) },
+            false => _mm256_setzero_ps(),
+        })
+    };
+    let t = transpose8(tile);
+    for (c, v) in t.iter().enumerate().take(cols) {
+        // SAFETY: row `c0 + c < d` of `dst`, lanes `r0 .. r0 + 8 <= BLOCK`.
+        unsafe { _mm256_storeu_ps(dst.add((c0 + c) * BLOCK + r0), *v) };
+    }
+}
+
+/// [`transpose_as`] of fp8 keys read as `2⁻⁸ ×` their values (`L` is
+/// [`Fp8ScaledFinite`] when `FINITE`, else [`Fp8Scaled`]): 8 full rows ×
+/// 16 dimensions at a time are decoded to float16 bits (one sign-extend,
+/// shift and mask per row, [`crate::keys::x86`]), transposed as 16-bit
+/// lanes and only then widened by F16C — half the shuffles and a third of
+/// the decode operations of 8-element loads; the rest (partial rows, the
+/// last `d % 16` dimensions) in [`tile8`]s.
+///
+/// # Safety
+/// As [`transpose_as`].
+#[inline(always)]
+unsafe fn transpose_fp8_scaled<L: Load<E = u8>, const FINITE: bool>(
+    e: &[u8],
+    n: usize,
+    d: usize,
+    kt: &mut [f32],
+) {
+    let (p, dst) = (e.as_ptr(), kt.as_mut_ptr());
+    for r0 in (0..BLOCK).step_by(LANES) {
+        let mut c0 = 0;
+        if n >= r0 + LANES {
+            while c0 + 2 * LANES <= d {
+                // SAFETY: rows `r0 .. r0 + 8 <= n`, bytes `c0 .. c0 + 16 <= d`.
+                unsafe { fp8_scaled_tile16::<FINITE>(p, d, r0, c0, dst) };
+                c0 += 2 * LANES;
             }
+        }
+        while c0 < d {
+            // SAFETY: `r0 < BLOCK`, `c0 < d`; the rest is the contract.
+            unsafe { tile8::<L>(p, n, d, r0, c0, dst) };
+            c0 += LANES;
+        }
+    }
+}
+
+/// Rows `r0 .. r0 + 8`, dimensions `c0 .. c0 + 16` of the transposed
+/// block of fp8 keys at `p`, as `2⁻⁸ ×` their values: each row's 16 bytes
+/// become 16 float16 bit patterns, an 8 × 8 transpose of 16-bit lanes runs
+/// in each 128-bit half (dimensions `c0 ..` in the low half, `c0 + 8 ..` in
+/// the high one), and each half widens to one row of eight floats.
+///
+/// # Safety
+/// Rows `r0 .. r0 + 8` of `d` bytes at `p` are keys of the block, `c0 + 16
+/// <= d`, `dst` points at `d * BLOCK` writable floats, `r0 + 8 <= BLOCK`;
+/// the CPU has AVX2 and F16C.
+#[inline(always)]
+unsafe fn fp8_scaled_tile16<const FINITE: bool>(
+    p: *const u8,
+    d: usize,
+    r0: usize,
+    c0: usize,
+    dst: *mut f32,
+) {
+    use crate::keys::x86 as decode;
+    let x: [__m256i; 8] = std::array::from_fn(|j| {
+        // SAFETY: row `r0 + j`'s bytes `c0 .. c0 + 16 <= d` (the contract).
+        let raw = unsafe { _mm_loadu_si128(p.add((r0 + j) * d + c0).cast()) };
+        match FINITE {
+            true => decode::fp8x16_scaled_f16_bits_finite(raw),
+            false => decode::fp8x16_scaled_f16_bits(raw),
+        }
+    });
+    // t[2k]: rows 2k, 2k + 1 interleaved, elements 0–3 (of each half);
+    // t[2k + 1]: elements 4–7.
+    let t: [__m256i; 8] = std::array::from_fn(|j| match j % 2 {
+        0 => _mm256_unpacklo_epi16(x[j], x[j + 1]),
+        _ => _mm256_unpackhi_epi16(x[j - 1], x[j]),
+    });
+    // u[4g + c]: rows 4g .. 4g + 4, elements 2c and 2c + 1.
+    let u: [__m256i; 8] = std::array::from_fn(|j| {
+        let (g, c) = (j / 4 * 4, j % 4);
+        let (a, b) = (t[g + c / 2], t[g + c / 2 + 2]);
+        match c % 2 {
+            0 => _mm256_unpacklo_epi32(a, b),
+            _ => _mm256_unpackhi_epi32(a, b),
+        }
+    });
+    for e in 0..LANES {
+        // Element `e` of the 8 rows: of dimension `c0 + e` in the low
+        // half, `c0 + 8 + e` in the high one.
+        let (a, b) = (u[e / 2], u[4 + e / 2]);
+        let v = match e % 2 {
+            0 => _mm256_unpacklo_epi64(a, b),
+            _ => _mm256_unpackhi_epi64(a, b),
+        };
+        let lo = _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+        let hi = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(v));
+        // SAFETY: rows `c0 + e` and `c0 + 8 + e < d` of `dst`, lanes `r0
+        // .. r0 + 8 <= BLOCK`.
+        unsafe {
+            _mm256_storeu_ps(dst.add((c0 + e) * BLOCK + r0), lo);
+            _mm256_storeu_ps(dst.add((c0 + LANES + e) * BLOCK + r0), hi);
         }
     }
 }
