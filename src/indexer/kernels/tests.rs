@@ -339,3 +339,40 @@ fn fp8_scores_are_the_same_bits_on_every_level_folded_or_not() {
         assert_eq!(q.fp8_folded(), Some(&[768.0, 1024.0][..]));
     }
 }
+
+/// Every bfloat16 and float16 bit pattern (all 65,536, NaNs and
+/// subnormals among them) goes through each level's transpose — the AVX2
+/// one's 16-bit tiles and its 8 × 8 edges — to the portable decode's bits.
+#[test]
+fn every_16_bit_pattern_transposes_to_the_scalar_decode_on_every_level() {
+    let levels: Vec<Wide> = [
+        crate::simd::avx2_for_test().map(Wide::Avx2),
+        crate::simd::avx512_for_test().map(Wide::Avx512),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let all: Vec<u16> = (0..=u16::MAX).collect();
+    // d 128: 16-bit tiles only; d 40: two of them and an 8 × 8 edge; d 9:
+    // edges only. 32 keys a block, the last block partial.
+    for d in [128, 40, 9] {
+        for block in all.chunks(BLOCK * d) {
+            let n = block.len() / d;
+            let block = &block[..n * d];
+            for enc in [Encoded::Bf16(block), Encoded::F16(block)] {
+                let mut want = vec![f32::NAN; d * BLOCK];
+                transpose(None, Src::new(None, enc), d, &mut want, &mut Vec::new());
+                for &level in &levels {
+                    let mut got = vec![f32::NAN; d * BLOCK];
+                    let src = Src::new(Some(level), enc);
+                    transpose(Some(level), src, d, &mut got, &mut Vec::new());
+                    let ok = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(ok, "{level:?} {:?} d={d} n={n}", enc.format());
+                }
+            }
+        }
+    }
+}
