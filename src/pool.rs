@@ -7,7 +7,8 @@
 //! crate keeps a pool of its own:
 //!
 //! - its size comes from [`set_num_threads`], else `RAYON_NUM_THREADS`, else
-//!   the machine's available parallelism;
+//!   the machine's available parallelism (asked once per process: a later
+//!   change of the process's CPU affinity is not seen);
 //! - its state is per process id: a process that finds state made by
 //!   another pid (a forked child) makes fresh state and builds a fresh pool,
 //!   never touching the inherited lock (another parent thread may have held
@@ -37,6 +38,12 @@ struct Slot {
     pid: u32,
     /// `None` until the first parallel call, or after [`set_num_threads`].
     state: Mutex<Option<PoolState>>,
+    /// The machine's available parallelism as this process first saw it.
+    /// Asking costs ~28 µs a call on Linux (the affinity mask plus three
+    /// cgroup files opened and read), paid by every parallel call before:
+    /// more than a 32-row witness merge's whole work. Per process id like
+    /// the rest, so a forked child (pinned elsewhere, say) asks afresh.
+    cpus: std::sync::OnceLock<usize>,
 }
 
 static SLOT: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
@@ -59,6 +66,7 @@ fn slot() -> &'static Slot {
         let fresh = Box::into_raw(Box::new(Slot {
             pid,
             state: Mutex::new(None),
+            cpus: std::sync::OnceLock::new(),
         }));
         match SLOT.compare_exchange(cur, fresh, Ordering::AcqRel, Ordering::Acquire) {
             // The inherited slot (if any) is leaked: its pool's workers only
@@ -79,9 +87,11 @@ fn default_threads() -> usize {
         .and_then(|s| s.trim().parse::<usize>().ok())
         .filter(|&n| n > 0)
         .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
+            *slot().cpus.get_or_init(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            })
         })
 }
 

@@ -16,11 +16,14 @@ pub(crate) trait Load {
     /// # Safety
     /// `p` must be readable for 8 elements; AVX2, FMA and F16C available.
     unsafe fn load8(p: *const Self::E) -> __m256;
-    /// The last `n < 8` elements of a key at `p`, zeros in the other lanes.
+    /// The `n <= 8` elements at `p` (a key's last, or a block's ragged
+    /// edge), zeros in the other lanes.
     ///
     /// # Safety
     /// `p` must be readable for `n` elements; AVX2, FMA and F16C available.
     unsafe fn load_tail(p: *const Self::E, n: usize) -> __m256 {
+        // The copy below writes `n` elements into 8 (checked in release).
+        assert!(n <= 8);
         let mut buf = [Self::zero(); 8];
         // SAFETY: `n` elements at `p` are readable (the contract); `buf`
         // holds 8 >= n, and the 8 read back are all initialised.

@@ -83,6 +83,27 @@ pub(crate) fn fp8x8_scaled_f16_bits(raw: __m128i) -> __m128i {
     _mm_blendv_epi8(h, _mm_set1_epi16(0x7E00), _mm_cvtepi8_epi16(nan8))
 }
 
+/// Sixteen e4m3fn bytes as the float16 bits of `2⁻⁸ ×` their values, in
+/// sixteen 16-bit lanes, for bytes known not to be NaN:
+/// [`fp8x8_scaled_f16_bits_finite`] on 256-bit registers (the indexer's
+/// AVX2 transpose moves these bits before it widens them).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn fp8x16_scaled_f16_bits_finite(raw: __m128i) -> __m256i {
+    let t = _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(raw));
+    _mm256_and_si256(t, _mm256_set1_epi16(!0x4000))
+}
+
+/// [`fp8x16_scaled_f16_bits_finite`] for any bytes: `0x7F` / `0xFF` become
+/// the float16 NaN `0x7E00`, as in [`fp8x8_scaled_f16_bits`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn fp8x16_scaled_f16_bits(raw: __m128i) -> __m256i {
+    let nan8 = _mm_cmpeq_epi8(_mm_and_si128(raw, _mm_set1_epi8(0x7F)), _mm_set1_epi8(0x7F));
+    let h = fp8x16_scaled_f16_bits_finite(raw);
+    _mm256_blendv_epi8(h, _mm256_set1_epi16(0x7E00), _mm256_cvtepi8_epi16(nan8))
+}
+
 /// Eight float8 e4m3fn values at `p`, each `× 2⁻⁸` (exact: float16 holds
 /// every one, F16C widens subnormals exactly); NaN bytes are NaN.
 ///
@@ -334,6 +355,47 @@ mod tests {
             assert!((x.is_nan() && y.is_nan()) || (*y / 256.0).to_bits() == x.to_bits());
         }
         assert!(fp8_folded_query(&[1.0, f32::MAX / 255.0]).is_none());
+    }
+
+    /// The sixteen-lane scaled fp8 bits widen to `2⁻⁸ ×` the scalar decode
+    /// on every byte, in every lane (the NaN-exact form on all 256, NaNs
+    /// included; the finite form on the 254 that are not NaN).
+    #[test]
+    fn the_sixteen_lane_scaled_fp8_bits_are_the_decode_times_two_to_the_minus_eight() {
+        if crate::simd::avx2_for_test().is_none() {
+            return;
+        }
+        // SAFETY: AVX2, FMA and F16C detected above.
+        unsafe { sixteen_lanes_match() }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn sixteen_lanes_match() {
+        let bytes: Vec<u8> = (0..=255u8).collect();
+        // Every byte in every lane: 16 rotations of the 256 bytes.
+        for rot in 0..16 {
+            let rotated: Vec<u8> = (0..256).map(|i| bytes[(i + rot) % 256]).collect();
+            for chunk in rotated.chunks(16) {
+                // SAFETY: 16 readable bytes.
+                let raw = unsafe { _mm_loadu_si128(chunk.as_ptr().cast()) };
+                for (finite, h) in [
+                    (false, fp8x16_scaled_f16_bits(raw)),
+                    (true, fp8x16_scaled_f16_bits_finite(raw)),
+                ] {
+                    let lo = lanes(_mm256_cvtph_ps(_mm256_castsi256_si128(h)));
+                    let hi = lanes(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h)));
+                    for (i, got) in lo.iter().chain(&hi).enumerate() {
+                        let b = chunk[i];
+                        let want = fp8_e4m3fn_to_f32(b);
+                        if want.is_nan() {
+                            assert!(finite || *got == want.to_bits(), "{b:#04x}");
+                        } else {
+                            assert_eq!(*got, (want / 256.0).to_bits(), "{b:#04x} {finite}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The AVX2 NaN scan finds a NaN byte wherever it sits (every offset

@@ -2,7 +2,8 @@
 //! 8-lane registers, one chain per (head, register): 12 in flight.
 
 use super::{prefetch_line, prefetch_runs, Src, BLOCK};
-use crate::keys::lanes::{Bf16, Fp8, Fp8Finite, Load, F16, F32};
+use crate::keys::lanes::{Bf16, Fp8, Fp8Finite, Fp8Scaled, Fp8ScaledFinite, Load, F16, F32};
+use crate::keys::x86 as decode;
 use crate::keys::Encoded;
 use crate::simd::Avx2;
 use std::arch::x86_64::*;
@@ -37,7 +38,8 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 }
 
 /// [`super::portable::transpose`] of the decoded keys, in 8 × 8 tiles
-/// (zero rows past `n`), decoding as it loads.
+/// (zero rows past `n`), decoding as it loads; fp8 keys with `src.scaled`
+/// as `2⁻⁸ ×` their values (exact; the caller's query carries the `2⁸`).
 ///
 /// # Safety
 /// `src.enc.len() >= n * d`, `n <= BLOCK`, `kt.len() >= d * BLOCK` (the
@@ -48,46 +50,206 @@ pub(super) unsafe fn transpose(_: Avx2, src: Src<'_>, n: usize, d: usize, kt: &m
     // SAFETY: (every arm) the contract, for the format's elements.
     unsafe {
         match src.enc {
-            Encoded::F32(s) => transpose_as::<F32>(s, src, n, d, kt),
-            Encoded::Bf16(s) => transpose_as::<Bf16>(s, src, n, d, kt),
-            Encoded::F16(s) => transpose_as::<F16>(s, src, n, d, kt),
-            Encoded::Fp8E4m3(s) if src.finite => transpose_as::<Fp8Finite>(s, src, n, d, kt),
-            Encoded::Fp8E4m3(s) => transpose_as::<Fp8>(s, src, n, d, kt),
+            Encoded::F32(s) => transpose_as::<F32>(s, n, d, kt),
+            Encoded::Bf16(s) => transpose_16::<Bf16>(s, n, d, kt),
+            Encoded::F16(s) => transpose_16::<F16>(s, n, d, kt),
+            Encoded::Fp8E4m3(s) => match (src.scaled, src.finite) {
+                (true, true) => transpose_16::<Fp8ScaledFinite>(s, n, d, kt),
+                (true, false) => transpose_16::<Fp8Scaled>(s, n, d, kt),
+                (false, true) => transpose_as::<Fp8Finite>(s, n, d, kt),
+                (false, false) => transpose_as::<Fp8>(s, n, d, kt),
+            },
         }
     }
 }
 
-/// [`transpose`] of `L` elements `e` (`src.enc`'s, for the scalar decode
-/// of a ragged edge).
+/// [`transpose`] of `L` elements `e`.
 ///
 /// # Safety
-/// As [`transpose`].
+/// As [`transpose`], with `e.len() >= n * d`.
 #[inline(always)]
-unsafe fn transpose_as<L: Load>(e: &[L::E], src: Src<'_>, n: usize, d: usize, kt: &mut [f32]) {
+unsafe fn transpose_as<L: Load>(e: &[L::E], n: usize, d: usize, kt: &mut [f32]) {
     let (p, dst) = (e.as_ptr(), kt.as_mut_ptr());
     for r0 in (0..BLOCK).step_by(LANES) {
-        let rows = n.saturating_sub(r0).min(LANES);
         for c0 in (0..d).step_by(LANES) {
-            let cols = LANES.min(d - c0);
-            let tile: [__m256; 8] = if rows == LANES && cols == LANES {
-                // SAFETY: rows `r0 .. r0 + 8 <= n`, elements `c0 .. c0 + 8 <= d`.
-                std::array::from_fn(|j| unsafe { L::load8(p.add((r0 + j) * d + c0)) })
-            } else {
-                // A ragged edge: the scalar decode into zeroed lanes.
-                std::array::from_fn(|j| {
-                    let mut v = [0.0f32; LANES];
-                    if j < rows {
-                        src.enc.decode((r0 + j) * d + c0, &mut v[..cols]);
-                    }
-                    // SAFETY: `v` holds 8 floats.
-                    unsafe { _mm256_loadu_ps(v.as_ptr()) }
-                })
-            };
-            let t = transpose8(tile);
-            for (c, v) in t.iter().enumerate().take(cols) {
-                // SAFETY: row `c0 + c < d` of `kt`, lanes `r0 .. r0 + 8 <= BLOCK`.
-                unsafe { _mm256_storeu_ps(dst.add((c0 + c) * BLOCK + r0), *v) };
+            // SAFETY: `r0 < BLOCK`, `c0 < d`; the rest is the contract.
+            unsafe { tile8::<L>(p, n, d, r0, c0, dst) };
+        }
+    }
+}
+
+/// Rows `r0 .. r0 + 8`, dimensions `c0 .. min(c0 + 8, d)` of the
+/// transposed block: one 8 × 8 tile of `L` elements at `p` (zero lanes
+/// past `n` keys, the format's own tail load past `d`).
+///
+/// # Safety
+/// `p` holds `n <= BLOCK` rows of `d` elements; `dst` points at `d *
+/// BLOCK` writable floats; `r0 < BLOCK` a multiple of 8, `c0 < d`.
+#[inline(always)]
+unsafe fn tile8<L: Load>(p: *const L::E, n: usize, d: usize, r0: usize, c0: usize, dst: *mut f32) {
+    let rows = n.saturating_sub(r0).min(LANES);
+    let cols = LANES.min(d - c0);
+    let tile: [__m256; 8] = if rows == LANES && cols == LANES {
+        // SAFETY: rows `r0 .. r0 + 8 <= n`, elements `c0 .. c0 + 8 <= d`.
+        std::array::from_fn(|j| unsafe { L::load8(p.add((r0 + j) * d + c0)) })
+    } else {
+        // A ragged edge: the format's own load of the `cols` elements
+        // there (the same decode as a full tile's), zero lanes past them
+        // and zero rows past `n`.
+        std::array::from_fn(|j| match j < rows {
+            // SAFETY: row `r0 + j < n`, elements `c0 .. c0 + cols <= d`.
+            true => unsafe { L::load_tail(p.add((r0 + j) * d + c0), cols) },
+            false => _mm256_setzero_ps(),
+        })
+    };
+    let t = transpose8(tile);
+    for (c, v) in t.iter().enumerate().take(cols) {
+        // SAFETY: row `c0 + c < d` of `dst`, lanes `r0 .. r0 + 8 <= BLOCK`.
+        unsafe { _mm256_storeu_ps(dst.add((c0 + c) * BLOCK + r0), *v) };
+    }
+}
+
+/// A format whose elements are (or decode to) 16-bit patterns that widen
+/// to `f32` exactly: the transpose moves sixteen of them per register
+/// (half the shuffles of `f32` lanes) and widens after.
+trait Bits16: Load {
+    /// Elements `0 .. 16` at `p` as sixteen 16-bit lanes.
+    ///
+    /// # Safety
+    /// `p` readable for 16 elements; AVX2, FMA and F16C available.
+    unsafe fn bits16(p: *const Self::E) -> __m256i;
+    /// Eight 16-bit lanes as the eight floats they stand for (the format's
+    /// exact decode).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available.
+    unsafe fn widen(h: __m128i) -> __m256;
+}
+
+impl Bits16 for Bf16 {
+    #[inline(always)]
+    unsafe fn bits16(p: *const u16) -> __m256i {
+        // SAFETY: 32 readable bytes (the contract); unaligned load.
+        unsafe { _mm256_loadu_si256(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn widen(h: __m128i) -> __m256 {
+        // SAFETY: AVX2 (the contract). bfloat16 is the upper half of an f32.
+        unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))) }
+    }
+}
+
+impl Bits16 for F16 {
+    #[inline(always)]
+    unsafe fn bits16(p: *const u16) -> __m256i {
+        // SAFETY: 32 readable bytes (the contract); unaligned load.
+        unsafe { _mm256_loadu_si256(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn widen(h: __m128i) -> __m256 {
+        // SAFETY: F16C (the contract): exact, subnormals included.
+        unsafe { _mm256_cvtph_ps(h) }
+    }
+}
+
+impl Bits16 for Fp8ScaledFinite {
+    #[inline(always)]
+    unsafe fn bits16(p: *const u8) -> __m256i {
+        // SAFETY: 16 readable bytes (the contract); AVX2 for the decode.
+        unsafe { decode::fp8x16_scaled_f16_bits_finite(_mm_loadu_si128(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn widen(h: __m128i) -> __m256 {
+        // SAFETY: F16C (the contract).
+        unsafe { _mm256_cvtph_ps(h) }
+    }
+}
+
+impl Bits16 for Fp8Scaled {
+    #[inline(always)]
+    unsafe fn bits16(p: *const u8) -> __m256i {
+        // SAFETY: 16 readable bytes (the contract); AVX2 for the decode.
+        unsafe { decode::fp8x16_scaled_f16_bits(_mm_loadu_si128(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn widen(h: __m128i) -> __m256 {
+        // SAFETY: F16C (the contract).
+        unsafe { _mm256_cvtph_ps(h) }
+    }
+}
+
+/// [`transpose_as`] of a [`Bits16`] format (bfloat16, float16, fp8 read
+/// as `2⁻⁸ ×` its values): 8 full rows × 16 dimensions at a time as 16-bit
+/// lanes ([`tile16`]: half the shuffles, and for fp8 a third of the decode
+/// operations, of 8-element loads); the rest (partial rows, the last `d %
+/// 16` dimensions) in [`tile8`]s.
+///
+/// # Safety
+/// As [`transpose_as`].
+#[inline(always)]
+unsafe fn transpose_16<L: Bits16>(e: &[L::E], n: usize, d: usize, kt: &mut [f32]) {
+    let (p, dst) = (e.as_ptr(), kt.as_mut_ptr());
+    for r0 in (0..BLOCK).step_by(LANES) {
+        let mut c0 = 0;
+        if n >= r0 + LANES {
+            while c0 + 2 * LANES <= d {
+                // SAFETY: rows `r0 .. r0 + 8 <= n`, elements `c0 .. c0 + 16 <= d`.
+                unsafe { tile16::<L>(p, d, r0, c0, dst) };
+                c0 += 2 * LANES;
             }
+        }
+        while c0 < d {
+            // SAFETY: `r0 < BLOCK`, `c0 < d`; the rest is the contract.
+            unsafe { tile8::<L>(p, n, d, r0, c0, dst) };
+            c0 += LANES;
+        }
+    }
+}
+
+/// Rows `r0 .. r0 + 8`, dimensions `c0 .. c0 + 16` of the transposed
+/// block at `p`: each row's 16 elements become 16 16-bit lanes
+/// ([`Bits16::bits16`]), an 8 × 8 transpose of 16-bit lanes runs in each
+/// 128-bit half (dimensions `c0 ..` in the low half, `c0 + 8 ..` in the
+/// high one), and each half widens to one row of eight floats.
+///
+/// # Safety
+/// Rows `r0 .. r0 + 8` of `d` elements at `p` are keys of the block, `c0 +
+/// 16 <= d`, `dst` points at `d * BLOCK` writable floats, `r0 + 8 <=
+/// BLOCK`; the CPU has AVX2, FMA and F16C.
+#[inline(always)]
+unsafe fn tile16<L: Bits16>(p: *const L::E, d: usize, r0: usize, c0: usize, dst: *mut f32) {
+    // SAFETY: row `r0 + j`'s elements `c0 .. c0 + 16 <= d` (the contract).
+    let x: [__m256i; 8] = std::array::from_fn(|j| unsafe { L::bits16(p.add((r0 + j) * d + c0)) });
+    // t[2k]: rows 2k, 2k + 1 interleaved, elements 0–3 (of each half);
+    // t[2k + 1]: elements 4–7.
+    let t: [__m256i; 8] = std::array::from_fn(|j| match j % 2 {
+        0 => _mm256_unpacklo_epi16(x[j], x[j + 1]),
+        _ => _mm256_unpackhi_epi16(x[j - 1], x[j]),
+    });
+    // u[4g + c]: rows 4g .. 4g + 4, elements 2c and 2c + 1.
+    let u: [__m256i; 8] = std::array::from_fn(|j| {
+        let (g, c) = (j / 4 * 4, j % 4);
+        let (a, b) = (t[g + c / 2], t[g + c / 2 + 2]);
+        match c % 2 {
+            0 => _mm256_unpacklo_epi32(a, b),
+            _ => _mm256_unpackhi_epi32(a, b),
+        }
+    });
+    for e in 0..LANES {
+        // Element `e` of the 8 rows: of dimension `c0 + e` in the low
+        // half, `c0 + 8 + e` in the high one.
+        let (a, b) = (u[e / 2], u[4 + e / 2]);
+        let v = match e % 2 {
+            0 => _mm256_unpacklo_epi64(a, b),
+            _ => _mm256_unpackhi_epi64(a, b),
+        };
+        // SAFETY: F16C and AVX2 (the contract); rows `c0 + e` and `c0 + 8
+        // + e < d` of `dst`, lanes `r0 .. r0 + 8 <= BLOCK`.
+        unsafe {
+            let lo = L::widen(_mm256_castsi256_si128(v));
+            let hi = L::widen(_mm256_extracti128_si256::<1>(v));
+            _mm256_storeu_ps(dst.add((c0 + e) * BLOCK + r0), lo);
+            _mm256_storeu_ps(dst.add((c0 + LANES + e) * BLOCK + r0), hi);
         }
     }
 }

@@ -3,6 +3,7 @@
 //! dimension two key loads, one broadcast per head, two FMAs per head.
 
 use super::{prefetch_line, prefetch_runs, Src, BLOCK};
+use crate::keys::x86 as decode;
 use crate::keys::Encoded;
 use crate::simd::Avx512;
 use std::arch::x86_64::*;
@@ -56,10 +57,10 @@ const FP8_FINITE: u8 = 4;
 /// Sixteen elements `at ..` of the block at `p` in format `F` (the lanes
 /// off in `mask` read as 0, never touched), decoded exactly as the scalar
 /// decodes do: bfloat16 as the upper halves of `f32`s, float16 by the F16C
-/// conversion, e4m3fn through float16 (`seeeemmm` → `s0eeeemmm0000000`, a
-/// normal e4m3fn a normal float16 and a subnormal a subnormal, `0x7F` /
-/// `0xFF` → the float16 NaN unless `F` is [`FP8_FINITE`]) then `× 2⁸`, an
-/// exact multiply of a normal.
+/// conversion, e4m3fn through float16 ([`decode::fp8_as_f16_bits_256`]:
+/// `seeeemmm` → `s0eeeemmm0000000`, `0x7F` / `0xFF` → the float16 NaN
+/// unless `F` is [`FP8_FINITE`]) then `× 2⁸`, an exact multiply of a
+/// normal.
 ///
 /// # Safety
 /// Every lane on in `mask` is an element of the block at `p`, and `mask`
@@ -83,15 +84,12 @@ unsafe fn load16<const F: u8>(p: *const u8, at: usize, mask: __mmask16) -> __m51
             )),
             _ => {
                 let x = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(mask, p.add(at).cast()));
-                // `x << 7`: magnitude in place, sign at bit 14; `t + (t &
-                // 0x4000)` carries the sign into bit 15.
-                let t = _mm256_slli_epi16::<7>(x);
-                let mut h = _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)));
-                if F == FP8 {
-                    let m = _mm256_and_si256(x, _mm256_set1_epi16(0x7F));
-                    let nan = _mm256_cmpeq_epi16_mask(m, _mm256_set1_epi16(0x7F));
-                    h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7E00));
-                }
+                // The float16 bits of `2⁻⁸ ×` the values: the one fp8 lane
+                // decode of `keys/x86.rs` (every byte tested there).
+                let h = match F {
+                    FP8 => decode::fp8_as_f16_bits_256(x),
+                    _ => decode::fp8_as_f16_bits_256_finite(x),
+                };
                 _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0))
             }
         }

@@ -69,6 +69,13 @@ pub(super) struct Query {
     pub tiles: Tiles,
     pub qt: Vec<f32>,
     pub w: Vec<f32>,
+    /// `qt × 2⁸`, made on first use after each [`Query::load`]: the query
+    /// the AVX2 kernel reads fp8 keys against when it decodes them as `2⁻⁸
+    /// ×` their values ([`crate::keys::x86::fp8_folded_query`]; exact, a
+    /// power of two, so every FMA rounds as with the unscaled pair). `None`
+    /// inside when an element would overflow: the keys are then decoded
+    /// unscaled. Once per query per call, not once per key.
+    fp8: std::sync::OnceLock<Option<Vec<f32>>>,
 }
 
 /// Where head `head`'s elements are in [`Query::qt`] under `tiles`: element
@@ -107,7 +114,17 @@ impl Query {
             tiles: Tiles::of(level),
             qt: vec![0.0; h * d],
             w: vec![0.0; h],
+            fp8: std::sync::OnceLock::new(),
         }
+    }
+
+    /// [`Query::qt`] `× 2⁸` for keys read as `2⁻⁸ ×` their fp8 values, or
+    /// `None` if an element would overflow (made once per load).
+    #[cfg(target_arch = "x86_64")]
+    fn fp8_folded(&self) -> Option<&[f32]> {
+        self.fp8
+            .get_or_init(|| crate::keys::x86::fp8_folded_query(&self.qt))
+            .as_deref()
     }
 
     /// Loads query `i`: its `h × d` elements of `q` and its `h` weights;
@@ -127,6 +144,7 @@ impl Query {
             self.qt.iter_mut().for_each(|x| *x = x.abs());
             self.w.iter_mut().for_each(|x| *x = x.abs());
         }
+        self.fp8 = std::sync::OnceLock::new();
     }
 }
 
@@ -217,11 +235,18 @@ pub(super) fn score_keys(
     }
     let kt: &mut [f32] = bytemuck::cast_slice_mut(&mut scratch.kt);
     let decoded = &mut scratch.decoded;
+    // fp8 keys at the AVX2 level are read as `2⁻⁸ ×` their values against
+    // each query `× 2⁸` (folded once per query per call), when every query
+    // of the group folds exactly; otherwise they are decoded unscaled.
+    let folded = fp8_folded(level, keys.enc, queries);
     for b in (0..n).step_by(BLOCK) {
         let (t0, nb) = (first + b, BLOCK.min(n - b));
         // The block's keys are read in place and decoded as they are
         // transposed (the portable path decodes them first).
-        let src = Src::new(level, keys.enc.slice(t0 * d, (t0 + nb) * d));
+        let src = Src {
+            scaled: folded.is_some(),
+            ..Src::new(level, keys.enc.slice(t0 * d, (t0 + nb) * d))
+        };
         transpose(level, src, d, kt, decoded);
         if magnitude {
             kt.iter_mut().for_each(|x| *x = x.abs());
@@ -232,12 +257,13 @@ pub(super) fn score_keys(
         if next.is_empty() {
             next = keys.then;
         }
-        for (q, out) in queries.iter().zip(outs.iter_mut()) {
+        for (j, (q, out)) in queries.iter().zip(outs.iter_mut()).enumerate() {
             let Some(dst) = out.get_mut(b..).filter(|o| !o.is_empty()) else {
                 continue;
             };
+            let qt = folded.as_ref().map_or(&q.qt[..], |f| f[j]);
             let mut acc = [0.0f32; BLOCK];
-            weighted_relu_sums(level, q, kt, &mut acc, std::mem::take(&mut next));
+            weighted_relu_sums(level, q, qt, kt, &mut acc, std::mem::take(&mut next));
             for (r, (o, a)) in dst.iter_mut().zip(acc).enumerate() {
                 let c = keys.scale.map_or(1.0, |s| s[t0 + r]);
                 *o = a * c + 0.0;
@@ -246,15 +272,33 @@ pub(super) fn score_keys(
     }
 }
 
-/// A block's keys as a transpose reads them: the encoded rows, and whether
-/// fp8 bytes are known to hold no NaN (the AVX-512 and AVX2 decodes then
-/// skip the NaN fix-up; the bytes are checked once per block, 64 at a time,
+/// Every query's [`Query::qt`] `× 2⁸` when `level` is AVX2, the keys are
+/// fp8 and every query folds exactly (the AVX2 transpose then decodes the
+/// keys as `2⁻⁸ ×` their values: no multiply per key element); else `None`.
+fn fp8_folded<'q>(
+    level: Option<Wide>,
+    enc: Encoded<'_>,
+    queries: &'q [Query],
+) -> Option<Vec<&'q [f32]>> {
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(Wide::Avx2(_)), Encoded::Fp8E4m3(_)) = (level, enc) {
+        return queries.iter().map(Query::fp8_folded).collect();
+    }
+    let _ = (level, enc, queries);
+    None
+}
+
+/// A block's keys as a transpose reads them: the encoded rows, whether fp8
+/// bytes are known to hold no NaN (the AVX-512 and AVX2 decodes then skip
+/// the NaN fix-up; the bytes are checked once per block, 64 at a time,
 /// already in cache: the block was prefetched while the last one was
-/// scored).
+/// scored), and whether fp8 keys are wanted as `2⁻⁸ ×` their values (the
+/// AVX2 transpose only; the query then carries the `2⁸`).
 #[derive(Clone, Copy)]
 pub(super) struct Src<'a> {
     pub enc: Encoded<'a>,
     pub finite: bool,
+    pub scaled: bool,
 }
 
 impl<'a> Src<'a> {
@@ -263,7 +307,11 @@ impl<'a> Src<'a> {
             (Some(_), Encoded::Fp8E4m3(b)) => !crate::keys::fp8_has_nan(b),
             _ => false,
         };
-        Src { enc, finite }
+        Src {
+            enc,
+            finite,
+            scaled: false,
+        }
     }
 }
 
@@ -273,6 +321,8 @@ impl<'a> Src<'a> {
 fn transpose(level: Option<Wide>, src: Src<'_>, d: usize, kt: &mut [f32], decoded: &mut Vec<f32>) {
     let n = src.enc.len() / d;
     assert!(n <= BLOCK && src.enc.len() == n * d && kt.len() == d * BLOCK);
+    // Only the AVX2 transpose reads fp8 keys scaled (its query is folded).
+    assert!(!src.scaled || matches!(level, Some(Wide::Avx2(_))));
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the token proves AVX-512 (F16C too); `src` holds `n <=
@@ -302,29 +352,31 @@ fn transpose(level: Option<Wide>, src: Src<'_>, d: usize, kt: &mut [f32], decode
 fn weighted_relu_sums(
     level: Option<Wide>,
     q: &Query,
+    qt: &[f32],
     kt: &[f32],
     acc: &mut [f32; BLOCK],
     next: &[u8],
 ) {
     let (h, d, w) = (q.h, q.d, &q.w[..]);
-    // The kernels read the query in their own tiles (checked in release: a
-    // wrong layout would read other heads' elements).
-    assert!(w.len() == h && q.qt.len() == h * d && kt.len() == d * BLOCK);
+    // The kernels read the query (`q.qt`, or its fp8 fold) in their own
+    // tiles (checked in release: a wrong layout would read other heads'
+    // elements).
+    assert!(w.len() == h && qt.len() == h * d && kt.len() == d * BLOCK);
     assert!(q.tiles == Tiles::of(level) || level.is_none());
     match level {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the token proves AVX-512, AVX2 and FMA; `q.qt` holds the
+        // SAFETY: the token proves AVX-512, AVX2 and FMA; `qt` holds the
         // `h` heads' tiles of `d`, `kt` `d` rows of `BLOCK`, `w` `h` weights
         // (asserted).
         Some(Wide::Avx512(token)) => unsafe {
-            avx512::weighted_relu_sums(token, &q.qt, kt, w, d, acc, next)
+            avx512::weighted_relu_sums(token, qt, kt, w, d, acc, next)
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, the token proving AVX2 and FMA.
         Some(Wide::Avx2(token)) => unsafe {
-            avx2::weighted_relu_sums(token, &q.qt, kt, w, d, acc, next)
+            avx2::weighted_relu_sums(token, qt, kt, w, d, acc, next)
         },
-        _ => portable::weighted_relu_sums(q.tiles, &q.qt, kt, w, d, acc),
+        _ => portable::weighted_relu_sums(q.tiles, qt, kt, w, d, acc),
     }
 }
 

@@ -183,14 +183,16 @@ fn every_level_scores_bit_identically() {
             }
             let avx2 = Some(Wide::Avx2(token));
             let mut got = [0.0f32; BLOCK];
-            weighted_relu_sums(avx2, &laid_out(avx2, h, d, &qs, &w), &kt, &mut got, &[]);
+            let q2 = laid_out(avx2, h, d, &qs, &w);
+            weighted_relu_sums(avx2, &q2, &q2.qt, &kt, &mut got, &[]);
             for (r, (x, y)) in got.iter().zip(&want).enumerate() {
                 assert!(same(*x, *y), "AVX2 h={h} d={d} key {r}");
             }
             if let Some(t) = crate::simd::avx512_for_test() {
                 let wide = Some(Wide::Avx512(t));
                 let mut got = [0.0f32; BLOCK];
-                weighted_relu_sums(wide, &laid_out(wide, h, d, &qs, &w), &kt, &mut got, &[]);
+                let q5 = laid_out(wide, h, d, &qs, &w);
+                weighted_relu_sums(wide, &q5, &q5.qt, &kt, &mut got, &[]);
                 for (r, (x, y)) in got.iter().zip(&want).enumerate() {
                     assert!(same(*x, *y), "AVX-512 h={h} d={d} key {r}");
                 }
@@ -219,9 +221,158 @@ fn the_relu_keeps_nan_and_zeroes_negatives_on_every_level() {
         }
         let q = laid_out(level, h, d, &[1.0; 6], &[1.0, 0.5]);
         let mut acc = [0.0f32; BLOCK];
-        weighted_relu_sums(level, &q, &kt, &mut acc, &[]);
+        weighted_relu_sums(level, &q, &q.qt, &kt, &mut acc, &[]);
         assert!(acc[0].is_nan(), "{level:?}");
         assert_eq!(acc[1].to_bits(), 0.0f32.to_bits(), "{level:?}");
         assert_eq!(acc[2], 3.0, "{level:?}");
+    }
+}
+
+/// The AVX2 transpose of fp8 keys read as `2⁻⁸ ×` their values (`scaled`)
+/// is the portable transpose `× 2⁻⁸`, bit for bit, on all 256 bytes (NaN
+/// among them: the same NaN bits), with and without the NaN-free decode,
+/// on ragged `d` and partial blocks (the ragged edge's load included).
+#[test]
+fn the_scaled_fp8_transpose_is_the_decode_times_two_to_the_minus_eight_on_every_byte() {
+    let Some(token) = crate::simd::avx2_for_test() else {
+        return;
+    };
+    let level = Some(Wide::Avx2(token));
+    for d in [1, 3, 7, 8, 9, 16, 31, 128] {
+        for n in [BLOCK, 1, 7, 9, 31] {
+            for shift in 0..256usize.div_ceil(n * d).max(1) {
+                let all: Vec<u8> = (0..n * d).map(|i| (i + shift * n * d) as u8).collect();
+                let no_nan: Vec<u8> = all.iter().map(|&b| b & !1).collect(); // 0x7F, 0xFF → 0x7E, 0xFE
+                for bytes in [&all, &no_nan] {
+                    let enc = Encoded::Fp8E4m3(bytes);
+                    let mut want = vec![f32::NAN; d * BLOCK];
+                    transpose(None, Src::new(None, enc), d, &mut want, &mut Vec::new());
+                    let src = Src {
+                        scaled: true,
+                        ..Src::new(level, enc)
+                    };
+                    assert_eq!(src.finite, bytes.iter().all(|b| b & 0x7F != 0x7F));
+                    let mut got = vec![f32::NAN; d * BLOCK];
+                    transpose(level, src, d, &mut got, &mut Vec::new());
+                    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                        let y = if y.is_nan() { *y } else { y / 256.0 };
+                        assert!(y.is_nan() || y * 256.0 == want[i], "not exact");
+                        assert_eq!(x.to_bits(), y.to_bits(), "d={d} n={n} at {i}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A call's scores of fp8 keys (every byte, NaN among them, with scales)
+/// are the same bits on every level, the AVX2 level reading them scaled
+/// against the folded query; a query whose fold would overflow (`|q| ·
+/// 2⁸` past `f32::MAX`) takes the unscaled decode and scores the same too,
+/// and a later load of the same `Query` folds afresh.
+#[test]
+fn fp8_scores_are_the_same_bits_on_every_level_folded_or_not() {
+    let mut next = source(0xF8F8_2727);
+    let levels: Vec<Option<Wide>> = [
+        None,
+        crate::simd::avx2_for_test().map(Wide::Avx2),
+        crate::simd::avx512_for_test().map(Wide::Avx512),
+    ]
+    .into_iter()
+    .enumerate()
+    .filter(|(i, l)| *i == 0 || l.is_some())
+    .map(|(_, l)| l)
+    .collect();
+    for &(h, d) in &SHAPES {
+        let t = 256 + 37;
+        let bytes: Vec<u8> = (0..t * d).map(|i| (i * 7 + i / 256) as u8).collect();
+        let scale: Vec<f32> = (0..t).map(|_| next()).collect();
+        let w: Vec<f32> = (0..h).map(|_| next()).collect();
+        let mut qs: Vec<Vec<f32>> = (0..3)
+            .map(|_| (0..h * d).map(|_| next() * 1e3).collect())
+            .collect();
+        qs[2][0] = f32::MAX / 100.0; // `× 2⁸` overflows: no fold for the group
+        for (case, group) in [&qs[..2], &qs[1..]].into_iter().enumerate() {
+            let mut want: Vec<Vec<f32>> = Vec::new();
+            for (li, &level) in levels.iter().enumerate() {
+                let queries: Vec<Query> =
+                    group.iter().map(|q| laid_out(level, h, d, q, &w)).collect();
+                if matches!(level, Some(Wide::Avx2(_))) {
+                    let folds = fp8_folded(level, Encoded::Fp8E4m3(&bytes), &queries);
+                    assert_eq!(folds.is_some(), case == 0, "h={h} d={d} case {case}");
+                }
+                let mut rows = vec![vec![0.0f32; t]; group.len()];
+                let mut outs: Vec<&mut [f32]> = rows.iter_mut().map(|r| &mut r[..]).collect();
+                let keys = Keys::new(Encoded::Fp8E4m3(&bytes), Some(&scale));
+                score_keys(
+                    level,
+                    &queries,
+                    keys,
+                    0,
+                    &mut outs,
+                    false,
+                    &mut Scratch::new(d),
+                );
+                if li == 0 {
+                    want = rows;
+                    continue;
+                }
+                for (j, (a, b)) in rows.iter().zip(&want).enumerate() {
+                    for (r, (x, y)) in a.iter().zip(b).enumerate() {
+                        assert!(
+                            same(*x, *y),
+                            "{level:?} h={h} d={d} case {case} q {j} key {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // A reloaded query folds its new values, not the old ones.
+    if let Some(token) = crate::simd::avx2_for_test() {
+        let level = Some(Wide::Avx2(token));
+        let mut q = laid_out(level, 1, 2, &[1.0, 2.0], &[1.0]);
+        assert_eq!(q.fp8_folded(), Some(&[256.0, 512.0][..]));
+        q.load(&Encoded::F32(&[3.0, f32::MAX]), &[1.0], 0, false);
+        assert_eq!(q.fp8_folded(), None);
+        q.load(&Encoded::F32(&[3.0, 4.0]), &[1.0], 0, false);
+        assert_eq!(q.fp8_folded(), Some(&[768.0, 1024.0][..]));
+    }
+}
+
+/// Every bfloat16 and float16 bit pattern (all 65,536, NaNs and
+/// subnormals among them) goes through each level's transpose — the AVX2
+/// one's 16-bit tiles and its 8 × 8 edges — to the portable decode's bits.
+#[test]
+fn every_16_bit_pattern_transposes_to_the_scalar_decode_on_every_level() {
+    let levels: Vec<Wide> = [
+        crate::simd::avx2_for_test().map(Wide::Avx2),
+        crate::simd::avx512_for_test().map(Wide::Avx512),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let all: Vec<u16> = (0..=u16::MAX).collect();
+    // d 128: 16-bit tiles only; d 40: two of them and an 8 × 8 edge; d 9:
+    // edges only. 32 keys a block, the last block partial.
+    for d in [128, 40, 9] {
+        for block in all.chunks(BLOCK * d) {
+            let n = block.len() / d;
+            let block = &block[..n * d];
+            for enc in [Encoded::Bf16(block), Encoded::F16(block)] {
+                let mut want = vec![f32::NAN; d * BLOCK];
+                transpose(None, Src::new(None, enc), d, &mut want, &mut Vec::new());
+                for &level in &levels {
+                    let mut got = vec![f32::NAN; d * BLOCK];
+                    let src = Src::new(Some(level), enc);
+                    transpose(Some(level), src, d, &mut got, &mut Vec::new());
+                    let ok = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(ok, "{level:?} {:?} d={d} n={n}", enc.format());
+                }
+            }
+        }
     }
 }
