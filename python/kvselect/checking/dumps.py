@@ -223,31 +223,33 @@ _NPY_MAGIC = b"\x93NUMPY"
 _EAGER_BYTES = 1 << 20
 
 
-def _member(src: Source, zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, where: str,
-            lazy: bool) -> Any:
+def _member(src: Source, raw: Any, zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str,
+            where: str, lazy: bool) -> Any:
     """One archive member: stored uncompressed, memory-mapped (a local file)
     or, behind a URL, read in byte ranges (a :class:`RangedArray` when
     ``lazy`` and over a megabyte, else read now) — either way only the bytes
     used are read, its local header and .npy header parsed; compressed, read
-    whole. An object array is refused, never unpickled."""
+    whole. An object array is refused, never unpickled. ``raw`` is the
+    archive's open file (the zip's own: it seeks before every read of its
+    own), so a member's headers cost no second open — a request, behind a
+    URL."""
     fmt = np.lib.format
     got, start, offset = None, 0, 0
     if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1:
-        with src.open() as f:
-            f.seek(info.header_offset)
-            local = f.read(30)
-            if len(local) == 30 and local[:4] == b"PK\x03\x04":
-                n, m = struct.unpack("<HH", local[26:30])
-                start = info.header_offset + 30 + n + m
-                f.seek(start)
-                try:
-                    version = fmt.read_magic(f)
-                    reader = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}
-                    header = reader.get(version)
-                    got = None if header is None else header(f)
-                except ValueError as e:
-                    raise DumpError(f"{where}: {key} is not a NumPy array ({e})") from None
-                offset = f.tell()
+        raw.seek(info.header_offset)
+        local = raw.read(30)
+        if len(local) == 30 and local[:4] == b"PK\x03\x04":
+            n, m = struct.unpack("<HH", local[26:30])
+            start = info.header_offset + 30 + n + m
+            raw.seek(start)
+            try:
+                version = fmt.read_magic(raw)
+                reader = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}
+                header = reader.get(version)
+                got = None if header is None else header(raw)
+            except ValueError as e:
+                raise DumpError(f"{where}: {key} is not a NumPy array ({e})") from None
+            offset = raw.tell()
         if got is not None:
             shape, fortran, dtype = got
             if dtype.hasobject:
@@ -333,7 +335,7 @@ def read_archive(path: Union[str, "os.PathLike[str]"], *, lazy: bool = False) ->
                 if not name.endswith(".npy"):
                     raise DumpError(f"{where}: member {name!r} is not an array (.npy); an .npz "
                                     f"holds arrays only")
-                out[name[:-4]] = _member(src, zf, info, name[:-4], where, lazy)
+                out[name[:-4]] = _member(src, raw, zf, info, name[:-4], where, lazy)
             return out
     except (OSError, EOFError, zipfile.BadZipFile) as e:
         raise DumpError(f"{where}: not a NumPy .npz archive ({e}); an .npz is the zip file "

@@ -117,6 +117,11 @@ class RangedArray:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
+    @property
+    def _steps(self) -> List[int]:
+        """Items between consecutive indices of each axis (C order)."""
+        return [int(np.prod(self.shape[i + 1:], dtype=np.int64)) for i in range(self.ndim)]
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d array")
@@ -153,7 +158,7 @@ class RangedArray:
         if self.fortran or not self.shape or not key:
             return np.asarray(self)[key]
         start, dims, axis = 0, [], 0
-        strides = [int(np.prod(self.shape[i + 1:], dtype=np.int64)) for i in range(self.ndim)]
+        strides = self._steps
         lead = 0  # how many index entries the block read consumes
         for k in key:
             if axis == self.ndim:
@@ -193,15 +198,13 @@ def take_rows(a: Any, lead: Tuple[int, ...], rows: np.ndarray) -> np.ndarray:
     if not isinstance(a, RangedArray) or a.fortran:
         return np.asarray(np.asarray(a[lead] if lead else a)[rows])
     inner = a.shape[len(lead) + 1:]
-    per = int(np.prod(inner, dtype=np.int64)) * a.dtype.itemsize
-    base = a.offset
-    stride = per
-    for axis, i in enumerate(lead):
-        base += int(i) * int(np.prod(a.shape[axis + 1:], dtype=np.int64)) * a.dtype.itemsize
+    steps, size = a._steps, a.dtype.itemsize
+    per = steps[len(lead)] * size  # one row's bytes
+    base = a.offset + sum(int(i) * steps[axis] for axis, i in enumerate(lead)) * size
     n = a.shape[len(lead)]
     if len(rows) and (rows.min() < 0 or rows.max() >= n):
         raise IndexError(f"rows out of bounds for axis {len(lead)} with size {n}")
-    starts = [base + int(r) * stride for r in rows]
+    starts = [base + int(r) * per for r in rows]
     blobs = a.fs.cat_ranges([a.path] * len(rows), starts, [x + per for x in starts])
     out = np.empty((len(rows), *inner), dtype=a.dtype)
     for i, blob in enumerate(blobs):

@@ -17,7 +17,6 @@ from kvselect.checking import (
     format_report,
     strict_json,
 )
-import kvselect as ks
 from kvselect.cli._types import (add_cluster_flags, check_output, executor_of, non_negative_float,
                                  positive, progress_bar)
 from kvselect.corpus import CHUNK_ROWS
@@ -57,13 +56,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvselect check: {f.error}" if one else f"kvselect check: {f.name}: {f.error}",
               file=sys.stderr)
 
-    distributed = args.workers is not None or args.scheduler is not None
-    if args.threads is not None and not distributed:
-        ks.set_num_threads(args.threads)
     try:
         run_ = corpus.check_corpus(
             dumps, atol=args.atol, rtol=args.rtol, filler=args.filler, chunk_rows=args.chunk_rows,
-            executor=executor_of(args), threads=args.threads if distributed else None,
+            executor=executor_of(args), threads=args.threads,
             progress=progress_bar(sys.stderr.isatty() and not one),
             on_result=show, on_failure=failed_one,
         )

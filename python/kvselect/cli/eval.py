@@ -8,7 +8,6 @@ import json
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
-import kvselect as ks
 from kvselect.cli._types import (
     HelpFormatter,
     add_cluster_flags,
@@ -110,17 +109,10 @@ def run(args: argparse.Namespace) -> int:
     from kvselect import corpus
     from kvselect.cli._types import executor_of, progress_bar
 
-    distributed = args.workers is not None or args.scheduler is not None
-    if args.threads is not None and not distributed:
-        ks.set_num_threads(args.threads)
     try:
         sources = _sources(args)
     except (OSError, ValueError) as e:
         return fail(str(e))
-    if distributed and any(name in BUILTINS for name in sources):
-        named = ", ".join(repr(n) for n in sources if n in BUILTINS)
-        return fail(f"--workers and --scheduler evaluate dumps; {named} is built in this "
-                    f"process: drop the flag, or dump it (kvselect.checking.save_dump)")
     line = _derived_line(derived)
     shown: List[str] = []
 
@@ -143,13 +135,13 @@ def run(args: argparse.Namespace) -> int:
         executor = executor_of(args)
         result = corpus.evaluate_corpus(
             sources, runs, queries=args.queries, seed=args.seed, executor=executor,
-            threads=args.threads if distributed else None, builtins=_builtins(args),
+            threads=args.threads, builtins=_builtins(args),
             progress=progress_bar(sys.stderr.isatty() and not args.quiet),
             on_report=show, on_failure=failed_one, on_warning=warn,
         )
     except BrokenPipeError:
         raise  # the reader left: main() says so once
-    except (ImportError, ValueError, OSError) as e:  # no Dask; a scheduler not reached
+    except (ImportError, ValueError, OSError) as e:  # no Dask; built-ins on Dask; no scheduler
         return fail(str(e))
     reports, pooled = result.reports, result.pooled
     failed = [f.name for f in result.failures]

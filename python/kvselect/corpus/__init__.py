@@ -231,11 +231,13 @@ def _run(executor: Any, items: List[_Item], plan: Callable[[_Item], Tuple[Callab
 
 def _builtin_plan(workload: Workload, runs: Sequence["evaluate.Settings"]) -> tasks.Done:
     units = [(0, h) for h in range(workload.n_kv_heads)]
-    plan = tasks.WorkloadPlan(evaluate.report_header(workload, runs), units, 0, None)
+    plan = tasks.WorkloadPlan(evaluate.report_header(workload, runs), units, None)
     return tasks.Done((plan, workload), 0.0, 0)
 
 
-def _builtin_head(workload: Workload, h: int, runs: Sequence["evaluate.Settings"]) -> tasks.Done:
+def _builtin_head(workload: Workload, h: int, runs: Sequence["evaluate.Settings"],
+                  threads: Optional[int]) -> tasks.Done:
+    tasks.use_threads(threads)
     t0 = time.perf_counter()
     pos = workload.query_positions
     rows = evaluate.head_rows(workload.head_inputs(h, pos), pos, runs, workload.scale)
@@ -271,9 +273,9 @@ def evaluate_corpus(
     executor : Serial or Dask, optional
         Where the units run (default: :class:`Serial`, this process).
     threads : int, optional
-        kvselect's native threads per unit (default: on Dask, the cores of
-        a worker's host shared among the task threads of every worker on
-        it; serially, the process's setting).
+        kvselect's native threads per unit, 0 = all cores (default: on
+        Dask, the cores of a worker's host shared among the task threads of
+        every worker on it; serially, the process's setting).
     builtins : mapping of str to callable, optional
         Names evaluated in this process (``"synthetic"``: its workload's
         factory); only with the serial executor.
@@ -301,8 +303,9 @@ def evaluate_corpus(
     builtins = builtins or {}
     if not isinstance(executor, Serial) and any(s in builtins for s in sources):
         named = [s for s in sources if s in builtins]
-        raise ValueError(f"{', '.join(map(repr, named))}: built-in workloads are made in this "
-                         f"process; --workers and --scheduler evaluate dumps")
+        raise ValueError(f"--workers and --scheduler evaluate dumps; {', '.join(map(repr, named))} "
+                         f"is built in this process: drop the flag, or dump it "
+                         f"(kvselect.checking.save_dump)")
     items = [_Item(s) for s in sources]
     reports: List["evaluate.Report"] = []
     stats = TaskStats()
@@ -317,7 +320,7 @@ def evaluate_corpus(
         if item.name in builtins:
             p, w = item.plan
             item.plan = p
-            return [(_builtin_head, (w, h, runs)) for _, h in p.units]
+            return [(_builtin_head, (w, h, runs, threads)) for _, h in p.units]
         if item.plan.warning and on_warning is not None:
             on_warning(item.name, item.plan.warning)
         share = _threads(threads, executor)
@@ -404,16 +407,14 @@ def check_corpus(
         return tasks.plan_check, (item.name, chunk_rows)
 
     def units(item: _Item) -> List[Tuple[Callable[..., Any], tuple]]:
-        p = item.plan
-        whole = len(p.chunks) == 1
         share = _threads(threads, executor)
-        return [(tasks.check_rows, (item.name, a, b, whole, atol, rtol, filler, share))
-                for a, b in p.chunks]
+        return [(tasks.check_rows, (item.name, a, b, atol, rtol, filler, share))
+                for a, b in item.plan.chunks]
 
     def finish(item: _Item) -> None:
         p = item.plan
         parts = [(a, item.values[j]) for j, (a, _) in enumerate(p.chunks)]
-        result = tasks.merge_checks(p.kind, parts, p.heads)
+        result = tasks.merge_checks(parts, p.heads)
         results.append((item.name, result))
         if on_result is not None:
             on_result(item.name, result)

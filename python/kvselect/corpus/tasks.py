@@ -78,7 +78,6 @@ class WorkloadPlan:
 
     header: "evaluate.Report"
     units: List[Tuple[int, int]]
-    bytes_per_head: int
     warning: Optional[str]
 
 
@@ -87,8 +86,7 @@ def plan_workload(name: str, runs: Sequence["evaluate.Settings"], queries: int, 
     its report header and its ``(layer, kv_head)`` units."""
     t0 = time.perf_counter()
     dump = open_workload(name, queries=queries, seed=seed)
-    plan = WorkloadPlan(evaluate.report_header(dump, runs), dump.units(), dump.bytes_per_head(),
-                        dump.warning)
+    plan = WorkloadPlan(evaluate.report_header(dump, runs), dump.units(), dump.warning)
     return Done(plan, time.perf_counter() - t0, 0)
 
 
@@ -117,12 +115,21 @@ ROW_KEYS: Dict[str, Tuple[str, ...]] = {
 
 @dataclass
 class CheckPlan:
-    """A check dump's kind, rows and chunks ``[start, stop)``."""
+    """A check dump's row chunks ``[start, stop)``, and its KV heads."""
 
-    kind: str
-    n_rows: int
     chunks: List[Tuple[int, int]]
     heads: int = 1  # a blocks dump's KV heads: its report rows are query * heads + head
+
+
+def _open_check(name: str) -> Any:
+    """The dump, validated, its large members unread (memory-mapped, or byte
+    ranges behind a URL)."""
+    return validate(read_archive(name, lazy=True), source=name, expect=CHECK_KINDS)
+
+
+def _head_major(d: Any) -> bool:
+    """A blocks dump whose rows are ``[n_kv_heads, n_queries, width]``."""
+    return d.kind == "blocks" and "head_major" in d and int(np.asarray(d["head_major"])) != 0
 
 
 def _rows_of(d: Any) -> int:
@@ -131,36 +138,35 @@ def _rows_of(d: Any) -> int:
         return len(d["before"])
     if kind == "blocks":
         rows = d["rows"]
-        head_major = "head_major" in d and int(np.asarray(d["head_major"])) != 0
-        return int(rows.shape[1] if head_major and rows.ndim == 3 else rows.shape[0])
+        return int(rows.shape[1] if _head_major(d) and rows.ndim == 3 else rows.shape[0])
     if kind == "v4_combined":
         return len(d["combined_indices"])
     return len(d["rows"])
 
 
 def plan_check(name: str, chunk_rows: int) -> Done:
-    """Open a check dump: its kind, rows and row chunks (``chunk_rows`` each;
-    one chunk for a ``v4_combined`` dump)."""
+    """Open a check dump: its row chunks (``chunk_rows`` each; one chunk for
+    a ``v4_combined`` dump)."""
     t0 = time.perf_counter()
-    d = validate(read_archive(name, lazy=True), source=name, expect=CHECK_KINDS)
+    d = _open_check(name)
     n = _rows_of(d)
     if not ROW_KEYS[d.kind] or n == 0:
         chunks = [(0, n)]
     else:
         chunks = [(a, min(n, a + chunk_rows)) for a in range(0, n, chunk_rows)]
     heads = int(d["index_q"].shape[1]) if d.kind == "blocks" and d["index_q"].ndim == 3 else 1
-    return Done(CheckPlan(d.kind, n, chunks, heads), time.perf_counter() - t0, 0)
+    return Done(CheckPlan(chunks, heads), time.perf_counter() - t0, 0)
 
 
-def check_rows(name: str, start: int, stop: int, whole: bool, atol: Optional[float],
-               rtol: Optional[float], filler: Optional[str], threads: Threads) -> Done:
+def check_rows(name: str, start: int, stop: int, atol: Optional[float], rtol: Optional[float],
+               filler: Optional[str], threads: Threads) -> Done:
     """Rows ``[start, stop)`` of a check dump, checked: :func:`check_dump` of
-    the dump with its per-row keys cut to those rows (``whole``: the dump as
-    it is)."""
+    the dump with its per-row keys cut to those rows."""
     use_threads(threads)
     t0 = time.perf_counter()
-    d = validate(read_archive(name, lazy=True), source=name, expect=CHECK_KINDS)
-    head_major = d.kind == "blocks" and "head_major" in d and int(np.asarray(d["head_major"])) != 0
+    d = _open_check(name)
+    whole = (start, stop) == (0, _rows_of(d))
+    head_major = _head_major(d)
     sub = {}
     read = 0
     for key, a in d.items():
@@ -186,7 +192,7 @@ def check_rows(name: str, start: int, stop: int, whole: bool, atol: Optional[flo
     return Done(result, time.perf_counter() - t0, read)
 
 
-def merge_checks(kind: str, parts: Sequence[Tuple[int, dict]], heads: int = 1) -> dict:
+def merge_checks(parts: Sequence[Tuple[int, dict]], heads: int = 1) -> dict:
     """The result of :func:`check_dump` on a whole dump, from its chunks'
     results ``(start row, result)`` in row order: counts summed, reasons
     summed, each wrong row renumbered in the dump's rows (a blocks dump's
