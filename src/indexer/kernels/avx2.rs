@@ -119,11 +119,16 @@ trait Bits16: Load {
     /// `p` readable for 16 elements; AVX2, FMA and F16C available.
     unsafe fn bits16(p: *const Self::E) -> __m256i;
     /// Eight 16-bit lanes as the eight floats they stand for (the format's
-    /// exact decode).
+    /// exact decode): float16 bits by F16C, unless the format says otherwise
+    /// (bfloat16).
     ///
     /// # Safety
     /// AVX2, FMA and F16C available.
-    unsafe fn widen(h: __m128i) -> __m256;
+    #[inline(always)]
+    unsafe fn widen(h: __m128i) -> __m256 {
+        // SAFETY: F16C (the contract): exact, subnormals included.
+        unsafe { _mm256_cvtph_ps(h) }
+    }
 }
 
 impl Bits16 for Bf16 {
@@ -145,11 +150,6 @@ impl Bits16 for F16 {
         // SAFETY: 32 readable bytes (the contract); unaligned load.
         unsafe { _mm256_loadu_si256(p.cast()) }
     }
-    #[inline(always)]
-    unsafe fn widen(h: __m128i) -> __m256 {
-        // SAFETY: F16C (the contract): exact, subnormals included.
-        unsafe { _mm256_cvtph_ps(h) }
-    }
 }
 
 impl Bits16 for Fp8ScaledFinite {
@@ -158,11 +158,6 @@ impl Bits16 for Fp8ScaledFinite {
         // SAFETY: 16 readable bytes (the contract); AVX2 for the decode.
         unsafe { decode::fp8x16_scaled_f16_bits_finite(_mm_loadu_si128(p.cast())) }
     }
-    #[inline(always)]
-    unsafe fn widen(h: __m128i) -> __m256 {
-        // SAFETY: F16C (the contract).
-        unsafe { _mm256_cvtph_ps(h) }
-    }
 }
 
 impl Bits16 for Fp8Scaled {
@@ -170,11 +165,6 @@ impl Bits16 for Fp8Scaled {
     unsafe fn bits16(p: *const u8) -> __m256i {
         // SAFETY: 16 readable bytes (the contract); AVX2 for the decode.
         unsafe { decode::fp8x16_scaled_f16_bits(_mm_loadu_si128(p.cast())) }
-    }
-    #[inline(always)]
-    unsafe fn widen(h: __m128i) -> __m256 {
-        // SAFETY: F16C (the contract).
-        unsafe { _mm256_cvtph_ps(h) }
     }
 }
 
