@@ -14,7 +14,6 @@
 use super::kernels::{run_segment, Segment, TileOut, MR, PREFETCH_KEYS};
 use super::select::select_blocks;
 use super::BlockSparseConfig;
-use crate::keys::fp8_has_nan;
 use crate::keys::prefetch as prefetch_keys;
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
 use crate::pool;
@@ -30,9 +29,6 @@ pub(super) const KEY_CHUNK_BYTES: usize = 64 * 1024;
 /// With this few row tiles, keys are streamed from memory once (decode):
 /// the kernel prefetches ahead of itself.
 pub(super) const STREAMING_TILES: usize = 2;
-/// Bytes of fp8 keys per chunk where the kernel is told whether they hold a
-/// NaN byte (AVX-512): scanned for NaN, then scored from L1.
-pub(super) const FP8_CHUNK_BYTES: usize = 16 * 1024;
 /// Bytes of decoded keys per chunk when keys are streamed and decoded
 /// (L1-resident between the decode and the kernel).
 pub(super) const DECODE_CHUNK_BYTES: usize = 16 * 1024;
@@ -241,24 +237,19 @@ pub(super) fn score_blocks(
     let tiles = rp / MR;
     let streaming = tiles <= STREAMING_TILES;
     let paged = matches!(keys, Keys::Paged { .. });
-    // fp8 chunks are scanned for NaN bytes first (for the AVX-512 kernel):
-    // small enough that the scan leaves them in L1 for the kernel.
-    // (The AVX2 kernel checks each piece after reading it instead: no
-    // scan, no chunking for it.)
-    let avx2 = matches!(isa, Some(Wide::Avx2(_)));
-    let fp8 = matches!(keys, Keys::Dense(Encoded::Fp8E4m3(_))) && !avx2;
-    // The AVX2 kernel reads fp8 keys as 2⁻⁸ × their values against the
-    // query × 2⁸: folded once per call (`None`: not fp8, or an element
-    // would overflow — the keys are then decoded unscaled).
+    // The SIMD kernels read fp8 keys as 2⁻⁸ × their values against the
+    // query × 2⁸: folded once per call (`None`: not fp8, no SIMD, or an
+    // element would overflow — the keys are then decoded unscaled). They
+    // check each piece for a NaN byte after reading it (no pass over the
+    // keys that waits on memory before the kernel runs).
     let folded = match keys {
-        Keys::Dense(Encoded::Fp8E4m3(_)) | Keys::Paged { .. } if avx2 => {
+        Keys::Dense(Encoded::Fp8E4m3(_)) | Keys::Paged { .. } if isa.is_some() => {
             crate::keys::x86::fp8_folded_query(&rows.q)
         }
         _ => None,
     };
-    let key_chunk = match (paged, tiles, fp8) {
-        (false, _, true) => (FP8_CHUNK_BYTES / d).max(MR),
-        (false, 1, false) => usize::MAX,
+    let key_chunk = match (paged, tiles) {
+        (false, 1) => usize::MAX,
         _ => key_chunk,
     };
     let mut buf = Vec::new();
@@ -292,14 +283,6 @@ pub(super) fn score_blocks(
                 (Encoded::F32(&buf), c0, false)
             }
         };
-        // The AVX-512 kernel is told whether fp8 keys hold a NaN byte; the
-        // AVX2 one checks each piece after reading it (no pass over the
-        // keys that waits on memory before the kernel runs).
-        let fp8_finite = match (chunk, isa) {
-            (Encoded::Fp8E4m3(_), Some(crate::simd::Wide::Avx2(_))) => None,
-            (Encoded::Fp8E4m3(k), _) => Some(!fp8_has_nan(&k[(c0 - base) * d..(c1 - base) * d])),
-            _ => Some(false),
-        };
         for (t, tile_vis) in rows.vis.chunks_exact(MR).enumerate() {
             let lo = tile_vis.iter().copied().min().unwrap_or(0);
             let hi = tile_vis.iter().copied().max().unwrap_or(0);
@@ -322,7 +305,6 @@ pub(super) fn score_blocks(
                 bs,
                 b0,
                 prefetch: streaming && in_place,
-                fp8_finite,
             };
             let out = TileOut {
                 maxima: &mut *maxima,

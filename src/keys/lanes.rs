@@ -205,8 +205,8 @@ impl Load for Fp8Scaled {
     }
     #[inline(always)]
     unsafe fn load16(a: *const u8, b: *const u8) -> __m512 {
-        // SAFETY: the contract (8 bytes at each; AVX-512 for the join).
-        unsafe { join(Self::load8(a), Self::load8(b)) }
+        // SAFETY: the contract; 8 bytes at each of `a` and `b`.
+        unsafe { _mm512_cvtph_ps(decode::fp8x16_scaled_f16_bits(two_halves(a, b))) }
     }
     fn zero() -> u8 {
         0
@@ -222,10 +222,92 @@ impl Load for Fp8ScaledFinite {
     }
     #[inline(always)]
     unsafe fn load16(a: *const u8, b: *const u8) -> __m512 {
-        // SAFETY: the contract (8 bytes at each; AVX-512 for the join).
-        unsafe { join(Self::load8(a), Self::load8(b)) }
+        // SAFETY: the contract; 8 bytes at each of `a` and `b`.
+        unsafe { _mm512_cvtph_ps(decode::fp8x16_scaled_f16_bits_finite(two_halves(a, b))) }
     }
     fn zero() -> u8 {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{bf16_to_f32, f16_to_f32, fp8_e4m3fn_to_f32};
+
+    /// The sixteen lanes of `v`, as bits.
+    fn lanes16(v: __m512) -> [u32; 16] {
+        let mut out = [0f32; 16];
+        // SAFETY: `out` holds 16 floats; the callers run only with AVX-512.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) };
+        out.map(f32::to_bits)
+    }
+
+    /// `L::load16` of every 16-element window of `all` rotated by every
+    /// lane offset (so each element visits every lane of both halves),
+    /// against `want` of each element; `skip` elements are not compared.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+    fn every_element_in_every_lane<L: Load>(
+        all: &[L::E],
+        want: impl Fn(L::E) -> u32,
+        skip: impl Fn(L::E) -> bool,
+    ) -> usize {
+        let mut compared = 0;
+        for rot in 0..16 {
+            let rotated: Vec<L::E> = (0..all.len()).map(|i| all[(i + rot) % all.len()]).collect();
+            for w in rotated.chunks_exact(16) {
+                // SAFETY: 8 elements at each of `w[0..]` and `w[8..]`.
+                let got = lanes16(unsafe { L::load16(w.as_ptr(), w[8..].as_ptr()) });
+                for (g, &e) in got.iter().zip(w) {
+                    if !skip(e) {
+                        assert_eq!(*g, want(e), "lane of {}", std::any::type_name::<L>());
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        compared
+    }
+
+    /// Every 512-bit load (block selection's AVX-512 kernel) gives the
+    /// scalar decode's bits in every lane of both halves: all 256 fp8 bytes
+    /// in each fp8 form (`2⁻⁸ ×` the value for the scaled ones; NaN bytes
+    /// too, but for the finite forms, which never see one), all 65,536
+    /// bfloat16 and float16 patterns (a NaN compared as a NaN).
+    #[test]
+    fn every_sixteen_lane_load_is_the_scalar_decode_on_every_bit_pattern() {
+        if crate::simd::avx512_for_test().is_none() {
+            return;
+        }
+        let bytes: Vec<u8> = (0..=255u8).collect();
+        let nan_byte = |b: u8| b & 0x7F == 0x7F;
+        let fp8 = |b: u8| fp8_e4m3fn_to_f32(b).to_bits();
+        let scaled = |b: u8| match fp8_e4m3fn_to_f32(b) {
+            v if v.is_nan() => v.to_bits(),
+            v => (v / 256.0).to_bits(),
+        };
+        let patterns: Vec<u16> = (0..=u16::MAX).collect();
+        // A NaN pattern is compared as the decode's quiet NaN of the same
+        // sign (both decodes quiet a signalling one).
+        let quiet = |v: f32| match v.is_nan() {
+            true => f32::from_bits(v.to_bits() | 0x0040_0000).to_bits(),
+            false => v.to_bits(),
+        };
+        // SAFETY: AVX-512 detected above (AVX2, FMA and F16C with it).
+        let compared = unsafe {
+            [
+                every_element_in_every_lane::<Fp8>(&bytes, fp8, |_| false),
+                every_element_in_every_lane::<Fp8Finite>(&bytes, fp8, nan_byte),
+                every_element_in_every_lane::<Fp8Scaled>(&bytes, scaled, |_| false),
+                every_element_in_every_lane::<Fp8ScaledFinite>(&bytes, scaled, nan_byte),
+                every_element_in_every_lane::<Bf16>(
+                    &patterns,
+                    |b| bf16_to_f32(b).to_bits(),
+                    |_| false,
+                ),
+                every_element_in_every_lane::<F16>(&patterns, |b| quiet(f16_to_f32(b)), |_| false),
+            ]
+        };
+        assert_eq!(compared, [4096, 4064, 4096, 4064, 1 << 20, 1 << 20]);
     }
 }

@@ -172,32 +172,25 @@ pub(super) unsafe fn segment<S: Step>(_token: Avx2, step: S, seg: &Segment<'_>, 
     // when an element would overflow, or for a step that does not fold).
     let folded = seg.q_fp8_folded.filter(|_| S::FOLDS_FP8_SCALE);
     let q = seg.q;
-    let finite = seg.fp8_finite;
     // SAFETY: the token (above) for each format's kernel.
     unsafe {
         match (seg.keys, folded) {
             (Encoded::F32(k), _) => segment_typed::<L32, L32, S>(step, seg, q, k, None, out),
             (Encoded::Bf16(k), _) => segment_typed::<Bf16, Bf16, S>(step, seg, q, k, None, out),
             (Encoded::F16(k), _) => segment_typed::<F16, F16, S>(step, seg, q, k, None, out),
-            // Folded: every piece is read with the three-operation decode,
+            // fp8: every piece is read with the three-operation decode,
             // then its bytes (now in cache) are checked for a NaN byte, and
             // a piece that has one is read again with the exact decode —
             // no pass over the keys before the kernel (that pass waited on
             // memory alone, with nothing to overlap it).
-            (Encoded::Fp8E4m3(k), Some(fq)) if finite.is_none() => {
+            (Encoded::Fp8E4m3(k), Some(fq)) => {
                 let nan = |from: usize, to: usize| crate::keys::fp8_has_nan(&k[from..to]);
                 segment_typed::<Fp8ScaledFinite, Fp8Scaled, S>(step, seg, fq, k, Some(&nan), out)
             }
-            (Encoded::Fp8E4m3(k), Some(fq)) if finite == Some(true) => {
-                segment_typed::<Fp8ScaledFinite, Fp8ScaledFinite, S>(step, seg, fq, k, None, out)
+            (Encoded::Fp8E4m3(k), None) => {
+                let nan = |from: usize, to: usize| crate::keys::fp8_has_nan(&k[from..to]);
+                segment_typed::<Fp8Finite, Fp8, S>(step, seg, q, k, Some(&nan), out)
             }
-            (Encoded::Fp8E4m3(k), Some(fq)) => {
-                segment_typed::<Fp8Scaled, Fp8Scaled, S>(step, seg, fq, k, None, out)
-            }
-            (Encoded::Fp8E4m3(k), None) if finite == Some(true) => {
-                segment_typed::<Fp8Finite, Fp8Finite, S>(step, seg, q, k, None, out)
-            }
-            (Encoded::Fp8E4m3(k), None) => segment_typed::<Fp8, Fp8, S>(step, seg, q, k, None, out),
         }
     }
 }

@@ -21,6 +21,7 @@ pub(super) struct Step6(pub(super) Avx512);
 
 impl Step for Step6 {
     const KEYS: usize = 6;
+    const FOLDS_FP8_SCALE: bool = true;
     #[inline(always)]
     unsafe fn fold<L: Load>(
         self,

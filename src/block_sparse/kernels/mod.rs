@@ -43,10 +43,6 @@ pub(super) struct Segment<'a> {
     pub(super) b0: usize,
     /// Prefetch keys ahead (they come from memory, used once).
     pub(super) prefetch: bool,
-    /// Whether fp8 keys `start..end` hold no NaN byte (the fast decode then
-    /// applies); `None`: not checked before the kernel (the AVX2 kernel
-    /// checks each piece once it has read it).
-    pub(super) fp8_finite: Option<bool>,
 }
 
 /// Where a tile's block maxima go: `maxima[(b - b0) * stride + col + i]`.
