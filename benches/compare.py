@@ -465,7 +465,10 @@ def bench_block_engine(quick: bool) -> list:
         agree[f"paged {name}"] = np.array_equal(
             cases[f"paged {name}"]()[0], ks.block_sparse_select(q, logical, n - 1, cfg)
         )
-    decode_targets = {"bfloat16": ("<=", 0.6), "fp8 e4m3fn": ("<=", 0.4)}
+    # fp8: ≤ 0.4× where it was first set (the AVX-512 machine); at the AVX2
+    # level, ≤ 0.5× ("as cheap as bfloat16": the Zen 3 issue's target).
+    fp8_target = 0.5 if ks.simd_level() == "avx2" else 0.4
+    decode_targets = {"bfloat16": ("<=", 0.6), "fp8 e4m3fn": ("<=", fp8_target)}
     section = "decode: 1 query × 4 heads, 131,072 positions"
     t = interleaved(cases, 5 if quick else 40)
     format_rows(section, t, agree, decode_targets)
