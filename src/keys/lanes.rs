@@ -92,7 +92,7 @@ pub(crate) struct F32;
 pub(crate) struct Bf16;
 pub(crate) struct F16;
 pub(crate) struct Fp8;
-/// fp8 keys known to hold no NaN byte (checked per chunk by the engine): a
+/// fp8 keys known to hold no NaN byte (the indexer checks each block): a
 /// three-operation decode instead of seven.
 pub(crate) struct Fp8Finite;
 /// fp8 keys as `2⁻⁸ ×` their values ([`decode::load8_fp8_scaled`]), for a
@@ -164,11 +164,9 @@ impl Load for Fp8 {
     }
     #[inline(always)]
     unsafe fn load16(a: *const u8, b: *const u8) -> __m512 {
-        // SAFETY: the contract; 8 bytes at each of `a` and `b`.
-        unsafe {
-            let h = decode::fp8_as_f16_bits_256(_mm256_cvtepu8_epi16(two_halves(a, b)));
-            _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0))
-        }
+        // SAFETY: the contract; the scaled lanes `× 2⁸` (exact; NaN stays
+        // the same NaN).
+        unsafe { _mm512_mul_ps(Fp8Scaled::load16(a, b), _mm512_set1_ps(256.0)) }
     }
     fn zero() -> u8 {
         0
@@ -184,12 +182,8 @@ impl Load for Fp8Finite {
     }
     #[inline(always)]
     unsafe fn load16(a: *const u8, b: *const u8) -> __m512 {
-        // SAFETY: the contract; 8 bytes at each of `a` and `b`.
-        unsafe {
-            let x = _mm256_cvtepu8_epi16(two_halves(a, b));
-            let h = decode::fp8_as_f16_bits_256_finite(x);
-            _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0))
-        }
+        // SAFETY: the contract; the scaled lanes `× 2⁸` (exact).
+        unsafe { _mm512_mul_ps(Fp8ScaledFinite::load16(a, b), _mm512_set1_ps(256.0)) }
     }
     fn zero() -> u8 {
         0
