@@ -351,6 +351,68 @@ fn a_paged_cache_with_shuffled_interleaved_pages_selects_what_the_contiguous_key
     }
 }
 
+#[test]
+fn a_decode_prefetching_pages_ahead_selects_the_same_and_reads_no_entry_past_the_sequence() {
+    // Sequences long enough that a decode's prefetch a page or more ahead
+    // (32 KiB of keys) lands in pages of the sequence, and at its end; the
+    // table entries past what each sequence needs are garbage, which a
+    // prefetch that ran on past the sequence would read (and panic on).
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    for case in 0..48 {
+        let format = FORMATS[case % 4];
+        let bs = [16, 64, 128][case % 3];
+        let cfg = BlockSparseConfig::new(bs, rng.random_range(1..6), 0, 1).unwrap();
+        let (h, d) = (rng.random_range(1..9), [64, 128][case % 2]);
+        let n_seqs = rng.random_range(1..3);
+        let lens: Vec<usize> = (0..n_seqs).map(|_| rng.random_range(200..1200)).collect();
+        let seqs: Vec<RawKeys> = lens
+            .iter()
+            .map(|&l| RawKeys::random(&mut rng, l * d, format))
+            .collect();
+        let mut paged = Paged::new(&mut rng, &seqs, &lens, bs, d);
+        for (s, &l) in lens.iter().enumerate() {
+            for b in l.div_ceil(bs)..paged.max_blocks {
+                paged.table[s * paged.max_blocks + b] = [-99, i32::MAX][b % 2];
+            }
+        }
+        let sid: Vec<usize> = (0..n_seqs).collect();
+        let pos: Vec<usize> = lens
+            .iter()
+            .map(|&l| l - 1 - rng.random_range(0..3))
+            .collect();
+        let q = unit(&mut rng, n_seqs * h * d);
+        let w = cfg.width();
+        let inputs = PagedBlocks {
+            q: Encoded::F32(&q),
+            n_queries: n_seqs,
+            n_kv_heads: h,
+            cache: paged.cache(bs, d, format),
+            table: paged.table(),
+            seq_ids: &sid,
+            query_pos: &pos,
+        };
+        let mut got = vec![7; n_seqs * h * w];
+        select_paged_into(
+            &inputs,
+            &cfg,
+            OutLayout::QueryMajor,
+            BlockIds::Logical,
+            &mut got,
+        )
+        .unwrap();
+        for s in 0..n_seqs {
+            let mut want = vec![0; h * w];
+            let qs = &q[s * h * d..(s + 1) * h * d];
+            select_batch_into(qs, 1, h, &seqs[s].f32s, d, &[pos[s]], &cfg, &mut want).unwrap();
+            assert_eq!(
+                &got[s * h * w..][..h * w],
+                &want[..],
+                "case {case}: sequence {s}"
+            );
+        }
+    }
+}
+
 /// One sequence of 10 tokens in pages of 4 (3 blocks), for the refusals.
 fn small_paged() -> (Vec<u8>, Vec<f32>) {
     (vec![0u8; 4 * 4 * 2 * 4], vec![1.0; 2])

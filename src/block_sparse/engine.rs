@@ -11,10 +11,9 @@
 //! query-major order, so that the caller decides where each lands (the
 //! engines' head-major layout is the same slices in another order).
 
-use super::kernels::{run_segment, Segment, TileOut, MR, PREFETCH_KEYS};
+use super::kernels::{run_segment, Segment, Stream, TileOut, MR};
 use super::select::select_blocks;
 use super::BlockSparseConfig;
-use crate::keys::prefetch as prefetch_keys;
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
 use crate::pool;
 use crate::simd::Wide;
@@ -29,6 +28,12 @@ pub(super) const KEY_CHUNK_BYTES: usize = 64 * 1024;
 /// With this few row tiles, keys are streamed from memory once (decode):
 /// the kernel prefetches ahead of itself.
 pub(super) const STREAMING_TILES: usize = 2;
+/// How far ahead of its reading a streaming kernel prefetches a paged
+/// cache's keys into L2, in bytes of keys, rounded up to whole pages: the
+/// next page's keys are fetched long before the jump to them, which the
+/// hardware prefetcher cannot see coming (it picks a stream up again only
+/// after a few misses in the new page).
+pub(super) const LEAD_BYTES: usize = 32 * 1024;
 /// Bytes of decoded keys per chunk when keys are streamed and decoded
 /// (L1-resident between the decode and the kernel).
 pub(super) const DECODE_CHUNK_BYTES: usize = 16 * 1024;
@@ -67,6 +72,47 @@ impl Keys<'_> {
                 }
                 let keys = cache.page_keys(table.page(*seq, c0 / bs))?;
                 Some((keys, c0 / bs * bs))
+            }
+        }
+    }
+
+    /// The format the keys are stored in.
+    fn format(&self) -> Format {
+        match self {
+            Keys::Dense(k) => k.format(),
+            Keys::Paged { cache, .. } => match cache.layout {
+                PageLayout::Dense(f) => f,
+                PageLayout::Fp8WithScales => Format::Fp8E4m3,
+            },
+        }
+    }
+
+    /// The bytes of keys `pos ..` as far as they lie contiguous in memory
+    /// (to the end of a dense array, or of `pos`'s page): what a kernel
+    /// prefetches. Empty at or past the last key (a block table's entries
+    /// past the sequence are never read), or for a page decoded instead.
+    fn bytes_from(&self, pos: usize, d: usize, bs: usize) -> &[u8] {
+        if pos >= self.n_keys(d) {
+            return &[];
+        }
+        self.in_place(pos, bs)
+            .map_or(&[], |(k, base)| k.bytes((pos - base) * d, usize::MAX))
+    }
+
+    /// How many keys ahead in reading order a streaming kernel prefetches
+    /// into L2: for a paged cache, [`LEAD_BYTES`] of keys of `key_bytes`
+    /// each rounded up to whole pages (so that the lead is at the same
+    /// offset in a later page, and one run of it covers a segment). None
+    /// for a dense array: the hardware prefetcher follows its one stream,
+    /// and the extra prefetches only cost (float32 decode 7–17% slower at
+    /// the AVX-512 level on Zen 4, in one process against none;
+    /// docs/benchmarks.md).
+    fn lead_keys(&self, key_bytes: usize, bs: usize) -> Option<usize> {
+        match self {
+            Keys::Dense(_) => None,
+            Keys::Paged { .. } => {
+                let keys = LEAD_BYTES.div_ceil(key_bytes.max(1));
+                Some(keys.div_ceil(bs.max(1)).saturating_mul(bs))
             }
         }
     }
@@ -252,6 +298,7 @@ pub(super) fn score_blocks(
         (false, 1) => usize::MAX,
         _ => key_chunk,
     };
+    let lead = keys.lead_keys(d * keys.format().size(), bs);
     let mut buf = Vec::new();
     let k_start = b0.saturating_mul(bs).min(n_keys);
     let k_end = b0.saturating_add(n_blk).saturating_mul(bs).min(n_keys);
@@ -265,13 +312,6 @@ pub(super) fn score_blocks(
         let view = keys
             .in_place(c0, bs)
             .filter(|(k, _)| streaming || k.format() == Format::F32);
-        // A page's successor lies anywhere in the cache: start fetching its
-        // first keys now (the kernel's own prefetch runs within a chunk).
-        if streaming && c1 < k_end {
-            if let Some((next, next_base)) = keys.in_place(c1, bs) {
-                prefetch_keys(&next, (c1 - next_base) * d, PREFETCH_KEYS * d);
-            }
-        }
         let (chunk, base, in_place) = match view {
             Some((k, base)) => (k, base, true),
             None => {
@@ -283,6 +323,18 @@ pub(super) fn score_blocks(
                 (Encoded::F32(&buf), c0, false)
             }
         };
+        // Keys read in place and used once: the kernel prefetches what
+        // follows the chunk (into L1, a few keys ahead) and, from a paged
+        // cache, the keys a lead further on (into L2), both in reading
+        // order — across pages.
+        let stream = (streaming && in_place).then(|| Stream {
+            next: if c1 < k_end {
+                keys.bytes_from(c1, d, bs)
+            } else {
+                &[]
+            },
+            lead: lead.map_or(&[], |l| keys.bytes_from(c0.saturating_add(l), d, bs)),
+        });
         for (t, tile_vis) in rows.vis.chunks_exact(MR).enumerate() {
             let lo = tile_vis.iter().copied().min().unwrap_or(0);
             let hi = tile_vis.iter().copied().max().unwrap_or(0);
@@ -304,7 +356,7 @@ pub(super) fn score_blocks(
                 vis: [tile_vis[0], tile_vis[1], tile_vis[2], tile_vis[3]],
                 bs,
                 b0,
-                prefetch: streaming && in_place,
+                stream,
             };
             let out = TileOut {
                 maxima: &mut *maxima,

@@ -206,31 +206,43 @@ impl<'a> Encoded<'a> {
     }
 }
 
-/// Hints the cache to fetch elements `start .. start + len` of `keys` (keys
-/// a few steps ahead, so a kernel does not wait on memory when it gets
-/// there). Addresses past the keys are never formed.
-#[inline]
-pub(crate) fn prefetch(keys: &Encoded<'_>, start: usize, len: usize) {
+/// The cache level a prefetch fills.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Level {
+    /// The first-level data cache: for what is read within a few steps.
+    L1,
+    /// The second level: for what is read a page or so later (an L1 this
+    /// far ahead would evict the keys being read).
+    L2,
+}
+
+/// Hints the cache to fetch bytes `from .. to` of `bytes`, clipped to them:
+/// one prefetch per 64-byte line. Keys streamed from memory and used once
+/// are fetched this way ahead of the kernel (the hardware prefetcher loses
+/// the stream at every page of a paged cache, and does not run far enough
+/// ahead for float32 keys). Addresses outside `bytes` are never formed.
+#[inline(always)]
+pub(crate) fn prefetch(bytes: &[u8], from: usize, to: usize, level: Level) {
     #[cfg(target_arch = "x86_64")]
     {
-        let (ptr, size, n) = match keys {
-            Encoded::F32(s) => (s.as_ptr() as *const i8, 4, s.len()),
-            Encoded::F16(s) | Encoded::Bf16(s) => (s.as_ptr() as *const i8, 2, s.len()),
-            Encoded::Fp8E4m3(s) => (s.as_ptr() as *const i8, 1, s.len()),
-        };
-        let end = start.saturating_add(len).min(n) * size;
-        let mut at = start.saturating_mul(size);
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        let ptr = bytes.as_ptr() as *const i8;
+        let end = to.min(bytes.len());
+        let mut at = from;
         while at < end {
-            // SAFETY: `at < end <= n * size`: within the keys' allocation;
-            // a prefetch reads nothing architecturally.
+            // SAFETY: `at < end <= bytes.len()`: within `bytes`; a prefetch
+            // reads nothing architecturally.
             unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(ptr.add(at))
+                match level {
+                    Level::L1 => _mm_prefetch::<_MM_HINT_T0>(ptr.add(at)),
+                    Level::L2 => _mm_prefetch::<_MM_HINT_T1>(ptr.add(at)),
+                }
             };
             at += 64;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (keys, start, len);
+    let _ = (bytes, from, to, level);
 }
 
 /// Little-endian bfloat16 bytes (two per element) decoded into `out`.

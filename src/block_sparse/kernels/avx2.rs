@@ -5,7 +5,7 @@
 //! loaded, so the arithmetic, and every block max, is the same. The walk
 //! over a segment is shared with the AVX-512 kernel, which only replaces
 //! the [`Step`] over whole runs of keys.
-use super::{Pieces, Segment, TileOut, MR, PREFETCH_KEYS};
+use super::{Pieces, Segment, TileOut, MR};
 use crate::keys::lanes::{Bf16, Fp8, Fp8Scaled, Fp8ScaledFinite, Load, F16, F32 as L32};
 use crate::keys::Encoded;
 use crate::simd::x86::reduce4;
@@ -273,24 +273,20 @@ unsafe fn fold_piece<L: Load, S: Step>(
     let q = q.as_ptr();
     // Key `p` is at `kbase + (p - base) * d`.
     let (kbase, base) = (keys.as_ptr(), seg.base);
-    let key_bytes = d * std::mem::size_of::<L::E>();
-    let pf_dist = if seg.prefetch { PREFETCH_KEYS } else { 0 };
     let (from, to) = (piece.from, piece.to);
     if !piece.masked {
+        let own = seg.keys.bytes(0, usize::MAX);
         let mut p = from;
         while p + S::KEYS <= to {
-            // Not past the segment: a paged segment's successor is
-            // another page (the engine prefetches its start), and what
-            // follows this page in memory is not read.
-            if pf_dist > 0 && p + pf_dist + S::KEYS <= seg.end {
-                // A hint only: never dereferenced (hence wrapping
-                // arithmetic).
-                let ahead = kbase.wrapping_add((p - base + pf_dist) * d) as *const i8;
-                let mut off = 0;
-                while off < S::KEYS * key_bytes {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off));
-                    off += 64;
-                }
+            if let Some(stream) = &seg.stream {
+                // The last whole step of the piece also fetches the keys
+                // its tail reads one or two at a time.
+                let n = if p + 2 * S::KEYS > to {
+                    to - p
+                } else {
+                    S::KEYS
+                };
+                stream.fetch_ahead(seg, own, p, n);
             }
             // SAFETY: keys p..p+KEYS exist ((end - base) * d <= keys.len(), p >= base).
             m = unsafe { step.fold::<L>(q, dp, kbase.add((p - base) * d), d, m) };

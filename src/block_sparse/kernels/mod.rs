@@ -3,7 +3,7 @@
 //! portable kernel (bit-identical: see the module docs of
 //! [`crate::block_sparse`]).
 
-use crate::keys::Encoded;
+use crate::keys::{prefetch, Encoded, Level};
 use crate::simd::Wide;
 
 #[cfg(target_arch = "x86_64")]
@@ -16,7 +16,7 @@ mod tests;
 
 /// Rows (query heads) are padded to tiles of this many.
 pub(super) const MR: usize = 4;
-/// How many keys ahead the streaming kernel prefetches.
+/// How many keys ahead the streaming kernel prefetches into L1.
 pub(super) const PREFETCH_KEYS: usize = 12;
 
 /// One row tile against keys `start..end`, all within one task's blocks.
@@ -41,8 +41,48 @@ pub(super) struct Segment<'a> {
     pub(super) bs: usize,
     /// First block of the task (`maxima` row 0).
     pub(super) b0: usize,
-    /// Prefetch keys ahead (they come from memory, used once).
-    pub(super) prefetch: bool,
+    /// What to prefetch ahead of the keys read, when they come from memory
+    /// and are used once (`None`: they are reused from cache, or were
+    /// decoded into a scratch).
+    pub(super) stream: Option<Stream<'a>>,
+}
+
+/// Where a streaming kernel prefetches as it reads the keys `i .. i + n`
+/// of its segment (`i = p - start`):
+///
+/// - into L1, the keys [`PREFETCH_KEYS`] further on, running on into `next`
+///   past the segment's end;
+/// - into L2, the keys `i .. i + n` of `lead` (a paged cache's): a page or
+///   so ahead of the reading, the next page's keys long before the jump to
+///   them.
+///
+/// Both are bytes of keys in their format, contiguous in memory (a run of
+/// a dense array, the rest of one page); past their end, nothing is
+/// fetched.
+#[derive(Clone, Copy)]
+pub(super) struct Stream<'a> {
+    /// The keys that follow the segment in reading order (the rest of the
+    /// array, the next page); empty when nothing follows in the task.
+    pub(super) next: &'a [u8],
+    /// The keys a lead further on than the segment's first in reading
+    /// order (see the engine's `lead_keys`); empty for a dense array.
+    pub(super) lead: &'a [u8],
+}
+
+impl Stream<'_> {
+    /// Prefetches for the keys `p .. p + n` of `seg` as they are read
+    /// (`own`: the segment's keys as bytes): see [`Stream`].
+    #[inline(always)]
+    fn fetch_ahead(&self, seg: &Segment<'_>, own: &[u8], p: usize, n: usize) {
+        let kb = seg.d * seg.keys.format().size();
+        let (a, b) = (p + PREFETCH_KEYS, p + PREFETCH_KEYS + n);
+        let at = |k: usize| (k.min(seg.end) - seg.base) * kb;
+        prefetch(own, at(a), at(b), Level::L1);
+        let past = |k: usize| k.saturating_sub(seg.end) * kb;
+        prefetch(self.next, past(a), past(b), Level::L1);
+        let i = p - seg.start;
+        prefetch(self.lead, i * kb, (i + n) * kb, Level::L2);
+    }
 }
 
 /// Where a tile's block maxima go: `maxima[(b - b0) * stride + col + i]`.
