@@ -147,6 +147,12 @@ pub(super) struct PaddedRows {
     pub(super) vis: Vec<usize>,
     pub(super) rows_pad: usize,
     pub(super) dp: usize,
+    /// `q × 2⁸`, made on first use and shared by every task of the row
+    /// group: the query the SIMD kernels read fp8 keys against when they
+    /// read them as `2⁻⁸ ×` their values (exact, a power of two, so every
+    /// FMA rounds as with the unscaled pair). `None` inside when an element
+    /// would overflow: the keys are then decoded unscaled.
+    fp8: std::sync::OnceLock<Option<Vec<f32>>>,
 }
 
 impl PaddedRows {
@@ -175,7 +181,20 @@ impl PaddedRows {
             vis,
             rows_pad,
             dp,
+            fp8: std::sync::OnceLock::new(),
         }
+    }
+
+    /// [`PaddedRows::q`] `× 2⁸` (see the field), or `None`: an element
+    /// would overflow, or no SIMD kernel reads fp8 keys folded here.
+    fn fp8_folded(&self) -> Option<&[f32]> {
+        #[cfg(target_arch = "x86_64")]
+        return self
+            .fp8
+            .get_or_init(|| crate::keys::x86::fp8_folded_query(&self.q))
+            .as_deref();
+        #[cfg(not(target_arch = "x86_64"))]
+        None
     }
 }
 
@@ -283,17 +302,12 @@ pub(super) fn score_blocks(
     let tiles = rp / MR;
     let streaming = tiles <= STREAMING_TILES;
     let paged = matches!(keys, Keys::Paged { .. });
-    // The SIMD kernels read fp8 keys as 2⁻⁸ × their values against the
-    // query × 2⁸: folded once per call (`None`: not fp8, no SIMD, or an
-    // element would overflow — the keys are then decoded unscaled). They
-    // check each piece for a NaN byte after reading it (no pass over the
-    // keys that waits on memory before the kernel runs).
-    let folded = match keys {
-        Keys::Dense(Encoded::Fp8E4m3(_)) | Keys::Paged { .. } if isa.is_some() => {
-            crate::keys::x86::fp8_folded_query(&rows.q)
-        }
-        _ => None,
-    };
+    // The SIMD kernels read fp8 keys in place as 2⁻⁸ × their values
+    // against the query × 2⁸, folded once per row group (see
+    // `PaddedRows::fp8_folded`). They check each piece for a NaN byte after
+    // reading it (no pass over the keys that waits on memory before the
+    // kernel runs). Keys decoded into a scratch are float32 and need none.
+    let fp8_in_place = isa.is_some() && keys.format() == Format::Fp8E4m3;
     let key_chunk = match (paged, tiles) {
         (false, 1) => usize::MAX,
         _ => key_chunk,
@@ -335,6 +349,9 @@ pub(super) fn score_blocks(
             },
             lead: lead.map_or(&[], |l| keys.bytes_from(c0.saturating_add(l), d, bs)),
         });
+        let folded = (fp8_in_place && in_place)
+            .then(|| rows.fp8_folded())
+            .flatten();
         for (t, tile_vis) in rows.vis.chunks_exact(MR).enumerate() {
             let lo = tile_vis.iter().copied().min().unwrap_or(0);
             let hi = tile_vis.iter().copied().max().unwrap_or(0);
@@ -345,7 +362,7 @@ pub(super) fn score_blocks(
             let tile = t * MR * rows.dp..(t + 1) * MR * rows.dp;
             let seg = Segment {
                 q: &rows.q[tile.clone()],
-                q_fp8_folded: folded.as_deref().map(|f| &f[tile]),
+                q_fp8_folded: folded.map(|f| &f[tile]),
                 dp: rows.dp,
                 keys: chunk,
                 base,
