@@ -294,33 +294,9 @@ fn a_paged_cache_with_shuffled_interleaved_pages_selects_what_the_contiguous_key
             seq_ids: &sid,
             query_pos: &pos,
         };
-        let mut logical = vec![7; n * h * w];
-        select_paged_into(
-            &inputs,
-            &cfg,
-            OutLayout::QueryMajor,
-            BlockIds::Logical,
-            &mut logical,
-        )
-        .unwrap();
-        let mut physical = vec![7; n * h * w];
-        select_paged_into(
-            &inputs,
-            &cfg,
-            OutLayout::QueryMajor,
-            BlockIds::Physical,
-            &mut physical,
-        )
-        .unwrap();
-        let mut hm = vec![7; n * h * w];
-        select_paged_into(
-            &inputs,
-            &cfg,
-            OutLayout::HeadMajor,
-            BlockIds::Logical,
-            &mut hm,
-        )
-        .unwrap();
+        let logical = paged_select(&inputs, &cfg, OutLayout::QueryMajor, BlockIds::Logical);
+        let physical = paged_select(&inputs, &cfg, OutLayout::QueryMajor, BlockIds::Physical);
+        let hm = paged_select(&inputs, &cfg, OutLayout::HeadMajor, BlockIds::Logical);
         assert_eq!(hm, head_major(&logical, n, h, w), "case {case}: head-major");
         for i in 0..n {
             let s = sid[i];
@@ -391,15 +367,7 @@ fn a_decode_prefetching_pages_ahead_selects_the_same_and_reads_no_entry_past_the
             seq_ids: &sid,
             query_pos: &pos,
         };
-        let mut got = vec![7; n_seqs * h * w];
-        select_paged_into(
-            &inputs,
-            &cfg,
-            OutLayout::QueryMajor,
-            BlockIds::Logical,
-            &mut got,
-        )
-        .unwrap();
+        let got = paged_select(&inputs, &cfg, OutLayout::QueryMajor, BlockIds::Logical);
         for s in 0..n_seqs {
             let mut want = vec![0; h * w];
             let qs = &q[s * h * d..(s + 1) * h * d];
@@ -411,6 +379,19 @@ fn a_decode_prefetching_pages_ahead_selects_the_same_and_reads_no_entry_past_the
             );
         }
     }
+}
+
+/// A paged call's output (`out` filled with 7 first, so a row left
+/// unwritten shows).
+fn paged_select(
+    inputs: &PagedBlocks<'_>,
+    cfg: &BlockSparseConfig,
+    layout: OutLayout,
+    ids: BlockIds,
+) -> Vec<i32> {
+    let mut out = vec![7; inputs.n_queries * inputs.n_kv_heads * cfg.width()];
+    select_paged_into(inputs, cfg, layout, ids, &mut out).unwrap();
+    out
 }
 
 /// One sequence of 10 tokens in pages of 4 (3 blocks), for the refusals.
