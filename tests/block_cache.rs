@@ -334,11 +334,14 @@ fn a_decode_prefetching_pages_ahead_selects_the_same_and_reads_no_entry_past_the
     // table entries past what each sequence needs are garbage, which a
     // prefetch that ran on past the sequence would read (and panic on).
     let mut rng = ChaCha8Rng::seed_from_u64(21);
-    for case in 0..48 {
+    // Every format with every dimension: leads of 32 to 512 keys, and with
+    // d 256 float32 chunks of half a page (a chunk that starts mid-page).
+    for case in 0..72 {
         let format = FORMATS[case % 4];
-        let bs = [16, 64, 128][case % 3];
+        let d = [64, 128, 256][case / 4 % 3];
+        let bs = [16, 64, 128][case / 12 % 3];
         let cfg = BlockSparseConfig::new(bs, rng.random_range(1..6), 0, 1).unwrap();
-        let (h, d) = (rng.random_range(1..9), [64, 128][case % 2]);
+        let h = rng.random_range(1..9);
         let n_seqs = rng.random_range(1..3);
         let lens: Vec<usize> = (0..n_seqs).map(|_| rng.random_range(200..1200)).collect();
         let seqs: Vec<RawKeys> = lens

@@ -373,7 +373,12 @@ pub(super) fn score_blocks(
                 vis: [tile_vis[0], tile_vis[1], tile_vis[2], tile_vis[3]],
                 bs,
                 b0,
-                stream,
+                // A tile that stops short of the chunk's end reads nothing
+                // that follows it: its L1 prefetch does not run on.
+                stream: stream.map(|s| match end == c1 {
+                    true => s,
+                    false => Stream { next: &[], ..s },
+                }),
             };
             let out = TileOut {
                 maxima: &mut *maxima,

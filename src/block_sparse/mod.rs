@@ -104,10 +104,11 @@
 //! a time (12 AVX2 accumulators), reducing each straight into a running
 //! per-row block maximum. All heads of a query are scored while a key row
 //! is in cache, so a decode step reads every key once, with software
-//! prefetch ahead of the kernel (and, from a paged cache, a page ahead into
-//! L2: the hardware prefetcher cannot follow a block table's jumps). Work is split across the crate's pool
-//! (never rayon's global one) by ranges of whole blocks, so each block is
-//! owned by one task and no merge is needed; inside a task, keys are walked
+//! prefetch ahead of the kernel (and, from a paged cache, a page or more
+//! ahead into L2: the hardware prefetcher cannot follow a block table's
+//! jumps). Work is split across the crate's pool (never rayon's global
+//! one) by ranges of whole blocks, so each block is owned by one task and
+//! no merge is needed; inside a task, keys are walked
 //! in L2-sized chunks against every row tile, and key ranges that no row of
 //! a tile can see are skipped (a causal prefill chunk does no work above
 //! its diagonal). The only scratch is one `f32` per (row, block) --

@@ -279,8 +279,10 @@ unsafe fn fold_piece<L: Load, S: Step>(
         let mut p = from;
         while p + S::KEYS <= to {
             if let Some(stream) = &seg.stream {
-                // The last whole step of the piece also fetches the keys
-                // its tail reads one or two at a time.
+                // The last whole step of the piece also issues the
+                // prefetches of the keys read after it one or two at a time
+                // (which issue none), so the lead does not lapse at each
+                // block's end.
                 let n = if p + 2 * S::KEYS > to {
                     to - p
                 } else {

@@ -53,8 +53,8 @@ pub(super) struct Segment<'a> {
 /// - into L1, the keys [`PREFETCH_KEYS`] further on, running on into `next`
 ///   past the segment's end;
 /// - into L2, the keys `i .. i + n` of `lead` (a paged cache's): a page or
-///   so ahead of the reading, the next page's keys long before the jump to
-///   them.
+///   more ahead of the reading, so that each page's keys are fetched long
+///   before the jump to them.
 ///
 /// Both are bytes of keys in their format, contiguous in memory (a run of
 /// a dense array, the rest of one page); past their end, nothing is
@@ -62,7 +62,8 @@ pub(super) struct Segment<'a> {
 #[derive(Clone, Copy)]
 pub(super) struct Stream<'a> {
     /// The keys that follow the segment in reading order (the rest of the
-    /// array, the next page); empty when nothing follows in the task.
+    /// array, the next page); empty when nothing follows in the task, or
+    /// the segment's tile stops short of its chunk.
     pub(super) next: &'a [u8],
     /// The keys a lead further on than the segment's first in reading
     /// order (see the engine's `lead_keys`); empty for a dense array.
