@@ -276,6 +276,7 @@ unsafe fn fold_piece<L: Load, S: Step>(
     let (from, to) = (piece.from, piece.to);
     if !piece.masked {
         let own = seg.keys.bytes(0, usize::MAX);
+        let kb = d * std::mem::size_of::<L::E>();
         let mut p = from;
         while p + S::KEYS <= to {
             if let Some(stream) = &seg.stream {
@@ -288,7 +289,7 @@ unsafe fn fold_piece<L: Load, S: Step>(
                 } else {
                     S::KEYS
                 };
-                stream.fetch_ahead(seg, own, p, n);
+                stream.fetch_ahead(seg, own, kb, p, n);
             }
             // SAFETY: keys p..p+KEYS exist ((end - base) * d <= keys.len(), p >= base).
             m = unsafe { step.fold::<L>(q, dp, kbase.add((p - base) * d), d, m) };

@@ -72,10 +72,10 @@ pub(super) struct Stream<'a> {
 
 impl Stream<'_> {
     /// Prefetches for the keys `p .. p + n` of `seg` as they are read
-    /// (`own`: the segment's keys as bytes): see [`Stream`].
+    /// (`own`: the segment's keys as bytes, `kb` bytes a key): see
+    /// [`Stream`].
     #[inline(always)]
-    fn fetch_ahead(&self, seg: &Segment<'_>, own: &[u8], p: usize, n: usize) {
-        let kb = seg.d * seg.keys.format().size();
+    fn fetch_ahead(&self, seg: &Segment<'_>, own: &[u8], kb: usize, p: usize, n: usize) {
         let (a, b) = (p + PREFETCH_KEYS, p + PREFETCH_KEYS + n);
         let at = |k: usize| (k.min(seg.end) - seg.base) * kb;
         prefetch(own, at(a), at(b), Level::L1);
