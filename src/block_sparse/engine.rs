@@ -80,10 +80,7 @@ impl Keys<'_> {
     fn format(&self) -> Format {
         match self {
             Keys::Dense(k) => k.format(),
-            Keys::Paged { cache, .. } => match cache.layout {
-                PageLayout::Dense(f) => f,
-                PageLayout::Fp8WithScales => Format::Fp8E4m3,
-            },
+            Keys::Paged { cache, .. } => cache.layout.key_format(),
         }
     }
 
@@ -375,9 +372,12 @@ pub(super) fn score_blocks(
                 b0,
                 // A tile that stops short of the chunk's end reads nothing
                 // that follows it: its L1 prefetch does not run on.
-                stream: stream.map(|s| match end == c1 {
-                    true => s,
-                    false => Stream { next: &[], ..s },
+                stream: stream.map(|s| {
+                    if end == c1 {
+                        s
+                    } else {
+                        Stream { next: &[], ..s }
+                    }
                 }),
             };
             let out = TileOut {

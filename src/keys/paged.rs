@@ -35,6 +35,17 @@ pub enum PageLayout {
     Fp8WithScales,
 }
 
+impl PageLayout {
+    /// The format of the keys a page stores (e4m3fn for the scaled layout,
+    /// whose scales follow the keys).
+    pub fn key_format(self) -> Format {
+        match self {
+            PageLayout::Dense(f) => f,
+            PageLayout::Fp8WithScales => Format::Fp8E4m3,
+        }
+    }
+}
+
 /// An engine's paged key cache, borrowed as bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct PagedCache<'a> {
@@ -114,11 +125,8 @@ impl PagedCache<'_> {
     /// [`check`]: PagedCache::check
     pub fn page_keys(&self, page: usize) -> Option<Encoded<'_>> {
         let (n, start) = (self.block_size * self.d, page * self.page_stride);
-        let (format, size) = match self.layout {
-            PageLayout::Dense(f) => (f, f.size()),
-            PageLayout::Fp8WithScales => (Format::Fp8E4m3, 1),
-        };
-        let bytes = &self.bytes[start..start + n * size];
+        let format = self.layout.key_format();
+        let bytes = &self.bytes[start..start + n * format.size()];
         Some(match format {
             Format::F32 => Encoded::F32(bytemuck::try_cast_slice(bytes).ok()?),
             Format::F16 => Encoded::F16(bytemuck::try_cast_slice(bytes).ok()?),

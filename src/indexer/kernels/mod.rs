@@ -386,19 +386,10 @@ fn prefetch_runs(next: &[u8], tiles: usize) -> impl Iterator<Item = &[u8]> {
     next.chunks(per).chain(std::iter::repeat(&[][..]))
 }
 
-/// Hints the cache hierarchy to fetch line `i` of `run` into L2 (nothing
-/// past the run).
+/// Hints the cache hierarchy to fetch line `i` of `run` into L1 (and so
+/// L2; nothing past the run): [`crate::keys::prefetch`] of its first byte.
 #[inline(always)]
 fn prefetch_line(run: &[u8], i: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(line) = run.get(i * 64..).filter(|l| !l.is_empty()) {
-        // SAFETY: a prefetch reads nothing architecturally; the address is
-        // within `run`.
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8)
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (run, i);
+    let at = i.saturating_mul(64);
+    crate::keys::prefetch(run, at, at.saturating_add(1), crate::keys::Level::L1);
 }
