@@ -54,17 +54,27 @@ def main() -> None:
     t_index, rows = best(lambda: ks.indexer_topk(q, w, k8, pos, topk, key_scale=scale), args.repeat)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "dump.npz")
-        checking.save_dump(path, "topk", rows=rows.astype(np.int64), index_q=q, weights=w,
-                           index_k=k8, key_scale=scale, query_pos=pos, topk=topk,
-                           precision="float32")
+        checking.save_dump(
+            path,
+            "topk",
+            rows=rows.astype(np.int64),
+            index_q=q,
+            weights=w,
+            index_k=k8,
+            key_scale=scale,
+            query_pos=pos,
+            topk=topk,
+            precision="float32",
+        )
         t_dump, result = best(lambda: checking.check_dump(path), args.repeat)
-    t_assert, report = best(lambda: testing.assert_topk(rows, q, w, k8, pos, topk, key_scale=scale),
-                            args.repeat)
-    print(f"{n_q} queries x {n_k} keys x {h} heads x d {d}, top-k {topk} (min of {args.repeat}): "
-          f"indexer_topk {t_index:.2f} s; check_dump {t_dump:.2f} s ({result['wrong']} wrong of "
-          f"{result['rows']} rows) = {t_dump / t_index:.2f}x the indexer call; assert_topk "
-          f"{t_assert:.2f} s ({report['wrong']} wrong, {report['vacuous']} vacuous) = "
-          f"{t_assert / t_index:.2f}x the indexer call")
+    t_assert, report = best(lambda: testing.assert_topk(rows, q, w, k8, pos, topk, key_scale=scale), args.repeat)
+    print(
+        f"{n_q} queries x {n_k} keys x {h} heads x d {d}, top-k {topk} (min of {args.repeat}): "
+        f"indexer_topk {t_index:.2f} s; check_dump {t_dump:.2f} s ({result['wrong']} wrong of "
+        f"{result['rows']} rows) = {t_dump / t_index:.2f}x the indexer call; assert_topk "
+        f"{t_assert:.2f} s ({report['wrong']} wrong, {report['vacuous']} vacuous) = "
+        f"{t_assert / t_index:.2f}x the indexer call"
+    )
 
 
 if __name__ == "__main__":

@@ -129,9 +129,7 @@ def bench_witnesses(quick: bool) -> list:
                     # into it (np.copy's cost swings with the allocator).
                     "copy_new": lambda: np.copyto(np.empty_like(pristine), pristine),
                     "scatter": lambda: ks.scatter_topology_witnesses(buf, lens, SEGMENTS),
-                    "apply": lambda: ks.apply_topology_witnesses(
-                        pristine, lens, TOPK - SEGMENTS, SEGMENTS, SEGMENTS
-                    ),
+                    "apply": lambda: ks.apply_topology_witnesses(pristine, lens, TOPK - SEGMENTS, SEGMENTS, SEGMENTS),
                     "apply_out": lambda: ks.apply_topology_witnesses(
                         pristine, lens, TOPK - SEGMENTS, SEGMENTS, SEGMENTS, out=out_buf
                     ),
@@ -413,10 +411,7 @@ def bench_block_engine(quick: bool) -> list:
                 "case": case,
                 "ms": ns / 1e6,
                 "agree": bool(agree),
-                "ratios": [
-                    {"against": a, "ratio": r, "target": _target(t), "met": _met(r, t)}
-                    for a, r, t in ratios
-                ],
+                "ratios": [{"against": a, "ratio": r, "target": _target(t), "met": _met(r, t)} for a, r, t in ratios],
             }
         )
 
@@ -439,21 +434,14 @@ def bench_block_engine(quick: bool) -> list:
     dense = {name: k32.astype(dt) for name, dt in formats.items()}
     paged = {name: _shuffled_pages(dense[name], bs, rng) for name in low}
     q1, lens, seq, last = q[None], np.array([n], np.int32), np.zeros(1, np.int32), [n - 1]
-    cases = {
-        f"dense {name}": (lambda k=k: ks.block_sparse_select(q, k, n - 1, cfg))
-        for name, k in dense.items()
-    }
+    cases = {f"dense {name}": (lambda k=k: ks.block_sparse_select(q, k, n - 1, cfg)) for name, k in dense.items()}
     for name, (cache, table) in paged.items():
-        cases[f"paged {name}"] = lambda c=cache, b=table: ks.block_sparse_select_paged(
-            q1, c, b, lens, seq, last, cfg
-        )
+        cases[f"paged {name}"] = lambda c=cache, b=table: ks.block_sparse_select_paged(q1, c, b, lens, seq, last, cfg)
     # float32 against the whole rule in NumPy; every other format against
     # float32 on its decoded keys; paged against float32 on its pages
     # decoded and read back in the block table's order.
     agree = {
-        "dense float32": np.array_equal(
-            cases["dense float32"](), numpy_block_select(q1, k32, [n - 1], bs, 16, 0, 1)[0]
-        )
+        "dense float32": np.array_equal(cases["dense float32"](), numpy_block_select(q1, k32, [n - 1], bs, 16, 0, 1)[0])
     }
     for name, k in dense.items():
         if name != "float32":
@@ -500,30 +488,19 @@ def bench_block_engine(quick: bool) -> list:
     lens, seq = np.array([n], np.int32), np.zeros(m, np.int32)
     out_qm = np.empty((m, 4, cfg.width), dtype=np.int32)
     out_hm = np.empty((4, m, cfg.width), dtype=np.int32)
-    cases = {
-        f"dense {name}": (lambda k=k: ks.block_sparse_select(qs, k, pos, cfg))
-        for name, k in pre.items()
-    }
-    cases["paged bfloat16"] = lambda: ks.block_sparse_select_paged(
-        qs, cache, table, lens, seq, pos, cfg
-    )
+    cases = {f"dense {name}": (lambda k=k: ks.block_sparse_select(qs, k, pos, cfg)) for name, k in pre.items()}
+    cases["paged bfloat16"] = lambda: ks.block_sparse_select_paged(qs, cache, table, lens, seq, pos, cfg)
     k_pre = pre["float32"]
     cases["query-major"] = lambda: ks.block_sparse_select(qs, k_pre, pos, cfg, out=out_qm)
-    cases["head-major"] = lambda: ks.block_sparse_select(
-        qs, k_pre, pos, cfg, head_major=True, out=out_hm
-    )
+    cases["head-major"] = lambda: ks.block_sparse_select(qs, k_pre, pos, cfg, head_major=True, out=out_hm)
     f32_rows = cases["dense float32"]()
-    agree = {
-        "dense float32": np.array_equal(f32_rows, numpy_block_select(qs, k_pre, pos, bs, 16, 0, 1))
-    }
+    agree = {"dense float32": np.array_equal(f32_rows, numpy_block_select(qs, k_pre, pos, bs, 16, 0, 1))}
     for name in low[1:]:
         agree[f"dense {name}"] = np.array_equal(
             cases[f"dense {name}"](), ks.block_sparse_select(qs, _decoded(pre[name]), pos, cfg)
         )
     logical = _decoded(cache[table[0]].reshape(n, 128))
-    agree["paged bfloat16"] = np.array_equal(
-        cases["paged bfloat16"](), ks.block_sparse_select(qs, logical, pos, cfg)
-    )
+    agree["paged bfloat16"] = np.array_equal(cases["paged bfloat16"](), ks.block_sparse_select(qs, logical, pos, cfg))
     del logical
     cases["query-major"]()
     cases["head-major"]()
@@ -634,22 +611,20 @@ def bench_attention(quick: bool) -> list:
     }
     if theirs:
         row["torch_ms"] = t["torch sdpa"] / 1e6
-        row["torch_rel_error"] = ks.output_relative_error(
-            theirs["torch sdpa"]()[0, 0].numpy(), ours[:, 0]
-        )
+        row["torch_rel_error"] = ks.output_relative_error(theirs["torch sdpa"]()[0, 0].numpy(), ours[:, 0])
     out.append(row)
     # Sparse decode: 32 queries, 8 query heads over 2 KV heads, d = 128.
     nq, hq, hkv, d = 32, 8, 2, 128
     qs = rng.standard_normal((nq, hq, d), dtype=np.float32)
-    for label, length, budget in (
-        [("k", 32768, b) for b in (128, 512, 2048)] + [("L", n_, 512) for n_ in (4096, 32768)]
-    ):
+    for label, length, budget in [("k", 32768, b) for b in (128, 512, 2048)] + [("L", n_, 512) for n_ in (4096, 32768)]:
         kk = rng.standard_normal((length, hkv, d), dtype=np.float32)
         vv = rng.standard_normal((length, hkv, d), dtype=np.float32)
         p = np.full(nq, length - 1)
-        sel = np.sort(
-            np.stack([rng.choice(length, budget, replace=False) for _ in range(nq * hkv)]), axis=1
-        ).reshape(nq, hkv, budget).astype(np.int32)
+        sel = (
+            np.sort(np.stack([rng.choice(length, budget, replace=False) for _ in range(nq * hkv)]), axis=1)
+            .reshape(nq, hkv, budget)
+            .astype(np.int32)
+        )
         # With torch, its batched products run interleaved with ours, each
         # after the idle pause; alone, ours is timed back to back as before.
         theirs = torch_cases.sparse_attention_cases(qs, kk, vv, sel)
@@ -659,8 +634,7 @@ def bench_attention(quick: bool) -> list:
             pause=PAUSE_S if theirs else 0.0,
         )
         row = {
-            "case": f"sparse, 32 queries × 8 heads (GQA 4:1), d = 128, L = {length:,}, "
-            f"k = {budget}",
+            "case": f"sparse, 32 queries × 8 heads (GQA 4:1), d = 128, L = {length:,}, k = {budget}",
             "ours_ms": t["ours"] / 1e6,
             "us_per_query_head_per_key": t["ours"] / 1e3 / (nq * hq * budget),
         }
@@ -701,14 +675,10 @@ def bench_threads(quick: bool) -> list:
     k16 = rng.standard_normal((16384, 128), dtype=np.float32)
     q512 = rng.standard_normal((512, 4, 128), dtype=np.float32)
     p512 = np.arange(16384 - 512, 16384)
-    cases["block prefill scoring, 512 × 4 heads × 16,384"] = lambda: ks.block_sparse_select(
-        q512, k16, p512, cfg
-    )
+    cases["block prefill scoring, 512 × 4 heads × 16,384"] = lambda: ks.block_sparse_select(q512, k16, p512, cfg)
     k131 = rng.standard_normal((131072, 128), dtype=np.float32)
     q4 = rng.standard_normal((4, 128), dtype=np.float32)
-    cases["block decode, 131,072 positions (memory)"] = lambda: ks.block_sparse_select(
-        q4, k131, 131071, cfg
-    )
+    cases["block decode, 131,072 positions (memory)"] = lambda: ks.block_sparse_select(q4, k131, 131071, cfg)
     n = 4096
     qa, ka, va = (rng.standard_normal((n, 2, 64), dtype=np.float32) for _ in range(3))
     pa = np.arange(n)
@@ -835,8 +805,7 @@ def blas_info() -> str:
         from threadpoolctl import threadpool_info
 
         infos = [
-            f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')} "
-            f"x{i.get('num_threads')}"
+            f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')} x{i.get('num_threads')}"
             for i in threadpool_info()
             if i.get("user_api") == "blas"
         ]
@@ -955,16 +924,11 @@ def print_block_engine_table(rows: list) -> None:
         ms = r["ms"]
         ratios = "; ".join(
             f"{x['ratio']:.2f}× {x['against']}"
-            + (
-                ""
-                if x["target"] is None
-                else f" ({x['target']}: {'met' if x['met'] else '**missed**'})"
-            )
+            + ("" if x["target"] is None else f" ({x['target']}: {'met' if x['met'] else '**missed**'})")
             for x in r["ratios"]
         )
         print(
-            f"| {r['case']} | {ms:.{2 if ms >= 1 else 3}f} | {ratios or 'baseline'} | "
-            f"{'yes' if r['agree'] else 'NO'} |"
+            f"| {r['case']} | {ms:.{2 if ms >= 1 else 3}f} | {ratios or 'baseline'} | {'yes' if r['agree'] else 'NO'} |"
         )
 
 
@@ -979,10 +943,7 @@ def print_attention_table(rows: list) -> None:
         "scaled_dot_product_attention; sparse cost, beside torch's gather + softmax; torch's "
         "rel. error is against our output)\n"
     )
-    print(
-        "| case | ours ms | NumPy ms | ratio | note | torch ms | ours / torch | "
-        "torch rel. error |"
-    )
+    print("| case | ours ms | NumPy ms | ratio | note | torch ms | ours / torch | torch rel. error |")
     print("|---|---:|---:|---:|---|---:|---:|---:|")
     for r in rows:
         torch = "not installed | | "
@@ -990,8 +951,7 @@ def print_attention_table(rows: list) -> None:
             bad = not r["torch_rel_error"] <= ATTENTION_TOLERANCE  # NaN is bad too
             torch = (
                 f"{r['torch_ms']:.{1 if 'numpy_ms' in r else 2}f} | "
-                f"{r['ours_ms'] / r['torch_ms']:.2f}× | {r['torch_rel_error']:.1e}"
-                + (" **disagrees**" if bad else "")
+                f"{r['ours_ms'] / r['torch_ms']:.2f}× | {r['torch_rel_error']:.1e}" + (" **disagrees**" if bad else "")
             )
         if "numpy_ms" in r:
             print(
@@ -1019,10 +979,7 @@ def print_threads_table(rows: list) -> None:
     print("|---|---:|---:|---:|")
     for r in rows:
         if "speedup" in r:
-            print(
-                f"| {r['case']} | {r['one_thread_ms']:.2f} | {r['two_threads_ms']:.2f} | "
-                f"{r['speedup']:.2f}× |"
-            )
+            print(f"| {r['case']} | {r['one_thread_ms']:.2f} | {r['two_threads_ms']:.2f} | {r['speedup']:.2f}× |")
         else:
             print(
                 f"| {r['case']}: scatter reads {r['scatter_read_gbps']:.1f} GB/s; a copy "

@@ -31,20 +31,21 @@ from kvselect.checking.files import expand
 def cpu() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines()
-                    if line.startswith("Model name"))
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
     except (OSError, StopIteration):
         return "unknown CPU"
 
 
-def make_corpus(folder: Path, dumps: int, layers: int, kv_heads: int, group: int, tokens: int,
-                d: int) -> None:
+def make_corpus(folder: Path, dumps: int, layers: int, kv_heads: int, group: int, tokens: int, d: int) -> None:
     rng = np.random.default_rng(0)
     for i in range(dumps):
-        save_dump(folder / f"layer_block_{i:03d}.npz", "workload",
-                  q=rng.standard_normal((layers, kv_heads * group, tokens, d)).astype(np.float16),
-                  k=rng.standard_normal((layers, kv_heads, tokens, d)).astype(np.float16),
-                  v=rng.standard_normal((layers, kv_heads, tokens, d)).astype(np.float16))
+        save_dump(
+            folder / f"layer_block_{i:03d}.npz",
+            "workload",
+            q=rng.standard_normal((layers, kv_heads * group, tokens, d)).astype(np.float16),
+            k=rng.standard_normal((layers, kv_heads, tokens, d)).astype(np.float16),
+            v=rng.standard_normal((layers, kv_heads, tokens, d)).astype(np.float16),
+        )
 
 
 def untimed(report: evaluate.Report) -> str:
@@ -99,32 +100,42 @@ def main() -> None:
         with corpus.Dask(workers=args.workers):
             startup = time.perf_counter() - t0  # a local cluster's start-up alone
 
-    same = ([untimed(r) for r in dist.reports] == [untimed(r) for r in serial.reports]
-            and untimed(dist.pooled) == untimed(serial.pooled))
+    same = [untimed(r) for r in dist.reports] == [untimed(r) for r in serial.reports] and untimed(
+        dist.pooled
+    ) == untimed(serial.pooled)
     task_s = statistics.median(dist.stats.seconds)
     serial_task_s = statistics.median(serial.stats.seconds)
     bytes_task = statistics.median(dist.stats.bytes_read)
     busy = sum(dist.stats.seconds)
-    print(f"CPU: {cpu()}; corpus: {args.dumps} dumps x {args.layers} layers x {args.kv_heads} KV heads "
-          f"(group {args.group}, d {args.dim}, {args.tokens} tokens, float16) = {tasks} tasks, "
-          f"{size / 2**20:.0f} MiB; {args.queries} queries, k = {args.budget}")
+    print(
+        f"CPU: {cpu()}; corpus: {args.dumps} dumps x {args.layers} layers x {args.kv_heads} KV heads "
+        f"(group {args.group}, d {args.dim}, {args.tokens} tokens, float16) = {tasks} tasks, "
+        f"{size / 2**20:.0f} MiB; {args.queries} queries, k = {args.budget}"
+    )
     print()
     print("| run | wall s | vs serial | task median s | bytes read / task | same numbers |")
     print("|---|---:|---:|---:|---:|---|")
-    print(f"| serial (one process) | {serial_s:.2f} | 1.00x | {serial_task_s:.3f} | "
-          f"{bytes_task / 2**20:.2f} MiB | - |")
-    print(f"| Dask, {args.workers} workers (start-up {startup:.1f} s included) | {dist_s:.2f} | "
-          f"{serial_s / dist_s:.2f}x | {task_s:.3f} | {bytes_task / 2**20:.2f} MiB | "
-          f"{'yes' if same else 'NO'} |")
-    print(f"| Dask, {args.workers} workers, start-up excluded | {dist_s - startup:.2f} | "
-          f"{serial_s / (dist_s - startup):.2f}x | | | |")
+    print(f"| serial (one process) | {serial_s:.2f} | 1.00x | {serial_task_s:.3f} | {bytes_task / 2**20:.2f} MiB | - |")
+    print(
+        f"| Dask, {args.workers} workers (start-up {startup:.1f} s included) | {dist_s:.2f} | "
+        f"{serial_s / dist_s:.2f}x | {task_s:.3f} | {bytes_task / 2**20:.2f} MiB | "
+        f"{'yes' if same else 'NO'} |"
+    )
+    print(
+        f"| Dask, {args.workers} workers, start-up excluded | {dist_s - startup:.2f} | "
+        f"{serial_s / (dist_s - startup):.2f}x | | | |"
+    )
     print()
-    print(f"scheduler round trip per task (no-op tasks): {overhead * 1e3:.2f} ms = "
-          f"{overhead / task_s * 100:.2f}% of a task; busy {busy:.1f} task-s over "
-          f"{dist_s - startup:.1f} s x {args.workers} workers")
-    print(f"on N machines of W workers: wall ~ {busy:.1f} task-s / (N W) + start-up, while "
-          f"N W <= {tasks} tasks; each task reads {bytes_task / 2**20:.2f} MiB "
-          f"(from object storage at B MB/s, add {bytes_task / 1e6:.2f} / B s per task)")
+    print(
+        f"scheduler round trip per task (no-op tasks): {overhead * 1e3:.2f} ms = "
+        f"{overhead / task_s * 100:.2f}% of a task; busy {busy:.1f} task-s over "
+        f"{dist_s - startup:.1f} s x {args.workers} workers"
+    )
+    print(
+        f"on N machines of W workers: wall ~ {busy:.1f} task-s / (N W) + start-up, while "
+        f"N W <= {tasks} tasks; each task reads {bytes_task / 2**20:.2f} MiB "
+        f"(from object storage at B MB/s, add {bytes_task / 1e6:.2f} / B s per task)"
+    )
     if not same:
         raise SystemExit("the distributed reports differ from the serial ones")
 

@@ -27,8 +27,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "
 from dlpack_producers import NumpyExport as Export, Producer, bf16_bits
 
 
-
-
 def cpu_model() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
@@ -58,8 +56,7 @@ def main() -> None:
         ks.indexer_topk(q, w, k, pos, topk, key_format="bfloat16", out=out)
 
     def dlpack_call():
-        ks.indexer_topk(Export(q), Export(w), Producer(k, dtype="bfloat16"), Export(pos), topk,
-                        out=Export(out))
+        ks.indexer_topk(Export(q), Export(w), Producer(k, dtype="bfloat16"), Export(pos), topk, out=Export(out))
 
     numpy_call()
     want = out.copy()
@@ -74,8 +71,10 @@ def main() -> None:
             times[name].append(time.perf_counter() - t0)
     med = {name: statistics.median(v) for name, v in times.items()}
     print(f"CPU: {cpu_model()}")
-    print(f"indexer_topk, {n} queries x {t} bf16 keys x {h} heads x d {d}, topk {topk}, "
-          f"{a.repeat} interleaved runs each, simd {ks.simd_level()}")
+    print(
+        f"indexer_topk, {n} queries x {t} bf16 keys x {h} heads x d {d}, topk {topk}, "
+        f"{a.repeat} interleaved runs each, simd {ks.simd_level()}"
+    )
     print(f"  NumPy buffers  median {med['numpy'] * 1e3:9.3f} ms")
     print(f"  DLPack objects median {med['dlpack'] * 1e3:9.3f} ms")
     print(f"  ratio {med['dlpack'] / med['numpy']:.3f}x (bar: <= 1.05x)")
@@ -85,8 +84,10 @@ def main() -> None:
     per_view = min(timeit.repeat(lambda: _dlpack_array(view), number=1000, repeat=5)) / 1000
     producer = Producer(k, dtype="bfloat16")
     per_capsule = min(timeit.repeat(lambda: producer.__dlpack__(max_version=(1, 3)), number=200, repeat=5)) / 200
-    print(f"  per argument: NumPy export + kvselect view {per_view * 1e6:.1f} us; "
-          f"the ctypes producer's own capsule {per_capsule * 1e6:.1f} us")
+    print(
+        f"  per argument: NumPy export + kvselect view {per_view * 1e6:.1f} us; "
+        f"the ctypes producer's own capsule {per_capsule * 1e6:.1f} us"
+    )
 
 
 if __name__ == "__main__":

@@ -150,8 +150,9 @@ def prefill_memory() -> dict:
     here = os.path.dirname(os.path.abspath(__file__))
     out = {}
     for name in who:
-        r = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, name, here],
-                           capture_output=True, text=True, check=True)
+        r = subprocess.run(
+            [sys.executable, "-c", _MEMORY_PROBE, name, here], capture_output=True, text=True, check=True
+        )
         out[name] = int(r.stdout.strip()) / 1024
     return out
 
@@ -166,7 +167,7 @@ def fp8_pages(fp8, scale, bs: int, seed: int = 1):
     perm = np.random.default_rng(seed).permutation(nb)
     pages = np.zeros((nb, bs * (d + 4)), np.uint8)
     pages[perm, : bs * d] = fp8.reshape(nb, bs * d)
-    pages[perm, bs * d:] = scale.reshape(nb, bs).view(np.uint8)
+    pages[perm, bs * d :] = scale.reshape(nb, bs).view(np.uint8)
     return pages.reshape(nb, bs, 1, d + 4), perm[None].astype(np.int32)
 
 
@@ -181,10 +182,10 @@ def formats_and_witnesses(reps: int) -> dict:
     cases = {
         "float32": lambda: ks.indexer_topk(q, w, k, pos, TOPK),
         "bfloat16": lambda: ks.indexer_topk(q, w, bf16, pos, TOPK, key_format="bfloat16"),
-        "fp8 + scales": lambda: ks.indexer_topk(q, w, fp8, pos, TOPK, key_scale=scale,
-                                                key_format="float8_e4m3fn"),
+        "fp8 + scales": lambda: ks.indexer_topk(q, w, fp8, pos, TOPK, key_scale=scale, key_format="float8_e4m3fn"),
         "paged fp8 (vLLM pages, shuffled)": lambda: ks.indexer_topk_paged(
-            q, w, cache, table, [DECODE_T], [0], pos, TOPK, page_layout="fp8_scaled"),
+            q, w, cache, table, [DECODE_T], [0], pos, TOPK, page_layout="fp8_scaled"
+        ),
         # The same T keys as DeepSeek-V4 CSA entries, seen from token 4T - 1:
         # the cost per key must be the token-level one (issue 25: <= 1.1x).
         "compressed entries (m=4)": lambda: ks.indexer_topk(q, w, k, 4 * pos + 3, TOPK, compress_ratio=4),
@@ -205,8 +206,11 @@ def threads(reps: int) -> dict:
             ks.set_num_threads(n)
             floor, floor_flops = floor_case(flops)
             sec = seconds({"ours": lambda: ks.indexer_topk(q, w, k, pos, TOPK), "floor": floor}, reps)
-            out[n] = {"ms": sec["ours"] * 1e3, "gflops": flops / sec["ours"] / 1e9,
-                      "floor_gflops": floor_flops / sec["floor"] / 1e9}
+            out[n] = {
+                "ms": sec["ours"] * 1e3,
+                "gflops": flops / sec["ours"] / 1e9,
+                "floor_gflops": floor_flops / sec["floor"] / 1e9,
+            }
     finally:
         ks.set_num_threads(before)
     return out
@@ -235,8 +239,10 @@ def bench_indexer(quick: bool) -> dict:
 
 
 def print_indexer_table(r: dict) -> None:
-    print(f"\nLightning indexer, {H} heads, d {D}, top-k {TOPK}, float32 keys, "
-          f"{ks.get_num_threads()} threads, SIMD {ks.simd_level()}")
+    print(
+        f"\nLightning indexer, {H} heads, d {D}, top-k {TOPK}, float32 keys, "
+        f"{ks.get_num_threads()} threads, SIMD {ks.simd_level()}"
+    )
     print("(ratios are time against ours; the floor is the FMA loop timed in the same run)\n")
     names = ["numpy product", "numpy pipeline", "torch product", "torch pipeline"]
     print("| case | ours ms | GFLOP/s | of the FMA floor | " + " | ".join(names) + " |")
@@ -245,27 +251,39 @@ def print_indexer_table(r: dict) -> None:
         c = r[case]
         ours = c["ms"]["ours"]
         gflops = c["flops"] / ours / 1e6
-        cells = [f"{c['ms'][n]:.1f} ({c['ms'][n] / ours:.2f}×)" if n in c["ms"] else "not installed"
-                 for n in names]
+        cells = [f"{c['ms'][n]:.1f} ({c['ms'][n] / ours:.2f}×)" if n in c["ms"] else "not installed" for n in names]
         label = f"{case}: {c['n_queries']} × {c['n_keys']:,} keys"
-        print(f"| {label} | {ours:.1f} | {gflops:.0f} | {gflops / c['floor_gflops']:.0%} "
-              f"of {c['floor_gflops']:.0f} | " + " | ".join(cells) + " |")
+        print(
+            f"| {label} | {ours:.1f} | {gflops:.0f} | {gflops / c['floor_gflops']:.0%} "
+            f"of {c['floor_gflops']:.0f} | " + " | ".join(cells) + " |"
+        )
     mem = r["prefill_memory_mib"]
-    print("\nPrefill peak extra memory (fresh process each): " + ", ".join(
-        f"{n} {m:.1f} MiB" for n, m in mem.items())
-          + f" — ours is {mem['ours'] / mem['numpy pipeline']:.2%} of NumPy's")
+    print(
+        "\nPrefill peak extra memory (fresh process each): "
+        + ", ".join(f"{n} {m:.1f} MiB" for n, m in mem.items())
+        + f" — ours is {mem['ours'] / mem['numpy pipeline']:.2%} of NumPy's"
+    )
     f = r["formats_ms"]
     base = f["float32"]
-    print("\nDecode by key format and with the fused witnesses (ms, ratio to float32): " + ", ".join(
-        f"{n} {ms:.2f} ({ms / base:.3f}×)" for n, ms in f.items()))
+    print(
+        "\nDecode by key format and with the fused witnesses (ms, ratio to float32): "
+        + ", ".join(f"{n} {ms:.2f} ({ms / base:.3f}×)" for n, ms in f.items())
+    )
     t = r["threads"]
-    print("\nThreads (decode): " + "; ".join(
-        f"{n}: {v['ms']:.1f} ms, {v['gflops']:.0f} GFLOP/s = {v['gflops'] / v['floor_gflops']:.0%} "
-        f"of the {v['floor_gflops']:.0f} GFLOP/s floor" for n, v in t.items())
-          + f"; speed-up {t[1]['ms'] / t[2]['ms']:.2f}×")
+    print(
+        "\nThreads (decode): "
+        + "; ".join(
+            f"{n}: {v['ms']:.1f} ms, {v['gflops']:.0f} GFLOP/s = {v['gflops'] / v['floor_gflops']:.0%} "
+            f"of the {v['floor_gflops']:.0f} GFLOP/s floor"
+            for n, v in t.items()
+        )
+        + f"; speed-up {t[1]['ms'] / t[2]['ms']:.2f}×"
+    )
     s = r["scaling"]
-    print("\nDecode cost against T: " + ", ".join(
-        f"{n:,}: {v['ms']:.2f} ms ({v['ns_per_key']:.0f} ns/key)" for n, v in s.items()))
+    print(
+        "\nDecode cost against T: "
+        + ", ".join(f"{n:,}: {v['ms']:.2f} ms ({v['ns_per_key']:.0f} ns/key)" for n, v in s.items())
+    )
     for case in ("decode", "prefill"):
         if not r[case]["same_sets_as_numpy"]:
             print(f"\nWARNING: {case}: the rows' sets differ from NumPy's pipeline")

@@ -173,10 +173,12 @@ def block_cases(q, k, pos, bs: int, top: int, init: int, local: int) -> dict:
     tq, tk = torch.from_numpy(q), torch.from_numpy(k)
     tp = torch.as_tensor(pos, dtype=torch.int64).reshape(q.shape[0])
     flat = tq.reshape(-1, q.shape[-1])
-    return _warmed({
-        "torch product": lambda: tk @ flat.T,
-        "torch pipeline": lambda: block_select(torch, tq, tk, tp, bs, top, init, local),
-    })
+    return _warmed(
+        {
+            "torch product": lambda: tk @ flat.T,
+            "torch pipeline": lambda: block_select(torch, tq, tk, tp, bs, top, init, local),
+        }
+    )
 
 
 # --------------------------------------------------------------------------

@@ -65,8 +65,11 @@ def _edits(tree: ast.Module, module: Any) -> Tuple[List[Tuple[int, int, str]], L
                 continue  # not at run time (a stub-only alias): stubtest's concern
             doc = _runtime_doc(obj)
             first = node.body[0]
-            has = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+            has = (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
                 and isinstance(first.value.value, str)
+            )
             indent = " " * (node.col_offset + 4)
             if has:
                 assert first.end_lineno is not None

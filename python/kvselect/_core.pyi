@@ -2052,7 +2052,6 @@ def _dlpack_array(obj: Any, name: str = "array") -> tuple[npt.NDArray[Any], Opti
     checks read arrays through NumPy. An ndarray is returned as itself.
     """
 
-
 # DeepSeek-V4's attention sets, vLLM's combined index rows, GLM-5-Next's pools (src/compressed/)
 
 def window_positions(

@@ -190,14 +190,11 @@ def _heads(x: np.ndarray, tokens: int, heads: int, what: str) -> np.ndarray:
     """[1, T, H*D] or [1, T, H, D] -> [H, T, D]."""
     if x.ndim < 2 or x.shape[0] != 1 or x.shape[1] != tokens:
         raise DumpError(
-            f"{what}: expected an output [1, {tokens}, ...] (batch 1, one row per token), "
-            f"got shape {x.shape}"
+            f"{what}: expected an output [1, {tokens}, ...] (batch 1, one row per token), got shape {x.shape}"
         )
     flat = x.reshape(tokens, -1)
     if flat.shape[1] % heads:
-        raise DumpError(
-            f"{what}: output width {flat.shape[1]} is not a multiple of {heads} heads"
-        )
+        raise DumpError(f"{what}: output width {flat.shape[1]} is not a multiple of {heads} heads")
     return np.ascontiguousarray(flat.reshape(tokens, heads, -1).transpose(1, 0, 2))
 
 
@@ -223,10 +220,7 @@ def _cos_sin(output: Any, tokens: int, head_dim: int, what: str) -> Tuple[np.nda
     cos, sin = cos[-tokens:], sin[-tokens:]  # a cached table longer than the input
     rot = cos.shape[1]
     if cos.shape[0] != tokens or rot % 2 or rot > head_dim:
-        raise DumpError(
-            f"{what}: cos/sin shape {cos.shape} does not fit {tokens} tokens and head_dim "
-            f"{head_dim}"
-        )
+        raise DumpError(f"{what}: cos/sin shape {cos.shape} does not fit {tokens} tokens and head_dim {head_dim}")
     return cos, sin
 
 
@@ -283,9 +277,7 @@ def dump_qkv(
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise DumpError(f"{what}: expected a positive int, got {n!r}")
     if num_heads % num_kv_heads:
-        raise DumpError(
-            f"num_heads = {num_heads} is not a multiple of num_kv_heads = {num_kv_heads}"
-        )
+        raise DumpError(f"num_heads = {num_heads} is not a multiple of num_kv_heads = {num_kv_heads}")
     shape = tuple(getattr(input_ids, "shape", ()))
     if len(shape) != 2 or shape[0] != 1 or shape[1] < 2:
         raise DumpError(f"input_ids: expected shape [1, tokens >= 2], got {shape}")
@@ -381,9 +373,7 @@ def dump_qkv(
         "layer_ids": np.asarray(chosen, dtype=np.int64),
     }
     scalings = [getattr(found[i].parent, "scaling", None) for i in chosen]
-    numbers = [
-        float(s) for s in scalings if isinstance(s, (int, float)) and not isinstance(s, bool)
-    ]
+    numbers = [float(s) for s in scalings if isinstance(s, (int, float)) and not isinstance(s, bool)]
     if len(numbers) == len(chosen) and len(set(numbers)) == 1:
         out["scale"] = np.asarray(numbers[0], dtype=np.float64)
     return out
@@ -463,8 +453,7 @@ def save(
     path.parent.mkdir(parents=True, exist_ok=True)
     formats = {k: v for k, v in out.items() if k.endswith("_format")}
     try:
-        save_dump(path, "workload", **{k: v for k, v in out.items() if k not in formats},
-                  **formats)
+        save_dump(path, "workload", **{k: v for k, v in out.items() if k not in formats}, **formats)
     except FormatError as e:
         raise DumpError(str(e)) from None
     return path
@@ -486,12 +475,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="the .npz to write")
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens to keep (default 4096)")
     p.add_argument(
-        "--layers", type=int, nargs="+", default=None,
+        "--layers",
+        type=int,
+        nargs="+",
+        default=None,
         help="attention layer indices to dump (default: all)",
     )
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
     p.add_argument(
-        "--no-rotary", action="store_true",
+        "--no-rotary",
+        action="store_true",
         help="do not apply the model's rotary embedding (dump raw projections)",
     )
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -547,9 +540,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads)
     tok = AutoTokenizer.from_pretrained(args.model_dir)
     try:
-        model = AutoModel.from_pretrained(
-            args.model_dir, torch_dtype=torch.float32, attn_implementation="eager"
-        )
+        model = AutoModel.from_pretrained(args.model_dir, torch_dtype=torch.float32, attn_implementation="eager")
     except (TypeError, ValueError):
         model = AutoModel.from_pretrained(args.model_dir, torch_dtype=torch.float32)
     model = model.to(args.device).eval()

@@ -27,11 +27,11 @@ def vllm_fp8_pages(keys_per_seq, scales_per_seq, bs, rng, interleave=2):
             p = order[nxt]
             nxt += 1
             table[s, b] = p
-            rows = k[b * bs:(b + 1) * bs]
+            rows = k[b * bs : (b + 1) * bs]
             fp8 = np.zeros((bs, d), np.uint8)
             fp8[: len(rows)] = rows.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
             sc = np.zeros(bs, np.float32)
-            sc[: len(rows)] = c[b * bs:(b + 1) * bs]
+            sc[: len(rows)] = c[b * bs : (b + 1) * bs]
             page_of[p] = np.concatenate([fp8.reshape(-1), sc.view(np.uint8)])
     cache = page_of.reshape(n_blocks, bs, 1, d + 4)
     assert not cache.flags.c_contiguous and np.shares_memory(cache, big)  # strided, in place

@@ -159,9 +159,18 @@ def _numpydoc_gaps(fn):
 
 
 def test_every_indexer_and_compressed_function_documents_parameters_returns_and_raises():
-    names = ["indexer_topk", "indexer_topk_packed", "indexer_topk_paged", "indexer_scores",
-             "indexer_magnitudes", "window_positions", "visible_entries", "compressed_entry_tokens",
-             "expand_entries", "combine_topk_swa_indices"]
+    names = [
+        "indexer_topk",
+        "indexer_topk_packed",
+        "indexer_topk_paged",
+        "indexer_scores",
+        "indexer_magnitudes",
+        "window_positions",
+        "visible_entries",
+        "compressed_entry_tokens",
+        "expand_entries",
+        "combine_topk_swa_indices",
+    ]
     gaps = {n: g for n in names if (g := _numpydoc_gaps(getattr(kvselect, n)))}
     assert not gaps, gaps
 
@@ -453,10 +462,23 @@ def test_the_checking_and_cases_list_names_every_public_function_of_those_packag
     import kvselect.checking
     import kvselect.testing.cases
 
-    generators = {"low_contrast", "ties_at_threshold", "signed_zeros", "all_zero", "short_contexts",
-                  "fp8_extremes", "bf16_rounded_ties", "paged", "ik_tail_truncation",
-                  "ik_absolute_early_out", "non_finite", "block_ties", "block_partial_tail",
-                  "block_short", "witness_rows"}  # each a generator documented on its own terms
+    generators = {
+        "low_contrast",
+        "ties_at_threshold",
+        "signed_zeros",
+        "all_zero",
+        "short_contexts",
+        "fp8_extremes",
+        "bf16_rounded_ties",
+        "paged",
+        "ik_tail_truncation",
+        "ik_absolute_early_out",
+        "non_finite",
+        "block_ties",
+        "block_partial_tail",
+        "block_short",
+        "witness_rows",
+    }  # each a generator documented on its own terms
     public = set()
     for prefix, module in (("checking", kvselect.checking), ("testing.cases", kvselect.testing.cases)):
         for name in module.__all__:
@@ -510,8 +532,16 @@ _EVALUATE_RAISE_NOTHING = {
 }
 # These take no argument (checked below): Parameters would be empty, so it is omitted.
 _EVALUATE_TAKE_NOTHING = {"evaluate.check_plot"}
-_EVALUATE_EXCEPTIONS = {"DumpError", "WorkloadError", "SettingsError", "ValueError", "ImportError",
-                        "OSError", "FileNotFoundError", "SystemExit"}
+_EVALUATE_EXCEPTIONS = {
+    "DumpError",
+    "WorkloadError",
+    "SettingsError",
+    "ValueError",
+    "ImportError",
+    "OSError",
+    "FileNotFoundError",
+    "SystemExit",
+}
 # The public classes: a docstring of more than one line; the dataclasses (and the
 # errors that carry a field) document their fields in Attributes.
 _EVALUATE_WORKLOADS_AND_DUMP_HF_CLASSES = {
@@ -532,8 +562,9 @@ _EVALUATE_WORKLOADS_AND_DUMP_HF_CLASSES = {
 
 
 def test_every_evaluate_workloads_and_dump_hf_function_documents_parameters_returns_and_raises():
-    faults = _python_function_faults(_EVALUATE_WORKLOADS_AND_DUMP_HF, _EVALUATE_TAKE_NOTHING,
-                                     _EVALUATE_RAISE_NOTHING, _EVALUATE_EXCEPTIONS)
+    faults = _python_function_faults(
+        _EVALUATE_WORKLOADS_AND_DUMP_HF, _EVALUATE_TAKE_NOTHING, _EVALUATE_RAISE_NOTHING, _EVALUATE_EXCEPTIONS
+    )
     for qualname, has_attributes in _EVALUATE_WORKLOADS_AND_DUMP_HF_CLASSES.items():
         cls = _python_api(qualname)
         doc = inspect.getdoc(cls) or ""
@@ -556,9 +587,11 @@ def test_the_evaluate_workloads_and_dump_hf_lists_name_every_public_name_of_thos
 
     functions, classes = set(), set()
     evaluate_names = kvselect.evaluate.__all__
-    for prefix, module, names in (("evaluate", kvselect.evaluate, evaluate_names),
-                                  ("workloads", kvselect.workloads, kvselect.workloads.__all__),
-                                  ("dump_hf", kvselect.dump_hf, kvselect.dump_hf.__all__)):
+    for prefix, module, names in (
+        ("evaluate", kvselect.evaluate, evaluate_names),
+        ("workloads", kvselect.workloads, kvselect.workloads.__all__),
+        ("dump_hf", kvselect.dump_hf, kvselect.dump_hf.__all__),
+    ):
         for name in names:
             obj = getattr(module, name)
             if inspect.isclass(obj):
@@ -575,8 +608,16 @@ def test_the_public_methods_of_the_python_classes_document_their_parameters_and_
     from kvselect.testing.cases import Case
     from kvselect.workloads import Indexer, Workload
 
-    methods = [Dump.floats, Case.assert_rows, Indexer.inputs, Workload.learned_inputs, Settings.check,
-               Settings.block_sparse_note, Report.oracle_gap, Report.to_dict]
+    methods = [
+        Dump.floats,
+        Case.assert_rows,
+        Indexer.inputs,
+        Workload.learned_inputs,
+        Settings.check,
+        Settings.block_sparse_note,
+        Report.oracle_gap,
+        Report.to_dict,
+    ]
     gaps = {}
     for m in methods:
         doc = inspect.getdoc(m) or ""

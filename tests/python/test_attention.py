@@ -49,9 +49,7 @@ LSE_TOL = 1e-5
 PROB_TOL = 1e-12
 METRIC_TOL = 1e-12
 
-HYP = settings(
-    max_examples=120, deadline=None
-)
+HYP = settings(max_examples=120, deadline=None)
 
 
 # ---------------------------------------------------------------------------
@@ -167,9 +165,7 @@ def make_case(seed):
         for h in range(n_kv_heads):
             sel[i, h] = sel[i, 0] if (same and h) else _selection_row(rng, int(pos[i]), n_keys, width)
     sel = sel.astype(np.int32) if rng.random() < 0.8 else sel  # int64 is accepted too
-    return dict(
-        q=q, k=k, v=v, pos=pos, sel=sel, scale=scale, group=group, rng=rng, n_keys=n_keys
-    )
+    return dict(q=q, k=k, v=v, pos=pos, sel=sel, scale=scale, group=group, rng=rng, n_keys=n_keys)
 
 
 # ---------------------------------------------------------------------------
@@ -190,8 +186,7 @@ def assert_output_close(out, lse, ref_out, ref_lse, what=""):
     bound = OUT_RTOL * np.linalg.norm(ref_out, axis=-1) + TINY
     bad = err > bound
     assert not bad.any(), (
-        f"{what}: output rows {np.argwhere(bad)[:5].tolist()} err "
-        f"{err[bad][:5]} > bound {bound[bad][:5]}"
+        f"{what}: output rows {np.argwhere(bad)[:5].tolist()} err {err[bad][:5]} > bound {bound[bad][:5]}"
     )
     fin = ~empty
     lerr = np.abs(lse[fin].astype(np.float64) - ref_lse[fin])
@@ -270,9 +265,7 @@ def check_case(seed):
         ref.output_relative_error_rows(out, d_out),
         f"{tag} rel err rows",
     )
-    assert_metric_close(
-        ks.output_relative_error(out, d_out), ref.output_relative_error(out, d_out), tag
-    )
+    assert_metric_close(ks.output_relative_error(out, d_out), ref.output_relative_error(out, d_out), tag)
 
     # Oracle: the same attention array on both sides.
     budget = int(rng.choice([0, 1, 2, 5, 16, int(rng.integers(0, n_keys + 2))]))
@@ -306,7 +299,7 @@ def test_differential_configurations():
         pos, sel, n_keys = c["pos"], c["sel"], c["n_keys"]
         stats["beyond"] += int((pos >= n_keys).any())
         vis = _visible(pos, n_keys)[:, None, None]
-        stats["future"] += int(((sel >= vis)).any())
+        stats["future"] += int((sel >= vis).any())
         stats["empty"] += int((((sel >= 0) & (sel < vis)).sum(axis=2) == 0).any())
         stats["odd_d"] += int(c["q"].shape[2] % 8 != 0)
         s = np.sort(sel.reshape(sel.shape[0] * sel.shape[1], sel.shape[2]), axis=1)
@@ -397,8 +390,13 @@ def test_keys_and_values_outside_the_selection_are_never_read():
     rng = np.random.default_rng(11)
     for trial in range(40):
         q, k, v, pos = _small_problem(
-            rng, n=int(rng.integers(1, 9)), hkv=int(rng.integers(1, 4)), g=int(rng.integers(1, 4)),
-            dk=int(rng.integers(1, 40)), dv=int(rng.integers(1, 40)), nk=int(rng.integers(1, 300)),
+            rng,
+            n=int(rng.integers(1, 9)),
+            hkv=int(rng.integers(1, 4)),
+            g=int(rng.integers(1, 4)),
+            dk=int(rng.integers(1, 40)),
+            dv=int(rng.integers(1, 40)),
+            nk=int(rng.integers(1, 300)),
         )
         nk, hkv = k.shape[:2]
         width = int(rng.integers(0, 30))
@@ -434,8 +432,13 @@ def test_gqa_group_shares_its_kv_head_and_selection():
     for trial in range(30):
         hkv, g = int(rng.integers(1, 5)), int(rng.integers(2, 5))
         q, k, v, pos = _small_problem(
-            rng, n=int(rng.integers(1, 12)), hkv=hkv, g=g, dk=int(rng.integers(1, 70)),
-            dv=int(rng.integers(1, 70)), nk=int(rng.integers(1, 400)),
+            rng,
+            n=int(rng.integers(1, 12)),
+            hkv=hkv,
+            g=g,
+            dk=int(rng.integers(1, 70)),
+            dv=int(rng.integers(1, 70)),
+            nk=int(rng.integers(1, 400)),
         )
         sel = rng.integers(-1, k.shape[0], (len(pos), hkv, int(rng.integers(0, 50))))
         k_rep, v_rep = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
@@ -586,16 +589,14 @@ def test_oracle_ties_nan_and_signed_zero():
 def test_selector_rows_properties(window, sinks, budget, seed, pos):
     pos = np.array(pos, dtype=np.int64)
     assert np.array_equal(ks.Selector.local(window).rows(pos), ref.local_rows(pos, window))
-    assert np.array_equal(
-        ks.Selector.sink_window(sinks, window).rows(pos), ref.sink_window_rows(pos, sinks, window)
-    )
+    assert np.array_equal(ks.Selector.sink_window(sinks, window).rows(pos), ref.sink_window_rows(pos, sinks, window))
     assert np.array_equal(ks.Selector.dense().rows(pos), ref.dense_rows(pos))
     sel = ks.Selector.random(budget, seed)
     rows = sel.rows(pos)
     assert rows.dtype == np.int32
     for p, row in zip(pos, rows):
         got = row[row >= 0]
-        assert np.all(row[len(got):] == -1)  # ascending then -1
+        assert np.all(row[len(got) :] == -1)  # ascending then -1
         assert len(got) == min(budget, p + 1)  # within budget
         assert np.all(np.diff(got) > 0)  # distinct, ascending
         assert got.size == 0 or (got[0] >= 0 and got[-1] <= p)  # causal
@@ -668,7 +669,12 @@ def test_thread_count_does_not_change_the_result():
             probs = ks.attention_probabilities(q, k, pos)
             p2 = probs.reshape(n * hkv * g, nk)
             results[t] = [
-                sparse[0], sparse[1], np.array(sparse[2]), dense[0], dense[1], probs,
+                sparse[0],
+                sparse[1],
+                np.array(sparse[2]),
+                dense[0],
+                dense[1],
+                probs,
                 ks.attention_mass_recall_rows(sel.reshape(n * hkv, sel.shape[2]), p2),
                 ks.segment_coverage_rows(sel.reshape(n * hkv, sel.shape[2]), np.repeat(pos, hkv), 16),
                 ks.output_relative_error_rows(sparse[0], dense[0]),
@@ -694,9 +700,7 @@ def test_float16_and_float64_inputs_are_converted_to_float32(dtype):
     assert a[2] == b[2] and np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     da, db = ks.dense_attention(q2, k2, v2, pos), ks.dense_attention(*as32, pos)
     assert np.array_equal(da[0], db[0]) and np.array_equal(da[1], db[1])
-    assert np.array_equal(
-        ks.attention_probabilities(q2, k2, pos), ks.attention_probabilities(as32[0], as32[1], pos)
-    )
+    assert np.array_equal(ks.attention_probabilities(q2, k2, pos), ks.attention_probabilities(as32[0], as32[1], pos))
     # Non-contiguous float32 inputs are converted too, with the same result.
     qf = np.asfortranarray(as32[0])
     assert np.array_equal(ks.dense_attention(qf, as32[1], as32[2], pos)[0], db[0])
@@ -866,9 +870,7 @@ def _child(case):
     import subprocess
     import sys
 
-    return subprocess.run(
-        [sys.executable, "-c", _CHILD, case], capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([sys.executable, "-c", _CHILD, case], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("case", ["ndim2", "ndim4", "ndim2_f64", "ndim1"])

@@ -209,64 +209,126 @@ def _():
     return {"call": lambda: _ks().dense_attention(q.astype(np.int32), k, v, p)}
 
 
-@case("float64-keys", "wrong dtype", "`block_sparse_select(q.astype(float64), k.astype(float16), 9)`", ACCEPTED,
-      note="float64 queries converted once to float32; float16 keys read in place")
+@case(
+    "float64-keys",
+    "wrong dtype",
+    "`block_sparse_select(q.astype(float64), k.astype(float16), 9)`",
+    ACCEPTED,
+    note="float64 queries converted once to float32; float16 keys read in place",
+)
 def _():
     ref = lambda: _ks().block_sparse_select(index_q(), index_k(), 9, cfg())  # noqa: E731
-    return {"call": lambda: _ks().block_sparse_select(index_q().astype(np.float64), index_k().astype(np.float16), 9, cfg()),
-            "check": same(ref)}
+    return {
+        "call": lambda: _ks().block_sparse_select(index_q().astype(np.float64), index_k().astype(np.float16), 9, cfg()),
+        "check": same(ref),
+    }
 
 
-@case("int64-learned", "wrong dtype", "`topology_witness_indices(learned.astype(int64), …)`", ACCEPTED,
-      note="values fit int32: converted once")
+@case(
+    "int64-learned",
+    "wrong dtype",
+    "`topology_witness_indices(learned.astype(int64), …)`",
+    ACCEPTED,
+    note="values fit int32: converted once",
+)
 def _():
     ref = lambda: _ks().topology_witness_indices(learned(), lens(), 4)  # noqa: E731
-    return {"call": lambda: _ks().topology_witness_indices(learned().astype(np.int64), lens().astype(np.uint8), 4),
-            "check": same(ref)}
+    return {
+        "call": lambda: _ks().topology_witness_indices(learned().astype(np.int64), lens().astype(np.uint8), 4),
+        "check": same(ref),
+    }
 
 
 # -- wrong ndim or shape ------------------------------------------------------
 
 
-@case("learned-1d", "wrong ndim/shape", "`topology_witness_indices(learned.ravel(), …)`", "WitnessError", argument="learned")
+@case(
+    "learned-1d",
+    "wrong ndim/shape",
+    "`topology_witness_indices(learned.ravel(), …)`",
+    "WitnessError",
+    argument="learned",
+)
 def _():
     return {"call": lambda: _ks().topology_witness_indices(learned().ravel(), lens(), 4)}
 
 
-@case("learned-0d", "wrong ndim/shape", "`topology_witness_indices(np.array(3, int32), …)`", "WitnessError", argument="learned")
+@case(
+    "learned-0d",
+    "wrong ndim/shape",
+    "`topology_witness_indices(np.array(3, int32), …)`",
+    "WitnessError",
+    argument="learned",
+)
 def _():
     return {"call": lambda: _ks().topology_witness_indices(np.array(3, np.int32), lens(), 4)}
 
 
-@case("lens-2d", "wrong ndim/shape", "`apply_topology_witnesses(learned, lens[None], …)`", "WitnessError", argument="context_lens")
+@case(
+    "lens-2d",
+    "wrong ndim/shape",
+    "`apply_topology_witnesses(learned, lens[None], …)`",
+    "WitnessError",
+    argument="context_lens",
+)
 def _():
     return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens()[None], 2, 4, 2)}
 
 
-@case("rows-mismatch", "wrong ndim/shape", "`apply_topology_witnesses(learned, lens[:1], …)`", "WitnessError", argument="context_lens")
+@case(
+    "rows-mismatch",
+    "wrong ndim/shape",
+    "`apply_topology_witnesses(learned, lens[:1], …)`",
+    "WitnessError",
+    argument="context_lens",
+)
 def _():
     return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens()[:1], 2, 4, 2)}
 
 
-@case("buffer-1d", "wrong ndim/shape", "`scatter_topology_witnesses(buf.ravel(), …)`", "WitnessError", argument="topk_indices")
+@case(
+    "buffer-1d",
+    "wrong ndim/shape",
+    "`scatter_topology_witnesses(buf.ravel(), …)`",
+    "WitnessError",
+    argument="topk_indices",
+)
 def _():
     buf = learned().ravel()
     return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 2), "watch": [buf]}
 
 
-@case("buffer-3d", "wrong ndim/shape", "`scatter_topology_witnesses(buf[None], …)`", "WitnessError", argument="topk_indices")
+@case(
+    "buffer-3d",
+    "wrong ndim/shape",
+    "`scatter_topology_witnesses(buf[None], …)`",
+    "WitnessError",
+    argument="topk_indices",
+)
 def _():
     buf = learned()[None]
     return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 2), "watch": [buf]}
 
 
-@case("buffer-rows-mismatch", "wrong ndim/shape", "`scatter_topology_witnesses(buf, lens[:1], 2)`", "WitnessError", argument="context_lens")
+@case(
+    "buffer-rows-mismatch",
+    "wrong ndim/shape",
+    "`scatter_topology_witnesses(buf, lens[:1], 2)`",
+    "WitnessError",
+    argument="context_lens",
+)
 def _():
     buf = learned()
     return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens()[:1], 2), "watch": [buf]}
 
 
-@case("out-wrong-shape", "wrong ndim/shape", "`topology_witness_indices(…, out=np.empty((2, 3), int32))`", "WitnessError", argument="out")
+@case(
+    "out-wrong-shape",
+    "wrong ndim/shape",
+    "`topology_witness_indices(…, out=np.empty((2, 3), int32))`",
+    "WitnessError",
+    argument="out",
+)
 def _():
     out = np.full((2, 3), 7, np.int32)
     return {"call": lambda: _ks().topology_witness_indices(learned(), lens(), 4, out=out), "watch": [out]}
@@ -292,19 +354,35 @@ def _():
     return {"call": lambda: _ks().block_sparse_select(np.ascontiguousarray(index_q()[:, :2]), index_k(), 9, cfg())}
 
 
-@case("pos-array-for-one-query", "wrong ndim/shape", "`block_sparse_select(q2d, k, [9, 15])`", "SelectionError", argument="query_pos")
+@case(
+    "pos-array-for-one-query",
+    "wrong ndim/shape",
+    "`block_sparse_select(q2d, k, [9, 15])`",
+    "SelectionError",
+    argument="query_pos",
+)
 def _():
     return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), [9, 15], cfg())}
 
 
-@case("pos-wrong-length", "wrong ndim/shape", "`block_sparse_select(q3d, k, [9])`", "SelectionError", argument="query_pos")
+@case(
+    "pos-wrong-length", "wrong ndim/shape", "`block_sparse_select(q3d, k, [9])`", "SelectionError", argument="query_pos"
+)
 def _():
     return {"call": lambda: _ks().block_sparse_select(index_q(True), index_k(), [9], cfg())}
 
 
-@case("packed-bad-cu", "wrong ndim/shape", "`block_sparse_select_packed(q, k, cu_seqlens=[0, 8, 15], …)`", "SelectionError", argument="cu_seqlens")
+@case(
+    "packed-bad-cu",
+    "wrong ndim/shape",
+    "`block_sparse_select_packed(q, k, cu_seqlens=[0, 8, 15], …)`",
+    "SelectionError",
+    argument="cu_seqlens",
+)
 def _():
-    return {"call": lambda: _ks().block_sparse_select_packed(index_q(True), index_k(), [0, 8, 15], [0, 1], [7, 7], cfg())}
+    return {
+        "call": lambda: _ks().block_sparse_select_packed(index_q(True), index_k(), [0, 8, 15], [0, 1], [7, 7], cfg())
+    }
 
 
 def three_queries():
@@ -313,22 +391,36 @@ def three_queries():
     return rng().integers(-3, 4, size=(3, 2, 3)).astype(np.float32), [1, 4, 9]
 
 
-@case("head-major-out-query-major-shape", "wrong ndim/shape", "`block_sparse_select(q [3, 2, d], k, pos, head_major=True, out=np.empty((3, 2, 2), int32))`",
-      "SelectionError", argument="out", note="head-major out is [n_kv_heads, n_queries, width]")
+@case(
+    "head-major-out-query-major-shape",
+    "wrong ndim/shape",
+    "`block_sparse_select(q [3, 2, d], k, pos, head_major=True, out=np.empty((3, 2, 2), int32))`",
+    "SelectionError",
+    argument="out",
+    note="head-major out is [n_kv_heads, n_queries, width]",
+)
 def _():
     q, p = three_queries()
     out = np.full((3, 2, 2), 7, np.int32)
     return {"call": lambda: _ks().block_sparse_select(q, index_k(), p, cfg(), head_major=True, out=out), "watch": [out]}
 
 
-@case("packed-head-major-out-query-major-shape", "wrong ndim/shape",
-      "`block_sparse_select_packed(q [3, 2, d], k, [0, 16], …, head_major=True, out=np.empty((3, 2, 2), int32))`",
-      "SelectionError", argument="out")
+@case(
+    "packed-head-major-out-query-major-shape",
+    "wrong ndim/shape",
+    "`block_sparse_select_packed(q [3, 2, d], k, [0, 16], …, head_major=True, out=np.empty((3, 2, 2), int32))`",
+    "SelectionError",
+    argument="out",
+)
 def _():
     q, p = three_queries()
     out = np.full((3, 2, 2), 7, np.int32)
-    return {"call": lambda: _ks().block_sparse_select_packed(q, index_k(), [0, 16], [0, 0, 0], p, cfg(), head_major=True, out=out),
-            "watch": [out]}
+    return {
+        "call": lambda: _ks().block_sparse_select_packed(
+            q, index_k(), [0, 16], [0, 0, 0], p, cfg(), head_major=True, out=out
+        ),
+        "watch": [out],
+    }
 
 
 @case("v-wrong-shape", "wrong ndim/shape", "`dense_attention(q, k, v[:5], pos)`", "SelectionError", argument="v")
@@ -337,7 +429,13 @@ def _():
     return {"call": lambda: _ks().dense_attention(q, k, v[:5], p)}
 
 
-@case("gqa-not-a-multiple", "wrong ndim/shape", "`dense_attention(q (3 heads), k (2 heads), v, pos)`", "SelectionError", argument="n_q_heads")
+@case(
+    "gqa-not-a-multiple",
+    "wrong ndim/shape",
+    "`dense_attention(q (3 heads), k (2 heads), v, pos)`",
+    "SelectionError",
+    argument="n_q_heads",
+)
 def _():
     r = rng()
     q = r.standard_normal((2, 3, 3)).astype(np.float32)
@@ -346,23 +444,47 @@ def _():
     return {"call": lambda: _ks().dense_attention(q, k, v, [2, 5])}
 
 
-@case("selection-wrong-shape", "wrong ndim/shape", "`sparse_attention(q, k, v, pos, selection[:1])`", "SelectionError", argument="selection")
+@case(
+    "selection-wrong-shape",
+    "wrong ndim/shape",
+    "`sparse_attention(q, k, v, pos, selection[:1])`",
+    "SelectionError",
+    argument="selection",
+)
 def _():
     q, k, v, p = qkv()
     return {"call": lambda: _ks().sparse_attention(q, k, v, p, selection()[:1])}
 
 
-@case("oracle-pos-mismatch", "wrong ndim/shape", "`oracle_topk(attention [2, 6], [3], 2)`", "SelectionError", argument="query_pos")
+@case(
+    "oracle-pos-mismatch",
+    "wrong ndim/shape",
+    "`oracle_topk(attention [2, 6], [3], 2)`",
+    "SelectionError",
+    argument="query_pos",
+)
 def _():
     return {"call": lambda: _ks().oracle_topk(np.ones((2, 6)), [3], 2)}
 
 
-@case("recall-rows-not-multiple", "wrong ndim/shape", "`attention_mass_recall_rows(cand [2, 3], attention [3, 6])`", "WitnessError", argument="attention")
+@case(
+    "recall-rows-not-multiple",
+    "wrong ndim/shape",
+    "`attention_mass_recall_rows(cand [2, 3], attention [3, 6])`",
+    "WitnessError",
+    argument="attention",
+)
 def _():
     return {"call": lambda: _ks().attention_mass_recall_rows(np.zeros((2, 3), np.int32), np.ones((3, 6)))}
 
 
-@case("rel-error-shape", "wrong ndim/shape", "`output_relative_error(a [2, 3], b [3, 2])`", "SelectionError", argument="dense")
+@case(
+    "rel-error-shape",
+    "wrong ndim/shape",
+    "`output_relative_error(a [2, 3], b [3, 2])`",
+    "SelectionError",
+    argument="dense",
+)
 def _():
     return {"call": lambda: _ks().output_relative_error(np.ones((2, 3), np.float32), np.ones((3, 2), np.float32))}
 
@@ -370,26 +492,52 @@ def _():
 # -- Fortran order -----------------------------------------------------------
 
 
-@case("fortran-learned", "Fortran order", "`topology_witness_indices(np.asfortranarray(learned), …)`", ACCEPTED,
-      note="read-only argument: copied to C order once")
+@case(
+    "fortran-learned",
+    "Fortran order",
+    "`topology_witness_indices(np.asfortranarray(learned), …)`",
+    ACCEPTED,
+    note="read-only argument: copied to C order once",
+)
 def _():
     ref = lambda: _ks().topology_witness_indices(learned(), lens(), 4)  # noqa: E731
     return {"call": lambda: _ks().topology_witness_indices(np.asfortranarray(learned()), lens(), 4), "check": same(ref)}
 
 
-@case("fortran-keys", "Fortran order", "`block_sparse_select(q, np.asfortranarray(k), 9)`", ACCEPTED, note="copied to C order once")
+@case(
+    "fortran-keys",
+    "Fortran order",
+    "`block_sparse_select(q, np.asfortranarray(k), 9)`",
+    ACCEPTED,
+    note="copied to C order once",
+)
 def _():
     ref = lambda: _ks().block_sparse_select(index_q(), index_k(), 9, cfg())  # noqa: E731
-    return {"call": lambda: _ks().block_sparse_select(index_q(), np.asfortranarray(index_k()), 9, cfg()), "check": same(ref)}
+    return {
+        "call": lambda: _ks().block_sparse_select(index_q(), np.asfortranarray(index_k()), 9, cfg()),
+        "check": same(ref),
+    }
 
 
-@case("fortran-buffer", "Fortran order", "`scatter_topology_witnesses(np.asfortranarray(buf), …)`", "WitnessError", argument="topk_indices")
+@case(
+    "fortran-buffer",
+    "Fortran order",
+    "`scatter_topology_witnesses(np.asfortranarray(buf), …)`",
+    "WitnessError",
+    argument="topk_indices",
+)
 def _():
     buf = np.asfortranarray(learned())
     return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 2), "watch": [buf]}
 
 
-@case("fortran-out", "Fortran order", "`block_sparse_select(…, out=np.asfortranarray(out))`", "SelectionError", argument="out")
+@case(
+    "fortran-out",
+    "Fortran order",
+    "`block_sparse_select(…, out=np.asfortranarray(out))`",
+    "SelectionError",
+    argument="out",
+)
 def _():
     out = np.asfortranarray(np.full((2, 2), 7, np.int32))
     return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), 9, cfg(), out=out), "watch": [out]}
@@ -405,26 +553,50 @@ def _():
     return {"call": lambda: _ks().topology_witness_indices(wide[:, ::2], lens(), 4), "check": same(ref)}
 
 
-@case("reversed-learned", "strided view", "`apply_topology_witnesses(learned[::-1], lens[::-1], …)`", ACCEPTED, note="negative strides: copied once")
+@case(
+    "reversed-learned",
+    "strided view",
+    "`apply_topology_witnesses(learned[::-1], lens[::-1], …)`",
+    ACCEPTED,
+    note="negative strides: copied once",
+)
 def _():
     ref = lambda: _ks().apply_topology_witnesses(learned()[::-1].copy(), lens()[::-1].copy(), 2, 4, 2)  # noqa: E731
     return {"call": lambda: _ks().apply_topology_witnesses(learned()[::-1], lens()[::-1], 2, 4, 2), "check": same(ref)}
 
 
-@case("mla-value-view", "strided view", "`dense_attention(q, kv, kv[..., :2], pos)`", ACCEPTED, note="MLA values read in place")
+@case(
+    "mla-value-view",
+    "strided view",
+    "`dense_attention(q, kv, kv[..., :2], pos)`",
+    ACCEPTED,
+    note="MLA values read in place",
+)
 def _():
     q, k, _, p = qkv()
     ref = lambda: _ks().dense_attention(q, k, np.ascontiguousarray(k[..., :2]), p)  # noqa: E731
     return {"call": lambda: _ks().dense_attention(q, k, k[..., :2], p), "check": same(ref)}
 
 
-@case("strided-buffer", "strided view", "`scatter_topology_witnesses(wide[:, ::2], …)`", "WitnessError", argument="topk_indices")
+@case(
+    "strided-buffer",
+    "strided view",
+    "`scatter_topology_witnesses(wide[:, ::2], …)`",
+    "WitnessError",
+    argument="topk_indices",
+)
 def _():
     wide = np.repeat(learned(), 2, axis=1)
     return {"call": lambda: _ks().scatter_topology_witnesses(wide[:, ::2], lens(), 2), "watch": [wide]}
 
 
-@case("reversed-buffer", "strided view", "`scatter_topology_witnesses(buf[::-1], …)`", "WitnessError", argument="topk_indices")
+@case(
+    "reversed-buffer",
+    "strided view",
+    "`scatter_topology_witnesses(buf[::-1], …)`",
+    "WitnessError",
+    argument="topk_indices",
+)
 def _():
     buf = learned()
     return {"call": lambda: _ks().scatter_topology_witnesses(buf[::-1], lens(), 2), "watch": [buf]}
@@ -433,7 +605,10 @@ def _():
 @case("strided-out", "strided view", "`apply_topology_witnesses(…, out=wide[:, ::2])`", "WitnessError", argument="out")
 def _():
     wide = np.full((2, 8), 7, np.int32)
-    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 4, 2, out=wide[:, ::2]), "watch": [wide]}
+    return {
+        "call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 4, 2, out=wide[:, ::2]),
+        "watch": [wide],
+    }
 
 
 # -- read-only arrays ----------------------------------------------------------
@@ -444,20 +619,38 @@ def _ro(a):
     return a
 
 
-@case("readonly-learned", "read-only array", "`topology_witness_indices(read-only learned, …)`", ACCEPTED, note="read in place")
+@case(
+    "readonly-learned",
+    "read-only array",
+    "`topology_witness_indices(read-only learned, …)`",
+    ACCEPTED,
+    note="read in place",
+)
 def _():
     ref = lambda: _ks().topology_witness_indices(learned(), lens(), 4)  # noqa: E731
     return {"call": lambda: _ks().topology_witness_indices(_ro(learned()), _ro(lens()), 4), "check": same(ref)}
 
 
-@case("readonly-buffer", "read-only array", "`scatter_topology_witnesses(read-only buf, …)`", "WitnessError", argument="topk_indices")
+@case(
+    "readonly-buffer",
+    "read-only array",
+    "`scatter_topology_witnesses(read-only buf, …)`",
+    "WitnessError",
+    argument="topk_indices",
+)
 def _():
     buf = _ro(learned())
     return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 2), "watch": [buf]}
 
 
-@case("readonly-buffer-off-switch", "read-only array", "`scatter_topology_witnesses(read-only buf, lens, 0)`", "WitnessError",
-      argument="topk_indices", note="checked even with the off switch")
+@case(
+    "readonly-buffer-off-switch",
+    "read-only array",
+    "`scatter_topology_witnesses(read-only buf, lens, 0)`",
+    "WitnessError",
+    argument="topk_indices",
+    note="checked even with the off switch",
+)
 def _():
     buf = _ro(learned())
     return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 0), "watch": [buf]}
@@ -469,8 +662,13 @@ def _():
     return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), 9, cfg(), out=out), "watch": [out]}
 
 
-@case("frombuffer-bytes-buffer", "read-only array", "`scatter_topology_witnesses(np.frombuffer(bytes, int32).reshape(2, 4), …)`",
-      "WitnessError", argument="topk_indices")
+@case(
+    "frombuffer-bytes-buffer",
+    "read-only array",
+    "`scatter_topology_witnesses(np.frombuffer(bytes, int32).reshape(2, 4), …)`",
+    "WitnessError",
+    argument="topk_indices",
+)
 def _():
     buf = np.frombuffer(learned().tobytes(), np.int32).reshape(2, 4)
     return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 2), "watch": [buf]}
@@ -479,26 +677,50 @@ def _():
 # -- aliasing ------------------------------------------------------------------
 
 
-@case("lens-inside-buffer", "aliasing", "`scatter_topology_witnesses(buf, buf[0, :2], 2)`", "WitnessError", argument="topk_indices")
+@case(
+    "lens-inside-buffer",
+    "aliasing",
+    "`scatter_topology_witnesses(buf, buf[0, :2], 2)`",
+    "WitnessError",
+    argument="topk_indices",
+)
 def _():
     buf = np.array([[8, 6, -1, -1], [3, -1, -1, -1]], np.int32)
     return {"call": lambda: _ks().scatter_topology_witnesses(buf, buf[0, :2], 2), "watch": [buf]}
 
 
-@case("out-is-learned", "aliasing", "`apply_topology_witnesses(learned, lens, …, out=learned)`", "WitnessError", argument="out")
+@case(
+    "out-is-learned",
+    "aliasing",
+    "`apply_topology_witnesses(learned, lens, …, out=learned)`",
+    "WitnessError",
+    argument="out",
+)
 def _():
     buf = learned()
     return {"call": lambda: _ks().apply_topology_witnesses(buf, lens(), 2, 4, 2, out=buf), "watch": [buf]}
 
 
-@case("out-overlaps-learned", "aliasing", "`topology_witness_indices(big[:, :4], lens, 4, out=big[:, 2:6])`", "WitnessError", argument="out")
+@case(
+    "out-overlaps-learned",
+    "aliasing",
+    "`topology_witness_indices(big[:, :4], lens, 4, out=big[:, 2:6])`",
+    "WitnessError",
+    argument="out",
+)
 def _():
     big = np.zeros((2, 8), np.int32)
     big[:, :4] = learned()
     return {"call": lambda: _ks().topology_witness_indices(big[:, :4], lens(), 4, out=big[:, 2:6]), "watch": [big]}
 
 
-@case("out-views-keys", "aliasing", "`block_sparse_select(q, k, 9, out=k.view(int32)[…])`", "SelectionError", argument="out")
+@case(
+    "out-views-keys",
+    "aliasing",
+    "`block_sparse_select(q, k, 9, out=k.view(int32)[…])`",
+    "SelectionError",
+    argument="out",
+)
 def _():
     k = index_k()
     out = k.view(np.int32).reshape(-1)[:4].reshape(2, 2)
@@ -509,65 +731,114 @@ def _():
 # arrays handed to the core, after conversion, whatever the input came from.
 
 
-@case("lens-memoryview-of-buffer", "aliasing", "`scatter_topology_witnesses(buf, memoryview(buf.ravel()[:4]), 1)`",
-      "WitnessError", argument="topk_indices")
+@case(
+    "lens-memoryview-of-buffer",
+    "aliasing",
+    "`scatter_topology_witnesses(buf, memoryview(buf.ravel()[:4]), 1)`",
+    "WitnessError",
+    argument="topk_indices",
+)
 def _():
     buf = np.array([[8, 6, 7, 5], [0, -1, -1, -1], [1, -1, -1, -1], [2, -1, -1, -1]], np.int32)
     return {"call": lambda: _ks().scatter_topology_witnesses(buf, memoryview(buf.ravel()[:4]), 1), "watch": [buf]}
 
 
-@case("learned-memoryview-of-out", "aliasing", "`apply_topology_witnesses(memoryview(out), lens, …, out=out)`",
-      "WitnessError", argument="out")
+@case(
+    "learned-memoryview-of-out",
+    "aliasing",
+    "`apply_topology_witnesses(memoryview(out), lens, …, out=out)`",
+    "WitnessError",
+    argument="out",
+)
 def _():
     out = learned()
     return {"call": lambda: _ks().apply_topology_witnesses(memoryview(out), lens(), 2, 4, 2, out=out), "watch": [out]}
 
 
-@case("learned-bytearray-of-out", "aliasing", "`topology_witness_indices(memoryview(ba).cast('i', (2, 4)), lens, 4, out=np.frombuffer(ba, int32))`",
-      "WitnessError", argument="out")
+@case(
+    "learned-bytearray-of-out",
+    "aliasing",
+    "`topology_witness_indices(memoryview(ba).cast('i', (2, 4)), lens, 4, out=np.frombuffer(ba, int32))`",
+    "WitnessError",
+    argument="out",
+)
 def _():
     ba = bytearray(learned().tobytes())
     out = np.frombuffer(ba, np.int32).reshape(2, 4)
-    return {"call": lambda: _ks().topology_witness_indices(memoryview(ba).cast("i", (2, 4)), lens(), 4, out=out),
-            "watch": [out]}
+    return {
+        "call": lambda: _ks().topology_witness_indices(memoryview(ba).cast("i", (2, 4)), lens(), 4, out=out),
+        "watch": [out],
+    }
 
 
-@case("keys-memoryview-of-out", "aliasing", "`block_sparse_select(q, memoryview(k), 9, out=k.view(int32)[…])`",
-      "SelectionError", argument="out")
+@case(
+    "keys-memoryview-of-out",
+    "aliasing",
+    "`block_sparse_select(q, memoryview(k), 9, out=k.view(int32)[…])`",
+    "SelectionError",
+    argument="out",
+)
 def _():
     k = index_k()
     out = k.view(np.int32).reshape(-1)[:4].reshape(2, 2)
     return {"call": lambda: _ks().block_sparse_select(index_q(), memoryview(k), 9, cfg(), out=out), "watch": [k]}
 
 
-@case("packed-queries-memoryview-of-out", "aliasing",
-      "`block_sparse_select_packed(memoryview(q), k, …, out=q.view(int32)[…])`", "SelectionError", argument="out")
+@case(
+    "packed-queries-memoryview-of-out",
+    "aliasing",
+    "`block_sparse_select_packed(memoryview(q), k, …, out=q.view(int32)[…])`",
+    "SelectionError",
+    argument="out",
+)
 def _():
     q = np.zeros((2, 2, 2), np.float32)
     out = q.view(np.int32)
-    return {"call": lambda: _ks().block_sparse_select_packed(memoryview(q), index_k()[:, :2].copy(), [0, 16], [0, 0],
-                                                               [9, 15], cfg(), out=out), "watch": [q]}
+    return {
+        "call": lambda: _ks().block_sparse_select_packed(
+            memoryview(q), index_k()[:, :2].copy(), [0, 16], [0, 0], [9, 15], cfg(), out=out
+        ),
+        "watch": [q],
+    }
 
 
-@case("half-keys-out-views-keys", "aliasing", "`block_sparse_select(q, k16, 9, out=k16.view(int32)[…])` (float16 keys, read in place)",
-      "SelectionError", argument="out")
+@case(
+    "half-keys-out-views-keys",
+    "aliasing",
+    "`block_sparse_select(q, k16, 9, out=k16.view(int32)[…])` (float16 keys, read in place)",
+    "SelectionError",
+    argument="out",
+)
 def _():
     k16 = index_k().astype(np.float16)
     out = k16.reshape(-1).view(np.int32)[:4].reshape(2, 2)
     return {"call": lambda: _ks().block_sparse_select(index_q(), k16, 9, cfg(), out=out), "watch": [k16]}
 
 
-@case("packed-out-views-keys", "aliasing", "`block_sparse_select_packed(q, k, [0, 16], …, out=k.view(int32)[…])`",
-      "SelectionError", argument="out")
+@case(
+    "packed-out-views-keys",
+    "aliasing",
+    "`block_sparse_select_packed(q, k, [0, 16], …, out=k.view(int32)[…])`",
+    "SelectionError",
+    argument="out",
+)
 def _():
     k = index_k()
     out = k.view(np.int32).reshape(-1)[:8].reshape(2, 2, 2)
-    return {"call": lambda: _ks().block_sparse_select_packed(index_q(True), k, [0, 16], [0, 0], [9, 15], cfg(), out=out),
-            "watch": [k]}
+    return {
+        "call": lambda: _ks().block_sparse_select_packed(index_q(True), k, [0, 16], [0, 0], [9, 15], cfg(), out=out),
+        "watch": [k],
+    }
 
 
-@case("torch-view-of-buffer", "aliasing", "`scatter_topology_witnesses(buf, torch.from_numpy(buf).numpy()[0, :2], 2)`",
-      "WitnessError", argument="topk_indices", torch=True)
+@case(
+    "torch-view-of-buffer",
+    "aliasing",
+    "`scatter_topology_witnesses(buf, torch.from_numpy(buf).numpy()[0, :2], 2)`",
+    "WitnessError",
+    argument="topk_indices",
+    torch=True,
+)
 def _():
     import torch
 
@@ -587,21 +858,36 @@ def indexer_args():
     return q, w, k, np.array([9, 15])
 
 
-@case("indexer-raw-view-no-format", "indexer formats", "`indexer_topk(q, w, k.astype(float16).view(uint16), pos, 4)`", "TypeError",
-      note="a raw view needs key_format")
+@case(
+    "indexer-raw-view-no-format",
+    "indexer formats",
+    "`indexer_topk(q, w, k.astype(float16).view(uint16), pos, 4)`",
+    "TypeError",
+    note="a raw view needs key_format",
+)
 def _():
     q, w, k, p = indexer_args()
     return {"call": lambda: _ks().indexer_topk(q, w, k.astype(np.float16).view(np.uint16), p, 4)}
 
 
-@case("indexer-format-mismatch", "indexer formats", "`indexer_topk(q, w, k.astype(float16), pos, 4, key_format='bfloat16')`", "TypeError")
+@case(
+    "indexer-format-mismatch",
+    "indexer formats",
+    "`indexer_topk(q, w, k.astype(float16), pos, 4, key_format='bfloat16')`",
+    "TypeError",
+)
 def _():
     q, w, k, p = indexer_args()
     return {"call": lambda: _ks().indexer_topk(q, w, k.astype(np.float16), p, 4, key_format="bfloat16")}
 
 
-@case("indexer-raw-bf16-view", "indexer formats", "`indexer_topk(q, w, bf16 bits as uint16, pos, 4, key_format='bfloat16')`", ACCEPTED,
-      note="read in place: the same rows as the float32 keys")
+@case(
+    "indexer-raw-bf16-view",
+    "indexer formats",
+    "`indexer_topk(q, w, bf16 bits as uint16, pos, 4, key_format='bfloat16')`",
+    ACCEPTED,
+    note="read in place: the same rows as the float32 keys",
+)
 def _():
     q, w, k, p = indexer_args()
     bits = (k.view(np.uint32) >> 16).astype(np.uint16)  # integers: exact in bfloat16
@@ -609,8 +895,13 @@ def _():
     return {"call": lambda: _ks().indexer_topk(q, w, bits, p, 4, key_format="bfloat16"), "check": same(ref)}
 
 
-@case("indexer-scalar-key-scale", "indexer formats", "`indexer_topk(q, w, k, pos, 4, key_scale=0.5)`", ACCEPTED,
-      note="a per-tensor scale: the same rows as key_scale=np.full(n_keys, 0.5)")
+@case(
+    "indexer-scalar-key-scale",
+    "indexer formats",
+    "`indexer_topk(q, w, k, pos, 4, key_scale=0.5)`",
+    ACCEPTED,
+    note="a per-tensor scale: the same rows as key_scale=np.full(n_keys, 0.5)",
+)
 def _():
     q, w, k, p = indexer_args()
     full = np.full(len(k), 0.5, np.float32)
@@ -618,96 +909,167 @@ def _():
     return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, key_scale=0.5), "check": same(ref)}
 
 
-@case("indexer-key-scale-2d", "indexer formats", "`indexer_topk(q, w, k, pos, 4, key_scale=ones([16, 1]))`",
-      "SelectionError", argument="key_scale", note="one number, or one per key: never another shape")
+@case(
+    "indexer-key-scale-2d",
+    "indexer formats",
+    "`indexer_topk(q, w, k, pos, 4, key_scale=ones([16, 1]))`",
+    "SelectionError",
+    argument="key_scale",
+    note="one number, or one per key: never another shape",
+)
 def _():
     q, w, k, p = indexer_args()
     c = np.ones((len(k), 1), np.float32)
     return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, key_scale=c), "watch": [q, w, k, c]}
 
 
-@case("indexer-d-mismatch", "indexer formats", "`indexer_topk(q, w, k[:, :3], pos, 4)`", "SelectionError", argument="index_q")
+@case(
+    "indexer-d-mismatch",
+    "indexer formats",
+    "`indexer_topk(q, w, k[:, :3], pos, 4)`",
+    "SelectionError",
+    argument="index_q",
+)
 def _():
     q, w, k, p = indexer_args()
     return {"call": lambda: _ks().indexer_topk(q, w, np.ascontiguousarray(k[:, :3]), p, 4)}
 
 
-@case("indexer-segments-65", "indexer formats", "`indexer_topk(q, w, k, pos, 4, num_segments=65)`", "SelectionError", argument="num_segments")
+@case(
+    "indexer-segments-65",
+    "indexer formats",
+    "`indexer_topk(q, w, k, pos, 4, num_segments=65)`",
+    "SelectionError",
+    argument="num_segments",
+)
 def _():
     q, w, k, p = indexer_args()
     return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, num_segments=65)}
 
 
-@case("indexer-compress-ratio-0", "indexer formats", "`indexer_topk(q, w, k, pos, 4, compress_ratio=0, out=out)`",
-      "SelectionError", argument="compress_ratio")
+@case(
+    "indexer-compress-ratio-0",
+    "indexer formats",
+    "`indexer_topk(q, w, k, pos, 4, compress_ratio=0, out=out)`",
+    "SelectionError",
+    argument="compress_ratio",
+)
 def _():
     q, w, k, p = indexer_args()
     out = np.full((len(q), 4), 7, np.int32)
     return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, compress_ratio=0, out=out), "watch": [q, w, k, out]}
 
 
-@case("indexer-compress-ratio-negative", "indexer formats", "`indexer_scores(q, w, k, pos, compress_ratio=-4)`",
-      "SelectionError", argument="compress_ratio")
+@case(
+    "indexer-compress-ratio-negative",
+    "indexer formats",
+    "`indexer_scores(q, w, k, pos, compress_ratio=-4)`",
+    "SelectionError",
+    argument="compress_ratio",
+)
 def _():
     q, w, k, p = indexer_args()
     return {"call": lambda: _ks().indexer_scores(q, w, k, p, compress_ratio=-4)}
 
 
-@case("indexer-out-aliases-keys", "indexer formats", "`indexer_topk(q, w, memoryview(k), pos, 4, out=k.view(int32)[…])`",
-      "SelectionError", argument="out")
+@case(
+    "indexer-out-aliases-keys",
+    "indexer formats",
+    "`indexer_topk(q, w, memoryview(k), pos, 4, out=k.view(int32)[…])`",
+    "SelectionError",
+    argument="out",
+)
 def _():
     q, w, k, p = indexer_args()
     out = k.view(np.int32).reshape(-1)[:8].reshape(2, 4)
     return {"call": lambda: _ks().indexer_topk(q, w, memoryview(k), p, 4, out=out), "watch": [k]}
 
 
-@case("indexer-packed-seq-id", "indexer formats", "`indexer_topk_packed(q, w, k, [0, 8, 16], seq_ids=[0, 2], …)`", "SelectionError",
-      argument="seq_ids")
+@case(
+    "indexer-packed-seq-id",
+    "indexer formats",
+    "`indexer_topk_packed(q, w, k, [0, 8, 16], seq_ids=[0, 2], …)`",
+    "SelectionError",
+    argument="seq_ids",
+)
 def _():
     q, w, k, p = indexer_args()
     return {"call": lambda: _ks().indexer_topk_packed(q, w, k, [0, 8, 16], [0, 2], [3, 5], 4)}
 
 
-@case("indexer-packed-out-aliases-weights", "indexer formats", "`indexer_topk_packed(q, memoryview(w), k, …, out=w.view(int32))`",
-      "SelectionError", argument="out")
+@case(
+    "indexer-packed-out-aliases-weights",
+    "indexer formats",
+    "`indexer_topk_packed(q, memoryview(w), k, …, out=w.view(int32))`",
+    "SelectionError",
+    argument="out",
+)
 def _():
     q, w, k, p = indexer_args()
-    return {"call": lambda: _ks().indexer_topk_packed(q, memoryview(w), k, [0, 8, 16], [0, 1], [3, 5], 3,
-                                                        out=w.view(np.int32)), "watch": [w]}
+    return {
+        "call": lambda: _ks().indexer_topk_packed(
+            q, memoryview(w), k, [0, 8, 16], [0, 1], [3, 5], 3, out=w.view(np.int32)
+        ),
+        "watch": [w],
+    }
 
 
-@case("indexer-paged-negative-block", "indexer formats", "`indexer_topk_paged(q, w, pages, block_table=[[-1, 0]], seq_lens=[3], …)`",
-      "SelectionError", argument="block_table")
+@case(
+    "indexer-paged-negative-block",
+    "indexer formats",
+    "`indexer_topk_paged(q, w, pages, block_table=[[-1, 0]], seq_lens=[3], …)`",
+    "SelectionError",
+    argument="block_table",
+)
 def _():
     q, w, k, p = indexer_args()
     pages = np.ascontiguousarray(k.reshape(8, 2, 4))
     return {"call": lambda: _ks().indexer_topk_paged(q, w, pages, np.array([[-1, 0]], np.int32), [3], [0, 0], p, 2)}
 
 
-@case("indexer-paged-block-past-cache", "indexer formats", "`indexer_topk_paged(q, w, pages (8), block_table=[[0, 8]], …)`",
-      "SelectionError", argument="block_table")
+@case(
+    "indexer-paged-block-past-cache",
+    "indexer formats",
+    "`indexer_topk_paged(q, w, pages (8), block_table=[[0, 8]], …)`",
+    "SelectionError",
+    argument="block_table",
+)
 def _():
     q, w, k, p = indexer_args()
     pages = np.ascontiguousarray(k.reshape(8, 2, 4))
     return {"call": lambda: _ks().indexer_topk_paged(q, w, pages, np.array([[0, 8]], np.int32), [3], [0, 0], p, 2)}
 
 
-@case("indexer-paged-short-row", "indexer formats", "`indexer_topk_paged(…, block_table=[[0]], seq_lens=[3])` (needs 2 blocks)",
-      "SelectionError", argument="block_table")
+@case(
+    "indexer-paged-short-row",
+    "indexer formats",
+    "`indexer_topk_paged(…, block_table=[[0]], seq_lens=[3])` (needs 2 blocks)",
+    "SelectionError",
+    argument="block_table",
+)
 def _():
     q, w, k, p = indexer_args()
     pages = np.ascontiguousarray(k.reshape(8, 2, 4))
     return {"call": lambda: _ks().indexer_topk_paged(q, w, pages, np.array([[0]], np.int32), [3], [0, 0], p, 2)}
 
 
-@case("indexer-paged-padding-not-read", "indexer formats", "`indexer_topk_paged(…, block_table=[[3, 1, 0, 0]], seq_lens=[4])`",
-      ACCEPTED, note="vLLM's 0 padding past ⌈L / block_size⌉ is never read")
+@case(
+    "indexer-paged-padding-not-read",
+    "indexer formats",
+    "`indexer_topk_paged(…, block_table=[[3, 1, 0, 0]], seq_lens=[4])`",
+    ACCEPTED,
+    note="vLLM's 0 padding past ⌈L / block_size⌉ is never read",
+)
 def _():
     q, w, k, p = indexer_args()
     pages = np.ascontiguousarray(k.reshape(8, 2, 4))
     ref = lambda: _ks().indexer_topk(q, w, np.concatenate([pages[3], pages[1]]), [3, 3], 2)  # noqa: E731
-    return {"call": lambda: _ks().indexer_topk_paged(q, w, pages, np.array([[3, 1, 0, 0]], np.int32), [4], [0, 0], [3, 3], 2),
-            "check": same(ref)}
+    return {
+        "call": lambda: _ks().indexer_topk_paged(
+            q, w, pages, np.array([[3, 1, 0, 0]], np.int32), [4], [0, 0], [3, 3], 2
+        ),
+        "check": same(ref),
+    }
 
 
 # -- block selection over a paged cache ---------------------------------------------
@@ -742,20 +1104,36 @@ def paged_refusal(**changes):
     return {"call": lambda: _ks().block_sparse_select_paged(out=out, **args), "watch": watch}
 
 
-@case("paged-block-past-cache", "paged block selection", "`block_sparse_select_paged(q, pages (6), block_table=[[2, 6, 5, 1]], seq_lens=[10], …)`",
-      "SelectionError", argument="block_table", note="an entry that is read must name a page")
+@case(
+    "paged-block-past-cache",
+    "paged block selection",
+    "`block_sparse_select_paged(q, pages (6), block_table=[[2, 6, 5, 1]], seq_lens=[10], …)`",
+    "SelectionError",
+    argument="block_table",
+    note="an entry that is read must name a page",
+)
 def _():
     return paged_refusal(block_table=np.array([[2, 6, 5, 1]], np.int32))
 
 
-@case("paged-negative-block", "paged block selection", "`block_sparse_select_paged(…, block_table=[[2, 0, -1, 1]], seq_lens=[10])`",
-      "SelectionError", argument="block_table")
+@case(
+    "paged-negative-block",
+    "paged block selection",
+    "`block_sparse_select_paged(…, block_table=[[2, 0, -1, 1]], seq_lens=[10])`",
+    "SelectionError",
+    argument="block_table",
+)
 def _():
     return paged_refusal(block_table=np.array([[2, 0, -1, 1]], np.int32))
 
 
-@case("paged-unread-entries-not-read", "paged block selection", "`block_sparse_select_paged(…, block_table=[[2, 0, 5, -7, 99]], seq_lens=[10])`",
-      ACCEPTED, note="only the first ⌈L / block_size⌉ entries are read: the rest may hold anything")
+@case(
+    "paged-unread-entries-not-read",
+    "paged block selection",
+    "`block_sparse_select_paged(…, block_table=[[2, 0, 5, -7, 99]], seq_lens=[10])`",
+    ACCEPTED,
+    note="only the first ⌈L / block_size⌉ entries are read: the rest may hold anything",
+)
 def _():
     q, cache, _, lens, sid, pos = paged()
     ref = lambda: _ks().block_sparse_select(q, paged_keys(cache), pos, cfg())  # noqa: E731
@@ -763,196 +1141,355 @@ def _():
     return {"call": lambda: _ks().block_sparse_select_paged(q, cache, table, lens, sid, pos, cfg()), "check": same(ref)}
 
 
-@case("paged-short-row", "paged block selection", "`block_sparse_select_paged(…, block_table=[[2, 0]], seq_lens=[10])` (needs 3 blocks)",
-      "SelectionError", argument="block_table")
+@case(
+    "paged-short-row",
+    "paged block selection",
+    "`block_sparse_select_paged(…, block_table=[[2, 0]], seq_lens=[10])` (needs 3 blocks)",
+    "SelectionError",
+    argument="block_table",
+)
 def _():
     return paged_refusal(block_table=np.array([[2, 0]], np.int32))
 
 
-@case("paged-page-is-not-the-block", "paged block selection", "`block_sparse_select_paged(q, pages of 4 tokens, …, BlockSparseConfig(8, 2, 1, 1))`",
-      "SelectionError", argument="kv_cache", note="the page size must be config.block_size")
+@case(
+    "paged-page-is-not-the-block",
+    "paged block selection",
+    "`block_sparse_select_paged(q, pages of 4 tokens, …, BlockSparseConfig(8, 2, 1, 1))`",
+    "SelectionError",
+    argument="kv_cache",
+    note="the page size must be config.block_size",
+)
 def _():
     return paged_refusal(config=_ks().BlockSparseConfig(8, 2, 1, 1))
 
 
-@case("paged-seq-id-out-of-range", "paged block selection", "`block_sparse_select_paged(…, seq_lens=[10], seq_ids=[0, 1], …)`",
-      "SelectionError", argument="seq_ids")
+@case(
+    "paged-seq-id-out-of-range",
+    "paged block selection",
+    "`block_sparse_select_paged(…, seq_lens=[10], seq_ids=[0, 1], …)`",
+    "SelectionError",
+    argument="seq_ids",
+)
 def _():
     return paged_refusal(seq_ids=np.array([0, 1], np.int32))
 
 
-@case("paged-seq-id-negative", "paged block selection", "`block_sparse_select_paged(…, seq_ids=[0, -1], …)`",
-      "SelectionError", argument="seq_ids")
+@case(
+    "paged-seq-id-negative",
+    "paged block selection",
+    "`block_sparse_select_paged(…, seq_ids=[0, -1], …)`",
+    "SelectionError",
+    argument="seq_ids",
+)
 def _():
     return paged_refusal(seq_ids=np.array([0, -1], np.int32))
 
 
-@case("paged-seq-lens-wrong-length", "paged block selection", "`block_sparse_select_paged(…, block_table (1 row), seq_lens=[10, 3], …)`",
-      "SelectionError", argument="block_table", note="one table row per sequence of seq_lens")
+@case(
+    "paged-seq-lens-wrong-length",
+    "paged block selection",
+    "`block_sparse_select_paged(…, block_table (1 row), seq_lens=[10, 3], …)`",
+    "SelectionError",
+    argument="block_table",
+    note="one table row per sequence of seq_lens",
+)
 def _():
     return paged_refusal(seq_lens=np.array([10, 3], np.int32))
 
 
-@case("paged-seq-ids-wrong-length", "paged block selection", "`block_sparse_select_paged(q (2 queries), …, seq_ids=[0], …)`",
-      "SelectionError", argument="seq_ids")
+@case(
+    "paged-seq-ids-wrong-length",
+    "paged block selection",
+    "`block_sparse_select_paged(q (2 queries), …, seq_ids=[0], …)`",
+    "SelectionError",
+    argument="seq_ids",
+)
 def _():
     return paged_refusal(seq_ids=np.array([0], np.int32))
 
 
-@case("paged-query-pos-wrong-length", "paged block selection", "`block_sparse_select_paged(q (2 queries), …, query_pos=[4])`",
-      "SelectionError", argument="query_pos")
+@case(
+    "paged-query-pos-wrong-length",
+    "paged block selection",
+    "`block_sparse_select_paged(q (2 queries), …, query_pos=[4])`",
+    "SelectionError",
+    argument="query_pos",
+)
 def _():
     return paged_refusal(query_pos=np.array([4], np.int64))
 
 
-@case("paged-int64-table", "paged block selection", "`block_sparse_select_paged(…, block_table.astype(int64), …)`", ACCEPTED,
-      note="values fit int32: converted once")
+@case(
+    "paged-int64-table",
+    "paged block selection",
+    "`block_sparse_select_paged(…, block_table.astype(int64), …)`",
+    ACCEPTED,
+    note="values fit int32: converted once",
+)
 def _():
     q, cache, table, lens, sid, pos = paged()
     ref = lambda: _ks().block_sparse_select(q, paged_keys(cache), pos, cfg())  # noqa: E731
-    return {"call": lambda: _ks().block_sparse_select_paged(q, cache, table.astype(np.int64), lens, sid, pos, cfg()),
-            "check": same(ref)}
+    return {
+        "call": lambda: _ks().block_sparse_select_paged(q, cache, table.astype(np.int64), lens, sid, pos, cfg()),
+        "check": same(ref),
+    }
 
 
-@case("paged-int64-table-past-int32", "paged block selection", "`block_sparse_select_paged(…, block_table=int64 [[2, 0, 5, 2**40]], seq_lens=[10])`",
-      "SelectionError", argument="block_table", note="converted as a whole: even an unread entry must fit int32")
+@case(
+    "paged-int64-table-past-int32",
+    "paged block selection",
+    "`block_sparse_select_paged(…, block_table=int64 [[2, 0, 5, 2**40]], seq_lens=[10])`",
+    "SelectionError",
+    argument="block_table",
+    note="converted as a whole: even an unread entry must fit int32",
+)
 def _():
     return paged_refusal(block_table=np.array([[2, 0, 5, 2**40]], np.int64))
 
 
-@case("paged-float-table", "paged block selection", "`block_sparse_select_paged(…, block_table.astype(float32), …)`", "TypeError")
+@case(
+    "paged-float-table",
+    "paged block selection",
+    "`block_sparse_select_paged(…, block_table.astype(float32), …)`",
+    "TypeError",
+)
 def _():
     return paged_refusal(block_table=np.array([[2, 0, 5, 1]], np.float32))
 
 
-@case("paged-cache-2d", "paged block selection", "`block_sparse_select_paged(q, pages.reshape(24, 3), …)`", "SelectionError",
-      argument="kv_cache", note="[num_blocks, block_size, d]")
+@case(
+    "paged-cache-2d",
+    "paged block selection",
+    "`block_sparse_select_paged(q, pages.reshape(24, 3), …)`",
+    "SelectionError",
+    argument="kv_cache",
+    note="[num_blocks, block_size, d]",
+)
 def _():
     q, cache, *_ = paged()
     return paged_refusal(kv_cache=cache.reshape(24, 3))
 
 
-@case("paged-cache-4d", "paged block selection", "`block_sparse_select_paged(q, pages[:, :, None], …)`", "SelectionError",
-      argument="kv_cache")
+@case(
+    "paged-cache-4d",
+    "paged block selection",
+    "`block_sparse_select_paged(q, pages[:, :, None], …)`",
+    "SelectionError",
+    argument="kv_cache",
+)
 def _():
     q, cache, *_ = paged()
     return paged_refusal(kv_cache=cache[:, :, None])
 
 
-@case("paged-cache-float64", "paged block selection", "`block_sparse_select_paged(q, pages.astype(float64), …)`", "TypeError",
-      note="pages are read in place, never converted")
+@case(
+    "paged-cache-float64",
+    "paged block selection",
+    "`block_sparse_select_paged(q, pages.astype(float64), …)`",
+    "TypeError",
+    note="pages are read in place, never converted",
+)
 def _():
     q, cache, *_ = paged()
     return paged_refusal(kv_cache=cache.astype(np.float64))
 
 
-@case("paged-cache-raw-no-format", "paged block selection", "`block_sparse_select_paged(q, bf16 bits as uint16, …)`", "TypeError",
-      note="a raw view needs key_format")
+@case(
+    "paged-cache-raw-no-format",
+    "paged block selection",
+    "`block_sparse_select_paged(q, bf16 bits as uint16, …)`",
+    "TypeError",
+    note="a raw view needs key_format",
+)
 def _():
     q, cache, *_ = paged()
     return paged_refusal(kv_cache=(cache.view(np.uint32) >> 16).astype(np.uint16))
 
 
-@case("paged-cache-raw-bf16", "paged block selection", "`block_sparse_select_paged(q, bf16 bits as uint16, …, key_format='bfloat16')`",
-      ACCEPTED, note="read in place: the same rows as the float32 pages")
+@case(
+    "paged-cache-raw-bf16",
+    "paged block selection",
+    "`block_sparse_select_paged(q, bf16 bits as uint16, …, key_format='bfloat16')`",
+    ACCEPTED,
+    note="read in place: the same rows as the float32 pages",
+)
 def _():
     q, cache, table, lens, sid, pos = paged()
     bits = (cache.view(np.uint32) >> 16).astype(np.uint16)  # integers: exact in bfloat16
     ref = lambda: _ks().block_sparse_select(q, paged_keys(cache), pos, cfg())  # noqa: E731
-    return {"call": lambda: _ks().block_sparse_select_paged(q, bits, table, lens, sid, pos, cfg(), key_format="bfloat16"),
-            "check": same(ref)}
+    return {
+        "call": lambda: _ks().block_sparse_select_paged(q, bits, table, lens, sid, pos, cfg(), key_format="bfloat16"),
+        "check": same(ref),
+    }
 
 
-@case("paged-key-format-mismatch", "paged block selection", "`block_sparse_select_paged(q, pages.astype(float16), …, key_format='bfloat16')`",
-      "TypeError")
+@case(
+    "paged-key-format-mismatch",
+    "paged block selection",
+    "`block_sparse_select_paged(q, pages.astype(float16), …, key_format='bfloat16')`",
+    "TypeError",
+)
 def _():
     q, cache, *_ = paged()
     return paged_refusal(kv_cache=cache.astype(np.float16), key_format="bfloat16")
 
 
-@case("paged-out-views-table", "paged block selection", "`block_sparse_select_paged(…, block_table=t [1, 8], …, out=t.reshape(2, 2, 2))`",
-      "SelectionError", argument="out")
+@case(
+    "paged-out-views-table",
+    "paged block selection",
+    "`block_sparse_select_paged(…, block_table=t [1, 8], …, out=t.reshape(2, 2, 2))`",
+    "SelectionError",
+    argument="out",
+)
 def _():
     q, cache, _, lens, sid, pos = paged()
     table = np.array([[2, 0, 5, 1, 0, 0, 0, 0]], np.int32)
     out = table.reshape(2, 2, 2)
-    return {"call": lambda: _ks().block_sparse_select_paged(q, cache, table, lens, sid, pos, cfg(), out=out),
-            "watch": [table, cache]}
+    return {
+        "call": lambda: _ks().block_sparse_select_paged(q, cache, table, lens, sid, pos, cfg(), out=out),
+        "watch": [table, cache],
+    }
 
 
-@case("paged-out-views-cache", "paged block selection", "`block_sparse_select_paged(q, pages16, …, out=pages16.view(int32)[…])` (float16 pages)",
-      "SelectionError", argument="out")
+@case(
+    "paged-out-views-cache",
+    "paged block selection",
+    "`block_sparse_select_paged(q, pages16, …, out=pages16.view(int32)[…])` (float16 pages)",
+    "SelectionError",
+    argument="out",
+)
 def _():
     q, cache, table, lens, sid, pos = paged()
     pages16 = cache.astype(np.float16)
     out = pages16.reshape(-1).view(np.int32)[:8].reshape(2, 2, 2)
-    return {"call": lambda: _ks().block_sparse_select_paged(q, pages16, table, lens, sid, pos, cfg(), out=out),
-            "watch": [pages16, table]}
+    return {
+        "call": lambda: _ks().block_sparse_select_paged(q, pages16, table, lens, sid, pos, cfg(), out=out),
+        "watch": [pages16, table],
+    }
 
 
-@case("paged-out-views-cache-memoryview", "paged block selection", "`block_sparse_select_paged(q, memoryview(pages), …, out=pages.view(int32)[…])`",
-      "SelectionError", argument="out")
+@case(
+    "paged-out-views-cache-memoryview",
+    "paged block selection",
+    "`block_sparse_select_paged(q, memoryview(pages), …, out=pages.view(int32)[…])`",
+    "SelectionError",
+    argument="out",
+)
 def _():
     q, cache, table, lens, sid, pos = paged()
     out = cache.view(np.int32).reshape(-1)[:8].reshape(2, 2, 2)
-    return {"call": lambda: _ks().block_sparse_select_paged(q, memoryview(cache), table, lens, sid, pos, cfg(), out=out),
-            "watch": [cache, table]}
+    return {
+        "call": lambda: _ks().block_sparse_select_paged(q, memoryview(cache), table, lens, sid, pos, cfg(), out=out),
+        "watch": [cache, table],
+    }
 
 
-@case("paged-head-major-out-query-major-shape", "paged block selection",
-      "`block_sparse_select_paged(q [3, 2, d], …, head_major=True, out=np.empty((3, 2, 2), int32))`", "SelectionError", argument="out",
-      note="head-major out is [n_kv_heads, n_queries, width]")
+@case(
+    "paged-head-major-out-query-major-shape",
+    "paged block selection",
+    "`block_sparse_select_paged(q [3, 2, d], …, head_major=True, out=np.empty((3, 2, 2), int32))`",
+    "SelectionError",
+    argument="out",
+    note="head-major out is [n_kv_heads, n_queries, width]",
+)
 def _():
     q, p = three_queries()
     _, cache, table, lens, *_ = paged()
     out = np.full((3, 2, 2), 7, np.int32)
-    return {"call": lambda: _ks().block_sparse_select_paged(q, cache, table, lens, [0, 0, 0], p, cfg(), head_major=True, out=out),
-            "watch": [out, cache, table]}
+    return {
+        "call": lambda: _ks().block_sparse_select_paged(
+            q, cache, table, lens, [0, 0, 0], p, cfg(), head_major=True, out=out
+        ),
+        "watch": [out, cache, table],
+    }
 
 
 # -- batched positions_of_blocks -----------------------------------------------------
 
 
-@case("positions-4d", "batched positions", "`positions_of_blocks(np.zeros((1, 2, 3, 2), int32), 5, 10, cfg)`", "SelectionError",
-      argument="blocks", note="1-D, [rows, width] or [n_queries, n_kv_heads, width]")
+@case(
+    "positions-4d",
+    "batched positions",
+    "`positions_of_blocks(np.zeros((1, 2, 3, 2), int32), 5, 10, cfg)`",
+    "SelectionError",
+    argument="blocks",
+    note="1-D, [rows, width] or [n_queries, n_kv_heads, width]",
+)
 def _():
     return {"call": lambda: _ks().positions_of_blocks(np.zeros((1, 2, 3, 2), np.int32), 5, 10, cfg())}
 
 
-@case("positions-query-pos-wrong-length", "batched positions", "`positions_of_blocks(blocks [3, 2], [1, 2], 10, cfg)`", "SelectionError",
-      argument="query_pos", note="an int, or one entry per row")
+@case(
+    "positions-query-pos-wrong-length",
+    "batched positions",
+    "`positions_of_blocks(blocks [3, 2], [1, 2], 10, cfg)`",
+    "SelectionError",
+    argument="query_pos",
+    note="an int, or one entry per row",
+)
 def _():
     return {"call": lambda: _ks().positions_of_blocks(np.zeros((3, 2), np.int32), [1, 2], 10, cfg())}
 
 
-@case("positions-head-major-query-pos-wrong-length", "batched positions",
-      "`positions_of_blocks(blocks [2, 3, 2], [1, 2], 10, cfg, head_major=True)`", "SelectionError", argument="query_pos",
-      note="one per query: axis 1 when head-major")
+@case(
+    "positions-head-major-query-pos-wrong-length",
+    "batched positions",
+    "`positions_of_blocks(blocks [2, 3, 2], [1, 2], 10, cfg, head_major=True)`",
+    "SelectionError",
+    argument="query_pos",
+    note="one per query: axis 1 when head-major",
+)
 def _():
-    return {"call": lambda: _ks().positions_of_blocks(np.zeros((2, 3, 2), np.int32), [1, 2], 10, cfg(), head_major=True)}
+    return {
+        "call": lambda: _ks().positions_of_blocks(np.zeros((2, 3, 2), np.int32), [1, 2], 10, cfg(), head_major=True)
+    }
 
 
-@case("positions-n-positions-wrong-length", "batched positions", "`positions_of_blocks(blocks [3, 2], 5, [10, 10], cfg)`", "SelectionError",
-      argument="n_positions")
+@case(
+    "positions-n-positions-wrong-length",
+    "batched positions",
+    "`positions_of_blocks(blocks [3, 2], 5, [10, 10], cfg)`",
+    "SelectionError",
+    argument="n_positions",
+)
 def _():
     return {"call": lambda: _ks().positions_of_blocks(np.zeros((3, 2), np.int32), 5, [10, 10], cfg())}
 
 
-@case("positions-batched-past-int32", "batched positions", "`positions_of_blocks([[0, 2**31 - 1]], 2**62, 2**62, cfg)`", "SelectionError",
-      argument="blocks", note="a covered position must fit int32")
+@case(
+    "positions-batched-past-int32",
+    "batched positions",
+    "`positions_of_blocks([[0, 2**31 - 1]], 2**62, 2**62, cfg)`",
+    "SelectionError",
+    argument="blocks",
+    note="a covered position must fit int32",
+)
 def _():
     return {"call": lambda: _ks().positions_of_blocks(np.array([[0, 2**31 - 1]], np.int32), 2**62, 2**62, cfg())}
 
 
-@case("positions-batched-huge-block-clipped", "batched positions", "`positions_of_blocks([[0, 2**31 - 1]], 5, 10, cfg)`", ACCEPTED,
-      note="the huge block covers nothing before the query: [0, 1, 2, 3, -1, …]")
+@case(
+    "positions-batched-huge-block-clipped",
+    "batched positions",
+    "`positions_of_blocks([[0, 2**31 - 1]], 5, 10, cfg)`",
+    ACCEPTED,
+    note="the huge block covers nothing before the query: [0, 1, 2, 3, -1, …]",
+)
 def _():
-    return {"call": lambda: _ks().positions_of_blocks(np.array([[0, 2**31 - 1]], np.int32), 5, 10, cfg()),
-            "check": lambda r: r.dtype == np.int32 and r.tolist() == [[0, 1, 2, 3, -1, -1, -1, -1]]}
+    return {
+        "call": lambda: _ks().positions_of_blocks(np.array([[0, 2**31 - 1]], np.int32), 5, 10, cfg()),
+        "check": lambda r: r.dtype == np.int32 and r.tolist() == [[0, 1, 2, 3, -1, -1, -1, -1]],
+    }
 
 
-@case("positions-of-a-selection", "batched positions", "`positions_of_blocks(block_sparse_select(q3d, k, [9, 15]), [9, 15], 16, cfg)`",
-      ACCEPTED, note="[n_queries, n_kv_heads, width * block_size]: each row the 1-D call's, then -1")
+@case(
+    "positions-of-a-selection",
+    "batched positions",
+    "`positions_of_blocks(block_sparse_select(q3d, k, [9, 15]), [9, 15], 16, cfg)`",
+    ACCEPTED,
+    note="[n_queries, n_kv_heads, width * block_size]: each row the 1-D call's, then -1",
+)
 def _():
     pos = [9, 15]
 
@@ -963,66 +1500,125 @@ def _():
         for i in range(2):
             for h in range(2):
                 one = _ks().positions_of_blocks(sel[i, h], pos[i], 16, cfg())
-                if r[i, h, : len(one)].tolist() != one.tolist() or not (r[i, h, len(one):] == -1).all():
+                if r[i, h, : len(one)].tolist() != one.tolist() or not (r[i, h, len(one) :] == -1).all():
                     return False
         return True
 
-    return {"call": lambda: _ks().positions_of_blocks(_ks().block_sparse_select(index_q(True), index_k(), pos, cfg()), pos, 16, cfg()),
-            "check": check}
+    return {
+        "call": lambda: _ks().positions_of_blocks(
+            _ks().block_sparse_select(index_q(True), index_k(), pos, cfg()), pos, 16, cfg()
+        ),
+        "check": check,
+    }
 
 
 # -- empty arrays and zero-size dimensions ---------------------------------------
 
 
-@case("no-rows", "empty / zero-size", "`topology_witness_indices(np.empty((0, 4), int32), [], 4)`", ACCEPTED, note="shape (0, 4)")
+@case(
+    "no-rows",
+    "empty / zero-size",
+    "`topology_witness_indices(np.empty((0, 4), int32), [], 4)`",
+    ACCEPTED,
+    note="shape (0, 4)",
+)
 def _():
-    return {"call": lambda: _ks().topology_witness_indices(np.empty((0, 4), np.int32), np.empty(0, np.int32), 4),
-            "check": lambda r: r.shape == (0, 4) and r.dtype == np.int32}
+    return {
+        "call": lambda: _ks().topology_witness_indices(np.empty((0, 4), np.int32), np.empty(0, np.int32), 4),
+        "check": lambda r: r.shape == (0, 4) and r.dtype == np.int32,
+    }
 
 
-@case("zero-topk", "empty / zero-size", "`apply_topology_witnesses(np.empty((2, 0), int32), lens, 0, 4, 2)`", ACCEPTED, note="shape (2, 0)")
+@case(
+    "zero-topk",
+    "empty / zero-size",
+    "`apply_topology_witnesses(np.empty((2, 0), int32), lens, 0, 4, 2)`",
+    ACCEPTED,
+    note="shape (2, 0)",
+)
 def _():
-    return {"call": lambda: _ks().apply_topology_witnesses(np.empty((2, 0), np.int32), lens(), 0, 4, 2),
-            "check": lambda r: r.shape == (2, 0)}
+    return {
+        "call": lambda: _ks().apply_topology_witnesses(np.empty((2, 0), np.int32), lens(), 0, 4, 2),
+        "check": lambda r: r.shape == (2, 0),
+    }
 
 
 @case("empty-buffer", "empty / zero-size", "`scatter_topology_witnesses(np.empty((0, 0), int32), [], 4)`", ACCEPTED)
 def _():
-    return {"call": lambda: _ks().scatter_topology_witnesses(np.empty((0, 0), np.int32), np.empty(0, np.int32), 4),
-            "check": lambda r: r is None}
+    return {
+        "call": lambda: _ks().scatter_topology_witnesses(np.empty((0, 0), np.int32), np.empty(0, np.int32), 4),
+        "check": lambda r: r is None,
+    }
 
 
-@case("empty-list-learned", "empty / zero-size", "`topology_witness_indices([], [], 4)`", "WitnessError", argument="learned",
-      note="an empty list is 1-D")
+@case(
+    "empty-list-learned",
+    "empty / zero-size",
+    "`topology_witness_indices([], [], 4)`",
+    "WitnessError",
+    argument="learned",
+    note="an empty list is 1-D",
+)
 def _():
     return {"call": lambda: _ks().topology_witness_indices([], [], 4)}
 
 
-@case("no-keys", "empty / zero-size", "`block_sparse_select(q, np.empty((0, 3), float32), 9)`", ACCEPTED, note="all -1: nothing to select")
+@case(
+    "no-keys",
+    "empty / zero-size",
+    "`block_sparse_select(q, np.empty((0, 3), float32), 9)`",
+    ACCEPTED,
+    note="all -1: nothing to select",
+)
 def _():
-    return {"call": lambda: _ks().block_sparse_select(index_q(), np.empty((0, 3), np.float32), 9, cfg()),
-            "check": lambda r: r.shape == (2, 2) and (r == -1).all()}
+    return {
+        "call": lambda: _ks().block_sparse_select(index_q(), np.empty((0, 3), np.float32), 9, cfg()),
+        "check": lambda r: r.shape == (2, 2) and (r == -1).all(),
+    }
 
 
 @case("no-queries", "empty / zero-size", "`block_sparse_select(np.empty((0, 2, 3), float32), k, [])`", ACCEPTED)
 def _():
-    return {"call": lambda: _ks().block_sparse_select(np.empty((0, 2, 3), np.float32), index_k(), np.empty(0, np.int64), cfg()),
-            "check": lambda r: r.shape == (0, 2, 2)}
+    return {
+        "call": lambda: _ks().block_sparse_select(
+            np.empty((0, 2, 3), np.float32), index_k(), np.empty(0, np.int64), cfg()
+        ),
+        "check": lambda r: r.shape == (0, 2, 2),
+    }
 
 
-@case("zero-d", "empty / zero-size", "`block_sparse_select(np.empty((2, 0)), np.empty((16, 0)), 9)`", "SelectionError", argument="d")
+@case(
+    "zero-d",
+    "empty / zero-size",
+    "`block_sparse_select(np.empty((2, 0)), np.empty((16, 0)), 9)`",
+    "SelectionError",
+    argument="d",
+)
 def _():
-    return {"call": lambda: _ks().block_sparse_select(np.empty((2, 0), np.float32), np.empty((16, 0), np.float32), 9, cfg())}
+    return {
+        "call": lambda: _ks().block_sparse_select(np.empty((2, 0), np.float32), np.empty((16, 0), np.float32), 9, cfg())
+    }
 
 
-@case("zero-kv-heads", "empty / zero-size", "`dense_attention(q, k[:, :0], v[:, :0], pos)`", "SelectionError", argument="n_kv_heads")
+@case(
+    "zero-kv-heads",
+    "empty / zero-size",
+    "`dense_attention(q, k[:, :0], v[:, :0], pos)`",
+    "SelectionError",
+    argument="n_kv_heads",
+)
 def _():
     q, k, v, p = qkv()
     return {"call": lambda: _ks().dense_attention(q, k[:, :0], v[:, :0], p)}
 
 
-@case("attention-no-keys", "empty / zero-size", "`sparse_attention(q, k[:0], v[:0], pos, selection)`", ACCEPTED,
-      note="every row empty: zeros, lse = -inf")
+@case(
+    "attention-no-keys",
+    "empty / zero-size",
+    "`sparse_attention(q, k[:0], v[:0], pos, selection)`",
+    ACCEPTED,
+    note="every row empty: zeros, lse = -inf",
+)
 def _():
     q, k, v, p = qkv()
 
@@ -1043,13 +1639,23 @@ def _():
     return {"call": lambda: _ks().attention_mass_recall([1], np.empty(0)), "check": lambda r: r != r}
 
 
-@case("rel-error-empty", "empty / zero-size", "`output_relative_error_rows(np.empty((3, 0)), np.empty((3, 0)))`", ACCEPTED)
+@case(
+    "rel-error-empty", "empty / zero-size", "`output_relative_error_rows(np.empty((3, 0)), np.empty((3, 0)))`", ACCEPTED
+)
 def _():
-    return {"call": lambda: _ks().output_relative_error_rows(np.empty((3, 0), np.float32), np.empty((3, 0), np.float32)),
-            "check": lambda r: r.shape == (3,)}
+    return {
+        "call": lambda: _ks().output_relative_error_rows(np.empty((3, 0), np.float32), np.empty((3, 0), np.float32)),
+        "check": lambda r: r.shape == (3,),
+    }
 
 
-@case("rel-error-0d", "empty / zero-size", "`output_relative_error_rows(np.array(1, float32), np.array(1, float32))`", "SelectionError", argument="sparse")
+@case(
+    "rel-error-0d",
+    "empty / zero-size",
+    "`output_relative_error_rows(np.array(1, float32), np.array(1, float32))`",
+    "SelectionError",
+    argument="sparse",
+)
 def _():
     return {"call": lambda: _ks().output_relative_error_rows(np.array(1, np.float32), np.array(1, np.float32))}
 
@@ -1057,76 +1663,162 @@ def _():
 # -- negative and huge integers ------------------------------------------------
 
 
-@case("segments-negative", "negative / huge integer", "`topology_witness_indices(learned, lens, -1)`", "WitnessError", argument="num_segments")
+@case(
+    "segments-negative",
+    "negative / huge integer",
+    "`topology_witness_indices(learned, lens, -1)`",
+    "WitnessError",
+    argument="num_segments",
+)
 def _():
     return {"call": lambda: _ks().topology_witness_indices(learned(), lens(), -1)}
 
 
-@case("segments-zero", "negative / huge integer", "`topology_witness_indices(learned, lens, 0)`", "WitnessError", argument="num_segments")
+@case(
+    "segments-zero",
+    "negative / huge integer",
+    "`topology_witness_indices(learned, lens, 0)`",
+    "WitnessError",
+    argument="num_segments",
+)
 def _():
     return {"call": lambda: _ks().topology_witness_indices(learned(), lens(), 0)}
 
 
-@case("segments-2**64", "negative / huge integer", "`apply_topology_witnesses(learned, lens, 2, 2**64, 2)`", "WitnessError", argument="num_segments")
+@case(
+    "segments-2**64",
+    "negative / huge integer",
+    "`apply_topology_witnesses(learned, lens, 2, 2**64, 2)`",
+    "WitnessError",
+    argument="num_segments",
+)
 def _():
     return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 2**64, 2)}
 
 
-@case("segments-65", "negative / huge integer", "`apply_topology_witnesses(learned, lens, 2, 65, 2)`", "WitnessError", argument="num_segments")
+@case(
+    "segments-65",
+    "negative / huge integer",
+    "`apply_topology_witnesses(learned, lens, 2, 65, 2)`",
+    "WitnessError",
+    argument="num_segments",
+)
 def _():
     return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 65, 2)}
 
 
-@case("keep-negative", "negative / huge integer", "`apply_topology_witnesses(learned, lens, -1, 4, 2)`", "WitnessError", argument="learned_keep")
+@case(
+    "keep-negative",
+    "negative / huge integer",
+    "`apply_topology_witnesses(learned, lens, -1, 4, 2)`",
+    "WitnessError",
+    argument="learned_keep",
+)
 def _():
     return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), -1, 4, 2)}
 
 
-@case("keep-too-wide", "negative / huge integer", "`apply_topology_witnesses(learned, lens, 5, 4, 2)`", "WitnessError", argument="learned_keep")
+@case(
+    "keep-too-wide",
+    "negative / huge integer",
+    "`apply_topology_witnesses(learned, lens, 5, 4, 2)`",
+    "WitnessError",
+    argument="learned_keep",
+)
 def _():
     return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 5, 4, 2)}
 
 
-@case("replacements-2**100", "negative / huge integer", "`apply_topology_witnesses(learned, lens, 2, 4, 2**100)`", "WitnessError", argument="max_replacements")
+@case(
+    "replacements-2**100",
+    "negative / huge integer",
+    "`apply_topology_witnesses(learned, lens, 2, 4, 2**100)`",
+    "WitnessError",
+    argument="max_replacements",
+)
 def _():
     return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 4, 2**100)}
 
 
-@case("replacements-u64-max", "negative / huge integer", "`apply_topology_witnesses(learned, lens, 2, 4, 2**64 - 1)`", ACCEPTED, note="budget capped by the row")
+@case(
+    "replacements-u64-max",
+    "negative / huge integer",
+    "`apply_topology_witnesses(learned, lens, 2, 4, 2**64 - 1)`",
+    ACCEPTED,
+    note="budget capped by the row",
+)
 def _():
     ref = lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 4, 2)  # noqa: E731
     return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 4, 2**64 - 1), "check": same(ref)}
 
 
-@case("scatter-segments-negative", "negative / huge integer", "`scatter_topology_witnesses(buf, lens, -1)`", "WitnessError", argument="num_segments")
+@case(
+    "scatter-segments-negative",
+    "negative / huge integer",
+    "`scatter_topology_witnesses(buf, lens, -1)`",
+    "WitnessError",
+    argument="num_segments",
+)
 def _():
     buf = learned()
     return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), -1), "watch": [buf]}
 
 
-@case("scatter-segments-65", "negative / huge integer", "`scatter_topology_witnesses(buf, lens, 65)`", "WitnessError", argument="num_segments")
+@case(
+    "scatter-segments-65",
+    "negative / huge integer",
+    "`scatter_topology_witnesses(buf, lens, 65)`",
+    "WitnessError",
+    argument="num_segments",
+)
 def _():
     buf = learned()
     return {"call": lambda: _ks().scatter_topology_witnesses(buf, lens(), 65), "watch": [buf]}
 
 
-@case("learned-int64-huge", "negative / huge integer", "`topology_witness_indices(learned.astype(int64) + 2**40, …)`", "WitnessError", argument="learned")
+@case(
+    "learned-int64-huge",
+    "negative / huge integer",
+    "`topology_witness_indices(learned.astype(int64) + 2**40, …)`",
+    "WitnessError",
+    argument="learned",
+)
 def _():
     return {"call": lambda: _ks().topology_witness_indices(learned().astype(np.int64) + 2**40, lens(), 4)}
 
 
-@case("lens-uint64-max", "negative / huge integer", "`topology_witness_indices(learned, np.array([2**64-1, 1], uint64), 4)`", "WitnessError", argument="context_lens")
+@case(
+    "lens-uint64-max",
+    "negative / huge integer",
+    "`topology_witness_indices(learned, np.array([2**64-1, 1], uint64), 4)`",
+    "WitnessError",
+    argument="context_lens",
+)
 def _():
     return {"call": lambda: _ks().topology_witness_indices(learned(), np.array([2**64 - 1, 1], np.uint64), 4)}
 
 
-@case("lens-negative", "negative / huge integer", "`topology_witness_indices(learned, [-5, 6], 4)`", ACCEPTED, note="a row of length <= 0 gets no witnesses")
+@case(
+    "lens-negative",
+    "negative / huge integer",
+    "`topology_witness_indices(learned, [-5, 6], 4)`",
+    ACCEPTED,
+    note="a row of length <= 0 gets no witnesses",
+)
 def _():
-    return {"call": lambda: _ks().topology_witness_indices(learned(), [-5, 6], 4), "check": lambda r: (r[0] == -1).all()}
+    return {
+        "call": lambda: _ks().topology_witness_indices(learned(), [-5, 6], 4),
+        "check": lambda r: (r[0] == -1).all(),
+    }
 
 
-@case("learned-int32-extremes", "negative / huge integer", "`topology_witness_indices([[INT32_MIN, INT32_MAX]], [8], 4)`", ACCEPTED,
-      note="negative = padding; past L clamps to the last segment")
+@case(
+    "learned-int32-extremes",
+    "negative / huge integer",
+    "`topology_witness_indices([[INT32_MIN, INT32_MAX]], [8], 4)`",
+    ACCEPTED,
+    note="negative = padding; past L clamps to the last segment",
+)
 def _():
     a = np.array([[np.iinfo(np.int32).min, np.iinfo(np.int32).max]], np.int32)
     return {"call": lambda: _ks().topology_witness_indices(a, [8], 4), "check": lambda r: r.tolist() == [[0, 2, 4, -1]]}
@@ -1142,98 +1834,203 @@ def _():
     return {"call": lambda: _ks().segment_of(2**64 - 1, 2**64 - 1, 2**64 - 1), "check": lambda r: r == 2**64 - 1}
 
 
-@case("random-null-len-2**40", "negative / huge integer", "`random_null(2**40, 3, 0)`", "WitnessError", argument="context_len")
+@case(
+    "random-null-len-2**40",
+    "negative / huge integer",
+    "`random_null(2**40, 3, 0)`",
+    "WitnessError",
+    argument="context_len",
+)
 def _():
     return {"call": lambda: _ks().random_null(2**40, 3, 0)}
 
 
-@case("random-null-seed-negative", "negative / huge integer", "`random_null(10, 3, -1)`", "WitnessError", argument="seed")
+@case(
+    "random-null-seed-negative", "negative / huge integer", "`random_null(10, 3, -1)`", "WitnessError", argument="seed"
+)
 def _():
     return {"call": lambda: _ks().random_null(10, 3, -1)}
 
 
-@case("random-null-seed-2**64", "negative / huge integer", "`random_null(10, 3, 2**64)`", "WitnessError", argument="seed")
+@case(
+    "random-null-seed-2**64", "negative / huge integer", "`random_null(10, 3, 2**64)`", "WitnessError", argument="seed"
+)
 def _():
     return {"call": lambda: _ks().random_null(10, 3, 2**64)}
 
 
-@case("random-null-budget-huge", "negative / huge integer", "`random_null(10, 2**63, 0)`", ACCEPTED, note="min(budget, L) = 10 tokens")
+@case(
+    "random-null-budget-huge",
+    "negative / huge integer",
+    "`random_null(10, 2**63, 0)`",
+    ACCEPTED,
+    note="min(budget, L) = 10 tokens",
+)
 def _():
     return {"call": lambda: _ks().random_null(10, 2**63, 0), "check": lambda r: r.tolist() == list(range(10))}
 
 
-@case("locality-budget-negative", "negative / huge integer", "`locality_null(10, -3)`", "WitnessError", argument="budget")
+@case(
+    "locality-budget-negative", "negative / huge integer", "`locality_null(10, -3)`", "WitnessError", argument="budget"
+)
 def _():
     return {"call": lambda: _ks().locality_null(10, -3)}
 
 
-@case("coverage-len-negative", "negative / huge integer", "`segment_coverage([1], -8, 4)`", "WitnessError", argument="context_len")
+@case(
+    "coverage-len-negative",
+    "negative / huge integer",
+    "`segment_coverage([1], -8, 4)`",
+    "WitnessError",
+    argument="context_len",
+)
 def _():
     return {"call": lambda: _ks().segment_coverage([1], -8, 4)}
 
 
-@case("query-pos-negative", "negative / huge integer", "`block_sparse_select(q, k, -1)`", "SelectionError", argument="query_pos")
+@case(
+    "query-pos-negative",
+    "negative / huge integer",
+    "`block_sparse_select(q, k, -1)`",
+    "SelectionError",
+    argument="query_pos",
+)
 def _():
     return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), -1, cfg())}
 
 
-@case("query-pos-2**63", "negative / huge integer", "`block_sparse_select(q, k, 2**63)`", "SelectionError", argument="query_pos")
+@case(
+    "query-pos-2**63",
+    "negative / huge integer",
+    "`block_sparse_select(q, k, 2**63)`",
+    "SelectionError",
+    argument="query_pos",
+)
 def _():
     return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), 2**63, cfg())}
 
 
-@case("query-pos-past-keys", "negative / huge integer", "`block_sparse_select(q, k, 2**62)`", ACCEPTED, note="clipped to the keys that exist")
+@case(
+    "query-pos-past-keys",
+    "negative / huge integer",
+    "`block_sparse_select(q, k, 2**62)`",
+    ACCEPTED,
+    note="clipped to the keys that exist",
+)
 def _():
     ref = lambda: _ks().block_sparse_select(index_q(), index_k(), 15, cfg())  # noqa: E731
     return {"call": lambda: _ks().block_sparse_select(index_q(), index_k(), 2**62, cfg()), "check": same(ref)}
 
 
-@case("query-pos-array-negative", "negative / huge integer", "`block_sparse_select(q3d, k, [9, -1])`", "SelectionError", argument="query_pos")
+@case(
+    "query-pos-array-negative",
+    "negative / huge integer",
+    "`block_sparse_select(q3d, k, [9, -1])`",
+    "SelectionError",
+    argument="query_pos",
+)
 def _():
     return {"call": lambda: _ks().block_sparse_select(index_q(True), index_k(), [9, -1], cfg())}
 
 
-@case("query-pos-uint64-huge", "negative / huge integer", "`block_sparse_select(q3d, k, np.array([9, 2**64-1], uint64))`", "SelectionError", argument="query_pos")
+@case(
+    "query-pos-uint64-huge",
+    "negative / huge integer",
+    "`block_sparse_select(q3d, k, np.array([9, 2**64-1], uint64))`",
+    "SelectionError",
+    argument="query_pos",
+)
 def _():
-    return {"call": lambda: _ks().block_sparse_select(index_q(True), index_k(), np.array([9, 2**64 - 1], np.uint64), cfg())}
+    return {
+        "call": lambda: _ks().block_sparse_select(index_q(True), index_k(), np.array([9, 2**64 - 1], np.uint64), cfg())
+    }
 
 
-@case("seq-id-out-of-range", "negative / huge integer", "`block_sparse_select_packed(…, seq_ids=[0, 2], …)`", "SelectionError", argument="seq_ids")
+@case(
+    "seq-id-out-of-range",
+    "negative / huge integer",
+    "`block_sparse_select_packed(…, seq_ids=[0, 2], …)`",
+    "SelectionError",
+    argument="seq_ids",
+)
 def _():
-    return {"call": lambda: _ks().block_sparse_select_packed(index_q(True), index_k(), [0, 8, 16], [0, 2], [7, 7], cfg())}
+    return {
+        "call": lambda: _ks().block_sparse_select_packed(index_q(True), index_k(), [0, 8, 16], [0, 2], [7, 7], cfg())
+    }
 
 
-@case("config-negative", "negative / huge integer", "`BlockSparseConfig(block_size=-1)`", "SelectionError", argument="block_size")
+@case(
+    "config-negative",
+    "negative / huge integer",
+    "`BlockSparseConfig(block_size=-1)`",
+    "SelectionError",
+    argument="block_size",
+)
 def _():
     return {"call": lambda: _ks().BlockSparseConfig(block_size=-1)}
 
 
-@case("config-huge", "negative / huge integer", "`BlockSparseConfig(top_blocks=2**40)`", "SelectionError", argument="top_blocks")
+@case(
+    "config-huge",
+    "negative / huge integer",
+    "`BlockSparseConfig(top_blocks=2**40)`",
+    "SelectionError",
+    argument="top_blocks",
+)
 def _():
     return {"call": lambda: _ks().BlockSparseConfig(top_blocks=2**40)}
 
 
-@case("config-selects-nothing", "negative / huge integer", "`BlockSparseConfig(4, 0, 0, 0)`", "SelectionError", argument="top_blocks")
+@case(
+    "config-selects-nothing",
+    "negative / huge integer",
+    "`BlockSparseConfig(4, 0, 0, 0)`",
+    "SelectionError",
+    argument="top_blocks",
+)
 def _():
     return {"call": lambda: _ks().BlockSparseConfig(4, 0, 0, 0)}
 
 
-@case("config-block-size-zero", "negative / huge integer", "`BlockSparseConfig(block_size=0)`", "SelectionError", argument="block_size")
+@case(
+    "config-block-size-zero",
+    "negative / huge integer",
+    "`BlockSparseConfig(block_size=0)`",
+    "SelectionError",
+    argument="block_size",
+)
 def _():
     return {"call": lambda: _ks().BlockSparseConfig(block_size=0)}
 
 
-@case("blocks-past-int32", "negative / huge integer", "`positions_of_blocks([2**31 - 1], 2**62, 2**62, BlockSparseConfig(4, 2, 1, 1))`", "SelectionError", argument="blocks")
+@case(
+    "blocks-past-int32",
+    "negative / huge integer",
+    "`positions_of_blocks([2**31 - 1], 2**62, 2**62, BlockSparseConfig(4, 2, 1, 1))`",
+    "SelectionError",
+    argument="blocks",
+)
 def _():
     return {"call": lambda: _ks().positions_of_blocks([2**31 - 1], 2**62, 2**62, cfg())}
 
 
-@case("blocks-negative", "negative / huge integer", "`positions_of_blocks([-7, 1, -1], 9, 16, cfg)`", ACCEPTED, note="negative = padding, skipped")
+@case(
+    "blocks-negative",
+    "negative / huge integer",
+    "`positions_of_blocks([-7, 1, -1], 9, 16, cfg)`",
+    ACCEPTED,
+    note="negative = padding, skipped",
+)
 def _():
-    return {"call": lambda: _ks().positions_of_blocks([-7, 1, -1], 9, 16, cfg()), "check": lambda r: r.tolist() == [4, 5, 6, 7]}
+    return {
+        "call": lambda: _ks().positions_of_blocks([-7, 1, -1], 9, 16, cfg()),
+        "check": lambda r: r.tolist() == [4, 5, 6, 7],
+    }
 
 
-@case("selector-window-negative", "negative / huge integer", "`Selector.local(-1)`", "SelectionError", argument="window")
+@case(
+    "selector-window-negative", "negative / huge integer", "`Selector.local(-1)`", "SelectionError", argument="window"
+)
 def _():
     return {"call": lambda: _ks().Selector.local(-1)}
 
@@ -1243,18 +2040,36 @@ def _():
     return {"call": lambda: _ks().Selector.dense().row(2**31)}
 
 
-@case("selector-width-too-small", "negative / huge integer", "`Selector.local(3).rows([5], width=2)`", "SelectionError", argument="width")
+@case(
+    "selector-width-too-small",
+    "negative / huge integer",
+    "`Selector.local(3).rows([5], width=2)`",
+    "SelectionError",
+    argument="width",
+)
 def _():
     return {"call": lambda: _ks().Selector.local(3).rows([5], width=2)}
 
 
-@case("attention-pos-negative", "negative / huge integer", "`dense_attention(q, k, v, [2, -5])`", "SelectionError", argument="query_pos")
+@case(
+    "attention-pos-negative",
+    "negative / huge integer",
+    "`dense_attention(q, k, v, [2, -5])`",
+    "SelectionError",
+    argument="query_pos",
+)
 def _():
     q, k, v, _ = qkv()
     return {"call": lambda: _ks().dense_attention(q, k, v, [2, -5])}
 
 
-@case("oracle-budget-negative", "negative / huge integer", "`oracle_topk(attention, pos, -2)`", "SelectionError", argument="budget")
+@case(
+    "oracle-budget-negative",
+    "negative / huge integer",
+    "`oracle_topk(attention, pos, -2)`",
+    "SelectionError",
+    argument="budget",
+)
 def _():
     return {"call": lambda: _ks().oracle_topk(np.ones((2, 6)), [3, 5], -2)}
 
@@ -1269,14 +2084,28 @@ def _():
     return {"call": lambda: _ks().set_num_threads(10**9)}
 
 
-@case("output-too-large-witness", "negative / huge integer", "`topology_witness_indices(np.empty((4096, 0), int32), [1]*4096, 2**32 - 1)`", "MemoryError",
-      note="64 TiB output: MemoryError, never an abort")
+@case(
+    "output-too-large-witness",
+    "negative / huge integer",
+    "`topology_witness_indices(np.empty((4096, 0), int32), [1]*4096, 2**32 - 1)`",
+    "MemoryError",
+    note="64 TiB output: MemoryError, never an abort",
+)
 def _():
-    return {"call": lambda: _ks().topology_witness_indices(np.empty((4096, 0), np.int32), np.ones(4096, np.int32), 2**32 - 1)}
+    return {
+        "call": lambda: _ks().topology_witness_indices(
+            np.empty((4096, 0), np.int32), np.ones(4096, np.int32), 2**32 - 1
+        )
+    }
 
 
-@case("output-too-large-selector", "negative / huge integer", "`Selector.dense().rows([2**31 - 2] * 4096)`", "MemoryError",
-      note="32 TiB output")
+@case(
+    "output-too-large-selector",
+    "negative / huge integer",
+    "`Selector.dense().rows([2**31 - 2] * 4096)`",
+    "MemoryError",
+    note="32 TiB output",
+)
 def _():
     return {"call": lambda: _ks().Selector.dense().rows(np.full(4096, 2**31 - 2))}
 
@@ -1284,10 +2113,18 @@ def _():
 # -- NaN and ±Inf floats -----------------------------------------------------------
 
 
-@case("nan-query", "NaN / ±Inf", "`block_sparse_select(q * nan, k, 15)`", ACCEPTED, note="NaN scores are absent: forced blocks, then lowest ids")
+@case(
+    "nan-query",
+    "NaN / ±Inf",
+    "`block_sparse_select(q * nan, k, 15)`",
+    ACCEPTED,
+    note="NaN scores are absent: forced blocks, then lowest ids",
+)
 def _():
-    return {"call": lambda: _ks().block_sparse_select(index_q() * np.nan, index_k(), 15, cfg()),
-            "check": lambda r: r.tolist() == [[0, 3], [0, 3]]}
+    return {
+        "call": lambda: _ks().block_sparse_select(index_q() * np.nan, index_k(), 15, cfg()),
+        "check": lambda r: r.tolist() == [[0, 3], [0, 3]],
+    }
 
 
 @case("inf-keys", "NaN / ±Inf", "`block_sparse_select(q, k with ±inf rows, 15)`", ACCEPTED)
@@ -1301,7 +2138,13 @@ def _():
     return {"call": call, "check": lambda r: r.shape == (2, 2) and (r[:, 0] == 0).all()}
 
 
-@case("nan-learned", "NaN / ±Inf", "`topology_witness_indices([[nan, 1.0]], [8], 4)`", "TypeError", note="float indices are refused")
+@case(
+    "nan-learned",
+    "NaN / ±Inf",
+    "`topology_witness_indices([[nan, 1.0]], [8], 4)`",
+    "TypeError",
+    note="float indices are refused",
+)
 def _():
     return {"call": lambda: _ks().topology_witness_indices(np.array([[np.nan, 1.0]]), [8], 4)}
 
@@ -1311,7 +2154,13 @@ def _():
     return {"call": lambda: _ks().attention_mass_recall([0], [np.nan, 1.0]), "check": lambda r: r != r}
 
 
-@case("inf-attention-q", "NaN / ±Inf", "`dense_attention(q with inf, k, v, pos)`", ACCEPTED, note="non-finite inputs give non-finite outputs, no refusal")
+@case(
+    "inf-attention-q",
+    "NaN / ±Inf",
+    "`dense_attention(q with inf, k, v, pos)`",
+    ACCEPTED,
+    note="non-finite inputs give non-finite outputs, no refusal",
+)
 def _():
     q, k, v, p = qkv()
     q[0, 0, 0] = np.inf
@@ -1320,8 +2169,10 @@ def _():
 
 @case("nan-oracle", "NaN / ±Inf", "`oracle_topk([[nan, 0.5, nan, 0.1]], [3], 2)`", ACCEPTED, note="NaN ranks as -inf")
 def _():
-    return {"call": lambda: _ks().oracle_topk(np.array([[np.nan, 0.5, np.nan, 0.1]]), [3], 2),
-            "check": lambda r: r.tolist() == [[1, 3]]}
+    return {
+        "call": lambda: _ks().oracle_topk(np.array([[np.nan, 0.5, np.nan, 0.1]]), [3], 2),
+        "check": lambda r: r.tolist() == [[1, 3]],
+    }
 
 
 @case("scale-nan", "NaN / ±Inf", "`dense_attention(q, k, v, pos, scale=nan)`", "SelectionError", argument="scale")
@@ -1336,7 +2187,13 @@ def _():
     return {"call": lambda: _ks().sparse_attention(q, k, v, p, selection(), scale=float("inf"))}
 
 
-@case("probabilities-scale-inf", "NaN / ±Inf", "`attention_probabilities(q, k, pos, scale=-inf)`", "SelectionError", argument="scale")
+@case(
+    "probabilities-scale-inf",
+    "NaN / ±Inf",
+    "`attention_probabilities(q, k, pos, scale=-inf)`",
+    "SelectionError",
+    argument="scale",
+)
 def _():
     q, k, _, p = qkv()
     return {"call": lambda: _ks().attention_probabilities(q, k, p, scale=float("-inf"))}
@@ -1375,10 +2232,18 @@ def _():
     return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), None, 4, 2)}
 
 
-@case("count-numpy-int", "non-array object", "`apply_topology_witnesses(learned, lens, np.int64(2), np.uint8(4), 2)`", ACCEPTED)
+@case(
+    "count-numpy-int",
+    "non-array object",
+    "`apply_topology_witnesses(learned, lens, np.int64(2), np.uint8(4), 2)`",
+    ACCEPTED,
+)
 def _():
     ref = lambda: _ks().apply_topology_witnesses(learned(), lens(), 2, 4, 2)  # noqa: E731
-    return {"call": lambda: _ks().apply_topology_witnesses(learned(), lens(), np.int64(2), np.uint8(4), 2), "check": same(ref)}
+    return {
+        "call": lambda: _ks().apply_topology_witnesses(learned(), lens(), np.int64(2), np.uint8(4), 2),
+        "check": same(ref),
+    }
 
 
 @case("learned-none", "non-array object", "`topology_witness_indices(None, lens, 4)`", "TypeError")
@@ -1401,8 +2266,13 @@ def _():
     return {"call": lambda: _ks().segment_coverage(b"\x01\x02", 8, 4)}
 
 
-@case("learned-ragged", "non-array object", "`topology_witness_indices([[1, 2], [3]], [4, 4], 2)`", "ValueError",
-      note="NumPy's own ValueError (inhomogeneous shape)")
+@case(
+    "learned-ragged",
+    "non-array object",
+    "`topology_witness_indices([[1, 2], [3]], [4, 4], 2)`",
+    "ValueError",
+    note="NumPy's own ValueError (inhomogeneous shape)",
+)
 def _():
     return {"call": lambda: _ks().topology_witness_indices([[1, 2], [3]], [4, 4], 2)}
 
@@ -1418,7 +2288,13 @@ def _():
     return {"call": lambda: _ks().scatter_topology_witnesses(learned().tolist(), lens(), 2)}
 
 
-@case("buffer-none-off-switch", "non-array object", "`scatter_topology_witnesses(None, lens, 0)`", "TypeError", note="checked even with the off switch")
+@case(
+    "buffer-none-off-switch",
+    "non-array object",
+    "`scatter_topology_witnesses(None, lens, 0)`",
+    "TypeError",
+    note="checked even with the off switch",
+)
 def _():
     return {"call": lambda: _ks().scatter_topology_witnesses(None, lens(), 0)}
 
@@ -1450,11 +2326,19 @@ def _():
     return {"call": lambda: _ks().dense_attention(q, k, v, "ab")}
 
 
-@case("masked-array-learned", "non-array object", "`topology_witness_indices(np.ma.masked_array(learned), lens, 4)`", ACCEPTED,
-      note="read through np.asarray (the mask is ignored)")
+@case(
+    "masked-array-learned",
+    "non-array object",
+    "`topology_witness_indices(np.ma.masked_array(learned), lens, 4)`",
+    ACCEPTED,
+    note="read through np.asarray (the mask is ignored)",
+)
 def _():
     ref = lambda: _ks().topology_witness_indices(learned(), lens(), 4)  # noqa: E731
-    return {"call": lambda: _ks().topology_witness_indices(np.ma.masked_array(learned()), lens(), 4), "check": same(ref)}
+    return {
+        "call": lambda: _ks().topology_witness_indices(np.ma.masked_array(learned()), lens(), 4),
+        "check": same(ref),
+    }
 
 
 # -- DLPack producers (a ctypes producer over NumPy memory, tests/python/dlpack_producers.py) --
@@ -1470,23 +2354,40 @@ def _topk_out():
     return np.full((2, 4), -7, dtype=np.int32)
 
 
-@case("dlpack-gpu", "DLPack", "`indexer_topk(q, w, k on cuda:0, pos, 4, out=buf)`", "SelectionError",
-      argument="index_k", note="says to move it with .cpu(); nothing is exported or written")
+@case(
+    "dlpack-gpu",
+    "DLPack",
+    "`indexer_topk(q, w, k on cuda:0, pos, 4, out=buf)`",
+    "SelectionError",
+    argument="index_k",
+    note="says to move it with .cpu(); nothing is exported or written",
+)
 def _():
     q, w, k, p = indexer_args()
     buf = _topk_out()
     return {"call": lambda: _ks().indexer_topk(q, w, _dl(k, device=(2, 0)), p, 4, out=buf), "watch": [buf]}
 
 
-@case("dlpack-unsupported-dtype", "DLPack", "`indexer_topk(q, w, complex64 tensor, pos, 4)`", "TypeError",
-      note="names the DLPack type code; the capsule is deleted")
+@case(
+    "dlpack-unsupported-dtype",
+    "DLPack",
+    "`indexer_topk(q, w, complex64 tensor, pos, 4)`",
+    "TypeError",
+    note="names the DLPack type code; the capsule is deleted",
+)
 def _():
     q, w, k, p = indexer_args()
     return {"call": lambda: _ks().indexer_topk(q, w, _dl(k.view(np.complex64), dtype="complex64"), p, 4)}
 
 
-@case("dlpack-raises", "DLPack", "`indexer_topk(q, weights whose __dlpack__ raises, k, pos, 4, out=buf)`",
-      "SelectionError", argument="weights", note="the producer's exception is the cause")
+@case(
+    "dlpack-raises",
+    "DLPack",
+    "`indexer_topk(q, weights whose __dlpack__ raises, k, pos, 4, out=buf)`",
+    "SelectionError",
+    argument="weights",
+    note="the producer's exception is the cause",
+)
 def _():
     q, w, k, p = indexer_args()
     buf = _topk_out()
@@ -1494,15 +2395,26 @@ def _():
     return {"call": lambda: _ks().indexer_topk(q, bad, k, p, 4, out=buf), "watch": [buf]}
 
 
-@case("dlpack-bare-capsule", "DLPack", "`indexer_topk(q, w, k.__dlpack__(), pos, 4)`", "TypeError",
-      note="pass the tensor, not its capsule")
+@case(
+    "dlpack-bare-capsule",
+    "DLPack",
+    "`indexer_topk(q, w, k.__dlpack__(), pos, 4)`",
+    "TypeError",
+    note="pass the tensor, not its capsule",
+)
 def _():
     q, w, k, p = indexer_args()
     return {"call": lambda: _ks().indexer_topk(q, w, k.__dlpack__(), p, 4)}
 
 
-@case("dlpack-negative-strides-out", "DLPack", "`indexer_topk(q, w, k, pos, 4, out=tensor with strides (-4, 1))`",
-      "SelectionError", argument="out", note="written in place, so never copied")
+@case(
+    "dlpack-negative-strides-out",
+    "DLPack",
+    "`indexer_topk(q, w, k, pos, 4, out=tensor with strides (-4, 1))`",
+    "SelectionError",
+    argument="out",
+    note="written in place, so never copied",
+)
 def _():
     q, w, k, p = indexer_args()
     buf = _topk_out()
@@ -1510,8 +2422,14 @@ def _():
     return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, out=out), "watch": [buf]}
 
 
-@case("dlpack-zero-strides-out", "DLPack", "`indexer_topk(q, w, k, pos, 4, out=tensor with strides (0, 1))`",
-      "SelectionError", argument="out", note="written in place, so never copied")
+@case(
+    "dlpack-zero-strides-out",
+    "DLPack",
+    "`indexer_topk(q, w, k, pos, 4, out=tensor with strides (0, 1))`",
+    "SelectionError",
+    argument="out",
+    note="written in place, so never copied",
+)
 def _():
     q, w, k, p = indexer_args()
     buf = _topk_out()
@@ -1519,19 +2437,31 @@ def _():
     return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, out=out), "watch": [buf]}
 
 
-@case("dlpack-read-only-out", "DLPack", "`indexer_topk(q, w, k, pos, 4, out=read-only tensor)`", "SelectionError",
-      argument="out", note="the versioned capsule's READ_ONLY flag is honoured")
+@case(
+    "dlpack-read-only-out",
+    "DLPack",
+    "`indexer_topk(q, w, k, pos, 4, out=read-only tensor)`",
+    "SelectionError",
+    argument="out",
+    note="the versioned capsule's READ_ONLY flag is honoured",
+)
 def _():
     q, w, k, p = indexer_args()
     buf = _topk_out()
     return {"call": lambda: _ks().indexer_topk(q, w, k, p, 4, out=_dl(buf, read_only=True)), "watch": [buf]}
 
 
-@case("dlpack-negative-strides-input", "DLPack", "`indexer_topk(q, w, k reversed (strides (-4, 1)), pos, 4)`",
-      ACCEPTED, note="a read-only input: copied once to C order, the same result")
+@case(
+    "dlpack-negative-strides-input",
+    "DLPack",
+    "`indexer_topk(q, w, k reversed (strides (-4, 1)), pos, 4)`",
+    ACCEPTED,
+    note="a read-only input: copied once to C order, the same result",
+)
 def _():
     q, w, k, p = indexer_args()
     rev = k[::-1].copy()
+
     def ref():
         return _ks().indexer_topk(q, w, k, p, 4)
 
@@ -1539,11 +2469,17 @@ def _():
     return {"call": lambda: _ks().indexer_topk(q, w, tensor, p, 4), "check": same(ref), "watch": [rev]}
 
 
-@case("dlpack-zero-strides-input", "DLPack", "`indexer_topk(q, w, one key broadcast (strides (0, 1)), pos, 4)`",
-      ACCEPTED, note="a read-only input: copied once to C order, the same result")
+@case(
+    "dlpack-zero-strides-input",
+    "DLPack",
+    "`indexer_topk(q, w, one key broadcast (strides (0, 1)), pos, 4)`",
+    ACCEPTED,
+    note="a read-only input: copied once to C order, the same result",
+)
 def _():
     q, w, k, p = indexer_args()
     row = k[:1].copy()
+
     def ref():
         return _ks().indexer_topk(q, w, np.repeat(row, len(k), axis=0), p, 4)
 
@@ -1560,51 +2496,89 @@ def _torch():
     return torch
 
 
-@case("torch-int64-learned", "torch tensor", "`topology_witness_indices(torch.topk(…).indices, lens, 4)`", ACCEPTED,
-      note="int64 values that fit: converted once", torch=True)
+@case(
+    "torch-int64-learned",
+    "torch tensor",
+    "`topology_witness_indices(torch.topk(…).indices, lens, 4)`",
+    ACCEPTED,
+    note="int64 values that fit: converted once",
+    torch=True,
+)
 def _():
     ref = lambda: _ks().topology_witness_indices(learned(), lens(), 4)  # noqa: E731
-    return {"call": lambda: _ks().topology_witness_indices(_torch().from_numpy(learned().astype(np.int64)), lens(), 4),
-            "check": same(ref)}
+    return {
+        "call": lambda: _ks().topology_witness_indices(_torch().from_numpy(learned().astype(np.int64)), lens(), 4),
+        "check": same(ref),
+    }
 
 
-@case("torch-int64-buffer", "torch tensor", "`scatter_topology_witnesses(int64 tensor, lens, 2)`", "TypeError", torch=True,
-      note="call .int() and pass .numpy()")
+@case(
+    "torch-int64-buffer",
+    "torch tensor",
+    "`scatter_topology_witnesses(int64 tensor, lens, 2)`",
+    "TypeError",
+    torch=True,
+    note="call .int() and pass .numpy()",
+)
 def _():
     t = _torch().from_numpy(learned().astype(np.int64))
     return {"call": lambda: _ks().scatter_topology_witnesses(t, lens(), 2), "watch": [t.numpy()]}
 
 
-@case("torch-int32-buffer", "torch tensor", "`scatter_topology_witnesses(int32 tensor, lens, 2)`", ACCEPTED, torch=True,
-      note="a CPU tensor is written in place through DLPack")
+@case(
+    "torch-int32-buffer",
+    "torch tensor",
+    "`scatter_topology_witnesses(int32 tensor, lens, 2)`",
+    ACCEPTED,
+    torch=True,
+    note="a CPU tensor is written in place through DLPack",
+)
 def _():
     t = _torch().from_numpy(learned())
     want = learned()
     _ks().scatter_topology_witnesses(want, lens(), 2)
-    return {"call": lambda: _ks().scatter_topology_witnesses(t, lens(), 2),
-            "check": lambda r: r is None and np.array_equal(t.numpy(), want)}
+    return {
+        "call": lambda: _ks().scatter_topology_witnesses(t, lens(), 2),
+        "check": lambda r: r is None and np.array_equal(t.numpy(), want),
+    }
 
 
-@case("torch-numpy-view-buffer", "torch tensor", "`scatter_topology_witnesses(t.int().numpy(), lens, 2)`", ACCEPTED, torch=True,
-      note="written in place through the tensor's memory")
+@case(
+    "torch-numpy-view-buffer",
+    "torch tensor",
+    "`scatter_topology_witnesses(t.int().numpy(), lens, 2)`",
+    ACCEPTED,
+    torch=True,
+    note="written in place through the tensor's memory",
+)
 def _():
     t = _torch().from_numpy(learned())
     want = learned()
     _ks().scatter_topology_witnesses(want, lens(), 2)
-    return {"call": lambda: _ks().scatter_topology_witnesses(t.numpy(), lens(), 2),
-            "check": lambda r: r is None and np.array_equal(t.numpy(), want)}
+    return {
+        "call": lambda: _ks().scatter_topology_witnesses(t.numpy(), lens(), 2),
+        "check": lambda r: r is None and np.array_equal(t.numpy(), want),
+    }
 
 
 @case("torch-float-keys", "torch tensor", "`block_sparse_select(torch q, torch k, 9)`", ACCEPTED, torch=True)
 def _():
     ref = lambda: _ks().block_sparse_select(index_q(), index_k(), 9, cfg())  # noqa: E731
-    return {"call": lambda: _ks().block_sparse_select(_torch().from_numpy(index_q()), _torch().from_numpy(index_k()), 9, cfg()),
-            "check": same(ref)}
+    return {
+        "call": lambda: _ks().block_sparse_select(
+            _torch().from_numpy(index_q()), _torch().from_numpy(index_k()), 9, cfg()
+        ),
+        "check": same(ref),
+    }
 
 
-@case("torch-float-learned", "torch tensor", "`topology_witness_indices(float tensor, lens, 4)`", "TypeError", torch=True)
+@case(
+    "torch-float-learned", "torch tensor", "`topology_witness_indices(float tensor, lens, 4)`", "TypeError", torch=True
+)
 def _():
-    return {"call": lambda: _ks().topology_witness_indices(_torch().from_numpy(learned().astype(np.float32)), lens(), 4)}
+    return {
+        "call": lambda: _ks().topology_witness_indices(_torch().from_numpy(learned().astype(np.float32)), lens(), 4)
+    }
 
 
 def check_args():
@@ -1613,16 +2587,28 @@ def check_args():
     return scores, rows
 
 
-@case("check-negative-magnitude", "engine check", "`check_topk(scores, rows, rtol=0.01, magnitudes=-ones)`",
-      "SelectionError", argument="magnitudes", note="a bound is never negative")
+@case(
+    "check-negative-magnitude",
+    "engine check",
+    "`check_topk(scores, rows, rtol=0.01, magnitudes=-ones)`",
+    "SelectionError",
+    argument="magnitudes",
+    note="a bound is never negative",
+)
 def _():
     s, r = check_args()
     m = -np.ones_like(s)
     return {"call": lambda: _ks().check_topk(s, r, rtol=0.01, magnitudes=m), "watch": [s, r, m]}
 
 
-@case("check-unknown-filler", "engine check", "`check_topk(scores, rows, filler='pad')`", "SelectionError",
-      argument="filler", note="the message lists the rules: \"-1\", \"past_context\", \"repeat\"")
+@case(
+    "check-unknown-filler",
+    "engine check",
+    "`check_topk(scores, rows, filler='pad')`",
+    "SelectionError",
+    argument="filler",
+    note='the message lists the rules: "-1", "past_context", "repeat"',
+)
 def _():
     s, r = check_args()
     return {"call": lambda: _ks().check_topk(s, r, filler="pad"), "watch": [s, r]}
@@ -1634,26 +2620,45 @@ def _():
     return {"call": lambda: _ks().check_topk(s, r, filler=-1), "watch": [s, r]}
 
 
-@case("check-past-context-filler", "engine check",
-      "`check_topk(scores, rows with a future position, [2, 5], filler='past_context')`", ACCEPTED,
-      note="the engine's filler ignored: only the wrong row (row 1) is reported")
+@case(
+    "check-past-context-filler",
+    "engine check",
+    "`check_topk(scores, rows with a future position, [2, 5], filler='past_context')`",
+    ACCEPTED,
+    note="the engine's filler ignored: only the wrong row (row 1) is reported",
+)
 def _():
     s, r = check_args()
     r[0] = [1, 4, 0]  # L = 2, topk 3: both positions and a future one
     r[1] = [3, 0, 2]  # a wrong selection: position 4 (0.5) beats 2 (0.0)
-    return {"call": lambda: _ks().check_topk(s, r, [2, 5], filler="past_context"),
-            "check": lambda rep: [d["row"] for d in rep["details"]] == [1], "watch": [s, r]}
+    return {
+        "call": lambda: _ks().check_topk(s, r, [2, 5], filler="past_context"),
+        "check": lambda rep: [d["row"] for d in rep["details"]] == [1],
+        "watch": [s, r],
+    }
 
 
-@case("check-short-lens", "engine check", "`check_topk(scores [2, 5], rows [2, 3], context_lens=[5])`",
-      "SelectionError", argument="context_lens", note="scores and rows agree: the lengths are named")
+@case(
+    "check-short-lens",
+    "engine check",
+    "`check_topk(scores [2, 5], rows [2, 3], context_lens=[5])`",
+    "SelectionError",
+    argument="context_lens",
+    note="scores and rows agree: the lengths are named",
+)
 def _():
     s, r = check_args()
     return {"call": lambda: _ks().check_topk(s, r, [5]), "watch": [s, r]}
 
 
-@case("check-short-rows", "engine check", "`check_topk(scores [2, 5], rows[:1])`", "SelectionError",
-      argument="rows", note="the lengths default to the scores' rows: the rows are named")
+@case(
+    "check-short-rows",
+    "engine check",
+    "`check_topk(scores [2, 5], rows[:1])`",
+    "SelectionError",
+    argument="rows",
+    note="the lengths default to the scores' rows: the rows are named",
+)
 def _():
     s, r = check_args()
     one = r[:1].copy()
@@ -1679,28 +2684,47 @@ def _():
     return {"call": lambda: _ks().check_topk(s[None], r), "watch": [s, r]}
 
 
-@case("check-context-past-scores", "engine check", "`check_topk(scores [2, 5], rows, context_lens=[5, 6])`",
-      "SelectionError", argument="context_lens")
+@case(
+    "check-context-past-scores",
+    "engine check",
+    "`check_topk(scores [2, 5], rows, context_lens=[5, 6])`",
+    "SelectionError",
+    argument="context_lens",
+)
 def _():
     s, r = check_args()
     return {"call": lambda: _ks().check_topk(s, r, [5, 6]), "watch": [s, r]}
 
 
-@case("check-rtol-without-magnitudes", "engine check", "`check_topk(scores, rows, rtol=0.01)`", "SelectionError",
-      argument="rtol", note="rtol scales each score's magnitude: there is none to scale")
+@case(
+    "check-rtol-without-magnitudes",
+    "engine check",
+    "`check_topk(scores, rows, rtol=0.01)`",
+    "SelectionError",
+    argument="rtol",
+    note="rtol scales each score's magnitude: there is none to scale",
+)
 def _():
     s, r = check_args()
     return {"call": lambda: _ks().check_topk(s, r, rtol=0.01), "watch": [s, r]}
 
 
-@case("check-negative-atol", "engine check", "`check_topk(scores, rows, atol=-1e-3)`", "SelectionError", argument="atol")
+@case(
+    "check-negative-atol", "engine check", "`check_topk(scores, rows, atol=-1e-3)`", "SelectionError", argument="atol"
+)
 def _():
     s, r = check_args()
     return {"call": lambda: _ks().check_topk(s, r, atol=-1e-3), "watch": [s, r]}
 
 
-@case("check-nan-magnitude", "engine check", "`check_topk(scores, rows, rtol=0.01, magnitudes=[[nan, …]])`",
-      "SelectionError", argument="magnitudes", note="NaN past a row's context is never read, so it is allowed")
+@case(
+    "check-nan-magnitude",
+    "engine check",
+    "`check_topk(scores, rows, rtol=0.01, magnitudes=[[nan, …]])`",
+    "SelectionError",
+    argument="magnitudes",
+    note="NaN past a row's context is never read, so it is allowed",
+)
 def _():
     s, r = check_args()
     m = np.abs(s)
@@ -1708,25 +2732,45 @@ def _():
     return {"call": lambda: _ks().check_topk(s, r, rtol=0.01, magnitudes=m), "watch": [s, r, m]}
 
 
-@case("check-int64-far-position", "engine check", "`check_topk(scores, rows with 2**40)`", ACCEPTED,
-      note="reported as a non-causal entry of that row, not refused")
+@case(
+    "check-int64-far-position",
+    "engine check",
+    "`check_topk(scores, rows with 2**40)`",
+    ACCEPTED,
+    note="reported as a non-causal entry of that row, not refused",
+)
 def _():
     s, r = check_args()
     r[1, 0] = 2**40
-    return {"call": lambda: _ks().check_topk(s, r),
-            "check": lambda rep: rep["wrong"] == 1 and rep["details"][0]["problems"][0]
-            == {"reason": "not_causal", "slot": 0, "position": 2**40, "n_slots": 1, "context": 5}}
+    return {
+        "call": lambda: _ks().check_topk(s, r),
+        "check": lambda rep: (
+            rep["wrong"] == 1
+            and rep["details"][0]["problems"][0]
+            == {"reason": "not_causal", "slot": 0, "position": 2**40, "n_slots": 1, "context": 5}
+        ),
+    }
 
 
-@case("indexer-scores-d-mismatch", "engine check", "`indexer_scores(q [.., d=4], w, k[:, :3], pos)`", "SelectionError",
-      argument="index_q")
+@case(
+    "indexer-scores-d-mismatch",
+    "engine check",
+    "`indexer_scores(q [.., d=4], w, k[:, :3], pos)`",
+    "SelectionError",
+    argument="index_q",
+)
 def _():
     q, w, k, p = indexer_args()
     return {"call": lambda: _ks().indexer_scores(q, w, np.ascontiguousarray(k[:, :3]), p), "watch": [q, w, k]}
 
 
-@case("indexer-scores-negative-position", "engine check", "`indexer_scores(q, w, k, [-1, 5])`", "SelectionError",
-      argument="query_pos")
+@case(
+    "indexer-scores-negative-position",
+    "engine check",
+    "`indexer_scores(q, w, k, [-1, 5])`",
+    "SelectionError",
+    argument="query_pos",
+)
 def _():
     q, w, k, p = indexer_args()
     return {"call": lambda: _ks().indexer_scores(q, w, k, [-1, 5]), "watch": [q, w, k]}
@@ -1738,68 +2782,117 @@ def block_check_args():
     return scores, rows, np.array([6, 4])
 
 
-@case("check-blocks-float-rows", "engine check", "`check_blocks(block_scores, rows.astype(float32), visible_blocks, cfg)`",
-      "TypeError")
+@case(
+    "check-blocks-float-rows",
+    "engine check",
+    "`check_blocks(block_scores, rows.astype(float32), visible_blocks, cfg)`",
+    "TypeError",
+)
 def _():
     s, r, nb = block_check_args()
     return {"call": lambda: _ks().check_blocks(s, r.astype(np.float32), nb, cfg()), "watch": [s, nb]}
 
 
-@case("check-blocks-narrow-rows", "engine check", "`check_blocks(block_scores, rows[:, :1], visible_blocks, cfg)`",
-      "SelectionError", argument="config", note="no row could hold config.width blocks")
+@case(
+    "check-blocks-narrow-rows",
+    "engine check",
+    "`check_blocks(block_scores, rows[:, :1], visible_blocks, cfg)`",
+    "SelectionError",
+    argument="config",
+    note="no row could hold config.width blocks",
+)
 def _():
     s, r, nb = block_check_args()
     return {"call": lambda: _ks().check_blocks(s, r[:, :1], nb, cfg()), "watch": [s, r, nb]}
 
 
-@case("check-blocks-negative-visible-blocks", "engine check", "`check_blocks(block_scores, rows, [-1, 4], cfg)`",
-      "SelectionError", argument="visible_blocks")
+@case(
+    "check-blocks-negative-visible-blocks",
+    "engine check",
+    "`check_blocks(block_scores, rows, [-1, 4], cfg)`",
+    "SelectionError",
+    argument="visible_blocks",
+)
 def _():
     s, r, _ = block_check_args()
     return {"call": lambda: _ks().check_blocks(s, r, [-1, 4], cfg()), "watch": [s, r]}
 
 
-@case("check-blocks-rtol-without-magnitudes", "engine check", "`check_blocks(block_scores, rows, visible_blocks, cfg, rtol=0.01)`",
-      "SelectionError", argument="rtol")
+@case(
+    "check-blocks-rtol-without-magnitudes",
+    "engine check",
+    "`check_blocks(block_scores, rows, visible_blocks, cfg, rtol=0.01)`",
+    "SelectionError",
+    argument="rtol",
+)
 def _():
     s, r, nb = block_check_args()
     return {"call": lambda: _ks().check_blocks(s, r, nb, cfg(), rtol=0.01), "watch": [s, r, nb]}
 
 
-@case("check-blocks-dict-config", "engine check", "`check_blocks(block_scores, rows, visible_blocks, {'block_size': 4})`",
-      "TypeError")
+@case(
+    "check-blocks-dict-config",
+    "engine check",
+    "`check_blocks(block_scores, rows, visible_blocks, {'block_size': 4})`",
+    "TypeError",
+)
 def _():
     s, r, nb = block_check_args()
     return {"call": lambda: _ks().check_blocks(s, r, nb, {"block_size": 4}), "watch": [s, r, nb]}
 
 
-@case("check-blocks-far-block", "engine check", "`check_blocks(block_scores, rows with 2**40, visible_blocks, cfg)`",
-      ACCEPTED, note="reported as a non-causal entry of that row, not refused")
+@case(
+    "check-blocks-far-block",
+    "engine check",
+    "`check_blocks(block_scores, rows with 2**40, visible_blocks, cfg)`",
+    ACCEPTED,
+    note="reported as a non-causal entry of that row, not refused",
+)
 def _():
     s, r, nb = block_check_args()
     r[1, 1] = 2**40
-    return {"call": lambda: _ks().check_blocks(s, r, nb, cfg()),
-            "check": lambda rep: rep["wrong"] == 1 and {
-                k: v for k, v in rep["details"][0]["problems"][0].items() if k != "context"}
-            == {"reason": "not_causal", "slot": 1, "position": 2**40, "n_slots": 1}}
+    return {
+        "call": lambda: _ks().check_blocks(s, r, nb, cfg()),
+        "check": lambda rep: (
+            rep["wrong"] == 1
+            and {k: v for k, v in rep["details"][0]["problems"][0].items() if k != "context"}
+            == {"reason": "not_causal", "slot": 1, "position": 2**40, "n_slots": 1}
+        ),
+    }
 
 
-@case("block-scores-2d-q", "engine check", "`block_scores(q [n_kv_heads, d], k, 9)`", "SelectionError",
-      argument="index_q", note="one query is index_q[None] with [query_pos]")
+@case(
+    "block-scores-2d-q",
+    "engine check",
+    "`block_scores(q [n_kv_heads, d], k, 9)`",
+    "SelectionError",
+    argument="index_q",
+    note="one query is index_q[None] with [query_pos]",
+)
 def _():
     q, k = index_q(), index_k()
     return {"call": lambda: _ks().block_scores(q, k, 9, cfg()), "watch": [q, k]}
 
 
-@case("block-scores-query-pos-count", "engine check", "`block_scores(q [2, 2, 3], k, [9])`", "SelectionError",
-      argument="query_pos")
+@case(
+    "block-scores-query-pos-count",
+    "engine check",
+    "`block_scores(q [2, 2, 3], k, [9])`",
+    "SelectionError",
+    argument="query_pos",
+)
 def _():
     q, k = index_q(True), index_k()
     return {"call": lambda: _ks().block_scores(q, k, [9], cfg()), "watch": [q, k]}
 
 
-@case("block-scores-int-magnitudes", "engine check", "`block_scores(q, k, pos, cfg, magnitudes=1)`", "TypeError",
-      note="a bool")
+@case(
+    "block-scores-int-magnitudes",
+    "engine check",
+    "`block_scores(q, k, pos, cfg, magnitudes=1)`",
+    "TypeError",
+    note="a bool",
+)
 def _():
     q, k = index_q(True), index_k()
     return {"call": lambda: _ks().block_scores(q, k, [9, 15], cfg(), magnitudes=1), "watch": [q, k]}
@@ -1812,75 +2905,125 @@ def witness_check_args():
     return before, after
 
 
-@case("check-witnesses-float", "engine check", "`check_witnesses(before.astype(float32), after, lens, 2)`",
-      "TypeError")
+@case("check-witnesses-float", "engine check", "`check_witnesses(before.astype(float32), after, lens, 2)`", "TypeError")
 def _():
     b, a = witness_check_args()
     return {"call": lambda: _ks().check_witnesses(b.astype(np.float32), a, lens(), 2), "watch": [a]}
 
 
-@case("check-witnesses-after-shorter", "engine check", "`check_witnesses(before, after[:, :3], lens, 2)`",
-      "WitnessError", argument="after", note="the in-place call keeps the shape")
+@case(
+    "check-witnesses-after-shorter",
+    "engine check",
+    "`check_witnesses(before, after[:, :3], lens, 2)`",
+    "WitnessError",
+    argument="after",
+    note="the in-place call keeps the shape",
+)
 def _():
     b, a = witness_check_args()
     return {"call": lambda: _ks().check_witnesses(b, a[:, :3], lens(), 2), "watch": [b, a]}
 
 
-@case("check-witnesses-outside-int32", "engine check", "`check_witnesses(before.astype(int64) + 2**40, after, lens, 2)`",
-      "WitnessError", argument="before")
+@case(
+    "check-witnesses-outside-int32",
+    "engine check",
+    "`check_witnesses(before.astype(int64) + 2**40, after, lens, 2)`",
+    "WitnessError",
+    argument="before",
+)
 def _():
     b, a = witness_check_args()
     far = b.astype(np.int64) + 2**40
     return {"call": lambda: _ks().check_witnesses(far, a, lens(), 2), "watch": [far, a]}
 
 
-@case("check-witnesses-negative-segments", "engine check", "`check_witnesses(before, after, lens, -1)`",
-      "WitnessError", argument="num_segments")
+@case(
+    "check-witnesses-negative-segments",
+    "engine check",
+    "`check_witnesses(before, after, lens, -1)`",
+    "WitnessError",
+    argument="num_segments",
+)
 def _():
     b, a = witness_check_args()
     return {"call": lambda: _ks().check_witnesses(b, a, lens(), -1), "watch": [b, a]}
 
 
-@case("check-witnesses-int64", "engine check", "`check_witnesses(before.astype(int64), after.astype(int64), lens, 2)`",
-      ACCEPTED, note="an int64 engine buffer whose values fit int32")
+@case(
+    "check-witnesses-int64",
+    "engine check",
+    "`check_witnesses(before.astype(int64), after.astype(int64), lens, 2)`",
+    ACCEPTED,
+    note="an int64 engine buffer whose values fit int32",
+)
 def _():
     b, a = witness_check_args()
-    return {"call": lambda: _ks().check_witnesses(b.astype(np.int64), a.astype(np.int64), lens(), 2),
-            "check": lambda rep: rep["rows"] == 2 and rep["wrong"] == 0}
+    return {
+        "call": lambda: _ks().check_witnesses(b.astype(np.int64), a.astype(np.int64), lens(), 2),
+        "check": lambda rep: rep["rows"] == 2 and rep["wrong"] == 0,
+    }
 
 
-@case("check-witnesses-lens-mismatch-off", "engine check", "`check_witnesses(before, after, [8, 6, 5], 0)`",
-      "WitnessError", argument="context_lens", note="every row needs its length, the off switch included")
+@case(
+    "check-witnesses-lens-mismatch-off",
+    "engine check",
+    "`check_witnesses(before, after, [8, 6, 5], 0)`",
+    "WitnessError",
+    argument="context_lens",
+    note="every row needs its length, the off switch included",
+)
 def _():
     b, a = witness_check_args()
     return {"call": lambda: _ks().check_witnesses(b, a, [8, 6, 5], 0), "watch": [b, a]}
 
 
-@case("check-witnesses-fewer-lens-off", "engine check", "`check_witnesses(before, after + 1, [], 0)`",
-      "WitnessError", argument="context_lens", note="no row is left unjudged")
+@case(
+    "check-witnesses-fewer-lens-off",
+    "engine check",
+    "`check_witnesses(before, after + 1, [], 0)`",
+    "WitnessError",
+    argument="context_lens",
+    note="no row is left unjudged",
+)
 def _():
     b, a = witness_check_args()
     wrong = a + 1
     return {"call": lambda: _ks().check_witnesses(b, wrong, [], 0), "watch": [b, wrong]}
 
 
-@case("check-witnesses-65-segments", "engine check", "`check_witnesses(before, after, lens, 65)`",
-      "WitnessError", argument="num_segments")
+@case(
+    "check-witnesses-65-segments",
+    "engine check",
+    "`check_witnesses(before, after, lens, 65)`",
+    "WitnessError",
+    argument="num_segments",
+)
 def _():
     b, a = witness_check_args()
     return {"call": lambda: _ks().check_witnesses(b, a, lens(), 65), "watch": [b, a]}
 
 
-@case("check-witnesses-reshaped-after", "engine check", "`check_witnesses(before [2, 4], after.reshape(4, 2), lens, 2)`",
-      "WitnessError", argument="after", note="the same size in another shape is another buffer")
+@case(
+    "check-witnesses-reshaped-after",
+    "engine check",
+    "`check_witnesses(before [2, 4], after.reshape(4, 2), lens, 2)`",
+    "WitnessError",
+    argument="after",
+    note="the same size in another shape is another buffer",
+)
 def _():
     b, a = witness_check_args()
     other = a.reshape(4, 2)
     return {"call": lambda: _ks().check_witnesses(b, other, lens(), 2), "watch": [b, other]}
 
 
-@case("slots-used-lens-mismatch", "metrics", "`slots_used_rows(rows [2, 4], [8])`", "WitnessError",
-      argument="context_lens")
+@case(
+    "slots-used-lens-mismatch",
+    "metrics",
+    "`slots_used_rows(rows [2, 4], [8])`",
+    "WitnessError",
+    argument="context_lens",
+)
 def _():
     r = learned()
     return {"call": lambda: _ks().slots_used_rows(r, [8]), "watch": [r]}
@@ -1899,46 +3042,79 @@ def slots_args():
     return table, scores, rows
 
 
-@case("global-slots-1d-table", "engine check", "`GlobalSlots(block_table.ravel(), req_ids, 4)`", "SelectionError",
-      argument="block_table")
+@case(
+    "global-slots-1d-table",
+    "engine check",
+    "`GlobalSlots(block_table.ravel(), req_ids, 4)`",
+    "SelectionError",
+    argument="block_table",
+)
 def _():
     t, _, _ = slots_args()
     return {"call": lambda: _ks().GlobalSlots(t.ravel(), [0], 4), "watch": [t]}
 
 
-@case("global-slots-prefill-without-starts", "engine check", "`GlobalSlots(block_table, req_ids, 4, prefill_req_ids=[0])`",
-      "SelectionError", argument="workspace_starts", note="the two go together")
+@case(
+    "global-slots-prefill-without-starts",
+    "engine check",
+    "`GlobalSlots(block_table, req_ids, 4, prefill_req_ids=[0])`",
+    "SelectionError",
+    argument="workspace_starts",
+    note="the two go together",
+)
 def _():
     t, _, _ = slots_args()
     return {"call": lambda: _ks().GlobalSlots(t, [0], 4, prefill_req_ids=[0]), "watch": [t]}
 
 
-@case("global-slots-stride-below-page", "engine check",
-      "`check_topk(scores, rows, slots=GlobalSlots(block_table, req_ids, 4, block_stride_rows=3))`", "SelectionError",
-      argument="block_stride_rows", note="pages would overlap; a layout is judged when a check reads it")
+@case(
+    "global-slots-stride-below-page",
+    "engine check",
+    "`check_topk(scores, rows, slots=GlobalSlots(block_table, req_ids, 4, block_stride_rows=3))`",
+    "SelectionError",
+    argument="block_stride_rows",
+    note="pages would overlap; a layout is judged when a check reads it",
+)
 def _():
     t, s, r = slots_args()
-    return {"call": lambda: _ks().check_topk(s, r, slots=_ks().GlobalSlots(t, [0], 4, block_stride_rows=3)),
-            "watch": [t, s, r]}
+    return {
+        "call": lambda: _ks().check_topk(s, r, slots=_ks().GlobalSlots(t, [0], 4, block_stride_rows=3)),
+        "watch": [t, s, r],
+    }
 
 
-@case("global-slots-req-count", "engine check", "`check_topk(scores [1, 8], rows, slots=GlobalSlots(…, req_ids=[0, 0], 4))`",
-      "SelectionError", argument="req_ids", note="one request per checked row")
+@case(
+    "global-slots-req-count",
+    "engine check",
+    "`check_topk(scores [1, 8], rows, slots=GlobalSlots(…, req_ids=[0, 0], 4))`",
+    "SelectionError",
+    argument="req_ids",
+    note="one request per checked row",
+)
 def _():
     t, s, r = slots_args()
     return {"call": lambda: _ks().check_topk(s, r, slots=_ks().GlobalSlots(t, [0, 0], 4)), "watch": [t, s, r]}
 
 
-@case("global-slots-req-past-table", "engine check", "`check_topk(scores, rows, slots=GlobalSlots(…, req_ids=[1], 4))`",
-      "SelectionError", argument="req_ids")
+@case(
+    "global-slots-req-past-table",
+    "engine check",
+    "`check_topk(scores, rows, slots=GlobalSlots(…, req_ids=[1], 4))`",
+    "SelectionError",
+    argument="req_ids",
+)
 def _():
     t, s, r = slots_args()
     return {"call": lambda: _ks().check_topk(s, r, slots=_ks().GlobalSlots(t, [1], 4)), "watch": [t, s, r]}
 
 
-@case("global-slots-prefill-past-starts", "engine check",
-      "`check_topk(…, slots=GlobalSlots(…, prefill_req_ids=[1], workspace_starts=[0]))`", "SelectionError",
-      argument="prefill_req_ids")
+@case(
+    "global-slots-prefill-past-starts",
+    "engine check",
+    "`check_topk(…, slots=GlobalSlots(…, prefill_req_ids=[1], workspace_starts=[0]))`",
+    "SelectionError",
+    argument="prefill_req_ids",
+)
 def _():
     t, s, r = slots_args()
     lay = _ks().GlobalSlots(t, [0], 4, prefill_req_ids=[1], workspace_starts=[0])
@@ -1951,13 +3127,20 @@ def _():
     return {"call": lambda: _ks().check_topk(s, r, slots="global"), "watch": [s, r]}
 
 
-@case("global-slot-outside-table", "engine check", "`check_topk(scores, rows with a slot of no page, slots=…)`",
-      ACCEPTED, note="reported as not_in_table with the engine's value, not refused")
+@case(
+    "global-slot-outside-table",
+    "engine check",
+    "`check_topk(scores, rows with a slot of no page, slots=…)`",
+    ACCEPTED,
+    note="reported as not_in_table with the engine's value, not refused",
+)
 def _():
     t, s, r = slots_args()
     r[0, 1] = 5 * 4 + 1  # page 5: not in the request's table
-    return {"call": lambda: _ks().check_topk(s, r, slots=_ks().GlobalSlots(t, [0], 4)),
-            "check": lambda rep: rep["details"][0]["problems"][0] == {"reason": "not_in_table", "slot": 1, "value": 21}}
+    return {
+        "call": lambda: _ks().check_topk(s, r, slots=_ks().GlobalSlots(t, [0], 4)),
+        "check": lambda rep: rep["details"][0]["problems"][0] == {"reason": "not_in_table", "slot": 1, "value": 21},
+    }
 
 
 # -- nothing silent, inputs: transposed / reshaped / byte-swapped / misaligned --
@@ -1994,19 +3177,24 @@ def ns_call(name, a, **kw):
     calls = {
         "indexer_topk": lambda: m.indexer_topk(a["q"], a["w"], a["k"], a["pos"], 4, key_scale=a["scale"], **kw),
         "indexer_scores": lambda: m.indexer_scores(a["q"], a["w"], a["k"], a["pos"], key_scale=a["scale"], **kw),
-        "indexer_magnitudes": lambda: m.indexer_magnitudes(a["q"], a["w"], a["k"], a["pos"], key_scale=a["scale"],
-                                                           **kw),
-        "indexer_topk_packed": lambda: m.indexer_topk_packed(a["q"], a["w"], a["k"], a["cu"], a["sid"], a["ppos"], 4,
-                                                             key_scale=a["scale"], **kw),
-        "indexer_topk_paged": lambda: m.indexer_topk_paged(a["q"], a["w"], a["cache"], a["table"], a["lens"],
-                                                           a["sid"], a["ppos"], 4, **kw),
+        "indexer_magnitudes": lambda: m.indexer_magnitudes(
+            a["q"], a["w"], a["k"], a["pos"], key_scale=a["scale"], **kw
+        ),
+        "indexer_topk_packed": lambda: m.indexer_topk_packed(
+            a["q"], a["w"], a["k"], a["cu"], a["sid"], a["ppos"], 4, key_scale=a["scale"], **kw
+        ),
+        "indexer_topk_paged": lambda: m.indexer_topk_paged(
+            a["q"], a["w"], a["cache"], a["table"], a["lens"], a["sid"], a["ppos"], 4, **kw
+        ),
         "block_sparse_select": lambda: m.block_sparse_select(a["q"], a["k"], a["pos"], c, **kw),
         "block_scores": lambda: m.block_scores(a["q"], a["k"], a["pos"], c, **kw),
         "block_magnitudes": lambda: m.block_magnitudes(a["q"], a["k"], a["pos"], c, **kw),
-        "block_sparse_select_packed": lambda: m.block_sparse_select_packed(a["q"], a["k"], a["cu"], a["sid"],
-                                                                           a["ppos"], c, **kw),
-        "block_sparse_select_paged": lambda: m.block_sparse_select_paged(a["q"], a["cache"], a["table"], a["lens"],
-                                                                         a["sid"], a["ppos"], c, **kw),
+        "block_sparse_select_packed": lambda: m.block_sparse_select_packed(
+            a["q"], a["k"], a["cu"], a["sid"], a["ppos"], c, **kw
+        ),
+        "block_sparse_select_paged": lambda: m.block_sparse_select_paged(
+            a["q"], a["cache"], a["table"], a["lens"], a["sid"], a["ppos"], c, **kw
+        ),
         "positions_of_blocks": lambda: m.positions_of_blocks(a["blocks"], a["pos"], 12, c, **kw),
     }
     return calls[name]()
@@ -2026,21 +3214,47 @@ def ns_misaligned(x):
 
 
 _NS_INDEXER = ["indexer_topk", "indexer_scores", "indexer_magnitudes", "indexer_topk_packed", "indexer_topk_paged"]
-_NS_DENSE = ["indexer_topk", "indexer_scores", "indexer_magnitudes", "indexer_topk_packed", "block_sparse_select",
-             "block_scores", "block_magnitudes", "block_sparse_select_packed"]
+_NS_DENSE = [
+    "indexer_topk",
+    "indexer_scores",
+    "indexer_magnitudes",
+    "indexer_topk_packed",
+    "block_sparse_select",
+    "block_scores",
+    "block_magnitudes",
+    "block_sparse_select_packed",
+]
 _NS_PAGED = ["indexer_topk_paged", "block_sparse_select_paged"]
-_NS_ALL = _NS_INDEXER + ["block_sparse_select", "block_scores", "block_magnitudes", "block_sparse_select_packed",
-                         "block_sparse_select_paged", "positions_of_blocks"]
+_NS_ALL = _NS_INDEXER + [
+    "block_sparse_select",
+    "block_scores",
+    "block_magnitudes",
+    "block_sparse_select_packed",
+    "block_sparse_select_paged",
+    "positions_of_blocks",
+]
 _NS_POS = {n: ("ppos" if ("packed" in n or "paged" in n) else "pos") for n in _NS_ALL}
-_NS_WORDS = {"w": "weights", "scale": "key_scale", "sid": "seq_ids", "table": "block_table", "k": "index_k",
-             "pos": "query_pos", "ppos": "query_pos"}
+_NS_WORDS = {
+    "w": "weights",
+    "scale": "key_scale",
+    "sid": "seq_ids",
+    "table": "block_table",
+    "k": "index_k",
+    "pos": "query_pos",
+    "ppos": "query_pos",
+}
 
 
 def _ns_refused(name, key, bend, how, argument):
     word = _NS_WORDS[key]
 
-    @case(f"{name}-{word}-{how}", "transposed / reshaped", f"`{name}(…, {word}{bend[0]}, …)`", "SelectionError",
-          argument=argument)
+    @case(
+        f"{name}-{word}-{how}",
+        "transposed / reshaped",
+        f"`{name}(…, {word}{bend[0]}, …)`",
+        "SelectionError",
+        argument=argument,
+    )
     def _():
         a = ns_args()
         a[key] = np.ascontiguousarray(bend[1](a[key]))
@@ -2066,8 +3280,13 @@ for _n in _NS_ALL:
 
 
 def _ns_out_transposed(name):
-    @case(f"{name}-out-transposed", "transposed / reshaped", f"`{name}(…, out=<the output's shape, axes 0 and 1 swapped>)`",
-          "SelectionError", argument="out")
+    @case(
+        f"{name}-out-transposed",
+        "transposed / reshaped",
+        f"`{name}(…, out=<the output's shape, axes 0 and 1 swapped>)`",
+        "SelectionError",
+        argument="out",
+    )
     def _():
         a = ns_args()
         want = ns_call(name, a)
@@ -2083,15 +3302,26 @@ def _ns_dense(name, fmt, how):
     bend = ns_swapped if how == "byte-swapped" else ns_misaligned
     shown = {"byte-swapped": f"'>{fmt}'", "misaligned": f"misaligned {fmt}"}[how]
 
-    @case(f"{name}-{how}-{fmt}", "byte order / alignment", f"`{name}(q, k as {shown}, …)`", ACCEPTED,
-          note="converted once: the same result as native order" if how == "byte-swapped"
-          else "copied once to an aligned array: the same result")
+    @case(
+        f"{name}-{how}-{fmt}",
+        "byte order / alignment",
+        f"`{name}(q, k as {shown}, …)`",
+        ACCEPTED,
+        note="converted once: the same result as native order"
+        if how == "byte-swapped"
+        else "copied once to an aligned array: the same result",
+    )
     def _():
         import ml_dtypes
 
         a = ns_args()
-        enc = {"f2": np.float16, "bf16": ml_dtypes.bfloat16, "f4": np.float32, "u2": np.float16,
-               "fp8": ml_dtypes.float8_e4m3fn}[fmt]
+        enc = {
+            "f2": np.float16,
+            "bf16": ml_dtypes.bfloat16,
+            "f4": np.float32,
+            "u2": np.float16,
+            "fp8": ml_dtypes.float8_e4m3fn,
+        }[fmt]
         kw = {"key_format": "float16", "query_format": "float16"} if fmt == "u2" else {}
         native = dict(a)
         for key in ("q", "k"):
@@ -2115,16 +3345,27 @@ def _ns_paged(name, fmt, how):
     shown = {"byte-swapped": f"'>{fmt}'", "misaligned": f"misaligned {fmt}"}[how]
     refused = how == "byte-swapped"
 
-    @case(f"{name}-kv-cache-{how}-{fmt}", "byte order / alignment", f"`{name}(q, kv_cache as {shown}, …)`",
-          "SelectionError" if refused else ACCEPTED, argument="kv_cache" if refused else None,
-          note="pages are read in place, never converted: pass native byte order" if refused
-          else "read in place, byte by byte: the same result")
+    @case(
+        f"{name}-kv-cache-{how}-{fmt}",
+        "byte order / alignment",
+        f"`{name}(q, kv_cache as {shown}, …)`",
+        "SelectionError" if refused else ACCEPTED,
+        argument="kv_cache" if refused else None,
+        note="pages are read in place, never converted: pass native byte order"
+        if refused
+        else "read in place, byte by byte: the same result",
+    )
     def _():
         import ml_dtypes
 
         a = ns_args()
-        enc = {"f2": np.float16, "bf16": ml_dtypes.bfloat16, "f4": np.float32, "u2": np.float16,
-               "fp8": ml_dtypes.float8_e4m3fn}[fmt]
+        enc = {
+            "f2": np.float16,
+            "bf16": ml_dtypes.bfloat16,
+            "f4": np.float32,
+            "u2": np.float16,
+            "fp8": ml_dtypes.float8_e4m3fn,
+        }[fmt]
         kw = {"key_format": "float16"} if fmt == "u2" else {}
         native = dict(a)
         native["cache"] = a["cache"].astype(enc)
@@ -2145,15 +3386,25 @@ for _n in _NS_PAGED:
         _ns_paged(_n, _f, "misaligned")
 
 
-@case("indexer-topk-str", "transposed / reshaped", "`indexer_topk(q, w, k, pos, '4')`", "TypeError",
-      note="topk must be an integer, got str")
+@case(
+    "indexer-topk-str",
+    "transposed / reshaped",
+    "`indexer_topk(q, w, k, pos, '4')`",
+    "TypeError",
+    note="topk must be an integer, got str",
+)
 def _():
     a = ns_args()
     return {"call": lambda: _ks().indexer_topk(a["q"], a["w"], a["k"], a["pos"], "4"), "watch": list(a.values())}
 
 
-@case("positions-of-blocks-out-aliases-blocks", "transposed / reshaped",
-      "`positions_of_blocks(blocks, pos, 12, out=<a view over blocks' memory>)`", "SelectionError", argument="out")
+@case(
+    "positions-of-blocks-out-aliases-blocks",
+    "transposed / reshaped",
+    "`positions_of_blocks(blocks, pos, 12, out=<a view over blocks' memory>)`",
+    "SelectionError",
+    argument="out",
+)
 def _():
     a = ns_args()
     buf = np.zeros(3 * 2 * 8, np.int32)
@@ -2163,13 +3414,20 @@ def _():
     return {"call": lambda: ns_call("positions_of_blocks", a, out=out), "watch": [buf]}
 
 
-@case("positions-of-blocks-out", "transposed / reshaped", "`positions_of_blocks(blocks [3, 2, 2], pos, 12, out=out)`",
-      ACCEPTED, note="out is filled and returned")
+@case(
+    "positions-of-blocks-out",
+    "transposed / reshaped",
+    "`positions_of_blocks(blocks [3, 2, 2], pos, 12, out=out)`",
+    ACCEPTED,
+    note="out is filled and returned",
+)
 def _():
     a = ns_args()
     out = np.full((3, 2, 8), 7, np.int32)
-    return {"call": lambda: ns_call("positions_of_blocks", a, out=out),
-            "check": lambda r: r is out and _equal(r, ns_call("positions_of_blocks", a))}
+    return {
+        "call": lambda: ns_call("positions_of_blocks", a, out=out),
+        "check": lambda r: r is out and _equal(r, ns_call("positions_of_blocks", a)),
+    }
 
 
 # -- output buffers and shapes axis by axis (outputs and checkers) ----------
@@ -2200,33 +3458,126 @@ def _metric_inputs():
 
 # (id, function, the call as written, domain, out keyword, its shape, dtype, call(out kwargs, args)-builder)
 _OUT_FUNCS = [
-    ("attention-probabilities", "attention_probabilities(q, k, pos", "SelectionError", "out", (2, 2, 6), np.float64,
-     lambda: (list(qkv()[:2]) + [qkv()[3]], lambda a, **o: _ks().attention_probabilities(*a, **o))),
-    ("dense-attention", "dense_attention(q, k, v, pos", "SelectionError", "out", (2, 2, 4), np.float32,
-     lambda: (list(qkv()), lambda a, **o: _ks().dense_attention(*a, **o))),
-    ("dense-attention-lse", "dense_attention(q, k, v, pos", "SelectionError", "lse_out", (2, 2), np.float32,
-     lambda: (list(qkv()), lambda a, **o: _ks().dense_attention(*a, **o))),
-    ("sparse-attention", "sparse_attention(q, k, v, pos, selection", "SelectionError", "out", (2, 2, 4), np.float32,
-     lambda: (list(qkv()) + [selection()], lambda a, **o: _ks().sparse_attention(*a, **o))),
-    ("sparse-attention-lse", "sparse_attention(q, k, v, pos, selection", "SelectionError", "lse_out", (2, 2),
-     np.float32, lambda: (list(qkv()) + [selection()], lambda a, **o: _ks().sparse_attention(*a, **o))),
-    ("oracle-topk", "oracle_topk(attention, pos, 2", "SelectionError", "out", (2, 2), np.int32,
-     lambda: (list(_oracle_inputs()), lambda a, **o: _ks().oracle_topk(*a, 2, **o))),
-    ("selector-rows", "Selector.local(3).rows(pos", "SelectionError", "out", (2, 3), np.int32,
-     lambda: ([np.array([2, 7])], lambda a, **o: _ks().Selector.local(3).rows(*a, **o))),
-    ("segment-coverage-rows", "segment_coverage_rows(rows, lens, 4", "WitnessError", "out", (2,), np.float64,
-     lambda: (list(_metric_inputs()), lambda a, **o: _ks().segment_coverage_rows(*a, 4, **o))),
-    ("slots-used-rows", "slots_used_rows(rows, lens", "WitnessError", "out", (2,), np.int64,
-     lambda: (list(_metric_inputs()), lambda a, **o: _ks().slots_used_rows(*a, **o))),
-    ("attention-mass-recall-rows", "attention_mass_recall_rows(rows, attention [4, 8]", "WitnessError", "out", (4,),
-     np.float64, lambda: ([learned(), np.ones((4, 8))], lambda a, **o: _ks().attention_mass_recall_rows(*a, **o))),
-    ("output-relative-error-rows", "output_relative_error_rows(a [2, 3], b [2, 3]", "SelectionError", "out", (2,),
-     np.float64, lambda: ([np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32)],
-                          lambda a, **o: _ks().output_relative_error_rows(*a, **o))),
-    ("topology-witness-indices", "topology_witness_indices(learned, lens, 4", "WitnessError", "out", (2, 4), np.int32,
-     lambda: ([learned(), lens()], lambda a, **o: _ks().topology_witness_indices(*a, 4, **o))),
-    ("apply-topology-witnesses", "apply_topology_witnesses(learned, lens, 2, 4, 2", "WitnessError", "out", (2, 4),
-     np.int32, lambda: ([learned(), lens()], lambda a, **o: _ks().apply_topology_witnesses(*a, 2, 4, 2, **o))),
+    (
+        "attention-probabilities",
+        "attention_probabilities(q, k, pos",
+        "SelectionError",
+        "out",
+        (2, 2, 6),
+        np.float64,
+        lambda: (list(qkv()[:2]) + [qkv()[3]], lambda a, **o: _ks().attention_probabilities(*a, **o)),
+    ),
+    (
+        "dense-attention",
+        "dense_attention(q, k, v, pos",
+        "SelectionError",
+        "out",
+        (2, 2, 4),
+        np.float32,
+        lambda: (list(qkv()), lambda a, **o: _ks().dense_attention(*a, **o)),
+    ),
+    (
+        "dense-attention-lse",
+        "dense_attention(q, k, v, pos",
+        "SelectionError",
+        "lse_out",
+        (2, 2),
+        np.float32,
+        lambda: (list(qkv()), lambda a, **o: _ks().dense_attention(*a, **o)),
+    ),
+    (
+        "sparse-attention",
+        "sparse_attention(q, k, v, pos, selection",
+        "SelectionError",
+        "out",
+        (2, 2, 4),
+        np.float32,
+        lambda: (list(qkv()) + [selection()], lambda a, **o: _ks().sparse_attention(*a, **o)),
+    ),
+    (
+        "sparse-attention-lse",
+        "sparse_attention(q, k, v, pos, selection",
+        "SelectionError",
+        "lse_out",
+        (2, 2),
+        np.float32,
+        lambda: (list(qkv()) + [selection()], lambda a, **o: _ks().sparse_attention(*a, **o)),
+    ),
+    (
+        "oracle-topk",
+        "oracle_topk(attention, pos, 2",
+        "SelectionError",
+        "out",
+        (2, 2),
+        np.int32,
+        lambda: (list(_oracle_inputs()), lambda a, **o: _ks().oracle_topk(*a, 2, **o)),
+    ),
+    (
+        "selector-rows",
+        "Selector.local(3).rows(pos",
+        "SelectionError",
+        "out",
+        (2, 3),
+        np.int32,
+        lambda: ([np.array([2, 7])], lambda a, **o: _ks().Selector.local(3).rows(*a, **o)),
+    ),
+    (
+        "segment-coverage-rows",
+        "segment_coverage_rows(rows, lens, 4",
+        "WitnessError",
+        "out",
+        (2,),
+        np.float64,
+        lambda: (list(_metric_inputs()), lambda a, **o: _ks().segment_coverage_rows(*a, 4, **o)),
+    ),
+    (
+        "slots-used-rows",
+        "slots_used_rows(rows, lens",
+        "WitnessError",
+        "out",
+        (2,),
+        np.int64,
+        lambda: (list(_metric_inputs()), lambda a, **o: _ks().slots_used_rows(*a, **o)),
+    ),
+    (
+        "attention-mass-recall-rows",
+        "attention_mass_recall_rows(rows, attention [4, 8]",
+        "WitnessError",
+        "out",
+        (4,),
+        np.float64,
+        lambda: ([learned(), np.ones((4, 8))], lambda a, **o: _ks().attention_mass_recall_rows(*a, **o)),
+    ),
+    (
+        "output-relative-error-rows",
+        "output_relative_error_rows(a [2, 3], b [2, 3]",
+        "SelectionError",
+        "out",
+        (2,),
+        np.float64,
+        lambda: (
+            [np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32)],
+            lambda a, **o: _ks().output_relative_error_rows(*a, **o),
+        ),
+    ),
+    (
+        "topology-witness-indices",
+        "topology_witness_indices(learned, lens, 4",
+        "WitnessError",
+        "out",
+        (2, 4),
+        np.int32,
+        lambda: ([learned(), lens()], lambda a, **o: _ks().topology_witness_indices(*a, 4, **o)),
+    ),
+    (
+        "apply-topology-witnesses",
+        "apply_topology_witnesses(learned, lens, 2, 4, 2",
+        "WitnessError",
+        "out",
+        (2, 4),
+        np.int32,
+        lambda: ([learned(), lens()], lambda a, **o: _ks().apply_topology_witnesses(*a, 2, 4, 2, **o)),
+    ),
 ]
 
 
@@ -2239,12 +3590,18 @@ def _out_cases():
         def wrong_type(make=make, key=key, shape=shape, wrong_dtype=wrong_dtype):
             args, f = make()
             buf = _sentinel(shape, wrong_dtype)
-            return {"call": lambda: f(args, **{key: buf}), "watch": [buf] + [a for a in args if isinstance(a, np.ndarray)]}
+            return {
+                "call": lambda: f(args, **{key: buf}),
+                "watch": [buf] + [a for a in args if isinstance(a, np.ndarray)],
+            }
 
         def wrong_size(make=make, key=key, wrong_shape=wrong_shape, dtype=dtype):
             args, f = make()
             buf = _sentinel(wrong_shape, dtype)
-            return {"call": lambda: f(args, **{key: buf}), "watch": [buf] + [a for a in args if isinstance(a, np.ndarray)]}
+            return {
+                "call": lambda: f(args, **{key: buf}),
+                "watch": [buf] + [a for a in args if isinstance(a, np.ndarray)],
+            }
 
         def sharing(make=make, key=key, shape=shape, dtype=dtype):
             args, f = make()
@@ -2263,22 +3620,52 @@ def _out_cases():
 
             return {"call": lambda: f(args, **{key: buf}), "check": check}
 
-        yield (f"{cid}-{key.replace('_', '-')}-dtype", f"`{call}, {key}={wrong_dtype.__name__} array)`", "TypeError",
-               None, "", wrong_type)
-        yield (f"{cid}-{key.replace('_', '-')}-shape", f"`{call}, {key}={dt} {list(wrong_shape)})`", err, key,
-               f"must be exactly {list(shape)}", wrong_size)
-        yield (f"{cid}-{key.replace('_', '-')}-aliases-input", f"`{call}, {key}=a view of the first input's memory)`",
-               err, key, "an out= never shares an input's memory", sharing)
-        yield (f"{cid}-{key.replace('_', '-')}-accepted", f"`{call}, {key}={dt} {list(shape)})`", ACCEPTED, None,
-               "filled with what the call without it returns, and returned", accepted)
+        yield (
+            f"{cid}-{key.replace('_', '-')}-dtype",
+            f"`{call}, {key}={wrong_dtype.__name__} array)`",
+            "TypeError",
+            None,
+            "",
+            wrong_type,
+        )
+        yield (
+            f"{cid}-{key.replace('_', '-')}-shape",
+            f"`{call}, {key}={dt} {list(wrong_shape)})`",
+            err,
+            key,
+            f"must be exactly {list(shape)}",
+            wrong_size,
+        )
+        yield (
+            f"{cid}-{key.replace('_', '-')}-aliases-input",
+            f"`{call}, {key}=a view of the first input's memory)`",
+            err,
+            key,
+            "an out= never shares an input's memory",
+            sharing,
+        )
+        yield (
+            f"{cid}-{key.replace('_', '-')}-accepted",
+            f"`{call}, {key}={dt} {list(shape)})`",
+            ACCEPTED,
+            None,
+            "filled with what the call without it returns, and returned",
+            accepted,
+        )
 
 
 for _cid, _call, _expect, _arg, _note, _build in _out_cases():
     case(_cid, "output buffers", _call, _expect, argument=_arg, note=_note)(_build)
 
 
-@case("dense-attention-out-and-lse-share", "output buffers", "`dense_attention(q, k, v, pos, out=o, lse_out=o's memory)`",
-      "SelectionError", argument="lse_out", note="the two outputs never share memory")
+@case(
+    "dense-attention-out-and-lse-share",
+    "output buffers",
+    "`dense_attention(q, k, v, pos, out=o, lse_out=o's memory)`",
+    "SelectionError",
+    argument="lse_out",
+    note="the two outputs never share memory",
+)
 def _():
     q, k, v, pos = qkv()
     blob = np.zeros(2 * 2 * 4, np.float32)
@@ -2286,45 +3673,81 @@ def _():
     return {"call": lambda: _ks().dense_attention(q, k, v, pos, out=o, lse_out=lse), "watch": [blob, q, k, v]}
 
 
-@case("scalar-query-pos-attention", "batched positions", "`dense_attention(q[:1], k, v, 5)`", ACCEPTED,
-      note="one integer is a batch of one query: the same as [5]")
+@case(
+    "scalar-query-pos-attention",
+    "batched positions",
+    "`dense_attention(q[:1], k, v, 5)`",
+    ACCEPTED,
+    note="one integer is a batch of one query: the same as [5]",
+)
 def _():
     q, k, v, _ = qkv()
-    return {"call": lambda: _ks().dense_attention(q[:1], k, v, 5),
-            "check": same(lambda: _ks().dense_attention(q[:1], k, v, [5]))}
+    return {
+        "call": lambda: _ks().dense_attention(q[:1], k, v, 5),
+        "check": same(lambda: _ks().dense_attention(q[:1], k, v, [5])),
+    }
 
 
-@case("scalar-query-pos-oracle", "batched positions", "`oracle_topk(attention[:1], 3, 2)`", ACCEPTED,
-      note="the same as [3]")
+@case(
+    "scalar-query-pos-oracle",
+    "batched positions",
+    "`oracle_topk(attention[:1], 3, 2)`",
+    ACCEPTED,
+    note="the same as [3]",
+)
 def _():
     a, _ = _oracle_inputs()
     return {"call": lambda: _ks().oracle_topk(a[:1], 3, 2), "check": same(lambda: _ks().oracle_topk(a[:1], [3], 2))}
 
 
-@case("scalar-query-pos-many-queries", "batched positions", "`attention_probabilities(q [2 queries], k, 5)`",
-      "SelectionError", argument="query_pos", note="one integer is one query, never broadcast")
+@case(
+    "scalar-query-pos-many-queries",
+    "batched positions",
+    "`attention_probabilities(q [2 queries], k, 5)`",
+    "SelectionError",
+    argument="query_pos",
+    note="one integer is one query, never broadcast",
+)
 def _():
     q, k, _, _ = qkv()
     return {"call": lambda: _ks().attention_probabilities(q, k, 5), "watch": [q, k]}
 
 
-@case("transposed-selection", "wrong ndim/shape", "`sparse_attention(q, k, v, pos, selection.transpose(1, 0, 2))`",
-      "SelectionError", argument="selection", note="checked axis by axis; the refusal shows both shapes")
+@case(
+    "transposed-selection",
+    "wrong ndim/shape",
+    "`sparse_attention(q, k, v, pos, selection.transpose(1, 0, 2))`",
+    "SelectionError",
+    argument="selection",
+    note="checked axis by axis; the refusal shows both shapes",
+)
 def _():
     q, k, v, pos = qkv()
     sel = np.ascontiguousarray(selection().transpose(1, 0, 2))  # [1, 2, 3]: n_kv_heads first
     return {"call": lambda: _ks().sparse_attention(q, k, v, pos, sel), "watch": [sel, q, k, v]}
 
 
-@case("transposed-dense", "wrong ndim/shape", "`output_relative_error_rows(a [2, 3], b [3, 2])`", "SelectionError",
-      argument="dense", note="dense is checked against sparse axis by axis")
+@case(
+    "transposed-dense",
+    "wrong ndim/shape",
+    "`output_relative_error_rows(a [2, 3], b [3, 2])`",
+    "SelectionError",
+    argument="dense",
+    note="dense is checked against sparse axis by axis",
+)
 def _():
     a, b = np.ones((2, 3), np.float32), np.ones((3, 2), np.float32)
     return {"call": lambda: _ks().output_relative_error_rows(a, b), "watch": [a, b]}
 
 
-@case("transposed-attention-3d", "metrics", "`attention_mass_recall_rows(selection [2, 1, 3], probs.transpose(1, 0, 2))`",
-      "WitnessError", argument="attention", note="3-D attention must be [n_queries, n_q_heads, n_keys]")
+@case(
+    "transposed-attention-3d",
+    "metrics",
+    "`attention_mass_recall_rows(selection [2, 1, 3], probs.transpose(1, 0, 2))`",
+    "WitnessError",
+    argument="attention",
+    note="3-D attention must be [n_queries, n_q_heads, n_keys]",
+)
 def _():
     q, k, _, pos = qkv()
     probs = np.ascontiguousarray(_ks().attention_probabilities(q[:, :1], k, pos).transpose(1, 0, 2))  # [1, 2, 6]
@@ -2332,15 +3755,27 @@ def _():
     return {"call": lambda: _ks().attention_mass_recall_rows(sel, probs), "watch": [sel, probs]}
 
 
-@case("coverage-rows-lens-short", "metrics", "`segment_coverage_rows(rows [2, 4], [8], 4)`", "WitnessError",
-      argument="context_lens", note="one length per row: [rows=2]")
+@case(
+    "coverage-rows-lens-short",
+    "metrics",
+    "`segment_coverage_rows(rows [2, 4], [8], 4)`",
+    "WitnessError",
+    argument="context_lens",
+    note="one length per row: [rows=2]",
+)
 def _():
     r = learned()
     return {"call": lambda: _ks().segment_coverage_rows(r, [8], 4), "watch": [r]}
 
 
-@case("check-topk-transposed-magnitudes", "engine check", "`check_topk(scores [2, 5], rows, magnitudes [5, 2], rtol=0.1)`",
-      "SelectionError", argument="magnitudes", note="magnitudes have the scores' shape, axis by axis")
+@case(
+    "check-topk-transposed-magnitudes",
+    "engine check",
+    "`check_topk(scores [2, 5], rows, magnitudes [5, 2], rtol=0.1)`",
+    "SelectionError",
+    argument="magnitudes",
+    note="magnitudes have the scores' shape, axis by axis",
+)
 def _():
     s, r = check_args()
     m = np.ones((5, 2), np.float32)
@@ -2354,54 +3789,99 @@ def _blocks_3d():
     return _ks().block_scores(q, k, pos, cfg()), _ks().block_sparse_select(q, k, pos, cfg()), np.array([3, 4])
 
 
-@case("check-blocks-3d-round-trip", "engine check", "`check_blocks(block_scores(q3d, k, pos), block_sparse_select(q3d, k, pos), visible, cfg)`",
-      ACCEPTED, note="3-D rows [n_queries, n_kv_heads, width], visible_blocks [n_queries]")
+@case(
+    "check-blocks-3d-round-trip",
+    "engine check",
+    "`check_blocks(block_scores(q3d, k, pos), block_sparse_select(q3d, k, pos), visible, cfg)`",
+    ACCEPTED,
+    note="3-D rows [n_queries, n_kv_heads, width], visible_blocks [n_queries]",
+)
 def _():
     s, r, nb = _blocks_3d()
-    return {"call": lambda: _ks().check_blocks(s, r, nb, cfg()), "check": lambda rep: rep["wrong"] == 0 and rep["rows"] == 4}
+    return {
+        "call": lambda: _ks().check_blocks(s, r, nb, cfg()),
+        "check": lambda rep: rep["wrong"] == 0 and rep["rows"] == 4,
+    }
 
 
-@case("check-blocks-3d-head-major", "engine check",
-      "`check_blocks(block_scores, block_sparse_select(…, head_major=True), visible, cfg, head_major=True)`", ACCEPTED)
+@case(
+    "check-blocks-3d-head-major",
+    "engine check",
+    "`check_blocks(block_scores, block_sparse_select(…, head_major=True), visible, cfg, head_major=True)`",
+    ACCEPTED,
+)
 def _():
     s, _, nb = _blocks_3d()
     hm = _ks().block_sparse_select(index_q(True), index_k(), np.array([9, 15]), cfg(), head_major=True)
-    return {"call": lambda: _ks().check_blocks(s, hm, nb, cfg(), head_major=True), "check": lambda rep: rep["wrong"] == 0}
+    return {
+        "call": lambda: _ks().check_blocks(s, hm, nb, cfg(), head_major=True),
+        "check": lambda rep: rep["wrong"] == 0,
+    }
 
 
-@case("check-blocks-3d-per-row-visible", "engine check", "`check_blocks(scores 3-D, rows 3-D, visible_blocks [n_queries * n_kv_heads], cfg)`",
-      "SelectionError", argument="visible_blocks", note="with 3-D rows, one count per query")
+@case(
+    "check-blocks-3d-per-row-visible",
+    "engine check",
+    "`check_blocks(scores 3-D, rows 3-D, visible_blocks [n_queries * n_kv_heads], cfg)`",
+    "SelectionError",
+    argument="visible_blocks",
+    note="with 3-D rows, one count per query",
+)
 def _():
     s, r, nb = _blocks_3d()
     per_row = np.repeat(nb, 2)
     return {"call": lambda: _ks().check_blocks(s, r, per_row, cfg()), "watch": [s, r, per_row]}
 
 
-@case("check-blocks-3d-scores-2d-rows", "engine check", "`check_blocks(block_scores 3-D, rows.reshape(4, -1), …)`",
-      "SelectionError", argument="block_scores", note="block_scores and rows have one form")
+@case(
+    "check-blocks-3d-scores-2d-rows",
+    "engine check",
+    "`check_blocks(block_scores 3-D, rows.reshape(4, -1), …)`",
+    "SelectionError",
+    argument="block_scores",
+    note="block_scores and rows have one form",
+)
 def _():
     s, r, nb = _blocks_3d()
     flat = r.reshape(4, -1)
     return {"call": lambda: _ks().check_blocks(s, flat, np.repeat(nb, 2), cfg()), "watch": [s, flat]}
 
 
-@case("check-blocks-head-major-2d", "engine check", "`check_blocks(block_scores, rows 2-D, visible, cfg, head_major=True)`",
-      "SelectionError", argument="head_major", note="head_major describes 3-D rows")
+@case(
+    "check-blocks-head-major-2d",
+    "engine check",
+    "`check_blocks(block_scores, rows 2-D, visible, cfg, head_major=True)`",
+    "SelectionError",
+    argument="head_major",
+    note="head_major describes 3-D rows",
+)
 def _():
     s, r, nb = block_check_args()
     return {"call": lambda: _ks().check_blocks(s, r, nb, cfg(), head_major=True), "watch": [s, r, nb]}
 
 
-@case("check-blocks-transposed-rows-3d", "engine check", "`check_blocks(scores [2, 2, 4], rows [2, 2, w] read head-major with 3 queries)`",
-      "SelectionError", argument="rows", note="checked axis by axis; both shapes in the refusal")
+@case(
+    "check-blocks-transposed-rows-3d",
+    "engine check",
+    "`check_blocks(scores [2, 2, 4], rows [2, 2, w] read head-major with 3 queries)`",
+    "SelectionError",
+    argument="rows",
+    note="checked axis by axis; both shapes in the refusal",
+)
 def _():
     s, r, nb = _blocks_3d()
     r3 = np.ascontiguousarray(np.concatenate([r, r[:1]], axis=0))  # [3, 2, w]
     return {"call": lambda: _ks().check_blocks(s, r3, nb, cfg()), "watch": [s, r3]}
 
 
-@case("check-witnesses-lens-length", "engine check", "`check_witnesses(before [2, 4], after, [8], 2)`", "WitnessError",
-      argument="context_lens", note="context_lens is [rows]")
+@case(
+    "check-witnesses-lens-length",
+    "engine check",
+    "`check_witnesses(before [2, 4], after, [8], 2)`",
+    "WitnessError",
+    argument="context_lens",
+    note="context_lens is [rows]",
+)
 def _():
     b, a = witness_check_args()
     return {"call": lambda: _ks().check_witnesses(b, a, [8], 2), "watch": [b, a]}
@@ -2443,8 +3923,11 @@ def ot_witness_check():
 def ot_check_topk():
     """Row 0 is wrong (position 0 in place of 2): the report carries scores and a margin of the magnitudes."""
     s, _ = check_args()
-    return {"scores": s, "rows": np.array([[3, 1, 0], [3, 0, 1]], np.int64),
-            "magnitudes": np.array([[1, 3, 1, 2, 1], [1, 1, 1, 2, 1]], np.float32)}
+    return {
+        "scores": s,
+        "rows": np.array([[3, 1, 0], [3, 0, 1]], np.int64),
+        "magnitudes": np.array([[1, 3, 1, 2, 1], [1, 1, 1, 2, 1]], np.float32),
+    }
 
 
 def ot_check_blocks():
@@ -2456,8 +3939,12 @@ def ot_check_blocks():
 def ot_global_slots():
     _, s, r = slots_args()
     # Three requests of two pages; row 0 is request 2's (pages 3, 1), as in slots_args.
-    return {"block_table": np.array([[0, 2], [5, 4], [3, 1]], np.int32), "req_ids": np.array([2], np.int32),
-            "scores": s, "rows": r}
+    return {
+        "block_table": np.array([[0, 2], [5, 4], [3, 1]], np.int32),
+        "req_ids": np.array([2], np.int32),
+        "scores": s,
+        "rows": r,
+    }
 
 
 def _ot_scatter(m, a):
@@ -2467,44 +3954,84 @@ def _ot_scatter(m, a):
 
 # name: (the arrays, the call as written ({argument} marks each array bent), the call)
 _OT = {
-    "attention_probabilities": (lambda: ot_attention(), "attention_probabilities({q}, {k}, query_pos)",
-                                lambda m, a: m.attention_probabilities(a["q"], a["k"], a["query_pos"])),
-    "dense_attention": (lambda: ot_attention(), "dense_attention({q}, {k}, {v}, query_pos)",
-                        lambda m, a: m.dense_attention(a["q"], a["k"], a["v"], a["query_pos"])),
-    "sparse_attention": (lambda: ot_attention(), "sparse_attention({q}, {k}, {v}, query_pos, {selection})",
-                         lambda m, a: m.sparse_attention(a["q"], a["k"], a["v"], a["query_pos"], a["selection"])),
-    "oracle_topk": (lambda: {"attention": rng().random((3, 7)), "query_pos": np.array([2, 4, 6])},
-                    "oracle_topk({attention}, query_pos, 3)",
-                    lambda m, a: m.oracle_topk(a["attention"], a["query_pos"], 3)),
-    "topology_witness_indices": (lambda: {"learned": learned(), "context_lens": lens()},
-                                 "topology_witness_indices({learned}, {context_lens}, 4)",
-                                 lambda m, a: m.topology_witness_indices(a["learned"], a["context_lens"], 4)),
-    "apply_topology_witnesses": (lambda: {"learned": learned(), "context_lens": lens()},
-                                 "apply_topology_witnesses({learned}, {context_lens}, 2, 4, 2)",
-                                 lambda m, a: m.apply_topology_witnesses(a["learned"], a["context_lens"], 2, 4, 2)),
-    "scatter_topology_witnesses": (lambda: {"topk_indices": learned(), "context_lens": lens()},
-                                   "scatter_topology_witnesses({topk_indices}, {context_lens}, 2)", _ot_scatter),
-    "segment_coverage_rows": (ot_candidates, "segment_coverage_rows({candidates}, {context_lens}, 4)",
-                              lambda m, a: m.segment_coverage_rows(a["candidates"], a["context_lens"], 4)),
-    "attention_mass_recall_rows": (lambda: {"candidates": ot_candidates()["candidates"], "attention": rng().random((6, 8))},
-                                   "attention_mass_recall_rows({candidates}, {attention})",
-                                   lambda m, a: m.attention_mass_recall_rows(a["candidates"], a["attention"])),
-    "slots_used_rows": (ot_candidates, "slots_used_rows({candidates}, {context_lens})",
-                        lambda m, a: m.slots_used_rows(a["candidates"], a["context_lens"])),
-    "output_relative_error_rows": (lambda: {"sparse": rng().standard_normal((3, 5)).astype(np.float32),
-                                            "dense": rng().standard_normal((3, 5)).astype(np.float32)[::-1].copy()},
-                                   "output_relative_error_rows({sparse}, {dense})",
-                                   lambda m, a: m.output_relative_error_rows(a["sparse"], a["dense"])),
-    "check_topk": (ot_check_topk, "check_topk({scores}, {rows}, rtol=0.1, magnitudes={magnitudes})",
-                   lambda m, a: m.check_topk(a["scores"], a["rows"], rtol=0.1, magnitudes=a["magnitudes"])),
-    "check_blocks": (ot_check_blocks, "check_blocks({block_scores}, {rows}, visible_blocks, BlockSparseConfig(4, 3, 1, 1))",
-                     lambda m, a: m.check_blocks(a["block_scores"], a["rows"], a["visible_blocks"],
-                                                 m.BlockSparseConfig(4, 3, 1, 1))),
-    "check_witnesses": (ot_witness_check, "check_witnesses({before}, {after}, lens, 2)",
-                        lambda m, a: m.check_witnesses(a["before"], a["after"], lens(), 2)),
-    "GlobalSlots": (ot_global_slots, "check_topk(scores, rows, slots=GlobalSlots({block_table}, {req_ids}, 4))",
-                    lambda m, a: m.check_topk(a["scores"], a["rows"],
-                                              slots=m.GlobalSlots(a["block_table"], a["req_ids"], 4))),
+    "attention_probabilities": (
+        lambda: ot_attention(),
+        "attention_probabilities({q}, {k}, query_pos)",
+        lambda m, a: m.attention_probabilities(a["q"], a["k"], a["query_pos"]),
+    ),
+    "dense_attention": (
+        lambda: ot_attention(),
+        "dense_attention({q}, {k}, {v}, query_pos)",
+        lambda m, a: m.dense_attention(a["q"], a["k"], a["v"], a["query_pos"]),
+    ),
+    "sparse_attention": (
+        lambda: ot_attention(),
+        "sparse_attention({q}, {k}, {v}, query_pos, {selection})",
+        lambda m, a: m.sparse_attention(a["q"], a["k"], a["v"], a["query_pos"], a["selection"]),
+    ),
+    "oracle_topk": (
+        lambda: {"attention": rng().random((3, 7)), "query_pos": np.array([2, 4, 6])},
+        "oracle_topk({attention}, query_pos, 3)",
+        lambda m, a: m.oracle_topk(a["attention"], a["query_pos"], 3),
+    ),
+    "topology_witness_indices": (
+        lambda: {"learned": learned(), "context_lens": lens()},
+        "topology_witness_indices({learned}, {context_lens}, 4)",
+        lambda m, a: m.topology_witness_indices(a["learned"], a["context_lens"], 4),
+    ),
+    "apply_topology_witnesses": (
+        lambda: {"learned": learned(), "context_lens": lens()},
+        "apply_topology_witnesses({learned}, {context_lens}, 2, 4, 2)",
+        lambda m, a: m.apply_topology_witnesses(a["learned"], a["context_lens"], 2, 4, 2),
+    ),
+    "scatter_topology_witnesses": (
+        lambda: {"topk_indices": learned(), "context_lens": lens()},
+        "scatter_topology_witnesses({topk_indices}, {context_lens}, 2)",
+        _ot_scatter,
+    ),
+    "segment_coverage_rows": (
+        ot_candidates,
+        "segment_coverage_rows({candidates}, {context_lens}, 4)",
+        lambda m, a: m.segment_coverage_rows(a["candidates"], a["context_lens"], 4),
+    ),
+    "attention_mass_recall_rows": (
+        lambda: {"candidates": ot_candidates()["candidates"], "attention": rng().random((6, 8))},
+        "attention_mass_recall_rows({candidates}, {attention})",
+        lambda m, a: m.attention_mass_recall_rows(a["candidates"], a["attention"]),
+    ),
+    "slots_used_rows": (
+        ot_candidates,
+        "slots_used_rows({candidates}, {context_lens})",
+        lambda m, a: m.slots_used_rows(a["candidates"], a["context_lens"]),
+    ),
+    "output_relative_error_rows": (
+        lambda: {
+            "sparse": rng().standard_normal((3, 5)).astype(np.float32),
+            "dense": rng().standard_normal((3, 5)).astype(np.float32)[::-1].copy(),
+        },
+        "output_relative_error_rows({sparse}, {dense})",
+        lambda m, a: m.output_relative_error_rows(a["sparse"], a["dense"]),
+    ),
+    "check_topk": (
+        ot_check_topk,
+        "check_topk({scores}, {rows}, rtol=0.1, magnitudes={magnitudes})",
+        lambda m, a: m.check_topk(a["scores"], a["rows"], rtol=0.1, magnitudes=a["magnitudes"]),
+    ),
+    "check_blocks": (
+        ot_check_blocks,
+        "check_blocks({block_scores}, {rows}, visible_blocks, BlockSparseConfig(4, 3, 1, 1))",
+        lambda m, a: m.check_blocks(a["block_scores"], a["rows"], a["visible_blocks"], m.BlockSparseConfig(4, 3, 1, 1)),
+    ),
+    "check_witnesses": (
+        ot_witness_check,
+        "check_witnesses({before}, {after}, lens, 2)",
+        lambda m, a: m.check_witnesses(a["before"], a["after"], lens(), 2),
+    ),
+    "GlobalSlots": (
+        ot_global_slots,
+        "check_topk(scores, rows, slots=GlobalSlots({block_table}, {req_ids}, 4))",
+        lambda m, a: m.check_topk(a["scores"], a["rows"], slots=m.GlobalSlots(a["block_table"], a["req_ids"], 4)),
+    ),
 }
 
 _OT_T2 = (".T", lambda x: x.T)
@@ -2527,13 +4054,18 @@ _OT_REFUSED = [
     ("topology_witness_indices", "context_lens", _OT_R, "WitnessError", "context_lens", None),
     ("apply_topology_witnesses", "learned", _OT_T2, "WitnessError", "context_lens", "one length per learned row"),
     ("apply_topology_witnesses", "context_lens", _OT_R, "WitnessError", "context_lens", None),
-    ("scatter_topology_witnesses", "topk_indices", _OT_T2, "WitnessError", "context_lens",
-     "one length per buffer row"),
+    ("scatter_topology_witnesses", "topk_indices", _OT_T2, "WitnessError", "context_lens", "one length per buffer row"),
     ("scatter_topology_witnesses", "context_lens", _OT_R, "WitnessError", "context_lens", None),
     ("segment_coverage_rows", "candidates", _OT_T2, "WitnessError", "context_lens", "one length per candidate row"),
     ("segment_coverage_rows", "context_lens", _OT_R, "WitnessError", "context_lens", None),
-    ("attention_mass_recall_rows", "candidates", _OT_T2, "WitnessError", "attention",
-     "6 attention rows are no multiple of 4 candidate rows"),
+    (
+        "attention_mass_recall_rows",
+        "candidates",
+        _OT_T2,
+        "WitnessError",
+        "attention",
+        "6 attention rows are no multiple of 4 candidate rows",
+    ),
     ("attention_mass_recall_rows", "attention", _OT_T2, "WitnessError", "attention", None),
     ("slots_used_rows", "candidates", _OT_T2, "WitnessError", "context_lens", "one length per candidate row"),
     ("slots_used_rows", "context_lens", _OT_R, "WitnessError", "context_lens", None),
@@ -2570,8 +4102,14 @@ def _ot_shown(name, key, text):
 def _ot_refused(name, key, bend, expect, argument, note):
     how = "reshaped" if bend is _OT_R else "transposed"
 
-    @case(f"{name}-{key.replace('_', '-')}-{how}", "transposed / reshaped", _ot_shown(name, key, key + bend[0]),
-          expect, argument=argument, note=note or "")
+    @case(
+        f"{name}-{key.replace('_', '-')}-{how}",
+        "transposed / reshaped",
+        _ot_shown(name, key, key + bend[0]),
+        expect,
+        argument=argument,
+        note=note or "",
+    )
     def _():
         make, _, call = _OT[name]
         a = make()
@@ -2592,11 +4130,20 @@ def _ot_bent(name, key, how):
         expect, argument, note = refused
     else:
         expect, argument = ACCEPTED, None
-        note = ("converted once: the same result as native order" if how == "byte-swapped"
-                else "copied once to an aligned array: the same result")
+        note = (
+            "converted once: the same result as native order"
+            if how == "byte-swapped"
+            else "copied once to an aligned array: the same result"
+        )
 
-    @case(f"{name}-{key.replace('_', '-')}-{how}", "byte order / alignment", _ot_shown(name, key, shown), expect,
-          argument=argument, note=note)
+    @case(
+        f"{name}-{key.replace('_', '-')}-{how}",
+        "byte order / alignment",
+        _ot_shown(name, key, shown),
+        expect,
+        argument=argument,
+        note=note,
+    )
     def _():
         make, _, call = _OT[name]
         a = make()
@@ -2619,9 +4166,17 @@ V4 = "V4 sets / combined rows"
 
 def v4_args(**bend):
     """vLLM's `combine_topk_swa_indices` arguments: two requests, m = W = 4, topk = 2."""
-    a = {"topk_indices": np.array([[1, 0], [0, 1], [1, 0], [-1, 0]], np.int32), "query_start_loc": np.array([0, 3, 4]),
-         "seq_lens": np.array([8, 4]), "gather_lens": np.array([8, 4]), "window_size": 4, "compress_ratio": 4, "topk": 2,
-         "M": 20, "N": 8}
+    a = {
+        "topk_indices": np.array([[1, 0], [0, 1], [1, 0], [-1, 0]], np.int32),
+        "query_start_loc": np.array([0, 3, 4]),
+        "seq_lens": np.array([8, 4]),
+        "gather_lens": np.array([8, 4]),
+        "window_size": 4,
+        "compress_ratio": 4,
+        "topk": 2,
+        "M": 20,
+        "N": 8,
+    }
     a.update(bend)
     return a
 
@@ -2631,45 +4186,127 @@ def v4_refused(id, call, expect, argument, note="", **bend):
     def _():
         a = v4_args(**bend)
         out, lens_out = np.full((4, 128), 7, np.int32), np.full(4, 7, np.int32)
-        return {"call": lambda: _ks().combine_topk_swa_indices(**a, out=out, lens_out=lens_out),
-                "watch": [out, lens_out] + [v for v in a.values() if isinstance(v, np.ndarray)]}
+        return {
+            "call": lambda: _ks().combine_topk_swa_indices(**a, out=out, lens_out=lens_out),
+            "watch": [out, lens_out] + [v for v in a.values() if isinstance(v, np.ndarray)],
+        }
 
 
-v4_refused("combine-float-topk", "`combine_topk_swa_indices(topk_indices.astype(float32), …)`", "TypeError", None,
-           topk_indices=v4_args()["topk_indices"].astype(np.float32))
-v4_refused("combine-topk-1d", "`combine_topk_swa_indices(topk_indices.ravel(), …)`", "SelectionError", "topk_indices",
-           topk_indices=v4_args()["topk_indices"].ravel())
-v4_refused("combine-topk-narrow", "`combine_topk_swa_indices(topk_indices[:, :1], …, topk=2, …)`", "SelectionError",
-           "topk_indices", "fewer columns than topk", topk_indices=np.zeros((4, 1), np.int32))
-v4_refused("combine-qsl-not-from-0", "`combine_topk_swa_indices(…, query_start_loc=[1, 3, 4], …)`", "SelectionError",
-           "query_start_loc", "must rise from 0 to num_tokens", query_start_loc=np.array([1, 3, 4]))
-v4_refused("combine-qsl-falls", "`combine_topk_swa_indices(…, query_start_loc=[0, 5, 4], …)`", "SelectionError",
-           "query_start_loc", "checked before any row is read", query_start_loc=np.array([0, 5, 4]))
-v4_refused("combine-qsl-short", "`combine_topk_swa_indices(…, query_start_loc=[0, 3], …)`", "SelectionError",
-           "seq_lens", "query_start_loc fixes num_reqs = 1", query_start_loc=np.array([0, 4]))
-v4_refused("combine-query-past-seq", "`combine_topk_swa_indices(…, seq_lens=[2, 4], …)`", "SelectionError", "seq_lens",
-           "a query longer than its sequence", seq_lens=np.array([2, 4]), gather_lens=np.array([2, 4]))
-v4_refused("combine-gather-past-seq", "`combine_topk_swa_indices(…, gather_lens=[9, 4], …)`", "SelectionError",
-           "gather_lens", seq_lens=np.array([8, 4]), gather_lens=np.array([9, 4]))
-v4_refused("combine-window-before-gather", "`combine_topk_swa_indices(…, gather_lens=[4, 4], …)`", "SelectionError",
-           "gather_lens", "the first window starts at token 2, the gathered tokens at 4", gather_lens=np.array([4, 4]))
-v4_refused("combine-topk-past-N", "`combine_topk_swa_indices(topk_indices with 8, …, N=8)`", "SelectionError",
-           "topk_indices", "it would read the window's tokens as entries",
-           topk_indices=np.array([[1, 0], [0, 1], [1, 8], [0, -1]], np.int32))
-v4_refused("combine-M-overlaps-next", "`combine_topk_swa_indices(…, M=15, N=8)`", "SelectionError", "M",
-           "request 0's window would run into request 1's workspace", M=15)
-v4_refused("combine-negative-window", "`combine_topk_swa_indices(…, window_size=-1, …)`", "SelectionError",
-           "window_size", window_size=-1)
-v4_refused("combine-ratio-0", "`combine_topk_swa_indices(…, compress_ratio=0, …)`", "SelectionError",
-           "compress_ratio", compress_ratio=0)
+v4_refused(
+    "combine-float-topk",
+    "`combine_topk_swa_indices(topk_indices.astype(float32), …)`",
+    "TypeError",
+    None,
+    topk_indices=v4_args()["topk_indices"].astype(np.float32),
+)
+v4_refused(
+    "combine-topk-1d",
+    "`combine_topk_swa_indices(topk_indices.ravel(), …)`",
+    "SelectionError",
+    "topk_indices",
+    topk_indices=v4_args()["topk_indices"].ravel(),
+)
+v4_refused(
+    "combine-topk-narrow",
+    "`combine_topk_swa_indices(topk_indices[:, :1], …, topk=2, …)`",
+    "SelectionError",
+    "topk_indices",
+    "fewer columns than topk",
+    topk_indices=np.zeros((4, 1), np.int32),
+)
+v4_refused(
+    "combine-qsl-not-from-0",
+    "`combine_topk_swa_indices(…, query_start_loc=[1, 3, 4], …)`",
+    "SelectionError",
+    "query_start_loc",
+    "must rise from 0 to num_tokens",
+    query_start_loc=np.array([1, 3, 4]),
+)
+v4_refused(
+    "combine-qsl-falls",
+    "`combine_topk_swa_indices(…, query_start_loc=[0, 5, 4], …)`",
+    "SelectionError",
+    "query_start_loc",
+    "checked before any row is read",
+    query_start_loc=np.array([0, 5, 4]),
+)
+v4_refused(
+    "combine-qsl-short",
+    "`combine_topk_swa_indices(…, query_start_loc=[0, 3], …)`",
+    "SelectionError",
+    "seq_lens",
+    "query_start_loc fixes num_reqs = 1",
+    query_start_loc=np.array([0, 4]),
+)
+v4_refused(
+    "combine-query-past-seq",
+    "`combine_topk_swa_indices(…, seq_lens=[2, 4], …)`",
+    "SelectionError",
+    "seq_lens",
+    "a query longer than its sequence",
+    seq_lens=np.array([2, 4]),
+    gather_lens=np.array([2, 4]),
+)
+v4_refused(
+    "combine-gather-past-seq",
+    "`combine_topk_swa_indices(…, gather_lens=[9, 4], …)`",
+    "SelectionError",
+    "gather_lens",
+    seq_lens=np.array([8, 4]),
+    gather_lens=np.array([9, 4]),
+)
+v4_refused(
+    "combine-window-before-gather",
+    "`combine_topk_swa_indices(…, gather_lens=[4, 4], …)`",
+    "SelectionError",
+    "gather_lens",
+    "the first window starts at token 2, the gathered tokens at 4",
+    gather_lens=np.array([4, 4]),
+)
+v4_refused(
+    "combine-topk-past-N",
+    "`combine_topk_swa_indices(topk_indices with 8, …, N=8)`",
+    "SelectionError",
+    "topk_indices",
+    "it would read the window's tokens as entries",
+    topk_indices=np.array([[1, 0], [0, 1], [1, 8], [0, -1]], np.int32),
+)
+v4_refused(
+    "combine-M-overlaps-next",
+    "`combine_topk_swa_indices(…, M=15, N=8)`",
+    "SelectionError",
+    "M",
+    "request 0's window would run into request 1's workspace",
+    M=15,
+)
+v4_refused(
+    "combine-negative-window",
+    "`combine_topk_swa_indices(…, window_size=-1, …)`",
+    "SelectionError",
+    "window_size",
+    window_size=-1,
+)
+v4_refused(
+    "combine-ratio-0",
+    "`combine_topk_swa_indices(…, compress_ratio=0, …)`",
+    "SelectionError",
+    "compress_ratio",
+    compress_ratio=0,
+)
 v4_refused("combine-huge-M", "`combine_topk_swa_indices(…, M=2**31, …)`", "SelectionError", "M", M=2**31)
 
 
-@case("combine-minus-one-copied", V4, "`combine_topk_swa_indices(topk_indices with -1 in the top-k part, …)`", ACCEPTED,
-      note="copied as vLLM does: request 1's -1 becomes M*1 - 1 = 19")
+@case(
+    "combine-minus-one-copied",
+    V4,
+    "`combine_topk_swa_indices(topk_indices with -1 in the top-k part, …)`",
+    ACCEPTED,
+    note="copied as vLLM does: request 1's -1 becomes M*1 - 1 = 19",
+)
 def _():
     def check(result):
         return int(result[0][3, 0]) == 19 and _equal(result[0], _ref().combine_topk_swa_indices(**v4_args())[0])
+
     return {"call": lambda: _ks().combine_topk_swa_indices(**v4_args()), "check": check}
 
 
@@ -2679,16 +4316,27 @@ def _():
     return {"call": lambda: _ks().combine_topk_swa_indices(**v4_args(), lens_out=lens_out), "watch": [lens_out]}
 
 
-@case("combine-lens-out-is-out", V4, "`combine_topk_swa_indices(…, out=out, lens_out=out[:, 0])`", "SelectionError",
-      argument="lens_out")
+@case(
+    "combine-lens-out-is-out",
+    V4,
+    "`combine_topk_swa_indices(…, out=out, lens_out=out[:, 0])`",
+    "SelectionError",
+    argument="lens_out",
+)
 def _():
     out = np.full((4, 128), 7, np.int32)
     lens_out = out[:, 0]
     return {"call": lambda: _ks().combine_topk_swa_indices(**v4_args(), out=out, lens_out=lens_out), "watch": [out]}
 
 
-@case("combine-out-wrong-shape", V4, "`combine_topk_swa_indices(…, out=int32 [4, 8])`", "SelectionError", argument="out",
-      note="the rows are roundup(topk + window_size, 128) wide")
+@case(
+    "combine-out-wrong-shape",
+    V4,
+    "`combine_topk_swa_indices(…, out=int32 [4, 8])`",
+    "SelectionError",
+    argument="out",
+    note="the rows are roundup(topk + window_size, 128) wide",
+)
 def _():
     out = np.full((4, 8), 7, np.int32)
     return {"call": lambda: _ks().combine_topk_swa_indices(**v4_args(), out=out), "watch": [out]}
@@ -2701,34 +4349,99 @@ def v4_set_refused(id, call, expect, argument, make, note=""):
         return {"call": lambda: fn(_ks(), out), "watch": [out]}
 
 
-v4_set_refused("expand-invisible-entry", "`expand_entries([[3]], query_pos=[11], 4)`", "SelectionError", "entry_rows",
-               lambda: (lambda k, o: k.expand_entries(np.array([[3]], np.int32), [11], 4, out=o), np.full((1, 4), 7, np.int32)),
-               "entry 3 is complete only at token 15")
-v4_set_refused("expand-entry-minus-2", "`expand_entries([[-2]], [11], 4)`", "SelectionError", "entry_rows",
-               lambda: (lambda k, o: k.expand_entries(np.array([[-2]], np.int32), [11], 4, out=o), np.full((1, 4), 7, np.int32)))
-v4_set_refused("expand-width-too-small", "`expand_entries([[0]], [11], 4, tail=True, width=6)`", "SelectionError", "width",
-               lambda: (lambda k, o: k.expand_entries(np.array([[0]], np.int32), [11], 4, tail=True, width=6, out=o),
-                        np.full((1, 6), 7, np.int32)), "the expansion writes k*m + m - 1 = 7 columns")
-v4_set_refused("expand-one-pos-two-rows", "`expand_entries(rows [2, 1], query_pos=11, 4)`", "SelectionError", "query_pos",
-               lambda: (lambda k, o: k.expand_entries(np.zeros((2, 1), np.int32), 11, 4, out=o), np.full((2, 4), 7, np.int32)))
-v4_set_refused("entry-tokens-minus-3", "`compressed_entry_tokens([0, -3], 4, overlap=True)`", "SelectionError", "entries",
-               lambda: (lambda k, o: k.compressed_entry_tokens(np.array([0, -3]), 4, overlap=True, out=o),
-                        np.full((2, 2), 7, np.int32)))
-v4_set_refused("entry-tokens-past-int32", "`compressed_entry_tokens([2**30], 4, overlap=False)`", "SelectionError",
-               "entries", lambda: (lambda k, o: k.compressed_entry_tokens(np.array([2**30]), 4, overlap=False, out=o),
-                                   np.full((1, 2), 7, np.int32)), "its end, 4 * (2**30 + 1), is past int32")
-v4_set_refused("entry-tokens-float", "`compressed_entry_tokens([0.5], 4, overlap=False)`", "TypeError", None,
-               lambda: (lambda k, o: k.compressed_entry_tokens(np.array([0.5]), 4, overlap=False, out=o),
-                        np.full((1, 2), 7, np.int32)))
-v4_set_refused("entry-tokens-no-overlap-arg", "`compressed_entry_tokens([0], 4)`", "TypeError", None,
-               lambda: (lambda k, o: k.compressed_entry_tokens(np.array([0]), 4, out=o), np.full((1, 2), 7, np.int32)),
-               "overlap (CSA or HCA) is required")
-v4_set_refused("visible-entries-negative-pos", "`visible_entries([-1], 4, 3)`", "SelectionError", "query_pos",
-               lambda: (lambda k, o: k.visible_entries(np.array([-1]), 4, 3, out=o), np.full((1, 3), 7, np.int32)))
-v4_set_refused("visible-entries-ratio-0", "`visible_entries([3], 0, 3)`", "SelectionError", "compress_ratio",
-               lambda: (lambda k, o: k.visible_entries([3], 0, 3, out=o), np.full((1, 3), 7, np.int32)))
-v4_set_refused("window-pos-past-int32", "`window_positions([2**31], 4)`", "SelectionError", "query_pos",
-               lambda: (lambda k, o: k.window_positions(np.array([2**31]), 4, out=o), np.full((1, 4), 7, np.int32)))
+v4_set_refused(
+    "expand-invisible-entry",
+    "`expand_entries([[3]], query_pos=[11], 4)`",
+    "SelectionError",
+    "entry_rows",
+    lambda: (lambda k, o: k.expand_entries(np.array([[3]], np.int32), [11], 4, out=o), np.full((1, 4), 7, np.int32)),
+    "entry 3 is complete only at token 15",
+)
+v4_set_refused(
+    "expand-entry-minus-2",
+    "`expand_entries([[-2]], [11], 4)`",
+    "SelectionError",
+    "entry_rows",
+    lambda: (lambda k, o: k.expand_entries(np.array([[-2]], np.int32), [11], 4, out=o), np.full((1, 4), 7, np.int32)),
+)
+v4_set_refused(
+    "expand-width-too-small",
+    "`expand_entries([[0]], [11], 4, tail=True, width=6)`",
+    "SelectionError",
+    "width",
+    lambda: (
+        lambda k, o: k.expand_entries(np.array([[0]], np.int32), [11], 4, tail=True, width=6, out=o),
+        np.full((1, 6), 7, np.int32),
+    ),
+    "the expansion writes k*m + m - 1 = 7 columns",
+)
+v4_set_refused(
+    "expand-one-pos-two-rows",
+    "`expand_entries(rows [2, 1], query_pos=11, 4)`",
+    "SelectionError",
+    "query_pos",
+    lambda: (lambda k, o: k.expand_entries(np.zeros((2, 1), np.int32), 11, 4, out=o), np.full((2, 4), 7, np.int32)),
+)
+v4_set_refused(
+    "entry-tokens-minus-3",
+    "`compressed_entry_tokens([0, -3], 4, overlap=True)`",
+    "SelectionError",
+    "entries",
+    lambda: (
+        lambda k, o: k.compressed_entry_tokens(np.array([0, -3]), 4, overlap=True, out=o),
+        np.full((2, 2), 7, np.int32),
+    ),
+)
+v4_set_refused(
+    "entry-tokens-past-int32",
+    "`compressed_entry_tokens([2**30], 4, overlap=False)`",
+    "SelectionError",
+    "entries",
+    lambda: (
+        lambda k, o: k.compressed_entry_tokens(np.array([2**30]), 4, overlap=False, out=o),
+        np.full((1, 2), 7, np.int32),
+    ),
+    "its end, 4 * (2**30 + 1), is past int32",
+)
+v4_set_refused(
+    "entry-tokens-float",
+    "`compressed_entry_tokens([0.5], 4, overlap=False)`",
+    "TypeError",
+    None,
+    lambda: (
+        lambda k, o: k.compressed_entry_tokens(np.array([0.5]), 4, overlap=False, out=o),
+        np.full((1, 2), 7, np.int32),
+    ),
+)
+v4_set_refused(
+    "entry-tokens-no-overlap-arg",
+    "`compressed_entry_tokens([0], 4)`",
+    "TypeError",
+    None,
+    lambda: (lambda k, o: k.compressed_entry_tokens(np.array([0]), 4, out=o), np.full((1, 2), 7, np.int32)),
+    "overlap (CSA or HCA) is required",
+)
+v4_set_refused(
+    "visible-entries-negative-pos",
+    "`visible_entries([-1], 4, 3)`",
+    "SelectionError",
+    "query_pos",
+    lambda: (lambda k, o: k.visible_entries(np.array([-1]), 4, 3, out=o), np.full((1, 3), 7, np.int32)),
+)
+v4_set_refused(
+    "visible-entries-ratio-0",
+    "`visible_entries([3], 0, 3)`",
+    "SelectionError",
+    "compress_ratio",
+    lambda: (lambda k, o: k.visible_entries([3], 0, 3, out=o), np.full((1, 3), 7, np.int32)),
+)
+v4_set_refused(
+    "window-pos-past-int32",
+    "`window_positions([2**31], 4)`",
+    "SelectionError",
+    "query_pos",
+    lambda: (lambda k, o: k.window_positions(np.array([2**31]), 4, out=o), np.full((1, 4), 7, np.int32)),
+)
 
 
 def _ref():

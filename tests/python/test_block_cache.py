@@ -151,7 +151,9 @@ def test_every_key_and_query_format_selects_as_its_decoded_float32_values(impl):
                 kw = dict(key_format=kf, query_format=qfv)
                 _assert_rows_equal(m.block_sparse_select(qv[0], kk, int(pos[0]), cfg, **kw), single, w + " (single)")
                 _assert_rows_equal(m.block_sparse_select(qv, kk, pos, cfg, **kw), batched, w + " (batched)")
-                _assert_rows_equal(m.block_sparse_select_packed(qv, kk, cu, sid, pos, cfg, **kw), packed, w + " (packed)")
+                _assert_rows_equal(
+                    m.block_sparse_select_packed(qv, kk, cu, sid, pos, cfg, **kw), packed, w + " (packed)"
+                )
                 checked += 1
     assert checked == 40 * 7 * 2
 
@@ -176,7 +178,9 @@ def test_a_raw_view_needs_its_format_and_a_typed_array_must_agree_with_one(impl)
         m.block_sparse_select(q.astype(np.float16).view(np.uint16), k, 3, cfg)  # queries too
     # With the right format the raw view is accepted and equals float32.
     assert np.array_equal(
-        m.block_sparse_select(q.astype(np.float16).view(np.uint16), raw, 3, cfg, key_format="float16", query_format="float16"),
+        m.block_sparse_select(
+            q.astype(np.float16).view(np.uint16), raw, 3, cfg, key_format="float16", query_format="float16"
+        ),
         m.block_sparse_select(q, k, 3, cfg),
     )
 
@@ -220,8 +224,9 @@ def test_a_head_major_out_is_filled_and_returned_and_a_query_major_one_is_refuse
     assert m.block_sparse_select(q, k, pos, cfg, head_major=True, out=out) is out
     assert np.array_equal(out, want)
     out2 = np.full((2, 3, 5), -9, np.int32)
-    got = m.block_sparse_select_packed(q, k, [0, 100, 200], [1, 1, 1], pos - np.array([0, 0, 100]), cfg,
-                                       head_major=True, out=out2)
+    got = m.block_sparse_select_packed(
+        q, k, [0, 100, 200], [1, 1, 1], pos - np.array([0, 0, 100]), cfg, head_major=True, out=out2
+    )
     assert got is out2
     assert np.array_equal(out2, _transpose(m.block_sparse_select(q, k[100:], pos - np.array([0, 0, 100]), cfg)))
     # The query-major shape is the wrong one when head-major (and vice versa).
@@ -342,9 +347,19 @@ def make_paged_case(seed):
         n = int(rng.integers(1, 8))
         sid = rng.integers(0, n_seqs, n)
         pos = np.array([int(rng.integers(0, lens[s] + 2 * bs + 2)) for s in sid])
-    q = (rng.choice(EIGHTHS, (len(sid), h, d)) if data == "eighths" else rng.integers(-3, 4, (len(sid), h, d)))
-    return dict(cfg=cfg, keys=keys, big=big, layer=layer, table=table, lens=np.array(lens, np.int64),
-                q=np.asarray(q, np.float32), sid=sid.astype(np.int64), pos=pos.astype(np.int64), mode=mode)
+    q = rng.choice(EIGHTHS, (len(sid), h, d)) if data == "eighths" else rng.integers(-3, 4, (len(sid), h, d))
+    return dict(
+        cfg=cfg,
+        keys=keys,
+        big=big,
+        layer=layer,
+        table=table,
+        lens=np.array(lens, np.int64),
+        q=np.asarray(q, np.float32),
+        sid=sid.astype(np.int64),
+        pos=pos.astype(np.int64),
+        mode=mode,
+    )
 
 
 def _physical(logical, table, sid):
@@ -353,8 +368,9 @@ def _physical(logical, table, sid):
         assert np.all(logical == -1)
         return logical.copy()
     rows = table[sid][:, None, :].astype(np.int64)
-    looked_up = np.take_along_axis(np.broadcast_to(rows, logical.shape[:2] + rows.shape[2:]),
-                                   np.maximum(logical, 0).astype(np.int64), axis=2)
+    looked_up = np.take_along_axis(
+        np.broadcast_to(rows, logical.shape[:2] + rows.shape[2:]), np.maximum(logical, 0).astype(np.int64), axis=2
+    )
     return np.where(logical >= 0, looked_up, -1).astype(np.int32)
 
 
@@ -401,7 +417,9 @@ def test_paged_selection_equals_the_dense_form_on_the_same_keys_laid_out_contigu
         what = f"seed={seed} {cfg!r} lens={lens.tolist()} sid={sid.tolist()} pos={pos.tolist()} keys {k_name} queries {q_name} ({c['mode']})"
 
         def paged(**flags):
-            return m.block_sparse_select_paged(qq, cache, table, lens, sid, pos, cfg, key_format=kf, query_format=qf, **flags)
+            return m.block_sparse_select_paged(
+                qq, cache, table, lens, sid, pos, cfg, key_format=kf, query_format=qf, **flags
+            )
 
         logical = paged()
         assert logical.shape == (len(sid), q.shape[1], cfg.width), what
@@ -425,7 +443,9 @@ def test_paged_selection_equals_the_dense_form_on_the_same_keys_laid_out_contigu
         _assert_rows_equal(out, _transpose(phys), f"{what}: out=")
         if impl == "native":  # the flags in turn, so each combination meets the reference ~75 times
             flags = dict(head_major=bool(i % 2), physical=bool(i // 2 % 2))
-            want = ref.block_sparse_select_paged(qq, cache, table, lens, sid, pos, cfg, key_format=kf, query_format=qf, **flags)
+            want = ref.block_sparse_select_paged(
+                qq, cache, table, lens, sid, pos, cfg, key_format=kf, query_format=qf, **flags
+            )
             _assert_rows_equal(paged(**flags), want, f"{what}: native vs reference, {flags}")
 
 
@@ -494,7 +514,7 @@ def _check_rows(rows, blocks, qp_of, np_of, bs, query_axis, what):
         want = _brute_row(blocks[idx].tolist(), qp_of(i), np_of(i), bs)
         row = rows[idx]
         assert row[: len(want)].tolist() == want, (what, idx)
-        assert np.all(row[len(want):] == -1), (what, idx)
+        assert np.all(row[len(want) :] == -1), (what, idx)
 
 
 def _per(value, i):
@@ -535,7 +555,7 @@ def test_batched_positions_of_blocks_are_the_one_dimensional_rows_padded_with_mi
             i = idx[query_axis]
             one = m.positions_of_blocks(blocks[idx], _per(qp, i), _per(npos, i), cfg)
             assert one.dtype == np.int32
-            assert got[idx][: len(one)].tolist() == one.tolist() and np.all(got[idx][len(one):] == -1), (what, idx)
+            assert got[idx][: len(one)].tolist() == one.tolist() and np.all(got[idx][len(one) :] == -1), (what, idx)
         if impl == "native":
             want = ref.positions_of_blocks(blocks, qp, npos, cfg, head_major=head_major)
             _assert_rows_equal(got, want, what)
@@ -547,8 +567,9 @@ def test_batched_positions_of_blocks_are_the_one_dimensional_rows_padded_with_mi
 @st.composite
 def _positions_problem(draw):
     n_rows, width = draw(st.integers(0, 5)), draw(st.integers(0, 5))
-    rows = draw(st.lists(st.lists(st.integers(-3, 30), min_size=width, max_size=width),
-                         min_size=n_rows, max_size=n_rows))
+    rows = draw(
+        st.lists(st.lists(st.integers(-3, 30), min_size=width, max_size=width), min_size=n_rows, max_size=n_rows)
+    )
     per_row = st.lists(st.integers(0, 300), min_size=n_rows, max_size=n_rows).map(lambda v: np.array(v, np.int64))
     qp = draw(st.integers(0, 300) | per_row)
     npos = draw(st.integers(0, 300) | per_row)
@@ -591,7 +612,7 @@ def test_a_selection_fed_straight_into_positions_of_blocks_equals_the_double_loo
         for i in range(psel.shape[0]):
             for h in range(psel.shape[1]):
                 one = m.positions_of_blocks(psel[i, h], int(pos[i]), int(lens[sid[i]]), cfg)
-                assert pgot[i, h, : len(one)].tolist() == one.tolist() and np.all(pgot[i, h, len(one):] == -1)
+                assert pgot[i, h, : len(one)].tolist() == one.tolist() and np.all(pgot[i, h, len(one) :] == -1)
         if impl == "native":
             _assert_rows_equal(got, ref.positions_of_blocks(sel, pos, n, cfg), what)
             _assert_rows_equal(pgot, ref.positions_of_blocks(psel, pos, lens[sid], cfg), what)

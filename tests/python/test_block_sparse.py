@@ -32,9 +32,7 @@ N_INT_CASES = 2000  # integer-valued single-sequence configurations
 N_PACKED_CASES = 250  # packed batches
 N_FLOAT_CASES = 250  # random normal data
 
-HYP = settings(
-    max_examples=150, deadline=None
-)
+HYP = settings(max_examples=150, deadline=None)
 
 
 # ---------------------------------------------------------------------------
@@ -247,10 +245,7 @@ def make_packed_case(seed):
     rng = np.random.default_rng(seed)
     cfg = _random_config(rng)
     n_seqs = int(rng.integers(1, 6))
-    lens = [
-        int(rng.choice([0, int(rng.integers(1, 10)), int(rng.integers(1, 700))]))
-        for _ in range(n_seqs)
-    ]
+    lens = [int(rng.choice([0, int(rng.integers(1, 10)), int(rng.integers(1, 700))])) for _ in range(n_seqs)]
     if sum(lens) == 0:
         lens[0] = int(rng.integers(1, 50))
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
@@ -263,9 +258,7 @@ def make_packed_case(seed):
     sid = rng.integers(0, n_seqs, size=n_queries)
     if rng.random() < 0.5:
         sid = np.sort(sid)  # runs of one sequence, as a serving batch has
-    pos = np.array(
-        [_positions(rng, max(lens[s], 1), cfg.block_size, 1)[0] for s in sid], dtype=np.int64
-    )
+    pos = np.array([_positions(rng, max(lens[s], 1), cfg.block_size, 1)[0] for s in sid], dtype=np.int64)
     return cfg, k, q, cu, sid.astype(np.int64), pos, mode
 
 
@@ -284,9 +277,7 @@ def test_packed_equals_reference_and_per_sequence_calls():
             keys = k[cu[s] : cu[s + 1]]
             one = ks.block_sparse_select(q[j], keys, int(pos[j]), cfg)
             _assert_rows_equal(one, native[j], f"{what}: per-sequence call for query {j}")
-            _assert_rows_equal(
-                _ref_select(q[j], keys, int(pos[j]), cfg), native[j], f"{what}: ref query {j}"
-            )
+            _assert_rows_equal(_ref_select(q[j], keys, int(pos[j]), cfg), native[j], f"{what}: ref query {j}")
 
 
 def test_packed_sequence_with_no_keys_selects_nothing():
@@ -553,9 +544,7 @@ def test_non_contiguous_inputs_equal_contiguous():
         if np.all(pos < 2**31):
             p32 = pos.astype(np.int32)
             _assert_rows_equal(ks.block_sparse_select(q, k, p32, cfg), base, f"case {i}, int32")
-        _assert_rows_equal(
-            ks.block_sparse_select(q.tolist(), k.tolist(), pos.tolist(), cfg), base, f"case {i}"
-        )
+        _assert_rows_equal(ks.block_sparse_select(q.tolist(), k.tolist(), pos.tolist(), cfg), base, f"case {i}")
 
 
 def test_read_only_float32_is_accepted():
@@ -727,8 +716,13 @@ def test_wrong_dtypes_are_type_errors():
     k = np.ones((10, 4), np.float32)
     q = np.ones((2, 4), np.float32)
     sel = ks.block_sparse_select
-    for bad_q in (np.ones((2, 4), np.int32), np.ones((2, 4), np.int64), np.full((2, 4), "a"),
-                  np.full((2, 4), None, dtype=object), np.ones((2, 4), bool)):
+    for bad_q in (
+        np.ones((2, 4), np.int32),
+        np.ones((2, 4), np.int64),
+        np.full((2, 4), "a"),
+        np.full((2, 4), None, dtype=object),
+        np.ones((2, 4), bool),
+    ):
         with pytest.raises(TypeError):
             sel(bad_q, k, 3, cfg)
     for bad_k in (np.ones((10, 4), np.int32), np.full((10, 4), "x"), np.full((10, 4), object())):
@@ -747,9 +741,7 @@ def test_wrong_dtypes_are_type_errors():
     with pytest.raises(TypeError):
         ks.positions_of_blocks(np.array([0.0]), 3, 10, cfg)
     with pytest.raises(TypeError):
-        ks.block_sparse_select_packed(
-            np.ones((2, 2, 4), np.float32), k, [0.0, 10.0], [0, 0], [1, 2], cfg
-        )
+        ks.block_sparse_select_packed(np.ones((2, 2, 4), np.float32), k, [0.0, 10.0], [0, 0], [1, 2], cfg)
 
 
 def test_numpy_integer_positions_are_accepted():
@@ -772,9 +764,7 @@ def test_config_defaults_repr_eq_hash():
     assert (c.block_size, c.top_blocks, c.init_blocks, c.local_blocks) == (128, 32, 1, 2)
     assert c.block_size == ks.MINIMAX_BLOCK_SIZE == ref.MINIMAX_BLOCK_SIZE == 128
     assert c.width == 32
-    assert repr(c) == (
-        "BlockSparseConfig(block_size=128, top_blocks=32, init_blocks=1, local_blocks=2)"
-    )
+    assert repr(c) == ("BlockSparseConfig(block_size=128, top_blocks=32, init_blocks=1, local_blocks=2)")
     assert eval(repr(c), {"BlockSparseConfig": ks.BlockSparseConfig}) == c
     assert c == ks.BlockSparseConfig(128, 32, 1, 2)
     assert c == ks.BlockSparseConfig(block_size=128, top_blocks=32, init_blocks=1, local_blocks=2)
@@ -909,9 +899,7 @@ def test_property_integer_data_equals_reference(problem):
         ids = row[row >= 0]
         assert (len(ids) > 0) == (n_blocks > 0)
         assert np.all(ids < n_blocks)
-        forced = set(range(min(cfg.init_blocks, n_blocks))) | set(
-            range(max(n_blocks - cfg.local_blocks, 0), n_blocks)
-        )
+        forced = set(range(min(cfg.init_blocks, n_blocks))) | set(range(max(n_blocks - cfg.local_blocks, 0), n_blocks))
         assert forced <= set(ids.tolist())
         assert len(ids) == min(n_blocks, max(cfg.top_blocks, len(forced)))
 
@@ -1016,9 +1004,7 @@ def test_scalar_and_simd_kernels_select_identically(tmp_path, level):
             k = np.round(k * 2) / 2  # many exact ties, some -0.0
         q = rng.standard_normal((4, int(rng.integers(1, 9)), d)).astype(np.float32)
         pos = _positions(rng, n, cfg.block_size, 4)
-        arrays.update(
-            {f"k_{i}": k, f"q_{i}": q, f"pos_{i}": pos, f"cfg_{i}": np.array(_cfg_tuple(cfg))}
-        )
+        arrays.update({f"k_{i}": k, f"q_{i}": q, f"pos_{i}": pos, f"cfg_{i}": np.array(_cfg_tuple(cfg))})
         expected[str(i)] = ks.block_sparse_select(q, k, pos, cfg)
     np.savez(tmp_path / "in.npz", **arrays)
     if level == "avx2" and cpu_is_scalar:
@@ -1026,7 +1012,9 @@ def test_scalar_and_simd_kernels_select_identically(tmp_path, level):
     env = dict(os.environ, KVSELECT_SIMD=level)
     subprocess.run(
         [sys.executable, "-c", _CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
-        check=True, env=env, timeout=120,
+        check=True,
+        env=env,
+        timeout=120,
     )
     got = np.load(tmp_path / "out.npz")
     for i, want in expected.items():

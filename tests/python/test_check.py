@@ -232,8 +232,9 @@ def test_indexer_magnitudes_bound_every_score_and_equal_the_reference():
     assert np.array_equal(m, ref.indexer_magnitudes(q, w, k, pos), equal_nan=True)
     # All-positive inputs: the bound is the score itself.
     qa, wa, ka = np.abs(q), np.abs(w), np.abs(k)
-    assert np.array_equal(ks.indexer_magnitudes(qa, wa, ka, pos), ks.indexer_magnitudes(qa, wa, ka, pos),
-                          equal_nan=True)
+    assert np.array_equal(
+        ks.indexer_magnitudes(qa, wa, ka, pos), ks.indexer_magnitudes(qa, wa, ka, pos), equal_nan=True
+    )
 
 
 def test_an_engine_scoring_bfloat16_keys_passes_with_its_rounding_owed_and_not_exactly():

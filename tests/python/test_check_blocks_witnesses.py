@@ -229,8 +229,17 @@ def test_a_block_report_names_what_is_wrong():
     for impl in IMPLS:
         check = _mod(impl).check_blocks
         r = check(s, np.array([[5, 1, 0, 3]]), nb, cfg)["details"][0]["problems"]
-        assert r == [{"reason": "wrong_selection", "dropped": [(4, 4.0)], "intruders": [(3, 1.0)],
-                      "n_dropped": 1, "n_intruders": 1, "threshold": 4.0, "margin": 3.0}]
+        assert r == [
+            {
+                "reason": "wrong_selection",
+                "dropped": [(4, 4.0)],
+                "intruders": [(3, 1.0)],
+                "n_dropped": 1,
+                "n_intruders": 1,
+                "threshold": 4.0,
+                "margin": 3.0,
+            }
+        ]
         r = check(s, np.array([[2, 1, 3, 4]]), nb, cfg)["details"][0]["problems"]
         assert r == [{"reason": "missing_forced", "blocks": [0, 5], "n_missing": 2}]
         r = check(s, np.array([[5, 0, 1, -1]]), nb, cfg)["details"][0]["problems"]
@@ -253,8 +262,9 @@ def test_native_block_report_equals_reference_on_randomised_engine_rows_with_bug
             s = np.round(s)
             s[rng.random(s.shape) < 0.05] = np.nan
             s[rng.random(s.shape) < 0.03] = -np.inf
-        rows = _from_head_major(block_engine(rng, np.nan_to_num(s, nan=-np.inf), nb, cfg, q.shape[1],
-                                             np.int32 if case % 2 else np.int64))
+        rows = _from_head_major(
+            block_engine(rng, np.nan_to_num(s, nan=-np.inf), nb, cfg, q.shape[1], np.int32 if case % 2 else np.int64)
+        )
         hit = rng.random(rows.shape) < 0.06
         rows[hit] = rng.integers(-2, s.shape[1] + 2, int(hit.sum()))
         for i in np.flatnonzero(rng.random(len(rows)) < 0.3):  # a lower free block for a chosen one
@@ -343,9 +353,11 @@ def test_block_scores_of_bfloat16_keys_are_what_their_selection_ranks():
         q, k, pos, cfg = _block_case(rng, integer=False)
         k16 = (k.view(np.uint32) >> 16).astype(np.uint16)  # raw bfloat16 bits (truncated)
         s = ks.block_scores(q, k16, pos, cfg, key_format="bfloat16")
-        assert np.array_equal(s, ref.block_scores(q, k16, pos, cfg, key_format="bfloat16"), equal_nan=True) or \
-            np.allclose(s, ref.block_scores(q, k16, pos, cfg, key_format="bfloat16"), rtol=1e-5, atol=1e-5,
-                        equal_nan=True)
+        assert np.array_equal(
+            s, ref.block_scores(q, k16, pos, cfg, key_format="bfloat16"), equal_nan=True
+        ) or np.allclose(
+            s, ref.block_scores(q, k16, pos, cfg, key_format="bfloat16"), rtol=1e-5, atol=1e-5, equal_nan=True
+        )
         rows = ks.block_sparse_select(q, k16, pos, cfg, key_format="bfloat16").reshape(-1, cfg.width)
         nb = np.repeat(_visible_blocks(pos, len(k), cfg.block_size), q.shape[1])
         assert ks.check_blocks(s.reshape(len(rows), -1), rows, nb, cfg)["wrong"] == 0
@@ -698,14 +710,33 @@ def test_a_witness_report_names_the_slot_the_rule_and_the_engine():
     wrong = np.array([[4, 12, 8, -1]], np.int32)
     for impl in IMPLS:
         r = _mod(impl).check_witnesses(before, wrong, [16], 4)
-        assert r["details"] == [{"row": 0, "problems": [{
-            "reason": "wrong_witness", "slot": 1, "expected": 8, "got": 12,
-            "why": "a witness in the wrong slot (the run must ascend by segment)", "n_wrong": 2}]}]
+        assert r["details"] == [
+            {
+                "row": 0,
+                "problems": [
+                    {
+                        "reason": "wrong_witness",
+                        "slot": 1,
+                        "expected": 8,
+                        "got": 12,
+                        "why": "a witness in the wrong slot (the run must ascend by segment)",
+                        "n_wrong": 2,
+                    }
+                ],
+            }
+        ]
         r = _mod(impl).check_witnesses(before, np.array([[4, 8, 13, 5]], np.int32), [16], 4)
         assert r["details"][0]["problems"] == [
-            {"reason": "wrong_witness", "slot": 2, "expected": 12, "got": 13, "why": "not a segment's left edge",
-             "n_wrong": 1},
-            {"reason": "tail_changed", "slot": 3, "learned": -1, "got": 5, "n_changed": 1}]
+            {
+                "reason": "wrong_witness",
+                "slot": 2,
+                "expected": 12,
+                "got": 13,
+                "why": "not a segment's left edge",
+                "n_wrong": 1,
+            },
+            {"reason": "tail_changed", "slot": 3, "learned": -1, "got": 5, "n_changed": 1},
+        ]
 
 
 def test_native_witness_report_equals_reference_on_randomised_engine_rows_with_bugs():
@@ -743,10 +774,22 @@ def test_every_report_lists_its_reasons_in_the_documented_order(impl):
     for report in reports.values():
         assert list(report) == ["rows", "correct", "wrong", "by_reason", "details"]
     assert list(reports["topk"]["by_reason"]) == [
-        "padding_hole", "duplicate", "not_causal", "not_in_table", "wrong_count", "wrong_selection"]
+        "padding_hole",
+        "duplicate",
+        "not_causal",
+        "not_in_table",
+        "wrong_count",
+        "wrong_selection",
+    ]
     assert list(reports["blocks"]["by_reason"]) == [
-        "padding_hole", "duplicate", "not_causal", "not_in_table", "missing_forced", "wrong_count",
-        "wrong_selection"]
+        "padding_hole",
+        "duplicate",
+        "not_causal",
+        "not_in_table",
+        "missing_forced",
+        "wrong_count",
+        "wrong_selection",
+    ]
     assert list(reports["witnesses"]["by_reason"]) == ["prefix_changed", "wrong_witness", "tail_changed"]
 
 
@@ -784,8 +827,12 @@ def test_bad_block_check_arguments_are_refused_naming_them(impl):
         with pytest.raises(_error(impl)) as e:
             call()
         assert e.value.argument == argument, (argument, str(e.value))
-    for call in [lambda: check(s, rows.astype(np.float32), nb, cfg), lambda: check(s, rows, nb, "cfg"),
-                 lambda: check(s.astype(np.int32), rows, nb, cfg), lambda: check(s, rows, nb, cfg, slots="x")]:
+    for call in [
+        lambda: check(s, rows.astype(np.float32), nb, cfg),
+        lambda: check(s, rows, nb, "cfg"),
+        lambda: check(s.astype(np.int32), rows, nb, cfg),
+        lambda: check(s, rows, nb, cfg, slots="x"),
+    ]:
         with pytest.raises(TypeError):
             call()
     assert all(np.array_equal(a, b) for a, b in zip(watched, before))
@@ -797,16 +844,21 @@ def test_bad_block_check_arguments_are_refused_naming_them(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("argument, bad", [
-    ("block_scores", "3d"),
-    ("visible_blocks", "rows"),  # block_scores and rows agree: visible_blocks is the odd one out
-    ("visible_blocks", "past"),
-])
+@pytest.mark.parametrize(
+    "argument, bad",
+    [
+        ("block_scores", "3d"),
+        ("visible_blocks", "rows"),  # block_scores and rows agree: visible_blocks is the odd one out
+        ("visible_blocks", "past"),
+    ],
+)
 def test_bad_block_scores_and_visible_blocks_are_named_as_passed(impl, argument, bad, request):
     cfg, s, rows, nb = _block_args()
-    call = {"3d": lambda: _mod(impl).check_blocks(s[None], rows, nb, cfg),
-            "rows": lambda: _mod(impl).check_blocks(s, rows, [6, 4, 3], cfg),
-            "past": lambda: _mod(impl).check_blocks(s, rows, [7, 4], cfg)}[bad]
+    call = {
+        "3d": lambda: _mod(impl).check_blocks(s[None], rows, nb, cfg),
+        "rows": lambda: _mod(impl).check_blocks(s, rows, [6, 4, 3], cfg),
+        "past": lambda: _mod(impl).check_blocks(s, rows, [7, 4], cfg),
+    }[bad]
     with pytest.raises(_error(impl)) as e:
         call()
     assert e.value.argument == argument, str(e.value)
@@ -829,9 +881,11 @@ def test_bad_block_scores_arguments_are_refused_naming_them(impl):
         with pytest.raises(_error(impl)) as e:
             call()
         assert e.value.argument == argument, (argument, str(e.value))
-    for call in [lambda: m.block_scores(q, k, [0, 7, 3], cfg, magnitudes=1),
-                 lambda: m.block_scores(q, k.astype(np.int32), [0, 7, 3], cfg),
-                 lambda: m.block_scores(q, k, [0.0, 7.0, 3.0], cfg)]:
+    for call in [
+        lambda: m.block_scores(q, k, [0, 7, 3], cfg, magnitudes=1),
+        lambda: m.block_scores(q, k.astype(np.int32), [0, 7, 3], cfg),
+        lambda: m.block_scores(q, k, [0.0, 7.0, 3.0], cfg),
+    ]:
         with pytest.raises(TypeError):
             call()
     assert m.block_scores(q, k[:0], [0, 7, 3], cfg).shape == (3, 2, 0)
@@ -902,13 +956,16 @@ def test_bad_witness_check_arguments_are_refused_naming_them(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("argument, bad", [
-    ("num_segments", "65 segments"),
-    ("context_lens", "rows mismatch"),
-    ("context_lens", "rows mismatch, no segments"),
-    ("context_lens", "fewer lens, no segments"),
-    ("after", "same size, another shape"),
-])
+@pytest.mark.parametrize(
+    "argument, bad",
+    [
+        ("num_segments", "65 segments"),
+        ("context_lens", "rows mismatch"),
+        ("context_lens", "rows mismatch, no segments"),
+        ("context_lens", "fewer lens, no segments"),
+        ("after", "same size, another shape"),
+    ],
+)
 def test_bad_witness_arguments_are_named_as_passed(impl, argument, bad, request):
     m = _mod(impl)
     b = np.array([[0, 5, -1, -1, 7, 9]], np.int32)
@@ -960,8 +1017,9 @@ def test_dcp_ranks_rows_side_by_side_are_judged_as_the_whole_selection(compact):
     seen = {True: 0, False: 0}
     for case in range(150):
         size, il, bs, max_blocks, n_req = int(rng.integers(2, 4)), int(rng.integers(1, 4)), 4, 6, 2
-        tables = np.stack([rng.permutation(n_req * max_blocks).reshape(n_req, max_blocks)
-                           for _ in range(size)]).astype(np.int32)
+        tables = np.stack([rng.permutation(n_req * max_blocks).reshape(n_req, max_blocks) for _ in range(size)]).astype(
+            np.int32
+        )
         t = size * bs * max_blocks
         n = int(rng.integers(1, 6))
         s = rng.integers(0, 4, (n, t)).astype(np.float32)
@@ -983,10 +1041,12 @@ def test_dcp_ranks_rows_side_by_side_are_judged_as_the_whole_selection(compact):
             reports.append(impl.check_topk(s, ranked, lens, slots=lay))  # topk: a rank's width
         assert reports[0] == reports[1], case  # native == reference, slot for slot
         got = reports[0]
+
         # The same verdicts and reasons as the row-relative rows (the slots
         # differ: a DCP row is the ranks' rows side by side).
         def gist(r):
             return [(d["row"], [p["reason"] for p in d["problems"]]) for d in r["details"]]
+
         assert gist(got) == gist(want) and got["correct"] == want["correct"], case
         for d in want["details"]:
             assert d["problems"][0]["reason"] == "duplicate"

@@ -62,11 +62,14 @@ def test_the_shipped_example_is_what_make_example_writes(tmp_path, ml_dtypes_ver
         checking.make_example(str(fresh))
     else:
         path, floor = _oldest_ml_dtypes()
-        code = ("import sys, ml_dtypes; from kvselect import checking; "
-                "checking.make_example(sys.argv[1]); print(ml_dtypes.__version__)")
+        code = (
+            "import sys, ml_dtypes; from kvselect import checking; "
+            "checking.make_example(sys.argv[1]); print(ml_dtypes.__version__)"
+        )
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, os.environ.get("PYTHONPATH", "")])}
-        done = subprocess.run([sys.executable, "-c", code, str(fresh)], env=env, capture_output=True,
-                              text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(fresh)], env=env, capture_output=True, text=True, check=True
+        )
         ran = [int(x) for x in done.stdout.split()[-1].split(".")]
         want = [int(x) for x in floor.split(".")]
         assert ran == want + [0] * (len(ran) - len(want)), (ran, floor)  # it really ran the oldest
@@ -192,8 +195,17 @@ def test_a_block_dump_in_the_engines_head_major_physical_layout(tmp_path, capsys
     for r in phys.reshape(-1, phys.shape[-1]):  # engines' rows are unordered
         rng.shuffle(r[r >= 0])
     p = tmp_path / "b.npz"
-    fields = dict(index_q=q, index_k=k, query_pos=pos, block_size=16, top_blocks=4,
-                  init_blocks=1, local_blocks=1, head_major=1, block_table=pages[None, :])
+    fields = dict(
+        index_q=q,
+        index_k=k,
+        query_pos=pos,
+        block_size=16,
+        top_blocks=4,
+        init_blocks=1,
+        local_blocks=1,
+        head_major=1,
+        block_table=pages[None, :],
+    )
     checking.save_dump(str(p), "blocks", rows=phys, **fields)
     code, out, _ = run(capsys, p)
     assert code == 0, out
@@ -213,15 +225,13 @@ def test_a_witness_dump_names_the_broken_contract(tmp_path, capsys):
     after = before.copy()
     ks.scatter_topology_witnesses(after, lens, 8)
     p = tmp_path / "w.npz"
-    checking.save_dump(str(p), "witnesses", before=before, after=after, context_lens=lens,
-                       num_segments=8)
+    checking.save_dump(str(p), "witnesses", before=before, after=after, context_lens=lens, num_segments=8)
     assert run(capsys, p)[0] == 0
     i = next(i for i in range(12) if (after[i, 8:] != before[i, 8:]).sum() >= 2)
     swapped = after.copy()
     w = np.flatnonzero(after[i, 8:] != before[i, 8:])[:2] + 8
     swapped[i, w] = swapped[i, w[::-1]]
-    checking.save_dump(str(p), "witnesses", before=before, after=swapped, context_lens=lens,
-                       num_segments=8)
+    checking.save_dump(str(p), "witnesses", before=before, after=swapped, context_lens=lens, num_segments=8)
     code, out, _ = run(capsys, p, "--json", "-")
     r = json.loads(out)
     assert code == 1 and r["wrong"] == 1
@@ -253,8 +263,16 @@ def test_a_dcp_dump_is_every_ranks_rows_judged_together(tmp_path, capsys):
             rank, local = (tok // il) % size, (tok // (size * il)) * il + tok % il
             at = int(np.argmax(ranked[rank, i] < 0))  # compacted to the front
             ranked[rank, i, at] = int(tables[rank, 0, local // bs]) * bs + local % bs
-    fields = dict(scores=s, context_lens=lens, block_table=tables, req_ids=np.zeros(n, np.int64),
-                  block_size=bs, dcp_size=size, dcp_interleave=il, topk=topk)
+    fields = dict(
+        scores=s,
+        context_lens=lens,
+        block_table=tables,
+        req_ids=np.zeros(n, np.int64),
+        block_size=bs,
+        dcp_size=size,
+        dcp_interleave=il,
+        topk=topk,
+    )
     p = tmp_path / "dcp.npz"
     side_by_side = np.concatenate(list(ranked), axis=1)  # [n_rows, dcp_size * topk]
     checking.save_dump(str(p), "topk", rows=side_by_side, **fields)
@@ -266,9 +284,8 @@ def test_a_dcp_dump_is_every_ranks_rows_judged_together(tmp_path, capsys):
     checking.save_dump(str(p), "topk", rows=np.concatenate(list(ranked), axis=1), **fields)
     r = checking.check_dump(str(p))
     (row,) = r["checks"][0]["report"]["details"]
-    assert row["row"] == i and row["problems"] == [{"reason": "wrong_count", "valid": topk - 1,
-                                                     "expected": topk}]
-    checking.save_dump(str(p), "topk", rows=ranked[0][:, :topk - 1], **fields)  # not 2 ranks wide
+    assert row["row"] == i and row["problems"] == [{"reason": "wrong_count", "valid": topk - 1, "expected": topk}]
+    checking.save_dump(str(p), "topk", rows=ranked[0][:, : topk - 1], **fields)  # not 2 ranks wide
     code, _, err = run(capsys, p)
     assert code == 2 and "dcp_size = 2" in err
 
@@ -279,9 +296,17 @@ def test_a_dcp_dump_with_3d_rows_is_refused_with_the_side_by_side_fix(tmp_path, 
     tables = np.stack([np.arange(2)[None] for _ in range(2)]).astype(np.int32)
     rows = np.zeros((2, 3, 2), np.int64)  # [dcp_size, n_rows, topk], the old form
     p = tmp_path / "dcp3.npz"
-    checking.save_dump(str(p), "topk", rows=rows, scores=np.zeros((3, 16), np.float32),
-                       context_lens=np.full(3, 16), block_table=tables,
-                       req_ids=np.zeros(3, np.int64), block_size=4, dcp_size=2)
+    checking.save_dump(
+        str(p),
+        "topk",
+        rows=rows,
+        scores=np.zeros((3, 16), np.float32),
+        context_lens=np.full(3, 16),
+        block_table=tables,
+        req_ids=np.zeros(3, np.int64),
+        block_size=4,
+        dcp_size=2,
+    )
     code, _, err = run(capsys, p)
     assert code == 2
     assert "[n_rows, dcp_size * topk]" in err and "np.concatenate(list(rows), axis=1)" in err
@@ -317,22 +342,26 @@ def test_low_precision_scores_round_trip_through_save_dump(tmp_path, capsys):
     s = rng.standard_normal((4, 40)).astype(np.float32)
     rows = np.argsort(-s, axis=1, kind="stable")[:, :8]
     p = tmp_path / "bf16.npz"
-    checking.save_dump(str(p), "topk", scores=s, context_lens=np.full(4, 40), rows=rows,
-                       engine_scores=s.astype(ml_dtypes.bfloat16))
+    checking.save_dump(
+        str(p), "topk", scores=s, context_lens=np.full(4, 40), rows=rows, engine_scores=s.astype(ml_dtypes.bfloat16)
+    )
     r = checking.check_dump(str(p))
     assert r["checks"][1]["name"].startswith("against the engine's own")
     assert r["checks"][0]["report"]["wrong"] == 0  # decoded, not refused as uint16
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(query_pos=np.arange(47)), "query_pos has 47 rows but the engine's rows have 48"),
-    (dict(rows=np.zeros((47, 64), np.int64)), "has 48 rows but the engine's rows have 47"),
-    (dict(req_ids=np.zeros(3, np.int64)), "req_ids has 3 rows"),
-    (dict(rows=np.zeros((48, 64), np.float32)), "rows: expected an integer dtype"),
-    (dict(cu_seqlens=np.array([0, 5]), seq_ids=np.zeros(48, np.int64)), "cu_seqlens must rise"),
-    (dict(cu_seqlens=np.array([0, 1024]), seq_ids=np.full(48, 3)), "seq_ids must name"),
-    (dict(weights=np.zeros((48, 64), np.int32)), "weights: expected dtype float16, float32 or float64, got int32"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(query_pos=np.arange(47)), "query_pos has 47 rows but the engine's rows have 48"),
+        (dict(rows=np.zeros((47, 64), np.int64)), "has 48 rows but the engine's rows have 47"),
+        (dict(req_ids=np.zeros(3, np.int64)), "req_ids has 3 rows"),
+        (dict(rows=np.zeros((48, 64), np.float32)), "rows: expected an integer dtype"),
+        (dict(cu_seqlens=np.array([0, 5]), seq_ids=np.zeros(48, np.int64)), "cu_seqlens must rise"),
+        (dict(cu_seqlens=np.array([0, 1024]), seq_ids=np.full(48, 3)), "seq_ids must name"),
+        (dict(weights=np.zeros((48, 64), np.int32)), "weights: expected dtype float16, float32 or float64, got int32"),
+    ],
+)
 def test_a_dump_whose_arrays_do_not_fit_exits_2_naming_the_key(tmp_path, capsys, change, message):
     with np.load(checking.example_path()) as z:
         d = {k: z[k] for k in z.files}

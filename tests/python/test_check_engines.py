@@ -119,11 +119,11 @@ def test_a_rows_filler_is_one_problem_with_its_first_slot_and_count(impl):
     row = np.concatenate([[0, 4093, 1, 2, 3], np.arange(4094, 4094 + 59)])[None, :]
     r = m.check_topk(s, row, [4], topk=64)
     assert r["details"][0]["problems"] == [
-        {"reason": "not_causal", "slot": 1, "position": 4093, "n_slots": 60, "context": 4}]
+        {"reason": "not_causal", "slot": 1, "position": 4093, "n_slots": 60, "context": 4}
+    ]
     dup = np.array([[0, 1, 2, 3] + [2] * 60])
     r = m.check_topk(s, dup, [4], topk=64)
-    assert r["details"][0]["problems"] == [
-        {"reason": "duplicate", "position": 2, "first": 2, "slot": 4, "n_slots": 60}]
+    assert r["details"][0]["problems"] == [{"reason": "duplicate", "position": 2, "first": 2, "slot": 4, "n_slots": 60}]
 
 
 def test_native_and_reference_reports_agree_on_random_rows_under_every_filler():
@@ -169,8 +169,11 @@ def test_an_unknown_filler_is_refused_naming_filler_and_the_choices(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("make", [float, np.float32, np.float64, lambda x: np.array(x, np.float32)],
-                         ids=["python", "np.float32", "np.float64", "0-d"])
+@pytest.mark.parametrize(
+    "make",
+    [float, np.float32, np.float64, lambda x: np.array(x, np.float32)],
+    ids=["python", "np.float32", "np.float64", "0-d"],
+)
 def test_a_scalar_key_scale_is_one_scale_for_every_key(impl, make):
     m = _mod(impl)
     rng = np.random.default_rng(SEED + 2)
@@ -180,16 +183,21 @@ def test_a_scalar_key_scale_is_one_scale_for_every_key(impl, make):
     pos = rng.integers(0, 20, 5)
     c = 0.375
     full = np.full(20, c, np.float32)
-    np.testing.assert_array_equal(m.indexer_scores(q, w, k, pos, key_scale=make(c)),
-                                  m.indexer_scores(q, w, k, pos, key_scale=full))
-    np.testing.assert_array_equal(m.indexer_magnitudes(q, w, k, pos, key_scale=make(c)),
-                                  m.indexer_magnitudes(q, w, k, pos, key_scale=full))
-    np.testing.assert_array_equal(m.indexer_topk(q, w, k, pos, 6, key_scale=make(c)),
-                                  m.indexer_topk(q, w, k, pos, 6, key_scale=full))
+    np.testing.assert_array_equal(
+        m.indexer_scores(q, w, k, pos, key_scale=make(c)), m.indexer_scores(q, w, k, pos, key_scale=full)
+    )
+    np.testing.assert_array_equal(
+        m.indexer_magnitudes(q, w, k, pos, key_scale=make(c)), m.indexer_magnitudes(q, w, k, pos, key_scale=full)
+    )
+    np.testing.assert_array_equal(
+        m.indexer_topk(q, w, k, pos, 6, key_scale=make(c)), m.indexer_topk(q, w, k, pos, 6, key_scale=full)
+    )
     cu, sid = np.array([0, 8, 20]), np.array([0, 1, 1, 0, 1])
     pos8 = np.minimum(pos, 7)
-    np.testing.assert_array_equal(m.indexer_topk_packed(q, w, k, cu, sid, pos8, 6, key_scale=make(c)),
-                                  m.indexer_topk_packed(q, w, k, cu, sid, pos8, 6, key_scale=full))
+    np.testing.assert_array_equal(
+        m.indexer_topk_packed(q, w, k, cu, sid, pos8, 6, key_scale=make(c)),
+        m.indexer_topk_packed(q, w, k, cu, sid, pos8, 6, key_scale=full),
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -230,8 +238,7 @@ def test_a_dumps_filler_is_the_rule_and_the_flag_overrides_it(tmp_path, capsys):
     lens = np.minimum(pos + 1, len(k))
     rows = _filled(_exact_rows(exact, lens, topk, rng), lens, topk, "past_context", rng)
     p = tmp_path / "d.npz"
-    checking.save_dump(p, "topk", rows=rows, index_q=q, weights=w, index_k=k, query_pos=pos,
-                       filler="past_context")
+    checking.save_dump(p, "topk", rows=rows, index_q=q, weights=w, index_k=k, query_pos=pos, filler="past_context")
     code, out, _ = run(capsys, p)
     assert code == 0, out
     assert "filler 'past_context'" in out
@@ -239,7 +246,7 @@ def test_a_dumps_filler_is_the_rule_and_the_flag_overrides_it(tmp_path, capsys):
     assert code == 1
     # The filler once per row, with the rule that would take it.
     assert out.count("not causal:") == (lens < topk).sum() == 4
-    assert 'at or past the context 2 (first: slot' in out
+    assert "at or past the context 2 (first: slot" in out
     assert 'check with filler="past_context"' in out
     checking.save_dump(p, "topk", rows=rows, index_q=q, weights=w, index_k=k, query_pos=pos, filler="pad")
     code, _, err = run(capsys, p)
@@ -263,8 +270,7 @@ def _pages(rng, lens, bs, n_blocks):
 
 
 @pytest.mark.parametrize("page_layout", ["dense", "fp8_scaled"])
-def test_a_paged_dump_of_indexer_topk_paged_rows_passes_and_a_broken_row_is_caught(tmp_path, capsys,
-                                                                                    page_layout):
+def test_a_paged_dump_of_indexer_topk_paged_rows_passes_and_a_broken_row_is_caught(tmp_path, capsys, page_layout):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(SEED + 5)
     bs, d, h, n_blocks = 8, 16, 4, 24
@@ -276,8 +282,9 @@ def test_a_paged_dump_of_indexer_topk_paged_rows_passes_and_a_broken_row_is_caug
     else:
         scale = (np.abs(keys).max(axis=2) / 448).astype(np.float32)
         fp8 = (keys / scale[..., None]).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
-        cache = np.concatenate([fp8.reshape(n_blocks, bs * d), scale.view(np.uint8).reshape(n_blocks, bs * 4)],
-                               axis=1).reshape(n_blocks, bs, 1, d + 4)
+        cache = np.concatenate(
+            [fp8.reshape(n_blocks, bs * d), scale.view(np.uint8).reshape(n_blocks, bs * 4)], axis=1
+        ).reshape(n_blocks, bs, 1, d + 4)
     seq = rng.integers(0, 3, 12)
     pos = np.array([rng.integers(0, lens[s]) for s in seq])
     q = rng.standard_normal((12, h, d)).astype(np.float32).astype(ml_dtypes.bfloat16)
@@ -285,8 +292,16 @@ def test_a_paged_dump_of_indexer_topk_paged_rows_passes_and_a_broken_row_is_caug
     topk = 6
     rows = ks.indexer_topk_paged(q, w, cache, table, lens, seq, pos, topk, page_layout=page_layout)
     p = tmp_path / "paged.npz"
-    common = dict(index_q=q, weights=w, kv_cache=cache, block_table=table, seq_lens=lens, seq_ids=seq,
-                  query_pos=pos, page_layout=page_layout)
+    common = dict(
+        index_q=q,
+        weights=w,
+        kv_cache=cache,
+        block_table=table,
+        seq_lens=lens,
+        seq_ids=seq,
+        query_pos=pos,
+        page_layout=page_layout,
+    )
     checking.save_dump(p, "topk", rows=rows, **common)
     assert checking.load_dump(p)["kv_cache"].dtype in (np.uint16, np.uint8)  # raw bits, never converted
     code, out, _ = run(capsys, p, "--rtol", "0")
@@ -296,19 +311,21 @@ def test_a_paged_dump_of_indexer_topk_paged_rows_passes_and_a_broken_row_is_caug
     r = checking.check_dump(p, rtol=0.0)
     assert [x["row"] for x in r["checks"][0]["report"]["details"]] == [broken]
     # The same rows as global slot ids through the shared block table.
-    glob = np.where(rows < 0, -1, table[seq[:, None], np.maximum(rows, 0) // bs].astype(np.int64) * bs
-                    + rows % bs)
+    glob = np.where(rows < 0, -1, table[seq[:, None], np.maximum(rows, 0) // bs].astype(np.int64) * bs + rows % bs)
     checking.save_dump(p, "topk", rows=glob, req_ids=seq, **common)
     assert checking.check_dump(p, rtol=0.0)["wrong"] == 0
 
 
-@pytest.mark.parametrize("extra, message", [
-    (dict(block_size=8), "without req_ids is ambiguous"),
-    (dict(dcp_size=2), "without req_ids is ambiguous"),
-    (dict(req_ids=np.zeros(12, np.int64)), "req_ids must equal seq_ids"),
-    (dict(index_k=np.zeros((4, 16), np.float32)), "either packed"),
-    (dict(req_ids="seq", block_size=4), "not kv_cache's page size"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (dict(block_size=8), "without req_ids is ambiguous"),
+        (dict(dcp_size=2), "without req_ids is ambiguous"),
+        (dict(req_ids=np.zeros(12, np.int64)), "req_ids must equal seq_ids"),
+        (dict(index_k=np.zeros((4, 16), np.float32)), "either packed"),
+        (dict(req_ids="seq", block_size=4), "not kv_cache's page size"),
+    ],
+)
 def test_an_ambiguous_paged_dump_is_refused_with_a_clear_message(tmp_path, capsys, extra, message):
     rng = np.random.default_rng(SEED + 6)
     bs, d, n_blocks = 8, 16, 12
@@ -320,8 +337,19 @@ def test_an_ambiguous_paged_dump_is_refused_with_a_clear_message(tmp_path, capsy
     rows = ks.indexer_topk_paged(q, w, cache, table, lens, seq, pos, 4)
     extra = {k: (seq if isinstance(v, str) else v) for k, v in extra.items()}
     p = tmp_path / "paged.npz"
-    checking.save_dump(p, "topk", rows=rows, index_q=q, weights=w, kv_cache=cache, block_table=table,
-                       seq_lens=lens, seq_ids=seq, query_pos=pos, **extra)
+    checking.save_dump(
+        p,
+        "topk",
+        rows=rows,
+        index_q=q,
+        weights=w,
+        kv_cache=cache,
+        block_table=table,
+        seq_lens=lens,
+        seq_ids=seq,
+        query_pos=pos,
+        **extra,
+    )
     code, _, err = run(capsys, p)
     assert code == 2 and message in err, err
 
@@ -331,18 +359,17 @@ def test_a_per_tensor_key_scale_in_a_dump_is_every_keys_scale(tmp_path, capsys):
     q, w, k, pos = _indexer_case(rng)
     rows = ks.indexer_topk(q, w, k, pos, 8, key_scale=0.5)
     p = tmp_path / "d.npz"
-    checking.save_dump(p, "topk", rows=rows, index_q=q, weights=w, index_k=k, query_pos=pos,
-                       key_scale=np.float32(0.5))
+    checking.save_dump(p, "topk", rows=rows, index_q=q, weights=w, index_k=k, query_pos=pos, key_scale=np.float32(0.5))
     assert run(capsys, p, "--rtol", "0")[0] == 0
-    checking.save_dump(p, "topk", rows=rows, index_q=q, weights=w, index_k=k, query_pos=pos,
-                       key_scale=np.float32(np.nan))
+    checking.save_dump(
+        p, "topk", rows=rows, index_q=q, weights=w, index_k=k, query_pos=pos, key_scale=np.float32(np.nan)
+    )
     code, _, err = run(capsys, p)
     assert code == 2 and "key_scale is nan" in err
 
 
 @pytest.mark.parametrize("dtype, fmt", [("bfloat16", "bfloat16"), ("float8_e4m3fn", "float8_e4m3fn")])
-def test_an_np_savez_of_ml_dtypes_arrays_is_read_with_its_format_and_refused_without(tmp_path, capsys,
-                                                                                     dtype, fmt):
+def test_an_np_savez_of_ml_dtypes_arrays_is_read_with_its_format_and_refused_without(tmp_path, capsys, dtype, fmt):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(SEED + 8)
     q, w, k, pos = _indexer_case(rng)
@@ -361,8 +388,16 @@ def test_an_np_savez_of_ml_dtypes_arrays_is_read_with_its_format_and_refused_wit
     np.savez(p, kind="topk", rows=rows, index_q=q, weights=w, index_k=k, index_k_format=fmt, query_pos=pos)
     code, out, _ = run(capsys, p, "--rtol", "0")
     assert code == 0, out
-    np.savez(p, kind="topk", rows=_break(rows, int(np.argmax(pos))), index_q=q, weights=w, index_k=k,
-             index_k_format=fmt, query_pos=pos)
+    np.savez(
+        p,
+        kind="topk",
+        rows=_break(rows, int(np.argmax(pos))),
+        index_q=q,
+        weights=w,
+        index_k=k,
+        index_k_format=fmt,
+        query_pos=pos,
+    )
     assert run(capsys, p, "--rtol", "0")[0] == 1
 
 
@@ -418,8 +453,9 @@ def test_json_onto_the_dump_itself_is_refused_and_the_dump_survives(tmp_path, ca
 def test_the_filler_flag_on_a_dump_without_token_rows_is_refused(tmp_path, capsys):
     p = tmp_path / "w.npz"
     before = np.array([[0, 1, -1]], np.int32)
-    checking.save_dump(p, "witnesses", before=before, after=before, context_lens=np.array([2], np.int32),
-                       num_segments=0)
+    checking.save_dump(
+        p, "witnesses", before=before, after=before, context_lens=np.array([2], np.int32), num_segments=0
+    )
     assert run(capsys, p)[0] == 0
     code, _, err = run(capsys, p, "--filler", "repeat")
     assert code == 2 and "--filler applies to topk dumps" in err
@@ -435,13 +471,33 @@ def test_a_paged_dump_with_a_non_finite_key_in_a_read_page_cannot_be_checked(tmp
     rows = ks.indexer_topk_paged(q, w, cache, table, lens, seq, pos, 4)
     cache[0, 1, 3] = np.nan  # key 5 of the sequence: page 0 is its second
     p = tmp_path / "paged.npz"
-    checking.save_dump(p, "topk", rows=rows, index_q=q, weights=w, kv_cache=cache.astype(ml_dtypes.bfloat16),
-                       block_table=table, seq_lens=lens, seq_ids=seq, query_pos=pos)
+    checking.save_dump(
+        p,
+        "topk",
+        rows=rows,
+        index_q=q,
+        weights=w,
+        kv_cache=cache.astype(ml_dtypes.bfloat16),
+        block_table=table,
+        seq_lens=lens,
+        seq_ids=seq,
+        query_pos=pos,
+    )
     code, _, err = run(capsys, p)
     assert code == 2 and "key 5" in err and "not finite" in err
     cache[0, 1, 3] = 0.0
     rows = ks.indexer_topk_paged(q, w, cache.astype(ml_dtypes.bfloat16), table, lens, seq, pos, 4)
     cache[1] = np.nan  # a page no sequence reads
-    checking.save_dump(p, "topk", rows=rows, index_q=q, weights=w, kv_cache=cache.astype(ml_dtypes.bfloat16),
-                       block_table=table, seq_lens=lens, seq_ids=seq, query_pos=pos)
+    checking.save_dump(
+        p,
+        "topk",
+        rows=rows,
+        index_q=q,
+        weights=w,
+        kv_cache=cache.astype(ml_dtypes.bfloat16),
+        block_table=table,
+        seq_lens=lens,
+        seq_ids=seq,
+        query_pos=pos,
+    )
     assert run(capsys, p)[0] == 0

@@ -41,8 +41,9 @@ def test_the_reproduction_through_a_dump_passes_the_float64_correct_row(tmp_path
     q, w, k = _repro()
     for row, wrong in (([1], 0), ([0], 1)):
         path = tmp_path / f"d{row[0]}.npz"
-        checking.save_dump(path, "topk", rows=np.array([row]), index_q=q, weights=w, index_k=k,
-                           query_pos=np.array([1]), topk=1)
+        checking.save_dump(
+            path, "topk", rows=np.array([row]), index_q=q, weights=w, index_k=k, query_pos=np.array([1]), topk=1
+        )
         result = checking.check_dump(str(path), atol=0, rtol=0)
         assert result["wrong"] == wrong
         if wrong:
@@ -195,8 +196,13 @@ def _assert_same(got, want, why):
     assert _margins(got) == pytest.approx(_margins(want), rel=1e-12, abs=1e-300), why
 
     def line(r):
-        return [(p["threshold"], p["n_dropped"], p["n_intruders"]) for x in r["details"] for p in x["problems"]
-                if p["reason"] == "wrong_selection"]
+        return [
+            (p["threshold"], p["n_dropped"], p["n_intruders"])
+            for x in r["details"]
+            for p in x["problems"]
+            if p["reason"] == "wrong_selection"
+        ]
+
     assert line(got) == line(want), why
 
 
@@ -252,8 +258,9 @@ def test_rtol_decides_near_ties_and_low_contrast_rows_exactly_as_a_brute_force_f
     wrong = {x["row"] for x in at["details"]}
     assert wrong == set(np.flatnonzero(kinds == 1))  # the cases are what they say
     assert at["vacuous"] == np.sum(kinds == 2)
-    assert {x["row"] for x in _brute_check(exact, mags, rows, lens, topk, 0.0, 0.0)["details"]} >= \
-        set(np.flatnonzero(kinds < 2))
+    assert {x["row"] for x in _brute_check(exact, mags, rows, lens, topk, 0.0, 0.0)["details"]} >= set(
+        np.flatnonzero(kinds < 2)
+    )
     for atol, r in ((0.0, rtol), (0.0, 0.0), (0.0, rtol * 1.2), (0.0, rtol / 1.2), (1e-3, rtol)):
         got = checking.check_indexer_topk(rows, q, w, k, pos, topk, atol=atol, rtol=r)
         _assert_same(got, _brute_check(exact, mags, rows, lens, topk, atol, r), (atol, r))
@@ -276,7 +283,9 @@ def test_float64_scores_native_and_reference_agree_on_random_rows():
     rng = np.random.default_rng(5)
     for _ in range(30):
         n, t, k = 6, 20, 5
-        s = rng.choice([0.0, 1.0, 1.0 + 2.0**-45, 2.0, np.nan, -0.0], (n, t)) + rng.standard_normal((n, t)) * (rng.random() < 0.5)
+        s = rng.choice([0.0, 1.0, 1.0 + 2.0**-45, 2.0, np.nan, -0.0], (n, t)) + rng.standard_normal((n, t)) * (
+            rng.random() < 0.5
+        )
         m = np.abs(rng.standard_normal((n, t)))
         rows = np.array([rng.permutation(t)[:k] for _ in range(n)])
         lens = rng.integers(k, t + 1, n)
@@ -308,9 +317,21 @@ def test_global_slots_positions_read_rows_back_with_padding_and_a_sentinel_for_u
 
 def test_the_report_prints_digits_that_tell_near_ties_apart():
     q, w, k = _repro()
-    result = checking.check_dump(checking.validate(dict(
-        kind=np.asarray("topk"), rows=np.array([[0]]), index_q=q, weights=w, index_k=k,
-        query_pos=np.array([1]), topk=np.asarray(1))), atol=0, rtol=0)
+    result = checking.check_dump(
+        checking.validate(
+            dict(
+                kind=np.asarray("topk"),
+                rows=np.array([[0]]),
+                index_q=q,
+                weights=w,
+                index_k=k,
+                query_pos=np.array([1]),
+                topk=np.asarray(1),
+            )
+        ),
+        atol=0,
+        rtol=0,
+    )
     text = checking.format_report(result)
     assert "1.0000001" in text and "1.000000118277967" in text, text
 
@@ -319,17 +340,33 @@ def test_the_vacuous_advice_at_zero_tolerance_says_any_selection_is_right_and_ho
     k = np.ones((8, 2), np.float32)
     q = np.ones((1, 1, 2), np.float32)
     w = np.ones((1, 1), np.float32)
-    result = checking.check_dump(checking.validate(dict(
-        kind=np.asarray("topk"), rows=np.array([[0, 1]]), index_q=q, weights=w, index_k=k,
-        query_pos=np.array([7]), topk=np.asarray(2))), atol=0, rtol=0)
+    result = checking.check_dump(
+        checking.validate(
+            dict(
+                kind=np.asarray("topk"),
+                rows=np.array([[0, 1]]),
+                index_q=q,
+                weights=w,
+                index_k=k,
+                query_pos=np.array([7]),
+                topk=np.asarray(2),
+            )
+        ),
+        atol=0,
+        rtol=0,
+    )
     text = checking.format_report(result)
     assert "any selection of the right size is correct" in text and "distinct keys" in text, text
     assert "lower --rtol" not in text
 
 
 def _line(report):
-    return [(x["row"], p["threshold"], p["n_dropped"], p["n_intruders"], p["margin"])
-            for x in report["details"] for p in x["problems"] if p["reason"] == "wrong_selection"]
+    return [
+        (x["row"], p["threshold"], p["n_dropped"], p["n_intruders"], p["margin"])
+        for x in report["details"]
+        for p in x["problems"]
+        if p["reason"] == "wrong_selection"
+    ]
 
 
 @pytest.mark.parametrize("seed", range(0, 120, 8))
@@ -359,13 +396,20 @@ def test_random_tied_faulty_rows_get_the_brute_force_verdicts_margins_counts_and
             elif r < 0.5:
                 rows[i] = rng.permutation(max(t, topk))[:topk] - (rng.random() < 0.3)
         exact, mags, lens = _exact_all(q, w, k, c, pos, np.array([0, t]), np.zeros(n, dtype=np.int64))
-        for atol, rtol in ((0, 0), (0, rng.choice([2.0**-16, 2.0**-4, 0.5])), (rng.choice([1e-6, 0.3, 2.0]), 0),
-                           (0.1, 0.1)):
+        for atol, rtol in (
+            (0, 0),
+            (0, rng.choice([2.0**-16, 2.0**-4, 0.5])),
+            (rng.choice([1e-6, 0.3, 2.0]), 0),
+            (0.1, 0.1),
+        ):
             got = checking.check_indexer_topk(rows, q, w, k, pos, topk, key_scale=c, atol=atol, rtol=rtol)
             want = _brute_check(exact, mags, rows, lens, topk, atol, rtol)
             why = (s, atol, rtol)
-            assert (got["correct"], got["vacuous"], got["by_reason"]) == \
-                (want["correct"], want["vacuous"], want["by_reason"]), why
+            assert (got["correct"], got["vacuous"], got["by_reason"]) == (
+                want["correct"],
+                want["vacuous"],
+                want["by_reason"],
+            ), why
             assert [x["row"] for x in got["details"]] == [x["row"] for x in want["details"]], why
             a, b = _line(got), _line(want)
             assert [x[:4] for x in a] == [x[:4] for x in b], why
@@ -385,8 +429,9 @@ def test_check_indexer_topk_takes_a_paged_cache_as_indexer_topk_paged_does(page_
     else:
         scale = (np.abs(keys).max(axis=2) / 448).astype(np.float32)
         fp8 = (keys / scale[..., None]).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
-        cache = np.concatenate([fp8.reshape(n_blocks, bs * d), scale.view(np.uint8).reshape(n_blocks, bs * 4)],
-                               axis=1).reshape(n_blocks, bs, 1, d + 4)
+        cache = np.concatenate(
+            [fp8.reshape(n_blocks, bs * d), scale.view(np.uint8).reshape(n_blocks, bs * 4)], axis=1
+        ).reshape(n_blocks, bs, 1, d + 4)
     seq = rng.integers(0, 3, 12)
     pos = np.array([rng.integers(0, lens[s]) for s in seq])
     q = rng.standard_normal((12, h, d)).astype(np.float32)
@@ -429,19 +474,23 @@ def test_a_non_finite_operand_is_refused_naming_it_before_any_work(name):
     args = dict(index_q=q.copy(), weights=w.copy(), index_k=k.copy(), key_scale=np.ones(len(k), np.float32))
     args[name].reshape(-1)[1] = np.nan
     with pytest.raises(ks.SelectionError) as e:
-        checking.check_indexer_topk(rows, args["index_q"], args["weights"], args["index_k"], pos,
-                                    key_scale=args["key_scale"])
+        checking.check_indexer_topk(
+            rows, args["index_q"], args["weights"], args["index_k"], pos, key_scale=args["key_scale"]
+        )
     assert e.value.argument == name and "nan" in str(e.value)
 
 
-@pytest.mark.parametrize("change, argument", [
-    (dict(weights=np.ones((2, 3), np.float32)), "weights"),        # transposed [H, n]
-    (dict(key_scale=np.ones(12, np.float32)), "key_scale"),         # longer than the keys
-    (dict(topk=0), "topk"),
-    (dict(filler="-2"), "filler"),
-    (dict(seq_ids=np.zeros(3, np.int64)), "seq_ids"),              # without cu_seqlens
-    (dict(block_table=np.zeros((1, 2), np.int32)), "block_table"),  # without kv_cache
-])
+@pytest.mark.parametrize(
+    "change, argument",
+    [
+        (dict(weights=np.ones((2, 3), np.float32)), "weights"),  # transposed [H, n]
+        (dict(key_scale=np.ones(12, np.float32)), "key_scale"),  # longer than the keys
+        (dict(topk=0), "topk"),
+        (dict(filler="-2"), "filler"),
+        (dict(seq_ids=np.zeros(3, np.int64)), "seq_ids"),  # without cu_seqlens
+        (dict(block_table=np.zeros((1, 2), np.int32)), "block_table"),  # without kv_cache
+    ],
+)
 def test_check_indexer_topk_refuses_a_bad_argument_up_front_naming_it(change, argument):
     rows, q, w, k, pos = _small()
     args = dict(weights=w, key_scale=None, topk=None)
@@ -462,6 +511,16 @@ def test_a_bad_page_layout_is_refused_naming_page_layout():
     rows, q, w, k, pos = _small()
     cache = k.reshape(3, 3, 4)
     with pytest.raises(ks.SelectionError) as e:
-        checking.check_indexer_topk(rows, q, w, None, pos, kv_cache=cache, block_table=np.arange(3)[None],
-                                    seq_lens=np.array([9]), seq_ids=np.zeros(3, np.int64), page_layout="bogus")
+        checking.check_indexer_topk(
+            rows,
+            q,
+            w,
+            None,
+            pos,
+            kv_cache=cache,
+            block_table=np.arange(3)[None],
+            seq_lens=np.array([9]),
+            seq_ids=np.zeros(3, np.int64),
+            page_layout="bogus",
+        )
     assert e.value.argument == "page_layout"

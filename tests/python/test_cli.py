@@ -24,8 +24,18 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # A synthetic workload small enough to evaluate in well under a second.
 TINY = [
-    "eval", "--context", "256", "--queries", "3", "--budget", "32",
-    "--segments", "4", "--block-size", "8", "--quiet",
+    "eval",
+    "--context",
+    "256",
+    "--queries",
+    "3",
+    "--budget",
+    "32",
+    "--segments",
+    "4",
+    "--block-size",
+    "8",
+    "--quiet",
 ]
 
 
@@ -42,6 +52,7 @@ def run(capsys, argv):
 
 def strict_json(path):
     """JSON as the standard has it: NaN and Infinity are refused."""
+
     def refuse(name):
         raise ValueError(f"not JSON: {name}")
 
@@ -79,9 +90,26 @@ def test_eval_on_a_tiny_synthetic_workload_prints_the_table_and_exits_0(capsys):
 
 def test_python_m_kvselect_eval_runs_as_a_subprocess():
     proc = subprocess.run(
-        [sys.executable, "-m", "kvselect", "eval", "--context", "2048", "--queries", "4",
-         "--budget", "128", "--segments", "16", "--block-size", "16", "--quiet"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "kvselect",
+            "eval",
+            "--context",
+            "2048",
+            "--queries",
+            "4",
+            "--budget",
+            "128",
+            "--segments",
+            "16",
+            "--block-size",
+            "16",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "budget k = 128" in proc.stdout
@@ -103,9 +131,7 @@ def test_json_writes_strict_json_with_every_result(capsys, tmp_path):
     code, _, err = run(capsys, [*TINY, "--budget", "24", "32", "--json", str(path)])
     assert code == 0, err
     report = strict_json(path)
-    assert [(r["budget"], r["policy"]) for r in report["results"]] == [
-        (b, name) for b in (24, 32) for name in POLICIES
-    ]
+    assert [(r["budget"], r["policy"]) for r in report["results"]] == [(b, name) for b in (24, 32) for name in POLICIES]
     assert report["workload"] == "synthetic"
     assert report["tokens"] == 256 and report["queries"] == 3
     assert [s["budget"] for s in report["settings"]] == [24, 32]
@@ -147,8 +173,20 @@ def test_plot_without_matplotlib_exits_1_naming_matplotlib(capsys, tmp_path, mon
 def test_the_shipped_example_workload_runs(capsys):
     code, out, err = run(
         capsys,
-        ["eval", "--workload", "example", "--queries", "2", "--budget", "32",
-         "--segments", "4", "--block-size", "8", "--quiet"],
+        [
+            "eval",
+            "--workload",
+            "example",
+            "--queries",
+            "2",
+            "--budget",
+            "32",
+            "--segments",
+            "4",
+            "--block-size",
+            "8",
+            "--quiet",
+        ],
     )
     assert code == 0, err
     assert "workload: minilm-example" in out
@@ -159,8 +197,8 @@ def test_a_budget_above_the_context_selects_every_key(capsys, tmp_path):
     """The example has 512 tokens; the default budget is 2048."""
     path = tmp_path / "r.json"
     code, _, err = run(
-        capsys, ["eval", "--workload", "example", "--queries", "2", "--quiet",
-                 "--json", str(path)],
+        capsys,
+        ["eval", "--workload", "example", "--queries", "2", "--quiet", "--json", str(path)],
     )
     assert code == 0, err
     report = strict_json(path)
@@ -174,8 +212,21 @@ def test_a_budget_above_the_context_selects_every_key(capsys, tmp_path):
 def test_a_valid_npz_dump_runs_and_is_named_by_its_file(capsys, tmp_path):
     path = tiny_npz(tmp_path / "mydump.npz")
     code, out, err = run(
-        capsys, ["eval", "--workload", path, "--queries", "2", "--budget", "16",
-                 "--segments", "4", "--block-size", "4", "--quiet"],
+        capsys,
+        [
+            "eval",
+            "--workload",
+            path,
+            "--queries",
+            "2",
+            "--budget",
+            "16",
+            "--segments",
+            "4",
+            "--block-size",
+            "4",
+            "--quiet",
+        ],
     )
     assert code == 0, err
     assert "workload: mydump" in out
@@ -207,9 +258,22 @@ def test_demo_runs_a_small_eval(capsys):
 def test_eval_help_exits_0_and_describes_the_options(capsys):
     code, out, _ = run(capsys, ["eval", "--help"])
     assert code == 0
-    for option in ("--workload", "--budget", "--segments", "--block-size", "--init-blocks",
-                   "--local-blocks", "--sinks", "--context", "--queries", "--seed",
-                   "--threads", "--json", "--plot", "--quiet"):
+    for option in (
+        "--workload",
+        "--budget",
+        "--segments",
+        "--block-size",
+        "--init-blocks",
+        "--local-blocks",
+        "--sinks",
+        "--context",
+        "--queries",
+        "--seed",
+        "--threads",
+        "--json",
+        "--plot",
+        "--quiet",
+    ):
         assert option in out, option
     assert "example" in out and ".npz" in out
 
@@ -233,10 +297,8 @@ def test_eval_help_shows_every_default_and_explains_the_block_size(capsys):
     code, out, _ = run(capsys, ["eval", "--help"])
     assert code == 0
     entries = eval_help_entries(out)
-    (sub,) = [a for a in cli.build_parser()._actions
-              if isinstance(a, argparse._SubParsersAction)]
-    options = [a.option_strings[-1] for a in sub.choices["eval"]._actions
-               if a.option_strings != ["-h", "--help"]]
+    (sub,) = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    options = [a.option_strings[-1] for a in sub.choices["eval"]._actions if a.option_strings != ["-h", "--help"]]
     assert len(options) == 18  # with --workers and --scheduler
     for option in options:
         assert "(default: " in entries[option], option
@@ -340,12 +402,12 @@ def test_a_file_that_is_not_an_npz_exits_1(capsys, tmp_path):
     [
         (["--segments", "64", "--budget", "32"], "--segments (64) cannot exceed the budget (32)"),
         (["--segments", "65", "--budget", "128"], "--segments must be in 1..64"),
-        (["--local-blocks", "5", "--budget", "32"],
-         "exceed the budget (32): lower --local-blocks or --block-size"),
-        (["--init-blocks", "2", "--local-blocks", "3", "--budget", "32"],
-         "lower --init-blocks or --local-blocks or --block-size"),
-        (["--segments", "16", "--budget", "64", "8"],
-         "at --budget 8: --segments (16) cannot exceed the budget (8)"),
+        (["--local-blocks", "5", "--budget", "32"], "exceed the budget (32): lower --local-blocks or --block-size"),
+        (
+            ["--init-blocks", "2", "--local-blocks", "3", "--budget", "32"],
+            "lower --init-blocks or --local-blocks or --block-size",
+        ),
+        (["--segments", "16", "--budget", "64", "8"], "at --budget 8: --segments (16) cannot exceed the budget (8)"),
         (["--sinks", "32"], "--sinks (32) leaves no slot for the window at the budget (32)"),
     ],
 )
@@ -360,8 +422,9 @@ def test_a_given_setting_that_cannot_work_exits_1_naming_the_flag(capsys, extra,
 def test_a_derived_setting_never_blames_a_flag_that_was_not_given(capsys):
     """--local-blocks 40 at k = 32: the block size shrinks to 1 (derived) and
     40 blocks still cannot fit; only --local-blocks is named."""
-    code, out, err = run(capsys, ["eval", "--context", "256", "--queries", "2",
-                                  "--budget", "32", "--local-blocks", "40", "--quiet"])
+    code, out, err = run(
+        capsys, ["eval", "--context", "256", "--queries", "2", "--budget", "32", "--local-blocks", "40", "--quiet"]
+    )
     assert code == 1
     assert err.rstrip().endswith("lower --local-blocks")
     assert "--block-size" not in err and out == ""
@@ -396,8 +459,7 @@ def test_every_small_budget_runs_on_the_defaults_and_says_what_was_derived(capsy
     derived = [line for line in lines if line.startswith("derived from the budget")]
     assert len(derived) == 1  # one line
     line = derived[0]
-    assert "k = 1: --segments 1, --block-size 1, --init-blocks 0, --local-blocks 1, " \
-           "--sinks 0" in line
+    assert "k = 1: --segments 1, --block-size 1, --init-blocks 0, --local-blocks 1, --sinks 0" in line
     assert "k = 64: --segments 8, --block-size 16" in line
     assert "k = 191: --segments 23, --block-size 32" in line and "k = 192: --segments 24" in line
     assert "k = 512" not in line  # the defaults fit there: nothing derived
@@ -418,8 +480,7 @@ def test_the_default_budget_prints_no_derived_line(capsys):
 
 def test_a_given_block_larger_than_the_budget_is_na_in_its_row_and_the_rest_run(capsys, tmp_path):
     path = tmp_path / "r.json"
-    code, out, err = run(capsys, [*SMALL, "--block-size", "64", "--budget", "32", "256",
-                                  "--json", str(path)])
+    code, out, err = run(capsys, [*SMALL, "--block-size", "64", "--budget", "32", "256", "--json", str(path)])
     assert code == 0, err
     got = tables(out)
     (row,) = [r for r in got[32] if r.startswith("| block-sparse |")]
@@ -433,12 +494,12 @@ def test_a_given_block_larger_than_the_budget_is_na_in_its_row_and_the_rest_run(
 
 
 def test_a_budget_holding_the_context_says_so_once_instead_of_tables(capsys):
-    code, out, err = run(capsys, ["eval", "--workload", "example", "--queries", "2",
-                                  "--budget", "32", "1024", "2048", "--quiet"])
+    code, out, err = run(
+        capsys, ["eval", "--workload", "example", "--queries", "2", "--budget", "32", "1024", "2048", "--quiet"]
+    )
     assert code == 0, err
     assert out.count("every policy sees every key") == 1
-    assert "budgets k = 1024, 2048: every query's context fits (the workload has 512 tokens)" \
-        in out
+    assert "budgets k = 1024, 2048: every query's context fits (the workload has 512 tokens)" in out
     assert out.count("| oracle top-k |") == 1  # the table of k = 32 only
     assert sorted(tables(out)) == [32]
 
@@ -475,8 +536,7 @@ def test_a_dump_saved_tokens_before_heads_warns_on_stderr(capsys, tmp_path):
     rng = np.random.default_rng(1)
     x = lambda: rng.standard_normal((1, 256, 4, 8)).astype(np.float32)  # noqa: E731
     path = tiny_npz(tmp_path / "torch.npz", q=x(), k=x(), v=x())
-    code, out, err = run(capsys, ["eval", "--workload", path, "--queries", "2", "--budget",
-                                  "2", "--quiet"])
+    code, out, err = run(capsys, ["eval", "--workload", path, "--queries", "2", "--budget", "2", "--quiet"])
     assert code == 0, err
     assert "kvselect eval: warning:" in err
     assert "256 query heads (axis 1) of 4 tokens" in err
@@ -485,8 +545,7 @@ def test_a_dump_saved_tokens_before_heads_warns_on_stderr(capsys, tmp_path):
 
 def test_a_well_shaped_dump_does_not_warn(capsys, tmp_path):
     path = tiny_npz(tmp_path / "ok.npz")
-    code, _, err = run(capsys, ["eval", "--workload", path, "--queries", "2", "--budget",
-                                "16", "--quiet"])
+    code, _, err = run(capsys, ["eval", "--workload", path, "--queries", "2", "--budget", "16", "--quiet"])
     assert code == 0 and err == ""
 
 
@@ -524,9 +583,12 @@ def test_a_text_file_named_npz_never_suggests_pickle(capsys, tmp_path):
 def test_an_object_array_in_a_dump_never_suggests_pickle(capsys, tmp_path):
     path = tmp_path / "obj.npz"
     rng = np.random.default_rng(0)
-    np.savez(path, q=rng.standard_normal((1, 2, 64, 8)).astype(np.float32),
-             k=rng.standard_normal((1, 1, 64, 8)).astype(np.float32),
-             v=np.array([None, 1], dtype=object))
+    np.savez(
+        path,
+        q=rng.standard_normal((1, 2, 64, 8)).astype(np.float32),
+        k=rng.standard_normal((1, 1, 64, 8)).astype(np.float32),
+        v=np.array([None, 1], dtype=object),
+    )
     code, _, err = run(capsys, ["eval", "--workload", str(path), "--quiet"])
     assert code == 1
     assert "v: holds Python objects" in err
@@ -556,9 +618,25 @@ def test_a_directory_of_dumps_is_reported_per_dump_then_pooled(capsys, tmp_path)
     tiny_npz(folder / "a.npz")
     dsa_npz(folder / "b.npz")
     (folder / "notes.txt").write_text("not a dump")
-    code, out, err = run(capsys, ["eval", "--workload", str(folder), "--queries", "2",
-                                  "--budget", "16", "--segments", "4", "--block-size", "4",
-                                  "--quiet", "--json", str(tmp_path / "r.json")])
+    code, out, err = run(
+        capsys,
+        [
+            "eval",
+            "--workload",
+            str(folder),
+            "--queries",
+            "2",
+            "--budget",
+            "16",
+            "--segments",
+            "4",
+            "--block-size",
+            "4",
+            "--quiet",
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+    )
     assert code == 0, err
     names = [line.split(" — ")[0] for line in out.splitlines() if line.startswith("workload: ")]
     assert names == ["workload: a", "workload: b", "workload: pooled (2 workloads)"]
@@ -576,9 +654,24 @@ def test_a_directory_of_dumps_is_reported_per_dump_then_pooled(capsys, tmp_path)
 
 def test_one_unloadable_dump_among_several_exits_1_naming_it(capsys, tmp_path):
     good = tiny_npz(tmp_path / "good.npz")
-    code, _, err = run(capsys, ["eval", "--workload", good, str(tmp_path / "missing.npz"),
-                                "--queries", "2", "--budget", "16", "--segments", "4",
-                                "--block-size", "4", "--quiet"])
+    code, _, err = run(
+        capsys,
+        [
+            "eval",
+            "--workload",
+            good,
+            str(tmp_path / "missing.npz"),
+            "--queries",
+            "2",
+            "--budget",
+            "16",
+            "--segments",
+            "4",
+            "--block-size",
+            "4",
+            "--quiet",
+        ],
+    )
     assert code == 1 and "missing.npz" in err
 
 
@@ -600,8 +693,7 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     import subprocess
     import sys
 
-    p = subprocess.Popen([sys.executable, "-m", "kvselect", *TINY], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+    p = subprocess.Popen([sys.executable, "-m", "kvselect", *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait() == 141 and "Traceback" not in err, err

@@ -22,10 +22,19 @@ def _boundary_positions(rng, m, t, n):
     m - 1}``, before the first entry (``p < m - 1``), and past the keys."""
     w = rng.integers(0, t + 3, n)
     kind = rng.integers(0, 4, n)
-    p = np.where(kind == 0, (w + 1) * m - 1,            # the token that completes entry w
-        np.where(kind == 1, (w + 1) * m - 2,            # one token short of it
-        np.where(kind == 2, rng.integers(0, max(m - 1, 1), n),  # no entry yet (m > 1)
-                 w * m + rng.integers(0, m, n))))        # anywhere in window w
+    p = np.where(
+        kind == 0,
+        (w + 1) * m - 1,  # the token that completes entry w
+        np.where(
+            kind == 1,
+            (w + 1) * m - 2,  # one token short of it
+            np.where(
+                kind == 2,
+                rng.integers(0, max(m - 1, 1), n),  # no entry yet (m > 1)
+                w * m + rng.integers(0, m, n),
+            ),
+        ),
+    )  # anywhere in window w
     return np.maximum(p, 0)
 
 
@@ -46,8 +55,9 @@ def test_a_query_sees_the_entries_its_tokens_have_completed():
     k = np.arange(1, 4, dtype=np.float32)[:, None]  # entry 2 scores best
     pos = np.array([0, 2, 3, 6, 7, 10, 11, 400])
     got = ks.indexer_topk(q, w, k, pos, 3, compress_ratio=4)
-    want = np.array([[-1, -1, -1], [-1, -1, -1], [0, -1, -1], [0, -1, -1],
-                     [1, 0, -1], [1, 0, -1], [2, 1, 0], [2, 1, 0]], np.int32)
+    want = np.array(
+        [[-1, -1, -1], [-1, -1, -1], [0, -1, -1], [0, -1, -1], [1, 0, -1], [1, 0, -1], [2, 1, 0], [2, 1, 0]], np.int32
+    )
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(ref.indexer_topk(q, w, k, pos, 3, compress_ratio=4), want)
 
@@ -62,11 +72,9 @@ def test_compressed_rows_equal_the_reference_on_thousands_of_boundary_cases():
         topk = int(rng.integers(1, 2 * max(int(visible.max()), 1) + 3))  # often past the visible count
         s = int(rng.choice([0, 0, 1, 3]))
         want_s = np.zeros((len(pos), topk), np.float32)
-        want = ref.indexer_topk(q, w, k, pos, topk, key_scale=c, num_segments=s, compress_ratio=m,
-                                scores_out=want_s)
+        want = ref.indexer_topk(q, w, k, pos, topk, key_scale=c, num_segments=s, compress_ratio=m, scores_out=want_s)
         got_s = np.full((len(pos), topk), 7.0, np.float32)
-        got = ks.indexer_topk(q, w, k, pos, topk, key_scale=c, num_segments=s, compress_ratio=m,
-                              scores_out=got_s)
+        got = ks.indexer_topk(q, w, k, pos, topk, key_scale=c, num_segments=s, compress_ratio=m, scores_out=got_s)
         np.testing.assert_array_equal(got, want, err_msg=f"case {case}: m={m} pos={pos} T={len(k)}")
         np.testing.assert_array_equal(got_s, want_s)
         if s == 0:  # every visible entry is in the row or outranked; none past it
@@ -82,7 +90,12 @@ def test_a_compressed_call_is_the_token_call_at_the_last_completed_entry():
     rng = np.random.default_rng(SEED + 1)
     for case in range(300):
         m = RATIOS[1 + case % (len(RATIOS) - 1)]
-        n, h, d, t = int(rng.integers(1, 6)), int(rng.integers(1, 9)), int(rng.integers(1, 70)), int(rng.integers(1, 3000))
+        n, h, d, t = (
+            int(rng.integers(1, 6)),
+            int(rng.integers(1, 9)),
+            int(rng.integers(1, 70)),
+            int(rng.integers(1, 3000)),
+        )
         q = rng.standard_normal((n, h, d)).astype(np.float32)
         w = rng.standard_normal((n, h)).astype(np.float32)
         k = rng.standard_normal((t, d)).astype(np.float32)
@@ -94,8 +107,8 @@ def test_a_compressed_call_is_the_token_call_at_the_last_completed_entry():
             if seen[i] == 0:
                 assert (got[i] == -1).all()
                 continue
-            one = ks.indexer_topk(q[i:i + 1], w[i:i + 1], k, seen[i] - 1, topk, num_segments=s)
-            np.testing.assert_array_equal(got[i:i + 1], one)
+            one = ks.indexer_topk(q[i : i + 1], w[i : i + 1], k, seen[i] - 1, topk, num_segments=s)
+            np.testing.assert_array_equal(got[i : i + 1], one)
 
 
 def test_witnesses_cover_the_compressed_context():
@@ -107,11 +120,12 @@ def test_witnesses_cover_the_compressed_context():
         q, w, k, c, pos = _case(rng, m)
         topk, s = int(rng.integers(4, 40)), int(rng.integers(1, 5))
         plain = ks.indexer_topk(q, w, k, pos, topk, key_scale=c, compress_ratio=m)
-        plain[:, max(topk - s, 0):] = -1
+        plain[:, max(topk - s, 0) :] = -1
         lens = np.minimum((pos + 1) // m, len(k)).astype(np.int32)
         ks.scatter_topology_witnesses(plain, lens, s)
-        np.testing.assert_array_equal(ks.indexer_topk(q, w, k, pos, topk, key_scale=c, compress_ratio=m,
-                                                      num_segments=s), plain)
+        np.testing.assert_array_equal(
+            ks.indexer_topk(q, w, k, pos, topk, key_scale=c, compress_ratio=m, num_segments=s), plain
+        )
 
 
 def test_scores_and_magnitudes_end_at_the_last_completed_entry():
@@ -144,21 +158,56 @@ def test_packed_and_paged_compressed_rows_equal_the_dense_call_per_sequence():
         w = rng.integers(-2, 3, (n, h)).astype(np.float32)
         topk, s = int(rng.integers(1, 70)), int(rng.choice([0, 2]))
         cu = np.concatenate([[0], np.cumsum(lens)])
-        packed = ks.indexer_topk_packed(q, w, np.concatenate(keys), cu, sid, pos, topk,
-                                        key_scale=np.concatenate(scales), compress_ratio=m, num_segments=s)
+        packed = ks.indexer_topk_packed(
+            q,
+            w,
+            np.concatenate(keys),
+            cu,
+            sid,
+            pos,
+            topk,
+            key_scale=np.concatenate(scales),
+            compress_ratio=m,
+            num_segments=s,
+        )
         cache, table = vllm_fp8_pages(keys, scales, bs, rng)
-        paged = ks.indexer_topk_paged(q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled",
-                                      compress_ratio=m, num_segments=s)
+        paged = ks.indexer_topk_paged(
+            q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled", compress_ratio=m, num_segments=s
+        )
         for i in range(n):
-            one = ks.indexer_topk(q[i:i + 1], w[i:i + 1], keys[sid[i]], pos[i:i + 1], topk,
-                                  key_scale=scales[sid[i]], compress_ratio=m, num_segments=s)
-            np.testing.assert_array_equal(packed[i:i + 1], one)
-            np.testing.assert_array_equal(paged[i:i + 1], one)
-        np.testing.assert_array_equal(packed, ref.indexer_topk_packed(
-            q, w, np.concatenate(keys), cu, sid, pos, topk, key_scale=np.concatenate(scales), compress_ratio=m,
-            num_segments=s))
-        np.testing.assert_array_equal(paged, ref.indexer_topk_paged(
-            q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled", compress_ratio=m, num_segments=s))
+            one = ks.indexer_topk(
+                q[i : i + 1],
+                w[i : i + 1],
+                keys[sid[i]],
+                pos[i : i + 1],
+                topk,
+                key_scale=scales[sid[i]],
+                compress_ratio=m,
+                num_segments=s,
+            )
+            np.testing.assert_array_equal(packed[i : i + 1], one)
+            np.testing.assert_array_equal(paged[i : i + 1], one)
+        np.testing.assert_array_equal(
+            packed,
+            ref.indexer_topk_packed(
+                q,
+                w,
+                np.concatenate(keys),
+                cu,
+                sid,
+                pos,
+                topk,
+                key_scale=np.concatenate(scales),
+                compress_ratio=m,
+                num_segments=s,
+            ),
+        )
+        np.testing.assert_array_equal(
+            paged,
+            ref.indexer_topk_paged(
+                q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled", compress_ratio=m, num_segments=s
+            ),
+        )
     assert ml_dtypes is not None
 
 
@@ -170,8 +219,10 @@ def test_a_ratio_of_zero_is_refused_and_writes_nothing(impl):
     with pytest.raises(error) as e:
         impl.indexer_topk(q, w, k, [3], 2, compress_ratio=0, out=out)
     assert e.value.argument == "compress_ratio" and (out == 7).all()
-    for call in (lambda: impl.indexer_scores(q, w, k, [3], compress_ratio=0),
-                 lambda: impl.indexer_topk_packed(q[:0], w[:0], k, [0, 4], [], [], 2, compress_ratio=0)):
+    for call in (
+        lambda: impl.indexer_scores(q, w, k, [3], compress_ratio=0),
+        lambda: impl.indexer_topk_packed(q[:0], w[:0], k, [0, 4], [], [], 2, compress_ratio=0),
+    ):
         with pytest.raises(error) as e:
             call()
         assert e.value.argument == "compress_ratio"
@@ -236,14 +287,24 @@ def test_a_v4_dump_of_global_entry_slots_is_checked_and_its_faults_found(tmp_pat
     # global slots of the compressed cache, in a dump with compress_ratio.
     from kvselect.checking import check_dump, save_dump
     from kvselect.cli import main
+
     rng = np.random.default_rng(SEED + 7)
     q, w, k, pos = _v4_case(rng)
     bs, n_pages = 8, 16
     table = rng.permutation(n_pages)[None, : -(-len(k) // bs)].astype(np.int32)
     req = np.zeros(len(pos), np.int32)
     rows = _global_slots(ks.indexer_topk(q, w, k, pos, 16, compress_ratio=4), table, req, bs)
-    dump = dict(rows=rows, index_q=q, weights=w, index_k=k, query_pos=pos, compress_ratio=4,
-                block_table=table, req_ids=req, block_size=bs)
+    dump = dict(
+        rows=rows,
+        index_q=q,
+        weights=w,
+        index_k=k,
+        query_pos=pos,
+        compress_ratio=4,
+        block_table=table,
+        req_ids=req,
+        block_size=bs,
+    )
     save_dump(tmp_path / "v4.npz", "topk", **dump)
     assert check_dump(str(tmp_path / "v4.npz"))["wrong"] == 0
     assert main(["check", str(tmp_path / "v4.npz")]) == 0
@@ -282,6 +343,7 @@ def _v4_batch(rng, m=4, W=8, topk=4, h=2, d=8):
 
 def test_v4_combined_rows_pass_in_any_entry_order_and_each_planted_fault_is_named():
     from kvselect.checking import check_v4_combined_indices as check
+
     rng = np.random.default_rng(SEED + 8)
     combined, lens, args, pos, req, M = _v4_batch(rng)
     m, topk, W = 4, 4, 8
@@ -321,12 +383,26 @@ def test_v4_combined_rows_pass_in_any_entry_order_and_each_planted_fault_is_name
 def test_a_v4_combined_dump_is_checked_by_kvselect_check(tmp_path):
     from kvselect.checking import check_dump, save_dump
     from kvselect.cli import main
+
     rng = np.random.default_rng(SEED + 9)
     combined, lens, args, pos, req, M = _v4_batch(rng)
     q, w, k, cu, qsl, sl, gl, W, m, topk, M, N = args
-    dump = dict(combined_indices=combined, combined_lens=lens, index_q=q, weights=w, index_k=k, cu_entries=cu,
-                query_start_loc=qsl, seq_lens=sl, gather_lens=gl, window_size=W, compress_ratio=m, topk=topk,
-                M=M, N=N)
+    dump = dict(
+        combined_indices=combined,
+        combined_lens=lens,
+        index_q=q,
+        weights=w,
+        index_k=k,
+        cu_entries=cu,
+        query_start_loc=qsl,
+        seq_lens=sl,
+        gather_lens=gl,
+        window_size=W,
+        compress_ratio=m,
+        topk=topk,
+        M=M,
+        N=N,
+    )
     save_dump(tmp_path / "v4.npz", "v4_combined", **dump)
     assert check_dump(str(tmp_path / "v4.npz"))["wrong"] == 0
     assert main(["check", str(tmp_path / "v4.npz")]) == 0

@@ -61,12 +61,8 @@ def _workload():
     V = r.standard_normal((1024, 2, 32)).astype(np.float32)
     apos = np.arange(960, 1024)
     cfg = ks.BlockSparseConfig(64, 8, 1, 2)
-    sel = ks.block_sparse_select(
-        r.standard_normal((64, 2, 32)).astype(np.float32), K[:, 0, :].copy(), apos, cfg
-    )
-    positions = np.concatenate(
-        [ks.positions_of_blocks(row, 1023, 1024, cfg) for row in sel[:, 0, :]]
-    )
+    sel = ks.block_sparse_select(r.standard_normal((64, 2, 32)).astype(np.float32), K[:, 0, :].copy(), apos, cfg)
+    positions = np.concatenate([ks.positions_of_blocks(row, 1023, 1024, cfg) for row in sel[:, 0, :]])
     sparse_sel = np.stack([np.resize(positions, (2, 512))] * 64).astype(np.int32)
     probs = ks.attention_probabilities(Q, K, apos)
     cand = ks.oracle_topk(probs[:, 0, :], apos, 64)
@@ -92,9 +88,7 @@ def _workload():
         "scatter_topology_witnesses": scatter,
         "random_null": lambda: ks.random_null(200_000, 50_000, 3),
         "segment_coverage": lambda: ks.segment_coverage(learned.ravel(), L, 64),
-        "attention_mass_recall": lambda: ks.attention_mass_recall(
-            learned.ravel(), probs[0].ravel().astype(np.float64)
-        ),
+        "attention_mass_recall": lambda: ks.attention_mass_recall(learned.ravel(), probs[0].ravel().astype(np.float64)),
         "block_sparse_select": lambda: ks.block_sparse_select(q3, keys, qpos, cfg),
         "block_sparse_select_packed": lambda: ks.block_sparse_select_packed(
             q3, keys, [0, 4096, 8192], np.arange(32) % 2, qpos % 4096, cfg
@@ -105,9 +99,7 @@ def _workload():
         "dense_attention": lambda: ks.dense_attention(Q, K, V, apos),
         "sparse_attention": lambda: ks.sparse_attention(Q, K, V, apos, sparse_sel),
         "segment_coverage_rows": lambda: ks.segment_coverage_rows(learned, lens, 64),
-        "attention_mass_recall_rows": lambda: ks.attention_mass_recall_rows(
-            cand, probs[:, 0, :].copy()
-        ),
+        "attention_mass_recall_rows": lambda: ks.attention_mass_recall_rows(cand, probs[:, 0, :].copy()),
         "output_relative_error_rows": lambda: ks.output_relative_error_rows(Q * 1.01, Q),
         # The indexer: 4 queries x 16 heads over 8,192 keys splits into key chunks.
         "indexer_topk": lambda: ks.indexer_topk(idx_q, idx_w, keys, qpos[:4], 256, num_segments=16),
@@ -118,8 +110,16 @@ def _workload():
             q3, sel_pages, sel_table, [4096, 4096], np.arange(32) % 2, qpos % 4096, cfg
         ),
         "block_sparse_select_paged-bf16-head_major-physical": lambda: ks.block_sparse_select_paged(
-            q3, sel_pages_bf16, sel_table, [4096, 4096], np.arange(32) % 2, qpos % 4096, cfg,
-            key_format="bfloat16", head_major=True, physical=True,
+            q3,
+            sel_pages_bf16,
+            sel_table,
+            [4096, 4096],
+            np.arange(32) % 2,
+            qpos % 4096,
+            cfg,
+            key_format="bfloat16",
+            head_major=True,
+            physical=True,
         ),
     }
 
@@ -220,12 +220,8 @@ def _long_calls():
         "sparse_attention": sparse,
         "attention_probabilities": probs,
         "topology_witness_indices": witness(lambda l, c: ks.topology_witness_indices(l, c, 64)),
-        "apply_topology_witnesses": witness(
-            lambda l, c: ks.apply_topology_witnesses(l, c, 1024, 64, 64)
-        ),
-        "scatter_topology_witnesses": witness(
-            lambda l, c: ks.scatter_topology_witnesses(l, c, 64)
-        ),
+        "apply_topology_witnesses": witness(lambda l, c: ks.apply_topology_witnesses(l, c, 1024, 64, 64)),
+        "scatter_topology_witnesses": witness(lambda l, c: ks.scatter_topology_witnesses(l, c, 64)),
         "oracle_topk": oracle,
     }
 
@@ -277,9 +273,7 @@ def test_the_gil_is_released_during_a_long_call(name):
     # Holding the GIL would allow at most one switch interval of counting;
     # releasing it lets the counter run for the whole call.
     share = done / (rate * took)
-    assert share > 0.25, (
-        f"{name}: the other thread ran {share:.0%} of the time during a {took:.2f}s call"
-    )
+    assert share > 0.25, f"{name}: the other thread ran {share:.0%} of the time during a {took:.2f}s call"
 
 
 # ---------------------------------------------------------------------------

@@ -68,11 +68,11 @@ def _call(name, impl, a, **kw):
     if name == "indexer_magnitudes":
         return m.indexer_magnitudes(a["q"], a["w"], a["k"], a["pos"], key_scale=a["scale"], **kw)
     if name == "indexer_topk_packed":
-        return m.indexer_topk_packed(a["q"], a["w"], a["k"], a["cu"], a["sid"], a["ppos"], TOPK,
-                                     key_scale=a["scale"], **kw)
+        return m.indexer_topk_packed(
+            a["q"], a["w"], a["k"], a["cu"], a["sid"], a["ppos"], TOPK, key_scale=a["scale"], **kw
+        )
     if name == "indexer_topk_paged":
-        return m.indexer_topk_paged(a["q"], a["w"], a["cache"], a["table"], a["lens"], a["sid"], a["ppos"],
-                                    TOPK, **kw)
+        return m.indexer_topk_paged(a["q"], a["w"], a["cache"], a["table"], a["lens"], a["sid"], a["ppos"], TOPK, **kw)
     if name == "block_sparse_select":
         return m.block_sparse_select(a["q"], a["k"], a["pos"], cfg, **kw)
     if name == "block_scores":
@@ -82,17 +82,24 @@ def _call(name, impl, a, **kw):
     if name == "block_sparse_select_packed":
         return m.block_sparse_select_packed(a["q"], a["k"], a["cu"], a["sid"], a["ppos"], cfg, **kw)
     if name == "block_sparse_select_paged":
-        return m.block_sparse_select_paged(a["q"], a["cache"], a["table"], a["lens"], a["sid"], a["ppos"], cfg,
-                                           **kw)
+        return m.block_sparse_select_paged(a["q"], a["cache"], a["table"], a["lens"], a["sid"], a["ppos"], cfg, **kw)
     if name == "positions_of_blocks":
         return m.positions_of_blocks(a["blocks"], a["pos"], T, cfg, **kw)
     raise AssertionError(name)
 
 
 ENTRY_POINTS = [
-    "indexer_topk", "indexer_scores", "indexer_magnitudes", "indexer_topk_packed", "indexer_topk_paged",
-    "block_sparse_select", "block_scores", "block_magnitudes", "block_sparse_select_packed",
-    "block_sparse_select_paged", "positions_of_blocks",
+    "indexer_topk",
+    "indexer_scores",
+    "indexer_magnitudes",
+    "indexer_topk_packed",
+    "indexer_topk_paged",
+    "block_sparse_select",
+    "block_scores",
+    "block_magnitudes",
+    "block_sparse_select_packed",
+    "block_sparse_select_paged",
+    "positions_of_blocks",
 ]
 INDEXER = {"indexer_topk", "indexer_scores", "indexer_magnitudes", "indexer_topk_packed", "indexer_topk_paged"}
 PACKED = {"indexer_topk_packed", "block_sparse_select_packed"}
@@ -155,18 +162,24 @@ def test_transposed_weights_are_refused_naming_both_shapes():
 
 def _out_shape(name, a):
     return {
-        "indexer_topk": (N, TOPK), "indexer_topk_packed": (N, TOPK), "indexer_topk_paged": (N, TOPK),
-        "indexer_scores": (N, T), "indexer_magnitudes": (N, T),
-        "block_sparse_select": (N, H, CFG.width), "block_sparse_select_packed": (N, H, CFG.width),
+        "indexer_topk": (N, TOPK),
+        "indexer_topk_packed": (N, TOPK),
+        "indexer_topk_paged": (N, TOPK),
+        "indexer_scores": (N, T),
+        "indexer_magnitudes": (N, T),
+        "block_sparse_select": (N, H, CFG.width),
+        "block_sparse_select_packed": (N, H, CFG.width),
         "block_sparse_select_paged": (N, H, CFG.width),
-        "block_scores": (N, H, T // 4), "block_magnitudes": (N, H, T // 4),
+        "block_scores": (N, H, T // 4),
+        "block_magnitudes": (N, H, T // 4),
         "positions_of_blocks": (N, H, 2 * 4),
     }[name]
 
 
 def _out_dtype(name):
-    return np.float32 if name in {"indexer_scores", "indexer_magnitudes", "block_scores", "block_magnitudes"} \
-        else np.int32
+    return (
+        np.float32 if name in {"indexer_scores", "indexer_magnitudes", "block_scores", "block_magnitudes"} else np.int32
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -269,10 +282,12 @@ def test_misaligned_dense_inputs_give_the_aligned_bits(impl, fmt):
 def _paged_calls(impl, a, cache, kf):
     m, cfg = _mod(impl), _cfg(impl)
     return {
-        "indexer_topk_paged": m.indexer_topk_paged(a["q"], a["w"], cache, a["table"], a["lens"], a["sid"],
-                                                   a["ppos"], TOPK, key_format=kf),
-        "block_sparse_select_paged": m.block_sparse_select_paged(a["q"], cache, a["table"], a["lens"], a["sid"],
-                                                                 a["ppos"], cfg, key_format=kf),
+        "indexer_topk_paged": m.indexer_topk_paged(
+            a["q"], a["w"], cache, a["table"], a["lens"], a["sid"], a["ppos"], TOPK, key_format=kf
+        ),
+        "block_sparse_select_paged": m.block_sparse_select_paged(
+            a["q"], cache, a["table"], a["lens"], a["sid"], a["ppos"], cfg, key_format=kf
+        ),
     }
 
 
@@ -316,8 +331,9 @@ def test_the_paged_byte_order_refusal_says_how_to_fix_it():
         ks.indexer_topk_paged(a["q"], a["w"], cache, a["table"], a["lens"], a["sid"], a["ppos"], TOPK)
     fixed = cache.astype(cache.dtype.newbyteorder("="))
     assert ".astype(kv_cache.dtype.newbyteorder('='))" in str(e.value)
-    want = ks.indexer_topk_paged(a["q"], a["w"], a["cache"].astype(np.float16), a["table"], a["lens"], a["sid"],
-                                 a["ppos"], TOPK)
+    want = ks.indexer_topk_paged(
+        a["q"], a["w"], a["cache"].astype(np.float16), a["table"], a["lens"], a["sid"], a["ppos"], TOPK
+    )
     got = ks.indexer_topk_paged(a["q"], a["w"], fixed, a["table"], a["lens"], a["sid"], a["ppos"], TOPK)
     assert np.array_equal(got, want)
 
@@ -522,8 +538,10 @@ def test_an_unknown_format_name_is_refused_naming_its_argument(impl, argument):
     m = ks if impl == "native" else ref
     error = ks.SelectionError if impl == "native" else ref.ReferenceSelectionError
     q, w, k = np.ones((1, 2, 4), np.float32), np.ones((1, 2), np.float32), np.ones((8, 4), np.float32)
-    calls = [lambda **f: m.indexer_topk(q, w, k, [3], 2, **f),
-             lambda **f: m.block_sparse_select(q[:, :1], k, [3], ks.BlockSparseConfig(4, 1, 0, 1), **f)]
+    calls = [
+        lambda **f: m.indexer_topk(q, w, k, [3], 2, **f),
+        lambda **f: m.block_sparse_select(q[:, :1], k, [3], ks.BlockSparseConfig(4, 1, 0, 1), **f),
+    ]
     for call in calls:
         with pytest.raises(error) as e:
             call(**{argument: "bfloat12"})

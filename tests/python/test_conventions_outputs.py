@@ -114,31 +114,84 @@ def _witness_args():
 
 
 SPECS = [
-    OutSpec("attention_probabilities", "selection", _probs_args,
-            lambda m, a, **b: m.attention_probabilities(*a, **b), {"out": ((3, 4, 9), np.float64, None)}),
-    OutSpec("dense_attention", "selection", _attention_args,
-            lambda m, a, **b: m.dense_attention(*a, **b),
-            {"out": ((3, 4, 3), np.float32, 0), "lse_out": ((3, 4), np.float32, 1)}),
-    OutSpec("sparse_attention", "selection", _sparse_args,
-            lambda m, a, **b: m.sparse_attention(*a, **b),
-            {"out": ((3, 4, 3), np.float32, 0), "lse_out": ((3, 4), np.float32, 1)}),
-    OutSpec("oracle_topk", "selection", _oracle_args,
-            lambda m, a, **b: m.oracle_topk(*a, **b), {"out": ((4, 3), np.int32, None)}),
-    OutSpec("Selector.rows", "selection", lambda: [np.array([0, 4, 9], np.int64)],
-            lambda m, a, **b: ks.Selector.local(3).rows(*a, **b), {"out": ((3, 3), np.int32, None)},
-            impls=("native",)),
-    OutSpec("segment_coverage_rows", "witness", _cand_args,
-            lambda m, a, **b: m.segment_coverage_rows(*a, 4, **b), {"out": ((5,), np.float64, None)}),
-    OutSpec("slots_used_rows", "witness", _cand_args,
-            lambda m, a, **b: m.slots_used_rows(*a, **b), {"out": ((5,), np.int64, None)}),
-    OutSpec("attention_mass_recall_rows", "witness", _recall_args,
-            lambda m, a, **b: m.attention_mass_recall_rows(*a, **b), {"out": ((6,), np.float64, None)}),
-    OutSpec("output_relative_error_rows", "selection", _error_args,
-            lambda m, a, **b: m.output_relative_error_rows(*a, **b), {"out": ((3, 2), np.float64, None)}),
-    OutSpec("topology_witness_indices", "witness", _witness_args,
-            lambda m, a, **b: m.topology_witness_indices(*a, 4, **b), {"out": ((2, 4), np.int32, None)}),
-    OutSpec("apply_topology_witnesses", "witness", _witness_args,
-            lambda m, a, **b: m.apply_topology_witnesses(*a, 2, 4, 2, **b), {"out": ((2, 4), np.int32, None)}),
+    OutSpec(
+        "attention_probabilities",
+        "selection",
+        _probs_args,
+        lambda m, a, **b: m.attention_probabilities(*a, **b),
+        {"out": ((3, 4, 9), np.float64, None)},
+    ),
+    OutSpec(
+        "dense_attention",
+        "selection",
+        _attention_args,
+        lambda m, a, **b: m.dense_attention(*a, **b),
+        {"out": ((3, 4, 3), np.float32, 0), "lse_out": ((3, 4), np.float32, 1)},
+    ),
+    OutSpec(
+        "sparse_attention",
+        "selection",
+        _sparse_args,
+        lambda m, a, **b: m.sparse_attention(*a, **b),
+        {"out": ((3, 4, 3), np.float32, 0), "lse_out": ((3, 4), np.float32, 1)},
+    ),
+    OutSpec(
+        "oracle_topk",
+        "selection",
+        _oracle_args,
+        lambda m, a, **b: m.oracle_topk(*a, **b),
+        {"out": ((4, 3), np.int32, None)},
+    ),
+    OutSpec(
+        "Selector.rows",
+        "selection",
+        lambda: [np.array([0, 4, 9], np.int64)],
+        lambda m, a, **b: ks.Selector.local(3).rows(*a, **b),
+        {"out": ((3, 3), np.int32, None)},
+        impls=("native",),
+    ),
+    OutSpec(
+        "segment_coverage_rows",
+        "witness",
+        _cand_args,
+        lambda m, a, **b: m.segment_coverage_rows(*a, 4, **b),
+        {"out": ((5,), np.float64, None)},
+    ),
+    OutSpec(
+        "slots_used_rows",
+        "witness",
+        _cand_args,
+        lambda m, a, **b: m.slots_used_rows(*a, **b),
+        {"out": ((5,), np.int64, None)},
+    ),
+    OutSpec(
+        "attention_mass_recall_rows",
+        "witness",
+        _recall_args,
+        lambda m, a, **b: m.attention_mass_recall_rows(*a, **b),
+        {"out": ((6,), np.float64, None)},
+    ),
+    OutSpec(
+        "output_relative_error_rows",
+        "selection",
+        _error_args,
+        lambda m, a, **b: m.output_relative_error_rows(*a, **b),
+        {"out": ((3, 2), np.float64, None)},
+    ),
+    OutSpec(
+        "topology_witness_indices",
+        "witness",
+        _witness_args,
+        lambda m, a, **b: m.topology_witness_indices(*a, 4, **b),
+        {"out": ((2, 4), np.int32, None)},
+    ),
+    OutSpec(
+        "apply_topology_witnesses",
+        "witness",
+        _witness_args,
+        lambda m, a, **b: m.apply_topology_witnesses(*a, 2, 4, 2, **b),
+        {"out": ((2, 4), np.int32, None)},
+    ),
 ]
 
 CASES = [(s, impl) for s in SPECS for impl in s.impls]
@@ -285,8 +338,7 @@ def test_a_scalar_query_pos_is_the_same_as_a_batch_of_one(impl, p):
 
 @pytest.mark.parametrize("p", [0, 5, 31])
 def test_a_scalar_query_pos_gives_selector_rows_of_one_query(p):
-    for sel in (ks.Selector.dense(), ks.Selector.local(4), ks.Selector.sink_window(2, 3),
-                ks.Selector.random(5, 7)):
+    for sel in (ks.Selector.dense(), ks.Selector.local(4), ks.Selector.sink_window(2, 3), ks.Selector.random(5, 7)):
         got, want = sel.rows(p), sel.rows([p])
         assert got.shape == (1, want.shape[1]) and np.array_equal(got, want)
     assert np.array_equal(ref.dense_rows(p), ref.dense_rows([p]))
@@ -432,8 +484,9 @@ def test_check_blocks_3d_reports_equal_the_reference_and_the_2d_form():
         h = q.shape[1]
         native = ks.check_blocks(scores, rows, visible, cfg)
         assert native == ref.check_blocks(scores, rows, visible, cfg)
-        flat = ks.check_blocks(scores.reshape(-1, scores.shape[-1]), rows.reshape(-1, rows.shape[-1]),
-                               np.repeat(visible, h), cfg)
+        flat = ks.check_blocks(
+            scores.reshape(-1, scores.shape[-1]), rows.reshape(-1, rows.shape[-1]), np.repeat(visible, h), cfg
+        )
         assert native == flat
 
 
@@ -472,7 +525,12 @@ def test_check_topk_accepts_indexer_topk_against_indexer_scores(impl):
     m = _mod(impl)
     rng = np.random.default_rng(SEED + 14)
     for _ in range(20):
-        nq, h, d, nk = int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 6)), int(rng.integers(1, 40))
+        nq, h, d, nk = (
+            int(rng.integers(1, 5)),
+            int(rng.integers(1, 4)),
+            int(rng.integers(1, 6)),
+            int(rng.integers(1, 40)),
+        )
         q = rng.integers(-3, 4, (nq, h, d)).astype(np.float32)
         w = rng.integers(-2, 3, (nq, h)).astype(np.float32)
         k = rng.integers(-3, 4, (nk, d)).astype(np.float32)
@@ -516,8 +574,12 @@ def test_check_witnesses_refuses_with_witness_error(impl):
     b = np.array([[0, 5, -1, -1], [3, -1, -1, -1]], np.int32)
     a = b.copy()
     lens = np.array([8, 6], np.int32)
-    for args, argument in [((b, a, lens, 65), "num_segments"), ((b, a.reshape(4, 2), lens, 2), "after"),
-                           ((b, a, lens[:1], 2), "context_lens"), ((b, a, lens, -1), "num_segments")]:
+    for args, argument in [
+        ((b, a, lens, 65), "num_segments"),
+        ((b, a.reshape(4, 2), lens, 2), "after"),
+        ((b, a, lens[:1], 2), "context_lens"),
+        ((b, a, lens, -1), "num_segments"),
+    ]:
         with pytest.raises(err) as e:
             m.check_witnesses(*args)
         assert e.value.argument == argument, args

@@ -27,29 +27,40 @@ def _workload_dumps(folder, *, tokens=300, seed=0):
     """Four dumps in every form a workload takes, and a corrupt one."""
     rng = np.random.default_rng(seed)
     f = folder
-    checking.save_dump(f / "a_derived_gqa.npz", "workload",
-                       q=rng.standard_normal((2, 4, tokens, 16)).astype(np.float32),
-                       k=rng.standard_normal((2, 2, tokens, 16)).astype(np.float32),
-                       v=rng.standard_normal((2, 2, tokens, 8)).astype(np.float16))
+    checking.save_dump(
+        f / "a_derived_gqa.npz",
+        "workload",
+        q=rng.standard_normal((2, 4, tokens, 16)).astype(np.float32),
+        k=rng.standard_normal((2, 2, tokens, 16)).astype(np.float32),
+        v=rng.standard_normal((2, 2, tokens, 8)).astype(np.float16),
+    )
     L, H, di = 2, 3, 8
-    checking.save_dump(f / "b_dsa.npz", "workload",
-                       q=rng.standard_normal((L, 2, tokens, 16)).astype(ml_dtypes.bfloat16),
-                       k=rng.standard_normal((L, 1, tokens, 16)).astype(ml_dtypes.bfloat16),
-                       v=rng.standard_normal((L, 1, tokens, 16)).astype(np.float32),
-                       index_q=rng.standard_normal((L, tokens, H, di)).astype(np.float32),
-                       weights=rng.standard_normal((L, tokens, H)).astype(np.float32),
-                       index_k=rng.standard_normal((L, tokens, di)).astype(np.float32),
-                       key_scale=rng.random((L, tokens)).astype(np.float32))
-    checking.save_dump(f / "c_indexer.npz", "workload",
-                       q=rng.standard_normal((3, 2, tokens, 16)).astype(np.float32),
-                       k=rng.standard_normal((3, 2, tokens, 16)).astype(np.float32),
-                       v=rng.standard_normal((3, 2, tokens, 8)).astype(np.float32),
-                       index_q=rng.standard_normal((3, 2, tokens, 4)).astype(np.float32),
-                       index_k=rng.standard_normal((3, 2, tokens, 4)).astype(np.float32))
-    np.savez_compressed(f / "d_compressed.npz",
-                        q=rng.standard_normal((1, 2, tokens, 8)).astype(np.float32),
-                        k=rng.standard_normal((1, 2, tokens, 8)).astype(np.float32),
-                        v=rng.standard_normal((1, 2, tokens, 8)).astype(np.float32))
+    checking.save_dump(
+        f / "b_dsa.npz",
+        "workload",
+        q=rng.standard_normal((L, 2, tokens, 16)).astype(ml_dtypes.bfloat16),
+        k=rng.standard_normal((L, 1, tokens, 16)).astype(ml_dtypes.bfloat16),
+        v=rng.standard_normal((L, 1, tokens, 16)).astype(np.float32),
+        index_q=rng.standard_normal((L, tokens, H, di)).astype(np.float32),
+        weights=rng.standard_normal((L, tokens, H)).astype(np.float32),
+        index_k=rng.standard_normal((L, tokens, di)).astype(np.float32),
+        key_scale=rng.random((L, tokens)).astype(np.float32),
+    )
+    checking.save_dump(
+        f / "c_indexer.npz",
+        "workload",
+        q=rng.standard_normal((3, 2, tokens, 16)).astype(np.float32),
+        k=rng.standard_normal((3, 2, tokens, 16)).astype(np.float32),
+        v=rng.standard_normal((3, 2, tokens, 8)).astype(np.float32),
+        index_q=rng.standard_normal((3, 2, tokens, 4)).astype(np.float32),
+        index_k=rng.standard_normal((3, 2, tokens, 4)).astype(np.float32),
+    )
+    np.savez_compressed(
+        f / "d_compressed.npz",
+        q=rng.standard_normal((1, 2, tokens, 8)).astype(np.float32),
+        k=rng.standard_normal((1, 2, tokens, 8)).astype(np.float32),
+        v=rng.standard_normal((1, 2, tokens, 8)).astype(np.float32),
+    )
     (f / "e_corrupt.npz").write_bytes(b"PK\x03\x04 this is not a whole zip")
     return f
 
@@ -61,8 +72,7 @@ def dumps(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as c:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
         yield c
 
 
@@ -104,8 +114,9 @@ def test_a_dumps_heads_read_one_at_a_time_are_load_npz_heads_bit_for_bit(dumps):
                 assert x.dtype == y.dtype and np.array_equal(x, y), (name, field)
             for key, x in a.learned.items():
                 y = b.learned[key]
-                assert (x is None and y is None) or x == y if isinstance(x, (str, type(None))) \
-                    else np.array_equal(x, y), (name, key)
+                assert (
+                    (x is None and y is None) or x == y if isinstance(x, (str, type(None))) else np.array_equal(x, y)
+                ), (name, key)
 
 
 def test_the_serial_corpus_run_equals_evaluate_on_each_loaded_dump(dumps):
@@ -114,14 +125,14 @@ def test_the_serial_corpus_run_equals_evaluate_on_each_loaded_dump(dumps):
     assert names == ["e_corrupt.npz"] and "not a NumPy .npz archive" in run.failures[0].error
     assert len(run.reports) == 4
     for name, report in zip(expand([dumps]), run.reports):
-        assert _untimed(report) == _untimed(evaluate.evaluate(workloads.load_npz(name, queries=12),
-                                                              [32, 96], RUNS))
+        assert _untimed(report) == _untimed(evaluate.evaluate(workloads.load_npz(name, queries=12), [32, 96], RUNS))
 
 
 def test_a_two_worker_cluster_gives_exactly_the_serial_reports(dumps, cluster):
     serial = _serial(dumps)
-    run = corpus.evaluate_corpus(expand([dumps]), RUNS, queries=12,
-                                 executor=corpus.Dask(scheduler=cluster.scheduler_address))
+    run = corpus.evaluate_corpus(
+        expand([dumps]), RUNS, queries=12, executor=corpus.Dask(scheduler=cluster.scheduler_address)
+    )
     assert [_untimed(r) for r in run.reports] == [_untimed(r) for r in serial.reports]
     assert _untimed(run.pooled) == _untimed(serial.pooled)
     assert [(f.name, f.error) for f in run.failures] == [(f.name, f.error) for f in serial.failures]
@@ -130,14 +141,30 @@ def test_a_two_worker_cluster_gives_exactly_the_serial_reports(dumps, cluster):
 
 def test_the_cli_on_two_local_workers_prints_the_serial_tables_and_json(dumps, tmp_path, capsys):
     def table_without_timing(text):  # the select µs/query column and the seconds of a report
-        return [line.rsplit("|", 2)[0] if line.startswith("|") else re.sub(r"; [0-9.]+ s$", "", line)
-                for line in text.splitlines()]
+        return [
+            line.rsplit("|", 2)[0] if line.startswith("|") else re.sub(r"; [0-9.]+ s$", "", line)
+            for line in text.splitlines()
+        ]
 
     out = {}
     for label, extra in (("serial", []), ("dask", ["--workers", "2"])):
         path = tmp_path / f"{label}.json"
-        code = cli.main(["eval", "--workload", str(dumps), "--budget", "32", "96", "--queries", "12",
-                         "--json", str(path), "--quiet", *extra])
+        code = cli.main(
+            [
+                "eval",
+                "--workload",
+                str(dumps),
+                "--budget",
+                "32",
+                "96",
+                "--queries",
+                "12",
+                "--json",
+                str(path),
+                "--quiet",
+                *extra,
+            ]
+        )
         captured = capsys.readouterr()
         assert code == 1  # the corrupt dump
         assert "cannot load workload" in captured.err and "e_corrupt.npz" in captured.err
@@ -149,8 +176,8 @@ def test_the_cli_on_two_local_workers_prints_the_serial_tables_and_json(dumps, t
 
 def test_a_worker_killed_during_the_run_changes_nothing(dumps, tmp_path):
     serial = _serial(dumps)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as c:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+
         def worker_pids():
             return [ws.pid for ws in c.scheduler.workers.values()]
 
@@ -172,9 +199,13 @@ def test_a_worker_killed_during_the_run_changes_nothing(dumps, tmp_path):
             def close(self):
                 pass
 
-        run = corpus.evaluate_corpus(expand([dumps]), RUNS, queries=12,
-                                     executor=corpus.Dask(scheduler=c.scheduler_address),
-                                     progress=lambda total: KillOnFirstUpdate())
+        run = corpus.evaluate_corpus(
+            expand([dumps]),
+            RUNS,
+            queries=12,
+            executor=corpus.Dask(scheduler=c.scheduler_address),
+            progress=lambda total: KillOnFirstUpdate(),
+        )
         assert killed and killed[0] not in worker_pids()  # it really died
     assert [_untimed(r) for r in run.reports] == [_untimed(r) for r in serial.reports]
     assert _untimed(run.pooled) == _untimed(serial.pooled)
@@ -203,10 +234,18 @@ def test_a_ranged_array_reads_the_slices_numpy_gives(tmp_path):
     a = rng.standard_normal((3, 4, 5, 6)).astype(np.float32)
     np.save(tmp_path / "x.npy", a)
     raw = (tmp_path / "x.npy").read_bytes()
-    r = RangedArray(fsspec.filesystem("file"), str(tmp_path / "x.npy"), raw.index(a.tobytes()),
-                    a.shape, a.dtype, False)
-    for key in [1, -1, (2, 3), (0, slice(1, 3)), (1, slice(None), 2), (2, 1, slice(2, 5), 4),
-                slice(1, 3), (slice(0, 2), 1), (1, [0, 2])]:
+    r = RangedArray(fsspec.filesystem("file"), str(tmp_path / "x.npy"), raw.index(a.tobytes()), a.shape, a.dtype, False)
+    for key in [
+        1,
+        -1,
+        (2, 3),
+        (0, slice(1, 3)),
+        (1, slice(None), 2),
+        (2, 1, slice(2, 5), 4),
+        slice(1, 3),
+        (slice(0, 2), 1),
+        (1, [0, 2]),
+    ]:
         assert np.array_equal(r[key], a[key]), key
     pos = np.array([0, 2, 4])
     assert np.array_equal(take_rows(r, (1, 2), pos), a[1, 2][pos])
@@ -238,26 +277,42 @@ def _check_dumps(folder):
     rows = ks.block_sparse_select(q, k, pos, cfg, head_major=True).astype(np.int64)
     bad = rows.copy()
     bad[1, 7, 0] = -1 if bad[1, 7, 0] != -1 else 0
-    checking.save_dump(folder / "b_blocks.npz", "blocks", rows=bad, index_q=q, index_k=k, query_pos=pos,
-                       block_size=16, top_blocks=4, init_blocks=1, local_blocks=1, head_major=1)
+    checking.save_dump(
+        folder / "b_blocks.npz",
+        "blocks",
+        rows=bad,
+        index_q=q,
+        index_k=k,
+        query_pos=pos,
+        block_size=16,
+        top_blocks=4,
+        init_blocks=1,
+        local_blocks=1,
+        head_major=1,
+    )
     lens = rng.integers(20, 200, 11).astype(np.int32)
     before = np.stack([rng.choice(L, 16, replace=False) for L in lens]).astype(np.int32)
     after = before.copy()
     ks.scatter_topology_witnesses(after, lens, 8)
     after[6, 9] = after[6, 8]
-    checking.save_dump(folder / "c_witnesses.npz", "witnesses", before=before, after=after,
-                       context_lens=lens, num_segments=8)
+    checking.save_dump(
+        folder / "c_witnesses.npz", "witnesses", before=before, after=after, context_lens=lens, num_segments=8
+    )
     s = rng.standard_normal((10, 50)).astype(np.float32)
     lens = rng.integers(10, 50, 10).astype(np.int32)
     top = np.stack([np.argsort(-np.where(np.arange(50) < L, r, -np.inf))[:8] for r, L in zip(s, lens)])
-    checking.save_dump(folder / "d_scores.npz", "topk", scores=s, context_lens=lens,
-                       rows=top.astype(np.int32))
+    checking.save_dump(folder / "d_scores.npz", "topk", scores=s, context_lens=lens, rows=top.astype(np.int32))
     weights = rng.standard_normal((7, 2)).astype(np.float32)
     weights[5, 1] = np.nan
-    checking.save_dump(folder / "e_nan.npz", "topk", rows=np.zeros((7, 4), np.int32),
-                       index_q=rng.standard_normal((7, 2, 4)).astype(np.float32), weights=weights,
-                       index_k=rng.standard_normal((30, 4)).astype(np.float32),
-                       query_pos=np.arange(20, 27))
+    checking.save_dump(
+        folder / "e_nan.npz",
+        "topk",
+        rows=np.zeros((7, 4), np.int32),
+        index_q=rng.standard_normal((7, 2, 4)).astype(np.float32),
+        weights=weights,
+        index_k=rng.standard_normal((30, 4)).astype(np.float32),
+        query_pos=np.arange(20, 27),
+    )
     return folder
 
 
@@ -269,7 +324,11 @@ def check_dumps(tmp_path_factory):
 def test_a_folder_checked_in_chunks_equals_each_dump_checked_whole(check_dumps):
     run = corpus.check_corpus(expand([check_dumps]), chunk_rows=2)
     assert [os.path.basename(n) for n, _ in run.results] == [
-        "a_topk_example.npz", "b_blocks.npz", "c_witnesses.npz", "d_scores.npz"]
+        "a_topk_example.npz",
+        "b_blocks.npz",
+        "c_witnesses.npz",
+        "d_scores.npz",
+    ]
     for name, result in run.results:
         assert checking.strict_json(result) == checking.strict_json(checking.check_dump(name)), name
     assert [r["wrong"] for _, r in run.results] == [1, 1, 1, 0]
@@ -292,8 +351,7 @@ def test_check_dumps_named_by_urls_and_read_in_byte_ranges_give_the_same_results
 
 def test_check_over_a_folder_on_two_workers_equals_the_per_file_runs(check_dumps, tmp_path, capsys):
     path = tmp_path / "all.json"
-    code = cli.main(["check", str(check_dumps), "--chunk-rows", "3", "--workers", "2",
-                     "--json", str(path)])
+    code = cli.main(["check", str(check_dumps), "--chunk-rows", "3", "--workers", "2", "--json", str(path)])
     out = capsys.readouterr().out
     assert code == 1  # a wrong row somewhere wins over a dump that cannot be checked
     assert "4 right" not in out and "1 right, 3 with wrong rows" in out and "1 could not be checked" in out
@@ -310,13 +368,19 @@ def test_ctrl_c_shuts_the_local_cluster_down_leaving_no_process(tmp_path):
     psutil = pytest.importorskip("psutil")
     rng = np.random.default_rng(1)
     for i in range(6):
-        checking.save_dump(tmp_path / f"w{i}.npz", "workload",
-                           q=rng.standard_normal((4, 4, 4096, 32)).astype(np.float32),
-                           k=rng.standard_normal((4, 4, 4096, 32)).astype(np.float32),
-                           v=rng.standard_normal((4, 4, 4096, 32)).astype(np.float32))
-    p = subprocess.Popen([sys.executable, "-m", "kvselect", "eval", "--workload", str(tmp_path),
-                          "--workers", "2", "--quiet"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        checking.save_dump(
+            tmp_path / f"w{i}.npz",
+            "workload",
+            q=rng.standard_normal((4, 4, 4096, 32)).astype(np.float32),
+            k=rng.standard_normal((4, 4, 4096, 32)).astype(np.float32),
+            v=rng.standard_normal((4, 4, 4096, 32)).astype(np.float32),
+        )
+    p = subprocess.Popen(
+        [sys.executable, "-m", "kvselect", "eval", "--workload", str(tmp_path), "--workers", "2", "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = p.stderr.readline()
         assert "local Dask cluster of 2 workers" in line, line
@@ -398,10 +462,20 @@ def test_a_non_finite_value_fails_its_dump_naming_layer_head_and_token(tmp_path)
     rng = np.random.default_rng(2)
     k = rng.standard_normal((2, 2, 100, 8)).astype(np.float32)
     k[1, 0, 5, 3] = np.inf
-    checking.save_dump(tmp_path / "nan.npz", "workload", q=rng.standard_normal((2, 2, 100, 8)).astype(np.float32),
-                       k=k, v=rng.standard_normal((2, 2, 100, 8)).astype(np.float32))
-    checking.save_dump(tmp_path / "ok.npz", "workload", q=rng.standard_normal((1, 2, 100, 8)).astype(np.float32),
-                       k=k[:1], v=rng.standard_normal((1, 2, 100, 8)).astype(np.float32))
+    checking.save_dump(
+        tmp_path / "nan.npz",
+        "workload",
+        q=rng.standard_normal((2, 2, 100, 8)).astype(np.float32),
+        k=k,
+        v=rng.standard_normal((2, 2, 100, 8)).astype(np.float32),
+    )
+    checking.save_dump(
+        tmp_path / "ok.npz",
+        "workload",
+        q=rng.standard_normal((1, 2, 100, 8)).astype(np.float32),
+        k=k[:1],
+        v=rng.standard_normal((1, 2, 100, 8)).astype(np.float32),
+    )
     run = corpus.evaluate_corpus(expand([tmp_path]), RUNS, queries=8)
     (failure,) = run.failures
     assert os.path.basename(failure.name) == "nan.npz"

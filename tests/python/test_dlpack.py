@@ -45,8 +45,7 @@ def test_float8_keys_and_queries_are_read_as_e4m3fn_bit_for_bit():
     rng, _, w, _, pos = _indexer(2)
     k8, q8 = fp8_bytes(rng, (200, 16)), fp8_bytes(rng, (3, 4, 16))
     want = kvselect.indexer_topk(q8, w, k8, pos, 16, key_format="float8_e4m3fn", query_format="float8_e4m3fn")
-    got = kvselect.indexer_topk(Producer(q8, dtype="float8_e4m3fn"), w, Producer(k8, dtype="float8_e4m3fn"),
-                                pos, 16)
+    got = kvselect.indexer_topk(Producer(q8, dtype="float8_e4m3fn"), w, Producer(k8, dtype="float8_e4m3fn"), pos, 16)
     assert np.array_equal(got, want)
 
 
@@ -58,8 +57,10 @@ def test_a_dtype_that_disagrees_with_key_format_is_refused():
 
 def test_block_selection_from_bfloat16_producers_equals_the_numpy_call():
     rng = np.random.default_rng(4)
-    q, k = bf16_bits(rng.standard_normal((2, 32), dtype=np.float32)), bf16_bits(
-        rng.standard_normal((1024, 32), dtype=np.float32))
+    q, k = (
+        bf16_bits(rng.standard_normal((2, 32), dtype=np.float32)),
+        bf16_bits(rng.standard_normal((1024, 32), dtype=np.float32)),
+    )
     cfg = kvselect.BlockSparseConfig(block_size=64, top_blocks=4, init_blocks=1, local_blocks=1)
     want = kvselect.block_sparse_select(q, k, 1000, cfg, key_format="bfloat16", query_format="bfloat16")
     got = kvselect.block_sparse_select(Producer(q, dtype="bfloat16"), Producer(k, dtype="bfloat16"), 1000, cfg)
@@ -212,7 +213,7 @@ def test_a_byte_offset_selects_the_tensor_within_the_buffer():
 def test_a_misaligned_byte_offset_is_read_through_one_aligned_copy():
     _, q, w, k, pos = _indexer(20)
     raw = np.zeros(k.nbytes + 8, dtype=np.uint8)
-    raw[1:1 + k.nbytes] = k.view(np.uint8).ravel()
+    raw[1 : 1 + k.nbytes] = k.view(np.uint8).ravel()
     got = kvselect.indexer_topk(q, w, Producer(raw, dtype="float32", shape=k.shape, byte_offset=1), pos, 16)
     assert np.array_equal(got, kvselect.indexer_topk(q, w, k, pos, 16))
 

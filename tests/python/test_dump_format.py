@@ -113,16 +113,20 @@ def test_raw_bits_without_their_format_are_refused_naming_the_dump_key(tmp_path,
 
 def test_native_messages_name_the_dump_keys_not_the_api_arguments():
     assert checking._common._in_dump_terms("view it with key_format, or query_format") == (
-        "view it with index_k_format, or index_q_format")
+        "view it with index_k_format, or index_q_format"
+    )
 
 
-@pytest.mark.parametrize("argv, want", [
-    (["eval", "--budget", "abc"], "argument --budget: expected a positive integer, got 'abc'"),
-    (["eval", "--segments", "x"], "argument --segments: expected a positive integer, got 'x'"),
-    (["eval", "--seed", "1.5"], "argument --seed: expected a non-negative integer, got '1.5'"),
-    (["eval", "--index-noise", "lots"], "argument --index-noise: expected a non-negative number, got 'lots'"),
-    (["check", "x.npz", "--rtol", "tiny"], "argument --rtol: expected a non-negative number, got 'tiny'"),
-])
+@pytest.mark.parametrize(
+    "argv, want",
+    [
+        (["eval", "--budget", "abc"], "argument --budget: expected a positive integer, got 'abc'"),
+        (["eval", "--segments", "x"], "argument --segments: expected a positive integer, got 'x'"),
+        (["eval", "--seed", "1.5"], "argument --seed: expected a non-negative integer, got '1.5'"),
+        (["eval", "--index-noise", "lots"], "argument --index-noise: expected a non-negative number, got 'lots'"),
+        (["check", "x.npz", "--rtol", "tiny"], "argument --rtol: expected a non-negative number, got 'tiny'"),
+    ],
+)
 def test_a_flag_that_is_not_a_number_is_named_never_the_parser_function(capsys, argv, want):
     code, _, err = run(capsys, *argv)
     assert code == 2
@@ -135,20 +139,24 @@ def test_a_flag_that_is_not_a_number_is_named_never_the_parser_function(capsys, 
 def test_an_old_eval_name_in_a_workload_is_refused_with_the_new_name(tmp_path):
     rng = np.random.default_rng(1)
     arrays = workload_arrays(layers=1)
-    arrays.update(index_q=rng.standard_normal((1, 64, 3, 4)).astype(np.float32),
-                  index_weights=rng.uniform(0.5, 1.5, (1, 64, 3)).astype(np.float32),
-                  index_k=rng.standard_normal((1, 64, 4)).astype(np.float32))
+    arrays.update(
+        index_q=rng.standard_normal((1, 64, 3, 4)).astype(np.float32),
+        index_weights=rng.uniform(0.5, 1.5, (1, 64, 3)).astype(np.float32),
+        index_k=rng.standard_normal((1, 64, 4)).astype(np.float32),
+    )
     np.savez(tmp_path / "old.npz", **arrays)
-    with pytest.raises(WorkloadError, match="unknown key 'index_weights' in a workload dump "
-                                            r"\(did you mean 'weights'\?\)"):
+    with pytest.raises(
+        WorkloadError,
+        match="unknown key 'index_weights' in a workload dump "
+        r"\(did you mean 'weights'\?\)",
+    ):
         load_npz(tmp_path / "old.npz")
 
 
 def test_a_workload_reads_bfloat16_raw_bits_with_their_format(tmp_path):
     arrays = workload_arrays()
     bits = {k: (v.view(np.uint32) >> 16).astype(np.uint16) for k, v in arrays.items()}
-    save_dump(tmp_path / "bf.npz", "workload", **bits, q_format="bfloat16", k_format="bfloat16",
-              v_format="bfloat16")
+    save_dump(tmp_path / "bf.npz", "workload", **bits, q_format="bfloat16", k_format="bfloat16", v_format="bfloat16")
     w = load_npz(tmp_path / "bf.npz", layers=1)
     want = (bits["q"][1].astype(np.uint32) << 16).view(np.float32)
     np.testing.assert_array_equal(w.q, want)
@@ -158,10 +166,12 @@ def test_a_workload_reads_bfloat16_raw_bits_with_their_format(tmp_path):
 def test_a_workload_reads_the_api_names_in_the_dsa_form(tmp_path):
     rng = np.random.default_rng(2)
     arrays = workload_arrays(layers=1)
-    arrays.update(index_q=rng.standard_normal((1, 64, 3, 4)).astype(np.float32),
-                  weights=rng.uniform(0.5, 1.5, (1, 64, 3)).astype(np.float32),
-                  index_k=rng.standard_normal((1, 64, 4)).astype(np.float32),
-                  key_scale=rng.uniform(0.5, 2, (1, 64)).astype(np.float32))
+    arrays.update(
+        index_q=rng.standard_normal((1, 64, 3, 4)).astype(np.float32),
+        weights=rng.uniform(0.5, 1.5, (1, 64, 3)).astype(np.float32),
+        index_k=rng.standard_normal((1, 64, 4)).astype(np.float32),
+        key_scale=rng.uniform(0.5, 2, (1, 64)).astype(np.float32),
+    )
     save_dump(tmp_path / "dsa.npz", "workload", **arrays)
     w = load_npz(tmp_path / "dsa.npz")
     assert w.indexer is not None
@@ -237,8 +247,21 @@ def test_an_eval_folder_with_one_bad_dump_names_it_pools_the_rest_and_exits_1(tm
     bad["Q"] = bad.pop("q")
     np.savez(folder / "b.npz", **bad)
     np.savez(folder / "c.npz", **workload_arrays(seed=3))
-    code, out, err = run(capsys, "eval", "--workload", folder, "--queries", "2", "--budget", "16",
-                         "--segments", "4", "--block-size", "4", "--quiet")
+    code, out, err = run(
+        capsys,
+        "eval",
+        "--workload",
+        folder,
+        "--queries",
+        "2",
+        "--budget",
+        "16",
+        "--segments",
+        "4",
+        "--block-size",
+        "4",
+        "--quiet",
+    )
     assert code == 1
     assert "b.npz" in err and "unknown key 'Q'" in err
     names = [line.split(" — ")[0] for line in out.splitlines() if line.startswith("workload: ")]
@@ -250,13 +273,20 @@ def test_the_format_doc_is_the_tables(tmp_path):
     with open(os.path.join(ROOT, "docs", "dump-format.md")) as f:
         assert f.read() == checking.dump_format_markdown(), (
             "regenerate: python -c 'import kvselect.checking as c; "
-            "print(c.dump_format_markdown(), end=\"\")' > docs/dump-format.md")
+            'print(c.dump_format_markdown(), end="")\' > docs/dump-format.md'
+        )
 
 
 def test_every_kind_has_a_table_and_save_dump_writes_each(tmp_path):
     assert set(checking.TABLES) == set(checking.KINDS)
-    save_dump(tmp_path / "wi.npz", "witnesses", before=np.zeros((1, 4), np.int32),
-              after=np.zeros((1, 4), np.int32), context_lens=[4], num_segments=2)
+    save_dump(
+        tmp_path / "wi.npz",
+        "witnesses",
+        before=np.zeros((1, 4), np.int32),
+        after=np.zeros((1, 4), np.int32),
+        context_lens=[4],
+        num_segments=2,
+    )
     assert load_dump(tmp_path / "wi.npz").kind == "witnesses"
 
 
@@ -264,15 +294,17 @@ def test_every_kind_has_a_table_and_save_dump_writes_each(tmp_path):
 
 
 def test_the_submodules_are_attributes_after_import_kvselect_in_a_fresh_interpreter():
-    code = ("import kvselect\n"
-            "for name in ('checking', 'reference', 'workloads', 'evaluate'):\n"
-            "    assert name in dir(kvselect), name\n"
-            "    assert getattr(kvselect, name).__name__ == 'kvselect.' + name\n"
-            "help(kvselect.checking)\n"
-            "try:\n"
-            "    kvselect.no_such_thing\n"
-            "except AttributeError:\n"
-            "    print('ok')\n")
+    code = (
+        "import kvselect\n"
+        "for name in ('checking', 'reference', 'workloads', 'evaluate'):\n"
+        "    assert name in dir(kvselect), name\n"
+        "    assert getattr(kvselect, name).__name__ == 'kvselect.' + name\n"
+        "help(kvselect.checking)\n"
+        "try:\n"
+        "    kvselect.no_such_thing\n"
+        "except AttributeError:\n"
+        "    print('ok')\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.rstrip().endswith("ok")

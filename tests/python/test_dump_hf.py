@@ -133,8 +133,18 @@ class Attention(Module):
 
 
 class Model(Module):
-    def __init__(self, layers=2, heads=4, kv=2, d=4, names=("q_proj", "k_proj", "v_proj"),
-                 norms=False, rotary: str = "none", scaling=None, seed=0):
+    def __init__(
+        self,
+        layers=2,
+        heads=4,
+        kv=2,
+        d=4,
+        names=("q_proj", "k_proj", "v_proj"),
+        norms=False,
+        rotary: str = "none",
+        scaling=None,
+        seed=0,
+    ):
         super().__init__()
         rng = np.random.default_rng(seed)
         self.embed = rng.standard_normal((50, HID))
@@ -144,8 +154,9 @@ class Model(Module):
         for i in range(layers):
             layer = body.add(str(i), Module())
             rot = Rotary(d) if rotary == "layer" else None
-            self.attn.append(layer.add("self_attn", Attention(names, rng, heads, kv, d, norms=norms,
-                                                              rotary=rot, scaling=scaling)))
+            self.attn.append(
+                layer.add("self_attn", Attention(names, rng, heads, kv, d, norms=norms, rotary=rot, scaling=scaling))
+            )
 
     def forward(self, input_ids: np.ndarray):
         x = StubTensor(self.embed[np.asarray(input_ids)])
@@ -288,18 +299,18 @@ def test_saved_dump_reads_back_with_load_npz(tmp_path):
 
 
 def test_save_refuses_values_that_overflow_float16_and_keeps_them_in_float32(tmp_path):
-    arrays = {"q": np.full((1, 1, 2, 2), 1e6, np.float32), "k": np.ones((1, 1, 2, 2), np.float32),
-              "v": np.ones((1, 1, 2, 2), np.float32)}
+    arrays = {
+        "q": np.full((1, 1, 2, 2), 1e6, np.float32),
+        "k": np.ones((1, 1, 2, 2), np.float32),
+        "v": np.ones((1, 1, 2, 2), np.float32),
+    }
     with pytest.raises(DumpError, match="do not fit float16"):
         save(tmp_path / "x.npz", arrays)
     assert np.load(save(tmp_path / "x.npz", arrays, dtype="float32"))["q"].max() == 1e6
 
 
 def test_importing_dump_hf_does_not_import_torch_or_transformers():
-    code = (
-        "import sys, kvselect.dump_hf; "
-        "sys.exit(int('torch' in sys.modules or 'transformers' in sys.modules))"
-    )
+    code = "import sys, kvselect.dump_hf; sys.exit(int('torch' in sys.modules or 'transformers' in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -320,8 +331,15 @@ def test_dump_of_a_tiny_llama_reproduces_its_own_attention():
     from transformers import LlamaConfig, LlamaModel
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = LlamaModel(cfg).eval()
     model.config._attn_implementation = "eager"
     ids = torch.arange(20)[None] % 64
@@ -329,7 +347,7 @@ def test_dump_of_a_tiny_llama_reproduces_its_own_attention():
         arrays = dump_qkv(model, ids, num_heads=4, num_kv_heads=2, head_dim=8)
         attn = model(ids, output_attentions=True).attentions
     q, k = arrays["q"], arrays["k"]
-    scale = float(arrays.get("scale", 8 ** -0.5))
+    scale = float(arrays.get("scale", 8**-0.5))
     for layer in range(2):
         kk = np.repeat(k[layer], 2, axis=0)
         logits = np.einsum("hid,hjd->hij", q[layer], kk) * scale
@@ -345,13 +363,15 @@ def test_save_writes_a_workload_dump_uncompressed_with_the_api_names(tmp_path):
     from kvselect.checking import load_dump
 
     rng = np.random.default_rng(3)
-    arrays = {"q": rng.standard_normal((1, 2, 8, 4)).astype(np.float32),
-              "k": rng.standard_normal((1, 1, 8, 4)).astype(np.float32),
-              "v": rng.standard_normal((1, 1, 8, 4)).astype(np.float32),
-              "index_q": rng.standard_normal((1, 8, 3, 4)).astype(np.float32),
-              "weights": rng.uniform(0.5, 1.5, (1, 8, 3)).astype(np.float32),
-              "index_k": rng.standard_normal((1, 8, 4)).astype(np.float32),
-              "key_scale": rng.uniform(0.5, 2, (1, 8)).astype(np.float32)}
+    arrays = {
+        "q": rng.standard_normal((1, 2, 8, 4)).astype(np.float32),
+        "k": rng.standard_normal((1, 1, 8, 4)).astype(np.float32),
+        "v": rng.standard_normal((1, 1, 8, 4)).astype(np.float32),
+        "index_q": rng.standard_normal((1, 8, 3, 4)).astype(np.float32),
+        "weights": rng.uniform(0.5, 1.5, (1, 8, 3)).astype(np.float32),
+        "index_k": rng.standard_normal((1, 8, 4)).astype(np.float32),
+        "key_scale": rng.uniform(0.5, 2, (1, 8)).astype(np.float32),
+    }
     path = save(tmp_path / "dsa.npz", arrays)
     with zipfile.ZipFile(path) as z:
         assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_STORED}
@@ -362,8 +382,12 @@ def test_save_writes_a_workload_dump_uncompressed_with_the_api_names(tmp_path):
 
 
 def test_save_refuses_an_old_key_name_suggesting_the_api_name(tmp_path):
-    arrays = {"q": np.ones((1, 1, 2, 2), np.float32), "k": np.ones((1, 1, 2, 2), np.float32),
-              "v": np.ones((1, 1, 2, 2), np.float32), "index_k_scale": np.ones((1, 2), np.float32)}
+    arrays = {
+        "q": np.ones((1, 1, 2, 2), np.float32),
+        "k": np.ones((1, 1, 2, 2), np.float32),
+        "v": np.ones((1, 1, 2, 2), np.float32),
+        "index_k_scale": np.ones((1, 2), np.float32),
+    }
     with pytest.raises(DumpError, match="did you mean 'key_scale'"):
         save(tmp_path / "old.npz", arrays)
     assert not (tmp_path / "old.npz").exists()

@@ -38,12 +38,8 @@ POSITIONS = np.array([0, 2, 5, 9, 17, 30, 39], dtype=np.int64)
 BUDGETS = [8, 16, 48]  # 48 > TOKENS: a budget above the workload
 
 SETTINGS = {
-    "partial blocks": Settings(
-        segments=4, block_size=3, init_blocks=1, local_blocks=1, sinks=3, seed=7
-    ),
-    "no init block": Settings(
-        segments=3, block_size=4, init_blocks=0, local_blocks=2, sinks=1, seed=8
-    ),
+    "partial blocks": Settings(segments=4, block_size=3, init_blocks=1, local_blocks=1, sinks=3, seed=7),
+    "no init block": Settings(segments=3, block_size=4, init_blocks=0, local_blocks=2, sinks=1, seed=8),
 }
 
 
@@ -313,9 +309,7 @@ def test_as_served_witnesses_can_uncover_a_segment_the_reserved_tail_keeps():
         scale=0.5,
         source="the as-served caveat",
     )
-    report = evaluate.evaluate(
-        w, budgets=[8], settings=Settings(segments=4, block_size=4, local_blocks=1)
-    )
+    report = evaluate.evaluate(w, budgets=[8], settings=Settings(segments=4, block_size=4, local_blocks=1))
     got = {r.policy: r for r in report.results}
     learned = [0, 1, 2, 3, 10, 20, 4, 5]
     assert as_served_row(learned, 40, 4) == [0, 1, 2, 3, 30, 20, 4, 5]
@@ -349,8 +343,7 @@ def test_random_null_is_scored_on_the_selector_rows_of_the_settings_seed(workloa
         assert len(set(valid.tolist())) == len(valid) == min(k, p + 1)
         assert valid.max() <= p
     for seed in (7, 8):
-        s = Settings(budget=k, segments=4, block_size=4, init_blocks=1, local_blocks=1,
-                     seed=seed)
+        s = Settings(budget=k, segments=4, block_size=4, init_blocks=1, local_blocks=1, seed=seed)
         report = evaluate.evaluate(workload, budgets=[k], settings=s)
         (got,) = [r for r in report.results if r.policy == "random null"]
         seed_rows = ks.Selector.random(k, seed).rows(POSITIONS, width=k)
@@ -369,13 +362,14 @@ def test_random_null_is_scored_on_the_selector_rows_of_the_settings_seed(workloa
 
 def test_a_sweep_reports_one_result_per_budget_and_policy_in_policies_order(run):
     base, report = run
-    assert [(r.budget, r.policy) for r in report.results] == [
-        (b, name) for b in BUDGETS for name in POLICIES
-    ]
+    assert [(r.budget, r.policy) for r in report.results] == [(b, name) for b in BUDGETS for name in POLICIES]
     assert [s["budget"] for s in report.settings] == BUDGETS
     assert all(s["segments"] == base.segments for s in report.settings)
     assert (report.n_kv_heads, report.n_q_heads, report.queries, report.tokens) == (
-        N_KV, N_KV * GROUP, len(POSITIONS), TOKENS,
+        N_KV,
+        N_KV * GROUP,
+        len(POSITIONS),
+        TOKENS,
     )
     assert (report.workload, report.source) == ("tiny", "a hand-built test workload")
     assert report.seconds > 0
@@ -406,14 +400,25 @@ def test_the_learned_top_k_of_a_dsa_indexer_is_the_reference_lightning_indexer()
     for h in range(N_KV):
         head = evaluate._prepare_head(w.head_inputs(h, POSITIONS), POSITIONS, w.scale)
         rows, secs = evaluate._select(head, POSITIONS, s)["learned top-k"]
-        want = ref.indexer_topk(iq[h][POSITIONS], iw[h][POSITIONS], k8[h], POSITIONS, 8,
-                                key_scale=scale[h], key_format="float8_e4m3fn")
+        want = ref.indexer_topk(
+            iq[h][POSITIONS], iw[h][POSITIONS], k8[h], POSITIONS, 8, key_scale=scale[h], key_format="float8_e4m3fn"
+        )
         assert np.array_equal(rows, want) and secs > 0
         # The fused reserved tail is the reference's too.
         got = evaluate._select(head, POSITIONS, s)["witnesses (reserved tail)"][0]
-        assert np.array_equal(got, ref.indexer_topk(
-            iq[h][POSITIONS], iw[h][POSITIONS], k8[h], POSITIONS, 8, key_scale=scale[h],
-            key_format="float8_e4m3fn", num_segments=4))
+        assert np.array_equal(
+            got,
+            ref.indexer_topk(
+                iq[h][POSITIONS],
+                iw[h][POSITIONS],
+                k8[h],
+                POSITIONS,
+                8,
+                key_scale=scale[h],
+                key_format="float8_e4m3fn",
+                num_segments=4,
+            ),
+        )
 
 
 def test_the_report_dict_is_strict_json_and_round_trips(run):
@@ -425,8 +430,11 @@ def test_the_report_dict_is_strict_json_and_round_trips(run):
     first = back["results"][0]
     assert first["policy"] == "learned top-k" and first["select_us_per_query"] > 0
     # A policy that could not run: its NaN numbers become None.
-    na = evaluate.evaluate(tiny_workload(), budgets=[2], settings=Settings(
-        segments=2, block_size=4, init_blocks=0, local_blocks=1, sinks=1)).to_dict()
+    na = evaluate.evaluate(
+        tiny_workload(),
+        budgets=[2],
+        settings=Settings(segments=2, block_size=4, init_blocks=0, local_blocks=1, sinks=1),
+    ).to_dict()
     blocks = next(r for r in na["results"] if r["policy"] == "block-sparse")
     assert blocks["recall_mean"] is None and blocks["note"]
     json.dumps(na, allow_nan=False)
@@ -464,8 +472,7 @@ def test_a_budget_equal_to_the_context_is_a_table_when_a_policy_still_drops_keys
     s = SETTINGS["partial blocks"]
     report = evaluate.evaluate(workload, budgets=[40, 48], settings=s)
     assert report.every_key_budgets == [48]
-    (tail,) = [r for r in report.results
-               if r.budget == 40 and r.policy == "witnesses (reserved tail)"]
+    (tail,) = [r for r in report.results if r.budget == 40 and r.policy == "witnesses (reserved tail)"]
     assert tail.recall_mean < 1.0
     table = evaluate.format_table(report)
     assert "budget k = 40\n" in table
@@ -481,7 +488,8 @@ def test_the_progress_callable_wraps_the_iteration_over_kv_heads(workload):
             yield h
 
     report = evaluate.evaluate(
-        workload, budgets=[8],
+        workload,
+        budgets=[8],
         settings=Settings(segments=4, block_size=4, init_blocks=1, local_blocks=1),
         progress=progress,
     )
@@ -512,7 +520,8 @@ def test_a_budget_named_twice_is_measured_and_reported_once(workload):
 
 def test_returned_results_are_policy_results():
     r = evaluate.evaluate(
-        tiny_workload(), budgets=[8],
+        tiny_workload(),
+        budgets=[8],
         settings=Settings(segments=2, block_size=4, init_blocks=1, local_blocks=1),
     )
     assert isinstance(r, Report)
@@ -532,8 +541,7 @@ def test_returned_results_are_policy_results():
         (dict(budget=128, segments=65), "segments must be in 1..64"),
         (dict(budget=128, segments=0), "segments must be in 1..64"),
         (dict(budget=16, segments=4, block_size=0), "block_size must be at least 1"),
-        (dict(budget=16, segments=4, block_size=8, init_blocks=1, local_blocks=2),
-         "exceed the budget"),
+        (dict(budget=16, segments=4, block_size=8, init_blocks=1, local_blocks=2), "exceed the budget"),
     ],
 )
 def test_inconsistent_settings_are_refused_with_a_message(kwargs, message):
@@ -551,7 +559,8 @@ def test_one_inconsistent_budget_refuses_the_whole_sweep_before_any_work(workloa
     calls = []
     with pytest.raises(ValueError, match=r"segments \(4\) cannot exceed the budget \(2\)"):
         evaluate.evaluate(
-            workload, budgets=[8, 2],
+            workload,
+            budgets=[8, 2],
             settings=Settings(segments=4, block_size=1, init_blocks=1, local_blocks=1),
             progress=lambda heads: calls.append(1) or heads,
         )
@@ -573,9 +582,7 @@ def test_a_block_larger_than_the_budget_is_not_refused_block_sparse_is_na(worklo
     assert not na.ran and na.note == s.block_sparse_note()
     assert math.isnan(na.recall_mean) and math.isnan(na.slots_used)
     # The others ran, and match a run at a block size that fits.
-    other = evaluate.evaluate(
-        workload, budgets=[8], settings=Settings(budget=8, segments=4, block_size=2)
-    )
+    other = evaluate.evaluate(workload, budgets=[8], settings=Settings(budget=8, segments=4, block_size=2))
     for r in other.results:
         if r.policy not in ("block-sparse", "random null"):
             assert by[(8, r.policy)].ran
@@ -641,8 +648,13 @@ def test_derive_settings_keeps_what_was_given_and_trims_only_the_rest():
     assert s.block_size == 64 and s.block_sparse_note() is not None
 
 
-FLAGS = {"segments": "--segments", "block_size": "--block-size",
-         "init_blocks": "--init-blocks", "local_blocks": "--local-blocks", "sinks": "--sinks"}
+FLAGS = {
+    "segments": "--segments",
+    "block_size": "--block-size",
+    "init_blocks": "--init-blocks",
+    "local_blocks": "--local-blocks",
+    "sinks": "--sinks",
+}
 
 
 @pytest.mark.parametrize(
@@ -650,10 +662,18 @@ FLAGS = {"segments": "--segments", "block_size": "--block-size",
     [
         (8, dict(segments=16), ("segments",), r"--segments \(16\) cannot exceed the budget \(8\)"),
         (128, dict(segments=65), ("segments",), r"--segments must be in 1\.\.64"),
-        (32, dict(block_size=8, local_blocks=5), ("local_blocks", "block_size"),
-         r"exceed the budget \(32\): lower --local-blocks or --block-size"),
-        (32, dict(block_size=8, init_blocks=2, local_blocks=3),
-         ("init_blocks", "local_blocks", "block_size"), "lower --init-blocks or --local-blocks"),
+        (
+            32,
+            dict(block_size=8, local_blocks=5),
+            ("local_blocks", "block_size"),
+            r"exceed the budget \(32\): lower --local-blocks or --block-size",
+        ),
+        (
+            32,
+            dict(block_size=8, init_blocks=2, local_blocks=3),
+            ("init_blocks", "local_blocks", "block_size"),
+            "lower --init-blocks or --local-blocks",
+        ),
         (4, dict(local_blocks=5), ("local_blocks",), r"lower --local-blocks$"),
         (4, dict(sinks=4), ("sinks",), r"--sinks \(4\) leaves no slot for the window"),
     ],
@@ -665,12 +685,9 @@ def test_derive_settings_names_the_given_setting_that_cannot_work(k, given, fiel
 
 
 def test_one_settings_per_budget_is_taken_in_order_and_must_match_in_number(workload):
-    runs = [Settings(budget=8, segments=2, block_size=2), Settings(budget=16, segments=8,
-                                                                   block_size=4)]
+    runs = [Settings(budget=8, segments=2, block_size=2), Settings(budget=16, segments=8, block_size=4)]
     report = evaluate.evaluate(workload, budgets=[8, 16], settings=runs)
-    assert [(s["budget"], s["segments"], s["block_size"]) for s in report.settings] == [
-        (8, 2, 2), (16, 8, 4)
-    ]
+    assert [(s["budget"], s["segments"], s["block_size"]) for s in report.settings] == [(8, 2, 2), (16, 8, 4)]
     table = evaluate.format_table(report)
     assert "budget k = 8 (S = 2 segments, blocks of 2" in table
     with pytest.raises(ValueError, match="one Settings per budget"):
@@ -685,8 +702,7 @@ def test_output_error_median_and_p95_bracket_a_mean_dominated_by_near_zero_outpu
     v[0] -= v[0].mean(axis=0, keepdims=True)  # KV head 0: values around zero
     w0 = Workload(**{**w.__dict__, "v": np.ascontiguousarray(v)})
     before, after = (
-        {x.policy: x for x in evaluate.evaluate(
-            x, budgets=[8], settings=SETTINGS["partial blocks"]).results}
+        {x.policy: x for x in evaluate.evaluate(x, budgets=[8], settings=SETTINGS["partial blocks"]).results}
         for x in (w, w0)
     )
     for name in ("learned top-k", "locality null", "oracle top-k"):

@@ -16,8 +16,11 @@ SEED = 20261201
 
 def _case(rng, integer=True):
     n, h, d, t = (int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 40)), int(rng.integers(1, 400)))
-    draw = (lambda lo, hi, size: rng.integers(lo, hi + 1, size).astype(np.float32)) if integer else (
-        lambda lo, hi, size: rng.uniform(lo, hi, size).astype(np.float32))
+    draw = (
+        (lambda lo, hi, size: rng.integers(lo, hi + 1, size).astype(np.float32))
+        if integer
+        else (lambda lo, hi, size: rng.uniform(lo, hi, size).astype(np.float32))
+    )
     q, w, k = draw(-3, 3, (n, h, d)), draw(-2, 2, (n, h)), draw(-3, 3, (t, d))
     c = draw(1, 4, t) if rng.random() < 0.5 else None
     pos = rng.integers(0, t + 5, n)
@@ -52,10 +55,20 @@ def test_every_format_equals_the_float64_reference_exactly_on_integer_data():
         want_scores = np.zeros((len(pos), topk), np.float32)
         want = ref.indexer_topk(q, w, k, pos, topk, key_scale=c, num_segments=s, scores_out=want_scores)
         for kk, kf in _formats(k, rng):
-            for qq, qf in _formats(q, rng)[:: 3]:
+            for qq, qf in _formats(q, rng)[::3]:
                 got_scores = np.full((len(pos), topk), 7.0, np.float32)
-                got = ks.indexer_topk(qq, w, kk, pos, topk, key_scale=c, key_format=kf, query_format=qf,
-                                      num_segments=s, scores_out=got_scores)
+                got = ks.indexer_topk(
+                    qq,
+                    w,
+                    kk,
+                    pos,
+                    topk,
+                    key_scale=c,
+                    key_format=kf,
+                    query_format=qf,
+                    num_segments=s,
+                    scores_out=got_scores,
+                )
                 assert got.dtype == np.int32 and np.array_equal(got, want), (kf, qf, got, want)
                 np.testing.assert_array_equal(got_scores, want_scores)
                 cases += 1
@@ -73,8 +86,8 @@ def test_on_random_float_data_every_row_is_in_rank_order_of_its_own_scores():
             n_valid = min(int(p) + 1, len(k), topk)
             assert (row[:n_valid] >= 0).all() and (row[n_valid:] == -1).all()
             assert len(set(row[:n_valid].tolist())) == n_valid
-            a, b = sc[:n_valid - 1], sc[1:n_valid]
-            ordered = (a > b) | ((a == b) & (row[:n_valid - 1] < row[1:n_valid])) | np.isnan(b)
+            a, b = sc[: n_valid - 1], sc[1:n_valid]
+            ordered = (a > b) | ((a == b) & (row[: n_valid - 1] < row[1:n_valid])) | np.isnan(b)
             assert ordered.all(), (row, sc)
         # And every row is a correct top-k of the reference's scores (float64,
         # rounded once) up to the float32 arithmetic's error bound: a dot of d
@@ -149,10 +162,16 @@ def test_malformed_calls_are_refused_naming_the_argument_and_write_nothing():
     # An out= aliasing a query handed over as a memoryview is still caught.
     qb = np.zeros((2, 1, 4), np.float32)
     out_view = qb.view(np.int32).reshape(2, 4)
-    assert _err(SE, ks.indexer_topk, memoryview(qb), np.ones((2, 1), np.float32), k, pos, 4, out=out_view).argument == "out"
+    assert (
+        _err(SE, ks.indexer_topk, memoryview(qb), np.ones((2, 1), np.float32), k, pos, 4, out=out_view).argument
+        == "out"
+    )
     assert (qb == 0).all()
     scores = np.zeros((2, 4), np.float32)
-    assert _err(SE, ks.indexer_topk, q, w, k, pos, 4, out=scores.view(np.int32), scores_out=scores).argument == "scores_out"
+    assert (
+        _err(SE, ks.indexer_topk, q, w, k, pos, 4, out=scores.view(np.int32), scores_out=scores).argument
+        == "scores_out"
+    )
     assert (scores == 0).all() and (out == 7).all()
 
 
@@ -171,14 +190,20 @@ def test_the_packed_form_equals_the_reference_and_one_call_per_sequence():
         w = rng.integers(-2, 3, (n, h)).astype(np.float32)
         topk, s = int(rng.integers(1, 40)), int(rng.choice([0, 3]))
         fmt = rng.integers(0, 3)
-        kk, kf = [(k, None), (k.astype(ml_dtypes.bfloat16), None), (k.astype(ml_dtypes.float8_e4m3fn).view(np.uint8), "float8_e4m3fn")][fmt]
+        kk, kf = [
+            (k, None),
+            (k.astype(ml_dtypes.bfloat16), None),
+            (k.astype(ml_dtypes.float8_e4m3fn).view(np.uint8), "float8_e4m3fn"),
+        ][fmt]
         got = ks.indexer_topk_packed(q, w, kk, cu, sid, pos, topk, key_scale=c, key_format=kf, num_segments=s)
         want = ref.indexer_topk_packed(q, w, k, cu, sid, pos, topk, key_scale=c, num_segments=s)
         np.testing.assert_array_equal(got, want)
         for i in range(n):
             k0, k1 = cu[sid[i]], cu[sid[i] + 1]
-            one = ks.indexer_topk(q[i:i + 1], w[i:i + 1], k[k0:k1], pos[i:i + 1], topk, key_scale=c[k0:k1], num_segments=s)
-            np.testing.assert_array_equal(got[i:i + 1], one)
+            one = ks.indexer_topk(
+                q[i : i + 1], w[i : i + 1], k[k0:k1], pos[i : i + 1], topk, key_scale=c[k0:k1], num_segments=s
+            )
+            np.testing.assert_array_equal(got[i : i + 1], one)
     q, w, k = np.ones((1, 1, 2), np.float32), np.ones((1, 1), np.float32), np.ones((6, 2), np.float32)
     assert _err(ks.SelectionError, ks.indexer_topk_packed, q, w, k, [0, 4], [0], [1], 2).argument == "cu_seqlens"
     assert _err(ks.SelectionError, ks.indexer_topk_packed, q, w, k, [0, 2, 6], [2], [1], 2).argument == "seq_ids"
@@ -211,11 +236,14 @@ def test_the_fp8_paged_cache_equals_the_dense_call_on_its_keys_and_the_reference
         topk, s = int(rng.integers(1, 50)), int(rng.choice([0, 2]))
         got = ks.indexer_topk_paged(q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled", num_segments=s)
         for i in range(n):
-            one = ks.indexer_topk(q[i:i + 1], w[i:i + 1], keys[sid[i]], pos[i:i + 1], topk,
-                                  key_scale=scales[sid[i]], num_segments=s)
-            np.testing.assert_array_equal(got[i:i + 1], one)
+            one = ks.indexer_topk(
+                q[i : i + 1], w[i : i + 1], keys[sid[i]], pos[i : i + 1], topk, key_scale=scales[sid[i]], num_segments=s
+            )
+            np.testing.assert_array_equal(got[i : i + 1], one)
         if integer:
-            want = ref.indexer_topk_paged(q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled", num_segments=s)
+            want = ref.indexer_topk_paged(
+                q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled", num_segments=s
+            )
             np.testing.assert_array_equal(got, want)
 
 
@@ -235,15 +263,20 @@ def test_dense_pages_in_every_format_equal_the_dense_call():
         table = np.zeros((1, need + 2), np.int32)
         table[0, :need] = order
         fmt = case % 4
-        cache, kf = [(pages, None), (pages.astype(ml_dtypes.bfloat16), None),
-                     (pages.astype(np.float16).view(np.uint16), "float16"),
-                     (pages.astype(ml_dtypes.float8_e4m3fn).view(np.uint8), "float8_e4m3fn")][fmt]
+        cache, kf = [
+            (pages, None),
+            (pages.astype(ml_dtypes.bfloat16), None),
+            (pages.astype(np.float16).view(np.uint16), "float16"),
+            (pages.astype(ml_dtypes.float8_e4m3fn).view(np.uint8), "float8_e4m3fn"),
+        ][fmt]
         q = rng.integers(-3, 4, (2, h, d)).astype(np.float32)
         w = rng.integers(-2, 3, (2, h)).astype(np.float32)
         pos = rng.integers(0, n_tok + 3, 2)
         got = ks.indexer_topk_paged(q, w, cache, table, [n_tok], [0, 0], pos, 20, key_format=kf)
         np.testing.assert_array_equal(got, ks.indexer_topk(q, w, k, pos, 20))
-        np.testing.assert_array_equal(got, ref.indexer_topk_paged(q, w, cache, table, [n_tok], [0, 0], pos, 20, key_format=kf))
+        np.testing.assert_array_equal(
+            got, ref.indexer_topk_paged(q, w, cache, table, [n_tok], [0, 0], pos, 20, key_format=kf)
+        )
 
 
 def test_a_paged_call_refuses_a_bad_block_table_and_writes_nothing():
@@ -255,17 +288,50 @@ def test_a_paged_call_refuses_a_bad_block_table_and_writes_nothing():
         e = _err(SE, ks.indexer_topk_paged, q, w, cache, np.array(table, np.int32), lens, [0], [2], 2, out=out)
         assert e.argument == "block_table"
     assert (out == 7).all()
-    assert _err(SE, ks.indexer_topk_paged, q, w, cache, np.zeros((1, 2), np.int32), [3], [1], [2], 2).argument == "seq_ids"
-    assert _err(SE, ks.indexer_topk_paged, q, w, cache[:, :, :3], np.zeros((1, 2), np.int32), [3], [0], [2], 2).argument == "index_q"
+    assert (
+        _err(SE, ks.indexer_topk_paged, q, w, cache, np.zeros((1, 2), np.int32), [3], [1], [2], 2).argument == "seq_ids"
+    )
+    assert (
+        _err(SE, ks.indexer_topk_paged, q, w, cache[:, :, :3], np.zeros((1, 2), np.int32), [3], [0], [2], 2).argument
+        == "index_q"
+    )
     # The keys' dimension is refused before the table and sequences are read.
-    assert _err(SE, ks.indexer_topk_paged, q, w, cache[:, :, :3], np.zeros((1, 2), np.float32), [-3], [0], [2],
-                2).argument == "index_q"
+    assert (
+        _err(SE, ks.indexer_topk_paged, q, w, cache[:, :, :3], np.zeros((1, 2), np.float32), [-3], [0], [2], 2).argument
+        == "index_q"
+    )
     # fp8_scaled pages are uint8 [num_blocks, block_size, (1,) d + 4].
     for bad in (np.zeros((3, 2, 4), np.uint8), cache):
-        assert _err(SE, ks.indexer_topk_paged, q, w, bad, np.zeros((1, 2), np.int32), [3], [0], [2], 2,
-                    page_layout="fp8_scaled").argument == "kv_cache"
+        assert (
+            _err(
+                SE,
+                ks.indexer_topk_paged,
+                q,
+                w,
+                bad,
+                np.zeros((1, 2), np.int32),
+                [3],
+                [0],
+                [2],
+                2,
+                page_layout="fp8_scaled",
+            ).argument
+            == "kv_cache"
+        )
     _err(TypeError, ks.indexer_topk_paged, q, w, cache.astype(np.float64), np.zeros((1, 2), np.int32), [3], [0], [2], 2)
-    _err(ValueError, ks.indexer_topk_paged, q, w, cache, np.zeros((1, 2), np.int32), [3], [0], [2], 2, page_layout="ragged")
+    _err(
+        ValueError,
+        ks.indexer_topk_paged,
+        q,
+        w,
+        cache,
+        np.zeros((1, 2), np.int32),
+        [3],
+        [0],
+        [2],
+        2,
+        page_layout="ragged",
+    )
     # out= aliasing the cache through a memoryview.
     c2 = np.zeros((2, 2, 4), np.float32)
     alias = c2.view(np.int32).reshape(-1)[:2].reshape(1, 2)
@@ -334,7 +400,9 @@ def test_every_simd_level_gives_the_same_rows_and_score_bits(tmp_path, level):
             k = np.round(k * 2) / 2  # exact ties and signed zeros
         c = np.ones(len(k), np.float32) if c is None else c
         topk = int(rng.integers(1, 80))
-        arrays.update({f"q_{i}": q, f"w_{i}": w, f"k_{i}": k, f"c_{i}": c, f"pos_{i}": pos, f"topk_{i}": np.array(topk)})
+        arrays.update(
+            {f"q_{i}": q, f"w_{i}": w, f"k_{i}": k, f"c_{i}": c, f"pos_{i}": pos, f"topk_{i}": np.array(topk)}
+        )
         s = np.zeros((len(pos), topk), np.float32)
         expected[f"rows_{i}"] = ks.indexer_topk(q, w, k, pos, topk, key_scale=c, scores_out=s)
         expected[f"scores_{i}"] = s
@@ -342,8 +410,12 @@ def test_every_simd_level_gives_the_same_rows_and_score_bits(tmp_path, level):
     if level == "avx2" and cpu_is_scalar:
         pytest.skip("no AVX2")
     env = dict(os.environ, KVSELECT_SIMD=level)
-    subprocess.run([sys.executable, "-c", _SCALAR_CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
-                   check=True, env=env, timeout=300)
+    subprocess.run(
+        [sys.executable, "-c", _SCALAR_CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
+        check=True,
+        env=env,
+        timeout=300,
+    )
     got = np.load(tmp_path / "out.npz")
     for name, want in expected.items():
         if name.startswith("scores"):

@@ -36,9 +36,7 @@ WARMUP = 1_000
 #: quick mode (100 MiB in long mode).
 BOUND = 4 << 20
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists("/proc/self/statm"), reason="RSS is read from /proc/self/statm"
-)
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="RSS is read from /proc/self/statm")
 
 
 def _malloc_trim() -> None:
@@ -221,8 +219,12 @@ def _calls():
             check_scores, check_rows, atol=1e-3, rtol=0.1, magnitudes=np.abs(check_scores)
         ),
         "check_topk-global-slots": lambda: ks.check_topk(check_scores, slot_rows, slots=slots),
-        "GlobalSlots": lambda: sink.__setitem__("slots", ks.GlobalSlots(
-            slot_table, slot_req, 16, block_stride_rows=32, prefill_req_ids=slot_req - 2, workspace_starts=[0, 9])),
+        "GlobalSlots": lambda: sink.__setitem__(
+            "slots",
+            ks.GlobalSlots(
+                slot_table, slot_req, 16, block_stride_rows=32, prefill_req_ids=slot_req - 2, workspace_starts=[0, 9]
+            ),
+        ),
         "block_scores": lambda: ks.block_scores(bq, k, bpos, cfg),
         "block_scores-magnitudes": lambda: ks.block_magnitudes(bq, k_bf16, bpos, cfg, key_format=k_bf16_fmt),
         "check_blocks": lambda: ks.check_blocks(
@@ -250,13 +252,15 @@ def _calls():
         "refused-huge-count": catch(lambda: ks.segment_of(2**70, 1, 1), ks.WitnessError),
         "refused-selection-shape": catch(lambda: ks.block_sparse_select(q, k, [1, 2], cfg), ks.SelectionError),
         "refused-paged-block-table": catch(
-            lambda: ks.block_sparse_select_paged(bq, pages_bf16, bad_table, blens, bsid, bpos, cfg,
-                                                 key_format=pages_bf16_fmt, out=bsel_out),
+            lambda: ks.block_sparse_select_paged(
+                bq, pages_bf16, bad_table, blens, bsid, bpos, cfg, key_format=pages_bf16_fmt, out=bsel_out
+            ),
             ks.SelectionError,
         ),
         "refused-paged-out-aliases-table": catch(
-            lambda: ks.block_sparse_select_paged(bq, bcache, wide_table, blens, bsid, bpos, cfg,
-                                                 out=wide_table.reshape(16, 2, 8)),
+            lambda: ks.block_sparse_select_paged(
+                bq, bcache, wide_table, blens, bsid, bpos, cfg, out=wide_table.reshape(16, 2, 8)
+            ),
             ks.SelectionError,
         ),
         "refused-attention-scale": catch(
@@ -274,9 +278,7 @@ def _calls():
         "refused-check-witnesses": catch(
             lambda: ks.check_witnesses(learned, wit_after[:, :8], lens, 16), ks.WitnessError
         ),
-        "refused-memory": catch(
-            lambda: ks.Selector.dense().rows(np.full(4096, 2**31 - 2)), MemoryError
-        ),
+        "refused-memory": catch(lambda: ks.Selector.dense().rows(np.full(4096, 2**31 - 2)), MemoryError),
     }
     return calls
 

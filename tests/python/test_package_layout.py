@@ -44,8 +44,18 @@ def _top_level_imports(module: str, path: pathlib.Path):
 
 def test_the_package_shows_its_concepts_as_modules_and_folders():
     assert sorted(p.name for p in PACKAGE.iterdir() if not p.name.startswith((".", "__pycache__", "_core"))) == [
-        "__init__.py", "__main__.py", "checking", "cli", "corpus", "data", "dump_hf.py", "evaluate", "py.typed",
-        "reference", "testing", "workloads",
+        "__init__.py",
+        "__main__.py",
+        "checking",
+        "cli",
+        "corpus",
+        "data",
+        "dump_hf.py",
+        "evaluate",
+        "py.typed",
+        "reference",
+        "testing",
+        "workloads",
     ]
 
 
@@ -71,7 +81,7 @@ def test_the_module_level_imports_form_no_cycle():
 
     def visit(node):
         if node in stack:
-            cycles.append(stack[stack.index(node):] + [node])
+            cycles.append(stack[stack.index(node) :] + [node])
             return
         if node in seen:
             return
@@ -94,6 +104,9 @@ def test_no_module_imports_another_modules_private_names():
                 target = _resolve(name, path, node)
                 if target.split(".")[-1].startswith("_"):
                     continue  # a private module: shared within its package
-                found += [f"{name}: {target}.{a.name}" for a in node.names
-                          if a.name.startswith("_") and not a.name.startswith("__")]
+                found += [
+                    f"{name}: {target}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
     assert found == []

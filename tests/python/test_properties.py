@@ -260,16 +260,12 @@ def test_attention_mass_recall_equals_the_reference_nan_meeting_nan(weights, dat
 
 @CHEAP
 @given(
-    weights=hnp.arrays(
-        np.float64, st.integers(1, 60), elements=st.floats(0, 1, allow_subnormal=False)
-    ),
+    weights=hnp.arrays(np.float64, st.integers(1, 60), elements=st.floats(0, 1, allow_subnormal=False)),
     data=st.data(),
 )
 def test_attention_mass_recall_of_real_weights_is_within_rounding_of_the_reference(weights, data):
     cands = data.draw(index_rows(1, data.draw(st.integers(0, 60)), len(weights)))[0]
-    assert_metric_close(
-        ks.attention_mass_recall(cands, weights), ref.attention_mass_recall(cands, weights), cands
-    )
+    assert_metric_close(ks.attention_mass_recall(cands, weights), ref.attention_mass_recall(cands, weights), cands)
     # Every visible key selected: all the mass (or NaN without mass).
     full = ks.attention_mass_recall(np.arange(len(weights), dtype=np.int32), weights)
     assert math.isnan(full) if weights.sum() == 0 else abs(full - 1.0) <= METRIC_TOL
@@ -377,9 +373,7 @@ def test_packed_selection_equals_the_reference_and_the_per_sequence_calls(proble
 # Selector rows
 # ---------------------------------------------------------------------------
 
-positions = st.lists(st.integers(0, 2000) | st.integers(0, 40), max_size=10).map(
-    lambda p: np.array(p, dtype=np.int64)
-)
+positions = st.lists(st.integers(0, 2000) | st.integers(0, 40), max_size=10).map(lambda p: np.array(p, dtype=np.int64))
 
 
 @MEDIUM
@@ -547,9 +541,7 @@ def _coverage_rows_problem(draw):
     rows = draw(st.integers(0, 6))
     width = draw(st.integers(0, 12))
     cands = draw(index_rows(rows, width, 80))
-    lens = np.array(
-        [draw(st.integers(0, 80) | st.sampled_from([I32_MAX])) for _ in range(rows)], dtype=np.int64
-    )
+    lens = np.array([draw(st.integers(0, 80) | st.sampled_from([I32_MAX])) for _ in range(rows)], dtype=np.int64)
     num_segments = draw(st.integers(0, 100) | u64s)
     return cands, lens, num_segments
 

@@ -33,8 +33,17 @@ def swap_best_for_best_loser(rows, scores, row, topk):
 def test_a_right_selection_returns_the_report_the_dump_check_gives():
     rows, q, w, k, pos, topk = small()
     report = assert_topk(rows, q, w, k, pos, topk)
-    dumped = check_dump({"kind": np.asarray("topk"), "rows": rows.astype(np.int64), "index_q": q, "weights": w,
-                         "index_k": k, "query_pos": pos, "topk": np.asarray(topk)})
+    dumped = check_dump(
+        {
+            "kind": np.asarray("topk"),
+            "rows": rows.astype(np.int64),
+            "index_q": q,
+            "weights": w,
+            "index_k": k,
+            "query_pos": pos,
+            "topk": np.asarray(topk),
+        }
+    )
     assert report["wrong"] == 0 and report["vacuous"] == 0
     assert report["checks"][0]["name"] == dumped["checks"][0]["name"] == "against the exact scores"
     assert report["checks"][0]["report"] == dumped["checks"][0]["report"]
@@ -96,8 +105,10 @@ def test_engine_scores_that_agree_pass_all_three_checks():
     scores = ks.indexer_scores(q, w, k, pos)
     report = assert_topk(rows, q, w, k, pos, topk, engine_scores=scores)
     assert [c["name"] for c in report["checks"]] == [
-        "against the exact scores", "against the engine's own scores, exactly",
-        "the engine's own scores against the exact ones"]
+        "against the exact scores",
+        "against the engine's own scores, exactly",
+        "the engine's own scores against the exact ones",
+    ]
     assert report["wrong"] == 0
 
 
@@ -169,6 +180,7 @@ def test_assert_witnesses_passes_the_rules_buffer_and_names_a_wrong_witness():
 
 
 # ---- _host: arrays from DLPack producers ------------------------------------------
+
 
 class CpuTensor:
     """A CPU DLPack producer over a NumPy array (as torch's CPU tensors are)."""

@@ -83,13 +83,15 @@ def test_a_touched_kept_prefix_fails_the_witness_check(case):
 @pytest.mark.parametrize("case", cases.pytest_params([p for p in TOPK if p[1].form == "dense"]))
 def test_the_expected_answer_is_kvselects_indexer_top_k(case):
     a = case.inputs
-    got = ks.indexer_topk(a["index_q"], a["weights"], a["index_k"], a["query_pos"], a["topk"],
-                          key_scale=a.get("key_scale"))
+    got = ks.indexer_topk(
+        a["index_q"], a["weights"], a["index_k"], a["query_pos"], a["topk"], key_scale=a.get("key_scale")
+    )
     assert np.array_equal(got, case.expected)
 
 
-@pytest.mark.parametrize("case", cases.pytest_params(
-    [p for p in TOPK if p[1].form == "dense" and not p[1].meta.get("non_finite")]))
+@pytest.mark.parametrize(
+    "case", cases.pytest_params([p for p in TOPK if p[1].form == "dense" and not p[1].meta.get("non_finite")])
+)
 def test_float32_scores_in_a_shuffled_order_are_the_exact_ones(case):
     """Exact by construction: any summation order gives the float64 score."""
     import ml_dtypes  # noqa: F401  (the keys' dtypes)
@@ -247,16 +249,18 @@ def test_non_finite_cases_hold_their_operand_and_the_rule_ranks_nan_last():
         if not c.meta.get("non_finite"):
             continue
         a = c.inputs
-        arrays = [np.asarray(a[n], dtype=np.float32) for n in ("index_q", "weights", "index_k", "key_scale")
-                  if n in a]
+        arrays = [np.asarray(a[n], dtype=np.float32) for n in ("index_q", "weights", "index_k", "key_scale") if n in a]
         assert any(not np.isfinite(x).all() for x in arrays), c.id
         L = int(c.context_lens[0])
         s = c.scores[0, :L]
         picked = c.expected[0][c.expected[0] >= 0]
         if np.isfinite(s).sum() >= len(picked):  # NaN never picked while a number is left
             assert not np.isnan(s[picked]).any(), c.id
-        assert np.all(s[picked] == np.inf) or not np.isinf(s).any() or np.isinf(s[picked]).sum() == min(
-            np.sum(s == np.inf), len(picked)), c.id
+        assert (
+            np.all(s[picked] == np.inf)
+            or not np.isinf(s).any()
+            or np.isinf(s[picked]).sum() == min(np.sum(s == np.inf), len(picked))
+        ), c.id
 
 
 def test_the_fp8_nan_case_holds_both_nan_bytes():
@@ -290,8 +294,9 @@ def test_block_cases_have_their_properties():
     ties = dict(BLOCKS)["block_ties-x2^0"]
     bs = ties.inputs["config"].block_size
     assert np.all((ties.inputs["query_pos"] + 1) % bs != 0)
-    scores = ks.block_scores(ties.inputs["index_q"], ties.inputs["index_k"], ties.inputs["query_pos"],
-                             ties.inputs["config"])
+    scores = ks.block_scores(
+        ties.inputs["index_q"], ties.inputs["index_k"], ties.inputs["query_pos"], ties.inputs["config"]
+    )
     top = np.nanmax(scores[0, 0])
     assert np.sum(scores[0, 0] == top) == ties.meta["tied_blocks"] > ties.inputs["config"].top_blocks
     tail = dict(BLOCKS)["block_partial_tail-x2^0"]

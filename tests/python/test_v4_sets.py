@@ -14,15 +14,19 @@ import pytest
 
 
 def test_the_window_is_the_last_w_tokens_ascending_the_query_included():
-    assert ks.window_positions([0, 2, 3, 9], 4).tolist() == [
-        [0, -1, -1, -1], [0, 1, 2, -1], [0, 1, 2, 3], [6, 7, 8, 9]]
+    assert ks.window_positions([0, 2, 3, 9], 4).tolist() == [[0, -1, -1, -1], [0, 1, 2, -1], [0, 1, 2, 3], [6, 7, 8, 9]]
     assert ks.window_positions(5, 0).shape == (1, 0)
 
 
 def test_an_hca_query_sees_the_entries_whose_last_token_has_arrived():
     # entry w is complete at token 4(w + 1) - 1: p = 2 sees none, p = 3 one
     assert ks.visible_entries([2, 3, 6, 7, 100], 4, 3).tolist() == [
-        [-1, -1, -1], [0, -1, -1], [0, -1, -1], [0, 1, -1], [0, 1, 2]]
+        [-1, -1, -1],
+        [0, -1, -1],
+        [0, -1, -1],
+        [0, 1, -1],
+        [0, 1, 2],
+    ]
 
 
 def test_a_csa_entry_covers_two_windows_and_an_hca_entry_one():
@@ -41,11 +45,11 @@ def test_expansion_keeps_the_row_order_and_puts_the_tail_after_the_expanded_bloc
     assert got.tolist() == [[8, 9, 10, 11, 0, 1, 2, 3, -1, -1, -1, -1, 12, 13, 14, -1, -1]]
     # (p + 1) % m == 0: an empty tail; no tail: k * m columns
     assert ks.expand_entries(rows, [11], 4, tail=True).tolist() == [
-        [8, 9, 10, 11, 0, 1, 2, 3, -1, -1, -1, -1, -1, -1, -1]]
+        [8, 9, 10, 11, 0, 1, 2, 3, -1, -1, -1, -1, -1, -1, -1]
+    ]
     assert ks.expand_entries(rows, [14], 4).shape == (1, 12)
     # p < m - 1: nothing visible, the tail is every token so far
-    assert ks.expand_entries(np.full((1, 1), -1, np.int32), 1, 4, tail=True).tolist() == [
-        [-1, -1, -1, -1, 0, 1, -1]]
+    assert ks.expand_entries(np.full((1, 1), -1, np.int32), 1, 4, tail=True).tolist() == [[-1, -1, -1, -1, 0, 1, -1]]
 
 
 def test_vllm_rows_put_the_topk_first_then_the_window_in_the_gathered_workspace():
@@ -58,7 +62,8 @@ def test_vllm_rows_put_the_topk_first_then_the_window_in_the_gathered_workspace(
         [1, 10, 11, 12, 13, -1, -1],
         [0, 11, 12, 13, 14, -1, -1],
         [1, 0, 12, 13, 14, 15, -1],
-        [19, 28, 29, 30, 31, -1, -1]]
+        [19, 28, 29, 30, 31, -1, -1],
+    ]
     assert (idx[:, 7:] == -1).all()
     assert lens.tolist() == [5, 5, 6, 5]
     # only the last 6 of 8 tokens gathered: the window shifts down by 2
@@ -139,7 +144,7 @@ def test_the_window_part_of_a_combined_row_is_the_queries_window_and_the_rest_it
                 window = window[window >= 0]
                 assert lens[i] == k + len(window)
                 np.testing.assert_array_equal(idx[i, :k], rows[i, :k] + M * b)
-                np.testing.assert_array_equal(idx[i, k:lens[i]] - M * b - N + (seq[b] - gather[b]), window)
+                np.testing.assert_array_equal(idx[i, k : lens[i]] - M * b - N + (seq[b] - gather[b]), window)
 
 
 def test_the_sets_equal_the_reference_on_random_queries():
@@ -153,8 +158,10 @@ def test_the_sets_equal_the_reference_on_random_queries():
         np.testing.assert_array_equal(ks.visible_entries(pos, m, t), ref.visible_entries(pos, m, t))
         entries = r.integers(-1, 50, (len(pos), 3)).astype(np.int32)
         for overlap in (False, True):
-            np.testing.assert_array_equal(ks.compressed_entry_tokens(entries, m, overlap=overlap),
-                                          ref.compressed_entry_tokens(entries, m, overlap=overlap))
+            np.testing.assert_array_equal(
+                ks.compressed_entry_tokens(entries, m, overlap=overlap),
+                ref.compressed_entry_tokens(entries, m, overlap=overlap),
+            )
         k = int(r.integers(0, 5))
         rows = np.full((len(pos), k), -1, np.int32)
         for i, p in enumerate(pos):
@@ -162,8 +169,10 @@ def test_the_sets_equal_the_reference_on_random_queries():
             rows[i, : len(pick)] = pick
         tail = bool(r.integers(0, 2))
         width = None if r.random() < 0.5 else k * m + (m - 1 if tail else 0) + int(r.integers(0, 4))
-        np.testing.assert_array_equal(ks.expand_entries(rows, pos, m, tail=tail, width=width),
-                                      ref.expand_entries(rows, pos, m, tail=tail, width=width))
+        np.testing.assert_array_equal(
+            ks.expand_entries(rows, pos, m, tail=tail, width=width),
+            ref.expand_entries(rows, pos, m, tail=tail, width=width),
+        )
 
 
 # -- refusals ------------------------------------------------------------------------

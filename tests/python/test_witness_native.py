@@ -234,10 +234,27 @@ def test_the_random_configurations_reach_every_edge():
     """The generator is only as good as what it reaches: count the edges."""
     seen = dict.fromkeys(
         [
-            "no rows", "one row", "forty rows", "topk 2048", "S 1", "S 64", "S > 64",
-            "L <= 0", "L < S", "L = 2**31-1", "padding -1", "other negative",
-            "out of range", "duplicates", "keep 0", "keep topk-S", "keep topk",
-            "max_replacements 0", "max_replacements > topk-keep", "off switch", "refusal",
+            "no rows",
+            "one row",
+            "forty rows",
+            "topk 2048",
+            "S 1",
+            "S 64",
+            "S > 64",
+            "L <= 0",
+            "L < S",
+            "L = 2**31-1",
+            "padding -1",
+            "other negative",
+            "out of range",
+            "duplicates",
+            "keep 0",
+            "keep topk-S",
+            "keep topk",
+            "max_replacements 0",
+            "max_replacements > topk-keep",
+            "off switch",
+            "refusal",
         ],
         0,
     )
@@ -266,9 +283,7 @@ def test_the_random_configurations_reach_every_edge():
         seen["max_replacements 0"] += c["max_replacements"] == 0
         seen["max_replacements > topk-keep"] += c["max_replacements"] > topk - c["keep"] >= 0
         seen["off switch"] += c["scatter_s"] == 0
-        seen["refusal"] += (
-            len(lens) != rows or not 1 <= s <= 64 or c["keep"] > topk
-        )
+        seen["refusal"] += len(lens) != rows or not 1 <= s <= 64 or c["keep"] > topk
     assert all(v >= 5 for v in seen.values()), seen
 
 
@@ -323,9 +338,7 @@ def test_apply_equals_the_reference_on_generated_rows(problem, data):
 @given(witness_problems(), st.integers(1, 400))
 def test_witness_indices_equal_the_reference_on_generated_rows(problem, s):
     learned, lens, _ = problem
-    assert_same_array(
-        ks.topology_witness_indices(learned, lens, s), ref.topology_witness_indices(learned, lens, s)
-    )
+    assert_same_array(ks.topology_witness_indices(learned, lens, s), ref.topology_witness_indices(learned, lens, s))
 
 
 # ---------------------------------------------------------------------------
@@ -394,9 +407,7 @@ def test_the_witness_indices_refuse_zero_segments_and_accept_more_than_64():
     with pytest.raises(ks.WitnessError) as e:
         ks.topology_witness_indices(LEARNED, LENS, 0)
     assert (e.value.variant, e.value.num_segments) == ("SegmentsOutOfRange", 0)
-    assert_same_array(
-        ks.topology_witness_indices(LEARNED, LENS, 65), ref.topology_witness_indices(LEARNED, LENS, 65)
-    )
+    assert_same_array(ks.topology_witness_indices(LEARNED, LENS, 65), ref.topology_witness_indices(LEARNED, LENS, 65))
 
 
 def test_a_retained_prefix_wider_than_the_row_is_refused():
@@ -411,9 +422,7 @@ def test_rows_are_judged_on_the_entry_count_so_zero_width_rows_never_mismatch():
     for shape, n in [((3, 0), 2), ((0, 0), 2), ((3, 0), 0)]:
         learned = np.zeros(shape, np.int32)
         lens = np.full(n, 16, np.int32)
-        assert_same_array(
-            ks.topology_witness_indices(learned, lens, 4), ref.topology_witness_indices(learned, lens, 4)
-        )
+        assert_same_array(ks.topology_witness_indices(learned, lens, 4), ref.topology_witness_indices(learned, lens, 4))
         assert_same_array(
             ks.apply_topology_witnesses(learned, lens, 0, 4, 4), ref.apply_topology_witnesses(learned, lens, 0, 4, 4)
         )
@@ -433,7 +442,9 @@ def test_recall_converts_float32_rows_and_array_likes_to_float64():
     cand = rng.integers(-2, 120, size=40).astype(np.int32)
     want = ref.attention_mass_recall(cand, a32.astype(np.float64))
     np.testing.assert_allclose(ks.attention_mass_recall(cand, a32), want, rtol=1e-12)
-    np.testing.assert_allclose(ks.attention_mass_recall(cand.tolist(), a32.astype(np.float64).tolist()), want, rtol=1e-12)
+    np.testing.assert_allclose(
+        ks.attention_mass_recall(cand.tolist(), a32.astype(np.float64).tolist()), want, rtol=1e-12
+    )
     strided = np.repeat(a32.astype(np.float64), 2)[::2]
     np.testing.assert_allclose(ks.attention_mass_recall(cand, strided), want, rtol=1e-12)
 
@@ -720,9 +731,7 @@ def test_a_refused_call_leaves_out_untouched():
         _assert_refused_untouched(out, lambda: call(out), ks.WitnessError)
     out = np.full((2, 4), 777, np.int32)
     _assert_refused_untouched(out, lambda: ks.topology_witness_indices(LEARNED, LENS, 0, out=out), ks.WitnessError)
-    _assert_refused_untouched(
-        out, lambda: ks.topology_witness_indices(LEARNED, LENS[:1], 4, out=out), ks.WitnessError
-    )
+    _assert_refused_untouched(out, lambda: ks.topology_witness_indices(LEARNED, LENS[:1], 4, out=out), ks.WitnessError)
 
 
 def test_an_out_of_the_wrong_kind_is_refused_and_left_untouched():
@@ -837,8 +846,9 @@ def test_every_refusal_is_a_kvselect_error_of_its_domain():
 def test_a_core_refusal_carries_its_variant_and_every_integer_field_as_attributes():
     # Block selection: an id past the sequences, with the entry's index.
     with pytest.raises(ks.SelectionError) as e:
-        ks.block_sparse_select_packed(np.zeros((2, 1, 4), np.float32), np.zeros((5, 4), np.float32),
-                                      [0, 5], [0, 3], [0, 1])
+        ks.block_sparse_select_packed(
+            np.zeros((2, 1, 4), np.float32), np.zeros((5, 4), np.float32), [0, 5], [0, 3], [0, 1]
+        )
     assert (e.value.argument, e.value.variant, e.value.index) == ("seq_ids", "OutOfRange", 1)
     # The attention module: a length that disagrees, with both counts.
     q, kv = np.zeros((1, 1, 4), np.float32), np.zeros((2, 1, 4), np.float32)

@@ -56,9 +56,7 @@ def test_an_out_of_range_learned_index_is_clamped_rather_than_refused():
     assert ref.segment_of(20, 4, 8) == 20
     assert ref.segment_of(20, 16, 4) == 5
     assert ref.segment_of(2**31 - 1, 2**31 - 1, 4) == 4
-    assert ref.topology_witness_indices(row(20, -1), lens(4), 8).tolist() == [
-        [0, 1, 2, 3, -1, -1, -1, -1]
-    ]
+    assert ref.topology_witness_indices(row(20, -1), lens(4), 8).tolist() == [[0, 1, 2, 3, -1, -1, -1, -1]]
     merged = ref.apply_topology_witnesses(row(20, -1, -1, -1, -1), lens(4), 1, 8, 4)
     assert merged.tolist() == [[20, 0, 1, 2, 3]]
 
@@ -126,9 +124,7 @@ def test_malformed_calls_are_refused():
     learned = row(0, 5, 9, -1)
     with pytest.raises(ref.ReferenceWitnessError) as e:
         ref.topology_witness_indices(learned, lens(16, 16), 4)
-    assert (e.value.variant, e.value.learned_len, e.value.topk, e.value.rows) == (
-        "RowsMismatch", 4, 4, 2
-    )
+    assert (e.value.variant, e.value.learned_len, e.value.topk, e.value.rows) == ("RowsMismatch", 4, 4, 2)
     with pytest.raises(ref.ReferenceWitnessError) as e:
         ref.topology_witness_indices(learned, lens(16), 0)
     assert (e.value.variant, e.value.num_segments) == ("SegmentsOutOfRange", 0)
@@ -254,10 +250,10 @@ def test_the_locality_null_is_the_most_recent_tokens_at_the_policy_budget():
 
 
 def test_any_negative_entry_is_padding_and_passes_through():
-    w = ref.topology_witness_indices(row(-7, -2**31, 5, -1), lens(16), 4)
+    w = ref.topology_witness_indices(row(-7, -(2**31), 5, -1), lens(16), 4)
     assert w.tolist() == [[0, -1, 8, 12]]
-    merged = ref.apply_topology_witnesses(row(-7, -2**31, 5, -1, -3, -3), lens(16), 2, 4, 4)
-    assert merged.tolist() == [[-7, -2**31, 0, 8, 12, -3]]
+    merged = ref.apply_topology_witnesses(row(-7, -(2**31), 5, -1, -3, -3), lens(16), 2, 4, 4)
+    assert merged.tolist() == [[-7, -(2**31), 0, 8, 12, -3]]
 
 
 def test_slots_after_the_last_witness_are_left_unchanged():

@@ -334,7 +334,13 @@ def make(**over):
 def test_workload_accepts_a_valid_gqa_layout_and_reports_sizes():
     w = make()
     assert (w.n_heads, w.n_kv_heads, w.group, w.tokens, w.d, w.d_v, w.d_index) == (
-        4, 2, 2, 8, 6, 5, 3,
+        4,
+        2,
+        2,
+        8,
+        6,
+        5,
+        3,
     )
 
 
@@ -429,7 +435,9 @@ def test_load_npz_refuses_missing_required_keys(tmp_path):
 
 
 def test_load_npz_refuses_unknown_keys_and_lists_the_allowed_ones(tmp_path):
-    with pytest.raises(WorkloadError, match=r"unknown key 'Q' in a workload dump \(did you mean 'q'\?\); the known keys are"):
+    with pytest.raises(
+        WorkloadError, match=r"unknown key 'Q' in a workload dump \(did you mean 'q'\?\); the known keys are"
+    ):
         load_npz(write(tmp_path, Q=np.zeros(1), **small_arrays()))
 
 
@@ -515,7 +523,7 @@ def test_example_is_minilm_float16_in_the_documented_format():
     assert w.q.shape == w.k.shape == w.v.shape == (9, 512, 32) and w.group == 1
     assert w.head_kinds[:3] == ("L1/H11", "L1/H2", "L1/H10")
     assert w.index_q.shape == (9, 512, 8)
-    assert w.scale == pytest.approx(32 ** -0.5)
+    assert w.scale == pytest.approx(32**-0.5)
     assert w.query_positions[-1] == 511 and w.query_positions[0] >= 64
 
 

@@ -142,15 +142,15 @@ such a check proves nothing about those rows.
 from kvselect.checking._common import DEFAULT_RTOL, FILLERS, Dump, DumpError, decode32
 from kvselect.checking.dump_check import check_dump
 from kvselect.checking.dumps import (
-                                     CHECK_KINDS,
-                                     FORMATS,
-                                     KINDS,
-                                     TABLES,
-                                     dump_format_markdown,
-                                     load_dump,
-                                     read_archive,
-                                     save_dump,
-                                     validate,
+    CHECK_KINDS,
+    FORMATS,
+    KINDS,
+    TABLES,
+    dump_format_markdown,
+    load_dump,
+    read_archive,
+    save_dump,
+    validate,
 )
 from kvselect.checking.exact import check_indexer_topk
 from kvselect.checking.example import example_path, make_example

@@ -21,8 +21,14 @@ DEFAULT_RTOL: Dict[str, float] = {
 
 
 # Other names the dump's precision may use.
-_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn",
-            "float8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
+_ALIASES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8": "float8_e4m3fn",
+    "float8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+}
 
 
 # Scores of at most this many bytes are held at once (a chunk of rows).
@@ -223,8 +229,10 @@ def _finite(d: Mapping[str, np.ndarray], *keys: str) -> None:
         if bad.any():
             at = tuple(int(i) for i in np.argwhere(bad)[0])
             name = f"{key}[{', '.join(map(str, at))}]" if at else key
-            raise DumpError(f"{name} is {a[at]}: the exact scores of a "
-                            f"non-finite {key} are undefined, so the dump cannot be checked")
+            raise DumpError(
+                f"{name} is {a[at]}: the exact scores of a "
+                f"non-finite {key} are undefined, so the dump cannot be checked"
+            )
 
 
 def _formats(d: Mapping[str, np.ndarray]) -> Dict[str, Any]:
@@ -247,8 +255,9 @@ def _same_rows(n: int, d: Mapping[str, np.ndarray], *keys: str) -> None:
     truncated output (or input) is refused, never half checked."""
     for key in keys:
         if key in d and len(np.atleast_1d(d[key])) != n:
-            raise DumpError(f"{key} has {len(np.atleast_1d(d[key]))} rows but the engine's rows have "
-                            f"{n}: one each per row")
+            raise DumpError(
+                f"{key} has {len(np.atleast_1d(d[key]))} rows but the engine's rows have {n}: one each per row"
+            )
 
 
 _DUMP_TERMS = {"key_format": "index_k_format", "query_format": "index_q_format"}
@@ -261,8 +270,9 @@ def _in_dump_terms(message: str) -> str:
     return message
 
 
-def _vacuous_rows(scores: np.ndarray, mags: Optional[np.ndarray], lens: np.ndarray, topk: int,
-                  atol: float, rtol: float) -> np.ndarray:
+def _vacuous_rows(
+    scores: np.ndarray, mags: Optional[np.ndarray], lens: np.ndarray, topk: int, atol: float, rtol: float
+) -> np.ndarray:
     """Which rows no selection could fail at this tolerance: more positions
     than ``topk``, no NaN score, and every position's interval ``s ± e``
     meets every other's (``max (s - e) <= min (s + e)`` over the row's
@@ -289,8 +299,9 @@ def _vacuous_rows(scores: np.ndarray, mags: Optional[np.ndarray], lens: np.ndarr
     return out
 
 
-def _vacuous(scores: np.ndarray, mags: Optional[np.ndarray], lens: np.ndarray, topk: int,
-             atol: float, rtol: float) -> int:
+def _vacuous(
+    scores: np.ndarray, mags: Optional[np.ndarray], lens: np.ndarray, topk: int, atol: float, rtol: float
+) -> int:
     """How many rows no selection could fail at this tolerance (see
     :func:`_vacuous_rows`)."""
     return int(_vacuous_rows(scores, mags, lens, topk, atol, rtol).sum())
@@ -300,8 +311,7 @@ FILLERS = ("-1", "past_context", "repeat")
 """The ``filler`` rules of a topk dump (:func:`kvselect.check_topk`'s ``filler=``)."""
 
 
-def _paged_keys(d: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, Optional[np.ndarray], np.ndarray,
-                                                     Optional[str]]:
+def _paged_keys(d: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, Optional[np.ndarray], np.ndarray, Optional[str]]:
     """A paged dump's keys as a packed batch: ``(index_k, key_scale,
     cu_seqlens, key_format)``, each sequence's first ``seq_lens[s]`` keys
     read from the pages its ``block_table`` row names (as
@@ -310,25 +320,45 @@ def _paged_keys(d: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, Optional[np.nd
     give their e4m3fn bytes and float32 scales."""
     ambiguous = [k for k in ("index_k", "cu_seqlens", "key_scale") if k in d]
     if ambiguous:
-        raise DumpError(f"{ambiguous[0]} beside kv_cache: the keys are either packed (index_k, "
-                        f"cu_seqlens, key_scale) or paged (kv_cache, block_table, seq_lens), not both")
+        raise DumpError(
+            f"{ambiguous[0]} beside kv_cache: the keys are either packed (index_k, "
+            f"cu_seqlens, key_scale) or paged (kv_cache, block_table, seq_lens), not both"
+        )
     if "req_ids" not in d:
-        stray = [k for k in ("block_size", "block_stride_rows", "prefill_req_ids", "workspace_starts",
-                             "dcp_size", "dcp_interleave") if k in d]
+        stray = [
+            k
+            for k in (
+                "block_size",
+                "block_stride_rows",
+                "prefill_req_ids",
+                "workspace_starts",
+                "dcp_size",
+                "dcp_interleave",
+            )
+            if k in d
+        ]
         if stray:
-            raise DumpError(f"{stray[0]} in a paged dump without req_ids is ambiguous: the page size is "
-                            f"kv_cache's axis 1 and rows are positions within their sequence; add "
-                            f"req_ids (= seq_ids) if the rows are global slot ids through block_table")
+            raise DumpError(
+                f"{stray[0]} in a paged dump without req_ids is ambiguous: the page size is "
+                f"kv_cache's axis 1 and rows are positions within their sequence; add "
+                f"req_ids (= seq_ids) if the rows are global slot ids through block_table"
+            )
     else:
         if _int(d, "dcp_size", 1) > 1:
-            raise DumpError("dcp_size in a paged dump: a paged cache has one block table, DCP one per "
-                            "rank; dump the ranks' rows with index_k (or scores) instead")
+            raise DumpError(
+                "dcp_size in a paged dump: a paged cache has one block table, DCP one per "
+                "rank; dump the ranks' rows with index_k (or scores) instead"
+            )
         if not np.array_equal(_ints(d, "req_ids"), _ints(d, "seq_ids")):
-            raise DumpError("req_ids must equal seq_ids in a paged dump: the indexer's cache and the "
-                            "attention share one block table, whose row s is sequence s")
+            raise DumpError(
+                "req_ids must equal seq_ids in a paged dump: the indexer's cache and the "
+                "attention share one block table, whose row s is sequence s"
+            )
         if "block_size" in d and _int(d, "block_size") != d["kv_cache"].shape[1]:
-            raise DumpError(f"block_size {_int(d, 'block_size')} is not kv_cache's page size "
-                            f"{d['kv_cache'].shape[1]}: the paged dump's one block table has one page size")
+            raise DumpError(
+                f"block_size {_int(d, 'block_size')} is not kv_cache's page size "
+                f"{d['kv_cache'].shape[1]}: the paged dump's one block table has one page size"
+            )
     _need(d, "block_table", "seq_lens", "seq_ids")
     layout = _text(d, "page_layout", "dense")
     cache = d["kv_cache"]
@@ -336,15 +366,21 @@ def _paged_keys(d: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, Optional[np.nd
     table = np.asarray(d["block_table"])
     lens = _ints(d, "seq_lens")
     if table.ndim != 2 or table.dtype.kind not in "iu" or len(table) != len(lens):
-        raise DumpError(f"block_table must be integer [n_seqs={len(lens)}, max_blocks] in a paged dump, "
-                        f"got {table.dtype} {table.shape}")
+        raise DumpError(
+            f"block_table must be integer [n_seqs={len(lens)}, max_blocks] in a paged dump, "
+            f"got {table.dtype} {table.shape}"
+        )
     if layout == "fp8_scaled":
         if cache.dtype != np.uint8 or cache.ndim not in (3, 4) or (cache.ndim == 4 and cache.shape[2] != 1):
-            raise DumpError(f"kv_cache: fp8_scaled pages are uint8 [num_blocks, block_size, (1,) d + 4], "
-                            f"got {cache.dtype} {cache.shape}")
+            raise DumpError(
+                f"kv_cache: fp8_scaled pages are uint8 [num_blocks, block_size, (1,) d + 4], "
+                f"got {cache.dtype} {cache.shape}"
+            )
         if fmt is not None:
-            raise DumpError("kv_cache_format with page_layout fp8_scaled: the pages' layout says their "
-                            "format (e4m3fn bytes, then float32 scales)")
+            raise DumpError(
+                "kv_cache_format with page_layout fp8_scaled: the pages' layout says their "
+                "format (e4m3fn bytes, then float32 scales)"
+            )
         nb, bs, width = cache.shape[0], cache.shape[1], cache.shape[-1]
         dim = width - 4
         if dim < 1:
@@ -357,11 +393,13 @@ def _paged_keys(d: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, Optional[np.nd
         if cache.ndim != 3:
             raise DumpError(f"kv_cache: dense pages are [num_blocks, block_size, d], got {cache.shape}")
         if fmt is None and cache.dtype.kind != "f":
-            raise DumpError(f"kv_cache: raw {cache.dtype} pages need kv_cache_format, or "
-                            f"page_layout=\"fp8_scaled\" for vLLM's DSA pages")
+            raise DumpError(
+                f"kv_cache: raw {cache.dtype} pages need kv_cache_format, or "
+                f'page_layout="fp8_scaled" for vLLM\'s DSA pages'
+            )
         keys, scales, bs = cache, None, cache.shape[1]
     else:
-        raise DumpError(f"page_layout must be \"dense\" or \"fp8_scaled\", got {layout!r}")
+        raise DumpError(f'page_layout must be "dense" or "fp8_scaled", got {layout!r}')
     if bs < 1:
         raise DumpError("kv_cache: pages of no tokens")
     ks_, cs = [], []
@@ -379,13 +417,17 @@ def _paged_keys(d: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, Optional[np.nd
     c = None if scales is None else (np.concatenate(cs) if cs else np.zeros(0, np.float32))
     if c is not None and not np.isfinite(c).all():
         t = int(np.flatnonzero(~np.isfinite(c))[0])
-        raise DumpError(f"kv_cache: key {t}'s fp8_scaled scale is {c[t]}: the exact scores of a "
-                        f"non-finite scale are undefined, so the dump cannot be checked")
+        raise DumpError(
+            f"kv_cache: key {t}'s fp8_scaled scale is {c[t]}: the exact scores of a "
+            f"non-finite scale are undefined, so the dump cannot be checked"
+        )
     bad = ~np.isfinite(decode32(k, fmt))
     if bad.any():
         t, i = (int(x) for x in np.argwhere(bad)[0])
-        raise DumpError(f"kv_cache: key {t} (in its sequence's pages, packed) element {i} is not finite: "
-                        f"the exact scores of a non-finite key are undefined, so the dump cannot be checked")
+        raise DumpError(
+            f"kv_cache: key {t} (in its sequence's pages, packed) element {i} is not finite: "
+            f"the exact scores of a non-finite key are undefined, so the dump cannot be checked"
+        )
     return np.ascontiguousarray(k), c, np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), fmt
 
 

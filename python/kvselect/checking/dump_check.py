@@ -35,33 +35,49 @@ from kvselect.checking.v4 import check_v4_combined_indices
 from kvselect.checking.exact import indexer_check
 
 
-def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float,
-                filler: str = "-1") -> List[Tuple[str, dict]]:
+def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float, filler: str = "-1") -> List[Tuple[str, dict]]:
     _need(d, "rows")
     engine_rows = d["rows"]
     if engine_rows.dtype.kind not in "iu":
         raise DumpError(f"rows must hold integers (int32 or int64), got {engine_rows.dtype}")
     ranks = _int(d, "dcp_size", 1)
     if engine_rows.ndim == 3 and ranks > 1:
-        raise DumpError(f"rows: a DCP dump's rows are the ranks' rows side by side, 2-D [n_rows, "
-                        f"dcp_size * topk] (what check_topk takes with slots=GlobalSlots(dcp_size="
-                        f"{ranks})), got 3-D {engine_rows.shape}: write "
-                        f"np.concatenate(list(rows), axis=1) (3-D rows only ever mean [n_queries, "
-                        f"n_heads, width], a blocks dump's)")
+        raise DumpError(
+            f"rows: a DCP dump's rows are the ranks' rows side by side, 2-D [n_rows, "
+            f"dcp_size * topk] (what check_topk takes with slots=GlobalSlots(dcp_size="
+            f"{ranks})), got 3-D {engine_rows.shape}: write "
+            f"np.concatenate(list(rows), axis=1) (3-D rows only ever mean [n_queries, "
+            f"n_heads, width], a blocks dump's)"
+        )
     if engine_rows.ndim != 2:
-        raise DumpError(f"rows must be [n_rows, {'dcp_size * ' if ranks > 1 else ''}topk], got "
-                        f"shape {engine_rows.shape}")
+        raise DumpError(
+            f"rows must be [n_rows, {'dcp_size * ' if ranks > 1 else ''}topk], got shape {engine_rows.shape}"
+        )
     width = engine_rows.shape[1]
     if ranks > 1:
         if width % ranks:
-            raise DumpError(f"rows: a DCP dump's rows are [n_rows, dcp_size * topk], the "
-                            f"dcp_size = {ranks} ranks' rows side by side, got width {width}, "
-                            f"not a multiple of {ranks}")
+            raise DumpError(
+                f"rows: a DCP dump's rows are [n_rows, dcp_size * topk], the "
+                f"dcp_size = {ranks} ranks' rows side by side, got width {width}, "
+                f"not a multiple of {ranks}"
+            )
         width //= ranks
     n = len(engine_rows)
     topk = _int(d, "topk", width)
-    _same_rows(n, d, "scores", "context_lens", "magnitudes", "engine_scores", "index_q", "weights",
-               "query_pos", "seq_ids", "req_ids", "prefill_req_ids")
+    _same_rows(
+        n,
+        d,
+        "scores",
+        "context_lens",
+        "magnitudes",
+        "engine_scores",
+        "index_q",
+        "weights",
+        "query_pos",
+        "seq_ids",
+        "req_ids",
+        "prefill_req_ids",
+    )
     fmt: Dict[str, Any] = _formats(d)
     parts: List[Tuple[np.ndarray, dict]] = []
     vacuous = 0
@@ -70,15 +86,32 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float,
         scores, mags = _given(d, "scores"), _given(d, "magnitudes")
         assert scores is not None
         if rtol != 0 and mags is None:
-            raise DumpError("rtol > 0 needs each score's magnitude: add 'magnitudes' to the "
-                            "dump, pass --rtol 0 (and an --atol), or dump the indexer's inputs")
+            raise DumpError(
+                "rtol > 0 needs each score's magnitude: add 'magnitudes' to the "
+                "dump, pass --rtol 0 (and an --atol), or dump the indexer's inputs"
+            )
         lens = _ints(d, "context_lens")
         if "kv_cache" in d:
-            raise DumpError("kv_cache beside scores: the exact scores are either given or computed "
-                            "from the indexer's inputs, not both")
-        parts.append((np.arange(n), ks.check_topk(
-            scores, engine_rows, lens, topk=topk, atol=atol, rtol=rtol,
-            magnitudes=mags, slots=_layout(d, np.arange(n)), filler=filler)))
+            raise DumpError(
+                "kv_cache beside scores: the exact scores are either given or computed "
+                "from the indexer's inputs, not both"
+            )
+        parts.append(
+            (
+                np.arange(n),
+                ks.check_topk(
+                    scores,
+                    engine_rows,
+                    lens,
+                    topk=topk,
+                    atol=atol,
+                    rtol=rtol,
+                    magnitudes=mags,
+                    slots=_layout(d, np.arange(n)),
+                    filler=filler,
+                ),
+            )
+        )
         vacuous = _vacuous(scores, mags, lens, topk, atol, rtol)
     else:
         paged = "kv_cache" in d
@@ -101,8 +134,23 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float,
         if ratio < 1:
             raise DumpError(f"compress_ratio = {ratio}: a key stands for at least one token")
         report = indexer_check(
-            engine_rows, q, _floats(d, "weights"), k, pos, topk, scale, key_format, fmt["query_format"],
-            cu, seq, atol, rtol, lambda rows: _layout(d, rows), filler=filler, compress_ratio=ratio)
+            engine_rows,
+            q,
+            _floats(d, "weights"),
+            k,
+            pos,
+            topk,
+            scale,
+            key_format,
+            fmt["query_format"],
+            cu,
+            seq,
+            atol,
+            rtol,
+            lambda rows: _layout(d, rows),
+            filler=filler,
+            compress_ratio=ratio,
+        )
         parts.append((np.arange(n), report))
         vacuous = report["vacuous"]
         lens = np.minimum((pos + 1) // ratio, len(k) if cu is None else np.diff(cu)[seq])
@@ -111,26 +159,25 @@ def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float,
     checks = [("against the exact scores", exact)]
     engine_scores = _given(d, "engine_scores")
     if engine_scores is not None:
-        own = ks.check_topk(engine_scores, engine_rows, lens, topk=topk,
-                            slots=_layout(d, np.arange(n)), filler=filler)
+        own = ks.check_topk(engine_scores, engine_rows, lens, topk=topk, slots=_layout(d, np.arange(n)), filler=filler)
         own["vacuous"] = _vacuous(engine_scores, None, lens, topk, 0.0, 0.0)
         checks.append(("against the engine's own scores, exactly", own))
     return checks
 
 
-
-
 def _check_blocks(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List[Tuple[str, dict]]:
     _need(d, "index_q", "index_k", "query_pos", "rows")
     cfg = ks.BlockSparseConfig(
-        _int(d, "block_size"), _int(d, "top_blocks"), _int(d, "init_blocks"), _int(d, "local_blocks"))
+        _int(d, "block_size"), _int(d, "top_blocks"), _int(d, "init_blocks"), _int(d, "local_blocks")
+    )
     fmt = _formats(d)
     _finite(d, "index_q", "index_k")
     q, k, pos = d["index_q"], d["index_k"], _ints(d, "query_pos")
     rows = d["rows"]
     if rows.ndim != 3 or rows.dtype.kind not in "iu":
-        raise DumpError(f"rows must be integer [n_queries, n_kv_heads, width] (or head-major), "
-                        f"got {rows.dtype} {rows.shape}")
+        raise DumpError(
+            f"rows must be integer [n_queries, n_kv_heads, width] (or head-major), got {rows.dtype} {rows.shape}"
+        )
     if _int(d, "head_major", 0):
         rows = rows.transpose(1, 0, 2)
     if q.ndim != 3:
@@ -161,8 +208,16 @@ def _check_blocks(d: Mapping[str, np.ndarray], atol: float, rtol: float) -> List
     layout = None
     if "block_table" in d:
         layout = ks.GlobalSlots(d["block_table"], np.repeat(seq, h), 1)
-    report = ks.check_blocks(scores, np.ascontiguousarray(rows).reshape(n * h, -1), nb, cfg,
-                             atol=atol, rtol=rtol, magnitudes=mags, slots=layout)
+    report = ks.check_blocks(
+        scores,
+        np.ascontiguousarray(rows).reshape(n * h, -1),
+        nb,
+        cfg,
+        atol=atol,
+        rtol=rtol,
+        magnitudes=mags,
+        slots=layout,
+    )
     for x in report["details"]:  # name rows in the user's terms
         x["query"], x["kv_head"] = divmod(x["row"], h)
     return [("against the exact block scores", report)]
@@ -174,23 +229,35 @@ def _check_witnesses(d: Mapping[str, np.ndarray]) -> List[Tuple[str, dict]]:
     return [("against the witness rule (exact)", report)]
 
 
-def _check_v4(d: Mapping[str, np.ndarray], precision: str, atol: float,
-              rtol: float) -> List[Tuple[str, dict]]:
+def _check_v4(d: Mapping[str, np.ndarray], precision: str, atol: float, rtol: float) -> List[Tuple[str, dict]]:
     """A ``v4_combined`` dump: :func:`kvselect.checking.check_v4_combined_indices`."""
     _finite(d, "index_q", "weights", "index_k", "key_scale")
     fmt = _formats(d)
     scalars = [_int(d, name) for name in ("window_size", "compress_ratio", "topk", "M", "N")]
     report = check_v4_combined_indices(
-        _ints(d, "combined_indices").reshape(np.shape(d["combined_indices"])), _ints(d, "combined_lens"),
-        d["index_q"], _floats(d, "weights"), d["index_k"], _ints(d, "cu_entries"),
-        _ints(d, "query_start_loc"), _ints(d, "seq_lens"), _ints(d, "gather_lens"), *scalars,
-        key_scale=_floats(d, "key_scale"), key_format=fmt["key_format"], query_format=fmt["query_format"],
-        precision=precision, atol=atol, rtol=rtol)
+        _ints(d, "combined_indices").reshape(np.shape(d["combined_indices"])),
+        _ints(d, "combined_lens"),
+        d["index_q"],
+        _floats(d, "weights"),
+        d["index_k"],
+        _ints(d, "cu_entries"),
+        _ints(d, "query_start_loc"),
+        _ints(d, "seq_lens"),
+        _ints(d, "gather_lens"),
+        *scalars,
+        key_scale=_floats(d, "key_scale"),
+        key_format=fmt["key_format"],
+        query_format=fmt["query_format"],
+        precision=precision,
+        atol=atol,
+        rtol=rtol,
+    )
     return [("the combined rows (the CSA top-k exactly scored, the window exact)", report)]
 
 
-def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float] = None,
-               filler: Optional[str] = None) -> dict:
+def check_dump(
+    dump: Any, *, atol: Optional[float] = None, rtol: Optional[float] = None, filler: Optional[str] = None
+) -> dict:
     """Check a dump of one kernel call: the kind's checker, its reports merged.
 
     A ``topk`` dump is checked against the exact scores (given, or computed
@@ -259,8 +326,10 @@ def check_dump(dump: Any, *, atol: Optional[float] = None, rtol: Optional[float]
     note = None
     if kind == "topk" and "scores" in d and "magnitudes" not in d and rtol is None:
         rtol_ = 0.0  # given scores without magnitudes: only atol applies
-        note = ("the dump's scores carry no magnitudes, so no relative tolerance applies "
-                "(rtol 0): add 'magnitudes', or dump the indexer's inputs")
+        note = (
+            "the dump's scores carry no magnitudes, so no relative tolerance applies "
+            "(rtol 0): add 'magnitudes', or dump the indexer's inputs"
+        )
     try:
         if kind == "topk":
             checks = _check_topk(d, atol_, rtol_, fill)

@@ -40,46 +40,80 @@ _T = Tuple[str, str, str, str]
 TABLES: Dict[str, Dict[str, _T]] = {
     "topk": {
         "kind": ("str", "", "required", '"topk"'),
-        "rows": ("int", "[n_rows, topk]; with dcp_size: [n_rows, dcp_size * topk]", "required",
-                 "the engine's output, any order, -1 padded (with DCP: every rank's rows side by side)"),
-        "scores": ("float", "[n_rows, n_positions]", "scores or the indexer inputs",
-                   "the exact scores"),
+        "rows": (
+            "int",
+            "[n_rows, topk]; with dcp_size: [n_rows, dcp_size * topk]",
+            "required",
+            "the engine's output, any order, -1 padded (with DCP: every rank's rows side by side)",
+        ),
+        "scores": ("float", "[n_rows, n_positions]", "scores or the indexer inputs", "the exact scores"),
         "context_lens": ("int", "[n_rows]", "with scores", "each row's positions"),
-        "magnitudes": ("float", "[n_rows, n_positions]", "optional, with scores",
-                       "each score's error scale (for a relative tolerance)"),
-        "index_q": ("float", "[n_rows, H, d]", "the indexer inputs or scores",
-                    "the indexer's queries"),
+        "magnitudes": (
+            "float",
+            "[n_rows, n_positions]",
+            "optional, with scores",
+            "each score's error scale (for a relative tolerance)",
+        ),
+        "index_q": ("float", "[n_rows, H, d]", "the indexer inputs or scores", "the indexer's queries"),
         "weights": ("float", "[n_rows, H]", "with index_q", "per-row head weights, scales folded in"),
         "index_k": ("float", "[n_keys, d]", "with index_q", "the indexer's keys"),
-        "key_scale": ("float", "[n_keys], or 0-d (one scale for every key)", "optional, with index_k",
-                      "per-key scales, or a per-tensor scale"),
+        "key_scale": (
+            "float",
+            "[n_keys], or 0-d (one scale for every key)",
+            "optional, with index_k",
+            "per-key scales, or a per-tensor scale",
+        ),
         "query_pos": ("int", "[n_rows]", "with index_q", "each row's query position (within its sequence)"),
-        "cu_seqlens": ("int", "[n_seqs + 1]", "optional, with index_q",
-                       "packed sequences' key offsets (as indexer_topk_packed takes them)"),
+        "cu_seqlens": (
+            "int",
+            "[n_seqs + 1]",
+            "optional, with index_q",
+            "packed sequences' key offsets (as indexer_topk_packed takes them)",
+        ),
         "seq_ids": ("int", "[n_rows]", "with cu_seqlens or kv_cache", "each row's sequence"),
-        "kv_cache": ("cache", "[num_blocks, block_size, d]; fp8_scaled: uint8 [num_blocks, block_size, "
-                     "(1,) d + 4]", "optional, with index_q (instead of index_k)",
-                     "the indexer's paged key cache, as indexer_topk_paged takes it"),
+        "kv_cache": (
+            "cache",
+            "[num_blocks, block_size, d]; fp8_scaled: uint8 [num_blocks, block_size, (1,) d + 4]",
+            "optional, with index_q (instead of index_k)",
+            "the indexer's paged key cache, as indexer_topk_paged takes it",
+        ),
         "seq_lens": ("int", "[n_seqs]", "with kv_cache", "each sequence's keys in the cache"),
-        "compress_ratio": ("int scalar", "", "optional, with index_q",
-                           "tokens per key: rows select compressed entries (DeepSeek-V4 CSA: 4), a row's context "
-                           "is (query_pos + 1) // compress_ratio entries (default 1)"),
-        "page_layout": ("str", "", "optional, with kv_cache",
-                        '"dense" (default) or "fp8_scaled" (vLLM\'s DSA index-K pages)'),
+        "compress_ratio": (
+            "int scalar",
+            "",
+            "optional, with index_q",
+            "tokens per key: rows select compressed entries (DeepSeek-V4 CSA: 4), a row's context "
+            "is (query_pos + 1) // compress_ratio entries (default 1)",
+        ),
+        "page_layout": (
+            "str",
+            "",
+            "optional, with kv_cache",
+            '"dense" (default) or "fp8_scaled" (vLLM\'s DSA index-K pages)',
+        ),
         "topk": ("int scalar", "", "optional", "k (default: the rows' width; with DCP: width / dcp_size)"),
-        "engine_scores": ("float", "[n_rows, n_positions]", "optional",
-                          "the engine's own scores, whose exact top-k the rows must also be"),
+        "engine_scores": (
+            "float",
+            "[n_rows, n_positions]",
+            "optional",
+            "the engine's own scores, whose exact top-k the rows must also be",
+        ),
         "precision": ("str", "", "optional", "the engine's coarsest rounding (default float32)"),
-        "filler": ("str", "", "optional",
-                   'the engine\'s filler: "-1" (default), "past_context" or "repeat" (check_topk\'s filler=)'),
-        "block_table": ("int", "[n_requests, max_blocks]; with dcp_size: [dcp_size, n_requests, max_blocks]",
-                        "optional; with kv_cache required",
-                        "rows are global slot ids through it (GlobalSlots); with kv_cache, the cache's "
-                        "block table [n_seqs, max_blocks], shared: rows are global slot ids only with req_ids"),
-        "req_ids": ("int", "[n_rows]", "with block_table (with kv_cache: optional, = seq_ids)",
-                    "each row's request"),
-        "block_size": ("int scalar", "", "with block_table (with kv_cache: kv_cache's page size)",
-                       "tokens per page"),
+        "filler": (
+            "str",
+            "",
+            "optional",
+            'the engine\'s filler: "-1" (default), "past_context" or "repeat" (check_topk\'s filler=)',
+        ),
+        "block_table": (
+            "int",
+            "[n_requests, max_blocks]; with dcp_size: [dcp_size, n_requests, max_blocks]",
+            "optional; with kv_cache required",
+            "rows are global slot ids through it (GlobalSlots); with kv_cache, the cache's "
+            "block table [n_seqs, max_blocks], shared: rows are global slot ids only with req_ids",
+        ),
+        "req_ids": ("int", "[n_rows]", "with block_table (with kv_cache: optional, = seq_ids)", "each row's request"),
+        "block_size": ("int scalar", "", "with block_table (with kv_cache: kv_cache's page size)", "tokens per page"),
         "block_stride_rows": ("int scalar", "", "optional", "slots per page (default block_size)"),
         "prefill_req_ids": ("int", "[n_rows]", "optional", "a prefill row's request, -1 for decode"),
         "workspace_starts": ("int", "[n_prefill_requests]", "optional", "prefill workspace offsets"),
@@ -95,8 +129,12 @@ TABLES: Dict[str, Dict[str, _T]] = {
         "top_blocks": ("int scalar", "", "required", "BlockSparseConfig.top_blocks"),
         "init_blocks": ("int scalar", "", "required", "BlockSparseConfig.init_blocks"),
         "local_blocks": ("int scalar", "", "required", "BlockSparseConfig.local_blocks"),
-        "rows": ("int", "[n_queries, n_kv_heads, width] (head_major: [n_kv_heads, n_queries, width])",
-                 "required", "block ids, any order, -1 padded"),
+        "rows": (
+            "int",
+            "[n_queries, n_kv_heads, width] (head_major: [n_kv_heads, n_queries, width])",
+            "required",
+            "block ids, any order, -1 padded",
+        ),
         "head_major": ("int scalar", "", "optional", "1: rows are head-major"),
         "block_table": ("int", "[n_seqs, max_blocks]", "optional", "rows are physical page ids through it"),
         "cu_seqlens": ("int", "[n_seqs + 1]", "optional", "packed sequences' key offsets"),
@@ -112,8 +150,12 @@ TABLES: Dict[str, Dict[str, _T]] = {
     },
     "v4_combined": {
         "kind": ("str", "", "required", '"v4_combined"'),
-        "combined_indices": ("int", "[num_tokens, width]", "required",
-                             "the engine's combine_topk_swa_indices rows (DeepSeek-V4 sparse prefill)"),
+        "combined_indices": (
+            "int",
+            "[num_tokens, width]",
+            "required",
+            "the engine's combine_topk_swa_indices rows (DeepSeek-V4 sparse prefill)",
+        ),
         "combined_lens": ("int", "[num_tokens]", "required", "the engine's row lengths"),
         "index_q": ("float", "[num_tokens, H, d]", "required", "the indexer's queries"),
         "weights": ("float", "[num_tokens, H]", "required", "its head weights, scales folded in"),
@@ -135,12 +177,24 @@ TABLES: Dict[str, Dict[str, _T]] = {
         "q": ("float", "[layers, n_heads, tokens, d]", "required", "the query heads (after rotary / norms)"),
         "k": ("float", "[layers, n_kv_heads, tokens, d]", "required", "the key heads"),
         "v": ("float", "[layers, n_kv_heads, tokens, d_v]", "required", "the value heads"),
-        "index_q": ("float", "[layers, n_kv_heads, tokens, d_idx]; DSA form: [layers, tokens, H, d_idx]",
-                    "optional, with index_k", "your indexer's queries"),
-        "index_k": ("float", "[layers, n_kv_heads, tokens, d_idx]; DSA form: [layers, tokens, d_idx]",
-                    "optional, with index_q", "your indexer's keys"),
-        "weights": ("float", "[layers, tokens, H]", "optional (makes the DSA form)",
-                    "the DSA indexer's per-query head weights, scales folded in"),
+        "index_q": (
+            "float",
+            "[layers, n_kv_heads, tokens, d_idx]; DSA form: [layers, tokens, H, d_idx]",
+            "optional, with index_k",
+            "your indexer's queries",
+        ),
+        "index_k": (
+            "float",
+            "[layers, n_kv_heads, tokens, d_idx]; DSA form: [layers, tokens, d_idx]",
+            "optional, with index_q",
+            "your indexer's keys",
+        ),
+        "weights": (
+            "float",
+            "[layers, tokens, H]",
+            "optional (makes the DSA form)",
+            "the DSA indexer's per-query head weights, scales folded in",
+        ),
         "key_scale": ("float", "[layers, tokens]", "optional, DSA form", "per-key scales (fp8 cache)"),
         "scale": ("number", "", "optional", "the softmax scale (default 1/sqrt(d))"),
         "layer_ids": ("int", "[layers]", "optional", "the model's layer numbers"),
@@ -153,8 +207,13 @@ TABLES: Dict[str, Dict[str, _T]] = {
 
 # Old or easily confused names: the suggestion for each (the eval format's old
 # names, and the API's format arguments).
-_RENAMED = {"index_k_scale": "key_scale", "index_weights": "weights", "key_scales": "key_scale",
-            "key_format": "index_k_format", "query_format": "index_q_format"}
+_RENAMED = {
+    "index_k_scale": "key_scale",
+    "index_weights": "weights",
+    "key_scales": "key_scale",
+    "key_format": "index_k_format",
+    "query_format": "index_q_format",
+}
 
 
 def save_dump(path: Union[str, "os.PathLike[str]"], kind: str, **arrays: Any) -> None:
@@ -223,8 +282,7 @@ _NPY_MAGIC = b"\x93NUMPY"
 _EAGER_BYTES = 1 << 20
 
 
-def _member(src: Source, raw: Any, zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str,
-            where: str, lazy: bool) -> Any:
+def _member(src: Source, raw: Any, zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, where: str, lazy: bool) -> Any:
     """One archive member: stored uncompressed, memory-mapped (a local file)
     or, behind a URL, read in byte ranges (a :class:`RangedArray` when
     ``lazy`` and over a megabyte, else read now) — either way only the bytes
@@ -253,13 +311,15 @@ def _member(src: Source, raw: Any, zf: zipfile.ZipFile, info: zipfile.ZipInfo, k
         if got is not None:
             shape, fortran, dtype = got
             if dtype.hasobject:
-                raise DumpError(f"{where}: {key}: holds Python objects (an object array), "
-                                f"not numbers, which a dump never needs")
+                raise DumpError(
+                    f"{where}: {key}: holds Python objects (an object array), not numbers, which a dump never needs"
+                )
             size = int(np.prod(shape)) * dtype.itemsize
             if shape and size and offset + size <= start + info.file_size:
                 if not src.url:
-                    return np.memmap(src.path, dtype=dtype, mode="r", offset=offset,
-                                     shape=shape, order="F" if fortran else "C")
+                    return np.memmap(
+                        src.path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C"
+                    )
                 ranged = RangedArray(src.fs, src.path, offset, shape, dtype, fortran)
                 return ranged if lazy and size > _EAGER_BYTES else np.asarray(ranged)
     try:
@@ -267,8 +327,9 @@ def _member(src: Source, raw: Any, zf: zipfile.ZipFile, info: zipfile.ZipInfo, k
             return fmt.read_array(f, allow_pickle=False)
     except ValueError as e:
         if "allow_pickle" in str(e) or "object" in str(e).lower():
-            raise DumpError(f"{where}: {key}: holds Python objects (an object array), "
-                            f"not numbers, which a dump never needs") from None
+            raise DumpError(
+                f"{where}: {key}: holds Python objects (an object array), not numbers, which a dump never needs"
+            ) from None
         raise DumpError(f"{where}: {key} cannot be read as an array ({e})") from None
 
 
@@ -321,25 +382,30 @@ def read_archive(path: Union[str, "os.PathLike[str]"], *, lazy: bool = False) ->
     with src.open() as f:
         head = f.read(8)
     if head.startswith(_NPY_MAGIC):
-        raise DumpError(f"{where}: not a NumPy .npz archive (it holds a single array, an .npy "
-                        f"file; save the arrays with numpy.savez(path, name=array, ...))")
+        raise DumpError(
+            f"{where}: not a NumPy .npz archive (it holds a single array, an .npy "
+            f"file; save the arrays with numpy.savez(path, name=array, ...))"
+        )
     if not head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         what = "it is empty" if not head else f"it starts with {head!r}, not a zip header"
-        raise DumpError(f"{where}: not a NumPy .npz archive ({what}); an .npz is the zip file "
-                        f"numpy.savez or numpy.savez_compressed writes")
+        raise DumpError(
+            f"{where}: not a NumPy .npz archive ({what}); an .npz is the zip file "
+            f"numpy.savez or numpy.savez_compressed writes"
+        )
     try:
         with src.open() as raw, zipfile.ZipFile(raw) as zf:
             out: Dict[str, np.ndarray] = {}
             for info in zf.infolist():
                 name = info.filename
                 if not name.endswith(".npy"):
-                    raise DumpError(f"{where}: member {name!r} is not an array (.npy); an .npz "
-                                    f"holds arrays only")
+                    raise DumpError(f"{where}: member {name!r} is not an array (.npy); an .npz holds arrays only")
                 out[name[:-4]] = _member(src, raw, zf, info, name[:-4], where, lazy)
             return out
     except (OSError, EOFError, zipfile.BadZipFile) as e:
-        raise DumpError(f"{where}: not a NumPy .npz archive ({e}); an .npz is the zip file "
-                        f"numpy.savez or numpy.savez_compressed writes") from None
+        raise DumpError(
+            f"{where}: not a NumPy .npz archive ({e}); an .npz is the zip file "
+            f"numpy.savez or numpy.savez_compressed writes"
+        ) from None
 
 
 def _closest(key: str, known: Any) -> Optional[str]:
@@ -352,8 +418,7 @@ def _closest(key: str, known: Any) -> Optional[str]:
     return near[0] if near else None
 
 
-def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
-             expect: Optional[Tuple[str, ...]] = None) -> Dump:
+def validate(arrays: Mapping[str, np.ndarray], *, source: str = "", expect: Optional[Tuple[str, ...]] = None) -> Dump:
     """The shared refusals of every dump, then its kind's table.
 
     Checked in turn: no object array; the kind (absent with q, k and v
@@ -391,20 +456,23 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
     d = {k: v if isinstance(v, (np.ndarray, RangedArray)) else np.asarray(v) for k, v in arrays.items()}
     for k, v in d.items():
         if v.dtype.hasobject:
-            raise DumpError(f"{where}: {k}: holds Python objects (an object array), not numbers, "
-                            f"which a dump never needs")
+            raise DumpError(
+                f"{where}: {k}: holds Python objects (an object array), not numbers, which a dump never needs"
+            )
     if "kind" in d:
         kind = _text(d, "kind")
     elif any(k in d for k in ("q", "k", "v")):
         kind = "workload"  # a plain np.savez(path, q=..., k=..., v=...)
     else:
-        raise DumpError(f"{where}: no 'kind' key (one of {', '.join(KINDS)}; a file without one "
-                        f"is a workload only when it has q, k and v)")
+        raise DumpError(
+            f"{where}: no 'kind' key (one of {', '.join(KINDS)}; a file without one "
+            f"is a workload only when it has q, k and v)"
+        )
     if kind not in KINDS:
         raise DumpError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
     assert kind is not None
     if expect is not None and kind not in expect:
-        how = ("kvselect eval --workload" if kind == "workload" else "kvselect check")
+        how = "kvselect eval --workload" if kind == "workload" else "kvselect check"
         raise DumpError(f"{where}: a {kind} dump, not {' or '.join(expect)} ({how} reads it)")
     table = TABLES[kind]
     for k in sorted(d):  # np.savez of ml_dtypes arrays: raw void bytes
@@ -417,13 +485,13 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
             d[k] = a.view(bits)  # the same bytes, as the raw bits the format names
             continue
         if bits is None or not floaty:
-            raise DumpError(f"{where}: {k}: raw {a.dtype.str} bytes (a void array), which a dump "
-                            f"never needs here")
-        which = ('"bfloat16" or "float16", whichever it is' if bits is np.uint16
-                 else '"float8_e4m3fn"')
-        raise DumpError(f"{where}: {k}: raw {a.dtype.str} bytes, how np.savez stores an ml_dtypes array: "
-                        f"add {k}_format={which} (the bytes alone do not say which; or save with "
-                        f"kvselect.checking.save_dump, which writes the format)")
+            raise DumpError(f"{where}: {k}: raw {a.dtype.str} bytes (a void array), which a dump never needs here")
+        which = '"bfloat16" or "float16", whichever it is' if bits is np.uint16 else '"float8_e4m3fn"'
+        raise DumpError(
+            f"{where}: {k}: raw {a.dtype.str} bytes, how np.savez stores an ml_dtypes array: "
+            f"add {k}_format={which} (the bytes alone do not say which; or save with "
+            f"kvselect.checking.save_dump, which writes the format)"
+        )
     formats: Dict[str, str] = {}
     for k in sorted(d):
         if not k.endswith("_format") or k in table:
@@ -432,8 +500,10 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
         if base not in table:
             continue  # refused below as an unknown key
         if table[base][0] not in ("float", "cache"):
-            raise DumpError(f"{where}: {k}: {base} holds {table[base][0].replace(' scalar', '')}s, "
-                            f"not floats; only a float key has a format")
+            raise DumpError(
+                f"{where}: {k}: {base} holds {table[base][0].replace(' scalar', '')}s, "
+                f"not floats; only a float key has a format"
+            )
         if base not in d:
             raise DumpError(f"{where}: {k} is given but {base} is not")
         fmt = _text(d, k)
@@ -443,8 +513,9 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
         if fmt == "float16" and a.dtype == np.float16:
             pass  # a real float16 array: the format says nothing more
         elif a.dtype != FORMATS[fmt]:
-            raise DumpError(f"{where}: {k} {fmt!r} needs {base} as its raw "
-                            f"{np.dtype(FORMATS[fmt]).name} bits, got {a.dtype}")
+            raise DumpError(
+                f"{where}: {k} {fmt!r} needs {base} as its raw {np.dtype(FORMATS[fmt]).name} bits, got {a.dtype}"
+            )
         else:
             formats[base] = cast(str, fmt)
         del d[k]
@@ -453,22 +524,28 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "",
         k = unknown[0]
         near = _closest(k, list(table) + [f"{x}_format" for x, t in table.items() if t[0] in ("float", "cache")])
         hint = f" (did you mean {near!r}?)" if near else ""
-        raise DumpError(f"{where}: unknown key {k!r} in a {kind} dump{hint}; the known keys are "
-                        f"{list(table)} (docs/dump-format.md): an unknown key is refused, never "
-                        f"ignored")
+        raise DumpError(
+            f"{where}: unknown key {k!r} in a {kind} dump{hint}; the known keys are "
+            f"{list(table)} (docs/dump-format.md): an unknown key is refused, never "
+            f"ignored"
+        )
     missing = [k for k, t in table.items() if t[2] == "required" and k not in d]
     if missing:
         raise DumpError(f"{where}: missing required key(s) {missing}; found {sorted(d)}")
     for k, a in d.items():
         cls = table[k][0]
         if cls == "cache" and k not in formats and a.dtype not in _FLOATS and a.dtype != np.uint8:
-            raise DumpError(f"{where}: {k}: expected float pages, raw bits with {k}_format, or uint8 "
-                            f"fp8_scaled pages, got {a.dtype}")
+            raise DumpError(
+                f"{where}: {k}: expected float pages, raw bits with {k}_format, or uint8 "
+                f"fp8_scaled pages, got {a.dtype}"
+            )
         if cls == "float" and k not in formats and a.dtype not in _FLOATS:
-            raw = (f" (raw bfloat16 / float16 / float8_e4m3fn bits need {k}_format beside them)"
-                   if a.dtype in (np.uint16, np.uint8) else "")
-            raise DumpError(f"{where}: {k}: expected dtype float16, float32 or float64, got "
-                            f"{a.dtype}{raw}")
+            raw = (
+                f" (raw bfloat16 / float16 / float8_e4m3fn bits need {k}_format beside them)"
+                if a.dtype in (np.uint16, np.uint8)
+                else ""
+            )
+            raise DumpError(f"{where}: {k}: expected dtype float16, float32 or float64, got {a.dtype}{raw}")
         if cls == "int" and a.dtype.kind not in "iu":
             raise DumpError(f"{where}: {k}: expected an integer dtype (int32 or int64), got {a.dtype}")
         if cls == "int scalar" and (a.ndim != 0 or a.dtype.kind not in "iub"):
@@ -497,19 +574,19 @@ _DTYPE_WORDS = {
 
 _KIND_NOTES = {
     "topk": "A token top-k (the lightning indexer's, or any), checked by `kvselect check`. "
-            "The exact scores are either given (`scores` + `context_lens`) or computed from "
-            "the indexer's inputs (`index_q`, `weights`, `index_k`, `query_pos`).",
+    "The exact scores are either given (`scores` + `context_lens`) or computed from "
+    "the indexer's inputs (`index_q`, `weights`, `index_k`, `query_pos`).",
     "blocks": "MiniMax-M3 block selection, checked by `kvselect check`.",
     "witnesses": "An in-place `scatter_topology_witnesses_` call, checked by `kvselect check`.",
     "v4_combined": "DeepSeek-V4's combined sparse-prefill index (vLLM's `combine_topk_swa_indices`: "
-                   "the CSA top-k over compressed entries, then the sliding window), checked by "
-                   "`kvselect check` (`kvselect.checking.check_v4_combined_indices`).",
+    "the CSA top-k over compressed entries, then the sliding window), checked by "
+    "`kvselect check` (`kvselect.checking.check_v4_combined_indices`).",
     "workload": "Q/K/V a selection policy is judged on, read by `kvselect eval --workload` "
-                "(`kvselect.workloads.load_npz`; `python -m kvselect.dump_hf` writes one). "
-                "A file without `kind` that has `q`, `k` and `v` is a workload (a plain "
-                "`np.savez(path, q=..., k=..., v=...)`). `weights` makes the DSA form "
-                "(DeepSeek-V3.2/V4, GLM-5): `index_q` is then `[layers, tokens, H, d_idx]` "
-                "and `index_k` `[layers, tokens, d_idx]`.",
+    "(`kvselect.workloads.load_npz`; `python -m kvselect.dump_hf` writes one). "
+    "A file without `kind` that has `q`, `k` and `v` is a workload (a plain "
+    "`np.savez(path, q=..., k=..., v=...)`). `weights` makes the DSA form "
+    "(DeepSeek-V3.2/V4, GLM-5): `index_q` is then `[layers, tokens, H, d_idx]` "
+    "and `index_k` `[layers, tokens, d_idx]`.",
 }
 
 
@@ -527,7 +604,7 @@ def dump_format_markdown() -> str:
         "# The dump format",
         "",
         "<!-- Generated: python -c 'import kvselect.checking as c; print(c.dump_format_markdown(), "
-        "end=\"\")' > docs/dump-format.md -->",
+        'end="")\' > docs/dump-format.md -->',
         "",
         "One format for every dump `kvselect check` and `kvselect eval` read: a NumPy `.npz` "
         "archive with a string `kind` and the keys of that kind, read by one loader "
@@ -541,34 +618,38 @@ def dump_format_markdown() -> str:
         "`key_format` → `index_k_format`).",
         "- **Low precision**: `.npz` cannot hold `ml_dtypes` arrays, so a bfloat16 or "
         "float8_e4m3fn tensor `X` is stored as its raw `uint16` / `uint8` bits with a string "
-        "`X_format` beside it (`\"bfloat16\"`, `\"float16\"`, `\"float8_e4m3fn\"`); float16 may "
+        '`X_format` beside it (`"bfloat16"`, `"float16"`, `"float8_e4m3fn"`); float16 may '
         "also be a real float16 array. From torch: `t.view(torch.uint16).numpy()`. Only a float "
         "key may have a format; raw `uint16` / `uint8` bits without one are refused.",
         "- **Reading one layer reads only its bytes**: uncompressed members (`np.savez`, what "
         "`save_dump` writes) are memory-mapped; compressed ones (`np.savez_compressed`) load, "
         "read whole.",
         "- **Never unpickled**: an object array is refused.",
-        "- Index arrays may be int32 or int64; scalars (config, `topk`) are 0-d arrays, "
-        "strings 0-d string arrays.",
+        "- Index arrays may be int32 or int64; scalars (config, `topk`) are 0-d arrays, strings 0-d string arrays.",
         "- 3-D `rows` only ever mean `[n_queries, n_heads, width]` (a blocks dump's). A topk dump "
         "with decode context parallelism (`dcp_size`) has 2-D rows `[n_rows, dcp_size * topk]`, "
         "the ranks' rows side by side, as `kvselect.check_topk` takes them with "
         "`slots=GlobalSlots(dcp_size=...)`.",
         "",
-        "`kvselect check` exits 2 (never 1, \"the engine is wrong\") for any dump it cannot "
-        "check.",
+        '`kvselect check` exits 2 (never 1, "the engine is wrong") for any dump it cannot check.',
     ]
     for kind, table in TABLES.items():
-        out += ["", f"## kind = \"{kind}\"", "", _KIND_NOTES[kind], "",
-                "| key | dtype | shape | required | meaning |", "|---|---|---|---|---|"]
+        out += [
+            "",
+            f'## kind = "{kind}"',
+            "",
+            _KIND_NOTES[kind],
+            "",
+            "| key | dtype | shape | required | meaning |",
+            "|---|---|---|---|---|",
+        ]
         for key, (cls, shape, req, meaning) in table.items():
             shape_ = f"`{shape}`" if shape else "0-d"
             out.append(f"| `{key}` | {_DTYPE_WORDS[cls]} | {shape_} | {req} | {meaning} |")
     return "\n".join(out) + "\n"
 
 
-def load_dump(path: Union[str, "os.PathLike[str]"],
-              expect: Optional[Tuple[str, ...]] = None) -> Dump:
+def load_dump(path: Union[str, "os.PathLike[str]"], expect: Optional[Tuple[str, ...]] = None) -> Dump:
     """A dump, read and checked (:func:`read_archive`, then :func:`validate`).
 
     The one loader of ``kvselect check`` and ``kvselect eval``.

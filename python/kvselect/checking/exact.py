@@ -83,8 +83,9 @@ def _key_bounds(keys: Any, ksc: Optional[np.ndarray], key_format: Optional[str])
     n = len(keys)
     d = int(np.prod(keys.shape[1:])) if keys.ndim > 1 else 1
     name = keys.dtype.name
-    raw = {"uint16": 0x7FFF, "uint8": 0x7F}.get(name) if key_format in ("bfloat16", "float16",
-                                                                        "float8_e4m3fn") else None
+    raw = (
+        {"uint16": 0x7FFF, "uint8": 0x7F}.get(name) if key_format in ("bfloat16", "float16", "float8_e4m3fn") else None
+    )
     sign_less = {"bfloat16": 0x7FFF, "float16": 0x7FFF, "float8_e4m3fn": 0x7F}.get(name, raw)
     if sign_less is not None and keys.dtype.isnative and n and d:
         # bfloat16 / float16 / fp8 e4m3fn: |x| rises with the bits below the
@@ -105,11 +106,25 @@ def _key_bounds(keys: Any, ksc: Optional[np.ndarray], key_format: Optional[str])
     return g
 
 
-def indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, query_pos: np.ndarray,
-                   topk: Optional[int], key_scale: Any, key_format: Optional[str], query_format: Optional[str],
-                   cu_seqlens: Optional[np.ndarray], seq_ids: Optional[np.ndarray], atol: float, rtol: float,
-                   layout_of: Any, whole: Optional[ks.GlobalSlots] = None, filler: str = "-1",
-                   compress_ratio: int = 1) -> dict:
+def indexer_check(
+    rows: np.ndarray,
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: np.ndarray,
+    topk: Optional[int],
+    key_scale: Any,
+    key_format: Optional[str],
+    query_format: Optional[str],
+    cu_seqlens: Optional[np.ndarray],
+    seq_ids: Optional[np.ndarray],
+    atol: float,
+    rtol: float,
+    layout_of: Any,
+    whole: Optional[ks.GlobalSlots] = None,
+    filler: str = "-1",
+    compress_ratio: int = 1,
+) -> dict:
     """The body of :func:`check_indexer_topk` (and of a dump's indexer-input
     check): ``layout_of(rows)`` is the ``GlobalSlots`` of those rows, or
     None; ``whole``, a ``GlobalSlots`` of every row, checks the batch in one
@@ -118,15 +133,20 @@ def indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, qu
     entries: a row's context is ``(query_pos + 1) // compress_ratio``)."""
     engine_rows = np.asarray(rows)
     if engine_rows.ndim != 2 or (engine_rows.dtype.kind not in "iu" and engine_rows.size):
-        raise _refused("rows", f"rows must be 2-D integers [n_rows, width], got "
-                                f"{engine_rows.dtype} {engine_rows.shape}")
+        raise _refused(
+            "rows", f"rows must be 2-D integers [n_rows, width], got {engine_rows.dtype} {engine_rows.shape}"
+        )
     n = len(engine_rows)
-    pos = np.asarray(query_pos).astype(np.int64).reshape(-1) if np.ndim(query_pos) else \
-        np.array([int(query_pos)], dtype=np.int64)
+    pos = (
+        np.asarray(query_pos).astype(np.int64).reshape(-1)
+        if np.ndim(query_pos)
+        else np.array([int(query_pos)], dtype=np.int64)
+    )
     q_arr = np.asarray(index_q)
     if q_arr.ndim != 3 or len(q_arr) != n or len(pos) != n:
-        raise _refused("rows", f"rows has {n} rows, index_q {q_arr.shape}, query_pos "
-                                f"{len(pos)} entries: one each per row")
+        raise _refused(
+            "rows", f"rows has {n} rows, index_q {q_arr.shape}, query_pos {len(pos)} entries: one each per row"
+        )
     k_arr = np.asarray(index_k)
     if cu_seqlens is None:
         cu, seq = np.array([0, len(k_arr)], dtype=np.int64), np.zeros(n, dtype=np.int64)
@@ -159,20 +179,37 @@ def indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, qu
         absc = np.ones(1) if ksc is None else np.abs(ksc.astype(np.float64))
         g: Optional[np.ndarray] = None
         idx = np.flatnonzero(seq == s)
-        step = len(idx) if whole is not None else \
-            max(1, _CHUNK_BYTES // (26 * max(1, hi - lo) + 16 * max(1, h * d)))
+        step = len(idx) if whole is not None else max(1, _CHUNK_BYTES // (26 * max(1, hi - lo) + 16 * max(1, h * d)))
         for c0 in range(0, len(idx), step):
             sub = idx[c0 : c0 + step]
-            S = ks.indexer_scores(q_arr[sub], w32[sub], keys, pos[sub], key_scale=ksc, key_format=key_format,
-                                  query_format=query_format, compress_ratio=compress_ratio)
+            S = ks.indexer_scores(
+                q_arr[sub],
+                w32[sub],
+                keys,
+                pos[sub],
+                key_scale=ksc,
+                key_format=key_format,
+                query_format=query_format,
+                compress_ratio=compress_ratio,
+            )
             if g is None:  # once per sequence, after the native call has vetted the keys
                 g = _key_bounds(keys, ksc, key_format)
             lens = np.minimum((pos[sub] + 1) // compress_ratio, hi - lo)
             layout = whole if whole is not None else layout_of(sub)
             rel = None if whole is None else whole.positions(engine_rows)[sub]
             idx_, real, exact, mags, vac = _rescore(
-                S, g, engine_rows[sub], lens, topk, atol, rtol, layout,
-                (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format), rel, whole is not None)
+                S,
+                g,
+                engine_rows[sub],
+                lens,
+                topk,
+                atol,
+                rtol,
+                layout,
+                (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format),
+                rel,
+                whole is not None,
+            )
             vacuous += int(vac.sum())
             if whole is not None:
                 full[sub, : hi - lo], full_lens[sub] = exact, lens
@@ -183,25 +220,63 @@ def indexer_check(rows: np.ndarray, index_q: Any, weights: Any, index_k: Any, qu
             # exactly right, against equal scores (their structural faults).
             mine = sub[idx_[real]]
             if len(mine):
-                parts.append((mine, ks.check_topk(
-                    exact[real], engine_rows[mine], lens[idx_[real]], topk=topk, atol=atol, rtol=rtol,
-                    magnitudes=None if mags is None else mags[real], slots=layout_of(mine), filler=filler)))
+                parts.append(
+                    (
+                        mine,
+                        ks.check_topk(
+                            exact[real],
+                            engine_rows[mine],
+                            lens[idx_[real]],
+                            topk=topk,
+                            atol=atol,
+                            rtol=rtol,
+                            magnitudes=None if mags is None else mags[real],
+                            slots=layout_of(mine),
+                            filler=filler,
+                        ),
+                    )
+                )
             right = np.ones(len(sub), dtype=bool)
             right[idx_[real]] = False
             if right.any():
-                parts.append((sub[right], ks.check_topk(
-                    np.zeros((int(right.sum()), hi - lo), np.float32), engine_rows[sub[right]],
-                    lens[right], topk=topk, slots=layout_of(sub[right]), filler=filler)))
+                parts.append(
+                    (
+                        sub[right],
+                        ks.check_topk(
+                            np.zeros((int(right.sum()), hi - lo), np.float32),
+                            engine_rows[sub[right]],
+                            lens[right],
+                            topk=topk,
+                            slots=layout_of(sub[right]),
+                            filler=filler,
+                        ),
+                    )
+                )
     if whole is not None:
-        parts = [(np.arange(n), ks.check_topk(full, engine_rows, full_lens, topk=topk, atol=atol, rtol=rtol,
-                                              magnitudes=full_m, slots=whole, filler=filler))]
+        parts = [
+            (
+                np.arange(n),
+                ks.check_topk(
+                    full,
+                    engine_rows,
+                    full_lens,
+                    topk=topk,
+                    atol=atol,
+                    rtol=rtol,
+                    magnitudes=full_m,
+                    slots=whole,
+                    filler=filler,
+                ),
+            )
+        ]
     out = _merge(parts)
     out["rows"] = n
     out["correct"] = n - out["wrong"]
     out["vacuous"] = vacuous
     if not parts:
-        out["by_reason"] = dict.fromkeys(("padding_hole", "duplicate", "not_causal", "not_in_table",
-                                          "wrong_count", "wrong_selection"), 0)
+        out["by_reason"] = dict.fromkeys(
+            ("padding_hole", "duplicate", "not_causal", "not_in_table", "wrong_count", "wrong_selection"), 0
+        )
     return out
 
 
@@ -212,9 +287,19 @@ def _topk_of(rows: np.ndarray, topk: Optional[int], layout: Any) -> int:
     return rows.shape[1] // ranks
 
 
-def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, topk: Optional[int],
-             atol: float, rtol: float, layout: Any, operands: tuple, rel: Optional[np.ndarray] = None,
-             full: bool = False) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
+def _rescore(
+    S: np.ndarray,
+    g: np.ndarray,
+    rows: np.ndarray,
+    lens: np.ndarray,
+    topk: Optional[int],
+    atol: float,
+    rtol: float,
+    layout: Any,
+    operands: tuple,
+    rel: Optional[np.ndarray] = None,
+    full: bool = False,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
     """The float64-exact check of a chunk of rows (see
     :func:`check_indexer_topk` for the rule and why it is exact): ``(idx,
     real, scores, magnitudes, vacuous)``. ``scores`` (and ``magnitudes``,
@@ -245,8 +330,13 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
     f64 = np.float64
     if t == 0:
         idx0 = np.arange(c) if full else np.zeros(0, dtype=np.int64)
-        return idx0, np.zeros(len(idx0), bool), np.zeros((len(idx0), 0)), \
-            (np.zeros((len(idx0), 0)) if rtol else None), vac
+        return (
+            idx0,
+            np.zeros(len(idx0), bool),
+            np.zeros((len(idx0), 0)),
+            (np.zeros((len(idx0), 0)) if rtol else None),
+            vac,
+        )
     S = np.ascontiguousarray(S)  # (the native call's already is: no copy)
     for i in np.flatnonzero(lens < t):  # past the row's length: -inf, below every bound
         S[i, lens[i] :] = -np.inf
@@ -319,21 +409,29 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
     slow = ~fin | ~decided
     pr_parts, pt_parts = [cr, sr[s_cand]], [ct, st[s_cand]]
     for i in np.flatnonzero(slow):
-        ts = _screen_row(S[i, : int(lens[i])], g[: int(lens[i])], float(A[i]), float(delta[i]), gam,
-                         rel[i][ok[i]], k, atol, rtol)
+        ts = _screen_row(
+            S[i, : int(lens[i])], g[: int(lens[i])], float(A[i]), float(delta[i]), gam, rel[i][ok[i]], k, atol, rtol
+        )
         pr_parts.append(np.full(len(ts), i, dtype=np.int64))
         pt_parts.append(ts)
     keys_ = np.asarray(keys)
     cs_all = None if ksc is None else np.asarray(ksc, dtype=np.float32).astype(f64)
 
-    def rescore(pr_parts: List[np.ndarray], pt_parts: List[np.ndarray], done: Optional[np.ndarray] = None
-                ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def rescore(
+        pr_parts: List[np.ndarray], pt_parts: List[np.ndarray], done: Optional[np.ndarray] = None
+    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Re-score the (row, position) pairs not ``done`` in float64 (every
         product of the decoded operands exact; one decode of their distinct
         keys): the pairs (``row * t + position``, row, position), their
         scores and magnitudes."""
-        u = np.unique(np.concatenate([np.asarray(p, dtype=np.int64) * t + np.asarray(q_, dtype=np.int64)
-                                      for p, q_ in zip(pr_parts, pt_parts)]))
+        u = np.unique(
+            np.concatenate(
+                [
+                    np.asarray(p, dtype=np.int64) * t + np.asarray(q_, dtype=np.int64)
+                    for p, q_ in zip(pr_parts, pt_parts)
+                ]
+            )
+        )
         if done is not None:
             u = u[~np.isin(u, done)]
         pr, pt = u // t, u % t
@@ -372,8 +470,18 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
     if wrong.any():  # the wrong rows' threshold and counts past the line
         pr_parts, pt_parts = [], []
         for i in np.flatnonzero(wrong):
-            ts = _screen_row(S[i, : int(lens[i])], g[: int(lens[i])], float(A[i]), float(delta[i]), gam,
-                             rel[i][ok[i]], k, atol, rtol, (float(best[i]), float(worst[i])))
+            ts = _screen_row(
+                S[i, : int(lens[i])],
+                g[: int(lens[i])],
+                float(A[i]),
+                float(delta[i]),
+                gam,
+                rel[i][ok[i]],
+                k,
+                atol,
+                rtol,
+                (float(best[i]), float(worst[i])),
+            )
             pr_parts.append(np.full(len(ts), i, dtype=np.int64))
             pt_parts.append(ts)
         more = rescore(pr_parts, pt_parts, done)
@@ -397,8 +505,18 @@ def _rescore(S: np.ndarray, g: np.ndarray, rows: np.ndarray, lens: np.ndarray, t
     return idx, (wrong if not full else need)[idx], out, mags, vac
 
 
-def _screen_row(S: np.ndarray, g: np.ndarray, A: float, delta: float, gam: float, selected: np.ndarray,
-                k: int, atol: float, rtol: float, line: Optional[Tuple[float, float]] = None) -> np.ndarray:
+def _screen_row(
+    S: np.ndarray,
+    g: np.ndarray,
+    A: float,
+    delta: float,
+    gam: float,
+    selected: np.ndarray,
+    k: int,
+    atol: float,
+    rtol: float,
+    line: Optional[Tuple[float, float]] = None,
+) -> np.ndarray:
     """One row's candidates (positions), screened in float64 (``S`` and
     ``g`` the row's ``L`` positions'). Without ``line``: a row the chunk's
     screen left undecided as to vacuity, or with a non-finite score or
@@ -441,13 +559,30 @@ def _screen_row(S: np.ndarray, g: np.ndarray, A: float, delta: float, gam: float
     return np.flatnonzero(cand)
 
 
-def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: Any,
-                       topk: Optional[int] = None, *, key_scale: Any = None, key_format: Optional[str] = None,
-                       query_format: Optional[str] = None, cu_seqlens: Any = None, seq_ids: Any = None,
-                       precision: str = "float32", atol: Optional[float] = None, rtol: Optional[float] = None,
-                       slots: Optional[ks.GlobalSlots] = None, filler: str = "-1", kv_cache: Any = None,
-                       block_table: Any = None, seq_lens: Any = None, page_layout: str = "dense",
-                       compress_ratio: int = 1) -> dict:
+def check_indexer_topk(
+    rows: Any,
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    topk: Optional[int] = None,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    cu_seqlens: Any = None,
+    seq_ids: Any = None,
+    precision: str = "float32",
+    atol: Optional[float] = None,
+    rtol: Optional[float] = None,
+    slots: Optional[ks.GlobalSlots] = None,
+    filler: str = "-1",
+    kv_cache: Any = None,
+    block_table: Any = None,
+    seq_lens: Any = None,
+    page_layout: str = "dense",
+    compress_ratio: int = 1,
+) -> dict:
     """Whether each engine row is a correct lightning-indexer top-k of the indexer's inputs.
 
     Judged against scores **exact up to float64 rounding**. The arguments
@@ -629,8 +764,7 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
     """
     p = _ALIASES.get(precision, precision)
     if p not in DEFAULT_RTOL:
-        raise _refused("precision", f"precision must be one of {', '.join(DEFAULT_RTOL)}, "
-                                f"got {precision!r}")
+        raise _refused("precision", f"precision must be one of {', '.join(DEFAULT_RTOL)}, got {precision!r}")
     atol_ = 0.0 if atol is None else float(atol)
     rtol_ = DEFAULT_RTOL[p] if rtol is None else float(rtol)
     for name, v in (("atol", atol_), ("rtol", rtol_)):
@@ -642,17 +776,52 @@ def check_indexer_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, quer
         raise TypeError(f"compress_ratio must be an integer, got {type(compress_ratio).__name__}")
     if compress_ratio < 1:
         raise _refused("compress_ratio", f"compress_ratio must be at least 1 (tokens per key), got {compress_ratio}")
-    _vet_api(rows, index_q, weights, index_k, query_pos, topk, key_scale, key_format, query_format,
-             cu_seqlens, seq_ids, kv_cache, block_table, seq_lens, page_layout, filler)
+    _vet_api(
+        rows,
+        index_q,
+        weights,
+        index_k,
+        query_pos,
+        topk,
+        key_scale,
+        key_format,
+        query_format,
+        cu_seqlens,
+        seq_ids,
+        kv_cache,
+        block_table,
+        seq_lens,
+        page_layout,
+        filler,
+    )
     if kv_cache is not None:  # each sequence's pages, read into a packed batch's keys
         index_k, key_scale, cu_seqlens, key_format = _api_paged_keys(
-            index_k, key_scale, cu_seqlens, kv_cache, block_table, seq_lens, seq_ids, page_layout, key_format)
+            index_k, key_scale, cu_seqlens, kv_cache, block_table, seq_lens, seq_ids, page_layout, key_format
+        )
     elif index_k is None:
-        raise _refused("index_k", "index_k is None: pass the keys, or kv_cache= (with block_table=, "
-                                "seq_lens=, seq_ids=) for a paged cache")
-    return indexer_check(rows, index_q, weights, index_k, query_pos, topk, key_scale, key_format,
-                          query_format, cu_seqlens, seq_ids, atol_, rtol_, lambda rows_: None, slots,
-                          filler=filler, compress_ratio=compress_ratio)
+        raise _refused(
+            "index_k",
+            "index_k is None: pass the keys, or kv_cache= (with block_table=, seq_lens=, seq_ids=) for a paged cache",
+        )
+    return indexer_check(
+        rows,
+        index_q,
+        weights,
+        index_k,
+        query_pos,
+        topk,
+        key_scale,
+        key_format,
+        query_format,
+        cu_seqlens,
+        seq_ids,
+        atol_,
+        rtol_,
+        lambda rows_: None,
+        slots,
+        filler=filler,
+        compress_ratio=compress_ratio,
+    )
 
 
 def _non_finite(name: str, a: np.ndarray) -> None:
@@ -661,8 +830,11 @@ def _non_finite(name: str, a: np.ndarray) -> None:
     bad = ~np.isfinite(a)
     if bad.any():
         at = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise _refused(name, f"{name}[{', '.join(map(str, at))}] is {a[at]}: the exact scores of a "
-                             f"non-finite {name} are undefined, so the rows cannot be checked")
+        raise _refused(
+            name,
+            f"{name}[{', '.join(map(str, at))}] is {a[at]}: the exact scores of a "
+            f"non-finite {name} are undefined, so the rows cannot be checked",
+        )
 
 
 def _integers(name: str, a: Any) -> None:
@@ -672,9 +844,24 @@ def _integers(name: str, a: Any) -> None:
         raise TypeError(f"{name} must hold integers, got {np.asarray(a).dtype}")
 
 
-def _vet_api(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: Any, topk: Any, key_scale: Any,
-             key_format: Optional[str], query_format: Optional[str], cu_seqlens: Any, seq_ids: Any,
-             kv_cache: Any, block_table: Any, seq_lens: Any, page_layout: str, filler: str) -> None:
+def _vet_api(
+    rows: Any,
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    topk: Any,
+    key_scale: Any,
+    key_format: Optional[str],
+    query_format: Optional[str],
+    cu_seqlens: Any,
+    seq_ids: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    page_layout: str,
+    filler: str,
+) -> None:
     """:func:`check_indexer_topk`'s arguments judged before any work, each
     refusal naming the argument as the native functions do: shapes against
     ``rows`` and the keys, integer index arrays, finite operands (the exact
@@ -689,8 +876,9 @@ def _vet_api(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: Any
     if kv_cache is None:
         for name, v in (("block_table", block_table), ("seq_lens", seq_lens)):
             if v is not None:
-                raise _refused(name, f"{name} without kv_cache: a paged cache is kv_cache with block_table, "
-                                     f"seq_lens and seq_ids")
+                raise _refused(
+                    name, f"{name} without kv_cache: a paged cache is kv_cache with block_table, seq_lens and seq_ids"
+                )
         if page_layout != "dense":
             raise _refused("page_layout", f"page_layout={page_layout!r} without kv_cache")
         if seq_ids is not None and cu_seqlens is None:
@@ -710,37 +898,59 @@ def _vet_api(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: Any
     if index_k is not None:
         k = np.asarray(index_k)
         if key_scale is not None and np.ndim(key_scale) != 0 and np.shape(key_scale) != (len(k),):
-            raise _refused("key_scale", f"key_scale must be [n_keys={len(k)}] or one number, got "
-                                        f"{list(np.shape(key_scale))}")
+            raise _refused(
+                "key_scale", f"key_scale must be [n_keys={len(k)}] or one number, got {list(np.shape(key_scale))}"
+            )
         step = max(1, (16 << 20) // max(1, k[:1].size * 4))
         for t0 in range(0, len(k), step):  # decoded a chunk at a time
             part = decode32(k[t0 : t0 + step], key_format)
             bad = ~np.isfinite(part)
             if bad.any():
                 t, i = (int(x) for x in np.argwhere(bad)[0][:2])
-                raise _refused("index_k", f"index_k[{t0 + t}, {i}] is {part[t, i]}: the exact scores of a "
-                                          f"non-finite index_k are undefined, so the rows cannot be checked")
+                raise _refused(
+                    "index_k",
+                    f"index_k[{t0 + t}, {i}] is {part[t, i]}: the exact scores of a "
+                    f"non-finite index_k are undefined, so the rows cannot be checked",
+                )
     if key_scale is not None:
         _non_finite("key_scale", np.atleast_1d(np.asarray(key_scale, dtype=np.float32)))
 
 
-def _api_paged_keys(index_k: Any, key_scale: Any, cu_seqlens: Any, kv_cache: Any, block_table: Any,
-                    seq_lens: Any, seq_ids: Any, page_layout: str, key_format: Optional[str]) -> tuple:
+def _api_paged_keys(
+    index_k: Any,
+    key_scale: Any,
+    cu_seqlens: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    seq_ids: Any,
+    page_layout: str,
+    key_format: Optional[str],
+) -> tuple:
     """:func:`check_indexer_topk`'s paged form: the pages read as a dump's
     (:func:`_paged_keys`), refusals as the API's (``SelectionError`` naming
     the argument)."""
     for name, v in (("index_k", index_k), ("key_scale", key_scale), ("cu_seqlens", cu_seqlens)):
         if v is not None:
-            raise _refused(name, f"{name} beside kv_cache: the keys are either packed (index_k, "
-                                    f"cu_seqlens, key_scale) or paged (kv_cache, block_table, seq_lens)")
+            raise _refused(
+                name,
+                f"{name} beside kv_cache: the keys are either packed (index_k, "
+                f"cu_seqlens, key_scale) or paged (kv_cache, block_table, seq_lens)",
+            )
     for name, v in (("block_table", block_table), ("seq_lens", seq_lens), ("seq_ids", seq_ids)):
         if v is None:
             raise _refused(name, f"kv_cache needs {name}, as indexer_topk_paged takes it")
     cache = np.asarray(kv_cache)
     raw = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8}.get(cache.dtype.name)
-    d = Dump({"kv_cache": cache.view(raw) if raw is not None else cache,
-              "block_table": np.asarray(block_table), "seq_lens": np.asarray(seq_lens),
-              "seq_ids": np.asarray(seq_ids), "page_layout": np.array(page_layout)})
+    d = Dump(
+        {
+            "kv_cache": cache.view(raw) if raw is not None else cache,
+            "block_table": np.asarray(block_table),
+            "seq_lens": np.asarray(seq_lens),
+            "seq_ids": np.asarray(seq_ids),
+            "page_layout": np.array(page_layout),
+        }
+    )
     fmt = cache.dtype.name if raw is not None else key_format
     d.kind, d.source, d.formats = "topk", "", ({} if fmt is None else {"kv_cache": fmt})
     try:

@@ -70,9 +70,22 @@ def make_example(path: str, *, seed: int = 0) -> None:
     pages = rng.permutation(4 * (n_k // bs))[: n_k // bs].astype(np.int32)
     table = pages[None, :]
     glob = np.where(rows < 0, -1, table[0][np.maximum(rows, 0) // bs].astype(np.int64) * bs + rows % bs)
-    save_dump(path, "topk", rows=glob, index_q=q, weights=w, index_k=k8, key_scale=scale,
-              query_pos=pos, topk=topk, engine_scores=engine, precision="bfloat16",
-              block_table=table, req_ids=np.zeros(n_q, dtype=np.int64), block_size=bs)
+    save_dump(
+        path,
+        "topk",
+        rows=glob,
+        index_q=q,
+        weights=w,
+        index_k=k8,
+        key_scale=scale,
+        query_pos=pos,
+        topk=topk,
+        engine_scores=engine,
+        precision="bfloat16",
+        block_table=table,
+        req_ids=np.zeros(n_q, dtype=np.int64),
+        block_size=bs,
+    )
 
 
 def example_path() -> str:

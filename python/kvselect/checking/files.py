@@ -53,8 +53,7 @@ def filesystem(url: str) -> Tuple[Any, str]:
         import fsspec
     except ImportError:
         raise DumpError(
-            f"{url}: reading a URL needs fsspec (pip install fsspec, or "
-            f"'kvselect[distributed]'); a local path does not"
+            f"{url}: reading a URL needs fsspec (pip install fsspec, or 'kvselect[distributed]'); a local path does not"
         ) from None
     try:
         fs, path = fsspec.core.url_to_fs(url)
@@ -100,8 +99,7 @@ class RangedArray:
     whole on first use.
     """
 
-    def __init__(self, fs: Any, path: str, offset: int, shape: Tuple[int, ...],
-                 dtype: np.dtype, fortran: bool) -> None:
+    def __init__(self, fs: Any, path: str, offset: int, shape: Tuple[int, ...], dtype: np.dtype, fortran: bool) -> None:
         self.fs, self.path, self.offset = fs, path, int(offset)
         self.shape, self.dtype, self.fortran = tuple(int(s) for s in shape), np.dtype(dtype), fortran
 
@@ -120,7 +118,7 @@ class RangedArray:
     @property
     def _steps(self) -> List[int]:
         """Items between consecutive indices of each axis (C order)."""
-        return [int(np.prod(self.shape[i + 1:], dtype=np.int64)) for i in range(self.ndim)]
+        return [int(np.prod(self.shape[i + 1 :], dtype=np.int64)) for i in range(self.ndim)]
 
     def __len__(self) -> int:
         if not self.shape:
@@ -142,8 +140,9 @@ class RangedArray:
         begin = self.offset + start * self.dtype.itemsize
         data = self.fs.cat_file(self.path, start=begin, end=begin + nbytes) if nbytes else b""
         if len(data) != nbytes:
-            raise DumpError(f"{self.path}: the archive ends inside an array ({len(data)} of "
-                            f"{nbytes} bytes read at offset {begin})")
+            raise DumpError(
+                f"{self.path}: the archive ends inside an array ({len(data)} of {nbytes} bytes read at offset {begin})"
+            )
         flat = np.frombuffer(data, dtype=self.dtype)
         if self.fortran:
             return flat.reshape(shape, order="F").copy(order="F")
@@ -166,8 +165,7 @@ class RangedArray:
             if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
                 i = int(k) + (self.shape[axis] if k < 0 else 0)
                 if not 0 <= i < self.shape[axis]:
-                    raise IndexError(f"index {k} is out of bounds for axis {axis} with size "
-                                     f"{self.shape[axis]}")
+                    raise IndexError(f"index {k} is out of bounds for axis {axis} with size {self.shape[axis]}")
                 start += i * strides[axis]
                 axis, lead = axis + 1, lead + 1
                 continue
@@ -197,7 +195,7 @@ def take_rows(a: Any, lead: Tuple[int, ...], rows: np.ndarray) -> np.ndarray:
     rows = np.asarray(rows, dtype=np.int64)
     if not isinstance(a, RangedArray) or a.fortran:
         return np.asarray(np.asarray(a[lead] if lead else a)[rows])
-    inner = a.shape[len(lead) + 1:]
+    inner = a.shape[len(lead) + 1 :]
     steps, size = a._steps, a.dtype.itemsize
     per = steps[len(lead)] * size  # one row's bytes
     base = a.offset + sum(int(i) * steps[axis] for axis, i in enumerate(lead)) * size
@@ -209,8 +207,10 @@ def take_rows(a: Any, lead: Tuple[int, ...], rows: np.ndarray) -> np.ndarray:
     out = np.empty((len(rows), *inner), dtype=a.dtype)
     for i, blob in enumerate(blobs):
         if isinstance(blob, Exception) or len(blob) != per:
-            raise DumpError(f"{a.path}: a row could not be read at offset {starts[i]}"
-                            + (f" ({blob})" if isinstance(blob, Exception) else ""))
+            raise DumpError(
+                f"{a.path}: a row could not be read at offset {starts[i]}"
+                + (f" ({blob})" if isinstance(blob, Exception) else "")
+            )
         out[i] = np.frombuffer(blob, dtype=a.dtype).reshape(inner)
     return out
 

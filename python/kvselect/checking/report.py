@@ -29,27 +29,36 @@ def _describe(p: dict, filler: Optional[str] = None) -> str:
         if "value" in p:
             holds += f" (position {p['position']})"
         n = p["n_slots"]
-        text = (f"not causal: {n} {'entry' if n == 1 else 'entries'} at or past the context "
-                f"{p['context']} (first: {holds})")
+        text = (
+            f"not causal: {n} {'entry' if n == 1 else 'entries'} at or past the context {p['context']} (first: {holds})"
+        )
         if filler is not None and filler != "past_context":
             text += ' — if that is the engine\'s filler, check with filler="past_context" (--filler past_context)'
         return text
     if r == "duplicate" and "n_slots" in p:
         n = p["n_slots"]
-        text = (f"duplicate: {n} {'entry repeats' if n == 1 else 'entries repeat'} an earlier one "
-                f"(first: slot {p['slot']} repeats position {p['position']} of slot {p['first']})")
+        text = (
+            f"duplicate: {n} {'entry repeats' if n == 1 else 'entries repeat'} an earlier one "
+            f"(first: slot {p['slot']} repeats position {p['position']} of slot {p['first']})"
+        )
         if filler is not None and filler != "repeat":
             text += ' — if that is the engine\'s filler, check with filler="repeat" (--filler repeat)'
         return text
     if r == "wrong_selection":
+
         def few(pairs):
             return ", ".join(f"{t} ({_digits(s)})" for t, s in pairs)
-        return (f"wrong selection: dropped {p['n_dropped']} [{few(p['dropped'])}], "
-                f"intruders {p['n_intruders']} [{few(p['intruders'])}]; "
-                f"threshold {_digits(p['threshold'])}, margin {p['margin']:.3g}")
+
+        return (
+            f"wrong selection: dropped {p['n_dropped']} [{few(p['dropped'])}], "
+            f"intruders {p['n_intruders']} [{few(p['intruders'])}]; "
+            f"threshold {_digits(p['threshold'])}, margin {p['margin']:.3g}"
+        )
     if r == "wrong_witness":
-        return (f"wrong witness in slot {p['slot']}: {p['got']} where the rule writes "
-                f"{p['expected']} — {p['why']} ({p['n_wrong']} slot(s))")
+        return (
+            f"wrong witness in slot {p['slot']}: {p['got']} where the rule writes "
+            f"{p['expected']} — {p['why']} ({p['n_wrong']} slot(s))"
+        )
     fields = ", ".join(f"{k} {v}" for k, v in p.items() if k != "reason")
     return f"{r.replace('_', ' ')}: {fields}"
 
@@ -85,12 +94,16 @@ def format_report(result: dict, *, show: int = 5, source: str = "") -> str:
         The report, lines joined by ``"\\n"`` (no trailing newline).
     """
     t = result["tolerance"]
-    tol = "exact" if t["precision"] == "exact" else (
-        f"precision {t['precision']}: rtol {t['rtol']:.3g}, atol {t['atol']:.3g}")
+    tol = (
+        "exact"
+        if t["precision"] == "exact"
+        else (f"precision {t['precision']}: rtol {t['rtol']:.3g}, atol {t['atol']:.3g}")
+    )
     fill = result.get("filler")
     fill_text = f", filler {fill!r}" if fill not in (None, "-1") else ""
-    lines = [f"kvselect check{' ' + source if source else ''}: {result['kind']}, "
-             f"{result['rows']} rows, {tol}{fill_text}"]
+    lines = [
+        f"kvselect check{' ' + source if source else ''}: {result['kind']}, {result['rows']} rows, {tol}{fill_text}"
+    ]
     if t.get("note"):
         lines.append(f"note: {t['note']}")
     lines.append("")
@@ -112,8 +125,7 @@ def format_report(result: dict, *, show: int = 5, source: str = "") -> str:
             if "query" in row:
                 where += f" (query {row['query']}, KV head {row['kv_head']})"
             for i, p in enumerate(row["problems"]):
-                lines.append(f"  {where if i == 0 else ' ' * len(where)}: "
-                             f"{_describe(p, result.get('filler'))}")
+                lines.append(f"  {where if i == 0 else ' ' * len(where)}: {_describe(p, result.get('filler'))}")
         if len(details) > show:
             lines.append(f"  ... and {len(details) - show} more (--show N, or --json FILE)")
     for c in result["checks"]:
@@ -122,14 +134,20 @@ def format_report(result: dict, *, show: int = 5, source: str = "") -> str:
             continue
         exact = t["atol"] == 0 and t["rtol"] == 0 or "own scores" in c["name"]
         if exact:  # no tolerance: every score of those rows is the same number
-            lines += ["", f"warning: {v} of {c['report']['rows']} rows {c['name']} are vacuous — every "
-                          f"position of such a row has the same score, so any selection of the right "
-                          f"size is correct there: to test them, dump a case whose scores differ "
-                          f"(distinct keys, or distinct queries)"]
+            lines += [
+                "",
+                f"warning: {v} of {c['report']['rows']} rows {c['name']} are vacuous — every "
+                f"position of such a row has the same score, so any selection of the right "
+                f"size is correct there: to test them, dump a case whose scores differ "
+                f"(distinct keys, or distinct queries)",
+            ]
         else:
-            lines += ["", f"warning: {v} of {c['report']['rows']} rows {c['name']} are vacuous at this "
-                          f"tolerance — every position's interval meets every other's, so no "
-                          f"selection could fail them: lower --rtol / --atol to test them"]
+            lines += [
+                "",
+                f"warning: {v} of {c['report']['rows']} rows {c['name']} are vacuous at this "
+                f"tolerance — every position's interval meets every other's, so no "
+                f"selection could fail them: lower --rtol / --atol to test them",
+            ]
     lines += ["", "all rows correct" if result["wrong"] == 0 else f"{result['wrong']} wrong row(s)"]
     return "\n".join(lines)
 

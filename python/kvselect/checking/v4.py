@@ -35,12 +35,29 @@ from kvselect.checking.exact import check_indexer_topk
 _REASONS = ("window_slot", "padding", "wrong_len")
 
 
-def check_v4_combined_indices(combined_indices: Any, combined_lens: Any, index_q: Any, weights: Any,
-                              index_k: Any, cu_entries: Any, query_start_loc: Any, seq_lens: Any,
-                              gather_lens: Any, window_size: int, compress_ratio: int, topk: int, M: int,
-                              N: int, *, key_scale: Any = None, key_format: Optional[str] = None,
-                              query_format: Optional[str] = None, precision: str = "float32",
-                              atol: Optional[float] = None, rtol: Optional[float] = None) -> dict:
+def check_v4_combined_indices(
+    combined_indices: Any,
+    combined_lens: Any,
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    cu_entries: Any,
+    query_start_loc: Any,
+    seq_lens: Any,
+    gather_lens: Any,
+    window_size: int,
+    compress_ratio: int,
+    topk: int,
+    M: int,
+    N: int,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    precision: str = "float32",
+    atol: Optional[float] = None,
+    rtol: Optional[float] = None,
+) -> dict:
     """Whether each row of vLLM's combined index (``combine_topk_swa_indices``'s
     ``(combined_indices, combined_lens)``) is the layout of a right top-k
     over compressed entries followed by the exact window (module docs).
@@ -93,8 +110,9 @@ def check_v4_combined_indices(combined_indices: Any, combined_lens: Any, index_q
     cu = np.asarray(cu_entries).astype(np.int64).reshape(-1)
     n_req = len(sl)
     if len(qsl) != n_req + 1 or qsl[0] != 0 or qsl[-1] != n or np.any(np.diff(qsl) < 0):
-        raise _refused("query_start_loc", f"query_start_loc must rise from 0 to the {n} rows, "
-                                          f"one entry per request and one more")
+        raise _refused(
+            "query_start_loc", f"query_start_loc must rise from 0 to the {n} rows, one entry per request and one more"
+        )
     if len(gl) != n_req or len(cu) != n_req + 1:
         raise _refused("gather_lens", "gather_lens, seq_lens and cu_entries[1:] need one entry per request")
     if np.any(np.diff(qsl) > sl):
@@ -114,9 +132,23 @@ def check_v4_combined_indices(combined_indices: Any, combined_lens: Any, index_q
     for i in range(n):
         part = rows[i, : min(int(topk_len[i]), width)].astype(np.int64) - big_m * int(req[i])
         entries[i, : len(part)] = np.where(part >= 0, part, -1)
-    report = check_indexer_topk(entries, index_q, weights, index_k, pos, k, key_scale=key_scale, key_format=key_format,
-                                query_format=query_format, cu_seqlens=cu, seq_ids=req, precision=precision,
-                                atol=atol, rtol=rtol, compress_ratio=m)
+    report = check_indexer_topk(
+        entries,
+        index_q,
+        weights,
+        index_k,
+        pos,
+        k,
+        key_scale=key_scale,
+        key_format=key_format,
+        query_format=query_format,
+        cu_seqlens=cu,
+        seq_ids=req,
+        precision=precision,
+        atol=atol,
+        rtol=rtol,
+        compress_ratio=m,
+    )
     problems: Dict[int, List[Dict[str, Any]]] = {}
     for i in range(n):
         t0, sw = int(topk_len[i]), int(swa_len[i])
@@ -129,8 +161,9 @@ def check_v4_combined_indices(combined_indices: Any, combined_lens: Any, index_q
         if len(got) != sw or not np.array_equal(got, want):
             bad = sorted(set(got.tolist()) - set(want.tolist()))
             missing = sorted(set(want.tolist()) - set(got.tolist()))
-            found.append({"reason": "window_slot", "outside_window": bad[:8], "missing": missing[:8],
-                          "window": [p - sw + 1, p]})
+            found.append(
+                {"reason": "window_slot", "outside_window": bad[:8], "missing": missing[:8], "window": [p - sw + 1, p]}
+            )
         tail = rows[i, t0 + sw :]
         if np.any(tail != -1):
             at = int(np.flatnonzero(tail != -1)[0]) + t0 + sw

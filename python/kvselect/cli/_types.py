@@ -69,18 +69,22 @@ def add_cluster_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     """``--workers`` / ``--scheduler`` (one or neither) and ``--threads``."""
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
-        "--workers", type=positive, metavar="N",
+        "--workers",
+        type=positive,
+        metavar="N",
         help=f"run on a local Dask cluster of N worker processes, one task per worker, a task "
         f"per {unit}; needs 'kvselect[distributed]'; the numbers are the serial run's, timing "
         f"excepted (default: serial, in this process)",
     )
     where.add_argument(
-        "--scheduler", metavar="ADDRESS",
+        "--scheduler",
+        metavar="ADDRESS",
         help="run on the existing Dask cluster at ADDRESS (tcp://host:8786); its workers read "
         "the dumps themselves, so give paths or URLs they can open (default: serial)",
     )
     parser.add_argument(
-        "--threads", type=non_negative,
+        "--threads",
+        type=non_negative,
         help="kvselect threads per task, 0 = all cores (default: all cores serially; on Dask, "
         "each worker's share of its machine's cores)",
     )

@@ -17,8 +17,7 @@ from kvselect.checking import (
     format_report,
     strict_json,
 )
-from kvselect.cli._types import (add_cluster_flags, check_output, executor_of, non_negative_float,
-                                 positive, progress_bar)
+from kvselect.cli._types import add_cluster_flags, check_output, executor_of, non_negative_float, positive, progress_bar
 from kvselect.corpus import CHUNK_ROWS
 
 
@@ -53,15 +52,20 @@ def run(args: argparse.Namespace) -> int:
                 print()
 
     def failed_one(f: "corpus.Failure") -> None:
-        print(f"kvselect check: {f.error}" if one else f"kvselect check: {f.name}: {f.error}",
-              file=sys.stderr)
+        print(f"kvselect check: {f.error}" if one else f"kvselect check: {f.name}: {f.error}", file=sys.stderr)
 
     try:
         run_ = corpus.check_corpus(
-            dumps, atol=args.atol, rtol=args.rtol, filler=args.filler, chunk_rows=args.chunk_rows,
-            executor=executor_of(args), threads=args.threads,
+            dumps,
+            atol=args.atol,
+            rtol=args.rtol,
+            filler=args.filler,
+            chunk_rows=args.chunk_rows,
+            executor=executor_of(args),
+            threads=args.threads,
             progress=progress_bar(sys.stderr.isatty() and not one),
-            on_result=show, on_failure=failed_one,
+            on_result=show,
+            on_failure=failed_one,
         )
     except BrokenPipeError:
         raise  # the reader left: main() says so once
@@ -71,8 +75,10 @@ def run(args: argparse.Namespace) -> int:
     if one:
         doc: Any = run_.results[0][1] if run_.results else None
     else:
-        doc = {"dumps": [{"dump": name, "result": r} for name, r in run_.results],
-               "cannot_check": [{"dump": f.name, "error": f.error} for f in run_.failures]}
+        doc = {
+            "dumps": [{"dump": name, "result": r} for name, r in run_.results],
+            "cannot_check": [{"dump": f.name, "error": f.error} for f in run_.failures],
+        }
     if doc is not None and args.json is not None:
         if args.json == "-":
             json.dump(strict_json(doc), sys.stdout, indent=2, allow_nan=False)
@@ -85,10 +91,13 @@ def run(args: argparse.Namespace) -> int:
             except OSError as e:
                 return fail(f"--json {args.json!r}: {e}")
     if not one and text:
-        print(f"kvselect check: {len(dumps)} dumps: {len(run_.results) - len(wrong)} right, "
-              f"{len(wrong)} with wrong rows" + (f" ({', '.join(wrong)})" if wrong else "")
-              + f", {len(run_.failures)} could not be checked"
-              + (f" ({', '.join(f.name for f in run_.failures)})" if run_.failures else ""))
+        print(
+            f"kvselect check: {len(dumps)} dumps: {len(run_.results) - len(wrong)} right, "
+            f"{len(wrong)} with wrong rows"
+            + (f" ({', '.join(wrong)})" if wrong else "")
+            + f", {len(run_.failures)} could not be checked"
+            + (f" ({', '.join(f.name for f in run_.failures)})" if run_.failures else "")
+        )
     if wrong:
         return 1
     return 2 if run_.failures else 0
@@ -107,25 +116,45 @@ def add_parser(sub: Any) -> None:
         "2, never 1.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("dumps", nargs="+", metavar="DUMP",
-                   help="the .npz dump (the format: docs/dump-format.md, or "
-                   "kvselect.checking.dump_format_markdown()); several, a folder (its *.npz) or a "
-                   "glob are each checked and reported, then summed up; local paths or fsspec URLs")
-    p.add_argument("--rtol", type=non_negative_float, default=None,
-                   help="relative tolerance (default: by the dump's precision: "
-                   + ", ".join(f"{k} {v:.3g}" for k, v in DEFAULT_RTOL.items()) + ")")
-    p.add_argument("--atol", type=non_negative_float, default=None,
-                   help="absolute tolerance (default 0)")
+    p.add_argument(
+        "dumps",
+        nargs="+",
+        metavar="DUMP",
+        help="the .npz dump (the format: docs/dump-format.md, or "
+        "kvselect.checking.dump_format_markdown()); several, a folder (its *.npz) or a "
+        "glob are each checked and reported, then summed up; local paths or fsspec URLs",
+    )
+    p.add_argument(
+        "--rtol",
+        type=non_negative_float,
+        default=None,
+        help="relative tolerance (default: by the dump's precision: "
+        + ", ".join(f"{k} {v:.3g}" for k, v in DEFAULT_RTOL.items())
+        + ")",
+    )
+    p.add_argument("--atol", type=non_negative_float, default=None, help="absolute tolerance (default 0)")
     p.add_argument("--show", type=int, default=5, help="wrong rows shown in detail per check")
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="also write the full report as JSON to FILE (the text report is still "
-                   "printed); '-' prints the JSON to stdout instead of the text")
-    p.add_argument("--filler", choices=FILLERS, default=None,
-                   help="how the engine fills a row that sees fewer than topk positions (overrides "
-                   "the dump's filler; default \"-1\"): \"past_context\" ignores entries at or past "
-                   "the context, \"repeat\" ignores repeats of an earlier entry")
-    p.add_argument("--chunk-rows", type=positive, default=CHUNK_ROWS,
-                   help="rows per task: a dump is checked in chunks of rows, each reading only "
-                   "its rows (a v4_combined dump is one task)")
+    p.add_argument(
+        "--json",
+        metavar="FILE",
+        default=None,
+        help="also write the full report as JSON to FILE (the text report is still "
+        "printed); '-' prints the JSON to stdout instead of the text",
+    )
+    p.add_argument(
+        "--filler",
+        choices=FILLERS,
+        default=None,
+        help="how the engine fills a row that sees fewer than topk positions (overrides "
+        'the dump\'s filler; default "-1"): "past_context" ignores entries at or past '
+        'the context, "repeat" ignores repeats of an earlier entry',
+    )
+    p.add_argument(
+        "--chunk-rows",
+        type=positive,
+        default=CHUNK_ROWS,
+        help="rows per task: a dump is checked in chunks of rows, each reading only "
+        "its rows (a v4_combined dump is one task)",
+    )
     add_cluster_flags(p, "chunk of rows of a dump")
     p.set_defaults(run=run)

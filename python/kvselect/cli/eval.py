@@ -27,8 +27,11 @@ def _builtins(args: argparse.Namespace) -> Dict[str, Callable[[], Any]]:
 
     return {
         "synthetic": lambda: workloads.synthetic(
-            context=args.context, queries=args.queries, seed=args.seed,
-            index_heads=args.index_heads, index_noise=args.index_noise,
+            context=args.context,
+            queries=args.queries,
+            seed=args.seed,
+            index_heads=args.index_heads,
+            index_noise=args.index_noise,
         ),
         "example": lambda: workloads.example(queries=args.queries, seed=args.seed),
     }
@@ -64,9 +67,7 @@ def _derived_line(derived: Dict[int, Dict[str, int]]) -> Optional[str]:
             parts.append(f"k = {budget}: {said}")
     if not parts:
         return None
-    return (
-        "derived from the budget (not given; set them to override): " + "; ".join(parts)
-    )
+    return "derived from the budget (not given; set them to override): " + "; ".join(parts)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,10 +135,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         executor = executor_of(args)
         result = corpus.evaluate_corpus(
-            sources, runs, queries=args.queries, seed=args.seed, executor=executor,
-            threads=args.threads, builtins=_builtins(args),
+            sources,
+            runs,
+            queries=args.queries,
+            seed=args.seed,
+            executor=executor,
+            threads=args.threads,
+            builtins=_builtins(args),
             progress=progress_bar(sys.stderr.isatty() and not args.quiet),
-            on_report=show, on_failure=failed_one, on_warning=warn,
+            on_report=show,
+            on_failure=failed_one,
+            on_warning=warn,
         )
     except BrokenPipeError:
         raise  # the reader left: main() says so once
@@ -163,8 +171,11 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ImportError) as e:
         return fail(str(e))
     if failed:
-        return fail(f"{len(failed)} of {len(sources)} workloads could not be loaded: "
-                    + ", ".join(map(repr, failed)) + " (the tables above leave them out)")
+        return fail(
+            f"{len(failed)} of {len(sources)} workloads could not be loaded: "
+            + ", ".join(map(repr, failed))
+            + " (the tables above leave them out)"
+        )
     return 0
 
 
@@ -191,7 +202,6 @@ def run_demo(args: argparse.Namespace) -> int:
         quiet=True,
     )
     return run(ns)
-
 
 
 def add_parser(sub: Any) -> None:
@@ -246,15 +256,13 @@ def add_parser(sub: Any) -> None:
         "--init-blocks",
         type=non_negative,
         default=None,
-        help="block-sparse: forced first blocks (default: 1, fewer if the budget cannot "
-        "hold them)",
+        help="block-sparse: forced first blocks (default: 1, fewer if the budget cannot hold them)",
     )
     ev.add_argument(
         "--local-blocks",
         type=non_negative,
         default=None,
-        help="block-sparse: forced newest blocks (default: 2, fewer if the budget cannot "
-        "hold them)",
+        help="block-sparse: forced newest blocks (default: 2, fewer if the budget cannot hold them)",
     )
     ev.add_argument(
         "--sinks",
@@ -263,40 +271,52 @@ def add_parser(sub: Any) -> None:
         help="sink + window: sink tokens (default: 4, or k - 1 when the budget is below 5)",
     )
     ev.add_argument(
-        "--context", type=positive, default=32768,
+        "--context",
+        type=positive,
+        default=32768,
         help="synthetic workload: context length in tokens (default: 32768)",
     )
     ev.add_argument(
-        "--index-heads", type=positive, default=4,
+        "--index-heads",
+        type=positive,
+        default=4,
         help="synthetic workload: the lightning indexer's index heads per KV head (default: 4)",
     )
     ev.add_argument(
-        "--index-noise", type=non_negative_float, default=2.0,
+        "--index-noise",
+        type=non_negative_float,
+        default=2.0,
         help="synthetic workload: the indexer's approximation error, its index queries' noise "
         "in units of their RMS; a modelling choice, not a measurement: at 2.0 the learned "
         "top-k sits a few hundredths of recall below the oracle, at 0.25 within 0.01 "
         "(default: 2.0)",
     )
     ev.add_argument(
-        "--queries", type=positive, default=64,
+        "--queries",
+        type=positive,
+        default=64,
         help="query positions evaluated per head (default: 64)",
     )
     ev.add_argument(
-        "--seed", type=non_negative, default=0,
+        "--seed",
+        type=non_negative,
+        default=0,
         help="seed of the workload, the query positions and the random null (default: 0)",
     )
     add_cluster_flags(ev, "(layer, KV head) of a dump")
     ev.add_argument(
-        "--json", metavar="FILE",
+        "--json",
+        metavar="FILE",
         help="also write the results as JSON (default: none)",
     )
     ev.add_argument(
-        "--plot", metavar="FILE.png",
+        "--plot",
+        metavar="FILE.png",
         help="plot recall and output error against budget, needs matplotlib (default: none)",
     )
     ev.add_argument(
-        "--quiet", action="store_true",
+        "--quiet",
+        action="store_true",
         help="no progress bar (default: a progress bar on a terminal)",
     )
     ev.set_defaults(run=run)
-

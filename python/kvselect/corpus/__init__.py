@@ -51,8 +51,17 @@ from kvselect.corpus import tasks
 from kvselect.corpus.executors import Dask, Serial
 from kvselect.workloads import Workload
 
-__all__ = ["CHUNK_ROWS", "Dask", "Serial", "Failure", "TaskStats", "EvalRun", "CheckRun", "evaluate_corpus",
-           "check_corpus"]
+__all__ = [
+    "CHUNK_ROWS",
+    "Dask",
+    "Serial",
+    "Failure",
+    "TaskStats",
+    "EvalRun",
+    "CheckRun",
+    "evaluate_corpus",
+    "check_corpus",
+]
 
 
 @dataclass
@@ -163,11 +172,16 @@ def _threads(threads: Optional[int], executor: Any) -> "tasks.Threads":
     return threads if threads is not None else getattr(executor, "host_threads", None)
 
 
-def _run(executor: Any, items: List[_Item], plan: Callable[[_Item], Tuple[Callable[..., Any], tuple]],
-         units: Callable[[_Item], List[Tuple[Callable[..., Any], tuple]]],
-         finish: Callable[[_Item], None], stats: TaskStats,
-         progress: Optional[Callable[[int], Any]],
-         on_failure: Optional[Callable[[Failure], None]]) -> List[Failure]:
+def _run(
+    executor: Any,
+    items: List[_Item],
+    plan: Callable[[_Item], Tuple[Callable[..., Any], tuple]],
+    units: Callable[[_Item], List[Tuple[Callable[..., Any], tuple]]],
+    finish: Callable[[_Item], None],
+    stats: TaskStats,
+    progress: Optional[Callable[[int], Any]],
+    on_failure: Optional[Callable[[Failure], None]],
+) -> List[Failure]:
     """Plans, then units, on ``executor``; each item, in source order as soon
     as it and every item before it are complete, passed to ``finish`` or, if
     a task of it failed, to ``on_failure`` (and returned among the failures)."""
@@ -235,8 +249,9 @@ def _builtin_plan(workload: Workload, runs: Sequence["evaluate.Settings"]) -> ta
     return tasks.Done((plan, workload), 0.0, 0)
 
 
-def _builtin_head(workload: Workload, h: int, runs: Sequence["evaluate.Settings"],
-                  threads: Optional[int]) -> tasks.Done:
+def _builtin_head(
+    workload: Workload, h: int, runs: Sequence["evaluate.Settings"], threads: Optional[int]
+) -> tasks.Done:
     tasks.use_threads(threads)
     t0 = time.perf_counter()
     pos = workload.query_positions
@@ -303,9 +318,11 @@ def evaluate_corpus(
     builtins = builtins or {}
     if not isinstance(executor, Serial) and any(s in builtins for s in sources):
         named = [s for s in sources if s in builtins]
-        raise ValueError(f"--workers and --scheduler evaluate dumps; {', '.join(map(repr, named))} "
-                         f"is built in this process: drop the flag, or dump it "
-                         f"(kvselect.checking.save_dump)")
+        raise ValueError(
+            f"--workers and --scheduler evaluate dumps; {', '.join(map(repr, named))} "
+            f"is built in this process: drop the flag, or dump it "
+            f"(kvselect.checking.save_dump)"
+        )
     items = [_Item(s) for s in sources]
     reports: List["evaluate.Report"] = []
     stats = TaskStats()
@@ -324,8 +341,9 @@ def evaluate_corpus(
         if item.plan.warning and on_warning is not None:
             on_warning(item.name, item.plan.warning)
         share = _threads(threads, executor)
-        return [(tasks.evaluate_head, (item.name, layer, h, runs, queries, seed, share))
-                for layer, h in item.plan.units]
+        return [
+            (tasks.evaluate_head, (item.name, layer, h, runs, queries, seed, share)) for layer, h in item.plan.units
+        ]
 
     def finish(item: _Item) -> None:
         tally = evaluate.Tally()
@@ -408,8 +426,7 @@ def check_corpus(
 
     def units(item: _Item) -> List[Tuple[Callable[..., Any], tuple]]:
         share = _threads(threads, executor)
-        return [(tasks.check_rows, (item.name, a, b, atol, rtol, filler, share))
-                for a, b in item.plan.chunks]
+        return [(tasks.check_rows, (item.name, a, b, atol, rtol, filler, share)) for a, b in item.plan.chunks]
 
     def finish(item: _Item) -> None:
         p = item.plan

@@ -93,8 +93,13 @@ class Dask:
     workers does it fail, as ``KilledWorker``.
     """
 
-    def __init__(self, workers: Optional[int] = None, scheduler: Optional[str] = None,
-                 log: Optional[TextIO] = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        workers: Optional[int] = None,
+        scheduler: Optional[str] = None,
+        log: Optional[TextIO] = None,
+        timeout: float = 30.0,
+    ) -> None:
         if (workers is None) == (scheduler is None):
             raise ValueError("Dask: give workers (a local cluster) or scheduler (an address), one")
         self.scheduler, self.log, self.timeout = scheduler, log, timeout
@@ -111,8 +116,10 @@ class Dask:
             if self.scheduler is not None:
                 self.client = d.Client(self.scheduler, timeout=self.timeout)  # OSError past it
                 self.workers = len(self.client.scheduler_info()["workers"])
-                print(f"kvselect: on the Dask scheduler at {self.scheduler} ({self.workers} "
-                      f"workers)", file=self.log or sys.stderr)
+                print(
+                    f"kvselect: on the Dask scheduler at {self.scheduler} ({self.workers} workers)",
+                    file=self.log or sys.stderr,
+                )
             else:
                 import dask
 
@@ -123,16 +130,21 @@ class Dask:
                 # once, when made: restarted workers keep it.
                 environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
                 environ.pop("MALLOC_TRIM_THRESHOLD_", None)
-                with warnings.catch_warnings(), dask.config.set(
-                        {"distributed.nanny.pre-spawn-environ": environ}):
+                with warnings.catch_warnings(), dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
                     warnings.simplefilter("ignore", UserWarning)  # "port 8787 in use": the link says
-                    self.cluster = d.LocalCluster(n_workers=self.workers, threads_per_worker=1,
-                                                  processes=True, silence_logs=logging.CRITICAL)
+                    self.cluster = d.LocalCluster(
+                        n_workers=self.workers, threads_per_worker=1, processes=True, silence_logs=logging.CRITICAL
+                    )
                 self.client = d.Client(self.cluster)
-                link = self.cluster.dashboard_link if self._has_bokeh() else (
-                    "none (the dashboard needs bokeh: pip install 'kvselect[distributed]')")
-                print(f"kvselect: a local Dask cluster of {self.workers} workers; dashboard: "
-                      f"{link}", file=self.log or sys.stderr)
+                link = (
+                    self.cluster.dashboard_link
+                    if self._has_bokeh()
+                    else ("none (the dashboard needs bokeh: pip install 'kvselect[distributed]')")
+                )
+                print(
+                    f"kvselect: a local Dask cluster of {self.workers} workers; dashboard: {link}",
+                    file=self.log or sys.stderr,
+                )
             for info in self.client.scheduler_info()["workers"].values():
                 host = str(info["host"])
                 self.host_threads[host] = self.host_threads.get(host, 0) + int(info["nthreads"])

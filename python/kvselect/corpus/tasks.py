@@ -90,8 +90,9 @@ def plan_workload(name: str, runs: Sequence["evaluate.Settings"], queries: int, 
     return Done(plan, time.perf_counter() - t0, 0)
 
 
-def evaluate_head(name: str, layer: int, kv_head: int, runs: Sequence["evaluate.Settings"],
-                  queries: int, seed: int, threads: Threads) -> Done:
+def evaluate_head(
+    name: str, layer: int, kv_head: int, runs: Sequence["evaluate.Settings"], queries: int, seed: int, threads: Threads
+) -> Done:
     """One KV head of one layer of a dump: :func:`kvselect.evaluate.head_rows`."""
     use_threads(threads)
     t0 = time.perf_counter()
@@ -105,8 +106,19 @@ def evaluate_head(name: str, layer: int, kv_head: int, runs: Sequence["evaluate.
 #: Per kind, the keys with one entry per row (axis 0; a head-major blocks
 #: dump's rows: axis 1). Every other key is shared by the rows.
 ROW_KEYS: Dict[str, Tuple[str, ...]] = {
-    "topk": ("rows", "scores", "context_lens", "magnitudes", "engine_scores", "index_q", "weights",
-             "query_pos", "seq_ids", "req_ids", "prefill_req_ids"),
+    "topk": (
+        "rows",
+        "scores",
+        "context_lens",
+        "magnitudes",
+        "engine_scores",
+        "index_q",
+        "weights",
+        "query_pos",
+        "seq_ids",
+        "req_ids",
+        "prefill_req_ids",
+    ),
     "blocks": ("rows", "index_q", "query_pos", "seq_ids"),
     "witnesses": ("before", "after", "context_lens"),
     "v4_combined": (),  # rows grouped by request: the dump is one chunk
@@ -158,8 +170,15 @@ def plan_check(name: str, chunk_rows: int) -> Done:
     return Done(CheckPlan(chunks, heads), time.perf_counter() - t0, 0)
 
 
-def check_rows(name: str, start: int, stop: int, atol: Optional[float], rtol: Optional[float],
-               filler: Optional[str], threads: Threads) -> Done:
+def check_rows(
+    name: str,
+    start: int,
+    stop: int,
+    atol: Optional[float],
+    rtol: Optional[float],
+    filler: Optional[str],
+    threads: Threads,
+) -> Done:
     """Rows ``[start, stop)`` of a check dump, checked: :func:`check_dump` of
     the dump with its per-row keys cut to those rows."""
     use_threads(threads)
@@ -180,8 +199,7 @@ def check_rows(name: str, start: int, stop: int, atol: Optional[float], rtol: Op
         sub[f"{key}_format"] = np.asarray(fmt)
     sub["kind"] = np.asarray(d.kind)
     try:
-        result = check_dump(validate(sub, source=name, expect=CHECK_KINDS), atol=atol, rtol=rtol,
-                            filler=filler)
+        result = check_dump(validate(sub, source=name, expect=CHECK_KINDS), atol=atol, rtol=rtol, filler=filler)
     except DumpError:
         if whole:
             raise

@@ -149,9 +149,7 @@ def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
         return learned_secs + time.perf_counter() - t0
 
     def blocks() -> np.ndarray:
-        cfg = ks.BlockSparseConfig(
-            s.block_size, k // s.block_size, s.init_blocks, s.local_blocks
-        )
+        cfg = ks.BlockSparseConfig(s.block_size, k // s.block_size, s.init_blocks, s.local_blocks)
         chosen = ks.block_sparse_select(head.index_q[:, None, :], head.index_k, pos, cfg)
         # One call for every row: [n, width * block_size], ascending then -1.
         # width = k // block_size (check() keeps the forced blocks within the
@@ -188,9 +186,7 @@ def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
     return out
 
 
-def _measure(
-    head: _Head, pos: np.ndarray, sel: np.ndarray, s: Settings, scale: float
-) -> Dict[str, np.ndarray]:
+def _measure(head: _Head, pos: np.ndarray, sel: np.ndarray, s: Settings, scale: float) -> Dict[str, np.ndarray]:
     """Per query head and query: coverage, recall, output error, slots used."""
     n, group, tokens = head.probs.shape
     lens = pos + 1
@@ -208,9 +204,7 @@ def _measure(
     }
 
 
-def check_runs(
-    budgets: Sequence[int], settings: Union[None, Settings, Sequence[Settings]]
-) -> List[Settings]:
+def check_runs(budgets: Sequence[int], settings: Union[None, Settings, Sequence[Settings]]) -> List[Settings]:
     """One checked :class:`Settings` per distinct budget.
 
     Parameters
@@ -237,9 +231,7 @@ def check_runs(
     else:
         per = list(settings)
         if len(per) != len(budgets):
-            raise ValueError(
-                f"settings: expected one Settings per budget ({len(budgets)}), got {len(per)}"
-            )
+            raise ValueError(f"settings: expected one Settings per budget ({len(budgets)}), got {len(per)}")
     # A budget named twice is one experiment, reported once (its first settings).
     chosen: Dict[int, Settings] = {}
     for b, s in zip(budgets, per):
@@ -396,9 +388,15 @@ def _results(report: Report, runs: Sequence[Settings], acc: _Acc) -> None:
                 note = s.block_sparse_note() if name == "block-sparse" else None
                 report.results.append(
                     PolicyResult(
-                        policy=name, budget=s.budget, coverage=nan, recall_mean=nan,
-                        recall_p5=nan, output_error=nan, slots_used=nan,
-                        select_us_per_query=nan, note=note or "cannot run at these settings",
+                        policy=name,
+                        budget=s.budget,
+                        coverage=nan,
+                        recall_mean=nan,
+                        recall_p5=nan,
+                        output_error=nan,
+                        slots_used=nan,
+                        select_us_per_query=nan,
+                        note=note or "cannot run at these settings",
                     )
                 )
                 every_key = False

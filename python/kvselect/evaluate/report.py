@@ -136,8 +136,7 @@ class Report:
         """
         d = asdict(self)
         d["results"] = [
-            {key: None if isinstance(val, float) and np.isnan(val) else val
-             for key, val in asdict(r).items()}
+            {key: None if isinstance(val, float) and np.isnan(val) else val for key, val in asdict(r).items()}
             for r in self.results
         ]
         return d
@@ -214,8 +213,7 @@ def format_table(report: Report) -> str:
         if gap is not None:
             lines += [
                 "",
-                f"The indexer's quality: the learned top-k's recall is {gap:.3f} below the "
-                f"oracle's at this budget.",
+                f"The indexer's quality: the learned top-k's recall is {gap:.3f} below the oracle's at this budget.",
             ]
     if trivial:
         ks_ = ", ".join(str(b) for b in sorted(trivial))
@@ -237,9 +235,7 @@ def _import_pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise ImportError(
-            "--plot needs matplotlib: pip install 'kvselect[plot]' (or pip install matplotlib)"
-        ) from e
+        raise ImportError("--plot needs matplotlib: pip install 'kvselect[plot]' (or pip install matplotlib)") from e
     return plt
 
 
@@ -264,11 +260,8 @@ def _settings_title(report: Report) -> str:
         vals = sorted({s[key] for s in report.settings})
         return str(vals[0]) if len(vals) == 1 else f"{vals[0]}–{vals[-1]}"
 
-    varies = any(len({s[key] for s in report.settings}) > 1
-                 for key in ("segments", "block_size"))
-    return f"S = {span('segments')}, blocks of {span('block_size')}" + (
-        " (per budget)" if varies else ""
-    )
+    varies = any(len({s[key] for s in report.settings}) > 1 for key in ("segments", "block_size"))
+    return f"S = {span('segments')}, blocks of {span('block_size')}" + (" (per budget)" if varies else "")
 
 
 def _budget_label(b: int) -> str:
@@ -324,13 +317,17 @@ def figure(report: Report) -> Any:
     err.set_ylim(bottom=0)
     err.set_title("output error ‖o_sparse − o_dense‖ / ‖o_dense‖", fontsize=10)
     fig.suptitle(
-        f"{report.workload} ({report.tokens} tokens): policies at an identical budget — "
-        f"{_settings_title(report)}",
+        f"{report.workload} ({report.tokens} tokens): policies at an identical budget — {_settings_title(report)}",
         fontsize=11,
     )
     handles, labels = rec.get_legend_handles_labels()
     fig.legend(
-        handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False,
+        handles,
+        labels,
+        loc="lower center",
+        ncol=4,
+        fontsize=8,
+        frameon=False,
         bbox_to_anchor=(0.5, 0.0),
     )
     fig.tight_layout(rect=(0, 0.12, 1, 0.95))

@@ -71,22 +71,16 @@ class Settings:
         if self.budget < 1:
             raise ValueError(f"budget must be at least 1, got {self.budget}")
         if not 1 <= self.segments <= ks.MAX_TOPOLOGY_SEGMENTS:
-            raise ValueError(
-                f"segments must be in 1..{ks.MAX_TOPOLOGY_SEGMENTS}, got {self.segments}"
-            )
+            raise ValueError(f"segments must be in 1..{ks.MAX_TOPOLOGY_SEGMENTS}, got {self.segments}")
         if self.segments > self.budget:
             raise ValueError(
-                f"segments ({self.segments}) cannot exceed the budget ({self.budget}): "
-                "the witnesses need a slot each"
+                f"segments ({self.segments}) cannot exceed the budget ({self.budget}): the witnesses need a slot each"
             )
         if self.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}")
         if self.init_blocks < 0 or self.local_blocks < 0 or self.sinks < 0:
             raise ValueError("init_blocks, local_blocks and sinks must be non-negative")
-        if (
-            self.block_sparse_note() is None
-            and self.block_size * (self.init_blocks + self.local_blocks) > self.budget
-        ):
+        if self.block_sparse_note() is None and self.block_size * (self.init_blocks + self.local_blocks) > self.budget:
             raise ValueError(
                 f"init_blocks + local_blocks ({self.init_blocks} + {self.local_blocks}) "
                 f"blocks of {self.block_size} exceed the budget ({self.budget})"
@@ -231,9 +225,7 @@ def derive_settings(
     else:
         bs = int(block_size)
         if bs < 1:
-            raise SettingsError(
-                f"{name('block_size')} must be at least 1, got {bs}", ["block_size"]
-            )
+            raise SettingsError(f"{name('block_size')} must be at least 1, got {bs}", ["block_size"])
     blocks = k // bs
     if blocks >= 1 and init + local > blocks:
         # Trim what was not given; the newest blocks (the query's own) last.
@@ -242,12 +234,14 @@ def derive_settings(
         if local_blocks is None:
             local = max(0, min(local, blocks - init))
         if init + local > blocks:
-            given = [f for f, v in (("init_blocks", init_blocks), ("local_blocks", local_blocks),
-                                    ("block_size", block_size)) if v is not None]
+            given = [
+                f
+                for f, v in (("init_blocks", init_blocks), ("local_blocks", local_blocks), ("block_size", block_size))
+                if v is not None
+            ]
             raise SettingsError(
                 f"{init} init + {local} local blocks of {bs} tokens "
-                f"({(init + local) * bs} tokens) exceed the budget ({k}): lower "
-                + " or ".join(name(f) for f in given),
+                f"({(init + local) * bs} tokens) exceed the budget ({k}): lower " + " or ".join(name(f) for f in given),
                 given,
             )
 
@@ -265,11 +259,17 @@ def derive_settings(
             )
 
     s = Settings(
-        budget=k, segments=segs, block_size=bs, init_blocks=init, local_blocks=local,
-        sinks=sink, seed=seed,
+        budget=k,
+        segments=segs,
+        block_size=bs,
+        init_blocks=init,
+        local_blocks=local,
+        sinks=sink,
+        seed=seed,
     )
-    given_values = dict(segments=segments, block_size=block_size, init_blocks=init_blocks,
-                        local_blocks=local_blocks, sinks=sinks)
+    given_values = dict(
+        segments=segments, block_size=block_size, init_blocks=init_blocks, local_blocks=local_blocks, sinks=sinks
+    )
     for f in DERIVED_FIELDS:
         if given_values[f] is None and getattr(s, f) != getattr(d, f):
             derived[f] = getattr(s, f)

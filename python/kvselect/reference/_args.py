@@ -27,8 +27,7 @@ class ReferenceWitnessError(ValueError):
     ``"LearnedKeepOutOfRange"``; the variant's fields are attributes.
     """
 
-    def __init__(self, variant: Optional[str], message: str, *, argument: Optional[str] = None,
-                 **fields: int) -> None:
+    def __init__(self, variant: Optional[str], message: str, *, argument: Optional[str] = None, **fields: int) -> None:
         super().__init__(message)
         self.variant = variant
         self.argument = argument
@@ -81,9 +80,7 @@ def _count(name: str, value: Any) -> int:
     return v
 
 
-def _index_array(
-    name: str, value: Any, ndim: int, domain: str, *, positions: bool = False
-) -> np.ndarray:
+def _index_array(name: str, value: Any, ndim: int, domain: str, *, positions: bool = False) -> np.ndarray:
     """An integer array of ``ndim`` dimensions, as int64 for the arithmetic.
 
     Integers of any width are accepted (an empty array of any dtype too);
@@ -111,9 +108,7 @@ def _index_array(
     return a.astype(np.int64)
 
 
-def _float_array(
-    name: str, value: Any, ndim: Optional[int], domain: str, *, dtype: Any = np.float32
-) -> np.ndarray:
+def _float_array(name: str, value: Any, ndim: Optional[int], domain: str, *, dtype: Any = np.float32) -> np.ndarray:
     """A float array of ``ndim`` dimensions (any when None), converted to
     ``dtype`` (what the native kernel computes on: float32 for tensors and
     outputs, float64 for attention rows) and widened to float64 for the

@@ -53,8 +53,6 @@ from ._args import (
 # ==========================================================================
 
 
-
-
 def _pad_rows(rows: list, width: Optional[int]) -> np.ndarray:
     """int32 ``[len(rows), width]``: each row, then -1. ``width`` defaults to
     the longest row; a row longer than ``width`` is refused."""
@@ -84,9 +82,7 @@ def local_rows(query_pos: Any, window: int, width: Optional[int] = None) -> np.n
     return _pad_rows([np.arange(max(p + 1 - window, 0), p + 1) for p in pos], width)
 
 
-def sink_window_rows(
-    query_pos: Any, sinks: int, window: int, width: Optional[int] = None
-) -> np.ndarray:
+def sink_window_rows(query_pos: Any, sinks: int, window: int, width: Optional[int] = None) -> np.ndarray:
     """``Selector.sink_window(sinks, window).rows(query_pos, width=None)``:
     the union of the first ``sinks`` keys and the ``window`` most recent of
     ``0..=p``."""
@@ -111,7 +107,11 @@ def _oracle_row(weights: np.ndarray, budget: int) -> np.ndarray:
 
 
 def oracle_topk(
-    attention: Any, query_pos: Any, budget: int, *, width: Optional[int] = None,
+    attention: Any,
+    query_pos: Any,
+    budget: int,
+    *,
+    width: Optional[int] = None,
     out: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """The oracle top-k of each attention row (float64 ``[n, row_len]``,
@@ -196,8 +196,7 @@ def attention(
                 "selection", f"selection must be [{n_queries}, {n_kv_heads}, width], got {sel.shape}"
             )
     out_buf = _out_buffer(out, "out", (n_queries, n_q_heads, d_v), _SELECTION, np.float32, raw)
-    lse_buf = _out_buffer(lse_out, "lse_out", (n_queries, n_q_heads), _SELECTION, np.float32,
-                          raw + (out_buf,))
+    lse_buf = _out_buffer(lse_out, "lse_out", (n_queries, n_q_heads), _SELECTION, np.float32, raw + (out_buf,))
     # The attention pass computes with a float32 scale, which must be finite.
     with np.errstate(over="ignore"):
         scale = float(np.float32(native_scale(d_k) if scale is None else scale))
@@ -235,8 +234,14 @@ def attention(
 
 
 def dense_attention(
-    q: Any, k: Any, v: Any, query_pos: Any, *, scale: Optional[float] = None,
-    out: Optional[np.ndarray] = None, lse_out: Optional[np.ndarray] = None,
+    q: Any,
+    k: Any,
+    v: Any,
+    query_pos: Any,
+    *,
+    scale: Optional[float] = None,
+    out: Optional[np.ndarray] = None,
+    lse_out: Optional[np.ndarray] = None,
 ):
     """Dense causal attention: ``(out float64 [n_queries, n_q_heads, d_v],
     lse float64 [n_queries, n_q_heads])``, every query over keys
@@ -246,8 +251,15 @@ def dense_attention(
 
 
 def sparse_attention(
-    q: Any, k: Any, v: Any, query_pos: Any, selection: Any, *, scale: Optional[float] = None,
-    out: Optional[np.ndarray] = None, lse_out: Optional[np.ndarray] = None,
+    q: Any,
+    k: Any,
+    v: Any,
+    query_pos: Any,
+    selection: Any,
+    *,
+    scale: Optional[float] = None,
+    out: Optional[np.ndarray] = None,
+    lse_out: Optional[np.ndarray] = None,
 ):
     """Sparse causal attention over ``selection [n_queries, n_kv_heads,
     width]``: ``(out, lse, empty_rows)`` as :func:`attention`."""

@@ -105,9 +105,7 @@ def _block_config(block_size: Any, top_blocks: Any, init_blocks: Any, local_bloc
     if bs == 0:
         raise ReferenceSelectionError("block_size", "block_size must be positive")
     if top == 0 and init == 0 and local == 0:
-        raise ReferenceSelectionError(
-            "top_blocks", "top_blocks is 0 and no block is forced: nothing could be selected"
-        )
+        raise ReferenceSelectionError("top_blocks", "top_blocks is 0 and no block is forced: nothing could be selected")
     return bs, top, init, local
 
 
@@ -144,9 +142,7 @@ def config_fields(config: Any):
     try:
         fields = (config.block_size, config.top_blocks, config.init_blocks, config.local_blocks)
     except AttributeError:
-        raise TypeError(
-            f"config must be a BlockSparseConfig or None, got {type(config).__name__}"
-        ) from None
+        raise TypeError(f"config must be a BlockSparseConfig or None, got {type(config).__name__}") from None
     return _block_config(*fields)
 
 
@@ -214,8 +210,16 @@ def block_magnitudes(
     return _block_values(index_q, index_k, query_pos, config, key_format, query_format, out, True)
 
 
-def _block_values(index_q: Any, index_k: Any, query_pos: Any, config: Any, key_format: Optional[str],
-                  query_format: Optional[str], out: Any, magnitudes: bool) -> np.ndarray:
+def _block_values(
+    index_q: Any,
+    index_k: Any,
+    query_pos: Any,
+    config: Any,
+    key_format: Optional[str],
+    query_format: Optional[str],
+    out: Any,
+    magnitudes: bool,
+) -> np.ndarray:
     bs = config_fields(config)[0]
     keys = _decoded("index_k", index_k, key_format, 2)
     q = _decoded("index_q", index_q, query_format, 3)
@@ -283,9 +287,7 @@ def _decoded(name: str, value: Any, format: Optional[str], ndim: Optional[int] =
 
 def _same_d(q: np.ndarray, keys: np.ndarray) -> None:
     if q.shape[-1] != keys.shape[-1]:
-        raise ReferenceSelectionError(
-            "index_q", f"index_q has d={q.shape[-1]} but the keys have d={keys.shape[-1]}"
-        )
+        raise ReferenceSelectionError("index_q", f"index_q has d={q.shape[-1]} but the keys have d={keys.shape[-1]}")
 
 
 def _batch_shape(n_queries: int, n_heads: int, width: int, head_major: bool) -> tuple:
@@ -334,8 +336,9 @@ def block_sparse_select(
         raise ReferenceSelectionError("index_q", f"index_q must be 2-D or 3-D, got shape {q.shape}")
     _same_d(q, keys)
     positions = _query_positions(query_pos, q.shape[0])
-    out = _output(out, _batch_shape(q.shape[0], q.shape[1], width, head_major), _SELECTION,
-                  inputs=(index_q, index_k, query_pos))
+    out = _output(
+        out, _batch_shape(q.shape[0], q.shape[1], width, head_major), _SELECTION, inputs=(index_q, index_k, query_pos)
+    )
     selected = np.full((q.shape[0], q.shape[1], width), -1, dtype=np.int64)
     for i, p in enumerate(positions):
         selected[i] = _select_one_query(q[i], keys, int(p), bs, top, init, local)
@@ -370,12 +373,14 @@ def block_sparse_select_packed(
     cu = _index_array("cu_seqlens", cu_seqlens, 1, _SELECTION, positions=True)
     sid = _along("seq_ids", seq_ids, ("n_queries", q.shape[0]))
     pos = _query_positions(query_pos, q.shape[0])
-    out = _output(out, _batch_shape(q.shape[0], q.shape[1], width, head_major), _SELECTION,
-                  inputs=(index_q, index_k, cu_seqlens, seq_ids, query_pos))
+    out = _output(
+        out,
+        _batch_shape(q.shape[0], q.shape[1], width, head_major),
+        _SELECTION,
+        inputs=(index_q, index_k, cu_seqlens, seq_ids, query_pos),
+    )
     if len(cu) == 0 or cu[0] != 0 or cu[-1] != keys.shape[0] or np.any(np.diff(cu) < 0):
-        raise ReferenceSelectionError(
-            "cu_seqlens", "cu_seqlens must rise from 0 to n_positions without decreasing"
-        )
+        raise ReferenceSelectionError("cu_seqlens", "cu_seqlens must rise from 0 to n_positions without decreasing")
     n_seqs = len(cu) - 1
     if sid.shape != (q.shape[0],):
         raise ReferenceSelectionError("seq_ids", "seq_ids needs one id per query")
@@ -404,8 +409,7 @@ def _paged_cache(kv_cache: Any, key_format: Optional[str], bs: int) -> np.ndarra
     if pages.shape[1] != bs:
         raise ReferenceSelectionError(
             "kv_cache",
-            f"kv_cache pages hold {pages.shape[1]} tokens, but config.block_size is {bs}: "
-            "the page must be the block",
+            f"kv_cache pages hold {pages.shape[1]} tokens, but config.block_size is {bs}: the page must be the block",
         )
     return pages
 
@@ -414,16 +418,13 @@ def _check_block_table(table: np.ndarray, lens: np.ndarray, n_pages: int, bs: in
     """Every entry that will be read, the first ``ceil(seq_lens[s] / bs)`` of
     each row, must exist and name a page of the cache."""
     if table.shape[0] != len(lens):
-        raise ReferenceSelectionError(
-            "block_table", f"block_table has {table.shape[0]} rows for {len(lens)} sequences"
-        )
+        raise ReferenceSelectionError("block_table", f"block_table has {table.shape[0]} rows for {len(lens)} sequences")
     for s, length in enumerate(lens):
         need = -(-int(length) // bs)
         if need > table.shape[1]:
             raise ReferenceSelectionError(
                 "block_table",
-                f"seq_lens[{s}] = {int(length)} needs {need} blocks, "
-                f"but block_table rows have {table.shape[1]}",
+                f"seq_lens[{s}] = {int(length)} needs {need} blocks, but block_table rows have {table.shape[1]}",
             )
         read = table[s, :need]
         bad = np.flatnonzero((read < 0) | (read >= n_pages))
@@ -471,8 +472,12 @@ def block_sparse_select_paged(
     n_queries, n_heads, d = q.shape
     sid = _along("seq_ids", seq_ids, ("n_queries", n_queries))
     pos = _query_positions(query_pos, n_queries)
-    out = _output(out, _batch_shape(n_queries, n_heads, width, head_major), _SELECTION,
-                  inputs=(index_q, kv_cache, block_table, seq_lens, seq_ids, query_pos))
+    out = _output(
+        out,
+        _batch_shape(n_queries, n_heads, width, head_major),
+        _SELECTION,
+        inputs=(index_q, kv_cache, block_table, seq_lens, seq_ids, query_pos),
+    )
     _check_block_table(table, lens, pages.shape[0], bs)
     for i, s in enumerate(sid):
         if s >= len(lens):

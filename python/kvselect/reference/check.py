@@ -77,8 +77,15 @@ from .witness import MAX_TOPOLOGY_SEGMENTS, merge_witnesses, witness_table
 # ==========================================================================
 
 _CHECK_REASONS = ("padding_hole", "duplicate", "not_causal", "not_in_table", "wrong_count", "wrong_selection")
-_BLOCK_REASONS = ("padding_hole", "duplicate", "not_causal", "not_in_table", "missing_forced", "wrong_count",
-                  "wrong_selection")
+_BLOCK_REASONS = (
+    "padding_hole",
+    "duplicate",
+    "not_causal",
+    "not_in_table",
+    "missing_forced",
+    "wrong_count",
+    "wrong_selection",
+)
 _WITNESS_REASONS = ("prefix_changed", "wrong_witness", "tail_changed")
 _MAX_LISTED = 16
 #: A row-relative id standing for an engine entry that names no position of
@@ -115,8 +122,9 @@ def _filler(filler: Any) -> str:
     return filler
 
 
-def _scan(raw: np.ndarray, row: list, n: int, problems: list, holes: bool = False,
-          mapped: bool = True, filler: str = "-1") -> dict:
+def _scan(
+    raw: np.ndarray, row: list, n: int, problems: list, holes: bool = False, mapped: bool = True, filler: str = "-1"
+) -> dict:
     """The structural half of the rule, shared by tokens and blocks: the
     distinct in-range ids of ``row`` (row-relative, ``_UNMAPPED`` where the
     engine's entry in ``raw`` named no position) as ``{id: slot}`` in slot
@@ -140,15 +148,20 @@ def _scan(raw: np.ndarray, row: list, n: int, problems: list, holes: bool = Fals
             continue
         if padding and not hole:
             hole = True
-            problems.append({"reason": "padding_hole", "slot": slot,
-                             "position": int(raw[slot]) if unmapped else x})
+            problems.append({"reason": "padding_hole", "slot": slot, "position": int(raw[slot]) if unmapped else x})
         if unmapped:
             problems.append({"reason": "not_in_table", "slot": slot, "value": int(raw[slot])})
             continue
         if x >= n:
             if causal is None:
-                causal = {"reason": "not_causal", "slot": slot, "position": x,
-                          **({"value": int(raw[slot])} if mapped else {}), "n_slots": 0, "context": n}
+                causal = {
+                    "reason": "not_causal",
+                    "slot": slot,
+                    "position": x,
+                    **({"value": int(raw[slot])} if mapped else {}),
+                    "n_slots": 0,
+                    "context": n,
+                }
                 problems.append(causal)
             causal["n_slots"] += 1
             continue
@@ -162,8 +175,9 @@ def _scan(raw: np.ndarray, row: list, n: int, problems: list, holes: bool = Fals
     return chosen
 
 
-def _selection(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
-               selected: list, unselected: list, want: int) -> Optional[dict]:
+def _selection(
+    s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float, selected: list, unselected: list, want: int
+) -> Optional[dict]:
     """The selection half: None when ``selected`` score at least every one
     of ``unselected`` up to the tolerance, else the ``wrong_selection``
     problem (``want``: how many of the candidates the rule selects)."""
@@ -211,9 +225,19 @@ def _selection(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
     }
 
 
-def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
-               raw: np.ndarray, row: list, L: int, topk: int, holes: bool = False,
-               mapped: bool = False, filler: str = "-1") -> list:
+def _check_row(
+    s: np.ndarray,
+    m: Optional[np.ndarray],
+    atol: float,
+    rtol: float,
+    raw: np.ndarray,
+    row: list,
+    L: int,
+    topk: int,
+    holes: bool = False,
+    mapped: bool = False,
+    filler: str = "-1",
+) -> list:
     """One token top-k row (``row`` read back from the engine's ``raw``)."""
     problems: list = []
     chosen = _scan(raw, row, L, problems, holes, mapped, filler)
@@ -228,8 +252,17 @@ def _check_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
     return problems
 
 
-def _check_block_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: float,
-                     raw: np.ndarray, row: list, n: int, cfg: tuple, mapped: bool = False) -> list:
+def _check_block_row(
+    s: np.ndarray,
+    m: Optional[np.ndarray],
+    atol: float,
+    rtol: float,
+    raw: np.ndarray,
+    row: list,
+    n: int,
+    cfg: tuple,
+    mapped: bool = False,
+) -> list:
     """One block row for a query that sees ``n`` blocks; ``cfg`` is
     ``(block_size, top_blocks, init_blocks, local_blocks)``."""
     _, top, init, local = cfg
@@ -246,8 +279,15 @@ def _check_block_row(s: np.ndarray, m: Optional[np.ndarray], atol: float, rtol: 
         problems.append({"reason": "wrong_count", "valid": len(chosen), "expected": expected})
     if not problems:
         free = range(init_end, local_start)
-        p = _selection(s, m, atol, rtol, [b for b in free if b in chosen], [b for b in free if b not in chosen],
-                       expected - len(forced))
+        p = _selection(
+            s,
+            m,
+            atol,
+            rtol,
+            [b for b in free if b in chosen],
+            [b for b in free if b not in chosen],
+            expected - len(forced),
+        )
         if p is not None:
             problems.append(p)
     return problems
@@ -286,9 +326,18 @@ class GlobalSlots:
     overlapping pages are refused here; the rest is judged against the rows
     when a check uses them, as natively."""
 
-    def __init__(self, block_table: Any, req_ids: Any, block_size: Any, *, block_stride_rows: Any = None,
-                 prefill_req_ids: Any = None, workspace_starts: Any = None, dcp_size: Any = None,
-                 dcp_interleave: Any = None) -> None:
+    def __init__(
+        self,
+        block_table: Any,
+        req_ids: Any,
+        block_size: Any,
+        *,
+        block_stride_rows: Any = None,
+        prefill_req_ids: Any = None,
+        workspace_starts: Any = None,
+        dcp_size: Any = None,
+        dcp_interleave: Any = None,
+    ) -> None:
         self.dcp_size = 1 if dcp_size is None else _selection_count("dcp_size", dcp_size)
         self.dcp_interleave = 1 if dcp_interleave is None else _selection_count("dcp_interleave", dcp_interleave)
         if self.dcp_size == 0 or self.dcp_interleave == 0:
@@ -304,13 +353,15 @@ class GlobalSlots:
         self.tables = _index_array("block_table", flat, 2, _SELECTION).reshape(self.dcp_size, n_req, max_blocks)
         self.block_table = self.tables[0]
         self.block_size = _selection_count("block_size", block_size)
-        self.stride = (self.block_size if block_stride_rows is None
-                       else _selection_count("block_stride_rows", block_stride_rows))
+        self.stride = (
+            self.block_size if block_stride_rows is None else _selection_count("block_stride_rows", block_stride_rows)
+        )
         self.prefill_req_ids = None if prefill_req_ids is None else _int64_array("prefill_req_ids", prefill_req_ids, 1)
         starts = None if workspace_starts is None else _int64_array("workspace_starts", workspace_starts, 1)
         if (self.prefill_req_ids is None) != (starts is None):
             raise ReferenceSelectionError(
-                "workspace_starts", "prefill_req_ids and workspace_starts go together: pass both or neither")
+                "workspace_starts", "prefill_req_ids and workspace_starts go together: pass both or neither"
+            )
         self.workspace_starts = np.zeros(0, np.int64) if starts is None else starts
         self.req_ids = _index_array("req_ids", req_ids, 1, _SELECTION, positions=True)
         # What no rows can make right is refused at once.
@@ -386,13 +437,26 @@ class GlobalSlots:
         return np.maximum(out.reshape(r.shape), -1)
 
     def __repr__(self) -> str:
-        return (f"GlobalSlots(<{self.block_table.shape[0]} requests x {self.block_table.shape[1]} blocks>, "
-                f"<{len(self.req_ids)} rows>, block_size={self.block_size}, block_stride_rows={self.stride}, "
-                f"prefill={self.prefill_req_ids is not None})")
+        return (
+            f"GlobalSlots(<{self.block_table.shape[0]} requests x {self.block_table.shape[1]} blocks>, "
+            f"<{len(self.req_ids)} rows>, block_size={self.block_size}, block_stride_rows={self.stride}, "
+            f"prefill={self.prefill_req_ids is not None})"
+        )
 
 
-def _check_batch(s: np.ndarray, r: np.ndarray, lens: list, m: Optional[np.ndarray], atol: float, rtol: float,
-                layout: Any, names: dict, need: tuple, judge: Any, reasons: tuple) -> dict:
+def _check_batch(
+    s: np.ndarray,
+    r: np.ndarray,
+    lens: list,
+    m: Optional[np.ndarray],
+    atol: float,
+    rtol: float,
+    layout: Any,
+    names: dict,
+    need: tuple,
+    judge: Any,
+    reasons: tuple,
+) -> dict:
     """The shared body of the score checks: refusals, then each row judged
     by ``judge(s_i, m_i, raw_i, row_i, len_i, mapped)``. ``names`` maps ``scores``
     and ``lens`` to the caller's argument names; ``need`` is (argument, the
@@ -401,10 +465,9 @@ def _check_batch(s: np.ndarray, r: np.ndarray, lens: list, m: Optional[np.ndarra
     counts = (n, r.shape[0], len(lens))
     if len(set(counts)) > 1:  # the one that disagrees with the other two is named
         culprit = {(True, False): names["lens"], (False, True): "rows"}.get(
-            (counts[0] == counts[1], counts[0] == counts[2]),
-            names["scores"] if counts[1] == counts[2] else "rows")
-        raise ReferenceSelectionError(culprit, f"{names['scores']}, rows and {names['lens']} must count "
-                                      "the same rows")
+            (counts[0] == counts[1], counts[0] == counts[2]), names["scores"] if counts[1] == counts[2] else "rows"
+        )
+        raise ReferenceSelectionError(culprit, f"{names['scores']}, rows and {names['lens']} must count the same rows")
     if m is not None and m.shape != s.shape:
         raise ReferenceSelectionError("magnitudes", f"magnitudes must have the shape of {names['scores']}")
     if r.shape[0] != n:
@@ -427,8 +490,10 @@ def _check_batch(s: np.ndarray, r: np.ndarray, lens: list, m: Optional[np.ndarra
         layout._check(n)
         if layout.dcp_size > 1 and (need[0] == "config" or r.shape[1] % layout.dcp_size):
             raise ReferenceSelectionError(
-                "layout", "a DCP layout reads token rows of dcp_size ranks side by side: the rows' "
-                "width must be a multiple of it (and blocks have no DCP form)")
+                "layout",
+                "a DCP layout reads token rows of dcp_size ranks side by side: the rows' "
+                "width must be a multiple of it (and blocks have no DCP form)",
+            )
     details, by_reason = [], dict.fromkeys(reasons, 0)
     for i in range(n):
         row = [int(x) for x in r[i]] if layout is None else layout._relative(i, r[i])
@@ -437,8 +502,7 @@ def _check_batch(s: np.ndarray, r: np.ndarray, lens: list, m: Optional[np.ndarra
             for reason in {p["reason"] for p in problems}:
                 by_reason[reason] += 1
             details.append({"row": i, "problems": problems})
-    return {"rows": n, "correct": n - len(details), "wrong": len(details),
-            "by_reason": by_reason, "details": details}
+    return {"rows": n, "correct": n - len(details), "wrong": len(details), "by_reason": by_reason, "details": details}
 
 
 def _engine_rows(rows: Any) -> np.ndarray:
@@ -449,9 +513,18 @@ def _engine_rows(rows: Any) -> np.ndarray:
     return _int64_array("rows", r, 2)
 
 
-def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = None,
-               atol: float = 0.0, rtol: float = 0.0, magnitudes: Any = None, slots: Any = None,
-               filler: str = "-1") -> dict:
+def check_topk(
+    scores: Any,
+    rows: Any,
+    context_lens: Any = None,
+    *,
+    topk: Any = None,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    magnitudes: Any = None,
+    slots: Any = None,
+    filler: str = "-1",
+) -> dict:
     """``kvselect.check_topk``: whether each engine row is a correct top-k of
     its exact scores (see the section's rule), as the native report; with
     ``slots``, the rows are global slot ids read back through it; ``filler``
@@ -469,19 +542,41 @@ def check_topk(scores: Any, rows: Any, context_lens: Any = None, *, topk: Any = 
     wide = np.float64 if raw_s.dtype == np.float64 else np.float32
     s = _float_array("scores", scores, 2, _SELECTION, dtype=wide)
     n, t = s.shape
-    lens = [t] * n if context_lens is None else [int(x) for x in _index_array(
-        "context_lens", context_lens, 1, _SELECTION, positions=True)]
+    lens = (
+        [t] * n
+        if context_lens is None
+        else [int(x) for x in _index_array("context_lens", context_lens, 1, _SELECTION, positions=True)]
+    )
     m_wide = np.float64 if np.asarray(magnitudes).dtype == np.float64 else np.float32
     m = None if magnitudes is None else _float_array("magnitudes", magnitudes, 2, _SELECTION, dtype=m_wide)
     a, rt = float(atol), float(rtol)
-    return _check_batch(s, r, lens, m, a, rt, slots, {"scores": "scores", "lens": "context_lens"}, ("topk", k),
-                       lambda si, mi, raw, row, L, mp: _check_row(si, mi, a, rt, raw, row, L, k, ranks > 1, mp,
-                                                                 fill),
-                       _CHECK_REASONS)
+    return _check_batch(
+        s,
+        r,
+        lens,
+        m,
+        a,
+        rt,
+        slots,
+        {"scores": "scores", "lens": "context_lens"},
+        ("topk", k),
+        lambda si, mi, raw, row, L, mp: _check_row(si, mi, a, rt, raw, row, L, k, ranks > 1, mp, fill),
+        _CHECK_REASONS,
+    )
 
 
-def check_blocks(block_scores: Any, rows: Any, visible_blocks: Any, config: Any = None, *, atol: float = 0.0,
-                 rtol: float = 0.0, magnitudes: Any = None, slots: Any = None, head_major: Any = False) -> dict:
+def check_blocks(
+    block_scores: Any,
+    rows: Any,
+    visible_blocks: Any,
+    config: Any = None,
+    *,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    magnitudes: Any = None,
+    slots: Any = None,
+    head_major: Any = False,
+) -> dict:
     """``kvselect.check_blocks``: whether each engine row of block ids (one
     row per (query, head), any order) is a correct block selection under
     ``config`` for a query that sees ``visible_blocks[row]`` blocks, judged
@@ -503,8 +598,10 @@ def check_blocks(block_scores: Any, rows: Any, visible_blocks: Any, config: Any 
     s = _float_array("block_scores", block_scores, None, _SELECTION).astype(np.float32)
     vis = _index_array("visible_blocks", visible_blocks, 1, _SELECTION, positions=True)
     if s.ndim != r.ndim:  # the forms do not mix: the 3-D one of the pair is named
-        raise ReferenceSelectionError("rows" if r.ndim == 3 and s.ndim == 2 else "block_scores",
-                                      f"block_scores must be {r.ndim}-D like rows, got {s.shape}")
+        raise ReferenceSelectionError(
+            "rows" if r.ndim == 3 and s.ndim == 2 else "block_scores",
+            f"block_scores must be {r.ndim}-D like rows, got {s.shape}",
+        )
     if r.ndim == 2 and head_major:
         raise ReferenceSelectionError("head_major", "head_major=True describes 3-D rows")
     m = None if magnitudes is None else _float_array("magnitudes", magnitudes, None, _SELECTION).astype(np.float32)
@@ -514,8 +611,9 @@ def check_blocks(block_scores: Any, rows: Any, visible_blocks: Any, config: Any 
         if r.shape != want:
             raise ReferenceSelectionError("rows", f"rows must be {list(want)}, got {list(r.shape)}")
         if vis.shape != (nq,):
-            raise ReferenceSelectionError("visible_blocks", f"visible_blocks must be [n_queries={nq}], "
-                                          f"got {list(vis.shape)}")
+            raise ReferenceSelectionError(
+                "visible_blocks", f"visible_blocks must be [n_queries={nq}], got {list(vis.shape)}"
+            )
         if m is not None and m.shape != s.shape:
             raise ReferenceSelectionError("magnitudes", "magnitudes must have the shape of block_scores")
         if head_major:
@@ -529,10 +627,19 @@ def check_blocks(block_scores: Any, rows: Any, visible_blocks: Any, config: Any 
     lens = [int(x) for x in vis]
     a, rt = float(atol), float(rtol)
     width = max(cfg[1], cfg[2] + cfg[3])
-    return _check_batch(s, r, lens, m, a, rt, slots, {"scores": "block_scores", "lens": "visible_blocks"},
-                       ("config", width),
-                       lambda si, mi, raw, row, nb, mp: _check_block_row(si, mi, a, rt, raw, row, nb, cfg, mp),
-                       _BLOCK_REASONS)
+    return _check_batch(
+        s,
+        r,
+        lens,
+        m,
+        a,
+        rt,
+        slots,
+        {"scores": "block_scores", "lens": "visible_blocks"},
+        ("config", width),
+        lambda si, mi, raw, row, nb, mp: _check_block_row(si, mi, a, rt, raw, row, nb, cfg, mp),
+        _BLOCK_REASONS,
+    )
 
 
 def _why_wrong(got: int, learned: np.ndarray, L: int, S: int, run: list, slot: int) -> str:
@@ -574,8 +681,9 @@ def check_witnesses(before: Any, after: Any, context_lens: Any, num_segments: An
     except ValueError as e:
         raise _refuse(_WITNESS, "num_segments", str(e)) from None
     if a.shape != b.shape:
-        raise _refuse(_WITNESS, "after", f"after has shape {a.shape} but before {b.shape}: "
-                      "the in-place call keeps the shape")
+        raise _refuse(
+            _WITNESS, "after", f"after has shape {a.shape} but before {b.shape}: the in-place call keeps the shape"
+        )
     rows, topk = len(lens), b.shape[1]
     if lens.shape != (b.shape[0],):
         raise _refuse(_WITNESS, "context_lens", f"context_lens must be [rows={b.shape[0]}], got {list(lens.shape)}")
@@ -598,19 +706,46 @@ def check_witnesses(before: Any, after: Any, context_lens: Any, num_segments: An
         problems = []
         d = _first_diff(a[i], expected[i], 0, keep)
         if d:
-            problems.append({"reason": "prefix_changed", "slot": d[0], "learned": int(b[i, d[0]]),
-                             "got": int(a[i, d[0]]), "n_changed": d[1]})
+            problems.append(
+                {
+                    "reason": "prefix_changed",
+                    "slot": d[0],
+                    "learned": int(b[i, d[0]]),
+                    "got": int(a[i, d[0]]),
+                    "n_changed": d[1],
+                }
+            )
         d = _first_diff(a[i], expected[i], keep, keep + written)
         if d:
             why = _why_wrong(int(a[i, d[0]]), b[i], int(lens[i]), S, present[:written], d[0])
-            problems.append({"reason": "wrong_witness", "slot": d[0], "expected": int(expected[i, d[0]]),
-                             "got": int(a[i, d[0]]), "why": why, "n_wrong": d[1]})
+            problems.append(
+                {
+                    "reason": "wrong_witness",
+                    "slot": d[0],
+                    "expected": int(expected[i, d[0]]),
+                    "got": int(a[i, d[0]]),
+                    "why": why,
+                    "n_wrong": d[1],
+                }
+            )
         d = _first_diff(a[i], expected[i], keep + written, topk)
         if d:
-            problems.append({"reason": "tail_changed", "slot": d[0], "learned": int(b[i, d[0]]),
-                             "got": int(a[i, d[0]]), "n_changed": d[1]})
+            problems.append(
+                {
+                    "reason": "tail_changed",
+                    "slot": d[0],
+                    "learned": int(b[i, d[0]]),
+                    "got": int(a[i, d[0]]),
+                    "n_changed": d[1],
+                }
+            )
         for reason in {p["reason"] for p in problems}:
             by_reason[reason] += 1
         details.append({"row": i, "problems": problems})
-    return {"rows": rows, "correct": rows - len(details), "wrong": len(details),
-            "by_reason": by_reason, "details": details}
+    return {
+        "rows": rows,
+        "correct": rows - len(details),
+        "wrong": len(details),
+        "by_reason": by_reason,
+        "details": details,
+    }

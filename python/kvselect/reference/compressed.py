@@ -107,8 +107,9 @@ def compressed_entry_tokens(entries: Any, compress_ratio: Any, *, overlap: bool,
     return _deliver(result, o)
 
 
-def expand_entries(entry_rows: Any, query_pos: Any, compress_ratio: Any, *, tail: bool = False,
-                   width: Any = None, out: Any = None) -> np.ndarray:
+def expand_entries(
+    entry_rows: Any, query_pos: Any, compress_ratio: Any, *, tail: bool = False, width: Any = None, out: Any = None
+) -> np.ndarray:
     """Entries expanded to their ``m`` tokens at columns ``j*m ..``, the
     visible tail in the next ``m - 1`` columns (``tail``), -1 to ``width``."""
     rows = _index_array("entry_rows", entry_rows, 2, _SELECTION)
@@ -140,9 +141,20 @@ def expand_entries(entry_rows: Any, query_pos: Any, compress_ratio: Any, *, tail
     return _deliver(result, o)
 
 
-def combine_topk_swa_indices(topk_indices: Any, query_start_loc: Any, seq_lens: Any, gather_lens: Any,
-                             window_size: Any, compress_ratio: Any, topk: Any, M: Any, N: Any, *,
-                             out: Any = None, lens_out: Any = None) -> tuple[np.ndarray, np.ndarray]:
+def combine_topk_swa_indices(
+    topk_indices: Any,
+    query_start_loc: Any,
+    seq_lens: Any,
+    gather_lens: Any,
+    window_size: Any,
+    compress_ratio: Any,
+    topk: Any,
+    M: Any,
+    N: Any,
+    *,
+    out: Any = None,
+    lens_out: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """vLLM's ``combine_topk_swa_indices``, token by token (see the module
     docstring); the refusals of the native function, before any write."""
     t = _index_array("topk_indices", topk_indices, 2, _SELECTION)
@@ -159,8 +171,9 @@ def combine_topk_swa_indices(topk_indices: Any, query_start_loc: Any, seq_lens: 
     num_tokens = t.shape[0]
     inputs = (topk_indices, query_start_loc, seq_lens, gather_lens)
     o = _output(out, (num_tokens, width), _SELECTION, inputs=inputs)
-    lo: np.ndarray | None = _out_buffer(lens_out, "lens_out", (num_tokens,), _SELECTION, np.int32,
-                                           inputs + ((o,) if o is not None else ()))
+    lo: np.ndarray | None = _out_buffer(
+        lens_out, "lens_out", (num_tokens,), _SELECTION, np.int32, inputs + ((o,) if o is not None else ())
+    )
     if t.shape[1] < k:
         raise ReferenceSelectionError("topk_indices", f"topk_indices has {t.shape[1]} columns, fewer than topk={k}")
     if len(qsl) != reqs + 1 or len(qsl) == 0 or qsl[0] != 0 or qsl[-1] != num_tokens:

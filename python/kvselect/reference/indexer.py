@@ -122,9 +122,15 @@ def _topk_outputs(out: Any, scores_out: Any, shape: tuple, inputs: tuple) -> tup
     return out_buf, scores_buf
 
 
-def _indexer_inputs(index_q: Any, weights: Any, index_k: Any, query_pos: Any, key_scale: Any,
-                    key_format: Optional[str],
-                    query_format: Optional[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _indexer_inputs(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    key_scale: Any,
+    key_format: Optional[str],
+    query_format: Optional[str],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(q, w, k, c, pos)`` decoded (float64) and checked: ``q [n, h, d]``,
     ``w [n, h]``, ``k [t, d]``, ``c [t]`` (ones when None), ``pos [n]``."""
     q = decode(index_q, query_format, "query_format")
@@ -208,8 +214,10 @@ def indexer_scores(
     n_keys]``, NaN past its context (computed in float64, rounded once)."""
     args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
     inputs = (index_q, weights, index_k, query_pos, key_scale)
-    return _deliver(_indexer_matrix(*args, False, _ratio(compress_ratio)),
-                    _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32, inputs))
+    return _deliver(
+        _indexer_matrix(*args, False, _ratio(compress_ratio)),
+        _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32, inputs),
+    )
 
 
 def indexer_magnitudes(
@@ -228,12 +236,15 @@ def indexer_magnitudes(
     * sum_i |q_hi * k_ti|``, float32, NaN past each context."""
     args = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
     inputs = (index_q, weights, index_k, query_pos, key_scale)
-    return _deliver(_indexer_matrix(*args, True, _ratio(compress_ratio)),
-                    _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32, inputs))
+    return _deliver(
+        _indexer_matrix(*args, True, _ratio(compress_ratio)),
+        _output(out, (len(args[0]), len(args[2])), _SELECTION, np.float32, inputs),
+    )
 
 
-def _indexer_matrix(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray, pos: np.ndarray,
-                    magnitudes: bool, m: int) -> np.ndarray:
+def _indexer_matrix(
+    q: np.ndarray, w: np.ndarray, k: np.ndarray, c: np.ndarray, pos: np.ndarray, magnitudes: bool, m: int
+) -> np.ndarray:
     if magnitudes:  # the ReLU is the identity on the absolute values
         q, w, k, c = np.abs(q), np.abs(w), np.abs(k), np.abs(c)
     out = np.full((len(q), len(k)), np.nan)
@@ -280,13 +291,28 @@ def indexer_topk_packed(
 
     def one(i: int, s_row: np.ndarray) -> np.ndarray:
         k0, k1 = int(cu[sid[i]]), int(cu[sid[i] + 1])
-        return indexer_topk(q[i : i + 1], w[i : i + 1], k[k0:k1], pos[i : i + 1], topk,
-                            key_scale=None if c is None else c[k0:k1], key_format=key_format,
-                            query_format=query_format, num_segments=num_segments,
-                            compress_ratio=compress_ratio, scores_out=s_row)
+        return indexer_topk(
+            q[i : i + 1],
+            w[i : i + 1],
+            k[k0:k1],
+            pos[i : i + 1],
+            topk,
+            key_scale=None if c is None else c[k0:k1],
+            key_format=key_format,
+            query_format=query_format,
+            num_segments=num_segments,
+            compress_ratio=compress_ratio,
+            scores_out=s_row,
+        )
 
-    return _query_by_query(len(sid), _count("topk", topk), one, out, scores_out,
-                           (index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, key_scale))
+    return _query_by_query(
+        len(sid),
+        _count("topk", topk),
+        one,
+        out,
+        scores_out,
+        (index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, key_scale),
+    )
 
 
 def _query_by_query(n: int, topk: int, one: Any, out: Any, scores_out: Any, inputs: tuple) -> np.ndarray:
@@ -305,8 +331,9 @@ def _query_by_query(n: int, topk: int, one: Any, out: Any, scores_out: Any, inpu
     return _deliver(result, out_buf)
 
 
-def _gather_pages(kv_cache: Any, block_table: np.ndarray, s: int, length: int, page_layout: str,
-                  key_format: Optional[str]):
+def _gather_pages(
+    kv_cache: Any, block_table: np.ndarray, s: int, length: int, page_layout: str, key_format: Optional[str]
+):
     """Sequence ``s``'s first ``length`` keys (and scales) from its pages."""
     cache = np.asarray(kv_cache)
     if page_layout == "fp8_scaled":
@@ -365,9 +392,24 @@ def indexer_topk_paged(
     def one(i: int, s_row: np.ndarray) -> np.ndarray:
         s = int(sid[i])
         k, c = _gather_pages(kv_cache, table, s, int(lens[s]), page_layout, key_format)
-        return indexer_topk(q[i : i + 1], w[i : i + 1], k, pos[i : i + 1], topk, key_scale=c,
-                            query_format=query_format, num_segments=num_segments,
-                            compress_ratio=compress_ratio, scores_out=s_row)
+        return indexer_topk(
+            q[i : i + 1],
+            w[i : i + 1],
+            k,
+            pos[i : i + 1],
+            topk,
+            key_scale=c,
+            query_format=query_format,
+            num_segments=num_segments,
+            compress_ratio=compress_ratio,
+            scores_out=s_row,
+        )
 
-    return _query_by_query(len(sid), _count("topk", topk), one, out, scores_out,
-                           (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos))
+    return _query_by_query(
+        len(sid),
+        _count("topk", topk),
+        one,
+        out,
+        scores_out,
+        (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos),
+    )

@@ -36,7 +36,11 @@ from .witness import attention_mass_recall, segment_coverage
 
 
 def attention_probabilities(
-    q: Any, k: Any, query_pos: Any, *, scale: Optional[float] = None,
+    q: Any,
+    k: Any,
+    query_pos: Any,
+    *,
+    scale: Optional[float] = None,
     out: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """Dense causal softmax rows, float64 ``[n_queries, n_q_heads, n_keys]``:
@@ -74,8 +78,9 @@ def _row_lens(context_lens: Any, rows: int) -> np.ndarray:
     return lens
 
 
-def segment_coverage_rows(candidates: Any, context_lens: Any, num_segments: int, *,
-                          out: Optional[np.ndarray] = None) -> np.ndarray:
+def segment_coverage_rows(
+    candidates: Any, context_lens: Any, num_segments: int, *, out: Optional[np.ndarray] = None
+) -> np.ndarray:
     """:func:`segment_coverage` of every row of ``candidates [rows, width]``
     with its own context length (``context_lens [rows]``); float64 ``[rows]``
     (or ``out`` filled)."""
@@ -96,13 +101,11 @@ def slots_used_rows(candidates: Any, context_lens: Any, *, out: Optional[np.ndar
     c = _index_array("candidates", candidates, 2, _WITNESS)
     lens = _row_lens(context_lens, c.shape[0])
     buf = _out_buffer(out, "out", (c.shape[0],), _WITNESS, np.int64, (candidates, context_lens))
-    result = np.array([len({int(x) for x in row if 0 <= x < L}) for row, L in zip(c, lens)],
-                      dtype=np.int64)
+    result = np.array([len({int(x) for x in row if 0 <= x < L}) for row, L in zip(c, lens)], dtype=np.int64)
     return result if buf is None else _deliver(result, buf)
 
 
-def attention_mass_recall_rows(candidates: Any, attention: Any, *,
-                               out: Optional[np.ndarray] = None) -> np.ndarray:
+def attention_mass_recall_rows(candidates: Any, attention: Any, *, out: Optional[np.ndarray] = None) -> np.ndarray:
     """:func:`attention_mass_recall` of every attention row ``r`` of
     ``attention [n_rows, row_len]`` against candidate row ``r // group``,
     ``group = n_rows // rows`` (a KV head's selection serves its query-head
@@ -110,14 +113,14 @@ def attention_mass_recall_rows(candidates: Any, attention: Any, *,
     ``candidates [n_queries, n_kv_heads, width]`` and ``attention
     [n_queries, n_q_heads, n_keys]``, the same rows flattened, float64
     ``[n_queries, n_q_heads]``. ``out`` filled when given."""
-    c = _index_array("candidates", candidates, np.ndim(candidates) if np.ndim(candidates) == 3 else 2,
-                     _WITNESS)
+    c = _index_array("candidates", candidates, np.ndim(candidates) if np.ndim(candidates) == 3 else 2, _WITNESS)
     if c.ndim == 3:
         a = _float_array("attention", attention, None, _WITNESS, dtype=np.float64)
         n, hkv = c.shape[0], c.shape[1]
         if a.ndim != 3 or a.shape[0] != n:
-            raise _refuse(_WITNESS, "attention",
-                          f"attention must be [n_queries={n}, n_q_heads, n_keys], got {list(a.shape)}")
+            raise _refuse(
+                _WITNESS, "attention", f"attention must be [n_queries={n}, n_q_heads, n_keys], got {list(a.shape)}"
+            )
         hq = a.shape[1]
         if hkv == 0 or hq % hkv:
             raise _refuse(_WITNESS, "attention", f"n_q_heads={hq} is not a positive multiple of {hkv}")
@@ -138,9 +141,9 @@ def attention_mass_recall_rows(candidates: Any, attention: Any, *,
     group = n_rows // rows
     if group == 0 or group * rows != n_rows:
         raise _refuse(_WITNESS, "attention", f"{n_rows} attention rows are not a positive multiple of {rows}")
-    result = np.array(
-        [attention_mass_recall(c[r // group], a[r]) for r in range(n_rows)], dtype=np.float64
-    ).reshape(shape)
+    result = np.array([attention_mass_recall(c[r // group], a[r]) for r in range(n_rows)], dtype=np.float64).reshape(
+        shape
+    )
     return result if buf is None else _deliver(result, buf)
 
 

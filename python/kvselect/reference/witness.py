@@ -140,9 +140,7 @@ def topology_witness_indices(
     context_lens = _index_array("context_lens", context_lens, 1, _WITNESS)
     num_segments = _count("num_segments", num_segments)
     if num_segments == 0:
-        raise ReferenceWitnessError(
-            "SegmentsOutOfRange", "num_segments must be positive", num_segments=0
-        )
+        raise ReferenceWitnessError("SegmentsOutOfRange", "num_segments must be positive", num_segments=0)
     _check_rows(learned, context_lens)
     out = _out_buffer(out, "out", (len(context_lens), num_segments), _WITNESS, np.int32, raw)
     learned = learned.reshape(len(context_lens), learned.shape[1])

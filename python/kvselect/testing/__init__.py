@@ -40,8 +40,14 @@ __all__ = ["assert_topk", "assert_blocks", "assert_witnesses", "CheckFailure"]
 
 # DLPack's DLDeviceType for host memory (kDLCPU).
 _DL_CPU = 1
-_PRECISION_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn",
-                      "float8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
+_PRECISION_ALIASES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8": "float8_e4m3fn",
+    "float8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+}
 
 
 class CheckFailure(AssertionError):
@@ -91,8 +97,10 @@ def _host(x: Any, name: str) -> Any:
             try:
                 return np.from_dlpack(x, device="cpu", copy=True)
             except Exception as e:
-                raise TypeError(f"{name}: a tensor on DLPack device {device}, which kvselect cannot "
-                                f"copy to the host ({e}): pass it as a CPU tensor (.cpu())") from e
+                raise TypeError(
+                    f"{name}: a tensor on DLPack device {device}, which kvselect cannot "
+                    f"copy to the host ({e}): pass it as a CPU tensor (.cpu())"
+                ) from e
     # On the host: the core's own zero-copy view of the producer's memory;
     # bfloat16 / float8_e4m3fn (raw bits there) as ml_dtypes views of it.
     arr, fmt = _dlpack_array(x, name)
@@ -101,8 +109,9 @@ def _host(x: Any, name: str) -> Any:
     try:
         import ml_dtypes
     except ImportError as e:
-        raise TypeError(f"{name}: a {fmt} DLPack tensor needs ml_dtypes in kvselect.testing "
-                        f"(pip install 'kvselect[formats]')") from e
+        raise TypeError(
+            f"{name}: a {fmt} DLPack tensor needs ml_dtypes in kvselect.testing (pip install 'kvselect[formats]')"
+        ) from e
     return arr.view(getattr(ml_dtypes, fmt))
 
 
@@ -123,8 +132,10 @@ def _conclude(result: dict, fail_vacuous: bool, what: str) -> dict:
         return result
     text = format_report(result, source=f"({what})")
     if result["wrong"] == 0:
-        text += (f"\n{what}: {vacuous} vacuous row(s) fail the assertion (fail_vacuous=True): the test "
-                 f"proves nothing about them; pass fail_vacuous=False to accept them")
+        text += (
+            f"\n{what}: {vacuous} vacuous row(s) fail the assertion (fail_vacuous=True): the test "
+            f"proves nothing about them; pass fail_vacuous=False to accept them"
+        )
     raise CheckFailure(text, result)
 
 
@@ -132,8 +143,9 @@ def _wrong_rows(checks: List[Dict[str, Any]]) -> int:
     return len({x["row"] for c in checks for x in c["report"]["details"]})
 
 
-def _context_lens(query_pos: np.ndarray, n_keys: int, cu_seqlens: Any, seq_ids: Any, seq_lens: Any,
-                  compress_ratio: int) -> np.ndarray:
+def _context_lens(
+    query_pos: np.ndarray, n_keys: int, cu_seqlens: Any, seq_ids: Any, seq_lens: Any, compress_ratio: int
+) -> np.ndarray:
     """Each row's ``L = min((query_pos + 1) // compress_ratio, its sequence's keys)``."""
     total: Any
     if seq_lens is not None:
@@ -157,9 +169,21 @@ def _exactly_vacuous(scores: np.ndarray, lens: np.ndarray, topk: int) -> int:
     return n
 
 
-def _score_accuracy(engine: np.ndarray, index_q: Any, weights: Any, index_k: Any, query_pos: np.ndarray,
-                    lens: np.ndarray, key_scale: Any, key_format: Optional[str], cu_seqlens: Any,
-                    seq_ids: Any, atol: float, rtol: float, compress_ratio: int) -> dict:
+def _score_accuracy(
+    engine: np.ndarray,
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: np.ndarray,
+    lens: np.ndarray,
+    key_scale: Any,
+    key_format: Optional[str],
+    cu_seqlens: Any,
+    seq_ids: Any,
+    atol: float,
+    rtol: float,
+    compress_ratio: int,
+) -> dict:
     """The engine's own scores against kvselect's (:func:`kvselect.indexer_scores`,
     :func:`kvselect.indexer_magnitudes`): a position is reported off only
     when it is off by more than ``atol + rtol m`` **whatever** the float32
@@ -184,10 +208,12 @@ def _score_accuracy(engine: np.ndarray, index_q: Any, weights: Any, index_k: Any
     for idx, lo, hi in groups:
         keys = k_all[lo:hi]
         c = None if c_all is None else (c_all if c_all.ndim == 0 else c_all[lo:hi])
-        S = ks.indexer_scores(q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format,
-                              compress_ratio=compress_ratio)
-        M = ks.indexer_magnitudes(q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format,
-                                  compress_ratio=compress_ratio)
+        S = ks.indexer_scores(
+            q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format, compress_ratio=compress_ratio
+        )
+        M = ks.indexer_magnitudes(
+            q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format, compress_ratio=compress_ratio
+        )
         for j, i in enumerate(idx):
             L = int(lens[i])
             e = np.asarray(engine[i, :L], dtype=np.float64)
@@ -201,21 +227,58 @@ def _score_accuracy(engine: np.ndarray, index_q: Any, weights: Any, index_k: Any
                 with np.errstate(invalid="ignore"):
                     excess = np.where(off, np.nan_to_num(np.abs(e - s) - allowed, nan=np.inf), -np.inf)
                 t = int(np.argmax(excess))
-                details.append({"row": int(i), "problems": [{
-                    "reason": "score_off", "n_positions": int(off.sum()), "position": t,
-                    "engine": float(e[t]), "kvselect": float(s[t]), "allowed": float(allowed[t])}]})
+                details.append(
+                    {
+                        "row": int(i),
+                        "problems": [
+                            {
+                                "reason": "score_off",
+                                "n_positions": int(off.sum()),
+                                "position": t,
+                                "engine": float(e[t]),
+                                "kvselect": float(s[t]),
+                                "allowed": float(allowed[t]),
+                            }
+                        ],
+                    }
+                )
     details.sort(key=lambda x: x["row"])
-    return {"rows": n, "correct": n - len(details), "wrong": len(details),
-            "by_reason": {"score_off": len(details)}, "details": details, "vacuous": 0}
+    return {
+        "rows": n,
+        "correct": n - len(details),
+        "wrong": len(details),
+        "by_reason": {"score_off": len(details)},
+        "details": details,
+        "vacuous": 0,
+    }
 
 
-def assert_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: Any, topk: Optional[int] = None,
-                *, key_scale: Any = None, key_format: Optional[str] = None, query_format: Optional[str] = None,
-                precision: str = "float32", rtol: Optional[float] = None, atol: Optional[float] = None,
-                engine_scores: Any = None, cu_seqlens: Any = None, seq_ids: Any = None, kv_cache: Any = None,
-                block_table: Any = None, seq_lens: Any = None, page_layout: str = "dense",
-                slots: Optional[ks.GlobalSlots] = None, filler: str = "-1", fail_vacuous: bool = True,
-                compress_ratio: int = 1) -> dict:
+def assert_topk(
+    rows: Any,
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    topk: Optional[int] = None,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    precision: str = "float32",
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+    engine_scores: Any = None,
+    cu_seqlens: Any = None,
+    seq_ids: Any = None,
+    kv_cache: Any = None,
+    block_table: Any = None,
+    seq_lens: Any = None,
+    page_layout: str = "dense",
+    slots: Optional[ks.GlobalSlots] = None,
+    filler: str = "-1",
+    fail_vacuous: bool = True,
+    compress_ratio: int = 1,
+) -> dict:
     """Assert that ``rows`` is a correct lightning-indexer top-k of the
     indexer's inputs, as ``kvselect check`` judges it.
 
@@ -284,11 +347,29 @@ def assert_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: 
     cu_seqlens, seq_ids = _host(cu_seqlens, "cu_seqlens"), _host(seq_ids, "seq_ids")
     kv_cache, block_table = _host(kv_cache, "kv_cache"), _host(block_table, "block_table")
     seq_lens, engine_scores = _host(seq_lens, "seq_lens"), _host(engine_scores, "engine_scores")
-    exact = check_indexer_topk(rows, index_q, weights, index_k, query_pos, topk, key_scale=key_scale,
-                               key_format=key_format, query_format=query_format, cu_seqlens=cu_seqlens,
-                               seq_ids=seq_ids, precision=p, atol=atol, rtol=rtol, slots=slots, filler=filler,
-                               kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens,
-                               page_layout=page_layout, compress_ratio=compress_ratio)
+    exact = check_indexer_topk(
+        rows,
+        index_q,
+        weights,
+        index_k,
+        query_pos,
+        topk,
+        key_scale=key_scale,
+        key_format=key_format,
+        query_format=query_format,
+        cu_seqlens=cu_seqlens,
+        seq_ids=seq_ids,
+        precision=p,
+        atol=atol,
+        rtol=rtol,
+        slots=slots,
+        filler=filler,
+        kv_cache=kv_cache,
+        block_table=block_table,
+        seq_lens=seq_lens,
+        page_layout=page_layout,
+        compress_ratio=compress_ratio,
+    )
     atol_ = 0.0 if atol is None else float(atol)
     rtol_ = DEFAULT_RTOL[p] if rtol is None else float(rtol)
     checks: List[Dict[str, Any]] = [{"name": "against the exact scores", "report": exact}]
@@ -304,18 +385,50 @@ def assert_topk(rows: Any, index_q: Any, weights: Any, index_k: Any, query_pos: 
         own["vacuous"] = _exactly_vacuous(own_scores, lens, k)
         checks.append({"name": "against the engine's own scores, exactly", "report": own})
         if kv_cache is None:
-            checks.append({"name": "the engine's own scores against the exact ones", "report": _score_accuracy(
-                own_scores, index_q, weights, index_k, pos, lens, key_scale, key_format, cu_seqlens, seq_ids,
-                atol_, rtol_, compress_ratio)})
+            checks.append(
+                {
+                    "name": "the engine's own scores against the exact ones",
+                    "report": _score_accuracy(
+                        own_scores,
+                        index_q,
+                        weights,
+                        index_k,
+                        pos,
+                        lens,
+                        key_scale,
+                        key_format,
+                        cu_seqlens,
+                        seq_ids,
+                        atol_,
+                        rtol_,
+                        compress_ratio,
+                    ),
+                }
+            )
         else:
             note = "the engine's own scores are not compared with the exact ones for a paged cache"
-    result = {"kind": "topk", "tolerance": {"precision": p, "atol": atol_, "rtol": rtol_, "note": note},
-              "filler": filler, "rows": exact["rows"], "wrong": _wrong_rows(checks), "checks": checks}
+    result = {
+        "kind": "topk",
+        "tolerance": {"precision": p, "atol": atol_, "rtol": rtol_, "note": note},
+        "filler": filler,
+        "rows": exact["rows"],
+        "wrong": _wrong_rows(checks),
+        "checks": checks,
+    }
     return _conclude(result, fail_vacuous, "assert_topk")
 
 
-def _assert_scores(rows: Any, scores: Any, context_lens: Any, topk: int, *, rtol: float = 0.0, atol: float = 0.0,
-                   fail_vacuous: bool = True, filler: str = "-1") -> dict:
+def _assert_scores(
+    rows: Any,
+    scores: Any,
+    context_lens: Any,
+    topk: int,
+    *,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+    fail_vacuous: bool = True,
+    filler: str = "-1",
+) -> dict:
     """:func:`assert_topk` against given exact scores (the
     :mod:`kvselect.testing.cases` whose operands are not finite, which
     :func:`assert_topk` refuses): :func:`kvselect.check_topk` at ``atol``
@@ -327,9 +440,19 @@ def _assert_scores(rows: Any, scores: Any, context_lens: Any, topk: int, *, rtol
     report = ks.check_topk(s, r, lens, topk=topk, atol=atol, filler=filler)
     report["vacuous"] = _exactly_vacuous(s, lens, topk) if atol == 0 else 0
     checks = [{"name": "against the exact scores", "report": report}]
-    result = {"kind": "topk", "tolerance": {"precision": "float32", "atol": float(atol), "rtol": 0.0,
-                                            "note": "checked against the case's exact scores"},
-              "filler": filler, "rows": report["rows"], "wrong": _wrong_rows(checks), "checks": checks}
+    result = {
+        "kind": "topk",
+        "tolerance": {
+            "precision": "float32",
+            "atol": float(atol),
+            "rtol": 0.0,
+            "note": "checked against the case's exact scores",
+        },
+        "filler": filler,
+        "rows": report["rows"],
+        "wrong": _wrong_rows(checks),
+        "checks": checks,
+    }
     return _conclude(result, fail_vacuous, "assert_topk")
 
 
@@ -352,11 +475,23 @@ def _as_dump_array(a: Any, key: str, out: Dict[str, Any], fmt: Optional[str] = N
             out[f"{key}_format"] = np.asarray(fmt)
 
 
-def assert_blocks(rows: Any, index_q: Any, index_k: Any, query_pos: Any, config: ks.BlockSparseConfig, *,
-                  key_format: Optional[str] = None, query_format: Optional[str] = None,
-                  precision: str = "float32", rtol: Optional[float] = None, atol: Optional[float] = None,
-                  cu_seqlens: Any = None, seq_ids: Any = None, block_table: Any = None,
-                  head_major: bool = False) -> dict:
+def assert_blocks(
+    rows: Any,
+    index_q: Any,
+    index_k: Any,
+    query_pos: Any,
+    config: ks.BlockSparseConfig,
+    *,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    precision: str = "float32",
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+    cu_seqlens: Any = None,
+    seq_ids: Any = None,
+    block_table: Any = None,
+    head_major: bool = False,
+) -> dict:
     """Assert that ``rows`` is a correct MiniMax-M3 block selection, as
     ``kvselect check`` judges a ``blocks`` dump.
 
@@ -432,7 +567,11 @@ def assert_witnesses(before: Any, after: Any, context_lens: Any, num_segments: i
     CheckFailure
         When some row is not what the rule writes.
     """
-    d = {"kind": np.asarray("witnesses"), "before": np.asarray(_host(before, "before")),
-         "after": np.asarray(_host(after, "after")), "context_lens": np.asarray(_host(context_lens, "context_lens")),
-         "num_segments": np.asarray(int(num_segments))}
+    d = {
+        "kind": np.asarray("witnesses"),
+        "before": np.asarray(_host(before, "before")),
+        "after": np.asarray(_host(after, "after")),
+        "context_lens": np.asarray(_host(context_lens, "context_lens")),
+        "num_segments": np.asarray(int(num_segments)),
+    }
     return _conclude(check_dump(d), False, "assert_witnesses")

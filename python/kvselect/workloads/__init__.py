@@ -94,8 +94,15 @@ from __future__ import annotations
 from kvselect.workloads.dumps import WorkloadDump, load_npz, open_workload
 from kvselect.workloads.example import example
 from kvselect.workloads.indexer import derive_indexer
-from kvselect.workloads.model import (HEAD_KINDS, HeadInputs, Indexer, Workload, WorkloadError,
-                                     WorkloadWarning, query_positions)
+from kvselect.workloads.model import (
+    HEAD_KINDS,
+    HeadInputs,
+    Indexer,
+    Workload,
+    WorkloadError,
+    WorkloadWarning,
+    query_positions,
+)
 from kvselect.workloads.quantize import fp8_e4m3fn, fp8_e4m3fn_bytes, quantize_fp8, quantize_rows
 from kvselect.workloads.synthetic import synthetic, synthetic_needles
 

@@ -13,8 +13,17 @@ import numpy as np
 
 from kvselect.checking.files import basename, is_url, stem, take_rows
 from kvselect.workloads.indexer import derive_head, derive_indexer
-from kvselect.workloads.model import (ONE_HEAD_INDEXER, HeadInputs, Indexer, PathLike, Workload, WorkloadError,
-                                     WorkloadWarning, one_head_inputs, query_positions)
+from kvselect.workloads.model import (
+    ONE_HEAD_INDEXER,
+    HeadInputs,
+    Indexer,
+    PathLike,
+    Workload,
+    WorkloadError,
+    WorkloadWarning,
+    one_head_inputs,
+    query_positions,
+)
 
 
 def load_npz(
@@ -99,6 +108,7 @@ def load_npz(
     else:
         fiq, fik = derive_indexer(fq, fk, n_kv_heads=fk.shape[0])
     if dsa:
+
         def layer_major(key: str) -> np.ndarray:
             out = np.ascontiguousarray(read(key), dtype=np.float32)
             if not np.isfinite(out).all():
@@ -115,9 +125,7 @@ def load_npz(
             of_kv_head=np.repeat(np.arange(len(chosen), dtype=np.int64), n_kv),
             description=o.dsa_description(),
         )
-    kinds = tuple(
-        f"L{int(layer_ids[l])}/H{int(kv_head_ids[l, h])}" for l in chosen for h in range(n_kv)
-    )
+    kinds = tuple(f"L{int(layer_ids[l])}/H{int(kv_head_ids[l, h])}" for l in chosen for h in range(n_kv))
     return Workload(
         name=stem(o.name),
         q=fq,
@@ -223,12 +231,13 @@ class WorkloadDump:
         def row(key: str) -> int:  # the bytes of one token of one head of key
             arr = a[key]
             token_axis = 1 if o.dsa and key not in ("q", "k", "v") else 2
-            return int(np.prod(arr.shape[token_axis + 1:], dtype=np.int64)) * arr.dtype.itemsize
+            return int(np.prod(arr.shape[token_axis + 1 :], dtype=np.int64)) * arr.dtype.itemsize
 
         total = g * n * row("q") + o.tokens * (row("k") + row("v"))
         if o.has_index:
-            total += (n * (row("index_q") + (row("weights") if o.dsa else 0))
-                      + o.tokens * (row("index_k") + (row("key_scale") if "key_scale" in a else 0)))
+            total += n * (row("index_q") + (row("weights") if o.dsa else 0)) + o.tokens * (
+                row("index_k") + (row("key_scale") if "key_scale" in a else 0)
+            )
         return total
 
     def head(self, layer: int, kv_head: int) -> HeadInputs:
@@ -254,8 +263,7 @@ class WorkloadDump:
         """
         o, a, pos = self._o, self._o.arrays, self.query_positions
         if not (0 <= layer < o.n_layers and 0 <= kv_head < o.n_kv):
-            raise IndexError(f"head ({layer}, {kv_head}) is not in {o.n_layers} layers of "
-                             f"{o.n_kv} KV heads")
+            raise IndexError(f"head ({layer}, {kv_head}) is not in {o.n_layers} layers of {o.n_kv} KV heads")
         from kvselect.checking import decode32
 
         def checked(key: str, x: Any, where: str, tokens: np.ndarray) -> np.ndarray:
@@ -265,7 +273,8 @@ class WorkloadDump:
                 raise WorkloadError(
                     f"{key}: expected finite values (within float32 range), found "
                     f"{out.reshape(len(out), -1)[tuple(bad)]} at layer {int(o.layer_ids[layer])}"
-                    f"{where}, token {int(tokens[bad[0]])}")
+                    f"{where}, token {int(tokens[bad[0]])}"
+                )
             return out
 
         every = np.arange(o.tokens)
@@ -278,8 +287,7 @@ class WorkloadDump:
 
         g = o.n_heads // o.n_kv
         at = f", KV head {int(o.kv_head_ids[layer, kv_head])}"
-        q = np.stack([rows("q", (layer, kv_head * g + j), f", query head {kv_head * g + j}")
-                      for j in range(g)])
+        q = np.stack([rows("q", (layer, kv_head * g + j), f", query head {kv_head * g + j}") for j in range(g)])
         k, v = whole("k", (layer, kv_head), at), whole("v", (layer, kv_head), at)
         if o.has_index and not o.dsa:
             iq, ik = rows("index_q", (layer, kv_head), at), whole("index_k", (layer, kv_head), at)
@@ -295,8 +303,9 @@ class WorkloadDump:
             }
         else:
             learned = one_head_inputs(iq, ik)
-        return HeadInputs(q=np.ascontiguousarray(q.transpose(1, 0, 2)), k=k, v=v,
-                          index_q=iq, index_k=ik, learned=learned)
+        return HeadInputs(
+            q=np.ascontiguousarray(q.transpose(1, 0, 2)), k=k, v=v, index_q=iq, index_k=ik, learned=learned
+        )
 
 
 @dataclass
@@ -318,16 +327,25 @@ class _Opened:
 
     def source(self, chosen: Sequence[int]) -> str:
         q = self.arrays["q"]
-        note = ("dumped DSA indexer (blocks: derived indexer)" if self.dsa
-                else "dumped indexer" if self.has_index else "derived indexer (derive_indexer)")
-        return (f"{basename(self.name)}: layers {[int(self.layer_ids[l]) for l in chosen]}, "
-                f"{self.n_heads} query / {self.n_kv} KV heads each, {self.tokens} tokens, "
-                f"{self.formats.get('q', q.dtype)}; {note}")
+        note = (
+            "dumped DSA indexer (blocks: derived indexer)"
+            if self.dsa
+            else "dumped indexer"
+            if self.has_index
+            else "derived indexer (derive_indexer)"
+        )
+        return (
+            f"{basename(self.name)}: layers {[int(self.layer_ids[l]) for l in chosen]}, "
+            f"{self.n_heads} query / {self.n_kv} KV heads each, {self.tokens} tokens, "
+            f"{self.formats.get('q', q.dtype)}; {note}"
+        )
 
     def dsa_description(self) -> str:
         iq = self.arrays["index_q"]
-        return (f"dumped DSA indexer: {iq.shape[2]} index heads of dim {iq.shape[3]}, one per "
-                f"layer, shared by its {self.n_kv} KV heads")
+        return (
+            f"dumped DSA indexer: {iq.shape[2]} index heads of dim {iq.shape[3]}, one per "
+            f"layer, shared by its {self.n_kv} KV heads"
+        )
 
 
 def _open(path: PathLike, lazy: bool) -> "_Opened":
@@ -371,15 +389,9 @@ def _open(path: PathLike, lazy: bool) -> "_Opened":
         )
     for key, arr in (("q", q), ("k", k), ("v", v)):
         if 0 in arr.shape:
-            raise WorkloadError(
-                f"{key}: expected no empty axis, got shape {arr.shape} "
-                f"({_describe(key, arr.shape)})"
-            )
+            raise WorkloadError(f"{key}: expected no empty axis, got shape {arr.shape} ({_describe(key, arr.shape)})")
     if tokens < 2:
-        raise WorkloadError(
-            f"q: expected at least 2 tokens (axis 2), got {tokens} "
-            f"({_describe('q', q.shape)})" + hint
-        )
+        raise WorkloadError(f"q: expected at least 2 tokens (axis 2), got {tokens} ({_describe('q', q.shape)})" + hint)
     if n_heads % n_kv:
         raise WorkloadError(
             f"q: n_heads = {n_heads} (axis 1) is not a multiple of n_kv_heads = {n_kv} "
@@ -407,10 +419,7 @@ def _open(path: PathLike, lazy: bool) -> "_Opened":
                 f"form: one key per token, shared by the index heads), got {ik.shape}"
             )
         if "key_scale" in arrays and arrays["key_scale"].shape != (n_layers, tokens):
-            raise WorkloadError(
-                f"key_scale: expected shape [{n_layers}, {tokens}], got "
-                f"{arrays['key_scale'].shape}"
-            )
+            raise WorkloadError(f"key_scale: expected shape [{n_layers}, {tokens}], got {arrays['key_scale'].shape}")
     elif has_index:
         iq, ik = arrays["index_q"], arrays["index_k"]
         if iq.shape[:3] != (n_layers, n_kv, tokens) or iq.shape[3] == 0:
@@ -439,33 +448,41 @@ def _open(path: PathLike, lazy: bool) -> "_Opened":
         value = float(s.reshape(-1)[0]) if s.size == 1 else float("nan")
         if not (math.isfinite(value) and value > 0):
             raise WorkloadError(
-                f"scale: expected one finite positive number, got {s.reshape(-1)[:4]} "
-                f"(shape {s.shape})"
+                f"scale: expected one finite positive number, got {s.reshape(-1)[:4]} (shape {s.shape})"
             )
         scale = value
     layer_ids = np.arange(n_layers)
     if "layer_ids" in arrays:
         layer_ids = arrays["layer_ids"]
         if layer_ids.shape != (n_layers,):
-            raise WorkloadError(
-                f"layer_ids: expected shape ({n_layers},), got {layer_ids.shape}"
-            )
+            raise WorkloadError(f"layer_ids: expected shape ({n_layers},), got {layer_ids.shape}")
     kv_head_ids = np.broadcast_to(np.arange(n_kv), (n_layers, n_kv))
     if "kv_head_ids" in arrays:
         kv_head_ids = arrays["kv_head_ids"]
         if kv_head_ids.shape != (n_layers, n_kv):
-            raise WorkloadError(
-                f"kv_head_ids: expected shape ({n_layers}, {n_kv}), got {kv_head_ids.shape}"
-            )
+            raise WorkloadError(f"kv_head_ids: expected shape ({n_layers}, {n_kv}), got {kv_head_ids.shape}")
 
-    return _Opened(name, arrays, formats, n_layers, n_heads, n_kv, tokens, d, scale,
-                   layer_ids, kv_head_ids, has_index, dsa, warning)
+    return _Opened(
+        name,
+        arrays,
+        formats,
+        n_layers,
+        n_heads,
+        n_kv,
+        tokens,
+        d,
+        scale,
+        layer_ids,
+        kv_head_ids,
+        has_index,
+        dsa,
+        warning,
+    )
 
 
 def _describe(key: str, shape: Tuple[int, ...]) -> str:
     """A 4-D dump array's shape in words: layers, heads, tokens, dims."""
-    heads = "query heads" if key == "q" else ("index heads" if key.startswith("index")
-                                              else "KV heads")
+    heads = "query heads" if key == "q" else ("index heads" if key.startswith("index") else "KV heads")
     if len(shape) != 4:
         return f"{len(shape)} dimensions"
     layers, h, t, dim = shape
@@ -499,8 +516,7 @@ def _read_npz(path: str, lazy: bool) -> Tuple[Dict[str, Any], Dict[str, str]]:
     if ("index_q" in keys) != ("index_k" in keys):
         have, lack = ("index_q", "index_k") if "index_q" in keys else ("index_k", "index_q")
         raise WorkloadError(
-            f"{lack}: missing; {have} is present, and the indexer needs both "
-            f"(or neither, to derive one)"
+            f"{lack}: missing; {have} is present, and the indexer needs both (or neither, to derive one)"
         )
     dsa = "weights" in keys
     if dsa and "index_q" not in keys:
@@ -508,9 +524,11 @@ def _read_npz(path: str, lazy: bool) -> Tuple[Dict[str, Any], Dict[str, str]]:
     if "key_scale" in keys and not dsa:
         raise WorkloadError("key_scale: only the DSA form (with weights) has per-key scales")
     # The DSA form: one shared index key per position, so fewer axes.
-    dsa_dims = {"index_k": (3, "[layers, tokens, d_idx]"),
-                "weights": (3, "[layers, tokens, H]"),
-                "key_scale": (2, "[layers, tokens]")}
+    dsa_dims = {
+        "index_k": (3, "[layers, tokens, d_idx]"),
+        "weights": (3, "[layers, tokens, H]"),
+        "key_scale": (2, "[layers, tokens]"),
+    }
     for key in sorted(keys):
         arr = dump[key]
         if key in ("kind", "scale", "layer_ids", "kv_head_ids"):

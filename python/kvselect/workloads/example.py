@@ -9,7 +9,6 @@ from kvselect.workloads.dumps import load_npz
 from kvselect.workloads.model import Workload
 
 
-
 #: The file name of the shipped example inside the package's ``data`` folder.
 EXAMPLE_FILE = "minilm_example.npz"
 

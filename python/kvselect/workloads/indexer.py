@@ -12,9 +12,6 @@ from kvselect.workloads.model import WorkloadError, as_count
 from kvselect.workloads.quantize import quantize_rows
 
 
-
-
-
 def projection(d: int, d_index: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6B76_7365]))
     p = rng.standard_normal((d, d_index)) / math.sqrt(d_index)
@@ -65,8 +62,9 @@ def project(x: np.ndarray, p: np.ndarray) -> np.ndarray:
     return out.reshape(*x.shape[:-1], e)
 
 
-def derive_head(q_group: np.ndarray, k: np.ndarray, d_index: Optional[int] = None,
-                seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+def derive_head(
+    q_group: np.ndarray, k: np.ndarray, d_index: Optional[int] = None, seed: int = 0
+) -> Tuple[np.ndarray, np.ndarray]:
     """:func:`derive_indexer` for one KV head: ``q_group`` ``[group, rows,
     d]`` (its query heads, at any subset of positions) and ``k`` ``[tokens,
     d]`` give ``index_q [rows, d_index]`` and ``index_k [tokens, d_index]``,
@@ -74,8 +72,7 @@ def derive_head(q_group: np.ndarray, k: np.ndarray, d_index: Optional[int] = Non
     d = k.shape[-1]
     d_index = max(4, d // 4) if d_index is None else d_index
     p = projection(d, d_index, seed)
-    return (quantize_rows(project(group_mean(q_group, 1)[0], p)),
-            quantize_rows(project(k, p)))
+    return (quantize_rows(project(group_mean(q_group, 1)[0], p)), quantize_rows(project(k, p)))
 
 
 def derive_indexer(
@@ -146,13 +143,9 @@ def derive_indexer(
             f"got q {q.shape} and k {k.shape}"
         )
     if k.shape[0] != n_kv_heads:
-        raise WorkloadError(
-            f"k: expected {n_kv_heads} KV heads (n_kv_heads), got shape {k.shape}"
-        )
+        raise WorkloadError(f"k: expected {n_kv_heads} KV heads (n_kv_heads), got shape {k.shape}")
     if q.shape[0] % n_kv_heads:
-        raise WorkloadError(
-            f"q: n_heads = {q.shape[0]} is not a multiple of n_kv_heads = {n_kv_heads}"
-        )
+        raise WorkloadError(f"q: n_heads = {q.shape[0]} is not a multiple of n_kv_heads = {n_kv_heads}")
     if q.shape[1:] != k.shape[1:]:
         raise WorkloadError(
             f"k: expected [n_kv_heads, tokens, d] = [{n_kv_heads}, {q.shape[1]}, {q.shape[2]}] "

@@ -12,7 +12,6 @@ from typing import Optional, Tuple, Union
 import numpy as np
 
 
-
 #: The head types :func:`synthetic` cycles through, in order, over KV heads.
 HEAD_KINDS: Tuple[str, ...] = ("sink", "local", "retrieval", "diffuse")
 
@@ -85,8 +84,7 @@ class Indexer:
     def __post_init__(self) -> None:
         if self.q.ndim != 4 or self.q.dtype != np.float32:
             raise WorkloadError(
-                f"index_q: expected float32 [n_indexers, tokens, H, d_idx], got "
-                f"{self.q.dtype} {self.q.shape}"
+                f"index_q: expected float32 [n_indexers, tokens, H, d_idx], got {self.q.dtype} {self.q.shape}"
             )
         n, t, h, d = self.q.shape
         if self.weights.shape != (n, t, h) or self.weights.dtype != np.float32:
@@ -101,9 +99,7 @@ class Indexer:
                 f"heads) in {self.key_format}, got {self.k.dtype} {self.k.shape}"
             )
         if self.key_scale is not None and self.key_scale.shape != (n, t):
-            raise WorkloadError(
-                f"key_scale: expected [{n}, {t}], got {self.key_scale.shape}"
-            )
+            raise WorkloadError(f"key_scale: expected [{n}, {t}], got {self.key_scale.shape}")
         if self.of_kv_head.ndim != 1 or not np.all((0 <= self.of_kv_head) & (self.of_kv_head < n)):
             raise WorkloadError("of_kv_head: expected one indexer index per KV head")
 
@@ -208,16 +204,11 @@ class Workload:
         for field in ("q", "k", "v", "index_q", "index_k"):
             arr = getattr(self, field)
             if not isinstance(arr, np.ndarray):
-                raise WorkloadError(
-                    f"{field}: expected a numpy.ndarray, got {type(arr).__name__}"
-                )
+                raise WorkloadError(f"{field}: expected a numpy.ndarray, got {type(arr).__name__}")
             if arr.dtype != np.float32:
                 raise WorkloadError(f"{field}: expected dtype float32, got {arr.dtype}")
             if arr.ndim != 3:
-                raise WorkloadError(
-                    f"{field}: expected 3 dimensions [heads, tokens, dim], "
-                    f"got shape {arr.shape}"
-                )
+                raise WorkloadError(f"{field}: expected 3 dimensions [heads, tokens, dim], got shape {arr.shape}")
             if not arr.flags.c_contiguous:
                 raise WorkloadError(f"{field}: expected a C-contiguous array")
             if 0 in arr.shape:
@@ -227,17 +218,11 @@ class Workload:
         if tokens < 2:
             raise WorkloadError(f"q: expected at least 2 tokens, got {tokens}")
         if self.k.shape[1:] != (tokens, d):
-            raise WorkloadError(
-                f"k: expected shape [n_kv_heads, {tokens}, {d}] to match q, got {self.k.shape}"
-            )
+            raise WorkloadError(f"k: expected shape [n_kv_heads, {tokens}, {d}] to match q, got {self.k.shape}")
         if self.v.shape[:2] != (n_kv, tokens):
-            raise WorkloadError(
-                f"v: expected shape [{n_kv}, {tokens}, d_v] to match k, got {self.v.shape}"
-            )
+            raise WorkloadError(f"v: expected shape [{n_kv}, {tokens}, d_v] to match k, got {self.v.shape}")
         if n_heads % n_kv:
-            raise WorkloadError(
-                f"q: n_heads = {n_heads} is not a multiple of n_kv_heads = {n_kv}"
-            )
+            raise WorkloadError(f"q: n_heads = {n_heads} is not a multiple of n_kv_heads = {n_kv}")
         if self.index_q.shape[:2] != (n_kv, tokens):
             raise WorkloadError(
                 f"index_q: expected shape [{n_kv}, {tokens}, d_idx] (one index head per "
@@ -245,22 +230,18 @@ class Workload:
             )
         if self.index_k.shape != self.index_q.shape:
             raise WorkloadError(
-                f"index_k: expected shape {self.index_q.shape} to match index_q, "
-                f"got {self.index_k.shape}"
+                f"index_k: expected shape {self.index_q.shape} to match index_q, got {self.index_k.shape}"
             )
         kinds = self.head_kinds
         if not isinstance(kinds, tuple) or not all(isinstance(s, str) for s in kinds):
             raise WorkloadError("head_kinds: expected a tuple of str")
         if len(kinds) != n_kv:
-            raise WorkloadError(
-                f"head_kinds: expected one label per KV head ({n_kv}), got {len(kinds)}"
-            )
+            raise WorkloadError(f"head_kinds: expected one label per KV head ({n_kv}), got {len(kinds)}")
         pos = self.query_positions
         if not isinstance(pos, np.ndarray) or pos.dtype != np.int64 or pos.ndim != 1:
             raise WorkloadError(
                 "query_positions: expected a 1-D int64 numpy.ndarray, got "
-                + (f"{pos.dtype} shape {pos.shape}" if isinstance(pos, np.ndarray)
-                   else type(pos).__name__)
+                + (f"{pos.dtype} shape {pos.shape}" if isinstance(pos, np.ndarray) else type(pos).__name__)
             )
         if pos.size == 0:
             raise WorkloadError("query_positions: expected at least one position")

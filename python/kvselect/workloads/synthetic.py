@@ -172,15 +172,16 @@ def synthetic(
     queries = as_count("queries", queries, minimum=1)
     seed = as_count("seed", seed, minimum=0)
     index_heads = as_count("index_heads", index_heads, minimum=1)
-    if isinstance(index_noise, bool) or not isinstance(index_noise, (int, float, np.floating)) \
-            or not (math.isfinite(index_noise) and index_noise >= 0):
+    if (
+        isinstance(index_noise, bool)
+        or not isinstance(index_noise, (int, float, np.floating))
+        or not (math.isfinite(index_noise) and index_noise >= 0)
+    ):
         raise WorkloadError(f"index_noise: expected a finite float >= 0, got {index_noise!r}")
     if d % 2:
         raise WorkloadError(f"d: expected an even head dimension (rotary pairs), got {d}")
     if n_heads % n_kv_heads:
-        raise WorkloadError(
-            f"n_heads: {n_heads} is not a multiple of n_kv_heads = {n_kv_heads}"
-        )
+        raise WorkloadError(f"n_heads: {n_heads} is not a multiple of n_kv_heads = {n_kv_heads}")
     group = n_heads // n_kv_heads
     scale = 1.0 / math.sqrt(d)
     root = np.random.SeedSequence([seed, 0x73796E74])

@@ -51,12 +51,49 @@ Sources of the engine facts:
 from __future__ import annotations
 
 from kvselect.testing.cases._case import Case, pytest_params, tail_lengths
-from kvselect.testing.cases.blocks import (all_block_cases, all_witness_cases, block_partial_tail, block_short, block_ties, witness_rows)
-from kvselect.testing.cases.topk import (all_topk_cases, all_zero, bf16_rounded_ties, fp8_extremes, ik_absolute_early_out, ik_tail_truncation, low_contrast, non_finite, paged, short_contexts, signed_zeros, ties_at_threshold)
+from kvselect.testing.cases.blocks import (
+    all_block_cases,
+    all_witness_cases,
+    block_partial_tail,
+    block_short,
+    block_ties,
+    witness_rows,
+)
+from kvselect.testing.cases.topk import (
+    all_topk_cases,
+    all_zero,
+    bf16_rounded_ties,
+    fp8_extremes,
+    ik_absolute_early_out,
+    ik_tail_truncation,
+    low_contrast,
+    non_finite,
+    paged,
+    short_contexts,
+    signed_zeros,
+    ties_at_threshold,
+)
 
 __all__ = [
-    "Case", "pytest_params", "all_topk_cases", "all_block_cases", "all_witness_cases", "tail_lengths",
-    "low_contrast", "ties_at_threshold", "signed_zeros", "all_zero", "short_contexts", "fp8_extremes",
-    "bf16_rounded_ties", "paged", "ik_tail_truncation", "ik_absolute_early_out", "non_finite",
-    "block_ties", "block_partial_tail", "block_short", "witness_rows",
+    "Case",
+    "pytest_params",
+    "all_topk_cases",
+    "all_block_cases",
+    "all_witness_cases",
+    "tail_lengths",
+    "low_contrast",
+    "ties_at_threshold",
+    "signed_zeros",
+    "all_zero",
+    "short_contexts",
+    "fp8_extremes",
+    "bf16_rounded_ties",
+    "paged",
+    "ik_tail_truncation",
+    "ik_absolute_early_out",
+    "non_finite",
+    "block_ties",
+    "block_partial_tail",
+    "block_short",
+    "witness_rows",
 ]

@@ -8,7 +8,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 
-
 @dataclass(frozen=True)
 class Case:
     """One hard input: a kernel's arguments, the exact rule's answer, how to check.
@@ -89,14 +88,14 @@ class Case:
         from kvselect import testing
 
         if self.rule == "witnesses":
-            return testing.assert_witnesses(self.inputs["topk_indices"], rows, self.inputs["context_lens"],
-                                            self.inputs["num_segments"])
+            return testing.assert_witnesses(
+                self.inputs["topk_indices"], rows, self.inputs["context_lens"], self.inputs["num_segments"]
+            )
         if self.rule == "blocks":
             return testing.assert_blocks(rows, **self.inputs, **self.check)
         if self.meta.get("non_finite"):
             assert self.scores is not None and self.context_lens is not None
-            return testing._assert_scores(rows, self.scores, self.context_lens, int(self.inputs["topk"]),
-                                          **self.check)
+            return testing._assert_scores(rows, self.scores, self.context_lens, int(self.inputs["topk"]), **self.check)
         return testing.assert_topk(rows, **self.inputs, **self.check)
 
 
@@ -177,8 +176,9 @@ def _as(values: np.ndarray, key_dtype: str) -> np.ndarray:
     return out
 
 
-def _offset_operands(rng: np.random.Generator, offsets: np.ndarray, heads: int, dim: int,
-                     key_dtype: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _offset_operands(
+    rng: np.random.Generator, offsets: np.ndarray, heads: int, dim: int, key_dtype: str
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One query's ``index_q [H, d]`` (float64 values), ``weights [H]`` and
     keys ``[T, d]`` whose exact score of key ``t`` is ``1.3125 * 2^23 + offsets[t]``
     (integers, ``|o| <= 271``), exact in float32 in any summation order,
@@ -207,9 +207,12 @@ def _exact_scores(q: np.ndarray, w: np.ndarray, k: np.ndarray, c: Any, lens: np.
     with np.errstate(invalid="ignore", over="ignore"):
         dots = np.einsum("nhd,td->nht", q.astype(np.float64), k.astype(np.float64))
         relu = np.where(np.isnan(dots), np.nan, np.maximum(dots, 0.0))
-        s = np.einsum("nh,nht->nt", w.astype(np.float64), relu) if not np.isinf(w).any() else \
-            np.nansum(w.astype(np.float64)[:, :, None] * relu, axis=1) + \
-            np.where(np.isnan(w[:, :, None] * relu).any(axis=1), np.nan, 0.0)
+        s = (
+            np.einsum("nh,nht->nt", w.astype(np.float64), relu)
+            if not np.isinf(w).any()
+            else np.nansum(w.astype(np.float64)[:, :, None] * relu, axis=1)
+            + np.where(np.isnan(w[:, :, None] * relu).any(axis=1), np.nan, 0.0)
+        )
         if c is not None:
             s = s * np.asarray(c, dtype=np.float64)
     s[np.arange(s.shape[1])[None, :] >= lens[:, None]] = np.nan
@@ -230,10 +233,22 @@ def _rank(scores: np.ndarray, lens: np.ndarray, topk: int) -> np.ndarray:
     return out
 
 
-def _topk_case(id_: str, bug: str, rng: np.random.Generator, q1: np.ndarray, w1: np.ndarray, k: np.ndarray,
-               lens: np.ndarray, topk: int, scale_exp: int, key_dtype: str = "float32", key_scale: Any = None,
-               query_dtype: str = "float32", meta: Optional[Dict[str, Any]] = None,
-               check: Optional[Dict[str, Any]] = None) -> Case:
+def _topk_case(
+    id_: str,
+    bug: str,
+    rng: np.random.Generator,
+    q1: np.ndarray,
+    w1: np.ndarray,
+    k: np.ndarray,
+    lens: np.ndarray,
+    topk: int,
+    scale_exp: int,
+    key_dtype: str = "float32",
+    key_scale: Any = None,
+    query_dtype: str = "float32",
+    meta: Optional[Dict[str, Any]] = None,
+    check: Optional[Dict[str, Any]] = None,
+) -> Case:
     """A dense case: the same query ``q1 [H, d]`` (weights ``w1``) for every
     row, row ``i`` at ``query_pos = lens[i] - 1``."""
     n = len(lens)
@@ -241,20 +256,33 @@ def _topk_case(id_: str, bug: str, rng: np.random.Generator, q1: np.ndarray, w1:
     w = np.broadcast_to(w1 * 2.0**scale_exp, (n, len(w1))).copy()
     scores = _exact_scores(q, w, k, key_scale, lens)
     inputs: Dict[str, Any] = {
-        "index_q": _as(q, query_dtype), "weights": w.astype(np.float32), "index_k": _as(k, key_dtype),
-        "query_pos": (lens - 1).astype(np.int64), "topk": topk}
+        "index_q": _as(q, query_dtype),
+        "weights": w.astype(np.float32),
+        "index_k": _as(k, key_dtype),
+        "query_pos": (lens - 1).astype(np.int64),
+        "topk": topk,
+    }
     if key_scale is not None:
         inputs["key_scale"] = np.asarray(key_scale, dtype=np.float32)
-    return Case(f"{id_}-x2^{scale_exp}", "topk", bug, inputs, _rank(scores, lens, topk),
-                dict(check if check is not None else {"rtol": 0.0, "atol": 0.0}), scores,
-                lens.astype(np.int64), {"form": "dense", "scale_exp": scale_exp, **(meta or {})})
+    return Case(
+        f"{id_}-x2^{scale_exp}",
+        "topk",
+        bug,
+        inputs,
+        _rank(scores, lens, topk),
+        dict(check if check is not None else {"rtol": 0.0, "atol": 0.0}),
+        scores,
+        lens.astype(np.int64),
+        {"form": "dense", "scale_exp": scale_exp, **(meta or {})},
+    )
 
 
 # ---- token top-k ----------------------------------------------------------------
 
 
-def _value_operands(rng: np.random.Generator, values: np.ndarray, heads: int, dim: int,
-                    sign: float = 1.0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _value_operands(
+    rng: np.random.Generator, values: np.ndarray, heads: int, dim: int, sign: float = 1.0
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Operands whose exact score of key ``t`` is ``max(sign * values[t], 0)``:
     every head reads component 0 (``q = sign``), weights ``1/H``."""
     q = np.zeros((heads, dim))

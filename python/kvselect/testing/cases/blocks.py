@@ -17,18 +17,40 @@ _BLOCK_CONFIG = ks.BlockSparseConfig(16, 4, 1, 1)
 _FREE_CONFIG = ks.BlockSparseConfig(16, 4, 0, 0)
 
 
-def _block_case(id_: str, bug: str, q: np.ndarray, k: np.ndarray, pos: np.ndarray, config: ks.BlockSparseConfig,
-                scale_exp: int, meta: Dict[str, Any]) -> Case:
+def _block_case(
+    id_: str,
+    bug: str,
+    q: np.ndarray,
+    k: np.ndarray,
+    pos: np.ndarray,
+    config: ks.BlockSparseConfig,
+    scale_exp: int,
+    meta: Dict[str, Any],
+) -> Case:
     qs = (q * 2.0**scale_exp).astype(np.float32)
     kf = k.astype(np.float32)
     expected = ks.block_sparse_select(qs, kf, pos, config)
     inputs = {"index_q": qs, "index_k": kf, "query_pos": pos.astype(np.int64), "config": config}
-    return Case(f"{id_}-x2^{scale_exp}", "blocks", bug, inputs, expected.astype(np.int64),
-                {"rtol": 0.0, "atol": 0.0}, meta={"scale_exp": scale_exp, **meta})
+    return Case(
+        f"{id_}-x2^{scale_exp}",
+        "blocks",
+        bug,
+        inputs,
+        expected.astype(np.int64),
+        {"rtol": 0.0, "atol": 0.0},
+        meta={"scale_exp": scale_exp, **meta},
+    )
 
 
-def block_ties(seed: int = 0, *, n_keys: int = 16 * 24 + 5, heads: int = 2, dim: int = 8,
-               config: ks.BlockSparseConfig = _BLOCK_CONFIG, scale_exp: int = 0) -> Case:
+def block_ties(
+    seed: int = 0,
+    *,
+    n_keys: int = 16 * 24 + 5,
+    heads: int = 2,
+    dim: int = 8,
+    config: ks.BlockSparseConfig = _BLOCK_CONFIG,
+    scale_exp: int = 0,
+) -> Case:
     """Block scores tied at the threshold: one block higher, then many
     blocks of exactly the same maximum (a repeated key in each), the rest
     lower; ``L mod block_size != 0``.
@@ -69,12 +91,18 @@ def block_ties(seed: int = 0, *, n_keys: int = 16 * 24 + 5, heads: int = 2, dim:
         k[b * config.block_size + best[j]] = np.concatenate([[8.0], np.zeros(dim - 1)])
     pos = tail_lengths(n_keys, 3) - 1
     q = np.repeat(q, len(pos), axis=0)
-    return _block_case("block_ties", block_ties.__doc__ or "", q, k, pos, config, scale_exp,
-                       {"tied_blocks": len(tied)})
+    return _block_case("block_ties", block_ties.__doc__ or "", q, k, pos, config, scale_exp, {"tied_blocks": len(tied)})
 
 
-def block_partial_tail(seed: int = 0, *, n_keys: int = 16 * 20, heads: int = 2, dim: int = 8,
-                       config: ks.BlockSparseConfig = _FREE_CONFIG, scale_exp: int = 0) -> Case:
+def block_partial_tail(
+    seed: int = 0,
+    *,
+    n_keys: int = 16 * 20,
+    heads: int = 2,
+    dim: int = 8,
+    config: ks.BlockSparseConfig = _FREE_CONFIG,
+    scale_exp: int = 0,
+) -> Case:
     """Queries whose last visible block is partial (``L mod block_size !=
     0``) with **future** keys in that block scoring far above every visible
     one, under a config with no forced blocks.
@@ -112,12 +140,21 @@ def block_partial_tail(seed: int = 0, *, n_keys: int = 16 * 20, heads: int = 2, 
         k[p // bs * bs : p + 1, 0] = -100.0  # the visible keys of the query's own block lose ...
         k[p + 1 : (p // bs + 1) * bs, 0] = 100.0  # ... its future keys would win
     q = np.repeat(q, len(pos), axis=0)
-    return _block_case("block_partial_tail", block_partial_tail.__doc__ or "", q, k, pos, config, scale_exp,
-                       {"lengths": (pos + 1).tolist()})
+    return _block_case(
+        "block_partial_tail",
+        block_partial_tail.__doc__ or "",
+        q,
+        k,
+        pos,
+        config,
+        scale_exp,
+        {"lengths": (pos + 1).tolist()},
+    )
 
 
-def block_short(seed: int = 0, *, heads: int = 2, dim: int = 8, config: ks.BlockSparseConfig = _BLOCK_CONFIG,
-                scale_exp: int = 0) -> Case:
+def block_short(
+    seed: int = 0, *, heads: int = 2, dim: int = 8, config: ks.BlockSparseConfig = _BLOCK_CONFIG, scale_exp: int = 0
+) -> Case:
     """Short contexts: ``L`` of 1 key, within the first block, and fewer
     visible blocks than ``top_blocks`` plus the forced ones (every visible
     block selected, the rest ``-1``), and just one block more.
@@ -147,11 +184,13 @@ def block_short(seed: int = 0, *, heads: int = 2, dim: int = 8, config: ks.Block
     rng = np.random.default_rng(seed)
     bs = config.block_size
     k = rng.integers(-4, 5, (bs * 9, dim)).astype(np.float64)
-    pos = np.array([0, 5, bs + 3, bs * 3 + 6, bs * config.top_blocks + 2, bs * (config.top_blocks + 2) + 3],
-                   dtype=np.int64)
+    pos = np.array(
+        [0, 5, bs + 3, bs * 3 + 6, bs * config.top_blocks + 2, bs * (config.top_blocks + 2) + 3], dtype=np.int64
+    )
     q = rng.integers(-3, 4, (len(pos), heads, dim)).astype(np.float64)
-    return _block_case("block_short", block_short.__doc__ or "", q, k, pos, config, scale_exp,
-                       {"lengths": (pos + 1).tolist()})
+    return _block_case(
+        "block_short", block_short.__doc__ or "", q, k, pos, config, scale_exp, {"lengths": (pos + 1).tolist()}
+    )
 
 
 def all_block_cases(*, scales: Sequence[int] = (0, 30, -30), seed: int = 0) -> List[Tuple[str, Case]]:
@@ -227,8 +266,14 @@ def witness_rows(seed: int = 0, *, topk: int = 64, num_segments: int = 8) -> Cas
     after = before.copy()
     ks.scatter_topology_witnesses(after, lens, num_segments)
     inputs = {"topk_indices": before, "context_lens": lens, "num_segments": num_segments}
-    return Case(f"witness_rows-S{num_segments}-topk{topk}", "witnesses", witness_rows.__doc__ or "", inputs,
-                after, meta={"lengths": lens.tolist()})
+    return Case(
+        f"witness_rows-S{num_segments}-topk{topk}",
+        "witnesses",
+        witness_rows.__doc__ or "",
+        inputs,
+        after,
+        meta={"lengths": lens.tolist()},
+    )
 
 
 def all_witness_cases(*, seed: int = 0) -> List[Tuple[str, Case]]:

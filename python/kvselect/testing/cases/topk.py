@@ -6,12 +6,29 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from kvselect.testing.cases._case import Case, _as, _exact_scores, _offset_operands, _rank, _topk_case, _value_operands, tail_lengths
+from kvselect.testing.cases._case import (
+    Case,
+    _as,
+    _exact_scores,
+    _offset_operands,
+    _rank,
+    _topk_case,
+    _value_operands,
+    tail_lengths,
+)
 
 
-
-def low_contrast(seed: int = 0, *, n_keys: int = 1029, topk: int = 64, spread: int = 8, heads: int = 4,
-                 dim: int = 16, key_dtype: str = "float32", scale_exp: int = 0) -> Case:
+def low_contrast(
+    seed: int = 0,
+    *,
+    n_keys: int = 1029,
+    topk: int = 64,
+    spread: int = 8,
+    heads: int = 4,
+    dim: int = 16,
+    key_dtype: str = "float32",
+    scale_exp: int = 0,
+) -> Case:
     """A long low-contrast row: every score within ``spread`` ULPs of
     ``1.3125 * 2^23`` (so of the threshold), all in one coarse radix bucket, far more
     of them than ``topk``.
@@ -52,14 +69,33 @@ def low_contrast(seed: int = 0, *, n_keys: int = 1029, topk: int = 64, spread: i
     rng = np.random.default_rng(seed)
     offsets = rng.integers(-spread, spread + 1, n_keys).astype(np.float64)
     q, w, k = _offset_operands(rng, offsets, heads, dim, key_dtype)
-    return _topk_case(f"low_contrast-{n_keys}-{key_dtype}", low_contrast.__doc__ or "", rng, q, w, k,
-                      tail_lengths(n_keys), topk, scale_exp, key_dtype,
-                      meta={"ulps": spread, "threshold_ulp": 1.0 * 2.0**scale_exp})
+    return _topk_case(
+        f"low_contrast-{n_keys}-{key_dtype}",
+        low_contrast.__doc__ or "",
+        rng,
+        q,
+        w,
+        k,
+        tail_lengths(n_keys),
+        topk,
+        scale_exp,
+        key_dtype,
+        meta={"ulps": spread, "threshold_ulp": 1.0 * 2.0**scale_exp},
+    )
 
 
-def ties_at_threshold(seed: int = 0, *, n_keys: int = 997, topk: int = 64, n_above: int = 16,
-                      n_tied: int = 200, heads: int = 4, dim: int = 16, key_dtype: str = "float32",
-                      scale_exp: int = 0) -> Case:
+def ties_at_threshold(
+    seed: int = 0,
+    *,
+    n_keys: int = 997,
+    topk: int = 64,
+    n_above: int = 16,
+    n_tied: int = 200,
+    heads: int = 4,
+    dim: int = 16,
+    key_dtype: str = "float32",
+    scale_exp: int = 0,
+) -> Case:
     """More exact ties at the threshold than ``topk``: ``n_above`` distinct
     winners, then ``n_tied > topk`` keys of exactly the same score, spread
     over the row (the rest lower).
@@ -105,12 +141,31 @@ def ties_at_threshold(seed: int = 0, *, n_keys: int = 997, topk: int = 64, n_abo
     offsets[where[n_above : n_above + n_tied]] = 0.0
     q, w, k = _offset_operands(rng, offsets, heads, dim, key_dtype)
     lens = np.array([n_keys if n_keys % 8 else n_keys - 1], dtype=np.int64)
-    return _topk_case(f"ties_at_threshold-{key_dtype}", ties_at_threshold.__doc__ or "", rng, q, w, k, lens,
-                      topk, scale_exp, key_dtype, meta={"n_above": n_above, "ties": n_tied})
+    return _topk_case(
+        f"ties_at_threshold-{key_dtype}",
+        ties_at_threshold.__doc__ or "",
+        rng,
+        q,
+        w,
+        k,
+        lens,
+        topk,
+        scale_exp,
+        key_dtype,
+        meta={"n_above": n_above, "ties": n_tied},
+    )
 
 
-def signed_zeros(seed: int = 0, *, n_keys: int = 515, topk: int = 64, n_positive: int = 20, heads: int = 4,
-                 dim: int = 16, scale_exp: int = 0) -> Case:
+def signed_zeros(
+    seed: int = 0,
+    *,
+    n_keys: int = 515,
+    topk: int = 64,
+    n_positive: int = 20,
+    heads: int = 4,
+    dim: int = 16,
+    scale_exp: int = 0,
+) -> Case:
     """Fewer positive scores than ``topk``, then ``+0.0`` and ``-0.0`` (a
     negative per-key scale times the ReLU's zero), then negative scores:
     the threshold is zero, its ties split between ``+0`` and ``-0``.
@@ -154,12 +209,24 @@ def signed_zeros(seed: int = 0, *, n_keys: int = 515, topk: int = 64, n_positive
     scale[neg] = -1.0  # strictly negative scores
     q, w, k = _value_operands(rng, values, heads, dim)
     lens = np.array([n_keys if n_keys % 8 else n_keys - 1], dtype=np.int64)
-    return _topk_case("signed_zeros", signed_zeros.__doc__ or "", rng, q, w, k, lens, topk, scale_exp,
-                      key_scale=scale, meta={"n_positive": n_positive})
+    return _topk_case(
+        "signed_zeros",
+        signed_zeros.__doc__ or "",
+        rng,
+        q,
+        w,
+        k,
+        lens,
+        topk,
+        scale_exp,
+        key_scale=scale,
+        meta={"n_positive": n_positive},
+    )
 
 
-def all_zero(seed: int = 0, *, n_keys: int = 301, topk: int = 64, heads: int = 4, dim: int = 16,
-             scale_exp: int = 0) -> Case:
+def all_zero(
+    seed: int = 0, *, n_keys: int = 301, topk: int = 64, heads: int = 4, dim: int = 16, scale_exp: int = 0
+) -> Case:
     """Every score zero after the ReLU (every ``q_h . k_t <= 0``): any
     ``min(topk, L)`` distinct positions are right, so the rows are
     **vacuous** — ``case.check`` has ``fail_vacuous=False`` and the report
@@ -192,12 +259,23 @@ def all_zero(seed: int = 0, *, n_keys: int = 301, topk: int = 64, heads: int = 4
     rng = np.random.default_rng(seed)
     values = rng.integers(0, 50, n_keys).astype(np.float64)
     q, w, k = _value_operands(rng, values, heads, dim, sign=-1.0)
-    return _topk_case("all_zero", all_zero.__doc__ or "", rng, q, w, k, tail_lengths(n_keys, 3), topk,
-                      scale_exp, check={"rtol": 0.0, "atol": 0.0, "fail_vacuous": False})
+    return _topk_case(
+        "all_zero",
+        all_zero.__doc__ or "",
+        rng,
+        q,
+        w,
+        k,
+        tail_lengths(n_keys, 3),
+        topk,
+        scale_exp,
+        check={"rtol": 0.0, "atol": 0.0, "fail_vacuous": False},
+    )
 
 
-def short_contexts(seed: int = 0, *, topk: int = 64, heads: int = 4, dim: int = 16, packed: bool = False,
-                   scale_exp: int = 0) -> Case:
+def short_contexts(
+    seed: int = 0, *, topk: int = 64, heads: int = 4, dim: int = 16, packed: bool = False, scale_exp: int = 0
+) -> Case:
     """Ragged and short contexts: ``L = 1``, ``L < topk``, ``L = topk``,
     ``L = topk + 1``, ``L`` long (and with ``packed=True``, a batch of
     sequences of those lengths, one of them empty, ``L = 0``).
@@ -233,8 +311,18 @@ def short_contexts(seed: int = 0, *, topk: int = 64, heads: int = 4, dim: int = 
         T = int(lengths.max())
         offsets = rng.integers(-200, 201, T).astype(np.float64)
         q, w, k = _offset_operands(rng, offsets, heads, dim, "float32")
-        return _topk_case("short_contexts", short_contexts.__doc__ or "", rng, q, w, k, lengths, topk,
-                          scale_exp, meta={"lengths": lengths.tolist()})
+        return _topk_case(
+            "short_contexts",
+            short_contexts.__doc__ or "",
+            rng,
+            q,
+            w,
+            k,
+            lengths,
+            topk,
+            scale_exp,
+            meta={"lengths": lengths.tolist()},
+        )
     seqs = np.array([topk - 3, 0, topk, topk + 1, 2 * topk + 5], dtype=np.int64)
     cu = np.concatenate([[0], np.cumsum(seqs)]).astype(np.int64)
     offsets = rng.integers(-200, 201, int(cu[-1])).astype(np.float64)
@@ -249,18 +337,35 @@ def short_contexts(seed: int = 0, *, topk: int = 64, heads: int = 4, dim: int = 
     scores = np.full((n, T), np.nan)
     for i in range(n):
         lo = int(cu[seq_ids[i]])
-        scores[i, : seqs[seq_ids[i]]] = _exact_scores(q[i : i + 1], w[i : i + 1], k[lo : cu[seq_ids[i] + 1]],
-                                                      None, np.array([seqs[seq_ids[i]]]))[0]
+        scores[i, : seqs[seq_ids[i]]] = _exact_scores(
+            q[i : i + 1], w[i : i + 1], k[lo : cu[seq_ids[i] + 1]], None, np.array([seqs[seq_ids[i]]])
+        )[0]
         scores[i, lens[i] :] = np.nan
-    inputs = {"index_q": q.astype(np.float32), "weights": w.astype(np.float32), "index_k": k.astype(np.float32),
-              "query_pos": pos, "topk": topk, "cu_seqlens": cu, "seq_ids": seq_ids.astype(np.int64)}
-    return Case(f"short_contexts-packed-x2^{scale_exp}", "topk", short_contexts.__doc__ or "", inputs,
-                _rank(scores, lens, topk), {"rtol": 0.0, "atol": 0.0}, scores, lens,
-                {"form": "packed", "scale_exp": scale_exp, "lengths": lens.tolist()})
+    inputs = {
+        "index_q": q.astype(np.float32),
+        "weights": w.astype(np.float32),
+        "index_k": k.astype(np.float32),
+        "query_pos": pos,
+        "topk": topk,
+        "cu_seqlens": cu,
+        "seq_ids": seq_ids.astype(np.int64),
+    }
+    return Case(
+        f"short_contexts-packed-x2^{scale_exp}",
+        "topk",
+        short_contexts.__doc__ or "",
+        inputs,
+        _rank(scores, lens, topk),
+        {"rtol": 0.0, "atol": 0.0},
+        scores,
+        lens,
+        {"form": "packed", "scale_exp": scale_exp, "lengths": lens.tolist()},
+    )
 
 
-def fp8_extremes(seed: int = 0, *, n_keys: int = 613, topk: int = 64, heads: int = 4, dim: int = 16,
-                 scale_exp: int = 0) -> Case:
+def fp8_extremes(
+    seed: int = 0, *, n_keys: int = 613, topk: int = 64, heads: int = 4, dim: int = 16, scale_exp: int = 0
+) -> Case:
     """float8_e4m3fn keys at the format's extremes: a few winners at 256..448
     (448 the largest finite value), ``-448`` (ReLU'd to zero), and the
     threshold among **subnormals** (``j * 2^-9``, ``j = 1..7``) and the
@@ -304,13 +409,25 @@ def fp8_extremes(seed: int = 0, *, n_keys: int = 613, topk: int = 64, heads: int
     q, w, k = _value_operands(rng, values, heads, dim)
     k[:, 1:] = 0.0  # every byte of the key row an fp8 value (the rest unread)
     lens = np.array([n_keys if n_keys % 8 else n_keys - 1], dtype=np.int64)
-    return _topk_case("fp8_extremes", fp8_extremes.__doc__ or "", rng, q, w, k, lens, topk, scale_exp,
-                      "float8_e4m3fn", key_scale=np.float32(2.0**-4),
-                      meta={"subnormal_threshold": True})
+    return _topk_case(
+        "fp8_extremes",
+        fp8_extremes.__doc__ or "",
+        rng,
+        q,
+        w,
+        k,
+        lens,
+        topk,
+        scale_exp,
+        "float8_e4m3fn",
+        key_scale=np.float32(2.0**-4),
+        meta={"subnormal_threshold": True},
+    )
 
 
-def bf16_rounded_ties(seed: int = 0, *, n_keys: int = 1021, topk: int = 64, heads: int = 4, dim: int = 16,
-                      scale_exp: int = 0) -> Case:
+def bf16_rounded_ties(
+    seed: int = 0, *, n_keys: int = 1021, topk: int = 64, heads: int = 4, dim: int = 16, scale_exp: int = 0
+) -> Case:
     """bfloat16 keys made by rounding distinct float32 values in ``[1, 2)``:
     only 128 values survive, so about 8 keys share each score and the
     threshold falls inside a group of exact ties.
@@ -348,13 +465,31 @@ def bf16_rounded_ties(seed: int = 0, *, n_keys: int = 1021, topk: int = 64, head
     q, w, k = _value_operands(rng, values, heads, dim)
     lens = tail_lengths(n_keys, 3)
     _, counts = np.unique(values, return_counts=True)
-    return _topk_case("bf16_rounded_ties", bf16_rounded_ties.__doc__ or "", rng, q, w, k, lens, topk,
-                      scale_exp, "bfloat16", meta={"distinct": int(len(counts)), "originals_distinct":
-                                                   int(len(np.unique(x)))})
+    return _topk_case(
+        "bf16_rounded_ties",
+        bf16_rounded_ties.__doc__ or "",
+        rng,
+        q,
+        w,
+        k,
+        lens,
+        topk,
+        scale_exp,
+        "bfloat16",
+        meta={"distinct": int(len(counts)), "originals_distinct": int(len(np.unique(x)))},
+    )
 
 
-def paged(seed: int = 0, *, topk: int = 64, page_layout: str = "dense", block_size: int = 16, heads: int = 4,
-          dim: int = 16, scale_exp: int = 0) -> Case:
+def paged(
+    seed: int = 0,
+    *,
+    topk: int = 64,
+    page_layout: str = "dense",
+    block_size: int = 16,
+    heads: int = 4,
+    dim: int = 16,
+    scale_exp: int = 0,
+) -> Case:
     """A paged cache (as :func:`kvselect.indexer_topk_paged` reads it) with
     shuffled pages, spare pages of garbage keys, and block tables padded
     past each sequence's used entries with garbage (valid-looking page ids,
@@ -423,8 +558,9 @@ def paged(seed: int = 0, *, topk: int = 64, page_layout: str = "dense", block_si
     scores = np.full((n, int(seqs.max())), np.nan)
     for i in range(n):
         s = seq_ids[i]
-        scores[i, : seqs[s]] = _exact_scores(q[i : i + 1], w[i : i + 1], k[cu[s] : cu[s + 1]], scale,
-                                             np.array([seqs[s]]))[0]
+        scores[i, : seqs[s]] = _exact_scores(
+            q[i : i + 1], w[i : i + 1], k[cu[s] : cu[s + 1]], scale, np.array([seqs[s]])
+        )[0]
         scores[i, lens[i] :] = np.nan
     fp8 = _as(pages, "float8_e4m3fn")
     if page_layout == "fp8_scaled":
@@ -439,12 +575,29 @@ def paged(seed: int = 0, *, topk: int = 64, page_layout: str = "dense", block_si
         w = w * scale  # the dense layout has no scales: fold the per-tensor one into the weights
     else:
         raise ValueError(f"page_layout must be 'dense' or 'fp8_scaled', got {page_layout!r}")
-    inputs = {"index_q": q.astype(np.float32), "weights": w.astype(np.float32), "kv_cache": cache,
-              "block_table": table, "seq_lens": seqs, "seq_ids": seq_ids, "query_pos": pos, "topk": topk,
-              "index_k": None, **extra}
-    return Case(f"paged-{page_layout}-x2^{scale_exp}", "topk", paged.__doc__ or "", inputs,
-                _rank(scores, lens, topk), {"rtol": 0.0, "atol": 0.0}, scores, lens,
-                {"form": "paged", "scale_exp": scale_exp, "used_pages": need.tolist()})
+    inputs = {
+        "index_q": q.astype(np.float32),
+        "weights": w.astype(np.float32),
+        "kv_cache": cache,
+        "block_table": table,
+        "seq_lens": seqs,
+        "seq_ids": seq_ids,
+        "query_pos": pos,
+        "topk": topk,
+        "index_k": None,
+        **extra,
+    }
+    return Case(
+        f"paged-{page_layout}-x2^{scale_exp}",
+        "topk",
+        paged.__doc__ or "",
+        inputs,
+        _rank(scores, lens, topk),
+        {"rtol": 0.0, "atol": 0.0},
+        scores,
+        lens,
+        {"form": "paged", "scale_exp": scale_exp, "used_pages": need.tolist()},
+    )
 
 
 def ik_tail_truncation(seed: int = 0, *, heads: int = 4, dim: int = 16, scale_exp: int = 0) -> Case:
@@ -483,13 +636,23 @@ def ik_tail_truncation(seed: int = 0, *, heads: int = 4, dim: int = 16, scale_ex
     j[ones] = 1024.0
     j[100], j[4090] = 1014.0, 1010.0
     q, w, k = _value_operands(rng, j / 1024.0, heads, dim)
-    return _topk_case("ik_tail_truncation", ik_tail_truncation.__doc__ or "", rng, q, w, k,
-                      np.array([L], dtype=np.int64), topk, scale_exp,
-                      meta={"winner": 100, "tail_loser": 4090})
+    return _topk_case(
+        "ik_tail_truncation",
+        ik_tail_truncation.__doc__ or "",
+        rng,
+        q,
+        w,
+        k,
+        np.array([L], dtype=np.int64),
+        topk,
+        scale_exp,
+        meta={"winner": 100, "tail_loser": 4090},
+    )
 
 
-def ik_absolute_early_out(seed: int = 0, *, n_keys: int = 1021, topk: int = 64, heads: int = 4, dim: int = 16,
-                          scale_exp: int = -30) -> Case:
+def ik_absolute_early_out(
+    seed: int = 0, *, n_keys: int = 1021, topk: int = 64, heads: int = 4, dim: int = 16, scale_exp: int = -30
+) -> Case:
     """ik_llama.cpp ``iqk_bucket_topk`` fault (b): integer scores 0..999
     times ``2^scale_exp`` (default ``2^-30``: exact, ranking unchanged, but
     ``max - min < 1e-6``), the best keys away from the row's start.
@@ -522,12 +685,20 @@ def ik_absolute_early_out(seed: int = 0, *, n_keys: int = 1021, topk: int = 64, 
     j[:topk] = rng.integers(0, 100, topk)  # the first positions lose
     q, w, k = _value_operands(rng, j, heads, dim)
     lens = tail_lengths(n_keys, 3)
-    return _topk_case("ik_absolute_early_out", ik_absolute_early_out.__doc__ or "", rng, q, w, k, lens,
-                      topk, scale_exp)
+    return _topk_case("ik_absolute_early_out", ik_absolute_early_out.__doc__ or "", rng, q, w, k, lens, topk, scale_exp)
 
 
-def non_finite(seed: int = 0, *, where: str = "index_k", value: float = float("nan"), n_keys: int = 301,
-               topk: int = 32, heads: int = 4, dim: int = 16, scale_exp: int = 0) -> Case:
+def non_finite(
+    seed: int = 0,
+    *,
+    where: str = "index_k",
+    value: float = float("nan"),
+    n_keys: int = 301,
+    topk: int = 32,
+    heads: int = 4,
+    dim: int = 16,
+    scale_exp: int = 0,
+) -> Case:
     """A NaN or infinite operand where the rule defines the answer
     (``NaN`` scores rank last, ``+inf`` first, ``-inf`` ReLU'd to zero):
     ``where`` is ``"index_k"`` (one key component), ``"key_scale"``,
@@ -599,9 +770,21 @@ def non_finite(seed: int = 0, *, where: str = "index_k", value: float = float("n
     else:
         raise ValueError(f"where must be index_k, key_scale, index_q, weights or fp8_nan, got {where!r}")
     lens = np.array([n_keys if n_keys % 8 else n_keys - 1], dtype=np.int64)
-    case = _topk_case(f"non_finite-{where}-{value}", non_finite.__doc__ or "", rng, q, w, k, lens, topk,
-                      scale_exp, key_dtype, key_scale=c, check={"fail_vacuous": True},
-                      meta={"non_finite": True, "bad_keys": sorted(int(x) for x in bad)})
+    case = _topk_case(
+        f"non_finite-{where}-{value}",
+        non_finite.__doc__ or "",
+        rng,
+        q,
+        w,
+        k,
+        lens,
+        topk,
+        scale_exp,
+        key_dtype,
+        key_scale=c,
+        check={"fail_vacuous": True},
+        meta={"non_finite": True, "bad_keys": sorted(int(x) for x in bad)},
+    )
     if where == "fp8_nan":  # both NaN codes: 0x7f and 0xff
         kb = case.inputs["index_k"].view(np.uint8)
         kb[bad[::2], 1] = 0xFF
@@ -609,9 +792,14 @@ def non_finite(seed: int = 0, *, where: str = "index_k", value: float = float("n
     return case
 
 
-def all_topk_cases(*, long: bool = False, scales: Sequence[int] = (0, 30, -30),
-                   forms: Sequence[str] = ("dense", "packed", "paged"), non_finite_cases: bool = True,
-                   seed: int = 0) -> List[Tuple[str, Case]]:
+def all_topk_cases(
+    *,
+    long: bool = False,
+    scales: Sequence[int] = (0, 30, -30),
+    forms: Sequence[str] = ("dense", "packed", "paged"),
+    non_finite_cases: bool = True,
+    seed: int = 0,
+) -> List[Tuple[str, Case]]:
     """Every token top-k case, as ``(id, case)`` pairs (see :func:`pytest_params`).
 
     Each generator at each ``scale_exp`` of ``scales``, then the non-finite
@@ -661,8 +849,15 @@ def all_topk_cases(*, long: bool = False, scales: Sequence[int] = (0, 30, -30),
     out = [(c.id, c) for c in (m(e) for m in makers for e in scales)]
     if non_finite_cases and "dense" in forms:
         nan, inf = float("nan"), float("inf")
-        for where, v in (("index_k", nan), ("index_k", inf), ("key_scale", nan), ("key_scale", inf),
-                         ("index_q", inf), ("weights", inf), ("fp8_nan", nan)):
+        for where, v in (
+            ("index_k", nan),
+            ("index_k", inf),
+            ("key_scale", nan),
+            ("key_scale", inf),
+            ("index_q", inf),
+            ("weights", inf),
+            ("fp8_nan", nan),
+        ):
             c = non_finite(seed, where=where, value=v)
             out.append((c.id, c))
     ids = [i for i, _ in out]
