@@ -54,15 +54,14 @@ if __name__ == "__main__" and (
     env.update(_IDLE)
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
-import numpy as np  # noqa: E402
-
 import kvselect as ks  # noqa: E402
+import numpy as np  # noqa: E402
 from kvselect import reference as ref  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_cases  # noqa: E402
 from indexer_cases import bench_indexer, print_indexer_table  # noqa: E402
 from timing import PAUSE_S, interleaved  # noqa: E402
-import torch_cases  # noqa: E402
 
 TOPK = 2048
 SEGMENTS = 64
@@ -616,7 +615,9 @@ def bench_attention(quick: bool) -> list:
     # Sparse decode: 32 queries, 8 query heads over 2 KV heads, d = 128.
     nq, hq, hkv, d = 32, 8, 2, 128
     qs = rng.standard_normal((nq, hq, d), dtype=np.float32)
-    for label, length, budget in [("k", 32768, b) for b in (128, 512, 2048)] + [("L", n_, 512) for n_ in (4096, 32768)]:
+    for _label, length, budget in [("k", 32768, b) for b in (128, 512, 2048)] + [
+        ("L", n_, 512) for n_ in (4096, 32768)
+    ]:
         kk = rng.standard_normal((length, hkv, d), dtype=np.float32)
         vv = rng.standard_normal((length, hkv, d), dtype=np.float32)
         p = np.full(nq, length - 1)

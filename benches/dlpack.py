@@ -24,7 +24,8 @@ import numpy as np
 from kvselect._core import _dlpack_array
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "python"))
-from dlpack_producers import NumpyExport as Export, Producer, bf16_bits
+from dlpack_producers import NumpyExport as Export
+from dlpack_producers import Producer, bf16_bits
 
 
 def cpu_model() -> str:

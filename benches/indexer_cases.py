@@ -21,9 +21,8 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-
 import kvselect as ks
+import numpy as np
 from kvselect import _core
 from kvselect.workloads import quantize_fp8
 from timing import PAUSE_S, interleaved

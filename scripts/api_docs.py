@@ -37,7 +37,7 @@ import re
 import sys
 import types
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import kvselect
 

@@ -82,7 +82,7 @@ def main(argv: list) -> int:
         chosen = pick_heads(causal_attention(q[layer], k[layer]))
         heads.append(chosen)
         print(f"layer {layer}: heads {chosen} (sink, local, diffuse)")
-    sel = lambda a: np.stack([a[l, h] for l, h in zip(LAYERS, heads)])  # noqa: E731
+    sel = lambda a: np.stack([a[li, h] for li, h in zip(LAYERS, heads)])  # noqa: E731
     arrays = {
         "q": sel(q),
         "k": sel(k),

@@ -2,8 +2,8 @@
 DeepSeek-V4's indexer cache, which keeps the same layout over compressed
 entries)."""
 
-import pytest
 import numpy as np
+import pytest
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

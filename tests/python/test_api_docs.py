@@ -81,7 +81,7 @@ def test_a_name_missing_from_the_groups_still_lands_in_the_file(monkeypatch):
 def test_every_public_function_and_class_has_a_docstring_in_the_file():
     # a new function without a docstring cannot pass for documented
     undocumented = []
-    for title, _, entries in api_docs.sections():
+    for _title, _, entries in api_docs.sections():
         for qualname, obj in entries:
             if (inspect.isclass(obj) or callable(obj)) and api_docs._doc(obj) is None:
                 undocumented.append(qualname)

@@ -12,10 +12,9 @@ thousands of randomised rows. Randomised cases are reproducible.
 import json
 import math
 
+import kvselect as ks
 import numpy as np
 import pytest
-
-import kvselect as ks
 from kvselect import reference as ref
 
 SEED = 20261301

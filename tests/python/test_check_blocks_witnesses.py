@@ -18,12 +18,12 @@ exactly on thousands of randomised rows. Randomised cases use fixed seeds.
 import collections
 import json
 
+import kvselect as ks
 import numpy as np
 import pytest
-
-import kvselect as ks
 from kvselect import reference as ref
-from test_check import _canonical, _order, engine as topk_engine
+from test_check import _canonical, _order
+from test_check import engine as topk_engine
 
 SEED = 20261313
 IMPLS = ["native", "reference"]

@@ -2,10 +2,9 @@
 decides rows against scores exact up to float64 rounding (issue 22, §1), and
 the report tells near-ties apart (§4)."""
 
+import kvselect as ks
 import numpy as np
 import pytest
-
-import kvselect as ks
 from kvselect import checking, reference
 
 IMPLS = ["native", "reference"]

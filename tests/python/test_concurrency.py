@@ -19,10 +19,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import kvselect as ks
 import numpy as np
 import pytest
-
-import kvselect as ks
 
 THREADS = 8
 CALLS_PER_THREAD = 12
@@ -219,9 +218,9 @@ def _long_calls():
         "dense_attention": dense,
         "sparse_attention": sparse,
         "attention_probabilities": probs,
-        "topology_witness_indices": witness(lambda l, c: ks.topology_witness_indices(l, c, 64)),
-        "apply_topology_witnesses": witness(lambda l, c: ks.apply_topology_witnesses(l, c, 1024, 64, 64)),
-        "scatter_topology_witnesses": witness(lambda l, c: ks.scatter_topology_witnesses(l, c, 64)),
+        "topology_witness_indices": witness(lambda rows, c: ks.topology_witness_indices(rows, c, 64)),
+        "apply_topology_witnesses": witness(lambda rows, c: ks.apply_topology_witnesses(rows, c, 1024, 64, 64)),
+        "scatter_topology_witnesses": witness(lambda rows, c: ks.scatter_topology_witnesses(rows, c, 64)),
         "oracle_topk": oracle,
     }
 

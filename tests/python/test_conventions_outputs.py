@@ -21,10 +21,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import kvselect as ks
 import numpy as np
 import pytest
-
-import kvselect as ks
 from kvselect import reference as ref
 
 SEED = 20261201
@@ -227,7 +226,7 @@ def test_out_is_returned_and_holds_what_the_call_without_it_returns(spec, impl):
         expect = np.asarray(_pick(want, index)).astype(bufs[key].dtype)
         assert _bits(bufs[key]) == _bits(expect), key
     if impl == "native":  # natively, the no-out result has the buffer's dtype already
-        for key, (_, dt, index) in spec.bufs.items():
+        for _key, (_, dt, index) in spec.bufs.items():
             assert np.asarray(_pick(want, index)).dtype == dt
 
 

@@ -12,7 +12,6 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import pytest
-
 from kvselect.dump_hf import DumpError, dump_qkv, main, save
 from kvselect.workloads import load_npz
 

@@ -1,10 +1,9 @@
 """kvselect.testing's assertions: the kvselect check rules and text, the
 report attached, vacuous rows never passing silently, arrays through _host."""
 
+import kvselect as ks
 import numpy as np
 import pytest
-
-import kvselect as ks
 from kvselect import testing
 from kvselect.checking import DEFAULT_RTOL, check_dump, format_report
 from kvselect.testing import CheckFailure, assert_blocks, assert_topk, assert_witnesses, cases

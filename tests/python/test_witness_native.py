@@ -8,13 +8,12 @@ and ``make_case(seed)`` rebuilds it."""
 
 import math
 
+import kvselect as ks
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-import kvselect as ks
 from kvselect import reference as ref
 
 I32_MAX = 2**31 - 1
@@ -822,7 +821,7 @@ def test_every_public_function_and_class_documents_itself_at_run_time():
             doc = inspect.getdoc(obj) or ""
             assert len(doc.split()) >= 5, f"{name} has no docstring at run time: {doc!r}"
     for cls in (ks.Selector, ks.BlockSparseConfig):
-        for attr, member in vars(cls).items():
+        for attr in vars(cls):
             if not attr.startswith("_") and callable(getattr(cls, attr)):
                 assert inspect.getdoc(getattr(cls, attr)), f"{cls.__name__}.{attr} has no docstring"
 

@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-
 from kvselect import reference as ref
 
 

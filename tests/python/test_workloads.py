@@ -7,7 +7,6 @@ from importlib import resources
 
 import numpy as np
 import pytest
-
 from kvselect.workloads import (
     HEAD_KINDS,
     Workload,
@@ -15,8 +14,8 @@ from kvselect.workloads import (
     derive_indexer,
     example,
     load_npz,
-    query_positions,
     quantize_rows,
+    query_positions,
     synthetic,
     synthetic_needles,
 )

@@ -31,8 +31,8 @@ from kvselect.checking._common import (
     _vacuous,
 )
 from kvselect.checking.dumps import CHECK_KINDS, load_dump, validate
-from kvselect.checking.v4 import check_v4_combined_indices
 from kvselect.checking.exact import indexer_check
+from kvselect.checking.v4 import check_v4_combined_indices
 
 
 def _check_topk(d: Mapping[str, np.ndarray], atol: float, rtol: float, filler: str = "-1") -> List[Tuple[str, dict]]:

@@ -17,7 +17,6 @@ from kvselect.cli._types import (
     positive,
 )
 
-
 #: The workloads made in this process rather than read from a dump.
 BUILTINS = ("synthetic", "example")
 

@@ -59,9 +59,9 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 
 import kvselect as ks
-from kvselect.workloads import HeadInputs, Workload, WorkloadDump
 from kvselect.evaluate.report import PolicyResult, Report, check_plot, figure, format_table, plot
 from kvselect.evaluate.settings import DERIVED_FIELDS, POLICIES, Settings, SettingsError, derive_settings
+from kvselect.workloads import HeadInputs, Workload, WorkloadDump
 
 __all__ = [
     "POLICIES",

@@ -8,7 +8,6 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-
 from kvselect.evaluate.settings import POLICIES
 
 

@@ -58,69 +58,69 @@ ChaCha8's, not a specification's.
 from __future__ import annotations
 
 from ._args import (
-    ReferenceWitnessError,
     ReferenceSelectionError,
+    ReferenceWitnessError,
 )
-from .keys import (  # kvselect.checking decodes fp8 bytes through it
-    fp8_e4m3fn_table,
-    decode,
-)
-from .witness import (
-    MAX_TOPOLOGY_SEGMENTS,
-    segment_of,
-    topology_witness_indices,
-    apply_topology_witnesses,
-    scatter_topology_witnesses,
-    locality_null,
-    segment_coverage,
-    attention_mass_recall,
+from .attn import (
+    attention,
+    dense_attention,
+    dense_rows,
+    local_rows,
+    oracle_topk,
+    sink_window_rows,
+    sparse_attention,
 )
 from .block_sparse import (
     MINIMAX_BLOCK_SIZE,
     BlockSparseConfig,
-    block_scores,
     block_magnitudes,
+    block_scores,
     block_sparse_select,
     block_sparse_select_packed,
     block_sparse_select_paged,
     positions_of_blocks,
 )
-from .attn import (
-    dense_rows,
-    local_rows,
-    sink_window_rows,
-    oracle_topk,
-    attention,
-    dense_attention,
-    sparse_attention,
+from .check import (
+    GlobalSlots,
+    check_blocks,
+    check_topk,
+    check_witnesses,
+)
+from .compressed import (
+    combine_topk_swa_indices,
+    compressed_entry_tokens,
+    expand_entries,
+    visible_entries,
+    window_positions,
 )
 from .indexer import (
-    indexer_topk,
-    indexer_scores,
     indexer_magnitudes,
+    indexer_scores,
+    indexer_topk,
     indexer_topk_packed,
     indexer_topk_paged,
 )
-from .compressed import (
-    window_positions,
-    visible_entries,
-    compressed_entry_tokens,
-    expand_entries,
-    combine_topk_swa_indices,
+from .keys import (  # kvselect.checking decodes fp8 bytes through it
+    decode,
+    fp8_e4m3fn_table,
 )
 from .metrics import (
-    attention_probabilities,
-    segment_coverage_rows,
-    slots_used_rows,
     attention_mass_recall_rows,
+    attention_probabilities,
     output_relative_error,
     output_relative_error_rows,
+    segment_coverage_rows,
+    slots_used_rows,
 )
-from .check import (
-    GlobalSlots,
-    check_topk,
-    check_blocks,
-    check_witnesses,
+from .witness import (
+    MAX_TOPOLOGY_SEGMENTS,
+    apply_topology_witnesses,
+    attention_mass_recall,
+    locality_null,
+    scatter_topology_witnesses,
+    segment_coverage,
+    segment_of,
+    topology_witness_indices,
 )
 
 __all__ = [

@@ -23,7 +23,6 @@ from ._args import (
     _query_batch,
 )
 
-
 # ==========================================================================
 # attention: baseline selectors, the oracle top-k, the dense/sparse pass
 # --------------------------------------------------------------------------

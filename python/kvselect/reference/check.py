@@ -22,9 +22,8 @@ from ._args import (
     _index_array,
     _refuse,
 )
-from .block_sparse import block_scores, config_fields, flag_argument
+from .block_sparse import config_fields, flag_argument
 from .witness import MAX_TOPOLOGY_SEGMENTS, merge_witnesses, witness_table
-
 
 # ==========================================================================
 # check: is an engine's selection right?

@@ -27,7 +27,6 @@ from ._args import (
 from .keys import decode, fp8_e4m3fn_table
 from .witness import MAX_TOPOLOGY_SEGMENTS, scatter_topology_witnesses
 
-
 # ==========================================================================
 # indexer: the lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5)
 # --------------------------------------------------------------------------

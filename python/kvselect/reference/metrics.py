@@ -22,9 +22,8 @@ from ._args import (
     _out_buffer,
     _refuse,
 )
-from .attn import attention, native_scale, qk_operands
+from .attn import native_scale, qk_operands
 from .witness import attention_mass_recall, segment_coverage
-
 
 # ==========================================================================
 # metrics: attention probabilities, batched coverage/recall, output error

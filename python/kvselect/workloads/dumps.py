@@ -79,7 +79,7 @@ def load_npz(
     if o.warning:
         warnings.warn(o.warning, WorkloadWarning, stacklevel=2)
     arrays, formats = o.arrays, o.formats
-    n_layers, n_heads, n_kv, tokens = o.n_layers, o.n_heads, o.n_kv, o.tokens
+    n_layers, n_kv, tokens = o.n_layers, o.n_kv, o.tokens
     has_index, dsa, layer_ids, kv_head_ids = o.has_index, o.dsa, o.layer_ids, o.kv_head_ids
     from kvselect.checking import decode32
 
@@ -125,7 +125,7 @@ def load_npz(
             of_kv_head=np.repeat(np.arange(len(chosen), dtype=np.int64), n_kv),
             description=o.dsa_description(),
         )
-    kinds = tuple(f"L{int(layer_ids[l])}/H{int(kv_head_ids[l, h])}" for l in chosen for h in range(n_kv))
+    kinds = tuple(f"L{int(layer_ids[li])}/H{int(kv_head_ids[li, h])}" for li in chosen for h in range(n_kv))
     return Workload(
         name=stem(o.name),
         q=fq,
@@ -335,7 +335,7 @@ class _Opened:
             else "derived indexer (derive_indexer)"
         )
         return (
-            f"{basename(self.name)}: layers {[int(self.layer_ids[l]) for l in chosen]}, "
+            f"{basename(self.name)}: layers {[int(self.layer_ids[li]) for li in chosen]}, "
             f"{self.n_heads} query / {self.n_kv} KV heads each, {self.tokens} tokens, "
             f"{self.formats.get('q', q.dtype)}; {note}"
         )

@@ -8,7 +8,6 @@ from dataclasses import replace
 from kvselect.workloads.dumps import load_npz
 from kvselect.workloads.model import Workload
 
-
 #: The file name of the shipped example inside the package's ``data`` folder.
 EXAMPLE_FILE = "minilm_example.npz"
 

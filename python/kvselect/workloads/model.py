@@ -11,7 +11,6 @@ from typing import Optional, Tuple, Union
 
 import numpy as np
 
-
 #: The head types :func:`synthetic` cycles through, in order, over KV heads.
 HEAD_KINDS: Tuple[str, ...] = ("sink", "local", "retrieval", "diffuse")
 

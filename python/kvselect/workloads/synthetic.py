@@ -11,7 +11,6 @@ from kvselect.workloads.indexer import group_mean, projection
 from kvselect.workloads.model import HEAD_KINDS, Indexer, Workload, WorkloadError, as_count, query_positions
 from kvselect.workloads.quantize import quantize_fp8, quantize_rows
 
-
 # Logit targets (units of q·k·scale) of the structured parts; the noise part
 # of every logit has standard deviation about 1 (sink/local/retrieval) or 0.5
 # (diffuse), whatever d is.

@@ -6,10 +6,8 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from kvselect.testing.cases._case import Case, tail_lengths
-
 import kvselect as ks
-
+from kvselect.testing.cases._case import Case, tail_lengths
 
 _BLOCK_CONFIG = ks.BlockSparseConfig(16, 4, 1, 1)
 
