@@ -31,9 +31,11 @@
 //! A concept with parts is a folder: its `mod.rs` states the rule and
 //! re-exports the public API, beside files for its checks, its batching and
 //! its kernels, one per instruction set (`kernels/portable.rs`,
-//! `kernels/avx2.rs`; `witness/scan/`). Errors shared between modules live in
-//! `error.rs` (re-exported where they are used, e.g.
-//! [`attention::ArgumentError`]).
+//! `kernels/avx2.rs`; `witness/scan/`), and its check of an engine's rows
+//! (`check.rs`, re-exported from [`check`]). Errors shared between modules
+//! live in `error.rs` (re-exported where they are used, e.g.
+//! [`attention::ArgumentError`]), and the checks of a packed batch that the
+//! indexer and block selection both take in `packed.rs`.
 //!
 //! The core works on flat row-major slices with explicit shapes, returns
 //! `Result` for every refusal and never panics on user input. The Python
@@ -53,6 +55,7 @@ mod error;
 pub mod indexer;
 pub mod keys;
 pub mod metrics;
+mod packed;
 pub mod pool;
 pub mod simd;
 pub mod witness;

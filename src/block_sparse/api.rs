@@ -4,12 +4,12 @@
 use super::engine::{run_engine, Finish, Keys, SCRATCH_FLOATS};
 use super::select::write_i32_row;
 use super::validate::{
-    bad_position, check_block_ids_fit_i32, check_cu_seqlens, check_out, check_per_query_len,
-    check_q_len, key_rows, visible_end,
+    bad_position, check_block_ids_fit_i32, check_out, check_per_query_len, check_q_len, key_rows,
+    visible_end,
 };
 use super::{ArgumentError, BlockIds, BlockSparseConfig, IndexLike, OutLayout};
 use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
-use crate::simd;
+use crate::{packed, simd};
 
 /// `out` cut into one slice per (query, head) row, listed query-major
 /// whatever the layout, so the engine writes every row where `layout`
@@ -313,26 +313,16 @@ pub fn select_packed_encoded_into<C: IndexLike, I: IndexLike>(
     let n_positions = key_rows(index_k.len(), d)?;
     check_q_len(index_q.len(), n_queries, n_kv_heads, d)?;
     check_block_ids_fit_i32(n_positions, cfg)?;
-    let bounds = check_cu_seqlens(cu_seqlens, n_positions)?;
-    let n_seqs = bounds.len().saturating_sub(1);
-    check_per_query_len("seq_ids", seq_ids.len(), n_queries)?;
+    let bounds = packed::boundaries(cu_seqlens, n_positions)?;
+    let n_seqs = bounds.len() - 1;
+    packed::check_seq_ids_len(seq_ids.len(), n_queries)?;
     check_per_query_len("query_pos", query_pos.len(), n_queries)?;
     let width = cfg.width();
     check_out(out, n_queries, n_kv_heads, width)?;
     let mut seqs = Vec::with_capacity(n_queries);
     let mut pos = Vec::with_capacity(n_queries);
     for (i, (&s, &p)) in seq_ids.iter().zip(query_pos).enumerate() {
-        let s = s
-            .to_usize()
-            .filter(|&s| s < n_seqs)
-            .ok_or_else(|| ArgumentError::OutOfRange {
-                argument: "seq_ids",
-                index: i,
-                message: format!(
-                    "seq_ids[{i}] = {s} is out of range: cu_seqlens describes {n_seqs} \
-                     sequence(s), so a sequence id must be in 0..{n_seqs}"
-                ),
-            })?;
+        let s = packed::seq_id(i, s, n_seqs, "cu_seqlens")?;
         let p = p.to_usize().ok_or_else(|| bad_position(i, p))?;
         seqs.push(s);
         pos.push(p);

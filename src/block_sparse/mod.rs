@@ -126,14 +126,21 @@
 //! `select.rs` (the rule applied to one row's block maxima), `engine.rs`
 //! (fused scoring + max-pool across the pool, then selection), `kernels/`
 //! (the segment interface and dispatch in `mod.rs`, `portable.rs`,
-//! `avx2.rs`, and the tests of one against the other).
+//! `avx2.rs`, and the tests of one against the other), `check.rs` (the rule
+//! applied to an engine's row, and its reasons; public as
+//! `kvselect::check::check_block_row`) and `tests_check.rs`. A packed
+//! batch's `cu_seqlens` and `seq_ids` are checked where the indexer's are
+//! (`src/packed.rs`).
 
 use std::fmt;
 
 mod api;
+pub(crate) mod check;
 mod engine;
 mod kernels;
 mod select;
+#[cfg(test)]
+mod tests_check;
 mod validate;
 
 pub use crate::error::ArgumentError;

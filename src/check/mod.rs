@@ -43,27 +43,41 @@
 //! tolerance makes a NaN tie with a number: a selected NaN while a number
 //! is left out is an error, whatever the bounds. `-0.0` and `+0.0` are one
 //! score.
+//!
+//! # Layout
+//!
+//! This module holds the token top-k rule and what every rule's check
+//! shares: [`Problem`], [`RowCheck`], the structural scan of a row, the
+//! tolerance, the batch entry point [`check_rows`] and its [`Rule`]s,
+//! engines' layouts (`layout.rs`) and the [`Report`] (`report.rs`). A
+//! rule's own check and its reasons sit beside the rule, re-exported here:
+//! [`check_block_row`] and [`BLOCK_REASONS`] in `block_sparse/check.rs`,
+//! [`check_witness_rows`] and [`WITNESS_REASONS`] in `witness/check.rs`.
 
-mod blocks;
 pub mod layout;
 mod report;
-#[cfg(test)]
-mod tests_blocks;
 #[cfg(test)]
 mod tests_filler;
 #[cfg(test)]
 mod tests_layout;
 #[cfg(test)]
 mod tests_topk;
-#[cfg(test)]
-mod tests_witness;
-mod witness;
 
+pub use crate::block_sparse::check::{check_block_row, BLOCK_REASONS};
 use crate::block_sparse::BlockSparseConfig;
-pub use blocks::check_block_row;
+pub use crate::witness::check::{check_witness_rows, WITNESS_REASONS};
 pub use layout::GlobalSlots;
-pub use report::{ByReason, Detail, Report, BLOCK_REASONS, TOPK_REASONS, WITNESS_REASONS};
-pub use witness::check_witness_rows;
+pub use report::{ByReason, Detail, Report};
+
+/// The reasons of the token top-k check, in report order.
+pub const TOPK_REASONS: &[&str] = &[
+    "padding_hole",
+    "duplicate",
+    "not_causal",
+    "not_in_table",
+    "wrong_count",
+    "wrong_selection",
+];
 
 /// At most this many dropped and intruding positions are listed per row
 /// (the counts are always complete).
@@ -846,7 +860,9 @@ pub fn check_rows_with(
         };
         slot[0] = match rule {
             Rule::Topk(k) => topk_row(&sc, raw, row, b.lens[i], k, ranks > 1, filler),
-            Rule::Blocks(cfg) => blocks::block_row(&sc, raw, row, b.lens[i], &cfg),
+            Rule::Blocks(cfg) => {
+                crate::block_sparse::check::block_row(&sc, raw, row, b.lens[i], &cfg)
+            }
         };
     });
     Ok(out)

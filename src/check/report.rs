@@ -21,36 +21,13 @@ use serde::ser::{Serialize, Serializer};
 
 use super::{Problem, RowCheck, Rule};
 
-/// The reasons of the token top-k check, in report order.
-pub const TOPK_REASONS: &[&str] = &[
-    "padding_hole",
-    "duplicate",
-    "not_causal",
-    "not_in_table",
-    "wrong_count",
-    "wrong_selection",
-];
-
-/// The reasons of the block check: the top-k's and `missing_forced`.
-pub const BLOCK_REASONS: &[&str] = &[
-    "padding_hole",
-    "duplicate",
-    "not_causal",
-    "not_in_table",
-    "missing_forced",
-    "wrong_count",
-    "wrong_selection",
-];
-
-/// The reasons of the witness check.
-pub const WITNESS_REASONS: &[&str] = &["prefix_changed", "wrong_witness", "tail_changed"];
-
 impl Rule {
-    /// The reasons this rule's check reports, in report order.
+    /// The reasons this rule's check reports, in report order: each rule's
+    /// list is kept beside its check.
     pub fn reasons(&self) -> &'static [&'static str] {
         match self {
-            Rule::Topk(_) => TOPK_REASONS,
-            Rule::Blocks(_) => BLOCK_REASONS,
+            Rule::Topk(_) => super::TOPK_REASONS,
+            Rule::Blocks(_) => crate::block_sparse::check::BLOCK_REASONS,
         }
     }
 }
@@ -127,6 +104,7 @@ impl Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::{BLOCK_REASONS, TOPK_REASONS, WITNESS_REASONS};
 
     fn row(problems: Vec<Problem>) -> RowCheck {
         RowCheck { problems }

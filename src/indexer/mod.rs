@@ -86,8 +86,8 @@ pub(crate) use select::rank_key;
 use crate::error::{check_len, checked_size, ArgumentError};
 use crate::keys::Encoded;
 use crate::witness::MAX_TOPOLOGY_SEGMENTS;
-use crate::{pool, simd};
-use kernels::{Keys, Query, Scratch};
+use crate::{packed, simd};
+use kernels::{Keys, Scratch};
 use run::{Queries, Rows};
 
 /// Keys scored per parallel task: one chunk of them against a group of
@@ -177,61 +177,44 @@ pub fn indexer_topk_into(
 /// checked against ([`crate::check`]). With `magnitude`, instead the bound
 /// `m_t = |c_t| · Σ_h |w_h| · Σ_i |q_hi · k_ti|` a lower-precision engine's
 /// rounding of `score(t)` scales with (the check's `rtol` multiplies it).
+/// Scored group by group as the top-k is (`run.rs`), so the bits agree.
+///
+/// Refuses, before writing anything, the inputs [`indexer_topk_into`]
+/// refuses and an `out` that is not `[n_queries, n_keys]`.
 pub fn indexer_scores_into(
     shape: &IndexerShape,
     inputs: &IndexerInputs<'_>,
     magnitude: bool,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    let t = shape.n_keys;
-    check(shape, inputs, t, 0, out.len(), None)?;
-    if shape.n_queries == 0 || t == 0 {
-        return Ok(()); // nothing to score (and the heads' shape is unchecked)
-    }
+    let (n, t) = (shape.n_queries, shape.n_keys);
+    check_keys(shape)?;
+    check_inputs(shape, inputs)?;
+    let o_len = checked_size("out", &[n, t])?;
+    check_len("out", out.len(), o_len, || {
+        format!("[n_queries={n}, n_keys={t}]")
+    })?;
     let (level, h, d) = (simd::Wide::best(), shape.n_heads, shape.d);
     let abs_scale: Option<Vec<f32>> = match (magnitude, inputs.key_scale) {
         (true, Some(c)) => Some(c.iter().map(|x| x.abs()).collect()),
         _ => None,
     };
     let keys = Keys::new(inputs.k, abs_scale.as_deref().or(inputs.key_scale));
-    // Groups of queries share each block of keys, as the top-k does; the
-    // scores go straight into the rows, chunk `c` of every row of the group
-    // being one parallel task.
-    let mut group: Vec<Query> = Vec::new();
-    let rows = out.chunks_mut(t).take(shape.n_queries).enumerate();
-    let mut rows = rows.peekable();
-    while rows.peek().is_some() {
-        let mut pieces: Vec<Vec<&mut [f32]>> = Vec::new();
-        group.clear();
-        for (j, (i, row)) in rows.by_ref().take(run::GROUP).enumerate() {
-            let mut query = Query::new(h, d, level);
-            query.load(&inputs.q, inputs.weights, i, magnitude);
-            group.push(query);
-            let len = visible(inputs.query_pos[i], inputs.compress_ratio, t);
-            let (seen, unseen) = row.split_at_mut(len);
-            unseen.fill(f32::NAN);
-            for (c, piece) in seen.chunks_mut(KEY_CHUNK).enumerate() {
-                if pieces.len() <= c {
-                    pieces.resize_with(c + 1, Vec::new);
-                }
-                // Query `j`'s piece of chunk `c` at index `j` (empty ones
-                // for earlier, shorter rows).
-                pieces[c].resize_with(j, Default::default);
-                pieces[c].push(piece);
-            }
-        }
-        // Rows shorter than the group's longest have empty pieces past their
-        // ends, so every chunk's pieces line up with the group's queries.
-        for p in pieces.iter_mut() {
-            p.resize_with(group.len(), Default::default);
-        }
-        let min_chunks = pool::min_rows(run::chunk_work(KEY_CHUNK, group.len(), h, d));
-        pool::for_each_row_mut(&mut pieces, 1, min_chunks, |c, chunk| {
-            let scratch = &mut Scratch::new(d);
-            let (group, first) = (&group, c * KEY_CHUNK);
-            kernels::score_keys(level, group, keys, first, &mut chunk[0], magnitude, scratch);
-        });
-    }
+    let queries = Queries {
+        n,
+        h,
+        d,
+        level,
+        magnitude,
+        q: &inputs.q,
+        weights: inputs.weights,
+        same_keys: |_, _| true,
+        len: |i: usize| visible(inputs.query_pos[i], inputs.compress_ratio, t),
+    };
+    run::score_rows(queries, t, out, KEY_CHUNK, |_, c, group, outs| {
+        let scratch = &mut Scratch::new(d);
+        kernels::score_keys(level, group, keys, c * KEY_CHUNK, outs, magnitude, scratch);
+    });
     Ok(())
 }
 
@@ -261,65 +244,9 @@ pub fn indexer_topk_packed_into(
         out.len(),
         scores.as_deref(),
     )?;
-    let out_of_range = |argument, index, message| {
-        Err(ArgumentError::OutOfRange {
-            argument,
-            index,
-            message,
-        })
-    };
-    match cu_seqlens.first() {
-        None => {
-            return out_of_range(
-                "cu_seqlens",
-                0,
-                "cu_seqlens is empty: it needs n_seqs + 1 entries, from 0".into(),
-            )
-        }
-        Some(&c) if c != 0 => {
-            return out_of_range(
-                "cu_seqlens",
-                0,
-                format!("cu_seqlens[0] = {c}, but the first sequence starts at 0"),
-            )
-        }
-        _ => {}
-    }
-    for (i, pair) in cu_seqlens.windows(2).enumerate() {
-        if pair[1] < pair[0] {
-            return out_of_range(
-                "cu_seqlens",
-                i + 1,
-                format!(
-                    "cu_seqlens[{}] = {} is below the previous entry {}",
-                    i + 1,
-                    pair[1],
-                    pair[0]
-                ),
-            );
-        }
-    }
-    let last = cu_seqlens[cu_seqlens.len() - 1];
-    if last != shape.n_keys {
-        let message = format!(
-            "cu_seqlens ends at {last}, but index_k has {} keys",
-            shape.n_keys
-        );
-        return out_of_range("cu_seqlens", cu_seqlens.len() - 1, message);
-    }
-    check_len("seq_ids", seq_ids.len(), shape.n_queries, || {
-        format!("[n_queries={}]", shape.n_queries)
-    })?;
-    let n_seqs = cu_seqlens.len() - 1;
-    if let Some((i, &s)) = seq_ids.iter().enumerate().find(|&(_, &s)| s >= n_seqs) {
-        return out_of_range(
-            "seq_ids",
-            i,
-            format!(
-                "seq_ids[{i}] = {s} is out of range: cu_seqlens describes {n_seqs} sequence(s)"
-            ),
-        );
-    }
+    let bounds = packed::boundaries(cu_seqlens, shape.n_keys)?;
+    packed::check_seq_ids_len(seq_ids.len(), shape.n_queries)?;
+    packed::check_seq_ids(seq_ids, bounds.len() - 1, "cu_seqlens")?;
     let rows = Rows {
         topk,
         num_segments,
@@ -327,7 +254,7 @@ pub fn indexer_topk_packed_into(
         scores,
     };
     run_queries(shape, inputs, rows, |i| {
-        (cu_seqlens[seq_ids[i]], cu_seqlens[seq_ids[i] + 1])
+        (bounds[seq_ids[i]], bounds[seq_ids[i] + 1])
     });
     Ok(())
 }
@@ -347,6 +274,7 @@ fn run_queries(
         h,
         d,
         level,
+        magnitude: false,
         q: &inputs.q,
         weights: inputs.weights,
         same_keys: |i: usize, j: usize| keys_of(i) == keys_of(j),
@@ -355,7 +283,7 @@ fn run_queries(
             visible(inputs.query_pos[i], inputs.compress_ratio, k1 - k0)
         },
     };
-    run::for_each_group(queries, rows, KEY_CHUNK, |i0, c, group, outs| {
+    run::select_rows(queries, rows, KEY_CHUNK, |i0, c, group, outs| {
         let (k0, k1) = keys_of(i0);
         let enc = inputs.k.slice(k0 * d, k1 * d);
         let keys = Keys::new(enc, inputs.key_scale.map(|s| &s[k0..k1]));
@@ -364,6 +292,9 @@ fn run_queries(
     });
 }
 
+/// Refuses, in this order, what [`check_keys`] refuses, `topk` and
+/// `num_segments` out of range, what [`check_inputs`] refuses, and an `out`
+/// or `scores` that is not `[n_queries, topk]`.
 fn check(
     shape: &IndexerShape,
     inputs: &IndexerInputs<'_>,
@@ -372,12 +303,25 @@ fn check(
     out_len: usize,
     scores: Option<&[f32]>,
 ) -> Result<(), ArgumentError> {
-    let &IndexerShape {
-        n_queries: n,
-        n_heads: h,
-        d,
-        n_keys: t,
-    } = shape;
+    let n = shape.n_queries;
+    check_keys(shape)?;
+    check_segments_and_topk(topk, num_segments)?;
+    check_inputs(shape, inputs)?;
+    let o_len = checked_size("out", &[n, topk])?;
+    check_len("out", out_len, o_len, || {
+        format!("[n_queries={n}, topk={topk}]")
+    })?;
+    if let Some(s) = scores {
+        check_len("scores", s.len(), o_len, || {
+            format!("[n_queries={n}, topk={topk}]")
+        })?;
+    }
+    Ok(())
+}
+
+/// Refuses `d = 0` and more keys than int32 positions reach.
+fn check_keys(shape: &IndexerShape) -> Result<(), ArgumentError> {
+    let (d, t) = (shape.d, shape.n_keys);
     let invalid = |argument, message: String| Err(ArgumentError::Invalid { argument, message });
     if d == 0 {
         return invalid(
@@ -394,7 +338,18 @@ fn check(
             ),
         );
     }
-    check_segments_and_topk(topk, num_segments)?;
+    Ok(())
+}
+
+/// Refuses a `compress_ratio` of 0 and an input whose length does not match
+/// its shape.
+fn check_inputs(shape: &IndexerShape, inputs: &IndexerInputs<'_>) -> Result<(), ArgumentError> {
+    let &IndexerShape {
+        n_queries: n,
+        n_heads: h,
+        d,
+        n_keys: t,
+    } = shape;
     check_ratio(inputs.compress_ratio)?;
     let q_len = checked_size("index_q", &[n, h, d])?;
     check_len("index_q", inputs.q.len(), q_len, || {
@@ -413,17 +368,7 @@ fn check(
     }
     check_len("query_pos", inputs.query_pos.len(), n, || {
         format!("[n_queries={n}]")
-    })?;
-    let o_len = checked_size("out", &[n, topk])?;
-    check_len("out", out_len, o_len, || {
-        format!("[n_queries={n}, topk={topk}]")
-    })?;
-    if let Some(s) = scores {
-        check_len("scores", s.len(), o_len, || {
-            format!("[n_queries={n}, topk={topk}]")
-        })?;
-    }
-    Ok(())
+    })
 }
 
 /// Refuses a `compress_ratio` of 0 (an entry of no tokens).

@@ -87,6 +87,7 @@ pub fn indexer_topk_paged_into(
         h,
         d,
         level,
+        magnitude: false,
         q: &inputs.q,
         weights: inputs.weights,
         same_keys: |i: usize, j: usize| seq_ids[i] == seq_ids[j],
@@ -100,7 +101,7 @@ pub fn indexer_topk_paged_into(
     };
     // A chunk is whole pages, about KEY_CHUNK tokens.
     let pages = (KEY_CHUNK / bs).max(1);
-    run::for_each_group(queries, rows, pages * bs, |i0, chunk, group, outs| {
+    run::select_rows(queries, rows, pages * bs, |i0, chunk, group, outs| {
         let s = seq_ids[i0];
         let (mut scale, mut spare) = (vec![1.0f32; bs], vec![0.0f32; bs]);
         let (mut decoded, mut scratch) = (Vec::new(), kernels::Scratch::new(d));

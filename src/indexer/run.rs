@@ -7,7 +7,11 @@
 //! ([`super::kernels::score_keys`]), so a prefill reads its keys once per group, not
 //! once per query. Then each query's row is selected from its scores, the
 //! group's rows in parallel; a lone long row (a decode) is selected in
-//! parallel parts instead.
+//! parallel parts instead ([`select_rows`]). The score matrix
+//! ([`score_rows`], what an engine's rows are checked against) is the same
+//! groups' scores copied out: one scoring path, so the scores checked are
+//! the bits the top-k ranked. A second path (its own grouping, its own
+//! chunks) could drift from it and make the check judge other numbers.
 //!
 //! The only buffers are one group's scores — at most [`GROUP`] queries × the
 //! keys they see (rounded up to whole chunks), kept near [`GROUP_FLOATS`] —
@@ -57,6 +61,14 @@ impl GroupScores<'_> {
     fn get(&self, j: usize, t: usize) -> f32 {
         self.buf[((t / self.width) * self.g + j) * self.width + t % self.width]
     }
+
+    /// Query `j`'s first `dst.len()` scores into `dst`, a chunk at a time.
+    fn copy_row(&self, j: usize, dst: &mut [f32]) {
+        for (c, piece) in dst.chunks_mut(self.width).enumerate() {
+            let at = (c * self.g + j) * self.width;
+            piece.copy_from_slice(&self.buf[at..at + piece.len()]);
+        }
+    }
 }
 
 /// The query side of a call: `n` queries of `h` heads of `d`, their
@@ -67,6 +79,10 @@ pub(super) struct Queries<'a, S, L> {
     pub d: usize,
     /// The SIMD level the queries are scored at (their tiles' layout).
     pub level: Option<crate::simd::Wide>,
+    /// Load the queries as magnitudes (`|q|`, `|w|`), for the scores' error
+    /// bound ([`super::indexer_scores_into`]); `false` for the scores
+    /// themselves.
+    pub magnitude: bool,
     pub q: &'a Encoded<'a>,
     pub weights: &'a [f32],
     /// `same_keys(i, j)`: queries `i` and `j` read the same keys (may share
@@ -85,10 +101,10 @@ pub(super) struct Rows<'a> {
     pub scores: Option<&'a mut [f32]>,
 }
 
-/// Every query's row. `score(i0, c, group, outs)` computes chunk `c`
-/// (keys `c · width ..`) of the group whose first query is `i0`: query
-/// `j`'s scores into `outs[j]`, cut to the keys it sees (possibly empty).
-pub(super) fn for_each_group<S, L>(
+/// Every query's row: [`for_each_group`], each group's rows then selected
+/// from its scores (the group's rows in parallel, a lone row in parallel
+/// parts).
+pub(super) fn select_rows<S, L>(
     queries: Queries<'_, S, L>,
     rows: Rows<'_>,
     width: usize,
@@ -97,64 +113,17 @@ pub(super) fn for_each_group<S, L>(
     S: Fn(usize, usize) -> bool,
     L: Fn(usize) -> usize,
 {
-    let Queries {
-        n,
-        h,
-        d,
-        level,
-        q,
-        weights,
-        same_keys,
-        len,
-    } = queries;
     let Rows {
         topk,
         num_segments,
         out,
         mut scores,
     } = rows;
-    if n == 0 || topk == 0 {
+    if topk == 0 {
         return;
     }
-    let width = width.max(1);
-    let mut group: Vec<Query> = Vec::new();
-    let mut buf: Vec<f32> = Vec::new();
-    let mut i0 = 0;
-    while i0 < n {
-        let mut lmax = len(i0);
-        let mut i1 = i0 + 1;
-        while i1 < n && i1 - i0 < GROUP && same_keys(i0, i1) {
-            let l = lmax.max(len(i1));
-            if (i1 - i0 + 1).saturating_mul(l) > GROUP_FLOATS {
-                break;
-            }
-            (lmax, i1) = (l, i1 + 1);
-        }
-        let g = i1 - i0;
-        group.resize_with(g, || Query::new(h, d, level));
-        for (j, query) in group.iter_mut().enumerate() {
-            query.load(q, weights, i0 + j, false);
-        }
-        let lens: Vec<usize> = (i0..i1).map(&len).collect();
-        let chunks = lmax.div_ceil(width);
-        let size = chunks * g * width;
-        if buf.len() < size {
-            buf.resize(size, 0.0); // every slot read below is written first
-        }
-        let min_chunks = pool::min_rows(chunk_work(width, g, h, d));
-        pool::for_each_row_mut(&mut buf[..size], g * width, min_chunks, |c, region| {
-            let mut outs: Vec<&mut [f32]> = region
-                .chunks_mut(width)
-                .zip(&lens)
-                .map(|(o, &l)| &mut o[..l.saturating_sub(c * width).min(width)])
-                .collect();
-            score(i0, c, &group, &mut outs);
-        });
-        let view = GroupScores {
-            buf: &buf[..size],
-            g,
-            width,
-        };
+    for_each_group(queries, width, score, |i0, lens, view| {
+        let (g, i1) = (lens.len(), i0 + lens.len());
         let group_out = &mut out[i0 * topk..i1 * topk];
         if g == 1 {
             select_row(
@@ -166,6 +135,7 @@ pub(super) fn for_each_group<S, L>(
                 true,
             );
         } else {
+            let lmax = lens.iter().copied().max().unwrap_or(0);
             let min_rows = pool::min_rows(lmax.saturating_mul(8));
             pool::for_each_row_mut(group_out, topk, min_rows, |j, row| {
                 select_row(|t| view.get(j, t), lens[j], topk, num_segments, row, false);
@@ -187,6 +157,103 @@ pub(super) fn for_each_group<S, L>(
                 }
             }
         }
+    });
+}
+
+/// Every query's score of every key it sees, `out` `[n, n_keys]`: its
+/// group's scores as [`for_each_group`] computes them for the top-k (the
+/// same bits), NaN past the keys it sees.
+pub(super) fn score_rows<S, L>(
+    queries: Queries<'_, S, L>,
+    n_keys: usize,
+    out: &mut [f32],
+    width: usize,
+    score: impl Fn(usize, usize, &[Query], &mut [&mut [f32]]) + Sync,
+) where
+    S: Fn(usize, usize) -> bool,
+    L: Fn(usize) -> usize,
+{
+    if n_keys == 0 {
+        return;
+    }
+    for_each_group(queries, width, score, |i0, lens, view| {
+        let rows = out[i0 * n_keys..].chunks_mut(n_keys);
+        for (j, (row, &len)) in rows.zip(lens).enumerate() {
+            let (seen, unseen) = row.split_at_mut(len);
+            view.copy_row(j, seen);
+            unseen.fill(f32::NAN);
+        }
+    });
+}
+
+/// Every query's scores, group by group. `score(i0, c, group, outs)`
+/// computes chunk `c` (keys `c · width ..`) of the group whose first query
+/// is `i0`: query `j`'s scores into `outs[j]`, cut to the keys it sees
+/// (possibly empty); then `finish(i0, lens, view)` gets the group's scores,
+/// `lens[j]` of them for its query `j`.
+fn for_each_group<S, L>(
+    queries: Queries<'_, S, L>,
+    width: usize,
+    score: impl Fn(usize, usize, &[Query], &mut [&mut [f32]]) + Sync,
+    mut finish: impl FnMut(usize, &[usize], &GroupScores<'_>),
+) where
+    S: Fn(usize, usize) -> bool,
+    L: Fn(usize) -> usize,
+{
+    let Queries {
+        n,
+        h,
+        d,
+        level,
+        magnitude,
+        q,
+        weights,
+        same_keys,
+        len,
+    } = queries;
+    if n == 0 {
+        return;
+    }
+    let width = width.max(1);
+    let mut group: Vec<Query> = Vec::new();
+    let mut buf: Vec<f32> = Vec::new();
+    let mut i0 = 0;
+    while i0 < n {
+        let mut lmax = len(i0);
+        let mut i1 = i0 + 1;
+        while i1 < n && i1 - i0 < GROUP && same_keys(i0, i1) {
+            let l = lmax.max(len(i1));
+            if (i1 - i0 + 1).saturating_mul(l) > GROUP_FLOATS {
+                break;
+            }
+            (lmax, i1) = (l, i1 + 1);
+        }
+        let g = i1 - i0;
+        group.resize_with(g, || Query::new(h, d, level));
+        for (j, query) in group.iter_mut().enumerate() {
+            query.load(q, weights, i0 + j, magnitude);
+        }
+        let lens: Vec<usize> = (i0..i1).map(&len).collect();
+        let chunks = lmax.div_ceil(width);
+        let size = chunks * g * width;
+        if buf.len() < size {
+            buf.resize(size, 0.0); // every slot read below is written first
+        }
+        let min_chunks = pool::min_rows(chunk_work(width, g, h, d));
+        pool::for_each_row_mut(&mut buf[..size], g * width, min_chunks, |c, region| {
+            let mut outs: Vec<&mut [f32]> = region
+                .chunks_mut(width)
+                .zip(&lens)
+                .map(|(o, &l)| &mut o[..l.saturating_sub(c * width).min(width)])
+                .collect();
+            score(i0, c, &group, &mut outs);
+        });
+        let view = GroupScores {
+            buf: &buf[..size],
+            g,
+            width,
+        };
+        finish(i0, &lens, &view);
         i0 = i1;
     }
 }

@@ -261,16 +261,9 @@ impl BlockTable<'_> {
         Ok(())
     }
 
-    /// Refuses a sequence id that names no sequence.
+    /// Refuses a sequence id that names no sequence, in the words and
+    /// variant a packed batch refuses one with.
     pub fn check_seq_ids(&self, seq_ids: &[usize]) -> Result<(), ArgumentError> {
-        let n_seqs = self.n_seqs();
-        match seq_ids.iter().enumerate().find(|&(_, &s)| s >= n_seqs) {
-            Some((i, &s)) => Err(ArgumentError::OutOfRange {
-                argument: "seq_ids",
-                index: i,
-                message: format!("seq_ids[{i}] = {s} is out of range: {n_seqs} sequence(s)"),
-            }),
-            None => Ok(()),
-        }
+        crate::packed::check_seq_ids(seq_ids, self.n_seqs(), "seq_lens")
     }
 }

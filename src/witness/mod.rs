@@ -56,13 +56,18 @@
 //! This file: the rule, the refusals, σ. `merge.rs` (witnesses of a row and
 //! their merge: copied, or in place), `measure.rs` (the null models and the
 //! two metrics of one row), `scan/` (the occupancy scan: the segment map
-//! and dispatch in `mod.rs`, `portable.rs`, `avx2.rs`).
+//! and dispatch in `mod.rs`, `portable.rs`, `avx2.rs`), `check.rs` (the
+//! rule applied to an engine's in-place output, and its reasons; public as
+//! `kvselect::check::check_witness_rows`) and `tests_check.rs`.
 
 use std::fmt;
 
+pub(crate) mod check;
 mod measure;
 mod merge;
 mod scan;
+#[cfg(test)]
+mod tests_check;
 
 pub use measure::{attention_mass_recall, locality_null, random_null, segment_coverage};
 pub use merge::{

@@ -1,8 +1,9 @@
 //! The block rule: hand examples pinned exactly, and randomised engine-like
 //! rows (the rule's own rows always pass; each bug is reported as itself).
 
-use super::*;
-use crate::block_sparse::{block_scores_into, select_batch_into};
+use super::check::check_block_row;
+use super::{block_scores_into, select_batch_into, BlockSparseConfig};
+use crate::check::{Problem, RowCheck, Tolerance};
 use crate::keys::Encoded;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};

@@ -1,7 +1,8 @@
 //! The witness rule: equality with what the rule makes of the buffer, and
 //! each broken contract named.
 
-use super::*;
+use super::check::check_witness_rows;
+use crate::check::Problem;
 
 #[test]
 fn the_witness_rule_is_equality_and_each_broken_contract_is_named() {
@@ -11,7 +12,7 @@ fn the_witness_rule_is_equality_and_each_broken_contract_is_named() {
     let before = [5, 9, -1, -1, -1, -1, -1, -1];
     let lens = [16];
     let mut rule = before;
-    crate::witness::scatter_topology_witnesses(&mut rule, 8, &lens, 4).unwrap();
+    super::scatter_topology_witnesses(&mut rule, 8, &lens, 4).unwrap();
     assert_eq!(rule, [5, 9, -1, -1, 0, 12, -1, -1]);
     let check = |after: &[i32]| check_witness_rows(&before, after, 8, &lens, 4).unwrap();
     assert!(check(&rule)[0].is_correct());

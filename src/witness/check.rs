@@ -1,4 +1,5 @@
-//! The witness rule applied to an engine's in-place output.
+//! The witness rule applied to an engine's in-place output: the check of
+//! this rule, beside it, with the reasons it reports.
 //!
 //! The witness rule is integer-exact, so here equality is the test: a row
 //! is correct iff it equals what [`scatter_topology_witnesses`] makes of the
@@ -10,12 +11,20 @@
 //!   its own segment that the learned row leaves uncovered, up to the budget
 //!   `min(S, topk)`;
 //! - slots past the last witness are the learned row again.
+//!
+//! Equality holds as the test because the merge is deterministic integer
+//! arithmetic with no ties and no tolerance ([`super`]): the rule has one
+//! right row per input, and the check computes it with the rule's own
+//! [`scatter_topology_witnesses`]. A check that re-derived the witnesses
+//! itself could disagree with the rule it judges; the diagnosis of a wrong
+//! row only names the contract broken, never decides whether it is wrong.
 
-use super::{Problem, RowCheck};
+use super::{scatter_topology_witnesses, segment_of, topology_witness_indices_into, WitnessError};
+use crate::check::{Problem, RowCheck};
 use crate::error::ArgumentError;
-use crate::witness::{
-    scatter_topology_witnesses, segment_of, topology_witness_indices_into, WitnessError,
-};
+
+/// The reasons of the witness check, in report order.
+pub const WITNESS_REASONS: &[&str] = &["prefix_changed", "wrong_witness", "tail_changed"];
 
 /// Every row of an engine's witness buffer checked against the rule:
 /// `before` and `after` are `[rows, topk]` (the buffer before and after the

@@ -1,4 +1,5 @@
-//! The block-selection rule (MiniMax-M3) applied to an engine's row.
+//! The block-selection rule (MiniMax-M3) applied to an engine's row: the
+//! check of this rule, beside it, with the reasons it reports.
 //!
 //! A row for a query that sees `n` blocks is correct iff, besides the
 //! structure every row owes (valid entries first, distinct, `0 <= b < n`):
@@ -9,25 +10,50 @@
 //! - it holds exactly `min(max(top_blocks, #forced), n)` blocks — the budget
 //!   includes the forced blocks;
 //! - every chosen free block scores at least every rejected free block, up
-//!   to the tolerance of the token check ([`super`]): the forced blocks are
-//!   not candidates, so their scores never enter the comparison.
+//!   to the tolerance of the token check ([`crate::check`]): the forced
+//!   blocks are not candidates, so their scores never enter the comparison.
+//!
+//! It holds because it is the rule of the module's docs ([`super`]) read
+//! over a returned row: the same forced set and budget as
+//! [`super::select_into`], and the token check's comparison for the free
+//! blocks, so the rule's own rows always pass (the tests run them through
+//! at random shapes). A forced set or budget that differs from the rule's
+//! would break it (the rule's own rows would fail), and so would comparing
+//! the forced blocks' scores: every engine that forces them with sentinel
+//! scores would fail.
+//!
+//! The structural half and the tolerance are the shared machinery of
+//! [`crate::check`] (`scan_row`, `Scored`); the batch entry point is
+//! [`crate::check::check_rows`] with [`crate::check::Rule::Blocks`].
 
-use super::{scan_row, Filler, Problem, RowCheck, Scored, MAX_LISTED};
-use crate::block_sparse::BlockSparseConfig;
+use super::BlockSparseConfig;
+use crate::check::{scan_row, Filler, Problem, RowCheck, Scored, Tolerance, Values, MAX_LISTED};
+
+/// The reasons of the block check, in report order: the top-k's and
+/// `missing_forced`.
+pub const BLOCK_REASONS: &[&str] = &[
+    "padding_hole",
+    "duplicate",
+    "not_causal",
+    "not_in_table",
+    "missing_forced",
+    "wrong_count",
+    "wrong_selection",
+];
 
 /// Checks one engine row of block ids against the row's exact block
 /// `scores` (the max of `q · k` over each block's visible positions, as
-/// [`crate::block_sparse::block_scores_into`] gives them) for a query that
+/// [`super::block_scores_into`] gives them) for a query that
 /// sees `n_blocks` blocks.
 ///
 /// # Panics
 /// If `scores` (or `magnitudes`) holds fewer than `n_blocks` entries, or
 /// `rtol` is non-zero without magnitudes — the batch entry point
-/// ([`super::check_rows`]) checks both.
+/// ([`crate::check::check_rows`]) checks both.
 pub fn check_block_row(
     scores: &[f32],
     magnitudes: Option<&[f32]>,
-    tol: super::Tolerance,
+    tol: Tolerance,
     row: &[i64],
     n_blocks: usize,
     cfg: &BlockSparseConfig,
@@ -35,15 +61,15 @@ pub fn check_block_row(
     assert!(scores.len() >= n_blocks && magnitudes.is_none_or(|m| m.len() >= n_blocks));
     assert!(tol.rtol == 0.0 || magnitudes.is_some());
     let sc = Scored {
-        scores: super::Values::F32(scores),
-        magnitudes: magnitudes.map(super::Values::F32),
+        scores: Values::F32(scores),
+        magnitudes: magnitudes.map(Values::F32),
         tol,
     };
     block_row(&sc, row, row, n_blocks, cfg)
 }
 
 /// [`check_block_row`] on a row read back from the engine's `raw` one.
-pub(super) fn block_row(
+pub(crate) fn block_row(
     sc: &Scored<'_>,
     raw: &[i64],
     row: &[i64],

@@ -1,0 +1,298 @@
+//! A packed batch of sequences, checked once for every caller: the
+//! indexer's and block selection's packed entry points refuse its mistakes
+//! here, with one variant and one message per mistake.
+//!
+//! # The rule
+//!
+//! The keys of `n_seqs` sequences are concatenated (`n_keys` rows), and
+//! sequence `s` owns rows `cu_seqlens[s] .. cu_seqlens[s + 1]`:
+//! `cu_seqlens` has `n_seqs + 1` entries, the first 0, each at least the one
+//! before and at most `n_keys`, the last `n_keys`. Query `i` belongs to
+//! sequence `seq_ids[i]`, which must be `< n_seqs` (`seq_ids` has one entry
+//! per query).
+//!
+//! # Why it holds
+//!
+//! It is exactly what makes every query's keys a slice of the packed keys:
+//! boundaries that rise from 0 to `n_keys` partition the rows, so
+//! `cu_seqlens[s] .. cu_seqlens[s + 1]` is in bounds for every `s < n_seqs`
+//! and no key belongs to two sequences or to none.
+//!
+//! # Refusals
+//!
+//! | mistake | variant |
+//! |---|---|
+//! | `cu_seqlens` empty | `Invalid` (`cu_seqlens`) |
+//! | an entry of `cu_seqlens` negative, first not 0, below the previous or past `n_keys`; the last not `n_keys` | `OutOfRange` (`cu_seqlens`, the entry's index) |
+//! | `seq_ids` not one entry per query | `Length` (`seq_ids`) |
+//! | an entry of `seq_ids` negative or `>= n_seqs` | `OutOfRange` (`seq_ids`, the entry's index) |
+//!
+//! A second copy of any of these, with its own variant or wording, would let
+//! the same batch be refused differently by the rules that read it, so every
+//! packed caller goes through this module.
+
+use crate::block_sparse::IndexLike;
+use crate::error::{check_len, ArgumentError};
+
+/// `cu_seqlens` as `usize` boundaries, checked against the `n_keys` packed
+/// keys of `index_k`.
+pub(crate) fn boundaries<C: IndexLike>(
+    cu_seqlens: &[C],
+    n_keys: usize,
+) -> Result<Vec<usize>, ArgumentError> {
+    if cu_seqlens.is_empty() {
+        return Err(ArgumentError::Invalid {
+            argument: "cu_seqlens",
+            message: "cu_seqlens is empty: it needs n_seqs + 1 entries, starting at 0".into(),
+        });
+    }
+    let out_of_range = |index, message| ArgumentError::OutOfRange {
+        argument: "cu_seqlens",
+        index,
+        message,
+    };
+    let mut bounds = Vec::with_capacity(cu_seqlens.len());
+    let mut prev = 0usize;
+    for (i, &c) in cu_seqlens.iter().enumerate() {
+        let v = c.to_usize();
+        if i == 0 && v != Some(0) {
+            let message = format!("cu_seqlens[0] = {c}, but the first sequence starts at 0");
+            return Err(out_of_range(0, message));
+        }
+        let v = v.filter(|&v| v >= prev && v <= n_keys).ok_or_else(|| {
+            let message = format!(
+                "cu_seqlens[{i}] = {c} is out of range: entries must be non-decreasing \
+                     (the previous is {prev}) and at most the {n_keys} keys of index_k"
+            );
+            out_of_range(i, message)
+        })?;
+        bounds.push(v);
+        prev = v;
+    }
+    if prev != n_keys {
+        let message = format!(
+            "cu_seqlens ends at {prev}, but index_k has {n_keys} keys: the last entry must be \
+             the total key count"
+        );
+        return Err(out_of_range(cu_seqlens.len() - 1, message));
+    }
+    Ok(bounds)
+}
+
+/// Refuses a `seq_ids` of other than one entry per query.
+pub(crate) fn check_seq_ids_len(len: usize, n_queries: usize) -> Result<(), ArgumentError> {
+    check_len("seq_ids", len, n_queries, || {
+        format!("[n_queries={n_queries}]")
+    })
+}
+
+/// `seq_ids[i] = s` as a sequence index, refused unless it names one of the
+/// `n_seqs` sequences `seqs` describes (`cu_seqlens`, or a paged cache's
+/// `seq_lens`).
+pub(crate) fn seq_id<I: IndexLike>(
+    i: usize,
+    s: I,
+    n_seqs: usize,
+    seqs: &str,
+) -> Result<usize, ArgumentError> {
+    s.to_usize()
+        .filter(|&s| s < n_seqs)
+        .ok_or_else(|| ArgumentError::OutOfRange {
+            argument: "seq_ids",
+            index: i,
+            message: format!(
+                "seq_ids[{i}] = {s} is out of range: {seqs} describes {n_seqs} sequence(s), so \
+                 a sequence id must be in 0..{n_seqs}"
+            ),
+        })
+}
+
+/// Every `seq_ids` entry checked by [`seq_id`] (the length is the caller's).
+pub(crate) fn check_seq_ids<I: IndexLike>(
+    seq_ids: &[I],
+    n_seqs: usize,
+    seqs: &str,
+) -> Result<(), ArgumentError> {
+    for (i, &s) in seq_ids.iter().enumerate() {
+        seq_id(i, s, n_seqs, seqs)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::block_sparse::{select_packed_into, BlockSparseConfig};
+    use crate::indexer::{indexer_topk_packed_into, IndexerInputs, IndexerShape};
+    use crate::keys::Encoded;
+    use crate::ArgumentError;
+
+    /// One packed call of each rule over 10 keys of `d = 2`, one query per
+    /// `seq_ids` entry (`query_pos` 0): their refusals, which must agree.
+    fn refusals(cu: &[usize], seq_ids: &[usize], n_queries: usize) -> [ArgumentError; 2] {
+        let (d, n_keys) = (2, 10);
+        let k = vec![1.0f32; n_keys * d];
+        let q = vec![1.0f32; n_queries * d];
+        let (w, pos) = (vec![1.0f32; n_queries], vec![0usize; n_queries]);
+        let shape = IndexerShape {
+            n_queries,
+            n_heads: 1,
+            d,
+            n_keys,
+        };
+        let inputs = IndexerInputs {
+            q: Encoded::F32(&q),
+            weights: &w,
+            k: Encoded::F32(&k),
+            key_scale: None,
+            query_pos: &pos,
+            compress_ratio: 1,
+        };
+        let mut out = vec![7i32; n_queries * 2];
+        let indexer = indexer_topk_packed_into(&shape, &inputs, cu, seq_ids, 2, 0, &mut out, None)
+            .expect_err("the indexer refuses");
+        assert!(
+            out.iter().all(|&x| x == 7),
+            "the indexer wrote before refusing"
+        );
+        let cfg = BlockSparseConfig {
+            block_size: 4,
+            top_blocks: 2,
+            init_blocks: 0,
+            local_blocks: 0,
+        };
+        let blocks = select_packed_into(&q, n_queries, 1, &k, d, cu, seq_ids, &pos, &cfg, &mut out)
+            .expect_err("block selection refuses");
+        assert!(
+            out.iter().all(|&x| x == 7),
+            "block selection wrote before refusing"
+        );
+        [indexer, blocks]
+    }
+
+    /// A refusal's variant, argument and entry index.
+    fn kind(e: &ArgumentError) -> (&'static str, &'static str, Option<usize>) {
+        let variant = match e {
+            ArgumentError::Invalid { .. } => "Invalid",
+            ArgumentError::OutOfRange { .. } => "OutOfRange",
+            ArgumentError::Length { .. } => "Length",
+            _ => "other",
+        };
+        let index = match e {
+            ArgumentError::OutOfRange { index, .. } => Some(*index),
+            _ => None,
+        };
+        (variant, e.argument(), index)
+    }
+
+    /// Every packed-batch mistake is refused by the indexer and by block
+    /// selection with the same variant, argument, index and message.
+    #[test]
+    fn the_indexer_and_block_selection_refuse_each_mistake_alike() {
+        let (cu, sid) = ("cu_seqlens", "seq_ids");
+        let cases: [(&[usize], &[usize], usize, _, &str); 8] = [
+            (&[], &[0], 1, ("Invalid", cu, None), "cu_seqlens is empty"),
+            (
+                &[1, 10],
+                &[0],
+                1,
+                ("OutOfRange", cu, Some(0)),
+                "starts at 0",
+            ),
+            (
+                &[0, 6, 4, 10],
+                &[0],
+                1,
+                ("OutOfRange", cu, Some(2)),
+                "non-decreasing",
+            ),
+            (
+                &[0, 12, 10],
+                &[0],
+                1,
+                ("OutOfRange", cu, Some(1)),
+                "at most the 10",
+            ),
+            (
+                &[0, 4, 12],
+                &[0],
+                1,
+                ("OutOfRange", cu, Some(2)),
+                "at most the 10",
+            ),
+            (
+                &[0, 4, 9],
+                &[0],
+                1,
+                ("OutOfRange", cu, Some(2)),
+                "ends at 9",
+            ),
+            (
+                &[0, 4, 10],
+                &[0, 2],
+                2,
+                ("OutOfRange", sid, Some(1)),
+                "seq_ids[1] = 2",
+            ),
+            (
+                &[0, 4, 10],
+                &[0, 1],
+                1,
+                ("Length", sid, None),
+                "seq_ids has 2 entries",
+            ),
+        ];
+        for (cu, seq_ids, n_queries, want, words) in cases {
+            let [indexer, blocks] = refusals(cu, seq_ids, n_queries);
+            assert_eq!(kind(&indexer), want, "{cu:?} {seq_ids:?}: {indexer:?}");
+            assert_eq!(indexer, blocks, "{cu:?} {seq_ids:?}");
+            assert!(indexer.to_string().contains(words), "{indexer}");
+        }
+    }
+
+    /// A negative boundary or sequence id (block selection reads signed
+    /// integers) is an entry out of range, in the same words.
+    #[test]
+    fn a_negative_entry_is_out_of_range() {
+        let e = super::boundaries(&[0i64, -4, 10], 10).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ArgumentError::OutOfRange {
+                    argument: "cu_seqlens",
+                    index: 1,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = super::boundaries(&[-1i32, 10], 10).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ArgumentError::OutOfRange {
+                    argument: "cu_seqlens",
+                    index: 0,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = super::seq_id(3, -1i64, 2, "cu_seqlens").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ArgumentError::OutOfRange {
+                    argument: "seq_ids",
+                    index: 3,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            super::boundaries(&[0u32, 4, 4, 10], 10),
+            Ok(vec![0, 4, 4, 10])
+        );
+        assert_eq!(super::boundaries::<usize>(&[0], 0), Ok(vec![0]));
+    }
+}
