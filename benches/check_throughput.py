@@ -20,9 +20,10 @@ import os
 import tempfile
 import time
 
-import kvselect as ks
 import ml_dtypes
 import numpy as np
+
+import kvselect as ks
 from kvselect import checking, testing
 
 

@@ -54,8 +54,9 @@ if __name__ == "__main__" and (
     env.update(_IDLE)
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
-import kvselect as ks  # noqa: E402
 import numpy as np  # noqa: E402
+
+import kvselect as ks  # noqa: E402
 from kvselect import reference as ref  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from kvselect import corpus, evaluate
 from kvselect.checking import save_dump
 from kvselect.checking.files import expand

@@ -19,8 +19,9 @@ import sys
 import time
 import timeit
 
-import kvselect as ks
 import numpy as np
+
+import kvselect as ks
 from kvselect._core import _dlpack_array
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "python"))

@@ -21,11 +21,12 @@ import os
 import subprocess
 import sys
 
-import kvselect as ks
 import numpy as np
+from timing import PAUSE_S, interleaved
+
+import kvselect as ks
 from kvselect import _core
 from kvselect.workloads import quantize_fp8
-from timing import PAUSE_S, interleaved
 
 H, D, TOPK = 64, 128, 2048
 DECODE_T = 131_072

@@ -3,7 +3,7 @@
 The docstrings are the one source: this script reads them (and the
 signatures) from the imported package and writes them verbatim, grouped by
 concept, with a table of contents. Nothing is typed by hand here but the
-grouping of ``kvselect``'s own names and the section titles.
+grouping of the names no rule owns and the section titles.
 
 Usage (from the repository root, with kvselect importable)::
 
@@ -15,7 +15,7 @@ Usage (from the repository root, with kvselect importable)::
 What is documented:
 
 - every name of ``kvselect.__all__`` (the native core), in the concept group
-  of :data:`GROUPS`; a name missing from them lands in a section
+  of :data:`GROUPS` (a rule's group from its registry entry, ``kvselect.rules``); a name missing from them lands in a section
   "Not yet grouped" (``tests/python/test_api_docs.py`` refuses that);
 - the public functions and classes of the pure-Python modules in
   :data:`MODULES`: the module's ``__all__`` if it has one, else every name
@@ -40,67 +40,19 @@ from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
 import kvselect
+from kvselect.rules import RULES
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = ROOT / "docs" / "api.md"
 COMMAND = "python scripts/api_docs.py"
 
-# kvselect's own names (all native, from kvselect._core), by concept.
-GROUPS: List[Tuple[str, List[str]]] = [
-    (
-        "Segment witnesses",
-        [
-            "topology_witness_indices",
-            "apply_topology_witnesses",
-            "scatter_topology_witnesses",
-            "segment_of",
-            "random_null",
-            "locality_null",
-            "MAX_TOPOLOGY_SEGMENTS",
-        ],
-    ),
-    (
-        "Block-sparse selection (MiniMax-M3)",
-        [
-            "BlockSparseConfig",
-            "MINIMAX_BLOCK_SIZE",
-            "block_sparse_select",
-            "block_sparse_select_packed",
-            "block_sparse_select_paged",
-            "positions_of_blocks",
-        ],
-    ),
-    (
-        "The lightning indexer (DeepSeek)",
-        [
-            "indexer_topk",
-            "indexer_topk_packed",
-            "indexer_topk_paged",
-        ],
-    ),
-    (
-        "DeepSeek-V4 attention sets and GLM-5-Next pools",
-        [
-            "window_positions",
-            "visible_entries",
-            "compressed_entry_tokens",
-            "expand_entries",
-            "combine_topk_swa_indices",
-        ],
-    ),
+# kvselect's own names (all native, from kvselect._core), by concept: each
+# rule's section is its registry entry's (kvselect.rules: title and api), in
+# the rules' order, then the names no one rule owns.
+GROUPS: List[Tuple[str, List[str]]] = [(rule.title, list(rule.api)) for rule in RULES] + [
     (
         "Engine caches: global slot ids",
         ["GlobalSlots"],
-    ),
-    (
-        "Attention and selectors",
-        [
-            "Selector",
-            "oracle_topk",
-            "dense_attention",
-            "sparse_attention",
-            "attention_probabilities",
-        ],
     ),
     (
         "Metrics",
@@ -149,6 +101,7 @@ MODULES: List[Tuple[str, str]] = [
     ("kvselect.corpus", "A corpus of dumps, serially or on Dask"),
     ("kvselect.checking.files", "Where dumps live: local paths and fsspec URLs"),
     ("kvselect.dump_hf", "Dumping a Hugging Face model"),
+    ("kvselect.rules", "The rules' registry"),
 ]
 
 UNGROUPED = "Not yet grouped"

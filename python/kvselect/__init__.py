@@ -49,6 +49,11 @@ fit in int32, such as ``torch.topk``'s int64). The in-place buffer of
 leaves every buffer byte-identical.
 """
 
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Dict
+
 from kvselect._core import (
     MAX_TOPOLOGY_SEGMENTS,
     MINIMAX_BLOCK_SIZE,
@@ -68,9 +73,6 @@ from kvselect._core import (
     block_sparse_select,
     block_sparse_select_packed,
     block_sparse_select_paged,
-    check_blocks,
-    check_topk,
-    check_witnesses,
     combine_topk_swa_indices,
     compressed_entry_tokens,
     dense_attention,
@@ -99,6 +101,36 @@ from kvselect._core import (
     visible_entries,
     window_positions,
 )
+from kvselect._core import check_blocks as _native_check_blocks
+from kvselect._core import check_topk as _native_check_topk
+from kvselect._core import check_witnesses as _native_check_witnesses
+
+if TYPE_CHECKING:
+    from typing_extensions import ParamSpec
+
+    from kvselect.checking.report import Report
+
+    _P = ParamSpec("_P")
+
+
+def _reported(native: Callable[_P, Dict[str, Any]]) -> Callable[_P, Report]:
+    """The native checker ``native`` returning its report as a
+    :class:`kvselect.checking.Report` (the one report type of every
+    checker), its signature and docstring the native's."""
+
+    @functools.wraps(native)
+    def checker(*args: _P.args, **kwargs: _P.kwargs) -> Report:
+        from kvselect.checking.report import Report
+
+        return Report(native(*args, **kwargs))
+
+    checker.__annotations__ = {}  # (the native's have none; ours name typing-only names)
+    return checker
+
+
+check_topk = _reported(_native_check_topk)
+check_blocks = _reported(_native_check_blocks)
+check_witnesses = _reported(_native_check_witnesses)
 
 __all__ = [
     "BlockSparseConfig",

@@ -29,11 +29,12 @@ seed, and ``make_case(seed)`` rebuilds it."""
 import hashlib
 import pathlib
 
-import kvselect as ks
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import kvselect as ks
 from kvselect import reference as ref
 
 HERE = pathlib.Path(__file__).resolve().parent

@@ -15,11 +15,12 @@ holds the values exactly: the selections must be EQUAL, ties included.
 Randomised cases are reproducible: a failing one names its seed.
 """
 
-import kvselect as ks
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import kvselect as ks
 from kvselect import reference as ref
 
 try:  # the typed bfloat16 / float8 arrays; the raw float16 views need nothing

@@ -18,12 +18,13 @@ import subprocess
 import sys
 import tracemalloc
 
-import kvselect as ks
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
+import kvselect as ks
 from kvselect import reference as ref
 
 SEED_BASE = 20260311

@@ -12,9 +12,10 @@ thousands of randomised rows. Randomised cases are reproducible.
 import json
 import math
 
-import kvselect as ks
 import numpy as np
 import pytest
+
+import kvselect as ks
 from kvselect import reference as ref
 
 SEED = 20261301

@@ -18,12 +18,13 @@ exactly on thousands of randomised rows. Randomised cases use fixed seeds.
 import collections
 import json
 
-import kvselect as ks
 import numpy as np
 import pytest
-from kvselect import reference as ref
 from test_check import _canonical, _order
 from test_check import engine as topk_engine
+
+import kvselect as ks
+from kvselect import reference as ref
 
 SEED = 20261313
 IMPLS = ["native", "reference"]

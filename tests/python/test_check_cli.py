@@ -11,9 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import kvselect as ks
 import numpy as np
 import pytest
+
+import kvselect as ks
 from kvselect import checking
 from kvselect.cli import main
 

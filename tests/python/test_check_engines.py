@@ -10,9 +10,10 @@ import json
 import os
 from pathlib import Path
 
-import kvselect as ks
 import numpy as np
 import pytest
+
+import kvselect as ks
 from kvselect import checking
 from kvselect import reference as ref
 from kvselect.cli import main

@@ -2,9 +2,10 @@
 decides rows against scores exact up to float64 rounding (issue 22, §1), and
 the report tells near-ties apart (§4)."""
 
-import kvselect as ks
 import numpy as np
 import pytest
+
+import kvselect as ks
 from kvselect import checking, reference
 
 IMPLS = ["native", "reference"]
@@ -523,3 +524,34 @@ def test_a_bad_page_layout_is_refused_naming_page_layout():
             page_layout="bogus",
         )
     assert e.value.argument == "page_layout"
+
+
+@pytest.mark.parametrize(
+    "cu, seq, argument, text",
+    [
+        ([0, 5], [0, 0, 0], "cu_seqlens", "cu_seqlens must rise from 0 to the 9 keys"),
+        ([0, 6, 3, 9], [0, 0, 0], "cu_seqlens", "cu_seqlens must rise from 0 to the 9 keys"),
+        ([1, 9], [0, 0, 0], "cu_seqlens", "cu_seqlens must rise from 0 to the 9 keys"),
+        ([0, 4, 9], [0, 2, 1], "seq_ids", "seq_ids must name one of the 2 sequences"),
+        ([0, 4, 9], [0, -1, 1], "seq_ids", "seq_ids must name one of the 2 sequences"),
+    ],
+)
+def test_a_packed_batch_is_refused_by_one_rule_on_the_api_and_the_dump_path(cu, seq, argument, text):
+    # One validation (checking._common._packing_problem): the same mistake,
+    # the same words; the API raises SelectionError naming the argument, a
+    # dump DumpError.
+    rows, q, w, k, pos = _small()
+    cu, seq = np.array(cu), np.array(seq)
+    with pytest.raises(ks.SelectionError) as e:
+        checking.check_indexer_topk(rows, q, w, k, pos, cu_seqlens=cu, seq_ids=seq)
+    assert e.value.argument == argument and text in str(e.value)
+    dump = dict(kind="topk", rows=rows, index_q=q, weights=w, index_k=k, query_pos=pos, cu_seqlens=cu, seq_ids=seq)
+    with pytest.raises(checking.DumpError, match=text):
+        checking.check_dump({key: np.asarray(v) for key, v in dump.items()})
+
+
+def test_a_packed_batchs_seq_ids_need_one_entry_per_row():
+    rows, q, w, k, pos = _small()
+    with pytest.raises(ks.SelectionError) as e:
+        checking.check_indexer_topk(rows, q, w, k, pos, cu_seqlens=np.array([0, 9]), seq_ids=np.zeros(2, np.int64))
+    assert e.value.argument == "seq_ids" and "seq_ids has 2 entries for 3 rows" in str(e.value)

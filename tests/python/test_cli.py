@@ -13,9 +13,10 @@ import json
 import subprocess
 import sys
 
-import kvselect as ks
 import numpy as np
 import pytest
+
+import kvselect as ks
 from kvselect import cli
 from kvselect.evaluate import POLICIES
 

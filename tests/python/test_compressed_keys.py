@@ -4,13 +4,14 @@ token ``p`` sees ``min((p + 1) // m, T)`` entries, the rest of the rule is
 the token-level one. Differential against the NumPy reference around every
 boundary, and against the token-level call it reduces to."""
 
-import kvselect as ks
 import numpy as np
 import pytest
+from pages import vllm_fp8_pages
+
+import kvselect as ks
 from kvselect import reference as ref
 from kvselect import testing as kt
 from kvselect.checking import check_indexer_topk
-from pages import vllm_fp8_pages
 
 SEED = 20261202
 RATIOS = (1, 2, 3, 4, 16, 128)

@@ -19,9 +19,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import kvselect as ks
 import numpy as np
 import pytest
+
+import kvselect as ks
 
 THREADS = 8
 CALLS_PER_THREAD = 12

@@ -9,9 +9,10 @@ naming ``kv_cache``), a scalar ``query_pos`` is a batch of one query, and
 
 from __future__ import annotations
 
-import kvselect as ks
 import numpy as np
 import pytest
+
+import kvselect as ks
 from kvselect import reference as ref
 
 ml_dtypes = pytest.importorskip("ml_dtypes")

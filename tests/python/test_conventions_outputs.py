@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-import kvselect as ks
 import numpy as np
 import pytest
+
+import kvselect as ks
 from kvselect import reference as ref
 
 SEED = 20261201

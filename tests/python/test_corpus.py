@@ -12,9 +12,10 @@ import subprocess
 import sys
 import time
 
-import kvselect as ks
 import numpy as np
 import pytest
+
+import kvselect as ks
 from kvselect import checking, cli, corpus, evaluate, workloads
 from kvselect.checking.files import RangedArray, expand, take_rows
 

@@ -6,11 +6,12 @@ and NumPy's own ``__dlpack__``; no test needs torch.
 
 import gc
 
-import kvselect
-import kvselect.testing as kt
 import numpy as np
 import pytest
 from dlpack_producers import K_DL_CUDA, NumpyExport, Producer, bf16_bits, fp8_bytes
+
+import kvselect
+import kvselect.testing as kt
 
 
 def _indexer(seed=0, n=3, h=4, d=16, t=200):

@@ -9,6 +9,7 @@ import zipfile
 
 import numpy as np
 import pytest
+
 from kvselect import checking
 from kvselect.checking import DumpError, load_dump, save_dump
 from kvselect.cli import main

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import pytest
+
 from kvselect.dump_hf import DumpError, dump_qkv, main, save
 from kvselect.workloads import load_npz
 

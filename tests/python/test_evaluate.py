@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import math
 
-import kvselect as ks
 import numpy as np
 import pytest
+
+import kvselect as ks
 from kvselect import evaluate
 from kvselect.evaluate import POLICIES, PolicyResult, Report, Settings
 from kvselect.workloads import Workload

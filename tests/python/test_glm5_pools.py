@@ -27,8 +27,9 @@ pooled keys as given. Data are small integers and ``d = 16``, ``H = 4`` so
 that every score is exact in float32 on both sides.
 """
 
-import kvselect as ks
 import numpy as np
+
+import kvselect as ks
 
 
 def glm5_next_topk(q, weights, pool_keys, q_positions, kv_len, kpool, index_topk, always_select_tail):

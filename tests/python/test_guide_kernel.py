@@ -3,6 +3,7 @@ radix-select top-k with the bug of vllm-project/vllm#51782, and its fix."""
 
 import numpy as np
 import pytest
+
 from kvselect.testing import assert_topk, cases
 
 CAPACITY = 256  # the candidate buffer of the threshold's bucket (vLLM's is in shared memory)

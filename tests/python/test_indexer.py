@@ -2,11 +2,12 @@
 key and query format, and its contract (rank order, witnesses in the same
 pass, refusals)."""
 
-import kvselect as ks
 import numpy as np
 import pytest
-from kvselect import reference as ref
 from pages import vllm_fp8_pages
+
+import kvselect as ks
+from kvselect import reference as ref
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

@@ -24,9 +24,10 @@ import os
 import subprocess
 import sys
 
-import kvselect as ks
 import numpy as np
 import pytest
+
+import kvselect as ks
 
 LONG = os.environ.get("KVSELECT_SOAK", "").lower() == "long"
 N = 100_000 if LONG else 10_000

@@ -54,6 +54,7 @@ def test_the_package_shows_its_concepts_as_modules_and_folders():
         "evaluate",
         "py.typed",
         "reference",
+        "rules",
         "testing",
         "workloads",
     ]

@@ -28,12 +28,13 @@ a failure reproduces on the next run; KVSELECT_HYPOTHESIS=explore randomizes."""
 import math
 import pickle
 
-import kvselect as ks
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
+import kvselect as ks
 from kvselect import reference as ref
 
 U64_MAX = 2**64 - 1

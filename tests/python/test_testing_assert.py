@@ -1,10 +1,11 @@
 """kvselect.testing's assertions: the kvselect check rules and text, the
 report attached, vacuous rows never passing silently, arrays through _host."""
 
-import kvselect as ks
 import numpy as np
 import pytest
-from kvselect import testing
+
+import kvselect as ks
+from kvselect import checking, testing
 from kvselect.checking import DEFAULT_RTOL, check_dump, format_report
 from kvselect.testing import CheckFailure, assert_blocks, assert_topk, assert_witnesses, cases
 
@@ -268,3 +269,56 @@ def test_assert_topk_takes_dlpack_tensors_from_a_device():
     rows, q, w, k, pos, topk = small()
     report = assert_topk(GpuTensor(rows), GpuTensor(q), CpuTensor(w), GpuTensor(k), pos, topk)
     assert report["wrong"] == 0
+
+
+def test_assert_topk_reports_as_the_dump_check_of_the_same_call_does():
+    # The exact check and the engine's-own-scores check are the checking
+    # layer's, so a dump of the same call gives the same reports; the
+    # assertion only adds the scores' accuracy, its own third check.
+    rows, q, w, k, pos, topk = small()
+    scores = ks.indexer_scores(q, w, k, pos)
+    own = scores.copy()
+    order = np.argsort(-np.nan_to_num(own[1], nan=-np.inf))
+    own[1, order[0]] = own[1, order[topk]] - 1.0  # wrong by the engine's own scores only
+    bad = swap_best_for_best_loser(rows, scores, 2, topk).astype(np.int64)  # wrong by both
+    own[2] = scores[2]
+    with pytest.raises(CheckFailure) as info:
+        assert_topk(bad, q, w, k, pos, topk, engine_scores=own)
+    report = info.value.report
+    dumped = check_dump(
+        {
+            "kind": np.asarray("topk"),
+            "rows": bad,
+            "index_q": q,
+            "weights": w,
+            "index_k": k,
+            "query_pos": pos,
+            "topk": np.asarray(topk),
+            "engine_scores": own,
+        }
+    )
+    assert type(report) is type(dumped) is checking.Report
+    assert report["checks"][:2] == dumped["checks"]
+    for key in ("kind", "tolerance", "filler"):
+        assert report[key] == dumped[key], key
+    assert (report["rows"], report["correct"], report["wrong"]) == (5, 3, 2)
+    assert [x["row"] for x in report["details"]] == [1, 2]
+    assert report["by_reason"]["wrong_selection"] == 2  # row 2 once, though two checks found it
+    assert report["by_reason"]["score_off"] == 1  # row 1's sunk score, the third check's
+    assert [p["check"] for p in report["details"][0]["problems"]] == [
+        "against the engine's own scores, exactly",
+        "the engine's own scores against the exact ones",
+    ]
+
+
+def test_the_assertions_hold_no_checking_logic_of_their_own():
+    # kvselect.testing calls the checking layer: no copy of its precision
+    # names, vacuity rule, context lengths, score bound or report assembly.
+    from kvselect.checking import _common, engine_scores
+
+    for name in ("_PRECISION_ALIASES", "_exactly_vacuous", "_score_accuracy", "_wrong_rows", "_ranks"):
+        assert not hasattr(testing, name), name
+    assert testing._precision is _common._precision
+    assert testing._context_lens is _common._context_lens
+    assert testing.score_accuracy is engine_scores.score_accuracy
+    assert testing.own_scores_check is engine_scores.own_scores_check

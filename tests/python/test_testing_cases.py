@@ -2,9 +2,10 @@
 expected answer passes its assertion, and a perturbed answer fails it for
 the right reason."""
 
-import kvselect as ks
 import numpy as np
 import pytest
+
+import kvselect as ks
 from kvselect.testing import CheckFailure, cases
 
 TOPK = cases.all_topk_cases()

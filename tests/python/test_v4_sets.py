@@ -5,10 +5,11 @@ cache_utils.py``): small rows written out by hand, native == the NumPy
 reference on thousands of random cases around every boundary, and every
 refusal leaving its buffers byte-identical."""
 
-import kvselect as ks
-import kvselect.reference as ref
 import numpy as np
 import pytest
+
+import kvselect as ks
+import kvselect.reference as ref
 
 # -- hand examples (m = 4, W = 4) ----------------------------------------------
 

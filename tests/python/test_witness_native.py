@@ -8,12 +8,13 @@ and ``make_case(seed)`` rebuilds it."""
 
 import math
 
-import kvselect as ks
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
+import kvselect as ks
 from kvselect import reference as ref
 
 I32_MAX = 2**31 - 1

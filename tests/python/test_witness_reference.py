@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+
 from kvselect import reference as ref
 
 

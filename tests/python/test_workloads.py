@@ -7,6 +7,7 @@ from importlib import resources
 
 import numpy as np
 import pytest
+
 from kvselect.workloads import (
     HEAD_KINDS,
     Workload,

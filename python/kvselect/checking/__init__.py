@@ -7,6 +7,8 @@ tensors an engine author saves around it — inputs, output, lengths, config.
 what it found; ``kvselect check DUMP.npz`` does both, exits 1 when any row
 is wrong (so it can gate a kernel's CI) and 2 when the dump cannot be read
 or checked — "cannot check" is never reported as "the engine is wrong".
+Every checker returns one report type, :class:`Report` (a ``dict``: the
+same core keys on every path; its JSON schema is docs/report-schema.md).
 
 The dump format
 ---------------
@@ -139,13 +141,12 @@ every other's, so no selection could fail — and warns when there are any:
 such a check proves nothing about those rows.
 """
 
+from typing import Dict, Mapping, Tuple
+
 from kvselect.checking._common import DEFAULT_RTOL, FILLERS, Dump, DumpError, decode32
 from kvselect.checking.dump_check import check_dump
 from kvselect.checking.dumps import (
-    CHECK_KINDS,
     FORMATS,
-    KINDS,
-    TABLES,
     dump_format_markdown,
     load_dump,
     read_archive,
@@ -154,10 +155,16 @@ from kvselect.checking.dumps import (
 )
 from kvselect.checking.exact import check_indexer_topk
 from kvselect.checking.example import example_path, make_example
-from kvselect.checking.report import format_report, strict_json
+from kvselect.checking.report import Report, format_report, strict_json
 from kvselect.checking.v4 import check_v4_combined_indices
 
+# Derived from the rules' registry on first use (module __getattr__, below).
+KINDS: Tuple[str, ...]
+CHECK_KINDS: Tuple[str, ...]
+TABLES: Dict[str, Mapping[str, Tuple[str, str, str, str]]]
+
 __all__ = [
+    "Report",
     "check_v4_combined_indices",
     "DEFAULT_RTOL",
     "FILLERS",
@@ -180,3 +187,13 @@ __all__ = [
     "make_example",
     "example_path",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The kinds and their tables come from the rules' registry, on first use
+    # (kvselect.checking.dumps says why).
+    if name in ("KINDS", "CHECK_KINDS", "TABLES"):
+        from kvselect.checking import dumps
+
+        return getattr(dumps, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

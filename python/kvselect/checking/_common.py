@@ -5,11 +5,12 @@ read as the checkers take them."""
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 import kvselect as ks
+from kvselect.checking.report import Report
 
 DEFAULT_RTOL: Dict[str, float] = {
     "float32": 2.0**-16,
@@ -158,19 +159,34 @@ def _refused(argument: str, message: str) -> ks.SelectionError:
     return e
 
 
+def _precision(precision: str, refuse: Callable[[str], Exception]) -> str:
+    """``precision`` (a name of :data:`DEFAULT_RTOL` or an alias) as its
+    name there; an unknown one is refused with ``refuse(message)`` (a
+    ``DumpError`` for a dump, a ``SelectionError`` naming ``precision`` for
+    the API, a ``ValueError`` for :mod:`kvselect.testing`)."""
+    p = _ALIASES.get(precision, precision)
+    if p not in DEFAULT_RTOL:
+        raise refuse(f"precision must be one of {', '.join(DEFAULT_RTOL)}, got {precision!r}")
+    return p
+
+
 def _tolerance(d: Mapping[str, np.ndarray], atol: Optional[float], rtol: Optional[float]):
     precision = _text(d, "precision", "float32")
     assert precision is not None
-    precision = _ALIASES.get(precision, precision)
-    if precision not in DEFAULT_RTOL:
-        raise DumpError(f"precision must be one of {', '.join(DEFAULT_RTOL)}, got {precision!r}")
-    return precision, (0.0 if atol is None else atol), (DEFAULT_RTOL[precision] if rtol is None else rtol)
+    precision = _precision(precision, DumpError)
+    return (precision, *_tolerance_values(precision, atol, rtol))
 
 
-def _merge(reports: List[Tuple[np.ndarray, dict]]) -> dict:
+def _tolerance_values(precision: str, atol: Optional[float], rtol: Optional[float]) -> Tuple[float, float]:
+    """``(atol, rtol)`` with their defaults: 0, and ``precision``'s
+    :data:`DEFAULT_RTOL` (``precision`` a name there)."""
+    return (0.0 if atol is None else atol), (DEFAULT_RTOL[precision] if rtol is None else rtol)
+
+
+def _merge(reports: List[Tuple[np.ndarray, dict]]) -> Report:
     """One report from the reports of row subsets (``rows[i]`` of each is the
     dump's row number of its row ``i``)."""
-    out: dict = {"rows": 0, "correct": 0, "wrong": 0, "by_reason": {}, "details": []}
+    out = Report(rows=0, correct=0, wrong=0, by_reason={}, details=[])
     for rows, r in reports:
         for k in ("rows", "correct", "wrong"):
             out[k] += r[k]
@@ -241,13 +257,69 @@ def _formats(d: Mapping[str, np.ndarray]) -> Dict[str, Any]:
     return {"key_format": f.get("index_k"), "query_format": f.get("index_q")}
 
 
-def _check_packing(cu: np.ndarray, seq: np.ndarray, n_keys: int) -> None:
-    """``cu_seqlens`` rises from 0 to the keys, and each ``seq_ids`` entry
-    names one of its sequences."""
-    if len(cu) < 2 or np.any(np.diff(cu) < 0) or cu[0] != 0 or cu[-1] != n_keys:
-        raise DumpError(f"cu_seqlens must rise from 0 to the {n_keys} keys, got {cu[:8]}")
+def _packing_problem(
+    cu: np.ndarray, seq: np.ndarray, n_keys: int, n_rows: Optional[int] = None
+) -> Optional[Tuple[str, str]]:
+    """The first mistake of a packed batch as ``(argument, message)``, or
+    None: ``seq_ids`` one entry per row (when ``n_rows`` is given),
+    ``cu_seqlens`` rising from 0 to the keys, each ``seq_ids`` entry naming
+    one of its sequences. The one rule of the dump's check and the API's
+    (:func:`_check_packing`)."""
+    if n_rows is not None and len(seq) != n_rows:
+        return "seq_ids", f"seq_ids has {len(seq)} entries for {n_rows} rows"
+    if len(cu) < 2 or cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] != n_keys:
+        return "cu_seqlens", f"cu_seqlens must rise from 0 to the {n_keys} keys, got {cu[:8]}"
     if len(seq) and (seq.min() < 0 or seq.max() >= len(cu) - 1):
-        raise DumpError(f"seq_ids must name one of the {len(cu) - 1} sequences")
+        return "seq_ids", f"seq_ids must name one of the {len(cu) - 1} sequences"
+    return None
+
+
+def _dump_refusal(argument: str, message: str) -> DumpError:
+    """A dump's refusal: the message names the key."""
+    return DumpError(message)
+
+
+def _check_packing(
+    cu: np.ndarray,
+    seq: np.ndarray,
+    n_keys: int,
+    refuse: Callable[[str, str], Exception] = _dump_refusal,
+    n_rows: Optional[int] = None,
+) -> None:
+    """Refuses a packed batch's first mistake (:func:`_packing_problem`)
+    with ``refuse(argument, message)``: a :class:`DumpError` by default (a
+    dump's), :func:`_refused` for the API (a ``SelectionError`` naming the
+    argument)."""
+    problem = _packing_problem(cu, seq, n_keys, n_rows)
+    if problem is not None:
+        raise refuse(*problem)
+
+
+def _context_lens(
+    query_pos: np.ndarray, compress_ratio: int, n_keys: int, cu: Optional[np.ndarray], seq: Optional[np.ndarray]
+) -> np.ndarray:
+    """Each indexer row's context ``min((query_pos + 1) // compress_ratio,
+    its sequence's keys)``: ``n_keys`` keys when ``cu`` (a packed batch's
+    ``cu_seqlens``, ``seq`` its ``seq_ids``) is None."""
+    total = n_keys if cu is None else np.diff(np.asarray(cu, dtype=np.int64))[np.asarray(seq, dtype=np.int64)]
+    return np.minimum((np.asarray(query_pos, dtype=np.int64) + 1) // compress_ratio, total)
+
+
+def _topk_of(rows: np.ndarray, topk: Optional[int], layout: Any) -> int:
+    """``topk``, or the rows' width (a rank's width with DCP ``layout``)."""
+    if topk is not None:
+        return int(topk)
+    ranks = 1 if layout is None else int(getattr(layout, "dcp_size", 1) or 1)
+    return rows.shape[1] // ranks
+
+
+# The float32 unit roundoff.
+_U32 = 2.0**-24
+
+
+def _gamma(n: int) -> float:
+    """Higham's ``γ_n = n u / (1 - n u)``, ``u = 2^-24``."""
+    return n * _U32 / (1.0 - n * _U32)
 
 
 def _same_rows(n: int, d: Mapping[str, np.ndarray], *keys: str) -> None:

@@ -7,6 +7,7 @@ kind's table, naming the closest known key, and memory-maps each array."""
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import struct
 import zipfile
@@ -17,11 +18,40 @@ import numpy as np
 from kvselect.checking._common import Dump, DumpError, _text
 from kvselect.checking.files import RangedArray, Source
 
-KINDS = ("topk", "blocks", "witnesses", "v4_combined", "workload")
-"""The dump kinds: the four ``kvselect check`` reads and ``kvselect eval``'s workload."""
+# KINDS, CHECK_KINDS and TABLES are derived from the rules' registry
+# (kvselect.rules) on first use, not at import: the rule modules import this
+# package's helpers, so this module must not import them back while it loads.
+KINDS: Tuple[str, ...]
+"""The dump kinds: every rule's (what ``kvselect check`` reads) and ``kvselect eval``'s workload."""
+
+CHECK_KINDS: Tuple[str, ...]
+"""The kinds ``kvselect check`` reads: every rule's dump kinds, in rule order."""
+
+TABLES: Dict[str, Mapping[str, "_T"]]
+"""Every kind's keys: ``key -> (dtype class, shape, when required, meaning)``
+(docs/dump-format.md is these tables). A key not in its kind's table is refused."""
 
 
-CHECK_KINDS = ("topk", "blocks", "witnesses", "v4_combined")
+@functools.lru_cache(maxsize=None)
+def _derived() -> Dict[str, Any]:
+    from kvselect.rules import dump_kinds
+
+    kinds = dump_kinds()
+    tables: Dict[str, Mapping[str, _T]] = {name: kind.table for name, kind in kinds.items()}
+    tables["workload"] = _WORKLOAD
+    return {"KINDS": tuple(tables), "CHECK_KINDS": tuple(kinds), "TABLES": tables}
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("KINDS", "CHECK_KINDS", "TABLES"):
+        return _derived()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _notes() -> Dict[str, str]:
+    from kvselect.rules import dump_kinds
+
+    return {**{name: kind.note for name, kind in dump_kinds().items()}, "workload": _WORKLOAD_NOTE}
 
 
 FORMATS: Dict[str, Any] = {"bfloat16": np.uint16, "float16": np.uint16, "float8_e4m3fn": np.uint8}
@@ -37,172 +67,36 @@ _RAW_FORMATS = FORMATS
 _T = Tuple[str, str, str, str]
 
 
-TABLES: Dict[str, Dict[str, _T]] = {
-    "topk": {
-        "kind": ("str", "", "required", '"topk"'),
-        "rows": (
-            "int",
-            "[n_rows, topk]; with dcp_size: [n_rows, dcp_size * topk]",
-            "required",
-            "the engine's output, any order, -1 padded (with DCP: every rank's rows side by side)",
-        ),
-        "scores": ("float", "[n_rows, n_positions]", "scores or the indexer inputs", "the exact scores"),
-        "context_lens": ("int", "[n_rows]", "with scores", "each row's positions"),
-        "magnitudes": (
-            "float",
-            "[n_rows, n_positions]",
-            "optional, with scores",
-            "each score's error scale (for a relative tolerance)",
-        ),
-        "index_q": ("float", "[n_rows, H, d]", "the indexer inputs or scores", "the indexer's queries"),
-        "weights": ("float", "[n_rows, H]", "with index_q", "per-row head weights, scales folded in"),
-        "index_k": ("float", "[n_keys, d]", "with index_q", "the indexer's keys"),
-        "key_scale": (
-            "float",
-            "[n_keys], or 0-d (one scale for every key)",
-            "optional, with index_k",
-            "per-key scales, or a per-tensor scale",
-        ),
-        "query_pos": ("int", "[n_rows]", "with index_q", "each row's query position (within its sequence)"),
-        "cu_seqlens": (
-            "int",
-            "[n_seqs + 1]",
-            "optional, with index_q",
-            "packed sequences' key offsets (as indexer_topk_packed takes them)",
-        ),
-        "seq_ids": ("int", "[n_rows]", "with cu_seqlens or kv_cache", "each row's sequence"),
-        "kv_cache": (
-            "cache",
-            "[num_blocks, block_size, d]; fp8_scaled: uint8 [num_blocks, block_size, (1,) d + 4]",
-            "optional, with index_q (instead of index_k)",
-            "the indexer's paged key cache, as indexer_topk_paged takes it",
-        ),
-        "seq_lens": ("int", "[n_seqs]", "with kv_cache", "each sequence's keys in the cache"),
-        "compress_ratio": (
-            "int scalar",
-            "",
-            "optional, with index_q",
-            "tokens per key: rows select compressed entries (DeepSeek-V4 CSA: 4), a row's context "
-            "is (query_pos + 1) // compress_ratio entries (default 1)",
-        ),
-        "page_layout": (
-            "str",
-            "",
-            "optional, with kv_cache",
-            '"dense" (default) or "fp8_scaled" (vLLM\'s DSA index-K pages)',
-        ),
-        "topk": ("int scalar", "", "optional", "k (default: the rows' width; with DCP: width / dcp_size)"),
-        "engine_scores": (
-            "float",
-            "[n_rows, n_positions]",
-            "optional",
-            "the engine's own scores, whose exact top-k the rows must also be",
-        ),
-        "precision": ("str", "", "optional", "the engine's coarsest rounding (default float32)"),
-        "filler": (
-            "str",
-            "",
-            "optional",
-            'the engine\'s filler: "-1" (default), "past_context" or "repeat" (check_topk\'s filler=)',
-        ),
-        "block_table": (
-            "int",
-            "[n_requests, max_blocks]; with dcp_size: [dcp_size, n_requests, max_blocks]",
-            "optional; with kv_cache required",
-            "rows are global slot ids through it (GlobalSlots); with kv_cache, the cache's "
-            "block table [n_seqs, max_blocks], shared: rows are global slot ids only with req_ids",
-        ),
-        "req_ids": ("int", "[n_rows]", "with block_table (with kv_cache: optional, = seq_ids)", "each row's request"),
-        "block_size": ("int scalar", "", "with block_table (with kv_cache: kv_cache's page size)", "tokens per page"),
-        "block_stride_rows": ("int scalar", "", "optional", "slots per page (default block_size)"),
-        "prefill_req_ids": ("int", "[n_rows]", "optional", "a prefill row's request, -1 for decode"),
-        "workspace_starts": ("int", "[n_prefill_requests]", "optional", "prefill workspace offsets"),
-        "dcp_size": ("int scalar", "", "optional", "decode context parallel ranks (default 1)"),
-        "dcp_interleave": ("int scalar", "", "optional", "tokens dealt to a rank at a time (default 1)"),
-    },
-    "blocks": {
-        "kind": ("str", "", "required", '"blocks"'),
-        "index_q": ("float", "[n_queries, n_kv_heads, d]", "required", "the block indexer's queries"),
-        "index_k": ("float", "[n_keys, d]", "required", "its keys"),
-        "query_pos": ("int", "[n_queries]", "required", "each query's position (within its sequence)"),
-        "block_size": ("int scalar", "", "required", "BlockSparseConfig.block_size"),
-        "top_blocks": ("int scalar", "", "required", "BlockSparseConfig.top_blocks"),
-        "init_blocks": ("int scalar", "", "required", "BlockSparseConfig.init_blocks"),
-        "local_blocks": ("int scalar", "", "required", "BlockSparseConfig.local_blocks"),
-        "rows": (
-            "int",
-            "[n_queries, n_kv_heads, width] (head_major: [n_kv_heads, n_queries, width])",
-            "required",
-            "block ids, any order, -1 padded",
-        ),
-        "head_major": ("int scalar", "", "optional", "1: rows are head-major"),
-        "block_table": ("int", "[n_seqs, max_blocks]", "optional", "rows are physical page ids through it"),
-        "cu_seqlens": ("int", "[n_seqs + 1]", "optional", "packed sequences' key offsets"),
-        "seq_ids": ("int", "[n_queries]", "optional (default all 0)", "each query's sequence"),
-        "precision": ("str", "", "optional", "the engine's coarsest rounding (default float32)"),
-    },
-    "witnesses": {
-        "kind": ("str", "", "required", '"witnesses"'),
-        "before": ("int", "[rows, topk]", "required", "the buffer before scatter_topology_witnesses_"),
-        "after": ("int", "[rows, topk]", "required", "the buffer after it"),
-        "context_lens": ("int", "[rows]", "required", "each row's positions"),
-        "num_segments": ("int scalar", "", "required", "the call's num_segments"),
-    },
-    "v4_combined": {
-        "kind": ("str", "", "required", '"v4_combined"'),
-        "combined_indices": (
-            "int",
-            "[num_tokens, width]",
-            "required",
-            "the engine's combine_topk_swa_indices rows (DeepSeek-V4 sparse prefill)",
-        ),
-        "combined_lens": ("int", "[num_tokens]", "required", "the engine's row lengths"),
-        "index_q": ("float", "[num_tokens, H, d]", "required", "the indexer's queries"),
-        "weights": ("float", "[num_tokens, H]", "required", "its head weights, scales folded in"),
-        "index_k": ("float", "[n_entries, d]", "required", "every request's compressed indexer keys"),
-        "key_scale": ("float", "[n_entries]", "optional", "per-entry scales (fp8 cache)"),
-        "cu_entries": ("int", "[num_reqs + 1]", "required", "request b's entries: index_k rows cu_entries[b] .."),
-        "query_start_loc": ("int", "[num_reqs + 1]", "required", "as combine_topk_swa_indices takes it"),
-        "seq_lens": ("int", "[num_reqs]", "required", "each request's tokens"),
-        "gather_lens": ("int", "[num_reqs]", "required", "the tokens gathered into its workspace"),
-        "window_size": ("int scalar", "", "required", "the sliding window W"),
-        "compress_ratio": ("int scalar", "", "required", "tokens per compressed entry (CSA: 4)"),
-        "topk": ("int scalar", "", "required", "the indexer's top-k"),
-        "M": ("int scalar", "", "required", "the per-request workspace stride"),
-        "N": ("int scalar", "", "required", "the window's offset in the workspace"),
-        "precision": ("str", "", "optional", "the engine's coarsest rounding (default float32)"),
-    },
-    "workload": {
-        "kind": ("str", "", "optional when q, k and v are present", '"workload"'),
-        "q": ("float", "[layers, n_heads, tokens, d]", "required", "the query heads (after rotary / norms)"),
-        "k": ("float", "[layers, n_kv_heads, tokens, d]", "required", "the key heads"),
-        "v": ("float", "[layers, n_kv_heads, tokens, d_v]", "required", "the value heads"),
-        "index_q": (
-            "float",
-            "[layers, n_kv_heads, tokens, d_idx]; DSA form: [layers, tokens, H, d_idx]",
-            "optional, with index_k",
-            "your indexer's queries",
-        ),
-        "index_k": (
-            "float",
-            "[layers, n_kv_heads, tokens, d_idx]; DSA form: [layers, tokens, d_idx]",
-            "optional, with index_q",
-            "your indexer's keys",
-        ),
-        "weights": (
-            "float",
-            "[layers, tokens, H]",
-            "optional (makes the DSA form)",
-            "the DSA indexer's per-query head weights, scales folded in",
-        ),
-        "key_scale": ("float", "[layers, tokens]", "optional, DSA form", "per-key scales (fp8 cache)"),
-        "scale": ("number", "", "optional", "the softmax scale (default 1/sqrt(d))"),
-        "layer_ids": ("int", "[layers]", "optional", "the model's layer numbers"),
-        "kv_head_ids": ("int", "[layers, n_kv_heads]", "optional", "the model's KV head numbers"),
-    },
+# The eval's own kind: the Q/K/V a policy is judged on (the check kinds are
+# the rules', kvselect.rules).
+_WORKLOAD: Dict[str, _T] = {
+    "kind": ("str", "", "optional when q, k and v are present", '"workload"'),
+    "q": ("float", "[layers, n_heads, tokens, d]", "required", "the query heads (after rotary / norms)"),
+    "k": ("float", "[layers, n_kv_heads, tokens, d]", "required", "the key heads"),
+    "v": ("float", "[layers, n_kv_heads, tokens, d_v]", "required", "the value heads"),
+    "index_q": (
+        "float",
+        "[layers, n_kv_heads, tokens, d_idx]; DSA form: [layers, tokens, H, d_idx]",
+        "optional, with index_k",
+        "your indexer's queries",
+    ),
+    "index_k": (
+        "float",
+        "[layers, n_kv_heads, tokens, d_idx]; DSA form: [layers, tokens, d_idx]",
+        "optional, with index_q",
+        "your indexer's keys",
+    ),
+    "weights": (
+        "float",
+        "[layers, tokens, H]",
+        "optional (makes the DSA form)",
+        "the DSA indexer's per-query head weights, scales folded in",
+    ),
+    "key_scale": ("float", "[layers, tokens]", "optional, DSA form", "per-key scales (fp8 cache)"),
+    "scale": ("number", "", "optional", "the softmax scale (default 1/sqrt(d))"),
+    "layer_ids": ("int", "[layers]", "optional", "the model's layer numbers"),
+    "kv_head_ids": ("int", "[layers, n_kv_heads]", "optional", "the model's KV head numbers"),
 }
-"""Every kind's keys: ``key -> (dtype class, shape, when required, meaning)``
-(docs/dump-format.md is these tables). A key not in its kind's table is refused."""
 
 
 # Old or easily confused names: the suggestion for each (the eval format's old
@@ -251,8 +145,9 @@ def save_dump(path: Union[str, "os.PathLike[str]"], kind: str, **arrays: Any) ->
     OSError
         When the file cannot be written (the temporary file is removed).
     """
-    if kind not in KINDS:
-        raise DumpError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    kinds = _derived()["KINDS"]
+    if kind not in kinds:
+        raise DumpError(f"kind must be one of {', '.join(kinds)}, got {kind!r}")
     out: Dict[str, np.ndarray] = {"kind": np.asarray(kind)}
     for name, value in arrays.items():
         a = np.asarray(value)
@@ -465,16 +360,16 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "", expect: Opti
         kind = "workload"  # a plain np.savez(path, q=..., k=..., v=...)
     else:
         raise DumpError(
-            f"{where}: no 'kind' key (one of {', '.join(KINDS)}; a file without one "
+            f"{where}: no 'kind' key (one of {', '.join(_derived()['KINDS'])}; a file without one "
             f"is a workload only when it has q, k and v)"
         )
-    if kind not in KINDS:
-        raise DumpError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind not in _derived()["KINDS"]:
+        raise DumpError(f"{where}: kind must be one of {', '.join(_derived()['KINDS'])}, got {kind!r}")
     assert kind is not None
     if expect is not None and kind not in expect:
         how = "kvselect eval --workload" if kind == "workload" else "kvselect check"
         raise DumpError(f"{where}: a {kind} dump, not {' or '.join(expect)} ({how} reads it)")
-    table = TABLES[kind]
+    table = _derived()["TABLES"][kind]
     for k in sorted(d):  # np.savez of ml_dtypes arrays: raw void bytes
         a = d[k]
         if a.dtype.kind != "V" or a.dtype.names is not None:
@@ -572,22 +467,14 @@ _DTYPE_WORDS = {
 }
 
 
-_KIND_NOTES = {
-    "topk": "A token top-k (the lightning indexer's, or any), checked by `kvselect check`. "
-    "The exact scores are either given (`scores` + `context_lens`) or computed from "
-    "the indexer's inputs (`index_q`, `weights`, `index_k`, `query_pos`).",
-    "blocks": "MiniMax-M3 block selection, checked by `kvselect check`.",
-    "witnesses": "An in-place `scatter_topology_witnesses_` call, checked by `kvselect check`.",
-    "v4_combined": "DeepSeek-V4's combined sparse-prefill index (vLLM's `combine_topk_swa_indices`: "
-    "the CSA top-k over compressed entries, then the sliding window), checked by "
-    "`kvselect check` (`kvselect.checking.check_v4_combined_indices`).",
-    "workload": "Q/K/V a selection policy is judged on, read by `kvselect eval --workload` "
+_WORKLOAD_NOTE = (
+    "Q/K/V a selection policy is judged on, read by `kvselect eval --workload` "
     "(`kvselect.workloads.load_npz`; `python -m kvselect.dump_hf` writes one). "
     "A file without `kind` that has `q`, `k` and `v` is a workload (a plain "
     "`np.savez(path, q=..., k=..., v=...)`). `weights` makes the DSA form "
     "(DeepSeek-V3.2/V4, GLM-5): `index_q` is then `[layers, tokens, H, d_idx]` "
-    "and `index_k` `[layers, tokens, d_idx]`.",
-}
+    "and `index_k` `[layers, tokens, d_idx]`."
+)
 
 
 def dump_format_markdown() -> str:
@@ -633,12 +520,12 @@ def dump_format_markdown() -> str:
         "",
         '`kvselect check` exits 2 (never 1, "the engine is wrong") for any dump it cannot check.',
     ]
-    for kind, table in TABLES.items():
+    for kind, table in _derived()["TABLES"].items():
         out += [
             "",
             f'## kind = "{kind}"',
             "",
-            _KIND_NOTES[kind],
+            _notes()[kind],
             "",
             "| key | dtype | shape | required | meaning |",
             "|---|---|---|---|---|",

@@ -14,33 +14,31 @@ import numpy as np
 
 import kvselect as ks
 from kvselect.checking._common import (
-    _ALIASES,
     _CHUNK_BYTES,
-    DEFAULT_RTOL,
+    _U32,
     FILLERS,
     Dump,
     DumpError,
+    _check_packing,
+    _gamma,
     _merge,
     _paged_keys,
+    _precision,
     _refused,
+    _tolerance_values,
+    _topk_of,
     _vacuous_rows,
     decode32,
 )
+from kvselect.checking.report import Report
 
-# The float32 unit roundoff, the float64 one, and the smallest subnormal
-# float32's half (the absolute error of a rounding into the subnormal range).
-_U32 = 2.0**-24
-
-
+# The float64 unit roundoff, and the smallest subnormal float32's half (the
+# absolute error of a rounding into the subnormal range); the float32 unit
+# roundoff ``_U32`` and ``_gamma`` are shared (the engine's own scores use them).
 _U64 = 2.0**-53
 
 
 _ETA32 = 2.0**-150
-
-
-def _gamma(n: int) -> float:
-    """Higham's ``γ_n = n u / (1 - n u)``, ``u = 2^-24``."""
-    return n * _U32 / (1.0 - n * _U32)
 
 
 def _up32(x: np.ndarray) -> np.ndarray:
@@ -124,7 +122,7 @@ def indexer_check(
     whole: Optional[ks.GlobalSlots] = None,
     filler: str = "-1",
     compress_ratio: int = 1,
-) -> dict:
+) -> Report:
     """The body of :func:`check_indexer_topk` (and of a dump's indexer-input
     check): ``layout_of(rows)`` is the ``GlobalSlots`` of those rows, or
     None; ``whole``, a ``GlobalSlots`` of every row, checks the batch in one
@@ -155,12 +153,7 @@ def indexer_check(
             raise _refused("seq_ids", "cu_seqlens needs seq_ids: each row's sequence")
         cu = np.asarray(cu_seqlens).astype(np.int64).reshape(-1)
         seq = np.asarray(seq_ids).astype(np.int64).reshape(-1)
-        if len(seq) != n:
-            raise _refused("seq_ids", f"seq_ids has {len(seq)} entries for {n} rows")
-        if len(cu) < 2 or cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] != len(k_arr):
-            raise _refused("cu_seqlens", f"cu_seqlens must rise from 0 to the {len(k_arr)} keys")
-        if len(seq) and (seq.min() < 0 or seq.max() >= len(cu) - 1):
-            raise _refused("seq_ids", f"seq_ids must name one of the {len(cu) - 1} sequences")
+        _check_packing(cu, seq, len(k_arr), _refused, n_rows=n)
     w32 = np.asarray(weights, dtype=np.float32)
     c32 = None if key_scale is None else np.asarray(key_scale, dtype=np.float32)
     if c32 is not None and c32.ndim == 0:
@@ -278,13 +271,6 @@ def indexer_check(
             ("padding_hole", "duplicate", "not_causal", "not_in_table", "wrong_count", "wrong_selection"), 0
         )
     return out
-
-
-def _topk_of(rows: np.ndarray, topk: Optional[int], layout: Any) -> int:
-    if topk is not None:
-        return int(topk)
-    ranks = 1 if layout is None else int(getattr(layout, "dcp_size", 1) or 1)
-    return rows.shape[1] // ranks
 
 
 def _rescore(
@@ -582,7 +568,7 @@ def check_indexer_topk(
     seq_lens: Any = None,
     page_layout: str = "dense",
     compress_ratio: int = 1,
-) -> dict:
+) -> Report:
     """Whether each engine row is a correct lightning-indexer top-k of the indexer's inputs.
 
     Judged against scores **exact up to float64 rounding**. The arguments
@@ -655,7 +641,7 @@ def check_indexer_topk(
 
     Returns
     -------
-    dict
+    Report
         The report of :func:`kvselect.check_topk` (``rows``, ``correct``,
         ``wrong``, ``by_reason``, ``details``) plus ``vacuous``: the number
         of rows no selection could fail at this tolerance.
@@ -762,11 +748,8 @@ def check_indexer_topk(
       per row near its line; more on the wrong rows, which are screened
       again one by one).
     """
-    p = _ALIASES.get(precision, precision)
-    if p not in DEFAULT_RTOL:
-        raise _refused("precision", f"precision must be one of {', '.join(DEFAULT_RTOL)}, got {precision!r}")
-    atol_ = 0.0 if atol is None else float(atol)
-    rtol_ = DEFAULT_RTOL[p] if rtol is None else float(rtol)
+    p = _precision(precision, lambda message: _refused("precision", message))
+    atol_, rtol_ = (float(x) for x in _tolerance_values(p, atol, rtol))
     for name, v in (("atol", atol_), ("rtol", rtol_)):
         if not (np.isfinite(v) and v >= 0):
             raise _refused(name, f"{name} = {v} must be finite and non-negative")

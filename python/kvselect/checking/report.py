@@ -1,11 +1,83 @@
-"""The report a kernel author acts on: :func:`format_report`'s text (what
-``kvselect check`` prints) from a :func:`check_dump` result."""
+"""The report a kernel author acts on: :class:`Report`, the one type every
+checker returns, and :func:`format_report`'s text (what ``kvselect check``
+prints) from a :func:`check_dump` result."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+
+
+class Report(Dict[str, Any]):
+    """What every checker returns: one report type, a ``dict``.
+
+    Index it (``report["correct"]``), iterate it, ``json.dumps`` it, pickle
+    it: it is a ``dict`` of plain Python data. Every checker returns it —
+    :func:`kvselect.check_topk`, :func:`kvselect.check_blocks`,
+    :func:`kvselect.check_witnesses`, :func:`check_indexer_topk`,
+    :func:`check_v4_combined_indices`, :func:`check_dump` and the
+    assertions of :mod:`kvselect.testing` — with the same core keys on every
+    path, so a harness written against one reads any other:
+
+    - ``rows``, ``correct``, ``wrong`` (int): the rows checked, the rows
+      every check found right, the rows some check found wrong;
+    - ``by_reason`` (dict of str to int): for each reason, how many rows
+      have it (a row counted once per reason; every reason of the check,
+      0 when none);
+    - ``details`` (list): one entry per wrong row, in row order: its
+      ``row``, its ``problems`` (each a dict with its ``reason`` and what
+      was found), and for a block check the row's ``query`` and ``kv_head``.
+
+    A token top-k check adds ``vacuous`` (int): the rows no selection could
+    fail at the tolerance. A dump's report (:func:`check_dump`, the
+    assertions) adds ``kind``; ``tolerance`` (``precision``, ``atol``,
+    ``rtol``, ``note``); ``filler`` (``topk`` dumps); and ``checks``, one
+    entry per check (``name`` and its own ``report``, a :class:`Report`).
+    There the core keys are computed from the checks: ``wrong`` counts the
+    rows some check found wrong, ``by_reason`` the rows with each reason in
+    any check, and ``details`` holds each wrong row once with the problems
+    of every check (each problem naming its ``check``).
+
+    The JSON schema of the report is in ``docs/report-schema.md``
+    (``kvselect check --json`` writes it, a non-finite number as the string
+    ``"nan"``, ``"inf"`` or ``"-inf"``: :func:`strict_json`).
+    """
+
+    CORE_KEYS = ("rows", "correct", "wrong", "by_reason", "details")
+    """The keys of every report."""
+
+    DUMP_KEYS = ("kind", "tolerance", "checks")
+    """The keys a dump's report adds (and ``filler`` for a ``topk`` dump)."""
+
+
+def dump_report(
+    kind: str,
+    tolerance: Dict[str, Any],
+    checks: Sequence[Tuple[str, Mapping[str, Any]]],
+    filler: Optional[str] = None,
+) -> Report:
+    """A dump's report from its checks' reports (``(name, report)`` in
+    order, each over the same rows): the dump keys, and the core keys
+    computed from the checks (see :class:`Report`)."""
+    merged: Dict[int, Dict[str, Any]] = {}
+    by_reason: Dict[str, int] = {}
+    for name, r in checks:
+        by_reason.update((reason, 0) for reason in r["by_reason"] if reason not in by_reason)
+        for x in r["details"]:
+            row = merged.setdefault(x["row"], {k: v for k, v in x.items() if k != "problems"})
+            row.setdefault("problems", []).extend(dict(p, check=name) for p in x["problems"])
+    details: List[Dict[str, Any]] = [merged[i] for i in sorted(merged)]
+    for x in details:
+        for reason in dict.fromkeys(p["reason"] for p in x["problems"]):
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+    n = int(checks[0][1]["rows"])
+    out = Report(kind=kind, tolerance=tolerance)
+    if filler is not None:
+        out["filler"] = filler
+    out.update(rows=n, correct=n - len(details), wrong=len(details), by_reason=by_reason, details=details)
+    out["checks"] = [{"name": name, "report": r if isinstance(r, Report) else Report(r)} for name, r in checks]
+    return out
 
 
 def _digits(x: Any) -> str:

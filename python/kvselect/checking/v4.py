@@ -31,6 +31,7 @@ import numpy as np
 
 from kvselect.checking._common import _refused
 from kvselect.checking.exact import check_indexer_topk
+from kvselect.checking.report import Report
 
 _REASONS = ("window_slot", "padding", "wrong_len")
 
@@ -57,7 +58,7 @@ def check_v4_combined_indices(
     precision: str = "float32",
     atol: Optional[float] = None,
     rtol: Optional[float] = None,
-) -> dict:
+) -> Report:
     """Whether each row of vLLM's combined index (``combine_topk_swa_indices``'s
     ``(combined_indices, combined_lens)``) is the layout of a right top-k
     over compressed entries followed by the exact window (module docs).
@@ -84,7 +85,7 @@ def check_v4_combined_indices(
 
     Returns
     -------
-    dict
+    Report
         :func:`kvselect.checking.check_indexer_topk`'s report over the rows
         (``rows``, ``correct``, ``wrong``, ``vacuous``, ``by_reason``,
         ``details``), with the reasons ``window_slot``, ``padding`` and
@@ -176,7 +177,7 @@ def check_v4_combined_indices(
     details = {d["row"]: d for d in report["details"]}
     for i, found in problems.items():
         details.setdefault(i, {"row": i, "problems": []})["problems"].extend(found)
-    out = dict(report)
+    out = Report(report)
     out["by_reason"] = by_reason
     out["details"] = [details[i] for i in sorted(details)]
     out["wrong"] = len(details)

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
+from kvselect import rules
 from kvselect.cli._types import (
     HelpFormatter,
     add_cluster_flags,
@@ -47,14 +48,9 @@ def _sources(args: argparse.Namespace) -> List[str]:
     return out
 
 
-#: The command-line flag of each setting, for messages that say which to change.
-_FLAGS = {
-    "segments": "--segments",
-    "block_size": "--block-size",
-    "init_blocks": "--init-blocks",
-    "local_blocks": "--local-blocks",
-    "sinks": "--sinks",
-}
+#: The command-line flag of each policy setting (every rule's knobs), for
+#: messages that say which to change.
+_FLAGS = {k.field: k.flag for k in rules.knobs()}
 
 
 def _derived_line(derived: Dict[int, Dict[str, int]]) -> Optional[str]:
@@ -83,11 +79,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             s, d = evaluate.derive_settings(
                 budget,
-                segments=args.segments,
-                block_size=args.block_size,
-                init_blocks=args.init_blocks,
-                local_blocks=args.local_blocks,
-                sinks=args.sinks,
+                **{field: getattr(args, field) for field in _FLAGS},
                 seed=args.seed,
                 names=_FLAGS,
             )
@@ -234,41 +226,14 @@ def add_parser(sub: Any) -> None:
         metavar="K",
         help="token budget k per query; several values make a sweep (default: 2048)",
     )
-    ev.add_argument(
-        "--segments",
-        type=positive,
-        default=None,
-        help="witness segments S, 1-64 (default: 64, or k // 8 (at least 1) when the budget k is below 512)",
-    )
-    ev.add_argument(
-        "--block-size",
-        type=positive,
-        default=None,
-        help="block-sparse block size in tokens (default: 64, halved until the forced "
-        "blocks fit the budget, i.e. below k = 192). kvselect.BlockSparseConfig's "
-        "default is 128, MiniMax-M3's block and KV page size; 64 here gives the default "
-        "k = 2048 on the 32K synthetic context 32 blocks to choose, not 16. "
-        "--block-size 128 --init-blocks 0 --local-blocks 1 --budget 2048 is the released "
-        "MiniMax-M3 checkpoint's geometry",
-    )
-    ev.add_argument(
-        "--init-blocks",
-        type=non_negative,
-        default=None,
-        help="block-sparse: forced first blocks (default: 1, fewer if the budget cannot hold them)",
-    )
-    ev.add_argument(
-        "--local-blocks",
-        type=non_negative,
-        default=None,
-        help="block-sparse: forced newest blocks (default: 2, fewer if the budget cannot hold them)",
-    )
-    ev.add_argument(
-        "--sinks",
-        type=non_negative,
-        default=None,
-        help="sink + window: sink tokens (default: 4, or k - 1 when the budget is below 5)",
-    )
+    for knob in rules.knobs():  # every policy's settings, in the rules' order
+        ev.add_argument(
+            knob.flag,
+            dest=knob.field,
+            type=positive if knob.minimum > 0 else non_negative,
+            default=None,
+            help=knob.help,
+        )
     ev.add_argument(
         "--context",
         type=positive,

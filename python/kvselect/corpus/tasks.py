@@ -21,6 +21,8 @@ import kvselect as ks
 from kvselect import evaluate
 from kvselect.checking import DumpError, check_dump, load_dump, read_archive, validate
 from kvselect.checking.dumps import CHECK_KINDS
+from kvselect.checking.report import Report, dump_report
+from kvselect.rules import dump_kinds
 from kvselect.workloads import WorkloadDump, open_workload
 
 
@@ -103,27 +105,6 @@ def evaluate_head(
 
 # --- check: (dump, row chunk) -----------------------------------------------
 
-#: Per kind, the keys with one entry per row (axis 0; a head-major blocks
-#: dump's rows: axis 1). Every other key is shared by the rows.
-ROW_KEYS: Dict[str, Tuple[str, ...]] = {
-    "topk": (
-        "rows",
-        "scores",
-        "context_lens",
-        "magnitudes",
-        "engine_scores",
-        "index_q",
-        "weights",
-        "query_pos",
-        "seq_ids",
-        "req_ids",
-        "prefill_req_ids",
-    ),
-    "blocks": ("rows", "index_q", "query_pos", "seq_ids"),
-    "witnesses": ("before", "after", "context_lens"),
-    "v4_combined": (),  # rows grouped by request: the dump is one chunk
-}
-
 
 @dataclass
 class CheckPlan:
@@ -139,35 +120,18 @@ def _open_check(name: str) -> Any:
     return validate(read_archive(name, lazy=True), source=name, expect=CHECK_KINDS)
 
 
-def _head_major(d: Any) -> bool:
-    """A blocks dump whose rows are ``[n_kv_heads, n_queries, width]``."""
-    return d.kind == "blocks" and "head_major" in d and int(np.asarray(d["head_major"])) != 0
-
-
-def _rows_of(d: Any) -> int:
-    kind = d.kind
-    if kind == "witnesses":
-        return len(d["before"])
-    if kind == "blocks":
-        rows = d["rows"]
-        return int(rows.shape[1] if _head_major(d) and rows.ndim == 3 else rows.shape[0])
-    if kind == "v4_combined":
-        return len(d["combined_indices"])
-    return len(d["rows"])
-
-
 def plan_check(name: str, chunk_rows: int) -> Done:
     """Open a check dump: its row chunks (``chunk_rows`` each; one chunk for
     a ``v4_combined`` dump)."""
     t0 = time.perf_counter()
     d = _open_check(name)
-    n = _rows_of(d)
-    if not ROW_KEYS[d.kind] or n == 0:
+    kind = dump_kinds()[d.kind]  # the kind's rows, row keys and heads (kvselect.rules)
+    n = kind.rows(d)
+    if not kind.row_keys or n == 0:
         chunks = [(0, n)]
     else:
         chunks = [(a, min(n, a + chunk_rows)) for a in range(0, n, chunk_rows)]
-    heads = int(d["index_q"].shape[1]) if d.kind == "blocks" and d["index_q"].ndim == 3 else 1
-    return Done(CheckPlan(chunks, heads), time.perf_counter() - t0, 0)
+    return Done(CheckPlan(chunks, kind.heads(d)), time.perf_counter() - t0, 0)
 
 
 def check_rows(
@@ -184,13 +148,14 @@ def check_rows(
     use_threads(threads)
     t0 = time.perf_counter()
     d = _open_check(name)
-    whole = (start, stop) == (0, _rows_of(d))
-    head_major = _head_major(d)
+    kind = dump_kinds()[d.kind]
+    whole = (start, stop) == (0, kind.rows(d))
     sub = {}
     read = 0
     for key, a in d.items():
-        if not whole and key in ROW_KEYS[d.kind] and np.ndim(a) >= 1:
-            part = np.asarray(a[:, start:stop] if key == "rows" and head_major else a[start:stop])
+        if not whole and key in kind.row_keys and np.ndim(a) >= 1:
+            axis = kind.row_axis(d, key)  # sliced, so a lazy member reads only these rows
+            part = np.asarray(a[start:stop] if axis == 0 else a[(slice(None),) * axis + (slice(start, stop),)])
         else:
             part = np.asarray(a)
         sub[key] = part
@@ -210,15 +175,14 @@ def check_rows(
     return Done(result, time.perf_counter() - t0, read)
 
 
-def merge_checks(parts: Sequence[Tuple[int, dict]], heads: int = 1) -> dict:
+def merge_checks(parts: Sequence[Tuple[int, dict]], heads: int = 1) -> Report:
     """The result of :func:`check_dump` on a whole dump, from its chunks'
-    results ``(start row, result)`` in row order: counts summed, reasons
-    summed, each wrong row renumbered in the dump's rows (a blocks dump's
-    report rows are ``query * heads + head``)."""
+    results ``(start row, result)`` in row order: each check's counts
+    summed, reasons summed, each wrong row renumbered in the dump's rows (a
+    blocks dump's report rows are ``query * heads + head``); the report's
+    own counts, reasons and details computed from the merged checks, as
+    :func:`check_dump` computes them."""
     first = parts[0][1]
-    out = dict(first)
-    out["rows"] = sum(r["rows"] for _, r in parts)
-    out["wrong"] = sum(r["wrong"] for _, r in parts)
     checks = []
     for i, check in enumerate(first["checks"]):
         merged: dict = {}
@@ -245,6 +209,5 @@ def merge_checks(parts: Sequence[Tuple[int, dict]], heads: int = 1) -> dict:
                 elif merged[key] != val:
                     raise ValueError(f"chunks disagree on {key!r}: {merged[key]!r} and {val!r}")
         merged.get("details", []).sort(key=lambda x: x["row"])
-        checks.append({"name": check["name"], "report": merged})
-    out["checks"] = checks
-    return out
+        checks.append((check["name"], merged))
+    return dump_report(first["kind"], first["tolerance"], checks, first.get("filler"))

@@ -15,31 +15,16 @@ harness then measures, per query head:
 - **slots used**: distinct valid positions selected (a policy may use fewer
   than ``k``, never more), and the time its selection took.
 
-The policies (``k`` slots each):
+The policies (``k`` slots each), every rule's (:mod:`kvselect.rules`), in
+the table's order:
 
-``learned top-k``
-    the top ``k`` positions of the *indexer's* scores (the workload's
-    ``index_q · index_k``, an approximation of the true scores, as DeepSeek's
-    lightning indexer is).
-``witnesses (reserved tail)``
-    the top ``k − S`` learned positions, ``S`` padding slots, then
-    :func:`kvselect.scatter_topology_witnesses`: every segment is covered.
-``witnesses (as served)``
-    the full top-``k`` row in score order, whose last ``S`` slots the scatter
-    overwrites (the spec's caveat: a segment can end up uncovered).
-``block-sparse``
-    MiniMax-M3 block selection on the same indexer, ``k / block_size`` blocks
-    (forced init and local blocks included), expanded to positions.
-``random null``, ``locality null``
-    the spec's null models (rows of the random and local selectors).
-``sink + window``
-    StreamingLLM: the first ``sinks`` keys and the most recent ``k − sinks``.
-``oracle top-k``
-    the ``k`` keys with the largest true attention weight (averaged over the
-    KV head's query-head group): unusable in production, the ceiling.
+{policies}
 
-A policy that cannot run at a budget (block-sparse when the budget holds no
-whole block) is reported with NaN numbers and a note, the others run. A
+Each policy's budget is charged in tokens: a policy that selects whole
+blocks or pages of ``size`` tokens gets ``k // size`` of them, its forced
+ones included (:class:`kvselect.rules.BudgetUnit`). A policy that cannot run
+at a budget (block-sparse when the budget holds no whole block, or not its
+forced blocks) is reported with NaN numbers and that reason, the others run. A
 budget at which every policy sees every key of every query (the budget holds
 the context) is listed in :attr:`Report.every_key_budgets`, and the table
 says so once instead of printing trivially perfect numbers.
@@ -52,6 +37,7 @@ arrays, calls them and averages what they return.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field, replace  # noqa: F401
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -59,9 +45,19 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 
 import kvselect as ks
+from kvselect import rules
 from kvselect.evaluate.report import PolicyResult, Report, check_plot, figure, format_table, plot
 from kvselect.evaluate.settings import DERIVED_FIELDS, POLICIES, Settings, SettingsError, derive_settings
+from kvselect.rules import EvalContext, Selection
 from kvselect.workloads import HeadInputs, Workload, WorkloadDump
+
+__doc__ = (__doc__ or "").replace(
+    "{policies}",
+    "\n".join(
+        f"``{p.name}``\n" + textwrap.fill(p.doc, 76, initial_indent="    ", subsequent_indent="    ")
+        for p in rules.policies()
+    ),
+)
 
 __all__ = [
     "POLICIES",
@@ -109,81 +105,24 @@ def _prepare_head(x: HeadInputs, pos: np.ndarray, scale: float) -> _Head:
     return _Head(x.q, k, v, x.index_q, x.index_k, x.learned, probs, dense)
 
 
-def _group_sum(probs: np.ndarray) -> np.ndarray:
-    """The group's summed attention weight per key, in head order in float64:
-    what the core's oracle selector ranks by (a KV head's selection serves its
-    whole group, so the group's total recall is what it maximises)."""
-    out = probs[:, 0].copy()
-    for j in range(1, probs.shape[1]):
-        out += probs[:, j]
-    return out
-
-
 def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
     """Every policy's selection ``[n, width]`` (int32, -1 padded) and the
-    seconds it took; a policy that cannot run at ``s`` is missing. Every
-    selection is charged, the learned top-k (kvselect's native lightning
-    indexer) included, and the witness policies include the top-k they
-    start from."""
-    k, segs = s.budget, s.segments
-    lens = (pos + 1).astype(np.int32)
-    out: Dict[str, tuple] = {}
-
-    def timed(name: str, fn: Callable[[], np.ndarray]) -> None:
-        t0 = time.perf_counter()
-        sel = fn()
-        out[name] = (sel, time.perf_counter() - t0)
-
-    def learned() -> np.ndarray:
-        return ks.indexer_topk(**head.learned, query_pos=pos, topk=k)
-
-    def reserved() -> np.ndarray:
-        # Fused: the top k - S in rank order, then the witnesses, one pass.
-        return ks.indexer_topk(**head.learned, query_pos=pos, topk=k, num_segments=segs)
-
-    def served_from(rows: np.ndarray) -> float:
-        """The scatter on a copy of the learned rows, charged with the
-        learned top-k it starts from (computed once, above)."""
-        t0 = time.perf_counter()
-        ks.scatter_topology_witnesses(rows, lens, segs)
-        return learned_secs + time.perf_counter() - t0
-
-    def blocks() -> np.ndarray:
-        cfg = ks.BlockSparseConfig(s.block_size, k // s.block_size, s.init_blocks, s.local_blocks)
-        chosen = ks.block_sparse_select(head.index_q[:, None, :], head.index_k, pos, cfg)
-        # One call for every row: [n, width * block_size], ascending then -1.
-        # width = k // block_size (check() keeps the forced blocks within the
-        # budget), so the rows fit in k slots; the rest is padding.
-        covered = ks.positions_of_blocks(chosen[:, 0], pos, len(head.index_k), cfg)
-        rows = np.full((len(pos), k), -1, dtype=np.int32)
-        rows[:, : covered.shape[1]] = covered
-        return rows
-
-    learned()  # warm-up, untimed: the first call of a head pays its cold caches
-    timed("learned top-k", learned)
-    top, learned_secs = out["learned top-k"]
-    timed("witnesses (reserved tail)", reserved)
-    # As served: the row in rank order, its last S slots the lowest ranked.
-    rank_order = top.copy()
-    out["witnesses (as served)"] = (rank_order, served_from(rank_order))
-    # Engines' rows are unordered (vLLM's top-k kernels): the slots the
-    # scatter overwrites are arbitrary members of the row. The shuffle
-    # stands for the engine's order, so it is not charged.
-    keys = np.random.default_rng(s.seed).random(top.shape)
-    keys[top < 0] = 2.0  # padding stays last
-    unordered = np.ascontiguousarray(np.take_along_axis(top, np.argsort(keys, axis=1), axis=1))
-    out["witnesses (served, unordered)"] = (unordered, served_from(unordered))
-    if s.block_sparse_note() is None:
-        timed("block-sparse", blocks)
-    timed("random null", lambda: ks.Selector.random(k, s.seed).rows(pos, width=k))
-    timed("locality null", lambda: ks.Selector.local(k).rows(pos, width=k))
-    sinks = min(s.sinks, k - 1)
-    timed(
-        "sink + window",
-        lambda: ks.Selector.sink_window(sinks, k - sinks).rows(pos, width=k),
-    )
-    timed("oracle top-k", lambda: ks.oracle_topk(_group_sum(head.probs), pos, k, width=k))
-    return out
+    seconds it was charged, in the table's order; a policy that cannot run
+    at ``s`` (its budget unit's note) is missing. Each policy is given its
+    budget in its own unit, charged against the token budget ``k``
+    (:class:`kvselect.rules.BudgetUnit`), and may read the selections made
+    before it (the witness policies start from the learned top-k and are
+    charged it)."""
+    done: Dict[str, Selection] = {}
+    for policy in rules.policies():
+        if policy.unit.note(s) is not None:
+            continue
+        ctx = EvalContext(head, pos, s, policy.unit.units(s), done)
+        sel = policy.select(ctx)
+        if sel.rows.shape != (len(pos), s.budget):  # a row holds at most k positions
+            raise RuntimeError(f"policy {policy.name!r} returned rows {sel.rows.shape}, not [n, k = {s.budget}]")
+        done[policy.name] = sel
+    return {name: (sel.rows, sel.seconds) for name, sel in done.items()}
 
 
 def _measure(head: _Head, pos: np.ndarray, sel: np.ndarray, s: Settings, scale: float) -> Dict[str, np.ndarray]:
@@ -383,9 +322,10 @@ def _results(report: Report, runs: Sequence[Settings], acc: _Acc) -> None:
     nan = float("nan")
     for s in runs:
         every_key = True
-        for name in POLICIES:
+        for policy in rules.policies():
+            name = policy.name
             if (s.budget, name) not in acc:
-                note = s.block_sparse_note() if name == "block-sparse" else None
+                note = policy.unit.note(s)
                 report.results.append(
                     PolicyResult(
                         policy=name,

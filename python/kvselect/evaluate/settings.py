@@ -7,18 +7,10 @@ from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import kvselect as ks
+from kvselect import rules
 
-POLICIES = (
-    "learned top-k",
-    "witnesses (reserved tail)",
-    "witnesses (as served)",
-    "witnesses (served, unordered)",
-    "block-sparse",
-    "random null",
-    "locality null",
-    "sink + window",
-    "oracle top-k",
-)
+POLICIES = tuple(p.name for p in rules.policies())
+"""The policies, in the table's order: every rule's (:mod:`kvselect.rules`)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +71,7 @@ class Settings:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}")
         if self.init_blocks < 0 or self.local_blocks < 0 or self.sinks < 0:
             raise ValueError("init_blocks, local_blocks and sinks must be non-negative")
-        if self.block_sparse_note() is None and self.block_size * (self.init_blocks + self.local_blocks) > self.budget:
+        if self.budget >= self.block_size and self.block_size * (self.init_blocks + self.local_blocks) > self.budget:
             raise ValueError(
                 f"init_blocks + local_blocks ({self.init_blocks} + {self.local_blocks}) "
                 f"blocks of {self.block_size} exceed the budget ({self.budget})"
@@ -87,16 +79,15 @@ class Settings:
 
     def block_sparse_note(self) -> Optional[str]:
         """Why block-sparse cannot run at these settings (``None`` if it can):
-        the budget holds no whole block.
+        the budget holds no whole block, or not its forced blocks (its
+        budget unit's note, :class:`kvselect.rules.BudgetUnit`).
 
         Returns
         -------
         str or None
             The reason, for the table's ``n/a`` row, or None.
         """
-        if self.budget < self.block_size:
-            return f"the budget ({self.budget}) holds no block of {self.block_size} tokens"
-        return None
+        return rules.policy("block-sparse").unit.note(self)
 
 
 class SettingsError(ValueError):
@@ -116,8 +107,9 @@ class SettingsError(ValueError):
 
 
 #: The settings :func:`derive_settings` may derive from the budget, with the
-#: defaults they take whenever the budget allows.
-DERIVED_FIELDS = ("segments", "block_size", "init_blocks", "local_blocks", "sinks")
+#: defaults they take whenever the budget allows: every policy's settings
+#: (:func:`kvselect.rules.knobs`).
+DERIVED_FIELDS = tuple(k.field for k in rules.knobs())
 
 
 def derive_settings(

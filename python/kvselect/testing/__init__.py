@@ -3,12 +3,14 @@
 
 :func:`assert_topk`, :func:`assert_blocks` and :func:`assert_witnesses`
 apply the rules and tolerance defaults of ``kvselect check`` (the checks of
-:mod:`kvselect.checking`) to the tensors a test already holds. Each returns
-the report (the dict :func:`kvselect.checking.check_dump` returns) when every
-row is right; otherwise it raises :class:`CheckFailure`, an
-``AssertionError`` whose message is the ``kvselect check`` text (rows by
-reason, the worst rows with their dropped and intruding positions and
-margins) and whose ``report`` attribute is the report.
+:mod:`kvselect.checking`, called here: nothing is re-derived) to the tensors
+a test already holds. Each returns the report (a
+:class:`kvselect.checking.Report`, as :func:`kvselect.checking.check_dump`
+returns it) when every row is right; otherwise it raises
+:class:`CheckFailure`, an ``AssertionError`` whose message is the ``kvselect
+check`` text (rows by reason, the worst rows with their dropped and
+intruding positions and margins) and whose ``report`` attribute is the
+report.
 
 A row no selection could fail at the tolerance (**vacuous**: every
 position's interval meets every other's) is never counted as passing
@@ -28,26 +30,21 @@ guide is docs/testing-a-kernel.md.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 import kvselect as ks
 from kvselect._core import _dlpack_array
-from kvselect.checking import DEFAULT_RTOL, check_dump, check_indexer_topk, format_report
+from kvselect.checking import Report, check_dump, check_indexer_topk, format_report
+from kvselect.checking._common import _context_lens, _precision, _tolerance_values, _topk_of, _vacuous
+from kvselect.checking.engine_scores import own_scores_check, score_accuracy
+from kvselect.checking.report import dump_report
 
 __all__ = ["assert_topk", "assert_blocks", "assert_witnesses", "CheckFailure"]
 
 # DLPack's DLDeviceType for host memory (kDLCPU).
 _DL_CPU = 1
-_PRECISION_ALIASES = {
-    "fp32": "float32",
-    "fp16": "float16",
-    "bf16": "bfloat16",
-    "fp8": "float8_e4m3fn",
-    "float8": "float8_e4m3fn",
-    "fp8_e4m3": "float8_e4m3fn",
-}
 
 
 class CheckFailure(AssertionError):
@@ -58,12 +55,12 @@ class CheckFailure(AssertionError):
 
     Attributes
     ----------
-    report : dict
-        The report dict (as :func:`kvselect.checking.check_dump` returns
-        it).
+    report : Report
+        The report (a :class:`kvselect.checking.Report`, as
+        :func:`kvselect.checking.check_dump` returns it).
     """
 
-    def __init__(self, message: str, report: dict) -> None:
+    def __init__(self, message: str, report: Report) -> None:
         super().__init__(message)
         self.report = report
 
@@ -115,14 +112,7 @@ def _host(x: Any, name: str) -> Any:
     return arr.view(getattr(ml_dtypes, fmt))
 
 
-def _precision(precision: str) -> str:
-    p = _PRECISION_ALIASES.get(precision, precision)
-    if p not in DEFAULT_RTOL:
-        raise ValueError(f"precision must be one of {', '.join(DEFAULT_RTOL)}, got {precision!r}")
-    return p
-
-
-def _conclude(result: dict, fail_vacuous: bool, what: str) -> dict:
+def _conclude(result: Report, fail_vacuous: bool, what: str) -> Report:
     """Return ``result`` when every row is right (and, with
     ``fail_vacuous``, no row is vacuous); raise :class:`CheckFailure` with
     the report's text otherwise."""
@@ -137,120 +127,6 @@ def _conclude(result: dict, fail_vacuous: bool, what: str) -> dict:
             f"proves nothing about them; pass fail_vacuous=False to accept them"
         )
     raise CheckFailure(text, result)
-
-
-def _wrong_rows(checks: List[Dict[str, Any]]) -> int:
-    return len({x["row"] for c in checks for x in c["report"]["details"]})
-
-
-def _context_lens(
-    query_pos: np.ndarray, n_keys: int, cu_seqlens: Any, seq_ids: Any, seq_lens: Any, compress_ratio: int
-) -> np.ndarray:
-    """Each row's ``L = min((query_pos + 1) // compress_ratio, its sequence's keys)``."""
-    total: Any
-    if seq_lens is not None:
-        total = np.asarray(seq_lens, dtype=np.int64)[np.asarray(seq_ids, dtype=np.int64)]
-    elif cu_seqlens is not None:
-        total = np.diff(np.asarray(cu_seqlens, dtype=np.int64))[np.asarray(seq_ids, dtype=np.int64)]
-    else:
-        total = np.full(len(query_pos), n_keys, dtype=np.int64)
-    return np.minimum((query_pos + 1) // compress_ratio, total)
-
-
-def _exactly_vacuous(scores: np.ndarray, lens: np.ndarray, topk: int) -> int:
-    """Rows no selection could fail with no tolerance: more positions than
-    ``topk``, no NaN, every score the same number (the rule
-    :func:`kvselect.checking.check_dump` applies to an engine's own scores)."""
-    n = 0
-    for i, L in enumerate(lens):
-        s = np.asarray(scores[i, : int(L)], dtype=np.float64)
-        if L > topk and not np.isnan(s).any() and s.max() <= s.min():
-            n += 1
-    return n
-
-
-def _score_accuracy(
-    engine: np.ndarray,
-    index_q: Any,
-    weights: Any,
-    index_k: Any,
-    query_pos: np.ndarray,
-    lens: np.ndarray,
-    key_scale: Any,
-    key_format: Optional[str],
-    cu_seqlens: Any,
-    seq_ids: Any,
-    atol: float,
-    rtol: float,
-    compress_ratio: int,
-) -> dict:
-    """The engine's own scores against kvselect's (:func:`kvselect.indexer_scores`,
-    :func:`kvselect.indexer_magnitudes`): a position is reported off only
-    when it is off by more than ``atol + rtol m`` **whatever** the float32
-    rounding of kvselect's own score (slack ``2 γ_{d+H+2} m``, the bound of
-    :func:`kvselect.checking.check_indexer_topk`), so a right kernel is never
-    reported. One problem per row: the worst position, and how many are off."""
-    q = np.asarray(index_q)
-    h, d = q.shape[1], q.shape[2]
-    u = 2.0**-24
-    gamma = (d + h + 2) * u / (1 - (d + h + 2) * u)
-    k_all = np.asarray(index_k)
-    n = len(q)
-    if cu_seqlens is None:
-        groups = [(np.arange(n), 0, len(k_all))]
-    else:
-        cu = np.asarray(cu_seqlens, dtype=np.int64)
-        seq = np.asarray(seq_ids, dtype=np.int64)
-        groups = [(np.flatnonzero(seq == s), int(cu[s]), int(cu[s + 1])) for s in np.unique(seq)]
-    c_all = None if key_scale is None else np.asarray(key_scale, dtype=np.float32)
-    details: List[Dict[str, Any]] = []
-    w = np.asarray(weights, dtype=np.float32)
-    for idx, lo, hi in groups:
-        keys = k_all[lo:hi]
-        c = None if c_all is None else (c_all if c_all.ndim == 0 else c_all[lo:hi])
-        S = ks.indexer_scores(
-            q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format, compress_ratio=compress_ratio
-        )
-        M = ks.indexer_magnitudes(
-            q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format, compress_ratio=compress_ratio
-        )
-        for j, i in enumerate(idx):
-            L = int(lens[i])
-            e = np.asarray(engine[i, :L], dtype=np.float64)
-            s, m = S[j, :L].astype(np.float64), M[j, :L].astype(np.float64)
-            allowed = (atol + (rtol + 2 * gamma) * m) * (1 + 4 * u) + 2.0**-140
-            with np.errstate(invalid="ignore"):
-                off = np.abs(e - s) > allowed
-                off |= np.isnan(e) != np.isnan(s)
-                off &= ~(np.isinf(e) & (e == s))
-            if off.any():
-                with np.errstate(invalid="ignore"):
-                    excess = np.where(off, np.nan_to_num(np.abs(e - s) - allowed, nan=np.inf), -np.inf)
-                t = int(np.argmax(excess))
-                details.append(
-                    {
-                        "row": int(i),
-                        "problems": [
-                            {
-                                "reason": "score_off",
-                                "n_positions": int(off.sum()),
-                                "position": t,
-                                "engine": float(e[t]),
-                                "kvselect": float(s[t]),
-                                "allowed": float(allowed[t]),
-                            }
-                        ],
-                    }
-                )
-    details.sort(key=lambda x: x["row"])
-    return {
-        "rows": n,
-        "correct": n - len(details),
-        "wrong": len(details),
-        "by_reason": {"score_off": len(details)},
-        "details": details,
-        "vacuous": 0,
-    }
 
 
 def assert_topk(
@@ -278,7 +154,7 @@ def assert_topk(
     filler: str = "-1",
     fail_vacuous: bool = True,
     compress_ratio: int = 1,
-) -> dict:
+) -> Report:
     """Assert that ``rows`` is a correct lightning-indexer top-k of the
     indexer's inputs, as ``kvselect check`` judges it.
 
@@ -326,9 +202,10 @@ def assert_topk(
 
     Returns
     -------
-    dict
-        The report (``kind``, ``tolerance``, ``filler``, ``rows``, ``wrong``,
-        ``vacuous``, ``checks``), as :func:`kvselect.checking.check_dump`.
+    Report
+        The report (``rows``, ``correct``, ``wrong``, ``by_reason``,
+        ``details``; ``kind``, ``tolerance``, ``filler``, ``vacuous``,
+        ``checks``), as :func:`kvselect.checking.check_dump` returns it.
 
     Raises
     ------
@@ -340,7 +217,7 @@ def assert_topk(
         Arguments that do not fit together, or a non-finite operand (its
         exact scores are undefined), as :func:`kvselect.checking.check_indexer_topk`.
     """
-    p = _precision(precision)
+    p = _precision(precision, ValueError)
     rows = _host(rows, "rows")
     index_q, weights, index_k = _host(index_q, "index_q"), _host(weights, "weights"), _host(index_k, "index_k")
     query_pos, key_scale = _host(query_pos, "query_pos"), _host(key_scale, "key_scale")
@@ -370,52 +247,42 @@ def assert_topk(
         page_layout=page_layout,
         compress_ratio=compress_ratio,
     )
-    atol_ = 0.0 if atol is None else float(atol)
-    rtol_ = DEFAULT_RTOL[p] if rtol is None else float(rtol)
-    checks: List[Dict[str, Any]] = [{"name": "against the exact scores", "report": exact}]
+    atol_, rtol_ = (float(x) for x in _tolerance_values(p, atol, rtol))
+    checks: List[Tuple[str, Report]] = [("against the exact scores", exact)]
     note = None
     if engine_scores is not None:
         r = np.asarray(rows)
-        k = int(topk) if topk is not None else r.shape[1] // (1 if slots is None else _ranks(slots))
+        k = _topk_of(r, topk, slots)
         pos = np.asarray(query_pos, dtype=np.int64).reshape(-1)
-        n_keys = 0 if index_k is None else len(np.asarray(index_k))
-        lens = _context_lens(pos, n_keys, cu_seqlens, seq_ids, seq_lens, compress_ratio)
+        cu = cu_seqlens  # a paged cache's sequences as a packed batch's
+        if seq_lens is not None:
+            cu = np.concatenate([[0], np.cumsum(np.asarray(seq_lens, dtype=np.int64))])
+        lens = _context_lens(pos, compress_ratio, 0 if index_k is None else len(np.asarray(index_k)), cu, seq_ids)
         own_scores = np.asarray(engine_scores, dtype=np.float32)
-        own = ks.check_topk(own_scores, r, lens, topk=k, slots=slots, filler=filler)
-        own["vacuous"] = _exactly_vacuous(own_scores, lens, k)
-        checks.append({"name": "against the engine's own scores, exactly", "report": own})
+        checks.append(
+            ("against the engine's own scores, exactly", own_scores_check(own_scores, r, lens, k, slots, filler))
+        )
         if kv_cache is None:
-            checks.append(
-                {
-                    "name": "the engine's own scores against the exact ones",
-                    "report": _score_accuracy(
-                        own_scores,
-                        index_q,
-                        weights,
-                        index_k,
-                        pos,
-                        lens,
-                        key_scale,
-                        key_format,
-                        cu_seqlens,
-                        seq_ids,
-                        atol_,
-                        rtol_,
-                        compress_ratio,
-                    ),
-                }
+            accuracy = score_accuracy(
+                own_scores,
+                index_q,
+                weights,
+                index_k,
+                pos,
+                lens,
+                key_scale,
+                key_format,
+                cu_seqlens,
+                seq_ids,
+                atol_,
+                rtol_,
+                compress_ratio,
             )
+            checks.append(("the engine's own scores against the exact ones", accuracy))
         else:
             note = "the engine's own scores are not compared with the exact ones for a paged cache"
-    result = {
-        "kind": "topk",
-        "tolerance": {"precision": p, "atol": atol_, "rtol": rtol_, "note": note},
-        "filler": filler,
-        "rows": exact["rows"],
-        "wrong": _wrong_rows(checks),
-        "checks": checks,
-    }
-    return _conclude(result, fail_vacuous, "assert_topk")
+    tolerance = {"precision": p, "atol": atol_, "rtol": rtol_, "note": note}
+    return _conclude(dump_report("topk", tolerance, checks, filler), fail_vacuous, "assert_topk")
 
 
 def _assert_scores(
@@ -428,37 +295,28 @@ def _assert_scores(
     atol: float = 0.0,
     fail_vacuous: bool = True,
     filler: str = "-1",
-) -> dict:
+) -> Report:
     """:func:`assert_topk` against given exact scores (the
     :mod:`kvselect.testing.cases` whose operands are not finite, which
     :func:`assert_topk` refuses): :func:`kvselect.check_topk` at ``atol``
-    (``rtol`` needs magnitudes: only 0 here), the report as a dump's."""
+    (``rtol`` needs magnitudes: only 0 here), the report as a dump's of
+    given scores (vacuous rows as :func:`kvselect.checking.check_dump`
+    counts them)."""
     if rtol:
         raise ValueError("given scores carry no magnitudes here: rtol must be 0")
     r, s = np.asarray(_host(rows, "rows")), np.asarray(scores)
     lens = np.asarray(context_lens, dtype=np.int64)
     report = ks.check_topk(s, r, lens, topk=topk, atol=atol, filler=filler)
-    report["vacuous"] = _exactly_vacuous(s, lens, topk) if atol == 0 else 0
-    checks = [{"name": "against the exact scores", "report": report}]
-    result = {
-        "kind": "topk",
-        "tolerance": {
-            "precision": "float32",
-            "atol": float(atol),
-            "rtol": 0.0,
-            "note": "checked against the case's exact scores",
-        },
-        "filler": filler,
-        "rows": report["rows"],
-        "wrong": _wrong_rows(checks),
-        "checks": checks,
+    report["vacuous"] = _vacuous(s, None, lens, topk, atol, 0.0)
+    tolerance = {
+        "precision": "float32",
+        "atol": float(atol),
+        "rtol": 0.0,
+        "note": "checked against the case's exact scores",
     }
-    return _conclude(result, fail_vacuous, "assert_topk")
-
-
-def _ranks(slots: ks.GlobalSlots) -> int:
-    """The decode-context-parallel ranks a ``GlobalSlots`` spreads a row over (1 without DCP)."""
-    return int(getattr(slots, "dcp_size", 1) or 1)
+    return _conclude(
+        dump_report("topk", tolerance, [("against the exact scores", report)], filler), fail_vacuous, "assert_topk"
+    )
 
 
 def _as_dump_array(a: Any, key: str, out: Dict[str, Any], fmt: Optional[str] = None) -> None:
@@ -491,7 +349,7 @@ def assert_blocks(
     seq_ids: Any = None,
     block_table: Any = None,
     head_major: bool = False,
-) -> dict:
+) -> Report:
     """Assert that ``rows`` is a correct MiniMax-M3 block selection, as
     ``kvselect check`` judges a ``blocks`` dump.
 
@@ -515,8 +373,8 @@ def assert_blocks(
 
     Returns
     -------
-    dict
-        The report, as :func:`kvselect.checking.check_dump`.
+    Report
+        The report, as :func:`kvselect.checking.check_dump` returns it.
 
     Raises
     ------
@@ -526,7 +384,7 @@ def assert_blocks(
     kvselect.checking.DumpError
         Arguments that do not fit together (named by their dump keys).
     """
-    p = _precision(precision)
+    p = _precision(precision, ValueError)
     d: Dict[str, Any] = {"kind": np.asarray("blocks"), "precision": np.asarray(p)}
     _as_dump_array(_host(index_q, "index_q"), "index_q", d, query_format)
     _as_dump_array(_host(index_k, "index_k"), "index_k", d, key_format)
@@ -543,7 +401,7 @@ def assert_blocks(
     return _conclude(result, False, "assert_blocks")
 
 
-def assert_witnesses(before: Any, after: Any, context_lens: Any, num_segments: int) -> dict:
+def assert_witnesses(before: Any, after: Any, context_lens: Any, num_segments: int) -> Report:
     """Assert that an in-place witness call (``scatter_topology_witnesses_``)
     wrote exactly what the rule writes, as ``kvselect check`` judges a
     ``witnesses`` dump.
@@ -559,8 +417,8 @@ def assert_witnesses(before: Any, after: Any, context_lens: Any, num_segments: i
 
     Returns
     -------
-    dict
-        The report, as :func:`kvselect.checking.check_dump`.
+    Report
+        The report, as :func:`kvselect.checking.check_dump` returns it.
 
     Raises
     ------

@@ -1,0 +1,98 @@
+"""kvselect's rules, each registered once: the list every other list is derived from.
+
+A rule is one module here holding a :class:`Rule` record: its native API
+names, its reference twin, its ``kvselect.testing`` assertions and cases,
+its dump kinds with their checkers, its ``kvselect eval`` policies with
+their budget units and settings. :data:`RULES` lists them, and the package
+derives from it what it would otherwise keep by hand:
+
+- ``kvselect.checking``'s dump kinds (``KINDS``, ``CHECK_KINDS``,
+  ``TABLES``), ``check_dump``'s checker for each and ``docs/dump-format.md``;
+- ``kvselect.evaluate``'s policies (``POLICIES``), each one's budget
+  charged in tokens (:class:`BudgetUnit`) and its ``n/a`` reason, and
+  ``kvselect eval``'s setting flags (:class:`Knob`);
+- the API reference's rule sections (``scripts/api_docs.py``);
+- the test suites' lists (``tests/python/test_rules.py`` fails when a public
+  name, dump kind, policy, reference module or assertion belongs to no rule).
+
+Adding a rule: ``docs/adding-a-rule.md``. The order of :data:`RULES` is the
+order of the derived lists (the dump kinds, the eval table's rows).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+from kvselect.rules import baselines, block_sparse, compressed, indexer, witness
+from kvselect.rules._rule import (
+    TOKENS,
+    BudgetUnit,
+    DumpKind,
+    EvalContext,
+    Knob,
+    Policy,
+    Rule,
+    Selection,
+    resolve,
+    timed,
+)
+
+RULES: Tuple[Rule, ...] = (
+    indexer.RULE,
+    block_sparse.RULE,
+    witness.RULE,
+    compressed.RULE,
+    baselines.RULE,
+)
+"""Every rule, in the order of the lists derived from them."""
+
+__all__ = [
+    "RULES",
+    "Rule",
+    "DumpKind",
+    "Policy",
+    "BudgetUnit",
+    "TOKENS",
+    "Knob",
+    "EvalContext",
+    "Selection",
+    "timed",
+    "resolve",
+    "dump_kinds",
+    "policies",
+    "policy",
+    "knobs",
+]
+
+
+def dump_kinds() -> Dict[str, DumpKind]:
+    """Every rule's dump kinds by name, in rule order."""
+    return {kind.name: kind for rule in RULES for kind in rule.dumps}
+
+
+def policies() -> Tuple[Policy, ...]:
+    """Every rule's eval policies, in rule order (the eval table's rows)."""
+    return tuple(p for rule in RULES for p in rule.policies)
+
+
+def policy(name: str) -> Policy:
+    """The policy named ``name``.
+
+    Raises
+    ------
+    KeyError
+        No rule declares a policy of that name.
+    """
+    for p in policies():
+        if p.name == name:
+            return p
+    raise KeyError(name)
+
+
+def knobs() -> Tuple[Knob, ...]:
+    """Every policy's settings, in rule order, each once."""
+    seen: Dict[str, Knob] = {}
+    for p in policies():
+        for k in p.knobs:
+            seen.setdefault(k.field, k)
+    return tuple(seen.values())
