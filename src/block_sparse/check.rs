@@ -27,7 +27,47 @@
 //! [`crate::check::check_rows`] with [`crate::check::Rule::Blocks`].
 
 use super::BlockSparseConfig;
-use crate::check::{scan_row, Filler, Problem, RowCheck, Scored, Tolerance, Values, MAX_LISTED};
+use crate::check::{
+    scan_row, Filler, Problem, RowCheck, RowRule, Scored, Tolerance, Values, MAX_LISTED,
+};
+use crate::error::ArgumentError;
+
+/// The block rule as [`crate::check::check_rows`] takes it
+/// ([`crate::check::Rule::Blocks`]): its scores are a query's block scores,
+/// its rows as wide as the config's selection, no DCP form.
+impl RowRule for BlockSparseConfig {
+    fn names(&self) -> (&'static str, &'static str) {
+        ("block_scores", "visible_blocks")
+    }
+
+    fn reasons(&self) -> &'static [&'static str] {
+        BLOCK_REASONS
+    }
+
+    fn needs(&self) -> Result<(&'static str, usize), ArgumentError> {
+        self.validate().map_err(|e| ArgumentError::Invalid {
+            argument: "config",
+            message: e.to_string(),
+        })?;
+        Ok(("config", self.width()))
+    }
+
+    fn dcp(&self) -> bool {
+        false
+    }
+
+    fn check_row(
+        &self,
+        sc: &Scored<'_>,
+        raw: &[i64],
+        row: &[i64],
+        len: usize,
+        _holes: bool,
+        _filler: Filler,
+    ) -> RowCheck {
+        block_row(sc, raw, row, len, self)
+    }
+}
 
 /// The reasons of the block check, in report order: the top-k's and
 /// `missing_forced`.

@@ -53,6 +53,10 @@
 //! rule's own check and its reasons sit beside the rule, re-exported here:
 //! [`check_block_row`] and [`BLOCK_REASONS`] in `block_sparse/check.rs`,
 //! [`check_witness_rows`] and [`WITNESS_REASONS`] in `witness/check.rs`.
+//! A rule checked against exact scores implements `RowRule` beside itself
+//! (its names, reasons, width, DCP form and row check) and is one line of
+//! `rules!`, which makes the [`Rule`] enum and dispatches to it: no match
+//! on the rule anywhere else.
 
 pub mod layout;
 mod report;
@@ -682,15 +686,139 @@ fn kth_best(scores: &[f64], k: usize) -> f64 {
     }
 }
 
-/// What a batch's rows are checked against.
+/// A rule whose rows are checked against exact scores: what [`check_rows`]
+/// needs of it. Each rule implements it beside its rule (the token top-k
+/// here, [`crate::block_sparse::check`] for blocks) and is listed once in
+/// [`Rule`] (`rules!`), which dispatches to it.
+pub(crate) trait RowRule {
+    /// The Python names of the batch's scores and of its per-row candidate
+    /// counts, as messages name them.
+    fn names(&self) -> (&'static str, &'static str);
+    /// The reasons its check reports, in report order.
+    fn reasons(&self) -> &'static [&'static str];
+    /// The parameter that sets a row's width, and the slots a row needs to
+    /// hold the rule's selection; a refusal when the parameter is unusable.
+    fn needs(&self) -> Result<(&'static str, usize), crate::error::ArgumentError>;
+    /// Whether rows may be a DCP layout's ranks side by side.
+    fn dcp(&self) -> bool;
+    /// One row: `raw` as the engine wrote it, `row` the same read back
+    /// through a layout (or `raw` itself), `len` its candidates, `holes`
+    /// whether padding may sit anywhere.
+    fn check_row(
+        &self,
+        sc: &Scored<'_>,
+        raw: &[i64],
+        row: &[i64],
+        len: usize,
+        holes: bool,
+        filler: Filler,
+    ) -> RowCheck;
+}
+
+/// The token top-k rule with budget `k`: `min(k, L)` of the `L` positions
+/// ([`check_topk_row`]).
 #[derive(Debug, Clone, Copy)]
-pub enum Rule {
+pub(crate) struct TopkRule(pub usize);
+
+impl From<usize> for TopkRule {
+    fn from(k: usize) -> Self {
+        TopkRule(k)
+    }
+}
+
+impl RowRule for TopkRule {
+    fn names(&self) -> (&'static str, &'static str) {
+        ("scores", "context_lens")
+    }
+
+    fn reasons(&self) -> &'static [&'static str] {
+        TOPK_REASONS
+    }
+
+    fn needs(&self) -> Result<(&'static str, usize), crate::error::ArgumentError> {
+        Ok(("topk", self.0))
+    }
+
+    fn dcp(&self) -> bool {
+        true
+    }
+
+    fn check_row(
+        &self,
+        sc: &Scored<'_>,
+        raw: &[i64],
+        row: &[i64],
+        len: usize,
+        holes: bool,
+        filler: Filler,
+    ) -> RowCheck {
+        topk_row(sc, raw, row, len, self.0, holes, filler)
+    }
+}
+
+/// Lists the rules [`check_rows`] takes, once: each variant holds its rule's
+/// parameter, and every [`RowRule`] method of [`Rule`] dispatches to the
+/// rule's own implementation (`$imp`, made from the parameter by `From`). A
+/// new rule is one line here and its `RowRule` impl beside it.
+macro_rules! rules {
+    ($($(#[$doc:meta])* $variant:ident($param:ty) => $imp:ty),* $(,)?) => {
+        /// What a batch's rows are checked against.
+        #[derive(Debug, Clone, Copy)]
+        pub enum Rule {
+            $($(#[$doc])* $variant($param),)*
+        }
+
+        impl Rule {
+            fn with<R>(&self, f: impl FnOnce(&dyn RowRule) -> R) -> R {
+                match *self {
+                    $(Rule::$variant(p) => f(&<$imp>::from(p)),)*
+                }
+            }
+        }
+    };
+}
+
+rules! {
     /// The token top-k: `min(topk, L)` of the `L` positions
     /// ([`check_topk_row`]).
-    Topk(usize),
+    Topk(usize) => TopkRule,
     /// MiniMax-M3's block selection with this config
     /// ([`check_block_row`]); a row's "context" is its visible block count.
-    Blocks(BlockSparseConfig),
+    Blocks(BlockSparseConfig) => BlockSparseConfig,
+}
+
+impl Rule {
+    /// The Python names of the batch's scores and of its per-row candidate
+    /// counts.
+    pub fn names(&self) -> (&'static str, &'static str) {
+        self.with(|r| r.names())
+    }
+
+    /// The reasons this rule's check reports, in report order: each rule's
+    /// list is kept beside its check.
+    pub fn reasons(&self) -> &'static [&'static str] {
+        self.with(|r| r.reasons())
+    }
+
+    fn needs(&self) -> Result<(&'static str, usize), crate::error::ArgumentError> {
+        self.with(|r| r.needs())
+    }
+
+    fn dcp(&self) -> bool {
+        self.with(|r| r.dcp())
+    }
+
+    fn check_row(
+        &self,
+        sc: &Scored<'_>,
+        raw: &[i64],
+        row: &[i64],
+        len: usize,
+        holes: bool,
+        filler: Filler,
+    ) -> RowCheck {
+        self.with(|r| r.check_row(sc, raw, row, len, holes, filler))
+    }
 }
 
 /// The rows of a batch checked against their exact scores.
@@ -740,10 +868,7 @@ pub fn check_rows_with(
     let n = b.lens.len();
     let invalid = |argument, message: String| Err(ArgumentError::Invalid { argument, message });
     // The Python parameters' names, which differ by rule.
-    let (scores_name, lens_name) = match rule {
-        Rule::Topk(_) => ("scores", "context_lens"),
-        Rule::Blocks(_) => ("block_scores", "visible_blocks"),
-    };
+    let (scores_name, lens_name) = rule.names();
     let grid = checked_size(scores_name, &[n, b.n_positions])?;
     check_len(scores_name, b.scores.len(), grid, || {
         format!("[n_rows={n} ({lens_name}), n_candidates={}]", b.n_positions)
@@ -755,16 +880,7 @@ pub fn check_rows_with(
     check_len("rows", b.rows.len(), rows, || {
         format!("[n_rows={n}, width={}]", b.width)
     })?;
-    let (name, need) = match rule {
-        Rule::Topk(k) => ("topk", k),
-        Rule::Blocks(cfg) => {
-            cfg.validate().map_err(|e| ArgumentError::Invalid {
-                argument: "config",
-                message: e.to_string(),
-            })?;
-            ("config", cfg.width())
-        }
-    };
+    let (name, need) = rule.needs()?;
     if need > b.width {
         return invalid(
             name,
@@ -829,7 +945,7 @@ pub fn check_rows_with(
     // DCP: the ranks' rows side by side, padding anywhere (each rank keeps
     // `-1` where a token is another rank's, unless it compacts).
     let ranks = b.global.map_or(1, |g| g.dcp_size);
-    if ranks > 1 && (matches!(rule, Rule::Blocks(_)) || !b.width.is_multiple_of(ranks)) {
+    if ranks > 1 && (!rule.dcp() || !b.width.is_multiple_of(ranks)) {
         return invalid(
             "layout",
             format!(
@@ -858,12 +974,7 @@ pub fn check_rows_with(
             }
             None => raw,
         };
-        slot[0] = match rule {
-            Rule::Topk(k) => topk_row(&sc, raw, row, b.lens[i], k, ranks > 1, filler),
-            Rule::Blocks(cfg) => {
-                crate::block_sparse::check::block_row(&sc, raw, row, b.lens[i], &cfg)
-            }
-        };
+        slot[0] = rule.check_row(&sc, raw, row, b.lens[i], ranks > 1, filler);
     });
     Ok(out)
 }

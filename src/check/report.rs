@@ -19,18 +19,7 @@
 
 use serde::ser::{Serialize, Serializer};
 
-use super::{Problem, RowCheck, Rule};
-
-impl Rule {
-    /// The reasons this rule's check reports, in report order: each rule's
-    /// list is kept beside its check.
-    pub fn reasons(&self) -> &'static [&'static str] {
-        match self {
-            Rule::Topk(_) => super::TOPK_REASONS,
-            Rule::Blocks(_) => crate::block_sparse::check::BLOCK_REASONS,
-        }
-    }
-}
+use super::{Problem, RowCheck};
 
 /// A checked batch.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -605,10 +605,7 @@ fn blame_row_counts(
     n_lens: usize,
     rule: Rule,
 ) -> PyResult<()> {
-    let lens = match rule {
-        Rule::Topk(_) => "context_lens",
-        Rule::Blocks(_) => "visible_blocks",
-    };
+    let (_, lens) = rule.names();
     let culprit = match (n_scores == n_rows, n_scores == n_lens, n_rows == n_lens) {
         (true, true, _) => return Ok(()),
         (true, false, _) => lens,
