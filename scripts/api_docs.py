@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
 import kvselect
-from kvselect.rules import RULES
+from kvselect.rules import RULES, SHARED_API
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = ROOT / "docs" / "api.md"
@@ -50,42 +50,7 @@ COMMAND = "python scripts/api_docs.py"
 # rule's section is its registry entry's (kvselect.rules: title and api), in
 # the rules' order, then the names no one rule owns.
 GROUPS: List[Tuple[str, List[str]]] = [(rule.title, list(rule.api)) for rule in RULES] + [
-    (
-        "Engine caches: global slot ids",
-        ["GlobalSlots"],
-    ),
-    (
-        "Metrics",
-        [
-            "segment_coverage",
-            "segment_coverage_rows",
-            "attention_mass_recall",
-            "attention_mass_recall_rows",
-            "output_relative_error",
-            "output_relative_error_rows",
-            "slots_used_rows",
-        ],
-    ),
-    (
-        "Checkers: exact scores, their error scales, verdicts",
-        [
-            "indexer_scores",
-            "indexer_magnitudes",
-            "block_scores",
-            "block_magnitudes",
-            "check_topk",
-            "check_blocks",
-            "check_witnesses",
-        ],
-    ),
-    (
-        "Errors",
-        ["KvselectError", "WitnessError", "SelectionError"],
-    ),
-    (
-        "Threads, SIMD level, version",
-        ["get_num_threads", "set_num_threads", "simd_level", "__version__"],
-    ),
+    (title, list(names)) for title, names in SHARED_API
 ]
 
 # The pure-Python modules whose public names are part of the documented API,

@@ -25,32 +25,7 @@ import kvselect.testing.cases as cases
 
 ROOT = pathlib.Path(__file__).parents[2]
 
-# The native names no one rule owns: shared machinery (layouts, metrics,
-# the checkers' scores and verdicts, errors, threads).
-SHARED_API = {
-    "GlobalSlots",
-    "segment_coverage",
-    "segment_coverage_rows",
-    "attention_mass_recall",
-    "attention_mass_recall_rows",
-    "output_relative_error",
-    "output_relative_error_rows",
-    "slots_used_rows",
-    "indexer_scores",
-    "indexer_magnitudes",
-    "block_scores",
-    "block_magnitudes",
-    "check_topk",
-    "check_blocks",
-    "check_witnesses",
-    "KvselectError",
-    "WitnessError",
-    "SelectionError",
-    "get_num_threads",
-    "set_num_threads",
-    "simd_level",
-    "__version__",
-}
+SHARED_API = {name for _, names in rules.SHARED_API for name in names}
 
 # kvselect.reference's modules that are shared machinery, not a rule's twin.
 SHARED_REFERENCE = {"_args", "keys", "metrics", "check"}

@@ -46,8 +46,42 @@ RULES: Tuple[Rule, ...] = (
 )
 """Every rule, in the order of the lists derived from them."""
 
+SHARED_API: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("Engine caches: global slot ids", ("GlobalSlots",)),
+    (
+        "Metrics",
+        (
+            "segment_coverage",
+            "segment_coverage_rows",
+            "attention_mass_recall",
+            "attention_mass_recall_rows",
+            "output_relative_error",
+            "output_relative_error_rows",
+            "slots_used_rows",
+        ),
+    ),
+    (
+        "Checkers: exact scores, their error scales, verdicts",
+        (
+            "indexer_scores",
+            "indexer_magnitudes",
+            "block_scores",
+            "block_magnitudes",
+            "check_topk",
+            "check_blocks",
+            "check_witnesses",
+        ),
+    ),
+    ("Errors", ("KvselectError", "WitnessError", "SelectionError")),
+    ("Threads, SIMD level, version", ("get_num_threads", "set_num_threads", "simd_level", "__version__")),
+)
+"""The native names no one rule owns (shared machinery), by concept: with
+every rule's ``api`` they are ``kvselect.__all__``, each once (the API
+reference's sections, in this order after the rules')."""
+
 __all__ = [
     "RULES",
+    "SHARED_API",
     "Rule",
     "DumpKind",
     "Policy",
