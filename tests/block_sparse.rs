@@ -410,18 +410,42 @@ fn a_config_that_can_select_nothing_is_refused() {
 
     let k = keys(8, &[]);
     let bad = cfg(0, 3, 1, 1);
-    assert!(block_sparse_select(&[1.0, 0.0], 1, &k, 2, 7, &bad).is_err());
+    // Every entry point refuses an unusable config with the config's own
+    // refusal: `InvalidConfig` naming the field at fault.
+    let refusal = bad.validate().unwrap_err();
+    assert_eq!(
+        refusal,
+        ArgumentError::InvalidConfig {
+            field: "block_size",
+            message: "block_size is 0: a block must hold at least one position".into(),
+        }
+    );
+    assert_eq!(
+        block_sparse_select(&[1.0, 0.0], 1, &k, 2, 7, &bad).unwrap_err(),
+        refusal
+    );
     let mut out = vec![0i32; 3];
-    assert!(matches!(
+    assert_eq!(
         select_into(&[1.0, 0.0], 1, &k, 2, 7, &bad, &mut out),
-        Err(ArgumentError::InvalidConfig { .. })
-    ));
+        Err(refusal)
+    );
     assert_eq!(
         out,
         vec![0, 0, 0],
         "nothing is written before the checks pass"
     );
-    assert!(positions_of_blocks_i32(&[0], 3, 8, &cfg(4, 0, 0, 0)).is_err());
+    let e = positions_of_blocks_i32(&[0], 3, 8, &cfg(4, 0, 0, 0)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ArgumentError::InvalidConfig {
+                field: "top_blocks",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(e, cfg(4, 0, 0, 0).validate().unwrap_err());
 }
 
 /// Shape mismatches are refused with a message naming the argument and the
@@ -766,8 +790,16 @@ fn every_form_matches_a_naive_port_of_the_spec_on_random_cases() {
         };
         let heads = 1 + rng.below(6);
         let c = cfg(1 + rng.below(9), rng.below(9), rng.below(4), rng.below(4));
-        if c.validate().is_err() {
-            assert!(block_sparse_select(&[], 0, &[], 1, 0, &c).is_err());
+        if let Err(refusal) = c.validate() {
+            assert!(
+                matches!(refusal, ArgumentError::InvalidConfig { .. }),
+                "{refusal:?}"
+            );
+            assert_eq!(
+                block_sparse_select(&[], 0, &[], 1, 0, &c).unwrap_err(),
+                refusal,
+                "case {case}: {c:?}"
+            );
             continue;
         }
         // Small integer ranges make many exact ties.

@@ -162,7 +162,20 @@ fn malformed_calls_are_refused() {
     );
     // The index form accepts more than 64 segments: only the merge is
     // bounded by the 64-bit occupancy mask.
-    assert!(topology_witness_indices(&[0, 5, 9, -1], 4, &[1000], 65).is_ok());
+    // With L = 1000 and S = 65 (S_eff = 65), 0, 5 and 9 all fall in
+    // segment 0 (σ(9) = floor(9·65/1000) = 0), so every other segment s is
+    // a witness at its left edge e_s = ceil(s·1000/65); slot 0 is -1.
+    let many = topology_witness_indices(&[0, 5, 9, -1], 4, &[1000], 65).unwrap();
+    let edges: Vec<i32> = std::iter::once(-1)
+        .chain((1..65usize).map(|s| (s * 1000).div_ceil(65) as i32))
+        .collect();
+    assert_eq!(many, edges);
+    assert_eq!(&many[..4], &[-1, 16, 31, 47]);
+    assert_eq!(many[13], 200, "13·1000/65 = 200 exactly: the edge itself");
+    assert_eq!(many[64], 985);
+    for (s, &e) in many.iter().enumerate().skip(1) {
+        assert_eq!(segment_of(e as usize, 1000, 65), s, "σ(e_{s}) = {s}");
+    }
 
     // A refused call to the serving entry point leaves the buffer untouched.
     let original = vec![0, 5, 9, -1, 3, 4, -1, -1];
@@ -485,7 +498,15 @@ fn the_witness_outputs_are_written_in_full_at_every_size() {
         let mut out = vec![SENTINEL; rows * topk];
         let refused =
             apply_topology_witnesses_into(&learned, topk, &lens, topk + 1, 4, 4, &mut out);
-        assert!(refused.is_err());
+        assert_eq!(
+            refused,
+            Err(WitnessError::LearnedKeepOutOfRange {
+                learned_keep: topk + 1,
+                topk
+            }),
+            "rows={rows} topk={topk}"
+        );
+        assert_eq!(refused.unwrap_err().argument(), "learned_keep");
         assert!(out.iter().all(|&x| x == SENTINEL));
     }
 }

@@ -2,7 +2,9 @@
 //! each broken contract named.
 
 use super::check::check_witness_rows;
+use super::WitnessError;
 use crate::check::Problem;
+use crate::error::ArgumentError;
 
 #[test]
 fn the_witness_rule_is_equality_and_each_broken_contract_is_named() {
@@ -58,11 +60,49 @@ fn the_witness_rule_is_equality_and_each_broken_contract_is_named() {
             n_changed: 1
         }]
     );
-    // A refused buffer is refused, not judged.
-    assert!(check_witness_rows(&before, &rule[..7], 8, &lens, 4).is_err());
-    assert!(check_witness_rows(&before, &rule, 8, &lens, 65).is_err());
+    // A refused buffer is refused, not judged: each refusal is `Invalid` and
+    // names the argument at fault, with a message that says why.
+    let refused = |after: &[i32], lens: &[i32], s: usize| {
+        let e = check_witness_rows(&before, after, 8, lens, s).unwrap_err();
+        match e {
+            ArgumentError::Invalid { argument, message } => (argument, message),
+            e => panic!("not Invalid: {e:?}"),
+        }
+    };
+    assert_eq!(
+        refused(&rule[..7], &lens, 4),
+        (
+            "after",
+            "after has 7 entries but before has 8: the in-place call keeps the shape".into()
+        )
+    );
+    // The rule's own refusal (`WitnessError::SegmentsOutOfRange`), blamed on
+    // the same argument with the rule's message.
+    assert_eq!(
+        refused(&rule, &lens, 65),
+        (
+            "num_segments",
+            WitnessError::SegmentsOutOfRange { num_segments: 65 }.to_string()
+        )
+    );
+    assert_eq!(
+        refused(&rule, &lens, 65).1,
+        "num_segments=65 is out of range: it must be between 1 and 64"
+    );
     // Every row needs its length, the off switch included: none is read past
     // the buffer, none is left unjudged.
-    assert!(check_witness_rows(&before, &before, 8, &[16, 3], 0).is_err());
-    assert!(check_witness_rows(&before, &rule, 8, &[], 0).is_err());
+    assert_eq!(
+        refused(&before, &[16, 3], 0),
+        (
+            "context_lens",
+            "before has 1 rows of 8 but context_lens has 2 entries: one per row".into()
+        )
+    );
+    assert_eq!(
+        refused(&rule, &[], 0),
+        (
+            "context_lens",
+            "before has 1 rows of 8 but context_lens has 0 entries: one per row".into()
+        )
+    );
 }

@@ -622,9 +622,9 @@ def test_out_is_filled_and_returned():
 def test_out_refusals_leave_it_untouched():
     cfg, k, q, pos = _small_case()
     shape = (3, 2, 5)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^out must have dtype int32, got int64: .*never converted"):
         ks.block_sparse_select(q, k, pos, cfg, out=np.zeros(shape, np.int64))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^out must have dtype int32, got float32: "):
         ks.block_sparse_select(q, k, pos, cfg, out=np.zeros(shape, np.float32))
     with pytest.raises(ks.SelectionError) as e:
         ks.block_sparse_select(q, k, pos, cfg, out=np.zeros((3, 2, 6), np.int32))
@@ -634,26 +634,45 @@ def test_out_refusals_leave_it_untouched():
     assert e.value.argument == "out"
     ro = np.zeros(shape, np.int32)
     ro.setflags(write=False)
-    with pytest.raises(ks.SelectionError):
+    with pytest.raises(ks.SelectionError, match=r"^out is read-only$") as e:
         ks.block_sparse_select(q, k, pos, cfg, out=ro)
+    assert e.value.argument == "out"
     strided = np.zeros((3, 2, 10), np.int32)[:, :, ::2]
-    with pytest.raises(ks.SelectionError):
+    with pytest.raises(ks.SelectionError, match=r"^out is not C-contiguous: .*never copied") as e:
         ks.block_sparse_select(q, k, pos, cfg, out=strided)
+    assert e.value.argument == "out"
 
     # A refused call leaves out byte-identical, whatever it refused.
     out = np.arange(30, dtype=np.int32).reshape(shape) * 7 - 3
     snapshot = out.tobytes()
     refusals = [
-        lambda: ks.block_sparse_select(q, k, np.array([0, -1, 3]), cfg, out=out),
-        lambda: ks.block_sparse_select(q, k, np.array([0, 1]), cfg, out=out),
-        lambda: ks.block_sparse_select(q, k[:, :5], pos, cfg, out=out),
-        lambda: ks.block_sparse_select_packed(q, k, [0, 200], [0, 1, 0], pos, cfg, out=out),
-        lambda: ks.block_sparse_select_packed(q, k, [0, 100], [0, 0, 0], pos, cfg, out=out),
-        lambda: ks.block_sparse_select_packed(q, k, [0, 200], [0, 0, 0], [0, 1, -5], cfg, out=out),
+        (lambda: ks.block_sparse_select(q, k, np.array([0, -1, 3]), cfg, out=out), "query_pos", r"query_pos\[1\] = -1"),
+        (
+            lambda: ks.block_sparse_select(q, k, np.array([0, 1]), cfg, out=out),
+            "query_pos",
+            r"\[n_queries=3\], got \[2\]",
+        ),
+        (lambda: ks.block_sparse_select(q, k[:, :5], pos, cfg, out=out), "index_q", r"d=6 but index_k has d=5"),
+        (
+            lambda: ks.block_sparse_select_packed(q, k, [0, 200], [0, 1, 0], pos, cfg, out=out),
+            "seq_ids",
+            r"seq_ids\[1\] = 1 is out of range",
+        ),
+        (
+            lambda: ks.block_sparse_select_packed(q, k, [0, 100], [0, 0, 0], pos, cfg, out=out),
+            "cu_seqlens",
+            r"cu_seqlens ends at 100, but index_k has 200 keys",
+        ),
+        (
+            lambda: ks.block_sparse_select_packed(q, k, [0, 200], [0, 0, 0], [0, 1, -5], cfg, out=out),
+            "query_pos",
+            r"query_pos\[2\] = -5 is negative",
+        ),
     ]
-    for refuse in refusals:
-        with pytest.raises(ks.SelectionError):
+    for refuse, argument, message in refusals:
+        with pytest.raises(ks.SelectionError, match=message) as e:
             refuse()
+        assert e.value.argument == argument, (argument, str(e.value))
         assert out.tobytes() == snapshot
 
 
@@ -716,31 +735,36 @@ def test_wrong_dtypes_are_type_errors():
     k = np.ones((10, 4), np.float32)
     q = np.ones((2, 4), np.float32)
     sel = ks.block_sparse_select
-    for bad_q in (
-        np.ones((2, 4), np.int32),
-        np.ones((2, 4), np.int64),
-        np.full((2, 4), "a"),
-        np.full((2, 4), None, dtype=object),
-        np.ones((2, 4), bool),
+    # Each refusal names the argument and the dtype or type it was given.
+    for bad_q, dtype in (
+        (np.ones((2, 4), np.int32), "int32"),
+        (np.ones((2, 4), np.int64), "int64"),
+        (np.full((2, 4), "a"), "str32"),
+        (np.full((2, 4), None, dtype=object), "object"),
+        (np.ones((2, 4), bool), "bool"),
     ):
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match=rf"^index_q has dtype {dtype}, which is not a key format: .*query_format$"):
             sel(bad_q, k, 3, cfg)
-    for bad_k in (np.ones((10, 4), np.int32), np.full((10, 4), "x"), np.full((10, 4), object())):
-        with pytest.raises(TypeError):
+    for bad_k, dtype in (
+        (np.ones((10, 4), np.int32), "int32"),
+        (np.full((10, 4), "x"), "str32"),
+        (np.full((10, 4), object()), "object"),
+    ):
+        with pytest.raises(TypeError, match=rf"^index_k has dtype {dtype}, which is not a key format: .*key_format$"):
             sel(q, bad_k, 3, cfg)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^query_pos must be an integer, got float$"):
         sel(q, k, 3.0, cfg)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^query_pos must be an integer, got str$"):
         sel(q, k, "3", cfg)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^query_pos must hold integers, got dtype float64$"):
         sel(np.ones((2, 2, 4), np.float32), k, np.array([1.0, 2.0]), cfg)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^config must be a kvselect\.BlockSparseConfig or None, got str$"):
         sel(q, k, 3, "config")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^config must be a kvselect\.BlockSparseConfig or None, got tuple$"):
         sel(q, k, 3, (4, 3, 1, 1))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^blocks must hold integers \(int32 offsets\), got dtype float64$"):
         ks.positions_of_blocks(np.array([0.0]), 3, 10, cfg)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^cu_seqlens must hold integers, got dtype float64$"):
         ks.block_sparse_select_packed(np.ones((2, 2, 4), np.float32), k, [0.0, 10.0], [0, 0], [1, 2], cfg)
 
 
@@ -779,9 +803,11 @@ def test_config_defaults_repr_eq_hash():
 def test_config_is_immutable_and_pickles():
     c = ks.BlockSparseConfig(7, 5, 0, 3)
     for name in ("block_size", "top_blocks", "init_blocks", "local_blocks", "width"):
-        with pytest.raises(AttributeError):
+        with pytest.raises(
+            AttributeError, match=rf"attribute '{name}' of '(kvselect\.)?BlockSparseConfig' objects is not writable"
+        ):
             setattr(c, name, 1)
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match=r"'(kvselect\.)?BlockSparseConfig' object has no attribute 'new_field'"):
         c.new_field = 1
     for proto in range(pickle.HIGHEST_PROTOCOL + 1):
         back = pickle.loads(pickle.dumps(c, protocol=proto))
@@ -808,8 +834,8 @@ def test_refused_configs():
             with pytest.raises(ref.ReferenceSelectionError) as e:
                 ref.block_sparse_select(np.ones((1, 1)), np.ones((1, 1)), 0, ref.BlockSparseConfig(*args))
             assert e.value.argument == argument
-    for bad in ("4", 4.0, 4.5, [4]):
-        with pytest.raises(TypeError):
+    for bad, kind in (("4", "str"), (4.0, "float"), (4.5, "float"), ([4], "list")):
+        with pytest.raises(TypeError, match=rf"^block_size must be an integer, got {kind}$"):
             ks.BlockSparseConfig(bad)
     # Forced blocks alone are a valid config.
     assert ks.BlockSparseConfig(4, 0, 1, 0).width == 1
