@@ -15,6 +15,8 @@ holds the values exactly: the selections must be EQUAL, ties included.
 Randomised cases are reproducible: a failing one names its seed.
 """
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -165,16 +167,29 @@ def test_a_raw_view_needs_its_format_and_a_typed_array_must_agree_with_one(impl)
     k = np.ones((10, 4), np.float32)
     q = np.ones((2, 4), np.float32)
     raw = k.astype(np.float16).view(np.uint16)
-    with pytest.raises(TypeError):
+    native = impl == "native"
+
+    def says(native_text, reference_text):
+        return re.escape(native_text if native else reference_text)
+
+    with pytest.raises(TypeError, match=says("index_k has dtype uint16, which is not a key format", "got None")):
         m.block_sparse_select(q, raw, 3, cfg)  # no format
-    with pytest.raises(TypeError):
+    with pytest.raises(
+        TypeError,
+        match=says("index_k has dtype uint16, which does not hold float8_e4m3fn (key_format)", "got 'float8_e4m3fn'"),
+    ):
         m.block_sparse_select(q, raw, 3, cfg, key_format="float8_e4m3fn")  # uint16 is not fp8
-    with pytest.raises(TypeError):
+    with pytest.raises(
+        TypeError,
+        match=says(
+            "index_k has dtype float16, which does not hold bfloat16 (key_format)", "float16 does not hold bfloat16"
+        ),
+    ):
         m.block_sparse_select(q, k.astype(np.float16), 3, cfg, key_format="bfloat16")
     with pytest.raises(ks.SelectionError if impl == "native" else ref.ReferenceSelectionError) as e:
         m.block_sparse_select(q, k, 3, cfg, key_format="int4")  # not a format: a bad value
     assert e.value.argument == "key_format"
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=says("index_q has dtype uint16, which is not a key format", "got None")):
         m.block_sparse_select(q.astype(np.float16).view(np.uint16), k, 3, cfg)  # queries too
     # With the right format the raw view is accepted and equals float32.
     assert np.array_equal(
@@ -635,7 +650,7 @@ def test_batched_positions_of_blocks_refuses_a_wrong_length_or_shape_naming_the_
     # Accepted: the lengths the flag names.
     assert m.positions_of_blocks(b3, [1, 2], [10, 10], cfg).shape == (2, 3, 8)
     assert m.positions_of_blocks(b3, [1, 2, 3], 10, cfg, head_major=True).shape == (2, 3, 8)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="^blocks must hold integers.*got dtype float32$"):
         m.positions_of_blocks(b2.astype(np.float32), 5, 10, cfg)
     if impl == "reference":
         # 1-D blocks take int query_pos / n_positions only.
