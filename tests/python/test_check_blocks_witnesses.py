@@ -914,7 +914,7 @@ def test_bad_global_slots_are_refused_naming_them(impl):
         with pytest.raises(_error(impl)) as e:
             make()
         assert e.value.argument == argument, (argument, str(e.value))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^block_table must hold integers.*got dtype float64$"):
         m.GlobalSlots(t.astype(float), [0], 4)
     # Judged against the rows when a check uses them.
     for argument, lay in [
@@ -927,7 +927,7 @@ def test_bad_global_slots_are_refused_naming_them(impl):
         with pytest.raises(_error(impl)) as e:
             m.check_topk(s, rows, slots=lay)
         assert e.value.argument == argument, (argument, str(e.value))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="GlobalSlots"):  # what slots= takes
         m.check_topk(s, rows, slots="x")
     assert rows.tolist() == [[12, 13, -1]] and t.tolist() == [[3, 1]]
 
@@ -946,7 +946,7 @@ def test_bad_witness_check_arguments_are_refused_naming_them(impl):
         with pytest.raises(_witness_error(impl)) as e:
             call()
         assert e.value.argument == argument, (argument, str(e.value))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^before must hold integers.*got dtype float32$"):
         m.check_witnesses(b.astype(np.float32), a, [10], 2)
     # context_lens is [rows] axis by axis: 3 lengths for 5 empty rows are refused (no longer read as 3 rows).
     with pytest.raises(_witness_error(impl)) as e:
