@@ -2,9 +2,8 @@
 //!
 //! [`ArgumentError`] is what every module but the segment witness refuses
 //! with: block selection, the baseline selectors, the attention pass, the
-//! metrics, the indexer, the key formats and the checkers. It is re-exported
-//! at the crate root and as `kvselect::attention::ArgumentError` and
-//! `kvselect::block_sparse::ArgumentError`. [`product`] and
+//! metrics, the indexer, the key formats and the checkers. Its one public
+//! path is the crate root, `kvselect::ArgumentError`. [`product`] and
 //! [`checked_size`] are the overflow-checked element count of a shape that
 //! every module's size checks use. (`witness::WitnessError` stays with its
 //! module: its variants are the spec's refusals.)

@@ -33,8 +33,8 @@
 //! its kernels, one per instruction set (`kernels/portable.rs`,
 //! `kernels/avx2.rs`; `witness/scan/`), and its check of an engine's rows
 //! (`check.rs`, re-exported from [`check`]). Errors shared between modules
-//! live in `error.rs` (re-exported where they are used, e.g.
-//! [`attention::ArgumentError`]), and the checks of a packed batch that the
+//! live in `error.rs` (re-exported once, at the crate root:
+//! [`ArgumentError`]), and the checks of a packed batch that the
 //! indexer and block selection both take in `packed.rs`.
 //!
 //! The core works on flat row-major slices with explicit shapes, returns

@@ -37,7 +37,8 @@
 //! rows in parallel on the crate's pool; each row is computed the same way
 //! on any thread, so results never depend on the thread count.
 
-use crate::attention::{ArgumentError, AttentionShape};
+use crate::attention::AttentionShape;
+use crate::error::ArgumentError;
 use crate::error::{check_len, checked_size};
 use crate::pool;
 use crate::witness;

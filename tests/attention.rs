@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use kvselect::attention::*;
 use kvselect::metrics::*;
-use kvselect::{pool, witness};
+use kvselect::{pool, witness, ArgumentError};
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -7,13 +7,14 @@
 
 use kvselect::block_sparse::{
     positions_of_blocks_batch_into, positions_of_blocks_i32, select_batch_encoded_into,
-    select_batch_into, select_packed_encoded_into, select_paged_into, ArgumentError, BlockIds,
-    BlockSparseConfig, OutLayout, PagedBlocks,
+    select_batch_into, select_packed_encoded_into, select_paged_into, BlockIds, BlockSparseConfig,
+    OutLayout, PagedBlocks,
 };
 use kvselect::indexer::{indexer_topk_paged_into, PagedInputs};
 use kvselect::keys::{
     bf16_to_f32, f16_to_f32, fp8_e4m3fn_to_f32, BlockTable, Encoded, Format, PageLayout, PagedCache,
 };
+use kvselect::ArgumentError;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -4,9 +4,9 @@
 
 use kvselect::block_sparse::{
     block_sparse_select, positions_of_blocks, positions_of_blocks_i32, select_batch_into,
-    select_into, select_packed_into, ArgumentError, BlockSparseConfig, MINIMAX_BLOCK_SIZE,
+    select_into, select_packed_into, BlockSparseConfig, MINIMAX_BLOCK_SIZE,
 };
-use kvselect::pool;
+use kvselect::{pool, ArgumentError};
 
 // ---------------------------------------------------------------------------
 // Helpers

@@ -132,7 +132,6 @@ mod pass;
 mod selectors;
 mod shape;
 
-pub use crate::error::ArgumentError;
 pub use pass::{causal_mla_attention_sparse, dense_attention, sparse_attention};
 pub use selectors::{oracle_topk_row, OracleTopK, Selector};
 pub use shape::{softmax_scale, AttentionShape};

@@ -7,7 +7,8 @@ use super::validate::{
     bad_position, check_block_ids_fit_i32, check_out, check_per_query_len, check_q_len, key_rows,
     visible_end,
 };
-use super::{ArgumentError, BlockIds, BlockSparseConfig, IndexLike, OutLayout};
+use super::{BlockIds, BlockSparseConfig, IndexLike, OutLayout};
+use crate::error::ArgumentError;
 use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
 use crate::{packed, simd};
 

@@ -134,6 +134,8 @@
 
 use std::fmt;
 
+use crate::error::ArgumentError;
+
 mod api;
 pub(crate) mod check;
 mod engine;
@@ -142,8 +144,6 @@ mod select;
 #[cfg(test)]
 mod tests_check;
 mod validate;
-
-pub use crate::error::ArgumentError;
 
 pub use api::{
     block_scores_into, block_sparse_select, positions_of_blocks, positions_of_blocks_batch_into,

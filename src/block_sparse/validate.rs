@@ -1,8 +1,9 @@
 //! The checks every entry point runs before it writes anything; each
 //! refusal names its argument.
 
-use super::{ArgumentError, BlockSparseConfig, IndexLike};
+use super::{BlockSparseConfig, IndexLike};
 use crate::error::product;
+use crate::error::ArgumentError;
 
 /// Exclusive end of the keys a query at `query_pos` sees.
 pub(super) fn visible_end(query_pos: usize, n_positions: usize) -> usize {

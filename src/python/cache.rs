@@ -7,13 +7,11 @@ use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
 use super::args::{
-    format_of, is_native_order, numpy, positions, positions_along, query_positions_for, Args, In,
-    Obj, StridedRows,
+    element_name, format_of, is_native_order, numpy, positions, positions_along, query_positions,
+    Broadcast, FormatArg, In, Named, Obj, PageLayoutName, Queries, StridedRows, S,
 };
-use super::errors::{refuse, Domain};
+use super::errors::refuse;
 use crate::keys::{BlockTable, PageLayout, PagedCache};
-
-const S: Args = Args(Domain::Selection);
 
 /// The paged arguments as the caller passed them.
 pub(super) struct PagedArgs<'a, 'py> {
@@ -39,7 +37,7 @@ pub(super) struct Paged<'py> {
 }
 
 impl<'py> Paged<'py> {
-    /// The arguments, `layout` being "dense" or "fp8_scaled", for `(n, dq)`
+    /// The arguments, in the page `layout` named, for `(n, dq)`
     /// = `index_q`'s queries and their dimension: keys of another dimension
     /// are refused (naming `index_q`) before anything else is read; every
     /// other array is checked axis by axis (`seq_ids` and `query_pos`
@@ -47,8 +45,8 @@ impl<'py> Paged<'py> {
     /// `[n_seqs, max_blocks]` with `n_seqs = len(seq_lens)`).
     pub fn new(
         a: PagedArgs<'_, 'py>,
-        layout: &str,
-        key_format: Option<&str>,
+        layout: &Named<PageLayoutName>,
+        key_format: FormatArg<'_>,
         (n, dq): (usize, usize),
     ) -> PyResult<Self> {
         let kv_cache = &S.arg(a.kv_cache, "kv_cache")?;
@@ -62,7 +60,13 @@ impl<'py> Paged<'py> {
         let want = [("n_seqs", seq_lens.len()), ("max_blocks", table.shape[1])];
         S.axes("block_table", &table.shape, &want)?;
         let seq_ids = positions_along(S, a.seq_ids, "seq_ids", ("n_queries", n))?;
-        let query_pos = query_positions_for(S, a.query_pos, n)?;
+        let query_pos = query_positions(
+            S,
+            a.query_pos,
+            "query_pos",
+            Queries::Along("n_queries", n),
+            Broadcast::Refuse,
+        )?;
         Ok(Paged {
             pages,
             table,
@@ -130,29 +134,20 @@ fn pages<'py>(cache: &Obj<'py>) -> PyResult<StridedRows<'py, u8>> {
         return Ok(rows);
     }
     let copy = np.call_method1("ascontiguousarray", (bytes,))?;
-    let bad = || {
-        refuse(
-            Domain::Selection,
-            "kv_cache",
-            "kv_cache has an unusable memory layout",
-        )
-    };
+    let bad = || refuse(S, "kv_cache", "kv_cache has an unusable memory layout");
     StridedRows::new(copy.cast::<PyArrayDyn<u8>>()?, 1)?.ok_or_else(bad)
 }
 
 /// The page layout and the cache's shape, from `layout` and the dtype.
 fn cache_layout(
     cache: &Obj<'_>,
-    layout: &str,
-    key_format: Option<&str>,
+    layout: &Named<PageLayoutName>,
+    key_format: FormatArg<'_>,
 ) -> PyResult<(PageLayout, Vec<usize>)> {
     let arr = numpy(cache.py())?.call_method1("asarray", (cache,))?;
     let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
     // A DLPack view of bfloat16 / float8_e4m3fn pages holds raw bits, tagged.
-    let dtype: String = match super::dlpack::format_tag(cache) {
-        Some(f) => f.name().to_string(),
-        None => arr.getattr("dtype")?.getattr("name")?.extract()?,
-    };
+    let dtype = element_name(Some(cache), &arr)?;
     // Pages are read in place, never converted: bytes in the other order
     // would be decoded swapped.
     if !is_native_order(&arr)? {
@@ -161,34 +156,25 @@ fn cache_layout(
             "kv_cache has non-native byte order ({d}): pages are read in place, never \
              converted; pass native byte order (kv_cache.astype(kv_cache.dtype.newbyteorder('=')))"
         );
-        return Err(refuse(Domain::Selection, "kv_cache", msg));
+        return Err(refuse(S, "kv_cache", msg));
     }
-    let (page_layout, fits, want) = match layout {
-        "fp8_scaled" => (
+    let (page_layout, fits, want) = match layout.get()? {
+        PageLayoutName::Fp8Scaled => (
             PageLayout::Fp8WithScales,
             dtype == "uint8" && matches!(shape[..], [_, _, 1, x] | [_, _, x] if x > 4),
             "with page_layout='fp8_scaled', kv_cache must be uint8 [num_blocks, block_size, 1, d + 4] \
              or [num_blocks, block_size, d + 4]",
         ),
         // Pages are read in place: float64 is not converted.
-        "dense" => (
-            PageLayout::Dense(format_of(
-                "kv_cache",
-                &dtype,
-                ("key_format", key_format),
-                false,
-            )?),
+        PageLayoutName::Dense => (
+            PageLayout::Dense(format_of("kv_cache", &dtype, key_format, false)?),
             shape.len() == 3,
             "kv_cache must be 3-D [num_blocks, block_size, d]",
         ),
-        other => {
-            let msg = format!("page_layout must be 'dense' or 'fp8_scaled', got {other:?}");
-            return Err(refuse(Domain::Selection, "page_layout", msg));
-        }
     };
     if !fits {
         let msg = format!("{want}, got {dtype} {shape:?}");
-        return Err(refuse(Domain::Selection, "kv_cache", msg));
+        return Err(refuse(S, "kv_cache", msg));
     }
     Ok((page_layout, shape))
 }

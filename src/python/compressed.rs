@@ -4,18 +4,15 @@
 use numpy::PyUntypedArray;
 use pyo3::prelude::*;
 
-use super::args::{ndarrays, positions, positions_along, query_positions, query_positions_for};
-use super::args::{Args, Obj, Opt, Out, I32};
-use super::errors::{refuse, Domain};
+use super::args::{ndarrays, positions, positions_along, query_positions, Broadcast, Queries};
+use super::args::{Obj, Opt, Out, I32, I32_MAX, S};
+use super::errors::refuse;
 use crate::compressed::{self, CombineInputs};
-
-const S: Args = Args(Domain::Selection);
-const I32_MAX: u64 = i32::MAX as u64;
 
 /// A row width past int32 (`what` computes it), refused naming `argument`.
 fn too_wide(argument: &str, what: &str) -> PyErr {
     refuse(
-        S.0,
+        S,
         argument,
         format!("{what} is too large: the rows would be wider than {I32_MAX}"),
     )
@@ -69,7 +66,13 @@ fn window_positions<'py>(
     window_size: &Obj<'py>,
     out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
-    let pos = query_positions(S, query_pos)?;
+    let pos = query_positions(
+        S,
+        query_pos,
+        "query_pos",
+        Queries::AsMany,
+        Broadcast::Refuse,
+    )?;
     let w = S.count(window_size, "window_size", I32_MAX)?;
     let raw = ndarrays(&[query_pos]);
     run(
@@ -121,7 +124,13 @@ fn visible_entries<'py>(
     n_entries: &Obj<'py>,
     out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
-    let pos = query_positions(S, query_pos)?;
+    let pos = query_positions(
+        S,
+        query_pos,
+        "query_pos",
+        Queries::AsMany,
+        Broadcast::Refuse,
+    )?;
     let m = S.count(compress_ratio, "compress_ratio", u32::MAX as u64)?;
     let t = S.count(n_entries, "n_entries", I32_MAX)?;
     let raw = ndarrays(&[query_pos]);
@@ -238,7 +247,13 @@ fn expand_entries<'py>(
 ) -> PyResult<I32<'py>> {
     let rows = S.input::<i32, 2>(entry_rows, "entry_rows", "[n_queries, k]")?;
     let [n, k] = rows.shape;
-    let pos = query_positions_for(S, query_pos, n)?;
+    let pos = query_positions(
+        S,
+        query_pos,
+        "query_pos",
+        Queries::Along("n_queries", n),
+        Broadcast::Refuse,
+    )?;
     let m = S.count(compress_ratio, "compress_ratio", u32::MAX as u64)?;
     let least = compressed::expanded_width(k, m, tail).filter(|&c| c <= I32_MAX as usize);
     let least = least.ok_or_else(|| too_wide("compress_ratio", "k * compress_ratio"))?;

@@ -58,7 +58,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyString};
 
-use super::errors::{refuse, Domain};
+use super::errors::{refuse, type_name, Domain};
 use crate::keys::Format;
 
 /// The newest DLPack version kvselect reads (dlpark's headers).
@@ -164,7 +164,7 @@ fn capsule<'py>(
     if cap.cast::<PyCapsule>().is_err() {
         return Err(PyTypeError::new_err(format!(
             "{name}.__dlpack__() returned {}, not a DLPack capsule",
-            super::args::type_name(&cap)
+            type_name(&cap)
         )));
     }
     Ok(cap)
@@ -373,7 +373,7 @@ fn _dlpack_array<'py>(
         None if obj.cast::<PyUntypedArray>().is_ok() => Ok((obj.clone(), None)),
         None => Err(PyTypeError::new_err(format!(
             "expected a DLPack producer or a numpy.ndarray, got {}",
-            super::args::type_name(obj)
+            type_name(obj)
         ))),
     }
 }

@@ -85,6 +85,15 @@ fn raise<E: Serialize>(domain: Domain, argument: &str, message: String, core: Op
     err
 }
 
+/// The name of `obj`'s type, for a `TypeError`'s "got …" (the argument
+/// layer's and the DLPack reader's alike).
+pub(super) fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".to_string())
+}
+
 /// A refusal the bindings make themselves (`variant` None).
 pub(super) fn refuse(domain: Domain, argument: &str, message: impl Into<String>) -> PyErr {
     raise::<()>(domain, argument, message.into(), None)

@@ -37,6 +37,7 @@ mod compressed;
 mod dlpack;
 mod errors;
 mod indexer;
+mod runtime;
 mod witness;
 
 use pyo3::prelude::*;
@@ -55,5 +56,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     check::register(m)?;
     dlpack::register(m)?;
     compressed::register(m)?;
+    runtime::register(m)?;
     Ok(())
 }

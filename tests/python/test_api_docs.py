@@ -175,8 +175,8 @@ def test_every_indexer_and_compressed_function_documents_parameters_returns_and_
     assert not gaps, gaps
 
 
-# The public native functions and methods of src/python/block_sparse.rs and
-# src/python/attention.rs, by hand (a new one is added here).
+# The public native functions and methods of src/python/block_sparse/,
+# src/python/attention/ and src/python/runtime.rs, by hand (a new one is added here).
 # BlockSparseConfig stands for its __new__: a class's parameters are documented on the
 # class, which returns nothing.
 _BLOCK_AND_ATTENTION = [
@@ -310,9 +310,12 @@ def test_every_block_and_attention_function_documents_parameters_returns_and_rai
 def test_the_block_and_attention_list_names_every_function_those_files_register():
     # the explicit list above cannot fall behind the bindings
     registered = set()
-    for name in ("block_sparse.rs", "attention.rs"):
-        source = (ROOT / "src" / "python" / name).read_text(encoding="utf-8")
-        registered |= set(re.findall(r"wrap_pyfunction!\((\w+), m\)", source))
+    bindings = ROOT / "src" / "python"
+    files = [*sorted((bindings / "block_sparse").glob("*.rs")), *sorted((bindings / "attention").glob("*.rs"))]
+    files.append(bindings / "runtime.rs")
+    for path in files:
+        source = path.read_text(encoding="utf-8")
+        registered |= set(re.findall(r"wrap_pyfunction!\((?:\w+::)*(\w+), m\)", source))
     public = {n for n in registered if not n.startswith("_")}
     listed = {n for n in _BLOCK_AND_ATTENTION + _NO_ARGUMENTS if "." not in n and n[0].islower()}
     assert public == listed

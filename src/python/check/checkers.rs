@@ -1,252 +1,20 @@
-//! The checkers: an engine's rows judged by the rule (raising
-//! `SelectionError` on a refused call, `WitnessError` for the witness check); every report is plain Python data,
-//! JSON-ready, in one shape: `rows`, `correct`, `wrong`, `by_reason`,
-//! `details`.
+//! The checkers' entry points: `check_topk` (token top-k rows),
+//! `check_blocks` (block rows) and `check_witnesses` (the serving layout's
+//! witness slots).
+//!
+//! Reads an engine's rows, the scores (float32 or float64, never rounded),
+//! the magnitudes, the contexts and `filler`. The rule: every array is
+//! shaped axis by axis against the rows it describes, and a refused call
+//! raises `SelectionError` (`WitnessError` for the witness check).
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
-use super::args::{detach, positions, Args, Floats, Obj, Opt};
-use super::block_sparse::config;
-use super::errors::{refuse, Domain, Witness};
-use crate::check::WITNESS_REASONS;
-use crate::check::{self, Batch, Filler, GlobalSlots, RowCheck, Rule, Tolerance};
-
-/// A report, as a dict.
-type PyReport<'py> = Bound<'py, PyDict>;
-
-const S: Args = Args(Domain::Selection);
-const W: Args = Args(Domain::Witness);
-const I32_MAX: u64 = i32::MAX as u64;
-
-/// How an engine wrote its rows as global cache slots (the ``slots=`` of the checkers).
-///
-/// ``GlobalSlots(block_table, req_ids, block_size, *, block_stride_rows=None,
-/// prefill_req_ids=None, workspace_starts=None, dcp_size=None, dcp_interleave=None)``, as
-/// vLLM's ``triton_convert_req_index_to_global_index`` does: position ``t`` of request ``r``
-/// is slot ``block_table[r, t // block_size] * block_stride_rows + t % block_size``
-/// (``block_stride_rows`` defaults to ``block_size``), and a prefill row
-/// (``prefill_req_ids[row] >= 0``) holds ``workspace_starts[prefill_req_ids[row]] + t``
-/// instead; ``-1`` stays padding. ``req_ids`` names each checked row's request.
-/// MiniMax-M3's physical block ids are the case ``block_size=1``. The checkers read the
-/// rows back through it; an entry naming no position of its request is reported as
-/// ``not_in_table`` with the engine's value.
-///
-/// Decode context parallelism: with ``dcp_size > 1`` (tokens dealt to the ranks
-/// ``dcp_interleave`` at a time), ``block_table`` is ``[dcp_size, n_requests,
-/// max_blocks]``, one table per rank, and the rows checked are the ranks' rows side by side
-/// (``np.concatenate(rank_rows, axis=1)``, ``[n_rows, dcp_size * topk]``): each rank keeps
-/// only its own tokens, so only together are they the selection; each rank's part pads on
-/// its own.
-///
-/// Parameters
-/// ----------
-/// block_table : array_like of int, [n_requests, max_blocks] or [dcp_size, n_requests, max_blocks]
-///     Each request's pages, any integer dtype whose values fit int32 (copied once); 3-D
-///     exactly when ``dcp_size > 1``. Any CPU DLPack tensor too.
-/// req_ids : array_like of int, [n_rows]
-///     The request of each checked row, every entry >= 0 and below ``n_requests``.
-/// block_size : int
-///     Tokens per page, 1 to 2**31 - 1.
-/// block_stride_rows : int, optional
-///     Slots from one page to the next, ``block_size`` (the default) to 2**31 - 1.
-/// prefill_req_ids : array_like of int, [n_rows], optional
-///     Per row, the index into ``workspace_starts`` of a prefill row, or negative for a
-///     row read through ``block_table``. Given together with ``workspace_starts``.
-/// workspace_starts : array_like of int, [n_prefill_requests], optional
-///     Each prefill request's first workspace slot. Given together with
-///     ``prefill_req_ids``.
-/// dcp_size : int, optional
-///     The decode-context-parallel ranks, 1 (the default) to 2**31 - 1.
-/// dcp_interleave : int, optional
-///     Tokens dealt to a rank at a time, 1 (the default) to 2**31 - 1.
-///
-/// Raises
-/// ------
-/// SelectionError
-///     (a ValueError; ``.argument`` names the argument) when ``block_table`` is not 2-D
-///     (``dcp_size = 1``) or 3-D with ``dcp_size`` tables, or holds a value outside int32;
-///     ``block_size``, ``dcp_size`` (named as ``block_table``'s shape) or ``dcp_interleave``
-///     is 0; ``block_stride_rows`` is below ``block_size`` (pages would overlap); a count
-///     is negative or above 2**31 - 1; ``req_ids`` (or ``prefill_req_ids``,
-///     ``workspace_starts``) is not 1-D or ``req_ids`` has a negative entry; only one of
-///     ``prefill_req_ids`` and ``workspace_starts`` is given (``workspace_starts`` is
-///     named); or a tensor is not on the CPU. ``req_ids`` and ``prefill_req_ids`` against
-///     the rows and tables (one entry per row, naming a request that exists) are checked
-///     by each call that reads rows.
-/// TypeError
-///     when an array holds no integers or a count is not an integer.
-#[pyclass(name = "GlobalSlots", module = "kvselect", frozen)]
-pub(super) struct PyGlobalSlots {
-    block_table: Vec<i32>,
-    req_ids: Vec<usize>,
-    prefill_req_ids: Option<Vec<i64>>,
-    workspace_starts: Vec<i64>,
-    /// The map's scalars. Its slices are empty: never use it as a map, only
-    /// through [`Self::map`], which fills them in.
-    shape: GlobalSlots<'static>,
-}
-
-#[pymethods]
-impl PyGlobalSlots {
-    #[new]
-    #[pyo3(signature = (block_table, req_ids, block_size, *, block_stride_rows=None,
-                        prefill_req_ids=None, workspace_starts=None, dcp_size=None,
-                        dcp_interleave=None))]
-    fn new(
-        block_table: &Obj<'_>,
-        req_ids: &Obj<'_>,
-        block_size: &Obj<'_>,
-        block_stride_rows: Opt<'_, '_>,
-        prefill_req_ids: Opt<'_, '_>,
-        workspace_starts: Opt<'_, '_>,
-        dcp_size: Opt<'_, '_>,
-        dcp_interleave: Opt<'_, '_>,
-    ) -> PyResult<Self> {
-        let dcp_size = S.count_or(dcp_size, "dcp_size", I32_MAX, 1)?;
-        let dcp_interleave = S.count_or(dcp_interleave, "dcp_interleave", I32_MAX, 1)?;
-        let (t, shape) = S.input_dyn::<i32>(block_table, "block_table")?;
-        let max_blocks = match (dcp_size, &shape[..]) {
-            (1, [_, m]) => *m,
-            (r, [ranks, _, m]) if r > 1 && *ranks == r => *m,
-            _ => {
-                let want = match dcp_size {
-                    1 => "2-D [n_requests, max_blocks]".to_string(),
-                    r => format!("3-D [dcp_size = {r}, n_requests, max_blocks]"),
-                };
-                let msg = format!("block_table must be {want}, got shape {shape:?}");
-                return Err(refuse(Domain::Selection, "block_table", msg));
-            }
-        };
-        let block_size = S.count(block_size, "block_size", I32_MAX)?;
-        let stride = S.count_or(block_stride_rows, "block_stride_rows", I32_MAX, block_size)?;
-        let shape = GlobalSlots {
-            block_table: &[],
-            max_blocks,
-            block_size,
-            stride,
-            req_ids: &[],
-            prefill_req_ids: None,
-            workspace_starts: &[],
-            dcp_size,
-            dcp_interleave,
-        };
-        // A page of no tokens, overlapping pages, no rank (the table's own
-        // shape is checked against the rows, call by call).
-        GlobalSlots {
-            max_blocks: 1,
-            ..shape
-        }
-        .check(0)?;
-        let vec_i64 = |o: Opt<'_, '_>, name| -> PyResult<Option<Vec<i64>>> {
-            o.map(|o| Ok(S.input::<i64, 1>(o, name, "[n]")?.slice()?.to_vec()))
-                .transpose()
-        };
-        let prefill = vec_i64(prefill_req_ids, "prefill_req_ids")?;
-        let starts = vec_i64(workspace_starts, "workspace_starts")?;
-        if prefill.is_some() != starts.is_some() {
-            return Err(refuse(
-                Domain::Selection,
-                "workspace_starts",
-                "prefill_req_ids and workspace_starts go together: pass both or neither",
-            ));
-        }
-        Ok(PyGlobalSlots {
-            block_table: t.slice()?.to_vec(),
-            req_ids: positions(S, req_ids, "req_ids")?,
-            prefill_req_ids: prefill,
-            workspace_starts: starts.unwrap_or_default(),
-            shape,
-        })
-    }
-
-    /// The engine's ``rows`` read back through the map, as the checkers read them.
-    ///
-    /// Int64 row-relative positions of the rows' shape, ``-1`` for padding (any negative
-    /// entry) and ``2**63 - 1`` (``i64::MAX``) for an entry that maps to no position of its
-    /// row's request (a page outside its block table, an offset past the page, a prefill slot
-    /// before its workspace start). Positions are not checked against any context.
-    ///
-    /// Parameters
-    /// ----------
-    /// rows : array_like of int, [n_rows, width]
-    ///     Global slot ids, int32 or int64 (any integer dtype whose values fit int64), one row
-    ///     per ``req_ids`` entry; with DCP the ranks' rows side by side (``width`` a multiple
-    ///     of ``dcp_size``). Any CPU DLPack tensor too.
-    ///
-    /// Returns
-    /// -------
-    /// ndarray of int64, [n_rows, width]
-    ///     The row-relative positions.
-    ///
-    /// Raises
-    /// ------
-    /// SelectionError
-    ///     (a ValueError; ``.argument`` names the argument) when ``rows`` is not 2-D or holds a
-    ///     value outside int64, ``rows``' width is no multiple of ``dcp_size``, ``req_ids`` (or
-    ///     ``prefill_req_ids``) does not have one entry per row, an entry of ``req_ids`` names
-    ///     no request of ``block_table`` (or of ``prefill_req_ids`` no entry of
-    ///     ``workspace_starts``), or a tensor is not on the CPU.
-    /// TypeError
-    ///     when ``rows`` holds no integers.
-    fn positions<'py>(&self, py: Python<'py>, rows: &Obj<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
-        let [n, w] = r.shape;
-        let map = self.map();
-        map.check(n)?;
-        if map.dcp_size > 1 && !w.is_multiple_of(map.dcp_size) {
-            let msg = format!(
-                "a DCP map reads the dcp_size = {} ranks' rows side by side: the rows' width \
-                 ({w}) must be a multiple of it",
-                map.dcp_size
-            );
-            return Err(refuse(Domain::Selection, "rows", msg));
-        }
-        let raw = r.slice()?;
-        let inverse = map.inverse();
-        let mut out = Vec::with_capacity(n * w);
-        let mut row = Vec::with_capacity(w);
-        for i in 0..n {
-            inverse.to_relative(i, &raw[i * w..(i + 1) * w], &mut row);
-            out.extend(row.iter().map(|&x| x.max(-1)));
-        }
-        let flat = numpy::PyArray1::from_vec(py, out);
-        flat.call_method1("reshape", ((n, w),))
-    }
-
-    fn __repr__(&self) -> String {
-        let g = self.shape;
-        format!(
-            "GlobalSlots(<{} requests x {} blocks>, <{} rows>, block_size={}, \
-             block_stride_rows={}, prefill={}, dcp_size={}, dcp_interleave={})",
-            self.block_table.len() / (g.max_blocks * g.dcp_size).max(1),
-            g.max_blocks,
-            self.req_ids.len(),
-            g.block_size,
-            g.stride,
-            self.prefill_req_ids.is_some(),
-            g.dcp_size,
-            g.dcp_interleave
-        )
-    }
-}
-
-impl PyGlobalSlots {
-    fn map(&self) -> GlobalSlots<'_> {
-        GlobalSlots {
-            block_table: &self.block_table,
-            req_ids: &self.req_ids,
-            prefill_req_ids: self.prefill_req_ids.as_deref(),
-            workspace_starts: &self.workspace_starts,
-            ..self.shape
-        }
-    }
-}
-
-/// The `slots` argument: `None` (row-relative) or a `GlobalSlots`.
-fn global_slots<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalSlots<'a>> {
-    obj.as_ref().map(|g| g.get().map())
-}
+use super::run::{blame_row_counts, report, run, PyReport, Rows};
+use super::slots::PyGlobalSlots;
+use crate::check::{self, Filler, Rule, Tolerance, WITNESS_REASONS};
+use crate::python::args::{detach, positions, Named, Obj, Opt, S, W};
+use crate::python::block_sparse::config;
+use crate::python::errors::{refuse, Witness};
 
 /// Whether each of an engine's top-k rows is a correct selection of its row's exact scores.
 ///
@@ -329,10 +97,14 @@ fn global_slots<'a>(obj: &'a Option<Bound<'_, PyGlobalSlots>>) -> Option<GlobalS
 ///     integer, ``atol`` or ``rtol`` not a number, ``slots`` not a ``GlobalSlots`` or
 ///     ``filler`` not a string.
 #[pyfunction]
-#[pyo3(signature = (scores, rows, context_lens=None, *, topk=None, atol=0.0, rtol=0.0,
-                    magnitudes=None, slots=None, filler="-1"))]
+#[pyo3(
+    signature = (scores, rows, context_lens=None, *, topk=None, atol=0.0, rtol=0.0,
+                 magnitudes=None, slots=None, filler=Named::known(Filler::MinusOne)),
+    text_signature = "(scores, rows, context_lens=None, *, topk=None, atol=0.0, rtol=0.0, \
+                      magnitudes=None, slots=None, filler=\"-1\")"
+)]
 #[allow(clippy::too_many_arguments)]
-fn check_topk<'py>(
+pub(super) fn check_topk<'py>(
     py: Python<'py>,
     scores: &Obj<'py>,
     rows: &Obj<'py>,
@@ -342,18 +114,12 @@ fn check_topk<'py>(
     rtol: f64,
     magnitudes: Opt<'_, 'py>,
     slots: Option<Bound<'py, PyGlobalSlots>>,
-    filler: &str,
+    filler: Named<Filler>,
 ) -> PyResult<PyReport<'py>> {
-    let filler = Filler::from_name(filler).ok_or_else(|| {
-        let msg = format!(
-            "filler must be one of {}, got {filler:?}",
-            Filler::NAMES.map(|n| format!("{n:?}")).join(", ")
-        );
-        refuse(Domain::Selection, "filler", msg)
-    })?;
+    let filler = filler.get()?;
     let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
     // DCP rows are the ranks' rows side by side: by default, each rank's width.
-    let width = r.shape[1] / slots.as_ref().map_or(1, |g| g.get().shape.dcp_size);
+    let width = r.shape[1] / slots.as_ref().map_or(1, |g| g.get().dcp_size());
     let topk = S.count_or(topk, "topk", u64::MAX, width)?;
     let (s, shape) = S.floats(scores, "scores", true)?;
     let [n, t] = shape[..] else {
@@ -361,7 +127,7 @@ fn check_topk<'py>(
             "scores must be 2-D [n_rows, n_positions], got {}-D",
             shape.len()
         );
-        return Err(refuse(Domain::Selection, "scores", msg));
+        return Err(refuse(S, "scores", msg));
     };
     let lens = match context_lens {
         None => vec![t; n],
@@ -445,7 +211,7 @@ fn check_topk<'py>(
 #[pyo3(signature = (block_scores, rows, visible_blocks, config=None, *, atol=0.0, rtol=0.0,
                     magnitudes=None, slots=None, head_major=false))]
 #[allow(clippy::too_many_arguments)]
-fn check_blocks<'py>(
+pub(super) fn check_blocks<'py>(
     py: Python<'py>,
     block_scores: &Obj<'py>,
     rows: &Obj<'py>,
@@ -481,7 +247,7 @@ fn check_blocks<'py>(
             if head_major {
                 let msg = "head_major=True describes 3-D rows [n_kv_heads, n_queries, width]; \
                            these rows are 2-D";
-                return Err(refuse(Domain::Selection, "head_major", msg));
+                return Err(refuse(S, "head_major", msg));
             }
             blame_row_counts("block_scores", n, n_rows, lens.len(), rule)?;
             let rows = Rows {
@@ -539,84 +305,16 @@ fn check_blocks<'py>(
                 );
                 ("block_scores", msg)
             };
-            Err(refuse(Domain::Selection, name, msg))
+            Err(refuse(S, name, msg))
         }
         _ => {
             let msg = format!(
                 "rows must be 2-D [n_rows, width] or 3-D [n_queries, n_kv_heads, width], \
                  got {rshape:?}"
             );
-            Err(refuse(Domain::Selection, "rows", msg))
+            Err(refuse(S, "rows", msg))
         }
     }
-}
-
-/// An engine's rows, read query-major: `[n_rows, width]`.
-struct Rows<'a> {
-    rows: &'a [i64],
-    width: usize,
-}
-
-/// The shared body of the two score checks: arguments → core → report.
-/// `scored` is the scores (`n_rows · n_candidates` of them, their shape's
-/// `axes` named, last the candidates) and the `magnitudes` argument, which
-/// must have that shape axis by axis; `lens` gives each row's context;
-/// `rule` comes with the engine's filler.
-fn run<'py>(
-    py: Python<'py>,
-    (rule, filler): (Rule, Filler),
-    tol: Tolerance,
-    (scores, axes, magnitudes): (check::Values<'_>, &[(&str, usize)], Opt<'_, 'py>),
-    rows: Rows<'_>,
-    lens: &[usize],
-    slots: &Option<Bound<'py, PyGlobalSlots>>,
-) -> PyResult<PyReport<'py>> {
-    // Float64 magnitudes are read as they are; any other float converts to
-    // float32.
-    let m: Option<(Floats<'py>, Vec<usize>)> = magnitudes
-        .map(|m| S.floats(m, "magnitudes", false))
-        .transpose()?;
-    if let Some((_, shape)) = &m {
-        S.axes("magnitudes", shape, axes)?;
-    }
-    let t = axes.last().map_or(0, |a| a.1);
-    let batch = Batch {
-        scores,
-        magnitudes: m.as_ref().map(|(m, _)| m.values()).transpose()?,
-        n_positions: t,
-        rows: rows.rows,
-        width: rows.width,
-        lens,
-        global: global_slots(slots),
-    };
-    let checks = detach(py, batch.scores.len(), || {
-        check::check_rows_with(&batch, rule, tol, filler)
-    })?;
-    report(py, &checks, rule.reasons())
-}
-
-/// Scores, rows and lengths must count the same rows; when one disagrees
-/// with the other two, it is the one named (the lengths default to the
-/// scores' count, so then the rows are).
-fn blame_row_counts(
-    scores: &str,
-    n_scores: usize,
-    n_rows: usize,
-    n_lens: usize,
-    rule: Rule,
-) -> PyResult<()> {
-    let (_, lens) = rule.names();
-    let culprit = match (n_scores == n_rows, n_scores == n_lens, n_rows == n_lens) {
-        (true, true, _) => return Ok(()),
-        (true, false, _) => lens,
-        (false, true, _) => "rows",
-        (false, false, true) => scores,
-        _ => "rows",
-    };
-    let msg = format!(
-        "{scores} has {n_scores} rows, rows has {n_rows}, {lens} has {n_lens} entries: one each per row"
-    );
-    Err(refuse(Domain::Selection, culprit, msg))
 }
 
 /// Whether an engine's in-place witness call wrote exactly what the rule writes.
@@ -669,7 +367,7 @@ fn blame_row_counts(
 ///     when an array holds no integers or ``num_segments`` is not an integer.
 #[pyfunction]
 #[pyo3(signature = (before, after, context_lens, num_segments))]
-fn check_witnesses<'py>(
+pub(super) fn check_witnesses<'py>(
     py: Python<'py>,
     before: &Obj<'py>,
     after: &Obj<'py>,
@@ -689,22 +387,4 @@ fn check_witnesses<'py>(
     })
     .map_err(Witness)?;
     report(py, &checks, WITNESS_REASONS)
-}
-
-/// The report as plain Python data (dicts, lists, tuples, numbers).
-fn report<'py>(
-    py: Python<'py>,
-    checks: &[RowCheck],
-    reasons: &[&'static str],
-) -> PyResult<PyReport<'py>> {
-    let report = pythonize::pythonize(py, &check::Report::new(checks, reasons))?;
-    Ok(report.cast_into::<PyDict>()?)
-}
-
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyGlobalSlots>()?;
-    m.add_function(wrap_pyfunction!(check_topk, m)?)?;
-    m.add_function(wrap_pyfunction!(check_blocks, m)?)?;
-    m.add_function(wrap_pyfunction!(check_witnesses, m)?)?;
-    Ok(())
 }

@@ -1,0 +1,182 @@
+//! Option strings: `key_format`, `query_format`, `page_layout` and
+//! `filler`, parsed once, at the boundary, into typed values.
+//!
+//! Reads each option as PyO3 extracts the argument ([`FromPyObject`], as
+//! safetensors' bindings read `Framework` and `Device`): a string that is
+//! not one (an int, None where None is not taken) is the same `TypeError`
+//! as before; a string is looked up once, and past the boundary the entry
+//! point holds the value it names. The rule: a spelling that names nothing
+//! is kept as it was written ([`Named`]) and refused — a `SelectionError`
+//! naming the argument, with the message each option has always given —
+//! where the entry point first uses it ([`Named::get`]), so a call with
+//! several faults reports the same one as before, and an option a form
+//! ignores (`key_format` with `page_layout='fp8_scaled'`) is ignored still.
+
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+use crate::check::Filler;
+use crate::keys::Format;
+use crate::python::errors::{refuse, Domain};
+
+/// The values an option string can name.
+pub(in crate::python) trait Choice: Copy {
+    /// The argument, as the refusal names it.
+    const ARG: &'static str;
+    /// The value `name` spells, or `None`.
+    fn from_name(name: &str) -> Option<Self>;
+    /// The refusal's message for `got`, which names nothing.
+    fn unknown(got: &str) -> String;
+}
+
+/// An option string read at the boundary: the value it names, or the
+/// spelling that names nothing (refused by [`Named::get`]).
+#[derive(Clone)]
+pub(in crate::python) struct Named<C>(Result<C, String>);
+
+impl<C: Choice> Named<C> {
+    /// The value a default spells (`page_layout="dense"`, `filler="-1"`).
+    pub fn known(value: C) -> Self {
+        Named(Ok(value))
+    }
+
+    /// The value, or the option's refusal (a `SelectionError` naming it).
+    pub fn get(&self) -> PyResult<C> {
+        self.0
+            .as_ref()
+            .map(|&c| c)
+            .map_err(|got| refuse(Domain::Selection, C::ARG, C::unknown(got)))
+    }
+}
+
+impl<'a, 'py, C: Choice> FromPyObject<'a, 'py> for Named<C> {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        // Cast as a `&str` argument is, so a non-string is the same
+        // TypeError ("'int' object is not an instance of 'str'").
+        let name = obj.cast::<PyString>()?;
+        let name = name.to_cow()?;
+        Ok(Named(C::from_name(&name).ok_or_else(|| name.into_owned())))
+    }
+}
+
+/// The message for an unknown key format named by `arg`.
+fn unknown_format(arg: &str, got: &str) -> String {
+    format!("{arg} {got:?} is not one of float32, float16, bfloat16, float8_e4m3fn")
+}
+
+/// `key_format=`: the format of a raw uint16 / uint8 view of keys.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(in crate::python) struct KeyFormat(pub Format);
+
+impl Choice for KeyFormat {
+    const ARG: &'static str = "key_format";
+    fn from_name(name: &str) -> Option<Self> {
+        Format::from_name(name).map(KeyFormat)
+    }
+    fn unknown(got: &str) -> String {
+        unknown_format(Self::ARG, got)
+    }
+}
+
+/// `query_format=`: the format of a raw uint16 / uint8 view of queries.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(in crate::python) struct QueryFormat(pub Format);
+
+impl Choice for QueryFormat {
+    const ARG: &'static str = "query_format";
+    fn from_name(name: &str) -> Option<Self> {
+        Format::from_name(name).map(QueryFormat)
+    }
+    fn unknown(got: &str) -> String {
+        unknown_format(Self::ARG, got)
+    }
+}
+
+/// A format argument as the array readers take it: the argument's name,
+/// and the format it names when given (checked when the array is read).
+#[derive(Clone, Copy)]
+pub(in crate::python) struct FormatArg<'a> {
+    pub arg: &'static str,
+    named: Option<Result<Format, &'a str>>,
+}
+
+impl FormatArg<'_> {
+    /// The format asked for, `None` when the argument was None; an unknown
+    /// name is refused (a `SelectionError` naming the argument).
+    pub fn asked(&self) -> PyResult<Option<Format>> {
+        self.named
+            .map(|n| {
+                n.map_err(|got| refuse(Domain::Selection, self.arg, unknown_format(self.arg, got)))
+            })
+            .transpose()
+    }
+}
+
+/// The `key_format` / `query_format` argument as the array readers take it.
+pub(in crate::python) trait AsFormatArg {
+    fn format_arg(&self) -> FormatArg<'_>;
+}
+
+impl AsFormatArg for Option<Named<KeyFormat>> {
+    fn format_arg(&self) -> FormatArg<'_> {
+        let named = self
+            .as_ref()
+            .map(|n| n.0.as_ref().map(|k| k.0).map_err(String::as_str));
+        FormatArg {
+            arg: KeyFormat::ARG,
+            named,
+        }
+    }
+}
+
+impl AsFormatArg for Option<Named<QueryFormat>> {
+    fn format_arg(&self) -> FormatArg<'_> {
+        let named = self
+            .as_ref()
+            .map(|n| n.0.as_ref().map(|q| q.0).map_err(String::as_str));
+        FormatArg {
+            arg: QueryFormat::ARG,
+            named,
+        }
+    }
+}
+
+/// `page_layout=`: how a paged cache's pages hold their keys (the format of
+/// a dense page comes from the cache's dtype and `key_format`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(in crate::python) enum PageLayoutName {
+    /// `"dense"`: `[num_blocks, block_size, d]` keys in one format.
+    Dense,
+    /// `"fp8_scaled"`: DeepSeek's uint8 pages of e4m3fn keys, then their
+    /// float32 scales.
+    Fp8Scaled,
+}
+
+impl Choice for PageLayoutName {
+    const ARG: &'static str = "page_layout";
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "dense" => Some(PageLayoutName::Dense),
+            "fp8_scaled" => Some(PageLayoutName::Fp8Scaled),
+            _ => None,
+        }
+    }
+    fn unknown(got: &str) -> String {
+        format!("page_layout must be 'dense' or 'fp8_scaled', got {got:?}")
+    }
+}
+
+impl Choice for Filler {
+    const ARG: &'static str = "filler";
+    fn from_name(name: &str) -> Option<Self> {
+        Filler::from_name(name)
+    }
+    fn unknown(got: &str) -> String {
+        format!(
+            "filler must be one of {}, got {got:?}",
+            Filler::NAMES.map(|n| format!("{n:?}")).join(", ")
+        )
+    }
+}

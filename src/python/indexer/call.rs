@@ -1,0 +1,230 @@
+//! The arguments every indexer form reads alike, checked and borrowed
+//! ([`Call`]), and the top-k and score-matrix runs over them.
+//!
+//! Reads `index_q`, `weights`, `index_k`, `query_pos`, `topk`, `key_scale`,
+//! the formats, `num_segments` and `compress_ratio`. The rule: `weights` is
+//! `[n_queries, H]` of `index_q`'s axes, keys share `index_q`'s `d`,
+//! `key_scale` is one scale or `[n_keys]`, and `query_pos` has one entry
+//! per query ([`Broadcast::Refuse`]); outputs are checked against every
+//! input and each other.
+
+use numpy::PyUntypedArray;
+use pyo3::prelude::*;
+
+use crate::error::ArgumentError as Error;
+use crate::indexer::{self, IndexerInputs, IndexerShape};
+use crate::python::args::{
+    detach, ndarrays, query_positions, Broadcast, EncodedIn, FormatArg, In, InAnyRank, Obj, Opt,
+    Queries, I32, S,
+};
+
+/// The arguments both forms share, checked and borrowed.
+pub(super) struct Call<'py> {
+    pub(super) q: EncodedIn<'py>,
+    pub(super) w: In<'py, f32, 2>,
+    pub(super) k: EncodedIn<'py>,
+    pub(super) scale: Option<InAnyRank<'py, f32>>,
+    /// A per-tensor `key_scale` (a scalar) as the per-key vector the core
+    /// reads: the scalar for every key.
+    pub(super) scale_fill: Option<Vec<f32>>,
+    pub(super) pos: Vec<usize>,
+    /// The ndarrays among the arguments read through a copy (`query_pos`,
+    /// a packed batch's offsets): an output must not share their memory either.
+    pub(super) raw: Vec<Bound<'py, PyUntypedArray>>,
+    pub(super) shape: IndexerShape,
+    pub(super) topk: usize,
+    pub(super) segs: usize,
+    /// Tokens per key (`compress_ratio`; 1 for token-level keys).
+    pub(super) ratio: usize,
+}
+
+/// `(index_q, weights, index_k, query_pos, topk)` and the keyword arguments
+/// `(key_scale, key_format.format_arg(), query_format.format_arg(), num_segments)`.
+pub(super) type Common<'a, 'py> = (
+    &'a Obj<'py>,
+    &'a Obj<'py>,
+    &'a Obj<'py>,
+    &'a Obj<'py>,
+    &'a Obj<'py>,
+);
+pub(super) type Options<'a, 'py> = (Opt<'a, 'py>, FormatArg<'a>, FormatArg<'a>, Opt<'a, 'py>);
+
+/// `index_q` `[n_queries, n_heads, d]` in its format and `weights`
+/// float32 `[n_queries, n_heads]`, with `[n, h, d]`.
+pub(super) fn queries<'py>(
+    index_q: &Obj<'py>,
+    weights: &Obj<'py>,
+    query_format: FormatArg<'_>,
+) -> PyResult<(EncodedIn<'py>, In<'py, f32, 2>, [usize; 3])> {
+    let (q, _) = EncodedIn::new(S, index_q, "index_q", query_format)?;
+    let dims = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_heads, d]")?;
+    let w = S.input::<f32, 2>(weights, "weights", "[n_queries, n_heads]")?;
+    let [n, h, _] = dims;
+    S.axes("weights", &w.shape, &[("n_queries", n), ("H", h)])?;
+    Ok((q, w, dims))
+}
+
+/// The `compress_ratio` keyword: None is 1 (token-level keys); 0 the core
+/// refuses.
+pub(super) fn ratio(compress_ratio: Opt<'_, '_>) -> PyResult<usize> {
+    S.count_or(compress_ratio, "compress_ratio", u32::MAX as u64, 1)
+}
+
+/// The `num_segments` keyword: None is 0 (off); past 64 the core refuses.
+pub(super) fn segments(num_segments: Opt<'_, '_>) -> PyResult<usize> {
+    num_segments.map_or(Ok(0), |s| S.count_within(s, "num_segments", u64::MAX, 64))
+}
+
+impl<'py> Call<'py> {
+    pub(super) fn new(
+        (q, w, k, pos, topk): Common<'_, 'py>,
+        (scale, kf, qf, segs): Options<'_, 'py>,
+    ) -> PyResult<Self> {
+        let mut call = Call::inputs((q, w, k, pos), (scale, kf, qf))?;
+        call.topk = S.count(topk, "topk", i32::MAX as u64)?;
+        call.segs = segments(segs)?;
+        Ok(call)
+    }
+
+    /// The scoring arguments alone (`topk` and `num_segments` left 0):
+    /// `(index_q, weights, index_k, query_pos)` and `(key_scale,
+    /// key_format, query_format)`.
+    pub(super) fn inputs(
+        (q, w, k, pos): (&Obj<'py>, &Obj<'py>, &Obj<'py>, &Obj<'py>),
+        (scale, kf, qf): (Opt<'_, 'py>, FormatArg<'_>, FormatArg<'_>),
+    ) -> PyResult<Self> {
+        let (q, w, [n, h, dq]) = queries(q, w, qf)?;
+        let (k, _) = EncodedIn::new(S, k, "index_k", kf)?;
+        let [t, d] = S.dims::<2>(k.untyped(), "index_k", "[n_keys, d]")?;
+        S.same_d(dq, d, "index_k")?;
+        // A scalar (0-D array, Python or NumPy float) is one scale for every
+        // key; else one per key.
+        let mut scale_fill = None;
+        let scale = scale
+            .map(|c| {
+                let (c, shape) = S.input_dyn::<f32>(c, "key_scale")?;
+                if shape.is_empty() {
+                    scale_fill = Some(vec![c.slice()?[0]; t]);
+                } else {
+                    S.axes("key_scale", &shape, &[("n_keys", t)])?;
+                }
+                Ok::<_, PyErr>(c)
+            })
+            .transpose()?;
+        let raw = ndarrays(&[pos]);
+        let pos = query_positions(
+            S,
+            pos,
+            "query_pos",
+            Queries::Along("n_queries", n),
+            Broadcast::Refuse,
+        )?;
+        let shape = IndexerShape {
+            n_queries: n,
+            n_heads: h,
+            d,
+            n_keys: t,
+        };
+        Ok(Call {
+            q,
+            w,
+            k,
+            scale,
+            scale_fill,
+            pos,
+            raw,
+            shape,
+            topk: 0,
+            segs: 0,
+            ratio: 1,
+        })
+    }
+
+    /// The arrays as the core reads them.
+    pub(super) fn borrowed(&self) -> PyResult<IndexerInputs<'_>> {
+        Ok(IndexerInputs {
+            q: self.q.encoded()?,
+            weights: self.w.slice()?,
+            k: self.k.encoded()?,
+            key_scale: match &self.scale_fill {
+                Some(v) => Some(&v[..]),
+                None => self.scale.as_ref().map(|c| c.slice()).transpose()?,
+            },
+            query_pos: &self.pos,
+            compress_ratio: self.ratio,
+        })
+    }
+
+    /// Every array argument, as an output must not overlap them.
+    pub(super) fn arrays(&self) -> Vec<&Bound<'py, PyUntypedArray>> {
+        let mut arrays = vec![self.q.untyped(), self.w.untyped(), self.k.untyped()];
+        arrays.extend(self.scale.as_ref().map(|c| c.untyped()));
+        arrays.extend(&self.raw);
+        arrays
+    }
+
+    /// Multiply-adds of scoring every key for every query (for `detach`).
+    pub(super) fn work(&self) -> usize {
+        let s = self.shape;
+        s.n_queries
+            .saturating_mul(s.n_keys)
+            .saturating_mul(s.n_heads)
+            .saturating_mul(s.d)
+    }
+
+    /// Runs `core` on the borrowed inputs (see [`run_topk`]).
+    pub(super) fn run(
+        self,
+        py: Python<'py>,
+        outs: (Opt<'_, 'py>, Opt<'_, 'py>),
+        core: impl FnOnce(&IndexerInputs<'_>, &mut [i32], Option<&mut [f32]>) -> Result<(), Error>
+            + Send,
+    ) -> PyResult<I32<'py>> {
+        let arrays = self.arrays();
+        let (inputs, work) = (self.borrowed()?, self.work());
+        let shape = [self.shape.n_queries, self.topk];
+        run_topk(py, &arrays, shape, outs, work, |o, s| core(&inputs, o, s))
+    }
+}
+
+/// Runs a top-k `core` call into `out` (int32 `[n, topk]`) and `scores_out`
+/// (float32, when given), both checked against every input array and each
+/// other; returns the rows.
+pub(super) fn run_topk<'py>(
+    py: Python<'py>,
+    arrays: &[&Bound<'py, PyUntypedArray>],
+    shape: [usize; 2],
+    (out, scores_out): (Opt<'_, 'py>, Opt<'_, 'py>),
+    work: usize,
+    core: impl FnOnce(&mut [i32], Option<&mut [f32]>) -> Result<(), Error> + Send,
+) -> PyResult<I32<'py>> {
+    let mut out = S.output::<i32>(py, out, &shape, arrays)?;
+    let arrays = [arrays, &[out.untyped()]].concat();
+    let mut scores = scores_out
+        .map(|s| S.buffer::<f32>(s, "scores_out", &shape, &arrays))
+        .transpose()?;
+    let (o, s) = (
+        out.slice()?,
+        scores.as_mut().map(|s| s.slice()).transpose()?,
+    );
+    detach(py, work, || core(o, s))?;
+    Ok(out.finish())
+}
+
+impl<'py> Call<'py> {
+    /// The `[n_queries, n_keys]` scores (or their magnitudes) into `out`.
+    pub(super) fn score_matrix(
+        self,
+        py: Python<'py>,
+        out: Opt<'_, 'py>,
+        magnitudes: bool,
+    ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
+        let shape = self.shape;
+        let arrays = self.arrays();
+        let out = S.output::<f32>(py, out, &[shape.n_queries, shape.n_keys], &arrays)?;
+        let (inputs, work) = (self.borrowed()?, self.work());
+        out.run(work, |o| {
+            indexer::indexer_scores_into(&shape, &inputs, magnitudes, o)
+        })
+    }
+}

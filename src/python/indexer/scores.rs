@@ -1,0 +1,123 @@
+//! The lightning indexer's score matrix and its error scales: what
+//! `check_topk` judges an engine's rows against.
+
+use pyo3::prelude::*;
+
+use crate::python::args::{AsFormatArg, KeyFormat, Named, Obj, Opt, QueryFormat};
+
+use super::call::{ratio, Call};
+
+/// Every query's exact score of every key it sees.
+///
+/// The scores :func:`indexer_topk` ranks, bit for bit — what :func:`check_topk` judges an
+/// engine's rows against. Builds the whole ``[n_queries, n_keys]`` matrix: a checking tool, not
+/// a serving path. Their error scales are :func:`indexer_magnitudes`.
+///
+/// Parameters
+/// ----------
+/// index_q, weights, index_k, query_pos, key_scale, key_format, query_format, compress_ratio
+///     As :func:`indexer_topk` takes them.
+/// out : ndarray of float32, [n_queries, n_keys], optional
+///     Written and returned: C-contiguous, writeable, aligned, native byte order, not
+///     overlapping any input.
+///
+/// Returns
+/// -------
+/// ndarray of float32, [n_queries, n_keys]
+///     Each query's scores, NaN past its context (``L`` keys, as :func:`indexer_topk` counts
+///     them).
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) as :func:`indexer_topk`. Nothing is
+///     written.
+/// TypeError
+///     On an argument of the wrong type or dtype.
+#[pyfunction]
+#[pyo3(
+    signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
+                 query_format=None, compress_ratio=None, out=None),
+    text_signature = "(index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None, \
+                      query_format=None, compress_ratio=1, out=None)"
+)]
+pub(super) fn indexer_scores<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    weights: &Obj<'py>,
+    index_k: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    key_scale: Opt<'_, 'py>,
+    key_format: Option<Named<KeyFormat>>,
+    query_format: Option<Named<QueryFormat>>,
+    compress_ratio: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
+) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
+    let common = (index_q, weights, index_k, query_pos);
+    let mut call = Call::inputs(
+        common,
+        (
+            key_scale,
+            key_format.format_arg(),
+            query_format.format_arg(),
+        ),
+    )?;
+    call.ratio = ratio(compress_ratio)?;
+    call.score_matrix(py, out, false)
+}
+
+/// Each :func:`indexer_scores` entry's error scale.
+///
+/// ``|key_scale[t]| * sum_h |weights[h]| * sum_i |index_q[h, i] * index_k[t, i]|``: the
+/// ``magnitudes`` of :func:`check_topk` (its ``rtol`` multiplies them).
+///
+/// Parameters
+/// ----------
+/// index_q, weights, index_k, query_pos, key_scale, key_format, query_format, compress_ratio
+///     As :func:`indexer_topk` takes them.
+/// out : ndarray of float32, [n_queries, n_keys], optional
+///     As :func:`indexer_scores` takes it.
+///
+/// Returns
+/// -------
+/// ndarray of float32, [n_queries, n_keys]
+///     The magnitudes, NaN past each query's context.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names the argument) as :func:`indexer_topk`. Nothing is
+///     written.
+/// TypeError
+///     On an argument of the wrong type or dtype.
+#[pyfunction]
+#[pyo3(
+    signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
+                 query_format=None, compress_ratio=None, out=None),
+    text_signature = "(index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None, \
+                      query_format=None, compress_ratio=1, out=None)"
+)]
+pub(super) fn indexer_magnitudes<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    weights: &Obj<'py>,
+    index_k: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    key_scale: Opt<'_, 'py>,
+    key_format: Option<Named<KeyFormat>>,
+    query_format: Option<Named<QueryFormat>>,
+    compress_ratio: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
+) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
+    let common = (index_q, weights, index_k, query_pos);
+    let mut call = Call::inputs(
+        common,
+        (
+            key_scale,
+            key_format.format_arg(),
+            query_format.format_arg(),
+        ),
+    )?;
+    call.ratio = ratio(compress_ratio)?;
+    call.score_matrix(py, out, true)
+}

@@ -1,0 +1,78 @@
+//! The runtime controls: the thread count of kvselect's parallel paths, the
+//! SIMD level its kernels dispatched to, and the benchmarks' FMA floor.
+//!
+//! Reads counts only. The rule: a refused count is a `KvselectError` (the
+//! base class: these controls belong to no selection or witness call),
+//! naming the argument, never `OverflowError`.
+
+use pyo3::prelude::*;
+
+use super::args::Obj;
+use super::errors::Domain;
+use crate::{pool, simd};
+
+/// Sets the number of threads kvselect's parallel paths use.
+///
+/// Parameters
+/// ----------
+/// n : int
+///     The thread count, at most 65536; 0 restores the default (``RAYON_NUM_THREADS``, else
+///     every core).
+///
+/// Returns
+/// -------
+/// None
+///
+/// Raises
+/// ------
+/// KvselectError
+///     (a ValueError; ``.argument`` is ``n``) when ``n`` is negative or past 65536.
+/// TypeError
+///     when ``n`` is not an integer.
+#[pyfunction]
+fn set_num_threads(n: &Obj) -> PyResult<()> {
+    pool::set_num_threads(Domain::Base.count(n, "n", 1 << 16)?);
+    Ok(())
+}
+
+/// The number of threads kvselect's parallel paths use.
+///
+/// Returns
+/// -------
+/// int
+///     The thread count (:func:`set_num_threads` sets it).
+#[pyfunction]
+fn get_num_threads() -> usize {
+    pool::num_threads()
+}
+
+/// The best instruction-set level the SIMD kernels dispatched to on this CPU.
+///
+/// "avx512" (block selection, the indexer and attention; the other kernels run AVX2),
+/// "avx2" or "scalar". ``KVSELECT_SIMD=avx2`` or ``=scalar`` in the environment caps it.
+///
+/// Returns
+/// -------
+/// str
+///     "avx512", "avx2" or "scalar".
+#[pyfunction]
+fn simd_level() -> &'static str {
+    simd::level().name()
+}
+
+/// Benchmarks' floor (private): ``iters`` steps of a register-resident FMA
+/// loop on every pool thread at the best SIMD level; returns ``(flops,
+/// checksum)``, the caller times the call.
+#[pyfunction]
+fn _fma_floor(py: Python<'_>, iters: &Obj) -> PyResult<(u64, f32)> {
+    let iters = Domain::Base.count(iters, "iters", 1 << 40)?;
+    Ok(py.detach(|| simd::fma_floor(iters)))
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_fma_floor, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(simd_level, m)?)?;
+    Ok(())
+}
