@@ -25,6 +25,17 @@
 //!   every slot (the witness outputs, tested with a sentinel at every size).
 //! - **No panic reaches Python**: the core returns `Result` for every
 //!   refusal and is handed slices whose lengths match the shapes it is told.
+//! - **Option strings** (`key_format`, `query_format`, `page_layout`,
+//!   `filler`) are parsed once, as PyO3 extracts them, into typed values
+//!   (`args::Named`); an unknown one is refused where it is first used.
+//! - **`query_pos`** has one reader (`args::query_positions`), whose
+//!   `Broadcast` policy each entry point states: one integer stands for
+//!   every row only in `positions_of_blocks`.
+//!
+//! One module (or folder) per family of entry points, each with `register`
+//! as its only hook, called once below; a folder's `mod.rs` only registers
+//! the files beside it. `runtime` holds the thread and SIMD controls. No
+//! module imports one that imports it.
 
 #![allow(clippy::too_many_arguments)] // entry points take what their Python signatures take
 

@@ -16,6 +16,7 @@
 //! - [`options`]: the option strings, parsed once into typed values.
 //! - [`strided`]: arrays read in place as rows a stride apart.
 //! - [`floats`]: the checkers' float32 / float64 scores, never rounded.
+//! - [`renamed`]: keywords renamed in the API, refused naming the new one.
 //! - [`objects`]: the names of the objects above (`Obj`, `Opt`, the output
 //!   array types) and the `numpy` module.
 //!
@@ -50,6 +51,7 @@ mod formats;
 mod objects;
 mod options;
 mod out;
+mod renamed;
 mod strided;
 
 pub(super) use self::arrays::{convert, ndarray, ndarrays, In, InAnyRank};
@@ -63,6 +65,7 @@ pub(super) use self::options::{
     AsFormatArg, FormatArg, KeyFormat, Named, PageLayoutName, QueryFormat,
 };
 pub(super) use self::out::{detach, Out};
+pub(super) use self::renamed::refuse_extra_keywords;
 pub(super) use self::strided::StridedRows;
 /// The exception domains, as the entry points name them: `S.count(..)`
 /// refuses with a `SelectionError`, `W.count(..)` with a `WitnessError`.

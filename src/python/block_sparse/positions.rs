@@ -71,6 +71,8 @@ pub(super) fn positions_of_blocks<'py>(
             return Err(refuse(S, "out", msg));
         }
         ([_], _) => {
+            // The 1-D form is one row, whose position and length are counts
+            // (Python ints), not a `query_pos` argument of queries.
             let query_pos = S.count(query_pos, "query_pos", u64::MAX)?;
             let n_positions = S.count(n_positions, "n_positions", u64::MAX)?;
             let v =

@@ -3,13 +3,14 @@
 
 use numpy::{PyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use super::config::config;
 use super::inputs::{index_keys, queries};
 use crate::block_sparse;
 use crate::python::args::{
-    ndarrays, query_positions, AsFormatArg, Broadcast, FormatArg, KeyFormat, Named, Obj, Opt,
-    Queries, QueryFormat, S,
+    ndarrays, query_positions, refuse_extra_keywords, AsFormatArg, Broadcast, FormatArg, KeyFormat,
+    Named, Obj, Opt, Queries, QueryFormat, S,
 };
 
 /// Every row's exact block scores: the values block selection ranks, bit for bit.
@@ -54,8 +55,12 @@ use crate::python::args::{
 ///     not a BlockSparseConfig or None, an argument is not an array, or ``out`` is not a
 ///     float32 ndarray.
 #[pyfunction]
-#[pyo3(signature = (index_q, index_k, query_pos, config=None, *, key_format=None,
-                    query_format=None, out=None))]
+#[pyo3(
+    signature = (index_q, index_k, query_pos, config=None, *, key_format=None,
+                 query_format=None, out=None, **renamed),
+    text_signature = "(index_q, index_k, query_pos, config=None, *, key_format=None, \
+                      query_format=None, out=None)"
+)]
 pub(super) fn block_scores<'py>(
     py: Python<'py>,
     index_q: &Obj<'py>,
@@ -65,7 +70,13 @@ pub(super) fn block_scores<'py>(
     key_format: Option<Named<KeyFormat>>,
     query_format: Option<Named<QueryFormat>>,
     out: Opt<'_, 'py>,
+    renamed: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    let was = [(
+        "magnitudes",
+        "magnitudes=True is now its own function, block_magnitudes",
+    )];
+    refuse_extra_keywords("block_scores", renamed, &was)?;
     let formats = (key_format.format_arg(), query_format.format_arg());
     block_values(
         py,

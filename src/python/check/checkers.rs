@@ -8,11 +8,12 @@
 //! raises `SelectionError` (`WitnessError` for the witness check).
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use super::run::{blame_row_counts, report, run, PyReport, Rows};
 use super::slots::PyGlobalSlots;
 use crate::check::{self, Filler, Rule, Tolerance, WITNESS_REASONS};
-use crate::python::args::{detach, positions, Named, Obj, Opt, S, W};
+use crate::python::args::{detach, positions, refuse_extra_keywords, Named, Obj, Opt, S, W};
 use crate::python::block_sparse::config;
 use crate::python::errors::{refuse, Witness};
 
@@ -99,7 +100,7 @@ use crate::python::errors::{refuse, Witness};
 #[pyfunction]
 #[pyo3(
     signature = (scores, rows, context_lens=None, *, topk=None, atol=0.0, rtol=0.0,
-                 magnitudes=None, slots=None, filler=Named::known(Filler::MinusOne)),
+                 magnitudes=None, slots=None, filler=Named::known(Filler::MinusOne), **renamed),
     text_signature = "(scores, rows, context_lens=None, *, topk=None, atol=0.0, rtol=0.0, \
                       magnitudes=None, slots=None, filler=\"-1\")"
 )]
@@ -115,7 +116,13 @@ pub(super) fn check_topk<'py>(
     magnitudes: Opt<'_, 'py>,
     slots: Option<Bound<'py, PyGlobalSlots>>,
     filler: Named<Filler>,
+    renamed: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<PyReport<'py>> {
+    refuse_extra_keywords(
+        "check_topk",
+        renamed,
+        &[("layout", "layout= is now slots=")],
+    )?;
     let filler = filler.get()?;
     let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
     // DCP rows are the ranks' rows side by side: by default, each rank's width.
@@ -208,8 +215,12 @@ pub(super) fn check_topk<'py>(
 ///     ``visible_blocks`` no integers, ``config`` is not a ``BlockSparseConfig`` or None
 ///     (a dict), ``slots`` not a ``GlobalSlots``, or ``head_major`` not a bool.
 #[pyfunction]
-#[pyo3(signature = (block_scores, rows, visible_blocks, config=None, *, atol=0.0, rtol=0.0,
-                    magnitudes=None, slots=None, head_major=false))]
+#[pyo3(
+    signature = (block_scores, rows, visible_blocks, config=None, *, atol=0.0, rtol=0.0,
+                 magnitudes=None, slots=None, head_major=false, **renamed),
+    text_signature = "(block_scores, rows, visible_blocks, config=None, *, atol=0.0, rtol=0.0, \
+                      magnitudes=None, slots=None, head_major=False)"
+)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn check_blocks<'py>(
     py: Python<'py>,
@@ -222,7 +233,13 @@ pub(super) fn check_blocks<'py>(
     magnitudes: Opt<'_, 'py>,
     slots: Option<Bound<'py, PyGlobalSlots>>,
     head_major: bool,
+    renamed: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<PyReport<'py>> {
+    let was = [
+        ("num_blocks", "num_blocks= is now visible_blocks="),
+        ("layout", "layout= is now slots="),
+    ];
+    refuse_extra_keywords("check_blocks", renamed, &was)?;
     let cfg = self::config(config)?;
     let rule = Rule::Blocks(cfg);
     let tol = Tolerance { atol, rtol };

@@ -2,8 +2,11 @@
 //! `check_topk` judges an engine's rows against.
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
-use crate::python::args::{AsFormatArg, KeyFormat, Named, Obj, Opt, QueryFormat};
+use crate::python::args::{
+    refuse_extra_keywords, AsFormatArg, KeyFormat, Named, Obj, Opt, QueryFormat,
+};
 
 use super::call::{ratio, Call};
 
@@ -37,7 +40,7 @@ use super::call::{ratio, Call};
 #[pyfunction]
 #[pyo3(
     signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
-                 query_format=None, compress_ratio=None, out=None),
+                 query_format=None, compress_ratio=None, out=None, **renamed),
     text_signature = "(index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None, \
                       query_format=None, compress_ratio=1, out=None)"
 )]
@@ -52,7 +55,13 @@ pub(super) fn indexer_scores<'py>(
     query_format: Option<Named<QueryFormat>>,
     compress_ratio: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
+    renamed: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
+    let was = [(
+        "magnitudes",
+        "magnitudes=True is now its own function, indexer_magnitudes",
+    )];
+    refuse_extra_keywords("indexer_scores", renamed, &was)?;
     let common = (index_q, weights, index_k, query_pos);
     let mut call = Call::inputs(
         common,

@@ -2,11 +2,12 @@
 //! engine's paged key cache read in place.
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::indexer::{self, PagedInputs};
 use crate::python::args::{
-    ndarrays, positions, positions_along, AsFormatArg, KeyFormat, Named, Obj, Opt, PageLayoutName,
-    QueryFormat, I32, S,
+    ndarrays, positions, positions_along, refuse_extra_keywords, AsFormatArg, KeyFormat, Named,
+    Obj, Opt, PageLayoutName, QueryFormat, I32, S,
 };
 use crate::python::cache::{Paged, PagedArgs};
 
@@ -252,7 +253,7 @@ pub(super) fn indexer_topk_packed<'py>(
 #[pyo3(
     signature = (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *,
                  page_layout=Named::known(PageLayoutName::Dense), key_format=None, query_format=None, num_segments=None,
-                 compress_ratio=None, out=None, scores_out=None),
+                 compress_ratio=None, out=None, scores_out=None, **renamed),
     text_signature = "(index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *, \
                       page_layout='dense', key_format=None, query_format=None, num_segments=0, \
                       compress_ratio=1, out=None, scores_out=None)"
@@ -274,7 +275,10 @@ pub(super) fn indexer_topk_paged<'py>(
     compress_ratio: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
+    renamed: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<I32<'py>> {
+    let was = [("layout", "layout= is now page_layout=")];
+    refuse_extra_keywords("indexer_topk_paged", renamed, &was)?;
     let (q, w, [n, h, dq]) = queries(index_q, weights, query_format.format_arg())?;
     let args = PagedArgs {
         kv_cache,

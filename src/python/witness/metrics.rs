@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 
 use crate::python::args::ndarray;
 use crate::python::args::{detach, positions, Obj, Opt, F64, W};
-use crate::python::errors::{refuse, Domain, Witness};
+use crate::python::errors::{refuse, Witness};
 use crate::{metrics, witness};
 
 /// The share of the ``S_eff`` segments of ``[0, context_len)`` that ``candidates`` meets.
@@ -294,7 +294,7 @@ pub(super) fn attention_mass_recall_rows<'py>(
         None if n_rows == 0 => 1,
         g => g.filter(|&g| g > 0 && g * rows == n_rows).ok_or_else(|| {
             refuse(
-                Domain::Witness,
+                W,
                 "attention",
                 format!("attention has {n_rows} rows, not a positive multiple of the {rows} candidate rows"),
             )
