@@ -25,8 +25,10 @@
 //!   is owed, and a report of every violation;
 //! - [`pool`]: kvselect's own rayon pool (resizable, fork-safe), which every
 //!   batched call runs on;
-//! - [`simd`]: run-time SIMD dispatch, and the [`simd::Avx2`] token without
-//!   which no AVX2 kernel can be called.
+//! - [`simd`]: run-time SIMD dispatch: [`simd::Isa::best`], the one entry
+//!   point to the level, and the tokens (such as [`simd::Avx2`]) without
+//!   which no AVX2 or AVX-512 kernel can be called; each kernel family is
+//!   dispatched once, by `simd::dispatch!`.
 //!
 //! A concept with parts is a folder: its `mod.rs` states the rule and
 //! re-exports the public API, beside files for its checks, its batching and

@@ -7,21 +7,42 @@
 //! the portable path (for testing and for measuring what the SIMD buys).
 //! Every dispatched kernel computes bit-identical results on every level.
 //!
-//! # Soundness: AVX2 is a value only detection can make
+//! # Soundness: a level is a value only detection can make
 //!
 //! Running an AVX2 instruction on a CPU without it is undefined behaviour,
 //! so "AVX2 is available" is not a flag that any code could set: it is an
 //! [`Avx2`] token, a zero-sized value whose only constructor is the run-time
-//! detection below. Every AVX2 kernel entry takes the token, so a kernel
-//! cannot be reached on a CPU that lacks the instructions, and each `unsafe`
-//! call into one points at the token it was handed. [`Level`] is only the
-//! report of what was chosen (`kvselect.simd_level()` prints its name).
+//! detection below ([`Avx512`] likewise, and it implies [`Avx2`]). [`Isa`]
+//! is the level dispatch runs at *with* its token: `Isa::Avx2(t)` cannot be
+//! made without a `t`. [`Level`] is only the name of a level (the report
+//! `kvselect.simd_level()` prints, what `KVSELECT_SIMD` asks for).
+//!
+//! # One dispatch per kernel family
+//!
+//! [`Isa::best`] is the one entry point to the level (detected once,
+//! capped by `KVSELECT_SIMD`). A kernel family -- the functions that compute
+//! one thing at every level, bit for bit alike -- is dispatched in exactly
+//! one place, by `dispatch!`: the family names its per-level functions,
+//! and the macro's one `match` calls the one the [`Isa`] it is handed
+//! allows, inside its one `unsafe` (whose SAFETY argument is the token:
+//! the arm of a level binds that level's token). A family that has no
+//! kernel at a level refuses it by name (`avx512 => avx2`: the AVX2 kernel
+//! runs with the token the AVX-512 one implies). The `match` is
+//! exhaustive, so a new [`Isa`] variant is a compile error in the macro
+//! until every family's form of it says what that level runs.
+//!
+//! A level may also depend on the inputs (a format pairing, a value-range
+//! condition checked per key block): the family asks [`Isa::at_most`] for
+//! the best level at or below the call's that the block admits and hands
+//! that to the same `dispatch!` -- a block the fast level cannot take
+//! falls back to the next level down, through the same path.
 
 use std::sync::OnceLock;
 
-/// An instruction-set level a kernel can be dispatched to: the report of
-/// what [`level`] chose. (Dispatch itself goes by the [`Avx2`] token.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// The name of an instruction-set level: what [`Isa::best`] chose
+/// ([`level`]), what `KVSELECT_SIMD` asks for. Ordered from the portable
+/// level up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Level {
     /// Portable Rust, auto-vectorised for the build target at most.
     Scalar,
@@ -34,6 +55,9 @@ pub enum Level {
 }
 
 impl Level {
+    /// Every level, from the portable one up.
+    pub const ALL: [Level; 3] = [Level::Scalar, Level::Avx2, Level::Avx512];
+
     /// The level's name, as `kvselect.simd_level()` reports it.
     pub fn name(self) -> &'static str {
         match self {
@@ -42,6 +66,13 @@ impl Level {
             Level::Avx512 => "avx512",
         }
     }
+
+    /// The level `KVSELECT_SIMD` names (any case), if any.
+    fn parse(v: &str) -> Option<Level> {
+        Level::ALL
+            .into_iter()
+            .find(|l| v.eq_ignore_ascii_case(l.name()))
+    }
 }
 
 /// Proof that this CPU executes AVX2, FMA and F16C instructions (every
@@ -49,8 +80,8 @@ impl Level {
 /// kernels).
 ///
 /// Zero-sized and `Copy`; its field is private, so the only way to get one
-/// is [`avx2`] (run-time CPU feature detection). Every AVX2 kernel takes
-/// one, which is what makes calling it sound.
+/// is run-time CPU feature detection ([`Isa::best`]). Every AVX2 kernel is
+/// reached with one, which is what makes calling it sound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Avx2(());
 
@@ -74,28 +105,14 @@ fn cpu_avx2() -> Option<Avx2> {
 
 /// `KVSELECT_SIMD`, read once per process: `scalar` forces the portable
 /// kernels, `avx2` caps them at AVX2 (for testing and for measuring what
-/// each level buys).
+/// each level buys); `avx512` or anything else caps nothing.
 fn requested() -> Option<Level> {
     static REQUESTED: OnceLock<Option<Level>> = OnceLock::new();
-    *REQUESTED.get_or_init(|| {
-        let v = std::env::var("KVSELECT_SIMD").ok()?;
-        [Level::Scalar, Level::Avx2, Level::Avx512]
-            .into_iter()
-            .find(|l| v.eq_ignore_ascii_case(l.name()))
-    })
-}
-
-/// The token the dispatched kernels run with: `Some` iff this CPU has AVX2,
-/// FMA and F16C and `KVSELECT_SIMD=scalar` does not force the portable path.
-pub fn avx2() -> Option<Avx2> {
-    match requested() {
-        Some(Level::Scalar) => None,
-        _ => cpu_avx2(),
-    }
+    *REQUESTED.get_or_init(|| Level::parse(&std::env::var("KVSELECT_SIMD").ok()?))
 }
 
 /// Proof that this CPU executes AVX-512 F, BW, DQ and VL besides
-/// everything [`Avx2`] proves. Only [`avx512`] makes one.
+/// everything [`Avx2`] proves. Only detection makes one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Avx512(Avx2);
 
@@ -122,49 +139,241 @@ fn cpu_avx512() -> Option<Avx512> {
     })
 }
 
-/// The AVX-512 token the block kernel runs with: `Some` iff this CPU has it
-/// and `KVSELECT_SIMD` asks for neither `scalar` nor `avx2`.
-pub fn avx512() -> Option<Avx512> {
-    match requested() {
-        Some(Level::Scalar | Level::Avx2) => None,
-        _ => cpu_avx512(),
+/// An instruction-set level together with the proof that this CPU runs it:
+/// what every kernel family's `dispatch!` matches on. The AVX2 and
+/// AVX-512 variants hold their tokens, so holding an `Isa` at a level is
+/// holding that proof; `Scalar` needs none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// The portable kernels.
+    Scalar,
+    /// The AVX2 (+FMA, F16C) kernels.
+    Avx2(Avx2),
+    /// The AVX-512 kernels (and, where a family has none, its AVX2 ones).
+    Avx512(Avx512),
+}
+
+impl Isa {
+    /// The level dispatch runs at: the best this CPU has (detected once per
+    /// process), capped by `KVSELECT_SIMD` (`scalar`, `avx2`). The one
+    /// entry point to the level.
+    pub fn best() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| Isa::cpu().capped(requested()))
+    }
+
+    /// The best level this CPU has, whatever `KVSELECT_SIMD` says.
+    fn cpu() -> Isa {
+        match (cpu_avx512(), cpu_avx2()) {
+            (Some(t), _) => Isa::Avx512(t),
+            (None, Some(t)) => Isa::Avx2(t),
+            (None, None) => Isa::Scalar,
+        }
+    }
+
+    /// `self`, capped at the `requested` level (`None`: not capped).
+    fn capped(self, requested: Option<Level>) -> Isa {
+        match requested {
+            Some(cap) => self.at_most(|l| l <= cap),
+            None => self,
+        }
+    }
+
+    /// The level's name.
+    pub fn level(self) -> Level {
+        match self {
+            Isa::Scalar => Level::Scalar,
+            Isa::Avx2(_) => Level::Avx2,
+            Isa::Avx512(_) => Level::Avx512,
+        }
+    }
+
+    /// The next level down, with the token this one implies (`Scalar`
+    /// stays `Scalar`).
+    pub fn down(self) -> Isa {
+        match self {
+            Isa::Avx512(t) => Isa::Avx2(t.avx2()),
+            Isa::Avx2(_) | Isa::Scalar => Isa::Scalar,
+        }
+    }
+
+    /// The best level at or below `self` that `admits` accepts (the
+    /// portable one if no other): how a family picks the level of one
+    /// block whose inputs a fast kernel may not take, before handing it to
+    /// the same `dispatch!` as every other block. `admits` is asked from
+    /// `self` down; the portable level is never asked.
+    ///
+    /// ```
+    /// use kvselect::simd::{Isa, Level};
+    /// // A block with a NaN byte falls back below AVX-512, the others run
+    /// // at the call's level; every block goes through one dispatch.
+    /// let isa = Isa::best();
+    /// for has_nan in [false, true] {
+    ///     let block = isa.at_most(|l| !(has_nan && l == Level::Avx512));
+    ///     assert!(block.level() <= isa.level());
+    ///     assert!(!(has_nan && block.level() == Level::Avx512));
+    /// }
+    /// ```
+    pub fn at_most(self, admits: impl Fn(Level) -> bool) -> Isa {
+        let mut isa = self;
+        while isa != Isa::Scalar && !admits(isa.level()) {
+            isa = isa.down();
+        }
+        isa
+    }
+
+    /// The AVX2 token this level implies, if any.
+    pub fn avx2(self) -> Option<Avx2> {
+        match self {
+            Isa::Scalar => None,
+            Isa::Avx2(t) => Some(t),
+            Isa::Avx512(t) => Some(t.avx2()),
+        }
     }
 }
 
 /// The best level dispatched to (`kvselect.simd_level()`).
 pub fn level() -> Level {
-    match (avx512(), avx2()) {
-        (Some(_), _) => Level::Avx512,
-        (None, Some(_)) => Level::Avx2,
-        (None, None) => Level::Scalar,
-    }
+    Isa::best().level()
 }
 
-/// What a kernel with an AVX2 and an AVX-512 version may run: the best
-/// token dispatch allows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wide {
-    Avx2(Avx2),
-    Avx512(Avx512),
+/// Dispatches one kernel family: the one `match` on the [`Isa`], the one
+/// `unsafe` call into the kernel its level allows.
+///
+/// ```text
+/// // SAFETY (bounds): what the kernels' pointer reads rely on, asserted above.
+/// simd::dispatch!("family.name", isa, {
+///     avx512(t) => avx512::kernel(t, ..),
+///     avx2(t) => avx2::kernel(t, ..),
+///     scalar => portable::kernel(..),
+/// })
+/// ```
+///
+/// or, for a family with no AVX-512 kernel, `avx512 => avx2,` in place of
+/// the first arm (refused by name: the AVX2 expression runs with the AVX2
+/// token the AVX-512 one implies). Each arm binds its level's token, so a
+/// kernel is reachable only with the proof its instructions exist; that is
+/// the instruction-set half of the SAFETY argument, made here once. The
+/// other half, the bounds the kernel's pointer reads rely on, is the
+/// family's: asserted before the dispatch and stated in a `SAFETY`
+/// comment on it. The name is the family's in the reach test
+/// (`simd::reach`), which records under `cfg(test)` which level's kernel
+/// each family ran at each level it was handed.
+macro_rules! dispatch {
+    ($family:literal, $isa:expr, {
+        avx512($t5:ident) => $e5:expr,
+        avx2($t2:ident) => $e2:expr,
+        scalar => $es:expr $(,)?
+    }) => {
+        match $isa {
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
+            $crate::simd::Isa::Avx512($t5) => {
+                #[cfg(test)]
+                $crate::simd::reach::record(
+                    $family,
+                    $crate::simd::Level::Avx512,
+                    $crate::simd::Level::Avx512,
+                );
+                // SAFETY: this arm is reached only with `$t5`, the AVX-512
+                // token (which only run-time detection makes): the CPU has
+                // the kernel's instructions. The bounds are the family's
+                // (asserted before the dispatch, see its SAFETY comment).
+                unsafe { $e5 }
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
+            $crate::simd::Isa::Avx2($t2) => {
+                #[cfg(test)]
+                $crate::simd::reach::record(
+                    $family,
+                    $crate::simd::Level::Avx2,
+                    $crate::simd::Level::Avx2,
+                );
+                // SAFETY: as above, with `$t2`, the AVX2 token.
+                unsafe { $e2 }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            $crate::simd::Isa::Avx512(_) | $crate::simd::Isa::Avx2(_) => {
+                unreachable!("no x86 token exists off x86-64")
+            }
+            $crate::simd::Isa::Scalar => {
+                #[cfg(test)]
+                $crate::simd::reach::record(
+                    $family,
+                    $crate::simd::Level::Scalar,
+                    $crate::simd::Level::Scalar,
+                );
+                $es
+            }
+        }
+    };
+    ($family:literal, $isa:expr, {
+        avx512 => avx2,
+        avx2($t2:ident) => $e2:expr,
+        scalar => $es:expr $(,)?
+    }) => {
+        match $isa {
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
+            $crate::simd::Isa::Avx512(t) => {
+                let $t2 = t.avx2();
+                #[cfg(test)]
+                $crate::simd::reach::record(
+                    $family,
+                    $crate::simd::Level::Avx512,
+                    $crate::simd::Level::Avx2,
+                );
+                // SAFETY: this arm is reached only with the AVX-512 token,
+                // which implies the AVX2 one the kernel needs (only run-time
+                // detection makes either). The bounds are the family's.
+                unsafe { $e2 }
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
+            $crate::simd::Isa::Avx2($t2) => {
+                #[cfg(test)]
+                $crate::simd::reach::record(
+                    $family,
+                    $crate::simd::Level::Avx2,
+                    $crate::simd::Level::Avx2,
+                );
+                // SAFETY: this arm is reached only with `$t2`, the AVX2
+                // token (which only run-time detection makes). The bounds
+                // are the family's.
+                unsafe { $e2 }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            $crate::simd::Isa::Avx512(_) | $crate::simd::Isa::Avx2(_) => {
+                unreachable!("no x86 token exists off x86-64")
+            }
+            $crate::simd::Isa::Scalar => {
+                #[cfg(test)]
+                $crate::simd::reach::record(
+                    $family,
+                    $crate::simd::Level::Scalar,
+                    $crate::simd::Level::Scalar,
+                );
+                $es
+            }
+        }
+    };
 }
+pub(crate) use dispatch;
 
-impl Wide {
-    /// The AVX2 token either level implies.
-    pub fn avx2(self) -> Avx2 {
-        match self {
-            Wide::Avx2(t) => t,
-            Wide::Avx512(t) => t.avx2(),
-        }
+/// Every level this CPU has, from the portable one up, whatever
+/// `KVSELECT_SIMD` says: the levels a test compares (an AVX-512 CPU's
+/// tests run all three).
+#[cfg(test)]
+pub(crate) fn isas_for_test() -> Vec<Isa> {
+    let mut isa = Isa::cpu();
+    let mut all = vec![isa];
+    while isa != Isa::Scalar {
+        isa = isa.down();
+        all.push(isa);
     }
-
-    /// The best token dispatch allows, if any.
-    pub fn best() -> Option<Wide> {
-        match (avx512(), avx2()) {
-            (Some(t), _) => Some(Wide::Avx512(t)),
-            (None, Some(t)) => Some(Wide::Avx2(t)),
-            (None, None) => None,
-        }
-    }
+    all.reverse();
+    all
 }
 
 /// [`avx2_for_test`]'s AVX-512 twin (skipped visibly, never failed: CI
@@ -236,13 +445,14 @@ pub(crate) mod x86 {
 /// drop the loop).
 pub fn fma_floor(iters: usize) -> (u64, f32) {
     let threads = crate::pool::num_threads().max(1);
-    let lanes = match Wide::best() {
-        Some(Wide::Avx512(_)) => 16,
-        Some(Wide::Avx2(_)) => 8,
-        None => 1,
+    let isa = Isa::best();
+    let lanes = match isa {
+        Isa::Avx512(_) => 16,
+        Isa::Avx2(_) => 8,
+        Isa::Scalar => 1,
     };
     let mut sums = vec![0.0f32; threads];
-    crate::pool::for_each_row_mut(&mut sums, 1, 1, |_, s| s[0] = floor::run(iters));
+    crate::pool::for_each_row_mut(&mut sums, 1, 1, |_, s| s[0] = floor::run(isa, iters));
     let flops = (threads * iters * FLOOR_CHAINS * lanes * 2) as u64;
     (flops, sums.iter().sum())
 }
@@ -252,19 +462,16 @@ pub fn fma_floor(iters: usize) -> (u64, f32) {
 pub const FLOOR_CHAINS: usize = 12;
 
 mod floor {
-    use super::{Wide, FLOOR_CHAINS};
+    use super::{Isa, FLOOR_CHAINS};
     use std::hint::black_box;
 
-    pub(super) fn run(iters: usize) -> f32 {
-        match Wide::best() {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX-512 F.
-            Some(Wide::Avx512(_)) => unsafe { avx512(iters) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX2 and FMA.
-            Some(Wide::Avx2(_)) => unsafe { avx2(iters) },
-            _ => portable(iters),
-        }
+    pub(super) fn run(isa: Isa, iters: usize) -> f32 {
+        // SAFETY (bounds): none; the kernels read only their registers.
+        super::dispatch!("simd.fma_floor", isa, {
+            avx512(_t) => avx512(iters),
+            avx2(_t) => avx2(iters),
+            scalar => portable(iters),
+        })
     }
 
     fn portable(iters: usize) -> f32 {
@@ -316,5 +523,198 @@ mod floor {
             .iter()
             .fold(_mm512_setzero_ps(), |s, &v| _mm512_add_ps(s, v));
         _mm512_reduce_add_ps(s)
+    }
+}
+
+/// Which level's kernel each family ran at each level it was handed, as
+/// `dispatch!` records it under `cfg(test)`: the reach test's evidence
+/// that a level is reached by every family (or refused by it by name).
+#[cfg(test)]
+pub(crate) mod reach {
+    use super::Level;
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    static SEEN: Mutex<BTreeSet<(&'static str, Level, Level)>> = Mutex::new(BTreeSet::new());
+
+    /// `family`, handed `level`, ran its kernel of level `ran`.
+    pub(crate) fn record(family: &'static str, level: Level, ran: Level) {
+        SEEN.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((family, level, ran));
+    }
+
+    /// The level whose kernel `family` ran when handed `level`, if it was.
+    pub(crate) fn ran(family: &str, level: Level) -> Option<Level> {
+        let seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        let mut it = seen.iter().filter(|(f, l, _)| *f == family && *l == level);
+        let first = it.next().map(|&(_, _, r)| r);
+        assert!(
+            it.next().is_none(),
+            "{family} at {level:?} ran two levels' kernels"
+        );
+        first
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Isa, Level};
+
+    /// `KVSELECT_SIMD` caps the CPU's level and never raises it; a name it
+    /// does not know caps nothing (as before the dispatch was one).
+    #[test]
+    fn the_override_caps_the_level_and_never_raises_it() {
+        for cpu in super::isas_for_test() {
+            assert_eq!(cpu.capped(None), cpu);
+            for cap in Level::ALL {
+                let got = cpu.capped(Some(cap));
+                assert_eq!(
+                    got.level(),
+                    cpu.level().min(cap),
+                    "{cpu:?} capped at {cap:?}"
+                );
+            }
+        }
+        assert_eq!(Level::parse("AVX2"), Some(Level::Avx2));
+        assert_eq!(Level::parse("scalar"), Some(Level::Scalar));
+        assert_eq!(Level::parse("avx512"), Some(Level::Avx512));
+        assert_eq!(Level::parse("sse4"), None);
+        assert_eq!(super::level(), Isa::best().level());
+    }
+
+    /// Every kernel family (the name its [`dispatch!`](super::dispatch)
+    /// gives) and a probe that runs it once at a given level.
+    type Probe = fn(Isa);
+    const FAMILIES: &[(&str, Probe)] = &[
+        ("simd.fma_floor", |isa| {
+            super::floor::run(isa, 4);
+        }),
+        ("keys.fp8_has_nan", |isa| {
+            assert!(crate::keys::fp8_has_nan_at(isa, &[0x7F; 100]));
+        }),
+        ("keys.decode", |isa| {
+            let mut out = [0.0f32; 20];
+            crate::keys::Encoded::Fp8E4m3(&[0x38; 20]).decode_at(isa, 0, &mut out);
+            assert_eq!(out, [1.0; 20]);
+        }),
+        ("witness.scan", crate::witness::dispatch_probe),
+        ("block_sparse.segment", crate::block_sparse::dispatch_probe),
+        ("indexer.transpose", crate::indexer::dispatch_probe),
+        ("indexer.weighted_relu_sums", crate::indexer::dispatch_probe),
+        ("attention.pack_keys", crate::attention::dispatch_probe),
+        ("attention.scores", crate::attention::dispatch_probe),
+        ("attention.softmax", crate::attention::dispatch_probe),
+        ("attention.accumulate", crate::attention::dispatch_probe),
+    ];
+
+    /// The levels a family has no kernel for, refused by name (`avx512 =>
+    /// avx2` in its dispatch): the level whose kernel runs instead.
+    const REFUSED: &[(&str, Level, Level)] = &[
+        ("keys.fp8_has_nan", Level::Avx512, Level::Avx2),
+        ("keys.decode", Level::Avx512, Level::Avx2),
+        ("witness.scan", Level::Avx512, Level::Avx2),
+        ("attention.pack_keys", Level::Avx512, Level::Avx2),
+    ];
+
+    /// A level added to the dispatch is reached by every kernel family, or
+    /// refused by it by name.
+    ///
+    /// Compile time: [`dispatch!`](super::dispatch)'s `match` on [`Isa`] is
+    /// exhaustive, and each family's invocation names an arm per level (or
+    /// refuses one by name), so a new `Isa` variant does not compile until
+    /// the macro handles it, and a new arm in the macro does not compile
+    /// until every family supplies (or refuses) it. Run time, here: every
+    /// family, run at every level this CPU has and at the level dispatch
+    /// chose (`Isa::best`, which `KVSELECT_SIMD` caps), ran that level's
+    /// kernel -- or, where [`REFUSED`] names the pair, the named lower
+    /// one. The family list is checked against every `dispatch!` in the
+    /// sources, so a new family cannot be left out of it.
+    #[test]
+    fn every_level_is_reached_by_every_family_or_refused_by_name() {
+        let mut levels = super::isas_for_test();
+        levels.push(Isa::best());
+        for &isa in &levels {
+            for &(family, probe) in FAMILIES {
+                probe(isa);
+                let level = isa.level();
+                let want = REFUSED
+                    .iter()
+                    .find(|&&(f, l, _)| f == family && l == level)
+                    .map_or(level, |&(_, _, ran)| ran);
+                assert_eq!(
+                    super::reach::ran(family, level),
+                    Some(want),
+                    "{family} at {level:?}"
+                );
+            }
+        }
+        // Every `dispatch!` in the sources is a family above.
+        let mut named = Vec::new();
+        let mut dirs = vec![std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    let code = text.lines().filter(|l| !l.trim_start().starts_with("//"));
+                    for line in code {
+                        for piece in line.split("dispatch!(\"").skip(1) {
+                            named.push(piece.split('"').next().unwrap().to_string());
+                        }
+                    }
+                }
+            }
+        }
+        named.sort();
+        let mut listed: Vec<String> = FAMILIES.iter().map(|(f, _)| f.to_string()).collect();
+        listed.sort();
+        assert_eq!(
+            named, listed,
+            "every dispatch!(\"family\", ..) has a probe above"
+        );
+    }
+
+    /// An input-dependent level, chosen per block and run through a real
+    /// family's one dispatch: fp8 keys decoded 32 at a time, a block that
+    /// holds a NaN byte at the level below the call's (here the portable
+    /// one: the key loads refuse AVX-512 by name), the others at the
+    /// call's. Each block still decodes to the portable bits, and both
+    /// levels were taken.
+    #[test]
+    fn a_block_level_that_depends_on_the_inputs_goes_through_the_same_dispatch() {
+        use crate::keys::{fp8_has_nan_at, Encoded};
+        let bytes: Vec<u8> = (0..=255u8).cycle().take(32 * 12).collect();
+        let mut want = vec![0.0f32; bytes.len()];
+        Encoded::Fp8E4m3(&bytes).decode_at(Isa::Scalar, 0, &mut want);
+        for isa in super::isas_for_test() {
+            let mut got = vec![0.0f32; bytes.len()];
+            let mut taken = Vec::new();
+            for (block, out) in bytes.chunks(32).zip(got.chunks_mut(32)) {
+                let nan = fp8_has_nan_at(isa, block);
+                let level = isa.at_most(|l| !nan || l < Level::Avx2);
+                Encoded::Fp8E4m3(block).decode_at(level, 0, out);
+                taken.push(level.level());
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{isa:?}");
+            assert!(taken.contains(&Level::Scalar) && taken.contains(&isa.level()));
+        }
+    }
+
+    /// A block-level fallback steps down one level at a time, keeping the
+    /// token the higher level implies, and never below the portable level.
+    #[test]
+    fn a_block_falls_back_to_the_next_level_down() {
+        for isa in super::isas_for_test() {
+            assert_eq!(isa.at_most(|_| true), isa);
+            assert_eq!(isa.at_most(|_| false), Isa::Scalar);
+            let below = isa.at_most(|l| l < isa.level());
+            assert_eq!(below, isa.down());
+            assert_eq!(below.level() < isa.level(), isa != Isa::Scalar);
+            assert_eq!(isa.avx2().is_some(), isa.level() >= Level::Avx2);
+        }
     }
 }

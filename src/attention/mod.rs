@@ -132,6 +132,13 @@ mod pass;
 mod selectors;
 mod shape;
 
+/// Runs the attention pass's kernel families at `isa` (the reach test's
+/// probe).
+#[cfg(test)]
+pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
+    kernels::probe(isa)
+}
+
 pub use pass::{causal_mla_attention_sparse, dense_attention, sparse_attention};
 pub use selectors::{oracle_topk_row, OracleTopK, Selector};
 pub use shape::{softmax_scale, AttentionShape};

@@ -8,7 +8,7 @@ use super::shape::check_pass;
 use super::AttentionShape;
 use crate::error::{check_len, checked_size, ArgumentError};
 use crate::pool;
-use crate::simd::{self, Wide};
+use crate::simd::{self, Isa};
 
 /// Rows scored together against each key tile while it is in L1.
 const ROW_GROUP: usize = 16;
@@ -21,7 +21,7 @@ const SPARSE_BLOCK: usize = 8;
 /// What every row of a call shares.
 struct Ctx<'a> {
     /// The best level every kernel runs at.
-    wide: Option<Wide>,
+    isa: Isa,
     /// Whether value rows are prefetched a chunk ahead: a sparse row's are
     /// scattered; the dense pass's are the same runs for every row group,
     /// in cache after the first (and a burst of prefetches for lines
@@ -39,7 +39,7 @@ struct Ctx<'a> {
 impl<'a> Ctx<'a> {
     fn new(q: &'a [f32], shape: &AttentionShape, scale: f32, prefetch: bool) -> Self {
         Ctx {
-            wide: simd::Wide::best(),
+            isa: simd::Isa::best(),
             prefetch,
             q,
             n_q_heads: shape.n_q_heads,
@@ -205,7 +205,7 @@ fn attend_group(
                     1
                 };
                 kernels::scores(
-                    ctx.wide,
+                    ctx.isa,
                     ctx.q,
                     &q_offs[r0..r0 + nr],
                     kspan,
@@ -222,7 +222,7 @@ fn attend_group(
 
     // The first chunk of value rows is fetched while the softmax runs.
     if ctx.prefetch {
-        kernels::prefetch_rows(ctx.wide, vals, 0..n_max.min(KEY_CHUNK));
+        kernels::prefetch_rows(ctx.isa, vals, 0..n_max.min(KEY_CHUNK));
     }
 
     // Softmax per row, in place.
@@ -234,7 +234,7 @@ fn attend_group(
         let n8 = n.next_multiple_of(8);
         let row = &mut s[r * stride..r * stride + n8];
         row[n..].fill(f32::NEG_INFINITY);
-        bufs.ml.push(kernels::softmax(ctx.wide, row));
+        bufs.ml.push(kernels::softmax(ctx.isa, row));
     }
 
     // Values: key chunk outer; within a micro-tile, the keys every row sees
@@ -244,17 +244,17 @@ fn attend_group(
         let j1 = (j0 + KEY_CHUNK).min(n_max);
         let j2 = (j1 + KEY_CHUNK).min(n_max);
         if ctx.prefetch {
-            kernels::prefetch_rows(ctx.wide, vals, j1..j2);
+            kernels::prefetch_rows(ctx.isa, vals, j1..j2);
         }
         for &(r0, nr, _, fewest) in tiles {
             let joint = j1.min(fewest);
             if joint > j0 {
-                kernels::accumulate(ctx.wide, s, stride, r0, nr, vals, j0, joint, &mut bufs.o);
+                kernels::accumulate(ctx.isa, s, stride, r0, nr, vals, j0, joint, &mut bufs.o);
             }
             for (r, &n) in n_vis.iter().enumerate().skip(r0).take(nr) {
                 let (a, b) = (j0.max(fewest), j1.min(n));
                 if b > a {
-                    kernels::accumulate(ctx.wide, s, stride, r, 1, vals, a, b, &mut bufs.o);
+                    kernels::accumulate(ctx.isa, s, stride, r, 1, vals, a, b, &mut bufs.o);
                 }
             }
         }
@@ -372,7 +372,7 @@ pub fn dense_attention(
     let mut voffs = Vec::with_capacity(n_kv);
     for h in 0..n_kv {
         let mut kt = Vec::new();
-        kernels::pack_keys(ctx.wide, &mut kt, k, d_k, n_pack, |j| (j * n_kv + h) * d_k);
+        kernels::pack_keys(ctx.isa, &mut kt, k, d_k, n_pack, |j| (j * n_kv + h) * d_k);
         kts.push(kt);
         voffs.push(
             (0..n_pack)
@@ -454,7 +454,7 @@ pub fn sparse_attention(
                 continue;
             }
             let list = &sc.list;
-            kernels::pack_keys(ctx.wide, &mut sc.kt, k, d_k, n, |j| {
+            kernels::pack_keys(ctx.isa, &mut sc.kt, k, d_k, n, |j| {
                 (list[j] * n_kv + h) * d_k
             });
             sc.voff.clear();

@@ -78,7 +78,7 @@ pub fn block_sparse_select(
     let mut out: Vec<Vec<usize>> = vec![Vec::new(); n_kv_heads];
     let mut rows: Vec<&mut [Vec<usize>]> = out.iter_mut().map(std::slice::from_mut).collect();
     run_engine(
-        simd::Wide::best(),
+        simd::Isa::best(),
         &Encoded::F32(index_q),
         n_kv_heads,
         &vis,
@@ -156,7 +156,7 @@ pub fn select_batch_encoded_into<P: IndexLike>(
     check_out(out, n_queries, n_kv_heads, width)?;
     let mut rows = out_rows(out, n_queries, n_kv_heads, width, layout);
     run_engine(
-        simd::Wide::best(),
+        simd::Isa::best(),
         &index_q,
         n_kv_heads,
         &vis,
@@ -250,7 +250,7 @@ pub fn block_scores_into<P: IndexLike>(
         }
     };
     run_engine(
-        simd::Wide::best(),
+        simd::Isa::best(),
         &q,
         n_kv_heads,
         &vis,
@@ -337,7 +337,7 @@ pub fn select_packed_encoded_into<C: IndexLike, I: IndexLike>(
             .map(|&p| visible_end(p, k1 - k0))
             .collect();
         run_engine(
-            simd::Wide::best(),
+            simd::Isa::best(),
             &index_q.slice(start * row_q, end * row_q),
             n_kv_heads,
             &vis,
@@ -451,7 +451,7 @@ pub fn select_paged_into(
             BlockIds::Physical => &physical,
         };
         run_engine(
-            simd::Wide::best(),
+            simd::Isa::best(),
             &inputs.q.slice(start * row_q, end * row_q),
             h,
             &vis,

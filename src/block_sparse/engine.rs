@@ -16,7 +16,7 @@ use super::select::select_blocks;
 use super::BlockSparseConfig;
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
 use crate::pool;
-use crate::simd::Wide;
+use crate::simd::Isa;
 
 /// Cap on the per-(row, block) scratch of one row group, in f32s (4 MiB).
 pub(super) const SCRATCH_FLOATS: usize = 1 << 20;
@@ -212,7 +212,7 @@ pub(super) enum Finish<'a, T> {
 /// (one per query-major (query, head) row). Inputs are validated.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run_engine<T: Send>(
-    isa: Option<Wide>,
+    isa: Isa,
     index_q: &Encoded<'_>,
     heads: usize,
     vis: &[usize],
@@ -281,7 +281,7 @@ pub(super) fn run_engine<T: Send>(
 /// with every padded row's max score over blocks `b0 .. b0 + n_blk`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn score_blocks(
-    isa: Option<Wide>,
+    isa: Isa,
     rows: &PaddedRows,
     keys: &Keys<'_>,
     d: usize,
@@ -304,7 +304,7 @@ pub(super) fn score_blocks(
     // `PaddedRows::fp8_folded`). They check each piece for a NaN byte after
     // reading it (no pass over the keys that waits on memory before the
     // kernel runs). Keys decoded into a scratch are float32 and need none.
-    let fp8_in_place = isa.is_some() && keys.format() == Format::Fp8E4m3;
+    let fp8_in_place = isa != Isa::Scalar && keys.format() == Format::Fp8E4m3;
     let key_chunk = match (paged, tiles) {
         (false, 1) => usize::MAX,
         _ => key_chunk,

@@ -145,6 +145,12 @@ mod select;
 mod tests_check;
 mod validate;
 
+/// Runs block selection's kernel family at `isa` (the reach test's probe).
+#[cfg(test)]
+pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
+    kernels::probe(isa)
+}
+
 pub use api::{
     block_scores_into, block_sparse_select, positions_of_blocks, positions_of_blocks_batch_into,
     positions_of_blocks_i32, select_batch_encoded_into, select_batch_into, select_into,

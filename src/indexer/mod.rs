@@ -77,6 +77,12 @@ mod paged;
 mod run;
 mod select;
 
+/// Runs the indexer's kernel families at `isa` (the reach test's probe).
+#[cfg(test)]
+pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
+    kernels::probe(isa)
+}
+
 pub use crate::keys::{BlockTable, PageLayout, PagedCache};
 pub use paged::{indexer_topk_paged_into, PagedInputs};
 
@@ -194,7 +200,7 @@ pub fn indexer_scores_into(
     check_len("out", out.len(), o_len, || {
         format!("[n_queries={n}, n_keys={t}]")
     })?;
-    let (level, h, d) = (simd::Wide::best(), shape.n_heads, shape.d);
+    let (level, h, d) = (simd::Isa::best(), shape.n_heads, shape.d);
     let abs_scale: Option<Vec<f32>> = match (magnitude, inputs.key_scale) {
         (true, Some(c)) => Some(c.iter().map(|x| x.abs()).collect()),
         _ => None,
@@ -268,7 +274,7 @@ fn run_queries(
     rows: Rows<'_>,
     keys_of: impl Fn(usize) -> (usize, usize) + Sync,
 ) {
-    let (level, h, d) = (simd::Wide::best(), shape.n_heads, shape.d);
+    let (level, h, d) = (simd::Isa::best(), shape.n_heads, shape.d);
     let queries = Queries {
         n: shape.n_queries,
         h,

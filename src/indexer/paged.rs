@@ -79,7 +79,7 @@ pub fn indexer_topk_paged_into(
     let table = inputs.table;
     table.check(c.n_pages, bs)?;
     table.check_seq_ids(inputs.seq_ids)?;
-    let level = simd::Wide::best();
+    let level = simd::Isa::best();
     let (seq_lens, seq_ids, query_pos) = (table.seq_lens, inputs.seq_ids, inputs.query_pos);
     let ratio = inputs.compress_ratio;
     let queries = Queries {

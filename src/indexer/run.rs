@@ -78,7 +78,7 @@ pub(super) struct Queries<'a, S, L> {
     pub h: usize,
     pub d: usize,
     /// The SIMD level the queries are scored at (their tiles' layout).
-    pub level: Option<crate::simd::Wide>,
+    pub level: crate::simd::Isa,
     /// Load the queries as magnitudes (`|q|`, `|w|`), for the scores' error
     /// bound ([`super::indexer_scores_into`]); `false` for the scores
     /// themselves.

@@ -26,14 +26,24 @@ pub(crate) mod x86;
 
 pub use paged::{BlockTable, PageLayout, PagedCache};
 
+use crate::simd::{dispatch, Isa};
+
 /// Whether any byte is an e4m3fn NaN (`0x7F` or `0xFF`): 32 bytes an
-/// operation where the CPU has AVX2 ([`x86::fp8_has_nan`]).
+/// operation where the CPU has AVX2 ([`fp8_has_nan_at`] the best level).
 pub(crate) fn fp8_has_nan(bytes: &[u8]) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(token) = crate::simd::avx2() {
-        return x86::fp8_has_nan(token, bytes);
-    }
-    fp8_has_nan_portable(bytes)
+    fp8_has_nan_at(Isa::best(), bytes)
+}
+
+/// [`fp8_has_nan`] at `isa`: the family's one dispatch (no AVX-512
+/// kernel: 32 bytes an operation is already faster than the bytes come).
+pub(crate) fn fp8_has_nan_at(isa: Isa, bytes: &[u8]) -> bool {
+    // SAFETY (bounds): none to state; the kernel reads `bytes` through its
+    // bounds-checked chunks.
+    dispatch!("keys.fp8_has_nan", isa, {
+        avx512 => avx2,
+        avx2(_t) => x86::fp8_has_nan_avx2(bytes),
+        scalar => fp8_has_nan_portable(bytes),
+    })
 }
 
 /// [`fp8_has_nan`] without SIMD.
@@ -176,27 +186,44 @@ impl<'a> Encoded<'a> {
     /// # Panics
     /// If the range is past the end (callers check shapes first).
     pub fn decode(&self, start: usize, out: &mut [f32]) {
+        self.decode_at(Isa::best(), start, out)
+    }
+
+    /// [`Encoded::decode`] at `isa`: the key loads' one dispatch (no
+    /// AVX-512 kernel: the AVX2 one runs there).
+    pub(crate) fn decode_at(&self, isa: Isa, start: usize, out: &mut [f32]) {
+        let end = start + out.len();
+        if let Encoded::F32(s) = self {
+            out.copy_from_slice(&s[start..end]);
+            return;
+        }
+        // SAFETY (bounds): none to state; the kernels read and write the
+        // (bounds-checked) slices they are handed, up to the shorter.
+        dispatch!("keys.decode", isa, {
+            avx512 => avx2,
+            avx2(_t) => match *self {
+                Encoded::F32(s) => out.copy_from_slice(&s[start..end]),
+                Encoded::F16(s) => x86::decode_u16_avx2(&s[start..end], out, true),
+                Encoded::Bf16(s) => x86::decode_u16_avx2(&s[start..end], out, false),
+                Encoded::Fp8E4m3(s) => x86::decode_fp8_avx2(&s[start..end], out),
+            },
+            scalar => self.decode_portable(start, out),
+        })
+    }
+
+    /// [`Encoded::decode`] without SIMD.
+    fn decode_portable(&self, start: usize, out: &mut [f32]) {
         let end = start + out.len();
         match self {
             Encoded::F32(s) => out.copy_from_slice(&s[start..end]),
             Encoded::F16(s) | Encoded::Bf16(s) => {
                 let f16 = matches!(self, Encoded::F16(_));
-                #[cfg(target_arch = "x86_64")]
-                if let Some(token) = crate::simd::avx2() {
-                    x86::decode_u16(token, &s[start..end], out, f16);
-                    return;
-                }
                 let dec = if f16 { f16_to_f32 } else { bf16_to_f32 };
                 for (o, &b) in out.iter_mut().zip(&s[start..end]) {
                     *o = dec(b);
                 }
             }
             Encoded::Fp8E4m3(s) => {
-                #[cfg(target_arch = "x86_64")]
-                if let Some(token) = crate::simd::avx2() {
-                    x86::decode_fp8(token, &s[start..end], out);
-                    return;
-                }
                 let table = fp8_table();
                 for (o, &b) in out.iter_mut().zip(&s[start..end]) {
                     *o = table[b as usize];
@@ -206,9 +233,10 @@ impl<'a> Encoded<'a> {
     }
 }
 
-/// The cache level a prefetch fills.
+/// The cache level a prefetch fills (not an instruction-set level: that is
+/// [`crate::simd::Level`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Level {
+pub(crate) enum CacheLevel {
     /// The first-level data cache: for what is read within a few steps.
     L1,
     /// The second level: for what is read a page or so later (an L1 this
@@ -222,7 +250,7 @@ pub(crate) enum Level {
 /// the stream at every page of a paged cache, and does not run far enough
 /// ahead for float32 keys). Addresses outside `bytes` are never formed.
 #[inline(always)]
-pub(crate) fn prefetch(bytes: &[u8], from: usize, to: usize, level: Level) {
+pub(crate) fn prefetch(bytes: &[u8], from: usize, to: usize, level: CacheLevel) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
@@ -234,8 +262,8 @@ pub(crate) fn prefetch(bytes: &[u8], from: usize, to: usize, level: Level) {
             // reads nothing architecturally.
             unsafe {
                 match level {
-                    Level::L1 => _mm_prefetch::<_MM_HINT_T0>(ptr.add(at)),
-                    Level::L2 => _mm_prefetch::<_MM_HINT_T1>(ptr.add(at)),
+                    CacheLevel::L1 => _mm_prefetch::<_MM_HINT_T0>(ptr.add(at)),
+                    CacheLevel::L2 => _mm_prefetch::<_MM_HINT_T1>(ptr.add(at)),
                 }
             };
             at += 64;

@@ -4,7 +4,6 @@
 //! pattern), so a kernel's arithmetic on decoded lanes is the arithmetic
 //! on the same values given as float32.
 
-use crate::simd::Avx2;
 use std::arch::x86_64::*;
 
 /// Eight bfloat16 values at `p`: the upper halves of the `f32`s.
@@ -145,14 +144,9 @@ pub(crate) fn fp8_folded_query(q: &[f32]) -> Option<Vec<f32>> {
 
 /// Whether any of `bytes` is an e4m3fn NaN (`0x7F` / `0xFF`): 32 bytes an
 /// operation (the portable [`super::fp8_has_nan_portable`] compiles to 16);
-/// [`super::fp8_has_nan`] dispatches here.
-pub(crate) fn fp8_has_nan(_token: Avx2, bytes: &[u8]) -> bool {
-    // SAFETY: the token proves AVX2.
-    unsafe { fp8_has_nan_avx2(bytes) }
-}
-
+/// [`super::fp8_has_nan_at`] dispatches here.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn fp8_has_nan_avx2(bytes: &[u8]) -> bool {
+pub(crate) fn fp8_has_nan_avx2(bytes: &[u8]) -> bool {
     let (m, nan) = (_mm256_set1_epi8(0x7F), _mm256_set1_epi8(0x7F));
     let mut runs = bytes.chunks_exact(128);
     for run in runs.by_ref() {
@@ -183,14 +177,10 @@ pub(crate) unsafe fn load8_fp8(p: *const u8) -> __m256 {
 }
 
 /// `src` (e4m3fn bytes) decoded into `dst`, 16 at a time, exactly as the
-/// scalar table decodes them.
-pub(crate) fn decode_fp8(_token: Avx2, src: &[u8], dst: &mut [f32]) {
-    // SAFETY: the token proves AVX2, FMA and F16C.
-    unsafe { decode_fp8_avx2(src, dst) }
-}
-
+/// scalar table decodes them ([`super::Encoded::decode_at`] dispatches
+/// here).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn decode_fp8_avx2(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn decode_fp8_avx2(src: &[u8], dst: &mut [f32]) {
     let n = src.len().min(dst.len());
     let mut i = 0;
     while i + 16 <= n {
@@ -209,14 +199,10 @@ fn decode_fp8_avx2(src: &[u8], dst: &mut [f32]) {
 }
 
 /// `src` (bfloat16 bits, or float16 with `f16`) decoded into `dst`, 8 at a
-/// time, exactly as the scalar decodes do.
-pub(crate) fn decode_u16(_token: Avx2, src: &[u16], dst: &mut [f32], f16: bool) {
-    // SAFETY: the token proves AVX2, FMA and F16C.
-    unsafe { decode_u16_avx2(src, dst, f16) }
-}
-
+/// time, exactly as the scalar decodes do ([`super::Encoded::decode_at`]
+/// dispatches here).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn decode_u16_avx2(src: &[u16], dst: &mut [f32], f16: bool) {
+pub(crate) fn decode_u16_avx2(src: &[u16], dst: &mut [f32], f16: bool) {
     let n = src.len().min(dst.len());
     let mut i = 0;
     while i + 8 <= n {
@@ -240,7 +226,28 @@ fn decode_u16_avx2(src: &[u16], dst: &mut [f32], f16: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::{bf16_to_f32, f16_to_f32, fp8_e4m3fn_to_f32};
+    use crate::keys::{bf16_to_f32, f16_to_f32, fp8_e4m3fn_to_f32, Encoded};
+    use crate::simd::{Avx2, Isa};
+
+    /// The AVX2 fp8 decode, through the key loads' dispatch.
+    fn decode_fp8(token: Avx2, src: &[u8], dst: &mut [f32]) {
+        Encoded::Fp8E4m3(src).decode_at(Isa::Avx2(token), 0, dst);
+    }
+
+    /// The AVX2 bfloat16 / float16 decode, through the same dispatch.
+    fn decode_u16(token: Avx2, src: &[u16], dst: &mut [f32], f16: bool) {
+        let enc = if f16 {
+            Encoded::F16(src)
+        } else {
+            Encoded::Bf16(src)
+        };
+        enc.decode_at(Isa::Avx2(token), 0, dst);
+    }
+
+    /// The AVX2 NaN scan, through its family's dispatch.
+    fn fp8_has_nan(token: Avx2, bytes: &[u8]) -> bool {
+        crate::keys::fp8_has_nan_at(Isa::Avx2(token), bytes)
+    }
 
     fn lanes(v: __m256) -> [u32; 8] {
         let mut out = [0f32; 8];

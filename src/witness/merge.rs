@@ -4,7 +4,7 @@
 use super::scan::{copy_occupancy, occupancy, Row};
 use super::{WitnessError, MAX_TOPOLOGY_SEGMENTS};
 use crate::pool;
-use crate::simd::{self, Avx2};
+use crate::simd::Isa;
 
 fn check_rows(learned_len: usize, topk: usize, rows: usize) -> Result<(), WitnessError> {
     if topk.checked_mul(rows) != Some(learned_len) {
@@ -19,13 +19,7 @@ fn check_rows(learned_len: usize, topk: usize, rows: usize) -> Result<(), Witnes
 
 /// Writes row `row`'s witnesses into `out` (`num_segments` slots, slot `s`
 /// holding `e_s` for a missing segment `s < S_eff` and `-1` otherwise).
-fn witness_row(
-    row: &[i32],
-    context_len: i32,
-    num_segments: usize,
-    out: &mut [i32],
-    isa: Option<Avx2>,
-) {
+fn witness_row(row: &[i32], context_len: i32, num_segments: usize, out: &mut [i32], isa: Isa) {
     out.fill(-1);
     let Some(g) = Row::new(context_len, num_segments) else {
         return;
@@ -98,7 +92,7 @@ pub fn topology_witness_indices_into(
         return Err(WitnessError::SegmentsOutOfRange { num_segments });
     }
     check_rows(out.len(), num_segments, rows)?;
-    let isa = simd::avx2();
+    let isa = Isa::best();
     pool::for_each_row_mut(out, num_segments, pool::min_rows(topk), |r, out_row| {
         let row = &learned[r * topk..(r + 1) * topk];
         witness_row(row, context_lens[r], num_segments, out_row, isa);
@@ -120,7 +114,7 @@ fn merge_row(
     num_segments: usize,
     keep: usize,
     budget: usize,
-    isa: Option<Avx2>,
+    isa: Isa,
 ) {
     let Some(g) = Row::new(context_len, num_segments) else {
         if let Some(src) = src {
@@ -230,7 +224,7 @@ pub fn apply_topology_witnesses_into(
         out.copy_from_slice(learned);
         return Ok(());
     }
-    let isa = simd::avx2();
+    let isa = Isa::best();
     pool::for_each_row_mut(out, topk, pool::min_rows(2 * topk), |r, out_row| {
         let src = &learned[r * topk..(r + 1) * topk];
         let (len, keep) = (context_lens[r], learned_keep);
@@ -268,9 +262,23 @@ pub fn scatter_topology_witnesses(
     if budget == 0 {
         return Ok(());
     }
-    let isa = simd::avx2();
+    let isa = Isa::best();
     pool::for_each_row_mut(topk_indices, topk, pool::min_rows(topk), |r, row| {
         merge_row(None, row, context_lens[r], num_segments, keep, budget, isa);
     });
     Ok(())
+}
+
+/// Runs `witness.scan` at `isa`, plain and fused with the copy: the reach
+/// test's probe.
+#[cfg(test)]
+pub(super) fn probe(isa: Isa) {
+    let row: Vec<i32> = (0..40).map(|i| i * 3).collect();
+    let mut out = vec![0; 8];
+    witness_row(&row, 240, 8, &mut out, isa);
+    assert_eq!(out, [-1, -1, -1, -1, 120, 150, 180, 210]);
+    let mut dst = vec![0; 40];
+    merge_row(Some(&row), &mut dst, 240, 8, 36, 4, isa);
+    assert_eq!(dst[..36], row[..36]);
+    assert_eq!(dst[36..], [120, 150, 180, 210]);
 }

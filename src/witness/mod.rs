@@ -69,6 +69,13 @@ mod scan;
 #[cfg(test)]
 mod tests_check;
 
+/// Runs the witness merge's kernel family at `isa` (the reach test's
+/// probe).
+#[cfg(test)]
+pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
+    merge::probe(isa)
+}
+
 pub use measure::{attention_mass_recall, locality_null, random_null, segment_coverage};
 pub use merge::{
     apply_topology_witnesses, apply_topology_witnesses_into, scatter_topology_witnesses,

@@ -3,12 +3,12 @@
 //! AVX2+FMA (`avx2.rs`) and portable (`portable.rs`) -- and all run the same
 //! per-element chains of IEEE operations, so they agree bit for bit (see
 //! the module docs of [`crate::attention`]). The functions here check the
-//! bounds the kernels rely on and dispatch by the [`Wide`] token they are
-//! handed (which only run-time detection makes), else to the portable
-//! twin. Packed keys are in the blocks of the level that packed
+//! bounds the kernels rely on and dispatch (one [`dispatch!`] a family) by
+//! the [`Isa`] they are handed, whose tokens only run-time detection
+//! makes. Packed keys are in the blocks of the level that packed
 //! them ([`lanes`]): pack and score with the same token.
 
-use crate::simd::Wide;
+use crate::simd::{dispatch, Isa};
 
 /// Keys per score micro-tile: two 8-lane blocks, or one 16-lane block at
 /// the AVX-512 level.
@@ -46,10 +46,10 @@ impl<'a> ValueRows<'a> {
 
 /// Keys per packed block at this level: 16 with AVX-512 (a tile is one
 /// block, a key per lane of a 512-bit register), else 8.
-pub(super) fn lanes(isa: Option<Wide>) -> usize {
+pub(super) fn lanes(isa: Isa) -> usize {
     match isa {
-        Some(Wide::Avx512(_)) => 16,
-        _ => 8,
+        Isa::Avx512(_) => 16,
+        Isa::Avx2(_) | Isa::Scalar => 8,
     }
 }
 
@@ -60,7 +60,7 @@ pub(super) fn lanes(isa: Option<Wide>) -> usize {
 /// unspecified (their scores are masked). [`scores`] reads the blocks of
 /// the level it is handed: pass both the same `isa`.
 pub(super) fn pack_keys(
-    isa: Option<Wide>,
+    isa: Isa,
     dst: &mut Vec<f32>,
     k: &[f32],
     d: usize,
@@ -75,33 +75,31 @@ pub(super) fn pack_keys(
         return;
     }
     let lanes = lanes(isa);
-    #[allow(unused_mut)] // only the AVX2 branch packs ahead of the portable tail
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if let Some(token) = isa.map(Wide::avx2) {
-        // Whole groups of 8 keys: 8×8 register transposes, the next
-        // group's rows prefetched (a packing is a copy: any method gives
-        // the same bits). A block of 16 takes two groups.
-        let rows_of = |b: usize| {
-            let mut rows = [0usize; 8];
-            for (t, r) in rows.iter_mut().enumerate() {
-                *r = offset(b * 8 + t);
-                assert!(*r + d <= k.len());
-            }
-            rows
-        };
-        let groups = n / lanes * (lanes / 8);
-        let mut next = (groups > 0).then(|| rows_of(0));
-        for b in 0..groups {
-            let rows = next.unwrap_or_else(|| rows_of(b));
-            next = (b + 1 < groups).then(|| rows_of(b + 1));
-            let (block, first) = (b * 8 / lanes, b * 8 % lanes);
-            // SAFETY: `token` proves AVX2+FMA (only run-time detection
-            // makes one); every row `r + d <= k.len()` (asserted in
-            // `rows_of`); `d >= 1` (returned above otherwise); the block is
-            // `lanes · d` floats of `dst` (`block < n / lanes`), and `first +
-            // 8 <= lanes`.
-            unsafe {
+    // SAFETY (bounds): every row `r + d <= k.len()` (asserted in
+    // `rows_of`); `d >= 1` (returned above otherwise); each block is
+    // `lanes · d` floats of `dst` (`block < n / lanes`), and `first + 8 <=
+    // lanes`. The AVX-512 level packs with the AVX2 kernel (a packing is a
+    // copy), into its own 16-key blocks.
+    let done = dispatch!("attention.pack_keys", isa, {
+        avx512 => avx2,
+        avx2(token) => {
+            // Whole groups of 8 keys: 8×8 register transposes, the next
+            // group's rows prefetched (a packing is a copy: any method gives
+            // the same bits). A block of 16 takes two groups.
+            let rows_of = |b: usize| {
+                let mut rows = [0usize; 8];
+                for (t, r) in rows.iter_mut().enumerate() {
+                    *r = offset(b * 8 + t);
+                    assert!(*r + d <= k.len());
+                }
+                rows
+            };
+            let groups = n / lanes * (lanes / 8);
+            let mut next = (groups > 0).then(|| rows_of(0));
+            for b in 0..groups {
+                let rows = next.unwrap_or_else(|| rows_of(b));
+                next = (b + 1 < groups).then(|| rows_of(b + 1));
+                let (block, first) = (b * 8 / lanes, b * 8 % lanes);
                 avx2::pack_block(
                     token,
                     k,
@@ -111,21 +109,22 @@ pub(super) fn pack_keys(
                     &mut dst[block * lanes * d..(block + 1) * lanes * d],
                     lanes,
                     first,
-                )
-            };
-        }
-        done = groups * 8;
-    }
+                );
+            }
+            groups * 8
+        },
+        scalar => 0,
+    });
     portable::pack_keys(dst, k, d, lanes, done..n, offset);
 }
 
 /// Asks for value rows `rows` of `vals` to be brought into cache ahead of
 /// use: a sparse row's values are scattered, and issuing every line up
 /// front overlaps their misses. No effect on results.
-pub(super) fn prefetch_rows(isa: Option<Wide>, vals: ValueRows<'_>, rows: std::ops::Range<usize>) {
+pub(super) fn prefetch_rows(isa: Isa, vals: ValueRows<'_>, rows: std::ops::Range<usize>) {
     let (v, voff, d_v) = (vals.v, &vals.off[rows], vals.d_v);
     #[cfg(target_arch = "x86_64")]
-    if isa.is_some() {
+    if isa != Isa::Scalar {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         for &o in voff {
             for c in (0..d_v).step_by(16) {
@@ -144,7 +143,7 @@ pub(super) fn prefetch_rows(isa: Option<Wide>, vals: ValueRows<'_>, rows: std::o
 /// `scale`, into `out[r · stride + t]`, `t < 16 · tiles`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn scores(
-    isa: Option<Wide>,
+    isa: Isa,
     q: &[f32],
     q_offs: &[usize],
     ktiles: &[f32],
@@ -163,13 +162,13 @@ pub(super) fn scores(
             && out.len() >= (rows - 1) * stride + width
             && q_offs.iter().all(|&o| o + d <= q.len())
     );
-    #[cfg(target_arch = "x86_64")]
-    if let Some(Wide::Avx512(t)) = isa {
-        // SAFETY: `t` proves AVX-512 F and AVX2+FMA (only run-time
-        // detection makes one); the bounds the kernel relies on are
-        // asserted above, and the tiles are in its 16-lane blocks (packed
-        // with the same level).
-        unsafe {
+    // The AVX2 and portable kernels take one 16-key tile a call.
+    let tile = |t: usize| (&ktiles[t * KEY_TILE * d..], t * KEY_TILE);
+    // SAFETY (bounds): asserted above (for one tile: its `16 d` floats, its
+    // 16 columns of `out`); the tiles are in the blocks of the level they
+    // are scored at (packed with the same level: 16-lane at AVX-512).
+    dispatch!("attention.scores", isa, {
+        avx512(t) => {
             let (k, n) = (ktiles, tiles);
             match rows {
                 1 => avx512::scores::<1>(t, q, q_offs, k, n, d, scale, out, stride),
@@ -177,50 +176,34 @@ pub(super) fn scores(
                 3 => avx512::scores::<3>(t, q, q_offs, k, n, d, scale, out, stride),
                 _ => avx512::scores::<4>(t, q, q_offs, k, n, d, scale, out, stride),
             }
-        }
-        return;
-    }
-    for tile in 0..tiles {
-        let ktile = &ktiles[tile * KEY_TILE * d..];
-        let out = &mut out[tile * KEY_TILE..];
-        #[cfg(target_arch = "x86_64")]
-        if let Some(t) = isa.map(Wide::avx2) {
-            // SAFETY: `t` proves AVX2+FMA (only run-time detection makes
-            // one); the bounds the kernel relies on are asserted above (for
-            // this tile: its `16 d` floats, its 16 columns of `out`).
-            unsafe {
-                match rows {
-                    1 => avx2::scores::<1>(t, q, q_offs, ktile, d, scale, out, stride),
-                    2 => avx2::scores::<2>(t, q, q_offs, ktile, d, scale, out, stride),
-                    3 => avx2::scores::<3>(t, q, q_offs, ktile, d, scale, out, stride),
-                    _ => avx2::scores::<4>(t, q, q_offs, ktile, d, scale, out, stride),
-                }
+        },
+        avx2(t) => for i in 0..tiles {
+            let (ktile, col) = tile(i);
+            let out = &mut out[col..];
+            match rows {
+                1 => avx2::scores::<1>(t, q, q_offs, ktile, d, scale, out, stride),
+                2 => avx2::scores::<2>(t, q, q_offs, ktile, d, scale, out, stride),
+                3 => avx2::scores::<3>(t, q, q_offs, ktile, d, scale, out, stride),
+                _ => avx2::scores::<4>(t, q, q_offs, ktile, d, scale, out, stride),
             }
-            continue;
-        }
-        portable::scores(q, q_offs, ktile, d, scale, out, stride);
-    }
+        },
+        scalar => for i in 0..tiles {
+            let (ktile, col) = tile(i);
+            portable::scores(q, q_offs, ktile, d, scale, &mut out[col..], stride);
+        },
+    })
 }
 
 /// Softmax numerator in place over `s` (a multiple of 8 long, entries
 /// past the row's keys already `-inf`); returns `(m, l)`.
-pub(super) fn softmax(isa: Option<Wide>, s: &mut [f32]) -> (f32, f32) {
+pub(super) fn softmax(isa: Isa, s: &mut [f32]) -> (f32, f32) {
     assert!(s.len().is_multiple_of(8));
-    #[cfg(target_arch = "x86_64")]
-    if let Some(Wide::Avx512(t)) = isa {
-        // SAFETY: `t` proves AVX-512 F, BW, DQ, VL and AVX2+FMA (only
-        // run-time detection makes one); the length is a multiple of 8
-        // (asserted above).
-        return unsafe { avx512::softmax(t, s) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if let Some(t) = isa.map(Wide::avx2) {
-        // SAFETY: `t` proves AVX2+FMA (only run-time detection makes one);
-        // the length is a multiple of 8 (asserted above).
-        return unsafe { avx2::softmax(t, s) };
-    }
-    let _ = isa;
-    portable::softmax(s)
+    // SAFETY (bounds): the length is a multiple of 8 (asserted above).
+    dispatch!("attention.softmax", isa, {
+        avx512(t) => avx512::softmax(t, s),
+        avx2(t) => avx2::softmax(t, s),
+        scalar => portable::softmax(s),
+    })
 }
 
 /// `o[r][c] = fma(p[r][j], v[voff[j] + c], o[r][c])` for `j` in `j0..j1`
@@ -228,7 +211,7 @@ pub(super) fn softmax(isa: Option<Wide>, s: &mut [f32]) -> (f32, f32) {
 /// `d_v` apart), `v`, `voff` and `d_v` being those of `vals`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn accumulate(
-    isa: Option<Wide>,
+    isa: Isa,
     p: &[f32],
     stride: usize,
     r0: usize,
@@ -246,39 +229,23 @@ pub(super) fn accumulate(
             && (r0 + rows - 1) * stride + j1 <= p.len()
             && (r0 + rows) * d_v <= o.len()
     );
-    #[cfg(target_arch = "x86_64")]
-    if let Some(Wide::Avx512(t)) = isa {
-        // SAFETY: `t` proves AVX-512 F and AVX2+FMA (only run-time
-        // detection makes one); row and key bounds are asserted above, and
-        // every value row is in `v` (checked when `vals` was built,
-        // `ValueRows::new`).
-        unsafe {
-            match rows {
-                1 => avx512::accumulate::<1>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
-                2 => avx512::accumulate::<2>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
-                3 => avx512::accumulate::<3>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
-                _ => avx512::accumulate::<4>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
-            }
-        }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if let Some(t) = isa.map(Wide::avx2) {
-        // SAFETY: `t` proves AVX2+FMA (only run-time detection makes one);
-        // row and key bounds are asserted above, and every value row is in
-        // `v` (checked when `vals` was built, `ValueRows::new`).
-        unsafe {
-            match rows {
-                1 => avx2::accumulate::<1>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
-                2 => avx2::accumulate::<2>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
-                3 => avx2::accumulate::<3>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
-                _ => avx2::accumulate::<4>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
-            }
-        }
-        return;
-    }
-    let _ = isa;
-    portable::accumulate(p, stride, r0, rows, v, voff, j0, j1, o, d_v);
+    // SAFETY (bounds): row and key bounds are asserted above, and every
+    // value row is in `v` (checked when `vals` was built, `ValueRows::new`).
+    dispatch!("attention.accumulate", isa, {
+        avx512(t) => match rows {
+            1 => avx512::accumulate::<1>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+            2 => avx512::accumulate::<2>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+            3 => avx512::accumulate::<3>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+            _ => avx512::accumulate::<4>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+        },
+        avx2(t) => match rows {
+            1 => avx2::accumulate::<1>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+            2 => avx2::accumulate::<2>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+            3 => avx2::accumulate::<3>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+            _ => avx2::accumulate::<4>(t, p, stride, r0, v, voff, j0, j1, o, d_v),
+        },
+        scalar => portable::accumulate(p, stride, r0, rows, v, voff, j0, j1, o, d_v),
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -290,6 +257,24 @@ mod avx2;
 #[allow(clippy::needless_range_loop)]
 mod avx512;
 mod portable;
+
+/// Runs the pass's kernel families (`attention.pack_keys`, `.scores`,
+/// `.softmax`, `.accumulate`) once at `isa`: the reach test's probe.
+#[cfg(test)]
+pub(super) fn probe(isa: Isa) {
+    let (d, n) = (4, 16);
+    let k: Vec<f32> = (0..n * d).map(|i| i as f32 / 64.0).collect();
+    let mut packed = Vec::new();
+    pack_keys(isa, &mut packed, &k, d, n, |j| j * d);
+    let mut s = vec![0.0f32; n];
+    scores(isa, &[1.0; 4], &[0], &packed, 1, d, 1.0, &mut s, n);
+    softmax(isa, &mut s);
+    let v = vec![1.0f32; n * d];
+    let off: Vec<usize> = (0..n).map(|j| j * d).collect();
+    let mut o = vec![0.0f32; d];
+    accumulate(isa, &s, n, 0, 1, ValueRows::new(&v, &off, d), 0, n, &mut o);
+    assert!(o.iter().all(|x| x.is_finite() && *x > 0.0));
+}
 
 #[cfg(test)]
 mod tests {
@@ -417,13 +402,13 @@ mod tests {
             let keys: Vec<f32> = (0..50 * d).map(|_| next()).collect();
             let order: Vec<usize> = (0..37).map(|j| (j * 17) % 50).collect();
             let mut plain = Vec::new();
-            pack_keys(None, &mut plain, &keys, d, 37, |j| order[j] * d);
-            let mut levels = vec![Wide::Avx2(token)];
-            levels.extend(avx512_for_test().map(Wide::Avx512));
+            pack_keys(Isa::Scalar, &mut plain, &keys, d, 37, |j| order[j] * d);
+            let mut levels = vec![Isa::Avx2(token)];
+            levels.extend(avx512_for_test().map(Isa::Avx512));
             for &level in &levels {
                 let mut packed = Vec::new();
-                pack_keys(Some(level), &mut packed, &keys, d, 37, |j| order[j] * d);
-                let l = lanes(Some(level));
+                pack_keys(level, &mut packed, &keys, d, 37, |j| order[j] * d);
+                let l = lanes(level);
                 for j in 0..37 {
                     for c in 0..d {
                         let got = packed[(j / l) * l * d + c * l + j % l];
@@ -435,12 +420,12 @@ mod tests {
                     let mut a = vec![0.0f32; rows * stride];
                     let mut b = a.clone();
                     let (qs, kp) = (&q_offs[..], &packed[..]);
-                    scores(Some(level), &q, qs, kp, tiles, d, 0.3, &mut a, stride);
+                    scores(level, &q, qs, kp, tiles, d, 0.3, &mut a, stride);
                     // The portable kernels row by row: a row's scores do not
                     // depend on the rows that share its tile.
                     for r in 0..rows {
                         let (qo, o) = (&q_offs[r..r + 1], &mut b[r * stride..]);
-                        scores(None, &q, qo, &plain, tiles, d, 0.3, o, stride);
+                        scores(Isa::Scalar, &q, qo, &plain, tiles, d, 0.3, o, stride);
                     }
                     assert_eq!(bits(&a), bits(&b), "scores {level:?} d={d} tiles={tiles}");
                     let width = tiles * KEY_TILE;
@@ -456,10 +441,10 @@ mod tests {
                 let mut sb: Vec<f32> = (0..len).map(|_| next() * 20.0).collect();
                 sb[len - 3..].fill(f32::NEG_INFINITY);
                 let sb_in = sb.clone();
-                let mb = softmax(None, &mut sb);
+                let mb = softmax(Isa::Scalar, &mut sb);
                 for &level in &levels {
                     let mut sa = sb_in.clone();
-                    let ma = softmax(Some(level), &mut sa);
+                    let ma = softmax(level, &mut sa);
                     assert_eq!(
                         (ma.0.to_bits(), ma.1.to_bits()),
                         (mb.0.to_bits(), mb.1.to_bits()),
@@ -477,22 +462,22 @@ mod tests {
             let vals = ValueRows::new(&v, &voff, d_v);
             let mut oc = oa.clone();
             for r in 0..rows {
-                accumulate(None, &p, n, r, 1, vals, 3, n, &mut ob);
+                accumulate(Isa::Scalar, &p, n, r, 1, vals, 3, n, &mut ob);
             }
-            accumulate(isa.map(Wide::Avx2), &p, n, 0, rows, vals, 3, n, &mut oa);
+            accumulate(
+                isa.map_or(Isa::Scalar, Isa::Avx2),
+                &p,
+                n,
+                0,
+                rows,
+                vals,
+                3,
+                n,
+                &mut oa,
+            );
             assert_eq!(bits(&oa), bits(&ob), "accumulate d_v={d_v}");
             if let Some(wide) = avx512_for_test() {
-                accumulate(
-                    Some(Wide::Avx512(wide)),
-                    &p,
-                    n,
-                    0,
-                    rows,
-                    vals,
-                    3,
-                    n,
-                    &mut oc,
-                );
+                accumulate(Isa::Avx512(wide), &p, n, 0, rows, vals, 3, n, &mut oc);
                 assert_eq!(bits(&oc), bits(&ob), "accumulate (AVX-512) d_v={d_v}");
             }
         }

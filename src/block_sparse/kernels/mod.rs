@@ -3,8 +3,8 @@
 //! portable kernel (bit-identical: see the module docs of
 //! [`crate::block_sparse`]).
 
-use crate::keys::{prefetch, Encoded, Level};
-use crate::simd::Wide;
+use crate::keys::{prefetch, CacheLevel, Encoded};
+use crate::simd::{dispatch, Isa};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -13,6 +13,12 @@ mod avx512;
 mod portable;
 #[cfg(test)]
 mod tests;
+
+/// The reach test's probe of this module's family (see `simd::tests`).
+#[cfg(test)]
+pub(super) fn probe(isa: Isa) {
+    tests::probe(isa)
+}
 
 /// Rows (query heads) are padded to tiles of this many.
 pub(super) const MR: usize = 4;
@@ -78,11 +84,11 @@ impl Stream<'_> {
     fn fetch_ahead(&self, seg: &Segment<'_>, own: &[u8], kb: usize, p: usize, n: usize) {
         let (a, b) = (p + PREFETCH_KEYS, p + PREFETCH_KEYS + n);
         let at = |k: usize| (k.min(seg.end) - seg.base) * kb;
-        prefetch(own, at(a), at(b), Level::L1);
+        prefetch(own, at(a), at(b), CacheLevel::L1);
         let past = |k: usize| k.saturating_sub(seg.end) * kb;
-        prefetch(self.next, past(a), past(b), Level::L1);
+        prefetch(self.next, past(a), past(b), CacheLevel::L1);
         let i = p - seg.start;
-        prefetch(self.lead, i * kb, (i + n) * kb, Level::L2);
+        prefetch(self.lead, i * kb, (i + n) * kb, CacheLevel::L2);
     }
 }
 
@@ -111,23 +117,15 @@ impl TileOut<'_> {
 /// Scores one segment with the AVX-512 or AVX2 kernel when handed a
 /// token, else with the portable one (bit-identical block maxima on all
 /// three).
-pub(super) fn run_segment(isa: Option<Wide>, seg: &Segment<'_>, out: TileOut<'_>) {
-    #[cfg(target_arch = "x86_64")]
-    match isa {
-        Some(Wide::Avx512(t)) => {
-            // SAFETY: the tokens prove the instruction sets (only run-time
-            // detection makes one); the kernel asserts the bounds its
-            // pointer reads rely on.
-            return unsafe { avx2::segment(t.avx2(), avx512::Step6(t), seg, out) };
-        }
-        Some(Wide::Avx2(t)) => {
-            // SAFETY: as above.
-            return unsafe { avx2::segment(t, avx2::Step3, seg, out) };
-        }
-        None => {}
-    }
-    let _ = isa;
-    portable::segment(seg, out);
+pub(super) fn run_segment(isa: Isa, seg: &Segment<'_>, out: TileOut<'_>) {
+    // SAFETY (bounds): the kernel asserts the bounds its pointer reads rely
+    // on. (The AVX-512 step runs inside the AVX2 walk, the token it holds
+    // proving its own instructions.)
+    dispatch!("block_sparse.segment", isa, {
+        avx512(t) => avx2::segment(t.avx2(), avx512::Step6(t), seg, out),
+        avx2(t) => avx2::segment(t, avx2::Step3, seg, out),
+        scalar => portable::segment(seg, out),
+    })
 }
 
 /// The pieces of a segment's keys, in increasing order: each lies in one

@@ -5,7 +5,7 @@ use crate::block_sparse::engine::{run_engine, score_blocks, Keys, PaddedRows, SC
 use crate::block_sparse::select::write_i32_row;
 use crate::block_sparse::BlockSparseConfig;
 use crate::keys::{bf16_to_f32, fp8_e4m3fn_to_f32, Encoded};
-use crate::simd::{self, Wide};
+use crate::simd::{self, Isa};
 
 struct XorShift(u64);
 impl XorShift {
@@ -29,7 +29,7 @@ impl XorShift {
 
 /// Block maxima of every (query, head) row, computed with `isa`.
 fn maxima(
-    isa: Option<Wide>,
+    isa: Isa,
     q: &[f32],
     rows: usize,
     vis: &[usize],
@@ -83,10 +83,10 @@ fn the_avx512_avx2_and_portable_kernels_give_bit_identical_block_maxima() {
         }
         let vis: Vec<usize> = (0..rows).map(|_| rng.below(n_keys + 1)).collect();
         let keys = Keys::Dense(Encoded::F32(&keys));
-        let a = maxima(None, &q, rows, &vis, &keys, d, bs);
-        let b = maxima(Some(Wide::Avx2(token)), &q, rows, &vis, &keys, d, bs);
+        let a = maxima(Isa::Scalar, &q, rows, &vis, &keys, d, bs);
+        let b = maxima(Isa::Avx2(token), &q, rows, &vis, &keys, d, bs);
         if let Some(t) = wide {
-            let c = maxima(Some(Wide::Avx512(t)), &q, rows, &vis, &keys, d, bs);
+            let c = maxima(Isa::Avx512(t), &q, rows, &vis, &keys, d, bs);
             assert_eq!(
                 a, c,
                 "case {case} (AVX-512): d={d} n_keys={n_keys} rows={rows} bs={bs}"
@@ -107,11 +107,7 @@ fn the_avx512_avx2_and_portable_kernels_give_bit_identical_block_maxima() {
 #[test]
 fn decoded_keys_give_the_block_maxima_of_their_float32_values() {
     let mut rng = XorShift(0x05ee_db16);
-    let levels = [
-        None,
-        simd::avx2().map(Wide::Avx2),
-        simd::avx512().map(Wide::Avx512),
-    ];
+    let levels = simd::isas_for_test();
     for case in 0..200 {
         let d = 1 + rng.below(40);
         let n_keys = rng.below(300);
@@ -145,7 +141,7 @@ fn decoded_keys_give_the_block_maxima_of_their_float32_values() {
             (Encoded::F32(&values), Encoded::Bf16(&bits)),
             (Encoded::F32(&fp8_values), Encoded::Fp8E4m3(&bytes)),
         ];
-        for isa in levels {
+        for &isa in &levels {
             for (plain, encoded) in pairs {
                 let a = maxima(isa, &q, rows, &vis, &Keys::Dense(plain), d, bs);
                 let b = maxima(isa, &q, rows, &vis, &Keys::Dense(encoded), d, bs);
@@ -184,7 +180,7 @@ fn row_groups_do_not_change_the_selection() {
             let mut out = vec![0i32; n_q * heads * w];
             let mut rows: Vec<&mut [i32]> = out.chunks_exact_mut(w).collect();
             run_engine(
-                simd::Wide::best(),
+                simd::Isa::best(),
                 &Encoded::F32(&q),
                 heads,
                 &vis,
@@ -215,4 +211,20 @@ fn the_portable_dot_product_sums_eight_lanes_in_the_documented_order() {
     }
     let want = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
     assert_eq!(portable::dot(&qp, &k).to_bits(), want.to_bits());
+}
+
+/// Runs `block_sparse.segment` once at `isa`: the reach test's probe.
+pub(super) fn probe(isa: Isa) {
+    let (d, n) = (8, 40);
+    let keys = vec![1.0f32; n * d];
+    let got = maxima(
+        isa,
+        &[0.5; 8],
+        1,
+        &[n],
+        &Keys::Dense(Encoded::F32(&keys)),
+        d,
+        16,
+    );
+    assert_eq!(got.len(), 3);
 }

@@ -21,7 +21,7 @@
 //! `x <= 0 ? 0 : x` on every level.
 
 use crate::keys::Encoded;
-use crate::simd::Wide;
+use crate::simd::{dispatch, Isa};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -30,6 +30,12 @@ mod avx512;
 mod portable;
 #[cfg(test)]
 mod tests;
+
+/// The reach test's probe of this module's families (see `simd::tests`).
+#[cfg(test)]
+pub(super) fn probe(isa: Isa) {
+    tests::probe(isa)
+}
 
 /// Keys per block: the lanes of two AVX-512 registers (four AVX2 ones).
 pub(super) const BLOCK: usize = 32;
@@ -47,17 +53,21 @@ pub(super) enum Tiles {
     Eights,
     /// 6s, then one tile of the 1–5 heads left: the AVX2 kernel's, whose
     /// 6 heads × 16 keys are 12 independent FMA chains in 15 of the 16
-    /// registers (two FMA ports of latency 4 need 8; 4 × 16 kept exactly 8
-    /// in flight and lost a third of the peak to every stall).
+    /// registers. The rule the tile keeps: more independent chains than
+    /// the 8 that two FMA ports of latency 4 need (a tile of exactly 8
+    /// stalls both ports whenever one operand is late), and no more live
+    /// registers than the 16 there are (past them the tile spills to the
+    /// stack on every dimension). The measurements behind it are in
+    /// docs/kernels.md.
     Sixes,
 }
 
 impl Tiles {
     /// The layout the kernel of `level` reads.
-    pub fn of(level: Option<Wide>) -> Tiles {
+    pub fn of(level: Isa) -> Tiles {
         match level {
-            Some(Wide::Avx2(_)) => Tiles::Sixes,
-            _ => Tiles::Eights,
+            Isa::Avx2(_) => Tiles::Sixes,
+            Isa::Avx512(_) | Isa::Scalar => Tiles::Eights,
         }
     }
 }
@@ -107,7 +117,7 @@ pub(super) fn slot(tiles: Tiles, h: usize, d: usize, head: usize) -> (usize, usi
 
 impl Query {
     /// An empty query laid out for the kernel of `level`.
-    pub fn new(h: usize, d: usize, level: Option<Wide>) -> Self {
+    pub fn new(h: usize, d: usize, level: Isa) -> Self {
         Query {
             h,
             d,
@@ -210,7 +220,7 @@ struct Line([f32; 16]);
 /// the scales given as `|c|`): the scores' error bound
 /// `|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|` (the ReLU is then the identity).
 pub(super) fn score_keys(
-    level: Option<Wide>,
+    level: Isa,
     queries: &[Query],
     keys: Keys<'_>,
     first: usize,
@@ -275,13 +285,9 @@ pub(super) fn score_keys(
 /// Every query's [`Query::qt`] `× 2⁸` when `level` is AVX2, the keys are
 /// fp8 and every query folds exactly (the AVX2 transpose then decodes the
 /// keys as `2⁻⁸ ×` their values: no multiply per key element); else `None`.
-fn fp8_folded<'q>(
-    level: Option<Wide>,
-    enc: Encoded<'_>,
-    queries: &'q [Query],
-) -> Option<Vec<&'q [f32]>> {
+fn fp8_folded<'q>(level: Isa, enc: Encoded<'_>, queries: &'q [Query]) -> Option<Vec<&'q [f32]>> {
     #[cfg(target_arch = "x86_64")]
-    if let (Some(Wide::Avx2(_)), Encoded::Fp8E4m3(_)) = (level, enc) {
+    if let (Isa::Avx2(_), Encoded::Fp8E4m3(_)) = (level, enc) {
         return queries.iter().map(Query::fp8_folded).collect();
     }
     let _ = (level, enc, queries);
@@ -302,9 +308,9 @@ pub(super) struct Src<'a> {
 }
 
 impl<'a> Src<'a> {
-    fn new(level: Option<Wide>, enc: Encoded<'a>) -> Self {
+    fn new(level: Isa, enc: Encoded<'a>) -> Self {
         let finite = match (level, enc) {
-            (Some(_), Encoded::Fp8E4m3(b)) => !crate::keys::fp8_has_nan(b),
+            (Isa::Avx2(_) | Isa::Avx512(_), Encoded::Fp8E4m3(b)) => !crate::keys::fp8_has_nan(b),
             _ => false,
         };
         Src {
@@ -318,31 +324,28 @@ impl<'a> Src<'a> {
 /// `kt[i · BLOCK + r] = k_r[i]` for the `src.enc.len() / d ≤ BLOCK` keys
 /// given (decoded exactly), `0` in the lanes of the keys past them (scored,
 /// discarded). `decoded` is the portable path's buffer for the decoded rows.
-fn transpose(level: Option<Wide>, src: Src<'_>, d: usize, kt: &mut [f32], decoded: &mut Vec<f32>) {
+fn transpose(level: Isa, src: Src<'_>, d: usize, kt: &mut [f32], decoded: &mut Vec<f32>) {
     let n = src.enc.len() / d;
     assert!(n <= BLOCK && src.enc.len() == n * d && kt.len() == d * BLOCK);
     // Only the AVX2 transpose reads fp8 keys scaled (its query is folded).
-    assert!(!src.scaled || matches!(level, Some(Wide::Avx2(_))));
-    match level {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the token proves AVX-512 (F16C too); `src` holds `n <=
-        // BLOCK` rows of `d` and `kt` `d` rows of `BLOCK` (asserted above).
-        Some(Wide::Avx512(token)) => unsafe { avx512::transpose(token, src, n, d, kt) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the token proves AVX2 and F16C; the bounds as above.
-        Some(Wide::Avx2(token)) => unsafe { avx2::transpose(token, src, n, d, kt) },
-        _ => {
+    assert!(!src.scaled || matches!(level, Isa::Avx2(_)));
+    // SAFETY (bounds): `src` holds `n <= BLOCK` rows of `d` and `kt` `d`
+    // rows of `BLOCK` (asserted above).
+    dispatch!("indexer.transpose", level, {
+        avx512(token) => avx512::transpose(token, src, n, d, kt),
+        avx2(token) => avx2::transpose(token, src, n, d, kt),
+        scalar => {
             let rows: &[f32] = match src.enc {
                 Encoded::F32(s) => s,
                 enc => {
                     decoded.resize(n * d, 0.0);
-                    enc.decode(0, decoded);
+                    enc.decode_at(level, 0, decoded);
                     decoded
                 }
             };
             portable::transpose(rows, n, d, kt)
         }
-    }
+    })
 }
 
 /// The block's `Σ_h fma(w_h, relu(q_h · k_r))` for every key `r`, in head
@@ -350,7 +353,7 @@ fn transpose(level: Option<Wide>, src: Src<'_>, d: usize, kt: &mut [f32], decode
 /// prefetched along the way, spread over the FMAs (a burst of prefetches
 /// stalls on the line-fill buffers; spread out they hide under the work).
 fn weighted_relu_sums(
-    level: Option<Wide>,
+    level: Isa,
     q: &Query,
     qt: &[f32],
     kt: &[f32],
@@ -362,22 +365,14 @@ fn weighted_relu_sums(
     // tiles (checked in release: a wrong layout would read other heads'
     // elements).
     assert!(w.len() == h && qt.len() == h * d && kt.len() == d * BLOCK);
-    assert!(q.tiles == Tiles::of(level) || level.is_none());
-    match level {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the token proves AVX-512, AVX2 and FMA; `qt` holds the
-        // `h` heads' tiles of `d`, `kt` `d` rows of `BLOCK`, `w` `h` weights
-        // (asserted).
-        Some(Wide::Avx512(token)) => unsafe {
-            avx512::weighted_relu_sums(token, qt, kt, w, d, acc, next)
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, the token proving AVX2 and FMA.
-        Some(Wide::Avx2(token)) => unsafe {
-            avx2::weighted_relu_sums(token, qt, kt, w, d, acc, next)
-        },
-        _ => portable::weighted_relu_sums(q.tiles, qt, kt, w, d, acc),
-    }
+    assert!(q.tiles == Tiles::of(level) || level == Isa::Scalar);
+    // SAFETY (bounds): `qt` holds the `h` heads' tiles of `d`, `kt` `d`
+    // rows of `BLOCK`, `w` `h` weights (asserted).
+    dispatch!("indexer.weighted_relu_sums", level, {
+        avx512(token) => avx512::weighted_relu_sums(token, qt, kt, w, d, acc, next),
+        avx2(token) => avx2::weighted_relu_sums(token, qt, kt, w, d, acc, next),
+        scalar => portable::weighted_relu_sums(q.tiles, qt, kt, w, d, acc),
+    })
 }
 
 /// `next` cut into `tiles` runs of whole cache lines, one per tile call.
@@ -391,5 +386,5 @@ fn prefetch_runs(next: &[u8], tiles: usize) -> impl Iterator<Item = &[u8]> {
 #[inline(always)]
 fn prefetch_line(run: &[u8], i: usize) {
     let at = i.saturating_mul(64);
-    crate::keys::prefetch(run, at, at.saturating_add(1), crate::keys::Level::L1);
+    crate::keys::prefetch(run, at, at.saturating_add(1), crate::keys::CacheLevel::L1);
 }

@@ -60,7 +60,13 @@ fn every_level_decodes_and_transposes_a_block_exactly() {
                 let mut rows = vec![0.0f32; n * d];
                 enc.decode(0, &mut rows);
                 let mut want = vec![f32::NAN; d * BLOCK];
-                transpose(None, Src::new(None, enc), d, &mut want, &mut Vec::new());
+                transpose(
+                    Isa::Scalar,
+                    Src::new(Isa::Scalar, enc),
+                    d,
+                    &mut want,
+                    &mut Vec::new(),
+                );
                 for i in 0..d {
                     for r in 0..BLOCK {
                         let x = if r < n { rows[r * d + i] } else { 0.0 };
@@ -72,20 +78,14 @@ fn every_level_decodes_and_transposes_a_block_exactly() {
                     }
                 }
                 for level in [
-                    crate::simd::avx2_for_test().map(Wide::Avx2),
-                    crate::simd::avx512_for_test().map(Wide::Avx512),
+                    crate::simd::avx2_for_test().map(Isa::Avx2),
+                    crate::simd::avx512_for_test().map(Isa::Avx512),
                 ]
                 .into_iter()
                 .flatten()
                 {
                     let mut got = vec![f32::NAN; d * BLOCK];
-                    transpose(
-                        Some(level),
-                        Src::new(Some(level), enc),
-                        d,
-                        &mut got,
-                        &mut Vec::new(),
-                    );
+                    transpose(level, Src::new(level, enc), d, &mut got, &mut Vec::new());
                     let ok = got
                         .iter()
                         .zip(&want)
@@ -114,7 +114,7 @@ fn the_query_tiles_are_a_permutation() {
                 }
             }
             let values: Vec<f32> = (0..h * d).map(|x| x as f32).collect();
-            let mut q = Query::new(h, d, None);
+            let mut q = Query::new(h, d, Isa::Scalar);
             q.tiles = tiles;
             q.load(&Encoded::F32(&values), &vec![1.0; h], 0, false);
             for head in 0..h {
@@ -129,7 +129,7 @@ fn the_query_tiles_are_a_permutation() {
 
 /// The query `q[head][i]` (row-major `h × d`) with weights `w`, laid out for
 /// the kernel of `level`.
-fn laid_out(level: Option<Wide>, h: usize, d: usize, q: &[f32], w: &[f32]) -> Query {
+fn laid_out(level: Isa, h: usize, d: usize, q: &[f32], w: &[f32]) -> Query {
     let mut query = Query::new(h, d, level);
     query.load(&Encoded::F32(q), w, 0, false);
     query
@@ -167,7 +167,7 @@ fn every_level_scores_bit_identically() {
                 _ => {}
             }
             let w: Vec<f32> = (0..h).map(|_| next()).collect();
-            let q = laid_out(None, h, d, &qs, &w);
+            let q = laid_out(Isa::Scalar, h, d, &qs, &w);
             let mut want = [0.0f32; BLOCK];
             portable::weighted_relu_sums(q.tiles, &q.qt, &kt, &w, d, &mut want);
             for (r, &got) in want.iter().enumerate() {
@@ -181,7 +181,7 @@ fn every_level_scores_bit_identically() {
                 }
                 assert!(same(s, got), "portable h={h} d={d} key {r}");
             }
-            let avx2 = Some(Wide::Avx2(token));
+            let avx2 = Isa::Avx2(token);
             let mut got = [0.0f32; BLOCK];
             let q2 = laid_out(avx2, h, d, &qs, &w);
             weighted_relu_sums(avx2, &q2, &q2.qt, &kt, &mut got, &[]);
@@ -189,7 +189,7 @@ fn every_level_scores_bit_identically() {
                 assert!(same(*x, *y), "AVX2 h={h} d={d} key {r}");
             }
             if let Some(t) = crate::simd::avx512_for_test() {
-                let wide = Some(Wide::Avx512(t));
+                let wide = Isa::Avx512(t);
                 let mut got = [0.0f32; BLOCK];
                 let q5 = laid_out(wide, h, d, &qs, &w);
                 weighted_relu_sums(wide, &q5, &q5.qt, &kt, &mut got, &[]);
@@ -210,15 +210,7 @@ fn the_relu_keeps_nan_and_zeroes_negatives_on_every_level() {
     kt[0] = f32::NAN; // key 0: NaN dot
     kt[1] = -1.0; // key 1: negative dot
     kt[2] = 2.0; // key 2: positive dot
-    let levels = [
-        None,
-        crate::simd::avx2_for_test().map(Wide::Avx2),
-        crate::simd::avx512_for_test().map(Wide::Avx512),
-    ];
-    for (i, level) in levels.into_iter().enumerate() {
-        if i > 0 && level.is_none() {
-            continue;
-        }
+    for level in crate::simd::isas_for_test() {
         let q = laid_out(level, h, d, &[1.0; 6], &[1.0, 0.5]);
         let mut acc = [0.0f32; BLOCK];
         weighted_relu_sums(level, &q, &q.qt, &kt, &mut acc, &[]);
@@ -237,7 +229,7 @@ fn the_scaled_fp8_transpose_is_the_decode_times_two_to_the_minus_eight_on_every_
     let Some(token) = crate::simd::avx2_for_test() else {
         return;
     };
-    let level = Some(Wide::Avx2(token));
+    let level = Isa::Avx2(token);
     for d in [1, 3, 7, 8, 9, 16, 31, 128] {
         for n in [BLOCK, 1, 7, 9, 31] {
             for shift in 0..256usize.div_ceil(n * d).max(1) {
@@ -246,7 +238,13 @@ fn the_scaled_fp8_transpose_is_the_decode_times_two_to_the_minus_eight_on_every_
                 for bytes in [&all, &no_nan] {
                     let enc = Encoded::Fp8E4m3(bytes);
                     let mut want = vec![f32::NAN; d * BLOCK];
-                    transpose(None, Src::new(None, enc), d, &mut want, &mut Vec::new());
+                    transpose(
+                        Isa::Scalar,
+                        Src::new(Isa::Scalar, enc),
+                        d,
+                        &mut want,
+                        &mut Vec::new(),
+                    );
                     let src = Src {
                         scaled: true,
                         ..Src::new(level, enc)
@@ -273,16 +271,7 @@ fn the_scaled_fp8_transpose_is_the_decode_times_two_to_the_minus_eight_on_every_
 #[test]
 fn fp8_scores_are_the_same_bits_on_every_level_folded_or_not() {
     let mut next = source(0xF8F8_2727);
-    let levels: Vec<Option<Wide>> = [
-        None,
-        crate::simd::avx2_for_test().map(Wide::Avx2),
-        crate::simd::avx512_for_test().map(Wide::Avx512),
-    ]
-    .into_iter()
-    .enumerate()
-    .filter(|(i, l)| *i == 0 || l.is_some())
-    .map(|(_, l)| l)
-    .collect();
+    let levels: Vec<Isa> = crate::simd::isas_for_test();
     for &(h, d) in &SHAPES {
         let t = 256 + 37;
         let bytes: Vec<u8> = (0..t * d).map(|i| (i * 7 + i / 256) as u8).collect();
@@ -297,7 +286,7 @@ fn fp8_scores_are_the_same_bits_on_every_level_folded_or_not() {
             for (li, &level) in levels.iter().enumerate() {
                 let queries: Vec<Query> =
                     group.iter().map(|q| laid_out(level, h, d, q, &w)).collect();
-                if matches!(level, Some(Wide::Avx2(_))) {
+                if matches!(level, Isa::Avx2(_)) {
                     let folds = fp8_folded(level, Encoded::Fp8E4m3(&bytes), &queries);
                     assert_eq!(folds.is_some(), case == 0, "h={h} d={d} case {case}");
                 }
@@ -330,7 +319,7 @@ fn fp8_scores_are_the_same_bits_on_every_level_folded_or_not() {
     }
     // A reloaded query folds its new values, not the old ones.
     if let Some(token) = crate::simd::avx2_for_test() {
-        let level = Some(Wide::Avx2(token));
+        let level = Isa::Avx2(token);
         let mut q = laid_out(level, 1, 2, &[1.0, 2.0], &[1.0]);
         assert_eq!(q.fp8_folded(), Some(&[256.0, 512.0][..]));
         q.load(&Encoded::F32(&[3.0, f32::MAX]), &[1.0], 0, false);
@@ -345,9 +334,9 @@ fn fp8_scores_are_the_same_bits_on_every_level_folded_or_not() {
 /// one's 16-bit tiles and its 8 × 8 edges — to the portable decode's bits.
 #[test]
 fn every_16_bit_pattern_transposes_to_the_scalar_decode_on_every_level() {
-    let levels: Vec<Wide> = [
-        crate::simd::avx2_for_test().map(Wide::Avx2),
-        crate::simd::avx512_for_test().map(Wide::Avx512),
+    let levels: Vec<Isa> = [
+        crate::simd::avx2_for_test().map(Isa::Avx2),
+        crate::simd::avx512_for_test().map(Isa::Avx512),
     ]
     .into_iter()
     .flatten()
@@ -361,11 +350,17 @@ fn every_16_bit_pattern_transposes_to_the_scalar_decode_on_every_level() {
             let block = &block[..n * d];
             for enc in [Encoded::Bf16(block), Encoded::F16(block)] {
                 let mut want = vec![f32::NAN; d * BLOCK];
-                transpose(None, Src::new(None, enc), d, &mut want, &mut Vec::new());
+                transpose(
+                    Isa::Scalar,
+                    Src::new(Isa::Scalar, enc),
+                    d,
+                    &mut want,
+                    &mut Vec::new(),
+                );
                 for &level in &levels {
                     let mut got = vec![f32::NAN; d * BLOCK];
-                    let src = Src::new(Some(level), enc);
-                    transpose(Some(level), src, d, &mut got, &mut Vec::new());
+                    let src = Src::new(level, enc);
+                    transpose(level, src, d, &mut got, &mut Vec::new());
                     let ok = got
                         .iter()
                         .zip(&want)
@@ -375,4 +370,17 @@ fn every_16_bit_pattern_transposes_to_the_scalar_decode_on_every_level() {
             }
         }
     }
+}
+
+/// Runs the indexer's kernel families (`indexer.transpose`,
+/// `indexer.weighted_relu_sums`) once at `isa`: the reach test's probe.
+pub(super) fn probe(isa: Isa) {
+    let (h, d) = (2, 8);
+    let q = laid_out(isa, h, d, &[0.5; 16], &[1.0, 0.5]);
+    let keys = vec![1.0f32; 40 * d];
+    let mut out = [0.0f32; 40];
+    let mut scratch = Scratch::new(d);
+    let keys = Keys::new(Encoded::F32(&keys), None);
+    score_keys(isa, &[q], keys, 0, &mut [&mut out[..]], false, &mut scratch);
+    assert!(out.iter().all(|&x| x == 6.0));
 }

@@ -87,11 +87,12 @@ pub(super) unsafe fn occupancy_avx2<const COPY: bool>(
             // SAFETY: `v8` is 8 in-bounds i32s; the load is unaligned.
             let v = unsafe { _mm256_loadu_si256(v8.as_ptr() as *const __m256i) };
             if COPY {
-                // An assembly store: written as an intrinsic, the compiler
-                // recognised the loop's stores as a copy and replaced them
-                // by a `memcpy` call per chunk before the scan, reading
-                // every entry twice (a third of the merge's time in a
-                // profile of 512 rows × 2,048).
+                // An assembly store, so that the copy stays fused with the
+                // scan and each entry is read once for both. An intrinsic
+                // (or plain) store here can be recognised as a copy and
+                // hoisted into a `memcpy` per chunk ahead of the scan,
+                // which reads every entry twice (docs/kernels.md has the
+                // profile).
                 // SAFETY: `dst` has `row`'s length (asserted above), so
                 // these 8 slots (at the same offset as `v8`) are in
                 // bounds; the store writes only them, no stack or flags.

@@ -2,7 +2,7 @@
 //! mask, by the f64 segment map (exact: see the module docs of
 //! [`crate::witness`]); one kernel per instruction set.
 
-use crate::simd::Avx2;
+use crate::simd::{dispatch, Isa};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -66,36 +66,37 @@ impl Row {
 /// The segments `row` occupies, as a mask; bits at or past `S_eff` may be set
 /// by out-of-range entries and mean nothing. Requires `S <= 64`. May stop
 /// early once every segment of the partition is occupied.
-pub(super) fn occupancy(row: &[i32], g: &Row, isa: Option<Avx2>) -> u64 {
-    let full = g.partition_mask();
-    #[cfg(target_arch = "x86_64")]
-    if let Some(token) = isa {
-        // SAFETY: `token` proves AVX2+FMA (only run-time detection makes
-        // one); the kernel reads `row` through its bounds-checked chunks.
-        return unsafe {
-            avx2::occupancy_avx2::<false>(token, row, &mut [], g.ratio(), g.s_last as i32, full)
-        };
-    }
-    let _ = isa;
-    portable::occupancy_scalar(row, g.ratio(), g.s_last as i32, full)
+pub(super) fn occupancy(row: &[i32], g: &Row, isa: Isa) -> u64 {
+    scan(isa, row, None, g)
 }
 
 /// [`occupancy`] of `src` while copying it into `dst` (same length): one
 /// pass over the learned row for the merge's copy and its scan.
-pub(super) fn copy_occupancy(src: &[i32], dst: &mut [i32], g: &Row, isa: Option<Avx2>) -> u64 {
-    let full = g.partition_mask();
-    #[cfg(target_arch = "x86_64")]
-    if let Some(token) = isa {
-        // SAFETY: as in `occupancy`; the kernel asserts `dst.len() ==
-        // src.len()` before its unchecked stores (callers pass two rows of
-        // one `topk`).
-        return unsafe {
-            avx2::occupancy_avx2::<true>(token, src, dst, g.ratio(), g.s_last as i32, full)
-        };
-    }
-    let _ = isa;
-    dst.copy_from_slice(src);
-    portable::occupancy_scalar(src, g.ratio(), g.s_last as i32, full)
+pub(super) fn copy_occupancy(src: &[i32], dst: &mut [i32], g: &Row, isa: Isa) -> u64 {
+    scan(isa, src, Some(dst), g)
+}
+
+/// The occupancy scan's one dispatch: [`occupancy`] of `row`, copied into
+/// `copy` on the way when one is given (no AVX-512 kernel: the scan is
+/// bound by the row's bytes, which AVX2 already keeps up with).
+fn scan(isa: Isa, row: &[i32], copy: Option<&mut [i32]>, g: &Row) -> u64 {
+    let (full, ratio, s_last) = (g.partition_mask(), g.ratio(), g.s_last as i32);
+    // SAFETY (bounds): the kernel reads `row` through its bounds-checked
+    // chunks, and asserts `dst.len() == row.len()` before its unchecked
+    // stores (callers pass two rows of one `topk`).
+    dispatch!("witness.scan", isa, {
+        avx512 => avx2,
+        avx2(t) => match copy {
+            Some(dst) => avx2::occupancy_avx2::<true>(t, row, dst, ratio, s_last, full),
+            None => avx2::occupancy_avx2::<false>(t, row, &mut [], ratio, s_last, full),
+        },
+        scalar => {
+            if let Some(dst) = copy {
+                dst.copy_from_slice(row);
+            }
+            portable::occupancy_scalar(row, ratio, s_last, full)
+        }
+    })
 }
 
 /// The f64 segment map on one non-negative entry; exact (module docs).
