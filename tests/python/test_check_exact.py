@@ -555,3 +555,36 @@ def test_a_packed_batchs_seq_ids_need_one_entry_per_row():
     with pytest.raises(ks.SelectionError) as e:
         checking.check_indexer_topk(rows, q, w, k, pos, cu_seqlens=np.array([0, 9]), seq_ids=np.zeros(2, np.int64))
     assert e.value.argument == "seq_ids" and "seq_ids has 2 entries for 3 rows" in str(e.value)
+
+
+def test_a_reports_near_tie_prints_each_score_and_the_threshold_distinct():
+    # float32 1 + 2**-23 and the float64 1.0000001 both print "1.0000001" in
+    # their shortest form: the report prints their float64 reprs instead.
+    f32 = float(np.float32(1.0000001))
+    f64 = 1.0000001
+    assert f32 != f64 and checking.report._digits(f32) == checking.report._digits(f64) == "1.0000001"
+    scores = np.array([[f32, f64, 0.5, f64 - 2e-16]])
+    result = ks.check_topk(scores, np.array([[1, 3]]), atol=0, rtol=0)
+    (problem,) = result["details"][0]["problems"]
+    text = checking.report._describe(problem)
+    assert text.startswith("wrong selection: dropped 1 [0 (1.0000001192092896)], "), text
+    # before: "dropped 1 [0 (1.0000001)], intruders 1 [3 (1.0000001)]; threshold 1.0000001"
+    assert text == (
+        "wrong selection: dropped 1 [0 (1.0000001192092896)], intruders 1 [3 (1.0000000999999998)]; "
+        "threshold 1.0000001, margin 1.92e-08"
+    ), text
+    assert problem["threshold"] == f64
+
+
+def test_a_reports_scores_keep_their_float32_form_when_it_tells_them_apart():
+    p = dict(
+        reason="wrong_selection",
+        dropped=[(0, float(np.float32(1.0000001)))],
+        intruders=[(2, 0.5)],
+        n_dropped=1,
+        n_intruders=1,
+        threshold=float(np.float32(1.0000001)),
+        margin=0.5,
+    )
+    text = checking.report._describe(p)
+    assert text == "wrong selection: dropped 1 [0 (1.0000001)], intruders 1 [2 (0.5)]; threshold 1.0000001, margin 0.5"

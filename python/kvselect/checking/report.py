@@ -92,6 +92,34 @@ def _digits(x: Any) -> str:
     return str(f) if float(f) == x else repr(x)
 
 
+def _labels(values: Sequence[Any]) -> Dict[Any, str]:
+    """Each of ``values``' text, told apart from every other listed value:
+    :func:`_digits`' form, except that values whose forms collide (a float32
+    ``1.0000001`` and a float64 that also prints ``1.0000001``) print the
+    shortest repr that round-trips their float64 value
+    (``1.0000001192092896``), which two different values never share."""
+    keys = list(dict.fromkeys(_key(v) for v in values))
+    text = {k: _digits(k[1]) for k in keys}
+    seen: Dict[str, int] = {}
+    for k in keys:
+        seen[text[k]] = seen.get(text[k], 0) + 1
+    for k in keys:
+        if seen[text[k]] > 1:
+            text[k] = repr(k[1])
+    # a switched value's float64 repr cannot be another value's form (a float32's
+    # str parses back to that float32; a float64's repr to that float64): a guard
+    if len(set(text.values())) < len(keys):
+        text = {k: repr(k[1]) for k in keys}
+    return text
+
+
+def _key(x: Any) -> Tuple[str, float]:
+    """A dict key for a score: its float64 value's repr (so ``-0.0`` and
+    ``0.0`` differ, and a NaN equals a NaN) with the value itself."""
+    v = float(x)
+    return (repr(v), v)
+
+
 def _describe(p: dict, filler: Optional[str] = None) -> str:
     """One problem in a sentence; ``filler`` (a topk check's rule) adds the
     rule that would take the entries as the engine's filler, when one would."""
@@ -117,14 +145,16 @@ def _describe(p: dict, filler: Optional[str] = None) -> str:
             text += ' — if that is the engine\'s filler, check with filler="repeat" (--filler repeat)'
         return text
     if r == "wrong_selection":
+        scores = [s for _, s in p["dropped"]] + [s for _, s in p["intruders"]] + [p["threshold"]]
+        label = _labels(scores)
 
         def few(pairs):
-            return ", ".join(f"{t} ({_digits(s)})" for t, s in pairs)
+            return ", ".join(f"{t} ({label[_key(s)]})" for t, s in pairs)
 
         return (
             f"wrong selection: dropped {p['n_dropped']} [{few(p['dropped'])}], "
             f"intruders {p['n_intruders']} [{few(p['intruders'])}]; "
-            f"threshold {_digits(p['threshold'])}, margin {p['margin']:.3g}"
+            f"threshold {label[_key(p['threshold'])]}, margin {p['margin']:.3g}"
         )
     if r == "wrong_witness":
         return (
