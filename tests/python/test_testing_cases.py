@@ -80,17 +80,24 @@ def test_a_touched_kept_prefix_fails_the_witness_check(case):
         case.assert_rows(bad)
 
 
-@pytest.mark.parametrize("case", cases.pytest_params([p for p in TOPK if p[1].form == "dense"]))
+@pytest.mark.parametrize("case", cases.pytest_params([p for p in TOPK if p[1].form in ("dense", "compressed")]))
 def test_the_expected_answer_is_kvselects_indexer_top_k(case):
     a = case.inputs
     got = ks.indexer_topk(
-        a["index_q"], a["weights"], a["index_k"], a["query_pos"], a["topk"], key_scale=a.get("key_scale")
+        a["index_q"],
+        a["weights"],
+        a["index_k"],
+        a["query_pos"],
+        a["topk"],
+        key_scale=a.get("key_scale"),
+        compress_ratio=a.get("compress_ratio", 1),
     )
     assert np.array_equal(got, case.expected)
 
 
 @pytest.mark.parametrize(
-    "case", cases.pytest_params([p for p in TOPK if p[1].form == "dense" and not p[1].meta.get("non_finite")])
+    "case",
+    cases.pytest_params([p for p in TOPK if p[1].form in ("dense", "compressed") and not p[1].meta.get("non_finite")]),
 )
 def test_float32_scores_in_a_shuffled_order_are_the_exact_ones(case):
     """Exact by construction: any summation order gives the float64 score."""

@@ -43,9 +43,19 @@ Sources of the engine facts:
   the radix threshold bucket exceeds its 4096-entry candidate buffer (k =
   2048; clean at L = 65536, 64/64 rows wrong at L = 1048576).
 - ik_llama.cpp ``iqk_bucket_topk`` (8337e4cd, 2026-08-15, decode path), the
-  two faults ``kvselect check`` found (issue 23 of this project): (a) the
+  two faults ``kvselect check`` found in that fused CPU indexer top-k when
+  its decode rows were dumped and checked against the exact rule: (a) the
   last ``L % 8`` scores bucketed by truncation, the rest rounded; (b) an
   absolute early-out ``max - min < 1e-6``.
+- The indexer's score ``key_scale[t] Σ_h w_h ReLU(q_h · k_t)`` with signed
+  head weights (DeepSeek-V3.2's lightning indexer): folding the weights into
+  the query drops the ReLU (:func:`relu_negative_dots`); fp8 index-K caches
+  carry one float32 scale per token (vLLM's DSA pages,
+  ``indexer_k_quant_and_cache``; :func:`fp8_per_key_scales`).
+- vLLM's DeepSeek-V4 ``combine_topk_swa_indices``
+  (``vllm/v1/attention/ops/deepseek_v4_ops/cache_utils.py``): token ``pos``
+  sees ``(pos + 1) // compress_ratio`` compressed entries
+  (:func:`compressed_entry_boundary`).
 """
 
 from __future__ import annotations
@@ -63,12 +73,15 @@ from kvselect.testing.cases.topk import (
     all_topk_cases,
     all_zero,
     bf16_rounded_ties,
+    compressed_entry_boundary,
     fp8_extremes,
+    fp8_per_key_scales,
     ik_absolute_early_out,
     ik_tail_truncation,
     low_contrast,
     non_finite,
     paged,
+    relu_negative_dots,
     short_contexts,
     signed_zeros,
     ties_at_threshold,
@@ -91,6 +104,9 @@ __all__ = [
     "paged",
     "ik_tail_truncation",
     "ik_absolute_early_out",
+    "relu_negative_dots",
+    "compressed_entry_boundary",
+    "fp8_per_key_scales",
     "non_finite",
     "block_ties",
     "block_partial_tail",

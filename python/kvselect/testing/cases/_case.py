@@ -29,7 +29,7 @@ class Case:
         ones for ``topk``: ``index_q``, ``weights``, ``index_k``,
         ``query_pos``, ``topk``, and where used ``key_scale``,
         ``cu_seqlens``, ``seq_ids``, ``kv_cache``, ``block_table``,
-        ``seq_lens``, ``page_layout``; ``block_sparse_select``'s for
+        ``seq_lens``, ``page_layout``, ``compress_ratio``; ``block_sparse_select``'s for
         ``blocks``; ``topk_indices``, ``context_lens``, ``num_segments`` for
         ``witnesses``).
     expected : ndarray
@@ -60,7 +60,8 @@ class Case:
 
     @property
     def form(self) -> str:
-        """``"dense"``, ``"packed"``, ``"paged"`` (topk), or the rule's name."""
+        """``"dense"``, ``"packed"``, ``"paged"``, ``"compressed"`` (topk: ``index_k`` of
+        compressed entries, ``compress_ratio`` among the inputs), or the rule's name."""
         return str(self.meta.get("form", self.rule))
 
     def assert_rows(self, rows: Any) -> dict:
@@ -248,10 +249,17 @@ def _topk_case(
     query_dtype: str = "float32",
     meta: Optional[Dict[str, Any]] = None,
     check: Optional[Dict[str, Any]] = None,
+    query_pos: Optional[np.ndarray] = None,
+    compress_ratio: int = 1,
 ) -> Case:
     """A dense case: the same query ``q1 [H, d]`` (weights ``w1``) for every
-    row, row ``i`` at ``query_pos = lens[i] - 1``."""
+    row, row ``i`` at ``query_pos = lens[i] - 1`` unless ``query_pos`` is
+    given (``lens`` then each row's visible keys, entries with
+    ``compress_ratio``: ``(query_pos + 1) // compress_ratio``, form
+    ``"compressed"``)."""
     n = len(lens)
+    pos = lens - 1 if query_pos is None else np.asarray(query_pos, dtype=np.int64)
+    assert np.array_equal(np.minimum((pos + 1) // compress_ratio, len(k)), lens)
     q = np.broadcast_to(q1, (n,) + q1.shape).copy()
     w = np.broadcast_to(w1 * 2.0**scale_exp, (n, len(w1))).copy()
     scores = _exact_scores(q, w, k, key_scale, lens)
@@ -259,9 +267,11 @@ def _topk_case(
         "index_q": _as(q, query_dtype),
         "weights": w.astype(np.float32),
         "index_k": _as(k, key_dtype),
-        "query_pos": (lens - 1).astype(np.int64),
+        "query_pos": pos.astype(np.int64),
         "topk": topk,
     }
+    if compress_ratio != 1:
+        inputs["compress_ratio"] = compress_ratio
     if key_scale is not None:
         inputs["key_scale"] = np.asarray(key_scale, dtype=np.float32)
     return Case(
@@ -273,7 +283,7 @@ def _topk_case(
         dict(check if check is not None else {"rtol": 0.0, "atol": 0.0}),
         scores,
         lens.astype(np.int64),
-        {"form": "dense", "scale_exp": scale_exp, **(meta or {})},
+        {"form": "dense" if compress_ratio == 1 else "compressed", "scale_exp": scale_exp, **(meta or {})},
     )
 
 
