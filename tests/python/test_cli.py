@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 
@@ -697,3 +698,27 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait() == 141 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command", ["check", "eval"])
+def test_each_options_help_shows_its_default_once(command, monkeypatch, capsys):
+    # before: check's "--atol ATOL  absolute tolerance (default 0) (default: None)"
+    from kvselect.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices[command]
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.help is None or action.help == argparse.SUPPRESS:
+            continue
+        text = formatter._expand_help(action)
+        assert len(re.findall(r"\(default\b", text)) <= 1, (action.option_strings, text)
+    for width in ("60", "100", "1000"):
+        monkeypatch.setenv("COLUMNS", width)
+        code, out, _ = run(capsys, [command, "--help"])
+        assert code == 0
+        lines = [line for line in out.splitlines() if len(re.findall(r"\(default\b", line)) > 1]
+        assert not lines, lines
+    if command == "check":
+        atol = next(a for a in parser._actions if "--atol" in a.option_strings)
+        assert formatter._expand_help(atol) == "absolute tolerance (default 0)"

@@ -52,6 +52,18 @@ class HelpFormatter(argparse.HelpFormatter):
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's defaults formatter, except that a help text that already
+    says its default (``"absolute tolerance (default 0)"``) is not given a
+    second one (``"(default: None)"``): each default shown once."""
+
+    def _get_help_string(self, action: argparse.Action) -> Optional[str]:
+        text = action.help
+        if text is not None and "default" in text.lower():
+            return text
+        return super()._get_help_string(action)
+
+
 def check_output(flag: str, path: str) -> Optional[str]:
     """Why ``path`` cannot be written (None if it can), checked before the run."""
     target = os.path.abspath(path)

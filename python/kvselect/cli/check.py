@@ -17,7 +17,15 @@ from kvselect.checking import (
     format_report,
     strict_json,
 )
-from kvselect.cli._types import add_cluster_flags, check_output, executor_of, non_negative_float, positive, progress_bar
+from kvselect.cli._types import (
+    DefaultsHelpFormatter,
+    add_cluster_flags,
+    check_output,
+    executor_of,
+    non_negative_float,
+    positive,
+    progress_bar,
+)
 from kvselect.corpus import CHUNK_ROWS
 
 
@@ -114,7 +122,7 @@ def add_parser(sub: Any) -> None:
         "The dump format: docs/dump-format.md, or python -c 'import kvselect.checking as c; "
         "help(c)'. A dump that cannot be checked (an unknown key, a non-finite operand) exits "
         "2, never 1.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument(
         "dumps",
