@@ -804,8 +804,10 @@ def relu_negative_dots(seed: int = 0, *, n_keys: int = 1021, topk: int = 64, dim
     ``2^scale_exp``).
 
     The bug: a kernel that forgets the indexer's ReLU. The score is
-    ``Σ_h w_h ReLU(q_h · k_t)`` (DeepSeek-V3.2's lightning indexer, the
-    ReLU chosen for throughput), and ``Σ_h w_h (q_h · k_t)`` is
+    ``Σ_h w_h ReLU(q_h · k_t)`` (DeepSeek-V3.2's lightning indexer, eq. 1
+    of deepseek-ai/DeepSeek-V3.2-Exp ``DeepSeek_V3_2.pdf``: "We choose ReLU
+    as the activation function for throughput consideration"), and
+    ``Σ_h w_h (q_h · k_t)`` is
     ``(Σ_h w_h q_h) · k_t``, one dot instead of ``H``: folding the head
     weights into the query, or a weighted GEMM with no per-head epilogue,
     drops the ReLU. Head weights are signed (a learned projection), so
