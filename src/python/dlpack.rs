@@ -14,9 +14,13 @@
 //! 2. `__dlpack__(max_version=(1, 3))` is called (a versioned capsule),
 //!    falling back to `__dlpack__()` (a legacy one) on `TypeError`; a bare
 //!    PyCapsule is refused: a capsule can be consumed only once, and the
-//!    caller could not know whether it was;
+//!    caller could not know whether it was. What comes back must be a
+//!    capsule named `dltensor_versioned` or `dltensor`: one already consumed
+//!    (`used_…`) is neither read nor deleted, one of another name is no
+//!    DLPack capsule;
 //! 3. the capsule is consumed by `dlpark` (which renames it `used_…` and
-//!    checks the ABI major version), and its managed tensor is handed to an
+//!    checks the ABI major version, calling the deleter of a major it cannot
+//!    read), and its managed tensor is handed to an
 //!    [`Owner`] object that becomes the view's `base`: the producer's memory
 //!    stays alive while any view of it does, and the deleter is called
 //!    exactly once, when the last view dies (or at once when the import
@@ -30,6 +34,15 @@
 //!    strides and data pointer; the READ_ONLY flag of a versioned capsule
 //!    clears the view's `WRITEABLE` flag, so a read-only tensor passed as an
 //!    output or an in-place buffer is refused like a read-only ndarray.
+//!
+//! Every refusal names the argument: what the producer hands back that
+//! cannot be read (its `__dlpack__` or `__dlpack_device__` raising or
+//! returning something else, a consumed or wrongly named capsule, another
+//! major version, an invalid or overflowing descriptor, a null pointer, a
+//! device other than the host's) is the entry point's domain error
+//! ([`refuse`]: `SelectionError` / `WitnessError`, with `argument`); what
+//! the caller passes of the wrong type (a bare capsule, an unsupported
+//! dtype) is a `TypeError` whose message names it, as for any argument.
 //!
 //! From there the view is an ndarray like any other: a read-only input that
 //! is not C-contiguous and aligned (negative, zero or padded strides, an odd
@@ -47,16 +60,16 @@
 //! shape, or frees its memory while the capsule's deleter has not run, would
 //! break the rule — as it would for every DLPack consumer.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_void, CStr};
 
-use dlpark::ffi::{DLDataTypeCode, DLDeviceType};
+use dlpark::ffi::{DLDataTypeCode, DLDeviceType, DLManagedTensorVersioned};
 use dlpark::python::ImportRequest;
 use dlpark::{AllocationDeleter, DlpackFlags};
 use numpy::npyffi::{self, npy_intp, NpyTypes, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyCapsule, PyDict, PyString};
+use pyo3::types::{PyCapsule, PyCapsuleMethods, PyDict, PyString};
 
 use super::errors::{refuse, type_name, Domain};
 use crate::keys::Format;
@@ -66,6 +79,12 @@ const MAX_VERSION: (u32, u32) = (
     dlpark::ffi::DLPACK_MAJOR_VERSION,
     dlpark::ffi::DLPACK_MINOR_VERSION,
 );
+
+/// The capsule names of DLPack's two ABIs, before and after consumption.
+const VERSIONED: &CStr = c"dltensor_versioned";
+const LEGACY: &CStr = c"dltensor";
+const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
+const USED_LEGACY: &CStr = c"used_dltensor";
 
 /// The owner of an imported DLPack tensor: the `base` of every view of it.
 /// Dropping it calls the producer's deleter, once.
@@ -127,20 +146,63 @@ fn refuse_device(domain: Domain, name: &str, device: (i32, i32)) -> PyErr {
     refuse(domain, name, msg)
 }
 
-/// A producer's exception, re-raised naming the argument, with the
-/// original as its cause.
-fn producer_failed(py: Python<'_>, domain: Domain, name: &str, err: PyErr) -> PyErr {
+/// A producer's exception from `name.{method}()`, re-raised naming the
+/// argument, with the original as its cause.
+fn producer_failed(py: Python<'_>, domain: Domain, name: &str, method: &str, err: PyErr) -> PyErr {
     let msg = format!(
-        "{name}.__dlpack__() raised {}: {}",
+        "{name}.{method}() raised {}: {}",
         err.get_type(py)
             .name()
             .map(|n| n.to_string())
             .unwrap_or_default(),
         err.value(py)
     );
-    let new = refuse(domain, name, msg);
-    new.set_cause(py, Some(err));
+    caused(py, refuse(domain, name, msg), err)
+}
+
+/// `new`, with `cause` as its `__cause__`.
+fn caused(py: Python<'_>, new: PyErr, cause: PyErr) -> PyErr {
+    new.set_cause(py, Some(cause));
     new
+}
+
+/// The version a `dltensor_versioned` capsule claims, read before it is
+/// consumed (for the message when dlpark refuses it), or `None` for a
+/// legacy capsule.
+fn claimed_version(cap: &Bound<'_, PyCapsule>) -> Option<(u32, u32)> {
+    let ptr = cap.pointer_checked(Some(VERSIONED)).ok()?;
+    let managed = ptr.cast::<DLManagedTensorVersioned>().as_ptr();
+    // SAFETY: a capsule named `dltensor_versioned` holds a non-null
+    // `DLManagedTensorVersioned` (the DLPack ABI), whose first field, its
+    // version, has the same layout in every major version (the spec: "it is
+    // safe to" read it and call the deleter, and nothing else, when the major
+    // differs). It is read before anything else runs, and not kept.
+    let v = unsafe { std::ptr::addr_of!((*managed).version).read() };
+    Some((v.major, v.minor))
+}
+
+/// A DLPack capsule dlpark refused to import (another major version, a null
+/// tensor), naming the argument, with dlpark's error as its cause.
+fn unreadable(
+    py: Python<'_>,
+    domain: Domain,
+    name: &str,
+    version: Option<(u32, u32)>,
+    err: PyErr,
+) -> PyErr {
+    let msg = match version {
+        Some((major, minor)) if major != MAX_VERSION.0 => format!(
+            "{name}.__dlpack__() returned a DLPack {major}.{minor} capsule: kvselect reads \
+             DLPack {}.x (it asks for max_version=({}, {})) and legacy capsules; the \
+             capsule was deleted unread",
+            MAX_VERSION.0, MAX_VERSION.0, MAX_VERSION.1
+        ),
+        _ => format!(
+            "{name}.__dlpack__() returned a capsule kvselect cannot read: {}",
+            err.value(py)
+        ),
+    };
+    caused(py, refuse(domain, name, msg), err)
 }
 
 /// The capsule of `obj`: versioned when the producer takes `max_version`,
@@ -158,16 +220,42 @@ fn capsule<'py>(
         Ok(c) => c,
         Err(e) if e.is_instance_of::<PyTypeError>(py) => obj
             .call_method0(method)
-            .map_err(|e| producer_failed(py, domain, name, e))?,
-        Err(e) => return Err(producer_failed(py, domain, name, e)),
+            .map_err(|e| producer_failed(py, domain, name, "__dlpack__", e))?,
+        Err(e) => return Err(producer_failed(py, domain, name, "__dlpack__", e)),
     };
-    if cap.cast::<PyCapsule>().is_err() {
-        return Err(PyTypeError::new_err(format!(
-            "{name}.__dlpack__() returned {}, not a DLPack capsule",
-            type_name(&cap)
-        )));
+    let Ok(capsule) = cap.cast::<PyCapsule>() else {
+        return Err(refuse(
+            domain,
+            name,
+            format!(
+                "{name}.__dlpack__() returned {}, not a DLPack capsule",
+                type_name(&cap)
+            ),
+        ));
+    };
+    if capsule.is_valid_checked(Some(VERSIONED)) || capsule.is_valid_checked(Some(LEGACY)) {
+        return Ok(cap);
     }
-    Ok(cap)
+    let used = capsule.is_valid_checked(Some(USED_VERSIONED))
+        || capsule.is_valid_checked(Some(USED_LEGACY));
+    let named = match capsule.name()? {
+        // SAFETY: the name is a valid C string, copied out at once, before
+        // any Python code could rename the capsule.
+        Some(n) => format!("named '{}'", unsafe { n.as_cstr() }.to_string_lossy()),
+        None => "with no name".to_string(),
+    };
+    let msg = if used {
+        format!(
+            "{name}.__dlpack__() returned a capsule that was already consumed ({named}): \
+             a DLPack capsule is read once, so a producer exports a new one on every call"
+        )
+    } else {
+        format!(
+            "{name}.__dlpack__() returned a PyCapsule {named}, not a DLPack capsule \
+             ('dltensor_versioned' or 'dltensor')"
+        )
+    };
+    Err(refuse(domain, name, msg))
 }
 
 /// What an imported tensor is, copied out of its descriptor.
@@ -237,11 +325,17 @@ pub(super) fn view<'py>(
     // 1. The device, before anything is exported.
     let dev = pyo3::intern!(py, "__dlpack_device__");
     if obj.hasattr(dev)? {
-        let device: (i32, i32) = obj.call_method0(dev)?.extract().map_err(|_| {
-            PyTypeError::new_err(format!(
-                "{name}.__dlpack_device__() must return (device_type, device_id)"
-            ))
-        })?;
+        let device: (i32, i32) = obj
+            .call_method0(dev)
+            .map_err(|e| producer_failed(py, domain, name, "__dlpack_device__", e))?
+            .extract()
+            .map_err(|e| {
+                let msg = format!(
+                    "{name}.__dlpack_device__() must return (device_type, device_id), two \
+                     integers"
+                );
+                caused(py, refuse(domain, name, msg), e)
+            })?;
         if !host_readable(device.0) {
             return Err(refuse_device(domain, name, device));
         }
@@ -249,11 +343,18 @@ pub(super) fn view<'py>(
     // 2–3. The capsule, consumed by dlpark; from here on `imported` owns the
     // tensor and calls its deleter when dropped, on every path.
     let cap = capsule(obj, name, domain)?;
-    let imported = ImportRequest::new(cap.as_borrowed())?.import(None, None)?;
+    let version = cap.cast::<PyCapsule>().ok().and_then(claimed_version);
+    let imported = ImportRequest::new(cap.as_borrowed())
+        .and_then(|r| r.import(None, None))
+        .map_err(|e| unreadable(py, domain, name, version, e))?;
     let meta = {
-        let t = imported
-            .validate()
-            .map_err(|e| PyValueError::new_err(format!("{name}: invalid DLPack tensor: {e}")))?;
+        let t = imported.validate().map_err(|e| {
+            refuse(
+                domain,
+                name,
+                format!("{name}'s DLPack tensor is invalid: {e}"),
+            )
+        })?;
         let overflow = || refuse(domain, name, format!("{name}'s DLPack layout overflows"));
         let strides = t.strides_or_compact().map_err(|_| overflow())?.into_owned();
         let offset = isize::try_from(t.byte_offset()).map_err(|_| overflow())?;

@@ -4,8 +4,11 @@ NumPy exports float32 / float16 / integer capsules itself, but not bfloat16
 or float8_e4m3fn, and no test may need torch. `Producer` claims any dtype
 code over the bytes of a NumPy array, on any device type, with any strides
 and byte offset, read-only or not, as a versioned (DLPack >= 1.0) or a
-legacy capsule, and counts its exports and the deleter's calls. The
-structs are the ABI of dlpack.h (DLPack 1.3, as dlpark 0.10's `ffi`).
+legacy capsule, and counts its exports and the deleter's calls. It can
+also be hostile: claim another DLPack major version, or hand out a capsule
+under another name (one already consumed, ``used_dltensor[_versioned]``, or
+one that is no DLPack capsule at all). The structs are the ABI of dlpack.h
+(DLPack 1.3, as dlpark 0.10's `ffi`).
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 _LIVE: dict[int, Any] = {}
 _DONE: list[Any] = []
 
+_CAPSULE = object()  # `Producer(returns=...)`'s default: a capsule
+
 
 class Producer:
     """An object with `__dlpack__` / `__dlpack_device__` over `array`'s bytes.
@@ -102,6 +107,14 @@ class Producer:
     describe the tensor within the buffer; `legacy` makes a producer whose
     `__dlpack__` takes no `max_version` (it raises TypeError, as DLPack
     0.x producers do), `raises` one whose `__dlpack__` raises that.
+    Hostile ones: `version` is the (major, minor) a versioned capsule
+    claims (a consumer must refuse a major other than 1, and call the
+    deleter); `capsule_name` names the capsule instead of ``dltensor`` /
+    ``dltensor_versioned`` — ``used_…`` for one already consumed (which the
+    consumer must neither read nor delete), anything else for a capsule
+    that is not DLPack's; `returns` is what `__dlpack__` returns instead of
+    a capsule, `device` any object `__dlpack_device__` returns (an exception:
+    raises it).
     """
 
     def __init__(
@@ -112,10 +125,13 @@ class Producer:
         shape: tuple[int, ...] | None = None,
         strides: tuple[int, ...] | None = None,
         byte_offset: int = 0,
-        device: tuple[int, int] = (K_DL_CPU, 0),
+        device: Any = (K_DL_CPU, 0),
         read_only: bool = False,
         legacy: bool = False,
         raises: BaseException | None = None,
+        version: tuple[int, int] = (1, 3),
+        capsule_name: bytes | None = None,
+        returns: Any = _CAPSULE,
     ) -> None:
         self.array = array
         self.code, self.bits = DTYPES[dtype or array.dtype.name]
@@ -126,11 +142,16 @@ class Producer:
         self.read_only = read_only
         self.legacy = legacy
         self.raises = raises
+        self.version = version
+        self.capsule_name = capsule_name
+        self.returns = returns
         self.exports = 0
         self.deletes = 0
         self.versions: list[Any] = []
 
-    def __dlpack_device__(self) -> tuple[int, int]:
+    def __dlpack_device__(self) -> Any:
+        if isinstance(self.device, BaseException):
+            raise self.device
         return self.device
 
     def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
@@ -140,6 +161,8 @@ class Producer:
             raise TypeError(f"__dlpack__() got an unexpected keyword argument {next(iter(kwargs))!r}")
         max_version = kwargs.get("max_version")
         self.versions.append(max_version)
+        if self.returns is not _CAPSULE:
+            return self.returns
         versioned = max_version is not None and max_version[0] >= 1
         return self._capsule(versioned)
 
@@ -171,14 +194,15 @@ class Producer:
         callback = DELETER(deleter)
         managed.deleter = callback
         if versioned:
-            managed.version = DLPackVersion(1, 3)
+            managed.version = DLPackVersion(*self.version)
             managed.flags = READ_ONLY if self.read_only else 0
         # The struct, its arrays, the callback and the buffer live until the
         # deleter runs — in the module, not on the producer: a consumer's view
         # may outlive the producer object (a temporary passed to a call).
-        _LIVE[key] = (managed, shape, strides, callback, self.array)
+        name = self.capsule_name or (b"dltensor_versioned" if versioned else b"dltensor")
+        # The name too: a capsule keeps a pointer to it, not a copy.
+        _LIVE[key] = (managed, shape, strides, callback, self.array, name)
         self.exports += 1
-        name = b"dltensor_versioned" if versioned else b"dltensor"
         return _capsule_new(key, name, None)
 
 

@@ -5,6 +5,7 @@ and NumPy's own ``__dlpack__``; no test needs torch.
 """
 
 import gc
+import re
 
 import numpy as np
 import pytest
@@ -128,8 +129,9 @@ def test_a_gpu_tensor_is_refused_naming_cpu_before_anything_is_exported_or_writt
 def test_a_read_only_tensor_is_refused_as_out_and_left_untouched():
     _, q, w, k, pos = _indexer(10)
     buf = np.full((3, 16), -7, dtype=np.int32)
-    with pytest.raises(kvselect.SelectionError, match="out is read-only"):
+    with pytest.raises(kvselect.SelectionError, match="out is read-only") as e:
         kvselect.indexer_topk(q, w, k, pos, 16, out=Producer(buf, read_only=True))
+    assert e.value.argument == "out"
     assert (buf == -7).all()
 
 
@@ -144,6 +146,7 @@ def test_a_raising_dlpack_surfaces_naming_the_argument_with_the_cause():
     with pytest.raises(kvselect.SelectionError, match=r"weights\.__dlpack__\(\) raised RuntimeError: boom") as e:
         kvselect.indexer_topk(q, Producer(w, raises=RuntimeError("boom")), k, pos, 16)
     assert isinstance(e.value.__cause__, RuntimeError)
+    assert e.value.argument == "weights"
 
 
 def test_a_legacy_producer_without_max_version_gets_a_legacy_capsule():
@@ -163,14 +166,14 @@ def test_a_versioned_producer_is_asked_for_dlpack_1_3():
 
 def test_a_bare_capsule_is_refused():
     _, q, w, k, pos = _indexer(15)
-    with pytest.raises(TypeError, match="bare PyCapsule"):
+    with pytest.raises(TypeError, match="^index_k is a bare PyCapsule"):
         kvselect.indexer_topk(q, w, k.__dlpack__(), pos, 16)
 
 
 def test_an_unsupported_dtype_is_a_type_error_and_its_capsule_is_deleted():
     _, q, w, k, pos = _indexer(16)
     p = Producer(k.view(np.complex64), dtype="complex64")
-    with pytest.raises(TypeError, match="unsupported DLPack dtype"):
+    with pytest.raises(TypeError, match="^index_k has an unsupported DLPack dtype"):
         kvselect.indexer_topk(q, w, p, pos, 16)
     gc.collect()
     assert p.deletes == p.exports == 1
@@ -199,8 +202,9 @@ def test_a_strided_out_is_refused_and_left_untouched(strides):
     _, q, w, k, pos = _indexer(18)
     buf = np.full((3, 16), -7, dtype=np.int32)
     off = 2 * 16 * 4 if strides[0] < 0 else 0
-    with pytest.raises(kvselect.SelectionError, match="out is not C-contiguous"):
+    with pytest.raises(kvselect.SelectionError, match="out is not C-contiguous") as e:
         kvselect.indexer_topk(q, w, k, pos, 16, out=Producer(buf, shape=(3, 16), strides=strides, byte_offset=off))
+    assert e.value.argument == "out"
     assert (buf == -7).all()
 
 
@@ -238,3 +242,144 @@ def test_assert_topk_reads_a_bfloat16_dlpack_producer():
     bad[:, 0] = bad[:, 1]
     with pytest.raises(AssertionError, match="assert_topk"):
         kt.assert_topk(bad, q, w, Producer(bits, dtype="bfloat16"), pos, precision="bfloat16")
+
+
+# -- Hostile producers: every refusal is the entry point's domain error, naming the argument --
+
+# name: (the producer's hostility, what the message says after "<argument>.")
+HOSTILE = {
+    "major-99": ({"version": (99, 0)}, r"__dlpack__\(\) returned a DLPack 99\.0 capsule: kvselect reads DLPack 1\.x"),
+    "major-0-versioned": ({"version": (0, 8)}, r"__dlpack__\(\) returned a DLPack 0\.8 capsule"),
+    "consumed-versioned": (
+        {"capsule_name": b"used_dltensor_versioned"},
+        r"__dlpack__\(\) returned a capsule that was already consumed \(named 'used_dltensor_versioned'\)",
+    ),
+    "consumed-legacy": (
+        {"legacy": True, "capsule_name": b"used_dltensor"},
+        r"__dlpack__\(\) returned a capsule that was already consumed \(named 'used_dltensor'\)",
+    ),
+    "wrong-name": (
+        {"capsule_name": b"not_a_dltensor"},
+        r"__dlpack__\(\) returned a PyCapsule named 'not_a_dltensor', not a DLPack capsule",
+    ),
+    "not-a-capsule": ({"returns": 3}, r"__dlpack__\(\) returned int, not a DLPack capsule"),
+    "device-not-a-pair": ({"device": "cpu"}, r"__dlpack_device__\(\) must return \(device_type, device_id\)"),
+    "device-raises": ({"device": RuntimeError("no device")}, r"__dlpack_device__\(\) raised RuntimeError: no device"),
+}
+
+
+def _entry_points():
+    """(name, domain error, argument, build) with build(make) -> (call, watched buffers):
+    selection and witness entry points, inputs and an in-place buffer, and kvselect.testing."""
+    _, q, w, k, pos = _indexer(30)
+    learned = np.array([[0, 5, -1, -1], [3, -1, -1, -1]], dtype=np.int32)
+    lens = np.array([8, 6], dtype=np.int32)
+    cfg = kvselect.BlockSparseConfig(block_size=16, top_blocks=2, init_blocks=1, local_blocks=1)
+
+    def indexer(make):
+        out = np.full((3, 16), -7, dtype=np.int32)
+        return (lambda: kvselect.indexer_topk(q, w, make(k), pos, 16, out=out)), [out]
+
+    def blocks(make):
+        want = kvselect.block_sparse_select(q[:, :1], k, pos, cfg)
+        out = np.full_like(want, -7)
+        return (lambda: kvselect.block_sparse_select(make(q[:, :1]), k, pos, cfg, out=out)), [out]
+
+    def witness_indices(make):
+        out = np.full((2, 4), -7, dtype=np.int32)
+        return (lambda: kvselect.topology_witness_indices(make(learned), lens, 4, out=out)), [out]
+
+    def scatter(make):
+        rows = np.random.default_rng(31).integers(0, 4096, size=(8, 64), dtype=np.int32)
+        n = np.full(8, 4096, dtype=np.int64)
+        return (lambda: kvselect.scatter_topology_witnesses(make(rows), n, 16)), [rows]
+
+    def assert_topk(make):
+        rows = kvselect.indexer_topk(q, w, k, pos, 16)
+        return (lambda: kt.assert_topk(rows, q, w, make(k), pos)), [rows]
+
+    return {
+        "indexer_topk": (kvselect.SelectionError, "index_k", indexer),
+        "kvselect.testing.assert_topk": (kvselect.SelectionError, "index_k", assert_topk),
+        "block_sparse_select": (kvselect.SelectionError, "index_q", blocks),
+        "topology_witness_indices": (kvselect.WitnessError, "learned", witness_indices),
+        "scatter_topology_witnesses": (kvselect.WitnessError, "topk_indices", scatter),
+    }
+
+
+# kvselect.testing asks a producer's device itself (to copy a GPU tensor to the
+# host), with its own TypeError: only the capsule's refusals are the core's there.
+_HOSTILE_CALLS = [
+    (how, entry)
+    for how in HOSTILE
+    for entry in _entry_points()
+    if not (entry.startswith("kvselect.testing") and how.startswith("device"))
+]
+
+
+@pytest.mark.parametrize(("how", "entry"), _HOSTILE_CALLS)
+def test_a_hostile_producer_is_refused_naming_the_argument_and_nothing_is_written(how, entry):
+    error, argument, build = _entry_points()[entry]
+    made = []
+
+    def make(a):
+        made.append(Producer(a, **HOSTILE[how][0]))
+        return made[-1]
+
+    call, watched = build(make)
+    before = [b.tobytes() for b in watched]
+    with pytest.raises(error, match="^" + re.escape(argument) + r"\." + HOSTILE[how][1]) as e:
+        call()
+    assert e.value.argument == argument and e.value.variant is None
+    assert [b.tobytes() for b in watched] == before
+    gc.collect()
+    (p,) = made
+    if how.startswith("major"):
+        # Another major version: deleted unread, as the spec asks, once.
+        assert (p.exports, p.deletes) == (1, 1)
+        assert isinstance(e.value.__cause__, RuntimeError)
+    elif how.startswith(("consumed", "wrong")):
+        # Not kvselect's to delete: a consumed capsule's tensor is its consumer's.
+        assert (p.exports, p.deletes) == (1, 0)
+    elif how.startswith("device"):
+        assert p.exports == 0 and isinstance(e.value.__cause__, Exception)
+
+
+def test_a_producer_that_hands_out_one_capsule_twice_is_refused_the_second_time():
+    # The realistic consumed capsule: a cached export, read once already.
+    _, q, w, k, pos = _indexer(32)
+    cap = w.__dlpack__()
+
+    class Cached:
+        def __dlpack__(self, **kwargs):
+            return cap
+
+        def __dlpack_device__(self):
+            return w.__dlpack_device__()
+
+    want = kvselect.indexer_topk(q, w, k, pos, 16)
+    assert np.array_equal(kvselect.indexer_topk(q, Cached(), k, pos, 16), want)
+    gc.collect()
+    with pytest.raises(
+        kvselect.SelectionError, match=r"^weights\.__dlpack__\(\) returned a capsule that was already"
+    ) as e:
+        kvselect.indexer_topk(q, Cached(), k, pos, 16)
+    assert e.value.argument == "weights"
+
+
+@pytest.mark.parametrize(
+    ("shape", "strides", "says"),
+    [
+        ((100, 16), (2**62, 1), "index_k's DLPack layout overflows"),
+        ((2**40, 2**40), (1, 1), "index_k's DLPack tensor is invalid: number of elements overflows"),
+    ],
+    ids=["byte-extent", "element-count"],
+)
+def test_a_descriptor_that_overflows_is_refused_naming_the_argument_and_deleted(shape, strides, says):
+    _, q, w, k, pos = _indexer(33)
+    p = Producer(k, shape=shape, strides=strides)
+    with pytest.raises(kvselect.SelectionError, match="^" + re.escape(says)) as e:
+        kvselect.indexer_topk(q, w, p, pos, 16)
+    assert e.value.argument == "index_k"
+    gc.collect()
+    assert p.deletes == p.exports == 1
