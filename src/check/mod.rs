@@ -8,7 +8,10 @@
 //! - its valid (non-negative) entries come first, then only padding (`-1`,
 //!   or any negative value): no hole;
 //! - they are distinct and causal, `0 <= x < L`;
-//! - there are exactly `min(topk, L)` of them;
+//! - there are exactly `min(topk, L)` of them (so rows may be narrower
+//!   than `topk`, as transformers' indexers return `min(index_topk,
+//!   n_entries)` columns, when every row's `min(topk, L)` fits the width:
+//!   [`check_rows`] refuses only a row that could select more);
 //!
 //! (the first three as the default [`Filler::MinusOne`] states them: an
 //! engine that fills a short row another way says so with its [`Filler`]);
@@ -699,6 +702,14 @@ pub(crate) trait RowRule {
     /// The parameter that sets a row's width, and the slots a row needs to
     /// hold the rule's selection; a refusal when the parameter is unusable.
     fn needs(&self) -> Result<(&'static str, usize), crate::error::ArgumentError>;
+    /// The slots a row with `len` candidates needs, when that is less than
+    /// [`RowRule::needs`]' count for a row that sees fewer candidates (the
+    /// token top-k's `min(topk, L)`): rows narrower than the rule's count
+    /// are then accepted when every row's own count fits. `None`: every row
+    /// needs the rule's count (the default).
+    fn visible(&self, _len: usize) -> Option<usize> {
+        None
+    }
     /// Whether rows may be a DCP layout's ranks side by side.
     fn dcp(&self) -> bool;
     /// One row: `raw` as the engine wrote it, `row` the same read back
@@ -737,6 +748,10 @@ impl RowRule for TopkRule {
 
     fn needs(&self) -> Result<(&'static str, usize), crate::error::ArgumentError> {
         Ok(("topk", self.0))
+    }
+
+    fn visible(&self, len: usize) -> Option<usize> {
+        Some(self.0.min(len))
     }
 
     fn dcp(&self) -> bool {
@@ -804,6 +819,10 @@ impl Rule {
         self.with(|r| r.needs())
     }
 
+    fn visible(&self, len: usize) -> Option<usize> {
+        self.with(|r| r.visible(len))
+    }
+
     fn dcp(&self) -> bool {
         self.with(|r| r.dcp())
     }
@@ -843,8 +862,10 @@ pub struct Batch<'a> {
 }
 
 /// Every row of `batch` checked by `rule` (in parallel), after refusing
-/// shapes that do not match, rows too narrow for the rule's selection (no
-/// row could hold it), a row with more candidates than `n_positions`, a
+/// shapes that do not match, rows too narrow for the rule's selection (for
+/// the token top-k: a row whose `min(topk, L)` exceeds the width, so a
+/// width below `topk` is accepted when every row's visible count fits it;
+/// for blocks: a width below the config's), a row with more candidates than `n_positions`, a
 /// negative or non-finite tolerance, a non-zero `rtol` without magnitudes,
 /// a NaN magnitude, and a global map that does not describe the rows.
 pub fn check_rows(
@@ -882,13 +903,24 @@ pub fn check_rows_with(
     })?;
     let (name, need) = rule.needs()?;
     if need > b.width {
-        return invalid(
-            name,
-            format!(
-                "the rule selects up to {need} but rows hold {} slots",
-                b.width
-            ),
+        let message = format!(
+            "the rule selects up to {need} but rows hold {} slots",
+            b.width
         );
+        // Rows narrower than the rule's count (transformers' indexers return
+        // `min(index_topk, n_entries)` columns) are right when no row
+        // selects more than they hold: refused at the first row that does.
+        if rule.visible(0).is_none() {
+            return invalid(name, message);
+        }
+        let fits = |l: usize| rule.visible(l).is_some_and(|v| v <= b.width);
+        if let Some((i, &l)) = b.lens.iter().enumerate().find(|&(_, &l)| !fits(l)) {
+            let v = rule.visible(l).unwrap_or(need);
+            return invalid(
+                name,
+                format!("{message}: row {i} selects min({name}, {lens_name}[{i}] = {l}) = {v}"),
+            );
+        }
     }
     if let Some((i, &l)) = b.lens.iter().enumerate().find(|&(_, &l)| l > b.n_positions) {
         return Err(ArgumentError::OutOfRange {

@@ -324,3 +324,104 @@ fn float64_scores_keep_the_order_nan_lowest_and_negative_zero_equal_to_zero() {
         assert_eq!(format!("{a:?}"), format!("{b:?}"), "{row:?}");
     }
 }
+
+/// transformers' indexers return `min(index_topk, n_entries)` columns: a
+/// width below `topk` is accepted when every row's `min(topk, L)` fits it,
+/// and refused, naming the first row that could hold more, when one does.
+#[test]
+fn rows_narrower_than_topk_are_accepted_when_every_rows_visible_count_fits() {
+    let scores: Vec<f32> = (0..3 * 8).map(|i| ((i * 7) % 11) as f32).collect();
+    let batch = |rows: &'static [i64], lens: &'static [usize]| Batch {
+        scores: Values::F32(Box::leak(scores.clone().into_boxed_slice())),
+        magnitudes: None,
+        n_positions: 8,
+        rows,
+        width: 4,
+        lens,
+        global: None,
+    };
+    // Row 0 sees 2 positions, row 1 four, row 2 three: topk = 16 fits width 4.
+    let best = |i: usize, l: usize, k: usize| {
+        let mut t: Vec<usize> = (0..l).collect();
+        t.sort_by(|&a, &b| scores[i * 8 + b].total_cmp(&scores[i * 8 + a]));
+        t.truncate(k);
+        t
+    };
+    let mut rows = vec![-1i64; 12];
+    for (i, l) in [2, 4, 3].into_iter().enumerate() {
+        for (j, t) in best(i, l, 16).into_iter().enumerate() {
+            rows[i * 4 + j] = t as i64;
+        }
+    }
+    let rows: &'static [i64] = Box::leak(rows.into_boxed_slice());
+    let out = check_rows(
+        &batch(rows, &[2, 4, 3]),
+        Rule::Topk(16),
+        Tolerance::default(),
+    )
+    .unwrap();
+    assert!(out.iter().all(RowCheck::is_correct), "{out:?}");
+    // A short row is still judged: row 1 sees 4 positions and holds 3.
+    let mut short = rows.to_vec();
+    short[4 + 3] = -1;
+    let short: &'static [i64] = Box::leak(short.into_boxed_slice());
+    let out = check_rows(
+        &batch(short, &[2, 4, 3]),
+        Rule::Topk(16),
+        Tolerance::default(),
+    )
+    .unwrap();
+    assert!(out[0].is_correct() && out[2].is_correct(), "{out:?}");
+    assert_eq!(
+        out[1].problems,
+        [Problem::WrongCount {
+            valid: 3,
+            expected: 4
+        }]
+    );
+    // Row 1 sees 5 positions: it could hold 5, the rows hold 4.
+    let err = check_rows(
+        &batch(rows, &[2, 5, 3]),
+        Rule::Topk(16),
+        Tolerance::default(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        crate::error::ArgumentError::Invalid {
+            argument: "topk",
+            message: "the rule selects up to 16 but rows hold 4 slots: row 1 selects \
+                      min(topk, context_lens[1] = 5) = 5"
+                .into(),
+        }
+    );
+    // A topk of 5 with rows that see 8: refused at row 0.
+    let err = check_rows(
+        &batch(rows, &[8, 8, 8]),
+        Rule::Topk(5),
+        Tolerance::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("row 0 selects min(topk, context_lens[0] = 8) = 5"),
+        "{err}"
+    );
+    // Blocks still need the config's width, whatever a row sees.
+    let cfg = BlockSparseConfig {
+        top_blocks: 16,
+        ..BlockSparseConfig::default()
+    };
+    let err = check_rows(
+        &batch(rows, &[2, 4, 3]),
+        Rule::Blocks(cfg),
+        Tolerance::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the rule selects up to 16 but rows hold 4 slots"),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("selects min"), "{err}");
+}

@@ -259,3 +259,83 @@ def test_indexer_scores_of_no_queries_is_empty_whatever_the_head_shape():
     w = np.zeros((0, 2**40), np.float32)
     out = ks.indexer_scores(q, w, np.zeros((7, 1), np.float32), np.zeros(0, np.int64))
     assert out.shape == (0, 7) and out.dtype == np.float32
+
+
+def _transformers_rows(scores, lens, topk):
+    """Rows as transformers' indexers return them: ``min(topk, n_entries)``
+    columns (here the widest row's visible count), each row its best
+    ``min(topk, L)`` positions, then ``-1``."""
+    width = max(min(topk, L) for L in lens)
+    rows = np.full((len(lens), width), -1, np.int64)
+    for i, L in enumerate(lens):
+        best = _order(scores[i, :L])[: min(topk, L)]
+        rows[i, : len(best)] = best[::-1]  # any order
+    return rows
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rows_narrower_than_topk_are_judged_when_every_rows_visible_count_fits(impl):
+    m = _mod(impl)
+    rng = np.random.default_rng(SEED + 61)
+    s = rng.standard_normal((4, 40)).astype(np.float32)
+    lens = np.array([3, 9, 1, 9])
+    rows = _transformers_rows(s, lens, 16)
+    assert rows.shape == (4, 9)
+    r = m.check_topk(s, rows, lens, topk=16)
+    assert (r["rows"], r["correct"], r["wrong"]) == (4, 4, 0), r
+    # a wrong narrow row is still found: row 1 leaves out one of its 9 positions
+    bad = rows.copy()
+    bad[1, 8] = -1
+    r = m.check_topk(s, bad, lens, topk=16)
+    assert r["wrong"] == 1 and r["details"][0]["row"] == 1, r
+    assert r["details"][0]["problems"] == [{"reason": "wrong_count", "valid": 8, "expected": 9}]
+    # topk below the visible count: the selection itself is judged
+    rows4 = _transformers_rows(s, lens, 4)
+    assert m.check_topk(s, rows4, lens, topk=4)["correct"] == 4
+    swapped = rows4.copy()
+    swapped[3, 0] = _order(s[3, :9])[4]
+    r = m.check_topk(s, swapped, lens, topk=4)
+    assert r["by_reason"]["wrong_selection"] == 1 and r["details"][0]["row"] == 3, r
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rows_narrower_than_a_rows_visible_count_are_refused_naming_the_row(impl):
+    m = _mod(impl)
+    s = np.zeros((3, 20), np.float32)
+    rows = np.full((3, 4), -1)
+    with pytest.raises(_error(impl)) as e:
+        m.check_topk(s, rows, np.array([2, 4, 5]), topk=16)
+    assert e.value.argument == "topk"
+    assert str(e.value) == (
+        "the rule selects up to 16 but rows hold 4 slots: row 2 selects min(topk, context_lens[2] = 5) = 5"
+    )
+    # without context_lens every row sees all 20 positions
+    with pytest.raises(_error(impl), match=r"row 0 selects min\(topk, context_lens\[0\] = 20\) = 16"):
+        m.check_topk(s, rows, topk=16)
+    # blocks still need the config's width, whatever a row sees
+    cfg = ks.BlockSparseConfig(block_size=4, top_blocks=8, init_blocks=1, local_blocks=1)
+    with pytest.raises(_error(impl)) as e:
+        m.check_blocks(np.zeros((3, 5), np.float32), rows, np.array([2, 2, 2]), cfg)
+    assert e.value.argument == "config" and str(e.value) == "the rule selects up to 8 but rows hold 4 slots"
+
+
+def test_narrow_rows_agree_native_and_reference_on_random_batches():
+    rng = np.random.default_rng(SEED + 62)
+    for trial in range(200):
+        n, t = int(rng.integers(1, 6)), int(rng.integers(1, 24))
+        topk = int(rng.integers(1, 32))
+        lens = rng.integers(0, t + 1, n)
+        s = rng.standard_normal((n, t)).astype(np.float32)
+        rows = _transformers_rows(s, lens, topk) if lens.max() > 0 else np.full((n, 1), -1)
+        if rng.random() < 0.3 and rows.shape[1] > 1:
+            rows = rows[:, :-1]  # one slot too few for the widest row
+        if rng.random() < 0.3:
+            i, j = int(rng.integers(n)), int(rng.integers(rows.shape[1]))
+            rows[i, j] = rng.integers(-1, t)
+        got = []
+        for impl in IMPLS:
+            try:
+                got.append(_mod(impl).check_topk(s, rows, lens, topk=topk))
+            except (ks.SelectionError, ref.ReferenceSelectionError) as e:
+                got.append((e.argument, str(e)))
+        assert got[0] == got[1], (trial, got)

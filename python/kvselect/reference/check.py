@@ -34,7 +34,8 @@ from .witness import MAX_TOPOLOGY_SEGMENTS, merge_witnesses, witness_table
 # Token top-k (``check_topk``). A row for context L and budget topk is
 # correct iff its valid (non-negative) entries come first, then only
 # padding; they are distinct and causal (0 <= x < L); there are exactly
-# min(topk, L) of them; and every selected position scores at least every
+# min(topk, L) of them (so rows may be narrower than topk when every row's
+# min(topk, L) fits them: a row that could hold more is refused); and every selected position scores at least every
 # unselected one up to e_t = atol + rtol*|m_t| on each side: with
 # lo_t = s_t - e_t and hi_t = s_t + e_t, the row is right iff max over
 # unselected b of lo_b <= min over selected a of hi_a (NaN ranks below every
@@ -459,7 +460,8 @@ def _check_batch(
     """The shared body of the score checks: refusals, then each row judged
     by ``judge(s_i, m_i, raw_i, row_i, len_i, mapped)``. ``names`` maps ``scores``
     and ``lens`` to the caller's argument names; ``need`` is (argument, the
-    most ids a row must hold)."""
+    most ids a row must hold): rows narrower than that are refused, except
+    token rows (``"topk"``) where every row's ``min(topk, L)`` fits them."""
     n, t = s.shape
     counts = (n, r.shape[0], len(lens))
     if len(set(counts)) > 1:  # the one that disagrees with the other two is named
@@ -472,7 +474,14 @@ def _check_batch(
     if r.shape[0] != n:
         raise ReferenceSelectionError("rows", f"rows must have one row per {names['lens']} entry")
     if need[1] > r.shape[1]:
-        raise ReferenceSelectionError(need[0], f"the rule selects up to {need[1]} but rows hold {r.shape[1]} slots")
+        message = f"the rule selects up to {need[1]} but rows hold {r.shape[1]} slots"
+        if need[0] != "topk":  # a block row needs the config's width whatever it sees
+            raise ReferenceSelectionError(need[0], message)
+        for i, L in enumerate(lens):  # a token row selects min(topk, L): that must fit
+            if min(need[1], L) > r.shape[1]:
+                raise ReferenceSelectionError(
+                    need[0], f"{message}: row {i} selects min(topk, {names['lens']}[{i}] = {L}) = {min(need[1], L)}"
+                )
     for i, L in enumerate(lens):
         if L > t:
             raise ReferenceSelectionError(names["lens"], f"{names['lens']}[{i}] = {L} is past the scores")
