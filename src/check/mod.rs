@@ -8,10 +8,12 @@
 //! - its valid (non-negative) entries come first, then only padding (`-1`,
 //!   or any negative value): no hole;
 //! - they are distinct and causal, `0 <= x < L`;
-//! - there are exactly `min(topk, L)` of them (so rows may be narrower
-//!   than `topk`, as transformers' indexers return `min(index_topk,
-//!   n_entries)` columns, when every row's `min(topk, L)` fits the width:
-//!   [`check_rows`] refuses only a row that could select more);
+//! - there are exactly `min(topk, L')` of them, `L'` the positions whose
+//!   score is not `-inf` (**`-inf` is not selectable**, below) (so rows may
+//!   be narrower than `topk`, as transformers' indexers return
+//!   `min(index_topk, n_entries)` columns, when every row's `min(topk, L)`
+//!   fits the width: [`check_rows`] refuses only a row that could select
+//!   more);
 //!
 //! (the first three as the default [`Filler::MinusOne`] states them: an
 //! engine that fills a short row another way says so with its [`Filler`]);
@@ -41,6 +43,16 @@
 //! place either way; a float64 score (kvselect's float64-exact indexer
 //! scores, `kvselect.checking.check_indexer_topk`) is compared as it is, so
 //! the report's threshold and listed scores are the input's own values.
+//!
+//! **`-inf` is not selectable.** A candidate whose exact score is `-inf`
+//! (a block whose scores are all `-inf`, a masked position) does not count
+//! toward the selection's size: a row holds `min(topk, L')` entries, `L'`
+//! the candidates scored otherwise, as vLLM's and SGLang's DSA
+//! candidate-block selectors write `-1` for such a candidate ("only -inf
+//! denotes padding"). Which entries is decided by the order as for any
+//! score, so selecting a `-inf` candidate while a finite one is left out
+//! is a `wrong_selection`, and holding it besides the `L'` others a
+//! `wrong_count`. (NaN is selectable and ranks as below.)
 //!
 //! NaN scores rank below every number (the indexer's order), and no
 //! tolerance makes a NaN tie with a number: a selected NaN while a number
@@ -421,7 +433,13 @@ fn topk_row(
     // Read back through a layout iff `row` is not the engine's `raw` itself.
     let mapped = !std::ptr::eq(raw, row);
     let scan = scan_row(raw, row, len, holes, mapped, filler, &mut problems);
-    let expected = topk.min(len);
+    // A candidate scored exactly -inf is not selectable: it does not count
+    // toward the selection's size (vLLM's and SGLang's DSA candidate-block
+    // selectors write -1 for it).
+    let blocked = (0..len)
+        .filter(|&t| sc.scores.get(t) == f64::NEG_INFINITY)
+        .count();
+    let expected = topk.min(len - blocked);
     if scan.selected.len() != expected {
         problems.push(Problem::WrongCount {
             valid: scan.selected.len(),

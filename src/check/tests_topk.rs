@@ -425,3 +425,68 @@ fn rows_narrower_than_topk_are_accepted_when_every_rows_visible_count_fits() {
     );
     assert!(!err.to_string().contains("selects min"), "{err}");
 }
+
+/// vLLM's and SGLang's DSA candidate-block selectors write `-1` for a block
+/// whose scores are all `-inf`: such a candidate is not selectable, and does
+/// not count toward `min(topk, L)`.
+#[test]
+fn minus_inf_is_not_selectable_and_does_not_count_toward_the_row() {
+    let ninf = f32::NEG_INFINITY;
+    let s = [3.0, ninf, 1.0, ninf, 2.0];
+    // Three selectable candidates, topk 4: the row holds the three, then -1.
+    assert!(exact(&s, &[0, 4, 2, -1], 4).is_correct());
+    assert!(exact(&s, &[2, 0, 4, -1], 4).is_correct());
+    // Holding a -inf candidate besides them: one entry too many.
+    assert_eq!(
+        exact(&s, &[0, 4, 2, 1], 4).problems,
+        [Problem::WrongCount {
+            valid: 4,
+            expected: 3
+        }]
+    );
+    // A -inf candidate instead of a finite one: a wrong selection.
+    let c = exact(&s, &[0, 4, 1, -1], 4);
+    let [Problem::WrongSelection {
+        dropped, intruders, ..
+    }] = &c.problems[..]
+    else {
+        panic!("{c:?}");
+    };
+    assert_eq!(dropped.as_slice(), &[(2, 1.0)]);
+    assert_eq!(intruders.as_slice(), &[(1, f64::NEG_INFINITY)]);
+    // Omitting a finite candidate: too few entries.
+    assert_eq!(
+        exact(&s, &[0, 4, -1, -1], 4).problems,
+        [Problem::WrongCount {
+            valid: 2,
+            expected: 3
+        }]
+    );
+    // A row whose candidates are all -inf selects nothing.
+    assert!(exact(&[ninf; 3], &[-1, -1], 2).is_correct());
+    assert_eq!(
+        exact(&[ninf; 3], &[0, -1], 2).problems,
+        [Problem::WrongCount {
+            valid: 1,
+            expected: 0
+        }]
+    );
+    // With more selectable candidates than topk, -inf changes nothing.
+    assert!(exact(&s, &[0, 4], 2).is_correct());
+    // float64 scores alike, and through the batch entry point.
+    let s64 = [3.0, f64::NEG_INFINITY, 1.0, f64::NEG_INFINITY, 2.0];
+    let row = [0, 4, 2, -1];
+    let c = check_topk_row_values(Values::F64(&s64), None, Tolerance::default(), &row, 5, 4);
+    assert!(c.is_correct(), "{c:?}");
+    let b = Batch {
+        scores: Values::F32(&s),
+        magnitudes: None,
+        n_positions: 5,
+        rows: &row,
+        width: 4,
+        lens: &[5],
+        global: None,
+    };
+    let out = check_rows(&b, Rule::Topk(4), Tolerance::default()).unwrap();
+    assert!(out[0].is_correct(), "{out:?}");
+}

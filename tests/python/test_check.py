@@ -339,3 +339,54 @@ def test_narrow_rows_agree_native_and_reference_on_random_batches():
             except (ks.SelectionError, ref.ReferenceSelectionError) as e:
                 got.append((e.argument, str(e)))
         assert got[0] == got[1], (trial, got)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_minus_inf_is_not_selectable_and_rows_that_write_minus_one_for_it_pass(impl):
+    # vLLM's and SGLang's DSA candidate-block selectors: -1 for an all--inf block
+    m = _mod(impl)
+    ninf = -np.inf
+    s = np.array([[3.0, ninf, 1.0, ninf, 2.0], [ninf] * 5], np.float32)
+    lens = np.array([5, 5])
+    r = m.check_topk(s, np.array([[0, 4, 2, -1], [-1, -1, -1, -1]]), lens, topk=4)
+    assert (r["correct"], r["wrong"]) == (2, 0), r
+    r = m.check_topk(s, np.array([[0, 4, 1, -1], [0, -1, -1, -1]]), lens, topk=4)
+    (first, second) = r["details"]
+    assert [p["reason"] for p in first["problems"]] == ["wrong_selection"]
+    assert first["problems"][0]["dropped"] == [(2, 1.0)] and first["problems"][0]["intruders"] == [(1, -math.inf)]
+    assert second["problems"] == [{"reason": "wrong_count", "valid": 1, "expected": 0}]
+    # a row that omits a finite candidate fails
+    r = m.check_topk(s[:1], np.array([[0, 4, -1, -1]]), lens[:1], topk=4)
+    assert r["details"][0]["problems"] == [{"reason": "wrong_count", "valid": 2, "expected": 3}]
+    # float64 scores alike
+    assert m.check_topk(s.astype(np.float64), np.array([[2, 0, 4, -1], [-1] * 4]), lens, topk=4)["correct"] == 2
+
+
+def test_minus_inf_candidates_agree_native_and_reference_on_random_rows():
+    rng = np.random.default_rng(SEED + 63)
+    wrong = 0
+    for trial in range(300):
+        n, t = int(rng.integers(1, 5)), int(rng.integers(1, 20))
+        topk = int(rng.integers(1, 12))
+        s = rng.standard_normal((n, t)).astype(np.float32 if trial % 2 else np.float64)
+        s[rng.random(s.shape) < 0.4] = -np.inf
+        lens = rng.integers(0, t + 1, n)
+        rows = np.full((n, topk), -1, np.int64)
+        for i, L in enumerate(lens):
+            finite = [int(x) for x in _order(s[i, :L]) if s[i, x] != -np.inf][:topk]
+            rng.shuffle(finite)
+            rows[i, : len(finite)] = finite
+        if trial % 3 == 0:  # one row omits a finite candidate, or takes a -inf one instead
+            i = int(rng.integers(n))
+            held = int((rows[i] >= 0).sum())
+            blocked = [x for x in range(int(lens[i])) if s[i, x] == -np.inf]
+            if held:
+                j = int(rng.integers(held))
+                rows[i, j] = blocked[0] if blocked and rng.random() < 0.5 else -1
+                rows[i] = np.concatenate([rows[i][rows[i] >= 0], rows[i][rows[i] < 0]])
+        got = [_mod(impl).check_topk(s, rows, lens, topk=topk) for impl in IMPLS]
+        assert got[0] == got[1], (trial, got)
+        if trial % 3:
+            assert got[0]["wrong"] == 0, (trial, got[0])
+        wrong += got[0]["wrong"]
+    assert wrong > 50

@@ -34,8 +34,11 @@ from .witness import MAX_TOPOLOGY_SEGMENTS, merge_witnesses, witness_table
 # Token top-k (``check_topk``). A row for context L and budget topk is
 # correct iff its valid (non-negative) entries come first, then only
 # padding; they are distinct and causal (0 <= x < L); there are exactly
-# min(topk, L) of them (so rows may be narrower than topk when every row's
-# min(topk, L) fits them: a row that could hold more is refused); and every selected position scores at least every
+# min(topk, L') of them, L' the candidates whose score is not -inf (-inf is
+# not selectable: it does not count toward the size; which entries is
+# decided by the order below, NaN selectable) (so rows may be narrower than
+# topk when every row's min(topk, L) fits them: a row that could hold more
+# is refused); and every selected position scores at least every
 # unselected one up to e_t = atol + rtol*|m_t| on each side: with
 # lo_t = s_t - e_t and hi_t = s_t + e_t, the row is right iff max over
 # unselected b of lo_b <= min over selected a of hi_a (NaN ranks below every
@@ -241,7 +244,9 @@ def _check_row(
     """One token top-k row (``row`` read back from the engine's ``raw``)."""
     problems: list = []
     chosen = _scan(raw, row, L, problems, holes, mapped, filler)
-    expected = min(topk, L)
+    expected = min(
+        topk, L - int(np.count_nonzero(np.asarray(s[:L], dtype=np.float64) == -np.inf))
+    )  # -inf: not selectable
     if len(chosen) != expected:
         problems.append({"reason": "wrong_count", "valid": len(chosen), "expected": expected})
     if not problems:

@@ -23,7 +23,10 @@ use crate::python::errors::{refuse, Witness};
 /// ``min(topk, L)`` of them, and every selected position scoring at least every unselected
 /// one — up to ``e_t = atol + rtol * magnitudes[t]`` on each side, so a tie within the
 /// engine's rounding is never an error (rows may be in any order; ties at the threshold
-/// broken any way). With ``atol = rtol = 0`` the check is exact.
+/// broken any way). With ``atol = rtol = 0`` the check is exact. A position scored
+/// exactly ``-inf`` is not selectable: it does not count toward ``min(topk, L)`` (DSA
+/// candidate-block selectors write ``-1`` for it). Rows may be narrower than ``topk``
+/// when every row's ``min(topk, L)`` fits them.
 ///
 /// ``filler`` states how the engine fills a row that sees fewer than ``topk`` positions
 /// (and pads in general); the entries it names are ignored, and a correct row still holds
