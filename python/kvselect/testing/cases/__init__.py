@@ -69,19 +69,17 @@ from kvselect.testing.cases.blocks import (
     block_ties,
     witness_rows,
 )
+from kvselect.testing.cases.semantics import compressed_entry_boundary, fp8_per_key_scales, relu_negative_dots
 from kvselect.testing.cases.topk import (
     all_topk_cases,
     all_zero,
     bf16_rounded_ties,
-    compressed_entry_boundary,
     fp8_extremes,
-    fp8_per_key_scales,
     ik_absolute_early_out,
     ik_tail_truncation,
     low_contrast,
     non_finite,
     paged,
-    relu_negative_dots,
     short_contexts,
     signed_zeros,
     ties_at_threshold,
