@@ -156,7 +156,7 @@ RULE = Rule(
             check,
             row_keys=("rows", "index_q", "query_pos", "seq_ids"),
             rows=lambda d: int(d["rows"].shape[_rows_axis(d, "rows")]),
-            row_axis=lambda d, key: _rows_axis(d, key),
+            row_axis=_rows_axis,
             heads=lambda d: int(d["index_q"].shape[1]) if d["index_q"].ndim == 3 else 1,
         ),
     ),
