@@ -602,6 +602,8 @@ mod tests {
         ("block_sparse.segment", crate::block_sparse::dispatch_probe),
         ("indexer.transpose", crate::indexer::dispatch_probe),
         ("indexer.weighted_relu_sums", crate::indexer::dispatch_probe),
+        ("indexer.rescore", crate::indexer::dispatch_probe),
+        ("indexer.key_max", crate::indexer::dispatch_probe),
         ("attention.pack_keys", crate::attention::dispatch_probe),
         ("attention.scores", crate::attention::dispatch_probe),
         ("attention.softmax", crate::attention::dispatch_probe),

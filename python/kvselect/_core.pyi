@@ -1327,8 +1327,12 @@ def indexer_topk(
     """The lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5), single-sequence form.
 
     For each query, the ``topk`` positions of ``[0, L)``, ``L = min(query_pos + 1, T)``, with the
-    largest ``score(t) = key_scale[t] * sum_h weights[h] * max(index_q[h] . index_k[t], 0)``, in
-    rank order (score descending, ties to the lower position, -0.0 == +0.0, NaN last), then -1.
+    largest ``score(t) = key_scale[t] * sum_h weights[h] * max(index_q[h] . index_k[t], 0)`` in
+    real arithmetic (ties to the lower position; the set ``kvselect check`` accepts at ``rtol=0``),
+    listed in rank order of the float32 scores ``scores_out`` reports (score descending, ties to
+    the lower position, -0.0 == +0.0, NaN last), then -1. The float32 scores screen; the near
+    ties their rounding could misplace at the row's threshold are re-scored in float64 (every
+    product exact), so a row differs from the float32 scores' own top-k only there.
     With ``compress_ratio=m`` each key is a compressed entry of ``m`` tokens (DeepSeek-V4's CSA:
     4, HCA: 128; GLM-5-Next's pools: 16): ``query_pos`` stays the token position and the query
     sees ``L = min((query_pos + 1) // m, T)`` entries (none yet: a row of -1).

@@ -17,12 +17,18 @@
 //!   score(t) = c_t · Σ_h w_h · max(q_h · k_t, 0)
 //! ```
 //!
-//! The row is the `topk` positions of `[0, L)` with the largest scores, **in
-//! rank order**: the best first, then down one total order — descending
-//! score, ties to the lower position — then `-1`. Rows with `L ≤ topk` hold
-//! all of `0 .. L` (still in rank order). Entries are row-relative int32
-//! offsets, exactly what `scatter_topology_witnesses` and `sparse_attention`
-//! take.
+//! The row is the `topk` positions of `[0, L)` with the largest scores **in
+//! real arithmetic** (of the decoded operands; ties to the lower position),
+//! listed **in rank order** of the float32 scores the kernels compute (the
+//! ones `scores_out` reports): the best first, then down one total order —
+//! descending score, ties to the lower position — then `-1`. Rows with
+//! `L ≤ topk` hold all of `0 .. L` (still in that order). Entries are
+//! row-relative int32 offsets, exactly what `scatter_topology_witnesses`
+//! and `sparse_attention` take. The float32 scores screen; the positions
+//! their rounding can have misplaced at the row's threshold are re-scored
+//! in float64 (`exact.rs`), so a row is what `kvselect check` accepts at
+//! `rtol = 0`, and differs from the float32 scores' own top-k only where
+//! rounding decided a near tie.
 //!
 //! - **Ties are structural**: after the ReLU a plateau of exact zeros is
 //!   common, and it goes to the lowest positions.
@@ -45,10 +51,8 @@
 //! across vector lanes (a block of keys transposed, dimension-major), so each
 //! lane runs exactly that scalar chain for its key and nothing is ever summed
 //! across lanes; the portable kernel runs it with `f32::mul_add`. So every
-//! SIMD level and thread count gives the same bits, the selection equals
-//! exact-arithmetic selection whenever scores differ by more than rounding,
-//! and on integer-valued data (exact sums) it equals the float64 reference
-//! exactly.
+//! SIMD level and thread count gives the same bits, and the same float64
+//! re-scores of the same near ties: the same rows.
 //!
 //! # Batching
 //!
@@ -72,6 +76,7 @@
 //! block is transposed): scoring decoded values equals scoring the same
 //! values given as float32, bit for bit.
 
+mod exact;
 mod kernels;
 mod paged;
 mod run;
@@ -80,7 +85,8 @@ mod select;
 /// Runs the indexer's kernel families at `isa` (the reach test's probe).
 #[cfg(test)]
 pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
-    kernels::probe(isa)
+    kernels::probe(isa);
+    exact::probe(isa);
 }
 
 pub use crate::keys::{BlockTable, PageLayout, PagedCache};
@@ -93,7 +99,7 @@ use crate::error::{check_len, checked_size, ArgumentError};
 use crate::keys::Encoded;
 use crate::witness::MAX_TOPOLOGY_SEGMENTS;
 use crate::{packed, simd};
-use kernels::{Keys, Scratch};
+use kernels::{KeyTerms, Keys, Scratch, Want};
 use run::{Queries, Rows};
 
 /// Keys scored per parallel task: one chunk of them against a group of
@@ -217,9 +223,21 @@ pub fn indexer_scores_into(
         same_keys: |_, _| true,
         len: |i: usize| visible(inputs.query_pos[i], inputs.compress_ratio, t),
     };
-    run::score_rows(queries, t, out, KEY_CHUNK, |_, c, group, outs| {
+    run::score_rows(queries, t, out, KEY_CHUNK, |_, c, group, outs, _| {
         let scratch = &mut Scratch::new(d);
-        kernels::score_keys(level, group, keys, c * KEY_CHUNK, outs, magnitude, scratch);
+        kernels::score_keys(
+            level,
+            group,
+            keys,
+            c * KEY_CHUNK,
+            outs,
+            if magnitude {
+                Want::Magnitudes
+            } else {
+                Want::Scores
+            },
+            scratch,
+        );
     });
     Ok(())
 }
@@ -289,13 +307,29 @@ fn run_queries(
             visible(inputs.query_pos[i], inputs.compress_ratio, k1 - k0)
         },
     };
-    run::select_rows(queries, rows, KEY_CHUNK, |i0, c, group, outs| {
-        let (k0, k1) = keys_of(i0);
-        let enc = inputs.k.slice(k0 * d, k1 * d);
-        let keys = Keys::new(enc, inputs.key_scale.map(|s| &s[k0..k1]));
-        let scratch = &mut Scratch::new(d);
-        kernels::score_keys(level, group, keys, c * KEY_CHUNK, outs, false, scratch);
-    });
+    let score =
+        |i0: usize, c: usize, group: &[_], outs: &mut [&mut [f32]], terms: Option<KeyTerms<'_>>| {
+            let (k0, k1) = keys_of(i0);
+            let enc = inputs.k.slice(k0 * d, k1 * d);
+            let keys = Keys::new(enc, inputs.key_scale.map(|s| &s[k0..k1]));
+            let scratch = &mut Scratch::new(d);
+            kernels::score_keys(
+                level,
+                group,
+                keys,
+                c * KEY_CHUNK,
+                outs,
+                terms.map_or(Want::Scores, Want::Terms),
+                scratch,
+            );
+        };
+    // A key of the row being made exact: decoded as the kernels decode it.
+    let key = |i0: usize, t: usize, row: &mut [f32]| {
+        let k = keys_of(i0).0 + t;
+        inputs.k.decode(k * d, row);
+        inputs.key_scale.map_or(1.0, |s| s[k])
+    };
+    run::select_rows(queries, rows, KEY_CHUNK, score, key);
 }
 
 /// Refuses, in this order, what [`check_keys`] refuses, `topk` and

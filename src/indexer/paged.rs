@@ -4,7 +4,7 @@
 //! decoded exactly, so a paged call equals, row for row, the dense call on
 //! the same keys laid out contiguously.
 
-use super::kernels::{self, Keys};
+use super::kernels::{self, KeyTerms, Keys, Want};
 use super::run::{self, Queries, Rows};
 use super::{check_ratio, check_segments_and_topk, visible, KEY_CHUNK};
 use crate::error::{check_len, checked_size, ArgumentError};
@@ -101,7 +101,11 @@ pub fn indexer_topk_paged_into(
     };
     // A chunk is whole pages, about KEY_CHUNK tokens.
     let pages = (KEY_CHUNK / bs).max(1);
-    run::select_rows(queries, rows, pages * bs, |i0, chunk, group, outs| {
+    let score = |i0: usize,
+                 chunk: usize,
+                 group: &[_],
+                 outs: &mut [&mut [f32]],
+                 mut terms: Option<KeyTerms<'_>>| {
         let s = seq_ids[i0];
         let (mut scale, mut spare) = (vec![1.0f32; bs], vec![0.0f32; bs]);
         let (mut decoded, mut scratch) = (Vec::new(), kernels::Scratch::new(d));
@@ -146,8 +150,27 @@ pub fn indexer_topk_paged_into(
                 })
                 .collect();
             let keys = Keys { enc, scale, then };
-            kernels::score_keys(level, group, keys, 0, &mut page_outs, false, &mut scratch);
+            let page_terms = terms.as_mut().map(|t| KeyTerms {
+                g: &mut t.g[p * bs..],
+                c: &mut t.c[p * bs..],
+            });
+            kernels::score_keys(
+                level,
+                group,
+                keys,
+                0,
+                &mut page_outs,
+                page_terms.map_or(Want::Scores, Want::Terms),
+                &mut scratch,
+            );
         }
-    });
+    };
+    // A key of the row being made exact: decoded from its page.
+    let key = |i0: usize, t: usize, row: &mut [f32]| {
+        let mut scale = [1.0f32];
+        c.decode(table.page(seq_ids[i0], t / bs), t % bs, row, &mut scale);
+        scale[0]
+    };
+    run::select_rows(queries, rows, pages * bs, score, key);
     Ok(())
 }

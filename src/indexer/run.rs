@@ -18,7 +18,8 @@
 //! and the candidates of the rows being selected: never
 //! `[queries, positions]`.
 
-use super::kernels::Query;
+use super::exact::{self, Rescore};
+use super::kernels::{KeyTerms, Query};
 use super::select::select_row;
 use crate::keys::Encoded;
 use crate::pool;
@@ -48,25 +49,53 @@ pub(super) fn chunk_work(width: usize, g: usize, h: usize, d: usize) -> usize {
 }
 
 /// A group's scores, chunk-major: chunk `c` of query `j` is the `width`
-/// floats at `(c · g + j) · width`, so one chunk of the whole group is one
-/// contiguous run (one parallel task).
+/// floats at `(c · (g + extra) + j) · width`, so one chunk of the whole
+/// group is one contiguous run (one parallel task); with the keys' bound
+/// terms (`extra = 2`), the chunk's `g_t` and `|c_t|` are its rows `g` and
+/// `g + 1`.
 struct GroupScores<'a> {
     buf: &'a [f32],
     g: usize,
+    extra: usize,
     width: usize,
 }
 
 impl GroupScores<'_> {
     #[inline]
     fn get(&self, j: usize, t: usize) -> f32 {
-        self.buf[((t / self.width) * self.g + j) * self.width + t % self.width]
+        self.buf[((t / self.width) * (self.g + self.extra) + j) * self.width + t % self.width]
     }
 
     /// Query `j`'s first `dst.len()` scores into `dst`, a chunk at a time.
     fn copy_row(&self, j: usize, dst: &mut [f32]) {
         for (c, piece) in dst.chunks_mut(self.width).enumerate() {
-            let at = (c * self.g + j) * self.width;
+            let at = (c * (self.g + self.extra) + j) * self.width;
             piece.copy_from_slice(&self.buf[at..at + piece.len()]);
+        }
+    }
+}
+
+/// Query `j`'s row of a group scored with its keys' bound terms.
+struct GroupRow<'a> {
+    view: &'a GroupScores<'a>,
+    j: usize,
+}
+
+impl exact::RowScores for GroupRow<'_> {
+    fn score(&self, t: usize) -> f32 {
+        self.view.get(self.j, t)
+    }
+
+    fn runs(&self, len: usize, f: exact::Run<'_>) {
+        let GroupScores { buf, g, width, .. } = *self.view;
+        for (c, chunk) in buf.chunks(width * (g + 2)).enumerate() {
+            let t0 = c * width;
+            if t0 >= len {
+                break;
+            }
+            let n = width.min(len - t0);
+            let row = |j: usize| &chunk[j * width..j * width + n];
+            f(t0, row(self.j), row(g), row(g + 1));
         }
     }
 }
@@ -103,16 +132,20 @@ pub(super) struct Rows<'a> {
 
 /// Every query's row: [`for_each_group`], each group's rows then selected
 /// from its scores (the group's rows in parallel, a lone row in parallel
-/// parts).
+/// parts) and made exact ([`exact::refine`]): `key(i0, t, row)` decodes key
+/// `t` of the group whose first query is `i0` into `row` and returns its
+/// scale.
 pub(super) fn select_rows<S, L>(
     queries: Queries<'_, S, L>,
     rows: Rows<'_>,
     width: usize,
-    score: impl Fn(usize, usize, &[Query], &mut [&mut [f32]]) + Sync,
+    score: impl Fn(usize, usize, &[Query], &mut [&mut [f32]], Option<KeyTerms<'_>>) + Sync,
+    key: impl Fn(usize, usize, &mut [f32]) -> f32 + Sync,
 ) where
     S: Fn(usize, usize) -> bool,
     L: Fn(usize) -> usize,
 {
+    let level = queries.level;
     let Rows {
         topk,
         num_segments,
@@ -122,24 +155,27 @@ pub(super) fn select_rows<S, L>(
     if topk == 0 {
         return;
     }
-    for_each_group(queries, width, score, |i0, lens, view| {
+    for_each_group(queries, width, true, score, |i0, lens, view, group| {
         let (g, i1) = (lens.len(), i0 + lens.len());
         let group_out = &mut out[i0 * topk..i1 * topk];
+        let row_of = |j: usize, row: &mut [i32], split: bool| {
+            let score = |t: usize| view.get(j, t);
+            let refine = |top: &mut Vec<u64>| {
+                let rescore = Rescore {
+                    level,
+                    query: &group[j],
+                    key: |t: usize, row: &mut [f32]| key(i0, t, row),
+                };
+                exact::refine(top, lens[j], &GroupRow { view, j }, &rescore);
+            };
+            select_row(score, lens[j], topk, num_segments, row, split, refine);
+        };
         if g == 1 {
-            select_row(
-                |t| view.get(0, t),
-                lens[0],
-                topk,
-                num_segments,
-                group_out,
-                true,
-            );
+            row_of(0, group_out, true);
         } else {
             let lmax = lens.iter().copied().max().unwrap_or(0);
             let min_rows = pool::min_rows(lmax.saturating_mul(8));
-            pool::for_each_row_mut(group_out, topk, min_rows, |j, row| {
-                select_row(|t| view.get(j, t), lens[j], topk, num_segments, row, false);
-            });
+            pool::for_each_row_mut(group_out, topk, min_rows, |j, row| row_of(j, row, false));
         }
         if let Some(s) = scores.as_deref_mut() {
             let rows = group_out.chunks(topk);
@@ -168,7 +204,7 @@ pub(super) fn score_rows<S, L>(
     n_keys: usize,
     out: &mut [f32],
     width: usize,
-    score: impl Fn(usize, usize, &[Query], &mut [&mut [f32]]) + Sync,
+    score: impl Fn(usize, usize, &[Query], &mut [&mut [f32]], Option<KeyTerms<'_>>) + Sync,
 ) where
     S: Fn(usize, usize) -> bool,
     L: Fn(usize) -> usize,
@@ -176,7 +212,7 @@ pub(super) fn score_rows<S, L>(
     if n_keys == 0 {
         return;
     }
-    for_each_group(queries, width, score, |i0, lens, view| {
+    for_each_group(queries, width, false, score, |i0, lens, view, _| {
         let rows = out[i0 * n_keys..].chunks_mut(n_keys);
         for (j, (row, &len)) in rows.zip(lens).enumerate() {
             let (seen, unseen) = row.split_at_mut(len);
@@ -186,16 +222,18 @@ pub(super) fn score_rows<S, L>(
     });
 }
 
-/// Every query's scores, group by group. `score(i0, c, group, outs)`
-/// computes chunk `c` (keys `c · width ..`) of the group whose first query
-/// is `i0`: query `j`'s scores into `outs[j]`, cut to the keys it sees
-/// (possibly empty); then `finish(i0, lens, view)` gets the group's scores,
-/// `lens[j]` of them for its query `j`.
+/// Every query's scores, group by group. `score(i0, c, group, outs,
+/// terms)` computes chunk `c` (keys `c · width ..`) of the group whose first
+/// query is `i0`: query `j`'s scores into `outs[j]`, cut to the keys it sees
+/// (possibly empty), and with `with_terms` the chunk's keys' bound terms;
+/// then `finish(i0, lens, view, group)` gets the group's scores, `lens[j]`
+/// of them for its query `j`.
 fn for_each_group<S, L>(
     queries: Queries<'_, S, L>,
     width: usize,
-    score: impl Fn(usize, usize, &[Query], &mut [&mut [f32]]) + Sync,
-    mut finish: impl FnMut(usize, &[usize], &GroupScores<'_>),
+    with_terms: bool,
+    score: impl Fn(usize, usize, &[Query], &mut [&mut [f32]], Option<KeyTerms<'_>>) + Sync,
+    mut finish: impl FnMut(usize, &[usize], &GroupScores<'_>, &[Query]),
 ) where
     S: Fn(usize, usize) -> bool,
     L: Fn(usize) -> usize,
@@ -235,25 +273,33 @@ fn for_each_group<S, L>(
         }
         let lens: Vec<usize> = (i0..i1).map(&len).collect();
         let chunks = lmax.div_ceil(width);
-        let size = chunks * g * width;
+        let extra = if with_terms { 2 } else { 0 };
+        let size = chunks * (g + extra) * width;
         if buf.len() < size {
             buf.resize(size, 0.0); // every slot read below is written first
         }
         let min_chunks = pool::min_rows(chunk_work(width, g, h, d));
-        pool::for_each_row_mut(&mut buf[..size], g * width, min_chunks, |c, region| {
-            let mut outs: Vec<&mut [f32]> = region
+        let region_len = (g + extra) * width;
+        pool::for_each_row_mut(&mut buf[..size], region_len, min_chunks, |c, region| {
+            let (scores, rest) = region.split_at_mut(g * width);
+            let mut outs: Vec<&mut [f32]> = scores
                 .chunks_mut(width)
                 .zip(&lens)
                 .map(|(o, &l)| &mut o[..l.saturating_sub(c * width).min(width)])
                 .collect();
-            score(i0, c, &group, &mut outs);
+            let terms = with_terms.then(|| {
+                let (g, c) = rest.split_at_mut(width);
+                KeyTerms { g, c }
+            });
+            score(i0, c, &group, &mut outs, terms);
         });
         let view = GroupScores {
             buf: &buf[..size],
             g,
+            extra,
             width,
         };
-        finish(i0, &lens, &view);
+        finish(i0, &lens, &view, &group);
         i0 = i1;
     }
 }

@@ -26,7 +26,7 @@ pub(crate) fn rank_key(score: f32) -> u32 {
 /// Key `t`'s candidate: larger is better (the rank key, then the lower
 /// position). Positions are `< 2^31` (checked by every entry point).
 #[inline]
-fn candidate(score: f32, t: usize) -> u64 {
+pub(super) fn candidate(score: f32, t: usize) -> u64 {
     ((rank_key(score) as u64) << 32) | (u32::MAX - t as u32) as u64
 }
 
@@ -39,6 +39,8 @@ const SPLIT_LEN: usize = 1 << 15;
 /// `split`: the row may be cut into parallel parts (each part's best, then
 /// the best of those — the same set, since every part keeps all of its
 /// members that could be in the row's top).
+/// `refine` then makes the float32 candidates the real-arithmetic top-k
+/// ([`super::exact::refine`]).
 pub(super) fn select_row(
     score: impl Fn(usize) -> f32 + Sync,
     len: usize,
@@ -46,10 +48,11 @@ pub(super) fn select_row(
     num_segments: usize,
     out: &mut [i32],
     split: bool,
+    refine: impl FnOnce(&mut Vec<u64>),
 ) {
     let take = topk.saturating_sub(num_segments).min(len);
     let threads = pool::num_threads();
-    let top = if take == 0 {
+    let mut top = if take == 0 {
         Vec::new() // all witnesses (or nothing): no candidate can be kept
     } else if split && threads > 1 && len >= SPLIT_LEN && len >= 4 * take {
         // `threads` whole parts (the pool counts whole ones) and a remainder.
@@ -57,6 +60,7 @@ pub(super) fn select_row(
     } else {
         best((0..len).map(|t| candidate(score(t), t)).collect(), take)
     };
+    refine(&mut top);
     out.fill(-1);
     for (slot, &c) in out.iter_mut().zip(top.iter()) {
         *slot = (u32::MAX - c as u32) as i32;

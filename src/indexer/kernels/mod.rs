@@ -215,17 +215,20 @@ struct Line([f32; 16]);
 /// Every query's scores of keys `first ..`: query `j`'s of keys `first ..
 /// first + outs[j].len()` into `outs[j]` (canonical: `-0.0` is `+0.0`).
 /// Each block of keys is read, decoded and transposed once for all the
-/// queries (a prefill's queries share it). With `magnitude`, every key is
+/// queries (a prefill's queries share it). With [`Want::Magnitudes`], every key is
 /// read as its absolute value (and the queries were loaded as magnitudes,
 /// the scales given as `|c|`): the scores' error bound
 /// `|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|` (the ReLU is then the identity).
+/// With [`Want::Terms`], each key's `g_t = |c_t| max_i |k_ti|` (rounded up) and
+/// `|c_t|` are written too, entry `r` for key `first + r` (the exact
+/// selection's error bound, [`super::exact`]), from the transposed block.
 pub(super) fn score_keys(
     level: Isa,
     queries: &[Query],
     keys: Keys<'_>,
     first: usize,
     outs: &mut [&mut [f32]],
-    magnitude: bool,
+    want: Want<'_>,
     scratch: &mut Scratch,
 ) {
     let Some(q0) = queries.first() else { return };
@@ -240,6 +243,14 @@ pub(super) fn score_keys(
         && q.tiles == Tiles::of(level)));
     assert!((first + n) * d <= keys.enc.len());
     assert!(keys.scale.is_none_or(|c| first + n <= c.len()));
+    let (magnitude, mut terms) = match want {
+        Want::Scores => (false, None),
+        Want::Magnitudes => (true, None),
+        Want::Terms(t) => (false, Some(t)),
+    };
+    assert!(terms
+        .as_ref()
+        .is_none_or(|t| t.g.len() >= n && t.c.len() >= n));
     if scratch.kt.len() != d * BLOCK / 16 {
         *scratch = Scratch::new(d);
     }
@@ -258,6 +269,19 @@ pub(super) fn score_keys(
             ..Src::new(level, keys.enc.slice(t0 * d, (t0 + nb) * d))
         };
         transpose(level, src, d, kt, decoded);
+        if let Some(terms) = terms.as_mut() {
+            // An AVX2 fp8 block holds `2⁻⁸ ×` the keys: the factor back is exact.
+            let unfold = if folded.is_some() { 256.0 } else { 1.0 };
+            key_terms(
+                level,
+                kt,
+                nb,
+                unfold,
+                keys.scale.map(|s| &s[t0..t0 + nb]),
+                b,
+                terms,
+            );
+        }
         if magnitude {
             kt.iter_mut().for_each(|x| *x = x.abs());
         }
@@ -277,6 +301,122 @@ pub(super) fn score_keys(
             for (r, (o, a)) in dst.iter_mut().zip(acc).enumerate() {
                 let c = keys.scale.map_or(1.0, |s| s[t0 + r]);
                 *o = a * c + 0.0;
+            }
+        }
+    }
+}
+
+/// What [`score_keys`] writes besides, or instead of, the scores.
+pub(super) enum Want<'a> {
+    /// The scores.
+    Scores,
+    /// The scores' error bound instead (`|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`).
+    Magnitudes,
+    /// The scores, and each key's bound terms.
+    Terms(KeyTerms<'a>),
+}
+
+/// The exact selection's per-key bound terms (see [`score_keys`]): `g`
+/// and `c`, entry `r` for the `r`-th key scored.
+pub(super) struct KeyTerms<'a> {
+    pub g: &'a mut [f32],
+    pub c: &'a mut [f32],
+}
+
+/// `g_t = |c_t| · max_i |k_ti|` rounded up to a float32 and `|c_t|` of the
+/// block's `nb` keys (transposed in `kt`, each `unfold` × its stored value)
+/// into `terms` from entry `at`; NaN when a key holds a NaN (its bound is
+/// then no bound: the exact selection re-scores it).
+fn key_terms(
+    level: Isa,
+    kt: &[f32],
+    nb: usize,
+    unfold: f64,
+    scale: Option<&[f32]>,
+    at: usize,
+    terms: &mut KeyTerms<'_>,
+) {
+    let mut m = [0u32; BLOCK];
+    abs_max_bits(level, kt, &mut m);
+    for (r, &bits) in m.iter().enumerate().take(nb) {
+        let c = scale.map_or(1.0, |s| s[r]).abs();
+        let g = f64::from(f32::from_bits(bits)) * unfold * f64::from(c);
+        terms.g[at + r] = super::exact::up32(g);
+        terms.c[at + r] = c;
+    }
+}
+
+/// Each lane's largest `|k|` over the transposed block `kt` (`[d, BLOCK]`),
+/// as the bits of a float32: the magnitude's bits order as its value does,
+/// and a NaN's are above infinity's, so a lane holding a NaN ends NaN.
+fn abs_max_bits(level: Isa, kt: &[f32], m: &mut [u32; BLOCK]) {
+    assert!(kt.len().is_multiple_of(BLOCK));
+    // SAFETY (bounds): none; the body iterates its slices.
+    dispatch!("indexer.key_max", level, {
+        avx512(token) => lanes::abs_max_bits_avx512(token, kt, m),
+        avx2(token) => lanes::abs_max_bits_avx2(token, kt, m),
+        scalar => abs_max_bits_body(kt, m),
+    })
+}
+
+/// [`abs_max_bits`]'s portable body.
+fn abs_max_bits_body(kt: &[f32], m: &mut [u32; BLOCK]) {
+    for lanes in kt.chunks_exact(BLOCK) {
+        for (x, &k) in m.iter_mut().zip(lanes) {
+            *x = (*x).max(k.to_bits() & 0x7FFF_FFFF);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod lanes {
+    use super::BLOCK;
+    use crate::simd::{Avx2, Avx512};
+    use std::arch::x86_64::*;
+
+    /// [`super::abs_max_bits`] in AVX2: four registers of lanes, kept across
+    /// the rows (a compiler left to it vectorises across rows instead).
+    #[target_feature(enable = "avx2")]
+    pub(super) fn abs_max_bits_avx2(_: Avx2, kt: &[f32], m: &mut [u32; BLOCK]) {
+        let mask = _mm256_set1_epi32(0x7FFF_FFFF);
+        let mut acc = [_mm256_setzero_si256(); BLOCK / 8];
+        for lanes in kt.chunks_exact(BLOCK) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: `lanes` holds BLOCK floats; lane group `j` is
+                // floats `8j .. 8j + 8` of it (an unaligned load).
+                let v = unsafe { _mm256_loadu_si256(lanes.as_ptr().add(8 * j).cast()) };
+                *a = _mm256_max_epu32(*a, _mm256_and_si256(v, mask));
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            let mut out = [0u32; 8];
+            // SAFETY: `out` holds 8 u32 (an unaligned store).
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), *a) };
+            for (x, o) in m[8 * j..8 * j + 8].iter_mut().zip(out) {
+                *x = (*x).max(o);
+            }
+        }
+    }
+
+    /// [`super::abs_max_bits`] in AVX-512: two registers of lanes.
+    #[target_feature(enable = "avx512f,avx2")]
+    pub(super) fn abs_max_bits_avx512(_: Avx512, kt: &[f32], m: &mut [u32; BLOCK]) {
+        let mask = _mm512_set1_epi32(0x7FFF_FFFF);
+        let mut acc = [_mm512_setzero_si512(); BLOCK / 16];
+        for lanes in kt.chunks_exact(BLOCK) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: `lanes` holds BLOCK floats; lane group `j` is
+                // floats `16j .. 16j + 16` of it (an unaligned load).
+                let v = unsafe { _mm512_loadu_si512(lanes.as_ptr().add(16 * j).cast()) };
+                *a = _mm512_max_epu32(*a, _mm512_and_si512(v, mask));
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            let mut out = [0u32; 16];
+            // SAFETY: `out` holds 16 u32 (an unaligned store).
+            unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), *a) };
+            for (x, o) in m[16 * j..16 * j + 16].iter_mut().zip(out) {
+                *x = (*x).max(o);
             }
         }
     }

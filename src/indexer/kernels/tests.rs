@@ -293,15 +293,35 @@ fn fp8_scores_are_the_same_bits_on_every_level_folded_or_not() {
                 let mut rows = vec![vec![0.0f32; t]; group.len()];
                 let mut outs: Vec<&mut [f32]> = rows.iter_mut().map(|r| &mut r[..]).collect();
                 let keys = Keys::new(Encoded::Fp8E4m3(&bytes), Some(&scale));
+                let (mut g, mut c) = (vec![0.0f32; t], vec![0.0f32; t]);
+                let terms = KeyTerms {
+                    g: &mut g,
+                    c: &mut c,
+                };
                 score_keys(
                     level,
                     &queries,
                     keys,
                     0,
                     &mut outs,
-                    false,
+                    Want::Terms(terms),
                     &mut Scratch::new(d),
                 );
+                // The bound terms are the decoded keys' (a folded AVX2
+                // block's `2⁻⁸` undone), whatever the level.
+                let mut row = vec![0.0f32; d];
+                for r in 0..t {
+                    Encoded::Fp8E4m3(&bytes).decode(r * d, &mut row);
+                    let m = row.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+                    let want_g = match row.iter().any(|x| x.is_nan()) {
+                        true => f32::NAN,
+                        false => {
+                            crate::indexer::exact::up32(f64::from(m) * f64::from(scale[r].abs()))
+                        }
+                    };
+                    assert_eq!(g[r].to_bits(), want_g.to_bits(), "{level:?} key {r}");
+                    assert_eq!(c[r], scale[r].abs());
+                }
                 if li == 0 {
                     want = rows;
                     continue;
@@ -381,6 +401,20 @@ pub(super) fn probe(isa: Isa) {
     let mut out = [0.0f32; 40];
     let mut scratch = Scratch::new(d);
     let keys = Keys::new(Encoded::F32(&keys), None);
-    score_keys(isa, &[q], keys, 0, &mut [&mut out[..]], false, &mut scratch);
+    let (mut g, mut c) = ([0.0f32; 40], [0.0f32; 40]);
+    let terms = KeyTerms {
+        g: &mut g,
+        c: &mut c,
+    };
+    score_keys(
+        isa,
+        &[q],
+        keys,
+        0,
+        &mut [&mut out[..]],
+        Want::Terms(terms),
+        &mut scratch,
+    );
     assert!(out.iter().all(|&x| x == 6.0));
+    assert!(g.iter().zip(&c).all(|(&g, &c)| g == 1.0 && c == 1.0));
 }

@@ -1,0 +1,398 @@
+//! A row's selection made exact: the real-arithmetic top-k of the scores,
+//! with the float32 kernel as a screen.
+//!
+//! # The rule
+//!
+//! The row holds the `take` positions whose **real** scores
+//! `c_t · Σ_h w_h · max(q_h · k_t, 0)` (of the decoded operands) are the
+//! largest, ties to the lower position — the set `kvselect check` accepts at
+//! `rtol = 0`. The float32 scores decide every position their rounding
+//! cannot have misplaced; the few that it can (a near tie at the row's
+//! threshold) are re-scored in float64 and decided there. The row is listed
+//! in the float32 scores' order (the scores `scores_out` reports), so only
+//! the membership of near ties changes, never a clear-cut row.
+//!
+//! # Why it holds
+//!
+//! Each float32 score is one FMA chain of `d` steps per head, `H` fold steps
+//! and the scale (module docs of `super`), so (Higham, *Accuracy and
+//! Stability of Numerical Algorithms*, §3.1; the ReLU is 1-Lipschitz)
+//! `|ŝ_t − s_t| ≤ γ_{d+H+1} |c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`, plus at most
+//! `2⁻¹⁵⁰` per rounding into the subnormal range. With `A = Σ_h |w_h| Σ_i
+//! |q_hi|` (per query) and `g_t = |c_t| max_i |k_ti|` (per key, made by the
+//! kernel as it transposes a block) that is at most
+//! `E_t = 2 γ_{d+H+2} A g_t + 16 · 2⁻¹⁵⁰ (|c_t| (d Σ_h |w_h| + H) + 1)`,
+//! twice the bound, which also covers this module's own float64 roundings.
+//! So the real score lies in `[ŝ_t − E_t, ŝ_t + E_t]`. A selected position
+//! whose lower end is above every unselected upper end is beaten by at most
+//! the other selected ones: it belongs to the real top-k. An unselected one
+//! whose upper end is below every selected lower end is beaten by all of
+//! them: it does not. The rest — the band — is re-scored in float64, where
+//! every product of two decoded operands (float32 values, at most 24
+//! significant bits each) is exact, so the only roundings left are the
+//! sums': the float64 scores order the band as real arithmetic does except
+//! where two scores lie within float64 rounding of each other
+//! (`γ_{d+H+2}` in units of `2⁻⁵³` of the same magnitude), which the check
+//! treats as a tie. A non-finite float32 score or bound (an overflow, a NaN
+//! or infinite operand) makes its interval the whole line: that position is
+//! always re-scored, and float64 gives IEEE's answer without float32's
+//! overflow.
+//!
+//! # What would break it
+//!
+//! A kernel whose chains are longer than the bound counts (a split dot
+//! product adds no steps, but a changed fold would need its own count), a
+//! `g_t` rounded down, or a re-score that rounds a product (a fused
+//! multiply-add and a multiply-then-add agree here only because the product
+//! is exact).
+
+use super::kernels::{slot, Query};
+use super::select::candidate;
+use crate::simd::{dispatch, Isa};
+
+/// Keys re-scored together, one lane each: eight AVX2 registers of
+/// float64 (the independent chains two FMA ports of latency 4 need), four
+/// AVX-512 ones.
+const LANES: usize = 32;
+
+/// Band positions re-scored per parallel task.
+const PART: usize = 8 * LANES;
+
+/// The float32 unit roundoff.
+const U32: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// Sixteen times the largest absolute error of one rounding into float32's
+/// subnormal range (half its smallest step, `2⁻¹⁵⁰`).
+const ETA16: f64 = 16.0 * 7.006_492_321_624_085e-46;
+
+/// A query's terms of the float32 scores' error bound (see the module docs).
+pub(super) struct Bound {
+    /// `2 γ_{d+H+2} A`, rounded up.
+    scale: f64,
+    /// `d Σ_h |w_h| + H`.
+    under: f64,
+}
+
+impl Bound {
+    /// The bound's terms of query `q` (its decoded elements and weights).
+    pub fn of(q: &Query) -> Bound {
+        let (h, d) = (q.h, q.d);
+        let mut a = 0.0f64;
+        let mut wsum = 0.0f64;
+        for (head, &w) in q.w.iter().enumerate() {
+            let (base, stride) = slot(q.tiles, h, d, head);
+            let qsum: f64 = (0..d).map(|i| q.qt[base + i * stride].abs() as f64).sum();
+            a += (w.abs() as f64) * qsum;
+            wsum += w.abs() as f64;
+        }
+        // d + H + 3 float64 roundings above, each relative 2⁻⁵³ at most.
+        let n = (d + h + 2) as f64;
+        let gamma = n * U32 / (1.0 - n * U32);
+        let room = 1.0 + 4.0 * (d + h + 4) as f64 * f64::EPSILON;
+        Bound {
+            scale: 2.0 * gamma * a * room,
+            under: d as f64 * wsum * room + h as f64,
+        }
+    }
+
+    /// `[ŝ − E, ŝ + E]` for a score `s` of a key whose bound terms are
+    /// `(g_t, |c_t|)`; the whole line when anything is not finite.
+    #[inline]
+    fn interval(&self, s: f32, (g, c): (f32, f32)) -> (f64, f64) {
+        let e = self.scale * g as f64 + ETA16 * (c as f64 * self.under + 1.0);
+        let s = s as f64;
+        if s.is_finite() && e.is_finite() {
+            (s - e, s + e)
+        } else {
+            (f64::NEG_INFINITY, f64::INFINITY)
+        }
+    }
+}
+
+/// `x` rounded up to a float32 (the least float32 `>= x`; NaN stays NaN).
+#[inline]
+pub(super) fn up32(x: f64) -> f32 {
+    let y = x as f32;
+    if (y as f64) < x {
+        y.next_up()
+    } else {
+        y
+    }
+}
+
+/// Where a row's keys are and how they are read: `key(t, row)` decodes key
+/// `t` into `row` (`d` floats) and returns its scale (1 without scales).
+pub(super) struct Rescore<'a, K> {
+    pub level: Isa,
+    pub query: &'a Query,
+    pub key: K,
+}
+
+impl<K: Fn(usize, &mut [f32]) -> f32 + Sync> Rescore<'_, K> {
+    /// The float64 scores of positions `ts` into `out` (see the module docs:
+    /// products exact, sums in float64, in the float32 chain's order),
+    /// parts of the band across the pool.
+    fn run(&self, ts: &[usize], out: &mut [f64])
+    where
+        K: Sync,
+    {
+        let q = self.query;
+        let (h, d) = (q.h, q.d);
+        let mut q64 = vec![0.0f64; h * d];
+        for (head, row) in q64.chunks_exact_mut(d).enumerate() {
+            let (base, stride) = slot(q.tiles, h, d, head);
+            for (i, x) in row.iter_mut().enumerate() {
+                *x = q.qt[base + i * stride] as f64;
+            }
+        }
+        let w64: Vec<f64> = q.w.iter().map(|&w| w as f64).collect();
+        let min_parts = crate::pool::min_rows(PART * h * d / 4);
+        crate::pool::for_each_row_mut(out, PART, min_parts, |p, part| {
+            let mut row = vec![0.0f32; d];
+            let mut kt = vec![0.0f64; d * LANES];
+            let ts = &ts[p * PART..p * PART + part.len()];
+            for (tb, ob) in ts.chunks(LANES).zip(part.chunks_mut(LANES)) {
+                let mut scale = [1.0f64; LANES];
+                kt.fill(0.0);
+                for (r, &t) in tb.iter().enumerate() {
+                    scale[r] = (self.key)(t, &mut row) as f64;
+                    for (i, &x) in row.iter().enumerate() {
+                        kt[i * LANES + r] = x as f64;
+                    }
+                }
+                let mut acc = [0.0f64; LANES];
+                block(self.level, &q64, &w64, d, &kt, &mut acc);
+                for (r, o) in ob.iter_mut().enumerate() {
+                    *o = acc[r] * scale[r] + 0.0;
+                }
+            }
+        });
+    }
+}
+
+/// `acc_r += w_h · relu(Σ_i q_hi k_ri)` in float64 for the block's lanes, in
+/// head order, each dot product summed in dimension order from `+0.0`.
+/// `q64` is `[H, d]`, `kt` `[d, LANES]` (dimension-major).
+fn block(level: Isa, q64: &[f64], w64: &[f64], d: usize, kt: &[f64], acc: &mut [f64; LANES]) {
+    assert!(q64.len() == w64.len() * d && kt.len() == d * LANES);
+    // SAFETY (bounds): none; the body indexes its slices (lengths asserted).
+    dispatch!("indexer.rescore", level, {
+        avx512(token) => x86::block_avx512(token, q64, w64, d, kt, acc),
+        avx2(token) => x86::block_avx2(token, q64, w64, d, kt, acc),
+        scalar => block_body::<false>(q64, w64, d, kt, acc),
+    })
+}
+
+/// [`block`]'s body, written once. Each product of two decoded operands is
+/// exact in float64, so `fma(q, k, x)` and `x + q · k` round alike: `FUSED`
+/// (the SIMD levels, which have the instruction) takes the one that is a
+/// single instruction, the portable level the other — the same bits.
+#[inline(always)]
+fn block_body<const FUSED: bool>(
+    q64: &[f64],
+    w64: &[f64],
+    d: usize,
+    kt: &[f64],
+    acc: &mut [f64; LANES],
+) {
+    for (qh, &wh) in q64.chunks_exact(d).zip(w64) {
+        let mut dot = [0.0f64; LANES];
+        for (&qi, k) in qh.iter().zip(kt.chunks_exact(LANES)) {
+            for (x, &kr) in dot.iter_mut().zip(k) {
+                *x = if FUSED {
+                    qi.mul_add(kr, *x)
+                } else {
+                    *x + qi * kr
+                };
+            }
+        }
+        for (a, &x) in acc.iter_mut().zip(&dot) {
+            // The ReLU that keeps NaN, as the float32 kernels'; the weight's
+            // product is not exact, so it is rounded on its own everywhere.
+            let r = if x <= 0.0 { 0.0 } else { x };
+            *a += wh * r;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{block_body, LANES};
+    use crate::simd::{Avx2, Avx512};
+
+    /// [`block_body`] compiled for AVX2 (the token proves the CPU has it).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn block_avx2(
+        _: Avx2,
+        q64: &[f64],
+        w64: &[f64],
+        d: usize,
+        kt: &[f64],
+        acc: &mut [f64; LANES],
+    ) {
+        block_body::<true>(q64, w64, d, kt, acc)
+    }
+
+    /// [`block_body`] compiled for AVX-512 (the token proves the CPU has it).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) fn block_avx512(
+        _: Avx512,
+        q64: &[f64],
+        w64: &[f64],
+        d: usize,
+        kt: &[f64],
+        acc: &mut [f64; LANES],
+    ) {
+        block_body::<true>(q64, w64, d, kt, acc)
+    }
+}
+
+/// A float64 score's place in the total order (NaN lowest, `-0.0 == +0.0`),
+/// then the lower position: larger is better.
+#[inline]
+fn rank64(v: f64, t: usize) -> (u64, std::cmp::Reverse<usize>) {
+    let key = if v.is_nan() {
+        0
+    } else {
+        let b = (v + 0.0).to_bits();
+        if b >> 63 == 1 {
+            !b
+        } else {
+            b | (1 << 63)
+        }
+    };
+    (key, std::cmp::Reverse(t))
+}
+
+/// A visitor of a row's runs: `(t0, scores, g, c)` for keys `t0 ..`.
+pub(super) type Run<'a> = &'a mut dyn FnMut(usize, &[f32], &[f32], &[f32]);
+
+/// A row's float32 scores and its keys' bound terms, as the group holds
+/// them: a score's point read, and runs of consecutive keys for the passes
+/// over the whole row.
+pub(super) trait RowScores {
+    /// Key `t`'s float32 score.
+    fn score(&self, t: usize) -> f32;
+    /// Keys `0 .. len` in runs: `f(t0, scores, g, c)` for keys `t0 ..`.
+    fn runs(&self, len: usize, f: Run<'_>);
+}
+
+/// Makes `top` — a row's `take` best candidates of `len` by their float32
+/// scores, best first ([`candidate`] encoding) — the real-arithmetic top-k
+/// (see the module docs), listed in float32 order.
+pub(super) fn refine<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
+    top: &mut Vec<u64>,
+    len: usize,
+    row: &impl RowScores,
+    rescore: &Rescore<'_, K>,
+) {
+    let take = top.len();
+    if take == 0 || take >= len {
+        return; // every position is in the row: only the listing order is the kernels'
+    }
+    let bound = Bound::of(rescore.query);
+    let worst = top[take - 1];
+    // Three passes over the row's runs (no point reads): the selected
+    // lowest lower end; the unselected whose upper end reaches it (the
+    // band) and their largest upper end; the selected whose lower end
+    // reaches that.
+    let mut lo_min = f64::INFINITY;
+    row.runs(len, &mut |t0, s, g, c| {
+        for (r, ((&s, &g), &c)) in s.iter().zip(g).zip(c).enumerate() {
+            if candidate(s, t0 + r) >= worst {
+                lo_min = lo_min.min(bound.interval(s, (g, c)).0);
+            }
+        }
+    });
+    let mut up_max = f64::NEG_INFINITY;
+    let mut band: Vec<usize> = Vec::new();
+    row.runs(len, &mut |t0, s, g, c| {
+        for (r, ((&s, &g), &c)) in s.iter().zip(g).zip(c).enumerate() {
+            let up = bound.interval(s, (g, c)).1;
+            if up >= lo_min && candidate(s, t0 + r) < worst {
+                up_max = up_max.max(up);
+                band.push(t0 + r);
+            }
+        }
+    });
+    if band.is_empty() {
+        return; // no unselected position reaches a selected one: the float32 set is the real one
+    }
+    let unselected = band.len();
+    row.runs(len, &mut |t0, s, g, c| {
+        for (r, ((&s, &g), &c)) in s.iter().zip(g).zip(c).enumerate() {
+            if candidate(s, t0 + r) >= worst && bound.interval(s, (g, c)).0 <= up_max {
+                band.push(t0 + r);
+            }
+        }
+    });
+    let mut exact = vec![0.0f64; band.len()];
+    rescore.run(&band, &mut exact);
+    let mut order: Vec<usize> = (0..band.len()).collect();
+    order.sort_unstable_by_key(|&j| std::cmp::Reverse(rank64(exact[j], band[j])));
+    // The selected outside the band stay; the band's best fill the rest.
+    let in_band: std::collections::HashSet<usize> = band[unselected..].iter().copied().collect();
+    let pos = |c: u64| (u32::MAX - c as u32) as usize;
+    let mut kept: Vec<u64> = top
+        .iter()
+        .copied()
+        .filter(|&c| !in_band.contains(&pos(c)))
+        .collect();
+    let need = take - kept.len();
+    kept.extend(
+        order[..need]
+            .iter()
+            .map(|&j| candidate(row.score(band[j]), band[j])),
+    );
+    kept.sort_unstable_by(|a, b| b.cmp(a));
+    *top = kept;
+}
+
+/// Runs the family at `isa` once (the reach test's probe): two keys whose
+/// float64 scores are known exactly.
+#[cfg(test)]
+pub(super) fn probe(isa: Isa) {
+    let d = 4;
+    let q64 = [1.0, 2.0, 3.0, 4.0];
+    let mut kt = vec![0.0f64; d * LANES];
+    for i in 0..d {
+        kt[i * LANES] = 1.0;
+        kt[i * LANES + 1] = -1.0;
+    }
+    let mut acc = [0.0f64; LANES];
+    block(isa, &q64, &[0.5], d, &kt, &mut acc);
+    assert_eq!(&acc[..2], &[5.0, 0.0]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fused body and the portable one give the same bits: every
+    /// product of two float32 values is exact in float64 (random operands
+    /// over a wide exponent range, subnormal float32 products included).
+    #[test]
+    fn the_fused_and_unfused_bodies_round_alike() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let m = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            let e = ((state >> 8) % 80) as i32 - 40;
+            (m * 2f32.powi(e)) as f64
+        };
+        for d in [1, 7, 64, 128] {
+            let h = 3;
+            let q64: Vec<f64> = (0..h * d).map(|_| next()).collect();
+            let w64: Vec<f64> = (0..h).map(|_| next()).collect();
+            let kt: Vec<f64> = (0..d * LANES).map(|_| next()).collect();
+            let (mut a, mut b) = ([0.0f64; LANES], [0.0f64; LANES]);
+            block_body::<true>(&q64, &w64, d, &kt, &mut a);
+            block_body::<false>(&q64, &w64, d, &kt, &mut b);
+            for (x, y) in a.iter().zip(&b) {
+                assert_eq!(x.to_bits(), y.to_bits(), "d={d}");
+            }
+        }
+    }
+}

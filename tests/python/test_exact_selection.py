@@ -1,0 +1,171 @@
+"""kvselect's own selections are the real-arithmetic top-k that ``check``
+decides: the float32 kernel screens, the near ties at a row's threshold are
+re-scored in float64 (src/indexer/exact.rs). So on random float data — where
+float32 rounding decides near ties — every row's set equals the float64
+reference's, every form and format, and passes the exact check at
+``rtol = 0``; the listing order stays the float32 scores' (``scores_out``)."""
+
+import numpy as np
+import pytest
+from pages import vllm_fp8_pages
+
+import kvselect as ks
+from kvselect import checking
+from kvselect import reference as ref
+from kvselect.testing import cases
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+SEED = 20261205
+
+
+def _sets_equal(got, want):
+    """Row by row, the same positions (the listing order is checked apart)."""
+    assert got.shape == want.shape
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert sorted(a[a >= 0]) == sorted(b[b >= 0]), f"row {i}"
+
+
+def _low_contrast_operands(rng, n, h, d, t, spread):
+    """Keys a few float32 ULPs apart in their scores: ``k_t = base + tiny``."""
+    base = rng.standard_normal(d).astype(np.float32)
+    k = (base + rng.integers(-spread, spread + 1, (t, d)) * np.float32(2.0**-22)).astype(np.float32)
+    q = np.abs(rng.standard_normal((n, h, d))).astype(np.float32) * np.sign(base)
+    w = rng.uniform(0.5, 1.5, (n, h)).astype(np.float32)
+    return q, w, k
+
+
+def _key_format(k, fmt):
+    """``k`` (float32) rounded into format ``fmt``, as the call takes it, and
+    the float32 values it holds."""
+    if fmt == "float32":
+        return k, None, k
+    dt = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}[fmt]
+    enc = k.astype(dt)
+    raw = enc.view(np.uint8 if fmt == "float8_e4m3fn" else np.uint16)
+    return raw, fmt, enc.astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "float16", "float8_e4m3fn"])
+@pytest.mark.parametrize("contrast", ["random", "low"])
+def test_dense_rows_are_the_float64_top_k_and_pass_the_exact_check(fmt, contrast):
+    rng = np.random.default_rng(SEED + len(fmt) + (0 if contrast == "random" else 100))
+    changed = 0
+    for _ in range(150):
+        n, h, d, t = int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 40)), int(rng.integers(1, 500))
+        if contrast == "random":
+            q = rng.standard_normal((n, h, d)).astype(np.float32)
+            w = rng.standard_normal((n, h)).astype(np.float32)
+            k = rng.standard_normal((t, d)).astype(np.float32)
+        else:
+            q, w, k = _low_contrast_operands(rng, n, h, d, t, 3)
+        raw, kf, k32 = _key_format(k, fmt)
+        c = rng.uniform(0.5, 2, t).astype(np.float32) if rng.random() < 0.5 else None
+        pos = rng.integers(0, t + 3, n)
+        topk, s = int(rng.integers(1, 60)), int(rng.choice([0, 0, 3]))
+        scores = np.zeros((n, topk), np.float32)
+        got = ks.indexer_topk(q, w, raw, pos, topk, key_scale=c, key_format=kf, num_segments=s, scores_out=scores)
+        want = ref.indexer_topk(q, w, k32, pos, topk, key_scale=c, num_segments=s)
+        _sets_equal(got, want)
+        if s == 0:
+            report = checking.check_indexer_topk(got, q, w, raw, pos, topk, key_scale=c, key_format=kf, atol=0, rtol=0)
+            assert report["wrong"] == 0, report.summary()
+            # Listed in the float32 scores' order (ties to the lower position).
+            for row, sc in zip(got, scores):
+                m = row >= 0
+                order = np.lexsort((row[m], -sc[m]))
+                assert np.array_equal(order, np.arange(m.sum()))
+        f32_rows = _float32_rows(q, w, raw, pos, topk, c, kf, s)
+        changed += int((np.sort(f32_rows, axis=1) != np.sort(got, axis=1)).any(axis=1).sum())
+    # The data really holds near ties float32 decides wrongly (low contrast).
+    if contrast == "low" and fmt == "float32":
+        assert changed > 0
+
+
+def _float32_rows(q, w, k, pos, topk, c, kf, s):
+    """The top-k of the float32 scores themselves (what kvselect returned
+    before its selections were exact)."""
+    sc = ks.indexer_scores(q, w, k, pos, key_scale=c, key_format=kf)
+    out = np.full((len(q), topk), -1, np.int64)
+    for i, row in enumerate(sc):
+        L = int(np.sum(~np.isnan(row)))
+        take = min(max(topk - s, 0), L)
+        key = np.where(np.isnan(row[:L]), np.inf, -(row[:L].astype(np.float64) + 0.0))
+        order = np.lexsort((np.arange(L), key, np.isnan(row[:L])))
+        out[i, :take] = order[:take]
+    return out
+
+
+def test_the_packed_and_paged_forms_are_the_float64_top_k():
+    rng = np.random.default_rng(SEED + 7)
+    for case in range(120):
+        h, d, bs = int(rng.integers(1, 6)), int(rng.integers(1, 24)), int(rng.choice([1, 4, 16]))
+        lens = rng.integers(0, 200, int(rng.integers(1, 4)))
+        keys, scales = [], []
+        for n_tok in lens:
+            raw = rng.standard_normal((n_tok, d)).astype(np.float32)
+            if case % 2:  # low contrast: one base key, a few ULPs apart
+                raw = (raw[:1] + rng.integers(-2, 3, (n_tok, d)) * np.float32(2.0**-21)).astype(np.float32)
+            c = (np.maximum(np.abs(raw).max(axis=1, initial=0), 1e-4) / 448).astype(np.float32)
+            keys.append((raw / c[:, None]).astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+            scales.append(c)
+        n = int(rng.integers(1, 6))
+        sid = rng.integers(0, len(lens), n)
+        pos = rng.integers(0, 210, n)
+        q = rng.standard_normal((n, h, d)).astype(np.float32)
+        w = rng.uniform(0.2, 1.0, (n, h)).astype(np.float32)
+        topk = int(rng.integers(1, 50))
+        cache, table = vllm_fp8_pages(keys, scales, bs, rng)
+        got = ks.indexer_topk_paged(q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled")
+        want = ref.indexer_topk_paged(q, w, cache, table, lens, sid, pos, topk, page_layout="fp8_scaled")
+        _sets_equal(got, want)
+        cu = np.concatenate([[0], np.cumsum(lens)])
+        k_all = np.concatenate(keys) if len(keys) else np.zeros((0, d), np.float32)
+        c_all = np.concatenate(scales)
+        packed = ks.indexer_topk_packed(q, w, k_all, cu, sid, pos, topk, key_scale=c_all)
+        np.testing.assert_array_equal(packed, got)
+        report = checking.check_indexer_topk(
+            packed, q, w, k_all, pos, topk, key_scale=c_all, cu_seqlens=cu, seq_ids=sid, atol=0, rtol=0
+        )
+        assert report["wrong"] == 0, report.summary()
+
+
+def test_compressed_keys_are_the_float64_top_k():
+    rng = np.random.default_rng(SEED + 8)
+    for _ in range(100):
+        n, h, d, t, m = 3, int(rng.integers(1, 5)), int(rng.integers(2, 20)), int(rng.integers(1, 120)), 4
+        q, w, k = _low_contrast_operands(rng, n, h, d, t, 2)
+        pos = rng.integers(0, 4 * t + 8, n)
+        topk = int(rng.integers(1, 30))
+        got = ks.indexer_topk(q, w, k, pos, topk, compress_ratio=m)
+        _sets_equal(got, ref.indexer_topk(q, w, k, pos, topk, compress_ratio=m))
+        report = checking.check_indexer_topk(got, q, w, k, pos, topk, compress_ratio=m, atol=0, rtol=0)
+        assert report["wrong"] == 0, report.summary()
+
+
+def test_a_float32_overflow_is_decided_in_float64():
+    """Scores past float32's range are +inf in float32 (all tied, to the
+    lowest positions) but finite and ordered in real arithmetic."""
+    k = np.array([[1.0], [3.0], [2.0], [4.0]], np.float32) * np.float32(1e20)
+    q = np.full((1, 1, 1), 1e20, np.float32)
+    w = np.ones((1, 1), np.float32)
+    assert np.isinf(ks.indexer_scores(q, w, k, [3])).all()
+    got = ks.indexer_topk(q, w, k, [3], 2)
+    assert sorted(got[0]) == [1, 3]
+
+
+def test_the_shipped_cases_own_rows_pass_the_exact_check():
+    """Every shipped top-k case (low-contrast ones included, at every score
+    scale and form): kvselect's own rows pass the case's exact check."""
+    call = {
+        "dense": ks.indexer_topk,
+        "compressed": ks.indexer_topk,
+        "packed": ks.indexer_topk_packed,
+        "paged": ks.indexer_topk_paged,
+    }
+    forms = set()
+    for name, case in cases.all_topk_cases(seed=3):
+        args = {k: v for k, v in case.inputs.items() if v is not None}
+        case.assert_rows(call[case.form](**args))
+        forms.add(case.form)
+    assert forms == set(call)
