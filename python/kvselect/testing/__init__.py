@@ -41,6 +41,12 @@ from kvselect.checking._common import _context_lens, _precision, _tolerance_valu
 from kvselect.checking.engine_scores import own_scores_check, score_accuracy
 from kvselect.checking.report import dump_report
 
+# The hard inputs, reachable as ``kvselect.testing.cases`` after ``import
+# kvselect.testing`` (a subpackage is an attribute of its parent only once
+# imported). Nothing in the cases imports this module at import time (their
+# assert_rows reaches it when called), so importing them here is no cycle.
+from kvselect.testing import cases
+
 __all__ = ["assert_topk", "assert_blocks", "assert_witnesses", "CheckFailure"]
 
 # DLPack's DLDeviceType for host memory (kDLCPU).
