@@ -52,7 +52,12 @@ def test_dense_rows_are_the_float64_top_k_and_pass_the_exact_check(fmt, contrast
     rng = np.random.default_rng(SEED + len(fmt) + (0 if contrast == "random" else 100))
     changed = 0
     for _ in range(150):
-        n, h, d, t = int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 40)), int(rng.integers(1, 500))
+        n, h, d, t = (
+            int(rng.integers(1, 4)),
+            int(rng.integers(1, 9)),
+            int(rng.integers(1, 40)),
+            int(rng.integers(1, 500)),
+        )
         if contrast == "random":
             q = rng.standard_normal((n, h, d)).astype(np.float32)
             w = rng.standard_normal((n, h)).astype(np.float32)
@@ -164,8 +169,35 @@ def test_the_shipped_cases_own_rows_pass_the_exact_check():
         "paged": ks.indexer_topk_paged,
     }
     forms = set()
-    for name, case in cases.all_topk_cases(seed=3):
+    for _, case in cases.all_topk_cases(seed=3):
         args = {k: v for k, v in case.inputs.items() if v is not None}
         case.assert_rows(call[case.form](**args))
         forms.add(case.form)
     assert forms == set(call)
+
+
+def test_an_exact_tie_that_float64_rounding_splits_is_a_tie_to_the_check():
+    """Two keys whose products are the same values in another order: their
+    real scores are equal, but float64 sums (NumPy's pairwise order, a
+    sequential chain) can round them apart by an ULP. The check decides up to
+    float64 rounding: either key passes, and so does kvselect's own row."""
+    rng = np.random.default_rng(SEED + 9)
+    found = 0
+    for _ in range(2000):
+        d = 16
+        a = (rng.integers(1, 8, d) * 2.0 ** rng.integers(-60, 0, d)).astype(np.float32)
+        b = rng.permutation(a)
+        q = np.ones((1, 1, d), np.float32)
+        w = np.ones((1, 1), np.float32)
+        k = np.stack([a, b])
+        f64 = ref.indexer_scores(q, w, k, [1]).astype(np.float64)  # float32 out: use the float64 sums
+        s = [float(np.sum(x.astype(np.float64))) for x in (a, b)]
+        if s[0] == s[1]:
+            continue
+        found += 1
+        for row in ([0], [1], list(ks.indexer_topk(q, w, k, [1], 1)[0])):
+            report = checking.check_indexer_topk(np.array([row]), q, w, k, [1], 1, atol=0, rtol=0)
+            assert report["wrong"] == 0, (row, s, f64)
+        if found >= 5:
+            break
+    assert found >= 5

@@ -41,6 +41,15 @@ _U64 = 2.0**-53
 _ETA32 = 2.0**-150
 
 
+def _f64_slack(d: int, h: int) -> float:
+    """Twice ``γ_{d+H+3}`` in float64 (``u = 2^-53``): a bound, relative to
+    the magnitude ``Σ_h |w_h| Σ_i |q_hi k_ti| |c_t|``, of a float64 score's
+    rounding error in any summation order (every product exact), so of the
+    difference between two float64 computations of one real score."""
+    n = d + h + 3
+    return 2 * n * _U64 / (1 - n * _U64)
+
+
 def _up32(x: np.ndarray) -> np.ndarray:
     """``x`` (float64) as float32 rounded up: the least float32 ``>= x``."""
     y = np.asarray(x, dtype=np.float64).astype(np.float32)
@@ -159,12 +168,18 @@ def indexer_check(
     if c32 is not None and c32.ndim == 0:
         c32 = np.full(len(k_arr), c32, dtype=np.float32)  # one per-tensor scale
     h, d = q_arr.shape[1], q_arr.shape[2]
+    # Exact up to float64 rounding: two scores within the float64 re-score's
+    # own error bound of each other are a tie (either side may win), so a
+    # right row is never failed — kvselect's own rows included, which are
+    # decided in float64 summed in another order. The verdict takes it; a
+    # wrong row's report is against the tolerance given.
+    slack = _f64_slack(d, h)
     parts: List[Tuple[np.ndarray, dict]] = []
     vacuous = 0
     if whole is not None:  # one piece: every sequence's scores in one matrix
         t_max = int(np.diff(cu).max()) if n else 0
         full = np.full((n, t_max), np.nan)
-        full_m = np.full((n, t_max), np.nan) if rtol else None
+        full_m = np.full((n, t_max), np.nan)
         full_lens = np.zeros(n, dtype=np.int64)
     for s in np.unique(seq):
         lo, hi = int(cu[s]), int(cu[s + 1])
@@ -202,6 +217,7 @@ def indexer_check(
                 (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format),
                 rel,
                 whole is not None,
+                slack,
             )
             vacuous += int(vac.sum())
             if whole is not None:
@@ -255,7 +271,7 @@ def indexer_check(
                     full_lens,
                     topk=topk,
                     atol=atol,
-                    rtol=rtol,
+                    rtol=rtol + slack,
                     magnitudes=full_m,
                     slots=whole,
                     filler=filler,
@@ -285,6 +301,7 @@ def _rescore(
     operands: tuple,
     rel: Optional[np.ndarray] = None,
     full: bool = False,
+    slack: float = 0.0,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
     """The float64-exact check of a chunk of rows (see
     :func:`check_indexer_topk` for the rule and why it is exact): ``(idx,
@@ -303,7 +320,11 @@ def _rescore(
     candidates it leaves. The candidates are re-scored and each row's exact
     verdict is computed from them; only the exactly wrong rows, those the
     bounds leave undecided as to vacuity, and those with a non-finite
-    operand are screened again, one by one in float64."""
+    operand are screened again, one by one in float64. ``slack`` (relative
+    to the magnitude, like ``rtol``) widens the verdict's tolerance by the
+    float64 re-score's own rounding: the returned magnitudes are for the
+    tolerance given (every row's with ``full``, whose caller adds it)."""
+    user_rtol, rtol = rtol, rtol + slack
     from kvselect import reference
 
     q, w32, keys, ksc, absc, h, d, query_format, key_format = operands
@@ -320,7 +341,7 @@ def _rescore(
             idx0,
             np.zeros(len(idx0), bool),
             np.zeros((len(idx0), 0)),
-            (np.zeros((len(idx0), 0)) if rtol else None),
+            (np.zeros((len(idx0), 0)) if user_rtol or full else None),
             vac,
         )
     S = np.ascontiguousarray(S)  # (the native call's already is: no copy)
@@ -480,15 +501,15 @@ def _rescore(
     at = np.full(c, -1)
     at[idx] = np.arange(len(idx))
     out = S[idx].astype(f64)
-    mags = np.multiply.outer(A[idx], g) if rtol else None
+    mags = np.multiply.outer(A[idx], g)
     mine = need[pr]
     out[at[pr[mine]], pt[mine]] = ex[mine]
     if mags is not None:
         mags[at[pr[mine]], pt[mine]] = mg[mine]
     if slow.any():
         rs = at[np.flatnonzero(slow)]
-        vac[slow] = _vacuous_rows(out[rs], None if mags is None else mags[rs], lens[slow], k, atol, rtol)
-    return idx, (wrong if not full else need)[idx], out, mags, vac
+        vac[slow] = _vacuous_rows(out[rs], mags[rs], lens[slow], k, atol, rtol)
+    return idx, (wrong if not full else need)[idx], out, (mags if user_rtol or full else None), vac
 
 
 def _screen_row(
@@ -576,7 +597,11 @@ def check_indexer_topk(
     :func:`kvselect.indexer_topk_packed` takes it; a paged cache as
     :func:`kvselect.indexer_topk_paged` takes it, each sequence's pages read
     in their own format. With ``atol = rtol = 0`` a row passes iff it is
-    right up to float64 rounding. The operands are the values the native
+    right up to float64 rounding: two positions whose float64 scores differ
+    by less than ``2 γ_{d+H+3}`` (``u = 2^-53``) times the magnitude ``|c_t|
+    Σ_h |w_h| Σ_i |q_hi k_ti|`` are a tie (a float64 sum in another order
+    may round them the other way; real arithmetic may tie them), and
+    :func:`kvselect.indexer_topk`'s own rows always pass. The operands are the values the native
     kernel reads (weights and key scales as float32, keys and queries
     decoded exactly). Every argument is judged before any work.
 

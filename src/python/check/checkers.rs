@@ -43,8 +43,12 @@ use crate::python::errors::{refuse, Witness};
 /// Parameters
 /// ----------
 /// scores : array_like of float32 or float64, [n_rows, n_positions]
-///     Each row's exact scores, read as given: e.g. :func:`indexer_scores`, or
-///     float64-exact scores; any other dtype is a ``TypeError``.
+///     Each row's scores, read as given and judged **in their own arithmetic**: the
+///     verdict is exact for these values, so float32 scores (e.g. :func:`indexer_scores`)
+///     decide a near tie as float32 rounding left it, which real arithmetic may decide the
+///     other way. For the real-arithmetic verdict on an indexer's rows (what
+///     :func:`indexer_topk` selects) use :func:`kvselect.checking.check_indexer_topk`, or
+///     pass float64-exact scores. Any other dtype is a ``TypeError``.
 /// rows : array_like of int32 or int64, [n_rows, width]
 ///     The engine's rows (e.g. :func:`indexer_topk`; top-k rows are always 2-D, one per
 ///     query), negative entries padding, row-relative or (``slots=GlobalSlots(...)``)
