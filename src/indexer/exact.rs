@@ -17,12 +17,14 @@
 //! Each float32 score is one FMA chain of `d` steps per head, `H` fold steps
 //! and the scale (module docs of `super`), so (Higham, *Accuracy and
 //! Stability of Numerical Algorithms*, §3.1; the ReLU is 1-Lipschitz)
-//! `|ŝ_t − s_t| ≤ γ_{d+H+1} |c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`, plus at most
-//! `2⁻¹⁵⁰` per rounding into the subnormal range. With `A = Σ_h |w_h| Σ_i
-//! |q_hi|` (per query) and `g_t = |c_t| max_i |k_ti|` (per key, made by the
-//! kernel as it transposes a block) that is at most
-//! `E_t = 2 γ_{d+H+2} A g_t + 16 · 2⁻¹⁵⁰ (|c_t| (d Σ_h |w_h| + H) + 1)`,
-//! twice the bound, which also covers this module's own float64 roundings.
+//! `|ŝ_t − s_t| ≤ γ_{d+H+1} |c_t| Σ_h |w_h| Σ_i |q_hi k_ti|` (the dot
+//! products' `γ_d`, the fold's `γ_H` and the scale's `u` compound within
+//! `γ_{d+H+1}`), plus at most `2⁻¹⁵⁰` per rounding into the subnormal
+//! range. With `A = Σ_h |w_h| Σ_i |q_hi|` (per query) and `g_t ≥ |c_t|
+//! max_i |k_ti|` (per key: its block's `max |c| · max |k|`, made by the
+//! kernel as it transposes a block of 32 keys) that is at most `E_t = γ_{d+H+2} A g_t + 16 · 2⁻¹⁵⁰ (|c_t| (d Σ_h |w_h| +
+//! H) + 1)`, `A` and `g_t` rounded up and `E_t` given `2⁻²⁰` of room for
+//! this module's own float64 roundings.
 //! So the real score lies in `[ŝ_t − E_t, ŝ_t + E_t]`. A selected position
 //! whose lower end is above every unselected upper end is beaten by at most
 //! the other selected ones: it belongs to the real top-k. An unselected one
@@ -67,7 +69,7 @@ const ETA16: f64 = 16.0 * 7.006_492_321_624_085e-46;
 
 /// A query's terms of the float32 scores' error bound (see the module docs).
 pub(super) struct Bound {
-    /// `2 γ_{d+H+2} A`, rounded up.
+    /// `γ_{d+H+2} A`, rounded up (with room for this module's roundings).
     scale: f64,
     /// `d Σ_h |w_h| + H`.
     under: f64,
@@ -85,12 +87,15 @@ impl Bound {
             a += (w.abs() as f64) * qsum;
             wsum += w.abs() as f64;
         }
-        // d + H + 3 float64 roundings above, each relative 2⁻⁵³ at most.
+        // d + H + 3 float64 roundings above, each relative 2⁻⁵³ at most;
+        // and `2⁻²⁰` of room for the float64 roundings of `ŝ ± E` (each
+        // relative 2⁻⁵³ of `|ŝ| + E ≤ 2 A g_t`, far below `2⁻²⁰ γ A g_t`).
         let n = (d + h + 2) as f64;
         let gamma = n * U32 / (1.0 - n * U32);
-        let room = 1.0 + 4.0 * (d + h + 4) as f64 * f64::EPSILON;
+        let room =
+            (1.0 + 4.0 * (d + h + 4) as f64 * f64::EPSILON) * (1.0 + 1.0 / (1u64 << 20) as f64);
         Bound {
-            scale: 2.0 * gamma * a * room,
+            scale: gamma * a * room,
             under: d as f64 * wsum * room + h as f64,
         }
     }
@@ -106,6 +111,25 @@ impl Bound {
         } else {
             (f64::NEG_INFINITY, f64::INFINITY)
         }
+    }
+}
+
+impl Bound {
+    /// Whether any of the keys given (scores `s`, terms `g`, `c`) that may
+    /// be unselected (not scoring above `worst`, the selection's last
+    /// score) has an upper end `>= lo` (a non-finite score or bound always
+    /// has): the test of [`Bound::interval`] without a branch per key.
+    #[inline]
+    fn any_reaches(&self, s: &[f32], g: &[f32], c: &[f32], worst: f32, lo: f64) -> bool {
+        let mut hit = false;
+        for ((&s, &g), &c) in s.iter().zip(g).zip(c) {
+            let e = self.scale * g as f64 + ETA16 * (c as f64 * self.under + 1.0);
+            let up = s as f64 + e;
+            // NaN (a NaN score or bound) and ±inf reach anything.
+            let reaches = up.is_nan() | (up >= lo) | s.is_infinite() | e.is_infinite();
+            hit |= reaches & (s <= worst || s.is_nan());
+        }
+        hit
     }
 }
 
@@ -268,11 +292,13 @@ fn rank64(v: f64, t: usize) -> (u64, std::cmp::Reverse<usize>) {
 pub(super) type Run<'a> = &'a mut dyn FnMut(usize, &[f32], &[f32], &[f32]);
 
 /// A row's float32 scores and its keys' bound terms, as the group holds
-/// them: a score's point read, and runs of consecutive keys for the passes
-/// over the whole row.
+/// them: point reads, and runs of consecutive keys for the pass over the
+/// whole row.
 pub(super) trait RowScores {
     /// Key `t`'s float32 score.
     fn score(&self, t: usize) -> f32;
+    /// Key `t`'s bound terms `(g_t, |c_t|)`.
+    fn terms(&self, t: usize) -> (f32, f32);
     /// Keys `0 .. len` in runs: `f(t0, scores, g, c)` for keys `t0 ..`.
     fn runs(&self, len: usize, f: Run<'_>);
 }
@@ -292,60 +318,64 @@ pub(super) fn refine<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     }
     let bound = Bound::of(rescore.query);
     let worst = top[take - 1];
-    // Three passes over the row's runs (no point reads): the selected
-    // lowest lower end; the unselected whose upper end reaches it (the
-    // band) and their largest upper end; the selected whose lower end
-    // reaches that.
-    let mut lo_min = f64::INFINITY;
-    row.runs(len, &mut |t0, s, g, c| {
-        for (r, ((&s, &g), &c)) in s.iter().zip(g).zip(c).enumerate() {
-            if candidate(s, t0 + r) >= worst {
-                lo_min = lo_min.min(bound.interval(s, (g, c)).0);
-            }
-        }
-    });
+    let pos = |c: u64| (u32::MAX - c as u32) as usize;
+    let lower = |t: usize| bound.interval(row.score(t), row.terms(t)).0;
+    // The selected lowest lower end (the selected, read where they are);
+    // one pass over the row's runs for the unselected whose upper end
+    // reaches it (the band) and their largest upper end; then the selected
+    // whose lower end reaches that join the band.
+    let worst_score = row.score(pos(worst)) + 0.0;
+    let lows: Vec<f64> = top.iter().map(|&c| lower(pos(c))).collect();
+    let lo_min = lows.iter().copied().fold(f64::INFINITY, f64::min);
     let mut up_max = f64::NEG_INFINITY;
     let mut band: Vec<usize> = Vec::new();
     row.runs(len, &mut |t0, s, g, c| {
-        for (r, ((&s, &g), &c)) in s.iter().zip(g).zip(c).enumerate() {
-            let up = bound.interval(s, (g, c)).1;
-            if up >= lo_min && candidate(s, t0 + r) < worst {
-                up_max = up_max.max(up);
-                band.push(t0 + r);
+        for (k, ((s, g), c)) in s.chunks(64).zip(g.chunks(64)).zip(c.chunks(64)).enumerate() {
+            if !bound.any_reaches(s, g, c, worst_score, lo_min) {
+                continue; // the common case, decided branch-free a run at a time
+            }
+            for (r, ((&s, &g), &c)) in s.iter().zip(g).zip(c).enumerate() {
+                let (t, up) = (t0 + 64 * k + r, bound.interval(s, (g, c)).1);
+                if up >= lo_min && candidate(s, t) < worst {
+                    up_max = up_max.max(up);
+                    band.push(t);
+                }
             }
         }
     });
     if band.is_empty() {
         return; // no unselected position reaches a selected one: the float32 set is the real one
     }
-    let unselected = band.len();
-    row.runs(len, &mut |t0, s, g, c| {
-        for (r, ((&s, &g), &c)) in s.iter().zip(g).zip(c).enumerate() {
-            if candidate(s, t0 + r) >= worst && bound.interval(s, (g, c)).0 <= up_max {
-                band.push(t0 + r);
-            }
+    // The selected outside the band stay, in their order.
+    let mut kept: Vec<u64> = Vec::with_capacity(take);
+    for (&c, &lo) in top.iter().zip(&lows) {
+        match lo <= up_max {
+            true => band.push(pos(c)),
+            false => kept.push(c),
         }
-    });
+    }
     let mut exact = vec![0.0f64; band.len()];
     rescore.run(&band, &mut exact);
     let mut order: Vec<usize> = (0..band.len()).collect();
     order.sort_unstable_by_key(|&j| std::cmp::Reverse(rank64(exact[j], band[j])));
-    // The selected outside the band stay; the band's best fill the rest.
-    let in_band: std::collections::HashSet<usize> = band[unselected..].iter().copied().collect();
-    let pos = |c: u64| (u32::MAX - c as u32) as usize;
-    let mut kept: Vec<u64> = top
-        .iter()
-        .copied()
-        .filter(|&c| !in_band.contains(&pos(c)))
-        .collect();
+    // The band's best fill the rest, merged into the float32 order.
     let need = take - kept.len();
-    kept.extend(
-        order[..need]
-            .iter()
-            .map(|&j| candidate(row.score(band[j]), band[j])),
-    );
-    kept.sort_unstable_by(|a, b| b.cmp(a));
-    *top = kept;
+    let mut chosen: Vec<u64> = order[..need]
+        .iter()
+        .map(|&j| candidate(row.score(band[j]), band[j]))
+        .collect();
+    chosen.sort_unstable_by(|a, b| b.cmp(a));
+    top.clear();
+    let (mut i, mut j) = (0, 0);
+    while i < kept.len() || j < chosen.len() {
+        if j == chosen.len() || (i < kept.len() && kept[i] > chosen[j]) {
+            top.push(kept[i]);
+            i += 1;
+        } else {
+            top.push(chosen[j]);
+            j += 1;
+        }
+    }
 }
 
 /// Runs the family at `isa` once (the reach test's probe): two keys whose

@@ -63,7 +63,19 @@ struct GroupScores<'a> {
 impl GroupScores<'_> {
     #[inline]
     fn get(&self, j: usize, t: usize) -> f32 {
-        self.buf[((t / self.width) * (self.g + self.extra) + j) * self.width + t % self.width]
+        // A chunk is a power of two wide but for a paged cache's odd pages:
+        // a shift, not a division, on every read of the selection.
+        let (c, r) = match self.width.is_power_of_two() {
+            true => (t >> self.width.trailing_zeros(), t & (self.width - 1)),
+            false => (t / self.width, t % self.width),
+        };
+        self.buf[(c * (self.g + self.extra) + j) * self.width + r]
+    }
+
+    /// Key `t`'s bound terms `(g_t, |c_t|)` (a group scored with them).
+    #[inline]
+    fn terms(&self, t: usize) -> (f32, f32) {
+        (self.get(self.g, t), self.get(self.g + 1, t))
     }
 
     /// Query `j`'s first `dst.len()` scores into `dst`, a chunk at a time.
@@ -84,6 +96,10 @@ struct GroupRow<'a> {
 impl exact::RowScores for GroupRow<'_> {
     fn score(&self, t: usize) -> f32 {
         self.view.get(self.j, t)
+    }
+
+    fn terms(&self, t: usize) -> (f32, f32) {
+        self.view.terms(t)
     }
 
     fn runs(&self, len: usize, f: exact::Run<'_>) {

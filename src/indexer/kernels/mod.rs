@@ -323,10 +323,13 @@ pub(super) struct KeyTerms<'a> {
     pub c: &'a mut [f32],
 }
 
-/// `g_t = |c_t| · max_i |k_ti|` rounded up to a float32 and `|c_t|` of the
-/// block's `nb` keys (transposed in `kt`, each `unfold` × its stored value)
-/// into `terms` from entry `at`; NaN when a key holds a NaN (its bound is
-/// then no bound: the exact selection re-scores it).
+/// The block's bound terms: every one of its `nb` keys gets the block's
+/// `g = max_r |c_r| · max_r max_i |k_ri|` rounded up to a float32 (at least
+/// each key's own `|c_t| max_i |k_ti|`; one rounding per block, not per
+/// key) and `c = max_r |c_r|`, into `terms` from entry `at`. The keys are
+/// transposed in `kt`, each `unfold` × its stored value. NaN when a key
+/// holds a NaN (its bound is then no bound: the exact selection re-scores
+/// the block's keys).
 fn key_terms(
     level: Isa,
     kt: &[f32],
@@ -338,12 +341,16 @@ fn key_terms(
 ) {
     let mut m = [0u32; BLOCK];
     abs_max_bits(level, kt, &mut m);
-    for (r, &bits) in m.iter().enumerate().take(nb) {
-        let c = scale.map_or(1.0, |s| s[r]).abs();
-        let g = f64::from(f32::from_bits(bits)) * unfold * f64::from(c);
-        terms.g[at + r] = super::exact::up32(g);
-        terms.c[at + r] = c;
-    }
+    let kmax = m[..nb].iter().copied().max().unwrap_or(0);
+    let cmax = scale.map_or(1.0, |s| s[..nb].iter().fold(0.0f32, |a, x| a.max(x.abs())));
+    // A NaN scale: `f32::max` skips it, so the block's `c` is NaN by hand.
+    let cmax = match scale.is_some_and(|s| s[..nb].iter().any(|x| x.is_nan())) {
+        true => f32::NAN,
+        false => cmax,
+    };
+    let g = super::exact::up32(f64::from(f32::from_bits(kmax)) * unfold * f64::from(cmax));
+    terms.g[at..at + nb].fill(g);
+    terms.c[at..at + nb].fill(cmax);
 }
 
 /// Each lane's largest `|k|` over the transposed block `kt` (`[d, BLOCK]`),

@@ -308,19 +308,29 @@ fn fp8_scores_are_the_same_bits_on_every_level_folded_or_not() {
                     &mut Scratch::new(d),
                 );
                 // The bound terms are the decoded keys' (a folded AVX2
-                // block's `2⁻⁸` undone), whatever the level.
+                // block's `2⁻⁸` undone), whatever the level: each block of
+                // BLOCK keys the largest |k| times the largest |c| (so at
+                // least each key's own |c_t| max |k_t|).
                 let mut row = vec![0.0f32; d];
-                for r in 0..t {
-                    Encoded::Fp8E4m3(&bytes).decode(r * d, &mut row);
-                    let m = row.iter().fold(0.0f32, |a, x| a.max(x.abs()));
-                    let want_g = match row.iter().any(|x| x.is_nan()) {
+                for b0 in (0..t).step_by(BLOCK) {
+                    let keys = b0..(b0 + BLOCK).min(t);
+                    let (mut m, mut nan) = (0.0f32, false);
+                    for r in keys.clone() {
+                        Encoded::Fp8E4m3(&bytes).decode(r * d, &mut row);
+                        m = row.iter().fold(m, |a, x| a.max(x.abs()));
+                        nan |= row.iter().any(|x| x.is_nan());
+                    }
+                    let cmax = scale[keys.clone()]
+                        .iter()
+                        .fold(0.0f32, |a, x| a.max(x.abs()));
+                    let want_g = match nan {
                         true => f32::NAN,
-                        false => {
-                            crate::indexer::exact::up32(f64::from(m) * f64::from(scale[r].abs()))
-                        }
+                        false => crate::indexer::exact::up32(f64::from(m) * f64::from(cmax)),
                     };
-                    assert_eq!(g[r].to_bits(), want_g.to_bits(), "{level:?} key {r}");
-                    assert_eq!(c[r], scale[r].abs());
+                    for r in keys {
+                        assert_eq!(g[r].to_bits(), want_g.to_bits(), "{level:?} key {r}");
+                        assert_eq!(c[r], cmax);
+                    }
                 }
                 if li == 0 {
                     want = rows;
