@@ -86,7 +86,7 @@ fn check_out(got: usize, want: usize, shape: impl FnOnce() -> String) -> Result<
 /// A sequence whose every page is read is not scored.
 ///
 /// # Errors
-/// `budget` 0 (`budget`), a sequence with no token (`seq_lens`), bounds
+/// `budget` 0 (`page_budget`), a sequence with no token (`seq_lens`), bounds
 /// that are not the sequences' pages (`kmin`), and as [`scores_into`].
 /// Nothing is written before every check has passed.
 #[allow(clippy::too_many_arguments)]
@@ -103,8 +103,8 @@ pub fn select_into(
 ) -> Result<(), ArgumentError> {
     if budget == 0 {
         return Err(ArgumentError::Invalid {
-            argument: "budget",
-            message: "budget must be at least 1 page".into(),
+            argument: "page_budget",
+            message: "page_budget must be at least 1 page".into(),
         });
     }
     let n_seqs = seq_lens.len();

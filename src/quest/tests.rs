@@ -360,7 +360,7 @@ fn refusals_name_the_argument_and_write_nothing() {
     let mut out = vec![9i32; 4 * 4];
     let v = Variant::Kernel;
     let e = select_into(Encoded::F32(&q), 4, &lo, &hi, &[40], l, 0, v, &mut out).unwrap_err();
-    assert_eq!(e.argument(), "budget");
+    assert_eq!(e.argument(), "page_budget");
     let e = select_into(Encoded::F32(&q), 4, &lo, &hi, &[20], l, 4, v, &mut out).unwrap_err();
     assert_eq!(e.argument(), "kmin");
     let e = select_into(
