@@ -42,8 +42,8 @@ RULES: Tuple[Rule, ...] = (
     block_sparse.RULE,
     witness.RULE,
     compressed.RULE,
-    quest.RULE,
     baselines.RULE,
+    quest.RULE,
 )
 """Every rule, in the order of the lists derived from them."""
 
