@@ -607,6 +607,7 @@ mod tests {
         ("attention.softmax", crate::attention::dispatch_probe),
         ("attention.accumulate", crate::attention::dispatch_probe),
         ("quest.fold", crate::quest::dispatch_probe),
+        ("quest.page_bounds", crate::quest::dispatch_probe),
         ("quest.scores", crate::quest::dispatch_probe),
     ];
 
@@ -618,6 +619,7 @@ mod tests {
         ("witness.scan", Level::Avx512, Level::Avx2),
         ("attention.pack_keys", Level::Avx512, Level::Avx2),
         ("quest.fold", Level::Avx512, Level::Avx2),
+        ("quest.page_bounds", Level::Avx512, Level::Avx2),
         ("quest.scores", Level::Avx512, Level::Avx2),
     ];
 

@@ -2296,6 +2296,7 @@ def quest_bounds(
     key_scale: Optional[_ArrayIn] = None,
     key_format: Optional[str] = None,
     cu_seqlens: Optional[_ArrayIn] = None,
+    out: Optional[tuple[_ArrayOut[np.float32], _ArrayOut[np.float32]]] = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """Every page's element-wise key bounds: Quest's page metadata.
 
@@ -2320,6 +2321,9 @@ def quest_bounds(
     cu_seqlens : array_like of int, [n_seqs + 1], optional
         A packed batch: sequence ``s`` is tokens ``cu_seqlens[s] .. cu_seqlens[s +
         1]``, its pages after the previous sequence's. None: one sequence.
+    out : tuple of two ndarrays of float32, optional
+        ``(kmin, kmax)`` to write and return (an engine's metadata cache):
+        C-contiguous, writeable, aligned, not overlapping any input or each other.
 
     Returns
     -------
@@ -2332,9 +2336,9 @@ def quest_bounds(
         (a ValueError; ``.argument`` names it) when ``keys`` is not 3-D or has a zero
         axis but the first (``keys``, ``n_kv_heads``, ``d``); ``page_size`` is 0;
         ``key_scale`` is not one per token; ``cu_seqlens`` does not rise from 0 to
-        ``n_tokens``; a format name is unknown.
+        ``n_tokens``; a format name is unknown; ``out`` is refused (``out``).
     TypeError
-        when ``keys`` is no key format.
+        when ``keys`` is no key format or ``out`` not two float32 ndarrays.
 
     See Also
     --------
@@ -2361,19 +2365,16 @@ def quest_bounds_paged(
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """The page bounds of the sequences in an engine's paged key cache.
 
-    A cache page is a Quest page: ``kv_cache`` holds ``[num_blocks, page_size,
-    n_kv_heads * d]`` keys (an engine's ``[num_blocks, page_size, n_kv_heads, d]``
-    cache reshaped; the block axis may have any stride), or with
-    ``page_layout='fp8_scaled'`` uint8 pages of fp8 e4m3fn keys followed by one float32
-    scale per token. Sequence ``s`` holds ``seq_lens[s]`` tokens through its
-    ``block_table`` row. The bounds equal :func:`quest_bounds`' of the same keys laid
-    out densely (scaled keys as ``key_scale`` reads them), sequence after sequence.
+    A cache page is a Quest page. Sequence ``s`` holds ``seq_lens[s]`` tokens through
+    its ``block_table`` row; the bounds equal :func:`quest_bounds`' of the same keys laid
+    out densely (fp8 keys times their scales), sequence after sequence.
 
     Parameters
     ----------
     kv_cache : array_like, [num_blocks, page_size, n_kv_heads * d]
-        The pages, read in place (or uint8 ``[num_blocks, page_size, n_kv_heads * d +
-        4]`` with ``page_layout='fp8_scaled'``). Any CPU DLPack tensor too.
+        The pages read in place (an engine's ``[.., n_kv_heads, d]`` cache reshaped; any
+        block stride), or uint8 pages of fp8 keys then one float32 scale per token
+        (``[num_blocks, page_size, n_kv_heads * d + 4]``, ``page_layout='fp8_scaled'``).
     block_table : array_like of int32, [n_seqs, max_blocks]
         Logical page -> cache block, per sequence.
     seq_lens : array_like of int, [n_seqs]

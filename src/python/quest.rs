@@ -1,6 +1,7 @@
 //! Quest's page bounds, page scores and page sets (all raise `SelectionError`).
 
 use numpy::{PyArrayDyn, PyUntypedArray};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyList};
 
@@ -27,14 +28,28 @@ fn variant(name: &Named<QuestVariantName>, recent: Opt) -> PyResult<Variant> {
     })
 }
 
-/// `[n_pages, n_kv_heads, d]` float32 bounds, zeroed.
-fn new_bounds<'py>(
+/// The `[n_pages, n_kv_heads, d]` float32 bounds: the caller's `out=(kmin,
+/// kmax)` (checked as every `out=`, overlapping neither the inputs nor each
+/// other) or two new zeroed arrays.
+fn bounds_out<'py>(
     py: Python<'py>,
-    n_pages: usize,
-    l: Layout,
+    out: Opt<'_, 'py>,
+    (n_pages, l): (usize, Layout),
+    inputs: &[&Bound<'py, PyUntypedArray>],
 ) -> PyResult<(Out<'py, f32>, Out<'py, f32>)> {
     let shape = [n_pages, l.n_kv_heads, l.d];
-    Ok((Out::zeros(py, &shape)?, Out::zeros(py, &shape)?))
+    let Some(o) = out else {
+        return Ok((Out::zeros(py, &shape)?, Out::zeros(py, &shape)?));
+    };
+    let (a, b): (Obj<'py>, Obj<'py>) = o.extract().map_err(|_| {
+        PyTypeError::new_err("out must be a tuple (kmin, kmax) of two float32 ndarrays")
+    })?;
+    let lo = S.buffer::<f32>(&a, "out", &shape, inputs)?;
+    let hi = {
+        let with_lo = [inputs, &[lo.untyped()]].concat();
+        S.buffer::<f32>(&b, "out", &shape, &with_lo)?
+    };
+    Ok((lo, hi))
 }
 
 /// Every page's element-wise key bounds: Quest's page metadata.
@@ -60,6 +75,9 @@ fn new_bounds<'py>(
 /// cu_seqlens : array_like of int, [n_seqs + 1], optional
 ///     A packed batch: sequence ``s`` is tokens ``cu_seqlens[s] .. cu_seqlens[s +
 ///     1]``, its pages after the previous sequence's. None: one sequence.
+/// out : tuple of two ndarrays of float32, optional
+///     ``(kmin, kmax)`` to write and return (an engine's metadata cache):
+///     C-contiguous, writeable, aligned, not overlapping any input or each other.
 ///
 /// Returns
 /// -------
@@ -72,9 +90,9 @@ fn new_bounds<'py>(
 ///     (a ValueError; ``.argument`` names it) when ``keys`` is not 3-D or has a zero
 ///     axis but the first (``keys``, ``n_kv_heads``, ``d``); ``page_size`` is 0;
 ///     ``key_scale`` is not one per token; ``cu_seqlens`` does not rise from 0 to
-///     ``n_tokens``; a format name is unknown.
+///     ``n_tokens``; a format name is unknown; ``out`` is refused (``out``).
 /// TypeError
-///     when ``keys`` is no key format.
+///     when ``keys`` is no key format or ``out`` not two float32 ndarrays.
 ///
 /// See Also
 /// --------
@@ -90,8 +108,8 @@ fn new_bounds<'py>(
 /// ([[1.0, -2.0], [-1.0, 4.0]], [[3.0, 0.5], [-1.0, 4.0]])
 #[pyfunction]
 #[pyo3(
-    signature = (keys, page_size=None, *, key_scale=None, key_format=None, cu_seqlens=None),
-    text_signature = "(keys, page_size=16, *, key_scale=None, key_format=None, cu_seqlens=None)"
+    signature = (keys, page_size=None, *, key_scale=None, key_format=None, cu_seqlens=None, out=None),
+    text_signature = "(keys, page_size=16, *, key_scale=None, key_format=None, cu_seqlens=None, out=None)"
 )]
 pub(super) fn quest_bounds<'py>(
     py: Python<'py>,
@@ -100,6 +118,7 @@ pub(super) fn quest_bounds<'py>(
     key_scale: Opt<'_, 'py>,
     key_format: Option<Named<KeyFormat>>,
     cu_seqlens: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<(F32<'py>, F32<'py>)> {
     let p = S.count_or(page_size, "page_size", I32_MAX, QUEST_PAGE_SIZE)?;
     let (k, shape) = EncodedIn::new(S, keys, "keys", key_format.format_arg())?;
@@ -110,11 +129,7 @@ pub(super) fn quest_bounds<'py>(
         );
         return Err(refuse(S, "keys", msg));
     };
-    let l = Layout {
-        n_kv_heads: h,
-        d,
-        page_size: p,
-    };
+    let l = Layout::new(h, d, p);
     let scale = match key_scale {
         Some(o) => Some(S.input::<f32, 1>(o, "key_scale", "[n_tokens]")?),
         None => None,
@@ -129,7 +144,9 @@ pub(super) fn quest_bounds<'py>(
             .sum(),
         None => quest::pages_of(n, p),
     };
-    let (mut lo, mut hi) = new_bounds(py, n_pages, l)?;
+    let mut inputs = vec![k.untyped()];
+    inputs.extend(scale.as_ref().map(|s| s.untyped()));
+    let (mut lo, mut hi) = bounds_out(py, out, (n_pages, l), &inputs)?;
     let (enc, sc) = (k.encoded()?, scale.as_ref().map(|s| s.slice()).transpose()?);
     let (lo_s, hi_s) = (lo.slice()?, hi.slice()?);
     detach(py, enc.len(), || {
@@ -140,19 +157,16 @@ pub(super) fn quest_bounds<'py>(
 
 /// The page bounds of the sequences in an engine's paged key cache.
 ///
-/// A cache page is a Quest page: ``kv_cache`` holds ``[num_blocks, page_size,
-/// n_kv_heads * d]`` keys (an engine's ``[num_blocks, page_size, n_kv_heads, d]``
-/// cache reshaped; the block axis may have any stride), or with
-/// ``page_layout='fp8_scaled'`` uint8 pages of fp8 e4m3fn keys followed by one float32
-/// scale per token. Sequence ``s`` holds ``seq_lens[s]`` tokens through its
-/// ``block_table`` row. The bounds equal :func:`quest_bounds`' of the same keys laid
-/// out densely (scaled keys as ``key_scale`` reads them), sequence after sequence.
+/// A cache page is a Quest page. Sequence ``s`` holds ``seq_lens[s]`` tokens through
+/// its ``block_table`` row; the bounds equal :func:`quest_bounds`' of the same keys laid
+/// out densely (fp8 keys times their scales), sequence after sequence.
 ///
 /// Parameters
 /// ----------
 /// kv_cache : array_like, [num_blocks, page_size, n_kv_heads * d]
-///     The pages, read in place (or uint8 ``[num_blocks, page_size, n_kv_heads * d +
-///     4]`` with ``page_layout='fp8_scaled'``). Any CPU DLPack tensor too.
+///     The pages read in place (an engine's ``[.., n_kv_heads, d]`` cache reshaped; any
+///     block stride), or uint8 pages of fp8 keys then one float32 scale per token
+///     (``[num_blocks, page_size, n_kv_heads * d + 4]``, ``page_layout='fp8_scaled'``).
 /// block_table : array_like of int32, [n_seqs, max_blocks]
 ///     Logical page -> cache block, per sequence.
 /// seq_lens : array_like of int, [n_seqs]
@@ -238,13 +252,9 @@ pub(super) fn quest_bounds_paged<'py>(
         return Err(refuse(S, "n_kv_heads", msg));
     }
     let block_size = shape.get(1).copied().unwrap_or(0);
-    let l = Layout {
-        n_kv_heads: h,
-        d: paged.d / h,
-        page_size: block_size,
-    };
+    let l = Layout::new(h, paged.d / h, block_size);
     let n_pages: usize = lens.iter().map(|&n| quest::pages_of(n, block_size)).sum();
-    let (mut lo, mut hi) = new_bounds(py, n_pages, l)?;
+    let (mut lo, mut hi) = bounds_out(py, None, (n_pages, l), &[])?;
     let (cache, table) = (paged.cache(), paged.table()?);
     let (lo_s, hi_s) = (lo.slice()?, hi.slice()?);
     detach(py, lo_s.len(), || {
@@ -325,11 +335,7 @@ pub(super) fn quest_update<'py>(
         );
         return Err(refuse(S, "key", msg));
     }
-    let l = Layout {
-        n_kv_heads: bshape[1],
-        d: bshape[2],
-        page_size: p,
-    };
+    let l = Layout::new(bshape[1], bshape[2], p);
     let enc = k.encoded()?;
     let (lo_s, hi_s) = (lo.slice()?, hi.slice()?);
     quest::update_bounds(enc, key_scale, pos, l, lo_s, hi_s)?;
@@ -418,11 +424,7 @@ pub(super) fn quest_scores<'py>(
     if dq != d {
         return Err(refuse(S, "q", format!("q has d={dq} but the bounds d={d}")));
     }
-    let l = Layout {
-        n_kv_heads: h,
-        d,
-        page_size: 1,
-    };
+    let l = Layout::new(h, d, 1);
     let sglang = matches!(v, Variant::Sglang { .. });
     let shape: Vec<usize> = if sglang { vec![np_] } else { vec![hq, np_] };
     let mut out: Out<'py, f32> = Out::zeros(py, &shape)?;
@@ -528,12 +530,16 @@ pub(super) fn quest_select<'py>(
         (true, &[hq, dq]) => (hq, dq),
         (false, &[n, hq, dq]) if n == lens.len() => (hq, dq),
         _ => {
-            let want = if single {
-                "[n_q_heads, d] (seq_lens is one integer)".to_string()
-            } else {
-                format!("[n_seqs={}, n_q_heads, d]", lens.len())
-            };
-            return Err(refuse(S, "q", format!("q must be {want}, got {qshape:?}")));
+            let (n, why) = (
+                lens.len(),
+                ["", " (seq_lens is one integer)"][single as usize],
+            );
+            let want = ["[n_seqs={n}, n_q_heads, d]", "[n_q_heads, d]"][single as usize];
+            let msg = format!(
+                "q must be {}{why}, got {qshape:?}",
+                want.replace("{n}", &n.to_string())
+            );
+            return Err(refuse(S, "q", msg));
         }
     };
     let (lo, hi) = bounds_in(kmin, kmax)?;
@@ -541,11 +547,7 @@ pub(super) fn quest_select<'py>(
     if dq != d {
         return Err(refuse(S, "q", format!("q has d={dq} but the bounds d={d}")));
     }
-    let l = Layout {
-        n_kv_heads: h,
-        d,
-        page_size: p,
-    };
+    let l = Layout::new(h, d, p);
     let rows = if matches!(v, Variant::Sglang { .. }) {
         1
     } else {
@@ -553,11 +555,8 @@ pub(super) fn quest_select<'py>(
     };
     let w = quest::width(v, page_budget);
     if w > I32_MAX as usize {
-        return Err(refuse(
-            S,
-            "page_budget",
-            "page_budget is too large: rows would be wider than int32",
-        ));
+        let msg = "page_budget is too large: rows would be wider than int32";
+        return Err(refuse(S, "page_budget", msg));
     }
     let mut shape = vec![rows, w];
     if !single {

@@ -14,6 +14,11 @@ use rayon::prelude::*;
 trait Tokens: Sync {
     fn n_tokens(&self) -> usize;
     fn row(&self, isa: Isa, t: usize, scratch: &mut [f32]) -> Option<f32>;
+    /// Tokens `t0..t1` as rows in place in their format, with their
+    /// scales, when the keys are stored so (dense keys).
+    fn in_place(&self, _t0: usize, _t1: usize) -> Option<(Encoded<'_>, Option<&[f32]>)> {
+        None
+    }
 }
 
 /// A sequence's keys held contiguously (`[n_tokens, n_kv_heads, d]`).
@@ -33,6 +38,11 @@ impl Tokens for Dense<'_> {
         let at = (self.start + t) * self.row;
         self.keys.decode_at(isa, at, &mut scratch[..self.row]);
         self.scales.map(|s| s[self.start + t])
+    }
+    fn in_place(&self, t0: usize, t1: usize) -> Option<(Encoded<'_>, Option<&[f32]>)> {
+        let (a, b) = (self.start + t0, self.start + t1);
+        let rows = self.keys.slice(a * self.row, b * self.row);
+        Some((rows, self.scales.map(|s| &s[a..b])))
     }
 }
 
@@ -55,26 +65,56 @@ impl Tokens for Paged<'_> {
             .decode(page, t % bs, &mut scratch[..self.cache.d], &mut scale);
         (self.cache.layout == crate::keys::PageLayout::Fp8WithScales).then_some(scale[0])
     }
+    fn in_place(&self, t0: usize, t1: usize) -> Option<(Encoded<'_>, Option<&[f32]>)> {
+        // A Quest page is a cache page: tokens t0..t1 are the first rows of
+        // one page, read in place when it holds keys alone (aligned).
+        if self.cache.layout == crate::keys::PageLayout::Fp8WithScales {
+            return None;
+        }
+        let page = self.table.page(self.seq, t0 / self.cache.block_size);
+        let keys = self.cache.page_keys(page)?;
+        Some((keys.slice(0, (t1 - t0) * self.cache.d), None))
+    }
 }
 
 /// Writes one sequence's bounds (`n_pages` rows of `kmin` / `kmax`) from
-/// its tokens: page `p` folds tokens `p·P .. min((p+1)·P, n)` in order, the
-/// first one setting the bounds. Pages run in parallel on the pool.
+/// its tokens: page `p`'s bounds over tokens `p·P .. min((p+1)·P, n)`
+/// ([`kernels::page_bounds`]; the same bits as folding them in order).
+/// Dense keys are read in place in their format; a paged cache's pages are
+/// decoded a page at a time into an L2-sized scratch. Pages run in
+/// parallel on the pool.
 fn build<T: Tokens>(isa: Isa, tokens: &T, layout: Layout, kmin: &mut [f32], kmax: &mut [f32]) {
     let (row, p_size) = (layout.row(), layout.page_size);
     let n = tokens.n_tokens();
     let page = |p: usize, lo: &mut [f32], hi: &mut [f32]| {
-        let mut scratch = vec![0.0f32; row];
-        for t in p * p_size..((p + 1) * p_size).min(n) {
-            let scale = tokens.row(isa, t, &mut scratch);
-            kernels::fold(isa, &scratch, scale, t == p * p_size, lo, hi);
+        let (t0, t1) = (p * p_size, ((p + 1) * p_size).min(n));
+        if let Some((rows, scales)) = tokens.in_place(t0, t1) {
+            kernels::page_bounds(isa, rows, scales, lo, hi);
+            return;
         }
+        let mut scratch = vec![0.0f32; (t1 - t0) * row];
+        let mut scales = vec![0.0f32; t1 - t0];
+        let mut scaled = false;
+        for t in t0..t1 {
+            let at = (t - t0) * row;
+            if let Some(c) = tokens.row(isa, t, &mut scratch[at..at + row]) {
+                scales[t - t0] = c;
+                scaled = true;
+            }
+        }
+        kernels::page_bounds(
+            isa,
+            Encoded::F32(&scratch),
+            scaled.then_some(&scales[..]),
+            lo,
+            hi,
+        );
     };
     let min_pages = pool::min_rows(p_size * row);
     pool::install(|parallel| {
-        let chunks = kmin.par_chunks_mut(row).zip(kmax.par_chunks_mut(row));
         if parallel {
-            chunks
+            kmin.par_chunks_mut(row)
+                .zip(kmax.par_chunks_mut(row))
                 .with_min_len(min_pages)
                 .enumerate()
                 .for_each(|(p, (lo, hi))| page(p, lo, hi));

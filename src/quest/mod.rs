@@ -145,6 +145,15 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The layout of `n_kv_heads` heads of `d`, pages of `page_size` tokens.
+    pub fn new(n_kv_heads: usize, d: usize, page_size: usize) -> Layout {
+        Layout {
+            n_kv_heads,
+            d,
+            page_size,
+        }
+    }
+
     /// Floats per page of bounds (`n_kv_heads × d`).
     pub fn row(&self) -> usize {
         self.n_kv_heads * self.d

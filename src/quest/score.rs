@@ -8,9 +8,9 @@ use crate::keys::Format;
 use crate::pool;
 use crate::simd::Isa;
 
-/// Pages per parallel task: 64 pages of one KV head's bounds are
-/// `64 × 2 × d` floats (64 KiB at d = 128), an L2-sized piece.
-const CHUNK_PAGES: usize = 64;
+/// Pages per parallel task: 32 pages' bounds are `32 × 2 × n_kv_heads × d`
+/// floats (256 KiB at 8 heads of 128), an L2-sized piece.
+const CHUNK_PAGES: usize = 32;
 
 /// Refuses bounds that are not whole pages of one size, or queries whose
 /// heads are not a whole number of groups per KV head; the page count.
@@ -52,7 +52,8 @@ pub(super) fn check_shapes(
 /// q_ji ≥ 0 ? kmax[p, h, i] : kmin[p, h, i])` (`h = j / (n_q_heads /
 /// n_kv_heads)`, the 8-lane order), for `q` `[n_q_heads, d]` and bounds
 /// `[n_pages, n_kv_heads, d]`; `out` is `[n_q_heads, n_pages]`. Shapes are
-/// the caller's to check ([`check_shapes`]).
+/// the caller's to check ([`check_shapes`]). Tasks are ranges of pages,
+/// every head of a page scored while its bounds are read.
 pub(super) fn per_head(
     isa: Isa,
     q: &[f32],
@@ -64,40 +65,36 @@ pub(super) fn per_head(
 ) {
     let (h, d, row) = (layout.n_kv_heads, layout.d, layout.row());
     let n_pages = kmin.len() / row;
-    let g = n_q_heads / h;
     if n_pages == 0 {
         return;
     }
+    let g = n_q_heads / h;
     let n_chunks = n_pages.div_ceil(CHUNK_PAGES);
-    let width = g * CHUNK_PAGES;
-    let mut scratch = vec![0.0f32; h * n_chunks * width];
-    let min_tasks = pool::min_rows(2 * CHUNK_PAGES * d);
-    pool::for_each_row_mut(&mut scratch, width, min_tasks, |task, part| {
-        let (kv, c) = (task / n_chunks, task % n_chunks);
+    let width = n_q_heads * CHUNK_PAGES;
+    let mut scratch = vec![0.0f32; n_chunks * width];
+    let min_tasks = pool::min_rows(2 * CHUNK_PAGES * row);
+    pool::for_each_row_mut(&mut scratch, width, min_tasks, |c, part| {
         let p0 = c * CHUNK_PAGES;
         let len = CHUNK_PAGES.min(n_pages - p0);
-        let at = p0 * row + kv * d;
+        let at = p0 * row;
         kernels::scores(
             isa,
-            &q[kv * g * d..(kv + 1) * g * d],
-            d,
+            q,
+            (h, g, d),
             &kmin[at..],
             &kmax[at..],
             row,
             len,
-            &mut part[..g * len],
+            &mut part[..n_q_heads * len],
         );
     });
-    for kv in 0..h {
-        for c in 0..n_chunks {
-            let p0 = c * CHUNK_PAGES;
-            let len = CHUNK_PAGES.min(n_pages - p0);
-            let part = &scratch[(kv * n_chunks + c) * width..];
-            for r in 0..g {
-                let j = kv * g + r;
-                out[j * n_pages + p0..j * n_pages + p0 + len]
-                    .copy_from_slice(&part[r * len..(r + 1) * len]);
-            }
+    for c in 0..n_chunks {
+        let p0 = c * CHUNK_PAGES;
+        let len = CHUNK_PAGES.min(n_pages - p0);
+        let part = &scratch[c * width..];
+        for j in 0..n_q_heads {
+            out[j * n_pages + p0..j * n_pages + p0 + len]
+                .copy_from_slice(&part[j * len..(j + 1) * len]);
         }
     }
 }
@@ -160,8 +157,9 @@ pub fn round_f16(x: f32) -> f32 {
 
 /// SGLang's scores of one sequence's pages: `out[p] = Σ_h Σ_i fma(m_hi,
 /// m_hi ≥ 0 ? kmax[p, h, i] : kmin[p, h, i])`, each head's sum in the
-/// 8-lane order and the heads added in order, for the group-mean query `m`
-/// (`[n_kv_heads, d]`, [`group_mean`]); `out` is `[n_pages]`.
+/// 8-lane order and the heads added in order (from `0.0`), for the
+/// group-mean query `m` (`[n_kv_heads, d]`, [`group_mean`]); `out` is
+/// `[n_pages]`.
 pub(super) fn grouped(
     isa: Isa,
     m: &[f32],
@@ -171,7 +169,7 @@ pub(super) fn grouped(
     out: &mut [f32],
 ) {
     let (h, d, row) = (layout.n_kv_heads, layout.d, layout.row());
-    let min_tasks = pool::min_rows(2 * h * d);
+    let min_tasks = pool::min_rows(2 * row);
     pool::for_each_row_mut(
         out,
         CHUNK_PAGES,
@@ -179,23 +177,24 @@ pub(super) fn grouped(
         |c, part| {
             let p0 = c * CHUNK_PAGES;
             let len = part.len();
-            let mut head = vec![0.0f32; len];
-            part.fill(0.0);
-            for kv in 0..h {
-                let at = p0 * row + kv * d;
-                kernels::scores(
-                    isa,
-                    &m[kv * d..(kv + 1) * d],
-                    d,
-                    &kmin[at..],
-                    &kmax[at..],
-                    row,
-                    len,
-                    &mut head,
-                );
-                for (o, &s) in part.iter_mut().zip(&head) {
-                    *o += s;
+            let mut heads = vec![0.0f32; h * len];
+            let at = p0 * row;
+            kernels::scores(
+                isa,
+                m,
+                (h, 1, d),
+                &kmin[at..],
+                &kmax[at..],
+                row,
+                len,
+                &mut heads,
+            );
+            for (p, o) in part.iter_mut().enumerate() {
+                let mut s = 0.0f32;
+                for kv in 0..h {
+                    s += heads[kv * len + p];
                 }
+                *o = s;
             }
         },
     );

@@ -357,3 +357,27 @@ def test_every_simd_level_gives_the_same_bits(tmp_path, level):
             assert same, name
         else:
             assert np.array_equal(got[name], want), name
+
+
+def test_bounds_into_the_callers_buffers():
+    """``out=(kmin, kmax)``: written and returned, the same bits as new
+    arrays; a buffer of another shape, dtype, or shared by both is refused
+    naming ``out`` and left as it was."""
+    keys = np.random.default_rng(SEED + 6).standard_normal((50, 2, 8)).astype(np.float32)
+    lo, hi = ks.quest_bounds(keys)
+    out = (np.full_like(lo, 7.0), np.full_like(hi, 7.0))
+    got = ks.quest_bounds(keys, out=out)
+    assert got[0] is out[0] and got[1] is out[1]
+    assert _bits_equal(out[0], lo) and _bits_equal(out[1], hi)
+    small = (np.full((3, 2, 7), 5.0, np.float32), np.full((3, 2, 7), 5.0, np.float32))
+    with pytest.raises(ks.SelectionError, match="out must have shape") as e:
+        ks.quest_bounds(keys, out=small)
+    assert e.value.argument == "out" and (small[0] == 5.0).all()
+    shared = np.full_like(lo, 5.0)
+    with pytest.raises(ks.SelectionError, match="overlaps") as e:
+        ks.quest_bounds(keys, out=(shared, shared))
+    assert e.value.argument == "out" and (shared == 5.0).all()
+    with pytest.raises(TypeError, match="out must be a tuple"):
+        ks.quest_bounds(keys, out=lo)
+    with pytest.raises(TypeError, match="float32"):
+        ks.quest_bounds(keys, out=(lo.astype(np.float64), hi))

@@ -1,6 +1,6 @@
 //! Every level's kernels against the portable ones, bit for bit.
 
-use super::{fold, portable, scores};
+use super::{fold, page_bounds, portable, scores};
 use crate::simd::isas_for_test;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -68,9 +68,10 @@ fn scores_are_bit_identical_on_every_level() {
     for case in 0..300 {
         let d = rng.random_range(1..40);
         let g = rng.random_range(1..7);
+        let h = rng.random_range(1..4);
         let n_pages = rng.random_range(0..9);
-        let stride = d + rng.random_range(0..3);
-        let q = values(&mut rng, g * d);
+        let stride = h * d + rng.random_range(0..3);
+        let q = values(&mut rng, h * g * d);
         let a = values(&mut rng, n_pages * stride);
         let b = values(&mut rng, n_pages * stride);
         let (kmin, kmax): (Vec<f32>, Vec<f32>) = a
@@ -80,8 +81,8 @@ fn scores_are_bit_identical_on_every_level() {
             .unzip();
         let mut want: Option<Vec<f32>> = None;
         for isa in isas_for_test() {
-            let mut out = vec![0.0f32; g * n_pages];
-            scores(isa, &q, d, &kmin, &kmax, stride, n_pages, &mut out);
+            let mut out = vec![0.0f32; h * g * n_pages];
+            scores(isa, &q, (h, g, d), &kmin, &kmax, stride, n_pages, &mut out);
             match &want {
                 None => want = Some(out),
                 Some(w) => assert!(same_bits(w, &out), "case {case} at {isa:?}"),
@@ -98,8 +99,72 @@ fn a_dot_is_the_sign_selected_bound_sum() {
     let kmax = [2.0f32, 4.0, 6.0, 8.0];
     for isa in isas_for_test() {
         let mut out = [0.0f32];
-        scores(isa, &q, 4, &kmin, &kmax, 4, 1, &mut out);
+        scores(isa, &q, (1, 1, 4), &kmin, &kmax, 4, 1, &mut out);
         // 1·2 + (-2)·(-3) + 0·6 + (-0)·8
         assert_eq!(out[0], 8.0, "{isa:?}");
+    }
+}
+
+#[test]
+fn a_page_build_is_the_fold_of_its_rows_on_every_level() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for case in 0..400 {
+        let n = rng.random_range(1..40);
+        let t = rng.random_range(1..20);
+        let rows = values(&mut rng, n * t);
+        let scales: Option<Vec<f32>> =
+            (case % 3 == 0).then(|| (0..t).map(|_| rng.random_range(0.01f32..3.0)).collect());
+        let (mut flo, mut fhi) = (vec![0.0f32; n], vec![0.0f32; n]);
+        for (i, r) in rows.chunks_exact(n).enumerate() {
+            let c = scales.as_ref().map(|s| s[i]);
+            fold(crate::simd::Isa::Scalar, r, c, i == 0, &mut flo, &mut fhi);
+        }
+        for isa in isas_for_test() {
+            let (mut lo, mut hi) = (vec![7.0f32; n], vec![7.0f32; n]);
+            page_bounds(
+                isa,
+                crate::keys::Encoded::F32(&rows),
+                scales.as_deref(),
+                &mut lo,
+                &mut hi,
+            );
+            assert!(
+                same_bits(&lo, &flo) && same_bits(&hi, &fhi),
+                "case {case} at {isa:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_page_build_reads_every_key_format_in_place_as_its_decode() {
+    use crate::keys::Encoded;
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    for case in 0..300 {
+        let n = rng.random_range(1..70);
+        let t = rng.random_range(1..18);
+        let u16s: Vec<u16> = (0..n * t).map(|_| rng.random_range(0..=u16::MAX)).collect();
+        let u8s: Vec<u8> = (0..n * t).map(|_| rng.random_range(0..=u8::MAX)).collect();
+        let scales: Option<Vec<f32>> =
+            (case % 2 == 0).then(|| (0..t).map(|_| rng.random_range(0.01f32..3.0)).collect());
+        for rows in [
+            Encoded::Bf16(&u16s),
+            Encoded::F16(&u16s),
+            Encoded::Fp8E4m3(&u8s),
+        ] {
+            let mut dec = vec![0.0f32; rows.len()];
+            rows.decode_at(crate::simd::Isa::Scalar, 0, &mut dec);
+            let (mut wl, mut wh) = (vec![0.0f32; n], vec![0.0f32; n]);
+            portable::page_bounds_f32(&dec, scales.as_deref(), &mut wl, &mut wh);
+            for isa in isas_for_test() {
+                let (mut lo, mut hi) = (vec![7.0f32; n], vec![7.0f32; n]);
+                page_bounds(isa, rows, scales.as_deref(), &mut lo, &mut hi);
+                assert!(
+                    same_bits(&lo, &wl) && same_bits(&hi, &wh),
+                    "case {case} {:?} at {isa:?}",
+                    rows.format()
+                );
+            }
+        }
     }
 }
