@@ -26,7 +26,8 @@
 //!
 //! The pages read (`controller.py` `begin_forward` / `need_estimate`,
 //! `quest/utils/__init__.py` `decode_topk`, `decode_sparse_attn`):
-//! with `budget` pages (the last one counted), a query of `n` pages reads
+//! with `budget` pages (the last one counted; `page_budget` in Python, as
+//! Quest names it), a query of `n` pages reads
 //! **every page when `n <= budget`** (the dense fallback), else **the last
 //! page, forced**, and the top `budget − 1` of the `n − 1` others by `s_p`.
 //! The last page is never scored (the kernel scores `n − 1` pages): it is

@@ -201,3 +201,87 @@ def test_the_eval_policy_runs_at_one_budget_and_is_na_below_a_page():
     assert ks.evaluate.derive_settings(8)[0].quest_page_size == 8  # derived: one page fits
     assert by[(64, "quest")].note is None and 0 < by[(64, "quest")].slots_used <= 64
     assert by[(64, "quest")].recall_mean > 0
+
+
+def _brute_force_right(q, keys, n, budget, variant, row, page=4):
+    """Whether one row is right in real arithmetic (Fractions), from the
+    rule's statement: the count, the forced pages, every free selected page
+    at least every free unselected one."""
+    from fractions import Fraction
+
+    lo, hi = R.quest_bounds(keys, page)
+    n_pages = len(lo)
+    h = lo.shape[1]
+    if variant == "sglang":
+        qs = [R.quest.group_mean(q, h)]  # one query per KV head: [h, d]
+    else:
+        g = q.shape[0] // h
+        qs = [np.where(np.arange(h)[:, None] == j // g, q[j][None], 0.0) for j in range(q.shape[0])]
+    exact = []
+    for m in qs:  # m: [h, d], zero rows for the KV heads a query head does not read
+        per = []
+        for p in range(n_pages):
+            b = np.where(m >= 0, hi[p], lo[p])
+            per.append(sum(Fraction(float(x)) * Fraction(float(y)) for x, y in zip(m.ravel(), b.ravel())))
+        exact.append(per)
+    if variant == "kernel":
+        count, forced = (n_pages, set()) if n_pages <= budget else (budget, {n_pages - 1})
+    else:  # sglang, 2 recent pages
+        start = max(n_pages - 2, 0)
+        count, forced = (min(max(budget - 2, 1), start) if start else 0) + n_pages - start, set(range(start, n_pages))
+    verdicts = []
+    for s, r in zip(exact, row):
+        got = [int(x) for x in r if x >= 0]
+        chosen = set(got)
+        ok = len(got) == len(chosen) == count and forced <= chosen and all(0 <= x < n_pages for x in got)
+        free_in = [s[x] for x in chosen - forced]
+        free_out = [s[x] for x in set(range(n_pages)) - chosen - forced]
+        verdicts.append(ok and (not free_in or not free_out or min(free_in) >= max(free_out)))
+    return verdicts
+
+
+@pytest.mark.parametrize("variant", ["kernel", "sglang"])
+def test_the_exact_check_agrees_with_fractions_where_float32_cannot_decide(variant):
+    """Rows (1,200 per-head, 300 SGLang) built so that pages differ only below float32's resolution
+    (a large shared component, small offsets): the check's verdict at rtol =
+    atol = 0 on kvselect's rows and on rows with one page swapped equals a
+    brute-force verdict in rational arithmetic, row by row."""
+    rng = np.random.default_rng(41)
+    agree = native_wrong = 0
+    for case in range(60):
+        n, h, g, d = int(rng.integers(9, 40)), 2, 2, 3
+        keys = np.zeros((n, h, d), np.float32)
+        keys[..., 0] = 2.0**20  # every page's dimension 0 bound: the same large value
+        keys[..., 1] = rng.integers(-8, 9, (n, h)) * 2.0**-6  # what tells pages apart
+        keys[..., 2] = rng.integers(-8, 9, (n, h)) * 2.0**-6
+        q = np.ones((1, h * g, d), np.float32)
+        q[0, :, 1:] = rng.integers(-2, 3, (h * g, 2))
+        budget = int(rng.integers(2, 6))
+        lo, hi = ks.quest_bounds(keys, 4)
+        native = ks.quest_select(q, lo, hi, [n], budget, 4, variant=variant, num_recent_pages=2)
+        candidates = [native]
+        for _ in range(4):  # one selected free page swapped for an unselected one
+            bad = native.copy()
+            j = int(rng.integers(bad.shape[1]))
+            row = bad[0, j]
+            valid = row[row >= 0]
+            others = np.setdiff1d(np.arange(len(lo)), valid)
+            if len(valid) and len(others):
+                row[int(rng.integers(len(valid)))] = int(rng.choice(others))
+            candidates.append(bad)
+        for rows in candidates:
+            want = _brute_force_right(q[0], keys, n, budget, variant, rows[0])
+            try:
+                rep = testing.assert_quest(
+                    rows, q, keys, [n], budget, 4, variant=variant, num_recent_pages=2, rtol=0.0, atol=0.0
+                )
+                wrong = set()
+            except testing.CheckFailure as e:
+                rep = e.report
+                wrong = {x["row"] for x in rep["details"]}
+            got = [j not in wrong for j in range(rows.shape[1])]
+            assert got == want, (case, rows.tolist(), want, got)
+            agree += len(got)
+            if rows is native:  # float32 ties that real arithmetic breaks: kvselect's own row is wrong
+                native_wrong += want.count(False)
+    assert agree >= 300 and native_wrong > 0, (agree, native_wrong)
