@@ -14,6 +14,7 @@ dense keys in the same run; for batched ``positions_of_blocks``, ``np.full`` of
 the same output.
 
     python benches/compare.py --only block  # both block tables, engine caches too
+    python benches/compare.py --only quest  # Quest's decode step (quest_cases.py)
 
 Beside NumPy, the pipeline a torch user would write instead, when torch is
 importable (never a dependency: run the script from a venv that has it):
@@ -62,6 +63,7 @@ from kvselect import reference as ref  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_cases  # noqa: E402
 from indexer_cases import bench_indexer, print_indexer_table  # noqa: E402
+from quest_cases import bench_quest, print_quest_table  # noqa: E402
 from timing import PAUSE_S, interleaved  # noqa: E402
 
 TOPK = 2048
@@ -1009,7 +1011,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="few repetitions (a smoke run)")
     p.add_argument(
         "--only",
-        choices=["witness", "block", "indexer", "attention", "threads", "overhead"],
+        choices=["witness", "block", "indexer", "quest", "attention", "threads", "overhead"],
         help="run one section",
     )
     p.add_argument("--plot", metavar="FILE.png", help="also plot cost against size")
@@ -1029,6 +1031,9 @@ def main(argv=None) -> int:
     if args.only in (None, "indexer"):
         results["indexer"] = bench_indexer(args.quick)
         print_indexer_table(results["indexer"])
+    if args.only in (None, "quest"):
+        results["quest"] = bench_quest(args.quick)
+        print_quest_table(results["quest"])
     if args.only in (None, "attention"):
         results["attention"] = bench_attention(args.quick)
         print_attention_table(results["attention"])

@@ -23,6 +23,9 @@
 //!   the block rule, the witnesses, the paged and packed layouts) applied to
 //!   the rows a kernel returned, with the tolerance a lower-precision engine
 //!   is owed, and a report of every violation;
+//! - [`quest`]: Quest's query-aware page selection (page key bounds,
+//!   their score bound, the page a decoding query reads; the original and
+//!   SGLang's variants);
 //! - [`pool`]: kvselect's own rayon pool (resizable, fork-safe), which every
 //!   batched call runs on;
 //! - [`simd`]: run-time SIMD dispatch: [`simd::Isa::best`], the one entry
@@ -59,6 +62,7 @@ pub mod keys;
 pub mod metrics;
 mod packed;
 pub mod pool;
+pub mod quest;
 pub mod simd;
 pub mod witness;
 

@@ -608,6 +608,9 @@ mod tests {
         ("attention.scores", crate::attention::dispatch_probe),
         ("attention.softmax", crate::attention::dispatch_probe),
         ("attention.accumulate", crate::attention::dispatch_probe),
+        ("quest.fold", crate::quest::dispatch_probe),
+        ("quest.page_bounds", crate::quest::dispatch_probe),
+        ("quest.scores", crate::quest::dispatch_probe),
     ];
 
     /// The levels a family has no kernel for, refused by name (`avx512 =>
@@ -617,6 +620,9 @@ mod tests {
         ("keys.decode", Level::Avx512, Level::Avx2),
         ("witness.scan", Level::Avx512, Level::Avx2),
         ("attention.pack_keys", Level::Avx512, Level::Avx2),
+        ("quest.fold", Level::Avx512, Level::Avx2),
+        ("quest.page_bounds", Level::Avx512, Level::Avx2),
+        ("quest.scores", Level::Avx512, Level::Avx2),
     ];
 
     /// A level added to the dispatch is reached by every kernel family, or

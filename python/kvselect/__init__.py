@@ -37,6 +37,12 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   (:func:`compressed_entry_tokens`), vLLM's combined index rows
   (:func:`combine_topk_swa_indices`) and GLM-5-Next's pool expansion
   (:func:`expand_entries`);
+- Quest's query-aware page selection (:func:`quest_bounds`,
+  :func:`quest_bounds_paged`, :func:`quest_update`, :func:`quest_scores`,
+  :func:`quest_select`): each page's key bounds, built from dense or paged
+  bfloat16 / fp8 caches and updated per decode step, the score bound they put
+  on a query, and the pages it reads (Quest's kernels, its evaluation script,
+  SGLang's variant);
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -88,6 +94,11 @@ from kvselect._core import (
     output_relative_error,
     output_relative_error_rows,
     positions_of_blocks,
+    quest_bounds,
+    quest_bounds_paged,
+    quest_scores,
+    quest_select,
+    quest_update,
     random_null,
     scatter_topology_witnesses,
     segment_coverage,
@@ -171,6 +182,11 @@ __all__ = [
     "output_relative_error",
     "output_relative_error_rows",
     "positions_of_blocks",
+    "quest_bounds",
+    "quest_bounds_paged",
+    "quest_scores",
+    "quest_select",
+    "quest_update",
     "random_null",
     "scatter_topology_witnesses",
     "segment_coverage",

@@ -11,6 +11,11 @@ __all__ = [
     "compressed_entry_tokens",
     "expand_entries",
     "combine_topk_swa_indices",
+    "quest_bounds",
+    "quest_bounds_paged",
+    "quest_update",
+    "quest_scores",
+    "quest_select",
     "__version__",
     "MAX_TOPOLOGY_SEGMENTS",
     "KvselectError",
@@ -2290,4 +2295,297 @@ def combine_topk_swa_indices(
         ``topk_indices`` narrower than ``topk``. Nothing is written.
     TypeError
         On an argument of the wrong type or dtype (a float position, say).
+    """
+
+def quest_bounds(
+    keys: _ArrayIn,
+    page_size: int = 16,
+    *,
+    key_scale: Optional[_ArrayIn] = None,
+    key_format: Optional[str] = None,
+    cu_seqlens: Optional[_ArrayIn] = None,
+    out: Optional[tuple[_ArrayOut[np.float32], _ArrayOut[np.float32]]] = None,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """Every page's element-wise key bounds: Quest's page metadata.
+
+    Page ``p`` of a sequence covers its tokens ``p * page_size .. min((p + 1) *
+    page_size, len)``: ``kmin[p, h, i]`` and ``kmax[p, h, i]`` are the least and
+    greatest ``keys[t, h, i]`` over them (exact: no arithmetic but ``k * scale``
+    rounded to float32 for scaled keys; NaN keys ignored). A partly filled last
+    page is bounded over its own keys only.
+
+    Parameters
+    ----------
+    keys : array_like, [n_tokens, n_kv_heads, d]
+        The keys: float32 (float64 converted once), float16, ml_dtypes bfloat16 /
+        float8_e4m3fn, or a raw uint16 / uint8 view with ``key_format``. Any CPU
+        DLPack tensor too.
+    page_size : int, optional
+        Tokens per page (default 16, Quest's).
+    key_scale : array_like of float32, [n_tokens], optional
+        Each token's scale (fp8 keys): a key's value is ``k * scale``.
+    key_format : str, optional
+        The format of a raw uint16 / uint8 ``keys``.
+    cu_seqlens : array_like of int, [n_seqs + 1], optional
+        A packed batch: sequence ``s`` is tokens ``cu_seqlens[s] .. cu_seqlens[s +
+        1]``, its pages after the previous sequence's. None: one sequence.
+    out : tuple of two ndarrays of float32, optional
+        ``(kmin, kmax)`` to write and return (an engine's metadata cache):
+        C-contiguous, writeable, aligned, not overlapping any input or each other.
+
+    Returns
+    -------
+    kmin, kmax : ndarray of float32, [n_pages, n_kv_heads, d]
+        ``n_pages`` is the sum of each sequence's ``ceil(len / page_size)``.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when ``keys`` is not 3-D or has a zero
+        axis but the first (``keys``, ``n_kv_heads``, ``d``); ``page_size`` is 0;
+        ``key_scale`` is not one per token; ``cu_seqlens`` does not rise from 0 to
+        ``n_tokens``; a format name is unknown; ``out`` is refused (``out``).
+    TypeError
+        when ``keys`` is no key format or ``out`` not two float32 ndarrays.
+
+    See Also
+    --------
+    quest_update : the O(n_kv_heads d) update of one decode step.
+    quest_bounds_paged : the bounds of an engine's paged cache.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> keys = np.array([[[1.0, -2.0]], [[3.0, 0.5]], [[-1.0, 4.0]]], dtype=np.float32)
+    >>> kmin, kmax = kvselect.quest_bounds(keys, page_size=2)
+    >>> kmin[:, 0].tolist(), kmax[:, 0].tolist()
+    ([[1.0, -2.0], [-1.0, 4.0]], [[3.0, 0.5], [-1.0, 4.0]])
+    """
+
+def quest_bounds_paged(
+    kv_cache: _ArrayIn,
+    block_table: _ArrayIn,
+    seq_lens: _ArrayIn,
+    n_kv_heads: int,
+    *,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """The page bounds of the sequences in an engine's paged key cache.
+
+    A cache page is a Quest page. Sequence ``s`` holds ``seq_lens[s]`` tokens through
+    its ``block_table`` row; the bounds equal :func:`quest_bounds`' of the same keys laid
+    out densely (fp8 keys times their scales), sequence after sequence.
+
+    Parameters
+    ----------
+    kv_cache : array_like, [num_blocks, page_size, n_kv_heads * d]
+        The pages read in place (an engine's ``[.., n_kv_heads, d]`` cache reshaped; any
+        block stride), or uint8 pages of fp8 keys then one float32 scale per token
+        (``[num_blocks, page_size, n_kv_heads * d + 4]``, ``page_layout='fp8_scaled'``).
+    block_table : array_like of int32, [n_seqs, max_blocks]
+        Logical page -> cache block, per sequence.
+    seq_lens : array_like of int, [n_seqs]
+        Tokens per sequence.
+    n_kv_heads : int
+        KV heads per token (``d`` is the row's elements over it).
+    page_layout : {'dense', 'fp8_scaled'}, optional
+        How a page holds its keys.
+    key_format : str, optional
+        The format of a raw uint16 / uint8 dense cache.
+
+    Returns
+    -------
+    kmin, kmax : ndarray of float32, [n_pages, n_kv_heads, d]
+
+    Raises
+    ------
+    SelectionError
+        when the cache's layout, block table or lengths are refused (``kv_cache``,
+        ``block_table``, ``seq_lens``), or ``n_kv_heads`` does not divide a row.
+    TypeError
+        when the cache's dtype is no key format.
+
+    See Also
+    --------
+    quest_bounds : the same bounds from dense keys.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> cache = np.arange(2 * 2 * 4, dtype=np.float32).reshape(2, 2, 4)  # 2 pages of 2
+    >>> kmin, kmax = kvselect.quest_bounds_paged(cache, np.array([[1, 0]], np.int32), [3], 2, )
+    >>> kmin.shape, kmin[0, 1].tolist(), kmax[1, 0].tolist()
+    ((2, 2, 2), [10.0, 11.0], [0.0, 1.0])
+    """
+
+def quest_update(
+    kmin: _ArrayOut[np.float32],
+    kmax: _ArrayOut[np.float32],
+    key: _ArrayIn,
+    pos: int,
+    page_size: int = 16,
+    *,
+    key_scale: Optional[float] = None,
+    key_format: Optional[str] = None,
+) -> None:
+    """One decode step's update of the page bounds, in place, in O(n_kv_heads d).
+
+    Token ``pos``'s keys are folded into page ``pos // page_size``: the page's first
+    token (``pos % page_size == 0``) sets its bounds (so nothing stale of an earlier
+    sequence in the buffer survives), every later one folds in. Updating tokens 0, 1,
+    ... in order gives :func:`quest_bounds`' bounds bit for bit.
+
+    Parameters
+    ----------
+    kmin, kmax : ndarray of float32, [n_pages, n_kv_heads, d]
+        The bounds, written in place: C-contiguous, writeable, not overlapping.
+    key : array_like, [n_kv_heads, d]
+        The new token's keys, formats as :func:`quest_bounds`.
+    pos : int
+        Its position in the sequence.
+    page_size : int, optional
+        Tokens per page (default 16).
+    key_scale : float, optional
+        Its scale (fp8 keys).
+    key_format : str, optional
+        The format of a raw uint16 / uint8 ``key``.
+
+    Raises
+    ------
+    SelectionError
+        when ``key`` is not ``[n_kv_heads, d]`` of the bounds (``key``), ``pos`` is in
+        no page they hold (``pos``), or a buffer is refused (``kmin``, ``kmax``).
+        Nothing is written then.
+
+    See Also
+    --------
+    quest_bounds : the bounds built from every key.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> kmin, kmax = np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32)
+    >>> for t, k in enumerate([[1.0, -2.0], [3.0, 0.5]]):
+    ...     kvselect.quest_update(kmin, kmax, np.array([k], np.float32), t)
+    >>> kmin.tolist(), kmax.tolist()
+    ([[[1.0, -2.0]]], [[[3.0, 0.5]]])
+    """
+
+def quest_scores(
+    q: _ArrayIn,
+    kmin: _ArrayIn,
+    kmax: _ArrayIn,
+    *,
+    variant: str = "kernel",
+    query_format: Optional[str] = None,
+) -> npt.NDArray[np.float32]:
+    """Every page's Quest score for a decoding query: the bound on ``q . k`` its keys allow.
+
+    ``variant='kernel'`` (or ``'eval'``, which scores alike): per query head ``j``, page
+    ``p`` scores ``sum_i max(q_ji * kmax[p, h, i], q_ji * kmin[p, h, i])`` against its KV
+    head ``h = j // (n_q_heads // n_kv_heads)``. ``variant='sglang'``: each KV head's
+    query heads averaged (rounded to ``q``'s dtype), the page scored against every KV
+    head and the heads summed. float32, summed in kvselect's fixed order.
+
+    Parameters
+    ----------
+    q : array_like, [n_q_heads, d]
+        The decoding query: float32, float16, bfloat16 (formats as the keys').
+    kmin, kmax : array_like of float32, [n_pages, n_kv_heads, d]
+        The page bounds (:func:`quest_bounds`).
+    variant : {'kernel', 'eval', 'sglang'}, optional
+        Whose score (default ``'kernel'``).
+    query_format : str, optional
+        The format of a raw uint16 ``q``.
+
+    Returns
+    -------
+    ndarray of float32, [n_q_heads, n_pages] (``'sglang'``: [n_pages])
+
+    Raises
+    ------
+    SelectionError
+        when ``q``'s heads are not a multiple of the KV heads or its ``d`` is not the
+        bounds' (``q``), or the bounds differ in shape (``kmax``).
+
+    See Also
+    --------
+    quest_select : the page sets these scores rank.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> kmin = np.array([[[0.0, -1.0]], [[-2.0, 1.0]]], np.float32)
+    >>> kmax = np.array([[[1.0, 2.0]], [[3.0, 1.0]]], np.float32)
+    >>> kvselect.quest_scores(np.array([[1.0, -1.0]], np.float32), kmin, kmax).tolist()
+    [[2.0, 2.0]]
+    """
+
+def quest_select(
+    q: _ArrayIn,
+    kmin: _ArrayIn,
+    kmax: _ArrayIn,
+    seq_lens: Union[int, _ArrayIn],
+    page_budget: int,
+    page_size: int = 16,
+    *,
+    variant: str = "kernel",
+    num_recent_pages: int = 4,
+    query_format: Optional[str] = None,
+) -> npt.NDArray[np.int32]:
+    """The pages each decoding query reads: Quest's page set.
+
+    ``variant='kernel'`` (Quest's kernels): every page when a sequence's
+    ``ceil(len / page_size)`` pages fit ``page_budget``; else its last page, forced, and the
+    ``page_budget - 1`` best of the others, per query head. ``'eval'`` (Quest's evaluation
+    script): the best ``min(max(3, min(len, page_budget * page_size) // page_size), n_pages)``
+    pages, none forced. ``'sglang'``: one set per sequence, the newest
+    ``num_recent_pages`` pages forced and the best ``max(page_budget - num_recent_pages, 1)``
+    of the pages before them (every page when there are none). Ties go to the lower
+    page id; each row ascending, then -1.
+
+    Parameters
+    ----------
+    q : array_like, [n_q_heads, d] or [n_seqs, n_q_heads, d]
+        Each sequence's decoding query (2-D with an integer ``seq_lens``).
+    kmin, kmax : array_like of float32, [n_pages, n_kv_heads, d]
+        The sequences' page bounds, sequence after sequence (:func:`quest_bounds`).
+    seq_lens : int or array_like of int, [n_seqs]
+        Tokens per sequence (the query's own included), each >= 1.
+    page_budget : int
+        Pages per query, forced ones counted, >= 1.
+    page_size : int, optional
+        Tokens per page (default 16).
+    variant : {'kernel', 'eval', 'sglang'}, optional
+        Whose page set (default ``'kernel'``).
+    num_recent_pages : int, optional
+        SGLang's forced newest pages (default 4).
+    query_format : str, optional
+        The format of a raw uint16 ``q``.
+
+    Returns
+    -------
+    ndarray of int32, [rows, width] (or [n_seqs, rows, width])
+        ``rows`` is ``n_q_heads`` (1 for ``'sglang'``), ``width`` the most pages the
+        variant selects: ``page_budget`` (``'eval'``: ``max(page_budget, 3)``; ``'sglang'``:
+        ``max(page_budget - r, 1) + r``).
+
+    Raises
+    ------
+    SelectionError
+        when ``page_budget`` is 0 (``page_budget``), a sequence is empty (``seq_lens``), the bounds
+        are not the sequences' pages (``kmin``) or ``q`` does not fit them (``q``).
+
+    See Also
+    --------
+    quest_scores : the scores ranked.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> keys = np.array([5, 1, 4, -9, 3], np.float32).reshape(5, 1, 1)
+    >>> kmin, kmax = kvselect.quest_bounds(keys, page_size=1)
+    >>> kvselect.quest_select(np.ones((1, 1), np.float32), kmin, kmax, 5, 3, page_size=1)
+    array([[0, 2, 4]], dtype=int32)
     """

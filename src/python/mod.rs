@@ -48,6 +48,7 @@ mod compressed;
 mod dlpack;
 mod errors;
 mod indexer;
+mod quest;
 mod runtime;
 mod witness;
 
@@ -67,6 +68,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     check::register(m)?;
     dlpack::register(m)?;
     compressed::register(m)?;
+    quest::register(m)?;
     runtime::register(m)?;
     Ok(())
 }

@@ -376,6 +376,7 @@ _CHECKING_AND_CASES = [
     "testing.cases.pytest_params",
     "testing.cases.all_topk_cases",
     "testing.cases.all_block_cases",
+    "testing.cases.all_quest_cases",
     "testing.cases.all_witness_cases",
     "testing.cases.tail_lengths",
 ]
@@ -394,6 +395,7 @@ _RAISE_NOTHING = {
     "testing.cases.tail_lengths",
     "testing.cases.all_topk_cases",
     "testing.cases.all_block_cases",
+    "testing.cases.all_quest_cases",
     "testing.cases.all_witness_cases",
 }
 # These take no argument (checked below): Parameters would be empty, so it is omitted.
@@ -484,6 +486,13 @@ def test_the_checking_and_cases_list_names_every_public_function_of_those_packag
         "block_partial_tail",
         "block_short",
         "witness_rows",
+        "quest_minmax_swapped",
+        "quest_sign_ignored",
+        "quest_last_page_forced",
+        "quest_dense_fallback",
+        "quest_stale_slots",
+        "quest_ties",
+        "quest_fp8_scales",
     }  # each a generator documented on its own terms
     public = set()
     for prefix, module in (("checking", kvselect.checking), ("testing.cases", kvselect.testing.cases)):

@@ -38,8 +38,12 @@ POSITIONS = np.array([0, 2, 5, 9, 17, 30, 39], dtype=np.int64)
 BUDGETS = [8, 16, 48]  # 48 > TOKENS: a budget above the workload
 
 SETTINGS = {
-    "partial blocks": Settings(segments=4, block_size=3, init_blocks=1, local_blocks=1, sinks=3, seed=7),
-    "no init block": Settings(segments=3, block_size=4, init_blocks=0, local_blocks=2, sinks=1, seed=8),
+    "partial blocks": Settings(
+        segments=4, block_size=3, init_blocks=1, local_blocks=1, sinks=3, quest_page_size=3, seed=7
+    ),
+    "no init block": Settings(
+        segments=3, block_size=4, init_blocks=0, local_blocks=2, sinks=1, quest_page_size=4, seed=8
+    ),
 }
 
 
@@ -141,6 +145,26 @@ def block_sparse_row(w: Workload, h: int, p: int, s: Settings) -> list:
     return [x for b in sorted(chosen) for x in range(b * bs, min((b + 1) * bs, n_vis))]
 
 
+def quest_row(w: Workload, h: int, p: int, s: Settings) -> list:
+    """Quest's kernel path on the group-mean query: every page when they fit
+    ``k // page`` pages, else the last page and the best of the others
+    (score descending, page ascending)."""
+    page, units = s.quest_page_size, s.budget // s.quest_page_size
+    L = p + 1
+    n_pages = -(-L // page)
+    q = w.q[h * GROUP : (h + 1) * GROUP, p].astype(np.float64).mean(axis=0)
+    keys = w.k[h, :L].astype(np.float64)
+    score = []
+    for b in range(n_pages):
+        blk = keys[b * page : (b + 1) * page]
+        score.append(float(np.maximum(q * blk.max(axis=0), q * blk.min(axis=0)).sum()))
+    if n_pages <= units:
+        chosen = list(range(n_pages))
+    else:
+        chosen = sorted(sorted(range(n_pages - 1), key=lambda b: (-score[b], b))[: units - 1] + [n_pages - 1])
+    return [x for b in chosen for x in range(b * page, min((b + 1) * page, L))]
+
+
 def locality_row(p: int, k: int) -> list:
     L = p + 1
     return list(range(max(0, L - k), L))
@@ -182,6 +206,7 @@ def expected_selections(w: Workload, h: int, s: Settings) -> dict:
         out["witnesses (as served)"].append(as_served_row(learned, L, S))
         out["witnesses (served, unordered)"].append(as_served_row(shuffled[i].tolist(), L, S))
         out["block-sparse"].append(block_sparse_row(w, h, p, s))
+        out["quest"].append(quest_row(w, h, p, s))
         out["random null"].append(random_rows[i].tolist())
         out["locality null"].append(locality_row(p, k))
         out["sink + window"].append(sink_window_row(p, k, s.sinks))
@@ -505,7 +530,8 @@ def test_the_settings_budget_is_replaced_by_each_budget_of_the_sweep(workload):
 
 
 def test_a_budget_named_twice_is_measured_and_reported_once(workload):
-    s = Settings(budget=8, segments=4, block_size=4, init_blocks=1, local_blocks=1)
+    # (pages of 4: Quest runs at k = 8, so every row is a number, not n/a's NaN)
+    s = Settings(budget=8, segments=4, block_size=4, init_blocks=1, local_blocks=1, quest_page_size=4)
     once = evaluate.evaluate(workload, budgets=[8], settings=s)
     twice = evaluate.evaluate(workload, budgets=[8, 16, 8], settings=s)
     assert [r.budget for r in twice.results] == [8] * len(POLICIES) + [16] * len(POLICIES)
@@ -573,7 +599,7 @@ def test_one_inconsistent_budget_refuses_the_whole_sweep_before_any_work(workloa
 
 
 def test_a_block_larger_than_the_budget_is_not_refused_block_sparse_is_na(workload):
-    s = Settings(budget=8, segments=4, block_size=16, init_blocks=1, local_blocks=2)
+    s = Settings(budget=8, segments=4, block_size=16, init_blocks=1, local_blocks=2, quest_page_size=4)
     s.check()  # not refused: only block-sparse cannot run
     assert s.block_sparse_note() == "the budget (8) holds no block of 16 tokens"
     report = evaluate.evaluate(workload, budgets=[8, 48], settings=s)
@@ -582,7 +608,9 @@ def test_a_block_larger_than_the_budget_is_not_refused_block_sparse_is_na(worklo
     assert not na.ran and na.note == s.block_sparse_note()
     assert math.isnan(na.recall_mean) and math.isnan(na.slots_used)
     # The others ran, and match a run at a block size that fits.
-    other = evaluate.evaluate(workload, budgets=[8], settings=Settings(budget=8, segments=4, block_size=2))
+    other = evaluate.evaluate(
+        workload, budgets=[8], settings=Settings(budget=8, segments=4, block_size=2, quest_page_size=4)
+    )
     for r in other.results:
         if r.policy not in ("block-sparse", "random null"):
             assert by[(8, r.policy)].ran
@@ -607,10 +635,10 @@ def test_derive_settings_keeps_the_defaults_wherever_they_fit():
 @pytest.mark.parametrize(
     "k, expected",
     [
-        (1, dict(segments=1, block_size=1, init_blocks=0, local_blocks=1, sinks=0)),
-        (2, dict(segments=1, block_size=1, init_blocks=0, local_blocks=2, sinks=1)),
-        (3, dict(segments=1, block_size=1, init_blocks=1, local_blocks=2, sinks=2)),
-        (8, dict(segments=1, block_size=2, init_blocks=1, local_blocks=2, sinks=4)),
+        (1, dict(segments=1, block_size=1, init_blocks=0, local_blocks=1, sinks=0, quest_page_size=1)),
+        (2, dict(segments=1, block_size=1, init_blocks=0, local_blocks=2, sinks=1, quest_page_size=2)),
+        (3, dict(segments=1, block_size=1, init_blocks=1, local_blocks=2, sinks=2, quest_page_size=2)),
+        (8, dict(segments=1, block_size=2, init_blocks=1, local_blocks=2, sinks=4, quest_page_size=8)),
         (32, dict(segments=4, block_size=8, init_blocks=1, local_blocks=2, sinks=4)),
         (64, dict(segments=8, block_size=16, init_blocks=1, local_blocks=2, sinks=4)),
         (191, dict(segments=23, block_size=32, init_blocks=1, local_blocks=2, sinks=4)),

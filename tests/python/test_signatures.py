@@ -336,6 +336,10 @@ def _samples():
     seqs = [0, 0, 0, 0]
     block_pages = rng.standard_normal((1, 128, 8)).astype(np.float32)  # the page is the block: 128
     scores = core.indexer_scores(q, w, k, pos)
+    qk = rng.standard_normal((40, 2, 8)).astype(np.float32)  # Quest: [tokens, n_kv_heads, d]
+    qlo, qhi = core.quest_bounds(qk)
+    qq = rng.standard_normal((4, 8)).astype(np.float32)
+    qcache = rng.standard_normal((3, 16, 16)).astype(np.float32)
     return {
         "BlockSparseConfig.__new__": (core.BlockSparseConfig, ()),
         "indexer_topk": (core.indexer_topk, (q, w, k, pos, 5)),
@@ -353,6 +357,11 @@ def _samples():
         "expand_entries": (core.expand_entries, (np.array([[0, 1, -1]], np.int32), [9], 4)),
         "oracle_topk": (core.oracle_topk, (rng.random((2, 6)), [3, 5], 2)),
         "Selector.rows": (core.Selector.sink_window(1, 2).rows, ([3, 5],)),
+        "quest_bounds": (core.quest_bounds, (qk,)),
+        "quest_bounds_paged": (core.quest_bounds_paged, (qcache, table, [40], 2)),
+        "quest_update": (core.quest_update, (qlo.copy(), qhi.copy(), qk[0], 32)),
+        "quest_scores": (core.quest_scores, (qq, qlo, qhi)),
+        "quest_select": (core.quest_select, (qq, qlo, qhi, 40, 2)),
     }
 
 

@@ -183,6 +183,7 @@ def run_demo(args: argparse.Namespace) -> int:
         init_blocks=1,
         local_blocks=2,
         sinks=4,
+        quest_page_size=16,
         index_heads=4,
         index_noise=2.0,
         threads=None,

@@ -29,6 +29,8 @@ class Settings:
         forced local blocks.
     sinks : int
         The sink + window policy's sink count.
+    quest_page_size : int
+        Quest's page, in tokens.
     seed : int
         The seed of the random null and of the unordered served row's
         shuffle.
@@ -40,6 +42,7 @@ class Settings:
     init_blocks: int = 1
     local_blocks: int = 2
     sinks: int = 4
+    quest_page_size: int = 16
     seed: int = 0
 
     def check(self) -> None:
@@ -69,6 +72,8 @@ class Settings:
             )
         if self.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}")
+        if self.quest_page_size < 1:
+            raise ValueError(f"quest_page_size must be at least 1, got {self.quest_page_size}")
         if self.init_blocks < 0 or self.local_blocks < 0 or self.sinks < 0:
             raise ValueError("init_blocks, local_blocks and sinks must be non-negative")
         if self.budget >= self.block_size and self.block_size * (self.init_blocks + self.local_blocks) > self.budget:
@@ -120,6 +125,7 @@ def derive_settings(
     init_blocks: Optional[int] = None,
     local_blocks: Optional[int] = None,
     sinks: Optional[int] = None,
+    quest_page_size: Optional[int] = None,
     seed: int = 0,
     names: Optional[Mapping[str, str]] = None,
 ) -> Tuple[Settings, Dict[str, int]]:
@@ -142,7 +148,10 @@ def derive_settings(
     - ``init_blocks``, ``local_blocks``: trimmed, init blocks first, when the
       forced blocks do not fit the budget's ``k // block_size`` blocks (with
       a given ``block_size``, or below 3 tokens);
-    - ``sinks``: ``min(4, k - 1)`` (the window keeps one slot).
+    - ``sinks``: ``min(4, k - 1)`` (the window keeps one slot);
+    - ``quest_page_size``: the largest power of two up to 16 (Quest's page)
+      that fits the budget: 16 from ``k = 16`` on (a given page larger than
+      the budget makes Quest ``n/a``).
 
     A given ``block_size`` larger than the budget is kept: block-sparse is
     then ``n/a`` at this budget (:meth:`Settings.block_sparse_note`).
@@ -151,7 +160,7 @@ def derive_settings(
     ----------
     budget : int
         The token budget ``k`` (at least 1).
-    segments, block_size, init_blocks, local_blocks, sinks : int or None
+    segments, block_size, init_blocks, local_blocks, sinks, quest_page_size : int or None
         The settings the caller gives; ``None`` derives it from the budget
         as above.
     seed : int
@@ -249,6 +258,15 @@ def derive_settings(
                 ["sinks"],
             )
 
+    if quest_page_size is None:
+        qp = d.quest_page_size
+        while qp > 1 and qp > k:  # one page (the forced last one) must fit
+            qp //= 2
+    else:
+        qp = int(quest_page_size)
+    if qp < 1:
+        raise SettingsError(f"{name('quest_page_size')} must be at least 1, got {qp}", ["quest_page_size"])
+
     s = Settings(
         budget=k,
         segments=segs,
@@ -256,10 +274,16 @@ def derive_settings(
         init_blocks=init,
         local_blocks=local,
         sinks=sink,
+        quest_page_size=qp,
         seed=seed,
     )
     given_values = dict(
-        segments=segments, block_size=block_size, init_blocks=init_blocks, local_blocks=local_blocks, sinks=sinks
+        segments=segments,
+        block_size=block_size,
+        init_blocks=init_blocks,
+        local_blocks=local_blocks,
+        sinks=sinks,
+        quest_page_size=quest_page_size,
     )
     for f in DERIVED_FIELDS:
         if given_values[f] is None and getattr(s, f) != getattr(d, f):

@@ -33,6 +33,8 @@ lives, not a second API). Bottom up (each imports only modules above it):
 - **compressed**: DeepSeek-V4's window and visible entries, the entry →
   tokens map, GLM-5-Next's pool expansion and vLLM's combined index rows
   (``combine_topk_swa_indices``);
+- **quest**: Quest's page bounds (dense, packed, paged, the decode update),
+  page scores and page sets (Quest's kernels, its evaluation script, SGLang's);
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error (uses witness, attn);
 - **check**: is an engine's selection right? The token top-k, block and
@@ -112,6 +114,13 @@ from .metrics import (
     segment_coverage_rows,
     slots_used_rows,
 )
+from .quest import (
+    quest_bounds,
+    quest_bounds_paged,
+    quest_scores,
+    quest_select,
+    quest_update,
+)
 from .witness import (
     MAX_TOPOLOGY_SEGMENTS,
     apply_topology_witnesses,
@@ -165,6 +174,12 @@ __all__ = [
     "compressed_entry_tokens",
     "expand_entries",
     "combine_topk_swa_indices",
+    # quest
+    "quest_bounds",
+    "quest_bounds_paged",
+    "quest_update",
+    "quest_scores",
+    "quest_select",
     # check
     "GlobalSlots",
     "check_topk",

@@ -1,7 +1,7 @@
 """Check a kernel from its own test suite: assertions in the style of
 ``torch.testing.assert_close``.
 
-:func:`assert_topk`, :func:`assert_blocks` and :func:`assert_witnesses`
+:func:`assert_topk`, :func:`assert_blocks`, :func:`assert_quest` and :func:`assert_witnesses`
 apply the rules and tolerance defaults of ``kvselect check`` (the checks of
 :mod:`kvselect.checking`, called here: nothing is re-derived) to the tensors
 a test already holds. Each returns the report (a
@@ -47,7 +47,7 @@ from kvselect.checking.report import dump_report
 # assert_rows reaches it when called), so importing them here is no cycle.
 from kvselect.testing import cases
 
-__all__ = ["assert_topk", "assert_blocks", "assert_witnesses", "CheckFailure"]
+__all__ = ["assert_topk", "assert_blocks", "assert_quest", "assert_witnesses", "CheckFailure"]
 
 # DLPack's DLDeviceType for host memory (kDLCPU).
 _DL_CPU = 1
@@ -407,6 +407,79 @@ def assert_blocks(
             d[name] = np.asarray(_host(v, name))
     result = check_dump(d, atol=atol, rtol=rtol)
     return _conclude(result, False, "assert_blocks")
+
+
+def assert_quest(
+    rows: Any,
+    q: Any,
+    keys: Any,
+    seq_lens: Any,
+    page_budget: int,
+    page_size: int = 16,
+    *,
+    variant: str = "kernel",
+    num_recent_pages: int = 4,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    layers: Any = None,
+    dense_layers: Optional[int] = None,
+    precision: str = "float32",
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+) -> Report:
+    """Assert that ``rows`` are Quest's page sets, as ``kvselect check`` judges
+    a ``quest`` dump (exact page bounds from ``keys``; each row decided
+    exactly, ties at the threshold either way).
+
+    Parameters
+    ----------
+    rows : array_like or DLPack tensor
+        Page ids ``[n_seqs, n_q_heads, width]`` (``variant='sglang'``: ``[n_seqs,
+        1, width]``), any order, ``-1`` padded.
+    q, keys, seq_lens, page_budget, page_size, variant, num_recent_pages
+        As :func:`kvselect.quest_select` takes them, with ``q`` ``[n_seqs,
+        n_q_heads, d]`` and ``keys`` the sequences' keys ``[n_tokens, n_kv_heads,
+        d]`` one after another (the bounds are built from them).
+    key_scale, key_format, query_format
+        As :func:`kvselect.quest_bounds` and :func:`kvselect.quest_select`.
+    layers : array_like of int, [n_seqs], optional
+        Each row's layer: rows of a layer below ``dense_layers`` (default 2,
+        Quest's) must read every page.
+    dense_layers : int, optional
+        See ``layers``.
+    precision, rtol, atol
+        The tolerance, as :func:`assert_topk` (the magnitude of a page score
+        is ``sum_i |q_i| |bound_i|``).
+
+    Returns
+    -------
+    Report
+        The report, as :func:`kvselect.checking.check_dump` returns it.
+
+    Raises
+    ------
+    CheckFailure
+        When some row is wrong (message: the ``kvselect check`` text;
+        ``err.report``).
+    kvselect.checking.DumpError
+        Arguments that do not fit together (named by their dump keys).
+    """
+    p = _precision(precision, ValueError)
+    d: Dict[str, Any] = {"kind": np.asarray("quest"), "precision": np.asarray(p)}
+    _as_dump_array(_host(q, "q"), "q", d, query_format)
+    _as_dump_array(_host(keys, "keys"), "keys", d, key_format)
+    d["seq_lens"] = np.asarray(_host(seq_lens, "seq_lens")).reshape(-1)
+    d["rows"] = np.asarray(_host(rows, "rows"))
+    d["page_budget"], d["page_size"] = np.asarray(int(page_budget)), np.asarray(int(page_size))
+    d["variant"], d["num_recent_pages"] = np.asarray(variant), np.asarray(int(num_recent_pages))
+    if key_scale is not None:
+        d["key_scale"] = np.asarray(_host(key_scale, "key_scale"), dtype=np.float32)
+    if layers is not None:
+        d["layers"] = np.asarray(_host(layers, "layers")).reshape(-1)
+    if dense_layers is not None:
+        d["dense_layers"] = np.asarray(int(dense_layers))
+    return _conclude(check_dump(d, atol=atol, rtol=rtol), False, "assert_quest")
 
 
 def assert_witnesses(before: Any, after: Any, context_lens: Any, num_segments: int) -> Report:

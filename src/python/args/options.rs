@@ -180,3 +180,30 @@ impl Choice for Filler {
         )
     }
 }
+
+/// `variant=`: which implementation of Quest's page set (`crate::quest::Variant`;
+/// SGLang's `num_recent_pages` is its own argument).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(in crate::python) enum QuestVariantName {
+    /// `"kernel"`: Quest's kernel path, per query head.
+    Kernel,
+    /// `"eval"`: Quest's evaluation script.
+    Eval,
+    /// `"sglang"`: SGLang's, one page set per request.
+    Sglang,
+}
+
+impl Choice for QuestVariantName {
+    const ARG: &'static str = "variant";
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "kernel" => Some(QuestVariantName::Kernel),
+            "eval" => Some(QuestVariantName::Eval),
+            "sglang" => Some(QuestVariantName::Sglang),
+            _ => None,
+        }
+    }
+    fn unknown(got: &str) -> String {
+        format!("variant must be 'kernel', 'eval' or 'sglang', got {got:?}")
+    }
+}

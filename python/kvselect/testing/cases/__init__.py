@@ -52,6 +52,11 @@ Sources of the engine facts:
   the query drops the ReLU (:func:`relu_negative_dots`); fp8 index-K caches
   carry one float32 scale per token (vLLM's DSA pages,
   ``indexer_k_quant_and_cache``; :func:`fp8_per_key_scales`).
+- Quest (mit-han-lab/Quest @01c1623b) and SGLang's Quest
+  (``mem_cache/sparsity/algorithms/quest_algorithm.py`` @00544d86): the
+  page bound's min / max and the sign of ``q_i``, the forced last page, the
+  dense fallback, a page bounded over stale slots, fp8 keys' per-key scales
+  (:func:`all_quest_cases`).
 - vLLM's DeepSeek-V4 ``combine_topk_swa_indices``
   (``vllm/v1/attention/ops/deepseek_v4_ops/cache_utils.py``): token ``pos``
   sees ``(pos + 1) // compress_ratio`` compressed entries
@@ -68,6 +73,16 @@ from kvselect.testing.cases.blocks import (
     block_short,
     block_ties,
     witness_rows,
+)
+from kvselect.testing.cases.quest import (
+    all_quest_cases,
+    quest_dense_fallback,
+    quest_fp8_scales,
+    quest_last_page_forced,
+    quest_minmax_swapped,
+    quest_sign_ignored,
+    quest_stale_slots,
+    quest_ties,
 )
 from kvselect.testing.cases.semantics import compressed_entry_boundary, fp8_per_key_scales, relu_negative_dots
 from kvselect.testing.cases.topk import (
@@ -90,6 +105,7 @@ __all__ = [
     "pytest_params",
     "all_topk_cases",
     "all_block_cases",
+    "all_quest_cases",
     "all_witness_cases",
     "tail_lengths",
     "low_contrast",
@@ -110,4 +126,11 @@ __all__ = [
     "block_partial_tail",
     "block_short",
     "witness_rows",
+    "quest_minmax_swapped",
+    "quest_sign_ignored",
+    "quest_last_page_forced",
+    "quest_dense_fallback",
+    "quest_stale_slots",
+    "quest_ties",
+    "quest_fp8_scales",
 ]
