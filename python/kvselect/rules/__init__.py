@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from kvselect.rules import baselines, block_sparse, compressed, indexer, witness
+from kvselect.rules import baselines, block_sparse, compressed, indexer, sparse_attention, witness
 from kvselect.rules._rule import (
     TOKENS,
     BudgetUnit,
@@ -43,6 +43,7 @@ RULES: Tuple[Rule, ...] = (
     witness.RULE,
     compressed.RULE,
     baselines.RULE,
+    sparse_attention.RULE,
 )
 """Every rule, in the order of the lists derived from them."""
 

@@ -21,7 +21,7 @@ class Case:
     id : str
         A short name, unique within an ``all_*_cases()`` list (a pytest id).
     rule : str
-        ``"topk"``, ``"blocks"`` or ``"witnesses"``.
+        ``"topk"``, ``"blocks"``, ``"witnesses"`` or ``"sparse_attention"``.
     bug : str
         The bug the case provokes and where it shipped.
     inputs : dict
@@ -69,9 +69,10 @@ class Case:
 
         Parameters
         ----------
-        rows : array_like or DLPack tensor
-            The kernel's output on ``case.inputs``: top-k rows, block rows, or
-            the witness buffer after the merge, as the case's rule has it.
+        rows : array_like or DLPack tensor, or a tuple (out, lse)
+            The kernel's output on ``case.inputs``: top-k rows, block rows,
+            the witness buffer after the merge, or a sparse attention
+            kernel's ``out`` (or ``(out, lse)``), as the case's rule has it.
 
         Returns
         -------
@@ -92,6 +93,9 @@ class Case:
             return testing.assert_witnesses(
                 self.inputs["topk_indices"], rows, self.inputs["context_lens"], self.inputs["num_segments"]
             )
+        if self.rule == "sparse_attention":
+            out, lse = rows if isinstance(rows, tuple) else (rows, None)
+            return testing.assert_sparse_attention(out, lse=lse, **self.inputs, **self.check)
         if self.rule == "blocks":
             return testing.assert_blocks(rows, **self.inputs, **self.check)
         if self.meta.get("non_finite"):
