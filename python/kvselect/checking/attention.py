@@ -25,7 +25,8 @@ Row ``(n, h)`` with ``p_j`` its exact weights, ``L`` its counted keys,
 - probabilities rounded before ``P·V``: ``u(p_round) Σ_j p_j |v_j|``;
   values rounded on load: ``u(kv_round) Σ_j p_j |v_j|``;
 - the ``P·V`` sum and its rescales: ``2 (L + 2) u(pv) Σ_j p_j |v_j|``;
-- the output's one rounding to its own dtype: ``u(out) |out|``.
+- the output's one rounding to its own dtype: ``u(out) |out|``, and its
+  smallest normal absolutely (a subnormal output may be flushed to zero).
 
 The first three are multiplied by the model's safety factor ``c`` (2: the
 bound is first order). ``lse`` (in the engine's base ``b``) may be off by
@@ -58,11 +59,24 @@ from kvselect.reference.sparse_attn import PRESETS, Conventions, Exact, conventi
 UNIT_ROUNDOFF: Dict[str, float] = {
     "float64": 2.0**-53,
     "float32": 2.0**-24,
+    "tfloat32": 2.0**-11,
     "float16": 2.0**-11,
     "bfloat16": 2.0**-8,
     "float8_e4m3fn": 2.0**-4,
 }
-"""Half the gap between 1 and the next value, by precision name."""
+"""Half the gap between 1 and the next value, by precision name (``tfloat32``:
+the inputs of a float32 ``tl.dot`` on tensor cores, Triton's default)."""
+
+_MIN_NORMAL: Dict[str, float] = {
+    "float64": 0.0,
+    "float32": 2.0**-126,
+    "tfloat32": 2.0**-126,
+    "float16": 2.0**-14,
+    "bfloat16": 2.0**-126,
+    "float8_e4m3fn": 2.0**-6,
+}
+# An output below its dtype's smallest normal may be flushed to zero (GPU FTZ):
+# that much absolute slack is added to the output's rounding.
 
 _ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn", "fp64": "float64"}
 
@@ -235,11 +249,10 @@ def bound(
         + 2 * (L + 2)[..., None] * u_pv * ex.abs_pv
     )
     pre = model.safety * first + u_pv * np.abs(ex.out)
-    tiny = float(np.finfo(np.float32).tiny) if out_dtype != "float64" else 0.0
-    b_out = pre + _u(out_dtype) * (np.abs(ex.out) + pre) + tiny
+    b_out = pre + _u(out_dtype) * (np.abs(ex.out) + pre) + _MIN_NORMAL[out_dtype]
     ln_b = np.log(2.0) if base == "2" else 1.0
     lse_b = np.where(np.isfinite(ex.lse), ex.lse, 0.0) / ln_b
-    b_lse = model.safety * (ds + (L + 2) * u_pv) / ln_b + 2 * _u(lse_dtype) * np.abs(lse_b) + 1e-30
+    b_lse = model.safety * (ds + (L + 2) * u_pv) / ln_b + 2 * _u(lse_dtype) * np.abs(lse_b) + _MIN_NORMAL[lse_dtype]
     return b_out, b_lse
 
 
