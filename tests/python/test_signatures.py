@@ -353,6 +353,10 @@ def _samples():
         "expand_entries": (core.expand_entries, (np.array([[0, 1, -1]], np.int32), [9], 4)),
         "oracle_topk": (core.oracle_topk, (rng.random((2, 6)), [3, 5], 2)),
         "Selector.rows": (core.Selector.sink_window(1, 2).rows, ([3, 5],)),
+        "sparse_attention": (
+            core.sparse_attention,
+            (q, k[:, None, :], k[:, None, :4], pos, np.array([[[0, 2, 2, -1]]] * 4, np.int32)),
+        ),
     }
 
 

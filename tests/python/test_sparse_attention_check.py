@@ -204,6 +204,55 @@ def test_kvselects_own_sparse_attention_passes_as_a_reference(pairing):
         )
 
 
+@pytest.mark.parametrize("pairing", PAIRINGS, ids=[p[0] for p in PAIRINGS])
+def test_kvselects_pass_counting_repeats_each_time_is_a_reference_for_the_engines_convention(pairing):
+    name, qd, kd, od, _, _ = pairing
+    q, k, v, idx, pos = _random_batch(18, kd, qd)
+    q32, k32, v32 = (np.asarray(a).astype(np.float32) for a in (q, k, v))
+    out, lse, _ = ks.sparse_attention(q32, k32, v32, pos, idx.astype(np.int32), duplicates="each")
+    each = conventions_of("kvselect", duplicates="each")
+    report = assert_sparse_attention(out.astype(od), q, k, v, idx, lse=lse, conventions=each, query_pos=pos)
+    assert report["rows"] >= 10_000
+    with pytest.raises(CheckFailure, match="counted each"):  # read as a set, it fails by the repeats
+        assert_sparse_attention(out, q, k, v, idx, lse=lse, preset="kvselect", query_pos=pos)
+
+
+def test_the_native_pass_counting_repeats_equals_its_numpy_twin():
+    from kvselect import reference
+
+    rng = np.random.default_rng(19)
+    for trial in range(40):
+        n, hkv, group, d, dv, T, W = 7, int(rng.integers(1, 3)), int(rng.integers(1, 3)), 16, 8, 50, 12
+        q = rng.standard_normal((n, hkv * group, d)).astype(np.float32)
+        k = rng.standard_normal((T, hkv, d)).astype(np.float32)
+        v = rng.standard_normal((T, hkv, dv)).astype(np.float32)
+        sel = rng.integers(-2, T + 3, (n, hkv, W)).astype(np.int32)
+        sel[:, :, W // 2 :] = sel[:, :, : W - W // 2]  # repeats
+        pos = rng.integers(0, T + 2, n)
+        for dup in ("once", "each"):
+            o, l_, e = ks.sparse_attention(q, k, v, pos, sel, duplicates=dup)
+            ro, rl, re_ = reference.sparse_attention(q, k, v, pos, sel, duplicates=dup)
+            assert e == re_
+            assert np.allclose(o, ro, rtol=1e-5, atol=1e-6), (trial, dup)
+            assert np.array_equal(np.isneginf(l_), np.isneginf(rl))
+            assert np.allclose(np.where(np.isinf(rl), 0, l_), np.where(np.isinf(rl), 0, rl), rtol=1e-5, atol=1e-6)
+
+
+def test_an_unknown_duplicates_is_refused_naming_it_and_writes_nothing():
+    from kvselect import reference
+
+    q, k, v = np.ones((1, 1, 2), np.float32), np.ones((3, 1, 2), np.float32), np.ones((3, 1, 2), np.float32)
+    sel = np.array([[[0, 0]]], np.int32)
+    out, lse = np.full((1, 1, 2), 7.0, np.float32), np.full((1, 1), 7.0, np.float32)
+    for impl in (ks.sparse_attention, reference.sparse_attention):
+        with pytest.raises(ValueError, match="duplicates") as e:
+            impl(q, k, v, [2], sel, duplicates="twice", out=out, lse_out=lse)
+        assert e.value.argument == "duplicates"
+        assert (out == 7).all() and (lse == 7).all()
+        with pytest.raises(TypeError, match="str"):
+            impl(q, k, v, [2], sel, duplicates=1)
+
+
 # ---- planted faults, caught and named ---------------------------------------------
 
 CAUSE = {f: f for f in FAULTS}
