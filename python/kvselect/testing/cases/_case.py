@@ -31,11 +31,14 @@ class Case:
         ``cu_seqlens``, ``seq_ids``, ``kv_cache``, ``block_table``,
         ``seq_lens``, ``page_layout``, ``compress_ratio``; ``block_sparse_select``'s for
         ``blocks``; ``topk_indices``, ``context_lens``, ``num_segments`` for
-        ``witnesses``).
+        ``witnesses``; ``assert_sparse_attention``'s (``q``, ``k``, ``v``,
+        ``indices``, ``conventions`` and the layout's arrays) for
+        ``sparse_attention``).
     expected : ndarray
         The exact rule's answer: rows of positions (ties to the lower
         position), ``-1`` padded; block ids for ``blocks``; the buffer after
-        the call for ``witnesses``.
+        the call for ``witnesses``; the exact output (float64) for
+        ``sparse_attention``.
     check : dict
         Keyword arguments of the assertion the case is built for (its
         tolerance, ``fail_vacuous``).
