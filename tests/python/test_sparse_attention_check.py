@@ -117,6 +117,27 @@ def test_refusals_name_the_argument(kwargs, argument):
     assert e.value.argument == argument
 
 
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_a_non_finite_input_a_row_reads_is_refused_naming_it_and_one_no_row_reads_is_not(where):
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((4, 2, 8))
+    k = rng.standard_normal((10, 1, 8))
+    v = rng.standard_normal((10, 1, 4))
+    idx = np.array([[0, 1, -1], [2, 3, 4], [5, -1, -1], [-1, -1, -1]])
+    out, lse = sparse_attention_exact(q, k, v, idx)
+    arrays = {"q": q, "k": k, "v": v}
+    unread = {"q": (3, 0, 0), "k": (9, 0, 0), "v": (9, 0, 0)}  # query 3 is empty; key 9 unselected
+    arrays[where][unread[where]] = np.nan
+    assert check_sparse_attention(out, **arrays, indices=idx, lse=lse)["wrong"] == 0
+    read = {"q": (1, 1, 2), "k": (3, 0, 5), "v": (4, 0, 1)}
+    arrays[where][read[where]] = np.inf
+    with pytest.raises(ReferenceSelectionError, match=f"^{where} holds a NaN or infinite value") as e:
+        check_sparse_attention(out, **arrays, indices=idx, lse=lse)
+    assert e.value.argument == where
+    with pytest.raises(checking.DumpError, match=where):
+        checking.check_dump({"kind": np.asarray("sparse_attention"), "out": out, **arrays, "indices": idx})
+
+
 def test_a_bad_convention_is_refused_by_name():
     for field, value in (("read", "all"), ("duplicates", "twice"), ("lse_base", "10"), ("block_size", 0)):
         with pytest.raises(ReferenceSelectionError, match=field):

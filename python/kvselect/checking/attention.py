@@ -55,7 +55,16 @@ import numpy as np
 from kvselect.checking.attention_causes import CAUSES, diagnose_rows
 from kvselect.checking.report import Report
 from kvselect.reference import ReferenceSelectionError
-from kvselect.reference.sparse_attn import PRESETS, Conventions, Exact, conventions_of, exact, layout
+from kvselect.reference.sparse_attn import (
+    PRESETS,
+    Conventions,
+    Exact,
+    conventions_of,
+    exact,
+    head_row,
+    layout,
+    terms,
+)
 
 UNIT_ROUNDOFF: Dict[str, float] = {
     "float64": 2.0**-53,
@@ -330,7 +339,9 @@ def check_sparse_attention(
     ------
     ValueError
         Inputs that do not fit together (a ``ReferenceSelectionError``
-        naming the argument), an unknown model or precision.
+        naming the argument); a NaN or infinite input some row reads (its
+        exact attention is undefined: ``argument`` names ``q``, ``k``, ``v``
+        or ``sink``); an unknown model or precision.
     TypeError
         Floats where indices belong, or the reverse.
 
@@ -385,6 +396,7 @@ def check_sparse_attention(
             got_lse = got_lse.T
         lse_dtype = _dtype_name(l_arr)
     ex = exact(lay)
+    _refuse_non_finite(lay, ex)
     o_dtype = _dtype_name(o_arr) if out_dtype is None else _ALIASES.get(out_dtype, out_dtype)
     if o_dtype not in UNIT_ROUNDOFF:
         raise ValueError(f"out_dtype must be one of {', '.join(UNIT_ROUNDOFF)}, got {out_dtype!r}")
@@ -447,6 +459,33 @@ def check_sparse_attention(
         diagnosed=len(worst_first),
         by_cause=by_cause,
         worst=worst,
+    )
+
+
+def _refuse_non_finite(lay: Any, ex: Exact) -> None:
+    """A row whose exact result is not finite reads a NaN or infinite input
+    (the exact attention over it is undefined): refused, naming the input and
+    the first such row. An input no counted key reaches (an unused page) is
+    never looked at."""
+    bad = ~np.isfinite(ex.out).all(axis=2) | (~np.isfinite(ex.lse) & ~ex.empty)
+    if not bad.any():
+        return
+    i, h = (int(x) for x in np.argwhere(bad)[0])
+    g, kvh = head_row(lay, h)
+    t = terms(lay, np.array([i]))
+    keys = t.flat[0, g][t.weight[0, g] > 0]
+    if not np.isfinite(lay.q[i, h]).all():
+        arg = "q"
+    elif not np.isfinite(lay.k[keys, kvh]).all():
+        arg = "k"
+    elif not np.isfinite(lay.v[keys, kvh]).all():
+        arg = "v"
+    else:
+        arg = "sink" if lay.sink is not None and not np.isfinite(lay.sink[h]) else "q"
+    raise ReferenceSelectionError(
+        arg,
+        f"{arg} holds a NaN or infinite value that row (query {i}, head {h}) reads: its exact attention "
+        "is undefined, so it cannot be checked",
     )
 
 

@@ -558,8 +558,9 @@ def exact(lay: Layout, rows: Optional[np.ndarray] = None) -> Exact:
     W = lay.idx.shape[2] * lay.conv.block_size
     step = max(1, _CHUNK // max(1, W * max(d, dv)))
     parts = []
-    for c0 in range(0, len(sel), step):
-        parts.append(_exact_chunk(lay, sel[c0 : c0 + step]))
+    with np.errstate(invalid="ignore", over="ignore"):  # a NaN / inf input yields NaN, reported by the caller
+        for c0 in range(0, len(sel), step):
+            parts.append(_exact_chunk(lay, sel[c0 : c0 + step]))
     if not parts:
         z = np.zeros((0, H))
         zv = np.zeros((0, H, dv))
