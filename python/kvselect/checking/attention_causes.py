@@ -185,14 +185,20 @@ def _neighbour(lay: Layout, sel: np.ndarray, step: int, mode: str) -> Optional[A
     return _alt(subset(lay, sel, idx=rows, conv=conv))
 
 
-def _lost_rescale(lay: Layout, sel: np.ndarray, chunk: int, lose: str, base: Exact) -> Alt:
-    """Queries ``sel`` computed by an online softmax over chunks of ``chunk``
-    tokens in slot order that forgets to rescale ``lose`` (``"acc"`` or ``"sum"``)
-    when the running max grows; ``base`` (their exact result) gives the logit
-    scales, the weights' sums are the faulty kernel's own."""
+def _slot_scores(lay: Layout, sel: np.ndarray) -> Tuple[Any, np.ndarray]:
+    """Queries ``sel``'s counted tokens in slot order and their logits ``[n, H, L]``."""
     sub = subset(lay, sel)
     t = terms(sub)
-    s = scores(sub, t, np.arange(len(sel)))
+    return t, scores(sub, t, np.arange(len(sel)))
+
+
+def _lost_rescale(lay: Layout, ts: Tuple[Any, np.ndarray], chunk: int, lose: str, base: Exact) -> Alt:
+    """The queries of ``ts`` (:func:`_slot_scores`) computed by an online softmax
+    over chunks of ``chunk`` tokens in slot order that forgets to rescale
+    ``lose`` (``"acc"`` or ``"sum"``) when the running max grows; ``base``
+    (their exact result) gives the logit scales, the weights' sums are the
+    faulty kernel's own."""
+    t, s = ts
     n, H, L = s.shape
     dv = lay.v.shape[-1]
     out = np.zeros((n, H, dv))
@@ -300,8 +306,15 @@ def diagnose_rows(
     sub_ex = Exact(*(getattr(ex, f)[qs] for f in Exact.__dataclass_fields__))
     hyps: List[Tuple[str, str, Callable[[], Optional[Alt]]]] = list(_hypotheses(lay, qs))
 
+    slot_scores: List[Tuple[Any, np.ndarray]] = []  # computed once, for every chunking
+
     def lost(chunk: int, lose: str) -> Callable[[], Optional[Alt]]:
-        return lambda: _lost_rescale(lay, qs, chunk, lose, sub_ex)
+        def run() -> Alt:
+            if not slot_scores:
+                slot_scores.append(_slot_scores(lay, qs))
+            return _lost_rescale(lay, slot_scores[0], chunk, lose, sub_ex)
+
+        return run
 
     for chunk in sorted({16, 32, 64, 128} | ({conv.block_size} if conv.block_size > 1 else set())):
         for lose in ("acc", "sum"):
