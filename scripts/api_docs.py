@@ -48,8 +48,9 @@ COMMAND = "python scripts/api_docs.py"
 
 # kvselect's own names (all native, from kvselect._core), by concept: each
 # rule's section is its registry entry's (kvselect.rules: title and api), in
-# the rules' order, then the names no one rule owns.
-GROUPS: List[Tuple[str, List[str]]] = [(rule.title, list(rule.api)) for rule in RULES] + [
+# the rules' order (a rule without native names has none), then the names no
+# one rule owns.
+GROUPS: List[Tuple[str, List[str]]] = [(rule.title, list(rule.api)) for rule in RULES if rule.api] + [
     (title, list(names)) for title, names in SHARED_API
 ]
 

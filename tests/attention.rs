@@ -396,6 +396,69 @@ fn padding_duplicates_order_and_future_entries_are_ignored() {
     assert_eq!(bits(&a.out), bits(&b.out));
 }
 
+fn sparse_counting(c: &Case, selection: &[i32], width: usize, repeats: Repeats) -> Output {
+    let s = &c.shape;
+    let mut out = vec![7.0; s.n_queries * s.n_q_heads * s.d_v];
+    let mut lse = vec![7.0; s.n_queries * s.n_q_heads];
+    let empty = sparse_attention_counting(
+        &c.q,
+        &c.k,
+        &c.v,
+        c.v_stride,
+        s,
+        &c.query_pos,
+        selection,
+        width,
+        0.2,
+        repeats,
+        &mut out,
+        &mut lse,
+    )
+    .unwrap();
+    Output { out, lse, empty }
+}
+
+#[test]
+fn repeats_counted_each_time_weigh_like_copies_of_the_key() {
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let c = case(&mut rng, 1, 2, 1, 16, 8, 120, 0, false);
+    // Without repeats, Each is the set rule bit for bit.
+    let clean = [0, 3, 17, 50, 51];
+    let once = sparse_counting(&c, &clean, 5, Repeats::Once);
+    let each = sparse_counting(&c, &clean, 5, Repeats::Each);
+    assert_eq!(bits(&once.out), bits(&each.out));
+    assert_eq!(bits(&once.lse), bits(&each.lse));
+    assert_eq!(bits(&sparse(&c, &clean, 5, 0.2).out), bits(&once.out));
+    // A key repeated twice weighs like the key and a copy of it (key 120).
+    let rows: [i32; 8] = [17, -1, 0, 17, 3, 50, 0, 130];
+    let got = sparse_counting(&c, &rows, 8, Repeats::Each);
+    let mut copy = c.clone();
+    copy.shape.n_keys = 122;
+    for (from, to) in [(17, 120), (0, 121)] {
+        let kr = copy.k[from * 16..(from + 1) * 16].to_vec();
+        copy.k.extend(kr);
+        let vr = copy.v[from * 8..(from + 1) * 8].to_vec();
+        copy.v.extend(vr);
+        assert_eq!(copy.k.len(), (to + 1) * 16);
+    }
+    copy.query_pos = vec![121];
+    let want = sparse(&copy, &[0, 3, 17, 50, 120, 121], 6, 0.2);
+    for (a, b) in got.out.iter().zip(&want.out) {
+        assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+    for (a, b) in got.lse.iter().zip(&want.lse) {
+        assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+    // ... and differs from the set rule, which counts each key once.
+    let set = sparse_counting(&c, &rows, 8, Repeats::Once);
+    assert!(got.lse.iter().zip(&set.lse).all(|(a, b)| a > b));
+    // The order of a row's entries does not matter (its list is sorted).
+    let shuffled: [i32; 8] = [0, 130, 50, 17, 3, -1, 17, 0];
+    let again = sparse_counting(&c, &shuffled, 8, Repeats::Each);
+    assert_eq!(bits(&got.out), bits(&again.out));
+    assert_eq!((got.empty, again.empty), (0, 0));
+}
+
 #[test]
 fn mla_values_read_through_a_strided_view_equal_an_explicit_copy() {
     let mut rng = ChaCha8Rng::seed_from_u64(6);

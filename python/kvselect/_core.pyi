@@ -1047,6 +1047,7 @@ def sparse_attention(
     selection: _ArrayIn,
     *,
     scale: Optional[float] = None,
+    duplicates: str = "once",
     out: Optional[_ArrayOut[np.float32]] = None,
     lse_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], int]:
@@ -1054,8 +1055,9 @@ def sparse_attention(
 
     A KV head's row of ``selection`` serves its query-head group. A row attends to its
     entries ``x`` with ``0 <= x <= min(query_pos[i], n_keys - 1)`` (negative entries are
-    padding, later ones are masked as future keys, duplicates count once); a row that
-    selects nothing gets zeros and ``lse = -inf`` and is counted in ``empty_rows``.
+    padding, later ones are masked as future keys, duplicates count once unless
+    ``duplicates="each"``); a row that selects nothing gets zeros and ``lse = -inf`` and is
+    counted in ``empty_rows``.
     ``query_pos``, ``out=`` and ``lse_out=`` as in :func:`dense_attention`.
 
     Parameters
@@ -1072,6 +1074,10 @@ def sparse_attention(
         Key indices per (query, KV head) row, e.g. :func:`positions_of_blocks`' rows.
     scale : float, optional
         The softmax scale, finite; defaults to ``1 / sqrt(d_k)``.
+    duplicates : str, optional
+        How a row counts an entry it repeats: ``"once"`` (the default: a selection is a
+        set) or ``"each"`` time it appears (the engines' sparse MLA kernels, which gather
+        every slot they read; docs/checking-sparse-attention.md).
     out : ndarray of float32, [n_queries, n_q_heads, d_v], optional
         Filled in place and returned: exactly that shape, C-contiguous, writeable, aligned,
         native byte order, sharing no input's memory nor ``lse_out``'s (else refused: a
@@ -1091,10 +1097,12 @@ def sparse_attention(
     Raises
     ------
     SelectionError
-        (a ValueError; ``.argument`` names the argument) as :func:`dense_attention`, and when
-        ``selection`` is not ``[n_queries, n_kv_heads, width]``.
+        (a ValueError; ``.argument`` names the argument) as :func:`dense_attention`, when
+        ``selection`` is not ``[n_queries, n_kv_heads, width]``, and when ``duplicates`` is
+        not ``"once"`` or ``"each"``.
     TypeError
-        as :func:`dense_attention`, and when ``selection`` is not integers.
+        as :func:`dense_attention`, and when ``selection`` is not integers or ``duplicates``
+        not a string.
     """
 
 def segment_coverage_rows(

@@ -57,7 +57,11 @@
 //! future key in dense attention -- it counts for nothing, the same rule as
 //! the metrics' `C ∩ [0, L)`. Duplicates count once. So the output is a
 //! function of the set: permuting a row, padding it, or repeating an entry
-//! leaves it bit-identical. A row whose set is empty gets zeros and
+//! leaves it bit-identical. [`sparse_attention_counting`] with
+//! [`Repeats::Each`] reads a row as a list instead, a repeated entry counted
+//! each time it appears: what the engines' sparse MLA kernels compute
+//! (FlashMLA's, vLLM's, SGLang's; issue 40), so the pass can stand in for
+//! them as a reference; the output is then a function of the multiset. A row whose set is empty gets zeros and
 //! `lse = -inf`, never NaN, and is counted in the returned number (a
 //! softmax over nothing is 0/0; the zeros are a convention, the count is
 //! how the caller learns it happened). [`dense_attention`] is the same pass
@@ -139,6 +143,9 @@ pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
     kernels::probe(isa)
 }
 
-pub use pass::{causal_mla_attention_sparse, dense_attention, sparse_attention};
+pub use pass::{
+    causal_mla_attention_sparse, dense_attention, sparse_attention, sparse_attention_counting,
+    Repeats,
+};
 pub use selectors::{oracle_topk_row, OracleTopK, Selector};
 pub use shape::{softmax_scale, AttentionShape};

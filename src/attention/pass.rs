@@ -318,9 +318,10 @@ fn finish_row(bufs: &GroupBufs, r: usize, d_v: usize, dst: &mut [f32], lse: &mut
     0
 }
 
-/// The selected keys of a row, ascending and distinct: its entries `x` with
-/// `0 <= x < visible`. Sorts only a row that is not already ascending.
-fn selected_keys(row: &[i32], visible: usize, list: &mut Vec<usize>) {
+/// The selected keys of a row, ascending (and distinct with
+/// [`Repeats::Once`]): its entries `x` with `0 <= x < visible`. Sorts only
+/// a row that is not already strictly ascending.
+fn selected_keys(row: &[i32], visible: usize, repeats: Repeats, list: &mut Vec<usize>) {
     list.clear();
     let mut ascending = true;
     for &x in row {
@@ -333,7 +334,9 @@ fn selected_keys(row: &[i32], visible: usize, list: &mut Vec<usize>) {
     }
     if !ascending {
         list.sort_unstable();
-        list.dedup();
+        if repeats == Repeats::Once {
+            list.dedup();
+        }
     }
 }
 
@@ -394,6 +397,17 @@ pub fn dense_attention(
     Ok(empty)
 }
 
+/// How a selection row counts an entry that appears more than once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Repeats {
+    /// Once: the row is a set (kvselect's rule, [`sparse_attention`]).
+    #[default]
+    Once,
+    /// Each time it appears: the row is a list (the engines' sparse MLA
+    /// kernels, which gather every slot they read).
+    Each,
+}
+
 /// Sparse causal attention over selected positions (see the module docs
 /// for layouts, the GQA rule and the numbers).
 ///
@@ -425,6 +439,44 @@ pub fn sparse_attention(
     out: &mut [f32],
     lse: &mut [f32],
 ) -> Result<usize, ArgumentError> {
+    sparse_attention_counting(
+        q,
+        k,
+        v,
+        v_stride,
+        shape,
+        query_pos,
+        selection,
+        width,
+        scale,
+        Repeats::Once,
+        out,
+        lse,
+    )
+}
+
+/// [`sparse_attention`] with the row's repeated entries counted as
+/// `repeats` says: [`Repeats::Once`] is [`sparse_attention`] itself (bit
+/// for bit); [`Repeats::Each`] attends to the row's valid entries as a
+/// list, so an entry that appears `m` times weighs `m` times (its key
+/// packed `m` times: the same rounding as `m` distinct keys of equal
+/// content). Everything else (padding, the causal mask, empty rows,
+/// refusals) is [`sparse_attention`]'s.
+#[allow(clippy::too_many_arguments)]
+pub fn sparse_attention_counting(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    v_stride: usize,
+    shape: &AttentionShape,
+    query_pos: &[usize],
+    selection: &[i32],
+    width: usize,
+    scale: f32,
+    repeats: Repeats,
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> Result<usize, ArgumentError> {
     check_pass(q, k, v, v_stride, shape, query_pos, scale, out, lse)?;
     let (n_kv, d_k, g) = (shape.n_kv_heads, shape.d_k, shape.group());
     let ns = checked_size("selection", &[shape.n_queries, n_kv, width])?;
@@ -445,7 +497,7 @@ pub fn sparse_attention(
         for a in 0..t.outs.len() {
             let i = t.q0 + a;
             let row = &selection[(i * n_kv + h) * width..(i * n_kv + h + 1) * width];
-            selected_keys(row, shape.visible(query_pos[i]), &mut sc.list);
+            selected_keys(row, shape.visible(query_pos[i]), repeats, &mut sc.list);
             let n = sc.list.len();
             if n == 0 {
                 t.outs[a].fill(0.0);

@@ -373,11 +373,13 @@ _CHECKING_AND_CASES = [
     "checking.make_example",
     "checking.example_path",
     "checking.check_v4_combined_indices",
+    "checking.check_sparse_attention",
     "testing.cases.pytest_params",
     "testing.cases.all_topk_cases",
     "testing.cases.all_block_cases",
     "testing.cases.all_quest_cases",
     "testing.cases.all_witness_cases",
+    "testing.cases.all_sparse_attention_cases",
     "testing.cases.tail_lengths",
 ]
 # These raise nothing of their own (no `raise` in their source, checked below): a
@@ -397,6 +399,7 @@ _RAISE_NOTHING = {
     "testing.cases.all_block_cases",
     "testing.cases.all_quest_cases",
     "testing.cases.all_witness_cases",
+    "testing.cases.all_sparse_attention_cases",
 }
 # These take no argument (checked below): Parameters would be empty, so it is omitted.
 _TAKE_NOTHING = {"checking.dump_format_markdown", "checking.example_path"}
@@ -493,6 +496,15 @@ def test_the_checking_and_cases_list_names_every_public_function_of_those_packag
         "quest_stale_slots",
         "quest_ties",
         "quest_fp8_scales",
+        "empty_rows",
+        "masked_first_chunk",
+        "repeated_entries",
+        "neighbour_repeats",
+        "rising_scores",
+        "causal_boundary",
+        "padding_reads",
+        "paged_blocks",
+        "packed_mla",
     }  # each a generator documented on its own terms
     public = set()
     for prefix, module in (("checking", kvselect.checking), ("testing.cases", kvselect.testing.cases)):

@@ -8,7 +8,19 @@ import kvselect.reference as ref
 
 PACKAGE = pathlib.Path(ref.__file__).parent
 # Bottom up: a module may import only modules before it.
-ORDER = ["_args", "keys", "witness", "block_sparse", "attn", "indexer", "compressed", "quest", "metrics", "check"]
+ORDER = [
+    "_args",
+    "keys",
+    "witness",
+    "block_sparse",
+    "attn",
+    "sparse_attn",
+    "indexer",
+    "compressed",
+    "quest",
+    "metrics",
+    "check",
+]
 
 
 def _sibling_imports(path: pathlib.Path) -> set:

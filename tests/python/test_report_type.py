@@ -106,6 +106,23 @@ def _v4_batch(m=4, W=8, topk=4, h=2, d=8):
     return combined, lens, (q, w, k, cu, qsl, sl, gl, W, m, topk, M, N)
 
 
+def _sparse_attention_case():
+    """``(out, q, k, v, indices, lse)``: the exact result of a small GQA call."""
+    from kvselect.reference import sparse_attention_exact
+
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((6, 4, 8)).astype(np.float32)
+    k = rng.standard_normal((20, 2, 8)).astype(np.float32)
+    v = rng.standard_normal((20, 2, 4)).astype(np.float32)
+    idx = rng.integers(-1, 20, (6, 2, 5))
+    out, lse = sparse_attention_exact(q, k, v, idx)
+    return out.astype(np.float32), q, k, v, idx, lse.astype(np.float32)
+
+
+def _sparse_attention_dump(out, q, k, v, idx, lse):
+    return {"kind": np.asarray("sparse_attention"), "out": out, "q": q, "k": k, "v": v, "indices": idx, "lse": lse}
+
+
 def _failure(call):
     with pytest.raises(testing.CheckFailure) as e:
         call()
@@ -154,6 +171,14 @@ def _reports(tmp_path):
     b0, a0, l0, s0 = _witness_case(wrong=False)
     out["assert_witnesses"] = (testing.assert_witnesses(b0, a0, l0, s0), True)
     out["assert_witnesses failing"] = (_failure(lambda: testing.assert_witnesses(before, after, lens, segs)), True)
+    sa = _sparse_attention_case()
+    out["check_sparse_attention"] = (checking.check_sparse_attention(sa[0] + 1, *sa[1:5], lse=sa[5]), False)
+    out["check_dump sparse_attention"] = (checking.check_dump(_sparse_attention_dump(sa[0] + 1, *sa[1:])), True)
+    out["assert_sparse_attention"] = (testing.assert_sparse_attention(*sa[:5], lse=sa[5]), True)
+    out["assert_sparse_attention failing"] = (
+        _failure(lambda: testing.assert_sparse_attention(sa[0] * 2, *sa[1:5], lse=sa[5])),
+        True,
+    )
     json_path = tmp_path / "report.json"
     assert main(["check", "--json", str(json_path), str(checking.example_path())]) == 1
     out["kvselect check --json"] = (json.loads(json_path.read_text()), True)
@@ -181,6 +206,10 @@ PATHS = [
     "assert_blocks failing",
     "assert_witnesses",
     "assert_witnesses failing",
+    "check_sparse_attention",
+    "check_dump sparse_attention",
+    "assert_sparse_attention",
+    "assert_sparse_attention failing",
     "kvselect check --json",
 ]
 

@@ -362,6 +362,10 @@ def _samples():
         "quest_update": (core.quest_update, (qlo.copy(), qhi.copy(), qk[0], 32)),
         "quest_scores": (core.quest_scores, (qq, qlo, qhi)),
         "quest_select": (core.quest_select, (qq, qlo, qhi, 40, 2)),
+        "sparse_attention": (
+            core.sparse_attention,
+            (q, k[:, None, :], k[:, None, :4], pos, np.array([[[0, 2, 2, -1]]] * 4, np.int32)),
+        ),
     }
 
 

@@ -77,6 +77,13 @@ arrays may be int32 or int64.
 - several sequences packed: ``cu_seqlens`` ``[n_seqs + 1]`` and ``seq_ids``
   ``[n_queries]`` (default all 0), ``query_pos`` within the sequence.
 
+``kind = "sparse_attention"`` — one sparse attention / sparse MLA call
+(:func:`check_sparse_attention`, docs/checking-sparse-attention.md): its
+inputs (``q``, ``k``, ``v`` or MLA's ``d_v``, ``indices``), outputs
+(``out``, ``lse``), the engine's conventions (a ``preset``, or each by
+name) and its arithmetic ``model``; checked against exact float64
+attention within the model's bound.
+
 ``kind = "witnesses"`` — an in-place ``scatter_topology_witnesses_`` call:
 ``before`` and ``after`` (``[rows, topk]``, the buffer before and after the
 call), ``context_lens`` ``[rows]``, ``num_segments``.
@@ -144,6 +151,7 @@ such a check proves nothing about those rows.
 from typing import Dict, Mapping, Tuple
 
 from kvselect.checking._common import DEFAULT_RTOL, FILLERS, Dump, DumpError, decode32
+from kvselect.checking.attention import check_sparse_attention
 from kvselect.checking.dump_check import check_dump
 from kvselect.checking.dumps import (
     FORMATS,
@@ -181,6 +189,7 @@ __all__ = [
     "dump_format_markdown",
     "load_dump",
     "check_indexer_topk",
+    "check_sparse_attention",
     "check_dump",
     "format_report",
     "strict_json",

@@ -161,12 +161,26 @@ def _describe(p: dict, filler: Optional[str] = None) -> str:
             f"wrong witness in slot {p['slot']}: {p['got']} where the rule writes "
             f"{p['expected']} — {p['why']} ({p['n_wrong']} slot(s))"
         )
+    if "of" in p and "ratio" in p:  # a sparse attention row (kvselect.checking.attention)
+        at = f"[{p['element']}]" if "element" in p else ""
+        text = f"{r.replace('_', ' ')}: {p['of']}{at} {_digits(p['got'])}, exact {_digits(p['expected'])}"
+        if np.isfinite(p["error"]):
+            text += f", error {p['error']:.3g} > bound {p['bound']:.3g}"
+        if p.get("note"):
+            text += f" — {p['note']}"
+        if p.get("why"):
+            text += f"; likely cause: {p['why']}"
+        return text
     fields = ", ".join(f"{k} {v}" for k, v in p.items() if k != "reason")
     return f"{r.replace('_', ' ')}: {fields}"
 
 
 def _severity(row: dict) -> Tuple[int, float]:
-    """Structural faults first, then selections by margin."""
+    """Structural faults first, then selections by margin; sparse attention
+    rows with a named cause first, then by their worst error over bound."""
+    if any("ratio" in p for p in row["problems"]):
+        named = any("cause" in p for p in row["problems"])
+        return (0 if named else 1, -max(p.get("ratio", 0.0) for p in row["problems"]))
     m = [p.get("margin", 0.0) for p in row["problems"] if p["reason"] == "wrong_selection"]
     structural = any(p["reason"] != "wrong_selection" for p in row["problems"])
     return (0 if structural else 1, -(m[0] if m else 0.0))
@@ -201,6 +215,9 @@ def format_report(result: dict, *, show: int = 5, source: str = "") -> str:
         if t["precision"] == "exact"
         else (f"precision {t['precision']}: rtol {t['rtol']:.3g}, atol {t['atol']:.3g}")
     )
+    models = [c["report"]["model"] for c in result["checks"] if isinstance(c["report"].get("model"), dict)]
+    if models and models[0]["name"] != "tolerance":  # a sparse attention check: its bound is the model's
+        tol = f"arithmetic model {models[0]['name']}"
     fill = result.get("filler")
     fill_text = f", filler {fill!r}" if fill not in (None, "-1") else ""
     lines = [
@@ -224,8 +241,10 @@ def format_report(result: dict, *, show: int = 5, source: str = "") -> str:
         lines += ["", f"worst rows {c['name']}:"]
         for row in details[:show]:
             where = f"row {row['row']}"
-            if "query" in row:
+            if "kv_head" in row:
                 where += f" (query {row['query']}, KV head {row['kv_head']})"
+            elif "head" in row:
+                where += f" (query {row['query']}, head {row['head']})"
             for i, p in enumerate(row["problems"]):
                 lines.append(f"  {where if i == 0 else ' ' * len(where)}: {_describe(p, result.get('filler'))}")
         if len(details) > show:

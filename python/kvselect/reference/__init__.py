@@ -28,6 +28,10 @@ lives, not a second API). Bottom up (each imports only modules above it):
 - **attn** (``src/attention/``; named so that ``reference.attention`` stays
   the function): the baseline selectors, the oracle top-k, the dense and
   sparse attention pass;
+- **sparse_attn**: exact float64 sparse attention over an engine's index
+  rows, read by the engine's declared conventions (``Conventions``, the
+  engines' presets), what ``kvselect.checking.check_sparse_attention``
+  judges a sparse attention / sparse MLA kernel against;
 - **indexer**: DeepSeek's lightning indexer top-k (dense, packed, paged),
   ``indexer_scores`` and ``indexer_magnitudes`` (uses witness);
 - **compressed**: DeepSeek-V4's window and visible entries, the entry →
@@ -121,6 +125,11 @@ from .quest import (
     quest_select,
     quest_update,
 )
+from .sparse_attn import (
+    Conventions,
+    conventions_of,
+    sparse_attention_exact,
+)
 from .witness import (
     MAX_TOPOLOGY_SEGMENTS,
     apply_topology_witnesses,
@@ -161,6 +170,10 @@ __all__ = [
     "attention",
     "dense_attention",
     "sparse_attention",
+    # sparse attention kernels' exact result (sparse_attn)
+    "Conventions",
+    "conventions_of",
+    "sparse_attention_exact",
     # keys
     "decode",
     # indexer

@@ -38,7 +38,8 @@ from ._args import (
 #   with ``group = n_q_heads // n_kv_heads``;
 # - a selection row attends to the SET of its entries ``x`` with
 #   ``0 <= x <= min(p, n_keys - 1)``: negatives are padding, later entries
-#   are masked like future keys, duplicates count once; an empty set gives
+#   are masked like future keys, duplicates count once (``duplicates="each"``:
+#   the list, a repeat counted each time); an empty set gives
 #   zeros, ``lse = -inf``, and is counted (per ``(query, query head)`` row);
 # - the oracle ranks a row's visible weights descending, ties to the lower
 #   key, NaN read as ``-inf`` and ``-0.0`` as ``+0.0``; rows ascending, -1
@@ -164,6 +165,7 @@ def attention(
     selection: Any = None,
     *,
     scale: Optional[float] = None,
+    duplicates: str = "once",
     out: Optional[np.ndarray] = None,
     lse_out: Optional[np.ndarray] = None,
 ):
@@ -176,11 +178,18 @@ def attention(
     ``selection[i, h // group]`` with ``0 <= x <= min(query_pos[i],
     n_keys - 1)``: ``out = sum_j softmax(s)_j v_j`` and ``lse = log sum_j
     exp(s_j)`` with ``s_j = (q_ih . k_j) * scale``. A row whose set is empty
-    gets zeros and ``lse = -inf`` and is counted in ``empty_rows``. One
+    gets zeros and ``lse = -inf`` and is counted in ``empty_rows``. With
+    ``duplicates="each"`` the row attends to the entries as a list: a
+    repeated entry counts each time it appears (the engines' sparse MLA
+    kernels). One
     integer ``query_pos`` is ``[query_pos]``. ``out`` / ``lse_out`` (float32
     of exactly those shapes, sharing no input's memory nor each other's) are
     filled with the results rounded to float32 and returned in their place."""
     raw = (q, k, v, selection, query_pos)
+    if not isinstance(duplicates, str):
+        raise TypeError(f"duplicates must be a string, got {type(duplicates).__name__}")
+    if duplicates not in ("once", "each"):
+        raise ReferenceSelectionError("duplicates", f'duplicates must be one of "once", "each", got "{duplicates}"')
     q, k, pos, group = qk_operands(q, k, query_pos)
     n_queries, n_q_heads, d_k = q.shape
     n_keys, n_kv_heads = k.shape[0], k.shape[1]
@@ -212,7 +221,8 @@ def attention(
                 keys = np.arange(visible)
             else:
                 row = sel[i, kv]
-                keys = np.unique(row[(row >= 0) & (row < visible)])
+                keys = row[(row >= 0) & (row < visible)]
+                keys = np.unique(keys) if duplicates == "once" else np.sort(keys)
             heads = slice(kv * group, (kv + 1) * group)  # the query heads of KV head kv
             if len(keys) == 0:
                 empty_rows += group
@@ -257,9 +267,11 @@ def sparse_attention(
     selection: Any,
     *,
     scale: Optional[float] = None,
+    duplicates: str = "once",
     out: Optional[np.ndarray] = None,
     lse_out: Optional[np.ndarray] = None,
 ):
     """Sparse causal attention over ``selection [n_queries, n_kv_heads,
-    width]``: ``(out, lse, empty_rows)`` as :func:`attention`."""
-    return attention(q, k, v, query_pos, selection, scale=scale, out=out, lse_out=lse_out)
+    width]``: ``(out, lse, empty_rows)`` as :func:`attention` (``duplicates``
+    ``"once"``: a set; ``"each"``: a repeated entry counted each time)."""
+    return attention(q, k, v, query_pos, selection, scale=scale, duplicates=duplicates, out=out, lse_out=lse_out)

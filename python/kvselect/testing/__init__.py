@@ -1,8 +1,8 @@
 """Check a kernel from its own test suite: assertions in the style of
 ``torch.testing.assert_close``.
 
-:func:`assert_topk`, :func:`assert_blocks`, :func:`assert_quest` and :func:`assert_witnesses`
-apply the rules and tolerance defaults of ``kvselect check`` (the checks of
+:func:`assert_topk`, :func:`assert_blocks`, :func:`assert_quest`, :func:`assert_witnesses` and
+:func:`assert_sparse_attention` apply the rules and tolerance defaults of ``kvselect check`` (the checks of
 :mod:`kvselect.checking`, called here: nothing is re-derived) to the tensors
 a test already holds. Each returns the report (a
 :class:`kvselect.checking.Report`, as :func:`kvselect.checking.check_dump`
@@ -47,7 +47,14 @@ from kvselect.checking.report import dump_report
 # assert_rows reaches it when called), so importing them here is no cycle.
 from kvselect.testing import cases
 
-__all__ = ["assert_topk", "assert_blocks", "assert_quest", "assert_witnesses", "CheckFailure"]
+__all__ = [
+    "assert_topk",
+    "assert_blocks",
+    "assert_quest",
+    "assert_witnesses",
+    "assert_sparse_attention",
+    "CheckFailure",
+]
 
 # DLPack's DLDeviceType for host memory (kDLCPU).
 _DL_CPU = 1
@@ -514,3 +521,103 @@ def assert_witnesses(before: Any, after: Any, context_lens: Any, num_segments: i
         "num_segments": np.asarray(int(num_segments)),
     }
     return _conclude(check_dump(d), False, "assert_witnesses")
+
+
+def assert_sparse_attention(
+    out: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    indices: Any,
+    *,
+    lse: Any = None,
+    preset: Optional[str] = None,
+    conventions: Any = None,
+    model: Optional[str] = None,
+    precision: Optional[str] = None,
+    atol: Optional[float] = None,
+    rtol: Optional[float] = None,
+    query_pos: Any = None,
+    scale: Optional[float] = None,
+    d_v: Optional[int] = None,
+    sink: Any = None,
+    read_len: Any = None,
+    cu_seqlens: Any = None,
+    seq_ids: Any = None,
+    block_table: Any = None,
+    seq_lens: Any = None,
+) -> Report:
+    """Assert that a sparse attention / sparse MLA kernel's ``out`` (and
+    ``lse``) is exact attention over its index rows, read by its declared
+    conventions, within its arithmetic model's bound — as ``kvselect check``
+    judges a ``sparse_attention`` dump.
+
+    Parameters
+    ----------
+    out : array_like or DLPack tensor, [n_queries, H_q, d_v]
+        The kernel's output; its dtype (bfloat16 included) is its last rounding.
+    q, k, v, indices : array_like or DLPack tensor
+        The kernel's inputs (``v`` None: MLA's latent, ``v = k[..., :d_v]``),
+        as :func:`kvselect.checking.check_sparse_attention` takes them.
+    lse : array_like, optional
+        The kernel's ``lse``, in its declared base and layout.
+    preset : str, optional
+        The engine's conventions and default model by name
+        (``"flashmla_sparse_prefill"``, ``"cudnn_793"``, ``"minimax_m3"``, ...).
+    conventions : kvselect.reference.Conventions, optional
+        The conventions, each stored in the dump by name (wins over the preset's).
+    model, precision, atol, rtol : optional
+        The bound: a model's name, or every intermediate rounded to
+        ``precision`` (a :data:`kvselect.checking.DEFAULT_RTOL` name), or
+        ``atol + rtol |exact|`` (either nonzero).
+    query_pos, scale, d_v, sink, read_len, cu_seqlens, seq_ids, block_table, seq_lens : optional
+        As :func:`kvselect.reference.sparse_attention_exact`.
+
+    Returns
+    -------
+    Report
+        The report, as :func:`kvselect.checking.check_dump` returns it; its
+        check's report holds ``model``, ``worst``, ``by_cause``.
+
+    Raises
+    ------
+    CheckFailure
+        When some (query, head) row is wrong: the message names the rows,
+        their worst error against its bound and the likeliest cause.
+    kvselect.checking.DumpError
+        Arguments that do not fit together (named by their dump keys).
+
+    See Also
+    --------
+    kvselect.checking.check_sparse_attention : the check, returning the report.
+    kvselect.testing.cases.all_sparse_attention_cases : the inputs that broke such kernels.
+    """
+    d: Dict[str, Any] = {"kind": np.asarray("sparse_attention")}
+    for key, a in (("out", out), ("q", q), ("k", k), ("v", v), ("lse", lse), ("sink", sink)):
+        if a is not None:
+            _as_dump_array(_host(a, key), key, d)
+    d["indices"] = np.asarray(_host(indices, "indices"))
+    for key, a in (
+        ("query_pos", query_pos),
+        ("read_len", read_len),
+        ("cu_seqlens", cu_seqlens),
+        ("seq_ids", seq_ids),
+        ("block_table", block_table),
+        ("seq_lens", seq_lens),
+    ):
+        if a is not None:
+            d[key] = np.asarray(_host(a, key))
+    for key, x in (("preset", preset), ("model", model), ("precision", precision), ("scale", scale), ("d_v", d_v)):
+        if x is not None:
+            d[key] = np.asarray(x)
+    if conventions is not None:
+        c = conventions
+        for key in ("read", "duplicates", "out_of_range", "lse_base"):
+            d[key] = np.asarray(getattr(c, key))
+        for key in ("causal", "global_indices", "head_major", "lse_head_major", "block_size"):
+            d[key] = np.asarray(int(getattr(c, key)))
+        lo, hi = c.empty_lse_range()
+        d["empty_lse"] = np.asarray(lo)
+        if hi != lo:
+            d["empty_lse_high"] = np.asarray(hi)
+    return _conclude(check_dump(d, atol=atol, rtol=rtol), False, "assert_sparse_attention")

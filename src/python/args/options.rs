@@ -1,5 +1,5 @@
-//! Option strings: `key_format`, `query_format`, `page_layout` and
-//! `filler`, parsed once, at the boundary, into typed values.
+//! Option strings: `key_format`, `query_format`, `page_layout`, `filler`
+//! and `duplicates`, parsed once, at the boundary, into typed values.
 //!
 //! Reads each option as PyO3 extracts the argument ([`FromPyObject`], as
 //! safetensors' bindings read `Framework` and `Device`): a string that is
@@ -15,6 +15,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
+use crate::attention::Repeats;
 use crate::check::Filler;
 use crate::keys::Format;
 use crate::python::errors::{refuse, Domain};
@@ -205,5 +206,19 @@ impl Choice for QuestVariantName {
     }
     fn unknown(got: &str) -> String {
         format!("variant must be 'kernel', 'eval' or 'sglang', got {got:?}")
+    }
+}
+
+impl Choice for Repeats {
+    const ARG: &'static str = "duplicates";
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "once" => Some(Repeats::Once),
+            "each" => Some(Repeats::Each),
+            _ => None,
+        }
+    }
+    fn unknown(got: &str) -> String {
+        format!("duplicates must be one of \"once\", \"each\", got {got:?}")
     }
 }

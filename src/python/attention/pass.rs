@@ -9,11 +9,11 @@
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
-use crate::attention::{self, AttentionShape};
+use crate::attention::{self, AttentionShape, Repeats};
 use crate::metrics;
 use crate::python::args::{
-    convert, detach, ndarray, query_positions, Broadcast, In, Obj, Opt, Out, Queries, StridedRows,
-    F64, S,
+    convert, detach, ndarray, query_positions, Broadcast, In, Named, Obj, Opt, Out, Queries,
+    StridedRows, F64, S,
 };
 use crate::python::errors::refuse;
 
@@ -152,7 +152,7 @@ fn attention_pass<'py>(
     (q, k, v): (&Obj<'py>, &Obj<'py>, &Obj<'py>),
     query_pos: &Obj<'py>,
     selection: Opt<'_, 'py>,
-    scale: Option<f64>,
+    (scale, repeats): (Option<f64>, Repeats),
     (out, lse_out): (Opt<'_, 'py>, Opt<'_, 'py>),
 ) -> PyResult<Pass<'py>> {
     let (qa, ka, mut shape) = queries_and_keys(q, k)?;
@@ -198,8 +198,8 @@ fn attention_pass<'py>(
         Some(s) => {
             let (ss, width) = (s.slice()?, s.shape[2]);
             detach(py, ss.len().saturating_mul(per_key), || {
-                attention::sparse_attention(
-                    qs, ks, vs, stride, &shape, &pos, ss, width, scale, os, ls,
+                attention::sparse_attention_counting(
+                    qs, ks, vs, stride, &shape, &pos, ss, width, scale, repeats, os, ls,
                 )
             })
         }
@@ -272,7 +272,8 @@ pub(super) fn dense_attention<'py>(
     lse_out: Opt<'_, 'py>,
 ) -> PyResult<(F32<'py>, F32<'py>)> {
     let bufs = (out, lse_out);
-    let (out, lse, _) = attention_pass(py, (q, k, v), query_pos, None, scale, bufs)?;
+    let (out, lse, _) =
+        attention_pass(py, (q, k, v), query_pos, None, (scale, Repeats::Once), bufs)?;
     Ok((out, lse))
 }
 
@@ -280,8 +281,9 @@ pub(super) fn dense_attention<'py>(
 ///
 /// A KV head's row of ``selection`` serves its query-head group. A row attends to its
 /// entries ``x`` with ``0 <= x <= min(query_pos[i], n_keys - 1)`` (negative entries are
-/// padding, later ones are masked as future keys, duplicates count once); a row that
-/// selects nothing gets zeros and ``lse = -inf`` and is counted in ``empty_rows``.
+/// padding, later ones are masked as future keys, duplicates count once unless
+/// ``duplicates="each"``); a row that selects nothing gets zeros and ``lse = -inf`` and is
+/// counted in ``empty_rows``.
 /// ``query_pos``, ``out=`` and ``lse_out=`` as in :func:`dense_attention`.
 ///
 /// Parameters
@@ -298,6 +300,10 @@ pub(super) fn dense_attention<'py>(
 ///     Key indices per (query, KV head) row, e.g. :func:`positions_of_blocks`' rows.
 /// scale : float, optional
 ///     The softmax scale, finite; defaults to ``1 / sqrt(d_k)``.
+/// duplicates : str, optional
+///     How a row counts an entry it repeats: ``"once"`` (the default: a selection is a
+///     set) or ``"each"`` time it appears (the engines' sparse MLA kernels, which gather
+///     every slot they read; docs/checking-sparse-attention.md).
 /// out : ndarray of float32, [n_queries, n_q_heads, d_v], optional
 ///     Filled in place and returned: exactly that shape, C-contiguous, writeable, aligned,
 ///     native byte order, sharing no input's memory nor ``lse_out``'s (else refused: a
@@ -317,12 +323,19 @@ pub(super) fn dense_attention<'py>(
 /// Raises
 /// ------
 /// SelectionError
-///     (a ValueError; ``.argument`` names the argument) as :func:`dense_attention`, and when
-///     ``selection`` is not ``[n_queries, n_kv_heads, width]``.
+///     (a ValueError; ``.argument`` names the argument) as :func:`dense_attention`, when
+///     ``selection`` is not ``[n_queries, n_kv_heads, width]``, and when ``duplicates`` is
+///     not ``"once"`` or ``"each"``.
 /// TypeError
-///     as :func:`dense_attention`, and when ``selection`` is not integers.
+///     as :func:`dense_attention`, and when ``selection`` is not integers or ``duplicates``
+///     not a string.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, query_pos, selection, *, scale=None, out=None, lse_out=None))]
+#[pyo3(
+    signature = (q, k, v, query_pos, selection, *, scale=None,
+                 duplicates=Named::known(Repeats::Once), out=None, lse_out=None),
+    text_signature = "(q, k, v, query_pos, selection, *, scale=None, duplicates=\"once\", \
+                      out=None, lse_out=None)"
+)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn sparse_attention<'py>(
     py: Python<'py>,
@@ -332,9 +345,18 @@ pub(super) fn sparse_attention<'py>(
     query_pos: &Obj<'py>,
     selection: &Obj<'py>,
     scale: Option<f64>,
+    duplicates: Named<Repeats>,
     out: Opt<'_, 'py>,
     lse_out: Opt<'_, 'py>,
 ) -> PyResult<Pass<'py>> {
+    let repeats = duplicates.get()?;
     let bufs = (out, lse_out);
-    attention_pass(py, (q, k, v), query_pos, Some(selection), scale, bufs)
+    attention_pass(
+        py,
+        (q, k, v),
+        query_pos,
+        Some(selection),
+        (scale, repeats),
+        bufs,
+    )
 }

@@ -31,6 +31,10 @@ Torch users: ``torch.from_numpy(a)`` for float32 / int arrays;
 Sizes are small by default (tests stay fast); ``long=True`` in
 :func:`all_topk_cases` adds the 256K-key rows.
 
+The sparse attention cases (:func:`all_sparse_attention_cases`, module
+``attention``) are the index rows that broke the kernels consuming a
+selection; their sources are in that module's docs.
+
 Sources of the engine facts:
 
 - vllm-project/vllm#51782: ``persistent_topk`` collects the threshold
@@ -66,6 +70,18 @@ Sources of the engine facts:
 from __future__ import annotations
 
 from kvselect.testing.cases._case import Case, pytest_params, tail_lengths
+from kvselect.testing.cases.attention import (
+    all_sparse_attention_cases,
+    causal_boundary,
+    empty_rows,
+    masked_first_chunk,
+    neighbour_repeats,
+    packed_mla,
+    padding_reads,
+    paged_blocks,
+    repeated_entries,
+    rising_scores,
+)
 from kvselect.testing.cases.blocks import (
     all_block_cases,
     all_witness_cases,
@@ -107,6 +123,7 @@ __all__ = [
     "all_block_cases",
     "all_quest_cases",
     "all_witness_cases",
+    "all_sparse_attention_cases",
     "tail_lengths",
     "low_contrast",
     "ties_at_threshold",
@@ -133,4 +150,13 @@ __all__ = [
     "quest_stale_slots",
     "quest_ties",
     "quest_fp8_scales",
+    "empty_rows",
+    "masked_first_chunk",
+    "repeated_entries",
+    "neighbour_repeats",
+    "rising_scores",
+    "causal_boundary",
+    "padding_reads",
+    "paged_blocks",
+    "packed_mla",
 ]

@@ -21,7 +21,7 @@ class Case:
     id : str
         A short name, unique within an ``all_*_cases()`` list (a pytest id).
     rule : str
-        ``"topk"``, ``"blocks"``, ``"quest"`` or ``"witnesses"``.
+        ``"topk"``, ``"blocks"``, ``"quest"``, ``"witnesses"`` or ``"sparse_attention"``.
     bug : str
         The bug the case provokes and where it shipped.
     inputs : dict
@@ -31,11 +31,14 @@ class Case:
         ``cu_seqlens``, ``seq_ids``, ``kv_cache``, ``block_table``,
         ``seq_lens``, ``page_layout``, ``compress_ratio``; ``block_sparse_select``'s for
         ``blocks``; :func:`kvselect.testing.assert_quest`'s for ``quest``; ``topk_indices``, ``context_lens``, ``num_segments`` for
-        ``witnesses``).
+        ``witnesses``; ``assert_sparse_attention``'s (``q``, ``k``, ``v``,
+        ``indices``, ``conventions`` and the layout's arrays) for
+        ``sparse_attention``).
     expected : ndarray
         The exact rule's answer: rows of positions (ties to the lower
         position), ``-1`` padded; block ids for ``blocks``; the buffer after
-        the call for ``witnesses``.
+        the call for ``witnesses``; the exact output (float64) for
+        ``sparse_attention``.
     check : dict
         Keyword arguments of the assertion the case is built for (its
         tolerance, ``fail_vacuous``).
@@ -69,9 +72,10 @@ class Case:
 
         Parameters
         ----------
-        rows : array_like or DLPack tensor
-            The kernel's output on ``case.inputs``: top-k rows, block rows, or
-            the witness buffer after the merge, as the case's rule has it.
+        rows : array_like or DLPack tensor, or a tuple (out, lse)
+            The kernel's output on ``case.inputs``: top-k rows, block rows,
+            the witness buffer after the merge, or a sparse attention
+            kernel's ``out`` (or ``(out, lse)``), as the case's rule has it.
 
         Returns
         -------
@@ -92,6 +96,9 @@ class Case:
             return testing.assert_witnesses(
                 self.inputs["topk_indices"], rows, self.inputs["context_lens"], self.inputs["num_segments"]
             )
+        if self.rule == "sparse_attention":
+            out, lse = rows if isinstance(rows, tuple) else (rows, None)
+            return testing.assert_sparse_attention(out, lse=lse, **self.inputs, **self.check)
         if self.rule == "blocks":
             return testing.assert_blocks(rows, **self.inputs, **self.check)
         if self.rule == "quest":
