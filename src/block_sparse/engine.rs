@@ -11,7 +11,9 @@
 //! query-major order, so that the caller decides where each lands (the
 //! engines' head-major layout is the same slices in another order).
 
-use super::kernels::{run_segment, Segment, Stream, TileOut, MR};
+#[cfg(target_arch = "x86_64")]
+use super::kernels::Stream;
+use super::kernels::{run_segment, Segment, TileOut, MR};
 use super::select::select_blocks;
 use super::BlockSparseConfig;
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
@@ -33,6 +35,7 @@ pub(super) const STREAMING_TILES: usize = 2;
 /// next page's keys are fetched long before the jump to them, which the
 /// hardware prefetcher cannot see coming (it picks a stream up again only
 /// after a few misses in the new page).
+#[cfg(target_arch = "x86_64")]
 pub(super) const LEAD_BYTES: usize = 32 * 1024;
 /// Bytes of decoded keys per chunk when keys are streamed and decoded
 /// (L1-resident between the decode and the kernel).
@@ -77,6 +80,7 @@ impl Keys<'_> {
     }
 
     /// The format the keys are stored in.
+    #[cfg(target_arch = "x86_64")]
     fn format(&self) -> Format {
         match self {
             Keys::Dense(k) => k.format(),
@@ -88,6 +92,9 @@ impl Keys<'_> {
     /// (to the end of a dense array, or of `pos`'s page): what a kernel
     /// prefetches. Empty at or past the last key (a block table's entries
     /// past the sequence are never read), or for a page decoded instead.
+    /// (The SIMD kernels prefetch; the portable ones do not: x86-64 only,
+    /// as is [`Keys::lead_keys`].)
+    #[cfg(target_arch = "x86_64")]
     fn bytes_from(&self, pos: usize, d: usize, bs: usize) -> &[u8] {
         if pos >= self.n_keys(d) {
             return &[];
@@ -104,6 +111,7 @@ impl Keys<'_> {
     /// and the extra prefetches only cost (float32 decode 7–17% slower at
     /// the AVX-512 level on Zen 4, in one process against none;
     /// docs/benchmarks.md).
+    #[cfg(target_arch = "x86_64")]
     fn lead_keys(&self, key_bytes: usize, bs: usize) -> Option<usize> {
         match self {
             Keys::Dense(_) => None,
@@ -148,7 +156,9 @@ pub(super) struct PaddedRows {
     /// group: the query the SIMD kernels read fp8 keys against when they
     /// read them as `2⁻⁸ ×` their values (exact, a power of two, so every
     /// FMA rounds as with the unscaled pair). `None` inside when an element
-    /// would overflow: the keys are then decoded unscaled.
+    /// would overflow: the keys are then decoded unscaled. The SIMD
+    /// kernels' only: x86-64 only.
+    #[cfg(target_arch = "x86_64")]
     fp8: std::sync::OnceLock<Option<Vec<f32>>>,
 }
 
@@ -178,20 +188,18 @@ impl PaddedRows {
             vis,
             rows_pad,
             dp,
+            #[cfg(target_arch = "x86_64")]
             fp8: std::sync::OnceLock::new(),
         }
     }
 
     /// [`PaddedRows::q`] `× 2⁸` (see the field), or `None`: an element
-    /// would overflow, or no SIMD kernel reads fp8 keys folded here.
+    /// would overflow.
+    #[cfg(target_arch = "x86_64")]
     fn fp8_folded(&self) -> Option<&[f32]> {
-        #[cfg(target_arch = "x86_64")]
-        return self
-            .fp8
+        self.fp8
             .get_or_init(|| crate::keys::x86::fp8_folded_query(&self.q))
-            .as_deref();
-        #[cfg(not(target_arch = "x86_64"))]
-        None
+            .as_deref()
     }
 }
 
@@ -304,11 +312,15 @@ pub(super) fn score_blocks(
     // `PaddedRows::fp8_folded`). They check each piece for a NaN byte after
     // reading it (no pass over the keys that waits on memory before the
     // kernel runs). Keys decoded into a scratch are float32 and need none.
+    // (Off x86-64 only the portable kernel runs: it neither folds nor
+    // prefetches.)
+    #[cfg(target_arch = "x86_64")]
     let fp8_in_place = isa != Isa::Scalar && keys.format() == Format::Fp8E4m3;
     let key_chunk = match (paged, tiles) {
         (false, 1) => usize::MAX,
         _ => key_chunk,
     };
+    #[cfg(target_arch = "x86_64")]
     let lead = keys.lead_keys(d * keys.format().size(), bs);
     let mut buf = Vec::new();
     let k_start = b0.saturating_mul(bs).min(n_keys);
@@ -334,10 +346,14 @@ pub(super) fn score_blocks(
                 (Encoded::F32(&buf), c0, false)
             }
         };
+        // Off x86-64 the portable kernel reads the chunk wherever it is.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = in_place;
         // Keys read in place and used once: the kernel prefetches what
         // follows the chunk (into L1, a few keys ahead) and, from a paged
         // cache, the keys a lead further on (into L2), both in reading
         // order — across pages.
+        #[cfg(target_arch = "x86_64")]
         let stream = (streaming && in_place).then(|| Stream {
             next: if c1 < k_end {
                 keys.bytes_from(c1, d, bs)
@@ -346,6 +362,7 @@ pub(super) fn score_blocks(
             },
             lead: lead.map_or(&[], |l| keys.bytes_from(c0.saturating_add(l), d, bs)),
         });
+        #[cfg(target_arch = "x86_64")]
         let folded = (fp8_in_place && in_place)
             .then(|| rows.fp8_folded())
             .flatten();
@@ -359,6 +376,7 @@ pub(super) fn score_blocks(
             let tile = t * MR * rows.dp..(t + 1) * MR * rows.dp;
             let seg = Segment {
                 q: &rows.q[tile.clone()],
+                #[cfg(target_arch = "x86_64")]
                 q_fp8_folded: folded.map(|f| &f[tile]),
                 dp: rows.dp,
                 keys: chunk,
@@ -372,6 +390,7 @@ pub(super) fn score_blocks(
                 b0,
                 // A tile that stops short of the chunk's end reads nothing
                 // that follows it: its L1 prefetch does not run on.
+                #[cfg(target_arch = "x86_64")]
                 stream: stream.map(|s| {
                     if end == c1 {
                         s

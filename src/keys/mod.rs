@@ -30,12 +30,16 @@ use crate::simd::{dispatch, Isa};
 
 /// Whether any byte is an e4m3fn NaN (`0x7F` or `0xFF`): 32 bytes an
 /// operation where the CPU has AVX2 ([`fp8_has_nan_at`] the best level).
+/// Only the SIMD decodes ask (x86-64 only; the family is compiled off it
+/// for its tests).
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn fp8_has_nan(bytes: &[u8]) -> bool {
     fp8_has_nan_at(Isa::best(), bytes)
 }
 
 /// [`fp8_has_nan`] at `isa`: the family's one dispatch (no AVX-512
 /// kernel: 32 bytes an operation is already faster than the bytes come).
+#[cfg(any(target_arch = "x86_64", test))]
 pub(crate) fn fp8_has_nan_at(isa: Isa, bytes: &[u8]) -> bool {
     // SAFETY (bounds): none to state; the kernel reads `bytes` through its
     // bounds-checked chunks.
@@ -47,6 +51,7 @@ pub(crate) fn fp8_has_nan_at(isa: Isa, bytes: &[u8]) -> bool {
 }
 
 /// [`fp8_has_nan`] without SIMD.
+#[cfg(any(target_arch = "x86_64", test))]
 pub(crate) fn fp8_has_nan_portable(bytes: &[u8]) -> bool {
     // Branch-free over 64-byte runs, so it vectorises.
     bytes
@@ -234,7 +239,8 @@ impl<'a> Encoded<'a> {
 }
 
 /// The cache level a prefetch fills (not an instruction-set level: that is
-/// [`crate::simd::Level`]).
+/// [`crate::simd::Level`]). The SIMD kernels prefetch, so x86-64 only.
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum CacheLevel {
     /// The first-level data cache: for what is read within a few steps.
@@ -249,28 +255,26 @@ pub(crate) enum CacheLevel {
 /// are fetched this way ahead of the kernel (the hardware prefetcher loses
 /// the stream at every page of a paged cache, and does not run far enough
 /// ahead for float32 keys). Addresses outside `bytes` are never formed.
+/// Only the x86-64 SIMD kernels prefetch (the portable ones leave it to the
+/// hardware), so this exists on x86-64 only.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch(bytes: &[u8], from: usize, to: usize, level: CacheLevel) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
-        let ptr = bytes.as_ptr() as *const i8;
-        let end = to.min(bytes.len());
-        let mut at = from;
-        while at < end {
-            // SAFETY: `at < end <= bytes.len()`: within `bytes`; a prefetch
-            // reads nothing architecturally.
-            unsafe {
-                match level {
-                    CacheLevel::L1 => _mm_prefetch::<_MM_HINT_T0>(ptr.add(at)),
-                    CacheLevel::L2 => _mm_prefetch::<_MM_HINT_T1>(ptr.add(at)),
-                }
-            };
-            at += 64;
-        }
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+    let ptr = bytes.as_ptr() as *const i8;
+    let end = to.min(bytes.len());
+    let mut at = from;
+    while at < end {
+        // SAFETY: `at < end <= bytes.len()`: within `bytes`; a prefetch
+        // reads nothing architecturally.
+        unsafe {
+            match level {
+                CacheLevel::L1 => _mm_prefetch::<_MM_HINT_T0>(ptr.add(at)),
+                CacheLevel::L2 => _mm_prefetch::<_MM_HINT_T1>(ptr.add(at)),
+            }
+        };
+        at += 64;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (bytes, from, to, level);
 }
 
 /// Little-endian bfloat16 bytes (two per element) decoded into `out`.

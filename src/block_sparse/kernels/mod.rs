@@ -3,7 +3,9 @@
 //! portable kernel (bit-identical: see the module docs of
 //! [`crate::block_sparse`]).
 
-use crate::keys::{prefetch, CacheLevel, Encoded};
+use crate::keys::Encoded;
+#[cfg(target_arch = "x86_64")]
+use crate::keys::{prefetch, CacheLevel};
 use crate::simd::{dispatch, Isa};
 
 #[cfg(target_arch = "x86_64")]
@@ -23,6 +25,7 @@ pub(super) fn probe(isa: Isa) {
 /// Rows (query heads) are padded to tiles of this many.
 pub(super) const MR: usize = 4;
 /// How many keys ahead the streaming kernel prefetches into L1.
+#[cfg(target_arch = "x86_64")]
 pub(super) const PREFETCH_KEYS: usize = 12;
 
 /// One row tile against keys `start..end`, all within one task's blocks.
@@ -31,7 +34,9 @@ pub(super) struct Segment<'a> {
     pub(super) q: &'a [f32],
     pub(super) dp: usize,
     /// `q × 2⁸` (exact), for a kernel reading fp8 keys as `2⁻⁸ ×` their
-    /// values; `None` when it would overflow or the keys are not fp8.
+    /// values; `None` when it would overflow or the keys are not fp8. (The
+    /// SIMD kernels' only, as is `stream`: x86-64 only.)
+    #[cfg(target_arch = "x86_64")]
     pub(super) q_fp8_folded: Option<&'a [f32]>,
     /// Keys `base ..`, `d` elements each, in their format: key `p` is at
     /// element `(p - base) * d`.
@@ -50,6 +55,7 @@ pub(super) struct Segment<'a> {
     /// What to prefetch ahead of the keys read, when they come from memory
     /// and are used once (`None`: they are reused from cache, or were
     /// decoded into a scratch).
+    #[cfg(target_arch = "x86_64")]
     pub(super) stream: Option<Stream<'a>>,
 }
 
@@ -65,6 +71,7 @@ pub(super) struct Segment<'a> {
 /// Both are bytes of keys in their format, contiguous in memory (a run of
 /// a dense array, the rest of one page); past their end, nothing is
 /// fetched.
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 pub(super) struct Stream<'a> {
     /// The keys that follow the segment in reading order (the rest of the
@@ -76,6 +83,7 @@ pub(super) struct Stream<'a> {
     pub(super) lead: &'a [u8],
 }
 
+#[cfg(target_arch = "x86_64")]
 impl Stream<'_> {
     /// Prefetches for the keys `p .. p + n` of `seg` as they are read
     /// (`own`: the segment's keys as bytes, `kb` bytes a key): see

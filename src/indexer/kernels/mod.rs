@@ -450,19 +450,25 @@ fn fp8_folded<'q>(level: Isa, enc: Encoded<'_>, queries: &'q [Query]) -> Option<
 #[derive(Clone, Copy)]
 pub(super) struct Src<'a> {
     pub enc: Encoded<'a>,
+    /// Read by the SIMD decodes only: x86-64 only.
+    #[cfg(target_arch = "x86_64")]
     pub finite: bool,
     pub scaled: bool,
 }
 
 impl<'a> Src<'a> {
     fn new(level: Isa, enc: Encoded<'a>) -> Self {
-        let finite = match (level, enc) {
-            (Isa::Avx2(_) | Isa::Avx512(_), Encoded::Fp8E4m3(b)) => !crate::keys::fp8_has_nan(b),
-            _ => false,
-        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = level;
         Src {
             enc,
-            finite,
+            #[cfg(target_arch = "x86_64")]
+            finite: match (level, enc) {
+                (Isa::Avx2(_) | Isa::Avx512(_), Encoded::Fp8E4m3(b)) => {
+                    !crate::keys::fp8_has_nan(b)
+                }
+                _ => false,
+            },
             scaled: false,
         }
     }
@@ -513,6 +519,10 @@ fn weighted_relu_sums(
     // elements).
     assert!(w.len() == h && qt.len() == h * d && kt.len() == d * BLOCK);
     assert!(q.tiles == Tiles::of(level) || level == Isa::Scalar);
+    // Off x86-64 only the portable kernel runs: it leaves the prefetching
+    // of `next` to the hardware.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = next;
     // SAFETY (bounds): `qt` holds the `h` heads' tiles of `d`, `kt` `d`
     // rows of `BLOCK`, `w` `h` weights (asserted).
     dispatch!("indexer.weighted_relu_sums", level, {
@@ -523,6 +533,7 @@ fn weighted_relu_sums(
 }
 
 /// `next` cut into `tiles` runs of whole cache lines, one per tile call.
+#[cfg(target_arch = "x86_64")]
 fn prefetch_runs(next: &[u8], tiles: usize) -> impl Iterator<Item = &[u8]> {
     let per = next.len().div_ceil(64).div_ceil(tiles.max(1)).max(1) * 64;
     next.chunks(per).chain(std::iter::repeat(&[][..]))
@@ -530,6 +541,7 @@ fn prefetch_runs(next: &[u8], tiles: usize) -> impl Iterator<Item = &[u8]> {
 
 /// Hints the cache hierarchy to fetch line `i` of `run` into L1 (and so
 /// L2; nothing past the run): [`crate::keys::prefetch`] of its first byte.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_line(run: &[u8], i: usize) {
     let at = i.saturating_mul(64);

@@ -170,6 +170,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (state >> 33) as u32
         };
+        #[cfg(target_arch = "x86_64")]
         let token = crate::simd::avx2_for_test();
         for case in 0..4000 {
             let len = match case % 4 {
