@@ -39,7 +39,9 @@ import pytest
 
 import kvselect._core as core
 
-STUB = pathlib.Path(__file__).resolve().parents[2] / "python" / "kvselect" / "_core.pyi"
+# The stub beside the imported module: python/kvselect/_core.pyi from a
+# clone, the copy a wheel ships when the wheel is installed.
+STUB = pathlib.Path(core.__file__).with_name("_core.pyi")
 
 KIND = {
     inspect.Parameter.POSITIONAL_ONLY: "positional-only",
