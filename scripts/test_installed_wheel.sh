@@ -20,8 +20,10 @@ echo "== fresh venv in $work, $(basename "$wheel") installed with [test]"
 "$work/venv/bin/python" -m pip install -q --disable-pip-version-check "kvselect[test] @ file://$wheel"
 
 # The tree as committed plus new files, without the package's source.
-(cd "$root" && git ls-files -z --cached --others --exclude-standard | grep -zv '^python/kvselect/' |
-    xargs -0 tar -cf - --no-recursion 2>/dev/null || true) | tar -xf - -C "$work" --one-top-level=tree
+# (A tracked file deleted in the work tree is left out.)
+mkdir "$work/tree"
+git -C "$root" ls-files -z --cached --others --exclude-standard | grep -zv '^python/kvselect/' |
+    tar -C "$root" -cf - --null -T - --no-recursion --ignore-failed-read 2>/dev/null | tar -xf - -C "$work/tree"
 cd "$work/tree"
 test ! -e python/kvselect
 
