@@ -23,7 +23,7 @@ echo "== fresh venv in $work, $(basename "$wheel") installed with [test]"
 # (A tracked file deleted in the work tree is left out.)
 mkdir "$work/tree"
 git -C "$root" ls-files -z --cached --others --exclude-standard | grep -zv '^python/kvselect/' |
-    tar -C "$root" -cf - --null -T - --no-recursion --ignore-failed-read 2>/dev/null | tar -xf - -C "$work/tree"
+    tar -C "$root" --null --no-recursion --ignore-failed-read -cf - -T - | tar -xf - -C "$work/tree"
 cd "$work/tree"
 test ! -e python/kvselect
 
