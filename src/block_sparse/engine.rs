@@ -424,7 +424,7 @@ pub(super) fn score_blocks(
             let mut a = c0;
             while a < c1 {
                 let e = c1.min((a / bs + 1) * bs);
-                let m = exact::abs_max(&chunk, (a - base) * d, (e - base) * d);
+                let m = exact::abs_max(isa, &chunk, (a - base) * d, (e - base) * d);
                 let at = (a / bs - b0) * stride + rp;
                 let old = maxima[at];
                 // NaN is sticky (the -inf start reads as nothing).

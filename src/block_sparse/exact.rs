@@ -28,6 +28,8 @@
 
 use super::select::select_blocks;
 use super::BlockSparseConfig;
+use crate::keys::Encoded;
+use crate::simd::{dispatch, Isa};
 
 /// The float32 unit roundoff.
 const U32: f64 = 1.0 / (1u64 << 24) as f64;
@@ -188,9 +190,20 @@ pub(super) fn block_score64(
 
 /// The largest magnitude among elements `a .. b` of `enc`, as a float32
 /// (the codes' magnitudes order as their values, a NaN code highest, so a
-/// NaN element makes it NaN).
-pub(super) fn abs_max(enc: &crate::keys::Encoded<'_>, a: usize, b: usize) -> f32 {
-    use crate::keys::Encoded;
+/// NaN element makes it NaN): one pass over the codes at `isa`'s width.
+pub(super) fn abs_max(isa: Isa, enc: &Encoded<'_>, a: usize, b: usize) -> f32 {
+    // SAFETY (bounds): none; the body slices `enc` (checked indexing).
+    dispatch!("block_sparse.key_max", isa, {
+        avx512(token) => x86::abs_max_avx512(token, enc, a, b),
+        avx2(token) => x86::abs_max_avx2(token, enc, a, b),
+        scalar => abs_max_body(enc, a, b),
+    })
+}
+
+/// [`abs_max`]'s body, written once (each level compiles it with its own
+/// instructions: an unsigned max over 8-, 16- or 32-bit codes).
+#[inline(always)]
+fn abs_max_body(enc: &Encoded<'_>, a: usize, b: usize) -> f32 {
     match enc {
         Encoded::F32(s) => {
             let m = s[a..b]
@@ -215,4 +228,31 @@ pub(super) fn abs_max(enc: &crate::keys::Encoded<'_>, a: usize, b: usize) -> f32
             out[0]
         }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::abs_max_body;
+    use crate::keys::Encoded;
+    use crate::simd::{Avx2, Avx512};
+
+    /// [`abs_max_body`] compiled for AVX2 (the token proves the CPU has it).
+    #[target_feature(enable = "avx2")]
+    pub(super) fn abs_max_avx2(_: Avx2, enc: &Encoded<'_>, a: usize, b: usize) -> f32 {
+        abs_max_body(enc, a, b)
+    }
+
+    /// [`abs_max_body`] compiled for AVX-512 (the token proves the CPU has it).
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    pub(super) fn abs_max_avx512(_: Avx512, enc: &Encoded<'_>, a: usize, b: usize) -> f32 {
+        abs_max_body(enc, a, b)
+    }
+}
+
+/// Runs the family at `isa` once (the reach test's probe).
+#[cfg(test)]
+pub(super) fn probe(isa: Isa) {
+    let x = [1.0f32, -3.0, 2.0, f32::NAN];
+    assert_eq!(abs_max(isa, &Encoded::F32(&x), 0, 3), 3.0);
+    assert!(abs_max(isa, &Encoded::F32(&x), 0, 4).is_nan());
 }

@@ -155,7 +155,8 @@ mod validate;
 /// Runs block selection's kernel family at `isa` (the reach test's probe).
 #[cfg(test)]
 pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
-    kernels::probe(isa)
+    kernels::probe(isa);
+    exact::probe(isa);
 }
 
 pub use api::{
