@@ -1958,7 +1958,10 @@ def check_blocks(
     Parameters
     ----------
     block_scores : array_like of float, [n_queries, n_kv_heads, n_blocks] or [n_rows, n_blocks]
-        Each row's block scores, read as float32 (other floats convert once).
+        Each row's block scores, judged as given in their own arithmetic: float32 (e.g.
+        :func:`block_scores`) or float64 (e.g. exact scores) read in place; another float
+        dtype converts once to float32. For the real-arithmetic verdict on a selection from
+        its inputs use :func:`kvselect.testing.assert_blocks` or a ``blocks`` dump.
     rows : array_like of int32 or int64, [n_queries, n_kv_heads, width] or [n_rows, width]
         The engine's block rows, of ``block_scores``' form; negative entries padding. Any
         integer dtype whose values fit int64 converts once.

@@ -271,3 +271,74 @@ def test_paged_block_selection_is_the_float64_top_k():
         got = ks.block_sparse_select_paged(q, pages, table, [n_tok], [0, 0], pos, cfg)
         np.testing.assert_array_equal(got, ks.block_sparse_select(q, k, pos, cfg))
         np.testing.assert_array_equal(got, ref.block_sparse_select(q, k, pos, cfg))
+
+
+def _float32_flips():
+    """Two one-key blocks: real arithmetic ranks block 1 first (1 + 2^-23
+    against 1 + 2^-23 - 2^-30), the float32 tree sums block 0 (1 + 2^-23
+    against 1)."""
+    q = np.ones((1, 1, 3), np.float32)
+    k = np.array([[1, 2.0**-23 - 2.0**-30, 0], [1, 2.0**-24, 2.0**-24]], np.float32)
+    return q, k, ks.BlockSparseConfig(1, 1, 0, 0)
+
+
+def test_the_block_check_is_exact_dense_packed_and_paged():
+    """assert_blocks (a blocks dump) passes the float64-correct row that the
+    float32 block scores would fail, and fails the row they would pass; so
+    does kvselect's own selection choose the former."""
+    from kvselect.testing import CheckFailure, assert_blocks
+
+    q, k, cfg = _float32_flips()
+    s = ks.block_scores(q, k, [1], cfg)[0, 0]
+    assert s[0] > s[1]  # float32 ranks block 0 first
+    assert ks.block_sparse_select(q, k, [1], cfg).tolist() == [[[1]]]
+    # The float32 check on the float32 scores says the opposite: it judges them as given.
+    assert ks.check_blocks(s[None], np.array([[1]]), [2], cfg)["wrong"] == 1
+    for form in ("dense", "packed", "paged"):
+        kw = {}
+        keys, pos, right, wrong = k, [1], [[[1]]], [[[0]]]
+        if form == "packed":  # another sequence first: the query's keys start at 3
+            keys = np.concatenate([np.zeros((3, 3), np.float32), k])
+            kw = {"cu_seqlens": [0, 3, 5], "seq_ids": [1]}
+        if form == "paged":  # physical page ids through a block table
+            kw = {"block_table": np.array([[7, 4]], np.int32)}
+            right, wrong = [[[4]]], [[[7]]]
+        assert assert_blocks(np.array(right), q, keys, pos, cfg, rtol=0, atol=0, **kw)["wrong"] == 0
+        with pytest.raises(CheckFailure, match="wrong_selection"):
+            assert_blocks(np.array(wrong), q, keys, pos, cfg, rtol=0, atol=0, **kw)
+
+
+def test_kvselects_own_block_rows_pass_the_exact_check_on_random_and_low_contrast_data():
+    from kvselect.testing import assert_blocks
+
+    rng = np.random.default_rng(SEED + 40)
+    for case in range(40):
+        bs = int(rng.choice([1, 2, 4]))
+        cfg = ks.BlockSparseConfig(bs, int(rng.integers(1, 6)), int(rng.integers(0, 2)), int(rng.integers(0, 2)))
+        n, d = int(rng.integers(1, 120)), int(rng.integers(1, 20))
+        q, k = _block_operands(rng, n, 2, 3, d, case % 2 == 1)
+        pos = rng.integers(0, n + 2, 2)
+        rows = ks.block_sparse_select(q, k, pos, cfg)
+        assert assert_blocks(rows, q, k, pos, cfg, rtol=0, atol=0)["wrong"] == 0
+
+
+def test_check_blocks_judges_float64_scores_as_given_native_and_reference_alike():
+    """float64 block scores are compared as given (two blocks 2^-40 apart are
+    not a tie), as float32 they are one score; native and reference agree."""
+    cfg = ks.BlockSparseConfig(1, 1, 0, 0)
+    s = np.array([[1.0, 1.0 + 2.0**-40, 0.5]])
+    for m in (ks, ref):
+        assert m.check_blocks(s, np.array([[0]]), [3], cfg)["wrong"] == 1
+        assert m.check_blocks(s, np.array([[1]]), [3], cfg)["wrong"] == 0
+        assert m.check_blocks(s.astype(np.float32), np.array([[0]]), [3], cfg)["wrong"] == 0
+    rng = np.random.default_rng(SEED + 50)
+    for _ in range(200):
+        n, t = 5, 12
+        s = rng.choice([0.0, 1.0, 1.0 + 2.0**-45, 2.0, -np.inf], (n, t)) + rng.standard_normal((n, t)) * (
+            rng.random() < 0.5
+        )
+        cfg = ks.BlockSparseConfig(1, int(rng.integers(1, 5)), int(rng.integers(0, 2)), int(rng.integers(0, 2)))
+        rows = np.array([np.sort(rng.permutation(t)[: cfg.width]) for _ in range(n)])
+        vis = rng.integers(cfg.width, t + 1, n)
+        rows = np.where(rows < vis[:, None], rows, -1)
+        assert repr(ks.check_blocks(s, rows, vis, cfg)) == repr(ref.check_blocks(s, rows, vis, cfg))
