@@ -328,6 +328,31 @@ class Workload:
             return self.indexer.description
         return ONE_HEAD_INDEXER
 
+    def head_queries(self, kv_head: int, pos: np.ndarray) -> np.ndarray:
+        """KV head ``kv_head``'s query heads at ``pos``, ``[n, group, d]``
+        float32: what the boundary experiment's eviction policies observe.
+
+        Parameters
+        ----------
+        kv_head : int
+            The KV head.
+        pos : ndarray of int, [n]
+            The positions.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[n, group, d]``, C-contiguous (:meth:`head_inputs`' ``q``).
+
+        Raises
+        ------
+        IndexError
+            When ``kv_head`` or a position is out of range.
+        """
+        g = self.group
+        q = self.q[kv_head * g : (kv_head + 1) * g][:, pos]
+        return np.ascontiguousarray(q.transpose(1, 0, 2))
+
     def head_inputs(self, kv_head: int, pos: np.ndarray) -> "HeadInputs":
         """Everything the evaluation of KV head ``kv_head`` at ``pos`` reads.
 
