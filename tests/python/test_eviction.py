@@ -252,3 +252,37 @@ def test_eviction_policies_are_registered_with_their_twin():
     assert rule.reference == "kvselect.reference.eviction"
     assert [p.name for p in rule.policies] == list(evaluate.EVICTION_POLICIES)
     assert all(p.eviction for p in rule.policies)
+
+
+def test_pyramidkv_layer_budgets_are_kvpress_formula_at_the_eval_ratio():
+    # The eval's uniform budget B of a P prefix is kvpress's ratio 1 - B / P.
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        p_len = int(rng.integers(2, 5000))
+        budget = int(rng.integers(1, p_len + 1))
+        window = int(rng.integers(1, 128))
+        layers = int(rng.integers(1, 80))
+        layer = int(rng.integers(0, layers))
+        want = ref.pyramidkv_layer_budget(layer, layers, p_len, 1 - budget / p_len, window=window)
+        assert ev.pyramid_budget(layer, layers, p_len, budget, window) == want
+
+
+def test_pyramidkv_on_a_multi_layer_dump_keeps_each_layers_budget():
+    # B = 80, window 4: min_num = 80 / 20 = 4 reaches the window, so the
+    # pyramid fits a prefix of 200 or more: layer 0 keeps more than B, the
+    # last layer fewer.
+    w = _tiny(tokens=512)
+    pos = np.asarray(w.query_positions)
+    p = int(pos[pos >= 200][0])
+    at = pos[pos >= p]
+    s, _ = evaluate.derive_settings(80, snapkv_window=4, boundary=p)
+    q, k = w.head_queries(0, np.arange(p)), w.head_inputs(0, pos).k[:p]
+    budgets = []
+    for layer in (0, 3):
+        rows = evaluate.head_rows(w.head_inputs(0, pos), pos, [s], w.scale, q, 4, layer)
+        budget = ev.pyramid_budget(layer, 4, p, 80, 4)
+        budgets.append(budget)
+        want = ref.snapkv_keep(q, k, budget, w.scale, window=4)
+        assert len(want) == budget
+        assert np.array_equal(rows[(80, "PyramidKV")]["used"], len(want) + at - p + 1), layer
+    assert budgets[0] > 80 > budgets[1]

@@ -102,7 +102,7 @@ def evaluate_head(
     pos = dump.query_positions
     prefix = evaluate.prefix_length(runs, pos)
     observe = dump.head_queries(layer, kv_head, np.arange(prefix)) if prefix else None
-    rows = evaluate.head_rows(dump.head(layer, kv_head), pos, runs, dump.scale, observe, dump.n_layers)
+    rows = evaluate.head_rows(dump.head(layer, kv_head), pos, runs, dump.scale, observe, dump.n_layers, layer)
     return Done(rows, time.perf_counter() - t0, dump.bytes_per_head())
 
 

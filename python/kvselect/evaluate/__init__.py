@@ -108,16 +108,17 @@ class _Head:
     dense: np.ndarray  # [n, group, d_v] dense attention output
     scale: float = 1.0
     layers: int = 1  # the workload's layers (PyramidKV's budgets)
+    layer: int = 0  # this head's layer
     observe: Optional[np.ndarray] = None  # the boundary experiment's prefix queries [P, group, d]
 
 
-def _prepare_head(x: HeadInputs, pos: np.ndarray, scale: float, layers: int = 1) -> _Head:
+def _prepare_head(x: HeadInputs, pos: np.ndarray, scale: float, layers: int = 1, layer: int = 0) -> _Head:
     tokens = len(x.k)
     k = x.k.reshape(tokens, 1, -1)
     v = x.v.reshape(tokens, 1, -1)
     probs = ks.attention_probabilities(x.q, k, pos, scale=scale)
     dense, _ = ks.dense_attention(x.q, k, v, pos, scale=scale)
-    return _Head(x.q, k, v, x.index_q, x.index_k, x.learned, probs, dense, scale, layers)
+    return _Head(x.q, k, v, x.index_q, x.index_k, x.learned, probs, dense, scale, layers, layer)
 
 
 def resolve_boundary(s: Settings, pos: np.ndarray) -> Optional[int]:
@@ -212,7 +213,9 @@ def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, Any]:
         if isinstance(sel, str):
             notes[policy.name] = sel
             continue
-        if sel.rows.shape != (len(pos), s.budget):  # a row holds at most k positions
+        # A row holds at most k positions (an eviction policy's per-layer
+        # budget, PyramidKV's, may hold more on a layer, k on average).
+        if sel.rows.shape[0] != len(pos) or (sel.rows.shape[1] != s.budget and not policy.eviction):
             raise RuntimeError(f"policy {policy.name!r} returned rows {sel.rows.shape}, not [n, k = {s.budget}]")
         done[policy.name] = sel
     out: Dict[str, Any] = {}
@@ -300,6 +303,7 @@ def head_rows(
     scale: float,
     observe: Optional[np.ndarray] = None,
     layers: int = 1,
+    layer: int = 0,
 ) -> HeadRows:
     """Every policy at every run's budget on one KV head: its per-row numbers.
 
@@ -322,8 +326,8 @@ def head_rows(
         The head's queries at the prefix positions ``0..P-1``, ``P`` at
         least :func:`prefix_length` (needed when a run has a boundary; the
         eviction policies read them).
-    layers : int
-        The workload's layers (PyramidKV's per-layer budgets).
+    layers, layer : int
+        The workload's layers and this head's (PyramidKV's per-layer budgets).
 
     Returns
     -------
@@ -341,7 +345,7 @@ def head_rows(
         that do not fit together.
     """
     pos = np.asarray(pos, dtype=np.int64)
-    full = _prepare_head(inputs, pos, scale, layers)
+    full = _prepare_head(inputs, pos, scale, layers, layer)
     out: HeadRows = {}
     for s in runs:
         p = resolve_boundary(s, pos)
@@ -554,6 +558,7 @@ def report_header(workload: Union[Workload, WorkloadDump], runs: Sequence[Settin
         tokens=workload.tokens,
         indexer=workload.indexer_description,
         boundary=_header_boundary(runs, np.asarray(workload.query_positions, dtype=np.int64)),
+        layers=int(getattr(workload, "n_layers", 1)),
     )
 
 
@@ -592,6 +597,7 @@ def pooled_header(reports: Sequence[Report], runs: Sequence[Settings]) -> Report
         tokens=max(r.tokens for r in reports),
         indexer="; ".join(dict.fromkeys(r.indexer for r in reports)),
         boundary=_pooled_boundary([r.boundary for r in reports]),
+        layers=max(r.layers for r in reports),
     )
 
 

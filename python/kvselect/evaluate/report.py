@@ -90,6 +90,8 @@ class Report:
         trivially perfect and compare nothing.
     indexer : str
         What the learned top-k ranked by.
+    layers : int
+        The workload's layers (the most of any pooled workload).
     boundary : int or None
         The boundary experiment's ``P`` on this workload (None: the
         per-query experiment; a pooled report of workloads with different
@@ -108,6 +110,7 @@ class Report:
     every_key_budgets: List[int] = field(default_factory=list)
     indexer: str = ""
     boundary: Optional[int] = None
+    layers: int = 1
 
     def oracle_gap(self, budget: int) -> Optional[float]:
         """How far the learned top-k's mean recall sits below the oracle's at
@@ -221,7 +224,7 @@ def format_table(report: Report) -> str:
                 + " |"
             )
         ran = {r.policy for r in report.results if r.budget == budget and r.ran}
-        if "PyramidKV" in ran:
+        if "PyramidKV" in ran and report.layers == 1:
             lines += [
                 "",
                 "PyramidKV: a one-layer workload has no pyramid (kvpress's per-layer budgets need two "

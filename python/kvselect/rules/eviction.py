@@ -35,6 +35,10 @@ docs/evaluating-policies.md):
   same on a workload with one KV head per layer);
 - H2O keeps one score per KV head: the group's heads' attention summed (the
   source is multi-head, one cache per head);
+- PyramidKV's per-layer budgets come from kvpress's formula at the ratio
+  ``1 - B / P``: a layer's rows may hold more than ``B`` prefix positions,
+  the layers' mean is ``B`` (within kvpress's rounding); the uniform budget
+  when kvpress's pyramid does not fit (its ``min_num`` below the window);
 - SnapKV needs a prefix longer than its window (kvpress asserts it): at
   ``P <= window`` it is ``n/a``.
 """
@@ -144,7 +148,7 @@ def _prefix(ctx: EvalContext) -> Optional[np.ndarray]:
 
 
 def _kept_rows(ctx: EvalContext, kept: np.ndarray) -> np.ndarray:
-    out = np.full((len(ctx.pos), ctx.settings.budget), -1, dtype=np.int32)
+    out = np.full((len(ctx.pos), max(ctx.settings.budget, len(kept))), -1, dtype=np.int32)
     out[:, : len(kept)] = kept
     return out
 
@@ -175,14 +179,41 @@ def snapkv(ctx: EvalContext) -> Union[Selection, str]:
     return _run(ctx, fn)
 
 
+def pyramid_budget(layer: int, n_layers: int, p_len: int, budget: int, window: int) -> int:
+    """PyramidKV's budget at ``layer`` (:func:`kvselect.reference.pyramidkv_layer_budget`)
+    for the uniform budget ``budget`` of a ``p_len`` prefix: kvpress's
+    compression ratio ``1 - budget / p_len``, its arithmetic."""
+    ratio = 1 - budget / p_len
+    uniform = round(p_len * (1 - ratio))
+    if n_layers == 1:
+        return int(uniform)
+    capacity = window + p_len * (1 - ratio)
+    min_num = (capacity - window) / BETA
+    max_num = (capacity - window) * 2 - min_num
+    if max_num >= p_len - window:
+        max_num = p_len - window
+        min_num = (capacity - window) * 2 - max_num
+    if not (p_len >= max_num >= min_num >= window):
+        return int(uniform)
+    return int(round(max_num - layer * (max_num - min_num) / (n_layers - 1)))
+
+
 def pyramidkv(ctx: EvalContext) -> Union[Selection, str]:
-    """PyramidKV: SnapKV's score at a per-layer budget; one layer: SnapKV."""
-    if getattr(ctx.head, "layers", 1) != 1:
-        return "per-layer budgets on multi-layer dumps are not in the eval yet (one layer: = SnapKV)"
+    """PyramidKV: SnapKV's score at its layer's budget (their mean the
+    uniform ``B``); one layer: SnapKV's rows."""
+    layers, layer = getattr(ctx.head, "layers", 1), getattr(ctx.head, "layer", 0)
+    w = ctx.settings.snapkv_window
     done = ctx.done.get("SnapKV")
-    if done is None:
-        return snapkv(ctx)
-    return Selection(done.rows.copy(), done.seconds)
+    if layers == 1 and done is not None:
+        return Selection(done.rows.copy(), done.seconds)
+
+    def fn(q: np.ndarray, k: np.ndarray, scale: float) -> Union[np.ndarray, str]:
+        if len(k) <= w:
+            return f"the prefix (P = {len(k)}) does not exceed the SnapKV window ({w}; kvpress asserts it)"
+        budget = pyramid_budget(layer, layers, len(k), min(ctx.units, len(k)), w)
+        return keep_top(snapkv_scores(q, k, scale, w), budget)
+
+    return _run(ctx, fn)
 
 
 def tova(ctx: EvalContext) -> Union[Selection, str]:
@@ -218,8 +249,8 @@ RULE = Rule(
         Policy(
             "PyramidKV",
             pyramidkv,
-            "kvpress's PyramidKV: SnapKV's score with per-layer budgets summing to the uniform one; on a "
-            "one-layer workload it is SnapKV (the same rows).",
+            "kvpress's PyramidKV: SnapKV's score with per-layer budgets (a line from layer 0 down, "
+            "their mean the uniform ``B``, beta 20); on a one-layer workload it is SnapKV (the same rows).",
             eviction=True,
         ),
         Policy(
