@@ -286,3 +286,17 @@ def test_pyramidkv_on_a_multi_layer_dump_keeps_each_layers_budget():
         assert len(want) == budget
         assert np.array_equal(rows[(80, "PyramidKV")]["used"], len(want) + at - p + 1), layer
     assert budgets[0] > 80 > budgets[1]
+
+
+def test_a_budget_holding_the_prefix_keeps_every_key_for_every_policy():
+    # B >= P: every policy keeps the whole prefix (Quest's in whole pages of
+    # 16), so every query reads its whole context: the budget is listed as
+    # trivially perfect.
+    w = _tiny()
+    p = int(np.asarray(w.query_positions)[0])
+    budget = 16 * (-(-p // 16)) + 16
+    s, _ = evaluate.derive_settings(budget, snapkv_window=4, boundary=0)
+    report = evaluate.evaluate(w, budgets=[budget], settings=s)
+    assert report.every_key_budgets == [budget]
+    for r in report.results:
+        assert r.recall_mean == pytest.approx(1.0, abs=1e-12), r.policy

@@ -259,7 +259,9 @@ def _builtin_head(
     pos = workload.query_positions
     prefix = evaluate.prefix_length(runs, pos)
     observe = workload.head_queries(h, np.arange(prefix)) if prefix else None
-    rows = evaluate.head_rows(workload.head_inputs(h, pos), pos, runs, workload.scale, observe)
+    layers = workload.n_layers
+    layer = h // (workload.n_kv_heads // layers)
+    rows = evaluate.head_rows(workload.head_inputs(h, pos), pos, runs, workload.scale, observe, layers, layer)
     return tasks.Done(rows, time.perf_counter() - t0, 0)
 
 

@@ -466,9 +466,11 @@ def _accumulate(
     if progress is not None:
         heads = progress(heads)
     prefix = prefix_length(runs, pos)
+    layers = workload.n_layers
     for h in heads:
         observe = workload.head_queries(h, np.arange(prefix)) if prefix else None
-        tally.add(head_rows(workload.head_inputs(h, pos), pos, runs, workload.scale, observe))
+        layer = h // (workload.n_kv_heads // layers)
+        tally.add(head_rows(workload.head_inputs(h, pos), pos, runs, workload.scale, observe, layers, layer))
 
 
 def _results(report: Report, runs: Sequence[Settings], acc: _Acc) -> None:

@@ -45,7 +45,8 @@ docs/evaluating-policies.md):
 
 from __future__ import annotations
 
-from typing import Optional, Union
+import time
+from typing import Callable, Optional, Union
 
 import numpy as np
 
@@ -153,9 +154,14 @@ def _kept_rows(ctx: EvalContext, kept: np.ndarray) -> np.ndarray:
     return out
 
 
-def _run(ctx: EvalContext, fn) -> Union[Selection, str]:  # type: ignore[no-untyped-def]
-    import time
+#: ``(prefix queries [P, group, d], prefix keys [P, d], scale) -> kept positions``,
+#: or why the policy cannot run on this head.
+Keeper = Callable[[np.ndarray, np.ndarray, float], Union[np.ndarray, str]]
 
+
+def _run(ctx: EvalContext, fn: Keeper) -> Union[Selection, str]:
+    """``fn`` on the head's prefix, its kept positions as every query's row
+    (charged the call's time), or its reason."""
     q = _prefix(ctx)
     if q is None:
         return "an eviction policy: it runs in the boundary experiment (--boundary)"

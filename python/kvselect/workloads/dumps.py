@@ -138,6 +138,7 @@ def load_npz(
         scale=o.scale,
         source=o.source(chosen),
         indexer=indexer,
+        n_layers=len(chosen),
     )
 
 
