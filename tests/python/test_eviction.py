@@ -300,3 +300,10 @@ def test_a_budget_holding_the_prefix_keeps_every_key_for_every_policy():
     assert report.every_key_budgets == [budget]
     for r in report.results:
         assert r.recall_mean == pytest.approx(1.0, abs=1e-12), r.policy
+
+
+def test_the_cli_refuses_a_boundary_past_every_query_naming_it(capsys):
+    code = cli.main(["eval", "--context", "512", "--queries", "4", "--budget", "32", "--boundary", "9999", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "boundary: 9999 leaves no evaluated query after it (the last is at 511)" in err
