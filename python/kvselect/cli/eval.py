@@ -210,7 +210,9 @@ def add_parser(sub: Any) -> None:
             "Compare learned top-k, segment witnesses (reserved tail and as served), "
             "block-sparse selection, the random and locality nulls, sink + window and the "
             "oracle top-k at one token budget per query: segment coverage, attention-mass "
-            "recall, output error against dense attention, slots used, selection time."
+            "recall, output error against dense attention, slots used, selection time. With "
+            "--boundary, the KV-eviction baselines (SnapKV, PyramidKV, TOVA, H2O, "
+            "ObservedAttention) join them at equal budgets: the boundary experiment."
         ),
     )
     ev.add_argument(
