@@ -29,14 +29,8 @@
 use super::select::select_blocks;
 use super::BlockSparseConfig;
 use crate::keys::Encoded;
+use crate::rounding::{gamma32, rank64, ETA16};
 use crate::simd::{dispatch, Isa};
-
-/// The float32 unit roundoff.
-const U32: f64 = 1.0 / (1u64 << 24) as f64;
-
-/// Sixteen times the largest absolute error of one rounding into float32's
-/// subnormal range (`2⁻¹⁵⁰`).
-const ETA16: f64 = 16.0 * 7.006_492_321_624_085e-46;
 
 /// A row's terms of its block scores' error bound.
 pub(super) struct Bound {
@@ -52,8 +46,7 @@ impl Bound {
     pub fn of(q: &[f32]) -> Bound {
         let d = q.len();
         let a: f64 = q.iter().map(|&x| f64::from(x.abs())).sum();
-        let n = (d.div_ceil(8) + 4) as f64;
-        let gamma = n * U32 / (1.0 - n * U32);
+        let gamma = gamma32(d.div_ceil(8) + 4);
         let room = (1.0 + 2.0 * (d + 2) as f64 * f64::EPSILON) * (1.0 + 1.0 / (1u64 << 20) as f64);
         Bound {
             scale: gamma * a * room,
@@ -73,19 +66,6 @@ impl Bound {
             (f64::NEG_INFINITY, f64::INFINITY)
         }
     }
-}
-
-/// A float64 block score's place in the total order (larger is better; the
-/// lower id first among equals); `-inf` for a block with no number.
-#[inline]
-fn rank64(v: f64, b: usize) -> (u64, std::cmp::Reverse<usize>) {
-    let bits = (v + 0.0).to_bits();
-    let key = if bits >> 63 == 1 {
-        !bits
-    } else {
-        bits | (1 << 63)
-    };
-    (key, std::cmp::Reverse(b))
 }
 
 /// The row's selection, exact (see the module docs), ascending into `sel`:
