@@ -63,6 +63,7 @@ pub mod metrics;
 mod packed;
 pub mod pool;
 pub mod quest;
+mod rounding;
 pub mod simd;
 pub mod witness;
 

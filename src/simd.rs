@@ -600,6 +600,7 @@ mod tests {
         }),
         ("witness.scan", crate::witness::dispatch_probe),
         ("block_sparse.segment", crate::block_sparse::dispatch_probe),
+        ("block_sparse.key_max", crate::block_sparse::dispatch_probe),
         ("indexer.transpose", crate::indexer::dispatch_probe),
         ("indexer.weighted_relu_sums", crate::indexer::dispatch_probe),
         ("indexer.rescore", crate::indexer::dispatch_probe),

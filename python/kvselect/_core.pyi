@@ -479,7 +479,10 @@ def block_sparse_select(
     place (a raw uint16 / uint8 view names its format with ``key_format`` /
     ``query_format``); an array in non-native byte order, misaligned or not C-contiguous is
     copied once to a native, aligned one (the same values). NaN scores are absent: a row of
-    them gets its forced blocks, then the lowest ids.
+    them gets its forced blocks, then the lowest ids. The free blocks chosen are those with
+    the largest block scores in real arithmetic (ties to the lower id): the float32 maxima
+    :func:`block_scores` reports screen, and near ties at the threshold are re-scored in
+    float64 (every product exact).
 
     Parameters
     ----------
@@ -1955,7 +1958,10 @@ def check_blocks(
     Parameters
     ----------
     block_scores : array_like of float, [n_queries, n_kv_heads, n_blocks] or [n_rows, n_blocks]
-        Each row's block scores, read as float32 (other floats convert once).
+        Each row's block scores, judged as given in their own arithmetic: float32 (e.g.
+        :func:`block_scores`) or float64 (e.g. exact scores) read in place; another float
+        dtype converts once to float32. For the real-arithmetic verdict on a selection from
+        its inputs use :func:`kvselect.testing.assert_blocks` or a ``blocks`` dump.
     rows : array_like of int32 or int64, [n_queries, n_kv_heads, width] or [n_rows, width]
         The engine's block rows, of ``block_scores``' form; negative entries padding. Any
         integer dtype whose values fit int64 converts once.

@@ -11,10 +11,10 @@
 //! query-major order, so that the caller decides where each lands (the
 //! engines' head-major layout is the same slices in another order).
 
+use super::exact::{self, Bound};
 #[cfg(target_arch = "x86_64")]
 use super::kernels::Stream;
 use super::kernels::{run_segment, Segment, TileOut, MR};
-use super::select::select_blocks;
 use super::BlockSparseConfig;
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
 use crate::pool;
@@ -248,12 +248,16 @@ pub(super) fn run_engine<T: Send>(
         let padded = PaddedRows::new(index_q, g0, g1 - g0, d, |r| row_vis(g0 + r));
         let n_blocks = (g0..g1).map(|r| row_vis(r).div_ceil(bs)).max().unwrap_or(0);
         let rp = padded.rows_pad;
-        // Block-major: scratch[b * rows_pad + r] is row r's max over block b.
-        let mut scratch = vec![f32::NEG_INFINITY; n_blocks * rp];
+        // Block-major: scratch[b * stride + r] is row r's max over block b;
+        // selecting, scratch[b * stride + rp] is block b's keys' largest
+        // magnitude (the exact selection's bound, `exact.rs`).
+        let mags = matches!(finish, Finish::Select(_));
+        let stride = rp + usize::from(mags);
+        let mut scratch = vec![f32::NEG_INFINITY; n_blocks * stride];
         let keys_per_task = (TASK_WORK / (rp * padded.dp)).max(1);
         let blocks_per_task = keys_per_task.div_ceil(bs).max(1);
         let key_chunk = (KEY_CHUNK_BYTES / (4 * d)).max(MR);
-        pool::for_each_row_mut(&mut scratch, rp * blocks_per_task, 1, |task, maxima| {
+        pool::for_each_row_mut(&mut scratch, stride * blocks_per_task, 1, |task, maxima| {
             score_blocks(
                 isa,
                 &padded,
@@ -264,6 +268,7 @@ pub(super) fn run_engine<T: Send>(
                 task * blocks_per_task,
                 maxima,
                 key_chunk,
+                mags,
             );
         });
 
@@ -273,20 +278,45 @@ pub(super) fn run_engine<T: Send>(
             let Some(row) = row.first_mut() else { return };
             match &finish {
                 Finish::Select(write) => {
-                    let mut cand = Vec::new();
+                    let (mut cand, mut buf) = (Vec::new(), Vec::new());
                     let mut sel = Vec::with_capacity(cfg.width().min(nb));
-                    select_blocks(nb, |b| scratch[b * rp + r], cfg, &mut cand, &mut sel);
+                    let q = &padded.q[r * padded.dp..r * padded.dp + d];
+                    let vis = row_vis(g0 + r);
+                    let rescore = |b: usize| {
+                        let read = |c0: usize, c1: usize, out: &mut [f32]| {
+                            // A paged source decodes within one page at a time.
+                            let mut a = c0;
+                            while a < c1 {
+                                let e = keys.chunk_end(a, c1, bs);
+                                keys.decode(a, d, bs, &mut out[(a - c0) * d..(e - c0) * d]);
+                                a = e;
+                            }
+                        };
+                        exact::block_score64(q, b, bs, vis, read, &mut buf)
+                    };
+                    exact::select_exact(
+                        nb,
+                        |b| scratch[b * stride + r],
+                        |b| scratch[b * stride + rp],
+                        &Bound::of(q),
+                        rescore,
+                        cfg,
+                        &mut cand,
+                        &mut sel,
+                    );
                     write(&sel, row);
                 }
-                Finish::Scores(f) => f(nb, &|b| scratch[b * rp + r] + 0.0, row),
+                Finish::Scores(f) => f(nb, &|b| scratch[b * stride + r] + 0.0, row),
             }
         });
         g0 = g1;
     }
 }
 
-/// Fills `maxima` (block-major, `[n_blk][rows_pad]`, initialised to -inf)
-/// with every padded row's max score over blocks `b0 .. b0 + n_blk`.
+/// Fills `maxima` (block-major, `[n_blk][stride]`, initialised to -inf)
+/// with every padded row's max score over blocks `b0 .. b0 + n_blk`; with
+/// `mags` (`stride = rows_pad + 1`), each block's last entry with the
+/// largest magnitude of its keys (NaN if one holds NaN).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn score_blocks(
     isa: Isa,
@@ -298,9 +328,11 @@ pub(super) fn score_blocks(
     b0: usize,
     maxima: &mut [f32],
     key_chunk: usize,
+    mags: bool,
 ) {
     let rp = rows.rows_pad;
-    let n_blk = maxima.len() / rp;
+    let stride = rp + usize::from(mags);
+    let n_blk = maxima.len() / stride;
     // Few row tiles: each key is used a few times and then never again, so
     // memory latency is what to hide (and with one tile, chunking in-place
     // keys buys nothing).
@@ -401,10 +433,27 @@ pub(super) fn score_blocks(
             };
             let out = TileOut {
                 maxima: &mut *maxima,
-                stride: rp,
+                stride,
                 col: t * MR,
             };
             run_segment(isa, &seg, out);
+        }
+        if mags {
+            // The chunk's keys, block by block, while they are in cache.
+            let mut a = c0;
+            while a < c1 {
+                let e = c1.min((a / bs + 1) * bs);
+                let m = exact::abs_max(isa, &chunk, (a - base) * d, (e - base) * d);
+                let at = (a / bs - b0) * stride + rp;
+                let old = maxima[at];
+                // NaN is sticky (the -inf start reads as nothing).
+                maxima[at] = if old.is_nan() || m.is_nan() {
+                    f32::NAN
+                } else {
+                    old.max(m)
+                };
+                a = e;
+            }
         }
         c0 = c1;
     }

@@ -82,11 +82,17 @@
 //!   bit-identical block maxima (a unit test checks this). Block maxima are
 //!   reduced with an order-independent `max` (NaN-ignoring, signed zeros
 //!   canonicalised), and every block is scored by exactly one task, so the
-//!   thread count changes nothing. The one thing that can differ from the
-//!   spec's plain sequential `sum()` is rounding: the selection equals the
-//!   exact-arithmetic selection whenever block scores differ by more than
-//!   rounding, and exact ties (integer-valued data, repeated keys) go to the
-//!   lower block id.
+//!   thread count changes nothing.
+//! - **The selection is exact; the scores are float32.** The spec ranks its
+//!   float32 sums; kvselect ranks the real block scores (of the decoded
+//!   operands): the float32 maxima screen, and the free blocks their
+//!   rounding can have misplaced at the threshold are re-scored in float64
+//!   (every product exact) and decided there, ties to the lower block id
+//!   (`exact.rs`). So a row is what `kvselect check` accepts at `rtol = 0`,
+//!   and differs from the float32 maxima's own choice only where rounding
+//!   decided a near tie (a float32 overflow included: two `+inf` maxima are
+//!   ordered by their finite real values). [`block_scores_into`] reports the
+//!   float32 maxima.
 //!
 //! # The block size is an ABI, not a tuning knob
 //!
@@ -139,6 +145,7 @@ use crate::error::ArgumentError;
 mod api;
 pub(crate) mod check;
 mod engine;
+mod exact;
 mod kernels;
 mod select;
 #[cfg(test)]
@@ -148,7 +155,8 @@ mod validate;
 /// Runs block selection's kernel family at `isa` (the reach test's probe).
 #[cfg(test)]
 pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
-    kernels::probe(isa)
+    kernels::probe(isa);
+    exact::probe(isa);
 }
 
 pub use api::{

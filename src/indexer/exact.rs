@@ -50,6 +50,7 @@
 
 use super::kernels::{slot, Query};
 use super::select::candidate;
+use crate::rounding::{gamma32, rank64, ETA16};
 use crate::simd::{dispatch, Isa};
 
 /// Keys re-scored together, one lane each: eight AVX2 registers of
@@ -59,13 +60,6 @@ const LANES: usize = 32;
 
 /// Band positions re-scored per parallel task.
 const PART: usize = 8 * LANES;
-
-/// The float32 unit roundoff.
-const U32: f64 = 1.0 / (1u64 << 24) as f64;
-
-/// Sixteen times the largest absolute error of one rounding into float32's
-/// subnormal range (half its smallest step, `2⁻¹⁵⁰`).
-const ETA16: f64 = 16.0 * 7.006_492_321_624_085e-46;
 
 /// A query's terms of the float32 scores' error bound (see the module docs).
 pub(super) struct Bound {
@@ -90,8 +84,7 @@ impl Bound {
         // d + H + 3 float64 roundings above, each relative 2⁻⁵³ at most;
         // and `2⁻²⁰` of room for the float64 roundings of `ŝ ± E` (each
         // relative 2⁻⁵³ of `|ŝ| + E ≤ 2 A g_t`, far below `2⁻²⁰ γ A g_t`).
-        let n = (d + h + 2) as f64;
-        let gamma = n * U32 / (1.0 - n * U32);
+        let gamma = gamma32(d + h + 2);
         let room =
             (1.0 + 4.0 * (d + h + 4) as f64 * f64::EPSILON) * (1.0 + 1.0 / (1u64 << 20) as f64);
         Bound {
@@ -133,16 +126,7 @@ impl Bound {
     }
 }
 
-/// `x` rounded up to a float32 (the least float32 `>= x`; NaN stays NaN).
-#[inline]
-pub(super) fn up32(x: f64) -> f32 {
-    let y = x as f32;
-    if (y as f64) < x {
-        y.next_up()
-    } else {
-        y
-    }
-}
+pub(super) use crate::rounding::up32;
 
 /// Where a row's keys are and how they are read: `key(t, row)` decodes key
 /// `t` into `row` (`d` floats) and returns its scale (1 without scales).
@@ -269,23 +253,6 @@ mod x86 {
     ) {
         block_body::<true>(q64, w64, d, kt, acc)
     }
-}
-
-/// A float64 score's place in the total order (NaN lowest, `-0.0 == +0.0`),
-/// then the lower position: larger is better.
-#[inline]
-fn rank64(v: f64, t: usize) -> (u64, std::cmp::Reverse<usize>) {
-    let key = if v.is_nan() {
-        0
-    } else {
-        let b = (v + 0.0).to_bits();
-        if b >> 63 == 1 {
-            !b
-        } else {
-            b | (1 << 63)
-        }
-    };
-    (key, std::cmp::Reverse(t))
 }
 
 /// A visitor of a row's runs: `(t0, scores, g, c)` for keys `t0 ..`.

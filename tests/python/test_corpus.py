@@ -139,7 +139,10 @@ def test_a_two_worker_cluster_gives_exactly_the_serial_reports(dumps, cluster):
     assert len(run.stats.seconds) == 2 * 2 + 2 * 1 + 3 * 2 + 1 * 2  # one task per (layer, KV head)
 
 
-def test_the_cli_on_two_local_workers_prints_the_serial_tables_and_json(dumps, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "experiment", [[], ["--boundary"], ["--boundary", "60"]], ids=["per-query", "boundary", "P=60"]
+)
+def test_the_cli_on_two_local_workers_prints_the_serial_tables_and_json(dumps, tmp_path, capsys, experiment):
     def table_without_timing(text):  # the select µs/query column and the seconds of a report
         return [
             line.rsplit("|", 2)[0] if line.startswith("|") else re.sub(r"; [0-9.]+ s$", "", line)
@@ -162,10 +165,13 @@ def test_the_cli_on_two_local_workers_prints_the_serial_tables_and_json(dumps, t
                 "--json",
                 str(path),
                 "--quiet",
+                *experiment,
                 *extra,
             ]
         )
         captured = capsys.readouterr()
+        if experiment:  # the eviction baselines are rows of the boundary experiment
+            assert "| SnapKV |" in captured.out and "| H2O |" in captured.out
         assert code == 1  # the corrupt dump
         assert "cannot load workload" in captured.err and "e_corrupt.npz" in captured.err
         out[label] = (table_without_timing(captured.out), _json_untimed(path))

@@ -201,3 +201,144 @@ def test_an_exact_tie_that_float64_rounding_splits_is_a_tie_to_the_check():
         if found >= 5:
             break
     assert found >= 5
+
+
+def _block_operands(rng, n, n_queries, n_heads, d, low):
+    if low:  # every key within a few ULPs of one: block maxima crowd together
+        base = rng.standard_normal(d).astype(np.float32)
+        k = (base + rng.integers(-3, 4, (n, d)) * np.float32(2.0**-21)).astype(np.float32)
+        q = (np.abs(rng.standard_normal((n_queries, n_heads, d))) * np.sign(base)).astype(np.float32)
+    else:
+        k = rng.standard_normal((n, d)).astype(np.float32)
+        q = rng.standard_normal((n_queries, n_heads, d)).astype(np.float32)
+    return q, k
+
+
+@pytest.mark.parametrize("low", [False, True])
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "float8_e4m3fn"])
+def test_block_selection_is_the_float64_top_k_dense_and_packed(low, fmt):
+    """Block rows equal the float64 reference exactly (rows are ascending ids,
+    so as arrays) on random and low-contrast float data, where float32
+    rounding decides near ties; the packed form row for row the dense one."""
+    rng = np.random.default_rng(SEED + 20 + int(low) + len(fmt))
+    differ = 0
+    for _ in range(120):
+        bs = int(rng.choice([1, 2, 4, 8, 16]))
+        cfg = ks.BlockSparseConfig(bs, int(rng.integers(1, 9)), int(rng.integers(0, 2)), int(rng.integers(0, 2)))
+        n, d = int(rng.integers(1, 300)), int(rng.integers(1, 40))
+        n_queries, n_heads = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        q, k = _block_operands(rng, n, n_queries, n_heads, d, low)
+        raw, kf, k32 = _key_format(k, fmt)
+        pos = rng.integers(0, n + 4, n_queries)
+        got = ks.block_sparse_select(q, raw, pos, cfg, key_format=kf)
+        np.testing.assert_array_equal(got, ref.block_sparse_select(q, k32, pos, cfg))
+        cu = np.array([0, n])
+        packed = ks.block_sparse_select_packed(q, raw, cu, np.zeros(n_queries, np.int64), pos, cfg, key_format=kf)
+        np.testing.assert_array_equal(packed, got)
+        # How often the float32 block maxima would have chosen otherwise.
+        s = ks.block_scores(q, raw, pos, cfg, key_format=kf)
+        for j in range(n_queries):
+            for h in range(n_heads):
+                nb = int(np.sum(~np.isnan(s[j, h])))
+                row = got[j, h][got[j, h] >= 0]
+                free = [
+                    b for b in range(min(cfg.init_blocks, nb), max(nb - cfg.local_blocks, min(cfg.init_blocks, nb)))
+                ]
+                chosen = [b for b in row if b in free]
+                if chosen and len(chosen) < len(free):
+                    order = sorted(free, key=lambda b: (-float(s[j, h, b]), b))[: len(chosen)]
+                    differ += sorted(order) != sorted(chosen)
+    if low and fmt == "float32":
+        assert differ > 0  # the data really holds near ties float32 decides wrongly
+
+
+def test_paged_block_selection_is_the_float64_top_k():
+    rng = np.random.default_rng(SEED + 30)
+    for case in range(60):
+        bs = int(rng.choice([2, 4, 8]))
+        cfg = ks.BlockSparseConfig(bs, int(rng.integers(1, 6)), int(rng.integers(0, 2)), int(rng.integers(0, 2)))
+        n_tok, d = int(rng.integers(1, 120)), int(rng.integers(1, 20))
+        q, k = _block_operands(rng, n_tok, 2, 2, d, case % 2 == 1)
+        need = -(-n_tok // bs)
+        order = rng.permutation(need + 2)[:need]
+        pages = np.zeros((need + 2, bs, d), np.float32)
+        padded = np.zeros((need * bs, d), np.float32)
+        padded[:n_tok] = k
+        pages[order] = padded.reshape(need, bs, d)
+        table = np.zeros((1, need + 1), np.int32)
+        table[0, :need] = order
+        pos = rng.integers(0, n_tok + 2, 2)
+        got = ks.block_sparse_select_paged(q, pages, table, [n_tok], [0, 0], pos, cfg)
+        np.testing.assert_array_equal(got, ks.block_sparse_select(q, k, pos, cfg))
+        np.testing.assert_array_equal(got, ref.block_sparse_select(q, k, pos, cfg))
+
+
+def _float32_flips():
+    """Two one-key blocks: real arithmetic ranks block 1 first (1 + 2^-23
+    against 1 + 2^-23 - 2^-30), the float32 tree sums block 0 (1 + 2^-23
+    against 1)."""
+    q = np.ones((1, 1, 3), np.float32)
+    k = np.array([[1, 2.0**-23 - 2.0**-30, 0], [1, 2.0**-24, 2.0**-24]], np.float32)
+    return q, k, ks.BlockSparseConfig(1, 1, 0, 0)
+
+
+def test_the_block_check_is_exact_dense_packed_and_paged():
+    """assert_blocks (a blocks dump) passes the float64-correct row that the
+    float32 block scores would fail, and fails the row they would pass; so
+    does kvselect's own selection choose the former."""
+    from kvselect.testing import CheckFailure, assert_blocks
+
+    q, k, cfg = _float32_flips()
+    s = ks.block_scores(q, k, [1], cfg)[0, 0]
+    assert s[0] > s[1]  # float32 ranks block 0 first
+    assert ks.block_sparse_select(q, k, [1], cfg).tolist() == [[[1]]]
+    # The float32 check on the float32 scores says the opposite: it judges them as given.
+    assert ks.check_blocks(s[None], np.array([[1]]), [2], cfg)["wrong"] == 1
+    for form in ("dense", "packed", "paged"):
+        kw = {}
+        keys, pos, right, wrong = k, [1], [[[1]]], [[[0]]]
+        if form == "packed":  # another sequence first: the query's keys start at 3
+            keys = np.concatenate([np.zeros((3, 3), np.float32), k])
+            kw = {"cu_seqlens": [0, 3, 5], "seq_ids": [1]}
+        if form == "paged":  # physical page ids through a block table
+            kw = {"block_table": np.array([[7, 4]], np.int32)}
+            right, wrong = [[[4]]], [[[7]]]
+        assert assert_blocks(np.array(right), q, keys, pos, cfg, rtol=0, atol=0, **kw)["wrong"] == 0
+        with pytest.raises(CheckFailure, match="wrong_selection"):
+            assert_blocks(np.array(wrong), q, keys, pos, cfg, rtol=0, atol=0, **kw)
+
+
+def test_kvselects_own_block_rows_pass_the_exact_check_on_random_and_low_contrast_data():
+    from kvselect.testing import assert_blocks
+
+    rng = np.random.default_rng(SEED + 40)
+    for case in range(40):
+        bs = int(rng.choice([1, 2, 4]))
+        cfg = ks.BlockSparseConfig(bs, int(rng.integers(1, 6)), int(rng.integers(0, 2)), int(rng.integers(0, 2)))
+        n, d = int(rng.integers(1, 120)), int(rng.integers(1, 20))
+        q, k = _block_operands(rng, n, 2, 3, d, case % 2 == 1)
+        pos = rng.integers(0, n + 2, 2)
+        rows = ks.block_sparse_select(q, k, pos, cfg)
+        assert assert_blocks(rows, q, k, pos, cfg, rtol=0, atol=0)["wrong"] == 0
+
+
+def test_check_blocks_judges_float64_scores_as_given_native_and_reference_alike():
+    """float64 block scores are compared as given (two blocks 2^-40 apart are
+    not a tie), as float32 they are one score; native and reference agree."""
+    cfg = ks.BlockSparseConfig(1, 1, 0, 0)
+    s = np.array([[1.0, 1.0 + 2.0**-40, 0.5]])
+    for m in (ks, ref):
+        assert m.check_blocks(s, np.array([[0]]), [3], cfg)["wrong"] == 1
+        assert m.check_blocks(s, np.array([[1]]), [3], cfg)["wrong"] == 0
+        assert m.check_blocks(s.astype(np.float32), np.array([[0]]), [3], cfg)["wrong"] == 0
+    rng = np.random.default_rng(SEED + 50)
+    for _ in range(200):
+        n, t = 5, 12
+        s = rng.choice([0.0, 1.0, 1.0 + 2.0**-45, 2.0, -np.inf], (n, t)) + rng.standard_normal((n, t)) * (
+            rng.random() < 0.5
+        )
+        cfg = ks.BlockSparseConfig(1, int(rng.integers(1, 5)), int(rng.integers(0, 2)), int(rng.integers(0, 2)))
+        rows = np.array([np.sort(rng.permutation(t)[: cfg.width]) for _ in range(n)])
+        vis = rng.integers(cfg.width, t + 1, n)
+        rows = np.where(rows < vis[:, None], rows, -1)
+        assert repr(ks.check_blocks(s, rows, vis, cfg)) == repr(ref.check_blocks(s, rows, vis, cfg))

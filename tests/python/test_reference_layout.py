@@ -20,6 +20,7 @@ ORDER = [
     "quest",
     "metrics",
     "check",
+    "eviction",
 ]
 
 

@@ -100,7 +100,8 @@ def test_the_dump_kinds_are_the_rules_and_each_is_checked_by_its_rules_checker()
 def test_the_eval_policies_are_the_rules_with_their_flags():
     names = [p.name for r in rules.RULES for p in r.policies]
     assert len(names) == len(set(names))
-    assert evaluate.POLICIES == tuple(names)
+    assert evaluate.POLICIES + evaluate.EVICTION_POLICIES == tuple(names)
+    assert evaluate.EVICTION_POLICIES == tuple(p.name for p in rules.policies() if p.eviction)
     fields = [k.field for p in rules.policies() for k in p.knobs]
     assert len(fields) == len(set(fields)), "a setting declared by two policies"
     assert evaluate.DERIVED_FIELDS == tuple(fields)

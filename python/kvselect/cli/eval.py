@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
             s, d = evaluate.derive_settings(
                 budget,
                 **{field: getattr(args, field) for field in _FLAGS},
+                boundary=getattr(args, "boundary", None),
                 seed=args.seed,
                 names=_FLAGS,
             )
@@ -184,6 +185,9 @@ def run_demo(args: argparse.Namespace) -> int:
         local_blocks=2,
         sinks=4,
         quest_page_size=16,
+        snapkv_window=None,
+        h2o_recent=None,
+        boundary=None,
         index_heads=4,
         index_noise=2.0,
         threads=None,
@@ -206,7 +210,9 @@ def add_parser(sub: Any) -> None:
             "Compare learned top-k, segment witnesses (reserved tail and as served), "
             "block-sparse selection, the random and locality nulls, sink + window and the "
             "oracle top-k at one token budget per query: segment coverage, attention-mass "
-            "recall, output error against dense attention, slots used, selection time."
+            "recall, output error against dense attention, slots used, selection time. With "
+            "--boundary, the KV-eviction baselines (SnapKV, PyramidKV, TOVA, H2O, "
+            "ObservedAttention) join them at equal budgets: the boundary experiment."
         ),
     )
     ev.add_argument(
@@ -235,6 +241,19 @@ def add_parser(sub: Any) -> None:
             default=None,
             help=knob.help,
         )
+    ev.add_argument(
+        "--boundary",
+        type=non_negative,
+        nargs="?",
+        const=0,
+        default=None,
+        metavar="P",
+        help="the boundary experiment: the eviction policies (SnapKV, PyramidKV, TOVA, H2O, "
+        "ObservedAttention) keep k of the prefix 0..P-1 once; every policy's query at p >= P reads k "
+        "prefix positions plus the p - P + 1 arrivals P..p; only queries at or after P are scored. "
+        "Without P (or P = 0): each workload's first evaluated query position, which leaves every "
+        "evaluated query after it (default: off, the per-query experiment)",
+    )
     ev.add_argument(
         "--context",
         type=positive,

@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
 from kvselect import evaluate
 from kvselect.corpus import tasks
 from kvselect.corpus.executors import Dask, Serial
@@ -255,7 +257,11 @@ def _builtin_head(
     tasks.use_threads(threads)
     t0 = time.perf_counter()
     pos = workload.query_positions
-    rows = evaluate.head_rows(workload.head_inputs(h, pos), pos, runs, workload.scale)
+    prefix = evaluate.prefix_length(runs, pos)
+    observe = workload.head_queries(h, np.arange(prefix)) if prefix else None
+    layers = workload.n_layers
+    layer = h // (workload.n_kv_heads // layers)
+    rows = evaluate.head_rows(workload.head_inputs(h, pos), pos, runs, workload.scale, observe, layers, layer)
     return tasks.Done(rows, time.perf_counter() - t0, 0)
 
 

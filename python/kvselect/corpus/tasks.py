@@ -99,7 +99,10 @@ def evaluate_head(
     use_threads(threads)
     t0 = time.perf_counter()
     dump = _workload(name, queries, seed)
-    rows = evaluate.head_rows(dump.head(layer, kv_head), dump.query_positions, runs, dump.scale)
+    pos = dump.query_positions
+    prefix = evaluate.prefix_length(runs, pos)
+    observe = dump.head_queries(layer, kv_head, np.arange(prefix)) if prefix else None
+    rows = evaluate.head_rows(dump.head(layer, kv_head), pos, runs, dump.scale, observe, dump.n_layers, layer)
     return Done(rows, time.perf_counter() - t0, dump.bytes_per_head())
 
 

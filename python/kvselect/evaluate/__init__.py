@@ -47,7 +47,15 @@ import numpy as np
 import kvselect as ks
 from kvselect import rules
 from kvselect.evaluate.report import PolicyResult, Report, check_plot, figure, format_table, plot
-from kvselect.evaluate.settings import DERIVED_FIELDS, POLICIES, Settings, SettingsError, derive_settings
+from kvselect.evaluate.settings import (
+    AUTO_BOUNDARY,
+    DERIVED_FIELDS,
+    EVICTION_POLICIES,
+    POLICIES,
+    Settings,
+    SettingsError,
+    derive_settings,
+)
 from kvselect.rules import EvalContext, Selection
 from kvselect.workloads import HeadInputs, Workload, WorkloadDump
 
@@ -61,10 +69,14 @@ __doc__ = (__doc__ or "").replace(
 
 __all__ = [
     "POLICIES",
+    "EVICTION_POLICIES",
     "DERIVED_FIELDS",
     "Settings",
     "SettingsError",
     "derive_settings",
+    "AUTO_BOUNDARY",
+    "resolve_boundary",
+    "prefix_length",
     "PolicyResult",
     "Report",
     "evaluate",
@@ -94,35 +106,130 @@ class _Head:
     learned: dict  # kvselect.indexer_topk's inputs for the learned top-k
     probs: np.ndarray  # [n, group, T] dense attention probabilities (f64)
     dense: np.ndarray  # [n, group, d_v] dense attention output
+    scale: float = 1.0
+    layers: int = 1  # the workload's layers (PyramidKV's budgets)
+    layer: int = 0  # this head's layer
+    observe: Optional[np.ndarray] = None  # the boundary experiment's prefix queries [P, group, d]
 
 
-def _prepare_head(x: HeadInputs, pos: np.ndarray, scale: float) -> _Head:
+def _prepare_head(x: HeadInputs, pos: np.ndarray, scale: float, layers: int = 1, layer: int = 0) -> _Head:
     tokens = len(x.k)
     k = x.k.reshape(tokens, 1, -1)
     v = x.v.reshape(tokens, 1, -1)
     probs = ks.attention_probabilities(x.q, k, pos, scale=scale)
     dense, _ = ks.dense_attention(x.q, k, v, pos, scale=scale)
-    return _Head(x.q, k, v, x.index_q, x.index_k, x.learned, probs, dense)
+    return _Head(x.q, k, v, x.index_q, x.index_k, x.learned, probs, dense, scale, layers, layer)
 
 
-def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, tuple]:
+def resolve_boundary(s: Settings, pos: np.ndarray) -> Optional[int]:
+    """The boundary ``P`` of the run ``s`` on a workload evaluated at ``pos``.
+
+    Parameters
+    ----------
+    s : Settings
+        The run (its ``boundary``).
+    pos : ndarray of int, [n]
+        The workload's evaluated query positions, ascending.
+
+    Returns
+    -------
+    int or None
+        None for the per-query experiment; else ``P``: ``s.boundary``, or
+        the first evaluated position when it is :data:`AUTO_BOUNDARY`.
+
+    Raises
+    ------
+    ValueError
+        A boundary that leaves no evaluated query at or after it, or an
+        automatic one at position 0 (an empty prefix), naming ``boundary``.
+    """
+    if s.boundary is None:
+        return None
+    p = int(pos[0]) if s.boundary == AUTO_BOUNDARY else int(s.boundary)
+    if p < 1:
+        raise ValueError("boundary: the first evaluated query is at position 0, which leaves an empty prefix")
+    if p > int(pos[-1]):
+        raise ValueError(f"boundary: {p} leaves no evaluated query after it (the last is at {int(pos[-1])})")
+    return p
+
+
+def prefix_length(runs: Sequence[Settings], pos: np.ndarray) -> int:
+    """The prefix queries the runs' boundary experiments read: the largest
+    ``P`` of :func:`resolve_boundary` (0 when no run has a boundary).
+
+    Parameters
+    ----------
+    runs : sequence of Settings
+        The runs.
+    pos : ndarray of int, [n]
+        The evaluated query positions.
+
+    Returns
+    -------
+    int
+        ``P``, or 0.
+
+    Raises
+    ------
+    ValueError
+        As :func:`resolve_boundary`.
+    """
+    return max([resolve_boundary(s, pos) or 0 for s in runs], default=0)
+
+
+def _arrivals(pos: np.ndarray, p: int) -> np.ndarray:
+    """``[n, max arrivals]``: query ``i``'s arrivals ``P..pos[i]``, -1 padded."""
+    width = int(pos.max()) - p + 1
+    cols = p + np.arange(width)[None, :]
+    return np.where(cols <= pos[:, None], cols, -1).astype(np.int32)
+
+
+def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, Any]:
     """Every policy's selection ``[n, width]`` (int32, -1 padded) and the
-    seconds it was charged, in the table's order; a policy that cannot run
-    at ``s`` (its budget unit's note) is missing. Each policy is given its
-    budget in its own unit, charged against the token budget ``k``
-    (:class:`kvselect.rules.BudgetUnit`), and may read the selections made
-    before it (the witness policies start from the learned top-k and are
-    charged it)."""
+    seconds it was charged, in the table's order, or why it cannot run (a
+    ``str``); a policy that cannot run at ``s`` (its budget unit's note) is
+    missing. Each policy is given its budget in its own unit, charged
+    against the token budget ``k`` (:class:`kvselect.rules.BudgetUnit`), and
+    may read the selections made before it (the witness policies start from
+    the learned top-k and are charged it).
+
+    The boundary experiment (``s.boundary``, ``pos`` all at or after ``P``):
+    an eviction policy keeps ``k`` of the prefix ``0..P-1`` once; a
+    per-query policy is asked at ``P - 1`` with its own query (its ``k``
+    spent on the prefix); every row then gets the arrivals ``P..pos`` free,
+    ``width = k + max arrivals``. The per-query experiment skips the
+    eviction policies (their ``n/a`` note)."""
+    p = resolve_boundary(s, pos)
+    ask = pos if p is None else np.full(len(pos), p - 1, dtype=np.int64)
     done: Dict[str, Selection] = {}
+    notes: Dict[str, str] = {}
     for policy in rules.policies():
         if policy.unit.note(s) is not None:
             continue
-        ctx = EvalContext(head, pos, s, policy.unit.units(s), done)
+        if policy.eviction and p is None:
+            continue  # not a row of the per-query experiment
+        ctx = EvalContext(head, ask, s, policy.unit.units(s), done)
         sel = policy.select(ctx)
-        if sel.rows.shape != (len(pos), s.budget):  # a row holds at most k positions
+        if isinstance(sel, str):
+            notes[policy.name] = sel
+            continue
+        # A row holds at most k positions (an eviction policy's per-layer
+        # budget, PyramidKV's, may hold more on a layer, k on average).
+        if sel.rows.shape[0] != len(pos) or (sel.rows.shape[1] != s.budget and not policy.eviction):
             raise RuntimeError(f"policy {policy.name!r} returned rows {sel.rows.shape}, not [n, k = {s.budget}]")
         done[policy.name] = sel
-    return {name: (sel.rows, sel.seconds) for name, sel in done.items()}
+    out: Dict[str, Any] = {}
+    arrivals = None if p is None else _arrivals(pos, p)
+    for policy in rules.policies():
+        name = policy.name
+        if name in notes:
+            out[name] = notes[name]
+        elif name in done:
+            rows = done[name].rows
+            if arrivals is not None:
+                rows = np.concatenate([np.where(rows < p, rows, -1).astype(np.int32), arrivals], axis=1)
+            out[name] = (rows, done[name].seconds)
+    return out
 
 
 def _measure(head: _Head, pos: np.ndarray, sel: np.ndarray, s: Settings, scale: float) -> Dict[str, np.ndarray]:
@@ -189,7 +296,15 @@ HeadRows = Dict[Tuple[int, str], Dict[str, np.ndarray]]
 _Acc = Dict[tuple, Dict[str, list]]
 
 
-def head_rows(inputs: HeadInputs, pos: np.ndarray, runs: Sequence[Settings], scale: float) -> HeadRows:
+def head_rows(
+    inputs: HeadInputs,
+    pos: np.ndarray,
+    runs: Sequence[Settings],
+    scale: float,
+    observe: Optional[np.ndarray] = None,
+    layers: int = 1,
+    layer: int = 0,
+) -> HeadRows:
     """Every policy at every run's budget on one KV head: its per-row numbers.
 
     The unit of an evaluation: a head's numbers depend on that head's
@@ -207,13 +322,21 @@ def head_rows(inputs: HeadInputs, pos: np.ndarray, runs: Sequence[Settings], sca
         One checked :class:`Settings` per budget.
     scale : float
         The softmax scale.
+    observe : ndarray of float32, [P, group, d], optional
+        The head's queries at the prefix positions ``0..P-1``, ``P`` at
+        least :func:`prefix_length` (needed when a run has a boundary; the
+        eviction policies read them).
+    layers, layer : int
+        The workload's layers and this head's (PyramidKV's per-layer budgets).
 
     Returns
     -------
     dict
         ``(budget, policy) -> {metric: per-row values}``: ``coverage``,
         ``recall``, ``error``, ``used``, ``every_key``, ``secs`` (one value)
-        and ``selections`` (the queries, one value).
+        and ``selections`` (the queries, one value); a policy that cannot
+        run on this head: ``{"note": [why]}``. In the boundary experiment
+        only the queries at or after ``P`` are measured.
 
     Raises
     ------
@@ -222,16 +345,45 @@ def head_rows(inputs: HeadInputs, pos: np.ndarray, runs: Sequence[Settings], sca
         that do not fit together.
     """
     pos = np.asarray(pos, dtype=np.int64)
-    head = _prepare_head(inputs, pos, scale)
+    full = _prepare_head(inputs, pos, scale, layers, layer)
     out: HeadRows = {}
     for s in runs:
-        for name, (sel, secs) in _select(head, pos, s).items():
-            m = _measure(head, pos, sel, s, scale)
+        p = resolve_boundary(s, pos)
+        head, at = full, pos
+        if p is not None:
+            if observe is None or len(observe) < p:
+                raise ValueError(f"observe: the boundary experiment at P = {p} needs the prefix's {p} queries")
+            keep = pos >= p
+            at = pos[keep]
+            head = replace(
+                full,
+                q=full.q[keep],
+                index_q=full.index_q[keep],
+                learned=_rows_of(full.learned, keep),
+                probs=full.probs[keep],
+                dense=full.dense[keep],
+                observe=np.ascontiguousarray(observe[:p]),
+            )
+        for name, sel in _select(head, at, s).items():
+            if isinstance(sel, str):
+                out[(s.budget, name)] = {"note": np.array([sel], dtype=object)}
+                continue
+            rows, secs = sel
+            m = _measure(head, at, rows, s, scale)
             row = {key: val.ravel() for key, val in m.items()}
             row["secs"] = np.array([secs])
-            row["selections"] = np.array([len(pos)])
+            row["selections"] = np.array([len(at)])
             out[(s.budget, name)] = row
     return out
+
+
+def _rows_of(learned: dict, keep: np.ndarray) -> dict:
+    """The learned top-k's inputs at the kept queries (the per-query arrays
+    cut, the keys' shared)."""
+    return {
+        key: (np.ascontiguousarray(val[keep]) if key in ("index_q", "weights") and val is not None else val)
+        for key, val in learned.items()
+    }
 
 
 class Tally:
@@ -313,8 +465,12 @@ def _accumulate(
     heads: Iterable[int] = range(workload.n_kv_heads)
     if progress is not None:
         heads = progress(heads)
+    prefix = prefix_length(runs, pos)
+    layers = workload.n_layers
     for h in heads:
-        tally.add(head_rows(workload.head_inputs(h, pos), pos, runs, workload.scale))
+        observe = workload.head_queries(h, np.arange(prefix)) if prefix else None
+        layer = h // (workload.n_kv_heads // layers)
+        tally.add(head_rows(workload.head_inputs(h, pos), pos, runs, workload.scale, observe, layers, layer))
 
 
 def _results(report: Report, runs: Sequence[Settings], acc: _Acc) -> None:
@@ -324,6 +480,8 @@ def _results(report: Report, runs: Sequence[Settings], acc: _Acc) -> None:
         every_key = True
         for policy in rules.policies():
             name = policy.name
+            if policy.eviction and s.boundary is None:
+                continue  # the eviction baselines are rows of the boundary experiment only
             if (s.budget, name) not in acc:
                 note = policy.unit.note(s)
                 report.results.append(
@@ -337,6 +495,22 @@ def _results(report: Report, runs: Sequence[Settings], acc: _Acc) -> None:
                         slots_used=nan,
                         select_us_per_query=nan,
                         note=note or "cannot run at these settings",
+                    )
+                )
+                every_key = False
+                continue
+            if "note" in acc[(s.budget, name)]:
+                report.results.append(
+                    PolicyResult(
+                        policy=name,
+                        budget=s.budget,
+                        coverage=nan,
+                        recall_mean=nan,
+                        recall_p5=nan,
+                        output_error=nan,
+                        slots_used=nan,
+                        select_us_per_query=nan,
+                        note=str(acc[(s.budget, name)]["note"][0][0]),
                     )
                 )
                 every_key = False
@@ -385,7 +559,18 @@ def report_header(workload: Union[Workload, WorkloadDump], runs: Sequence[Settin
         queries=len(workload.query_positions),
         tokens=workload.tokens,
         indexer=workload.indexer_description,
+        boundary=_header_boundary(runs, np.asarray(workload.query_positions, dtype=np.int64)),
+        layers=int(getattr(workload, "n_layers", 1)),
     )
+
+
+def _header_boundary(runs: Sequence[Settings], pos: np.ndarray) -> Optional[int]:
+    """The header's ``P`` (None without one; a boundary the workload refuses
+    is refused by the evaluation, named, not by the header)."""
+    try:
+        return prefix_length(runs, pos) or None
+    except ValueError:
+        return None
 
 
 def pooled_header(reports: Sequence[Report], runs: Sequence[Settings]) -> Report:
@@ -413,7 +598,17 @@ def pooled_header(reports: Sequence[Report], runs: Sequence[Settings]) -> Report
         queries=sum(r.queries for r in reports),
         tokens=max(r.tokens for r in reports),
         indexer="; ".join(dict.fromkeys(r.indexer for r in reports)),
+        boundary=_pooled_boundary([r.boundary for r in reports]),
+        layers=max(r.layers for r in reports),
     )
+
+
+def _pooled_boundary(each: List[Optional[int]]) -> Optional[int]:
+    """The workloads' one ``P``, None without a boundary, -1 when they differ."""
+    distinct = set(each)
+    if distinct == {None}:
+        return None
+    return distinct.pop() if len(distinct) == 1 else -1
 
 
 def evaluate(

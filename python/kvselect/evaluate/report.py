@@ -90,6 +90,12 @@ class Report:
         trivially perfect and compare nothing.
     indexer : str
         What the learned top-k ranked by.
+    layers : int
+        The workload's layers (the most of any pooled workload).
+    boundary : int or None
+        The boundary experiment's ``P`` on this workload (None: the
+        per-query experiment; a pooled report of workloads with different
+        ``P``: -1).
     """
 
     workload: str
@@ -103,6 +109,8 @@ class Report:
     seconds: float = 0.0
     every_key_budgets: List[int] = field(default_factory=list)
     indexer: str = ""
+    boundary: Optional[int] = None
+    layers: int = 1
 
     def oracle_gap(self, budget: int) -> Optional[float]:
         """How far the learned top-k's mean recall sits below the oracle's at
@@ -186,6 +194,13 @@ def format_table(report: Report) -> str:
         heading = f"budget k = {budget}"
         if not uniform:
             heading += f" ({_geometry(by_budget[budget])})"
+        if by_budget[budget].get("boundary") is not None:
+            at = "each workload's P" if report.boundary in (None, -1) else f"P = {report.boundary}"
+            heading += (
+                f"; the boundary experiment at {at}: equal budgets, every policy's query at p >= P reads "
+                f"{budget} prefix positions (an eviction policy's kept ones, a per-query policy's choice "
+                f"among 0..P-1) plus the p - P + 1 arrivals P..p; only queries at or after P are scored"
+            )
         lines += [
             "",
             heading,
@@ -208,6 +223,13 @@ def format_table(report: Report) -> str:
                 + ("—" if np.isnan(r.select_us_per_query) else f"{r.select_us_per_query:.1f}")
                 + " |"
             )
+        ran = {r.policy for r in report.results if r.budget == budget and r.ran}
+        if "PyramidKV" in ran and report.layers == 1:
+            lines += [
+                "",
+                "PyramidKV: a one-layer workload has no pyramid (kvpress's per-layer budgets need two "
+                "layers or more), so its budget is the uniform one and its rows are SnapKV's.",
+            ]
         gap = report.oracle_gap(budget)
         if gap is not None:
             lines += [

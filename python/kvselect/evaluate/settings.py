@@ -9,8 +9,16 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 import kvselect as ks
 from kvselect import rules
 
-POLICIES = tuple(p.name for p in rules.policies())
-"""The policies, in the table's order: every rule's (:mod:`kvselect.rules`)."""
+POLICIES = tuple(p.name for p in rules.policies() if not p.eviction)
+"""The per-query policies, in the table's order: every rule's (:mod:`kvselect.rules`)."""
+
+EVICTION_POLICIES = tuple(p.name for p in rules.policies() if p.eviction)
+"""The eviction baselines: rows of the boundary experiment only, after :data:`POLICIES`."""
+
+AUTO_BOUNDARY = 0
+"""``Settings.boundary`` for "the first evaluated query position": the
+boundary that leaves every evaluated query after it (an empty prefix has
+nothing to keep, so 0 is free to mean this)."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,15 @@ class Settings:
         The sink + window policy's sink count.
     quest_page_size : int
         Quest's page, in tokens.
+    snapkv_window : int
+        SnapKV's (and PyramidKV's) observation window, in queries.
+    h2o_recent : int or None
+        H2O's recent positions, out of the budget (the rest heavy hitters);
+        None: ``budget // 2`` (H2O's equal shares), at any budget.
+    boundary : int or None
+        The boundary experiment's ``P`` (None: the per-query experiment;
+        :data:`AUTO_BOUNDARY`, 0: the first evaluated query position of
+        each workload). See :func:`kvselect.evaluate.resolve_boundary`.
     seed : int
         The seed of the random null and of the unordered served row's
         shuffle.
@@ -43,6 +60,9 @@ class Settings:
     local_blocks: int = 2
     sinks: int = 4
     quest_page_size: int = 16
+    snapkv_window: int = 64
+    h2o_recent: Optional[int] = None
+    boundary: Optional[int] = None
     seed: int = 0
 
     def check(self) -> None:
@@ -74,6 +94,12 @@ class Settings:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}")
         if self.quest_page_size < 1:
             raise ValueError(f"quest_page_size must be at least 1, got {self.quest_page_size}")
+        if self.snapkv_window < 1:
+            raise ValueError(f"snapkv_window must be at least 1, got {self.snapkv_window}")
+        if self.h2o_recent is not None and self.h2o_recent < 0:
+            raise ValueError(f"h2o_recent must be non-negative, got {self.h2o_recent}")
+        if self.boundary is not None and self.boundary < 0:
+            raise ValueError(f"boundary must be non-negative (0: the first evaluated query), got {self.boundary}")
         if self.init_blocks < 0 or self.local_blocks < 0 or self.sinks < 0:
             raise ValueError("init_blocks, local_blocks and sinks must be non-negative")
         if self.budget >= self.block_size and self.block_size * (self.init_blocks + self.local_blocks) > self.budget:
@@ -126,6 +152,9 @@ def derive_settings(
     local_blocks: Optional[int] = None,
     sinks: Optional[int] = None,
     quest_page_size: Optional[int] = None,
+    snapkv_window: Optional[int] = None,
+    h2o_recent: Optional[int] = None,
+    boundary: Optional[int] = None,
     seed: int = 0,
     names: Optional[Mapping[str, str]] = None,
 ) -> Tuple[Settings, Dict[str, int]]:
@@ -160,9 +189,11 @@ def derive_settings(
     ----------
     budget : int
         The token budget ``k`` (at least 1).
-    segments, block_size, init_blocks, local_blocks, sinks, quest_page_size : int or None
+    segments, block_size, init_blocks, local_blocks, sinks, quest_page_size, snapkv_window, h2o_recent : int or None
         The settings the caller gives; ``None`` derives it from the budget
         as above.
+    boundary : int or None
+        :attr:`Settings.boundary`, kept as given.
     seed : int
         :attr:`Settings.seed`, kept as given.
     names : mapping of str to str, optional
@@ -267,6 +298,20 @@ def derive_settings(
     if qp < 1:
         raise SettingsError(f"{name('quest_page_size')} must be at least 1, got {qp}", ["quest_page_size"])
 
+    window = d.snapkv_window if snapkv_window is None else int(snapkv_window)
+    if window < 1:
+        raise SettingsError(f"{name('snapkv_window')} must be at least 1, got {window}", ["snapkv_window"])
+    recent = None if h2o_recent is None else int(h2o_recent)
+    if recent is None:
+        pass
+    elif recent < 0:
+        raise SettingsError(f"{name('h2o_recent')} must be non-negative, got {recent}", ["h2o_recent"])
+    elif recent > k:
+        raise SettingsError(
+            f"{name('h2o_recent')} ({recent}) exceeds the budget ({k}): lower it, or leave it out to use k // 2",
+            ["h2o_recent"],
+        )
+
     s = Settings(
         budget=k,
         segments=segs,
@@ -275,6 +320,9 @@ def derive_settings(
         local_blocks=local,
         sinks=sink,
         quest_page_size=qp,
+        snapkv_window=window,
+        h2o_recent=recent,
+        boundary=boundary,
         seed=seed,
     )
     given_values = dict(
@@ -284,6 +332,8 @@ def derive_settings(
         local_blocks=local_blocks,
         sinks=sinks,
         quest_page_size=quest_page_size,
+        snapkv_window=snapkv_window,
+        h2o_recent=h2o_recent,
     )
     for f in DERIVED_FIELDS:
         if given_values[f] is None and getattr(s, f) != getattr(d, f):

@@ -41,6 +41,9 @@ lives, not a second API). Bottom up (each imports only modules above it):
   page scores and page sets (Quest's kernels, its evaluation script, SGLang's);
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error (uses witness, attn);
+- **eviction**: the KV-eviction baselines' kept positions at a boundary
+  (SnapKV, PyramidKV's layer budget, TOVA, H2O, ObservedAttention; kvpress's
+  presses and FMInference/H2O), with kvselect's float64 softmax redone;
 - **check**: is an engine's selection right? The token top-k, block and
   witness rules applied to an engine's rows (row-relative or
   ``GlobalSlots`` global slot ids), with the native checkers' reports
@@ -98,6 +101,18 @@ from .compressed import (
     expand_entries,
     visible_entries,
     window_positions,
+)
+from .eviction import (
+    h2o_keep,
+    keep_top,
+    observed_attention_keep,
+    observed_attention_scores,
+    pyramidkv_layer_budget,
+    snapkv_keep,
+    snapkv_scores,
+    softmax_row,
+    tova_keep,
+    tova_scores,
 )
 from .indexer import (
     indexer_magnitudes,
@@ -204,4 +219,15 @@ __all__ = [
     "attention_mass_recall_rows",
     "output_relative_error",
     "output_relative_error_rows",
+    # eviction
+    "softmax_row",
+    "keep_top",
+    "snapkv_scores",
+    "snapkv_keep",
+    "pyramidkv_layer_budget",
+    "tova_scores",
+    "tova_keep",
+    "observed_attention_scores",
+    "observed_attention_keep",
+    "h2o_keep",
 ]

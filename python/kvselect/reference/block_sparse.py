@@ -84,11 +84,15 @@ from .keys import decode
 # ``n_positions`` are an int (every row) or 1-D with one entry per row (2-D)
 # or per query (3-D, the query axis being 0, or 1 when head-major).
 #
-# Dot products are taken in float64 from the decoded values and each is
+# Dot products are taken in float64 from the decoded values (every product
+# exact). The selection ranks them as they are: the real-arithmetic block
+# scores up to float64 rounding, as kvselect's exact selection does (the
+# spec ranks float32 sums; README, "deviations"). block_scores reports each
 # rounded once to float32, the spec's score type: the correctly rounded
 # float32 dot product. On integer-valued data of small magnitude every dot
-# product is exact in any summation order, so the selections must agree
-# exactly; on other data they agree up to ties within float32 rounding.
+# product is exact in any summation order, so everything must agree
+# exactly; on other data the selections agree up to ties within float64
+# rounding, the scores up to float32 rounding.
 # ==========================================================================
 
 #: MiniMax-M3's KV block (and KV page), in tokens.
@@ -145,10 +149,12 @@ def config_fields(config: Any):
     return _block_config(*fields)
 
 
-def _block_scores(q: np.ndarray, keys: np.ndarray, query_pos: int, bs: int) -> np.ndarray:
+def _block_scores(q: np.ndarray, keys: np.ndarray, query_pos: int, bs: int, rounded: bool = True) -> np.ndarray:
     """float64 ``[n_kv_heads, n_blocks]``: each visible block's score for
     each head (``q`` float64 ``[n_kv_heads, d]``, ``keys`` float64
-    ``[n_positions, d]``). ``n_blocks`` is 0 when there are no keys."""
+    ``[n_positions, d]``), each dot product rounded to float32 (``rounded``,
+    the spec's scores) or not (the real-arithmetic scores the selection
+    ranks). ``n_blocks`` is 0 when there are no keys."""
     n_heads = q.shape[0]
     n_positions = keys.shape[0]
     n_visible = min(query_pos + 1, n_positions)  # causal, and clipped to the keys
@@ -162,7 +168,16 @@ def _block_scores(q: np.ndarray, keys: np.ndarray, query_pos: int, bs: int) -> n
     # the spec scores in (so a score past float32's range is +-inf there
     # too, and ties with any other such score).
     with np.errstate(over="ignore", invalid="ignore"):
-        scores = (q @ keys[:n_visible].T).astype(np.float32).astype(np.float64)
+        if rounded:
+            scores = (q @ keys[:n_visible].T).astype(np.float32).astype(np.float64)
+        else:
+            # Elementwise products summed per key in one order, not BLAS (a
+            # BLAS product may round equal operands differently in different
+            # columns and split the exact ties the rule orders by id).
+            scores = np.empty((n_heads, n_visible))
+            step = max(1, (1 << 21) // max(1, n_heads * keys.shape[1]))
+            for a in range(0, n_visible, step):
+                scores[:, a : a + step] = (q[:, None, :] * keys[None, a : min(a + step, n_visible), :]).sum(axis=2)
     # A NaN dot product is absent from the max: it counts as -inf, so a
     # block of only NaNs scores -inf.
     scores = np.where(np.isnan(scores), -np.inf, scores)
@@ -243,7 +258,7 @@ def _select_one_query(
     width = max(top, init + local)
     out = np.full((n_heads, width), -1, dtype=np.int64)
 
-    block_score = _block_scores(q, keys, query_pos, bs)
+    block_score = _block_scores(q, keys, query_pos, bs, rounded=False)
     n_blocks = block_score.shape[1]
     if n_blocks == 0:
         return out  # no keys at all: nothing to select

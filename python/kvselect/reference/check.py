@@ -608,7 +608,9 @@ def check_blocks(
     if raw.ndim not in (2, 3):
         raise ReferenceSelectionError("rows", f"rows must be 2-D or 3-D, got shape {raw.shape}")
     r = _int64_array("rows", raw, raw.ndim)
-    s = _float_array("block_scores", block_scores, None, _SELECTION).astype(np.float32)
+    # As natively: float64 scores judged as given, any other float as float32.
+    wide = np.float64 if np.asarray(block_scores).dtype == np.float64 else np.float32
+    s = _float_array("block_scores", block_scores, None, _SELECTION, dtype=wide)
     vis = _index_array("visible_blocks", visible_blocks, 1, _SELECTION, positions=True)
     if s.ndim != r.ndim:  # the forms do not mix: the 3-D one of the pair is named
         raise ReferenceSelectionError(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from kvselect.rules import baselines, block_sparse, compressed, indexer, quest, sparse_attention, witness
+from kvselect.rules import baselines, block_sparse, compressed, eviction, indexer, quest, sparse_attention, witness
 from kvselect.rules._rule import (
     TOKENS,
     BudgetUnit,
@@ -45,6 +45,7 @@ RULES: Tuple[Rule, ...] = (
     baselines.RULE,
     quest.RULE,
     sparse_attention.RULE,
+    eviction.RULE,
 )
 """Every rule, in the order of the lists derived from them."""
 

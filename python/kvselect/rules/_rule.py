@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -164,9 +164,12 @@ class EvalContext:
     head : Any
         The head's tensors (``kvselect.evaluate``'s ``_Head``: ``q``, ``k``,
         ``v``, ``index_q``, ``index_k``, ``learned`` (the indexer's inputs),
-        ``probs`` (dense attention probabilities ``[n, group, T]``)).
+        ``probs`` (dense attention probabilities ``[n, group, T]``),
+        ``scale``, ``layers`` (the workload's layers), and in the boundary
+        experiment ``observe``: the queries of the prefix ``[P, group, d]``).
     pos : ndarray of int64, [n]
-        The query positions.
+        The query positions (in the boundary experiment, a per-query
+        policy is asked at ``P - 1``: its budget spent on the prefix).
     settings : Settings
         The run's settings (``settings.budget`` is ``k``).
     units : int
@@ -222,7 +225,8 @@ class Policy:
     name : str
         Its row in the table.
     select : callable
-        ``EvalContext -> Selection``.
+        ``EvalContext -> Selection``, or a ``str``: why it cannot run on
+        this head (the table's ``n/a`` note).
     doc : str
         One sentence: what it selects.
     unit : BudgetUnit
@@ -230,13 +234,19 @@ class Policy:
     knobs : tuple of Knob
         The settings it takes (each declared by one policy, the first that
         uses it).
+    eviction : bool
+        An eviction policy: it decides once, at the boundary, from the
+        prefix (``ctx.head.observe``), and runs only in the boundary
+        experiment (``Settings.boundary``); a per-query policy (False) runs
+        in both.
     """
 
     name: str
-    select: Callable[[EvalContext], Selection]
+    select: Callable[[EvalContext], Union[Selection, str]]
     doc: str
     unit: BudgetUnit = TOKENS
     knobs: Tuple[Knob, ...] = ()
+    eviction: bool = False
 
     def __repr__(self) -> str:
         return f"Policy({self.name!r})"

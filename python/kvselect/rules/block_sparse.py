@@ -87,9 +87,11 @@ def check(
     layout = None
     if "block_table" in d:
         layout = ks.GlobalSlots(d["block_table"], np.repeat(seq, h), 1)
+    flat_rows = np.ascontiguousarray(rows).reshape(n * h, -1)
+    exact = _exact_scores(q, k, pos, seq, cu, cfg, fmt, scores, nb, flat_rows, layout)
     report = ks.check_blocks(
-        scores,
-        np.ascontiguousarray(rows).reshape(n * h, -1),
+        exact,
+        flat_rows,
         nb,
         cfg,
         atol=atol,
@@ -100,6 +102,63 @@ def check(
     for x in report["details"]:  # name rows in the user's terms
         x["query"], x["kv_head"] = divmod(x["row"], h)
     return [("against the exact block scores", report)]
+
+
+def _exact_scores(
+    q: np.ndarray,
+    k: np.ndarray,
+    pos: np.ndarray,
+    seq: np.ndarray,
+    cu: np.ndarray,
+    cfg: ks.BlockSparseConfig,
+    fmt: Mapping[str, Any],
+    scores: np.ndarray,
+    nb: np.ndarray,
+    rows: np.ndarray,
+    layout: Optional[ks.GlobalSlots],
+) -> np.ndarray:
+    """The block scores the check judges by, float64 ``[n * h, n_blocks]``,
+    so that its verdict is the real-arithmetic one (up to float64 rounding).
+
+    kvselect's own selection is the real-arithmetic top (its float32 screen,
+    the near ties re-scored in float64: ``src/block_sparse/exact.rs``). A row
+    whose free blocks are that set is exactly right: it gets equal scores
+    (the check then reports only its structural faults). Another row is
+    right only if every block it swapped ties exactly with the one it
+    swapped out: the swapped blocks are re-scored in float64 (every product
+    exact; a NaN sum absent) into its float32 scores, which then decide
+    exactly, and report the row's line."""
+    from kvselect import reference
+
+    n, h = q.shape[0], q.shape[1]
+    out = scores.astype(np.float64)
+    own = np.full(rows.shape[:1] + (cfg.width,), -1, dtype=np.int64)
+    for s in np.unique(seq):
+        idx = np.flatnonzero(seq == s)
+        keys = k[int(cu[s]) : int(cu[s + 1])]
+        got = ks.block_sparse_select(q[idx], keys, pos[idx], cfg, **fmt)
+        for j, i in enumerate(idx):
+            own[i * h : (i + 1) * h, : got.shape[2]] = got[j]
+    logical = layout.positions(rows) if layout is not None else rows.astype(np.int64)
+    for r in range(n * h):
+        nbr = int(nb[r])
+        init_end = min(cfg.init_blocks, nbr)
+        local_start = max(nbr - min(cfg.local_blocks, nbr), init_end)
+        mine, theirs = ({int(b) for b in x if init_end <= b < local_start} for x in (own[r], logical[r]))
+        if mine == theirs:
+            out[r] = 0.0
+            continue
+        i, head, s = r // h, r % h, int(seq[r // h])
+        q64 = reference.decode(q[i, head], fmt.get("query_format"), "query_format").astype(np.float64)
+        vis = min(int(pos[i]) + 1, int(cu[s + 1] - cu[s]))
+        for b in sorted(mine ^ theirs):
+            lo, hi = int(cu[s]) + b * cfg.block_size, int(cu[s]) + min((b + 1) * cfg.block_size, vis)
+            kb = reference.decode(k[lo:hi], fmt.get("key_format"), "key_format").astype(np.float64)
+            with np.errstate(invalid="ignore", over="ignore"):
+                dots = (kb * q64[None, :]).sum(axis=1)
+            dots = dots[~np.isnan(dots)]
+            out[r, b] = dots.max() if len(dots) else -np.inf
+    return out
 
 
 def _rows_axis(d: Mapping[str, np.ndarray], key: str) -> int:

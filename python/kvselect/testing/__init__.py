@@ -377,8 +377,12 @@ def assert_blocks(
     index_q, index_k, query_pos, config, key_format, query_format
         As :func:`kvselect.block_sparse_select` takes them.
     precision, rtol, atol
-        The tolerance, as :func:`assert_topk` (the block scores are
-        kvselect's float32 :func:`kvselect.block_scores`, as in a dump).
+        The tolerance, as :func:`assert_topk`. At ``rtol = atol = 0`` the
+        verdict is exact (real arithmetic, up to float64 rounding): a row
+        is right if its free blocks are kvselect's exact selection, or
+        differ from it only by blocks whose float64 scores tie; otherwise
+        it is judged against kvselect's float32 :func:`kvselect.block_scores`
+        with the blocks it swapped re-scored in float64, as in a dump.
     cu_seqlens, seq_ids : array_like, optional
         A packed batch (each query scored over its own sequence's keys).
     block_table : array_like, optional

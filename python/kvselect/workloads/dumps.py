@@ -138,6 +138,7 @@ def load_npz(
         scale=o.scale,
         source=o.source(chosen),
         indexer=indexer,
+        n_layers=len(chosen),
     )
 
 
@@ -239,6 +240,52 @@ class WorkloadDump:
                 row("index_k") + (row("key_scale") if "key_scale" in a else 0)
             )
         return total
+
+    def head_queries(self, layer: int, kv_head: int, pos: np.ndarray) -> np.ndarray:
+        """KV head ``kv_head`` of layer ``layer``'s query heads at ``pos``,
+        ``[n, group, d]`` float32: what the boundary experiment's eviction
+        policies observe (only those rows are read).
+
+        Parameters
+        ----------
+        layer, kv_head : int
+            As :meth:`head` takes them.
+        pos : ndarray of int, [n]
+            The positions.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[n, group, d]``, C-contiguous.
+
+        Raises
+        ------
+        IndexError
+            A layer or head out of range.
+        WorkloadError
+            A value read is not finite (within float32 range).
+        """
+        o, a = self._o, self._o.arrays
+        if not (0 <= layer < o.n_layers and 0 <= kv_head < o.n_kv):
+            raise IndexError(f"head ({layer}, {kv_head}) is not in {o.n_layers} layers of {o.n_kv} KV heads")
+        from kvselect.checking import decode32
+
+        pos = np.asarray(pos, dtype=np.int64)
+        g = o.n_heads // o.n_kv
+        heads = []
+        for j in range(g):
+            x = np.ascontiguousarray(decode32(take_rows(a["q"], (layer, kv_head * g + j), pos), o.formats.get("q")))
+            x = x.astype(np.float32, copy=False)
+            if not np.isfinite(x).all():
+                bad = int(pos[np.argwhere(~np.isfinite(x.reshape(len(x), -1)))[0][0]])
+                raise WorkloadError(
+                    f"q: expected finite values (within float32 range), found a non-finite one at layer "
+                    f"{int(o.layer_ids[layer])}, query head {kv_head * g + j}, token {bad}"
+                )
+            heads.append(x)
+        if not heads or len(pos) == 0:
+            return np.zeros((len(pos), g, o.d), dtype=np.float32)
+        return np.ascontiguousarray(np.stack(heads).transpose(1, 0, 2))
 
     def head(self, layer: int, kv_head: int) -> HeadInputs:
         """KV head ``kv_head`` of layer ``layer`` at :attr:`query_positions`.

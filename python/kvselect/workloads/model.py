@@ -181,6 +181,10 @@ class Workload:
         The DSA-style lightning indexer the learned top-k ranks by, or None:
         then the learned top-k ranks by ``index_q · index_k``
         (:meth:`learned_inputs`).
+    n_layers : int
+        The layers its KV heads come from, layer-major (``n_kv_heads //
+        n_layers`` each; 1 for the built-in workloads): PyramidKV's
+        per-layer budgets read a head's layer.
     """
 
     name: str
@@ -194,12 +198,16 @@ class Workload:
     scale: float
     source: str
     indexer: Optional[Indexer] = None
+    n_layers: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise WorkloadError(f"name: expected a non-empty str, got {self.name!r}")
         if not isinstance(self.source, str) or "\n" in self.source:
             raise WorkloadError(f"source: expected a one-line str, got {self.source!r}")
+        n_kv = self.k.shape[0] if isinstance(self.k, np.ndarray) and self.k.ndim else 0
+        if not isinstance(self.n_layers, int) or self.n_layers < 1 or (n_kv and n_kv % self.n_layers):
+            raise WorkloadError(f"n_layers: expected an int >= 1 dividing the {n_kv} KV heads, got {self.n_layers!r}")
         for field in ("q", "k", "v", "index_q", "index_k"):
             arr = getattr(self, field)
             if not isinstance(arr, np.ndarray):
@@ -327,6 +335,31 @@ class Workload:
         if self.indexer is not None:
             return self.indexer.description
         return ONE_HEAD_INDEXER
+
+    def head_queries(self, kv_head: int, pos: np.ndarray) -> np.ndarray:
+        """KV head ``kv_head``'s query heads at ``pos``, ``[n, group, d]``
+        float32: what the boundary experiment's eviction policies observe.
+
+        Parameters
+        ----------
+        kv_head : int
+            The KV head.
+        pos : ndarray of int, [n]
+            The positions.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[n, group, d]``, C-contiguous (:meth:`head_inputs`' ``q``).
+
+        Raises
+        ------
+        IndexError
+            When ``kv_head`` or a position is out of range.
+        """
+        g = self.group
+        q = self.q[kv_head * g : (kv_head + 1) * g][:, pos]
+        return np.ascontiguousarray(q.transpose(1, 0, 2))
 
     def head_inputs(self, kv_head: int, pos: np.ndarray) -> "HeadInputs":
         """Everything the evaluation of KV head ``kv_head`` at ``pos`` reads.

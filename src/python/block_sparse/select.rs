@@ -23,7 +23,10 @@ use crate::python::errors::refuse;
 /// place (a raw uint16 / uint8 view names its format with ``key_format`` /
 /// ``query_format``); an array in non-native byte order, misaligned or not C-contiguous is
 /// copied once to a native, aligned one (the same values). NaN scores are absent: a row of
-/// them gets its forced blocks, then the lowest ids.
+/// them gets its forced blocks, then the lowest ids. The free blocks chosen are those with
+/// the largest block scores in real arithmetic (ties to the lower id): the float32 maxima
+/// :func:`block_scores` reports screen, and near ties at the threshold are re-scored in
+/// float64 (every product exact).
 ///
 /// Parameters
 /// ----------

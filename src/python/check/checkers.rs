@@ -183,7 +183,10 @@ pub(super) fn check_topk<'py>(
 /// Parameters
 /// ----------
 /// block_scores : array_like of float, [n_queries, n_kv_heads, n_blocks] or [n_rows, n_blocks]
-///     Each row's block scores, read as float32 (other floats convert once).
+///     Each row's block scores, judged as given in their own arithmetic: float32 (e.g.
+///     :func:`block_scores`) or float64 (e.g. exact scores) read in place; another float
+///     dtype converts once to float32. For the real-arithmetic verdict on a selection from
+///     its inputs use :func:`kvselect.testing.assert_blocks` or a ``blocks`` dump.
 /// rows : array_like of int32 or int64, [n_queries, n_kv_heads, width] or [n_rows, width]
 ///     The engine's block rows, of ``block_scores``' form; negative entries padding. Any
 ///     integer dtype whose values fit int64 converts once.
@@ -251,11 +254,11 @@ pub(super) fn check_blocks<'py>(
     let rule = Rule::Blocks(cfg);
     let tol = Tolerance { atol, rtol };
     let (r, rshape) = S.input_dyn::<i64>(rows, "rows")?;
-    let (s, sshape) = S.input_dyn::<f32>(block_scores, "block_scores")?;
+    let (s, sshape) = S.floats(block_scores, "block_scores", false)?;
     let lens = positions(S, visible_blocks, "visible_blocks")?;
     // Either form ends in the one check (block rows pad with -1 only).
     let judge = |rows: Rows<'_>, lens: &[usize], axes: &[(&str, usize)]| {
-        let scored = (check::Values::F32(s.slice()?), axes, magnitudes);
+        let scored = (s.values()?, axes, magnitudes);
         run(
             py,
             (rule, Filler::MinusOne),
