@@ -35,6 +35,19 @@ pub(crate) fn up32(x: f64) -> f32 {
     }
 }
 
+/// `[ŝ − e, ŝ + e]`, the interval a float32 score `s` with error bound `e`
+/// puts its real value in; the whole line when either is not finite (an
+/// overflow, a NaN or infinite operand: anything is possible).
+#[inline]
+pub(crate) fn interval(s: f32, e: f64) -> (f64, f64) {
+    let s = f64::from(s);
+    if s.is_finite() && e.is_finite() {
+        (s - e, s + e)
+    } else {
+        (f64::NEG_INFINITY, f64::INFINITY)
+    }
+}
+
 /// A float64 score's place in the total order (NaN lowest, `-0.0 == +0.0`),
 /// then the lower index: larger is better.
 #[inline]

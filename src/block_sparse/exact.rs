@@ -29,7 +29,7 @@
 use super::select::select_blocks;
 use super::BlockSparseConfig;
 use crate::keys::Encoded;
-use crate::rounding::{gamma32, rank64, ETA16};
+use crate::rounding::{self, gamma32, rank64, ETA16};
 use crate::simd::{dispatch, Isa};
 
 /// A row's terms of its block scores' error bound.
@@ -58,13 +58,7 @@ impl Bound {
     /// is `g`; the whole line when anything is not finite.
     #[inline]
     fn interval(&self, s: f32, g: f32) -> (f64, f64) {
-        let e = self.scale * f64::from(g) + self.eta;
-        let s = f64::from(s);
-        if s.is_finite() && e.is_finite() {
-            (s - e, s + e)
-        } else {
-            (f64::NEG_INFINITY, f64::INFINITY)
-        }
+        rounding::interval(s, self.scale * f64::from(g) + self.eta)
     }
 }
 

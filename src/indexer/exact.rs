@@ -50,7 +50,7 @@
 
 use super::kernels::{slot, Query};
 use super::select::candidate;
-use crate::rounding::{gamma32, rank64, ETA16};
+use crate::rounding::{self, gamma32, rank64, ETA16};
 use crate::simd::{dispatch, Isa};
 
 /// Keys re-scored together, one lane each: eight AVX2 registers of
@@ -93,17 +93,17 @@ impl Bound {
         }
     }
 
+    /// `E_t` for a key whose bound terms are `(g_t, |c_t|)`.
+    #[inline]
+    fn error(&self, g: f32, c: f32) -> f64 {
+        self.scale * f64::from(g) + ETA16 * (f64::from(c) * self.under + 1.0)
+    }
+
     /// `[ŝ − E, ŝ + E]` for a score `s` of a key whose bound terms are
-    /// `(g_t, |c_t|)`; the whole line when anything is not finite.
+    /// `(g_t, |c_t|)` ([`rounding::interval`]).
     #[inline]
     fn interval(&self, s: f32, (g, c): (f32, f32)) -> (f64, f64) {
-        let e = self.scale * g as f64 + ETA16 * (c as f64 * self.under + 1.0);
-        let s = s as f64;
-        if s.is_finite() && e.is_finite() {
-            (s - e, s + e)
-        } else {
-            (f64::NEG_INFINITY, f64::INFINITY)
-        }
+        rounding::interval(s, self.error(g, c))
     }
 }
 
@@ -116,8 +116,8 @@ impl Bound {
     fn any_reaches(&self, s: &[f32], g: &[f32], c: &[f32], worst: f32, lo: f64) -> bool {
         let mut hit = false;
         for ((&s, &g), &c) in s.iter().zip(g).zip(c) {
-            let e = self.scale * g as f64 + ETA16 * (c as f64 * self.under + 1.0);
-            let up = s as f64 + e;
+            let e = self.error(g, c);
+            let up = f64::from(s) + e;
             // NaN (a NaN score or bound) and ±inf reach anything.
             let reaches = up.is_nan() | (up >= lo) | s.is_infinite() | e.is_infinite();
             hit |= reaches & (s <= worst || s.is_nan());

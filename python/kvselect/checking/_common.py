@@ -315,6 +315,9 @@ def _topk_of(rows: np.ndarray, topk: Optional[int], layout: Any) -> int:
 
 # The float32 unit roundoff.
 _U32 = 2.0**-24
+# The absolute error of one rounding into float32's subnormal range (half
+# its smallest step).
+_ETA32 = 2.0**-150
 
 
 def _gamma(n: int) -> float:

@@ -15,6 +15,7 @@ import numpy as np
 import kvselect as ks
 from kvselect.checking._common import (
     _CHUNK_BYTES,
+    _ETA32,
     _U32,
     FILLERS,
     Dump,
@@ -32,13 +33,10 @@ from kvselect.checking._common import (
 )
 from kvselect.checking.report import Report
 
-# The float64 unit roundoff, and the smallest subnormal float32's half (the
-# absolute error of a rounding into the subnormal range); the float32 unit
-# roundoff ``_U32`` and ``_gamma`` are shared (the engine's own scores use them).
+# The float64 unit roundoff; the float32 unit roundoff ``_U32``, its
+# subnormal rounding error ``_ETA32`` and ``_gamma`` are shared (the
+# engine's own scores and the Quest check use them).
 _U64 = 2.0**-53
-
-
-_ETA32 = 2.0**-150
 
 
 def _f64_slack(d: int, h: int) -> float:

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 import numpy as np
 
 import kvselect as ks
-from kvselect.checking._common import DumpError, _finite, _int, _ints, _merge, _need
+from kvselect.checking._common import _ETA32, DumpError, _finite, _gamma, _int, _ints, _merge, _need
 from kvselect.rules._rule import BudgetUnit, DumpKind, EvalContext, Knob, Policy, Rule, Selection, timed
 
 TABLE = {
@@ -54,16 +54,6 @@ TABLE = {
 }
 
 _VARIANTS = ("kernel", "eval", "sglang")
-
-# float32's unit roundoff, and the absolute error of a rounding into its
-# subnormal range (half the smallest subnormal).
-_U32 = 2.0**-24
-_ETA32 = 2.0**-150
-
-
-def _gamma(n: int) -> float:
-    """``n u / (1 - n u)``, the relative bound of ``n`` float32 roundings."""
-    return n * _U32 / (1 - n * _U32)
 
 
 def _text(d: Mapping[str, np.ndarray], key: str, default: str) -> str:
