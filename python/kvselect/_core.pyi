@@ -49,6 +49,7 @@ __all__ = [
     "get_num_threads",
     "simd_level",
     "_fma_floor",
+    "_exp_bound",
     "_dlpack_array",
     "indexer_topk",
     "indexer_topk_packed",
@@ -2073,6 +2074,15 @@ def _fma_floor(iters: int) -> tuple[int, float]:
     """Benchmarks' floor (private): ``iters`` steps of a register-resident FMA
     loop on every pool thread at the best SIMD level; returns ``(flops,
     checksum)``, the caller times the call.
+    """
+
+def _exp_bound() -> tuple[float, float]:
+    """The project's `exp` (private): `(rel_err, lo)`. For every float32 `x`
+    in `[lo, 0]` the core's `exp(x)` (the same bits at every SIMD level) is
+    within `rel_err · e^x` of the real exponential (the maximum over every
+    such input, rounded up); below `lo` it is `+0`. Rules with a softmax
+    treat candidates whose exact scores lie within this relative distance as
+    tied; checks use it as the rigorous bound on each `exp`.
     """
 
 def _dlpack_array(obj: Any, name: str = "array") -> tuple[npt.NDArray[Any], Optional[str]]:
