@@ -57,6 +57,7 @@ __all__ = [
     "check_topk",
     "indexer_scores",
     "indexer_magnitudes",
+    "_indexer_rescore",
     "block_scores",
     "block_magnitudes",
     "GlobalSlots",
@@ -1573,6 +1574,29 @@ def indexer_scores(
         written.
     TypeError
         On an argument of the wrong type or dtype.
+    """
+
+def _indexer_rescore(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    rows: Any,
+    positions: Any,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    compress_ratio: int = 1,
+) -> npt.NDArray[np.float64]:
+    """Chosen scores in float64 (private: the exact check's re-score).
+
+    Query ``rows[j]``'s score of key ``positions[j]``, for each ``j``, the other arguments as
+    :func:`indexer_scores` takes them (no ``out``): every product of two decoded operands
+    exact, the sums in float64 (the same bits at every SIMD level), so within ``γ_{d+H+2}``
+    (units of ``2^-53``) of ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`` of the real score. Pairs of
+    one row are best given together. A row past the queries or a position past its query's
+    context is refused.
     """
 
 def indexer_magnitudes(
