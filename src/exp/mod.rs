@@ -40,7 +40,7 @@ pub use portable::EXP_LO;
 
 use crate::simd::{dispatch, Isa};
 
-/// The largest relative error of [`exp_scalar`] (every level's `exp`) over
+/// The largest relative error of `exp_scalar` (every level's `exp`) over
 /// every float32 input in `[EXP_LO, 0]`: `8.5e-8`, about `1.43 · 2^-24`
 /// (the measured maximum is `8.3993e-8`, at `x = -5.8778844`, rounded up;
 /// see the module docs).

@@ -244,7 +244,7 @@ pub fn indexer_scores_into(
 
 /// The float64 scores of the pairs `(rows[j], positions[j])` into `out[j]`:
 /// query `rows[j]`'s score of key `positions[j]`, re-scored as the exact
-/// selection re-scores its band ([`exact`]: every product of two decoded
+/// selection re-scores its band (`exact.rs`: every product of two decoded
 /// operands exact, the sums in float64, the same bits at every level), so
 /// within `γ_{d+H+2}` (in units of `2⁻⁵³`) of `|c_t| Σ_h |w_h| Σ_i |q_hi
 /// k_ti|` of the real score. What the exact check re-scores the candidates
