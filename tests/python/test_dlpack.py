@@ -53,7 +53,7 @@ def test_float8_keys_and_queries_are_read_as_e4m3fn_bit_for_bit():
 
 def test_a_dtype_that_disagrees_with_key_format_is_refused():
     _, q, w, k, pos = _indexer(3)
-    with pytest.raises(TypeError, match="bfloat16, which does not hold float16"):
+    with pytest.raises(TypeError, match=r"^index_k has dtype bfloat16, which does not hold float16 \(key_format\)"):
         kvselect.indexer_topk(q, w, Producer(bf16_bits(k), dtype="bfloat16"), pos, 16, key_format="float16")
 
 
