@@ -43,6 +43,7 @@ use kvselect::block_sparse::{
 };
 use kvselect::metrics;
 use kvselect::witness::{self, segment_of, MAX_TOPOLOGY_SEGMENTS};
+use kvselect::ArgumentError;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 
@@ -134,6 +135,34 @@ fn config() -> impl Strategy<Value = BlockSparseConfig> {
 
 fn config_valid(c: &BlockSparseConfig) -> bool {
     c.block_size > 0 && (c.top_blocks > 0 || c.init_blocks > 0 || c.local_blocks > 0)
+}
+
+/// The refusal `config_valid` predicts for an invalid config: `block_size`
+/// when it is 0, else `top_blocks` (0, with nothing forced).
+fn config_refusal(c: &BlockSparseConfig) -> Option<(&'static str, &'static str)> {
+    if c.block_size == 0 {
+        Some(("InvalidConfig", "block_size"))
+    } else if !config_valid(c) {
+        Some(("InvalidConfig", "top_blocks"))
+    } else {
+        None
+    }
+}
+
+/// A refused call's variant and argument (`None` for `Ok`): what a property
+/// that expects a refusal compares with the one it predicts.
+fn refusal<T>(r: &Result<T, ArgumentError>) -> Option<(&'static str, &'static str)> {
+    let e = r.as_ref().err()?;
+    let variant = match e {
+        ArgumentError::Length { .. } => "Length",
+        ArgumentError::OutputSize { .. } => "OutputSize",
+        ArgumentError::Invalid { .. } => "Invalid",
+        ArgumentError::InvalidConfig { .. } => "InvalidConfig",
+        ArgumentError::OutOfRange { .. } => "OutOfRange",
+        ArgumentError::TooLarge { .. } => "TooLarge",
+        ArgumentError::OutputTooLarge { .. } => "OutputTooLarge",
+    };
+    Some((variant, e.argument()))
 }
 
 // ---------------------------------------------------------------------------
@@ -523,7 +552,30 @@ impl BlockCase {
             && self.out_len == self.n_queries * self.n_kv_heads * self.cfg.width()
     }
 
-    fn run(&self) -> (Result<(), String>, Vec<i32>) {
+    /// The refusal an invalid case gets: its first fault in the order the
+    /// entry point checks them (config, d, keys, queries, positions, out).
+    fn refusal(&self) -> Option<(&'static str, &'static str)> {
+        if let Some(r) = config_refusal(&self.cfg) {
+            return Some(r);
+        }
+        if self.d == 0 {
+            Some(("Invalid", "d"))
+        } else if !self.k.len().is_multiple_of(self.d) {
+            Some(("Invalid", "index_k"))
+        } else if self.q.len() != self.n_queries * self.n_kv_heads * self.d {
+            Some(("Invalid", "index_q"))
+        } else if self.pos.len() != self.n_queries {
+            Some(("Invalid", "query_pos"))
+        } else if self.pos.iter().any(|&p| p < 0) {
+            Some(("OutOfRange", "query_pos"))
+        } else if self.out_len != self.n_queries * self.n_kv_heads * self.cfg.width() {
+            Some(("OutputSize", "out"))
+        } else {
+            None
+        }
+    }
+
+    fn run(&self) -> (Result<(), ArgumentError>, Vec<i32>) {
         let mut out = vec![SENTINEL; self.out_len];
         let r = select_batch_into(
             &self.q,
@@ -535,7 +587,7 @@ impl BlockCase {
             &self.cfg,
             &mut out,
         );
-        (r.map_err(|e| e.to_string()), out)
+        (r, out)
     }
 }
 
@@ -555,6 +607,7 @@ proptest! {
     fn selection_of_exact_data_equals_the_rule(c in block_case(special_float().boxed())) {
         let (r, out) = c.run();
         prop_assert_eq!(r.is_ok(), c.valid(), "{:?}", r);
+        prop_assert_eq!(refusal(&r), c.refusal(), "{:?}", r);
         if r.is_err() {
             prop_assert!(out.iter().all(|&x| x == SENTINEL), "refused call wrote out");
             return Ok(());
@@ -577,6 +630,7 @@ proptest! {
     fn selection_of_wild_data_keeps_its_contracts(c in block_case(wild_float().boxed())) {
         let (r, out) = c.run();
         prop_assert_eq!(r.is_ok(), c.valid(), "{:?}", r);
+        prop_assert_eq!(refusal(&r), c.refusal(), "{:?}", r);
         if r.is_err() {
             prop_assert!(out.iter().all(|&x| x == SENTINEL), "refused call wrote out");
             return Ok(());
@@ -665,7 +719,7 @@ proptest! {
     ) {
         let r = positions_of_blocks_i32(&blocks, query_pos, n_positions, &cfg);
         if !config_valid(&cfg) {
-            prop_assert!(r.is_err());
+            prop_assert_eq!(refusal(&r), config_refusal(&cfg), "{:?}", r);
             return Ok(());
         }
         let bs = cfg.block_size as u128;
@@ -731,6 +785,22 @@ proptest! {
         let fits = rows.iter().all(|&p| p < i32::MAX as usize && sel.row_len(p) <= width)
             && rows.len().checked_mul(width) == Some(out.len());
         prop_assert_eq!(r.is_ok(), fits, "{:?}", r);
+        // Which refusal: out's size first, then the first row past i32 or
+        // wider than `width`.
+        let want = match rows.len().checked_mul(width) {
+            None => Some(("TooLarge", "out")),
+            Some(n) if n != out.len() => Some(("Length", "out")),
+            Some(_) => rows.iter().find_map(|&p| {
+                if p >= i32::MAX as usize {
+                    Some(("OutOfRange", "rows"))
+                } else if sel.row_len(p) > width {
+                    Some(("Invalid", "width"))
+                } else {
+                    None
+                }
+            }),
+        };
+        prop_assert_eq!(refusal(&r), want, "{:?}", r);
         if r.is_err() {
             prop_assert!(out.iter().all(|&x| x == SENTINEL), "refused call wrote out");
         }
@@ -1050,15 +1120,16 @@ proptest! {
             let want = witness::segment_coverage(&cand[r * width..(r + 1) * width], lens[r], s);
             prop_assert_eq!(cov[r].to_bits(), want.to_bits());
         }
-        prop_assert!(metrics::segment_coverage_rows(&cand, width, &lens[..rows.saturating_sub(1)],
-            s, &mut cov).is_err() || rows == 0);
+        let short = metrics::segment_coverage_rows(&cand, width, &lens[..rows.saturating_sub(1)],
+            s, &mut cov);
+        prop_assert!(rows == 0 || refusal(&short) == Some(("Length", "context_lens")), "{:?}", short);
 
         let n_rows = rows * group;
         let att: Vec<f64> = att.iter().cycle().take(n_rows * row_len).copied().collect();
         let mut rec = vec![f64::NAN; n_rows];
         let r = metrics::attention_mass_recall_rows(&cand, width, &att, row_len, group, &mut rec);
         if group == 0 {
-            prop_assert!(r.is_err());
+            prop_assert_eq!(refusal(&r), Some(("Invalid", "group")), "{:?}", r);
         } else if att.len() == n_rows * row_len {
             prop_assert!(r.is_ok(), "{:?}", r);
             for a in 0..n_rows {
@@ -1072,8 +1143,8 @@ proptest! {
         let sparse: Vec<f32> = dense.iter().rev().copied().collect();
         let whole = metrics::output_relative_error(&sparse, &dense).unwrap();
         prop_assert!(whole.is_nan() || whole >= 0.0);
-        prop_assert!(metrics::output_relative_error(&sparse[..n.saturating_sub(1)], &dense)
-            .is_err() || n == 0);
+        let short = metrics::output_relative_error(&sparse[..n.saturating_sub(1)], &dense);
+        prop_assert!(n == 0 || refusal(&short) == Some(("Length", "sparse")), "{:?}", short);
         let w = if n == 0 { 1 } else { (1..=n).rev().find(|w| n % w == 0).unwrap_or(1) };
         let mut per = vec![f64::NAN; n / w];
         metrics::output_relative_error_rows(&sparse, &dense, w, &mut per).unwrap();

@@ -743,19 +743,23 @@ def test_errors_name_their_argument():
     assert _err(SE, ks.dense_attention, q, k, v, pos[:2]).argument == "query_pos"
     assert _err(SE, ks.attention_probabilities, q, k, np.array([1, 2, -3])).argument == "query_pos"
     # Heads: n_q_heads must be a multiple of n_kv_heads.
-    assert isinstance(_err(SE, ks.dense_attention, q[:, :3], k, v, pos), SE)
+    assert _err(SE, ks.dense_attention, q[:, :3], k, v, pos).argument == "n_q_heads"
     # Types: integer q, float selection.
-    _err(TypeError, ks.dense_attention, q.astype(np.int32), k, v, pos)
-    _err(TypeError, ks.sparse_attention, q, k.astype(np.int64), v, pos, sel)
-    _err(TypeError, ks.sparse_attention, q, k, v, pos, sel.astype(np.float32))
-    _err(TypeError, ks.sparse_attention, q, k, v, pos.astype(np.float64), sel)
+    assert str(_err(TypeError, ks.dense_attention, q.astype(np.int32), k, v, pos)).startswith("q must hold floats")
+    assert str(_err(TypeError, ks.sparse_attention, q, k.astype(np.int64), v, pos, sel)).startswith(
+        "k must hold floats"
+    )
+    e = _err(TypeError, ks.sparse_attention, q, k, v, pos, sel.astype(np.float32))
+    assert str(e).startswith("selection must hold integers")
+    e = _err(TypeError, ks.sparse_attention, q, k, v, pos.astype(np.float64), sel)
+    assert str(e).startswith("query_pos must hold integers")
     # int64 (and other integer) selections are accepted, with the same result.
     a = ks.sparse_attention(q, k, v, pos, sel)
     for dt in (np.int64, np.int16, np.uint16):
         b = ks.sparse_attention(q, k, v, pos, sel.astype(dt))
         assert np.array_equal(a[0], b[0]) and a[2] == b[2]
     e = _err(ValueError, ks.sparse_attention, q, k, v, pos, sel.astype(np.int64) + 2**40)
-    assert getattr(e, "argument", "selection") == "selection"
+    assert isinstance(e, SE) and e.argument == "selection"
     # Oracle and metrics.
     assert _err(SE, ks.oracle_topk, np.zeros(5), [1], 2).argument == "attention"
     assert _err(SE, ks.oracle_topk, np.zeros((2, 5)), [1], 2).argument == "query_pos"
@@ -767,7 +771,8 @@ def test_errors_name_their_argument():
     assert _err(WE, ks.attention_mass_recall_rows, np.zeros(3, int), np.zeros((3, 5))).argument == "candidates"
     assert _err(WE, ks.segment_coverage_rows, np.zeros(3, int), [4], 2).argument == "candidates"
     assert _err(WE, ks.segment_coverage_rows, np.zeros((1, 3), int), [-4], 2).argument == "context_lens"
-    _err(TypeError, ks.attention_mass_recall_rows, np.zeros((1, 3)), np.zeros((1, 5)))
+    e = _err(TypeError, ks.attention_mass_recall_rows, np.zeros((1, 3)), np.zeros((1, 5)))
+    assert str(e).startswith("candidates must hold integers")
     # dense is checked axis by axis against sparse: it is the one named.
     assert _err(SE, ks.output_relative_error_rows, np.zeros((2, 3)), np.zeros((3, 2))).argument == "dense"
     assert _err(SE, ks.output_relative_error, np.zeros(3), np.zeros(4)).argument == "dense"

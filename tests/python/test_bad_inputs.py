@@ -2373,6 +2373,7 @@ def _():
     "DLPack",
     "`indexer_topk(q, w, complex64 tensor, pos, 4)`",
     "TypeError",
+    argument="index_k",
     note="names the DLPack type code; the capsule is deleted",
 )
 def _():
@@ -2400,6 +2401,7 @@ def _():
     "DLPack",
     "`indexer_topk(q, w, k.__dlpack__(), pos, 4)`",
     "TypeError",
+    argument="index_k",
     note="pass the tensor, not its capsule",
 )
 def _():
@@ -2485,6 +2487,161 @@ def _():
 
     tensor = _dl(row, shape=k.shape, strides=(0, 1))
     return {"call": lambda: _ks().indexer_topk(q, w, tensor, p, 4), "check": same(ref), "watch": [row]}
+
+
+# Hostile producers (the DLPack spec's refusals): each is the entry point's
+# domain error naming the argument, and nothing is written.
+
+_HOSTILE_DLPACK = [
+    (
+        "dlpack-major-99",
+        "k exported as a DLPack 99.0 capsule",
+        {"version": (99, 0)},
+        "kvselect reads DLPack 1.x (it asks for max_version=(1, 3)) and legacy capsules; the capsule is deleted unread",
+    ),
+    (
+        "dlpack-major-0-versioned",
+        "k exported as a versioned DLPack 0.8 capsule",
+        {"version": (0, 8)},
+        "a versioned capsule must be DLPack 1.x; the capsule is deleted unread",
+    ),
+    (
+        "dlpack-consumed-versioned",
+        "k whose __dlpack__ returns a consumed capsule ('used_dltensor_versioned')",
+        {"capsule_name": b"used_dltensor_versioned"},
+        "already consumed: neither read nor deleted (its tensor is its consumer's)",
+    ),
+    (
+        "dlpack-consumed-legacy",
+        "k whose legacy __dlpack__ returns a consumed capsule ('used_dltensor')",
+        {"legacy": True, "capsule_name": b"used_dltensor"},
+        "already consumed: neither read nor deleted (its tensor is its consumer's)",
+    ),
+    (
+        "dlpack-wrong-capsule-name",
+        "k whose __dlpack__ returns a PyCapsule named 'not_a_dltensor'",
+        {"capsule_name": b"not_a_dltensor"},
+        "not a DLPack capsule: neither read nor deleted",
+    ),
+    (
+        "dlpack-not-a-capsule",
+        "k whose __dlpack__ returns 3",
+        {"returns": 3},
+        "not a DLPack capsule",
+    ),
+    (
+        "dlpack-device-not-a-pair",
+        "k whose __dlpack_device__ returns 'cpu'",
+        {"device": "cpu"},
+        "must be (device_type, device_id); nothing is exported",
+    ),
+    (
+        "dlpack-device-raises",
+        "k whose __dlpack_device__ raises",
+        {"device": RuntimeError("no device")},
+        "the producer's exception is the cause; nothing is exported",
+    ),
+    (
+        "dlpack-layout-overflows",
+        "k with shape (100, 4), strides (2**62, 1)",
+        {"shape": (100, 4), "strides": (2**62, 1)},
+        "the byte extent overflows; the capsule is deleted",
+    ),
+    (
+        "dlpack-element-count-overflows",
+        "k with shape (2**40, 2**40)",
+        {"shape": (2**40, 2**40), "strides": (1, 1)},
+        "the element count overflows; the capsule is deleted",
+    ),
+]
+
+
+def _hostile_dlpack(id, what, hostility, note):
+    @case(
+        id,
+        "DLPack",
+        f"`indexer_topk(q, w, {what}, pos, 4, out=buf)`",
+        "SelectionError",
+        argument="index_k",
+        note=note + "; out is left untouched",
+    )
+    def _():
+        q, w, k, p = indexer_args()
+        buf = _topk_out()
+        bad = _dl(k, **hostility)
+        return {"call": lambda: _ks().indexer_topk(q, w, bad, p, 4, out=buf), "watch": [buf]}
+
+
+for _row in _HOSTILE_DLPACK:
+    _hostile_dlpack(*_row)
+
+
+@case(
+    "dlpack-capsule-handed-out-twice",
+    "DLPack",
+    "`indexer_topk(q, weights whose __dlpack__ returns the capsule it returned before, k, pos, 4, out=buf)`",
+    "SelectionError",
+    argument="weights",
+    note="the first call consumed it: neither read nor deleted again; out is left untouched",
+)
+def _():
+    q, w, k, p = indexer_args()
+    cap = w.__dlpack__()
+
+    class Cached:
+        def __dlpack__(self, **kwargs):
+            return cap
+
+        def __dlpack_device__(self):
+            return w.__dlpack_device__()
+
+    _ks().indexer_topk(q, Cached(), k, p, 4)  # consumes the capsule
+    buf = _topk_out()
+    return {"call": lambda: _ks().indexer_topk(q, Cached(), k, p, 4, out=buf), "watch": [buf]}
+
+
+@case(
+    "dlpack-consumed-buffer",
+    "DLPack",
+    "`scatter_topology_witnesses(buffer whose __dlpack__ returns a consumed capsule, lens, 2)`",
+    "WitnessError",
+    argument="topk_indices",
+    note="the witness domain's error; the buffer is left untouched",
+)
+def _():
+    buf = learned()
+    bad = _dl(buf, capsule_name=b"used_dltensor_versioned")
+    return {"call": lambda: _ks().scatter_topology_witnesses(bad, lens(), 2), "watch": [buf]}
+
+
+@case(
+    "dlpack-dtype-disagrees-with-key-format",
+    "DLPack",
+    "`indexer_topk(q, w, bfloat16 tensor, pos, 4, key_format='float16')`",
+    "TypeError",
+    argument="index_k",
+    note="the tensor's DLPack dtype is its format: key_format must agree with it",
+)
+def _():
+    from dlpack_producers import bf16_bits
+
+    q, w, k, p = indexer_args()
+    return {"call": lambda: _ks().indexer_topk(q, w, _dl(bf16_bits(k), dtype="bfloat16"), p, 4, key_format="float16")}
+
+
+@case(
+    "dlpack-out-aliases-an-input",
+    "DLPack",
+    "`indexer_topk(q over buf's memory, w, k, pos, 4, out=tensor over buf)`",
+    "SelectionError",
+    argument="out",
+    note="out overlaps another argument's memory; buf is left untouched",
+)
+def _():
+    _, w, k, p = indexer_args()
+    buf = np.zeros((2, 4), dtype=np.int32)
+    q_alias = _dl(buf.view(np.float32).reshape(2, 1, 4))
+    return {"call": lambda: _ks().indexer_topk(q_alias, w[:, :1], k, p, 4, out=_dl(buf)), "watch": [buf]}
 
 
 # -- torch tensors (skipped when torch is absent) ------------------------------------------
@@ -4502,7 +4659,7 @@ def markdown() -> str:
         "Python, and a refused in-place call leaves its buffer byte-identical.",
         "`WitnessError` and `SelectionError` are subclasses of `KvselectError`, a",
         "`ValueError`, whose `argument` attribute names the argument at fault (shown",
-        "in parentheses).",
+        "in parentheses; for a `TypeError`, the argument its message begins with).",
         "*accepted* means the call succeeds (the test checks its result); torch rows",
         "run only when torch is installed.",
         "",
@@ -4570,6 +4727,8 @@ if pytest is not None:
         if c.expect in ("WitnessError", "SelectionError", "KvselectError"):
             assert "ValueError" in rec["mro"]
             assert rec["argument"] == c.argument, f"names {rec['argument']!r}: {rec['message']}"
+        elif c.argument is not None:  # a TypeError names its argument first in the message
+            assert rec["message"].startswith(c.argument), f"does not name {c.argument!r}: {rec['message']}"
 
     def test_the_readme_table_is_generated_from_the_catalogue():
         assert DOC.read_text() == markdown(), (

@@ -828,13 +828,15 @@ def test_bad_block_check_arguments_are_refused_naming_them(impl):
         with pytest.raises(_error(impl)) as e:
             call()
         assert e.value.argument == argument, (argument, str(e.value))
-    for call in [
-        lambda: check(s, rows.astype(np.float32), nb, cfg),
-        lambda: check(s, rows, nb, "cfg"),
-        lambda: check(s.astype(np.int32), rows, nb, cfg),
-        lambda: check(s, rows, nb, cfg, slots="x"),
+    # The native extraction names ``slots`` in the exception's note
+    # ("while processing 'slots'"), which ``match`` reads too.
+    for argument, call in [
+        ("rows", lambda: check(s, rows.astype(np.float32), nb, cfg)),
+        ("config", lambda: check(s, rows, nb, "cfg")),
+        ("block_scores", lambda: check(s.astype(np.int32), rows, nb, cfg)),
+        ("slots", lambda: check(s, rows, nb, cfg, slots="x")),
     ]:
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match=rf"^{argument} must|while processing '{argument}'"):
             call()
     assert all(np.array_equal(a, b) for a, b in zip(watched, before))
 
@@ -882,12 +884,12 @@ def test_bad_block_scores_arguments_are_refused_naming_them(impl):
         with pytest.raises(_error(impl)) as e:
             call()
         assert e.value.argument == argument, (argument, str(e.value))
-    for call in [
-        lambda: m.block_scores(q, k, [0, 7, 3], cfg, magnitudes=1),
-        lambda: m.block_scores(q, k.astype(np.int32), [0, 7, 3], cfg),
-        lambda: m.block_scores(q, k, [0.0, 7.0, 3.0], cfg),
+    for argument, call in [
+        ("magnitudes", lambda: m.block_scores(q, k, [0, 7, 3], cfg, magnitudes=1)),
+        ("index_k", lambda: m.block_scores(q, k.astype(np.int32), [0, 7, 3], cfg)),
+        ("query_pos", lambda: m.block_scores(q, k, [0.0, 7.0, 3.0], cfg)),
     ]:
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match=rf"^{argument} (must|has)|keyword argument '{argument}'"):
             call()
     assert m.block_scores(q, k[:0], [0, 7, 3], cfg).shape == (3, 2, 0)
     assert m.block_scores(q[:0], k, [], cfg).shape == (0, 2, 5)
@@ -927,7 +929,8 @@ def test_bad_global_slots_are_refused_naming_them(impl):
         with pytest.raises(_error(impl)) as e:
             m.check_topk(s, rows, slots=lay)
         assert e.value.argument == argument, (argument, str(e.value))
-    with pytest.raises(TypeError, match="GlobalSlots"):  # what slots= takes
+    # What slots= takes, and that it is slots (natively in the note, "while processing 'slots'").
+    with pytest.raises(TypeError, match=r"^slots must be a GlobalSlots|(?s:GlobalSlots.*while processing 'slots')"):
         m.check_topk(s, rows, slots="x")
     assert rows.tolist() == [[12, 13, -1]] and t.tolist() == [[3, 1]]
 

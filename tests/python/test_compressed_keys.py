@@ -259,8 +259,9 @@ def test_the_check_passes_right_compressed_rows_in_any_order_and_finds_planted_f
     early[1, np.flatnonzero(early[1] == -1)[0]] = 1  # p = 3 sees entry 0 only; entry 1 is not written yet
     rep = check_indexer_topk(early, q, w, k, pos, compress_ratio=4)
     assert rep["wrong"] == 1 and rep["by_reason"]["not_causal"] == 1
-    with pytest.raises(ks.SelectionError):
+    with pytest.raises(ks.SelectionError) as e:
         check_indexer_topk(rows, q, w, k, pos, compress_ratio=0)
+    assert e.value.argument == "compress_ratio"
 
 
 def test_assert_topk_takes_the_compress_ratio():
@@ -270,7 +271,7 @@ def test_assert_topk_takes_the_compress_ratio():
     scores = ks.indexer_scores(q, w, k, pos, compress_ratio=4)
     report = kt.assert_topk(rows, q, w, k, pos, compress_ratio=4, engine_scores=scores)
     assert report["wrong"] == 0 and len(report["checks"]) == 3
-    with pytest.raises(kt.CheckFailure):
+    with pytest.raises(kt.CheckFailure, match="row 0: wrong count: valid 0, expected 3"):  # read as tokens
         kt.assert_topk(rows, q, w, k, pos, engine_scores=scores)
 
 

@@ -239,7 +239,7 @@ def test_an_out_of_the_wrong_dtype_is_a_type_error_and_stays_untouched(spec, imp
         buf = _sentinel(shape, wrong)
         args = spec.args()
         before = _bits(buf), _snapshot(args)
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match=f"^{key} must"):
             spec.call(m, args, **{key: buf})
         assert (_bits(buf), _snapshot(args)) == before, key
 

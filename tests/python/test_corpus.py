@@ -256,7 +256,7 @@ def test_a_ranged_array_reads_the_slices_numpy_gives(tmp_path):
     pos = np.array([0, 2, 4])
     assert np.array_equal(take_rows(r, (1, 2), pos), a[1, 2][pos])
     assert np.array_equal(np.asarray(r), a) and r.view(np.int32).dtype == np.int32
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match="index 3 is out of bounds for axis 0 with size 3"):
         r[3]
 
 
@@ -459,7 +459,7 @@ def test_an_unknown_url_protocol_and_an_empty_pattern_are_named(tmp_path, capsys
 
 
 def test_a_scheduler_that_cannot_be_reached_is_an_oserror_not_a_hang():
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="tcp://127.0.0.1:9"):
         with corpus.Dask(scheduler="tcp://127.0.0.1:9", timeout=2):
             pass
 

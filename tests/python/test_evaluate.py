@@ -787,5 +787,6 @@ def test_slots_used_counts_distinct_entries_within_the_context_natively():
         from kvselect import reference as ref
 
         assert ref.slots_used_rows(cand, lens).tolist() == want  # the NumPy twin too
-    with pytest.raises(ks.WitnessError):
+    with pytest.raises(ks.WitnessError) as e:
         ks.slots_used_rows(np.zeros((2, 3), np.int32), [1])
+    assert e.value.argument == "context_lens"

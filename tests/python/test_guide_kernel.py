@@ -96,5 +96,5 @@ def test_a_tolerance_comparison_of_the_selected_scores_misses_the_bug():
         want = np.sort(s[i, case.expected[i]])
         assert np.allclose(got, want, rtol=1e-4, atol=1e-4)  # the usual test passes ...
         assert not np.array_equal(np.sort(rows[i]), np.sort(case.expected[i]))  # ... on a wrong set
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="row 0: wrong selection"):
         assert_topk(rows, **case.inputs, rtol=0.0, atol=0.0)  # kvselect does not

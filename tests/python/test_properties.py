@@ -397,8 +397,9 @@ def test_dense_local_and_sink_window_rows_equal_the_reference_at_any_sufficient_
         for p, row in zip(pos, natural):
             assert_same_ints(sel.row(int(p)), row[row >= 0], f"{sel!r}.row({p})")
         if natural.shape[1] > 0:
-            with pytest.raises(ks.SelectionError):
+            with pytest.raises(ks.SelectionError) as e:
                 sel.rows(pos, natural.shape[1] - 1)
+            assert e.value.argument == "width", str(e.value)
 
 
 @MEDIUM
@@ -422,8 +423,9 @@ def test_random_selector_rows_are_distinct_causal_ascending_within_budget_and_eq
         assert np.all((got >= 0) & (got <= p))  # causal
         assert_same_ints(got, sel.row(int(p)), f"row({p})")
     if need > 0:
-        with pytest.raises(ks.SelectionError):
+        with pytest.raises(ks.SelectionError) as e:
             sel.rows(pos, need - 1)
+        assert e.value.argument == "width", str(e.value)
     assert sel == ks.Selector.random(budget, seed) and hash(sel) == hash(ks.Selector.random(budget, seed))
 
 
@@ -458,8 +460,9 @@ def test_oracle_topk_equals_the_reference_on_tied_integer_weights(problem, extra
         assert len(ids) == min(budget, p + 1, a.shape[1])
         assert np.all(np.diff(ids) > 0) and np.all(ids <= p)
     if natural.shape[1] > 0:
-        with pytest.raises(ks.SelectionError):
+        with pytest.raises(ks.SelectionError) as e:
             ks.oracle_topk(a, pos, budget, width=natural.shape[1] - 1)
+        assert e.value.argument == "width", str(e.value)
 
 
 # ---------------------------------------------------------------------------

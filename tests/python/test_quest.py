@@ -379,5 +379,5 @@ def test_bounds_into_the_callers_buffers():
     assert e.value.argument == "out" and (shared == 5.0).all()
     with pytest.raises(TypeError, match="out must be a tuple"):
         ks.quest_bounds(keys, out=lo)
-    with pytest.raises(TypeError, match="float32"):
+    with pytest.raises(TypeError, match="^out must have dtype float32, got float64"):
         ks.quest_bounds(keys, out=(lo.astype(np.float64), hi))

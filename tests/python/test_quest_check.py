@@ -123,7 +123,7 @@ def test_tie_permuted_rows_pass():
     assert c.assert_rows(rows)["wrong"] == 0
     # A duplicate is not a tie.
     rows[0, 0, 1] = rows[0, 0, 0]
-    with pytest.raises(testing.CheckFailure):
+    with pytest.raises(testing.CheckFailure, match="row 0: duplicate: 1 entry repeats an earlier one"):
         c.assert_rows(rows)
 
 
@@ -140,7 +140,10 @@ def test_the_check_is_exact_where_float32_cannot_order_the_pages():
     assert native.tolist() == [[0, 2]]  # float32: a tie, to the lower page
     right = np.array([[[1, 2]]])
     assert testing.assert_quest(right, q, keys, [48], 2, rtol=0.0, atol=0.0)["wrong"] == 0
-    with pytest.raises(testing.CheckFailure):
+    # Page 1 dropped, page 0 in its place.
+    with pytest.raises(
+        testing.CheckFailure, match=r"row 0: wrong selection: dropped 1 \[1 \(16777217\.0\)\], intruders 1 \[0 "
+    ):
         testing.assert_quest(native[None], q, keys, [48], 2, rtol=0.0, atol=0.0)
     assert testing.assert_quest(native[None], q, keys, [48], 2)["wrong"] == 0
 
@@ -157,7 +160,7 @@ def test_variants_and_dense_layers_in_the_dump():
         if v != "eval":
             bad = rows.copy()
             bad[..., 0] = -1  # a page dropped
-            with pytest.raises(testing.CheckFailure):
+            with pytest.raises(testing.CheckFailure, match="row 0: padding hole: slot 1"):
                 testing.assert_quest(bad, q, keys, lens, 4, variant=v, num_recent_pages=2)
     # Layers 0 and 1 are dense (Quest's model): their rows must read every page.
     rows = ks.quest_select(q, lo, hi, lens, 4)
@@ -165,7 +168,8 @@ def test_variants_and_dense_layers_in_the_dump():
     wide[..., :4] = rows
     wide[0, :, :5] = np.arange(5)  # sequence 0 (layer 1): all its 5 pages
     assert testing.assert_quest(wide, q, keys, lens, 4, layers=[1, 2, 7])["wrong"] == 0
-    with pytest.raises(testing.CheckFailure):
+    # Sequence 1's rows (4 to 7, one a head) read 4 of its 13 pages.
+    with pytest.raises(testing.CheckFailure, match="row 4: wrong count: valid 4, expected 13"):
         testing.assert_quest(wide, q, keys, lens, 4, layers=[1, 1, 7])  # sequence 1 should be dense
     assert testing.assert_quest(wide, q, keys, lens, 4, layers=[0, 1, 7], dense_layers=1)["wrong"] == 0
 

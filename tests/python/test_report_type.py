@@ -258,9 +258,13 @@ def test_the_schema_refuses_a_report_without_a_core_key_or_with_half_the_dump_ke
     report = _as_json(reports["check_dump blocks"][0])
     for key in CORE + DUMP:
         broken = {k: v for k, v in report.items() if k != key}
-        with pytest.raises(jsonschema.ValidationError):
+        # The missing key is named: "'rows' is a required property", or a dump key's
+        # "'kind' is a dependency of 'tolerance'".
+        with pytest.raises(jsonschema.ValidationError, match=f"^'{key}' is a (required property|dependency of)"):
             jsonschema.validate(broken, schema, cls=jsonschema.Draft202012Validator)
-    with pytest.raises(jsonschema.ValidationError):  # an undocumented key is not a report's
+    with pytest.raises(
+        jsonschema.ValidationError, match="'extra' was unexpected"
+    ):  # an undocumented key is not a report's
         jsonschema.validate({**report, "extra": 1}, schema, cls=jsonschema.Draft202012Validator)
 
 

@@ -135,7 +135,7 @@ def test_engine_scores_a_tolerance_apart_are_not_reported_off():
     report = assert_topk(rows, q, w, k, pos, topk, engine_scores=nudged, fail_vacuous=False)
     assert report["checks"][2]["report"]["wrong"] == 0
     far = (scores + 8 * DEFAULT_RTOL["float32"] * mags).astype(np.float32)
-    with pytest.raises(CheckFailure):
+    with pytest.raises(CheckFailure, match=r"\n  score_off +5\n"):
         assert_topk(rows, q, w, k, pos, topk, engine_scores=far)
 
 

@@ -152,7 +152,7 @@ def both(native_call, reference_call):
     except ref.ReferenceWitnessError as e:
         with pytest.raises(ks.WitnessError) as got:
             native_call()
-        assert got.value.variant == e.variant
+        assert (got.value.variant, got.value.argument) == (e.variant, e.argument), str(got.value)
         for field in ("learned_len", "topk", "rows", "num_segments", "learned_keep"):
             if hasattr(e, field):
                 assert getattr(got.value, field) == getattr(e, field), field
@@ -386,7 +386,7 @@ def test_a_rows_mismatch_names_its_fields_in_every_entry_point():
     for call in calls:
         with pytest.raises(ks.WitnessError) as e:
             call()
-        assert e.value.variant == "RowsMismatch"
+        assert (e.value.variant, e.value.argument) == ("RowsMismatch", "context_lens")
         assert (e.value.learned_len, e.value.topk, e.value.rows) == (8, 4, 3)
 
 
@@ -394,19 +394,19 @@ def test_a_rows_mismatch_names_its_fields_in_every_entry_point():
 def test_the_merge_refuses_a_segment_count_outside_1_to_64(s):
     with pytest.raises(ks.WitnessError) as e:
         ks.apply_topology_witnesses(LEARNED, LENS, 0, s, 4)
-    assert (e.value.variant, e.value.num_segments) == ("SegmentsOutOfRange", s)
+    assert (e.value.variant, e.value.num_segments, e.value.argument) == ("SegmentsOutOfRange", s, "num_segments")
     if s:
         buf = LEARNED.copy()
         with pytest.raises(ks.WitnessError) as e:
             ks.scatter_topology_witnesses(buf, LENS, s)
-        assert (e.value.variant, e.value.num_segments) == ("SegmentsOutOfRange", s)
+        assert (e.value.variant, e.value.num_segments, e.value.argument) == ("SegmentsOutOfRange", s, "num_segments")
         np.testing.assert_array_equal(buf, LEARNED)
 
 
 def test_the_witness_indices_refuse_zero_segments_and_accept_more_than_64():
     with pytest.raises(ks.WitnessError) as e:
         ks.topology_witness_indices(LEARNED, LENS, 0)
-    assert (e.value.variant, e.value.num_segments) == ("SegmentsOutOfRange", 0)
+    assert (e.value.variant, e.value.num_segments, e.value.argument) == ("SegmentsOutOfRange", 0, "num_segments")
     assert_same_array(ks.topology_witness_indices(LEARNED, LENS, 65), ref.topology_witness_indices(LEARNED, LENS, 65))
 
 
@@ -414,6 +414,7 @@ def test_a_retained_prefix_wider_than_the_row_is_refused():
     with pytest.raises(ks.WitnessError) as e:
         ks.apply_topology_witnesses(LEARNED, LENS, 5, 4, 4)
     assert (e.value.variant, e.value.learned_keep, e.value.topk) == ("LearnedKeepOutOfRange", 5, 4)
+    assert e.value.argument == "learned_keep"
 
 
 def test_rows_are_judged_on_the_entry_count_so_zero_width_rows_never_mismatch():
@@ -467,25 +468,26 @@ NEGATIVE_OR_HUGE = [-1, -(2**31), 2**64, 2**70]
 @pytest.mark.parametrize("bad", NEGATIVE_OR_HUGE)
 def test_a_negative_or_oversized_count_is_a_witness_error_never_an_overflow(bad):
     calls = [
-        lambda: ks.topology_witness_indices(LEARNED, LENS, bad),
-        lambda: ks.apply_topology_witnesses(LEARNED, LENS, bad, 4, 4),
-        lambda: ks.apply_topology_witnesses(LEARNED, LENS, 0, bad, 4),
-        lambda: ks.apply_topology_witnesses(LEARNED, LENS, 0, 4, bad),
-        lambda: ks.scatter_topology_witnesses(LEARNED.copy(), LENS, bad),
-        lambda: ks.segment_of(bad, 10, 4),
-        lambda: ks.segment_of(1, bad, 4),
-        lambda: ks.segment_of(1, 10, bad),
-        lambda: ks.random_null(bad, 4, 0),
-        lambda: ks.random_null(10, bad, 0),
-        lambda: ks.random_null(10, 4, bad),
-        lambda: ks.locality_null(bad, 4),
-        lambda: ks.locality_null(10, bad),
-        lambda: ks.segment_coverage(LEARNED[0], bad, 4),
-        lambda: ks.segment_coverage(LEARNED[0], 16, bad),
+        ("num_segments", lambda: ks.topology_witness_indices(LEARNED, LENS, bad)),
+        ("learned_keep", lambda: ks.apply_topology_witnesses(LEARNED, LENS, bad, 4, 4)),
+        ("num_segments", lambda: ks.apply_topology_witnesses(LEARNED, LENS, 0, bad, 4)),
+        ("max_replacements", lambda: ks.apply_topology_witnesses(LEARNED, LENS, 0, 4, bad)),
+        ("num_segments", lambda: ks.scatter_topology_witnesses(LEARNED.copy(), LENS, bad)),
+        ("token", lambda: ks.segment_of(bad, 10, 4)),
+        ("context_len", lambda: ks.segment_of(1, bad, 4)),
+        ("num_segments", lambda: ks.segment_of(1, 10, bad)),
+        ("context_len", lambda: ks.random_null(bad, 4, 0)),
+        ("budget", lambda: ks.random_null(10, bad, 0)),
+        ("seed", lambda: ks.random_null(10, 4, bad)),
+        ("context_len", lambda: ks.locality_null(bad, 4)),
+        ("budget", lambda: ks.locality_null(10, bad)),
+        ("context_len", lambda: ks.segment_coverage(LEARNED[0], bad, 4)),
+        ("num_segments", lambda: ks.segment_coverage(LEARNED[0], 16, bad)),
     ]
-    for call in calls:
-        with pytest.raises(ks.WitnessError):
+    for argument, call in calls:
+        with pytest.raises(ks.WitnessError) as e:
             call()
+        assert e.value.argument == argument, (argument, str(e.value))
 
 
 def test_the_largest_u64_is_accepted_where_a_count_may_be_that_large():
@@ -502,14 +504,14 @@ def test_the_largest_u64_is_accepted_where_a_count_may_be_that_large():
 @pytest.mark.parametrize("bad", [1.0, 4.5, "4", None])
 def test_a_non_integer_count_is_a_type_error(bad):
     calls = [
-        lambda: ks.topology_witness_indices(LEARNED, LENS, bad),
-        lambda: ks.apply_topology_witnesses(LEARNED, LENS, bad, 4, 4),
-        lambda: ks.segment_of(bad, 10, 4),
-        lambda: ks.random_null(10, bad, 0),
-        lambda: ks.locality_null(bad, 4),
+        ("num_segments", lambda: ks.topology_witness_indices(LEARNED, LENS, bad)),
+        ("learned_keep", lambda: ks.apply_topology_witnesses(LEARNED, LENS, bad, 4, 4)),
+        ("token", lambda: ks.segment_of(bad, 10, 4)),
+        ("budget", lambda: ks.random_null(10, bad, 0)),
+        ("context_len", lambda: ks.locality_null(bad, 4)),
     ]
-    for call in calls:
-        with pytest.raises(TypeError):
+    for argument, call in calls:
+        with pytest.raises(TypeError, match=f"^{argument} must be an integer"):
             call()
 
 
@@ -517,18 +519,18 @@ def test_float_indices_are_a_type_error():
     fl = LEARNED.astype(np.float64)
     flens = LENS.astype(np.float64)
     calls = [
-        lambda: ks.topology_witness_indices(fl, LENS, 4),
-        lambda: ks.topology_witness_indices(LEARNED, flens, 4),
-        lambda: ks.apply_topology_witnesses(fl, LENS, 0, 4, 4),
-        lambda: ks.apply_topology_witnesses(LEARNED, flens, 0, 4, 4),
-        lambda: ks.segment_coverage(fl[0], 16, 4),
-        lambda: ks.attention_mass_recall(fl[0], np.ones(16)),
+        ("learned", lambda: ks.topology_witness_indices(fl, LENS, 4)),
+        ("context_lens", lambda: ks.topology_witness_indices(LEARNED, flens, 4)),
+        ("learned", lambda: ks.apply_topology_witnesses(fl, LENS, 0, 4, 4)),
+        ("context_lens", lambda: ks.apply_topology_witnesses(LEARNED, flens, 0, 4, 4)),
+        ("candidates", lambda: ks.segment_coverage(fl[0], 16, 4)),
+        ("candidates", lambda: ks.attention_mass_recall(fl[0], np.ones(16))),
     ]
-    for call in calls:
-        with pytest.raises(TypeError):
+    for argument, call in calls:
+        with pytest.raises(TypeError, match=f"^{argument} must hold integers"):
             call()
     buf = LEARNED.copy()
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="^context_lens must hold integers"):
         ks.scatter_topology_witnesses(buf, flens, 4)
     np.testing.assert_array_equal(buf, LEARNED)
 
@@ -562,19 +564,21 @@ def test_int64_indices_outside_int32_are_a_value_error(value):
     lens = LENS.astype(np.int64)
     lens[0] = value
     calls = [
-        lambda: ks.topology_witness_indices(learned, LENS, 4),
-        lambda: ks.topology_witness_indices(LEARNED, lens, 4),
-        lambda: ks.apply_topology_witnesses(learned, LENS, 0, 4, 4),
-        lambda: ks.apply_topology_witnesses(LEARNED, lens, 0, 4, 4),
-        lambda: ks.segment_coverage(learned[0], 16, 4),
-        lambda: ks.attention_mass_recall(learned[0], np.ones(16)),
+        ("learned", lambda: ks.topology_witness_indices(learned, LENS, 4)),
+        ("context_lens", lambda: ks.topology_witness_indices(LEARNED, lens, 4)),
+        ("learned", lambda: ks.apply_topology_witnesses(learned, LENS, 0, 4, 4)),
+        ("context_lens", lambda: ks.apply_topology_witnesses(LEARNED, lens, 0, 4, 4)),
+        ("candidates", lambda: ks.segment_coverage(learned[0], 16, 4)),
+        ("candidates", lambda: ks.attention_mass_recall(learned[0], np.ones(16))),
     ]
-    for call in calls:
-        with pytest.raises(ValueError):
+    for argument, call in calls:
+        with pytest.raises(ValueError) as e:
             call()
+        assert e.value.argument == argument, (argument, str(e.value))
     buf = LEARNED.copy()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as e:
         ks.scatter_topology_witnesses(buf, lens, 4)
+    assert e.value.argument == "context_lens"
     np.testing.assert_array_equal(buf, LEARNED)
 
 
@@ -623,10 +627,16 @@ def test_scatter_changes_at_most_budget_slots_all_inside_the_tail():
         assert ((buf != before).sum(axis=1) <= min(s, topk)).all()
 
 
-def _assert_refused_untouched(buf, call, exc):
+def _assert_refused_untouched(buf, call, exc, argument):
+    """``call`` raises ``exc`` naming ``argument`` (its ``.argument``; a
+    TypeError's message) and leaves ``buf`` byte-identical."""
     before = buf.tobytes()
-    with pytest.raises(exc):
+    with pytest.raises(exc) as e:
         call()
+    if isinstance(e.value, TypeError):
+        assert str(e.value).startswith(f"{argument} "), (argument, str(e.value))
+    else:
+        assert e.value.argument == argument, (argument, str(e.value))
     assert buf.tobytes() == before
 
 
@@ -634,9 +644,9 @@ def _assert_refused_untouched(buf, call, exc):
 def test_a_buffer_of_the_wrong_type_is_a_type_error_and_left_untouched(s):
     for dtype in (np.int64, np.uint32, np.float32, np.int16):
         buf = LEARNED.astype(dtype)
-        _assert_refused_untouched(buf, lambda: ks.scatter_topology_witnesses(buf, LENS, s), TypeError)
+        _assert_refused_untouched(buf, lambda: ks.scatter_topology_witnesses(buf, LENS, s), TypeError, "topk_indices")
     as_list = LEARNED.tolist()
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="^topk_indices must be a numpy.ndarray"):
         ks.scatter_topology_witnesses(as_list, LENS, s)
     assert as_list == LEARNED.tolist()
 
@@ -658,18 +668,20 @@ def test_a_buffer_of_the_wrong_layout_is_a_witness_error_and_left_untouched(s):
         before = (wide.tobytes(), buf.tobytes())
         with pytest.raises(ks.WitnessError) as e:
             ks.scatter_topology_witnesses(buf, lens, s)
-        assert e.value.variant is None, name
+        assert e.value.variant is None and e.value.argument == "topk_indices", (name, str(e.value))
         assert (wide.tobytes(), buf.tobytes()) == before, name
 
 
 def test_context_lens_overlapping_the_buffer_is_a_witness_error_and_changes_nothing():
     buf = np.array([[16, 16, 16, 16], [0, 5, -1, -1], [1, -1, -1, -1], [2, -1, -1, -1]], np.int32)
     before = buf.tobytes()
-    with pytest.raises(ks.WitnessError):
+    with pytest.raises(ks.WitnessError) as e:
         ks.scatter_topology_witnesses(buf, buf[0], 4)
+    assert e.value.argument == "topk_indices", str(e.value)
     assert buf.tobytes() == before
-    with pytest.raises(ks.WitnessError):
+    with pytest.raises(ks.WitnessError) as e:
         ks.scatter_topology_witnesses(buf, buf.reshape(-1)[4:8], 2)
+    assert e.value.argument == "topk_indices", str(e.value)
     assert buf.tobytes() == before
 
 
@@ -682,18 +694,18 @@ def test_the_off_switch_returns_before_the_row_checks_and_writes_nothing():
 
 
 @pytest.mark.parametrize(
-    "lens, s, variant",
+    "lens, s, variant, argument",
     [
-        (np.array([16], np.int32), 4, "RowsMismatch"),
-        (LENS, 65, "SegmentsOutOfRange"),
+        (np.array([16], np.int32), 4, "RowsMismatch", "context_lens"),
+        (LENS, 65, "SegmentsOutOfRange", "num_segments"),
     ],
 )
-def test_a_refused_scatter_leaves_the_buffer_byte_identical(lens, s, variant):
+def test_a_refused_scatter_leaves_the_buffer_byte_identical(lens, s, variant, argument):
     buf = LEARNED.copy()
     before = buf.tobytes()
     with pytest.raises(ks.WitnessError) as e:
         ks.scatter_topology_witnesses(buf, lens, s)
-    assert e.value.variant == variant
+    assert (e.value.variant, e.value.argument) == (variant, argument)
     assert buf.tobytes() == before
 
 
@@ -722,16 +734,20 @@ def test_apply_writes_into_out_and_returns_it():
 
 def test_a_refused_call_leaves_out_untouched():
     refusals = [
-        lambda out: ks.apply_topology_witnesses(LEARNED, LENS, 5, 4, 4, out=out),
-        lambda out: ks.apply_topology_witnesses(LEARNED, LENS, 0, 65, 4, out=out),
-        lambda out: ks.apply_topology_witnesses(LEARNED, LENS[:1], 0, 4, 4, out=out),
+        ("learned_keep", lambda out: ks.apply_topology_witnesses(LEARNED, LENS, 5, 4, 4, out=out)),
+        ("num_segments", lambda out: ks.apply_topology_witnesses(LEARNED, LENS, 0, 65, 4, out=out)),
+        ("context_lens", lambda out: ks.apply_topology_witnesses(LEARNED, LENS[:1], 0, 4, 4, out=out)),
     ]
-    for call in refusals:
+    for argument, call in refusals:
         out = np.full(LEARNED.shape, 777, np.int32)
-        _assert_refused_untouched(out, lambda: call(out), ks.WitnessError)
+        _assert_refused_untouched(out, lambda: call(out), ks.WitnessError, argument)
     out = np.full((2, 4), 777, np.int32)
-    _assert_refused_untouched(out, lambda: ks.topology_witness_indices(LEARNED, LENS, 0, out=out), ks.WitnessError)
-    _assert_refused_untouched(out, lambda: ks.topology_witness_indices(LEARNED, LENS[:1], 4, out=out), ks.WitnessError)
+    _assert_refused_untouched(
+        out, lambda: ks.topology_witness_indices(LEARNED, LENS, 0, out=out), ks.WitnessError, "out"
+    )
+    _assert_refused_untouched(
+        out, lambda: ks.topology_witness_indices(LEARNED, LENS[:1], 4, out=out), ks.WitnessError, "out"
+    )
 
 
 def test_an_out_of_the_wrong_kind_is_refused_and_left_untouched():
@@ -747,10 +763,10 @@ def test_an_out_of_the_wrong_kind_is_refused_and_left_untouched():
     bad.append(ro)
     for out in bad:
         _assert_refused_untouched(
-            out, lambda: ks.apply_topology_witnesses(LEARNED, LENS, 1, 4, 3, out=out), (TypeError, ValueError)
+            out, lambda: ks.apply_topology_witnesses(LEARNED, LENS, 1, 4, 3, out=out), (TypeError, ValueError), "out"
         )
         _assert_refused_untouched(
-            out, lambda: ks.topology_witness_indices(LEARNED, LENS, 4, out=out), (TypeError, ValueError)
+            out, lambda: ks.topology_witness_indices(LEARNED, LENS, 4, out=out), (TypeError, ValueError), "out"
         )
 
 

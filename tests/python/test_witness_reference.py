@@ -125,20 +125,22 @@ def test_malformed_calls_are_refused():
     with pytest.raises(ref.ReferenceWitnessError) as e:
         ref.topology_witness_indices(learned, lens(16, 16), 4)
     assert (e.value.variant, e.value.learned_len, e.value.topk, e.value.rows) == ("RowsMismatch", 4, 4, 2)
+    assert e.value.argument == "context_lens"  # as natively
     with pytest.raises(ref.ReferenceWitnessError) as e:
         ref.topology_witness_indices(learned, lens(16), 0)
-    assert (e.value.variant, e.value.num_segments) == ("SegmentsOutOfRange", 0)
+    assert (e.value.variant, e.value.num_segments, e.value.argument) == ("SegmentsOutOfRange", 0, "num_segments")
     for s in (0, 65):
         with pytest.raises(ref.ReferenceWitnessError) as e:
             ref.apply_topology_witnesses(learned, lens(16), 0, s, 4)
-        assert (e.value.variant, e.value.num_segments) == ("SegmentsOutOfRange", s)
+        assert (e.value.variant, e.value.num_segments, e.value.argument) == ("SegmentsOutOfRange", s, "num_segments")
     with pytest.raises(ref.ReferenceWitnessError) as e:
         ref.apply_topology_witnesses(learned, lens(16), 5, 4, 4)
     assert (e.value.variant, e.value.learned_keep, e.value.topk) == ("LearnedKeepOutOfRange", 5, 4)
+    assert e.value.argument == "learned_keep"
     buf = learned.copy()
     with pytest.raises(ref.ReferenceWitnessError) as e:
         ref.scatter_topology_witnesses(buf, lens(16), 65)
-    assert e.value.variant == "SegmentsOutOfRange"
+    assert (e.value.variant, e.value.argument) == ("SegmentsOutOfRange", "num_segments")
     assert buf.tolist() == learned.tolist()
     assert isinstance(e.value, ValueError)
 

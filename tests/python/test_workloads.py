@@ -412,7 +412,7 @@ def test_load_npz_samples_all_positions_when_the_dump_is_short(tmp_path):
 
 
 def test_load_npz_missing_file_is_file_not_found(tmp_path):
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="no such workload file: .*nope.npz"):
         load_npz(tmp_path / "nope.npz")
 
 

@@ -293,7 +293,7 @@ def flag_argument(name: str, value: Any) -> bool:
 def _decoded(name: str, value: Any, format: Optional[str], ndim: Optional[int] = None) -> np.ndarray:
     """Keys or queries decoded exactly to float64 by :func:`decode` (a bad
     dtype or format is a ``TypeError``), refused unless ``ndim``-D (when given)."""
-    a = decode(value, format, "query_format" if name == "index_q" else "key_format")
+    a = decode(value, format, "query_format" if name == "index_q" else "key_format", name=name)
     if ndim is not None and a.ndim != ndim:
         raise ReferenceSelectionError(name, f"{name} must be {ndim}-D, got shape {a.shape}")
     return a

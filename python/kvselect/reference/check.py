@@ -499,7 +499,7 @@ def _check_batch(
         raise ReferenceSelectionError("magnitudes", "magnitudes must be numbers >= 0 within each row")
     if layout is not None:
         if not isinstance(layout, GlobalSlots):
-            raise TypeError(f"layout must be a GlobalSlots or None, got {type(layout).__name__}")
+            raise TypeError(f"slots must be a GlobalSlots or None, got {type(layout).__name__}")
         layout._check(n)
         if layout.dcp_size > 1 and (need[0] == "config" or r.shape[1] % layout.dcp_size):
             raise ReferenceSelectionError(

@@ -132,8 +132,8 @@ def _indexer_inputs(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(q, w, k, c, pos)`` decoded (float64) and checked: ``q [n, h, d]``,
     ``w [n, h]``, ``k [t, d]``, ``c [t]`` (ones when None), ``pos [n]``."""
-    q = decode(index_q, query_format, "query_format")
-    k = decode(index_k, key_format, "key_format")
+    q = decode(index_q, query_format, "query_format", name="index_q")
+    k = decode(index_k, key_format, "key_format", name="index_k")
     if q.ndim != 3:
         raise _refuse(_SELECTION, "index_q", f"index_q must be 3-D, got shape {q.shape}")
     if k.ndim != 2:
@@ -161,7 +161,7 @@ def _key_scale(key_scale: Any, t: int) -> np.ndarray:
 
 def _indexer_queries(index_q: Any, weights: Any, query_format: Optional[str]) -> tuple:
     """``(n, h, d)`` of ``index_q [n, h, d]``, ``weights`` checked ``[n, h]``."""
-    q = decode(index_q, query_format, "query_format")
+    q = decode(index_q, query_format, "query_format", name="index_q")
     if q.ndim != 3:
         raise _refuse(_SELECTION, "index_q", f"index_q must be 3-D, got shape {q.shape}")
     n, h, d = q.shape
@@ -274,7 +274,7 @@ def indexer_topk_packed(
     ``cu_seqlens[s] .. cu_seqlens[s + 1]`` for ``s = seq_ids[i]``."""
     n = _indexer_queries(index_q, weights, query_format)[0]
     _ratio(compress_ratio)
-    k = decode(index_k, key_format, "key_format")
+    k = decode(index_k, key_format, "key_format", name="index_k")
     if k.ndim != 2:
         raise _refuse(_SELECTION, "index_k", f"index_k must be 2-D, got shape {k.shape}")
     c = None if key_scale is None else _key_scale(key_scale, len(k))
@@ -343,7 +343,7 @@ def _gather_pages(
         scales = pages[:, bs * d :].copy().view(np.float32).astype(np.float64).reshape(n_blocks, bs)
     else:
         bs = cache.shape[1]
-        keys, scales = decode(cache, key_format, "key_format"), None
+        keys, scales = decode(cache, key_format, "key_format", name="kv_cache"), None
     need = -(-length // bs)
     ids = block_table[s, :need]
     if (ids < 0).any() or (ids >= len(keys)).any():

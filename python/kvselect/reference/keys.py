@@ -30,34 +30,38 @@ def fp8_e4m3fn_table() -> np.ndarray:
 _FORMATS = ("float32", "float16", "bfloat16", "float8_e4m3fn")
 
 
-def decode(values: Any, format: Optional[str] = None, argument: Optional[str] = None) -> np.ndarray:
+def decode(
+    values: Any, format: Optional[str] = None, argument: Optional[str] = None, *, name: str = "values"
+) -> np.ndarray:
     """``values`` decoded exactly to float64: float arrays as they are (float64
     rounded to float32 first, as natively), ml_dtypes bfloat16 / float8_e4m3fn
     arrays from their bits, and raw uint16 (``format`` "bfloat16" or
     "float16") / uint8 (``format`` "float8_e4m3fn") views. A format that is
     none of these is a ``TypeError``, or with ``argument`` (the format's
-    parameter name) a refusal naming it, as natively."""
+    parameter name) a refusal naming it, as natively. ``name`` is the
+    values' own parameter name (``index_k``, ``keys``), which a dtype that
+    holds no key format's values names, as natively."""
     a = np.asarray(values)
     if not a.dtype.isnative:  # '>f2', '>u2' bits: the same values in native order
         a = a.astype(a.dtype.newbyteorder("="))
-    name = a.dtype.name
+    dtype = a.dtype.name
     if format is not None and format not in _FORMATS:
         if argument is not None:
             raise ReferenceSelectionError(argument, f"{argument} {format!r} is not one of {', '.join(_FORMATS)}")
         raise TypeError(f"unknown format {format!r}")
-    if name in ("uint16", "uint8"):
-        if format is None or (name == "uint16") != (format in ("bfloat16", "float16")):
-            raise TypeError(f"a raw {name} array needs a matching format, got {format!r}")
-        name = format
-    elif format is not None and format != ("float32" if name == "float64" else name):
-        raise TypeError(f"dtype {a.dtype} does not hold {format}")
-    if name == "bfloat16":
+    if dtype in ("uint16", "uint8"):
+        if format is None or (dtype == "uint16") != (format in ("bfloat16", "float16")):
+            raise TypeError(f"{name} is a raw {dtype} array: it needs a matching format, got {format!r}")
+        dtype = format
+    elif format is not None and format != ("float32" if dtype == "float64" else dtype):
+        raise TypeError(f"{name} has dtype {a.dtype}, which does not hold {format}")
+    if dtype == "bfloat16":
         bits = np.ascontiguousarray(a).view(np.uint16).astype(np.uint32) << 16
         return bits.view(np.float32).astype(np.float64)
-    if name == "float16":
+    if dtype == "float16":
         return np.ascontiguousarray(a).view(np.float16).astype(np.float64)
-    if name == "float8_e4m3fn":
+    if dtype == "float8_e4m3fn":
         return fp8_e4m3fn_table()[np.ascontiguousarray(a).view(np.uint8)]
     if a.dtype.kind != "f" and a.size:
-        raise TypeError(f"values must hold floats, got dtype {a.dtype}")
+        raise TypeError(f"{name} must hold floats, got dtype {a.dtype}")
     return a.astype(np.float32).astype(np.float64)

@@ -75,7 +75,7 @@ def quest_bounds(
     p = _count("page_size", page_size)
     if p == 0:
         raise ReferenceSelectionError("page_size", "page_size must be at least 1")
-    k = decode(keys, key_format, "key_format")
+    k = decode(keys, key_format, "key_format", name="keys")
     if k.ndim != 3:
         raise ReferenceSelectionError("keys", f"keys must be 3-D [n_tokens, n_kv_heads, d], got {k.ndim}-D")
     n = len(k)
@@ -123,7 +123,7 @@ def quest_bounds_paged(
         scales_all = raw[:, bs * row :].copy().view("<f4").reshape(nb, bs)
     elif page_layout == "dense":
         nb, bs, row = cache.shape
-        keys_all = decode(cache, key_format, "key_format")
+        keys_all = decode(cache, key_format, "key_format", name="kv_cache")
         scales_all = None
     else:
         raise ReferenceSelectionError(
@@ -161,7 +161,7 @@ def quest_update(
     page, slot = divmod(t, p)
     if page >= len(kmin):
         raise ReferenceSelectionError("pos", f"pos = {t} is in page {page}, but the bounds hold {len(kmin)} pages")
-    k = decode(key, key_format, "key_format")
+    k = decode(key, key_format, "key_format", name="key")
     if k.shape != kmin.shape[1:]:
         raise ReferenceSelectionError("key", f"key must be {kmin.shape[1:]}, got {k.shape}")
     v = _canon(k, None if key_scale is None else np.array(key_scale, dtype=np.float32))
@@ -193,7 +193,7 @@ def _format_of(q: Any, query_format: Optional[str]) -> str:
 def group_mean(q: Any, n_kv_heads: int, query_format: Optional[str] = None) -> np.ndarray:
     """SGLang's query: each KV head's group of query heads summed in float32 in
     head order, divided by the group size, rounded to the query's dtype."""
-    qd = decode(q, query_format, "query_format").astype(np.float32)
+    qd = decode(q, query_format, "query_format", name="q").astype(np.float32)
     hq, d = qd.shape
     g = hq // n_kv_heads
     grouped = qd.reshape(n_kv_heads, g, d)
@@ -226,7 +226,7 @@ def quest_scores(
     if lo.shape != hi.shape or lo.ndim != 3:
         raise ReferenceSelectionError("kmax", "kmin and kmax must be one [n_pages, n_kv_heads, d] shape")
     n_pages, h, d = lo.shape
-    qd = decode(q, query_format, "query_format")
+    qd = decode(q, query_format, "query_format", name="q")
     if qd.ndim != 2 or qd.shape[1] != d or qd.shape[0] % h or not qd.shape[0]:
         raise ReferenceSelectionError("q", f"q must be [n_q_heads (a multiple of {h}), d={d}], got {qd.shape}")
     if v == "sglang":

@@ -57,6 +57,7 @@ def _check_rows(learned: np.ndarray, context_lens: np.ndarray) -> None:
         raise ReferenceWitnessError(
             "RowsMismatch",
             f"learned has {learned.size} entries, but topk={topk} x {rows} rows",
+            argument="context_lens",
             learned_len=int(learned.size),
             topk=int(topk),
             rows=int(rows),
@@ -68,6 +69,7 @@ def _check_merge_segments(num_segments: int) -> None:
         raise ReferenceWitnessError(
             "SegmentsOutOfRange",
             f"num_segments={num_segments} must be between 1 and {MAX_TOPOLOGY_SEGMENTS}",
+            argument="num_segments",
             num_segments=num_segments,
         )
 
@@ -77,6 +79,7 @@ def _check_keep(learned_keep: int, topk: int) -> None:
         raise ReferenceWitnessError(
             "LearnedKeepOutOfRange",
             f"learned_keep={learned_keep} is wider than the row (topk={topk})",
+            argument="learned_keep",
             learned_keep=learned_keep,
             topk=topk,
         )
@@ -139,7 +142,9 @@ def topology_witness_indices(
     context_lens = _index_array("context_lens", context_lens, 1, _WITNESS)
     num_segments = _count("num_segments", num_segments)
     if num_segments == 0:
-        raise ReferenceWitnessError("SegmentsOutOfRange", "num_segments must be positive", num_segments=0)
+        raise ReferenceWitnessError(
+            "SegmentsOutOfRange", "num_segments must be positive", argument="num_segments", num_segments=0
+        )
     _check_rows(learned, context_lens)
     out = _out_buffer(out, "out", (len(context_lens), num_segments), _WITNESS, np.int32, raw)
     learned = learned.reshape(len(context_lens), learned.shape[1])
