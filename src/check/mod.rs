@@ -997,7 +997,7 @@ pub fn check_rows_with(
     let ranks = b.global.map_or(1, |g| g.dcp_size);
     if ranks > 1 && (!rule.dcp() || !b.width.is_multiple_of(ranks)) {
         return invalid(
-            "layout",
+            "slots",
             format!(
                 "a DCP layout reads token rows of dcp_size = {ranks} ranks side by side: the \
                  rows' width ({}) must be a multiple of it (and blocks have no DCP form)",

@@ -54,9 +54,17 @@ impl<'a, 'py, C: Choice> FromPyObject<'a, 'py> for Named<C> {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        // Cast as a `&str` argument is, so a non-string is the same
-        // TypeError ("'int' object is not an instance of 'str'").
-        let name = obj.cast::<PyString>()?;
+        // A non-string is a TypeError naming the option, as the reference's
+        // ("filler must be a string, got int"), not only PyO3's note.
+        let name = obj.cast::<PyString>().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "{} must be a string, got {}",
+                C::ARG,
+                obj.get_type()
+                    .name()
+                    .map_or_else(|_| "?".to_string(), |n| n.to_string())
+            ))
+        })?;
         let name = name.to_cow()?;
         Ok(Named(C::from_name(&name).ok_or_else(|| name.into_owned())))
     }
