@@ -1066,7 +1066,7 @@ def test_a_dcp_layout_refuses_a_width_that_is_no_whole_number_of_ranks(impl):
     lay = m.GlobalSlots(tables, [0], 4, dcp_size=2)
     with pytest.raises(_error(impl)) as e:
         m.check_topk(np.zeros((1, 16), np.float32), np.zeros((1, 3), np.int64), topk=1, slots=lay)
-    assert e.value.argument == "layout"
+    assert e.value.argument == "slots"
     with pytest.raises(_error(impl)) as e:
         m.GlobalSlots(tables[0], [0], 4, dcp_size=2)  # one table per rank
     assert e.value.argument == "block_table"

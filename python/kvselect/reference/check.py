@@ -503,7 +503,7 @@ def _check_batch(
         layout._check(n)
         if layout.dcp_size > 1 and (need[0] == "config" or r.shape[1] % layout.dcp_size):
             raise ReferenceSelectionError(
-                "layout",
+                "slots",
                 "a DCP layout reads token rows of dcp_size ranks side by side: the rows' "
                 "width must be a multiple of it (and blocks have no DCP form)",
             )
