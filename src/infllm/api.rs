@@ -2,7 +2,7 @@
 //! end of one sequence.
 
 use super::score::{block_scores, group_sums, Packed, Scratch};
-use super::{compressed_len, n_blocks, select, visible, Config};
+use super::{select, Config};
 use crate::error::{check_len, checked_size, ArgumentError};
 use crate::keys::Encoded;
 use crate::simd::Isa;
@@ -54,6 +54,7 @@ fn check(
     if seq_len == 0 {
         return Err(invalid("seq_len", "seq_len must be at least 1 (the query's own token)".into()));
     }
+    cfg.geometry.check()?;
     if !cfg.scale.is_finite() {
         return Err(invalid("scale", format!("scale must be finite, got {}", cfg.scale)));
     }
@@ -71,7 +72,7 @@ fn check(
             format!("{n_q} queries but seq_len = {seq_len}: the queries are the sequence's last tokens"),
         ));
     }
-    let n_c = compressed_len(seq_len);
+    let n_c = cfg.geometry.compressed_len(seq_len);
     check_len("ck", ck_len, checked_size("ck", &[n_c, n_kv_heads, d])?, || {
         format!("[n_c={n_c} (compressed keys of {seq_len} tokens), n_kv_heads={n_kv_heads}, d={d}]")
     })?;
@@ -114,7 +115,7 @@ fn run<T: Send>(
     width: usize,
     f: impl Fn(&mut [T], usize, &[f32]) + Sync + Send,
 ) {
-    let (d, g_heads, nb) = (sh.d, sh.group(), n_blocks(sh.seq_len));
+    let (d, g_heads, nb) = (sh.d, sh.group(), cfg.geometry.n_blocks(sh.seq_len));
     let q = decoded(q, None, 0);
     let ck = decoded(ck, ck_scale, sh.n_kv * d);
     let packed: Vec<Packed> = (0..sh.n_kv)
@@ -126,7 +127,8 @@ fn run<T: Send>(
         let p = sh.pos(i);
         let qg = &q[(i * sh.hq + g * g_heads) * d..(i * sh.hq + (g + 1) * g_heads) * d];
         let mut scratch = Scratch::default();
-        group_sums(isa, qg, g_heads, d, &packed[g], visible(p), cfg.scale, &mut scratch);
+        let n_vis = cfg.geometry.visible(p);
+        group_sums(isa, qg, g_heads, d, &packed[g], n_vis, cfg.scale, &mut scratch);
         let mut blocks = vec![0.0f32; nb];
         block_scores(cfg, &scratch.sums, sh.n_c, p, &mut blocks);
         f(row, p, &blocks);
@@ -140,7 +142,7 @@ fn run<T: Send>(
 /// (see the module docs).
 ///
 /// `q` is `[n_q, n_q_heads, d]`; `ck` the sequence's compressed keys
-/// `[compressed_len(seq_len), n_kv_heads, d]`, optionally each row times
+/// `[cfg.geometry.compressed_len(seq_len), n_kv_heads, d]`, optionally each row times
 /// `ck_scale[j]` (fp8 keys; the product rounded to float32). Query head `h`
 /// reads KV head `h / (n_q_heads / n_kv_heads)`.
 ///
@@ -180,7 +182,7 @@ pub(super) fn block_scores_at(
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
     let sh = check(q.len(), n_q_heads, ck.len(), ck_scale, n_kv_heads, d, seq_len, cfg)?;
-    let nb = n_blocks(seq_len);
+    let nb = cfg.geometry.n_blocks(seq_len);
     check_out(out.len(), checked_size("out", &[sh.n_q, sh.n_kv, nb])?, || {
         format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv)
     })?;
@@ -196,7 +198,7 @@ pub(super) fn block_scores_at(
 /// filter drops removed, ascending, `-1` padded.
 ///
 /// # Errors
-/// `top_k` 0 (`top_k`), and as [`block_scores_into`].
+/// `top_k` 0 (`topk`), and as [`block_scores_into`].
 #[allow(clippy::too_many_arguments)]
 pub fn select_into(
     q: Encoded<'_>,
@@ -211,8 +213,8 @@ pub fn select_into(
 ) -> Result<(), ArgumentError> {
     if cfg.top_k == 0 {
         return Err(ArgumentError::Invalid {
-            argument: "top_k",
-            message: "top_k must be at least 1 block".into(),
+            argument: "topk",
+            message: "topk must be at least 1 block".into(),
         });
     }
     let sh = check(q.len(), n_q_heads, ck.len(), ck_scale, n_kv_heads, d, seq_len, cfg)?;
@@ -221,7 +223,7 @@ pub fn select_into(
     })?;
     run(Isa::best(), &sh, q, ck, ck_scale, cfg, out, cfg.top_k, |row, p, blocks| {
         let mut ids = Vec::new();
-        select::row(blocks, cfg.top_k, cfg.keep, p, &mut ids, row);
+        select::row(blocks, cfg.top_k, cfg.keep, p / cfg.geometry.block_size, &mut ids, row);
     });
     Ok(())
 }

@@ -124,15 +124,83 @@ mod tests;
 
 pub use api::{block_scores_into, select_into};
 
-/// Tokens per KV block (MiniCPM4's `block_size`).
-pub const BLOCK_SIZE: usize = 64;
-/// Tokens per compressed key (`kernel_size`).
-pub const KERNEL_SIZE: usize = 32;
-/// Tokens between compressed keys (`kernel_stride`).
-pub const KERNEL_STRIDE: usize = 16;
-/// Compressed keys per block (`block_size // kernel_stride`), the pooling's
-/// stride; its window is one more, from one key before the block.
-pub const KEYS_PER_BLOCK: usize = BLOCK_SIZE / KERNEL_STRIDE;
+/// The block and compression geometry: `block_size`-token blocks, compressed
+/// keys of `kernel_size` tokens every `kernel_stride` (MiniCPM4's 64, 32, 16:
+/// [`Geometry::MINICPM4`]). The pooling's stride is `block_size /
+/// kernel_stride` keys, its kernel one more, its padding 1
+/// (`max_pooling_1d.py`: `stride = block_size // stride`, `kernel_size =
+/// stride + 1`, `padding = 1`); every formula here is the source's, which
+/// takes these as parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Geometry {
+    pub block_size: usize,
+    pub kernel_size: usize,
+    pub kernel_stride: usize,
+}
+
+impl Geometry {
+    /// MiniCPM4's: blocks of 64, compressed keys of 32 tokens every 16.
+    pub const MINICPM4: Geometry = Geometry {
+        block_size: 64,
+        kernel_size: 32,
+        kernel_stride: 16,
+    };
+
+    /// Compressed keys per block (`block_size / kernel_stride`), the
+    /// pooling's stride; its window is one more, from one key before the
+    /// block.
+    pub fn keys_per_block(&self) -> usize {
+        self.block_size / self.kernel_stride
+    }
+
+    /// Compressed keys of a sequence of `n_tokens` tokens: `(n − kernel_size)
+    /// / kernel_stride + 1`, none below `kernel_size` tokens
+    /// (`calc_chunks_with_stride`).
+    pub fn compressed_len(&self, n_tokens: usize) -> usize {
+        if n_tokens < self.kernel_size {
+            0
+        } else {
+            (n_tokens - self.kernel_size) / self.kernel_stride + 1
+        }
+    }
+
+    /// Compressed keys the query at position `p` sees: those whose last token
+    /// is at or before `p` (`compressed_len(p + 1)`).
+    pub fn visible(&self, p: usize) -> usize {
+        self.compressed_len(p + 1)
+    }
+
+    /// Blocks of a sequence of `n_tokens` tokens (`⌈n / block_size⌉`).
+    pub fn n_blocks(&self, n_tokens: usize) -> usize {
+        n_tokens.div_ceil(self.block_size)
+    }
+
+    /// Refuses a zero size or a block that is not whole strides.
+    pub(crate) fn check(&self) -> Result<(), crate::ArgumentError> {
+        for (argument, v) in [
+            ("block_size", self.block_size),
+            ("kernel_size", self.kernel_size),
+            ("kernel_stride", self.kernel_stride),
+        ] {
+            if v == 0 {
+                return Err(crate::ArgumentError::Invalid {
+                    argument,
+                    message: format!("{argument} must be at least 1"),
+                });
+            }
+        }
+        if !self.block_size.is_multiple_of(self.kernel_stride) {
+            return Err(crate::ArgumentError::Invalid {
+                argument: "block_size",
+                message: format!(
+                    "block_size ({}) must be a multiple of kernel_stride ({})",
+                    self.block_size, self.kernel_stride
+                ),
+            });
+        }
+        Ok(())
+    }
+}
 
 /// MiniCPM4's `sparse_config` (OpenBMB/MiniCPM @0fcc3d08 `README.md`,
 /// "Inference with Sparse Attention"): `init_blocks = 1`, `window_size =
@@ -175,6 +243,7 @@ pub struct Config {
     pub keep: Keep,
     /// The logits' scale (`1/√d` in the sources).
     pub scale: f32,
+    pub geometry: Geometry,
 }
 
 impl Config {
@@ -188,27 +257,22 @@ impl Config {
             pooling: Pooling::Cuda,
             keep: Keep::ThroughCurrent,
             scale: (1.0 / (d as f64).sqrt()) as f32,
+            geometry: Geometry::MINICPM4,
         }
     }
 }
 
-/// Compressed keys of a sequence of `n_tokens` tokens: `(n − 32) / 16 + 1`,
-/// none below 32 tokens (`calc_chunks_with_stride`).
+/// [`Geometry::compressed_len`] at MiniCPM4's geometry.
 pub fn compressed_len(n_tokens: usize) -> usize {
-    if n_tokens < KERNEL_SIZE {
-        0
-    } else {
-        (n_tokens - KERNEL_SIZE) / KERNEL_STRIDE + 1
-    }
+    Geometry::MINICPM4.compressed_len(n_tokens)
 }
 
-/// Compressed keys the query at position `p` sees: those whose last token is
-/// at or before `p` (`compressed_len(p + 1)`).
+/// [`Geometry::visible`] at MiniCPM4's geometry.
 pub fn visible(p: usize) -> usize {
-    compressed_len(p + 1)
+    Geometry::MINICPM4.visible(p)
 }
 
-/// Blocks of a sequence of `n_tokens` tokens (`⌈n / 64⌉`).
+/// [`Geometry::n_blocks`] at MiniCPM4's geometry.
 pub fn n_blocks(n_tokens: usize) -> usize {
-    n_tokens.div_ceil(BLOCK_SIZE)
+    Geometry::MINICPM4.n_blocks(n_tokens)
 }

@@ -1,7 +1,7 @@
 //! Stage 1 and the pooling of one query against one KV head's compressed
 //! keys, in the order of the module docs.
 
-use super::{Config, Pooling, BLOCK_SIZE, KEYS_PER_BLOCK};
+use super::{Config, Pooling};
 use crate::attention::kernels::{pack_keys, scores, softmax, KEY_TILE, ROW_TILE};
 use crate::simd::Isa;
 
@@ -85,12 +85,13 @@ pub(super) fn group_sums(
 }
 
 /// Block `b`'s pooled score from the group sums (`sums[..n_vis]`, keys
-/// `n_vis..n_c` scoring 0), before any forcing: the maximum over
-/// `[4b − 1, 4b + 4)` clamped to `[0, n_c)` (`−inf` when empty) for the
+/// `n_vis..n_c` scoring 0), before any forcing: with `s = kpb` keys per
+/// block, the maximum over `[s b − 1, s b + s)` (`[4b − 1, 4b + 4)` at
+/// MiniCPM4's geometry) clamped to `[0, n_c)` (`−inf` when empty) for the
 /// CUDA kernel; `max(0, ..)` of it for the Triton one.
-pub(super) fn pooled(pooling: Pooling, sums: &[f32], n_c: usize, b: usize) -> f32 {
-    let lo = (KEYS_PER_BLOCK * b).saturating_sub(1);
-    let hi = (KEYS_PER_BLOCK * b + KEYS_PER_BLOCK).min(n_c);
+pub(super) fn pooled(pooling: Pooling, sums: &[f32], n_c: usize, kpb: usize, b: usize) -> f32 {
+    let lo = (kpb * b).saturating_sub(1);
+    let hi = (kpb * b + kpb).min(n_c);
     let mut m = match pooling {
         Pooling::Cuda => f32::NEG_INFINITY,
         Pooling::Triton => 0.0,
@@ -107,7 +108,8 @@ pub(super) fn pooled(pooling: Pooling, sums: &[f32], n_c: usize, b: usize) -> f3
 /// The score of every block `0..out.len()` for the query at position `p`:
 /// forced `+inf` / excluded `−inf` by the variant, else pooled.
 pub(super) fn block_scores(cfg: &Config, sums: &[f32], n_c: usize, p: usize, out: &mut [f32]) {
-    let qb = p / BLOCK_SIZE;
+    let qb = p / cfg.geometry.block_size;
+    let kpb = cfg.geometry.keys_per_block();
     for (b, o) in out.iter_mut().enumerate() {
         let init = b < cfg.init_blocks;
         *o = match cfg.pooling {
@@ -115,7 +117,7 @@ pub(super) fn block_scores(cfg: &Config, sums: &[f32], n_c: usize, p: usize, out
                 if init || (b <= qb && qb <= b + cfg.local_blocks) {
                     f32::INFINITY
                 } else {
-                    pooled(Pooling::Cuda, sums, n_c, b)
+                    pooled(Pooling::Cuda, sums, n_c, kpb, b)
                 }
             }
             Pooling::Triton => {
@@ -124,7 +126,7 @@ pub(super) fn block_scores(cfg: &Config, sums: &[f32], n_c: usize, p: usize, out
                 } else if b <= qb && qb < b + cfg.local_blocks {
                     f32::NEG_INFINITY
                 } else {
-                    pooled(Pooling::Triton, sums, n_c, b)
+                    pooled(Pooling::Triton, sums, n_c, kpb, b)
                 }
             }
         };

@@ -1,6 +1,6 @@
 //! The one total order on blocks and a query's row.
 
-use super::{Keep, BLOCK_SIZE};
+use super::Keep;
 use std::cmp::Ordering;
 
 /// `a` before `b`: score descending (`+inf` first, NaN last), then id
@@ -18,10 +18,10 @@ pub fn before(sa: f32, a: usize, sb: f32, b: usize) -> Ordering {
         .then(a.cmp(&b))
 }
 
-/// The row of the query at position `p` from its block scores: the top
+/// The row of the query in block `qb` from its block scores: the top
 /// `min(top_k, n)` blocks in the total order, those `keep` drops removed,
 /// ascending, then `-1` to `out.len()`. `ids` is scratch.
-pub fn row(scores: &[f32], top_k: usize, keep: Keep, p: usize, ids: &mut Vec<u32>, out: &mut [i32]) {
+pub fn row(scores: &[f32], top_k: usize, keep: Keep, qb: usize, ids: &mut Vec<u32>, out: &mut [i32]) {
     let n = scores.len();
     let k = top_k.min(n);
     ids.clear();
@@ -31,7 +31,6 @@ pub fn row(scores: &[f32], top_k: usize, keep: Keep, p: usize, ids: &mut Vec<u32
         ids.select_nth_unstable_by(k - 1, cmp);
     }
     ids.truncate(k);
-    let qb = p / BLOCK_SIZE;
     ids.retain(|&b| match keep {
         Keep::ThroughCurrent => (b as usize) <= qb,
         Keep::BeforeCurrent => (b as usize) < qb,

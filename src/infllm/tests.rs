@@ -15,6 +15,7 @@ fn cfg(pooling: Pooling, keep: Keep, init: usize, local: usize, top_k: usize) ->
         pooling,
         keep,
         scale: 1.0,
+        geometry: Geometry::MINICPM4,
     }
 }
 
@@ -42,17 +43,17 @@ fn the_pooling_window() {
     let mut sums = vec![0.0f32; 12];
     sums[3] = 5.0; // the last tap of block 0, the first of block 1
     sums[8] = 7.0; // block 2's second tap, not block 1's
-    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 0), 5.0);
-    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 1), 5.0);
-    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 2), 7.0);
+    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 4, 0), 5.0);
+    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 4, 1), 5.0);
+    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 4, 2), 7.0);
     sums[8] = 0.0;
     sums[7] = 2.0;
-    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 2), 2.0);
+    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 4, 2), 2.0);
     // Keys 9.. unseen (sums shorter than n_c) score 0.
-    assert_eq!(pooled(Pooling::Cuda, &sums[..9], 12, 3), 0.0);
+    assert_eq!(pooled(Pooling::Cuda, &sums[..9], 12, 4, 3), 0.0);
     // Past n_c: no tap.
-    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 4), f32::NEG_INFINITY);
-    assert_eq!(pooled(Pooling::Triton, &sums, 12, 4), 0.0);
+    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 4, 4), f32::NEG_INFINITY);
+    assert_eq!(pooled(Pooling::Triton, &sums, 12, 4, 4), 0.0);
 }
 
 /// The CUDA kernel forces init and the local_blocks + 1 blocks up to the
@@ -81,14 +82,14 @@ fn rows_keep_the_order_and_the_filter() {
     let s = [1.0f32, f32::NAN, 3.0, 3.0, f32::INFINITY, 0.0];
     let mut ids = Vec::new();
     let mut out = [0i32; 3];
-    select::row(&s, 3, Keep::ThroughCurrent, 5 * 64, &mut ids, &mut out);
+    select::row(&s, 3, Keep::ThroughCurrent, 5, &mut ids, &mut out);
     assert_eq!(out, [2, 3, 4]);
-    select::row(&s, 3, Keep::ThroughCurrent, 3 * 64, &mut ids, &mut out);
+    select::row(&s, 3, Keep::ThroughCurrent, 3, &mut ids, &mut out);
     assert_eq!(out, [2, 3, -1]);
-    select::row(&s, 3, Keep::BeforeCurrent, 3 * 64, &mut ids, &mut out);
+    select::row(&s, 3, Keep::BeforeCurrent, 3, &mut ids, &mut out);
     assert_eq!(out, [2, -1, -1]);
     let mut wide = [0i32; 8];
-    select::row(&s, 8, Keep::ThroughCurrent, 9 * 64, &mut ids, &mut wide);
+    select::row(&s, 8, Keep::ThroughCurrent, 9, &mut ids, &mut wide);
     assert_eq!(wide, [0, 1, 2, 3, 4, 5, -1, -1]);
 }
 
@@ -180,8 +181,18 @@ fn refusals_name_the_argument_and_write_nothing() {
     assert_eq!(run(&q, hq, &ck[1..], n_kv, d, seq_len, good, 8), "ck");
     assert_eq!(run(&q, hq, &ck, 0, d, seq_len, good, 8), "n_kv_heads");
     assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, good, 9), "out");
-    assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, Config { top_k: 0, ..good }, 8), "top_k");
+    assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, Config { top_k: 0, ..good }, 8), "topk");
     assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, Config { scale: f32::NAN, ..good }, 8), "scale");
+    let odd = Geometry {
+        block_size: 60,
+        ..Geometry::MINICPM4
+    };
+    assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, Config { geometry: odd, ..good }, 8), "block_size");
+    let zero = Geometry {
+        kernel_stride: 0,
+        ..Geometry::MINICPM4
+    };
+    assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, Config { geometry: zero, ..good }, 8), "kernel_stride");
     let two_q = [q.clone(), q.clone()].concat();
     assert_eq!(run(&two_q, hq, &[], n_kv, d, 1, good, 16), "q");
     select_into(Encoded::F32(&q), hq, Encoded::F32(&ck), None, n_kv, d, seq_len, &good, &mut out).unwrap();

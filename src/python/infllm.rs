@@ -9,7 +9,7 @@ use super::args::{
 };
 use super::errors::refuse;
 use crate::attention::softmax_scale;
-use crate::infllm::{self, Config, Keep, Pooling};
+use crate::infllm::{self, Config, Geometry, Keep, Pooling};
 
 type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
 
@@ -59,7 +59,8 @@ fn call<'py>(
     q: &Obj<'py>,
     ck: &Obj<'py>,
     seq_len: &Obj<'py>,
-    (init_blocks, local_blocks, top_k): (Opt<'_, 'py>, Opt<'_, 'py>, usize),
+    (init_blocks, local_blocks, topk): (Opt<'_, 'py>, Opt<'_, 'py>, usize),
+    (block_size, kernel_size, kernel_stride): (Opt<'_, 'py>, Opt<'_, 'py>, Opt<'_, 'py>),
     pooling: Option<Named<Pooling>>,
     keep: Option<Named<Keep>>,
     scale: Option<f64>,
@@ -69,6 +70,12 @@ fn call<'py>(
     let seq_len = S.count(seq_len, "seq_len", I32_MAX)?;
     let init = S.count_or(init_blocks, "init_blocks", I32_MAX, infllm::MINICPM4_INIT_BLOCKS)?;
     let local = S.count_or(local_blocks, "local_blocks", I32_MAX, infllm::MINICPM4_LOCAL_BLOCKS)?;
+    let m = Geometry::MINICPM4;
+    let geometry = Geometry {
+        block_size: S.count_or(block_size, "block_size", I32_MAX, m.block_size)?,
+        kernel_size: S.count_or(kernel_size, "kernel_size", I32_MAX, m.kernel_size)?,
+        kernel_stride: S.count_or(kernel_stride, "kernel_stride", I32_MAX, m.kernel_stride)?,
+    };
     let pooling = pooling.unwrap_or(Named::known(Pooling::Cuda)).get()?;
     let keep = keep.unwrap_or(Named::known(Keep::ThroughCurrent)).get()?;
     let (qe, qshape) = EncodedIn::new(S, q, "q", formats.0.format_arg())?;
@@ -101,10 +108,11 @@ fn call<'py>(
         cfg: Config {
             init_blocks: init,
             local_blocks: local,
-            top_k,
+            top_k: topk,
             pooling,
             keep,
             scale,
+            geometry,
         },
     })
 }
@@ -142,6 +150,11 @@ impl<'py> Call<'py> {
 ///     Tokens in the sequence (the queries' own included).
 /// init_blocks, local_blocks : int, optional
 ///     Blocks forced at the start and up to the query's own (MiniCPM4's 1 and 32).
+/// block_size, kernel_size, kernel_stride : int, optional
+///     The geometry (MiniCPM4's 64, 32, 16; the source takes them as parameters):
+///     compressed keys of ``kernel_size`` tokens every ``kernel_stride``, blocks of
+///     ``block_size`` (a multiple of ``kernel_stride``), pooled over ``s b - 1 .. s b +
+///     s - 1`` with ``s = block_size // kernel_stride``.
 /// pooling : {"cuda", "triton"}, optional
 ///     ``"cuda"`` (the CUDA kernel, default): init and ``local_blocks + 1`` blocks
 ///     up to the current one ``+inf``; ``"triton"`` (the older Triton kernel): the
@@ -165,7 +178,9 @@ impl<'py> Call<'py> {
 ///     ``d`` differ, ``q``'s heads are not a multiple of ``ck``'s, there are more
 ///     queries than tokens (``q``); ``ck`` is not ``seq_len``'s compressed keys
 ///     (``ck``); ``ck_scale`` not one per key; ``seq_len`` is 0; ``scale`` is not
-///     finite; an option names nothing (``pooling``).
+///     finite; a geometry size is 0 or ``block_size`` not whole strides
+///     (``block_size``, ``kernel_size``, ``kernel_stride``); an option names nothing
+///     (``pooling``).
 ///
 /// See Also
 /// --------
@@ -182,9 +197,11 @@ impl<'py> Call<'py> {
 #[pyfunction]
 #[pyo3(
     signature = (q, ck, seq_len, *, init_blocks=None, local_blocks=None, pooling=None,
-                 scale=None, ck_scale=None, query_format=None, key_format=None),
+                 scale=None, ck_scale=None, query_format=None, key_format=None,
+                 block_size=None, kernel_size=None, kernel_stride=None),
     text_signature = "(q, ck, seq_len, *, init_blocks=1, local_blocks=32, pooling='cuda', \
-                      scale=None, ck_scale=None, query_format=None, key_format=None)"
+                      scale=None, ck_scale=None, query_format=None, key_format=None, \
+                      block_size=64, kernel_size=32, kernel_stride=16)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn infllm_block_scores<'py>(
@@ -199,19 +216,23 @@ pub(super) fn infllm_block_scores<'py>(
     ck_scale: Opt<'_, 'py>,
     query_format: Option<Named<QueryFormat>>,
     key_format: Option<Named<KeyFormat>>,
+    block_size: Opt<'_, 'py>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let c = call(
         q,
         ck,
         seq_len,
         (init_blocks, local_blocks, 1),
+        (block_size, kernel_size, kernel_stride),
         pooling,
         None,
         scale,
         ck_scale,
         (query_format, key_format),
     )?;
-    let nb = infllm::n_blocks(c.seq_len);
+    let nb = c.cfg.geometry.n_blocks(c.seq_len);
     let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.n_kv, nb], &c.inputs())?;
     let (qs, ks) = (c.q.encoded()?, c.ck.encoded()?);
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
@@ -226,9 +247,9 @@ pub(super) fn infllm_block_scores<'py>(
 /// The blocks each query reads under InfLLM-v2: the top-k of
 /// :func:`infllm_block_scores`, filtered as the modelling code filters.
 ///
-/// The top ``min(top_k, n_blocks)`` blocks of each query's row for each KV head,
+/// The top ``min(topk, n_blocks)`` blocks of each query's row for each KV head,
 /// ranked by score descending, ties to the lower block id (where more blocks are
-/// forced than ``top_k`` holds, the lower ids); then the ids past the query's own
+/// forced than ``topk`` holds, the lower ids); then the ids past the query's own
 /// block dropped (``keep="through_current"``, MiniCPM4.1's ``> q_idx``) or from it
 /// on (``keep="before_current"``, an earlier copy's ``>= q_idx``); ascending,
 /// ``-1`` padded.
@@ -237,22 +258,24 @@ pub(super) fn infllm_block_scores<'py>(
 /// ----------
 /// q, ck, seq_len
 ///     As :func:`infllm_block_scores`.
-/// top_k : int, optional
+/// topk : int, optional
 ///     Blocks per row before the filter (MiniCPM4's 64), at least 1.
 /// init_blocks, local_blocks, pooling, scale, ck_scale, query_format, key_format
+///     As :func:`infllm_block_scores`.
+/// block_size, kernel_size, kernel_stride
 ///     As :func:`infllm_block_scores`.
 /// keep : {"through_current", "before_current"}, optional
 ///     Which ids the filter keeps (default ``"through_current"``).
 ///
 /// Returns
 /// -------
-/// ndarray of int32, [n_q, n_kv_heads, top_k]
+/// ndarray of int32, [n_q, n_kv_heads, topk]
 ///     Block ids ascending, then ``-1``.
 ///
 /// Raises
 /// ------
 /// SelectionError
-///     As :func:`infllm_block_scores`, and when ``top_k`` is 0 (``top_k``) or
+///     As :func:`infllm_block_scores`, and when ``topk`` is 0 (``topk``) or
 ///     ``keep`` names nothing (``keep``).
 ///
 /// See Also
@@ -265,16 +288,18 @@ pub(super) fn infllm_block_scores<'py>(
 /// >>> rng = np.random.default_rng(0)
 /// >>> q = rng.standard_normal((1, 4, 8)).astype(np.float32)
 /// >>> ck = rng.standard_normal((63, 2, 8)).astype(np.float32)
-/// >>> rows = kvselect.infllm_select(q, ck, 1024, top_k=4, local_blocks=2)
+/// >>> rows = kvselect.infllm_select(q, ck, 1024, topk=4, local_blocks=2)
 /// >>> rows.shape, rows[0, 0, -3:].tolist()
 /// ((1, 2, 4), [13, 14, 15])
 #[pyfunction]
 #[pyo3(
-    signature = (q, ck, seq_len, top_k=None, *, init_blocks=None, local_blocks=None, pooling=None,
-                 keep=None, scale=None, ck_scale=None, query_format=None, key_format=None),
-    text_signature = "(q, ck, seq_len, top_k=64, *, init_blocks=1, local_blocks=32, \
+    signature = (q, ck, seq_len, topk=None, *, init_blocks=None, local_blocks=None, pooling=None,
+                 keep=None, scale=None, ck_scale=None, query_format=None, key_format=None,
+                 block_size=None, kernel_size=None, kernel_stride=None),
+    text_signature = "(q, ck, seq_len, topk=64, *, init_blocks=1, local_blocks=32, \
                       pooling='cuda', keep='through_current', scale=None, ck_scale=None, \
-                      query_format=None, key_format=None)"
+                      query_format=None, key_format=None, block_size=64, kernel_size=32, \
+                      kernel_stride=16)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn infllm_select<'py>(
@@ -282,7 +307,7 @@ pub(super) fn infllm_select<'py>(
     q: &Obj<'py>,
     ck: &Obj<'py>,
     seq_len: &Obj<'py>,
-    top_k: Opt<'_, 'py>,
+    topk: Opt<'_, 'py>,
     init_blocks: Opt<'_, 'py>,
     local_blocks: Opt<'_, 'py>,
     pooling: Option<Named<Pooling>>,
@@ -291,16 +316,20 @@ pub(super) fn infllm_select<'py>(
     ck_scale: Opt<'_, 'py>,
     query_format: Option<Named<QueryFormat>>,
     key_format: Option<Named<KeyFormat>>,
+    block_size: Opt<'_, 'py>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
-    let k = S.count_or(top_k, "top_k", I32_MAX, infllm::MINICPM4_TOP_K)?;
+    let k = S.count_or(topk, "topk", I32_MAX, infllm::MINICPM4_TOP_K)?;
     if k == 0 {
-        return Err(refuse(S, "top_k", "top_k must be at least 1 block"));
+        return Err(refuse(S, "topk", "topk must be at least 1 block"));
     }
     let c = call(
         q,
         ck,
         seq_len,
         (init_blocks, local_blocks, k),
+        (block_size, kernel_size, kernel_stride),
         pooling,
         keep,
         scale,

@@ -19,14 +19,20 @@ POOLINGS = ("cuda", "triton")
 KEEPS = ("through_current", "before_current")
 
 
-def _case(rng, kind="float"):
+def _case(rng, kind="float", geometry=True):
     """``q [n_q, hq, d]``, compressed keys ``[n_c, h, d]``, ``seq_len`` and settings."""
     h = int(rng.choice([1, 2, 3]))
     g = int(rng.choice([1, 2, 4, 16]))
     d = int(rng.integers(1, 24))
     seq_len = int(rng.choice([int(rng.integers(1, 70)), int(rng.integers(1, 1400))]))
     n_q = int(rng.integers(1, min(seq_len, 4) + 1))
-    n_c = RI.compressed_len(seq_len)
+    geo = {}
+    if geometry and rng.random() < 0.3:  # the eval's scaled-down geometries, and others
+        b, kz, st = [(32, 16, 8), (16, 8, 4), (8, 4, 2), (4, 2, 1), (1, 2, 1), (32, 32, 8), (6, 5, 3)][
+            int(rng.integers(0, 7))
+        ]
+        geo = dict(block_size=b, kernel_size=kz, kernel_stride=st)
+    n_c = RI.compressed_len(seq_len, geo.get("kernel_size", 32), geo.get("kernel_stride", 16))
     if kind == "integer":  # many exact ties
         ck = rng.integers(-2, 3, (n_c, h, d)).astype(np.float32)
         q = rng.integers(-1, 2, (n_q, h * g, d)).astype(np.float32)
@@ -43,33 +49,35 @@ def _case(rng, kind="float"):
         init_blocks=int(rng.integers(0, 3)),
         local_blocks=int(rng.integers(0, 5)),
         pooling=str(rng.choice(POOLINGS)),
+        **geo,
     )
     return q, ck, seq_len, settings
 
 
-def _agree(q, ck, seq_len, top_k, keep, settings, **fmt):
-    rows = ks.infllm_select(q, ck, seq_len, top_k, keep=keep, **settings, **fmt)
+def _agree(q, ck, seq_len, topk, keep, settings, **fmt):
+    rows = ks.infllm_select(q, ck, seq_len, topk, keep=keep, **settings, **fmt)
     sc = {k: v for k, v in fmt.items() if k == "ck_scale"}
+    sc.update({k: v for k, v in settings.items() if k in ("kernel_size", "kernel_stride")})
     exact = RI.infllm_block_scores(q, ck, seq_len, **settings, **fmt)
     bound = RI.score_bound(q, ck, seq_len, **sc)
-    ok = RI.rows_within_bound(rows, exact, bound, seq_len, top_k, keep)
+    ok = RI.rows_within_bound(rows, exact, bound, seq_len, topk, keep, settings.get("block_size", 64))
     return rows, exact, ok
 
 
 @pytest.mark.parametrize("kind", ["float", "integer", "ties"])
 def test_rows_equal_the_twin_within_the_bound(kind):
     """Thousands of rows: every variant, decode and prefill chunks, L < 32, L < 64,
-    queries in the first block, top_k past the blocks there are; exact equality but
+    queries in the first block, topk past the blocks there are; exact equality but
     for swaps inside the bound, and exact equality in most rows."""
     rng = np.random.default_rng(SEED + {"float": 0, "integer": 1, "ties": 2}[kind])
     rows_checked = exact_equal = 0
     for _ in range(500):
         q, ck, seq_len, settings = _case(rng, kind)
-        top_k = int(rng.choice([1, 2, 3, 5, 8, 40]))
+        topk = int(rng.choice([1, 2, 3, 5, 8, 40]))
         keep = str(rng.choice(KEEPS))
-        rows, exact, ok = _agree(q, ck, seq_len, top_k, keep, settings)
-        assert ok.all(), (seq_len, top_k, keep, settings, np.argwhere(~ok))
-        want = RI.infllm_select(q, ck, seq_len, top_k, keep=keep, **settings)
+        rows, exact, ok = _agree(q, ck, seq_len, topk, keep, settings)
+        assert ok.all(), (seq_len, topk, keep, settings, np.argwhere(~ok))
+        want = RI.infllm_select(q, ck, seq_len, topk, keep=keep, **settings)
         rows_checked += ok.size
         exact_equal += int((rows == want).all(axis=-1).sum())
     assert rows_checked > 1000
@@ -86,7 +94,8 @@ def test_block_scores_are_within_the_stated_bound():
         q, ck, seq_len, settings = _case(rng)
         got = ks.infllm_block_scores(q, ck, seq_len, **settings).astype(np.float64)
         want = RI.infllm_block_scores(q, ck, seq_len, **settings)
-        R, T = RI.score_bound(q, ck, seq_len)
+        geo = {k: v for k, v in settings.items() if k in ("kernel_size", "kernel_stride")}
+        R, T = RI.score_bound(q, ck, seq_len, **geo)
         inf = ~np.isfinite(want)
         assert np.array_equal(got[inf], want[inf])
         err = np.abs(got[~inf] - want[~inf])
@@ -107,7 +116,7 @@ def test_key_formats_are_read_in_place(fmt):
     the twin decodes the same values and the rows agree within the bound."""
     rng = np.random.default_rng(SEED + 4)
     for _ in range(150):
-        q, ck, seq_len, settings = _case(rng)
+        q, ck, seq_len, settings = _case(rng, geometry=False)
         extra = {}
         if fmt == "fp8":
             ck = ck.astype(ml_dtypes.float8_e4m3fn)
@@ -142,7 +151,7 @@ def test_pinned_examples():
     # The earlier copy drops the current block.
     r = ks.infllm_select(q, ck, seq_len, 6, init_blocks=1, local_blocks=2, keep="before_current", scale=1.0)
     assert r[0, 0].tolist() == [0, 1, 2, 5, 6, -1]
-    # Fewer blocks than top_k: every block at or before the query's, then -1.
+    # Fewer blocks than topk: every block at or before the query's, then -1.
     r = ks.infllm_select(q[:, :, :], ck, seq_len, 20, scale=1.0)
     assert r[0, 0].tolist() == list(range(8)) + [-1] * 12
     # Below 32 tokens there is no compressed key: the query's block alone.
@@ -156,7 +165,7 @@ def test_planted_faults_are_caught():
     rng = np.random.default_rng(SEED + 5)
     caught = {"window": 0, "current": 0}
     for _ in range(60):
-        q, ck, seq_len, _ = _case(rng)
+        q, ck, seq_len, _ = _case(rng, geometry=False)
         if seq_len < 300:
             continue
         settings = dict(init_blocks=1, local_blocks=1, pooling="cuda")
@@ -210,7 +219,7 @@ def test_every_simd_level_gives_the_same_bits(tmp_path, level):
     rng = np.random.default_rng(SEED + 6)
     arrays, expected = {"n": np.array(12)}, {}
     for i in range(12):
-        q, ck, n, _ = _case(rng)
+        q, ck, n, _ = _case(rng, geometry=False)
         if i == 0:
             n = 9000
             q = rng.standard_normal((3, 32, 128)).astype(np.float32)
@@ -254,9 +263,11 @@ def _args():
         (lambda q, ck, n: (q, ck, n, {"scale": float("nan")}), "scale"),
         (lambda q, ck, n: (q, ck, n, {"pooling": "cuda2"}), "pooling"),
         (lambda q, ck, n: (q, ck, n, {"keep": "all"}), "keep"),
-        (lambda q, ck, n: (q, ck, n, {"top_k": 0}), "top_k"),
+        (lambda q, ck, n: (q, ck, n, {"topk": 0}), "topk"),
         (lambda q, ck, n: (q, ck, n, {"ck_scale": np.ones(3, np.float32)}), "ck_scale"),
         (lambda q, ck, n: (q, ck, n, {"init_blocks": -1}), "init_blocks"),
+        (lambda q, ck, n: (q, ck, n, {"block_size": 60}), "block_size"),
+        (lambda q, ck, n: (q, ck, n, {"kernel_stride": 0}), "kernel_stride"),
     ],
 )
 def test_refusals_name_the_argument(change, argument):

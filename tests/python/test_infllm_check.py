@@ -19,7 +19,7 @@ def _faulty_rows(c):
     """The case's rows from a kernel with the case's bug."""
     i = dict(c.inputs)
     fault = c.meta["faulty"]
-    q, ck, n, k = i.pop("q"), i.pop("ck"), i.pop("seq_len"), i.pop("top_k")
+    q, ck, n, k = i.pop("q"), i.pop("ck"), i.pop("seq_len"), i.pop("topk")
     init, local = i.get("init_blocks", 1), i.get("local_blocks", 32)
     pooling, keep = i.get("pooling", "cuda"), i.get("keep", "through_current")
     if fault == "filter":
@@ -58,7 +58,7 @@ def test_right_rows_pass_and_the_planted_fault_is_named(cid):
     c.assert_rows(c.expected)
     i = c.inputs
     native = ks.infllm_select(
-        i["q"], i["ck"], i["seq_len"], i["top_k"], **{k: v for k, v in i.items() if k not in ("q", "ck", "seq_len", "top_k")}
+        i["q"], i["ck"], i["seq_len"], i["topk"], **{k: v for k, v in i.items() if k not in ("q", "ck", "seq_len", "topk")}
     )
     assert np.array_equal(native, c.expected)
     rev = np.full_like(native, -1)
@@ -96,7 +96,7 @@ def test_the_cli_exit_status_follows_the_rows(tmp_path):
         q=i["q"],
         ck=i["ck"],
         seq_len=i["seq_len"],
-        top_k=i["top_k"],
+        topk=i["topk"],
         init_blocks=i["init_blocks"],
         local_blocks=i["local_blocks"],
     )
@@ -110,19 +110,27 @@ def test_a_dump_that_does_not_fit_is_refused_by_name():
     c = CASES["infllm_window_off_by_one"]
     i = c.inputs
     with pytest.raises(ks.checking.DumpError, match="ck"):
-        testing.assert_infllm(c.expected, i["q"], i["ck"][1:], i["seq_len"], i["top_k"])
+        testing.assert_infllm(c.expected, i["q"], i["ck"][1:], i["seq_len"], i["topk"])
     with pytest.raises(ks.checking.DumpError, match="pooling"):
-        testing.assert_infllm(c.expected, i["q"], i["ck"], i["seq_len"], i["top_k"], pooling="cuda2")
+        testing.assert_infllm(c.expected, i["q"], i["ck"], i["seq_len"], i["topk"], pooling="cuda2")
 
 
 def test_the_eval_policy_runs_and_is_na_past_its_forced_blocks():
     from kvselect import evaluate
+    from kvselect.rules import infllm as rule
+    from kvselect.rules._rule import EvalContext
 
+    policy = [p for p in ks.rules.policies() if p.name == "infllm"][0]
+    s, _ = evaluate.derive_settings(4096)  # MiniCPM4's blocks: 64 of them, a window of 32
+    assert rule.geometry(s) == (64, 1, 32) and policy.unit.units(s) == 64 and policy.unit.forced(s) == 34
     s, _ = evaluate.derive_settings(512)
-    ctx_rule = [p for p in ks.rules.policies() if p.name == "infllm"][0]
-    assert ctx_rule.unit.units(s) == 8 and ctx_rule.unit.forced(s) == 1 + 4 + 1
+    assert rule.geometry(s) == (64, 1, 4) and policy.unit.forced(s) == 6
+    assert rule.geometry(evaluate.derive_settings(100)[0]) == (32, 1, 1)  # 1 block of 64 cannot hold 3
+    assert rule.geometry(evaluate.derive_settings(1)[0]) == (1, 0, 0)
     s2, _ = evaluate.derive_settings(512, infllm_local_blocks=7)
-    assert ctx_rule.unit.forced(s2) == 9 > ctx_rule.unit.units(s2)
+    assert rule.geometry(s2) == (32, 1, 7)  # a given window is kept: the block halves
+    s2, _ = evaluate.derive_settings(512, infllm_local_blocks=600)
+    assert policy.unit.forced(s2) == 602 > policy.unit.units(s2) == 512  # n/a
     rng = np.random.default_rng(3)
     n, g, d = 700, 2, 16
 
@@ -130,13 +138,14 @@ def test_the_eval_policy_runs_and_is_na_past_its_forced_blocks():
         q = rng.standard_normal((n, g, d)).astype(np.float32)
         k = rng.standard_normal((n, d)).astype(np.float32)
 
-    from kvselect.rules._rule import EvalContext
-
     pos = np.array([100, 450, 699])
-    sel = ctx_rule.select(EvalContext(Head, pos, s, ctx_rule.unit.units(s), {}))
-    rows = sel.rows
+    rows = policy.select(EvalContext(Head, pos, s, policy.unit.units(s), {})).rows
     assert rows.shape == (3, 512)
     for r, p in zip(rows, pos):
         toks = r[r >= 0]
         assert len(toks) <= 512 and (toks <= p).all() and len(set(toks.tolist())) == len(toks)
         assert p in toks and 0 in toks  # the current and init blocks
+    w = ks.workloads.synthetic(context=700, queries=3, n_kv_heads=1, n_heads=2)
+    report = evaluate.evaluate(w, budgets=[512], settings=[s2])
+    na = [r for r in report.results if r.policy == "infllm"][0]
+    assert not na.ran and "exceed the budget" in na.note

@@ -38,39 +38,56 @@ from .keys import decode
 BLOCK_SIZE = 64
 KERNEL_SIZE = 32
 KERNEL_STRIDE = 16
-KEYS_PER_BLOCK = BLOCK_SIZE // KERNEL_STRIDE
 _U = 2.0**-24
 _EXP_REL_ERR = 8.5e-8  # crate::exp::EXP_REL_ERR (docs/kernels.md); the tests read the native one
 
 
-def compressed_len(n_tokens: int) -> int:
-    """Compressed keys of ``n_tokens`` tokens: ``(n - 32) // 16 + 1``, 0 below 32."""
-    return 0 if n_tokens < KERNEL_SIZE else (n_tokens - KERNEL_SIZE) // KERNEL_STRIDE + 1
+def compressed_len(n_tokens: int, kernel_size: int = KERNEL_SIZE, kernel_stride: int = KERNEL_STRIDE) -> int:
+    """Compressed keys of ``n_tokens`` tokens: ``(n - kernel_size) // kernel_stride + 1``
+    (``(n - 32) // 16 + 1``), 0 below ``kernel_size``."""
+    return 0 if n_tokens < kernel_size else (n_tokens - kernel_size) // kernel_stride + 1
 
 
-def visible(p: int) -> int:
+def visible(p: int, kernel_size: int = KERNEL_SIZE, kernel_stride: int = KERNEL_STRIDE) -> int:
     """Compressed keys the query at position ``p`` sees (its last token at or before ``p``)."""
-    return compressed_len(p + 1)
+    return compressed_len(p + 1, kernel_size, kernel_stride)
 
 
-def n_blocks(n_tokens: int) -> int:
-    return -(-n_tokens // BLOCK_SIZE)
+def n_blocks(n_tokens: int, block_size: int = BLOCK_SIZE) -> int:
+    return -(-n_tokens // block_size)
 
 
-def compress_keys(keys: Any) -> np.ndarray:
+def compress_keys(keys: Any, kernel_size: int = KERNEL_SIZE, kernel_stride: int = KERNEL_STRIDE) -> np.ndarray:
     """``[n, h, d]`` keys -> their compressed keys ``[(n - 32) // 16 + 1, h, d]``: the
-    mean of each 32-token window every 16 tokens (``compress_tensor``), in float64,
-    rounded to float32."""
+    mean of each ``kernel_size``-token window every ``kernel_stride`` tokens
+    (``compress_tensor``), in float64, rounded to float32."""
     k = decode(keys)
-    n_c = compressed_len(len(k))
+    n_c = compressed_len(len(k), kernel_size, kernel_stride)
     out = np.zeros((n_c,) + k.shape[1:], np.float64)
     for j in range(n_c):
-        out[j] = k[j * KERNEL_STRIDE : j * KERNEL_STRIDE + KERNEL_SIZE].mean(axis=0)
+        out[j] = k[j * kernel_stride : j * kernel_stride + kernel_size].mean(axis=0)
     return out.astype(np.float32)
 
 
+def _geometry(block_size: Any, kernel_size: Any, kernel_stride: Any) -> Tuple[int, int, int]:
+    b, c, s = _count("block_size", block_size), _count("kernel_size", kernel_size), _count("kernel_stride", kernel_stride)
+    for name, v in (("block_size", b), ("kernel_size", c), ("kernel_stride", s)):
+        if v == 0:
+            raise ReferenceSelectionError(name, f"{name} must be at least 1")
+    if b % s:
+        raise ReferenceSelectionError("block_size", f"block_size ({b}) must be a multiple of kernel_stride ({s})")
+    return b, c, s
+
+
 def _inputs(
-    q: Any, ck: Any, seq_len: int, scale: Optional[float], ck_scale: Any, query_format: Any, key_format: Any
+    q: Any,
+    ck: Any,
+    seq_len: int,
+    scale: Optional[float],
+    ck_scale: Any,
+    query_format: Any,
+    key_format: Any,
+    geometry: Tuple[int, int, int] = (BLOCK_SIZE, KERNEL_SIZE, KERNEL_STRIDE),
 ) -> Tuple[np.ndarray, np.ndarray, int, float]:
     n = _count("seq_len", seq_len)
     if n == 0:
@@ -89,8 +106,9 @@ def _inputs(
         raise ReferenceSelectionError("q", f"q's {hq} heads are not a positive multiple of the {h} KV heads")
     if n_q == 0 or n_q > n:
         raise ReferenceSelectionError("q", f"{n_q} queries for seq_len = {n}")
-    if n_c != compressed_len(n):
-        raise ReferenceSelectionError("ck", f"ck holds {n_c} compressed keys, {n} tokens have {compressed_len(n)}")
+    want = compressed_len(n, geometry[1], geometry[2])
+    if n_c != want:
+        raise ReferenceSelectionError("ck", f"ck holds {n_c} compressed keys, {n} tokens have {want}")
     if ck_scale is not None:
         s = np.asarray(ck_scale, np.float32)
         if s.shape != (n_c,):
@@ -120,14 +138,17 @@ def group_scores(
     ck_scale: Any = None,
     query_format: Optional[str] = None,
     key_format: Optional[str] = None,
+    kernel_size: int = KERNEL_SIZE,
+    kernel_stride: int = KERNEL_STRIDE,
 ) -> np.ndarray:
     """Stage 1: ``[n_q, n_kv_heads, n_c]`` float64, each head's softmax over the keys its
     query sees summed over the group (0 for the keys it does not see)."""
-    qa, ka, n, sc = _inputs(q, ck, seq_len, scale, ck_scale, query_format, key_format)
+    geo = (kernel_stride, kernel_size, kernel_stride)
+    qa, ka, n, sc = _inputs(q, ck, seq_len, scale, ck_scale, query_format, key_format, geo)
     n_q, n_c, h = qa.shape[0], ka.shape[0], ka.shape[1]
     out = np.zeros((n_q, h, n_c))
     for i in range(n_q):
-        nv = visible(n - n_q + i)
+        nv = visible(n - n_q + i, kernel_size, kernel_stride)
         if nv == 0:
             continue
         for g in range(h):
@@ -137,13 +158,23 @@ def group_scores(
     return out
 
 
-def pool(sums: np.ndarray, p: int, n_blocks_: int, init_blocks: int, local_blocks: int, pooling: str) -> np.ndarray:
+def pool(
+    sums: np.ndarray,
+    p: int,
+    n_blocks_: int,
+    init_blocks: int,
+    local_blocks: int,
+    pooling: str,
+    block_size: int = BLOCK_SIZE,
+    kernel_stride: int = KERNEL_STRIDE,
+) -> np.ndarray:
     """One row's block scores from its group sums ``[n_c]`` (0 where unseen)."""
     n_c = len(sums)
-    qb = p // BLOCK_SIZE
+    qb = p // block_size
+    kpb = block_size // kernel_stride
     out = np.empty(n_blocks_)
     for b in range(n_blocks_):
-        taps = sums[max(KEYS_PER_BLOCK * b - 1, 0) : min(KEYS_PER_BLOCK * b + KEYS_PER_BLOCK, n_c)]
+        taps = sums[max(kpb * b - 1, 0) : min(kpb * b + kpb, n_c)]
         if pooling == "cuda":
             if b < init_blocks or (b <= qb <= b + local_blocks):
                 out[b] = np.inf
@@ -177,17 +208,31 @@ def infllm_block_scores(
     ck_scale: Any = None,
     query_format: Optional[str] = None,
     key_format: Optional[str] = None,
+    block_size: int = BLOCK_SIZE,
+    kernel_size: int = KERNEL_SIZE,
+    kernel_stride: int = KERNEL_STRIDE,
 ) -> np.ndarray:
     """``kvselect.infllm_block_scores`` in float64."""
     pl = _pooling(pooling)
     init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
-    s = group_scores(q, ck, seq_len, scale=scale, ck_scale=ck_scale, query_format=query_format, key_format=key_format)
+    bs, kz, st = _geometry(block_size, kernel_size, kernel_stride)
+    s = group_scores(
+        q,
+        ck,
+        seq_len,
+        scale=scale,
+        ck_scale=ck_scale,
+        query_format=query_format,
+        key_format=key_format,
+        kernel_size=kz,
+        kernel_stride=st,
+    )
     n_q, h, _ = s.shape
-    nb = n_blocks(seq_len)
+    nb = n_blocks(seq_len, bs)
     out = np.empty((n_q, h, nb))
     for i in range(n_q):
         for g in range(h):
-            out[i, g] = pool(s[i, g], seq_len - n_q + i, nb, init, local, pl)
+            out[i, g] = pool(s[i, g], seq_len - n_q + i, nb, init, local, pl, bs, st)
     return out
 
 
@@ -197,10 +242,10 @@ def order(scores: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(len(scores)), np.isnan(scores), -key))
 
 
-def select_row(scores: np.ndarray, top_k: int, keep: str, p: int) -> np.ndarray:
-    """One row: the top ``min(top_k, n)`` in the order, filtered, ascending."""
-    top = order(scores)[: min(top_k, len(scores))]
-    qb = p // BLOCK_SIZE
+def select_row(scores: np.ndarray, topk: int, keep: str, p: int, block_size: int = BLOCK_SIZE) -> np.ndarray:
+    """One row: the top ``min(topk, n)`` in the order, filtered, ascending."""
+    top = order(scores)[: min(topk, len(scores))]
+    qb = p // block_size
     top = top[top <= qb] if keep == "through_current" else top[top < qb]
     return np.sort(top)
 
@@ -209,7 +254,7 @@ def infllm_select(
     q: Any,
     ck: Any,
     seq_len: int,
-    top_k: int = 64,
+    topk: int = 64,
     *,
     init_blocks: int = 1,
     local_blocks: int = 32,
@@ -219,11 +264,14 @@ def infllm_select(
     ck_scale: Any = None,
     query_format: Optional[str] = None,
     key_format: Optional[str] = None,
+    block_size: int = BLOCK_SIZE,
+    kernel_size: int = KERNEL_SIZE,
+    kernel_stride: int = KERNEL_STRIDE,
 ) -> np.ndarray:
     """``kvselect.infllm_select`` in exact arithmetic (float64 scores)."""
-    k = _count("top_k", top_k)
+    k = _count("topk", topk)
     if k == 0:
-        raise ReferenceSelectionError("top_k", "top_k must be at least 1 block")
+        raise ReferenceSelectionError("topk", "topk must be at least 1 block")
     if keep not in ("through_current", "before_current"):
         raise ReferenceSelectionError("keep", f"keep must be 'through_current' or 'before_current', got {keep!r}")
     b = infllm_block_scores(
@@ -237,12 +285,15 @@ def infllm_select(
         ck_scale=ck_scale,
         query_format=query_format,
         key_format=key_format,
+        block_size=block_size,
+        kernel_size=kernel_size,
+        kernel_stride=kernel_stride,
     )
     n_q, h, _ = b.shape
     out = np.full((n_q, h, k), -1, np.int32)
     for i in range(n_q):
         for g in range(h):
-            r = select_row(b[i, g], k, keep, seq_len - n_q + i)
+            r = select_row(b[i, g], k, keep, seq_len - n_q + i, block_size)
             out[i, g, : len(r)] = r
     return out
 
@@ -257,6 +308,8 @@ def score_bound(
     query_format: Optional[str] = None,
     key_format: Optional[str] = None,
     exp_rel_err: float = _EXP_REL_ERR,
+    kernel_size: int = KERNEL_SIZE,
+    kernel_stride: int = KERNEL_STRIDE,
 ) -> Tuple[np.ndarray, float]:
     """The core's error bound (src/infllm/mod.rs): ``(R [n_q, n_kv_heads], T)``, every
     float32 block score within ``R * B + T`` of the exact ``B``.
@@ -265,7 +318,8 @@ def score_bound(
     (|s_j - m| + max e + e_j)``, ``A = max a_j``, ``r = e^(2A) (1 + eps)(1 + u) / ((1 -
     eps)(1 - gamma_n)) - 1``; ``R = (1 + max r)(1 + gamma_G) - 1``, ``T = G 2^-123``
     (doubled here: this bound is itself computed in float64)."""
-    qa, ka, n, sc = _inputs(q, ck, seq_len, scale, ck_scale, query_format, key_format)
+    geo = (kernel_stride, kernel_size, kernel_stride)
+    qa, ka, n, sc = _inputs(q, ck, seq_len, scale, ck_scale, query_format, key_format, geo)
     n_q, hq, d = qa.shape
     h = ka.shape[1]
     gs = hq // h
@@ -275,7 +329,7 @@ def score_bound(
 
     out = np.zeros((n_q, h))
     for i in range(n_q):
-        nv = visible(n - n_q + i)
+        nv = visible(n - n_q + i, kernel_size, kernel_stride)
         if nv == 0:
             continue
         for g in range(h):
@@ -290,9 +344,15 @@ def score_bound(
 
 
 def rows_within_bound(
-    rows: np.ndarray, scores: np.ndarray, bound: Tuple[np.ndarray, float], seq_len: int, top_k: int, keep: str
+    rows: np.ndarray,
+    scores: np.ndarray,
+    bound: Tuple[np.ndarray, float],
+    seq_len: int,
+    topk: int,
+    keep: str,
+    block_size: int = BLOCK_SIZE,
 ) -> np.ndarray:
-    """Which of ``rows`` (``[n_q, h, top_k]``, a kernel's) are right: a row passes when its
+    """Which of ``rows`` (``[n_q, h, topk]``, a kernel's) are right: a row passes when its
     ids are distinct, ascending, ``-1`` padded, kept by ``keep``, and equal to the exact
     selection but for swaps between blocks whose exact scores ``B`` lie within ``R (B_b +
     B_c) + 2T`` of each other. Returns ``[n_q, h]`` bool."""
@@ -304,7 +364,7 @@ def rows_within_bound(
         for g in range(h):
             row = rows[i, g]
             ids = row[row >= 0]
-            want = select_row(scores[i, g], top_k, keep, p)
+            want = select_row(scores[i, g], topk, keep, p, block_size)
             if len(ids) != len(want) or np.any(row[len(ids) :] != -1) or np.any(np.diff(ids) <= 0):
                 continue
             extra, missing = np.setdiff1d(ids, want), np.setdiff1d(want, ids)

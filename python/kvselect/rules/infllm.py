@@ -12,7 +12,8 @@ row's blocks are judged by :func:`kvselect.check_topk` over the blocks the filte
 with the engine's tolerance on each score (``rtol`` times its magnitude, the block
 score itself; at least the float32 bound of src/infllm/mod.rs). Its eval policy spends
 the token budget ``k`` as ``k // 64`` whole blocks, the forced ones (1 init block, the
-local window and the query's own block) counted.
+local window and the query's own block) counted; where those do not fit, the blocks
+halve with MiniCPM4's ratios (:func:`geometry`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ TABLE = {
     ),
     "seq_len": ("int scalar", "", "required", "tokens in the sequence (the queries' own included)"),
     "rows": ("int", "[n_q, n_kv_heads, width]", "required", "block ids, any order, -1 padded"),
-    "top_k": ("int scalar", "", "optional (default: the rows' width)", "blocks per row before the filter"),
+    "topk": ("int scalar", "", "optional (default: the rows' width)", "blocks per row before the filter"),
     "init_blocks": ("int scalar", "", "optional (default 1)", "blocks forced at the start"),
     "local_blocks": ("int scalar", "", "optional (default 32)", "the local window in blocks (docs/infllm.md)"),
     "pooling": ("str", "", 'optional (default "cuda")', '"cuda" or "triton" (docs/infllm.md)'),
@@ -73,10 +74,10 @@ def check(
     rows = np.asarray(d["rows"])
     if rows.ndim != 3 or rows.dtype.kind not in "iu":
         raise DumpError(f"rows must be integer [n_q, n_kv_heads, width], got {rows.dtype} {rows.shape}")
-    top_k = _int(d, "top_k", rows.shape[2])
+    topk = _int(d, "topk", rows.shape[2])
     init, local = _int(d, "init_blocks", 1), _int(d, "local_blocks", 32)
-    if top_k < 1 or init < 0 or local < 0:
-        raise DumpError(f"top_k must be >= 1 and init_blocks, local_blocks >= 0, got {top_k}, {init}, {local}")
+    if topk < 1 or init < 0 or local < 0:
+        raise DumpError(f"topk must be >= 1 and init_blocks, local_blocks >= 0, got {topk}, {init}, {local}")
     scale = float(np.asarray(d["scale"])) if "scale" in d else None
     kw: Dict[str, Any] = dict(
         scale=scale, ck_scale=d.get("ck_scale"), query_format=formats.get("q"), key_format=formats.get("ck")
@@ -95,19 +96,19 @@ def check(
     atol_eff = float(atol) + tiny
     flat = rows.reshape(n_q * h, -1).astype(np.int64)
     groups: Dict[int, List[Tuple[int, np.ndarray, int]]] = {}
-    k_eff = min(top_k, nb)
+    k_eff = min(topk, nb)
     for i in range(n_q):
         qb = (n - n_q + i) // RI.BLOCK_SIZE
         span = qb + 1 if keep == "through_current" else qb  # the blocks the filter keeps
         for g in range(h):
             r = i * h + g
             # +-inf (forced, excluded) as finite stand-ins, so check_topk ranks them as
-            # the source's top-k does (an excluded block is still taken when top_k
+            # the source's top-k does (an excluded block is still taken when topk
             # reaches it); their ties are exact.
             s_all = np.clip(exact[i, g], -_HUGE, _HUGE)
             tol = atol_eff + rtol_eff * np.where(np.isfinite(exact[i, g]), np.abs(exact[i, g]), 0.0)
             # How many of the source's top-k the filter keeps, as ties at the top-k's
-            # threshold may fall (a forced block past top_k's reach, a block scoring 0
+            # threshold may fall (a forced block past topk's reach, a block scoring 0
             # against the future blocks' 0): any count in [lo, hi] is right.
             t = s_all[RI.order(s_all)[k_eff - 1]]
             kept = np.arange(nb) < span
@@ -144,35 +145,67 @@ def check(
     return [("against the exact block scores", out)]
 
 
-def local_blocks(s: Any) -> int:
-    """The eval policy's local window: ``--infllm-local-blocks``, or half the budget's
-    blocks (MiniCPM4's ratio: a window of 32 of its 64 blocks)."""
-    given = getattr(s, "infllm_local_blocks", None)
-    return int(given) if given is not None else (s.budget // 64) // 2
+def geometry(s: Any) -> Tuple[int, int, int]:
+    """The eval policy's ``(block_size, init_blocks, local_blocks)`` at the settings'
+    budget ``k``: MiniCPM4's blocks of 64, 1 init block and a local window of
+    ``--infllm-local-blocks`` blocks, by default half the budget's blocks (MiniCPM4's
+    ratio: a window of 32 of its 64). Where 1 init block, the window and the query's own
+    block do not fit ``k // 64`` blocks, the block halves (compressed keys of half a
+    block every quarter block: MiniCPM4's ratios), down to 1 token; at the last the
+    default window, then the init block, are trimmed. A given window is kept (the
+    policy is then ``n/a`` where it does not fit)."""
+    k, given = s.budget, getattr(s, "infllm_local_blocks", None)
+    b = 64
+    while True:
+        units = k // b
+        local = int(given) if given is not None else units // 2
+        if units >= 2 + local or b == 1:
+            break
+        b //= 2
+    init = 1
+    if given is None and units < 2 + local:
+        local = max(units - 2, 0)
+        init = 1 if units >= 2 else 0
+    return b, init, local
+
+
+def _kernel(b: int) -> Tuple[int, int]:
+    """``(kernel_size, kernel_stride)`` for blocks of ``b``: MiniCPM4's 32, 16 at 64."""
+    stride = max(1, b // 4)
+    return 2 * stride, stride
 
 
 def select(ctx: EvalContext) -> Selection:
     """InfLLM-v2 (the CUDA pooling, MiniCPM4.1's filter) on one KV head:
-    ``ctx.units`` blocks of 64, 1 init block and the local window forced, expanded to
-    positions; the compressed keys made from the head's keys as the source makes them
-    (the mean of 32 tokens every 16)."""
+    ``ctx.units`` blocks, the init block, the local window and the query's own block
+    forced, expanded to positions (:func:`geometry`); the compressed keys made from the
+    head's keys as the source makes them (the mean of half a block every quarter)."""
     from kvselect.reference.infllm import compress_keys, compressed_len
 
     pos, k = ctx.pos, ctx.settings.budget
-    local = local_blocks(ctx.settings)
+    b, init, local = geometry(ctx.settings)
+    kz, st = _kernel(b)
 
     def rows() -> np.ndarray:
         keys = np.ascontiguousarray(ctx.head.k, np.float32).reshape(len(ctx.head.k), 1, -1)
-        ck = compress_keys(keys)
+        ck = compress_keys(keys, kz, st)
         q = np.ascontiguousarray(ctx.head.q, np.float32)
         out = np.full((len(pos), k), -1, dtype=np.int32)
         for i, p in enumerate(pos):
             n = int(p) + 1
             blocks = ks.infllm_select(
-                q[i][None], ck[: compressed_len(n)], n, ctx.units, init_blocks=1, local_blocks=local
+                q[i][None],
+                ck[: compressed_len(n, kz, st)],
+                n,
+                ctx.units,
+                init_blocks=init,
+                local_blocks=local,
+                block_size=b,
+                kernel_size=kz,
+                kernel_stride=st,
             )[0, 0]
             blocks = blocks[blocks >= 0]
-            tok = (blocks[:, None] * 64 + np.arange(64)[None]).ravel()
+            tok = (blocks[:, None] * b + np.arange(b)[None]).ravel()
             tok = tok[tok < n]
             out[i, : len(tok)] = tok
         return out
@@ -180,8 +213,14 @@ def select(ctx: EvalContext) -> Selection:
     return timed(rows)
 
 
-#: Whole blocks of 64 tokens; forced: 1 init block, the local window, the query's own.
-BLOCKS = BudgetUnit("block", size=lambda s: 64, forced=lambda s: 1 + local_blocks(s) + 1)
+def _forced(s: Any) -> int:
+    _, init, local = geometry(s)
+    return init + local + 1
+
+
+#: Whole blocks (of 64 tokens where they fit, :func:`geometry`); forced: the init block,
+#: the local window and the query's own block.
+BLOCKS = BudgetUnit("block", size=lambda s: geometry(s)[0], forced=_forced)
 
 RULE = Rule(
     name="infllm",
@@ -206,14 +245,14 @@ RULE = Rule(
             select,
             "InfLLM-v2's block selection (MiniCPM4.1: the CUDA pooling, ids past the query's block dropped): "
             "``k / 64`` blocks by the pooled group softmax over compressed keys, 1 init block, the local "
-            "window and the query's own block forced and counted, expanded to positions.",
+            "window and the query's own block forced and counted, expanded to positions (blocks halved "
+            "where those do not fit the budget).",
             unit=BLOCKS,
             knobs=(
                 Knob(
                     "infllm_local_blocks",
                     "--infllm-local-blocks",
-                    "infllm: the local window in blocks of 64 (default: half the budget's blocks, MiniCPM4's "
-                    "32 of 64)",
+                    "infllm: the local window in blocks (default: half the budget's blocks, MiniCPM4's 32 of 64)",
                     minimum=0,
                 ),
             ),

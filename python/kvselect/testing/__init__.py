@@ -499,7 +499,7 @@ def assert_infllm(
     q: Any,
     ck: Any,
     seq_len: int,
-    top_k: Optional[int] = None,
+    topk: Optional[int] = None,
     *,
     init_blocks: int = 1,
     local_blocks: int = 32,
@@ -521,8 +521,8 @@ def assert_infllm(
     ----------
     rows : array_like or DLPack tensor
         Block ids ``[n_q, n_kv_heads, width]``, any order, ``-1`` padded.
-    q, ck, seq_len, top_k, init_blocks, local_blocks, pooling, keep, scale, ck_scale
-        As :func:`kvselect.infllm_select` takes them (``top_k`` defaults to the rows'
+    q, ck, seq_len, topk, init_blocks, local_blocks, pooling, keep, scale, ck_scale
+        As :func:`kvselect.infllm_select` takes them (``topk`` defaults to the rows'
         width).
     key_format, query_format
         The formats of raw uint16 / uint8 ``ck`` and ``q``.
@@ -548,8 +548,8 @@ def assert_infllm(
     _as_dump_array(_host(ck, "ck"), "ck", d, key_format)
     d["seq_len"] = np.asarray(int(seq_len))
     d["rows"] = np.asarray(_host(rows, "rows"))
-    if top_k is not None:
-        d["top_k"] = np.asarray(int(top_k))
+    if topk is not None:
+        d["topk"] = np.asarray(int(topk))
     d["init_blocks"], d["local_blocks"] = np.asarray(int(init_blocks)), np.asarray(int(local_blocks))
     d["pooling"], d["keep"] = np.asarray(pooling), np.asarray(keep)
     if scale is not None:

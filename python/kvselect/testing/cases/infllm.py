@@ -21,12 +21,12 @@ _G, _D = 2, 8
 
 
 def _infllm_case(
-    id_: str, bug: str, q: np.ndarray, ck: np.ndarray, seq_len: int, top_k: int, meta: Dict[str, Any], **kw: Any
+    id_: str, bug: str, q: np.ndarray, ck: np.ndarray, seq_len: int, topk: int, meta: Dict[str, Any], **kw: Any
 ) -> Case:
     from kvselect.reference import infllm
 
-    inputs: Dict[str, Any] = {"q": q, "ck": ck, "seq_len": seq_len, "top_k": top_k, **kw}
-    expected = infllm.infllm_select(q, ck, seq_len, top_k, **kw)
+    inputs: Dict[str, Any] = {"q": q, "ck": ck, "seq_len": seq_len, "topk": topk, **kw}
+    expected = infllm.infllm_select(q, ck, seq_len, topk, **kw)
     return Case(id_, "infllm", bug, inputs, expected.astype(np.int64), {"rtol": 0.0, "atol": 0.0}, meta=meta)
 
 
@@ -143,7 +143,7 @@ def infllm_decode_drops_current(seed: int = 0) -> Case:
 def infllm_ties(seed: int = 0) -> Case:
     """A zero query: every softmax is uniform, every block pools the same score, and the
     top-k is one tie (``torch.topk`` keeps any of them; kvselect the lowest ids). A right
-    kernel may keep any, as many as ``top_k`` holds; the bug: fewer, or a future block.
+    kernel may keep any, as many as ``topk`` holds; the bug: fewer, or a future block.
 
     Parameters
     ----------
