@@ -38,25 +38,37 @@ fn check(
     seq_len: usize,
     cfg: &Config,
 ) -> Result<Shape, ArgumentError> {
-    let invalid = |argument: &'static str, message: String| ArgumentError::Invalid { argument, message };
+    let invalid =
+        |argument: &'static str, message: String| ArgumentError::Invalid { argument, message };
     if d == 0 {
         return Err(invalid("d", "d must be at least 1".into()));
     }
     if n_kv_heads == 0 {
-        return Err(invalid("n_kv_heads", "n_kv_heads must be at least 1".into()));
+        return Err(invalid(
+            "n_kv_heads",
+            "n_kv_heads must be at least 1".into(),
+        ));
     }
     if n_q_heads == 0 || !n_q_heads.is_multiple_of(n_kv_heads) {
         return Err(invalid(
             "q",
-            format!("q's {n_q_heads} heads are not a positive multiple of the {n_kv_heads} KV heads"),
+            format!(
+                "q's {n_q_heads} heads are not a positive multiple of the {n_kv_heads} KV heads"
+            ),
         ));
     }
     if seq_len == 0 {
-        return Err(invalid("seq_len", "seq_len must be at least 1 (the query's own token)".into()));
+        return Err(invalid(
+            "seq_len",
+            "seq_len must be at least 1 (the query's own token)".into(),
+        ));
     }
     cfg.geometry.check()?;
     if !cfg.scale.is_finite() {
-        return Err(invalid("scale", format!("scale must be finite, got {}", cfg.scale)));
+        return Err(invalid(
+            "scale",
+            format!("scale must be finite, got {}", cfg.scale),
+        ));
     }
     let per_q = checked_size("q", &[n_q_heads, d])?;
     if q_len == 0 || !q_len.is_multiple_of(per_q) {
@@ -69,13 +81,22 @@ fn check(
     if n_q > seq_len {
         return Err(invalid(
             "q",
-            format!("{n_q} queries but seq_len = {seq_len}: the queries are the sequence's last tokens"),
+            format!(
+                "{n_q} queries but seq_len = {seq_len}: the queries are the sequence's last tokens"
+            ),
         ));
     }
     let n_c = cfg.geometry.compressed_len(seq_len);
-    check_len("ck", ck_len, checked_size("ck", &[n_c, n_kv_heads, d])?, || {
-        format!("[n_c={n_c} (compressed keys of {seq_len} tokens), n_kv_heads={n_kv_heads}, d={d}]")
-    })?;
+    check_len(
+        "ck",
+        ck_len,
+        checked_size("ck", &[n_c, n_kv_heads, d])?,
+        || {
+            format!(
+                "[n_c={n_c} (compressed keys of {seq_len} tokens), n_kv_heads={n_kv_heads}, d={d}]"
+            )
+        },
+    )?;
     if let Some(s) = ck_scale {
         check_len("ck_scale", s.len(), n_c, || format!("[n_c={n_c}]"))?;
     }
@@ -89,8 +110,12 @@ fn check(
     })
 }
 
-/// Decodes `x` to float32, each row of `row` values times its scale.
-fn decoded(x: Encoded<'_>, scale: Option<&[f32]>, row: usize) -> Vec<f32> {
+/// `x` as float32, each row of `row` values times its scale: borrowed when
+/// it is unscaled float32 (no copy), else decoded.
+fn decoded<'a>(x: Encoded<'a>, scale: Option<&[f32]>, row: usize) -> std::borrow::Cow<'a, [f32]> {
+    if let (Encoded::F32(v), None) = (x, scale) {
+        return std::borrow::Cow::Borrowed(v);
+    }
     let mut v = vec![0.0f32; x.len()];
     x.decode(0, &mut v);
     if let Some(s) = scale {
@@ -98,7 +123,7 @@ fn decoded(x: Encoded<'_>, scale: Option<&[f32]>, row: usize) -> Vec<f32> {
             r.iter_mut().for_each(|x| *x *= c);
         }
     }
-    v
+    std::borrow::Cow::Owned(v)
 }
 
 /// Runs `f(row, p, g, block_scores)` for every query `i` and KV head `g`
@@ -128,7 +153,16 @@ fn run<T: Send>(
         let qg = &q[(i * sh.hq + g * g_heads) * d..(i * sh.hq + (g + 1) * g_heads) * d];
         let mut scratch = Scratch::default();
         let n_vis = cfg.geometry.visible(p);
-        group_sums(isa, qg, g_heads, d, &packed[g], n_vis, cfg.scale, &mut scratch);
+        group_sums(
+            isa,
+            qg,
+            g_heads,
+            d,
+            &packed[g],
+            n_vis,
+            cfg.scale,
+            &mut scratch,
+        );
         let mut blocks = vec![0.0f32; nb];
         block_scores(cfg, &scratch.sums, sh.n_c, p, &mut blocks);
         f(row, p, &blocks);
@@ -164,7 +198,18 @@ pub fn block_scores_into(
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    block_scores_at(Isa::best(), q, n_q_heads, ck, ck_scale, n_kv_heads, d, seq_len, cfg, out)
+    block_scores_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        ck,
+        ck_scale,
+        n_kv_heads,
+        d,
+        seq_len,
+        cfg,
+        out,
+    )
 }
 
 /// [`block_scores_into`] at `isa` (the tests' way to every level).
@@ -181,11 +226,22 @@ pub(super) fn block_scores_at(
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    let sh = check(q.len(), n_q_heads, ck.len(), ck_scale, n_kv_heads, d, seq_len, cfg)?;
+    let sh = check(
+        q.len(),
+        n_q_heads,
+        ck.len(),
+        ck_scale,
+        n_kv_heads,
+        d,
+        seq_len,
+        cfg,
+    )?;
     let nb = cfg.geometry.n_blocks(seq_len);
-    check_out(out.len(), checked_size("out", &[sh.n_q, sh.n_kv, nb])?, || {
-        format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv)
-    })?;
+    check_out(
+        out.len(),
+        checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
+        || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
+    )?;
     run(isa, &sh, q, ck, ck_scale, cfg, out, nb, |row, _, blocks| {
         row.copy_from_slice(blocks)
     });
@@ -217,14 +273,47 @@ pub fn select_into(
             message: "topk must be at least 1 block".into(),
         });
     }
-    let sh = check(q.len(), n_q_heads, ck.len(), ck_scale, n_kv_heads, d, seq_len, cfg)?;
-    check_out(out.len(), checked_size("out", &[sh.n_q, sh.n_kv, cfg.top_k])?, || {
-        format!("[n_q={}, n_kv_heads={}, top_k={}]", sh.n_q, sh.n_kv, cfg.top_k)
-    })?;
-    run(Isa::best(), &sh, q, ck, ck_scale, cfg, out, cfg.top_k, |row, p, blocks| {
-        let mut ids = Vec::new();
-        select::row(blocks, cfg.top_k, cfg.keep, p / cfg.geometry.block_size, &mut ids, row);
-    });
+    let sh = check(
+        q.len(),
+        n_q_heads,
+        ck.len(),
+        ck_scale,
+        n_kv_heads,
+        d,
+        seq_len,
+        cfg,
+    )?;
+    check_out(
+        out.len(),
+        checked_size("out", &[sh.n_q, sh.n_kv, cfg.top_k])?,
+        || {
+            format!(
+                "[n_q={}, n_kv_heads={}, top_k={}]",
+                sh.n_q, sh.n_kv, cfg.top_k
+            )
+        },
+    )?;
+    run(
+        Isa::best(),
+        &sh,
+        q,
+        ck,
+        ck_scale,
+        cfg,
+        out,
+        cfg.top_k,
+        |row, p, blocks| {
+            let mut ids = Vec::new();
+            select::row(
+                blocks,
+                cfg.top_k,
+                cfg.keep,
+                p / cfg.geometry.block_size,
+                &mut ids,
+                row,
+            );
+        },
+    );
     Ok(())
 }
 

@@ -113,10 +113,13 @@
 //! # Layout
 //!
 //! `score.rs` (stage 1 and the pooling of one query and KV head),
+//! `profile.rs` (the phases timed, for the benchmark),
 //! `select.rs` (the order and the row), `api.rs` (the checked entry
 //! points), `tests.rs`.
 
 mod api;
+#[doc(hidden)]
+pub mod profile;
 mod score;
 pub mod select;
 #[cfg(test)]

@@ -44,42 +44,75 @@ pub(super) fn group_sums(
     scale: f32,
     scratch: &mut Scratch,
 ) {
-    let sums = &mut scratch.sums;
-    sums.clear();
-    sums.resize(n_vis, 0.0);
+    start(scratch, heads, n_vis);
     if n_vis == 0 {
         return;
     }
+    logits(isa, q, heads, d, packed, n_vis, scale, scratch);
+    softmax_sums(isa, heads, n_vis, scratch);
+}
+
+/// Zeroes the sums and sizes the logits: `heads` rows of `round_up(n_vis,
+/// 32)`.
+pub(super) fn start(scratch: &mut Scratch, heads: usize, n_vis: usize) {
+    scratch.sums.clear();
+    scratch.sums.resize(n_vis, 0.0);
+    scratch
+        .logits
+        .resize(heads * n_vis.next_multiple_of(2 * KEY_TILE), 0.0);
+}
+
+/// Every head's logits over keys `0..n_vis`. The keys are the outer loop:
+/// each 32-key tile is scored against every head (tiles of [`ROW_TILE`])
+/// while it sits in L1, so the packed keys stream from memory once a call,
+/// not once a head tile. The order of the tiles changes no arithmetic.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn logits(
+    isa: Isa,
+    q: &[f32],
+    heads: usize,
+    d: usize,
+    packed: &Packed,
+    n_vis: usize,
+    scale: f32,
+    scratch: &mut Scratch,
+) {
     let width = n_vis.next_multiple_of(2 * KEY_TILE);
-    let logits = &mut scratch.logits;
-    logits.resize(ROW_TILE * width, 0.0);
+    let offs: Vec<usize> = (0..heads).map(|h| h * d).collect();
     let tile = 2 * KEY_TILE * d;
-    for h0 in (0..heads).step_by(ROW_TILE) {
-        let rows = ROW_TILE.min(heads - h0);
-        let offs: Vec<usize> = (h0..h0 + rows).map(|h| h * d).collect();
-        for c in (0..n_vis).step_by(2 * KEY_TILE) {
-            let tiles = if n_vis - c > KEY_TILE { 2 } else { 1 };
-            let t = c / (2 * KEY_TILE);
+    for c in (0..n_vis).step_by(2 * KEY_TILE) {
+        let tiles = if n_vis - c > KEY_TILE { 2 } else { 1 };
+        let t = c / (2 * KEY_TILE);
+        let keys = &packed.keys[t * tile..(t + 1) * tile];
+        for h0 in (0..heads).step_by(ROW_TILE) {
+            let rows = ROW_TILE.min(heads - h0);
+            let out = &mut scratch.logits[h0 * width + c..];
             scores(
                 isa,
                 q,
-                &offs,
-                &packed.keys[t * tile..(t + 1) * tile],
+                &offs[h0..h0 + rows],
+                keys,
                 tiles,
                 d,
                 scale,
-                &mut logits[c..],
+                out,
                 width,
             );
         }
-        let n8 = n_vis.next_multiple_of(8);
-        for r in 0..rows {
-            let row = &mut logits[r * width..r * width + n8];
-            row[n_vis..].fill(f32::NEG_INFINITY);
-            let (_, z) = softmax(isa, row);
-            for (s, &e) in sums.iter_mut().zip(&row[..n_vis]) {
-                *s += e / z;
-            }
+    }
+}
+
+/// Each head in order: its softmax over keys `0..n_vis` (the row's maximum
+/// shift, the project's `exp`, the lanes' sum), `e_j / Z` added to the sums.
+pub(super) fn softmax_sums(isa: Isa, heads: usize, n_vis: usize, scratch: &mut Scratch) {
+    let width = n_vis.next_multiple_of(2 * KEY_TILE);
+    let n8 = n_vis.next_multiple_of(8);
+    for r in 0..heads {
+        let row = &mut scratch.logits[r * width..r * width + n8];
+        row[n_vis..].fill(f32::NEG_INFINITY);
+        let (_, z) = softmax(isa, row);
+        for (s, &e) in scratch.sums.iter_mut().zip(&row[..n_vis]) {
+            *s += e / z;
         }
     }
 }

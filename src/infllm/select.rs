@@ -21,12 +21,26 @@ pub fn before(sa: f32, a: usize, sb: f32, b: usize) -> Ordering {
 /// The row of the query in block `qb` from its block scores: the top
 /// `min(top_k, n)` blocks in the total order, those `keep` drops removed,
 /// ascending, then `-1` to `out.len()`. `ids` is scratch.
-pub fn row(scores: &[f32], top_k: usize, keep: Keep, qb: usize, ids: &mut Vec<u32>, out: &mut [i32]) {
+pub fn row(
+    scores: &[f32],
+    top_k: usize,
+    keep: Keep,
+    qb: usize,
+    ids: &mut Vec<u32>,
+    out: &mut [i32],
+) {
     let n = scores.len();
     let k = top_k.min(n);
     ids.clear();
     ids.extend(0..n as u32);
-    let cmp = |a: &u32, b: &u32| before(scores[*a as usize], *a as usize, scores[*b as usize], *b as usize);
+    let cmp = |a: &u32, b: &u32| {
+        before(
+            scores[*a as usize],
+            *a as usize,
+            scores[*b as usize],
+            *b as usize,
+        )
+    };
     if k < n && k > 0 {
         ids.select_nth_unstable_by(k - 1, cmp);
     }

@@ -64,14 +64,32 @@ fn forced_and_excluded_blocks() {
     let sums = vec![0.5f32; 40];
     let p = 5 * 64 + 3; // block 5
     let mut out = [0.0f32; 10];
-    block_scores(&cfg(Pooling::Cuda, Keep::ThroughCurrent, 1, 2, 4), &sums, 40, p, &mut out);
+    block_scores(
+        &cfg(Pooling::Cuda, Keep::ThroughCurrent, 1, 2, 4),
+        &sums,
+        40,
+        p,
+        &mut out,
+    );
     let inf = f32::INFINITY;
     assert_eq!(out, [inf, 0.5, 0.5, inf, inf, inf, 0.5, 0.5, 0.5, 0.5]);
-    block_scores(&cfg(Pooling::Triton, Keep::ThroughCurrent, 1, 2, 4), &sums, 40, p, &mut out);
+    block_scores(
+        &cfg(Pooling::Triton, Keep::ThroughCurrent, 1, 2, 4),
+        &sums,
+        40,
+        p,
+        &mut out,
+    );
     let ninf = f32::NEG_INFINITY;
     assert_eq!(out, [inf, 0.5, 0.5, 0.5, ninf, ninf, 0.5, 0.5, 0.5, 0.5]);
     // Init wins over the Triton local window.
-    block_scores(&cfg(Pooling::Triton, Keep::ThroughCurrent, 1, 3, 4), &sums, 40, 64, &mut out);
+    block_scores(
+        &cfg(Pooling::Triton, Keep::ThroughCurrent, 1, 3, 4),
+        &sums,
+        40,
+        64,
+        &mut out,
+    );
     assert_eq!(out[..3], [inf, ninf, 0.5]);
 }
 
@@ -121,12 +139,39 @@ fn every_level_gives_the_same_bits() {
         let c = cfg(Pooling::Cuda, Keep::ThroughCurrent, 0, 0, 4);
         let nb = n_blocks(seq_len);
         let mut want = vec![0.0f32; n_q * n_kv * nb];
-        block_scores_at(crate::simd::Isa::Scalar, Encoded::F32(&q), hq, Encoded::F32(&ck), None, n_kv, d, seq_len, &c, &mut want).unwrap();
+        block_scores_at(
+            crate::simd::Isa::Scalar,
+            Encoded::F32(&q),
+            hq,
+            Encoded::F32(&ck),
+            None,
+            n_kv,
+            d,
+            seq_len,
+            &c,
+            &mut want,
+        )
+        .unwrap();
         assert!(want.iter().any(|x| x.is_finite() && *x > 0.0) || nb < 2);
         for isa in isas_for_test() {
             let mut got = vec![0.0f32; want.len()];
-            block_scores_at(isa, Encoded::F32(&q), hq, Encoded::F32(&ck), None, n_kv, d, seq_len, &c, &mut got).unwrap();
-            let (g, w): (Vec<u32>, Vec<u32>) = (got.iter().map(|x| x.to_bits()).collect(), want.iter().map(|x| x.to_bits()).collect());
+            block_scores_at(
+                isa,
+                Encoded::F32(&q),
+                hq,
+                Encoded::F32(&ck),
+                None,
+                n_kv,
+                d,
+                seq_len,
+                &c,
+                &mut got,
+            )
+            .unwrap();
+            let (g, w): (Vec<u32>, Vec<u32>) = (
+                got.iter().map(|x| x.to_bits()).collect(),
+                want.iter().map(|x| x.to_bits()).collect(),
+            );
             assert_eq!(g, w, "{isa:?} {hq} {n_kv} {d} {seq_len}");
         }
     }
@@ -144,12 +189,34 @@ fn a_worked_example() {
     c.local_blocks = 0;
     let mut out = [0.0f32; 1];
     // Block 0 is the query's own block: forced.
-    block_scores_into(Encoded::F32(&q), 1, Encoded::F32(&ck), None, 1, 1, 64, &c, &mut out).unwrap();
+    block_scores_into(
+        Encoded::F32(&q),
+        1,
+        Encoded::F32(&ck),
+        None,
+        1,
+        1,
+        64,
+        &c,
+        &mut out,
+    )
+    .unwrap();
     assert_eq!(out[0], f32::INFINITY);
     // 128 tokens: the query in block 1 sees 7 keys; block 0 pools keys 0..4.
     let ck: Vec<f32> = [0.0f32, l3, 0.0, 0.0, 0.0, 0.0, 0.0].to_vec();
     let mut out = [0.0f32; 2];
-    block_scores_into(Encoded::F32(&q), 1, Encoded::F32(&ck), None, 1, 1, 128, &c, &mut out).unwrap();
+    block_scores_into(
+        Encoded::F32(&q),
+        1,
+        Encoded::F32(&ck),
+        None,
+        1,
+        1,
+        128,
+        &c,
+        &mut out,
+    )
+    .unwrap();
     // exp(ln 3) / (3 + 6) = 1/3.
     assert!((out[0] - 1.0 / 3.0).abs() < 1e-6, "{}", out[0]);
     assert_eq!(out[1], f32::INFINITY);
@@ -170,9 +237,19 @@ fn refusals_name_the_argument_and_write_nothing() {
         other => panic!("{other:?}"),
     };
     let mut out = vec![7i32; n_kv * 4];
-    let mut run = |q: &[f32], hq, ck: &[f32], n_kv, d, seq_len, c: Config, width: usize| {
+    let run = |q: &[f32], hq, ck: &[f32], n_kv, d, seq_len, c: Config, width: usize| {
         let mut o = vec![7i32; width];
-        let r = select_into(Encoded::F32(q), hq, Encoded::F32(ck), None, n_kv, d, seq_len, &c, &mut o);
+        let r = select_into(
+            Encoded::F32(q),
+            hq,
+            Encoded::F32(ck),
+            None,
+            n_kv,
+            d,
+            seq_len,
+            &c,
+            &mut o,
+        );
         assert!(o.iter().all(|&x| x == 7));
         r.map_err(arg).unwrap_err()
     };
@@ -181,20 +258,88 @@ fn refusals_name_the_argument_and_write_nothing() {
     assert_eq!(run(&q, hq, &ck[1..], n_kv, d, seq_len, good, 8), "ck");
     assert_eq!(run(&q, hq, &ck, 0, d, seq_len, good, 8), "n_kv_heads");
     assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, good, 9), "out");
-    assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, Config { top_k: 0, ..good }, 8), "topk");
-    assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, Config { scale: f32::NAN, ..good }, 8), "scale");
+    assert_eq!(
+        run(
+            &q,
+            hq,
+            &ck,
+            n_kv,
+            d,
+            seq_len,
+            Config { top_k: 0, ..good },
+            8
+        ),
+        "topk"
+    );
+    assert_eq!(
+        run(
+            &q,
+            hq,
+            &ck,
+            n_kv,
+            d,
+            seq_len,
+            Config {
+                scale: f32::NAN,
+                ..good
+            },
+            8
+        ),
+        "scale"
+    );
     let odd = Geometry {
         block_size: 60,
         ..Geometry::MINICPM4
     };
-    assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, Config { geometry: odd, ..good }, 8), "block_size");
+    assert_eq!(
+        run(
+            &q,
+            hq,
+            &ck,
+            n_kv,
+            d,
+            seq_len,
+            Config {
+                geometry: odd,
+                ..good
+            },
+            8
+        ),
+        "block_size"
+    );
     let zero = Geometry {
         kernel_stride: 0,
         ..Geometry::MINICPM4
     };
-    assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, Config { geometry: zero, ..good }, 8), "kernel_stride");
+    assert_eq!(
+        run(
+            &q,
+            hq,
+            &ck,
+            n_kv,
+            d,
+            seq_len,
+            Config {
+                geometry: zero,
+                ..good
+            },
+            8
+        ),
+        "kernel_stride"
+    );
     let two_q = [q.clone(), q.clone()].concat();
     assert_eq!(run(&two_q, hq, &[], n_kv, d, 1, good, 16), "q");
-    select_into(Encoded::F32(&q), hq, Encoded::F32(&ck), None, n_kv, d, seq_len, &good, &mut out).unwrap();
+    select_into(
+        Encoded::F32(&q),
+        hq,
+        Encoded::F32(&ck),
+        None,
+        n_kv,
+        d,
+        seq_len,
+        &good,
+        &mut out,
+    )
+    .unwrap();
     assert!(out.iter().all(|&x| (-1..nb as i32).contains(&x)));
 }

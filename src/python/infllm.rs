@@ -68,8 +68,18 @@ fn call<'py>(
     formats: (Option<Named<QueryFormat>>, Option<Named<KeyFormat>>),
 ) -> PyResult<Call<'py>> {
     let seq_len = S.count(seq_len, "seq_len", I32_MAX)?;
-    let init = S.count_or(init_blocks, "init_blocks", I32_MAX, infllm::MINICPM4_INIT_BLOCKS)?;
-    let local = S.count_or(local_blocks, "local_blocks", I32_MAX, infllm::MINICPM4_LOCAL_BLOCKS)?;
+    let init = S.count_or(
+        init_blocks,
+        "init_blocks",
+        I32_MAX,
+        infllm::MINICPM4_INIT_BLOCKS,
+    )?;
+    let local = S.count_or(
+        local_blocks,
+        "local_blocks",
+        I32_MAX,
+        infllm::MINICPM4_LOCAL_BLOCKS,
+    )?;
     let m = Geometry::MINICPM4;
     let geometry = Geometry {
         block_size: S.count_or(block_size, "block_size", I32_MAX, m.block_size)?,
@@ -85,7 +95,10 @@ fn call<'py>(
     };
     let (ke, kshape) = EncodedIn::new(S, ck, "ck", formats.1.format_arg())?;
     let [_, n_kv, dk] = kshape[..] else {
-        let msg = format!("ck must be 3-D [n_c, n_kv_heads, d], got {}-D", kshape.len());
+        let msg = format!(
+            "ck must be 3-D [n_c, n_kv_heads, d], got {}-D",
+            kshape.len()
+        );
         return Err(refuse(S, "ck", msg));
     };
     if dk != d {
