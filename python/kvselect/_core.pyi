@@ -2769,4 +2769,3 @@ def infllm_select(
     >>> rows.shape, rows[0, 0, -3:].tolist()
     ((1, 2, 4), [13, 14, 15])
     """
-

@@ -179,7 +179,15 @@ def infllm_row(w: Workload, h: int, p: int, s: Settings) -> list:
     ck = RI.compress_keys(keys, 2 * st, st)
     q = w.q[h * GROUP : (h + 1) * GROUP, p].astype(np.float32)[None]
     blocks = RI.infllm_select(
-        q, ck, L, s.budget // b, init_blocks=init, local_blocks=local, block_size=b, kernel_size=2 * st, kernel_stride=st
+        q,
+        ck,
+        L,
+        s.budget // b,
+        init_blocks=init,
+        local_blocks=local,
+        block_size=b,
+        kernel_size=2 * st,
+        kernel_stride=st,
     )[0, 0]
     return [x for blk in sorted(blocks[blocks >= 0].tolist()) for x in range(blk * b, min((blk + 1) * b, L))]
 

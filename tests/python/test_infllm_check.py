@@ -58,7 +58,11 @@ def test_right_rows_pass_and_the_planted_fault_is_named(cid):
     c.assert_rows(c.expected)
     i = c.inputs
     native = ks.infllm_select(
-        i["q"], i["ck"], i["seq_len"], i["topk"], **{k: v for k, v in i.items() if k not in ("q", "ck", "seq_len", "topk")}
+        i["q"],
+        i["ck"],
+        i["seq_len"],
+        i["topk"],
+        **{k: v for k, v in i.items() if k not in ("q", "ck", "seq_len", "topk")},
     )
     assert np.array_equal(native, c.expected)
     rev = np.full_like(native, -1)

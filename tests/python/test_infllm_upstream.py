@@ -87,7 +87,10 @@ def test_rows_match_the_upstream_reference_and_triton_pooling(monkeypatch):
             top = min(topk, block.shape[-1])
             idx = block.topk(top, dim=-1).indices.sort(-1).values
             q_idx = torch.arange(n) // 64
-            for keep, drop in (("through_current", idx > q_idx[None, :, None]), ("before_current", idx >= q_idx[None, :, None])):
+            for keep, drop in (
+                ("through_current", idx > q_idx[None, :, None]),
+                ("before_current", idx >= q_idx[None, :, None]),
+            ):
                 upstream = idx.masked_fill(drop, -1).numpy()
                 mine = ks.infllm_select(
                     q.transpose(0, 1).numpy(),

@@ -124,6 +124,11 @@ from .indexer import (
     indexer_topk_packed,
     indexer_topk_paged,
 )
+from .infllm import (
+    compress_keys,
+    infllm_block_scores,
+    infllm_select,
+)
 from .keys import (  # kvselect.checking decodes fp8 bytes through it
     decode,
     fp8_e4m3fn_table,
@@ -135,11 +140,6 @@ from .metrics import (
     output_relative_error_rows,
     segment_coverage_rows,
     slots_used_rows,
-)
-from .infllm import (
-    compress_keys,
-    infllm_block_scores,
-    infllm_select,
 )
 from .quest import (
     quest_bounds,

@@ -70,7 +70,11 @@ def compress_keys(keys: Any, kernel_size: int = KERNEL_SIZE, kernel_stride: int 
 
 
 def _geometry(block_size: Any, kernel_size: Any, kernel_stride: Any) -> Tuple[int, int, int]:
-    b, c, s = _count("block_size", block_size), _count("kernel_size", kernel_size), _count("kernel_stride", kernel_stride)
+    b, c, s = (
+        _count("block_size", block_size),
+        _count("kernel_size", kernel_size),
+        _count("kernel_stride", kernel_stride),
+    )
     for name, v in (("block_size", b), ("kernel_size", c), ("kernel_stride", s)):
         if v == 0:
             raise ReferenceSelectionError(name, f"{name} must be at least 1")
@@ -368,13 +372,15 @@ def rows_within_bound(
             if len(ids) != len(want) or np.any(row[len(ids) :] != -1) or np.any(np.diff(ids) <= 0):
                 continue
             extra, missing = np.setdiff1d(ids, want), np.setdiff1d(want, ids)
-            s = scores[i, g]
-
-            def near(b: int, c: int) -> bool:
-                if s[b] == s[c]:
-                    return True
-                both = abs(s[b]) + abs(s[c])
-                return bool(np.isfinite(both) and abs(s[b] - s[c]) <= R[i, g] * both + 2 * T)
-
-            ok[i, g] = all(near(b, c) for b in extra for c in missing)
+            s, r = scores[i, g], float(R[i, g])
+            ok[i, g] = all(_near(s[b], s[c], r, T) for b in extra for c in missing)
     return ok
+
+
+def _near(x: float, y: float, r: float, t: float) -> bool:
+    """Two exact block scores the core may order either way: equal, or within ``r (|x|
+    + |y|) + 2t``."""
+    if x == y:
+        return True
+    both = abs(x) + abs(y)
+    return bool(np.isfinite(both) and abs(x - y) <= r * both + 2 * t)

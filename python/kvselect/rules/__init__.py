@@ -23,7 +23,17 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from kvselect.rules import baselines, block_sparse, compressed, eviction, indexer, infllm, quest, sparse_attention, witness
+from kvselect.rules import (
+    baselines,
+    block_sparse,
+    compressed,
+    eviction,
+    indexer,
+    infllm,
+    quest,
+    sparse_attention,
+    witness,
+)
 from kvselect.rules._rule import (
     TOKENS,
     BudgetUnit,

@@ -83,9 +83,7 @@ def check(
         scale=scale, ck_scale=d.get("ck_scale"), query_format=formats.get("q"), key_format=formats.get("ck")
     )
     try:
-        exact = RI.infllm_block_scores(
-            d["q"], d["ck"], n, init_blocks=init, local_blocks=local, pooling=pooling, **kw
-        )
+        exact = RI.infllm_block_scores(d["q"], d["ck"], n, init_blocks=init, local_blocks=local, pooling=pooling, **kw)
         bound, tiny = RI.score_bound(d["q"], d["ck"], n, **kw)
     except ValueError as e:
         raise DumpError(str(e)) from None
