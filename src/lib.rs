@@ -59,6 +59,7 @@ pub mod compressed;
 mod error;
 pub mod exp;
 pub mod indexer;
+pub mod infllm;
 pub mod keys;
 pub mod metrics;
 mod packed;

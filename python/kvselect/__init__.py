@@ -43,6 +43,10 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   bfloat16 / fp8 caches and updated per decode step, the score bound they put
   on a query, and the pages it reads (Quest's kernels, its evaluation script,
   SGLang's variant);
+- InfLLM-v2's block selection (MiniCPM4 / 4.1: :func:`infllm_block_scores`,
+  :func:`infllm_select`): stage 1's softmax over compressed keys summed over
+  the query group, max pooled onto 64-token blocks, the forced blocks and the
+  top-k (the CUDA and the older Triton pooling, both top-k filters);
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -89,6 +93,8 @@ from kvselect._core import (
     indexer_topk,
     indexer_topk_packed,
     indexer_topk_paged,
+    infllm_block_scores,
+    infllm_select,
     locality_null,
     oracle_topk,
     output_relative_error,
@@ -177,6 +183,8 @@ __all__ = [
     "window_positions",
     "indexer_scores",
     "indexer_magnitudes",
+    "infllm_block_scores",
+    "infllm_select",
     "locality_null",
     "oracle_topk",
     "output_relative_error",

@@ -16,6 +16,8 @@ __all__ = [
     "quest_update",
     "quest_scores",
     "quest_select",
+    "infllm_block_scores",
+    "infllm_select",
     "__version__",
     "MAX_TOPOLOGY_SEGMENTS",
     "KvselectError",
@@ -2636,4 +2638,158 @@ def quest_select(
     >>> kmin, kmax = kvselect.quest_bounds(keys, page_size=1)
     >>> kvselect.quest_select(np.ones((1, 1), np.float32), kmin, kmax, 5, 3, page_size=1)
     array([[0, 2, 4]], dtype=int32)
+    """
+
+def infllm_block_scores(
+    q: _ArrayIn,
+    ck: _ArrayIn,
+    seq_len: int,
+    *,
+    init_blocks: int = 1,
+    local_blocks: int = 32,
+    pooling: str = "cuda",
+    scale: Optional[float] = None,
+    ck_scale: Optional[_ArrayIn] = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+    block_size: int = 64,
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
+) -> npt.NDArray[np.float32]:
+    """Every block's score under InfLLM-v2's stage 1 and pooling, for the queries
+    at the end of one sequence.
+
+    Query ``i`` sits at position ``seq_len - n_q + i``. Each query head's softmax
+    over the compressed keys it sees (those whose 32 tokens end at or before its
+    position), of ``scale * q . ck``; the probabilities summed over each KV head's
+    query group; block ``b`` (64 tokens) the maximum over compressed keys ``4b - 1
+    .. 4b + 3``. The variant's forced blocks score ``+inf``, its excluded ones
+    ``-inf`` (``pooling``; docs/infllm.md). Float32 with the project's ``exp``, the
+    same bits at every SIMD level.
+
+    Parameters
+    ----------
+    q : array_like, [n_q, n_q_heads, d]
+        The queries, the sequence's last ``n_q`` tokens: float32 (float64 converted
+        once), float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw view with
+        ``query_format``.
+    ck : array_like, [n_c, n_kv_heads, d]
+        The sequence's compressed keys (``n_c = (seq_len - 32) // 16 + 1``, 0 below
+        32 tokens): key ``j`` the mean of the keys at tokens ``16 j .. 16 j + 31``
+        (``kvselect.reference.infllm.compress_keys``). Any key format, read in place.
+    seq_len : int
+        Tokens in the sequence (the queries' own included).
+    init_blocks, local_blocks : int, optional
+        Blocks forced at the start and up to the query's own (MiniCPM4's 1 and 32).
+    block_size, kernel_size, kernel_stride : int, optional
+        The geometry (MiniCPM4's 64, 32, 16; the source takes them as parameters):
+        compressed keys of ``kernel_size`` tokens every ``kernel_stride``, blocks of
+        ``block_size`` (a multiple of ``kernel_stride``), pooled over ``s b - 1 .. s b +
+        s - 1`` with ``s = block_size // kernel_stride``.
+    pooling : {"cuda", "triton"}, optional
+        ``"cuda"`` (the CUDA kernel, default): init and ``local_blocks + 1`` blocks
+        up to the current one ``+inf``; ``"triton"`` (the older Triton kernel): the
+        ``local_blocks`` blocks up to the current one ``-inf``, then init ``+inf``,
+        taps past the keys read as 0.
+    scale : float, optional
+        The logits' scale, finite; ``1 / sqrt(d)`` by default (the source's).
+    ck_scale : array_like of float32, [n_c], optional
+        Each compressed key's scale (fp8 keys): its value is ``ck * scale``.
+    query_format, key_format : str, optional
+        The formats of raw uint16 / uint8 ``q`` and ``ck``.
+
+    Returns
+    -------
+    ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / 64)]
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when ``q`` or ``ck`` is not 3-D, their
+        ``d`` differ, ``q``'s heads are not a multiple of ``ck``'s, there are more
+        queries than tokens (``q``); ``ck`` is not ``seq_len``'s compressed keys
+        (``ck``); ``ck_scale`` not one per key; ``seq_len`` is 0; ``scale`` is not
+        finite; a geometry size is 0 or ``block_size`` not whole strides
+        (``block_size``, ``kernel_size``, ``kernel_stride``); an option names nothing
+        (``pooling``).
+
+    See Also
+    --------
+    infllm_select : the blocks each query reads.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> q = np.ones((1, 2, 4), dtype=np.float32)
+    >>> ck = np.zeros((7, 1, 4), dtype=np.float32); ck[1] = 1.0
+    >>> s = kvselect.infllm_block_scores(q, ck, 128, init_blocks=0, local_blocks=0)
+    >>> s.shape, round(float(s[0, 0, 0]), 4), float(s[0, 0, 1])
+    ((1, 1, 2), 1.1037, inf)
+    """
+
+def infllm_select(
+    q: _ArrayIn,
+    ck: _ArrayIn,
+    seq_len: int,
+    topk: int = 64,
+    *,
+    init_blocks: int = 1,
+    local_blocks: int = 32,
+    pooling: str = "cuda",
+    keep: str = "through_current",
+    scale: Optional[float] = None,
+    ck_scale: Optional[_ArrayIn] = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+    block_size: int = 64,
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
+) -> npt.NDArray[np.int32]:
+    """The blocks each query reads under InfLLM-v2: the top-k of
+    :func:`infllm_block_scores`, filtered as the modelling code filters.
+
+    The top ``min(topk, n_blocks)`` blocks of each query's row for each KV head,
+    ranked by score descending, ties to the lower block id (where more blocks are
+    forced than ``topk`` holds, the lower ids); then the ids past the query's own
+    block dropped (``keep="through_current"``, MiniCPM4.1's ``> q_idx``) or from it
+    on (``keep="before_current"``, an earlier copy's ``>= q_idx``); ascending,
+    ``-1`` padded.
+
+    Parameters
+    ----------
+    q, ck, seq_len
+        As :func:`infllm_block_scores`.
+    topk : int, optional
+        Blocks per row before the filter (MiniCPM4's 64), at least 1.
+    init_blocks, local_blocks, pooling, scale, ck_scale, query_format, key_format
+        As :func:`infllm_block_scores`.
+    block_size, kernel_size, kernel_stride
+        As :func:`infllm_block_scores`.
+    keep : {"through_current", "before_current"}, optional
+        Which ids the filter keeps (default ``"through_current"``).
+
+    Returns
+    -------
+    ndarray of int32, [n_q, n_kv_heads, topk]
+        Block ids ascending, then ``-1``.
+
+    Raises
+    ------
+    SelectionError
+        As :func:`infllm_block_scores`, and when ``topk`` is 0 (``topk``) or
+        ``keep`` names nothing (``keep``).
+
+    See Also
+    --------
+    infllm_block_scores : the scores the rows rank.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    >>> ck = rng.standard_normal((63, 2, 8)).astype(np.float32)
+    >>> rows = kvselect.infllm_select(q, ck, 1024, topk=4, local_blocks=2)
+    >>> rows.shape, rows[0, 0, -3:].tolist()
+    ((1, 2, 4), [13, 14, 15])
     """

@@ -131,7 +131,7 @@
 //! bounds checks and dispatch in `mod.rs`, `portable.rs`, `avx2.rs`,
 //! `avx512.rs`).
 
-mod kernels;
+pub(crate) mod kernels;
 mod pass;
 mod selectors;
 mod shape;

@@ -48,6 +48,7 @@ mod compressed;
 mod dlpack;
 mod errors;
 mod indexer;
+mod infllm;
 mod quest;
 mod runtime;
 mod witness;
@@ -68,6 +69,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     check::register(m)?;
     dlpack::register(m)?;
     compressed::register(m)?;
+    infllm::register(m)?;
     quest::register(m)?;
     runtime::register(m)?;
     Ok(())

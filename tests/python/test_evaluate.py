@@ -165,6 +165,33 @@ def quest_row(w: Workload, h: int, p: int, s: Settings) -> list:
     return [x for b in chosen for x in range(b * page, min((b + 1) * page, L))]
 
 
+def infllm_row(w: Workload, h: int, p: int, s: Settings) -> list:
+    """InfLLM-v2 (the CUDA pooling, MiniCPM4.1's filter) from the NumPy twin, at the
+    policy's geometry (kvselect.rules.infllm.geometry: blocks halved until the init
+    block, the window and the current block fit the budget)."""
+    from kvselect.reference import infllm as RI
+    from kvselect.rules.infllm import geometry
+
+    b, init, local = geometry(s)
+    st = max(1, b // 4)
+    L = p + 1
+    keys = w.k[h, :L].astype(np.float32)[:, None, :]
+    ck = RI.compress_keys(keys, 2 * st, st)
+    q = w.q[h * GROUP : (h + 1) * GROUP, p].astype(np.float32)[None]
+    blocks = RI.infllm_select(
+        q,
+        ck,
+        L,
+        s.budget // b,
+        init_blocks=init,
+        local_blocks=local,
+        block_size=b,
+        kernel_size=2 * st,
+        kernel_stride=st,
+    )[0, 0]
+    return [x for blk in sorted(blocks[blocks >= 0].tolist()) for x in range(blk * b, min((blk + 1) * b, L))]
+
+
 def locality_row(p: int, k: int) -> list:
     L = p + 1
     return list(range(max(0, L - k), L))
@@ -207,6 +234,7 @@ def expected_selections(w: Workload, h: int, s: Settings) -> dict:
         out["witnesses (served, unordered)"].append(as_served_row(shuffled[i].tolist(), L, S))
         out["block-sparse"].append(block_sparse_row(w, h, p, s))
         out["quest"].append(quest_row(w, h, p, s))
+        out["infllm"].append(infllm_row(w, h, p, s))
         out["random null"].append(random_rows[i].tolist())
         out["locality null"].append(locality_row(p, k))
         out["sink + window"].append(sink_window_row(p, k, s.sinks))

@@ -18,6 +18,7 @@ ORDER = [
     "indexer",
     "compressed",
     "quest",
+    "infllm",
     "metrics",
     "check",
     "eviction",

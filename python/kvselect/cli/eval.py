@@ -187,6 +187,7 @@ def run_demo(args: argparse.Namespace) -> int:
         quest_page_size=16,
         snapkv_window=None,
         h2o_recent=None,
+        infllm_local_blocks=None,
         boundary=None,
         index_heads=4,
         index_noise=2.0,

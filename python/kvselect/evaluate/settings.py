@@ -44,6 +44,9 @@ class Settings:
     h2o_recent : int or None
         H2O's recent positions, out of the budget (the rest heavy hitters);
         None: ``budget // 2`` (H2O's equal shares), at any budget.
+    infllm_local_blocks : int or None
+        InfLLM-v2's local window in blocks of 64; None: half the budget's
+        blocks (MiniCPM4's 32 of 64).
     boundary : int or None
         The boundary experiment's ``P`` (None: the per-query experiment;
         :data:`AUTO_BOUNDARY`, 0: the first evaluated query position of
@@ -62,6 +65,7 @@ class Settings:
     quest_page_size: int = 16
     snapkv_window: int = 64
     h2o_recent: Optional[int] = None
+    infllm_local_blocks: Optional[int] = None
     boundary: Optional[int] = None
     seed: int = 0
 
@@ -98,6 +102,8 @@ class Settings:
             raise ValueError(f"snapkv_window must be at least 1, got {self.snapkv_window}")
         if self.h2o_recent is not None and self.h2o_recent < 0:
             raise ValueError(f"h2o_recent must be non-negative, got {self.h2o_recent}")
+        if self.infllm_local_blocks is not None and self.infllm_local_blocks < 0:
+            raise ValueError(f"infllm_local_blocks must be non-negative, got {self.infllm_local_blocks}")
         if self.boundary is not None and self.boundary < 0:
             raise ValueError(f"boundary must be non-negative (0: the first evaluated query), got {self.boundary}")
         if self.init_blocks < 0 or self.local_blocks < 0 or self.sinks < 0:
@@ -154,6 +160,7 @@ def derive_settings(
     quest_page_size: Optional[int] = None,
     snapkv_window: Optional[int] = None,
     h2o_recent: Optional[int] = None,
+    infllm_local_blocks: Optional[int] = None,
     boundary: Optional[int] = None,
     seed: int = 0,
     names: Optional[Mapping[str, str]] = None,
@@ -189,7 +196,7 @@ def derive_settings(
     ----------
     budget : int
         The token budget ``k`` (at least 1).
-    segments, block_size, init_blocks, local_blocks, sinks, quest_page_size, snapkv_window, h2o_recent : int or None
+    segments, block_size, init_blocks, local_blocks, sinks, quest_page_size, snapkv_window, h2o_recent, infllm_local_blocks : int or None
         The settings the caller gives; ``None`` derives it from the budget
         as above.
     boundary : int or None
@@ -312,6 +319,12 @@ def derive_settings(
             ["h2o_recent"],
         )
 
+    infllm_local = None if infllm_local_blocks is None else int(infllm_local_blocks)
+    if infllm_local is not None and infllm_local < 0:
+        raise SettingsError(
+            f"{name('infllm_local_blocks')} must be non-negative, got {infllm_local}", ["infllm_local_blocks"]
+        )
+
     s = Settings(
         budget=k,
         segments=segs,
@@ -322,6 +335,7 @@ def derive_settings(
         quest_page_size=qp,
         snapkv_window=window,
         h2o_recent=recent,
+        infllm_local_blocks=infllm_local,
         boundary=boundary,
         seed=seed,
     )
@@ -334,6 +348,7 @@ def derive_settings(
         quest_page_size=quest_page_size,
         snapkv_window=snapkv_window,
         h2o_recent=h2o_recent,
+        infllm_local_blocks=infllm_local_blocks,
     )
     for f in DERIVED_FIELDS:
         if given_values[f] is None and getattr(s, f) != getattr(d, f):

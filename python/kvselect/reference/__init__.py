@@ -39,6 +39,9 @@ lives, not a second API). Bottom up (each imports only modules above it):
   (``combine_topk_swa_indices``);
 - **quest**: Quest's page bounds (dense, packed, paged, the decode update),
   page scores and page sets (Quest's kernels, its evaluation script, SGLang's);
+- **infllm**: InfLLM-v2's block selection (MiniCPM4 / 4.1): compressed keys, stage 1's
+  group scores, the CUDA and Triton pooling, the rows; the core's error bound
+  (``score_bound``) and the comparison within it (``rows_within_bound``);
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error (uses witness, attn);
 - **eviction**: the KV-eviction baselines' kept positions at a boundary
@@ -121,6 +124,11 @@ from .indexer import (
     indexer_topk_packed,
     indexer_topk_paged,
 )
+from .infllm import (
+    compress_keys,
+    infllm_block_scores,
+    infllm_select,
+)
 from .keys import (  # kvselect.checking decodes fp8 bytes through it
     decode,
     fp8_e4m3fn_table,
@@ -202,6 +210,10 @@ __all__ = [
     "compressed_entry_tokens",
     "expand_entries",
     "combine_topk_swa_indices",
+    # infllm
+    "compress_keys",
+    "infllm_block_scores",
+    "infllm_select",
     # quest
     "quest_bounds",
     "quest_bounds_paged",

@@ -1,7 +1,7 @@
 """Check a kernel from its own test suite: assertions in the style of
 ``torch.testing.assert_close``.
 
-:func:`assert_topk`, :func:`assert_blocks`, :func:`assert_quest`, :func:`assert_witnesses` and
+:func:`assert_topk`, :func:`assert_blocks`, :func:`assert_quest`, :func:`assert_infllm`, :func:`assert_witnesses` and
 :func:`assert_sparse_attention` apply the rules and tolerance defaults of ``kvselect check`` (the checks of
 :mod:`kvselect.checking`, called here: nothing is re-derived) to the tensors
 a test already holds. Each returns the report (a
@@ -51,6 +51,7 @@ __all__ = [
     "assert_topk",
     "assert_blocks",
     "assert_quest",
+    "assert_infllm",
     "assert_witnesses",
     "assert_sparse_attention",
     "CheckFailure",
@@ -491,6 +492,71 @@ def assert_quest(
     if dense_layers is not None:
         d["dense_layers"] = np.asarray(int(dense_layers))
     return _conclude(check_dump(d, atol=atol, rtol=rtol), False, "assert_quest")
+
+
+def assert_infllm(
+    rows: Any,
+    q: Any,
+    ck: Any,
+    seq_len: int,
+    topk: Optional[int] = None,
+    *,
+    init_blocks: int = 1,
+    local_blocks: int = 32,
+    pooling: str = "cuda",
+    keep: str = "through_current",
+    scale: Optional[float] = None,
+    ck_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    precision: str = "float32",
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+) -> Report:
+    """Assert that ``rows`` are InfLLM-v2's blocks, as ``kvselect check`` judges an
+    ``infllm`` dump (the exact block scores of ``q`` and ``ck``; each row decided in
+    real arithmetic, ties within the engine's rounding either way).
+
+    Parameters
+    ----------
+    rows : array_like or DLPack tensor
+        Block ids ``[n_q, n_kv_heads, width]``, any order, ``-1`` padded.
+    q, ck, seq_len, topk, init_blocks, local_blocks, pooling, keep, scale, ck_scale
+        As :func:`kvselect.infllm_select` takes them (``topk`` defaults to the rows'
+        width).
+    key_format, query_format
+        The formats of raw uint16 / uint8 ``ck`` and ``q``.
+    precision, rtol, atol
+        The tolerance, as :func:`assert_topk` (the magnitude of a block score is the
+        score).
+
+    Returns
+    -------
+    Report
+        The report, as :func:`kvselect.checking.check_dump` returns it.
+
+    Raises
+    ------
+    CheckFailure
+        When some row is wrong (message: the ``kvselect check`` text; ``err.report``).
+    kvselect.checking.DumpError
+        Arguments that do not fit together (named by their dump keys).
+    """
+    p = _precision(precision, ValueError)
+    d: Dict[str, Any] = {"kind": np.asarray("infllm"), "precision": np.asarray(p)}
+    _as_dump_array(_host(q, "q"), "q", d, query_format)
+    _as_dump_array(_host(ck, "ck"), "ck", d, key_format)
+    d["seq_len"] = np.asarray(int(seq_len))
+    d["rows"] = np.asarray(_host(rows, "rows"))
+    if topk is not None:
+        d["topk"] = np.asarray(int(topk))
+    d["init_blocks"], d["local_blocks"] = np.asarray(int(init_blocks)), np.asarray(int(local_blocks))
+    d["pooling"], d["keep"] = np.asarray(pooling), np.asarray(keep)
+    if scale is not None:
+        d["scale"] = np.asarray(float(scale))
+    if ck_scale is not None:
+        d["ck_scale"] = np.asarray(_host(ck_scale, "ck_scale"), dtype=np.float32)
+    return _conclude(check_dump(d, atol=atol, rtol=rtol), False, "assert_infllm")
 
 
 def assert_witnesses(before: Any, after: Any, context_lens: Any, num_segments: int) -> Report:

@@ -12,9 +12,9 @@ use crate::simd::{dispatch, Isa};
 
 /// Keys per score micro-tile: two 8-lane blocks, or one 16-lane block at
 /// the AVX-512 level.
-pub(super) const KEY_TILE: usize = 16;
+pub(crate) const KEY_TILE: usize = 16;
 /// Rows per micro-tile.
-pub(super) const ROW_TILE: usize = 4;
+pub(crate) const ROW_TILE: usize = 4;
 
 /// The value rows of a key list: row `j` is `v[off[j]..off[j] + d_v]`.
 /// Every row is checked to lie in `v` once, when the list is built (in
@@ -59,7 +59,7 @@ pub(super) fn lanes(isa: Isa) -> usize {
 /// `round_up(n, 16) · d` entries; the padding keys' contents are
 /// unspecified (their scores are masked). [`scores`] reads the blocks of
 /// the level it is handed: pass both the same `isa`.
-pub(super) fn pack_keys(
+pub(crate) fn pack_keys(
     isa: Isa,
     dst: &mut Vec<f32>,
     k: &[f32],
@@ -142,7 +142,7 @@ pub(super) fn prefetch_rows(isa: Isa, vals: ValueRows<'_>, rows: std::ops::Range
 /// packed key tiles (packed by [`pack_keys`] with the same `isa`), times
 /// `scale`, into `out[r · stride + t]`, `t < 16 · tiles`.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn scores(
+pub(crate) fn scores(
     isa: Isa,
     q: &[f32],
     q_offs: &[usize],
@@ -196,7 +196,7 @@ pub(super) fn scores(
 
 /// Softmax numerator in place over `s` (a multiple of 8 long, entries
 /// past the row's keys already `-inf`); returns `(m, l)`.
-pub(super) fn softmax(isa: Isa, s: &mut [f32]) -> (f32, f32) {
+pub(crate) fn softmax(isa: Isa, s: &mut [f32]) -> (f32, f32) {
     assert!(s.len().is_multiple_of(8));
     // SAFETY (bounds): the length is a multiple of 8 (asserted above).
     dispatch!("attention.softmax", isa, {

@@ -61,6 +61,10 @@ Sources of the engine facts:
   page bound's min / max and the sign of ``q_i``, the forced last page, the
   dense fallback, a page bounded over stale slots, fp8 keys' per-key scales
   (:func:`all_quest_cases`).
+- InfLLM-v2 (OpenBMB/infllmv2_cuda_impl @f908e731 ``csrc/max_pooling_1d.cuh``;
+  MiniCPM4.1's ``compressed_attention``): the pooling window ``[4b - 1, 4b + 4)``
+  off by one, the current block not forced, the ``>= q_idx`` filter, a top-k that
+  is one tie, fp8 compressed keys' scales (:func:`all_infllm_cases`).
 - vLLM's DeepSeek-V4 ``combine_topk_swa_indices``
   (``vllm/v1/attention/ops/deepseek_v4_ops/cache_utils.py``): token ``pos``
   sees ``(pos + 1) // compress_ratio`` compressed entries
@@ -89,6 +93,14 @@ from kvselect.testing.cases.blocks import (
     block_short,
     block_ties,
     witness_rows,
+)
+from kvselect.testing.cases.infllm import (
+    all_infllm_cases,
+    infllm_current_not_forced,
+    infllm_decode_drops_current,
+    infllm_fp8_scales,
+    infllm_ties,
+    infllm_window_off_by_one,
 )
 from kvselect.testing.cases.quest import (
     all_quest_cases,
@@ -122,6 +134,7 @@ __all__ = [
     "all_topk_cases",
     "all_block_cases",
     "all_quest_cases",
+    "all_infllm_cases",
     "all_witness_cases",
     "all_sparse_attention_cases",
     "tail_lengths",
@@ -150,6 +163,11 @@ __all__ = [
     "quest_stale_slots",
     "quest_ties",
     "quest_fp8_scales",
+    "infllm_window_off_by_one",
+    "infllm_current_not_forced",
+    "infllm_decode_drops_current",
+    "infllm_ties",
+    "infllm_fp8_scales",
     "empty_rows",
     "masked_first_chunk",
     "repeated_entries",

@@ -1,0 +1,386 @@
+"""InfLLM-v2's block selection (MiniCPM4 / 4.1) in plain NumPy, written from the sources.
+
+- OpenBMB/infllmv2_cuda_impl @f908e731: stage 1 is each query head's softmax over
+  the compressed keys, ``(q @ k.T) * (1 / sqrt(d))``, causally masked to the keys whose
+  32 tokens end at or before the query, summed over the query group
+  (``tests/stage1/naive_softmax.py`` ``torch_naive_softmax``; ``tests/test_stage1.py``
+  ``naive_attention``; NaN rows, a query that sees no key, become 0); compressed key
+  ``j`` is the mean of the keys at tokens ``16 j .. 16 j + 31``
+  (``tests/test_stage1_compressed_lse.py`` ``compress_tensor``).
+- ``csrc/max_pooling_1d.cuh`` (``pooling="cuda"``): block ``b`` takes the maximum over
+  compressed keys ``[4b - 1, 4b + 4)`` clamped to the keys (``-inf`` when none);
+  ``b < init_blocks`` and ``qb - local_blocks <= b <= qb`` are ``+inf``.
+- ``tests/test_pooling_comparison.py`` ``_transform_score_kernel`` (``pooling="triton"``):
+  out-of-range taps read 0; ``qb - local_blocks < b <= qb`` is ``-inf``; then
+  ``b < init_blocks`` is ``+inf``.
+- MiniCPM4.1's modelling code (``compressed_attention``; a copy at
+  ProudAurora/SparseMiniCpm @294ead4d ``finetune/models/minicpm4/modeling_minicpm.py``):
+  ``block_score.topk(topk)``, sorted, ids ``> q_idx`` set to -1
+  (``keep="through_current"``); an earlier copy drops ``>= q_idx``
+  (``keep="before_current"``).
+
+Scores here are float64 (the queries and keys are float32 values, the scale the float32
+``1/sqrt(d)`` the core uses), so they are the exact scores to about 1e-15. The core's
+float32 scores are within ``score_bound`` of them (src/infllm/mod.rs states the bound
+and why it holds); ``rows_within_bound`` is the comparison the differential tests and
+the checker make. Blocks are ranked by score descending, then id ascending, NaN last.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from ._args import ReferenceSelectionError, _count
+from .keys import decode
+
+BLOCK_SIZE = 64
+KERNEL_SIZE = 32
+KERNEL_STRIDE = 16
+_U = 2.0**-24
+_EXP_REL_ERR = 8.5e-8  # crate::exp::EXP_REL_ERR (docs/kernels.md); the tests read the native one
+
+
+def compressed_len(n_tokens: int, kernel_size: int = KERNEL_SIZE, kernel_stride: int = KERNEL_STRIDE) -> int:
+    """Compressed keys of ``n_tokens`` tokens: ``(n - kernel_size) // kernel_stride + 1``
+    (``(n - 32) // 16 + 1``), 0 below ``kernel_size``."""
+    return 0 if n_tokens < kernel_size else (n_tokens - kernel_size) // kernel_stride + 1
+
+
+def visible(p: int, kernel_size: int = KERNEL_SIZE, kernel_stride: int = KERNEL_STRIDE) -> int:
+    """Compressed keys the query at position ``p`` sees (its last token at or before ``p``)."""
+    return compressed_len(p + 1, kernel_size, kernel_stride)
+
+
+def n_blocks(n_tokens: int, block_size: int = BLOCK_SIZE) -> int:
+    return -(-n_tokens // block_size)
+
+
+def compress_keys(keys: Any, kernel_size: int = KERNEL_SIZE, kernel_stride: int = KERNEL_STRIDE) -> np.ndarray:
+    """``[n, h, d]`` keys -> their compressed keys ``[(n - 32) // 16 + 1, h, d]``: the
+    mean of each ``kernel_size``-token window every ``kernel_stride`` tokens
+    (``compress_tensor``), in float64, rounded to float32."""
+    k = decode(keys)
+    n_c = compressed_len(len(k), kernel_size, kernel_stride)
+    out = np.zeros((n_c,) + k.shape[1:], np.float64)
+    for j in range(n_c):
+        out[j] = k[j * kernel_stride : j * kernel_stride + kernel_size].mean(axis=0)
+    return out.astype(np.float32)
+
+
+def _geometry(block_size: Any, kernel_size: Any, kernel_stride: Any) -> Tuple[int, int, int]:
+    b, c, s = (
+        _count("block_size", block_size),
+        _count("kernel_size", kernel_size),
+        _count("kernel_stride", kernel_stride),
+    )
+    for name, v in (("block_size", b), ("kernel_size", c), ("kernel_stride", s)):
+        if v == 0:
+            raise ReferenceSelectionError(name, f"{name} must be at least 1")
+    if b % s:
+        raise ReferenceSelectionError("block_size", f"block_size ({b}) must be a multiple of kernel_stride ({s})")
+    return b, c, s
+
+
+def _inputs(
+    q: Any,
+    ck: Any,
+    seq_len: int,
+    scale: Optional[float],
+    ck_scale: Any,
+    query_format: Any,
+    key_format: Any,
+    geometry: Tuple[int, int, int] = (BLOCK_SIZE, KERNEL_SIZE, KERNEL_STRIDE),
+) -> Tuple[np.ndarray, np.ndarray, int, float]:
+    n = _count("seq_len", seq_len)
+    if n == 0:
+        raise ReferenceSelectionError("seq_len", "seq_len must be at least 1 (the query's own token)")
+    qa = decode(q, query_format, "query_format")
+    ka = decode(ck, key_format, "key_format")
+    if qa.ndim != 3:
+        raise ReferenceSelectionError("q", f"q must be 3-D [n_q, n_q_heads, d], got {qa.ndim}-D")
+    if ka.ndim != 3:
+        raise ReferenceSelectionError("ck", f"ck must be 3-D [n_c, n_kv_heads, d], got {ka.ndim}-D")
+    n_q, hq, d = qa.shape
+    n_c, h, dk = ka.shape
+    if dk != d:
+        raise ReferenceSelectionError("ck", f"ck has d={dk} but q has d={d}")
+    if h == 0 or hq == 0 or hq % h:
+        raise ReferenceSelectionError("q", f"q's {hq} heads are not a positive multiple of the {h} KV heads")
+    if n_q == 0 or n_q > n:
+        raise ReferenceSelectionError("q", f"{n_q} queries for seq_len = {n}")
+    want = compressed_len(n, geometry[1], geometry[2])
+    if n_c != want:
+        raise ReferenceSelectionError("ck", f"ck holds {n_c} compressed keys, {n} tokens have {want}")
+    if ck_scale is not None:
+        s = np.asarray(ck_scale, np.float32)
+        if s.shape != (n_c,):
+            raise ReferenceSelectionError("ck_scale", f"ck_scale must be [n_c={n_c}]")
+        ka = (ka.astype(np.float32) * s[:, None, None]).astype(np.float64)
+    sc = float(np.float32(1.0 / np.sqrt(d))) if scale is None else float(np.float32(scale))
+    if not np.isfinite(sc):
+        raise ReferenceSelectionError("scale", f"scale must be finite, got {scale}")
+    return qa, ka, n, sc
+
+
+def _logits(qa: np.ndarray, ka: np.ndarray, i: int, g: int, n_vis: int, sc: float) -> Tuple[np.ndarray, np.ndarray]:
+    """Query ``i``'s group of KV head ``g``: exact logits ``[G, n_vis]`` and ``sum |q k|``."""
+    hq, h = qa.shape[1], ka.shape[1]
+    gs = hq // h
+    qg = qa[i, g * gs : (g + 1) * gs]
+    kg = ka[:n_vis, g]
+    return (qg @ kg.T) * sc, np.abs(qg) @ np.abs(kg).T
+
+
+def group_scores(
+    q: Any,
+    ck: Any,
+    seq_len: int,
+    *,
+    scale: Optional[float] = None,
+    ck_scale: Any = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+    kernel_size: int = KERNEL_SIZE,
+    kernel_stride: int = KERNEL_STRIDE,
+) -> np.ndarray:
+    """Stage 1: ``[n_q, n_kv_heads, n_c]`` float64, each head's softmax over the keys its
+    query sees summed over the group (0 for the keys it does not see)."""
+    geo = (kernel_stride, kernel_size, kernel_stride)
+    qa, ka, n, sc = _inputs(q, ck, seq_len, scale, ck_scale, query_format, key_format, geo)
+    n_q, n_c, h = qa.shape[0], ka.shape[0], ka.shape[1]
+    out = np.zeros((n_q, h, n_c))
+    for i in range(n_q):
+        nv = visible(n - n_q + i, kernel_size, kernel_stride)
+        if nv == 0:
+            continue
+        for g in range(h):
+            s, _ = _logits(qa, ka, i, g, nv, sc)
+            e = np.exp(s - s.max(axis=1, keepdims=True))
+            out[i, g, :nv] = (e / e.sum(axis=1, keepdims=True)).sum(axis=0)
+    return out
+
+
+def pool(
+    sums: np.ndarray,
+    p: int,
+    n_blocks_: int,
+    init_blocks: int,
+    local_blocks: int,
+    pooling: str,
+    block_size: int = BLOCK_SIZE,
+    kernel_stride: int = KERNEL_STRIDE,
+) -> np.ndarray:
+    """One row's block scores from its group sums ``[n_c]`` (0 where unseen)."""
+    n_c = len(sums)
+    qb = p // block_size
+    kpb = block_size // kernel_stride
+    out = np.empty(n_blocks_)
+    for b in range(n_blocks_):
+        taps = sums[max(kpb * b - 1, 0) : min(kpb * b + kpb, n_c)]
+        if pooling == "cuda":
+            if b < init_blocks or (b <= qb <= b + local_blocks):
+                out[b] = np.inf
+            else:
+                out[b] = taps.max() if len(taps) else -np.inf
+        else:
+            if b < init_blocks:
+                out[b] = np.inf
+            elif b <= qb < b + local_blocks:
+                out[b] = -np.inf
+            else:
+                out[b] = max(0.0, taps.max()) if len(taps) else 0.0
+    return out
+
+
+def _pooling(pooling: str) -> str:
+    if pooling not in ("cuda", "triton"):
+        raise ReferenceSelectionError("pooling", f"pooling must be 'cuda' or 'triton', got {pooling!r}")
+    return pooling
+
+
+def infllm_block_scores(
+    q: Any,
+    ck: Any,
+    seq_len: int,
+    *,
+    init_blocks: int = 1,
+    local_blocks: int = 32,
+    pooling: str = "cuda",
+    scale: Optional[float] = None,
+    ck_scale: Any = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+    block_size: int = BLOCK_SIZE,
+    kernel_size: int = KERNEL_SIZE,
+    kernel_stride: int = KERNEL_STRIDE,
+) -> np.ndarray:
+    """``kvselect.infllm_block_scores`` in float64."""
+    pl = _pooling(pooling)
+    init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
+    bs, kz, st = _geometry(block_size, kernel_size, kernel_stride)
+    s = group_scores(
+        q,
+        ck,
+        seq_len,
+        scale=scale,
+        ck_scale=ck_scale,
+        query_format=query_format,
+        key_format=key_format,
+        kernel_size=kz,
+        kernel_stride=st,
+    )
+    n_q, h, _ = s.shape
+    nb = n_blocks(seq_len, bs)
+    out = np.empty((n_q, h, nb))
+    for i in range(n_q):
+        for g in range(h):
+            out[i, g] = pool(s[i, g], seq_len - n_q + i, nb, init, local, pl, bs, st)
+    return out
+
+
+def order(scores: np.ndarray) -> np.ndarray:
+    """Block ids by score descending, then id ascending, NaN last."""
+    key = np.where(np.isnan(scores), -np.inf, scores)
+    return np.lexsort((np.arange(len(scores)), np.isnan(scores), -key))
+
+
+def select_row(scores: np.ndarray, topk: int, keep: str, p: int, block_size: int = BLOCK_SIZE) -> np.ndarray:
+    """One row: the top ``min(topk, n)`` in the order, filtered, ascending."""
+    top = order(scores)[: min(topk, len(scores))]
+    qb = p // block_size
+    top = top[top <= qb] if keep == "through_current" else top[top < qb]
+    return np.sort(top)
+
+
+def infllm_select(
+    q: Any,
+    ck: Any,
+    seq_len: int,
+    topk: int = 64,
+    *,
+    init_blocks: int = 1,
+    local_blocks: int = 32,
+    pooling: str = "cuda",
+    keep: str = "through_current",
+    scale: Optional[float] = None,
+    ck_scale: Any = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+    block_size: int = BLOCK_SIZE,
+    kernel_size: int = KERNEL_SIZE,
+    kernel_stride: int = KERNEL_STRIDE,
+) -> np.ndarray:
+    """``kvselect.infllm_select`` in exact arithmetic (float64 scores)."""
+    k = _count("topk", topk)
+    if k == 0:
+        raise ReferenceSelectionError("topk", "topk must be at least 1 block")
+    if keep not in ("through_current", "before_current"):
+        raise ReferenceSelectionError("keep", f"keep must be 'through_current' or 'before_current', got {keep!r}")
+    b = infllm_block_scores(
+        q,
+        ck,
+        seq_len,
+        init_blocks=init_blocks,
+        local_blocks=local_blocks,
+        pooling=pooling,
+        scale=scale,
+        ck_scale=ck_scale,
+        query_format=query_format,
+        key_format=key_format,
+        block_size=block_size,
+        kernel_size=kernel_size,
+        kernel_stride=kernel_stride,
+    )
+    n_q, h, _ = b.shape
+    out = np.full((n_q, h, k), -1, np.int32)
+    for i in range(n_q):
+        for g in range(h):
+            r = select_row(b[i, g], k, keep, seq_len - n_q + i, block_size)
+            out[i, g, : len(r)] = r
+    return out
+
+
+def score_bound(
+    q: Any,
+    ck: Any,
+    seq_len: int,
+    *,
+    scale: Optional[float] = None,
+    ck_scale: Any = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+    exp_rel_err: float = _EXP_REL_ERR,
+    kernel_size: int = KERNEL_SIZE,
+    kernel_stride: int = KERNEL_STRIDE,
+) -> Tuple[np.ndarray, float]:
+    """The core's error bound (src/infllm/mod.rs): ``(R [n_q, n_kv_heads], T)``, every
+    float32 block score within ``R * B + T`` of the exact ``B``.
+
+    Per head: ``e_j = |scale| gamma_d sum|q ck_j| (1 + u) + u |s_j|``, ``a_j = e_j + u
+    (|s_j - m| + max e + e_j)``, ``A = max a_j``, ``r = e^(2A) (1 + eps)(1 + u) / ((1 -
+    eps)(1 - gamma_n)) - 1``; ``R = (1 + max r)(1 + gamma_G) - 1``, ``T = G 2^-123``
+    (doubled here: this bound is itself computed in float64)."""
+    geo = (kernel_stride, kernel_size, kernel_stride)
+    qa, ka, n, sc = _inputs(q, ck, seq_len, scale, ck_scale, query_format, key_format, geo)
+    n_q, hq, d = qa.shape
+    h = ka.shape[1]
+    gs = hq // h
+
+    def gamma(k: int) -> float:
+        return k * _U / (1 - k * _U)
+
+    out = np.zeros((n_q, h))
+    for i in range(n_q):
+        nv = visible(n - n_q + i, kernel_size, kernel_stride)
+        if nv == 0:
+            continue
+        for g in range(h):
+            s, a = _logits(qa, ka, i, g, nv, sc)
+            e = abs(sc) * gamma(d) * a * (1 + _U) + _U * np.abs(s)
+            m = s.max(axis=1, keepdims=True)
+            big_a = (e + _U * (np.abs(s - m) + e.max(axis=1, keepdims=True) + e)).max(axis=1)
+            eps = exp_rel_err
+            r = np.exp(2 * big_a) * (1 + eps) * (1 + _U) / ((1 - eps) * (1 - gamma(nv))) - 1
+            out[i, g] = ((1 + r.max()) * (1 + gamma(gs)) - 1) * (1 + 1e-9)
+    return out, 2 * gs * 2.0**-123
+
+
+def rows_within_bound(
+    rows: np.ndarray,
+    scores: np.ndarray,
+    bound: Tuple[np.ndarray, float],
+    seq_len: int,
+    topk: int,
+    keep: str,
+    block_size: int = BLOCK_SIZE,
+) -> np.ndarray:
+    """Which of ``rows`` (``[n_q, h, topk]``, a kernel's) are right: a row passes when its
+    ids are distinct, ascending, ``-1`` padded, kept by ``keep``, and equal to the exact
+    selection but for swaps between blocks whose exact scores ``B`` lie within ``R (B_b +
+    B_c) + 2T`` of each other. Returns ``[n_q, h]`` bool."""
+    R, T = bound
+    n_q, h, _ = scores.shape
+    ok = np.zeros((n_q, h), bool)
+    for i in range(n_q):
+        p = seq_len - n_q + i
+        for g in range(h):
+            row = rows[i, g]
+            ids = row[row >= 0]
+            want = select_row(scores[i, g], topk, keep, p, block_size)
+            if len(ids) != len(want) or np.any(row[len(ids) :] != -1) or np.any(np.diff(ids) <= 0):
+                continue
+            extra, missing = np.setdiff1d(ids, want), np.setdiff1d(want, ids)
+            s, r = scores[i, g], float(R[i, g])
+            ok[i, g] = all(_near(s[b], s[c], r, T) for b in extra for c in missing)
+    return ok
+
+
+def _near(x: float, y: float, r: float, t: float) -> bool:
+    """Two exact block scores the core may order either way: equal, or within ``r (|x|
+    + |y|) + 2t``."""
+    if x == y:
+        return True
+    both = abs(x) + abs(y)
+    return bool(np.isfinite(both) and abs(x - y) <= r * both + 2 * t)

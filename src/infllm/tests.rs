@@ -1,0 +1,345 @@
+//! The rule's examples pinned, the variants' forcing, the order, every
+//! level's bits and the refusals.
+
+use super::api::block_scores_at;
+use super::score::{block_scores, pooled};
+use super::*;
+use crate::keys::Encoded;
+use crate::simd::isas_for_test;
+
+fn cfg(pooling: Pooling, keep: Keep, init: usize, local: usize, top_k: usize) -> Config {
+    Config {
+        init_blocks: init,
+        local_blocks: local,
+        top_k,
+        pooling,
+        keep,
+        scale: 1.0,
+        geometry: Geometry::MINICPM4,
+    }
+}
+
+/// MiniCPM4's sizes: 32-token keys every 16 tokens; a key seen once its
+/// last token is.
+#[test]
+fn compressed_keys_and_visibility() {
+    assert_eq!(compressed_len(31), 0);
+    assert_eq!(compressed_len(32), 1);
+    assert_eq!(compressed_len(47), 1);
+    assert_eq!(compressed_len(48), 2);
+    assert_eq!(compressed_len(131_072), 8191);
+    assert_eq!(visible(30), 0);
+    assert_eq!(visible(31), 1);
+    assert_eq!(visible(46), 1);
+    assert_eq!(visible(47), 2);
+    assert_eq!((n_blocks(1), n_blocks(64), n_blocks(65)), (1, 1, 2));
+}
+
+/// Block b pools keys [4b − 1, 4b + 4): key 4b − 1 counts, key 4b + 4 does
+/// not; block 0 starts at key 0; taps past n_c are dropped (CUDA) or read
+/// as 0 (Triton); a key past the visible ones scores 0.
+#[test]
+fn the_pooling_window() {
+    let mut sums = vec![0.0f32; 12];
+    sums[3] = 5.0; // the last tap of block 0, the first of block 1
+    sums[8] = 7.0; // block 2's second tap, not block 1's
+    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 4, 0), 5.0);
+    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 4, 1), 5.0);
+    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 4, 2), 7.0);
+    sums[8] = 0.0;
+    sums[7] = 2.0;
+    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 4, 2), 2.0);
+    // Keys 9.. unseen (sums shorter than n_c) score 0.
+    assert_eq!(pooled(Pooling::Cuda, &sums[..9], 12, 4, 3), 0.0);
+    // Past n_c: no tap.
+    assert_eq!(pooled(Pooling::Cuda, &sums, 12, 4, 4), f32::NEG_INFINITY);
+    assert_eq!(pooled(Pooling::Triton, &sums, 12, 4, 4), 0.0);
+}
+
+/// The CUDA kernel forces init and the local_blocks + 1 blocks up to the
+/// current one; the Triton one excludes the local_blocks blocks up to the
+/// current one and forces init last.
+#[test]
+fn forced_and_excluded_blocks() {
+    let sums = vec![0.5f32; 40];
+    let p = 5 * 64 + 3; // block 5
+    let mut out = [0.0f32; 10];
+    block_scores(
+        &cfg(Pooling::Cuda, Keep::ThroughCurrent, 1, 2, 4),
+        &sums,
+        40,
+        p,
+        &mut out,
+    );
+    let inf = f32::INFINITY;
+    assert_eq!(out, [inf, 0.5, 0.5, inf, inf, inf, 0.5, 0.5, 0.5, 0.5]);
+    block_scores(
+        &cfg(Pooling::Triton, Keep::ThroughCurrent, 1, 2, 4),
+        &sums,
+        40,
+        p,
+        &mut out,
+    );
+    let ninf = f32::NEG_INFINITY;
+    assert_eq!(out, [inf, 0.5, 0.5, 0.5, ninf, ninf, 0.5, 0.5, 0.5, 0.5]);
+    // Init wins over the Triton local window.
+    block_scores(
+        &cfg(Pooling::Triton, Keep::ThroughCurrent, 1, 3, 4),
+        &sums,
+        40,
+        64,
+        &mut out,
+    );
+    assert_eq!(out[..3], [inf, ninf, 0.5]);
+}
+
+/// The order: +inf first, ties to the lower id, NaN last; the filter on
+/// either side of the query's block.
+#[test]
+fn rows_keep_the_order_and_the_filter() {
+    let s = [1.0f32, f32::NAN, 3.0, 3.0, f32::INFINITY, 0.0];
+    let mut ids = Vec::new();
+    let mut out = [0i32; 3];
+    select::row(&s, 3, Keep::ThroughCurrent, 5, &mut ids, &mut out);
+    assert_eq!(out, [2, 3, 4]);
+    select::row(&s, 3, Keep::ThroughCurrent, 3, &mut ids, &mut out);
+    assert_eq!(out, [2, 3, -1]);
+    select::row(&s, 3, Keep::BeforeCurrent, 3, &mut ids, &mut out);
+    assert_eq!(out, [2, -1, -1]);
+    let mut wide = [0i32; 8];
+    select::row(&s, 8, Keep::ThroughCurrent, 9, &mut ids, &mut wide);
+    assert_eq!(wide, [0, 1, 2, 3, 4, 5, -1, -1]);
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+/// Every level gives the same bits, on ragged shapes, decode and prefill.
+#[test]
+fn every_level_gives_the_same_bits() {
+    for &(hq, n_kv, d, seq_len, n_q) in &[
+        (4, 1, 8, 100, 1),
+        (8, 2, 16, 300, 5),
+        (6, 3, 5, 33, 2),
+        (16, 1, 64, 1000, 3),
+        (2, 2, 3, 20, 20),
+    ] {
+        let q = random(n_q * hq * d, 7 + seq_len as u64);
+        let n_c = compressed_len(seq_len);
+        let ck = random(n_c * n_kv * d, 11 + d as u64);
+        let c = cfg(Pooling::Cuda, Keep::ThroughCurrent, 0, 0, 4);
+        let nb = n_blocks(seq_len);
+        let mut want = vec![0.0f32; n_q * n_kv * nb];
+        block_scores_at(
+            crate::simd::Isa::Scalar,
+            Encoded::F32(&q),
+            hq,
+            Encoded::F32(&ck),
+            None,
+            n_kv,
+            d,
+            seq_len,
+            &c,
+            &mut want,
+        )
+        .unwrap();
+        assert!(want.iter().any(|x| x.is_finite() && *x > 0.0) || nb < 2);
+        for isa in isas_for_test() {
+            let mut got = vec![0.0f32; want.len()];
+            block_scores_at(
+                isa,
+                Encoded::F32(&q),
+                hq,
+                Encoded::F32(&ck),
+                None,
+                n_kv,
+                d,
+                seq_len,
+                &c,
+                &mut got,
+            )
+            .unwrap();
+            let (g, w): (Vec<u32>, Vec<u32>) = (
+                got.iter().map(|x| x.to_bits()).collect(),
+                want.iter().map(|x| x.to_bits()).collect(),
+            );
+            assert_eq!(g, w, "{isa:?} {hq} {n_kv} {d} {seq_len}");
+        }
+    }
+}
+
+/// One head, two visible keys: the softmax of the scaled logits, pooled.
+#[test]
+fn a_worked_example() {
+    // d = 1, one head; 64 tokens: compressed keys 0..3 (n_c = 3), the query
+    // at position 63 sees all three. Logits 0, ln 3, 0 (scale 1).
+    let q = [1.0f32];
+    let l3 = 3f32.ln();
+    let ck = [0.0f32, l3, 0.0];
+    let mut c = cfg(Pooling::Cuda, Keep::ThroughCurrent, 0, 0, 1);
+    c.local_blocks = 0;
+    let mut out = [0.0f32; 1];
+    // Block 0 is the query's own block: forced.
+    block_scores_into(
+        Encoded::F32(&q),
+        1,
+        Encoded::F32(&ck),
+        None,
+        1,
+        1,
+        64,
+        &c,
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out[0], f32::INFINITY);
+    // 128 tokens: the query in block 1 sees 7 keys; block 0 pools keys 0..4.
+    let ck: Vec<f32> = [0.0f32, l3, 0.0, 0.0, 0.0, 0.0, 0.0].to_vec();
+    let mut out = [0.0f32; 2];
+    block_scores_into(
+        Encoded::F32(&q),
+        1,
+        Encoded::F32(&ck),
+        None,
+        1,
+        1,
+        128,
+        &c,
+        &mut out,
+    )
+    .unwrap();
+    // exp(ln 3) / (3 + 6) = 1/3.
+    assert!((out[0] - 1.0 / 3.0).abs() < 1e-6, "{}", out[0]);
+    assert_eq!(out[1], f32::INFINITY);
+}
+
+/// Each refusal names its argument and writes nothing.
+#[test]
+fn refusals_name_the_argument_and_write_nothing() {
+    let (hq, n_kv, d, seq_len) = (4, 2, 8, 100);
+    let q = random(hq * d, 3);
+    let ck = random(compressed_len(seq_len) * n_kv * d, 5);
+    let good = cfg(Pooling::Cuda, Keep::ThroughCurrent, 1, 2, 4);
+    let nb = n_blocks(seq_len);
+    let arg = |e: crate::ArgumentError| match e {
+        crate::ArgumentError::Invalid { argument, .. }
+        | crate::ArgumentError::Length { argument, .. }
+        | crate::ArgumentError::OutputSize { argument, .. } => argument,
+        other => panic!("{other:?}"),
+    };
+    let mut out = vec![7i32; n_kv * 4];
+    let run = |q: &[f32], hq, ck: &[f32], n_kv, d, seq_len, c: Config, width: usize| {
+        let mut o = vec![7i32; width];
+        let r = select_into(
+            Encoded::F32(q),
+            hq,
+            Encoded::F32(ck),
+            None,
+            n_kv,
+            d,
+            seq_len,
+            &c,
+            &mut o,
+        );
+        assert!(o.iter().all(|&x| x == 7));
+        r.map_err(arg).unwrap_err()
+    };
+    assert_eq!(run(&q, 3, &ck, n_kv, d, seq_len, good, 8), "q");
+    assert_eq!(run(&q, hq, &ck, n_kv, d, 0, good, 8), "seq_len");
+    assert_eq!(run(&q, hq, &ck[1..], n_kv, d, seq_len, good, 8), "ck");
+    assert_eq!(run(&q, hq, &ck, 0, d, seq_len, good, 8), "n_kv_heads");
+    assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, good, 9), "out");
+    assert_eq!(
+        run(
+            &q,
+            hq,
+            &ck,
+            n_kv,
+            d,
+            seq_len,
+            Config { top_k: 0, ..good },
+            8
+        ),
+        "topk"
+    );
+    assert_eq!(
+        run(
+            &q,
+            hq,
+            &ck,
+            n_kv,
+            d,
+            seq_len,
+            Config {
+                scale: f32::NAN,
+                ..good
+            },
+            8
+        ),
+        "scale"
+    );
+    let odd = Geometry {
+        block_size: 60,
+        ..Geometry::MINICPM4
+    };
+    assert_eq!(
+        run(
+            &q,
+            hq,
+            &ck,
+            n_kv,
+            d,
+            seq_len,
+            Config {
+                geometry: odd,
+                ..good
+            },
+            8
+        ),
+        "block_size"
+    );
+    let zero = Geometry {
+        kernel_stride: 0,
+        ..Geometry::MINICPM4
+    };
+    assert_eq!(
+        run(
+            &q,
+            hq,
+            &ck,
+            n_kv,
+            d,
+            seq_len,
+            Config {
+                geometry: zero,
+                ..good
+            },
+            8
+        ),
+        "kernel_stride"
+    );
+    let two_q = [q.clone(), q.clone()].concat();
+    assert_eq!(run(&two_q, hq, &[], n_kv, d, 1, good, 16), "q");
+    select_into(
+        Encoded::F32(&q),
+        hq,
+        Encoded::F32(&ck),
+        None,
+        n_kv,
+        d,
+        seq_len,
+        &good,
+        &mut out,
+    )
+    .unwrap();
+    assert!(out.iter().all(|&x| (-1..nb as i32).contains(&x)));
+}

@@ -1,0 +1,367 @@
+//! InfLLM-v2's block scores and block rows (all raise `SelectionError`).
+
+use numpy::{PyArrayDyn, PyUntypedArray};
+use pyo3::prelude::*;
+
+use super::args::{
+    detach, AsFormatArg, Choice, EncodedIn, KeyFormat, Named, Obj, Opt, Out, QueryFormat, I32,
+    I32_MAX, S,
+};
+use super::errors::refuse;
+use crate::attention::softmax_scale;
+use crate::infllm::{self, Config, Geometry, Keep, Pooling};
+
+type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
+
+impl Choice for Pooling {
+    const ARG: &'static str = "pooling";
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "cuda" => Some(Pooling::Cuda),
+            "triton" => Some(Pooling::Triton),
+            _ => None,
+        }
+    }
+    fn unknown(got: &str) -> String {
+        format!("pooling must be 'cuda' or 'triton', got {got:?}")
+    }
+}
+
+impl Choice for Keep {
+    const ARG: &'static str = "keep";
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "through_current" => Some(Keep::ThroughCurrent),
+            "before_current" => Some(Keep::BeforeCurrent),
+            _ => None,
+        }
+    }
+    fn unknown(got: &str) -> String {
+        format!("keep must be 'through_current' or 'before_current', got {got:?}")
+    }
+}
+
+/// The arguments both entry points share, read and checked for shape.
+struct Call<'py> {
+    q: EncodedIn<'py>,
+    ck: EncodedIn<'py>,
+    ck_scale: Option<super::args::In<'py, f32, 1>>,
+    hq: usize,
+    n_kv: usize,
+    d: usize,
+    n_q: usize,
+    seq_len: usize,
+    cfg: Config,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn call<'py>(
+    q: &Obj<'py>,
+    ck: &Obj<'py>,
+    seq_len: &Obj<'py>,
+    (init_blocks, local_blocks, topk): (Opt<'_, 'py>, Opt<'_, 'py>, usize),
+    (block_size, kernel_size, kernel_stride): (Opt<'_, 'py>, Opt<'_, 'py>, Opt<'_, 'py>),
+    pooling: Option<Named<Pooling>>,
+    keep: Option<Named<Keep>>,
+    scale: Option<f64>,
+    ck_scale: Opt<'_, 'py>,
+    formats: (Option<Named<QueryFormat>>, Option<Named<KeyFormat>>),
+) -> PyResult<Call<'py>> {
+    let seq_len = S.count(seq_len, "seq_len", I32_MAX)?;
+    let init = S.count_or(
+        init_blocks,
+        "init_blocks",
+        I32_MAX,
+        infllm::MINICPM4_INIT_BLOCKS,
+    )?;
+    let local = S.count_or(
+        local_blocks,
+        "local_blocks",
+        I32_MAX,
+        infllm::MINICPM4_LOCAL_BLOCKS,
+    )?;
+    let m = Geometry::MINICPM4;
+    let geometry = Geometry {
+        block_size: S.count_or(block_size, "block_size", I32_MAX, m.block_size)?,
+        kernel_size: S.count_or(kernel_size, "kernel_size", I32_MAX, m.kernel_size)?,
+        kernel_stride: S.count_or(kernel_stride, "kernel_stride", I32_MAX, m.kernel_stride)?,
+    };
+    let pooling = pooling.unwrap_or(Named::known(Pooling::Cuda)).get()?;
+    let keep = keep.unwrap_or(Named::known(Keep::ThroughCurrent)).get()?;
+    let (qe, qshape) = EncodedIn::new(S, q, "q", formats.0.format_arg())?;
+    let [n_q, hq, d] = qshape[..] else {
+        let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D", qshape.len());
+        return Err(refuse(S, "q", msg));
+    };
+    let (ke, kshape) = EncodedIn::new(S, ck, "ck", formats.1.format_arg())?;
+    let [_, n_kv, dk] = kshape[..] else {
+        let msg = format!(
+            "ck must be 3-D [n_c, n_kv_heads, d], got {}-D",
+            kshape.len()
+        );
+        return Err(refuse(S, "ck", msg));
+    };
+    if dk != d {
+        return Err(refuse(S, "ck", format!("ck has d={dk} but q has d={d}")));
+    }
+    let scale = scale.unwrap_or_else(|| softmax_scale(d) as f64) as f32;
+    let ck_scale = match ck_scale {
+        Some(o) => Some(S.input::<f32, 1>(o, "ck_scale", "[n_c]")?),
+        None => None,
+    };
+    Ok(Call {
+        q: qe,
+        ck: ke,
+        ck_scale,
+        hq,
+        n_kv,
+        d,
+        n_q,
+        seq_len,
+        cfg: Config {
+            init_blocks: init,
+            local_blocks: local,
+            top_k: topk,
+            pooling,
+            keep,
+            scale,
+            geometry,
+        },
+    })
+}
+
+impl<'py> Call<'py> {
+    fn inputs(&self) -> Vec<&Bound<'py, PyUntypedArray>> {
+        let mut v = vec![self.q.untyped(), self.ck.untyped()];
+        v.extend(self.ck_scale.as_ref().map(|s| s.untyped()));
+        v
+    }
+}
+
+/// Every block's score under InfLLM-v2's stage 1 and pooling, for the queries
+/// at the end of one sequence.
+///
+/// Query ``i`` sits at position ``seq_len - n_q + i``. Each query head's softmax
+/// over the compressed keys it sees (those whose 32 tokens end at or before its
+/// position), of ``scale * q . ck``; the probabilities summed over each KV head's
+/// query group; block ``b`` (64 tokens) the maximum over compressed keys ``4b - 1
+/// .. 4b + 3``. The variant's forced blocks score ``+inf``, its excluded ones
+/// ``-inf`` (``pooling``; docs/infllm.md). Float32 with the project's ``exp``, the
+/// same bits at every SIMD level.
+///
+/// Parameters
+/// ----------
+/// q : array_like, [n_q, n_q_heads, d]
+///     The queries, the sequence's last ``n_q`` tokens: float32 (float64 converted
+///     once), float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw view with
+///     ``query_format``.
+/// ck : array_like, [n_c, n_kv_heads, d]
+///     The sequence's compressed keys (``n_c = (seq_len - 32) // 16 + 1``, 0 below
+///     32 tokens): key ``j`` the mean of the keys at tokens ``16 j .. 16 j + 31``
+///     (``kvselect.reference.infllm.compress_keys``). Any key format, read in place.
+/// seq_len : int
+///     Tokens in the sequence (the queries' own included).
+/// init_blocks, local_blocks : int, optional
+///     Blocks forced at the start and up to the query's own (MiniCPM4's 1 and 32).
+/// block_size, kernel_size, kernel_stride : int, optional
+///     The geometry (MiniCPM4's 64, 32, 16; the source takes them as parameters):
+///     compressed keys of ``kernel_size`` tokens every ``kernel_stride``, blocks of
+///     ``block_size`` (a multiple of ``kernel_stride``), pooled over ``s b - 1 .. s b +
+///     s - 1`` with ``s = block_size // kernel_stride``.
+/// pooling : {"cuda", "triton"}, optional
+///     ``"cuda"`` (the CUDA kernel, default): init and ``local_blocks + 1`` blocks
+///     up to the current one ``+inf``; ``"triton"`` (the older Triton kernel): the
+///     ``local_blocks`` blocks up to the current one ``-inf``, then init ``+inf``,
+///     taps past the keys read as 0.
+/// scale : float, optional
+///     The logits' scale, finite; ``1 / sqrt(d)`` by default (the source's).
+/// ck_scale : array_like of float32, [n_c], optional
+///     Each compressed key's scale (fp8 keys): its value is ``ck * scale``.
+/// query_format, key_format : str, optional
+///     The formats of raw uint16 / uint8 ``q`` and ``ck``.
+///
+/// Returns
+/// -------
+/// ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / 64)]
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names it) when ``q`` or ``ck`` is not 3-D, their
+///     ``d`` differ, ``q``'s heads are not a multiple of ``ck``'s, there are more
+///     queries than tokens (``q``); ``ck`` is not ``seq_len``'s compressed keys
+///     (``ck``); ``ck_scale`` not one per key; ``seq_len`` is 0; ``scale`` is not
+///     finite; a geometry size is 0 or ``block_size`` not whole strides
+///     (``block_size``, ``kernel_size``, ``kernel_stride``); an option names nothing
+///     (``pooling``).
+///
+/// See Also
+/// --------
+/// infllm_select : the blocks each query reads.
+///
+/// Examples
+/// --------
+/// >>> import numpy as np, kvselect
+/// >>> q = np.ones((1, 2, 4), dtype=np.float32)
+/// >>> ck = np.zeros((7, 1, 4), dtype=np.float32); ck[1] = 1.0
+/// >>> s = kvselect.infllm_block_scores(q, ck, 128, init_blocks=0, local_blocks=0)
+/// >>> s.shape, round(float(s[0, 0, 0]), 4), float(s[0, 0, 1])
+/// ((1, 1, 2), 1.1037, inf)
+#[pyfunction]
+#[pyo3(
+    signature = (q, ck, seq_len, *, init_blocks=None, local_blocks=None, pooling=None,
+                 scale=None, ck_scale=None, query_format=None, key_format=None,
+                 block_size=None, kernel_size=None, kernel_stride=None),
+    text_signature = "(q, ck, seq_len, *, init_blocks=1, local_blocks=32, pooling='cuda', \
+                      scale=None, ck_scale=None, query_format=None, key_format=None, \
+                      block_size=64, kernel_size=32, kernel_stride=16)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn infllm_block_scores<'py>(
+    py: Python<'py>,
+    q: &Obj<'py>,
+    ck: &Obj<'py>,
+    seq_len: &Obj<'py>,
+    init_blocks: Opt<'_, 'py>,
+    local_blocks: Opt<'_, 'py>,
+    pooling: Option<Named<Pooling>>,
+    scale: Option<f64>,
+    ck_scale: Opt<'_, 'py>,
+    query_format: Option<Named<QueryFormat>>,
+    key_format: Option<Named<KeyFormat>>,
+    block_size: Opt<'_, 'py>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
+) -> PyResult<F32<'py>> {
+    let c = call(
+        q,
+        ck,
+        seq_len,
+        (init_blocks, local_blocks, 1),
+        (block_size, kernel_size, kernel_stride),
+        pooling,
+        None,
+        scale,
+        ck_scale,
+        (query_format, key_format),
+    )?;
+    let nb = c.cfg.geometry.n_blocks(c.seq_len);
+    let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.n_kv, nb], &c.inputs())?;
+    let (qs, ks) = (c.q.encoded()?, c.ck.encoded()?);
+    let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
+    let o = out.slice()?;
+    let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
+    detach(py, work, || {
+        infllm::block_scores_into(qs, c.hq, ks, sc, c.n_kv, c.d, c.seq_len, &c.cfg, o)
+    })?;
+    Ok(out.finish())
+}
+
+/// The blocks each query reads under InfLLM-v2: the top-k of
+/// :func:`infllm_block_scores`, filtered as the modelling code filters.
+///
+/// The top ``min(topk, n_blocks)`` blocks of each query's row for each KV head,
+/// ranked by score descending, ties to the lower block id (where more blocks are
+/// forced than ``topk`` holds, the lower ids); then the ids past the query's own
+/// block dropped (``keep="through_current"``, MiniCPM4.1's ``> q_idx``) or from it
+/// on (``keep="before_current"``, an earlier copy's ``>= q_idx``); ascending,
+/// ``-1`` padded.
+///
+/// Parameters
+/// ----------
+/// q, ck, seq_len
+///     As :func:`infllm_block_scores`.
+/// topk : int, optional
+///     Blocks per row before the filter (MiniCPM4's 64), at least 1.
+/// init_blocks, local_blocks, pooling, scale, ck_scale, query_format, key_format
+///     As :func:`infllm_block_scores`.
+/// block_size, kernel_size, kernel_stride
+///     As :func:`infllm_block_scores`.
+/// keep : {"through_current", "before_current"}, optional
+///     Which ids the filter keeps (default ``"through_current"``).
+///
+/// Returns
+/// -------
+/// ndarray of int32, [n_q, n_kv_heads, topk]
+///     Block ids ascending, then ``-1``.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     As :func:`infllm_block_scores`, and when ``topk`` is 0 (``topk``) or
+///     ``keep`` names nothing (``keep``).
+///
+/// See Also
+/// --------
+/// infllm_block_scores : the scores the rows rank.
+///
+/// Examples
+/// --------
+/// >>> import numpy as np, kvselect
+/// >>> rng = np.random.default_rng(0)
+/// >>> q = rng.standard_normal((1, 4, 8)).astype(np.float32)
+/// >>> ck = rng.standard_normal((63, 2, 8)).astype(np.float32)
+/// >>> rows = kvselect.infllm_select(q, ck, 1024, topk=4, local_blocks=2)
+/// >>> rows.shape, rows[0, 0, -3:].tolist()
+/// ((1, 2, 4), [13, 14, 15])
+#[pyfunction]
+#[pyo3(
+    signature = (q, ck, seq_len, topk=None, *, init_blocks=None, local_blocks=None, pooling=None,
+                 keep=None, scale=None, ck_scale=None, query_format=None, key_format=None,
+                 block_size=None, kernel_size=None, kernel_stride=None),
+    text_signature = "(q, ck, seq_len, topk=64, *, init_blocks=1, local_blocks=32, \
+                      pooling='cuda', keep='through_current', scale=None, ck_scale=None, \
+                      query_format=None, key_format=None, block_size=64, kernel_size=32, \
+                      kernel_stride=16)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn infllm_select<'py>(
+    py: Python<'py>,
+    q: &Obj<'py>,
+    ck: &Obj<'py>,
+    seq_len: &Obj<'py>,
+    topk: Opt<'_, 'py>,
+    init_blocks: Opt<'_, 'py>,
+    local_blocks: Opt<'_, 'py>,
+    pooling: Option<Named<Pooling>>,
+    keep: Option<Named<Keep>>,
+    scale: Option<f64>,
+    ck_scale: Opt<'_, 'py>,
+    query_format: Option<Named<QueryFormat>>,
+    key_format: Option<Named<KeyFormat>>,
+    block_size: Opt<'_, 'py>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
+) -> PyResult<I32<'py>> {
+    let k = S.count_or(topk, "topk", I32_MAX, infllm::MINICPM4_TOP_K)?;
+    if k == 0 {
+        return Err(refuse(S, "topk", "topk must be at least 1 block"));
+    }
+    let c = call(
+        q,
+        ck,
+        seq_len,
+        (init_blocks, local_blocks, k),
+        (block_size, kernel_size, kernel_stride),
+        pooling,
+        keep,
+        scale,
+        ck_scale,
+        (query_format, key_format),
+    )?;
+    let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.n_kv, k], &c.inputs())?;
+    let (qs, ks) = (c.q.encoded()?, c.ck.encoded()?);
+    let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
+    let o = out.slice()?;
+    let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
+    detach(py, work, || {
+        infllm::select_into(qs, c.hq, ks, sc, c.n_kv, c.d, c.seq_len, &c.cfg, o)
+    })?;
+    Ok(out.finish())
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(infllm_block_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(infllm_select, m)?)?;
+    Ok(())
+}
