@@ -40,6 +40,25 @@
 //! always re-scored, and float64 gives IEEE's answer without float32's
 //! overflow.
 //!
+//! # The options: activation none, no weights, forced entries
+//!
+//! With **activation none** (MiniMax's MSA) the score is `c_t Σ_h w_h (q_h ·
+//! k_t)` and may be negative. The bound above is unchanged: it used only
+//! that the activation `a` is 1-Lipschitz (`|a(x̂) − a(x)| ≤ |x̂ − x|`, so
+//! the dot products' error passes through it undiminished but not grown)
+//! and that `|a(x)| ≤ |x|` (so the fold's and the scale's roundings are
+//! relative to `Σ_h |w_h| Σ_i |q_hi k_ti|`); the identity has both
+//! properties, the ReLU too. Nothing in the interval test assumes a sign:
+//! `[ŝ − E, ŝ + E]` brackets a negative score as it does a positive one,
+//! and the total order ranks every number. **No weights** (Qwen's QSA,
+//! MSA) is `w_h = 1` for every head: `fma(1, x, acc)` rounds `acc + x`
+//! once, as the sum of heads does, so the rows are those of explicit
+//! weights of one, bit for bit, and the bound reads `Σ_h |w_h| = H`.
+//! **Forced entries** (a prefix and a suffix of the visible entries) are
+//! members without a score's say: the exact selection runs over the
+//! entries between them (`lo .. len`, [`refine`]) with the budget they
+//! leave, so no bound of a forced entry is ever compared.
+//!
 //! # What would break it
 //!
 //! A kernel whose chains are longer than the bound counts (a split dot
@@ -169,7 +188,7 @@ impl<K: Fn(usize, &mut [f32]) -> f32 + Sync> Rescore<'_, K> {
                     }
                 }
                 let mut acc = [0.0f64; LANES];
-                block(self.level, &q64, &w64, d, &kt, &mut acc);
+                block(self.level, q.relu, &q64, &w64, d, &kt, &mut acc);
                 for (r, o) in ob.iter_mut().enumerate() {
                     *o = acc[r] * scale[r] + 0.0;
                 }
@@ -179,15 +198,33 @@ impl<K: Fn(usize, &mut [f32]) -> f32 + Sync> Rescore<'_, K> {
 }
 
 /// `acc_r += w_h · relu(Σ_i q_hi k_ri)` in float64 for the block's lanes, in
-/// head order, each dot product summed in dimension order from `+0.0`.
+/// head order, each dot product summed in dimension order from `+0.0`
+/// (without `relu`, activation none: `w_h · Σ_i q_hi k_ri`).
 /// `q64` is `[H, d]`, `kt` `[d, LANES]` (dimension-major).
-fn block(level: Isa, q64: &[f64], w64: &[f64], d: usize, kt: &[f64], acc: &mut [f64; LANES]) {
+fn block(
+    level: Isa,
+    relu: bool,
+    q64: &[f64],
+    w64: &[f64],
+    d: usize,
+    kt: &[f64],
+    acc: &mut [f64; LANES],
+) {
     assert!(q64.len() == w64.len() * d && kt.len() == d * LANES);
     // SAFETY (bounds): none; the body indexes its slices (lengths asserted).
     dispatch!("indexer.rescore", level, {
-        avx512(token) => x86::block_avx512(token, q64, w64, d, kt, acc),
-        avx2(token) => x86::block_avx2(token, q64, w64, d, kt, acc),
-        scalar => block_body::<false>(q64, w64, d, kt, acc),
+        avx512(token) => match relu {
+            true => x86::block_avx512::<true>(token, q64, w64, d, kt, acc),
+            false => x86::block_avx512::<false>(token, q64, w64, d, kt, acc),
+        },
+        avx2(token) => match relu {
+            true => x86::block_avx2::<true>(token, q64, w64, d, kt, acc),
+            false => x86::block_avx2::<false>(token, q64, w64, d, kt, acc),
+        },
+        scalar => match relu {
+            true => block_body::<false, true>(q64, w64, d, kt, acc),
+            false => block_body::<false, false>(q64, w64, d, kt, acc),
+        },
     })
 }
 
@@ -196,7 +233,7 @@ fn block(level: Isa, q64: &[f64], w64: &[f64], d: usize, kt: &[f64], acc: &mut [
 /// (the SIMD levels, which have the instruction) takes the one that is a
 /// single instruction, the portable level the other — the same bits.
 #[inline(always)]
-fn block_body<const FUSED: bool>(
+fn block_body<const FUSED: bool, const RELU: bool>(
     q64: &[f64],
     w64: &[f64],
     d: usize,
@@ -217,7 +254,7 @@ fn block_body<const FUSED: bool>(
         for (a, &x) in acc.iter_mut().zip(&dot) {
             // The ReLU that keeps NaN, as the float32 kernels'; the weight's
             // product is not exact, so it is rounded on its own everywhere.
-            let r = if x <= 0.0 { 0.0 } else { x };
+            let r = if RELU && x <= 0.0 { 0.0 } else { x };
             *a += wh * r;
         }
     }
@@ -230,7 +267,7 @@ mod x86 {
 
     /// [`block_body`] compiled for AVX2 (the token proves the CPU has it).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn block_avx2(
+    pub(super) fn block_avx2<const RELU: bool>(
         _: Avx2,
         q64: &[f64],
         w64: &[f64],
@@ -238,12 +275,12 @@ mod x86 {
         kt: &[f64],
         acc: &mut [f64; LANES],
     ) {
-        block_body::<true>(q64, w64, d, kt, acc)
+        block_body::<true, RELU>(q64, w64, d, kt, acc)
     }
 
     /// [`block_body`] compiled for AVX-512 (the token proves the CPU has it).
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) fn block_avx512(
+    pub(super) fn block_avx512<const RELU: bool>(
         _: Avx512,
         q64: &[f64],
         w64: &[f64],
@@ -251,7 +288,7 @@ mod x86 {
         kt: &[f64],
         acc: &mut [f64; LANES],
     ) {
-        block_body::<true>(q64, w64, d, kt, acc)
+        block_body::<true, RELU>(q64, w64, d, kt, acc)
     }
 }
 
@@ -270,17 +307,20 @@ pub(super) trait RowScores {
     fn runs(&self, len: usize, f: Run<'_>);
 }
 
-/// Makes `top` — a row's `take` best candidates of `len` by their float32
-/// scores, best first ([`candidate`] encoding) — the real-arithmetic top-k
-/// (see the module docs), listed in float32 order.
+/// Makes `top` — a row's `take` best candidates among positions `lo ..
+/// len` by their float32 scores, best first ([`candidate`] encoding) — the
+/// real-arithmetic top-k of those positions (see the module docs), listed
+/// in float32 order. The positions below `lo` (forced entries) are never
+/// candidates; `lo = 0` is the whole row.
 pub(super) fn refine<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     top: &mut Vec<u64>,
+    lo: usize,
     len: usize,
     row: &impl RowScores,
     rescore: &Rescore<'_, K>,
 ) {
     let take = top.len();
-    if take == 0 || take >= len {
+    if take == 0 || take >= len.saturating_sub(lo) {
         return; // every position is in the row: only the listing order is the kernels'
     }
     let bound = Bound::of(rescore.query);
@@ -297,6 +337,9 @@ pub(super) fn refine<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     let mut up_max = f64::NEG_INFINITY;
     let mut band: Vec<usize> = Vec::new();
     row.runs(len, &mut |t0, s, g, c| {
+        // A run's positions below `lo` (forced entries) are no candidates.
+        let skip = lo.saturating_sub(t0).min(s.len());
+        let (t0, s, g, c) = (t0 + skip, &s[skip..], &g[skip..], &c[skip..]);
         for (k, ((s, g), c)) in s.chunks(64).zip(g.chunks(64)).zip(c.chunks(64)).enumerate() {
             if !bound.any_reaches(s, g, c, worst_score, lo_min) {
                 continue; // the common case, decided branch-free a run at a time
@@ -357,8 +400,11 @@ pub(super) fn probe(isa: Isa) {
         kt[i * LANES + 1] = -1.0;
     }
     let mut acc = [0.0f64; LANES];
-    block(isa, &q64, &[0.5], d, &kt, &mut acc);
+    block(isa, true, &q64, &[0.5], d, &kt, &mut acc);
     assert_eq!(&acc[..2], &[5.0, 0.0]);
+    let mut acc = [0.0f64; LANES];
+    block(isa, false, &q64, &[0.5], d, &kt, &mut acc);
+    assert_eq!(&acc[..2], &[5.0, -5.0]);
 }
 
 #[cfg(test)]
@@ -385,10 +431,16 @@ mod tests {
             let w64: Vec<f64> = (0..h).map(|_| next()).collect();
             let kt: Vec<f64> = (0..d * LANES).map(|_| next()).collect();
             let (mut a, mut b) = ([0.0f64; LANES], [0.0f64; LANES]);
-            block_body::<true>(&q64, &w64, d, &kt, &mut a);
-            block_body::<false>(&q64, &w64, d, &kt, &mut b);
+            block_body::<true, true>(&q64, &w64, d, &kt, &mut a);
+            block_body::<false, true>(&q64, &w64, d, &kt, &mut b);
             for (x, y) in a.iter().zip(&b) {
                 assert_eq!(x.to_bits(), y.to_bits(), "d={d}");
+            }
+            let (mut a, mut b) = ([0.0f64; LANES], [0.0f64; LANES]);
+            block_body::<true, false>(&q64, &w64, d, &kt, &mut a);
+            block_body::<false, false>(&q64, &w64, d, &kt, &mut b);
+            for (x, y) in a.iter().zip(&b) {
+                assert_eq!(x.to_bits(), y.to_bits(), "d={d}, activation none");
             }
         }
     }

@@ -90,7 +90,7 @@ pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
 }
 
 pub use crate::keys::{BlockTable, PageLayout, PagedCache};
-pub use paged::{indexer_topk_paged_into, PagedInputs};
+pub use paged::{indexer_topk_paged_into, indexer_topk_paged_with_into, PagedInputs};
 
 #[cfg(test)]
 pub(crate) use select::rank_key;
@@ -101,6 +101,7 @@ use crate::witness::MAX_TOPOLOGY_SEGMENTS;
 use crate::{packed, simd};
 use kernels::{KeyTerms, Keys, Scratch, Want};
 use run::{Queries, Rows};
+use select::RowRule;
 
 /// Keys scored per parallel task: one chunk of them against a group of
 /// queries (the chunk's scores stay in cache; each block of 32 keys in it is
@@ -139,6 +140,81 @@ pub struct IndexerInputs<'a> {
     pub compress_ratio: usize,
 }
 
+/// The activation between each head's dot product and its weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// `max(x, 0)`, NaN kept (DeepSeek-V3.2/V4, GLM-5, Qwen's QSA).
+    #[default]
+    Relu,
+    /// The dot product as it is (MiniMax's MSA): scores may be negative.
+    None,
+}
+
+/// How a row lists its entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RowLayout {
+    /// Rank order of the float32 scores (best first), then `-1`.
+    #[default]
+    Ranked,
+    /// Ascending positions, compact, then `-1`: cuDNN's `indexer_topk`
+    /// output (NVIDIA/cudnn-frontend#838), whose `topk_length` is the count
+    /// of entries.
+    Ascending,
+}
+
+/// The indexer family's options (NVIDIA/cudnn-frontend#838's
+/// `cudnn.sparse_attention.indexer_topk` contract): the activation, forced
+/// first / last entries and the output layout. "No weights" is head
+/// weights of one ([`IndexerInputs::weights`] all `1.0`: the same bits,
+/// see `exact.rs`). The default is today's rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IndexerOptions {
+    pub activation: Activation,
+    /// The first `force_first` visible entries are in every row that cannot
+    /// hold every visible entry, inside the budget (`topk − num_segments`).
+    pub force_first: usize,
+    /// The last `force_last` visible entries, likewise.
+    pub force_last: usize,
+    pub layout: RowLayout,
+}
+
+impl IndexerOptions {
+    fn rule(&self) -> RowRule {
+        RowRule {
+            force_first: self.force_first,
+            force_last: self.force_last,
+            ascending: self.layout == RowLayout::Ascending,
+        }
+    }
+
+    fn relu(&self) -> bool {
+        self.activation == Activation::Relu
+    }
+
+    /// Refuses forced entries that do not fit the budget `topk −
+    /// num_segments` (naming `force_first` when it alone does not fit,
+    /// else `force_last`).
+    fn check(&self, topk: usize, num_segments: usize) -> Result<(), ArgumentError> {
+        let budget = topk.saturating_sub(num_segments);
+        let (f0, f1) = (self.force_first, self.force_last);
+        if f0.saturating_add(f1) <= budget {
+            return Ok(());
+        }
+        let argument = if f0 > budget {
+            "force_first"
+        } else {
+            "force_last"
+        };
+        Err(ArgumentError::Invalid {
+            argument,
+            message: format!(
+                "force_first={f0} + force_last={f1} forced entries do not fit the budget \
+                 topk - num_segments = {budget}: forced entries count inside it"
+            ),
+        })
+    }
+}
+
 /// Keys a query at token position `pos` sees, of `n_keys`: the entries
 /// completed by token `pos`, `(pos + 1) / ratio` (entry `w` is written when
 /// token `(w + 1)·ratio − 1` arrives), clipped to the keys that exist.
@@ -165,6 +241,23 @@ pub fn indexer_topk_into(
     out: &mut [i32],
     scores: Option<&mut [f32]>,
 ) -> Result<(), ArgumentError> {
+    let options = IndexerOptions::default();
+    indexer_topk_with_into(shape, inputs, topk, num_segments, &options, out, scores)
+}
+
+/// [`indexer_topk_into`] with the family's options ([`IndexerOptions`]):
+/// the activation, forced first / last entries and the layout. The default
+/// options give [`indexer_topk_into`]'s rows, bit for bit. Refuses besides
+/// forced entries that do not fit `topk − num_segments`.
+pub fn indexer_topk_with_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    topk: usize,
+    num_segments: usize,
+    options: &IndexerOptions,
+    out: &mut [i32],
+    scores: Option<&mut [f32]>,
+) -> Result<(), ArgumentError> {
     check(
         shape,
         inputs,
@@ -173,13 +266,15 @@ pub fn indexer_topk_into(
         out.len(),
         scores.as_deref(),
     )?;
+    options.check(topk, num_segments)?;
     let rows = Rows {
         topk,
         num_segments,
+        rule: options.rule(),
         out,
         scores,
     };
-    run_queries(shape, inputs, rows, |_| (0, shape.n_keys));
+    run_queries(shape, inputs, options.relu(), rows, |_| (0, shape.n_keys));
     Ok(())
 }
 
@@ -196,6 +291,18 @@ pub fn indexer_topk_into(
 pub fn indexer_scores_into(
     shape: &IndexerShape,
     inputs: &IndexerInputs<'_>,
+    magnitude: bool,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    indexer_scores_with_into(shape, inputs, Activation::Relu, magnitude, out)
+}
+
+/// [`indexer_scores_into`] under `activation` (the magnitudes are the same
+/// under either: the bound of `|q · k|` passes through both).
+pub fn indexer_scores_with_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    activation: Activation,
     magnitude: bool,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
@@ -220,6 +327,7 @@ pub fn indexer_scores_into(
         magnitude,
         q: &inputs.q,
         weights: inputs.weights,
+        relu: activation == Activation::Relu,
         same_keys: |_, _| true,
         len: |i: usize| visible(inputs.query_pos[i], inputs.compress_ratio, t),
     };
@@ -260,6 +368,35 @@ pub fn indexer_topk_packed_into(
     out: &mut [i32],
     scores: Option<&mut [f32]>,
 ) -> Result<(), ArgumentError> {
+    let options = IndexerOptions::default();
+    let (cu, sid) = (cu_seqlens, seq_ids);
+    indexer_topk_packed_with_into(
+        shape,
+        inputs,
+        cu,
+        sid,
+        topk,
+        num_segments,
+        &options,
+        out,
+        scores,
+    )
+}
+
+/// [`indexer_topk_packed_into`] with the family's options
+/// ([`indexer_topk_with_into`]).
+#[allow(clippy::too_many_arguments)]
+pub fn indexer_topk_packed_with_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    cu_seqlens: &[usize],
+    seq_ids: &[usize],
+    topk: usize,
+    num_segments: usize,
+    options: &IndexerOptions,
+    out: &mut [i32],
+    scores: Option<&mut [f32]>,
+) -> Result<(), ArgumentError> {
     check(
         shape,
         inputs,
@@ -271,13 +408,15 @@ pub fn indexer_topk_packed_into(
     let bounds = packed::boundaries(cu_seqlens, shape.n_keys)?;
     packed::check_seq_ids_len(seq_ids.len(), shape.n_queries)?;
     packed::check_seq_ids(seq_ids, bounds.len() - 1, "cu_seqlens")?;
+    options.check(topk, num_segments)?;
     let rows = Rows {
         topk,
         num_segments,
+        rule: options.rule(),
         out,
         scores,
     };
-    run_queries(shape, inputs, rows, |i| {
+    run_queries(shape, inputs, options.relu(), rows, |i| {
         (bounds[seq_ids[i]], bounds[seq_ids[i] + 1])
     });
     Ok(())
@@ -289,6 +428,7 @@ pub fn indexer_topk_packed_into(
 fn run_queries(
     shape: &IndexerShape,
     inputs: &IndexerInputs<'_>,
+    relu: bool,
     rows: Rows<'_>,
     keys_of: impl Fn(usize) -> (usize, usize) + Sync,
 ) {
@@ -301,6 +441,7 @@ fn run_queries(
         magnitude: false,
         q: &inputs.q,
         weights: inputs.weights,
+        relu,
         same_keys: |i: usize, j: usize| keys_of(i) == keys_of(j),
         len: |i: usize| {
             let (k0, k1) = keys_of(i);

@@ -20,7 +20,7 @@
 
 use super::exact::{self, Rescore};
 use super::kernels::{KeyTerms, Query};
-use super::select::select_row;
+use super::select::{select_row, RowRule};
 use crate::keys::Encoded;
 use crate::pool;
 
@@ -130,6 +130,9 @@ pub(super) struct Queries<'a, S, L> {
     pub magnitude: bool,
     pub q: &'a Encoded<'a>,
     pub weights: &'a [f32],
+    /// The ReLU between each head's dot product and its weight (`false`:
+    /// activation none).
+    pub relu: bool,
     /// `same_keys(i, j)`: queries `i` and `j` read the same keys (may share
     /// a group).
     pub same_keys: S,
@@ -142,6 +145,8 @@ pub(super) struct Queries<'a, S, L> {
 pub(super) struct Rows<'a> {
     pub topk: usize,
     pub num_segments: usize,
+    /// Forced entries and the layout ([`RowRule`]).
+    pub rule: RowRule,
     pub out: &'a mut [i32],
     pub scores: Option<&'a mut [f32]>,
 }
@@ -165,6 +170,7 @@ pub(super) fn select_rows<S, L>(
     let Rows {
         topk,
         num_segments,
+        rule,
         out,
         mut scores,
     } = rows;
@@ -176,15 +182,15 @@ pub(super) fn select_rows<S, L>(
         let group_out = &mut out[i0 * topk..i1 * topk];
         let row_of = |j: usize, row: &mut [i32], split: bool| {
             let score = |t: usize| view.get(j, t);
-            let refine = |top: &mut Vec<u64>| {
+            let refine = |top: &mut Vec<u64>, lo: usize, hi: usize| {
                 let rescore = Rescore {
                     level,
                     query: &group[j],
                     key: |t: usize, row: &mut [f32]| key(i0, t, row),
                 };
-                exact::refine(top, lens[j], &GroupRow { view, j }, &rescore);
+                exact::refine(top, lo, hi, &GroupRow { view, j }, &rescore);
             };
-            select_row(score, lens[j], topk, num_segments, row, split, refine);
+            select_row(score, lens[j], topk, num_segments, rule, row, split, refine);
         };
         if g == 1 {
             row_of(0, group_out, true);
@@ -262,6 +268,7 @@ fn for_each_group<S, L>(
         magnitude,
         q,
         weights,
+        relu,
         same_keys,
         len,
     } = queries;
@@ -286,6 +293,8 @@ fn for_each_group<S, L>(
         group.resize_with(g, || Query::new(h, d, level));
         for (j, query) in group.iter_mut().enumerate() {
             query.load(q, weights, i0 + j, magnitude);
+            // (Magnitudes are of absolute values: either activation is the identity there.)
+            query.relu = relu;
         }
         let lens: Vec<usize> = (i0..i1).map(&len).collect();
         let chunks = lmax.div_ceil(width);

@@ -34,33 +34,70 @@ pub(super) fn candidate(score: f32, t: usize) -> u64 {
 /// decode's single long row; a group's rows go in parallel instead).
 const SPLIT_LEN: usize = 1 << 15;
 
+/// How a row is filled and laid out besides its scores: forced entries and
+/// the output layout ([`super::IndexerOptions`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct RowRule {
+    /// The first `force_first` visible positions are members of any row
+    /// that cannot hold every visible position.
+    pub force_first: usize,
+    /// The last `force_last` visible positions, likewise.
+    pub force_last: usize,
+    /// Ascending and compact (cuDNN's layout) instead of rank order.
+    pub ascending: bool,
+}
+
 /// The row of `len` scores (`score(t)`, `t < len`): the top `topk` (or
 /// `topk − S` with witnesses) in rank order, then `-1`, then the witnesses.
+/// With forced entries (`rule`) and `len` above the budget, the first
+/// `force_first` and last `force_last` positions are members and the rest of
+/// the budget is the best of the positions between them; a row whose `len`
+/// fits the budget holds every position (each once). The members are listed
+/// in the one total order of their float32 scores, forced ones included;
+/// with `rule.ascending`, by position instead, compact, then `-1`.
 /// `split`: the row may be cut into parallel parts (each part's best, then
 /// the best of those — the same set, since every part keeps all of its
 /// members that could be in the row's top).
-/// `refine` then makes the float32 candidates the real-arithmetic top-k
-/// ([`super::exact::refine`]).
+/// `refine(top, lo, hi)` then makes the float32 candidates (positions `lo ..
+/// hi`) the real-arithmetic top-k ([`super::exact::refine`]).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn select_row(
     score: impl Fn(usize) -> f32 + Sync,
     len: usize,
     topk: usize,
     num_segments: usize,
+    rule: RowRule,
     out: &mut [i32],
     split: bool,
-    refine: impl FnOnce(&mut Vec<u64>),
+    refine: impl FnOnce(&mut Vec<u64>, usize, usize),
 ) {
     let take = topk.saturating_sub(num_segments).min(len);
-    let threads = pool::num_threads();
-    let mut top = if take == 0 {
-        Vec::new() // all witnesses (or nothing): no candidate can be kept
-    } else if split && threads > 1 && len >= SPLIT_LEN && len >= 4 * take {
-        // `threads` whole parts (the pool counts whole ones) and a remainder.
-        best_in_parts(&score, len, take, len / threads)
-    } else {
-        best((0..len).map(|t| candidate(score(t), t)).collect(), take)
+    // Forced entries matter only when the budget is short of the row (else
+    // every position is a member): a prefix and a suffix, disjoint then
+    // (`force_first + force_last <= topk − S`, checked by every entry point;
+    // clamped here all the same).
+    let (f0, f1) = match take < len {
+        true => {
+            let f0 = rule.force_first.min(take);
+            (f0, rule.force_last.min(take - f0))
+        }
+        false => (0, 0),
     };
-    refine(&mut top);
+    let (lo, hi, rest) = (f0, len - f1, take - f0 - f1);
+    let threads = pool::num_threads();
+    let mut top = if rest == 0 {
+        Vec::new() // all witnesses or forced entries (or nothing): no candidate can be kept
+    } else if split && threads > 1 && hi - lo >= SPLIT_LEN && hi - lo >= 4 * rest {
+        // `threads` whole parts (the pool counts whole ones) and a remainder.
+        best_in_parts(&score, lo, hi, rest, (hi - lo) / threads)
+    } else {
+        best((lo..hi).map(|t| candidate(score(t), t)).collect(), rest)
+    };
+    refine(&mut top, lo, hi);
+    if f0 + f1 > 0 {
+        top.extend((0..lo).chain(hi..len).map(|t| candidate(score(t), t)));
+        top.sort_unstable_by(|a, b| b.cmp(a));
+    }
     out.fill(-1);
     for (slot, &c) in out.iter_mut().zip(top.iter()) {
         *slot = (u32::MAX - c as u32) as i32;
@@ -75,6 +112,23 @@ pub(super) fn select_row(
             "witness merge refused a checked row: {merged:?}"
         );
     }
+    if rule.ascending {
+        ascending(out);
+    }
+}
+
+/// The row's entries (`>= 0`) ascending and compact, then `-1`: cuDNN's
+/// `indexer_topk` layout (its `topk_length` is the count of entries).
+pub(super) fn ascending(row: &mut [i32]) {
+    let mut n = 0;
+    for i in 0..row.len() {
+        if row[i] >= 0 {
+            row[n] = row[i];
+            n += 1;
+        }
+    }
+    row[..n].sort_unstable();
+    row[n..].fill(-1);
 }
 
 /// The `take` largest candidates, largest first.
@@ -87,18 +141,20 @@ fn best(mut cand: Vec<u64>, take: usize) -> Vec<u64> {
     cand
 }
 
-/// [`best`] of the row's candidates, built and reduced in parts of `part`
-/// keys across the pool: each part's `take` best, then the best of those.
+/// [`best`] of the candidates of positions `lo .. hi`, built and reduced in
+/// parts of `part` keys across the pool: each part's `take` best, then the
+/// best of those.
 fn best_in_parts(
     score: &(impl Fn(usize) -> f32 + Sync),
-    len: usize,
+    lo: usize,
+    hi: usize,
     take: usize,
     part: usize,
 ) -> Vec<u64> {
-    let mut cand = vec![0u64; len];
+    let mut cand = vec![0u64; hi - lo];
     pool::for_each_row_mut(&mut cand, part, 1, |p, run| {
         for (r, c) in run.iter_mut().enumerate() {
-            let t = p * part + r;
+            let t = lo + p * part + r;
             *c = candidate(score(t), t);
         }
         if take > 0 && take < run.len() {
@@ -138,7 +194,7 @@ mod tests {
             let take = next(len as u64 + 1) as usize;
             let part = 1 + next(len as u64) as usize;
             let whole = best((0..len).map(|t| candidate(row[t], t)).collect(), take);
-            let parts = best_in_parts(&|t| row[t], len, take, part);
+            let parts = best_in_parts(&|t| row[t], 0, len, take, part);
             assert_eq!(
                 whole, parts,
                 "trial {trial}: len {len} take {take} part {part}"

@@ -169,7 +169,7 @@ fn every_level_scores_bit_identically() {
             let w: Vec<f32> = (0..h).map(|_| next()).collect();
             let q = laid_out(Isa::Scalar, h, d, &qs, &w);
             let mut want = [0.0f32; BLOCK];
-            portable::weighted_relu_sums(q.tiles, &q.qt, &kt, &w, d, &mut want);
+            portable::weighted_relu_sums::<true>(q.tiles, &q.qt, &kt, &w, d, &mut want);
             for (r, &got) in want.iter().enumerate() {
                 let mut s = 0.0f32;
                 for (head, wh) in w.iter().enumerate() {
