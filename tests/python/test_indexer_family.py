@@ -354,3 +354,107 @@ def test_the_exact_check_accepts_activation_none_rows_with_their_scores():
         )
     report = ks.check_topk(exact, rows, np.minimum(pos + 1, 200), topk=24)
     assert report["wrong"] == 0, report.summary()
+
+
+# ---- the check and the cases ---------------------------------------------------
+
+from kvselect.checking import check_indexer_family  # noqa: E402
+from kvselect.testing import CheckFailure, cases  # noqa: E402
+
+FAMILY = cases.all_family_cases()
+
+
+def _run(case):
+    inputs = dict(case.inputs)
+    return (ks.indexer_topk_packed if "cu_seqlens" in inputs else ks.indexer_topk)(**inputs)
+
+
+@pytest.mark.parametrize("case", cases.pytest_params(FAMILY))
+def test_every_family_cases_answer_and_kvselects_rows_pass(case):
+    case.assert_rows(case.expected)
+    rows = _run(case)
+    case.assert_rows(rows)
+    assert _sets(rows) == _sets(case.expected)
+
+
+def _forced_of(case, i):
+    inputs = case.inputs
+    m = int(inputs.get("compress_ratio", 1))
+    pos = int(np.asarray(inputs["query_pos"])[i])
+    if "cu_seqlens" in inputs:
+        cu, sid = inputs["cu_seqlens"], inputs["seq_ids"]
+        t = int(cu[sid[i] + 1] - cu[sid[i]])
+    else:
+        t = len(inputs["index_k"])
+    L = min((pos + 1) // m, t)
+    f0, f1 = int(inputs.get("force_first", 0)), int(inputs.get("force_last", 0))
+    if L <= int(inputs["topk"]):
+        return L, []
+    return L, list(range(f0)) + list(range(L - f1, L))
+
+
+def test_a_dropped_forced_entry_is_named():
+    case = cases.forced_entry_dropped()
+    rows = case.expected.copy()
+    planted = 0
+    for i, row in enumerate(rows):
+        L, forced = _forced_of(case, i)
+        if forced:
+            spare = sorted(set(range(L)) - set(row.tolist()))[0]  # a visible entry the row does not hold
+            row[row == forced[-1]] = spare
+            planted += 1
+    assert planted >= 3
+    with pytest.raises(CheckFailure, match="forced_dropped") as e:
+        case.assert_rows(rows)
+    assert e.value.report["by_reason"]["forced_dropped"] == planted
+
+
+def test_a_forced_entry_counted_twice_is_named():
+    case = cases.forced_entry_counted_twice()
+    rows = case.expected.copy()
+    # A row whose forced prefix and suffix overlap (L < topk): the naive writer's row,
+    # the first half then the last half, an entry twice and the row short.
+    topk, f0, f1 = 8, 4, 4
+    L = 6
+    assert rows[L].tolist() == list(range(L)) + [-1, -1]
+    naive = sorted(list(range(min(f0, L))) + list(range(L - min(f1, L), L)))
+    rows[L] = naive
+    with pytest.raises(CheckFailure, match="duplicate") as e:
+        case.assert_rows(rows)
+    assert e.value.report["details"][0]["row"] == L
+    assert topk == case.inputs["topk"]
+
+
+def test_the_partial_blocks_entry_is_not_causal():
+    case = cases.pool_last_partial_block()
+    rows = case.expected.copy()
+    m = case.inputs["compress_ratio"]
+    pos = case.inputs["query_pos"]
+    i = int(np.flatnonzero(pos >= 8 * m)[0])
+    rows[i, -1] = pos[i] // m  # the entry of the block the query's token is filling
+    with pytest.raises(CheckFailure, match="not_causal"):
+        case.assert_rows(rows)
+
+
+def test_right_rows_pass_in_both_layouts_and_a_wrong_order_is_named():
+    rng = np.random.default_rng(SEED + 10)
+    q = rng.standard_normal((12, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((300, 16)).astype(np.float32)
+    pos = rng.integers(0, 1200, 12)
+    opts = dict(compress_ratio=4, force_last=1)
+    rank = ks.indexer_topk(q, None, k, pos, 32, **opts)
+    asc = ks.indexer_topk(q, None, k, pos, 32, row_layout="ascending", **opts)
+    assert check_indexer_family(rank, q, None, k, pos, **opts)["wrong"] == 0
+    assert check_indexer_family(asc, q, None, k, pos, row_layout="ascending", **opts)["wrong"] == 0
+    # The rank rows are right sets but not ascending: named as such.
+    report = check_indexer_family(rank, q, None, k, pos, row_layout="ascending", **opts)
+    assert report["by_reason"]["not_ascending"] == report["wrong"] > 0
+    assert report["by_reason"]["wrong_selection"] == 0
+    # A real intruder: swap one member for a visible non-member.
+    bad = asc.copy()
+    L = (pos[0] + 1) // 4
+    outsider = sorted(set(range(min(L, 300))) - set(bad[0].tolist()))[0]
+    bad[0, 1] = outsider
+    bad[0, : (bad[0] >= 0).sum()] = np.sort(bad[0, : (bad[0] >= 0).sum()])
+    report = check_indexer_family(bad, q, None, k, pos, row_layout="ascending", **opts)
+    assert report["wrong"] == 1 and report["by_reason"]["wrong_selection"] == 1

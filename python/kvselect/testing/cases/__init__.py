@@ -90,6 +90,12 @@ from kvselect.testing.cases.blocks import (
     block_ties,
     witness_rows,
 )
+from kvselect.testing.cases.family import (
+    all_family_cases,
+    forced_entry_counted_twice,
+    forced_entry_dropped,
+    pool_last_partial_block,
+)
 from kvselect.testing.cases.quest import (
     all_quest_cases,
     quest_dense_fallback,
@@ -120,6 +126,10 @@ __all__ = [
     "Case",
     "pytest_params",
     "all_topk_cases",
+    "all_family_cases",
+    "forced_entry_dropped",
+    "forced_entry_counted_twice",
+    "pool_last_partial_block",
     "all_block_cases",
     "all_quest_cases",
     "all_witness_cases",
