@@ -458,3 +458,35 @@ def test_right_rows_pass_in_both_layouts_and_a_wrong_order_is_named():
     bad[0, : (bad[0] >= 0).sum()] = np.sort(bad[0, : (bad[0] >= 0).sum()])
     report = check_indexer_family(bad, q, None, k, pos, row_layout="ascending", **opts)
     assert report["wrong"] == 1 and report["by_reason"]["wrong_selection"] == 1
+
+
+def test_the_qsa_policy_is_the_top_blocks_of_mean_pooled_keys_plus_the_partial_block():
+    """The eval's QSA policy, against QSA's rule written out here from
+    Qwen4ExpTextQSAIndexer.forward: pooled keys (float32 mean of 4 tokens),
+    Σ_h relu(q_h · k̄) without weights, the top blocks as their 4 tokens, then
+    the (p + 1) mod 4 tokens of the partial block."""
+    from types import SimpleNamespace
+
+    from kvselect.rules import EvalContext
+    from kvselect.rules.compressed import qsa
+
+    rng = np.random.default_rng(SEED + 11)
+    t, d = 203, 16
+    index_k = rng.standard_normal((t, d)).astype(np.float32)
+    pos = np.array([0, 2, 3, 57, 130, 202])
+    index_q = rng.standard_normal((len(pos), d)).astype(np.float32)
+    units = 4 * 9 + 3  # 9 blocks and the tail
+    ctx = EvalContext(SimpleNamespace(index_q=index_q, index_k=index_k), pos, None, units, {})
+    rows = qsa(ctx).rows
+    assert rows.shape == (len(pos), units) and rows.dtype == np.int32
+    pooled = index_k[: t // 4 * 4].reshape(-1, 4, d).astype(np.float64).mean(axis=1)
+    for i, p in enumerate(pos):
+        complete = (p + 1) // 4
+        s = np.maximum(pooled[:complete] @ index_q[i].astype(np.float64), 0)
+        best = sorted(np.lexsort((np.arange(complete), -s))[:9].tolist())
+        want = sorted([4 * b + j for b in best for j in range(4)] + list(range(4 * complete, p + 1)))
+        got = rows[i][rows[i] >= 0]
+        assert sorted(got.tolist()) == want, p
+        assert (rows[i, len(got) :] == -1).all()
+    # A budget with no block beside the tail: n/a, with the reason.
+    assert isinstance(qsa(EvalContext(ctx.head, pos, None, 6, {})), str)
