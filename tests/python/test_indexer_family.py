@@ -490,3 +490,62 @@ def test_the_qsa_policy_is_the_top_blocks_of_mean_pooled_keys_plus_the_partial_b
         assert (rows[i, len(got) :] == -1).all()
     # A budget with no block beside the tail: n/a, with the reason.
     assert isinstance(qsa(EvalContext(ctx.head, pos, None, 6, {})), str)
+
+
+# ---- the score pool: MiniMax-M3's block rule as the indexer with a pool -------------------
+
+
+def test_minimax_block_rule_is_the_pooled_indexer_row_for_row():
+    """One rule, two spellings: kvselect's native MiniMax-M3 block selection
+    (per KV head one index head, block max-pool over the causally visible
+    positions, init / local blocks forced inside the budget, ties to the lower
+    id) equals the twin's indexer with ``score_pool=block_size``,
+    ``activation="none"``, ``weights=None``, ``force_first=init_blocks``,
+    ``force_last=local_blocks``, ascending — random and integer (exactly tied)
+    data, partial last blocks, queries past the keys."""
+    rng = np.random.default_rng(SEED + 12)
+    for trial in range(200):
+        hk, d, t = int(rng.integers(1, 4)), int(rng.integers(1, 16)), int(rng.integers(1, 400))
+        bs, top = int(rng.choice([4, 8, 16])), int(rng.integers(1, 12))
+        init, local = int(rng.integers(0, 3)), int(rng.integers(0, 3))
+        cfg = ks.BlockSparseConfig(block_size=bs, top_blocks=top, init_blocks=init, local_blocks=local)
+        n = int(rng.integers(1, 4))
+        q = rng.standard_normal((n, hk, d)).astype(np.float32)
+        k = rng.standard_normal((t, d)).astype(np.float32)
+        if trial % 3 == 0:
+            q, k = np.round(q), np.round(k)
+        pos = rng.integers(0, t + 3, n)
+        native = ks.block_sparse_select(q, k, pos, cfg)
+        width = native.shape[-1]
+        pooled = ref.indexer_topk_pooled(
+            q.reshape(n * hk, 1, d),
+            None,
+            k,
+            np.repeat(pos, hk),
+            width,
+            score_pool=bs,
+            activation="none",
+            force_first=init,
+            force_last=local,
+            row_layout="ascending",
+        )
+        np.testing.assert_array_equal(native.reshape(n * hk, width), pooled, err_msg=f"trial {trial}")
+
+
+def test_the_lse_pool_counts_every_position_and_the_max_pool_the_best():
+    """SGLang's ``score_type="lse"``: a block of many good positions (5, 5,
+    5, 5) beats a block of one better one (6), which wins under ``max``; a NaN
+    makes an lse block ``-inf`` and is absent from a max block; the partial
+    last block (7 alone) is scored over the positions it holds."""
+    values = np.array([0, 0, 0, 6, 5, 5, 5, 5, 1, np.nan, 0, 0, 7], np.float32)  # blocks of 4
+    q = np.ones((1, 1, 1), np.float32)
+    k = values[:, None]
+    run = dict(score_pool=4, activation="none", sm_scale=1.0)
+    assert ref.indexer_topk_pooled(q, None, k, 12, 4, **run).tolist() == [[3, 0, 1, 2]]  # max (default)
+    assert ref.indexer_topk_pooled(q, None, k, 12, 4, score_type="lse", **run).tolist() == [[3, 1, 0, 2]]
+    blocks = ref_indexer.pool_scores(values.astype(np.float64), 4, "lse", 1.0)
+    np.testing.assert_allclose(blocks[:2], [np.log(3 + np.exp(6)), np.log(4 * np.exp(5))])
+    assert blocks[2] == -np.inf and blocks[3] == 7
+    assert ref_indexer.pool_scores(values.astype(np.float64), 4, "max")[2] == 1
+    with pytest.raises(ValueError, match="score_type"):
+        ref.indexer_topk_pooled(q, None, k, 12, 2, score_pool=4, score_type="mean")

@@ -120,6 +120,7 @@ from .indexer import (
     indexer_topk,
     indexer_topk_packed,
     indexer_topk_paged,
+    indexer_topk_pooled,
 )
 from .keys import (  # kvselect.checking decodes fp8 bytes through it
     decode,
@@ -193,6 +194,7 @@ __all__ = [
     "decode",
     # indexer
     "indexer_topk",
+    "indexer_topk_pooled",
     "indexer_topk_packed",
     "indexer_topk_paged",
     "indexer_scores",

@@ -519,3 +519,91 @@ def indexer_topk_paged(
         scores_out,
         (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos),
     )
+
+
+# ==========================================================================
+# The score pool (issue 43, item 2): blocks of entries scored as one
+# --------------------------------------------------------------------------
+# Written from NVIDIA/cudnn-frontend#838's table (MiniMax's MSA: "score_pool
+# 128 = the block max-pool, 16 per group, own block"), kvselect's MiniMax-M3
+# block rule (src/block_sparse/mod.rs: a block's score is the max over its
+# causally visible positions, NaN absent, a block of NaN -inf; the first
+# init and last local blocks forced inside the budget; ties to the lower id)
+# and SGLang 0.5.23's MiniMax-M3 selector (minimax_sparse/*/
+# flash_with_topk_idx.py, flash_prefill_with_topk_index(score_type=...)):
+# score_type="lse" scores a block by the log-sum-exp of its positions'
+# scaled scores (base 2 there, sm_scale = d**-0.5 by default: the same order
+# as the natural log here), a NaN making the block -inf.
+#
+# - The L visible entries form ceil(L / P) blocks, block b covering entries
+#   b*P .. min((b + 1) * P, L): the last, partial block is scored over the
+#   entries it holds (the query's own block, as MiniMax's).
+# - The rows hold block ids; force_first / force_last count blocks.
+# ==========================================================================
+
+
+def pool_scores(scores: np.ndarray, score_pool: int, score_type: str = "max", sm_scale: float = 1.0) -> np.ndarray:
+    """A row's entry scores (float64) pooled into block scores: ``max``
+    (NaN absent, a block of NaN ``-inf``) or ``lse`` (``log sum exp(sm_scale
+    * s)``, a NaN ``-inf``), over blocks of ``score_pool`` entries, the last
+    one partial."""
+    n = -(-len(scores) // score_pool)
+    out = np.full(n, -np.inf)
+    for b in range(n):
+        block = scores[b * score_pool : (b + 1) * score_pool]
+        if score_type == "max":
+            finite = block[~np.isnan(block)]
+            out[b] = finite.max() if len(finite) else -np.inf
+        else:
+            z = block * sm_scale
+            if np.isnan(z).any():
+                continue
+            top = z.max()
+            with np.errstate(invalid="ignore", over="ignore"):
+                out[b] = top if np.isinf(top) else top + np.log(np.exp(z - top).sum())
+            if np.isnan(out[b]):
+                out[b] = -np.inf
+    return out
+
+
+def indexer_topk_pooled(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    topk: int,
+    *,
+    score_pool: int,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
+    key_scale: Any = None,
+    compress_ratio: int = 1,
+    activation: str = "relu",
+    force_first: int = 0,
+    force_last: int = 0,
+    row_layout: str = "rank",
+) -> np.ndarray:
+    """The indexer with a score pool (see the section notes): each row the
+    ``topk`` best blocks of ``score_pool`` visible entries, int32 block ids.
+    ``sm_scale`` (``lse`` only) defaults to ``d**-0.5``."""
+    q, w, k, c, pos = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, None, None)
+    n, t = len(q), len(k)
+    topk = _count("topk", topk)
+    pool = _count("score_pool", score_pool)
+    if pool < 1:
+        raise _refuse(_SELECTION, "score_pool", "score_pool must be at least 1")
+    if score_type not in ("max", "lse"):
+        raise _refuse(_SELECTION, "score_type", f"score_type must be 'max' or 'lse', got {score_type!r}")
+    relu, ascending = _activation(activation), _row_layout(row_layout)
+    f0, f1 = _forced(force_first, force_last, topk)
+    m = _ratio(compress_ratio)
+    scale = q.shape[2] ** -0.5 if sm_scale is None else float(sm_scale)
+    rows = np.full((n, topk), -1, dtype=np.int64)
+    for i in range(n):
+        length = visible(int(pos[i]), m, t)
+        blocks = pool_scores(_indexer_row(q[i], w[i], k[:length], c[:length], relu), pool, score_type, scale)
+        order = _members(blocks, topk, f0, f1)
+        if ascending:
+            order = np.sort(order)
+        rows[i, : len(order)] = order
+    return rows.astype(np.int32)
