@@ -488,8 +488,13 @@ def test_the_qsa_policy_is_the_top_blocks_of_mean_pooled_keys_plus_the_partial_b
         got = rows[i][rows[i] >= 0]
         assert sorted(got.tolist()) == want, p
         assert (rows[i, len(got) :] == -1).all()
-    # A budget with no block beside the tail: n/a, with the reason.
-    assert isinstance(qsa(EvalContext(ctx.head, pos, None, 6, {})), str)
+    # Below one block and a full tail (7 tokens) the block shrinks to (k + 1) // 2 tokens:
+    # at k = 6, blocks of 3 (one block and a tail of up to 2).
+    small = qsa(EvalContext(ctx.head, pos, None, 6, {})).rows
+    for i, p in enumerate(pos):
+        got = sorted(small[i][small[i] >= 0].tolist())
+        tail = list(range((p + 1) // 3 * 3, p + 1))
+        assert got[len(got) - len(tail) :] == tail and len(got) == len(tail) + 3 * min(1, (p + 1) // 3)
 
 
 # ---- the score pool: MiniMax-M3's block rule as the indexer with a pool -------------------

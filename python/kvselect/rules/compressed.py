@@ -20,7 +20,7 @@ block (the tail, never scored).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Tuple, Union
+from typing import Any, Mapping, Sequence, Tuple
 
 import numpy as np
 
@@ -87,18 +87,19 @@ def check(
 QSA_RATIO = 4
 
 
-def qsa(ctx: EvalContext) -> Union[Selection, str]:
+def qsa(ctx: EvalContext) -> Selection:
     """Qwen's QSA at the token budget ``k``: the best ``(k - 3) // 4``
     complete 4-token blocks of the workload's index (``index_q`` as QSA's
     heads, unweighted, ReLU; block keys the mean of their tokens' index keys:
     kvselect's indexer with ``weights=None, compress_ratio=4``), each as its
     4 tokens, then the tail tokens of the query's partial block. QSA's own
     buffer is ``budget + 3`` wide (2048 + 3); charged within ``k``, the tail
-    comes out of the budget, so ``k = 2051`` is QSA's top-512."""
-    r, units = QSA_RATIO, ctx.units
+    comes out of the budget, so ``k = 2051`` is QSA's top-512. A budget
+    below one block and a full tail (7 tokens) shrinks the block to ``(k +
+    1) // 2`` tokens (as the block-sparse policy's block shrinks with ``k``)."""
+    units = ctx.units
+    r = QSA_RATIO if units >= 2 * QSA_RATIO - 1 else max(1, (units + 1) // 2)
     blocks = (units - (r - 1)) // r
-    if blocks < 1:
-        return f"the budget ({units}) holds no {r}-token block beside a tail of up to {r - 1} tokens"
     keys = np.asarray(ctx.head.index_k, dtype=np.float32)
     n_blocks = len(keys) // r
     pooled = keys[: n_blocks * r].reshape(n_blocks, r, keys.shape[1]).mean(axis=1, dtype=np.float32)
@@ -132,6 +133,7 @@ RULE = Rule(
         "combine_topk_swa_indices",
     ),
     reference="kvselect.reference.compressed",
+    cases="kvselect.testing.cases.all_family_cases",
     dumps=(
         DumpKind(
             "v4_combined",
