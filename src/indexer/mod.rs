@@ -42,6 +42,37 @@
 //!   (ranked first), times a zero weight NaN (ranked last); a `-inf` one is
 //!   0 after the ReLU; `+inf − inf` across heads is NaN.
 //!
+//! # The family's options
+//!
+//! One signature covers the indexer family (NVIDIA/cudnn-frontend#838,
+//! `cudnn.sparse_attention.indexer_topk`: DeepSeek-V4, GLM-5.x, Qwen's QSA
+//! and MiniMax's MSA as one call; [`IndexerOptions`]):
+//!
+//! - **`activation`**: the ReLU, or none (`score(t) = c_t · Σ_h w_h (q_h ·
+//!   k_t)`, negative scores ranked like any). A const parameter of every
+//!   kernel: the ReLU's instructions are unchanged, none drops them.
+//! - **No weights** is `w_h = 1` (Qwen's QSA: huggingface/transformers
+//!   `src/transformers/models/qwen4_exp/modeling_qwen4_exp.py` @ 009e78d,
+//!   `Qwen4ExpTextQSAIndexer.forward`, `relu(q · k̄).sum(heads)`): the
+//!   binding passes weights of one, and `fma(1, x, acc)` rounds as `acc + x`
+//!   does, so the rows are the sum of heads' bit for bit.
+//! - **Forced first / last entries** count inside the budget `topk − S`
+//!   (refused past it): a row that cannot hold all `L` visible entries holds
+//!   the first `force_first` and the last `force_last`, and the rest of the
+//!   budget is the best of the entries between them (one contiguous range:
+//!   the selection and its exact refinement run over it, `select.rs`); a
+//!   row with `L ≤ topk − S` holds every visible entry once, so a forced
+//!   prefix and suffix that overlap in a short causal prefix count once
+//!   (the contract's tests, NVIDIA/cudnn-frontend#832: "force_first /
+//!   force_last land inside the budget, interaction with short causal
+//!   prefixes (prefix < k)"). A row lists its members in the one total
+//!   order of their float32 scores, forced ones included.
+//! - **The layout**: rank order, or cuDNN's ascending and compact (its
+//!   `topk_length` the count of entries), `-1` past the entries.
+//!
+//! The defaults are the rule above, bit for bit (the same code path: an
+//! empty forced range, the ReLU kernels).
+//!
 //! # Numbers: one summation order, everywhere
 //!
 //! `q_h · k_t` is one fused multiply-add chain over the dimensions in order,

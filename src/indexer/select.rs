@@ -201,4 +201,89 @@ mod tests {
             );
         }
     }
+
+    /// Forced entries: a row short of its context holds the first `f0` and
+    /// last `f1` positions and the best of the rest (by the total order),
+    /// every member once, listed in the total order (or ascending); a row
+    /// whose context fits the budget holds every position. Cut into parallel
+    /// parts or not, the same row.
+    #[test]
+    fn forced_entries_are_members_inside_the_budget_in_every_layout() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move |m: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % m
+        };
+        let values = [1.0f32, 0.0, -0.0, 2.0, f32::NAN, -1.0, 3.0];
+        for trial in 0..400 {
+            let len = next(200) as usize;
+            let row: Vec<f32> = (0..len).map(|_| values[next(7) as usize]).collect();
+            let topk = 1 + next(40) as usize;
+            let f0 = next(topk as u64 + 1) as usize;
+            let f1 = next((topk - f0) as u64 + 1) as usize;
+            let rule = |ascending| RowRule {
+                force_first: f0,
+                force_last: f1,
+                ascending,
+            };
+            let mut want: Vec<usize> = if len <= topk {
+                (0..len).collect()
+            } else {
+                let mut mid: Vec<usize> = (f0..len - f1).collect();
+                mid.sort_by_key(|&t| std::cmp::Reverse(candidate(row[t], t)));
+                let mut m: Vec<usize> = (0..f0).chain(len - f1..len).collect();
+                m.extend(&mid[..topk - f0 - f1]);
+                m
+            };
+            want.sort_by_key(|&t| std::cmp::Reverse(candidate(row[t], t)));
+            if len > topk {
+                // The middle's best in parallel parts (a long row's path), offset by `f0`.
+                let (lo, hi, rest) = (f0, len - f1, topk - f0 - f1);
+                let whole = best((lo..hi).map(|t| candidate(row[t], t)).collect(), rest);
+                let part = 1 + next((hi - lo) as u64) as usize;
+                assert_eq!(best_in_parts(&|t| row[t], lo, hi, rest, part), whole);
+            }
+            for split in [false, true] {
+                let mut out = vec![7i32; topk];
+                select_row(
+                    |t| row[t],
+                    len,
+                    topk,
+                    0,
+                    rule(false),
+                    &mut out,
+                    split,
+                    |_, _, _| {},
+                );
+                let got: Vec<usize> = out
+                    .iter()
+                    .filter(|&&x| x >= 0)
+                    .map(|&x| x as usize)
+                    .collect();
+                assert_eq!(
+                    got, want,
+                    "trial {trial}: len {len} topk {topk} f0 {f0} f1 {f1}"
+                );
+                assert!(out[got.len()..].iter().all(|&x| x == -1));
+                let mut asc = vec![7i32; topk];
+                select_row(
+                    |t| row[t],
+                    len,
+                    topk,
+                    0,
+                    rule(true),
+                    &mut asc,
+                    split,
+                    |_, _, _| {},
+                );
+                let mut sorted = want.clone();
+                sorted.sort_unstable();
+                let got: Vec<usize> = asc[..sorted.len()].iter().map(|&x| x as usize).collect();
+                assert_eq!(got, sorted, "trial {trial}: ascending");
+                assert!(asc[sorted.len()..].iter().all(|&x| x == -1));
+            }
+        }
+    }
 }
