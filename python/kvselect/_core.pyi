@@ -1341,6 +1341,7 @@ def indexer_topk(
     force_first: int = 0,
     force_last: int = 0,
     row_layout: str = "rank",
+    score_pool: int = 1,
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
@@ -1402,6 +1403,13 @@ def indexer_topk(
         "rank" (default): rank order of the float32 scores (forced entries by their scores too),
         then -1. "ascending": cuDNN's layout, positions ascending and compact, then -1 (its
         ``topk_length`` is ``(rows >= 0).sum(-1)``).
+    score_pool : int, optional
+        The score pool (MiniMax's MSA: 128): blocks of ``score_pool`` visible keys, the last one
+        partial, each scored by the largest of its keys' scores (NaN absent, a block of NaN
+        -inf; real arithmetic, as the keys are); the row then holds the ``topk`` best block ids
+        (ties to the lower block), ``force_first`` / ``force_last`` count blocks, and
+        ``scores_out`` receives the blocks' float32 scores. Default 1: no pool. Not with
+        ``num_segments``.
     out : ndarray of int32, [n_queries, topk], optional
         Written and returned: C-contiguous, writeable, aligned, native byte order, not
         overlapping any input (else refused, nothing written).
@@ -1445,6 +1453,7 @@ def indexer_topk_packed(
     force_first: int = 0,
     force_last: int = 0,
     row_layout: str = "rank",
+    score_pool: int = 1,
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
@@ -1469,7 +1478,7 @@ def indexer_topk_packed(
         Each query's position within its sequence; one integer for one query.
     topk, key_scale, key_format, query_format, num_segments, compress_ratio : optional
         As :func:`indexer_topk` takes them.
-    activation, force_first, force_last, row_layout : optional
+    activation, force_first, force_last, row_layout, score_pool : optional
         As :func:`indexer_topk` takes them.
     out, scores_out : ndarray, [n_queries, topk], optional
         As :func:`indexer_topk` takes them.
@@ -1508,6 +1517,7 @@ def indexer_topk_paged(
     force_first: int = 0,
     force_last: int = 0,
     row_layout: str = "rank",
+    score_pool: int = 1,
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
@@ -1542,7 +1552,7 @@ def indexer_topk_paged(
         Each query's position within its sequence; one integer for one query.
     topk, key_format, query_format, num_segments, compress_ratio : optional
         As :func:`indexer_topk` takes them.
-    activation, force_first, force_last, row_layout : optional
+    activation, force_first, force_last, row_layout, score_pool : optional
         As :func:`indexer_topk` takes them.
     page_layout : str, optional
         "dense" (default) or "fp8_scaled".

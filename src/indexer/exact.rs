@@ -388,6 +388,109 @@ pub(super) fn refine<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     }
 }
 
+/// A block's float32 max-pool score: the largest of its entries' scores
+/// (`+0.0` canonical), NaN absent, `-inf` for a block of NaN (MiniMax-M3's
+/// block rule, `crate::block_sparse`).
+#[inline]
+pub(super) fn pooled(scores: impl Iterator<Item = f32>) -> f32 {
+    scores
+        .filter(|s| !s.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max)
+        + 0.0
+}
+
+/// [`refine`] for a row of blocks of `pool` entries (the score pool): `top`
+/// holds the `take` best blocks among `lo .. hi` by their float32 max-pool
+/// scores ([`pooled`]), of a row of `len` entries; made the blocks with the
+/// largest real max-pool scores (NaN entries absent), ties to the lower
+/// block.
+///
+/// Why it holds: each entry's real score lies in its interval `[ŝ_t − E_t,
+/// ŝ_t + E_t]` (the module docs; the whole line for a non-finite score or
+/// bound, a NaN among them), so a block's real maximum lies in `[max_t (ŝ_t
+/// − E_t), max_t (ŝ_t + E_t)]` over its entries (a maximum is monotone in
+/// each argument). The test of [`refine`] then runs on the blocks'
+/// intervals, and the blocks of the band are decided by the float64 maxima
+/// of their entries' float64 re-scores (NaN absent). What would break it: a
+/// block interval from the float32 maxima alone (the float32 max of a block
+/// need not be its real argmax's score), or a NaN entry given a finite
+/// interval (a float32 NaN can be an overflow `inf − inf` of finite reals).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn refine_pooled<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
+    top: &mut Vec<u64>,
+    lo: usize,
+    hi: usize,
+    pool: usize,
+    len: usize,
+    row: &impl RowScores,
+    rescore: &Rescore<'_, K>,
+) {
+    let take = top.len();
+    if take == 0 || take >= hi.saturating_sub(lo) {
+        return;
+    }
+    let bound = Bound::of(rescore.query);
+    let entries = |b: usize| b * pool..((b + 1) * pool).min(len);
+    let interval = |b: usize| {
+        entries(b).fold((f64::NEG_INFINITY, f64::NEG_INFINITY), |(l, u), t| {
+            let (lt, ut) = bound.interval(row.score(t), row.terms(t));
+            (l.max(lt), u.max(ut))
+        })
+    };
+    let pos = |c: u64| (u32::MAX - c as u32) as usize;
+    let selected: std::collections::HashSet<usize> = top.iter().map(|&c| pos(c)).collect();
+    let lows: Vec<f64> = top.iter().map(|&c| interval(pos(c)).0).collect();
+    let lo_min = lows.iter().copied().fold(f64::INFINITY, f64::min);
+    let mut up_max = f64::NEG_INFINITY;
+    let mut band: Vec<usize> = Vec::new();
+    for b in (lo..hi).filter(|b| !selected.contains(b)) {
+        let up = interval(b).1;
+        if up >= lo_min || up.is_nan() {
+            up_max = up_max.max(up);
+            band.push(b);
+        }
+    }
+    if band.is_empty() {
+        return; // no unselected block reaches a selected one
+    }
+    let mut kept: Vec<u64> = Vec::with_capacity(take);
+    for (&c, &l) in top.iter().zip(&lows) {
+        match l <= up_max {
+            true => band.push(pos(c)),
+            false => kept.push(c),
+        }
+    }
+    // Every entry of the band's blocks, re-scored in float64.
+    let ts: Vec<usize> = band.iter().flat_map(|&b| entries(b)).collect();
+    let mut exact = vec![0.0f64; ts.len()];
+    rescore.run(&ts, &mut exact);
+    let mut at = 0;
+    let maxima: Vec<f64> = band
+        .iter()
+        .map(|&b| {
+            let n = entries(b).len();
+            let m = exact[at..at + n]
+                .iter()
+                .filter(|x| !x.is_nan())
+                .fold(f64::NEG_INFINITY, |a, &x| a.max(x));
+            at += n;
+            m + 0.0
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..band.len()).collect();
+    order.sort_unstable_by_key(|&j| std::cmp::Reverse(rank64(maxima[j], band[j])));
+    let need = take - kept.len();
+    let block_score = |b: usize| pooled(entries(b).map(|t| row.score(t)));
+    let mut chosen: Vec<u64> = order[..need]
+        .iter()
+        .map(|&j| candidate(block_score(band[j]), band[j]))
+        .collect();
+    chosen.sort_unstable_by(|a, b| b.cmp(a));
+    kept.extend(chosen);
+    kept.sort_unstable_by(|a, b| b.cmp(a));
+    *top = kept;
+}
+
 /// Runs the family at `isa` once (the reach test's probe): two keys whose
 /// float64 scores are known exactly.
 #[cfg(test)]

@@ -69,6 +69,15 @@
 //!   order of their float32 scores, forced ones included.
 //! - **The layout**: rank order, or cuDNN's ascending and compact (its
 //!   `topk_length` the count of entries), `-1` past the entries.
+//! - **The score pool** (MiniMax's MSA): blocks of `score_pool` visible
+//!   entries, the last partial, each scored by its largest entry's score
+//!   (NaN absent, a block of NaN `-inf`); the row holds block ids and the
+//!   forced entries count blocks. Exact by the block intervals of
+//!   `exact::refine_pooled`. MiniMax-M3's block rule
+//!   ([`crate::block_sparse`]) is this rule with one head per KV head, no
+//!   weights, no activation: its rows are equal, its kernels are not shared
+//!   (docs/indexer.md: their summation orders differ, so their float32
+//!   scores do).
 //!
 //! The defaults are the rule above, bit for bit (the same code path: an
 //! empty forced range, the ReLU kernels).
@@ -198,7 +207,7 @@ pub enum RowLayout {
 /// first / last entries and the output layout. "No weights" is head
 /// weights of one ([`IndexerInputs::weights`] all `1.0`: the same bits,
 /// see `exact.rs`). The default is today's rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexerOptions {
     pub activation: Activation,
     /// The first `force_first` visible entries are in every row that cannot
@@ -207,6 +216,23 @@ pub struct IndexerOptions {
     /// The last `force_last` visible entries, likewise.
     pub force_last: usize,
     pub layout: RowLayout,
+    /// The score pool: blocks of `score_pool` visible entries scored as one,
+    /// by the max of their entries' scores (NaN absent; MiniMax's MSA, 128);
+    /// the rows then hold block ids and the forced entries count blocks. 1 is
+    /// no pool; 0 is refused (so is a pool with witnesses).
+    pub score_pool: usize,
+}
+
+impl Default for IndexerOptions {
+    fn default() -> Self {
+        IndexerOptions {
+            activation: Activation::Relu,
+            force_first: 0,
+            force_last: 0,
+            layout: RowLayout::Ranked,
+            score_pool: 1,
+        }
+    }
 }
 
 impl IndexerOptions {
@@ -215,6 +241,7 @@ impl IndexerOptions {
             force_first: self.force_first,
             force_last: self.force_last,
             ascending: self.layout == RowLayout::Ascending,
+            pool: self.score_pool,
         }
     }
 
@@ -226,6 +253,21 @@ impl IndexerOptions {
     /// num_segments` (naming `force_first` when it alone does not fit,
     /// else `force_last`).
     fn check(&self, topk: usize, num_segments: usize) -> Result<(), ArgumentError> {
+        let invalid = |argument, message: String| Err(ArgumentError::Invalid { argument, message });
+        if self.score_pool == 0 {
+            return invalid(
+                "score_pool",
+                "score_pool=0: a block holds at least one entry (1: no pool)".into(),
+            );
+        }
+        if self.score_pool > 1 && num_segments > 0 {
+            let message = format!(
+                "score_pool={} with num_segments={num_segments}: witnesses cover token positions, \
+                 a pooled row holds block ids",
+                self.score_pool
+            );
+            return invalid("score_pool", message);
+        }
         let budget = topk.saturating_sub(num_segments);
         let (f0, f1) = (self.force_first, self.force_last);
         if f0.saturating_add(f1) <= budget {

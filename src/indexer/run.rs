@@ -181,6 +181,22 @@ pub(super) fn select_rows<S, L>(
         let (g, i1) = (lens.len(), i0 + lens.len());
         let group_out = &mut out[i0 * topk..i1 * topk];
         let row_of = |j: usize, row: &mut [i32], split: bool| {
+            if rule.pool > 1 {
+                return pooled_row(
+                    &PooledRow {
+                        view,
+                        j,
+                        len: lens[j],
+                        level,
+                        i0,
+                        query: &group[j],
+                    },
+                    topk,
+                    rule,
+                    row,
+                    &key,
+                );
+            }
             let score = |t: usize| view.get(j, t);
             let refine = |top: &mut Vec<u64>, lo: usize, hi: usize| {
                 let rescore = Rescore {
@@ -206,16 +222,70 @@ pub(super) fn select_rows<S, L>(
                 .zip(rows)
                 .enumerate()
             {
+                let (pool, len) = (rule.pool, lens[j]);
                 for (x, &t) in dst.iter_mut().zip(row) {
-                    *x = if t >= 0 {
-                        view.get(j, t as usize)
-                    } else {
-                        f32::NAN
+                    *x = match (t >= 0, pool > 1) {
+                        (false, _) => f32::NAN,
+                        (true, false) => view.get(j, t as usize),
+                        (true, true) => {
+                            let b = t as usize;
+                            let end = ((b + 1) * pool).min(len);
+                            exact::pooled((b * pool..end).map(|u| view.get(j, u)))
+                        }
                     };
                 }
             }
         }
     });
+}
+
+/// One query's row of a group, for the score pool.
+struct PooledRow<'a> {
+    view: &'a GroupScores<'a>,
+    j: usize,
+    len: usize,
+    level: crate::simd::Isa,
+    i0: usize,
+    query: &'a Query,
+}
+
+/// A row of the score pool: the `len` entries' float32 scores max-pooled
+/// into `ceil(len / pool)` blocks ([`exact::pooled`]), the top `topk`
+/// blocks selected (forced blocks as [`RowRule`] says) and made exact
+/// ([`exact::refine_pooled`]).
+fn pooled_row(
+    r: &PooledRow<'_>,
+    topk: usize,
+    rule: RowRule,
+    out: &mut [i32],
+    key: &(impl Fn(usize, usize, &mut [f32]) -> f32 + Sync),
+) {
+    let (pool, len) = (rule.pool, r.len);
+    let blocks: Vec<f32> = (0..len.div_ceil(pool))
+        .map(|b| exact::pooled((b * pool..((b + 1) * pool).min(len)).map(|t| r.view.get(r.j, t))))
+        .collect();
+    let refine = |top: &mut Vec<u64>, lo: usize, hi: usize| {
+        let rescore = Rescore {
+            level: r.level,
+            query: r.query,
+            key: |t: usize, row: &mut [f32]| key(r.i0, t, row),
+        };
+        let row = GroupRow {
+            view: r.view,
+            j: r.j,
+        };
+        exact::refine_pooled(top, lo, hi, pool, len, &row, &rescore);
+    };
+    select_row(
+        |b| blocks[b],
+        blocks.len(),
+        topk,
+        0,
+        rule,
+        out,
+        false,
+        refine,
+    );
 }
 
 /// Every query's score of every key it sees, `out` `[n, n_keys]`: its

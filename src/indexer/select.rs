@@ -45,6 +45,9 @@ pub(super) struct RowRule {
     pub force_last: usize,
     /// Ascending and compact (cuDNN's layout) instead of rank order.
     pub ascending: bool,
+    /// Entries per block of the score pool (1: no pool; the row then holds
+    /// block ids, forced entries counting blocks).
+    pub pool: usize,
 }
 
 /// The row of `len` scores (`score(t)`, `t < len`): the top `topk` (or
@@ -227,6 +230,7 @@ mod tests {
                 force_first: f0,
                 force_last: f1,
                 ascending,
+                pool: 1,
             };
             let mut want: Vec<usize> = if len <= topk {
                 (0..len).collect()

@@ -31,6 +31,7 @@ def _random_options(rng, topk, segs):
         force_first=f0,
         force_last=f1,
         row_layout=str(rng.choice(["rank", "ascending"])),
+        score_pool=int(rng.choice([1, 1, 2, 3, 8])) if segs == 0 else 1,
     )
 
 
@@ -285,7 +286,7 @@ res = {}
 for i in range(int(a["n"])):
     w = a[f"w_{i}"] if f"w_{i}" in a else None
     kw = dict(activation=str(a[f"act_{i}"]), force_first=int(a[f"f0_{i}"]), force_last=int(a[f"f1_{i}"]),
-              row_layout=str(a[f"lay_{i}"]), compress_ratio=int(a[f"m_{i}"]))
+              row_layout=str(a[f"lay_{i}"]), compress_ratio=int(a[f"m_{i}"]), score_pool=int(a[f"sp_{i}"]))
     s = np.zeros((len(a[f"pos_{i}"]), int(a[f"topk_{i}"])), np.float32)
     res[f"rows_{i}"] = ks.indexer_topk(a[f"q_{i}"], w, a[f"k_{i}"], a[f"pos_{i}"], int(a[f"topk_{i}"]), scores_out=s, **kw)
     res[f"scores_{i}"] = s
@@ -317,6 +318,7 @@ def test_every_simd_level_gives_the_same_rows_and_score_bits_with_the_options(tm
         arrays.update({f"q_{i}": q, f"k_{i}": k, f"pos_{i}": pos, f"topk_{i}": np.array(topk), f"m_{i}": np.array(m)})
         arrays.update({f"act_{i}": np.array(opts["activation"]), f"lay_{i}": np.array(opts["row_layout"])})
         arrays.update({f"f0_{i}": np.array(opts["force_first"]), f"f1_{i}": np.array(opts["force_last"])})
+        arrays[f"sp_{i}"] = np.array(opts["score_pool"])
         if w is not None:
             arrays[f"w_{i}"] = w
         s = np.zeros((n, topk), np.float32)
@@ -554,3 +556,92 @@ def test_the_lse_pool_counts_every_position_and_the_max_pool_the_best():
     assert ref_indexer.pool_scores(values.astype(np.float64), 4, "max")[2] == 1
     with pytest.raises(ValueError, match="score_type"):
         ref.indexer_topk_pooled(q, None, k, 12, 2, score_pool=4, score_type="mean")
+
+
+def test_the_native_score_pool_is_minimax_block_rule_row_for_row():
+    """The score pool natively: ``indexer_topk(score_pool=block_size, activation="none",
+    weights=None, force_first=init, force_last=local, row_layout="ascending")`` on one index
+    head per KV head gives ``block_sparse_select``'s rows — two native implementations (the
+    block engine's 8-lane sums, the indexer's FMA chains), one exact rule."""
+    rng = np.random.default_rng(SEED + 13)
+    for trial in range(150):
+        hk, d, t = int(rng.integers(1, 4)), int(rng.integers(1, 40)), int(rng.integers(1, 700))
+        bs, top = int(rng.choice([3, 8, 16, 128])), int(rng.integers(1, 12))
+        init, local = int(rng.integers(0, 3)), int(rng.integers(0, 3))
+        cfg = ks.BlockSparseConfig(block_size=bs, top_blocks=top, init_blocks=init, local_blocks=local)
+        n = int(rng.integers(1, 4))
+        if trial % 2:  # low contrast: block maxima a few float32 ULPs apart
+            q, _, k = _low_contrast(rng, n * hk, 1, d, t)
+            q = q.reshape(n, hk, d)
+        else:
+            q = rng.standard_normal((n, hk, d)).astype(np.float32)
+            k = rng.standard_normal((t, d)).astype(np.float32)
+        pos = rng.integers(0, t + 3, n)
+        native = ks.block_sparse_select(q, k, pos, cfg)
+        width = native.shape[-1]
+        pooled = ks.indexer_topk(
+            q.reshape(n * hk, 1, d),
+            None,
+            k,
+            np.repeat(pos, hk),
+            width,
+            score_pool=bs,
+            activation="none",
+            force_first=init,
+            force_last=local,
+            row_layout="ascending",
+        )
+        np.testing.assert_array_equal(native.reshape(n * hk, width), pooled, err_msg=f"trial {trial}")
+
+
+def _low_contrast(rng, n, h, d, t):
+    """Scores a few float32 ULPs apart: ``k_t = base + tiny`` (as test_exact_selection's)."""
+    base = rng.standard_normal(d).astype(np.float32)
+    k = (base + rng.integers(-3, 4, (t, d)) * np.float32(2.0**-22)).astype(np.float32)
+    q = (np.abs(rng.standard_normal((n, h, d))) * np.sign(base)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, (n, h)).astype(np.float32)
+    return q, w, k
+
+
+def test_pooled_rows_are_the_real_max_pool_top_k_where_float32_rounding_decides():
+    """On low-contrast data the float32 block maxima misorder near ties; the
+    pooled rows are still the real-arithmetic top blocks: the twin's (float64)
+    sets and the exact check at ``rtol = 0``; ``scores_out`` holds the blocks'
+    float32 max-pool of ``indexer_scores``."""
+    rng = np.random.default_rng(SEED + 14)
+    changed = 0
+    for trial in range(80):
+        n, h, d, t = 3, int(rng.integers(1, 5)), int(rng.integers(2, 24)), int(rng.integers(1, 600))
+        q, w, k = _low_contrast(rng, n, h, d, t)
+        w = None if trial % 2 else w
+        pool, topk = int(rng.choice([2, 4, 16])), int(rng.integers(1, 20))
+        opts = dict(
+            score_pool=pool, activation=str(rng.choice(["relu", "none"])), compress_ratio=int(rng.choice([1, 4]))
+        )
+        pos = rng.integers(0, opts["compress_ratio"] * t + 4, n)
+        s_out = np.zeros((n, topk), np.float32)
+        got = ks.indexer_topk(q, w, k, pos, topk, scores_out=s_out, **opts)
+        want = ref.indexer_topk(q, w, k, pos, topk, **opts)
+        assert _sets(got) == _sets(want), trial
+        report = check_indexer_family(got, q, w, k, pos, topk, **opts)
+        assert report["wrong"] == 0, report["details"][:2]
+        sc = ks.indexer_scores(q, w, k, pos, activation=opts["activation"], compress_ratio=opts["compress_ratio"])
+        for i in range(n):
+            L = int((~np.isnan(sc[i])).sum())
+            blocks = [np.float32(np.max(sc[i, b * pool : min((b + 1) * pool, L)])) for b in range(-(-L // pool))]
+            for slot, b in enumerate(got[i]):
+                if b >= 0:
+                    assert s_out[i, slot] == blocks[b]
+            f32 = sorted(sorted(range(len(blocks)), key=lambda b: (-blocks[b], b))[:topk])
+            changed += f32 != sorted(got[i][got[i] >= 0].tolist())
+    assert changed > 0  # the data really hold near ties float32 decides wrongly
+
+
+def test_the_pools_refusals_name_it():
+    q = np.ones((1, 1, 2), np.float32)
+    k = np.ones((10, 2), np.float32)
+    for kw in (dict(score_pool=0), dict(score_pool=4, num_segments=2)):
+        with pytest.raises(ValueError, match="score_pool"):
+            ks.indexer_topk(q, None, k, 9, 4, **kw)
+        with pytest.raises(ValueError, match="score_pool"):
+            ref.indexer_topk(q, None, k, 9, 4, **kw)

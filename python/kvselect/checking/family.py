@@ -63,6 +63,7 @@ def check_indexer_family(
     force_first: int = 0,
     force_last: int = 0,
     row_layout: str = "rank",
+    score_pool: int = 1,
     atol: float = 0.0,
     rtol: float = 0.0,
 ) -> Report:
@@ -84,8 +85,10 @@ def check_indexer_family(
         The row width ``k`` (default: the rows' width).
     cu_seqlens, seq_ids : array_like of int, optional
         A packed batch's key offsets and each row's sequence.
-    compress_ratio, activation, force_first, force_last, row_layout : optional
-        As :func:`kvselect.indexer_topk` takes them.
+    compress_ratio, activation, force_first, force_last, row_layout, score_pool : optional
+        As :func:`kvselect.indexer_topk` takes them (with ``score_pool``, rows of block ids
+        against the blocks' exact max-pool scores, each block's error scale its largest
+        entry's).
     atol, rtol : float, optional
         Extra tolerance on each score (``rtol`` times its magnitude).
 
@@ -137,6 +140,7 @@ def check_indexer_family(
             force_first=force_first,
             force_last=force_last,
             row_layout=row_layout,
+            score_pool=score_pool,
         )
     else:
         ks.indexer_topk_packed(
@@ -155,6 +159,7 @@ def check_indexer_family(
             force_first=force_first,
             force_last=force_last,
             row_layout=row_layout,
+            score_pool=score_pool,
         )
     q = decode(index_q, query_format, "query_format")
     k = decode(index_k, key_format, "key_format")
@@ -173,7 +178,8 @@ def check_indexer_family(
     else:
         bounds = np.asarray(cu_seqlens, dtype=np.int64).reshape(-1)
         seq = np.asarray(seq_ids, dtype=np.int64).reshape(-1)
-    width = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
+    pool = int(score_pool)
+    width = -(-int(np.diff(bounds).max()) // pool) if len(bounds) > 1 else 0
     scores = np.full((n, width), np.nan)
     mags = np.full((n, width), np.nan)
     lens = np.zeros(n, dtype=np.int64)
@@ -181,11 +187,15 @@ def check_indexer_family(
     qa, ka = np.abs(q), np.abs(k)
     for i in range(n):
         lo, hi = int(bounds[seq[i]]), int(bounds[seq[i] + 1])
-        L = visible(int(pos[i]), m, hi - lo)
-        lens[i] = L
+        entries = visible(int(pos[i]), m, hi - lo)
         with np.errstate(invalid="ignore", over="ignore"):
-            scores[i, :L] = head_sum_scores(q[i], w[i], k[lo : lo + L], relu) * c[lo : lo + L]
-            mags[i, :L] = head_sum_scores(qa[i], np.abs(w[i]), ka[lo : lo + L]) * np.abs(c[lo : lo + L])
+            s_i = head_sum_scores(q[i], w[i], k[lo : lo + entries], relu) * c[lo : lo + entries]
+            m_i = head_sum_scores(qa[i], np.abs(w[i]), ka[lo : lo + entries]) * np.abs(c[lo : lo + entries])
+        if pool > 1:  # the blocks' max-pool (NaN absent), each scaled by its largest magnitude
+            s_i, m_i = _pooled(s_i, pool), _pooled(np.nan_to_num(m_i, nan=np.inf), pool)
+        L = len(s_i)
+        lens[i] = L
+        scores[i, :L], mags[i, :L] = s_i, m_i
         mine = np.zeros(0, dtype=np.int64)
         if L > k_width:  # a row short of its context: its forced entries are members
             mine = np.concatenate([np.arange(f0), np.arange(L - f1, L)]).astype(np.int64)
@@ -199,6 +209,20 @@ def check_indexer_family(
         scores, engine, lens, topk=k_width, atol=atol, rtol=rtol + slack, magnitudes=np.nan_to_num(mags, nan=0.0)
     )
     return _with_family_reasons(Report(report), engine, forced, row_layout == "ascending")
+
+
+def _pooled(x: np.ndarray, pool: int) -> np.ndarray:
+    """The max of each block of ``pool`` entries (the last partial), NaN
+    absent, ``-inf`` for a block of NaN."""
+    n = -(-len(x) // pool)
+    padded = np.full(n * pool, np.nan)
+    padded[: len(x)] = x
+    blocks = padded.reshape(n, pool)
+    with np.errstate(invalid="ignore"):
+        out = np.where(
+            np.isnan(blocks).all(axis=1), -np.inf, np.nanmax(np.where(np.isnan(blocks), -np.inf, blocks), axis=1)
+        )
+    return out + 0.0
 
 
 def _with_family_reasons(report: Report, rows: np.ndarray, forced: list, ascending: bool) -> Report:

@@ -86,12 +86,15 @@ def indexer_topk(
     force_first: int = 0,
     force_last: int = 0,
     row_layout: str = "rank",
+    score_pool: int = 1,
     out: Any = None,
     scores_out: Any = None,
 ) -> np.ndarray:
     """The lightning indexer's top-k of every query (see the section notes):
     int32 ``[n_queries, topk]``; ``scores_out`` (float32 ``[n_queries,
-    topk]``) receives each entry's score, NaN where the row holds -1."""
+    topk]``) receives each entry's score, NaN where the row holds -1. With
+    ``score_pool = P > 1`` the row holds block ids of the max-pool (the
+    score pool's section notes, :func:`indexer_topk_pooled`)."""
     q, w, k, c, pos = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
     n, t = len(q), len(k)
     topk = _count("topk", topk)
@@ -106,11 +109,14 @@ def indexer_topk(
     m = _ratio(compress_ratio)
     keep = max(topk - num_segments, 0)
     f0, f1 = _forced(force_first, force_last, keep)
+    pool = _pool(score_pool, num_segments)
     rows = np.full((n, topk), -1, dtype=np.int64)
     chosen_scores = np.full((n, topk), np.nan)
     for i in range(n):
         length = visible(int(pos[i]), m, t)
         scores = _indexer_row(q[i], w[i], k[:length], c[:length], relu)
+        if pool > 1:
+            scores = pool_scores(scores, pool)
         order = _members(scores, keep, f0, f1)
         rows[i, : len(order)] = order
         if num_segments:
@@ -139,6 +145,16 @@ def _members(scores: np.ndarray, keep: int, f0: int, f1: int) -> np.ndarray:
     best = middle[_rank_order(scores[middle])[: keep - f0 - f1]]
     members = np.concatenate([np.arange(f0), best, np.arange(length - f1, length)])
     return members[_rank_order(scores[members])]
+
+
+def _pool(score_pool: Any, num_segments: int) -> int:
+    """``score_pool`` checked: at least 1, and 1 with witnesses."""
+    pool = _count("score_pool", score_pool)
+    if pool < 1:
+        raise _refuse(_SELECTION, "score_pool", "score_pool=0: a block holds at least one entry")
+    if pool > 1 and num_segments:
+        raise _refuse(_SELECTION, "score_pool", "score_pool with num_segments: witnesses cover positions")
+    return pool
 
 
 def _activation(activation: Any) -> bool:
@@ -356,6 +372,7 @@ def indexer_topk_packed(
     force_first: int = 0,
     force_last: int = 0,
     row_layout: str = "rank",
+    score_pool: int = 1,
     out: Any = None,
     scores_out: Any = None,
 ) -> np.ndarray:
@@ -379,6 +396,7 @@ def indexer_topk_packed(
     w = np.ones(q.shape[:2]) if weights is None else np.asarray(weights)
     _activation(activation), _row_layout(row_layout)
     _forced(force_first, force_last, max(_count("topk", topk) - _count("num_segments", num_segments), 0))
+    _pool(score_pool, _count("num_segments", num_segments))
 
     def one(i: int, s_row: np.ndarray) -> np.ndarray:
         k0, k1 = int(cu[sid[i]]), int(cu[sid[i] + 1])
@@ -398,6 +416,7 @@ def indexer_topk_packed(
             force_first=force_first,
             force_last=force_last,
             row_layout=row_layout,
+            score_pool=score_pool,
         )
 
     return _query_by_query(
@@ -468,6 +487,7 @@ def indexer_topk_paged(
     force_first: int = 0,
     force_last: int = 0,
     row_layout: str = "rank",
+    score_pool: int = 1,
     out: Any = None,
     scores_out: Any = None,
 ) -> np.ndarray:
@@ -490,6 +510,7 @@ def indexer_topk_paged(
     w = np.ones(q.shape[:2]) if weights is None else np.asarray(weights)
     _activation(activation), _row_layout(row_layout)
     _forced(force_first, force_last, max(_count("topk", topk) - _count("num_segments", num_segments), 0))
+    _pool(score_pool, _count("num_segments", num_segments))
 
     def one(i: int, s_row: np.ndarray) -> np.ndarray:
         s = int(sid[i])
@@ -509,6 +530,7 @@ def indexer_topk_paged(
             force_first=force_first,
             force_last=force_last,
             row_layout=row_layout,
+            score_pool=score_pool,
         )
 
     return _query_by_query(

@@ -45,20 +45,22 @@ impl<'py> Weights<'py> {
 }
 
 /// The family's options as typed values (`activation`, `force_first`,
-/// `force_last`, `row_layout`): parsed once, here; the budget check is the
+/// `force_last`, `row_layout`, `score_pool`): parsed once, here; the budget check is the
 /// core's ([`IndexerOptions`]).
 pub(super) type Family<'a, 'py> = (
     Option<Named<Activation>>,
     Opt<'a, 'py>,
     Opt<'a, 'py>,
     Option<Named<RowLayout>>,
+    Opt<'a, 'py>,
 );
 
 /// [`Family`] read: None is today's rule (ReLU, nothing forced, rank order).
 pub(super) fn family(
-    (activation, force_first, force_last, row_layout): Family<'_, '_>,
+    (activation, force_first, force_last, row_layout, score_pool): Family<'_, '_>,
 ) -> PyResult<IndexerOptions> {
     Ok(IndexerOptions {
+        score_pool: S.count_or(score_pool, "score_pool", i32::MAX as u64, 1)?,
         activation: activation.map(|a| a.get()).transpose()?.unwrap_or_default(),
         force_first: S.count_or(force_first, "force_first", i32::MAX as u64, 0)?,
         force_last: S.count_or(force_last, "force_last", i32::MAX as u64, 0)?,

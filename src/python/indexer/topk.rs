@@ -72,6 +72,13 @@ use super::call::{family, queries, ratio, run_topk, segments, Call};
 ///     "rank" (default): rank order of the float32 scores (forced entries by their scores too),
 ///     then -1. "ascending": cuDNN's layout, positions ascending and compact, then -1 (its
 ///     ``topk_length`` is ``(rows >= 0).sum(-1)``).
+/// score_pool : int, optional
+///     The score pool (MiniMax's MSA: 128): blocks of ``score_pool`` visible keys, the last one
+///     partial, each scored by the largest of its keys' scores (NaN absent, a block of NaN
+///     -inf; real arithmetic, as the keys are); the row then holds the ``topk`` best block ids
+///     (ties to the lower block), ``force_first`` / ``force_last`` count blocks, and
+///     ``scores_out`` receives the blocks' float32 scores. Default 1: no pool. Not with
+///     ``num_segments``.
 /// out : ndarray of int32, [n_queries, topk], optional
 ///     Written and returned: C-contiguous, writeable, aligned, native byte order, not
 ///     overlapping any input (else refused, nothing written).
@@ -99,10 +106,10 @@ use super::call::{family, queries, ratio, run_topk, segments, Call};
 #[pyo3(
     signature = (index_q, weights, index_k, query_pos, topk, *, key_scale=None, key_format=None,
                  query_format=None, num_segments=None, compress_ratio=None, activation=None, force_first=None,
-                 force_last=None, row_layout=None, out=None, scores_out=None),
+                 force_last=None, row_layout=None, score_pool=None, out=None, scores_out=None),
     text_signature = "(index_q, weights, index_k, query_pos, topk, *, key_scale=None, \
                       key_format=None, query_format=None, num_segments=0, compress_ratio=1, \
-                      activation='relu', force_first=0, force_last=0, row_layout='rank', out=None, \
+                      activation='relu', force_first=0, force_last=0, row_layout='rank', score_pool=1, out=None, \
                       scores_out=None)"
 )]
 pub(super) fn indexer_topk<'py>(
@@ -121,6 +128,7 @@ pub(super) fn indexer_topk<'py>(
     force_first: Opt<'_, 'py>,
     force_last: Opt<'_, 'py>,
     row_layout: Option<Named<RowLayout>>,
+    score_pool: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
@@ -135,7 +143,7 @@ pub(super) fn indexer_topk<'py>(
         ),
     )?;
     call.ratio = ratio(compress_ratio)?;
-    let opts = family((activation, force_first, force_last, row_layout))?;
+    let opts = family((activation, force_first, force_last, row_layout, score_pool))?;
     let (shape, topk, segs) = (call.shape, call.topk, call.segs);
     call.run(py, (out, scores_out), |inputs, o, s| {
         indexer::indexer_topk_with_into(&shape, inputs, topk, segs, &opts, o, s)
@@ -163,7 +171,7 @@ pub(super) fn indexer_topk<'py>(
 ///     Each query's position within its sequence; one integer for one query.
 /// topk, key_scale, key_format, query_format, num_segments, compress_ratio : optional
 ///     As :func:`indexer_topk` takes them.
-/// activation, force_first, force_last, row_layout : optional
+/// activation, force_first, force_last, row_layout, score_pool : optional
 ///     As :func:`indexer_topk` takes them.
 /// out, scores_out : ndarray, [n_queries, topk], optional
 ///     As :func:`indexer_topk` takes them.
@@ -185,12 +193,12 @@ pub(super) fn indexer_topk<'py>(
 #[pyo3(
     signature = (index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, topk, *, key_scale=None,
                  key_format=None, query_format=None, num_segments=None, compress_ratio=None,
-                 activation=None, force_first=None, force_last=None, row_layout=None, out=None,
+                 activation=None, force_first=None, force_last=None, row_layout=None, score_pool=None, out=None,
                  scores_out=None),
     text_signature = "(index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, topk, *, \
                       key_scale=None, key_format=None, query_format=None, num_segments=0, \
                       compress_ratio=1, activation='relu', force_first=0, force_last=0, \
-                      row_layout='rank', out=None, scores_out=None)"
+                      row_layout='rank', score_pool=1, out=None, scores_out=None)"
 )]
 pub(super) fn indexer_topk_packed<'py>(
     py: Python<'py>,
@@ -210,6 +218,7 @@ pub(super) fn indexer_topk_packed<'py>(
     force_first: Opt<'_, 'py>,
     force_last: Opt<'_, 'py>,
     row_layout: Option<Named<RowLayout>>,
+    score_pool: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
@@ -229,7 +238,7 @@ pub(super) fn indexer_topk_packed<'py>(
         positions(S, cu_seqlens, "cu_seqlens")?,
         positions_along(S, seq_ids, "seq_ids", ("n_queries", call.shape.n_queries))?,
     );
-    let opts = family((activation, force_first, force_last, row_layout))?;
+    let opts = family((activation, force_first, force_last, row_layout, score_pool))?;
     let (shape, topk, segs) = (call.shape, call.topk, call.segs);
     call.run(py, (out, scores_out), |inputs, o, s| {
         indexer::indexer_topk_packed_with_into(&shape, inputs, &cu, &sid, topk, segs, &opts, o, s)
@@ -267,7 +276,7 @@ pub(super) fn indexer_topk_packed<'py>(
 ///     Each query's position within its sequence; one integer for one query.
 /// topk, key_format, query_format, num_segments, compress_ratio : optional
 ///     As :func:`indexer_topk` takes them.
-/// activation, force_first, force_last, row_layout : optional
+/// activation, force_first, force_last, row_layout, score_pool : optional
 ///     As :func:`indexer_topk` takes them.
 /// page_layout : str, optional
 ///     "dense" (default) or "fp8_scaled".
@@ -293,11 +302,11 @@ pub(super) fn indexer_topk_packed<'py>(
     signature = (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *,
                  page_layout=Named::known(PageLayoutName::Dense), key_format=None, query_format=None, num_segments=None,
                  compress_ratio=None, activation=None, force_first=None, force_last=None, row_layout=None,
-                 out=None, scores_out=None, **renamed),
+                 score_pool=None, out=None, scores_out=None, **renamed),
     text_signature = "(index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *, \
                       page_layout='dense', key_format=None, query_format=None, num_segments=0, \
                       compress_ratio=1, activation='relu', force_first=0, force_last=0, \
-                      row_layout='rank', out=None, scores_out=None)"
+                      row_layout='rank', score_pool=1, out=None, scores_out=None)"
 )]
 pub(super) fn indexer_topk_paged<'py>(
     py: Python<'py>,
@@ -318,6 +327,7 @@ pub(super) fn indexer_topk_paged<'py>(
     force_first: Opt<'_, 'py>,
     force_last: Opt<'_, 'py>,
     row_layout: Option<Named<RowLayout>>,
+    score_pool: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
     renamed: Option<&Bound<'py, PyDict>>,
@@ -336,7 +346,7 @@ pub(super) fn indexer_topk_paged<'py>(
     let topk = S.count(topk, "topk", i32::MAX as u64)?;
     let segs = segments(num_segments)?;
     let compress_ratio = ratio(compress_ratio)?;
-    let opts = family((activation, force_first, force_last, row_layout))?;
+    let opts = family((activation, force_first, force_last, row_layout, score_pool))?;
     let inputs = PagedInputs {
         q: q.encoded()?,
         weights: w.slice()?,
