@@ -224,6 +224,8 @@ def test_the_ascending_layout_is_the_rank_rows_sorted_and_compact():
         (dict(force_first=4, force_last=5), "force_last"),
         (dict(force_first=2, force_last=2, num_segments=6), "force_last"),
         (dict(force_first=-1), "force_first"),
+        (dict(score_pool=0), "score_pool"),
+        (dict(score_pool=2, num_segments=1), "score_pool"),
     ],
 )
 def test_refusals_name_the_argument_and_write_nothing(kwargs, arg):
