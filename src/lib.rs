@@ -57,6 +57,7 @@ pub mod block_sparse;
 pub mod check;
 pub mod compressed;
 mod error;
+pub mod exp;
 pub mod indexer;
 pub mod keys;
 pub mod metrics;

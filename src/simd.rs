@@ -598,6 +598,11 @@ mod tests {
             crate::keys::Encoded::Fp8E4m3(&[0x38; 20]).decode_at(isa, 0, &mut out);
             assert_eq!(out, [1.0; 20]);
         }),
+        ("exp.shifted", |isa| {
+            let mut out = [0.0f32; 20];
+            crate::exp::exp_shifted(isa, &[1.0; 20], 1.0, &mut out);
+            assert_eq!(out, [1.0; 20]);
+        }),
         ("witness.scan", crate::witness::dispatch_probe),
         ("block_sparse.segment", crate::block_sparse::dispatch_probe),
         ("block_sparse.key_max", crate::block_sparse::dispatch_probe),

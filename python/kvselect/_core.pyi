@@ -49,6 +49,7 @@ __all__ = [
     "get_num_threads",
     "simd_level",
     "_fma_floor",
+    "_exp_bound",
     "_dlpack_array",
     "indexer_topk",
     "indexer_topk_packed",
@@ -56,6 +57,7 @@ __all__ = [
     "check_topk",
     "indexer_scores",
     "indexer_magnitudes",
+    "_indexer_rescore",
     "block_scores",
     "block_magnitudes",
     "GlobalSlots",
@@ -1619,6 +1621,29 @@ def indexer_scores(
         On an argument of the wrong type or dtype.
     """
 
+def _indexer_rescore(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    rows: Any,
+    positions: Any,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    compress_ratio: int = 1,
+) -> npt.NDArray[np.float64]:
+    """Chosen scores in float64 (private: the exact check's re-score).
+
+    Query ``rows[j]``'s score of key ``positions[j]``, for each ``j``, the other arguments as
+    :func:`indexer_scores` takes them (no ``out``): every product of two decoded operands
+    exact, the sums in float64 (the same bits at every SIMD level), so within ``γ_{d+H+2}``
+    (units of ``2^-53``) of ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`` of the real score. Pairs of
+    one row are best given together. A row past the queries or a position past its query's
+    context is refused.
+    """
+
 def indexer_magnitudes(
     index_q: _ArrayIn,
     weights: _ArrayIn,
@@ -2119,6 +2144,15 @@ def _fma_floor(iters: int) -> tuple[int, float]:
     """Benchmarks' floor (private): ``iters`` steps of a register-resident FMA
     loop on every pool thread at the best SIMD level; returns ``(flops,
     checksum)``, the caller times the call.
+    """
+
+def _exp_bound() -> tuple[float, float]:
+    """The project's `exp` (private): `(rel_err, lo)`. For every float32 `x`
+    in `[lo, 0]` the core's `exp(x)` (the same bits at every SIMD level) is
+    within `rel_err · e^x` of the real exponential (the maximum over every
+    such input, rounded up); below `lo` it is `+0`. Rules with a softmax
+    treat candidates whose exact scores lie within this relative distance as
+    tied; checks use it as the rigorous bound on each `exp`.
     """
 
 def _dlpack_array(obj: Any, name: str = "array") -> tuple[npt.NDArray[Any], Optional[str]]:

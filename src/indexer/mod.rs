@@ -423,6 +423,73 @@ pub fn indexer_scores_with_into(
     Ok(())
 }
 
+/// The float64 scores of the pairs `(rows[j], positions[j])` into `out[j]`:
+/// query `rows[j]`'s score of key `positions[j]`, re-scored as the exact
+/// selection re-scores its band (`exact.rs`: every product of two decoded
+/// operands exact, the sums in float64, the same bits at every level), so
+/// within `γ_{d+H+2}` (in units of `2⁻⁵³`) of `|c_t| Σ_h |w_h| Σ_i |q_hi
+/// k_ti|` of the real score. What the exact check re-scores the candidates
+/// its float32 screen leaves with; pairs of one row are best given
+/// together (each run of equal `rows` loads its query once).
+///
+/// Refuses, before writing anything, the inputs [`indexer_topk_into`]
+/// refuses, `rows` and `positions` of different lengths, a row past the
+/// queries, a position past its query's context, and an `out` of another
+/// length.
+pub fn indexer_rescore_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    rows: &[usize],
+    positions: &[usize],
+    out: &mut [f64],
+) -> Result<(), ArgumentError> {
+    let (n, t) = (shape.n_queries, shape.n_keys);
+    check_keys(shape)?;
+    check_inputs(shape, inputs)?;
+    check_len("positions", positions.len(), rows.len(), || {
+        format!("[{}], one per entry of rows", rows.len())
+    })?;
+    check_len("out", out.len(), rows.len(), || {
+        format!("[{}], one per entry of rows", rows.len())
+    })?;
+    for (j, (&i, &p)) in rows.iter().zip(positions).enumerate() {
+        if i >= n {
+            return Err(ArgumentError::OutOfRange {
+                argument: "rows",
+                index: j,
+                message: format!("rows[{j}] = {i} is past the {n} queries"),
+            });
+        }
+        let len = visible(inputs.query_pos[i], inputs.compress_ratio, t);
+        if p >= len {
+            return Err(ArgumentError::OutOfRange {
+                argument: "positions",
+                index: j,
+                message: format!("positions[{j}] = {p} is past query {i}'s context of {len} keys"),
+            });
+        }
+    }
+    let (level, h, d) = (simd::Isa::best(), shape.n_heads, shape.d);
+    let mut query = kernels::Query::new(h, d, level);
+    let mut j0 = 0;
+    while j0 < rows.len() {
+        let i = rows[j0];
+        let j1 = j0 + rows[j0..].iter().take_while(|&&r| r == i).count();
+        query.load(&inputs.q, inputs.weights, i, false);
+        let rescore = exact::Rescore {
+            level,
+            query: &query,
+            key: |k: usize, r: &mut [f32]| {
+                inputs.k.decode(k * d, r);
+                inputs.key_scale.map_or(1.0, |s| s[k])
+            },
+        };
+        rescore.run(&positions[j0..j1], &mut out[j0..j1]);
+        j0 = j1;
+    }
+    Ok(())
+}
+
 /// The packed form, serving-engine style: the keys of all sequences are
 /// concatenated in `inputs.k` (`[n_keys, d]`, `key_scale` alike), sequence
 /// `s` owning rows `cu_seqlens[s] .. cu_seqlens[s + 1]` (`n_seqs + 1`

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 
 use super::args::Obj;
 use super::errors::Domain;
-use crate::{pool, simd};
+use crate::{exp, pool, simd};
 
 /// Sets the number of threads kvselect's parallel paths use.
 ///
@@ -69,8 +69,20 @@ fn _fma_floor(py: Python<'_>, iters: &Obj) -> PyResult<(u64, f32)> {
     Ok(py.detach(|| simd::fma_floor(iters)))
 }
 
+/// The project's `exp` (private): `(rel_err, lo)`. For every float32 `x`
+/// in `[lo, 0]` the core's `exp(x)` (the same bits at every SIMD level) is
+/// within `rel_err · e^x` of the real exponential (the maximum over every
+/// such input, rounded up); below `lo` it is `+0`. Rules with a softmax
+/// treat candidates whose exact scores lie within this relative distance as
+/// tied; checks use it as the rigorous bound on each `exp`.
+#[pyfunction]
+fn _exp_bound() -> (f64, f32) {
+    (exp::EXP_REL_ERR, exp::EXP_LO)
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_fma_floor, m)?)?;
+    m.add_function(wrap_pyfunction!(_exp_bound, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;

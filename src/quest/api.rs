@@ -42,7 +42,7 @@ pub fn scores_into(
 }
 
 /// SGLang's scores of one sequence's pages: the query heads of each KV
-/// head's group averaged ([`super::score`]'s `group_mean`, rounded to
+/// head's group averaged (`score`'s `group_mean`, rounded to
 /// `q`'s own format), each page scored against every KV head's bounds and
 /// the heads summed: `out` `[n_pages]`.
 ///

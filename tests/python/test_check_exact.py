@@ -205,7 +205,11 @@ def _assert_same(got, want, why):
             if p["reason"] == "wrong_selection"
         ]
 
-    assert line(got) == line(want), why
+    # The counts past the line exactly; the threshold, a float64 score
+    # summed in the native re-score's order (the brute force sums in
+    # NumPy's), to float64 rounding as the margins.
+    assert [c[1:] for c in line(got)] == [c[1:] for c in line(want)], why
+    assert [c[0] for c in line(got)] == pytest.approx([c[0] for c in line(want)], rel=1e-12, abs=1e-300), why
 
 
 def _pairs(rtol):
@@ -590,3 +594,45 @@ def test_a_reports_scores_keep_their_float32_form_when_it_tells_them_apart():
     )
     text = checking.report._describe(p)
     assert text == "wrong selection: dropped 1 [0 (1.0000001)], intruders 1 [2 (0.5)]; threshold 1.0000001, margin 0.5"
+
+
+@pytest.mark.parametrize("fmt", ["float32", "fp8"])
+def test_the_native_rescore_is_exact_to_float64_rounding(fmt):
+    """``_core._indexer_rescore`` (the check's re-score of its candidates):
+    query ``rows[j]``'s score of key ``positions[j]`` within the float64
+    rounding bound ``γ_{d+H+2}`` (units of ``2^-53``) of the magnitude of the
+    brute-force float64 score, pairs in any order and repeated; a position
+    past its query's context, a row past the queries and lengths that differ
+    are refused naming the argument."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(4040)
+    n, h, d, t = 5, 7, 33, 70
+    q = rng.standard_normal((n, h, d)).astype(np.float32)
+    w = rng.standard_normal((n, h)).astype(np.float32)
+    base = rng.standard_normal((t, d)).astype(np.float32)
+    base[9] = base[4]  # a duplicated key: the same bits
+    if fmt == "float32":
+        k, c = base, None
+    else:
+        c = (np.abs(base).max(axis=1) / 448).astype(np.float32)
+        k = (base / c[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    pos = np.array([69, 3, 40, 69, 10])
+    exact, mags, lens = _exact_all(q, w, k, c, pos, np.array([0, t]), np.zeros(n, dtype=np.int64))
+    rows = np.repeat(np.arange(n), lens)[::-1].copy()  # rows out of order, runs reversed
+    positions = np.concatenate([np.arange(L) for L in lens])[::-1].copy()
+    rows, positions = np.r_[rows, 0, 0], np.r_[positions, 4, 9]
+    got = ks._core._indexer_rescore(q, w, k, pos, rows, positions, key_scale=c)
+    assert got.dtype == np.float64 and got.shape == rows.shape
+    bound = 2 * (d + h + 2) * 2.0**-53 * mags[rows, positions] + 1e-300
+    assert np.all(np.abs(got - exact[rows, positions]) <= bound)
+    assert got[-1] == got[-2]  # the duplicated key: the same chain, the same bits
+    for bad, name in (
+        (dict(rows=np.array([0, 1]), positions=np.array([0, 4])), "positions"),  # row 1 sees 4 keys
+        (dict(rows=np.array([5]), positions=np.array([0])), "rows"),
+        (dict(rows=np.array([0, 1]), positions=np.array([0])), "positions"),
+        (dict(rows=np.array([-1]), positions=np.array([0])), "rows"),
+    ):
+        with pytest.raises(ks.SelectionError, match=name) as err:
+            ks._core._indexer_rescore(q, w, k, pos, bad["rows"], bad["positions"], key_scale=c)
+        assert err.value.argument == name

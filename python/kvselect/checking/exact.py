@@ -212,7 +212,7 @@ def indexer_check(
                 atol,
                 rtol,
                 layout,
-                (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format),
+                (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format, pos[sub], compress_ratio),
                 rel,
                 whole is not None,
                 slack,
@@ -325,7 +325,7 @@ def _rescore(
     user_rtol, rtol = rtol, rtol + slack
     from kvselect import reference
 
-    q, w32, keys, ksc, absc, h, d, query_format, key_format = operands
+    q, w32, keys, ksc, absc, h, d, query_format, key_format, qpos, ratio = operands
     c, t = S.shape
     k = _topk_of(rows, topk, layout)
     if rel is None:
@@ -429,34 +429,43 @@ def _rescore(
         product of the decoded operands exact; one decode of their distinct
         keys): the pairs (``row * t + position``, row, position), their
         scores and magnitudes."""
-        u = np.unique(
-            np.concatenate(
-                [
-                    np.asarray(p, dtype=np.int64) * t + np.asarray(q_, dtype=np.int64)
-                    for p, q_ in zip(pr_parts, pt_parts)
-                ]
-            )
-        )
+        # The distinct pairs, sorted, through a mask of the chunk's [c, t]
+        # pairs (a hash or a sort of some 10^5 pairs costs more).
+        mark = np.zeros(c * t, dtype=bool)
+        for p, q_ in zip(pr_parts, pt_parts):
+            mark[np.asarray(p, dtype=np.int64) * t + np.asarray(q_, dtype=np.int64)] = True
         if done is not None:
-            u = u[~np.isin(u, done)]
+            mark[done] = False
+        u = np.flatnonzero(mark)
         pr, pt = u // t, u % t
-        ut, inv = np.unique(pt, return_inverse=True)
-        kd = reference.decode(keys_[ut], key_format, "key_format").reshape(len(ut), d)
-        absk = np.abs(kd)
-        ex, mg = np.empty(len(u)), np.empty(len(u))
-        step = max(1, (1 << 20) // max(1, h * d))
+        # The scores natively (the exact selection's float64 re-score: the
+        # products exact, the sums in float64), the pairs row by row (``u``
+        # is sorted); the magnitudes Σ_i (Σ_h |w_h| |q_hi|) |k_ti| (no ReLU:
+        # one vector per row) by a product per row.
+        ex = ks._core._indexer_rescore(
+            q,
+            w32,
+            keys_,
+            qpos,
+            pr,
+            pt,
+            key_scale=ksc,
+            key_format=key_format,
+            query_format=query_format,
+            compress_ratio=ratio,
+        )
+        used = np.zeros(t, dtype=bool)
+        used[pt] = True
+        ut = np.flatnonzero(used)
+        inv = (np.cumsum(used) - 1)[pt]  # pt's place in ut
+        absk = np.abs(reference.decode(keys_[ut], key_format, "key_format").reshape(len(ut), d))
+        mg = np.empty(len(u))
         starts = np.flatnonzero(np.r_[True, pr[1:] != pr[:-1]]) if len(pr) else np.zeros(0, np.int64)
         ends = np.r_[starts[1:], len(pr)].astype(np.int64)
         with np.errstate(invalid="ignore", over="ignore"), _one_blas_thread():
             for a_, b_ in zip(starts, ends):
-                for a2 in range(a_, b_, step):  # bounded [h, step, d] temporaries
-                    b2 = min(a2 + step, b_)
-                    i, j = int(pr[a2]), inv[a2:b2]
-                    ex[a2:b2] = reference.indexer.head_sum_scores(qd[i], w64[i], kd[j])
-                    # Σ_i (Σ_h |w_h| |q_hi|) |k_ti|: no ReLU, so one vector
-                    mg[a2:b2] = (absk[j] * wq[i][None, :]).sum(axis=1)
+                mg[a_:b_] = absk[inv[a_:b_]] @ wq[int(pr[a_])]
             if cs_all is not None:
-                ex *= cs_all[pt]
                 mg *= np.abs(cs_all[pt])
         return u, pr, pt, ex, mg
 
@@ -769,7 +778,11 @@ def check_indexer_topk(
       score, one comparison with a per-row threshold, refined with each
       candidate's own ``M'``), and a re-score of the candidates (some tens
       per row near its line; more on the wrong rows, which are screened
-      again one by one).
+      again one by one). The re-score is native
+      (``kvselect._core._indexer_rescore``: the exact selection's float64
+      kernel, every product exact, the same bits at every SIMD level), so on
+      low-contrast rows, where the float32 bound leaves every position a
+      candidate, the check costs about what the exact selection does.
     """
     p = _precision(precision, lambda message: _refused("precision", message))
     atol_, rtol_ = (float(x) for x in _tolerance_values(p, atol, rtol))

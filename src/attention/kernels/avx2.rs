@@ -1,8 +1,8 @@
 //! The AVX2+FMA kernels: the portable chains eight keys or columns at a
 //! time.
 
-use super::portable::{EXP_LO, LN2_HI, LN2_LO, LOG2E, P, ROUND};
 use super::KEY_TILE;
+use crate::exp::avx2::exp;
 use crate::simd::Avx2;
 use std::arch::x86_64::*;
 
@@ -124,35 +124,6 @@ pub(super) unsafe fn pack_block(
             dst[cc * lanes + first + t] = k[o + cc];
         }
     }
-}
-
-/// The vector twin of `exp_scalar`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn exp(x: __m256) -> __m256 {
-    let lo = _mm256_set1_ps(EXP_LO);
-    let xc = _mm256_max_ps(lo, x);
-    let round = _mm256_set1_ps(ROUND);
-    let n = _mm256_sub_ps(
-        _mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(LOG2E)), round),
-        round,
-    );
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), xc);
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
-    let mut y = _mm256_set1_ps(P[0]);
-    for &p in &P[1..] {
-        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(p));
-    }
-    let y = _mm256_add_ps(
-        _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r),
-        _mm256_set1_ps(1.0),
-    );
-    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-        _mm256_cvtps_epi32(n),
-        _mm256_set1_epi32(127),
-    ));
-    let e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-    _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x, lo), e)
 }
 
 /// # Safety

@@ -2,8 +2,8 @@
 //! output element is still one FMA chain over the keys in order, so the
 //! bits are those of every other level.
 
-use super::portable::{EXP_LO, LN2_HI, LN2_LO, LOG2E, P, ROUND};
 use super::KEY_TILE;
+use crate::exp::avx512::exp;
 use crate::simd::Avx512;
 use std::arch::x86_64::*;
 
@@ -197,40 +197,6 @@ unsafe fn columns<const R: usize, const C: usize>(
     }
 }
 
-/// [`super::avx2::exp`] on sixteen lanes, operation for operation (the
-/// same constants, FMAs, rounding and underflow cut-off), so lane for lane
-/// the same bits.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) fn exp(x: __m512) -> __m512 {
-    let lo = _mm512_set1_ps(EXP_LO);
-    let xc = _mm512_max_ps(lo, x);
-    let round = _mm512_set1_ps(ROUND);
-    let n = _mm512_sub_ps(
-        _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(LOG2E)), round),
-        round,
-    );
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), xc);
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
-    let mut y = _mm512_set1_ps(P[0]);
-    for &p in &P[1..] {
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(p));
-    }
-    let y = _mm512_add_ps(
-        _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r),
-        _mm512_set1_ps(1.0),
-    );
-    let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
-        _mm512_cvtps_epi32(n),
-        _mm512_set1_epi32(127),
-    ));
-    let e = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-    // Zero where `x < EXP_LO` (ordered: a NaN keeps its NaN), as the AVX2
-    // kernel's `andnot` of the comparison.
-    let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, lo);
-    _mm512_maskz_mov_ps(!under, e)
-}
-
 /// [`super::avx2::softmax`] sixteen lanes at a time: the maximum is the
 /// same (a maximum does not depend on the grouping; NaN is skipped and ±0
 /// made +0 alike), each exponential the same bits, and
@@ -279,7 +245,7 @@ pub(super) unsafe fn softmax(_token: Avx512, s: &mut [f32]) -> (f32, f32) {
         // SAFETY: 8 in-bounds floats.
         unsafe {
             let x = _mm256_sub_ps(_mm256_loadu_ps(rest.as_ptr()), _mm256_set1_ps(m));
-            let p = super::avx2::exp(x);
+            let p = crate::exp::avx2::exp(x);
             _mm256_storeu_ps(rest.as_mut_ptr(), p);
             acc = _mm256_add_ps(acc, p);
         }

@@ -278,90 +278,12 @@ pub(super) fn probe(isa: Isa) {
 
 #[cfg(test)]
 mod tests {
-    use super::portable::{exp_scalar, EXP_LO};
     use super::*;
     use crate::simd::{avx2_for_test, avx512_for_test};
 
     /// The bits of each float: `-0.0` is not `+0.0` here.
     fn bits(x: &[f32]) -> Vec<u32> {
         x.iter().map(|v| v.to_bits()).collect()
-    }
-
-    /// The exp kernel is within 2 ulp-ish of libm on `[-87, 0]`, exactly
-    /// 1 at 0, 0 below the underflow limit, NaN on NaN -- and the AVX2
-    /// twin agrees bit for bit.
-    #[test]
-    fn exp_is_accurate_and_the_same_on_every_level() {
-        let mut xs: Vec<f32> = (0..200_000)
-            .map(|i| -(i as f32) * 87.3 / 200_000.0)
-            .collect();
-        xs.extend([
-            0.0,
-            -0.0,
-            -1e-30,
-            -87.33,
-            -87.34,
-            -88.0,
-            -1e30,
-            f32::NEG_INFINITY,
-        ]);
-        let ln2 = std::f32::consts::LN_2;
-        xs.extend([-ln2, -ln2 / 2.0, -1.5 * ln2]);
-        while !xs.len().is_multiple_of(8) {
-            xs.push(-0.5);
-        }
-        for &x in &xs {
-            let e = exp_scalar(x) as f64;
-            let want = (x as f64).exp();
-            if x >= EXP_LO {
-                assert!(((e - want) / want).abs() < 3e-7, "x={x}: {e} vs {want}");
-            } else {
-                assert_eq!(e, 0.0, "x={x}");
-            }
-        }
-        assert_eq!(exp_scalar(0.0), 1.0);
-        assert!(exp_scalar(f32::NAN).is_nan());
-        // Every level's vector exp against the scalar one, bit for bit (NaN
-        // for NaN), `lanes` inputs at a time.
-        let same_as_scalar =
-            |xs: &[f32], lanes: usize, level: &str, exp: &dyn Fn(&[f32]) -> Vec<f32>| {
-                for c in xs.chunks_exact(lanes) {
-                    for (g, &x) in exp(c).iter().zip(c) {
-                        let want = exp_scalar(x);
-                        assert!(
-                            g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                            "x={x}: {level} {g} vs scalar {want}"
-                        );
-                    }
-                }
-            };
-        #[cfg(target_arch = "x86_64")]
-        if avx2_for_test().is_some() {
-            use std::arch::x86_64::*;
-            xs.extend([f32::NAN; 8]);
-            same_as_scalar(&xs, 8, "avx2", &|c| {
-                let mut got = vec![0.0f32; 8];
-                // SAFETY: `avx2_for_test` returned a token, so this CPU has
-                // AVX2+FMA; 8-float buffers.
-                unsafe {
-                    _mm256_storeu_ps(got.as_mut_ptr(), avx2::exp(_mm256_loadu_ps(c.as_ptr())))
-                };
-                got
-            });
-            if avx512_for_test().is_some() {
-                xs.extend([-1.0f32; 8]); // a whole number of 16-lane registers
-                same_as_scalar(&xs, 16, "avx512", &|c| {
-                    let mut got = vec![0.0f32; 16];
-                    // SAFETY: `avx512_for_test` returned a token, so this
-                    // CPU has AVX-512 F; 16-float buffers.
-                    unsafe {
-                        _mm512_storeu_ps(got.as_mut_ptr(), avx512::exp(_mm512_loadu_ps(c.as_ptr())))
-                    };
-                    got
-                });
-            }
-        }
-        let _ = same_as_scalar; // unused off x86-64
     }
 
     /// Scores, softmax and value accumulation: every level, bit for bit,

@@ -142,6 +142,20 @@ impl Query {
             .as_deref()
     }
 
+    /// The query in float64 for the exact re-score: `([H, d]` head-major
+    /// elements, `[H]` weights)`, each value exactly as loaded.
+    pub fn as_f64(&self) -> (Vec<f64>, Vec<f64>) {
+        let (h, d) = (self.h, self.d);
+        let mut q64 = vec![0.0f64; h * d];
+        for (head, row) in q64.chunks_exact_mut(d).enumerate() {
+            let (base, stride) = slot(self.tiles, h, d, head);
+            for (i, x) in row.iter_mut().enumerate() {
+                *x = self.qt[base + i * stride] as f64;
+            }
+        }
+        (q64, self.w.iter().map(|&w| w as f64).collect())
+    }
+
     /// Loads query `i`: its `h × d` elements of `q` and its `h` weights;
     /// with `magnitude`, their absolute values (for the error bound).
     pub fn load(&mut self, q: &Encoded<'_>, weights: &[f32], i: usize, magnitude: bool) {

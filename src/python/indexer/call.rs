@@ -283,4 +283,20 @@ impl<'py> Call<'py> {
             indexer::indexer_scores_with_into(&shape, &inputs, activation, magnitudes, o)
         })
     }
+
+    /// The float64 scores of `(rows[j], positions[j])` (`indexer_rescore_into`).
+    pub(super) fn rescore(
+        self,
+        py: Python<'py>,
+        rows: &[usize],
+        positions: &[usize],
+    ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f64>>> {
+        let shape = self.shape;
+        let arrays = self.arrays();
+        let out = S.output::<f64>(py, None, &[rows.len()], &arrays)?;
+        let (inputs, work) = (self.borrowed()?, self.work());
+        out.run(work, |o| {
+            indexer::indexer_rescore_into(&shape, &inputs, rows, positions, o)
+        })
+    }
 }

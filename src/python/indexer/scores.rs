@@ -11,6 +11,7 @@ use crate::python::args::{
 use crate::indexer::Activation;
 
 use super::call::{ratio, Call};
+use crate::python::args::{positions as positions_of, S};
 
 /// Every query's exact score of every key it sees.
 ///
@@ -136,4 +137,47 @@ pub(super) fn indexer_magnitudes<'py>(
     )?;
     call.ratio = ratio(compress_ratio)?;
     call.score_matrix(py, out, Activation::Relu, true)
+}
+
+/// Chosen scores in float64 (private: the exact check's re-score).
+///
+/// Query ``rows[j]``'s score of key ``positions[j]``, for each ``j``, the other arguments as
+/// :func:`indexer_scores` takes them (no ``out``): every product of two decoded operands
+/// exact, the sums in float64 (the same bits at every SIMD level), so within ``γ_{d+H+2}``
+/// (units of ``2^-53``) of ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`` of the real score. Pairs of
+/// one row are best given together. A row past the queries or a position past its query's
+/// context is refused.
+#[pyfunction]
+#[pyo3(
+    signature = (index_q, weights, index_k, query_pos, rows, positions, *, key_scale=None,
+                 key_format=None, query_format=None, compress_ratio=None),
+    text_signature = "(index_q, weights, index_k, query_pos, rows, positions, *, key_scale=None, \
+                      key_format=None, query_format=None, compress_ratio=1)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _indexer_rescore<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    weights: &Obj<'py>,
+    index_k: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    rows: &Obj<'py>,
+    positions: &Obj<'py>,
+    key_scale: Opt<'_, 'py>,
+    key_format: Option<Named<KeyFormat>>,
+    query_format: Option<Named<QueryFormat>>,
+    compress_ratio: Opt<'_, 'py>,
+) -> PyResult<Bound<'py, numpy::PyArrayDyn<f64>>> {
+    let mut call = Call::inputs(
+        (index_q, weights, index_k, query_pos),
+        (
+            key_scale,
+            key_format.format_arg(),
+            query_format.format_arg(),
+        ),
+    )?;
+    call.ratio = ratio(compress_ratio)?;
+    let rows = positions_of(S, rows, "rows")?;
+    let positions = positions_of(S, positions, "positions")?;
+    call.rescore(py, &rows, &positions)
 }

@@ -1,0 +1,54 @@
+//! The AVX2+FMA `exp`: [`super::portable::exp_scalar`] eight lanes at a time.
+
+use super::portable::{exp_scalar, EXP_LO, LN2_HI, LN2_LO, LOG2E, P, ROUND};
+use crate::simd::Avx2;
+use std::arch::x86_64::*;
+
+/// The vector twin of `exp_scalar`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn exp(x: __m256) -> __m256 {
+    let lo = _mm256_set1_ps(EXP_LO);
+    let xc = _mm256_max_ps(lo, x);
+    let round = _mm256_set1_ps(ROUND);
+    let n = _mm256_sub_ps(
+        _mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(LOG2E)), round),
+        round,
+    );
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), xc);
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+    let mut y = _mm256_set1_ps(P[0]);
+    for &p in &P[1..] {
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(p));
+    }
+    let y = _mm256_add_ps(
+        _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r),
+        _mm256_set1_ps(1.0),
+    );
+    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    let e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+    _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x, lo), e)
+}
+
+/// [`super::exp_shifted`] eight at a time, the tail with the scalar twin.
+///
+/// # Safety
+/// `_token` proves AVX2+FMA; `out.len() == x.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn exp_shifted(_token: Avx2, x: &[f32], shift: f32, out: &mut [f32]) {
+    let whole = x.len() / 8 * 8;
+    let s = _mm256_set1_ps(shift);
+    for i in (0..whole).step_by(8) {
+        // SAFETY: `i + 8 <= whole <= x.len() == out.len()`.
+        unsafe {
+            let v = _mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), s);
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), exp(v));
+        }
+    }
+    for (o, &v) in out[whole..].iter_mut().zip(&x[whole..]) {
+        *o = exp_scalar(v - shift);
+    }
+}
