@@ -942,3 +942,101 @@ fn the_exact_scores_are_the_ones_the_selection_ranks() {
         }
     }
 }
+
+/// The family's options through the Rust API (issue 43): on low-contrast
+/// keys, whose float32 scores misorder near ties, rows with a score pool,
+/// activation none and forced blocks are the float64 oracle's (the real
+/// max-pool top-k: scores here are far apart in float64, within a few float32
+/// ULPs of each other), ascending; and the default options are
+/// `indexer_topk_into`'s rows bit for bit.
+#[test]
+fn the_family_options_are_the_float64_oracles_rows() {
+    use kvselect::indexer::{indexer_topk_with_into, Activation, IndexerOptions, RowLayout};
+    let mut rng = ChaCha8Rng::seed_from_u64(43);
+    for trial in 0..60 {
+        let (h, d, t) = (
+            2usize,
+            1 + rng.random_range(0..12usize),
+            1 + rng.random_range(0..300usize),
+        );
+        let base: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let k: Vec<f32> = (0..t * d)
+            .map(|i| base[i % d] + rng.random_range(-3i32..4) as f32 * (2.0f32).powi(-22))
+            .collect();
+        let q: Vec<f32> = (0..h * d)
+            .map(|i| rng.random_range(0.1f32..1.0) * base[i % d].signum())
+            .collect();
+        let w = vec![1.0f32; h];
+        let pos = vec![rng.random_range(0..t + 2)];
+        let (pool, topk) = (
+            1 + rng.random_range(0..6usize),
+            1 + rng.random_range(0..10usize),
+        );
+        let (f0, f1) = (rng.random_range(0..2usize).min(topk), 0);
+        let opts = IndexerOptions {
+            activation: Activation::None,
+            force_first: f0,
+            force_last: f1,
+            layout: RowLayout::Ascending,
+            score_pool: pool,
+        };
+        let shape = IndexerShape {
+            n_queries: 1,
+            n_heads: h,
+            d,
+            n_keys: t,
+        };
+        let inputs = IndexerInputs {
+            q: Encoded::F32(&q),
+            weights: &w,
+            k: Encoded::F32(&k),
+            key_scale: None,
+            query_pos: &pos,
+            compress_ratio: 1,
+        };
+        let mut got = vec![0i32; topk];
+        indexer_topk_with_into(&shape, &inputs, topk, 0, &opts, &mut got, None).unwrap();
+        // The oracle: float64 scores (exact products), block maxima, forced first blocks.
+        let len = (pos[0] + 1).min(t);
+        let score = |j: usize| -> f64 {
+            (0..h)
+                .map(|hh| {
+                    (0..d)
+                        .map(|i| q[hh * d + i] as f64 * k[j * d + i] as f64)
+                        .sum::<f64>()
+                })
+                .sum()
+        };
+        let nb = len.div_ceil(pool);
+        let blocks: Vec<f64> = (0..nb)
+            .map(|b| {
+                (b * pool..((b + 1) * pool).min(len))
+                    .map(score)
+                    .fold(f64::NEG_INFINITY, f64::max)
+            })
+            .collect();
+        let mut want: Vec<usize> = if nb <= topk {
+            (0..nb).collect()
+        } else {
+            let mut rest: Vec<usize> = (f0..nb).collect();
+            rest.sort_by(|&a, &b| blocks[b].partial_cmp(&blocks[a]).unwrap().then(a.cmp(&b)));
+            (0..f0).chain(rest.into_iter().take(topk - f0)).collect()
+        };
+        want.sort_unstable();
+        let got_set: Vec<usize> = got
+            .iter()
+            .filter(|&&x| x >= 0)
+            .map(|&x| x as usize)
+            .collect();
+        assert_eq!(
+            got_set, want,
+            "trial {trial}: t {t} pool {pool} topk {topk}"
+        );
+        // The defaults spelt out are today's call.
+        let (mut a, mut b) = (vec![0i32; topk], vec![0i32; topk]);
+        indexer_topk_into(&shape, &inputs, topk, 0, &mut a, None).unwrap();
+        let default = IndexerOptions::default();
+        indexer_topk_with_into(&shape, &inputs, topk, 0, &default, &mut b, None).unwrap();
+        assert_eq!(a, b);
+    }
+}

@@ -1331,7 +1331,7 @@ def get_num_threads() -> int:
 
 def indexer_topk(
     index_q: _ArrayIn,
-    weights: _ArrayIn,
+    weights: Optional[_ArrayIn],
     index_k: _ArrayIn,
     query_pos: _ArrayIn,
     topk: int,
@@ -1341,6 +1341,11 @@ def indexer_topk(
     query_format: Optional[str] = None,
     num_segments: int = 0,
     compress_ratio: int = 1,
+    activation: str = "relu",
+    force_first: int = 0,
+    force_last: int = 0,
+    row_layout: str = "rank",
+    score_pool: int = 1,
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
@@ -1368,8 +1373,10 @@ def indexer_topk(
     index_q : array_like, [n_queries, H, d]
         The index queries: float32, float16, or ``ml_dtypes`` bfloat16 / float8_e4m3fn, read in
         place; a raw ``uint16`` / ``uint8`` view needs ``query_format``.
-    weights : array_like of float32, [n_queries, H]
+    weights : array_like of float32, [n_queries, H], or None
         The head weights, with the softmax scale, ``H**-0.5`` and any query scale folded in.
+        None: no weights (Qwen's QSA, MiniMax's MSA), every head's weight 1 (the same rows as
+        weights of one, bit for bit).
     index_k : array_like, [T, d]
         The index keys, in the formats ``index_q`` takes (raw views need ``key_format``).
     query_pos : array_like of int, [n_queries], or int
@@ -1387,6 +1394,26 @@ def indexer_topk(
         witnesses of ``scatter_topology_witnesses``); 0 (default) is off.
     compress_ratio : int, optional
         Tokens per key, at least 1 (default 1: token-level keys).
+    activation : str, optional
+        "relu" (default) or "none" (MiniMax's MSA: ``score(t) = key_scale[t] * sum_h weights[h]
+        * (index_q[h] . index_k[t])``, negative scores included).
+    force_first, force_last : int, optional
+        The first ``force_first`` and last ``force_last`` of a row's ``L`` visible keys are in
+        the row whenever it cannot hold all ``L`` (NVIDIA/cudnn-frontend#838's forced entries),
+        inside the budget: the rest of it is the best of the keys between them. A row with ``L
+        <= topk - num_segments`` holds every visible key once, forced or not. Their sum must fit
+        ``topk - num_segments`` (default 0: none).
+    row_layout : str, optional
+        "rank" (default): rank order of the float32 scores (forced entries by their scores too),
+        then -1. "ascending": cuDNN's layout, positions ascending and compact, then -1 (its
+        ``topk_length`` is ``(rows >= 0).sum(-1)``).
+    score_pool : int, optional
+        The score pool (MiniMax's MSA: 128): blocks of ``score_pool`` visible keys, the last one
+        partial, each scored by the largest of its keys' scores (NaN absent, a block of NaN
+        -inf; real arithmetic, as the keys are); the row then holds the ``topk`` best block ids
+        (ties to the lower block), ``force_first`` / ``force_last`` count blocks, and
+        ``scores_out`` receives the blocks' float32 scores. Default 1: no pool. Not with
+        ``num_segments``.
     out : ndarray of int32, [n_queries, topk], optional
         Written and returned: C-contiguous, writeable, aligned, native byte order, not
         overlapping any input (else refused, nothing written).
@@ -1403,7 +1430,8 @@ def indexer_topk(
     SelectionError
         (a ValueError; ``.argument`` names the argument) on a shape that does not fit the others,
         ``d = 0``, more than ``2**31 - 1`` keys, a negative ``query_pos``, ``topk`` or
-        ``num_segments`` out of range, ``compress_ratio < 1``, a format that does not match the
+        ``num_segments`` out of range, ``compress_ratio < 1``, an unknown ``activation`` or
+        ``row_layout``, forced entries past the budget, a format that does not match the
         dtype, a GPU DLPack tensor (move it with ``.cpu()``), or an output that cannot be written
         or overlaps an input. Nothing is written.
     TypeError
@@ -1413,7 +1441,7 @@ def indexer_topk(
 
 def indexer_topk_packed(
     index_q: _ArrayIn,
-    weights: _ArrayIn,
+    weights: Optional[_ArrayIn],
     index_k: _ArrayIn,
     cu_seqlens: _ArrayIn,
     seq_ids: _ArrayIn,
@@ -1425,6 +1453,11 @@ def indexer_topk_packed(
     query_format: Optional[str] = None,
     num_segments: int = 0,
     compress_ratio: int = 1,
+    activation: str = "relu",
+    force_first: int = 0,
+    force_last: int = 0,
+    row_layout: str = "rank",
+    score_pool: int = 1,
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
@@ -1449,6 +1482,8 @@ def indexer_topk_packed(
         Each query's position within its sequence; one integer for one query.
     topk, key_scale, key_format, query_format, num_segments, compress_ratio : optional
         As :func:`indexer_topk` takes them.
+    activation, force_first, force_last, row_layout, score_pool : optional
+        As :func:`indexer_topk` takes them.
     out, scores_out : ndarray, [n_queries, topk], optional
         As :func:`indexer_topk` takes them.
 
@@ -1469,7 +1504,7 @@ def indexer_topk_packed(
 
 def indexer_topk_paged(
     index_q: _ArrayIn,
-    weights: _ArrayIn,
+    weights: Optional[_ArrayIn],
     kv_cache: _ArrayIn,
     block_table: _ArrayIn,
     seq_lens: _ArrayIn,
@@ -1482,6 +1517,11 @@ def indexer_topk_paged(
     query_format: Optional[str] = None,
     num_segments: int = 0,
     compress_ratio: int = 1,
+    activation: str = "relu",
+    force_first: int = 0,
+    force_last: int = 0,
+    row_layout: str = "rank",
+    score_pool: int = 1,
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
@@ -1516,6 +1556,8 @@ def indexer_topk_paged(
         Each query's position within its sequence; one integer for one query.
     topk, key_format, query_format, num_segments, compress_ratio : optional
         As :func:`indexer_topk` takes them.
+    activation, force_first, force_last, row_layout, score_pool : optional
+        As :func:`indexer_topk` takes them.
     page_layout : str, optional
         "dense" (default) or "fp8_scaled".
     out, scores_out : ndarray, [n_queries, topk], optional
@@ -1539,7 +1581,7 @@ def indexer_topk_paged(
 
 def indexer_scores(
     index_q: _ArrayIn,
-    weights: _ArrayIn,
+    weights: Optional[_ArrayIn],
     index_k: _ArrayIn,
     query_pos: _ArrayIn,
     *,
@@ -1547,6 +1589,7 @@ def indexer_scores(
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     compress_ratio: int = 1,
+    activation: str = "relu",
     out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """Every query's exact score of every key it sees.
@@ -1558,7 +1601,9 @@ def indexer_scores(
     Parameters
     ----------
     index_q, weights, index_k, query_pos, key_scale, key_format, query_format, compress_ratio
-        As :func:`indexer_topk` takes them.
+        As :func:`indexer_topk` takes them (``weights=None``: no weights, every head's 1).
+    activation : str, optional
+        "relu" (default) or "none", as :func:`indexer_topk` takes it.
     out : ndarray of float32, [n_queries, n_keys], optional
         Written and returned: C-contiguous, writeable, aligned, native byte order, not
         overlapping any input.
@@ -1616,7 +1661,8 @@ def indexer_magnitudes(
     """Each :func:`indexer_scores` entry's error scale.
 
     ``|key_scale[t]| * sum_h |weights[h]| * sum_i |index_q[h, i] * index_k[t, i]|``: the
-    ``magnitudes`` of :func:`check_topk` (its ``rtol`` multiplies them).
+    ``magnitudes`` of :func:`check_topk` (its ``rtol`` multiplies them). The same under either
+    activation (both pass ``|q . k|`` through; ``weights=None`` is weights of one).
 
     Parameters
     ----------

@@ -40,6 +40,25 @@
 //! always re-scored, and float64 gives IEEE's answer without float32's
 //! overflow.
 //!
+//! # The options: activation none, no weights, forced entries
+//!
+//! With **activation none** (MiniMax's MSA) the score is `c_t Σ_h w_h (q_h ·
+//! k_t)` and may be negative. The bound above is unchanged: it used only
+//! that the activation `a` is 1-Lipschitz (`|a(x̂) − a(x)| ≤ |x̂ − x|`, so
+//! the dot products' error passes through it undiminished but not grown)
+//! and that `|a(x)| ≤ |x|` (so the fold's and the scale's roundings are
+//! relative to `Σ_h |w_h| Σ_i |q_hi k_ti|`); the identity has both
+//! properties, the ReLU too. Nothing in the interval test assumes a sign:
+//! `[ŝ − E, ŝ + E]` brackets a negative score as it does a positive one,
+//! and the total order ranks every number. **No weights** (Qwen's QSA,
+//! MSA) is `w_h = 1` for every head: `fma(1, x, acc)` rounds `acc + x`
+//! once, as the sum of heads does, so the rows are those of explicit
+//! weights of one, bit for bit, and the bound reads `Σ_h |w_h| = H`.
+//! **Forced entries** (a prefix and a suffix of the visible entries) are
+//! members without a score's say: the exact selection runs over the
+//! entries between them (`lo .. len`, [`refine`]) with the budget they
+//! leave, so no bound of a forced entry is ever compared.
+//!
 //! # What would break it
 //!
 //! A kernel whose chains are longer than the bound counts (a split dot
@@ -162,7 +181,7 @@ impl<K: Fn(usize, &mut [f32]) -> f32 + Sync> Rescore<'_, K> {
                     }
                 }
                 let mut acc = [0.0f64; LANES];
-                block(self.level, &q64, &w64, d, &kt, &mut acc);
+                block(self.level, q.relu, &q64, &w64, d, &kt, &mut acc);
                 for (r, o) in ob.iter_mut().enumerate() {
                     *o = acc[r] * scale[r] + 0.0;
                 }
@@ -172,15 +191,33 @@ impl<K: Fn(usize, &mut [f32]) -> f32 + Sync> Rescore<'_, K> {
 }
 
 /// `acc_r += w_h · relu(Σ_i q_hi k_ri)` in float64 for the block's lanes, in
-/// head order, each dot product summed in dimension order from `+0.0`.
+/// head order, each dot product summed in dimension order from `+0.0`
+/// (without `relu`, activation none: `w_h · Σ_i q_hi k_ri`).
 /// `q64` is `[H, d]`, `kt` `[d, LANES]` (dimension-major).
-fn block(level: Isa, q64: &[f64], w64: &[f64], d: usize, kt: &[f64], acc: &mut [f64; LANES]) {
+fn block(
+    level: Isa,
+    relu: bool,
+    q64: &[f64],
+    w64: &[f64],
+    d: usize,
+    kt: &[f64],
+    acc: &mut [f64; LANES],
+) {
     assert!(q64.len() == w64.len() * d && kt.len() == d * LANES);
     // SAFETY (bounds): none; the body indexes its slices (lengths asserted).
     dispatch!("indexer.rescore", level, {
-        avx512(token) => x86::block_avx512(token, q64, w64, d, kt, acc),
-        avx2(token) => x86::block_avx2(token, q64, w64, d, kt, acc),
-        scalar => block_body::<false, 2>(q64, w64, d, kt, acc),
+        avx512(token) => match relu {
+            true => x86::block_avx512::<true>(token, q64, w64, d, kt, acc),
+            false => x86::block_avx512::<false>(token, q64, w64, d, kt, acc),
+        },
+        avx2(token) => match relu {
+            true => x86::block_avx2::<true>(token, q64, w64, d, kt, acc),
+            false => x86::block_avx2::<false>(token, q64, w64, d, kt, acc),
+        },
+        scalar => match relu {
+            true => block_body::<false, 2, true>(q64, w64, d, kt, acc),
+            false => block_body::<false, 2, false>(q64, w64, d, kt, acc),
+        },
     })
 }
 
@@ -196,7 +233,7 @@ fn block(level: Isa, q64: &[f64], w64: &[f64], d: usize, kt: &[f64], acc: &mut [
 /// from `+0.0`, and `acc` takes the heads in order, so the grouping changes
 /// no bit.
 #[inline(always)]
-fn block_body<const FUSED: bool, const HEADS: usize>(
+fn block_body<const FUSED: bool, const HEADS: usize, const RELU: bool>(
     q64: &[f64],
     w64: &[f64],
     d: usize,
@@ -210,18 +247,19 @@ fn block_body<const FUSED: bool, const HEADS: usize>(
             .try_into()
             .expect("HALF divides LANES");
         for h0 in (0..whole).step_by(HEADS) {
-            heads::<FUSED, HEADS>(&q64[h0 * d..(h0 + HEADS) * d], &w64[h0..], kt, half, acc);
+            heads::<FUSED, HEADS, RELU>(&q64[h0 * d..(h0 + HEADS) * d], &w64[h0..], kt, half, acc);
         }
         for h0 in whole..h {
-            heads::<FUSED, 1>(&q64[h0 * d..(h0 + 1) * d], &w64[h0..], kt, half, acc);
+            heads::<FUSED, 1, RELU>(&q64[h0 * d..(h0 + 1) * d], &w64[h0..], kt, half, acc);
         }
     }
 }
 
 /// `N` heads' dot products with half `half` of the block's keys, then their
-/// weighted ReLUs added to `acc` in head order (see [`block_body`]).
+/// weighted ReLUs (the dot products themselves without `RELU`) added to
+/// `acc` in head order (see [`block_body`]).
 #[inline(always)]
-fn heads<const FUSED: bool, const N: usize>(
+fn heads<const FUSED: bool, const N: usize, const RELU: bool>(
     q: &[f64],
     w: &[f64],
     kt: &[f64],
@@ -249,7 +287,7 @@ fn heads<const FUSED: bool, const N: usize>(
         for (a, &x) in acc.iter_mut().zip(dj) {
             // The ReLU that keeps NaN, as the float32 kernels'; the weight's
             // product is not exact, so it is rounded on its own everywhere.
-            let r = if x <= 0.0 { 0.0 } else { x };
+            let r = if RELU && x <= 0.0 { 0.0 } else { x };
             *a += wh * r;
         }
     }
@@ -269,11 +307,11 @@ mod x86 {
     /// eight 4-lane accumulators, each key vector loaded once for both
     /// heads. Lane for lane the same operations as the body: each dot
     /// product one FMA chain over the dimensions in order from `+0.0`, the
-    /// ReLU that keeps NaN (`x <= 0` is false for NaN, so `andnot` keeps it;
+    /// ReLU (with `RELU`; activation none skips it) that keeps NaN (`x <= 0` is false for NaN, so `andnot` keeps it;
     /// `-0.0` becomes `+0.0`, as the body's `0.0`), then `acc + w · r` as a
     /// multiply and an add, the heads in order.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn block_avx2(
+    pub(super) fn block_avx2<const RELU: bool>(
         _: Avx2,
         q64: &[f64],
         w64: &[f64],
@@ -285,7 +323,11 @@ mod x86 {
         let h = w64.len();
         assert!(q64.len() == h * d && kt.len() == d * LANES);
         let zero = _mm256_setzero_pd();
-        let relu = |x: __m256d| _mm256_andnot_pd(_mm256_cmp_pd::<_CMP_LE_OQ>(x, zero), x);
+        // The ReLU, or with activation none the dot product as it is.
+        let relu = |x: __m256d| match RELU {
+            true => _mm256_andnot_pd(_mm256_cmp_pd::<_CMP_LE_OQ>(x, zero), x),
+            false => x,
+        };
         for half in 0..LANES / HALF {
             let ap = acc[half * HALF..].as_mut_ptr();
             let mut h0 = 0;
@@ -339,7 +381,7 @@ mod x86 {
 
     /// [`block_body`] compiled for AVX-512 (the token proves the CPU has it).
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) fn block_avx512(
+    pub(super) fn block_avx512<const RELU: bool>(
         _: Avx512,
         q64: &[f64],
         w64: &[f64],
@@ -347,7 +389,7 @@ mod x86 {
         kt: &[f64],
         acc: &mut [f64; LANES],
     ) {
-        block_body::<true, 4>(q64, w64, d, kt, acc)
+        block_body::<true, 4, RELU>(q64, w64, d, kt, acc)
     }
 }
 
@@ -366,17 +408,20 @@ pub(super) trait RowScores {
     fn runs(&self, len: usize, f: Run<'_>);
 }
 
-/// Makes `top` — a row's `take` best candidates of `len` by their float32
-/// scores, best first ([`candidate`] encoding) — the real-arithmetic top-k
-/// (see the module docs), listed in float32 order.
+/// Makes `top` — a row's `take` best candidates among positions `lo ..
+/// len` by their float32 scores, best first ([`candidate`] encoding) — the
+/// real-arithmetic top-k of those positions (see the module docs), listed
+/// in float32 order. The positions below `lo` (forced entries) are never
+/// candidates; `lo = 0` is the whole row.
 pub(super) fn refine<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     top: &mut Vec<u64>,
+    lo: usize,
     len: usize,
     row: &impl RowScores,
     rescore: &Rescore<'_, K>,
 ) {
     let take = top.len();
-    if take == 0 || take >= len {
+    if take == 0 || take >= len.saturating_sub(lo) {
         return; // every position is in the row: only the listing order is the kernels'
     }
     let bound = Bound::of(rescore.query);
@@ -393,6 +438,9 @@ pub(super) fn refine<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     let mut up_max = f64::NEG_INFINITY;
     let mut band: Vec<usize> = Vec::new();
     row.runs(len, &mut |t0, s, g, c| {
+        // A run's positions below `lo` (forced entries) are no candidates.
+        let skip = lo.saturating_sub(t0).min(s.len());
+        let (t0, s, g, c) = (t0 + skip, &s[skip..], &g[skip..], &c[skip..]);
         for (k, ((s, g), c)) in s.chunks(64).zip(g.chunks(64)).zip(c.chunks(64)).enumerate() {
             if !bound.any_reaches(s, g, c, worst_score, lo_min) {
                 continue; // the common case, decided branch-free a run at a time
@@ -441,6 +489,109 @@ pub(super) fn refine<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     }
 }
 
+/// A block's float32 max-pool score: the largest of its entries' scores
+/// (`+0.0` canonical), NaN absent, `-inf` for a block of NaN (MiniMax-M3's
+/// block rule, `crate::block_sparse`).
+#[inline]
+pub(super) fn pooled(scores: impl Iterator<Item = f32>) -> f32 {
+    scores
+        .filter(|s| !s.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max)
+        + 0.0
+}
+
+/// [`refine`] for a row of blocks of `pool` entries (the score pool): `top`
+/// holds the `take` best blocks among `lo .. hi` by their float32 max-pool
+/// scores ([`pooled`]), of a row of `len` entries; made the blocks with the
+/// largest real max-pool scores (NaN entries absent), ties to the lower
+/// block.
+///
+/// Why it holds: each entry's real score lies in its interval `[ŝ_t − E_t,
+/// ŝ_t + E_t]` (the module docs; the whole line for a non-finite score or
+/// bound, a NaN among them), so a block's real maximum lies in `[max_t (ŝ_t
+/// − E_t), max_t (ŝ_t + E_t)]` over its entries (a maximum is monotone in
+/// each argument). The test of [`refine`] then runs on the blocks'
+/// intervals, and the blocks of the band are decided by the float64 maxima
+/// of their entries' float64 re-scores (NaN absent). What would break it: a
+/// block interval from the float32 maxima alone (the float32 max of a block
+/// need not be its real argmax's score), or a NaN entry given a finite
+/// interval (a float32 NaN can be an overflow `inf − inf` of finite reals).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn refine_pooled<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
+    top: &mut Vec<u64>,
+    lo: usize,
+    hi: usize,
+    pool: usize,
+    len: usize,
+    row: &impl RowScores,
+    rescore: &Rescore<'_, K>,
+) {
+    let take = top.len();
+    if take == 0 || take >= hi.saturating_sub(lo) {
+        return;
+    }
+    let bound = Bound::of(rescore.query);
+    let entries = |b: usize| b * pool..((b + 1) * pool).min(len);
+    let interval = |b: usize| {
+        entries(b).fold((f64::NEG_INFINITY, f64::NEG_INFINITY), |(l, u), t| {
+            let (lt, ut) = bound.interval(row.score(t), row.terms(t));
+            (l.max(lt), u.max(ut))
+        })
+    };
+    let pos = |c: u64| (u32::MAX - c as u32) as usize;
+    let selected: std::collections::HashSet<usize> = top.iter().map(|&c| pos(c)).collect();
+    let lows: Vec<f64> = top.iter().map(|&c| interval(pos(c)).0).collect();
+    let lo_min = lows.iter().copied().fold(f64::INFINITY, f64::min);
+    let mut up_max = f64::NEG_INFINITY;
+    let mut band: Vec<usize> = Vec::new();
+    for b in (lo..hi).filter(|b| !selected.contains(b)) {
+        let up = interval(b).1;
+        if up >= lo_min || up.is_nan() {
+            up_max = up_max.max(up);
+            band.push(b);
+        }
+    }
+    if band.is_empty() {
+        return; // no unselected block reaches a selected one
+    }
+    let mut kept: Vec<u64> = Vec::with_capacity(take);
+    for (&c, &l) in top.iter().zip(&lows) {
+        match l <= up_max {
+            true => band.push(pos(c)),
+            false => kept.push(c),
+        }
+    }
+    // Every entry of the band's blocks, re-scored in float64.
+    let ts: Vec<usize> = band.iter().flat_map(|&b| entries(b)).collect();
+    let mut exact = vec![0.0f64; ts.len()];
+    rescore.run(&ts, &mut exact);
+    let mut at = 0;
+    let maxima: Vec<f64> = band
+        .iter()
+        .map(|&b| {
+            let n = entries(b).len();
+            let m = exact[at..at + n]
+                .iter()
+                .filter(|x| !x.is_nan())
+                .fold(f64::NEG_INFINITY, |a, &x| a.max(x));
+            at += n;
+            m + 0.0
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..band.len()).collect();
+    order.sort_unstable_by_key(|&j| std::cmp::Reverse(rank64(maxima[j], band[j])));
+    let need = take - kept.len();
+    let block_score = |b: usize| pooled(entries(b).map(|t| row.score(t)));
+    let mut chosen: Vec<u64> = order[..need]
+        .iter()
+        .map(|&j| candidate(block_score(band[j]), band[j]))
+        .collect();
+    chosen.sort_unstable_by(|a, b| b.cmp(a));
+    kept.extend(chosen);
+    kept.sort_unstable_by(|a, b| b.cmp(a));
+    *top = kept;
+}
+
 /// Runs the family at `isa` once (the reach test's probe): two keys whose
 /// float64 scores are known exactly.
 #[cfg(test)]
@@ -453,8 +604,11 @@ pub(super) fn probe(isa: Isa) {
         kt[i * LANES + 1] = -1.0;
     }
     let mut acc = [0.0f64; LANES];
-    block(isa, &q64, &[0.5], d, &kt, &mut acc);
+    block(isa, true, &q64, &[0.5], d, &kt, &mut acc);
     assert_eq!(&acc[..2], &[5.0, 0.0]);
+    let mut acc = [0.0f64; LANES];
+    block(isa, false, &q64, &[0.5], d, &kt, &mut acc);
+    assert_eq!(&acc[..2], &[5.0, -5.0]);
 }
 
 #[cfg(test)]
@@ -486,17 +640,22 @@ mod tests {
                 kt[2 * LANES + 7] = f64::INFINITY;
                 q64[d - 1] = -0.0;
             }
-            let mut want = [0.0f64; LANES];
-            block_body::<false, 2>(&q64, &w64, d, &kt, &mut want);
-            for isa in crate::simd::isas_for_test() {
-                let mut got = [0.0f64; LANES];
-                block(isa, &q64, &w64, d, &kt, &mut got);
-                for (r, (x, y)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
-                        "{} h={h} d={d} lane {r}: {x} vs {y}",
-                        isa.level().name()
-                    );
+            for relu in [true, false] {
+                let mut want = [0.0f64; LANES];
+                match relu {
+                    true => block_body::<false, 2, true>(&q64, &w64, d, &kt, &mut want),
+                    false => block_body::<false, 2, false>(&q64, &w64, d, &kt, &mut want),
+                }
+                for isa in crate::simd::isas_for_test() {
+                    let mut got = [0.0f64; LANES];
+                    block(isa, relu, &q64, &w64, d, &kt, &mut got);
+                    for (r, (x, y)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                            "{} h={h} d={d} lane {r}: {x} vs {y}",
+                            isa.level().name()
+                        );
+                    }
                 }
             }
         }
@@ -522,10 +681,16 @@ mod tests {
             let w64: Vec<f64> = (0..h).map(|_| next()).collect();
             let kt: Vec<f64> = (0..d * LANES).map(|_| next()).collect();
             let (mut a, mut b) = ([0.0f64; LANES], [0.0f64; LANES]);
-            block_body::<true, 4>(&q64, &w64, d, &kt, &mut a);
-            block_body::<false, 2>(&q64, &w64, d, &kt, &mut b);
+            block_body::<true, 4, true>(&q64, &w64, d, &kt, &mut a);
+            block_body::<false, 2, true>(&q64, &w64, d, &kt, &mut b);
             for (x, y) in a.iter().zip(&b) {
                 assert_eq!(x.to_bits(), y.to_bits(), "d={d}");
+            }
+            let (mut a, mut b) = ([0.0f64; LANES], [0.0f64; LANES]);
+            block_body::<true, 4, false>(&q64, &w64, d, &kt, &mut a);
+            block_body::<false, 2, false>(&q64, &w64, d, &kt, &mut b);
+            for (x, y) in a.iter().zip(&b) {
+                assert_eq!(x.to_bits(), y.to_bits(), "d={d}, activation none");
             }
         }
     }

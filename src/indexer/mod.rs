@@ -42,6 +42,46 @@
 //!   (ranked first), times a zero weight NaN (ranked last); a `-inf` one is
 //!   0 after the ReLU; `+inf − inf` across heads is NaN.
 //!
+//! # The family's options
+//!
+//! One signature covers the indexer family (NVIDIA/cudnn-frontend#838,
+//! `cudnn.sparse_attention.indexer_topk`: DeepSeek-V4, GLM-5.x, Qwen's QSA
+//! and MiniMax's MSA as one call; [`IndexerOptions`]):
+//!
+//! - **`activation`**: the ReLU, or none (`score(t) = c_t · Σ_h w_h (q_h ·
+//!   k_t)`, negative scores ranked like any). A const parameter of every
+//!   kernel: the ReLU's instructions are unchanged, none drops them.
+//! - **No weights** is `w_h = 1` (Qwen's QSA: huggingface/transformers
+//!   `src/transformers/models/qwen4_exp/modeling_qwen4_exp.py` @ 009e78d,
+//!   `Qwen4ExpTextQSAIndexer.forward`, `relu(q · k̄).sum(heads)`): the
+//!   binding passes weights of one, and `fma(1, x, acc)` rounds as `acc + x`
+//!   does, so the rows are the sum of heads' bit for bit.
+//! - **Forced first / last entries** count inside the budget `topk − S`
+//!   (refused past it): a row that cannot hold all `L` visible entries holds
+//!   the first `force_first` and the last `force_last`, and the rest of the
+//!   budget is the best of the entries between them (one contiguous range:
+//!   the selection and its exact refinement run over it, `select.rs`); a
+//!   row with `L ≤ topk − S` holds every visible entry once, so a forced
+//!   prefix and suffix that overlap in a short causal prefix count once
+//!   (the contract's tests, NVIDIA/cudnn-frontend#832: "force_first /
+//!   force_last land inside the budget, interaction with short causal
+//!   prefixes (prefix < k)"). A row lists its members in the one total
+//!   order of their float32 scores, forced ones included.
+//! - **The layout**: rank order, or cuDNN's ascending and compact (its
+//!   `topk_length` the count of entries), `-1` past the entries.
+//! - **The score pool** (MiniMax's MSA): blocks of `score_pool` visible
+//!   entries, the last partial, each scored by its largest entry's score
+//!   (NaN absent, a block of NaN `-inf`); the row holds block ids and the
+//!   forced entries count blocks. Exact by the block intervals of
+//!   `exact::refine_pooled`. MiniMax-M3's block rule
+//!   ([`crate::block_sparse`]) is this rule with one head per KV head, no
+//!   weights, no activation: its rows are equal, its kernels are not shared
+//!   (docs/indexer.md: their summation orders differ, so their float32
+//!   scores do).
+//!
+//! The defaults are the rule above, bit for bit (the same code path: an
+//! empty forced range, the ReLU kernels).
+//!
 //! # Numbers: one summation order, everywhere
 //!
 //! `q_h · k_t` is one fused multiply-add chain over the dimensions in order,
@@ -90,7 +130,7 @@ pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
 }
 
 pub use crate::keys::{BlockTable, PageLayout, PagedCache};
-pub use paged::{indexer_topk_paged_into, PagedInputs};
+pub use paged::{indexer_topk_paged_into, indexer_topk_paged_with_into, PagedInputs};
 
 #[cfg(test)]
 pub(crate) use select::rank_key;
@@ -101,6 +141,7 @@ use crate::witness::MAX_TOPOLOGY_SEGMENTS;
 use crate::{packed, simd};
 use kernels::{KeyTerms, Keys, Scratch, Want};
 use run::{Queries, Rows};
+use select::RowRule;
 
 /// Keys scored per parallel task: one chunk of them against a group of
 /// queries (the chunk's scores stay in cache; each block of 32 keys in it is
@@ -139,6 +180,114 @@ pub struct IndexerInputs<'a> {
     pub compress_ratio: usize,
 }
 
+/// The activation between each head's dot product and its weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// `max(x, 0)`, NaN kept (DeepSeek-V3.2/V4, GLM-5, Qwen's QSA).
+    #[default]
+    Relu,
+    /// The dot product as it is (MiniMax's MSA): scores may be negative.
+    None,
+}
+
+/// How a row lists its entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RowLayout {
+    /// Rank order of the float32 scores (best first), then `-1`.
+    #[default]
+    Ranked,
+    /// Ascending positions, compact, then `-1`: cuDNN's `indexer_topk`
+    /// output (NVIDIA/cudnn-frontend#838), whose `topk_length` is the count
+    /// of entries.
+    Ascending,
+}
+
+/// The indexer family's options (NVIDIA/cudnn-frontend#838's
+/// `cudnn.sparse_attention.indexer_topk` contract): the activation, forced
+/// first / last entries and the output layout. "No weights" is head
+/// weights of one ([`IndexerInputs::weights`] all `1.0`: the same bits,
+/// see `exact.rs`). The default is today's rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexerOptions {
+    pub activation: Activation,
+    /// The first `force_first` visible entries are in every row that cannot
+    /// hold every visible entry, inside the budget (`topk − num_segments`).
+    pub force_first: usize,
+    /// The last `force_last` visible entries, likewise.
+    pub force_last: usize,
+    pub layout: RowLayout,
+    /// The score pool: blocks of `score_pool` visible entries scored as one,
+    /// by the max of their entries' scores (NaN absent; MiniMax's MSA, 128);
+    /// the rows then hold block ids and the forced entries count blocks. 1 is
+    /// no pool; 0 is refused (so is a pool with witnesses).
+    pub score_pool: usize,
+}
+
+impl Default for IndexerOptions {
+    fn default() -> Self {
+        IndexerOptions {
+            activation: Activation::Relu,
+            force_first: 0,
+            force_last: 0,
+            layout: RowLayout::Ranked,
+            score_pool: 1,
+        }
+    }
+}
+
+impl IndexerOptions {
+    fn rule(&self) -> RowRule {
+        RowRule {
+            force_first: self.force_first,
+            force_last: self.force_last,
+            ascending: self.layout == RowLayout::Ascending,
+            pool: self.score_pool,
+        }
+    }
+
+    fn relu(&self) -> bool {
+        self.activation == Activation::Relu
+    }
+
+    /// Refuses forced entries that do not fit the budget `topk −
+    /// num_segments` (naming `force_first` when it alone does not fit,
+    /// else `force_last`).
+    fn check(&self, topk: usize, num_segments: usize) -> Result<(), ArgumentError> {
+        let invalid = |argument, message: String| Err(ArgumentError::Invalid { argument, message });
+        if self.score_pool == 0 {
+            return invalid(
+                "score_pool",
+                "score_pool=0: a block holds at least one entry (1: no pool)".into(),
+            );
+        }
+        if self.score_pool > 1 && num_segments > 0 {
+            let message = format!(
+                "score_pool={} with num_segments={num_segments}: witnesses cover token positions, \
+                 a pooled row holds block ids",
+                self.score_pool
+            );
+            return invalid("score_pool", message);
+        }
+        let budget = topk.saturating_sub(num_segments);
+        let (f0, f1) = (self.force_first, self.force_last);
+        if f0.saturating_add(f1) <= budget {
+            return Ok(());
+        }
+        let argument = if f0 > budget {
+            "force_first"
+        } else {
+            "force_last"
+        };
+        Err(ArgumentError::Invalid {
+            argument,
+            message: format!(
+                "force_first={f0} + force_last={f1} forced entries do not fit the budget \
+                 topk - num_segments = {budget}: forced entries count inside it"
+            ),
+        })
+    }
+}
+
 /// Keys a query at token position `pos` sees, of `n_keys`: the entries
 /// completed by token `pos`, `(pos + 1) / ratio` (entry `w` is written when
 /// token `(w + 1)·ratio − 1` arrives), clipped to the keys that exist.
@@ -165,6 +314,23 @@ pub fn indexer_topk_into(
     out: &mut [i32],
     scores: Option<&mut [f32]>,
 ) -> Result<(), ArgumentError> {
+    let options = IndexerOptions::default();
+    indexer_topk_with_into(shape, inputs, topk, num_segments, &options, out, scores)
+}
+
+/// [`indexer_topk_into`] with the family's options ([`IndexerOptions`]):
+/// the activation, forced first / last entries and the layout. The default
+/// options give [`indexer_topk_into`]'s rows, bit for bit. Refuses besides
+/// forced entries that do not fit `topk − num_segments`.
+pub fn indexer_topk_with_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    topk: usize,
+    num_segments: usize,
+    options: &IndexerOptions,
+    out: &mut [i32],
+    scores: Option<&mut [f32]>,
+) -> Result<(), ArgumentError> {
     check(
         shape,
         inputs,
@@ -173,13 +339,15 @@ pub fn indexer_topk_into(
         out.len(),
         scores.as_deref(),
     )?;
+    options.check(topk, num_segments)?;
     let rows = Rows {
         topk,
         num_segments,
+        rule: options.rule(),
         out,
         scores,
     };
-    run_queries(shape, inputs, rows, |_| (0, shape.n_keys));
+    run_queries(shape, inputs, options.relu(), rows, |_| (0, shape.n_keys));
     Ok(())
 }
 
@@ -196,6 +364,18 @@ pub fn indexer_topk_into(
 pub fn indexer_scores_into(
     shape: &IndexerShape,
     inputs: &IndexerInputs<'_>,
+    magnitude: bool,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    indexer_scores_with_into(shape, inputs, Activation::Relu, magnitude, out)
+}
+
+/// [`indexer_scores_into`] under `activation` (the magnitudes are the same
+/// under either: the bound of `|q · k|` passes through both).
+pub fn indexer_scores_with_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    activation: Activation,
     magnitude: bool,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
@@ -220,6 +400,7 @@ pub fn indexer_scores_into(
         magnitude,
         q: &inputs.q,
         weights: inputs.weights,
+        relu: activation == Activation::Relu,
         same_keys: |_, _| true,
         len: |i: usize| visible(inputs.query_pos[i], inputs.compress_ratio, t),
     };
@@ -327,6 +508,35 @@ pub fn indexer_topk_packed_into(
     out: &mut [i32],
     scores: Option<&mut [f32]>,
 ) -> Result<(), ArgumentError> {
+    let options = IndexerOptions::default();
+    let (cu, sid) = (cu_seqlens, seq_ids);
+    indexer_topk_packed_with_into(
+        shape,
+        inputs,
+        cu,
+        sid,
+        topk,
+        num_segments,
+        &options,
+        out,
+        scores,
+    )
+}
+
+/// [`indexer_topk_packed_into`] with the family's options
+/// ([`indexer_topk_with_into`]).
+#[allow(clippy::too_many_arguments)]
+pub fn indexer_topk_packed_with_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    cu_seqlens: &[usize],
+    seq_ids: &[usize],
+    topk: usize,
+    num_segments: usize,
+    options: &IndexerOptions,
+    out: &mut [i32],
+    scores: Option<&mut [f32]>,
+) -> Result<(), ArgumentError> {
     check(
         shape,
         inputs,
@@ -338,13 +548,15 @@ pub fn indexer_topk_packed_into(
     let bounds = packed::boundaries(cu_seqlens, shape.n_keys)?;
     packed::check_seq_ids_len(seq_ids.len(), shape.n_queries)?;
     packed::check_seq_ids(seq_ids, bounds.len() - 1, "cu_seqlens")?;
+    options.check(topk, num_segments)?;
     let rows = Rows {
         topk,
         num_segments,
+        rule: options.rule(),
         out,
         scores,
     };
-    run_queries(shape, inputs, rows, |i| {
+    run_queries(shape, inputs, options.relu(), rows, |i| {
         (bounds[seq_ids[i]], bounds[seq_ids[i] + 1])
     });
     Ok(())
@@ -356,6 +568,7 @@ pub fn indexer_topk_packed_into(
 fn run_queries(
     shape: &IndexerShape,
     inputs: &IndexerInputs<'_>,
+    relu: bool,
     rows: Rows<'_>,
     keys_of: impl Fn(usize) -> (usize, usize) + Sync,
 ) {
@@ -368,6 +581,7 @@ fn run_queries(
         magnitude: false,
         q: &inputs.q,
         weights: inputs.weights,
+        relu,
         same_keys: |i: usize, j: usize| keys_of(i) == keys_of(j),
         len: |i: usize| {
             let (k0, k1) = keys_of(i);

@@ -6,7 +6,7 @@
 
 use super::kernels::{self, KeyTerms, Keys, Want};
 use super::run::{self, Queries, Rows};
-use super::{check_ratio, check_segments_and_topk, visible, KEY_CHUNK};
+use super::{check_ratio, check_segments_and_topk, visible, IndexerOptions, KEY_CHUNK};
 use crate::error::{check_len, checked_size, ArgumentError};
 use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
 use crate::simd;
@@ -46,6 +46,24 @@ pub fn indexer_topk_paged_into(
     out: &mut [i32],
     scores: Option<&mut [f32]>,
 ) -> Result<(), ArgumentError> {
+    let options = IndexerOptions::default();
+    let (n, h, segs) = (n_queries, n_heads, num_segments);
+    indexer_topk_paged_with_into(n, h, inputs, topk, segs, &options, out, scores)
+}
+
+/// [`indexer_topk_paged_into`] with the family's options
+/// ([`super::indexer_topk_with_into`]).
+#[allow(clippy::too_many_arguments)]
+pub fn indexer_topk_paged_with_into(
+    n_queries: usize,
+    n_heads: usize,
+    inputs: &PagedInputs<'_>,
+    topk: usize,
+    num_segments: usize,
+    options: &IndexerOptions,
+    out: &mut [i32],
+    scores: Option<&mut [f32]>,
+) -> Result<(), ArgumentError> {
     let c = inputs.cache;
     c.check()?;
     check_segments_and_topk(topk, num_segments)?;
@@ -79,6 +97,7 @@ pub fn indexer_topk_paged_into(
     let table = inputs.table;
     table.check(c.n_pages, bs)?;
     table.check_seq_ids(inputs.seq_ids)?;
+    options.check(topk, num_segments)?;
     let level = simd::Isa::best();
     let (seq_lens, seq_ids, query_pos) = (table.seq_lens, inputs.seq_ids, inputs.query_pos);
     let ratio = inputs.compress_ratio;
@@ -90,12 +109,14 @@ pub fn indexer_topk_paged_into(
         magnitude: false,
         q: &inputs.q,
         weights: inputs.weights,
+        relu: options.relu(),
         same_keys: |i: usize, j: usize| seq_ids[i] == seq_ids[j],
         len: |i: usize| visible(query_pos[i], ratio, seq_lens[seq_ids[i]]),
     };
     let rows = Rows {
         topk,
         num_segments,
+        rule: options.rule(),
         out,
         scores,
     };

@@ -20,7 +20,7 @@
 
 use super::exact::{self, Rescore};
 use super::kernels::{KeyTerms, Query};
-use super::select::select_row;
+use super::select::{select_row, RowRule};
 use crate::keys::Encoded;
 use crate::pool;
 
@@ -130,6 +130,9 @@ pub(super) struct Queries<'a, S, L> {
     pub magnitude: bool,
     pub q: &'a Encoded<'a>,
     pub weights: &'a [f32],
+    /// The ReLU between each head's dot product and its weight (`false`:
+    /// activation none).
+    pub relu: bool,
     /// `same_keys(i, j)`: queries `i` and `j` read the same keys (may share
     /// a group).
     pub same_keys: S,
@@ -142,6 +145,8 @@ pub(super) struct Queries<'a, S, L> {
 pub(super) struct Rows<'a> {
     pub topk: usize,
     pub num_segments: usize,
+    /// Forced entries and the layout ([`RowRule`]).
+    pub rule: RowRule,
     pub out: &'a mut [i32],
     pub scores: Option<&'a mut [f32]>,
 }
@@ -165,6 +170,7 @@ pub(super) fn select_rows<S, L>(
     let Rows {
         topk,
         num_segments,
+        rule,
         out,
         mut scores,
     } = rows;
@@ -175,16 +181,32 @@ pub(super) fn select_rows<S, L>(
         let (g, i1) = (lens.len(), i0 + lens.len());
         let group_out = &mut out[i0 * topk..i1 * topk];
         let row_of = |j: usize, row: &mut [i32], split: bool| {
+            if rule.pool > 1 {
+                return pooled_row(
+                    &PooledRow {
+                        view,
+                        j,
+                        len: lens[j],
+                        level,
+                        i0,
+                        query: &group[j],
+                    },
+                    topk,
+                    rule,
+                    row,
+                    &key,
+                );
+            }
             let score = |t: usize| view.get(j, t);
-            let refine = |top: &mut Vec<u64>| {
+            let refine = |top: &mut Vec<u64>, lo: usize, hi: usize| {
                 let rescore = Rescore {
                     level,
                     query: &group[j],
                     key: |t: usize, row: &mut [f32]| key(i0, t, row),
                 };
-                exact::refine(top, lens[j], &GroupRow { view, j }, &rescore);
+                exact::refine(top, lo, hi, &GroupRow { view, j }, &rescore);
             };
-            select_row(score, lens[j], topk, num_segments, row, split, refine);
+            select_row(score, lens[j], topk, num_segments, rule, row, split, refine);
         };
         if g == 1 {
             row_of(0, group_out, true);
@@ -200,16 +222,70 @@ pub(super) fn select_rows<S, L>(
                 .zip(rows)
                 .enumerate()
             {
+                let (pool, len) = (rule.pool, lens[j]);
                 for (x, &t) in dst.iter_mut().zip(row) {
-                    *x = if t >= 0 {
-                        view.get(j, t as usize)
-                    } else {
-                        f32::NAN
+                    *x = match (t >= 0, pool > 1) {
+                        (false, _) => f32::NAN,
+                        (true, false) => view.get(j, t as usize),
+                        (true, true) => {
+                            let b = t as usize;
+                            let end = ((b + 1) * pool).min(len);
+                            exact::pooled((b * pool..end).map(|u| view.get(j, u)))
+                        }
                     };
                 }
             }
         }
     });
+}
+
+/// One query's row of a group, for the score pool.
+struct PooledRow<'a> {
+    view: &'a GroupScores<'a>,
+    j: usize,
+    len: usize,
+    level: crate::simd::Isa,
+    i0: usize,
+    query: &'a Query,
+}
+
+/// A row of the score pool: the `len` entries' float32 scores max-pooled
+/// into `ceil(len / pool)` blocks ([`exact::pooled`]), the top `topk`
+/// blocks selected (forced blocks as [`RowRule`] says) and made exact
+/// ([`exact::refine_pooled`]).
+fn pooled_row(
+    r: &PooledRow<'_>,
+    topk: usize,
+    rule: RowRule,
+    out: &mut [i32],
+    key: &(impl Fn(usize, usize, &mut [f32]) -> f32 + Sync),
+) {
+    let (pool, len) = (rule.pool, r.len);
+    let blocks: Vec<f32> = (0..len.div_ceil(pool))
+        .map(|b| exact::pooled((b * pool..((b + 1) * pool).min(len)).map(|t| r.view.get(r.j, t))))
+        .collect();
+    let refine = |top: &mut Vec<u64>, lo: usize, hi: usize| {
+        let rescore = Rescore {
+            level: r.level,
+            query: r.query,
+            key: |t: usize, row: &mut [f32]| key(r.i0, t, row),
+        };
+        let row = GroupRow {
+            view: r.view,
+            j: r.j,
+        };
+        exact::refine_pooled(top, lo, hi, pool, len, &row, &rescore);
+    };
+    select_row(
+        |b| blocks[b],
+        blocks.len(),
+        topk,
+        0,
+        rule,
+        out,
+        false,
+        refine,
+    );
 }
 
 /// Every query's score of every key it sees, `out` `[n, n_keys]`: its
@@ -262,6 +338,7 @@ fn for_each_group<S, L>(
         magnitude,
         q,
         weights,
+        relu,
         same_keys,
         len,
     } = queries;
@@ -286,6 +363,8 @@ fn for_each_group<S, L>(
         group.resize_with(g, || Query::new(h, d, level));
         for (j, query) in group.iter_mut().enumerate() {
             query.load(q, weights, i0 + j, magnitude);
+            // (Magnitudes are of absolute values: either activation is the identity there.)
+            query.relu = relu;
         }
         let lens: Vec<usize> = (i0..i1).map(&len).collect();
         let chunks = lmax.div_ceil(width);

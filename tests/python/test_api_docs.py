@@ -370,6 +370,7 @@ _CHECKING_AND_CASES = [
     "checking.dump_format_markdown",
     "checking.load_dump",
     "checking.check_indexer_topk",
+    "checking.check_indexer_family",
     "checking.check_dump",
     "checking.format_report",
     "checking.strict_json",
@@ -384,6 +385,7 @@ _CHECKING_AND_CASES = [
     "testing.cases.all_infllm_cases",
     "testing.cases.all_witness_cases",
     "testing.cases.all_sparse_attention_cases",
+    "testing.cases.all_family_cases",
     "testing.cases.tail_lengths",
 ]
 # These raise nothing of their own (no `raise` in their source, checked below): a
@@ -405,6 +407,7 @@ _RAISE_NOTHING = {
     "testing.cases.all_infllm_cases",
     "testing.cases.all_witness_cases",
     "testing.cases.all_sparse_attention_cases",
+    "testing.cases.all_family_cases",
 }
 # These take no argument (checked below): Parameters would be empty, so it is omitted.
 _TAKE_NOTHING = {"checking.dump_format_markdown", "checking.example_path"}
@@ -515,6 +518,9 @@ def test_the_checking_and_cases_list_names_every_public_function_of_those_packag
         "padding_reads",
         "paged_blocks",
         "packed_mla",
+        "forced_entry_dropped",
+        "forced_entry_counted_twice",
+        "pool_last_partial_block",
     }  # each a generator documented on its own terms
     public = set()
     for prefix, module in (("checking", kvselect.checking), ("testing.cases", kvselect.testing.cases)):

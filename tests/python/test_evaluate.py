@@ -192,6 +192,21 @@ def infllm_row(w: Workload, h: int, p: int, s: Settings) -> list:
     return [x for blk in sorted(blocks[blocks >= 0].tolist()) for x in range(blk * b, min((blk + 1) * b, L))]
 
 
+def qsa_row(w: Workload, h: int, p: int, k: int) -> list:
+    """Qwen's QSA (transformers' Qwen4ExpTextQSAIndexer.forward): complete
+    blocks of 4 tokens, each scored relu(q . mean of its index keys) (one
+    head, no weights), the best (k - 3) // 4 of them as their tokens (ties to
+    the lower block), then the tail tokens of the partial block. The means of
+    4 small integers are exact in float32."""
+    r = 4 if k >= 7 else max(1, (k + 1) // 2)
+    blocks, complete = (k - (r - 1)) // r, (p + 1) // r
+    keys = w.index_k[h].astype(np.float64)
+    q = w.index_q[h, p].astype(np.float64)
+    scores = np.array([max(float(q @ keys[b * r : (b + 1) * r].mean(axis=0)), 0.0) for b in range(complete)])
+    best = top_k_by(scores, blocks)
+    return [b * r + j for b in best for j in range(r)] + list(range(complete * r, p + 1))
+
+
 def locality_row(p: int, k: int) -> list:
     L = p + 1
     return list(range(max(0, L - k), L))
@@ -235,6 +250,7 @@ def expected_selections(w: Workload, h: int, s: Settings) -> dict:
         out["block-sparse"].append(block_sparse_row(w, h, p, s))
         out["quest"].append(quest_row(w, h, p, s))
         out["infllm"].append(infllm_row(w, h, p, s))
+        out["QSA (Qwen)"].append(qsa_row(w, h, p, k))
         out["random null"].append(random_rows[i].tolist())
         out["locality null"].append(locality_row(p, k))
         out["sink + window"].append(sink_window_row(p, k, s.sinks))

@@ -163,6 +163,7 @@ from kvselect.checking.dumps import (
 )
 from kvselect.checking.exact import check_indexer_topk
 from kvselect.checking.example import example_path, make_example
+from kvselect.checking.family import check_indexer_family
 from kvselect.checking.report import Report, format_report, strict_json
 from kvselect.checking.v4 import check_v4_combined_indices
 
@@ -188,6 +189,7 @@ __all__ = [
     "validate",
     "dump_format_markdown",
     "load_dump",
+    "check_indexer_family",
     "check_indexer_topk",
     "check_sparse_attention",
     "check_dump",

@@ -123,6 +123,7 @@ from .indexer import (
     indexer_topk,
     indexer_topk_packed,
     indexer_topk_paged,
+    indexer_topk_pooled,
 )
 from .infllm import (
     compress_keys,
@@ -201,6 +202,7 @@ __all__ = [
     "decode",
     # indexer
     "indexer_topk",
+    "indexer_topk_pooled",
     "indexer_topk_packed",
     "indexer_topk_paged",
     "indexer_scores",

@@ -7,6 +7,15 @@ lightning indexer over entries of ``compress_ratio`` tokens) and the last
 sparse prefill takes it. Its ``v4_combined`` dump is checked by
 :func:`kvselect.checking.check_v4_combined_indices`: the CSA part against
 the exact entry scores, the window exactly.
+
+Its eval policy is Qwen's QSA (huggingface/transformers
+``src/transformers/models/qwen4_exp/modeling_qwen4_exp.py`` @ 009e78d,
+``Qwen4ExpTextQSAIndexer``; the shapes of NVIDIA/cudnn-frontend#838's table:
+4 index heads × 128, no weights, ratio 4, top-512): each complete block of 4
+tokens is one entry, its key the float32 mean of the block's index keys; a
+block's score is ``Σ_h relu(q_h · k̄_b)`` (no weights); a query keeps its
+best complete blocks and, always, the ``(p + 1) mod 4`` tokens of its partial
+block (the tail, never scored).
 """
 
 from __future__ import annotations
@@ -15,9 +24,10 @@ from typing import Any, Mapping, Sequence, Tuple
 
 import numpy as np
 
+import kvselect as ks
 from kvselect.checking._common import _finite, _floats, _formats, _int, _ints
 from kvselect.checking.v4 import check_v4_combined_indices
-from kvselect.rules._rule import DumpKind, Rule
+from kvselect.rules._rule import DumpKind, EvalContext, Policy, Rule, Selection, timed
 
 TABLE = {
     "kind": ("str", "", "required", '"v4_combined"'),
@@ -73,6 +83,45 @@ def check(
     return [("the combined rows (the CSA top-k exactly scored, the window exact)", report)]
 
 
+#: QSA's tokens per block (``indexer_compress_ratio``).
+QSA_RATIO = 4
+
+
+def qsa(ctx: EvalContext) -> Selection:
+    """Qwen's QSA at the token budget ``k``: the best ``(k - 3) // 4``
+    complete 4-token blocks of the workload's index (``index_q`` as QSA's
+    heads, unweighted, ReLU; block keys the mean of their tokens' index keys:
+    kvselect's indexer with ``weights=None, compress_ratio=4``), each as its
+    4 tokens, then the tail tokens of the query's partial block. QSA's own
+    buffer is ``budget + 3`` wide (2048 + 3); charged within ``k``, the tail
+    comes out of the budget, so ``k = 2051`` is QSA's top-512. A budget
+    below one block and a full tail (7 tokens) shrinks the block to ``(k +
+    1) // 2`` tokens (as the block-sparse policy's block shrinks with ``k``)."""
+    units = ctx.units
+    r = QSA_RATIO if units >= 2 * QSA_RATIO - 1 else max(1, (units + 1) // 2)
+    blocks = (units - (r - 1)) // r
+    keys = np.asarray(ctx.head.index_k, dtype=np.float32)
+    n_blocks = len(keys) // r
+    pooled = keys[: n_blocks * r].reshape(n_blocks, r, keys.shape[1]).mean(axis=1, dtype=np.float32)
+    q = np.ascontiguousarray(np.asarray(ctx.head.index_q, dtype=np.float32)[:, None, :])
+    pos = np.asarray(ctx.pos, dtype=np.int64)
+
+    def rows() -> np.ndarray:
+        entries = ks.indexer_topk(q, None, pooled, pos, blocks, compress_ratio=r)
+        tokens = entries[:, :, None] * r + np.arange(r, dtype=np.int32)
+        tokens = np.where(entries[:, :, None] >= 0, tokens, -1).reshape(len(pos), -1)
+        count = (pos + 1) % r  # the partial block's tokens, the query's own last
+        tail = (pos + 1 - count)[:, None] + np.arange(r - 1)
+        tail = np.where(np.arange(r - 1) < count[:, None], tail, -1)
+        out = np.full((len(pos), units), -1, dtype=np.int32)
+        row = np.concatenate([tokens, tail], axis=1)
+        row = np.take_along_axis(row, np.argsort(row < 0, axis=1, kind="stable"), axis=1)
+        out[:, : row.shape[1]] = row
+        return out
+
+    return timed(rows)
+
+
 RULE = Rule(
     name="compressed",
     title="DeepSeek-V4 attention sets and GLM-5-Next pools",
@@ -84,6 +133,7 @@ RULE = Rule(
         "combine_topk_swa_indices",
     ),
     reference="kvselect.reference.compressed",
+    cases="kvselect.testing.cases.all_family_cases",
     dumps=(
         DumpKind(
             "v4_combined",
@@ -93,6 +143,14 @@ RULE = Rule(
             "`kvselect check` (`kvselect.checking.check_v4_combined_indices`).",
             check,
             rows=lambda d: len(d["combined_indices"]),  # grouped by request: one piece
+        ),
+    ),
+    policies=(
+        Policy(
+            "QSA (Qwen)",
+            qsa,
+            "Qwen's QSA: the best complete 4-token blocks by ``Σ_h relu(q_h · mean-pooled k)`` (no weights; "
+            "kvselect's indexer with ``weights=None, compress_ratio=4``), plus the query's partial block.",
         ),
     ),
     guide="docs/compressed-keys.md",

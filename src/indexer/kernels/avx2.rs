@@ -253,7 +253,7 @@ unsafe fn tile16<L: Bits16>(p: *const L::E, d: usize, r0: usize, c0: usize, dst:
 /// `qt.len() >= d * w.len()` in the [`super::Tiles::Sixes`] layout, `kt.len() >=
 /// d * BLOCK` (the token proves the CPU can run it).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn weighted_relu_sums(
+pub(super) unsafe fn weighted_relu_sums<const RELU: bool>(
     _: Avx2,
     qt: &[f32],
     kt: &[f32],
@@ -277,7 +277,7 @@ pub(super) unsafe fn weighted_relu_sums(
     for h0 in (0..sixes).step_by(6) {
         for r0 in (0..BLOCK).step_by(TILE_KEYS) {
             // SAFETY: heads `h0 .. h0 + 6 <= h` (a tile), keys `r0 .. r0 + 16 <= BLOCK`.
-            unsafe { tile::<6, 2>(qt, kt, w, d, h0, r0, acc, pf()) };
+            unsafe { tile::<6, 2, RELU>(qt, kt, w, d, h0, r0, acc, pf()) };
         }
     }
     let h0 = sixes;
@@ -286,9 +286,9 @@ pub(super) unsafe fn weighted_relu_sums(
         // r0 + 16 <= BLOCK`.
         unsafe {
             match rest {
-                3 => tile::<3, 2>(qt, kt, w, d, h0, r0, acc, pf()),
-                4 => tile::<4, 2>(qt, kt, w, d, h0, r0, acc, pf()),
-                5 => tile::<5, 2>(qt, kt, w, d, h0, r0, acc, pf()),
+                3 => tile::<3, 2, RELU>(qt, kt, w, d, h0, r0, acc, pf()),
+                4 => tile::<4, 2, RELU>(qt, kt, w, d, h0, r0, acc, pf()),
+                5 => tile::<5, 2, RELU>(qt, kt, w, d, h0, r0, acc, pf()),
                 _ => {}
             }
         }
@@ -296,8 +296,8 @@ pub(super) unsafe fn weighted_relu_sums(
     // SAFETY: as above, the tile's `rest` heads against all `BLOCK = 32` keys.
     unsafe {
         match rest {
-            1 => tile::<1, 4>(qt, kt, w, d, h0, 0, acc, pf()),
-            2 => tile::<2, 4>(qt, kt, w, d, h0, 0, acc, pf()),
+            1 => tile::<1, 4, RELU>(qt, kt, w, d, h0, 0, acc, pf()),
+            2 => tile::<2, 4, RELU>(qt, kt, w, d, h0, 0, acc, pf()),
             _ => {}
         }
     }
@@ -316,7 +316,7 @@ pub(super) unsafe fn weighted_relu_sums(
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<const G: usize, const R: usize>(
+unsafe fn tile<const G: usize, const R: usize, const RELU: bool>(
     qt: &[f32],
     kt: &[f32],
     w: &[f32],
@@ -354,9 +354,13 @@ unsafe fn tile<const G: usize, const R: usize>(
     for j in 0..G {
         let wv = _mm256_set1_ps(w[h0 + j]);
         for p in 0..R {
-            // relu: `x <= 0 ? 0 : x` (NaN is not `<= 0`: kept).
+            // relu: `x <= 0 ? 0 : x` (NaN is not `<= 0`: kept); with no
+            // activation the dot product as it is.
             let x = a[j][p];
-            let x = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(x, zero), x);
+            let x = match RELU {
+                true => _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(x, zero), x),
+                false => x,
+            };
             s[p] = _mm256_fmadd_ps(wv, x, s[p]);
         }
     }

@@ -174,7 +174,7 @@ unsafe fn columns<const F: u8>(p: *const u8, n: usize, d: usize, dst: *mut f32, 
 /// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK` (the token proves
 /// the CPU can run it).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-pub(super) unsafe fn weighted_relu_sums(
+pub(super) unsafe fn weighted_relu_sums<const RELU: bool>(
     _: Avx512,
     qt: &[f32],
     kt: &[f32],
@@ -188,17 +188,17 @@ pub(super) unsafe fn weighted_relu_sums(
     let mut h0 = 0;
     while h0 + 8 <= h {
         // SAFETY: heads `h0 .. h0 + 8 <= h` (the bounds as the contract).
-        unsafe { tile::<8>(qt, kt, w, d, h0, acc, runs.next().unwrap_or_default()) };
+        unsafe { tile::<8, RELU>(qt, kt, w, d, h0, acc, runs.next().unwrap_or_default()) };
         h0 += 8;
     }
     if h0 + 4 <= h {
         // SAFETY: heads `h0 .. h0 + 4 <= h`.
-        unsafe { tile::<4>(qt, kt, w, d, h0, acc, runs.next().unwrap_or_default()) };
+        unsafe { tile::<4, RELU>(qt, kt, w, d, h0, acc, runs.next().unwrap_or_default()) };
         h0 += 4;
     }
     for h0 in h0..h {
         // SAFETY: head `h0 < h`.
-        unsafe { tile::<1>(qt, kt, w, d, h0, acc, runs.next().unwrap_or_default()) };
+        unsafe { tile::<1, RELU>(qt, kt, w, d, h0, acc, runs.next().unwrap_or_default()) };
     }
 }
 
@@ -213,7 +213,7 @@ pub(super) unsafe fn weighted_relu_sums(
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
 #[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers
-unsafe fn tile<const G: usize>(
+unsafe fn tile<const G: usize, const RELU: bool>(
     qt: &[f32],
     kt: &[f32],
     w: &[f32],
@@ -250,9 +250,13 @@ unsafe fn tile<const G: usize>(
     for j in 0..G {
         let wv = _mm512_set1_ps(w[h0 + j]);
         for p in 0..2 {
-            // relu: `x <= 0 ? 0 : x` (NaN is not `<= 0`: kept).
+            // relu: `x <= 0 ? 0 : x` (NaN is not `<= 0`: kept); with no
+            // activation the dot product as it is.
             let x = a[j][p];
-            let x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, zero), zero);
+            let x = match RELU {
+                true => _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, zero), zero),
+                false => x,
+            };
             s[p] = _mm512_fmadd_ps(wv, x, s[p]);
         }
     }

@@ -79,6 +79,10 @@ pub(super) struct Query {
     pub tiles: Tiles,
     pub qt: Vec<f32>,
     pub w: Vec<f32>,
+    /// The activation between a head's dot product and its weight: the
+    /// ReLU (`true`, DeepSeek / GLM / QSA) or none (`false`, MiniMax's
+    /// MSA: the dot product as it is).
+    pub relu: bool,
     /// `qt × 2⁸`, made on first use after each [`Query::load`]: the query
     /// the AVX2 kernel reads fp8 keys against when it decodes them as `2⁻⁸
     /// ×` their values ([`crate::keys::x86::fp8_folded_query`]; exact, a
@@ -124,6 +128,7 @@ impl Query {
             tiles: Tiles::of(level),
             qt: vec![0.0; h * d],
             w: vec![0.0; h],
+            relu: true,
             fp8: std::sync::OnceLock::new(),
         }
     }
@@ -539,10 +544,24 @@ fn weighted_relu_sums(
     let _ = next;
     // SAFETY (bounds): `qt` holds the `h` heads' tiles of `d`, `kt` `d`
     // rows of `BLOCK`, `w` `h` weights (asserted).
+    // The activation is a const parameter of every kernel: the ReLU's code
+    // is the same instructions it always was, and activation none drops
+    // them (the lanes' chains are otherwise the same, so the levels still
+    // agree bit for bit).
+    let relu = q.relu;
     dispatch!("indexer.weighted_relu_sums", level, {
-        avx512(token) => avx512::weighted_relu_sums(token, qt, kt, w, d, acc, next),
-        avx2(token) => avx2::weighted_relu_sums(token, qt, kt, w, d, acc, next),
-        scalar => portable::weighted_relu_sums(q.tiles, qt, kt, w, d, acc),
+        avx512(token) => match relu {
+            true => avx512::weighted_relu_sums::<true>(token, qt, kt, w, d, acc, next),
+            false => avx512::weighted_relu_sums::<false>(token, qt, kt, w, d, acc, next),
+        },
+        avx2(token) => match relu {
+            true => avx2::weighted_relu_sums::<true>(token, qt, kt, w, d, acc, next),
+            false => avx2::weighted_relu_sums::<false>(token, qt, kt, w, d, acc, next),
+        },
+        scalar => match relu {
+            true => portable::weighted_relu_sums::<true>(q.tiles, qt, kt, w, d, acc),
+            false => portable::weighted_relu_sums::<false>(q.tiles, qt, kt, w, d, acc),
+        },
     })
 }
 

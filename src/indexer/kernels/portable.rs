@@ -14,9 +14,10 @@ pub(super) fn transpose(rows: &[f32], n: usize, d: usize, kt: &mut [f32]) {
 }
 
 /// For every key `r` of the block, `acc_r = fma(w_h, relu(dot_hr), acc_r)`
+/// (`dot_hr` itself without `RELU`: activation none)
 /// in head order, `dot_hr = fma(q_hi, k_ri, dot_hr)` over `i` in order
 /// from `+0.0`; `qt` in head tiles `tiles` ([`super::Query`]), `kt` `[d, BLOCK]`.
-pub(super) fn weighted_relu_sums(
+pub(super) fn weighted_relu_sums<const RELU: bool>(
     tiles: Tiles,
     qt: &[f32],
     kt: &[f32],
@@ -35,7 +36,7 @@ pub(super) fn weighted_relu_sums(
             }
         }
         for (a, &x) in acc.iter_mut().zip(&dot) {
-            *a = wh.mul_add(relu(x), *a);
+            *a = wh.mul_add(if RELU { relu(x) } else { x }, *a);
         }
     }
 }

@@ -169,7 +169,7 @@ fn every_level_scores_bit_identically() {
             let w: Vec<f32> = (0..h).map(|_| next()).collect();
             let q = laid_out(Isa::Scalar, h, d, &qs, &w);
             let mut want = [0.0f32; BLOCK];
-            portable::weighted_relu_sums(q.tiles, &q.qt, &kt, &w, d, &mut want);
+            portable::weighted_relu_sums::<true>(q.tiles, &q.qt, &kt, &w, d, &mut want);
             for (r, &got) in want.iter().enumerate() {
                 let mut s = 0.0f32;
                 for (head, wh) in w.iter().enumerate() {
@@ -429,4 +429,50 @@ pub(super) fn probe(isa: Isa) {
     );
     assert!(out.iter().all(|&x| x == 6.0));
     assert!(g.iter().zip(&c).all(|(&g, &c)| g == 1.0 && c == 1.0));
+}
+
+/// Activation none (MiniMax's MSA): every level runs each key's scalar chain
+/// `s = fma(w_h, dot_h, s)` without the ReLU, bit for bit — negative, NaN,
+/// infinite and signed-zero dot products included.
+#[test]
+fn activation_none_gives_the_scalar_chain_bit_for_bit_on_every_level() {
+    let mut state = 0x51ED_2701_A5A5_0F0Fu64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+    };
+    for &(h, d) in &[(1, 1), (3, 7), (4, 128), (5, 16), (6, 9), (8, 33), (13, 5)] {
+        for trial in 0..12 {
+            let qs: Vec<f32> = (0..h * d).map(|_| next()).collect();
+            let mut kt: Vec<f32> = (0..d * BLOCK).map(|_| next()).collect();
+            match trial {
+                3 => kt[5] = f32::NAN,
+                4 => kt[(BLOCK + 2) % (d * BLOCK)] = f32::NEG_INFINITY,
+                5 => kt.iter_mut().for_each(|x| *x = (*x * 2.0).round() * 0.0),
+                _ => {}
+            }
+            let w: Vec<f32> = (0..h).map(|_| next()).collect();
+            let mut want = [0.0f32; BLOCK];
+            for (r, s) in want.iter_mut().enumerate() {
+                for (head, wh) in w.iter().enumerate() {
+                    let mut dot = 0.0f32;
+                    for i in 0..d {
+                        dot = qs[head * d + i].mul_add(kt[i * BLOCK + r], dot);
+                    }
+                    *s = wh.mul_add(dot, *s);
+                }
+            }
+            for level in crate::simd::isas_for_test() {
+                let mut q = laid_out(level, h, d, &qs, &w);
+                q.relu = false;
+                let mut got = [0.0f32; BLOCK];
+                weighted_relu_sums(level, &q, &q.qt, &kt, &mut got, &[]);
+                for (r, (x, y)) in got.iter().zip(&want).enumerate() {
+                    assert!(same(*x, *y), "{level:?} h={h} d={d} key {r}: {x} vs {y}");
+                }
+            }
+        }
+    }
 }

@@ -230,3 +230,31 @@ impl Choice for Repeats {
         format!("duplicates must be one of \"once\", \"each\", got {got:?}")
     }
 }
+
+impl Choice for crate::indexer::Activation {
+    const ARG: &'static str = "activation";
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "relu" => Some(crate::indexer::Activation::Relu),
+            "none" => Some(crate::indexer::Activation::None),
+            _ => None,
+        }
+    }
+    fn unknown(got: &str) -> String {
+        format!("activation must be 'relu' or 'none', got {got:?}")
+    }
+}
+
+impl Choice for crate::indexer::RowLayout {
+    const ARG: &'static str = "row_layout";
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "rank" => Some(crate::indexer::RowLayout::Ranked),
+            "ascending" => Some(crate::indexer::RowLayout::Ascending),
+            _ => None,
+        }
+    }
+    fn unknown(got: &str) -> String {
+        format!("row_layout must be 'rank' or 'ascending' (cuDNN's compact layout), got {got:?}")
+    }
+}

@@ -12,16 +12,66 @@ use numpy::PyUntypedArray;
 use pyo3::prelude::*;
 
 use crate::error::ArgumentError as Error;
-use crate::indexer::{self, IndexerInputs, IndexerShape};
+use crate::indexer::{self, Activation, IndexerInputs, IndexerOptions, IndexerShape, RowLayout};
 use crate::python::args::{
-    detach, ndarrays, query_positions, Broadcast, EncodedIn, FormatArg, In, InAnyRank, Obj, Opt,
-    Queries, I32, S,
+    detach, ndarrays, query_positions, Broadcast, EncodedIn, FormatArg, In, InAnyRank, Named, Obj,
+    Opt, Queries, I32, S,
 };
+
+/// `weights`, or None: no weights, every head's weight 1 (Qwen's QSA,
+/// MiniMax's MSA). `fma(1, x, acc)` rounds `acc + x` once, as a plain sum
+/// of heads does: the rows are the rule's without weights, bit for bit.
+pub(super) enum Weights<'py> {
+    Given(In<'py, f32, 2>),
+    Ones(Vec<f32>),
+}
+
+impl<'py> Weights<'py> {
+    /// The weights as the core reads them.
+    pub(super) fn slice(&self) -> PyResult<&[f32]> {
+        match self {
+            Weights::Given(w) => w.slice(),
+            Weights::Ones(v) => Ok(v),
+        }
+    }
+
+    /// The array given, if any (an output must not overlap it).
+    pub(super) fn untyped(&self) -> Option<&Bound<'py, PyUntypedArray>> {
+        match self {
+            Weights::Given(w) => Some(w.untyped()),
+            Weights::Ones(_) => None,
+        }
+    }
+}
+
+/// The family's options as typed values (`activation`, `force_first`,
+/// `force_last`, `row_layout`, `score_pool`): parsed once, here; the budget check is the
+/// core's ([`IndexerOptions`]).
+pub(super) type Family<'a, 'py> = (
+    Option<Named<Activation>>,
+    Opt<'a, 'py>,
+    Opt<'a, 'py>,
+    Option<Named<RowLayout>>,
+    Opt<'a, 'py>,
+);
+
+/// [`Family`] read: None is today's rule (ReLU, nothing forced, rank order).
+pub(super) fn family(
+    (activation, force_first, force_last, row_layout, score_pool): Family<'_, '_>,
+) -> PyResult<IndexerOptions> {
+    Ok(IndexerOptions {
+        score_pool: S.count_or(score_pool, "score_pool", i32::MAX as u64, 1)?,
+        activation: activation.map(|a| a.get()).transpose()?.unwrap_or_default(),
+        force_first: S.count_or(force_first, "force_first", i32::MAX as u64, 0)?,
+        force_last: S.count_or(force_last, "force_last", i32::MAX as u64, 0)?,
+        layout: row_layout.map(|l| l.get()).transpose()?.unwrap_or_default(),
+    })
+}
 
 /// The arguments both forms share, checked and borrowed.
 pub(super) struct Call<'py> {
     pub(super) q: EncodedIn<'py>,
-    pub(super) w: In<'py, f32, 2>,
+    pub(super) w: Weights<'py>,
     pub(super) k: EncodedIn<'py>,
     pub(super) scale: Option<InAnyRank<'py, f32>>,
     /// A per-tensor `key_scale` (a scalar) as the per-key vector the core
@@ -50,18 +100,22 @@ pub(super) type Common<'a, 'py> = (
 pub(super) type Options<'a, 'py> = (Opt<'a, 'py>, FormatArg<'a>, FormatArg<'a>, Opt<'a, 'py>);
 
 /// `index_q` `[n_queries, n_heads, d]` in its format and `weights`
-/// float32 `[n_queries, n_heads]`, with `[n, h, d]`.
+/// float32 `[n_queries, n_heads]` (None: no weights), with `[n, h, d]`.
 pub(super) fn queries<'py>(
     index_q: &Obj<'py>,
     weights: &Obj<'py>,
     query_format: FormatArg<'_>,
-) -> PyResult<(EncodedIn<'py>, In<'py, f32, 2>, [usize; 3])> {
+) -> PyResult<(EncodedIn<'py>, Weights<'py>, [usize; 3])> {
     let (q, _) = EncodedIn::new(S, index_q, "index_q", query_format)?;
     let dims = S.dims::<3>(q.untyped(), "index_q", "[n_queries, n_heads, d]")?;
-    let w = S.input::<f32, 2>(weights, "weights", "[n_queries, n_heads]")?;
     let [n, h, _] = dims;
+    if weights.is_none() {
+        let ones = vec![1.0f32; n.checked_mul(h).unwrap_or(0)];
+        return Ok((q, Weights::Ones(ones), dims));
+    }
+    let w = S.input::<f32, 2>(weights, "weights", "[n_queries, n_heads]")?;
     S.axes("weights", &w.shape, &[("n_queries", n), ("H", h)])?;
-    Ok((q, w, dims))
+    Ok((q, Weights::Given(w), dims))
 }
 
 /// The `compress_ratio` keyword: None is 1 (token-level keys); 0 the core
@@ -157,7 +211,8 @@ impl<'py> Call<'py> {
 
     /// Every array argument, as an output must not overlap them.
     pub(super) fn arrays(&self) -> Vec<&Bound<'py, PyUntypedArray>> {
-        let mut arrays = vec![self.q.untyped(), self.w.untyped(), self.k.untyped()];
+        let mut arrays = vec![self.q.untyped(), self.k.untyped()];
+        arrays.extend(self.w.untyped());
         arrays.extend(self.scale.as_ref().map(|c| c.untyped()));
         arrays.extend(&self.raw);
         arrays
@@ -217,6 +272,7 @@ impl<'py> Call<'py> {
         self,
         py: Python<'py>,
         out: Opt<'_, 'py>,
+        activation: Activation,
         magnitudes: bool,
     ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
         let shape = self.shape;
@@ -224,7 +280,7 @@ impl<'py> Call<'py> {
         let out = S.output::<f32>(py, out, &[shape.n_queries, shape.n_keys], &arrays)?;
         let (inputs, work) = (self.borrowed()?, self.work());
         out.run(work, |o| {
-            indexer::indexer_scores_into(&shape, &inputs, magnitudes, o)
+            indexer::indexer_scores_with_into(&shape, &inputs, activation, magnitudes, o)
         })
     }
 

@@ -8,6 +8,8 @@ use crate::python::args::{
     refuse_extra_keywords, AsFormatArg, KeyFormat, Named, Obj, Opt, QueryFormat,
 };
 
+use crate::indexer::Activation;
+
 use super::call::{ratio, Call};
 use crate::python::args::{positions as positions_of, S};
 
@@ -20,7 +22,9 @@ use crate::python::args::{positions as positions_of, S};
 /// Parameters
 /// ----------
 /// index_q, weights, index_k, query_pos, key_scale, key_format, query_format, compress_ratio
-///     As :func:`indexer_topk` takes them.
+///     As :func:`indexer_topk` takes them (``weights=None``: no weights, every head's 1).
+/// activation : str, optional
+///     "relu" (default) or "none", as :func:`indexer_topk` takes it.
 /// out : ndarray of float32, [n_queries, n_keys], optional
 ///     Written and returned: C-contiguous, writeable, aligned, native byte order, not
 ///     overlapping any input.
@@ -41,9 +45,9 @@ use crate::python::args::{positions as positions_of, S};
 #[pyfunction]
 #[pyo3(
     signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
-                 query_format=None, compress_ratio=None, out=None, **renamed),
+                 query_format=None, compress_ratio=None, activation=None, out=None, **renamed),
     text_signature = "(index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None, \
-                      query_format=None, compress_ratio=1, out=None)"
+                      query_format=None, compress_ratio=1, activation='relu', out=None)"
 )]
 pub(super) fn indexer_scores<'py>(
     py: Python<'py>,
@@ -55,6 +59,7 @@ pub(super) fn indexer_scores<'py>(
     key_format: Option<Named<KeyFormat>>,
     query_format: Option<Named<QueryFormat>>,
     compress_ratio: Opt<'_, 'py>,
+    activation: Option<Named<Activation>>,
     out: Opt<'_, 'py>,
     renamed: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
@@ -73,13 +78,15 @@ pub(super) fn indexer_scores<'py>(
         ),
     )?;
     call.ratio = ratio(compress_ratio)?;
-    call.score_matrix(py, out, false)
+    let activation = activation.map(|a| a.get()).transpose()?.unwrap_or_default();
+    call.score_matrix(py, out, activation, false)
 }
 
 /// Each :func:`indexer_scores` entry's error scale.
 ///
 /// ``|key_scale[t]| * sum_h |weights[h]| * sum_i |index_q[h, i] * index_k[t, i]|``: the
-/// ``magnitudes`` of :func:`check_topk` (its ``rtol`` multiplies them).
+/// ``magnitudes`` of :func:`check_topk` (its ``rtol`` multiplies them). The same under either
+/// activation (both pass ``|q . k|`` through; ``weights=None`` is weights of one).
 ///
 /// Parameters
 /// ----------
@@ -129,7 +136,7 @@ pub(super) fn indexer_magnitudes<'py>(
         ),
     )?;
     call.ratio = ratio(compress_ratio)?;
-    call.score_matrix(py, out, true)
+    call.score_matrix(py, out, Activation::Relu, true)
 }
 
 /// Chosen scores in float64 (private: the exact check's re-score).

@@ -5,13 +5,14 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::indexer::{self, PagedInputs};
+use crate::indexer::{Activation, RowLayout};
 use crate::python::args::{
     ndarrays, positions, positions_along, refuse_extra_keywords, AsFormatArg, KeyFormat, Named,
     Obj, Opt, PageLayoutName, QueryFormat, I32, S,
 };
 use crate::python::cache::{Paged, PagedArgs};
 
-use super::call::{queries, ratio, run_topk, segments, Call};
+use super::call::{family, queries, ratio, run_topk, segments, Call};
 
 /// The lightning indexer's top-k (DeepSeek-V3.2/V4, GLM-5), single-sequence form.
 ///
@@ -37,8 +38,10 @@ use super::call::{queries, ratio, run_topk, segments, Call};
 /// index_q : array_like, [n_queries, H, d]
 ///     The index queries: float32, float16, or ``ml_dtypes`` bfloat16 / float8_e4m3fn, read in
 ///     place; a raw ``uint16`` / ``uint8`` view needs ``query_format``.
-/// weights : array_like of float32, [n_queries, H]
+/// weights : array_like of float32, [n_queries, H], or None
 ///     The head weights, with the softmax scale, ``H**-0.5`` and any query scale folded in.
+///     None: no weights (Qwen's QSA, MiniMax's MSA), every head's weight 1 (the same rows as
+///     weights of one, bit for bit).
 /// index_k : array_like, [T, d]
 ///     The index keys, in the formats ``index_q`` takes (raw views need ``key_format``).
 /// query_pos : array_like of int, [n_queries], or int
@@ -56,6 +59,26 @@ use super::call::{queries, ratio, run_topk, segments, Call};
 ///     witnesses of ``scatter_topology_witnesses``); 0 (default) is off.
 /// compress_ratio : int, optional
 ///     Tokens per key, at least 1 (default 1: token-level keys).
+/// activation : str, optional
+///     "relu" (default) or "none" (MiniMax's MSA: ``score(t) = key_scale[t] * sum_h weights[h]
+///     * (index_q[h] . index_k[t])``, negative scores included).
+/// force_first, force_last : int, optional
+///     The first ``force_first`` and last ``force_last`` of a row's ``L`` visible keys are in
+///     the row whenever it cannot hold all ``L`` (NVIDIA/cudnn-frontend#838's forced entries),
+///     inside the budget: the rest of it is the best of the keys between them. A row with ``L
+///     <= topk - num_segments`` holds every visible key once, forced or not. Their sum must fit
+///     ``topk - num_segments`` (default 0: none).
+/// row_layout : str, optional
+///     "rank" (default): rank order of the float32 scores (forced entries by their scores too),
+///     then -1. "ascending": cuDNN's layout, positions ascending and compact, then -1 (its
+///     ``topk_length`` is ``(rows >= 0).sum(-1)``).
+/// score_pool : int, optional
+///     The score pool (MiniMax's MSA: 128): blocks of ``score_pool`` visible keys, the last one
+///     partial, each scored by the largest of its keys' scores (NaN absent, a block of NaN
+///     -inf; real arithmetic, as the keys are); the row then holds the ``topk`` best block ids
+///     (ties to the lower block), ``force_first`` / ``force_last`` count blocks, and
+///     ``scores_out`` receives the blocks' float32 scores. Default 1: no pool. Not with
+///     ``num_segments``.
 /// out : ndarray of int32, [n_queries, topk], optional
 ///     Written and returned: C-contiguous, writeable, aligned, native byte order, not
 ///     overlapping any input (else refused, nothing written).
@@ -72,7 +95,8 @@ use super::call::{queries, ratio, run_topk, segments, Call};
 /// SelectionError
 ///     (a ValueError; ``.argument`` names the argument) on a shape that does not fit the others,
 ///     ``d = 0``, more than ``2**31 - 1`` keys, a negative ``query_pos``, ``topk`` or
-///     ``num_segments`` out of range, ``compress_ratio < 1``, a format that does not match the
+///     ``num_segments`` out of range, ``compress_ratio < 1``, an unknown ``activation`` or
+///     ``row_layout``, forced entries past the budget, a format that does not match the
 ///     dtype, a GPU DLPack tensor (move it with ``.cpu()``), or an output that cannot be written
 ///     or overlaps an input. Nothing is written.
 /// TypeError
@@ -81,9 +105,11 @@ use super::call::{queries, ratio, run_topk, segments, Call};
 #[pyfunction]
 #[pyo3(
     signature = (index_q, weights, index_k, query_pos, topk, *, key_scale=None, key_format=None,
-                 query_format=None, num_segments=None, compress_ratio=None, out=None, scores_out=None),
+                 query_format=None, num_segments=None, compress_ratio=None, activation=None, force_first=None,
+                 force_last=None, row_layout=None, score_pool=None, out=None, scores_out=None),
     text_signature = "(index_q, weights, index_k, query_pos, topk, *, key_scale=None, \
-                      key_format=None, query_format=None, num_segments=0, compress_ratio=1, out=None, \
+                      key_format=None, query_format=None, num_segments=0, compress_ratio=1, \
+                      activation='relu', force_first=0, force_last=0, row_layout='rank', score_pool=1, out=None, \
                       scores_out=None)"
 )]
 pub(super) fn indexer_topk<'py>(
@@ -98,6 +124,11 @@ pub(super) fn indexer_topk<'py>(
     query_format: Option<Named<QueryFormat>>,
     num_segments: Opt<'_, 'py>,
     compress_ratio: Opt<'_, 'py>,
+    activation: Option<Named<Activation>>,
+    force_first: Opt<'_, 'py>,
+    force_last: Opt<'_, 'py>,
+    row_layout: Option<Named<RowLayout>>,
+    score_pool: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
@@ -112,9 +143,10 @@ pub(super) fn indexer_topk<'py>(
         ),
     )?;
     call.ratio = ratio(compress_ratio)?;
+    let opts = family((activation, force_first, force_last, row_layout, score_pool))?;
     let (shape, topk, segs) = (call.shape, call.topk, call.segs);
     call.run(py, (out, scores_out), |inputs, o, s| {
-        indexer::indexer_topk_into(&shape, inputs, topk, segs, o, s)
+        indexer::indexer_topk_with_into(&shape, inputs, topk, segs, &opts, o, s)
     })
 }
 
@@ -139,6 +171,8 @@ pub(super) fn indexer_topk<'py>(
 ///     Each query's position within its sequence; one integer for one query.
 /// topk, key_scale, key_format, query_format, num_segments, compress_ratio : optional
 ///     As :func:`indexer_topk` takes them.
+/// activation, force_first, force_last, row_layout, score_pool : optional
+///     As :func:`indexer_topk` takes them.
 /// out, scores_out : ndarray, [n_queries, topk], optional
 ///     As :func:`indexer_topk` takes them.
 ///
@@ -158,11 +192,13 @@ pub(super) fn indexer_topk<'py>(
 #[pyfunction]
 #[pyo3(
     signature = (index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, topk, *, key_scale=None,
-                 key_format=None, query_format=None, num_segments=None, compress_ratio=None, out=None,
+                 key_format=None, query_format=None, num_segments=None, compress_ratio=None,
+                 activation=None, force_first=None, force_last=None, row_layout=None, score_pool=None, out=None,
                  scores_out=None),
     text_signature = "(index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, topk, *, \
                       key_scale=None, key_format=None, query_format=None, num_segments=0, \
-                      compress_ratio=1, out=None, scores_out=None)"
+                      compress_ratio=1, activation='relu', force_first=0, force_last=0, \
+                      row_layout='rank', score_pool=1, out=None, scores_out=None)"
 )]
 pub(super) fn indexer_topk_packed<'py>(
     py: Python<'py>,
@@ -178,6 +214,11 @@ pub(super) fn indexer_topk_packed<'py>(
     query_format: Option<Named<QueryFormat>>,
     num_segments: Opt<'_, 'py>,
     compress_ratio: Opt<'_, 'py>,
+    activation: Option<Named<Activation>>,
+    force_first: Opt<'_, 'py>,
+    force_last: Opt<'_, 'py>,
+    row_layout: Option<Named<RowLayout>>,
+    score_pool: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
@@ -197,9 +238,10 @@ pub(super) fn indexer_topk_packed<'py>(
         positions(S, cu_seqlens, "cu_seqlens")?,
         positions_along(S, seq_ids, "seq_ids", ("n_queries", call.shape.n_queries))?,
     );
+    let opts = family((activation, force_first, force_last, row_layout, score_pool))?;
     let (shape, topk, segs) = (call.shape, call.topk, call.segs);
     call.run(py, (out, scores_out), |inputs, o, s| {
-        indexer::indexer_topk_packed_into(&shape, inputs, &cu, &sid, topk, segs, o, s)
+        indexer::indexer_topk_packed_with_into(&shape, inputs, &cu, &sid, topk, segs, &opts, o, s)
     })
 }
 
@@ -234,6 +276,8 @@ pub(super) fn indexer_topk_packed<'py>(
 ///     Each query's position within its sequence; one integer for one query.
 /// topk, key_format, query_format, num_segments, compress_ratio : optional
 ///     As :func:`indexer_topk` takes them.
+/// activation, force_first, force_last, row_layout, score_pool : optional
+///     As :func:`indexer_topk` takes them.
 /// page_layout : str, optional
 ///     "dense" (default) or "fp8_scaled".
 /// out, scores_out : ndarray, [n_queries, topk], optional
@@ -257,10 +301,12 @@ pub(super) fn indexer_topk_packed<'py>(
 #[pyo3(
     signature = (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *,
                  page_layout=Named::known(PageLayoutName::Dense), key_format=None, query_format=None, num_segments=None,
-                 compress_ratio=None, out=None, scores_out=None, **renamed),
+                 compress_ratio=None, activation=None, force_first=None, force_last=None, row_layout=None,
+                 score_pool=None, out=None, scores_out=None, **renamed),
     text_signature = "(index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *, \
                       page_layout='dense', key_format=None, query_format=None, num_segments=0, \
-                      compress_ratio=1, out=None, scores_out=None)"
+                      compress_ratio=1, activation='relu', force_first=0, force_last=0, \
+                      row_layout='rank', score_pool=1, out=None, scores_out=None)"
 )]
 pub(super) fn indexer_topk_paged<'py>(
     py: Python<'py>,
@@ -277,6 +323,11 @@ pub(super) fn indexer_topk_paged<'py>(
     query_format: Option<Named<QueryFormat>>,
     num_segments: Opt<'_, 'py>,
     compress_ratio: Opt<'_, 'py>,
+    activation: Option<Named<Activation>>,
+    force_first: Opt<'_, 'py>,
+    force_last: Opt<'_, 'py>,
+    row_layout: Option<Named<RowLayout>>,
+    score_pool: Opt<'_, 'py>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
     renamed: Option<&Bound<'py, PyDict>>,
@@ -295,6 +346,7 @@ pub(super) fn indexer_topk_paged<'py>(
     let topk = S.count(topk, "topk", i32::MAX as u64)?;
     let segs = segments(num_segments)?;
     let compress_ratio = ratio(compress_ratio)?;
+    let opts = family((activation, force_first, force_last, row_layout, score_pool))?;
     let inputs = PagedInputs {
         q: q.encoded()?,
         weights: w.slice()?,
@@ -306,7 +358,8 @@ pub(super) fn indexer_topk_paged<'py>(
     };
     let raw = ndarrays(&[seq_lens, seq_ids, query_pos]);
     let arrays = [
-        &[q.untyped(), w.untyped()][..],
+        &[q.untyped()][..],
+        &w.untyped().into_iter().collect::<Vec<_>>(),
         &paged.untyped(),
         &raw.iter().collect::<Vec<_>>(),
     ]
@@ -317,6 +370,6 @@ pub(super) fn indexer_topk_paged<'py>(
         [n, topk],
         (out, scores_out),
         paged.work(n, h),
-        |o, s| indexer::indexer_topk_paged_into(n, h, &inputs, topk, segs, o, s),
+        |o, s| indexer::indexer_topk_paged_with_into(n, h, &inputs, topk, segs, &opts, o, s),
     )
 }

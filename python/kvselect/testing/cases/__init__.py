@@ -94,6 +94,12 @@ from kvselect.testing.cases.blocks import (
     block_ties,
     witness_rows,
 )
+from kvselect.testing.cases.family import (
+    all_family_cases,
+    forced_entry_counted_twice,
+    forced_entry_dropped,
+    pool_last_partial_block,
+)
 from kvselect.testing.cases.infllm import (
     all_infllm_cases,
     infllm_current_not_forced,
@@ -132,6 +138,10 @@ __all__ = [
     "Case",
     "pytest_params",
     "all_topk_cases",
+    "all_family_cases",
+    "forced_entry_dropped",
+    "forced_entry_counted_twice",
+    "pool_last_partial_block",
     "all_block_cases",
     "all_quest_cases",
     "all_infllm_cases",
