@@ -1,0 +1,242 @@
+//! One head's estimate: the last queries' scores, their softmax, the
+//! column and diagonal sums, and the top columns and diagonals — in one
+//! buffer of at most `64 · L` floats (see the module docs, "Memory").
+
+use super::kernels::{self, lanes_total, TILE};
+use super::Variant;
+use crate::error::ArgumentError;
+use crate::keys::Encoded;
+use crate::simd::Isa;
+
+/// One head's inputs: its last queries `q` `[n, d]` (float32) and its KV
+/// head `g` of the keys `[L, n_kv_heads, d]`, read in place.
+#[derive(Clone, Copy)]
+pub(super) struct Head<'a> {
+    pub q: &'a [f32],
+    pub keys: Encoded<'a>,
+    pub key_scale: Option<&'a [f32]>,
+    pub g: usize,
+    pub n_kv_heads: usize,
+    pub d: usize,
+    pub seq_len: usize,
+    pub variant: Variant,
+}
+
+/// The triangle of causal scores: row `i` (query `base + i`) holds
+/// columns `0 ..= base + i`, rows back to back.
+#[derive(Clone, Copy)]
+pub(super) struct Tri {
+    pub n: usize,
+    pub base: usize,
+}
+
+impl Tri {
+    pub fn new(seq_len: usize) -> Tri {
+        let n = super::last_queries(seq_len);
+        Tri {
+            n,
+            base: seq_len - n,
+        }
+    }
+    pub fn len(&self, i: usize) -> usize {
+        self.base + i + 1
+    }
+    pub fn off(&self, i: usize) -> usize {
+        i * (self.base + 1) + i * i.saturating_sub(1) / 2
+    }
+    /// Floats the triangle takes: `n · L − n(n − 1)/2`.
+    pub fn total(&self) -> usize {
+        self.off(self.n)
+    }
+}
+
+/// A column tile of the sums (see `sums`).
+const SUM_TILE: usize = 64;
+
+/// Where the finished sums are, in the buffer `sums` leaves: the vertical
+/// sum of column `c < L − 1` at `buf[vert + c]`, of column `L − 1` in
+/// `v_last`; the diagonal sum of offset `o` at `buf[slash + L − 1 − o]`.
+pub(super) struct Sums {
+    pub vert: usize,
+    pub slash: usize,
+    pub v_last: f32,
+}
+
+impl Sums {
+    pub fn vertical(&self, buf: &[f32], seq_len: usize, c: usize) -> f32 {
+        if c + 1 == seq_len {
+            self.v_last
+        } else {
+            buf[self.vert + c]
+        }
+    }
+    pub fn slash(&self, buf: &[f32], seq_len: usize, o: usize) -> f32 {
+        buf[self.slash + seq_len - 1 - o]
+    }
+}
+
+/// The scores of `h` into `buf` (resized to the triangle), their softmax
+/// and sums, in place. Refuses a score that is not finite (naming `keys`:
+/// the queries were checked before).
+pub(super) fn sums(isa: Isa, h: Head<'_>, buf: &mut Vec<f32>) -> Result<Sums, ArgumentError> {
+    let (l, d) = (h.seq_len, h.d);
+    let tri = Tri::new(l);
+    let n = tri.n;
+    debug_assert!(n >= 2);
+    buf.clear();
+    buf.resize(tri.total(), 0.0);
+    let c = h.variant.scale(d);
+
+    // 1. Scores, an 8 × 8 tile at a time: eight keys decoded into a panel
+    //    (element k of key j at k · 8 + j), every row that sees them.
+    let zero = vec![0.0f32; d];
+    let mut panel = vec![0.0f32; d * TILE];
+    let mut key = vec![0.0f32; d];
+    let mut row_max = [f32::NEG_INFINITY; 64];
+    let mut finite = true;
+    let mut out = [[0.0f32; TILE]; TILE];
+    for c0 in (0..l).step_by(TILE) {
+        let cw = (l - c0).min(TILE);
+        for j in 0..TILE {
+            if j < cw {
+                let t = c0 + j;
+                h.keys
+                    .decode_at(isa, (t * h.n_kv_heads + h.g) * d, &mut key);
+                if let Some(s) = h.key_scale {
+                    key.iter_mut().for_each(|x| *x *= s[t]);
+                }
+                for k in 0..d {
+                    panel[k * TILE + j] = key[k];
+                }
+            } else {
+                for k in 0..d {
+                    panel[k * TILE + j] = 0.0;
+                }
+            }
+        }
+        let first = c0.saturating_sub(tri.base) / TILE * TILE;
+        for r0 in (first..n).step_by(TILE) {
+            let rows: [&[f32]; TILE] = std::array::from_fn(|r| {
+                if r0 + r < n {
+                    &h.q[(r0 + r) * d..(r0 + r + 1) * d]
+                } else {
+                    &zero[..]
+                }
+            });
+            kernels::tile(isa, &rows, &panel, d, c, &mut out);
+            for (r, o) in out.iter().enumerate() {
+                let i = r0 + r;
+                if i >= n {
+                    break;
+                }
+                let valid = tri.len(i).saturating_sub(c0).min(cw);
+                let dst = &mut buf[tri.off(i) + c0..tri.off(i) + c0 + valid];
+                dst.copy_from_slice(&o[..valid]);
+                for &x in dst.iter() {
+                    finite &= x.is_finite();
+                    row_max[i] = row_max[i].max(x);
+                }
+            }
+        }
+    }
+    if !finite {
+        return Err(ArgumentError::Invalid {
+            argument: "keys",
+            message: "a score q·k (scaled) is not finite: NaN or infinite keys or key_scale, \
+                      or a product past float32's range"
+                .into(),
+        });
+    }
+
+    // 2. Each row's exp(s − max) in place, and its sum in eight lanes.
+    let mut w = [0.0f32; 64];
+    let mut tmp = [0.0f32; 512];
+    for i in 0..n {
+        let row = &mut buf[tri.off(i)..tri.off(i) + tri.len(i)];
+        let mut lanes = [0.0f32; 8];
+        for chunk in row.chunks_mut(tmp.len()) {
+            let t = &mut tmp[..chunk.len()];
+            t.copy_from_slice(chunk);
+            crate::exp::exp_shifted(isa, t, row_max[i], chunk);
+            kernels::lane_sums(isa, chunk, &mut lanes);
+        }
+        w[i] = 1.0 / lanes_total(&lanes);
+    }
+
+    // 3. The sums, a column tile at a time over every row: p = e · w into
+    //    the column's sum and into the sum of its diagonal (offset
+    //    base + i − c, kept by t = L − 1 − offset = c + n − 1 − i). A
+    //    tile's columns and the diagonals t below its end are then
+    //    complete, and are written over scores already read: column c's
+    //    sum over row n − 2's slot c, diagonal t's over row n − 1's slot t.
+    let (vert_at, slash_at) = (tri.off(n - 2), tri.off(n - 1));
+    let mut vert = [0.0f32; SUM_TILE];
+    let mut win = [0.0f32; SUM_TILE + 63];
+    let mut v_last = 0.0f32;
+    for c0 in (0..l).step_by(SUM_TILE) {
+        let cw = (l - c0).min(SUM_TILE);
+        vert.fill(0.0);
+        for i in 0..n {
+            let len = tri.len(i);
+            if len <= c0 {
+                continue;
+            }
+            let m = (len - c0).min(cw);
+            let shift = n - 1 - i;
+            let start = tri.off(i) + c0;
+            kernels::accumulate(
+                isa,
+                &buf[start..start + m],
+                w[i],
+                &mut vert[..m],
+                &mut win[shift..shift + m],
+            );
+        }
+        for j in 0..cw {
+            let col = c0 + j;
+            if col + 1 == l {
+                v_last = vert[j];
+            } else {
+                buf[vert_at + col] = vert[j];
+            }
+            buf[slash_at + col] = win[j];
+        }
+        win.copy_within(cw.., 0);
+        let keep = win.len() - cw;
+        win[keep..].fill(0.0);
+    }
+    Ok(Sums {
+        vert: vert_at,
+        slash: slash_at,
+        v_last,
+    })
+}
+
+/// The `k` best of `count` candidates by `score` (descending, ties to the
+/// lower id), written ascending into `out` (`k` slots). `scratch` holds at
+/// least `count` ids.
+pub(super) fn top(
+    count: usize,
+    k: usize,
+    score: impl Fn(usize) -> f32,
+    scratch: &mut [u32],
+    out: &mut [i32],
+) {
+    let ids = &mut scratch[..count];
+    for (i, x) in ids.iter_mut().enumerate() {
+        *x = i as u32;
+    }
+    let order = |a: &u32, b: &u32| {
+        score(*b as usize)
+            .total_cmp(&score(*a as usize))
+            .then(a.cmp(b))
+    };
+    if k < count {
+        ids.select_nth_unstable_by(k, order);
+    }
+    let best = &mut ids[..k];
+    best.sort_unstable();
+    for (o, &i) in out.iter_mut().zip(best.iter()) {
+        *o = i as i32;
+    }
+}
