@@ -618,6 +618,7 @@ mod tests {
         ("quest.page_bounds", crate::quest::dispatch_probe),
         ("quest.scores", crate::quest::dispatch_probe),
         ("vslash.scores", crate::vslash::dispatch_probe),
+        ("vslash.transpose", crate::vslash::dispatch_probe),
         ("vslash.sums", crate::vslash::dispatch_probe),
         ("vslash.lane_sums", crate::vslash::dispatch_probe),
     ];
@@ -633,6 +634,7 @@ mod tests {
         ("quest.page_bounds", Level::Avx512, Level::Avx2),
         ("quest.scores", Level::Avx512, Level::Avx2),
         ("vslash.scores", Level::Avx512, Level::Avx2),
+        ("vslash.transpose", Level::Avx512, Level::Avx2),
         ("vslash.sums", Level::Avx512, Level::Avx2),
         ("vslash.lane_sums", Level::Avx512, Level::Avx2),
     ];

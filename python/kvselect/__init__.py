@@ -43,6 +43,10 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   bfloat16 / fp8 caches and updated per decode step, the score bound they put
   on a query, and the pages it reads (Quest's kernels, its evaluation script,
   SGLang's variant);
+- MInference's vertical-slash estimate (:func:`vslash_select`,
+  :func:`vslash_scores`, :func:`vslash_rows`, :func:`vslash_layout`): the key
+  columns and diagonals a prefill reads, from the last queries' causal softmax,
+  each query's positions, and the per-block layout the engines' kernels take;
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -109,6 +113,10 @@ from kvselect._core import (
     slots_used_rows,
     sparse_attention,
     topology_witness_indices,
+    vslash_layout,
+    vslash_rows,
+    vslash_scores,
+    vslash_select,
     visible_entries,
     window_positions,
 )
@@ -197,6 +205,10 @@ __all__ = [
     "slots_used_rows",
     "sparse_attention",
     "topology_witness_indices",
+    "vslash_layout",
+    "vslash_rows",
+    "vslash_scores",
+    "vslash_select",
 ]
 
 # The pure-Python submodules, imported on first use (PEP 562): ``import

@@ -50,6 +50,7 @@ mod errors;
 mod indexer;
 mod quest;
 mod runtime;
+mod vslash;
 mod witness;
 
 use pyo3::prelude::*;
@@ -69,6 +70,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dlpack::register(m)?;
     compressed::register(m)?;
     quest::register(m)?;
+    vslash::register(m)?;
     runtime::register(m)?;
     Ok(())
 }

@@ -50,8 +50,11 @@ impl Tri {
     }
 }
 
+/// Elements of a key decoded at a time (non-float32 keys, scaled keys).
+const DECODE: usize = 64;
+
 /// A column tile of the sums (see `sums`).
-const SUM_TILE: usize = 64;
+const SUM_TILE: usize = 256;
 
 /// Where the finished sums are, in the buffer `sums` leaves: the vertical
 /// sum of column `c < L − 1` at `buf[vert + c]`, of column `L − 1` in
@@ -83,59 +86,77 @@ pub(super) fn sums(isa: Isa, h: Head<'_>, buf: &mut Vec<f32>) -> Result<Sums, Ar
     let tri = Tri::new(l);
     let n = tri.n;
     debug_assert!(n >= 2);
-    buf.clear();
-    buf.resize(tri.total(), 0.0);
+    if buf.len() != tri.total() {
+        // Zeroed by the allocator (fresh pages), not by a pass of ours:
+        // every slot is written before it is read.
+        *buf = vec![0.0; tri.total()];
+    }
     let c = h.variant.scale(d);
 
-    // 1. Scores, an 8 × 8 tile at a time: eight keys decoded into a panel
-    //    (element k of key j at k · 8 + j), every row that sees them.
-    let zero = vec![0.0f32; d];
+    // 1. Scores, an 8 × 8 tile at a time: eight keys interleaved into a
+    //    panel (element k of key j at k · 8 + j; float32 keys straight from
+    //    the input, others decoded 64 elements at a time), then every row
+    //    that sees them. A row past the last (n < 64 and not a multiple of
+    //    8) repeats the last row; its scores are not kept.
     let mut panel = vec![0.0f32; d * TILE];
-    let mut key = vec![0.0f32; d];
+    let mut dec = [0.0f32; TILE * DECODE];
     let mut row_max = [f32::NEG_INFINITY; 64];
     let mut finite = true;
-    let mut out = [[0.0f32; TILE]; TILE];
     for c0 in (0..l).step_by(TILE) {
         let cw = (l - c0).min(TILE);
-        for j in 0..TILE {
-            if j < cw {
-                let t = c0 + j;
-                h.keys
-                    .decode_at(isa, (t * h.n_kv_heads + h.g) * d, &mut key);
-                if let Some(s) = h.key_scale {
-                    key.iter_mut().for_each(|x| *x *= s[t]);
-                }
-                for k in 0..d {
-                    panel[k * TILE + j] = key[k];
-                }
-            } else {
-                for k in 0..d {
-                    panel[k * TILE + j] = 0.0;
+        // A tile past the end repeats the last key (its scores unused).
+        let at = |j: usize| ((c0 + j.min(cw - 1)) * h.n_kv_heads + h.g) * d;
+        match (h.keys, h.key_scale) {
+            (Encoded::F32(k), None) => {
+                let rows: [&[f32]; TILE] = std::array::from_fn(|j| &k[at(j)..at(j) + d]);
+                kernels::transpose(isa, &rows, &mut panel);
+            }
+            (keys, scale) => {
+                for k0 in (0..d).step_by(DECODE) {
+                    let kc = (d - k0).min(DECODE);
+                    for j in 0..TILE {
+                        let dst = &mut dec[j * DECODE..j * DECODE + kc];
+                        keys.decode_at(isa, at(j) + k0, dst);
+                        if let Some(s) = scale {
+                            let sj = s[c0 + j.min(cw - 1)];
+                            dst.iter_mut().for_each(|x| *x *= sj);
+                        }
+                    }
+                    let rows: [&[f32]; TILE] =
+                        std::array::from_fn(|j| &dec[j * DECODE..j * DECODE + kc]);
+                    kernels::transpose(isa, &rows, &mut panel[k0 * TILE..]);
                 }
             }
         }
         let first = c0.saturating_sub(tri.base) / TILE * TILE;
         for r0 in (first..n).step_by(TILE) {
             let rows: [&[f32]; TILE] = std::array::from_fn(|r| {
+                let i = (r0 + r).min(n - 1);
+                &h.q[i * d..(i + 1) * d]
+            });
+            let valid: [usize; TILE] = std::array::from_fn(|r| {
                 if r0 + r < n {
-                    &h.q[(r0 + r) * d..(r0 + r + 1) * d]
+                    tri.len(r0 + r).saturating_sub(c0).min(cw)
                 } else {
-                    &zero[..]
+                    0
                 }
             });
-            kernels::tile(isa, &rows, &panel, d, c, &mut out);
-            for (r, o) in out.iter().enumerate() {
-                let i = r0 + r;
-                if i >= n {
-                    break;
-                }
-                let valid = tri.len(i).saturating_sub(c0).min(cw);
-                let dst = &mut buf[tri.off(i) + c0..tri.off(i) + c0 + valid];
-                dst.copy_from_slice(&o[..valid]);
-                for &x in dst.iter() {
-                    finite &= x.is_finite();
-                    row_max[i] = row_max[i].max(x);
-                }
+            let at: [usize; TILE] = std::array::from_fn(|r| tri.off((r0 + r).min(n - 1)) + c0);
+            let mut m: [f32; TILE] = std::array::from_fn(|r| row_max[(r0 + r).min(63)]);
+            kernels::tile(
+                isa,
+                &rows,
+                &panel,
+                d,
+                c,
+                &valid,
+                buf,
+                &at,
+                &mut m,
+                &mut finite,
+            );
+            for (r, &mr) in m.iter().enumerate().take(n.saturating_sub(r0)) {
+                row_max[r0 + r] = mr;
             }
         }
     }
@@ -176,7 +197,7 @@ pub(super) fn sums(isa: Isa, h: Head<'_>, buf: &mut Vec<f32>) -> Result<Sums, Ar
     for c0 in (0..l).step_by(SUM_TILE) {
         let cw = (l - c0).min(SUM_TILE);
         vert.fill(0.0);
-        for i in 0..n {
+        for (i, &wi) in w.iter().enumerate().take(n) {
             let len = tri.len(i);
             if len <= c0 {
                 continue;
@@ -187,7 +208,7 @@ pub(super) fn sums(isa: Isa, h: Head<'_>, buf: &mut Vec<f32>) -> Result<Sums, Ar
             kernels::accumulate(
                 isa,
                 &buf[start..start + m],
-                w[i],
+                wi,
                 &mut vert[..m],
                 &mut win[shift..shift + m],
             );

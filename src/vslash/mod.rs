@@ -61,9 +61,9 @@
 //! from `+0`, times `fl(1/√d)` (the search variant: times 1); `e = exp(s −
 //! max)` with the project's `exp` (`crate::exp`, its bound in
 //! `docs/kernels.md`, [`crate::exp::EXP_REL_ERR`]; the subtraction rounded
-//! to float32); a row's sum `Z` in eight lanes (lane `l` the columns `l, l
-//! + 8, …` in order, the lanes added `((l0 + l4) + (l2 + l6)) + ((l1 + l5)
-//! + (l3 + l7))`); `w = fl(1/Z)`; each probability `fl(e · w)`; each column
+//! to float32); a row's sum `Z` in eight lanes (lane `l` the columns
+//! `l, l + 8, …` in order, the lanes added
+//! `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`); `w = fl(1/Z)`; each probability `fl(e · w)`; each column
 //! and diagonal sum adding its rows in ascending order. Keys are decoded
 //! exactly (float32, float16, bfloat16, fp8 e4m3fn); an fp8 key with a
 //! per-key scale is `fl(k · scale)`. The source's own precision is lower:
@@ -477,9 +477,26 @@ fn single_score(isa: Isa, h: Head<'_>) -> Result<(), ArgumentError> {
         panel[k * kernels::TILE] = key[k];
     }
     let rows = [h.q; kernels::TILE];
-    let mut out = [[0.0f32; kernels::TILE]; kernels::TILE];
-    kernels::tile(isa, &rows, &panel, d, h.variant.scale(d), &mut out);
-    if !out[0][0].is_finite() {
+    let mut out = [0.0f32; 1];
+    let mut valid = [0; kernels::TILE];
+    valid[0] = 1;
+    let (mut m, mut finite) = ([f32::NEG_INFINITY; kernels::TILE], true);
+    let c = h.variant.scale(d);
+    let at = [0; kernels::TILE];
+    let (dst, vm) = (&mut out[..], (&valid, &at));
+    kernels::tile(
+        isa,
+        &rows,
+        &panel,
+        d,
+        c,
+        vm.0,
+        dst,
+        vm.1,
+        &mut m,
+        &mut finite,
+    );
+    if !finite {
         return Err(ArgumentError::Invalid {
             argument: "keys",
             message: "a score q·k (scaled) is not finite: NaN or infinite keys or key_scale, \

@@ -149,7 +149,8 @@ fn every_level_gives_the_same_bits() {
         ];
         for (keys, ks) in keysets {
             let (nv, ns) = sizes(l, 40, 60);
-            let mut want: Option<(Vec<f32>, Vec<f32>, Vec<i32>, Vec<i32>)> = None;
+            type Got = (Vec<f32>, Vec<f32>, Vec<i32>, Vec<i32>);
+            let mut want: Option<Got> = None;
             for isa in isas_for_test() {
                 let (mut v, mut s) = (vec![0.0f32; hn * l], vec![0.0f32; hn * l]);
                 scores_at(

@@ -63,6 +63,7 @@ pub(super) use self::formats::{element_name, format_of, is_native_order, Encoded
 pub(super) use self::objects::{numpy, Obj, Opt, F64, I32};
 pub(super) use self::options::{
     AsFormatArg, FormatArg, KeyFormat, Named, PageLayoutName, QueryFormat, QuestVariantName,
+    VslashVariantName,
 };
 pub(super) use self::out::{detach, Out};
 pub(super) use self::renamed::refuse_extra_keywords;

@@ -7,6 +7,7 @@ use std::arch::x86_64::*;
 /// [`portable::tile`] with AVX2: a register a row, eight keys in its lanes;
 /// each lane runs the portable chain (`fma` over `k` ascending from `+0`,
 /// then the product with `c`), so the bits are the portable ones.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn tile(
     _t: Avx2,
@@ -14,9 +15,14 @@ pub(super) fn tile(
     panel: &[f32],
     d: usize,
     c: f32,
-    out: &mut [[f32; TILE]; TILE],
+    valid: &[usize; TILE],
+    dst: &mut [f32],
+    at: &[usize; TILE],
+    row_max: &mut [f32; TILE],
+    finite: &mut bool,
 ) {
     assert!(panel.len() >= d * TILE && rows.iter().all(|r| r.len() >= d));
+    assert!((0..TILE).all(|r| valid[r] <= TILE && at[r] + valid[r] <= dst.len()));
     let mut acc = [_mm256_setzero_ps(); TILE];
     let p = panel.as_ptr();
     let q: [*const f32; TILE] = std::array::from_fn(|r| rows[r].as_ptr());
@@ -32,10 +38,89 @@ pub(super) fn tile(
         }
     }
     let cv = _mm256_set1_ps(c);
+    let zero = _mm256_setzero_ps();
+    let mut bad = _mm256_setzero_ps();
     for r in 0..TILE {
-        // SAFETY: out[r] is 8 floats.
-        unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), _mm256_mul_ps(acc[r], cv)) };
+        let s = _mm256_mul_ps(acc[r], cv);
+        if valid[r] == TILE {
+            // SAFETY: at[r] + 8 <= dst.len() (asserted above).
+            unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(at[r]), s) };
+            // x − x is NaN exactly when x is not finite.
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_NEQ_UQ>(_mm256_sub_ps(s, s), zero));
+            // Lane maxima, then across lanes: exact in any order.
+            let m = _mm256_max_ps(s, _mm256_permute2f128_ps::<1>(s, s));
+            let m = _mm256_max_ps(m, _mm256_permute_ps::<0b01_00_11_10>(m));
+            let m = _mm256_max_ps(m, _mm256_permute_ps::<0b10_11_00_01>(m));
+            let m = _mm256_cvtss_f32(m);
+            if m > row_max[r] {
+                row_max[r] = m;
+            }
+        } else {
+            let mut o = [0.0f32; TILE];
+            // SAFETY: o is 8 floats.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), s) };
+            let out = &mut dst[at[r]..at[r] + valid[r]];
+            out.copy_from_slice(&o[..valid[r]]);
+            for &x in out.iter() {
+                *finite &= x.is_finite();
+                if x > row_max[r] {
+                    row_max[r] = x;
+                }
+            }
+        }
     }
+    if _mm256_movemask_ps(bad) != 0 {
+        *finite = false;
+    }
+}
+
+/// [`portable::transpose`] with AVX2: 8 × 8 blocks transposed in registers,
+/// the rest portable (moves only: the same values).
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn transpose(_t: Avx2, rows: &[&[f32]; TILE], panel: &mut [f32]) {
+    let kc = rows[0].len();
+    assert!(rows.iter().all(|r| r.len() == kc) && panel.len() >= kc * TILE);
+    let full = kc / 8 * 8;
+    let mut k = 0;
+    while k < full {
+        // SAFETY: k + 8 <= kc, every row's length (asserted); the panel
+        // holds kc · 8 floats and rows k .. k + 8 of it are written.
+        unsafe {
+            let r: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(rows[j].as_ptr().add(k)));
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let u0 = _mm256_shuffle_ps::<0b01_00_01_00>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0b11_10_11_10>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0b01_00_01_00>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0b11_10_11_10>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0b01_00_01_00>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0b11_10_11_10>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0b01_00_01_00>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0b11_10_11_10>(t5, t7);
+            let out = [
+                _mm256_permute2f128_ps::<0x20>(u0, u4),
+                _mm256_permute2f128_ps::<0x20>(u1, u5),
+                _mm256_permute2f128_ps::<0x20>(u2, u6),
+                _mm256_permute2f128_ps::<0x20>(u3, u7),
+                _mm256_permute2f128_ps::<0x31>(u0, u4),
+                _mm256_permute2f128_ps::<0x31>(u1, u5),
+                _mm256_permute2f128_ps::<0x31>(u2, u6),
+                _mm256_permute2f128_ps::<0x31>(u3, u7),
+            ];
+            for (i, v) in out.iter().enumerate() {
+                _mm256_storeu_ps(panel.as_mut_ptr().add((k + i) * TILE), *v);
+            }
+        }
+        k += 8;
+    }
+    let tail: [&[f32]; TILE] = std::array::from_fn(|j| &rows[j][full..]);
+    portable::transpose(&tail, &mut panel[full * TILE..]);
 }
 
 /// [`portable::accumulate`] compiled for AVX2 (the same operations in the

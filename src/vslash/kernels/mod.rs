@@ -1,10 +1,12 @@
 //! The vertical-slash estimate's kernel families, dispatched once each:
-//! `vslash.scores` (an `8 × 8` tile of scaled dot products) and
-//! `vslash.sums` (a row's probabilities into the column and diagonal sums,
-//! and a row's lane sums). The portable kernels define the arithmetic; the
-//! AVX2 ones repeat it lane by lane, so every level gives the same bits
-//! (the tests compare them). The AVX-512 level runs the AVX2 kernels: no
-//! AVX-512 machine was at hand to test one on.
+//! `vslash.scores` (an `8 × 8` tile of scaled dot products, with the rows'
+//! maxima), `vslash.transpose` (eight keys interleaved into a panel),
+//! `vslash.sums` (a row's probabilities into the column and diagonal sums)
+//! and `vslash.lane_sums` (a row's sum in eight lanes). The portable
+//! kernels define the arithmetic; the AVX2 ones repeat it lane by lane, so
+//! every level gives the same bits (the tests compare them). The AVX-512
+//! level runs the AVX2 kernels: no AVX-512 machine was at hand to test one
+//! on.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -15,25 +17,49 @@ pub(crate) use portable::{lanes_total, TILE};
 use crate::simd::{dispatch, Isa};
 
 /// `out[r][j] = fl(dot(rows[r], key j) · c)`, key `j`'s element `k` at
-/// `panel[k * 8 + j]` (see [`portable::tile`]).
+/// `panel[k * 8 + j]`, row `r`'s first `valid[r]` scores written to
+/// `dst[at[r]..]` and taken into `row_max[r]` and `finite` (see
+/// [`portable::tile`]).
 ///
 /// # Panics
-/// When the panel holds fewer than `d · 8` floats or a row fewer than `d`
-/// (a caller's bug, never user input).
+/// When the panel holds fewer than `d · 8` floats, a row fewer than `d`, a
+/// count is past 8 or a row's slots past `dst` (a caller's bug, never user
+/// input).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn tile(
     isa: Isa,
     rows: &[&[f32]; TILE],
     panel: &[f32],
     d: usize,
     c: f32,
-    out: &mut [[f32; TILE]; TILE],
+    valid: &[usize; TILE],
+    dst: &mut [f32],
+    at: &[usize; TILE],
+    row_max: &mut [f32; TILE],
+    finite: &mut bool,
 ) {
     assert!(panel.len() >= d * TILE && rows.iter().all(|r| r.len() >= d));
+    assert!((0..TILE).all(|r| valid[r] <= TILE && at[r] + valid[r] <= dst.len()));
     dispatch!("vslash.scores", isa, {
         avx512 => avx2,
         // SAFETY (bounds): asserted above (and again in the kernel).
-        avx2(t) => avx2::tile(t, rows, panel, d, c, out),
-        scalar => portable::tile(rows, panel, d, c, out),
+        avx2(t) => avx2::tile(t, rows, panel, d, c, valid, dst, at, row_max, finite),
+        scalar => portable::tile(rows, panel, d, c, valid, dst, at, row_max, finite),
+    })
+}
+
+/// `panel[k * 8 + j] = rows[j][k]`: eight keys interleaved (moves only).
+///
+/// # Panics
+/// When the rows differ in length or the panel is short (a caller's bug).
+pub(crate) fn transpose(isa: Isa, rows: &[&[f32]; TILE], panel: &mut [f32]) {
+    let kc = rows[0].len();
+    assert!(rows.iter().all(|r| r.len() == kc) && panel.len() >= kc * TILE);
+    dispatch!("vslash.transpose", isa, {
+        avx512 => avx2,
+        // SAFETY (bounds): asserted above (and again in the kernel).
+        avx2(t) => avx2::transpose(t, rows, panel),
+        scalar => portable::transpose(rows, panel),
     })
 }
 
@@ -64,9 +90,30 @@ pub(crate) fn probe(isa: Isa) {
     let row = [1.0f32; 4];
     let rows = [&row[..]; TILE];
     let panel = [1.0f32; 4 * TILE];
-    let mut out = [[0.0f32; TILE]; TILE];
-    tile(isa, &rows, &panel, 4, 0.5, &mut out);
-    assert_eq!(out, [[2.0; TILE]; TILE]);
+    let mut out = [0.0f32; TILE * TILE];
+    let (mut m, mut finite) = ([f32::NEG_INFINITY; TILE], true);
+    let at = std::array::from_fn(|r| r * TILE);
+    let valid = [TILE; TILE];
+    tile(
+        isa,
+        &rows,
+        &panel,
+        4,
+        0.5,
+        &valid,
+        &mut out,
+        &at,
+        &mut m,
+        &mut finite,
+    );
+    assert_eq!((out, m, finite), ([2.0; TILE * TILE], [2.0; TILE], true));
+    let mut p = [0.0f32; 9 * TILE];
+    let keys: Vec<Vec<f32>> = (0..TILE)
+        .map(|j| (0..9).map(|k| (k * 10 + j) as f32).collect())
+        .collect();
+    let rows: [&[f32]; TILE] = std::array::from_fn(|j| &keys[j][..]);
+    transpose(isa, &rows, &mut p);
+    assert!((0..9 * TILE).all(|i| p[i] == ((i / TILE) * 10 + i % TILE) as f32));
     let (mut v, mut s) = ([0.0f32; 3], [0.0f32; 3]);
     accumulate(isa, &[1.0; 3], 0.5, &mut v, &mut s);
     assert_eq!((v, s), ([0.5; 3], [0.5; 3]));

@@ -5,13 +5,21 @@ pub(crate) const TILE: usize = 8;
 
 /// One `8 × 8` tile of scores: `out[r][j] = fl(dot(rows[r], key j) · c)`,
 /// the dot product a chain of fused multiply-adds over `k = 0 .. d` from
-/// `+0`, key `j`'s element `k` at `panel[k * 8 + j]`.
+/// `+0`, key `j`'s element `k` at `panel[k * 8 + j]`. Row `r`'s first
+/// `valid[r]` scores are written to `dst[at[r]..]` and raise `row_max[r]` (`max` is exact: the order
+/// does not matter, and a zero's sign does not change `x − max` but at `x =
+/// −0`, whose `exp` is 1 either way) and clear `finite` if one is not.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn tile(
     rows: &[&[f32]; TILE],
     panel: &[f32],
     d: usize,
     c: f32,
-    out: &mut [[f32; TILE]; TILE],
+    valid: &[usize; TILE],
+    dst: &mut [f32],
+    at: &[usize; TILE],
+    row_max: &mut [f32; TILE],
+    finite: &mut bool,
 ) {
     for (r, row) in rows.iter().enumerate() {
         let mut acc = [0.0f32; TILE];
@@ -22,8 +30,26 @@ pub(crate) fn tile(
                 acc[j] = q.mul_add(p[j], acc[j]);
             }
         }
-        for j in 0..TILE {
-            out[r][j] = acc[j] * c;
+        let out = &mut dst[at[r]..at[r] + valid[r]];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = a * c;
+        }
+        for &x in out.iter() {
+            *finite &= x.is_finite();
+            if x > row_max[r] {
+                row_max[r] = x;
+            }
+        }
+    }
+}
+
+/// `panel[k * 8 + j] = rows[j][k]` for `k < rows[j].len()` (every row the
+/// same length): eight keys' elements interleaved.
+pub(crate) fn transpose(rows: &[&[f32]; TILE], panel: &mut [f32]) {
+    let kc = rows[0].len();
+    for (j, row) in rows.iter().enumerate() {
+        for k in 0..kc {
+            panel[k * TILE + j] = row[k];
         }
     }
 }
