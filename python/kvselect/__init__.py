@@ -113,11 +113,11 @@ from kvselect._core import (
     slots_used_rows,
     sparse_attention,
     topology_witness_indices,
+    visible_entries,
     vslash_layout,
     vslash_rows,
     vslash_scores,
     vslash_select,
-    visible_entries,
     window_positions,
 )
 from kvselect._core import check_blocks as _native_check_blocks

@@ -18,6 +18,7 @@ ORDER = [
     "indexer",
     "compressed",
     "quest",
+    "vslash",
     "metrics",
     "check",
     "eviction",

@@ -39,6 +39,9 @@ lives, not a second API). Bottom up (each imports only modules above it):
   (``combine_topk_swa_indices``);
 - **quest**: Quest's page bounds (dense, packed, paged, the decode update),
   page scores and page sets (Quest's kernels, its evaluation script, SGLang's);
+- **vslash**: MInference's vertical-slash estimate (the last queries' column
+  and diagonal sums, their top-k, each query's positions, the engines'
+  per-block layout) and the bound on the core's float32 sums;
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error (uses witness, attn);
 - **eviction**: the KV-eviction baselines' kept positions at a boundary
@@ -145,6 +148,14 @@ from .sparse_attn import (
     conventions_of,
     sparse_attention_exact,
 )
+from .vslash import (
+    vslash_error_bounds,
+    vslash_layout,
+    vslash_rows,
+    vslash_scores,
+    vslash_select,
+    vslash_sizes,
+)
 from .witness import (
     MAX_TOPOLOGY_SEGMENTS,
     apply_topology_witnesses,
@@ -208,6 +219,13 @@ __all__ = [
     "quest_update",
     "quest_scores",
     "quest_select",
+    # vslash
+    "vslash_select",
+    "vslash_scores",
+    "vslash_error_bounds",
+    "vslash_sizes",
+    "vslash_rows",
+    "vslash_layout",
     # check
     "GlobalSlots",
     "check_topk",
