@@ -24,7 +24,7 @@ native.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -239,7 +239,8 @@ def vslash_layout(vertical: Any, slash: Any, seq_len: int) -> Tuple[np.ndarray, 
     for j in range(h):
         for m in range(nb):
             end = (m + 1) * B
-            blocks, cols = [], []
+            blocks: List[int] = []
+            cols: List[int] = []
             offs = [int(o) for o in s[j] if o < end]
             hi = max(end - offs[0], B)
             lo = hi - B

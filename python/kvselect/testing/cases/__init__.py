@@ -61,6 +61,10 @@ Sources of the engine facts:
   page bound's min / max and the sign of ``q_i``, the forced last page, the
   dense fallback, a page bounded over stale slots, fp8 keys' per-key scales
   (:func:`all_quest_cases`).
+- MInference's vertical-slash estimate (microsoft/MInference @fb56c917
+  ``minference_forward.py``): the causal mask among the last queries, the
+  diagonal offset's sign, the forced columns and diagonals, sequences shorter
+  than the 64 last queries, fp8 keys' per-key scales (:func:`all_vslash_cases`).
 - vLLM's DeepSeek-V4 ``combine_topk_swa_indices``
   (``vllm/v1/attention/ops/deepseek_v4_ops/cache_utils.py``): token ``pos``
   sees ``(pos + 1) // compress_ratio`` compressed entries
@@ -115,6 +119,14 @@ from kvselect.testing.cases.topk import (
     signed_zeros,
     ties_at_threshold,
 )
+from kvselect.testing.cases.vslash import (
+    all_vslash_cases,
+    vslash_causal_mask,
+    vslash_forced,
+    vslash_fp8_scales,
+    vslash_offset_sign,
+    vslash_short,
+)
 
 __all__ = [
     "Case",
@@ -122,6 +134,7 @@ __all__ = [
     "all_topk_cases",
     "all_block_cases",
     "all_quest_cases",
+    "all_vslash_cases",
     "all_witness_cases",
     "all_sparse_attention_cases",
     "tail_lengths",
@@ -150,6 +163,11 @@ __all__ = [
     "quest_stale_slots",
     "quest_ties",
     "quest_fp8_scales",
+    "vslash_causal_mask",
+    "vslash_offset_sign",
+    "vslash_forced",
+    "vslash_short",
+    "vslash_fp8_scales",
     "empty_rows",
     "masked_first_chunk",
     "repeated_entries",
