@@ -2,7 +2,7 @@
 //! column and diagonal sums, and the top columns and diagonals — in one
 //! buffer of at most `64 · L` floats (see the module docs, "Memory").
 
-use super::kernels::{self, lanes_total, TILE};
+use super::kernels::{self, lanes_total, COLS, ROWS, TILE};
 use super::Variant;
 use crate::error::ArgumentError;
 use crate::keys::Encoded;
@@ -93,56 +93,60 @@ pub(super) fn sums(isa: Isa, h: Head<'_>, buf: &mut Vec<f32>) -> Result<Sums, Ar
     }
     let c = h.variant.scale(d);
 
-    // 1. Scores, an 8 × 8 tile at a time: eight keys interleaved into a
-    //    panel (element k of key j at k · 8 + j; float32 keys straight from
+    // 1. Scores, a 4 × 16 tile at a time: sixteen keys interleaved into a
+    //    panel (element k of key j at k · 16 + j; float32 keys straight from
     //    the input, others decoded 64 elements at a time), then every row
-    //    that sees them. A row past the last (n < 64 and not a multiple of
-    //    8) repeats the last row; its scores are not kept.
-    let mut panel = vec![0.0f32; d * TILE];
+    //    that sees them. A row past the last (n not a multiple of 4) repeats
+    //    the last row; its scores are not kept.
+    let mut panel = vec![0.0f32; d * COLS];
     let mut dec = [0.0f32; TILE * DECODE];
     let mut row_max = [f32::NEG_INFINITY; 64];
     let mut finite = true;
-    for c0 in (0..l).step_by(TILE) {
-        let cw = (l - c0).min(TILE);
-        // A tile past the end repeats the last key (its scores unused).
-        let at = |j: usize| ((c0 + j.min(cw - 1)) * h.n_kv_heads + h.g) * d;
-        match (h.keys, h.key_scale) {
-            (Encoded::F32(k), None) => {
-                let rows: [&[f32]; TILE] = std::array::from_fn(|j| &k[at(j)..at(j) + d]);
-                kernels::transpose(isa, &rows, &mut panel);
-            }
-            (keys, scale) => {
-                for k0 in (0..d).step_by(DECODE) {
-                    let kc = (d - k0).min(DECODE);
-                    for j in 0..TILE {
-                        let dst = &mut dec[j * DECODE..j * DECODE + kc];
-                        keys.decode_at(isa, at(j) + k0, dst);
-                        if let Some(s) = scale {
-                            let sj = s[c0 + j.min(cw - 1)];
-                            dst.iter_mut().for_each(|x| *x *= sj);
-                        }
-                    }
+    for c0 in (0..l).step_by(COLS) {
+        let cw = (l - c0).min(COLS);
+        for half in 0..COLS / TILE {
+            // A key past the end repeats the last one (its scores unused).
+            let key = |j: usize| (c0 + (half * TILE + j).min(cw - 1)) * h.n_kv_heads + h.g;
+            let dst = &mut panel[half * TILE..];
+            match (h.keys, h.key_scale) {
+                (Encoded::F32(k), None) => {
                     let rows: [&[f32]; TILE] =
-                        std::array::from_fn(|j| &dec[j * DECODE..j * DECODE + kc]);
-                    kernels::transpose(isa, &rows, &mut panel[k0 * TILE..]);
+                        std::array::from_fn(|j| &k[key(j) * d..key(j) * d + d]);
+                    kernels::transpose(isa, &rows, dst);
+                }
+                (keys, scale) => {
+                    for k0 in (0..d).step_by(DECODE) {
+                        let kc = (d - k0).min(DECODE);
+                        for j in 0..TILE {
+                            let out = &mut dec[j * DECODE..j * DECODE + kc];
+                            keys.decode_at(isa, key(j) * d + k0, out);
+                            if let Some(s) = scale {
+                                let sj = s[key(j) / h.n_kv_heads];
+                                out.iter_mut().for_each(|x| *x *= sj);
+                            }
+                        }
+                        let rows: [&[f32]; TILE] =
+                            std::array::from_fn(|j| &dec[j * DECODE..j * DECODE + kc]);
+                        kernels::transpose(isa, &rows, &mut dst[k0 * COLS..]);
+                    }
                 }
             }
         }
-        let first = c0.saturating_sub(tri.base) / TILE * TILE;
-        for r0 in (first..n).step_by(TILE) {
-            let rows: [&[f32]; TILE] = std::array::from_fn(|r| {
+        let first = c0.saturating_sub(tri.base) / ROWS * ROWS;
+        for r0 in (first..n).step_by(ROWS) {
+            let rows: [&[f32]; ROWS] = std::array::from_fn(|r| {
                 let i = (r0 + r).min(n - 1);
                 &h.q[i * d..(i + 1) * d]
             });
-            let valid: [usize; TILE] = std::array::from_fn(|r| {
+            let valid: [usize; ROWS] = std::array::from_fn(|r| {
                 if r0 + r < n {
                     tri.len(r0 + r).saturating_sub(c0).min(cw)
                 } else {
                     0
                 }
             });
-            let at: [usize; TILE] = std::array::from_fn(|r| tri.off((r0 + r).min(n - 1)) + c0);
-            let mut m: [f32; TILE] = std::array::from_fn(|r| row_max[(r0 + r).min(63)]);
+            let at: [usize; ROWS] = std::array::from_fn(|r| tri.off((r0 + r).min(n - 1)) + c0);
+            let mut m: [f32; ROWS] = std::array::from_fn(|r| row_max[(r0 + r).min(63)]);
             kernels::tile(
                 isa,
                 &rows,

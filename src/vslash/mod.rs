@@ -467,22 +467,22 @@ fn select_head(
 /// At `L = 1` the one score only needs to be finite (its probability is 1).
 fn single_score(isa: Isa, h: Head<'_>) -> Result<(), ArgumentError> {
     let d = h.d;
-    let mut panel = vec![0.0f32; d * kernels::TILE];
+    let mut panel = vec![0.0f32; d * kernels::COLS];
     let mut key = vec![0.0f32; d];
     h.keys.decode_at(isa, h.g * d, &mut key);
     if let Some(s) = h.key_scale {
         key.iter_mut().for_each(|x| *x *= s[0]);
     }
     for k in 0..d {
-        panel[k * kernels::TILE] = key[k];
+        panel[k * kernels::COLS] = key[k];
     }
-    let rows = [h.q; kernels::TILE];
+    let rows = [h.q; kernels::ROWS];
     let mut out = [0.0f32; 1];
-    let mut valid = [0; kernels::TILE];
+    let mut valid = [0; kernels::ROWS];
     valid[0] = 1;
-    let (mut m, mut finite) = ([f32::NEG_INFINITY; kernels::TILE], true);
+    let (mut m, mut finite) = ([f32::NEG_INFINITY; kernels::ROWS], true);
     let c = h.variant.scale(d);
-    let at = [0; kernels::TILE];
+    let at = [0; kernels::ROWS];
     let (dst, vm) = (&mut out[..], (&valid, &at));
     kernels::tile(
         isa,

@@ -1,5 +1,5 @@
 //! The vertical-slash estimate's kernel families, dispatched once each:
-//! `vslash.scores` (an `8 × 8` tile of scaled dot products, with the rows'
+//! `vslash.scores` (a `4 × 16` tile of scaled dot products, with the rows'
 //! maxima), `vslash.transpose` (eight keys interleaved into a panel),
 //! `vslash.sums` (a row's probabilities into the column and diagonal sums)
 //! and `vslash.lane_sums` (a row's sum in eight lanes). The portable
@@ -12,12 +12,12 @@
 mod avx2;
 pub(crate) mod portable;
 
-pub(crate) use portable::{lanes_total, TILE};
+pub(crate) use portable::{lanes_total, COLS, ROWS, TILE};
 
 use crate::simd::{dispatch, Isa};
 
-/// `out[r][j] = fl(dot(rows[r], key j) · c)`, key `j`'s element `k` at
-/// `panel[k * 8 + j]`, row `r`'s first `valid[r]` scores written to
+/// `fl(dot(rows[r], key j) · c)`, key `j`'s element `k` at
+/// `panel[k * 16 + j]`, row `r`'s first `valid[r]` scores written to
 /// `dst[at[r]..]` and taken into `row_max[r]` and `finite` (see
 /// [`portable::tile`]).
 ///
@@ -28,36 +28,35 @@ use crate::simd::{dispatch, Isa};
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tile(
     isa: Isa,
-    rows: &[&[f32]; TILE],
+    rows: &[&[f32]; ROWS],
     panel: &[f32],
     d: usize,
     c: f32,
-    valid: &[usize; TILE],
+    valid: &[usize; ROWS],
     dst: &mut [f32],
-    at: &[usize; TILE],
-    row_max: &mut [f32; TILE],
+    at: &[usize; ROWS],
+    row_max: &mut [f32; ROWS],
     finite: &mut bool,
 ) {
-    assert!(panel.len() >= d * TILE && rows.iter().all(|r| r.len() >= d));
-    assert!((0..TILE).all(|r| valid[r] <= TILE && at[r] + valid[r] <= dst.len()));
     dispatch!("vslash.scores", isa, {
         avx512 => avx2,
-        // SAFETY (bounds): asserted above (and again in the kernel).
+        // SAFETY (bounds): asserted by the kernel before its first read
+        // (the portable one indexes checked slices).
         avx2(t) => avx2::tile(t, rows, panel, d, c, valid, dst, at, row_max, finite),
         scalar => portable::tile(rows, panel, d, c, valid, dst, at, row_max, finite),
     })
 }
 
-/// `panel[k * 8 + j] = rows[j][k]`: eight keys interleaved (moves only).
+/// `panel[k * 16 + j] = rows[j][k]`: eight keys interleaved into a panel's
+/// first eight columns (moves only).
 ///
 /// # Panics
 /// When the rows differ in length or the panel is short (a caller's bug).
 pub(crate) fn transpose(isa: Isa, rows: &[&[f32]; TILE], panel: &mut [f32]) {
-    let kc = rows[0].len();
-    assert!(rows.iter().all(|r| r.len() == kc) && panel.len() >= kc * TILE);
     dispatch!("vslash.transpose", isa, {
         avx512 => avx2,
-        // SAFETY (bounds): asserted above (and again in the kernel).
+        // SAFETY (bounds): asserted by the kernel before its first read
+        // (the portable one indexes checked slices).
         avx2(t) => avx2::transpose(t, rows, panel),
         scalar => portable::transpose(rows, panel),
     })
@@ -88,12 +87,12 @@ pub(crate) fn lane_sums(isa: Isa, e: &[f32], lanes: &mut [f32; 8]) {
 #[cfg(test)]
 pub(crate) fn probe(isa: Isa) {
     let row = [1.0f32; 4];
-    let rows = [&row[..]; TILE];
-    let panel = [1.0f32; 4 * TILE];
-    let mut out = [0.0f32; TILE * TILE];
-    let (mut m, mut finite) = ([f32::NEG_INFINITY; TILE], true);
-    let at = std::array::from_fn(|r| r * TILE);
-    let valid = [TILE; TILE];
+    let rows = [&row[..]; ROWS];
+    let panel = [1.0f32; 4 * COLS];
+    let mut out = [0.0f32; ROWS * COLS];
+    let (mut m, mut finite) = ([f32::NEG_INFINITY; ROWS], true);
+    let at = std::array::from_fn(|r| r * COLS);
+    let valid = [COLS; ROWS];
     tile(
         isa,
         &rows,
@@ -106,14 +105,19 @@ pub(crate) fn probe(isa: Isa) {
         &mut m,
         &mut finite,
     );
-    assert_eq!((out, m, finite), ([2.0; TILE * TILE], [2.0; TILE], true));
-    let mut p = [0.0f32; 9 * TILE];
+    assert_eq!((out, m, finite), ([2.0; ROWS * COLS], [2.0; ROWS], true));
+    let mut p = [0.0f32; 9 * COLS];
     let keys: Vec<Vec<f32>> = (0..TILE)
         .map(|j| (0..9).map(|k| (k * 10 + j) as f32).collect())
         .collect();
     let rows: [&[f32]; TILE] = std::array::from_fn(|j| &keys[j][..]);
     transpose(isa, &rows, &mut p);
-    assert!((0..9 * TILE).all(|i| p[i] == ((i / TILE) * 10 + i % TILE) as f32));
+    assert!((0..9 * COLS).all(|i| p[i]
+        == if i % COLS < TILE {
+            ((i / COLS) * 10 + i % COLS) as f32
+        } else {
+            0.0
+        }));
     let (mut v, mut s) = ([0.0f32; 3], [0.0f32; 3]);
     accumulate(isa, &[1.0; 3], 0.5, &mut v, &mut s);
     assert_eq!((v, s), ([0.5; 3], [0.5; 3]));

@@ -1,32 +1,37 @@
 //! The portable kernels: the arithmetic every level repeats bit for bit.
 
-/// Rows and columns of one score tile.
+/// Query rows of one score tile.
+pub(crate) const ROWS: usize = 4;
+/// Keys of one score tile: a panel holds `COLS` keys interleaved.
+pub(crate) const COLS: usize = 16;
+/// Keys one transpose interleaves.
 pub(crate) const TILE: usize = 8;
 
-/// One `8 × 8` tile of scores: `out[r][j] = fl(dot(rows[r], key j) · c)`,
-/// the dot product a chain of fused multiply-adds over `k = 0 .. d` from
-/// `+0`, key `j`'s element `k` at `panel[k * 8 + j]`. Row `r`'s first
-/// `valid[r]` scores are written to `dst[at[r]..]` and raise `row_max[r]` (`max` is exact: the order
-/// does not matter, and a zero's sign does not change `x − max` but at `x =
-/// −0`, whose `exp` is 1 either way) and clear `finite` if one is not.
+/// One `4 × 16` tile of scores: `fl(dot(rows[r], key j) · c)`, the dot
+/// product a chain of fused multiply-adds over `k = 0 .. d` from `+0`, key
+/// `j`'s element `k` at `panel[k * 16 + j]`. Row `r`'s first `valid[r]`
+/// scores are written to `dst[at[r]..]` and raise `row_max[r]` (`max` is
+/// exact: the order does not matter, and a zero's sign does not change `x −
+/// max` but at `x = −0`, whose `exp` is 1 either way) and clear `finite` if
+/// one is not.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tile(
-    rows: &[&[f32]; TILE],
+    rows: &[&[f32]; ROWS],
     panel: &[f32],
     d: usize,
     c: f32,
-    valid: &[usize; TILE],
+    valid: &[usize; ROWS],
     dst: &mut [f32],
-    at: &[usize; TILE],
-    row_max: &mut [f32; TILE],
+    at: &[usize; ROWS],
+    row_max: &mut [f32; ROWS],
     finite: &mut bool,
 ) {
     for (r, row) in rows.iter().enumerate() {
-        let mut acc = [0.0f32; TILE];
+        let mut acc = [0.0f32; COLS];
         for k in 0..d {
             let q = row[k];
-            let p = &panel[k * TILE..k * TILE + TILE];
-            for j in 0..TILE {
+            let p = &panel[k * COLS..k * COLS + COLS];
+            for j in 0..COLS {
                 acc[j] = q.mul_add(p[j], acc[j]);
             }
         }
@@ -43,13 +48,14 @@ pub(crate) fn tile(
     }
 }
 
-/// `panel[k * 8 + j] = rows[j][k]` for `k < rows[j].len()` (every row the
-/// same length): eight keys' elements interleaved.
+/// `panel[k * 16 + j] = rows[j][k]` for `k < rows[j].len()` (every row the
+/// same length): eight keys' elements interleaved into a panel's columns
+/// `0 .. 8` (the caller offsets the panel for the next eight).
 pub(crate) fn transpose(rows: &[&[f32]; TILE], panel: &mut [f32]) {
     let kc = rows[0].len();
     for (j, row) in rows.iter().enumerate() {
         for k in 0..kc {
-            panel[k * TILE + j] = row[k];
+            panel[k * COLS + j] = row[k];
         }
     }
 }
