@@ -86,16 +86,23 @@
 //! their factors. What would break it: a change to the summation orders or
 //! a compiler contracting `a · b + c` into an FMA (Rust does not).
 //!
-//! # Memory
+//! # Memory and speed
 //!
 //! One head at a time per thread, in one buffer: the triangle of the last
-//! queries' scores (`n · L − n(n − 1)/2` floats, under `64 · L`), turned
-//! into probabilities in place; the sums are then written over scores
-//! already read (column `c`'s sum over row `n − 2`'s slot `c`, diagonal
-//! `t`'s over row `n − 1`'s slot `t`, a 64-column tile at a time, the
-//! diagonals still open kept in a 127-float window), and the top-k runs on
-//! ids written over the rows before them. Beyond it: a panel of eight
-//! decoded keys (`8 · d` floats) and `d` floats of zeros.
+//! queries' scores (`n · L − n(n − 1)/2` floats: at `n = 64`, 8,064 bytes
+//! under `64 · L · 4`), written `4 × 16` scores at a time (the rows' next slots
+//! prefetched for writing: 64 rows advance together, more streams than the
+//! hardware follows) and turned into probabilities in place; the sums are
+//! then written over scores already read (column `c`'s sum over row
+//! `n − 2`'s slot `c`, diagonal `t`'s over row `n − 1`'s slot `t`, a
+//! 256-column tile at a time, the diagonals still open in a 319-float
+//! window), and the top-k runs on ids written over the rows before them.
+//! Beyond it, per thread: a panel of sixteen keys (`16 · d` floats; 8 KiB at
+//! `d = 128`), 2 KiB of decoded key elements for keys that are not float32,
+//! and about 4 KiB of stack; per call, the selection is staged
+//! (`n_heads · (nv + ns)` int32) so that a refusal writes nothing.
+//! `benches/vslash.py` measures the call against NumPy's product of the
+//! last 64 queries with the keys (docs/vertical-slash.md, "Speed").
 //!
 //! What would break it: the causal mask among the last queries (a query
 //! reading keys after itself shifts mass onto late columns and onto
