@@ -303,3 +303,19 @@ def test_every_simd_level_gives_the_same_bits(tmp_path, level):
             assert np.array_equal(got[name].view(np.uint32), w.view(np.uint32)), name
         else:
             assert np.array_equal(got[name], w), name
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    rng = np.random.default_rng(SEED + 11)
+    keys = rng.standard_normal((700, 2, 16)).astype(np.float32)
+    q = rng.standard_normal((8, 64, 16)).astype(np.float32)
+    before = ks.get_num_threads()
+    try:
+        got = []
+        for n in (1, 2, 3):
+            ks.set_num_threads(n)
+            got.append(ks.vslash_select(q, keys, 50, 120))
+    finally:
+        ks.set_num_threads(before)
+    for v, s in got[1:]:
+        assert np.array_equal(v, got[0][0]) and np.array_equal(s, got[0][1])

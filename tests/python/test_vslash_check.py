@@ -137,7 +137,17 @@ def test_the_eval_policy_runs_at_the_boundary_and_is_na_below_its_forced_parts()
     runs = [ks.evaluate.derive_settings(b, boundary=384)[0] for b in budgets]
     report = ks.evaluate.evaluate(w, budgets=budgets, settings=runs)
     by = {(r.budget, r.policy): r for r in report.results}
-    assert "130" in by[(64, "vertical-slash")].note  # 30 columns + 100 diagonals forced
+    assert "130 positions" in by[(64, "vertical-slash")].note  # 30 columns + 100 diagonals forced
     r = by[(256, "vertical-slash")]
     assert r.note is None and 0 < r.slots_used <= 256 + 512 - 384  # the budget, and the arrivals
     assert r.recall_mean > 0
+
+
+def test_the_forced_positions_count_the_union():
+    from kvselect.rules.vslash import forced_positions, sizes
+
+    assert [forced_positions(p) for p in (1, 30, 100, 129, 130, 131, 5000)] == [1, 30, 100, 129, 130, 130, 130]
+    for k in (130, 140, 500, 7096):
+        v, s = sizes(k)
+        assert v >= 30 and s >= 100 and v + s == k
+    assert sizes(7096) == (1013, 6083)  # about MInference's 1000 : 6096

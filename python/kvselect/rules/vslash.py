@@ -14,8 +14,8 @@ them up to the tolerance, the forced ones counting as ``+inf``. Its eval
 policy spends the token budget on the union's distinct positions: ``v =
 max(30, k // 7)`` columns and ``s = k - v`` diagonals (about MInference's
 default ratio, 1000 columns to 6096 diagonals), so a row holds at most ``k``
-positions; the forced 30 columns and 100 diagonals alone need 130, so below
-``k = 130`` it is ``n/a``. The estimate reads the prefill's last queries, which
+positions; the forced 30 columns and 100 diagonals alone need ``min(P, 130)``
+positions, and where that exceeds ``k`` it is ``n/a``. The estimate reads the prefill's last queries, which
 only the boundary experiment holds (``kvselect eval --boundary``: the
 prefix's queries): like the eviction policies it decides once, at the
 boundary (``eviction=True``), one estimate per KV head from its group's mean
@@ -31,7 +31,7 @@ import numpy as np
 
 import kvselect as ks
 from kvselect.checking._common import DumpError, _finite, _int, _need
-from kvselect.rules._rule import BudgetUnit, DumpKind, EvalContext, Policy, Rule, Selection, timed
+from kvselect.rules._rule import DumpKind, EvalContext, Policy, Rule, Selection, timed
 
 TABLE = {
     "kind": ("str", "", "required", '"vslash"'),
@@ -112,8 +112,11 @@ def select(ctx: EvalContext) -> Union[Selection, str]:
     prefix = getattr(ctx.head, "observe", None)
     if prefix is None:
         return "the estimate reads the prefill's last 64 queries: it runs in the boundary experiment (--boundary)"
-    p = len(prefix)
-    v, s = sizes(ctx.settings.budget)
+    p, k = len(prefix), ctx.settings.budget
+    forced = forced_positions(p)
+    if forced > k:
+        return f"its forced 30 columns and 100 diagonals alone ({forced} positions at P = {p}) exceed the budget ({k})"
+    v, s = sizes(k)
 
     def rows() -> np.ndarray:
         n = min(64, p)
@@ -128,8 +131,13 @@ def select(ctx: EvalContext) -> Union[Selection, str]:
     return timed(rows)
 
 
-#: One slot per position; the 30 forced columns and 100 forced diagonals.
-FORCED = BudgetUnit("token", forced=lambda s: 130)
+def forced_positions(p: int) -> int:
+    """The distinct positions the forced parts give query ``P - 1``: columns
+    ``0 .. min(P, 30)`` and keys ``P - 1 - o`` for offsets ``o < min(P, 100)``
+    (``min(P, 130)``; they meet only when ``P < 130``)."""
+    cols = set(range(min(p, 30)))
+    return len(cols | {p - 1 - o for o in range(min(p, 100))})
+
 
 RULE = Rule(
     name="vslash",
@@ -154,7 +162,6 @@ RULE = Rule(
             "MInference's vertical-slash pattern estimated at the boundary from the prefix's last 64 queries "
             "(the group's mean): ``max(30, k // 7)`` columns and the rest diagonals, the forced 30 columns and "
             "100 diagonals counted; each row the positions it gives query ``P - 1``.",
-            unit=FORCED,
             eviction=True,
         ),
     ),
