@@ -3,8 +3,12 @@
 //!
 //! **The engines' layout** (microsoft/MInference @fb56c917
 //! `csrc/vertical_slash_index.cu`, `convert_vertical_slash_indexes_kernel`,
-//! run with 64-query blocks and 64-key blocks; vLLM's `_custom_ops` and
-//! SGLang carry a copy). For each head and each block of 64 queries
+//! run with 64-query blocks and 64-key blocks: MInference's own form, the
+//! one `vertical_slash_sparse_attention` calls without its `_opt`
+//! extension; vLLM's `_custom_ops` and SGLang's `sgl_kernel` carry a later
+//! form, with per-sequence query / key lengths and a `causal` flag, which
+//! clips the ranges to the keys and is not reproduced here). For each head
+//! and each block of 64 queries
 //! `[start, end)`, the columns ascending and the offsets descending:
 //!
 //! - offsets `o >= end` are skipped (no query of the block reaches them);
@@ -27,9 +31,11 @@
 //! 64), and with the nearest offset `o_min > 0` the columns in `[end −
 //! o_min, end)` are dropped.
 //!
-//! microsoft/MInference#165 is a report of this conversion going wrong in a
-//! release; the tests pin this layout on hand-worked examples and check
-//! the superset property on random selections.
+//! Issue #42 cites microsoft/MInference#165 for this conversion breaking
+//! before (the thread was not in the stored issue index; not read here);
+//! the tests pin this layout on a hand-worked example, compare it with the
+//! NumPy twin written from the CUDA source, and check the superset property
+//! on random selections.
 
 use crate::error::{check_len, checked_size, ArgumentError};
 

@@ -32,9 +32,13 @@
 //! `vertical_slash_sparse_attention` sorts them so), which lays them out
 //! per 64-query block for the sparse kernel ([`layout_into`] computes that
 //! layout; see its docs). vLLM's dual-chunk attention backend
-//! (vllm-project/vllm @006e0acb `vllm/attention/backends/dual_chunk_flash_attn.py`)
-//! and SGLang's dual-chunk backend carry the same estimate and call the
-//! same conversion.
+//! (vllm-project/vllm @006e0acb `vllm/attention/backends/dual_chunk_flash_attn.py`:
+//! `sparse_attention_last_q = 64`, its `last_q_mask`) carries the estimate;
+//! the engines' kernels take a later form of the conversion
+//! (`convert_vertical_slash_indexes(.., q_seqlens, kv_seqlens, ..,
+//! causal)` in vLLM's `_custom_ops` and SGLang's `sgl_kernel`, MInference's
+//! `_opt` path), which clips the ranges to the keys; that form is not
+//! reproduced here ([`layout_into`] is `csrc/vertical_slash_index.cu`'s).
 //!
 //! **Variants.** [`Variant::Kernel`] is the above. [`Variant::Search`] is
 //! the copy in `search_pattern_v2` (the offline pattern search): the
