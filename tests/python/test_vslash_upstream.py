@@ -132,3 +132,48 @@ def test_the_search_variant_equals_search_pattern_v2s_copy():
         assert np.array_equal(np.sort(st.numpy().reshape(-1)), mine_s[0]), trial
         rows += 1
     assert rows == 20
+
+
+def test_bfloat16_inputs_differ_only_within_the_sources_precision():
+    """On bfloat16 inputs the source rounds each score to bfloat16 (its ``einsum``
+    and the division by ``sqrt(d)`` in the inputs' dtype) before its float32
+    softmax; kvselect reads the same bfloat16 keys exactly and decides on float32
+    scores. The sets then differ only where candidates' exact sums lie within
+    what that rounding can move them: a score off by at most ``2^-8 |s|`` (two
+    bfloat16 roundings) moves a probability by a factor ``exp(+-2 * 2^-8 max|s|)``
+    at most. Counted."""
+    import ml_dtypes
+
+    env = _upstream()
+    rng = np.random.default_rng(77)
+    rows = differ = 0
+    for trial in range(30):
+        L, d = int(rng.choice([100, 700, 2000])), 64
+        v_size, s_size = int(rng.integers(30, 300)), int(rng.integers(100, 400))
+        k = rng.standard_normal((1, 1, L, d)).astype(ml_dtypes.bfloat16)
+        q = rng.standard_normal((1, 1, L, d)).astype(ml_dtypes.bfloat16)
+        kt = torch.from_numpy(k.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
+        qt = torch.from_numpy(q.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
+        env["q_len"], env["head_dim"] = L, d
+        vt, st = env["vertical_and_slash_kernel"](qt, kt, None, v_size, s_size)
+        n = min(64, L)
+        qk = q[0, :, L - n :].astype(np.float32)
+        keys = np.ascontiguousarray(k[0].transpose(1, 0, 2))
+        mine_v, mine_s = ks.vslash_select(qk, keys, v_size, s_size)
+        xv, xs = R.vslash_scores(qk, keys)
+        s_max = float(np.abs(qk.astype(np.float64) @ keys[:, 0].astype(np.float64).T).max() / np.sqrt(d))
+        slack = math.exp(2 * 2.0**-8 * s_max) ** 2 - 1
+        rows += 1
+        for theirs, mine, x, forced in (
+            (np.sort(vt.numpy().reshape(-1)), mine_v[0], xv[0], 30),
+            (np.sort(st.numpy().reshape(-1)), mine_s[0], xs[0], 100),
+        ):
+            assert theirs.shape == mine.shape
+            if np.array_equal(theirs, mine):
+                continue
+            diff = np.setxor1d(theirs, mine)
+            assert np.all(diff >= forced), (trial, diff)
+            assert x[diff].max() <= x[diff].min() * (1 + slack) + 1e-30, (trial, diff, x[diff], slack)
+            differ += 1
+    print(f"\n{rows} bfloat16 cases, {differ} of {2 * rows} sets differ within the source's bfloat16 rounding")
+    assert rows == 30
