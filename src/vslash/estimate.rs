@@ -239,7 +239,10 @@ pub(super) fn sums(isa: Isa, h: Head<'_>, buf: &mut Vec<f32>) -> Result<Sums, Ar
 
 /// The `k` best of `count` candidates by `score` (descending, ties to the
 /// lower id), written ascending into `out` (`k` slots). `scratch` holds at
-/// least `count` ids.
+/// least `count` values. Every score is `+0`, a positive number or `+inf`
+/// (sums of probabilities, forced ones): their bits order as the values do,
+/// so the `k`-th largest is found among plain integers, and one pass in id
+/// order keeps those above it and, of those equal to it, the lowest ids.
 pub(super) fn top(
     count: usize,
     k: usize,
@@ -247,21 +250,33 @@ pub(super) fn top(
     scratch: &mut [u32],
     out: &mut [i32],
 ) {
-    let ids = &mut scratch[..count];
-    for (i, x) in ids.iter_mut().enumerate() {
-        *x = i as u32;
+    if k >= count {
+        for (i, o) in out.iter_mut().enumerate().take(count) {
+            *o = i as i32;
+        }
+        return;
     }
-    let order = |a: &u32, b: &u32| {
-        score(*b as usize)
-            .total_cmp(&score(*a as usize))
-            .then(a.cmp(b))
-    };
-    if k < count {
-        ids.select_nth_unstable_by(k, order);
+    let vals = &mut scratch[..count];
+    for (i, x) in vals.iter_mut().enumerate() {
+        let v = score(i);
+        debug_assert!(v >= 0.0 && v.is_sign_positive());
+        *x = v.to_bits();
     }
-    let best = &mut ids[..k];
-    best.sort_unstable();
-    for (o, &i) in out.iter_mut().zip(best.iter()) {
-        *o = i as i32;
+    let threshold = *vals.select_nth_unstable(count - k).1;
+    let above = (0..count)
+        .filter(|&i| score(i).to_bits() > threshold)
+        .count();
+    let mut ties = k - above;
+    let mut n = 0;
+    for i in 0..count {
+        let b = score(i).to_bits();
+        if b > threshold || (b == threshold && ties > 0) {
+            if b == threshold {
+                ties -= 1;
+            }
+            out[n] = i as i32;
+            n += 1;
+        }
     }
+    debug_assert_eq!(n, k);
 }
