@@ -26,6 +26,8 @@
 //! - [`quest`]: Quest's query-aware page selection (page key bounds,
 //!   their score bound, the page a decoding query reads; the original and
 //!   SGLang's variants);
+//! - [`vslash`]: MInference's vertical-slash estimate (the last queries'
+//!   column and diagonal sums, their top-k, the engines' index layout);
 //! - [`pool`]: kvselect's own rayon pool (resizable, fork-safe), which every
 //!   batched call runs on;
 //! - [`simd`]: run-time SIMD dispatch: [`simd::Isa::best`], the one entry
@@ -67,6 +69,7 @@ pub mod pool;
 pub mod quest;
 mod rounding;
 pub mod simd;
+pub mod vslash;
 pub mod witness;
 
 #[cfg(feature = "python")]

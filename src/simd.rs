@@ -617,6 +617,10 @@ mod tests {
         ("quest.fold", crate::quest::dispatch_probe),
         ("quest.page_bounds", crate::quest::dispatch_probe),
         ("quest.scores", crate::quest::dispatch_probe),
+        ("vslash.scores", crate::vslash::dispatch_probe),
+        ("vslash.transpose", crate::vslash::dispatch_probe),
+        ("vslash.sums", crate::vslash::dispatch_probe),
+        ("vslash.lane_sums", crate::vslash::dispatch_probe),
     ];
 
     /// The levels a family has no kernel for, refused by name (`avx512 =>
@@ -629,6 +633,10 @@ mod tests {
         ("quest.fold", Level::Avx512, Level::Avx2),
         ("quest.page_bounds", Level::Avx512, Level::Avx2),
         ("quest.scores", Level::Avx512, Level::Avx2),
+        ("vslash.scores", Level::Avx512, Level::Avx2),
+        ("vslash.transpose", Level::Avx512, Level::Avx2),
+        ("vslash.sums", Level::Avx512, Level::Avx2),
+        ("vslash.lane_sums", Level::Avx512, Level::Avx2),
     ];
 
     /// A level added to the dispatch is reached by every kernel family, or

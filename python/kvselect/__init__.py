@@ -47,6 +47,10 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   :func:`infllm_select`): stage 1's softmax over compressed keys summed over
   the query group, max pooled onto 64-token blocks, the forced blocks and the
   top-k (the CUDA and the older Triton pooling, both top-k filters);
+- MInference's vertical-slash estimate (:func:`vslash_select`,
+  :func:`vslash_scores`, :func:`vslash_rows`, :func:`vslash_layout`): the key
+  columns and diagonals a prefill reads, from the last queries' causal softmax,
+  each query's positions, and the per-block layout the engines' kernels take;
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -116,6 +120,10 @@ from kvselect._core import (
     sparse_attention,
     topology_witness_indices,
     visible_entries,
+    vslash_layout,
+    vslash_rows,
+    vslash_scores,
+    vslash_select,
     window_positions,
 )
 from kvselect._core import check_blocks as _native_check_blocks
@@ -205,6 +213,10 @@ __all__ = [
     "slots_used_rows",
     "sparse_attention",
     "topology_witness_indices",
+    "vslash_layout",
+    "vslash_rows",
+    "vslash_scores",
+    "vslash_select",
 ]
 
 # The pure-Python submodules, imported on first use (PEP 562): ``import

@@ -16,6 +16,10 @@ __all__ = [
     "quest_update",
     "quest_scores",
     "quest_select",
+    "vslash_select",
+    "vslash_scores",
+    "vslash_rows",
+    "vslash_layout",
     "infllm_block_scores",
     "infllm_select",
     "__version__",
@@ -2684,6 +2688,200 @@ def quest_select(
     >>> kmin, kmax = kvselect.quest_bounds(keys, page_size=1)
     >>> kvselect.quest_select(np.ones((1, 1), np.float32), kmin, kmax, 5, 3, page_size=1)
     array([[0, 2, 4]], dtype=int32)
+    """
+
+def vslash_select(
+    q: _ArrayIn,
+    keys: _ArrayIn,
+    vertical_size: int,
+    slash_size: int,
+    *,
+    variant: str = "kernel",
+    key_scale: Optional[_ArrayIn] = None,
+    key_format: Optional[str] = None,
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """MInference's vertical-slash selection: the key columns and diagonals a prefill's
+    queries read, from the last queries' attention.
+
+    For each query head: the causal softmax of the last ``n = min(64, L)`` queries'
+    scores ``q . k / sqrt(d)``; the column sums ("vertical") and the sums along each
+    diagonal at offset ``o = query - key >= 0`` ("slash"); the first 30 columns and the
+    100 nearest diagonals forced; the top ``min(L, max(vertical_size, 30))`` columns and
+    ``min(L, max(slash_size, 50))`` diagonals, ties to the lower index (with fewer than
+    100 diagonals taken, the nearest forced ones). microsoft/MInference
+    ``vertical_and_slash_kernel``; see docs/vertical-slash.md.
+
+    Parameters
+    ----------
+    q : array_like of float32, [n_heads, min(64, L), d]
+        Each head's last queries (query ``i`` at position ``L - n + i``).
+    keys : array_like, [L, n_kv_heads, d]
+        The sequence's keys, read in place: float32, float16, ml_dtypes bfloat16 /
+        float8_e4m3fn, or a raw uint16 / uint8 view with ``key_format``. Head ``h`` reads
+        KV head ``h // (n_heads // n_kv_heads)``.
+    vertical_size, slash_size : int
+        ``v`` and ``s``: columns and diagonals asked for (at least 30 and 50 are taken).
+    variant : {'kernel', 'search'}, optional
+        ``'search'``: ``search_pattern_v2``'s copy (unscaled scores, 30 diagonals forced).
+    key_scale : array_like of float32, [L], optional
+        A per-key scale (fp8 keys): a key's value is ``k * scale`` rounded to float32.
+    key_format : str, optional
+        The format of a raw uint16 / uint8 ``keys``.
+
+    Returns
+    -------
+    vertical : ndarray of int32, [n_heads, nv]
+        The columns, ascending.
+    slash : ndarray of int32, [n_heads, ns]
+        The diagonal offsets ``query - key``, ascending (0 is the main diagonal).
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when ``keys`` is not 3-D or has a zero
+        axis (``keys``, ``seq_len``, ``n_kv_heads``, ``d``), ``q`` is not the last
+        queries of that ``d`` or not finite (``q``), the heads do not divide
+        (``n_kv_heads``), ``key_scale`` is not one per key, a score is not finite
+        (``keys``), or an option is unknown.
+
+    See Also
+    --------
+    vslash_scores : the sums the selection ranks.
+    vslash_rows : each query's positions.
+    vslash_layout : the engines' per-block layout.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> rng = np.random.default_rng(0)
+    >>> keys = rng.standard_normal((200, 1, 16)).astype(np.float32)
+    >>> q = rng.standard_normal((2, 64, 16)).astype(np.float32)
+    >>> vertical, slash = kvselect.vslash_select(q, keys, 40, 60)
+    >>> vertical.shape, slash.shape, vertical[0, :30].tolist() == list(range(30))
+    ((2, 40), (2, 100), True)
+    """
+
+def vslash_scores(
+    q: _ArrayIn,
+    keys: _ArrayIn,
+    *,
+    variant: str = "kernel",
+    key_scale: Optional[_ArrayIn] = None,
+    key_format: Optional[str] = None,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """The sums :func:`vslash_select` ranks: each column's and each diagonal's share of
+    the last queries' attention, before anything is forced.
+
+    Parameters
+    ----------
+    q, keys, variant, key_scale, key_format
+        As :func:`vslash_select`.
+
+    Returns
+    -------
+    vertical : ndarray of float32, [n_heads, L]
+        Column ``c``'s sum of probabilities over the last queries.
+    slash : ndarray of float32, [n_heads, L]
+        Entry ``o``: the sum along the diagonal ``query - key = o``.
+
+    Raises
+    ------
+    SelectionError
+        As :func:`vslash_select`.
+
+    See Also
+    --------
+    vslash_select : the columns and diagonals these rank.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> keys = np.zeros((3, 1, 4), np.float32)  # equal scores: uniform rows
+    >>> vertical, slash = kvselect.vslash_scores(np.ones((1, 3, 4), np.float32), keys)
+    >>> np.round(vertical[0], 4).tolist(), np.round(slash[0], 4).tolist()
+    ([1.8333, 0.8333, 0.3333], [1.8333, 0.8333, 0.3333])
+    """
+
+def vslash_rows(vertical: _ArrayIn, slash: _ArrayIn, seq_len: int, positions: _ArrayIn) -> npt.NDArray[np.int32]:
+    """Each query's positions under a vertical-slash selection: the selected columns up to
+    it and the keys ``p - o`` of the selected diagonals.
+
+    Parameters
+    ----------
+    vertical : array_like of int32, [n_heads, nv]
+        Columns (any order, repeats allowed).
+    slash : array_like of int32, [n_heads, ns]
+        Diagonal offsets ``query - key``.
+    seq_len : int
+        ``L``: every id and position lies in ``[0, L)``.
+    positions : array_like of int, [n_positions]
+        The query positions to give rows for.
+
+    Returns
+    -------
+    ndarray of int32, [n_heads, n_positions, nv + ns]
+        Ascending, distinct, ``-1`` padded.
+
+    Raises
+    ------
+    SelectionError
+        when a set is not 2-D of ``n_heads`` non-empty rows or holds an id outside
+        ``[0, L)`` (``vertical``, ``slash``), or a position is outside it
+        (``positions``).
+
+    See Also
+    --------
+    vslash_select : the sets.
+    vslash_layout : the same selection as the engines' kernels read it.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> kvselect.vslash_rows(np.array([[0, 4]]), np.array([[0, 3]]), 10, [3, 9]).tolist()
+    [[[0, 3, -1, -1], [0, 4, 6, 9]]]
+    """
+
+def vslash_layout(
+    vertical: _ArrayIn, slash: _ArrayIn, seq_len: int
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """The engines' layout of a vertical-slash selection: per block of 64 queries, the
+    64-key blocks its diagonals cover and the columns outside them, as MInference's
+    ``convert_vertical_slash_indexes`` writes them for the sparse kernel.
+
+    Parameters
+    ----------
+    vertical : array_like of int32, [n_heads, nv]
+        Columns (any order: sorted here, as the engines sort them).
+    slash : array_like of int32, [n_heads, ns]
+        Diagonal offsets; each head needs one below 64 (the source reads past its list
+        otherwise).
+    seq_len : int
+        ``L``; there are ``ceil(L / 64)`` query blocks.
+
+    Returns
+    -------
+    block_count : ndarray of int32, [n_heads, n_blocks]
+    block_offset : ndarray of int32, [n_heads, n_blocks, ns]
+        The first key of each 64-key block read, ascending; unused slots 0.
+    column_count : ndarray of int32, [n_heads, n_blocks]
+    column_index : ndarray of int32, [n_heads, n_blocks, nv]
+        The columns read outside those blocks; unused slots 0.
+
+    Raises
+    ------
+    SelectionError
+        As :func:`vslash_rows`, and when a head has no offset below 64 (``slash``).
+
+    See Also
+    --------
+    vslash_rows : the positions each query reads.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> bc, bo, cc, ci = kvselect.vslash_layout(np.array([[3, 40, 150]]), np.array([[0, 1, 130]]), 256)
+    >>> bc.tolist(), bo[0, 3].tolist(), cc.tolist(), ci[0, 3].tolist()
+    ([[1, 2, 3, 3]], [62, 191, 255], [[0, 2, 0, 3]], [3, 40, 150])
     """
 
 def infllm_block_scores(

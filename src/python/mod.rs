@@ -51,6 +51,7 @@ mod indexer;
 mod infllm;
 mod quest;
 mod runtime;
+mod vslash;
 mod witness;
 
 use pyo3::prelude::*;
@@ -71,6 +72,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     compressed::register(m)?;
     infllm::register(m)?;
     quest::register(m)?;
+    vslash::register(m)?;
     runtime::register(m)?;
     Ok(())
 }

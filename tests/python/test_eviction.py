@@ -250,8 +250,11 @@ def test_the_cli_prints_the_eviction_rows_and_the_equal_budget_header(capsys):
 def test_eviction_policies_are_registered_with_their_twin():
     rule = next(r for r in rules.RULES if r.name == "eviction")
     assert rule.reference == "kvselect.reference.eviction"
-    assert [p.name for p in rule.policies] == list(evaluate.EVICTION_POLICIES)
     assert all(p.eviction for p in rule.policies)
+    # EVICTION_POLICIES: every policy that decides once at the boundary (the
+    # eviction rule's, and MInference's vertical-slash estimate).
+    assert list(evaluate.EVICTION_POLICIES) == [p.name for p in rules.policies() if p.eviction]
+    assert [p.name for p in rule.policies] == [n for n in evaluate.EVICTION_POLICIES if n != "vertical-slash"]
 
 
 def test_pyramidkv_layer_budgets_are_kvpress_formula_at_the_eval_ratio():

@@ -19,6 +19,7 @@ ORDER = [
     "compressed",
     "quest",
     "infllm",
+    "vslash",
     "metrics",
     "check",
     "eviction",

@@ -42,6 +42,9 @@ lives, not a second API). Bottom up (each imports only modules above it):
 - **infllm**: InfLLM-v2's block selection (MiniCPM4 / 4.1): compressed keys, stage 1's
   group scores, the CUDA and Triton pooling, the rows; the core's error bound
   (``score_bound``) and the comparison within it (``rows_within_bound``);
+- **vslash**: MInference's vertical-slash estimate (the last queries' column
+  and diagonal sums, their top-k, each query's positions, the engines'
+  per-block layout) and the bound on the core's float32 sums;
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error (uses witness, attn);
 - **eviction**: the KV-eviction baselines' kept positions at a boundary
@@ -154,6 +157,14 @@ from .sparse_attn import (
     conventions_of,
     sparse_attention_exact,
 )
+from .vslash import (
+    vslash_error_bounds,
+    vslash_layout,
+    vslash_rows,
+    vslash_scores,
+    vslash_select,
+    vslash_sizes,
+)
 from .witness import (
     MAX_TOPOLOGY_SEGMENTS,
     apply_topology_witnesses,
@@ -222,6 +233,13 @@ __all__ = [
     "quest_update",
     "quest_scores",
     "quest_select",
+    # vslash
+    "vslash_select",
+    "vslash_scores",
+    "vslash_error_bounds",
+    "vslash_sizes",
+    "vslash_rows",
+    "vslash_layout",
     # check
     "GlobalSlots",
     "check_topk",

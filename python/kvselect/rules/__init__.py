@@ -32,6 +32,7 @@ from kvselect.rules import (
     infllm,
     quest,
     sparse_attention,
+    vslash,
     witness,
 )
 from kvselect.rules._rule import (
@@ -55,6 +56,7 @@ RULES: Tuple[Rule, ...] = (
     baselines.RULE,
     quest.RULE,
     infllm.RULE,
+    vslash.RULE,
     sparse_attention.RULE,
     eviction.RULE,
 )

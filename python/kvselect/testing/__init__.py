@@ -1,7 +1,8 @@
 """Check a kernel from its own test suite: assertions in the style of
 ``torch.testing.assert_close``.
 
-:func:`assert_topk`, :func:`assert_blocks`, :func:`assert_quest`, :func:`assert_infllm`, :func:`assert_witnesses` and
+:func:`assert_topk`, :func:`assert_blocks`, :func:`assert_quest`, :func:`assert_infllm`, :func:`assert_vslash`,
+:func:`assert_witnesses` and
 :func:`assert_sparse_attention` apply the rules and tolerance defaults of ``kvselect check`` (the checks of
 :mod:`kvselect.checking`, called here: nothing is re-derived) to the tensors
 a test already holds. Each returns the report (a
@@ -52,6 +53,7 @@ __all__ = [
     "assert_blocks",
     "assert_quest",
     "assert_infllm",
+    "assert_vslash",
     "assert_witnesses",
     "assert_sparse_attention",
     "CheckFailure",
@@ -557,6 +559,61 @@ def assert_infllm(
     if ck_scale is not None:
         d["ck_scale"] = np.asarray(_host(ck_scale, "ck_scale"), dtype=np.float32)
     return _conclude(check_dump(d, atol=atol, rtol=rtol), False, "assert_infllm")
+
+
+def assert_vslash(
+    rows: Any,
+    q: Any,
+    keys: Any,
+    vertical_size: int,
+    slash_size: int,
+    *,
+    variant: str = "kernel",
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    precision: str = "float32",
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+) -> Report:
+    """Assert that ``rows = (vertical, slash)`` are MInference's vertical-slash
+    selection, as ``kvselect check`` judges a ``vslash`` dump (each a top-k of
+    the exact column / diagonal sums, the forced ones first; ties either way).
+
+    Parameters
+    ----------
+    rows : tuple of two array_like or DLPack tensors
+        The kernel's columns ``[n_heads, nv]`` and diagonal offsets ``query - key``
+        ``[n_heads, ns]``, any order.
+    q, keys, vertical_size, slash_size, variant, key_scale, key_format
+        As :func:`kvselect.vslash_select` takes them.
+    precision, rtol, atol
+        The tolerance, as :func:`assert_topk` (a sum's magnitude is itself).
+
+    Returns
+    -------
+    Report
+        The report, as :func:`kvselect.checking.check_dump` returns it.
+
+    Raises
+    ------
+    CheckFailure
+        When some row is wrong (message: the ``kvselect check`` text;
+        ``err.report``).
+    kvselect.checking.DumpError
+        Arguments that do not fit together (named by their dump keys).
+    """
+    vertical, slash = rows
+    p = _precision(precision, ValueError)
+    d: Dict[str, Any] = {"kind": np.asarray("vslash"), "precision": np.asarray(p)}
+    d["q"] = np.asarray(_host(q, "q"), dtype=np.float32)
+    _as_dump_array(_host(keys, "keys"), "keys", d, key_format)
+    d["vertical"] = np.asarray(_host(vertical, "vertical"))
+    d["slash"] = np.asarray(_host(slash, "slash"))
+    d["vertical_size"], d["slash_size"] = np.asarray(int(vertical_size)), np.asarray(int(slash_size))
+    d["variant"] = np.asarray(variant)
+    if key_scale is not None:
+        d["key_scale"] = np.asarray(_host(key_scale, "key_scale"), dtype=np.float32)
+    return _conclude(check_dump(d, atol=atol, rtol=rtol), False, "assert_vslash")
 
 
 def assert_witnesses(before: Any, after: Any, context_lens: Any, num_segments: int) -> Report:

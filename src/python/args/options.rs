@@ -217,6 +217,20 @@ impl Choice for QuestVariantName {
     }
 }
 
+/// The vertical-slash estimate's copies (`variant=`).
+#[derive(Clone, Copy)]
+pub(in crate::python) struct VslashVariantName(pub crate::vslash::Variant);
+
+impl Choice for VslashVariantName {
+    const ARG: &'static str = "variant";
+    fn from_name(name: &str) -> Option<Self> {
+        crate::vslash::Variant::from_name(name).map(VslashVariantName)
+    }
+    fn unknown(got: &str) -> String {
+        format!("variant must be 'kernel' or 'search', got {got:?}")
+    }
+}
+
 impl Choice for Repeats {
     const ARG: &'static str = "duplicates";
     fn from_name(name: &str) -> Option<Self> {

@@ -65,6 +65,10 @@ Sources of the engine facts:
   MiniCPM4.1's ``compressed_attention``): the pooling window ``[4b - 1, 4b + 4)``
   off by one, the current block not forced, the ``>= q_idx`` filter, a top-k that
   is one tie, fp8 compressed keys' scales (:func:`all_infllm_cases`).
+- MInference's vertical-slash estimate (microsoft/MInference @fb56c917
+  ``minference_forward.py``): the causal mask among the last queries, the
+  diagonal offset's sign, the forced columns and diagonals, sequences shorter
+  than the 64 last queries, fp8 keys' per-key scales (:func:`all_vslash_cases`).
 - vLLM's DeepSeek-V4 ``combine_topk_swa_indices``
   (``vllm/v1/attention/ops/deepseek_v4_ops/cache_utils.py``): token ``pos``
   sees ``(pos + 1) // compress_ratio`` compressed entries
@@ -133,6 +137,14 @@ from kvselect.testing.cases.topk import (
     signed_zeros,
     ties_at_threshold,
 )
+from kvselect.testing.cases.vslash import (
+    all_vslash_cases,
+    vslash_causal_mask,
+    vslash_forced,
+    vslash_fp8_scales,
+    vslash_offset_sign,
+    vslash_short,
+)
 
 __all__ = [
     "Case",
@@ -145,6 +157,7 @@ __all__ = [
     "all_block_cases",
     "all_quest_cases",
     "all_infllm_cases",
+    "all_vslash_cases",
     "all_witness_cases",
     "all_sparse_attention_cases",
     "tail_lengths",
@@ -178,6 +191,11 @@ __all__ = [
     "infllm_decode_drops_current",
     "infllm_ties",
     "infllm_fp8_scales",
+    "vslash_causal_mask",
+    "vslash_offset_sign",
+    "vslash_forced",
+    "vslash_short",
+    "vslash_fp8_scales",
     "empty_rows",
     "masked_first_chunk",
     "repeated_entries",

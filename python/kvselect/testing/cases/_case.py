@@ -109,6 +109,8 @@ class Case:
             from kvselect.testing.cases.family import assert_family_rows
 
             return assert_family_rows(rows, self.inputs, **self.check)
+        if self.rule == "vslash":
+            return testing.assert_vslash(rows, **self.inputs, **self.check)
         if self.meta.get("non_finite"):
             assert self.scores is not None and self.context_lens is not None
             return testing._assert_scores(rows, self.scores, self.context_lens, int(self.inputs["topk"]), **self.check)

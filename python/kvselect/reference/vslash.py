@@ -1,0 +1,271 @@
+"""MInference's vertical-slash estimate in plain NumPy (float64), written from
+the source: microsoft/MInference @fb56c917
+``minference/modules/minference_forward.py`` ``vertical_and_slash_kernel``
+(and ``search_pattern_v2``'s copy, ``variant="search"``) for the selection,
+``csrc/vertical_slash_index.cu`` ``convert_vertical_slash_indexes_kernel``
+for the engines' per-block layout.
+
+For one query head over ``L`` keys: the last ``n = min(64, L)`` queries'
+scores ``q . k / sqrt(d)`` (``"search"``: unscaled), query ``L - n + i``
+seeing keys ``0 ..= L - n + i``; each row's softmax; ``vertical[c]`` the
+column sums, ``slash[o]`` the sums along ``query - key = o``; columns
+``< 30`` and offsets ``< 100`` (``"search"``: 30) forced; the top
+``min(L, max(v, 30))`` columns and ``min(L, max(s, 50))`` offsets, score
+descending, ties to the lower id (so of the forced offsets the nearest).
+
+The native core computes in float32; :func:`vslash_error_bounds` gives, per
+candidate, a rigorous bound on the distance between the core's float32 sum
+and the exact one (module docs of ``src/vslash/``), so a comparison can
+treat candidates within it as tied. The bound on the core's ``exp`` is an
+argument (``kvselect._core._exp_bound()``): this module imports nothing
+native.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+
+from ._args import ReferenceSelectionError
+from .keys import decode
+
+LAST_Q = 64
+FORCED_COLUMNS = 30
+MIN_SLASHES = 50
+LAYOUT_BLOCK = 64
+_U = 2.0**-24
+
+
+def forced_slashes(variant: str) -> int:
+    """Offsets forced: 100 (``"kernel"``), 30 (``"search"``)."""
+    if variant not in ("kernel", "search"):
+        raise ReferenceSelectionError("variant", f"variant must be 'kernel' or 'search', got {variant!r}")
+    return 100 if variant == "kernel" else 30
+
+
+def vslash_sizes(seq_len: int, vertical_size: int, slash_size: int) -> Tuple[int, int]:
+    """``(min(L, max(v, 30)), min(L, max(s, 50)))``."""
+    return min(seq_len, max(vertical_size, FORCED_COLUMNS)), min(seq_len, max(slash_size, MIN_SLASHES))
+
+
+def _inputs(q: Any, keys: Any, key_scale: Optional[Any], key_format: Optional[str]) -> Tuple[np.ndarray, np.ndarray]:
+    k = decode(keys, key_format, "key_format")
+    if k.ndim != 3:
+        raise ReferenceSelectionError("keys", f"keys must be 3-D [seq_len, n_kv_heads, d], got {k.ndim}-D")
+    if key_scale is not None:
+        s = np.asarray(key_scale, np.float32)
+        k = (k.astype(np.float32) * s[:, None, None]).astype(np.float64)  # fl32(k * scale)
+    qa = np.asarray(q, np.float32).astype(np.float64)
+    n = min(LAST_Q, k.shape[0])
+    if qa.ndim != 3 or qa.shape[1:] != (n, k.shape[2]):
+        raise ReferenceSelectionError("q", f"q must be [n_heads, {n}, {k.shape[2]}], got {qa.shape}")
+    return qa, k
+
+
+def _head_scores(qh: np.ndarray, kh: np.ndarray, scale: float) -> np.ndarray:
+    """``[n, L]`` scores, ``-inf`` past each query."""
+    L, n = kh.shape[0], qh.shape[0]
+    s = (qh @ kh.T) * scale
+    cols = np.arange(L)[None, :]
+    return np.where(cols <= (L - n + np.arange(n))[:, None], s, -np.inf)
+
+
+def _sums(p: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Column and diagonal sums of ``[n, L]`` row values (0 past each query)."""
+    n, L = p.shape
+    v = p.sum(axis=0)
+    s = np.zeros(L)
+    for i in range(n):
+        pos = L - n + i
+        s[: pos + 1] += p[i, pos::-1]  # offset o = pos - c
+    return v, s
+
+
+def vslash_scores(
+    q: Any,
+    keys: Any,
+    *,
+    variant: str = "kernel",
+    key_scale: Optional[Any] = None,
+    key_format: Optional[str] = None,
+) -> Tuple[np.ndarray, np.ndarray]:
+    """The exact column sums ``[n_heads, L]`` and diagonal sums by offset
+    ``[n_heads, L]`` (float64), before anything is forced."""
+    forced_slashes(variant)
+    qa, k = _inputs(q, keys, key_scale, key_format)
+    h, d = qa.shape[0], qa.shape[2]
+    hk = k.shape[1]
+    scale = 1.0 / math.sqrt(d) if variant == "kernel" else 1.0
+    v_out, s_out = np.zeros((h, k.shape[0])), np.zeros((h, k.shape[0]))
+    for j in range(h):
+        s = _head_scores(qa[j], k[:, j // (h // hk)], scale)
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        v_out[j], s_out[j] = _sums(e / e.sum(axis=1, keepdims=True))
+    return v_out, s_out
+
+
+def _gamma(m: float) -> float:
+    return m * _U / (1 - m * _U)
+
+
+def vslash_error_bounds(
+    q: Any,
+    keys: Any,
+    exp_bound: Tuple[float, float],
+    *,
+    variant: str = "kernel",
+    key_scale: Optional[Any] = None,
+    key_format: Optional[str] = None,
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Per candidate, a bound on ``|core's float32 sum - exact sum|``: ``(err_vertical,
+    err_slash)``, each ``[n_heads, L]``. ``exp_bound`` is the core's ``exp``
+    bound ``(rel_err, lo)`` (``kvselect._core._exp_bound()``).
+
+    Each score ``s`` is within ``E = A (gamma_d (1 + u)^2 + 2u + u^2)`` of the
+    computed one (``A = sum |q_k k_k| / sqrt(d)``; unscaled: ``A gamma_d``); each
+    ``e`` within a factor ``exp(+-delta)`` of ``exp(s - max)``, ``delta = E + E_max +
+    u (|s - max| + 2 E_max) - ln(1 - rel_err)`` (a term whose argument may fall
+    below ``lo`` is anywhere in ``[0, exp(s - max + delta)]``); the row sum within
+    ``gamma_{ceil(len/8)+3}`` of the sum of those; ``1/Z`` and ``e * w`` one
+    rounding each; the sums of at most 64 rows ``gamma_64``."""
+    rel, lo = exp_bound
+    forced_slashes(variant)
+    qa, k = _inputs(q, keys, key_scale, key_format)
+    h, n, d = qa.shape
+    L, hk = k.shape[0], k.shape[1]
+    scaled = variant == "kernel"
+    scale = 1.0 / math.sqrt(d) if scaled else 1.0
+    g = _gamma(d) + d * 2.0**-52  # the float32 chain, and this module's own float64 dot
+    eta = g * (1 + _U) ** 2 + 2 * _U + _U**2 if scaled else g
+    lam = -math.log1p(-rel)
+    errs_v, errs_s = np.zeros((h, L)), np.zeros((h, L))
+    for j in range(h):
+        kh = k[:, j // (h // hk)]
+        s = _head_scores(qa[j], kh, scale)
+        a = (np.abs(qa[j]) @ np.abs(kh).T) * scale
+        valid = np.isfinite(s)
+        big_e = np.where(valid, a * eta, 0.0)
+        m = s.max(axis=1, keepdims=True)
+        e_max = big_e.max(axis=1, keepdims=True)
+        gap = np.where(valid, s - m, 0.0)
+        delta = big_e + e_max + _U * (np.abs(gap) + 2 * e_max) + lam
+        e = np.where(valid, np.exp(gap), 0.0)
+        z = e.sum(axis=1, keepdims=True)
+        p = e / z
+        may_flush = gap - (delta - lam) < lo
+        f_hi = np.exp(delta)
+        f_lo = np.where(may_flush, 0.0, np.exp(-delta))
+        lens = L - n + np.arange(n) + 1
+        gz = np.array([_gamma(-(-int(x) // 8) + 3) for x in lens])[:, None]
+        z_hi = (1 + gz) * (p * f_hi).sum(axis=1, keepdims=True)
+        z_lo = (1 - gz) * (p * f_lo).sum(axis=1, keepdims=True)
+        p_hi = np.where(valid, p * f_hi * (1 + _U) ** 2 / z_lo, 0.0)
+        p_lo = np.where(valid, p * f_lo * (1 - _U) ** 2 / z_hi, 0.0)
+        g64 = _gamma(64)
+        # Float32 sums of products that may be subnormal: an absolute 2^-140
+        # a term per operation covers their rounding (and this module's own).
+        tiny = 2.0**-130
+        for which, out in ((0, errs_v), (1, errs_s)):
+            exact = _sums(p)[which]
+            hi_sum = _sums(p_hi)[which] * (1 + g64) + tiny
+            lo_sum = _sums(p_lo)[which] * (1 - g64) - tiny
+            out[j] = np.maximum(hi_sum - exact, exact - lo_sum) + 1e-13 * exact
+    return errs_v, errs_s
+
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    order = np.lexsort((np.arange(len(scores)), -scores))
+    return np.sort(order[:k]).astype(np.int32)
+
+
+def vslash_select(
+    q: Any,
+    keys: Any,
+    vertical_size: int,
+    slash_size: int,
+    *,
+    variant: str = "kernel",
+    key_scale: Optional[Any] = None,
+    key_format: Optional[str] = None,
+) -> Tuple[np.ndarray, np.ndarray]:
+    """The exact selection: columns ``[n_heads, nv]`` and offsets ``[n_heads, ns]``,
+    each ascending (the native :func:`kvselect.vslash_select`'s signature)."""
+    fs = forced_slashes(variant)
+    v, s = vslash_scores(q, keys, variant=variant, key_scale=key_scale, key_format=key_format)
+    L = v.shape[1]
+    nv, ns = vslash_sizes(L, vertical_size, slash_size)
+    v[:, :FORCED_COLUMNS] = np.inf
+    s[:, :fs] = np.inf
+    return (
+        np.array([_top(r, nv) for r in v], np.int32).reshape(len(v), nv),
+        np.array([_top(r, ns) for r in s], np.int32).reshape(len(s), ns),
+    )
+
+
+def vslash_rows(vertical: Any, slash: Any, seq_len: int, positions: Any) -> np.ndarray:
+    """Each query position's positions: the columns ``<= p`` and the keys ``p - o
+    >= 0``, ascending, distinct, -1 padded: ``[n_heads, n_positions, nv + ns]``."""
+    v, s = np.asarray(vertical, np.int64), np.asarray(slash, np.int64)
+    pos = np.asarray(positions, np.int64)
+    out = np.full((v.shape[0], len(pos), v.shape[1] + s.shape[1]), -1, np.int32)
+    for h in range(v.shape[0]):
+        for j, p in enumerate(pos):
+            row = np.union1d(v[h][v[h] <= p], p - s[h][s[h] <= p])
+            out[h, j, : len(row)] = row
+    return out
+
+
+def vslash_layout(vertical: Any, slash: Any, seq_len: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``convert_vertical_slash_indexes``' layout (64-query blocks, 64-key blocks):
+    ``(block_count [H, nb], block_offset [H, nb, ns], column_count [H, nb],
+    column_index [H, nb, nv])``, unused slots 0, read from the CUDA kernel: per
+    query block ``[start, end)``, columns ascending and offsets descending, the
+    offsets ``>= end`` skipped; each offset's key range ``[end - o - 64, end - o)``
+    (its end at least 64), merged in order (an end within 64 past the current
+    range extends it by 64, a farther one closes it); a column below the current
+    range listed, one inside it dropped."""
+    v = np.sort(np.asarray(vertical, np.int64), axis=1)
+    s = -np.sort(-np.asarray(slash, np.int64), axis=1)
+    h, nv = v.shape
+    ns = s.shape[1]
+    if np.any(s.min(axis=1) >= LAYOUT_BLOCK):
+        raise ReferenceSelectionError("slash", "each head needs an offset below 64")
+    nb = -(-seq_len // LAYOUT_BLOCK)
+    bc, cc = np.zeros((h, nb), np.int32), np.zeros((h, nb), np.int32)
+    bo, ci = np.zeros((h, nb, ns), np.int32), np.zeros((h, nb, nv), np.int32)
+    B = LAYOUT_BLOCK
+    for j in range(h):
+        for m in range(nb):
+            end = (m + 1) * B
+            blocks: List[int] = []
+            cols: List[int] = []
+            offs = [int(o) for o in s[j] if o < end]
+            hi = max(end - offs[0], B)
+            lo = hi - B
+            rest = offs[1:]
+            for c in v[j]:
+                while c >= hi and rest:
+                    e = max(end - rest.pop(0), B)
+                    if e > hi + B:
+                        blocks += range(lo, hi, B)
+                        lo, hi = e - B, e
+                    elif e > hi:
+                        hi += B
+                if c >= hi:
+                    break
+                if c < lo:
+                    cols.append(int(c))
+            while rest:  # the offsets left after the last column
+                e = max(end - rest.pop(0), B)
+                if e > hi + B:
+                    blocks += range(lo, hi, B)
+                    lo, hi = e - B, e
+                elif e > hi:
+                    hi += B
+            blocks += range(lo, hi, B)
+            bc[j, m], cc[j, m] = len(blocks), len(cols)
+            bo[j, m, : len(blocks)] = blocks
+            ci[j, m, : len(cols)] = cols
+    return bc, bo, cc, ci
