@@ -61,6 +61,7 @@ pub mod exp;
 pub mod indexer;
 pub mod keys;
 pub mod metrics;
+pub mod moba;
 mod packed;
 pub mod pool;
 pub mod quest;

@@ -617,6 +617,7 @@ mod tests {
         ("quest.fold", crate::quest::dispatch_probe),
         ("quest.page_bounds", crate::quest::dispatch_probe),
         ("quest.scores", crate::quest::dispatch_probe),
+        ("moba.gates", crate::moba::dispatch_probe),
     ];
 
     /// The levels a family has no kernel for, refused by name (`avx512 =>
@@ -629,6 +630,7 @@ mod tests {
         ("quest.fold", Level::Avx512, Level::Avx2),
         ("quest.page_bounds", Level::Avx512, Level::Avx2),
         ("quest.scores", Level::Avx512, Level::Avx2),
+        ("moba.gates", Level::Avx512, Level::Avx2),
     ];
 
     /// A level added to the dispatch is reached by every kernel family, or

@@ -43,6 +43,10 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   bfloat16 / fp8 caches and updated per decode step, the score bound they put
   on a query, and the pages it reads (Quest's kernels, its evaluation script,
   SGLang's variant);
+- MoBA's block selection (:func:`moba_gates`, :func:`moba_select`,
+  :func:`moba_select_paged`): each query's gate on every completed past
+  block's mean key, the top ``topk - 1`` blocks and its own, dense, packed
+  or paged at decode, bfloat16 / fp8 keys read in place;
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -90,6 +94,9 @@ from kvselect._core import (
     indexer_topk_packed,
     indexer_topk_paged,
     locality_null,
+    moba_gates,
+    moba_select,
+    moba_select_paged,
     oracle_topk,
     output_relative_error,
     output_relative_error_rows,
@@ -178,6 +185,9 @@ __all__ = [
     "indexer_scores",
     "indexer_magnitudes",
     "locality_null",
+    "moba_gates",
+    "moba_select",
+    "moba_select_paged",
     "oracle_topk",
     "output_relative_error",
     "output_relative_error_rows",

@@ -48,6 +48,7 @@ mod compressed;
 mod dlpack;
 mod errors;
 mod indexer;
+mod moba;
 mod quest;
 mod runtime;
 mod witness;
@@ -69,6 +70,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dlpack::register(m)?;
     compressed::register(m)?;
     quest::register(m)?;
+    moba::register(m)?;
     runtime::register(m)?;
     Ok(())
 }

@@ -18,6 +18,7 @@ ORDER = [
     "indexer",
     "compressed",
     "quest",
+    "moba",
     "metrics",
     "check",
     "eviction",

@@ -364,6 +364,11 @@ def _samples():
         "quest_update": (core.quest_update, (qlo.copy(), qhi.copy(), qk[0], 32)),
         "quest_scores": (core.quest_scores, (qq, qlo, qhi)),
         "quest_select": (core.quest_select, (qq, qlo, qhi, 40, 2)),
+        "moba_select": (core.moba_select, (rng.standard_normal((40, 4, 8)).astype(np.float32), qk, 3, 8)),
+        "moba_select_paged": (
+            core.moba_select_paged,
+            (qq[None], qcache, np.array([[0, 1, 2]], np.int32), [40], 2, 3, 8),
+        ),
         "sparse_attention": (
             core.sparse_attention,
             (q, k[:, None, :], k[:, None, :4], pos, np.array([[[0, 2, 2, -1]]] * 4, np.int32)),

@@ -39,6 +39,8 @@ lives, not a second API). Bottom up (each imports only modules above it):
   (``combine_topk_swa_indices``);
 - **quest**: Quest's page bounds (dense, packed, paged, the decode update),
   page scores and page sets (Quest's kernels, its evaluation script, SGLang's);
+- **moba**: MoBA's block gates and block sets (the efficient code and the naive
+  variant; dense, packed, paged at decode);
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error (uses witness, attn);
 - **eviction**: the KV-eviction baselines' kept positions at a boundary
@@ -132,6 +134,11 @@ from .metrics import (
     output_relative_error_rows,
     segment_coverage_rows,
     slots_used_rows,
+)
+from .moba import (
+    moba_gates,
+    moba_select,
+    moba_select_paged,
 )
 from .quest import (
     quest_bounds,

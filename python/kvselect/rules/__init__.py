@@ -23,7 +23,17 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from kvselect.rules import baselines, block_sparse, compressed, eviction, indexer, quest, sparse_attention, witness
+from kvselect.rules import (
+    baselines,
+    block_sparse,
+    compressed,
+    eviction,
+    indexer,
+    moba,
+    quest,
+    sparse_attention,
+    witness,
+)
 from kvselect.rules._rule import (
     TOKENS,
     BudgetUnit,
@@ -44,6 +54,7 @@ RULES: Tuple[Rule, ...] = (
     compressed.RULE,
     baselines.RULE,
     quest.RULE,
+    moba.RULE,
     sparse_attention.RULE,
     eviction.RULE,
 )

@@ -62,7 +62,8 @@ pub(super) use self::floats::Floats;
 pub(super) use self::formats::{element_name, format_of, is_native_order, EncodedIn};
 pub(super) use self::objects::{numpy, Obj, Opt, F64, I32};
 pub(super) use self::options::{
-    AsFormatArg, FormatArg, KeyFormat, Named, PageLayoutName, QueryFormat, QuestVariantName,
+    AsFormatArg, FormatArg, KeyFormat, MobaVariantName, Named, PageLayoutName, QueryFormat,
+    QuestVariantName,
 };
 pub(super) use self::out::{detach, Out};
 pub(super) use self::renamed::refuse_extra_keywords;

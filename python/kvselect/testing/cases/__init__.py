@@ -90,6 +90,12 @@ from kvselect.testing.cases.blocks import (
     block_ties,
     witness_rows,
 )
+from kvselect.testing.cases.moba import (
+    all_moba_cases,
+    moba_current_block_forced,
+    moba_partial_block_gated,
+    moba_ties,
+)
 from kvselect.testing.cases.quest import (
     all_quest_cases,
     quest_dense_fallback,
@@ -122,6 +128,7 @@ __all__ = [
     "all_topk_cases",
     "all_block_cases",
     "all_quest_cases",
+    "all_moba_cases",
     "all_witness_cases",
     "all_sparse_attention_cases",
     "tail_lengths",
@@ -150,6 +157,9 @@ __all__ = [
     "quest_stale_slots",
     "quest_ties",
     "quest_fp8_scales",
+    "moba_partial_block_gated",
+    "moba_current_block_forced",
+    "moba_ties",
     "empty_rows",
     "masked_first_chunk",
     "repeated_entries",

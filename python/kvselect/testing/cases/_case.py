@@ -30,7 +30,8 @@ class Case:
         ``query_pos``, ``topk``, and where used ``key_scale``,
         ``cu_seqlens``, ``seq_ids``, ``kv_cache``, ``block_table``,
         ``seq_lens``, ``page_layout``, ``compress_ratio``; ``block_sparse_select``'s for
-        ``blocks``; :func:`kvselect.testing.assert_quest`'s for ``quest``; ``topk_indices``, ``context_lens``, ``num_segments`` for
+        ``blocks``; :func:`kvselect.testing.assert_quest`'s for ``quest``;
+        :func:`kvselect.testing.assert_moba`'s for ``moba``; ``topk_indices``, ``context_lens``, ``num_segments`` for
         ``witnesses``; ``assert_sparse_attention``'s (``q``, ``k``, ``v``,
         ``indices``, ``conventions`` and the layout's arrays) for
         ``sparse_attention``).
@@ -103,6 +104,8 @@ class Case:
             return testing.assert_blocks(rows, **self.inputs, **self.check)
         if self.rule == "quest":
             return testing.assert_quest(rows, **self.inputs, **self.check)
+        if self.rule == "moba":
+            return testing.assert_moba(rows, **self.inputs, **self.check)
         if self.meta.get("non_finite"):
             assert self.scores is not None and self.context_lens is not None
             return testing._assert_scores(rows, self.scores, self.context_lens, int(self.inputs["topk"]), **self.check)
