@@ -198,6 +198,9 @@ pub fn rank(a: (f32, u32), b: (f32, u32)) -> Ordering {
     by_gate.then(a.1.cmp(&b.1))
 }
 
+/// Slots up to which [`write_row`] keeps its best blocks by insertion.
+const SMALL: usize = 8;
+
 /// Writes one row: the `n_past` best of `gates` (the past blocks `0 .. c`) by
 /// [`rank`], and `c`, ascending, then `-1`. `scratch` is reused.
 fn write_row(
@@ -215,8 +218,27 @@ fn write_row(
         return;
     }
     scratch.clear();
-    scratch.extend(gates.iter().enumerate().map(|(b, &g)| (g, b as u32)));
-    if n_past > 0 {
+    if n_past <= SMALL {
+        // A few slots (MoBA's topk is 2 to 8): one pass keeping the best
+        // `n_past` in order; most blocks lose to the last kept at once.
+        let mut best = [(0.0f32, 0u32); SMALL];
+        let mut len = 0;
+        for (b, &g) in gates.iter().enumerate() {
+            let e = (g, b as u32);
+            if len == n_past && (n_past == 0 || rank(e, best[len - 1]) != Ordering::Less) {
+                continue;
+            }
+            let mut i = if len == n_past { len - 1 } else { len };
+            len = (len + 1).min(n_past);
+            while i > 0 && rank(e, best[i - 1]) == Ordering::Less {
+                best[i] = best[i - 1];
+                i -= 1;
+            }
+            best[i] = e;
+        }
+        scratch.extend_from_slice(&best[..n_past]);
+    } else {
+        scratch.extend(gates.iter().enumerate().map(|(b, &g)| (g, b as u32)));
         scratch.select_nth_unstable_by(n_past - 1, |a, b| rank(*a, *b));
     }
     let chosen = &mut scratch[..n_past];

@@ -393,3 +393,35 @@ fn the_gates_kernel_is_bit_identical_on_every_level() {
         }
     }
 }
+
+#[test]
+fn write_row_keeps_the_best_by_the_total_order_at_every_slot_count() {
+    let mut rng = ChaCha8Rng::seed_from_u64(47);
+    let mut scratch = Vec::new();
+    for _ in 0..3000 {
+        let c = rng.random_range(0..40);
+        let gates: Vec<f32> = (0..c)
+            .map(|_| match rng.random_range(0..8) {
+                0 => f32::NAN,
+                1 => -0.0,
+                2 => 0.0,
+                3 => 1.0,
+                _ => rng.random_range(-3.0f32..3.0),
+            })
+            .collect();
+        let n_past = rng.random_range(0..c + 2).min(c);
+        let mut want: Vec<(f32, u32)> = gates
+            .iter()
+            .enumerate()
+            .map(|(b, &g)| (g, b as u32))
+            .collect();
+        want.sort_by(|a, b| rank(*a, *b));
+        let mut ids: Vec<i32> = want[..n_past].iter().map(|e| e.1 as i32).collect();
+        ids.sort();
+        ids.push(c as i32);
+        let mut row = vec![7; c + 2];
+        write_row(&gates, c, n_past, &mut scratch, &mut row);
+        assert_eq!(&row[..ids.len()], &ids[..]);
+        assert!(row[ids.len()..].iter().all(|&x| x == -1));
+    }
+}
