@@ -64,6 +64,7 @@ pub mod indexer;
 pub mod infllm;
 pub mod keys;
 pub mod metrics;
+pub mod moba;
 mod packed;
 pub mod pool;
 pub mod quest;

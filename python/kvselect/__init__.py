@@ -51,6 +51,10 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   :func:`vslash_scores`, :func:`vslash_rows`, :func:`vslash_layout`): the key
   columns and diagonals a prefill reads, from the last queries' causal softmax,
   each query's positions, and the per-block layout the engines' kernels take;
+- MoBA's block selection (:func:`moba_gates`, :func:`moba_select`,
+  :func:`moba_select_paged`): each query's gate on every completed past
+  block's mean key, the top ``topk - 1`` blocks and its own, dense, packed
+  or paged at decode, bfloat16 / fp8 keys read in place;
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -100,6 +104,9 @@ from kvselect._core import (
     infllm_block_scores,
     infllm_select,
     locality_null,
+    moba_gates,
+    moba_select,
+    moba_select_paged,
     oracle_topk,
     output_relative_error,
     output_relative_error_rows,
@@ -194,6 +201,9 @@ __all__ = [
     "infllm_block_scores",
     "infllm_select",
     "locality_null",
+    "moba_gates",
+    "moba_select",
+    "moba_select_paged",
     "oracle_topk",
     "output_relative_error",
     "output_relative_error_rows",

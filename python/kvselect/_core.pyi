@@ -16,6 +16,9 @@ __all__ = [
     "quest_update",
     "quest_scores",
     "quest_select",
+    "moba_gates",
+    "moba_select",
+    "moba_select_paged",
     "vslash_select",
     "vslash_scores",
     "vslash_rows",
@@ -2688,6 +2691,207 @@ def quest_select(
     >>> kmin, kmax = kvselect.quest_bounds(keys, page_size=1)
     >>> kvselect.quest_select(np.ones((1, 1), np.float32), kmin, kmax, 5, 3, page_size=1)
     array([[0, 2, 4]], dtype=int32)
+    """
+
+def moba_gates(
+    q: _ArrayIn,
+    k: _ArrayIn,
+    block_size: int,
+    *,
+    key_scale: Optional[_ArrayIn] = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+) -> npt.NDArray[np.float32]:
+    """The gate of every past block of each query: MoBA's ``q · mean(K of the block)``.
+
+    One sequence: query ``i`` of ``n_queries`` sits at position ``n_keys - n_queries + i``,
+    its current block is ``pos // block_size``, and each block ``b`` before it (all
+    complete) is gated by the query head against its KV head's block mean (``n_q_heads /
+    n_kv_heads`` query heads a KV head). The mean is the float32 sum in token order times
+    ``float32(1 / block_size)``; the gate the 8-lane fused dot product of docs/moba.md,
+    the same bits at every SIMD level.
+
+    Parameters
+    ----------
+    q : array_like, [n_queries, n_q_heads, d]
+        The queries (float32, float16, ml_dtypes bfloat16, or raw with ``query_format``).
+    k : array_like, [n_keys, n_kv_heads, d]
+        The keys: float32, float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw uint16 /
+        uint8 view with ``key_format``; read in place.
+    block_size : int
+        Tokens per block (MoBA's ``moba_chunk_size``), >= 1.
+    key_scale : array_like of float32, [n_keys], optional
+        Each key's scale (fp8 keys): its value is ``k * scale`` rounded to float32.
+    key_format, query_format : str, optional
+        The formats of raw ``k`` and ``q``.
+
+    Returns
+    -------
+    ndarray of float32, [n_queries, n_q_heads, n_blocks]
+        ``n_blocks = ceil(n_keys / block_size)``; NaN at the current and future blocks
+        (never gated).
+
+    Raises
+    ------
+    SelectionError
+        when ``q`` or ``k`` is not 3-D, their ``d`` differ, the query heads are not a
+        multiple of the KV heads or the queries outnumber the keys (``q``, ``k``),
+        ``block_size`` is 0 (``block_size``) or ``key_scale`` is not one per key.
+
+    See Also
+    --------
+    moba_select : the blocks these gates choose.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> k = np.array([0, 2, 4, 6, -3, -1], np.float32).reshape(6, 1, 1)
+    >>> kvselect.moba_gates(np.ones((1, 1, 1), np.float32), k, 2)[0, 0].tolist()
+    [1.0, 5.0, nan]
+    """
+
+def moba_select(
+    q: _ArrayIn,
+    k: _ArrayIn,
+    topk: int,
+    block_size: int,
+    *,
+    key_scale: Optional[_ArrayIn] = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    cu_seqlens: Optional[_ArrayIn] = None,
+    cu_seqlens_q: Optional[_ArrayIn] = None,
+    variant: str = "efficient",
+) -> npt.NDArray[np.int32]:
+    """The blocks each query reads: MoBA's block selection.
+
+    ``variant='efficient'`` (``moba/moba_efficient.py``, the rule): each query reads its
+    current block (``pos // block_size``, forced, attended causally) and the ``topk - 1``
+    past blocks with the greatest gate (:func:`moba_gates`), all of them when there are
+    fewer; at ``topk = 1`` every block up to its own (MoBA's fallback to full causal
+    attention). ``'naive'`` (``moba/moba_naive.py``): the same for ``topk >= 2``, its
+    own block alone at ``topk = 1``. Only completed past blocks are gated; ties go to the
+    lower block id. A packed batch (``cu_seqlens``) numbers each sequence's blocks from 0.
+
+    Parameters
+    ----------
+    q : array_like, [n_queries, n_q_heads, d]
+        The queries, formats as :func:`moba_gates`.
+    k : array_like, [n_keys, n_kv_heads, d]
+        The keys, read in place.
+    topk : int
+        Blocks per query, the forced current block counted (MoBA's ``moba_topk``), >= 1.
+    block_size : int
+        Tokens per block (``moba_chunk_size``), >= 1.
+    key_scale : array_like of float32, [n_keys], optional
+        Each key's scale (fp8 keys).
+    key_format, query_format : str, optional
+        The formats of raw ``k`` and ``q``.
+    cu_seqlens : array_like of int, [n_seqs + 1], optional
+        A packed batch: sequence ``s`` is keys ``cu_seqlens[s] .. cu_seqlens[s + 1]``.
+        None: one sequence.
+    cu_seqlens_q : array_like of int, [n_seqs + 1], optional
+        Its queries, the last positions of its keys (default ``cu_seqlens``; without
+        ``cu_seqlens``, the queries are the last ``n_queries`` of the keys).
+    variant : {'efficient', 'naive'}, optional
+        Whose selection (default ``'efficient'``).
+
+    Returns
+    -------
+    ndarray of int32, [n_queries, n_q_heads, width]
+        Each row's block ids ascending, then -1. ``width`` is ``topk``, or, for
+        ``'efficient'`` at ``topk = 1``, the most blocks a query of the batch sees.
+
+    Raises
+    ------
+    SelectionError
+        when ``topk`` or ``block_size`` is 0 (named), ``q`` does not fit ``k`` (``q``, ``k``),
+        ``key_scale`` is not one per key, ``cu_seqlens`` does not rise from 0 to
+        ``n_keys`` (``cu_seqlens``), ``cu_seqlens_q`` does not rise from 0 to
+        ``n_queries`` or gives a sequence more queries than keys (``cu_seqlens_q``).
+
+    See Also
+    --------
+    moba_gates : the gates ranked.
+    moba_select_paged : the same selection at decode over a paged cache.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> k = np.array([0, 2, 4, 6, -3, -1, 3, 3], np.float32).reshape(8, 1, 1)
+    >>> kvselect.moba_select(np.ones((1, 1, 1), np.float32), k, 2, 2)
+    array([[[1, 3]]], dtype=int32)
+    """
+
+def moba_select_paged(
+    q: _ArrayIn,
+    kv_cache: _ArrayIn,
+    block_table: _ArrayIn,
+    seq_lens: _ArrayIn,
+    n_kv_heads: int,
+    topk: int,
+    block_size: int,
+    *,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    variant: str = "efficient",
+) -> npt.NDArray[np.int32]:
+    """MoBA's block selection at decode, over an engine's paged key cache.
+
+    Sequence ``s`` decodes one query at position ``seq_lens[s] - 1``; its keys are its
+    first ``seq_lens[s]`` tokens through its ``block_table`` row (the cache's pages need
+    not be MoBA's blocks). Equal, row for row, to :func:`moba_select` on the same keys
+    laid out densely (fp8 keys times their scales).
+
+    Parameters
+    ----------
+    q : array_like, [n_seqs, n_q_heads, d]
+        Each sequence's decoding query.
+    kv_cache : array_like, [num_blocks, page_size, n_kv_heads * d]
+        The pages read in place (any block stride), or uint8 pages of fp8 keys then one
+        float32 scale per token (``[num_blocks, page_size, n_kv_heads * d + 4]``,
+        ``page_layout='fp8_scaled'``).
+    block_table : array_like of int32, [n_seqs, max_blocks]
+        Logical page -> cache block, per sequence.
+    seq_lens : array_like of int, [n_seqs]
+        Tokens per sequence (the query's own included), each >= 1.
+    n_kv_heads : int
+        KV heads per token.
+    topk : int
+        Blocks per query, the forced current block counted, >= 1.
+    block_size : int
+        MoBA's block, in tokens.
+    page_layout : {'dense', 'fp8_scaled'}, optional
+        How a page holds its keys.
+    key_format, query_format : str, optional
+        The formats of a raw cache and ``q``.
+    variant : {'efficient', 'naive'}, optional
+        Whose selection (default ``'efficient'``).
+
+    Returns
+    -------
+    ndarray of int32, [n_seqs, n_q_heads, width]
+        As :func:`moba_select`.
+
+    Raises
+    ------
+    SelectionError
+        when the cache, table or lengths are refused (``kv_cache``, ``block_table``,
+        ``seq_lens``), ``n_kv_heads`` does not divide a row, ``q`` does not fit, or
+        ``topk`` / ``block_size`` is 0.
+
+    See Also
+    --------
+    moba_select : the dense and packed forms.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> cache = np.array([0, 2, 4, 6, -3, -1, 3, 3], np.float32).reshape(4, 2, 1)[::-1]
+    >>> table = np.array([[3, 2, 1, 0]], np.int32)
+    >>> kvselect.moba_select_paged(np.ones((1, 1, 1), np.float32), cache, table, [8], 1, 2, 2)
+    array([[[1, 3]]], dtype=int32)
     """
 
 def vslash_select(

@@ -49,6 +49,7 @@ mod dlpack;
 mod errors;
 mod indexer;
 mod infllm;
+mod moba;
 mod quest;
 mod runtime;
 mod vslash;
@@ -73,6 +74,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     infllm::register(m)?;
     quest::register(m)?;
     vslash::register(m)?;
+    moba::register(m)?;
     runtime::register(m)?;
     Ok(())
 }

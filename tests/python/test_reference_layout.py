@@ -20,6 +20,7 @@ ORDER = [
     "quest",
     "infllm",
     "vslash",
+    "moba",
     "metrics",
     "check",
     "eviction",

@@ -368,6 +368,11 @@ def _samples():
         "infllm_select": (core.infllm_select, (qq[None], qk[:1], 40)),
         "vslash_select": (core.vslash_select, (rng.standard_normal((2, 40, 8)).astype(np.float32), qk, 30, 50)),
         "vslash_scores": (core.vslash_scores, (rng.standard_normal((2, 40, 8)).astype(np.float32), qk)),
+        "moba_select": (core.moba_select, (rng.standard_normal((40, 4, 8)).astype(np.float32), qk, 3, 8)),
+        "moba_select_paged": (
+            core.moba_select_paged,
+            (qq[None], qcache, np.array([[0, 1, 2]], np.int32), [40], 2, 3, 8),
+        ),
         "sparse_attention": (
             core.sparse_attention,
             (q, k[:, None, :], k[:, None, :4], pos, np.array([[[0, 2, 2, -1]]] * 4, np.int32)),

@@ -45,6 +45,8 @@ lives, not a second API). Bottom up (each imports only modules above it):
 - **vslash**: MInference's vertical-slash estimate (the last queries' column
   and diagonal sums, their top-k, each query's positions, the engines'
   per-block layout) and the bound on the core's float32 sums;
+- **moba**: MoBA's block gates and block sets (the efficient code and the naive
+  variant; dense, packed, paged at decode);
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error (uses witness, attn);
 - **eviction**: the KV-eviction baselines' kept positions at a boundary
@@ -144,6 +146,11 @@ from .metrics import (
     output_relative_error_rows,
     segment_coverage_rows,
     slots_used_rows,
+)
+from .moba import (
+    moba_gates,
+    moba_select,
+    moba_select_paged,
 )
 from .quest import (
     quest_bounds,

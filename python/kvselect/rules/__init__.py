@@ -30,6 +30,7 @@ from kvselect.rules import (
     eviction,
     indexer,
     infllm,
+    moba,
     quest,
     sparse_attention,
     vslash,
@@ -57,6 +58,7 @@ RULES: Tuple[Rule, ...] = (
     quest.RULE,
     infllm.RULE,
     vslash.RULE,
+    moba.RULE,
     sparse_attention.RULE,
     eviction.RULE,
 )

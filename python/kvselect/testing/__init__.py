@@ -1,7 +1,7 @@
 """Check a kernel from its own test suite: assertions in the style of
 ``torch.testing.assert_close``.
 
-:func:`assert_topk`, :func:`assert_blocks`, :func:`assert_quest`, :func:`assert_infllm`, :func:`assert_vslash`,
+:func:`assert_topk`, :func:`assert_blocks`, :func:`assert_quest`, :func:`assert_moba`, :func:`assert_infllm`, :func:`assert_vslash`,
 :func:`assert_witnesses` and
 :func:`assert_sparse_attention` apply the rules and tolerance defaults of ``kvselect check`` (the checks of
 :mod:`kvselect.checking`, called here: nothing is re-derived) to the tensors
@@ -52,6 +52,7 @@ __all__ = [
     "assert_topk",
     "assert_blocks",
     "assert_quest",
+    "assert_moba",
     "assert_infllm",
     "assert_vslash",
     "assert_witnesses",
@@ -614,6 +615,80 @@ def assert_vslash(
     if key_scale is not None:
         d["key_scale"] = np.asarray(_host(key_scale, "key_scale"), dtype=np.float32)
     return _conclude(check_dump(d, atol=atol, rtol=rtol), False, "assert_vslash")
+
+
+def assert_moba(
+    rows: Any,
+    q: Any,
+    keys: Any,
+    topk: int,
+    block_size: int,
+    *,
+    cu_seqlens: Any = None,
+    cu_seqlens_q: Any = None,
+    variant: str = "efficient",
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    precision: str = "float32",
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+) -> Report:
+    """Assert that ``rows`` are MoBA's block sets, as ``kvselect check`` judges a
+    ``moba`` dump (each row decided in real arithmetic, ties at the threshold
+    either way).
+
+    Parameters
+    ----------
+    rows : array_like or DLPack tensor
+        Block ids ``[n_queries, n_q_heads, width]``, any order, ``-1`` padded.
+    q, keys, topk, block_size, cu_seqlens, cu_seqlens_q, variant
+        As :func:`kvselect.moba_select` takes them (``keys`` its ``k``).
+    key_scale, key_format, query_format
+        As :func:`kvselect.moba_select`.
+    precision, rtol, atol
+        The tolerance, as :func:`assert_topk` (the magnitude of a gate is
+        ``sum_i |q_i| mean_t |k_ti|``).
+
+    Returns
+    -------
+    Report
+        The report, as :func:`kvselect.checking.check_dump` returns it.
+
+    Raises
+    ------
+    CheckFailure
+        When some row is wrong (message: the ``kvselect check`` text;
+        ``err.report``).
+    kvselect.checking.DumpError
+        Arguments that do not fit together (named by their dump keys).
+
+    See Also
+    --------
+    assert_quest : the same for Quest's page sets.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> from kvselect.testing import assert_moba
+    >>> k = np.array([0, 2, 4, 6, -3, -1, 3, 3], np.float32).reshape(8, 1, 1)
+    >>> q = np.ones((1, 1, 1), np.float32)
+    >>> assert_moba(np.array([[[3, 1]]]), q, k, 2, 2)["wrong"]
+    0
+    """
+    p = _precision(precision, ValueError)
+    d: Dict[str, Any] = {"kind": np.asarray("moba"), "precision": np.asarray(p)}
+    _as_dump_array(_host(q, "q"), "q", d, query_format)
+    _as_dump_array(_host(keys, "keys"), "keys", d, key_format)
+    d["rows"] = np.asarray(_host(rows, "rows"))
+    d["topk"], d["block_size"] = np.asarray(int(topk)), np.asarray(int(block_size))
+    d["variant"] = np.asarray(variant)
+    for name, v in (("cu_seqlens", cu_seqlens), ("cu_seqlens_q", cu_seqlens_q)):
+        if v is not None:
+            d[name] = np.asarray(_host(v, name)).reshape(-1)
+    if key_scale is not None:
+        d["key_scale"] = np.asarray(_host(key_scale, "key_scale"), dtype=np.float32)
+    return _conclude(check_dump(d, atol=atol, rtol=rtol), False, "assert_moba")
 
 
 def assert_witnesses(before: Any, after: Any, context_lens: Any, num_segments: int) -> Report:

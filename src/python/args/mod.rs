@@ -62,7 +62,7 @@ pub(super) use self::floats::Floats;
 pub(super) use self::formats::{element_name, format_of, is_native_order, EncodedIn};
 pub(super) use self::objects::{numpy, Obj, Opt, F64, I32};
 pub(super) use self::options::{
-    AsFormatArg, Choice, FormatArg, KeyFormat, Named, PageLayoutName, QueryFormat,
+    AsFormatArg, Choice, FormatArg, KeyFormat, MobaVariantName, Named, PageLayoutName, QueryFormat,
     QuestVariantName, VslashVariantName,
 };
 pub(super) use self::out::{detach, Out};

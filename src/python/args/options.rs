@@ -231,6 +231,29 @@ impl Choice for VslashVariantName {
     }
 }
 
+/// `variant=`: which of MoBA's implementations (`crate::moba::Variant`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(in crate::python) enum MobaVariantName {
+    /// `"efficient"`: `moba_efficient.py`, the rule.
+    Efficient,
+    /// `"naive"`: `moba_naive.py`.
+    Naive,
+}
+
+impl Choice for MobaVariantName {
+    const ARG: &'static str = "variant";
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "efficient" => Some(MobaVariantName::Efficient),
+            "naive" => Some(MobaVariantName::Naive),
+            _ => None,
+        }
+    }
+    fn unknown(got: &str) -> String {
+        format!("variant must be 'efficient' or 'naive', got {got:?}")
+    }
+}
+
 impl Choice for Repeats {
     const ARG: &'static str = "duplicates";
     fn from_name(name: &str) -> Option<Self> {

@@ -112,6 +112,12 @@ from kvselect.testing.cases.infllm import (
     infllm_ties,
     infllm_window_off_by_one,
 )
+from kvselect.testing.cases.moba import (
+    all_moba_cases,
+    moba_current_block_forced,
+    moba_partial_block_gated,
+    moba_ties,
+)
 from kvselect.testing.cases.quest import (
     all_quest_cases,
     quest_dense_fallback,
@@ -158,6 +164,7 @@ __all__ = [
     "all_quest_cases",
     "all_infllm_cases",
     "all_vslash_cases",
+    "all_moba_cases",
     "all_witness_cases",
     "all_sparse_attention_cases",
     "tail_lengths",
@@ -196,6 +203,9 @@ __all__ = [
     "vslash_forced",
     "vslash_short",
     "vslash_fp8_scales",
+    "moba_partial_block_gated",
+    "moba_current_block_forced",
+    "moba_ties",
     "empty_rows",
     "masked_first_chunk",
     "repeated_entries",

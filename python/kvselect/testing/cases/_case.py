@@ -31,6 +31,8 @@ class Case:
         ``cu_seqlens``, ``seq_ids``, ``kv_cache``, ``block_table``,
         ``seq_lens``, ``page_layout``, ``compress_ratio``; ``block_sparse_select``'s for
         ``blocks``; :func:`kvselect.testing.assert_quest`'s for ``quest``; :func:`kvselect.testing.assert_infllm`'s for ``infllm``; ``topk_indices``, ``context_lens``, ``num_segments`` for
+        ``blocks``; :func:`kvselect.testing.assert_quest`'s for ``quest``;
+        :func:`kvselect.testing.assert_moba`'s for ``moba``; ``topk_indices``, ``context_lens``, ``num_segments`` for
         ``witnesses``; ``assert_sparse_attention``'s (``q``, ``k``, ``v``,
         ``indices``, ``conventions`` and the layout's arrays) for
         ``sparse_attention``).
@@ -111,6 +113,8 @@ class Case:
             return assert_family_rows(rows, self.inputs, **self.check)
         if self.rule == "vslash":
             return testing.assert_vslash(rows, **self.inputs, **self.check)
+        if self.rule == "moba":
+            return testing.assert_moba(rows, **self.inputs, **self.check)
         if self.meta.get("non_finite"):
             assert self.scores is not None and self.context_lens is not None
             return testing._assert_scores(rows, self.scores, self.context_lens, int(self.inputs["topk"]), **self.check)

@@ -1,0 +1,86 @@
+"""MoBA's speed against its floor (issue 45): the larger of the rule's FMA count at
+the machine's FMA rate (``kvselect._core._fma_floor``, same thread count) and one
+read of the keys (``np.copyto`` of them), target <= 1.5x.
+
+- **prefill**: one sequence of 8,192 tokens, 8 query heads over 2 KV heads, d = 128,
+  blocks of 512, topk 3 (MoBA's own test shapes scaled up): ``moba_select``. The
+  rule's FMAs: every query head's gate on each of its ``c`` past blocks (``c * d``)
+  plus the block sums (``n_keys * n_kv_heads * d`` additions, counted as FMAs);
+- **decode**: 64 sequences of 32,768 tokens in a paged bfloat16 cache (pages of
+  16), 32 query heads over 8 KV heads, d = 128, blocks of 4,096, topk 3:
+  ``moba_select_paged`` (every call re-forms the block means: one read of the keys).
+
+One thread (``kvselect.set_num_threads(1)``, the floor on one thread), timed with
+``time.thread_time`` (CPU time of the calling thread: the machine is shared), the
+cases interleaved, medians of the repetitions. Run: ``python benches/moba_cases.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ml_dtypes
+import numpy as np
+
+import kvselect as ks
+from kvselect import _core
+
+
+def _median_times(cases: dict, reps: int) -> dict:
+    out = {name: [] for name in cases}
+    for _ in range(reps):
+        for name, fn in cases.items():
+            t0 = time.thread_time()
+            fn()
+            out[name].append(time.thread_time() - t0)
+    return {name: float(np.median(v)) for name, v in out.items()}
+
+
+def main(reps: int = 7) -> None:
+    ks.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    per_iter = _core._fma_floor(1)[0]
+    iters = 2_000_000
+    floor_t = _median_times({"floor": lambda: _core._fma_floor(iters)}, 5)["floor"]
+    rate = iters * per_iter / 2 / floor_t  # FMAs per second (a FMA is 2 flops)
+
+    # Prefill.
+    n, hq, h, d, bs, topk = 8192, 8, 2, 128, 512, 3
+    k = rng.standard_normal((n, h, d), dtype=np.float32)
+    q = rng.standard_normal((n, hq, d), dtype=np.float32)
+    dst = np.empty_like(k)
+    fmas = sum((p // bs) * d for p in range(n)) * hq + n * h * d
+    t = _median_times({"select": lambda: ks.moba_select(q, k, topk, bs), "copy": lambda: np.copyto(dst, k)}, reps)
+    floor = max(fmas / rate, t["copy"])
+    print(
+        f"prefill {n} x {hq}/{h} heads, d={d}, B={bs}, topk={topk}: {t['select'] * 1e3:.2f} ms; "
+        f"FMAs {fmas / 1e6:.1f} M at {rate / 1e9:.1f} GFMA/s = {fmas / rate * 1e3:.2f} ms, "
+        f"keys copy {t['copy'] * 1e3:.2f} ms -> {t['select'] / floor:.2f}x the floor"
+    )
+
+    # Decode over a paged bfloat16 cache.
+    n_seq, L, hq, h, d, bs, page = 16, 32768, 32, 8, 128, 4096, 16
+    pages = n_seq * L // page
+    cache = rng.standard_normal((pages, page, h * d), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    table = rng.permutation(pages).astype(np.int32).reshape(n_seq, L // page)
+    qd = rng.standard_normal((n_seq, hq, d), dtype=np.float32)
+    lens = np.full(n_seq, L)
+    dst = np.empty_like(cache)
+    fmas = n_seq * (L * h * d + hq * ((L - 1) // bs) * d)
+    t = _median_times(
+        {
+            "select": lambda: ks.moba_select_paged(qd, cache, table, lens, h, 3, bs),
+            "copy": lambda: np.copyto(dst, cache),
+        },
+        reps,
+    )
+    floor = max(fmas / rate, t["copy"])
+    print(
+        f"decode {n_seq} x {L} tokens paged bf16, {hq}/{h} heads, d={d}, B={bs}: {t['select'] * 1e3:.2f} ms; "
+        f"FMAs {fmas / 1e6:.1f} M = {fmas / rate * 1e3:.2f} ms, keys copy {t['copy'] * 1e3:.2f} ms "
+        f"-> {t['select'] / floor:.2f}x the floor"
+    )
+
+
+if __name__ == "__main__":
+    main()

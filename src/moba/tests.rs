@@ -1,0 +1,427 @@
+//! MoBA's core: the source's rule on hand-made examples, the total order,
+//! the variants at `topk = 1`, paged equal to dense, every refusal leaving
+//! the output as it was.
+
+use super::*;
+use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn shape(hq: usize, h: usize, d: usize, bs: usize) -> Shape {
+    Shape {
+        n_q_heads: hq,
+        n_kv_heads: h,
+        d,
+        block_size: bs,
+    }
+}
+
+fn select(q: &[f32], k: &[f32], s: Shape, topk: usize, v: Variant) -> Vec<i32> {
+    let n_k = k.len() / (s.n_kv_heads * s.d);
+    let n_q = q.len() / (s.n_q_heads * s.d);
+    let w = width(v, topk, n_k.div_ceil(s.block_size));
+    let mut out = vec![7; n_q * s.n_q_heads * w];
+    let cq = [0, n_q];
+    select_into(
+        Encoded::F32(q),
+        Encoded::F32(k),
+        None,
+        &[0, n_k],
+        Some(&cq),
+        s,
+        topk,
+        v,
+        &mut out,
+    )
+    .unwrap();
+    out
+}
+
+/// 8 keys of d = 1 in blocks of 2: block means 1, 5, -2, 3.
+const KEYS: [f32; 8] = [0.0, 2.0, 4.0, 6.0, -3.0, -1.0, 3.0, 3.0];
+
+#[test]
+fn past_blocks_ranked_by_the_gate_on_their_mean_the_current_forced() {
+    let s = shape(1, 1, 1, 2);
+    // One query (q = 1) at position 7: current block 3, past gates 1, 5, -2.
+    assert_eq!(select(&[1.0], &KEYS, s, 2, Variant::Efficient), vec![1, 3]);
+    assert_eq!(
+        select(&[1.0], &KEYS, s, 3, Variant::Efficient),
+        vec![0, 1, 3]
+    );
+    // q = -1 reverses the gates: -1, -5, 2.
+    assert_eq!(
+        select(&[-1.0], &KEYS, s, 3, Variant::Efficient),
+        vec![0, 2, 3]
+    );
+    // More slots than past blocks: every one, then -1.
+    assert_eq!(
+        select(&[1.0], &KEYS, s, 6, Variant::Efficient),
+        vec![0, 1, 2, 3, -1, -1]
+    );
+}
+
+#[test]
+fn every_query_gates_only_its_completed_past_blocks() {
+    let s = shape(1, 1, 1, 2);
+    // Queries at positions 0..8 (Tq = Tkv), topk 2, q = -1: the best past
+    // block of a query in block c is the one of least mean before c.
+    let rows = select(&[-1.0; 8], &KEYS, s, 2, Variant::Efficient);
+    let want = [
+        [0, -1],
+        [0, -1],
+        [0, 1],
+        [0, 1],
+        [0, 2],
+        [0, 2],
+        [2, 3],
+        [2, 3],
+    ];
+    assert_eq!(rows, want.concat());
+}
+
+#[test]
+fn fewer_queries_than_keys_sit_at_the_last_positions() {
+    let s = shape(1, 1, 1, 2);
+    // Two queries over 8 keys: positions 6 and 7.
+    assert_eq!(
+        select(&[1.0, -1.0], &KEYS, s, 2, Variant::Efficient),
+        vec![1, 3, 2, 3]
+    );
+}
+
+#[test]
+fn ties_go_to_the_lower_block_and_nan_ranks_last() {
+    let s = shape(1, 1, 1, 1);
+    // Means 2, 2, 2, NaN, 2, 0: three slots of past blocks for the query at 6.
+    let k = [2.0, 2.0, 2.0, f32::NAN, 2.0, 0.0, 1.0];
+    assert_eq!(
+        select(&[1.0], &k, s, 4, Variant::Efficient),
+        vec![0, 1, 2, 6]
+    );
+    let k = [0.0, -0.0, 1.0];
+    assert_eq!(select(&[1.0], &k, s, 2, Variant::Efficient), vec![0, 2]);
+    assert_eq!(rank((f32::NAN, 0), (-1e30, 9)), Ordering::Greater);
+}
+
+#[test]
+fn topk_one_full_causal_for_the_efficient_code_own_block_for_the_naive() {
+    let s = shape(1, 1, 1, 2);
+    assert_eq!(
+        select(&[1.0], &KEYS, s, 1, Variant::Efficient),
+        vec![0, 1, 2, 3]
+    );
+    assert_eq!(select(&[1.0], &KEYS, s, 1, Variant::Naive), vec![3]);
+    // Above 1 they agree.
+    for topk in 2..6 {
+        let q = [0.5, -1.0, 2.0];
+        assert_eq!(
+            select(&q, &KEYS, s, topk, Variant::Efficient),
+            select(&q, &KEYS, s, topk, Variant::Naive)
+        );
+    }
+}
+
+#[test]
+fn gqa_heads_read_their_group_kv_head() {
+    // 2 KV heads, 4 query heads, d = 1, blocks of 1: KV head 0 means 1, 3,
+    // KV head 1 means 3, 1; query heads all q = 1.
+    let s = shape(4, 2, 1, 1);
+    let k = [1.0, 3.0, 3.0, 1.0, 0.0, 0.0];
+    assert_eq!(
+        select(&[1.0; 4], &k, s, 2, Variant::Efficient),
+        vec![1, 2, 1, 2, 0, 2, 0, 2]
+    );
+}
+
+#[test]
+fn gates_are_the_8_lane_fused_sum_at_every_level_and_the_rows_agree() {
+    let mut rng = ChaCha8Rng::seed_from_u64(45);
+    for &(hq, h, d, bs, n) in &[(4, 2, 13, 3, 40), (2, 1, 64, 16, 300), (16, 1, 8, 5, 61)] {
+        let s = shape(hq, h, d, bs);
+        let q: Vec<f32> = (0..n * hq * d).map(|_| rng.random::<f32>() - 0.5).collect();
+        let k: Vec<f32> = (0..n * h * d).map(|_| rng.random::<f32>() - 0.5).collect();
+        let nb = n.div_ceil(bs);
+        let mut g = vec![0.0; n * hq * nb];
+        gates_into(Encoded::F32(&q), Encoded::F32(&k), None, s, &mut g).unwrap();
+        // The gate against a float64 mean and dot: within the stated bound.
+        let u = f64::powi(2.0, -24);
+        let m = (d + bs + 4) as f64;
+        let gamma = m * u / (1.0 - m * u);
+        for i in 0..n {
+            let c = i / bs;
+            for hh in 0..hq {
+                let kv = hh / (hq / h);
+                for b in 0..nb {
+                    let got = g[(i * hq + hh) * nb + b];
+                    if b >= c {
+                        assert!(got.is_nan());
+                        continue;
+                    }
+                    let (mut exact, mut mag) = (0.0f64, 0.0f64);
+                    for dd in 0..d {
+                        let (mut sum, mut abs) = (0.0f64, 0.0f64);
+                        for t in b * bs..(b + 1) * bs {
+                            let v = k[(t * h + kv) * d + dd] as f64;
+                            sum += v;
+                            abs += v.abs();
+                        }
+                        let qi = q[(i * hq + hh) * d + dd] as f64;
+                        exact += qi * sum / bs as f64;
+                        mag += qi.abs() * abs / bs as f64;
+                    }
+                    assert!((got as f64 - exact).abs() <= gamma * mag * 1.0001 + 1e-30);
+                }
+            }
+        }
+        for isa in crate::simd::isas_for_test() {
+            kernels::probe(isa);
+        }
+    }
+}
+
+#[test]
+fn packed_equals_each_sequence_alone_and_paged_equals_dense() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let s = shape(4, 2, 6, 3);
+    let lens = [10usize, 1, 7, 23];
+    let n: usize = lens.iter().sum();
+    let k: Vec<f32> = (0..n * 12).map(|_| rng.random::<f32>() - 0.5).collect();
+    let q: Vec<f32> = (0..n * 24).map(|_| rng.random::<f32>() - 0.5).collect();
+    let cu: Vec<usize> = std::iter::once(0)
+        .chain(lens.iter().scan(0, |a, &l| {
+            *a += l;
+            Some(*a)
+        }))
+        .collect();
+    for topk in [1, 2, 4] {
+        let w = width(Variant::Efficient, topk, 8);
+        let mut out = vec![0; n * 4 * w];
+        select_into(
+            Encoded::F32(&q),
+            Encoded::F32(&k),
+            None,
+            &cu,
+            None,
+            s,
+            topk,
+            Variant::Efficient,
+            &mut out,
+        )
+        .unwrap();
+        // The paged cache: pages of 4 tokens, shuffled; the last query of each sequence.
+        let pages: usize = lens.iter().map(|l| l.div_ceil(4)).sum();
+        let mut cache = vec![0.0f32; pages * 4 * 12];
+        let mut table = vec![0i32; lens.len() * 6];
+        let mut next = pages;
+        for (si, &l) in lens.iter().enumerate() {
+            for b in 0..l.div_ceil(4) {
+                next -= 1;
+                table[si * 6 + b] = next as i32;
+                for t in b * 4..l.min(b * 4 + 4) {
+                    let src = &k[(cu[si] + t) * 12..][..12];
+                    cache[(next * 4 + t % 4) * 12..][..12].copy_from_slice(src);
+                }
+            }
+        }
+        let qd: Vec<f32> = cu[1..]
+            .iter()
+            .flat_map(|&e| q[(e - 1) * 24..e * 24].to_vec())
+            .collect();
+        let bytes: &[u8] = bytemuck::cast_slice(&cache);
+        let pc = PagedCache {
+            bytes,
+            n_pages: pages,
+            page_stride: 4 * 12 * 4,
+            block_size: 4,
+            d: 12,
+            layout: PageLayout::Dense(crate::keys::Format::F32),
+        };
+        let bt = BlockTable {
+            table: &table,
+            max_blocks: 6,
+            seq_lens: &lens,
+        };
+        let mut paged = vec![0; lens.len() * 4 * w];
+        select_paged_into(
+            Encoded::F32(&qd),
+            &pc,
+            &bt,
+            s,
+            topk,
+            Variant::Efficient,
+            &mut paged,
+        )
+        .unwrap();
+        for (si, &e) in cu[1..].iter().enumerate() {
+            assert_eq!(
+                paged[si * 4 * w..(si + 1) * 4 * w],
+                out[(e - 1) * 4 * w..e * 4 * w]
+            );
+            // Alone.
+            let (a, b) = (cu[si], e);
+            let alone = select(
+                &q[a * 24..b * 24],
+                &k[a * 12..b * 12],
+                s,
+                topk,
+                Variant::Efficient,
+            );
+            let wa = alone.len() / ((b - a) * 4);
+            for r in 0..(b - a) * 4 {
+                assert_eq!(alone[r * wa..(r + 1) * wa], out[(a * 4 + r) * w..][..wa]);
+                assert!(out[(a * 4 + r) * w + wa..(a * 4 + r + 1) * w]
+                    .iter()
+                    .all(|&x| x == -1));
+            }
+        }
+    }
+}
+
+#[test]
+fn refusals_name_the_argument_and_write_nothing() {
+    let s = shape(1, 1, 1, 2);
+    let q = [1.0f32; 2];
+    let mut out = vec![5; 2 * 2];
+    let run = |q: &[f32],
+               k: &[f32],
+               sc: Option<&[f32]>,
+               cu: &[usize],
+               cq: Option<&[usize]>,
+               s: Shape,
+               topk: usize,
+               out: &mut [i32]| {
+        select_into(
+            Encoded::F32(q),
+            Encoded::F32(k),
+            sc,
+            cu,
+            cq,
+            s,
+            topk,
+            Variant::Efficient,
+            out,
+        )
+        .unwrap_err()
+        .argument()
+    };
+    assert_eq!(
+        run(&q, &KEYS, None, &[0, 8], Some(&[0, 2]), s, 0, &mut out),
+        "topk"
+    );
+    assert_eq!(
+        run(
+            &q,
+            &KEYS,
+            None,
+            &[0, 8],
+            Some(&[0, 2]),
+            shape(1, 1, 1, 0),
+            2,
+            &mut out
+        ),
+        "block_size"
+    );
+    assert_eq!(
+        run(
+            &q,
+            &KEYS,
+            None,
+            &[0, 8],
+            Some(&[0, 2]),
+            shape(3, 2, 1, 2),
+            2,
+            &mut out
+        ),
+        "q"
+    );
+    assert_eq!(
+        run(&q, &KEYS, None, &[0, 7], Some(&[0, 2]), s, 2, &mut out),
+        "cu_seqlens"
+    );
+    assert_eq!(
+        run(&q, &KEYS, None, &[0, 8], Some(&[0, 1]), s, 2, &mut out),
+        "cu_seqlens_q"
+    );
+    assert_eq!(
+        run(&q, &KEYS[..1], None, &[0, 1], Some(&[0, 2]), s, 2, &mut out),
+        "cu_seqlens_q"
+    );
+    assert_eq!(
+        run(
+            &q,
+            &KEYS,
+            Some(&[1.0; 3]),
+            &[0, 8],
+            Some(&[0, 2]),
+            s,
+            2,
+            &mut out
+        ),
+        "key_scale"
+    );
+    assert_eq!(
+        run(&q, &KEYS, None, &[0, 8], Some(&[0, 2]), s, 3, &mut out),
+        "out"
+    );
+    assert!(out.iter().all(|&x| x == 5));
+}
+
+#[test]
+fn the_gates_kernel_is_bit_identical_on_every_level() {
+    let mut rng = ChaCha8Rng::seed_from_u64(46);
+    for _ in 0..300 {
+        let d8 = 8 * rng.random_range(1..10);
+        let (r, n) = (rng.random_range(0..7), rng.random_range(0..11));
+        let val = |rng: &mut ChaCha8Rng| match rng.random_range(0..10) {
+            0 => 0.0,
+            1 => -0.0,
+            2 => 1e-40,
+            _ => rng.random_range(-4.0f32..4.0),
+        };
+        let q: Vec<f32> = (0..r * d8).map(|_| val(&mut rng)).collect();
+        let m: Vec<f32> = (0..n * d8).map(|_| val(&mut rng)).collect();
+        let mut want = vec![0.0f32; r * n];
+        kernels::gates(Isa::Scalar, &q, &m, d8, &mut want);
+        for isa in crate::simd::isas_for_test() {
+            let mut got = vec![9.0f32; r * n];
+            kernels::gates(isa, &q, &m, d8, &mut got);
+            assert!(got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+}
+
+#[test]
+fn write_row_keeps_the_best_by_the_total_order_at_every_slot_count() {
+    let mut rng = ChaCha8Rng::seed_from_u64(47);
+    let mut scratch = Vec::new();
+    for _ in 0..3000 {
+        let c = rng.random_range(0..40);
+        let gates: Vec<f32> = (0..c)
+            .map(|_| match rng.random_range(0..8) {
+                0 => f32::NAN,
+                1 => -0.0,
+                2 => 0.0,
+                3 => 1.0,
+                _ => rng.random_range(-3.0f32..3.0),
+            })
+            .collect();
+        let n_past = rng.random_range(0..c + 2).min(c);
+        let mut want: Vec<(f32, u32)> = gates
+            .iter()
+            .enumerate()
+            .map(|(b, &g)| (g, b as u32))
+            .collect();
+        want.sort_by(|a, b| rank(*a, *b));
+        let mut ids: Vec<i32> = want[..n_past].iter().map(|e| e.1 as i32).collect();
+        ids.sort();
+        ids.push(c as i32);
+        let mut row = vec![7; c + 2];
+        write_row(&gates, c, n_past, &mut scratch, &mut row);
+        assert_eq!(&row[..ids.len()], &ids[..]);
+        assert!(row[ids.len()..].iter().all(|&x| x == -1));
+    }
+}
