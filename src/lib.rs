@@ -62,6 +62,7 @@ pub mod indexer;
 pub mod infllm;
 pub mod keys;
 pub mod metrics;
+pub mod nsa;
 mod packed;
 pub mod pool;
 pub mod quest;

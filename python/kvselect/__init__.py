@@ -47,6 +47,10 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   :func:`infllm_select`): stage 1's softmax over compressed keys summed over
   the query group, max pooled onto 64-token blocks, the forced blocks and the
   top-k (the CUDA and the older Triton pooling, both top-k filters);
+- NSA's block selection as fla computes it (:func:`nsa_block_scores`,
+  :func:`nsa_select`): InfLLM-v2's stage 1 over the means of complete blocks,
+  block 0 and the query's last two forced, the top ``block_counts`` decided in
+  exact arithmetic;
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -96,6 +100,8 @@ from kvselect._core import (
     infllm_block_scores,
     infllm_select,
     locality_null,
+    nsa_block_scores,
+    nsa_select,
     oracle_topk,
     output_relative_error,
     output_relative_error_rows,
@@ -185,6 +191,8 @@ __all__ = [
     "indexer_magnitudes",
     "infllm_block_scores",
     "infllm_select",
+    "nsa_block_scores",
+    "nsa_select",
     "locality_null",
     "oracle_topk",
     "output_relative_error",

@@ -49,6 +49,7 @@ mod dlpack;
 mod errors;
 mod indexer;
 mod infllm;
+mod nsa;
 mod quest;
 mod runtime;
 mod witness;
@@ -70,6 +71,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dlpack::register(m)?;
     compressed::register(m)?;
     infllm::register(m)?;
+    nsa::register(m)?;
     quest::register(m)?;
     runtime::register(m)?;
     Ok(())

@@ -19,6 +19,7 @@ ORDER = [
     "compressed",
     "quest",
     "infllm",
+    "nsa",
     "metrics",
     "check",
     "eviction",

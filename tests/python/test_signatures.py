@@ -366,6 +366,8 @@ def _samples():
         "quest_select": (core.quest_select, (qq, qlo, qhi, 40, 2)),
         "infllm_block_scores": (core.infllm_block_scores, (qq[None], qk[:1], 40)),
         "infllm_select": (core.infllm_select, (qq[None], qk[:1], 40)),
+        "nsa_block_scores": (core.nsa_block_scores, (qq[None], qk)),
+        "nsa_select": (core.nsa_select, (qq[None], qk)),
         "sparse_attention": (
             core.sparse_attention,
             (q, k[:, None, :], k[:, None, :4], pos, np.array([[[0, 2, 2, -1]]] * 4, np.int32)),

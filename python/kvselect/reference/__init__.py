@@ -42,6 +42,9 @@ lives, not a second API). Bottom up (each imports only modules above it):
 - **infllm**: InfLLM-v2's block selection (MiniCPM4 / 4.1): compressed keys, stage 1's
   group scores, the CUDA and Triton pooling, the rows; the core's error bound
   (``score_bound``) and the comparison within it (``rows_within_bound``);
+- **nsa**: NSA's block selection as fla computes it: the complete blocks' means,
+  InfLLM-v2's stage 1 over them, the forced blocks, the rows; the core's bound
+  (``nsa_score_bound``) and the comparison within it (``nsa_rows_within_bound``);
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error (uses witness, attn);
 - **eviction**: the KV-eviction baselines' kept positions at a boundary
@@ -142,6 +145,11 @@ from .metrics import (
     segment_coverage_rows,
     slots_used_rows,
 )
+from .nsa import (
+    nsa_block_scores,
+    nsa_compress_keys,
+    nsa_select,
+)
 from .quest import (
     quest_bounds,
     quest_bounds_paged,
@@ -216,6 +224,10 @@ __all__ = [
     "compress_keys",
     "infllm_block_scores",
     "infllm_select",
+    # nsa
+    "nsa_compress_keys",
+    "nsa_block_scores",
+    "nsa_select",
     # quest
     "quest_bounds",
     "quest_bounds_paged",

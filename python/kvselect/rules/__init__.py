@@ -30,6 +30,7 @@ from kvselect.rules import (
     eviction,
     indexer,
     infllm,
+    nsa,
     quest,
     sparse_attention,
     witness,
@@ -55,6 +56,7 @@ RULES: Tuple[Rule, ...] = (
     baselines.RULE,
     quest.RULE,
     infllm.RULE,
+    nsa.RULE,
     sparse_attention.RULE,
     eviction.RULE,
 )
