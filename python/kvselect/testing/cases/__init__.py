@@ -65,6 +65,9 @@ Sources of the engine facts:
   MiniCPM4.1's ``compressed_attention``): the pooling window ``[4b - 1, 4b + 4)``
   off by one, the current block not forced, the ``>= q_idx`` filter, a top-k that
   is one tie, fp8 compressed keys' scales (:func:`all_infllm_cases`).
+- NSA as fla computes it (fla-org/flash-linear-attention @bc3b101d
+  ``fla/ops/nsa/parallel.py``): an incomplete block compressed, the group summed
+  before the softmax, ``Tq != Tkv`` offsets (:func:`all_nsa_cases`).
 - vLLM's DeepSeek-V4 ``combine_topk_swa_indices``
   (``vllm/v1/attention/ops/deepseek_v4_ops/cache_utils.py``): token ``pos``
   sees ``(pos + 1) // compress_ratio`` compressed entries
@@ -108,6 +111,12 @@ from kvselect.testing.cases.infllm import (
     infllm_ties,
     infllm_window_off_by_one,
 )
+from kvselect.testing.cases.nsa import (
+    all_nsa_cases,
+    nsa_group_sum_before_softmax,
+    nsa_incomplete_block_compressed,
+    nsa_tq_offsets,
+)
 from kvselect.testing.cases.quest import (
     all_quest_cases,
     quest_dense_fallback,
@@ -145,6 +154,7 @@ __all__ = [
     "all_block_cases",
     "all_quest_cases",
     "all_infllm_cases",
+    "all_nsa_cases",
     "all_witness_cases",
     "all_sparse_attention_cases",
     "tail_lengths",
@@ -178,6 +188,9 @@ __all__ = [
     "infllm_decode_drops_current",
     "infllm_ties",
     "infllm_fp8_scales",
+    "nsa_incomplete_block_compressed",
+    "nsa_group_sum_before_softmax",
+    "nsa_tq_offsets",
     "empty_rows",
     "masked_first_chunk",
     "repeated_entries",
