@@ -11,6 +11,11 @@ candidates (the blocks up to the query's own) are judged by :func:`kvselect.chec
 with the engine's tolerance on each score (``rtol`` times the score, at least the
 float32 bound of src/nsa/mod.rs). A forced block is a finite stand-in above every score,
 so forced blocks tie only with each other (``block_counts < 3``: either is right).
+
+Its eval policy spends the token budget ``k`` as ``k // 64`` whole blocks, fla's three
+forced blocks (block 0 and the query's last two) counted; where fewer than 4 blocks fit,
+the blocks halve (:func:`geometry`), down to 1 token, where a budget below 3 keeps the
+lower forced ids as the rule's tie order does.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 
 import kvselect as ks
 from kvselect.checking._common import DumpError, _finite, _int, _merge, _need
-from kvselect.rules._rule import DumpKind, Rule
+from kvselect.rules._rule import BudgetUnit, DumpKind, EvalContext, Policy, Rule, Selection, timed
 
 TABLE = {
     "kind": ("str", "", "required", '"nsa"'),
@@ -108,6 +113,42 @@ def check(
     return [("against the exact block scores", out)]
 
 
+def geometry(s: Any) -> int:
+    """The eval policy's block size at the settings' budget ``k``: fla's 64, halved while
+    fewer than 4 blocks (the 3 forced ones and one chosen) fit ``k``, down to 1 token."""
+    b = 64
+    while s.budget // b < 4 and b > 1:
+        b //= 2
+    return b
+
+
+def select(ctx: EvalContext) -> Selection:
+    """NSA as fla selects on one KV head: ``ctx.units`` blocks of :func:`geometry`'s size,
+    block 0 and the query's last two forced and counted, expanded to positions."""
+    pos, k = ctx.pos, ctx.settings.budget
+    b = geometry(ctx.settings)
+
+    def rows() -> np.ndarray:
+        keys = np.ascontiguousarray(ctx.head.k, np.float32).reshape(len(ctx.head.k), 1, -1)
+        q = np.ascontiguousarray(ctx.head.q, np.float32)
+        out = np.full((len(pos), k), -1, dtype=np.int32)
+        for i, p in enumerate(pos):
+            n = int(p) + 1
+            blocks = ks.nsa_select(q[i][None], keys[:n], ctx.units, block_size=b)[0, 0]
+            blocks = blocks[blocks >= 0]
+            tok = (blocks[:, None] * b + np.arange(b)[None]).ravel()
+            tok = tok[tok < n]
+            out[i, : len(tok)] = tok
+        return out
+
+    return timed(rows)
+
+
+#: Whole blocks (of 64 tokens where 4 fit, :func:`geometry`); forced: block 0 and the
+#: query's last two, as many of them as the budget holds (below 3 blocks the rule's tie
+#: order keeps the lower ids: block 0, then the previous block).
+BLOCKS = BudgetUnit("block", size=geometry, forced=lambda s: min(3, s.budget // geometry(s)))
+
 RULE = Rule(
     name="nsa",
     title="NSA block selection (fla)",
@@ -123,6 +164,16 @@ RULE = Rule(
             "block 0 and the query's last two forced), checked by `kvselect check`.",
             check,
             heads=lambda d: int(d["rows"].shape[1]),
+        ),
+    ),
+    policies=(
+        Policy(
+            "nsa",
+            select,
+            "NSA's block selection as fla computes it: ``k / 64`` blocks by the group's summed softmax "
+            "over the complete blocks' mean keys, block 0 and the query's last two forced and counted, "
+            "expanded to positions (blocks halved where fewer than 4 fit the budget).",
+            unit=BLOCKS,
         ),
     ),
     guide="docs/nsa.md",
