@@ -14,8 +14,9 @@ The naive code places query ``i`` at position ``i`` (``Tq = Tkv``), so the queri
 are the whole sequence. Rows must equal kvselect's except where ``block_counts`` is
 below fla's 3 forced blocks: those score 1.0 each, and ``torch.topk`` picks among them
 while kvselect keeps the lower ids. Those rows are counted and each is checked to hold
-forced blocks only. The parallel Triton kernel under ``TRITON_INTERPRET=1`` is not run
-here.
+forced blocks only. The parallel kernel (``parallel_nsa_topk``) runs under the Triton
+interpreter (``TRITON_INTERPRET=1``, set when the checkout is named), prefill chunks and
+decode (``Tq < Tkv``) at its ``TK - TQ`` offset, with the same exception.
 """
 
 import os
@@ -28,6 +29,8 @@ import pytest
 import kvselect as ks
 
 REPO = os.environ.get("KVSELECT_FLA_REPO")
+if REPO:  # before torch imports triton: the interpreter is chosen when triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not REPO, reason="KVSELECT_FLA_REPO (a flash-linear-attention checkout) is not set")
 
@@ -103,3 +106,67 @@ def test_the_underflow_example_is_a_short_row_upstream_and_a_full_one_here():
     assert mine.tolist() == [0, 1, 2, 3, 4, 5]
     print(f"fla naive row at 23: {sorted(up.tolist())}; kvselect: {mine.tolist()}")
     assert set(up[up >= 0].tolist()) <= set(mine.tolist())
+
+
+def _parallel_nsa_topk():
+    """fla's ``parallel_nsa_topk`` (``fla/ops/nsa/parallel.py``) under the Triton
+    interpreter: the ``fla`` packages are bare namespaces over the checkout (the package
+    ``__init__`` imports every model), ``einops`` a stub (not called by the top-k), and the
+    kernel's autotuner keeps one config (with several it benchmarks, which needs a GPU
+    driver; the configs differ only in ``num_warps``)."""
+    pytest.importorskip("triton")
+    import importlib
+
+    for name, path in (
+        ("fla", "fla"),
+        ("fla.ops", "fla/ops"),
+        ("fla.ops.nsa", "fla/ops/nsa"),
+        ("fla.ops.attn", "fla/ops/attn"),
+    ):
+        if name not in sys.modules:
+            m = types.ModuleType(name)
+            m.__path__ = [os.path.join(REPO, path)]
+            m.__version__ = "0"
+            sys.modules[name] = m
+    if "einops" not in sys.modules:
+        e = types.ModuleType("einops")
+        e.rearrange = e.repeat = e.reduce = None
+        sys.modules["einops"] = e
+    par = importlib.import_module("fla.ops.nsa.parallel")
+    tuner = par.parallel_nsa_kernel_topk.fn
+    tuner.configs = tuner.configs[:1]
+    return par.parallel_nsa_topk
+
+
+def test_rows_equal_fla_parallel_topk_under_the_interpreter_but_for_forced_ties():
+    """The parallel kernel places query ``t`` at ``t + TK - TQ``: prefill chunks and
+    decode (``Tq < Tkv``) here. Its row is score-ordered and padded to a power of two; the
+    attention reads the first ``block_counts``, compared as a set."""
+    topk = _parallel_nsa_topk()
+    rng = np.random.default_rng(1)
+    rows = equal = forced_ties = 0
+    for _ in range(40):
+        g, h = int(rng.choice([1, 2, 16])), int(rng.choice([1, 2]))
+        bs, d, n_sel = int(rng.choice([16, 32])), 16, int(rng.choice([1, 2, 3, 4, 8]))
+        tk = int(rng.integers(1, 12 * bs))
+        tq = int(rng.integers(1, min(tk, 6) + 1))
+        q = rng.standard_normal((tq, h * g, d)).astype(np.float32)
+        k = rng.standard_normal((tk, h, d)).astype(np.float32)
+        kt = torch.from_numpy(k)
+        k_cmp = torch.stack([kt[c * bs : (c + 1) * bs].mean(0) for c in range(-(-tk // bs))])[None].contiguous()
+        up = topk(torch.from_numpy(q)[None].contiguous(), k_cmp, tk, None, n_sel, bs, d**-0.5)[0].numpy()[..., :n_sel]
+        mine = ks.nsa_select(q, k, n_sel, block_size=bs)
+        for t in range(tq):
+            p = tk - tq + t
+            forced = {0, p // bs - 1, p // bs} - {-1}
+            for j in range(h):
+                rows += 1
+                a = sorted(set(up[t, j][up[t, j] >= 0].tolist()))
+                b = mine[t, j][mine[t, j] >= 0].tolist()
+                if a == b:
+                    equal += 1
+                    continue
+                assert n_sel < len(forced) and set(a) <= forced and set(b) <= forced and len(a) == len(b), (tk, tq, t)
+                forced_ties += 1
+    assert rows > 100 and equal > 0.5 * rows
+    print(f"rows {rows}: equal {equal}, forced ties {forced_ties}")
