@@ -65,6 +65,7 @@ pub mod infllm;
 pub mod keys;
 pub mod metrics;
 pub mod moba;
+pub mod nsa;
 mod packed;
 pub mod pool;
 pub mod quest;

@@ -55,6 +55,10 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   :func:`moba_select_paged`): each query's gate on every completed past
   block's mean key, the top ``topk - 1`` blocks and its own, dense, packed
   or paged at decode, bfloat16 / fp8 keys read in place;
+- NSA's block selection as fla computes it (:func:`nsa_block_scores`,
+  :func:`nsa_select`): InfLLM-v2's stage 1 over the means of complete blocks,
+  block 0 and the query's last two forced, the top ``block_counts`` decided in
+  exact arithmetic;
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -107,6 +111,8 @@ from kvselect._core import (
     moba_gates,
     moba_select,
     moba_select_paged,
+    nsa_block_scores,
+    nsa_select,
     oracle_topk,
     output_relative_error,
     output_relative_error_rows,
@@ -200,6 +206,8 @@ __all__ = [
     "indexer_magnitudes",
     "infllm_block_scores",
     "infllm_select",
+    "nsa_block_scores",
+    "nsa_select",
     "locality_null",
     "moba_gates",
     "moba_select",

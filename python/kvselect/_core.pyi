@@ -25,6 +25,8 @@ __all__ = [
     "vslash_layout",
     "infllm_block_scores",
     "infllm_select",
+    "nsa_block_scores",
+    "nsa_select",
     "__version__",
     "MAX_TOPOLOGY_SEGMENTS",
     "KvselectError",
@@ -3240,4 +3242,129 @@ def infllm_select(
     >>> rows = kvselect.infllm_select(q, ck, 1024, topk=4, local_blocks=2)
     >>> rows.shape, rows[0, 0, -3:].tolist()
     ((1, 2, 4), [13, 14, 15])
+    """
+
+def nsa_block_scores(
+    q: _ArrayIn,
+    k: _ArrayIn,
+    *,
+    block_size: int = 64,
+    init_blocks: int = 1,
+    local_blocks: int = 2,
+    scale: Optional[float] = None,
+    k_scale: Optional[_ArrayIn] = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+) -> npt.NDArray[np.float32]:
+    """Every block's score under NSA's selection as fla computes it, for the
+    queries at the end of one sequence.
+
+    Query ``i`` sits at position ``p = seq_len - n_q + i`` (fla's ``TK - TQ``
+    offset), in block ``IC = p // block_size``. The compressed keys are the
+    means of the complete blocks of ``k``; each query head's softmax over the
+    ``(p + 1) // block_size`` blocks it has seen whole, of ``scale * q . ck``;
+    the probabilities summed over each KV head's query group. Blocks before
+    ``IC`` score that sum; forced blocks (``b < init_blocks`` and the
+    ``local_blocks`` blocks up to ``IC``; fla's block 0, ``IC - 1``, ``IC``)
+    ``+inf``; the rest ``-inf``. Float32 with the project's ``exp`` (InfLLM-v2's
+    stage 1), the same bits at every SIMD level (docs/nsa.md).
+
+    Parameters
+    ----------
+    q : array_like, [n_q, n_q_heads, d]
+        The queries, the sequence's last ``n_q`` tokens: float32 (float64 converted
+        once), float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw view with
+        ``query_format``.
+    k : array_like, [seq_len, n_kv_heads, d]
+        The sequence's keys, any key format, read in place.
+    block_size : int, optional
+        Tokens a block (fla's 64).
+    init_blocks, local_blocks : int, optional
+        Blocks forced at the start and up to the query's own (fla's 1 and 2).
+    scale : float, optional
+        The logits' scale, finite; ``1 / sqrt(d)`` by default (fla's).
+    k_scale : array_like of float32, [seq_len], optional
+        Each token's key scale (fp8 keys): its value is ``k * scale``.
+    query_format, key_format : str, optional
+        The formats of raw uint16 / uint8 ``q`` and ``k``.
+
+    Returns
+    -------
+    ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)]
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when ``q`` or ``k`` is not 3-D, their
+        ``d`` differ, ``k`` is empty (``k``); ``q``'s heads are not a multiple of
+        ``k``'s or there are more queries than tokens (``q``); ``k_scale`` is not one
+        per token; ``scale`` is not finite; ``block_size`` is 0.
+
+    See Also
+    --------
+    nsa_select : the blocks each query reads.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> q = np.ones((1, 2, 4), dtype=np.float32)
+    >>> k = np.zeros((20, 1, 4), dtype=np.float32); k[8:12] = 1.0
+    >>> s = kvselect.nsa_block_scores(q, k, block_size=4)
+    >>> s[0, 0].round(4).tolist()
+    [inf, 0.1756, 1.2976, inf, inf]
+    """
+
+def nsa_select(
+    q: _ArrayIn,
+    k: _ArrayIn,
+    block_counts: int = 16,
+    *,
+    block_size: int = 64,
+    init_blocks: int = 1,
+    local_blocks: int = 2,
+    scale: Optional[float] = None,
+    k_scale: Optional[_ArrayIn] = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+) -> npt.NDArray[np.int32]:
+    """The blocks each query reads under NSA's selection as fla computes it: the
+    top ``block_counts`` of :func:`nsa_block_scores`.
+
+    The candidates are the blocks up to the query's own; ranked by score
+    descending, ties to the lower block id (with ``block_counts < 3`` the forced
+    blocks tie and the lower ids stay), decided in exact arithmetic: a block
+    whose float32 probability underflows still fills a slot, where fla's top-k
+    can leave it to its ``-1`` padding. Ascending, ``-1`` padded.
+
+    Parameters
+    ----------
+    q, k
+        As :func:`nsa_block_scores`.
+    block_counts : int, optional
+        Blocks a row (fla's 16), at least 1.
+    block_size, init_blocks, local_blocks, scale, k_scale, query_format, key_format
+        As :func:`nsa_block_scores`.
+
+    Returns
+    -------
+    ndarray of int32, [n_q, n_kv_heads, block_counts]
+        Block ids ascending, then ``-1``.
+
+    Raises
+    ------
+    SelectionError
+        As :func:`nsa_block_scores`, and when ``block_counts`` is 0
+        (``block_counts``).
+
+    See Also
+    --------
+    nsa_block_scores : the scores the rows rank.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> q = np.ones((1, 2, 4), dtype=np.float32)
+    >>> k = np.zeros((20, 1, 4), dtype=np.float32); k[8:12] = 1.0
+    >>> kvselect.nsa_select(q, k, 4, block_size=4)[0, 0].tolist()
+    [0, 2, 3, 4]
     """

@@ -120,7 +120,7 @@
 mod api;
 #[doc(hidden)]
 pub mod profile;
-mod score;
+pub(crate) mod score;
 pub mod select;
 #[cfg(test)]
 mod tests;

@@ -6,14 +6,14 @@ use crate::attention::kernels::{pack_keys, scores, softmax, KEY_TILE, ROW_TILE};
 use crate::simd::Isa;
 
 /// One KV head's compressed keys, packed for the score kernels of `isa`.
-pub(super) struct Packed {
+pub(crate) struct Packed {
     pub keys: Vec<f32>,
 }
 
 impl Packed {
     /// Packs keys `0..n_c` of KV head `g` of `ck` (`[n_c, n_kv_heads, d]`,
     /// float32).
-    pub fn new(isa: Isa, ck: &[f32], n_c: usize, n_kv: usize, g: usize, d: usize) -> Packed {
+    pub(crate) fn new(isa: Isa, ck: &[f32], n_c: usize, n_kv: usize, g: usize, d: usize) -> Packed {
         let mut keys = Vec::new();
         pack_keys(isa, &mut keys, ck, d, n_c, |j| (j * n_kv + g) * d);
         if keys.len() < n_c.next_multiple_of(2 * KEY_TILE) * d {
@@ -25,7 +25,7 @@ impl Packed {
 
 /// Scratch reused across the rows a thread computes.
 #[derive(Default)]
-pub(super) struct Scratch {
+pub(crate) struct Scratch {
     logits: Vec<f32>,
     pub sums: Vec<f32>,
 }
@@ -34,7 +34,7 @@ pub(super) struct Scratch {
 /// by head in order, into `scratch.sums[..n_vis]` (zeros when `n_vis == 0`).
 /// `q` holds the group's `heads` query rows of `d` (`q[h · d..]`).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn group_sums(
+pub(crate) fn group_sums(
     isa: Isa,
     q: &[f32],
     heads: usize,
@@ -54,7 +54,7 @@ pub(super) fn group_sums(
 
 /// Zeroes the sums and sizes the logits: `heads` rows of `round_up(n_vis,
 /// 32)`.
-pub(super) fn start(scratch: &mut Scratch, heads: usize, n_vis: usize) {
+pub(crate) fn start(scratch: &mut Scratch, heads: usize, n_vis: usize) {
     scratch.sums.clear();
     scratch.sums.resize(n_vis, 0.0);
     scratch
@@ -67,7 +67,7 @@ pub(super) fn start(scratch: &mut Scratch, heads: usize, n_vis: usize) {
 /// while it sits in L1, so the packed keys stream from memory once a call,
 /// not once a head tile. The order of the tiles changes no arithmetic.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn logits(
+pub(crate) fn logits(
     isa: Isa,
     q: &[f32],
     heads: usize,
@@ -104,7 +104,7 @@ pub(super) fn logits(
 
 /// Each head in order: its softmax over keys `0..n_vis` (the row's maximum
 /// shift, the project's `exp`, the lanes' sum), `e_j / Z` added to the sums.
-pub(super) fn softmax_sums(isa: Isa, heads: usize, n_vis: usize, scratch: &mut Scratch) {
+pub(crate) fn softmax_sums(isa: Isa, heads: usize, n_vis: usize, scratch: &mut Scratch) {
     let width = n_vis.next_multiple_of(2 * KEY_TILE);
     let n8 = n_vis.next_multiple_of(8);
     for r in 0..heads {
@@ -122,7 +122,7 @@ pub(super) fn softmax_sums(isa: Isa, heads: usize, n_vis: usize, scratch: &mut S
 /// block, the maximum over `[s b − 1, s b + s)` (`[4b − 1, 4b + 4)` at
 /// MiniCPM4's geometry) clamped to `[0, n_c)` (`−inf` when empty) for the
 /// CUDA kernel; `max(0, ..)` of it for the Triton one.
-pub(super) fn pooled(pooling: Pooling, sums: &[f32], n_c: usize, kpb: usize, b: usize) -> f32 {
+pub(crate) fn pooled(pooling: Pooling, sums: &[f32], n_c: usize, kpb: usize, b: usize) -> f32 {
     let lo = (kpb * b).saturating_sub(1);
     let hi = (kpb * b + kpb).min(n_c);
     let mut m = match pooling {
@@ -140,7 +140,7 @@ pub(super) fn pooled(pooling: Pooling, sums: &[f32], n_c: usize, kpb: usize, b: 
 
 /// The score of every block `0..out.len()` for the query at position `p`:
 /// forced `+inf` / excluded `−inf` by the variant, else pooled.
-pub(super) fn block_scores(cfg: &Config, sums: &[f32], n_c: usize, p: usize, out: &mut [f32]) {
+pub(crate) fn block_scores(cfg: &Config, sums: &[f32], n_c: usize, p: usize, out: &mut [f32]) {
     let qb = p / cfg.geometry.block_size;
     let kpb = cfg.geometry.keys_per_block();
     for (b, o) in out.iter_mut().enumerate() {

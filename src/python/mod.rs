@@ -50,6 +50,7 @@ mod errors;
 mod indexer;
 mod infllm;
 mod moba;
+mod nsa;
 mod quest;
 mod runtime;
 mod vslash;
@@ -72,6 +73,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dlpack::register(m)?;
     compressed::register(m)?;
     infllm::register(m)?;
+    nsa::register(m)?;
     quest::register(m)?;
     vslash::register(m)?;
     moba::register(m)?;

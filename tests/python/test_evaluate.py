@@ -192,6 +192,20 @@ def infllm_row(w: Workload, h: int, p: int, s: Settings) -> list:
     return [x for blk in sorted(blocks[blocks >= 0].tolist()) for x in range(blk * b, min((blk + 1) * b, L))]
 
 
+def nsa_row(w: Workload, h: int, p: int, s: Settings) -> list:
+    """NSA as fla selects (block 0 and the query's last two forced) from the NumPy twin,
+    at the policy's geometry (kvselect.rules.nsa.geometry: blocks halved until 4 fit)."""
+    from kvselect.reference import nsa as RN
+    from kvselect.rules.nsa import geometry
+
+    b = geometry(s)
+    L = p + 1
+    keys = w.k[h, :L].astype(np.float32)[:, None, :]
+    q = w.q[h * GROUP : (h + 1) * GROUP, p].astype(np.float32)[None]
+    blocks = RN.nsa_select(q, keys, s.budget // b, block_size=b)[0, 0]
+    return [x for blk in sorted(blocks[blocks >= 0].tolist()) for x in range(blk * b, min((blk + 1) * b, L))]
+
+
 def qsa_row(w: Workload, h: int, p: int, k: int) -> list:
     """Qwen's QSA (transformers' Qwen4ExpTextQSAIndexer.forward): complete
     blocks of 4 tokens, each scored relu(q . mean of its index keys) (one
@@ -250,6 +264,7 @@ def expected_selections(w: Workload, h: int, s: Settings) -> dict:
         out["block-sparse"].append(block_sparse_row(w, h, p, s))
         out["quest"].append(quest_row(w, h, p, s))
         out["infllm"].append(infllm_row(w, h, p, s))
+        out["nsa"].append(nsa_row(w, h, p, s))
         out["QSA (Qwen)"].append(qsa_row(w, h, p, k))
         out["random null"].append(random_rows[i].tolist())
         out["locality null"].append(locality_row(p, k))

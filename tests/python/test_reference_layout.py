@@ -21,6 +21,7 @@ ORDER = [
     "infllm",
     "vslash",
     "moba",
+    "nsa",
     "metrics",
     "check",
     "eviction",

@@ -373,6 +373,8 @@ def _samples():
             core.moba_select_paged,
             (qq[None], qcache, np.array([[0, 1, 2]], np.int32), [40], 2, 3, 8),
         ),
+        "nsa_block_scores": (core.nsa_block_scores, (qq[None], qk)),
+        "nsa_select": (core.nsa_select, (qq[None], qk)),
         "sparse_attention": (
             core.sparse_attention,
             (q, k[:, None, :], k[:, None, :4], pos, np.array([[[0, 2, 2, -1]]] * 4, np.int32)),

@@ -47,6 +47,9 @@ lives, not a second API). Bottom up (each imports only modules above it):
   per-block layout) and the bound on the core's float32 sums;
 - **moba**: MoBA's block gates and block sets (the efficient code and the naive
   variant; dense, packed, paged at decode);
+- **nsa**: NSA's block selection as fla computes it: the complete blocks' means,
+  InfLLM-v2's stage 1 over them, the forced blocks, the rows; the core's bound
+  (``nsa_score_bound``) and the comparison within it (``nsa_rows_within_bound``);
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error (uses witness, attn);
 - **eviction**: the KV-eviction baselines' kept positions at a boundary
@@ -152,6 +155,11 @@ from .moba import (
     moba_select,
     moba_select_paged,
 )
+from .nsa import (
+    nsa_block_scores,
+    nsa_compress_keys,
+    nsa_select,
+)
 from .quest import (
     quest_bounds,
     quest_bounds_paged,
@@ -234,6 +242,10 @@ __all__ = [
     "compress_keys",
     "infllm_block_scores",
     "infllm_select",
+    # nsa
+    "nsa_compress_keys",
+    "nsa_block_scores",
+    "nsa_select",
     # quest
     "quest_bounds",
     "quest_bounds_paged",

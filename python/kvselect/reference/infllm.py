@@ -327,10 +327,6 @@ def score_bound(
     n_q, hq, d = qa.shape
     h = ka.shape[1]
     gs = hq // h
-
-    def gamma(k: int) -> float:
-        return k * _U / (1 - k * _U)
-
     out = np.zeros((n_q, h))
     for i in range(n_q):
         nv = visible(n - n_q + i, kernel_size, kernel_stride)
@@ -339,12 +335,26 @@ def score_bound(
         for g in range(h):
             s, a = _logits(qa, ka, i, g, nv, sc)
             e = abs(sc) * gamma(d) * a * (1 + _U) + _U * np.abs(s)
-            m = s.max(axis=1, keepdims=True)
-            big_a = (e + _U * (np.abs(s - m) + e.max(axis=1, keepdims=True) + e)).max(axis=1)
-            eps = exp_rel_err
-            r = np.exp(2 * big_a) * (1 + eps) * (1 + _U) / ((1 - eps) * (1 - gamma(nv))) - 1
-            out[i, g] = ((1 + r.max()) * (1 + gamma(gs)) - 1) * (1 + 1e-9)
+            out[i, g] = group_ratio(s, e, exp_rel_err)
     return out, 2 * gs * 2.0**-123
+
+
+def gamma(k: int) -> float:
+    """``gamma_k = k u / (1 - k u)``: the relative error of ``k`` float32 roundings."""
+    return k * _U / (1 - k * _U)
+
+
+def group_ratio(s: np.ndarray, e: np.ndarray, exp_rel_err: float = _EXP_REL_ERR) -> float:
+    """``R`` of the bound for one group's exact logits ``s`` (``[G, n]``) whose float32
+    logits are within ``e`` (``[G, n]``) of them: the shift, ``exp``, the sum, the
+    division, then the group sum (src/infllm/mod.rs, "The bound"; NSA's bound reuses it
+    with its wider ``e``)."""
+    n, gs = s.shape[1], s.shape[0]
+    m = s.max(axis=1, keepdims=True)
+    big_a = (e + _U * (np.abs(s - m) + e.max(axis=1, keepdims=True) + e)).max(axis=1)
+    eps = exp_rel_err
+    r = np.exp(2 * big_a) * (1 + eps) * (1 + _U) / ((1 - eps) * (1 - gamma(n))) - 1
+    return float(((1 + r.max()) * (1 + gamma(gs)) - 1) * (1 + 1e-9))
 
 
 def rows_within_bound(
@@ -373,11 +383,11 @@ def rows_within_bound(
                 continue
             extra, missing = np.setdiff1d(ids, want), np.setdiff1d(want, ids)
             s, r = scores[i, g], float(R[i, g])
-            ok[i, g] = all(_near(s[b], s[c], r, T) for b in extra for c in missing)
+            ok[i, g] = all(scores_near(s[b], s[c], r, T) for b in extra for c in missing)
     return ok
 
 
-def _near(x: float, y: float, r: float, t: float) -> bool:
+def scores_near(x: float, y: float, r: float, t: float) -> bool:
     """Two exact block scores the core may order either way: equal, or within ``r (|x|
     + |y|) + 2t``."""
     if x == y:

@@ -1,7 +1,7 @@
 """Check a kernel from its own test suite: assertions in the style of
 ``torch.testing.assert_close``.
 
-:func:`assert_topk`, :func:`assert_blocks`, :func:`assert_quest`, :func:`assert_moba`, :func:`assert_infllm`, :func:`assert_vslash`,
+:func:`assert_topk`, :func:`assert_blocks`, :func:`assert_quest`, :func:`assert_moba`, :func:`assert_infllm`, :func:`assert_nsa`, :func:`assert_vslash`,
 :func:`assert_witnesses` and
 :func:`assert_sparse_attention` apply the rules and tolerance defaults of ``kvselect check`` (the checks of
 :mod:`kvselect.checking`, called here: nothing is re-derived) to the tensors
@@ -54,6 +54,7 @@ __all__ = [
     "assert_quest",
     "assert_moba",
     "assert_infllm",
+    "assert_nsa",
     "assert_vslash",
     "assert_witnesses",
     "assert_sparse_attention",
@@ -689,6 +690,81 @@ def assert_moba(
     if key_scale is not None:
         d["key_scale"] = np.asarray(_host(key_scale, "key_scale"), dtype=np.float32)
     return _conclude(check_dump(d, atol=atol, rtol=rtol), False, "assert_moba")
+
+
+def assert_nsa(
+    rows: Any,
+    q: Any,
+    k: Any,
+    block_counts: Optional[int] = None,
+    *,
+    block_size: int = 64,
+    init_blocks: int = 1,
+    local_blocks: int = 2,
+    scale: Optional[float] = None,
+    k_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    precision: str = "float32",
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+) -> Report:
+    """Assert that ``rows`` are NSA's blocks as fla selects them, as ``kvselect check``
+    judges an ``nsa`` dump (the exact block scores of ``q`` and ``k``; each row decided in
+    real arithmetic, ties within the engine's rounding either way).
+
+    Parameters
+    ----------
+    rows : array_like or DLPack tensor
+        Block ids ``[n_q, n_kv_heads, width]``, any order, ``-1`` padded.
+    q, k, block_counts, block_size, init_blocks, local_blocks, scale, k_scale
+        As :func:`kvselect.nsa_select` takes them (``block_counts`` defaults to the
+        rows' width).
+    key_format, query_format
+        The formats of raw uint16 / uint8 ``k`` and ``q``.
+    precision, rtol, atol
+        The tolerance, as :func:`assert_topk` (the magnitude of a block score is the
+        score).
+
+    Returns
+    -------
+    Report
+        The report, as :func:`kvselect.checking.check_dump` returns it.
+
+    Raises
+    ------
+    CheckFailure
+        When some row is wrong (message: the ``kvselect check`` text; ``err.report``).
+    kvselect.checking.DumpError
+        Arguments that do not fit together (named by their dump keys).
+
+    See Also
+    --------
+    kvselect.nsa_select : the rule.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> from kvselect import testing
+    >>> q = np.ones((1, 2, 4), np.float32)
+    >>> k = np.zeros((20, 1, 4), np.float32); k[8:12] = 1.0
+    >>> testing.assert_nsa(np.array([[[0, 2, 3, 4]]]), q, k, block_size=4)["correct"]
+    1
+    """
+    p = _precision(precision, ValueError)
+    d: Dict[str, Any] = {"kind": np.asarray("nsa"), "precision": np.asarray(p)}
+    _as_dump_array(_host(q, "q"), "q", d, query_format)
+    _as_dump_array(_host(k, "k"), "k", d, key_format)
+    d["rows"] = np.asarray(_host(rows, "rows"))
+    if block_counts is not None:
+        d["block_counts"] = np.asarray(int(block_counts))
+    d["block_size"] = np.asarray(int(block_size))
+    d["init_blocks"], d["local_blocks"] = np.asarray(int(init_blocks)), np.asarray(int(local_blocks))
+    if scale is not None:
+        d["scale"] = np.asarray(float(scale))
+    if k_scale is not None:
+        d["k_scale"] = np.asarray(_host(k_scale, "k_scale"), dtype=np.float32)
+    return _conclude(check_dump(d, atol=atol, rtol=rtol), False, "assert_nsa")
 
 
 def assert_witnesses(before: Any, after: Any, context_lens: Any, num_segments: int) -> Report:

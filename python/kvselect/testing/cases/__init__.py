@@ -69,6 +69,9 @@ Sources of the engine facts:
   ``minference_forward.py``): the causal mask among the last queries, the
   diagonal offset's sign, the forced columns and diagonals, sequences shorter
   than the 64 last queries, fp8 keys' per-key scales (:func:`all_vslash_cases`).
+- NSA as fla computes it (fla-org/flash-linear-attention @bc3b101d
+  ``fla/ops/nsa/parallel.py``): an incomplete block compressed, the group summed
+  before the softmax, ``Tq != Tkv`` offsets (:func:`all_nsa_cases`).
 - vLLM's DeepSeek-V4 ``combine_topk_swa_indices``
   (``vllm/v1/attention/ops/deepseek_v4_ops/cache_utils.py``): token ``pos``
   sees ``(pos + 1) // compress_ratio`` compressed entries
@@ -118,6 +121,12 @@ from kvselect.testing.cases.moba import (
     moba_partial_block_gated,
     moba_ties,
 )
+from kvselect.testing.cases.nsa import (
+    all_nsa_cases,
+    nsa_group_sum_before_softmax,
+    nsa_incomplete_block_compressed,
+    nsa_tq_offsets,
+)
 from kvselect.testing.cases.quest import (
     all_quest_cases,
     quest_dense_fallback,
@@ -165,6 +174,7 @@ __all__ = [
     "all_infllm_cases",
     "all_vslash_cases",
     "all_moba_cases",
+    "all_nsa_cases",
     "all_witness_cases",
     "all_sparse_attention_cases",
     "tail_lengths",
@@ -206,6 +216,9 @@ __all__ = [
     "moba_partial_block_gated",
     "moba_current_block_forced",
     "moba_ties",
+    "nsa_incomplete_block_compressed",
+    "nsa_group_sum_before_softmax",
+    "nsa_tq_offsets",
     "empty_rows",
     "masked_first_chunk",
     "repeated_entries",

@@ -21,7 +21,7 @@ class Case:
     id : str
         A short name, unique within an ``all_*_cases()`` list (a pytest id).
     rule : str
-        ``"topk"``, ``"blocks"``, ``"quest"``, ``"infllm"``, ``"witnesses"`` or ``"sparse_attention"``.
+        ``"topk"``, ``"blocks"``, ``"quest"``, ``"infllm"``, ``"nsa"``, ``"witnesses"`` or ``"sparse_attention"``.
     bug : str
         The bug the case provokes and where it shipped.
     inputs : dict
@@ -33,6 +33,7 @@ class Case:
         ``blocks``; :func:`kvselect.testing.assert_quest`'s for ``quest``; :func:`kvselect.testing.assert_infllm`'s for ``infllm``; ``topk_indices``, ``context_lens``, ``num_segments`` for
         ``blocks``; :func:`kvselect.testing.assert_quest`'s for ``quest``;
         :func:`kvselect.testing.assert_moba`'s for ``moba``; ``topk_indices``, ``context_lens``, ``num_segments`` for
+        ``blocks``; :func:`kvselect.testing.assert_quest`'s for ``quest``; :func:`kvselect.testing.assert_infllm`'s for ``infllm``; :func:`kvselect.testing.assert_nsa`'s for ``nsa``; ``topk_indices``, ``context_lens``, ``num_segments`` for
         ``witnesses``; ``assert_sparse_attention``'s (``q``, ``k``, ``v``,
         ``indices``, ``conventions`` and the layout's arrays) for
         ``sparse_attention``).
@@ -107,6 +108,8 @@ class Case:
             return testing.assert_quest(rows, **self.inputs, **self.check)
         if self.rule == "infllm":
             return testing.assert_infllm(rows, **self.inputs, **self.check)
+        if self.rule == "nsa":
+            return testing.assert_nsa(rows, **self.inputs, **self.check)
         if self.meta.get("family"):
             from kvselect.testing.cases.family import assert_family_rows
 

@@ -1,0 +1,217 @@
+"""NSA's block selection as fla computes it, in plain NumPy, written from the sources.
+
+- fla-org/flash-linear-attention @bc3b101d ``fla/ops/nsa/parallel.py``
+  (``parallel_nsa``: ``k_cmp = mean_pooling(k, block_size)``; ``parallel_nsa_kernel_topk``):
+  query ``p = i_t + TK - TQ`` sees the ``NC = (p + 1) // BS`` complete blocks; each
+  query head's lse over them; block ``c < IC = p // BS`` scores ``sum_h exp(s_hc -
+  lse_h)``; blocks ``0``, ``IC - 1``, ``IC`` score 1.0 a head; ids past ``IC`` are
+  padding; the top ``block_counts``.
+- ``fla/ops/nsa/naive.py`` ``naive_nsa_topk``: the same with ``probs.mean`` over the
+  group and ``p = i`` (query length equal to key length).
+
+This is InfLLM-v2's stage 1 at kernel = stride = ``block_size``
+(``kvselect.reference.infllm.group_scores``), reused, not restated. Scores are float64
+(the keys' float32 values, the block means and the logits exact to about 1e-15), so
+they decide in exact arithmetic; the core's float32 scores are within ``score_bound``
+of them (src/nsa/mod.rs states the bound and why it holds), and ``rows_within_bound``
+is the comparison the differential tests make. Blocks are ranked by score descending,
+then id ascending (forced blocks are ``+inf``; non-candidates ``-inf``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from ._args import ReferenceSelectionError, _count
+from .infllm import gamma, group_ratio, group_scores, order, scores_near
+from .keys import decode
+
+_U = 2.0**-24  # float32's unit roundoff
+BLOCK_SIZE = 64
+BLOCK_COUNTS = 16
+INIT_BLOCKS = 1
+LOCAL_BLOCKS = 2
+
+
+def nsa_compress_keys(
+    k: Any, block_size: int = BLOCK_SIZE, *, k_scale: Any = None, key_format: Optional[str] = None
+) -> np.ndarray:
+    """The compressed keys ``[seq_len // block_size, n_kv_heads, d]`` (float64): each
+    complete block's mean, every key's float32 value times its token's scale (the product
+    rounded to float32). The trailing incomplete block is not compressed."""
+    bs = _block_size(block_size)
+    ka = decode(k, key_format, "key_format")
+    if ka.ndim != 3 or ka.shape[0] == 0:
+        raise ReferenceSelectionError("k", f"k must be 3-D [seq_len >= 1, n_kv_heads, d], got shape {ka.shape}")
+    if k_scale is not None:
+        s = np.asarray(k_scale, np.float32)
+        if s.shape != (ka.shape[0],):
+            raise ReferenceSelectionError("k_scale", f"k_scale must be [seq_len={ka.shape[0]}]")
+        ka = (ka.astype(np.float32) * s[:, None, None]).astype(np.float64)
+    n_c = ka.shape[0] // bs
+    return ka[: n_c * bs].reshape(n_c, bs, *ka.shape[1:]).mean(axis=1)
+
+
+def _block_size(block_size: Any) -> int:
+    bs = _count("block_size", block_size)
+    if bs == 0:
+        raise ReferenceSelectionError("block_size", "block_size must be at least 1")
+    return bs
+
+
+def forced(b: int, ic: int, init_blocks: int = INIT_BLOCKS, local_blocks: int = LOCAL_BLOCKS) -> bool:
+    """Block ``b`` is forced for the query in block ``ic``: ``b < init_blocks`` or one of
+    the ``local_blocks`` blocks up to ``ic`` (fla: 0, ``ic - 1``, ``ic``)."""
+    return b < init_blocks or (b <= ic < b + local_blocks)
+
+
+def nsa_block_scores(
+    q: Any,
+    k: Any,
+    *,
+    block_size: int = BLOCK_SIZE,
+    init_blocks: int = INIT_BLOCKS,
+    local_blocks: int = LOCAL_BLOCKS,
+    scale: Optional[float] = None,
+    k_scale: Any = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+) -> np.ndarray:
+    """``kvselect.nsa_block_scores`` in float64."""
+    bs = _block_size(block_size)
+    init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
+    ck = nsa_compress_keys(k, bs, k_scale=k_scale, key_format=key_format)
+    seq_len = decode(k, key_format, "key_format").shape[0]
+    qa = decode(q, query_format, "query_format")
+    if qa.ndim == 3 and qa.shape[2] != ck.shape[2]:
+        raise ReferenceSelectionError("k", f"k has d={ck.shape[2]} but q has d={qa.shape[2]}")
+    s = group_scores(q, ck, seq_len, scale=scale, query_format=query_format, kernel_size=bs, kernel_stride=bs)
+    n_q, h, _ = s.shape
+    nb = -(-seq_len // bs)
+    out = np.full((n_q, h, nb), -np.inf)
+    for i in range(n_q):
+        ic = (seq_len - n_q + i) // bs
+        for b in range(nb):
+            if forced(b, ic, init, local):
+                out[i, :, b] = np.inf
+            elif b < ic:
+                out[i, :, b] = s[i, :, b]
+    return out
+
+
+def select_row(scores: np.ndarray, block_counts: int) -> np.ndarray:
+    """One row: the top ``block_counts`` candidates (scores above ``-inf``) in the order,
+    ascending."""
+    cand = order(scores)
+    cand = cand[scores[cand] != -np.inf]
+    return np.sort(cand[:block_counts])
+
+
+def nsa_select(
+    q: Any,
+    k: Any,
+    block_counts: int = BLOCK_COUNTS,
+    *,
+    block_size: int = BLOCK_SIZE,
+    init_blocks: int = INIT_BLOCKS,
+    local_blocks: int = LOCAL_BLOCKS,
+    scale: Optional[float] = None,
+    k_scale: Any = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+) -> np.ndarray:
+    """``kvselect.nsa_select`` in exact arithmetic (float64 scores)."""
+    n = _count("block_counts", block_counts)
+    if n == 0:
+        raise ReferenceSelectionError("block_counts", "block_counts must be at least 1 block")
+    b = nsa_block_scores(
+        q,
+        k,
+        block_size=block_size,
+        init_blocks=init_blocks,
+        local_blocks=local_blocks,
+        scale=scale,
+        k_scale=k_scale,
+        query_format=query_format,
+        key_format=key_format,
+    )
+    n_q, h, _ = b.shape
+    out = np.full((n_q, h, n), -1, np.int32)
+    for i in range(n_q):
+        for g in range(h):
+            r = select_row(b[i, g], n)
+            out[i, g, : len(r)] = r
+    return out
+
+
+def nsa_score_bound(
+    q: Any,
+    k: Any,
+    *,
+    block_size: int = BLOCK_SIZE,
+    scale: Optional[float] = None,
+    k_scale: Any = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+    exp_rel_err: Optional[float] = None,
+) -> Tuple[np.ndarray, float]:
+    """The core's error bound (src/nsa/mod.rs): ``(R [n_q, n_kv_heads], T)``, every float32
+    block score within ``R * S + T`` of the exact ``S``.
+
+    Per logit: ``e_c = |scale| (gamma_d + (1 + gamma_d)(gamma_bs (1 + u) + u)) (1 + u)
+    sum_i |q_i| m_ci + u |s_c|``, ``m_c`` the mean of ``|k|`` over block ``c``; then
+    InfLLM-v2's ``group_ratio`` (``exp_rel_err`` None: the project's ``exp`` bound,
+    docs/kernels.md); ``T = 2 G 2^-123``."""
+    bs = _block_size(block_size)
+    ck = nsa_compress_keys(k, bs, k_scale=k_scale, key_format=key_format)
+    kabs = np.abs(decode(k, key_format, "key_format"))
+    if k_scale is not None:
+        kabs = np.abs(kabs.astype(np.float32) * np.asarray(k_scale, np.float32)[:, None, None]).astype(np.float64)
+    seq_len = kabs.shape[0]
+    m = kabs[: ck.shape[0] * bs].reshape(ck.shape[0], bs, *kabs.shape[1:]).mean(axis=1)
+    qa = decode(q, query_format, "query_format")
+    if qa.ndim != 3 or qa.shape[2] != ck.shape[2] or qa.shape[1] % ck.shape[1]:
+        raise ReferenceSelectionError("q", f"q of shape {qa.shape} does not fit k")
+    n_q, hq, d = qa.shape
+    h = ck.shape[1]
+    gs = hq // h
+    sc = float(np.float32(1.0 / np.sqrt(d))) if scale is None else float(np.float32(scale))
+    widen = (gamma(d) + (1 + gamma(d)) * (gamma(bs) * (1 + _U) + _U)) * (1 + _U)
+    out = np.zeros((n_q, h))
+    for i in range(n_q):
+        nv = (seq_len - n_q + i + 1) // bs
+        if nv == 0:
+            continue
+        for g in range(h):
+            qg = qa[i, g * gs : (g + 1) * gs]
+            s = (qg @ ck[:nv, g].T) * sc
+            e = abs(sc) * widen * (np.abs(qg) @ m[:nv, g].T) + _U * np.abs(s)
+            out[i, g] = group_ratio(s, e) if exp_rel_err is None else group_ratio(s, e, exp_rel_err)
+    return out, 2 * gs * 2.0**-123
+
+
+def nsa_rows_within_bound(
+    rows: np.ndarray, scores: np.ndarray, bound: Tuple[np.ndarray, float], block_counts: int
+) -> np.ndarray:
+    """Which of ``rows`` (``[n_q, h, block_counts]``, a kernel's) are right: distinct,
+    ascending, ``-1`` padded, as many ids as the exact row, and equal to it but for swaps
+    between blocks whose exact scores ``S`` lie within ``R (S_b + S_c) + 2T``. Returns
+    ``[n_q, h]`` bool."""
+    R, T = bound
+    n_q, h, _ = scores.shape
+    ok = np.zeros((n_q, h), bool)
+    for i in range(n_q):
+        for g in range(h):
+            row = rows[i, g]
+            ids = row[row >= 0]
+            want = select_row(scores[i, g], block_counts)
+            if len(ids) != len(want) or np.any(row[len(ids) :] != -1) or np.any(np.diff(ids) <= 0):
+                continue
+            s = scores[i, g]
+            if np.any(ids >= len(s)) or np.any(s[ids] == -np.inf):
+                continue
+            extra, missing = np.setdiff1d(ids, want), np.setdiff1d(want, ids)
+            ok[i, g] = all(scores_near(s[b], s[c], float(R[i, g]), T) for b in extra for c in missing)
+    return ok

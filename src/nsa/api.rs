@@ -1,0 +1,360 @@
+//! The checked entry points: compressed keys, block scores and rows of the
+//! queries at the end of one sequence.
+
+use super::{block_scores, row, Config};
+use crate::error::{check_len, checked_size, ArgumentError};
+use crate::infllm::score::{group_sums, Packed, Scratch};
+use crate::keys::Encoded;
+use crate::simd::Isa;
+
+/// A call's checked sizes.
+struct Shape {
+    n_q: usize,
+    hq: usize,
+    n_kv: usize,
+    d: usize,
+    seq_len: usize,
+}
+
+impl Shape {
+    fn group(&self) -> usize {
+        self.hq / self.n_kv
+    }
+    /// The position of query `i` (the queries are the last `n_q` tokens).
+    fn pos(&self, i: usize) -> usize {
+        self.seq_len - self.n_q + i
+    }
+}
+
+fn invalid(argument: &'static str, message: String) -> ArgumentError {
+    ArgumentError::Invalid { argument, message }
+}
+
+/// Checks the keys' shape and scales and the block size; returns `seq_len`.
+fn check_keys(
+    k_len: usize,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    block_size: usize,
+) -> Result<usize, ArgumentError> {
+    if d == 0 {
+        return Err(invalid("d", "d must be at least 1".into()));
+    }
+    if n_kv_heads == 0 {
+        return Err(invalid(
+            "n_kv_heads",
+            "n_kv_heads must be at least 1".into(),
+        ));
+    }
+    if block_size == 0 {
+        return Err(invalid(
+            "block_size",
+            "block_size must be at least 1".into(),
+        ));
+    }
+    let per = checked_size("k", &[n_kv_heads, d])?;
+    if k_len == 0 || !k_len.is_multiple_of(per) {
+        return Err(invalid(
+            "k",
+            format!("k holds {k_len} values, not a positive number of [n_kv_heads={n_kv_heads}, d={d}] tokens"),
+        ));
+    }
+    let seq_len = k_len / per;
+    if let Some(s) = k_scale {
+        check_len("k_scale", s.len(), seq_len, || {
+            format!("[seq_len={seq_len}]")
+        })?;
+    }
+    Ok(seq_len)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check(
+    q_len: usize,
+    n_q_heads: usize,
+    k_len: usize,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+) -> Result<Shape, ArgumentError> {
+    let seq_len = check_keys(k_len, k_scale, n_kv_heads, d, cfg.block_size)?;
+    if n_q_heads == 0 || !n_q_heads.is_multiple_of(n_kv_heads) {
+        return Err(invalid(
+            "q",
+            format!(
+                "q's {n_q_heads} heads are not a positive multiple of the {n_kv_heads} KV heads"
+            ),
+        ));
+    }
+    if !cfg.scale.is_finite() {
+        return Err(invalid(
+            "scale",
+            format!("scale must be finite, got {}", cfg.scale),
+        ));
+    }
+    let per_q = checked_size("q", &[n_q_heads, d])?;
+    if q_len == 0 || !q_len.is_multiple_of(per_q) {
+        return Err(invalid(
+            "q",
+            format!("q holds {q_len} values, not a positive number of [n_q_heads={n_q_heads}, d={d}] queries"),
+        ));
+    }
+    let n_q = q_len / per_q;
+    if n_q > seq_len {
+        return Err(invalid(
+            "q",
+            format!("{n_q} queries but {seq_len} tokens of keys: the queries are the sequence's last tokens"),
+        ));
+    }
+    Ok(Shape {
+        n_q,
+        hq: n_q_heads,
+        n_kv: n_kv_heads,
+        d,
+        seq_len,
+    })
+}
+
+/// The compressed keys, unchecked: `out` (`[seq_len / bs, n_kv, d]`) the
+/// float32 mean of each complete block's rows, summed in token order, each
+/// row decoded in place and times its token's scale.
+fn compress(
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv: usize,
+    d: usize,
+    bs: usize,
+    out: &mut [f32],
+) {
+    let mut row = vec![0.0f32; d];
+    let n_c = out.len() / (n_kv * d);
+    let div = bs as f32;
+    for c in 0..n_c {
+        for g in 0..n_kv {
+            let acc = &mut out[(c * n_kv + g) * d..(c * n_kv + g + 1) * d];
+            acc.fill(0.0);
+            for t in c * bs..(c + 1) * bs {
+                k.decode((t * n_kv + g) * d, &mut row);
+                let s = k_scale.map_or(1.0, |s| s[t]);
+                for (a, &x) in acc.iter_mut().zip(&row) {
+                    *a += if k_scale.is_some() { x * s } else { x };
+                }
+            }
+            acc.iter_mut().for_each(|a| *a /= div);
+        }
+    }
+}
+
+/// The compressed keys of `k` (`[seq_len, n_kv_heads, d]`, any key format,
+/// optionally each token's row times `k_scale[t]`): `out` (`[seq_len /
+/// block_size, n_kv_heads, d]`) block `c`'s mean over tokens `c·bs ..
+/// (c + 1)·bs`, the complete blocks only.
+///
+/// # Errors
+/// A zero `d`, `n_kv_heads` or `block_size` (named), `k` not whole tokens
+/// (`k`), `k_scale` not one per token, `out` of another size (`out`).
+pub fn compress_into(
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    block_size: usize,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    let seq_len = check_keys(k.len(), k_scale, n_kv_heads, d, block_size)?;
+    let n_c = seq_len / block_size;
+    check_out(out.len(), n_c * n_kv_heads * d, || {
+        format!("[n_c={n_c}, n_kv_heads={n_kv_heads}, d={d}]")
+    })?;
+    compress(k, k_scale, n_kv_heads, d, block_size, out);
+    Ok(())
+}
+
+/// Runs `f(row, block_scores)` for every query `i` and KV head `g` (row
+/// `i · n_kv + g` of `out`, `width` wide), on the crate's pool.
+#[allow(clippy::too_many_arguments)]
+fn run<T: Send>(
+    isa: Isa,
+    sh: &Shape,
+    q: Encoded<'_>,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    cfg: &Config,
+    out: &mut [T],
+    width: usize,
+    f: impl Fn(&mut [T], &[f32]) + Sync + Send,
+) {
+    let (d, g_heads) = (sh.d, sh.group());
+    let (n_c, nb) = (cfg.n_compressed(sh.seq_len), cfg.n_blocks(sh.seq_len));
+    let mut qv = vec![0.0f32; q.len()];
+    q.decode(0, &mut qv);
+    let mut ck = vec![0.0f32; n_c * sh.n_kv * d];
+    compress(k, k_scale, sh.n_kv, d, cfg.block_size, &mut ck);
+    let packed: Vec<Packed> = (0..sh.n_kv)
+        .map(|g| Packed::new(isa, &ck, n_c, sh.n_kv, g, d))
+        .collect();
+    let work = g_heads * n_c.max(1) * d;
+    crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(work), |r, o| {
+        let (i, g) = (r / sh.n_kv, r % sh.n_kv);
+        let p = sh.pos(i);
+        let qg = &qv[(i * sh.hq + g * g_heads) * d..(i * sh.hq + (g + 1) * g_heads) * d];
+        let mut scratch = Scratch::default();
+        let n_vis = (p + 1) / cfg.block_size;
+        group_sums(
+            isa,
+            qg,
+            g_heads,
+            d,
+            &packed[g],
+            n_vis,
+            cfg.scale,
+            &mut scratch,
+        );
+        let mut blocks = vec![0.0f32; nb];
+        block_scores(cfg, &scratch.sums, p, &mut blocks);
+        f(o, &blocks);
+    });
+}
+
+/// Every block's score for the queries at the end of one sequence:
+/// `out[i, g, b]` (`[n_q, n_kv_heads, ⌈seq_len / bs⌉]`) for query `i` (at
+/// position `seq_len − n_q + i`), KV head `g`, block `b` — stage 1's group
+/// sum for a block before the query's own, `+inf` for a forced block,
+/// `−inf` for the rest (see the module docs).
+///
+/// `q` is `[n_q, n_q_heads, d]`; `k` the sequence's keys `[seq_len,
+/// n_kv_heads, d]`, any key format read in place, optionally each token's
+/// row times `k_scale[t]` (fp8 keys). Query head `h` reads KV head `h /
+/// (n_q_heads / n_kv_heads)`.
+///
+/// # Errors
+/// As [`compress_into`]; `q`'s heads not a positive multiple of the KV
+/// heads, `q` not whole queries or more queries than tokens (`q`); a
+/// non-finite `scale`; `out` of another size. Nothing is written before
+/// every check has passed.
+#[allow(clippy::too_many_arguments)]
+pub fn block_scores_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    block_scores_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cfg,
+        out,
+    )
+}
+
+/// [`block_scores_into`] at `isa` (the tests' way to every level).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_scores_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    let sh = check(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cfg)?;
+    let nb = cfg.n_blocks(sh.seq_len);
+    check_out(
+        out.len(),
+        checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
+        || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
+    )?;
+    run(isa, &sh, q, k, k_scale, cfg, out, nb, |o, blocks| {
+        o.copy_from_slice(blocks)
+    });
+    Ok(())
+}
+
+/// The blocks each query reads: `out[i, g]` (`[n_q, n_kv_heads,
+/// block_counts]`, `int32`) the top `block_counts` candidates of
+/// [`block_scores_into`]'s row in the total order, ascending, `-1` padded.
+///
+/// # Errors
+/// `block_counts` 0 (`block_counts`), and as [`block_scores_into`].
+#[allow(clippy::too_many_arguments)]
+pub fn select_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    select_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cfg,
+        out,
+    )
+}
+
+/// [`select_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn select_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    if cfg.block_counts == 0 {
+        return Err(invalid(
+            "block_counts",
+            "block_counts must be at least 1 block".into(),
+        ));
+    }
+    let sh = check(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cfg)?;
+    let w = cfg.block_counts;
+    check_out(
+        out.len(),
+        checked_size("out", &[sh.n_q, sh.n_kv, w])?,
+        || format!("[n_q={}, n_kv_heads={}, block_counts={w}]", sh.n_q, sh.n_kv),
+    )?;
+    run(isa, &sh, q, k, k_scale, cfg, out, w, |o, blocks| {
+        let mut ids = Vec::new();
+        row(blocks, &mut ids, o);
+    });
+    Ok(())
+}
+
+fn check_out(got: usize, want: usize, shape: impl FnOnce() -> String) -> Result<(), ArgumentError> {
+    if got != want {
+        return Err(ArgumentError::OutputSize {
+            argument: "out",
+            expected: want,
+            actual: got,
+            shape: shape(),
+        });
+    }
+    Ok(())
+}

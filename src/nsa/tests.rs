@@ -1,0 +1,306 @@
+//! The rule's examples pinned, the forcing, the order, every level's bits
+//! and the refusals.
+
+use super::api::{block_scores_at, select_at};
+use super::*;
+use crate::keys::Encoded;
+use crate::simd::isas_for_test;
+
+fn cfg(bs: usize, k: usize) -> Config {
+    Config {
+        block_size: bs,
+        block_counts: k,
+        init_blocks: 1,
+        local_blocks: 2,
+        scale: 1.0,
+    }
+}
+
+/// A tiny LCG: the tests' inputs, fixed by the seed.
+fn rand(seed: &mut u64, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+/// fla forces block 0 and the query's own two; with blocks of 4 tokens, a
+/// query at position 21 (IC = 5, NC = 5) scores blocks 1..=3 and forces 0, 4, 5.
+#[test]
+fn forced_blocks_and_candidates() {
+    let c = cfg(4, 16);
+    let forced: Vec<usize> = (0..8).filter(|&b| c.forced(b, 5)).collect();
+    assert_eq!(forced, vec![0, 4, 5]);
+    let forced0: Vec<usize> = (0..8).filter(|&b| c.forced(b, 0)).collect();
+    assert_eq!(forced0, vec![0]);
+    let sums = [0.1f32, 0.5, 0.2, 0.3, 0.9];
+    let mut out = [0.0f32; 7];
+    block_scores(&c, &sums, 21, &mut out);
+    let inf = f32::INFINITY;
+    assert_eq!(out, [inf, 0.5, 0.2, 0.3, inf, inf, -inf]);
+    let mut ids = Vec::new();
+    let mut r = [0i32; 4];
+    row(&out, &mut ids, &mut r);
+    assert_eq!(r, [0, 1, 4, 5]);
+    // block_counts < 3: the forced blocks tie; the lower ids win.
+    let mut r2 = [0i32; 2];
+    row(&out, &mut ids, &mut r2);
+    assert_eq!(r2, [0, 4]);
+    // More slots than candidates: -1 padded.
+    let mut r8 = [0i32; 8];
+    row(&out, &mut ids, &mut r8);
+    assert_eq!(r8, [0, 1, 2, 3, 4, 5, -1, -1]);
+    // Probabilities that underflowed to 0 still fill the row, lower id first.
+    let zeros = [0.0f32, 0.0, 0.0, 0.0, 0.0];
+    block_scores(&c, &zeros, 21, &mut out);
+    let mut r5 = [0i32; 5];
+    row(&out, &mut ids, &mut r5);
+    assert_eq!(r5, [0, 1, 2, 4, 5]);
+}
+
+/// The compressed keys are the complete blocks' means; the trailing partial
+/// block is not compressed.
+#[test]
+fn compressed_keys_are_complete_block_means() {
+    let k: Vec<f32> = (0..10).map(|t| t as f32).collect(); // [10 tokens, 1 head, d = 1]
+    let mut out = vec![0.0f32; 2];
+    compress_into(Encoded::F32(&k), None, 1, 1, 4, &mut out).unwrap();
+    assert_eq!(out, vec![1.5, 5.5]);
+    let scales: Vec<f32> = (0..10).map(|t| if t < 4 { 2.0 } else { 1.0 }).collect();
+    compress_into(Encoded::F32(&k), Some(&scales), 1, 1, 4, &mut out).unwrap();
+    assert_eq!(out, vec![3.0, 5.5]);
+    let mut wrong = vec![7.0f32; 3];
+    let e = compress_into(Encoded::F32(&k), None, 1, 1, 4, &mut wrong).unwrap_err();
+    assert!(format!("{e:?}").contains("out"));
+    assert_eq!(wrong, vec![7.0; 3]);
+}
+
+/// Stage 1 by hand: two heads of one group, block size 2, query at position
+/// 7 (IC = 3, NC = 4): block 1 and 2 compete; each head's softmax over the
+/// four complete blocks, then summed.
+#[test]
+fn stage_one_by_hand() {
+    // keys [8 tokens, 1 head, d = 1]: block means 0, 1, 2, 0.
+    let k = [0.0f32, 0.0, 1.0, 1.0, 2.0, 2.0, 0.0, 0.0];
+    let q = [1.0f32, -1.0]; // [1 query, 2 heads, d = 1]
+    let c = Config {
+        block_size: 2,
+        block_counts: 3,
+        init_blocks: 1,
+        local_blocks: 1,
+        scale: 1.0,
+    };
+    let mut out = vec![0.0f32; 4];
+    block_scores_at(
+        crate::simd::Isa::Scalar,
+        Encoded::F32(&q),
+        2,
+        Encoded::F32(&k),
+        None,
+        1,
+        1,
+        &c,
+        &mut out,
+    )
+    .unwrap();
+    let s = |x: &[f64]| -> Vec<f64> {
+        let z: f64 = x.iter().map(|v| v.exp()).sum();
+        x.iter().map(|v| v.exp() / z).collect()
+    };
+    let (a, b) = (s(&[0.0, 1.0, 2.0, 0.0]), s(&[0.0, -1.0, -2.0, 0.0]));
+    for blk in 1..3 {
+        assert!(
+            (out[blk] as f64 - (a[blk] + b[blk])).abs() < 1e-6,
+            "{out:?}"
+        );
+    }
+    assert_eq!((out[0], out[3]), (f32::INFINITY, f32::INFINITY));
+    let mut r = vec![0i32; 3];
+    select_at(
+        crate::simd::Isa::Scalar,
+        Encoded::F32(&q),
+        2,
+        Encoded::F32(&k),
+        None,
+        1,
+        1,
+        &c,
+        &mut r,
+    )
+    .unwrap();
+    assert_eq!(r, vec![0, 2, 3]);
+}
+
+/// Every SIMD level gives the same bits; GQA groups of 1 and 16; Tq < Tkv.
+#[test]
+fn same_bits_at_every_level() {
+    let mut seed = 7u64;
+    for &(hq, n_kv, d, seq, n_q, bs) in &[
+        (16usize, 1usize, 24usize, 300usize, 5usize, 16usize),
+        (2, 2, 8, 97, 97, 8),
+        (32, 2, 64, 520, 3, 64),
+    ] {
+        let q = rand(&mut seed, n_q * hq * d);
+        let k = rand(&mut seed, seq * n_kv * d);
+        let c = Config {
+            scale: 0.3,
+            ..cfg(bs, 5)
+        };
+        let nb = c.n_blocks(seq);
+        let mut want: Option<(Vec<f32>, Vec<i32>)> = None;
+        for isa in isas_for_test() {
+            let mut s = vec![0.0f32; n_q * n_kv * nb];
+            block_scores_at(
+                isa,
+                Encoded::F32(&q),
+                hq,
+                Encoded::F32(&k),
+                None,
+                n_kv,
+                d,
+                &c,
+                &mut s,
+            )
+            .unwrap();
+            let mut r = vec![0i32; n_q * n_kv * 5];
+            select_at(
+                isa,
+                Encoded::F32(&q),
+                hq,
+                Encoded::F32(&k),
+                None,
+                n_kv,
+                d,
+                &c,
+                &mut r,
+            )
+            .unwrap();
+            let bits = (s, r);
+            match &want {
+                None => want = Some(bits),
+                Some(w) => {
+                    assert_eq!(
+                        w.0.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        bits.0.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        "{isa:?}"
+                    );
+                    assert_eq!(w.1, bits.1, "{isa:?}");
+                }
+            }
+        }
+    }
+}
+
+/// Refusals name their argument and write nothing.
+#[test]
+fn refusals() {
+    let q = [1.0f32; 8];
+    let k = [1.0f32; 40];
+    let mut out = vec![9i32; 4];
+    let err = |r: Result<(), crate::ArgumentError>| format!("{:?}", r.unwrap_err());
+    let c = cfg(4, 2);
+    assert!(err(select_into(
+        Encoded::F32(&q),
+        3,
+        Encoded::F32(&k),
+        None,
+        2,
+        4,
+        &c,
+        &mut out
+    ))
+    .contains("\"q\""));
+    assert!(err(select_into(
+        Encoded::F32(&q),
+        2,
+        Encoded::F32(&k[..39]),
+        None,
+        1,
+        4,
+        &c,
+        &mut out
+    ))
+    .contains("\"k\""));
+    assert!(err(select_into(
+        Encoded::F32(&q),
+        2,
+        Encoded::F32(&k),
+        Some(&[1.0; 3]),
+        1,
+        4,
+        &c,
+        &mut out
+    ))
+    .contains("k_scale"));
+    let zero = Config {
+        block_counts: 0,
+        ..c
+    };
+    assert!(err(select_into(
+        Encoded::F32(&q),
+        2,
+        Encoded::F32(&k),
+        None,
+        1,
+        4,
+        &zero,
+        &mut out
+    ))
+    .contains("block_counts"));
+    let nan = Config {
+        scale: f32::NAN,
+        ..c
+    };
+    assert!(err(select_into(
+        Encoded::F32(&q),
+        2,
+        Encoded::F32(&k),
+        None,
+        1,
+        4,
+        &nan,
+        &mut out
+    ))
+    .contains("scale"));
+    let bs0 = Config { block_size: 0, ..c };
+    assert!(err(select_into(
+        Encoded::F32(&q),
+        2,
+        Encoded::F32(&k),
+        None,
+        1,
+        4,
+        &bs0,
+        &mut out
+    ))
+    .contains("block_size"));
+    assert!(err(select_into(
+        Encoded::F32(&q),
+        2,
+        Encoded::F32(&k),
+        None,
+        1,
+        4,
+        &c,
+        &mut out[..3]
+    ))
+    .contains("out"));
+    assert_eq!(out, vec![9; 4]);
+    // a good call: one query, 2 heads in one group, 10 tokens, 2 slots
+    select_into(
+        Encoded::F32(&q),
+        2,
+        Encoded::F32(&k),
+        None,
+        1,
+        4,
+        &c,
+        &mut out[..2],
+    )
+    .unwrap();
+    assert_eq!(&out[..2], &[0, 1]);
+}

@@ -1,0 +1,286 @@
+//! NSA's block scores and block rows as fla computes them (all raise
+//! `SelectionError`).
+
+use numpy::{PyArrayDyn, PyUntypedArray};
+use pyo3::prelude::*;
+
+use super::args::{
+    detach, AsFormatArg, EncodedIn, KeyFormat, Named, Obj, Opt, Out, QueryFormat, I32, I32_MAX, S,
+};
+use super::errors::refuse;
+use crate::attention::softmax_scale;
+use crate::nsa::{self, Config};
+
+type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
+
+/// The arguments both entry points share, read and checked for shape.
+struct Call<'py> {
+    q: EncodedIn<'py>,
+    k: EncodedIn<'py>,
+    k_scale: Option<super::args::In<'py, f32, 1>>,
+    hq: usize,
+    n_kv: usize,
+    d: usize,
+    n_q: usize,
+    cfg: Config,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn call<'py>(
+    q: &Obj<'py>,
+    k: &Obj<'py>,
+    block_counts: usize,
+    (block_size, init_blocks, local_blocks): (Opt<'_, 'py>, Opt<'_, 'py>, Opt<'_, 'py>),
+    scale: Option<f64>,
+    k_scale: Opt<'_, 'py>,
+    formats: (Option<Named<QueryFormat>>, Option<Named<KeyFormat>>),
+) -> PyResult<Call<'py>> {
+    let block_size = S.count_or(block_size, "block_size", I32_MAX, nsa::FLA_BLOCK_SIZE)?;
+    if block_size == 0 {
+        return Err(refuse(S, "block_size", "block_size must be at least 1"));
+    }
+    let init = S.count_or(init_blocks, "init_blocks", I32_MAX, nsa::FLA_INIT_BLOCKS)?;
+    let local = S.count_or(local_blocks, "local_blocks", I32_MAX, nsa::FLA_LOCAL_BLOCKS)?;
+    let (qe, qshape) = EncodedIn::new(S, q, "q", formats.0.format_arg())?;
+    let [n_q, hq, d] = qshape[..] else {
+        let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D", qshape.len());
+        return Err(refuse(S, "q", msg));
+    };
+    let (ke, kshape) = EncodedIn::new(S, k, "k", formats.1.format_arg())?;
+    let [seq_len, n_kv, dk] = kshape[..] else {
+        let msg = format!(
+            "k must be 3-D [seq_len, n_kv_heads, d], got {}-D",
+            kshape.len()
+        );
+        return Err(refuse(S, "k", msg));
+    };
+    if dk != d {
+        return Err(refuse(S, "k", format!("k has d={dk} but q has d={d}")));
+    }
+    if seq_len == 0 {
+        return Err(refuse(S, "k", "k must hold at least 1 token"));
+    }
+    let scale = scale.unwrap_or_else(|| softmax_scale(d) as f64) as f32;
+    let k_scale = match k_scale {
+        Some(o) => Some(S.input::<f32, 1>(o, "k_scale", "[seq_len]")?),
+        None => None,
+    };
+    Ok(Call {
+        q: qe,
+        k: ke,
+        k_scale,
+        hq,
+        n_kv,
+        d,
+        n_q,
+        cfg: Config {
+            block_size,
+            block_counts,
+            init_blocks: init,
+            local_blocks: local,
+            scale,
+        },
+    })
+}
+
+impl<'py> Call<'py> {
+    fn inputs(&self) -> Vec<&Bound<'py, PyUntypedArray>> {
+        let mut v = vec![self.q.untyped(), self.k.untyped()];
+        v.extend(self.k_scale.as_ref().map(|s| s.untyped()));
+        v
+    }
+}
+
+/// Every block's score under NSA's selection as fla computes it, for the
+/// queries at the end of one sequence.
+///
+/// Query ``i`` sits at position ``p = seq_len - n_q + i`` (fla's ``TK - TQ``
+/// offset), in block ``IC = p // block_size``. The compressed keys are the
+/// means of the complete blocks of ``k``; each query head's softmax over the
+/// ``(p + 1) // block_size`` blocks it has seen whole, of ``scale * q . ck``;
+/// the probabilities summed over each KV head's query group. Blocks before
+/// ``IC`` score that sum; forced blocks (``b < init_blocks`` and the
+/// ``local_blocks`` blocks up to ``IC``; fla's block 0, ``IC - 1``, ``IC``)
+/// ``+inf``; the rest ``-inf``. Float32 with the project's ``exp`` (InfLLM-v2's
+/// stage 1), the same bits at every SIMD level (docs/nsa.md).
+///
+/// Parameters
+/// ----------
+/// q : array_like, [n_q, n_q_heads, d]
+///     The queries, the sequence's last ``n_q`` tokens: float32 (float64 converted
+///     once), float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw view with
+///     ``query_format``.
+/// k : array_like, [seq_len, n_kv_heads, d]
+///     The sequence's keys, any key format, read in place.
+/// block_size : int, optional
+///     Tokens a block (fla's 64).
+/// init_blocks, local_blocks : int, optional
+///     Blocks forced at the start and up to the query's own (fla's 1 and 2).
+/// scale : float, optional
+///     The logits' scale, finite; ``1 / sqrt(d)`` by default (fla's).
+/// k_scale : array_like of float32, [seq_len], optional
+///     Each token's key scale (fp8 keys): its value is ``k * scale``.
+/// query_format, key_format : str, optional
+///     The formats of raw uint16 / uint8 ``q`` and ``k``.
+///
+/// Returns
+/// -------
+/// ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)]
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names it) when ``q`` or ``k`` is not 3-D, their
+///     ``d`` differ, ``k`` is empty (``k``); ``q``'s heads are not a multiple of
+///     ``k``'s or there are more queries than tokens (``q``); ``k_scale`` is not one
+///     per token; ``scale`` is not finite; ``block_size`` is 0.
+///
+/// See Also
+/// --------
+/// nsa_select : the blocks each query reads.
+///
+/// Examples
+/// --------
+/// >>> import numpy as np, kvselect
+/// >>> q = np.ones((1, 2, 4), dtype=np.float32)
+/// >>> k = np.zeros((20, 1, 4), dtype=np.float32); k[8:12] = 1.0
+/// >>> s = kvselect.nsa_block_scores(q, k, block_size=4)
+/// >>> s[0, 0].round(4).tolist()
+/// [inf, 0.1756, 1.2976, inf, inf]
+#[pyfunction]
+#[pyo3(
+    signature = (q, k, *, block_size=None, init_blocks=None, local_blocks=None, scale=None,
+                 k_scale=None, query_format=None, key_format=None),
+    text_signature = "(q, k, *, block_size=64, init_blocks=1, local_blocks=2, scale=None, \
+                      k_scale=None, query_format=None, key_format=None)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn nsa_block_scores<'py>(
+    py: Python<'py>,
+    q: &Obj<'py>,
+    k: &Obj<'py>,
+    block_size: Opt<'_, 'py>,
+    init_blocks: Opt<'_, 'py>,
+    local_blocks: Opt<'_, 'py>,
+    scale: Option<f64>,
+    k_scale: Opt<'_, 'py>,
+    query_format: Option<Named<QueryFormat>>,
+    key_format: Option<Named<KeyFormat>>,
+) -> PyResult<F32<'py>> {
+    let c = call(
+        q,
+        k,
+        1,
+        (block_size, init_blocks, local_blocks),
+        scale,
+        k_scale,
+        (query_format, key_format),
+    )?;
+    let (qs, ks) = (c.q.encoded()?, c.k.encoded()?);
+    let nb = c.cfg.n_blocks(ks.len() / (c.n_kv * c.d).max(1));
+    let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.n_kv, nb], &c.inputs())?;
+    let sc = c.k_scale.as_ref().map(|s| s.slice()).transpose()?;
+    let o = out.slice()?;
+    let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
+    detach(py, work, || {
+        nsa::block_scores_into(qs, c.hq, ks, sc, c.n_kv, c.d, &c.cfg, o)
+    })?;
+    Ok(out.finish())
+}
+
+/// The blocks each query reads under NSA's selection as fla computes it: the
+/// top ``block_counts`` of :func:`nsa_block_scores`.
+///
+/// The candidates are the blocks up to the query's own; ranked by score
+/// descending, ties to the lower block id (with ``block_counts < 3`` the forced
+/// blocks tie and the lower ids stay), decided in exact arithmetic: a block
+/// whose float32 probability underflows still fills a slot, where fla's top-k
+/// can leave it to its ``-1`` padding. Ascending, ``-1`` padded.
+///
+/// Parameters
+/// ----------
+/// q, k
+///     As :func:`nsa_block_scores`.
+/// block_counts : int, optional
+///     Blocks a row (fla's 16), at least 1.
+/// block_size, init_blocks, local_blocks, scale, k_scale, query_format, key_format
+///     As :func:`nsa_block_scores`.
+///
+/// Returns
+/// -------
+/// ndarray of int32, [n_q, n_kv_heads, block_counts]
+///     Block ids ascending, then ``-1``.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     As :func:`nsa_block_scores`, and when ``block_counts`` is 0
+///     (``block_counts``).
+///
+/// See Also
+/// --------
+/// nsa_block_scores : the scores the rows rank.
+///
+/// Examples
+/// --------
+/// >>> import numpy as np, kvselect
+/// >>> q = np.ones((1, 2, 4), dtype=np.float32)
+/// >>> k = np.zeros((20, 1, 4), dtype=np.float32); k[8:12] = 1.0
+/// >>> kvselect.nsa_select(q, k, 4, block_size=4)[0, 0].tolist()
+/// [0, 2, 3, 4]
+#[pyfunction]
+#[pyo3(
+    signature = (q, k, block_counts=None, *, block_size=None, init_blocks=None,
+                 local_blocks=None, scale=None, k_scale=None, query_format=None,
+                 key_format=None),
+    text_signature = "(q, k, block_counts=16, *, block_size=64, init_blocks=1, \
+                      local_blocks=2, scale=None, k_scale=None, query_format=None, \
+                      key_format=None)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn nsa_select<'py>(
+    py: Python<'py>,
+    q: &Obj<'py>,
+    k: &Obj<'py>,
+    block_counts: Opt<'_, 'py>,
+    block_size: Opt<'_, 'py>,
+    init_blocks: Opt<'_, 'py>,
+    local_blocks: Opt<'_, 'py>,
+    scale: Option<f64>,
+    k_scale: Opt<'_, 'py>,
+    query_format: Option<Named<QueryFormat>>,
+    key_format: Option<Named<KeyFormat>>,
+) -> PyResult<I32<'py>> {
+    let n = S.count_or(block_counts, "block_counts", I32_MAX, nsa::FLA_BLOCK_COUNTS)?;
+    if n == 0 {
+        return Err(refuse(
+            S,
+            "block_counts",
+            "block_counts must be at least 1 block",
+        ));
+    }
+    let c = call(
+        q,
+        k,
+        n,
+        (block_size, init_blocks, local_blocks),
+        scale,
+        k_scale,
+        (query_format, key_format),
+    )?;
+    let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.n_kv, n], &c.inputs())?;
+    let (qs, ks) = (c.q.encoded()?, c.k.encoded()?);
+    let sc = c.k_scale.as_ref().map(|s| s.slice()).transpose()?;
+    let o = out.slice()?;
+    let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
+    detach(py, work, || {
+        nsa::select_into(qs, c.hq, ks, sc, c.n_kv, c.d, &c.cfg, o)
+    })?;
+    Ok(out.finish())
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(nsa_block_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(nsa_select, m)?)?;
+    Ok(())
+}
