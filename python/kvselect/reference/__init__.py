@@ -242,6 +242,10 @@ __all__ = [
     "compress_keys",
     "infllm_block_scores",
     "infllm_select",
+    # moba
+    "moba_gates",
+    "moba_select",
+    "moba_select_paged",
     # nsa
     "nsa_compress_keys",
     "nsa_block_scores",
