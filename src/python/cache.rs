@@ -79,6 +79,57 @@ impl<'py> Paged<'py> {
         })
     }
 
+    /// Every sequence of the cache read whole (one "query" per sequence, at
+    /// its last token), each cache row split into `n_kv_heads` heads:
+    /// the cache and each sequence's length. Refuses what [`Paged::new`]
+    /// refuses, and `n_kv_heads` 0 or not dividing the rows' keys (naming
+    /// `n_kv_heads`). Quest's paged bounds and MoBA's paged decode read so.
+    #[allow(clippy::too_many_arguments)]
+    pub fn whole_sequences(
+        py: Python<'py>,
+        kv_cache: &Obj<'py>,
+        block_table: &Obj<'py>,
+        seq_lens: &Obj<'py>,
+        n_kv_heads: usize,
+        layout: &Named<PageLayoutName>,
+        key_format: FormatArg<'_>,
+    ) -> PyResult<(Self, Vec<usize>)> {
+        let lens = positions(S, seq_lens, "seq_lens")?;
+        // The cache's row, as `new` reads it (its checks refuse a bad shape first).
+        let arr = numpy(py)?.call_method1("asarray", (S.arg(kv_cache, "kv_cache")?,))?;
+        let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
+        let scaled = matches!(layout.get()?, PageLayoutName::Fp8Scaled);
+        let row = shape
+            .last()
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(4 * scaled as usize);
+        let ids = pyo3::types::PyList::new(py, 0..lens.len())?;
+        let last = pyo3::types::PyList::new(py, lens.iter().map(|&l| l.saturating_sub(1)))?;
+        let args = PagedArgs {
+            kv_cache,
+            block_table,
+            seq_lens,
+            seq_ids: ids.as_any(),
+            query_pos: last.as_any(),
+        };
+        let paged = Paged::new(args, layout, key_format, (lens.len(), row))?;
+        let h = n_kv_heads;
+        if h == 0 || !paged.d.is_multiple_of(h) {
+            let msg = format!(
+                "n_kv_heads = {h} does not divide the cache's rows of {} keys",
+                paged.d
+            );
+            return Err(refuse(S, "n_kv_heads", msg));
+        }
+        Ok((paged, lens))
+    }
+
+    /// Tokens per page.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
     /// The pages as the core reads them.
     pub fn cache(&self) -> PagedCache<'_> {
         PagedCache {

@@ -3,13 +3,12 @@
 
 use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
 
 use super::args::{
-    detach, ndarrays, numpy, positions, AsFormatArg, EncodedIn, KeyFormat, MobaVariantName, Named,
-    Obj, Opt, Out, PageLayoutName, QueryFormat, I32, I32_MAX, S,
+    detach, ndarrays, positions, AsFormatArg, EncodedIn, KeyFormat, MobaVariantName, Named, Obj,
+    Opt, Out, PageLayoutName, QueryFormat, I32, I32_MAX, S,
 };
-use super::cache::{Paged, PagedArgs};
+use super::cache::Paged;
 use super::errors::refuse;
 use crate::moba::{self, Shape, Variant};
 
@@ -331,38 +330,15 @@ pub(super) fn moba_select_paged<'py>(
     let bs = S.count(block_size, "block_size", I32_MAX)?;
     let v = self::variant(variant)?;
     let page_layout = page_layout.unwrap_or(Named::known(PageLayoutName::Dense));
-    let lens = positions(S, seq_lens, "seq_lens")?;
-    let np_ = numpy(py)?;
-    let arr = np_.call_method1("asarray", (S.arg(kv_cache, "kv_cache")?,))?;
-    let cshape: Vec<usize> = arr.getattr("shape")?.extract()?;
-    let scaled = matches!(page_layout.get()?, PageLayoutName::Fp8Scaled);
-    let row = cshape
-        .last()
-        .copied()
-        .unwrap_or(0)
-        .saturating_sub(4 * scaled as usize);
-    let ids = PyList::new(py, 0..lens.len())?;
-    let last = PyList::new(py, lens.iter().map(|&l| l.saturating_sub(1)))?;
-    let args = PagedArgs {
+    let (paged, lens) = Paged::whole_sequences(
+        py,
         kv_cache,
         block_table,
         seq_lens,
-        seq_ids: ids.as_any(),
-        query_pos: last.as_any(),
-    };
-    let paged = Paged::new(
-        args,
+        h,
         &page_layout,
         key_format.format_arg(),
-        (lens.len(), row),
     )?;
-    if h == 0 || !paged.d.is_multiple_of(h) {
-        let msg = format!(
-            "n_kv_heads = {h} does not divide the cache's rows of {} keys",
-            paged.d
-        );
-        return Err(refuse(S, "n_kv_heads", msg));
-    }
     let (qe, qshape) = EncodedIn::new(S, q, "q", query_format.format_arg())?;
     let d = paged.d / h;
     let [nq, hq, dq] = qshape[..] else {

@@ -3,14 +3,14 @@
 use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyInt, PyList};
+use pyo3::types::PyInt;
 
 use super::args::KeyFormat;
 use super::args::{
-    detach, ndarrays, numpy, positions, AsFormatArg, EncodedIn, Named, Obj, Opt, Out,
-    PageLayoutName, QueryFormat, QuestVariantName, I32, I32_MAX, S,
+    detach, ndarrays, positions, AsFormatArg, EncodedIn, Named, Obj, Opt, Out, PageLayoutName,
+    QueryFormat, QuestVariantName, I32, I32_MAX, S,
 };
-use super::cache::{Paged, PagedArgs};
+use super::cache::Paged;
 use super::errors::refuse;
 use crate::quest::{self, Layout, Variant, QUEST_PAGE_SIZE, SGLANG_RECENT_PAGES};
 
@@ -217,41 +217,16 @@ pub(super) fn quest_bounds_paged<'py>(
 ) -> PyResult<(F32<'py>, F32<'py>)> {
     let h = S.count(n_kv_heads, "n_kv_heads", I32_MAX)?;
     let page_layout = page_layout.unwrap_or(Named::known(PageLayoutName::Dense));
-    let lens = positions(S, seq_lens, "seq_lens")?;
-    // The cache's row, as Paged reads it (its checks refuse a bad shape first).
-    let np_ = numpy(py)?;
-    let arr = np_.call_method1("asarray", (S.arg(kv_cache, "kv_cache")?,))?;
-    let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
-    let scaled = matches!(page_layout.get()?, PageLayoutName::Fp8Scaled);
-    let row = shape
-        .last()
-        .copied()
-        .unwrap_or(0)
-        .saturating_sub(4 * scaled as usize);
-    // Each sequence is read whole: one "query" at its last token.
-    let ids = PyList::new(py, 0..lens.len())?;
-    let last = PyList::new(py, lens.iter().map(|&l| l.saturating_sub(1)))?;
-    let args = PagedArgs {
+    let (paged, lens) = Paged::whole_sequences(
+        py,
         kv_cache,
         block_table,
         seq_lens,
-        seq_ids: ids.as_any(),
-        query_pos: last.as_any(),
-    };
-    let paged = Paged::new(
-        args,
+        h,
         &page_layout,
         key_format.format_arg(),
-        (lens.len(), row),
     )?;
-    if h == 0 || !paged.d.is_multiple_of(h) {
-        let msg = format!(
-            "n_kv_heads = {h} does not divide the cache's rows of {} keys",
-            paged.d
-        );
-        return Err(refuse(S, "n_kv_heads", msg));
-    }
-    let block_size = shape.get(1).copied().unwrap_or(0);
+    let block_size = paged.block_size();
     let l = Layout::new(h, paged.d / h, block_size);
     let n_pages: usize = lens.iter().map(|&n| quest::pages_of(n, block_size)).sum();
     let (mut lo, mut hi) = bounds_out(py, None, (n_pages, l), &[])?;
