@@ -77,8 +77,11 @@ class Case:
         ----------
         rows : array_like or DLPack tensor, or a tuple (out, lse)
             The kernel's output on ``case.inputs``: top-k rows, block rows,
-            the witness buffer after the merge, or a sparse attention
-            kernel's ``out`` (or ``(out, lse)``), as the case's rule has it.
+            the witness buffer after the merge, a vertical-slash
+            ``(vertical, slash)`` pair (or the two concatenated per head, as
+            ``expected`` holds them), or a sparse attention kernel's ``out``
+            (or ``(out, lse)``), as the case's rule has it. Every case passes
+            its own ``expected``.
 
         Returns
         -------
@@ -115,6 +118,9 @@ class Case:
 
             return assert_family_rows(rows, self.inputs, **self.check)
         if self.rule == "vslash":
+            if not isinstance(rows, tuple):  # one array as ``expected`` holds it: the columns first
+                nv = int(self.meta["nv"])
+                rows = (rows[:, :nv], rows[:, nv:])
             return testing.assert_vslash(rows, **self.inputs, **self.check)
         if self.rule == "moba":
             return testing.assert_moba(rows, **self.inputs, **self.check)
