@@ -21,27 +21,30 @@ class Case:
     id : str
         A short name, unique within an ``all_*_cases()`` list (a pytest id).
     rule : str
-        ``"topk"``, ``"blocks"``, ``"quest"``, ``"infllm"``, ``"nsa"``, ``"witnesses"`` or ``"sparse_attention"``.
+        ``"topk"``, ``"blocks"``, ``"quest"``, ``"infllm"``, ``"nsa"``,
+        ``"moba"``, ``"vslash"``, ``"witnesses"`` or ``"sparse_attention"``.
     bug : str
         The bug the case provokes and where it shipped.
     inputs : dict
-        The kernel's arguments, by the API's names (the ``indexer_topk*``
-        ones for ``topk``: ``index_q``, ``weights``, ``index_k``,
+        The kernel's arguments, by the API's names: the ``indexer_topk*``
+        ones for ``topk`` (``index_q``, ``weights``, ``index_k``,
         ``query_pos``, ``topk``, and where used ``key_scale``,
         ``cu_seqlens``, ``seq_ids``, ``kv_cache``, ``block_table``,
-        ``seq_lens``, ``page_layout``, ``compress_ratio``; ``block_sparse_select``'s for
-        ``blocks``; :func:`kvselect.testing.assert_quest`'s for ``quest``; :func:`kvselect.testing.assert_infllm`'s for ``infllm``; ``topk_indices``, ``context_lens``, ``num_segments`` for
-        ``blocks``; :func:`kvselect.testing.assert_quest`'s for ``quest``;
-        :func:`kvselect.testing.assert_moba`'s for ``moba``; ``topk_indices``, ``context_lens``, ``num_segments`` for
-        ``blocks``; :func:`kvselect.testing.assert_quest`'s for ``quest``; :func:`kvselect.testing.assert_infllm`'s for ``infllm``; :func:`kvselect.testing.assert_nsa`'s for ``nsa``; ``topk_indices``, ``context_lens``, ``num_segments`` for
+        ``seq_lens``, ``page_layout``, ``compress_ratio``);
+        ``block_sparse_select``'s for ``blocks``; for ``quest``, ``infllm``,
+        ``nsa``, ``moba`` and ``vslash`` those of
+        :func:`kvselect.testing.assert_quest`, ``assert_infllm``,
+        ``assert_nsa``, ``assert_moba`` and ``assert_vslash``;
+        ``topk_indices``, ``context_lens``, ``num_segments`` for
         ``witnesses``; ``assert_sparse_attention``'s (``q``, ``k``, ``v``,
         ``indices``, ``conventions`` and the layout's arrays) for
-        ``sparse_attention``).
+        ``sparse_attention``.
     expected : ndarray
         The exact rule's answer: rows of positions (ties to the lower
-        position), ``-1`` padded; block ids for ``blocks``; the buffer after
-        the call for ``witnesses``; the exact output (float64) for
-        ``sparse_attention``.
+        position), ``-1`` padded; block ids for ``blocks``; the columns and
+        the diagonal offsets concatenated per head (``meta["nv"]`` columns
+        first) for ``vslash``; the buffer after the call for
+        ``witnesses``; the exact output (float64) for ``sparse_attention``.
     check : dict
         Keyword arguments of the assertion the case is built for (its
         tolerance, ``fail_vacuous``).
