@@ -30,7 +30,11 @@ pub(super) fn pack_keys(
     }
 }
 
-/// [`super::scores`], one dot product at a time.
+/// [`super::scores`]: each key's dot product one chain
+/// `acc = fma(q_c, k_c, acc)` over `c` in order from `+0.0`, the chains of
+/// a block's 8 keys side by side (a loop over the lanes, so a compiler
+/// vectorises it where the target has vector FMAs: aarch64's NEON does;
+/// each key's chain is the same scalar chain either way).
 pub(super) fn scores(
     q: &[f32],
     q_offs: &[usize],
@@ -42,13 +46,18 @@ pub(super) fn scores(
 ) {
     for (r, &qo) in q_offs.iter().enumerate() {
         let qr = &q[qo..qo + d];
-        for t in 0..KEY_TILE {
-            let kb = &ktile[(t / 8) * 8 * d..];
-            let mut acc = 0.0f32;
-            for (c, &x) in qr.iter().enumerate() {
-                acc = x.mul_add(kb[c * 8 + t % 8], acc);
+        for b in 0..KEY_TILE / 8 {
+            let kb = &ktile[b * 8 * d..(b + 1) * 8 * d];
+            let mut acc = [0.0f32; 8];
+            for (&x, kc) in qr.iter().zip(kb.chunks_exact(8)) {
+                for (a, &k) in acc.iter_mut().zip(kc) {
+                    *a = x.mul_add(k, *a);
+                }
             }
-            out[r * stride + t] = acc * scale;
+            let at = r * stride + b * 8;
+            for (o, &a) in out[at..at + 8].iter_mut().zip(&acc) {
+                *o = a * scale;
+            }
         }
     }
 }

@@ -42,19 +42,49 @@ pub(super) fn fold(
 /// order: lane `l` accumulates dimensions `l, l + 8, …` with one fused
 /// multiply-add each (a dimension past `d` as `fma(0, 0, acc)`), then
 /// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
+///
+/// Written as a loop over the 8 lanes of each 8-dimension chunk (the tail
+/// zero-padded into one more chunk), so a compiler vectorises it where the
+/// target has vector FMAs (aarch64's NEON); every lane's chain is the same.
 #[inline]
 pub(super) fn dot(q: &[f32], kmin: &[f32], kmax: &[f32]) -> f32 {
-    let d = q.len();
-    let mut l = [0.0f32; 8];
-    for i in 0..d.div_ceil(8) * 8 {
-        let (qi, b) = if i < d {
-            (q[i], if q[i] >= 0.0 { kmax[i] } else { kmin[i] })
-        } else {
-            (0.0, 0.0)
-        };
-        l[i % 8] = qi.mul_add(b, l[i % 8]);
+    /// Lanes `l[h][j]` (lane `4h + j`) take dimensions `4h + j` of the
+    /// chunk: both bounds read and the sign's pick a bit mask (as the AVX2
+    /// kernel's blend), since a branch per lane would keep the loop scalar.
+    #[inline(always)]
+    fn chunk(l: &mut [[f32; 4]; 2], q: &[f32], kmin: &[f32], kmax: &[f32]) {
+        for (h, lh) in l.iter_mut().enumerate() {
+            let r = 4 * h..4 * h + 4;
+            let (q, lo, hi) = (&q[r.clone()], &kmin[r.clone()], &kmax[r]);
+            for (((a, &x), &lo), &hi) in lh.iter_mut().zip(q).zip(lo).zip(hi) {
+                let m = 0u32.wrapping_sub(u32::from(x >= 0.0));
+                let b = f32::from_bits((hi.to_bits() & m) | (lo.to_bits() & !m));
+                *a = x.mul_add(b, *a);
+            }
+        }
     }
-    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+    let d = q.len();
+    let (kmin, kmax) = (&kmin[..d], &kmax[..d]);
+    let full = d / 8 * 8;
+    let mut l = [[0.0f32; 4]; 2];
+    for ((qc, lo), hi) in q[..full]
+        .chunks_exact(8)
+        .zip(kmin[..full].chunks_exact(8))
+        .zip(kmax[..full].chunks_exact(8))
+    {
+        chunk(&mut l, qc, lo, hi);
+    }
+    if full < d {
+        // Past `d`, `fma(0, 0, acc)`: `q = 0` picks `kmax`'s padding, 0.
+        let (mut tq, mut tlo, mut thi) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+        tq[..d - full].copy_from_slice(&q[full..]);
+        tlo[..d - full].copy_from_slice(&kmin[full..]);
+        thi[..d - full].copy_from_slice(&kmax[full..]);
+        chunk(&mut l, &tq, &tlo, &thi);
+    }
+    // `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
+    let h: [f32; 4] = std::array::from_fn(|j| l[0][j] + l[1][j]);
+    (h[0] + h[2]) + (h[1] + h[3])
 }
 
 /// [`super::page_bounds`] without SIMD: the rows decoded (portably), then
