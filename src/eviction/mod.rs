@@ -189,9 +189,20 @@ impl Prefix<'_> {
     fn keys_t(&self) -> Vec<f64> {
         let (p, d) = (self.p_len, self.d);
         let mut kt = vec![0.0f64; p * d];
-        for (j, row) in self.k.chunks_exact(d.max(1)).enumerate().take(p) {
-            for (c, &x) in row.iter().enumerate() {
-                kt[c * p + j] = x as f64;
+        if d == 0 {
+            return kt;
+        }
+        // In blocks of 64 keys: the block's rows are read once from L1 and
+        // each dimension's 64 entries written contiguously (a key at a
+        // time, every write would be a different cache line).
+        const KEYS: usize = 64;
+        for j0 in (0..p).step_by(KEYS) {
+            let rows = &self.k[j0 * d..(j0 + KEYS).min(p) * d];
+            for c in 0..d {
+                let dst = &mut kt[c * p + j0..][..rows.len() / d];
+                for (o, row) in dst.iter_mut().zip(rows.chunks_exact(d)) {
+                    *o = row[c] as f64;
+                }
             }
         }
         kt
@@ -381,7 +392,8 @@ pub fn tova_scores_at(
     let shape = [("group", group), ("d", d)];
     check_inputs(q_last, "q_last", &shape, k, p_len, group, d, scale)?;
     if p_len == 0 {
-        let msg = "TOVA needs at least one prefix position (the last query's), got P = 0";
+        let msg =
+            "k must hold at least one prefix position (TOVA reads the last query's), got P = 0";
         return Err(invalid("k", msg.to_string()));
     }
     let pre = Prefix {
@@ -393,11 +405,33 @@ pub fn tova_scores_at(
         scale,
     };
     let n = p_len - 1;
-    let (q64, kt) = (pre.q64(), pre.keys_t());
+    let q64 = pre.q64();
     let mut rows = vec![0.0f64; group * p_len];
-    kernels::scores(
-        isa, &q64, group, d, &kt, p_len, p_len, scale, &mut rows, p_len,
-    );
+    // One query position reads each key once: the keys are widened a block
+    // at a time into a buffer that stays in cache, not all at once.
+    const KEYS: usize = 256;
+    let mut kt = vec![0.0f64; d * KEYS];
+    for j0 in (0..p_len).step_by(KEYS) {
+        let nb = KEYS.min(p_len - j0);
+        let block = Prefix {
+            k: &k[j0 * d..(j0 + nb) * d],
+            p_len: nb,
+            ..pre
+        };
+        kt[..d * nb].copy_from_slice(&block.keys_t());
+        kernels::scores(
+            isa,
+            &q64,
+            group,
+            d,
+            &kt,
+            nb,
+            nb,
+            scale,
+            &mut rows[j0..],
+            p_len,
+        );
+    }
     let mut per_head = vec![0.0f64; group * n];
     for (h, row) in rows.chunks_exact_mut(p_len).enumerate() {
         softmax_in_place(row);
