@@ -45,7 +45,11 @@
 //! l`. Every sum above runs in the twin's order (the queries, then the
 //! pooling's taps, then the heads, each in index order from `+0` and
 //! divided once), so the scores here equal the twin's bit for bit and the
-//! differential tests compare kept positions exactly. Why it holds at
+//! differential tests compare kept positions exactly: **the bound between
+//! core and twin is zero** (equal bits; against real arithmetic each
+//! probability carries float64's rounding, about `d · 2⁻⁵³` relative, as
+//! `src/metrics.rs` states, far below the float32 bound the kvpress
+//! comparison allows). Why it holds at
 //! every SIMD level and thread count: the one vector kernel
 //! ([`kernels::scores`], the dispatch `eviction.scores`) gives each key's
 //! chain its own lane, and the parallel work is whole rows, summed in order
@@ -56,14 +60,14 @@
 //! rules' softmax, `EXP_REL_ERR = 8.5e-8` relative per exponential): the
 //! policies' answers would then be those of another softmax, and the twin
 //! would have to treat as tied every pair of candidates whose exact scores
-//! lie within the propagated bound (about `(d + 2) · 2⁻²⁴ · |s|` on each
-//! logit and `8.5e-8` on each exponential, accumulated over the summed
-//! rows). For SnapKV, TOVA and ObservedAttention that is a stated bound on
+//! lie within the propagated bound (about `d · 2⁻²⁴ · scale · Σ_c |q_c
+//! k_jc|` on each logit and `8.5e-8` on each exponential, accumulated over
+//! the summed rows). For SnapKV, TOVA and ObservedAttention that is a stated bound on
 //! swaps; for H2O it is not even well defined: one near-tie evicted the
 //! other way changes every later step. Kept bit for bit, the policies'
 //! answers stay exactly what the twin and the kvpress comparison already
 //! judge. The price is speed: a float64 `exp` from the C library costs
-//! 10–25 ns a call on the machines measured, one per (query, key) pair, and
+//! 12–25 ns a call on AMD EPYC (Zen 3), one per (query, key) pair, and
 //! that — not the dot products — is what holds SnapKV, ObservedAttention
 //! and H2O above the bar (`benches/eviction.py`,
 //! docs/benchmarks.md).
@@ -77,7 +81,7 @@
 //! dot product could overflow (`scale`: `|scale| · max ‖q‖₁ · max |k| >
 //! 1e300`, so every `s_j − m` is finite), SnapKV's `window` outside
 //! `1..P-1` (kvpress asserts the prefix exceeds it) or a `kernel` of 0,
-//! TOVA on an empty prefix (`q`), H2O's `recent` above its `budget`, and a
+//! TOVA's `q_last` on those terms and an empty prefix (`k`), H2O's `recent` above its `budget`, and a
 //! NaN score handed to [`keep_top`] (`scores`). Nothing is written to a
 //! caller's buffer: results are new vectors.
 
