@@ -118,9 +118,9 @@ def test_every_simd_level_equals_the_twin(tmp_path, level):
     if ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar":
         pytest.skip("this CPU only has the scalar kernel")
     rng = np.random.default_rng(46)
-    arrays, expected = {"n": np.array(61)}, {}
-    for i in range(61):
-        if i == 60:  # past the parallel threshold: against this process's native
+    arrays, expected = {"n": np.array(201)}, {}
+    for i in range(201):
+        if i == 200:  # past the parallel threshold: against this process's native
             q, k = _large(rng)
             budget, window, scale = 100, 64, 0.125
             want = _native(q, k, budget, window, scale)
