@@ -70,7 +70,9 @@
 //! 12–25 ns a call on AMD EPYC (Zen 3), one per (query, key) pair, and
 //! that — not the dot products — is what holds SnapKV, ObservedAttention
 //! and H2O above the bar (`benches/eviction.py`,
-//! docs/benchmarks.md).
+//! docs/benchmarks.md). The bar counts float32 FMAs: a float64 FMA does
+//! half their lanes, so float64 dot products alone sit at 1.33× it even at
+//! the floor's own efficiency.
 //!
 //! # Refusals
 //!
