@@ -59,6 +59,7 @@ pub mod block_sparse;
 pub mod check;
 pub mod compressed;
 mod error;
+pub mod eviction;
 pub mod exp;
 pub mod indexer;
 pub mod infllm;

@@ -59,6 +59,11 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   :func:`nsa_select`): InfLLM-v2's stage 1 over the means of complete blocks,
   block 0 and the query's last two forced, the top ``block_counts`` decided in
   exact arithmetic;
+- the KV-eviction baselines' selection (:func:`snapkv_scores`,
+  :func:`tova_scores`, :func:`observed_attention_scores`, :func:`h2o_keep`,
+  :func:`keep_top`): SnapKV's, TOVA's and ObservedAttention's scores and H2O's
+  greedy eviction over one KV head's prefix, float64 bit for bit with their
+  NumPy twins, and the one order that keeps the top;
 - ``kvselect eval`` (:mod:`kvselect.evaluate`): policies compared at one
   identical budget on a built-in workload or your own Q/K/V dumps.
 
@@ -100,6 +105,7 @@ from kvselect._core import (
     dense_attention,
     expand_entries,
     get_num_threads,
+    h2o_keep,
     indexer_magnitudes,
     indexer_scores,
     indexer_topk,
@@ -107,12 +113,14 @@ from kvselect._core import (
     indexer_topk_paged,
     infllm_block_scores,
     infllm_select,
+    keep_top,
     locality_null,
     moba_gates,
     moba_select,
     moba_select_paged,
     nsa_block_scores,
     nsa_select,
+    observed_attention_scores,
     oracle_topk,
     output_relative_error,
     output_relative_error_rows,
@@ -130,8 +138,10 @@ from kvselect._core import (
     set_num_threads,
     simd_level,
     slots_used_rows,
+    snapkv_scores,
     sparse_attention,
     topology_witness_indices,
+    tova_scores,
     visible_entries,
     vslash_layout,
     vslash_rows,
@@ -208,6 +218,11 @@ __all__ = [
     "infllm_select",
     "nsa_block_scores",
     "nsa_select",
+    "snapkv_scores",
+    "tova_scores",
+    "observed_attention_scores",
+    "h2o_keep",
+    "keep_top",
     "locality_null",
     "moba_gates",
     "moba_select",

@@ -27,6 +27,11 @@ __all__ = [
     "infllm_select",
     "nsa_block_scores",
     "nsa_select",
+    "snapkv_scores",
+    "tova_scores",
+    "observed_attention_scores",
+    "h2o_keep",
+    "keep_top",
     "__version__",
     "MAX_TOPOLOGY_SEGMENTS",
     "KvselectError",
@@ -3367,4 +3372,233 @@ def nsa_select(
     >>> k = np.zeros((20, 1, 4), dtype=np.float32); k[8:12] = 1.0
     >>> kvselect.nsa_select(q, k, 4, block_size=4)[0, 0].tolist()
     [0, 2, 3, 4]
+    """
+
+def snapkv_scores(
+    q: _ArrayIn,
+    k: _ArrayIn,
+    *,
+    window: int = 64,
+    kernel: int = 5,
+    scale: Optional[float] = None,
+) -> npt.NDArray[np.float64]:
+    """SnapKV's score of every prefix position (kvpress ``SnapKVPress.score``), float64.
+
+    The last ``window`` queries' causal attention over the keys before the window, summed
+    over those queries in order and divided by ``window``; average-pooled (``kernel``
+    taps, zero padding of ``kernel // 2``, divided by ``kernel``); summed over the group's
+    heads and divided by ``group``; the window's positions one padded score, the maximum
+    plus 1. The softmax is :func:`attention_probabilities`' float64 arithmetic, so the
+    scores equal :func:`kvselect.reference.snapkv_scores` bit for bit.
+
+    Parameters
+    ----------
+    q : array_like of float32, [P, group, d]
+        The prefix's queries, the query heads of one KV head.
+    k : array_like of float32, [P, d]
+        That KV head's keys.
+    window : int, optional
+        The observation window, ``1 <= window < P`` (default 64).
+    kernel : int, optional
+        The pooling's taps, at least 1 (default 5).
+    scale : float, optional
+        The softmax scale (default ``1 / sqrt(d)``).
+
+    Returns
+    -------
+    ndarray of float64, [P]
+        Each position's score.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when ``q`` is not 3-D, holds no query head
+        or a non-finite value (``q``); ``k`` is not ``[P, d]`` or not finite (``k``);
+        ``scale`` is not finite or could overflow a score (``scale``); ``window`` is not
+        in ``1..P-1`` (``window``); ``kernel`` is 0 (``kernel``).
+
+    See Also
+    --------
+    keep_top : the kept positions of these scores.
+    kvselect.reference.snapkv_scores : the NumPy twin.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((12, 2, 8)).astype(np.float32)
+    >>> k = rng.standard_normal((12, 8)).astype(np.float32)
+    >>> s = kvselect.snapkv_scores(q, k, window=4)
+    >>> s.shape, bool((s[8:] == s.max()).all())
+    ((12,), True)
+    """
+
+def tova_scores(q_last: _ArrayIn, k: _ArrayIn, *, scale: Optional[float] = None) -> npt.NDArray[np.float64]:
+    """TOVA's score of every prefix position (kvpress ``TOVAPress.score``), float64.
+
+    The last query's attention (position ``P - 1``, its ``group`` heads) over the keys
+    before it, summed over the heads and divided by ``group``; the last position padded
+    with the maximum plus 1. Equal to :func:`kvselect.reference.tova_scores` bit for bit.
+
+    Parameters
+    ----------
+    q_last : array_like of float32, [group, d]
+        The last prefix query's heads.
+    k : array_like of float32, [P, d]
+        The KV head's keys, ``P >= 1``.
+    scale : float, optional
+        The softmax scale (default ``1 / sqrt(d)``).
+
+    Returns
+    -------
+    ndarray of float64, [P]
+        Each position's score.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when ``q_last`` is not 2-D, holds no head
+        or a non-finite value (``q_last``); ``k`` is not ``[P, d]``, empty or not finite
+        (``k``); ``scale`` is not finite or could overflow a score (``scale``).
+
+    See Also
+    --------
+    keep_top : the kept positions of these scores.
+    kvselect.reference.tova_scores : the NumPy twin.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> k = np.eye(4, dtype=np.float32)
+    >>> q_last = np.zeros((1, 4), dtype=np.float32)
+    >>> kvselect.tova_scores(q_last, k).tolist()
+    [0.25, 0.25, 0.25, 1.25]
+    """
+
+def observed_attention_scores(q: _ArrayIn, k: _ArrayIn, *, scale: Optional[float] = None) -> npt.NDArray[np.float64]:
+    """ObservedAttention's score of every prefix position (kvpress
+    ``ObservedAttentionPress``), float64.
+
+    Every prefix query's causal attention summed per key in query order, divided by the
+    ``P - j`` queries that see key ``j``, summed over the group's heads and divided by
+    ``group``. Equal to :func:`kvselect.reference.observed_attention_scores` bit for bit.
+
+    Parameters
+    ----------
+    q : array_like of float32, [P, group, d]
+        The prefix's queries, the query heads of one KV head.
+    k : array_like of float32, [P, d]
+        That KV head's keys.
+    scale : float, optional
+        The softmax scale (default ``1 / sqrt(d)``).
+
+    Returns
+    -------
+    ndarray of float64, [P]
+        Each position's score.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when ``q`` is not 3-D, holds no query head
+        or a non-finite value (``q``); ``k`` is not ``[P, d]`` or not finite (``k``);
+        ``scale`` is not finite or could overflow a score (``scale``).
+
+    See Also
+    --------
+    keep_top : the kept positions of these scores.
+    kvselect.reference.observed_attention_scores : the NumPy twin.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> q = np.zeros((3, 1, 2), dtype=np.float32)
+    >>> k = np.ones((3, 2), dtype=np.float32)
+    >>> [round(x, 4) for x in kvselect.observed_attention_scores(q, k).tolist()]
+    [0.6111, 0.4167, 0.3333]
+    """
+
+def h2o_keep(
+    q: _ArrayIn, k: _ArrayIn, budget: int, *, recent: int, scale: Optional[float] = None
+) -> npt.NDArray[np.int64]:
+    """H2O's cache after the prefix (FMInference/H2O ``H2OKVCache_LayerWise``): the greedy
+    per-step eviction, frozen at the boundary.
+
+    Token ``t`` joins the cache; its query heads' attention over the cache (softmax over
+    the cached keys only) is added to each cached position's score, head by head; when the
+    cache exceeds ``budget``, the position last in the order (score descending, ties to the
+    lower position) among all but the ``recent`` newest is evicted with its score. Equal
+    to :func:`kvselect.reference.h2o_keep`.
+
+    Parameters
+    ----------
+    q : array_like of float32, [P, group, d]
+        The prefix's queries, the query heads of one KV head.
+    k : array_like of float32, [P, d]
+        That KV head's keys.
+    budget : int
+        Positions kept.
+    recent : int
+        The newest positions always kept, ``0 <= recent <= budget``.
+    scale : float, optional
+        The softmax scale (default ``1 / sqrt(d)``).
+
+    Returns
+    -------
+    ndarray of int64, [min(budget, P)]
+        The kept positions, ascending.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when ``q`` is not 3-D, holds no query head
+        or a non-finite value (``q``); ``k`` is not ``[P, d]`` or not finite (``k``);
+        ``scale`` is not finite or could overflow a score (``scale``); ``budget`` or
+        ``recent`` is negative, or ``recent`` exceeds ``budget`` (``recent``).
+
+    See Also
+    --------
+    kvselect.reference.h2o_keep : the NumPy twin.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> q = np.zeros((4, 1, 2), dtype=np.float32)
+    >>> k = np.ones((4, 2), dtype=np.float32)
+    >>> kvselect.h2o_keep(q, k, 2, recent=1).tolist()
+    [0, 3]
+    """
+
+def keep_top(scores: _ArrayIn, budget: int) -> npt.NDArray[np.int64]:
+    """The first ``budget`` positions by score descending, ties to the lower position, in
+    ascending order: the one total order the eviction policies keep by.
+
+    Parameters
+    ----------
+    scores : array_like of float64, [n]
+        One score per position (``-0.0`` and ``0.0`` are equal).
+    budget : int
+        Positions kept (all of them when ``budget >= n``).
+
+    Returns
+    -------
+    ndarray of int64, [min(budget, n)]
+        The kept positions, ascending.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when ``scores`` is not 1-D or holds a NaN
+        (``scores``), or ``budget`` is negative (``budget``).
+
+    See Also
+    --------
+    snapkv_scores, tova_scores, observed_attention_scores : the scores it ranks.
+    kvselect.reference.keep_top : the NumPy twin.
+
+    Examples
+    --------
+    >>> import kvselect
+    >>> kvselect.keep_top([0.5, 2.0, 0.5, 2.0, 0.5, 1.0], 4).tolist()
+    [0, 1, 3, 5]
     """

@@ -47,6 +47,7 @@ mod check;
 mod compressed;
 mod dlpack;
 mod errors;
+mod eviction;
 mod indexer;
 mod infllm;
 mod moba;
@@ -77,6 +78,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     quest::register(m)?;
     vslash::register(m)?;
     moba::register(m)?;
+    eviction::register(m)?;
     runtime::register(m)?;
     Ok(())
 }

@@ -375,6 +375,10 @@ def _samples():
         ),
         "nsa_block_scores": (core.nsa_block_scores, (qq[None], qk)),
         "nsa_select": (core.nsa_select, (qq[None], qk)),
+        "snapkv_scores": (
+            core.snapkv_scores,
+            (rng.standard_normal((80, 2, 8)).astype(np.float32), rng.standard_normal((80, 8)).astype(np.float32)),
+        ),
         "sparse_attention": (
             core.sparse_attention,
             (q, k[:, None, :], k[:, None, :4], pos, np.array([[[0, 2, 2, -1]]] * 4, np.int32)),

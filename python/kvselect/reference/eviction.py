@@ -24,8 +24,9 @@ arithmetic of ``kvselect.attention_probabilities`` (``src/metrics.rs``):
 order from 0 (products of float32 are exact in float64), ``m = max s_j``,
 ``e_j = exp(s_j - m)`` (the C library's ``exp``, which Rust's ``f64::exp``
 calls too), ``l = sum e_j`` in key order, ``p_j = e_j / l``. The eval's
-policies call the native function; this twin redoes the arithmetic, so the
-two agree bit for bit and the differential tests compare kept sets exactly.
+policies run the native core (``src/eviction/``, the same arithmetic); this
+twin redoes it, so the two agree bit for bit and the differential tests
+compare kept sets exactly.
 What would break it: a pairwise sum (NumPy's ``sum``), a matmul's blocked dot
 product, NumPy's vectorised ``exp``. kvpress rounds its softmax to float32
 (and then to the model's dtype); the kvpress comparison states that bound.

@@ -7,18 +7,22 @@ prefix positions ``0..P-1`` a KV head keeps (``B`` = the token budget ``k``,
 per KV head, per layer); every query after the boundary reads those plus
 the tokens that arrived after ``P`` (:mod:`kvselect.evaluate`, the boundary
 experiment). The rules, their sources and their exact order are the
-reference twin's (:mod:`kvselect.reference.eviction`): this module computes
-the same numbers from the native float64 probabilities
-(``kvselect.attention_probabilities``: the dot product one chain in
-dimension order, the C library's ``exp``, key-order sums), vectorised over
-keys and heads, and the differential tests hold the two equal.
+reference twin's (:mod:`kvselect.reference.eviction`); the selection runs in
+the native core (``src/eviction/``: :func:`kvselect.snapkv_scores`,
+:func:`kvselect.tova_scores`, :func:`kvselect.observed_attention_scores`,
+:func:`kvselect.h2o_keep`, :func:`kvselect.keep_top`), in float64 with
+``kvselect.attention_probabilities``' arithmetic (the dot product one chain
+in dimension order, the C library's ``exp``, key-order sums), and the
+differential tests hold it equal to the twin.
 
-Why the numbers agree bit for bit: every reduction here runs in the twin's
-order (the window's queries, then the pooling's taps, then the group's
-heads, each summed in index order and divided once), and elementwise float64
-operations round the same however they are batched. What would break it: a
-pairwise or blocked reduction (``np.sum``, ``np.mean``, a matmul) on either
-side, or probabilities from another softmax.
+Why the numbers agree bit for bit: every reduction runs in the twin's order
+(the window's queries, then the pooling's taps, then the group's heads, each
+summed in index order from 0 and divided once), the dot products are exact
+products chained in dimension order at every SIMD level, and the ``exp`` is
+the one Python's ``math.exp`` calls. What would break it: a pairwise or
+blocked reduction on either side, a vectorised ``exp``, or probabilities from
+another softmax (the project's float32 ``exp`` would need the twin to treat
+near-ties as tied: ``src/eviction/mod.rs`` states why it is not used).
 
 Where the sources are silent or ambiguous (decided here, stated in
 docs/evaluating-policies.md):
@@ -61,87 +65,30 @@ BETA = 20
 
 def keep_top(score: np.ndarray, budget: int) -> np.ndarray:
     """The first ``budget`` positions by score descending, ties to the lower
-    position, ascending."""
-    order = np.lexsort((np.arange(len(score)), -score))
-    return np.sort(order[: max(0, int(budget))]).astype(np.int64)
-
-
-def _rows(q: np.ndarray, k: np.ndarray, first: int, scale: float) -> np.ndarray:
-    """``[P - first, group, P]``: the native causal probabilities of the
-    prefix queries ``first..P-1``."""
-    pos = np.arange(first, len(k), dtype=np.int64)
-    return ks.attention_probabilities(q[first:], k.reshape(len(k), 1, -1), pos, scale=scale)
-
-
-def _sum_axis0(x: np.ndarray) -> np.ndarray:
-    """``x[0] + x[1] + ...`` in order (not pairwise)."""
-    out = np.zeros(x.shape[1:])
-    for row in x:
-        out = out + row
-    return out
+    position, ascending (:func:`kvselect.keep_top`; a negative budget keeps none)."""
+    return ks.keep_top(np.asarray(score, dtype=np.float64), max(0, int(budget)))
 
 
 def snapkv_scores(q: np.ndarray, k: np.ndarray, scale: float, window: int) -> np.ndarray:
-    """SnapKV's score ``[P]`` (:func:`kvselect.reference.snapkv_scores`)."""
-    p_len, group = len(k), q.shape[1]
-    keys = p_len - window
-    rows = _rows(q, k, p_len - window, scale)[:, :, :keys]
-    per_head = _sum_axis0(rows) / window  # [group, keys]
-    half = KERNEL // 2
-    padded = np.concatenate([np.zeros((group, half)), per_head, np.zeros((group, half))], axis=1)
-    pooled = _sum_axis0(np.stack([padded[:, t : t + keys] for t in range(KERNEL)])) / KERNEL
-    score = _sum_axis0(pooled) / group
-    top = float(np.max(score)) + 1 if keys else 1.0
-    return np.concatenate([score, np.full(window, top)])
+    """SnapKV's score ``[P]`` (:func:`kvselect.snapkv_scores`, kernel :data:`KERNEL`)."""
+    return ks.snapkv_scores(q, k, window=window, kernel=KERNEL, scale=scale)
 
 
 def tova_scores(q: np.ndarray, k: np.ndarray, scale: float) -> np.ndarray:
     """TOVA's score ``[P]``: the last prefix query's attention averaged over the group."""
-    p_len = len(k)
-    row = _rows(q, k, p_len - 1, scale)[0, :, : p_len - 1]
-    score = _sum_axis0(row) / q.shape[1]
-    top = float(np.max(score)) + 1 if p_len > 1 else 1.0
-    return np.concatenate([score, [top]])
+    return ks.tova_scores(q[-1], k, scale=scale)
 
 
-def observed_scores(q: np.ndarray, k: np.ndarray, scale: float, chunk: int = 256) -> np.ndarray:
+def observed_scores(q: np.ndarray, k: np.ndarray, scale: float) -> np.ndarray:
     """ObservedAttention's score ``[P]``: each key's attention summed over the
     prefix queries in order, over the ``P - j`` that see it, averaged over the group."""
-    p_len, group = len(k), q.shape[1]
-    acc = np.zeros((group, p_len))
-    for start in range(0, p_len, chunk):
-        stop = min(p_len, start + chunk)
-        pos = np.arange(start, stop, dtype=np.int64)
-        rows = ks.attention_probabilities(q[start:stop], k.reshape(p_len, 1, -1), pos, scale=scale)
-        for r in rows:  # query order, as one sum over the prefix
-            acc = acc + r
-    acc = acc / np.arange(p_len, 0, -1, dtype=np.float64)
-    return _sum_axis0(acc) / group
+    return ks.observed_attention_scores(q, k, scale=scale)
 
 
 def h2o_keep(q: np.ndarray, k: np.ndarray, budget: int, scale: float, recent: int) -> np.ndarray:
     """H2O's greedy per-step eviction over the prefix, frozen at ``P``
-    (:func:`kvselect.reference.h2o_keep`)."""
-    p_len, group, d = q.shape
-    cache = np.zeros(0, dtype=np.int64)
-    score = np.zeros(0)
-    k3 = k.reshape(p_len, 1, d)
-    for t in range(p_len):
-        cache = np.append(cache, t)
-        score = np.append(score, 0.0)
-        keys = np.ascontiguousarray(k3[cache])
-        p = ks.attention_probabilities(q[t : t + 1], keys, np.array([len(cache) - 1]), scale=scale)[0]
-        for h in range(group):
-            score = score + p[h]
-        if len(cache) > budget:
-            old = len(cache) - recent
-            # The last of the order (score descending, ties to the lower
-            # position): the lowest score, the highest position among equals.
-            cand = score[:old]
-            low = np.flatnonzero(cand == cand.min())[-1]
-            cache = np.delete(cache, low)
-            score = np.delete(score, low)
-    return cache
+    (:func:`kvselect.h2o_keep`)."""
+    return ks.h2o_keep(q, k, budget, recent=recent, scale=scale)
 
 
 def _prefix(ctx: EvalContext) -> Optional[np.ndarray]:
@@ -242,6 +189,7 @@ def observed_attention(ctx: EvalContext) -> Union[Selection, str]:
 RULE = Rule(
     name="eviction",
     title="KV-eviction baselines",
+    api=("snapkv_scores", "tova_scores", "observed_attention_scores", "h2o_keep", "keep_top"),
     reference="kvselect.reference.eviction",
     policies=(
         Policy(
