@@ -125,7 +125,9 @@ pub mod select;
 #[cfg(test)]
 mod tests;
 
-pub use api::{block_scores_into, select_into};
+pub use api::{
+    block_scores_into, block_scores_packed_into, select_into, select_packed_into, select_paged_into,
+};
 
 /// The block and compression geometry: `block_size`-token blocks, compressed
 /// keys of `kernel_size` tokens every `kernel_stride` (MiniCPM4's 64, 32, 16:

@@ -1,5 +1,5 @@
 //! The checked entry points: compressed keys, block scores and rows of the
-//! queries at the end of one sequence.
+//! queries at the end of one sequence, and of a packed batch of sequences.
 
 use super::{block_scores, row, Config};
 use crate::error::{check_len, checked_size, ArgumentError};
@@ -278,9 +278,7 @@ pub(super) fn block_scores_at(
         checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
         || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
     )?;
-    run(isa, &sh, q, k, k_scale, cfg, out, nb, |o, blocks| {
-        o.copy_from_slice(blocks)
-    });
+    run(isa, &sh, q, k, k_scale, cfg, out, nb, score_row);
     Ok(())
 }
 
@@ -327,12 +325,7 @@ pub(super) fn select_at(
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    if cfg.block_counts == 0 {
-        return Err(invalid(
-            "block_counts",
-            "block_counts must be at least 1 block".into(),
-        ));
-    }
+    check_block_counts(cfg)?;
     let sh = check(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cfg)?;
     let w = cfg.block_counts;
     check_out(
@@ -340,11 +333,21 @@ pub(super) fn select_at(
         checked_size("out", &[sh.n_q, sh.n_kv, w])?,
         || format!("[n_q={}, n_kv_heads={}, block_counts={w}]", sh.n_q, sh.n_kv),
     )?;
-    run(isa, &sh, q, k, k_scale, cfg, out, w, |o, blocks| {
-        let mut ids = Vec::new();
-        row(blocks, &mut ids, o);
-    });
+    run(isa, &sh, q, k, k_scale, cfg, out, w, select_row);
     Ok(())
+}
+
+/// A block-score row: the sequence's blocks, then NaN to the row's width
+/// (a packed call's rows are as wide as its longest sequence's blocks).
+fn score_row(o: &mut [f32], blocks: &[f32]) {
+    o[..blocks.len()].copy_from_slice(blocks);
+    o[blocks.len()..].fill(f32::NAN);
+}
+
+/// A selection row from its block scores.
+fn select_row(o: &mut [i32], blocks: &[f32]) {
+    let mut ids = Vec::new();
+    row(blocks, &mut ids, o);
 }
 
 fn check_out(got: usize, want: usize, shape: impl FnOnce() -> String) -> Result<(), ArgumentError> {
@@ -356,5 +359,249 @@ fn check_out(got: usize, want: usize, shape: impl FnOnce() -> String) -> Result<
             shape: shape(),
         });
     }
+    Ok(())
+}
+
+fn check_block_counts(cfg: &Config) -> Result<(), ArgumentError> {
+    if cfg.block_counts == 0 {
+        return Err(invalid(
+            "block_counts",
+            "block_counts must be at least 1 block".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The packed batch checked: sequence `s` is keys `cu_seqlens[s] ..
+/// cu_seqlens[s + 1]` and queries `cu_seqlens_q[s] .. cu_seqlens_q[s + 1]`
+/// (`None`: `cu_seqlens`), its queries the last of its keys (fla's
+/// `cu_seqlens` or `(cu_seqlens_q, cu_seqlens_k)`). Returns each sequence's
+/// shape and its first query and key row.
+#[allow(clippy::too_many_arguments)]
+fn check_packed(
+    q_len: usize,
+    n_q_heads: usize,
+    k_len: usize,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    (cu_seqlens, cu_seqlens_q): (&[usize], Option<&[usize]>),
+    cfg: &Config,
+) -> Result<Vec<(Shape, usize, usize)>, ArgumentError> {
+    if d == 0 {
+        return Err(invalid("d", "d must be at least 1".into()));
+    }
+    if n_kv_heads == 0 {
+        return Err(invalid(
+            "n_kv_heads",
+            "n_kv_heads must be at least 1".into(),
+        ));
+    }
+    if cfg.block_size == 0 {
+        return Err(invalid(
+            "block_size",
+            "block_size must be at least 1".into(),
+        ));
+    }
+    if n_q_heads == 0 || !n_q_heads.is_multiple_of(n_kv_heads) {
+        return Err(invalid(
+            "q",
+            format!(
+                "q's {n_q_heads} heads are not a positive multiple of the {n_kv_heads} KV heads"
+            ),
+        ));
+    }
+    if !cfg.scale.is_finite() {
+        return Err(invalid(
+            "scale",
+            format!("scale must be finite, got {}", cfg.scale),
+        ));
+    }
+    let (per_k, per_q) = (
+        checked_size("k", &[n_kv_heads, d])?,
+        checked_size("q", &[n_q_heads, d])?,
+    );
+    if !k_len.is_multiple_of(per_k) {
+        let message =
+            format!("k holds {k_len} values, not whole [n_kv_heads={n_kv_heads}, d={d}] tokens");
+        return Err(invalid("k", message));
+    }
+    if !q_len.is_multiple_of(per_q) {
+        let message =
+            format!("q holds {q_len} values, not whole [n_q_heads={n_q_heads}, d={d}] queries");
+        return Err(invalid("q", message));
+    }
+    let (n_k, n_q) = (k_len / per_k, q_len / per_q);
+    let cu_k = crate::packed::boundaries(cu_seqlens, n_k, ("keys", "k"))?;
+    let lens: Vec<usize> = cu_k.windows(2).map(|w| w[1] - w[0]).collect();
+    let cu_q = cu_seqlens_q.unwrap_or(&cu_k);
+    crate::packed::query_bounds(cu_q, "cu_seqlens", &lens, "keys", n_q)?;
+    if let Some(s) = k_scale {
+        check_len("k_scale", s.len(), n_k, || format!("[n_keys={n_k}]"))?;
+    }
+    Ok((0..lens.len())
+        .map(|s| {
+            let sh = Shape {
+                n_q: cu_q[s + 1] - cu_q[s],
+                hq: n_q_heads,
+                n_kv: n_kv_heads,
+                d,
+                seq_len: lens[s],
+            };
+            (sh, cu_q[s], cu_k[s])
+        })
+        .collect())
+}
+
+/// Runs `f` over every sequence of a packed batch with queries ([`run`] on
+/// its rows).
+#[allow(clippy::too_many_arguments)]
+fn run_packed<T: Send>(
+    isa: Isa,
+    seqs: &[(Shape, usize, usize)],
+    q: Encoded<'_>,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    cfg: &Config,
+    out: &mut [T],
+    width: usize,
+    f: impl Fn(&mut [T], &[f32]) + Sync + Send + Copy,
+) {
+    for (sh, q0, k0) in seqs.iter().filter(|s| s.0.n_q > 0) {
+        let (qr, kr) = (sh.hq * sh.d, sh.n_kv * sh.d);
+        let qs = q.slice(q0 * qr, (q0 + sh.n_q) * qr);
+        let ks = k.slice(k0 * kr, (k0 + sh.seq_len) * kr);
+        let sc = k_scale.map(|s| &s[*k0..k0 + sh.seq_len]);
+        let rows = &mut out[q0 * sh.n_kv * width..(q0 + sh.n_q) * sh.n_kv * width];
+        run(isa, sh, qs, ks, sc, cfg, rows, width, f);
+    }
+}
+
+/// [`block_scores_into`] over a packed batch (fla's varlen call,
+/// `parallel_nsa_topk(..., cu_seqlens)`): sequence `s` is keys
+/// `cu_seqlens[s] .. cu_seqlens[s + 1]` of `k` and queries `cu_seqlens_q[s]
+/// .. cu_seqlens_q[s + 1]` of `q` (`None`: `cu_seqlens`), the last of its
+/// tokens. `out` `[total_q, n_kv_heads, max_blocks]`, `max_blocks` the most
+/// blocks of a sequence; each row the dense call's row on its own sequence,
+/// then NaN.
+///
+/// # Errors
+/// As [`block_scores_into`] (`q`, `k` not whole rows; a sequence may be
+/// empty), `cu_seqlens` not rising from 0 to the keys (`cu_seqlens`),
+/// `cu_seqlens_q` not rising from 0 to the queries or giving a sequence
+/// more queries than keys (`cu_seqlens_q`). Nothing is written before every
+/// check has passed.
+#[allow(clippy::too_many_arguments)]
+pub fn block_scores_packed_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cu: (&[usize], Option<&[usize]>),
+    cfg: &Config,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    block_scores_packed_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cu,
+        cfg,
+        out,
+    )
+}
+
+/// [`block_scores_packed_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_scores_packed_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cu: (&[usize], Option<&[usize]>),
+    cfg: &Config,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    let seqs = check_packed(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cu, cfg)?;
+    let n_q = q.len() / (n_q_heads * d);
+    let nb = seqs
+        .iter()
+        .map(|s| cfg.n_blocks(s.0.seq_len))
+        .max()
+        .unwrap_or(0);
+    check_out(
+        out.len(),
+        checked_size("out", &[n_q, n_kv_heads, nb])?,
+        || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, max_blocks={nb}]"),
+    )?;
+    run_packed(isa, &seqs, q, k, k_scale, cfg, out, nb, score_row);
+    Ok(())
+}
+
+/// [`select_into`] over a packed batch (see [`block_scores_packed_into`]):
+/// `out` `[total_q, n_kv_heads, block_counts]`, each row the dense call's
+/// row on its own sequence (block ids of that sequence, from 0).
+///
+/// # Errors
+/// `block_counts` 0 (`block_counts`), and as [`block_scores_packed_into`].
+#[allow(clippy::too_many_arguments)]
+pub fn select_packed_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cu: (&[usize], Option<&[usize]>),
+    cfg: &Config,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    select_packed_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cu,
+        cfg,
+        out,
+    )
+}
+
+/// [`select_packed_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn select_packed_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cu: (&[usize], Option<&[usize]>),
+    cfg: &Config,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    check_block_counts(cfg)?;
+    let seqs = check_packed(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cu, cfg)?;
+    let n_q = q.len() / (n_q_heads * d);
+    let w = cfg.block_counts;
+    check_out(
+        out.len(),
+        checked_size("out", &[n_q, n_kv_heads, w])?,
+        || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, block_counts={w}]"),
+    )?;
+    run_packed(isa, &seqs, q, k, k_scale, cfg, out, w, select_row);
     Ok(())
 }

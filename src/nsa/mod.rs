@@ -100,7 +100,9 @@ mod api;
 #[cfg(test)]
 mod tests;
 
-pub use api::{block_scores_into, compress_into, select_into};
+pub use api::{
+    block_scores_into, block_scores_packed_into, compress_into, select_into, select_packed_into,
+};
 
 /// fla's default block size (`parallel_nsa`'s `block_size = 64`).
 pub const FLA_BLOCK_SIZE: usize = 64;

@@ -304,3 +304,107 @@ fn refusals() {
     .unwrap();
     assert_eq!(&out[..2], &[0, 1]);
 }
+
+/// A packed batch at every level: each sequence's rows and scores are the
+/// dense call's at that level, bit for bit (an empty sequence, one with no
+/// query, queries fewer than keys); a batch whose queries outnumber a
+/// sequence's keys is refused before anything is written.
+#[test]
+fn packed_equals_each_sequence_alone_at_every_level() {
+    use super::api::{block_scores_packed_at, select_packed_at};
+    let (hq, n_kv, d) = (4, 2, 8);
+    let lens = [70usize, 0, 9, 33, 130];
+    let n_qs = [3usize, 0, 0, 33, 1];
+    let cu: Vec<usize> = std::iter::once(0)
+        .chain(lens.iter().scan(0, |a, &l| {
+            *a += l;
+            Some(*a)
+        }))
+        .collect();
+    let cq: Vec<usize> = std::iter::once(0)
+        .chain(n_qs.iter().scan(0, |a, &l| {
+            *a += l;
+            Some(*a)
+        }))
+        .collect();
+    let mut seed = 17u64;
+    let k = rand(&mut seed, cu[lens.len()] * n_kv * d);
+    let q = rand(&mut seed, cq[lens.len()] * hq * d);
+    let c = cfg(8, 4);
+    let (n_q, nb) = (cq[lens.len()], 130usize.div_ceil(8));
+    for isa in isas_for_test() {
+        let mut rows = vec![0i32; n_q * n_kv * 4];
+        let mut scores = vec![0.0f32; n_q * n_kv * nb];
+        let (qe, ke) = (Encoded::F32(&q), Encoded::F32(&k));
+        select_packed_at(
+            isa,
+            qe,
+            hq,
+            ke,
+            None,
+            n_kv,
+            d,
+            (&cu, Some(&cq)),
+            &c,
+            &mut rows,
+        )
+        .unwrap();
+        block_scores_packed_at(
+            isa,
+            qe,
+            hq,
+            ke,
+            None,
+            n_kv,
+            d,
+            (&cu, Some(&cq)),
+            &c,
+            &mut scores,
+        )
+        .unwrap();
+        for s in 0..lens.len() {
+            let (q0, q1, k0, k1) = (cq[s], cq[s + 1], cu[s], cu[s + 1]);
+            if q1 == q0 {
+                continue;
+            }
+            let qs = Encoded::F32(&q[q0 * hq * d..q1 * hq * d]);
+            let ks = Encoded::F32(&k[k0 * n_kv * d..k1 * n_kv * d]);
+            let mut want = vec![0i32; (q1 - q0) * n_kv * 4];
+            select_at(isa, qs, hq, ks, None, n_kv, d, &c, &mut want).unwrap();
+            assert_eq!(
+                &rows[q0 * n_kv * 4..q1 * n_kv * 4],
+                &want[..],
+                "{isa:?} {s}"
+            );
+            let nbs = lens[s].div_ceil(8);
+            let mut ws = vec![0.0f32; (q1 - q0) * n_kv * nbs];
+            block_scores_at(isa, qs, hq, ks, None, n_kv, d, &c, &mut ws).unwrap();
+            for (r, w) in scores[q0 * n_kv * nb..q1 * n_kv * nb]
+                .chunks(nb)
+                .zip(ws.chunks(nbs))
+            {
+                let bits: Vec<u32> = r[..nbs].iter().map(|x| x.to_bits()).collect();
+                let wbits: Vec<u32> = w.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(bits, wbits, "{isa:?} {s}");
+                assert!(r[nbs..].iter().all(|x| x.is_nan()));
+            }
+        }
+    }
+    let mut out = vec![7i32; n_q * n_kv * 4];
+    let bad_q = [0usize, 3, 3, 3, 40, 41];
+    let e = select_packed_into(
+        Encoded::F32(&q),
+        hq,
+        Encoded::F32(&k),
+        None,
+        n_kv,
+        d,
+        (&cu, Some(&bad_q)),
+        &c,
+        &mut out,
+    )
+    .unwrap_err();
+    assert_eq!(e.argument(), "cu_seqlens_q");
+    assert!(e.to_string().contains("33 keys"), "{e}");
+    assert!(out.iter().all(|&x| x == 7));
+}

@@ -20,7 +20,7 @@ then id ascending (forced blocks are ``+inf``; non-candidates ``-inf``).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -78,8 +78,14 @@ def nsa_block_scores(
     k_scale: Any = None,
     query_format: Optional[str] = None,
     key_format: Optional[str] = None,
+    cu_seqlens: Any = None,
+    cu_seqlens_q: Any = None,
 ) -> np.ndarray:
-    """``kvselect.nsa_block_scores`` in float64."""
+    """``kvselect.nsa_block_scores`` in float64 (packed: each sequence's dense rows, then
+    NaN to the longest sequence's blocks)."""
+    if cu_seqlens is not None or cu_seqlens_q is not None:
+        kw = dict(block_size=block_size, init_blocks=init_blocks, local_blocks=local_blocks, scale=scale)
+        return _packed(nsa_block_scores, np.nan, q, k, k_scale, query_format, key_format, cu_seqlens, cu_seqlens_q, kw)
     bs = _block_size(block_size)
     init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
     ck = nsa_compress_keys(k, bs, k_scale=k_scale, key_format=key_format)
@@ -121,11 +127,18 @@ def nsa_select(
     k_scale: Any = None,
     query_format: Optional[str] = None,
     key_format: Optional[str] = None,
+    cu_seqlens: Any = None,
+    cu_seqlens_q: Any = None,
 ) -> np.ndarray:
-    """``kvselect.nsa_select`` in exact arithmetic (float64 scores)."""
+    """``kvselect.nsa_select`` in exact arithmetic (float64 scores); packed: each
+    sequence's dense rows."""
     n = _count("block_counts", block_counts)
     if n == 0:
         raise ReferenceSelectionError("block_counts", "block_counts must be at least 1 block")
+    if cu_seqlens is not None or cu_seqlens_q is not None:
+        kw = dict(block_size=block_size, init_blocks=init_blocks, local_blocks=local_blocks, scale=scale)
+        kw["block_counts"] = n
+        return _packed(nsa_select, -1, q, k, k_scale, query_format, key_format, cu_seqlens, cu_seqlens_q, kw)
     b = nsa_block_scores(
         q,
         k,
@@ -215,3 +228,47 @@ def nsa_rows_within_bound(
             extra, missing = np.setdiff1d(ids, want), np.setdiff1d(want, ids)
             ok[i, g] = all(scores_near(s[b], s[c], float(R[i, g]), T) for b in extra for c in missing)
     return ok
+
+
+def packed_sequences(n_q: int, n_k: int, cu_seqlens: Any, cu_seqlens_q: Any) -> List[Tuple[int, int, int, int]]:
+    """A packed batch's sequences as the core checks them: ``(q0, q1, k0, k1)`` each,
+    sequence ``s`` keys ``cu_seqlens[s] ..`` (default one sequence of all ``n_k`` keys)
+    and queries ``cu_seqlens_q[s] ..`` (default ``cu_seqlens``), the last of its keys."""
+
+    def cu(argument: str, c: Any, n: int) -> List[int]:
+        v = [int(x) for x in np.asarray(c).reshape(-1).tolist()]
+        if not v or v[0] != 0 or v[-1] != n or any(b < a for a, b in zip(v, v[1:])):
+            raise ReferenceSelectionError(argument, f"{argument} must rise from 0 to {n}, got {v}")
+        return v
+
+    ck = cu("cu_seqlens", cu_seqlens, n_k) if cu_seqlens is not None else [0, n_k]
+    cq = cu("cu_seqlens_q", cu_seqlens_q, n_q) if cu_seqlens_q is not None else ck
+    if len(cq) != len(ck) or any(b - a > d - c for a, b, c, d in zip(cq, cq[1:], ck, ck[1:])):
+        raise ReferenceSelectionError("cu_seqlens_q", "cu_seqlens_q: each sequence's queries are the last of its keys")
+    return [(cq[s], cq[s + 1], ck[s], ck[s + 1]) for s in range(len(ck) - 1)]
+
+
+def _packed(
+    fn: Any, pad: float, q: Any, k: Any, k_scale: Any, qf: Any, kf: Any, cu: Any, cq: Any, kw: dict
+) -> np.ndarray:
+    """``fn`` (the dense twin) on each sequence with queries, rows concatenated, padded
+    with ``pad``."""
+    qa, ka = decode(q, qf, "query_format"), decode(k, kf, "key_format")
+    if qa.ndim != 3 or ka.ndim != 3:
+        raise ReferenceSelectionError("q" if qa.ndim != 3 else "k", "q and k must be 3-D")
+    sc = None if k_scale is None else np.asarray(k_scale, np.float32)
+    if sc is not None and sc.shape != (len(ka),):
+        raise ReferenceSelectionError("k_scale", f"k_scale must be [n_keys={len(ka)}]")
+    seqs = packed_sequences(len(qa), len(ka), cu, cq)
+    bs = _block_size(kw["block_size"])
+    dtype: Any = np.int32 if fn is nsa_select else np.float64
+    if fn is nsa_select:
+        width = kw["block_counts"]
+    else:
+        width = max((-(-(k1 - k0) // bs) for _, _, k0, k1 in seqs), default=0)
+    out = np.full((len(qa), ka.shape[1], width), pad, dtype)
+    for q0, q1, k0, k1 in seqs:
+        if q1 > q0:
+            part = fn(qa[q0:q1], ka[k0:k1], k_scale=None if sc is None else sc[k0:k1], **kw)
+            out[q0:q1, :, : part.shape[2]] = part
+    return out
