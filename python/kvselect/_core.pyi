@@ -3364,6 +3364,9 @@ def nsa_block_scores(
     key_format: Optional[str] = None,
     cu_seqlens: Optional[_ArrayIn] = None,
     cu_seqlens_q: Optional[_ArrayIn] = None,
+    window: str = "fla",
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
 ) -> npt.NDArray[np.float32]:
     """Every block's score under NSA's selection as fla computes it, for the
     queries at the end of one sequence or of each sequence of a packed batch.
@@ -3403,6 +3406,15 @@ def nsa_block_scores(
     cu_seqlens_q : array_like of int, [n_seqs + 1], optional
         Its queries, the last of its keys (fla's ``(cu_seqlens_q, cu_seqlens_k)``;
         default ``cu_seqlens``; alone, one sequence of all the keys).
+    window : {'fla', 'eq9'}, optional
+        ``'fla'`` (default): one compressed key per block, its mean; block ``c`` scores its
+        group sum. ``'eq9'`` (the NSA paper's Eq. 9, a named variant): compressed keys of
+        ``kernel_size`` tokens every ``kernel_stride``, block ``j`` scoring ``sum_{m <
+        block_size / kernel_stride} sum_{n < kernel_size / kernel_stride} S[(block_size /
+        kernel_stride) j - m - n]``: at the paper's 32 / 16 / 64 the keys ``4j - 4 .. 4j``,
+        weighted 1, 2, 2, 2, 1 (docs/nsa.md). Dense calls only.
+    kernel_size, kernel_stride : int, optional
+        Eq. 9's compression (the paper's 32 and 16); ignored by ``'fla'``.
 
     Returns
     -------
@@ -3417,7 +3429,10 @@ def nsa_block_scores(
         ``k``'s or there are more queries than tokens (``q``); ``k_scale`` is not one
         per token; ``scale`` is not finite; ``block_size`` is 0; ``cu_seqlens`` does
         not rise from 0 to the keys (``cu_seqlens``); ``cu_seqlens_q`` does not rise from
-        0 to the queries or gives a sequence more queries than keys (``cu_seqlens_q``).
+        0 to the queries or gives a sequence more queries than keys (``cu_seqlens_q``);
+        ``window`` names nothing or is ``'eq9'`` with ``cu_seqlens`` (``window``); Eq. 9's
+        stride does not divide ``block_size`` or ``kernel_size`` (``kernel_stride``,
+        ``kernel_size``).
 
     See Also
     --------
@@ -3447,6 +3462,9 @@ def nsa_select(
     key_format: Optional[str] = None,
     cu_seqlens: Optional[_ArrayIn] = None,
     cu_seqlens_q: Optional[_ArrayIn] = None,
+    window: str = "fla",
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
 ) -> npt.NDArray[np.int32]:
     """The blocks each query reads under NSA's selection as fla computes it: the
     top ``block_counts`` of :func:`nsa_block_scores`.
@@ -3467,6 +3485,9 @@ def nsa_select(
         As :func:`nsa_block_scores`.
     cu_seqlens, cu_seqlens_q : array_like of int, [n_seqs + 1], optional
         A packed batch, as :func:`nsa_block_scores` (each sequence's block ids from 0).
+    window, kernel_size, kernel_stride : optional
+        The block scores' window, as :func:`nsa_block_scores` (fla's, or the paper's
+        Eq. 9).
 
     Returns
     -------

@@ -1,7 +1,7 @@
 //! The checked entry points: compressed keys, block scores and rows of the
 //! queries at the end of one sequence, and of a packed batch of sequences.
 
-use super::{block_scores, row, Config};
+use super::{block_scores, row, Config, Window};
 use crate::error::{check_len, checked_size, ArgumentError};
 use crate::infllm::score::{group_sums, Packed, Scratch};
 use crate::keys::Encoded;
@@ -117,25 +117,27 @@ fn check(
     })
 }
 
-/// The compressed keys, unchecked: `out` (`[seq_len / bs, n_kv, d]`) the
-/// float32 mean of each complete block's rows, summed in token order, each
-/// row decoded in place and times its token's scale.
+/// The compressed keys, unchecked: `out` (`[n_c, n_kv, d]`) key `c` the
+/// float32 mean of the rows of tokens `c·stride .. c·stride + kernel`
+/// (fla's window: `kernel = stride = bs`, each complete block's mean),
+/// summed in token order, each row decoded in place and times its token's
+/// scale.
 fn compress(
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
     n_kv: usize,
     d: usize,
-    bs: usize,
+    (kernel, stride): (usize, usize),
     out: &mut [f32],
 ) {
     let mut row = vec![0.0f32; d];
     let n_c = out.len() / (n_kv * d);
-    let div = bs as f32;
+    let div = kernel as f32;
     for c in 0..n_c {
         for g in 0..n_kv {
             let acc = &mut out[(c * n_kv + g) * d..(c * n_kv + g + 1) * d];
             acc.fill(0.0);
-            for t in c * bs..(c + 1) * bs {
+            for t in c * stride..c * stride + kernel {
                 k.decode((t * n_kv + g) * d, &mut row);
                 let s = k_scale.map_or(1.0, |s| s[t]);
                 for (a, &x) in acc.iter_mut().zip(&row) {
@@ -168,7 +170,7 @@ pub fn compress_into(
     check_out(out.len(), n_c * n_kv_heads * d, || {
         format!("[n_c={n_c}, n_kv_heads={n_kv_heads}, d={d}]")
     })?;
-    compress(k, k_scale, n_kv_heads, d, block_size, out);
+    compress(k, k_scale, n_kv_heads, d, (block_size, block_size), out);
     Ok(())
 }
 
@@ -181,17 +183,19 @@ fn run<T: Send>(
     q: Encoded<'_>,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    cfg: &Config,
+    (cfg, window): (&Config, Window),
     out: &mut [T],
     width: usize,
     f: impl Fn(&mut [T], &[f32]) + Sync + Send,
 ) {
     let (d, g_heads) = (sh.d, sh.group());
-    let (n_c, nb) = (cfg.n_compressed(sh.seq_len), cfg.n_blocks(sh.seq_len));
+    let geo = window.geometry(cfg.block_size);
+    let (n_c, nb) = (geo.compressed_len(sh.seq_len), cfg.n_blocks(sh.seq_len));
     let mut qv = vec![0.0f32; q.len()];
     q.decode(0, &mut qv);
     let mut ck = vec![0.0f32; n_c * sh.n_kv * d];
-    compress(k, k_scale, sh.n_kv, d, cfg.block_size, &mut ck);
+    let kernel = (geo.kernel_size, geo.kernel_stride);
+    compress(k, k_scale, sh.n_kv, d, kernel, &mut ck);
     let packed: Vec<Packed> = (0..sh.n_kv)
         .map(|g| Packed::new(isa, &ck, n_c, sh.n_kv, g, d))
         .collect();
@@ -201,7 +205,7 @@ fn run<T: Send>(
         let p = sh.pos(i);
         let qg = &qv[(i * sh.hq + g * g_heads) * d..(i * sh.hq + (g + 1) * g_heads) * d];
         let mut scratch = Scratch::default();
-        let n_vis = (p + 1) / cfg.block_size;
+        let n_vis = geo.visible(p);
         group_sums(
             isa,
             qg,
@@ -213,7 +217,7 @@ fn run<T: Send>(
             &mut scratch,
         );
         let mut blocks = vec![0.0f32; nb];
-        block_scores(cfg, &scratch.sums, p, &mut blocks);
+        block_scores(cfg, window, &scratch.sums, p, &mut blocks);
         f(o, &blocks);
     });
 }
@@ -271,6 +275,35 @@ pub(super) fn block_scores_at(
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
+    block_scores_window_at(
+        isa,
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cfg,
+        Window::Fla,
+        out,
+    )
+}
+
+/// [`block_scores_window_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_scores_window_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    window: Window,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    window.check(cfg.block_size)?;
     let sh = check(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cfg)?;
     let nb = cfg.n_blocks(sh.seq_len);
     check_out(
@@ -278,7 +311,7 @@ pub(super) fn block_scores_at(
         checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
         || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
     )?;
-    run(isa, &sh, q, k, k_scale, cfg, out, nb, score_row);
+    run(isa, &sh, q, k, k_scale, (cfg, window), out, nb, score_row);
     Ok(())
 }
 
@@ -325,7 +358,36 @@ pub(super) fn select_at(
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
+    select_window_at(
+        isa,
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cfg,
+        Window::Fla,
+        out,
+    )
+}
+
+/// [`select_window_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn select_window_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    window: Window,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
     check_block_counts(cfg)?;
+    window.check(cfg.block_size)?;
     let sh = check(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cfg)?;
     let w = cfg.block_counts;
     check_out(
@@ -333,7 +395,7 @@ pub(super) fn select_at(
         checked_size("out", &[sh.n_q, sh.n_kv, w])?,
         || format!("[n_q={}, n_kv_heads={}, block_counts={w}]", sh.n_q, sh.n_kv),
     )?;
-    run(isa, &sh, q, k, k_scale, cfg, out, w, select_row);
+    run(isa, &sh, q, k, k_scale, (cfg, window), out, w, select_row);
     Ok(())
 }
 
@@ -473,7 +535,7 @@ fn run_packed<T: Send>(
         let ks = k.slice(k0 * kr, (k0 + sh.seq_len) * kr);
         let sc = k_scale.map(|s| &s[*k0..k0 + sh.seq_len]);
         let rows = &mut out[q0 * sh.n_kv * width..(q0 + sh.n_q) * sh.n_kv * width];
-        run(isa, sh, qs, ks, sc, cfg, rows, width, f);
+        run(isa, sh, qs, ks, sc, (cfg, Window::Fla), rows, width, f);
     }
 }
 
@@ -604,4 +666,68 @@ pub(super) fn select_packed_at(
     )?;
     run_packed(isa, &seqs, q, k, k_scale, cfg, out, w, select_row);
     Ok(())
+}
+
+/// [`block_scores_into`] with the compressed keys and block scores of
+/// `window` ([`Window::Eq9`]: the NSA paper's Eq. 9 over overlapping
+/// compressed keys; [`Window::Fla`]: the same as [`block_scores_into`]).
+///
+/// # Errors
+/// As [`block_scores_into`]; a window whose sizes are 0 or do not divide
+/// the block and the kernel into strides (`kernel_size`, `kernel_stride`).
+#[allow(clippy::too_many_arguments)]
+pub fn block_scores_window_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    window: Window,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    block_scores_window_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cfg,
+        window,
+        out,
+    )
+}
+
+/// [`select_into`] with the block scores of `window` (see
+/// [`block_scores_window_into`]).
+///
+/// # Errors
+/// As [`select_into`] and [`block_scores_window_into`].
+#[allow(clippy::too_many_arguments)]
+pub fn select_window_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    window: Window,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    select_window_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cfg,
+        window,
+        out,
+    )
 }

@@ -5,12 +5,61 @@ use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
 use super::args::{
-    detach, ndarrays, positions, AsFormatArg, EncodedIn, KeyFormat, Named, Obj, Opt, Out,
+    detach, ndarrays, positions, AsFormatArg, Choice, EncodedIn, KeyFormat, Named, Obj, Opt, Out,
     QueryFormat, I32, I32_MAX, S,
 };
 use super::errors::refuse;
 use crate::attention::softmax_scale;
-use crate::nsa::{self, Config};
+use crate::nsa::{self, Config, Window};
+
+/// The `window` option's names.
+#[derive(Clone, Copy)]
+pub(super) enum WindowName {
+    Fla,
+    Eq9,
+}
+
+impl Choice for WindowName {
+    const ARG: &'static str = "window";
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "fla" => Some(WindowName::Fla),
+            "eq9" => Some(WindowName::Eq9),
+            _ => None,
+        }
+    }
+    fn unknown(got: &str) -> String {
+        format!("window must be 'fla' or 'eq9', got {got:?}")
+    }
+}
+
+/// The window from its name and Eq. 9's sizes (the paper's 32 and 16 by
+/// default); a packed batch reads fla's window only.
+fn window(
+    name: Option<Named<WindowName>>,
+    (kernel_size, kernel_stride): (Opt<'_, '_>, Opt<'_, '_>),
+    packed: bool,
+) -> PyResult<Window> {
+    let kz = S.count_or(kernel_size, "kernel_size", I32_MAX, nsa::PAPER_KERNEL_SIZE)?;
+    let st = S.count_or(
+        kernel_stride,
+        "kernel_stride",
+        I32_MAX,
+        nsa::PAPER_KERNEL_STRIDE,
+    )?;
+    match name.unwrap_or(Named::known(WindowName::Fla)).get()? {
+        WindowName::Fla => Ok(Window::Fla),
+        WindowName::Eq9 if packed => Err(refuse(
+            S,
+            "window",
+            "window='eq9' has no packed form (fla's kernels, which take cu_seqlens, use the fla window)",
+        )),
+        WindowName::Eq9 => Ok(Window::Eq9 {
+            kernel_size: kz,
+            kernel_stride: st,
+        }),
+    }
+}
 
 type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
 
@@ -167,6 +216,15 @@ impl<'py> Call<'py> {
 /// cu_seqlens_q : array_like of int, [n_seqs + 1], optional
 ///     Its queries, the last of its keys (fla's ``(cu_seqlens_q, cu_seqlens_k)``;
 ///     default ``cu_seqlens``; alone, one sequence of all the keys).
+/// window : {'fla', 'eq9'}, optional
+///     ``'fla'`` (default): one compressed key per block, its mean; block ``c`` scores its
+///     group sum. ``'eq9'`` (the NSA paper's Eq. 9, a named variant): compressed keys of
+///     ``kernel_size`` tokens every ``kernel_stride``, block ``j`` scoring ``sum_{m <
+///     block_size / kernel_stride} sum_{n < kernel_size / kernel_stride} S[(block_size /
+///     kernel_stride) j - m - n]``: at the paper's 32 / 16 / 64 the keys ``4j - 4 .. 4j``,
+///     weighted 1, 2, 2, 2, 1 (docs/nsa.md). Dense calls only.
+/// kernel_size, kernel_stride : int, optional
+///     Eq. 9's compression (the paper's 32 and 16); ignored by ``'fla'``.
 ///
 /// Returns
 /// -------
@@ -181,7 +239,10 @@ impl<'py> Call<'py> {
 ///     ``k``'s or there are more queries than tokens (``q``); ``k_scale`` is not one
 ///     per token; ``scale`` is not finite; ``block_size`` is 0; ``cu_seqlens`` does
 ///     not rise from 0 to the keys (``cu_seqlens``); ``cu_seqlens_q`` does not rise from
-///     0 to the queries or gives a sequence more queries than keys (``cu_seqlens_q``).
+///     0 to the queries or gives a sequence more queries than keys (``cu_seqlens_q``);
+///     ``window`` names nothing or is ``'eq9'`` with ``cu_seqlens`` (``window``); Eq. 9's
+///     stride does not divide ``block_size`` or ``kernel_size`` (``kernel_stride``,
+///     ``kernel_size``).
 ///
 /// See Also
 /// --------
@@ -199,10 +260,10 @@ impl<'py> Call<'py> {
 #[pyo3(
     signature = (q, k, *, block_size=None, init_blocks=None, local_blocks=None, scale=None,
                  k_scale=None, query_format=None, key_format=None, cu_seqlens=None,
-                 cu_seqlens_q=None),
+                 cu_seqlens_q=None, window=None, kernel_size=None, kernel_stride=None),
     text_signature = "(q, k, *, block_size=64, init_blocks=1, local_blocks=2, scale=None, \
                       k_scale=None, query_format=None, key_format=None, cu_seqlens=None, \
-                      cu_seqlens_q=None)"
+                      cu_seqlens_q=None, window='fla', kernel_size=32, kernel_stride=16)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_block_scores<'py>(
@@ -218,6 +279,9 @@ pub(super) fn nsa_block_scores<'py>(
     key_format: Option<Named<KeyFormat>>,
     cu_seqlens: Opt<'_, 'py>,
     cu_seqlens_q: Opt<'_, 'py>,
+    window: Option<Named<WindowName>>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let c = call(
         q,
@@ -229,6 +293,7 @@ pub(super) fn nsa_block_scores<'py>(
         (query_format, key_format),
         (cu_seqlens, cu_seqlens_q),
     )?;
+    let w = self::window(window, (kernel_size, kernel_stride), c.cu.is_some())?;
     let (qs, ks) = (c.q.encoded()?, c.k.encoded()?);
     let nb = c.n_blocks(ks.len() / (c.n_kv * c.d).max(1));
     let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.n_kv, nb], &c.inputs())?;
@@ -237,7 +302,7 @@ pub(super) fn nsa_block_scores<'py>(
     let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
     let (cu, hq, n_kv, d, cfg) = (c.cu(), c.hq, c.n_kv, c.d, &c.cfg);
     detach(py, work, || match cu {
-        None => nsa::block_scores_into(qs, hq, ks, sc, n_kv, d, cfg, o),
+        None => nsa::block_scores_window_into(qs, hq, ks, sc, n_kv, d, cfg, w, o),
         Some(cu) => nsa::block_scores_packed_into(qs, hq, ks, sc, n_kv, d, cu, cfg, o),
     })?;
     Ok(out.finish())
@@ -262,6 +327,9 @@ pub(super) fn nsa_block_scores<'py>(
 ///     As :func:`nsa_block_scores`.
 /// cu_seqlens, cu_seqlens_q : array_like of int, [n_seqs + 1], optional
 ///     A packed batch, as :func:`nsa_block_scores` (each sequence's block ids from 0).
+/// window, kernel_size, kernel_stride : optional
+///     The block scores' window, as :func:`nsa_block_scores` (fla's, or the paper's
+///     Eq. 9).
 ///
 /// Returns
 /// -------
@@ -289,10 +357,12 @@ pub(super) fn nsa_block_scores<'py>(
 #[pyo3(
     signature = (q, k, block_counts=None, *, block_size=None, init_blocks=None,
                  local_blocks=None, scale=None, k_scale=None, query_format=None,
-                 key_format=None, cu_seqlens=None, cu_seqlens_q=None),
+                 key_format=None, cu_seqlens=None, cu_seqlens_q=None, window=None,
+                 kernel_size=None, kernel_stride=None),
     text_signature = "(q, k, block_counts=16, *, block_size=64, init_blocks=1, \
                       local_blocks=2, scale=None, k_scale=None, query_format=None, \
-                      key_format=None, cu_seqlens=None, cu_seqlens_q=None)"
+                      key_format=None, cu_seqlens=None, cu_seqlens_q=None, window='fla', \
+                      kernel_size=32, kernel_stride=16)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_select<'py>(
@@ -309,6 +379,9 @@ pub(super) fn nsa_select<'py>(
     key_format: Option<Named<KeyFormat>>,
     cu_seqlens: Opt<'_, 'py>,
     cu_seqlens_q: Opt<'_, 'py>,
+    window: Option<Named<WindowName>>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let n = S.count_or(block_counts, "block_counts", I32_MAX, nsa::FLA_BLOCK_COUNTS)?;
     if n == 0 {
@@ -328,6 +401,7 @@ pub(super) fn nsa_select<'py>(
         (query_format, key_format),
         (cu_seqlens, cu_seqlens_q),
     )?;
+    let w = self::window(window, (kernel_size, kernel_stride), c.cu.is_some())?;
     let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.n_kv, n], &c.inputs())?;
     let (qs, ks) = (c.q.encoded()?, c.k.encoded()?);
     let sc = c.k_scale.as_ref().map(|s| s.slice()).transpose()?;
@@ -335,7 +409,7 @@ pub(super) fn nsa_select<'py>(
     let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
     let (cu, hq, n_kv, d, cfg) = (c.cu(), c.hq, c.n_kv, c.d, &c.cfg);
     detach(py, work, || match cu {
-        None => nsa::select_into(qs, hq, ks, sc, n_kv, d, cfg, o),
+        None => nsa::select_window_into(qs, hq, ks, sc, n_kv, d, cfg, w, o),
         Some(cu) => nsa::select_packed_into(qs, hq, ks, sc, n_kv, d, cu, cfg, o),
     })?;
     Ok(out.finish())
