@@ -1,6 +1,7 @@
 //! A packed batch of sequences, checked once for every caller: the
-//! indexer's and block selection's packed entry points refuse its mistakes
-//! here, with one variant and one message per mistake.
+//! indexer's, block selection's, MoBA's, NSA's and InfLLM-v2's packed entry
+//! points refuse its mistakes here, with one variant and one message per
+//! mistake (each naming the caller's own argument and rows).
 //!
 //! # The rule
 //!
@@ -26,6 +27,9 @@
 //! | an entry of `cu_seqlens` negative, first not 0, below the previous or past `n_keys`; the last not `n_keys` | `OutOfRange` (`cu_seqlens`, the entry's index) |
 //! | `seq_ids` not one entry per query | `Length` (`seq_ids`) |
 //! | an entry of `seq_ids` negative or `>= n_seqs` | `OutOfRange` (`seq_ids`, the entry's index) |
+//! | `cu_seqlens_q` not one entry per boundary | `Invalid` (`cu_seqlens_q`) |
+//! | `cu_seqlens_q` giving a sequence more queries than its keys / tokens, or decreasing | `OutOfRange` (`cu_seqlens_q`, the entry after the sequence) |
+//! | `cu_seqlens_q` not starting at 0 or not ending at the queries | `OutOfRange` (`cu_seqlens_q`, 0) |
 //!
 //! A second copy of any of these, with its own variant or wording, would let
 //! the same batch be refused differently by the rules that read it, so every
