@@ -1,6 +1,7 @@
 //! A packed batch of sequences, checked once for every caller: the
-//! indexer's and block selection's packed entry points refuse its mistakes
-//! here, with one variant and one message per mistake.
+//! indexer's, block selection's, MoBA's, NSA's and InfLLM-v2's packed entry
+//! points refuse its mistakes here, with one variant and one message per
+//! mistake (each naming the caller's own argument and rows).
 //!
 //! # The rule
 //!
@@ -26,6 +27,9 @@
 //! | an entry of `cu_seqlens` negative, first not 0, below the previous or past `n_keys`; the last not `n_keys` | `OutOfRange` (`cu_seqlens`, the entry's index) |
 //! | `seq_ids` not one entry per query | `Length` (`seq_ids`) |
 //! | an entry of `seq_ids` negative or `>= n_seqs` | `OutOfRange` (`seq_ids`, the entry's index) |
+//! | `cu_seqlens_q` not one entry per boundary | `Invalid` (`cu_seqlens_q`) |
+//! | `cu_seqlens_q` giving a sequence more queries than its keys / tokens, or decreasing | `OutOfRange` (`cu_seqlens_q`, the entry after the sequence) |
+//! | `cu_seqlens_q` not starting at 0 or not ending at the queries | `OutOfRange` (`cu_seqlens_q`, 0) |
 //!
 //! A second copy of any of these, with its own variant or wording, would let
 //! the same batch be refused differently by the rules that read it, so every
@@ -35,19 +39,34 @@ use crate::block_sparse::IndexLike;
 use crate::error::{check_len, ArgumentError};
 
 /// `cu_seqlens` as `usize` boundaries, checked against the `n_keys` packed
-/// keys of `index_k`.
+/// rows they split; `(noun, owner)` names those rows in the messages
+/// (`("keys", "index_k")`, `("compressed keys", "ck")`: the caller's own
+/// argument).
 pub(crate) fn boundaries<C: IndexLike>(
     cu_seqlens: &[C],
     n_keys: usize,
+    rows: (&str, &str),
+) -> Result<Vec<usize>, ArgumentError> {
+    boundaries_named("cu_seqlens", cu_seqlens, n_keys, rows)
+}
+
+/// [`boundaries`] of the array named `argument` (a rule taking the queries'
+/// boundaries apart from the keys' names each: `cu_seqlens_q`,
+/// `cu_seqlens_k`), in the same variants and words.
+pub(crate) fn boundaries_named<C: IndexLike>(
+    argument: &'static str,
+    cu_seqlens: &[C],
+    n_keys: usize,
+    (noun, owner): (&str, &str),
 ) -> Result<Vec<usize>, ArgumentError> {
     if cu_seqlens.is_empty() {
         return Err(ArgumentError::Invalid {
-            argument: "cu_seqlens",
-            message: "cu_seqlens is empty: it needs n_seqs + 1 entries, starting at 0".into(),
+            argument,
+            message: format!("{argument} is empty: it needs n_seqs + 1 entries, starting at 0"),
         });
     }
     let out_of_range = |index, message| ArgumentError::OutOfRange {
-        argument: "cu_seqlens",
+        argument,
         index,
         message,
     };
@@ -56,13 +75,13 @@ pub(crate) fn boundaries<C: IndexLike>(
     for (i, &c) in cu_seqlens.iter().enumerate() {
         let v = c.to_usize();
         if i == 0 && v != Some(0) {
-            let message = format!("cu_seqlens[0] = {c}, but the first sequence starts at 0");
+            let message = format!("{argument}[0] = {c}, but the first sequence starts at 0");
             return Err(out_of_range(0, message));
         }
         let v = v.filter(|&v| v >= prev && v <= n_keys).ok_or_else(|| {
             let message = format!(
-                "cu_seqlens[{i}] = {c} is out of range: entries must be non-decreasing \
-                     (the previous is {prev}) and at most the {n_keys} keys of index_k"
+                "{argument}[{i}] = {c} is out of range: entries must be non-decreasing \
+                     (the previous is {prev}) and at most the {n_keys} {noun} of {owner}"
             );
             out_of_range(i, message)
         })?;
@@ -71,12 +90,58 @@ pub(crate) fn boundaries<C: IndexLike>(
     }
     if prev != n_keys {
         let message = format!(
-            "cu_seqlens ends at {prev}, but index_k has {n_keys} keys: the last entry must be \
-             the total key count"
+            "{argument} ends at {prev}, but {owner} has {n_keys} {noun}: the last entry must \
+             be the total count"
         );
         return Err(out_of_range(cu_seqlens.len() - 1, message));
     }
     Ok(bounds)
+}
+
+/// Checks the queries' boundaries `cu_q` against the sequences they belong
+/// to (`n_seqs + 1` entries, as `other` — the keys' boundaries — has):
+/// rising from 0 to the `n_q` queries, sequence `s` holding no more queries
+/// than `cap[s]` (its `what`: keys or tokens; its queries are the last of
+/// them). MoBA's and NSA's (`cu_seqlens`) and InfLLM-v2's (`cu_seqlens_k`,
+/// the tokens of `seq_len`) packed forms refuse alike.
+pub(crate) fn query_bounds(
+    cu_q: &[usize],
+    other: &str,
+    cap: &[usize],
+    what: &str,
+    n_q: usize,
+) -> Result<(), ArgumentError> {
+    let oor = |index, message| ArgumentError::OutOfRange {
+        argument: "cu_seqlens_q",
+        index,
+        message,
+    };
+    if cu_q.len() != cap.len() + 1 {
+        let message = format!(
+            "cu_seqlens_q has {} entries, {other} {}: one per sequence boundary each",
+            cu_q.len(),
+            cap.len() + 1
+        );
+        return Err(ArgumentError::Invalid {
+            argument: "cu_seqlens_q",
+            message,
+        });
+    }
+    for (s, w) in cu_q.windows(2).enumerate() {
+        if w[1] < w[0] || w[1] - w[0] > cap[s] {
+            let message = format!(
+                "cu_seqlens_q gives sequence {s} queries {}..{} but it has {} {what}: queries \
+                 are the last of their sequence's {what}, no more than them",
+                w[0], w[1], cap[s]
+            );
+            return Err(oor(s + 1, message));
+        }
+    }
+    if cu_q.first() != Some(&0) || cu_q.last() != Some(&n_q) {
+        let message = format!("cu_seqlens_q must rise from 0 to the {n_q} queries, got {cu_q:?}");
+        return Err(oor(0, message));
+    }
+    Ok(())
 }
 
 /// Refuses a `seq_ids` of other than one entry per query.
@@ -253,7 +318,7 @@ mod tests {
     /// integers) is an entry out of range, in the same words.
     #[test]
     fn a_negative_entry_is_out_of_range() {
-        let e = super::boundaries(&[0i64, -4, 10], 10).unwrap_err();
+        let e = super::boundaries(&[0i64, -4, 10], 10, ("keys", "k")).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -265,7 +330,7 @@ mod tests {
             ),
             "{e:?}"
         );
-        let e = super::boundaries(&[-1i32, 10], 10).unwrap_err();
+        let e = super::boundaries(&[-1i32, 10], 10, ("keys", "k")).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -290,9 +355,12 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(
-            super::boundaries(&[0u32, 4, 4, 10], 10),
+            super::boundaries(&[0u32, 4, 4, 10], 10, ("keys", "k")),
             Ok(vec![0, 4, 4, 10])
         );
-        assert_eq!(super::boundaries::<usize>(&[0], 0), Ok(vec![0]));
+        assert_eq!(
+            super::boundaries::<usize>(&[0], 0, ("keys", "k")),
+            Ok(vec![0])
+        );
     }
 }

@@ -44,7 +44,7 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   on a query, and the pages it reads (Quest's kernels, its evaluation script,
   SGLang's variant);
 - InfLLM-v2's block selection (MiniCPM4 / 4.1: :func:`infllm_block_scores`,
-  :func:`infllm_select`): stage 1's softmax over compressed keys summed over
+  :func:`infllm_select`, :func:`infllm_select_paged`): stage 1's softmax over compressed keys summed over
   the query group, max pooled onto 64-token blocks, the forced blocks and the
   top-k (the CUDA and the older Triton pooling, both top-k filters);
 - MInference's vertical-slash estimate (:func:`vslash_select`,
@@ -113,6 +113,7 @@ from kvselect._core import (
     indexer_topk_paged,
     infllm_block_scores,
     infllm_select,
+    infllm_select_paged,
     keep_top,
     locality_null,
     moba_gates,
@@ -216,6 +217,7 @@ __all__ = [
     "indexer_magnitudes",
     "infllm_block_scores",
     "infllm_select",
+    "infllm_select_paged",
     "nsa_block_scores",
     "nsa_select",
     "snapkv_scores",

@@ -25,6 +25,7 @@ __all__ = [
     "vslash_layout",
     "infllm_block_scores",
     "infllm_select",
+    "infllm_select_paged",
     "nsa_block_scores",
     "nsa_select",
     "snapkv_scores",
@@ -3098,7 +3099,7 @@ def vslash_layout(
 def infllm_block_scores(
     q: _ArrayIn,
     ck: _ArrayIn,
-    seq_len: int,
+    seq_len: Union[int, _ArrayIn],
     *,
     init_blocks: int = 1,
     local_blocks: int = 32,
@@ -3110,9 +3111,11 @@ def infllm_block_scores(
     block_size: int = 64,
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    cu_seqlens_q: Optional[_ArrayIn] = None,
+    cu_seqlens_k: Optional[_ArrayIn] = None,
 ) -> npt.NDArray[np.float32]:
     """Every block's score under InfLLM-v2's stage 1 and pooling, for the queries
-    at the end of one sequence.
+    at the end of one sequence or of each sequence of a packed batch.
 
     Query ``i`` sits at position ``seq_len - n_q + i``. Each query head's softmax
     over the compressed keys it sees (those whose 32 tokens end at or before its
@@ -3132,8 +3135,8 @@ def infllm_block_scores(
         The sequence's compressed keys (``n_c = (seq_len - 32) // 16 + 1``, 0 below
         32 tokens): key ``j`` the mean of the keys at tokens ``16 j .. 16 j + 31``
         (``kvselect.reference.infllm.compress_keys``). Any key format, read in place.
-    seq_len : int
-        Tokens in the sequence (the queries' own included).
+    seq_len : int, or array_like of int [n_seqs] with ``cu_seqlens_q``
+        Tokens in the sequence (the queries' own included); packed: each sequence's.
     init_blocks, local_blocks : int, optional
         Blocks forced at the start and up to the query's own (MiniCPM4's 1 and 32).
     block_size, kernel_size, kernel_stride : int, optional
@@ -3152,10 +3155,18 @@ def infllm_block_scores(
         Each compressed key's scale (fp8 keys): its value is ``ck * scale``.
     query_format, key_format : str, optional
         The formats of raw uint16 / uint8 ``q`` and ``ck``.
+    cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
+        A packed batch, as the source's varlen calls take it (``infllmv2_attn_stage1``,
+        ``max_pooling_1d_varlen``): sequence ``s`` is queries ``cu_seqlens_q[s] ..
+        cu_seqlens_q[s + 1]`` of ``q`` (the last of its ``seq_len[s]`` tokens; the
+        source's ``cache_lens[s]`` is ``seq_len[s]`` minus them) and compressed keys
+        ``cu_seqlens_k[s] .. cu_seqlens_k[s + 1]`` of ``ck`` (its tokens' compressed keys).
+        Each row equals the dense call's on its own sequence. Both or neither.
 
     Returns
     -------
     ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / 64)]
+        Packed: ``[total_q, n_kv_heads, max_blocks]``, NaN past a sequence's own blocks.
 
     Raises
     ------
@@ -3166,7 +3177,12 @@ def infllm_block_scores(
         (``ck``); ``ck_scale`` not one per key; ``seq_len`` is 0; ``scale`` is not
         finite; a geometry size is 0 or ``block_size`` not whole strides
         (``block_size``, ``kernel_size``, ``kernel_stride``); an option names nothing
-        (``pooling``).
+        (``pooling``); packed: one of ``cu_seqlens_q`` / ``cu_seqlens_k`` alone (the
+        missing one), ``cu_seqlens_k`` not rising from 0 to ``ck``'s keys or giving a
+        sequence other than its tokens' compressed keys (``cu_seqlens_k``), ``seq_len``
+        not one positive length per sequence (``seq_len``), ``cu_seqlens_q`` not rising
+        from 0 to the queries or giving a sequence more queries than tokens
+        (``cu_seqlens_q``).
 
     See Also
     --------
@@ -3185,7 +3201,7 @@ def infllm_block_scores(
 def infllm_select(
     q: _ArrayIn,
     ck: _ArrayIn,
-    seq_len: int,
+    seq_len: Union[int, _ArrayIn],
     topk: int = 64,
     *,
     init_blocks: int = 1,
@@ -3199,6 +3215,8 @@ def infllm_select(
     block_size: int = 64,
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    cu_seqlens_q: Optional[_ArrayIn] = None,
+    cu_seqlens_k: Optional[_ArrayIn] = None,
 ) -> npt.NDArray[np.int32]:
     """The blocks each query reads under InfLLM-v2: the top-k of
     :func:`infllm_block_scores`, filtered as the modelling code filters.
@@ -3213,7 +3231,7 @@ def infllm_select(
     Parameters
     ----------
     q, ck, seq_len
-        As :func:`infllm_block_scores`.
+        As :func:`infllm_block_scores` (packed: per sequence, with ``cu_seqlens_q``).
     topk : int, optional
         Blocks per row before the filter (MiniCPM4's 64), at least 1.
     init_blocks, local_blocks, pooling, scale, ck_scale, query_format, key_format
@@ -3222,11 +3240,14 @@ def infllm_select(
         As :func:`infllm_block_scores`.
     keep : {"through_current", "before_current"}, optional
         Which ids the filter keeps (default ``"through_current"``).
+    cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
+        A packed batch, as :func:`infllm_block_scores`; each row equals the dense call's
+        on its own sequence (that sequence's block ids, from 0).
 
     Returns
     -------
     ndarray of int32, [n_q, n_kv_heads, topk]
-        Block ids ascending, then ``-1``.
+        Block ids ascending, then ``-1`` (packed: ``[total_q, n_kv_heads, topk]``).
 
     Raises
     ------
@@ -3237,6 +3258,7 @@ def infllm_select(
     See Also
     --------
     infllm_block_scores : the scores the rows rank.
+    infllm_select_paged : the same rows at decode over a paged cache.
 
     Examples
     --------
@@ -3247,6 +3269,91 @@ def infllm_select(
     >>> rows = kvselect.infllm_select(q, ck, 1024, topk=4, local_blocks=2)
     >>> rows.shape, rows[0, 0, -3:].tolist()
     ((1, 2, 4), [13, 14, 15])
+    """
+
+def infllm_select_paged(
+    q: _ArrayIn,
+    kv_cache: _ArrayIn,
+    block_table: _ArrayIn,
+    seq_lens: _ArrayIn,
+    n_kv_heads: int,
+    topk: int = 64,
+    *,
+    init_blocks: int = 1,
+    local_blocks: int = 32,
+    pooling: str = "cuda",
+    keep: str = "through_current",
+    scale: Optional[float] = None,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    block_size: int = 64,
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
+) -> npt.NDArray[np.int32]:
+    """InfLLM-v2's block selection at decode, over an engine's paged cache of compressed
+    keys.
+
+    Sequence ``s`` decodes one query at position ``seq_lens[s] - 1``; its
+    ``(seq_lens[s] - 32) // 16 + 1`` compressed keys are read in place through its
+    ``block_table`` row (compressed key ``j`` in row ``j % page_size`` of page
+    ``block_table[s, j // page_size]``), as OpenBMB's SGLang backend for MiniCPM4 /
+    SALA keeps them (a pool of compressed keys and a per-request table). Equal, row for
+    row, to :func:`infllm_select` on the same compressed keys laid out densely (fp8 keys
+    times their scales).
+
+    Parameters
+    ----------
+    q : array_like, [n_seqs, n_q_heads, d]
+        Each sequence's decoding query.
+    kv_cache : array_like, [num_blocks, page_size, n_kv_heads * d]
+        The compressed keys' pages, read in place (any block stride), or uint8 pages of
+        fp8 keys then one float32 scale per key (``page_layout='fp8_scaled'``).
+    block_table : array_like of int32, [n_seqs, max_blocks]
+        Logical page -> cache block, per sequence.
+    seq_lens : array_like of int, [n_seqs]
+        Tokens per sequence (the query's own included), each >= 1.
+    n_kv_heads : int
+        KV heads per compressed key.
+    topk : int, optional
+        Blocks per row before the filter (MiniCPM4's 64), at least 1.
+    init_blocks, local_blocks, pooling, keep, scale
+        As :func:`infllm_select`.
+    block_size, kernel_size, kernel_stride
+        As :func:`infllm_select`.
+    page_layout : {'dense', 'fp8_scaled'}, optional
+        How a page holds its keys.
+    key_format, query_format : str, optional
+        The formats of a raw cache and ``q``.
+
+    Returns
+    -------
+    ndarray of int32, [n_seqs, n_kv_heads, topk]
+        As :func:`infllm_select`.
+
+    Raises
+    ------
+    SelectionError
+        when the cache, table or lengths are refused (``kv_cache``, ``block_table``,
+        ``seq_lens``: a row too short for its sequence's compressed keys, an entry read
+        outside the cache, a sequence of no token), ``n_kv_heads`` does not divide a row,
+        ``q`` does not fit, and as :func:`infllm_select`.
+
+    See Also
+    --------
+    infllm_select : the dense and packed forms.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> rng = np.random.default_rng(0)
+    >>> ck = rng.standard_normal((63, 2, 8)).astype(np.float32)  # 1024 tokens' keys
+    >>> q = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    >>> cache = ck.reshape(7, 9, 16)[::-1]  # pages of 9 keys, stored in reverse
+    >>> table = np.arange(6, -1, -1, dtype=np.int32)[None]
+    >>> rows = kvselect.infllm_select_paged(q, cache, table, [1024], 2, 4, local_blocks=2)
+    >>> np.array_equal(rows, kvselect.infllm_select(q, ck, 1024, 4, local_blocks=2))
+    True
     """
 
 def nsa_block_scores(
@@ -3260,9 +3367,14 @@ def nsa_block_scores(
     k_scale: Optional[_ArrayIn] = None,
     query_format: Optional[str] = None,
     key_format: Optional[str] = None,
+    cu_seqlens: Optional[_ArrayIn] = None,
+    cu_seqlens_q: Optional[_ArrayIn] = None,
+    window: str = "fla",
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
 ) -> npt.NDArray[np.float32]:
     """Every block's score under NSA's selection as fla computes it, for the
-    queries at the end of one sequence.
+    queries at the end of one sequence or of each sequence of a packed batch.
 
     Query ``i`` sits at position ``p = seq_len - n_q + i`` (fla's ``TK - TQ``
     offset), in block ``IC = p // block_size``. The compressed keys are the
@@ -3292,10 +3404,27 @@ def nsa_block_scores(
         Each token's key scale (fp8 keys): its value is ``k * scale``.
     query_format, key_format : str, optional
         The formats of raw uint16 / uint8 ``q`` and ``k``.
+    cu_seqlens : array_like of int, [n_seqs + 1], optional
+        A packed batch, as fla's varlen call takes it (``parallel_nsa(...,
+        cu_seqlens)``): sequence ``s`` is keys ``cu_seqlens[s] .. cu_seqlens[s + 1]``.
+        Each row equals the dense call's on its own sequence.
+    cu_seqlens_q : array_like of int, [n_seqs + 1], optional
+        Its queries, the last of its keys (fla's ``(cu_seqlens_q, cu_seqlens_k)``;
+        default ``cu_seqlens``; alone, one sequence of all the keys).
+    window : {'fla', 'eq9'}, optional
+        ``'fla'`` (default): one compressed key per block, its mean; block ``c`` scores its
+        group sum. ``'eq9'`` (the NSA paper's Eq. 9, a named variant): compressed keys of
+        ``kernel_size`` tokens every ``kernel_stride``, block ``j`` scoring ``sum_{m <
+        block_size / kernel_stride} sum_{n < kernel_size / kernel_stride} S[(block_size /
+        kernel_stride) j - m - n]``: at the paper's 32 / 16 / 64 the keys ``4j - 4 .. 4j``,
+        weighted 1, 2, 2, 2, 1 (docs/nsa.md). Dense calls only.
+    kernel_size, kernel_stride : int, optional
+        Eq. 9's compression (the paper's 32 and 16); ignored by ``'fla'``.
 
     Returns
     -------
     ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)]
+        Packed: ``[total_q, n_kv_heads, max_blocks]``, NaN past a sequence's own blocks.
 
     Raises
     ------
@@ -3303,7 +3432,12 @@ def nsa_block_scores(
         (a ValueError; ``.argument`` names it) when ``q`` or ``k`` is not 3-D, their
         ``d`` differ, ``k`` is empty (``k``); ``q``'s heads are not a multiple of
         ``k``'s or there are more queries than tokens (``q``); ``k_scale`` is not one
-        per token; ``scale`` is not finite; ``block_size`` is 0.
+        per token; ``scale`` is not finite; ``block_size`` is 0; ``cu_seqlens`` does
+        not rise from 0 to the keys (``cu_seqlens``); ``cu_seqlens_q`` does not rise from
+        0 to the queries or gives a sequence more queries than keys (``cu_seqlens_q``);
+        ``window`` names nothing or is ``'eq9'`` with ``cu_seqlens`` (``window``); Eq. 9's
+        stride does not divide ``block_size`` or ``kernel_size`` (``kernel_stride``,
+        ``kernel_size``).
 
     See Also
     --------
@@ -3331,6 +3465,11 @@ def nsa_select(
     k_scale: Optional[_ArrayIn] = None,
     query_format: Optional[str] = None,
     key_format: Optional[str] = None,
+    cu_seqlens: Optional[_ArrayIn] = None,
+    cu_seqlens_q: Optional[_ArrayIn] = None,
+    window: str = "fla",
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
 ) -> npt.NDArray[np.int32]:
     """The blocks each query reads under NSA's selection as fla computes it: the
     top ``block_counts`` of :func:`nsa_block_scores`.
@@ -3349,6 +3488,11 @@ def nsa_select(
         Blocks a row (fla's 16), at least 1.
     block_size, init_blocks, local_blocks, scale, k_scale, query_format, key_format
         As :func:`nsa_block_scores`.
+    cu_seqlens, cu_seqlens_q : array_like of int, [n_seqs + 1], optional
+        A packed batch, as :func:`nsa_block_scores` (each sequence's block ids from 0).
+    window, kernel_size, kernel_stride : optional
+        The block scores' window, as :func:`nsa_block_scores` (fla's, or the paper's
+        Eq. 9).
 
     Returns
     -------

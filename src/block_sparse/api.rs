@@ -314,7 +314,7 @@ pub fn select_packed_encoded_into<C: IndexLike, I: IndexLike>(
     let n_positions = key_rows(index_k.len(), d)?;
     check_q_len(index_q.len(), n_queries, n_kv_heads, d)?;
     check_block_ids_fit_i32(n_positions, cfg)?;
-    let bounds = packed::boundaries(cu_seqlens, n_positions)?;
+    let bounds = packed::boundaries(cu_seqlens, n_positions, ("keys", "index_k"))?;
     let n_seqs = bounds.len() - 1;
     packed::check_seq_ids_len(seq_ids.len(), n_queries)?;
     check_per_query_len("query_pos", query_pos.len(), n_queries)?;

@@ -545,7 +545,7 @@ pub fn indexer_topk_packed_with_into(
         out.len(),
         scores.as_deref(),
     )?;
-    let bounds = packed::boundaries(cu_seqlens, shape.n_keys)?;
+    let bounds = packed::boundaries(cu_seqlens, shape.n_keys, ("keys", "index_k"))?;
     packed::check_seq_ids_len(seq_ids.len(), shape.n_queries)?;
     packed::check_seq_ids(seq_ids, bounds.len() - 1, "cu_seqlens")?;
     options.check(topk, num_segments)?;

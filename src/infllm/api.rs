@@ -1,10 +1,11 @@
 //! The checked entry points: block scores and rows of the queries at the
-//! end of one sequence.
+//! end of one sequence, of a packed batch of sequences, and of decoding
+//! queries over a paged cache of compressed keys.
 
 use super::score::{block_scores, group_sums, Packed, Scratch};
 use super::{select, Config};
 use crate::error::{check_len, checked_size, ArgumentError};
-use crate::keys::Encoded;
+use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
 use crate::simd::Isa;
 
 /// A call's checked sizes.
@@ -27,19 +28,18 @@ impl Shape {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn check(
-    q_len: usize,
+fn invalid(argument: &'static str, message: String) -> ArgumentError {
+    ArgumentError::Invalid { argument, message }
+}
+
+/// The checks every form shares: the sizes, the heads, the geometry and the
+/// scale.
+fn check_common(
     n_q_heads: usize,
-    ck_len: usize,
-    ck_scale: Option<&[f32]>,
     n_kv_heads: usize,
     d: usize,
-    seq_len: usize,
     cfg: &Config,
-) -> Result<Shape, ArgumentError> {
-    let invalid =
-        |argument: &'static str, message: String| ArgumentError::Invalid { argument, message };
+) -> Result<(), ArgumentError> {
     if d == 0 {
         return Err(invalid("d", "d must be at least 1".into()));
     }
@@ -57,17 +57,32 @@ fn check(
             ),
         ));
     }
-    if seq_len == 0 {
-        return Err(invalid(
-            "seq_len",
-            "seq_len must be at least 1 (the query's own token)".into(),
-        ));
-    }
     cfg.geometry.check()?;
     if !cfg.scale.is_finite() {
         return Err(invalid(
             "scale",
             format!("scale must be finite, got {}", cfg.scale),
+        ));
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check(
+    q_len: usize,
+    n_q_heads: usize,
+    ck_len: usize,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    seq_len: usize,
+    cfg: &Config,
+) -> Result<Shape, ArgumentError> {
+    check_common(n_q_heads, n_kv_heads, d, cfg)?;
+    if seq_len == 0 {
+        return Err(invalid(
+            "seq_len",
+            "seq_len must be at least 1 (the query's own token)".into(),
         ));
     }
     let per_q = checked_size("q", &[n_q_heads, d])?;
@@ -242,9 +257,7 @@ pub(super) fn block_scores_at(
         checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
         || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
     )?;
-    run(isa, &sh, q, ck, ck_scale, cfg, out, nb, |row, _, blocks| {
-        row.copy_from_slice(blocks)
-    });
+    run(isa, &sh, q, ck, ck_scale, cfg, out, nb, score_row);
     Ok(())
 }
 
@@ -267,12 +280,35 @@ pub fn select_into(
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    if cfg.top_k == 0 {
-        return Err(ArgumentError::Invalid {
-            argument: "topk",
-            message: "topk must be at least 1 block".into(),
-        });
-    }
+    select_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        ck,
+        ck_scale,
+        n_kv_heads,
+        d,
+        seq_len,
+        cfg,
+        out,
+    )
+}
+
+/// [`select_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn select_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    ck: Encoded<'_>,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    seq_len: usize,
+    cfg: &Config,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    check_top_k(cfg)?;
     let sh = check(
         q.len(),
         n_q_heads,
@@ -294,7 +330,7 @@ pub fn select_into(
         },
     )?;
     run(
-        Isa::best(),
+        isa,
         &sh,
         q,
         ck,
@@ -302,18 +338,35 @@ pub fn select_into(
         cfg,
         out,
         cfg.top_k,
-        |row, p, blocks| {
-            let mut ids = Vec::new();
-            select::row(
-                blocks,
-                cfg.top_k,
-                cfg.keep,
-                p / cfg.geometry.block_size,
-                &mut ids,
-                row,
-            );
-        },
+        |row, p, blocks| select_row(cfg, row, p, blocks),
     );
+    Ok(())
+}
+
+/// A block-score row: the sequence's blocks, then NaN to the row's width
+/// (a packed call's rows are as wide as its longest sequence's blocks).
+fn score_row(row: &mut [f32], _p: usize, blocks: &[f32]) {
+    row[..blocks.len()].copy_from_slice(blocks);
+    row[blocks.len()..].fill(f32::NAN);
+}
+
+/// A selection row of the query at position `p` from its block scores.
+fn select_row(cfg: &Config, row: &mut [i32], p: usize, blocks: &[f32]) {
+    let mut ids = Vec::new();
+    select::row(
+        blocks,
+        cfg.top_k,
+        cfg.keep,
+        p / cfg.geometry.block_size,
+        &mut ids,
+        row,
+    );
+}
+
+fn check_top_k(cfg: &Config) -> Result<(), ArgumentError> {
+    if cfg.top_k == 0 {
+        return Err(invalid("topk", "topk must be at least 1 block".into()));
+    }
     Ok(())
 }
 
@@ -325,6 +378,383 @@ fn check_out(got: usize, want: usize, shape: impl FnOnce() -> String) -> Result<
             actual: got,
             shape: shape(),
         });
+    }
+    Ok(())
+}
+
+/// One sequence of a packed call: its checked shape and where its queries
+/// and compressed keys start.
+struct Seq {
+    sh: Shape,
+    q0: usize,
+    c0: usize,
+}
+
+/// The packed batch checked: sequence `s` is queries `cu_seqlens_q[s] ..
+/// cu_seqlens_q[s + 1]`, compressed keys `cu_seqlens_k[s] ..
+/// cu_seqlens_k[s + 1]` (the source's two arrays) and `seq_lens[s]`
+/// tokens; its queries are its last tokens and its compressed keys exactly
+/// those of its tokens.
+#[allow(clippy::too_many_arguments)]
+fn check_packed(
+    q_len: usize,
+    n_q_heads: usize,
+    ck_len: usize,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    seqs: (&[usize], &[usize], &[usize]),
+    cfg: &Config,
+) -> Result<Vec<Seq>, ArgumentError> {
+    let (seq_lens, cu_seqlens_q, cu_seqlens_k) = seqs;
+    check_common(n_q_heads, n_kv_heads, d, cfg)?;
+    let per_q = checked_size("q", &[n_q_heads, d])?;
+    if !q_len.is_multiple_of(per_q) {
+        let message =
+            format!("q holds {q_len} values, not whole [n_q_heads={n_q_heads}, d={d}] queries");
+        return Err(invalid("q", message));
+    }
+    let per_c = checked_size("ck", &[n_kv_heads, d])?;
+    if !ck_len.is_multiple_of(per_c) {
+        let message = format!(
+            "ck holds {ck_len} values, not whole [n_kv_heads={n_kv_heads}, d={d}] compressed keys"
+        );
+        return Err(invalid("ck", message));
+    }
+    let (n_q, n_c) = (q_len / per_q, ck_len / per_c);
+    let cu_k = crate::packed::boundaries_named(
+        "cu_seqlens_k",
+        cu_seqlens_k,
+        n_c,
+        ("compressed keys", "ck"),
+    )?;
+    let n_seqs = cu_k.len() - 1;
+    check_len("seq_len", seq_lens.len(), n_seqs, || {
+        format!("[n_seqs={n_seqs}] (cu_seqlens_k)")
+    })?;
+    for (s, &len) in seq_lens.iter().enumerate() {
+        let oor = |argument, index, message| ArgumentError::OutOfRange {
+            argument,
+            index,
+            message,
+        };
+        if len == 0 {
+            let message = format!("seq_len[{s}] = 0: a sequence has at least one token");
+            return Err(oor("seq_len", s, message));
+        }
+        let (got, want) = (cu_k[s + 1] - cu_k[s], cfg.geometry.compressed_len(len));
+        if got != want {
+            let message = format!(
+                "cu_seqlens_k gives sequence {s} {got} compressed keys, but its seq_len[{s}] = \
+                 {len} tokens have {want}"
+            );
+            return Err(oor("cu_seqlens_k", s + 1, message));
+        }
+    }
+    crate::packed::query_bounds(cu_seqlens_q, "cu_seqlens_k", seq_lens, "tokens", n_q)?;
+    if let Some(sc) = ck_scale {
+        check_len("ck_scale", sc.len(), n_c, || format!("[n_c={n_c}]"))?;
+    }
+    Ok((0..n_seqs)
+        .map(|s| Seq {
+            sh: Shape {
+                n_q: cu_seqlens_q[s + 1] - cu_seqlens_q[s],
+                hq: n_q_heads,
+                n_kv: n_kv_heads,
+                d,
+                n_c: cu_k[s + 1] - cu_k[s],
+                seq_len: seq_lens[s],
+            },
+            q0: cu_seqlens_q[s],
+            c0: cu_k[s],
+        })
+        .collect())
+}
+
+/// Runs `f` over every sequence of a packed batch ([`run`] on its rows).
+#[allow(clippy::too_many_arguments)]
+fn run_packed<T: Send>(
+    isa: Isa,
+    seqs: &[Seq],
+    q: Encoded<'_>,
+    ck: Encoded<'_>,
+    ck_scale: Option<&[f32]>,
+    cfg: &Config,
+    out: &mut [T],
+    width: usize,
+    f: impl Fn(&mut [T], usize, &[f32]) + Sync + Send + Copy,
+) {
+    for seq in seqs.iter().filter(|s| s.sh.n_q > 0) {
+        let sh = &seq.sh;
+        let (qr, cr) = (sh.hq * sh.d, sh.n_kv * sh.d);
+        let qs = q.slice(seq.q0 * qr, (seq.q0 + sh.n_q) * qr);
+        let cs = ck.slice(seq.c0 * cr, (seq.c0 + sh.n_c) * cr);
+        let sc = ck_scale.map(|s| &s[seq.c0..seq.c0 + sh.n_c]);
+        let rows = &mut out[seq.q0 * sh.n_kv * width..(seq.q0 + sh.n_q) * sh.n_kv * width];
+        run(isa, sh, qs, cs, sc, cfg, rows, width, f);
+    }
+}
+
+/// [`block_scores_into`] over a packed batch (InfLLM-v2's varlen call:
+/// `infllmv2_attn_stage1` and `max_pooling_1d_varlen` take `cu_seqlens_q`
+/// and `cu_seqlens_k`): sequence `s` is queries `cu_seqlens_q[s] ..
+/// cu_seqlens_q[s + 1]` of `q`, the last of its `seq_lens[s]` tokens, and
+/// compressed keys `cu_seqlens_k[s] .. cu_seqlens_k[s + 1]` of `ck` (its
+/// `compressed_len(seq_lens[s])`). `out` is `[total_q, n_kv_heads,
+/// max_blocks]`, `max_blocks` the most blocks of a sequence; each row is
+/// the dense call's row on its own sequence, then NaN.
+///
+/// # Errors
+/// As [`block_scores_into`] (`q`, `ck` not whole rows), `cu_seqlens_k` not
+/// rising from 0 to the compressed keys or giving a sequence other than its
+/// tokens' compressed keys (`cu_seqlens_k`), `seq_lens` not one per
+/// sequence or 0 (`seq_len`), `cu_seqlens_q` not rising from 0 to the
+/// queries or giving a sequence more queries than tokens (`cu_seqlens_q`).
+/// Nothing is written before every check has passed.
+#[allow(clippy::too_many_arguments)]
+pub fn block_scores_packed_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    ck: Encoded<'_>,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    seqs: (&[usize], &[usize], &[usize]),
+    cfg: &Config,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    let checked = check_packed(
+        q.len(),
+        n_q_heads,
+        ck.len(),
+        ck_scale,
+        n_kv_heads,
+        d,
+        seqs,
+        cfg,
+    )?;
+    let n_q = q.len() / (n_q_heads * d);
+    let nb = packed_width(&checked, cfg);
+    check_out(
+        out.len(),
+        checked_size("out", &[n_q, n_kv_heads, nb])?,
+        || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, max_blocks={nb}]"),
+    )?;
+    run_packed(
+        Isa::best(),
+        &checked,
+        q,
+        ck,
+        ck_scale,
+        cfg,
+        out,
+        nb,
+        score_row,
+    );
+    Ok(())
+}
+
+/// The most blocks of a packed batch's sequences.
+fn packed_width(seqs: &[Seq], cfg: &Config) -> usize {
+    seqs.iter()
+        .map(|s| cfg.geometry.n_blocks(s.sh.seq_len))
+        .max()
+        .unwrap_or(0)
+}
+
+/// [`select_into`] over a packed batch (see [`block_scores_packed_into`]):
+/// `out` `[total_q, n_kv_heads, top_k]`, each row the dense call's row on
+/// its own sequence (block ids of that sequence, from 0).
+///
+/// # Errors
+/// `top_k` 0 (`topk`), and as [`block_scores_packed_into`].
+#[allow(clippy::too_many_arguments)]
+pub fn select_packed_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    ck: Encoded<'_>,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    seqs: (&[usize], &[usize], &[usize]),
+    cfg: &Config,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    check_top_k(cfg)?;
+    let checked = check_packed(
+        q.len(),
+        n_q_heads,
+        ck.len(),
+        ck_scale,
+        n_kv_heads,
+        d,
+        seqs,
+        cfg,
+    )?;
+    let n_q = q.len() / (n_q_heads * d);
+    let k = cfg.top_k;
+    check_out(
+        out.len(),
+        checked_size("out", &[n_q, n_kv_heads, k])?,
+        || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, top_k={k}]"),
+    )?;
+    run_packed(
+        Isa::best(),
+        &checked,
+        q,
+        ck,
+        ck_scale,
+        cfg,
+        out,
+        k,
+        |row, p, blocks| select_row(cfg, row, p, blocks),
+    );
+    Ok(())
+}
+
+/// InfLLM-v2's selection at decode over a paged cache of compressed keys:
+/// sequence `s` decodes one query (`q` `[n_seqs, n_q_heads, d]`) at position
+/// `seq_lens[s] − 1` (`table.seq_lens`: tokens), and its compressed keys —
+/// `compressed_len(seq_lens[s])` of them, key `j` in row `j % page` of page
+/// `table[s, j / page]` — are read in place (a cache row is `n_kv_heads ·
+/// d` elements; a `Fp8WithScales` page's scale is one per compressed key).
+/// `out` `[n_seqs, n_kv_heads, top_k]`; equal, row for row, to
+/// [`select_into`] on the sequence's compressed keys laid out densely.
+///
+/// # Errors
+/// As [`select_into`]; the cache refused as [`PagedCache::check`] refuses
+/// it, or its rows not `n_kv_heads · d` (`kv_cache`); a `seq_lens` entry 0
+/// or past an int32 position (`seq_lens`); a block-table row too short for
+/// its sequence's compressed keys, or an entry it reads outside the cache
+/// (`block_table`); `q` not `[n_seqs, n_q_heads, d]` (`q`).
+#[allow(clippy::too_many_arguments)]
+pub fn select_paged_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    cache: &PagedCache<'_>,
+    table: &BlockTable<'_>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    select_paged_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        cache,
+        table,
+        n_kv_heads,
+        d,
+        cfg,
+        out,
+    )
+}
+
+/// [`select_paged_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn select_paged_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    cache: &PagedCache<'_>,
+    table: &BlockTable<'_>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    check_top_k(cfg)?;
+    check_common(n_q_heads, n_kv_heads, d, cfg)?;
+    cache.check()?;
+    let row = checked_size("kv_cache", &[n_kv_heads, d])?;
+    if cache.d != row {
+        let message = format!(
+            "the cache's rows hold {} elements, not n_kv_heads * d = {row}",
+            cache.d
+        );
+        return Err(invalid("kv_cache", message));
+    }
+    let lens = table.seq_lens;
+    let mut n_c = Vec::with_capacity(lens.len());
+    for (s, &len) in lens.iter().enumerate() {
+        if len == 0 || len > i32::MAX as usize {
+            return Err(ArgumentError::OutOfRange {
+                argument: "seq_lens",
+                index: s,
+                message: format!(
+                    "seq_lens[{s}] = {len}: a decoding query's sequence holds 1 ..= {} tokens",
+                    i32::MAX
+                ),
+            });
+        }
+        let c = cfg.geometry.compressed_len(len);
+        let needed = c.div_ceil(cache.block_size.max(1));
+        if needed > table.max_blocks {
+            return Err(ArgumentError::OutOfRange {
+                argument: "block_table",
+                index: s * table.max_blocks,
+                message: format!(
+                    "seq_lens[{s}] = {len} tokens have {c} compressed keys, which need {needed} \
+                     pages of {}, but block_table rows have {}",
+                    cache.block_size, table.max_blocks
+                ),
+            });
+        }
+        n_c.push(c);
+    }
+    // The rows the compressed keys need, checked as every paged form checks
+    // its table (lengths, entries inside the cache).
+    let rows = BlockTable {
+        table: table.table,
+        max_blocks: table.max_blocks,
+        seq_lens: &n_c,
+    };
+    rows.check(cache.n_pages, cache.block_size)?;
+    let n = lens.len();
+    let qrow = checked_size("q", &[n_q_heads, d])?;
+    check_len("q", q.len(), checked_size("q", &[n, qrow])?, || {
+        format!("[n_seqs={n}, n_q_heads={n_q_heads}, d={d}]")
+    })?;
+    let k = cfg.top_k;
+    check_out(out.len(), checked_size("out", &[n, n_kv_heads, k])?, || {
+        format!("[n_seqs={n}, n_kv_heads={n_kv_heads}, top_k={k}]")
+    })?;
+    let (page, mut scale) = (cache.block_size, [0.0f32]);
+    let mut ck = Vec::new();
+    for (s, (&len, &c)) in lens.iter().zip(&n_c).enumerate() {
+        // The sequence's compressed keys gathered, each times its scale as
+        // the dense call multiplies `ck_scale` in (the same float32 product).
+        ck.clear();
+        ck.resize(c * row, 0.0f32);
+        for (j, buf) in ck.chunks_exact_mut(row).enumerate() {
+            cache.decode(rows.page(s, j / page), j % page, buf, &mut scale);
+            if cache.layout == PageLayout::Fp8WithScales {
+                let m = scale[0];
+                buf.iter_mut().for_each(|x| *x *= m);
+            }
+        }
+        let sh = Shape {
+            n_q: 1,
+            hq: n_q_heads,
+            n_kv: n_kv_heads,
+            d,
+            n_c: c,
+            seq_len: len,
+        };
+        let qs = q.slice(s * qrow, (s + 1) * qrow);
+        let o = &mut out[s * n_kv_heads * k..(s + 1) * n_kv_heads * k];
+        run(
+            isa,
+            &sh,
+            qs,
+            Encoded::F32(&ck),
+            None,
+            cfg,
+            o,
+            k,
+            |row, p, blocks| select_row(cfg, row, p, blocks),
+        );
     }
     Ok(())
 }

@@ -110,6 +110,26 @@
 //! above, so blocks whose scores round to one half-precision value are
 //! ordered here and tied there (a deviation named in the README).
 //!
+//! # Packed batches and paged decode
+//!
+//! The source's varlen calls (`infllmv2_attn_stage1` and
+//! `max_pooling_1d_varlen` with `cu_seqlens_q`, `cu_seqlens_k`,
+//! `cache_lens`; `max_pooling_1d_varlen_kernel` in
+//! `csrc/max_pooling_1d.cuh`) run each sequence as the single-sequence
+//! kernels do, its taps clamped to its own compressed keys.
+//! [`select_packed_into`] and [`block_scores_packed_into`] therefore run the
+//! dense rule on each sequence's slice (its queries the last of its
+//! `seq_lens[s]` tokens, its compressed keys exactly those tokens'); the
+//! source's one padded width (blocks past a short sequence, forced to `+inf`
+//! only when `init_blocks` exceeds its blocks) is not reproduced.
+//! [`select_paged_into`] reads a decoding query's compressed keys through a
+//! block table (OpenBMB's SGLang backend keeps them in a pool with
+//! per-request tables, `cache_lens = seq_lens − 1`) and runs the dense rule
+//! on them. Both equal the dense call bit for bit because the decoded
+//! values are exact and the same kernels run on them in the same order; a
+//! sequence given another sequence's keys, or queries not at its end, would
+//! break that, and is refused.
+//!
 //! # Layout
 //!
 //! `score.rs` (stage 1 and the pooling of one query and KV head),
@@ -125,7 +145,9 @@ pub mod select;
 #[cfg(test)]
 mod tests;
 
-pub use api::{block_scores_into, select_into};
+pub use api::{
+    block_scores_into, block_scores_packed_into, select_into, select_packed_into, select_paged_into,
+};
 
 /// The block and compression geometry: `block_size`-token blocks, compressed
 /// keys of `kernel_size` tokens every `kernel_stride` (MiniCPM4's 64, 32, 16:

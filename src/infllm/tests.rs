@@ -343,3 +343,93 @@ fn refusals_name_the_argument_and_write_nothing() {
     .unwrap();
     assert!(out.iter().all(|&x| (-1..nb as i32).contains(&x)));
 }
+
+/// A paged cache of compressed keys (pages of 3 keys, stored in reverse, an
+/// f32 row per key) read at every level: each sequence's row is the dense
+/// call's at the same level, bit for bit; a short table row is refused
+/// before anything is written.
+#[test]
+fn paged_decode_equals_dense_at_every_level() {
+    use crate::keys::{BlockTable, Format, PageLayout, PagedCache};
+    let (hq, n_kv, d, page) = (8, 2, 16, 3);
+    let lens = [1000usize, 20, 64, 130];
+    let n_c: Vec<usize> = lens.iter().map(|&l| compressed_len(l)).collect();
+    let per_seq = n_c.iter().map(|c| c.div_ceil(page)).max().unwrap();
+    let n_pages = per_seq * lens.len();
+    let ck = random(n_pages * page * n_kv * d, 5);
+    // Sequence s's logical page b is physical page n_pages - 1 - (s * per_seq + b).
+    let table: Vec<i32> = (0..lens.len() * per_seq)
+        .map(|i| (n_pages - 1 - i) as i32)
+        .collect();
+    let bytes: Vec<u8> = ck.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let cache = PagedCache {
+        bytes: &bytes,
+        n_pages,
+        page_stride: page * n_kv * d * 4,
+        block_size: page,
+        d: n_kv * d,
+        layout: PageLayout::Dense(Format::F32),
+    };
+    let bt = BlockTable {
+        table: &table,
+        max_blocks: per_seq,
+        seq_lens: &lens,
+    };
+    let q = random(lens.len() * hq * d, 9);
+    let c = cfg(Pooling::Cuda, Keep::ThroughCurrent, 1, 2, 5);
+    for isa in isas_for_test() {
+        let mut got = vec![0i32; lens.len() * n_kv * 5];
+        super::api::select_paged_at(
+            isa,
+            Encoded::F32(&q),
+            hq,
+            &cache,
+            &bt,
+            n_kv,
+            d,
+            &c,
+            &mut got,
+        )
+        .unwrap();
+        for (s, (&len, &nc)) in lens.iter().zip(&n_c).enumerate() {
+            let row = n_kv * d;
+            let mut dense = vec![0.0f32; nc * row];
+            for j in 0..nc {
+                let p = n_pages - 1 - (s * per_seq + j / page);
+                let at = (p * page + j % page) * row;
+                dense[j * row..(j + 1) * row].copy_from_slice(&ck[at..at + row]);
+            }
+            let mut want = vec![0i32; n_kv * 5];
+            super::api::select_at(
+                isa,
+                Encoded::F32(&q[s * hq * d..(s + 1) * hq * d]),
+                hq,
+                Encoded::F32(&dense),
+                None,
+                n_kv,
+                d,
+                len,
+                &c,
+                &mut want,
+            )
+            .unwrap();
+            assert_eq!(
+                &got[s * n_kv * 5..(s + 1) * n_kv * 5],
+                &want[..],
+                "{isa:?} {s}"
+            );
+        }
+    }
+    // A table row one page short for sequence 0's keys: refused, nothing written.
+    let short = BlockTable {
+        table: &table[..lens.len() * (per_seq - 1)],
+        max_blocks: per_seq - 1,
+        seq_lens: &lens,
+    };
+    let mut out = vec![7i32; lens.len() * n_kv * 5];
+    let e =
+        select_paged_into(Encoded::F32(&q), hq, &cache, &short, n_kv, d, &c, &mut out).unwrap_err();
+    assert_eq!(e.argument(), "block_table");
+    assert!(e.to_string().contains("61 compressed keys"), "{e}");
+    assert!(out.iter().all(|&x| x == 7));
+}

@@ -374,40 +374,6 @@ fn decoded(q: Encoded<'_>) -> Vec<f32> {
     v
 }
 
-/// Checks `cu_seqlens_q` against `cu_seqlens` (the keys'): as many entries,
-/// rising from 0 to `n_q`, each sequence's queries no more than its keys.
-fn query_bounds(cu_q: &[usize], cu_k: &[usize], n_q: usize) -> Result<(), ArgumentError> {
-    let oor = |index, message| ArgumentError::OutOfRange {
-        argument: "cu_seqlens_q",
-        index,
-        message,
-    };
-    if cu_q.len() != cu_k.len() {
-        let message = format!(
-            "cu_seqlens_q has {} entries, cu_seqlens {}: one per sequence boundary each",
-            cu_q.len(),
-            cu_k.len()
-        );
-        return Err(invalid("cu_seqlens_q", message));
-    }
-    for (s, w) in cu_q.windows(2).enumerate() {
-        let lk = cu_k[s + 1] - cu_k[s];
-        if w[1] < w[0] || w[1] - w[0] > lk {
-            let message = format!(
-                "cu_seqlens_q gives sequence {s} queries {}..{} but it has {lk} keys: queries \
-                 are the last of their sequence's keys, no more than them",
-                w[0], w[1]
-            );
-            return Err(oor(s + 1, message));
-        }
-    }
-    if cu_q.first() != Some(&0) || cu_q.last() != Some(&n_q) {
-        let message = format!("cu_seqlens_q must rise from 0 to the {n_q} queries, got {cu_q:?}");
-        return Err(oor(0, message));
-    }
-    Ok(())
-}
-
 /// The blocks each query reads: MoBA's selection over a packed batch (one
 /// sequence: `cu_seqlens = [0, n_keys]`).
 ///
@@ -456,9 +422,10 @@ pub fn select_into(
     if let Some(s) = key_scale {
         check_len("key_scale", s.len(), n_k, || format!("[n_keys={n_k}]"))?;
     }
-    let cu_k = crate::packed::boundaries(cu_seqlens, n_k)?;
+    let cu_k = crate::packed::boundaries(cu_seqlens, n_k, ("keys", "k"))?;
     let cu_q = cu_seqlens_q.unwrap_or(&cu_k);
-    query_bounds(cu_q, &cu_k, n_q)?;
+    let lens: Vec<usize> = cu_k.windows(2).map(|w| w[1] - w[0]).collect();
+    crate::packed::query_bounds(cu_q, "cu_seqlens", &lens, "keys", n_q)?;
     let max_blocks = cu_k
         .windows(2)
         .map(|w| (w[1] - w[0]).div_ceil(shape.block_size))

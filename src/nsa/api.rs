@@ -1,7 +1,7 @@
 //! The checked entry points: compressed keys, block scores and rows of the
-//! queries at the end of one sequence.
+//! queries at the end of one sequence, and of a packed batch of sequences.
 
-use super::{block_scores, row, Config};
+use super::{block_scores, row, Config, Window};
 use crate::error::{check_len, checked_size, ArgumentError};
 use crate::infllm::score::{group_sums, Packed, Scratch};
 use crate::keys::Encoded;
@@ -117,25 +117,27 @@ fn check(
     })
 }
 
-/// The compressed keys, unchecked: `out` (`[seq_len / bs, n_kv, d]`) the
-/// float32 mean of each complete block's rows, summed in token order, each
-/// row decoded in place and times its token's scale.
+/// The compressed keys, unchecked: `out` (`[n_c, n_kv, d]`) key `c` the
+/// float32 mean of the rows of tokens `c·stride .. c·stride + kernel`
+/// (fla's window: `kernel = stride = bs`, each complete block's mean),
+/// summed in token order, each row decoded in place and times its token's
+/// scale.
 fn compress(
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
     n_kv: usize,
     d: usize,
-    bs: usize,
+    (kernel, stride): (usize, usize),
     out: &mut [f32],
 ) {
     let mut row = vec![0.0f32; d];
     let n_c = out.len() / (n_kv * d);
-    let div = bs as f32;
+    let div = kernel as f32;
     for c in 0..n_c {
         for g in 0..n_kv {
             let acc = &mut out[(c * n_kv + g) * d..(c * n_kv + g + 1) * d];
             acc.fill(0.0);
-            for t in c * bs..(c + 1) * bs {
+            for t in c * stride..c * stride + kernel {
                 k.decode((t * n_kv + g) * d, &mut row);
                 let s = k_scale.map_or(1.0, |s| s[t]);
                 for (a, &x) in acc.iter_mut().zip(&row) {
@@ -168,7 +170,7 @@ pub fn compress_into(
     check_out(out.len(), n_c * n_kv_heads * d, || {
         format!("[n_c={n_c}, n_kv_heads={n_kv_heads}, d={d}]")
     })?;
-    compress(k, k_scale, n_kv_heads, d, block_size, out);
+    compress(k, k_scale, n_kv_heads, d, (block_size, block_size), out);
     Ok(())
 }
 
@@ -181,17 +183,19 @@ fn run<T: Send>(
     q: Encoded<'_>,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    cfg: &Config,
+    (cfg, window): (&Config, Window),
     out: &mut [T],
     width: usize,
     f: impl Fn(&mut [T], &[f32]) + Sync + Send,
 ) {
     let (d, g_heads) = (sh.d, sh.group());
-    let (n_c, nb) = (cfg.n_compressed(sh.seq_len), cfg.n_blocks(sh.seq_len));
+    let geo = window.geometry(cfg.block_size);
+    let (n_c, nb) = (geo.compressed_len(sh.seq_len), cfg.n_blocks(sh.seq_len));
     let mut qv = vec![0.0f32; q.len()];
     q.decode(0, &mut qv);
     let mut ck = vec![0.0f32; n_c * sh.n_kv * d];
-    compress(k, k_scale, sh.n_kv, d, cfg.block_size, &mut ck);
+    let kernel = (geo.kernel_size, geo.kernel_stride);
+    compress(k, k_scale, sh.n_kv, d, kernel, &mut ck);
     let packed: Vec<Packed> = (0..sh.n_kv)
         .map(|g| Packed::new(isa, &ck, n_c, sh.n_kv, g, d))
         .collect();
@@ -201,7 +205,7 @@ fn run<T: Send>(
         let p = sh.pos(i);
         let qg = &qv[(i * sh.hq + g * g_heads) * d..(i * sh.hq + (g + 1) * g_heads) * d];
         let mut scratch = Scratch::default();
-        let n_vis = (p + 1) / cfg.block_size;
+        let n_vis = geo.visible(p);
         group_sums(
             isa,
             qg,
@@ -213,7 +217,7 @@ fn run<T: Send>(
             &mut scratch,
         );
         let mut blocks = vec![0.0f32; nb];
-        block_scores(cfg, &scratch.sums, p, &mut blocks);
+        block_scores(cfg, window, &scratch.sums, p, &mut blocks);
         f(o, &blocks);
     });
 }
@@ -271,6 +275,35 @@ pub(super) fn block_scores_at(
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
+    block_scores_window_at(
+        isa,
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cfg,
+        Window::Fla,
+        out,
+    )
+}
+
+/// [`block_scores_window_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_scores_window_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    window: Window,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    window.check(cfg.block_size)?;
     let sh = check(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cfg)?;
     let nb = cfg.n_blocks(sh.seq_len);
     check_out(
@@ -278,9 +311,7 @@ pub(super) fn block_scores_at(
         checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
         || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
     )?;
-    run(isa, &sh, q, k, k_scale, cfg, out, nb, |o, blocks| {
-        o.copy_from_slice(blocks)
-    });
+    run(isa, &sh, q, k, k_scale, (cfg, window), out, nb, score_row);
     Ok(())
 }
 
@@ -327,12 +358,36 @@ pub(super) fn select_at(
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    if cfg.block_counts == 0 {
-        return Err(invalid(
-            "block_counts",
-            "block_counts must be at least 1 block".into(),
-        ));
-    }
+    select_window_at(
+        isa,
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cfg,
+        Window::Fla,
+        out,
+    )
+}
+
+/// [`select_window_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn select_window_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    window: Window,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    check_block_counts(cfg)?;
+    window.check(cfg.block_size)?;
     let sh = check(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cfg)?;
     let w = cfg.block_counts;
     check_out(
@@ -340,11 +395,21 @@ pub(super) fn select_at(
         checked_size("out", &[sh.n_q, sh.n_kv, w])?,
         || format!("[n_q={}, n_kv_heads={}, block_counts={w}]", sh.n_q, sh.n_kv),
     )?;
-    run(isa, &sh, q, k, k_scale, cfg, out, w, |o, blocks| {
-        let mut ids = Vec::new();
-        row(blocks, &mut ids, o);
-    });
+    run(isa, &sh, q, k, k_scale, (cfg, window), out, w, select_row);
     Ok(())
+}
+
+/// A block-score row: the sequence's blocks, then NaN to the row's width
+/// (a packed call's rows are as wide as its longest sequence's blocks).
+fn score_row(o: &mut [f32], blocks: &[f32]) {
+    o[..blocks.len()].copy_from_slice(blocks);
+    o[blocks.len()..].fill(f32::NAN);
+}
+
+/// A selection row from its block scores.
+fn select_row(o: &mut [i32], blocks: &[f32]) {
+    let mut ids = Vec::new();
+    row(blocks, &mut ids, o);
 }
 
 fn check_out(got: usize, want: usize, shape: impl FnOnce() -> String) -> Result<(), ArgumentError> {
@@ -357,4 +422,312 @@ fn check_out(got: usize, want: usize, shape: impl FnOnce() -> String) -> Result<
         });
     }
     Ok(())
+}
+
+fn check_block_counts(cfg: &Config) -> Result<(), ArgumentError> {
+    if cfg.block_counts == 0 {
+        return Err(invalid(
+            "block_counts",
+            "block_counts must be at least 1 block".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The packed batch checked: sequence `s` is keys `cu_seqlens[s] ..
+/// cu_seqlens[s + 1]` and queries `cu_seqlens_q[s] .. cu_seqlens_q[s + 1]`
+/// (`None`: `cu_seqlens`), its queries the last of its keys (fla's
+/// `cu_seqlens` or `(cu_seqlens_q, cu_seqlens_k)`). Returns each sequence's
+/// shape and its first query and key row.
+#[allow(clippy::too_many_arguments)]
+fn check_packed(
+    q_len: usize,
+    n_q_heads: usize,
+    k_len: usize,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    (cu_seqlens, cu_seqlens_q): (&[usize], Option<&[usize]>),
+    cfg: &Config,
+) -> Result<Vec<(Shape, usize, usize)>, ArgumentError> {
+    if d == 0 {
+        return Err(invalid("d", "d must be at least 1".into()));
+    }
+    if n_kv_heads == 0 {
+        return Err(invalid(
+            "n_kv_heads",
+            "n_kv_heads must be at least 1".into(),
+        ));
+    }
+    if cfg.block_size == 0 {
+        return Err(invalid(
+            "block_size",
+            "block_size must be at least 1".into(),
+        ));
+    }
+    if n_q_heads == 0 || !n_q_heads.is_multiple_of(n_kv_heads) {
+        return Err(invalid(
+            "q",
+            format!(
+                "q's {n_q_heads} heads are not a positive multiple of the {n_kv_heads} KV heads"
+            ),
+        ));
+    }
+    if !cfg.scale.is_finite() {
+        return Err(invalid(
+            "scale",
+            format!("scale must be finite, got {}", cfg.scale),
+        ));
+    }
+    let (per_k, per_q) = (
+        checked_size("k", &[n_kv_heads, d])?,
+        checked_size("q", &[n_q_heads, d])?,
+    );
+    if !k_len.is_multiple_of(per_k) {
+        let message =
+            format!("k holds {k_len} values, not whole [n_kv_heads={n_kv_heads}, d={d}] tokens");
+        return Err(invalid("k", message));
+    }
+    if !q_len.is_multiple_of(per_q) {
+        let message =
+            format!("q holds {q_len} values, not whole [n_q_heads={n_q_heads}, d={d}] queries");
+        return Err(invalid("q", message));
+    }
+    let (n_k, n_q) = (k_len / per_k, q_len / per_q);
+    let cu_k = crate::packed::boundaries(cu_seqlens, n_k, ("keys", "k"))?;
+    let lens: Vec<usize> = cu_k.windows(2).map(|w| w[1] - w[0]).collect();
+    let cu_q = cu_seqlens_q.unwrap_or(&cu_k);
+    crate::packed::query_bounds(cu_q, "cu_seqlens", &lens, "keys", n_q)?;
+    if let Some(s) = k_scale {
+        check_len("k_scale", s.len(), n_k, || format!("[n_keys={n_k}]"))?;
+    }
+    Ok((0..lens.len())
+        .map(|s| {
+            let sh = Shape {
+                n_q: cu_q[s + 1] - cu_q[s],
+                hq: n_q_heads,
+                n_kv: n_kv_heads,
+                d,
+                seq_len: lens[s],
+            };
+            (sh, cu_q[s], cu_k[s])
+        })
+        .collect())
+}
+
+/// Runs `f` over every sequence of a packed batch with queries ([`run`] on
+/// its rows).
+#[allow(clippy::too_many_arguments)]
+fn run_packed<T: Send>(
+    isa: Isa,
+    seqs: &[(Shape, usize, usize)],
+    q: Encoded<'_>,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    cfg: &Config,
+    out: &mut [T],
+    width: usize,
+    f: impl Fn(&mut [T], &[f32]) + Sync + Send + Copy,
+) {
+    for (sh, q0, k0) in seqs.iter().filter(|s| s.0.n_q > 0) {
+        let (qr, kr) = (sh.hq * sh.d, sh.n_kv * sh.d);
+        let qs = q.slice(q0 * qr, (q0 + sh.n_q) * qr);
+        let ks = k.slice(k0 * kr, (k0 + sh.seq_len) * kr);
+        let sc = k_scale.map(|s| &s[*k0..k0 + sh.seq_len]);
+        let rows = &mut out[q0 * sh.n_kv * width..(q0 + sh.n_q) * sh.n_kv * width];
+        run(isa, sh, qs, ks, sc, (cfg, Window::Fla), rows, width, f);
+    }
+}
+
+/// [`block_scores_into`] over a packed batch (fla's varlen call,
+/// `parallel_nsa_topk(..., cu_seqlens)`): sequence `s` is keys
+/// `cu_seqlens[s] .. cu_seqlens[s + 1]` of `k` and queries `cu_seqlens_q[s]
+/// .. cu_seqlens_q[s + 1]` of `q` (`None`: `cu_seqlens`), the last of its
+/// tokens. `out` `[total_q, n_kv_heads, max_blocks]`, `max_blocks` the most
+/// blocks of a sequence; each row the dense call's row on its own sequence,
+/// then NaN.
+///
+/// # Errors
+/// As [`block_scores_into`] (`q`, `k` not whole rows; a sequence may be
+/// empty), `cu_seqlens` not rising from 0 to the keys (`cu_seqlens`),
+/// `cu_seqlens_q` not rising from 0 to the queries or giving a sequence
+/// more queries than keys (`cu_seqlens_q`). Nothing is written before every
+/// check has passed.
+#[allow(clippy::too_many_arguments)]
+pub fn block_scores_packed_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cu: (&[usize], Option<&[usize]>),
+    cfg: &Config,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    block_scores_packed_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cu,
+        cfg,
+        out,
+    )
+}
+
+/// [`block_scores_packed_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_scores_packed_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cu: (&[usize], Option<&[usize]>),
+    cfg: &Config,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    let seqs = check_packed(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cu, cfg)?;
+    let n_q = q.len() / (n_q_heads * d);
+    let nb = seqs
+        .iter()
+        .map(|s| cfg.n_blocks(s.0.seq_len))
+        .max()
+        .unwrap_or(0);
+    check_out(
+        out.len(),
+        checked_size("out", &[n_q, n_kv_heads, nb])?,
+        || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, max_blocks={nb}]"),
+    )?;
+    run_packed(isa, &seqs, q, k, k_scale, cfg, out, nb, score_row);
+    Ok(())
+}
+
+/// [`select_into`] over a packed batch (see [`block_scores_packed_into`]):
+/// `out` `[total_q, n_kv_heads, block_counts]`, each row the dense call's
+/// row on its own sequence (block ids of that sequence, from 0).
+///
+/// # Errors
+/// `block_counts` 0 (`block_counts`), and as [`block_scores_packed_into`].
+#[allow(clippy::too_many_arguments)]
+pub fn select_packed_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cu: (&[usize], Option<&[usize]>),
+    cfg: &Config,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    select_packed_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cu,
+        cfg,
+        out,
+    )
+}
+
+/// [`select_packed_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn select_packed_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cu: (&[usize], Option<&[usize]>),
+    cfg: &Config,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    check_block_counts(cfg)?;
+    let seqs = check_packed(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cu, cfg)?;
+    let n_q = q.len() / (n_q_heads * d);
+    let w = cfg.block_counts;
+    check_out(
+        out.len(),
+        checked_size("out", &[n_q, n_kv_heads, w])?,
+        || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, block_counts={w}]"),
+    )?;
+    run_packed(isa, &seqs, q, k, k_scale, cfg, out, w, select_row);
+    Ok(())
+}
+
+/// [`block_scores_into`] with the compressed keys and block scores of
+/// `window` ([`Window::Eq9`]: the NSA paper's Eq. 9 over overlapping
+/// compressed keys; [`Window::Fla`]: the same as [`block_scores_into`]).
+///
+/// # Errors
+/// As [`block_scores_into`]; a window whose sizes are 0 or do not divide
+/// the block and the kernel into strides (`kernel_size`, `kernel_stride`).
+#[allow(clippy::too_many_arguments)]
+pub fn block_scores_window_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    window: Window,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    block_scores_window_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cfg,
+        window,
+        out,
+    )
+}
+
+/// [`select_into`] with the block scores of `window` (see
+/// [`block_scores_window_into`]).
+///
+/// # Errors
+/// As [`select_into`] and [`block_scores_window_into`].
+#[allow(clippy::too_many_arguments)]
+pub fn select_window_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    window: Window,
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    select_window_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        cfg,
+        window,
+        out,
+    )
 }

@@ -47,6 +47,23 @@
 //! The naive code takes `p = i` (it assumes `Tq = Tkv`); the two agree only
 //! when `n_q = seq_len`.
 //!
+//! # The paper's Eq. 9 ([`Window::Eq9`], a named variant)
+//!
+//! The NSA paper compresses keys over overlapping blocks (length `l = 32`,
+//! stride `d = 16`) and scores selection block `j` (`l' = 64` tokens) by its
+//! Eq. 9, `Σ_{m < l'/d} Σ_{n < l/d} p_cmp[(l'/d)·j − m − n]`: the keys
+//! `[4j − 4, 4j]`, weighted 1, 2, 2, 2, 1. The keys that overlap block `j`
+//! are `[4j − 1, 4j + 3]` (InfLLM-v2's pooling window), so the two differ;
+//! fla implements neither (its keys are the block means). kvselect's Eq. 9:
+//! compressed key `c` the mean of tokens `c·d .. c·d + l` (the paper's
+//! learned `φ` replaced by the mean), seen once its last token is
+//! ([`crate::infllm::Geometry::visible`]), InfLLM-v2's stage 1, block `j <
+//! IC` scoring the float32 sum above (`m` outer, `n` inner; keys below 0 or
+//! unseen add nothing), the forced blocks and candidates as fla's. Its bound
+//! (`kvselect.reference.nsa.eq9_score_bound`): the one below with `γ_l` for
+//! `γ_bs`, then the sum of `A = (l'/d)(l/d)` nonnegative group sums: `R' =
+//! (1 + R)(1 + γ_A) − 1`, `T' = A·T·(1 + γ_A)`.
+//!
 //! # Decisions where the sources leave a choice
 //!
 //! - **One total order**: score descending, ties to the lower block id,
@@ -100,7 +117,10 @@ mod api;
 #[cfg(test)]
 mod tests;
 
-pub use api::{block_scores_into, compress_into, select_into};
+pub use api::{
+    block_scores_into, block_scores_packed_into, block_scores_window_into, compress_into,
+    select_into, select_packed_into, select_window_into,
+};
 
 /// fla's default block size (`parallel_nsa`'s `block_size = 64`).
 pub const FLA_BLOCK_SIZE: usize = 64;
@@ -156,16 +176,113 @@ impl Config {
     }
 }
 
+/// Which compressed keys a block's score reads (see the module docs, "The
+/// paper's Eq. 9").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Window {
+    /// fla's: one compressed key per block (the block's mean); block `c`'s
+    /// score is its group sum `S_c`.
+    Fla,
+    /// The NSA paper's Eq. 9: compressed keys of `kernel_size` tokens every
+    /// `kernel_stride` (the paper's `l = 32`, `d = 16`), block `j`'s score
+    /// `Σ_{m < bs/d} Σ_{n < l/d} S[(bs/d)·j − m − n]` (keys outside
+    /// `0 .. n_vis` add nothing): at blocks of 64 the keys `[4j − 4, 4j]`,
+    /// weighted 1, 2, 2, 2, 1.
+    Eq9 {
+        kernel_size: usize,
+        kernel_stride: usize,
+    },
+}
+
+/// The paper's compression (§3.3.1, "block length l = 32, sliding stride
+/// d = 16"): [`Window::Eq9`]'s default sizes.
+pub const PAPER_KERNEL_SIZE: usize = 32;
+/// See [`PAPER_KERNEL_SIZE`].
+pub const PAPER_KERNEL_STRIDE: usize = 16;
+
+impl Window {
+    /// The compression geometry: kernel and stride the block for fla's
+    /// window (so `compressed_len(n) = n / bs` and `visible(p) = (p + 1) /
+    /// bs`, fla's `NC`), the paper's sizes for Eq. 9.
+    pub(crate) fn geometry(self, block_size: usize) -> crate::infllm::Geometry {
+        let (kernel_size, kernel_stride) = match self {
+            Window::Fla => (block_size, block_size),
+            Window::Eq9 {
+                kernel_size,
+                kernel_stride,
+            } => (kernel_size, kernel_stride),
+        };
+        crate::infllm::Geometry {
+            block_size,
+            kernel_size,
+            kernel_stride,
+        }
+    }
+
+    /// Refuses Eq. 9 sizes of 0, or a block or kernel that is not whole
+    /// strides (the formula's `l'/d` and `l/d`).
+    pub(crate) fn check(self, block_size: usize) -> Result<(), crate::ArgumentError> {
+        let Window::Eq9 {
+            kernel_size,
+            kernel_stride,
+        } = self
+        else {
+            return Ok(());
+        };
+        let invalid = |argument, message| crate::ArgumentError::Invalid { argument, message };
+        if kernel_stride == 0 || !block_size.is_multiple_of(kernel_stride) {
+            let message = format!(
+                "kernel_stride ({kernel_stride}) must divide block_size ({block_size}): Eq. 9 \
+                 sums block_size / kernel_stride compressed keys a block"
+            );
+            return Err(invalid("kernel_stride", message));
+        }
+        if kernel_size == 0 || !kernel_size.is_multiple_of(kernel_stride) {
+            let message = format!(
+                "kernel_size ({kernel_size}) must be a positive multiple of kernel_stride \
+                 ({kernel_stride})"
+            );
+            return Err(invalid("kernel_size", message));
+        }
+        Ok(())
+    }
+}
+
+/// Eq. 9's score of block `j` from the group sums `sums[..n_vis]`: the
+/// float32 sum over `m` (outer) and `n` (inner) in order.
+fn eq9(sums: &[f32], j: usize, per_block: usize, per_kernel: usize) -> f32 {
+    let mut acc = 0.0f32;
+    for m in 0..per_block {
+        for n in 0..per_kernel {
+            if let Some(i) = (per_block * j).checked_sub(m + n) {
+                acc += sums.get(i).copied().unwrap_or(0.0);
+            }
+        }
+    }
+    acc
+}
+
 /// The score of every block `0..out.len()` for the query at position `p`
-/// from its group sums (`sums[c]` for `c < (p + 1) / bs`): forced `+inf`,
-/// `c < IC` its sum, the rest `−inf` (no candidates).
-pub(crate) fn block_scores(cfg: &Config, sums: &[f32], p: usize, out: &mut [f32]) {
+/// from its group sums (`sums[c]` for the keys it sees): forced `+inf`,
+/// `c < IC` its window's score, the rest `−inf` (no candidates).
+pub(crate) fn block_scores(cfg: &Config, window: Window, sums: &[f32], p: usize, out: &mut [f32]) {
     let ic = p / cfg.block_size;
     for (b, o) in out.iter_mut().enumerate() {
         *o = if cfg.forced(b, ic) {
             f32::INFINITY
         } else if b < ic {
-            sums[b]
+            match window {
+                Window::Fla => sums[b],
+                Window::Eq9 {
+                    kernel_size,
+                    kernel_stride,
+                } => eq9(
+                    sums,
+                    b,
+                    cfg.block_size / kernel_stride,
+                    kernel_size / kernel_stride,
+                ),
+            }
         } else {
             f32::NEG_INFINITY
         };

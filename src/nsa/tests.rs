@@ -39,7 +39,7 @@ fn forced_blocks_and_candidates() {
     assert_eq!(forced0, vec![0]);
     let sums = [0.1f32, 0.5, 0.2, 0.3, 0.9];
     let mut out = [0.0f32; 7];
-    block_scores(&c, &sums, 21, &mut out);
+    block_scores(&c, Window::Fla, &sums, 21, &mut out);
     let inf = f32::INFINITY;
     assert_eq!(out, [inf, 0.5, 0.2, 0.3, inf, inf, -inf]);
     let mut ids = Vec::new();
@@ -56,7 +56,7 @@ fn forced_blocks_and_candidates() {
     assert_eq!(r8, [0, 1, 2, 3, 4, 5, -1, -1]);
     // Probabilities that underflowed to 0 still fill the row, lower id first.
     let zeros = [0.0f32, 0.0, 0.0, 0.0, 0.0];
-    block_scores(&c, &zeros, 21, &mut out);
+    block_scores(&c, Window::Fla, &zeros, 21, &mut out);
     let mut r5 = [0i32; 5];
     row(&out, &mut ids, &mut r5);
     assert_eq!(r5, [0, 1, 2, 4, 5]);
@@ -303,4 +303,164 @@ fn refusals() {
     )
     .unwrap();
     assert_eq!(&out[..2], &[0, 1]);
+}
+
+/// A packed batch at every level: each sequence's rows and scores are the
+/// dense call's at that level, bit for bit (an empty sequence, one with no
+/// query, queries fewer than keys); a batch whose queries outnumber a
+/// sequence's keys is refused before anything is written.
+#[test]
+fn packed_equals_each_sequence_alone_at_every_level() {
+    use super::api::{block_scores_packed_at, select_packed_at};
+    let (hq, n_kv, d) = (4, 2, 8);
+    let lens = [70usize, 0, 9, 33, 130];
+    let n_qs = [3usize, 0, 0, 33, 1];
+    let cu: Vec<usize> = std::iter::once(0)
+        .chain(lens.iter().scan(0, |a, &l| {
+            *a += l;
+            Some(*a)
+        }))
+        .collect();
+    let cq: Vec<usize> = std::iter::once(0)
+        .chain(n_qs.iter().scan(0, |a, &l| {
+            *a += l;
+            Some(*a)
+        }))
+        .collect();
+    let mut seed = 17u64;
+    let k = rand(&mut seed, cu[lens.len()] * n_kv * d);
+    let q = rand(&mut seed, cq[lens.len()] * hq * d);
+    let c = cfg(8, 4);
+    let (n_q, nb) = (cq[lens.len()], 130usize.div_ceil(8));
+    for isa in isas_for_test() {
+        let mut rows = vec![0i32; n_q * n_kv * 4];
+        let mut scores = vec![0.0f32; n_q * n_kv * nb];
+        let (qe, ke) = (Encoded::F32(&q), Encoded::F32(&k));
+        select_packed_at(
+            isa,
+            qe,
+            hq,
+            ke,
+            None,
+            n_kv,
+            d,
+            (&cu, Some(&cq)),
+            &c,
+            &mut rows,
+        )
+        .unwrap();
+        block_scores_packed_at(
+            isa,
+            qe,
+            hq,
+            ke,
+            None,
+            n_kv,
+            d,
+            (&cu, Some(&cq)),
+            &c,
+            &mut scores,
+        )
+        .unwrap();
+        for s in 0..lens.len() {
+            let (q0, q1, k0, k1) = (cq[s], cq[s + 1], cu[s], cu[s + 1]);
+            if q1 == q0 {
+                continue;
+            }
+            let qs = Encoded::F32(&q[q0 * hq * d..q1 * hq * d]);
+            let ks = Encoded::F32(&k[k0 * n_kv * d..k1 * n_kv * d]);
+            let mut want = vec![0i32; (q1 - q0) * n_kv * 4];
+            select_at(isa, qs, hq, ks, None, n_kv, d, &c, &mut want).unwrap();
+            assert_eq!(
+                &rows[q0 * n_kv * 4..q1 * n_kv * 4],
+                &want[..],
+                "{isa:?} {s}"
+            );
+            let nbs = lens[s].div_ceil(8);
+            let mut ws = vec![0.0f32; (q1 - q0) * n_kv * nbs];
+            block_scores_at(isa, qs, hq, ks, None, n_kv, d, &c, &mut ws).unwrap();
+            for (r, w) in scores[q0 * n_kv * nb..q1 * n_kv * nb]
+                .chunks(nb)
+                .zip(ws.chunks(nbs))
+            {
+                let bits: Vec<u32> = r[..nbs].iter().map(|x| x.to_bits()).collect();
+                let wbits: Vec<u32> = w.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(bits, wbits, "{isa:?} {s}");
+                assert!(r[nbs..].iter().all(|x| x.is_nan()));
+            }
+        }
+    }
+    let mut out = vec![7i32; n_q * n_kv * 4];
+    let bad_q = [0usize, 3, 3, 3, 40, 41];
+    let e = select_packed_into(
+        Encoded::F32(&q),
+        hq,
+        Encoded::F32(&k),
+        None,
+        n_kv,
+        d,
+        (&cu, Some(&bad_q)),
+        &c,
+        &mut out,
+    )
+    .unwrap_err();
+    assert_eq!(e.argument(), "cu_seqlens_q");
+    assert!(e.to_string().contains("33 keys"), "{e}");
+    assert!(out.iter().all(|&x| x == 7));
+}
+
+/// Eq. 9 at the paper's sizes (blocks of 64, keys of 32 every 16): block
+/// `j` sums keys `4j − 4 ..= 4j` weighted 1, 2, 2, 2, 1, keys below 0 or
+/// unseen adding nothing; the scores' bits are the same at every level.
+#[test]
+fn eq9_window_and_every_levels_bits() {
+    let w = Window::Eq9 {
+        kernel_size: PAPER_KERNEL_SIZE,
+        kernel_stride: PAPER_KERNEL_STRIDE,
+    };
+    let c = cfg(64, 16);
+    // Query at 639: IC = 9, forced 0, 8, 9; the keys' sums 10^i (exact in f32).
+    let sums: Vec<f32> = (0..7).map(|i| 10f32.powi(i)).collect();
+    let mut out = [0.0f32; 10];
+    block_scores(&c, w, &sums, 639, &mut out);
+    assert_eq!(out[1], 1.0 + 20.0 + 200.0 + 2000.0 + 10000.0);
+    // Block 2 reads keys 4 ..= 8; 7 and 8 are unseen (sums has 7 entries).
+    assert_eq!(out[2], 10000.0 + 2e5 + 2e6);
+    assert_eq!(out[3], 0.0);
+    assert_eq!(
+        (out[0], out[8], out[9]),
+        (f32::INFINITY, f32::INFINITY, f32::INFINITY)
+    );
+    assert!(w.check(64).is_ok());
+    let bad = Window::Eq9 {
+        kernel_size: 32,
+        kernel_stride: 24,
+    };
+    assert_eq!(bad.check(64).unwrap_err().argument(), "kernel_stride");
+    let (hq, n_kv, d, n) = (8, 2, 16, 900);
+    let mut seed = 3u64;
+    let q = rand(&mut seed, 3 * hq * d);
+    let k = rand(&mut seed, n * n_kv * d);
+    let nb = n.div_ceil(64);
+    let run = |isa| {
+        let mut o = vec![0.0f32; 3 * n_kv * nb];
+        super::api::block_scores_window_at(
+            isa,
+            Encoded::F32(&q),
+            hq,
+            Encoded::F32(&k),
+            None,
+            n_kv,
+            d,
+            &c,
+            w,
+            &mut o,
+        )
+        .unwrap();
+        o.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+    };
+    let want = run(crate::simd::Isa::Scalar);
+    for isa in isas_for_test() {
+        assert_eq!(run(isa), want, "{isa:?}");
+    }
 }

@@ -1,15 +1,65 @@
-//! NSA's block scores and block rows as fla computes them (all raise
-//! `SelectionError`).
+//! NSA's block scores and block rows as fla computes them, dense and packed
+//! (all raise `SelectionError`).
 
 use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
 use super::args::{
-    detach, AsFormatArg, EncodedIn, KeyFormat, Named, Obj, Opt, Out, QueryFormat, I32, I32_MAX, S,
+    detach, ndarrays, positions, AsFormatArg, Choice, EncodedIn, KeyFormat, Named, Obj, Opt, Out,
+    QueryFormat, I32, I32_MAX, S,
 };
 use super::errors::refuse;
 use crate::attention::softmax_scale;
-use crate::nsa::{self, Config};
+use crate::nsa::{self, Config, Window};
+
+/// The `window` option's names.
+#[derive(Clone, Copy)]
+pub(super) enum WindowName {
+    Fla,
+    Eq9,
+}
+
+impl Choice for WindowName {
+    const ARG: &'static str = "window";
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "fla" => Some(WindowName::Fla),
+            "eq9" => Some(WindowName::Eq9),
+            _ => None,
+        }
+    }
+    fn unknown(got: &str) -> String {
+        format!("window must be 'fla' or 'eq9', got {got:?}")
+    }
+}
+
+/// The window from its name and Eq. 9's sizes (the paper's 32 and 16 by
+/// default); a packed batch reads fla's window only.
+fn window(
+    name: Option<Named<WindowName>>,
+    (kernel_size, kernel_stride): (Opt<'_, '_>, Opt<'_, '_>),
+    packed: bool,
+) -> PyResult<Window> {
+    let kz = S.count_or(kernel_size, "kernel_size", I32_MAX, nsa::PAPER_KERNEL_SIZE)?;
+    let st = S.count_or(
+        kernel_stride,
+        "kernel_stride",
+        I32_MAX,
+        nsa::PAPER_KERNEL_STRIDE,
+    )?;
+    match name.unwrap_or(Named::known(WindowName::Fla)).get()? {
+        WindowName::Fla => Ok(Window::Fla),
+        WindowName::Eq9 if packed => Err(refuse(
+            S,
+            "window",
+            "window='eq9' has no packed form (fla's kernels, which take cu_seqlens, use the fla window)",
+        )),
+        WindowName::Eq9 => Ok(Window::Eq9 {
+            kernel_size: kz,
+            kernel_stride: st,
+        }),
+    }
+}
 
 type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
 
@@ -22,6 +72,10 @@ struct Call<'py> {
     n_kv: usize,
     d: usize,
     n_q: usize,
+    /// A packed batch: the keys' boundaries and the queries' (`None`: the
+    /// keys').
+    cu: Option<(Vec<usize>, Option<Vec<usize>>)>,
+    raw: Vec<Bound<'py, PyUntypedArray>>,
     cfg: Config,
 }
 
@@ -34,6 +88,7 @@ fn call<'py>(
     scale: Option<f64>,
     k_scale: Opt<'_, 'py>,
     formats: (Option<Named<QueryFormat>>, Option<Named<KeyFormat>>),
+    (cu_seqlens, cu_seqlens_q): (Opt<'_, 'py>, Opt<'_, 'py>),
 ) -> PyResult<Call<'py>> {
     let block_size = S.count_or(block_size, "block_size", I32_MAX, nsa::FLA_BLOCK_SIZE)?;
     if block_size == 0 {
@@ -61,6 +116,17 @@ fn call<'py>(
         return Err(refuse(S, "k", "k must hold at least 1 token"));
     }
     let scale = scale.unwrap_or_else(|| softmax_scale(d) as f64) as f32;
+    let cu = match (cu_seqlens, cu_seqlens_q) {
+        (None, None) => None,
+        (cu, cq) => Some((
+            match cu {
+                Some(o) => positions(S, o, "cu_seqlens")?,
+                None => vec![0, seq_len],
+            },
+            cq.map(|o| positions(S, o, "cu_seqlens_q")).transpose()?,
+        )),
+    };
+    let raw = ndarrays(&[cu_seqlens.unwrap_or(q), cu_seqlens_q.unwrap_or(q)]);
     let k_scale = match k_scale {
         Some(o) => Some(S.input::<f32, 1>(o, "k_scale", "[seq_len]")?),
         None => None,
@@ -73,6 +139,8 @@ fn call<'py>(
         n_kv,
         d,
         n_q,
+        cu,
+        raw,
         cfg: Config {
             block_size,
             block_counts,
@@ -87,12 +155,31 @@ impl<'py> Call<'py> {
     fn inputs(&self) -> Vec<&Bound<'py, PyUntypedArray>> {
         let mut v = vec![self.q.untyped(), self.k.untyped()];
         v.extend(self.k_scale.as_ref().map(|s| s.untyped()));
+        v.extend(&self.raw);
         v
+    }
+
+    /// The packed batch's boundaries for the core.
+    fn cu(&self) -> Option<(&[usize], Option<&[usize]>)> {
+        self.cu.as_ref().map(|(k, q)| (&k[..], q.as_deref()))
+    }
+
+    /// The blocks of the longest sequence of `n_k` keys (a packed call's rows
+    /// are as wide).
+    fn n_blocks(&self, n_k: usize) -> usize {
+        match &self.cu {
+            None => self.cfg.n_blocks(n_k),
+            Some((cu, _)) => cu
+                .windows(2)
+                .map(|w| self.cfg.n_blocks(w[1].saturating_sub(w[0])))
+                .max()
+                .unwrap_or(0),
+        }
     }
 }
 
 /// Every block's score under NSA's selection as fla computes it, for the
-/// queries at the end of one sequence.
+/// queries at the end of one sequence or of each sequence of a packed batch.
 ///
 /// Query ``i`` sits at position ``p = seq_len - n_q + i`` (fla's ``TK - TQ``
 /// offset), in block ``IC = p // block_size``. The compressed keys are the
@@ -122,10 +209,27 @@ impl<'py> Call<'py> {
 ///     Each token's key scale (fp8 keys): its value is ``k * scale``.
 /// query_format, key_format : str, optional
 ///     The formats of raw uint16 / uint8 ``q`` and ``k``.
+/// cu_seqlens : array_like of int, [n_seqs + 1], optional
+///     A packed batch, as fla's varlen call takes it (``parallel_nsa(...,
+///     cu_seqlens)``): sequence ``s`` is keys ``cu_seqlens[s] .. cu_seqlens[s + 1]``.
+///     Each row equals the dense call's on its own sequence.
+/// cu_seqlens_q : array_like of int, [n_seqs + 1], optional
+///     Its queries, the last of its keys (fla's ``(cu_seqlens_q, cu_seqlens_k)``;
+///     default ``cu_seqlens``; alone, one sequence of all the keys).
+/// window : {'fla', 'eq9'}, optional
+///     ``'fla'`` (default): one compressed key per block, its mean; block ``c`` scores its
+///     group sum. ``'eq9'`` (the NSA paper's Eq. 9, a named variant): compressed keys of
+///     ``kernel_size`` tokens every ``kernel_stride``, block ``j`` scoring ``sum_{m <
+///     block_size / kernel_stride} sum_{n < kernel_size / kernel_stride} S[(block_size /
+///     kernel_stride) j - m - n]``: at the paper's 32 / 16 / 64 the keys ``4j - 4 .. 4j``,
+///     weighted 1, 2, 2, 2, 1 (docs/nsa.md). Dense calls only.
+/// kernel_size, kernel_stride : int, optional
+///     Eq. 9's compression (the paper's 32 and 16); ignored by ``'fla'``.
 ///
 /// Returns
 /// -------
 /// ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)]
+///     Packed: ``[total_q, n_kv_heads, max_blocks]``, NaN past a sequence's own blocks.
 ///
 /// Raises
 /// ------
@@ -133,7 +237,12 @@ impl<'py> Call<'py> {
 ///     (a ValueError; ``.argument`` names it) when ``q`` or ``k`` is not 3-D, their
 ///     ``d`` differ, ``k`` is empty (``k``); ``q``'s heads are not a multiple of
 ///     ``k``'s or there are more queries than tokens (``q``); ``k_scale`` is not one
-///     per token; ``scale`` is not finite; ``block_size`` is 0.
+///     per token; ``scale`` is not finite; ``block_size`` is 0; ``cu_seqlens`` does
+///     not rise from 0 to the keys (``cu_seqlens``); ``cu_seqlens_q`` does not rise from
+///     0 to the queries or gives a sequence more queries than keys (``cu_seqlens_q``);
+///     ``window`` names nothing or is ``'eq9'`` with ``cu_seqlens`` (``window``); Eq. 9's
+///     stride does not divide ``block_size`` or ``kernel_size`` (``kernel_stride``,
+///     ``kernel_size``).
 ///
 /// See Also
 /// --------
@@ -150,9 +259,11 @@ impl<'py> Call<'py> {
 #[pyfunction]
 #[pyo3(
     signature = (q, k, *, block_size=None, init_blocks=None, local_blocks=None, scale=None,
-                 k_scale=None, query_format=None, key_format=None),
+                 k_scale=None, query_format=None, key_format=None, cu_seqlens=None,
+                 cu_seqlens_q=None, window=None, kernel_size=None, kernel_stride=None),
     text_signature = "(q, k, *, block_size=64, init_blocks=1, local_blocks=2, scale=None, \
-                      k_scale=None, query_format=None, key_format=None)"
+                      k_scale=None, query_format=None, key_format=None, cu_seqlens=None, \
+                      cu_seqlens_q=None, window='fla', kernel_size=32, kernel_stride=16)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_block_scores<'py>(
@@ -166,6 +277,11 @@ pub(super) fn nsa_block_scores<'py>(
     k_scale: Opt<'_, 'py>,
     query_format: Option<Named<QueryFormat>>,
     key_format: Option<Named<KeyFormat>>,
+    cu_seqlens: Opt<'_, 'py>,
+    cu_seqlens_q: Opt<'_, 'py>,
+    window: Option<Named<WindowName>>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let c = call(
         q,
@@ -175,15 +291,19 @@ pub(super) fn nsa_block_scores<'py>(
         scale,
         k_scale,
         (query_format, key_format),
+        (cu_seqlens, cu_seqlens_q),
     )?;
+    let w = self::window(window, (kernel_size, kernel_stride), c.cu.is_some())?;
     let (qs, ks) = (c.q.encoded()?, c.k.encoded()?);
-    let nb = c.cfg.n_blocks(ks.len() / (c.n_kv * c.d).max(1));
+    let nb = c.n_blocks(ks.len() / (c.n_kv * c.d).max(1));
     let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.n_kv, nb], &c.inputs())?;
     let sc = c.k_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
-    detach(py, work, || {
-        nsa::block_scores_into(qs, c.hq, ks, sc, c.n_kv, c.d, &c.cfg, o)
+    let (cu, hq, n_kv, d, cfg) = (c.cu(), c.hq, c.n_kv, c.d, &c.cfg);
+    detach(py, work, || match cu {
+        None => nsa::block_scores_window_into(qs, hq, ks, sc, n_kv, d, cfg, w, o),
+        Some(cu) => nsa::block_scores_packed_into(qs, hq, ks, sc, n_kv, d, cu, cfg, o),
     })?;
     Ok(out.finish())
 }
@@ -205,6 +325,11 @@ pub(super) fn nsa_block_scores<'py>(
 ///     Blocks a row (fla's 16), at least 1.
 /// block_size, init_blocks, local_blocks, scale, k_scale, query_format, key_format
 ///     As :func:`nsa_block_scores`.
+/// cu_seqlens, cu_seqlens_q : array_like of int, [n_seqs + 1], optional
+///     A packed batch, as :func:`nsa_block_scores` (each sequence's block ids from 0).
+/// window, kernel_size, kernel_stride : optional
+///     The block scores' window, as :func:`nsa_block_scores` (fla's, or the paper's
+///     Eq. 9).
 ///
 /// Returns
 /// -------
@@ -232,10 +357,12 @@ pub(super) fn nsa_block_scores<'py>(
 #[pyo3(
     signature = (q, k, block_counts=None, *, block_size=None, init_blocks=None,
                  local_blocks=None, scale=None, k_scale=None, query_format=None,
-                 key_format=None),
+                 key_format=None, cu_seqlens=None, cu_seqlens_q=None, window=None,
+                 kernel_size=None, kernel_stride=None),
     text_signature = "(q, k, block_counts=16, *, block_size=64, init_blocks=1, \
                       local_blocks=2, scale=None, k_scale=None, query_format=None, \
-                      key_format=None)"
+                      key_format=None, cu_seqlens=None, cu_seqlens_q=None, window='fla', \
+                      kernel_size=32, kernel_stride=16)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_select<'py>(
@@ -250,6 +377,11 @@ pub(super) fn nsa_select<'py>(
     k_scale: Opt<'_, 'py>,
     query_format: Option<Named<QueryFormat>>,
     key_format: Option<Named<KeyFormat>>,
+    cu_seqlens: Opt<'_, 'py>,
+    cu_seqlens_q: Opt<'_, 'py>,
+    window: Option<Named<WindowName>>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let n = S.count_or(block_counts, "block_counts", I32_MAX, nsa::FLA_BLOCK_COUNTS)?;
     if n == 0 {
@@ -267,14 +399,18 @@ pub(super) fn nsa_select<'py>(
         scale,
         k_scale,
         (query_format, key_format),
+        (cu_seqlens, cu_seqlens_q),
     )?;
+    let w = self::window(window, (kernel_size, kernel_stride), c.cu.is_some())?;
     let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.n_kv, n], &c.inputs())?;
     let (qs, ks) = (c.q.encoded()?, c.k.encoded()?);
     let sc = c.k_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
-    detach(py, work, || {
-        nsa::select_into(qs, c.hq, ks, sc, c.n_kv, c.d, &c.cfg, o)
+    let (cu, hq, n_kv, d, cfg) = (c.cu(), c.hq, c.n_kv, c.d, &c.cfg);
+    detach(py, work, || match cu {
+        None => nsa::select_window_into(qs, hq, ks, sc, n_kv, d, cfg, w, o),
+        Some(cu) => nsa::select_packed_into(qs, hq, ks, sc, n_kv, d, cu, cfg, o),
     })?;
     Ok(out.finish())
 }

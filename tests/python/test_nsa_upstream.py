@@ -170,3 +170,57 @@ def test_rows_equal_fla_parallel_topk_under_the_interpreter_but_for_forced_ties(
                 forced_ties += 1
     assert rows > 100 and equal > 0.5 * rows
     print(f"rows {rows}: equal {equal}, forced ties {forced_ties}")
+
+
+def test_packed_rows_equal_fla_varlen_parallel_topk_but_for_forced_ties():
+    """fla's varlen form, ``parallel_nsa_topk(..., cu_seqlens=(cu_seqlens_q,
+    cu_seqlens_k))`` (each sequence its own ``TQ``, ``TK``, ``Q_OFFSET`` and compressed
+    keys at ``chunk_offsets``), against ``nsa_select(..., cu_seqlens=, cu_seqlens_q=)``
+    on packed batches of 1 to 3 sequences: equal as sets but for forced ties."""
+    topk = _parallel_nsa_topk()
+    rng = np.random.default_rng(2)
+    rows = equal = forced_ties = 0
+    for _ in range(15):
+        g, h = int(rng.choice([1, 2, 16])), int(rng.choice([1, 2]))
+        bs, d, n_sel = int(rng.choice([16, 32])), 16, int(rng.choice([1, 2, 3, 4, 8]))
+        tks = [int(rng.integers(1, 8 * bs)) for _ in range(int(rng.integers(1, 4)))]
+        tqs = [int(rng.integers(1, min(tk, 4) + 1)) for tk in tks]
+        cu_k, cu_q = np.r_[0, np.cumsum(tks)], np.r_[0, np.cumsum(tqs)]
+        q = rng.standard_normal((cu_q[-1], h * g, d)).astype(np.float32)
+        k = rng.standard_normal((cu_k[-1], h, d)).astype(np.float32)
+        kt = torch.from_numpy(k)
+        k_cmp = torch.cat(
+            [
+                torch.stack(
+                    [
+                        kt[cu_k[s] + c * bs : min(cu_k[s] + (c + 1) * bs, cu_k[s + 1])].mean(0)
+                        for c in range(-(-tk // bs))
+                    ]
+                )
+                for s, tk in enumerate(tks)
+            ]
+        )[None].contiguous()
+        cu = (torch.from_numpy(cu_q).long(), torch.from_numpy(cu_k).long())
+        up = topk(torch.from_numpy(q)[None].contiguous(), k_cmp, max(tks), None, n_sel, bs, d**-0.5, cu_seqlens=cu)
+        up = up[0].numpy()[..., :n_sel]
+        mine = ks.nsa_select(q, k, n_sel, block_size=bs, cu_seqlens=cu_k, cu_seqlens_q=cu_q)
+        for s, (tk, tq) in enumerate(zip(tks, tqs)):
+            for t in range(tq):
+                i, p = cu_q[s] + t, tk - tq + t
+                forced = {0, p // bs - 1, p // bs} - {-1}
+                for j in range(h):
+                    rows += 1
+                    a = sorted(set(up[i, j][up[i, j] >= 0].tolist()))
+                    b = mine[i, j][mine[i, j] >= 0].tolist()
+                    if a == b:
+                        equal += 1
+                        continue
+                    assert n_sel < len(forced) and set(a) <= forced and set(b) <= forced and len(a) == len(b), (
+                        tks,
+                        tqs,
+                        s,
+                        t,
+                    )
+                    forced_ties += 1
+    assert rows > 30 and equal > 0.5 * rows
+    print(f"varlen rows {rows}: equal {equal}, forced ties {forced_ties}")

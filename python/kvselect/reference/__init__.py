@@ -137,6 +137,7 @@ from .infllm import (
     compress_keys,
     infllm_block_scores,
     infllm_select,
+    infllm_select_paged,
 )
 from .keys import (  # kvselect.checking decodes fp8 bytes through it
     decode,
@@ -242,6 +243,7 @@ __all__ = [
     "compress_keys",
     "infllm_block_scores",
     "infllm_select",
+    "infllm_select_paged",
     # moba
     "moba_gates",
     "moba_select",

@@ -28,7 +28,7 @@ the checker make. Blocks are ranked by score descending, then id ascending, NaN 
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -215,8 +215,16 @@ def infllm_block_scores(
     block_size: int = BLOCK_SIZE,
     kernel_size: int = KERNEL_SIZE,
     kernel_stride: int = KERNEL_STRIDE,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None,
 ) -> np.ndarray:
-    """``kvselect.infllm_block_scores`` in float64."""
+    """``kvselect.infllm_block_scores`` in float64 (packed: each sequence's dense rows,
+    then NaN to the longest sequence's blocks)."""
+    kw = dict(init_blocks=init_blocks, local_blocks=local_blocks, pooling=pooling, scale=scale)
+    kw.update(query_format=query_format, key_format=key_format, block_size=block_size)
+    kw.update(kernel_size=kernel_size, kernel_stride=kernel_stride)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        return _packed(infllm_block_scores, np.nan, q, ck, seq_len, ck_scale, cu_seqlens_q, cu_seqlens_k, kw)
     pl = _pooling(pooling)
     init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
     bs, kz, st = _geometry(block_size, kernel_size, kernel_stride)
@@ -271,8 +279,16 @@ def infllm_select(
     block_size: int = BLOCK_SIZE,
     kernel_size: int = KERNEL_SIZE,
     kernel_stride: int = KERNEL_STRIDE,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None,
 ) -> np.ndarray:
-    """``kvselect.infllm_select`` in exact arithmetic (float64 scores)."""
+    """``kvselect.infllm_select`` in exact arithmetic (float64 scores); packed: each
+    sequence's dense rows."""
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        kw = dict(init_blocks=init_blocks, local_blocks=local_blocks, pooling=pooling, keep=keep, scale=scale)
+        kw.update(query_format=query_format, key_format=key_format, block_size=block_size)
+        kw.update(kernel_size=kernel_size, kernel_stride=kernel_stride, topk=topk)
+        return _packed(infllm_select, -1, q, ck, seq_len, ck_scale, cu_seqlens_q, cu_seqlens_k, kw)
     k = _count("topk", topk)
     if k == 0:
         raise ReferenceSelectionError("topk", "topk must be at least 1 block")
@@ -394,3 +410,125 @@ def scores_near(x: float, y: float, r: float, t: float) -> bool:
         return True
     both = abs(x) + abs(y)
     return bool(np.isfinite(both) and abs(x - y) <= r * both + 2 * t)
+
+
+def _cu(argument: str, cu: Any, n: int) -> List[int]:
+    c = [int(x) for x in np.asarray(cu).reshape(-1).tolist()]
+    if not c or c[0] != 0 or c[-1] != n or any(b < a for a, b in zip(c, c[1:])):
+        raise ReferenceSelectionError(argument, f"{argument} must rise from 0 to {n}, got {c}")
+    return c
+
+
+def packed_sequences(q: Any, ck: Any, seq_len: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, **geo: int) -> List[Tuple]:
+    """A packed batch's sequences, checked as the core checks them: ``(s, q rows, ck rows,
+    tokens)`` each (``q0:q1``, ``c0:c1`` slices). ``geo`` holds ``kernel_size`` and
+    ``kernel_stride``."""
+    if cu_seqlens_q is None:
+        raise ReferenceSelectionError("cu_seqlens_q", "a packed batch takes cu_seqlens_q with cu_seqlens_k")
+    if cu_seqlens_k is None:
+        raise ReferenceSelectionError("cu_seqlens_k", "a packed batch takes cu_seqlens_k with cu_seqlens_q")
+    n_c = np.asarray(ck).shape[0]
+    cu_k = _cu("cu_seqlens_k", cu_seqlens_k, n_c)
+    lens = [int(x) for x in np.asarray(seq_len).reshape(-1).tolist()]
+    if len(lens) != len(cu_k) - 1 or any(x < 1 for x in lens):
+        raise ReferenceSelectionError("seq_len", f"seq_len must hold one positive length per sequence, got {lens}")
+    kz, st = geo.get("kernel_size", KERNEL_SIZE), geo.get("kernel_stride", KERNEL_STRIDE)
+    for s, n in enumerate(lens):
+        if cu_k[s + 1] - cu_k[s] != compressed_len(n, kz, st):
+            raise ReferenceSelectionError(
+                "cu_seqlens_k", f"cu_seqlens_k: sequence {s} has not its {n} tokens' compressed keys"
+            )
+    cu_q = [int(x) for x in np.asarray(cu_seqlens_q).reshape(-1).tolist()]
+    n_q = np.asarray(q).shape[0]
+    if (
+        len(cu_q) != len(cu_k)
+        or cu_q[0] != 0
+        or cu_q[-1] != n_q
+        or any(not 0 <= b - a <= n for a, b, n in zip(cu_q, cu_q[1:], lens))
+    ):
+        raise ReferenceSelectionError(
+            "cu_seqlens_q", "cu_seqlens_q: each sequence's queries are the last of its tokens"
+        )
+    return [(s, cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1], lens[s]) for s in range(len(lens))]
+
+
+def _packed(
+    fn: Any, pad: float, q: Any, ck: Any, seq_len: Any, ck_scale: Any, cu_q: Any, cu_k: Any, kw: dict
+) -> np.ndarray:
+    """``fn`` (the dense twin) on each sequence of a packed batch, rows concatenated and
+    padded with ``pad``."""
+    geo = {k: kw[k] for k in ("kernel_size", "kernel_stride")}
+    qa = decode(q, kw.get("query_format"), "query_format")
+    ka = decode(ck, kw.get("key_format"), "key_format")
+    if qa.ndim != 3 or ka.ndim != 3:
+        raise ReferenceSelectionError("q" if qa.ndim != 3 else "ck", "q and ck must be 3-D")
+    seqs = packed_sequences(qa, ka, seq_len, cu_q, cu_k, **geo)
+    sc = None if ck_scale is None else np.asarray(ck_scale, np.float32)
+    if sc is not None and sc.shape != (len(ka),):
+        raise ReferenceSelectionError("ck_scale", f"ck_scale must be [n_c={len(ka)}]")
+    kw = {k: v for k, v in kw.items() if k not in ("query_format", "key_format")}
+    parts = []
+    for _, q0, q1, c0, c1, n in seqs:
+        if q1 > q0:
+            part = fn(qa[q0:q1], ka[c0:c1], n, ck_scale=None if sc is None else sc[c0:c1], **kw)
+            parts.append((q0, part))
+    if fn is infllm_select:
+        width = _count("topk", kw["topk"])
+    else:
+        width = max((n_blocks(n, kw["block_size"]) for *_, n in seqs), default=0)
+    dtype = np.dtype(np.int32) if fn is infllm_select else np.dtype(np.float64)
+    out = np.full((len(qa), ka.shape[1], width), pad, dtype)
+    for q0, part in parts:
+        out[q0 : q0 + len(part), :, : part.shape[2]] = part
+    return out
+
+
+def gather_paged(
+    kv_cache: Any, block_table: Any, s: int, n_rows: int, h: int, page_layout: str, key_format: Any
+) -> np.ndarray:
+    """Rows ``0 .. n_rows`` of sequence ``s`` of a paged cache (row ``j`` in row ``j %
+    page`` of page ``block_table[s, j // page]``) as float32 ``[n_rows, h, d]``, fp8 keys
+    times their scales (vLLM's scaled page: the keys' bytes, then one float32 scale a row)."""
+    cache, table = np.asarray(kv_cache), np.asarray(block_table)
+    page = cache.shape[1]
+    if page_layout == "fp8_scaled":
+        row = cache.shape[2] - 4
+        out = np.zeros((n_rows, row), np.float32)
+        for j in range(n_rows):
+            pg = np.ascontiguousarray(cache[table[s, j // page]]).view(np.uint8).reshape(-1)
+            r = j % page
+            keys = decode(pg[r * row : (r + 1) * row], "float8_e4m3fn").astype(np.float32)
+            out[j] = keys * pg[page * row :].view("<f4")[r]
+        return out.reshape(n_rows, h, row // h)
+    rows = [cache[table[s, j // page], j % page] for j in range(n_rows)]
+    if not rows:
+        return np.zeros((0, h, cache.shape[2] // h), np.float32)
+    return decode(np.stack(rows), key_format).astype(np.float32).reshape(n_rows, h, -1)
+
+
+def infllm_select_paged(
+    q: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    n_kv_heads: int,
+    topk: int = 64,
+    *,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    **kw: Any,
+) -> np.ndarray:
+    """``kvselect.infllm_select_paged``: each sequence's compressed keys gathered through
+    its block-table row, its one query at its last token, the dense twin's row."""
+    h = _count("n_kv_heads", n_kv_heads)
+    lens = [int(x) for x in np.asarray(seq_lens).reshape(-1).tolist()]
+    qa = decode(q, query_format, "query_format")
+    kz, st = kw.get("kernel_size", KERNEL_SIZE), kw.get("kernel_stride", KERNEL_STRIDE)
+    out = np.full((len(lens), h, _count("topk", topk)), -1, np.int32)
+    for s, n in enumerate(lens):
+        if n < 1:
+            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: a decoding query has its own token")
+        ck = gather_paged(kv_cache, block_table, s, compressed_len(n, kz, st), h, page_layout, key_format)
+        out[s] = infllm_select(qa[s : s + 1], ck, n, topk, **kw)[0]
+    return out

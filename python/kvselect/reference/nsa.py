@@ -20,12 +20,12 @@ then id ascending (forced blocks are ``+inf``; non-candidates ``-inf``).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
 from ._args import ReferenceSelectionError, _count
-from .infllm import gamma, group_ratio, group_scores, order, scores_near
+from .infllm import compressed_len, gamma, group_ratio, group_scores, order, scores_near
 from .keys import decode
 
 _U = 2.0**-24  # float32's unit roundoff
@@ -33,6 +33,8 @@ BLOCK_SIZE = 64
 BLOCK_COUNTS = 16
 INIT_BLOCKS = 1
 LOCAL_BLOCKS = 2
+PAPER_KERNEL_SIZE = 32  # the NSA paper's compression block length l (section 3.3.1)
+PAPER_KERNEL_STRIDE = 16  # and its sliding stride d
 
 
 def nsa_compress_keys(
@@ -78,8 +80,20 @@ def nsa_block_scores(
     k_scale: Any = None,
     query_format: Optional[str] = None,
     key_format: Optional[str] = None,
+    cu_seqlens: Any = None,
+    cu_seqlens_q: Any = None,
+    window: str = "fla",
+    kernel_size: int = PAPER_KERNEL_SIZE,
+    kernel_stride: int = PAPER_KERNEL_STRIDE,
 ) -> np.ndarray:
-    """``kvselect.nsa_block_scores`` in float64."""
+    """``kvselect.nsa_block_scores`` in float64 (packed: each sequence's dense rows, then
+    NaN to the longest sequence's blocks; ``window="eq9"``: the paper's Eq. 9)."""
+    geo = _window(window, _block_size(block_size), kernel_size, kernel_stride, cu_seqlens, cu_seqlens_q)
+    if geo is not None:
+        return _eq9_scores(q, k, geo, init_blocks, local_blocks, scale, k_scale, query_format, key_format)
+    if cu_seqlens is not None or cu_seqlens_q is not None:
+        kw = dict(block_size=block_size, init_blocks=init_blocks, local_blocks=local_blocks, scale=scale)
+        return _packed(nsa_block_scores, np.nan, q, k, k_scale, query_format, key_format, cu_seqlens, cu_seqlens_q, kw)
     bs = _block_size(block_size)
     init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
     ck = nsa_compress_keys(k, bs, k_scale=k_scale, key_format=key_format)
@@ -121,11 +135,22 @@ def nsa_select(
     k_scale: Any = None,
     query_format: Optional[str] = None,
     key_format: Optional[str] = None,
+    cu_seqlens: Any = None,
+    cu_seqlens_q: Any = None,
+    window: str = "fla",
+    kernel_size: int = PAPER_KERNEL_SIZE,
+    kernel_stride: int = PAPER_KERNEL_STRIDE,
 ) -> np.ndarray:
-    """``kvselect.nsa_select`` in exact arithmetic (float64 scores)."""
+    """``kvselect.nsa_select`` in exact arithmetic (float64 scores); packed: each
+    sequence's dense rows; ``window="eq9"``: the paper's Eq. 9 scores."""
     n = _count("block_counts", block_counts)
     if n == 0:
         raise ReferenceSelectionError("block_counts", "block_counts must be at least 1 block")
+    _window(window, _block_size(block_size), kernel_size, kernel_stride, cu_seqlens, cu_seqlens_q)
+    if cu_seqlens is not None or cu_seqlens_q is not None:
+        kw = dict(block_size=block_size, init_blocks=init_blocks, local_blocks=local_blocks, scale=scale)
+        kw["block_counts"] = n
+        return _packed(nsa_select, -1, q, k, k_scale, query_format, key_format, cu_seqlens, cu_seqlens_q, kw)
     b = nsa_block_scores(
         q,
         k,
@@ -136,6 +161,9 @@ def nsa_select(
         k_scale=k_scale,
         query_format=query_format,
         key_format=key_format,
+        window=window,
+        kernel_size=kernel_size,
+        kernel_stride=kernel_stride,
     )
     n_q, h, _ = b.shape
     out = np.full((n_q, h, n), -1, np.int32)
@@ -215,3 +243,178 @@ def nsa_rows_within_bound(
             extra, missing = np.setdiff1d(ids, want), np.setdiff1d(want, ids)
             ok[i, g] = all(scores_near(s[b], s[c], float(R[i, g]), T) for b in extra for c in missing)
     return ok
+
+
+def packed_sequences(n_q: int, n_k: int, cu_seqlens: Any, cu_seqlens_q: Any) -> List[Tuple[int, int, int, int]]:
+    """A packed batch's sequences as the core checks them: ``(q0, q1, k0, k1)`` each,
+    sequence ``s`` keys ``cu_seqlens[s] ..`` (default one sequence of all ``n_k`` keys)
+    and queries ``cu_seqlens_q[s] ..`` (default ``cu_seqlens``), the last of its keys."""
+
+    def cu(argument: str, c: Any, n: int) -> List[int]:
+        v = [int(x) for x in np.asarray(c).reshape(-1).tolist()]
+        if not v or v[0] != 0 or v[-1] != n or any(b < a for a, b in zip(v, v[1:])):
+            raise ReferenceSelectionError(argument, f"{argument} must rise from 0 to {n}, got {v}")
+        return v
+
+    ck = cu("cu_seqlens", cu_seqlens, n_k) if cu_seqlens is not None else [0, n_k]
+    cq = cu("cu_seqlens_q", cu_seqlens_q, n_q) if cu_seqlens_q is not None else ck
+    if len(cq) != len(ck) or any(b - a > d - c for a, b, c, d in zip(cq, cq[1:], ck, ck[1:])):
+        raise ReferenceSelectionError("cu_seqlens_q", "cu_seqlens_q: each sequence's queries are the last of its keys")
+    return [(cq[s], cq[s + 1], ck[s], ck[s + 1]) for s in range(len(ck) - 1)]
+
+
+def _packed(
+    fn: Any, pad: float, q: Any, k: Any, k_scale: Any, qf: Any, kf: Any, cu: Any, cq: Any, kw: dict
+) -> np.ndarray:
+    """``fn`` (the dense twin) on each sequence with queries, rows concatenated, padded
+    with ``pad``."""
+    qa, ka = decode(q, qf, "query_format"), decode(k, kf, "key_format")
+    if qa.ndim != 3 or ka.ndim != 3:
+        raise ReferenceSelectionError("q" if qa.ndim != 3 else "k", "q and k must be 3-D")
+    sc = None if k_scale is None else np.asarray(k_scale, np.float32)
+    if sc is not None and sc.shape != (len(ka),):
+        raise ReferenceSelectionError("k_scale", f"k_scale must be [n_keys={len(ka)}]")
+    seqs = packed_sequences(len(qa), len(ka), cu, cq)
+    bs = _block_size(kw["block_size"])
+    dtype: Any = np.int32 if fn is nsa_select else np.float64
+    if fn is nsa_select:
+        width = kw["block_counts"]
+    else:
+        width = max((-(-(k1 - k0) // bs) for _, _, k0, k1 in seqs), default=0)
+    out = np.full((len(qa), ka.shape[1], width), pad, dtype)
+    for q0, q1, k0, k1 in seqs:
+        if q1 > q0:
+            part = fn(qa[q0:q1], ka[k0:k1], k_scale=None if sc is None else sc[k0:k1], **kw)
+            out[q0:q1, :, : part.shape[2]] = part
+    return out
+
+
+def _window(
+    window: str, bs: int, kernel_size: Any, kernel_stride: Any, cu: Any, cq: Any
+) -> Optional[Tuple[int, int, int]]:
+    """``None`` for fla's window; Eq. 9's ``(block_size, kernel_size, kernel_stride)``,
+    checked as the core checks them."""
+    if window not in ("fla", "eq9"):
+        raise ReferenceSelectionError("window", f"window must be 'fla' or 'eq9', got {window!r}")
+    if window == "fla":
+        return None
+    if cu is not None or cq is not None:
+        raise ReferenceSelectionError("window", "window='eq9' has no packed form")
+    kz, st = _count("kernel_size", kernel_size), _count("kernel_stride", kernel_stride)
+    if st == 0 or bs % st:
+        raise ReferenceSelectionError("kernel_stride", f"kernel_stride ({st}) must divide block_size ({bs})")
+    if kz == 0 or kz % st:
+        raise ReferenceSelectionError("kernel_size", f"kernel_size ({kz}) must be a positive multiple of kernel_stride")
+    return bs, kz, st
+
+
+def eq9_compress_keys(
+    k: Any, kernel_size: int, kernel_stride: int, *, k_scale: Any = None, key_format: Optional[str] = None
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Eq. 9's compressed keys ``[(n - l) // d + 1, h, dim]`` (float64, exact): key ``c``
+    the mean of tokens ``c d .. c d + l``, each key's float32 value times its token's
+    scale; and the means of ``|k|`` over the same windows (the bound's ``m``)."""
+    ka = decode(k, key_format, "key_format")
+    if ka.ndim != 3 or ka.shape[0] == 0:
+        raise ReferenceSelectionError("k", f"k must be 3-D [seq_len >= 1, n_kv_heads, d], got shape {ka.shape}")
+    if k_scale is not None:
+        sc = np.asarray(k_scale, np.float32)
+        if sc.shape != (ka.shape[0],):
+            raise ReferenceSelectionError("k_scale", f"k_scale must be [seq_len={ka.shape[0]}]")
+        ka = (ka.astype(np.float32) * sc[:, None, None]).astype(np.float64)
+    n_c = compressed_len(len(ka), kernel_size, kernel_stride)
+    ck = np.zeros((n_c,) + ka.shape[1:])
+    m = np.zeros_like(ck)
+    for c in range(n_c):
+        w = ka[c * kernel_stride : c * kernel_stride + kernel_size]
+        ck[c], m[c] = w.mean(axis=0), np.abs(w).mean(axis=0)
+    return ck, m
+
+
+def eq9_pool(sums: np.ndarray, j: int, per_block: int, per_kernel: int) -> float:
+    """Eq. 9: ``sum_{m < l'/d} sum_{n < l/d} p[(l'/d) j - m - n]`` over the group sums
+    ``sums`` (0 where the query does not see the key; indices below 0 add nothing)."""
+    return float(
+        sum(
+            sums[i]
+            for m in range(per_block)
+            for n in range(per_kernel)
+            if 0 <= (i := per_block * j - m - n) < len(sums)
+        )
+    )
+
+
+def _eq9_scores(
+    q: Any,
+    k: Any,
+    geo: Tuple[int, int, int],
+    init_blocks: Any,
+    local_blocks: Any,
+    scale: Any,
+    k_scale: Any,
+    qf: Any,
+    kf: Any,
+) -> np.ndarray:
+    bs, kz, st = geo
+    init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
+    ck, _ = eq9_compress_keys(k, kz, st, k_scale=k_scale, key_format=kf)
+    seq_len = decode(k, kf, "key_format").shape[0]
+    qa = decode(q, qf, "query_format")
+    if qa.ndim == 3 and qa.shape[2] != ck.shape[2]:
+        raise ReferenceSelectionError("k", f"k has d={ck.shape[2]} but q has d={qa.shape[2]}")
+    s = group_scores(q, ck, seq_len, scale=scale, query_format=qf, kernel_size=kz, kernel_stride=st)
+    n_q, h, _ = s.shape
+    nb = -(-seq_len // bs)
+    out = np.full((n_q, h, nb), -np.inf)
+    for i in range(n_q):
+        ic = (seq_len - n_q + i) // bs
+        for b in range(nb):
+            if forced(b, ic, init, local):
+                out[i, :, b] = np.inf
+            elif b < ic:
+                for g in range(h):
+                    out[i, g, b] = eq9_pool(s[i, g], b, bs // st, kz // st)
+    return out
+
+
+def eq9_score_bound(
+    q: Any,
+    k: Any,
+    *,
+    block_size: int = BLOCK_SIZE,
+    kernel_size: int = PAPER_KERNEL_SIZE,
+    kernel_stride: int = PAPER_KERNEL_STRIDE,
+    scale: Optional[float] = None,
+    k_scale: Any = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+    exp_rel_err: Optional[float] = None,
+) -> Tuple[np.ndarray, float]:
+    """The core's bound for Eq. 9's block scores (src/nsa/mod.rs): ``nsa_score_bound``'s
+    with the compressed key a mean of ``kernel_size`` tokens (``gamma_l`` for
+    ``gamma_bs``), then the float32 sum of ``A = (l'/d)(l/d)`` group sums: ``R' = (1 +
+    R)(1 + gamma_A) - 1``, ``T' = A T (1 + gamma_A)``."""
+    bs, kz, st = _window("eq9", _block_size(block_size), kernel_size, kernel_stride, None, None) or (0, 0, 0)
+    ck, m = eq9_compress_keys(k, kz, st, k_scale=k_scale, key_format=key_format)
+    seq_len = decode(k, key_format, "key_format").shape[0]
+    qa = decode(q, query_format, "query_format")
+    if qa.ndim != 3 or qa.shape[2] != ck.shape[2] or qa.shape[1] % ck.shape[1]:
+        raise ReferenceSelectionError("q", f"q of shape {qa.shape} does not fit k")
+    n_q, hq, d = qa.shape
+    h = ck.shape[1]
+    gs = hq // h
+    sc = float(np.float32(1.0 / np.sqrt(d))) if scale is None else float(np.float32(scale))
+    widen = (gamma(d) + (1 + gamma(d)) * (gamma(kz) * (1 + _U) + _U)) * (1 + _U)
+    a = (bs // st) * (kz // st)
+    out = np.zeros((n_q, h))
+    for i in range(n_q):
+        nv = compressed_len(seq_len - n_q + i + 1, kz, st)
+        if nv == 0:
+            continue
+        for g in range(h):
+            qg = qa[i, g * gs : (g + 1) * gs]
+            s = (qg @ ck[:nv, g].T) * sc
+            e = abs(sc) * widen * (np.abs(qg) @ m[:nv, g].T) + _U * np.abs(s)
+            r = group_ratio(s, e) if exp_rel_err is None else group_ratio(s, e, exp_rel_err)
+            out[i, g] = ((1 + r) * (1 + gamma(a)) - 1) * (1 + 1e-9)
+    return out, a * 2 * gs * 2.0**-123 * (1 + gamma(a))

@@ -223,7 +223,7 @@ BLOCKS = BudgetUnit("block", size=lambda s: geometry(s)[0], forced=_forced)
 RULE = Rule(
     name="infllm",
     title="InfLLM-v2 block selection",
-    api=("infllm_block_scores", "infllm_select"),
+    api=("infllm_block_scores", "infllm_select", "infllm_select_paged"),
     reference="kvselect.reference.infllm",
     assertions=("kvselect.testing.assert_infllm",),
     cases="kvselect.testing.cases.all_infllm_cases",

@@ -1,11 +1,14 @@
-//! InfLLM-v2's block scores and block rows (all raise `SelectionError`).
+//! InfLLM-v2's block scores and block rows: dense, packed and paged (all
+//! raise `SelectionError`).
 
 use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
+mod paged;
+
 use super::args::{
-    detach, AsFormatArg, Choice, EncodedIn, KeyFormat, Named, Obj, Opt, Out, QueryFormat, I32,
-    I32_MAX, S,
+    detach, ndarrays, positions, AsFormatArg, Choice, EncodedIn, KeyFormat, Named, Obj, Opt, Out,
+    QueryFormat, I32, I32_MAX, S,
 };
 use super::errors::refuse;
 use crate::attention::softmax_scale;
@@ -41,33 +44,40 @@ impl Choice for Keep {
     }
 }
 
+/// A packed batch: each sequence's tokens, its queries' and its compressed
+/// keys' boundaries (the source's `cu_seqlens_q`, `cu_seqlens_k`).
+struct Batch {
+    seq_lens: Vec<usize>,
+    cu_q: Vec<usize>,
+    cu_k: Vec<usize>,
+}
+
 /// The arguments both entry points share, read and checked for shape.
 struct Call<'py> {
     q: EncodedIn<'py>,
     ck: EncodedIn<'py>,
     ck_scale: Option<super::args::In<'py, f32, 1>>,
+    raw: Vec<Bound<'py, PyUntypedArray>>,
     hq: usize,
     n_kv: usize,
     d: usize,
     n_q: usize,
     seq_len: usize,
+    batch: Option<Batch>,
     cfg: Config,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn call<'py>(
-    q: &Obj<'py>,
-    ck: &Obj<'py>,
-    seq_len: &Obj<'py>,
-    (init_blocks, local_blocks, topk): (Opt<'_, 'py>, Opt<'_, 'py>, usize),
-    (block_size, kernel_size, kernel_stride): (Opt<'_, 'py>, Opt<'_, 'py>, Opt<'_, 'py>),
-    pooling: Option<Named<Pooling>>,
-    keep: Option<Named<Keep>>,
-    scale: Option<f64>,
-    ck_scale: Opt<'_, 'py>,
-    formats: (Option<Named<QueryFormat>>, Option<Named<KeyFormat>>),
-) -> PyResult<Call<'py>> {
-    let seq_len = S.count(seq_len, "seq_len", I32_MAX)?;
+/// The options every form takes: the settings, the geometry, the variant.
+type Options<'a, 'py> = (
+    (Opt<'a, 'py>, Opt<'a, 'py>, usize),
+    (Opt<'a, 'py>, Opt<'a, 'py>, Opt<'a, 'py>),
+    Option<Named<Pooling>>,
+    Option<Named<Keep>>,
+);
+
+/// The call's settings from its options, `scale` `None` for `1/√d`.
+fn config(o: Options<'_, '_>, scale: Option<f64>, d: usize) -> PyResult<Config> {
+    let ((init_blocks, local_blocks, topk), (block_size, kernel_size, kernel_stride), pl, kp) = o;
     let init = S.count_or(
         init_blocks,
         "init_blocks",
@@ -86,8 +96,59 @@ fn call<'py>(
         kernel_size: S.count_or(kernel_size, "kernel_size", I32_MAX, m.kernel_size)?,
         kernel_stride: S.count_or(kernel_stride, "kernel_stride", I32_MAX, m.kernel_stride)?,
     };
-    let pooling = pooling.unwrap_or(Named::known(Pooling::Cuda)).get()?;
-    let keep = keep.unwrap_or(Named::known(Keep::ThroughCurrent)).get()?;
+    Ok(Config {
+        init_blocks: init,
+        local_blocks: local,
+        top_k: topk,
+        pooling: pl.unwrap_or(Named::known(Pooling::Cuda)).get()?,
+        keep: kp.unwrap_or(Named::known(Keep::ThroughCurrent)).get()?,
+        scale: scale.unwrap_or_else(|| softmax_scale(d) as f64) as f32,
+        geometry,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn call<'py>(
+    q: &Obj<'py>,
+    ck: &Obj<'py>,
+    seq_len: &Obj<'py>,
+    options: Options<'_, 'py>,
+    scale: Option<f64>,
+    ck_scale: Opt<'_, 'py>,
+    formats: (Option<Named<QueryFormat>>, Option<Named<KeyFormat>>),
+    (cu_seqlens_q, cu_seqlens_k): (Opt<'_, 'py>, Opt<'_, 'py>),
+) -> PyResult<Call<'py>> {
+    let batch = match (cu_seqlens_q, cu_seqlens_k) {
+        (None, None) => None,
+        (Some(cq), Some(ckk)) => Some(Batch {
+            seq_lens: positions(S, seq_len, "seq_len")?,
+            cu_q: positions(S, cq, "cu_seqlens_q")?,
+            cu_k: positions(S, ckk, "cu_seqlens_k")?,
+        }),
+        (None, Some(_)) => {
+            let msg = "a packed batch takes cu_seqlens_q with cu_seqlens_k";
+            return Err(refuse(S, "cu_seqlens_q", msg));
+        }
+        (Some(_), None) => {
+            let msg = "a packed batch takes cu_seqlens_k with cu_seqlens_q";
+            return Err(refuse(S, "cu_seqlens_k", msg));
+        }
+    };
+    let seq_n = match batch {
+        None => S.count(seq_len, "seq_len", I32_MAX)?,
+        Some(ref b) => {
+            if let Some((s, &l)) = b
+                .seq_lens
+                .iter()
+                .enumerate()
+                .find(|(_, &l)| l as u64 > I32_MAX)
+            {
+                let msg = format!("seq_len[{s}] = {l} is past an int32 position");
+                return Err(refuse(S, "seq_len", msg));
+            }
+            0
+        }
+    };
     let (qe, qshape) = EncodedIn::new(S, q, "q", formats.0.format_arg())?;
     let [n_q, hq, d] = qshape[..] else {
         let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D", qshape.len());
@@ -104,42 +165,64 @@ fn call<'py>(
     if dk != d {
         return Err(refuse(S, "ck", format!("ck has d={dk} but q has d={d}")));
     }
-    let scale = scale.unwrap_or_else(|| softmax_scale(d) as f64) as f32;
+    let cfg = config(options, scale, d)?;
     let ck_scale = match ck_scale {
         Some(o) => Some(S.input::<f32, 1>(o, "ck_scale", "[n_c]")?),
         None => None,
     };
+    let raw = ndarrays(&[
+        seq_len,
+        cu_seqlens_q.unwrap_or(q),
+        cu_seqlens_k.unwrap_or(q),
+    ]);
     Ok(Call {
         q: qe,
         ck: ke,
         ck_scale,
+        raw,
         hq,
         n_kv,
         d,
         n_q,
-        seq_len,
-        cfg: Config {
-            init_blocks: init,
-            local_blocks: local,
-            top_k: topk,
-            pooling,
-            keep,
-            scale,
-            geometry,
-        },
+        seq_len: seq_n,
+        batch,
+        cfg,
     })
 }
 
 impl<'py> Call<'py> {
+    /// The query heads, KV heads, `d` and (dense) `seq_len`.
+    fn sizes(&self) -> (usize, usize, usize, usize) {
+        (self.hq, self.n_kv, self.d, self.seq_len)
+    }
+
+    /// The packed batch's arrays for the core.
+    fn seqs(&self) -> Option<(&[usize], &[usize], &[usize])> {
+        self.batch
+            .as_ref()
+            .map(|b| (&b.seq_lens[..], &b.cu_q[..], &b.cu_k[..]))
+    }
+
+    /// The blocks of the longest sequence (a packed call's rows are as
+    /// wide).
+    fn n_blocks(&self) -> usize {
+        let g = self.cfg.geometry;
+        match &self.batch {
+            None => g.n_blocks(self.seq_len),
+            Some(b) => b.seq_lens.iter().map(|&l| g.n_blocks(l)).max().unwrap_or(0),
+        }
+    }
+
     fn inputs(&self) -> Vec<&Bound<'py, PyUntypedArray>> {
         let mut v = vec![self.q.untyped(), self.ck.untyped()];
         v.extend(self.ck_scale.as_ref().map(|s| s.untyped()));
+        v.extend(&self.raw);
         v
     }
 }
 
 /// Every block's score under InfLLM-v2's stage 1 and pooling, for the queries
-/// at the end of one sequence.
+/// at the end of one sequence or of each sequence of a packed batch.
 ///
 /// Query ``i`` sits at position ``seq_len - n_q + i``. Each query head's softmax
 /// over the compressed keys it sees (those whose 32 tokens end at or before its
@@ -159,8 +242,8 @@ impl<'py> Call<'py> {
 ///     The sequence's compressed keys (``n_c = (seq_len - 32) // 16 + 1``, 0 below
 ///     32 tokens): key ``j`` the mean of the keys at tokens ``16 j .. 16 j + 31``
 ///     (``kvselect.reference.infllm.compress_keys``). Any key format, read in place.
-/// seq_len : int
-///     Tokens in the sequence (the queries' own included).
+/// seq_len : int, or array_like of int [n_seqs] with ``cu_seqlens_q``
+///     Tokens in the sequence (the queries' own included); packed: each sequence's.
 /// init_blocks, local_blocks : int, optional
 ///     Blocks forced at the start and up to the query's own (MiniCPM4's 1 and 32).
 /// block_size, kernel_size, kernel_stride : int, optional
@@ -179,10 +262,18 @@ impl<'py> Call<'py> {
 ///     Each compressed key's scale (fp8 keys): its value is ``ck * scale``.
 /// query_format, key_format : str, optional
 ///     The formats of raw uint16 / uint8 ``q`` and ``ck``.
+/// cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
+///     A packed batch, as the source's varlen calls take it (``infllmv2_attn_stage1``,
+///     ``max_pooling_1d_varlen``): sequence ``s`` is queries ``cu_seqlens_q[s] ..
+///     cu_seqlens_q[s + 1]`` of ``q`` (the last of its ``seq_len[s]`` tokens; the
+///     source's ``cache_lens[s]`` is ``seq_len[s]`` minus them) and compressed keys
+///     ``cu_seqlens_k[s] .. cu_seqlens_k[s + 1]`` of ``ck`` (its tokens' compressed keys).
+///     Each row equals the dense call's on its own sequence. Both or neither.
 ///
 /// Returns
 /// -------
 /// ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / 64)]
+///     Packed: ``[total_q, n_kv_heads, max_blocks]``, NaN past a sequence's own blocks.
 ///
 /// Raises
 /// ------
@@ -193,7 +284,12 @@ impl<'py> Call<'py> {
 ///     (``ck``); ``ck_scale`` not one per key; ``seq_len`` is 0; ``scale`` is not
 ///     finite; a geometry size is 0 or ``block_size`` not whole strides
 ///     (``block_size``, ``kernel_size``, ``kernel_stride``); an option names nothing
-///     (``pooling``).
+///     (``pooling``); packed: one of ``cu_seqlens_q`` / ``cu_seqlens_k`` alone (the
+///     missing one), ``cu_seqlens_k`` not rising from 0 to ``ck``'s keys or giving a
+///     sequence other than its tokens' compressed keys (``cu_seqlens_k``), ``seq_len``
+///     not one positive length per sequence (``seq_len``), ``cu_seqlens_q`` not rising
+///     from 0 to the queries or giving a sequence more queries than tokens
+///     (``cu_seqlens_q``).
 ///
 /// See Also
 /// --------
@@ -211,10 +307,12 @@ impl<'py> Call<'py> {
 #[pyo3(
     signature = (q, ck, seq_len, *, init_blocks=None, local_blocks=None, pooling=None,
                  scale=None, ck_scale=None, query_format=None, key_format=None,
-                 block_size=None, kernel_size=None, kernel_stride=None),
+                 block_size=None, kernel_size=None, kernel_stride=None, cu_seqlens_q=None,
+                 cu_seqlens_k=None),
     text_signature = "(q, ck, seq_len, *, init_blocks=1, local_blocks=32, pooling='cuda', \
                       scale=None, ck_scale=None, query_format=None, key_format=None, \
-                      block_size=64, kernel_size=32, kernel_stride=16)"
+                      block_size=64, kernel_size=32, kernel_stride=16, cu_seqlens_q=None, \
+                      cu_seqlens_k=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn infllm_block_scores<'py>(
@@ -232,27 +330,34 @@ pub(super) fn infllm_block_scores<'py>(
     block_size: Opt<'_, 'py>,
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
+    cu_seqlens_q: Opt<'_, 'py>,
+    cu_seqlens_k: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let c = call(
         q,
         ck,
         seq_len,
-        (init_blocks, local_blocks, 1),
-        (block_size, kernel_size, kernel_stride),
-        pooling,
-        None,
+        (
+            (init_blocks, local_blocks, 1),
+            (block_size, kernel_size, kernel_stride),
+            pooling,
+            None,
+        ),
         scale,
         ck_scale,
         (query_format, key_format),
+        (cu_seqlens_q, cu_seqlens_k),
     )?;
-    let nb = c.cfg.geometry.n_blocks(c.seq_len);
+    let nb = c.n_blocks();
     let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.n_kv, nb], &c.inputs())?;
     let (qs, ks) = (c.q.encoded()?, c.ck.encoded()?);
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
-    detach(py, work, || {
-        infllm::block_scores_into(qs, c.hq, ks, sc, c.n_kv, c.d, c.seq_len, &c.cfg, o)
+    let (seqs, (hq, n_kv, d, n), cfg) = (c.seqs(), c.sizes(), &c.cfg);
+    detach(py, work, || match seqs {
+        None => infllm::block_scores_into(qs, hq, ks, sc, n_kv, d, n, cfg, o),
+        Some(b) => infllm::block_scores_packed_into(qs, hq, ks, sc, n_kv, d, b, cfg, o),
     })?;
     Ok(out.finish())
 }
@@ -270,7 +375,7 @@ pub(super) fn infllm_block_scores<'py>(
 /// Parameters
 /// ----------
 /// q, ck, seq_len
-///     As :func:`infllm_block_scores`.
+///     As :func:`infllm_block_scores` (packed: per sequence, with ``cu_seqlens_q``).
 /// topk : int, optional
 ///     Blocks per row before the filter (MiniCPM4's 64), at least 1.
 /// init_blocks, local_blocks, pooling, scale, ck_scale, query_format, key_format
@@ -279,11 +384,14 @@ pub(super) fn infllm_block_scores<'py>(
 ///     As :func:`infllm_block_scores`.
 /// keep : {"through_current", "before_current"}, optional
 ///     Which ids the filter keeps (default ``"through_current"``).
+/// cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
+///     A packed batch, as :func:`infllm_block_scores`; each row equals the dense call's
+///     on its own sequence (that sequence's block ids, from 0).
 ///
 /// Returns
 /// -------
 /// ndarray of int32, [n_q, n_kv_heads, topk]
-///     Block ids ascending, then ``-1``.
+///     Block ids ascending, then ``-1`` (packed: ``[total_q, n_kv_heads, topk]``).
 ///
 /// Raises
 /// ------
@@ -294,6 +402,7 @@ pub(super) fn infllm_block_scores<'py>(
 /// See Also
 /// --------
 /// infllm_block_scores : the scores the rows rank.
+/// infllm_select_paged : the same rows at decode over a paged cache.
 ///
 /// Examples
 /// --------
@@ -308,11 +417,12 @@ pub(super) fn infllm_block_scores<'py>(
 #[pyo3(
     signature = (q, ck, seq_len, topk=None, *, init_blocks=None, local_blocks=None, pooling=None,
                  keep=None, scale=None, ck_scale=None, query_format=None, key_format=None,
-                 block_size=None, kernel_size=None, kernel_stride=None),
+                 block_size=None, kernel_size=None, kernel_stride=None, cu_seqlens_q=None,
+                 cu_seqlens_k=None),
     text_signature = "(q, ck, seq_len, topk=64, *, init_blocks=1, local_blocks=32, \
                       pooling='cuda', keep='through_current', scale=None, ck_scale=None, \
                       query_format=None, key_format=None, block_size=64, kernel_size=32, \
-                      kernel_stride=16)"
+                      kernel_stride=16, cu_seqlens_q=None, cu_seqlens_k=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn infllm_select<'py>(
@@ -332,6 +442,8 @@ pub(super) fn infllm_select<'py>(
     block_size: Opt<'_, 'py>,
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
+    cu_seqlens_q: Opt<'_, 'py>,
+    cu_seqlens_k: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let k = S.count_or(topk, "topk", I32_MAX, infllm::MINICPM4_TOP_K)?;
     if k == 0 {
@@ -341,21 +453,26 @@ pub(super) fn infllm_select<'py>(
         q,
         ck,
         seq_len,
-        (init_blocks, local_blocks, k),
-        (block_size, kernel_size, kernel_stride),
-        pooling,
-        keep,
+        (
+            (init_blocks, local_blocks, k),
+            (block_size, kernel_size, kernel_stride),
+            pooling,
+            keep,
+        ),
         scale,
         ck_scale,
         (query_format, key_format),
+        (cu_seqlens_q, cu_seqlens_k),
     )?;
     let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.n_kv, k], &c.inputs())?;
     let (qs, ks) = (c.q.encoded()?, c.ck.encoded()?);
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
-    detach(py, work, || {
-        infllm::select_into(qs, c.hq, ks, sc, c.n_kv, c.d, c.seq_len, &c.cfg, o)
+    let (seqs, (hq, n_kv, d, n), cfg) = (c.seqs(), c.sizes(), &c.cfg);
+    detach(py, work, || match seqs {
+        None => infllm::select_into(qs, hq, ks, sc, n_kv, d, n, cfg, o),
+        Some(b) => infllm::select_packed_into(qs, hq, ks, sc, n_kv, d, b, cfg, o),
     })?;
     Ok(out.finish())
 }
@@ -363,5 +480,6 @@ pub(super) fn infllm_select<'py>(
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(infllm_block_scores, m)?)?;
     m.add_function(wrap_pyfunction!(infllm_select, m)?)?;
+    m.add_function(wrap_pyfunction!(paged::infllm_select_paged, m)?)?;
     Ok(())
 }

@@ -1,0 +1,156 @@
+//! InfLLM-v2's selection at decode over a paged cache of compressed keys.
+
+use pyo3::prelude::*;
+
+use super::super::args::{
+    detach, AsFormatArg, EncodedIn, KeyFormat, Named, Obj, Opt, Out, PageLayoutName, QueryFormat,
+    I32, I32_MAX, S,
+};
+use super::super::cache::Paged;
+use super::super::errors::refuse;
+use super::config;
+use crate::infllm::{self, Keep, Pooling};
+
+/// InfLLM-v2's block selection at decode, over an engine's paged cache of compressed
+/// keys.
+///
+/// Sequence ``s`` decodes one query at position ``seq_lens[s] - 1``; its
+/// ``(seq_lens[s] - 32) // 16 + 1`` compressed keys are read in place through its
+/// ``block_table`` row (compressed key ``j`` in row ``j % page_size`` of page
+/// ``block_table[s, j // page_size]``), as OpenBMB's SGLang backend for MiniCPM4 /
+/// SALA keeps them (a pool of compressed keys and a per-request table). Equal, row for
+/// row, to :func:`infllm_select` on the same compressed keys laid out densely (fp8 keys
+/// times their scales).
+///
+/// Parameters
+/// ----------
+/// q : array_like, [n_seqs, n_q_heads, d]
+///     Each sequence's decoding query.
+/// kv_cache : array_like, [num_blocks, page_size, n_kv_heads * d]
+///     The compressed keys' pages, read in place (any block stride), or uint8 pages of
+///     fp8 keys then one float32 scale per key (``page_layout='fp8_scaled'``).
+/// block_table : array_like of int32, [n_seqs, max_blocks]
+///     Logical page -> cache block, per sequence.
+/// seq_lens : array_like of int, [n_seqs]
+///     Tokens per sequence (the query's own included), each >= 1.
+/// n_kv_heads : int
+///     KV heads per compressed key.
+/// topk : int, optional
+///     Blocks per row before the filter (MiniCPM4's 64), at least 1.
+/// init_blocks, local_blocks, pooling, keep, scale
+///     As :func:`infllm_select`.
+/// block_size, kernel_size, kernel_stride
+///     As :func:`infllm_select`.
+/// page_layout : {'dense', 'fp8_scaled'}, optional
+///     How a page holds its keys.
+/// key_format, query_format : str, optional
+///     The formats of a raw cache and ``q``.
+///
+/// Returns
+/// -------
+/// ndarray of int32, [n_seqs, n_kv_heads, topk]
+///     As :func:`infllm_select`.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     when the cache, table or lengths are refused (``kv_cache``, ``block_table``,
+///     ``seq_lens``: a row too short for its sequence's compressed keys, an entry read
+///     outside the cache, a sequence of no token), ``n_kv_heads`` does not divide a row,
+///     ``q`` does not fit, and as :func:`infllm_select`.
+///
+/// See Also
+/// --------
+/// infllm_select : the dense and packed forms.
+///
+/// Examples
+/// --------
+/// >>> import numpy as np, kvselect
+/// >>> rng = np.random.default_rng(0)
+/// >>> ck = rng.standard_normal((63, 2, 8)).astype(np.float32)  # 1024 tokens' keys
+/// >>> q = rng.standard_normal((1, 4, 8)).astype(np.float32)
+/// >>> cache = ck.reshape(7, 9, 16)[::-1]  # pages of 9 keys, stored in reverse
+/// >>> table = np.arange(6, -1, -1, dtype=np.int32)[None]
+/// >>> rows = kvselect.infllm_select_paged(q, cache, table, [1024], 2, 4, local_blocks=2)
+/// >>> np.array_equal(rows, kvselect.infllm_select(q, ck, 1024, 4, local_blocks=2))
+/// True
+#[pyfunction]
+#[pyo3(
+    signature = (q, kv_cache, block_table, seq_lens, n_kv_heads, topk=None, *, init_blocks=None,
+                 local_blocks=None, pooling=None, keep=None, scale=None, page_layout=None,
+                 key_format=None, query_format=None, block_size=None, kernel_size=None,
+                 kernel_stride=None),
+    text_signature = "(q, kv_cache, block_table, seq_lens, n_kv_heads, topk=64, *, \
+                      init_blocks=1, local_blocks=32, pooling='cuda', keep='through_current', \
+                      scale=None, page_layout='dense', key_format=None, query_format=None, \
+                      block_size=64, kernel_size=32, kernel_stride=16)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(in crate::python) fn infllm_select_paged<'py>(
+    py: Python<'py>,
+    q: &Obj<'py>,
+    kv_cache: &Obj<'py>,
+    block_table: &Obj<'py>,
+    seq_lens: &Obj<'py>,
+    n_kv_heads: &Obj<'py>,
+    topk: Opt<'_, 'py>,
+    init_blocks: Opt<'_, 'py>,
+    local_blocks: Opt<'_, 'py>,
+    pooling: Option<Named<Pooling>>,
+    keep: Option<Named<Keep>>,
+    scale: Option<f64>,
+    page_layout: Option<Named<PageLayoutName>>,
+    key_format: Option<Named<KeyFormat>>,
+    query_format: Option<Named<QueryFormat>>,
+    block_size: Opt<'_, 'py>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
+) -> PyResult<I32<'py>> {
+    let h = S.count(n_kv_heads, "n_kv_heads", I32_MAX)?;
+    let k = S.count_or(topk, "topk", I32_MAX, infllm::MINICPM4_TOP_K)?;
+    if k == 0 {
+        return Err(refuse(S, "topk", "topk must be at least 1 block"));
+    }
+    let page_layout = page_layout.unwrap_or(Named::known(PageLayoutName::Dense));
+    let (paged, lens) = Paged::whole_sequences(
+        py,
+        kv_cache,
+        block_table,
+        seq_lens,
+        h,
+        &page_layout,
+        key_format.format_arg(),
+    )?;
+    let (qe, qshape) = EncodedIn::new(S, q, "q", query_format.format_arg())?;
+    let d = paged.d / h;
+    let [nq, hq, dq] = qshape[..] else {
+        let msg = format!(
+            "q must be 3-D [n_seqs, n_q_heads, d], got {}-D",
+            qshape.len()
+        );
+        return Err(refuse(S, "q", msg));
+    };
+    if nq != lens.len() || dq != d {
+        let msg = format!(
+            "q must be [n_seqs={}, n_q_heads, d={d}], got {qshape:?}",
+            lens.len()
+        );
+        return Err(refuse(S, "q", msg));
+    }
+    let options = (
+        (init_blocks, local_blocks, k),
+        (block_size, kernel_size, kernel_stride),
+        pooling,
+        keep,
+    );
+    let cfg = config(options, scale, d)?;
+    let [pg, tb] = paged.untyped();
+    let mut out: Out<'py, i32> = S.output(py, None, &[nq, h, k], &[qe.untyped(), pg, tb])?;
+    let (cache, table) = (paged.cache(), paged.table()?);
+    let qs = qe.encoded()?;
+    let o = out.slice()?;
+    detach(py, paged.work(1, hq), || {
+        infllm::select_paged_into(qs, hq, &cache, &table, h, d, &cfg, o)
+    })?;
+    Ok(out.finish())
+}
