@@ -300,7 +300,9 @@ def test_eval_help_shows_every_default_and_explains_the_block_size(capsys):
     entries = eval_help_entries(out)
     (sub,) = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     options = [a.option_strings[-1] for a in sub.choices["eval"]._actions if a.option_strings != ["-h", "--help"]]
-    assert len(options) == 23  # with --workers, --scheduler, --boundary, the eviction knobs and InfLLM-v2's window
+    assert (
+        len(options) == 24
+    )  # with --workers, --scheduler, --boundary, the eviction knobs, InfLLM-v2's window, Quest's dense layers
     for option in options:
         assert "(default: " in entries[option], option
     block = entries["--block-size"]

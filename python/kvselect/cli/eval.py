@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     """The old witness demo, now a tiny eval: the synthetic workload at 8K."""
-    ns = argparse.Namespace(
+    given = dict(
         workload=["synthetic"],
         context=8192,
         queries=8,
@@ -184,10 +184,6 @@ def run_demo(args: argparse.Namespace) -> int:
         init_blocks=1,
         local_blocks=2,
         sinks=4,
-        quest_page_size=16,
-        snapkv_window=None,
-        h2o_recent=None,
-        infllm_local_blocks=None,
         boundary=None,
         index_heads=4,
         index_noise=2.0,
@@ -198,6 +194,8 @@ def run_demo(args: argparse.Namespace) -> int:
         plot=None,
         quiet=True,
     )
+    # Every other policy setting derived from the budget, as on the command line.
+    ns = argparse.Namespace(**{**{k.field: None for k in rules.knobs()}, **given})
     return run(ns)
 
 

@@ -214,8 +214,9 @@ def _select(head: _Head, pos: np.ndarray, s: Settings) -> Dict[str, Any]:
             notes[policy.name] = sel
             continue
         # A row holds at most k positions (an eviction policy's per-layer
-        # budget, PyramidKV's, may hold more on a layer, k on average).
-        if sel.rows.shape[0] != len(pos) or (sel.rows.shape[1] != s.budget and not policy.eviction):
+        # budget, PyramidKV's, may hold more on a layer, k on average; a
+        # rule's dense layer, Quest's first ones, every visible position).
+        if sel.rows.shape[0] != len(pos) or (sel.rows.shape[1] != s.budget and not (policy.eviction or sel.dense)):
             raise RuntimeError(f"policy {policy.name!r} returned rows {sel.rows.shape}, not [n, k = {s.budget}]")
         done[policy.name] = sel
     out: Dict[str, Any] = {}

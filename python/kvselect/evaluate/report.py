@@ -230,6 +230,14 @@ def format_table(report: Report) -> str:
                 "PyramidKV: a one-layer workload has no pyramid (kvpress's per-layer budgets need two "
                 "layers or more), so its budget is the uniform one and its rows are SnapKV's.",
             ]
+        dense = int(by_budget[budget].get("quest_dense_layers", 0))
+        if "quest" in ran and report.layers > 1 and dense > 0:
+            lines += [
+                "",
+                f"quest: layers 0..{min(dense, report.layers) - 1} read every position (Quest's model keeps its "
+                f"first {dense} layers dense), so its rows there exceed k and its slots used is above "
+                f"{budget}; --quest-dense-layers 0 holds it to the identical budget on every layer.",
+            ]
         gap = report.oracle_gap(budget)
         if gap is not None:
             lines += [

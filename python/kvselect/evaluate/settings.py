@@ -39,6 +39,11 @@ class Settings:
         The sink + window policy's sink count.
     quest_page_size : int
         Quest's page, in tokens.
+    quest_dense_layers : int
+        Quest's dense first layers (its model code's ``_quest_skip_layer``,
+        2): on a workload of more than one layer, Quest's rows on layers
+        below it read every visible position (more than ``k``: the table
+        says so); 0 keeps Quest at the identical budget on every layer.
     snapkv_window : int
         SnapKV's (and PyramidKV's) observation window, in queries.
     h2o_recent : int or None
@@ -63,6 +68,7 @@ class Settings:
     local_blocks: int = 2
     sinks: int = 4
     quest_page_size: int = 16
+    quest_dense_layers: int = 2
     snapkv_window: int = 64
     h2o_recent: Optional[int] = None
     infllm_local_blocks: Optional[int] = None
@@ -98,6 +104,8 @@ class Settings:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}")
         if self.quest_page_size < 1:
             raise ValueError(f"quest_page_size must be at least 1, got {self.quest_page_size}")
+        if self.quest_dense_layers < 0:
+            raise ValueError(f"quest_dense_layers must be non-negative, got {self.quest_dense_layers}")
         if self.snapkv_window < 1:
             raise ValueError(f"snapkv_window must be at least 1, got {self.snapkv_window}")
         if self.h2o_recent is not None and self.h2o_recent < 0:
@@ -158,6 +166,7 @@ def derive_settings(
     local_blocks: Optional[int] = None,
     sinks: Optional[int] = None,
     quest_page_size: Optional[int] = None,
+    quest_dense_layers: Optional[int] = None,
     snapkv_window: Optional[int] = None,
     h2o_recent: Optional[int] = None,
     infllm_local_blocks: Optional[int] = None,
@@ -196,7 +205,7 @@ def derive_settings(
     ----------
     budget : int
         The token budget ``k`` (at least 1).
-    segments, block_size, init_blocks, local_blocks, sinks, quest_page_size, snapkv_window, h2o_recent, infllm_local_blocks : int or None
+    segments, block_size, init_blocks, local_blocks, sinks, quest_page_size, quest_dense_layers, snapkv_window, h2o_recent, infllm_local_blocks : int or None
         The settings the caller gives; ``None`` derives it from the budget
         as above.
     boundary : int or None
@@ -305,6 +314,12 @@ def derive_settings(
     if qp < 1:
         raise SettingsError(f"{name('quest_page_size')} must be at least 1, got {qp}", ["quest_page_size"])
 
+    dense_layers = d.quest_dense_layers if quest_dense_layers is None else int(quest_dense_layers)
+    if dense_layers < 0:
+        raise SettingsError(
+            f"{name('quest_dense_layers')} must be non-negative, got {dense_layers}", ["quest_dense_layers"]
+        )
+
     window = d.snapkv_window if snapkv_window is None else int(snapkv_window)
     if window < 1:
         raise SettingsError(f"{name('snapkv_window')} must be at least 1, got {window}", ["snapkv_window"])
@@ -333,6 +348,7 @@ def derive_settings(
         local_blocks=local,
         sinks=sink,
         quest_page_size=qp,
+        quest_dense_layers=dense_layers,
         snapkv_window=window,
         h2o_recent=recent,
         infllm_local_blocks=infllm_local,
@@ -346,6 +362,7 @@ def derive_settings(
         local_blocks=local_blocks,
         sinks=sinks,
         quest_page_size=quest_page_size,
+        quest_dense_layers=quest_dense_layers,
         snapkv_window=snapkv_window,
         h2o_recent=h2o_recent,
         infllm_local_blocks=infllm_local_blocks,

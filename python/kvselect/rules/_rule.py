@@ -142,10 +142,12 @@ TOKENS = BudgetUnit("token")
 class Selection:
     """A policy's selection of one head: ``rows`` ``[n, width]`` (int32, -1
     padded, at most ``k`` distinct valid positions a row) and the seconds it
-    was charged."""
+    was charged. ``dense``: the rule reads every visible position on this
+    head (Quest's dense first layers), its rows wider than ``k``."""
 
     rows: np.ndarray
     seconds: float
+    dense: bool = False
 
 
 def timed(fn: Callable[[], np.ndarray]) -> Selection:

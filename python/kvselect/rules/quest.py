@@ -212,13 +212,34 @@ def _group_mean(q: np.ndarray) -> np.ndarray:
     return acc / np.float32(q.shape[1])
 
 
+def dense_layer(ctx: EvalContext) -> bool:
+    """Whether Quest reads every position on this head: its layer is below
+    ``quest_dense_layers`` on a workload of more than one layer. Quest's
+    model code (mit-han-lab/Quest @ade6f7c4 ``quest/models/llama.py``:
+    ``quest_init`` sets ``_quest_skip_layer = 2``, and ``forward`` gives the
+    layers below it a page budget of ``1024 * 1024``) keeps its first two
+    layers dense; a one-layer workload is taken as a layer of the sparse
+    part, where the rule is being compared."""
+    layers, layer = int(getattr(ctx.head, "layers", 1)), int(getattr(ctx.head, "layer", 0))
+    return layers > 1 and layer < ctx.settings.quest_dense_layers
+
+
 def select(ctx: EvalContext) -> Selection:
     """Quest's kernel path on one KV head, ``ctx.units`` pages of
     ``quest_page_size`` tokens (the last page forced and counted), expanded
     to positions; the group's query heads are averaged (SGLang's GQA
-    alignment; Quest itself is multi-head, where the group is one head)."""
+    alignment; Quest itself is multi-head, where the group is one head).
+    On a dense layer (:func:`dense_layer`) every visible position."""
     s, pos, k = ctx.settings, ctx.pos, ctx.settings.budget
     page = s.quest_page_size
+    if dense_layer(ctx):
+
+        def every() -> np.ndarray:
+            t = np.arange(int(pos.max()) + 1, dtype=np.int32)
+            return np.where(t[None, :] <= pos[:, None], t[None, :], -1).astype(np.int32)
+
+        sel = timed(every)
+        return Selection(sel.rows, sel.seconds, dense=True)
 
     def rows() -> np.ndarray:
         keys = ctx.head.k.reshape(len(ctx.head.k), 1, -1)
@@ -270,6 +291,14 @@ RULE = Rule(
                     "--quest-page-size",
                     "quest: tokens per page (default: 16, Quest's; halved until one page fits the budget, "
                     "i.e. below k = 16)",
+                ),
+                Knob(
+                    "quest_dense_layers",
+                    "--quest-dense-layers",
+                    "quest: its first N layers read every position on a workload of more than one layer "
+                    "(default: 2, Quest's model; their rows exceed k, and the table says so); 0: the "
+                    "identical budget on every layer",
+                    minimum=0,
                 ),
             ),
         ),
