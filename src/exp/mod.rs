@@ -1,6 +1,6 @@
 //! The project's own `exp`, shared by every rule with a softmax: the
 //! sparse-attention pass, InfLLM-v2's stage 1, MInference's vertical-slash
-//! estimate, the eviction baselines' softmax.
+//! estimate, the eviction baselines' softmax, the indexer's `lse` score pool.
 //!
 //! **The rule.** `exp(x)` for `x <= 0` as Cephes' `expf`: `n =
 //! round(x · log2 e)` (ties to even, by adding and subtracting `1.5 · 2^23`),

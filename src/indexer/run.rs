@@ -230,7 +230,7 @@ pub(super) fn select_rows<S, L>(
                         (true, true) => {
                             let b = t as usize;
                             let end = ((b + 1) * pool).min(len);
-                            exact::pooled((b * pool..end).map(|u| view.get(j, u)))
+                            exact::block_score(rule.score, (b * pool..end).map(|u| view.get(j, u)))
                         }
                     };
                 }
@@ -262,7 +262,10 @@ fn pooled_row(
 ) {
     let (pool, len) = (rule.pool, r.len);
     let blocks: Vec<f32> = (0..len.div_ceil(pool))
-        .map(|b| exact::pooled((b * pool..((b + 1) * pool).min(len)).map(|t| r.view.get(r.j, t))))
+        .map(|b| {
+            let entries = b * pool..((b + 1) * pool).min(len);
+            exact::block_score(rule.score, entries.map(|t| r.view.get(r.j, t)))
+        })
         .collect();
     let refine = |top: &mut Vec<u64>, lo: usize, hi: usize| {
         let rescore = Rescore {
@@ -274,7 +277,7 @@ fn pooled_row(
             view: r.view,
             j: r.j,
         };
-        exact::refine_pooled(top, lo, hi, pool, len, &row, &rescore);
+        exact::refine_pooled(top, lo, hi, (pool, rule.score), len, &row, &rescore);
     };
     select_row(
         |b| blocks[b],

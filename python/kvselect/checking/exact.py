@@ -34,9 +34,7 @@ from kvselect.checking._common import (
 from kvselect.checking.family import DEFAULTS, check_indexer_family, family_options
 from kvselect.checking.report import Report
 
-# The float64 unit roundoff; the float32 unit roundoff ``_U32``, its
-# subnormal rounding error ``_ETA32`` and ``_gamma`` are shared (the
-# engine's own scores and the Quest check use them).
+# The float64 unit roundoff (``_U32``, ``_ETA32`` and ``_gamma`` are shared, in _common).
 _U64 = 2.0**-53
 
 
@@ -602,6 +600,8 @@ def check_indexer_topk(
     force_last: int = 0,
     row_layout: str = "rank",
     score_pool: int = 1,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
     topk_length: Any = None,
 ) -> Report:
     """Whether each engine row is a correct lightning-indexer top-k of the indexer's inputs.
@@ -677,7 +677,7 @@ def check_indexer_topk(
     compress_ratio : int, optional
         As :func:`kvselect.indexer_topk` takes it (default 1; DeepSeek-V4's
         CSA rows: positions are compressed entries, ``query_pos`` the token).
-    activation, force_first, force_last, row_layout, score_pool, topk_length : optional
+    activation, force_first, force_last, row_layout, score_pool, score_type, sm_scale, topk_length : optional
         The indexer family's options (``weights`` may then be None), as
         :func:`check_indexer_family` takes them; given any, the rows are judged
         by its judge (``slots`` and a ``filler`` other than ``"-1"`` refused).
@@ -824,8 +824,8 @@ def check_indexer_topk(
         page_layout,
         filler,
     )
-    opts = dict(zip(DEFAULTS, (activation, force_first, force_last, row_layout, score_pool, topk_length)))
-    options = family_options(weights, slots, filler, **opts)
+    given = (activation, force_first, force_last, row_layout, score_pool, score_type, sm_scale, topk_length)
+    options = family_options(weights, slots, filler, **dict(zip(DEFAULTS, given)))
     if kv_cache is not None:  # each sequence's pages, read into a packed batch's keys
         index_k, key_scale, cu_seqlens, key_format = _api_paged_keys(
             index_k, key_scale, cu_seqlens, kv_cache, block_table, seq_lens, seq_ids, page_layout, key_format
@@ -874,8 +874,7 @@ def _non_finite(name: str, a: np.ndarray) -> None:
 
 
 def _integers(name: str, a: Any) -> None:
-    """An index argument holds integers (a float position is a TypeError,
-    as the native functions raise it: never truncated)."""
+    """An index argument holds integers (a float one is a TypeError, never truncated)."""
     if isinstance(a, bool) or not isinstance(a, (int, np.integer)) and np.asarray(a).dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got {np.asarray(a).dtype}")
 

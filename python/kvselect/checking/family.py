@@ -45,11 +45,18 @@ import numpy as np
 import kvselect as ks
 from kvselect.checking._common import _refused, _vacuous_rows
 from kvselect.checking.report import Report
-from kvselect.reference.indexer import head_sum_scores, visible
+from kvselect.reference.indexer import head_sum_scores, pool_scores, visible
 from kvselect.reference.keys import decode
 
 #: float64's unit roundoff.
 _U64 = 2.0**-53
+
+#: The native ``lse`` pool's tie width beyond the float64 terms
+#: (``src/indexer/lse.rs``): its bound's half-width is at most ``EXP_REL_ERR``
+#: (``crate::exp``, 8.5e-8) with room, plus its log's ``2^-40`` and a float64
+#: log-sum-exp's own rounding here; each block adds ``8 u (max |λ s_t| + |max
+#: λ s_t| + |ℓ_b|)`` for the roundings that scale with the values.
+_LSE_TIE = 1.5 * 8.5e-8 + 2.0**-39
 
 
 REASONS = ("forced_dropped", "not_ascending", "wrong_length")
@@ -75,6 +82,8 @@ def check_indexer_family(
     force_last: int = 0,
     row_layout: str = "rank",
     score_pool: int = 1,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
     topk_length: Any = None,
     atol: float = 0.0,
     rtol: float = 0.0,
@@ -101,6 +110,10 @@ def check_indexer_family(
         As :func:`kvselect.indexer_topk` takes them (with ``score_pool``, rows of block ids
         against the blocks' exact max-pool scores, each block's error scale its largest
         entry's).
+    score_type, sm_scale : optional
+        As :func:`kvselect.indexer_topk` takes them: with ``"lse"``, rows of block ids against
+        the blocks' log-sum-exp of ``sm_scale`` times their entries' exact scores (float64), two
+        blocks within the native selection's bound of each other a tie (see the module docs).
     topk_length : array_like of int, optional
         ``[n_rows]``: the engine's count of entries in each row (cuDNN's second
         output); a row whose count of entries differs is wrong, ``wrong_length``.
@@ -159,6 +172,8 @@ def check_indexer_family(
             force_last=force_last,
             row_layout=row_layout,
             score_pool=score_pool,
+            score_type=score_type,
+            sm_scale=sm_scale,
         )
     else:
         ks.indexer_topk_packed(
@@ -178,11 +193,13 @@ def check_indexer_family(
             force_last=force_last,
             row_layout=row_layout,
             score_pool=score_pool,
+            score_type=score_type,
+            sm_scale=sm_scale,
         )
     if len(engine) != np.asarray(index_q).shape[0]:
         raise _refused("rows", f"rows has {len(engine)} rows for {np.asarray(index_q).shape[0]} queries")
     lengths = _topk_lengths(topk_length, len(engine))
-    scores, mags, lens, slack = family_scores(
+    scores, mags, lens, slack, extra = family_scores(
         index_q,
         weights,
         index_k,
@@ -194,7 +211,7 @@ def check_indexer_family(
         seq_ids,
         compress_ratio,
         activation,
-        score_pool,
+        (score_pool, score_type, sm_scale),
     )
     return judge_family(
         engine,
@@ -208,6 +225,7 @@ def check_indexer_family(
         lengths,
         atol,
         rtol + slack,
+        extra,
     )
 
 
@@ -223,12 +241,14 @@ def family_scores(
     seq_ids: Any,
     compress_ratio: int,
     activation: str,
-    score_pool: int,
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    pool_options: Tuple[int, str, Optional[float]],
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, float, Optional[np.ndarray]]:
     """Each row's exact scores (float64, NaN past its context), their
-    magnitudes, its context (entries, or blocks with ``score_pool``) and the
-    float64 tie slack ``2 γ_{d+H+3}``: the arguments as
-    :func:`check_indexer_family` takes them, already vetted."""
+    magnitudes, its context (entries, or blocks with ``score_pool``), the
+    float64 tie slack ``2 γ_{d+H+3}`` and, for the ``lse`` pool, each block's
+    absolute tie width (else None): the arguments as
+    :func:`check_indexer_family` takes them (``pool_options`` its
+    ``score_pool``, ``score_type``, ``sm_scale``), already vetted."""
     q = decode(index_q, query_format, "query_format")
     k = decode(index_k, key_format, "key_format")
     n, h, d = q.shape
@@ -243,10 +263,12 @@ def family_scores(
     else:
         bounds = np.asarray(cu_seqlens, dtype=np.int64).reshape(-1)
         seq = np.asarray(seq_ids, dtype=np.int64).reshape(-1)
-    pool = int(score_pool)
+    pool, lse = int(pool_options[0]), pool_options[1] == "lse"
+    lam = float(np.float32(d**-0.5 if pool_options[2] is None else pool_options[2]))  # as natively read
     width = -(-int(np.diff(bounds).max()) // pool) if len(bounds) > 1 else 0
     scores = np.full((n, width), np.nan)
     mags = np.full((n, width), np.nan)
+    extra = np.zeros((n, width)) if lse else None
     lens = np.zeros(n, dtype=np.int64)
     qa, ka = np.abs(q), np.abs(k)
     for i in range(n):
@@ -255,14 +277,22 @@ def family_scores(
         with np.errstate(invalid="ignore", over="ignore"):
             s_i = head_sum_scores(q[i], w[i], k[lo : lo + entries], relu) * c[lo : lo + entries]
             m_i = head_sum_scores(qa[i], np.abs(w[i]), ka[lo : lo + entries]) * np.abs(c[lo : lo + entries])
-        if pool > 1:  # the blocks' max-pool (NaN absent), each scaled by its largest magnitude
+        if lse and extra is not None:  # the log-sum-exp pool: 1-Lipschitz in each entry
+            x = lam * s_i
+            blocks = pool_scores(s_i, pool, "lse", lam)
+            big, top = _pooled(np.nan_to_num(np.abs(x), nan=np.inf), pool), _pooled(x, pool)
+            with np.errstate(invalid="ignore"):
+                tie = _LSE_TIE + 8 * _U64 * (big + np.abs(top) + np.abs(blocks))
+            extra[i, : len(blocks)] = np.nan_to_num(tie, nan=np.inf)
+            s_i, m_i = blocks, lam * _pooled(np.nan_to_num(m_i, nan=np.inf), pool)
+        elif pool > 1:  # the blocks' max-pool (NaN absent), each scaled by its largest magnitude
             s_i, m_i = _pooled(s_i, pool), _pooled(np.nan_to_num(m_i, nan=np.inf), pool)
         lens[i] = len(s_i)
         scores[i, : len(s_i)], mags[i, : len(s_i)] = s_i, m_i
     # Twice γ_{d+H+3} in float64: two float64 sums of one real score, in any
     # order, differ by less than this times its magnitude (check_indexer_topk's tie).
     nu = d + h + 3
-    return scores, mags, lens, 2 * nu * _U64 / (1 - nu * _U64)
+    return scores, mags, lens, 2 * nu * _U64 / (1 - nu * _U64), extra
 
 
 def _topk_lengths(topk_length: Any, n: int) -> Optional[np.ndarray]:
@@ -289,6 +319,7 @@ def judge_family(
     topk_length: Optional[np.ndarray],
     atol: float,
     rtol: float,
+    extra: Optional[np.ndarray] = None,
 ) -> Report:
     """The family's verdict on ``rows`` against ``scores`` (one row each,
     ``lens[i]`` entries of row ``i`` visible; ``mags`` their error scales or
@@ -297,14 +328,19 @@ def judge_family(
     ``+inf`` (and no error scale), and the best of the rest;
     :func:`kvselect.check_topk`'s reasons, ``forced_dropped``,
     ``not_ascending`` (with ``ascending``) and ``wrong_length`` (a row whose
-    ``topk_length`` is not its count of entries). Also ``vacuous``: the rows
-    no selection of the unforced entries could fail at this tolerance.
+    ``topk_length`` is not its count of entries). ``extra`` (one per score,
+    or None) widens each score's tolerance by that much more, absolute
+    (``e = atol + rtol m + extra``: folded into the magnitudes as ``m +
+    extra / rtol``, ``rtol > 0``). Also ``vacuous``: the rows no selection of
+    the unforced entries could fail at this tolerance.
 
     The one judge of the family's options: :func:`check_indexer_family`,
     :func:`kvselect.checking.check_indexer_topk` with the options and
     ``kvselect check`` on a ``topk`` dump that carries them all call it."""
     scores = np.array(scores, dtype=np.float64)
     mags_ = np.zeros_like(scores) if mags is None else np.nan_to_num(np.array(mags, dtype=np.float64), nan=0.0)
+    if extra is not None:  # e = atol + rtol (m + extra / rtol) = atol + rtol m + extra
+        mags_ = mags_ + np.asarray(extra, dtype=np.float64) / rtol
     lens = np.asarray(lens, dtype=np.int64)
     f0, f1 = int(force_first), int(force_last)
     forced: List[np.ndarray] = []
@@ -385,6 +421,8 @@ DEFAULTS = {
     "force_last": 0,
     "row_layout": "rank",
     "score_pool": 1,
+    "score_type": "max",
+    "sm_scale": None,
     "topk_length": None,
 }
 
@@ -394,7 +432,7 @@ def family_options(weights: Any, slots: Any, filler: str, **options: Any) -> Opt
     its default and ``weights`` is given (the checker's own path), else the
     options, after refusing what the family's judge does not take (global
     ``slots``, a ``filler`` other than ``"-1"``), naming the argument."""
-    given = [k for k, v in options.items() if ((v is not None) if k == "topk_length" else (v != DEFAULTS[k]))]
+    given = [k for k, v in options.items() if ((v is not None) if DEFAULTS[k] is None else (v != DEFAULTS[k]))]
     if weights is not None and not given:
         return None
     which = "weights=None" if weights is None else given[0]

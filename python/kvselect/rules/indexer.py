@@ -111,6 +111,13 @@ TABLE = {
         "entries per block scored as one, by their max (MiniMax's MSA: 128); rows hold block ids, "
         "the last block partial (default 1)",
     ),
+    "score_type": (
+        "str",
+        "",
+        "optional, with score_pool",
+        '"max" (default) or "lse" (SGLang\'s MiniMax-M3 selector: a block scored ln sum exp(sm_scale * s_t))',
+    ),
+    "sm_scale": ("number", "", "optional, with score_type lse", "the lse pool's scale (default 1 / sqrt(d))"),
     "force_first": (
         "int scalar",
         "",
@@ -297,7 +304,16 @@ def check(
 
 #: The family's keys (issue 43): a dump with any of them (or indexer inputs
 #: without weights) is judged by :func:`kvselect.checking.family.judge_family`.
-FAMILY_KEYS = ("activation", "force_first", "force_last", "score_pool", "row_layout", "topk_length")
+FAMILY_KEYS = (
+    "activation",
+    "force_first",
+    "force_last",
+    "score_pool",
+    "score_type",
+    "sm_scale",
+    "row_layout",
+    "topk_length",
+)
 
 
 def _family(d: Mapping[str, np.ndarray], topk: int, filler: str) -> Optional[Dict[str, Any]]:
@@ -324,8 +340,20 @@ def _family(d: Mapping[str, np.ndarray], topk: int, filler: str) -> Optional[Dic
         )
     if pool < 1:
         raise DumpError(f"score_pool = {pool}: a block holds at least one entry")
+    score_type = _text(d, "score_type", "max")
+    if score_type not in ("max", "lse"):
+        raise DumpError(f"score_type must be 'max' or 'lse', got {score_type!r}")
+    if score_type == "lse" and pool < 2:
+        raise DumpError(f"score_type 'lse' with score_pool = {pool}: the log-sum-exp scores a block (score_pool >= 2)")
+    sm_scale = None
+    if "sm_scale" in d:
+        if score_type != "lse":
+            raise DumpError("sm_scale without score_type 'lse': it scales the lse pool only")
+        sm_scale = float(d["sm_scale"])
+        if not (np.isfinite(np.float32(sm_scale)) and sm_scale > 0):
+            raise DumpError(f"sm_scale = {sm_scale}: must be finite and above 0")
     if "scores" in d:
-        for key in ("activation", "score_pool"):
+        for key in ("activation", "score_pool", "score_type", "sm_scale"):
             if key in d:
                 raise DumpError(
                     f"{key} beside scores: it shapes the scores computed from the indexer's inputs, "
@@ -349,6 +377,8 @@ def _family(d: Mapping[str, np.ndarray], topk: int, filler: str) -> Optional[Dic
         "force_last": f1,
         "row_layout": layout,
         "score_pool": pool,
+        "score_type": score_type,
+        "sm_scale": sm_scale,
         "topk_length": _ints(d, "topk_length") if "topk_length" in d else None,
     }
 

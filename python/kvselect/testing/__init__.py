@@ -180,6 +180,8 @@ def assert_topk(
     force_last: int = 0,
     row_layout: str = "rank",
     score_pool: int = 1,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
     topk_length: Any = None,
 ) -> Report:
     """Assert that ``rows`` is a correct lightning-indexer top-k of the
@@ -226,7 +228,7 @@ def assert_topk(
         Tokens per key (DeepSeek-V4's CSA: 4): the rows select compressed
         entries and a row's context is ``(query_pos + 1) // compress_ratio``
         entries, as :func:`kvselect.indexer_topk` takes it.
-    activation, force_first, force_last, row_layout, score_pool, topk_length : optional
+    activation, force_first, force_last, row_layout, score_pool, score_type, sm_scale, topk_length : optional
         The indexer family's options (``weights`` may then be None), as
         :func:`kvselect.checking.check_indexer_family` judges them (not with
         ``engine_scores``, ``slots`` or a ``filler`` other than ``"-1"``).
@@ -261,6 +263,8 @@ def assert_topk(
         force_last=force_last,
         row_layout=row_layout,
         score_pool=score_pool,
+        score_type=score_type,
+        sm_scale=sm_scale,
         topk_length=_host(topk_length, "topk_length"),
     )
     if engine_scores is not None and family_options(weights, None, "-1", **family) is not None:
