@@ -142,9 +142,10 @@ pub(super) fn bounds(x: &[f64]) -> (f64, f64) {
             under += 1; // the true term lies in [0, UNDER]
             continue;
         }
+        // |e − e^h| ≤ EXP_REL_ERR e^h: e^h ∈ [e / (1 + ε), e / (1 − ε)].
         let (rl, rh) = (r - eta, r + eta);
-        lo += e * (1.0 - EXP_REL_ERR) * (1.0 + rl);
-        hi += e * (1.0 + EXP_REL_ERR) * (1.0 + rh + rh * rh);
+        lo += e / (1.0 + EXP_REL_ERR) * (1.0 + rl);
+        hi += e / (1.0 - EXP_REL_ERR) * (1.0 + rh + rh * rh);
     }
     // Each term rounds at most 6 times, the sum n − 1 more: relative (n + 8) 2u.
     let g = (x.len() as f64 + 8.0) * 2.0 * u;
