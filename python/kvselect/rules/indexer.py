@@ -362,13 +362,13 @@ def _family(d: Mapping[str, np.ndarray], topk: int, filler: str) -> Optional[Dic
     elif "index_q" not in d:
         _need(d, "index_q")
     why = {
-        "block_table": "rows of global slot ids",
-        "dcp_size": "decode context parallelism",
-        "engine_scores": "the engine's own scores",
+        "block_table": "rows of global slot ids are",
+        "dcp_size": "decode context parallelism is",
+        "engine_scores": "the engine's own scores are",
     }
     for key, what in why.items():
         if key in d and not (key == "block_table" and "kv_cache" in d and "req_ids" not in d):
-            raise DumpError(f"{key} with {which}: {what} are not judged with the indexer family's options")
+            raise DumpError(f"{key} with {which}: {what} not judged with the indexer family's options")
     if filler != "-1":
         raise DumpError(f"filler {filler!r} with {which}: the indexer family's rows are -1 padded")
     return {
