@@ -540,30 +540,77 @@ pub(super) fn refine_pooled<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     row: &impl RowScores,
     rescore: &Rescore<'_, K>,
 ) {
+    // One monomorphised body per block score: the max pool's is the code it was.
+    let at = (lo, hi, pool, len);
+    match score {
+        ScoreType::Max => {
+            let interval = |bound: &Bound, entries: std::ops::Range<usize>| {
+                entries.fold((f64::NEG_INFINITY, f64::NEG_INFINITY), |(l, u), t| {
+                    let (lt, ut) = bound.interval(row.score(t), row.terms(t));
+                    (l.max(lt), u.max(ut))
+                })
+            };
+            let value = |block: &[f64]| {
+                block
+                    .iter()
+                    .filter(|x| !x.is_nan())
+                    .fold(f64::NEG_INFINITY, |a, &x| a.max(x))
+            };
+            refine_blocks(top, at, score, row, rescore, interval, value);
+        }
+        ScoreType::Lse { sm_scale } => {
+            let lambda = f64::from(sm_scale);
+            let interval = |bound: &Bound, entries: std::ops::Range<usize>| {
+                let ends: Vec<(f64, f64)> = entries
+                    .map(|t| bound.interval(row.score(t), row.terms(t)))
+                    .collect();
+                if ends.iter().any(|&(l, u)| !(l.is_finite() && u.is_finite())) {
+                    return (f64::NEG_INFINITY, f64::INFINITY);
+                }
+                let lows: Vec<f64> = ends.iter().map(|&(l, _)| lambda * l).collect();
+                let ups: Vec<f64> = ends.iter().map(|&(_, u)| lambda * u).collect();
+                (lse::bounds(&lows).0, lse::bounds(&ups).1)
+            };
+            let value = |block: &[f64]| {
+                if block.iter().any(|x| x.is_nan()) {
+                    return f64::NEG_INFINITY;
+                }
+                let x: Vec<f64> = block.iter().map(|&s| lambda * s).collect();
+                let (l, u) = lse::bounds(&x);
+                if l == u {
+                    l
+                } else {
+                    l + (u - l) / 2.0
+                }
+            };
+            refine_blocks(top, at, score, row, rescore, interval, value);
+        }
+    }
+}
+
+/// [`refine_pooled`]'s body: `interval(bound, entries)` is a block's real
+/// score interval from its entries' float32 scores, `value(block)` its
+/// decision value from their float64 re-scores.
+fn refine_blocks<K, I, V>(
+    top: &mut Vec<u64>,
+    (lo, hi, pool, len): (usize, usize, usize, usize),
+    score: ScoreType,
+    row: &impl RowScores,
+    rescore: &Rescore<'_, K>,
+    interval: I,
+    value: V,
+) where
+    K: Fn(usize, &mut [f32]) -> f32 + Sync,
+    I: Fn(&Bound, std::ops::Range<usize>) -> (f64, f64),
+    V: Fn(&[f64]) -> f64,
+{
     let take = top.len();
     if take == 0 || take >= hi.saturating_sub(lo) {
         return;
     }
     let bound = Bound::of(rescore.query);
     let entries = |b: usize| b * pool..((b + 1) * pool).min(len);
-    let interval = |b: usize| match score {
-        ScoreType::Max => entries(b).fold((f64::NEG_INFINITY, f64::NEG_INFINITY), |(l, u), t| {
-            let (lt, ut) = bound.interval(row.score(t), row.terms(t));
-            (l.max(lt), u.max(ut))
-        }),
-        ScoreType::Lse { sm_scale } => {
-            let lambda = f64::from(sm_scale);
-            let ends: Vec<(f64, f64)> = entries(b)
-                .map(|t| bound.interval(row.score(t), row.terms(t)))
-                .collect();
-            if ends.iter().any(|&(l, u)| !(l.is_finite() && u.is_finite())) {
-                return (f64::NEG_INFINITY, f64::INFINITY);
-            }
-            let lows: Vec<f64> = ends.iter().map(|&(l, _)| lambda * l).collect();
-            let ups: Vec<f64> = ends.iter().map(|&(_, u)| lambda * u).collect();
-            (lse::bounds(&lows).0, lse::bounds(&ups).1)
-        }
-    };
+    let interval = |b: usize| interval(&bound, entries(b));
     let pos = |c: u64| (u32::MAX - c as u32) as usize;
     let selected: std::collections::HashSet<usize> = top.iter().map(|&c| pos(c)).collect();
     let lows: Vec<f64> = top.iter().map(|&c| interval(pos(c)).0).collect();
@@ -596,25 +643,8 @@ pub(super) fn refine_pooled<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
         .iter()
         .map(|&b| {
             let n = entries(b).len();
-            let block = &exact[at..at + n];
+            let v = value(&exact[at..at + n]);
             at += n;
-            let v = match score {
-                ScoreType::Max => block
-                    .iter()
-                    .filter(|x| !x.is_nan())
-                    .fold(f64::NEG_INFINITY, |a, &x| a.max(x)),
-                ScoreType::Lse { .. } if block.iter().any(|x| x.is_nan()) => f64::NEG_INFINITY,
-                ScoreType::Lse { sm_scale } => {
-                    let lambda = f64::from(sm_scale);
-                    let x: Vec<f64> = block.iter().map(|&s| lambda * s).collect();
-                    let (l, u) = lse::bounds(&x);
-                    if l == u {
-                        l
-                    } else {
-                        l + (u - l) / 2.0
-                    }
-                }
-            };
             v + 0.0
         })
         .collect();
