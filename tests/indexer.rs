@@ -979,6 +979,7 @@ fn the_family_options_are_the_float64_oracles_rows() {
             force_last: f1,
             layout: RowLayout::Ascending,
             score_pool: pool,
+            ..IndexerOptions::default()
         };
         let shape = IndexerShape {
             n_queries: 1,

@@ -1361,6 +1361,8 @@ def indexer_topk(
     force_last: int = 0,
     row_layout: str = "rank",
     score_pool: int = 1,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
@@ -1429,6 +1431,14 @@ def indexer_topk(
         (ties to the lower block), ``force_first`` / ``force_last`` count blocks, and
         ``scores_out`` receives the blocks' float32 scores. Default 1: no pool. Not with
         ``num_segments``.
+    score_type : str, optional
+        How the pool scores a block: "max" (default) or "lse", SGLang's MiniMax-M3 selector's
+        ``ln sum_t exp(sm_scale * score(t))`` over the block's keys (a NaN key makes the block
+        -inf), exact up to about ``1e-7`` of the log (the project's exp; docs/indexer.md).
+        Needs ``score_pool >= 2``.
+    sm_scale : float, optional
+        The scores' scale inside the exponential, finite and above 0, read as float32;
+        ``1 / sqrt(d)`` by default (SGLang's). Only with ``score_type="lse"``.
     out : ndarray of int32, [n_queries, topk], optional
         Written and returned: C-contiguous, writeable, aligned, native byte order, not
         overlapping any input (else refused, nothing written).
@@ -1473,6 +1483,8 @@ def indexer_topk_packed(
     force_last: int = 0,
     row_layout: str = "rank",
     score_pool: int = 1,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
@@ -1497,7 +1509,7 @@ def indexer_topk_packed(
         Each query's position within its sequence; one integer for one query.
     topk, key_scale, key_format, query_format, num_segments, compress_ratio : optional
         As :func:`indexer_topk` takes them.
-    activation, force_first, force_last, row_layout, score_pool : optional
+    activation, force_first, force_last, row_layout, score_pool, score_type, sm_scale : optional
         As :func:`indexer_topk` takes them.
     out, scores_out : ndarray, [n_queries, topk], optional
         As :func:`indexer_topk` takes them.
@@ -1537,6 +1549,8 @@ def indexer_topk_paged(
     force_last: int = 0,
     row_layout: str = "rank",
     score_pool: int = 1,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
     out: Optional[_ArrayOut[np.int32]] = None,
     scores_out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.int32]:
@@ -1571,7 +1585,7 @@ def indexer_topk_paged(
         Each query's position within its sequence; one integer for one query.
     topk, key_format, query_format, num_segments, compress_ratio : optional
         As :func:`indexer_topk` takes them.
-    activation, force_first, force_last, row_layout, score_pool : optional
+    activation, force_first, force_last, row_layout, score_pool, score_type, sm_scale : optional
         As :func:`indexer_topk` takes them.
     page_layout : str, optional
         "dense" (default) or "fp8_scaled".

@@ -1,8 +1,8 @@
 //! The project's own `exp`, shared by every rule with a float32 softmax:
 //! the sparse-attention pass, InfLLM-v2's stage 1, MInference's
-//! vertical-slash estimate. (The eviction baselines keep the float64
-//! probabilities of `attention_probabilities`, the C library's `exp`:
-//! `crate::eviction` says why.)
+//! vertical-slash estimate, the indexer's `lse` score pool. (The eviction
+//! baselines keep the float64 probabilities of `attention_probabilities`,
+//! the C library's `exp`: `crate::eviction` says why.)
 //!
 //! **The rule.** `exp(x)` for `x <= 0` as Cephes' `expf`: `n =
 //! round(x · log2 e)` (ties to even, by adding and subtracting `1.5 · 2^23`),

@@ -68,7 +68,9 @@
 //! is exact).
 
 use super::kernels::{slot, Query};
+use super::lse;
 use super::select::candidate;
+use super::ScoreType;
 use crate::rounding::{self, gamma32, rank64, ETA16};
 use crate::simd::{dispatch, Isa};
 
@@ -500,44 +502,115 @@ pub(super) fn pooled(scores: impl Iterator<Item = f32>) -> f32 {
         + 0.0
 }
 
+/// A block's float32 score under `score`: [`pooled`] or `lse::lse32`.
+#[inline]
+pub(super) fn block_score(score: ScoreType, scores: impl Iterator<Item = f32> + Clone) -> f32 {
+    match score {
+        ScoreType::Max => pooled(scores),
+        ScoreType::Lse { sm_scale } => lse::lse32(scores, sm_scale),
+    }
+}
+
 /// [`refine`] for a row of blocks of `pool` entries (the score pool): `top`
-/// holds the `take` best blocks among `lo .. hi` by their float32 max-pool
-/// scores ([`pooled`]), of a row of `len` entries; made the blocks with the
-/// largest real max-pool scores (NaN entries absent), ties to the lower
-/// block.
+/// holds the `take` best blocks among `lo .. hi` by their float32 block
+/// scores ([`block_score`]), of a row of `len` entries; made the blocks with
+/// the largest real block scores, ties to the lower block (with `lse`, up to
+/// the bound of `lse.rs`).
 ///
 /// Why it holds: each entry's real score lies in its interval `[ŝ_t − E_t,
 /// ŝ_t + E_t]` (the module docs; the whole line for a non-finite score or
-/// bound, a NaN among them), so a block's real maximum lies in `[max_t (ŝ_t
-/// − E_t), max_t (ŝ_t + E_t)]` over its entries (a maximum is monotone in
-/// each argument). The test of [`refine`] then runs on the blocks'
-/// intervals, and the blocks of the band are decided by the float64 maxima
-/// of their entries' float64 re-scores (NaN absent). What would break it: a
-/// block interval from the float32 maxima alone (the float32 max of a block
-/// need not be its real argmax's score), or a NaN entry given a finite
-/// interval (a float32 NaN can be an overflow `inf − inf` of finite reals).
+/// bound, a NaN among them), and a block's score is monotone in each entry's:
+/// its real maximum lies in `[max_t (ŝ_t − E_t), max_t (ŝ_t + E_t)]` (NaN
+/// absent), its real log-sum-exp in `lse::bounds` of the scaled ends (the
+/// whole line when an entry's interval is, since a NaN entry makes the block
+/// `-inf`). The test of [`refine`] then runs on the blocks' intervals, and
+/// the blocks of the band are decided by their entries' float64 re-scores:
+/// the float64 maxima (NaN absent), or the log-sum-exp bounds' midpoints (a
+/// NaN re-score `-inf`). What would break it: a block interval from the
+/// float32 block scores alone (the float32 max of a block need not be its
+/// real argmax's score), or a NaN entry given a finite interval (a float32
+/// NaN can be an overflow `inf − inf` of finite reals).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn refine_pooled<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     top: &mut Vec<u64>,
     lo: usize,
     hi: usize,
-    pool: usize,
+    (pool, score): (usize, ScoreType),
     len: usize,
     row: &impl RowScores,
     rescore: &Rescore<'_, K>,
 ) {
+    // One monomorphised body per block score: the max pool's is the code it was.
+    let at = (lo, hi, pool, len);
+    match score {
+        ScoreType::Max => {
+            let interval = |bound: &Bound, entries: std::ops::Range<usize>| {
+                entries.fold((f64::NEG_INFINITY, f64::NEG_INFINITY), |(l, u), t| {
+                    let (lt, ut) = bound.interval(row.score(t), row.terms(t));
+                    (l.max(lt), u.max(ut))
+                })
+            };
+            let value = |block: &[f64]| {
+                block
+                    .iter()
+                    .filter(|x| !x.is_nan())
+                    .fold(f64::NEG_INFINITY, |a, &x| a.max(x))
+            };
+            refine_blocks(top, at, score, row, rescore, interval, value);
+        }
+        ScoreType::Lse { sm_scale } => {
+            let lambda = f64::from(sm_scale);
+            let interval = |bound: &Bound, entries: std::ops::Range<usize>| {
+                let ends: Vec<(f64, f64)> = entries
+                    .map(|t| bound.interval(row.score(t), row.terms(t)))
+                    .collect();
+                if ends.iter().any(|&(l, u)| !(l.is_finite() && u.is_finite())) {
+                    return (f64::NEG_INFINITY, f64::INFINITY);
+                }
+                let lows: Vec<f64> = ends.iter().map(|&(l, _)| lambda * l).collect();
+                let ups: Vec<f64> = ends.iter().map(|&(_, u)| lambda * u).collect();
+                (lse::bounds(&lows).0, lse::bounds(&ups).1)
+            };
+            let value = |block: &[f64]| {
+                if block.iter().any(|x| x.is_nan()) {
+                    return f64::NEG_INFINITY;
+                }
+                let x: Vec<f64> = block.iter().map(|&s| lambda * s).collect();
+                let (l, u) = lse::bounds(&x);
+                if l == u {
+                    l
+                } else {
+                    l + (u - l) / 2.0
+                }
+            };
+            refine_blocks(top, at, score, row, rescore, interval, value);
+        }
+    }
+}
+
+/// [`refine_pooled`]'s body: `interval(bound, entries)` is a block's real
+/// score interval from its entries' float32 scores, `value(block)` its
+/// decision value from their float64 re-scores.
+fn refine_blocks<K, I, V>(
+    top: &mut Vec<u64>,
+    (lo, hi, pool, len): (usize, usize, usize, usize),
+    score: ScoreType,
+    row: &impl RowScores,
+    rescore: &Rescore<'_, K>,
+    interval: I,
+    value: V,
+) where
+    K: Fn(usize, &mut [f32]) -> f32 + Sync,
+    I: Fn(&Bound, std::ops::Range<usize>) -> (f64, f64),
+    V: Fn(&[f64]) -> f64,
+{
     let take = top.len();
     if take == 0 || take >= hi.saturating_sub(lo) {
         return;
     }
     let bound = Bound::of(rescore.query);
     let entries = |b: usize| b * pool..((b + 1) * pool).min(len);
-    let interval = |b: usize| {
-        entries(b).fold((f64::NEG_INFINITY, f64::NEG_INFINITY), |(l, u), t| {
-            let (lt, ut) = bound.interval(row.score(t), row.terms(t));
-            (l.max(lt), u.max(ut))
-        })
-    };
+    let interval = |b: usize| interval(&bound, entries(b));
     let pos = |c: u64| (u32::MAX - c as u32) as usize;
     let selected: std::collections::HashSet<usize> = top.iter().map(|&c| pos(c)).collect();
     let lows: Vec<f64> = top.iter().map(|&c| interval(pos(c)).0).collect();
@@ -566,25 +639,22 @@ pub(super) fn refine_pooled<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     let mut exact = vec![0.0f64; ts.len()];
     rescore.run(&ts, &mut exact);
     let mut at = 0;
-    let maxima: Vec<f64> = band
+    let values: Vec<f64> = band
         .iter()
         .map(|&b| {
             let n = entries(b).len();
-            let m = exact[at..at + n]
-                .iter()
-                .filter(|x| !x.is_nan())
-                .fold(f64::NEG_INFINITY, |a, &x| a.max(x));
+            let v = value(&exact[at..at + n]);
             at += n;
-            m + 0.0
+            v + 0.0
         })
         .collect();
     let mut order: Vec<usize> = (0..band.len()).collect();
-    order.sort_unstable_by_key(|&j| std::cmp::Reverse(rank64(maxima[j], band[j])));
+    order.sort_unstable_by_key(|&j| std::cmp::Reverse(rank64(values[j], band[j])));
     let need = take - kept.len();
-    let block_score = |b: usize| pooled(entries(b).map(|t| row.score(t)));
+    let float32 = |b: usize| block_score(score, entries(b).map(|t| row.score(t)));
     let mut chosen: Vec<u64> = order[..need]
         .iter()
-        .map(|&j| candidate(block_score(band[j]), band[j]))
+        .map(|&j| candidate(float32(band[j]), band[j]))
         .collect();
     chosen.sort_unstable_by(|a, b| b.cmp(a));
     kept.extend(chosen);

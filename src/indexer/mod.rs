@@ -71,9 +71,11 @@
 //!   `topk_length` the count of entries), `-1` past the entries.
 //! - **The score pool** (MiniMax's MSA): blocks of `score_pool` visible
 //!   entries, the last partial, each scored by its largest entry's score
-//!   (NaN absent, a block of NaN `-inf`); the row holds block ids and the
-//!   forced entries count blocks. Exact by the block intervals of
-//!   `exact::refine_pooled`. MiniMax-M3's block rule
+//!   (NaN absent, a block of NaN `-inf`), or with `ScoreType::Lse` by the
+//!   log-sum-exp of its entries' scaled scores (SGLang's MiniMax-M3
+//!   selector; `lse.rs`, exact up to its stated bound); the row holds block
+//!   ids and the forced entries count blocks. Exact by the block intervals
+//!   of `exact::refine_pooled`. MiniMax-M3's block rule
 //!   ([`crate::block_sparse`]) is this rule with one head per KV head, no
 //!   weights, no activation: its rows are equal, its kernels are not shared
 //!   (docs/indexer.md: their summation orders differ, so their float32
@@ -118,6 +120,7 @@
 
 mod exact;
 mod kernels;
+mod lse;
 mod paged;
 mod run;
 mod select;
@@ -202,12 +205,29 @@ pub enum RowLayout {
     Ascending,
 }
 
+/// How the score pool scores a block of entries.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum ScoreType {
+    /// The largest entry's score, NaN absent, a block of NaN `-inf`
+    /// (cuDNN's MSA row, MiniMax-M3's block rule).
+    #[default]
+    Max,
+    /// `ln Σ_t exp(sm_scale · s_t)` over the block's entries, a block with a
+    /// NaN entry `-inf` (SGLang's MiniMax-M3 selector, `score_type="lse"`:
+    /// the same order as its base-2 log). `sm_scale` finite and above 0.
+    /// Exact up to the bound of `lse.rs` (docs/indexer.md).
+    Lse {
+        /// The scores' scale inside the exponential (SGLang: `d^-1/2`).
+        sm_scale: f32,
+    },
+}
+
 /// The indexer family's options (NVIDIA/cudnn-frontend#838's
 /// `cudnn.sparse_attention.indexer_topk` contract): the activation, forced
 /// first / last entries and the output layout. "No weights" is head
 /// weights of one ([`IndexerInputs::weights`] all `1.0`: the same bits,
 /// see `exact.rs`). The default is today's rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct IndexerOptions {
     pub activation: Activation,
     /// The first `force_first` visible entries are in every row that cannot
@@ -221,6 +241,8 @@ pub struct IndexerOptions {
     /// the rows then hold block ids and the forced entries count blocks. 1 is
     /// no pool; 0 is refused (so is a pool with witnesses).
     pub score_pool: usize,
+    /// How a block of the pool is scored ([`ScoreType::Lse`] needs a pool).
+    pub score_type: ScoreType,
 }
 
 impl Default for IndexerOptions {
@@ -231,6 +253,7 @@ impl Default for IndexerOptions {
             force_last: 0,
             layout: RowLayout::Ranked,
             score_pool: 1,
+            score_type: ScoreType::Max,
         }
     }
 }
@@ -242,6 +265,7 @@ impl IndexerOptions {
             force_last: self.force_last,
             ascending: self.layout == RowLayout::Ascending,
             pool: self.score_pool,
+            score: self.score_type,
         }
     }
 
@@ -259,6 +283,20 @@ impl IndexerOptions {
                 "score_pool",
                 "score_pool=0: a block holds at least one entry (1: no pool)".into(),
             );
+        }
+        if let ScoreType::Lse { sm_scale } = self.score_type {
+            if self.score_pool < 2 {
+                let message = format!(
+                    "score_type='lse' with score_pool={}: the log-sum-exp scores a block of the \
+                     pool (score_pool >= 2)",
+                    self.score_pool
+                );
+                return invalid("score_type", message);
+            }
+            if !(sm_scale.is_finite() && sm_scale > 0.0) {
+                let message = format!("sm_scale must be finite and above 0, got {sm_scale}");
+                return invalid("sm_scale", message);
+            }
         }
         if self.score_pool > 1 && num_segments > 0 {
             let message = format!(

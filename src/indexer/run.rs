@@ -93,11 +93,16 @@ struct GroupRow<'a> {
     j: usize,
 }
 
+// `score` and `terms` are read once per entry in the refinements' loops, from
+// more than one instantiation (the max and lse pools): inlined, as when they
+// had one caller.
 impl exact::RowScores for GroupRow<'_> {
+    #[inline]
     fn score(&self, t: usize) -> f32 {
         self.view.get(self.j, t)
     }
 
+    #[inline]
     fn terms(&self, t: usize) -> (f32, f32) {
         self.view.terms(t)
     }
@@ -230,7 +235,7 @@ pub(super) fn select_rows<S, L>(
                         (true, true) => {
                             let b = t as usize;
                             let end = ((b + 1) * pool).min(len);
-                            exact::pooled((b * pool..end).map(|u| view.get(j, u)))
+                            exact::block_score(rule.score, (b * pool..end).map(|u| view.get(j, u)))
                         }
                     };
                 }
@@ -261,9 +266,17 @@ fn pooled_row(
     key: &(impl Fn(usize, usize, &mut [f32]) -> f32 + Sync),
 ) {
     let (pool, len) = (rule.pool, r.len);
-    let blocks: Vec<f32> = (0..len.div_ceil(pool))
-        .map(|b| exact::pooled((b * pool..((b + 1) * pool).min(len)).map(|t| r.view.get(r.j, t))))
-        .collect();
+    let span = |b: usize| b * pool..((b + 1) * pool).min(len);
+    let scores = |b: usize| span(b).map(|t| r.view.get(r.j, t));
+    let blocks: Vec<f32> = match rule.score {
+        // The max pool's loop as it was (no per-block dispatch).
+        super::ScoreType::Max => (0..len.div_ceil(pool))
+            .map(|b| exact::pooled(scores(b)))
+            .collect(),
+        score => (0..len.div_ceil(pool))
+            .map(|b| exact::block_score(score, scores(b)))
+            .collect(),
+    };
     let refine = |top: &mut Vec<u64>, lo: usize, hi: usize| {
         let rescore = Rescore {
             level: r.level,
@@ -274,7 +287,7 @@ fn pooled_row(
             view: r.view,
             j: r.j,
         };
-        exact::refine_pooled(top, lo, hi, pool, len, &row, &rescore);
+        exact::refine_pooled(top, lo, hi, (pool, rule.score), len, &row, &rescore);
     };
     select_row(
         |b| blocks[b],

@@ -48,6 +48,8 @@ pub(super) struct RowRule {
     /// Entries per block of the score pool (1: no pool; the row then holds
     /// block ids, forced entries counting blocks).
     pub pool: usize,
+    /// How a block of the pool is scored.
+    pub score: super::ScoreType,
 }
 
 /// The row of `len` scores (`score(t)`, `t < len`): the top `topk` (or
@@ -231,6 +233,7 @@ mod tests {
                 force_last: f1,
                 ascending,
                 pool: 1,
+                score: Default::default(),
             };
             let mut want: Vec<usize> = if len <= topk {
                 (0..len).collect()

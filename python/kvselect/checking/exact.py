@@ -31,11 +31,10 @@ from kvselect.checking._common import (
     _vacuous_rows,
     decode32,
 )
+from kvselect.checking.family import DEFAULTS, check_indexer_family, family_options
 from kvselect.checking.report import Report
 
-# The float64 unit roundoff; the float32 unit roundoff ``_U32``, its
-# subnormal rounding error ``_ETA32`` and ``_gamma`` are shared (the
-# engine's own scores and the Quest check use them).
+# The float64 unit roundoff (``_U32``, ``_ETA32`` and ``_gamma`` are shared, in _common).
 _U64 = 2.0**-53
 
 
@@ -596,6 +595,14 @@ def check_indexer_topk(
     seq_lens: Any = None,
     page_layout: str = "dense",
     compress_ratio: int = 1,
+    activation: str = "relu",
+    force_first: int = 0,
+    force_last: int = 0,
+    row_layout: str = "rank",
+    score_pool: int = 1,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
+    topk_length: Any = None,
 ) -> Report:
     """Whether each engine row is a correct lightning-indexer top-k of the indexer's inputs.
 
@@ -670,6 +677,10 @@ def check_indexer_topk(
     compress_ratio : int, optional
         As :func:`kvselect.indexer_topk` takes it (default 1; DeepSeek-V4's
         CSA rows: positions are compressed entries, ``query_pos`` the token).
+    activation, force_first, force_last, row_layout, score_pool, score_type, sm_scale, topk_length : optional
+        The indexer family's options (``weights`` may then be None), as
+        :func:`check_indexer_family` takes them; given any, the rows are judged
+        by its judge (``slots`` and a ``filler`` other than ``"-1"`` refused).
 
     Returns
     -------
@@ -813,6 +824,8 @@ def check_indexer_topk(
         page_layout,
         filler,
     )
+    given = (activation, force_first, force_last, row_layout, score_pool, score_type, sm_scale, topk_length)
+    options = family_options(weights, slots, filler, **dict(zip(DEFAULTS, given)))
     if kv_cache is not None:  # each sequence's pages, read into a packed batch's keys
         index_k, key_scale, cu_seqlens, key_format = _api_paged_keys(
             index_k, key_scale, cu_seqlens, kv_cache, block_table, seq_lens, seq_ids, page_layout, key_format
@@ -822,6 +835,10 @@ def check_indexer_topk(
             "index_k",
             "index_k is None: pass the keys, or kv_cache= (with block_table=, seq_lens=, seq_ids=) for a paged cache",
         )
+    if options is not None:  # the family's one judge
+        kw = dict(key_scale=key_scale, key_format=key_format, query_format=query_format, cu_seqlens=cu_seqlens)
+        kw.update(seq_ids=seq_ids, compress_ratio=compress_ratio, atol=atol_, rtol=rtol_, **options)
+        return check_indexer_family(rows, index_q, weights, index_k, query_pos, topk, **kw)
     return indexer_check(
         rows,
         index_q,
@@ -857,8 +874,7 @@ def _non_finite(name: str, a: np.ndarray) -> None:
 
 
 def _integers(name: str, a: Any) -> None:
-    """An index argument holds integers (a float position is a TypeError,
-    as the native functions raise it: never truncated)."""
+    """An index argument holds integers (a float one is a TypeError, never truncated)."""
     if isinstance(a, bool) or not isinstance(a, (int, np.integer)) and np.asarray(a).dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got {np.asarray(a).dtype}")
 
@@ -910,10 +926,11 @@ def _vet_api(
     q = np.asarray(index_q)
     if q.ndim == 3:
         h = q.shape[1]
-        if np.shape(weights) != (n, h):
+        if weights is not None and np.shape(weights) != (n, h):
             raise _refused("weights", f"weights must be [n_queries={n}, H={h}], got {list(np.shape(weights))}")
         _non_finite("index_q", decode32(q, query_format) if q.dtype.kind in "fV" or query_format else q)
-    _non_finite("weights", np.asarray(weights, dtype=np.float32))
+    if weights is not None:
+        _non_finite("weights", np.asarray(weights, dtype=np.float32))
     if index_k is not None:
         k = np.asarray(index_k)
         if key_scale is not None and np.ndim(key_scale) != 0 and np.shape(key_scale) != (len(k),):

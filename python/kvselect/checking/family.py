@@ -17,7 +17,18 @@ as before. A dropped forced entry is then a dropped ``+inf``, named
 not above the one before it is ``not_ascending`` (a ``-1`` before an entry is
 the top-k check's ``padding_hole``). What would break it: a row rule where a
 forced entry does not count inside the budget (the ``+inf`` entries would then
-crowd out real ones), or forced entries past the budget (refused).
+crowd out real ones), or forced entries past the budget (refused). With
+cuDNN's ``topk_length`` (each row's count of entries, its second output), a
+row whose count differs is ``wrong_length``.
+
+One judge: :func:`judge_family` is the verdict of :func:`check_indexer_family`,
+of :func:`kvselect.checking.check_indexer_topk` (and
+``kvselect.testing.assert_topk``) given the options, and of ``kvselect
+check`` on a ``topk`` dump that carries them (``activation``, no
+``weights``, ``force_first`` / ``force_last``, ``score_pool``,
+``row_layout``, ``topk_length``); without the options those keep their own
+faster path (``kvselect.checking.exact``), whose rows and verdicts the
+options at their defaults would give too.
 
 The scores are exact up to float64 rounding (every product of two decoded
 float32 operands exact): two entries within ``2 γ_{d+H+3}`` of the magnitude
@@ -27,21 +38,28 @@ float32 operands exact): two entries within ``2 γ_{d+H+3}`` of the magnitude
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
 import kvselect as ks
-from kvselect.checking._common import _refused
+from kvselect.checking._common import _refused, _vacuous_rows
 from kvselect.checking.report import Report
-from kvselect.reference.indexer import head_sum_scores, visible
+from kvselect.reference.indexer import head_sum_scores, pool_scores, visible
 from kvselect.reference.keys import decode
 
 #: float64's unit roundoff.
 _U64 = 2.0**-53
 
+#: The native ``lse`` pool's tie width beyond the float64 terms
+#: (``src/indexer/lse.rs``): its bound's half-width is at most ``EXP_REL_ERR``
+#: (``crate::exp``, 8.5e-8) with room, plus its log's ``2^-40`` and a float64
+#: log-sum-exp's own rounding here; each block adds ``8 u (max |λ s_t| + |max
+#: λ s_t| + |ℓ_b|)`` for the roundings that scale with the values.
+_LSE_TIE = 1.5 * 8.5e-8 + 2.0**-39
 
-REASONS = ("forced_dropped", "not_ascending")
+
+REASONS = ("forced_dropped", "not_ascending", "wrong_length")
 """The reasons this check adds to :func:`kvselect.check_topk`'s."""
 
 
@@ -64,6 +82,9 @@ def check_indexer_family(
     force_last: int = 0,
     row_layout: str = "rank",
     score_pool: int = 1,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
+    topk_length: Any = None,
     atol: float = 0.0,
     rtol: float = 0.0,
 ) -> Report:
@@ -89,6 +110,13 @@ def check_indexer_family(
         As :func:`kvselect.indexer_topk` takes them (with ``score_pool``, rows of block ids
         against the blocks' exact max-pool scores, each block's error scale its largest
         entry's).
+    score_type, sm_scale : optional
+        As :func:`kvselect.indexer_topk` takes them: with ``"lse"``, rows of block ids against
+        the blocks' log-sum-exp of ``sm_scale`` times their entries' exact scores (float64), two
+        blocks within the native selection's bound of each other a tie (see the module docs).
+    topk_length : array_like of int, optional
+        ``[n_rows]``: the engine's count of entries in each row (cuDNN's second
+        output); a row whose count of entries differs is wrong, ``wrong_length``.
     atol, rtol : float, optional
         Extra tolerance on each score (``rtol`` times its magnitude).
 
@@ -97,12 +125,15 @@ def check_indexer_family(
     Report
         :func:`kvselect.check_topk`'s report, its ``by_reason`` and
         ``details`` with ``forced_dropped`` (the forced entries missing from
-        a row that had to hold them) and ``not_ascending``.
+        a row that had to hold them), ``not_ascending`` and ``wrong_length``;
+        and ``vacuous``, the rows no choice among their unforced entries
+        could fail at this tolerance.
 
     Raises
     ------
     SelectionError
-        On an option the indexer refuses (naming it), or rows that do not fit the inputs.
+        On an option the indexer refuses (naming it), or rows (or
+        ``topk_length``) that do not fit the inputs.
 
     See Also
     --------
@@ -141,6 +172,8 @@ def check_indexer_family(
             force_last=force_last,
             row_layout=row_layout,
             score_pool=score_pool,
+            score_type=score_type,
+            sm_scale=sm_scale,
         )
     else:
         ks.indexer_topk_packed(
@@ -160,7 +193,62 @@ def check_indexer_family(
             force_last=force_last,
             row_layout=row_layout,
             score_pool=score_pool,
+            score_type=score_type,
+            sm_scale=sm_scale,
         )
+    if len(engine) != np.asarray(index_q).shape[0]:
+        raise _refused("rows", f"rows has {len(engine)} rows for {np.asarray(index_q).shape[0]} queries")
+    lengths = _topk_lengths(topk_length, len(engine))
+    scores, mags, lens, slack, extra = family_scores(
+        index_q,
+        weights,
+        index_k,
+        query_pos,
+        key_scale,
+        key_format,
+        query_format,
+        cu_seqlens,
+        seq_ids,
+        compress_ratio,
+        activation,
+        (score_pool, score_type, sm_scale),
+    )
+    return judge_family(
+        engine,
+        scores,
+        mags,
+        lens,
+        k_width,
+        force_first,
+        force_last,
+        row_layout == "ascending",
+        lengths,
+        atol,
+        rtol + slack,
+        extra,
+    )
+
+
+def family_scores(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    key_scale: Any,
+    key_format: Optional[str],
+    query_format: Optional[str],
+    cu_seqlens: Any,
+    seq_ids: Any,
+    compress_ratio: int,
+    activation: str,
+    pool_options: Tuple[int, str, Optional[float]],
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, float, Optional[np.ndarray]]:
+    """Each row's exact scores (float64, NaN past its context), their
+    magnitudes, its context (entries, or blocks with ``score_pool``), the
+    float64 tie slack ``2 γ_{d+H+3}`` and, for the ``lse`` pool, each block's
+    absolute tie width (else None): the arguments as
+    :func:`check_indexer_family` takes them (``pool_options`` its
+    ``score_pool``, ``score_type``, ``sm_scale``), already vetted."""
     q = decode(index_q, query_format, "query_format")
     k = decode(index_k, key_format, "key_format")
     n, h, d = q.shape
@@ -170,20 +258,18 @@ def check_indexer_family(
     pos = np.asarray(query_pos, dtype=np.int64).reshape(-1)
     pos = np.broadcast_to(pos, (n,))
     relu, m = activation == "relu", int(compress_ratio)
-    f0, f1 = int(force_first), int(force_last)
-    if len(engine) != n:
-        raise _refused("rows", f"rows has {len(engine)} rows for {n} queries")
     if cu_seqlens is None:
         bounds, seq = np.array([0, len(k)]), np.zeros(n, dtype=np.int64)
     else:
         bounds = np.asarray(cu_seqlens, dtype=np.int64).reshape(-1)
         seq = np.asarray(seq_ids, dtype=np.int64).reshape(-1)
-    pool = int(score_pool)
+    pool, lse = int(pool_options[0]), pool_options[1] == "lse"
+    lam = float(np.float32(d**-0.5 if pool_options[2] is None else pool_options[2]))  # as natively read
     width = -(-int(np.diff(bounds).max()) // pool) if len(bounds) > 1 else 0
     scores = np.full((n, width), np.nan)
     mags = np.full((n, width), np.nan)
+    extra = np.zeros((n, width)) if lse else None
     lens = np.zeros(n, dtype=np.int64)
-    forced = []
     qa, ka = np.abs(q), np.abs(k)
     for i in range(n):
         lo, hi = int(bounds[seq[i]]), int(bounds[seq[i] + 1])
@@ -191,24 +277,91 @@ def check_indexer_family(
         with np.errstate(invalid="ignore", over="ignore"):
             s_i = head_sum_scores(q[i], w[i], k[lo : lo + entries], relu) * c[lo : lo + entries]
             m_i = head_sum_scores(qa[i], np.abs(w[i]), ka[lo : lo + entries]) * np.abs(c[lo : lo + entries])
-        if pool > 1:  # the blocks' max-pool (NaN absent), each scaled by its largest magnitude
+        if lse and extra is not None:  # the log-sum-exp pool: 1-Lipschitz in each entry
+            x = lam * s_i
+            blocks = pool_scores(s_i, pool, "lse", lam)
+            big, top = _pooled(np.nan_to_num(np.abs(x), nan=np.inf), pool), _pooled(x, pool)
+            with np.errstate(invalid="ignore"):
+                tie = _LSE_TIE + 8 * _U64 * (big + np.abs(top) + np.abs(blocks))
+            extra[i, : len(blocks)] = np.nan_to_num(tie, nan=np.inf)
+            s_i, m_i = blocks, lam * _pooled(np.nan_to_num(m_i, nan=np.inf), pool)
+        elif pool > 1:  # the blocks' max-pool (NaN absent), each scaled by its largest magnitude
             s_i, m_i = _pooled(s_i, pool), _pooled(np.nan_to_num(m_i, nan=np.inf), pool)
-        L = len(s_i)
-        lens[i] = L
-        scores[i, :L], mags[i, :L] = s_i, m_i
-        mine = np.zeros(0, dtype=np.int64)
-        if L > k_width:  # a row short of its context: its forced entries are members
-            mine = np.concatenate([np.arange(f0), np.arange(L - f1, L)]).astype(np.int64)
-            scores[i, mine], mags[i, mine] = np.inf, 0.0
-        forced.append(mine)
+        lens[i] = len(s_i)
+        scores[i, : len(s_i)], mags[i, : len(s_i)] = s_i, m_i
     # Twice γ_{d+H+3} in float64: two float64 sums of one real score, in any
     # order, differ by less than this times its magnitude (check_indexer_topk's tie).
     nu = d + h + 3
-    slack = 2 * nu * _U64 / (1 - nu * _U64)
-    report = ks.check_topk(
-        scores, engine, lens, topk=k_width, atol=atol, rtol=rtol + slack, magnitudes=np.nan_to_num(mags, nan=0.0)
-    )
-    return _with_family_reasons(Report(report), engine, forced, row_layout == "ascending")
+    return scores, mags, lens, 2 * nu * _U64 / (1 - nu * _U64), extra
+
+
+def _topk_lengths(topk_length: Any, n: int) -> Optional[np.ndarray]:
+    """``topk_length`` checked: None, or integers, one per row."""
+    if topk_length is None:
+        return None
+    a = np.asarray(topk_length)
+    if a.dtype.kind not in "iu":
+        raise _refused("topk_length", f"topk_length must hold integers, got {a.dtype}")
+    if a.shape != (n,):
+        raise _refused("topk_length", f"topk_length must be [n_rows={n}], got {list(a.shape)}")
+    return a.astype(np.int64)
+
+
+def judge_family(
+    rows: np.ndarray,
+    scores: np.ndarray,
+    mags: Optional[np.ndarray],
+    lens: np.ndarray,
+    topk: int,
+    force_first: int,
+    force_last: int,
+    ascending: bool,
+    topk_length: Optional[np.ndarray],
+    atol: float,
+    rtol: float,
+    extra: Optional[np.ndarray] = None,
+) -> Report:
+    """The family's verdict on ``rows`` against ``scores`` (one row each,
+    ``lens[i]`` entries of row ``i`` visible; ``mags`` their error scales or
+    None): a row with ``lens[i] > topk`` must hold its first
+    ``force_first`` and last ``force_last`` entries, each given the score
+    ``+inf`` (and no error scale), and the best of the rest;
+    :func:`kvselect.check_topk`'s reasons, ``forced_dropped``,
+    ``not_ascending`` (with ``ascending``) and ``wrong_length`` (a row whose
+    ``topk_length`` is not its count of entries). ``extra`` (one per score,
+    or None) widens each score's tolerance by that much more, absolute
+    (``e = atol + rtol m + extra``: folded into the magnitudes as ``m +
+    extra / rtol``, ``rtol > 0``). Also ``vacuous``: the rows no selection of
+    the unforced entries could fail at this tolerance.
+
+    The one judge of the family's options: :func:`check_indexer_family`,
+    :func:`kvselect.checking.check_indexer_topk` with the options and
+    ``kvselect check`` on a ``topk`` dump that carries them all call it."""
+    scores = np.array(scores, dtype=np.float64)
+    mags_ = np.zeros_like(scores) if mags is None else np.nan_to_num(np.array(mags, dtype=np.float64), nan=0.0)
+    if extra is not None:  # e = atol + rtol (m + extra / rtol) = atol + rtol m + extra
+        mags_ = mags_ + np.asarray(extra, dtype=np.float64) / rtol
+    lens = np.asarray(lens, dtype=np.int64)
+    f0, f1 = int(force_first), int(force_last)
+    forced: List[np.ndarray] = []
+    free_s, free_m = np.full_like(scores, np.nan), np.zeros_like(scores)
+    free_lens = np.zeros(len(lens), dtype=np.int64)
+    for i, L in enumerate(lens.tolist()):
+        mine = np.zeros(0, dtype=np.int64)
+        if L > topk and (f0 or f1):  # a row short of its context: its forced entries are members
+            mine = np.concatenate([np.arange(f0), np.arange(L - f1, L)]).astype(np.int64)
+        keep = np.ones(L, dtype=bool)
+        keep[mine] = False
+        free_lens[i] = int(keep.sum())
+        free_s[i, : free_lens[i]], free_m[i, : free_lens[i]] = scores[i, :L][keep], mags_[i, :L][keep]
+        scores[i, mine], mags_[i, mine] = np.inf, 0.0
+        forced.append(mine)
+    report = ks.check_topk(scores, rows, lens, topk=topk, atol=atol, rtol=rtol, magnitudes=mags_)
+    out = _with_family_reasons(Report(report), rows, forced, ascending, topk_length)
+    # Vacuous over the unforced entries (a +inf entry would make every row with one not vacuous).
+    vac = _vacuous_rows(free_s, free_m if mags is not None else None, free_lens, -1, atol, rtol)
+    out["vacuous"] = int((vac & (lens > topk)).sum())
+    return out
 
 
 def _pooled(x: np.ndarray, pool: int) -> np.ndarray:
@@ -225,9 +378,12 @@ def _pooled(x: np.ndarray, pool: int) -> np.ndarray:
     return out + 0.0
 
 
-def _with_family_reasons(report: Report, rows: np.ndarray, forced: list, ascending: bool) -> Report:
-    """``report`` with ``forced_dropped`` (each row missing a forced entry)
-    and ``not_ascending`` (with ``ascending``) added, and its counts redone."""
+def _with_family_reasons(
+    report: Report, rows: np.ndarray, forced: list, ascending: bool, topk_length: Optional[np.ndarray] = None
+) -> Report:
+    """``report`` with ``forced_dropped`` (each row missing a forced entry),
+    ``not_ascending`` (with ``ascending``) and ``wrong_length`` (with
+    ``topk_length``) added, and its counts redone."""
     details = {entry["row"]: list(entry["problems"]) for entry in report["details"]}
     for i, row in enumerate(rows):
         held = set(row[row >= 0].tolist())
@@ -242,6 +398,10 @@ def _with_family_reasons(report: Report, rows: np.ndarray, forced: list, ascendi
                 details.setdefault(i, []).append(
                     {"reason": "not_ascending", "slot": j, "entry": int(valid[j]), "after": int(valid[j - 1])}
                 )
+        if topk_length is not None and int(topk_length[i]) != int((row >= 0).sum()):
+            details.setdefault(i, []).append(
+                {"reason": "wrong_length", "topk_length": int(topk_length[i]), "entries": int((row >= 0).sum())}
+            )
     by_reason = {r: 0 for r in list(report["by_reason"]) + list(REASONS)}
     for problems in details.values():
         for reason in {p["reason"] for p in problems}:
@@ -252,3 +412,32 @@ def _with_family_reasons(report: Report, rows: np.ndarray, forced: list, ascendi
     out["wrong"] = len(details)
     out["correct"] = int(report["rows"]) - len(details)
     return out
+
+
+#: The family's options at their defaults: a call with these (and weights) is today's indexer.
+DEFAULTS = {
+    "activation": "relu",
+    "force_first": 0,
+    "force_last": 0,
+    "row_layout": "rank",
+    "score_pool": 1,
+    "score_type": "max",
+    "sm_scale": None,
+    "topk_length": None,
+}
+
+
+def family_options(weights: Any, slots: Any, filler: str, **options: Any) -> Optional[dict]:
+    """The family options a checker was given: None when every one is at
+    its default and ``weights`` is given (the checker's own path), else the
+    options, after refusing what the family's judge does not take (global
+    ``slots``, a ``filler`` other than ``"-1"``), naming the argument."""
+    given = [k for k, v in options.items() if ((v is not None) if DEFAULTS[k] is None else (v != DEFAULTS[k]))]
+    if weights is not None and not given:
+        return None
+    which = "weights=None" if weights is None else given[0]
+    if slots is not None:
+        raise _refused("slots", f"slots with {which}: the indexer family's rows are positions, not global slots")
+    if filler != "-1":
+        raise _refused("filler", f"filler={filler!r} with {which}: the indexer family's rows are -1 padded")
+    return options

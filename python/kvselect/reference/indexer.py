@@ -87,14 +87,17 @@ def indexer_topk(
     force_last: int = 0,
     row_layout: str = "rank",
     score_pool: int = 1,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
     out: Any = None,
     scores_out: Any = None,
 ) -> np.ndarray:
     """The lightning indexer's top-k of every query (see the section notes):
     int32 ``[n_queries, topk]``; ``scores_out`` (float32 ``[n_queries,
     topk]``) receives each entry's score, NaN where the row holds -1. With
-    ``score_pool = P > 1`` the row holds block ids of the max-pool (the
-    score pool's section notes, :func:`indexer_topk_pooled`)."""
+    ``score_pool = P > 1`` the row holds block ids of the max-pool, or with
+    ``score_type="lse"`` of the log-sum-exp pool of ``sm_scale`` times the
+    scores (the score pool's section notes, :func:`indexer_topk_pooled`)."""
     q, w, k, c, pos = _indexer_inputs(index_q, weights, index_k, query_pos, key_scale, key_format, query_format)
     n, t = len(q), len(k)
     topk = _count("topk", topk)
@@ -110,13 +113,14 @@ def indexer_topk(
     keep = max(topk - num_segments, 0)
     f0, f1 = _forced(force_first, force_last, keep)
     pool = _pool(score_pool, num_segments)
+    lse_scale = _score_type(score_type, sm_scale, pool, q.shape[2])
     rows = np.full((n, topk), -1, dtype=np.int64)
     chosen_scores = np.full((n, topk), np.nan)
     for i in range(n):
         length = visible(int(pos[i]), m, t)
         scores = _indexer_row(q[i], w[i], k[:length], c[:length], relu)
         if pool > 1:
-            scores = pool_scores(scores, pool)
+            scores = pool_scores(scores, pool, score_type, lse_scale)
         order = _members(scores, keep, f0, f1)
         rows[i, : len(order)] = order
         if num_segments:
@@ -155,6 +159,25 @@ def _pool(score_pool: Any, num_segments: int) -> int:
     if pool > 1 and num_segments:
         raise _refuse(_SELECTION, "score_pool", "score_pool with num_segments: witnesses cover positions")
     return pool
+
+
+def _score_type(score_type: Any, sm_scale: Any, pool: int, d: int) -> float:
+    """``score_type`` and ``sm_scale`` checked: the lse pool's scale (the
+    float32 value of ``sm_scale``, default ``1 / sqrt(d)``, as natively read),
+    1.0 for the max pool (which takes no scale)."""
+    if score_type not in ("max", "lse"):
+        raise _refuse(_SELECTION, "score_type", f"score_type must be 'max' or 'lse', got {score_type!r}")
+    if score_type == "max":
+        if sm_scale is not None:
+            raise _refuse(_SELECTION, "sm_scale", f"sm_scale={sm_scale} with score_type='max': lse only")
+        return 1.0
+    if pool < 2:
+        raise _refuse(_SELECTION, "score_type", f"score_type='lse' with score_pool={pool}: needs a pool (>= 2)")
+    with np.errstate(over="ignore"):  # a scale past float32's range is refused below, as natively
+        scale = float(np.float32(1.0 / np.sqrt(d) if sm_scale is None else sm_scale))
+    if not (np.isfinite(scale) and scale > 0):
+        raise _refuse(_SELECTION, "sm_scale", f"sm_scale must be finite and above 0, got {sm_scale}")
+    return scale
 
 
 def _activation(activation: Any) -> bool:
@@ -373,6 +396,8 @@ def indexer_topk_packed(
     force_last: int = 0,
     row_layout: str = "rank",
     score_pool: int = 1,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
     out: Any = None,
     scores_out: Any = None,
 ) -> np.ndarray:
@@ -397,6 +422,7 @@ def indexer_topk_packed(
     _activation(activation), _row_layout(row_layout)
     _forced(force_first, force_last, max(_count("topk", topk) - _count("num_segments", num_segments), 0))
     _pool(score_pool, _count("num_segments", num_segments))
+    _score_type(score_type, sm_scale, _count("score_pool", score_pool), q.shape[2])
 
     def one(i: int, s_row: np.ndarray) -> np.ndarray:
         k0, k1 = int(cu[sid[i]]), int(cu[sid[i] + 1])
@@ -417,6 +443,8 @@ def indexer_topk_packed(
             force_last=force_last,
             row_layout=row_layout,
             score_pool=score_pool,
+            score_type=score_type,
+            sm_scale=sm_scale,
         )
 
     return _query_by_query(
@@ -488,6 +516,8 @@ def indexer_topk_paged(
     force_last: int = 0,
     row_layout: str = "rank",
     score_pool: int = 1,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
     out: Any = None,
     scores_out: Any = None,
 ) -> np.ndarray:
@@ -511,6 +541,7 @@ def indexer_topk_paged(
     _activation(activation), _row_layout(row_layout)
     _forced(force_first, force_last, max(_count("topk", topk) - _count("num_segments", num_segments), 0))
     _pool(score_pool, _count("num_segments", num_segments))
+    _score_type(score_type, sm_scale, _count("score_pool", score_pool), q.shape[2])
 
     def one(i: int, s_row: np.ndarray) -> np.ndarray:
         s = int(sid[i])
@@ -531,6 +562,8 @@ def indexer_topk_paged(
             force_last=force_last,
             row_layout=row_layout,
             score_pool=score_pool,
+            score_type=score_type,
+            sm_scale=sm_scale,
         )
 
     return _query_by_query(

@@ -31,10 +31,12 @@ from kvselect.checking._common import (
     _need,
     _paged_keys,
     _same_rows,
+    _text,
     _vacuous,
 )
 from kvselect.checking.engine_scores import own_scores_check
 from kvselect.checking.exact import indexer_check
+from kvselect.checking.family import check_indexer_family, judge_family
 from kvselect.rules._rule import DumpKind, EvalContext, Knob, Policy, Rule, Selection, timed
 
 TABLE = {
@@ -54,7 +56,13 @@ TABLE = {
         "each score's error scale (for a relative tolerance)",
     ),
     "index_q": ("float", "[n_rows, H, d]", "the indexer inputs or scores", "the indexer's queries"),
-    "weights": ("float", "[n_rows, H]", "with index_q", "per-row head weights, scales folded in"),
+    "weights": (
+        "float",
+        "[n_rows, H]",
+        "with index_q, unless the indexer has none",
+        "per-row head weights, scales folded in; absent with index_q: no weights, every head's "
+        "weight 1 (Qwen's QSA, MiniMax's MSA; indexer_topk's weights=None)",
+    ),
     "index_k": ("float", "[n_keys, d]", "with index_q", "the indexer's keys"),
     "key_scale": (
         "float",
@@ -90,6 +98,41 @@ TABLE = {
         "optional, with kv_cache",
         '"dense" (default) or "fp8_scaled" (vLLM\'s DSA index-K pages)',
     ),
+    "activation": (
+        "str",
+        "",
+        "optional, with index_q",
+        '"relu" (default) or "none" (MiniMax\'s MSA: the heads\' dot products themselves)',
+    ),
+    "score_pool": (
+        "int scalar",
+        "",
+        "optional, with index_q",
+        "entries per block scored as one, by their max (MiniMax's MSA: 128); rows hold block ids, "
+        "the last block partial (default 1)",
+    ),
+    "score_type": (
+        "str",
+        "",
+        "optional, with score_pool",
+        '"max" (default) or "lse" (SGLang\'s MiniMax-M3 selector: a block scored ln sum exp(sm_scale * s_t))',
+    ),
+    "sm_scale": ("number", "", "optional, with score_type lse", "the lse pool's scale (default 1 / sqrt(d))"),
+    "force_first": (
+        "int scalar",
+        "",
+        "optional",
+        "the first visible entries (blocks, with score_pool) a row short of its context must hold, "
+        "inside topk (default 0)",
+    ),
+    "force_last": ("int scalar", "", "optional", "the last visible entries likewise (default 0)"),
+    "row_layout": (
+        "str",
+        "",
+        "optional",
+        '"rank" (default: any order) or "ascending" (cuDNN\'s: the entries ascending, compact, then -1)',
+    ),
+    "topk_length": ("int", "[n_rows]", "optional", "each row's count of entries (cuDNN's second output)"),
     "topk": ("int scalar", "", "optional", "k (default: the rows' width; with DCP: width / dcp_size)"),
     "engine_scores": (
         "float",
@@ -168,7 +211,11 @@ def check(
         "seq_ids",
         "req_ids",
         "prefill_req_ids",
+        "topk_length",
     )
+    family = _family(d, topk, filler)
+    if family is not None:
+        return _family_check(d, engine_rows, topk, family, atol, rtol)
     fmt: Dict[str, Any] = _formats(d)
     parts: List[Tuple[np.ndarray, dict]] = []
     vacuous = 0
@@ -253,6 +300,158 @@ def check(
         own = own_scores_check(engine_scores, engine_rows, lens, topk, _layout(d, np.arange(n)), filler)
         checks.append(("against the engine's own scores, exactly", own))
     return checks
+
+
+#: The family's keys (issue 43): a dump with any of them (or indexer inputs
+#: without weights) is judged by :func:`kvselect.checking.family.judge_family`.
+FAMILY_KEYS = (
+    "activation",
+    "force_first",
+    "force_last",
+    "score_pool",
+    "score_type",
+    "sm_scale",
+    "row_layout",
+    "topk_length",
+)
+
+
+def _family(d: Mapping[str, np.ndarray], topk: int, filler: str) -> Optional[Dict[str, Any]]:
+    """The indexer family's options a ``topk`` dump carries (None when it
+    carries none and has its weights): each read and judged, every
+    inconsistency refused naming the key."""
+    given = [key for key in FAMILY_KEYS if key in d]
+    no_weights = "index_q" in d and "weights" not in d
+    if not given and not no_weights:
+        return None
+    which = given[0] if given else "no weights"
+    activation, layout = _text(d, "activation", "relu"), _text(d, "row_layout", "rank")
+    if activation not in ("relu", "none"):
+        raise DumpError(f"activation must be 'relu' or 'none', got {activation!r}")
+    if layout not in ("rank", "ascending"):
+        raise DumpError(f"row_layout must be 'rank' or 'ascending', got {layout!r}")
+    f0, f1, pool = _int(d, "force_first", 0), _int(d, "force_last", 0), _int(d, "score_pool", 1)
+    for key, v in (("force_first", f0), ("force_last", f1)):
+        if v < 0:
+            raise DumpError(f"{key} = {v}: a count of forced entries, at least 0")
+    if f0 + f1 > topk:
+        raise DumpError(
+            f"force_first + force_last = {f0} + {f1} > topk = {topk}: forced entries count inside the budget"
+        )
+    if pool < 1:
+        raise DumpError(f"score_pool = {pool}: a block holds at least one entry")
+    score_type = _text(d, "score_type", "max")
+    if score_type not in ("max", "lse"):
+        raise DumpError(f"score_type must be 'max' or 'lse', got {score_type!r}")
+    if score_type == "lse" and pool < 2:
+        raise DumpError(f"score_type 'lse' with score_pool = {pool}: the log-sum-exp scores a block (score_pool >= 2)")
+    sm_scale = None
+    if "sm_scale" in d:
+        if score_type != "lse":
+            raise DumpError("sm_scale without score_type 'lse': it scales the lse pool only")
+        sm_scale = float(d["sm_scale"])
+        if not (np.isfinite(np.float32(sm_scale)) and sm_scale > 0):
+            raise DumpError(f"sm_scale = {sm_scale}: must be finite and above 0")
+    if "scores" in d:
+        for key in ("activation", "score_pool", "score_type", "sm_scale"):
+            if key in d:
+                raise DumpError(
+                    f"{key} beside scores: it shapes the scores computed from the indexer's inputs, "
+                    f"and given scores are already scored (drop {key}, or dump the inputs)"
+                )
+    elif "index_q" not in d:
+        _need(d, "index_q")
+    why = {
+        "block_table": "rows of global slot ids are",
+        "dcp_size": "decode context parallelism is",
+        "engine_scores": "the engine's own scores are",
+    }
+    for key, what in why.items():
+        if key in d and not (key == "block_table" and "kv_cache" in d and "req_ids" not in d):
+            raise DumpError(f"{key} with {which}: {what} not judged with the indexer family's options")
+    if filler != "-1":
+        raise DumpError(f"filler {filler!r} with {which}: the indexer family's rows are -1 padded")
+    return {
+        "activation": activation,
+        "force_first": f0,
+        "force_last": f1,
+        "row_layout": layout,
+        "score_pool": pool,
+        "score_type": score_type,
+        "sm_scale": sm_scale,
+        "topk_length": _ints(d, "topk_length") if "topk_length" in d else None,
+    }
+
+
+def _family_check(
+    d: Mapping[str, np.ndarray], rows: np.ndarray, topk: int, options: Dict[str, Any], atol: float, rtol: float
+) -> Sequence[Tuple[str, Mapping[str, Any]]]:
+    """A ``topk`` dump with the family's options, judged as
+    :func:`kvselect.checking.check_indexer_family` judges it (given scores
+    by its judge, :func:`kvselect.checking.family.judge_family`)."""
+    rows = np.asarray(rows)
+    if "scores" in d:
+        _need(d, "context_lens")
+        scores, mags = _given(d, "scores"), _given(d, "magnitudes")
+        assert scores is not None
+        if rtol != 0 and mags is None:
+            raise DumpError(
+                "rtol > 0 needs each score's magnitude: add 'magnitudes' to the "
+                "dump, pass --rtol 0 (and an --atol), or dump the indexer's inputs"
+            )
+        lengths = options["topk_length"]
+        report = judge_family(
+            rows,
+            scores,
+            mags,
+            _ints(d, "context_lens"),
+            topk,
+            options["force_first"],
+            options["force_last"],
+            options["row_layout"] == "ascending",
+            lengths,
+            atol,
+            rtol,
+        )
+        return [("against the exact scores (the indexer family's options)", report)]
+    paged = "kv_cache" in d
+    _need(d, "index_q", "query_pos", *(() if paged else ("index_k",)))
+    _finite(d, "index_q", "weights", "index_k", "key_scale")
+    fmt = _formats(d)
+    key_format, cu, seq = fmt["key_format"], None, None
+    if paged:  # each sequence's pages, read into the packed batch's keys
+        k, scale, cu, key_format = _paged_keys(d)
+        seq = _ints(d, "seq_ids")
+        _check_packing(cu, seq, len(k))
+    else:
+        k, scale = d["index_k"], _floats(d, "key_scale")
+        if "cu_seqlens" in d:
+            _need(d, "seq_ids")
+            cu, seq = _ints(d, "cu_seqlens"), _ints(d, "seq_ids")
+            _check_packing(cu, seq, len(k))
+    ratio = _int(d, "compress_ratio", 1)
+    if ratio < 1:
+        raise DumpError(f"compress_ratio = {ratio}: a key stands for at least one token")
+    weights = _floats(d, "weights")
+    report = check_indexer_family(
+        rows,
+        d["index_q"],
+        weights,
+        k,
+        _ints(d, "query_pos"),
+        topk,
+        key_scale=scale,
+        key_format=key_format,
+        query_format=fmt["query_format"],
+        cu_seqlens=cu,
+        seq_ids=seq,
+        compress_ratio=ratio,
+        atol=atol,
+        rtol=rtol,
+        **options,
+    )
+    name = "against the exact scores (the indexer family's options"
+    return [(name + (", no weights: every head's weight 1)" if weights is None else ")"), report)]
 
 
 def given_scores_without_magnitudes(d: Mapping[str, np.ndarray]) -> Optional[str]:
@@ -347,6 +546,7 @@ RULE = Rule(
                 "seq_ids",
                 "req_ids",
                 "prefill_req_ids",
+                "topk_length",
             ),
         ),
     ),

@@ -38,8 +38,9 @@ import numpy as np
 import kvselect as ks
 from kvselect._core import _dlpack_array
 from kvselect.checking import Report, check_dump, check_indexer_topk, format_report
-from kvselect.checking._common import _context_lens, _precision, _tolerance_values, _topk_of, _vacuous
+from kvselect.checking._common import _context_lens, _precision, _refused, _tolerance_values, _topk_of, _vacuous
 from kvselect.checking.engine_scores import own_scores_check, score_accuracy
+from kvselect.checking.family import family_options
 from kvselect.checking.report import dump_report
 
 # The hard inputs, reachable as ``kvselect.testing.cases`` after ``import
@@ -174,6 +175,14 @@ def assert_topk(
     filler: str = "-1",
     fail_vacuous: bool = True,
     compress_ratio: int = 1,
+    activation: str = "relu",
+    force_first: int = 0,
+    force_last: int = 0,
+    row_layout: str = "rank",
+    score_pool: int = 1,
+    score_type: str = "max",
+    sm_scale: Optional[float] = None,
+    topk_length: Any = None,
 ) -> Report:
     """Assert that ``rows`` is a correct lightning-indexer top-k of the
     indexer's inputs, as ``kvselect check`` judges it.
@@ -219,6 +228,10 @@ def assert_topk(
         Tokens per key (DeepSeek-V4's CSA: 4): the rows select compressed
         entries and a row's context is ``(query_pos + 1) // compress_ratio``
         entries, as :func:`kvselect.indexer_topk` takes it.
+    activation, force_first, force_last, row_layout, score_pool, score_type, sm_scale, topk_length : optional
+        The indexer family's options (``weights`` may then be None), as
+        :func:`kvselect.checking.check_indexer_family` judges them (not with
+        ``engine_scores``, ``slots`` or a ``filler`` other than ``"-1"``).
 
     Returns
     -------
@@ -244,6 +257,22 @@ def assert_topk(
     cu_seqlens, seq_ids = _host(cu_seqlens, "cu_seqlens"), _host(seq_ids, "seq_ids")
     kv_cache, block_table = _host(kv_cache, "kv_cache"), _host(block_table, "block_table")
     seq_lens, engine_scores = _host(seq_lens, "seq_lens"), _host(engine_scores, "engine_scores")
+    family = dict(
+        activation=activation,
+        force_first=force_first,
+        force_last=force_last,
+        row_layout=row_layout,
+        score_pool=score_pool,
+        score_type=score_type,
+        sm_scale=sm_scale,
+        topk_length=_host(topk_length, "topk_length"),
+    )
+    if engine_scores is not None and family_options(weights, None, "-1", **family) is not None:
+        raise _refused(
+            "engine_scores",
+            "engine_scores with the indexer family's options: the engine's own scores are not checked with "
+            "them (forced entries and pools change which scores a row must top); drop engine_scores",
+        )
     exact = check_indexer_topk(
         rows,
         index_q,
@@ -266,6 +295,7 @@ def assert_topk(
         seq_lens=seq_lens,
         page_layout=page_layout,
         compress_ratio=compress_ratio,
+        **family,
     )
     atol_, rtol_ = (float(x) for x in _tolerance_values(p, atol, rtol))
     checks: List[Tuple[str, Report]] = [("against the exact scores", exact)]

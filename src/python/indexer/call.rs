@@ -11,12 +11,17 @@
 use numpy::PyUntypedArray;
 use pyo3::prelude::*;
 
+use crate::attention::softmax_scale;
 use crate::error::ArgumentError as Error;
-use crate::indexer::{self, Activation, IndexerInputs, IndexerOptions, IndexerShape, RowLayout};
+use crate::indexer::{
+    self, Activation, IndexerInputs, IndexerOptions, IndexerShape, RowLayout, ScoreType,
+};
+use crate::python::args::Choice;
 use crate::python::args::{
     detach, ndarrays, query_positions, Broadcast, EncodedIn, FormatArg, In, InAnyRank, Named, Obj,
     Opt, Queries, I32, S,
 };
+use crate::python::errors::{refuse, Domain};
 
 /// `weights`, or None: no weights, every head's weight 1 (Qwen's QSA,
 /// MiniMax's MSA). `fma(1, x, acc)` rounds `acc + x` once, as a plain sum
@@ -45,26 +50,65 @@ impl<'py> Weights<'py> {
 }
 
 /// The family's options as typed values (`activation`, `force_first`,
-/// `force_last`, `row_layout`, `score_pool`): parsed once, here; the budget check is the
-/// core's ([`IndexerOptions`]).
+/// `force_last`, `row_layout`, and the pool: `score_pool`, `score_type`,
+/// `sm_scale`): parsed once, here; the budget check is the core's
+/// ([`IndexerOptions`]).
 pub(super) type Family<'a, 'py> = (
     Option<Named<Activation>>,
     Opt<'a, 'py>,
     Opt<'a, 'py>,
     Option<Named<RowLayout>>,
-    Opt<'a, 'py>,
+    (Opt<'a, 'py>, Option<Named<PoolScore>>, Option<f64>),
 );
 
-/// [`Family`] read: None is today's rule (ReLU, nothing forced, rank order).
+/// `score_type`'s spellings.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum PoolScore {
+    Max,
+    Lse,
+}
+
+impl Choice for PoolScore {
+    const ARG: &'static str = "score_type";
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "max" => Some(PoolScore::Max),
+            "lse" => Some(PoolScore::Lse),
+            _ => None,
+        }
+    }
+    fn unknown(got: &str) -> String {
+        format!("score_type must be 'max' or 'lse', got {got:?}")
+    }
+}
+
+/// [`Family`] read: None is today's rule (ReLU, nothing forced, rank order,
+/// no pool); `d` the index dimension (`sm_scale`'s default `1 / sqrt(d)`).
 pub(super) fn family(
-    (activation, force_first, force_last, row_layout, score_pool): Family<'_, '_>,
+    (activation, force_first, force_last, row_layout, pool): Family<'_, '_>,
+    d: usize,
 ) -> PyResult<IndexerOptions> {
+    let (score_pool, score_type, sm_scale) = pool;
+    let score_type = match score_type.map(|t| t.get()).transpose()? {
+        None | Some(PoolScore::Max) => {
+            if let Some(v) = sm_scale {
+                let message =
+                    format!("sm_scale={v} with score_type='max': it scales the 'lse' pool only");
+                return Err(refuse(Domain::Selection, "sm_scale", message));
+            }
+            ScoreType::Max
+        }
+        Some(PoolScore::Lse) => ScoreType::Lse {
+            sm_scale: sm_scale.map_or_else(|| softmax_scale(d), |v| v as f32),
+        },
+    };
     Ok(IndexerOptions {
         score_pool: S.count_or(score_pool, "score_pool", i32::MAX as u64, 1)?,
         activation: activation.map(|a| a.get()).transpose()?.unwrap_or_default(),
         force_first: S.count_or(force_first, "force_first", i32::MAX as u64, 0)?,
         force_last: S.count_or(force_last, "force_last", i32::MAX as u64, 0)?,
         layout: row_layout.map(|l| l.get()).transpose()?.unwrap_or_default(),
+        score_type,
     })
 }
 

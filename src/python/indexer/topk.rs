@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::call::PoolScore;
 use crate::indexer::{self, PagedInputs};
 use crate::indexer::{Activation, RowLayout};
 use crate::python::args::{
@@ -79,6 +80,14 @@ use super::call::{family, queries, ratio, run_topk, segments, Call};
 ///     (ties to the lower block), ``force_first`` / ``force_last`` count blocks, and
 ///     ``scores_out`` receives the blocks' float32 scores. Default 1: no pool. Not with
 ///     ``num_segments``.
+/// score_type : str, optional
+///     How the pool scores a block: "max" (default) or "lse", SGLang's MiniMax-M3 selector's
+///     ``ln sum_t exp(sm_scale * score(t))`` over the block's keys (a NaN key makes the block
+///     -inf), exact up to about ``1e-7`` of the log (the project's exp; docs/indexer.md).
+///     Needs ``score_pool >= 2``.
+/// sm_scale : float, optional
+///     The scores' scale inside the exponential, finite and above 0, read as float32;
+///     ``1 / sqrt(d)`` by default (SGLang's). Only with ``score_type="lse"``.
 /// out : ndarray of int32, [n_queries, topk], optional
 ///     Written and returned: C-contiguous, writeable, aligned, native byte order, not
 ///     overlapping any input (else refused, nothing written).
@@ -106,11 +115,12 @@ use super::call::{family, queries, ratio, run_topk, segments, Call};
 #[pyo3(
     signature = (index_q, weights, index_k, query_pos, topk, *, key_scale=None, key_format=None,
                  query_format=None, num_segments=None, compress_ratio=None, activation=None, force_first=None,
-                 force_last=None, row_layout=None, score_pool=None, out=None, scores_out=None),
+                 force_last=None, row_layout=None, score_pool=None, score_type=None, sm_scale=None, out=None,
+                 scores_out=None),
     text_signature = "(index_q, weights, index_k, query_pos, topk, *, key_scale=None, \
                       key_format=None, query_format=None, num_segments=0, compress_ratio=1, \
-                      activation='relu', force_first=0, force_last=0, row_layout='rank', score_pool=1, out=None, \
-                      scores_out=None)"
+                      activation='relu', force_first=0, force_last=0, row_layout='rank', score_pool=1, \
+                      score_type='max', sm_scale=None, out=None, scores_out=None)"
 )]
 pub(super) fn indexer_topk<'py>(
     py: Python<'py>,
@@ -129,6 +139,8 @@ pub(super) fn indexer_topk<'py>(
     force_last: Opt<'_, 'py>,
     row_layout: Option<Named<RowLayout>>,
     score_pool: Opt<'_, 'py>,
+    score_type: Option<Named<PoolScore>>,
+    sm_scale: Option<f64>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
@@ -143,7 +155,11 @@ pub(super) fn indexer_topk<'py>(
         ),
     )?;
     call.ratio = ratio(compress_ratio)?;
-    let opts = family((activation, force_first, force_last, row_layout, score_pool))?;
+    let pool = (score_pool, score_type, sm_scale);
+    let opts = family(
+        (activation, force_first, force_last, row_layout, pool),
+        call.shape.d,
+    )?;
     let (shape, topk, segs) = (call.shape, call.topk, call.segs);
     call.run(py, (out, scores_out), |inputs, o, s| {
         indexer::indexer_topk_with_into(&shape, inputs, topk, segs, &opts, o, s)
@@ -171,7 +187,7 @@ pub(super) fn indexer_topk<'py>(
 ///     Each query's position within its sequence; one integer for one query.
 /// topk, key_scale, key_format, query_format, num_segments, compress_ratio : optional
 ///     As :func:`indexer_topk` takes them.
-/// activation, force_first, force_last, row_layout, score_pool : optional
+/// activation, force_first, force_last, row_layout, score_pool, score_type, sm_scale : optional
 ///     As :func:`indexer_topk` takes them.
 /// out, scores_out : ndarray, [n_queries, topk], optional
 ///     As :func:`indexer_topk` takes them.
@@ -193,12 +209,13 @@ pub(super) fn indexer_topk<'py>(
 #[pyo3(
     signature = (index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, topk, *, key_scale=None,
                  key_format=None, query_format=None, num_segments=None, compress_ratio=None,
-                 activation=None, force_first=None, force_last=None, row_layout=None, score_pool=None, out=None,
-                 scores_out=None),
+                 activation=None, force_first=None, force_last=None, row_layout=None, score_pool=None,
+                 score_type=None, sm_scale=None, out=None, scores_out=None),
     text_signature = "(index_q, weights, index_k, cu_seqlens, seq_ids, query_pos, topk, *, \
                       key_scale=None, key_format=None, query_format=None, num_segments=0, \
                       compress_ratio=1, activation='relu', force_first=0, force_last=0, \
-                      row_layout='rank', score_pool=1, out=None, scores_out=None)"
+                      row_layout='rank', score_pool=1, score_type='max', sm_scale=None, out=None, \
+                      scores_out=None)"
 )]
 pub(super) fn indexer_topk_packed<'py>(
     py: Python<'py>,
@@ -219,6 +236,8 @@ pub(super) fn indexer_topk_packed<'py>(
     force_last: Opt<'_, 'py>,
     row_layout: Option<Named<RowLayout>>,
     score_pool: Opt<'_, 'py>,
+    score_type: Option<Named<PoolScore>>,
+    sm_scale: Option<f64>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
@@ -238,7 +257,11 @@ pub(super) fn indexer_topk_packed<'py>(
         positions(S, cu_seqlens, "cu_seqlens")?,
         positions_along(S, seq_ids, "seq_ids", ("n_queries", call.shape.n_queries))?,
     );
-    let opts = family((activation, force_first, force_last, row_layout, score_pool))?;
+    let pool = (score_pool, score_type, sm_scale);
+    let opts = family(
+        (activation, force_first, force_last, row_layout, pool),
+        call.shape.d,
+    )?;
     let (shape, topk, segs) = (call.shape, call.topk, call.segs);
     call.run(py, (out, scores_out), |inputs, o, s| {
         indexer::indexer_topk_packed_with_into(&shape, inputs, &cu, &sid, topk, segs, &opts, o, s)
@@ -276,7 +299,7 @@ pub(super) fn indexer_topk_packed<'py>(
 ///     Each query's position within its sequence; one integer for one query.
 /// topk, key_format, query_format, num_segments, compress_ratio : optional
 ///     As :func:`indexer_topk` takes them.
-/// activation, force_first, force_last, row_layout, score_pool : optional
+/// activation, force_first, force_last, row_layout, score_pool, score_type, sm_scale : optional
 ///     As :func:`indexer_topk` takes them.
 /// page_layout : str, optional
 ///     "dense" (default) or "fp8_scaled".
@@ -302,11 +325,12 @@ pub(super) fn indexer_topk_packed<'py>(
     signature = (index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *,
                  page_layout=Named::known(PageLayoutName::Dense), key_format=None, query_format=None, num_segments=None,
                  compress_ratio=None, activation=None, force_first=None, force_last=None, row_layout=None,
-                 score_pool=None, out=None, scores_out=None, **renamed),
+                 score_pool=None, score_type=None, sm_scale=None, out=None, scores_out=None, **renamed),
     text_signature = "(index_q, weights, kv_cache, block_table, seq_lens, seq_ids, query_pos, topk, *, \
                       page_layout='dense', key_format=None, query_format=None, num_segments=0, \
                       compress_ratio=1, activation='relu', force_first=0, force_last=0, \
-                      row_layout='rank', score_pool=1, out=None, scores_out=None)"
+                      row_layout='rank', score_pool=1, score_type='max', sm_scale=None, out=None, \
+                      scores_out=None)"
 )]
 pub(super) fn indexer_topk_paged<'py>(
     py: Python<'py>,
@@ -328,6 +352,8 @@ pub(super) fn indexer_topk_paged<'py>(
     force_last: Opt<'_, 'py>,
     row_layout: Option<Named<RowLayout>>,
     score_pool: Opt<'_, 'py>,
+    score_type: Option<Named<PoolScore>>,
+    sm_scale: Option<f64>,
     out: Opt<'_, 'py>,
     scores_out: Opt<'_, 'py>,
     renamed: Option<&Bound<'py, PyDict>>,
@@ -346,7 +372,8 @@ pub(super) fn indexer_topk_paged<'py>(
     let topk = S.count(topk, "topk", i32::MAX as u64)?;
     let segs = segments(num_segments)?;
     let compress_ratio = ratio(compress_ratio)?;
-    let opts = family((activation, force_first, force_last, row_layout, score_pool))?;
+    let pool = (score_pool, score_type, sm_scale);
+    let opts = family((activation, force_first, force_last, row_layout, pool), dq)?;
     let inputs = PagedInputs {
         q: q.encoded()?,
         weights: w.slice()?,
