@@ -190,44 +190,22 @@ def test_the_compressed_pools_partial_block_is_named_not_causal():
 
 def test_the_score_pools_last_partial_block_counts_and_a_kernel_that_skips_it_is_named():
     """With ``score_pool = P`` a query at ``p`` has ``ceil((p + 1) / P)``
-    blocks, the last one partial; here it holds the best score, so a kernel
-    that pools only complete blocks (``(p + 1) // P``) drops it."""
-    rng = np.random.default_rng(SEED + 3)
-    P, topk, n = 8, 3, 12
-    values = rng.integers(1, 40, 200).astype(np.float32)
-    q = np.zeros((n, 1, 4), np.float32)
-    q[:, 0, 0] = 1
-    pos = P * np.arange(4, 4 + n) + np.arange(n) % (P - 1)  # never at a block's end
+    blocks, the last one partial; the case puts the best score there, so a
+    kernel that pools only complete blocks (``(p + 1) // P``) drops it."""
+    case = FAMILY["score_pool_last_partial_block-p8"]
+    inputs = case.inputs
+    P, topk, pos = inputs["score_pool"], inputs["topk"], inputs["query_pos"]
+    n, t = len(pos), int(inputs["cu_seqlens"][1])
     assert ((pos + 1) % P).all()
-    ks_rows = []
-    for p in pos:
-        v = values.copy()
-        v[p - (p % P) : p + 1] = -5
-        v[p] = 100  # the query's own token: its partial block is the best
-        k = np.zeros((200, 4), np.float32)
-        k[:, 0] = v
-        ks_rows.append(k)
-    k_all = np.concatenate(ks_rows)
-    inputs = dict(
-        index_q=q,
-        weights=None,
-        index_k=k_all,
-        cu_seqlens=np.arange(n + 1) * 200,
-        seq_ids=np.arange(n),
-        query_pos=pos,
-        topk=topk,
-        activation="none",
-        score_pool=P,
-        row_layout="ascending",
-    )
     rows = ks.indexer_topk_packed(**inputs)
     own = pos // P  # the partial block's id
     assert all(own[i] in rows[i] for i in range(n))
     assert check_dump(_dump(rows, inputs))["wrong"] == 0
     # The complete-blocks-only kernel: the best of blocks 0 .. (p + 1) // P - 1.
+    keys = inputs["index_k"][:, 0].reshape(n, t)
     skip = np.full_like(rows, -1)
     for i, p in enumerate(pos):
-        blocks = [values_block.max() for values_block in np.split(ks_rows[i][: (p + 1) // P * P, 0], (p + 1) // P)]
+        blocks = [b.max() for b in np.split(keys[i, : (p + 1) // P * P], (p + 1) // P)]
         skip[i] = np.sort(np.argsort(-np.array(blocks), kind="stable")[:topk])
     report = check_dump(_dump(skip, inputs))
     assert report["wrong"] == n and report["by_reason"]["wrong_selection"] == n

@@ -106,6 +106,7 @@ from kvselect.testing.cases.family import (
     forced_entry_counted_twice,
     forced_entry_dropped,
     pool_last_partial_block,
+    score_pool_last_partial_block,
 )
 from kvselect.testing.cases.infllm import (
     all_infllm_cases,
@@ -169,6 +170,7 @@ __all__ = [
     "forced_entry_dropped",
     "forced_entry_counted_twice",
     "pool_last_partial_block",
+    "score_pool_last_partial_block",
     "all_block_cases",
     "all_quest_cases",
     "all_infllm_cases",

@@ -1,5 +1,6 @@
 """The indexer family's cases (issue 43): forced first / last entries and the
-compressed pool's last partial block, each with its exact answer.
+compressed pool's and the score pool's last partial blocks, each with its
+exact answer.
 
 The rule is ``kvselect.indexer_topk``'s with the family's options
 (NVIDIA/cudnn-frontend#838's ``indexer_topk`` contract: forced entries count
@@ -218,6 +219,69 @@ def pool_last_partial_block(seed: int = 0, *, ratio: int = 4, n_entries: int = 3
     return _case(f"pool_last_partial_block-r{ratio}", pool_last_partial_block.__doc__ or "", inputs, {"form": "packed"})
 
 
+def score_pool_last_partial_block(
+    seed: int = 0, *, pool: int = 8, n_keys: int = 200, topk: int = 3, dim: int = 4
+) -> Case:
+    """Queries whose score pool's last block is partial and holds the best score.
+
+    The bug: a kernel that max-pools only complete blocks (``(p + 1) // P``
+    of them) drops the block the query's own token is filling, although that
+    block's visible positions count: with ``score_pool = P`` a query at ``p``
+    has ``ceil((p + 1) / P)`` blocks (MiniMax-M3's block max-pool, the
+    ``score_pool`` of NVIDIA/cudnn-frontend#838's ``indexer_topk``). Here
+    the query's own token scores highest and the rest of its block lowest, so
+    the partial block is the best one and must be in every row; no query
+    sits at a block's end. Activation none, cuDNN's ascending row layout.
+
+    Parameters
+    ----------
+    seed : int
+        The NumPy Generator's seed.
+    pool : int
+        Positions per block (the score pool).
+    n_keys : int
+        The keys (each row its own context of this length).
+    topk : int
+        The row width, in blocks.
+    dim : int
+        The index dimension.
+
+    Returns
+    -------
+    Case
+        A ``topk`` case of the family (``meta["family"]``).
+    """
+    rng = np.random.default_rng(seed)
+    values = rng.integers(1, 40, n_keys).astype(np.float32)
+    q, _ = _values_keys(values, dim)
+    n = 12
+    pos = (pool * np.arange(4, 4 + n) + np.arange(n) % (pool - 1)).astype(np.int64)  # never a block's end
+    k_rows = []
+    for p in pos:
+        v = values.copy()
+        v[p - p % pool : p + 1] = -5
+        v[p] = 100  # the query's own token: its partial block is the best
+        k_rows.append(_values_keys(v, dim)[1])
+    inputs = {
+        "index_q": np.repeat(q, n, axis=0),
+        "weights": None,
+        "index_k": np.concatenate(k_rows),
+        "cu_seqlens": np.arange(n + 1) * n_keys,
+        "seq_ids": np.arange(n),
+        "query_pos": pos,
+        "topk": topk,
+        "activation": "none",
+        "score_pool": pool,
+        "row_layout": "ascending",
+    }
+    return _case(
+        f"score_pool_last_partial_block-p{pool}",
+        score_pool_last_partial_block.__doc__ or "",
+        inputs,
+        {"form": "packed"},
+    )
+
+
 def all_family_cases(seed: int = 0) -> List[Tuple[str, Case]]:
     """Every family case, as ``(id, case)`` pairs.
 
@@ -229,10 +293,15 @@ def all_family_cases(seed: int = 0) -> List[Tuple[str, Case]]:
     Returns
     -------
     list of (str, Case)
-        ``forced_entry_dropped``, ``forced_entry_counted_twice`` and
-        ``pool_last_partial_block``; run the kernel as
+        ``forced_entry_dropped``, ``forced_entry_counted_twice``,
+        ``pool_last_partial_block`` and ``score_pool_last_partial_block``; run the kernel as
         ``kvselect.indexer_topk_packed`` (packed cases: ``cu_seqlens`` among
         the inputs) or ``kvselect.indexer_topk`` takes ``case.inputs``.
     """
-    made = [forced_entry_dropped(seed), forced_entry_counted_twice(seed), pool_last_partial_block(seed)]
+    made = [
+        forced_entry_dropped(seed),
+        forced_entry_counted_twice(seed),
+        pool_last_partial_block(seed),
+        score_pool_last_partial_block(seed),
+    ]
     return [(c.id, c) for c in made]
