@@ -215,8 +215,16 @@ def test_bad_inputs_are_refused_naming_the_argument_and_change_nothing(call, arg
 
 
 def test_non_numbers_are_type_errors():
+    """A TypeError here is PyO3's, not the KvselectError family's, so it has no
+    ``.argument``: a refused extraction names its argument in a note ("while
+    processing 'scale'", Python >= 3.11 only), a missing one in its message."""
     q, k = _arrays()
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^must be real number, not str") as e:
         ks.snapkv_scores(q, k, window=2, scale="big")
-    with pytest.raises(TypeError):
+    assert str(e.value) == "must be real number, not str"
+    assert not isinstance(e.value, ks.KvselectError)
+    if sys.version_info >= (3, 11):
+        assert e.value.__notes__ == ["while processing 'scale'"]
+    with pytest.raises(TypeError, match=r"^h2o_keep\(\) missing 1 required keyword argument: 'recent'$") as e:
         ks.h2o_keep(q, k, 2)  # recent is required
+    assert not isinstance(e.value, ks.KvselectError)

@@ -19,7 +19,7 @@ use crate::indexer::{
 use crate::python::args::Choice;
 use crate::python::args::{
     detach, ndarrays, query_positions, Broadcast, EncodedIn, FormatArg, In, InAnyRank, Named, Obj,
-    Opt, Queries, I32, S,
+    Opt, Queries, I32, I32_MAX, S,
 };
 use crate::python::errors::{refuse, Domain};
 
@@ -103,10 +103,10 @@ pub(super) fn family(
         },
     };
     Ok(IndexerOptions {
-        score_pool: S.count_or(score_pool, "score_pool", i32::MAX as u64, 1)?,
+        score_pool: S.count_or(score_pool, "score_pool", I32_MAX, 1)?,
         activation: activation.map(|a| a.get()).transpose()?.unwrap_or_default(),
-        force_first: S.count_or(force_first, "force_first", i32::MAX as u64, 0)?,
-        force_last: S.count_or(force_last, "force_last", i32::MAX as u64, 0)?,
+        force_first: S.count_or(force_first, "force_first", I32_MAX, 0)?,
+        force_last: S.count_or(force_last, "force_last", I32_MAX, 0)?,
         layout: row_layout.map(|l| l.get()).transpose()?.unwrap_or_default(),
         score_type,
     })
@@ -179,7 +179,7 @@ impl<'py> Call<'py> {
         (scale, kf, qf, segs): Options<'_, 'py>,
     ) -> PyResult<Self> {
         let mut call = Call::inputs((q, w, k, pos), (scale, kf, qf))?;
-        call.topk = S.count(topk, "topk", i32::MAX as u64)?;
+        call.topk = S.count(topk, "topk", I32_MAX)?;
         call.segs = segments(segs)?;
         Ok(call)
     }

@@ -9,7 +9,7 @@ use crate::indexer::{self, PagedInputs};
 use crate::indexer::{Activation, RowLayout};
 use crate::python::args::{
     ndarrays, positions, positions_along, refuse_extra_keywords, AsFormatArg, KeyFormat, Named,
-    Obj, Opt, PageLayoutName, QueryFormat, I32, S,
+    Obj, Opt, PageLayoutName, QueryFormat, I32, I32_MAX, S,
 };
 use crate::python::cache::{Paged, PagedArgs};
 
@@ -369,7 +369,7 @@ pub(super) fn indexer_topk_paged<'py>(
         query_pos,
     };
     let paged = Paged::new(args, &page_layout, key_format.format_arg(), (n, dq))?;
-    let topk = S.count(topk, "topk", i32::MAX as u64)?;
+    let topk = S.count(topk, "topk", I32_MAX)?;
     let segs = segments(num_segments)?;
     let compress_ratio = ratio(compress_ratio)?;
     let pool = (score_pool, score_type, sm_scale);

@@ -8,7 +8,7 @@ use super::super::args::{
 };
 use super::super::cache::Paged;
 use super::super::errors::refuse;
-use super::config;
+use super::config::config;
 use crate::infllm::{self, Keep, Pooling};
 
 /// InfLLM-v2's block selection at decode, over an engine's paged cache of compressed
