@@ -622,6 +622,7 @@ mod tests {
         ("vslash.sums", crate::vslash::dispatch_probe),
         ("vslash.lane_sums", crate::vslash::dispatch_probe),
         ("moba.gates", crate::moba::dispatch_probe),
+        ("moba.sums", crate::moba::dispatch_probe),
     ];
 
     /// The levels a family has no kernel for, refused by name (`avx512 =>
@@ -639,6 +640,7 @@ mod tests {
         ("vslash.sums", Level::Avx512, Level::Avx2),
         ("vslash.lane_sums", Level::Avx512, Level::Avx2),
         ("moba.gates", Level::Avx512, Level::Avx2),
+        ("moba.sums", Level::Avx512, Level::Avx2),
     ];
 
     /// A level added to the dispatch is reached by every kernel family, or
