@@ -201,6 +201,9 @@ pub fn rank(a: (f32, u32), b: (f32, u32)) -> Ordering {
 /// Slots up to which [`write_row`] keeps its best blocks by insertion.
 const SMALL: usize = 8;
 
+/// Slots up to which [`write_row`] finds its best blocks a pass each.
+const PASSES: usize = 2;
+
 /// Block `b`'s gate `g` as one integer that orders as [`rank`] does, the
 /// greater first: the gate's bits mapped to an unsigned order (`-0.0` as
 /// `+0.0`, NaN below `-inf`) above the block id's complement (the lower id
@@ -231,7 +234,23 @@ fn write_row(gates: &[f32], c: usize, n_past: usize, scratch: &mut Vec<u64>, row
         return;
     }
     let mut small = [0u64; SMALL];
-    let chosen: &mut [u64] = if n_past <= SMALL {
+    let chosen: &mut [u64] = if n_past <= PASSES {
+        // One or two slots beside the forced block (MoBA's topk 2 and 3):
+        // a pass each for the greatest key below the last found (keys are
+        // distinct), with no branch on the data (the gates' order is random,
+        // so a kept-or-not branch mispredicts).
+        let mut prev = u64::MAX;
+        for slot in small.iter_mut().take(n_past) {
+            let mut m = 0u64;
+            for (b, &g) in gates.iter().enumerate() {
+                let e = order_key(g, b);
+                m = m.max(if e < prev { e } else { 0 });
+            }
+            *slot = m;
+            prev = m;
+        }
+        &mut small[..n_past]
+    } else if n_past <= SMALL {
         // A few slots (MoBA's topk is 2 to 8): one pass keeping the best
         // `n_past` in order, each slot starting below every key (a key is
         // at least 1: block ids are below u32::MAX); most blocks lose to the
