@@ -622,6 +622,7 @@ mod tests {
         ("vslash.sums", crate::vslash::dispatch_probe),
         ("vslash.lane_sums", crate::vslash::dispatch_probe),
         ("moba.gates", crate::moba::dispatch_probe),
+        ("moba.sums", crate::moba::dispatch_probe),
         ("eviction.scores", crate::eviction::dispatch_probe),
     ];
 
@@ -640,6 +641,7 @@ mod tests {
         ("vslash.sums", Level::Avx512, Level::Avx2),
         ("vslash.lane_sums", Level::Avx512, Level::Avx2),
         ("moba.gates", Level::Avx512, Level::Avx2),
+        ("moba.sums", Level::Avx512, Level::Avx2),
         ("eviction.scores", Level::Avx512, Level::Avx2),
     ];
 

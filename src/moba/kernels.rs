@@ -1,29 +1,80 @@
-//! The `moba.gates` family: query rows against block means, each gate the
-//! 8-lane fused sum of the module docs (lane `l` accumulates dimensions `l,
-//! l + 8, …` by `fma`, the lanes added `((l0 + l4) + (l2 + l6)) + ((l1 +
-//! l5) + (l3 + l7))`). `portable` is the definition; the AVX2 kernel is the
-//! same arithmetic with each lane a vector lane, tiled two rows by four
-//! blocks (the tiling changes which gates are computed together, never the
-//! operations of one gate), so both give the same bits. No AVX-512 kernel:
-//! the AVX-512 level runs the AVX2 one.
+//! MoBA's two kernel families. `portable` is each one's definition; the AVX2
+//! kernels are the same arithmetic, so both give the same bits. No AVX-512
+//! kernels: the AVX-512 level runs the AVX2 ones.
+//!
+//! - `moba.gates`: query rows against block means, each gate the 8-lane
+//!   fused sum of the module docs (lane `l` accumulates dimensions `l, l +
+//!   8, …` by `fma`, the lanes added `((l0 + l4) + (l2 + l6)) + ((l1 + l5) +
+//!   (l3 + l7))`). The AVX2 kernel keeps each lane a vector lane, tiled two
+//!   rows by four blocks (the tiling changes which gates are computed
+//!   together, never the operations of one gate); a full tile's eight
+//!   accumulators are reduced together by a transpose whose additions are
+//!   the same pairs in the same order (`lo + hi` halves give `l0 + l4, l1 +
+//!   l5, l2 + l6, l3 + l7`; a lane swap puts `l2 + l6` beside `l0 + l4`;
+//!   two horizontal adds finish the tree).
+//! - `moba.sums`: rows added into a running sum element by element, row
+//!   after row (the block sum in token order); the AVX2 kernel holds 32
+//!   elements of the sum in registers while a group of rows streams past
+//!   (the order of each element's additions is unchanged).
 
+use crate::keys::Encoded;
 use crate::simd::{dispatch, Isa};
 
-/// `out[r · n + b] = q_r · m_b` for the `rows = q.len() / d8` query rows and
-/// `n = means.len() / d8` means, all zero padded to `d8` (a multiple of 8).
+/// `out[r · n + b] = q_r · m_b` for the query rows `q_r = q[rows[r] ..
+/// rows[r] + d8]` and the `n = means.len() / d8` means, all zero padded to
+/// `d8` (a multiple of 8).
 ///
 /// # Panics
-/// If the lengths disagree (callers size them from one shape).
-pub(super) fn gates(isa: Isa, q: &[f32], means: &[f32], d8: usize, out: &mut [f32]) {
+/// If the lengths disagree or a row runs past `q` (callers size them from
+/// one shape).
+pub(super) fn gates(
+    isa: Isa,
+    q: &[f32],
+    rows: &[usize],
+    means: &[f32],
+    d8: usize,
+    out: &mut [f32],
+) {
     assert!(d8 > 0 && d8.is_multiple_of(8));
-    assert!(q.len().is_multiple_of(d8) && means.len().is_multiple_of(d8));
-    assert_eq!(out.len(), q.len() / d8 * (means.len() / d8));
-    // SAFETY (bounds): the rows and means are whole rows of d8 and `out` one
-    // gate per pair (asserted above); the kernels read and write within them.
+    assert!(means.len().is_multiple_of(d8));
+    assert!(rows.iter().all(|&r| r <= q.len() && q.len() - r >= d8));
+    assert_eq!(out.len(), rows.len() * (means.len() / d8));
+    // SAFETY (bounds): every row and mean is d8 floats within its slice and
+    // `out` one gate per pair (asserted above); the kernels slice them.
     dispatch!("moba.gates", isa, {
         avx512 => avx2,
-        avx2(t) => avx2::gates(t, q, means, d8, out),
-        scalar => portable::gates(q, means, d8, out),
+        avx2(t) => avx2::gates(t, q, rows, means, d8, out),
+        scalar => portable::gates(q, rows, means, d8, out),
+    })
+}
+
+/// `acc[e] += rows[r · n + e]` for every row `r` in order (`n = acc.len()`),
+/// one float32 addition each of the decoded value: `rows` is float32,
+/// bfloat16 or float16 (decoded exactly), not fp8 (callers decode and scale
+/// it first).
+///
+/// # Panics
+/// If `rows` is not whole rows of `acc.len()`, or is fp8.
+pub(super) fn sums(isa: Isa, acc: &mut [f32], rows: Encoded<'_>) {
+    assert!(acc.is_empty() || rows.len().is_multiple_of(acc.len()));
+    assert!(
+        !matches!(rows, Encoded::Fp8E4m3(_)),
+        "fp8 rows are decoded first"
+    );
+    if acc.is_empty() {
+        return;
+    }
+    // SAFETY (bounds): `rows` is whole rows of `acc.len()` (asserted above);
+    // the kernels read and write within the slices they are handed.
+    dispatch!("moba.sums", isa, {
+        avx512 => avx2,
+        avx2(t) => match rows {
+            Encoded::F32(r) => avx2::sums::<0>(t, acc, r, &[]),
+            Encoded::Bf16(r) => avx2::sums::<1>(t, acc, &[], r),
+            Encoded::F16(r) => avx2::sums::<2>(t, acc, &[], r),
+            Encoded::Fp8E4m3(_) => unreachable!("refused above"),
+        },
+        scalar => portable::sums(acc, rows),
     })
 }
 
@@ -34,6 +85,8 @@ fn reduce(l: [f32; 8]) -> f32 {
 }
 
 mod portable {
+    use crate::keys::Encoded;
+
     /// One gate: the 8-lane fused sum.
     fn dot(q: &[f32], m: &[f32]) -> f32 {
         let mut l = [0.0f32; 8];
@@ -45,18 +98,39 @@ mod portable {
         super::reduce(l)
     }
 
-    pub(super) fn gates(q: &[f32], means: &[f32], d8: usize, out: &mut [f32]) {
+    pub(super) fn gates(q: &[f32], rows: &[usize], means: &[f32], d8: usize, out: &mut [f32]) {
         let n = means.len() / d8;
-        for (r, qr) in q.chunks_exact(d8).enumerate() {
+        for (r, &off) in rows.iter().enumerate() {
+            let qr = &q[off..][..d8];
             for (b, m) in means.chunks_exact(d8).enumerate() {
                 out[r * n + b] = dot(qr, m);
             }
+        }
+    }
+
+    pub(super) fn sums(acc: &mut [f32], rows: Encoded<'_>) {
+        let n = acc.len();
+        for r in 0..rows.len() / n {
+            for (e, a) in acc.iter_mut().enumerate() {
+                *a += value(rows, r * n + e);
+            }
+        }
+    }
+
+    /// Element `i` of float32, bfloat16 or float16 rows, decoded.
+    pub(super) fn value(rows: Encoded<'_>, i: usize) -> f32 {
+        match rows {
+            Encoded::F32(r) => r[i],
+            Encoded::Bf16(r) => crate::keys::bf16_to_f32(r[i]),
+            Encoded::F16(r) => crate::keys::f16_to_f32(r[i]),
+            Encoded::Fp8E4m3(r) => crate::keys::fp8_e4m3fn_to_f32(r[i]),
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use crate::keys::Encoded;
     use crate::simd::Avx2;
     use std::arch::x86_64::*;
 
@@ -106,43 +180,213 @@ mod avx2 {
         out
     }
 
-    /// Gates for rows `r0 .. r0 + R`, every mean, `B` means a step (the
-    /// remainder one at a time).
+    /// Two rows against four means, the eight gates reduced together:
+    /// `[q0·m0, q0·m1, q0·m2, q0·m3, q1·m0, …, q1·m3]`, each the lanes'
+    /// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
+    ///
+    /// # Safety
+    /// `q[r]` and `m[b]` each hold `d8` floats (a multiple of 8).
     #[target_feature(enable = "avx2,fma")]
-    fn rows<const R: usize>(q: &[f32], means: &[f32], d8: usize, r0: usize, out: &mut [f32]) {
-        let n = means.len() / d8;
-        let qp: [*const f32; R] = std::array::from_fn(|r| q[(r0 + r) * d8..][..d8].as_ptr());
+    unsafe fn tile_2x4(q: [*const f32; 2], m: [*const f32; 4], d8: usize) -> [f32; 8] {
+        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+        let mut i = 0;
+        while i < d8 {
+            // SAFETY: i + 8 <= d8, within each row's and mean's d8 floats.
+            let mv: [__m256; 4] = std::array::from_fn(|b| unsafe { _mm256_loadu_ps(m[b].add(i)) });
+            for r in 0..2 {
+                // SAFETY: as above, within q[r].
+                let qv = unsafe { _mm256_loadu_ps(q[r].add(i)) };
+                for b in 0..4 {
+                    acc[r][b] = _mm256_fmadd_ps(qv, mv[b], acc[r][b]);
+                }
+            }
+            i += 8;
+        }
+        reduce8([
+            acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1], acc[1][2], acc[1][3],
+        ])
+    }
+
+    /// Eight rows against one mean: `[q0·m, …, q7·m]`.
+    ///
+    /// # Safety
+    /// `q[r]` and `m` each hold `d8` floats (a multiple of 8).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile_8x1(q: [*const f32; 8], m: *const f32, d8: usize) -> [f32; 8] {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut i = 0;
+        while i < d8 {
+            // SAFETY: i + 8 <= d8, within the mean's and each row's d8 floats.
+            let mv = unsafe { _mm256_loadu_ps(m.add(i)) };
+            for r in 0..8 {
+                // SAFETY: as above.
+                let qv = unsafe { _mm256_loadu_ps(q[r].add(i)) };
+                acc[r] = _mm256_fmadd_ps(qv, mv, acc[r]);
+            }
+            i += 8;
+        }
+        reduce8(acc)
+    }
+
+    /// Eight gates' lanes reduced together, gate `j` from `a[j]`: each the
+    /// lanes' `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
+    #[target_feature(enable = "avx2,fma")]
+    fn reduce8(a: [__m256; 8]) -> [f32; 8] {
+        // x(a) = lo(a) + hi(a) is [l0 + l4, l1 + l5, l2 + l6, l3 + l7];
+        // s[j] holds x(a[j]) | x(a[j + 4]), its halves' lanes reordered to
+        // [x0, x2, x1, x3]: the pairs the tree adds next.
+        let s: [__m256; 4] = std::array::from_fn(|j| {
+            let lo = _mm256_permute2f128_ps::<0x20>(a[j], a[j + 4]);
+            let hi = _mm256_permute2f128_ps::<0x31>(a[j], a[j + 4]);
+            _mm256_permute_ps::<0b11_01_10_00>(_mm256_add_ps(lo, hi))
+        });
+        // hadd: [x0 + x2, x1 + x3] of a[j], a[j + 1]; then their sum.
+        let h01 = _mm256_hadd_ps(s[0], s[1]);
+        let h23 = _mm256_hadd_ps(s[2], s[3]);
+        let g = _mm256_hadd_ps(h01, h23);
+        let mut out = [0.0f32; 8];
+        // SAFETY: `out` holds 8 floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), g) };
+        out
+    }
+
+    /// Gates for the rows `r0 .. r0 + R` of `rows` (offsets into `q`)
+    /// against `means` (a multiple of four of them), four a step; `out` has
+    /// `n` gates a row.
+    #[target_feature(enable = "avx2,fma")]
+    fn rows<const R: usize>(
+        q: &[f32],
+        rows: &[usize],
+        means: &[f32],
+        n: usize,
+        d8: usize,
+        r0: usize,
+        out: &mut [f32],
+    ) {
+        let n4 = means.len() / d8;
+        let qp: [*const f32; R] = std::array::from_fn(|r| q[rows[r0 + r]..][..d8].as_ptr());
         let mut b = 0;
-        while b + 4 <= n {
+        while b + 4 <= n4 {
             let mp: [*const f32; 4] = std::array::from_fn(|j| means[(b + j) * d8..][..d8].as_ptr());
-            // SAFETY: every pointer heads a d8-float slice (sliced above).
-            let g = unsafe { tile::<R, 4>(qp, mp, d8) };
-            for r in 0..R {
-                out[(r0 + r) * n + b..][..4].copy_from_slice(&g[r]);
+            if R == 2 {
+                // SAFETY: every pointer heads a d8-float slice (sliced above).
+                let g = unsafe { tile_2x4([qp[0], qp[R - 1]], mp, d8) };
+                out[r0 * n + b..][..4].copy_from_slice(&g[..4]);
+                out[(r0 + 1) * n + b..][..4].copy_from_slice(&g[4..]);
+            } else {
+                // SAFETY: as above.
+                let g = unsafe { tile::<R, 4>(qp, mp, d8) };
+                for r in 0..R {
+                    out[(r0 + r) * n + b..][..4].copy_from_slice(&g[r]);
+                }
             }
             b += 4;
-        }
-        while b < n {
-            let mp = [means[b * d8..][..d8].as_ptr()];
-            // SAFETY: as above.
-            let g = unsafe { tile::<R, 1>(qp, mp, d8) };
-            for r in 0..R {
-                out[(r0 + r) * n + b] = g[r][0];
-            }
-            b += 1;
         }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn gates(_t: Avx2, q: &[f32], means: &[f32], d8: usize, out: &mut [f32]) {
-        let n_rows = q.len() / d8;
+    pub(super) fn gates(
+        _t: Avx2,
+        q: &[f32],
+        rows: &[usize],
+        means: &[f32],
+        d8: usize,
+        out: &mut [f32],
+    ) {
+        let (n_rows, n) = (rows.len(), means.len() / d8);
+        // The means in fours: two rows at a time.
+        let n4 = n / 4 * 4;
+        let m4 = &means[..n4 * d8];
         let mut r = 0;
         while r + 2 <= n_rows {
-            rows::<2>(q, means, d8, r, out);
+            self::rows::<2>(q, rows, m4, n, d8, r, out);
             r += 2;
         }
         if r < n_rows {
-            rows::<1>(q, means, d8, r, out);
+            self::rows::<1>(q, rows, m4, n, d8, r, out);
+        }
+        // The other means one at a time: eight rows at a time.
+        for b in n4..n {
+            let m = means[b * d8..][..d8].as_ptr();
+            let mut r = 0;
+            while r + 8 <= n_rows {
+                let qp: [*const f32; 8] = std::array::from_fn(|j| q[rows[r + j]..][..d8].as_ptr());
+                // SAFETY: every pointer heads a d8-float slice (sliced above).
+                let g = unsafe { tile_8x1(qp, m, d8) };
+                for (j, gj) in g.iter().enumerate() {
+                    out[(r + j) * n + b] = *gj;
+                }
+                r += 8;
+            }
+            while r < n_rows {
+                let qp = [q[rows[r]..][..d8].as_ptr()];
+                // SAFETY: as above.
+                out[r * n + b] = unsafe { tile::<1, 1>(qp, [m], d8) }[0][0];
+                r += 1;
+            }
+        }
+    }
+
+    /// Rows added into `acc` in order; 32 elements of `acc` held in
+    /// registers across a group of up to 16 rows. `FMT` 0: float32 rows
+    /// `rf`; 1: bfloat16 rows `rh`; 2: float16 rows `rh` (decoded exactly).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn sums<const FMT: u8>(_t: Avx2, acc: &mut [f32], rf: &[f32], rh: &[u16]) {
+        let n = acc.len();
+        let len = if FMT == 0 { rf.len() } else { rh.len() };
+        let n_rows = len / n;
+        // Eight elements of row `r` from element `e` (`e + 8 <= n`).
+        let load = |r: usize, e: usize| -> __m256 {
+            let at = r * n + e;
+            if FMT == 0 {
+                let x = &rf[at..at + 8];
+                // SAFETY: `x` holds 8 floats.
+                unsafe { _mm256_loadu_ps(x.as_ptr()) }
+            } else {
+                let x = &rh[at..at + 8];
+                // SAFETY: `x` holds 8 u16s.
+                unsafe {
+                    if FMT == 1 {
+                        crate::keys::x86::load8_bf16(x.as_ptr())
+                    } else {
+                        crate::keys::x86::load8_f16(x.as_ptr())
+                    }
+                }
+            }
+        };
+        let rows = if FMT == 0 {
+            Encoded::F32(rf)
+        } else if FMT == 1 {
+            Encoded::Bf16(rh)
+        } else {
+            Encoded::F16(rh)
+        };
+        let mut r0 = 0;
+        while r0 < n_rows {
+            let r1 = (r0 + 16).min(n_rows);
+            let mut e = 0;
+            while e + 32 <= n {
+                let a = &mut acc[e..e + 32];
+                // SAFETY: `a` holds 32 floats.
+                let mut v: [__m256; 4] =
+                    std::array::from_fn(|j| unsafe { _mm256_loadu_ps(a.as_ptr().add(8 * j)) });
+                for r in r0..r1 {
+                    for (j, vj) in v.iter_mut().enumerate() {
+                        *vj = _mm256_add_ps(*vj, load(r, e + 8 * j));
+                    }
+                }
+                for (j, vj) in v.iter().enumerate() {
+                    // SAFETY: `a` holds 32 floats.
+                    unsafe { _mm256_storeu_ps(a.as_mut_ptr().add(8 * j), *vj) };
+                }
+                e += 32;
+            }
+            for r in r0..r1 {
+                for (i, a) in acc.iter_mut().enumerate().skip(e) {
+                    *a += super::portable::value(rows, r * n + i);
+                }
+            }
+            r0 = r1;
         }
     }
 }
@@ -152,11 +396,19 @@ mod avx2 {
 pub(super) fn probe(isa: Isa) {
     let q: Vec<f32> = (0..48).map(|i| (i as f32 * 0.37).sin()).collect();
     let m: Vec<f32> = (0..80).map(|i| (i as f32 * 0.11).cos()).collect();
+    let rows = [0, 16, 32];
     let (mut a, mut b) = (vec![0.0f32; 15], vec![0.0f32; 15]);
-    gates(isa, &q, &m, 16, &mut a);
-    portable::gates(&q, &m, 16, &mut b);
+    gates(isa, &q, &rows, &m, 16, &mut a);
+    portable::gates(&q, &rows, &m, 16, &mut b);
     assert_eq!(
         a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
         b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
     );
+    let h: Vec<u16> = (0..80u16).map(|i| 0x3C00 + 37 * i).collect();
+    for rows in [Encoded::F32(&m), Encoded::Bf16(&h), Encoded::F16(&h)] {
+        let (mut a, mut b) = (vec![1.0f32; 40], vec![1.0f32; 40]);
+        sums(isa, &mut a, rows);
+        portable::sums(&mut b, rows);
+        assert_eq!(a, b);
+    }
 }

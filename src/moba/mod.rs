@@ -84,8 +84,8 @@
 //! # Layout
 //!
 //! `mod.rs` (the entry points and the row rule), `kernels.rs` (the
-//! `moba.gates` family: portable and AVX2; the AVX-512 level runs the AVX2
-//! kernel), `tests.rs`.
+//! `moba.gates` and `moba.sums` families: portable and AVX2; the AVX-512
+//! level runs the AVX2 kernels), `tests.rs`.
 
 mod kernels;
 #[cfg(test)]
@@ -201,78 +201,149 @@ pub fn rank(a: (f32, u32), b: (f32, u32)) -> Ordering {
 /// Slots up to which [`write_row`] keeps its best blocks by insertion.
 const SMALL: usize = 8;
 
+/// Slots up to which [`write_row`] finds its best blocks a pass each.
+const PASSES: usize = 2;
+
+/// Block `b`'s gate `g` as one integer that orders as [`rank`] does, the
+/// greater first: the gate's bits mapped to an unsigned order (`-0.0` as
+/// `+0.0`, NaN below `-inf`) above the block id's complement (the lower id
+/// greater). Distinct blocks give distinct keys.
+#[inline]
+fn order_key(g: f32, b: usize) -> u64 {
+    let bits = (g + 0.0).to_bits(); // -0.0 + 0.0 = +0.0, every other value kept
+                                    // Negative: all bits flipped; positive: the sign bit set (no branch on
+                                    // the sign, which is data).
+    let k = bits ^ (((bits as i32 >> 31) as u32) | 0x8000_0000);
+    let k = if g.is_nan() { 0 } else { k };
+    (u64::from(k) << 32) | u64::from(u32::MAX - b as u32)
+}
+
+/// The block id of an [`order_key`].
+#[inline]
+fn key_block(key: u64) -> u32 {
+    u32::MAX - key as u32
+}
+
 /// Writes one row: the `n_past` best of `gates` (the past blocks `0 .. c`) by
 /// [`rank`], and `c`, ascending, then `-1`. `scratch` is reused.
-fn write_row(
-    gates: &[f32],
-    c: usize,
-    n_past: usize,
-    scratch: &mut Vec<(f32, u32)>,
-    row: &mut [i32],
-) {
-    row.fill(-1);
+fn write_row(gates: &[f32], c: usize, n_past: usize, scratch: &mut Vec<u64>, row: &mut [i32]) {
     if n_past >= c {
-        for (slot, b) in row.iter_mut().zip(0..=c) {
-            *slot = b as i32;
+        for (b, slot) in row.iter_mut().enumerate() {
+            *slot = if b <= c { b as i32 } else { -1 };
         }
         return;
     }
-    scratch.clear();
-    if n_past <= SMALL {
+    let mut small = [0u64; SMALL];
+    let chosen: &mut [u64] = if n_past <= PASSES {
+        // One or two slots beside the forced block (MoBA's topk 2 and 3):
+        // a pass each for the greatest key below the last found (keys are
+        // distinct), with no branch on the data (the gates' order is random,
+        // so a kept-or-not branch mispredicts).
+        let mut prev = u64::MAX;
+        for slot in small.iter_mut().take(n_past) {
+            let mut m = 0u64;
+            for (b, &g) in gates.iter().enumerate() {
+                let e = order_key(g, b);
+                m = m.max(if e < prev { e } else { 0 });
+            }
+            *slot = m;
+            prev = m;
+        }
+        &mut small[..n_past]
+    } else if n_past <= SMALL {
         // A few slots (MoBA's topk is 2 to 8): one pass keeping the best
-        // `n_past` in order; most blocks lose to the last kept at once.
-        let mut best = [(0.0f32, 0u32); SMALL];
-        let mut len = 0;
+        // `n_past` in order, each slot starting below every key (a key is
+        // at least 1: block ids are below u32::MAX); most blocks lose to the
+        // last kept at once. `n_past < c` blocks fill every slot.
+        let best = &mut small[..n_past];
         for (b, &g) in gates.iter().enumerate() {
-            let e = (g, b as u32);
-            if len == n_past && (n_past == 0 || rank(e, best[len - 1]) != Ordering::Less) {
+            let e = order_key(g, b);
+            let Some(&last) = best.last() else { break };
+            if e <= last {
                 continue;
             }
-            let mut i = if len == n_past { len - 1 } else { len };
-            len = (len + 1).min(n_past);
-            while i > 0 && rank(e, best[i - 1]) == Ordering::Less {
+            let mut i = n_past - 1;
+            while i > 0 && e > best[i - 1] {
                 best[i] = best[i - 1];
                 i -= 1;
             }
             best[i] = e;
         }
-        scratch.extend_from_slice(&best[..n_past]);
+        best
     } else {
-        scratch.extend(gates.iter().enumerate().map(|(b, &g)| (g, b as u32)));
-        scratch.select_nth_unstable_by(n_past - 1, |a, b| rank(*a, *b));
+        scratch.clear();
+        scratch.extend(gates.iter().enumerate().map(|(b, &g)| order_key(g, b)));
+        scratch.select_nth_unstable_by(n_past - 1, |a, b| b.cmp(a));
+        &mut scratch[..n_past]
+    };
+    // The chosen blocks ascending (by id: the greater key's id is lower),
+    // inline for the few slots.
+    for j in 1..chosen.len() {
+        let e = chosen[j];
+        let mut i = j;
+        while i > 0 && key_block(chosen[i - 1]) > key_block(e) {
+            chosen[i] = chosen[i - 1];
+            i -= 1;
+        }
+        chosen[i] = e;
     }
-    let chosen = &mut scratch[..n_past];
-    chosen.sort_unstable_by_key(|e| e.1);
-    for (slot, e) in row.iter_mut().zip(chosen.iter()) {
-        *slot = e.1 as i32;
+    for (j, slot) in row.iter_mut().enumerate() {
+        *slot = match j.cmp(&n_past) {
+            Ordering::Less => key_block(chosen[j]) as i32,
+            Ordering::Equal => c as i32,
+            Ordering::Greater => -1,
+        };
     }
-    row[n_past] = c as i32;
 }
 
-/// Decodes key row `t` (all KV heads, `n_kv_heads · d` values) into `out`,
-/// times its scale when there is one (rounded to float32).
-fn key_row(k: Encoded<'_>, scale: Option<&[f32]>, row: usize, t: usize, out: &mut [f32]) {
-    k.decode(t * row, out);
+/// Rows `t0 .. t1` of one sequence's keys (`row` elements each), as
+/// [`kernels::sums`] adds them: in place when they are unscaled float32,
+/// bfloat16 or float16, else decoded (times their scale, rounded to float32)
+/// into `buf`.
+fn key_rows<'a>(
+    k: Encoded<'a>,
+    scale: Option<&[f32]>,
+    row: usize,
+    t0: usize,
+    t1: usize,
+    buf: &'a mut Vec<f32>,
+) -> Encoded<'a> {
+    if scale.is_none() && !matches!(k, Encoded::Fp8E4m3(_)) {
+        return k.slice(t0 * row, t1 * row);
+    }
+    buf.resize((t1 - t0) * row, 0.0);
+    k.decode(t0 * row, buf);
     if let Some(s) = scale {
-        let c = s[t];
-        out.iter_mut().for_each(|v| *v *= c);
+        for (r, c) in buf.chunks_exact_mut(row).zip(&s[t0..t1]) {
+            r.iter_mut().for_each(|v| *v *= c);
+        }
     }
+    Encoded::F32(buf)
 }
 
-/// The float32 means of `n` complete blocks from `row_of(t, buf)` (token `t`
-/// of the sequence decoded into `buf`), laid out `[n_kv_heads, n, d8]`, zero
-/// padded: the sum in token order, times `fl(1 / block_size)`.
-fn block_means(shape: Shape, n: usize, mut row_of: impl FnMut(usize, &mut [f32])) -> Vec<f32> {
+/// Key rows a block's sum reads at a time.
+const ROWS: usize = 16;
+
+/// Queries whose gates one kernel call computes.
+const CHUNK: usize = 16;
+
+/// The float32 means of `n` complete blocks, laid out `[n_kv_heads, n, d8]`,
+/// zero padded: each block's sum in token order (`add(t0, t1, acc)` adds
+/// rows `t0 .. t1` of the sequence into `acc`, row after row, through
+/// [`kernels::sums`]; at most [`ROWS`] rows a call), times `fl(1 /
+/// block_size)`.
+fn block_means(shape: Shape, n: usize, mut add: impl FnMut(usize, usize, &mut [f32])) -> Vec<f32> {
     let (h, d, d8, bs) = (shape.n_kv_heads, shape.d, shape.d8(), shape.block_size);
     let mut means = vec![0.0f32; h * n * d8];
-    let mut buf = vec![0.0f32; h * d];
     let mut acc = vec![0.0f32; h * d];
     let factor = 1.0f32 / bs as f32;
     for b in 0..n {
         acc.fill(0.0);
-        for t in b * bs..(b + 1) * bs {
-            row_of(t, &mut buf);
-            acc.iter_mut().zip(&buf).for_each(|(a, v)| *a += v);
+        let mut t = b * bs;
+        while t < (b + 1) * bs {
+            let t1 = (t + ROWS).min((b + 1) * bs);
+            add(t, t1, &mut acc);
+            t = t1;
         }
         for g in 0..h {
             let dst = &mut means[(g * n + b) * d8..][..d];
@@ -306,8 +377,10 @@ fn rows(
         return;
     }
     let (first, bs) = (n_k - n_q, shape.block_size);
-    // `count` queries from local query `i0`, all in one block `c`: each KV
-    // head's group of query rows against the means in one kernel call.
+    // `count` queries from local query `i0`, all in one block `c`: for each
+    // KV head, its group's query rows (read in place when `d` is a multiple
+    // of 8, else copied zero padded) against the means, [`CHUNK`] queries a
+    // kernel call, so that their gates stay in the L1 cache for the top-k.
     let group = |i0: usize, count: usize, dest: &mut [i32]| {
         let c = (first + i0) / bs;
         let n_past = past_blocks_read(variant, topk, c);
@@ -318,23 +391,34 @@ fn rows(
             }
             return;
         }
-        let mut qp = vec![0.0f32; count * g * d8];
-        let mut gates = vec![0.0f32; count * g * c];
-        for kv in 0..shape.n_kv_heads {
-            for i in 0..count {
-                for j in 0..g {
-                    let src = &q[((i0 + i) * hq + kv * g + j) * d..][..d];
-                    qp[(i * g + j) * d8..][..d].copy_from_slice(src);
+        let in_place = d == d8;
+        let mut qp = vec![0.0f32; if in_place { 0 } else { CHUNK * g * d8 }];
+        let mut offsets = Vec::with_capacity(CHUNK * g);
+        let mut gates = vec![0.0f32; CHUNK * g * c];
+        for a in (0..count).step_by(CHUNK) {
+            let n = CHUNK.min(count - a);
+            for kv in 0..shape.n_kv_heads {
+                offsets.clear();
+                for i in 0..n {
+                    for j in 0..g {
+                        let at = ((i0 + a + i) * hq + kv * g + j) * d;
+                        if in_place {
+                            offsets.push(at);
+                        } else {
+                            let r = i * g + j;
+                            qp[r * d8..][..d].copy_from_slice(&q[at..][..d]);
+                            offsets.push(r * d8);
+                        }
+                    }
                 }
-            }
-            let m = &means[kv * n_means * d8..][..c * d8];
-            kernels::gates(isa, &qp, m, d8, &mut gates);
-            for i in 0..count {
-                for j in 0..g {
-                    let gh = &gates[(i * g + j) * c..][..c];
-                    let h = kv * g + j;
-                    let row = &mut dest[(i * hq + h) * w..][..w];
-                    write_row(gh, c, n_past, &mut scratch, row);
+                let m = &means[kv * n_means * d8..][..c * d8];
+                let gh = &mut gates[..n * g * c];
+                kernels::gates(isa, if in_place { q } else { &qp }, &offsets, m, d8, gh);
+                for i in 0..n {
+                    for j in 0..g {
+                        let row = &mut dest[((a + i) * hq + kv * g + j) * w..][..w];
+                        write_row(&gh[(i * g + j) * c..][..c], c, n_past, &mut scratch, row);
+                    }
                 }
             }
         }
@@ -455,8 +539,10 @@ pub fn select_into(
         let n_means = (k1 - k0 - 1) / shape.block_size;
         let gated = topk > 1 || variant == Variant::Naive;
         let means = if gated && n_means > 0 {
-            block_means(shape, n_means, |t, buf| {
-                key_row(k, key_scale, row, k0 + t, buf)
+            let mut buf = Vec::new();
+            block_means(shape, n_means, |t0, t1, acc| {
+                let rows = key_rows(k, key_scale, row, k0 + t0, k0 + t1, &mut buf);
+                kernels::sums(isa, acc, rows)
             })
         } else {
             Vec::new()
@@ -528,9 +614,13 @@ pub fn gates_into(
         return Ok(());
     }
     let n_means = (n_k - 1) / shape.block_size;
-    let means = block_means(shape, n_means, |t, buf| key_row(k, key_scale, row, t, buf));
     let (isa, qf, d8, g) = (Isa::best(), decoded(q), shape.d8(), shape.group());
+    let mut buf = Vec::new();
+    let means = block_means(shape, n_means, |t0, t1, acc| {
+        kernels::sums(isa, acc, key_rows(k, key_scale, row, t0, t1, &mut buf))
+    });
     let mut qp = vec![0.0f32; g * d8];
+    let offsets: Vec<usize> = (0..g).map(|j| j * d8).collect();
     let mut gates = Vec::new();
     for i in 0..n_q {
         let c = (n_k - n_q + i) / shape.block_size;
@@ -544,6 +634,7 @@ pub fn gates_into(
             kernels::gates(
                 isa,
                 &qp,
+                &offsets,
                 &means[kv * n_means * d8..][..c * d8],
                 d8,
                 &mut gates,
@@ -626,16 +717,35 @@ pub fn select_paged_into(
     }
     let (isa, qf) = (Isa::best(), decoded(q));
     let bs = cache.block_size;
-    let mut scale = [0.0f32];
+    let scaled = cache.layout == crate::keys::PageLayout::Fp8WithScales;
+    let (mut buf, mut scales) = (Vec::new(), [0.0f32; ROWS]);
     for (s, &len) in seq_lens.iter().enumerate() {
         let n_means = (len - 1) / shape.block_size;
         let gated = topk > 1 || variant == Variant::Naive;
         let means = if gated && n_means > 0 {
-            block_means(shape, n_means, |t, buf| {
-                cache.decode(table.page(s, t / bs), t % bs, buf, &mut scale);
-                if cache.layout == crate::keys::PageLayout::Fp8WithScales {
-                    let c = scale[0];
-                    buf.iter_mut().for_each(|v| *v *= c);
+            block_means(shape, n_means, |t0, t1, acc| {
+                // Rows t0 .. t1, a page's run at a time: float32 pages read
+                // in place, others decoded (times their scale) into `buf`.
+                let mut t = t0;
+                while t < t1 {
+                    let (page, r0) = (table.page(s, t / bs), t % bs);
+                    let n = (t1 - t).min(bs - r0);
+                    match cache.page_keys(page) {
+                        Some(p) if !scaled => {
+                            kernels::sums(isa, acc, p.slice(r0 * row, (r0 + n) * row));
+                        }
+                        _ => {
+                            buf.resize(n * row, 0.0);
+                            cache.decode(page, r0, &mut buf, &mut scales[..n]);
+                            if scaled {
+                                for (r, c) in buf.chunks_exact_mut(row).zip(&scales[..n]) {
+                                    r.iter_mut().for_each(|v| *v *= c);
+                                }
+                            }
+                            kernels::sums(isa, acc, Encoded::F32(&buf));
+                        }
+                    }
+                    t += n;
                 }
             })
         } else {

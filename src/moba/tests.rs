@@ -371,8 +371,8 @@ fn refusals_name_the_argument_and_write_nothing() {
 fn the_gates_kernel_is_bit_identical_on_every_level() {
     let mut rng = ChaCha8Rng::seed_from_u64(46);
     for _ in 0..300 {
-        let d8 = 8 * rng.random_range(1..10);
-        let (r, n) = (rng.random_range(0..7), rng.random_range(0..11));
+        let d8: usize = 8 * rng.random_range(1..10);
+        let (r, n): (usize, usize) = (rng.random_range(0..7), rng.random_range(0..11));
         let val = |rng: &mut ChaCha8Rng| match rng.random_range(0..10) {
             0 => 0.0,
             1 => -0.0,
@@ -381,15 +381,80 @@ fn the_gates_kernel_is_bit_identical_on_every_level() {
         };
         let q: Vec<f32> = (0..r * d8).map(|_| val(&mut rng)).collect();
         let m: Vec<f32> = (0..n * d8).map(|_| val(&mut rng)).collect();
-        let mut want = vec![0.0f32; r * n];
-        kernels::gates(Isa::Scalar, &q, &m, d8, &mut want);
+        // Rows at any offset (read in place), in any order, repeated.
+        let rows: Vec<usize> = (0..rng.random_range(0..9))
+            .map(|_| rng.random_range(0..(r * d8).saturating_sub(d8) + 1))
+            .filter(|_| r > 0)
+            .collect();
+        let mut want = vec![0.0f32; rows.len() * n];
+        kernels::gates(Isa::Scalar, &q, &rows, &m, d8, &mut want);
+        // The definition: each gate the 8-lane fused sum, lanes added in the
+        // module's order.
+        for (i, &off) in rows.iter().enumerate() {
+            for b in 0..n {
+                let mut l = [0.0f32; 8];
+                for x in 0..d8 {
+                    l[x % 8] = q[off + x].mul_add(m[b * d8 + x], l[x % 8]);
+                }
+                let g = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+                assert_eq!(want[i * n + b].to_bits(), g.to_bits());
+            }
+        }
         for isa in crate::simd::isas_for_test() {
-            let mut got = vec![9.0f32; r * n];
-            kernels::gates(isa, &q, &m, d8, &mut got);
+            let mut got = vec![9.0f32; rows.len() * n];
+            kernels::gates(isa, &q, &rows, &m, d8, &mut got);
             assert!(got
                 .iter()
                 .zip(&want)
                 .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+}
+
+#[test]
+fn the_sums_kernel_adds_rows_in_order_bit_identically_on_every_level() {
+    let mut rng = ChaCha8Rng::seed_from_u64(48);
+    for _ in 0..300 {
+        let n = rng.random_range(1..80);
+        let rows = rng.random_range(0..40);
+        // Magnitudes far apart: the order of the additions shows in the bits.
+        let x: Vec<f32> = (0..rows * n)
+            .map(|_| rng.random_range(-1.0f32..1.0) * f32::powi(2.0, rng.random_range(-30..30)))
+            .collect();
+        let start: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let mut want = start.clone();
+        for r in 0..rows {
+            for e in 0..n {
+                want[e] += x[r * n + e];
+            }
+        }
+        // bfloat16 and float16 rows: their exact values added.
+        let bf: Vec<u16> = x.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+        let hf: Vec<u16> = x.iter().map(|v| half_bits(*v * 1e-3)).collect();
+        let sum = |dec: &dyn Fn(usize) -> f32| {
+            let mut a = start.clone();
+            for r in 0..rows {
+                for (e, v) in a.iter_mut().enumerate() {
+                    *v += dec(r * n + e);
+                }
+            }
+            a
+        };
+        let want_bf = sum(&|i| crate::keys::bf16_to_f32(bf[i]));
+        let want_hf = sum(&|i| crate::keys::f16_to_f32(hf[i]));
+        for isa in crate::simd::isas_for_test() {
+            for (rows, want) in [
+                (Encoded::F32(&x), &want),
+                (Encoded::Bf16(&bf), &want_bf),
+                (Encoded::F16(&hf), &want_hf),
+            ] {
+                let mut got = start.clone();
+                kernels::sums(isa, &mut got, rows);
+                assert!(got
+                    .iter()
+                    .zip(want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
         }
     }
 }
@@ -423,5 +488,19 @@ fn write_row_keeps_the_best_by_the_total_order_at_every_slot_count() {
         write_row(&gates, c, n_past, &mut scratch, &mut row);
         assert_eq!(&row[..ids.len()], &ids[..]);
         assert!(row[ids.len()..].iter().all(|&x| x == -1));
+    }
+}
+
+/// Float16 bits of `v` (round toward zero; any float16 serves the test).
+fn half_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let e = ((b >> 23) & 0xFF) as i32 - 127 + 15;
+    if e <= 0 {
+        sign
+    } else if e >= 31 {
+        sign | 0x7BFF
+    } else {
+        sign | ((e as u16) << 10) | ((b >> 13) & 0x3FF) as u16
     }
 }

@@ -206,6 +206,22 @@ def nsa_row(w: Workload, h: int, p: int, s: Settings) -> list:
     return [x for blk in sorted(blocks[blocks >= 0].tolist()) for x in range(blk * b, min((blk + 1) * b, L))]
 
 
+def moba_row(w: Workload, h: int, p: int, s: Settings) -> list:
+    """MoBA's efficient code on the group-mean query, from its statement: blocks of MoBA's
+    chunk 4096 halved until 12 fit the budget, ``k // B`` of them, the query's current
+    block forced, the rest the completed past blocks by ``q . mean(K)`` (gate descending,
+    block ascending); at one block, the current block alone."""
+    b = 4096
+    while s.budget // b < 12 and b > 1:
+        b //= 2
+    topk, L, c = s.budget // b, p + 1, p // b
+    q = w.q[h * GROUP : (h + 1) * GROUP, p].astype(np.float64).mean(axis=0)
+    keys = w.k[h, :L].astype(np.float64)
+    gate = [float(q @ keys[x * b : (x + 1) * b].mean(axis=0)) for x in range(c)]
+    past = sorted(range(c), key=lambda x: (-gate[x], x))[: topk - 1] if topk > 1 else []
+    return [x for blk in sorted(past) + [c] for x in range(blk * b, min((blk + 1) * b, L))]
+
+
 def qsa_row(w: Workload, h: int, p: int, k: int) -> list:
     """Qwen's QSA (transformers' Qwen4ExpTextQSAIndexer.forward): complete
     blocks of 4 tokens, each scored relu(q . mean of its index keys) (one
@@ -265,6 +281,7 @@ def expected_selections(w: Workload, h: int, s: Settings) -> dict:
         out["quest"].append(quest_row(w, h, p, s))
         out["infllm"].append(infllm_row(w, h, p, s))
         out["nsa"].append(nsa_row(w, h, p, s))
+        out["moba"].append(moba_row(w, h, p, s))
         out["QSA (Qwen)"].append(qsa_row(w, h, p, k))
         out["random null"].append(random_rows[i].tolist())
         out["locality null"].append(locality_row(p, k))

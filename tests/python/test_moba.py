@@ -127,6 +127,39 @@ def test_copied_blocks_tie_exactly_and_go_to_the_lower_id():
             assert got == [1, 2, 5]
 
 
+@pytest.mark.parametrize("topk", [2, 3, 4, 9, 12])
+def test_small_topk_with_ties_and_nan_gates_equals_the_twin_exactly(topk):
+    # Small integer keys and queries over power-of-two blocks: every mean and gate is
+    # exact in float32 and float64, so the rows must equal the twin's bit for bit, ties
+    # (many: gates are small integers) to the lower id and NaN gates (a NaN key in a
+    # block) last. topk 2 and 3 take the row's pass-per-slot path, 4 and 9 its
+    # insertion path, 12 its selection path; a query sees up to 64 past blocks.
+    rng = np.random.default_rng(SEED + 9 + topk)
+    n_nan = n_rows = n_tied = 0
+    for _ in range(60):
+        h = int(rng.choice([1, 2]))
+        hq = h * int(rng.choice([1, 4]))
+        d, bs = int(rng.integers(1, 6)), int(rng.choice([1, 2, 4, 8]))
+        n_k = int(rng.integers(bs, 65 * bs))
+        k = rng.integers(-3, 4, size=(n_k, h, d)).astype(np.float32)
+        q = rng.integers(-2, 3, size=(n_k, hq, d)).astype(np.float32)
+        for t in rng.choice(n_k, size=int(rng.integers(0, 4)), replace=False):
+            k[t, int(rng.integers(0, h)), int(rng.integers(0, d))] = np.nan
+        got = ks.moba_select(q, k, topk, bs)
+        want = ref.moba_select(q, k, topk, bs)
+        np.testing.assert_array_equal(got, want)
+        gates = ks.moba_gates(q, k, bs)
+        for i in range(n_k):
+            c = i // bs
+            g = gates[i, :, :c]
+            n_nan += int(np.isnan(g).any())
+            finite = np.sort(g[~np.isnan(g)])
+            n_tied += int(np.any(finite[1:] == finite[:-1]))
+        n_rows += got.shape[0] * got.shape[1]
+    # The cases are the ones meant: many rows, rows with NaN gates and with ties.
+    assert n_rows > 10_000 and n_nan > 1000 and n_tied > 3000
+
+
 def test_queries_fewer_than_keys_gqa_and_the_first_block():
     rng = np.random.default_rng(SEED + 2)
     for hq, h in [(1, 1), (16, 1), (16, 2), (4, 4)]:

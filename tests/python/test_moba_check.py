@@ -163,3 +163,53 @@ def test_the_tie_case_accepts_any_tied_block_and_refuses_a_worse_one():
     rows[last, :, 1] = 0  # a worse block
     with pytest.raises(CheckFailure):
         case.assert_rows(rows)
+
+
+def test_the_eval_policy_spends_the_budget_in_blocks_the_current_one_counted():
+    from kvselect import evaluate
+    from kvselect.reference import moba as RM
+    from kvselect.rules import moba as rule
+    from kvselect.rules._rule import EvalContext
+
+    policy = ks.rules.policy("moba")
+    geometry = {k: (rule.geometry(evaluate.derive_settings(k)[0])) for k in (1, 11, 12, 24, 2048, 49152, 10**6)}
+    # MoBA's example chunk of 4096 where 12 blocks fit, halved until they do, down to 1 token.
+    assert geometry == {1: 1, 11: 1, 12: 1, 24: 2, 2048: 128, 49152: 4096, 10**6: 4096}
+    s, _ = evaluate.derive_settings(96)
+    assert (rule.geometry(s), policy.unit.units(s), policy.unit.forced(s), policy.unit.note(s)) == (8, 12, 1, None)
+    rng = np.random.default_rng(SEED + 1)
+    n, g, d = 300, 2, 16
+
+    pos = np.array([0, 7, 8, 95, 96, 150, 299])
+
+    class Head:
+        q = rng.standard_normal((len(pos), g, d)).astype(np.float32)  # the evaluated queries' vectors
+        k = rng.standard_normal((n, d)).astype(np.float32)
+
+    rows = policy.select(EvalContext(Head, pos, s, policy.unit.units(s), {})).rows
+    assert rows.shape == (len(pos), 96) and rows.dtype == np.int32
+    qm = (Head.q[:, 0] + Head.q[:, 1]) / np.float32(2)  # the group's mean query, summed in head order
+    for i, (r, p) in enumerate(zip(rows, pos)):
+        toks = r[r >= 0]
+        blocks = RM.moba_select(qm[i][None, None], Head.k[: p + 1, None], 12, 8)[0, 0]
+        blocks = blocks[blocks >= 0]
+        assert len(blocks) == min(12, p // 8 + 1) and blocks[-1] == p // 8  # the current block, forced
+        want = (blocks[:, None] * 8 + np.arange(8)).ravel()
+        assert toks.tolist() == want[want <= p].tolist()
+        assert len(toks) <= 96 and (r[len(toks) :] == -1).all()
+    one, _ = evaluate.derive_settings(1)  # one block of one token: the query's own, not every block
+    rows = policy.select(EvalContext(Head, pos, one, policy.unit.units(one), {})).rows
+    assert rows[:, 0].tolist() == pos.tolist() and rows.shape == (len(pos), 1)
+
+
+def test_the_eval_table_shows_moba_at_the_budget():
+    from kvselect import evaluate
+
+    w = ks.workloads.synthetic(context=700, queries=6, n_kv_heads=2, n_heads=8)
+    budgets = [1, 13, 200]
+    report = evaluate.evaluate(w, budgets=budgets, settings=[evaluate.derive_settings(k)[0] for k in budgets])
+    by = {r.budget: r for r in report.results if r.policy == "moba"}
+    assert sorted(by) == budgets
+    for k, r in by.items():
+        assert r.ran and r.note is None and 0 < r.slots_used <= k and r.recall_mean > 0
+    assert "| moba |" in evaluate.format_table(report)

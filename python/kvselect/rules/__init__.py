@@ -59,8 +59,8 @@ RULES: Tuple[Rule, ...] = (
     quest.RULE,
     infllm.RULE,
     nsa.RULE,
-    vslash.RULE,
     moba.RULE,
+    vslash.RULE,
     sparse_attention.RULE,
     eviction.RULE,
 )

@@ -15,6 +15,15 @@ row's threshold are re-scored from their exact products, summed correctly rounde
 (``math.fsum``). The current block scores ``+inf`` (forced) and the future blocks
 are not candidates; the row must hold ``min(topk - 1, c)`` past blocks and its
 own (every block ``0..c`` for the efficient code at ``topk = 1``).
+
+Its eval policy (:func:`select`) spends the token budget ``k`` as ``k // B`` blocks of
+``B`` tokens, the query's current block forced and counted (``topk = k // B``): ``B`` is
+MoonshotAI/MoBA's example chunk of 4,096 tokens (``examples/llama.py``, with its ``topk``
+of 12), halved while fewer than 12 blocks fit ``k`` (:func:`geometry`), down to 1 token.
+A KV head's group of query heads shares one row in the eval, so the group's gates are
+averaged (the gate of the group's mean query; MoBA itself gates per query head). Where
+the budget holds one block alone (``k = 1``) the row is the current block alone, the
+naive code's ``topk = 1``: the efficient code would read every block, past the budget.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import numpy as np
 
 import kvselect as ks
 from kvselect.checking._common import DumpError, _finite, _int, _ints, _merge, _need
-from kvselect.rules._rule import DumpKind, Rule
+from kvselect.rules._rule import BudgetUnit, DumpKind, EvalContext, Policy, Rule, Selection, timed
 
 TABLE = {
     "kind": ("str", "", "required", '"moba"'),
@@ -166,6 +175,57 @@ def check(
     return [("against the exact block gates", out)]
 
 
+#: MoonshotAI/MoBA @61e456bc ``examples/llama.py``: ``--moba-chunk-size 4096 --moba-topk 12``.
+CHUNK, TOPK = 4096, 12
+
+
+def geometry(s: Any) -> int:
+    """The eval policy's block size at the settings' budget ``k``: MoBA's example chunk
+    (:data:`CHUNK`), halved while fewer than :data:`TOPK` blocks fit ``k``, down to 1."""
+    b = CHUNK
+    while s.budget // b < TOPK and b > 1:
+        b //= 2
+    return b
+
+
+def _group_mean(q: np.ndarray) -> np.ndarray:
+    """``[n, group, d]`` queries' float32 mean over the group, summed in head order (as the
+    Quest policy forms it, SGLang's alignment of a GQA group to its KV head)."""
+    acc = np.zeros((q.shape[0], q.shape[2]), np.float32)
+    for g in range(q.shape[1]):
+        acc = acc + q[:, g].astype(np.float32)
+    return acc / np.float32(q.shape[1])
+
+
+def select(ctx: EvalContext) -> Selection:
+    """MoBA (its efficient code) on one KV head: ``ctx.units`` blocks of :func:`geometry`'s
+    size, the query's current block forced and counted, the past blocks gated by the
+    group's mean query (summed in head order, as Quest's policy forms it), expanded to
+    positions (at one block, the current block alone)."""
+    pos, k = ctx.pos, ctx.settings.budget
+    b, topk = geometry(ctx.settings), ctx.units
+    variant = "efficient" if topk > 1 else "naive"
+
+    def rows() -> np.ndarray:
+        keys = np.ascontiguousarray(ctx.head.k, np.float32).reshape(len(ctx.head.k), 1, -1)
+        qm = _group_mean(ctx.head.q)
+        out = np.full((len(pos), k), -1, dtype=np.int32)
+        for i, p in enumerate(pos):
+            n = int(p) + 1
+            blocks = ks.moba_select(qm[i][None, None], keys[:n], topk, b, variant=variant)[0, 0]
+            blocks = blocks[blocks >= 0]
+            tok = (blocks[:, None] * b + np.arange(b)[None]).ravel()
+            tok = tok[tok < n]
+            out[i, : len(tok)] = tok
+        return out
+
+    return timed(rows)
+
+
+#: Whole blocks (MoBA's chunk of 4,096 where 12 fit, :func:`geometry`); forced: the
+#: query's current block.
+BLOCKS = BudgetUnit("block", size=geometry, forced=lambda s: 1)
+
 RULE = Rule(
     name="moba",
     title="MoBA block selection",
@@ -180,6 +240,17 @@ RULE = Rule(
             "MoBA block selection (its efficient code or its naive one), checked by `kvselect check`.",
             check,
             heads=lambda d: int(d["rows"].shape[1]) if d["rows"].ndim == 3 else 1,
+        ),
+    ),
+    policies=(
+        Policy(
+            "moba",
+            select,
+            "MoBA's block selection (its efficient code): ``k / B`` blocks, the query's current block "
+            "forced and counted, the rest the completed past blocks with the greatest gate ``q . mean(K)`` "
+            "(the group's mean query), expanded to positions; ``B`` MoBA's chunk of 4,096, halved until "
+            "12 blocks fit the budget.",
+            unit=BLOCKS,
         ),
     ),
     guide="docs/moba.md",
