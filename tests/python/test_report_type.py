@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import kvselect as ks
-from kvselect import checking, testing
+from kvselect import checking, rules, testing
 from kvselect.checking import Report
 from kvselect.cli import main
+from kvselect.testing import cases
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCHEMA_DOC = ROOT / "docs" / "report-schema.md"
@@ -182,6 +183,74 @@ def _reports(tmp_path):
     json_path = tmp_path / "report.json"
     assert main(["check", "--json", str(json_path), str(checking.example_path())]) == 1
     out["kvselect check --json"] = (json.loads(json_path.read_text()), True)
+    fam = _first_family_case()
+    out["check_indexer_family"] = (checking.check_indexer_family(_perturbed(fam), **fam.inputs, **fam.check), False)
+    for path, entry in _reports_of_the_registry().items():
+        out.setdefault(path, entry)  # (a path built by hand above keeps its hand-made input)
+    return out
+
+
+# ---- the paths derived from the registries: none can be added unchecked ----
+
+
+def _perturbed(case):
+    """``case.expected`` made wrong: an entry repeated in the first row that
+    holds two distinct entries (a duplicate: wrong whatever the rule), the
+    kept prefix touched (witnesses), the output moved (sparse attention)."""
+    bad = np.array(case.expected, copy=True)
+    if case.rule == "sparse_attention":
+        return bad * 2 + 1
+    if case.rule == "witnesses":
+        bad[-1, 0] += 1
+        return bad
+    for row in bad.reshape(-1, bad.shape[-1]):
+        if row.shape[0] >= 2 and row[0] >= 0 and row[1] >= 0 and row[0] != row[1]:
+            row[1] = row[0]
+            return bad
+    raise AssertionError(f"case {case.id} has no row with two entries to repeat")
+
+
+def _first_family_case():
+    return next(c for _, c in cases.all_family_cases() if c.meta.get("family"))
+
+
+def _reports_of_the_registry():
+    """For every assertion of every rule in :data:`kvselect.rules.RULES`: the
+    first of the rule's cases that goes through it, run right (``assert_*``)
+    and perturbed (``assert_* failing``); and ``check_dump <kind>`` of the
+    perturbed dump the assertion handed to ``check_dump`` (recorded there),
+    so every dump kind an assertion builds is checked with wrong rows."""
+    out = {}
+    for rule in rules.RULES:
+        for dotted in rule.assertions:
+            name = dotted.rpartition(".")[2]
+            real, real_check_dump = getattr(testing, name), testing.check_dump
+            for _, case in rules.resolve(rule.cases)():
+                called, dumps = [], []
+
+                def spy(*a, _real=real, **kw):
+                    called.append(name)
+                    return _real(*a, **kw)
+
+                def recording(d, *a, **kw):
+                    dumps.append(d)
+                    return real_check_dump(d, *a, **kw)
+
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr(testing, name, spy)
+                    mp.setattr(testing, "check_dump", recording)
+                    right = case.assert_rows(case.expected)
+                    if not called:
+                        continue  # (a case of the rule's generator checked another way)
+                    dumps.clear()
+                    wrong = _failure(lambda c=case: c.assert_rows(_perturbed(c)))
+                out[name] = (right, True)
+                out[f"{name} failing"] = (wrong, True)
+                for d in dumps:
+                    out.setdefault(f"check_dump {d['kind']}", (checking.check_dump(d), True))
+                break
+            else:
+                raise AssertionError(f"no case of {rule.cases} goes through {dotted}")
     return out
 
 
@@ -190,32 +259,48 @@ def reports(tmp_path_factory):
     return _reports(tmp_path_factory.mktemp("reports"))
 
 
-PATHS = [
-    "check_topk",
-    "check_blocks",
-    "check_witnesses",
-    "check_indexer_topk",
-    "check_v4_combined_indices",
-    "check_dump topk",
-    "check_dump blocks",
-    "check_dump witnesses",
-    "check_dump v4_combined",
-    "assert_topk",
-    "assert_topk failing",
-    "assert_blocks",
-    "assert_blocks failing",
-    "assert_witnesses",
-    "assert_witnesses failing",
-    "check_sparse_attention",
-    "check_dump sparse_attention",
-    "assert_sparse_attention",
-    "assert_sparse_attention failing",
-    "kvselect check --json",
-]
+def _derived_paths():
+    """Every public checker, from the lists the package keeps of them: the
+    native ``check_*`` (``kvselect.__all__``), the checking layer's
+    (``kvselect.checking.__all__``), ``check_dump`` of every dump kind of the
+    rules registry, every ``kvselect.testing`` assertion (right and failing)
+    and ``kvselect check --json``. A checker, assertion or dump kind added
+    without a report case here is a path :func:`_reports` does not build."""
+    paths = [n for n in ks.__all__ if n.startswith("check_")]
+    paths += [n for n in checking.__all__ if n.startswith("check_") and n != "check_dump"]
+    paths += [f"check_dump {kind}" for kind in rules.dump_kinds()]
+    for n in testing.__all__:
+        if n.startswith("assert_"):
+            paths += [n, f"{n} failing"]
+    return paths + ["kvselect check --json"]
+
+
+PATHS = _derived_paths()
 
 
 def test_the_paths_list_is_every_path_built(reports):
     assert sorted(reports) == sorted(PATHS)
+
+
+def test_the_derived_paths_hold_every_checker_named_today():
+    # (the derivation itself: it finds what the hand-kept list of before held, and the
+    # registry's rules an audit found missing from it)
+    for path in (
+        "check_topk",
+        "check_blocks",
+        "check_witnesses",
+        "check_indexer_topk",
+        "check_indexer_family",
+        "check_v4_combined_indices",
+        "check_sparse_attention",
+        "kvselect check --json",
+    ):
+        assert path in PATHS
+    for kind in ("topk", "blocks", "witnesses", "v4_combined", "quest", "infllm", "nsa", "vslash", "moba"):
+        assert f"check_dump {kind}" in PATHS
+    for rule in ("topk", "blocks", "witnesses", "quest", "infllm", "vslash", "moba", "nsa", "sparse_attention"):
+        assert f"assert_{rule}" in PATHS and f"assert_{rule} failing" in PATHS
+    assert len(PATHS) == len(set(PATHS))
 
 
 def test_the_schema_in_the_docs_is_a_valid_json_schema():
