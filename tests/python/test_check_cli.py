@@ -84,9 +84,13 @@ def test_the_shipped_example_reports_its_one_broken_row_and_exits_1(capsys):
     assert out.rstrip().endswith("1 wrong row(s)")
     result = checking.check_dump(checking.example_path())
     assert result["wrong"] == 1
-    for c in result["checks"]:
+    exact, own, accuracy = result["checks"]
+    for c in (exact, own):
         assert [x["row"] for x in c["report"]["details"]] == [24]
         assert c["report"]["by_reason"]["wrong_selection"] == 1
+    # The engine's bfloat16 scores are within the bfloat16 tolerance of the exact ones.
+    assert accuracy["name"] == "the engine's own scores against the exact ones"
+    assert (accuracy["report"]["rows"], accuracy["report"]["wrong"]) == (48, 0)
 
 
 def _fixed_example(tmp_path, **change):
@@ -318,7 +322,7 @@ def test_a_tolerance_that_covers_everything_is_flagged_as_vacuous(capsys):
     # says so, and only the exact self-consistency check catches row 24.
     assert "warning: 48 of 48 rows against the exact scores are vacuous" in out
     r = checking.check_dump(checking.example_path(), rtol=0.125)
-    assert [c["report"]["wrong"] for c in r["checks"]] == [0, 1]
+    assert [c["report"]["wrong"] for c in r["checks"]] == [0, 1, 0]
     assert checking.check_dump(checking.example_path())["checks"][0]["report"]["vacuous"] == 0
 
 

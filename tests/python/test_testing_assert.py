@@ -272,9 +272,9 @@ def test_assert_topk_takes_dlpack_tensors_from_a_device():
 
 
 def test_assert_topk_reports_as_the_dump_check_of_the_same_call_does():
-    # The exact check and the engine's-own-scores check are the checking
-    # layer's, so a dump of the same call gives the same reports; the
-    # assertion only adds the scores' accuracy, its own third check.
+    # Every check is the checking layer's (the exact one, the engine's own
+    # scores, their accuracy against the exact ones), so a dump of the same
+    # call gives the same reports.
     rows, q, w, k, pos, topk = small()
     scores = ks.indexer_scores(q, w, k, pos)
     own = scores.copy()
@@ -298,7 +298,8 @@ def test_assert_topk_reports_as_the_dump_check_of_the_same_call_does():
         }
     )
     assert type(report) is type(dumped) is checking.Report
-    assert report["checks"][:2] == dumped["checks"]
+    assert report["checks"] == dumped["checks"]
+    assert len(report["checks"]) == 3
     for key in ("kind", "tolerance", "filler"):
         assert report[key] == dumped[key], key
     assert (report["rows"], report["correct"], report["wrong"]) == (5, 3, 2)
@@ -319,6 +320,6 @@ def test_the_assertions_hold_no_checking_logic_of_their_own():
     for name in ("_PRECISION_ALIASES", "_exactly_vacuous", "_score_accuracy", "_wrong_rows", "_ranks"):
         assert not hasattr(testing, name), name
     assert testing._precision is _common._precision
-    assert testing._context_lens is _common._context_lens
-    assert testing.score_accuracy is engine_scores.score_accuracy
-    assert testing.own_scores_check is engine_scores.own_scores_check
+    for name in ("_context_lens", "_topk_of", "score_accuracy", "own_scores_check"):
+        assert not hasattr(testing, name), name  # the engine scores' checks: engine_score_checks
+    assert testing.engine_score_checks is engine_scores.engine_score_checks

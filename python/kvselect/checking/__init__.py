@@ -142,7 +142,9 @@ check. Which check compares against what:
   in float64 — so ``rtol = 0`` means "right up to float64 rounding", never
   "ranked like kvselect's float32 sum";
 - a dump's given ``scores``: those values, as given (float32 or float64);
-- the engine's own scores (``engine_scores``): exactly, as given. The report counts
+- the engine's own scores (``engine_scores``): exactly, as given; and, with the
+  indexer's inputs on dense or packed keys, those scores against the exact ones
+  under the tolerance (reason ``score_off``). The report counts
 the rows the tolerance makes **vacuous** — every position's interval meets
 every other's, so no selection could fail — and warns when there are any:
 such a check proves nothing about those rows.

@@ -1,16 +1,18 @@
 """An engine's own scores, checked: the rows an exact top-k of them
 (:func:`own_scores_check`, a ``topk`` dump's ``engine_scores`` and
 :func:`kvselect.testing.assert_topk`'s), and the scores themselves against
-the exact ones under the tolerance (:func:`score_accuracy`)."""
+the exact ones under the tolerance (:func:`score_accuracy`);
+:func:`engine_score_checks` runs both, the one place a ``topk`` dump's checker
+and :func:`kvselect.testing.assert_topk` take them from."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 import kvselect as ks
-from kvselect.checking._common import _U32, _gamma, _vacuous
+from kvselect.checking._common import _U32, _context_lens, _gamma, _topk_of, _vacuous
 from kvselect.checking.report import Report
 
 
@@ -46,6 +48,7 @@ def score_accuracy(
     atol: float,
     rtol: float,
     compress_ratio: int,
+    query_format: Optional[str] = None,
 ) -> Report:
     """The engine's own scores against kvselect's (:func:`kvselect.indexer_scores`,
     :func:`kvselect.indexer_magnitudes`): a position is reported off only
@@ -73,10 +76,24 @@ def score_accuracy(
         keys = k_all[lo:hi]
         c = None if c_all is None else (c_all if c_all.ndim == 0 else c_all[lo:hi])
         S = ks.indexer_scores(
-            q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format, compress_ratio=compress_ratio
+            q[idx],
+            w[idx],
+            keys,
+            query_pos[idx],
+            key_scale=c,
+            key_format=key_format,
+            query_format=query_format,
+            compress_ratio=compress_ratio,
         )
         M = ks.indexer_magnitudes(
-            q[idx], w[idx], keys, query_pos[idx], key_scale=c, key_format=key_format, compress_ratio=compress_ratio
+            q[idx],
+            w[idx],
+            keys,
+            query_pos[idx],
+            key_scale=c,
+            key_format=key_format,
+            query_format=query_format,
+            compress_ratio=compress_ratio,
         )
         for j, i in enumerate(idx):
             L = int(lens[i])
@@ -115,3 +132,72 @@ def score_accuracy(
         details=details,
         vacuous=0,
     )
+
+
+def engine_score_checks(
+    engine_scores: Any,
+    rows: np.ndarray,
+    topk: Optional[int],
+    slots: Optional[ks.GlobalSlots],
+    filler: str,
+    query_pos: Any,
+    *,
+    lens: Optional[np.ndarray] = None,
+    index_q: Any = None,
+    weights: Any = None,
+    index_k: Any = None,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    cu_seqlens: Any = None,
+    seq_ids: Any = None,
+    seq_lens: Any = None,
+    paged: bool = False,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    compress_ratio: int = 1,
+) -> Tuple[List[Tuple[str, Report]], Optional[str]]:
+    """The checks an engine's own scores add to a top-k check, and the
+    tolerance's note.
+
+    Always the rows against the engine's own scores, exactly
+    (:func:`own_scores_check`); with the indexer's inputs on dense or packed
+    keys, the engine's scores against the exact ones under ``atol`` /
+    ``rtol`` (:func:`score_accuracy`); for a paged cache (``paged``) not that
+    comparison, and the note says so. Each row's context is ``lens`` when
+    given (scores given with their ``context_lens``), else
+    ``min((query_pos + 1) // compress_ratio, its sequence's keys)``, a paged
+    cache's sequences (``seq_lens``) read as a packed batch's.
+    """
+    r = np.asarray(rows)
+    k = _topk_of(r, topk, slots)
+    own_scores = np.asarray(engine_scores, dtype=np.float32)
+    pos = np.asarray(query_pos, dtype=np.int64).reshape(-1)
+    if lens is None:
+        cu = cu_seqlens
+        if seq_lens is not None:
+            cu = np.concatenate([[0], np.cumsum(np.asarray(seq_lens, dtype=np.int64))])
+        lens = _context_lens(pos, compress_ratio, 0 if index_k is None else len(np.asarray(index_k)), cu, seq_ids)
+    checks = [("against the engine's own scores, exactly", own_scores_check(own_scores, r, lens, k, slots, filler))]
+    if index_q is None:
+        return checks, None
+    if paged:
+        return checks, "the engine's own scores are not compared with the exact ones for a paged cache"
+    accuracy = score_accuracy(
+        own_scores,
+        index_q,
+        weights,
+        index_k,
+        pos,
+        lens,
+        key_scale,
+        key_format,
+        cu_seqlens,
+        seq_ids,
+        atol,
+        rtol,
+        compress_ratio,
+        query_format,
+    )
+    checks.append(("the engine's own scores against the exact ones", accuracy))
+    return checks, None

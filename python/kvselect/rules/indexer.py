@@ -34,7 +34,7 @@ from kvselect.checking._common import (
     _text,
     _vacuous,
 )
-from kvselect.checking.engine_scores import own_scores_check
+from kvselect.checking.engine_scores import engine_score_checks
 from kvselect.checking.exact import indexer_check
 from kvselect.checking.family import check_indexer_family, judge_family
 from kvselect.rules._rule import DumpKind, EvalContext, Knob, Policy, Rule, Selection, timed
@@ -219,6 +219,7 @@ def check(
     fmt: Dict[str, Any] = _formats(d)
     parts: List[Tuple[np.ndarray, dict]] = []
     vacuous = 0
+    inputs: Optional[Dict[str, Any]] = None  # the indexer's inputs, for the engine scores' accuracy
     if "scores" in d:
         _need(d, "context_lens")
         scores, mags = _given(d, "scores"), _given(d, "magnitudes")
@@ -292,13 +293,38 @@ def check(
         parts.append((np.arange(n), report))
         vacuous = report["vacuous"]
         lens = _context_lens(pos, ratio, len(k), cu, seq)
+        if not paged:
+            inputs = dict(
+                query_pos=pos,
+                index_q=q,
+                weights=_floats(d, "weights"),
+                index_k=k,
+                key_scale=scale,
+                key_format=key_format,
+                query_format=fmt["query_format"],
+                cu_seqlens=cu,
+                seq_ids=seq,
+                compress_ratio=ratio,
+            )
     exact = _merge(parts)
     exact["vacuous"] = vacuous
     checks = [("against the exact scores", exact)]
     engine_scores = _given(d, "engine_scores")
     if engine_scores is not None:
-        own = own_scores_check(engine_scores, engine_rows, lens, topk, _layout(d, np.arange(n)), filler)
-        checks.append(("against the engine's own scores, exactly", own))
+        more, _ = engine_score_checks(
+            engine_scores,
+            engine_rows,
+            topk,
+            _layout(d, np.arange(n)),
+            filler,
+            inputs.pop("query_pos") if inputs else np.zeros(n, dtype=np.int64),
+            lens=lens,
+            paged="kv_cache" in d,
+            atol=atol,
+            rtol=rtol,
+            **({} if inputs is None else inputs),
+        )
+        checks += more
     return checks
 
 

@@ -38,8 +38,8 @@ import numpy as np
 import kvselect as ks
 from kvselect._core import _dlpack_array
 from kvselect.checking import Report, check_dump, check_indexer_topk, format_report
-from kvselect.checking._common import _context_lens, _precision, _refused, _tolerance_values, _topk_of, _vacuous
-from kvselect.checking.engine_scores import own_scores_check, score_accuracy
+from kvselect.checking._common import _precision, _refused, _tolerance_values, _vacuous
+from kvselect.checking.engine_scores import engine_score_checks
 from kvselect.checking.family import family_options
 from kvselect.checking.report import dump_report
 
@@ -301,36 +301,28 @@ def assert_topk(
     checks: List[Tuple[str, Report]] = [("against the exact scores", exact)]
     note = None
     if engine_scores is not None:
-        r = np.asarray(rows)
-        k = _topk_of(r, topk, slots)
-        pos = np.asarray(query_pos, dtype=np.int64).reshape(-1)
-        cu = cu_seqlens  # a paged cache's sequences as a packed batch's
-        if seq_lens is not None:
-            cu = np.concatenate([[0], np.cumsum(np.asarray(seq_lens, dtype=np.int64))])
-        lens = _context_lens(pos, compress_ratio, 0 if index_k is None else len(np.asarray(index_k)), cu, seq_ids)
-        own_scores = np.asarray(engine_scores, dtype=np.float32)
-        checks.append(
-            ("against the engine's own scores, exactly", own_scores_check(own_scores, r, lens, k, slots, filler))
+        more, note = engine_score_checks(
+            engine_scores,
+            rows,
+            topk,
+            slots,
+            filler,
+            query_pos,
+            index_q=index_q,
+            weights=weights,
+            index_k=index_k,
+            key_scale=key_scale,
+            key_format=key_format,
+            query_format=query_format,
+            cu_seqlens=cu_seqlens,
+            seq_ids=seq_ids,
+            seq_lens=seq_lens,
+            paged=kv_cache is not None,
+            atol=atol_,
+            rtol=rtol_,
+            compress_ratio=compress_ratio,
         )
-        if kv_cache is None:
-            accuracy = score_accuracy(
-                own_scores,
-                index_q,
-                weights,
-                index_k,
-                pos,
-                lens,
-                key_scale,
-                key_format,
-                cu_seqlens,
-                seq_ids,
-                atol_,
-                rtol_,
-                compress_ratio,
-            )
-            checks.append(("the engine's own scores against the exact ones", accuracy))
-        else:
-            note = "the engine's own scores are not compared with the exact ones for a paged cache"
+        checks += more
     tolerance = {"precision": p, "atol": atol_, "rtol": rtol_, "note": note}
     return _conclude(dump_report("topk", tolerance, checks, filler), fail_vacuous, "assert_topk")
 
