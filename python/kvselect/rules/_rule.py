@@ -73,6 +73,11 @@ class DumpKind:
     heads : callable
         ``dump -> report rows per dump row`` (a blocks dump reports each
         query's KV heads as rows ``query * heads + head``; default 1).
+    assert_case : callable or None
+        ``(case, rows) -> report``: how a :class:`kvselect.testing.cases.Case`
+        of this kind checks a kernel's rows (:meth:`Case.assert_rows`). None:
+        the rule's first assertion, called as ``assertion(rows, **case.inputs,
+        **case.check)``.
     """
 
     name: str
@@ -86,6 +91,7 @@ class DumpKind:
     rows: Callable[[Mapping[str, np.ndarray]], int] = field(default=lambda d: len(d["rows"]))
     row_axis: Callable[[Mapping[str, np.ndarray], str], int] = field(default=lambda d, key: 0)
     heads: Callable[[Mapping[str, np.ndarray]], int] = field(default=lambda d: 1)
+    assert_case: Optional[Callable[[Any, Any], Any]] = None
 
     def __repr__(self) -> str:
         return f"DumpKind({self.name!r})"

@@ -543,6 +543,25 @@ SEGMENTS = Knob(
     "witness segments S, 1-64 (default: 64, or k // 8 (at least 1) when the budget k is below 512)",
 )
 
+
+def assert_case(case: Any, rows: Any) -> Any:
+    """A ``topk`` case's check of a kernel's rows
+    (:meth:`kvselect.testing.cases.Case.assert_rows`): the indexer family's
+    cases by :func:`kvselect.testing.cases.family.assert_family_rows`, a
+    case of given non-finite scores against those scores, the rest by
+    :func:`kvselect.testing.assert_topk`."""
+    from kvselect import testing
+
+    if case.meta.get("family"):
+        from kvselect.testing.cases.family import assert_family_rows
+
+        return assert_family_rows(rows, case.inputs, **case.check)
+    if case.meta.get("non_finite"):
+        assert case.scores is not None and case.context_lens is not None
+        return testing._assert_scores(rows, case.scores, case.context_lens, int(case.inputs["topk"]), **case.check)
+    return testing.assert_topk(rows, **case.inputs, **case.check)
+
+
 RULE = Rule(
     name="indexer",
     title="The lightning indexer (DeepSeek)",
@@ -560,6 +579,7 @@ RULE = Rule(
             check,
             fillers=True,
             no_rtol=given_scores_without_magnitudes,
+            assert_case=assert_case,
             row_keys=(
                 "rows",
                 "scores",

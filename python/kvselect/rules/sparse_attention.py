@@ -152,6 +152,15 @@ def _rows(d: Mapping[str, np.ndarray]) -> int:
     return int(q.shape[0] * q.shape[1]) if q.ndim == 3 else len(q)
 
 
+def assert_case(case: Any, rows: Any) -> Any:
+    """A sparse attention case's check of a kernel's ``out`` or ``(out, lse)``
+    (:meth:`kvselect.testing.cases.Case.assert_rows`)."""
+    from kvselect import testing
+
+    out, lse = rows if isinstance(rows, tuple) else (rows, None)
+    return testing.assert_sparse_attention(out, lse=lse, **case.inputs, **case.check)
+
+
 RULE = Rule(
     name="sparse_attention",
     title="Sparse attention kernels",
@@ -168,6 +177,7 @@ RULE = Rule(
             check,
             no_rtol=_note,
             rows=_rows,
+            assert_case=assert_case,
         ),
     ),
     guide="docs/checking-sparse-attention.md",

@@ -139,6 +139,18 @@ def forced_positions(p: int) -> int:
     return len(cols | {p - 1 - o for o in range(min(p, 100))})
 
 
+def assert_case(case: Any, rows: Any) -> Any:
+    """A vertical-slash case's check of a kernel's ``(vertical, slash)`` pair,
+    or of the two concatenated per head as the case's ``expected`` holds them,
+    the columns first (:meth:`kvselect.testing.cases.Case.assert_rows`)."""
+    from kvselect import testing
+
+    if not isinstance(rows, tuple):
+        nv = int(case.meta["nv"])
+        rows = (rows[:, :nv], rows[:, nv:])
+    return testing.assert_vslash(rows, **case.inputs, **case.check)
+
+
 RULE = Rule(
     name="vslash",
     title="MInference vertical-slash",
@@ -153,6 +165,7 @@ RULE = Rule(
             "MInference's vertical-slash estimate (its columns and diagonals), checked by `kvselect check`.",
             check,
             rows=lambda d: int(np.asarray(d["vertical"]).shape[0]),
+            assert_case=assert_case,
         ),
     ),
     policies=(

@@ -36,6 +36,15 @@ def check(
     return [("against the witness rule (exact)", report)]
 
 
+def assert_case(case: Any, after: Any) -> Any:
+    """A witness case's check of a kernel's buffer ``after`` the merge
+    (:meth:`kvselect.testing.cases.Case.assert_rows`)."""
+    from kvselect import testing
+
+    i = case.inputs
+    return testing.assert_witnesses(i["topk_indices"], after, i["context_lens"], i["num_segments"])
+
+
 RULE = Rule(
     name="witness",
     title="Segment witnesses",
@@ -60,6 +69,7 @@ RULE = Rule(
             exact=True,
             row_keys=("before", "after", "context_lens"),
             rows=lambda d: len(d["before"]),
+            assert_case=assert_case,
         ),
     ),
     guide="docs/witnesses.md",

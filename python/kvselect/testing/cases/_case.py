@@ -99,38 +99,15 @@ class Case:
         SelectionError, WitnessError, TypeError
             When ``rows`` does not fit the case (shape, dtype).
         """
-        from kvselect import testing
+        from kvselect import rules
 
-        if self.rule == "witnesses":
-            return testing.assert_witnesses(
-                self.inputs["topk_indices"], rows, self.inputs["context_lens"], self.inputs["num_segments"]
-            )
-        if self.rule == "sparse_attention":
-            out, lse = rows if isinstance(rows, tuple) else (rows, None)
-            return testing.assert_sparse_attention(out, lse=lse, **self.inputs, **self.check)
-        if self.rule == "blocks":
-            return testing.assert_blocks(rows, **self.inputs, **self.check)
-        if self.rule == "quest":
-            return testing.assert_quest(rows, **self.inputs, **self.check)
-        if self.rule == "infllm":
-            return testing.assert_infllm(rows, **self.inputs, **self.check)
-        if self.rule == "nsa":
-            return testing.assert_nsa(rows, **self.inputs, **self.check)
-        if self.meta.get("family"):
-            from kvselect.testing.cases.family import assert_family_rows
-
-            return assert_family_rows(rows, self.inputs, **self.check)
-        if self.rule == "vslash":
-            if not isinstance(rows, tuple):  # one array as ``expected`` holds it: the columns first
-                nv = int(self.meta["nv"])
-                rows = (rows[:, :nv], rows[:, nv:])
-            return testing.assert_vslash(rows, **self.inputs, **self.check)
-        if self.rule == "moba":
-            return testing.assert_moba(rows, **self.inputs, **self.check)
-        if self.meta.get("non_finite"):
-            assert self.scores is not None and self.context_lens is not None
-            return testing._assert_scores(rows, self.scores, self.context_lens, int(self.inputs["topk"]), **self.check)
-        return testing.assert_topk(rows, **self.inputs, **self.check)
+        for rule in rules.RULES:  # the case's dump kind says how (kvselect.rules.DumpKind.assert_case)
+            for kind in rule.dumps:
+                if kind.name == self.rule:
+                    if kind.assert_case is not None:
+                        return kind.assert_case(self, rows)
+                    return rules.resolve(rule.assertions[0])(rows, **self.inputs, **self.check)
+        raise LookupError(f"case {self.id!r}: no rule has the dump kind {self.rule!r}")
 
 
 def pytest_params(cases: Sequence[Tuple[str, Case]]) -> List[Any]:
