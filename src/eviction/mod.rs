@@ -51,7 +51,7 @@
 //! `src/metrics.rs` states, far below the float32 bound the kvpress
 //! comparison allows). Why it holds at
 //! every SIMD level and thread count: the one vector kernel
-//! ([`kernels::scores`], the dispatch `eviction.scores`) gives each key's
+//! (`kernels::scores`, the dispatch `eviction.scores`) gives each key's
 //! chain its own lane, and the parallel work is whole rows, summed in order
 //! afterwards. What would break it: a pairwise or blocked reduction, a
 //! vectorised `exp`, or rows from another softmax.
