@@ -80,6 +80,11 @@ def test_equals_the_twin_on_random_batches():
         _same(got, ref.vslash_layout_batch(v, s, q, kv, context_size=ctx, causal=causal))
         bc, bo, cc, ci = got
         rows = bc.shape[2]
+        b = int(rng.integers(0, len(q)))  # a sequence's rows depend on it alone
+        one = ks.vslash_layout_batch(
+            v[b : b + 1], s[b : b + 1], q[b : b + 1], kv[b : b + 1], context_size=rows * 64, causal=causal
+        )
+        _same(one, tuple(x[b : b + 1] for x in got))
         assert rows == -(-(int(q.max()) if ctx is None else ctx) // 64)
         for b in range(len(q)):
             live = -(-int(q[b]) // 64)
