@@ -48,9 +48,11 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   the query group, max pooled onto 64-token blocks, the forced blocks and the
   top-k (the CUDA and the older Triton pooling, both top-k filters);
 - MInference's vertical-slash estimate (:func:`vslash_select`,
-  :func:`vslash_scores`, :func:`vslash_rows`, :func:`vslash_layout`): the key
-  columns and diagonals a prefill reads, from the last queries' causal softmax,
-  each query's positions, and the per-block layout the engines' kernels take;
+  :func:`vslash_scores`, :func:`vslash_rows`, :func:`vslash_layout`,
+  :func:`vslash_layout_batch`): the key columns and diagonals a prefill reads,
+  from the last queries' causal softmax, each query's positions, and the
+  per-block layout the engines' kernels take (MInference's form and vLLM's /
+  SGLang's later one);
 - MoBA's block selection (:func:`moba_gates`, :func:`moba_select`,
   :func:`moba_select_paged`): each query's gate on every completed past
   block's mean key, the top ``topk - 1`` blocks and its own, dense, packed
@@ -145,6 +147,7 @@ from kvselect._core import (
     tova_scores,
     visible_entries,
     vslash_layout,
+    vslash_layout_batch,
     vslash_rows,
     vslash_scores,
     vslash_select,
@@ -249,6 +252,7 @@ __all__ = [
     "sparse_attention",
     "topology_witness_indices",
     "vslash_layout",
+    "vslash_layout_batch",
     "vslash_rows",
     "vslash_scores",
     "vslash_select",

@@ -23,6 +23,7 @@ __all__ = [
     "vslash_scores",
     "vslash_rows",
     "vslash_layout",
+    "vslash_layout_batch",
     "infllm_block_scores",
     "infllm_select",
     "infllm_select_paged",
@@ -3101,6 +3102,7 @@ def vslash_layout(
     See Also
     --------
     vslash_rows : the positions each query reads.
+    vslash_layout_batch : the later form vLLM and SGLang carry.
 
     Examples
     --------
@@ -3108,6 +3110,79 @@ def vslash_layout(
     >>> bc, bo, cc, ci = kvselect.vslash_layout(np.array([[3, 40, 150]]), np.array([[0, 1, 130]]), 256)
     >>> bc.tolist(), bo[0, 3].tolist(), cc.tolist(), ci[0, 3].tolist()
     ([[1, 2, 3, 3]], [62, 191, 255], [[0, 2, 0, 3]], [3, 40, 150])
+    """
+
+def vslash_layout_batch(
+    vertical: _ArrayIn,
+    slash: _ArrayIn,
+    q_seqlens: _ArrayIn,
+    kv_seqlens: _ArrayIn,
+    *,
+    context_size: Optional[int] = None,
+    causal: bool = True,
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """The later form of the engines' layout, as vLLM's ``_custom_ops`` and SGLang's
+    ``sgl_kernel`` write it: a batch of sequences, each with its own query and key
+    lengths, the queries aligned to the end of the keys (``causal``) or after them,
+    the ranges clipped to the keys.
+
+    The same kernel in both engines (``convert_vertical_slash_indexes``, 64-query and
+    64-key blocks, as their callers pass). For query block ``[start, end)`` of
+    sequence ``b``, with ``base = kv_seqlens[b] - q_seqlens[b]`` (``causal``) or
+    ``kv_seqlens[b]`` (not): offsets ``o >= base + end`` skipped, each other one
+    covering the keys ``[base + end - o - 64, base + end - o)`` (its end at least 64),
+    merged as :func:`vslash_layout` merges them; not causal, the offsets below
+    ``start`` end the list. The ranges' blocks are clipped to the keys; a block with
+    no offset reaching it reads one 64-key range past its queries. See
+    docs/vertical-slash.md, "The engines' layout".
+
+    Parameters
+    ----------
+    vertical : array_like of int32, [n_seqs, n_heads, nv]
+        Columns, each in ``[0, kv_seqlen)`` of its sequence (any order: sorted here, as
+        vLLM's caller sorts them).
+    slash : array_like of int32, [n_seqs, n_heads, ns]
+        Diagonal offsets ``>= 0`` (any order: sorted here, descending); offsets past
+        the keys are taken as the source takes them.
+    q_seqlens, kv_seqlens : array_like of int, [n_seqs]
+        Each sequence's queries (``>= 0``) and keys (``>= 1``).
+    context_size : int, optional
+        The outputs have ``ceil(context_size / 64)`` query blocks a head; at least
+        each sequence's; default ``max(q_seqlens)``.
+    causal : bool, default True
+        Queries aligned to the end of the keys, masked causally (vLLM's "intra"
+        stage); ``False``: every query after the keys ("succ", "inter").
+
+    Returns
+    -------
+    block_count : ndarray of int32, [n_seqs, n_heads, n_rows]
+    block_offset : ndarray of int32, [n_seqs, n_heads, n_rows, ns]
+        The first key of each 64-key block read; unused slots 0.
+    column_count : ndarray of int32, [n_seqs, n_heads, n_rows]
+    column_index : ndarray of int32, [n_seqs, n_heads, n_rows, nv]
+        The columns read outside those blocks; unused slots 0. Query blocks at or
+        past a sequence's ``q_seqlen`` are all 0 (the source does not write them).
+
+    Raises
+    ------
+    SelectionError
+        when a set is not 3-D with every axis at least 1 or the two disagree on
+        ``[n_seqs, n_heads]`` (``vertical``, ``slash``), a length is not one per
+        sequence or is out of range (``q_seqlens``, ``kv_seqlens``), ``context_size``
+        holds fewer query blocks than a sequence (``context_size``), a column is
+        outside its sequence's keys (``vertical``) or an offset negative (``slash``).
+
+    See Also
+    --------
+    vslash_layout : MInference's own form (one sequence, causal).
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> v, s = np.array([[[5, 150, 290]]]), np.array([[[0, 10, 120]]])
+    >>> bc, bo, cc, ci = kvselect.vslash_layout_batch(v, s, [100], [300])
+    >>> bc.tolist(), bo[0, 0, 0].tolist(), cc.tolist(), ci[0, 0, 0].tolist()
+    ([[[3, 2]]], [80, 190, 254], [[[2, 1]]], [5, 150, 0])
     """
 
 def infllm_block_scores(

@@ -339,6 +339,7 @@ pub(super) fn vslash_rows<'py>(
 /// See Also
 /// --------
 /// vslash_rows : the positions each query reads.
+/// vslash_layout_batch : the later form vLLM and SGLang carry.
 ///
 /// Examples
 /// --------
@@ -371,10 +372,126 @@ pub(super) fn vslash_layout<'py>(
     Ok((bc.finish(), bo.finish(), cc.finish(), ci.finish()))
 }
 
+/// The later form of the engines' layout, as vLLM's ``_custom_ops`` and SGLang's
+/// ``sgl_kernel`` write it: a batch of sequences, each with its own query and key
+/// lengths, the queries aligned to the end of the keys (``causal``) or after them,
+/// the ranges clipped to the keys.
+///
+/// The same kernel in both engines (``convert_vertical_slash_indexes``, 64-query and
+/// 64-key blocks, as their callers pass). For query block ``[start, end)`` of
+/// sequence ``b``, with ``base = kv_seqlens[b] - q_seqlens[b]`` (``causal``) or
+/// ``kv_seqlens[b]`` (not): offsets ``o >= base + end`` skipped, each other one
+/// covering the keys ``[base + end - o - 64, base + end - o)`` (its end at least 64),
+/// merged as :func:`vslash_layout` merges them; not causal, the offsets below
+/// ``start`` end the list. The ranges' blocks are clipped to the keys; a block with
+/// no offset reaching it reads one 64-key range past its queries. See
+/// docs/vertical-slash.md, "The engines' layout".
+///
+/// Parameters
+/// ----------
+/// vertical : array_like of int32, [n_seqs, n_heads, nv]
+///     Columns, each in ``[0, kv_seqlen)`` of its sequence (any order: sorted here, as
+///     vLLM's caller sorts them).
+/// slash : array_like of int32, [n_seqs, n_heads, ns]
+///     Diagonal offsets ``>= 0`` (any order: sorted here, descending); offsets past
+///     the keys are taken as the source takes them.
+/// q_seqlens, kv_seqlens : array_like of int, [n_seqs]
+///     Each sequence's queries (``>= 0``) and keys (``>= 1``).
+/// context_size : int, optional
+///     The outputs have ``ceil(context_size / 64)`` query blocks a head; at least
+///     each sequence's; default ``max(q_seqlens)``.
+/// causal : bool, default True
+///     Queries aligned to the end of the keys, masked causally (vLLM's "intra"
+///     stage); ``False``: every query after the keys ("succ", "inter").
+///
+/// Returns
+/// -------
+/// block_count : ndarray of int32, [n_seqs, n_heads, n_rows]
+/// block_offset : ndarray of int32, [n_seqs, n_heads, n_rows, ns]
+///     The first key of each 64-key block read; unused slots 0.
+/// column_count : ndarray of int32, [n_seqs, n_heads, n_rows]
+/// column_index : ndarray of int32, [n_seqs, n_heads, n_rows, nv]
+///     The columns read outside those blocks; unused slots 0. Query blocks at or
+///     past a sequence's ``q_seqlen`` are all 0 (the source does not write them).
+///
+/// Raises
+/// ------
+/// SelectionError
+///     when a set is not 3-D with every axis at least 1 or the two disagree on
+///     ``[n_seqs, n_heads]`` (``vertical``, ``slash``), a length is not one per
+///     sequence or is out of range (``q_seqlens``, ``kv_seqlens``), ``context_size``
+///     holds fewer query blocks than a sequence (``context_size``), a column is
+///     outside its sequence's keys (``vertical``) or an offset negative (``slash``).
+///
+/// See Also
+/// --------
+/// vslash_layout : MInference's own form (one sequence, causal).
+///
+/// Examples
+/// --------
+/// >>> import numpy as np, kvselect
+/// >>> v, s = np.array([[[5, 150, 290]]]), np.array([[[0, 10, 120]]])
+/// >>> bc, bo, cc, ci = kvselect.vslash_layout_batch(v, s, [100], [300])
+/// >>> bc.tolist(), bo[0, 0, 0].tolist(), cc.tolist(), ci[0, 0, 0].tolist()
+/// ([[[3, 2]]], [80, 190, 254], [[[2, 1]]], [5, 150, 0])
+#[pyfunction]
+#[pyo3(
+    signature = (vertical, slash, q_seqlens, kv_seqlens, *, context_size=None, causal=true),
+    text_signature = "(vertical, slash, q_seqlens, kv_seqlens, *, context_size=None, causal=True)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn vslash_layout_batch<'py>(
+    py: Python<'py>,
+    vertical: &Obj<'py>,
+    slash: &Obj<'py>,
+    q_seqlens: &Obj<'py>,
+    kv_seqlens: &Obj<'py>,
+    context_size: Opt<'_, 'py>,
+    causal: bool,
+) -> PyResult<(I32<'py>, I32<'py>, I32<'py>, I32<'py>)> {
+    let v = S.input::<i32, 3>(vertical, "vertical", "[n_seqs, n_heads, nv]")?;
+    let s = S.input::<i32, 3>(slash, "slash", "[n_seqs, n_heads, ns]")?;
+    if s.shape[..2] != v.shape[..2] {
+        let msg = format!(
+            "slash must be [n_seqs={}, n_heads={}, ns], got {:?}",
+            v.shape[0], v.shape[1], s.shape
+        );
+        return Err(refuse(S, "slash", msg));
+    }
+    let q = S.input::<i64, 1>(q_seqlens, "q_seqlens", "[n_seqs]")?;
+    let kv = S.input::<i64, 1>(kv_seqlens, "kv_seqlens", "[n_seqs]")?;
+    let longest = q.slice()?.iter().copied().max().unwrap_or(0).max(0) as usize;
+    let context = S.count_or(context_size, "context_size", I32_MAX, longest)?;
+    let [n_seqs, n_heads, nv] = v.shape;
+    let batch = vslash::LayoutBatch {
+        n_seqs,
+        n_heads,
+        nv,
+        ns: s.shape[2],
+        context_size: context,
+        causal,
+    };
+    let (rows, ns) = (batch.rows(), batch.ns);
+    let raw = ndarrays(&[q_seqlens, kv_seqlens]);
+    let inputs: Vec<&Bound<'py, PyUntypedArray>> =
+        [v.untyped(), s.untyped()].into_iter().chain(&raw).collect();
+    let mut bc: Out<'py, i32> = S.output(py, None, &[n_seqs, n_heads, rows], &inputs)?;
+    let mut bo: Out<'py, i32> = S.output(py, None, &[n_seqs, n_heads, rows, ns], &inputs)?;
+    let mut cc: Out<'py, i32> = S.output(py, None, &[n_seqs, n_heads, rows], &inputs)?;
+    let mut ci: Out<'py, i32> = S.output(py, None, &[n_seqs, n_heads, rows, nv], &inputs)?;
+    let (vs, ss, qs, ks) = (v.slice()?, s.slice()?, q.slice()?, kv.slice()?);
+    let (a, b, c, d) = (bc.slice()?, bo.slice()?, cc.slice()?, ci.slice()?);
+    detach(py, b.len() + d.len(), || {
+        vslash::layout_batch_into(vs, ss, qs, ks, batch, a, b, c, d)
+    })?;
+    Ok((bc.finish(), bo.finish(), cc.finish(), ci.finish()))
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(vslash_select, m)?)?;
     m.add_function(wrap_pyfunction!(vslash_scores, m)?)?;
     m.add_function(wrap_pyfunction!(vslash_rows, m)?)?;
     m.add_function(wrap_pyfunction!(vslash_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(vslash_layout_batch, m)?)?;
     Ok(())
 }

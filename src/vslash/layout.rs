@@ -6,9 +6,8 @@
 //! run with 64-query blocks and 64-key blocks: MInference's own form, the
 //! one `vertical_slash_sparse_attention` calls without its `_opt`
 //! extension; vLLM's `_custom_ops` and SGLang's `sgl_kernel` carry a later
-//! form, with per-sequence query / key lengths and a `causal` flag, which
-//! clips the ranges to the keys and is not reproduced here). For each head
-//! and each block of 64 queries
+//! form, [`layout_batch_into`], below). For each head and each block of 64
+//! queries
 //! `[start, end)`, the columns ascending and the offsets descending:
 //!
 //! - offsets `o >= end` are skipped (no query of the block reaches them);
@@ -36,6 +35,29 @@
 //! the tests pin this layout on a hand-worked example, compare it with the
 //! NumPy twin written from the CUDA source, and check the superset property
 //! on random selections.
+
+//!
+//! **The later form** ([`layout_batch_into`]; vllm-project/vllm @161944b3
+//! `csrc/attention/vertical_slash_index.cu`, sgl-project/sglang @7f1f5bc1
+//! `sgl-kernel/csrc/attention/vertical_slash_index.cu`: the same kernel,
+//! also what MInference's `_opt` path calls). Per sequence, with `base =
+//! kv − q` (causal: the queries end at the last key) or `kv` (not causal:
+//! all after the keys), the rule above with `end` replaced by `base + end`,
+//! and: the skip stops at the last offset (none reaching the block reads
+//! one 64-key range after its queries instead of reading past the list);
+//! not causal, an offset below the block's start ends the list and the
+//! last column left is listed if it lies inside the keys; every range's
+//! blocks are clipped to the keys; blocks at or past `q` are not written
+//! (0). Why it holds: a transcription of the kernel's state machine, one
+//! turn per column or offset; the refusals cover every input on which the
+//! kernel reads or writes out of bounds or loops (an empty list, too
+//! few rows, a column past the keys — not causal, one 64 past them with
+//! more after it never advances —, a negative offset), so on the rest the
+//! loop ends within `2 (nv + ns) + 8` turns. What would break it: a merge
+//! in another order than the kernel's (the tests compare it with the NumPy
+//! twin on random batches and with [`layout_into`] where the two agree: one
+//! sequence, `q = kv`, causal — equal up to the block starts `>= L` the
+//! later form clips).
 
 use crate::error::{check_len, checked_size, ArgumentError};
 
@@ -262,6 +284,314 @@ pub fn layout_into(
             }
             block_count[row] = n_blocks as i32;
             column_count[row] = n_cols as i32;
+        }
+    }
+    Ok(())
+}
+
+/// The shape of a batch for [`layout_batch_into`]: `n_seqs` sequences of
+/// `n_heads` heads, `nv` columns and `ns` offsets a head, `ceil(context_size
+/// / 64)` query blocks a head (the rows of the outputs), and whether the
+/// queries are causal over the keys (vLLM's "intra" stage) or all after them
+/// ("succ" / "inter").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayoutBatch {
+    /// Sequences.
+    pub n_seqs: usize,
+    /// Heads a sequence.
+    pub n_heads: usize,
+    /// Columns a head.
+    pub nv: usize,
+    /// Diagonal offsets a head.
+    pub ns: usize,
+    /// The rows of the outputs are `ceil(context_size / 64)` query blocks.
+    pub context_size: usize,
+    /// Queries aligned to the end of the keys and masked causally (`true`),
+    /// or all placed after the keys (`false`).
+    pub causal: bool,
+}
+
+impl LayoutBatch {
+    /// Query blocks a head: the rows of the outputs.
+    pub fn rows(&self) -> usize {
+        self.context_size.div_ceil(LAYOUT_BLOCK)
+    }
+}
+
+fn check_batch(
+    vertical: &[i32],
+    slash: &[i32],
+    q_seqlens: &[i64],
+    kv_seqlens: &[i64],
+    batch: LayoutBatch,
+) -> Result<(), ArgumentError> {
+    let LayoutBatch {
+        n_seqs,
+        n_heads,
+        nv,
+        ns,
+        context_size,
+        ..
+    } = batch;
+    for (argument, k) in [("vertical", nv), ("slash", ns)] {
+        if n_seqs == 0 || n_heads == 0 || k == 0 {
+            return Err(ArgumentError::Invalid {
+                argument,
+                message: format!(
+                    "{argument} must be [n_seqs, n_heads, k] with every axis at least 1 \
+                     (the source reads each head's first entry), got [{n_seqs}, {n_heads}, {k}]"
+                ),
+            });
+        }
+    }
+    check_len(
+        "vertical",
+        vertical.len(),
+        checked_size("vertical", &[n_seqs, n_heads, nv])?,
+        || format!("n_seqs={n_seqs}, n_heads={n_heads}, nv={nv}"),
+    )?;
+    check_len(
+        "slash",
+        slash.len(),
+        checked_size("slash", &[n_seqs, n_heads, ns])?,
+        || format!("n_seqs={n_seqs}, n_heads={n_heads}, ns={ns}"),
+    )?;
+    let max = i32::MAX as i64;
+    for (argument, lens, least) in [("q_seqlens", q_seqlens, 0), ("kv_seqlens", kv_seqlens, 1)] {
+        check_len(argument, lens.len(), n_seqs, || format!("n_seqs={n_seqs}"))?;
+        if let Some(i) = lens.iter().position(|&x| x < least || x > max) {
+            return Err(ArgumentError::OutOfRange {
+                argument,
+                index: i,
+                message: format!("{argument}[{i}] = {} is outside [{least}, {max}]", lens[i]),
+            });
+        }
+    }
+    let rows = batch.rows();
+    if context_size as u64 > max as u64 {
+        return Err(ArgumentError::Invalid {
+            argument: "context_size",
+            message: format!("context_size = {context_size} is above {max}"),
+        });
+    }
+    if let Some(i) = q_seqlens
+        .iter()
+        .position(|&q| (q as usize).div_ceil(LAYOUT_BLOCK) > rows)
+    {
+        return Err(ArgumentError::Invalid {
+            argument: "context_size",
+            message: format!(
+                "context_size = {context_size} gives {rows} query blocks, but q_seqlens[{i}] = {} \
+                 needs {} (the source writes past the rows otherwise)",
+                q_seqlens[i],
+                (q_seqlens[i] as usize).div_ceil(LAYOUT_BLOCK)
+            ),
+        });
+    }
+    for (i, &c) in vertical.iter().enumerate() {
+        let kv = kv_seqlens[i / (n_heads * nv)];
+        if c < 0 || c as i64 >= kv {
+            return Err(ArgumentError::OutOfRange {
+                argument: "vertical",
+                index: i,
+                message: format!(
+                    "vertical[{i}] = {c} is outside [0, kv_seqlen = {kv}) of its sequence \
+                     (the source can loop forever on a column past the keys)"
+                ),
+            });
+        }
+    }
+    if let Some(i) = slash.iter().position(|&o| o < 0) {
+        return Err(ArgumentError::OutOfRange {
+            argument: "slash",
+            index: i,
+            message: format!("slash[{i}] = {} is negative", slash[i]),
+        });
+    }
+    Ok(())
+}
+
+/// One query block `[start, start + 64)` of one head of one sequence, as the
+/// later `convert_vertical_slash_indexes_kernel` runs it (see
+/// [`layout_batch_into`]); `v` ascending, `s` descending. Returns the
+/// blocks and columns written.
+fn batch_row(
+    v: &[i64],
+    s: &[i64],
+    (q, kv, causal): (i64, i64, bool),
+    start: i64,
+    offsets: &mut [i32],
+    columns: &mut [i32],
+) -> Result<(usize, usize), ArgumentError> {
+    let b = LAYOUT_BLOCK as i64;
+    // Causal: the block's last query sits at key `kv − q + end − 1`; not
+    // causal: every query is after the keys, as if at `kv + i`.
+    let reach = if causal { kv - q } else { kv } + start + b;
+    let (mut n_blocks, mut n_cols) = (0usize, 0usize);
+    // The source's `save_blocks`: a range's 64-key blocks by first key,
+    // clipped to the keys (a range starting at or past them saves none).
+    let mut save = |lo: i64, hi: i64, n: &mut usize| {
+        let mut x = lo;
+        while x < hi.min(kv) && lo < kv {
+            offsets[*n] = x as i32;
+            *n += 1;
+            x += b;
+        }
+    };
+    // The first offset below the reach, else the last one.
+    let mut si = 1usize;
+    let mut o = s[0];
+    while o >= reach && si < s.len() {
+        o = s[si];
+        si += 1;
+    }
+    let (mut lo, mut hi) = if o > reach {
+        // No offset reaches the block: one 64-key range past it.
+        let first = if causal { reach } else { kv };
+        (first, first + b)
+    } else {
+        let e = (reach - o).max(b);
+        (e - b, e)
+    };
+    let past = reach + b; // the column read once the list is spent
+    let (mut vi, mut col) = (1usize, v[0]);
+    let mut finished = false;
+    // Each turn takes a column or an offset, or ends the list: the loop
+    // ends within this many turns on checked input (a bound, not a guess).
+    for _ in 0..2 * (v.len() + s.len()) + 8 {
+        if col < hi {
+            if col < lo {
+                columns[n_cols] = col as i32;
+                n_cols += 1;
+            }
+            col = if vi < v.len() {
+                vi += 1;
+                v[vi - 1]
+            } else {
+                past
+            };
+            continue;
+        }
+        if si < s.len() && (causal || s[si] >= start) {
+            let e = (reach - s[si]).max(b);
+            si += 1;
+            if !finished {
+                if e > hi + b {
+                    save(lo, hi, &mut n_blocks);
+                    (lo, hi) = (e - b, e);
+                } else if e > hi {
+                    hi += b;
+                }
+            }
+            continue;
+        }
+        if vi == v.len() || (causal && col > lo) {
+            // Not causal: the last column, if one is left, is read too.
+            if !causal && vi == v.len() && col < kv {
+                columns[n_cols] = col as i32;
+                n_cols += 1;
+            }
+            save(lo, hi, &mut n_blocks);
+            return Ok((n_blocks, n_cols));
+        }
+        if causal {
+            (lo, hi) = (reach, reach + b);
+        } else {
+            save(lo, hi, &mut n_blocks);
+            (lo, hi) = (kv, kv + b);
+        }
+        finished = true;
+    }
+    Err(ArgumentError::Invalid {
+        argument: "vertical",
+        message: "convert_vertical_slash_indexes would not end on this input".into(),
+    })
+}
+
+/// The later form of the engines' layout — vLLM's
+/// `_custom_ops.convert_vertical_slash_indexes` and SGLang's
+/// `sgl_kernel.sparse_flash_attn.convert_vertical_slash_indexes` (the same
+/// kernel; see the module docs of the Python binding and
+/// docs/vertical-slash.md): a batch of sequences, each with its own query
+/// and key lengths, queries aligned to the end of the keys (`causal`) or
+/// after them, ranges clipped to the keys.
+///
+/// `vertical` `[n_seqs, n_heads, nv]` (columns, any order: sorted here
+/// ascending) and `slash` `[n_seqs, n_heads, ns]` (offsets, sorted here
+/// descending, as vLLM's caller sorts both); outputs `block_count`
+/// `[n_seqs, n_heads, rows]`, `block_offset` `[.., rows, ns]`,
+/// `column_count` `[.., rows]`, `column_index` `[.., rows, nv]` with `rows =
+/// ceil(context_size / 64)`. A query block at or past its sequence's
+/// `q_seqlen` is not written by the source: its row is all 0 here, as the
+/// callers' `torch.zeros` leaves it; so are unused slots.
+///
+/// # Errors
+/// An axis of 0 (`vertical`, `slash`); a buffer of another length (named);
+/// a length outside `[0, 2³¹)` (`q_seqlens`; `kv_seqlens` at least 1); fewer
+/// rows than a sequence's query blocks (`context_size`: the source writes
+/// past them); a column outside `[0, kv_seqlen)` of its sequence
+/// (`vertical`: one past the keys can make the source loop forever); a
+/// negative offset (`slash`). Everything is checked before anything is
+/// written.
+#[allow(clippy::too_many_arguments)]
+pub fn layout_batch_into(
+    vertical: &[i32],
+    slash: &[i32],
+    q_seqlens: &[i64],
+    kv_seqlens: &[i64],
+    batch: LayoutBatch,
+    block_count: &mut [i32],
+    block_offset: &mut [i32],
+    column_count: &mut [i32],
+    column_index: &mut [i32],
+) -> Result<(), ArgumentError> {
+    check_batch(vertical, slash, q_seqlens, kv_seqlens, batch)?;
+    let LayoutBatch {
+        n_seqs,
+        n_heads,
+        nv,
+        ns,
+        causal,
+        ..
+    } = batch;
+    let rows = batch.rows();
+    let counts = checked_size("block_count", &[n_seqs, n_heads, rows])?;
+    let offs = checked_size("block_offset", &[n_seqs, n_heads, rows, ns])?;
+    let cols = checked_size("column_index", &[n_seqs, n_heads, rows, nv])?;
+    for (argument, got, want) in [
+        ("block_count", block_count.len(), counts),
+        ("block_offset", block_offset.len(), offs),
+        ("column_count", column_count.len(), counts),
+        ("column_index", column_index.len(), cols),
+    ] {
+        check_len(argument, got, want, || {
+            format!("n_seqs={n_seqs}, n_heads={n_heads}, rows={rows}, nv={nv}, ns={ns}")
+        })?;
+    }
+    let (mut v, mut s) = (Vec::with_capacity(nv), Vec::with_capacity(ns));
+    for head in 0..n_seqs * n_heads {
+        let seq = head / n_heads;
+        let (q, kv) = (q_seqlens[seq], kv_seqlens[seq]);
+        v.clear();
+        v.extend(vertical[head * nv..][..nv].iter().map(|&x| x as i64));
+        v.sort_unstable();
+        s.clear();
+        s.extend(slash[head * ns..][..ns].iter().map(|&x| x as i64));
+        s.sort_unstable_by(|a, b| b.cmp(a));
+        for m in 0..rows {
+            let row = head * rows + m;
+            let offsets = &mut block_offset[row * ns..][..ns];
+            let columns = &mut column_index[row * nv..][..nv];
+            offsets.fill(0);
+            columns.fill(0);
+            let start = (m * LAYOUT_BLOCK) as i64;
+            let (nb, nc) = if start < q {
+                batch_row(&v, &s, (q, kv, causal), start, offsets, columns)?
+            } else {
+                (0, 0)
+            };
+            block_count[row] = nb as i32;
+            column_count[row] = nc as i32;
         }
     }
     Ok(())

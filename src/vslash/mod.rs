@@ -121,7 +121,7 @@ mod layout;
 #[cfg(test)]
 mod tests;
 
-pub use layout::{layout_into, rows_into, LAYOUT_BLOCK};
+pub use layout::{layout_batch_into, layout_into, rows_into, LayoutBatch, LAYOUT_BLOCK};
 
 use crate::error::{check_len, checked_size, ArgumentError};
 use crate::keys::Encoded;

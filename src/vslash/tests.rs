@@ -449,3 +449,92 @@ fn layout_covers_the_rows() {
         }
     }
 }
+
+/// The later form (vLLM / SGLang) on a hand-worked case: one sequence of
+/// 100 queries over 300 keys (so the queries sit at keys 200..299),
+/// columns 5, 150, 290, offsets 0, 10, 120, 200 rows of context (4 query
+/// blocks, the last two past the queries and left 0), causal and not.
+#[test]
+fn batch_layout_of_a_worked_example() {
+    let run = |causal: bool| {
+        let batch = LayoutBatch {
+            n_seqs: 1,
+            n_heads: 1,
+            nv: 3,
+            ns: 3,
+            context_size: 200,
+            causal,
+        };
+        let (mut bc, mut bo, mut cc, mut ci) = (vec![9; 4], vec![9; 12], vec![9; 4], vec![9; 12]);
+        layout_batch_into(
+            &[290, 5, 150],
+            &[10, 0, 120],
+            &[100],
+            &[300],
+            batch,
+            &mut bc,
+            &mut bo,
+            &mut cc,
+            &mut ci,
+        )
+        .unwrap();
+        (bc, bo, cc, ci)
+    };
+    // Causal, block 0 (queries at keys 200..263): offset 120 gives keys
+    // [80, 144), 10 starts [190, 254), 0 extends it to [190, 318), clipped
+    // to the 300 keys; columns 5 and 150 lie below the ranges, 290 inside.
+    let (bc, bo, cc, ci) = run(true);
+    assert_eq!(bc, [3, 2, 0, 0]);
+    assert_eq!(bo, [80, 190, 254, 144, 254, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(cc, [2, 1, 0, 0]);
+    assert_eq!(ci, [5, 150, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0]);
+    // Not causal (queries as if at keys 300 + i): block 1 stops at the
+    // offsets below its first query (10, 0) and keeps the columns.
+    let (bc, bo, cc, ci) = run(false);
+    assert_eq!(bc, [2, 1, 0, 0]);
+    assert_eq!(bo, [180, 290, 0, 244, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(cc, [2, 2, 0, 0]);
+    assert_eq!(ci, [5, 150, 0, 5, 150, 0, 0, 0, 0, 0, 0, 0]);
+}
+
+/// Each refusal names its argument and writes nothing.
+#[test]
+fn batch_layout_refusals() {
+    let batch = LayoutBatch {
+        n_seqs: 1,
+        n_heads: 1,
+        nv: 1,
+        ns: 1,
+        context_size: 64,
+        causal: true,
+    };
+    let run = |v: &[i32], s: &[i32], q: &[i64], kv: &[i64], batch: LayoutBatch| {
+        let (mut bc, mut bo, mut cc, mut ci) = (vec![9; 1], vec![9; 1], vec![9; 1], vec![9; 1]);
+        let e =
+            layout_batch_into(v, s, q, kv, batch, &mut bc, &mut bo, &mut cc, &mut ci).unwrap_err();
+        assert_eq!((bc, bo, cc, ci), (vec![9], vec![9], vec![9], vec![9]));
+        e.argument()
+    };
+    let b = batch;
+    assert_eq!(
+        run(&[], &[0], &[10], &[10], LayoutBatch { nv: 0, ..b }),
+        "vertical"
+    );
+    assert_eq!(
+        run(&[0], &[], &[10], &[10], LayoutBatch { ns: 0, ..b }),
+        "slash"
+    );
+    assert_eq!(run(&[0, 1], &[0], &[10], &[10], b), "vertical");
+    assert_eq!(run(&[0], &[0], &[10, 1], &[10], b), "q_seqlens");
+    assert_eq!(run(&[0], &[0], &[-1], &[10], b), "q_seqlens");
+    assert_eq!(run(&[0], &[0], &[10], &[0], b), "kv_seqlens");
+    assert_eq!(run(&[0], &[0], &[65], &[80], b), "context_size");
+    assert_eq!(run(&[10], &[0], &[10], &[10], b), "vertical");
+    assert_eq!(run(&[-1], &[0], &[10], &[10], b), "vertical");
+    assert_eq!(run(&[0], &[-1], &[10], &[10], b), "slash");
+    let two_rows = LayoutBatch {
+        context_size: 65,
+        ..b
+    };
+    assert_eq!(run(&[0], &[0], &[10], &[10], two_rows), "block_count");
+}

@@ -369,6 +369,10 @@ def _samples():
         "infllm_select_paged": (core.infllm_select_paged, (qq[None], qcache, table, [40], 2)),
         "vslash_select": (core.vslash_select, (rng.standard_normal((2, 40, 8)).astype(np.float32), qk, 30, 50)),
         "vslash_scores": (core.vslash_scores, (rng.standard_normal((2, 40, 8)).astype(np.float32), qk)),
+        "vslash_layout_batch": (
+            core.vslash_layout_batch,
+            (np.array([[[3, 40]]], np.int32), np.array([[[0, 70]]], np.int32), [100], [120]),
+        ),
         "moba_select": (core.moba_select, (rng.standard_normal((40, 4, 8)).astype(np.float32), qk, 3, 8)),
         "moba_select_paged": (
             core.moba_select_paged,

@@ -176,6 +176,7 @@ from .sparse_attn import (
 from .vslash import (
     vslash_error_bounds,
     vslash_layout,
+    vslash_layout_batch,
     vslash_rows,
     vslash_scores,
     vslash_select,
@@ -265,6 +266,7 @@ __all__ = [
     "vslash_sizes",
     "vslash_rows",
     "vslash_layout",
+    "vslash_layout_batch",
     # check
     "GlobalSlots",
     "check_topk",

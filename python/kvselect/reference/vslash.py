@@ -269,3 +269,122 @@ def vslash_layout(vertical: Any, slash: Any, seq_len: int) -> Tuple[np.ndarray, 
             bo[j, m, : len(blocks)] = blocks
             ci[j, m, : len(cols)] = cols
     return bc, bo, cc, ci
+
+
+def _batch_block(v: List[int], s: List[int], q: int, kv: int, causal: bool, start: int) -> Tuple[List[int], List[int]]:
+    """One query block of the later ``convert_vertical_slash_indexes_kernel``
+    (vLLM ``csrc/attention/vertical_slash_index.cu``, SGLang
+    ``sgl-kernel/csrc/attention/vertical_slash_index.cu``): the blocks and the
+    columns it lists, ``v`` ascending, ``s`` descending."""
+    B = LAYOUT_BLOCK
+    end = start + B
+    shift = (kv - q) if causal else kv  # where the block's queries sit among the keys
+    blocks: List[int] = []
+    cols: List[int] = []
+
+    def save(lo: int, hi: int) -> None:
+        if lo < kv:
+            blocks.extend(range(lo, min(hi, kv), B))
+
+    # the skip loop: offsets at or past the block's reach, stopping at the last
+    k = 0
+    while True:
+        first = s[k]
+        k += 1
+        if first < shift + end or k == len(s):
+            break
+    if first > shift + end:  # nothing reaches the block: one range after it
+        lo = shift + end if causal else kv
+        hi = lo + B
+    else:
+        hi = max(shift + end - first, B)
+        lo = hi - B
+    spent = shift + end + B  # the column value once the list is used up
+    col, taken = v[0], 1
+    done = False
+    while True:
+        if col < hi:
+            if col < lo:
+                cols.append(col)
+            if taken < len(v):
+                col, taken = v[taken], taken + 1
+            else:
+                col = spent
+            continue
+        more = k < len(s) and (causal or s[k] >= start)
+        if more:
+            e = max(shift + end - s[k], B)
+            k += 1
+            if not done:
+                if e > hi + B:
+                    save(lo, hi)
+                    lo, hi = e - B, e
+                elif e > hi:
+                    hi += B
+            continue
+        if taken == len(v) or (causal and col > lo):
+            if not causal and taken == len(v) and col < kv:
+                cols.append(col)
+            save(lo, hi)
+            return blocks, cols
+        if causal:
+            lo, hi = shift + end, shift + end + B
+        else:
+            save(lo, hi)
+            lo, hi = kv, kv + B
+        done = True
+
+
+def vslash_layout_batch(
+    vertical: Any,
+    slash: Any,
+    q_seqlens: Any,
+    kv_seqlens: Any,
+    *,
+    context_size: Optional[int] = None,
+    causal: bool = True,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The later ``convert_vertical_slash_indexes`` (vLLM ``_custom_ops``, SGLang
+    ``sgl_kernel``): ``vertical`` ``[B, H, nv]``, ``slash`` ``[B, H, ns]`` (sorted
+    here: columns ascending, offsets descending, as vLLM's caller sorts them),
+    per-sequence ``q_seqlens`` / ``kv_seqlens``; outputs ``[B, H, rows]``,
+    ``[B, H, rows, ns]``, ``[B, H, rows]``, ``[B, H, rows, nv]`` with ``rows =
+    ceil(context_size / 64)`` (default ``max(q_seqlens)``), zeros where the source
+    writes nothing. Refuses what the native entry point refuses (no CUDA
+    undefined behaviour is imitated): a column outside its sequence's keys, a
+    negative offset, a length out of range, too few rows."""
+    v = np.asarray(vertical, np.int64)
+    s = np.asarray(slash, np.int64)
+    ql = np.asarray(q_seqlens, np.int64)
+    kl = np.asarray(kv_seqlens, np.int64)
+    if v.ndim != 3 or min(v.shape) < 1:
+        raise ReferenceSelectionError("vertical", "vertical must be [n_seqs, n_heads, nv], every axis >= 1")
+    if s.ndim != 3 or s.shape[:2] != v.shape[:2] or s.shape[2] < 1:
+        raise ReferenceSelectionError("slash", "slash must be [n_seqs, n_heads, ns] beside vertical")
+    v, s = np.sort(v, axis=2), -np.sort(-s, axis=2)
+    n, h, nv = v.shape
+    ns = s.shape[2]
+    for name, a, least in (("q_seqlens", ql, 0), ("kv_seqlens", kl, 1)):
+        if a.shape != (n,) or np.any(a < least) or np.any(a > 2**31 - 1):
+            raise ReferenceSelectionError(name, f"{name} must be {n} lengths >= {least}")
+    ctx = int(ql.max()) if context_size is None else int(context_size)
+    rows = -(-ctx // LAYOUT_BLOCK)
+    if ctx < 0 or ctx > 2**31 - 1 or np.any(-(-ql // LAYOUT_BLOCK) > rows):
+        raise ReferenceSelectionError("context_size", "fewer query blocks than a sequence's")
+    if np.any(v < 0) or np.any(v >= kl[:, None, None]):
+        raise ReferenceSelectionError("vertical", "a column outside its sequence's keys")
+    if np.any(s < 0):
+        raise ReferenceSelectionError("slash", "a negative offset")
+    bc, cc = np.zeros((n, h, rows), np.int32), np.zeros((n, h, rows), np.int32)
+    bo, ci = np.zeros((n, h, rows, ns), np.int32), np.zeros((n, h, rows, nv), np.int32)
+    for b in range(n):
+        for j in range(h):
+            vl, sl = v[b, j].tolist(), s[b, j].tolist()
+            for m in range(rows):
+                if m * LAYOUT_BLOCK >= ql[b]:
+                    break  # the source returns before writing these rows
+                blocks, cols = _batch_block(vl, sl, int(ql[b]), int(kl[b]), causal, m * LAYOUT_BLOCK)
+                bc[b, j, m], cc[b, j, m] = len(blocks), len(cols)
+                bo[b, j, m, : len(blocks)] = blocks
+                ci[b, j, m, : len(cols)] = cols
+    return bc, bo, cc, ci

@@ -154,7 +154,7 @@ def assert_case(case: Any, rows: Any) -> Any:
 RULE = Rule(
     name="vslash",
     title="MInference vertical-slash",
-    api=("vslash_select", "vslash_scores", "vslash_rows", "vslash_layout"),
+    api=("vslash_select", "vslash_scores", "vslash_rows", "vslash_layout", "vslash_layout_batch"),
     reference="kvselect.reference.vslash",
     assertions=("kvselect.testing.assert_vslash",),
     cases="kvselect.testing.cases.all_vslash_cases",
