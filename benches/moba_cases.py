@@ -19,32 +19,18 @@ cases interleaved, medians of the repetitions. Run: ``python benches/moba_cases.
 
 from __future__ import annotations
 
-import time
-
 import ml_dtypes
 import numpy as np
+from timing import cpu_line, fma_rate, thread_medians
 
 import kvselect as ks
-from kvselect import _core
-
-
-def _median_times(cases: dict, reps: int) -> dict:
-    out = {name: [] for name in cases}
-    for _ in range(reps):
-        for name, fn in cases.items():
-            t0 = time.thread_time()
-            fn()
-            out[name].append(time.thread_time() - t0)
-    return {name: float(np.median(v)) for name, v in out.items()}
 
 
 def main(reps: int = 7) -> None:
     ks.set_num_threads(1)
     rng = np.random.default_rng(0)
-    per_iter = _core._fma_floor(1)[0]
-    iters = 2_000_000
-    floor_t = _median_times({"floor": lambda: _core._fma_floor(iters)}, 5)["floor"]
-    rate = iters * per_iter / 2 / floor_t  # FMAs per second (a FMA is 2 flops)
+    print(cpu_line())
+    rate = fma_rate()  # FMAs per second on this one thread
 
     # Prefill.
     n, hq, h, d, bs, topk = 8192, 8, 2, 128, 512, 3
@@ -52,7 +38,7 @@ def main(reps: int = 7) -> None:
     q = rng.standard_normal((n, hq, d), dtype=np.float32)
     dst, dst_q = np.empty_like(k), np.empty_like(q)
     fmas = sum((p // bs) * d for p in range(n)) * hq + n * h * d
-    t = _median_times(
+    t = thread_medians(
         {
             "select": lambda: ks.moba_select(q, k, topk, bs),
             "copy": lambda: np.copyto(dst, k),
@@ -77,7 +63,7 @@ def main(reps: int = 7) -> None:
     lens = np.full(n_seq, L)
     dst = np.empty_like(cache)
     fmas = n_seq * (L * h * d + hq * ((L - 1) // bs) * d)
-    t = _median_times(
+    t = thread_medians(
         {
             "select": lambda: ks.moba_select_paged(qd, cache, table, lens, h, 3, bs),
             "copy": lambda: np.copyto(dst, cache),

@@ -122,6 +122,13 @@ fn check(
 /// (fla's window: `kernel = stride = bs`, each complete block's mean),
 /// summed in token order, each row decoded in place and times its token's
 /// scale.
+///
+/// Each element's sum is its own chain (token order, then the division), so
+/// the loops may run in any order: they take a token's whole row (`n_kv ·
+/// d`, contiguous) at a time into key `c`'s `[n_kv, d]` (contiguous), so the
+/// keys stream from memory once, front to back, and float32 rows are read in
+/// place. (A KV head at a time, rows `n_kv · d` apart, read the keys
+/// several times slower: the same bits.)
 fn compress(
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
@@ -130,22 +137,28 @@ fn compress(
     (kernel, stride): (usize, usize),
     out: &mut [f32],
 ) {
-    let mut row = vec![0.0f32; d];
-    let n_c = out.len() / (n_kv * d);
+    let w = n_kv * d;
+    let mut buf = vec![0.0f32; if matches!(k, Encoded::F32(_)) { 0 } else { w }];
     let div = kernel as f32;
-    for c in 0..n_c {
-        for g in 0..n_kv {
-            let acc = &mut out[(c * n_kv + g) * d..(c * n_kv + g + 1) * d];
-            acc.fill(0.0);
-            for t in c * stride..c * stride + kernel {
-                k.decode((t * n_kv + g) * d, &mut row);
-                let s = k_scale.map_or(1.0, |s| s[t]);
-                for (a, &x) in acc.iter_mut().zip(&row) {
-                    *a += if k_scale.is_some() { x * s } else { x };
+    for (c, acc) in out.chunks_exact_mut(w).enumerate() {
+        acc.fill(0.0);
+        for t in c * stride..c * stride + kernel {
+            let row: &[f32] = match k {
+                Encoded::F32(s) => &s[t * w..(t + 1) * w],
+                _ => {
+                    k.decode(t * w, &mut buf);
+                    &buf
                 }
+            };
+            match k_scale {
+                Some(sc) => {
+                    let s = sc[t];
+                    acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x * s);
+                }
+                None => acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x),
             }
-            acc.iter_mut().for_each(|a| *a /= div);
         }
+        acc.iter_mut().for_each(|a| *a /= div);
     }
 }
 
@@ -191,8 +204,15 @@ fn run<T: Send>(
     let (d, g_heads) = (sh.d, sh.group());
     let geo = window.geometry(cfg.block_size);
     let (n_c, nb) = (geo.compressed_len(sh.seq_len), cfg.n_blocks(sh.seq_len));
-    let mut qv = vec![0.0f32; q.len()];
-    q.decode(0, &mut qv);
+    // Float32 queries are read in place; other formats decoded once.
+    let qv: std::borrow::Cow<'_, [f32]> = match q {
+        Encoded::F32(s) => std::borrow::Cow::Borrowed(s),
+        _ => {
+            let mut v = vec![0.0f32; q.len()];
+            q.decode(0, &mut v);
+            std::borrow::Cow::Owned(v)
+        }
+    };
     let mut ck = vec![0.0f32; n_c * sh.n_kv * d];
     let kernel = (geo.kernel_size, geo.kernel_stride);
     compress(k, k_scale, sh.n_kv, d, kernel, &mut ck);
