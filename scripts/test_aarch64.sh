@@ -12,8 +12,8 @@
 #   scripts/test_aarch64.sh [CARGO_TEST_ARGS...]
 #
 # A debug build, any cargo test arguments: for running by hand. .ci/run's cross
-# stage is scripts/ci_cross.sh (a release build; the subset it runs by default,
-# and why, is in its header; `scripts/ci_cross.sh full` runs the whole suite).
+# stage is scripts/ci_cross.sh: the whole suite release-built (quicker in all
+# under qemu, and the vectorised code a user runs; its header says why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=aarch64-unknown-linux-gnu
