@@ -17,8 +17,8 @@
 # wheel is built), the suite runs in about half a minute under qemu; debug, it
 # takes 6-7 minutes. The release build costs about 3 minutes more than a debug
 # one, and no less for a subset (the library's unit tests and
-# tests/attention.rs alone took as long: the library compiled twice, lib and
-# its unit tests, at one codegen unit, is most of it). So the release build is
+# tests/attention.rs alone took as long: both compile the library twice, rlib
+# and unit tests, at one codegen unit). So the release build is
 # both the quicker and the one that tests the code a user runs: vectorised, not
 # the scalar debug code. The exhaustive exp bound stays #[ignore]d, as on
 # x86-64 (.ci/run runs it there).
