@@ -10,6 +10,10 @@
 #   apt-get install qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross
 #
 #   scripts/test_aarch64.sh [CARGO_TEST_ARGS...]
+#
+# A debug build, any cargo test arguments: for running by hand. .ci/run's cross
+# stage is scripts/ci_cross.sh: the whole suite release-built (quicker in all
+# under qemu, and the vectorised code a user runs; its header says why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=aarch64-unknown-linux-gnu
