@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 
 use super::args::{
     element_name, format_of, is_native_order, numpy, positions, positions_along, query_positions,
-    Broadcast, FormatArg, In, Named, Obj, PageLayoutName, Queries, StridedRows, S,
+    Broadcast, EncodedIn, FormatArg, In, Named, Obj, PageLayoutName, Queries, StridedRows, S,
 };
 use super::errors::refuse;
 use crate::keys::{BlockTable, PageLayout, PagedCache};
@@ -123,6 +123,33 @@ impl<'py> Paged<'py> {
             return Err(refuse(S, "n_kv_heads", msg));
         }
         Ok((paged, lens))
+    }
+
+    /// The decoding queries of a call over [`Paged::whole_sequences`]: one
+    /// per sequence, `q` `[n_seqs, n_q_heads, d]` with `d` each KV head's
+    /// share of a cache row (`n_kv_heads` of them), refused naming `q`
+    /// otherwise. The queries in their format, `n_q_heads` and `d`.
+    pub fn decode_queries(
+        &self,
+        n_seqs: usize,
+        n_kv_heads: usize,
+        q: &Obj<'py>,
+        query_format: FormatArg<'_>,
+    ) -> PyResult<(EncodedIn<'py>, usize, usize)> {
+        let (qe, qshape) = EncodedIn::new(S, q, "q", query_format)?;
+        let d = self.d / n_kv_heads;
+        let [nq, hq, dq] = qshape[..] else {
+            let msg = format!(
+                "q must be 3-D [n_seqs, n_q_heads, d], got {}-D",
+                qshape.len()
+            );
+            return Err(refuse(S, "q", msg));
+        };
+        if nq != n_seqs || dq != d {
+            let msg = format!("q must be [n_seqs={n_seqs}, n_q_heads, d={d}], got {qshape:?}");
+            return Err(refuse(S, "q", msg));
+        }
+        Ok((qe, hq, d))
     }
 
     /// Tokens per page.

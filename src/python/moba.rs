@@ -339,22 +339,8 @@ pub(super) fn moba_select_paged<'py>(
         &page_layout,
         key_format.format_arg(),
     )?;
-    let (qe, qshape) = EncodedIn::new(S, q, "q", query_format.format_arg())?;
-    let d = paged.d / h;
-    let [nq, hq, dq] = qshape[..] else {
-        let msg = format!(
-            "q must be 3-D [n_seqs, n_q_heads, d], got {}-D",
-            qshape.len()
-        );
-        return Err(refuse(S, "q", msg));
-    };
-    if nq != lens.len() || dq != d {
-        let msg = format!(
-            "q must be [n_seqs={}, n_q_heads, d={d}], got {qshape:?}",
-            lens.len()
-        );
-        return Err(refuse(S, "q", msg));
-    }
+    let nq = lens.len();
+    let (qe, hq, d) = paged.decode_queries(nq, h, q, query_format.format_arg())?;
     let shape = Shape {
         n_q_heads: hq,
         n_kv_heads: h,

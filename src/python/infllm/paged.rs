@@ -3,8 +3,8 @@
 use pyo3::prelude::*;
 
 use super::super::args::{
-    detach, AsFormatArg, EncodedIn, KeyFormat, Named, Obj, Opt, Out, PageLayoutName, QueryFormat,
-    I32, I32_MAX, S,
+    detach, AsFormatArg, KeyFormat, Named, Obj, Opt, Out, PageLayoutName, QueryFormat, I32,
+    I32_MAX, S,
 };
 use super::super::cache::Paged;
 use super::super::errors::refuse;
@@ -121,22 +121,8 @@ pub(in crate::python) fn infllm_select_paged<'py>(
         &page_layout,
         key_format.format_arg(),
     )?;
-    let (qe, qshape) = EncodedIn::new(S, q, "q", query_format.format_arg())?;
-    let d = paged.d / h;
-    let [nq, hq, dq] = qshape[..] else {
-        let msg = format!(
-            "q must be 3-D [n_seqs, n_q_heads, d], got {}-D",
-            qshape.len()
-        );
-        return Err(refuse(S, "q", msg));
-    };
-    if nq != lens.len() || dq != d {
-        let msg = format!(
-            "q must be [n_seqs={}, n_q_heads, d={d}], got {qshape:?}",
-            lens.len()
-        );
-        return Err(refuse(S, "q", msg));
-    }
+    let nq = lens.len();
+    let (qe, hq, d) = paged.decode_queries(nq, h, q, query_format.format_arg())?;
     let options = (
         (init_blocks, local_blocks, k),
         (block_size, kernel_size, kernel_stride),
