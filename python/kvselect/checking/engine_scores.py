@@ -140,8 +140,8 @@ def engine_score_checks(
     topk: Optional[int],
     slots: Optional[ks.GlobalSlots],
     filler: str,
-    query_pos: Any,
     *,
+    query_pos: Any = None,
     lens: Optional[np.ndarray] = None,
     index_q: Any = None,
     weights: Any = None,
@@ -167,12 +167,15 @@ def engine_score_checks(
     comparison, and the note says so. Each row's context is ``lens`` when
     given (scores given with their ``context_lens``), else
     ``min((query_pos + 1) // compress_ratio, its sequence's keys)``, a paged
-    cache's sequences (``seq_lens``) read as a packed batch's.
+    cache's sequences (``seq_lens``) read as a packed batch's; ``query_pos``
+    is needed unless ``lens`` is given and the inputs are not.
     """
     r = np.asarray(rows)
     k = _topk_of(r, topk, slots)
     own_scores = np.asarray(engine_scores, dtype=np.float32)
-    pos = np.asarray(query_pos, dtype=np.int64).reshape(-1)
+    if query_pos is None and (lens is None or index_q is not None):
+        raise TypeError("engine_score_checks: query_pos is needed for the rows' contexts or the inputs' scores")
+    pos = np.asarray(() if query_pos is None else query_pos, dtype=np.int64).reshape(-1)
     if lens is None:
         cu = cu_seqlens
         if seq_lens is not None:

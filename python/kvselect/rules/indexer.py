@@ -317,7 +317,6 @@ def check(
             topk,
             _layout(d, np.arange(n)),
             filler,
-            inputs.pop("query_pos") if inputs else np.zeros(n, dtype=np.int64),
             lens=lens,
             paged="kv_cache" in d,
             atol=atol,

@@ -307,7 +307,7 @@ def assert_topk(
             topk,
             slots,
             filler,
-            query_pos,
+            query_pos=query_pos,
             index_q=index_q,
             weights=weights,
             index_k=index_k,
