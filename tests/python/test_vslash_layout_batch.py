@@ -170,3 +170,53 @@ def test_refusals_name_the_argument(kwargs, arg):
     with pytest.raises(ReferenceSelectionError) as r:
         ref.vslash_layout_batch(**call)
     assert r.value.argument == arg
+
+
+def _catalogue_inputs():
+    rng = np.random.default_rng(SEED + 1)
+    v = np.sort(rng.integers(0, 100, (2, 3, 4)), axis=-1).astype(np.int32)
+    s = rng.integers(0, 150, (2, 3, 5)).astype(np.int32)
+    s[..., 0] = 0
+    return {"vertical": v, "slash": s, "q_seqlens": np.array([50, 90]), "kv_seqlens": np.array([100, 120])}
+
+
+@pytest.mark.parametrize(
+    "key, bend, named",
+    [
+        # `vertical` fixes [n_seqs, n_heads]: bent, it disagrees with `slash`, which is named
+        # with both shapes; bent itself, `slash` is named the same way.
+        ("vertical", lambda a: np.ascontiguousarray(a.transpose(1, 0, 2)), "slash"),
+        ("vertical", lambda a: a.reshape(3, 2, 4).copy(), "slash"),
+        ("slash", lambda a: np.ascontiguousarray(a.transpose(1, 0, 2)), "slash"),
+        ("slash", lambda a: a.reshape(3, 2, 5).copy(), "slash"),
+        ("q_seqlens", lambda a: a.reshape(2, 1), "q_seqlens"),
+        ("kv_seqlens", lambda a: a.reshape(1, 2), "kv_seqlens"),
+    ],
+)
+def test_a_transposed_or_reshaped_argument_is_refused_by_name_and_writes_nothing(key, bend, named):
+    call = _catalogue_inputs()
+    call[key] = bend(call[key])
+    before = {k: x.tobytes() for k, x in call.items()}
+    with pytest.raises(ks.SelectionError, match=r"must be (1-D )?\[") as e:
+        ks.vslash_layout_batch(**call)
+    assert e.value.argument == named
+    assert all(call[k].tobytes() == before[k] for k in call)
+
+
+@pytest.mark.parametrize(
+    "key, form",
+    [
+        ("vertical", lambda a: a.astype(a.dtype.newbyteorder(">"))),
+        ("slash", lambda a: a.astype(a.dtype.newbyteorder(">"))),
+        ("q_seqlens", lambda a: a.astype(">i8")),
+        ("kv_seqlens", lambda a: a.astype(">i8")),
+        ("vertical", memoryview),
+        ("slash", memoryview),
+        ("vertical", lambda a: np.concatenate([a, a], -1)[..., ::2]),  # strided
+    ],
+)
+def test_byte_swapped_memoryview_and_strided_inputs_give_the_same_layout(key, form):
+    call = _catalogue_inputs()
+    want = ks.vslash_layout_batch(**call)
+    call[key] = form(call[key])
+    _same(ks.vslash_layout_batch(**call), want)
