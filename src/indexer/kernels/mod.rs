@@ -70,7 +70,7 @@ impl Tiles {
     pub fn of(level: Isa) -> Tiles {
         match level {
             Isa::Avx2(_) => Tiles::Sixes,
-            Isa::Avx512(_) | Isa::Scalar => Tiles::Eights,
+            Isa::Avx512(_) | Isa::Avx512Bf16(_) | Isa::Scalar => Tiles::Eights,
         }
     }
 }
@@ -279,13 +279,20 @@ pub(super) enum PairRun {
     /// instruction, running the same layout and order logic.
     #[cfg_attr(not(test), allow(dead_code))]
     Model,
+    /// `VDPBF16PS`, with the token that proves the CPU has it (and that it
+    /// matches the model).
+    #[cfg(target_arch = "x86_64")]
+    Hw(crate::simd::Avx512Bf16),
 }
 
 impl PairRun {
     /// The pair level's run at `level`, if `level` has one.
     fn of(level: Isa) -> Option<PairRun> {
-        let _ = level;
-        None
+        match level {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16(t) => Some(PairRun::Hw(t)),
+            _ => None,
+        }
     }
 }
 
@@ -411,6 +418,14 @@ fn pair_sums(run: PairRun, q: &Query, kp: &[u32], acc: &mut [f32; BLOCK]) {
             match q.relu {
                 true => pairs::pair_sums::<_, true>(pairs::Model, qp, kp, w, d2, acc),
                 false => pairs::pair_sums::<_, false>(pairs::Model, qp, kp, w, d2, acc),
+            }
+        },
+        // SAFETY: the token proves the CPU runs the kernel's instructions.
+        #[cfg(target_arch = "x86_64")]
+        PairRun::Hw(t) => unsafe {
+            match q.relu {
+                true => pairs::hw::sums::<true>(t, qp, kp, w, d2, acc),
+                false => pairs::hw::sums::<false>(t, qp, kp, w, d2, acc),
             }
         },
     }
@@ -574,7 +589,7 @@ impl<'a> Src<'a> {
             enc,
             #[cfg(target_arch = "x86_64")]
             finite: match (level, enc) {
-                (Isa::Avx2(_) | Isa::Avx512(_), Encoded::Fp8E4m3(b)) => {
+                (Isa::Avx2(_) | Isa::Avx512(_) | Isa::Avx512Bf16(_), Encoded::Fp8E4m3(b)) => {
                     !crate::keys::fp8_has_nan(b)
                 }
                 _ => false,

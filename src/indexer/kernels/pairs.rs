@@ -52,6 +52,7 @@
 //! as in every kernel; only the dot products run in pairs.
 
 use super::{slot, Tiles, BLOCK};
+pub(super) use crate::simd::bf16dp::dp_model;
 
 /// Lanes per vector of the pair kernel (a 512-bit register of float32).
 pub(super) const LANES: usize = 16;
@@ -135,71 +136,6 @@ impl QueryPairs {
             summary: min_exponent(qt.iter().map(|x| x.to_bits())),
         }
     }
-}
-
-/// A bfloat16 (`bits`) as a float32, denormals read as zeros of their sign.
-#[inline(always)]
-fn bf16_daz(bits: u32) -> f32 {
-    let x = bits << 16;
-    match x & 0x7F80_0000 {
-        0 => f32::from_bits(x & 0x8000_0000),
-        _ => f32::from_bits(x),
-    }
-}
-
-/// `fma(a, b, c)` rounded once to float32 (nearest-even), a tiny result
-/// (below `2⁻¹²⁶` after rounding to 24 bits with the exponent unbounded)
-/// flushed to a zero of its sign. `a` and `b` are bfloat16 values, so
-/// their product is exact in float64.
-fn fma_ftz(a: f32, b: f32, c: f32) -> f32 {
-    if !(a.is_finite() && b.is_finite() && c.is_finite()) {
-        return a.mul_add(b, c);
-    }
-    let p = f64::from(a) * f64::from(b);
-    let c = f64::from(c);
-    let s = p + c;
-    if s == 0.0 {
-        // An exact zero: IEEE's sign rule (−0 only from −0 + −0), as in f32.
-        return s as f32;
-    }
-    // TwoSum: `s + e` is `p + c` exactly.
-    let bb = s - p;
-    let e = (p - (s - bb)) + (c - bb);
-    // Scale `s` to [1, 2) (exact: a power of two), round to 24 bits; a
-    // float64 exactly halfway between two float32s is decided by `e`.
-    let k = ((s.to_bits() >> 52) & 0x7FF) as i32 - 1023;
-    let scale = f64::from_bits(((1023 - k) as u64) << 52);
-    let (y, e) = (s.abs() * scale, e * scale.copysign(s));
-    let mut r = y as f32;
-    let half = f64::from(r) - y;
-    if half.abs() == (2.0f64).powi(-24) && e != 0.0 {
-        let up = e > 0.0;
-        if up && half < 0.0 {
-            r = f32::from_bits(r.to_bits() + 1);
-        } else if !up && half > 0.0 {
-            r = f32::from_bits(r.to_bits() - 1);
-        }
-    }
-    let m = f64::from(r) * f64::from_bits(((1023 + k) as u64) << 52);
-    let m = if m < f64::from(f32::MIN_POSITIVE) {
-        0.0
-    } else if m >= 2f64.powi(128) {
-        f64::INFINITY
-    } else {
-        m
-    };
-    (m as f32).copysign(s as f32)
-}
-
-/// One lane of `VDPBF16PS` (the module docs' semantics): `acc` plus the
-/// products of pairs `a` and `b`, the high halves first.
-pub fn dp_model(acc: f32, a: u32, b: u32) -> f32 {
-    let acc = match acc.is_subnormal() {
-        true => 0.0f32.copysign(acc),
-        false => acc,
-    };
-    let t = fma_ftz(bf16_daz(a >> 16), bf16_daz(b >> 16), acc);
-    fma_ftz(bf16_daz(a & 0xFFFF), bf16_daz(b & 0xFFFF), t)
 }
 
 /// The operations the pair kernel's skeleton ([`pair_sums`]) needs of a
@@ -357,5 +293,91 @@ unsafe fn tile<S: PairOps, const G: usize, const RELU: bool>(
     unsafe {
         s.store(ap, sum[0]);
         s.store(ap.add(LANES), sum[1]);
+    }
+}
+
+/// The instruction's lanes: 512-bit registers, `VDPBF16PS` for the pairs.
+#[cfg(target_arch = "x86_64")]
+pub(super) mod hw {
+    use super::{PairOps, BLOCK, LANES};
+    use crate::simd::bf16dp::dp;
+    use crate::simd::Avx512Bf16;
+    use std::arch::x86_64::*;
+
+    /// The operations, each reached only with the token (which only
+    /// detection, and the model check, make): every `unsafe` below runs
+    /// AVX-512 F or AVX512-BF16 instructions the token proves.
+    #[derive(Clone, Copy)]
+    struct Hw(#[allow(dead_code)] Avx512Bf16);
+
+    impl PairOps for Hw {
+        type V = __m512;
+        type P = __m512i;
+        #[inline(always)]
+        fn zero(self) -> __m512 {
+            // SAFETY: AVX-512 F (the token).
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        fn splat(self, x: f32) -> __m512 {
+            // SAFETY: AVX-512 F (the token).
+            unsafe { _mm512_set1_ps(x) }
+        }
+        #[inline(always)]
+        fn splat_pair(self, x: u32) -> __m512i {
+            // SAFETY: AVX-512 F (the token).
+            unsafe { _mm512_set1_epi32(x as i32) }
+        }
+        #[inline(always)]
+        unsafe fn load(self, p: *const f32) -> __m512 {
+            // SAFETY: AVX-512 F (the token); `p` points at 16 readable floats.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32, v: __m512) {
+            // SAFETY: AVX-512 F (the token); `p` points at 16 writable floats.
+            unsafe { _mm512_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn load_pairs(self, p: *const u32) -> __m512i {
+            // SAFETY: AVX-512 F (the token); `p` points at 16 readable pairs.
+            unsafe { _mm512_loadu_si512(p.cast()) }
+        }
+        #[inline(always)]
+        fn dp(self, acc: __m512, a: __m512i, b: __m512i) -> __m512 {
+            // SAFETY: AVX512-BF16 (the token).
+            unsafe { dp(acc, a, b) }
+        }
+        #[inline(always)]
+        fn relu(self, x: __m512) -> __m512 {
+            // SAFETY: AVX-512 F (the token). `x <= 0 ? 0 : x`, NaN kept.
+            unsafe {
+                let zero = _mm512_setzero_ps();
+                _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, zero), zero)
+            }
+        }
+        #[inline(always)]
+        fn fmadd(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+            // SAFETY: AVX-512 F (the token).
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+    }
+
+    /// [`super::pair_sums`] with the instruction.
+    ///
+    /// # Safety
+    /// None beyond the token's (the lengths are asserted inside).
+    #[target_feature(enable = "avx512bf16,avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    pub(in super::super) unsafe fn sums<const RELU: bool>(
+        t: Avx512Bf16,
+        qp: &[u32],
+        kp: &[u32],
+        w: &[f32],
+        d2: usize,
+        acc: &mut [f32; BLOCK],
+    ) {
+        const _: () = assert!(LANES == 16);
+        // SAFETY: `Hw`'s operations run on this CPU (the token).
+        unsafe { super::pair_sums::<Hw, RELU>(Hw(t), qp, kp, w, d2, acc) }
     }
 }

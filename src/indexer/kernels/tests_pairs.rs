@@ -36,6 +36,29 @@ fn same(x: f32, y: f32) -> bool {
 /// The portable kernel's and the model's sums of one block, forced (no
 /// admission asked): `(float32, pairs)`.
 fn both(h: usize, d: usize, qs: &[f32], kt: &[f32], w: &[f32], relu: bool) -> [[f32; BLOCK]; 2] {
+    both_with(PairRun::Model, h, d, qs, kt, w, relu)
+}
+
+/// The pair runs this CPU can test: the model everywhere, the instruction
+/// where the CPU has it (skipped visibly elsewhere).
+fn runs() -> Vec<PairRun> {
+    #[allow(unused_mut)]
+    let mut runs = vec![PairRun::Model];
+    #[cfg(target_arch = "x86_64")]
+    runs.extend(crate::simd::avx512bf16_for_test().map(PairRun::Hw));
+    runs
+}
+
+/// [`both`] with the pairs run by `run`.
+fn both_with(
+    run: PairRun,
+    h: usize,
+    d: usize,
+    qs: &[f32],
+    kt: &[f32],
+    w: &[f32],
+    relu: bool,
+) -> [[f32; BLOCK]; 2] {
     let mut q = Query::new(h, d, Isa::Scalar);
     q.load(&Encoded::F32(qs), w, 0, false);
     q.relu = relu;
@@ -44,7 +67,7 @@ fn both(h: usize, d: usize, qs: &[f32], kt: &[f32], w: &[f32], relu: bool) -> [[
     let mut kp = vec![0u32; d / 2 * BLOCK];
     pairs::pack_block(kt, d, &mut kp);
     let mut got = [0.0f32; BLOCK];
-    pair_sums(PairRun::Model, &q, &kp, &mut got);
+    pair_sums(run, &q, &kp, &mut got);
     [want, got]
 }
 
@@ -194,12 +217,14 @@ fn the_pair_kernel_gives_the_float32_bits_on_the_kernel_tests_inputs() {
             let ksum = min_exponent(kt.iter().map(|x| x.to_bits()));
             assert!(pairs::admits(ksum, qsum), "h={h} d={d} trial {trial}");
             for relu in [true, false] {
-                let [want, got] = both(h, d, &qs, &kt, &w, relu);
-                for (r, (x, y)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        same(*x, *y),
-                        "h={h} d={d} trial {trial} relu {relu} key {r}"
-                    );
+                for run in runs() {
+                    let [want, got] = both_with(run, h, d, &qs, &kt, &w, relu);
+                    for (r, (x, y)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            same(*x, *y),
+                            "h={h} d={d} trial {trial} relu {relu} key {r}"
+                        );
+                    }
                 }
             }
         }
@@ -209,7 +234,9 @@ fn the_pair_kernel_gives_the_float32_bits_on_the_kernel_tests_inputs() {
 /// Scores `t` keys of `enc` (scaled by `scale`) for `queries`, through
 /// `score_keys` with the model's pair run and without: the two score sets
 /// and how many (query, block) pairs ran in pairs.
+#[allow(clippy::too_many_arguments)]
 fn scored(
+    pair: PairRun,
     h: usize,
     d: usize,
     qs: &[Vec<f32>],
@@ -244,7 +271,7 @@ fn scored(
     };
     let (want, none) = run(None);
     assert_eq!(none, 0);
-    let (got, paired) = run(Some(PairRun::Model));
+    let (got, paired) = run(Some(pair));
     (want, got, paired)
 }
 
@@ -274,15 +301,26 @@ fn every_fp8_code_in_every_lane_scores_the_float32_bits_in_pairs() {
         Encoded::Fp8E4m3(&codes).decode(0, &mut fp8_query);
         let bf16_query: Vec<f32> = (0..h * d).map(|_| bf16_in(&mut next, -20, 20)).collect();
         let qs = vec![fp8_query, bf16_query];
-        let (want, got, paired) = scored(h, d, &qs, &w, Encoded::Fp8E4m3(&bytes), Some(&scale), t);
-        assert_eq!(
-            paired,
-            2 * blocks,
-            "h={h}: every block of both queries in pairs"
-        );
-        for (j, (a, b)) in got.iter().zip(&want).enumerate() {
-            for (r, (x, y)) in a.iter().zip(b).enumerate() {
-                assert!(same(*x, *y), "h={h} query {j} key {r}: {x} vs {y}");
+        for run in runs() {
+            let (want, got, paired) = scored(
+                run,
+                h,
+                d,
+                &qs,
+                &w,
+                Encoded::Fp8E4m3(&bytes),
+                Some(&scale),
+                t,
+            );
+            assert_eq!(
+                paired,
+                2 * blocks,
+                "h={h}: every block of both queries in pairs"
+            );
+            for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                for (r, (x, y)) in a.iter().zip(b).enumerate() {
+                    assert!(same(*x, *y), "h={h} query {j} key {r}: {x} vs {y}");
+                }
             }
         }
     }
@@ -323,14 +361,16 @@ fn the_fallback_is_taken_exactly_where_the_flushes_could_act() {
     let mut not_bf16 = qs.clone();
     not_bf16[0] = f32::from_bits(not_bf16[0].to_bits() | 1);
     let queries = vec![qs.clone(), not_bf16];
-    let (want, got, paired) = scored(h, d, &queries, &w, Encoded::Bf16(&u16s), None, t);
-    assert_eq!(
-        paired, 4,
-        "blocks 0, 1, 4, 5 of the first query; none of the second"
-    );
-    for (j, (a, b)) in got.iter().zip(&want).enumerate() {
-        for (r, (x, y)) in a.iter().zip(b).enumerate() {
-            assert!(same(*x, *y), "query {j} key {r}: {x} vs {y}");
+    for run in runs() {
+        let (want, got, paired) = scored(run, h, d, &queries, &w, Encoded::Bf16(&u16s), None, t);
+        assert_eq!(
+            paired, 4,
+            "blocks 0, 1, 4, 5 of the first query; none of the second"
+        );
+        for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+            for (r, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!(same(*x, *y), "{run:?} query {j} key {r}: {x} vs {y}");
+            }
         }
     }
     // Forced: the refused blocks' inputs do reach the flushes.
@@ -367,7 +407,16 @@ fn an_odd_dimension_never_runs_in_pairs() {
     let (h, d, t) = (4, 7, 70);
     let keys: Vec<u16> = (0..t * d).map(|x| 0x3F80 + (x % 97) as u16).collect();
     let qs = vec![vec![0.5f32; h * d]];
-    let (want, got, paired) = scored(h, d, &qs, &[1.0; 4], Encoded::Bf16(&keys), None, t);
+    let (want, got, paired) = scored(
+        PairRun::Model,
+        h,
+        d,
+        &qs,
+        &[1.0; 4],
+        Encoded::Bf16(&keys),
+        None,
+        t,
+    );
     assert_eq!(paired, 0);
     assert_eq!(want, got);
 }
