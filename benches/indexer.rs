@@ -106,7 +106,7 @@ fn decode(c: &mut Criterion) {
     // The floor doing the same flops: steps of FLOOR_CHAINS chains of 16
     // lanes (AVX-512; 8 with AVX2) on every thread.
     let lanes = match kvselect::simd::level() {
-        kvselect::simd::Level::Avx512 => 16,
+        kvselect::simd::Level::Avx512 | kvselect::simd::Level::Avx512Bf16 => 16,
         kvselect::simd::Level::Avx2 => 8,
         kvselect::simd::Level::Scalar => 1,
     };

@@ -39,6 +39,8 @@
 
 use std::sync::OnceLock;
 
+pub(crate) mod bf16dp;
+
 /// The name of an instruction-set level: what [`Isa::best`] chose
 /// ([`level`]), what `KVSELECT_SIMD` asks for. Ordered from the portable
 /// level up.
@@ -52,11 +54,18 @@ pub enum Level {
     /// kernels run two keys per 512-bit register, the indexer's and the
     /// attention pass's sixteen (one per lane); the other kernels AVX2.
     Avx512,
+    /// AVX-512 with AVX512-BF16 (`VDPBF16PS`): the indexer's dot products of
+    /// bfloat16-exact queries and bf16 / fp8 keys two dimensions per
+    /// instruction, bit for bit the float32 kernel's (its blocks admitted
+    /// per block, the others and every other kernel at the AVX-512 level).
+    /// Offered only when the CPU's instruction matches the software model
+    /// (`simd/bf16dp.rs`).
+    Avx512Bf16,
 }
 
 impl Level {
     /// Every level, from the portable one up.
-    pub const ALL: [Level; 3] = [Level::Scalar, Level::Avx2, Level::Avx512];
+    pub const ALL: [Level; 4] = [Level::Scalar, Level::Avx2, Level::Avx512, Level::Avx512Bf16];
 
     /// The level's name, as `kvselect.simd_level()` reports it.
     pub fn name(self) -> &'static str {
@@ -64,6 +73,7 @@ impl Level {
             Level::Scalar => "scalar",
             Level::Avx2 => "avx2",
             Level::Avx512 => "avx512",
+            Level::Avx512Bf16 => "avx512bf16",
         }
     }
 
@@ -123,6 +133,38 @@ impl Avx512 {
     }
 }
 
+/// Proof that this CPU executes AVX512-BF16's `VDPBF16PS` as the software
+/// model does (`simd/bf16dp.rs`), besides everything [`Avx512`] proves. Only
+/// detection (and the model check) makes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Avx512Bf16(Avx512);
+
+impl Avx512Bf16 {
+    /// The AVX-512 token this one implies.
+    pub fn avx512(self) -> Avx512 {
+        self.0
+    }
+}
+
+/// The token if this CPU has AVX512-BF16 besides AVX-512 and its
+/// instruction gives the model's bits on every probe.
+fn cpu_avx512bf16() -> Option<Avx512Bf16> {
+    static CPU: OnceLock<Option<Avx512Bf16>> = OnceLock::new();
+    *CPU.get_or_init(|| {
+        let avx512 = cpu_avx512()?;
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512bf16")
+            // SAFETY: `hardware_agrees` runs `VDPBF16PS` and AVX-512 F
+            // instructions: detection found avx512bf16, the token AVX-512.
+            && unsafe { bf16dp::hardware_agrees(avx512) }
+        {
+            return Some(Avx512Bf16(avx512));
+        }
+        let _ = avx512;
+        None
+    })
+}
+
 fn cpu_avx512() -> Option<Avx512> {
     static CPU: OnceLock<Option<Avx512>> = OnceLock::new();
     *CPU.get_or_init(|| {
@@ -151,6 +193,9 @@ pub enum Isa {
     Avx2(Avx2),
     /// The AVX-512 kernels (and, where a family has none, its AVX2 ones).
     Avx512(Avx512),
+    /// The AVX-512 kernels, the indexer's admitted blocks in bfloat16
+    /// pairs.
+    Avx512Bf16(Avx512Bf16),
 }
 
 impl Isa {
@@ -164,10 +209,11 @@ impl Isa {
 
     /// The best level this CPU has, whatever `KVSELECT_SIMD` says.
     fn cpu() -> Isa {
-        match (cpu_avx512(), cpu_avx2()) {
-            (Some(t), _) => Isa::Avx512(t),
-            (None, Some(t)) => Isa::Avx2(t),
-            (None, None) => Isa::Scalar,
+        match (cpu_avx512bf16(), cpu_avx512(), cpu_avx2()) {
+            (Some(t), _, _) => Isa::Avx512Bf16(t),
+            (None, Some(t), _) => Isa::Avx512(t),
+            (None, None, Some(t)) => Isa::Avx2(t),
+            (None, None, None) => Isa::Scalar,
         }
     }
 
@@ -185,6 +231,7 @@ impl Isa {
             Isa::Scalar => Level::Scalar,
             Isa::Avx2(_) => Level::Avx2,
             Isa::Avx512(_) => Level::Avx512,
+            Isa::Avx512Bf16(_) => Level::Avx512Bf16,
         }
     }
 
@@ -192,6 +239,7 @@ impl Isa {
     /// stays `Scalar`).
     pub fn down(self) -> Isa {
         match self {
+            Isa::Avx512Bf16(t) => Isa::Avx512(t.avx512()),
             Isa::Avx512(t) => Isa::Avx2(t.avx2()),
             Isa::Avx2(_) | Isa::Scalar => Isa::Scalar,
         }
@@ -228,6 +276,7 @@ impl Isa {
             Isa::Scalar => None,
             Isa::Avx2(t) => Some(t),
             Isa::Avx512(t) => Some(t.avx2()),
+            Isa::Avx512Bf16(t) => Some(t.avx512().avx2()),
         }
     }
 }
@@ -268,6 +317,22 @@ macro_rules! dispatch {
         match $isa {
             #[cfg(target_arch = "x86_64")]
             #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
+            $crate::simd::Isa::Avx512Bf16(t) => {
+                let $t5 = t.avx512();
+                #[cfg(test)]
+                $crate::simd::reach::record(
+                    $family,
+                    $crate::simd::Level::Avx512Bf16,
+                    $crate::simd::Level::Avx512,
+                );
+                // SAFETY: this arm is reached only with the AVX512-BF16
+                // token, which implies the AVX-512 one the kernel needs (only
+                // run-time detection makes either). The bounds are the
+                // family's.
+                unsafe { $e5 }
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
             $crate::simd::Isa::Avx512($t5) => {
                 #[cfg(test)]
                 $crate::simd::reach::record(
@@ -294,7 +359,9 @@ macro_rules! dispatch {
                 unsafe { $e2 }
             }
             #[cfg(not(target_arch = "x86_64"))]
-            $crate::simd::Isa::Avx512(_) | $crate::simd::Isa::Avx2(_) => {
+            $crate::simd::Isa::Avx512Bf16(_)
+            | $crate::simd::Isa::Avx512(_)
+            | $crate::simd::Isa::Avx2(_) => {
                 unreachable!("no x86 token exists off x86-64")
             }
             $crate::simd::Isa::Scalar => {
@@ -314,6 +381,21 @@ macro_rules! dispatch {
         scalar => $es:expr $(,)?
     }) => {
         match $isa {
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
+            $crate::simd::Isa::Avx512Bf16(t) => {
+                let $t2 = t.avx512().avx2();
+                #[cfg(test)]
+                $crate::simd::reach::record(
+                    $family,
+                    $crate::simd::Level::Avx512Bf16,
+                    $crate::simd::Level::Avx2,
+                );
+                // SAFETY: this arm is reached only with the AVX512-BF16
+                // token, which implies the AVX2 one the kernel needs. The
+                // bounds are the family's.
+                unsafe { $e2 }
+            }
             #[cfg(target_arch = "x86_64")]
             #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
             $crate::simd::Isa::Avx512(t) => {
@@ -344,7 +426,9 @@ macro_rules! dispatch {
                 unsafe { $e2 }
             }
             #[cfg(not(target_arch = "x86_64"))]
-            $crate::simd::Isa::Avx512(_) | $crate::simd::Isa::Avx2(_) => {
+            $crate::simd::Isa::Avx512Bf16(_)
+            | $crate::simd::Isa::Avx512(_)
+            | $crate::simd::Isa::Avx2(_) => {
                 unreachable!("no x86 token exists off x86-64")
             }
             $crate::simd::Isa::Scalar => {
@@ -383,6 +467,17 @@ pub(crate) fn avx512_for_test() -> Option<Avx512> {
     let token = cpu_avx512();
     if token.is_none() {
         eprintln!("skipped: this CPU has no AVX-512");
+    }
+    token
+}
+
+/// [`avx512_for_test`]'s AVX512-BF16 twin (skipped visibly: only Zen 4 and
+/// Intel Sapphire Rapids or later have it).
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) fn avx512bf16_for_test() -> Option<Avx512Bf16> {
+    let token = cpu_avx512bf16();
+    if token.is_none() {
+        eprintln!("skipped: this CPU has no AVX512-BF16 (or its instruction is not the model)");
     }
     token
 }
@@ -447,7 +542,7 @@ pub fn fma_floor(iters: usize) -> (u64, f32) {
     let threads = crate::pool::num_threads().max(1);
     let isa = Isa::best();
     let lanes = match isa {
-        Isa::Avx512(_) => 16,
+        Isa::Avx512(_) | Isa::Avx512Bf16(_) => 16,
         Isa::Avx2(_) => 8,
         Isa::Scalar => 1,
     };
@@ -579,6 +674,7 @@ mod tests {
         assert_eq!(Level::parse("AVX2"), Some(Level::Avx2));
         assert_eq!(Level::parse("scalar"), Some(Level::Scalar));
         assert_eq!(Level::parse("avx512"), Some(Level::Avx512));
+        assert_eq!(Level::parse("AVX512BF16"), Some(Level::Avx512Bf16));
         assert_eq!(Level::parse("sse4"), None);
         assert_eq!(super::level(), Isa::best().level());
     }
@@ -666,10 +762,14 @@ mod tests {
             for &(family, probe) in FAMILIES {
                 probe(isa);
                 let level = isa.level();
+                // The pair level runs every family's AVX-512 kernel (its
+                // pairs are the indexer's, inside `indexer.weighted_relu_sums`'s
+                // caller: `indexer::kernels::score_keys`).
+                let as_level = level.min(Level::Avx512);
                 let want = REFUSED
                     .iter()
-                    .find(|&&(f, l, _)| f == family && l == level)
-                    .map_or(level, |&(_, _, ran)| ran);
+                    .find(|&&(f, l, _)| f == family && l == as_level)
+                    .map_or(as_level, |&(_, _, ran)| ran);
                 assert_eq!(
                     super::reach::ran(family, level),
                     Some(want),

@@ -2163,13 +2163,17 @@ def check_witnesses(
 def simd_level() -> str:
     """The best instruction-set level the SIMD kernels dispatched to on this CPU.
 
+    "avx512bf16" (AVX-512 with AVX512-BF16's ``VDPBF16PS``: the indexer's dot products of
+    bfloat16-exact queries and bf16 / fp8 keys two dimensions per instruction, the same bits;
+    offered only when the CPU's instruction matches kvselect's software model of it),
     "avx512" (block selection, the indexer and attention; the other kernels run AVX2),
-    "avx2" or "scalar". ``KVSELECT_SIMD=avx2`` or ``=scalar`` in the environment caps it.
+    "avx2" or "scalar". ``KVSELECT_SIMD=avx512``, ``=avx2`` or ``=scalar`` in the
+    environment caps it.
 
     Returns
     -------
     str
-        "avx512", "avx2" or "scalar".
+        "avx512bf16", "avx512", "avx2" or "scalar".
     """
 
 def _fma_floor(iters: int) -> tuple[int, float]:

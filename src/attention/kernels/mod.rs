@@ -48,7 +48,7 @@ impl<'a> ValueRows<'a> {
 /// block, a key per lane of a 512-bit register), else 8.
 pub(super) fn lanes(isa: Isa) -> usize {
     match isa {
-        Isa::Avx512(_) => 16,
+        Isa::Avx512(_) | Isa::Avx512Bf16(_) => 16,
         Isa::Avx2(_) | Isa::Scalar => 8,
     }
 }

@@ -27,9 +27,12 @@ use crate::simd::{dispatch, Isa};
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod pairs;
 mod portable;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_pairs;
 
 /// The reach test's probe of this module's families (see `simd::tests`).
 #[cfg(test)]
@@ -67,7 +70,7 @@ impl Tiles {
     pub fn of(level: Isa) -> Tiles {
         match level {
             Isa::Avx2(_) => Tiles::Sixes,
-            Isa::Avx512(_) | Isa::Scalar => Tiles::Eights,
+            Isa::Avx512(_) | Isa::Avx512Bf16(_) | Isa::Scalar => Tiles::Eights,
         }
     }
 }
@@ -90,6 +93,9 @@ pub(super) struct Query {
     /// inside when an element would overflow: the keys are then decoded
     /// unscaled. Once per query per call, not once per key.
     fp8: std::sync::OnceLock<Option<Vec<f32>>>,
+    /// The query as bfloat16 pairs for the pair level ([`pairs`]), made on
+    /// first use after each [`Query::load`] (once per query per call).
+    pairs: std::sync::OnceLock<pairs::QueryPairs>,
 }
 
 /// Where head `head`'s elements are in [`Query::qt`] under `tiles`: element
@@ -130,6 +136,7 @@ impl Query {
             w: vec![0.0; h],
             relu: true,
             fp8: std::sync::OnceLock::new(),
+            pairs: std::sync::OnceLock::new(),
         }
     }
 
@@ -174,6 +181,13 @@ impl Query {
             self.w.iter_mut().for_each(|x| *x = x.abs());
         }
         self.fp8 = std::sync::OnceLock::new();
+        self.pairs = std::sync::OnceLock::new();
+    }
+
+    /// The query as bfloat16 pairs (`d` even), made once per load.
+    fn pairs(&self) -> &pairs::QueryPairs {
+        self.pairs
+            .get_or_init(|| pairs::QueryPairs::new(self.tiles, self.h, self.d, &self.qt))
     }
 }
 
@@ -203,6 +217,8 @@ impl<'a> Keys<'a> {
 pub(super) struct Scratch {
     kt: Vec<Line>,
     decoded: Vec<f32>,
+    /// The block as bfloat16 pairs, for the pair level.
+    kp: Vec<u32>,
 }
 
 impl Scratch {
@@ -210,6 +226,7 @@ impl Scratch {
         Scratch {
             kt: vec![Line([0.0; 16]); d * BLOCK / 16],
             decoded: Vec::new(),
+            kp: Vec::new(),
         }
     }
 }
@@ -250,7 +267,50 @@ pub(super) fn score_keys(
     want: Want<'_>,
     scratch: &mut Scratch,
 ) {
-    let Some(q0) = queries.first() else { return };
+    let run = PairRun::of(level);
+    score_keys_in(level, run, queries, keys, first, outs, want, scratch);
+}
+
+/// How the blocks the pair level admits are scored ([`pairs`]): by the
+/// instruction, or (in tests, on every CPU) by its software model.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum PairRun {
+    /// [`pairs::dp_model`], lane by lane: the tests' stand-in for the
+    /// instruction, running the same layout and order logic.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Model,
+    /// `VDPBF16PS`, with the token that proves the CPU has it (and that it
+    /// matches the model).
+    #[cfg(target_arch = "x86_64")]
+    Hw(crate::simd::Avx512Bf16),
+}
+
+impl PairRun {
+    /// The pair level's run at `level`, if `level` has one.
+    fn of(level: Isa) -> Option<PairRun> {
+        match level {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16(t) => Some(PairRun::Hw(t)),
+            _ => None,
+        }
+    }
+}
+
+/// [`score_keys`] with the pair level's blocks run by `run` (`None`: no
+/// block runs in pairs). Returns how many (query, block) pairs ran in
+/// pairs.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn score_keys_in(
+    level: Isa,
+    run: Option<PairRun>,
+    queries: &[Query],
+    keys: Keys<'_>,
+    first: usize,
+    outs: &mut [&mut [f32]],
+    want: Want<'_>,
+    scratch: &mut Scratch,
+) -> usize {
+    let Some(q0) = queries.first() else { return 0 };
     let (d, h) = (q0.d, q0.h);
     let n = outs.iter().map(|o| o.len()).max().unwrap_or(0);
     // The bounds the kernels' pointer reads rely on, checked in release.
@@ -275,6 +335,13 @@ pub(super) fn score_keys(
     }
     let kt: &mut [f32] = bytemuck::cast_slice_mut(&mut scratch.kt);
     let decoded = &mut scratch.decoded;
+    // The pair level needs pairs of dimensions; the AVX2 fp8 fold is below it.
+    let run = run.filter(|_| d.is_multiple_of(2) && n > 0);
+    let kp = &mut scratch.kp;
+    if run.is_some() {
+        kp.resize(d / 2 * BLOCK, 0);
+    }
+    let mut paired = 0;
     // fp8 keys at the AVX2 level are read as `2⁻⁸ ×` their values against
     // each query `× 2⁸` (folded once per query per call), when every query
     // of the group folds exactly; otherwise they are decoded unscaled.
@@ -304,6 +371,14 @@ pub(super) fn score_keys(
         if magnitude {
             kt.iter_mut().for_each(|x| *x = x.abs());
         }
+        // The block as pairs, and its exponent summary, when some query
+        // could be scored in pairs.
+        let block = match run {
+            Some(run) if queries.iter().any(|q| q.pairs().summary.is_some()) => {
+                Some((run, pairs::pack_block(kt, d, kp)))
+            }
+            _ => None,
+        };
         // The next block's bytes are fetched while this one is scored: the
         // ones after it, or past the end of `enc` the caller's `then`.
         let mut next = keys.enc.bytes((t0 + BLOCK) * d, BLOCK * d);
@@ -316,12 +391,43 @@ pub(super) fn score_keys(
             };
             let qt = folded.as_ref().map_or(&q.qt[..], |f| f[j]);
             let mut acc = [0.0f32; BLOCK];
-            weighted_relu_sums(level, q, qt, kt, &mut acc, std::mem::take(&mut next));
+            match block.filter(|&(_, summary)| pairs::admits(summary, q.pairs().summary)) {
+                Some((run, _)) => {
+                    pair_sums(run, q, kp, &mut acc);
+                    paired += 1;
+                }
+                None => weighted_relu_sums(level, q, qt, kt, &mut acc, std::mem::take(&mut next)),
+            }
             for (r, (o, a)) in dst.iter_mut().zip(acc).enumerate() {
                 let c = keys.scale.map_or(1.0, |s| s[t0 + r]);
                 *o = a * c + 0.0;
             }
         }
+    }
+    paired
+}
+
+/// The block's `Σ_h fma(w_h, relu(q_h · k_r))` for every key `r`, in
+/// pairs ([`pairs::pair_sums`]) run by `run`, into `acc`: the bits
+/// [`weighted_relu_sums`] gives on a block [`pairs::admits`].
+fn pair_sums(run: PairRun, q: &Query, kp: &[u32], acc: &mut [f32; BLOCK]) {
+    let (qp, w, d2) = (&q.pairs().qp[..], &q.w[..], q.d / 2);
+    match run {
+        // SAFETY: the model's operations are portable Rust.
+        PairRun::Model => unsafe {
+            match q.relu {
+                true => pairs::pair_sums::<_, true>(pairs::Model, qp, kp, w, d2, acc),
+                false => pairs::pair_sums::<_, false>(pairs::Model, qp, kp, w, d2, acc),
+            }
+        },
+        // SAFETY: the token proves the CPU runs the kernel's instructions.
+        #[cfg(target_arch = "x86_64")]
+        PairRun::Hw(t) => unsafe {
+            match q.relu {
+                true => pairs::hw::sums::<true>(t, qp, kp, w, d2, acc),
+                false => pairs::hw::sums::<false>(t, qp, kp, w, d2, acc),
+            }
+        },
     }
 }
 
@@ -483,7 +589,7 @@ impl<'a> Src<'a> {
             enc,
             #[cfg(target_arch = "x86_64")]
             finite: match (level, enc) {
-                (Isa::Avx2(_) | Isa::Avx512(_), Encoded::Fp8E4m3(b)) => {
+                (Isa::Avx2(_) | Isa::Avx512(_) | Isa::Avx512Bf16(_), Encoded::Fp8E4m3(b)) => {
                     !crate::keys::fp8_has_nan(b)
                 }
                 _ => false,
