@@ -149,7 +149,9 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module(f"kvselect.{name}")
-    return _EXPORTS.getattr(name)
+    if name == "__all__":  # (every native name is bound above: only __all__ reads the registry)
+        return _EXPORTS.all()
+    raise AttributeError(f"module 'kvselect' has no attribute {name!r}")
 
 
 def __dir__() -> List[str]:
