@@ -228,7 +228,10 @@ def sections() -> List[Tuple[str, Optional[str], List[Tuple[str, Any]]]]:
         entries = [(f"kvselect.{n}", getattr(kvselect, n)) for n in names]
         grouped.update(names)
         out.append((title, None, entries))
-    rest = [n for n in kvselect.__all__ if n not in grouped]
+    # A native name no rule and no shared group claims (kvselect.__all__ is the
+    # registry's, so such a name is outside it) still lands in the file.
+    native = sorted(n for n in dir(kvselect._core) if not n.startswith("_") and n not in kvselect.__all__)
+    rest = [n for n in [*kvselect.__all__, *native] if n not in grouped]
     if rest:
         out.append((UNGROUPED, None, [(f"kvselect.{n}", getattr(kvselect, n)) for n in rest]))
     import importlib

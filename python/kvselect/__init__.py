@@ -81,78 +81,17 @@ leaves every buffer byte-identical.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Dict
+from typing import TYPE_CHECKING, Any, Callable, Dict, List
 
-from kvselect._core import (
-    MAX_TOPOLOGY_SEGMENTS,
-    MINIMAX_BLOCK_SIZE,
-    BlockSparseConfig,
-    GlobalSlots,
-    KvselectError,
-    SelectionError,
-    Selector,
-    WitnessError,
-    __version__,
-    apply_topology_witnesses,
-    attention_mass_recall,
-    attention_mass_recall_rows,
-    attention_probabilities,
-    block_magnitudes,
-    block_scores,
-    block_sparse_select,
-    block_sparse_select_packed,
-    block_sparse_select_paged,
-    combine_topk_swa_indices,
-    compressed_entry_tokens,
-    dense_attention,
-    expand_entries,
-    get_num_threads,
-    h2o_keep,
-    indexer_magnitudes,
-    indexer_scores,
-    indexer_topk,
-    indexer_topk_packed,
-    indexer_topk_paged,
-    infllm_block_scores,
-    infllm_select,
-    infllm_select_paged,
-    keep_top,
-    locality_null,
-    moba_gates,
-    moba_select,
-    moba_select_paged,
-    nsa_block_scores,
-    nsa_select,
-    observed_attention_scores,
-    oracle_topk,
-    output_relative_error,
-    output_relative_error_rows,
-    positions_of_blocks,
-    quest_bounds,
-    quest_bounds_paged,
-    quest_scores,
-    quest_select,
-    quest_update,
-    random_null,
-    scatter_topology_witnesses,
-    segment_coverage,
-    segment_coverage_rows,
-    segment_of,
-    set_num_threads,
-    simd_level,
-    slots_used_rows,
-    snapkv_scores,
-    sparse_attention,
-    topology_witness_indices,
-    tova_scores,
-    visible_entries,
-    vslash_layout,
-    vslash_layout_batch,
-    vslash_rows,
-    vslash_scores,
-    vslash_select,
-    window_positions,
-)
+import kvselect._core as _core
+from kvselect._exports import RuleExports
+
+if TYPE_CHECKING:
+    from kvselect._core import *  # noqa: F403  (type checkers: the stub's names)
+else:
+    # Every public name the native module registers (its bindings' ``register``),
+    # bound here; which rule owns each is the registry's (``__all__`` below).
+    globals().update({n: getattr(_core, n) for n in _core.__all__ if n[:1] != "_" or n[:2] == "__"})
 from kvselect._core import check_blocks as _native_check_blocks
 from kvselect._core import check_topk as _native_check_topk
 from kvselect._core import check_witnesses as _native_check_witnesses
@@ -184,93 +123,36 @@ check_topk = _reported(_native_check_topk)
 check_blocks = _reported(_native_check_blocks)
 check_witnesses = _reported(_native_check_witnesses)
 
-__all__ = [
-    "BlockSparseConfig",
-    "GlobalSlots",
-    "KvselectError",
-    "MAX_TOPOLOGY_SEGMENTS",
-    "MINIMAX_BLOCK_SIZE",
-    "SelectionError",
-    "Selector",
-    "WitnessError",
-    "__version__",
-    "apply_topology_witnesses",
-    "attention_mass_recall",
-    "attention_mass_recall_rows",
-    "attention_probabilities",
-    "block_scores",
-    "block_magnitudes",
-    "block_sparse_select",
-    "block_sparse_select_packed",
-    "block_sparse_select_paged",
-    "dense_attention",
-    "get_num_threads",
-    "indexer_topk",
-    "indexer_topk_packed",
-    "indexer_topk_paged",
-    "check_blocks",
-    "check_topk",
-    "check_witnesses",
-    "combine_topk_swa_indices",
-    "compressed_entry_tokens",
-    "expand_entries",
-    "visible_entries",
-    "window_positions",
-    "indexer_scores",
-    "indexer_magnitudes",
-    "infllm_block_scores",
-    "infllm_select",
-    "infllm_select_paged",
-    "nsa_block_scores",
-    "nsa_select",
-    "snapkv_scores",
-    "tova_scores",
-    "observed_attention_scores",
-    "h2o_keep",
-    "keep_top",
-    "locality_null",
-    "moba_gates",
-    "moba_select",
-    "moba_select_paged",
-    "oracle_topk",
-    "output_relative_error",
-    "output_relative_error_rows",
-    "positions_of_blocks",
-    "quest_bounds",
-    "quest_bounds_paged",
-    "quest_scores",
-    "quest_select",
-    "quest_update",
-    "random_null",
-    "scatter_topology_witnesses",
-    "segment_coverage",
-    "segment_coverage_rows",
-    "segment_of",
-    "set_num_threads",
-    "simd_level",
-    "slots_used_rows",
-    "sparse_attention",
-    "topology_witness_indices",
-    "vslash_layout",
-    "vslash_layout_batch",
-    "vslash_rows",
-    "vslash_scores",
-    "vslash_select",
-]
-
 # The pure-Python submodules, imported on first use (PEP 562): ``import
 # kvselect`` stays light, and ``kvselect.checking`` (which imports kvselect)
 # works without its own import statement.
 _SUBMODULES = ("checking", "cli", "dump_hf", "evaluate", "reference", "workloads")
 
 
-def __getattr__(name: str):
+# ``__all__``: every rule's native names as its record lists them (kvselect.rules:
+# ``Rule.api``, in the rules' order), then the names no one rule owns
+# (``kvselect.rules.SHARED_API``), read from the registry on first use
+# (kvselect._exports): the registry's modules import this one.
+def _shared_api() -> List[str]:
+    from kvselect.rules import SHARED_API
+
+    return [n for _, names in SHARED_API for n in names]
+
+
+_EXPORTS = RuleExports(
+    __name__, _shared_api, lambda rule: (f"kvselect._core.{n}" for n in rule.api), shared_first=False
+)
+
+
+def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         import importlib
 
         return importlib.import_module(f"kvselect.{name}")
+    if name == "__all__":  # (every native name is bound above: only __all__ reads the registry)
+        return _EXPORTS.all()
     raise AttributeError(f"module 'kvselect' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> List[str]:
     return sorted(set(globals()) | set(_SUBMODULES))

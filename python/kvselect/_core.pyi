@@ -5,6 +5,9 @@ from typing import Any, Final, Optional, Protocol, TypeAlias, TypeVar, Union, fi
 import numpy as np
 import numpy.typing as npt
 
+# The module's ``__all__``: what ``kvselect`` re-exports as it is. Not the
+# three checkers ``check_topk``, ``check_blocks``, ``check_witnesses``
+# (defined below): ``kvselect`` wraps them.
 __all__ = [
     "window_positions",
     "visible_entries",
@@ -72,15 +75,12 @@ __all__ = [
     "indexer_topk",
     "indexer_topk_packed",
     "indexer_topk_paged",
-    "check_topk",
     "indexer_scores",
     "indexer_magnitudes",
     "_indexer_rescore",
     "block_scores",
     "block_magnitudes",
     "GlobalSlots",
-    "check_blocks",
-    "check_witnesses",
 ]
 
 class _SupportsDLPack(Protocol):

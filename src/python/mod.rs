@@ -33,31 +33,53 @@
 //!   every row only in `positions_of_blocks`.
 //!
 //! One module (or folder) per family of entry points, each with `register`
-//! as its only hook, called once below; a folder's `mod.rs` only registers
+//! as its only hook, named once in the `bindings!` list below (which declares
+//! the module and calls its `register`); a folder's `mod.rs` only registers
 //! the files beside it. `runtime` holds the thread and SIMD controls. No
 //! module imports one that imports it.
 
 #![allow(clippy::too_many_arguments)] // entry points take what their Python signatures take
 
 mod args;
-mod attention;
-mod block_sparse;
 mod cache;
-mod check;
-mod compressed;
-mod dlpack;
 mod errors;
-mod eviction;
-mod indexer;
-mod infllm;
-mod moba;
-mod nsa;
-mod quest;
-mod runtime;
-mod vslash;
-mod witness;
 
 use pyo3::prelude::*;
+
+/// Declares each binding module and registers it, in this order: a binding is
+/// one name in the one list below (`mod <name>;` and `<name>::register(m)?`
+/// written by the macro, so the two cannot disagree).
+macro_rules! bindings {
+    ($($name:ident),+ $(,)?) => {
+        $(mod $name;)+
+
+        /// Every binding module's entry points added to the module `m`, in
+        /// the list's order (the order of `kvselect._core.__all__`).
+        fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+            $($name::register(m)?;)+
+            Ok(())
+        }
+    };
+}
+
+// The binding modules, one name each (a new rule's binding is one more name,
+// before `runtime`).
+bindings!(
+    witness,
+    block_sparse,
+    attention,
+    indexer,
+    check,
+    dlpack,
+    compressed,
+    infllm,
+    nsa,
+    quest,
+    vslash,
+    moba,
+    eviction,
+    runtime,
+);
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -66,19 +88,5 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("KvselectError", py.get_type::<errors::KvselectError>())?;
     m.add("WitnessError", py.get_type::<errors::WitnessError>())?;
     m.add("SelectionError", py.get_type::<errors::SelectionError>())?;
-    witness::register(m)?;
-    block_sparse::register(m)?;
-    attention::register(m)?;
-    indexer::register(m)?;
-    check::register(m)?;
-    dlpack::register(m)?;
-    compressed::register(m)?;
-    infllm::register(m)?;
-    nsa::register(m)?;
-    quest::register(m)?;
-    vslash::register(m)?;
-    moba::register(m)?;
-    eviction::register(m)?;
-    runtime::register(m)?;
-    Ok(())
+    register(m)
 }

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import kvselect
 import kvselect._core
+from kvselect.rules import RULES
 
 ROOT = Path(__file__).parents[2]
 API_MD = ROOT / "docs" / "api.md"
@@ -360,8 +361,9 @@ def test_the_parameter_check_reads_combined_lines_and_sees_a_missing_name():
     assert "int" in sections["Returns"] and "x :" not in sections["Returns"]
 
 
-# The public functions of kvselect.checking and kvselect.testing.cases, by hand
-# (issue #24 §3; the completeness test below keeps the list from falling behind).
+# The public functions of kvselect.checking and kvselect.testing.cases: by hand but
+# the rules' cases generators, derived from the registry (issue #24 §3; the
+# completeness test below keeps the list from falling behind).
 _CHECKING_AND_CASES = [
     "checking.decode32",
     "checking.save_dump",
@@ -379,17 +381,9 @@ _CHECKING_AND_CASES = [
     "checking.check_v4_combined_indices",
     "checking.check_sparse_attention",
     "testing.cases.pytest_params",
-    "testing.cases.all_topk_cases",
-    "testing.cases.all_block_cases",
-    "testing.cases.all_quest_cases",
-    "testing.cases.all_infllm_cases",
-    "testing.cases.all_vslash_cases",
-    "testing.cases.all_moba_cases",
-    "testing.cases.all_nsa_cases",
-    "testing.cases.all_witness_cases",
-    "testing.cases.all_sparse_attention_cases",
-    "testing.cases.all_family_cases",
     "testing.cases.tail_lengths",
+    # every rule's cases generator (all_<rule>_cases), from the registry
+    *(f"testing.cases.{r.cases.rpartition('.')[2]}" for r in RULES if r.cases is not None),
 ]
 # These raise nothing of their own (no `raise` in their source, checked below): a
 # malformed argument fails inside NumPy or a dict lookup, not in a refusal of theirs,
@@ -404,16 +398,8 @@ _RAISE_NOTHING = {
     "checking.strict_json",
     "checking.example_path",
     "testing.cases.tail_lengths",
-    "testing.cases.all_topk_cases",
-    "testing.cases.all_block_cases",
-    "testing.cases.all_quest_cases",
-    "testing.cases.all_infllm_cases",
-    "testing.cases.all_vslash_cases",
-    "testing.cases.all_moba_cases",
-    "testing.cases.all_nsa_cases",
-    "testing.cases.all_witness_cases",
-    "testing.cases.all_sparse_attention_cases",
-    "testing.cases.all_family_cases",
+    # every rule's cases generator (all_<rule>_cases), from the registry
+    *(f"testing.cases.{r.cases.rpartition('.')[2]}" for r in RULES if r.cases is not None),
 }
 # These take no argument (checked below): Parameters would be empty, so it is omitted.
 _TAKE_NOTHING = {"checking.dump_format_markdown", "checking.example_path"}
@@ -484,62 +470,8 @@ def test_the_checking_and_cases_list_names_every_public_function_of_those_packag
     import kvselect.checking
     import kvselect.testing.cases
 
-    generators = {
-        "low_contrast",
-        "ties_at_threshold",
-        "signed_zeros",
-        "all_zero",
-        "short_contexts",
-        "fp8_extremes",
-        "bf16_rounded_ties",
-        "paged",
-        "ik_tail_truncation",
-        "ik_absolute_early_out",
-        "relu_negative_dots",
-        "compressed_entry_boundary",
-        "fp8_per_key_scales",
-        "non_finite",
-        "block_ties",
-        "block_partial_tail",
-        "block_short",
-        "witness_rows",
-        "quest_minmax_swapped",
-        "quest_sign_ignored",
-        "quest_last_page_forced",
-        "quest_dense_fallback",
-        "quest_stale_slots",
-        "quest_ties",
-        "infllm_window_off_by_one",
-        "infllm_current_not_forced",
-        "infllm_decode_drops_current",
-        "infllm_ties",
-        "infllm_fp8_scales",
-        "nsa_incomplete_block_compressed",
-        "nsa_group_sum_before_softmax",
-        "nsa_tq_offsets",
-        "quest_fp8_scales",
-        "vslash_causal_mask",
-        "vslash_offset_sign",
-        "vslash_forced",
-        "vslash_short",
-        "vslash_fp8_scales",
-        "moba_partial_block_gated",
-        "moba_current_block_forced",
-        "moba_ties",
-        "empty_rows",
-        "masked_first_chunk",
-        "repeated_entries",
-        "neighbour_repeats",
-        "rising_scores",
-        "causal_boundary",
-        "padding_reads",
-        "paged_blocks",
-        "packed_mla",
-        "forced_entry_dropped",
-        "forced_entry_counted_twice",
-        "pool_last_partial_block",
-        "score_pool_last_partial_block",
-    }  # each a generator documented on its own terms
+    # each a rule's generator of one input, documented on its own terms (the registry's)
+    generators = {f.rpartition(".")[2] for r in RULES for f in r.case_functions}
     public = set()
     for prefix, module in (("checking", kvselect.checking), ("testing.cases", kvselect.testing.cases)):
         for name in module.__all__:

@@ -19,13 +19,14 @@ too) and models the graph precisely:
   anywhere else (``super::args::In``, ``paged::infllm_select_paged``), that
   resolves to B. A path is resolved from its head: ``crate::python`` is the
   root, ``self`` is A, each ``super`` one level up, and a name A declares with
-  ``mod name;`` its child; then it is followed down as long as it names module
+  ``mod name;`` (or lists in ``bindings!(...)``) its child; then it is followed down as long as it names module
   files, and its target is the last module file it reaches (so
   ``crate::python::args::Obj`` is ``python::args`` and
   ``super::config::config`` is ``...::config``). A path with another head (a
   crate, a core module, an imported item) is not an edge, nor is a
   visibility restriction (``pub(in crate::python)``).
-- **Edge A -> B** also when A declares ``mod B;``: a module depends on the
+- **Edge A -> B** also when A declares ``mod B;`` (or ``bindings!(..., B, ...)``,
+  the macro of ``src/python/mod.rs`` that writes ``mod B;``): a module depends on the
   children it declares, so a child that uses its parent is a cycle even
   where the parent never calls it by path.
 
@@ -135,6 +136,15 @@ MOD_DECL = re.compile(r"(?:pub(?:\([^)]*\))?\s+)?\bmod\s+([A-Za-z_]\w*)\s*;")
 # ``pub(in crate::python)`` limits who may see an item; it uses nothing.
 VISIBILITY = re.compile(r"\bpub\s*\(\s*in\s+[^)]*\)")
 INLINE_MOD = re.compile(r"\bmod\s+([A-Za-z_]\w*)\s*\{")
+# ``bindings!(a, b, c)`` (src/python/mod.rs) declares ``mod a; mod b; mod c;``.
+BINDINGS_LIST = re.compile(r"\bbindings!\s*\(([^)]*)\)")
+
+
+def _declared(code: str) -> list[str]:
+    """The child modules ``code`` declares: ``mod name;`` and the names of a
+    ``bindings!(...)`` list."""
+    listed = [n.strip() for m in BINDINGS_LIST.finditer(code) for n in m.group(1).split(",")]
+    return MOD_DECL.findall(code) + [n for n in listed if n]
 
 
 def _split_inline(code: str) -> tuple[str, list[tuple[str, str]]]:
@@ -161,7 +171,7 @@ def _targets(code: str, here: tuple[str, ...], modules) -> set[tuple[str, ...]]:
     found = set()
     for name, body in inline:
         found |= _targets(body, here + (name,), modules)
-    children = set(MOD_DECL.findall(outside))
+    children = set(_declared(outside))
     paths = [_clean(p) for m in USE.finditer(outside) for p in _expand_use(m.group(1).removeprefix("::"))]
     bare = USE.sub(" ", outside)
     paths += [p.split("::") for p in PATH.findall(bare)]
@@ -254,7 +264,11 @@ def test_a_folders_mod_rs_only_registers():
             r"(?<![\w'])(fn|struct|enum|union|trait|impl|const|static|type|macro_rules!)(?!\w)\s*([A-Za-z_]\w*)?",
             code,
         )
-        allowed = {("fn", "register")} | ({("fn", "_core")} if mod == ("python",) else set())
+        # src/python/mod.rs also defines the module's ``_core`` and the ``bindings!``
+        # macro that declares and registers its binding modules.
+        allowed = {("fn", "register")} | (
+            {("fn", "_core"), ("macro_rules!", "bindings")} if mod == ("python",) else set()
+        )
         extra = sorted({f"{k} {n}".strip() for k, n in items if (k, n) not in allowed})
         if extra:
             offenders[str(path.relative_to(ROOT))] = extra
@@ -269,7 +283,7 @@ def test_every_module_file_is_a_node():
         assert "#[path" not in _strip(path.read_text()), f"{path}: #[path] hides a module from this test"
         if len(mod) > 1:
             parent = _strip(modules[mod[:-1]].read_text())
-            assert mod[-1] in MOD_DECL.findall(parent), f"{_name(mod)} is not declared by {_name(mod[:-1])}"
+            assert mod[-1] in _declared(parent), f"{_name(mod)} is not declared by {_name(mod[:-1])}"
 
 
 # The resolver itself, on the shapes the bindings use: a test that can pass

@@ -493,7 +493,7 @@ def _case_dumps(folder):
     """Every dump ``kvselect.testing``'s cases build, one file each: the
     arrays each ``assert_*`` hands to ``check_dump`` for the case's exact
     answer, captured on the way (every rule's cases, every form)."""
-    from kvselect import testing
+    from kvselect import rules, testing
     from kvselect.testing import cases as hard
 
     captured = []
@@ -503,9 +503,13 @@ def _case_dumps(folder):
         captured.append(dict(d))
         return real(d, **kwargs)
 
+    # Every module an assertion is written in (kvselect.testing, or a rule module
+    # that keeps its assertion): its check_dump is recorded.
+    homes = {testing} | {rules.resolve(a.rpartition(".")[0]) for r in rules.RULES for a in r.assertions}
     names = sorted(n for n in dir(hard) if n.startswith("all_") and n.endswith("_cases"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(testing, "check_dump", record)
+        for home in homes:
+            mp.setattr(home, "check_dump", record)
         for name in names:
             for item in getattr(hard, name)():
                 case = item[1] if isinstance(item, tuple) else item

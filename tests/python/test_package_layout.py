@@ -46,6 +46,7 @@ def test_the_package_shows_its_concepts_as_modules_and_folders():
     assert sorted(p.name for p in PACKAGE.iterdir() if not p.name.startswith((".", "__pycache__", "_core"))) == [
         "__init__.py",
         "__main__.py",
+        "_exports.py",
         "checking",
         "cli",
         "corpus",

@@ -47,40 +47,144 @@ def test_every_rule_module_is_registered_once():
         assert importlib.import_module(f"kvselect.rules.{name}").RULE in rules.RULES, name
 
 
+def _native_public():
+    """The native module's public names (what its bindings register), ``__version__`` included."""
+    return sorted(n for n in dir(kvselect._core) if not n.startswith("_") or n == "__version__")
+
+
 def test_every_native_name_is_a_rules_or_named_shared():
     owned = [n for r in rules.RULES for n in r.api]
     assert len(owned) == len(set(owned)), "a name is in two rules"
     assert not set(owned) & SHARED_API
-    assert sorted(owned + sorted(SHARED_API)) == sorted(kvselect.__all__)
+    assert sorted(owned + sorted(SHARED_API)) == _native_public()
+    # kvselect.__all__ is derived from the registry: the rules' names, then the shared ones.
+    assert kvselect.__all__ == owned + [n for _, names in rules.SHARED_API for n in names]
+    for name in kvselect.__all__:
+        assert getattr(kvselect, name) is getattr(kvselect._core, name) or name in (
+            "check_topk",
+            "check_blocks",
+            "check_witnesses",
+        ), name
+    # kvselect re-exports what the native module's __all__ lists as it is; the three
+    # checkers it wraps (their reports as kvselect.checking.Report) are left out of it.
+    wrapped = {"check_topk", "check_blocks", "check_witnesses"}
+    assert sorted(n for n in kvselect._core.__all__ if not n.startswith("_") or n == "__version__") == sorted(
+        set(_native_public()) - wrapped
+    )
+    for name in wrapped:
+        assert getattr(kvselect, name).__wrapped__ is getattr(kvselect._core, name)
 
 
 def test_every_reference_module_is_a_rules_twin_or_shared():
     modules = {m.name for m in pkgutil.iter_modules(reference.__path__)}
     twins = [r.reference for r in rules.RULES if r.reference is not None]
     assert len(twins) == len(set(twins))
-    assert sorted(t.rpartition(".")[2] for t in twins) == sorted(modules - SHARED_REFERENCE)
+    packaged = [t for t in twins if t.startswith("kvselect.reference.")]
+    assert sorted(t.rpartition(".")[2] for t in packaged) == sorted(modules - SHARED_REFERENCE)
     for r in rules.RULES:
-        # The twin has a NumPy function for each of the rule's native functions.
+        # A twin outside kvselect.reference is written in its rule's own module.
+        if r.reference is not None and r.reference not in packaged:
+            assert r.reference == f"kvselect.rules.{r.name}", r.name
+        # A rule with a twin names its public names, and only then.
+        assert bool(r.twins) == (r.reference is not None), r.name
         if r.reference is None:
             continue
         twin = rules.resolve(r.reference)
+        for name in r.twins:  # each exported by kvselect.reference, the twin module's object
+            assert getattr(reference, name) is getattr(twin, name), (r.name, name)
+        # The twin has a NumPy function for each of the rule's native functions.
         for name in r.api:
             native = getattr(kvselect, name)
             if callable(native) and not inspect.isclass(native) and name not in NO_TWIN:
                 assert hasattr(twin, name) or hasattr(reference, name), (r.name, name)
+    # kvselect.reference.__all__ is derived: its shared names, then every rule's twins.
+    exported = [n for r in rules.RULES for n in r.twins]
+    assert len(exported) == len(set(exported)), "a twin name in two rules"
+    assert not set(exported) & set(reference.SHARED)
+    assert reference.__all__ == list(reference.SHARED) + exported
+    for name in reference.__all__:
+        assert hasattr(reference, name), name
+
+
+def _natives_reached(fn, seen=None):
+    """The native objects (``kvselect``, ``kvselect._core`` or one of its functions)
+    that ``fn`` names as a global (in its body or a closure inside it), directly
+    or through the functions of its own module it calls."""
+    seen = set() if seen is None else seen
+    if id(fn) in seen or not inspect.isfunction(fn):
+        return []
+    seen.add(id(fn))
+    names, codes = set(), [fn.__code__]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes += [c for c in code.co_consts if inspect.iscode(c)]
+    found = []
+    for name in sorted(names):
+        value = fn.__globals__.get(name)
+        if value is kvselect or value is kvselect._core or getattr(value, "__module__", None) == "kvselect._core":
+            found.append(value)
+        elif inspect.isfunction(value) and value.__module__ == fn.__module__:
+            found += _natives_reached(value, seen)
+    return found
+
+
+def test_a_twin_written_in_its_rules_module_reaches_nothing_native():
+    # The twin judges the native functions: written in its rule's module (which
+    # imports kvselect for its policy and checker), it still calls none of them.
+    assert _natives_reached(rules.resolve("kvselect.rules.moba.select"))  # the walk sees a policy's call
+    for r in rules.RULES:  # (the twins in kvselect.reference too)
+        for name in r.twins:
+            assert not _natives_reached(getattr(rules.resolve(r.reference), name)), (r.name, name)
+
+
+def _defined_in(module, prefix=""):
+    """The public functions ``module`` defines itself (not imports), by name."""
+    return {
+        name
+        for name, obj in vars(module).items()
+        if inspect.isfunction(obj) and obj.__module__ == module.__name__ and not name.startswith("_")
+        if name.startswith(prefix)
+    }
 
 
 def test_every_assertion_and_cases_generator_is_a_rules():
     claimed = [a for r in rules.RULES for a in r.assertions]
-    assert len(claimed) == len(set(claimed))
-    public = [n for n in testing.__all__ if n.startswith("assert_")]
-    assert sorted(claimed) == sorted(f"kvselect.testing.{n}" for n in public)
+    names = [a.rpartition(".")[2] for a in claimed]
+    assert len(names) == len(set(names)), "an assertion in two rules"
+    # kvselect.testing.__all__ is derived: every rule's assertions, then CheckFailure,
+    # each the object its record names (written in kvselect.testing or in its rule's module).
+    assert testing.__all__ == names + list(testing.SHARED)
+    for dotted, name in zip(claimed, names):
+        assert getattr(testing, name) is rules.resolve(dotted), dotted
+        assert callable(getattr(testing, name)), dotted
+    # Every assertion written in kvselect.testing belongs to a rule.
+    assert _defined_in(testing, "assert_") <= set(names)
     generators = [r.cases for r in rules.RULES if r.cases is not None]
-    assert sorted(generators) == sorted(
-        f"kvselect.testing.cases.{n}" for n in cases.__all__ if n.startswith("all_") and n.endswith("_cases")
-    )
-    for dotted in claimed + generators:
-        assert callable(rules.resolve(dotted)), dotted
+    functions = [f for r in rules.RULES for f in r.case_functions]
+    case_names = [d.rpartition(".")[2] for d in generators + functions]
+    assert len(case_names) == len(set(case_names)), "a case generator in two rules"
+    assert all(n.startswith("all_") and n.endswith("_cases") for n in case_names[: len(generators)])
+    derived = [
+        d.rpartition(".")[2]
+        for r in rules.RULES
+        for d in ((r.cases,) if r.cases is not None else ()) + r.case_functions
+    ]
+    assert cases.__all__ == list(cases.SHARED) + derived
+    for dotted in generators + functions:
+        name = dotted.rpartition(".")[2]
+        assert getattr(cases, name) is rules.resolve(dotted), dotted
+        assert callable(getattr(cases, name)), dotted
+    # Every public generator (a function returning a Case or a list of them) written
+    # in a cases module belongs to a rule (or is shared).
+    on_disk = set()
+    for m in pkgutil.iter_modules(cases.__path__):
+        module = importlib.import_module(f"kvselect.testing.cases.{m.name}")
+        on_disk |= {
+            n for n in _defined_in(module) if "Case" in str(inspect.signature(getattr(module, n)).return_annotation)
+        }
+    assert {"all_moba_cases", "moba_ties"} <= on_disk  # the scan sees them
+    assert on_disk - set(cases.SHARED) <= set(case_names), sorted(on_disk - set(cases.SHARED) - set(case_names))
 
 
 def test_the_dump_kinds_are_the_rules_and_each_is_checked_by_its_rules_checker():
@@ -125,7 +229,17 @@ def test_every_rule_has_its_guide_and_api_section():
             assert f"## {r.title}\n" in api, r.title
 
 
-@pytest.mark.parametrize("first", ["kvselect.rules", "kvselect.checking", "kvselect.evaluate", "kvselect.testing"])
+@pytest.mark.parametrize(
+    "first",
+    [
+        "kvselect.rules",
+        "kvselect.checking",
+        "kvselect.evaluate",
+        "kvselect.testing",
+        "kvselect.testing.cases",
+        "kvselect.reference",
+    ],
+)
 def test_any_layer_imports_first(first):
     # The rules import checking's helpers and checking reads the rules on
     # first use: neither order may be a cycle.
@@ -175,3 +289,63 @@ def test_a_policy_whose_forced_part_exceeds_the_budget_is_na_with_the_reason_and
     assert by[(64, "first pages")].note is None and by[(64, "first pages")].slots_used > 0
     assert seen == [(64, 4)]
     assert all(r.note is None for (b, name), r in by.items() if name != "first pages")
+
+
+def test_a_rule_that_keeps_every_piece_in_its_own_module_is_exported_by_every_package(monkeypatch):
+    # A rule whose twin, assertion and cases are written in its one module (as a
+    # new rule's are: kvselect/rules/<rule>.py) is exported by kvselect.reference,
+    # kvselect.testing and kvselect.testing.cases from the registry alone: nothing
+    # is added to those packages. Here the module is a stand-in in sys.modules.
+    import sys
+    import types
+
+    home = types.ModuleType("kvselect_stand_in_rule")
+
+    def stand_in_twin(x):
+        return x
+
+    def assert_stand_in(rows):
+        return rows
+
+    def all_stand_in_cases(seed=0):
+        return []
+
+    def stand_in_short(seed=0):
+        return None
+
+    for fn in (stand_in_twin, assert_stand_in, all_stand_in_cases, stand_in_short):
+        setattr(home, fn.__name__, fn)
+    monkeypatch.setitem(sys.modules, home.__name__, home)
+    stand_in = rules.Rule(
+        "stand_in",
+        "Stand-in",
+        reference=home.__name__,
+        twins=("stand_in_twin",),
+        assertions=(f"{home.__name__}.assert_stand_in",),
+        cases=f"{home.__name__}.all_stand_in_cases",
+        case_functions=(f"{home.__name__}.stand_in_short",),
+    )
+    for package in (reference, testing, cases):  # not there before
+        assert not hasattr(package, "stand_in_twin") and not hasattr(package, "assert_stand_in")
+    monkeypatch.setattr(rules, "RULES", rules.RULES + (stand_in,))
+    assert reference.stand_in_twin is stand_in_twin and reference.__all__[-1] == "stand_in_twin"
+    assert testing.assert_stand_in is assert_stand_in and testing.__all__[-2:] == ["assert_stand_in", "CheckFailure"]
+    assert cases.all_stand_in_cases is all_stand_in_cases and cases.stand_in_short is stand_in_short
+    assert cases.__all__[-2:] == ["all_stand_in_cases", "stand_in_short"]
+    from kvselect.testing import assert_stand_in as imported
+
+    assert imported is assert_stand_in
+    namespace = {}
+    exec("from kvselect.testing.cases import *", namespace)
+    assert namespace["stand_in_short"] is stand_in_short and namespace["Case"] is cases.Case
+    assert "assert_stand_in" in dir(testing)
+    # A name no rule exports is still an AttributeError, naming the package.
+    with pytest.raises(AttributeError, match="'kvselect.testing' has no attribute 'assert_nothing'"):
+        testing.assert_nothing  # noqa: B018
+    # Two rules' pieces under one name are refused, naming both.
+    twin = rules.Rule("stand_in_2", "Stand-in 2", reference="kvselect.reference.moba", twins=("stand_in_twin",))
+    monkeypatch.setattr(rules, "RULES", rules.RULES + (twin,))
+    with pytest.raises(ValueError, match="kvselect.reference.stand_in_twin: both kvselect_stand_in_rule"):
+        reference.__all__  # noqa: B018
+    monkeypatch.undo()
+    assert not hasattr(testing, "assert_stand_in") and "assert_stand_in" not in testing.__all__

@@ -12,7 +12,12 @@ the native module.
 
 Its modules mirror ``src/``; each name is re-exported here, so
 ``kvselect.reference.X`` is the one spelling (the modules are where the code
-lives, not a second API). Bottom up (each imports only modules above it):
+lives, not a second API). What is exported (and ``__all__``) is the shared
+names below and every rule's twin as its record lists it
+(``kvselect.rules.Rule.twins``): a rule written after these keeps its twin in
+its own module, ``kvselect/rules/<rule>.py``, exported here all the same and
+held to the same rule (it calls nothing native; ``docs/adding-a-rule.md``).
+Bottom up (each imports only modules above it):
 
 - **_args**: the shared argument rules: the error mirror classes
   ``ReferenceWitnessError`` / ``ReferenceSelectionError`` and the one
@@ -76,6 +81,10 @@ ChaCha8's, not a specification's.
 """
 
 from __future__ import annotations
+
+from typing import Any, List
+
+from kvselect._exports import RuleExports
 
 from ._args import (
     ReferenceSelectionError,
@@ -193,100 +202,31 @@ from .witness import (
     topology_witness_indices,
 )
 
-__all__ = [
-    # errors
+# The names no one rule owns (the argument layer's errors, the key decode, the
+# checkers, the metrics), then every rule's twin as its record lists it
+# (kvselect.rules: ``Rule.twins``): ``__all__`` and a twin written in its
+# rule's own module are read from the registry on first use (kvselect._exports).
+SHARED = (
     "ReferenceWitnessError",
     "ReferenceSelectionError",
-    # witness
-    "MAX_TOPOLOGY_SEGMENTS",
-    "segment_of",
-    "topology_witness_indices",
-    "apply_topology_witnesses",
-    "scatter_topology_witnesses",
-    "locality_null",
-    "segment_coverage",
-    "attention_mass_recall",
-    # block_sparse
-    "MINIMAX_BLOCK_SIZE",
-    "BlockSparseConfig",
-    "block_scores",
-    "block_sparse_select",
-    "block_sparse_select_packed",
-    "block_sparse_select_paged",
-    "positions_of_blocks",
-    # attention (attn)
-    "dense_rows",
-    "local_rows",
-    "sink_window_rows",
-    "oracle_topk",
-    "attention",
-    "dense_attention",
-    "sparse_attention",
-    # sparse attention kernels' exact result (sparse_attn)
-    "Conventions",
-    "conventions_of",
-    "sparse_attention_exact",
-    # keys
     "decode",
-    # indexer
-    "indexer_topk",
-    "indexer_topk_pooled",
-    "indexer_topk_packed",
-    "indexer_topk_paged",
-    "indexer_scores",
-    # compressed
-    "window_positions",
-    "visible_entries",
-    "compressed_entry_tokens",
-    "expand_entries",
-    "combine_topk_swa_indices",
-    # infllm
-    "compress_keys",
-    "infllm_block_scores",
-    "infllm_select",
-    "infllm_select_paged",
-    # moba
-    "moba_gates",
-    "moba_select",
-    "moba_select_paged",
-    # nsa
-    "nsa_compress_keys",
-    "nsa_block_scores",
-    "nsa_select",
-    # quest
-    "quest_bounds",
-    "quest_bounds_paged",
-    "quest_update",
-    "quest_scores",
-    "quest_select",
-    # vslash
-    "vslash_select",
-    "vslash_scores",
-    "vslash_error_bounds",
-    "vslash_sizes",
-    "vslash_rows",
-    "vslash_layout",
-    "vslash_layout_batch",
-    # check
     "GlobalSlots",
     "check_topk",
     "check_blocks",
     "check_witnesses",
-    # metrics
     "attention_probabilities",
     "segment_coverage_rows",
     "attention_mass_recall_rows",
     "output_relative_error",
     "output_relative_error_rows",
-    # eviction
-    "softmax_row",
-    "keep_top",
-    "snapkv_scores",
-    "snapkv_keep",
-    "pyramidkv_layer_budget",
-    "tova_scores",
-    "tova_keep",
-    "observed_attention_scores",
-    "observed_attention_keep",
-    "h2o_keep",
-]
+)
+
+_EXPORTS = RuleExports(__name__, lambda: SHARED, lambda rule: (f"{rule.reference}.{n}" for n in rule.twins))
+
+
+def __getattr__(name: str) -> Any:
+    return _EXPORTS.getattr(name)
+
+
+def __dir__() -> List[str]:
+    return _EXPORTS.dir()

@@ -12,31 +12,23 @@ derives from it what it would otherwise keep by hand:
   charged in tokens (:class:`BudgetUnit`) and its ``n/a`` reason, and
   ``kvselect eval``'s setting flags (:class:`Knob`);
 - the API reference's rule sections (``scripts/api_docs.py``);
+- the public names (and ``__all__``) of ``kvselect`` (each rule's ``api``),
+  ``kvselect.reference`` (its ``twins``), ``kvselect.testing`` (its
+  ``assertions``) and ``kvselect.testing.cases`` (its ``cases`` and
+  ``case_functions``), wherever the rule's code is written;
 - the test suites' lists (``tests/python/test_rules.py`` fails when a public
   name, dump kind, policy, reference module or assertion belongs to no rule).
 
-Adding a rule: ``docs/adding-a-rule.md``. The order of :data:`RULES` is the
-order of the derived lists (the dump kinds, the eval table's rows).
+Adding a rule: ``docs/adding-a-rule.md``; it is registered by one line, its
+module's name in :data:`ORDER`, whose order is the order of the derived lists
+(the dump kinds, the eval table's rows).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Dict, Tuple
 
-from kvselect.rules import (
-    baselines,
-    block_sparse,
-    compressed,
-    eviction,
-    indexer,
-    infllm,
-    moba,
-    nsa,
-    quest,
-    sparse_attention,
-    vslash,
-    witness,
-)
 from kvselect.rules._rule import (
     TOKENS,
     BudgetUnit,
@@ -50,20 +42,25 @@ from kvselect.rules._rule import (
     timed,
 )
 
-RULES: Tuple[Rule, ...] = (
-    indexer.RULE,
-    block_sparse.RULE,
-    witness.RULE,
-    compressed.RULE,
-    baselines.RULE,
-    quest.RULE,
-    infllm.RULE,
-    nsa.RULE,
-    moba.RULE,
-    vslash.RULE,
-    sparse_attention.RULE,
-    eviction.RULE,
+ORDER: Tuple[str, ...] = (
+    "indexer",
+    "block_sparse",
+    "witness",
+    "compressed",
+    "baselines",
+    "quest",
+    "infllm",
+    "nsa",
+    "moba",
+    "vslash",
+    "sparse_attention",
+    "eviction",
 )
+"""The rule modules of this package by name, one line each, in the order of the
+lists derived from them (a rule with a per-query eval policy before the first
+with an eviction policy: ``docs/adding-a-rule.md``)."""
+
+RULES: Tuple[Rule, ...] = tuple(importlib.import_module(f"kvselect.rules.{name}").RULE for name in ORDER)
 """Every rule, in the order of the lists derived from them."""
 
 SHARED_API: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
@@ -101,6 +98,7 @@ reference's sections, in this order after the rules')."""
 
 __all__ = [
     "RULES",
+    "ORDER",
     "SHARED_API",
     "Rule",
     "DumpKind",

@@ -6,14 +6,24 @@ list: ``kvselect check``'s dump kinds and their checkers, ``kvselect eval``'s
 policies, their budget units and their command-line flags, the API
 reference's sections, the test suites' lists.
 
-The records only *point* at code that lives elsewhere for a reason of its own:
-the reference twin in :mod:`kvselect.reference` (plain NumPy, importable
-without the native module, so it can judge the native one), the assertion in
-:mod:`kvselect.testing` (the namespace a kernel's pytest suite imports). Those
-pointers are dotted names, resolved by :func:`resolve` and checked by the
-registry test, so that this module and the rule modules import nothing above
-the native API: the layers that read the registry (``kvselect.checking``,
-``kvselect.evaluate``, the CLI) can import it at their top.
+The records *point* at the rule's code by dotted name (resolved by
+:func:`resolve`, checked by the registry test): its reference twin, its
+assertions, its cases. The packages users import them from derive their names
+from the records, on first use (``kvselect._exports``): :mod:`kvselect` (each
+rule's ``api``), :mod:`kvselect.reference` (``twins``), :mod:`kvselect.testing`
+(``assertions``) and :mod:`kvselect.testing.cases` (``cases``,
+``case_functions``). So the code may live where it was first written (the
+earlier rules' twins in ``kvselect/reference/<rule>.py``, their assertions in
+``kvselect/testing/__init__.py``) or, for a new rule, all in its one module
+``kvselect/rules/<rule>.py`` (``docs/adding-a-rule.md``).
+
+A rule module imports nothing at its top that reads the registry while it is
+imported: ``kvselect`` (the native API), ``kvselect.checking``'s helpers, the
+twin's argument layer ``kvselect.reference._args``, the assertions' helpers
+``kvselect.testing._assert`` and ``kvselect.testing.cases.Case`` are all safe, since those packages
+read the registry only when a name is asked of them; the layers that read the
+registry at their top (``kvselect.evaluate``, the CLI) are not imported by a
+rule module.
 """
 
 from __future__ import annotations
@@ -273,12 +283,24 @@ class Rule:
     api : tuple of str
         Its native names (of ``kvselect.__all__``), its API reference section.
     reference : str or None
-        The dotted module of its reference twin in :mod:`kvselect.reference`.
+        The dotted module of its reference twin: a module of
+        :mod:`kvselect.reference` (``"kvselect.reference.moba"``), or the rule's
+        own module (``"kvselect.rules.<rule>"``) when the twin is written there.
+    twins : tuple of str
+        The twin's public names (functions, classes, constants of the
+        ``reference`` module): :mod:`kvselect.reference` exports each under
+        its name, and its ``__all__`` is the shared names and these.
     assertions : tuple of str
-        The dotted names of its :mod:`kvselect.testing` assertions.
+        The dotted names of its assertions, where they are defined
+        (``"kvselect.testing.assert_moba"``, or ``"kvselect.rules.<rule>.assert_<rule>"``):
+        :mod:`kvselect.testing` exports each under its last component.
     cases : str or None
-        The dotted name of its cases' generator in :mod:`kvselect.testing.cases`
-        (``all_<rule>_cases``: every input that has broken its kernels).
+        The dotted name of its cases' generator (``all_<rule>_cases``: every
+        input that has broken its kernels), exported by
+        :mod:`kvselect.testing.cases` under its last component.
+    case_functions : tuple of str
+        The dotted names of its public case generators (one input each), exported
+        by :mod:`kvselect.testing.cases` likewise.
     dumps : tuple of DumpKind
         The dump kinds ``kvselect check`` reads for it.
     policies : tuple of Policy
@@ -291,8 +313,10 @@ class Rule:
     title: str
     api: Tuple[str, ...] = ()
     reference: Optional[str] = None
+    twins: Tuple[str, ...] = ()
     assertions: Tuple[str, ...] = ()
     cases: Optional[str] = None
+    case_functions: Tuple[str, ...] = ()
     dumps: Tuple[DumpKind, ...] = ()
     policies: Tuple[Policy, ...] = ()
     guide: Optional[str] = None

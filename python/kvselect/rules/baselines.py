@@ -56,6 +56,15 @@ RULE = Rule(
     title="Attention and selectors",
     api=("Selector", "oracle_topk", "dense_attention", "sparse_attention", "attention_probabilities"),
     reference="kvselect.reference.attn",
+    twins=(
+        "dense_rows",
+        "local_rows",
+        "sink_window_rows",
+        "oracle_topk",
+        "attention",
+        "dense_attention",
+        "sparse_attention",
+    ),
     policies=(
         Policy("random null", random_null, "the spec's random null model (a row of the random selector)."),
         Policy("locality null", locality_null, "the spec's locality null model (a row of the local selector)."),

@@ -205,8 +205,22 @@ RULE = Rule(
         "positions_of_blocks",
     ),
     reference="kvselect.reference.block_sparse",
+    twins=(
+        "MINIMAX_BLOCK_SIZE",
+        "BlockSparseConfig",
+        "block_scores",
+        "block_sparse_select",
+        "block_sparse_select_packed",
+        "block_sparse_select_paged",
+        "positions_of_blocks",
+    ),
     assertions=("kvselect.testing.assert_blocks",),
     cases="kvselect.testing.cases.all_block_cases",
+    case_functions=(
+        "kvselect.testing.cases.block_ties",
+        "kvselect.testing.cases.block_partial_tail",
+        "kvselect.testing.cases.block_short",
+    ),
     dumps=(
         DumpKind(
             "blocks",

@@ -133,7 +133,21 @@ RULE = Rule(
         "combine_topk_swa_indices",
     ),
     reference="kvselect.reference.compressed",
+    twins=(
+        "window_positions",
+        "visible_entries",
+        "compressed_entry_tokens",
+        "expand_entries",
+        "combine_topk_swa_indices",
+    ),
     cases="kvselect.testing.cases.all_family_cases",
+    case_functions=(
+        "kvselect.testing.cases.forced_entry_dropped",
+        "kvselect.testing.cases.forced_entry_counted_twice",
+        "kvselect.testing.cases.pool_last_partial_block",
+        "kvselect.testing.cases.score_pool_last_partial_block",
+        "kvselect.testing.cases.compressed_entry_boundary",
+    ),
     dumps=(
         DumpKind(
             "v4_combined",

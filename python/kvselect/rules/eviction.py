@@ -191,6 +191,18 @@ RULE = Rule(
     title="KV-eviction baselines",
     api=("snapkv_scores", "tova_scores", "observed_attention_scores", "h2o_keep", "keep_top"),
     reference="kvselect.reference.eviction",
+    twins=(
+        "softmax_row",
+        "keep_top",
+        "snapkv_scores",
+        "snapkv_keep",
+        "pyramidkv_layer_budget",
+        "tova_scores",
+        "tova_keep",
+        "observed_attention_scores",
+        "observed_attention_keep",
+        "h2o_keep",
+    ),
     policies=(
         Policy(
             "SnapKV",

@@ -225,8 +225,16 @@ RULE = Rule(
     title="InfLLM-v2 block selection",
     api=("infllm_block_scores", "infllm_select", "infllm_select_paged"),
     reference="kvselect.reference.infllm",
+    twins=("compress_keys", "infllm_block_scores", "infllm_select", "infllm_select_paged"),
     assertions=("kvselect.testing.assert_infllm",),
     cases="kvselect.testing.cases.all_infllm_cases",
+    case_functions=(
+        "kvselect.testing.cases.infllm_window_off_by_one",
+        "kvselect.testing.cases.infllm_current_not_forced",
+        "kvselect.testing.cases.infllm_decode_drops_current",
+        "kvselect.testing.cases.infllm_ties",
+        "kvselect.testing.cases.infllm_fp8_scales",
+    ),
     dumps=(
         DumpKind(
             "infllm",

@@ -231,8 +231,14 @@ RULE = Rule(
     title="MoBA block selection",
     api=("moba_gates", "moba_select", "moba_select_paged"),
     reference="kvselect.reference.moba",
+    twins=("moba_gates", "moba_select", "moba_select_paged"),
     assertions=("kvselect.testing.assert_moba",),
     cases="kvselect.testing.cases.all_moba_cases",
+    case_functions=(
+        "kvselect.testing.cases.moba_partial_block_gated",
+        "kvselect.testing.cases.moba_current_block_forced",
+        "kvselect.testing.cases.moba_ties",
+    ),
     dumps=(
         DumpKind(
             "moba",

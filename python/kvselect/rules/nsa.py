@@ -154,8 +154,14 @@ RULE = Rule(
     title="NSA block selection (fla)",
     api=("nsa_block_scores", "nsa_select"),
     reference="kvselect.reference.nsa",
+    twins=("nsa_compress_keys", "nsa_block_scores", "nsa_select"),
     assertions=("kvselect.testing.assert_nsa",),
     cases="kvselect.testing.cases.all_nsa_cases",
+    case_functions=(
+        "kvselect.testing.cases.nsa_incomplete_block_compressed",
+        "kvselect.testing.cases.nsa_group_sum_before_softmax",
+        "kvselect.testing.cases.nsa_tq_offsets",
+    ),
     dumps=(
         DumpKind(
             "nsa",

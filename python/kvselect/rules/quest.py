@@ -267,8 +267,18 @@ RULE = Rule(
     title="Quest page selection",
     api=("quest_bounds", "quest_bounds_paged", "quest_update", "quest_scores", "quest_select"),
     reference="kvselect.reference.quest",
+    twins=("quest_bounds", "quest_bounds_paged", "quest_update", "quest_scores", "quest_select"),
     assertions=("kvselect.testing.assert_quest",),
     cases="kvselect.testing.cases.all_quest_cases",
+    case_functions=(
+        "kvselect.testing.cases.quest_minmax_swapped",
+        "kvselect.testing.cases.quest_sign_ignored",
+        "kvselect.testing.cases.quest_last_page_forced",
+        "kvselect.testing.cases.quest_dense_fallback",
+        "kvselect.testing.cases.quest_stale_slots",
+        "kvselect.testing.cases.quest_ties",
+        "kvselect.testing.cases.quest_fp8_scales",
+    ),
     dumps=(
         DumpKind(
             "quest",

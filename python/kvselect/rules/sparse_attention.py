@@ -165,8 +165,20 @@ RULE = Rule(
     name="sparse_attention",
     title="Sparse attention kernels",
     reference="kvselect.reference.sparse_attn",
+    twins=("Conventions", "conventions_of", "sparse_attention_exact"),
     assertions=("kvselect.testing.assert_sparse_attention",),
     cases="kvselect.testing.cases.all_sparse_attention_cases",
+    case_functions=(
+        "kvselect.testing.cases.empty_rows",
+        "kvselect.testing.cases.masked_first_chunk",
+        "kvselect.testing.cases.repeated_entries",
+        "kvselect.testing.cases.neighbour_repeats",
+        "kvselect.testing.cases.rising_scores",
+        "kvselect.testing.cases.causal_boundary",
+        "kvselect.testing.cases.padding_reads",
+        "kvselect.testing.cases.paged_blocks",
+        "kvselect.testing.cases.packed_mla",
+    ),
     dumps=(
         DumpKind(
             "sparse_attention",

@@ -156,8 +156,24 @@ RULE = Rule(
     title="MInference vertical-slash",
     api=("vslash_select", "vslash_scores", "vslash_rows", "vslash_layout", "vslash_layout_batch"),
     reference="kvselect.reference.vslash",
+    twins=(
+        "vslash_select",
+        "vslash_scores",
+        "vslash_error_bounds",
+        "vslash_sizes",
+        "vslash_rows",
+        "vslash_layout",
+        "vslash_layout_batch",
+    ),
     assertions=("kvselect.testing.assert_vslash",),
     cases="kvselect.testing.cases.all_vslash_cases",
+    case_functions=(
+        "kvselect.testing.cases.vslash_causal_mask",
+        "kvselect.testing.cases.vslash_offset_sign",
+        "kvselect.testing.cases.vslash_forced",
+        "kvselect.testing.cases.vslash_short",
+        "kvselect.testing.cases.vslash_fp8_scales",
+    ),
     dumps=(
         DumpKind(
             "vslash",

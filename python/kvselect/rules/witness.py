@@ -58,8 +58,19 @@ RULE = Rule(
         "MAX_TOPOLOGY_SEGMENTS",
     ),
     reference="kvselect.reference.witness",
+    twins=(
+        "MAX_TOPOLOGY_SEGMENTS",
+        "segment_of",
+        "topology_witness_indices",
+        "apply_topology_witnesses",
+        "scatter_topology_witnesses",
+        "locality_null",
+        "segment_coverage",
+        "attention_mass_recall",
+    ),
     assertions=("kvselect.testing.assert_witnesses",),
     cases="kvselect.testing.cases.all_witness_cases",
+    case_functions=("kvselect.testing.cases.witness_rows",),
     dumps=(
         DumpKind(
             "witnesses",

@@ -36,8 +36,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 import kvselect as ks
-from kvselect._core import _dlpack_array
-from kvselect.checking import Report, check_dump, check_indexer_topk, format_report
+from kvselect._exports import RuleExports
+from kvselect.checking import Report, check_dump, check_indexer_topk
 from kvselect.checking._common import _precision, _refused, _tolerance_values, _vacuous
 from kvselect.checking.engine_scores import engine_score_checks
 from kvselect.checking.family import family_options
@@ -48,106 +48,13 @@ from kvselect.checking.report import dump_report
 # imported). Nothing in the cases imports this module at import time (their
 # assert_rows reaches it when called), so importing them here is no cycle.
 from kvselect.testing import cases
+from kvselect.testing._assert import CheckFailure, _as_dump_array, _conclude, _host
 
-__all__ = [
-    "assert_topk",
-    "assert_blocks",
-    "assert_quest",
-    "assert_moba",
-    "assert_infllm",
-    "assert_nsa",
-    "assert_vslash",
-    "assert_witnesses",
-    "assert_sparse_attention",
-    "CheckFailure",
-]
-
-# DLPack's DLDeviceType for host memory (kDLCPU).
-_DL_CPU = 1
-
-
-class CheckFailure(AssertionError):
-    """A selection that is not right (or whose check proves nothing).
-
-    An :class:`AssertionError`, so pytest shows it as a failed assertion. Its
-    message is the ``kvselect check`` report as text.
-
-    Attributes
-    ----------
-    report : Report
-        The report (a :class:`kvselect.checking.Report`, as
-        :func:`kvselect.checking.check_dump` returns it).
-    """
-
-    def __init__(self, message: str, report: Report) -> None:
-        super().__init__(message)
-        self.report = report
-
-
-def _host(x: Any, name: str) -> Any:
-    """``x`` where kvselect can read it: a NumPy array passes through; a
-    DLPack object on another device is copied to the host once (torch
-    ``.cpu()``, CuPy ``.get()``, JAX ``jax.device_get``, else
-    ``numpy.from_dlpack(x, device="cpu", copy=True)``); a CPU DLPack object
-    (or the host copy) is viewed in place through the core's DLPack reader
-    (zero-copy; bfloat16 / float8_e4m3fn as ml_dtypes views of the same
-    bytes). Anything else (lists, scalars, None) is
-    passed on unchanged."""
-    if x is None or isinstance(x, np.ndarray) or not hasattr(x, "__dlpack_device__"):
-        return x
-    try:
-        device = int(x.__dlpack_device__()[0])
-    except Exception:
-        # A broken device protocol: the core's reader below refuses it as it
-        # does at every entry point (the domain's error, naming the argument).
-        device = _DL_CPU
-    if device != _DL_CPU:
-        module = type(x).__module__ or ""
-        if callable(getattr(x, "cpu", None)):  # torch
-            x = x.cpu()
-        elif module.startswith("cupy") and callable(getattr(x, "get", None)):
-            return x.get()
-        elif module.startswith("jax"):
-            import jax  # type: ignore[import-not-found]
-
-            return np.asarray(jax.device_get(x))
-        else:
-            try:
-                return np.from_dlpack(x, device="cpu", copy=True)
-            except Exception as e:
-                raise TypeError(
-                    f"{name}: a tensor on DLPack device {device}, which kvselect cannot "
-                    f"copy to the host ({e}): pass it as a CPU tensor (.cpu())"
-                ) from e
-    # On the host: the core's own zero-copy view of the producer's memory;
-    # bfloat16 / float8_e4m3fn (raw bits there) as ml_dtypes views of it.
-    arr, fmt = _dlpack_array(x, name)
-    if fmt is None:
-        return arr
-    try:
-        import ml_dtypes
-    except ImportError as e:
-        raise TypeError(
-            f"{name}: a {fmt} DLPack tensor needs ml_dtypes in kvselect.testing (pip install 'kvselect[formats]')"
-        ) from e
-    return arr.view(getattr(ml_dtypes, fmt))
-
-
-def _conclude(result: Report, fail_vacuous: bool, what: str) -> Report:
-    """Return ``result`` when every row is right (and, with
-    ``fail_vacuous``, no row is vacuous); raise :class:`CheckFailure` with
-    the report's text otherwise."""
-    vacuous = sum(int(c["report"].get("vacuous", 0)) for c in result["checks"])
-    result["vacuous"] = vacuous
-    if result["wrong"] == 0 and not (fail_vacuous and vacuous):
-        return result
-    text = format_report(result, source=f"({what})")
-    if result["wrong"] == 0:
-        text += (
-            f"\n{what}: {vacuous} vacuous row(s) fail the assertion (fail_vacuous=True): the test "
-            f"proves nothing about them; pass fail_vacuous=False to accept them"
-        )
-    raise CheckFailure(text, result)
+# ``__all__``: every rule's assertions, then CheckFailure, as its record lists
+# them (kvselect.rules: ``Rule.assertions``), read from the registry on first
+# use, as is an assertion written in its rule's own module (``__getattr__`` at
+# the end of this module; kvselect._exports).
+SHARED = ("CheckFailure",)
 
 
 def assert_topk(
@@ -359,20 +266,6 @@ def _assert_scores(
     return _conclude(
         dump_report("topk", tolerance, [("against the exact scores", report)], filler), fail_vacuous, "assert_topk"
     )
-
-
-def _as_dump_array(a: Any, key: str, out: Dict[str, Any], fmt: Optional[str] = None) -> None:
-    """Put ``a`` in a dump dict under ``key``: an ml_dtypes array as its raw
-    bits with ``<key>_format``, raw bits with ``fmt`` likewise."""
-    arr = np.asarray(a)
-    name = arr.dtype.name
-    if name in ("bfloat16", "float8_e4m3fn"):
-        out[key] = np.ascontiguousarray(arr).view(np.uint16 if name == "bfloat16" else np.uint8)
-        out[f"{key}_format"] = np.asarray(name)
-    else:
-        out[key] = arr
-        if fmt is not None and fmt != "float32":
-            out[f"{key}_format"] = np.asarray(fmt)
 
 
 def assert_blocks(
@@ -921,3 +814,16 @@ def assert_sparse_attention(
         if hi != lo:
             d["empty_lse_high"] = np.asarray(hi)
     return _conclude(check_dump(d, atol=atol, rtol=rtol), False, "assert_sparse_attention")
+
+
+# Last, once every name above is bound: a lookup the module cannot answer
+# reads the registry (kvselect._exports).
+_EXPORTS = RuleExports(__name__, lambda: SHARED, lambda rule: rule.assertions, shared_first=False)
+
+
+def __getattr__(name: str) -> Any:
+    return _EXPORTS.getattr(name)
+
+
+def __dir__() -> List[str]:
+    return _EXPORTS.dir()

@@ -11,11 +11,19 @@ mod run;
 mod slots;
 
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<slots::PyGlobalSlots>()?;
-    m.add_function(wrap_pyfunction!(checkers::check_topk, m)?)?;
-    m.add_function(wrap_pyfunction!(checkers::check_blocks, m)?)?;
-    m.add_function(wrap_pyfunction!(checkers::check_witnesses, m)?)?;
+    // The three checkers are set without an `__all__` entry: `kvselect` wraps
+    // each (its report as a `kvselect.checking.Report`), and the module's
+    // `__all__` is what `kvselect` re-exports as it is (`kvselect/__init__.py`).
+    for checker in [
+        wrap_pyfunction!(checkers::check_topk, m)?,
+        wrap_pyfunction!(checkers::check_blocks, m)?,
+        wrap_pyfunction!(checkers::check_witnesses, m)?,
+    ] {
+        m.setattr(checker.getattr("__name__")?.cast_into::<PyString>()?, checker)?;
+    }
     Ok(())
 }

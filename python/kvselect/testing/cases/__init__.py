@@ -80,6 +80,9 @@ Sources of the engine facts:
 
 from __future__ import annotations
 
+from typing import Any, List
+
+from kvselect._exports import RuleExports
 from kvselect.testing.cases._case import Case, pytest_params, tail_lengths
 from kvselect.testing.cases.attention import (
     all_sparse_attention_cases,
@@ -162,72 +165,22 @@ from kvselect.testing.cases.vslash import (
     vslash_short,
 )
 
-__all__ = [
-    "Case",
-    "pytest_params",
-    "all_topk_cases",
-    "all_family_cases",
-    "forced_entry_dropped",
-    "forced_entry_counted_twice",
-    "pool_last_partial_block",
-    "score_pool_last_partial_block",
-    "all_block_cases",
-    "all_quest_cases",
-    "all_infllm_cases",
-    "all_vslash_cases",
-    "all_moba_cases",
-    "all_nsa_cases",
-    "all_witness_cases",
-    "all_sparse_attention_cases",
-    "tail_lengths",
-    "low_contrast",
-    "ties_at_threshold",
-    "signed_zeros",
-    "all_zero",
-    "short_contexts",
-    "fp8_extremes",
-    "bf16_rounded_ties",
-    "paged",
-    "ik_tail_truncation",
-    "ik_absolute_early_out",
-    "relu_negative_dots",
-    "compressed_entry_boundary",
-    "fp8_per_key_scales",
-    "non_finite",
-    "block_ties",
-    "block_partial_tail",
-    "block_short",
-    "witness_rows",
-    "quest_minmax_swapped",
-    "quest_sign_ignored",
-    "quest_last_page_forced",
-    "quest_dense_fallback",
-    "quest_stale_slots",
-    "quest_ties",
-    "quest_fp8_scales",
-    "infllm_window_off_by_one",
-    "infllm_current_not_forced",
-    "infllm_decode_drops_current",
-    "infllm_ties",
-    "infllm_fp8_scales",
-    "vslash_causal_mask",
-    "vslash_offset_sign",
-    "vslash_forced",
-    "vslash_short",
-    "vslash_fp8_scales",
-    "moba_partial_block_gated",
-    "moba_current_block_forced",
-    "moba_ties",
-    "nsa_incomplete_block_compressed",
-    "nsa_group_sum_before_softmax",
-    "nsa_tq_offsets",
-    "empty_rows",
-    "masked_first_chunk",
-    "repeated_entries",
-    "neighbour_repeats",
-    "rising_scores",
-    "causal_boundary",
-    "padding_reads",
-    "paged_blocks",
-    "packed_mla",
-]
+# ``__all__``: the shared names, then every rule's cases as its record lists
+# them (kvselect.rules: ``Rule.cases`` and ``Rule.case_functions``), read from
+# the registry on first use, as are cases written in their rule's own module
+# (kvselect._exports).
+SHARED = ("Case", "pytest_params", "tail_lengths")
+
+_EXPORTS = RuleExports(
+    __name__,
+    lambda: SHARED,
+    lambda rule: ((rule.cases,) if rule.cases is not None else ()) + rule.case_functions,
+)
+
+
+def __getattr__(name: str) -> Any:
+    return _EXPORTS.getattr(name)
+
+
+def __dir__() -> List[str]:
+    return _EXPORTS.dir()
