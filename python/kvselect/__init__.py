@@ -58,9 +58,11 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   block's mean key, the top ``topk - 1`` blocks and its own, dense, packed
   or paged at decode, bfloat16 / fp8 keys read in place;
 - NSA's block selection as fla computes it (:func:`nsa_block_scores`,
-  :func:`nsa_select`): InfLLM-v2's stage 1 over the means of complete blocks,
-  block 0 and the query's last two forced, the top ``block_counts`` decided in
-  exact arithmetic;
+  :func:`nsa_select`; at decode on an engine's cached compressed keys
+  :func:`nsa_select_compressed`, :func:`nsa_block_scores_compressed`, the keys from
+  :func:`nsa_compress_keys`): InfLLM-v2's stage 1 over the means of complete
+  blocks, block 0 and the query's last two forced, the top ``block_counts``
+  decided in exact arithmetic;
 - the KV-eviction baselines' selection (:func:`snapkv_scores`,
   :func:`tova_scores`, :func:`observed_attention_scores`, :func:`h2o_keep`,
   :func:`keep_top`): SnapKV's, TOVA's and ObservedAttention's scores and H2O's
@@ -122,7 +124,10 @@ from kvselect._core import (
     moba_select,
     moba_select_paged,
     nsa_block_scores,
+    nsa_block_scores_compressed,
+    nsa_compress_keys,
     nsa_select,
+    nsa_select_compressed,
     observed_attention_scores,
     oracle_topk,
     output_relative_error,
@@ -223,6 +228,9 @@ __all__ = [
     "infllm_select_paged",
     "nsa_block_scores",
     "nsa_select",
+    "nsa_compress_keys",
+    "nsa_block_scores_compressed",
+    "nsa_select_compressed",
     "snapkv_scores",
     "tova_scores",
     "observed_attention_scores",

@@ -152,7 +152,13 @@ BLOCKS = BudgetUnit("block", size=geometry, forced=lambda s: min(3, s.budget // 
 RULE = Rule(
     name="nsa",
     title="NSA block selection (fla)",
-    api=("nsa_block_scores", "nsa_select"),
+    api=(
+        "nsa_block_scores",
+        "nsa_select",
+        "nsa_compress_keys",
+        "nsa_block_scores_compressed",
+        "nsa_select_compressed",
+    ),
     reference="kvselect.reference.nsa",
     assertions=("kvselect.testing.assert_nsa",),
     cases="kvselect.testing.cases.all_nsa_cases",
