@@ -193,11 +193,81 @@ fn check_compressed(
 ///
 /// Each element's sum is its own chain (token order, then the division), so
 /// the loops may run in any order: they take a token's whole row (`n_kv ·
-/// d`, contiguous) at a time into key `c`'s `[n_kv, d]` (contiguous), so the
-/// keys stream from memory once, front to back, and float32 rows are read in
-/// place. (A KV head at a time, rows `n_kv · d` apart, read the keys
-/// several times slower: the same bits.)
+/// d`, contiguous) once, front to back, and add it into every key whose
+/// window holds the token (one for fla's window; `kernel / stride` for
+/// overlapping windows, Eq. 9's two), each key's `[n_kv, d]` contiguous; a
+/// key is divided when its last token is in. So the keys stream from memory
+/// once and each row is decoded once, float32 rows read in place. (A KV head
+/// at a time, rows `n_kv · d` apart, read the keys several times slower; a
+/// key at a time read and decoded Eq. 9's rows twice: the same bits.)
+///
+/// At `isa`'s width (one body, each level compiling it with its own
+/// instructions: elementwise additions, products and divisions, no fused
+/// multiply-add, so the bits are the same at every level).
 fn compress(
+    isa: Isa,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv: usize,
+    d: usize,
+    ks: (usize, usize),
+    out: &mut [f32],
+) {
+    // SAFETY (bounds): none; the body slices its arguments (checked indexing).
+    crate::simd::dispatch!("nsa.compress", isa, {
+        avx512 => avx2,
+        avx2(token) => x86::compress_avx2(token, k, k_scale, n_kv, d, ks, out),
+        scalar => compress_body(k, k_scale, n_kv, d, ks, out),
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::compress_body;
+    use crate::keys::Encoded;
+    use crate::simd::Avx2;
+
+    /// [`compress_body`] compiled for AVX2 (the token proves the CPU has it).
+    #[target_feature(enable = "avx2")]
+    pub(super) fn compress_avx2(
+        _: Avx2,
+        k: Encoded<'_>,
+        k_scale: Option<&[f32]>,
+        n_kv: usize,
+        d: usize,
+        ks: (usize, usize),
+        out: &mut [f32],
+    ) {
+        compress_body(k, k_scale, n_kv, d, ks, out)
+    }
+}
+
+/// [`compress`], for the tests.
+#[cfg(test)]
+pub(super) fn compress_at(
+    isa: Isa,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv: usize,
+    d: usize,
+    ks: (usize, usize),
+    out: &mut [f32],
+) {
+    compress(isa, k, k_scale, n_kv, d, ks, out)
+}
+
+/// Runs the `nsa.compress` family at `isa` once (the reach test's probe).
+#[cfg(test)]
+pub(super) fn probe(isa: Isa) {
+    let k: Vec<f32> = (0..12).map(|t| t as f32).collect(); // [12 tokens, 1 head, d = 1]
+    let mut out = [0.0f32; 5];
+    compress(isa, Encoded::F32(&k), None, 1, 1, (4, 2), &mut out);
+    assert_eq!(out, [1.5, 3.5, 5.5, 7.5, 9.5]);
+}
+
+/// [`compress`]'s body, written once.
+#[inline(always)]
+fn compress_body(
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
     n_kv: usize,
@@ -206,18 +276,26 @@ fn compress(
     out: &mut [f32],
 ) {
     let w = n_kv * d;
+    let n_c = out.len() / w.max(1);
+    if n_c == 0 {
+        return;
+    }
     let mut buf = vec![0.0f32; if matches!(k, Encoded::F32(_)) { 0 } else { w }];
     let div = kernel as f32;
-    for (c, acc) in out.chunks_exact_mut(w).enumerate() {
-        acc.fill(0.0);
-        for t in c * stride..c * stride + kernel {
-            let row: &[f32] = match k {
-                Encoded::F32(s) => &s[t * w..(t + 1) * w],
-                _ => {
-                    k.decode(t * w, &mut buf);
-                    &buf
-                }
-            };
+    out.fill(0.0);
+    for t in 0..(n_c - 1) * stride + kernel {
+        let row: &[f32] = match k {
+            Encoded::F32(s) => &s[t * w..(t + 1) * w],
+            _ => {
+                k.decode(t * w, &mut buf);
+                &buf
+            }
+        };
+        // The keys whose window holds token `t`: `c·stride <= t < c·stride + kernel`.
+        let lo = (t + 1).saturating_sub(kernel).div_ceil(stride);
+        let hi = (t / stride).min(n_c - 1);
+        for c in lo..=hi {
+            let acc = &mut out[c * w..(c + 1) * w];
             match k_scale {
                 Some(sc) => {
                     let s = sc[t];
@@ -226,7 +304,10 @@ fn compress(
                 None => acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x),
             }
         }
-        acc.iter_mut().for_each(|a| *a /= div);
+        // Key `lo` is complete once its last token is in.
+        if t + 1 == lo * stride + kernel {
+            out[lo * w..(lo + 1) * w].iter_mut().for_each(|a| *a /= div);
+        }
     }
 }
 
@@ -251,7 +332,15 @@ pub fn compress_into(
     check_out(out.len(), n_c * n_kv_heads * d, || {
         format!("[n_c={n_c}, n_kv_heads={n_kv_heads}, d={d}]")
     })?;
-    compress(k, k_scale, n_kv_heads, d, (block_size, block_size), out);
+    compress(
+        Isa::best(),
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        (block_size, block_size),
+        out,
+    );
     Ok(())
 }
 
@@ -274,7 +363,7 @@ fn run<T: Send>(
     let n_c = geo.compressed_len(sh.seq_len);
     let mut ck = vec![0.0f32; n_c * sh.n_kv * sh.d];
     let kernel = (geo.kernel_size, geo.kernel_stride);
-    compress(k, k_scale, sh.n_kv, sh.d, kernel, &mut ck);
+    compress(isa, k, k_scale, sh.n_kv, sh.d, kernel, &mut ck);
     stage(isa, sh, q, &ck, n_c, (cfg, window), out, width, f);
 }
 
@@ -907,6 +996,7 @@ pub fn compress_window_into(
         || format!("[n_c={n_c}, n_kv_heads={n_kv_heads}, d={d}]"),
     )?;
     compress(
+        Isa::best(),
         k,
         k_scale,
         n_kv_heads,

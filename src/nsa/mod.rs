@@ -117,6 +117,13 @@ mod api;
 #[cfg(test)]
 mod tests;
 
+/// Runs NSA's kernel family (`nsa.compress`) at `isa` (the reach test's
+/// probe).
+#[cfg(test)]
+pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
+    api::probe(isa)
+}
+
 pub use api::{
     block_scores_compressed_into, block_scores_into, block_scores_packed_into,
     block_scores_window_into, compress_into, compress_window_into, select_compressed_into,

@@ -805,3 +805,55 @@ fn row_is_the_first_k_of_the_total_order() {
         }
     }
 }
+
+/// The compressed keys bit for bit the key-at-a-time sums (each key's rows
+/// added in token order, then one division), at every level: fla's window
+/// and overlapping ones, float32 with and without scales, bfloat16.
+#[test]
+fn compress_is_each_keys_token_ordered_sum_at_every_level() {
+    let mut seed = 21u64;
+    let (n_kv, d) = (3usize, 20usize);
+    let w = n_kv * d;
+    for &(seq, kernel, stride) in &[
+        (300usize, 16usize, 16usize),
+        (301, 8, 4),
+        (97, 32, 16),
+        (50, 6, 2),
+        (7, 8, 4),
+    ] {
+        let k = rand(&mut seed, seq * w);
+        let bf: Vec<u16> = k.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+        let scales: Vec<f32> = rand(&mut seed, seq).iter().map(|x| x * 0.7 + 1.5).collect();
+        let n_c = if seq < kernel {
+            0
+        } else {
+            (seq - kernel) / stride + 1
+        };
+        for (enc, sc) in [
+            (Encoded::F32(&k), None),
+            (Encoded::F32(&k), Some(&scales[..])),
+            (Encoded::Bf16(&bf), None),
+        ] {
+            let mut rows = vec![0.0f32; seq * w];
+            enc.decode(0, &mut rows);
+            let mut want = vec![0.0f32; n_c * w];
+            for (c, acc) in want.chunks_exact_mut(w).enumerate() {
+                for t in c * stride..c * stride + kernel {
+                    for (e, a) in acc.iter_mut().enumerate() {
+                        *a += match sc {
+                            Some(s) => rows[t * w + e] * s[t],
+                            None => rows[t * w + e],
+                        };
+                    }
+                }
+                acc.iter_mut().for_each(|a| *a /= kernel as f32);
+            }
+            for isa in isas_for_test() {
+                let mut got = vec![9.0f32; n_c * w];
+                super::api::compress_at(isa, enc, sc, n_kv, d, (kernel, stride), &mut got);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{isa:?} {seq} {kernel}/{stride}");
+            }
+        }
+    }
+}
