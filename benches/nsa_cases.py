@@ -10,6 +10,9 @@ fla's ``tests/ops/test_nsa.py`` ``HQ = 16 * H``), d = 128, fla's selection defau
   ``Tq < Tkv``: fla's ``Q_OFFSET``), float32 and bfloat16 keys, queries float32;
   and the paper's Eq. 9 window (``window="eq9"``, compressed keys of 32 tokens every
   16) over the float32 keys. Every call compresses the keys: one read of them;
+- **decode, cached**: the same queries on the compressed keys an engine keeps
+  (``nsa_select_compressed``, float32 and bfloat16 compressed keys, 4 MiB / 2 MiB): the
+  floor is stage 1's FMAs, or one read of the compressed keys;
 - **prefill**: 8,192 queries over their own 8,192 tokens (``Tq = Tkv``), float32
   and bfloat16 keys. The floor counts the keys (16 MiB float32) but not the
   queries (256 MiB): their ``np.copyto`` is printed beside it as a share of the floor.
@@ -54,10 +57,11 @@ def compressed_len(n: int, kernel: int, stride: int) -> int:
     return 0 if n < kernel else (n - kernel) // stride + 1
 
 
-def rule_fmas(n, n_q, hq, h, d, bs, kernel, stride) -> int:
+def rule_fmas(n, n_q, hq, h, d, bs, kernel, stride, cached=False) -> int:
     """The rule's FMAs for the last ``n_q`` queries of ``n`` tokens (see the module
-    docs): the compressed keys, then stage 1 (and Eq. 9's sums) per query."""
-    means = compressed_len(n, kernel, stride) * h * d * (kernel + 1)
+    docs): the compressed keys (none when ``cached``), then stage 1 (and Eq. 9's sums)
+    per query."""
+    means = 0 if cached else compressed_len(n, kernel, stride) * h * d * (kernel + 1)
     per_block = 0 if kernel == stride == bs else (bs // stride) * (kernel // stride)
     stage1 = 0
     for p in range(n - n_q, n):
@@ -88,13 +92,20 @@ def main(reps: int = 7) -> None:
     kb = k.astype(ml_dtypes.bfloat16)
     q = rng.standard_normal((n_q, hq, d), dtype=np.float32)
     dst, dst_b = np.empty_like(k), np.empty_like(kb)
+    ck = ks.nsa_compress_keys(k)
+    ckb = ck.astype(ml_dtypes.bfloat16)
+    cdst, cdst_b = np.empty_like(ck), np.empty_like(ckb)
     t = thread_medians(
         {
             "f32": lambda: ks.nsa_select(q, k, counts),
             "bf16": lambda: ks.nsa_select(q, kb, counts),
             "eq9": lambda: ks.nsa_select(q, k, counts, window="eq9"),
+            "cached": lambda: ks.nsa_select_compressed(q, ck, n, counts),
+            "cached_b": lambda: ks.nsa_select_compressed(q, ckb, n, counts),
             "copy": lambda: np.copyto(dst, k),
             "copy_b": lambda: np.copyto(dst_b.view(np.uint16), kb.view(np.uint16)),
+            "ccopy": lambda: np.copyto(cdst, ck),
+            "ccopy_b": lambda: np.copyto(cdst_b.view(np.uint16), ckb.view(np.uint16)),
         },
         reps,
     )
@@ -104,6 +115,9 @@ def main(reps: int = 7) -> None:
     print(report(f"decode bf16 keys, {shape}", t["bf16"], fmas, rate, t["copy_b"]))
     fmas9 = rule_fmas(n, n_q, hq, h, d, bs, 32, 16)
     print(report(f"decode f32 keys, eq9 (32/16), {shape}", t["eq9"], fmas9, rate, t["copy"]))
+    fmas_c = rule_fmas(n, n_q, hq, h, d, bs, bs, bs, cached=True)
+    print(report(f"decode cached f32 compressed keys, {shape}", t["cached"], fmas_c, rate, t["ccopy"]))
+    print(report(f"decode cached bf16 compressed keys, {shape}", t["cached_b"], fmas_c, rate, t["ccopy_b"]))
     del k, kb, dst, dst_b
 
     # Prefill: every query of a sequence.

@@ -720,6 +720,7 @@ mod tests {
         ("moba.gates", crate::moba::dispatch_probe),
         ("moba.sums", crate::moba::dispatch_probe),
         ("eviction.scores", crate::eviction::dispatch_probe),
+        ("nsa.compress", crate::nsa::dispatch_probe),
     ];
 
     /// The levels a family has no kernel for, refused by name (`avx512 =>
@@ -739,6 +740,7 @@ mod tests {
         ("moba.gates", Level::Avx512, Level::Avx2),
         ("moba.sums", Level::Avx512, Level::Avx2),
         ("eviction.scores", Level::Avx512, Level::Avx2),
+        ("nsa.compress", Level::Avx512, Level::Avx2),
     ];
 
     /// A level added to the dispatch is reached by every kernel family, or

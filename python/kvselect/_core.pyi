@@ -32,6 +32,9 @@ __all__ = [
     "infllm_select_paged",
     "nsa_block_scores",
     "nsa_select",
+    "nsa_compress_keys",
+    "nsa_block_scores_compressed",
+    "nsa_select_compressed",
     "snapkv_scores",
     "tova_scores",
     "observed_attention_scores",
@@ -3608,6 +3611,203 @@ def nsa_select(
     >>> q = np.ones((1, 2, 4), dtype=np.float32)
     >>> k = np.zeros((20, 1, 4), dtype=np.float32); k[8:12] = 1.0
     >>> kvselect.nsa_select(q, k, 4, block_size=4)[0, 0].tolist()
+    [0, 2, 3, 4]
+    """
+
+def nsa_compress_keys(
+    k: _ArrayIn,
+    *,
+    block_size: int = 64,
+    k_scale: Optional[_ArrayIn] = None,
+    key_format: Optional[str] = None,
+    window: str = "fla",
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
+) -> npt.NDArray[np.float32]:
+    """The compressed keys NSA's selection reads, as kvselect computes them:
+    what a serving engine caches and extends as blocks complete, and hands to
+    :func:`nsa_select_compressed` at decode.
+
+    ``window='fla'`` (default): key ``c`` the mean of the keys of block ``c``
+    (tokens ``c * block_size ..``), the complete blocks only (``seq_len //
+    block_size`` keys; fla's ``mean_pooling`` also averages the trailing
+    incomplete block, which no query reads). ``window='eq9'``: key ``c`` the mean
+    of tokens ``c * kernel_stride .. c * kernel_stride + kernel_size``. Float32:
+    each element the sum of its tokens in token order, then one division (each
+    key times its token's ``k_scale`` first, rounded); the bits
+    :func:`nsa_select` computes from the same keys.
+
+    Parameters
+    ----------
+    k : array_like, [seq_len, n_kv_heads, d]
+        The sequence's keys, any key format, read in place.
+    block_size : int, optional
+        Tokens a block (fla's 64).
+    k_scale : array_like of float32, [seq_len], optional
+        Each token's key scale (fp8 keys): its value is ``k * scale``.
+    key_format : str, optional
+        The format of raw uint16 / uint8 ``k``.
+    window, kernel_size, kernel_stride : optional
+        As :func:`nsa_block_scores`.
+
+    Returns
+    -------
+    ndarray of float32, [n_c, n_kv_heads, d]
+        ``n_c = seq_len // block_size`` (fla's window) or ``(seq_len - kernel_size) //
+        kernel_stride + 1`` (0 below ``kernel_size`` tokens; Eq. 9's).
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when ``k`` is not 3-D or is empty
+        (``k``); ``k_scale`` is not one per token; ``block_size`` is 0; ``window``
+        names nothing (``window``); Eq. 9's stride does not divide ``block_size`` or
+        ``kernel_size`` (``kernel_stride``, ``kernel_size``).
+
+    See Also
+    --------
+    nsa_select_compressed : the rows from these keys.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> k = np.arange(10, dtype=np.float32).reshape(10, 1, 1)
+    >>> kvselect.nsa_compress_keys(k, block_size=4)[:, 0, 0].tolist()
+    [1.5, 5.5]
+    """
+
+def nsa_block_scores_compressed(
+    q: _ArrayIn,
+    ck: _ArrayIn,
+    seq_len: int,
+    *,
+    block_size: int = 64,
+    init_blocks: int = 1,
+    local_blocks: int = 2,
+    scale: Optional[float] = None,
+    ck_scale: Optional[_ArrayIn] = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+    window: str = "fla",
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
+) -> npt.NDArray[np.float32]:
+    """:func:`nsa_block_scores` on given compressed keys, as a serving engine keeps
+    them: the decode path of an engine that caches the mean-pooled keys and
+    extends the cache as blocks complete (fla's NSA decode reads such a cache).
+
+    ``ck`` holds exactly the compressed keys of ``seq_len`` tokens
+    (:func:`nsa_compress_keys`' layout and count); the queries are the sequence's
+    last ``n_q`` tokens, as in :func:`nsa_block_scores`. The result equals
+    :func:`nsa_block_scores` bit for bit on any keys whose compressed keys have
+    ``ck``'s values: from the compressed keys on, the two run the same code.
+
+    Parameters
+    ----------
+    q : array_like, [n_q, n_q_heads, d]
+        The queries, as :func:`nsa_block_scores`.
+    ck : array_like, [n_c, n_kv_heads, d]
+        The compressed keys: ``n_c = seq_len // block_size`` (fla's window; the
+        complete blocks' means) or Eq. 9's ``(seq_len - kernel_size) // kernel_stride
+        + 1`` (0 below ``kernel_size`` tokens). Any key format, read in place
+        (float32 without a copy).
+    seq_len : int
+        Tokens in the sequence, the queries' own included (a query's block and the
+        blocks it has seen whole depend on it, not on ``n_c`` alone).
+    block_size, init_blocks, local_blocks, scale, window, kernel_size, kernel_stride
+        As :func:`nsa_block_scores`.
+    ck_scale : array_like of float32, [n_c], optional
+        Each compressed key's scale (fp8 keys): its value is ``ck * scale``, rounded
+        to float32.
+    query_format, key_format : str, optional
+        The formats of raw uint16 / uint8 ``q`` and ``ck``.
+
+    Returns
+    -------
+    ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)]
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when ``q`` or ``ck`` is not 3-D or
+        their ``d`` differ (``q``, ``ck``); ``ck`` does not hold ``seq_len``'s
+        compressed keys (``ck``); ``ck_scale`` is not one per compressed key;
+        ``seq_len`` is 0; ``q``'s heads are not a multiple of ``ck``'s or there are
+        more queries than tokens (``q``); ``scale`` is not finite; ``block_size`` is
+        0; ``window`` names nothing (``window``); Eq. 9's stride does not divide
+        ``block_size`` or ``kernel_size`` (``kernel_stride``, ``kernel_size``).
+
+    See Also
+    --------
+    nsa_select_compressed : the blocks each query reads.
+    nsa_compress_keys : the compressed keys.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> q = np.ones((1, 2, 4), dtype=np.float32)
+    >>> k = np.zeros((20, 1, 4), dtype=np.float32); k[8:12] = 1.0
+    >>> ck = kvselect.nsa_compress_keys(k, block_size=4)
+    >>> s = kvselect.nsa_block_scores_compressed(q, ck, 20, block_size=4)
+    >>> np.array_equal(s, kvselect.nsa_block_scores(q, k, block_size=4))
+    True
+    """
+
+def nsa_select_compressed(
+    q: _ArrayIn,
+    ck: _ArrayIn,
+    seq_len: int,
+    block_counts: int = 16,
+    *,
+    block_size: int = 64,
+    init_blocks: int = 1,
+    local_blocks: int = 2,
+    scale: Optional[float] = None,
+    ck_scale: Optional[_ArrayIn] = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+    window: str = "fla",
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
+) -> npt.NDArray[np.int32]:
+    """:func:`nsa_select` on given compressed keys (see
+    :func:`nsa_block_scores_compressed`): the rows an engine's decode reads,
+    equal to :func:`nsa_select`'s on any keys whose compressed keys have
+    ``ck``'s values.
+
+    Parameters
+    ----------
+    q, ck, seq_len
+        As :func:`nsa_block_scores_compressed`.
+    block_counts : int, optional
+        Blocks a row (fla's 16), at least 1.
+    block_size, init_blocks, local_blocks, scale, ck_scale, query_format, key_format
+        As :func:`nsa_block_scores_compressed`.
+    window, kernel_size, kernel_stride : optional
+        As :func:`nsa_block_scores`.
+
+    Returns
+    -------
+    ndarray of int32, [n_q, n_kv_heads, block_counts]
+        Block ids ascending, then ``-1``.
+
+    Raises
+    ------
+    SelectionError
+        As :func:`nsa_block_scores_compressed`, and when ``block_counts`` is 0
+        (``block_counts``).
+
+    See Also
+    --------
+    nsa_select : the same rows from the keys.
+    nsa_compress_keys : the compressed keys.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> q = np.ones((1, 2, 4), dtype=np.float32)
+    >>> ck = np.zeros((5, 1, 4), dtype=np.float32); ck[2] = 1.0
+    >>> kvselect.nsa_select_compressed(q, ck, 20, 4, block_size=4)[0, 0].tolist()
     [0, 2, 3, 4]
     """
 

@@ -14,7 +14,21 @@ impl Packed {
     /// Packs keys `0..n_c` of KV head `g` of `ck` (`[n_c, n_kv_heads, d]`,
     /// float32).
     pub(crate) fn new(isa: Isa, ck: &[f32], n_c: usize, n_kv: usize, g: usize, d: usize) -> Packed {
-        let mut keys = Vec::new();
+        Packed::new_in(Vec::new(), isa, ck, n_c, n_kv, g, d)
+    }
+
+    /// [`Packed::new`] into `keys`, a buffer reused from an earlier call
+    /// (its old contents only fill the padding keys, whose scores are never
+    /// read: `softmax_sums` masks every key from `n_vis` on).
+    pub(crate) fn new_in(
+        mut keys: Vec<f32>,
+        isa: Isa,
+        ck: &[f32],
+        n_c: usize,
+        n_kv: usize,
+        g: usize,
+        d: usize,
+    ) -> Packed {
         pack_keys(isa, &mut keys, ck, d, n_c, |j| (j * n_kv + g) * d);
         if keys.len() < n_c.next_multiple_of(2 * KEY_TILE) * d {
             keys.resize(n_c.next_multiple_of(2 * KEY_TILE) * d, 0.0);

@@ -80,6 +80,19 @@ fn check(
     cfg: &Config,
 ) -> Result<Shape, ArgumentError> {
     let seq_len = check_keys(k_len, k_scale, n_kv_heads, d, cfg.block_size)?;
+    check_queries(q_len, n_q_heads, n_kv_heads, d, seq_len, cfg)
+}
+
+/// Checks the queries' heads and count against `seq_len` tokens and the
+/// scale (`d`, `n_kv_heads` already checked nonzero); returns the shape.
+fn check_queries(
+    q_len: usize,
+    n_q_heads: usize,
+    n_kv_heads: usize,
+    d: usize,
+    seq_len: usize,
+    cfg: &Config,
+) -> Result<Shape, ArgumentError> {
     if n_q_heads == 0 || !n_q_heads.is_multiple_of(n_kv_heads) {
         return Err(invalid(
             "q",
@@ -117,6 +130,61 @@ fn check(
     })
 }
 
+/// Checks a call on given compressed keys: the sizes, `seq_len` (at least
+/// 1), `ck` exactly `seq_len`'s compressed keys under `window`, `ck_scale`
+/// one per compressed key, then the queries; returns the shape and `n_c`.
+#[allow(clippy::too_many_arguments)]
+fn check_compressed(
+    q_len: usize,
+    n_q_heads: usize,
+    ck_len: usize,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    seq_len: usize,
+    cfg: &Config,
+    window: Window,
+) -> Result<(Shape, usize), ArgumentError> {
+    if d == 0 {
+        return Err(invalid("d", "d must be at least 1".into()));
+    }
+    if n_kv_heads == 0 {
+        return Err(invalid(
+            "n_kv_heads",
+            "n_kv_heads must be at least 1".into(),
+        ));
+    }
+    if cfg.block_size == 0 {
+        return Err(invalid(
+            "block_size",
+            "block_size must be at least 1".into(),
+        ));
+    }
+    window.check(cfg.block_size)?;
+    if seq_len == 0 {
+        return Err(invalid(
+            "seq_len",
+            "seq_len must be at least 1 (the query's own token)".into(),
+        ));
+    }
+    let n_c = window.geometry(cfg.block_size).compressed_len(seq_len);
+    check_len(
+        "ck",
+        ck_len,
+        checked_size("ck", &[n_c, n_kv_heads, d])?,
+        || {
+            format!(
+                "[n_c={n_c} (compressed keys of {seq_len} tokens), n_kv_heads={n_kv_heads}, d={d}]"
+            )
+        },
+    )?;
+    if let Some(s) = ck_scale {
+        check_len("ck_scale", s.len(), n_c, || format!("[n_c={n_c}]"))?;
+    }
+    let sh = check_queries(q_len, n_q_heads, n_kv_heads, d, seq_len, cfg)?;
+    Ok((sh, n_c))
+}
+
 /// The compressed keys, unchecked: `out` (`[n_c, n_kv, d]`) key `c` the
 /// float32 mean of the rows of tokens `c·stride .. c·stride + kernel`
 /// (fla's window: `kernel = stride = bs`, each complete block's mean),
@@ -125,11 +193,81 @@ fn check(
 ///
 /// Each element's sum is its own chain (token order, then the division), so
 /// the loops may run in any order: they take a token's whole row (`n_kv ·
-/// d`, contiguous) at a time into key `c`'s `[n_kv, d]` (contiguous), so the
-/// keys stream from memory once, front to back, and float32 rows are read in
-/// place. (A KV head at a time, rows `n_kv · d` apart, read the keys
-/// several times slower: the same bits.)
+/// d`, contiguous) once, front to back, and add it into every key whose
+/// window holds the token (one for fla's window; `kernel / stride` for
+/// overlapping windows, Eq. 9's two), each key's `[n_kv, d]` contiguous; a
+/// key is divided when its last token is in. So the keys stream from memory
+/// once and each row is decoded once, float32 rows read in place. (A KV head
+/// at a time, rows `n_kv · d` apart, read the keys several times slower; a
+/// key at a time read and decoded Eq. 9's rows twice: the same bits.)
+///
+/// At `isa`'s width (one body, each level compiling it with its own
+/// instructions: elementwise additions, products and divisions, no fused
+/// multiply-add, so the bits are the same at every level).
 fn compress(
+    isa: Isa,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv: usize,
+    d: usize,
+    ks: (usize, usize),
+    out: &mut [f32],
+) {
+    // SAFETY (bounds): none; the body slices its arguments (checked indexing).
+    crate::simd::dispatch!("nsa.compress", isa, {
+        avx512 => avx2,
+        avx2(token) => x86::compress_avx2(token, k, k_scale, n_kv, d, ks, out),
+        scalar => compress_body(k, k_scale, n_kv, d, ks, out),
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::compress_body;
+    use crate::keys::Encoded;
+    use crate::simd::Avx2;
+
+    /// [`compress_body`] compiled for AVX2 (the token proves the CPU has it).
+    #[target_feature(enable = "avx2")]
+    pub(super) fn compress_avx2(
+        _: Avx2,
+        k: Encoded<'_>,
+        k_scale: Option<&[f32]>,
+        n_kv: usize,
+        d: usize,
+        ks: (usize, usize),
+        out: &mut [f32],
+    ) {
+        compress_body(k, k_scale, n_kv, d, ks, out)
+    }
+}
+
+/// [`compress`], for the tests.
+#[cfg(test)]
+pub(super) fn compress_at(
+    isa: Isa,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv: usize,
+    d: usize,
+    ks: (usize, usize),
+    out: &mut [f32],
+) {
+    compress(isa, k, k_scale, n_kv, d, ks, out)
+}
+
+/// Runs the `nsa.compress` family at `isa` once (the reach test's probe).
+#[cfg(test)]
+pub(super) fn probe(isa: Isa) {
+    let k: Vec<f32> = (0..12).map(|t| t as f32).collect(); // [12 tokens, 1 head, d = 1]
+    let mut out = [0.0f32; 5];
+    compress(isa, Encoded::F32(&k), None, 1, 1, (4, 2), &mut out);
+    assert_eq!(out, [1.5, 3.5, 5.5, 7.5, 9.5]);
+}
+
+/// [`compress`]'s body, written once.
+#[inline(always)]
+fn compress_body(
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
     n_kv: usize,
@@ -138,18 +276,26 @@ fn compress(
     out: &mut [f32],
 ) {
     let w = n_kv * d;
+    let n_c = out.len() / w.max(1);
+    if n_c == 0 {
+        return;
+    }
     let mut buf = vec![0.0f32; if matches!(k, Encoded::F32(_)) { 0 } else { w }];
     let div = kernel as f32;
-    for (c, acc) in out.chunks_exact_mut(w).enumerate() {
-        acc.fill(0.0);
-        for t in c * stride..c * stride + kernel {
-            let row: &[f32] = match k {
-                Encoded::F32(s) => &s[t * w..(t + 1) * w],
-                _ => {
-                    k.decode(t * w, &mut buf);
-                    &buf
-                }
-            };
+    out.fill(0.0);
+    for t in 0..(n_c - 1) * stride + kernel {
+        let row: &[f32] = match k {
+            Encoded::F32(s) => &s[t * w..(t + 1) * w],
+            _ => {
+                k.decode(t * w, &mut buf);
+                &buf
+            }
+        };
+        // The keys whose window holds token `t`: `c·stride <= t < c·stride + kernel`.
+        let lo = (t + 1).saturating_sub(kernel).div_ceil(stride);
+        let hi = (t / stride).min(n_c - 1);
+        for c in lo..=hi {
+            let acc = &mut out[c * w..(c + 1) * w];
             match k_scale {
                 Some(sc) => {
                     let s = sc[t];
@@ -158,7 +304,10 @@ fn compress(
                 None => acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x),
             }
         }
-        acc.iter_mut().for_each(|a| *a /= div);
+        // Key `lo` is complete once its last token is in.
+        if t + 1 == lo * stride + kernel {
+            out[lo * w..(lo + 1) * w].iter_mut().for_each(|a| *a /= div);
+        }
     }
 }
 
@@ -183,12 +332,21 @@ pub fn compress_into(
     check_out(out.len(), n_c * n_kv_heads * d, || {
         format!("[n_c={n_c}, n_kv_heads={n_kv_heads}, d={d}]")
     })?;
-    compress(k, k_scale, n_kv_heads, d, (block_size, block_size), out);
+    compress(
+        Isa::best(),
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        (block_size, block_size),
+        out,
+    );
     Ok(())
 }
 
-/// Runs `f(row, block_scores)` for every query `i` and KV head `g` (row
-/// `i · n_kv + g` of `out`, `width` wide), on the crate's pool.
+/// Runs `f(row, block_scores, ids)` for every query `i` and KV head `g`
+/// (row `i · n_kv + g` of `out`, `width` wide) on the keys' compressed keys,
+/// on the crate's pool (`ids` is scratch for the row's top-k).
 #[allow(clippy::too_many_arguments)]
 fn run<T: Send>(
     isa: Isa,
@@ -199,47 +357,103 @@ fn run<T: Send>(
     (cfg, window): (&Config, Window),
     out: &mut [T],
     width: usize,
-    f: impl Fn(&mut [T], &[f32]) + Sync + Send,
+    f: impl Fn(&mut [T], &[f32], &mut Vec<u32>) + Sync + Send,
+) {
+    let geo = window.geometry(cfg.block_size);
+    let n_c = geo.compressed_len(sh.seq_len);
+    let mut ck = vec![0.0f32; n_c * sh.n_kv * sh.d];
+    let kernel = (geo.kernel_size, geo.kernel_stride);
+    compress(isa, k, k_scale, sh.n_kv, sh.d, kernel, &mut ck);
+    stage(isa, sh, q, &ck, n_c, (cfg, window), out, width, f);
+}
+
+/// A thread's scratch, reused across the rows and the calls it computes
+/// (fresh buffers a row cost more than stage 1 at decode: each large one
+/// is a new mapping the kernel zero-fills page by page).
+#[derive(Default)]
+struct RowScratch {
+    stage1: Scratch,
+    blocks: Vec<f32>,
+    ids: Vec<u32>,
+}
+
+thread_local! {
+    static ROW_SCRATCH: std::cell::RefCell<RowScratch> = std::cell::RefCell::default();
+    /// The calling thread's packed-key buffers, kept between calls up to
+    /// [`PACKED_KEEP`] floats: a decode call on 131,072 tokens packs 4 MiB,
+    /// and a fresh buffer each call cost a third of the call in page faults
+    /// and zeroing (AMD EPYC Zen 3, one thread).
+    static PACKED_BUFS: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The most packed-key floats a thread keeps between calls (64 MiB).
+const PACKED_KEEP: usize = 1 << 24;
+
+/// [`run`] on given compressed keys `ck` (`[n_c, n_kv, d]`, float32): stage
+/// 1, the block scores and `f` for every row. The bits depend only on `ck`,
+/// `q` and the settings, so a call on an engine's cached compressed keys
+/// equals one that compressed the same keys itself.
+#[allow(clippy::too_many_arguments)]
+fn stage<T: Send>(
+    isa: Isa,
+    sh: &Shape,
+    q: Encoded<'_>,
+    ck: &[f32],
+    n_c: usize,
+    (cfg, window): (&Config, Window),
+    out: &mut [T],
+    width: usize,
+    f: impl Fn(&mut [T], &[f32], &mut Vec<u32>) + Sync + Send,
 ) {
     let (d, g_heads) = (sh.d, sh.group());
     let geo = window.geometry(cfg.block_size);
-    let (n_c, nb) = (geo.compressed_len(sh.seq_len), cfg.n_blocks(sh.seq_len));
+    let nb = cfg.n_blocks(sh.seq_len);
     // Float32 queries are read in place; other formats decoded once.
-    let qv: std::borrow::Cow<'_, [f32]> = match q {
-        Encoded::F32(s) => std::borrow::Cow::Borrowed(s),
-        _ => {
-            let mut v = vec![0.0f32; q.len()];
-            q.decode(0, &mut v);
-            std::borrow::Cow::Owned(v)
-        }
-    };
-    let mut ck = vec![0.0f32; n_c * sh.n_kv * d];
-    let kernel = (geo.kernel_size, geo.kernel_stride);
-    compress(k, k_scale, sh.n_kv, d, kernel, &mut ck);
+    let qv = decoded(q, None, 0);
+    let mut bufs = PACKED_BUFS.with_borrow_mut(std::mem::take);
     let packed: Vec<Packed> = (0..sh.n_kv)
-        .map(|g| Packed::new(isa, &ck, n_c, sh.n_kv, g, d))
+        .map(|g| Packed::new_in(bufs.pop().unwrap_or_default(), isa, ck, n_c, sh.n_kv, g, d))
         .collect();
     let work = g_heads * n_c.max(1) * d;
     crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(work), |r, o| {
         let (i, g) = (r / sh.n_kv, r % sh.n_kv);
         let p = sh.pos(i);
         let qg = &qv[(i * sh.hq + g * g_heads) * d..(i * sh.hq + (g + 1) * g_heads) * d];
-        let mut scratch = Scratch::default();
-        let n_vis = geo.visible(p);
-        group_sums(
-            isa,
-            qg,
-            g_heads,
-            d,
-            &packed[g],
-            n_vis,
-            cfg.scale,
-            &mut scratch,
-        );
-        let mut blocks = vec![0.0f32; nb];
-        block_scores(cfg, window, &scratch.sums, p, &mut blocks);
-        f(o, &blocks);
+        ROW_SCRATCH.with_borrow_mut(|s| {
+            let RowScratch {
+                stage1,
+                blocks,
+                ids,
+            } = s;
+            let n_vis = geo.visible(p);
+            group_sums(isa, qg, g_heads, d, &packed[g], n_vis, cfg.scale, stage1);
+            blocks.clear();
+            blocks.resize(nb, 0.0);
+            block_scores(cfg, window, &stage1.sums, p, blocks);
+            f(o, blocks, ids);
+        });
     });
+    bufs.extend(packed.into_iter().map(|p| p.keys));
+    if bufs.iter().map(Vec::capacity).sum::<usize>() <= PACKED_KEEP {
+        PACKED_BUFS.with_borrow_mut(|b| *b = bufs);
+    }
+}
+
+/// `x` as float32, each row of `row` values times its scale: borrowed when
+/// it is unscaled float32 (no copy), else decoded (the product rounded to
+/// float32, as [`compress`] rounds a scaled key).
+fn decoded<'a>(x: Encoded<'a>, scale: Option<&[f32]>, row: usize) -> std::borrow::Cow<'a, [f32]> {
+    if let (Encoded::F32(v), None) = (x, scale) {
+        return std::borrow::Cow::Borrowed(v);
+    }
+    let mut v = vec![0.0f32; x.len()];
+    x.decode(0, &mut v);
+    if let Some(s) = scale {
+        for (r, &c) in v.chunks_mut(row.max(1)).zip(s) {
+            r.iter_mut().for_each(|x| *x *= c);
+        }
+    }
+    std::borrow::Cow::Owned(v)
 }
 
 /// Every block's score for the queries at the end of one sequence:
@@ -421,15 +635,14 @@ pub(super) fn select_window_at(
 
 /// A block-score row: the sequence's blocks, then NaN to the row's width
 /// (a packed call's rows are as wide as its longest sequence's blocks).
-fn score_row(o: &mut [f32], blocks: &[f32]) {
+fn score_row(o: &mut [f32], blocks: &[f32], _: &mut Vec<u32>) {
     o[..blocks.len()].copy_from_slice(blocks);
     o[blocks.len()..].fill(f32::NAN);
 }
 
 /// A selection row from its block scores.
-fn select_row(o: &mut [i32], blocks: &[f32]) {
-    let mut ids = Vec::new();
-    row(blocks, &mut ids, o);
+fn select_row(o: &mut [i32], blocks: &[f32], ids: &mut Vec<u32>) {
+    row(blocks, ids, o);
 }
 
 fn check_out(got: usize, want: usize, shape: impl FnOnce() -> String) -> Result<(), ArgumentError> {
@@ -547,7 +760,7 @@ fn run_packed<T: Send>(
     cfg: &Config,
     out: &mut [T],
     width: usize,
-    f: impl Fn(&mut [T], &[f32]) + Sync + Send + Copy,
+    f: impl Fn(&mut [T], &[f32], &mut Vec<u32>) + Sync + Send + Copy,
 ) {
     for (sh, q0, k0) in seqs.iter().filter(|s| s.0.n_q > 0) {
         let (qr, kr) = (sh.hq * sh.d, sh.n_kv * sh.d);
@@ -750,4 +963,198 @@ pub fn select_window_into(
         window,
         out,
     )
+}
+
+/// [`compress_into`] under `window`: `out` (`[n_c, n_kv_heads, d]`, `n_c`
+/// the window's compressed keys of `seq_len` tokens) key `c` the float32
+/// mean of tokens `c·stride .. c·stride + kernel` (fla's window: each
+/// complete block's mean, `n_c = seq_len / block_size`; Eq. 9's: `kernel`
+/// tokens every `stride`). These are the bits every entry point on the
+/// keys computes, so an engine that caches them and calls
+/// [`select_compressed_into`] gets the rows [`select_window_into`] returns.
+///
+/// # Errors
+/// As [`compress_into`]; a window whose sizes are 0 or do not divide the
+/// block and the kernel into strides (`kernel_size`, `kernel_stride`).
+#[allow(clippy::too_many_arguments)]
+pub fn compress_window_into(
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    block_size: usize,
+    window: Window,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    let seq_len = check_keys(k.len(), k_scale, n_kv_heads, d, block_size)?;
+    window.check(block_size)?;
+    let geo = window.geometry(block_size);
+    let n_c = geo.compressed_len(seq_len);
+    check_out(
+        out.len(),
+        checked_size("out", &[n_c, n_kv_heads, d])?,
+        || format!("[n_c={n_c}, n_kv_heads={n_kv_heads}, d={d}]"),
+    )?;
+    compress(
+        Isa::best(),
+        k,
+        k_scale,
+        n_kv_heads,
+        d,
+        (geo.kernel_size, geo.kernel_stride),
+        out,
+    );
+    Ok(())
+}
+
+/// [`block_scores_window_into`] on given compressed keys, as a serving
+/// engine keeps them (fla's decode reads a cache of them, extended as
+/// blocks complete): `ck` `[n_c, n_kv_heads, d]`, `n_c` exactly the
+/// window's compressed keys of `seq_len` tokens (`seq_len / block_size`
+/// for fla's window), any key format read in place, optionally each row
+/// times `ck_scale[c]` (fp8 keys; the product rounded to float32). The
+/// queries are the sequence's last `n_q` tokens, as there.
+///
+/// Equal bit for bit to [`block_scores_window_into`] on keys whose
+/// compressed keys ([`compress_window_into`]) equal `ck`'s float32 values:
+/// from the compressed keys on, the two run the same code.
+///
+/// # Errors
+/// A zero `d`, `n_kv_heads` or `block_size` (named), the window's sizes
+/// (`kernel_size`, `kernel_stride`), `seq_len` 0 (`seq_len`), `ck` not
+/// `[n_c, n_kv_heads, d]` for `seq_len` (`ck`), `ck_scale` not one per
+/// compressed key (`ck_scale`), and the queries as
+/// [`block_scores_into`] (`q`, `scale`), `out` of another size (`out`).
+/// Nothing is written before every check has passed.
+#[allow(clippy::too_many_arguments)]
+pub fn block_scores_compressed_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    ck: Encoded<'_>,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    seq_len: usize,
+    (cfg, window): (&Config, Window),
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    block_scores_compressed_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        ck,
+        ck_scale,
+        n_kv_heads,
+        d,
+        seq_len,
+        (cfg, window),
+        out,
+    )
+}
+
+/// [`block_scores_compressed_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_scores_compressed_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    ck: Encoded<'_>,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    seq_len: usize,
+    (cfg, window): (&Config, Window),
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    let (sh, n_c) = check_compressed(
+        q.len(),
+        n_q_heads,
+        ck.len(),
+        ck_scale,
+        n_kv_heads,
+        d,
+        seq_len,
+        cfg,
+        window,
+    )?;
+    let nb = cfg.n_blocks(seq_len);
+    check_out(
+        out.len(),
+        checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
+        || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
+    )?;
+    let ckv = decoded(ck, ck_scale, n_kv_heads * d);
+    stage(isa, &sh, q, &ckv, n_c, (cfg, window), out, nb, score_row);
+    Ok(())
+}
+
+/// [`select_window_into`] on given compressed keys (see
+/// [`block_scores_compressed_into`]): `out` `[n_q, n_kv_heads,
+/// block_counts]`, equal to [`select_window_into`]'s rows on keys whose
+/// compressed keys equal `ck`'s values.
+///
+/// # Errors
+/// `block_counts` 0 (`block_counts`), and as
+/// [`block_scores_compressed_into`].
+#[allow(clippy::too_many_arguments)]
+pub fn select_compressed_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    ck: Encoded<'_>,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    seq_len: usize,
+    (cfg, window): (&Config, Window),
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    select_compressed_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        ck,
+        ck_scale,
+        n_kv_heads,
+        d,
+        seq_len,
+        (cfg, window),
+        out,
+    )
+}
+
+/// [`select_compressed_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn select_compressed_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    ck: Encoded<'_>,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    seq_len: usize,
+    (cfg, window): (&Config, Window),
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    check_block_counts(cfg)?;
+    let (sh, n_c) = check_compressed(
+        q.len(),
+        n_q_heads,
+        ck.len(),
+        ck_scale,
+        n_kv_heads,
+        d,
+        seq_len,
+        cfg,
+        window,
+    )?;
+    let w = cfg.block_counts;
+    check_out(
+        out.len(),
+        checked_size("out", &[sh.n_q, sh.n_kv, w])?,
+        || format!("[n_q={}, n_kv_heads={}, block_counts={w}]", sh.n_q, sh.n_kv),
+    )?;
+    let ckv = decoded(ck, ck_scale, n_kv_heads * d);
+    stage(isa, &sh, q, &ckv, n_c, (cfg, window), out, w, select_row);
+    Ok(())
 }

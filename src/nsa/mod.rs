@@ -117,8 +117,16 @@ mod api;
 #[cfg(test)]
 mod tests;
 
+/// Runs NSA's kernel family (`nsa.compress`) at `isa` (the reach test's
+/// probe).
+#[cfg(test)]
+pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
+    api::probe(isa)
+}
+
 pub use api::{
-    block_scores_into, block_scores_packed_into, block_scores_window_into, compress_into,
+    block_scores_compressed_into, block_scores_into, block_scores_packed_into,
+    block_scores_window_into, compress_into, compress_window_into, select_compressed_into,
     select_into, select_packed_into, select_window_into,
 };
 
@@ -292,25 +300,54 @@ pub(crate) fn block_scores(cfg: &Config, window: Window, sums: &[f32], p: usize,
 /// The row of a query from its block scores: the candidates (scores other than
 /// `−inf`) in the total order, the first `out.len()` of them ascending,
 /// then `-1`. `ids` is scratch.
+///
+/// The order is strict (ids differ), so its first `k` are one set, however
+/// found: for `k <= `[`ROW_SCAN_MAX`] one pass keeps the best `k` so far,
+/// sorted (a block enters only if it comes before the `k`-th; at decode
+/// few do), else a quickselect over all the candidates.
 pub(crate) fn row(scores: &[f32], ids: &mut Vec<u32>, out: &mut [i32]) {
-    ids.clear();
-    ids.extend((0..scores.len() as u32).filter(|&b| scores[b as usize] != f32::NEG_INFINITY));
-    let cmp = |a: &u32, b: &u32| {
+    use std::cmp::Ordering::Less;
+    let before = |a: u32, b: u32| {
         crate::infllm::select::before(
-            scores[*a as usize],
-            *a as usize,
-            scores[*b as usize],
-            *b as usize,
+            scores[a as usize],
+            a as usize,
+            scores[b as usize],
+            b as usize,
         )
     };
-    let k = out.len().min(ids.len());
-    if k > 0 && k < ids.len() {
-        ids.select_nth_unstable_by(k - 1, cmp);
+    let k = out.len();
+    ids.clear();
+    if k <= ROW_SCAN_MAX {
+        for (b, &s) in scores.iter().enumerate() {
+            if s == f32::NEG_INFINITY {
+                continue;
+            }
+            let b = b as u32;
+            if ids.len() == k {
+                match ids.last() {
+                    Some(&last) if before(b, last) == Less => {
+                        ids.pop();
+                    }
+                    _ => continue,
+                }
+            }
+            let at = ids.partition_point(|&x| before(x, b) == Less);
+            ids.insert(at, b);
+        }
+    } else {
+        ids.extend((0..scores.len() as u32).filter(|&b| scores[b as usize] != f32::NEG_INFINITY));
+        let kk = k.min(ids.len());
+        if kk > 0 && kk < ids.len() {
+            ids.select_nth_unstable_by(kk - 1, |a, b| before(*a, *b));
+        }
+        ids.truncate(kk);
     }
-    ids.truncate(k);
     ids.sort_unstable();
     out.fill(-1);
     for (o, &b) in out.iter_mut().zip(ids.iter()) {
         *o = b as i32;
     }
 }
+
+/// The widest row [`row`] fills by one insertion pass (wider: quickselect).
+pub(crate) const ROW_SCAN_MAX: usize = 64;

@@ -464,3 +464,396 @@ fn eq9_window_and_every_levels_bits() {
         assert_eq!(run(isa), want, "{isa:?}");
     }
 }
+
+/// The entry points on given compressed keys equal the ones on the keys, bit
+/// for bit, at every level: fla's window and Eq. 9's, decode and prefill
+/// chunks, a sequence ending on a block boundary and one past it; the
+/// compressed keys given as float32 (what [`compress_window_into`] writes),
+/// bfloat16 and fp8 with a scale a key (keys constant over each block, so
+/// the means are those values exactly).
+#[test]
+fn compressed_keys_given_equal_the_keys_at_every_level() {
+    use super::api::{
+        block_scores_compressed_at, block_scores_window_at, select_compressed_at, select_window_at,
+    };
+    let eq9 = Window::Eq9 {
+        kernel_size: 8,
+        kernel_stride: 4,
+    };
+    let mut seed = 11u64;
+    for &(hq, n_kv, d, seq, n_q, bs, window) in &[
+        (
+            16usize,
+            1usize,
+            24usize,
+            300usize,
+            1usize,
+            16usize,
+            Window::Fla,
+        ),
+        (8, 2, 16, 256, 4, 16, Window::Fla),
+        (4, 4, 8, 97, 97, 8, Window::Fla),
+        (32, 2, 64, 1000, 3, 64, Window::Fla),
+        (8, 2, 16, 300, 2, 16, eq9),
+        (4, 1, 8, 64, 64, 16, eq9),
+    ] {
+        let q = rand(&mut seed, n_q * hq * d);
+        let k = rand(&mut seed, seq * n_kv * d);
+        let c = Config {
+            scale: 0.3,
+            ..cfg(bs, 5)
+        };
+        let n_c = window.geometry(bs).compressed_len(seq);
+        let mut ck = vec![0.0f32; n_c * n_kv * d];
+        compress_window_into(Encoded::F32(&k), None, n_kv, d, bs, window, &mut ck).unwrap();
+        let nb = c.n_blocks(seq);
+        for isa in isas_for_test() {
+            let (mut want_s, mut got_s) =
+                (vec![0.0f32; n_q * n_kv * nb], vec![1.0f32; n_q * n_kv * nb]);
+            let (mut want_r, mut got_r) = (vec![0i32; n_q * n_kv * 5], vec![7i32; n_q * n_kv * 5]);
+            let (qe, ke, cke) = (Encoded::F32(&q), Encoded::F32(&k), Encoded::F32(&ck));
+            block_scores_window_at(isa, qe, hq, ke, None, n_kv, d, &c, window, &mut want_s)
+                .unwrap();
+            select_window_at(isa, qe, hq, ke, None, n_kv, d, &c, window, &mut want_r).unwrap();
+            block_scores_compressed_at(
+                isa,
+                qe,
+                hq,
+                cke,
+                None,
+                n_kv,
+                d,
+                seq,
+                (&c, window),
+                &mut got_s,
+            )
+            .unwrap();
+            select_compressed_at(
+                isa,
+                qe,
+                hq,
+                cke,
+                None,
+                n_kv,
+                d,
+                seq,
+                (&c, window),
+                &mut got_r,
+            )
+            .unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got_s), bits(&want_s), "{isa:?} {seq} {window:?}");
+            assert_eq!(got_r, want_r, "{isa:?} {seq} {window:?}");
+            assert!(got_s.iter().any(|x| x.is_finite() && *x > 0.0));
+        }
+    }
+
+    // bfloat16 and fp8 compressed keys: keys constant over each block of 16.
+    let (hq, n_kv, d, bs, seq, n_q) = (8usize, 2usize, 8usize, 16usize, 16 * 37 + 5, 2usize);
+    let n_c = seq / bs;
+    let c = cfg(bs, 6);
+    // bf16 values: the top half of random float32s (exact in bf16).
+    let bf: Vec<u16> = rand(&mut seed, n_c * n_kv * d)
+        .iter()
+        .map(|x| (x.to_bits() >> 16) as u16)
+        .collect();
+    // fp8 e4m3 values: sign, exponent 5..=8, 3 mantissa bits; per key scale 0.75 or 1.25.
+    let f8: Vec<u8> = rand(&mut seed, n_c * n_kv * d)
+        .iter()
+        .map(|x| {
+            let b = x.to_bits();
+            (((b >> 31) as u8) << 7) | (((5 + (b >> 8) % 4) as u8) << 3) | (b % 8) as u8
+        })
+        .collect();
+    let f8_scale: Vec<f32> = (0..n_c)
+        .map(|i| if i % 2 == 0 { 0.75 } else { 1.25 })
+        .collect();
+    let q = rand(&mut seed, n_q * hq * d);
+    let nb = c.n_blocks(seq);
+    for (name, ce, sc) in [
+        ("bf16", Encoded::Bf16(&bf), None),
+        ("fp8", Encoded::Fp8E4m3(&f8), Some(&f8_scale[..])),
+    ] {
+        let mut vals = vec![0.0f32; n_c * n_kv * d];
+        ce.decode(0, &mut vals);
+        if let Some(s) = sc {
+            for (r, &x) in vals.chunks_mut(n_kv * d).zip(s) {
+                r.iter_mut().for_each(|v| *v *= x);
+            }
+        }
+        // The keys: each block's tokens the value, the tail block's anything.
+        let mut k = Vec::with_capacity(seq * n_kv * d);
+        for t in 0..seq {
+            match vals.chunks(n_kv * d).nth(t / bs) {
+                Some(row) => k.extend_from_slice(row),
+                None => k.extend(rand(&mut seed, n_kv * d)),
+            }
+        }
+        let mut ck = vec![0.0f32; n_c * n_kv * d];
+        compress_into(Encoded::F32(&k), None, n_kv, d, bs, &mut ck).unwrap();
+        assert_eq!(ck, vals, "{name}: the means are the values");
+        for isa in isas_for_test() {
+            let (mut want_s, mut got_s) =
+                (vec![0.0f32; n_q * n_kv * nb], vec![1.0f32; n_q * n_kv * nb]);
+            let (mut want_r, mut got_r) = (vec![0i32; n_q * n_kv * 6], vec![7i32; n_q * n_kv * 6]);
+            let (qe, ke) = (Encoded::F32(&q), Encoded::F32(&k));
+            let fla = Window::Fla;
+            block_scores_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut want_s).unwrap();
+            select_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut want_r).unwrap();
+            block_scores_compressed_at(isa, qe, hq, ce, sc, n_kv, d, seq, (&c, fla), &mut got_s)
+                .unwrap();
+            select_compressed_at(isa, qe, hq, ce, sc, n_kv, d, seq, (&c, fla), &mut got_r).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got_s), bits(&want_s), "{name} {isa:?}");
+            assert_eq!(got_r, want_r, "{name} {isa:?}");
+        }
+    }
+}
+
+/// The entry points on compressed keys refuse by name and write nothing.
+#[test]
+fn compressed_refusals() {
+    let (hq, n_kv, d, bs, seq) = (4usize, 2usize, 4usize, 4usize, 21usize);
+    let q = [0.5f32; 4 * 4];
+    let ck = [1.0f32; 5 * 2 * 4]; // seq 21 → 5 complete blocks
+    let c = cfg(bs, 3);
+    let fla = Window::Fla;
+    let mut out = vec![9i32; n_kv * 3];
+    let mut scores = vec![9.0f32; n_kv * 6];
+    let arg = |r: Result<(), crate::ArgumentError>| r.unwrap_err().argument();
+    let sel = |q: &[f32],
+               ck: &[f32],
+               sc: Option<&[f32]>,
+               hq,
+               n_kv,
+               d,
+               seq,
+               c: &Config,
+               w,
+               out: &mut [i32]| {
+        select_compressed_into(
+            Encoded::F32(q),
+            hq,
+            Encoded::F32(ck),
+            sc,
+            n_kv,
+            d,
+            seq,
+            (c, w),
+            out,
+        )
+    };
+    // Compressed keys of another count: of 20 tokens (5 keys) is right for 21,
+    // of 19 (4 keys) is not.
+    assert_eq!(
+        arg(sel(
+            &q,
+            &ck[..32],
+            None,
+            hq,
+            n_kv,
+            d,
+            seq,
+            &c,
+            fla,
+            &mut out
+        )),
+        "ck"
+    );
+    assert_eq!(
+        arg(sel(&q, &ck, None, hq, n_kv, d, 19, &c, fla, &mut out)),
+        "ck"
+    );
+    assert_eq!(
+        arg(sel(
+            &q,
+            &ck[..39],
+            None,
+            hq,
+            n_kv,
+            d,
+            seq,
+            &c,
+            fla,
+            &mut out
+        )),
+        "ck"
+    );
+    assert_eq!(
+        arg(sel(&q, &ck, None, hq, n_kv, d, 0, &c, fla, &mut out)),
+        "seq_len"
+    );
+    assert_eq!(
+        arg(sel(
+            &q,
+            &ck,
+            Some(&[1.0; 4]),
+            hq,
+            n_kv,
+            d,
+            seq,
+            &c,
+            fla,
+            &mut out
+        )),
+        "ck_scale"
+    );
+    assert_eq!(
+        arg(sel(&q, &ck, None, 3, n_kv, d, seq, &c, fla, &mut out)),
+        "q"
+    );
+    assert_eq!(
+        arg(sel(
+            &q[..15],
+            &ck,
+            None,
+            hq,
+            n_kv,
+            d,
+            seq,
+            &c,
+            fla,
+            &mut out
+        )),
+        "q"
+    );
+    let few = [1.0f32; 2 * 2 * 4]; // 2 tokens' compressed keys at bs = 1
+    let c1 = cfg(1, 3);
+    let mut out2 = vec![9i32; 4 * n_kv * 3];
+    let q4 = [0.5f32; 4 * 4 * 4];
+    assert_eq!(
+        arg(sel(&q4, &few, None, hq, n_kv, d, 2, &c1, fla, &mut out2)),
+        "q"
+    ); // 4 queries, 2 tokens
+    let zero = Config {
+        block_counts: 0,
+        ..c
+    };
+    assert_eq!(
+        arg(sel(&q, &ck, None, hq, n_kv, d, seq, &zero, fla, &mut out)),
+        "block_counts"
+    );
+    let nan = Config {
+        scale: f32::NAN,
+        ..c
+    };
+    assert_eq!(
+        arg(sel(&q, &ck, None, hq, n_kv, d, seq, &nan, fla, &mut out)),
+        "scale"
+    );
+    let bad = Window::Eq9 {
+        kernel_size: 6,
+        kernel_stride: 4,
+    };
+    assert_eq!(
+        arg(sel(&q, &ck, None, hq, n_kv, d, seq, &c, bad, &mut out)),
+        "kernel_size"
+    );
+    assert_eq!(
+        arg(sel(&q, &ck, None, hq, n_kv, d, seq, &c, fla, &mut out[..5])),
+        "out"
+    );
+    assert_eq!(
+        arg(block_scores_compressed_into(
+            Encoded::F32(&q),
+            hq,
+            Encoded::F32(&ck),
+            None,
+            n_kv,
+            d,
+            seq,
+            (&c, fla),
+            &mut scores[..11]
+        )),
+        "out"
+    );
+    assert_eq!(out, vec![9; n_kv * 3]);
+    assert_eq!(out2, vec![9; 4 * n_kv * 3]);
+    assert_eq!(scores, vec![9.0; n_kv * 6]);
+    // The same arguments, right: rows written (block_counts 3 holds the forced blocks).
+    sel(&q, &ck, None, hq, n_kv, d, seq, &c, fla, &mut out).unwrap();
+    assert_eq!(out, vec![0, 4, 5, 0, 4, 5]); // query at 20: IC = 5, forced 0, 4, 5
+}
+
+/// [`row`] against a full sort in the total order: random scores with many
+/// ties, `+inf` and `-inf` blocks, widths on both sides of `ROW_SCAN_MAX`
+/// (the insertion pass and the quickselect).
+#[test]
+fn row_is_the_first_k_of_the_total_order() {
+    let mut seed = 5u64;
+    let mut ids = Vec::new();
+    for case in 0..400 {
+        let n = 1 + case % 300;
+        let vals = rand(&mut seed, n);
+        let scores: Vec<f32> = vals
+            .iter()
+            .map(|&v| match ((v + 2.0) * 8.0) as i32 {
+                0 => f32::INFINITY,
+                1 | 2 => f32::NEG_INFINITY,
+                x => (x % 7) as f32 * 0.25, // few values: ties
+            })
+            .collect();
+        let mut sorted: Vec<usize> = (0..n).filter(|&b| scores[b] != f32::NEG_INFINITY).collect();
+        sorted.sort_by(|&a, &b| crate::infllm::select::before(scores[a], a, scores[b], b));
+        for k in [1, 2, 3, 16, ROW_SCAN_MAX, ROW_SCAN_MAX + 1, 200] {
+            let mut want: Vec<i32> = sorted.iter().take(k).map(|&b| b as i32).collect();
+            want.sort_unstable();
+            want.resize(k, -1);
+            let mut got = vec![5i32; k];
+            row(&scores, &mut ids, &mut got);
+            assert_eq!(got, want, "n={n} k={k}");
+        }
+    }
+}
+
+/// The compressed keys bit for bit the key-at-a-time sums (each key's rows
+/// added in token order, then one division), at every level: fla's window
+/// and overlapping ones, float32 with and without scales, bfloat16.
+#[test]
+fn compress_is_each_keys_token_ordered_sum_at_every_level() {
+    let mut seed = 21u64;
+    let (n_kv, d) = (3usize, 20usize);
+    let w = n_kv * d;
+    for &(seq, kernel, stride) in &[
+        (300usize, 16usize, 16usize),
+        (301, 8, 4),
+        (97, 32, 16),
+        (50, 6, 2),
+        (7, 8, 4),
+    ] {
+        let k = rand(&mut seed, seq * w);
+        let bf: Vec<u16> = k.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+        let scales: Vec<f32> = rand(&mut seed, seq).iter().map(|x| x * 0.7 + 1.5).collect();
+        let n_c = if seq < kernel {
+            0
+        } else {
+            (seq - kernel) / stride + 1
+        };
+        for (enc, sc) in [
+            (Encoded::F32(&k), None),
+            (Encoded::F32(&k), Some(&scales[..])),
+            (Encoded::Bf16(&bf), None),
+        ] {
+            let mut rows = vec![0.0f32; seq * w];
+            enc.decode(0, &mut rows);
+            let mut want = vec![0.0f32; n_c * w];
+            for (c, acc) in want.chunks_exact_mut(w).enumerate() {
+                for t in c * stride..c * stride + kernel {
+                    for (e, a) in acc.iter_mut().enumerate() {
+                        *a += match sc {
+                            Some(s) => rows[t * w + e] * s[t],
+                            None => rows[t * w + e],
+                        };
+                    }
+                }
+                acc.iter_mut().for_each(|a| *a /= kernel as f32);
+            }
+            for isa in isas_for_test() {
+                let mut got = vec![9.0f32; n_c * w];
+                super::api::compress_at(isa, enc, sc, n_kv, d, (kernel, stride), &mut got);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{isa:?} {seq} {kernel}/{stride}");
+            }
+        }
+    }
+}

@@ -206,6 +206,23 @@ def nsa_row(w: Workload, h: int, p: int, s: Settings) -> list:
     return [x for blk in sorted(blocks[blocks >= 0].tolist()) for x in range(blk * b, min((blk + 1) * b, L))]
 
 
+def nsa_eq9_row(w: Workload, h: int, p: int, s: Settings) -> list:
+    """NSA with the paper's Eq. 9 window from the NumPy twin, at the policy's geometry:
+    blocks as ``nsa_row``'s, compressed keys of half a block every quarter block (at least
+    1 token), the same number of blocks."""
+    from kvselect.reference import nsa as RN
+    from kvselect.rules.nsa import geometry
+
+    b = geometry(s)
+    kz, st = max(b // 2, 1), max(b // 4, 1)
+    L = p + 1
+    keys = w.k[h, :L].astype(np.float32)[:, None, :]
+    q = w.q[h * GROUP : (h + 1) * GROUP, p].astype(np.float32)[None]
+    blocks = RN.nsa_select(q, keys, s.budget // b, block_size=b, window="eq9", kernel_size=kz, kernel_stride=st)
+    blocks = blocks[0, 0]
+    return [x for blk in sorted(blocks[blocks >= 0].tolist()) for x in range(blk * b, min((blk + 1) * b, L))]
+
+
 def moba_row(w: Workload, h: int, p: int, s: Settings) -> list:
     """MoBA's efficient code on the group-mean query, from its statement: blocks of MoBA's
     chunk 4096 halved until 12 fit the budget, ``k // B`` of them, the query's current
@@ -281,6 +298,7 @@ def expected_selections(w: Workload, h: int, s: Settings) -> dict:
         out["quest"].append(quest_row(w, h, p, s))
         out["infllm"].append(infllm_row(w, h, p, s))
         out["nsa"].append(nsa_row(w, h, p, s))
+        out["nsa (Eq. 9)"].append(nsa_eq9_row(w, h, p, s))
         out["moba"].append(moba_row(w, h, p, s))
         out["QSA (Qwen)"].append(qsa_row(w, h, p, k))
         out["random null"].append(random_rows[i].tolist())

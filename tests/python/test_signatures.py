@@ -380,6 +380,9 @@ def _samples():
         ),
         "nsa_block_scores": (core.nsa_block_scores, (qq[None], qk)),
         "nsa_select": (core.nsa_select, (qq[None], qk)),
+        "nsa_compress_keys": (core.nsa_compress_keys, (qk,)),
+        "nsa_block_scores_compressed": (core.nsa_block_scores_compressed, (qq[None], qk[:0], 40)),
+        "nsa_select_compressed": (core.nsa_select_compressed, (qq[None], qk[:0], 40)),
         "snapkv_scores": (
             core.snapkv_scores,
             (rng.standard_normal((80, 2, 8)).astype(np.float32), rng.standard_normal((80, 8)).astype(np.float32)),

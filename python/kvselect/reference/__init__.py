@@ -167,8 +167,10 @@ from .moba import (
 )
 from .nsa import (
     nsa_block_scores,
+    nsa_block_scores_compressed,
     nsa_compress_keys,
     nsa_select,
+    nsa_select_compressed,
 )
 from .quest import (
     quest_bounds,

@@ -95,13 +95,32 @@ def nsa_block_scores(
         kw = dict(block_size=block_size, init_blocks=init_blocks, local_blocks=local_blocks, scale=scale)
         return _packed(nsa_block_scores, np.nan, q, k, k_scale, query_format, key_format, cu_seqlens, cu_seqlens_q, kw)
     bs = _block_size(block_size)
-    init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
     ck = nsa_compress_keys(k, bs, k_scale=k_scale, key_format=key_format)
     seq_len = decode(k, key_format, "key_format").shape[0]
-    qa = decode(q, query_format, "query_format")
-    if qa.ndim == 3 and qa.shape[2] != ck.shape[2]:
-        raise ReferenceSelectionError("k", f"k has d={ck.shape[2]} but q has d={qa.shape[2]}")
-    s = group_scores(q, ck, seq_len, scale=scale, query_format=query_format, kernel_size=bs, kernel_stride=bs)
+    return _from_compressed(q, ck, seq_len, (bs, bs, bs), init_blocks, local_blocks, scale, query_format, "k")
+
+
+def _from_compressed(
+    q: Any,
+    ck: np.ndarray,
+    seq_len: int,
+    geo: Tuple[int, int, int],
+    init_blocks: Any,
+    local_blocks: Any,
+    scale: Any,
+    qf: Any,
+    key_arg: str,
+) -> np.ndarray:
+    """The block scores from the compressed keys ``ck`` (float64) of ``seq_len`` tokens:
+    stage 1 (InfLLM-v2's ``group_scores``), the forced blocks ``+inf``, block ``b < IC``
+    its window's score (fla's: its own key's group sum; Eq. 9's pooled sum), the rest
+    ``-inf``. ``geo`` is ``(block_size, kernel_size, kernel_stride)``."""
+    bs, kz, st = geo
+    init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
+    qa = decode(q, qf, "query_format")
+    if qa.ndim == 3 and ck.ndim == 3 and qa.shape[2] != ck.shape[2]:
+        raise ReferenceSelectionError(key_arg, f"{key_arg} has d={ck.shape[2]} but q has d={qa.shape[2]}")
+    s = group_scores(q, ck, seq_len, scale=scale, query_format=qf, kernel_size=kz, kernel_stride=st)
     n_q, h, _ = s.shape
     nb = -(-seq_len // bs)
     out = np.full((n_q, h, nb), -np.inf)
@@ -110,8 +129,77 @@ def nsa_block_scores(
         for b in range(nb):
             if forced(b, ic, init, local):
                 out[i, :, b] = np.inf
-            elif b < ic:
+            elif b < ic and kz == st == bs:
                 out[i, :, b] = s[i, :, b]
+            elif b < ic:
+                for g in range(h):
+                    out[i, g, b] = eq9_pool(s[i, g], b, bs // st, kz // st)
+    return out
+
+
+def nsa_block_scores_compressed(
+    q: Any,
+    ck: Any,
+    seq_len: int,
+    *,
+    block_size: int = BLOCK_SIZE,
+    init_blocks: int = INIT_BLOCKS,
+    local_blocks: int = LOCAL_BLOCKS,
+    scale: Optional[float] = None,
+    ck_scale: Any = None,
+    query_format: Optional[str] = None,
+    key_format: Optional[str] = None,
+    window: str = "fla",
+    kernel_size: int = PAPER_KERNEL_SIZE,
+    kernel_stride: int = PAPER_KERNEL_STRIDE,
+) -> np.ndarray:
+    """``kvselect.nsa_block_scores_compressed`` in float64: the block scores from given
+    compressed keys ``ck`` ``[n_c, n_kv_heads, d]`` (each row times its ``ck_scale``,
+    the product rounded to float32), ``n_c`` exactly the window's compressed keys of
+    ``seq_len`` tokens."""
+    bs = _block_size(block_size)
+    geo = _window(window, bs, kernel_size, kernel_stride, None, None) or (bs, bs, bs)
+    n = _count("seq_len", seq_len)
+    if n == 0:
+        raise ReferenceSelectionError("seq_len", "seq_len must be at least 1 (the query's own token)")
+    ca = decode(ck, key_format, "key_format")
+    n_c = compressed_len(n, geo[1], geo[2])
+    if ca.ndim != 3 or ca.shape[0] != n_c:
+        raise ReferenceSelectionError("ck", f"ck must be [n_c={n_c}, n_kv_heads, d] for seq_len {n}, got {ca.shape}")
+    if ck_scale is not None:
+        sc = np.asarray(ck_scale, np.float32)
+        if sc.shape != (n_c,):
+            raise ReferenceSelectionError("ck_scale", f"ck_scale must be [n_c={n_c}]")
+        ca = (ca.astype(np.float32) * sc[:, None, None]).astype(np.float64)
+    qa = decode(q, query_format, "query_format")
+    if qa.ndim == 3 and len(qa) > n:
+        raise ReferenceSelectionError("q", f"{len(qa)} queries but seq_len = {n}")
+    return _from_compressed(q, ca.astype(np.float64), n, geo, init_blocks, local_blocks, scale, query_format, "ck")
+
+
+def nsa_select_compressed(
+    q: Any,
+    ck: Any,
+    seq_len: int,
+    block_counts: int = BLOCK_COUNTS,
+    **kw: Any,
+) -> np.ndarray:
+    """``kvselect.nsa_select_compressed`` in exact arithmetic: the rows of
+    :func:`nsa_block_scores_compressed`'s scores (keyword arguments as there)."""
+    n = _count("block_counts", block_counts)
+    if n == 0:
+        raise ReferenceSelectionError("block_counts", "block_counts must be at least 1 block")
+    return _rows(nsa_block_scores_compressed(q, ck, seq_len, **kw), n)
+
+
+def _rows(b: np.ndarray, n: int) -> np.ndarray:
+    """Each row's top ``n`` (:func:`select_row`), ``-1`` padded."""
+    n_q, h, _ = b.shape
+    out = np.full((n_q, h, n), -1, np.int32)
+    for i in range(n_q):
+        for g in range(h):
+            r = select_row(b[i, g], n)
+            out[i, g, : len(r)] = r
     return out
 
 
@@ -165,13 +253,7 @@ def nsa_select(
         kernel_size=kernel_size,
         kernel_stride=kernel_stride,
     )
-    n_q, h, _ = b.shape
-    out = np.full((n_q, h, n), -1, np.int32)
-    for i in range(n_q):
-        for g in range(h):
-            r = select_row(b[i, g], n)
-            out[i, g, : len(r)] = r
-    return out
+    return _rows(b, n)
 
 
 def nsa_score_bound(
@@ -355,26 +437,9 @@ def _eq9_scores(
     qf: Any,
     kf: Any,
 ) -> np.ndarray:
-    bs, kz, st = geo
-    init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
-    ck, _ = eq9_compress_keys(k, kz, st, k_scale=k_scale, key_format=kf)
+    ck, _ = eq9_compress_keys(k, geo[1], geo[2], k_scale=k_scale, key_format=kf)
     seq_len = decode(k, kf, "key_format").shape[0]
-    qa = decode(q, qf, "query_format")
-    if qa.ndim == 3 and qa.shape[2] != ck.shape[2]:
-        raise ReferenceSelectionError("k", f"k has d={ck.shape[2]} but q has d={qa.shape[2]}")
-    s = group_scores(q, ck, seq_len, scale=scale, query_format=qf, kernel_size=kz, kernel_stride=st)
-    n_q, h, _ = s.shape
-    nb = -(-seq_len // bs)
-    out = np.full((n_q, h, nb), -np.inf)
-    for i in range(n_q):
-        ic = (seq_len - n_q + i) // bs
-        for b in range(nb):
-            if forced(b, ic, init, local):
-                out[i, :, b] = np.inf
-            elif b < ic:
-                for g in range(h):
-                    out[i, g, b] = eq9_pool(s[i, g], b, bs // st, kz // st)
-    return out
+    return _from_compressed(q, ck, seq_len, geo, init_blocks, local_blocks, scale, qf, "k")
 
 
 def eq9_score_bound(

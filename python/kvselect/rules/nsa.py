@@ -15,7 +15,13 @@ so forced blocks tie only with each other (``block_counts < 3``: either is right
 Its eval policy spends the token budget ``k`` as ``k // 64`` whole blocks, fla's three
 forced blocks (block 0 and the query's last two) counted; where fewer than 4 blocks fit,
 the blocks halve (:func:`geometry`), down to 1 token, where a budget below 3 keeps the
-lower forced ids as the rule's tie order does.
+lower forced ids as the rule's tie order does. ``nsa (Eq. 9)`` is the paper's Eq. 9
+window at the same blocks and budget (:func:`eq9_geometry`: keys of half a block every
+quarter block).
+
+The dump's ``window`` (``"fla"`` or ``"eq9"``, with ``kernel_size`` / ``kernel_stride``)
+is the native option: an Eq. 9 dump is judged against the twin's Eq. 9 scores within
+:func:`kvselect.reference.nsa.eq9_score_bound`.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 import numpy as np
 
 import kvselect as ks
-from kvselect.checking._common import DumpError, _finite, _int, _merge, _need
+from kvselect.checking._common import DumpError, _finite, _int, _merge, _need, _text
 from kvselect.rules._rule import BudgetUnit, DumpKind, EvalContext, Policy, Rule, Selection, timed
 
 TABLE = {
@@ -39,8 +45,18 @@ TABLE = {
     "local_blocks": ("int scalar", "", "optional (default 2)", "blocks forced up to the query's own"),
     "scale": ("number", "", "optional (default 1/sqrt(d))", "the logits' scale"),
     "k_scale": ("float", "[seq_len]", "optional", "each token's key scale (fp8 keys: the key is k * scale)"),
+    "window": (
+        "str",
+        "",
+        'optional (default "fla")',
+        '"fla" (each block\'s mean key) or "eq9" (the NSA paper\'s Eq. 9 over overlapping compressed keys)',
+    ),
+    "kernel_size": ("int scalar", "", "optional (default 32)", 'window "eq9": tokens a compressed key'),
+    "kernel_stride": ("int scalar", "", "optional (default 16)", 'window "eq9": tokens between compressed keys'),
     "precision": ("str", "", "optional", "the engine's coarsest rounding (default float32)"),
 }
+
+_WINDOWS = ("fla", "eq9")
 
 _HUGE = 1e300  # a forced block's +inf, ranked as a finite stand-in
 
@@ -66,12 +82,21 @@ def check(
             f"{init}, {local}"
         )
     scale = float(np.asarray(d["scale"])) if "scale" in d else None
+    window = _text(d, "window", "fla")
+    if window not in _WINDOWS:
+        raise DumpError(f"window must be one of {', '.join(map(repr, _WINDOWS))}, got {window!r}")
+    kz = _int(d, "kernel_size", RN.PAPER_KERNEL_SIZE)
+    st = _int(d, "kernel_stride", RN.PAPER_KERNEL_STRIDE)
     kw: Dict[str, Any] = dict(
         scale=scale, k_scale=d.get("k_scale"), query_format=formats.get("q"), key_format=formats.get("k")
     )
+    geo: Dict[str, Any] = dict(window=window, kernel_size=kz, kernel_stride=st)
     try:
-        exact = RN.nsa_block_scores(d["q"], d["k"], block_size=bs, init_blocks=init, local_blocks=local, **kw)
-        bound, tiny = RN.nsa_score_bound(d["q"], d["k"], block_size=bs, **kw)
+        exact = RN.nsa_block_scores(d["q"], d["k"], block_size=bs, init_blocks=init, local_blocks=local, **geo, **kw)
+        if window == "eq9":
+            bound, tiny = RN.eq9_score_bound(d["q"], d["k"], block_size=bs, kernel_size=kz, kernel_stride=st, **kw)
+        else:
+            bound, tiny = RN.nsa_score_bound(d["q"], d["k"], block_size=bs, **kw)
     except ValueError as e:
         raise DumpError(str(e)) from None
     n_q, h, nb = exact.shape
@@ -122,11 +147,30 @@ def geometry(s: Any) -> int:
     return b
 
 
+def eq9_geometry(b: int) -> Tuple[int, int]:
+    """Eq. 9's compressed keys at blocks of ``b`` tokens, the paper's proportions (blocks of
+    64, keys of 32 every 16): ``(kernel_size, kernel_stride) = (b / 2, b / 4)``, at least 1
+    token each (blocks of 2: keys of 1 every 1; of 1: the same)."""
+    return max(b // 2, 1), max(b // 4, 1)
+
+
 def select(ctx: EvalContext) -> Selection:
     """NSA as fla selects on one KV head: ``ctx.units`` blocks of :func:`geometry`'s size,
     block 0 and the query's last two forced and counted, expanded to positions."""
+    return _select(ctx, "fla")
+
+
+def select_eq9(ctx: EvalContext) -> Selection:
+    """NSA with the paper's Eq. 9 block scores (``window="eq9"``, compressed keys of
+    :func:`eq9_geometry`), otherwise as :func:`select`: the same blocks counted at the same
+    budget."""
+    return _select(ctx, "eq9")
+
+
+def _select(ctx: EvalContext, window: str) -> Selection:
     pos, k = ctx.pos, ctx.settings.budget
     b = geometry(ctx.settings)
+    kz, st = eq9_geometry(b)
 
     def rows() -> np.ndarray:
         keys = np.ascontiguousarray(ctx.head.k, np.float32).reshape(len(ctx.head.k), 1, -1)
@@ -134,7 +178,9 @@ def select(ctx: EvalContext) -> Selection:
         out = np.full((len(pos), k), -1, dtype=np.int32)
         for i, p in enumerate(pos):
             n = int(p) + 1
-            blocks = ks.nsa_select(q[i][None], keys[:n], ctx.units, block_size=b)[0, 0]
+            blocks = ks.nsa_select(
+                q[i][None], keys[:n], ctx.units, block_size=b, window=window, kernel_size=kz, kernel_stride=st
+            )[0, 0]
             blocks = blocks[blocks >= 0]
             tok = (blocks[:, None] * b + np.arange(b)[None]).ravel()
             tok = tok[tok < n]
@@ -152,15 +198,28 @@ BLOCKS = BudgetUnit("block", size=geometry, forced=lambda s: min(3, s.budget // 
 RULE = Rule(
     name="nsa",
     title="NSA block selection (fla)",
-    api=("nsa_block_scores", "nsa_select"),
+    api=(
+        "nsa_block_scores",
+        "nsa_select",
+        "nsa_compress_keys",
+        "nsa_block_scores_compressed",
+        "nsa_select_compressed",
+    ),
     reference="kvselect.reference.nsa",
-    twins=("nsa_compress_keys", "nsa_block_scores", "nsa_select"),
+    twins=(
+        "nsa_compress_keys",
+        "nsa_block_scores",
+        "nsa_select",
+        "nsa_block_scores_compressed",
+        "nsa_select_compressed",
+    ),
     assertions=("kvselect.testing.assert_nsa",),
     cases="kvselect.testing.cases.all_nsa_cases",
     case_functions=(
         "kvselect.testing.cases.nsa_incomplete_block_compressed",
         "kvselect.testing.cases.nsa_group_sum_before_softmax",
         "kvselect.testing.cases.nsa_tq_offsets",
+        "kvselect.testing.cases.nsa_eq9_overlap_window",
     ),
     dumps=(
         DumpKind(
@@ -179,6 +238,14 @@ RULE = Rule(
             "NSA's block selection as fla computes it: ``k / 64`` blocks by the group's summed softmax "
             "over the complete blocks' mean keys, block 0 and the query's last two forced and counted, "
             "expanded to positions (blocks halved where fewer than 4 fit the budget).",
+            unit=BLOCKS,
+        ),
+        Policy(
+            "nsa (Eq. 9)",
+            select_eq9,
+            "NSA with the paper's Eq. 9 block scores (compressed keys of half a block every quarter block, "
+            "block ``j`` summing keys ``4j - 4 .. 4j`` weighted 1, 2, 2, 2, 1), at the same budget as ``nsa``: "
+            "``k / 64`` blocks, block 0 and the query's last two forced and counted.",
             unit=BLOCKS,
         ),
     ),

@@ -620,6 +620,9 @@ def assert_nsa(
     k_scale: Any = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
+    window: str = "fla",
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
     precision: str = "float32",
     rtol: Optional[float] = None,
     atol: Optional[float] = None,
@@ -637,6 +640,11 @@ def assert_nsa(
         rows' width).
     key_format, query_format
         The formats of raw uint16 / uint8 ``k`` and ``q``.
+    window, kernel_size, kernel_stride
+        The block scores' window, as :func:`kvselect.nsa_select` takes it: ``"fla"``
+        (default) or ``"eq9"``, the NSA paper's Eq. 9 over compressed keys of
+        ``kernel_size`` tokens every ``kernel_stride`` (judged against the exact Eq. 9
+        scores, within their bound).
     precision, rtol, atol
         The tolerance, as :func:`assert_topk` (the magnitude of a block score is the
         score).
@@ -679,6 +687,9 @@ def assert_nsa(
         d["scale"] = np.asarray(float(scale))
     if k_scale is not None:
         d["k_scale"] = np.asarray(_host(k_scale, "k_scale"), dtype=np.float32)
+    d["window"] = np.asarray(str(window))
+    if window != "fla":
+        d["kernel_size"], d["kernel_stride"] = np.asarray(int(kernel_size)), np.asarray(int(kernel_stride))
     return _conclude(check_dump(d, atol=atol, rtol=rtol), False, "assert_nsa")
 
 

@@ -127,6 +127,7 @@ from kvselect.testing.cases.moba import (
 )
 from kvselect.testing.cases.nsa import (
     all_nsa_cases,
+    nsa_eq9_overlap_window,
     nsa_group_sum_before_softmax,
     nsa_incomplete_block_compressed,
     nsa_tq_offsets,

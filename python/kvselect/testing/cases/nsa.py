@@ -119,11 +119,49 @@ def nsa_tq_offsets(seed: int = 0) -> Case:
     return _nsa_case("nsa_tq_offsets", nsa_tq_offsets.__doc__ or "", q, k, 5, {"faulty": "offsets"}, block_size=4)
 
 
+def nsa_eq9_overlap_window(seed: int = 0) -> Case:
+    """The NSA paper's Eq. 9 (``window="eq9"``): block ``j`` sums compressed keys ``4j - 4
+    .. 4j`` (weighted 1, 2, 2, 2, 1; keys of 32 tokens every 16, blocks of 64). The keys
+    that overlap block ``j`` are ``4j - 1 .. 4j + 3`` (InfLLM-v2's pooling window). The
+    bug: a kernel that scores Eq. 9's blocks over the overlap window. Tokens 144 .. 175
+    stand out: compressed key 9 (tokens 144 .. 175) peaks, keys 8 and 10 half. Eq. 9 picks
+    block 3 (keys 8 .. 12 hold 8 once, 9 and 10 twice); the overlap window, like fla's
+    block means, picks block 2 (tokens 128 .. 191, keys 7 .. 11).
+
+    Parameters
+    ----------
+    seed : int
+        Unused (the case is fixed); kept for the cases' common signature.
+
+    Returns
+    -------
+    Case
+        An ``nsa`` case with ``window="eq9"`` (512 tokens of ``d = 1``, one query, one
+        head, 3 forced blocks + 1 free).
+    """
+    k = np.zeros((512, 1, 1), np.float32)
+    k[144:176] = 4.0
+    q = np.ones((1, 1, 1), np.float32)
+    return _nsa_case(
+        "nsa_eq9_overlap_window",
+        nsa_eq9_overlap_window.__doc__ or "",
+        q,
+        k,
+        4,
+        {"faulty": "overlap_window"},
+        block_size=64,
+        scale=1.0,
+        window="eq9",
+        kernel_size=32,
+        kernel_stride=16,
+    )
+
+
 def all_nsa_cases(*, seed: int = 0) -> List[Tuple[str, Case]]:
     """Every NSA case, as ``(id, case)`` pairs.
 
-    :func:`nsa_incomplete_block_compressed`, :func:`nsa_group_sum_before_softmax` and
-    :func:`nsa_tq_offsets`.
+    :func:`nsa_incomplete_block_compressed`, :func:`nsa_group_sum_before_softmax`,
+    :func:`nsa_tq_offsets` and :func:`nsa_eq9_overlap_window`.
 
     Parameters
     ----------
@@ -135,5 +173,5 @@ def all_nsa_cases(*, seed: int = 0) -> List[Tuple[str, Case]]:
     list of (str, Case)
         ``(case.id, case)`` for each case.
     """
-    makers = [nsa_incomplete_block_compressed, nsa_group_sum_before_softmax, nsa_tq_offsets]
+    makers = [nsa_incomplete_block_compressed, nsa_group_sum_before_softmax, nsa_tq_offsets, nsa_eq9_overlap_window]
     return [(c.id, c) for c in (m(seed) for m in makers)]

@@ -1,65 +1,17 @@
-//! NSA's block scores and block rows as fla computes them, dense and packed
-//! (all raise `SelectionError`).
+//! NSA's block scores and block rows from the keys, dense and packed:
+//! `nsa_block_scores` and `nsa_select` (all raise `SelectionError`).
 
 use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
-use super::args::{
-    detach, ndarrays, positions, AsFormatArg, Choice, EncodedIn, KeyFormat, Named, Obj, Opt, Out,
+use super::window::{read_window, WindowName};
+use crate::attention::softmax_scale;
+use crate::nsa::{self, Config};
+use crate::python::args::{
+    detach, ndarrays, positions, AsFormatArg, EncodedIn, KeyFormat, Named, Obj, Opt, Out,
     QueryFormat, I32, I32_MAX, S,
 };
-use super::errors::refuse;
-use crate::attention::softmax_scale;
-use crate::nsa::{self, Config, Window};
-
-/// The `window` option's names.
-#[derive(Clone, Copy)]
-pub(super) enum WindowName {
-    Fla,
-    Eq9,
-}
-
-impl Choice for WindowName {
-    const ARG: &'static str = "window";
-    fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "fla" => Some(WindowName::Fla),
-            "eq9" => Some(WindowName::Eq9),
-            _ => None,
-        }
-    }
-    fn unknown(got: &str) -> String {
-        format!("window must be 'fla' or 'eq9', got {got:?}")
-    }
-}
-
-/// The window from its name and Eq. 9's sizes (the paper's 32 and 16 by
-/// default); a packed batch reads fla's window only.
-fn window(
-    name: Option<Named<WindowName>>,
-    (kernel_size, kernel_stride): (Opt<'_, '_>, Opt<'_, '_>),
-    packed: bool,
-) -> PyResult<Window> {
-    let kz = S.count_or(kernel_size, "kernel_size", I32_MAX, nsa::PAPER_KERNEL_SIZE)?;
-    let st = S.count_or(
-        kernel_stride,
-        "kernel_stride",
-        I32_MAX,
-        nsa::PAPER_KERNEL_STRIDE,
-    )?;
-    match name.unwrap_or(Named::known(WindowName::Fla)).get()? {
-        WindowName::Fla => Ok(Window::Fla),
-        WindowName::Eq9 if packed => Err(refuse(
-            S,
-            "window",
-            "window='eq9' has no packed form (fla's kernels, which take cu_seqlens, use the fla window)",
-        )),
-        WindowName::Eq9 => Ok(Window::Eq9 {
-            kernel_size: kz,
-            kernel_stride: st,
-        }),
-    }
-}
+use crate::python::errors::refuse;
 
 type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
 
@@ -67,7 +19,7 @@ type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
 struct Call<'py> {
     q: EncodedIn<'py>,
     k: EncodedIn<'py>,
-    k_scale: Option<super::args::In<'py, f32, 1>>,
+    k_scale: Option<crate::python::args::In<'py, f32, 1>>,
     hq: usize,
     n_kv: usize,
     d: usize,
@@ -293,7 +245,7 @@ pub(super) fn nsa_block_scores<'py>(
         (query_format, key_format),
         (cu_seqlens, cu_seqlens_q),
     )?;
-    let w = self::window(window, (kernel_size, kernel_stride), c.cu.is_some())?;
+    let w = read_window(window, (kernel_size, kernel_stride), c.cu.is_some())?;
     let (qs, ks) = (c.q.encoded()?, c.k.encoded()?);
     let nb = c.n_blocks(ks.len() / (c.n_kv * c.d).max(1));
     let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.n_kv, nb], &c.inputs())?;
@@ -401,7 +353,7 @@ pub(super) fn nsa_select<'py>(
         (query_format, key_format),
         (cu_seqlens, cu_seqlens_q),
     )?;
-    let w = self::window(window, (kernel_size, kernel_stride), c.cu.is_some())?;
+    let w = read_window(window, (kernel_size, kernel_stride), c.cu.is_some())?;
     let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.n_kv, n], &c.inputs())?;
     let (qs, ks) = (c.q.encoded()?, c.k.encoded()?);
     let sc = c.k_scale.as_ref().map(|s| s.slice()).transpose()?;
@@ -413,10 +365,4 @@ pub(super) fn nsa_select<'py>(
         Some(cu) => nsa::select_packed_into(qs, hq, ks, sc, n_kv, d, cu, cfg, o),
     })?;
     Ok(out.finish())
-}
-
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(nsa_block_scores, m)?)?;
-    m.add_function(wrap_pyfunction!(nsa_select, m)?)?;
-    Ok(())
 }

@@ -1,0 +1,407 @@
+//! NSA on given compressed keys, an engine's decode on its cache of them:
+//! `nsa_compress_keys`, `nsa_block_scores_compressed` and
+//! `nsa_select_compressed` (all raise `SelectionError`).
+
+use numpy::{PyArrayDyn, PyUntypedArray};
+use pyo3::prelude::*;
+
+use super::window::{read_window, WindowName};
+use crate::attention::softmax_scale;
+use crate::nsa::{self, Config};
+use crate::python::args::{
+    detach, ndarrays, AsFormatArg, EncodedIn, In, KeyFormat, Named, Obj, Opt, Out, QueryFormat,
+    I32, I32_MAX, S,
+};
+use crate::python::errors::refuse;
+
+type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
+
+/// The compressed keys NSA's selection reads, as kvselect computes them:
+/// what a serving engine caches and extends as blocks complete, and hands to
+/// :func:`nsa_select_compressed` at decode.
+///
+/// ``window='fla'`` (default): key ``c`` the mean of the keys of block ``c``
+/// (tokens ``c * block_size ..``), the complete blocks only (``seq_len //
+/// block_size`` keys; fla's ``mean_pooling`` also averages the trailing
+/// incomplete block, which no query reads). ``window='eq9'``: key ``c`` the mean
+/// of tokens ``c * kernel_stride .. c * kernel_stride + kernel_size``. Float32:
+/// each element the sum of its tokens in token order, then one division (each
+/// key times its token's ``k_scale`` first, rounded); the bits
+/// :func:`nsa_select` computes from the same keys.
+///
+/// Parameters
+/// ----------
+/// k : array_like, [seq_len, n_kv_heads, d]
+///     The sequence's keys, any key format, read in place.
+/// block_size : int, optional
+///     Tokens a block (fla's 64).
+/// k_scale : array_like of float32, [seq_len], optional
+///     Each token's key scale (fp8 keys): its value is ``k * scale``.
+/// key_format : str, optional
+///     The format of raw uint16 / uint8 ``k``.
+/// window, kernel_size, kernel_stride : optional
+///     As :func:`nsa_block_scores`.
+///
+/// Returns
+/// -------
+/// ndarray of float32, [n_c, n_kv_heads, d]
+///     ``n_c = seq_len // block_size`` (fla's window) or ``(seq_len - kernel_size) //
+///     kernel_stride + 1`` (0 below ``kernel_size`` tokens; Eq. 9's).
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names it) when ``k`` is not 3-D or is empty
+///     (``k``); ``k_scale`` is not one per token; ``block_size`` is 0; ``window``
+///     names nothing (``window``); Eq. 9's stride does not divide ``block_size`` or
+///     ``kernel_size`` (``kernel_stride``, ``kernel_size``).
+///
+/// See Also
+/// --------
+/// nsa_select_compressed : the rows from these keys.
+///
+/// Examples
+/// --------
+/// >>> import numpy as np, kvselect
+/// >>> k = np.arange(10, dtype=np.float32).reshape(10, 1, 1)
+/// >>> kvselect.nsa_compress_keys(k, block_size=4)[:, 0, 0].tolist()
+/// [1.5, 5.5]
+#[pyfunction]
+#[pyo3(
+    signature = (k, *, block_size=None, k_scale=None, key_format=None, window=None,
+                 kernel_size=None, kernel_stride=None),
+    text_signature = "(k, *, block_size=64, k_scale=None, key_format=None, window='fla', \
+                      kernel_size=32, kernel_stride=16)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn nsa_compress_keys<'py>(
+    py: Python<'py>,
+    k: &Obj<'py>,
+    block_size: Opt<'_, 'py>,
+    k_scale: Opt<'_, 'py>,
+    key_format: Option<Named<KeyFormat>>,
+    window: Option<Named<WindowName>>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
+) -> PyResult<F32<'py>> {
+    let bs = S.count_or(block_size, "block_size", I32_MAX, nsa::FLA_BLOCK_SIZE)?;
+    if bs == 0 {
+        return Err(refuse(S, "block_size", "block_size must be at least 1"));
+    }
+    let (ke, kshape) = EncodedIn::new(S, k, "k", key_format.format_arg())?;
+    let [seq_len, n_kv, d] = kshape[..] else {
+        let msg = format!(
+            "k must be 3-D [seq_len, n_kv_heads, d], got {}-D",
+            kshape.len()
+        );
+        return Err(refuse(S, "k", msg));
+    };
+    if seq_len == 0 {
+        return Err(refuse(S, "k", "k must hold at least 1 token"));
+    }
+    let w = read_window(window, (kernel_size, kernel_stride), false)?;
+    let k_scale = match k_scale {
+        Some(o) => Some(S.input::<f32, 1>(o, "k_scale", "[seq_len]")?),
+        None => None,
+    };
+    let n_c = w.geometry(bs).compressed_len(seq_len);
+    let mut inputs = vec![ke.untyped()];
+    inputs.extend(k_scale.as_ref().map(|s| s.untyped()));
+    let mut out: Out<'py, f32> = S.output(py, None, &[n_c, n_kv, d], &inputs)?;
+    let ks = ke.encoded()?;
+    let sc = k_scale.as_ref().map(|s| s.slice()).transpose()?;
+    let o = out.slice()?;
+    detach(py, ks.len(), || {
+        nsa::compress_window_into(ks, sc, n_kv, d, bs, w, o)
+    })?;
+    Ok(out.finish())
+}
+
+/// The arguments both entry points on compressed keys share, read and
+/// checked for shape.
+struct CompressedCall<'py> {
+    q: EncodedIn<'py>,
+    ck: EncodedIn<'py>,
+    ck_scale: Option<In<'py, f32, 1>>,
+    hq: usize,
+    n_kv: usize,
+    d: usize,
+    n_q: usize,
+    seq_len: usize,
+    raw: Vec<Bound<'py, PyUntypedArray>>,
+    cfg: Config,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn compressed_call<'py>(
+    q: &Obj<'py>,
+    ck: &Obj<'py>,
+    seq_len: &Obj<'py>,
+    block_counts: usize,
+    (block_size, init_blocks, local_blocks): (Opt<'_, 'py>, Opt<'_, 'py>, Opt<'_, 'py>),
+    scale: Option<f64>,
+    ck_scale: Opt<'_, 'py>,
+    formats: (Option<Named<QueryFormat>>, Option<Named<KeyFormat>>),
+) -> PyResult<CompressedCall<'py>> {
+    let block_size = S.count_or(block_size, "block_size", I32_MAX, nsa::FLA_BLOCK_SIZE)?;
+    if block_size == 0 {
+        return Err(refuse(S, "block_size", "block_size must be at least 1"));
+    }
+    let init = S.count_or(init_blocks, "init_blocks", I32_MAX, nsa::FLA_INIT_BLOCKS)?;
+    let local = S.count_or(local_blocks, "local_blocks", I32_MAX, nsa::FLA_LOCAL_BLOCKS)?;
+    let seq_n = S.count(seq_len, "seq_len", I32_MAX)?;
+    let (qe, qshape) = EncodedIn::new(S, q, "q", formats.0.format_arg())?;
+    let [n_q, hq, d] = qshape[..] else {
+        let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D", qshape.len());
+        return Err(refuse(S, "q", msg));
+    };
+    let (ce, cshape) = EncodedIn::new(S, ck, "ck", formats.1.format_arg())?;
+    let [_, n_kv, dk] = cshape[..] else {
+        let msg = format!(
+            "ck must be 3-D [n_c, n_kv_heads, d], got {}-D",
+            cshape.len()
+        );
+        return Err(refuse(S, "ck", msg));
+    };
+    if dk != d {
+        return Err(refuse(S, "ck", format!("ck has d={dk} but q has d={d}")));
+    }
+    let scale = scale.unwrap_or_else(|| softmax_scale(d) as f64) as f32;
+    let ck_scale = match ck_scale {
+        Some(o) => Some(S.input::<f32, 1>(o, "ck_scale", "[n_c]")?),
+        None => None,
+    };
+    Ok(CompressedCall {
+        q: qe,
+        ck: ce,
+        ck_scale,
+        hq,
+        n_kv,
+        d,
+        n_q,
+        seq_len: seq_n,
+        raw: ndarrays(&[seq_len]),
+        cfg: Config {
+            block_size,
+            block_counts,
+            init_blocks: init,
+            local_blocks: local,
+            scale,
+        },
+    })
+}
+
+impl<'py> CompressedCall<'py> {
+    fn inputs(&self) -> Vec<&Bound<'py, PyUntypedArray>> {
+        let mut v = vec![self.q.untyped(), self.ck.untyped()];
+        v.extend(self.ck_scale.as_ref().map(|s| s.untyped()));
+        v.extend(&self.raw);
+        v
+    }
+}
+
+/// :func:`nsa_block_scores` on given compressed keys, as a serving engine keeps
+/// them: the decode path of an engine that caches the mean-pooled keys and
+/// extends the cache as blocks complete (fla's NSA decode reads such a cache).
+///
+/// ``ck`` holds exactly the compressed keys of ``seq_len`` tokens
+/// (:func:`nsa_compress_keys`' layout and count); the queries are the sequence's
+/// last ``n_q`` tokens, as in :func:`nsa_block_scores`. The result equals
+/// :func:`nsa_block_scores` bit for bit on any keys whose compressed keys have
+/// ``ck``'s values: from the compressed keys on, the two run the same code.
+///
+/// Parameters
+/// ----------
+/// q : array_like, [n_q, n_q_heads, d]
+///     The queries, as :func:`nsa_block_scores`.
+/// ck : array_like, [n_c, n_kv_heads, d]
+///     The compressed keys: ``n_c = seq_len // block_size`` (fla's window; the
+///     complete blocks' means) or Eq. 9's ``(seq_len - kernel_size) // kernel_stride
+///     + 1`` (0 below ``kernel_size`` tokens). Any key format, read in place
+///     (float32 without a copy).
+/// seq_len : int
+///     Tokens in the sequence, the queries' own included (a query's block and the
+///     blocks it has seen whole depend on it, not on ``n_c`` alone).
+/// block_size, init_blocks, local_blocks, scale, window, kernel_size, kernel_stride
+///     As :func:`nsa_block_scores`.
+/// ck_scale : array_like of float32, [n_c], optional
+///     Each compressed key's scale (fp8 keys): its value is ``ck * scale``, rounded
+///     to float32.
+/// query_format, key_format : str, optional
+///     The formats of raw uint16 / uint8 ``q`` and ``ck``.
+///
+/// Returns
+/// -------
+/// ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)]
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names it) when ``q`` or ``ck`` is not 3-D or
+///     their ``d`` differ (``q``, ``ck``); ``ck`` does not hold ``seq_len``'s
+///     compressed keys (``ck``); ``ck_scale`` is not one per compressed key;
+///     ``seq_len`` is 0; ``q``'s heads are not a multiple of ``ck``'s or there are
+///     more queries than tokens (``q``); ``scale`` is not finite; ``block_size`` is
+///     0; ``window`` names nothing (``window``); Eq. 9's stride does not divide
+///     ``block_size`` or ``kernel_size`` (``kernel_stride``, ``kernel_size``).
+///
+/// See Also
+/// --------
+/// nsa_select_compressed : the blocks each query reads.
+/// nsa_compress_keys : the compressed keys.
+///
+/// Examples
+/// --------
+/// >>> import numpy as np, kvselect
+/// >>> q = np.ones((1, 2, 4), dtype=np.float32)
+/// >>> k = np.zeros((20, 1, 4), dtype=np.float32); k[8:12] = 1.0
+/// >>> ck = kvselect.nsa_compress_keys(k, block_size=4)
+/// >>> s = kvselect.nsa_block_scores_compressed(q, ck, 20, block_size=4)
+/// >>> np.array_equal(s, kvselect.nsa_block_scores(q, k, block_size=4))
+/// True
+#[pyfunction]
+#[pyo3(
+    signature = (q, ck, seq_len, *, block_size=None, init_blocks=None, local_blocks=None,
+                 scale=None, ck_scale=None, query_format=None, key_format=None, window=None,
+                 kernel_size=None, kernel_stride=None),
+    text_signature = "(q, ck, seq_len, *, block_size=64, init_blocks=1, local_blocks=2, \
+                      scale=None, ck_scale=None, query_format=None, key_format=None, \
+                      window='fla', kernel_size=32, kernel_stride=16)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn nsa_block_scores_compressed<'py>(
+    py: Python<'py>,
+    q: &Obj<'py>,
+    ck: &Obj<'py>,
+    seq_len: &Obj<'py>,
+    block_size: Opt<'_, 'py>,
+    init_blocks: Opt<'_, 'py>,
+    local_blocks: Opt<'_, 'py>,
+    scale: Option<f64>,
+    ck_scale: Opt<'_, 'py>,
+    query_format: Option<Named<QueryFormat>>,
+    key_format: Option<Named<KeyFormat>>,
+    window: Option<Named<WindowName>>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
+) -> PyResult<F32<'py>> {
+    let c = compressed_call(
+        q,
+        ck,
+        seq_len,
+        1,
+        (block_size, init_blocks, local_blocks),
+        scale,
+        ck_scale,
+        (query_format, key_format),
+    )?;
+    let w = read_window(window, (kernel_size, kernel_stride), false)?;
+    let nb = c.cfg.n_blocks(c.seq_len);
+    let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.n_kv, nb], &c.inputs())?;
+    let (qs, cs) = (c.q.encoded()?, c.ck.encoded()?);
+    let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
+    let o = out.slice()?;
+    let work = c.n_q * c.hq * cs.len() / c.n_kv.max(1);
+    let (hq, n_kv, d, n, cfg) = (c.hq, c.n_kv, c.d, c.seq_len, &c.cfg);
+    detach(py, work, || {
+        nsa::block_scores_compressed_into(qs, hq, cs, sc, n_kv, d, n, (cfg, w), o)
+    })?;
+    Ok(out.finish())
+}
+
+/// :func:`nsa_select` on given compressed keys (see
+/// :func:`nsa_block_scores_compressed`): the rows an engine's decode reads,
+/// equal to :func:`nsa_select`'s on any keys whose compressed keys have
+/// ``ck``'s values.
+///
+/// Parameters
+/// ----------
+/// q, ck, seq_len
+///     As :func:`nsa_block_scores_compressed`.
+/// block_counts : int, optional
+///     Blocks a row (fla's 16), at least 1.
+/// block_size, init_blocks, local_blocks, scale, ck_scale, query_format, key_format
+///     As :func:`nsa_block_scores_compressed`.
+/// window, kernel_size, kernel_stride : optional
+///     As :func:`nsa_block_scores`.
+///
+/// Returns
+/// -------
+/// ndarray of int32, [n_q, n_kv_heads, block_counts]
+///     Block ids ascending, then ``-1``.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     As :func:`nsa_block_scores_compressed`, and when ``block_counts`` is 0
+///     (``block_counts``).
+///
+/// See Also
+/// --------
+/// nsa_select : the same rows from the keys.
+/// nsa_compress_keys : the compressed keys.
+///
+/// Examples
+/// --------
+/// >>> import numpy as np, kvselect
+/// >>> q = np.ones((1, 2, 4), dtype=np.float32)
+/// >>> ck = np.zeros((5, 1, 4), dtype=np.float32); ck[2] = 1.0
+/// >>> kvselect.nsa_select_compressed(q, ck, 20, 4, block_size=4)[0, 0].tolist()
+/// [0, 2, 3, 4]
+#[pyfunction]
+#[pyo3(
+    signature = (q, ck, seq_len, block_counts=None, *, block_size=None, init_blocks=None,
+                 local_blocks=None, scale=None, ck_scale=None, query_format=None,
+                 key_format=None, window=None, kernel_size=None, kernel_stride=None),
+    text_signature = "(q, ck, seq_len, block_counts=16, *, block_size=64, init_blocks=1, \
+                      local_blocks=2, scale=None, ck_scale=None, query_format=None, \
+                      key_format=None, window='fla', kernel_size=32, kernel_stride=16)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn nsa_select_compressed<'py>(
+    py: Python<'py>,
+    q: &Obj<'py>,
+    ck: &Obj<'py>,
+    seq_len: &Obj<'py>,
+    block_counts: Opt<'_, 'py>,
+    block_size: Opt<'_, 'py>,
+    init_blocks: Opt<'_, 'py>,
+    local_blocks: Opt<'_, 'py>,
+    scale: Option<f64>,
+    ck_scale: Opt<'_, 'py>,
+    query_format: Option<Named<QueryFormat>>,
+    key_format: Option<Named<KeyFormat>>,
+    window: Option<Named<WindowName>>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
+) -> PyResult<I32<'py>> {
+    let n = S.count_or(block_counts, "block_counts", I32_MAX, nsa::FLA_BLOCK_COUNTS)?;
+    if n == 0 {
+        return Err(refuse(
+            S,
+            "block_counts",
+            "block_counts must be at least 1 block",
+        ));
+    }
+    let c = compressed_call(
+        q,
+        ck,
+        seq_len,
+        n,
+        (block_size, init_blocks, local_blocks),
+        scale,
+        ck_scale,
+        (query_format, key_format),
+    )?;
+    let w = read_window(window, (kernel_size, kernel_stride), false)?;
+    let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.n_kv, n], &c.inputs())?;
+    let (qs, cs) = (c.q.encoded()?, c.ck.encoded()?);
+    let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
+    let o = out.slice()?;
+    let work = c.n_q * c.hq * cs.len() / c.n_kv.max(1);
+    let (hq, n_kv, d, sl, cfg) = (c.hq, c.n_kv, c.d, c.seq_len, &c.cfg);
+    detach(py, work, || {
+        nsa::select_compressed_into(qs, hq, cs, sc, n_kv, d, sl, (cfg, w), o)
+    })?;
+    Ok(out.finish())
+}

@@ -1,0 +1,23 @@
+//! NSA's block selection as fla computes it, every entry point raising
+//! `SelectionError`, one file per family: the `window` option in
+//! [`window`]; the entry points on the keys, dense and packed, in [`dense`];
+//! those on given compressed keys (an engine's decode) in [`compressed`].
+//! This file only registers them.
+
+mod compressed;
+mod dense;
+mod window;
+
+use pyo3::prelude::*;
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(dense::nsa_block_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(dense::nsa_select, m)?)?;
+    m.add_function(wrap_pyfunction!(compressed::nsa_compress_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        compressed::nsa_block_scores_compressed,
+        m
+    )?)?;
+    m.add_function(wrap_pyfunction!(compressed::nsa_select_compressed, m)?)?;
+    Ok(())
+}
