@@ -156,6 +156,18 @@ def quest_update(
 ) -> None:
     """A decode step's update, in place (``kvselect.quest_update``): the page's
     first token sets its bounds, a later one folds in."""
+    # The bounds are written in place: checked whole before anything is
+    # written (a refused call leaves them byte-identical), never converted.
+    for name, b in (("kmin", kmin), ("kmax", kmax)):
+        if not isinstance(b, np.ndarray) or b.dtype != np.float32:
+            raise TypeError(f"{name} must be a float32 numpy array, got {getattr(b, 'dtype', type(b).__name__)}")
+        f = b.flags
+        if b.ndim != 3 or not (f.c_contiguous and f.writeable and f.aligned and b.dtype.isnative):
+            raise ReferenceSelectionError(
+                name, f"{name} must be a 3-D C-contiguous, writeable, aligned, native-order buffer, got {b.shape}"
+            )
+    if kmax.shape != kmin.shape:
+        raise ReferenceSelectionError("kmax", f"kmax has shape {list(kmax.shape)} but kmin {list(kmin.shape)}")
     t = _count("pos", pos)
     p = _count("page_size", page_size)
     page, slot = divmod(t, p)
