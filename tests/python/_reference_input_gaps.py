@@ -184,5 +184,11 @@ REFERENCE_INPLACE_GAPS = {
 REFERENCE_PAGED_GAPS = {
     f"{name}-{fmt}-reference": "the reference reads a paged cache in the other byte order instead of refusing it"
     for name in ("quest_bounds_paged", "infllm_select_paged", "moba_select_paged")
-    for fmt in ("float32", "float16", "bfloat16")
+    for fmt in ("float32", "float16", "bfloat16", "raw-float16", "raw-bfloat16")
+}
+
+# The eviction baselines' reference indexes its arguments before converting them.
+REFERENCE_LAYOUT_GAPS = {
+    f"{name}-float32-memoryview-reference": "the reference slices a memoryview before converting it"
+    for name in ("snapkv_scores", "tova_scores", "observed_attention_scores", "h2o_keep")
 }

@@ -36,6 +36,7 @@ from _reference_input_gaps import (
     REFERENCE_BENT_GAPS,
     REFERENCE_INPLACE_GAPS,
     REFERENCE_KIND_GAPS,
+    REFERENCE_LAYOUT_GAPS,
     REFERENCE_OUT_GAPS,
     REFERENCE_PAGED_GAPS,
 )
@@ -862,16 +863,25 @@ def test_an_in_place_buffer_is_never_converted(spec_id, key, kind, impl):
 
 # -- byte order and alignment ---------------------------------------------------
 
-FORMATS = ["float32", "float16", "bfloat16"]
+FORMATS = ["float32", "float16", "bfloat16", "float8_e4m3fn", "raw-bfloat16", "raw-float16", "raw-float8"]
+MULTIBYTE = ["float32", "float16", "bfloat16", "raw-bfloat16", "raw-float16"]
 
 
 def _encode(a, spec: Spec, fmt: str):
-    """``a`` with its low-precision arguments in ``fmt``."""
+    """``a`` with its low-precision arguments in ``fmt`` (a raw format: the bits as
+    uint16 / uint8 with the format keyword)."""
     a = dict(a)
     if fmt == "float32":
         return a
-    for key in spec.lowp:
-        a[key] = a[key].astype(np.float16 if fmt == "float16" else ml_dtypes.bfloat16)
+    raw = fmt.startswith("raw-")
+    name = {"raw-bfloat16": "bfloat16", "raw-float16": "float16", "raw-float8": "float8_e4m3fn"}.get(fmt, fmt)
+    dtype = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}[name]
+    for key, keyword in spec.lowp.items():
+        x = a[key].astype(dtype)
+        if raw:
+            x = x.view(np.uint8 if x.itemsize == 1 else np.uint16)
+            a[keyword] = name
+        a[key] = x
     return a
 
 
@@ -889,35 +899,47 @@ def _read_only(spec: Spec, a):
     return [k for k in _arrays(a) if k not in spec.inplace]
 
 
+def _strided(x):
+    """The same values in a view of every other element of a wider buffer."""
+    if x.ndim == 0:
+        return x
+    wide = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
+    wide[..., ::2] = x
+    return wide[..., ::2]
+
+
+def _memoryview(x):
+    """The same values as a memoryview (the buffer protocol; ml_dtypes' types have none)."""
+    return memoryview(x) if x.dtype.kind in "iuf" and x.ndim else x
+
+
+HOWS = {"swapped": _swapped, "misaligned": _misaligned, "strided": _strided, "memoryview": _memoryview}
+
 LAYOUT = [
-    pytest.param(spec.id, fmt, impl, id=f"{spec.id}-{fmt}-{impl}")
+    _param((spec.id, fmt, how, impl), f"{spec.id}-{fmt}-{how}-{impl}", REFERENCE_LAYOUT_GAPS)
     for spec in SPECS
     for fmt in (FORMATS if spec.lowp else ["float32"])
+    for how in HOWS
+    if not (how == "swapped" and fmt not in MULTIBYTE)
     for impl in _impls(spec)
 ]
 
 
-@pytest.mark.parametrize("spec_id,fmt,impl", LAYOUT)
-def test_dense_inputs_in_the_other_byte_order_give_the_native_bits(spec_id, fmt, impl):
+@pytest.mark.parametrize("spec_id,fmt,how,impl", LAYOUT)
+def test_swapped_misaligned_strided_or_memoryview_inputs_give_the_native_bits(spec_id, fmt, how, impl):
     spec = BY_ID[spec_id]
     a = _encode(_args(spec), spec, fmt)
     want = _bits(_call(spec, impl, a))
     b = _encode(_args(spec), spec, fmt)
-    bent = [k for k in _read_only(spec, b) if k != "kv_cache" and b[k].dtype.itemsize > 1]
+    # every read-only array (a paged cache in the other byte order is refused: below)
+    bent = [k for k in _read_only(spec, b) if not (how == "swapped" and k == "kv_cache")]
+    if how == "swapped":
+        bent = [k for k in bent if b[k].dtype.itemsize > 1]
     assert bent, "the case is real"
     for k in bent:
-        b[k] = _swapped(b[k])
-    assert _bits(_call(spec, impl, b)) == want
-
-
-@pytest.mark.parametrize("spec_id,fmt,impl", LAYOUT)
-def test_misaligned_inputs_give_the_aligned_bits(spec_id, fmt, impl):
-    spec = BY_ID[spec_id]
-    a = _encode(_args(spec), spec, fmt)
-    want = _bits(_call(spec, impl, a))
-    b = _encode(_args(spec), spec, fmt)
-    for k in _read_only(spec, b):
-        b[k] = _misaligned(b[k])
+        b[k] = HOWS[how](b[k])
+    if how == "swapped":
+        assert not any(b[k].dtype.isnative for k in bent)
     assert _bits(_call(spec, impl, b)) == want
 
 
@@ -925,7 +947,7 @@ PAGED = [
     _param((spec.id, fmt, impl), f"{spec.id}-{fmt}-{impl}", REFERENCE_PAGED_GAPS)
     for spec in SPECS
     if "kv_cache" in spec.build()
-    for fmt in FORMATS
+    for fmt in MULTIBYTE
     for impl in _impls(spec)
 ]
 
