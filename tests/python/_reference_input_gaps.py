@@ -67,6 +67,19 @@ REFERENCE_BENT_GAPS = {
     "h2o_keep-k-transposed-reference": "the reference raises IndexError",
     "h2o_keep-k-reshaped-reference": "the reference raises IndexError",
     "keep_top-scores-reshaped-reference": "the reference raises TypeError",
+    "quest_bounds_paged[fp8_scaled]-kv_cache-transposed-reference": "the reference raises ValueError",
+    "quest_bounds_paged[fp8_scaled]-kv_cache-reshaped-reference": "the reference raises ValueError",
+    "quest_bounds_paged[fp8_scaled]-block_table-transposed-reference": "the reference raises IndexError",
+    "infllm_select_paged[fp8_scaled]-kv_cache-transposed-reference": "the reference raises ValueError",
+    "infllm_select_paged[fp8_scaled]-kv_cache-reshaped-reference": "the reference raises IndexError",
+    "infllm_select_paged[fp8_scaled]-block_table-transposed-reference": "the reference accepts it",
+    "infllm_select_paged[fp8_scaled]-block_table-reshaped-reference": "the reference raises IndexError",
+    "infllm_select_paged[fp8_scaled]-seq_lens-reshaped-reference": "the reference accepts it",
+    "moba_select_paged[fp8_scaled]-kv_cache-transposed-reference": "the reference raises ValueError",
+    "moba_select_paged[fp8_scaled]-kv_cache-reshaped-reference": "the reference raises IndexError",
+    "moba_select_paged[fp8_scaled]-block_table-transposed-reference": "the reference raises IndexError",
+    "moba_select_paged[fp8_scaled]-block_table-reshaped-reference": "the reference raises IndexError",
+    "moba_select_paged[fp8_scaled]-seq_lens-reshaped-reference": "the reference accepts it",
 }
 REFERENCE_KIND_GAPS = {
     "quest_bounds-key_scale-reference": "the reference accepts it",
@@ -151,6 +164,15 @@ REFERENCE_KIND_GAPS = {
     "h2o_keep-q-reference": "the reference accepts it",
     "h2o_keep-k-reference": "the reference accepts it",
     "keep_top-scores-reference": "the reference accepts it",
+    "quest_bounds_paged[fp8_scaled]-kv_cache-reference": "the reference accepts it",
+    "infllm_select_paged[fp8_scaled]-q-reference": "the reference raises TypeError not naming it",
+    "infllm_select_paged[fp8_scaled]-kv_cache-reference": "the reference accepts it",
+    "infllm_select_paged[fp8_scaled]-block_table-reference": "the reference raises IndexError",
+    "infllm_select_paged[fp8_scaled]-seq_lens-reference": "the reference accepts it",
+    "moba_select_paged[fp8_scaled]-q-reference": "the reference raises TypeError not naming it",
+    "moba_select_paged[fp8_scaled]-kv_cache-reference": "the reference accepts it",
+    "moba_select_paged[fp8_scaled]-block_table-reference": "the reference raises IndexError",
+    "moba_select_paged[fp8_scaled]-seq_lens-reference": "the reference accepts it",
 }
 
 # out= buffers: the reference writes through a strided out= (the native

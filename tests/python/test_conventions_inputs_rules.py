@@ -91,6 +91,27 @@ def _normal(shape, salt=0):
     return _rng(salt).standard_normal(shape).astype(np.float32)
 
 
+def _fp8_scaled(keys):
+    """``keys`` [num_blocks, page_size, row] as vLLM's scaled fp8 pages: uint8
+    [num_blocks, page_size, row + 4], each page its ``page_size x row`` e4m3fn bytes, then
+    one float32 scale per token."""
+    n, bs, row = keys.shape
+    scales = (_rng(99).random((n, bs)) + 0.5).astype(np.float32)
+    fp8 = keys.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).reshape(n, bs * row)
+    pages = np.concatenate([fp8, scales.view(np.uint8).reshape(n, bs * 4)], axis=1)
+    return np.ascontiguousarray(pages.reshape(n, bs, row + 4))
+
+
+def _scaled(build):
+    """``build``'s call over the same pages in the scaled fp8 layout."""
+
+    def scaled():
+        a = build()
+        return dict(a, kv_cache=_fp8_scaled(a["kv_cache"]), page_layout="fp8_scaled")
+
+    return scaled
+
+
 # -- Quest -------------------------------------------------------------------
 
 Q_KEYS = (40, 2, 8)  # tokens, n_kv_heads, d
@@ -448,25 +469,28 @@ SPECS = [
     Spec("quest_bounds", _quest_bounds, outs={"out": None}, twin_outs=False, lowp={"keys": "key_format"}),
     Spec("quest_bounds", _quest_bounds_packed, "packed", outs={"out": None}, twin_outs=False),
     Spec("quest_bounds_paged", _quest_bounds_paged, lowp={"kv_cache": "key_format"}),
+    Spec("quest_bounds_paged", _scaled(_quest_bounds_paged), "fp8_scaled"),
     Spec("quest_update", _quest_update, inplace=("kmin", "kmax"), lowp={"key": "key_format"}),
     Spec("quest_scores", _quest_scores, lowp={"q": "query_format"}),
     Spec("quest_select", _quest_select, lowp={"q": "query_format"}),
     # InfLLM-v2
     Spec("infllm_block_scores", _infllm, lowp={"q": "query_format", "ck": "key_format"}),
-    Spec("infllm_block_scores", _infllm_packed, "packed"),
+    Spec("infllm_block_scores", _infllm_packed, "packed", lowp={"q": "query_format", "ck": "key_format"}),
     Spec("infllm_select", _infllm_select, lowp={"q": "query_format", "ck": "key_format"}),
-    Spec("infllm_select", _infllm_select_packed, "packed"),
+    Spec("infllm_select", _infllm_select_packed, "packed", lowp={"q": "query_format", "ck": "key_format"}),
     Spec("infllm_select_paged", _infllm_select_paged, lowp={"kv_cache": "key_format"}),
+    Spec("infllm_select_paged", _scaled(_infllm_select_paged), "fp8_scaled"),
     # NSA
     Spec("nsa_block_scores", _nsa, lowp={"q": "query_format", "k": "key_format"}),
-    Spec("nsa_block_scores", _nsa_packed, "packed"),
+    Spec("nsa_block_scores", _nsa_packed, "packed", lowp={"q": "query_format", "k": "key_format"}),
     Spec("nsa_select", _nsa_select, lowp={"q": "query_format", "k": "key_format"}),
-    Spec("nsa_select", _nsa_select_packed, "packed"),
+    Spec("nsa_select", _nsa_select_packed, "packed", lowp={"q": "query_format", "k": "key_format"}),
     # MoBA
     Spec("moba_gates", _moba_gates, lowp={"q": "query_format", "k": "key_format"}),
     Spec("moba_select", _moba_select, lowp={"q": "query_format", "k": "key_format"}),
-    Spec("moba_select", _moba_select_packed, "packed"),
+    Spec("moba_select", _moba_select_packed, "packed", lowp={"q": "query_format", "k": "key_format"}),
     Spec("moba_select_paged", _moba_select_paged, lowp={"kv_cache": "key_format"}),
+    Spec("moba_select_paged", _scaled(_moba_select_paged), "fp8_scaled"),
     # MInference vertical-slash
     Spec("vslash_scores", _vslash_scores, lowp={"keys": "key_format"}),
     Spec("vslash_select", _vslash_select, lowp={"keys": "key_format"}),
@@ -637,6 +661,10 @@ NAMED = {
     "output_relative_error_rows": {("sparse", "transposed"): "dense", ("sparse", "reshaped"): "dense"},
     "check_witnesses": {("before", "transposed"): "after", ("before", "reshaped"): "after"},
     "check_blocks": {("block_scores", "reshaped"): "rows", ("rows", "reshaped"): "block_scores"},
+    "infllm_select_paged[fp8_scaled]": {
+        ("q", "transposed"): {"reference": "ck"},
+        ("kv_cache", "transposed"): {"native": "n_kv_heads"},
+    },
 }
 
 
@@ -946,7 +974,7 @@ def test_swapped_misaligned_strided_or_memoryview_inputs_give_the_native_bits(sp
 PAGED = [
     _param((spec.id, fmt, impl), f"{spec.id}-{fmt}-{impl}", REFERENCE_PAGED_GAPS)
     for spec in SPECS
-    if "kv_cache" in spec.build()
+    if "kv_cache" in spec.lowp  # (a scaled fp8 cache is bytes: no byte order)
     for fmt in MULTIBYTE
     for impl in _impls(spec)
 ]
