@@ -96,8 +96,8 @@ def _inputs(
     n = _count("seq_len", seq_len)
     if n == 0:
         raise ReferenceSelectionError("seq_len", "seq_len must be at least 1 (the query's own token)")
-    qa = decode(q, query_format, "query_format")
-    ka = decode(ck, key_format, "key_format")
+    qa = decode(q, query_format, "query_format", name="q")
+    ka = decode(ck, key_format, "key_format", name="ck")
     if qa.ndim != 3:
         raise ReferenceSelectionError("q", f"q must be 3-D [n_q, n_q_heads, d], got {qa.ndim}-D")
     if ka.ndim != 3:
@@ -458,8 +458,8 @@ def _packed(
     """``fn`` (the dense twin) on each sequence of a packed batch, rows concatenated and
     padded with ``pad``."""
     geo = {k: kw[k] for k in ("kernel_size", "kernel_stride")}
-    qa = decode(q, kw.get("query_format"), "query_format")
-    ka = decode(ck, kw.get("key_format"), "key_format")
+    qa = decode(q, kw.get("query_format"), "query_format", name="q")
+    ka = decode(ck, kw.get("key_format"), "key_format", name="ck")
     if qa.ndim != 3 or ka.ndim != 3:
         raise ReferenceSelectionError("q" if qa.ndim != 3 else "ck", "q and ck must be 3-D")
     seqs = packed_sequences(qa, ka, seq_len, cu_q, cu_k, **geo)
@@ -503,7 +503,7 @@ def gather_paged(
     rows = [cache[table[s, j // page], j % page] for j in range(n_rows)]
     if not rows:
         return np.zeros((0, h, cache.shape[2] // h), np.float32)
-    return decode(np.stack(rows), key_format).astype(np.float32).reshape(n_rows, h, -1)
+    return decode(np.stack(rows), key_format, "key_format", name="kv_cache").astype(np.float32).reshape(n_rows, h, -1)
 
 
 def infllm_select_paged(
@@ -523,7 +523,7 @@ def infllm_select_paged(
     its block-table row, its one query at its last token, the dense twin's row."""
     h = _count("n_kv_heads", n_kv_heads)
     lens = [int(x) for x in np.asarray(seq_lens).reshape(-1).tolist()]
-    qa = decode(q, query_format, "query_format")
+    qa = decode(q, query_format, "query_format", name="q")
     kz, st = kw.get("kernel_size", KERNEL_SIZE), kw.get("kernel_stride", KERNEL_STRIDE)
     out = np.full((len(lens), h, _count("topk", topk)), -1, np.int32)
     for s, n in enumerate(lens):

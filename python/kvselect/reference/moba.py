@@ -40,7 +40,7 @@ def _variant(variant: str) -> str:
 
 def _keys(k: Any, key_scale: Any, key_format: Optional[str]) -> np.ndarray:
     """The keys' values as float64: each the float32 ``k * scale`` of a scaled key."""
-    v = decode(k, key_format, "key_format")
+    v = decode(k, key_format, "key_format", name="k")
     if v.ndim != 3:
         raise ReferenceSelectionError("k", f"k must be 3-D [n_keys, n_kv_heads, d], got {v.ndim}-D")
     if key_scale is not None:
@@ -52,7 +52,7 @@ def _keys(k: Any, key_scale: Any, key_format: Optional[str]) -> np.ndarray:
 
 
 def _queries(q: Any, query_format: Optional[str], d: int, h: int) -> np.ndarray:
-    v = decode(q, query_format, "query_format")
+    v = decode(q, query_format, "query_format", name="q")
     if v.ndim != 3 or v.shape[2] != d or v.shape[1] % h or v.shape[1] == 0:
         raise ReferenceSelectionError("q", f"q must be [n_queries, a multiple of {h} heads, d={d}], got {v.shape}")
     return v
@@ -233,7 +233,7 @@ def moba_select_paged(
             ks = (kd.astype(np.float32) * sc[:, None, None].astype(np.float32)).astype(np.float32)
         else:
             rows = [cache[table[s, t // page], t % page] for t in range(n)]
-            ks = decode(np.stack(rows), key_format).reshape(n, h, -1)
+            ks = decode(np.stack(rows), key_format, "key_format", name="kv_cache").reshape(n, h, -1)
         outs.append(moba_select(qv[s : s + 1], ks, topk, block_size, query_format=query_format, variant=variant))
     max_blocks = max((-(-n // int(block_size)) for n in lens), default=0)
     w = width(_variant(variant), int(topk), max_blocks)

@@ -44,7 +44,7 @@ def nsa_compress_keys(
     complete block's mean, every key's float32 value times its token's scale (the product
     rounded to float32). The trailing incomplete block is not compressed."""
     bs = _block_size(block_size)
-    ka = decode(k, key_format, "key_format")
+    ka = decode(k, key_format, "key_format", name="k")
     if ka.ndim != 3 or ka.shape[0] == 0:
         raise ReferenceSelectionError("k", f"k must be 3-D [seq_len >= 1, n_kv_heads, d], got shape {ka.shape}")
     if k_scale is not None:
@@ -97,8 +97,8 @@ def nsa_block_scores(
     bs = _block_size(block_size)
     init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
     ck = nsa_compress_keys(k, bs, k_scale=k_scale, key_format=key_format)
-    seq_len = decode(k, key_format, "key_format").shape[0]
-    qa = decode(q, query_format, "query_format")
+    seq_len = decode(k, key_format, "key_format", name="k").shape[0]
+    qa = decode(q, query_format, "query_format", name="q")
     if qa.ndim == 3 and qa.shape[2] != ck.shape[2]:
         raise ReferenceSelectionError("k", f"k has d={ck.shape[2]} but q has d={qa.shape[2]}")
     s = group_scores(q, ck, seq_len, scale=scale, query_format=query_format, kernel_size=bs, kernel_stride=bs)
@@ -194,12 +194,12 @@ def nsa_score_bound(
     docs/kernels.md); ``T = 2 G 2^-123``."""
     bs = _block_size(block_size)
     ck = nsa_compress_keys(k, bs, k_scale=k_scale, key_format=key_format)
-    kabs = np.abs(decode(k, key_format, "key_format"))
+    kabs = np.abs(decode(k, key_format, "key_format", name="k"))
     if k_scale is not None:
         kabs = np.abs(kabs.astype(np.float32) * np.asarray(k_scale, np.float32)[:, None, None]).astype(np.float64)
     seq_len = kabs.shape[0]
     m = kabs[: ck.shape[0] * bs].reshape(ck.shape[0], bs, *kabs.shape[1:]).mean(axis=1)
-    qa = decode(q, query_format, "query_format")
+    qa = decode(q, query_format, "query_format", name="q")
     if qa.ndim != 3 or qa.shape[2] != ck.shape[2] or qa.shape[1] % ck.shape[1]:
         raise ReferenceSelectionError("q", f"q of shape {qa.shape} does not fit k")
     n_q, hq, d = qa.shape
@@ -268,7 +268,7 @@ def _packed(
 ) -> np.ndarray:
     """``fn`` (the dense twin) on each sequence with queries, rows concatenated, padded
     with ``pad``."""
-    qa, ka = decode(q, qf, "query_format"), decode(k, kf, "key_format")
+    qa, ka = decode(q, qf, "query_format", name="q"), decode(k, kf, "key_format", name="k")
     if qa.ndim != 3 or ka.ndim != 3:
         raise ReferenceSelectionError("q" if qa.ndim != 3 else "k", "q and k must be 3-D")
     sc = None if k_scale is None else np.asarray(k_scale, np.float32)
@@ -314,7 +314,7 @@ def eq9_compress_keys(
     """Eq. 9's compressed keys ``[(n - l) // d + 1, h, dim]`` (float64, exact): key ``c``
     the mean of tokens ``c d .. c d + l``, each key's float32 value times its token's
     scale; and the means of ``|k|`` over the same windows (the bound's ``m``)."""
-    ka = decode(k, key_format, "key_format")
+    ka = decode(k, key_format, "key_format", name="k")
     if ka.ndim != 3 or ka.shape[0] == 0:
         raise ReferenceSelectionError("k", f"k must be 3-D [seq_len >= 1, n_kv_heads, d], got shape {ka.shape}")
     if k_scale is not None:
@@ -358,8 +358,8 @@ def _eq9_scores(
     bs, kz, st = geo
     init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
     ck, _ = eq9_compress_keys(k, kz, st, k_scale=k_scale, key_format=kf)
-    seq_len = decode(k, kf, "key_format").shape[0]
-    qa = decode(q, qf, "query_format")
+    seq_len = decode(k, kf, "key_format", name="k").shape[0]
+    qa = decode(q, qf, "query_format", name="q")
     if qa.ndim == 3 and qa.shape[2] != ck.shape[2]:
         raise ReferenceSelectionError("k", f"k has d={ck.shape[2]} but q has d={qa.shape[2]}")
     s = group_scores(q, ck, seq_len, scale=scale, query_format=qf, kernel_size=kz, kernel_stride=st)
@@ -396,8 +396,8 @@ def eq9_score_bound(
     R)(1 + gamma_A) - 1``, ``T' = A T (1 + gamma_A)``."""
     bs, kz, st = _window("eq9", _block_size(block_size), kernel_size, kernel_stride, None, None) or (0, 0, 0)
     ck, m = eq9_compress_keys(k, kz, st, k_scale=k_scale, key_format=key_format)
-    seq_len = decode(k, key_format, "key_format").shape[0]
-    qa = decode(q, query_format, "query_format")
+    seq_len = decode(k, key_format, "key_format", name="k").shape[0]
+    qa = decode(q, query_format, "query_format", name="q")
     if qa.ndim != 3 or qa.shape[2] != ck.shape[2] or qa.shape[1] % ck.shape[1]:
         raise ReferenceSelectionError("q", f"q of shape {qa.shape} does not fit k")
     n_q, hq, d = qa.shape

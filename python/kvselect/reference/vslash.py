@@ -51,7 +51,7 @@ def vslash_sizes(seq_len: int, vertical_size: int, slash_size: int) -> Tuple[int
 
 
 def _inputs(q: Any, keys: Any, key_scale: Optional[Any], key_format: Optional[str]) -> Tuple[np.ndarray, np.ndarray]:
-    k = decode(keys, key_format, "key_format")
+    k = decode(keys, key_format, "key_format", name="keys")
     if k.ndim != 3:
         raise ReferenceSelectionError("keys", f"keys must be 3-D [seq_len, n_kv_heads, d], got {k.ndim}-D")
     if key_scale is not None:
