@@ -184,3 +184,6 @@ REFERENCE_LAYOUT_GAPS = {
     f"{name}-float32-memoryview-reference": "the reference slices a memoryview before converting it"
     for name in ("snapkv_scores", "tova_scores", "observed_attention_scores", "h2o_keep")
 }
+
+# out= sharing memory with an input.
+REFERENCE_ALIAS_GAPS: dict = {}

@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 import numpy as np
 import pytest
 from _reference_input_gaps import (
+    REFERENCE_ALIAS_GAPS,
     REFERENCE_BENT_GAPS,
     REFERENCE_INPLACE_GAPS,
     REFERENCE_KIND_GAPS,
@@ -840,6 +841,59 @@ def test_a_good_out_is_returned_filled(spec_id, name, kind, impl):
         assert got[name] is outs[name] and outs[name].tobytes() == want[name].tobytes()
 
 
+# Positions and lengths, read through a copy: an out= sharing their memory is refused
+# whatever their dtype (src/python/args/arrays.rs, `ndarray`).
+POSITIONS_AND_LENGTHS = {
+    "query_pos",
+    "context_lens",
+    "cu_seqlens",
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "seq_lens",
+    "query_start_loc",
+    "gather_lens",
+    "positions",
+}
+
+ALIASED = [
+    _param((spec.id, name, key, dtype, impl), f"{spec.id}-{name}-{key}-{dtype}-{impl}", REFERENCE_ALIAS_GAPS)
+    for spec in OUT_SPECS
+    for name in spec.outs
+    for key in _arrays(spec.build())
+    for dtype in ("as-given", "widened")
+    # (a widened array read through a converted copy aliases nothing the core reads: the
+    # conventions check "after conversion"; positions and lengths are refused either way)
+    if dtype == "as-given" or key in POSITIONS_AND_LENGTHS
+    for impl in _impls(spec)
+    if impl == "native" or spec.twin_outs
+]
+
+
+@pytest.mark.parametrize("spec_id,name,key,dtype,impl", ALIASED)
+def test_an_out_sharing_memory_with_an_input_is_refused_naming_it(spec_id, name, key, dtype, impl):
+    # One byte buffer holds the input (its values, at the start) and the output over it,
+    # whatever their dtypes: no input may alias an output, even one read through a
+    # converted copy ("widened": int64 / float64, which the binding converts).
+    spec = BY_ID[spec_id]
+    a = _args(spec)
+    good = _good_outs(spec, impl, a)[name]
+    first = good[0] if isinstance(good, tuple) else good
+    x = a[key]
+    if dtype == "widened":
+        x = x.astype(np.int64 if x.dtype.kind in "iu" else np.float64)
+    buf = np.zeros(max(x.nbytes, first.nbytes) + 64, np.uint8)
+    a[key] = buf[: x.nbytes].view(x.dtype).reshape(x.shape)
+    a[key][...] = x
+    over = buf[: first.nbytes].view(first.dtype).reshape(first.shape)
+    outs = _good_outs(spec, impl, _args(spec))
+    outs[name] = (over,) + tuple(good[1:]) if isinstance(good, tuple) else over
+    before = buf.tobytes()
+    with pytest.raises(_error(spec, impl)) as e:
+        _call(spec, impl, a, **outs)
+    assert e.value.argument == name, str(e.value)
+    assert buf.tobytes() == before
+
+
 # -- in-place buffers ---------------------------------------------------------
 
 INPLACE = [
@@ -887,6 +941,38 @@ def test_an_in_place_buffer_is_never_converted(spec_id, key, kind, impl):
     if isinstance(e.value, ValueError):
         assert e.value.argument == key, str(e.value)
     _unchanged(snap)
+
+
+INPLACE_ALIASED = [
+    pytest.param(spec.id, buffer, key, dtype, impl, id=f"{spec.id}-{buffer}-{key}-{dtype}-{impl}")
+    for spec in SPECS
+    for buffer in spec.inplace
+    for key in _arrays(spec.build())
+    if key not in spec.inplace
+    for dtype in ("as-given", "widened")
+    if dtype == "as-given" or key in POSITIONS_AND_LENGTHS
+    for impl in _impls(spec)
+    if impl == "native"  # (the reference's in-place twins take what they are given)
+]
+
+
+@pytest.mark.parametrize("spec_id,buffer,key,dtype,impl", INPLACE_ALIASED)
+def test_an_in_place_buffer_sharing_memory_with_an_input_is_refused(spec_id, buffer, key, dtype, impl):
+    spec = BY_ID[spec_id]
+    a = _args(spec)
+    x, b = a[key], a[buffer]
+    if dtype == "widened":
+        x = x.astype(np.int64 if x.dtype.kind in "iu" else np.float64)
+    mem = np.zeros(max(x.nbytes, b.nbytes) + 64, np.uint8)
+    a[buffer] = mem[: b.nbytes].view(b.dtype).reshape(b.shape)
+    a[buffer][...] = b
+    a[key] = mem[: x.nbytes].view(x.dtype).reshape(x.shape)
+    a[key][...] = x  # (the input's values over the buffer's first bytes)
+    before = mem.tobytes()
+    with pytest.raises(_error(spec, impl)) as e:
+        _call(spec, impl, a)
+    assert e.value.argument == buffer, str(e.value)
+    assert mem.tobytes() == before
 
 
 # -- byte order and alignment ---------------------------------------------------
