@@ -10,7 +10,7 @@ Part of ``kvselect.reference``; see that package's docstring.
 from __future__ import annotations
 
 import operator
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -105,6 +105,23 @@ def _index_array(name: str, value: Any, ndim: int, domain: str, *, positions: bo
         if not positions and (lo < _I32_MIN or hi > _I32_MAX):
             raise _refuse(domain, name, f"{name} holds values outside int32")
     return a.astype(np.int64)
+
+
+def _scales(name: str, value: Any) -> np.ndarray:
+    """A per-token scale vector: 1-D floats (as natively: integers or complex are a
+    ``TypeError``, another rank a refusal naming it), as float32."""
+    a = np.asarray(value)
+    if a.dtype.kind != "f":
+        raise TypeError(f"{name} must hold floats, got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise ReferenceSelectionError(name, f"{name} must be 1-D [n], got {a.ndim}-D")
+    return a.astype(np.float32)
+
+
+def _int_list(name: str, value: Any) -> List[int]:
+    """A 1-D array of non-negative integers (offsets, lengths) as a list, refused
+    naming ``name`` as natively otherwise."""
+    return [int(x) for x in _index_array(name, value, 1, "selection", positions=True).tolist()]
 
 
 def _float_array(name: str, value: Any, ndim: Optional[int], domain: str, *, dtype: Any = np.float32) -> np.ndarray:

@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count
+from ._args import ReferenceSelectionError, _count, _int_list, _scales
 from .keys import decode
 
 _VARIANTS = ("efficient", "naive")
@@ -44,7 +44,7 @@ def _keys(k: Any, key_scale: Any, key_format: Optional[str]) -> np.ndarray:
     if v.ndim != 3:
         raise ReferenceSelectionError("k", f"k must be 3-D [n_keys, n_kv_heads, d], got {v.ndim}-D")
     if key_scale is not None:
-        s = np.asarray(key_scale, np.float32)
+        s = _scales("key_scale", key_scale)
         if s.shape != (len(v),):
             raise ReferenceSelectionError("key_scale", f"key_scale must be [n_keys={len(v)}], got {s.shape}")
         v = (v.astype(np.float32) * s[:, None, None]).astype(np.float64)
@@ -149,7 +149,7 @@ def gate_error_bound(d: int, block_size: int) -> float:
 
 
 def _bounds(cu: Any, n: int, argument: str) -> List[int]:
-    c = [int(x) for x in np.asarray(cu).reshape(-1).tolist()]
+    c = _int_list(argument, cu)
     if not c or c[0] != 0 or c[-1] != n or any(b < a for a, b in zip(c, c[1:])):
         raise ReferenceSelectionError(argument, f"{argument} must rise from 0 to {n}, got {c}")
     return c
@@ -216,7 +216,7 @@ def moba_select_paged(
     """``moba_select`` at decode over a paged cache: each sequence's keys gathered
     through its block-table row, its one query at its last position."""
     h = _count("n_kv_heads", n_kv_heads)
-    lens = [int(x) for x in np.asarray(seq_lens).reshape(-1).tolist()]
+    lens = _int_list("seq_lens", seq_lens)
     cache = np.asarray(kv_cache)
     table = np.asarray(block_table)
     page = cache.shape[1]

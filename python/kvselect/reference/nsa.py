@@ -24,7 +24,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count
+from ._args import ReferenceSelectionError, _count, _int_list, _scales
 from .infllm import compressed_len, gamma, group_ratio, group_scores, order, scores_near
 from .keys import decode
 
@@ -48,7 +48,7 @@ def nsa_compress_keys(
     if ka.ndim != 3 or ka.shape[0] == 0:
         raise ReferenceSelectionError("k", f"k must be 3-D [seq_len >= 1, n_kv_heads, d], got shape {ka.shape}")
     if k_scale is not None:
-        s = np.asarray(k_scale, np.float32)
+        s = _scales("k_scale", k_scale)
         if s.shape != (ka.shape[0],):
             raise ReferenceSelectionError("k_scale", f"k_scale must be [seq_len={ka.shape[0]}]")
         ka = (ka.astype(np.float32) * s[:, None, None]).astype(np.float64)
@@ -196,7 +196,7 @@ def nsa_score_bound(
     ck = nsa_compress_keys(k, bs, k_scale=k_scale, key_format=key_format)
     kabs = np.abs(decode(k, key_format, "key_format", name="k"))
     if k_scale is not None:
-        kabs = np.abs(kabs.astype(np.float32) * np.asarray(k_scale, np.float32)[:, None, None]).astype(np.float64)
+        kabs = np.abs(kabs.astype(np.float32) * _scales("k_scale", k_scale)[:, None, None]).astype(np.float64)
     seq_len = kabs.shape[0]
     m = kabs[: ck.shape[0] * bs].reshape(ck.shape[0], bs, *kabs.shape[1:]).mean(axis=1)
     qa = decode(q, query_format, "query_format", name="q")
@@ -251,7 +251,7 @@ def packed_sequences(n_q: int, n_k: int, cu_seqlens: Any, cu_seqlens_q: Any) -> 
     and queries ``cu_seqlens_q[s] ..`` (default ``cu_seqlens``), the last of its keys."""
 
     def cu(argument: str, c: Any, n: int) -> List[int]:
-        v = [int(x) for x in np.asarray(c).reshape(-1).tolist()]
+        v = _int_list(argument, c)
         if not v or v[0] != 0 or v[-1] != n or any(b < a for a, b in zip(v, v[1:])):
             raise ReferenceSelectionError(argument, f"{argument} must rise from 0 to {n}, got {v}")
         return v
@@ -271,7 +271,7 @@ def _packed(
     qa, ka = decode(q, qf, "query_format", name="q"), decode(k, kf, "key_format", name="k")
     if qa.ndim != 3 or ka.ndim != 3:
         raise ReferenceSelectionError("q" if qa.ndim != 3 else "k", "q and k must be 3-D")
-    sc = None if k_scale is None else np.asarray(k_scale, np.float32)
+    sc = None if k_scale is None else _scales("k_scale", k_scale)
     if sc is not None and sc.shape != (len(ka),):
         raise ReferenceSelectionError("k_scale", f"k_scale must be [n_keys={len(ka)}]")
     seqs = packed_sequences(len(qa), len(ka), cu, cq)
@@ -318,7 +318,7 @@ def eq9_compress_keys(
     if ka.ndim != 3 or ka.shape[0] == 0:
         raise ReferenceSelectionError("k", f"k must be 3-D [seq_len >= 1, n_kv_heads, d], got shape {ka.shape}")
     if k_scale is not None:
-        sc = np.asarray(k_scale, np.float32)
+        sc = _scales("k_scale", k_scale)
         if sc.shape != (ka.shape[0],):
             raise ReferenceSelectionError("k_scale", f"k_scale must be [seq_len={ka.shape[0]}]")
         ka = (ka.astype(np.float32) * sc[:, None, None]).astype(np.float64)

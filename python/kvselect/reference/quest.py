@@ -27,7 +27,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _index_array
+from ._args import ReferenceSelectionError, _count, _index_array, _scales
 from .keys import decode
 
 _VARIANTS = ("kernel", "eval", "sglang")
@@ -81,7 +81,7 @@ def quest_bounds(
     n = len(k)
     scale = None
     if key_scale is not None:
-        scale = np.asarray(key_scale, dtype=np.float32).reshape(-1)
+        scale = _scales("key_scale", key_scale)
         if len(scale) != n:
             raise ReferenceSelectionError("key_scale", f"key_scale has {len(scale)} entries for {n} tokens")
         scale = scale[:, None, None]

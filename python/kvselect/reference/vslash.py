@@ -28,7 +28,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError
+from ._args import ReferenceSelectionError, _scales
 from .keys import decode
 
 LAST_Q = 64
@@ -55,7 +55,7 @@ def _inputs(q: Any, keys: Any, key_scale: Optional[Any], key_format: Optional[st
     if k.ndim != 3:
         raise ReferenceSelectionError("keys", f"keys must be 3-D [seq_len, n_kv_heads, d], got {k.ndim}-D")
     if key_scale is not None:
-        s = np.asarray(key_scale, np.float32)
+        s = _scales("key_scale", key_scale)
         k = (k.astype(np.float32) * s[:, None, None]).astype(np.float64)  # fl32(k * scale)
     qa = np.asarray(q, np.float32).astype(np.float64)
     n = min(LAST_Q, k.shape[0])
