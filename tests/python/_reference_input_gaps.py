@@ -12,16 +12,6 @@ computes on valid inputs.
 """
 
 REFERENCE_BENT_GAPS = {
-    "quest_bounds_paged-kv_cache-reshaped-reference": "the reference raises ValueError",
-    "quest_bounds_paged-block_table-transposed-reference": "the reference raises IndexError",
-    "infllm_select_paged-kv_cache-transposed-reference": "the reference raises ValueError",
-    "infllm_select_paged-kv_cache-reshaped-reference": "the reference raises IndexError",
-    "infllm_select_paged-block_table-transposed-reference": "the reference accepts it",
-    "infllm_select_paged-block_table-reshaped-reference": "the reference raises IndexError",
-    "moba_select_paged-kv_cache-transposed-reference": "the reference raises ValueError",
-    "moba_select_paged-kv_cache-reshaped-reference": "the reference raises ValueError",
-    "moba_select_paged-block_table-transposed-reference": "the reference raises IndexError",
-    "moba_select_paged-block_table-reshaped-reference": "the reference raises IndexError",
     "vslash_scores-keys-transposed-reference": "the reference raises ValueError",
     "vslash_select-keys-transposed-reference": "the reference raises ValueError",
     "vslash_rows-vertical-transposed-reference": "the reference raises IndexError",
@@ -33,25 +23,13 @@ REFERENCE_BENT_GAPS = {
     "vslash_layout-vertical-reshaped-reference": "the reference accepts it",
     "vslash_layout-slash-transposed-reference": "the reference accepts it",
     "vslash_layout-slash-reshaped-reference": "the reference raises IndexError",
-    "quest_bounds_paged[fp8_scaled]-kv_cache-transposed-reference": "the reference raises ValueError",
-    "quest_bounds_paged[fp8_scaled]-kv_cache-reshaped-reference": "the reference raises ValueError",
-    "quest_bounds_paged[fp8_scaled]-block_table-transposed-reference": "the reference raises IndexError",
     "infllm_select_paged[fp8_scaled]-kv_cache-transposed-reference": "the reference raises ValueError",
-    "infllm_select_paged[fp8_scaled]-kv_cache-reshaped-reference": "the reference raises IndexError",
-    "infllm_select_paged[fp8_scaled]-block_table-transposed-reference": "the reference accepts it",
-    "infllm_select_paged[fp8_scaled]-block_table-reshaped-reference": "the reference raises IndexError",
-    "moba_select_paged[fp8_scaled]-kv_cache-transposed-reference": "the reference raises ValueError",
-    "moba_select_paged[fp8_scaled]-kv_cache-reshaped-reference": "the reference raises IndexError",
-    "moba_select_paged[fp8_scaled]-block_table-transposed-reference": "the reference raises IndexError",
-    "moba_select_paged[fp8_scaled]-block_table-reshaped-reference": "the reference raises IndexError",
 }
 REFERENCE_KIND_GAPS = {
     "quest_scores-kmin-reference": "the reference accepts it",
     "quest_scores-kmax-reference": "the reference accepts it",
     "quest_select-kmin-reference": "the reference accepts it",
     "quest_select-kmax-reference": "the reference accepts it",
-    "infllm_select_paged-block_table-reference": "the reference raises IndexError",
-    "moba_select_paged-block_table-reference": "the reference raises IndexError",
     "vslash_scores-q-reference": "the reference accepts it",
     "vslash_select-q-reference": "the reference accepts it",
     "vslash_rows-vertical-reference": "the reference accepts it",
@@ -63,11 +41,6 @@ REFERENCE_KIND_GAPS = {
     "vslash_layout_batch-slash-reference": "the reference accepts it",
     "vslash_layout_batch-q_seqlens-reference": "the reference accepts it",
     "vslash_layout_batch-kv_seqlens-reference": "the reference accepts it",
-    "quest_bounds_paged[fp8_scaled]-kv_cache-reference": "the reference accepts it",
-    "infllm_select_paged[fp8_scaled]-kv_cache-reference": "the reference accepts it",
-    "infllm_select_paged[fp8_scaled]-block_table-reference": "the reference raises IndexError",
-    "moba_select_paged[fp8_scaled]-kv_cache-reference": "the reference accepts it",
-    "moba_select_paged[fp8_scaled]-block_table-reference": "the reference raises IndexError",
 }
 
 # out= buffers: the reference writes through a strided out= (the native
@@ -98,11 +71,8 @@ REFERENCE_INPLACE_GAPS = {
     "scatter_topology_witnesses-topk_indices-strided-reference": "the reference writes a strided buffer",
 }
 
-REFERENCE_PAGED_GAPS = {
-    f"{name}-{fmt}-reference": "the reference reads a paged cache in the other byte order instead of refusing it"
-    for name in ("quest_bounds_paged", "infllm_select_paged", "moba_select_paged")
-    for fmt in ("float32", "float16", "bfloat16", "raw-float16", "raw-bfloat16")
-}
+# A paged cache in the other byte order: none left (refused naming kv_cache).
+REFERENCE_PAGED_GAPS: dict = {}
 
 # Byte order, alignment, strides, memoryviews: none left.
 REFERENCE_LAYOUT_GAPS: dict = {}

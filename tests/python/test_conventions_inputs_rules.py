@@ -640,10 +640,7 @@ NAMED = {
         ("q", "transposed"): {"native": "ck", "reference": "cu_seqlens_q"},
         ("ck", "transposed"): {"reference": "cu_seqlens_k"},
     },
-    "infllm_select_paged": {
-        ("q", "transposed"): {"reference": "ck"},
-        ("kv_cache", "transposed"): {"native": "n_kv_heads"},
-    },
+    "infllm_select_paged": {("q", "transposed"): {"reference": "ck"}, ("kv_cache", "transposed"): "n_kv_heads"},
     "nsa_block_scores": {("q", "transposed"): "k", ("k", "transposed"): {"reference": "k_scale"}},
     "nsa_block_scores[packed]": {
         ("q", "transposed"): {"native": "k", "reference": "cu_seqlens_q"},
@@ -657,7 +654,7 @@ NAMED = {
     "moba_gates": {("k", "transposed"): {"native": "q", "reference": "key_scale"}},
     "moba_select": {("k", "transposed"): {"native": "q", "reference": "key_scale"}},
     "moba_select[packed]": {("k", "transposed"): {"native": "q", "reference": "key_scale"}},
-    "moba_select_paged": {("kv_cache", "transposed"): {"native": "n_kv_heads"}},
+    "moba_select_paged": {("kv_cache", "transposed"): "n_kv_heads"},
     "vslash_scores": {("keys", "transposed"): {"native": "q"}},
     "vslash_select": {("keys", "transposed"): {"native": "q"}},
     "vslash_rows": {("vertical", "transposed"): {"native": "slash"}, ("vertical", "reshaped"): {"native": "slash"}},

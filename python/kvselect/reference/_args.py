@@ -192,6 +192,47 @@ def _native_pages(kv_cache: Any) -> np.ndarray:
     return cache
 
 
+def _paged(kv_cache: Any, block_table: Any, n_seqs: int, n_kv_heads: int, page_layout: str) -> tuple:
+    """A paged cache and its block table, checked as the native paged calls check
+    them, each refusal naming its argument: the cache in native byte order, uint8
+    ``[num_blocks, block_size, (1,) row + 4]`` under ``'fp8_scaled'`` (another dtype a
+    ``TypeError``), ``[num_blocks, block_size, row]`` under ``'dense'``, its rows
+    ``n_kv_heads`` heads of ``d``; the table 2-D integers, one row per sequence.
+    Returns ``(cache [num_blocks, block_size, width], table int64)``."""
+    cache = _native_pages(kv_cache)
+    if page_layout == "fp8_scaled":
+        if cache.dtype != np.uint8:
+            raise TypeError(f"kv_cache has dtype {cache.dtype}: with page_layout='fp8_scaled' it must be uint8")
+        if cache.ndim == 4 and cache.shape[2] == 1:
+            cache = cache.reshape(cache.shape[0], cache.shape[1], cache.shape[3])
+        if cache.ndim != 3 or cache.shape[2] <= 4:
+            raise ReferenceSelectionError(
+                "kv_cache",
+                f"with page_layout='fp8_scaled', kv_cache must be [num_blocks, block_size, d + 4], got {cache.shape}",
+            )
+        row = cache.shape[2] - 4
+    elif page_layout == "dense":
+        if cache.ndim != 3:
+            raise ReferenceSelectionError(
+                "kv_cache", f"kv_cache must be 3-D [num_blocks, block_size, d], got {cache.ndim}-D"
+            )
+        row = cache.shape[2]
+    else:
+        raise ReferenceSelectionError(
+            "page_layout", f"page_layout must be 'dense' or 'fp8_scaled', got {page_layout!r}"
+        )
+    if n_kv_heads == 0 or row % n_kv_heads:
+        raise ReferenceSelectionError(
+            "n_kv_heads", f"n_kv_heads = {n_kv_heads} does not divide the cache's rows of {row}"
+        )
+    table = _index_array("block_table", block_table, 2, "selection")
+    if table.shape[0] != n_seqs:
+        raise ReferenceSelectionError(
+            "block_table", f"block_table must be [n_seqs={n_seqs}, max_blocks], got {list(table.shape)}"
+        )
+    return cache, table
+
+
 def _inplace_i32(name: str, value: Any, ndim: int, domain: str, dtype: Any = np.int32) -> np.ndarray:
     """A buffer written in place (``topk_indices``, ``out=``): a writeable
     ndarray of ``dtype`` (int32 unless said) and ``ndim`` dimensions, never

@@ -32,7 +32,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _int_list, _scales
+from ._args import ReferenceSelectionError, _count, _int_list, _paged, _scales
 from .keys import decode
 
 BLOCK_SIZE = 64
@@ -523,6 +523,7 @@ def infllm_select_paged(
     its block-table row, its one query at its last token, the dense twin's row."""
     h = _count("n_kv_heads", n_kv_heads)
     lens = _int_list("seq_lens", seq_lens)
+    kv_cache, block_table = _paged(kv_cache, block_table, len(lens), h, page_layout)
     qa = decode(q, query_format, "query_format", name="q")
     kz, st = kw.get("kernel_size", KERNEL_SIZE), kw.get("kernel_stride", KERNEL_STRIDE)
     out = np.full((len(lens), h, _count("topk", topk)), -1, np.int32)

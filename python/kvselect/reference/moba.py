@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _int_list, _scales
+from ._args import ReferenceSelectionError, _count, _int_list, _paged, _scales
 from .keys import decode
 
 _VARIANTS = ("efficient", "naive")
@@ -217,8 +217,7 @@ def moba_select_paged(
     through its block-table row, its one query at its last position."""
     h = _count("n_kv_heads", n_kv_heads)
     lens = _int_list("seq_lens", seq_lens)
-    cache = np.asarray(kv_cache)
-    table = np.asarray(block_table)
+    cache, table = _paged(kv_cache, block_table, len(lens), h, page_layout)
     page = cache.shape[1]
     qv = np.asarray(q)
     outs = []

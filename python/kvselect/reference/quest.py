@@ -27,7 +27,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _index_array, _scales
+from ._args import ReferenceSelectionError, _count, _index_array, _paged, _scales
 from .keys import decode
 
 _VARIANTS = ("kernel", "eval", "sglang")
@@ -112,9 +112,8 @@ def quest_bounds_paged(
     each sequence's keys gathered through its block-table row, then
     :func:`quest_bounds` of them, sequence after sequence."""
     h = _count("n_kv_heads", n_kv_heads)
-    cache = np.asarray(kv_cache)
-    table = _index_array("block_table", block_table, 2, "selection")
     lens = _index_array("seq_lens", seq_lens, 1, "selection", positions=True)
+    cache, table = _paged(kv_cache, block_table, len(lens), h, page_layout)
     if page_layout == "fp8_scaled":
         nb, bs = cache.shape[0], cache.shape[1]
         raw = np.ascontiguousarray(cache).reshape(nb, -1).view(np.uint8)
