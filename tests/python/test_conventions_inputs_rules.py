@@ -655,10 +655,10 @@ NAMED = {
     "moba_select": {("k", "transposed"): {"native": "q", "reference": "key_scale"}},
     "moba_select[packed]": {("k", "transposed"): {"native": "q", "reference": "key_scale"}},
     "moba_select_paged": {("kv_cache", "transposed"): "n_kv_heads"},
-    "vslash_scores": {("keys", "transposed"): {"native": "q"}},
-    "vslash_select": {("keys", "transposed"): {"native": "q"}},
-    "vslash_rows": {("vertical", "transposed"): {"native": "slash"}, ("vertical", "reshaped"): {"native": "slash"}},
-    "vslash_layout": {("vertical", "transposed"): {"native": "slash"}, ("vertical", "reshaped"): {"native": "slash"}},
+    "vslash_scores": {("keys", "transposed"): "q"},
+    "vslash_select": {("keys", "transposed"): "q"},
+    "vslash_rows": {("vertical", "transposed"): "slash", ("vertical", "reshaped"): "slash"},
+    "vslash_layout": {("vertical", "transposed"): "slash", ("vertical", "reshaped"): "slash"},
     "vslash_layout_batch": {("vertical", "transposed"): "slash"},
     "snapkv_scores": {("q", "transposed"): "k"},
     "tova_scores": {("q_last", "transposed"): "k", ("q_last", "reshaped"): "k"},
@@ -688,7 +688,7 @@ NAMED = {
     "check_blocks": {("block_scores", "reshaped"): "rows", ("rows", "reshaped"): "block_scores"},
     "infllm_select_paged[fp8_scaled]": {
         ("q", "transposed"): {"reference": "ck"},
-        ("kv_cache", "transposed"): {"native": "n_kv_heads"},
+        ("kv_cache", "transposed"): "n_kv_heads",
     },
     "GlobalSlots[positions]": {
         ("block_table", "reshaped"): "req_ids",
