@@ -234,14 +234,20 @@ def _paged(kv_cache: Any, block_table: Any, n_seqs: int, n_kv_heads: int, page_l
 
 
 def _inplace_i32(name: str, value: Any, ndim: int, domain: str, dtype: Any = np.int32) -> np.ndarray:
-    """A buffer written in place (``topk_indices``, ``out=``): a writeable
-    ndarray of ``dtype`` (int32 unless said) and ``ndim`` dimensions, never
-    converted. (The reference computes on copies, so it asks nothing of the
-    buffer's memory layout.)"""
+    """A buffer written in place (``topk_indices``, ``out=``): a writeable,
+    C-contiguous, aligned ndarray of ``dtype`` (int32 unless said, native byte
+    order) and ``ndim`` dimensions, never converted. The reference computes on
+    copies and could write any layout; it refuses what the native binding
+    refuses (a buffer the native kernels cannot write in place), so the twins
+    take the same buffers."""
     if not isinstance(value, np.ndarray) or value.dtype != dtype:
         raise TypeError(f"{name} must be a {np.dtype(dtype).name} numpy array")
     if value.ndim != ndim:
         raise _refuse(domain, name, f"{name} must be {ndim}-D")
+    if not value.flags.c_contiguous:
+        raise _refuse(domain, name, f"{name} is not C-contiguous: it is written in place, so it is never copied")
+    if not value.flags.aligned:
+        raise _refuse(domain, name, f"{name} is not aligned")
     if not value.flags.writeable:
         raise _refuse(domain, name, f"{name} must be writeable")
     return value

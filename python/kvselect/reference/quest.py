@@ -143,6 +143,18 @@ def quest_bounds_paged(
     return quest_bounds(flat.reshape(len(flat), h, row // h).astype(np.float32), bs, key_scale=sc, cu_seqlens=cu)
 
 
+def _bounds_pair(kmin: Any, kmax: Any) -> Tuple[np.ndarray, np.ndarray]:
+    """The bounds a query is scored against, as float32: floats only (as natively,
+    another dtype is a TypeError naming the array)."""
+    out = []
+    for name, b in (("kmin", kmin), ("kmax", kmax)):
+        a = np.asarray(b)
+        if a.dtype.kind != "f":
+            raise TypeError(f"{name} must hold floats, got dtype {a.dtype}")
+        out.append(a.astype(np.float32))
+    return out[0], out[1]
+
+
 def quest_update(
     kmin: np.ndarray,
     kmax: np.ndarray,
@@ -233,7 +245,7 @@ def quest_scores(
     """Every page's score (``kvselect.quest_scores``), in float64: ``[n_q_heads,
     n_pages]``, or ``[n_pages]`` for SGLang's."""
     v = _variant(variant)
-    lo, hi = np.asarray(kmin, np.float32), np.asarray(kmax, np.float32)
+    lo, hi = _bounds_pair(kmin, kmax)
     if lo.shape != hi.shape or lo.ndim != 3:
         raise ReferenceSelectionError("kmax", "kmin and kmax must be one [n_pages, n_kv_heads, d] shape")
     n_pages, h, d = lo.shape
@@ -308,7 +320,7 @@ def quest_select(
         raise ReferenceSelectionError("seq_lens", "a decoding query has at least its own token")
     qa = np.asarray(q)
     qs = qa[None] if single else qa
-    lo, hi = np.asarray(kmin, np.float32), np.asarray(kmax, np.float32)
+    lo, hi = _bounds_pair(kmin, kmax)
     pages = -(-lens // p)
     if len(lo) != int(pages.sum()):
         raise ReferenceSelectionError("kmin", f"the bounds hold {len(lo)} pages, the sequences {int(pages.sum())}")
