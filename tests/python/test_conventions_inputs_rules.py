@@ -3,25 +3,32 @@ points beyond the indexer's and block selection's (those are
 ``test_conventions_inputs.py``): Quest, InfLLM-v2, NSA, MoBA, MInference's
 vertical-slash, the eviction baselines, the attention functions and the
 baseline selectors, DeepSeek-V4's compressed sets, the witness functions, the
-metrics and the checkers. Native and (where ``kvselect.reference`` has a twin
-of the same keywords) reference alike.
+metrics, the checkers, ``GlobalSlots`` and ``Selector.rows``. Native and (where
+``kvselect.reference`` has a twin of the same keywords) reference alike.
 
-Each entry point is one :class:`Spec`: the keyword arguments of a small valid
-call. From it, for every array argument:
+Each entry point is one :class:`Spec` (several for its packed, scaled-fp8 or
+other forms): the keyword arguments of a small valid call. From it, for every
+array argument:
 
 - bent (transposed, reshaped to the same size) it is refused with the rule's
   error class (``SelectionError`` / ``WitnessError``, the reference's mirror
-  classes), ``argument`` naming it, and every buffer byte-identical after;
+  classes), ``argument`` naming it (or, in ``NAMED``, the argument it now
+  disagrees with), and every buffer byte-identical after; ``ACCEPTED`` lists
+  the bends that are documented as no refusal;
 - of the wrong dtype kind (floats where integers are expected, complex where
   floats are) it is a ``TypeError`` naming it, with every buffer intact;
-- in the other byte order, or one byte off its alignment, it gives the bits
-  of the native aligned call (a paged cache in the other byte order is
-  refused naming ``kv_cache``, as the paged indexer's is; a buffer written in
-  place is never converted, so it is refused);
+- in the other byte order, one byte off its alignment, strided or as a
+  memoryview, it gives the bits of the aligned native-order call, keys and
+  queries in every format (a paged cache in the other byte order is refused
+  naming ``kv_cache``, as the paged indexer's is);
 
-and every ``out=`` (or ``lens_out=``, ``lse_out=``) of the wrong shape,
-dtype or strides is refused naming it with nothing written. The last test
-fails when a public native entry point is in neither catalogue.
+every ``out=`` (or ``lens_out=``, ``lse_out=``) of the wrong shape, dtype or
+strides, or sharing memory with an input, is refused naming it with nothing
+written; every buffer written in place (``quest_update``'s bounds,
+``scatter_topology_witnesses``' rows) swapped, misaligned, read-only, strided
+or sharing memory with an input is refused naming it. A reference twin that
+cannot keep a convention yet is a strict xfail (``_reference_input_gaps.py``).
+The last tests fail when a public native entry point is in neither catalogue.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import pytest
+import test_conventions_inputs
 from _reference_input_gaps import (
     REFERENCE_ALIAS_GAPS,
     REFERENCE_BENT_GAPS,
@@ -1115,20 +1123,8 @@ def test_a_paged_cache_in_the_other_byte_order_is_refused_naming_kv_cache(spec_i
 
 # -- every entry point is in a catalogue ----------------------------------------
 
-# test_conventions_inputs.py's entry points.
-INDEXER_AND_BLOCKS = {
-    "indexer_topk",
-    "indexer_scores",
-    "indexer_magnitudes",
-    "indexer_topk_packed",
-    "indexer_topk_paged",
-    "block_sparse_select",
-    "block_scores",
-    "block_magnitudes",
-    "block_sparse_select_packed",
-    "block_sparse_select_paged",
-    "positions_of_blocks",
-}
+# test_conventions_inputs.py's entry points (its own list, so the two cannot drift).
+INDEXER_AND_BLOCKS = set(test_conventions_inputs.ENTRY_POINTS)
 
 # Public native names that take no array, so have no bad-input row here.
 NO_ARRAYS = {
