@@ -730,8 +730,10 @@ pub fn select_paged_into(
                 while t < t1 {
                     let (page, r0) = (table.page(s, t / bs), t % bs);
                     let n = (t1 - t).min(bs - r0);
+                    // (fp8 is decoded first, scaled or not: the sums take
+                    // float32 / bfloat16 / float16 rows only.)
                     match cache.page_keys(page) {
-                        Some(p) if !scaled => {
+                        Some(p) if !scaled && !matches!(p, Encoded::Fp8E4m3(_)) => {
                             kernels::sums(isa, acc, p.slice(r0 * row, (r0 + n) * row));
                         }
                         _ => {

@@ -504,3 +504,68 @@ fn half_bits(v: f32) -> u16 {
         sign | ((e as u16) << 10) | ((b >> 13) & 0x3FF) as u16
     }
 }
+
+/// An unscaled fp8 page (`PageLayout::Dense(Fp8E4m3)`) is decoded before its
+/// rows are summed, as a scaled one is: the paged selection over fp8 pages
+/// equals the one over the same pages decoded to float32. (The kernel's sums
+/// take float32 / bfloat16 / float16 rows only; an fp8 page handed to them
+/// in place was a panic reaching Python.)
+#[test]
+fn unscaled_fp8_pages_equal_their_float32_decode() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let s = shape(4, 2, 6, 3);
+    let (lens, pages, d) = ([23usize, 9], 9usize, 12usize);
+    // Every code but the two NaNs (0x7F, 0xFF).
+    let fp8: Vec<u8> = (0..pages * 4 * d)
+        .map(|_| {
+            let c = rng.random::<u8>();
+            if c & 0x7F == 0x7F {
+                c & 0xF0
+            } else {
+                c
+            }
+        })
+        .collect();
+    let mut f32s = vec![0.0f32; fp8.len()];
+    Encoded::Fp8E4m3(&fp8).decode(0, &mut f32s);
+    let table: Vec<i32> = vec![8, 0, 7, 1, 6, 2, 5, 3, 4, -1, -1, -1];
+    let bt = BlockTable {
+        table: &table,
+        max_blocks: 6,
+        seq_lens: &lens,
+    };
+    let q: Vec<f32> = (0..lens.len() * 24)
+        .map(|_| rng.random::<f32>() - 0.5)
+        .collect();
+    for topk in [2, 4] {
+        let w = width(Variant::Efficient, topk, 8);
+        let run = |bytes: &[u8], format, stride| {
+            let pc = PagedCache {
+                bytes,
+                n_pages: pages,
+                page_stride: stride,
+                block_size: 4,
+                d,
+                layout: PageLayout::Dense(format),
+            };
+            let mut out = vec![0; lens.len() * 4 * w];
+            select_paged_into(
+                Encoded::F32(&q),
+                &pc,
+                &bt,
+                s,
+                topk,
+                Variant::Efficient,
+                &mut out,
+            )
+            .unwrap();
+            out
+        };
+        let want = run(
+            bytemuck::cast_slice(&f32s),
+            crate::keys::Format::F32,
+            4 * d * 4,
+        );
+        assert_eq!(run(&fp8, crate::keys::Format::Fp8E4m3, 4 * d), want);
+    }
+}

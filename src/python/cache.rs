@@ -4,6 +4,7 @@
 //! sequence onto them.
 
 use numpy::{PyArrayDyn, PyUntypedArray};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use super::args::{
@@ -237,9 +238,18 @@ fn cache_layout(
         return Err(refuse(S, "kv_cache", msg));
     }
     let (page_layout, fits, want) = match layout.get()? {
+        // A wrong dtype is a TypeError (the conventions' "wrong type or dtype"),
+        // as the dense layout's is; a wrong shape of the right dtype a refusal.
+        PageLayoutName::Fp8Scaled if dtype != "uint8" => {
+            return Err(PyTypeError::new_err(format!(
+                "kv_cache has dtype {dtype}: with page_layout='fp8_scaled' it must be uint8 \
+                 [num_blocks, block_size, 1, d + 4] or [num_blocks, block_size, d + 4] (the \
+                 e4m3fn bytes, then the float32 scales), read in place, never converted"
+            )));
+        }
         PageLayoutName::Fp8Scaled => (
             PageLayout::Fp8WithScales,
-            dtype == "uint8" && matches!(shape[..], [_, _, 1, x] | [_, _, x] if x > 4),
+            matches!(shape[..], [_, _, 1, x] | [_, _, x] if x > 4),
             "with page_layout='fp8_scaled', kv_cache must be uint8 [num_blocks, block_size, 1, d + 4] \
              or [num_blocks, block_size, d + 4]",
         ),

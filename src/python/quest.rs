@@ -144,8 +144,12 @@ pub(super) fn quest_bounds<'py>(
             .sum(),
         None => quest::pages_of(n, p),
     };
+    // cu_seqlens is read through a copy: as positions and lengths everywhere,
+    // it is memory an output must not share whatever the core does with it.
+    let raw = cu_seqlens.map(|c| ndarrays(&[c])).unwrap_or_default();
     let mut inputs = vec![k.untyped()];
     inputs.extend(scale.as_ref().map(|s| s.untyped()));
+    inputs.extend(raw.iter());
     let (mut lo, mut hi) = bounds_out(py, out, (n_pages, l), &inputs)?;
     let (enc, sc) = (k.encoded()?, scale.as_ref().map(|s| s.slice()).transpose()?);
     let (lo_s, hi_s) = (lo.slice()?, hi.slice()?);

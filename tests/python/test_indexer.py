@@ -304,24 +304,15 @@ def test_a_paged_call_refuses_a_bad_block_table_and_writes_nothing():
         _err(SE, ks.indexer_topk_paged, q, w, cache[:, :, :3], np.zeros((1, 2), np.float32), [-3], [0], [2], 2).argument
         == "index_q"
     )
-    # fp8_scaled pages are uint8 [num_blocks, block_size, (1,) d + 4].
-    for bad in (np.zeros((3, 2, 4), np.uint8), cache):
-        assert (
-            _err(
-                SE,
-                ks.indexer_topk_paged,
-                q,
-                w,
-                bad,
-                np.zeros((1, 2), np.int32),
-                [3],
-                [0],
-                [2],
-                2,
-                page_layout="fp8_scaled",
-            ).argument
-            == "kv_cache"
-        )
+    # fp8_scaled pages are uint8 [num_blocks, block_size, (1,) d + 4]: another shape is refused,
+    # another dtype a TypeError (as the dense layout's float64 below).
+    table = np.zeros((1, 2), np.int32)
+    bad = np.zeros((3, 2, 4), np.uint8)
+    assert _err(SE, ks.indexer_topk_paged, q, w, bad, table, [3], [0], [2], 2, page_layout="fp8_scaled").argument == (
+        "kv_cache"
+    )
+    e = _err(TypeError, ks.indexer_topk_paged, q, w, cache, table, [3], [0], [2], 2, page_layout="fp8_scaled")
+    assert str(e).startswith("kv_cache has dtype float32: with page_layout='fp8_scaled' it must be uint8"), str(e)
     e = _err(
         TypeError, ks.indexer_topk_paged, q, w, cache.astype(np.float64), np.zeros((1, 2), np.int32), [3], [0], [2], 2
     )

@@ -10,7 +10,7 @@ Part of ``kvselect.reference``; see that package's docstring.
 from __future__ import annotations
 
 import operator
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -107,6 +107,23 @@ def _index_array(name: str, value: Any, ndim: int, domain: str, *, positions: bo
     return a.astype(np.int64)
 
 
+def _scales(name: str, value: Any) -> np.ndarray:
+    """A per-token scale vector: 1-D floats (as natively: integers or complex are a
+    ``TypeError``, another rank a refusal naming it), as float32."""
+    a = np.asarray(value)
+    if a.dtype.kind != "f":
+        raise TypeError(f"{name} must hold floats, got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise ReferenceSelectionError(name, f"{name} must be 1-D [n], got {a.ndim}-D")
+    return a.astype(np.float32)
+
+
+def _int_list(name: str, value: Any) -> List[int]:
+    """A 1-D array of non-negative integers (offsets, lengths) as a list, refused
+    naming ``name`` as natively otherwise."""
+    return [int(x) for x in _index_array(name, value, 1, "selection", positions=True).tolist()]
+
+
 def _float_array(name: str, value: Any, ndim: Optional[int], domain: str, *, dtype: Any = np.float32) -> np.ndarray:
     """A float array of ``ndim`` dimensions (any when None), converted to
     ``dtype`` (what the native kernel computes on: float32 for tensors and
@@ -175,15 +192,62 @@ def _native_pages(kv_cache: Any) -> np.ndarray:
     return cache
 
 
+def _paged(kv_cache: Any, block_table: Any, n_seqs: int, n_kv_heads: int, page_layout: str) -> tuple:
+    """A paged cache and its block table, checked as the native paged calls check
+    them, each refusal naming its argument: the cache in native byte order, uint8
+    ``[num_blocks, block_size, (1,) row + 4]`` under ``'fp8_scaled'`` (another dtype a
+    ``TypeError``), ``[num_blocks, block_size, row]`` under ``'dense'``, its rows
+    ``n_kv_heads`` heads of ``d``; the table 2-D integers, one row per sequence.
+    Returns ``(cache [num_blocks, block_size, width], table int64)``."""
+    cache = _native_pages(kv_cache)
+    if page_layout == "fp8_scaled":
+        if cache.dtype != np.uint8:
+            raise TypeError(f"kv_cache has dtype {cache.dtype}: with page_layout='fp8_scaled' it must be uint8")
+        if cache.ndim == 4 and cache.shape[2] == 1:
+            cache = cache.reshape(cache.shape[0], cache.shape[1], cache.shape[3])
+        if cache.ndim != 3 or cache.shape[2] <= 4:
+            raise ReferenceSelectionError(
+                "kv_cache",
+                f"with page_layout='fp8_scaled', kv_cache must be [num_blocks, block_size, d + 4], got {cache.shape}",
+            )
+        row = cache.shape[2] - 4
+    elif page_layout == "dense":
+        if cache.ndim != 3:
+            raise ReferenceSelectionError(
+                "kv_cache", f"kv_cache must be 3-D [num_blocks, block_size, d], got {cache.ndim}-D"
+            )
+        row = cache.shape[2]
+    else:
+        raise ReferenceSelectionError(
+            "page_layout", f"page_layout must be 'dense' or 'fp8_scaled', got {page_layout!r}"
+        )
+    if n_kv_heads == 0 or row % n_kv_heads:
+        raise ReferenceSelectionError(
+            "n_kv_heads", f"n_kv_heads = {n_kv_heads} does not divide the cache's rows of {row}"
+        )
+    table = _index_array("block_table", block_table, 2, "selection")
+    if table.shape[0] != n_seqs:
+        raise ReferenceSelectionError(
+            "block_table", f"block_table must be [n_seqs={n_seqs}, max_blocks], got {list(table.shape)}"
+        )
+    return cache, table
+
+
 def _inplace_i32(name: str, value: Any, ndim: int, domain: str, dtype: Any = np.int32) -> np.ndarray:
-    """A buffer written in place (``topk_indices``, ``out=``): a writeable
-    ndarray of ``dtype`` (int32 unless said) and ``ndim`` dimensions, never
-    converted. (The reference computes on copies, so it asks nothing of the
-    buffer's memory layout.)"""
+    """A buffer written in place (``topk_indices``, ``out=``): a writeable,
+    C-contiguous, aligned ndarray of ``dtype`` (int32 unless said, native byte
+    order) and ``ndim`` dimensions, never converted. The reference computes on
+    copies and could write any layout; it refuses what the native binding
+    refuses (a buffer the native kernels cannot write in place), so the twins
+    take the same buffers."""
     if not isinstance(value, np.ndarray) or value.dtype != dtype:
         raise TypeError(f"{name} must be a {np.dtype(dtype).name} numpy array")
     if value.ndim != ndim:
         raise _refuse(domain, name, f"{name} must be {ndim}-D")
+    if not value.flags.c_contiguous:
+        raise _refuse(domain, name, f"{name} is not C-contiguous: it is written in place, so it is never copied")
+    if not value.flags.aligned:
+        raise _refuse(domain, name, f"{name} is not aligned")
     if not value.flags.writeable:
         raise _refuse(domain, name, f"{name} must be writeable")
     return value

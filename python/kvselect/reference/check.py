@@ -550,9 +550,10 @@ def check_topk(
     ranks = slots.dcp_size if isinstance(slots, GlobalSlots) else 1
     k = r.shape[1] // ranks if topk is None else _selection_count("topk", topk)
     raw_s = np.asarray(scores)
-    if raw_s.size and raw_s.dtype not in (np.float32, np.float64):  # as natively: compared as given
+    native = raw_s.dtype.newbyteorder("=")  # byte order is storage, not precision (as natively)
+    if raw_s.size and native not in (np.float32, np.float64):  # as natively: compared as given
         raise TypeError(f"scores must be float32 or float64, got dtype {raw_s.dtype}")
-    wide = np.float64 if raw_s.dtype == np.float64 else np.float32
+    wide = np.float64 if native == np.float64 else np.float32
     s = _float_array("scores", scores, 2, _SELECTION, dtype=wide)
     n, t = s.shape
     lens = (

@@ -42,6 +42,8 @@ from typing import Sequence, Union
 
 import numpy as np
 
+from ._args import ReferenceSelectionError
+
 __all__ = [
     "softmax_row",
     "keep_top",
@@ -79,9 +81,38 @@ def softmax_row(q: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
     return e / total
 
 
+def _floats(x, name: str) -> np.ndarray:
+    """``x`` as float32, its dtype one of numbers (as natively: complex, bool or
+    object is a TypeError naming it)."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must hold floats, got dtype {a.dtype}")
+    return a.astype(np.float32)
+
+
+def _prefix(q, k, q_name: str = "q", q_ndim: int = 3):
+    """The queries and keys of one KV head's prefix, checked as natively: ``q``
+    ``[P, group, d]`` (TOVA's ``q_last``: ``[group, d]``), ``k`` ``[P, d]``
+    (TOVA's ``P`` is the keys' own), each refusal naming its argument."""
+    qa, ka = _floats(q, q_name), _floats(k, "k")
+    if qa.ndim != q_ndim:
+        form = "[P, group, d]" if q_ndim == 3 else "[group, d]"
+        raise ReferenceSelectionError(q_name, f"{q_name} must be {q_ndim}-D {form}, got {qa.ndim}-D")
+    p = qa.shape[0] if q_ndim == 3 else (ka.shape[0] if ka.ndim else 0)
+    if ka.ndim != 2 or ka.shape != (p, qa.shape[-1]):
+        raise ReferenceSelectionError("k", f"k must be [P={p}, d={qa.shape[-1]}], got {list(ka.shape)}")
+    return qa, ka
+
+
 def keep_top(scores: Union[Sequence[float], np.ndarray], budget: int) -> np.ndarray:
     """The first ``budget`` positions by score descending, ties to the lower
     position, ascending (all of them when ``budget`` is at least their count)."""
+    if isinstance(scores, np.ndarray) or hasattr(scores, "__array__"):
+        a = np.asarray(scores)
+        if a.dtype.kind not in "fiu":
+            raise TypeError(f"scores must hold floats, got dtype {a.dtype}")
+        if a.ndim != 1:
+            raise ReferenceSelectionError("scores", f"scores must be 1-D [n], got {a.ndim}-D")
     order = sorted(range(len(scores)), key=lambda j: (-float(scores[j]), j))
     return np.array(sorted(order[: max(0, int(budget))]), dtype=np.int64)
 
@@ -105,6 +136,7 @@ def snapkv_scores(q: np.ndarray, k: np.ndarray, scale: float, *, window: int = 6
     ``count_include_pad``), averaged over the group; the window's positions
     get one padded score, the maximum plus 1.
     """
+    q, k = _prefix(q, k)
     p_len = len(k)
     if not 0 < window < p_len:
         raise ValueError(f"window must be in 1..P-1 (P = {p_len}: kvpress asserts the prefix exceeds it), got {window}")
@@ -168,6 +200,7 @@ def tova_scores(q_last: np.ndarray, k: np.ndarray, scale: float) -> np.ndarray:
     attention ``q_last`` ``[heads, d]`` (position ``P - 1``) over the keys
     before it, averaged over the heads given; the last position padded with
     the maximum plus 1."""
+    q_last, k = _prefix(q_last, k, "q_last", 2)
     p_len = len(k)
     heads = q_last.shape[0]
     score = np.zeros(p_len - 1)
@@ -189,6 +222,7 @@ def observed_attention_scores(q: np.ndarray, k: np.ndarray, scale: float) -> np.
     every prefix query's causal attention summed per key (query order),
     divided by the queries that see the key (``P - j``), averaged over the
     group."""
+    q, k = _prefix(q, k)
     p_len, group, _ = q.shape
     rows = _causal_rows(q, k, scale, 0)
     per_head = np.zeros((group, p_len))
@@ -218,6 +252,7 @@ def h2o_keep(q: np.ndarray, k: np.ndarray, budget: int, scale: float, *, recent:
 
     ``budget - recent`` heavy hitters plus ``recent`` recent positions.
     """
+    q, k = _prefix(q, k)
     p_len, group, _ = q.shape
     budget, recent = int(budget), int(recent)
     if not 0 <= recent <= budget:

@@ -32,7 +32,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count
+from ._args import ReferenceSelectionError, _count, _int_list, _paged, _scales
 from .keys import decode
 
 BLOCK_SIZE = 64
@@ -96,8 +96,8 @@ def _inputs(
     n = _count("seq_len", seq_len)
     if n == 0:
         raise ReferenceSelectionError("seq_len", "seq_len must be at least 1 (the query's own token)")
-    qa = decode(q, query_format, "query_format")
-    ka = decode(ck, key_format, "key_format")
+    qa = decode(q, query_format, "query_format", name="q")
+    ka = decode(ck, key_format, "key_format", name="ck")
     if qa.ndim != 3:
         raise ReferenceSelectionError("q", f"q must be 3-D [n_q, n_q_heads, d], got {qa.ndim}-D")
     if ka.ndim != 3:
@@ -114,7 +114,7 @@ def _inputs(
     if n_c != want:
         raise ReferenceSelectionError("ck", f"ck holds {n_c} compressed keys, {n} tokens have {want}")
     if ck_scale is not None:
-        s = np.asarray(ck_scale, np.float32)
+        s = _scales("ck_scale", ck_scale)
         if s.shape != (n_c,):
             raise ReferenceSelectionError("ck_scale", f"ck_scale must be [n_c={n_c}]")
         ka = (ka.astype(np.float32) * s[:, None, None]).astype(np.float64)
@@ -413,7 +413,7 @@ def scores_near(x: float, y: float, r: float, t: float) -> bool:
 
 
 def _cu(argument: str, cu: Any, n: int) -> List[int]:
-    c = [int(x) for x in np.asarray(cu).reshape(-1).tolist()]
+    c = _int_list(argument, cu)
     if not c or c[0] != 0 or c[-1] != n or any(b < a for a, b in zip(c, c[1:])):
         raise ReferenceSelectionError(argument, f"{argument} must rise from 0 to {n}, got {c}")
     return c
@@ -429,7 +429,7 @@ def packed_sequences(q: Any, ck: Any, seq_len: Any, cu_seqlens_q: Any, cu_seqlen
         raise ReferenceSelectionError("cu_seqlens_k", "a packed batch takes cu_seqlens_k with cu_seqlens_q")
     n_c = np.asarray(ck).shape[0]
     cu_k = _cu("cu_seqlens_k", cu_seqlens_k, n_c)
-    lens = [int(x) for x in np.asarray(seq_len).reshape(-1).tolist()]
+    lens = _int_list("seq_len", seq_len)
     if len(lens) != len(cu_k) - 1 or any(x < 1 for x in lens):
         raise ReferenceSelectionError("seq_len", f"seq_len must hold one positive length per sequence, got {lens}")
     kz, st = geo.get("kernel_size", KERNEL_SIZE), geo.get("kernel_stride", KERNEL_STRIDE)
@@ -438,7 +438,7 @@ def packed_sequences(q: Any, ck: Any, seq_len: Any, cu_seqlens_q: Any, cu_seqlen
             raise ReferenceSelectionError(
                 "cu_seqlens_k", f"cu_seqlens_k: sequence {s} has not its {n} tokens' compressed keys"
             )
-    cu_q = [int(x) for x in np.asarray(cu_seqlens_q).reshape(-1).tolist()]
+    cu_q = _int_list("cu_seqlens_q", cu_seqlens_q)
     n_q = np.asarray(q).shape[0]
     if (
         len(cu_q) != len(cu_k)
@@ -458,12 +458,12 @@ def _packed(
     """``fn`` (the dense twin) on each sequence of a packed batch, rows concatenated and
     padded with ``pad``."""
     geo = {k: kw[k] for k in ("kernel_size", "kernel_stride")}
-    qa = decode(q, kw.get("query_format"), "query_format")
-    ka = decode(ck, kw.get("key_format"), "key_format")
+    qa = decode(q, kw.get("query_format"), "query_format", name="q")
+    ka = decode(ck, kw.get("key_format"), "key_format", name="ck")
     if qa.ndim != 3 or ka.ndim != 3:
         raise ReferenceSelectionError("q" if qa.ndim != 3 else "ck", "q and ck must be 3-D")
     seqs = packed_sequences(qa, ka, seq_len, cu_q, cu_k, **geo)
-    sc = None if ck_scale is None else np.asarray(ck_scale, np.float32)
+    sc = None if ck_scale is None else _scales("ck_scale", ck_scale)
     if sc is not None and sc.shape != (len(ka),):
         raise ReferenceSelectionError("ck_scale", f"ck_scale must be [n_c={len(ka)}]")
     kw = {k: v for k, v in kw.items() if k not in ("query_format", "key_format")}
@@ -503,7 +503,7 @@ def gather_paged(
     rows = [cache[table[s, j // page], j % page] for j in range(n_rows)]
     if not rows:
         return np.zeros((0, h, cache.shape[2] // h), np.float32)
-    return decode(np.stack(rows), key_format).astype(np.float32).reshape(n_rows, h, -1)
+    return decode(np.stack(rows), key_format, "key_format", name="kv_cache").astype(np.float32).reshape(n_rows, h, -1)
 
 
 def infllm_select_paged(
@@ -522,8 +522,9 @@ def infllm_select_paged(
     """``kvselect.infllm_select_paged``: each sequence's compressed keys gathered through
     its block-table row, its one query at its last token, the dense twin's row."""
     h = _count("n_kv_heads", n_kv_heads)
-    lens = [int(x) for x in np.asarray(seq_lens).reshape(-1).tolist()]
-    qa = decode(q, query_format, "query_format")
+    lens = _int_list("seq_lens", seq_lens)
+    kv_cache, block_table = _paged(kv_cache, block_table, len(lens), h, page_layout)
+    qa = decode(q, query_format, "query_format", name="q")
     kz, st = kw.get("kernel_size", KERNEL_SIZE), kw.get("kernel_stride", KERNEL_STRIDE)
     out = np.full((len(lens), h, _count("topk", topk)), -1, np.int32)
     for s, n in enumerate(lens):

@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count
+from ._args import ReferenceSelectionError, _count, _int_list, _paged, _scales
 from .keys import decode
 
 _VARIANTS = ("efficient", "naive")
@@ -40,11 +40,11 @@ def _variant(variant: str) -> str:
 
 def _keys(k: Any, key_scale: Any, key_format: Optional[str]) -> np.ndarray:
     """The keys' values as float64: each the float32 ``k * scale`` of a scaled key."""
-    v = decode(k, key_format, "key_format")
+    v = decode(k, key_format, "key_format", name="k")
     if v.ndim != 3:
         raise ReferenceSelectionError("k", f"k must be 3-D [n_keys, n_kv_heads, d], got {v.ndim}-D")
     if key_scale is not None:
-        s = np.asarray(key_scale, np.float32)
+        s = _scales("key_scale", key_scale)
         if s.shape != (len(v),):
             raise ReferenceSelectionError("key_scale", f"key_scale must be [n_keys={len(v)}], got {s.shape}")
         v = (v.astype(np.float32) * s[:, None, None]).astype(np.float64)
@@ -52,7 +52,7 @@ def _keys(k: Any, key_scale: Any, key_format: Optional[str]) -> np.ndarray:
 
 
 def _queries(q: Any, query_format: Optional[str], d: int, h: int) -> np.ndarray:
-    v = decode(q, query_format, "query_format")
+    v = decode(q, query_format, "query_format", name="q")
     if v.ndim != 3 or v.shape[2] != d or v.shape[1] % h or v.shape[1] == 0:
         raise ReferenceSelectionError("q", f"q must be [n_queries, a multiple of {h} heads, d={d}], got {v.shape}")
     return v
@@ -149,7 +149,7 @@ def gate_error_bound(d: int, block_size: int) -> float:
 
 
 def _bounds(cu: Any, n: int, argument: str) -> List[int]:
-    c = [int(x) for x in np.asarray(cu).reshape(-1).tolist()]
+    c = _int_list(argument, cu)
     if not c or c[0] != 0 or c[-1] != n or any(b < a for a, b in zip(c, c[1:])):
         raise ReferenceSelectionError(argument, f"{argument} must rise from 0 to {n}, got {c}")
     return c
@@ -216,9 +216,8 @@ def moba_select_paged(
     """``moba_select`` at decode over a paged cache: each sequence's keys gathered
     through its block-table row, its one query at its last position."""
     h = _count("n_kv_heads", n_kv_heads)
-    lens = [int(x) for x in np.asarray(seq_lens).reshape(-1).tolist()]
-    cache = np.asarray(kv_cache)
-    table = np.asarray(block_table)
+    lens = _int_list("seq_lens", seq_lens)
+    cache, table = _paged(kv_cache, block_table, len(lens), h, page_layout)
     page = cache.shape[1]
     qv = np.asarray(q)
     outs = []
@@ -233,7 +232,7 @@ def moba_select_paged(
             ks = (kd.astype(np.float32) * sc[:, None, None].astype(np.float32)).astype(np.float32)
         else:
             rows = [cache[table[s, t // page], t % page] for t in range(n)]
-            ks = decode(np.stack(rows), key_format).reshape(n, h, -1)
+            ks = decode(np.stack(rows), key_format, "key_format", name="kv_cache").reshape(n, h, -1)
         outs.append(moba_select(qv[s : s + 1], ks, topk, block_size, query_format=query_format, variant=variant))
     max_blocks = max((-(-n // int(block_size)) for n in lens), default=0)
     w = width(_variant(variant), int(topk), max_blocks)

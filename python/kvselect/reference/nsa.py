@@ -24,7 +24,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count
+from ._args import ReferenceSelectionError, _count, _int_list, _scales
 from .infllm import compressed_len, gamma, group_ratio, group_scores, order, scores_near
 from .keys import decode
 
@@ -44,11 +44,11 @@ def nsa_compress_keys(
     complete block's mean, every key's float32 value times its token's scale (the product
     rounded to float32). The trailing incomplete block is not compressed."""
     bs = _block_size(block_size)
-    ka = decode(k, key_format, "key_format")
+    ka = decode(k, key_format, "key_format", name="k")
     if ka.ndim != 3 or ka.shape[0] == 0:
         raise ReferenceSelectionError("k", f"k must be 3-D [seq_len >= 1, n_kv_heads, d], got shape {ka.shape}")
     if k_scale is not None:
-        s = np.asarray(k_scale, np.float32)
+        s = _scales("k_scale", k_scale)
         if s.shape != (ka.shape[0],):
             raise ReferenceSelectionError("k_scale", f"k_scale must be [seq_len={ka.shape[0]}]")
         ka = (ka.astype(np.float32) * s[:, None, None]).astype(np.float64)
@@ -96,7 +96,7 @@ def nsa_block_scores(
         return _packed(nsa_block_scores, np.nan, q, k, k_scale, query_format, key_format, cu_seqlens, cu_seqlens_q, kw)
     bs = _block_size(block_size)
     ck = nsa_compress_keys(k, bs, k_scale=k_scale, key_format=key_format)
-    seq_len = decode(k, key_format, "key_format").shape[0]
+    seq_len = decode(k, key_format, "key_format", name="k").shape[0]
     return _from_compressed(q, ck, seq_len, (bs, bs, bs), init_blocks, local_blocks, scale, query_format, "k")
 
 
@@ -117,7 +117,7 @@ def _from_compressed(
     ``-inf``. ``geo`` is ``(block_size, kernel_size, kernel_stride)``."""
     bs, kz, st = geo
     init, local = _count("init_blocks", init_blocks), _count("local_blocks", local_blocks)
-    qa = decode(q, qf, "query_format")
+    qa = decode(q, qf, "query_format", name="q")
     if qa.ndim == 3 and ck.ndim == 3 and qa.shape[2] != ck.shape[2]:
         raise ReferenceSelectionError(key_arg, f"{key_arg} has d={ck.shape[2]} but q has d={qa.shape[2]}")
     s = group_scores(q, ck, seq_len, scale=scale, query_format=qf, kernel_size=kz, kernel_stride=st)
@@ -162,16 +162,16 @@ def nsa_block_scores_compressed(
     n = _count("seq_len", seq_len)
     if n == 0:
         raise ReferenceSelectionError("seq_len", "seq_len must be at least 1 (the query's own token)")
-    ca = decode(ck, key_format, "key_format")
+    ca = decode(ck, key_format, "key_format", name="ck")
     n_c = compressed_len(n, geo[1], geo[2])
     if ca.ndim != 3 or ca.shape[0] != n_c:
         raise ReferenceSelectionError("ck", f"ck must be [n_c={n_c}, n_kv_heads, d] for seq_len {n}, got {ca.shape}")
     if ck_scale is not None:
-        sc = np.asarray(ck_scale, np.float32)
+        sc = _scales("ck_scale", ck_scale)
         if sc.shape != (n_c,):
             raise ReferenceSelectionError("ck_scale", f"ck_scale must be [n_c={n_c}]")
         ca = (ca.astype(np.float32) * sc[:, None, None]).astype(np.float64)
-    qa = decode(q, query_format, "query_format")
+    qa = decode(q, query_format, "query_format", name="q")
     if qa.ndim == 3 and len(qa) > n:
         raise ReferenceSelectionError("q", f"{len(qa)} queries but seq_len = {n}")
     return _from_compressed(q, ca.astype(np.float64), n, geo, init_blocks, local_blocks, scale, query_format, "ck")
@@ -276,12 +276,12 @@ def nsa_score_bound(
     docs/kernels.md); ``T = 2 G 2^-123``."""
     bs = _block_size(block_size)
     ck = nsa_compress_keys(k, bs, k_scale=k_scale, key_format=key_format)
-    kabs = np.abs(decode(k, key_format, "key_format"))
+    kabs = np.abs(decode(k, key_format, "key_format", name="k"))
     if k_scale is not None:
-        kabs = np.abs(kabs.astype(np.float32) * np.asarray(k_scale, np.float32)[:, None, None]).astype(np.float64)
+        kabs = np.abs(kabs.astype(np.float32) * _scales("k_scale", k_scale)[:, None, None]).astype(np.float64)
     seq_len = kabs.shape[0]
     m = kabs[: ck.shape[0] * bs].reshape(ck.shape[0], bs, *kabs.shape[1:]).mean(axis=1)
-    qa = decode(q, query_format, "query_format")
+    qa = decode(q, query_format, "query_format", name="q")
     if qa.ndim != 3 or qa.shape[2] != ck.shape[2] or qa.shape[1] % ck.shape[1]:
         raise ReferenceSelectionError("q", f"q of shape {qa.shape} does not fit k")
     n_q, hq, d = qa.shape
@@ -333,7 +333,7 @@ def packed_sequences(n_q: int, n_k: int, cu_seqlens: Any, cu_seqlens_q: Any) -> 
     and queries ``cu_seqlens_q[s] ..`` (default ``cu_seqlens``), the last of its keys."""
 
     def cu(argument: str, c: Any, n: int) -> List[int]:
-        v = [int(x) for x in np.asarray(c).reshape(-1).tolist()]
+        v = _int_list(argument, c)
         if not v or v[0] != 0 or v[-1] != n or any(b < a for a, b in zip(v, v[1:])):
             raise ReferenceSelectionError(argument, f"{argument} must rise from 0 to {n}, got {v}")
         return v
@@ -350,10 +350,10 @@ def _packed(
 ) -> np.ndarray:
     """``fn`` (the dense twin) on each sequence with queries, rows concatenated, padded
     with ``pad``."""
-    qa, ka = decode(q, qf, "query_format"), decode(k, kf, "key_format")
+    qa, ka = decode(q, qf, "query_format", name="q"), decode(k, kf, "key_format", name="k")
     if qa.ndim != 3 or ka.ndim != 3:
         raise ReferenceSelectionError("q" if qa.ndim != 3 else "k", "q and k must be 3-D")
-    sc = None if k_scale is None else np.asarray(k_scale, np.float32)
+    sc = None if k_scale is None else _scales("k_scale", k_scale)
     if sc is not None and sc.shape != (len(ka),):
         raise ReferenceSelectionError("k_scale", f"k_scale must be [n_keys={len(ka)}]")
     seqs = packed_sequences(len(qa), len(ka), cu, cq)
@@ -396,11 +396,11 @@ def eq9_compress_keys(
     """Eq. 9's compressed keys ``[(n - l) // d + 1, h, dim]`` (float64, exact): key ``c``
     the mean of tokens ``c d .. c d + l``, each key's float32 value times its token's
     scale; and the means of ``|k|`` over the same windows (the bound's ``m``)."""
-    ka = decode(k, key_format, "key_format")
+    ka = decode(k, key_format, "key_format", name="k")
     if ka.ndim != 3 or ka.shape[0] == 0:
         raise ReferenceSelectionError("k", f"k must be 3-D [seq_len >= 1, n_kv_heads, d], got shape {ka.shape}")
     if k_scale is not None:
-        sc = np.asarray(k_scale, np.float32)
+        sc = _scales("k_scale", k_scale)
         if sc.shape != (ka.shape[0],):
             raise ReferenceSelectionError("k_scale", f"k_scale must be [seq_len={ka.shape[0]}]")
         ka = (ka.astype(np.float32) * sc[:, None, None]).astype(np.float64)
@@ -438,7 +438,7 @@ def _eq9_scores(
     kf: Any,
 ) -> np.ndarray:
     ck, _ = eq9_compress_keys(k, geo[1], geo[2], k_scale=k_scale, key_format=kf)
-    seq_len = decode(k, kf, "key_format").shape[0]
+    seq_len = decode(k, kf, "key_format", name="k").shape[0]
     return _from_compressed(q, ck, seq_len, geo, init_blocks, local_blocks, scale, qf, "k")
 
 
@@ -461,8 +461,8 @@ def eq9_score_bound(
     R)(1 + gamma_A) - 1``, ``T' = A T (1 + gamma_A)``."""
     bs, kz, st = _window("eq9", _block_size(block_size), kernel_size, kernel_stride, None, None) or (0, 0, 0)
     ck, m = eq9_compress_keys(k, kz, st, k_scale=k_scale, key_format=key_format)
-    seq_len = decode(k, key_format, "key_format").shape[0]
-    qa = decode(q, query_format, "query_format")
+    seq_len = decode(k, key_format, "key_format", name="k").shape[0]
+    qa = decode(q, query_format, "query_format", name="q")
     if qa.ndim != 3 or qa.shape[2] != ck.shape[2] or qa.shape[1] % ck.shape[1]:
         raise ReferenceSelectionError("q", f"q of shape {qa.shape} does not fit k")
     n_q, hq, d = qa.shape

@@ -27,7 +27,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _index_array
+from ._args import ReferenceSelectionError, _count, _index_array, _paged, _scales
 from .keys import decode
 
 _VARIANTS = ("kernel", "eval", "sglang")
@@ -81,7 +81,7 @@ def quest_bounds(
     n = len(k)
     scale = None
     if key_scale is not None:
-        scale = np.asarray(key_scale, dtype=np.float32).reshape(-1)
+        scale = _scales("key_scale", key_scale)
         if len(scale) != n:
             raise ReferenceSelectionError("key_scale", f"key_scale has {len(scale)} entries for {n} tokens")
         scale = scale[:, None, None]
@@ -112,9 +112,8 @@ def quest_bounds_paged(
     each sequence's keys gathered through its block-table row, then
     :func:`quest_bounds` of them, sequence after sequence."""
     h = _count("n_kv_heads", n_kv_heads)
-    cache = np.asarray(kv_cache)
-    table = _index_array("block_table", block_table, 2, "selection")
     lens = _index_array("seq_lens", seq_lens, 1, "selection", positions=True)
+    cache, table = _paged(kv_cache, block_table, len(lens), h, page_layout)
     if page_layout == "fp8_scaled":
         nb, bs = cache.shape[0], cache.shape[1]
         raw = np.ascontiguousarray(cache).reshape(nb, -1).view(np.uint8)
@@ -144,6 +143,18 @@ def quest_bounds_paged(
     return quest_bounds(flat.reshape(len(flat), h, row // h).astype(np.float32), bs, key_scale=sc, cu_seqlens=cu)
 
 
+def _bounds_pair(kmin: Any, kmax: Any) -> Tuple[np.ndarray, np.ndarray]:
+    """The bounds a query is scored against, as float32: floats only (as natively,
+    another dtype is a TypeError naming the array)."""
+    out = []
+    for name, b in (("kmin", kmin), ("kmax", kmax)):
+        a = np.asarray(b)
+        if a.dtype.kind != "f":
+            raise TypeError(f"{name} must hold floats, got dtype {a.dtype}")
+        out.append(a.astype(np.float32))
+    return out[0], out[1]
+
+
 def quest_update(
     kmin: np.ndarray,
     kmax: np.ndarray,
@@ -156,6 +167,18 @@ def quest_update(
 ) -> None:
     """A decode step's update, in place (``kvselect.quest_update``): the page's
     first token sets its bounds, a later one folds in."""
+    # The bounds are written in place: checked whole before anything is
+    # written (a refused call leaves them byte-identical), never converted.
+    for name, b in (("kmin", kmin), ("kmax", kmax)):
+        if not isinstance(b, np.ndarray) or b.dtype != np.float32:
+            raise TypeError(f"{name} must be a float32 numpy array, got {getattr(b, 'dtype', type(b).__name__)}")
+        f = b.flags
+        if b.ndim != 3 or not (f.c_contiguous and f.writeable and f.aligned and b.dtype.isnative):
+            raise ReferenceSelectionError(
+                name, f"{name} must be a 3-D C-contiguous, writeable, aligned, native-order buffer, got {b.shape}"
+            )
+    if kmax.shape != kmin.shape:
+        raise ReferenceSelectionError("kmax", f"kmax has shape {list(kmax.shape)} but kmin {list(kmin.shape)}")
     t = _count("pos", pos)
     p = _count("page_size", page_size)
     page, slot = divmod(t, p)
@@ -222,7 +245,7 @@ def quest_scores(
     """Every page's score (``kvselect.quest_scores``), in float64: ``[n_q_heads,
     n_pages]``, or ``[n_pages]`` for SGLang's."""
     v = _variant(variant)
-    lo, hi = np.asarray(kmin, np.float32), np.asarray(kmax, np.float32)
+    lo, hi = _bounds_pair(kmin, kmax)
     if lo.shape != hi.shape or lo.ndim != 3:
         raise ReferenceSelectionError("kmax", "kmin and kmax must be one [n_pages, n_kv_heads, d] shape")
     n_pages, h, d = lo.shape
@@ -297,7 +320,7 @@ def quest_select(
         raise ReferenceSelectionError("seq_lens", "a decoding query has at least its own token")
     qa = np.asarray(q)
     qs = qa[None] if single else qa
-    lo, hi = np.asarray(kmin, np.float32), np.asarray(kmax, np.float32)
+    lo, hi = _bounds_pair(kmin, kmax)
     pages = -(-lens // p)
     if len(lo) != int(pages.sum()):
         raise ReferenceSelectionError("kmin", f"the bounds hold {len(lo)} pages, the sequences {int(pages.sum())}")

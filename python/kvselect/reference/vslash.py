@@ -28,7 +28,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError
+from ._args import ReferenceSelectionError, _index_array, _scales
 from .keys import decode
 
 LAST_Q = 64
@@ -51,16 +51,21 @@ def vslash_sizes(seq_len: int, vertical_size: int, slash_size: int) -> Tuple[int
 
 
 def _inputs(q: Any, keys: Any, key_scale: Optional[Any], key_format: Optional[str]) -> Tuple[np.ndarray, np.ndarray]:
-    k = decode(keys, key_format, "key_format")
+    k = decode(keys, key_format, "key_format", name="keys")
     if k.ndim != 3:
         raise ReferenceSelectionError("keys", f"keys must be 3-D [seq_len, n_kv_heads, d], got {k.ndim}-D")
-    if key_scale is not None:
-        s = np.asarray(key_scale, np.float32)
-        k = (k.astype(np.float32) * s[:, None, None]).astype(np.float64)  # fl32(k * scale)
-    qa = np.asarray(q, np.float32).astype(np.float64)
+    qa = np.asarray(q)
+    if qa.dtype.kind != "f":
+        raise TypeError(f"q must hold floats, got dtype {qa.dtype}")
+    qa = qa.astype(np.float32).astype(np.float64)
     n = min(LAST_Q, k.shape[0])
     if qa.ndim != 3 or qa.shape[1:] != (n, k.shape[2]):
         raise ReferenceSelectionError("q", f"q must be [n_heads, {n}, {k.shape[2]}], got {qa.shape}")
+    if key_scale is not None:  # (after q, which the keys' shape is checked against first, as natively)
+        s = _scales("key_scale", key_scale)
+        if len(s) != k.shape[0]:
+            raise ReferenceSelectionError("key_scale", f"key_scale must be [seq_len={k.shape[0]}], got [{len(s)}]")
+        k = (k.astype(np.float32) * s[:, None, None]).astype(np.float64)  # fl32(k * scale)
     return qa, k
 
 
@@ -204,11 +209,21 @@ def vslash_select(
     )
 
 
+def _pair(vertical: Any, slash: Any) -> Tuple[np.ndarray, np.ndarray]:
+    """``vertical`` ``[n_heads, nv]`` and ``slash`` ``[n_heads, ns]`` integers, as int64,
+    checked as natively (vertical first; a slash of other heads is the one named)."""
+    v = _index_array("vertical", vertical, 2, "selection")
+    s = _index_array("slash", slash, 2, "selection")
+    if s.shape[0] != v.shape[0]:
+        raise ReferenceSelectionError("slash", f"slash must be [n_heads={v.shape[0]}, ns], got {list(s.shape)}")
+    return v, s
+
+
 def vslash_rows(vertical: Any, slash: Any, seq_len: int, positions: Any) -> np.ndarray:
     """Each query position's positions: the columns ``<= p`` and the keys ``p - o
     >= 0``, ascending, distinct, -1 padded: ``[n_heads, n_positions, nv + ns]``."""
-    v, s = np.asarray(vertical, np.int64), np.asarray(slash, np.int64)
-    pos = np.asarray(positions, np.int64)
+    v, s = _pair(vertical, slash)
+    pos = _index_array("positions", positions, 1, "selection")
     out = np.full((v.shape[0], len(pos), v.shape[1] + s.shape[1]), -1, np.int32)
     for h in range(v.shape[0]):
         for j, p in enumerate(pos):
@@ -226,8 +241,9 @@ def vslash_layout(vertical: Any, slash: Any, seq_len: int) -> Tuple[np.ndarray, 
     (its end at least 64), merged in order (an end within 64 past the current
     range extends it by 64, a farther one closes it); a column below the current
     range listed, one inside it dropped."""
-    v = np.sort(np.asarray(vertical, np.int64), axis=1)
-    s = -np.sort(-np.asarray(slash, np.int64), axis=1)
+    v, s = _pair(vertical, slash)
+    v = np.sort(v, axis=1)
+    s = -np.sort(-s, axis=1)
     h, nv = v.shape
     ns = s.shape[1]
     if np.any(s.min(axis=1) >= LAYOUT_BLOCK):
@@ -353,10 +369,10 @@ def vslash_layout_batch(
     writes nothing. Refuses what the native entry point refuses (no CUDA
     undefined behaviour is imitated): a column outside its sequence's keys, a
     negative offset, a length out of range, too few rows."""
-    v = np.asarray(vertical, np.int64)
-    s = np.asarray(slash, np.int64)
-    ql = np.asarray(q_seqlens, np.int64)
-    kl = np.asarray(kv_seqlens, np.int64)
+    v = _index_array("vertical", vertical, np.ndim(vertical), "selection")
+    s = _index_array("slash", slash, np.ndim(slash), "selection")
+    ql = _index_array("q_seqlens", q_seqlens, np.ndim(q_seqlens), "selection")
+    kl = _index_array("kv_seqlens", kv_seqlens, np.ndim(kv_seqlens), "selection")
     if v.ndim != 3 or min(v.shape) < 1:
         raise ReferenceSelectionError("vertical", "vertical must be [n_seqs, n_heads, nv], every axis >= 1")
     if s.ndim != 3 or s.shape[:2] != v.shape[:2] or s.shape[2] < 1:

@@ -8,7 +8,7 @@
 
 use pyo3::prelude::*;
 
-use crate::python::args::{detach, Obj, Opt, I32, W};
+use crate::python::args::{detach, ndarrays, Obj, Opt, I32, W};
 use crate::witness;
 
 /// What a merge's segment count is bounded by (the 64-bit occupancy mask).
@@ -101,11 +101,16 @@ pub(super) fn topology_witness_indices<'py>(
     num_segments: &Obj<'py>,
     out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
+    // The lengths as the caller passed them too (an int64 array is read
+    // through an int32 copy): as positions and lengths everywhere, they are
+    // memory an output must not share whatever the core does with them.
+    let raw = ndarrays(&[context_lens]);
     let learned = W.input::<i32, 2>(learned, "learned", "[rows, topk]")?;
     let lens = W.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
     let s = W.count(num_segments, "num_segments", u32::MAX as u64)?;
     let (shape, topk) = ([lens.shape[0], s], learned.shape[1]);
-    let inputs = [learned.untyped(), lens.untyped()];
+    let mut inputs = vec![learned.untyped(), lens.untyped()];
+    inputs.extend(raw.iter());
     // SAFETY: `topology_witness_indices_into` writes every slot of every row
     // (each row is filled with -1 first) or refuses before writing.
     let out = unsafe { W.output_filled_by_core(py, out, &shape, &inputs)? };
@@ -166,12 +171,17 @@ pub(super) fn apply_topology_witnesses<'py>(
     max_replacements: &Obj<'py>,
     out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
+    // The lengths as the caller passed them too (an int64 array is read
+    // through an int32 copy): as positions and lengths everywhere, they are
+    // memory an output must not share whatever the core does with them.
+    let raw = ndarrays(&[context_lens]);
     let learned = W.input::<i32, 2>(learned, "learned", "[rows, topk]")?;
     let lens = W.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
     let keep = W.count(learned_keep, "learned_keep", u64::MAX)?;
     let s = W.count_within(num_segments, "num_segments", u64::MAX, MERGE_MAX)?;
     let budget = W.count(max_replacements, "max_replacements", u64::MAX)?;
-    let inputs = [learned.untyped(), lens.untyped()];
+    let mut inputs = vec![learned.untyped(), lens.untyped()];
+    inputs.extend(raw.iter());
     // SAFETY: `apply_topology_witnesses_into` copies every learned row into
     // its output row, or refuses before writing.
     let out = unsafe { W.output_filled_by_core(py, out, &learned.shape, &inputs)? };
@@ -225,7 +235,12 @@ pub(super) fn scatter_topology_witnesses<'py>(
     num_segments: &Obj<'py>,
 ) -> PyResult<()> {
     let lens = W.input::<i32, 1>(context_lens, "context_lens", "[rows]")?;
-    let mut buf = W.inplace::<i32>(topk_indices, "topk_indices", 2, &[lens.untyped()])?;
+    // The lengths as the caller passed them too (an int64 array is read
+    // through an int32 copy): the buffer may share memory with neither.
+    let raw = ndarrays(&[context_lens]);
+    let mut inputs = vec![lens.untyped()];
+    inputs.extend(raw.iter());
+    let mut buf = W.inplace::<i32>(topk_indices, "topk_indices", 2, &inputs)?;
     let s = W.count_within(num_segments, "num_segments", u64::MAX, MERGE_MAX)?;
     if s == 0 {
         return Ok(());
