@@ -141,8 +141,9 @@ impl<'py> Paged<'py> {
         let d = self.d / n_kv_heads;
         let [nq, hq, dq] = qshape[..] else {
             let msg = format!(
-                "q must be 3-D [n_seqs, n_q_heads, d], got {}-D",
-                qshape.len()
+                "q must be 3-D [n_seqs, n_q_heads, d], got {}-D {:?}",
+                qshape.len(),
+                qshape
             );
             return Err(refuse(S, "q", msg));
         };

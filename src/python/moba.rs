@@ -29,13 +29,14 @@ fn variant(name: Option<Named<MobaVariantName>>) -> PyResult<Variant> {
 /// `q` `[n, n_q_heads, d]` and `k` `[m, n_kv_heads, d]`: the shape.
 fn qk_shape(qs: &[usize], ks: &[usize], block_size: usize) -> PyResult<Shape> {
     let [_, h, d] = ks[..] else {
-        let msg = format!("k must be 3-D [n_keys, n_kv_heads, d], got {}-D", ks.len());
+        let msg = format!("k must be 3-D [n_keys, n_kv_heads, d], got {}-D {:?}", ks.len(), ks);
         return Err(refuse(S, "k", msg));
     };
     let [_, hq, dq] = qs[..] else {
         let msg = format!(
-            "q must be 3-D [n_queries, n_q_heads, d], got {}-D",
-            qs.len()
+            "q must be 3-D [n_queries, n_q_heads, d], got {}-D {:?}",
+            qs.len(),
+            qs
         );
         return Err(refuse(S, "q", msg));
     };

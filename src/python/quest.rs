@@ -124,8 +124,9 @@ pub(super) fn quest_bounds<'py>(
     let (k, shape) = EncodedIn::new(S, keys, "keys", key_format.format_arg())?;
     let [n, h, d] = shape[..] else {
         let msg = format!(
-            "keys must be 3-D [n_tokens, n_kv_heads, d], got {}-D",
-            shape.len()
+            "keys must be 3-D [n_tokens, n_kv_heads, d], got {}-D {:?}",
+            shape.len(),
+            shape
         );
         return Err(refuse(S, "keys", msg));
     };
@@ -395,7 +396,7 @@ pub(super) fn quest_scores<'py>(
     )?;
     let (qe, qshape) = EncodedIn::new(S, q, "q", query_format.format_arg())?;
     let [hq, dq] = qshape[..] else {
-        let msg = format!("q must be 2-D [n_q_heads, d], got {}-D", qshape.len());
+        let msg = format!("q must be 2-D [n_q_heads, d], got {}-D {:?}", qshape.len(), qshape);
         return Err(refuse(S, "q", msg));
     };
     let (lo, hi) = bounds_in(kmin, kmax)?;

@@ -38,8 +38,9 @@ impl<'py> Est<'py> {
         let (k, kshape) = EncodedIn::new(S, keys, "keys", key_format.format_arg())?;
         let [l, hk, d] = kshape[..] else {
             let msg = format!(
-                "keys must be 3-D [seq_len, n_kv_heads, d], got {}-D",
-                kshape.len()
+                "keys must be 3-D [seq_len, n_kv_heads, d], got {}-D {:?}",
+                kshape.len(),
+                kshape
             );
             return Err(refuse(S, "keys", msg));
         };

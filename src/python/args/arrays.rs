@@ -281,7 +281,11 @@ impl Domain {
             refuse(
                 self,
                 name,
-                format!("{name} must be {N}-D {what}, got {}-D", a.ndim()),
+                format!(
+                    "{name} must be {N}-D {what}, got {}-D {:?}",
+                    a.ndim(),
+                    a.shape()
+                ),
             )
         })
     }

@@ -112,7 +112,11 @@ impl Domain {
             )));
         };
         let fault = if untyped.ndim() != ndim {
-            format!("{name} must be {ndim}-D, got {}-D", untyped.ndim())
+            format!(
+                "{name} must be {ndim}-D, got {}-D {:?}",
+                untyped.ndim(),
+                untyped.shape()
+            )
         } else if !untyped.is_c_contiguous() {
             format!("{name} is not C-contiguous: it is written in place, so it is never copied")
         } else if !is_aligned(untyped) {

@@ -83,8 +83,9 @@ pub(super) fn positions_of_blocks<'py>(
         (&[n, h, w], OutLayout::QueryMajor) | (&[h, n, w], OutLayout::HeadMajor) => (n, h, w),
         _ => {
             let msg = format!(
-                "blocks must be 1-D [width], 2-D [rows, width] or 3-D [n_queries, n_kv_heads, width], got {}-D",
-                shape.len()
+                "blocks must be 1-D [width], 2-D [rows, width] or 3-D [n_queries, n_kv_heads, width], got {}-D {:?}",
+                shape.len(),
+                shape
             );
             return Err(refuse(S, "blocks", msg));
         }

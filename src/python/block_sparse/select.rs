@@ -114,8 +114,9 @@ pub(super) fn block_sparse_select<'py>(
         ),
         _ => {
             let msg = format!(
-                "index_q must be [n_kv_heads, d] (one query) or [n_queries, n_kv_heads, d], got {}-D",
-                q_shape.len()
+                "index_q must be [n_kv_heads, d] (one query) or [n_queries, n_kv_heads, d], got {}-D {:?}",
+                q_shape.len(),
+                q_shape
             );
             return Err(refuse(S, "index_q", msg));
         }

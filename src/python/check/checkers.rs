@@ -138,8 +138,9 @@ pub(super) fn check_topk<'py>(
     let (s, shape) = S.floats(scores, "scores", true)?;
     let [n, t] = shape[..] else {
         let msg = format!(
-            "scores must be 2-D [n_rows, n_positions], got {}-D",
-            shape.len()
+            "scores must be 2-D [n_rows, n_positions], got {}-D {:?}",
+            shape.len(),
+            shape
         );
         return Err(refuse(S, "scores", msg));
     };

@@ -87,14 +87,15 @@ fn call<'py>(
     };
     let (qe, qshape) = EncodedIn::new(S, q, "q", formats.0.format_arg())?;
     let [n_q, hq, d] = qshape[..] else {
-        let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D", qshape.len());
+        let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D {:?}", qshape.len(), qshape);
         return Err(refuse(S, "q", msg));
     };
     let (ke, kshape) = EncodedIn::new(S, ck, "ck", formats.1.format_arg())?;
     let [_, n_kv, dk] = kshape[..] else {
         let msg = format!(
-            "ck must be 3-D [n_c, n_kv_heads, d], got {}-D",
-            kshape.len()
+            "ck must be 3-D [n_c, n_kv_heads, d], got {}-D {:?}",
+            kshape.len(),
+            kshape
         );
         return Err(refuse(S, "ck", msg));
     };

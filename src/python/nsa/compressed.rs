@@ -91,8 +91,9 @@ pub(super) fn nsa_compress_keys<'py>(
     let (ke, kshape) = EncodedIn::new(S, k, "k", key_format.format_arg())?;
     let [seq_len, n_kv, d] = kshape[..] else {
         let msg = format!(
-            "k must be 3-D [seq_len, n_kv_heads, d], got {}-D",
-            kshape.len()
+            "k must be 3-D [seq_len, n_kv_heads, d], got {}-D {:?}",
+            kshape.len(),
+            kshape
         );
         return Err(refuse(S, "k", msg));
     };
@@ -152,14 +153,15 @@ fn compressed_call<'py>(
     let seq_n = S.count(seq_len, "seq_len", I32_MAX)?;
     let (qe, qshape) = EncodedIn::new(S, q, "q", formats.0.format_arg())?;
     let [n_q, hq, d] = qshape[..] else {
-        let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D", qshape.len());
+        let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D {:?}", qshape.len(), qshape);
         return Err(refuse(S, "q", msg));
     };
     let (ce, cshape) = EncodedIn::new(S, ck, "ck", formats.1.format_arg())?;
     let [_, n_kv, dk] = cshape[..] else {
         let msg = format!(
-            "ck must be 3-D [n_c, n_kv_heads, d], got {}-D",
-            cshape.len()
+            "ck must be 3-D [n_c, n_kv_heads, d], got {}-D {:?}",
+            cshape.len(),
+            cshape
         );
         return Err(refuse(S, "ck", msg));
     };

@@ -50,14 +50,15 @@ fn call<'py>(
     let local = S.count_or(local_blocks, "local_blocks", I32_MAX, nsa::FLA_LOCAL_BLOCKS)?;
     let (qe, qshape) = EncodedIn::new(S, q, "q", formats.0.format_arg())?;
     let [n_q, hq, d] = qshape[..] else {
-        let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D", qshape.len());
+        let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D {:?}", qshape.len(), qshape);
         return Err(refuse(S, "q", msg));
     };
     let (ke, kshape) = EncodedIn::new(S, k, "k", formats.1.format_arg())?;
     let [seq_len, n_kv, dk] = kshape[..] else {
         let msg = format!(
-            "k must be 3-D [seq_len, n_kv_heads, d], got {}-D",
-            kshape.len()
+            "k must be 3-D [seq_len, n_kv_heads, d], got {}-D {:?}",
+            kshape.len(),
+            kshape
         );
         return Err(refuse(S, "k", msg));
     };
