@@ -16,6 +16,13 @@
 //! instruction differed would silently change scores, so it keeps the
 //! AVX-512 level instead.
 
+/// The pair `(hi, lo)` in one 32-bit lane, each the upper half of its
+/// float32: `hi` is the one the instruction multiplies first.
+#[inline(always)]
+pub(crate) fn pack(hi: f32, lo: f32) -> u32 {
+    (hi.to_bits() & 0xFFFF_0000) | (lo.to_bits() >> 16)
+}
+
 /// A bfloat16 (`bits`) as a float32, denormals read as zeros of their sign.
 #[inline(always)]
 fn bf16_daz(bits: u32) -> f32 {
@@ -94,7 +101,6 @@ fn probes() -> Vec<(f32, u32, u32)> {
         state
     };
     let tiny = |e: i32| 2f32.powi(e);
-    let pack = |hi: f32, lo: f32| (hi.to_bits() & 0xFFFF_0000) | (lo.to_bits() >> 16);
     let mut out = vec![
         (tiny(-126), pack(tiny(-75), 0.0), pack(-tiny(-75), 0.0)),
         (-f32::from_bits(1), pack(-0.0, -0.0), 0),

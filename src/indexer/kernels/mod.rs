@@ -336,7 +336,7 @@ pub(super) fn score_keys_in(
     let kt: &mut [f32] = bytemuck::cast_slice_mut(&mut scratch.kt);
     let decoded = &mut scratch.decoded;
     // The pair level needs pairs of dimensions; the AVX2 fp8 fold is below it.
-    let run = run.filter(|_| d.is_multiple_of(2) && n > 0);
+    let run = run.filter(|_| d.is_multiple_of(2));
     let kp = &mut scratch.kp;
     if run.is_some() {
         kp.resize(d / 2 * BLOCK, 0);

@@ -52,7 +52,8 @@
 //! as in every kernel; only the dot products run in pairs.
 
 use super::{slot, Tiles, BLOCK};
-pub(super) use crate::simd::bf16dp::dp_model;
+/// The pair of dimensions `2i` (high half: multiplied first) and `2i + 1`.
+pub(super) use crate::simd::bf16dp::{dp_model, pack};
 
 /// Lanes per vector of the pair kernel (a 512-bit register of float32).
 pub(super) const LANES: usize = 16;
@@ -84,13 +85,6 @@ pub(super) fn min_exponent(values: impl IntoIterator<Item = u32>) -> Option<i32>
 /// pairs against a query with summary `query` (see the module docs).
 pub(super) fn admits(keys: Option<i32>, query: Option<i32>) -> bool {
     matches!((keys, query), (Some(k), Some(q)) if k + q >= MIN_EXPONENT_SUM)
-}
-
-/// The pair of dimensions `2i` (high half) and `2i + 1` (low half), each
-/// the upper half of its float32.
-#[inline(always)]
-pub(super) fn pack(even: f32, odd: f32) -> u32 {
-    (even.to_bits() & 0xFFFF_0000) | (odd.to_bits() >> 16)
 }
 
 /// The transposed block `kt` (`[d, BLOCK]`, float32) as pairs `kp`

@@ -5,8 +5,9 @@
 use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
-use super::window::{read_window, WindowName};
-use crate::attention::softmax_scale;
+use super::common::{
+    config, read_3d, read_block_counts, read_block_size, read_geometry, read_window, WindowName,
+};
 use crate::nsa::{self, Config};
 use crate::python::args::{
     detach, ndarrays, AsFormatArg, EncodedIn, In, KeyFormat, Named, Obj, Opt, Out, QueryFormat,
@@ -84,19 +85,9 @@ pub(super) fn nsa_compress_keys<'py>(
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
-    let bs = S.count_or(block_size, "block_size", I32_MAX, nsa::FLA_BLOCK_SIZE)?;
-    if bs == 0 {
-        return Err(refuse(S, "block_size", "block_size must be at least 1"));
-    }
-    let (ke, kshape) = EncodedIn::new(S, k, "k", key_format.format_arg())?;
-    let [seq_len, n_kv, d] = kshape[..] else {
-        let msg = format!(
-            "k must be 3-D [seq_len, n_kv_heads, d], got {}-D {:?}",
-            kshape.len(),
-            kshape
-        );
-        return Err(refuse(S, "k", msg));
-    };
+    let bs = read_block_size(block_size)?;
+    let k_layout = "[seq_len, n_kv_heads, d]";
+    let (ke, [seq_len, n_kv, d]) = read_3d(k, "k", k_layout, key_format.format_arg())?;
     if seq_len == 0 {
         return Err(refuse(S, "k", "k must hold at least 1 token"));
     }
@@ -144,31 +135,15 @@ fn compressed_call<'py>(
     ck_scale: Opt<'_, 'py>,
     formats: (Option<Named<QueryFormat>>, Option<Named<KeyFormat>>),
 ) -> PyResult<CompressedCall<'py>> {
-    let block_size = S.count_or(block_size, "block_size", I32_MAX, nsa::FLA_BLOCK_SIZE)?;
-    if block_size == 0 {
-        return Err(refuse(S, "block_size", "block_size must be at least 1"));
-    }
-    let init = S.count_or(init_blocks, "init_blocks", I32_MAX, nsa::FLA_INIT_BLOCKS)?;
-    let local = S.count_or(local_blocks, "local_blocks", I32_MAX, nsa::FLA_LOCAL_BLOCKS)?;
+    let geometry = read_geometry((block_size, init_blocks, local_blocks))?;
     let seq_n = S.count(seq_len, "seq_len", I32_MAX)?;
-    let (qe, qshape) = EncodedIn::new(S, q, "q", formats.0.format_arg())?;
-    let [n_q, hq, d] = qshape[..] else {
-        let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D {:?}", qshape.len(), qshape);
-        return Err(refuse(S, "q", msg));
-    };
-    let (ce, cshape) = EncodedIn::new(S, ck, "ck", formats.1.format_arg())?;
-    let [_, n_kv, dk] = cshape[..] else {
-        let msg = format!(
-            "ck must be 3-D [n_c, n_kv_heads, d], got {}-D {:?}",
-            cshape.len(),
-            cshape
-        );
-        return Err(refuse(S, "ck", msg));
-    };
+    let q_format = formats.0.format_arg();
+    let (qe, [n_q, hq, d]) = read_3d(q, "q", "[n_q, n_q_heads, d]", q_format)?;
+    let ck_layout = "[n_c, n_kv_heads, d]";
+    let (ce, [_, n_kv, dk]) = read_3d(ck, "ck", ck_layout, formats.1.format_arg())?;
     if dk != d {
         return Err(refuse(S, "ck", format!("ck has d={dk} but q has d={d}")));
     }
-    let scale = scale.unwrap_or_else(|| softmax_scale(d) as f64) as f32;
     let ck_scale = match ck_scale {
         Some(o) => Some(S.input::<f32, 1>(o, "ck_scale", "[n_c]")?),
         None => None,
@@ -183,13 +158,7 @@ fn compressed_call<'py>(
         n_q,
         seq_len: seq_n,
         raw: ndarrays(&[seq_len]),
-        cfg: Config {
-            block_size,
-            block_counts,
-            init_blocks: init,
-            local_blocks: local,
-            scale,
-        },
+        cfg: config(geometry, block_counts, scale, d),
     })
 }
 
@@ -377,14 +346,7 @@ pub(super) fn nsa_select_compressed<'py>(
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
-    let n = S.count_or(block_counts, "block_counts", I32_MAX, nsa::FLA_BLOCK_COUNTS)?;
-    if n == 0 {
-        return Err(refuse(
-            S,
-            "block_counts",
-            "block_counts must be at least 1 block",
-        ));
-    }
+    let n = read_block_counts(block_counts)?;
     let c = compressed_call(
         q,
         ck,

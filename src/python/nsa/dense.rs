@@ -4,12 +4,11 @@
 use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
-use super::window::{read_window, WindowName};
-use crate::attention::softmax_scale;
+use super::common::{config, read_3d, read_block_counts, read_geometry, read_window, WindowName};
 use crate::nsa::{self, Config};
 use crate::python::args::{
     detach, ndarrays, positions, AsFormatArg, EncodedIn, KeyFormat, Named, Obj, Opt, Out,
-    QueryFormat, I32, I32_MAX, S,
+    QueryFormat, I32, S,
 };
 use crate::python::errors::refuse;
 
@@ -42,33 +41,17 @@ fn call<'py>(
     formats: (Option<Named<QueryFormat>>, Option<Named<KeyFormat>>),
     (cu_seqlens, cu_seqlens_q): (Opt<'_, 'py>, Opt<'_, 'py>),
 ) -> PyResult<Call<'py>> {
-    let block_size = S.count_or(block_size, "block_size", I32_MAX, nsa::FLA_BLOCK_SIZE)?;
-    if block_size == 0 {
-        return Err(refuse(S, "block_size", "block_size must be at least 1"));
-    }
-    let init = S.count_or(init_blocks, "init_blocks", I32_MAX, nsa::FLA_INIT_BLOCKS)?;
-    let local = S.count_or(local_blocks, "local_blocks", I32_MAX, nsa::FLA_LOCAL_BLOCKS)?;
-    let (qe, qshape) = EncodedIn::new(S, q, "q", formats.0.format_arg())?;
-    let [n_q, hq, d] = qshape[..] else {
-        let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D {:?}", qshape.len(), qshape);
-        return Err(refuse(S, "q", msg));
-    };
-    let (ke, kshape) = EncodedIn::new(S, k, "k", formats.1.format_arg())?;
-    let [seq_len, n_kv, dk] = kshape[..] else {
-        let msg = format!(
-            "k must be 3-D [seq_len, n_kv_heads, d], got {}-D {:?}",
-            kshape.len(),
-            kshape
-        );
-        return Err(refuse(S, "k", msg));
-    };
+    let geometry = read_geometry((block_size, init_blocks, local_blocks))?;
+    let q_format = formats.0.format_arg();
+    let (qe, [n_q, hq, d]) = read_3d(q, "q", "[n_q, n_q_heads, d]", q_format)?;
+    let k_layout = "[seq_len, n_kv_heads, d]";
+    let (ke, [seq_len, n_kv, dk]) = read_3d(k, "k", k_layout, formats.1.format_arg())?;
     if dk != d {
         return Err(refuse(S, "k", format!("k has d={dk} but q has d={d}")));
     }
     if seq_len == 0 {
         return Err(refuse(S, "k", "k must hold at least 1 token"));
     }
-    let scale = scale.unwrap_or_else(|| softmax_scale(d) as f64) as f32;
     let cu = match (cu_seqlens, cu_seqlens_q) {
         (None, None) => None,
         (cu, cq) => Some((
@@ -94,13 +77,7 @@ fn call<'py>(
         n_q,
         cu,
         raw,
-        cfg: Config {
-            block_size,
-            block_counts,
-            init_blocks: init,
-            local_blocks: local,
-            scale,
-        },
+        cfg: config(geometry, block_counts, scale, d),
     })
 }
 
@@ -336,14 +313,7 @@ pub(super) fn nsa_select<'py>(
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
-    let n = S.count_or(block_counts, "block_counts", I32_MAX, nsa::FLA_BLOCK_COUNTS)?;
-    if n == 0 {
-        return Err(refuse(
-            S,
-            "block_counts",
-            "block_counts must be at least 1 block",
-        ));
-    }
+    let n = read_block_counts(block_counts)?;
     let c = call(
         q,
         k,
