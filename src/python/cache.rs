@@ -137,18 +137,14 @@ impl<'py> Paged<'py> {
         q: &Obj<'py>,
         query_format: FormatArg<'_>,
     ) -> PyResult<(EncodedIn<'py>, usize, usize)> {
-        let (qe, qshape) = EncodedIn::new(S, q, "q", query_format)?;
+        let layout = "[n_seqs, n_q_heads, d]";
+        let (qe, [nq, hq, dq]) = EncodedIn::new_3d(S, q, "q", layout, query_format)?;
         let d = self.d / n_kv_heads;
-        let [nq, hq, dq] = qshape[..] else {
-            let msg = format!(
-                "q must be 3-D [n_seqs, n_q_heads, d], got {}-D {:?}",
-                qshape.len(),
-                qshape
-            );
-            return Err(refuse(S, "q", msg));
-        };
         if nq != n_seqs || dq != d {
-            let msg = format!("q must be [n_seqs={n_seqs}, n_q_heads, d={d}], got {qshape:?}");
+            let msg = format!(
+                "q must be [n_seqs={n_seqs}, n_q_heads, d={d}], got {:?}",
+                [nq, hq, dq]
+            );
             return Err(refuse(S, "q", msg));
         }
         Ok((qe, hq, d))

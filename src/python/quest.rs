@@ -121,15 +121,8 @@ pub(super) fn quest_bounds<'py>(
     out: Opt<'_, 'py>,
 ) -> PyResult<(F32<'py>, F32<'py>)> {
     let p = S.count_or(page_size, "page_size", I32_MAX, QUEST_PAGE_SIZE)?;
-    let (k, shape) = EncodedIn::new(S, keys, "keys", key_format.format_arg())?;
-    let [n, h, d] = shape[..] else {
-        let msg = format!(
-            "keys must be 3-D [n_tokens, n_kv_heads, d], got {}-D {:?}",
-            shape.len(),
-            shape
-        );
-        return Err(refuse(S, "keys", msg));
-    };
+    let layout = "[n_tokens, n_kv_heads, d]";
+    let (k, [n, h, d]) = EncodedIn::new_3d(S, keys, "keys", layout, key_format.format_arg())?;
     let l = Layout::new(h, d, p);
     let scale = match key_scale {
         Some(o) => Some(S.input::<f32, 1>(o, "key_scale", "[n_tokens]")?),

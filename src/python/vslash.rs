@@ -35,15 +35,9 @@ impl<'py> Est<'py> {
             Some(v) => v.get()?.0,
             None => Variant::Kernel,
         };
-        let (k, kshape) = EncodedIn::new(S, keys, "keys", key_format.format_arg())?;
-        let [l, hk, d] = kshape[..] else {
-            let msg = format!(
-                "keys must be 3-D [seq_len, n_kv_heads, d], got {}-D {:?}",
-                kshape.len(),
-                kshape
-            );
-            return Err(refuse(S, "keys", msg));
-        };
+        let layout = "[seq_len, n_kv_heads, d]";
+        let (k, [l, hk, d]) =
+            EncodedIn::new_3d(S, keys, "keys", layout, key_format.format_arg())?;
         let qa = S.input::<f32, 3>(q, "q", "[n_heads, min(64, seq_len), d]")?;
         let [h, n, dq] = qa.shape;
         if dq != d || n != vslash::last_queries(l) {

@@ -35,6 +35,31 @@ pub(in crate::python) enum EncodedIn<'py> {
 }
 
 impl<'py> EncodedIn<'py> {
+    /// [`EncodedIn::new`] of a 3-D array: the array and its shape, any
+    /// other rank refused naming `name`, its axes (`layout`) and the shape
+    /// received.
+    pub fn new_3d(
+        domain: Domain,
+        obj: &Bound<'py, PyAny>,
+        name: &str,
+        layout: &str,
+        format: FormatArg<'_>,
+    ) -> PyResult<(Self, [usize; 3])> {
+        let (e, shape) = Self::new(domain, obj, name, format)?;
+        match shape[..] {
+            [a, b, c] => Ok((e, [a, b, c])),
+            _ => Err(crate::python::errors::refuse(
+                domain,
+                name,
+                format!(
+                    "{name} must be 3-D {layout}, got {}-D {:?}",
+                    shape.len(),
+                    shape
+                ),
+            )),
+        }
+    }
+
     /// `obj` in its format, and its shape. `format` (the `key_format` /
     /// `query_format` argument) is required for raw `uint16` / `uint8`
     /// arrays and must agree with a typed array's dtype.

@@ -85,20 +85,10 @@ fn call<'py>(
             0
         }
     };
-    let (qe, qshape) = EncodedIn::new(S, q, "q", formats.0.format_arg())?;
-    let [n_q, hq, d] = qshape[..] else {
-        let msg = format!("q must be 3-D [n_q, n_q_heads, d], got {}-D {:?}", qshape.len(), qshape);
-        return Err(refuse(S, "q", msg));
-    };
-    let (ke, kshape) = EncodedIn::new(S, ck, "ck", formats.1.format_arg())?;
-    let [_, n_kv, dk] = kshape[..] else {
-        let msg = format!(
-            "ck must be 3-D [n_c, n_kv_heads, d], got {}-D {:?}",
-            kshape.len(),
-            kshape
-        );
-        return Err(refuse(S, "ck", msg));
-    };
+    let q_layout = "[n_q, n_q_heads, d]";
+    let (qe, [n_q, hq, d]) = EncodedIn::new_3d(S, q, "q", q_layout, formats.0.format_arg())?;
+    let ck_layout = "[n_c, n_kv_heads, d]";
+    let (ke, [_, n_kv, dk]) = EncodedIn::new_3d(S, ck, "ck", ck_layout, formats.1.format_arg())?;
     if dk != d {
         return Err(refuse(S, "ck", format!("ck has d={dk} but q has d={d}")));
     }

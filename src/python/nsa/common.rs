@@ -1,12 +1,12 @@
 //! What every NSA entry point reads alike: the `window` option (fla's
-//! block means or the paper's Eq. 9), the block geometry and row width, the
-//! 3-D arrays, and the configuration they make.
+//! block means or the paper's Eq. 9), the block geometry and row width, and
+//! the configuration they make.
 
 use pyo3::prelude::*;
 
 use crate::attention::softmax_scale;
 use crate::nsa::{self, Config, Window};
-use crate::python::args::{Choice, EncodedIn, FormatArg, Named, Obj, Opt, I32_MAX, S};
+use crate::python::args::{Choice, Named, Opt, I32_MAX, S};
 use crate::python::errors::refuse;
 
 /// `block_size` (fla's 64 by default), at least 1.
@@ -40,26 +40,6 @@ pub(super) fn read_block_counts(block_counts: Opt<'_, '_>) -> PyResult<usize> {
         ));
     }
     Ok(n)
-}
-
-/// The 3-D array `name` (`layout` names its axes, as the refusal says) in
-/// its format: the array and its shape.
-pub(super) fn read_3d<'py>(
-    obj: &Obj<'py>,
-    name: &str,
-    layout: &str,
-    format: FormatArg<'_>,
-) -> PyResult<(EncodedIn<'py>, [usize; 3])> {
-    let (e, shape) = EncodedIn::new(S, obj, name, format)?;
-    let [a, b, c] = shape[..] else {
-        let msg = format!(
-            "{name} must be 3-D {layout}, got {}-D {:?}",
-            shape.len(),
-            shape
-        );
-        return Err(refuse(S, name, msg));
-    };
-    Ok((e, [a, b, c]))
 }
 
 /// The selection's configuration: the geometry ([`read_geometry`]), the row

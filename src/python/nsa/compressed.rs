@@ -6,7 +6,7 @@ use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
 use super::common::{
-    config, read_3d, read_block_counts, read_block_size, read_geometry, read_window, WindowName,
+    config, read_block_counts, read_block_size, read_geometry, read_window, WindowName,
 };
 use crate::nsa::{self, Config};
 use crate::python::args::{
@@ -87,7 +87,7 @@ pub(super) fn nsa_compress_keys<'py>(
 ) -> PyResult<F32<'py>> {
     let bs = read_block_size(block_size)?;
     let k_layout = "[seq_len, n_kv_heads, d]";
-    let (ke, [seq_len, n_kv, d]) = read_3d(k, "k", k_layout, key_format.format_arg())?;
+    let (ke, [seq_len, n_kv, d]) = EncodedIn::new_3d(S, k, "k", k_layout, key_format.format_arg())?;
     if seq_len == 0 {
         return Err(refuse(S, "k", "k must hold at least 1 token"));
     }
@@ -138,9 +138,9 @@ fn compressed_call<'py>(
     let geometry = read_geometry((block_size, init_blocks, local_blocks))?;
     let seq_n = S.count(seq_len, "seq_len", I32_MAX)?;
     let q_format = formats.0.format_arg();
-    let (qe, [n_q, hq, d]) = read_3d(q, "q", "[n_q, n_q_heads, d]", q_format)?;
+    let (qe, [n_q, hq, d]) = EncodedIn::new_3d(S, q, "q", "[n_q, n_q_heads, d]", q_format)?;
     let ck_layout = "[n_c, n_kv_heads, d]";
-    let (ce, [_, n_kv, dk]) = read_3d(ck, "ck", ck_layout, formats.1.format_arg())?;
+    let (ce, [_, n_kv, dk]) = EncodedIn::new_3d(S, ck, "ck", ck_layout, formats.1.format_arg())?;
     if dk != d {
         return Err(refuse(S, "ck", format!("ck has d={dk} but q has d={d}")));
     }

@@ -4,7 +4,7 @@
 use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
-use super::common::{config, read_3d, read_block_counts, read_geometry, read_window, WindowName};
+use super::common::{config, read_block_counts, read_geometry, read_window, WindowName};
 use crate::nsa::{self, Config};
 use crate::python::args::{
     detach, ndarrays, positions, AsFormatArg, EncodedIn, KeyFormat, Named, Obj, Opt, Out,
@@ -43,9 +43,9 @@ fn call<'py>(
 ) -> PyResult<Call<'py>> {
     let geometry = read_geometry((block_size, init_blocks, local_blocks))?;
     let q_format = formats.0.format_arg();
-    let (qe, [n_q, hq, d]) = read_3d(q, "q", "[n_q, n_q_heads, d]", q_format)?;
+    let (qe, [n_q, hq, d]) = EncodedIn::new_3d(S, q, "q", "[n_q, n_q_heads, d]", q_format)?;
     let k_layout = "[seq_len, n_kv_heads, d]";
-    let (ke, [seq_len, n_kv, dk]) = read_3d(k, "k", k_layout, formats.1.format_arg())?;
+    let (ke, [seq_len, n_kv, dk]) = EncodedIn::new_3d(S, k, "k", k_layout, formats.1.format_arg())?;
     if dk != d {
         return Err(refuse(S, "k", format!("k has d={dk} but q has d={d}")));
     }

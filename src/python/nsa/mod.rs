@@ -1,6 +1,6 @@
 //! NSA's block selection as fla computes it, every entry point raising
 //! `SelectionError`, one file per family: what they all read alike (the
-//! `window` option, the geometry, the 3-D arrays) in [`common`]; the entry points on the keys, dense and packed, in [`dense`];
+//! `window` option, the geometry) in [`common`]; the entry points on the keys, dense and packed, in [`dense`];
 //! those on given compressed keys (an engine's decode) in [`compressed`].
 //! This file only registers them.
 
