@@ -3,6 +3,7 @@
 
 use super::{block_scores, row, Config, Window};
 use crate::error::{check_len, checked_size, ArgumentError};
+use crate::infllm::heads::{self, in_lanes, Rows};
 use crate::infllm::score::{group_sums, Packed, Scratch};
 use crate::keys::Encoded;
 use crate::simd::Isa;
@@ -410,8 +411,12 @@ fn stage<T: Send>(
     let nb = cfg.n_blocks(sh.seq_len);
     // Float32 queries are read in place; other formats decoded once.
     let qv = decoded(q, None, 0);
+    // A group of 8 heads or more is scored with its heads in the lanes, on
+    // the compressed keys in place (`heads`); a smaller one packs them.
+    let lanes = in_lanes(g_heads);
     let mut bufs = PACKED_BUFS.with_borrow_mut(std::mem::take);
     let packed: Vec<Packed> = (0..sh.n_kv)
+        .filter(|_| !lanes)
         .map(|g| Packed::new_in(bufs.pop().unwrap_or_default(), isa, ck, n_c, sh.n_kv, g, d))
         .collect();
     let work = g_heads * n_c.max(1) * d;
@@ -426,7 +431,16 @@ fn stage<T: Send>(
                 ids,
             } = s;
             let n_vis = geo.visible(p);
-            group_sums(isa, qg, g_heads, d, &packed[g], n_vis, cfg.scale, stage1);
+            if lanes {
+                let rows = Rows {
+                    ck,
+                    base: g * d,
+                    stride: sh.n_kv * d,
+                };
+                heads::group_sums(isa, qg, g_heads, d, rows, n_vis, cfg.scale, stage1);
+            } else {
+                group_sums(isa, qg, g_heads, d, &packed[g], n_vis, cfg.scale, stage1);
+            }
             blocks.clear();
             blocks.resize(nb, 0.0);
             block_scores(cfg, window, &stage1.sums, p, blocks);

@@ -318,21 +318,29 @@ pub(crate) fn row(scores: &[f32], ids: &mut Vec<u32>, out: &mut [i32]) {
     let k = out.len();
     ids.clear();
     if k <= ROW_SCAN_MAX {
+        // Once `k` are kept, block `b` (an id above every kept one) comes
+        // before the `k`-th, `last`, iff its score is above `last`'s (a tie
+        // goes to the lower id), or `last`'s is NaN and `b`'s is not (NaN
+        // comes last): `s > t` with `t` the `k`-th's score, `−inf` for NaN.
+        // A NaN `s` fails the test, as it fails `before`.
+        let mut t = f32::INFINITY;
         for (b, &s) in scores.iter().enumerate() {
             if s == f32::NEG_INFINITY {
                 continue;
             }
             let b = b as u32;
             if ids.len() == k {
-                match ids.last() {
-                    Some(&last) if before(b, last) == Less => {
-                        ids.pop();
-                    }
-                    _ => continue,
+                if s.partial_cmp(&t) != Some(std::cmp::Ordering::Greater) {
+                    continue;
                 }
+                ids.pop();
             }
             let at = ids.partition_point(|&x| before(x, b) == Less);
             ids.insert(at, b);
+            if let (true, Some(&last)) = (ids.len() == k, ids.last()) {
+                let sl = scores[last as usize];
+                t = if sl.is_nan() { f32::NEG_INFINITY } else { sl };
+            }
         }
     } else {
         ids.extend((0..scores.len() as u32).filter(|&b| scores[b as usize] != f32::NEG_INFINITY));

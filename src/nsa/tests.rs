@@ -806,6 +806,43 @@ fn row_is_the_first_k_of_the_total_order() {
     }
 }
 
+/// The same with NaN scores among the candidates (they come last, by id):
+/// the one-pass row's threshold (`s > t`, `t = −inf` when the `k`-th is NaN)
+/// keeps the order's first `k`, as a sort by it does.
+#[test]
+fn row_is_the_first_k_of_the_total_order_with_nans() {
+    let mut seed = 6u64;
+    let mut ids = Vec::new();
+    for case in 0..400 {
+        let n = 1 + case % 120;
+        let vals = rand(&mut seed, n);
+        let scores: Vec<f32> = vals
+            .iter()
+            .map(|&v| match ((v + 2.0) * 8.0) as i32 {
+                0 => f32::INFINITY,
+                1 => f32::NEG_INFINITY,
+                2..=5 => f32::NAN,
+                x => (x % 5) as f32 * 0.25,
+            })
+            .collect();
+        let mut sorted: Vec<usize> = (0..n).filter(|&b| scores[b] != f32::NEG_INFINITY).collect();
+        sorted.sort_by(|&a, &b| crate::infllm::select::before(scores[a], a, scores[b], b));
+        for k in [1, 2, 3, 5, 16, ROW_SCAN_MAX] {
+            let mut want: Vec<i32> = sorted.iter().take(k).map(|&b| b as i32).collect();
+            want.sort_unstable();
+            want.resize(k, -1);
+            let mut got = vec![5i32; k];
+            row(&scores, &mut ids, &mut got);
+            assert_eq!(got, want, "n={n} k={k}");
+        }
+    }
+    // A NaN `k`-th gives way to any later score; a later NaN does not enter.
+    let s = [0.5, f32::NAN, f32::NAN, 0.1];
+    let mut got = [0i32; 2];
+    row(&s, &mut ids, &mut got);
+    assert_eq!(got, [0, 3]);
+}
+
 /// The compressed keys bit for bit the key-at-a-time sums (each key's rows
 /// added in token order, then one division), at every level: fla's window
 /// and overlapping ones, float32 with and without scales, bfloat16.
