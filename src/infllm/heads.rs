@@ -19,6 +19,16 @@
 //! exponentials (four vectors side by side, `crate::exp::avx2::exp_n`) and
 //! the group sum run over 8 heads a vector.
 //!
+//! Several queries that see the same keys may share a chunk (a group a
+//! multiple of 8: NSA's `stage` puts two decode queries of a group of 16 in
+//! one, four of a group of 8): the keys are then read once for them, and
+//! each broadcast key element feeds four vectors, not two. On Zen 3 a
+//! broadcast (from memory, or a register shuffle alike) issues about once a
+//! cycle, so 16 heads by 6 keys (one broadcast for two fused multiply-adds)
+//! runs at about 0.82 of the floor's rate and 32 heads by 2 keys at 0.90
+//! (best of 300 passes over 2,048 keys, `d = 128`, load 3-4); 8 heads by 12
+//! keys, one broadcast a multiply-add, at 0.5.
+//!
 //! Measured (AMD EPYC Zen 3, one thread, NSA's cached decode: 16 heads,
 //! 2,048 keys, `d = 128`): the score pass about 0.8 of
 //! `kvselect._core._fma_floor`'s rate, against about 0.75 for the packed
@@ -71,12 +81,17 @@ pub(crate) struct Rows<'a> {
 }
 
 /// [`super::score::group_sums`] for keys `0..n_vis` of `keys`, the heads
-/// in the lanes: `scratch.sums[..n_vis]` (zeros when `n_vis == 0`), the
-/// same bits. `q` holds the group's `heads` query rows of `d`.
+/// in the lanes, for each query `s` of `qs` at once: its `heads` query rows
+/// of `d` start at `q[qs[s]..]`, its sums go to `scratch.sums[s · n_vis..]
+/// [..n_vis]` (zeros when `n_vis == 0`), the same bits as the packed form
+/// on that query alone. Several queries share a chunk (the keys read once
+/// for all of them) only when `heads` is a multiple of 8, so that each
+/// vector holds one query's heads (asserted).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn group_sums(
     isa: Isa,
     q: &[f32],
+    qs: &[usize],
     heads: usize,
     d: usize,
     keys: Rows<'_>,
@@ -85,48 +100,75 @@ pub(crate) fn group_sums(
     scratch: &mut Scratch,
 ) {
     scratch.sums.clear();
-    scratch.sums.resize(n_vis, 0.0);
-    if n_vis == 0 || heads == 0 {
+    scratch.sums.resize(qs.len() * n_vis, 0.0);
+    let total = qs.len() * heads;
+    if n_vis == 0 || total == 0 {
         return;
     }
     let Rows { ck, base, stride } = keys;
     assert!(
-        q.len() >= heads * d && base + (n_vis - 1) * stride + d <= ck.len(),
-        "a query or key row past its array"
+        (qs.len() == 1 || heads.is_multiple_of(8))
+            && qs.iter().all(|&o| o + heads * d <= q.len())
+            && base + (n_vis - 1) * stride + d <= ck.len(),
+        "a query or key row past its array, or queries of a group off the vectors"
     );
     let n8 = n_vis.next_multiple_of(8);
-    let widest = heads.min(CHUNK).next_multiple_of(8);
+    let widest = total.min(CHUNK).next_multiple_of(8);
     if scratch.logits.len() < n8 * widest {
         scratch.logits.resize(n8 * widest, 0.0);
     }
-    for h0 in (0..heads).step_by(CHUNK) {
-        let hc = CHUNK.min(heads - h0);
+    for h0 in (0..total).step_by(CHUNK) {
+        let hc = CHUNK.min(total - h0);
         let w = hc.next_multiple_of(8);
-        // The chunk's queries transposed, `qt[c · w + l]` = head `h0 + l`'s
-        // element `c`; the lanes past the chunk's heads 0 (their sums are
-        // never read).
+        // The chunk's queries transposed, `qt[c · w + l]` = element `c` of
+        // head `(h0 + l) % heads` of query `(h0 + l) / heads`; the lanes
+        // past the chunk's heads 0 (their sums are never read).
         scratch.qt.clear();
         scratch.qt.resize(d * w, 0.0);
         for l in 0..hc {
-            let row = &q[(h0 + l) * d..(h0 + l + 1) * d];
+            let (sq, h) = ((h0 + l) / heads, (h0 + l) % heads);
+            let row = &q[qs[sq] + h * d..qs[sq] + (h + 1) * d];
             for (c, &x) in row.iter().enumerate() {
                 scratch.qt[c * w + l] = x;
             }
         }
         let (qt, logits, sums) = (&scratch.qt, &mut scratch.logits, &mut scratch.sums);
+        let heads_at = Heads {
+            h0,
+            hc,
+            group: heads,
+        };
         // SAFETY (bounds): `qt` is `d · w` floats; keys `0..n_vis` lie in
         // `ck` (asserted above); `logits` holds `n8 · widest >= n8 · w`
-        // floats and `sums` `n_vis`; `hc <= w`, `w` one of 8, 16, 24, 32.
+        // floats and `sums` `n_vis` for each query; `hc <= w`, `w` one of 8,
+        // 16, 24, 32; a vector's heads are one query's (asserted above).
         dispatch!("infllm.head_sums", isa, {
             avx512 => avx2,
             avx2(t) => match w {
-                8 => avx2::chunk::<1, 12>(t, qt, keys, d, n_vis, scale, hc, logits, sums),
-                16 => avx2::chunk::<2, 6>(t, qt, keys, d, n_vis, scale, hc, logits, sums),
-                24 => avx2::chunk::<3, 3>(t, qt, keys, d, n_vis, scale, hc, logits, sums),
-                _ => avx2::chunk::<4, 2>(t, qt, keys, d, n_vis, scale, hc, logits, sums),
+                8 => avx2::chunk::<1, 12>(t, qt, keys, d, n_vis, scale, heads_at, logits, sums),
+                16 => avx2::chunk::<2, 6>(t, qt, keys, d, n_vis, scale, heads_at, logits, sums),
+                24 => avx2::chunk::<3, 3>(t, qt, keys, d, n_vis, scale, heads_at, logits, sums),
+                _ => avx2::chunk::<4, 2>(t, qt, keys, d, n_vis, scale, heads_at, logits, sums),
             },
-            scalar => portable::chunk(qt, w, keys, d, n_vis, scale, hc, logits, sums),
+            scalar => portable::chunk(qt, w, keys, d, n_vis, scale, heads_at, logits, sums),
         });
+    }
+}
+
+/// A chunk's heads: `hc` of them from head `h0` of the queries' heads laid
+/// end to end, `group` a query (head `H` is query `H / group`'s).
+#[derive(Clone, Copy)]
+struct Heads {
+    h0: usize,
+    hc: usize,
+    group: usize,
+}
+
+impl Heads {
+    /// The query of the chunk's lane `l`.
+    #[inline(always)]
+    fn query(&self, l: usize) -> usize {
+        (self.h0 + l) / self.group
     }
 }
 
@@ -137,12 +179,12 @@ fn reduce8(l: [f32; 8]) -> f32 {
 }
 
 mod portable {
-    use super::{reduce8, Rows};
+    use super::{reduce8, Heads, Rows};
     use crate::exp::exp_scalar;
 
-    /// One chunk of `hc <= w` heads (`w` lanes, 8 to 32), element by
+    /// One chunk of `heads.hc <= w` heads (`w` lanes, 8 to 32), element by
     /// element: the logits key-major into `logits[j · w + l]`, each head's
-    /// softmax over them, `e / Z` added into `sums` head by head.
+    /// softmax over them, `e / Z` added into its query's sums head by head.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn chunk(
         qt: &[f32],
@@ -151,10 +193,11 @@ mod portable {
         d: usize,
         n_vis: usize,
         scale: f32,
-        hc: usize,
+        heads: Heads,
         logits: &mut [f32],
         sums: &mut [f32],
     ) {
+        let hc = heads.hc;
         let mut mx = [f32::NEG_INFINITY; super::CHUNK];
         for j in 0..n_vis {
             let row = &keys.ck[keys.base + j * keys.stride..][..d];
@@ -191,9 +234,9 @@ mod portable {
             }
             z[l] = reduce8(lanes);
         }
-        for (j, s) in sums.iter_mut().enumerate() {
+        for j in 0..n_vis {
             for l in 0..hc {
-                *s += logits[j * w + l] / z[l];
+                sums[heads.query(l) * n_vis + j] += logits[j * w + l] / z[l];
             }
         }
     }
@@ -203,7 +246,7 @@ mod portable {
 // Accumulator arrays are indexed on purpose: they must stay in registers.
 #[allow(clippy::needless_range_loop)]
 mod avx2 {
-    use super::Rows;
+    use super::{Heads, Rows};
     use crate::exp::avx2::{exp, exp_n};
     use crate::simd::Avx2;
     use std::arch::x86_64::*;
@@ -214,7 +257,8 @@ mod avx2 {
     /// # Safety
     /// `_token` proves AVX2+FMA; `qt.len() >= d · 8V`; keys `0..n_vis`
     /// (`n_vis >= 1`) lie in `keys.ck`; `logits.len() >= round_up(n_vis, 8)
-    /// · 8V`; `sums.len() == n_vis`; `hc <= 8V`.
+    /// · 8V`; `sums` holds `n_vis` for every query of the chunk's heads;
+    /// `heads.hc <= 8V`, and each vector's heads are one query's.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn chunk<const V: usize, const K: usize>(
@@ -224,11 +268,11 @@ mod avx2 {
         d: usize,
         n_vis: usize,
         scale: f32,
-        hc: usize,
+        heads: Heads,
         logits: &mut [f32],
         sums: &mut [f32],
     ) {
-        let w = 8 * V;
+        let (w, hc) = (8 * V, heads.hc);
         let lp = logits.as_mut_ptr();
         // Pass 1: the logits, key-major, and each lane's maximum.
         let mut mx = [_mm256_set1_ps(f32::NEG_INFINITY); V];
@@ -300,21 +344,28 @@ mod avx2 {
         // the sums head by head.
         let sp = sums.as_mut_ptr();
         for j0 in (0..full).step_by(8) {
-            // SAFETY: `j0 + 8 <= full <= n_vis = sums.len()`; logits as above.
-            unsafe {
-                let mut s = _mm256_loadu_ps(sp.add(j0));
-                for v in 0..V {
+            for v in 0..V {
+                let lanes = 8.min(hc.saturating_sub(v * 8));
+                if lanes == 0 {
+                    break;
+                }
+                // SAFETY: `j0 + 8 <= full <= n_vis`, the vector's query
+                // below the queries (`sums` holds `n_vis` for each);
+                // logits as above.
+                unsafe {
+                    let at = sp.add(heads.query(v * 8) * n_vis + j0);
+                    let mut s = _mm256_loadu_ps(at);
                     let mut r = [_mm256_setzero_ps(); 8];
                     for t in 0..8 {
                         let e = _mm256_loadu_ps(lp.add((j0 + t) * w + v * 8));
                         r[t] = _mm256_div_ps(e, z[v]);
                     }
                     let c = transpose8(r);
-                    for l in 0..8.min(hc.saturating_sub(v * 8)) {
+                    for l in 0..lanes {
                         s = _mm256_add_ps(s, c[l]);
                     }
+                    _mm256_storeu_ps(at, s);
                 }
-                _mm256_storeu_ps(sp.add(j0), s);
             }
         }
         let mut zs = [0.0f32; super::CHUNK];
@@ -322,9 +373,9 @@ mod avx2 {
             // SAFETY: 8 floats at `8v < CHUNK`.
             unsafe { _mm256_storeu_ps(zs.as_mut_ptr().add(v * 8), z[v]) };
         }
-        for (j, s) in sums.iter_mut().enumerate().skip(full) {
+        for j in full..n_vis {
             for l in 0..hc {
-                *s += logits[j * w + l] / zs[l];
+                sums[heads.query(l) * n_vis + j] += logits[j * w + l] / zs[l];
             }
         }
     }
@@ -445,6 +496,6 @@ pub(crate) fn probe(isa: Isa) {
         base: 0,
         stride: 1,
     };
-    group_sums(isa, &[1.0; 8], 8, 1, rows, 3, 1.0, &mut s);
+    group_sums(isa, &[1.0; 8], &[0], 8, 1, rows, 3, 1.0, &mut s);
     assert!(s.sums.iter().all(|&x| (x - 8.0 / 3.0).abs() < 1e-5));
 }

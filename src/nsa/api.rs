@@ -387,6 +387,14 @@ thread_local! {
     static PACKED_BUFS: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// What [`stage`] does with a query's block scores: `(query in its run,
+/// scores, top-k scratch)`.
+type RowFn<'a> = dyn FnMut(usize, &[f32], &mut Vec<u32>) + 'a;
+
+/// The most queries whose stage 1 shares a chunk of heads (a group of 8
+/// heads: four queries fill a chunk of 32).
+const MAX_FUSED: usize = 4;
+
 /// The most packed-key floats a thread keeps between calls (64 MiB).
 const PACKED_KEEP: usize = 1 << 24;
 
@@ -420,32 +428,77 @@ fn stage<T: Send>(
         .map(|g| Packed::new_in(bufs.pop().unwrap_or_default(), isa, ck, n_c, sh.n_kv, g, d))
         .collect();
     let work = g_heads * n_c.max(1) * d;
-    crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(work), |r, o| {
-        let (i, g) = (r / sh.n_kv, r % sh.n_kv);
-        let p = sh.pos(i);
-        let qg = &qv[(i * sh.hq + g * g_heads) * d..(i * sh.hq + (g + 1) * g_heads) * d];
+    // Stage 1 of queries `i0 + s` (`s < qs_n`, all seeing `n_vis` keys) at
+    // KV head `g`, then each one's row `f(row(s), ..)`.
+    let rows_of = |g: usize, i0: usize, qs_n: usize, row: &mut RowFn<'_>| {
+        let n_vis = geo.visible(sh.pos(i0));
         ROW_SCRATCH.with_borrow_mut(|s| {
             let RowScratch {
                 stage1,
                 blocks,
                 ids,
             } = s;
-            let n_vis = geo.visible(p);
             if lanes {
-                let rows = Rows {
+                let keys = Rows {
                     ck,
                     base: g * d,
                     stride: sh.n_kv * d,
                 };
-                heads::group_sums(isa, qg, g_heads, d, rows, n_vis, cfg.scale, stage1);
+                let mut qs = [0usize; MAX_FUSED];
+                for (s, o) in qs[..qs_n].iter_mut().enumerate() {
+                    *o = ((i0 + s) * sh.hq + g * g_heads) * d;
+                }
+                let qs = &qs[..qs_n];
+                heads::group_sums(isa, &qv, qs, g_heads, d, keys, n_vis, cfg.scale, stage1);
             } else {
+                let qg = &qv[(i0 * sh.hq + g * g_heads) * d..(i0 * sh.hq + (g + 1) * g_heads) * d];
                 group_sums(isa, qg, g_heads, d, &packed[g], n_vis, cfg.scale, stage1);
             }
-            blocks.clear();
-            blocks.resize(nb, 0.0);
-            block_scores(cfg, window, &stage1.sums, p, blocks);
-            f(o, blocks, ids);
+            for s in 0..qs_n {
+                blocks.clear();
+                blocks.resize(nb, 0.0);
+                let sums = &stage1.sums[s * n_vis..(s + 1) * n_vis];
+                block_scores(cfg, window, sums, sh.pos(i0 + s), blocks);
+                row(s, blocks, ids);
+            }
         });
+    };
+    // With the heads in the lanes and a group a multiple of 8, `fused`
+    // queries that see the same keys share a chunk of at most 32 heads (the
+    // keys read once for them, each key element broadcast against twice the
+    // heads at a group of 16): the rows of `fused` queries are one unit.
+    // The bits are each query's alone (`heads::group_sums`).
+    let fused = if lanes && g_heads.is_multiple_of(8) && sh.n_q > 1 {
+        (32 / g_heads).clamp(1, MAX_FUSED)
+    } else {
+        1
+    };
+    let whole = if fused > 1 { sh.n_q / fused * fused } else { 0 };
+    let (head, tail) = out.split_at_mut(whole * sh.n_kv * width);
+    let unit = fused * sh.n_kv * width;
+    crate::pool::for_each_row_mut(head, unit, crate::pool::min_rows(work * fused), |u, o| {
+        for g in 0..sh.n_kv {
+            // Runs of queries that see the same keys.
+            let mut s0 = 0;
+            while s0 < fused {
+                let i0 = u * fused + s0;
+                let n_vis = geo.visible(sh.pos(i0));
+                let mut n = 1;
+                while s0 + n < fused && geo.visible(sh.pos(i0 + n)) == n_vis {
+                    n += 1;
+                }
+                rows_of(g, i0, n, &mut |s, blocks, ids| {
+                    let r = (s0 + s) * sh.n_kv + g;
+                    f(&mut o[r * width..(r + 1) * width], blocks, ids);
+                });
+                s0 += n;
+            }
+        }
+    });
+    crate::pool::for_each_row_mut(tail, width, crate::pool::min_rows(work), |r, o| {
+        let r = r + whole * sh.n_kv;
+        let (i, g) = (r / sh.n_kv, r % sh.n_kv);
+        rows_of(g, i, 1, &mut |_, blocks, ids| f(o, blocks, ids));
     });
     bufs.extend(packed.into_iter().map(|p| p.keys));
     if bufs.iter().map(Vec::capacity).sum::<usize>() <= PACKED_KEEP {

@@ -195,6 +195,64 @@ fn same_bits_at_every_level() {
     }
 }
 
+/// Queries that share a chunk of heads (heads in the lanes, a group a
+/// multiple of 8: two queries at a group of 16, four at 8) give each the row
+/// and the block scores it gets alone, at every level: groups of 1, 8, 16
+/// and 24, query counts that leave a partial unit, blocks of 8 so that
+/// queries of one unit see different key counts, key counts off the tiles.
+#[test]
+fn fused_queries_equal_each_query_alone_at_every_level() {
+    let mut seed = 17u64;
+    for &(hq, n_kv, d, seq, n_q) in &[
+        (16usize, 1usize, 24usize, 203usize, 7usize),
+        (32, 2, 16, 131, 5),
+        (16, 2, 8, 99, 70),
+        (8, 1, 40, 77, 3),
+        (24, 1, 8, 150, 6),
+        (2, 2, 8, 60, 5),
+        (16, 1, 128, 1037, 4),
+    ] {
+        let q = rand(&mut seed, n_q * hq * d);
+        let k = rand(&mut seed, seq * n_kv * d);
+        let c = Config {
+            scale: 0.3,
+            ..cfg(8, 4)
+        };
+        let nb = c.n_blocks(seq);
+        for isa in isas_for_test() {
+            let mut s = vec![0.0f32; n_q * n_kv * nb];
+            let (qe, ke) = (Encoded::F32(&q), Encoded::F32(&k));
+            block_scores_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut s).unwrap();
+            let mut r = vec![0i32; n_q * n_kv * 4];
+            select_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut r).unwrap();
+            for i in 0..n_q {
+                let p = seq - n_q + i;
+                let qi = &q[i * hq * d..(i + 1) * hq * d];
+                let ki = &k[..(p + 1) * n_kv * d];
+                let nbi = c.n_blocks(p + 1);
+                let mut si = vec![0.0f32; n_kv * nbi];
+                let (qe, ke) = (Encoded::F32(qi), Encoded::F32(ki));
+                block_scores_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut si).unwrap();
+                let mut ri = vec![0i32; n_kv * 4];
+                select_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut ri).unwrap();
+                for g in 0..n_kv {
+                    let row = &s[(i * n_kv + g) * nb..(i * n_kv + g + 1) * nb];
+                    let alone = &si[g * nbi..(g + 1) * nbi];
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&row[..nbi]),
+                        bits(alone),
+                        "{isa:?} hq={hq} i={i} g={g}"
+                    );
+                    assert!(row[nbi..].iter().all(|&x| x == f32::NEG_INFINITY));
+                    let got = &r[(i * n_kv + g) * 4..(i * n_kv + g + 1) * 4];
+                    assert_eq!(got, &ri[g * 4..(g + 1) * 4], "{isa:?} hq={hq} i={i} g={g}");
+                }
+            }
+        }
+    }
+}
+
 /// Refusals name their argument and write nothing.
 #[test]
 fn refusals() {
