@@ -506,6 +506,46 @@ fn stage<T: Send>(
     }
 }
 
+thread_local! {
+    /// The calling thread's buffer for compressed keys given in another
+    /// format than float32, kept between calls up to [`PACKED_KEEP`]
+    /// floats: a fresh 4 MiB a call (a decode on 131,072 tokens' bfloat16
+    /// compressed keys) was a new mapping zero-filled page by page.
+    static CK_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `f` on the compressed keys `ck` as float32, each row of `row` values
+/// times its scale: `ck` itself when it is unscaled float32, else decoded
+/// (the product rounded to float32, as [`decoded`]) into the thread's kept
+/// buffer, which is only resized when its length changes (decoding writes
+/// every element).
+fn with_compressed<R>(
+    ck: Encoded<'_>,
+    scale: Option<&[f32]>,
+    row: usize,
+    f: impl FnOnce(&[f32]) -> R,
+) -> R {
+    if let (Encoded::F32(v), None) = (ck, scale) {
+        return f(v);
+    }
+    let mut buf = CK_BUF.with_borrow_mut(std::mem::take);
+    if buf.len() != ck.len() {
+        buf.clear();
+        buf.resize(ck.len(), 0.0);
+    }
+    ck.decode(0, &mut buf);
+    if let Some(s) = scale {
+        for (r, &c) in buf.chunks_mut(row.max(1)).zip(s) {
+            r.iter_mut().for_each(|x| *x *= c);
+        }
+    }
+    let out = f(&buf);
+    if buf.capacity() <= PACKED_KEEP {
+        CK_BUF.with_borrow_mut(|b| *b = buf);
+    }
+    out
+}
+
 /// `x` as float32, each row of `row` values times its scale: borrowed when
 /// it is unscaled float32 (no copy), else decoded (the product rounded to
 /// float32, as [`compress`] rounds a scaled key).
@@ -1150,8 +1190,9 @@ pub(super) fn block_scores_compressed_at(
         checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
         || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
     )?;
-    let ckv = decoded(ck, ck_scale, n_kv_heads * d);
-    stage(isa, &sh, q, &ckv, n_c, (cfg, window), out, nb, score_row);
+    with_compressed(ck, ck_scale, n_kv_heads * d, |ckv| {
+        stage(isa, &sh, q, ckv, n_c, (cfg, window), out, nb, score_row)
+    });
     Ok(())
 }
 
@@ -1221,7 +1262,8 @@ pub(super) fn select_compressed_at(
         checked_size("out", &[sh.n_q, sh.n_kv, w])?,
         || format!("[n_q={}, n_kv_heads={}, block_counts={w}]", sh.n_q, sh.n_kv),
     )?;
-    let ckv = decoded(ck, ck_scale, n_kv_heads * d);
-    stage(isa, &sh, q, &ckv, n_c, (cfg, window), out, w, select_row);
+    with_compressed(ck, ck_scale, n_kv_heads * d, |ckv| {
+        stage(isa, &sh, q, ckv, n_c, (cfg, window), out, w, select_row)
+    });
     Ok(())
 }
