@@ -253,6 +253,38 @@ fn fused_queries_equal_each_query_alone_at_every_level() {
     }
 }
 
+/// fla's block scores (three passes) are the rule's block by block: forced
+/// `+inf`, the group sum before the query's block, `−inf` after, for any
+/// forced counts (none, more than the blocks) and rows wider than the
+/// query's blocks.
+#[test]
+fn fla_block_scores_are_the_rule_block_by_block() {
+    let mut seed = 3u64;
+    for case in 0..300usize {
+        let c = Config {
+            init_blocks: case % 4,
+            local_blocks: (case / 4) % 5,
+            ..cfg(4, 16)
+        };
+        let p = case % 97;
+        let nb = c.n_blocks(p + 1) + case % 3;
+        let sums = rand(&mut seed, (p + 1) / 4);
+        let mut out = vec![7.0f32; nb];
+        block_scores(&c, Window::Fla, &sums, p, &mut out);
+        let ic = p / 4;
+        for (b, &o) in out.iter().enumerate() {
+            let want = if c.forced(b, ic) {
+                f32::INFINITY
+            } else if b < ic {
+                sums[b]
+            } else {
+                f32::NEG_INFINITY
+            };
+            assert_eq!(o.to_bits(), want.to_bits(), "case {case} b {b}");
+        }
+    }
+}
+
 /// Refusals name their argument and write nothing.
 #[test]
 fn refusals() {
