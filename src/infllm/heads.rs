@@ -80,11 +80,11 @@ pub(crate) struct Rows<'a> {
     pub stride: usize,
 }
 
-/// [`super::score::group_sums`] for keys `0..n_vis` of `keys`, the heads
-/// in the lanes, for each query `s` of `qs` at once: its `heads` query rows
-/// of `d` start at `q[qs[s]..]`, its sums go to `scratch.sums[s · n_vis..]
-/// [..n_vis]` (zeros when `n_vis == 0`), the same bits as the packed form
-/// on that query alone. Several queries share a chunk (the keys read once
+/// [`super::score::group_sums`] with the heads in the lanes, for each query
+/// `s` of `qs` at once: its `heads` query rows of `d` start at `q[qs[s]..]`,
+/// it sees keys `0..n_vis[s]` of `keys`, and its sums go to
+/// `scratch.sums[s · n..][..n_vis[s]]` (`n` the largest `n_vis`; zeros when
+/// `n_vis[s] == 0`), the same bits as the packed form on that query alone. Several queries share a chunk (the keys read once
 /// for all of them) only when `heads` is a multiple of 8, so that each
 /// vector holds one query's heads (asserted).
 #[allow(clippy::too_many_arguments)]
@@ -95,24 +95,26 @@ pub(crate) fn group_sums(
     heads: usize,
     d: usize,
     keys: Rows<'_>,
-    n_vis: usize,
+    n_vis: &[usize],
     scale: f32,
     scratch: &mut Scratch,
 ) {
+    assert_eq!(qs.len(), n_vis.len(), "a key count a query");
+    let n_max = n_vis.iter().copied().max().unwrap_or(0);
     scratch.sums.clear();
-    scratch.sums.resize(qs.len() * n_vis, 0.0);
+    scratch.sums.resize(qs.len() * n_max, 0.0);
     let total = qs.len() * heads;
-    if n_vis == 0 || total == 0 {
+    if n_max == 0 || total == 0 {
         return;
     }
     let Rows { ck, base, stride } = keys;
     assert!(
         (qs.len() == 1 || heads.is_multiple_of(8))
             && qs.iter().all(|&o| o + heads * d <= q.len())
-            && base + (n_vis - 1) * stride + d <= ck.len(),
+            && base + (n_max - 1) * stride + d <= ck.len(),
         "a query or key row past its array, or queries of a group off the vectors"
     );
-    let n8 = n_vis.next_multiple_of(8);
+    let n8 = n_max.next_multiple_of(8);
     let widest = total.min(CHUNK).next_multiple_of(8);
     if scratch.logits.len() < n8 * widest {
         scratch.logits.resize(n8 * widest, 0.0);
@@ -137,38 +139,58 @@ pub(crate) fn group_sums(
             h0,
             hc,
             group: heads,
+            n_vis,
+            n_max,
         };
-        // SAFETY (bounds): `qt` is `d · w` floats; keys `0..n_vis` lie in
+        // SAFETY (bounds): `qt` is `d · w` floats; keys `0..n_max` lie in
         // `ck` (asserted above); `logits` holds `n8 · widest >= n8 · w`
-        // floats and `sums` `n_vis` for each query; `hc <= w`, `w` one of 8,
+        // floats and `sums` `n_max` for each query; `hc <= w`, `w` one of 8,
         // 16, 24, 32; a vector's heads are one query's (asserted above).
         dispatch!("infllm.head_sums", isa, {
             avx512 => avx2,
             avx2(t) => match w {
-                8 => avx2::chunk::<1, 12>(t, qt, keys, d, n_vis, scale, heads_at, logits, sums),
-                16 => avx2::chunk::<2, 6>(t, qt, keys, d, n_vis, scale, heads_at, logits, sums),
-                24 => avx2::chunk::<3, 3>(t, qt, keys, d, n_vis, scale, heads_at, logits, sums),
-                _ => avx2::chunk::<4, 2>(t, qt, keys, d, n_vis, scale, heads_at, logits, sums),
+                8 => avx2::chunk::<1, 12>(t, qt, keys, d, scale, heads_at, logits, sums),
+                16 => avx2::chunk::<2, 6>(t, qt, keys, d, scale, heads_at, logits, sums),
+                24 => avx2::chunk::<3, 3>(t, qt, keys, d, scale, heads_at, logits, sums),
+                _ => avx2::chunk::<4, 2>(t, qt, keys, d, scale, heads_at, logits, sums),
             },
-            scalar => portable::chunk(qt, w, keys, d, n_vis, scale, heads_at, logits, sums),
+            scalar => portable::chunk(qt, w, keys, d, scale, heads_at, logits, sums),
         });
     }
 }
 
 /// A chunk's heads: `hc` of them from head `h0` of the queries' heads laid
-/// end to end, `group` a query (head `H` is query `H / group`'s).
+/// end to end, `group` a query (head `H` is query `H / group`'s), query `s`
+/// seeing keys `0..n_vis[s]`, its sums `n_max` apart.
 #[derive(Clone, Copy)]
-struct Heads {
+struct Heads<'a> {
     h0: usize,
     hc: usize,
     group: usize,
+    n_vis: &'a [usize],
+    n_max: usize,
 }
 
-impl Heads {
+impl Heads<'_> {
     /// The query of the chunk's lane `l`.
     #[inline(always)]
     fn query(&self, l: usize) -> usize {
         (self.h0 + l) / self.group
+    }
+
+    /// The keys lane `l`'s query sees.
+    #[inline(always)]
+    fn seen(&self, l: usize) -> usize {
+        self.n_vis[self.query(l)]
+    }
+
+    /// The fewest and the most keys the chunk's queries see.
+    fn range(&self) -> (usize, usize) {
+        let mut r = (usize::MAX, 0);
+        for l in 0..self.hc {
+            r = (r.0.min(self.seen(l)), r.1.max(self.seen(l)));
+        }
+        r
     }
 }
 
@@ -191,13 +213,13 @@ mod portable {
         w: usize,
         keys: Rows<'_>,
         d: usize,
-        n_vis: usize,
         scale: f32,
-        heads: Heads,
+        heads: Heads<'_>,
         logits: &mut [f32],
         sums: &mut [f32],
     ) {
         let hc = heads.hc;
+        let (_, n_vis) = heads.range();
         let mut mx = [f32::NEG_INFINITY; super::CHUNK];
         for j in 0..n_vis {
             let row = &keys.ck[keys.base + j * keys.stride..][..d];
@@ -209,25 +231,25 @@ mod portable {
                 }
             }
             let out = &mut logits[j * w..(j + 1) * w];
-            for ((o, &a), m) in out.iter_mut().zip(&acc).zip(mx.iter_mut()) {
+            for (l, ((o, &a), m)) in out.iter_mut().zip(&acc).zip(mx.iter_mut()).enumerate() {
                 *o = a * scale;
-                if *o > *m {
+                if *o > *m && l < hc && j < heads.seen(l) {
                     *m = *o;
                 }
             }
         }
         let mut z = [0.0f32; super::CHUNK];
         for l in 0..hc {
-            let m = mx[l] + 0.0;
+            let (m, seen) = (mx[l] + 0.0, heads.seen(l));
             let mut lanes = [0.0f32; 8];
-            for j in 0..n_vis.next_multiple_of(8) {
-                let x = if j < n_vis {
+            for j in 0..seen.next_multiple_of(8) {
+                let x = if j < seen {
                     logits[j * w + l]
                 } else {
                     f32::NEG_INFINITY
                 };
                 let e = exp_scalar(x - m);
-                if j < n_vis {
+                if j < seen {
                     logits[j * w + l] = e;
                 }
                 lanes[j % 8] += e;
@@ -236,7 +258,9 @@ mod portable {
         }
         for j in 0..n_vis {
             for l in 0..hc {
-                sums[heads.query(l) * n_vis + j] += logits[j * w + l] / z[l];
+                if j < heads.seen(l) {
+                    sums[heads.query(l) * heads.n_max + j] += logits[j * w + l] / z[l];
+                }
             }
         }
     }
@@ -266,26 +290,45 @@ mod avx2 {
         qt: &[f32],
         keys: Rows<'_>,
         d: usize,
-        n_vis: usize,
         scale: f32,
-        heads: Heads,
+        heads: Heads<'_>,
         logits: &mut [f32],
         sums: &mut [f32],
     ) {
         let (w, hc) = (8 * V, heads.hc);
+        let (n_min, n_vis) = heads.range();
+        // Each vector's keys (one query's heads a vector).
+        let mut seen = [0usize; V];
+        for v in 0..V {
+            seen[v] = if v * 8 < hc { heads.seen(v * 8) } else { 0 };
+        }
         let lp = logits.as_mut_ptr();
-        // Pass 1: the logits, key-major, and each lane's maximum.
+        // Pass 1: the logits, key-major, and each lane's maximum over the
+        // keys every query of the chunk sees; then over each vector's own.
         let mut mx = [_mm256_set1_ps(f32::NEG_INFINITY); V];
         let mut j = 0;
-        while j + K <= n_vis {
+        while j + K <= n_min {
             // SAFETY: keys `j..j + K` are below `n_vis`; the contract.
             unsafe { tile::<V, K>(qt, keys, d, j, scale, lp, &mut mx) };
             j += K;
         }
-        while j < n_vis {
+        while j < n_min {
             // SAFETY: as above, one key.
             unsafe { tile::<V, 1>(qt, keys, d, j, scale, lp, &mut mx) };
             j += 1;
+        }
+        let mut past = mx;
+        while j < n_vis {
+            // SAFETY: as above; the maxima of these keys are set aside.
+            unsafe { tile::<V, 1>(qt, keys, d, j, scale, lp, &mut past) };
+            j += 1;
+        }
+        for v in 0..V {
+            for j in n_min..seen[v] {
+                // SAFETY: `j < n_vis`: its row is in the logits.
+                let x = unsafe { _mm256_loadu_ps(lp.add(j * w + v * 8)) };
+                mx[v] = _mm256_max_ps(x, mx[v]);
+            }
         }
         // Pass 2: each lane's exponentials over its keys and their 8-lane
         // sum, the chunk's vectors side by side (a key's row read once).
@@ -296,7 +339,7 @@ mod avx2 {
             m[v] = _mm256_add_ps(mx[v], _mm256_setzero_ps());
         }
         let mut lanes = [[_mm256_setzero_ps(); 8]; V];
-        let full = n_vis / 8 * 8;
+        let full = n_min / 8 * 8;
         for j0 in (0..full).step_by(8) {
             // The block's `8V` vectors (key `t`, vector `v` at `t · V + v`),
             // four exponentials side by side.
@@ -317,18 +360,24 @@ mod avx2 {
                 }
             }
         }
-        if full < n8 {
-            for t in 0..8 {
-                let j = full + t;
-                for v in 0..V {
-                    // SAFETY: `j < n8`: the logits hold `n8 · w` floats.
-                    unsafe {
-                        let p = lp.add(j * w + v * 8);
-                        let x = if j < n_vis { _mm256_loadu_ps(p) } else { ninf };
-                        let e = exp(_mm256_sub_ps(x, m[v]));
-                        _mm256_storeu_ps(p, e);
-                        lanes[v][t] = _mm256_add_ps(lanes[v][t], e);
-                    }
+        // The rest: each vector's own keys, then `−inf` to its next
+        // multiple of 8.
+        for j in full..n8 {
+            for v in 0..V {
+                if j >= seen[v].next_multiple_of(8) {
+                    continue;
+                }
+                // SAFETY: `j < n8`: the logits hold `n8 · w` floats.
+                unsafe {
+                    let p = lp.add(j * w + v * 8);
+                    let x = if j < seen[v] {
+                        _mm256_loadu_ps(p)
+                    } else {
+                        ninf
+                    };
+                    let e = exp(_mm256_sub_ps(x, m[v]));
+                    _mm256_storeu_ps(p, e);
+                    lanes[v][j % 8] = _mm256_add_ps(lanes[v][j % 8], e);
                 }
             }
         }
@@ -343,17 +392,17 @@ mod avx2 {
         // Pass 3: `e / Z` by 8 keys, transposed to a head a vector, added to
         // the sums head by head.
         let sp = sums.as_mut_ptr();
-        for j0 in (0..full).step_by(8) {
+        for j0 in (0..n_vis / 8 * 8).step_by(8) {
             for v in 0..V {
                 let lanes = 8.min(hc.saturating_sub(v * 8));
-                if lanes == 0 {
-                    break;
+                if lanes == 0 || j0 + 8 > seen[v] / 8 * 8 {
+                    continue;
                 }
-                // SAFETY: `j0 + 8 <= full <= n_vis`, the vector's query
-                // below the queries (`sums` holds `n_vis` for each);
+                // SAFETY: `j0 + 8 <= seen[v] <= n_max`, the vector's query
+                // below the queries (`sums` holds `n_max` for each);
                 // logits as above.
                 unsafe {
-                    let at = sp.add(heads.query(v * 8) * n_vis + j0);
+                    let at = sp.add(heads.query(v * 8) * heads.n_max + j0);
                     let mut s = _mm256_loadu_ps(at);
                     let mut r = [_mm256_setzero_ps(); 8];
                     for t in 0..8 {
@@ -373,9 +422,12 @@ mod avx2 {
             // SAFETY: 8 floats at `8v < CHUNK`.
             unsafe { _mm256_storeu_ps(zs.as_mut_ptr().add(v * 8), z[v]) };
         }
-        for j in full..n_vis {
+        for j in n_min / 8 * 8..n_vis {
             for l in 0..hc {
-                sums[heads.query(l) * n_vis + j] += logits[j * w + l] / zs[l];
+                let seen = heads.seen(l);
+                if j >= seen / 8 * 8 && j < seen {
+                    sums[heads.query(l) * heads.n_max + j] += logits[j * w + l] / zs[l];
+                }
             }
         }
     }
@@ -496,6 +548,6 @@ pub(crate) fn probe(isa: Isa) {
         base: 0,
         stride: 1,
     };
-    group_sums(isa, &[1.0; 8], &[0], 8, 1, rows, 3, 1.0, &mut s);
+    group_sums(isa, &[1.0; 8], &[0], 8, 1, rows, &[3], 1.0, &mut s);
     assert!(s.sums.iter().all(|&x| (x - 8.0 / 3.0).abs() < 1e-5));
 }

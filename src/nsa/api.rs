@@ -428,10 +428,14 @@ fn stage<T: Send>(
         .map(|g| Packed::new_in(bufs.pop().unwrap_or_default(), isa, ck, n_c, sh.n_kv, g, d))
         .collect();
     let work = g_heads * n_c.max(1) * d;
-    // Stage 1 of queries `i0 + s` (`s < qs_n`, all seeing `n_vis` keys) at
-    // KV head `g`, then each one's row `f(row(s), ..)`.
+    // Stage 1 of queries `i0 + s` (`s < qs_n`) at KV head `g`, then each
+    // one's row `f(row(s), ..)`.
     let rows_of = |g: usize, i0: usize, qs_n: usize, row: &mut RowFn<'_>| {
-        let n_vis = geo.visible(sh.pos(i0));
+        let mut n_vis = [0usize; MAX_FUSED];
+        for (s, n) in n_vis[..qs_n].iter_mut().enumerate() {
+            *n = geo.visible(sh.pos(i0 + s));
+        }
+        let n_max = n_vis[..qs_n].iter().copied().max().unwrap_or(0);
         ROW_SCRATCH.with_borrow_mut(|s| {
             let RowScratch {
                 stage1,
@@ -448,26 +452,27 @@ fn stage<T: Send>(
                 for (s, o) in qs[..qs_n].iter_mut().enumerate() {
                     *o = ((i0 + s) * sh.hq + g * g_heads) * d;
                 }
-                let qs = &qs[..qs_n];
-                heads::group_sums(isa, &qv, qs, g_heads, d, keys, n_vis, cfg.scale, stage1);
+                let (qs, nv) = (&qs[..qs_n], &n_vis[..qs_n]);
+                heads::group_sums(isa, &qv, qs, g_heads, d, keys, nv, cfg.scale, stage1);
             } else {
                 let qg = &qv[(i0 * sh.hq + g * g_heads) * d..(i0 * sh.hq + (g + 1) * g_heads) * d];
-                group_sums(isa, qg, g_heads, d, &packed[g], n_vis, cfg.scale, stage1);
+                group_sums(isa, qg, g_heads, d, &packed[g], n_max, cfg.scale, stage1);
             }
-            for s in 0..qs_n {
+            for (s, &n) in n_vis[..qs_n].iter().enumerate() {
                 blocks.clear();
                 blocks.resize(nb, 0.0);
-                let sums = &stage1.sums[s * n_vis..(s + 1) * n_vis];
+                let sums = &stage1.sums[s * n_max..s * n_max + n];
                 block_scores(cfg, window, sums, sh.pos(i0 + s), blocks);
                 row(s, blocks, ids);
             }
         });
     };
     // With the heads in the lanes and a group a multiple of 8, `fused`
-    // queries that see the same keys share a chunk of at most 32 heads (the
-    // keys read once for them, each key element broadcast against twice the
-    // heads at a group of 16): the rows of `fused` queries are one unit.
-    // The bits are each query's alone (`heads::group_sums`).
+    // queries share a chunk of at most 32 heads (the keys read once for
+    // them, each key element broadcast against twice the heads at a group
+    // of 16; each query's softmax over its own keys): the rows of `fused`
+    // queries are one unit. The bits are each query's alone
+    // (`heads::group_sums`).
     let fused = if lanes && g_heads.is_multiple_of(8) && sh.n_q > 1 {
         (32 / g_heads).clamp(1, MAX_FUSED)
     } else {
@@ -478,21 +483,10 @@ fn stage<T: Send>(
     let unit = fused * sh.n_kv * width;
     crate::pool::for_each_row_mut(head, unit, crate::pool::min_rows(work * fused), |u, o| {
         for g in 0..sh.n_kv {
-            // Runs of queries that see the same keys.
-            let mut s0 = 0;
-            while s0 < fused {
-                let i0 = u * fused + s0;
-                let n_vis = geo.visible(sh.pos(i0));
-                let mut n = 1;
-                while s0 + n < fused && geo.visible(sh.pos(i0 + n)) == n_vis {
-                    n += 1;
-                }
-                rows_of(g, i0, n, &mut |s, blocks, ids| {
-                    let r = (s0 + s) * sh.n_kv + g;
-                    f(&mut o[r * width..(r + 1) * width], blocks, ids);
-                });
-                s0 += n;
-            }
+            rows_of(g, u * fused, fused, &mut |s, blocks, ids| {
+                let r = s * sh.n_kv + g;
+                f(&mut o[r * width..(r + 1) * width], blocks, ids);
+            });
         }
     });
     crate::pool::for_each_row_mut(tail, width, crate::pool::min_rows(work), |r, o| {
