@@ -72,12 +72,64 @@ pub(crate) fn in_lanes(heads: usize) -> bool {
 
 /// One KV head's compressed keys where they lie: key `j` is
 /// `ck[base + j · stride..][..d]` (`[n_c, n_kv, d]`: `base = g · d`,
-/// `stride = n_kv · d`).
-#[derive(Clone, Copy)]
-pub(crate) struct Rows<'a> {
-    pub ck: &'a [f32],
+/// `stride = n_kv · d`), float32 or bfloat16 bits ([`Elem`]).
+pub(crate) struct Rows<'a, E> {
+    pub ck: &'a [E],
     pub base: usize,
     pub stride: usize,
+}
+
+impl<E> Clone for Rows<'_, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<E> Copy for Rows<'_, E> {}
+
+/// A compressed key's element as the kernels read it: float32, or
+/// bfloat16 bits (exactly the float32 `bits << 16`, as `keys::bf16_to_f32`
+/// decodes them: the same values, so the same bits downstream).
+pub(crate) trait Elem: Copy + Send + Sync {
+    /// The element's float32 value.
+    fn value(self) -> f32;
+    /// The element at `p` in every lane.
+    ///
+    /// # Safety
+    /// AVX2 is available and `p` is readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn splat(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: `p` is readable (the contract).
+        unsafe { std::arch::x86_64::_mm256_broadcast_ss(&*p) }
+    }
+}
+
+impl Elem for u16 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        crate::keys::bf16_to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn splat(p: *const u16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // 16 copies of the bits, then each 32-bit lane shifted left by 16:
+        // `(b | b << 16) << 16` is `b << 16` in 32 bits.
+        // SAFETY: `p` is readable and AVX2 is available (the contract).
+        unsafe {
+            let b = _mm256_set1_epi16(p.read_unaligned() as i16);
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(b))
+        }
+    }
 }
 
 /// [`super::score::group_sums`] with the heads in the lanes, for each query
@@ -88,13 +140,13 @@ pub(crate) struct Rows<'a> {
 /// for all of them) only when `heads` is a multiple of 8, so that each
 /// vector holds one query's heads (asserted).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn group_sums(
+pub(crate) fn group_sums<E: Elem>(
     isa: Isa,
     q: &[f32],
     qs: &[usize],
     heads: usize,
     d: usize,
-    keys: Rows<'_>,
+    keys: Rows<'_, E>,
     n_vis: &[usize],
     scale: f32,
     scratch: &mut Scratch,
@@ -149,10 +201,10 @@ pub(crate) fn group_sums(
         dispatch!("infllm.head_sums", isa, {
             avx512 => avx2,
             avx2(t) => match w {
-                8 => avx2::chunk::<1, 12>(t, qt, keys, d, scale, heads_at, logits, sums),
-                16 => avx2::chunk::<2, 6>(t, qt, keys, d, scale, heads_at, logits, sums),
-                24 => avx2::chunk::<3, 3>(t, qt, keys, d, scale, heads_at, logits, sums),
-                _ => avx2::chunk::<4, 2>(t, qt, keys, d, scale, heads_at, logits, sums),
+                8 => avx2::chunk::<E, 1, 12>(t, qt, keys, d, scale, heads_at, logits, sums),
+                16 => avx2::chunk::<E, 2, 6>(t, qt, keys, d, scale, heads_at, logits, sums),
+                24 => avx2::chunk::<E, 3, 3>(t, qt, keys, d, scale, heads_at, logits, sums),
+                _ => avx2::chunk::<E, 4, 2>(t, qt, keys, d, scale, heads_at, logits, sums),
             },
             scalar => portable::chunk(qt, w, keys, d, scale, heads_at, logits, sums),
         });
@@ -201,17 +253,17 @@ fn reduce8(l: [f32; 8]) -> f32 {
 }
 
 mod portable {
-    use super::{reduce8, Heads, Rows};
+    use super::{reduce8, Elem, Heads, Rows};
     use crate::exp::exp_scalar;
 
     /// One chunk of `heads.hc <= w` heads (`w` lanes, 8 to 32), element by
     /// element: the logits key-major into `logits[j · w + l]`, each head's
     /// softmax over them, `e / Z` added into its query's sums head by head.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn chunk(
+    pub(super) fn chunk<E: Elem>(
         qt: &[f32],
         w: usize,
-        keys: Rows<'_>,
+        keys: Rows<'_, E>,
         d: usize,
         scale: f32,
         heads: Heads<'_>,
@@ -225,6 +277,7 @@ mod portable {
             let row = &keys.ck[keys.base + j * keys.stride..][..d];
             let mut acc = [0.0f32; super::CHUNK];
             for (c, &k) in row.iter().enumerate() {
+                let k = k.value();
                 let qc = &qt[c * w..(c + 1) * w];
                 for (a, &x) in acc.iter_mut().zip(qc) {
                     *a = x.mul_add(k, *a);
@@ -270,7 +323,7 @@ mod portable {
 // Accumulator arrays are indexed on purpose: they must stay in registers.
 #[allow(clippy::needless_range_loop)]
 mod avx2 {
-    use super::{Heads, Rows};
+    use super::{Elem, Heads, Rows};
     use crate::exp::avx2::{exp, exp_n};
     use crate::simd::Avx2;
     use std::arch::x86_64::*;
@@ -285,10 +338,10 @@ mod avx2 {
     /// `heads.hc <= 8V`, and each vector's heads are one query's.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn chunk<const V: usize, const K: usize>(
+    pub(super) unsafe fn chunk<E: Elem, const V: usize, const K: usize>(
         _token: Avx2,
         qt: &[f32],
-        keys: Rows<'_>,
+        keys: Rows<'_, E>,
         d: usize,
         scale: f32,
         heads: Heads<'_>,
@@ -309,18 +362,18 @@ mod avx2 {
         let mut j = 0;
         while j + K <= n_min {
             // SAFETY: keys `j..j + K` are below `n_vis`; the contract.
-            unsafe { tile::<V, K>(qt, keys, d, j, scale, lp, &mut mx) };
+            unsafe { tile::<E, V, K>(qt, keys, d, j, scale, lp, &mut mx) };
             j += K;
         }
         while j < n_min {
             // SAFETY: as above, one key.
-            unsafe { tile::<V, 1>(qt, keys, d, j, scale, lp, &mut mx) };
+            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut mx) };
             j += 1;
         }
         let mut past = mx;
         while j < n_vis {
             // SAFETY: as above; the maxima of these keys are set aside.
-            unsafe { tile::<V, 1>(qt, keys, d, j, scale, lp, &mut past) };
+            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut past) };
             j += 1;
         }
         for v in 0..V {
@@ -440,9 +493,9 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const V: usize, const K: usize>(
+    unsafe fn tile<E: Elem, const V: usize, const K: usize>(
         qt: &[f32],
-        keys: Rows<'_>,
+        keys: Rows<'_, E>,
         d: usize,
         j: usize,
         scale: f32,
@@ -474,7 +527,7 @@ mod avx2 {
                     qv[v] = _mm256_loadu_ps(qp.add(c * w + v * 8));
                 }
                 for k in 0..K {
-                    let b = _mm256_broadcast_ss(&*rows[k].add(c));
+                    let b = E::splat(rows[k].add(c));
                     for v in 0..V {
                         acc[k][v] = _mm256_fmadd_ps(qv[v], b, acc[k][v]);
                     }

@@ -365,7 +365,17 @@ fn run<T: Send>(
     let mut ck = vec![0.0f32; n_c * sh.n_kv * sh.d];
     let kernel = (geo.kernel_size, geo.kernel_stride);
     compress(isa, k, k_scale, sh.n_kv, sh.d, kernel, &mut ck);
-    stage(isa, sh, q, &ck, n_c, (cfg, window), out, width, f);
+    stage(
+        isa,
+        sh,
+        q,
+        Keys::F32(&ck),
+        n_c,
+        (cfg, window),
+        out,
+        width,
+        f,
+    );
 }
 
 /// A thread's scratch, reused across the rows and the calls it computes
@@ -385,6 +395,15 @@ thread_local! {
     /// and a fresh buffer each call cost a third of the call in page faults
     /// and zeroing (AMD EPYC Zen 3, one thread).
     static PACKED_BUFS: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The compressed keys [`stage`] reads (`[n_c, n_kv, d]`): float32, or
+/// unscaled bfloat16 bits read in place by the heads-in-lanes kernels
+/// (their float32 values exactly: the same bits as decoding them first).
+#[derive(Clone, Copy)]
+enum Keys<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
 }
 
 /// What [`stage`] does with a query's block scores: `(query in its run,
@@ -407,7 +426,7 @@ fn stage<T: Send>(
     isa: Isa,
     sh: &Shape,
     q: Encoded<'_>,
-    ck: &[f32],
+    ck: Keys<'_>,
     n_c: usize,
     (cfg, window): (&Config, Window),
     out: &mut [T],
@@ -421,12 +440,15 @@ fn stage<T: Send>(
     let qv = decoded(q, None, 0);
     // A group of 8 heads or more is scored with its heads in the lanes, on
     // the compressed keys in place (`heads`); a smaller one packs them.
-    let lanes = in_lanes(g_heads);
+    // Bfloat16 compressed keys are read in place there at any group.
+    let lanes = in_lanes(g_heads) || matches!(ck, Keys::Bf16(_));
     let mut bufs = PACKED_BUFS.with_borrow_mut(std::mem::take);
-    let packed: Vec<Packed> = (0..sh.n_kv)
-        .filter(|_| !lanes)
-        .map(|g| Packed::new_in(bufs.pop().unwrap_or_default(), isa, ck, n_c, sh.n_kv, g, d))
-        .collect();
+    let packed: Vec<Packed> = match (lanes, ck) {
+        (false, Keys::F32(ck)) => (0..sh.n_kv)
+            .map(|g| Packed::new_in(bufs.pop().unwrap_or_default(), isa, ck, n_c, sh.n_kv, g, d))
+            .collect(),
+        _ => Vec::new(),
+    };
     let work = g_heads * n_c.max(1) * d;
     // Stage 1 of queries `i0 + s` (`s < qs_n`) at KV head `g`, then each
     // one's row `f(row(s), ..)`.
@@ -443,17 +465,22 @@ fn stage<T: Send>(
                 ids,
             } = s;
             if lanes {
-                let keys = Rows {
-                    ck,
-                    base: g * d,
-                    stride: sh.n_kv * d,
-                };
+                let (base, stride) = (g * d, sh.n_kv * d);
                 let mut qs = [0usize; MAX_FUSED];
                 for (s, o) in qs[..qs_n].iter_mut().enumerate() {
                     *o = ((i0 + s) * sh.hq + g * g_heads) * d;
                 }
                 let (qs, nv) = (&qs[..qs_n], &n_vis[..qs_n]);
-                heads::group_sums(isa, &qv, qs, g_heads, d, keys, nv, cfg.scale, stage1);
+                match ck {
+                    Keys::F32(ck) => {
+                        let keys = Rows { ck, base, stride };
+                        heads::group_sums(isa, &qv, qs, g_heads, d, keys, nv, cfg.scale, stage1)
+                    }
+                    Keys::Bf16(ck) => {
+                        let keys = Rows { ck, base, stride };
+                        heads::group_sums(isa, &qv, qs, g_heads, d, keys, nv, cfg.scale, stage1)
+                    }
+                }
             } else {
                 let qg = &qv[(i0 * sh.hq + g * g_heads) * d..(i0 * sh.hq + (g + 1) * g_heads) * d];
                 group_sums(isa, qg, g_heads, d, &packed[g], n_max, cfg.scale, stage1);
@@ -1184,9 +1211,33 @@ pub(super) fn block_scores_compressed_at(
         checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
         || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
     )?;
-    with_compressed(ck, ck_scale, n_kv_heads * d, |ckv| {
-        stage(isa, &sh, q, ckv, n_c, (cfg, window), out, nb, score_row)
-    });
+    if let (Encoded::Bf16(v), None) = (ck, ck_scale) {
+        stage(
+            isa,
+            &sh,
+            q,
+            Keys::Bf16(v),
+            n_c,
+            (cfg, window),
+            out,
+            nb,
+            score_row,
+        );
+    } else {
+        with_compressed(ck, ck_scale, n_kv_heads * d, |ckv| {
+            stage(
+                isa,
+                &sh,
+                q,
+                Keys::F32(ckv),
+                n_c,
+                (cfg, window),
+                out,
+                nb,
+                score_row,
+            )
+        });
+    }
     Ok(())
 }
 
@@ -1256,8 +1307,32 @@ pub(super) fn select_compressed_at(
         checked_size("out", &[sh.n_q, sh.n_kv, w])?,
         || format!("[n_q={}, n_kv_heads={}, block_counts={w}]", sh.n_q, sh.n_kv),
     )?;
-    with_compressed(ck, ck_scale, n_kv_heads * d, |ckv| {
-        stage(isa, &sh, q, ckv, n_c, (cfg, window), out, w, select_row)
-    });
+    if let (Encoded::Bf16(v), None) = (ck, ck_scale) {
+        stage(
+            isa,
+            &sh,
+            q,
+            Keys::Bf16(v),
+            n_c,
+            (cfg, window),
+            out,
+            w,
+            select_row,
+        );
+    } else {
+        with_compressed(ck, ck_scale, n_kv_heads * d, |ckv| {
+            stage(
+                isa,
+                &sh,
+                q,
+                Keys::F32(ckv),
+                n_c,
+                (cfg, window),
+                out,
+                w,
+                select_row,
+            )
+        });
+    }
     Ok(())
 }

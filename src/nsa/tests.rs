@@ -286,6 +286,69 @@ fn fla_block_scores_are_the_rule_block_by_block() {
     }
 }
 
+/// Bfloat16 compressed keys, read in place by the heads-in-lanes kernels at
+/// any group (1, 4, 8, 16, 24), give the bits of their float32 values
+/// (decoded first; at groups under 8 the packed kernels), at every level,
+/// key counts off the tiles, both windows.
+#[test]
+fn bf16_compressed_keys_read_in_place_equal_their_float32_values() {
+    use super::api::{block_scores_compressed_at, select_compressed_at};
+    let eq9 = Window::Eq9 {
+        kernel_size: 8,
+        kernel_stride: 4,
+    };
+    let mut seed = 29u64;
+    for &(hq, n_kv, d, seq, n_q, window) in &[
+        (1usize, 1usize, 8usize, 203usize, 3usize, Window::Fla),
+        (8, 2, 16, 181, 5, Window::Fla),
+        (16, 1, 24, 333, 4, Window::Fla),
+        (32, 2, 16, 150, 7, Window::Fla),
+        (24, 1, 8, 99, 2, Window::Fla),
+        (16, 2, 16, 170, 4, eq9),
+    ] {
+        let q = rand(&mut seed, n_q * hq * d);
+        let c = Config {
+            scale: 0.3,
+            ..cfg(8, 4)
+        };
+        let n_c = window.geometry(8).compressed_len(seq);
+        let bits: Vec<u16> = rand(&mut seed, n_c * n_kv * d)
+            .iter()
+            .map(|x| (x.to_bits() >> 16) as u16)
+            .collect();
+        let ck: Vec<f32> = bits.iter().map(|&b| crate::keys::bf16_to_f32(b)).collect();
+        let nb = c.n_blocks(seq);
+        for isa in isas_for_test() {
+            let (qe, cf, cb) = (Encoded::F32(&q), Encoded::F32(&ck), Encoded::Bf16(&bits));
+            let run_s = |k: Encoded<'_>| {
+                let mut o = vec![0.0f32; n_q * n_kv * nb];
+                block_scores_compressed_at(
+                    isa,
+                    qe,
+                    hq,
+                    k,
+                    None,
+                    n_kv,
+                    d,
+                    seq,
+                    (&c, window),
+                    &mut o,
+                )
+                .unwrap();
+                o.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            };
+            let run_r = |k: Encoded<'_>| {
+                let mut o = vec![0i32; n_q * n_kv * 4];
+                select_compressed_at(isa, qe, hq, k, None, n_kv, d, seq, (&c, window), &mut o)
+                    .unwrap();
+                o
+            };
+            assert_eq!(run_s(cb), run_s(cf), "{isa:?} hq={hq}");
+            assert_eq!(run_r(cb), run_r(cf), "{isa:?} hq={hq}");
+        }
+    }
+}
+
 /// Refusals name their argument and write nothing.
 #[test]
 fn refusals() {
