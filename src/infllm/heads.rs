@@ -30,9 +30,15 @@
 //! keys, one broadcast a multiply-add, at 0.5.
 //!
 //! Measured (AMD EPYC Zen 3, one thread, NSA's cached decode: 16 heads,
-//! 2,048 keys, `d = 128`): the score pass about 0.8 of
-//! `kvselect._core._fma_floor`'s rate, against about 0.75 for the packed
-//! tiles, with no packing (9% of that call).
+//! 2,048 keys, `d = 128`): the score pass about 0.79 of
+//! `kvselect._core._fma_floor`'s rate a query, 0.85-0.87 with two queries
+//! a chunk, against about 0.75 for the packed tiles, with no packing (9% of
+//! that call).
+//!
+//! The keys may be float32 or bfloat16 bits ([`Elem`]): a bfloat16 element
+//! is broadcast as 16-bit copies shifted into float32 lanes, exactly its
+//! float32 value, so the bits are those of its decoded keys (and no
+//! float32 copy is written).
 //!
 //! # The rule, and why the bits are [`super::score::group_sums`]'s
 //!
