@@ -192,6 +192,93 @@ impl<K: Fn(usize, &mut [f32]) -> f32 + Sync> Rescore<'_, K> {
     }
 }
 
+/// Queries re-scored together by [`rescore_all`]: each key block is
+/// decoded and transposed once for all of them.
+const GROUP: usize = 8;
+
+/// Key blocks transposed together by [`rescore_all`] (`d × 256` float64,
+/// 256 KiB at `d = 128`: in L2 while each query of the group reads them).
+const BLOCKS: usize = 8;
+
+/// Every query's float64 score of every key it sees, and its magnitude:
+/// `out` is `[n, 2, t]` (`n = queries.len()`), row `i` holding query `i`'s
+/// scores of keys `0 .. lens[i]` then their magnitudes `|c_t| Σ_i (Σ_h
+/// |w_h| |q_hi|) |k_ti|`, each summed in dimension order (`wq[i]` is query
+/// `i`'s `Σ_h |w_h| |q_hi|`), NaN past `lens[i]`. The scores are
+/// [`Rescore::run`]'s, bit for bit (each lane of [`block`] is its own key's
+/// chain: which keys share a block changes no bit), with each block of keys
+/// decoded and transposed once per [`GROUP`] queries rather than once per
+/// query — what the exact check computes where its float32 screen cannot
+/// decide (low-contrast rows, whose band is every position); a magnitude
+/// costs `d` of a score's `H d` multiply-adds. `queries[i]` is
+/// [`Query::as_f64`]'s pair; `key` as [`Rescore`]'s.
+pub(super) fn rescore_all<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
+    level: Isa,
+    relu: bool,
+    d: usize,
+    queries: &[(Vec<f64>, Vec<f64>)],
+    wq: &[Vec<f64>],
+    lens: &[usize],
+    key: K,
+    out: &mut [f64],
+) {
+    let n = queries.len();
+    assert!(lens.len() == n && wq.len() == n && (n == 0 || out.len() % (2 * n) == 0));
+    let t = out.len().checked_div(2 * n).unwrap_or(0);
+    let h = queries.first().map_or(0, |q| q.1.len());
+    let min_groups = crate::pool::min_rows(GROUP * t * h * d / 4);
+    crate::pool::for_each_row_mut(out, GROUP * 2 * t, min_groups, |g, part| {
+        let first = g * GROUP;
+        let lens = &lens[first..first + part.len() / (2 * t)];
+        let span = lens.iter().copied().max().unwrap_or(0);
+        let mut row = vec![0.0f32; d];
+        let mut kt = vec![0.0f64; d * LANES * BLOCKS];
+        let mut scale = [1.0f64; LANES * BLOCKS];
+        for (o, &len) in part.chunks_mut(t).zip(lens.iter().flat_map(|l| [l, l])) {
+            o[len..].fill(f64::NAN);
+        }
+        for p0 in (0..span).step_by(LANES * BLOCKS) {
+            let p1 = (p0 + LANES * BLOCKS).min(span);
+            for (b, kb) in kt.chunks_exact_mut(d * LANES).enumerate() {
+                kb.fill(0.0);
+                let b0 = p0 + b * LANES;
+                for r in 0..LANES.min(p1.saturating_sub(b0)) {
+                    scale[b * LANES + r] = key(b0 + r, &mut row) as f64;
+                    for (i, &x) in row.iter().enumerate() {
+                        kb[i * LANES + r] = x as f64;
+                    }
+                }
+            }
+            let rows = part.chunks_mut(2 * t).zip(lens).zip(&queries[first..]);
+            for (((o, &len), (q64, w64)), wq) in rows.zip(&wq[first..]) {
+                let (o, m_out) = o.split_at_mut(t);
+                for (b, kb) in kt.chunks_exact(d * LANES).enumerate() {
+                    let b0 = p0 + b * LANES;
+                    if b0 >= len {
+                        break;
+                    }
+                    let mut acc = [0.0f64; LANES];
+                    block(level, relu, q64, w64, d, kb, &mut acc);
+                    let mut mag = [0.0f64; LANES];
+                    for (&a, k) in wq.iter().zip(kb.chunks_exact(LANES)) {
+                        for (m, &x) in mag.iter_mut().zip(k) {
+                            *m += a * x.abs();
+                        }
+                    }
+                    let m = LANES.min(len - b0);
+                    let sc = &scale[b * LANES..b * LANES + m];
+                    for ((x, &a), &c) in o[b0..b0 + m].iter_mut().zip(&acc).zip(sc) {
+                        *x = a * c + 0.0;
+                    }
+                    for ((x, &a), &c) in m_out[b0..b0 + m].iter_mut().zip(&mag).zip(sc) {
+                        *x = a * c.abs();
+                    }
+                }
+            }
+        }
+    });
+}
+
 /// `acc_r += w_h · relu(Σ_i q_hi k_ri)` in float64 for the block's lanes, in
 /// head order, each dot product summed in dimension order from `+0.0`
 /// (without `relu`, activation none: `w_h · Σ_i q_hi k_ri`).
@@ -726,6 +813,86 @@ mod tests {
                             isa.level().name()
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// [`rescore_all`] gives [`Rescore::run`]'s bits for every row and key
+    /// at every level, NaN past each row's length, and magnitudes summed in
+    /// dimension order: group tails (11 rows), part and block tails (300
+    /// keys), rows of length 0, 1, 32, 255, 256 and past the keys.
+    #[test]
+    fn the_dense_rescore_is_the_pair_rescore_bit_for_bit() {
+        let mut state = 0xD1B5_4A32_D192_ED03u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let m = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            let e = ((state >> 8) % 16) as i32 - 8;
+            m * 2f32.powi(e)
+        };
+        let (h, d, t) = (5, 9, 300);
+        let keys: Vec<f32> = (0..t * d).map(|_| next()).collect();
+        let scales: Vec<f32> = (0..t).map(|_| next()).collect();
+        let key = |k: usize, r: &mut [f32]| {
+            r.copy_from_slice(&keys[k * d..(k + 1) * d]);
+            scales[k]
+        };
+        let lens = [0, 1, 32, 255, 256, 300, 17, 299, 64, 300, 5];
+        let queries: Vec<(Vec<f64>, Vec<f64>)> = lens
+            .iter()
+            .map(|_| {
+                let q = (0..h * d).map(|_| next() as f64).collect();
+                (q, (0..h).map(|_| next() as f64).collect())
+            })
+            .collect();
+        let wq: Vec<Vec<f64>> = queries
+            .iter()
+            .map(|_| (0..d).map(|_| next().abs() as f64).collect())
+            .collect();
+        for isa in crate::simd::isas_for_test() {
+            for relu in [true, false] {
+                let mut out = vec![0.0f64; lens.len() * 2 * t];
+                rescore_all(isa, relu, d, &queries, &wq, &lens, key, &mut out);
+                for (i, (&len, row)) in lens.iter().zip(out.chunks(2 * t)).enumerate() {
+                    let mut query = Query::new(h, d, isa);
+                    query.relu = relu;
+                    query.qt.iter_mut().for_each(|x| *x = 0.0);
+                    // Load the float64 query through the layout the kernel reads.
+                    for head in 0..h {
+                        let (base, stride) = super::slot(query.tiles, h, d, head);
+                        for j in 0..d {
+                            query.qt[base + j * stride] = queries[i].0[head * d + j] as f32;
+                        }
+                        query.w[head] = queries[i].1[head] as f32;
+                    }
+                    let ts: Vec<usize> = (0..len).collect();
+                    let mut want = vec![0.0f64; len];
+                    let rescore = Rescore {
+                        level: isa,
+                        query: &query,
+                        key,
+                    };
+                    rescore.run(&ts, &mut want);
+                    let (got, mags) = row.split_at(t);
+                    for (p, (x, y)) in got[..len].iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            x.to_bits(),
+                            y.to_bits(),
+                            "{} row {i} key {p}",
+                            isa.level().name()
+                        );
+                    }
+                    for (p, m) in mags[..len].iter().enumerate() {
+                        let mut sum = 0.0f64;
+                        for (j, &a) in wq[i].iter().enumerate() {
+                            sum += a * (keys[p * d + j] as f64).abs();
+                        }
+                        assert_eq!(m.to_bits(), (sum * (scales[p] as f64).abs()).to_bits());
+                    }
+                    assert!(got[len..].iter().chain(&mags[len..]).all(|x| x.is_nan()));
                 }
             }
         }

@@ -528,6 +528,53 @@ pub fn indexer_rescore_into(
     Ok(())
 }
 
+/// Every query's float64 score of every key it sees, and its magnitude,
+/// into `out` (`[n_queries, 2, n_keys]`: row `i`'s scores, then their
+/// magnitudes `|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`, NaN past its context): the
+/// scores [`indexer_rescore_into`] gives each pair, bit for bit, each key
+/// decoded once per group of queries. What the exact check computes where
+/// its float32 screen would leave every position in the band (low-contrast
+/// rows).
+///
+/// Refuses, before writing anything, the inputs [`indexer_topk_into`]
+/// refuses and an `out` of another length.
+pub fn indexer_rescore_all_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    out: &mut [f64],
+) -> Result<(), ArgumentError> {
+    let (n, t) = (shape.n_queries, shape.n_keys);
+    check_keys(shape)?;
+    check_inputs(shape, inputs)?;
+    let want = n.saturating_mul(2).saturating_mul(t);
+    check_len("out", out.len(), want, || format!("[{n}, 2, {t}]"))?;
+    let (level, h, d) = (simd::Isa::best(), shape.n_heads, shape.d);
+    let mut query = kernels::Query::new(h, d, level);
+    let (queries, wq): (Vec<_>, Vec<_>) = (0..n)
+        .map(|i| {
+            query.load(&inputs.q, inputs.weights, i, false);
+            let (q64, w64) = query.as_f64();
+            // Σ_h |w_h| |q_hi|, the heads in order.
+            let mut wq = vec![0.0f64; d];
+            for (qh, &w) in q64.chunks_exact(d).zip(&w64) {
+                for (a, &x) in wq.iter_mut().zip(qh) {
+                    *a += w.abs() * x.abs();
+                }
+            }
+            ((q64, w64), wq)
+        })
+        .unzip();
+    let lens: Vec<usize> = (0..n)
+        .map(|i| visible(inputs.query_pos[i], inputs.compress_ratio, t))
+        .collect();
+    let key = |k: usize, r: &mut [f32]| {
+        inputs.k.decode(k * d, r);
+        inputs.key_scale.map_or(1.0, |s| s[k])
+    };
+    exact::rescore_all(level, query.relu, d, &queries, &wq, &lens, key, out);
+    Ok(())
+}
+
 /// The packed form, serving-engine style: the keys of all sequences are
 /// concatenated in `inputs.k` (`[n_keys, d]`, `key_scale` alike), sequence
 /// `s` owning rows `cu_seqlens[s] .. cu_seqlens[s + 1]` (`n_seqs + 1`

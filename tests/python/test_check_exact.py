@@ -7,8 +7,23 @@ import pytest
 
 import kvselect as ks
 from kvselect import checking, reference
+from kvselect.checking import exact as exact_check
 
 IMPLS = ["native", "reference"]
+
+
+@pytest.fixture(params=["screened", "dense", "probed"])
+def path(request, monkeypatch):
+    """The check's two ways to the same report, and its own choice: every
+    position screened in float32 with the band re-scored, every position
+    re-scored in float64 (``_DENSE``), or as a probe of each sequence's first
+    row chooses (``_PROBE_KEYS`` lowered so these small sequences are
+    probed)."""
+    if request.param == "probed":
+        monkeypatch.setattr(exact_check, "_PROBE_KEYS", 1)
+    else:
+        monkeypatch.setattr(exact_check, "_DENSE", request.param == "dense")
+    return request.param
 
 
 def _impl(name):
@@ -122,7 +137,7 @@ def _exact_all(q, w, k, c, pos, cu, seq):
 
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "fp8"])
 @pytest.mark.parametrize("packed", [False, True])
-def test_check_indexer_topk_agrees_with_a_brute_force_float64_check_on_near_ties(fmt, packed):
+def test_check_indexer_topk_agrees_with_a_brute_force_float64_check_on_near_ties(fmt, packed, path):
     import ml_dtypes
 
     rng = np.random.default_rng({"float32": 1, "bfloat16": 2, "fp8": 3}[fmt] + 10 * packed)
@@ -255,7 +270,7 @@ def _pairs(rtol):
 
 
 @pytest.mark.parametrize("rtol", [2.0**-12, 2.0**-7])
-def test_rtol_decides_near_ties_and_low_contrast_rows_exactly_as_a_brute_force_float64_check(rtol):
+def test_rtol_decides_near_ties_and_low_contrast_rows_exactly_as_a_brute_force_float64_check(rtol, path):
     q, w, k, pos, topk, rows = _pairs(rtol)
     cu, seq = np.array([0, len(k)]), np.zeros(len(q), dtype=np.int64)
     exact, mags, lens = _exact_all(q, w, k, None, pos, cu, seq)
@@ -376,7 +391,7 @@ def _line(report):
 
 
 @pytest.mark.parametrize("seed", range(0, 120, 8))
-def test_random_tied_faulty_rows_get_the_brute_force_verdicts_margins_counts_and_vacuous_rows(seed):
+def test_random_tied_faulty_rows_get_the_brute_force_verdicts_margins_counts_and_vacuous_rows(seed, path):
     """Small integer-valued operands (many exact ties, whole rows of equal
     scores), tiny key scales and zero weights, rows with a swapped-in,
     duplicated, missing or out-of-range entry; every tolerance kind."""
@@ -423,7 +438,7 @@ def test_random_tied_faulty_rows_get_the_brute_force_verdicts_margins_counts_and
 
 
 @pytest.mark.parametrize("page_layout", ["dense", "fp8_scaled"])
-def test_check_indexer_topk_takes_a_paged_cache_as_indexer_topk_paged_does(page_layout):
+def test_check_indexer_topk_takes_a_paged_cache_as_indexer_topk_paged_does(page_layout, path):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(2027)
     bs, d, h, n_blocks = 8, 16, 4, 24
@@ -636,3 +651,126 @@ def test_the_native_rescore_is_exact_to_float64_rounding(fmt):
         with pytest.raises(ks.SelectionError, match=name) as err:
             ks._core._indexer_rescore(q, w, k, pos, bad["rows"], bad["positions"], key_scale=c)
         assert err.value.argument == name
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "fp8"])
+def test_the_dense_rescore_is_the_pair_rescore_bit_for_bit_with_its_magnitudes(fmt):
+    """``_core._indexer_rescore_all`` (the dense check's scores): row ``i``'s
+    ``[0]`` is ``_indexer_rescore``'s score of every pair ``(i, t)``, bit for
+    bit, ``[1]`` the magnitude ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`` to float64
+    rounding, both NaN past the row's context; group and block tails (11
+    rows, 9 heads, 300 keys), GQA-like repeated queries, a compress ratio."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(5151)
+    n, h, d, t = 11, 9, 20, 300
+    q = rng.standard_normal((n, h, d)).astype(np.float32)
+    q[3] = q[2]
+    w = rng.standard_normal((n, h)).astype(np.float32)
+    base = rng.standard_normal((t, d)).astype(np.float32)
+    c = None
+    if fmt == "float32":
+        k = base
+    elif fmt == "bfloat16":
+        k = base.astype(ml_dtypes.bfloat16)
+    else:
+        c = (np.abs(base).max(axis=1) / 448).astype(np.float32)
+        k = (base / c[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    pos = np.array([0, 299, 150, 150, 31, 32, 33, 255, 256, 257, 400])
+    for ratio in (1, 3):
+        lens = np.minimum((pos + 1) // ratio, t)
+        got = ks._core._indexer_rescore_all(q, w, k, pos, key_scale=c, compress_ratio=ratio)
+        assert got.dtype == np.float64 and got.shape == (n, 2, t)
+        rows = np.repeat(np.arange(n), lens)
+        cols = np.concatenate([np.arange(L) for L in lens])
+        pairs = ks._core._indexer_rescore(q, w, k, pos, rows, cols, key_scale=c, compress_ratio=ratio)
+        assert np.array_equal(got[rows, 0, cols], pairs)
+        past = np.arange(t)[None, :] >= lens[:, None]
+        assert np.isnan(got[:, 0][past]).all() and np.isnan(got[:, 1][past]).all()
+        if ratio == 1:
+            _, mags, _ = _exact_all(q, w, k, c, pos, np.array([0, t]), np.zeros(n, dtype=np.int64))
+            assert got[:, 1][~past] == pytest.approx(mags[:, :t][~past], rel=4 * (d + h) * 2.0**-53)
+    with pytest.raises(ks.SelectionError) as err:
+        ks._core._indexer_rescore_all(q, w[:, :2], k, pos, key_scale=c)
+    assert err.value.argument == "weights"
+
+
+def _low_contrast(seed, n=6, t=1500, h=8, d=32):
+    """Every key a few ULPs from one (every score within the float32 bound
+    of the others) and ordinary random keys, with kvselect's rows and rows
+    broken each way the check names."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal(d).astype(np.float32)
+    low = (base + rng.integers(-3, 4, (t, d)) * np.float32(2.0**-20)).astype(np.float32)
+    q = (np.abs(rng.standard_normal((n, h, d))) * np.sign(base)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, (n, h)).astype(np.float32)
+    ordinary = rng.standard_normal((t, d)).astype(np.float32)
+    pos = rng.integers(t // 2, t + 5, n)
+    return rng, q, w, low, ordinary, pos
+
+
+def _broken(rng, rows, t):
+    rows = rows.copy()
+    rows[0, 0] = rows[0, 1]  # a duplicate
+    rows[1, -1] = -1  # a padding hole
+    rows[2, 3] = t + 7  # past the context
+    rows[3, 0] = next(x for x in range(t) if x not in set(rows[3].tolist()))  # swapped in
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_dense_and_the_screened_check_give_the_same_report(seed, monkeypatch):
+    """The same report (verdicts, reasons, details, margins, vacuous rows) by
+    either path, on low-contrast and ordinary keys, right and broken rows,
+    every tolerance kind, single-sequence and packed."""
+    rng, q, w, low, ordinary, pos = _low_contrast(seed)
+    topk = 40
+    kinds = set()
+    for k in (low, ordinary):
+        t = len(k)
+        right = ks.indexer_topk(q, w, k, pos, topk).astype(np.int64)
+        cu, seq = np.array([0, 700, t]), np.array([0, 1, 1, 0, 1, 0])
+        ppos = np.array([rng.integers(0, (cu[s + 1] - cu[s]) + 3) for s in seq])
+        packed_rows = ks.indexer_topk_packed(q, w, k, cu, seq, ppos, topk).astype(np.int64)
+        for rows, kw, p in (
+            (right, {}, pos),
+            (_broken(rng, right, t), {}, pos),
+            (_broken(rng, packed_rows, 700), dict(cu_seqlens=cu, seq_ids=seq), ppos),
+        ):
+            for atol, rtol in ((0.0, 0.0), (0.0, 2.0**-20), (1e-7, 0.0), (0.0, 2.0**-8)):
+                reports = []
+                for dense in (False, True):
+                    monkeypatch.setattr(exact_check, "_DENSE", dense)
+                    reports.append(checking.check_indexer_topk(rows, q, w, k, p, topk, atol=atol, rtol=rtol, **kw))
+                a, b = reports
+                kinds.update(r for r, m in a["by_reason"].items() if m)
+                kinds.update(["vacuous"] * (a["vacuous"] > 0))
+                why = (seed, atol, rtol, kw != {})
+                assert (a["correct"], a["wrong"], a["vacuous"], a["by_reason"]) == (
+                    b["correct"],
+                    b["wrong"],
+                    b["vacuous"],
+                    b["by_reason"],
+                ), why
+                assert [x["row"] for x in a["details"]] == [x["row"] for x in b["details"]], why
+                assert _line(a) == _line(b), why
+    assert {"wrong_selection", "duplicate", "not_causal", "vacuous"} <= kinds  # the reports differ in kind
+
+
+def test_the_probe_checks_low_contrast_rows_dense_and_ordinary_rows_screened(monkeypatch):
+    """The probe's choice (speed only): a low-contrast sequence is checked
+    dense, an ordinary one screened, and a one-row or short sequence is never
+    probed."""
+    rng, q, w, low, ordinary, pos = _low_contrast(7, t=2048)
+    seen = []
+    dense, screened = exact_check._dense, exact_check._rescore
+    monkeypatch.setattr(exact_check, "_dense", lambda *a, **k: seen.append("dense") or dense(*a, **k))
+    monkeypatch.setattr(exact_check, "_rescore", lambda *a, **k: seen.append("screened") or screened(*a, **k))
+    for k, want in ((low, "dense"), (ordinary, "screened")):
+        seen.clear()
+        rows = ks.indexer_topk(q, w, k, pos, 64)
+        assert checking.check_indexer_topk(rows, q, w, k, pos, 64, atol=0, rtol=0)["wrong"] == 0
+        assert seen and set(seen) == {want}
+        seen.clear()
+        checking.check_indexer_topk(rows[:1], q[:1], w[:1], k, pos[:1], 64, atol=0, rtol=0)
+        assert set(seen) == {"screened"}

@@ -37,6 +37,16 @@ from kvselect.checking.report import Report
 # The float64 unit roundoff (``_U32``, ``_ETA32`` and ``_gamma`` are shared, in _common).
 _U64 = 2.0**-53
 
+# A sequence of at least _PROBE_KEYS keys and two rows is probed with its
+# first row's float32 scores; past a band of _DENSE_BAND of that row's
+# positions the screen costs more than it saves (its float32 pass ~1, a
+# pair's re-score ~3.5, the dense re-score ~2.3 of a float32 score) and the
+# sequence's rows go dense. _DENSE (None: probe) forces one way: the tests
+# compare the two.
+_PROBE_KEYS = 1024
+_DENSE_BAND = 0.35
+_DENSE: Optional[bool] = None
+
 
 def _f64_slack(d: int, h: int) -> float:
     """Twice ``γ_{d+H+3}`` in float64 (``u = 2^-53``): a bound, relative to
@@ -185,37 +195,43 @@ def indexer_check(
         g: Optional[np.ndarray] = None
         idx = np.flatnonzero(seq == s)
         step = len(idx) if whole is not None else max(1, _CHUNK_BYTES // (26 * max(1, hi - lo) + 16 * max(1, h * d)))
+        # Screened or dense (see _dense): a sequence with rows to spare is
+        # probed with its first row's float32 scores (_band_share); where
+        # the screen would re-score more than _DENSE_BAND of them, its rows
+        # skip it. Either way the same report.
+        dense = _DENSE
+        if dense is None:
+            dense = len(idx) > 1 and hi - lo >= _PROBE_KEYS
+            if dense:
+                g = _key_bounds(keys, ksc, key_format)
+                kk = topk if topk is not None else engine_rows.shape[1]
+                share = _band_share(
+                    q_arr[idx[0]], w32[idx[0]], keys, pos[idx[0]], ksc, key_format, query_format, compress_ratio, g, kk
+                )
+                dense = share > _DENSE_BAND
         for c0 in range(0, len(idx), step):
             sub = idx[c0 : c0 + step]
-            S = ks.indexer_scores(
-                q_arr[sub],
-                w32[sub],
-                keys,
-                pos[sub],
-                key_scale=ksc,
-                key_format=key_format,
-                query_format=query_format,
-                compress_ratio=compress_ratio,
-            )
-            if g is None:  # once per sequence, after the native call has vetted the keys
-                g = _key_bounds(keys, ksc, key_format)
             lens = np.minimum((pos[sub] + 1) // compress_ratio, hi - lo)
             layout = whole if whole is not None else layout_of(sub)
             rel = None if whole is None else whole.positions(engine_rows)[sub]
-            idx_, real, exact, mags, vac = _rescore(
-                S,
-                g,
-                engine_rows[sub],
-                lens,
-                topk,
-                atol,
-                rtol,
-                layout,
-                (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format, pos[sub], compress_ratio),
-                rel,
-                whole is not None,
-                slack,
-            )
+            operands = (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format, pos[sub], compress_ratio)
+            args = (engine_rows[sub], lens, topk, atol, rtol, layout, operands, rel, whole is not None, slack)
+            if dense:
+                idx_, real, exact, mags, vac = _dense(*args)
+            else:
+                S = ks.indexer_scores(
+                    q_arr[sub],
+                    w32[sub],
+                    keys,
+                    pos[sub],
+                    key_scale=ksc,
+                    key_format=key_format,
+                    query_format=query_format,
+                    compress_ratio=compress_ratio,
+                )
+                if g is None:  # once per sequence, after the native call has vetted the keys
+                    g = _key_bounds(keys, ksc, key_format)
+                idx_, real, exact, mags, vac = _rescore(S, g, *args)
             vacuous += int(vac.sum())
             if whole is not None:
                 full[sub, : hi - lo], full_lens[sub] = exact, lens
@@ -300,7 +316,7 @@ def _rescore(
     full: bool = False,
     slack: float = 0.0,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
-    """The float64-exact check of a chunk of rows (see
+    """The float64-exact check of a chunk of rows, screened (see
     :func:`check_indexer_topk` for the rule and why it is exact): ``(idx,
     real, scores, magnitudes, vacuous)``. ``scores`` (and ``magnitudes``,
     ``None`` at ``rtol = 0``) are rows ``idx`` of the chunk in float64: ``S``
@@ -516,6 +532,110 @@ def _rescore(
         rs = at[np.flatnonzero(slow)]
         vac[slow] = _vacuous_rows(out[rs], mags[rs], lens[slow], k, atol, rtol)
     return idx, (wrong if not full else need)[idx], out, (mags if user_rtol or full else None), vac
+
+
+def _band_share(
+    q: np.ndarray,
+    w: np.ndarray,
+    keys: Any,
+    qpos: int,
+    ksc: Optional[np.ndarray],
+    key_format: Optional[str],
+    query_format: Optional[str],
+    ratio: int,
+    g: np.ndarray,
+    k: int,
+) -> float:
+    """About what share of one row's positions the float32 screen would
+    re-score: those whose float32 score lies within twice the bound
+    (``2 γ_{d+H+2} A max g``) of the row's ``k``-th largest. A speed
+    estimate only (which path checks the rows, not what they report)."""
+    from kvselect import reference
+
+    h, d = q.shape
+    S = ks.indexer_scores(
+        q[None],
+        w[None],
+        keys,
+        np.array([qpos]),
+        key_scale=ksc,
+        key_format=key_format,
+        query_format=query_format,
+        compress_ratio=ratio,
+    )[0]
+    L = min((int(qpos) + 1) // ratio, len(S))
+    if L <= max(k, 0):
+        return 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        qd = np.abs(reference.decode(q, query_format, "query_format").reshape(h, d))
+        A = float(np.abs(w.astype(np.float64)) @ qd.sum(axis=1))
+        x = 4 * _gamma(d + h + 2) * A * float(np.max(g[:L], initial=0.0))
+        theta = np.partition(S[:L], L - k)[L - k]
+        return float(np.count_nonzero(np.abs(S[:L] - theta) <= x)) / L
+
+
+def _dense(
+    rows: np.ndarray,
+    lens: np.ndarray,
+    topk: Optional[int],
+    atol: float,
+    rtol: float,
+    layout: Any,
+    operands: tuple,
+    rel: Optional[np.ndarray] = None,
+    full: bool = False,
+    slack: float = 0.0,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
+    """:func:`_rescore`'s result for a chunk of rows
+    whose every position is re-scored: no float32 screen, every score
+    computed in float64 at once with its magnitude
+    (``kvselect._core._indexer_rescore_all``: the same bits as the re-score
+    of a pair, each key decoded once per group of rows). Where
+    the screen leaves most positions in its band (low-contrast rows: every
+    score within the float32 bound of the others) this costs about what the
+    band's re-score alone would, and skips the screen and its bookkeeping.
+    The verdict, the reported rows and the vacuous test are
+    :func:`_rescore`'s, taken over every position rather than its
+    candidates: the same report."""
+    user_rtol, rtol = rtol, rtol + slack
+    q, w32, keys, ksc, _absc, _h, _d, query_format, key_format, qpos, ratio = operands
+    both = ks._core._indexer_rescore_all(
+        q, w32, keys, qpos, key_scale=ksc, key_format=key_format, query_format=query_format, compress_ratio=ratio
+    )
+    ex, mg = both[:, 0], both[:, 1]
+    c, t = ex.shape
+    k = _topk_of(rows, topk, layout)
+    if rel is None:
+        rel = layout.positions(rows) if layout is not None else np.asarray(rows, dtype=np.int64)
+    lens = np.asarray(lens, dtype=np.int64)
+    inside = np.arange(t)[None, :] < lens[:, None]
+    ex[~inside] = -np.inf  # past the row's length, as the screen's scores
+    ok = (rel >= 0) & (rel < lens[:, None])
+    sel = np.zeros((c, t), dtype=bool)
+    sel[np.broadcast_to(np.arange(c)[:, None], rel.shape)[ok], rel[ok]] = True
+    n_sel = np.count_nonzero(sel, axis=1)
+    has_both = (n_sel > 0) & (lens > n_sel)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # e = atol + rtol |m| as check_topk takes it (no relative term for a
+        # NaN magnitude); every row's s - e and s + e over its positions
+        # give the verdict (best unselected against worst selected) and the
+        # vacuous test (_vacuous_rows: top against bottom) alike.
+        e = np.abs(mg)
+        e *= rtol
+        e[np.isnan(e)] = 0.0
+        e += atol
+        lo = ex - e  # -inf past each row's length
+        up = np.add(ex, e, out=e)
+        best = np.max(lo, axis=1, where=~sel, initial=-np.inf)
+        worst = np.min(up, axis=1, where=sel, initial=np.inf)
+        top = np.max(lo, axis=1, initial=-np.inf)
+        bottom = np.min(up, axis=1, where=inside, initial=np.inf)
+        nan = np.isnan(np.max(ex, axis=1, where=inside, initial=-np.inf))
+    wrong = has_both & ~(best <= worst)
+    vac = (lens > k) & ~nan & (top <= bottom)
+    need = np.ones(c, dtype=bool) if full else wrong
+    idx = np.flatnonzero(need)
+    return idx, (wrong if not full else need)[idx], ex[idx], (mg[idx] if user_rtol or full else None), vac
 
 
 def _screen_row(

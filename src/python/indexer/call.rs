@@ -343,4 +343,15 @@ impl<'py> Call<'py> {
             indexer::indexer_rescore_into(&shape, &inputs, rows, positions, o)
         })
     }
+
+    /// Every score and magnitude in float64, `[n_queries, 2, n_keys]`
+    /// (`indexer_rescore_all_into`).
+    pub(super) fn rescore_all(self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArrayDyn<f64>>> {
+        let shape = self.shape;
+        let arrays = self.arrays();
+        let dims = [shape.n_queries, 2, shape.n_keys];
+        let out = S.output::<f64>(py, None, &dims, &arrays)?;
+        let (inputs, work) = (self.borrowed()?, self.work());
+        out.run(work, |o| indexer::indexer_rescore_all_into(&shape, &inputs, o))
+    }
 }

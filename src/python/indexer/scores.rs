@@ -181,3 +181,42 @@ pub(super) fn _indexer_rescore<'py>(
     let positions = positions_of(S, positions, "positions")?;
     call.rescore(py, &rows, &positions)
 }
+
+/// Every score and its magnitude in float64 (private: the exact check's dense re-score).
+///
+/// ``[n_queries, 2, n_keys]``: ``[:, 0]`` each query's score of every key it sees,
+/// :func:`_indexer_rescore`'s score of each pair, bit for bit (each key decoded once per
+/// group of queries); ``[:, 1]`` its magnitude ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|``; NaN
+/// past the query's context (``L`` keys, as :func:`indexer_topk` counts them). The arguments as
+/// :func:`indexer_scores` takes them (no ``out``). What the exact check computes where its
+/// float32 screen would leave every position in the band (low-contrast rows).
+#[pyfunction]
+#[pyo3(
+    signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
+                 query_format=None, compress_ratio=None),
+    text_signature = "(index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None, \
+                      query_format=None, compress_ratio=1)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _indexer_rescore_all<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    weights: &Obj<'py>,
+    index_k: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    key_scale: Opt<'_, 'py>,
+    key_format: Option<Named<KeyFormat>>,
+    query_format: Option<Named<QueryFormat>>,
+    compress_ratio: Opt<'_, 'py>,
+) -> PyResult<Bound<'py, numpy::PyArrayDyn<f64>>> {
+    let mut call = Call::inputs(
+        (index_q, weights, index_k, query_pos),
+        (
+            key_scale,
+            key_format.format_arg(),
+            query_format.format_arg(),
+        ),
+    )?;
+    call.ratio = ratio(compress_ratio)?;
+    call.rescore_all(py)
+}
