@@ -200,42 +200,49 @@ const GROUP: usize = 8;
 /// 256 KiB at `d = 128`: in L2 while each query of the group reads them).
 const BLOCKS: usize = 8;
 
+/// A query of [`rescore_all`]: [`Query::as_f64`]'s elements and weights,
+/// `Σ_h |w_h| |q_hi|` per dimension, and how many keys it sees.
+pub(super) struct DenseQuery {
+    pub q64: Vec<f64>,
+    pub w64: Vec<f64>,
+    pub wq: Vec<f64>,
+    pub len: usize,
+}
+
 /// Every query's float64 score of every key it sees, and its magnitude:
 /// `out` is `[n, 2, t]` (`n = queries.len()`), row `i` holding query `i`'s
-/// scores of keys `0 .. lens[i]` then their magnitudes `|c_t| Σ_i (Σ_h
-/// |w_h| |q_hi|) |k_ti|`, each summed in dimension order (`wq[i]` is query
-/// `i`'s `Σ_h |w_h| |q_hi|`), NaN past `lens[i]`. The scores are
+/// scores of keys `0 .. queries[i].len` then their magnitudes `|c_t| Σ_i
+/// wq_i |k_ti|` (`wq` the query's), each summed in dimension order, NaN past
+/// its length. The scores are
 /// [`Rescore::run`]'s, bit for bit (each lane of [`block`] is its own key's
 /// chain: which keys share a block changes no bit), with each block of keys
 /// decoded and transposed once per [`GROUP`] queries rather than once per
 /// query — what the exact check computes where its float32 screen cannot
 /// decide (low-contrast rows, whose band is every position); a magnitude
-/// costs `d` of a score's `H d` multiply-adds. `queries[i]` is
-/// [`Query::as_f64`]'s pair; `key` as [`Rescore`]'s.
+/// costs `d` of a score's `H d` multiply-adds. `key` as [`Rescore`]'s.
 pub(super) fn rescore_all<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     level: Isa,
     relu: bool,
     d: usize,
-    queries: &[(Vec<f64>, Vec<f64>)],
-    wq: &[Vec<f64>],
-    lens: &[usize],
+    queries: &[DenseQuery],
     key: K,
     out: &mut [f64],
 ) {
     let n = queries.len();
-    assert!(lens.len() == n && wq.len() == n && (n == 0 || out.len() % (2 * n) == 0));
+    assert!(n == 0 || out.len().is_multiple_of(2 * n));
     let t = out.len().checked_div(2 * n).unwrap_or(0);
-    let h = queries.first().map_or(0, |q| q.1.len());
+    let h = queries.first().map_or(0, |q| q.w64.len());
     let min_groups = crate::pool::min_rows(GROUP * t * h * d / 4);
     crate::pool::for_each_row_mut(out, GROUP * 2 * t, min_groups, |g, part| {
         let first = g * GROUP;
-        let lens = &lens[first..first + part.len() / (2 * t)];
-        let span = lens.iter().copied().max().unwrap_or(0);
+        let queries = &queries[first..first + part.len() / (2 * t)];
+        let span = queries.iter().map(|q| q.len).max().unwrap_or(0);
         let mut row = vec![0.0f32; d];
         let mut kt = vec![0.0f64; d * LANES * BLOCKS];
         let mut scale = [1.0f64; LANES * BLOCKS];
-        for (o, &len) in part.chunks_mut(t).zip(lens.iter().flat_map(|l| [l, l])) {
-            o[len..].fill(f64::NAN);
+        for (o, q) in part.chunks_mut(2 * t).zip(queries) {
+            o[q.len..t].fill(f64::NAN);
+            o[t + q.len..].fill(f64::NAN);
         }
         for p0 in (0..span).step_by(LANES * BLOCKS) {
             let p1 = (p0 + LANES * BLOCKS).min(span);
@@ -249,9 +256,9 @@ pub(super) fn rescore_all<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
                     }
                 }
             }
-            let rows = part.chunks_mut(2 * t).zip(lens).zip(&queries[first..]);
-            for (((o, &len), (q64, w64)), wq) in rows.zip(&wq[first..]) {
+            for (o, query) in part.chunks_mut(2 * t).zip(queries) {
                 let (o, m_out) = o.split_at_mut(t);
+                let (len, q64, w64, wq) = (query.len, &query.q64, &query.w64, &query.wq);
                 for (b, kb) in kt.chunks_exact(d * LANES).enumerate() {
                     let b0 = p0 + b * LANES;
                     if b0 >= len {
@@ -841,21 +848,19 @@ mod tests {
             scales[k]
         };
         let lens = [0, 1, 32, 255, 256, 300, 17, 299, 64, 300, 5];
-        let queries: Vec<(Vec<f64>, Vec<f64>)> = lens
+        let queries: Vec<DenseQuery> = lens
             .iter()
-            .map(|_| {
-                let q = (0..h * d).map(|_| next() as f64).collect();
-                (q, (0..h).map(|_| next() as f64).collect())
+            .map(|&len| DenseQuery {
+                q64: (0..h * d).map(|_| next() as f64).collect(),
+                w64: (0..h).map(|_| next() as f64).collect(),
+                wq: (0..d).map(|_| next().abs() as f64).collect(),
+                len,
             })
-            .collect();
-        let wq: Vec<Vec<f64>> = queries
-            .iter()
-            .map(|_| (0..d).map(|_| next().abs() as f64).collect())
             .collect();
         for isa in crate::simd::isas_for_test() {
             for relu in [true, false] {
                 let mut out = vec![0.0f64; lens.len() * 2 * t];
-                rescore_all(isa, relu, d, &queries, &wq, &lens, key, &mut out);
+                rescore_all(isa, relu, d, &queries, key, &mut out);
                 for (i, (&len, row)) in lens.iter().zip(out.chunks(2 * t)).enumerate() {
                     let mut query = Query::new(h, d, isa);
                     query.relu = relu;
@@ -864,9 +869,9 @@ mod tests {
                     for head in 0..h {
                         let (base, stride) = super::slot(query.tiles, h, d, head);
                         for j in 0..d {
-                            query.qt[base + j * stride] = queries[i].0[head * d + j] as f32;
+                            query.qt[base + j * stride] = queries[i].q64[head * d + j] as f32;
                         }
-                        query.w[head] = queries[i].1[head] as f32;
+                        query.w[head] = queries[i].w64[head] as f32;
                     }
                     let ts: Vec<usize> = (0..len).collect();
                     let mut want = vec![0.0f64; len];
@@ -887,7 +892,7 @@ mod tests {
                     }
                     for (p, m) in mags[..len].iter().enumerate() {
                         let mut sum = 0.0f64;
-                        for (j, &a) in wq[i].iter().enumerate() {
+                        for (j, &a) in queries[i].wq.iter().enumerate() {
                             sum += a * (keys[p * d + j] as f64).abs();
                         }
                         assert_eq!(m.to_bits(), (sum * (scales[p] as f64).abs()).to_bits());

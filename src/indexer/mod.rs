@@ -550,7 +550,7 @@ pub fn indexer_rescore_all_into(
     check_len("out", out.len(), want, || format!("[{n}, 2, {t}]"))?;
     let (level, h, d) = (simd::Isa::best(), shape.n_heads, shape.d);
     let mut query = kernels::Query::new(h, d, level);
-    let (queries, wq): (Vec<_>, Vec<_>) = (0..n)
+    let queries: Vec<_> = (0..n)
         .map(|i| {
             query.load(&inputs.q, inputs.weights, i, false);
             let (q64, w64) = query.as_f64();
@@ -561,17 +561,15 @@ pub fn indexer_rescore_all_into(
                     *a += w.abs() * x.abs();
                 }
             }
-            ((q64, w64), wq)
+            let len = visible(inputs.query_pos[i], inputs.compress_ratio, t);
+            exact::DenseQuery { q64, w64, wq, len }
         })
-        .unzip();
-    let lens: Vec<usize> = (0..n)
-        .map(|i| visible(inputs.query_pos[i], inputs.compress_ratio, t))
         .collect();
     let key = |k: usize, r: &mut [f32]| {
         inputs.k.decode(k * d, r);
         inputs.key_scale.map_or(1.0, |s| s[k])
     };
-    exact::rescore_all(level, query.relu, d, &queries, &wq, &lens, key, out);
+    exact::rescore_all(level, query.relu, d, &queries, key, out);
     Ok(())
 }
 
