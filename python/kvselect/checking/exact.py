@@ -203,10 +203,9 @@ def indexer_check(
         if dense is None:
             dense = len(idx) > 1 and hi - lo >= _PROBE_KEYS
             if dense:
-                g = _key_bounds(keys, ksc, key_format)
                 kk = topk if topk is not None else engine_rows.shape[1]
                 share = _band_share(
-                    q_arr[idx[0]], w32[idx[0]], keys, pos[idx[0]], ksc, key_format, query_format, compress_ratio, g, kk
+                    q_arr[idx[0]], w32[idx[0]], keys, pos[idx[0]], ksc, key_format, query_format, compress_ratio, kk
                 )
                 dense = share > _DENSE_BAND
         for c0 in range(0, len(idx), step):
@@ -543,35 +542,25 @@ def _band_share(
     key_format: Optional[str],
     query_format: Optional[str],
     ratio: int,
-    g: np.ndarray,
     k: int,
 ) -> float:
     """About what share of one row's positions the float32 screen would
     re-score: those whose float32 score lies within twice the bound
-    (``2 γ_{d+H+2} A max g``) of the row's ``k``-th largest. A speed
-    estimate only (which path checks the rows, not what they report)."""
-    from kvselect import reference
-
+    (``2 γ_{d+H+2}`` of the row's largest magnitude) of its ``k``-th
+    largest. A speed estimate only (it picks the path, not the report): one
+    row's float32 scores and magnitudes, no pass over every key's bound."""
     h, d = q.shape
-    S = ks.indexer_scores(
-        q[None],
-        w[None],
-        keys,
-        np.array([qpos]),
-        key_scale=ksc,
-        key_format=key_format,
-        query_format=query_format,
-        compress_ratio=ratio,
-    )[0]
-    L = min((int(qpos) + 1) // ratio, len(S))
+    kw = dict(key_scale=ksc, key_format=key_format, query_format=query_format, compress_ratio=ratio)
+    one = (q[None], w[None], keys, np.array([qpos]))
+    L = min((int(qpos) + 1) // ratio, len(keys))
     if L <= max(k, 0):
         return 0.0
+    S = ks.indexer_scores(*one, **kw)[0, :L]
+    M = ks.indexer_magnitudes(*one, **kw)[0, :L]
     with np.errstate(invalid="ignore", over="ignore"):
-        qd = np.abs(reference.decode(q, query_format, "query_format").reshape(h, d))
-        A = float(np.abs(w.astype(np.float64)) @ qd.sum(axis=1))
-        x = 4 * _gamma(d + h + 2) * A * float(np.max(g[:L], initial=0.0))
-        theta = np.partition(S[:L], L - k)[L - k]
-        return float(np.count_nonzero(np.abs(S[:L] - theta) <= x)) / L
+        x = 4 * _gamma(d + h + 2) * float(np.max(M, initial=0.0))
+        theta = np.partition(S, L - k)[L - k]
+        return float(np.count_nonzero(np.abs(S - theta) <= x)) / L
 
 
 def _dense(
@@ -608,31 +597,30 @@ def _dense(
     if rel is None:
         rel = layout.positions(rows) if layout is not None else np.asarray(rows, dtype=np.int64)
     lens = np.asarray(lens, dtype=np.int64)
-    inside = np.arange(t)[None, :] < lens[:, None]
-    ex[~inside] = -np.inf  # past the row's length, as the screen's scores
     ok = (rel >= 0) & (rel < lens[:, None])
     sel = np.zeros((c, t), dtype=bool)
     sel[np.broadcast_to(np.arange(c)[:, None], rel.shape)[ok], rel[ok]] = True
     n_sel = np.count_nonzero(sel, axis=1)
     has_both = (n_sel > 0) & (lens > n_sel)
     with np.errstate(invalid="ignore", over="ignore"):
-        # e = atol + rtol |m| as check_topk takes it (no relative term for a
-        # NaN magnitude); every row's s - e and s + e over its positions
-        # give the verdict (best unselected against worst selected) and the
-        # vacuous test (_vacuous_rows: top against bottom) alike.
-        e = np.abs(mg)
-        e *= rtol
-        e[np.isnan(e)] = 0.0
+        # NaN marks exactly the positions past each row's length: the
+        # operands are finite (refused otherwise) and a float64 score of
+        # them cannot overflow (each term's size is below 2^512, and there
+        # are fewer than 2^64), so the reductions below skip it (fmax /
+        # fmin). e = atol + rtol m as check_topk takes it (m >= 0); each
+        # row's s - e and s + e give the verdict (best unselected against
+        # worst selected) and the vacuous test (_vacuous_rows: top against
+        # bottom) alike.
+        e = mg * rtol
         e += atol
-        lo = ex - e  # -inf past each row's length
+        lo = ex - e
         up = np.add(ex, e, out=e)
-        best = np.max(lo, axis=1, where=~sel, initial=-np.inf)
-        worst = np.min(up, axis=1, where=sel, initial=np.inf)
-        top = np.max(lo, axis=1, initial=-np.inf)
-        bottom = np.min(up, axis=1, where=inside, initial=np.inf)
-        nan = np.isnan(np.max(ex, axis=1, where=inside, initial=-np.inf))
+        best = np.fmax.reduce(lo, axis=1, where=~sel, initial=-np.inf)
+        worst = np.fmin.reduce(up, axis=1, where=sel, initial=np.inf)
+        top = np.fmax.reduce(lo, axis=1, initial=-np.inf)
+        bottom = np.fmin.reduce(up, axis=1, initial=np.inf)
     wrong = has_both & ~(best <= worst)
-    vac = (lens > k) & ~nan & (top <= bottom)
+    vac = (lens > k) & (top <= bottom)
     need = np.ones(c, dtype=bool) if full else wrong
     idx = np.flatnonzero(need)
     return idx, (wrong if not full else need)[idx], ex[idx], (mg[idx] if user_rtol or full else None), vac
