@@ -209,40 +209,133 @@ pub(super) struct DenseQuery {
     pub len: usize,
 }
 
-/// Every query's float64 score of every key it sees, and its magnitude:
-/// `out` is `[n, 2, t]` (`n = queries.len()`), row `i` holding query `i`'s
-/// scores of keys `0 .. queries[i].len` then their magnitudes `|c_t| Σ_i
-/// wq_i |k_ti|` (`wq` the query's), each summed in dimension order, NaN past
-/// its length. The scores are
-/// [`Rescore::run`]'s, bit for bit (each lane of [`block`] is its own key's
-/// chain: which keys share a block changes no bit), with each block of keys
-/// decoded and transposed once per [`GROUP`] queries rather than once per
-/// query — what the exact check computes where its float32 screen cannot
-/// decide (low-contrast rows, whose band is every position); a magnitude
-/// costs `d` of a score's `H d` multiply-adds. `key` as [`Rescore`]'s.
-pub(super) fn rescore_all<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
+/// Where [`rescore_all`] puts each query's scores and magnitudes: a row of
+/// `WIDTH(t)` values per query, started by `start` and given each block of
+/// its keys in order by `put` (keys `b0 ..`, as many as `scores` holds).
+pub(super) trait Sink: Sync {
+    /// The values a query's row holds, for `t` keys.
+    fn width(&self, t: usize) -> usize;
+    /// Starts query `i`'s row (which sees `len` keys of `t`).
+    fn start(&self, i: usize, len: usize, t: usize, row: &mut [f64]);
+    /// Takes keys `b0 .. b0 + scores.len()` of query `i`.
+    fn put(&self, i: usize, row: &mut [f64], b0: usize, scores: &[f64], mags: &[f64]);
+}
+
+/// Every score and magnitude, kept: a row of `2t` (the scores, then the
+/// magnitudes), NaN past the query's length.
+pub(super) struct Matrix;
+
+impl Sink for Matrix {
+    fn width(&self, t: usize) -> usize {
+        2 * t
+    }
+    fn start(&self, _: usize, len: usize, t: usize, row: &mut [f64]) {
+        row[len..t].fill(f64::NAN);
+        row[t + len..].fill(f64::NAN);
+    }
+    #[inline(always)]
+    fn put(&self, _: usize, row: &mut [f64], b0: usize, scores: &[f64], mags: &[f64]) {
+        let (s, m) = row.split_at_mut(row.len() / 2);
+        s[b0..b0 + scores.len()].copy_from_slice(scores);
+        m[b0..b0 + mags.len()].copy_from_slice(mags);
+    }
+}
+
+/// The exact check's verdict of each row, folded as the scores come: with
+/// `e = atol + rtol m` (each key's magnitude `m`), the highest `s − e` of
+/// an unselected key and the lowest `s + e` of a selected one (the row is
+/// right iff the first is at most the second), the highest `s − e` and the
+/// lowest `s + e` of any key (no selection could fail it iff the first is at
+/// most the second: the vacuous test), and how many keys are selected — a
+/// row of 5, no score kept. `selected[i]` is query `i`'s selected keys, a
+/// bit each.
+pub(super) struct Verdict<'a> {
+    pub selected: &'a [Vec<u64>],
+    pub atol: f64,
+    pub rtol: f64,
+}
+
+impl Sink for Verdict<'_> {
+    fn width(&self, _: usize) -> usize {
+        5
+    }
+    fn start(&self, i: usize, _: usize, _: usize, row: &mut [f64]) {
+        let n_sel: u32 = self.selected[i].iter().map(|w| w.count_ones()).sum();
+        row.copy_from_slice(&[
+            f64::NEG_INFINITY,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::INFINITY,
+            f64::from(n_sel),
+        ]);
+    }
+    #[inline(always)]
+    fn put(&self, i: usize, row: &mut [f64], b0: usize, scores: &[f64], mags: &[f64]) {
+        let sel = &self.selected[i];
+        let [best, worst, top, bottom, _] = row else {
+            unreachable!("a verdict row holds 5 values")
+        };
+        // In registers for the block; a comparison rather than `min` /
+        // `max` (no NaN comes: the operands are finite, and so is every
+        // float64 score of them), and which of two zeros is kept decides no
+        // comparison of the verdict.
+        let (mut b, mut w, mut tp, mut bt) = (*best, *worst, *top, *bottom);
+        for (j, (&s, &m)) in scores.iter().zip(mags).enumerate() {
+            let t = b0 + j;
+            let e = self.atol + self.rtol * m;
+            let (lo, up) = (s - e, s + e);
+            if sel[t / 64] >> (t % 64) & 1 == 1 {
+                if up < w {
+                    w = up;
+                }
+            } else if lo > b {
+                b = lo;
+            }
+            if lo > tp {
+                tp = lo;
+            }
+            if up < bt {
+                bt = up;
+            }
+        }
+        (*best, *worst, *top, *bottom) = (b, w, tp, bt);
+    }
+}
+
+/// Every query's float64 score of every key it sees, and its magnitude
+/// `|c_t| Σ_i wq_i |k_ti|` (`wq` the query's), each summed in dimension
+/// order, given to `sink` a block of keys at a time: `out` holds a row of
+/// `sink.width(t)` per query. The scores are [`Rescore::run`]'s, bit for
+/// bit (each lane of [`block`] is its own key's chain: which keys share a
+/// block changes no bit), with each block of keys decoded and transposed
+/// once per [`GROUP`] queries rather than once per query — what the exact
+/// check computes where its float32 screen cannot decide (low-contrast
+/// rows, whose band is every position); a magnitude costs `d` of a score's
+/// `H d` multiply-adds. `key` as [`Rescore`]'s.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn rescore_all<K: Fn(usize, &mut [f32]) -> f32 + Sync, S: Sink>(
     level: Isa,
     relu: bool,
     d: usize,
+    t: usize,
     queries: &[DenseQuery],
     key: K,
+    sink: &S,
     out: &mut [f64],
 ) {
-    let n = queries.len();
-    assert!(n == 0 || out.len().is_multiple_of(2 * n));
-    let t = out.len().checked_div(2 * n).unwrap_or(0);
+    let width = sink.width(t);
+    assert!(out.len() == queries.len() * width && queries.iter().all(|q| q.len <= t));
     let h = queries.first().map_or(0, |q| q.w64.len());
     let min_groups = crate::pool::min_rows(GROUP * t * h * d / 4);
-    crate::pool::for_each_row_mut(out, GROUP * 2 * t, min_groups, |g, part| {
+    crate::pool::for_each_row_mut(out, GROUP * width, min_groups, |g, part| {
         let first = g * GROUP;
-        let queries = &queries[first..first + part.len() / (2 * t)];
+        let queries = &queries[first..first + part.len() / width];
         let span = queries.iter().map(|q| q.len).max().unwrap_or(0);
         let mut row = vec![0.0f32; d];
         let mut kt = vec![0.0f64; d * LANES * BLOCKS];
         let mut scale = [1.0f64; LANES * BLOCKS];
-        for (o, q) in part.chunks_mut(2 * t).zip(queries) {
-            o[q.len..t].fill(f64::NAN);
-            o[t + q.len..].fill(f64::NAN);
+        for (i, (o, q)) in part.chunks_mut(width).zip(queries).enumerate() {
+            sink.start(first + i, q.len, t, o);
         }
         for p0 in (0..span).step_by(LANES * BLOCKS) {
             let p1 = (p0 + LANES * BLOCKS).min(span);
@@ -256,8 +349,7 @@ pub(super) fn rescore_all<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
                     }
                 }
             }
-            for (o, query) in part.chunks_mut(2 * t).zip(queries) {
-                let (o, m_out) = o.split_at_mut(t);
+            for (i, (o, query)) in part.chunks_mut(width).zip(queries).enumerate() {
                 let (len, q64, w64, wq) = (query.len, &query.q64, &query.w64, &query.wq);
                 for (b, kb) in kt.chunks_exact(d * LANES).enumerate() {
                     let b0 = p0 + b * LANES;
@@ -266,24 +358,68 @@ pub(super) fn rescore_all<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
                     }
                     let mut acc = [0.0f64; LANES];
                     block(level, relu, q64, w64, d, kb, &mut acc);
-                    let mut mag = [0.0f64; LANES];
-                    for (&a, k) in wq.iter().zip(kb.chunks_exact(LANES)) {
-                        for (m, &x) in mag.iter_mut().zip(k) {
-                            *m += a * x.abs();
-                        }
-                    }
                     let m = LANES.min(len - b0);
                     let sc = &scale[b * LANES..b * LANES + m];
-                    for ((x, &a), &c) in o[b0..b0 + m].iter_mut().zip(&acc).zip(sc) {
-                        *x = a * c + 0.0;
-                    }
-                    for ((x, &a), &c) in m_out[b0..b0 + m].iter_mut().zip(&mag).zip(sc) {
-                        *x = a * c.abs();
-                    }
+                    let at = (first + i, b0);
+                    finish(level, sink, at, o, &mut acc, wq, kb, sc);
                 }
             }
         }
     });
+}
+
+/// The rest of [`rescore_all`]'s work on one query and block of keys, given
+/// its score sums `acc` (before the scales `sc`, one per key of the block
+/// the query sees): each key's magnitude `Σ_i wq_i |k_ti|` (a multiply and
+/// an add per dimension, in order), both times the key's scale (`acc · c +
+/// 0`, `mag · |c|`), and the sink's `put` of query `at.0`, keys `at.1 ..`.
+/// One body, compiled per level so the magnitudes' and the sink's loops
+/// take the vector width (at a few heads they cost more than the scores'
+/// FMAs); no FMA contracts it (Rust rounds each operation), so every level
+/// gives the same bits.
+#[allow(clippy::too_many_arguments)]
+fn finish<S: Sink>(
+    level: Isa,
+    sink: &S,
+    at: (usize, usize),
+    row: &mut [f64],
+    acc: &mut [f64; LANES],
+    wq: &[f64],
+    kt: &[f64],
+    sc: &[f64],
+) {
+    assert!(kt.len() == wq.len() * LANES && sc.len() <= LANES);
+    // SAFETY (bounds): none; the body indexes its slices (checked).
+    dispatch!("indexer.dense", level, {
+        avx512 => avx2,
+        avx2(token) => x86::finish_avx2(token, sink, at, row, acc, wq, kt, sc),
+        scalar => finish_body(sink, at, row, acc, wq, kt, sc),
+    })
+}
+
+/// [`finish`]'s body, written once.
+#[inline(always)]
+fn finish_body<S: Sink>(
+    sink: &S,
+    (i, b0): (usize, usize),
+    row: &mut [f64],
+    acc: &mut [f64; LANES],
+    wq: &[f64],
+    kt: &[f64],
+    sc: &[f64],
+) {
+    let mut mag = [0.0f64; LANES];
+    for (&a, k) in wq.iter().zip(kt.chunks_exact(LANES)) {
+        for (m, &x) in mag.iter_mut().zip(k) {
+            *m += a * x.abs();
+        }
+    }
+    for ((s, mg), &c) in acc.iter_mut().zip(&mut mag).zip(sc) {
+        *s = *s * c + 0.0;
+        *mg *= c.abs();
+    }
+    let m = sc.len();
+    sink.put(i, row, b0, &acc[..m], &mag[..m]);
 }
 
 /// `acc_r += w_h · relu(Σ_i q_hi k_ri)` in float64 for the block's lanes, in
@@ -395,8 +531,24 @@ const HALF: usize = 16;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{block_body, HALF, LANES};
+    use super::{block_body, finish_body, Sink, HALF, LANES};
     use crate::simd::{Avx2, Avx512};
+
+    /// [`finish_body`] compiled for AVX2 (the token proves the CPU has it).
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn finish_avx2<S: Sink>(
+        _: Avx2,
+        sink: &S,
+        at: (usize, usize),
+        row: &mut [f64],
+        acc: &mut [f64; LANES],
+        wq: &[f64],
+        kt: &[f64],
+        sc: &[f64],
+    ) {
+        finish_body(sink, at, row, acc, wq, kt, sc)
+    }
 
     /// [`block_body`] by hand for AVX2+FMA (the compiler's vectorisation of
     /// the body spills): two heads at a time over each half of the block,
@@ -773,6 +925,18 @@ pub(super) fn probe(isa: Isa) {
     let mut acc = [0.0f64; LANES];
     block(isa, false, &q64, &[0.5], d, &kt, &mut acc);
     assert_eq!(&acc[..2], &[5.0, -5.0]);
+    let mut row = [0.0f64; 4];
+    finish(
+        isa,
+        &Matrix,
+        (0, 0),
+        &mut row,
+        &mut acc,
+        &[1.0, 2.0, 3.0, 4.0],
+        &kt,
+        &[2.0, -1.0],
+    );
+    assert_eq!(row, [10.0, 5.0, 20.0, 10.0]);
 }
 
 #[cfg(test)]
@@ -860,7 +1024,7 @@ mod tests {
         for isa in crate::simd::isas_for_test() {
             for relu in [true, false] {
                 let mut out = vec![0.0f64; lens.len() * 2 * t];
-                rescore_all(isa, relu, d, &queries, key, &mut out);
+                rescore_all(isa, relu, d, t, &queries, key, &Matrix, &mut out);
                 for (i, (&len, row)) in lens.iter().zip(out.chunks(2 * t)).enumerate() {
                     let mut query = Query::new(h, d, isa);
                     query.relu = relu;
@@ -898,6 +1062,47 @@ mod tests {
                         assert_eq!(m.to_bits(), (sum * (scales[p] as f64).abs()).to_bits());
                     }
                     assert!(got[len..].iter().chain(&mags[len..]).all(|x| x.is_nan()));
+                }
+                // The verdict sink folds the same scores: every third key
+                // selected, a tolerance with both terms.
+                let selected: Vec<Vec<u64>> = lens
+                    .iter()
+                    .map(|&len| {
+                        let mut bits = vec![0u64; len.div_ceil(64)];
+                        (0..len)
+                            .step_by(3)
+                            .for_each(|p| bits[p / 64] |= 1 << (p % 64));
+                        bits
+                    })
+                    .collect();
+                let (atol, rtol) = (0.25, 0.125);
+                let sink = Verdict {
+                    selected: &selected,
+                    atol,
+                    rtol,
+                };
+                let mut v = vec![0.0f64; lens.len() * 5];
+                rescore_all(isa, relu, d, t, &queries, key, &sink, &mut v);
+                for ((&len, row), got) in lens.iter().zip(out.chunks(2 * t)).zip(v.chunks(5)) {
+                    let mut want = [
+                        f64::NEG_INFINITY,
+                        f64::INFINITY,
+                        f64::NEG_INFINITY,
+                        f64::INFINITY,
+                    ];
+                    for p in 0..len {
+                        let e = atol + rtol * row[t + p];
+                        let (lo, up) = (row[p] - e, row[p] + e);
+                        if p % 3 == 0 {
+                            want[1] = want[1].min(up);
+                        } else {
+                            want[0] = want[0].max(lo);
+                        }
+                        want[2] = want[2].max(lo);
+                        want[3] = want[3].min(up);
+                    }
+                    assert_eq!(&got[..4], &want, "{}", isa.level().name());
+                    assert_eq!(got[4], len.div_ceil(3) as f64);
                 }
             }
         }

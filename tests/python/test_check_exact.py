@@ -695,6 +695,65 @@ def test_the_dense_rescore_is_the_pair_rescore_bit_for_bit_with_its_magnitudes(f
     assert err.value.argument == "weights"
 
 
+@pytest.mark.parametrize("fmt", ["float32", "fp8"])
+def test_the_native_verdict_folds_the_dense_scores_as_numpy_does(fmt):
+    """``_core._indexer_rescore_verdict``: per row, from the dense scores
+    ``s`` and magnitudes ``m`` with ``e = atol + rtol m``, the best
+    unselected ``s - e``, the worst selected ``s + e``, the extremes of
+    every key and the distinct selected count, each the value NumPy computes
+    from ``_indexer_rescore_all`` (the same roundings); padding, duplicates
+    and positions past the context select nothing; a bad ``positions`` /
+    ``atol`` is refused naming it."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(6262)
+    n, h, d, t, width = 9, 5, 24, 333, 12
+    q = rng.standard_normal((n, h, d)).astype(np.float32)
+    w = rng.standard_normal((n, h)).astype(np.float32)
+    base = rng.standard_normal((t, d)).astype(np.float32)
+    c = None
+    if fmt == "float32":
+        k = base
+    else:
+        c = (np.abs(base).max(axis=1) / 448).astype(np.float32)
+        k = (base / c[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    pos = np.array([0, 5, 40, 332, 331, 100, 64, 400, 11])
+    positions = rng.integers(-2, t + 10, (n, width))
+    positions[2, :3] = positions[2, 3]  # duplicates
+    positions[0] = -1  # nothing selected
+    both = ks._core._indexer_rescore_all(q, w, k, pos, key_scale=c)
+    lens = np.minimum(pos + 1, t)
+    for atol, rtol in ((0.0, 0.0), (1e-3, 0.0), (0.0, 2.0**-10), (0.5, 0.25)):
+        got = ks._core._indexer_rescore_verdict(q, w, k, pos, positions, atol=atol, rtol=rtol, key_scale=c)
+        assert got.shape == (n, 5) and got.dtype == np.float64
+        for i in range(n):
+            L = int(lens[i])
+            s, m = both[i, 0, :L], both[i, 1, :L]
+            e = m * rtol + atol
+            lo, up = s - e, s + e
+            chosen = np.zeros(L, dtype=bool)
+            p = positions[i]
+            chosen[p[(p >= 0) & (p < L)]] = True
+            want = [
+                lo[~chosen].max(initial=-np.inf),
+                up[chosen].min(initial=np.inf),
+                lo.max(initial=-np.inf),
+                up.min(initial=np.inf),
+                chosen.sum(),
+            ]
+            assert got[i].tolist() == want, (i, atol, rtol)
+    for bad, name in (
+        (dict(positions=positions[:, :, None]), "positions"),
+        (dict(positions=positions[1:]), "positions"),
+        (dict(positions=positions, atol=-1.0), "atol"),
+        (dict(positions=positions, rtol=float("nan")), "rtol"),
+    ):
+        args = dict(atol=0.0, rtol=0.0, key_scale=c) | bad
+        with pytest.raises(ks.SelectionError) as err:
+            ks._core._indexer_rescore_verdict(q, w, k, pos, args.pop("positions"), **args)
+        assert err.value.argument == name
+
+
 def _low_contrast(seed, n=6, t=1500, h=8, d=32):
     """Every key a few ULPs from one (every score within the float32 bound
     of the others) and ordinary random keys, with kvselect's rows and rows

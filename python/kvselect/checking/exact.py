@@ -8,7 +8,7 @@ the package docs for the argument."""
 from __future__ import annotations
 
 import re
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -550,7 +550,7 @@ def _band_share(
     largest. A speed estimate only (it picks the path, not the report): one
     row's float32 scores and magnitudes, no pass over every key's bound."""
     h, d = q.shape
-    kw = dict(key_scale=ksc, key_format=key_format, query_format=query_format, compress_ratio=ratio)
+    kw: Dict[str, Any] = dict(key_scale=ksc, key_format=key_format, query_format=query_format, compress_ratio=ratio)
     one = (q[None], w[None], keys, np.array([qpos]))
     L = min((int(qpos) + 1) // ratio, len(keys))
     if L <= max(k, 0):
@@ -588,29 +588,41 @@ def _dense(
     candidates: the same report."""
     user_rtol, rtol = rtol, rtol + slack
     q, w32, keys, ksc, _absc, _h, _d, query_format, key_format, qpos, ratio = operands
-    both = ks._core._indexer_rescore_all(
-        q, w32, keys, qpos, key_scale=ksc, key_format=key_format, query_format=query_format, compress_ratio=ratio
-    )
-    ex, mg = both[:, 0], both[:, 1]
-    c, t = ex.shape
+    kw: Dict[str, Any] = dict(key_scale=ksc, key_format=key_format, query_format=query_format, compress_ratio=ratio)
     k = _topk_of(rows, topk, layout)
     if rel is None:
         rel = layout.positions(rows) if layout is not None else np.asarray(rows, dtype=np.int64)
     lens = np.asarray(lens, dtype=np.int64)
+    c = len(lens)
+    if not full:
+        # Each row's verdict and vacuous test folded natively as its scores
+        # come (_core._indexer_rescore_verdict: no [rows, keys] matrix is
+        # made); the scores of the wrong rows alone, which check_topk reports.
+        v = ks._core._indexer_rescore_verdict(
+            q, w32, keys, qpos, np.ascontiguousarray(rel, dtype=np.int64), atol=atol, rtol=rtol, **kw
+        )
+        best, worst, top, bottom, n_sel = v.T
+        wrong = (n_sel > 0) & (lens > n_sel) & ~(best <= worst)
+        vac = (lens > k) & (top <= bottom)
+        idx = np.flatnonzero(wrong)
+        both = ks._core._indexer_rescore_all(q[idx], w32[idx], keys, qpos[idx], **kw)
+        return idx, np.ones(len(idx), dtype=bool), both[:, 0], (both[:, 1] if user_rtol else None), vac
+    both = ks._core._indexer_rescore_all(q, w32, keys, qpos, **kw)
+    ex, mg = both[:, 0], both[:, 1]
+    t = ex.shape[1]
     ok = (rel >= 0) & (rel < lens[:, None])
     sel = np.zeros((c, t), dtype=bool)
     sel[np.broadcast_to(np.arange(c)[:, None], rel.shape)[ok], rel[ok]] = True
     n_sel = np.count_nonzero(sel, axis=1)
-    has_both = (n_sel > 0) & (lens > n_sel)
     with np.errstate(invalid="ignore", over="ignore"):
-        # NaN marks exactly the positions past each row's length: the
-        # operands are finite (refused otherwise) and a float64 score of
-        # them cannot overflow (each term's size is below 2^512, and there
-        # are fewer than 2^64), so the reductions below skip it (fmax /
-        # fmin). e = atol + rtol m as check_topk takes it (m >= 0); each
-        # row's s - e and s + e give the verdict (best unselected against
-        # worst selected) and the vacuous test (_vacuous_rows: top against
-        # bottom) alike.
+        # As the native verdict, here over the kept matrix. NaN marks
+        # exactly the positions past each row's length: the operands are
+        # finite (refused otherwise) and a float64 score of them cannot
+        # overflow (each term's size is below 2^512, and there are fewer
+        # than 2^64), so fmax / fmin skip it. e = atol + rtol m as
+        # check_topk takes it (m >= 0); each row's s - e and s + e give the
+        # verdict (best unselected against worst selected) and the vacuous
+        # test (_vacuous_rows: top against bottom) alike.
         e = mg * rtol
         e += atol
         lo = ex - e
@@ -619,11 +631,8 @@ def _dense(
         worst = np.fmin.reduce(up, axis=1, where=sel, initial=np.inf)
         top = np.fmax.reduce(lo, axis=1, initial=-np.inf)
         bottom = np.fmin.reduce(up, axis=1, initial=np.inf)
-    wrong = has_both & ~(best <= worst)
     vac = (lens > k) & (top <= bottom)
-    need = np.ones(c, dtype=bool) if full else wrong
-    idx = np.flatnonzero(need)
-    return idx, (wrong if not full else need)[idx], ex[idx], (mg[idx] if user_rtol or full else None), vac
+    return np.arange(c), np.ones(c, dtype=bool), ex, mg, vac
 
 
 def _screen_row(

@@ -354,4 +354,23 @@ impl<'py> Call<'py> {
         let (inputs, work) = (self.borrowed()?, self.work());
         out.run(work, |o| indexer::indexer_rescore_all_into(&shape, &inputs, o))
     }
+
+    /// Each row's verdict from every float64 score, `[n_queries, 5]`
+    /// (`indexer_rescore_verdict_into`).
+    pub(super) fn rescore_verdict(
+        self,
+        py: Python<'py>,
+        positions: &[i64],
+        width: usize,
+        atol: f64,
+        rtol: f64,
+    ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f64>>> {
+        let shape = self.shape;
+        let arrays = self.arrays();
+        let out = S.output::<f64>(py, None, &[shape.n_queries, 5], &arrays)?;
+        let (inputs, work) = (self.borrowed()?, self.work());
+        out.run(work, |o| {
+            indexer::indexer_rescore_verdict_into(&shape, &inputs, positions, width, atol, rtol, o)
+        })
+    }
 }
