@@ -502,6 +502,40 @@ def test_a_non_finite_operand_is_refused_naming_it_before_any_work(name):
 
 
 @pytest.mark.parametrize(
+    "fmt, raw, code",
+    [
+        ("bfloat16", True, 0x7FC0),  # NaN
+        ("bfloat16", False, 0xFF80),  # -inf
+        ("float16", True, 0x7C00),  # inf
+        ("float16", False, 0xFE00),  # NaN
+        ("float8_e4m3fn", True, 0xFF),  # NaN
+        ("float8_e4m3fn", False, 0x7F),  # NaN
+    ],
+)
+def test_a_non_finite_key_code_is_refused_naming_its_place(fmt, raw, code):
+    """Keys in a 16- or 8-bit format (raw bits with key_format, or ml_dtypes
+    values) are vetted on their bits: a non-finite code is refused naming
+    index_k and its [key, dimension]; finite codes (the largest finite ones
+    among them) pass."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rows, q, w, k, pos = _small()
+    dtype = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}[fmt]
+    bits = np.uint8 if fmt == "float8_e4m3fn" else np.uint16
+    keys = (k / 8).astype(dtype).view(bits)
+    keys[0, 0] = {np.uint8: 0x7E, np.uint16: 0x7F7F if fmt == "bfloat16" else 0x7BFF}[bits]  # largest finite
+    kw = dict(key_format=fmt) if raw else {}
+    as_given = keys if raw else keys.view(dtype)
+    assert (
+        checking.check_indexer_topk(ks.indexer_topk(q, w, as_given, pos, 3, **kw), q, w, as_given, pos, **kw)["wrong"]
+        == 0
+    )
+    keys[5, 2] = code
+    with pytest.raises(ks.SelectionError) as e:
+        checking.check_indexer_topk(rows, q, w, as_given, pos, **kw)
+    assert e.value.argument == "index_k" and "index_k[5, 2]" in str(e.value)
+
+
+@pytest.mark.parametrize(
     "change, argument",
     [
         (dict(weights=np.ones((2, 3), np.float32)), "weights"),  # transposed [H, n]

@@ -990,6 +990,25 @@ def _non_finite(name: str, a: np.ndarray) -> None:
         )
 
 
+# The exponent (and, for e4m3fn, mantissa) bits that make a code non-finite:
+# inf / NaN in bfloat16 and float16, NaN (0x7F / 0xFF) in float8_e4m3fn.
+_NON_FINITE_BITS = {"bfloat16": (np.uint16, 0x7F80), "float16": (np.uint16, 0x7C00), "float8_e4m3fn": (np.uint8, 0x7F)}
+
+
+def _finite_codes(k: np.ndarray, fmt: Optional[str]) -> bool:
+    """Whether ``k`` holds bfloat16 / float16 / float8_e4m3fn codes (raw
+    bits with ``fmt``, or ml_dtypes values), every one finite, read on the
+    bits; False for any other array (then decoded and tested)."""
+    name = fmt if fmt is not None else k.dtype.name
+    if name not in _NON_FINITE_BITS or (fmt is not None and k.dtype.kind not in "ui"):
+        return False
+    dtype, mask = _NON_FINITE_BITS[name]
+    if k.dtype.itemsize != np.dtype(dtype).itemsize:
+        return False
+    bits = k.view(dtype)
+    return not bool(((bits & dtype(mask)) == dtype(mask)).any())
+
+
 def _integers(name: str, a: Any) -> None:
     """An index argument holds integers (a float one is a TypeError, never truncated)."""
     if isinstance(a, bool) or not isinstance(a, (int, np.integer)) and np.asarray(a).dtype.kind not in "iu":
@@ -1055,7 +1074,9 @@ def _vet_api(
                 "key_scale", f"key_scale must be [n_keys={len(k)}] or one number, got {list(np.shape(key_scale))}"
             )
         step = max(1, (16 << 20) // max(1, k[:1].size * 4))
-        for t0 in range(0, len(k), step):  # decoded a chunk at a time
+        # Finite codes read on their bits, no decode; any other case (or a
+        # non-finite code, to report it) decoded a chunk at a time.
+        for t0 in range(0, 0 if _finite_codes(k, key_format) else len(k), step):
             part = decode32(k[t0 : t0 + step], key_format)
             bad = ~np.isfinite(part)
             if bad.any():
