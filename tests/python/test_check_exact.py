@@ -20,7 +20,7 @@ def path(request, monkeypatch):
     row chooses (``_PROBE_KEYS`` lowered so these small sequences are
     probed)."""
     if request.param == "probed":
-        monkeypatch.setattr(exact_check, "_PROBE_KEYS", 1)
+        monkeypatch.setattr(exact_check, "_DENSE_WORK", 0)
     else:
         monkeypatch.setattr(exact_check, "_DENSE", request.param == "dense")
     return request.param
@@ -851,19 +851,28 @@ def test_the_dense_and_the_screened_check_give_the_same_report(seed, monkeypatch
 
 
 def test_the_probe_checks_low_contrast_rows_dense_and_ordinary_rows_screened(monkeypatch):
-    """The probe's choice (speed only): a low-contrast sequence is checked
-    dense, an ordinary one screened, and a one-row or short sequence is never
-    probed."""
+    """The probe's choice (speed only): past _DENSE_WORK a low-contrast
+    sequence is checked dense, an ordinary one screened, and a one-row
+    sequence screened unprobed; below it, dense unprobed."""
     rng, q, w, low, ordinary, pos = _low_contrast(7, t=2048)
+    assert len(q) * 2048 * q.shape[1] * q.shape[2] < exact_check._DENSE_WORK
     seen = []
+    probe = exact_check._band_share
+    monkeypatch.setattr(exact_check, "_band_share", lambda *a, **k: seen.append("probe") or probe(*a, **k))
     dense, screened = exact_check._dense, exact_check._rescore
     monkeypatch.setattr(exact_check, "_dense", lambda *a, **k: seen.append("dense") or dense(*a, **k))
     monkeypatch.setattr(exact_check, "_rescore", lambda *a, **k: seen.append("screened") or screened(*a, **k))
+    for k in (low, ordinary):
+        seen.clear()
+        rows = ks.indexer_topk(q, w, k, pos, 64)
+        assert checking.check_indexer_topk(rows, q, w, k, pos, 64, atol=0, rtol=0)["wrong"] == 0
+        assert set(seen) == {"dense"}
+    monkeypatch.setattr(exact_check, "_DENSE_WORK", 0)
     for k, want in ((low, "dense"), (ordinary, "screened")):
         seen.clear()
         rows = ks.indexer_topk(q, w, k, pos, 64)
         assert checking.check_indexer_topk(rows, q, w, k, pos, 64, atol=0, rtol=0)["wrong"] == 0
-        assert seen and set(seen) == {want}
+        assert seen[0] == "probe" and set(seen[1:]) == {want}
         seen.clear()
         checking.check_indexer_topk(rows[:1], q[:1], w[:1], k, pos[:1], 64, atol=0, rtol=0)
-        assert set(seen) == {"screened"}
+        assert seen == ["screened"]

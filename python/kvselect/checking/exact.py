@@ -37,13 +37,16 @@ from kvselect.checking.report import Report
 # The float64 unit roundoff (``_U32``, ``_ETA32`` and ``_gamma`` are shared, in _common).
 _U64 = 2.0**-53
 
-# A sequence of at least _PROBE_KEYS keys and two rows is probed with its
-# first row's float32 scores; past a band of _DENSE_BAND of that row's
-# positions the screen costs more than it saves (its float32 pass ~1, a
-# pair's re-score ~3.5, the dense re-score ~2.3 of a float32 score) and the
-# sequence's rows go dense. _DENSE (None: probe) forces one way: the tests
+# Which way a sequence's rows are checked (the same report either way): a
+# sequence of fewer than _DENSE_WORK multiply-adds (rows x keys x H x d) goes
+# dense (one native call costs less than the screen's bookkeeping); a larger
+# one with two rows or more is probed with its first row's float32 scores,
+# and past a band of _DENSE_BAND of that row's positions the screen costs
+# more than it saves (its float32 pass ~1, a pair's re-score ~3.5, the dense
+# re-score ~2.3 of a float32 score) and its rows go dense; a larger one-row
+# sequence is screened. _DENSE (None: choose) forces one way: the tests
 # compare the two.
-_PROBE_KEYS = 1024
+_DENSE_WORK = 1 << 22
 _DENSE_BAND = 0.35
 _DENSE: Optional[bool] = None
 
@@ -195,14 +198,16 @@ def indexer_check(
         g: Optional[np.ndarray] = None
         idx = np.flatnonzero(seq == s)
         step = len(idx) if whole is not None else max(1, _CHUNK_BYTES // (26 * max(1, hi - lo) + 16 * max(1, h * d)))
-        # Screened or dense (see _dense): a sequence with rows to spare is
-        # probed with its first row's float32 scores (_band_share); where
-        # the screen would re-score more than _DENSE_BAND of them, its rows
-        # skip it. Either way the same report.
+        # Screened or dense (see _dense and _DENSE_WORK): a small sequence
+        # goes dense, a larger one with rows to spare is probed with its
+        # first row's float32 scores (_band_share) and goes dense where the
+        # screen would re-score more than _DENSE_BAND of them. Either way
+        # the same report.
         dense = _DENSE
         if dense is None:
-            dense = len(idx) > 1 and hi - lo >= _PROBE_KEYS
-            if dense:
+            small = len(idx) * (hi - lo) * h * d < _DENSE_WORK
+            dense = small or len(idx) > 1
+            if dense and not small:
                 kk = topk if topk is not None else engine_rows.shape[1]
                 share = _band_share(
                     q_arr[idx[0]], w32[idx[0]], keys, pos[idx[0]], ksc, key_format, query_format, compress_ratio, kk
@@ -605,6 +610,9 @@ def _dense(
         wrong = (n_sel > 0) & (lens > n_sel) & ~(best <= worst)
         vac = (lens > k) & (top <= bottom)
         idx = np.flatnonzero(wrong)
+        if not len(idx):
+            none = np.zeros((0, len(keys)))
+            return idx, np.ones(0, dtype=bool), none, (none if user_rtol else None), vac
         both = ks._core._indexer_rescore_all(q[idx], w32[idx], keys, qpos[idx], **kw)
         return idx, np.ones(len(idx), dtype=bool), both[:, 0], (both[:, 1] if user_rtol else None), vac
     both = ks._core._indexer_rescore_all(q, w32, keys, qpos, **kw)
