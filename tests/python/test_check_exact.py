@@ -7,6 +7,7 @@ import pytest
 
 import kvselect as ks
 from kvselect import checking, reference
+from kvselect.checking import dense as dense_check
 from kvselect.checking import exact as exact_check
 
 IMPLS = ["native", "reference"]
@@ -20,9 +21,9 @@ def path(request, monkeypatch):
     row chooses (``_PROBE_KEYS`` lowered so these small sequences are
     probed)."""
     if request.param == "probed":
-        monkeypatch.setattr(exact_check, "_DENSE_WORK", 0)
+        monkeypatch.setattr(dense_check, "_DENSE_WORK", 0)
     else:
-        monkeypatch.setattr(exact_check, "_DENSE", request.param == "dense")
+        monkeypatch.setattr(dense_check, "_DENSE", request.param == "dense")
     return request.param
 
 
@@ -833,7 +834,7 @@ def test_the_dense_and_the_screened_check_give_the_same_report(seed, monkeypatch
             for atol, rtol in ((0.0, 0.0), (0.0, 2.0**-20), (1e-7, 0.0), (0.0, 2.0**-8)):
                 reports = []
                 for dense in (False, True):
-                    monkeypatch.setattr(exact_check, "_DENSE", dense)
+                    monkeypatch.setattr(dense_check, "_DENSE", dense)
                     reports.append(checking.check_indexer_topk(rows, q, w, k, p, topk, atol=atol, rtol=rtol, **kw))
                 a, b = reports
                 kinds.update(r for r, m in a["by_reason"].items() if m)
@@ -855,19 +856,19 @@ def test_the_probe_checks_low_contrast_rows_dense_and_ordinary_rows_screened(mon
     sequence is checked dense, an ordinary one screened, and a one-row
     sequence screened unprobed; below it, dense unprobed."""
     rng, q, w, low, ordinary, pos = _low_contrast(7, t=2048)
-    assert len(q) * 2048 * q.shape[1] * q.shape[2] < exact_check._DENSE_WORK
+    assert len(q) * 2048 * q.shape[1] * q.shape[2] < dense_check._DENSE_WORK
     seen = []
-    probe = exact_check._band_share
-    monkeypatch.setattr(exact_check, "_band_share", lambda *a, **k: seen.append("probe") or probe(*a, **k))
-    dense, screened = exact_check._dense, exact_check._rescore
-    monkeypatch.setattr(exact_check, "_dense", lambda *a, **k: seen.append("dense") or dense(*a, **k))
+    probe = dense_check._band_share
+    monkeypatch.setattr(dense_check, "_band_share", lambda *a, **k: seen.append("probe") or probe(*a, **k))
+    dense, screened = dense_check._dense, exact_check._rescore
+    monkeypatch.setattr(dense_check, "_dense", lambda *a, **k: seen.append("dense") or dense(*a, **k))
     monkeypatch.setattr(exact_check, "_rescore", lambda *a, **k: seen.append("screened") or screened(*a, **k))
     for k in (low, ordinary):
         seen.clear()
         rows = ks.indexer_topk(q, w, k, pos, 64)
         assert checking.check_indexer_topk(rows, q, w, k, pos, 64, atol=0, rtol=0)["wrong"] == 0
         assert set(seen) == {"dense"}
-    monkeypatch.setattr(exact_check, "_DENSE_WORK", 0)
+    monkeypatch.setattr(dense_check, "_DENSE_WORK", 0)
     for k, want in ((low, "dense"), (ordinary, "screened")):
         seen.clear()
         rows = ks.indexer_topk(q, w, k, pos, 64)

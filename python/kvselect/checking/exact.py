@@ -3,21 +3,23 @@
 :func:`check_indexer_topk` screens with the native float32 scores and a
 rigorous error bound, then re-scores only the candidate positions in
 float64 (every product of fp8/bf16/f16/f32 operands is exact there); see
-the package docs for the argument."""
+the package docs for the argument. Where the screen cannot decide (small
+sequences, low-contrast rows) every position is re-scored instead
+(:mod:`kvselect.checking.dense`): the same report either way."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
 import kvselect as ks
+import kvselect.checking.dense as _path
 from kvselect.checking._common import (
     _CHUNK_BYTES,
     _ETA32,
     _U32,
-    FILLERS,
     Dump,
     DumpError,
     _check_packing,
@@ -29,26 +31,13 @@ from kvselect.checking._common import (
     _tolerance_values,
     _topk_of,
     _vacuous_rows,
-    decode32,
 )
+from kvselect.checking._vet import _vet_api
 from kvselect.checking.family import DEFAULTS, check_indexer_family, family_options
 from kvselect.checking.report import Report
 
 # The float64 unit roundoff (``_U32``, ``_ETA32`` and ``_gamma`` are shared, in _common).
 _U64 = 2.0**-53
-
-# Which way a sequence's rows are checked (the same report either way): a
-# sequence of fewer than _DENSE_WORK multiply-adds (rows x keys x H x d) goes
-# dense (one native call costs less than the screen's bookkeeping); a larger
-# one with two rows or more is probed with its first row's float32 scores,
-# and past a band of _DENSE_BAND of that row's positions the screen costs
-# more than it saves (its float32 pass ~1, a pair's re-score ~3.5, the dense
-# re-score ~2.3 of a float32 score) and its rows go dense; a larger one-row
-# sequence is screened. _DENSE (None: choose) forces one way: the tests
-# compare the two.
-_DENSE_WORK = 1 << 22
-_DENSE_BAND = 0.35
-_DENSE: Optional[bool] = None
 
 
 def _f64_slack(d: int, h: int) -> float:
@@ -198,21 +187,21 @@ def indexer_check(
         g: Optional[np.ndarray] = None
         idx = np.flatnonzero(seq == s)
         step = len(idx) if whole is not None else max(1, _CHUNK_BYTES // (26 * max(1, hi - lo) + 16 * max(1, h * d)))
-        # Screened or dense (see _dense and _DENSE_WORK): a small sequence
+        # Screened or dense (see checking.dense): a small sequence
         # goes dense, a larger one with rows to spare is probed with its
         # first row's float32 scores (_band_share) and goes dense where the
         # screen would re-score more than _DENSE_BAND of them. Either way
         # the same report.
-        dense = _DENSE
+        dense = _path._DENSE
         if dense is None:
-            small = len(idx) * (hi - lo) * h * d < _DENSE_WORK
+            small = len(idx) * (hi - lo) * h * d < _path._DENSE_WORK
             dense = small or len(idx) > 1
             if dense and not small:
                 kk = topk if topk is not None else engine_rows.shape[1]
-                share = _band_share(
+                share = _path._band_share(
                     q_arr[idx[0]], w32[idx[0]], keys, pos[idx[0]], ksc, key_format, query_format, compress_ratio, kk
                 )
-                dense = share > _DENSE_BAND
+                dense = share > _path._DENSE_BAND
         for c0 in range(0, len(idx), step):
             sub = idx[c0 : c0 + step]
             lens = np.minimum((pos[sub] + 1) // compress_ratio, hi - lo)
@@ -221,7 +210,7 @@ def indexer_check(
             operands = (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format, pos[sub], compress_ratio)
             args = (engine_rows[sub], lens, topk, atol, rtol, layout, operands, rel, whole is not None, slack)
             if dense:
-                idx_, real, exact, mags, vac = _dense(*args)
+                idx_, real, exact, mags, vac = _path._dense(*args)
             else:
                 S = ks.indexer_scores(
                     q_arr[sub],
@@ -536,111 +525,6 @@ def _rescore(
         rs = at[np.flatnonzero(slow)]
         vac[slow] = _vacuous_rows(out[rs], mags[rs], lens[slow], k, atol, rtol)
     return idx, (wrong if not full else need)[idx], out, (mags if user_rtol or full else None), vac
-
-
-def _band_share(
-    q: np.ndarray,
-    w: np.ndarray,
-    keys: Any,
-    qpos: int,
-    ksc: Optional[np.ndarray],
-    key_format: Optional[str],
-    query_format: Optional[str],
-    ratio: int,
-    k: int,
-) -> float:
-    """About what share of one row's positions the float32 screen would
-    re-score: those whose float32 score lies within twice the bound
-    (``2 γ_{d+H+2}`` of the row's largest magnitude) of its ``k``-th
-    largest. A speed estimate only (it picks the path, not the report): one
-    row's float32 scores and magnitudes, no pass over every key's bound."""
-    h, d = q.shape
-    kw: Dict[str, Any] = dict(key_scale=ksc, key_format=key_format, query_format=query_format, compress_ratio=ratio)
-    one = (q[None], w[None], keys, np.array([qpos]))
-    L = min((int(qpos) + 1) // ratio, len(keys))
-    if L <= max(k, 0):
-        return 0.0
-    S = ks.indexer_scores(*one, **kw)[0, :L]
-    M = ks.indexer_magnitudes(*one, **kw)[0, :L]
-    with np.errstate(invalid="ignore", over="ignore"):
-        x = 4 * _gamma(d + h + 2) * float(np.max(M, initial=0.0))
-        theta = np.partition(S, L - k)[L - k]
-        return float(np.count_nonzero(np.abs(S - theta) <= x)) / L
-
-
-def _dense(
-    rows: np.ndarray,
-    lens: np.ndarray,
-    topk: Optional[int],
-    atol: float,
-    rtol: float,
-    layout: Any,
-    operands: tuple,
-    rel: Optional[np.ndarray] = None,
-    full: bool = False,
-    slack: float = 0.0,
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
-    """:func:`_rescore`'s result for a chunk of rows
-    whose every position is re-scored: no float32 screen, every score
-    computed in float64 at once with its magnitude
-    (``kvselect._core._indexer_rescore_all``: the same bits as the re-score
-    of a pair, each key decoded once per group of rows). Where
-    the screen leaves most positions in its band (low-contrast rows: every
-    score within the float32 bound of the others) this costs about what the
-    band's re-score alone would, and skips the screen and its bookkeeping.
-    The verdict, the reported rows and the vacuous test are
-    :func:`_rescore`'s, taken over every position rather than its
-    candidates: the same report."""
-    user_rtol, rtol = rtol, rtol + slack
-    q, w32, keys, ksc, _absc, _h, _d, query_format, key_format, qpos, ratio = operands
-    kw: Dict[str, Any] = dict(key_scale=ksc, key_format=key_format, query_format=query_format, compress_ratio=ratio)
-    k = _topk_of(rows, topk, layout)
-    if rel is None:
-        rel = layout.positions(rows) if layout is not None else np.asarray(rows, dtype=np.int64)
-    lens = np.asarray(lens, dtype=np.int64)
-    c = len(lens)
-    if not full:
-        # Each row's verdict and vacuous test folded natively as its scores
-        # come (_core._indexer_rescore_verdict: no [rows, keys] matrix is
-        # made); the scores of the wrong rows alone, which check_topk reports.
-        v = ks._core._indexer_rescore_verdict(
-            q, w32, keys, qpos, np.ascontiguousarray(rel, dtype=np.int64), atol=atol, rtol=rtol, **kw
-        )
-        best, worst, top, bottom, n_sel = v.T
-        wrong = (n_sel > 0) & (lens > n_sel) & ~(best <= worst)
-        vac = (lens > k) & (top <= bottom)
-        idx = np.flatnonzero(wrong)
-        if not len(idx):
-            none = np.zeros((0, len(keys)))
-            return idx, np.ones(0, dtype=bool), none, (none if user_rtol else None), vac
-        both = ks._core._indexer_rescore_all(q[idx], w32[idx], keys, qpos[idx], **kw)
-        return idx, np.ones(len(idx), dtype=bool), both[:, 0], (both[:, 1] if user_rtol else None), vac
-    both = ks._core._indexer_rescore_all(q, w32, keys, qpos, **kw)
-    ex, mg = both[:, 0], both[:, 1]
-    t = ex.shape[1]
-    ok = (rel >= 0) & (rel < lens[:, None])
-    sel = np.zeros((c, t), dtype=bool)
-    sel[np.broadcast_to(np.arange(c)[:, None], rel.shape)[ok], rel[ok]] = True
-    n_sel = np.count_nonzero(sel, axis=1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        # As the native verdict, here over the kept matrix. NaN marks
-        # exactly the positions past each row's length: the operands are
-        # finite (refused otherwise) and a float64 score of them cannot
-        # overflow (each term's size is below 2^512, and there are fewer
-        # than 2^64), so fmax / fmin skip it. e = atol + rtol m as
-        # check_topk takes it (m >= 0); each row's s - e and s + e give the
-        # verdict (best unselected against worst selected) and the vacuous
-        # test (_vacuous_rows: top against bottom) alike.
-        e = mg * rtol
-        e += atol
-        lo = ex - e
-        up = np.add(ex, e, out=e)
-        best = np.fmax.reduce(lo, axis=1, where=~sel, initial=-np.inf)
-        worst = np.fmin.reduce(up, axis=1, where=sel, initial=np.inf)
-        top = np.fmax.reduce(lo, axis=1, initial=-np.inf)
-        bottom = np.fmin.reduce(up, axis=1, initial=np.inf)
-    vac = (lens > k) & (top <= bottom)
-    return np.arange(c), np.ones(c, dtype=bool), ex, mg, vac
 
 
 def _screen_row(
@@ -983,119 +867,6 @@ def check_indexer_topk(
         filler=filler,
         compress_ratio=compress_ratio,
     )
-
-
-def _non_finite(name: str, a: np.ndarray) -> None:
-    """Refuses a non-finite entry of operand ``name`` (float32 values),
-    naming its index, as a dump's check does."""
-    bad = ~np.isfinite(a)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise _refused(
-            name,
-            f"{name}[{', '.join(map(str, at))}] is {a[at]}: the exact scores of a "
-            f"non-finite {name} are undefined, so the rows cannot be checked",
-        )
-
-
-# The exponent (and, for e4m3fn, mantissa) bits that make a code non-finite:
-# inf / NaN in bfloat16 and float16, NaN (0x7F / 0xFF) in float8_e4m3fn.
-_NON_FINITE_BITS = {"bfloat16": (np.uint16, 0x7F80), "float16": (np.uint16, 0x7C00), "float8_e4m3fn": (np.uint8, 0x7F)}
-
-
-def _finite_codes(k: np.ndarray, fmt: Optional[str]) -> bool:
-    """Whether ``k`` holds bfloat16 / float16 / float8_e4m3fn codes (raw
-    bits with ``fmt``, or ml_dtypes values), every one finite, read on the
-    bits; False for any other array (then decoded and tested)."""
-    name = fmt if fmt is not None else k.dtype.name
-    if name not in _NON_FINITE_BITS or (fmt is not None and k.dtype.kind not in "ui"):
-        return False
-    dtype, mask = _NON_FINITE_BITS[name]
-    if k.dtype.itemsize != np.dtype(dtype).itemsize:
-        return False
-    bits = k.view(dtype)
-    return not bool(((bits & dtype(mask)) == dtype(mask)).any())
-
-
-def _integers(name: str, a: Any) -> None:
-    """An index argument holds integers (a float one is a TypeError, never truncated)."""
-    if isinstance(a, bool) or not isinstance(a, (int, np.integer)) and np.asarray(a).dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got {np.asarray(a).dtype}")
-
-
-def _vet_api(
-    rows: Any,
-    index_q: Any,
-    weights: Any,
-    index_k: Any,
-    query_pos: Any,
-    topk: Any,
-    key_scale: Any,
-    key_format: Optional[str],
-    query_format: Optional[str],
-    cu_seqlens: Any,
-    seq_ids: Any,
-    kv_cache: Any,
-    block_table: Any,
-    seq_lens: Any,
-    page_layout: str,
-    filler: str,
-) -> None:
-    """:func:`check_indexer_topk`'s arguments judged before any work, each
-    refusal naming the argument as the native functions do: shapes against
-    ``rows`` and the keys, integer index arrays, finite operands (the exact
-    score of a non-finite one is undefined), ``topk`` and ``filler``."""
-    if filler not in FILLERS:
-        raise _refused("filler", f"filler must be one of {', '.join(map(repr, FILLERS))}, got {filler!r}")
-    if topk is not None:
-        if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)):
-            raise TypeError(f"topk must be an integer, got {type(topk).__name__}")
-        if topk < 1:
-            raise _refused("topk", f"topk must be at least 1, got {topk}")
-    if kv_cache is None:
-        for name, v in (("block_table", block_table), ("seq_lens", seq_lens)):
-            if v is not None:
-                raise _refused(
-                    name, f"{name} without kv_cache: a paged cache is kv_cache with block_table, seq_lens and seq_ids"
-                )
-        if page_layout != "dense":
-            raise _refused("page_layout", f"page_layout={page_layout!r} without kv_cache")
-        if seq_ids is not None and cu_seqlens is None:
-            raise _refused("seq_ids", "seq_ids without cu_seqlens: a packed batch is cu_seqlens with seq_ids")
-    _integers("query_pos", query_pos)
-    for name, v in (("seq_ids", seq_ids), ("cu_seqlens", cu_seqlens)):
-        if v is not None:
-            _integers(name, v)
-    n = len(np.asarray(rows)) if np.ndim(rows) else 0
-    q = np.asarray(index_q)
-    if q.ndim == 3:
-        h = q.shape[1]
-        if weights is not None and np.shape(weights) != (n, h):
-            raise _refused("weights", f"weights must be [n_queries={n}, H={h}], got {list(np.shape(weights))}")
-        _non_finite("index_q", decode32(q, query_format) if q.dtype.kind in "fV" or query_format else q)
-    if weights is not None:
-        _non_finite("weights", np.asarray(weights, dtype=np.float32))
-    if index_k is not None:
-        k = np.asarray(index_k)
-        if key_scale is not None and np.ndim(key_scale) != 0 and np.shape(key_scale) != (len(k),):
-            raise _refused(
-                "key_scale", f"key_scale must be [n_keys={len(k)}] or one number, got {list(np.shape(key_scale))}"
-            )
-        step = max(1, (16 << 20) // max(1, k[:1].size * 4))
-        # Finite codes read on their bits, no decode; any other case (or a
-        # non-finite code, to report it) decoded a chunk at a time.
-        for t0 in range(0, 0 if _finite_codes(k, key_format) else len(k), step):
-            part = decode32(k[t0 : t0 + step], key_format)
-            bad = ~np.isfinite(part)
-            if bad.any():
-                t, i = (int(x) for x in np.argwhere(bad)[0][:2])
-                raise _refused(
-                    "index_k",
-                    f"index_k[{t0 + t}, {i}] is {part[t, i]}: the exact scores of a "
-                    f"non-finite index_k are undefined, so the rows cannot be checked",
-                )
-    if key_scale is not None:
-        _non_finite("key_scale", np.atleast_1d(np.asarray(key_scale, dtype=np.float32)))
 
 
 def _api_paged_keys(
