@@ -110,7 +110,7 @@ impl Stream<'_> {
 /// after the step (they are in L1 then): a pass over the keys after the
 /// kernel would read a decode's keys from memory a second time, as the
 /// one before it did (a task's run of in-place keys, megabytes, is far
-/// larger than L2; 28% of a float32 decode on Zen 3). A max over codes, so
+/// larger than L2; 27% of a float32 decode on Zen 3). A max over codes, so
 /// it is the value [`exact::abs_max`] gives the same keys, however they
 /// are split.
 ///
