@@ -8,9 +8,12 @@ bound of the others) the band is every position, and the screen costs more
 than it decides: here every score is computed in float64 at once, with its
 magnitude, by the same native kernel the screened path re-scores its band
 with (the same bits), and each row's verdict and vacuous test are folded
-natively as the scores come. Which path a sequence takes changes no report
-(the tests compare the two): it is a speed choice, made by size and by a
-probe of the sequence's first row.
+natively as the scores come. Which path a sequence takes changes no
+verdict, margin, threshold, count past the line or vacuous row (both paths
+are exact; the tests compare them); only the listed positions of a wrong
+row can differ, where the screened path lists some by their float32 scores
+and this one lists every position by its exact one. It is a speed choice,
+made by size and by a probe of the sequence's first row.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 import kvselect as ks
 from kvselect.checking._common import _gamma, _topk_of
 
-# Which way a sequence's rows are checked (the same report either way): a
+# Which way a sequence's rows are checked (the same verdicts either way): a
 # sequence of fewer than _DENSE_WORK multiply-adds (rows x keys x H x d) goes
 # dense (one native call costs less than the screen's bookkeeping); a larger
 # one with two rows or more is probed with its first row's float32 scores,
@@ -79,16 +82,18 @@ def _dense(
     slack: float = 0.0,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
     """:func:`_rescore`'s result for a chunk of rows
-    whose every position is re-scored: no float32 screen, every score
-    computed in float64 at once with its magnitude
-    (``kvselect._core._indexer_rescore_all``: the same bits as the re-score
-    of a pair, each key decoded once per group of rows). Where
-    the screen leaves most positions in its band (low-contrast rows: every
-    score within the float32 bound of the others) this costs about what the
-    band's re-score alone would, and skips the screen and its bookkeeping.
-    The verdict, the reported rows and the vacuous test are
-    :func:`_rescore`'s, taken over every position rather than its
-    candidates: the same report."""
+    whose every position is re-scored: no float32 screen. Each row's
+    verdict and vacuous test are folded natively from every float64 score
+    and magnitude (``kvselect._core._indexer_rescore_verdict``: the same
+    bits as the re-score of a pair, each key decoded once per group of
+    rows), no score kept; the wrong rows' scores are then made
+    (``_indexer_rescore_all``) for their report, and with ``full`` (one
+    piece through ``GlobalSlots``) every row's. Where the screen leaves most
+    positions in its band (low-contrast rows: every score within the
+    float32 bound of the others) this costs less than the band's re-score
+    alone, and skips the screen and its bookkeeping. The verdict, the
+    reported rows and the vacuous test are :func:`_rescore`'s, taken over
+    every position rather than its candidates."""
     user_rtol, rtol = rtol, rtol + slack
     q, w32, keys, ksc, _absc, _h, _d, query_format, key_format, qpos, ratio = operands
     kw: Dict[str, Any] = dict(key_scale=ksc, key_format=key_format, query_format=query_format, compress_ratio=ratio)

@@ -5,7 +5,7 @@ rigorous error bound, then re-scores only the candidate positions in
 float64 (every product of fp8/bf16/f16/f32 operands is exact there); see
 the package docs for the argument. Where the screen cannot decide (small
 sequences, low-contrast rows) every position is re-scored instead
-(:mod:`kvselect.checking.dense`): the same report either way."""
+(:mod:`kvselect.checking.dense`): the same verdicts either way."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def indexer_check(
         # goes dense, a larger one with rows to spare is probed with its
         # first row's float32 scores (_band_share) and goes dense where the
         # screen would re-score more than _DENSE_BAND of them. Either way
-        # the same report.
+        # the same verdicts.
         dense = _path._DENSE
         if dense is None:
             small = len(idx) * (hi - lo) * h * d < _path._DENSE_WORK
@@ -800,9 +800,19 @@ def check_indexer_topk(
       per row near its line; more on the wrong rows, which are screened
       again one by one). The re-score is native
       (``kvselect._core._indexer_rescore``: the exact selection's float64
-      kernel, every product exact, the same bits at every SIMD level), so on
-      low-contrast rows, where the float32 bound leaves every position a
-      candidate, the check costs about what the exact selection does.
+      kernel, every product exact, the same bits at every SIMD level).
+    - **Where the screen cannot decide.** On low-contrast rows the float32
+      bound leaves every position a candidate, and the screen costs more
+      than it saves: a sequence whose first row's screen would re-score
+      more than a third of its positions (or any sequence under ``2^22``
+      multiply-adds) is checked dense instead (:mod:`kvselect.checking.dense`):
+      one native pass computes every position's float64 score and magnitude
+      with the same kernel and folds each row's verdict and vacuous test as
+      they come, and a wrong row is reported from its float64 scores. The
+      verdicts, margins, thresholds, counts past the line and vacuous rows
+      are the screened path's (both are exact); the listed positions of a
+      wrong row are then exact too (the screened path lists some by their
+      float32 scores, above).
     """
     p = _precision(precision, lambda message: _refused("precision", message))
     atol_, rtol_ = (float(x) for x in _tolerance_values(p, atol, rtol))
