@@ -715,10 +715,9 @@ pub(super) fn refine<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     }
     let mut exact = vec![0.0f64; band.len()];
     rescore.run(&band, &mut exact);
-    let mut order: Vec<usize> = (0..band.len()).collect();
-    order.sort_unstable_by_key(|&j| std::cmp::Reverse(rank64(exact[j], band[j])));
     // The band's best fill the rest, merged into the float32 order.
     let need = take - kept.len();
+    let order = best_of_band(band.len(), need, |j| rank64(exact[j], band[j]));
     let mut chosen: Vec<u64> = order[..need]
         .iter()
         .map(|&j| candidate(row.score(band[j]), band[j]))
@@ -735,6 +734,18 @@ pub(super) fn refine<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
             j += 1;
         }
     }
+}
+
+/// The indices `0 .. n` with the `need` largest keys first (in no order
+/// among themselves; `key` is one-to-one, so they are one set): a partial
+/// selection, not a sort — on a low-contrast row the band is every position,
+/// and sorting it cost more than re-scoring it.
+fn best_of_band<O: Ord>(n: usize, need: usize, key: impl Fn(usize) -> O) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    if need > 0 && need < n {
+        order.select_nth_unstable_by_key(need - 1, |&j| std::cmp::Reverse(key(j)));
+    }
+    order
 }
 
 /// A block's float32 max-pool score: the largest of its entries' scores
@@ -894,9 +905,8 @@ fn refine_blocks<K, I, V>(
             v + 0.0
         })
         .collect();
-    let mut order: Vec<usize> = (0..band.len()).collect();
-    order.sort_unstable_by_key(|&j| std::cmp::Reverse(rank64(values[j], band[j])));
     let need = take - kept.len();
+    let order = best_of_band(band.len(), need, |j| rank64(values[j], band[j]));
     let float32 = |b: usize| block_score(score, entries(b).map(|t| row.score(t)));
     let mut chosen: Vec<u64> = order[..need]
         .iter()
