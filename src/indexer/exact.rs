@@ -276,11 +276,16 @@ impl Sink for Verdict<'_> {
             unreachable!("a verdict row holds 5 values")
         };
         // In registers for the block; a comparison rather than `min` /
-        // `max` (no NaN comes: the operands are finite, and so is every
-        // float64 score of them), and which of two zeros is kept decides no
-        // comparison of the verdict.
+        // `max`, and which of two zeros is kept decides no comparison of
+        // the verdict. A NaN score (only a NaN or infinite operand makes
+        // one) makes the row wrong and not vacuous, so that its caller
+        // reports it from its scores rather than passing it.
         let (mut b, mut w, mut tp, mut bt) = (*best, *worst, *top, *bottom);
         for (j, (&s, &m)) in scores.iter().zip(mags).enumerate() {
+            if s.is_nan() {
+                (b, tp, bt) = (f64::INFINITY, f64::INFINITY, f64::NEG_INFINITY);
+                continue;
+            }
             let t = b0 + j;
             let e = self.atol + self.rtol * m;
             let (lo, up) = (s - e, s + e);

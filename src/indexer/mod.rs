@@ -567,7 +567,9 @@ pub fn indexer_rescore_all_into(
 /// selection is `positions[i * width ..][..width]`; entries outside its
 /// context (`-1` padding among them) select nothing. A NaN score (only a
 /// NaN or infinite operand makes one: finite operands' float64 scores are
-/// finite) is skipped; the exact check refuses such operands first.
+/// finite) makes its row's best unselected `+inf` and its extremes `±inf`
+/// the other way round (wrong, not vacuous: judged from its scores); the
+/// exact check refuses such operands first.
 ///
 /// Refuses, before writing anything, the inputs [`indexer_topk_into`]
 /// refuses, `positions` of another length than `n_queries × width`, a

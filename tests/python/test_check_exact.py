@@ -511,6 +511,8 @@ def test_a_non_finite_operand_is_refused_naming_it_before_any_work(name):
         ("float16", False, 0xFE00),  # NaN
         ("float8_e4m3fn", True, 0xFF),  # NaN
         ("float8_e4m3fn", False, 0x7F),  # NaN
+        ("bfloat16", "swapped", 0x7FC0),  # NaN, big-endian raw bits
+        ("float16", "swapped", 0x7C00),  # inf, big-endian float16
     ],
 )
 def test_a_non_finite_key_code_is_refused_naming_its_place(fmt, raw, code):
@@ -524,13 +526,16 @@ def test_a_non_finite_key_code_is_refused_naming_its_place(fmt, raw, code):
     bits = np.uint8 if fmt == "float8_e4m3fn" else np.uint16
     keys = (k / 8).astype(dtype).view(bits)
     keys[0, 0] = {np.uint8: 0x7E, np.uint16: 0x7F7F if fmt == "bfloat16" else 0x7BFF}[bits]  # largest finite
-    kw = dict(key_format=fmt) if raw else {}
-    as_given = keys if raw else keys.view(dtype)
+    kw = dict(key_format=fmt) if raw is True else {}
+    as_given = keys if raw is True else keys.view(dtype)
     assert (
         checking.check_indexer_topk(ks.indexer_topk(q, w, as_given, pos, 3, **kw), q, w, as_given, pos, **kw)["wrong"]
         == 0
     )
     keys[5, 2] = code
+    if raw == "swapped":  # the same values, their bytes the other way round
+        kw = dict(key_format=fmt) if fmt == "bfloat16" else {}
+        as_given = keys.astype(">u2") if fmt == "bfloat16" else keys.view(dtype).astype(">f2")
     with pytest.raises(ks.SelectionError) as e:
         checking.check_indexer_topk(rows, q, w, as_given, pos, **kw)
     assert e.value.argument == "index_k" and "index_k[5, 2]" in str(e.value)
@@ -777,6 +782,19 @@ def test_the_native_verdict_folds_the_dense_scores_as_numpy_does(fmt):
                 chosen.sum(),
             ]
             assert got[i].tolist() == want, (i, atol, rtol)
+    # A NaN score (the native pass takes a NaN key; the check refuses one
+    # first) makes its row wrong and not vacuous, never skipped.
+    k_nan = np.array(k, copy=True)
+    if fmt == "fp8":
+        k_nan.view(np.uint8)[4, 0] = 0x7F
+    else:
+        k_nan[4, 0] = np.nan
+    got = ks._core._indexer_rescore_verdict(q, w, k_nan, pos, positions, atol=0.0, rtol=0.0, key_scale=c)
+    plain = ks._core._indexer_rescore_verdict(q, w, k, pos, positions, atol=0.0, rtol=0.0, key_scale=c)
+    sees = lens > 4
+    assert sees.any() and not sees.all()
+    assert np.all(got[sees, 0] == np.inf) and np.all(got[sees, 2] == np.inf) and np.all(got[sees, 3] == -np.inf)
+    assert np.array_equal(got[~sees], plain[~sees])
     for bad, name in (
         (dict(positions=positions[:, :, None]), "positions"),
         (dict(positions=positions[1:]), "positions"),
@@ -814,22 +832,29 @@ def _broken(rng, rows, t):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_dense_and_the_screened_check_give_the_same_report(seed, monkeypatch):
-    """The same report (verdicts, reasons, details, margins, vacuous rows) by
-    either path, on low-contrast and ordinary keys, right and broken rows,
-    every tolerance kind, single-sequence and packed."""
+    """The same report, entry for entry (verdicts, reasons, every problem
+    with its listed positions and their scores, margins, thresholds, vacuous
+    rows) by either path, on low-contrast and ordinary keys (float32; fp8
+    with per-key scales; compressed entries), right and broken rows, every
+    tolerance kind, single-sequence and packed."""
+    import ml_dtypes
+
     rng, q, w, low, ordinary, pos = _low_contrast(seed)
     topk = 40
     kinds = set()
-    for k in (low, ordinary):
+    scale = (np.abs(ordinary).max(axis=1) / 448).astype(np.float32)
+    fp8 = (ordinary / scale[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    for k, c, ratio in ((low, None, 1), (ordinary, None, 1), (fp8, scale, 1), (low, None, 3)):
         t = len(k)
-        right = ks.indexer_topk(q, w, k, pos, topk).astype(np.int64)
+        one = dict(key_scale=c, compress_ratio=ratio)
+        right = ks.indexer_topk(q, w, k, pos, topk, **one).astype(np.int64)
         cu, seq = np.array([0, 700, t]), np.array([0, 1, 1, 0, 1, 0])
         ppos = np.array([rng.integers(0, (cu[s + 1] - cu[s]) + 3) for s in seq])
-        packed_rows = ks.indexer_topk_packed(q, w, k, cu, seq, ppos, topk).astype(np.int64)
+        packed_rows = ks.indexer_topk_packed(q, w, k, cu, seq, ppos, topk, key_scale=c).astype(np.int64)
         for rows, kw, p in (
-            (right, {}, pos),
-            (_broken(rng, right, t), {}, pos),
-            (_broken(rng, packed_rows, 700), dict(cu_seqlens=cu, seq_ids=seq), ppos),
+            (right, one, pos),
+            (_broken(rng, right, t // ratio), one, pos),
+            (_broken(rng, packed_rows, 700), dict(cu_seqlens=cu, seq_ids=seq, key_scale=c), ppos),
         ):
             for atol, rtol in ((0.0, 0.0), (0.0, 2.0**-20), (1e-7, 0.0), (0.0, 2.0**-8)):
                 reports = []
@@ -839,16 +864,34 @@ def test_the_dense_and_the_screened_check_give_the_same_report(seed, monkeypatch
                 a, b = reports
                 kinds.update(r for r, m in a["by_reason"].items() if m)
                 kinds.update(["vacuous"] * (a["vacuous"] > 0))
-                why = (seed, atol, rtol, kw != {})
+                why = (seed, atol, rtol, kw)
                 assert (a["correct"], a["wrong"], a["vacuous"], a["by_reason"]) == (
                     b["correct"],
                     b["wrong"],
                     b["vacuous"],
                     b["by_reason"],
                 ), why
-                assert [x["row"] for x in a["details"]] == [x["row"] for x in b["details"]], why
-                assert _line(a) == _line(b), why
+                assert a["details"] == b["details"], why
     assert {"wrong_selection", "duplicate", "not_causal", "vacuous"} <= kinds  # the reports differ in kind
+
+
+def test_a_wrong_rows_listed_scores_are_exact_on_either_path(monkeypatch):
+    """A wrong row lists its dropped positions with their float64 scores,
+    not float32 ones, on either path: keys 3, 2, 2 + 1e-8, 1, 1 and zeros,
+    the five zeros selected (the float32 score of key 2 + 1e-8 ties key 1's
+    2.0; its exact one is above it, so it lists first)."""
+    q = np.array([[[1.0, 1e-8]]], np.float32)
+    w = np.ones((1, 1), np.float32)
+    k = np.zeros((10, 2), np.float32)
+    k[:5, 0] = [3, 2, 2, 1, 1]
+    k[2, 1] = 1
+    rows = np.arange(5, 10)[None]
+    exact = 2 + np.float64(np.float32(1e-8))
+    for dense in (False, True):
+        monkeypatch.setattr(dense_check, "_DENSE", dense)
+        r = checking.check_indexer_topk(rows, q, w, k, [9], 5, atol=0, rtol=0)
+        (problem,) = r["details"][0]["problems"]
+        assert problem["dropped"][:3] == [(0, 3.0), (2, exact), (1, 2.0)], dense
 
 
 def test_the_probe_checks_low_contrast_rows_dense_and_ordinary_rows_screened(monkeypatch):

@@ -32,11 +32,12 @@ _NON_FINITE_BITS = {"bfloat16": (np.uint16, 0x7F80), "float16": (np.uint16, 0x7C
 
 def _finite_codes(k: np.ndarray, fmt: Optional[str]) -> bool:
     """Whether ``k`` holds bfloat16 / float16 / float8_e4m3fn codes (raw
-    bits with ``fmt``, or ml_dtypes values), every one finite, read on the
-    bits; False for any other array (then decoded and tested)."""
+    bits with ``fmt``, or ml_dtypes values) in native byte order, every one
+    finite, read on the bits; False for any other array (then decoded and
+    tested)."""
     name = fmt if fmt is not None else k.dtype.name
-    if name not in _NON_FINITE_BITS or (fmt is not None and k.dtype.kind not in "ui"):
-        return False
+    if name not in _NON_FINITE_BITS or (fmt is not None and k.dtype.kind not in "ui") or not k.dtype.isnative:
+        return False  # (a byte-swapped array's bits are not its codes)
     dtype, mask = _NON_FINITE_BITS[name]
     if k.dtype.itemsize != np.dtype(dtype).itemsize:
         return False

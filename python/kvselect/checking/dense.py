@@ -8,11 +8,9 @@ bound of the others) the band is every position, and the screen costs more
 than it decides: here every score is computed in float64 at once, with its
 magnitude, by the same native kernel the screened path re-scores its band
 with (the same bits), and each row's verdict and vacuous test are folded
-natively as the scores come. Which path a sequence takes changes no
-verdict, margin, threshold, count past the line or vacuous row (both paths
-are exact; the tests compare them); only the listed positions of a wrong
-row can differ, where the screened path lists some by their float32 scores
-and this one lists every position by its exact one. It is a speed choice,
+natively as the scores come. Which path a sequence takes changes nothing
+in the report (both are exact, and both report a wrong row from every
+position's float64 score; the tests compare them): it is a speed choice,
 made by size and by a probe of the sequence's first row.
 """
 
@@ -25,7 +23,7 @@ import numpy as np
 import kvselect as ks
 from kvselect.checking._common import _gamma, _topk_of
 
-# Which way a sequence's rows are checked (the same verdicts either way): a
+# Which way a sequence's rows are checked (the same report either way): a
 # sequence of fewer than _DENSE_WORK multiply-adds (rows x keys x H x d) goes
 # dense (one native call costs less than the screen's bookkeeping); a larger
 # one with two rows or more is probed with its first row's float32 scores,
@@ -120,27 +118,17 @@ def _dense(
         return idx, np.ones(len(idx), dtype=bool), both[:, 0], (both[:, 1] if user_rtol else None), vac
     both = ks._core._indexer_rescore_all(q, w32, keys, qpos, **kw)
     ex, mg = both[:, 0], both[:, 1]
-    t = ex.shape[1]
-    ok = (rel >= 0) & (rel < lens[:, None])
-    sel = np.zeros((c, t), dtype=bool)
-    sel[np.broadcast_to(np.arange(c)[:, None], rel.shape)[ok], rel[ok]] = True
-    n_sel = np.count_nonzero(sel, axis=1)
     with np.errstate(invalid="ignore", over="ignore"):
-        # As the native verdict, here over the kept matrix. NaN marks
-        # exactly the positions past each row's length: the operands are
-        # finite (refused otherwise) and a float64 score of them cannot
-        # overflow (each term's size is below 2^512, and there are fewer
-        # than 2^64), so fmax / fmin skip it. e = atol + rtol m as
-        # check_topk takes it (m >= 0); each row's s - e and s + e give the
-        # verdict (best unselected against worst selected) and the vacuous
-        # test (_vacuous_rows: top against bottom) alike.
+        # The vacuous test as the native fold takes it, here over the kept
+        # matrix (the whole batch's verdict is check_topk's, in one piece).
+        # NaN marks exactly the positions past each row's length: the
+        # operands are finite (refused otherwise) and a float64 score of
+        # them cannot overflow (each term's size is below 2^512, and there
+        # are fewer than 2^64), so fmax / fmin skip it. e = atol + rtol m
+        # as check_topk takes it (m >= 0).
         e = mg * rtol
         e += atol
-        lo = ex - e
-        up = np.add(ex, e, out=e)
-        best = np.fmax.reduce(lo, axis=1, where=~sel, initial=-np.inf)
-        worst = np.fmin.reduce(up, axis=1, where=sel, initial=np.inf)
-        top = np.fmax.reduce(lo, axis=1, initial=-np.inf)
-        bottom = np.fmin.reduce(up, axis=1, initial=np.inf)
+        top = np.fmax.reduce(ex - e, axis=1, initial=-np.inf)
+        bottom = np.fmin.reduce(np.add(ex, e, out=e), axis=1, initial=np.inf)
     vac = (lens > k) & (top <= bottom)
     return np.arange(c), np.ones(c, dtype=bool), ex, mg, vac

@@ -5,7 +5,7 @@ rigorous error bound, then re-scores only the candidate positions in
 float64 (every product of fp8/bf16/f16/f32 operands is exact there); see
 the package docs for the argument. Where the screen cannot decide (small
 sequences, low-contrast rows) every position is re-scored instead
-(:mod:`kvselect.checking.dense`): the same verdicts either way."""
+(:mod:`kvselect.checking.dense`): the same report either way."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def indexer_check(
         # goes dense, a larger one with rows to spare is probed with its
         # first row's float32 scores (_band_share) and goes dense where the
         # screen would re-score more than _DENSE_BAND of them. Either way
-        # the same verdicts.
+        # the same report.
         dense = _path._DENSE
         if dense is None:
             small = len(idx) * (hi - lo) * h * d < _path._DENSE_WORK
@@ -431,19 +431,17 @@ def _rescore(
     cs_all = None if ksc is None else np.asarray(ksc, dtype=np.float32).astype(f64)
 
     def rescore(
-        pr_parts: List[np.ndarray], pt_parts: List[np.ndarray], done: Optional[np.ndarray] = None
+        pr_parts: List[np.ndarray], pt_parts: List[np.ndarray]
     ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Re-score the (row, position) pairs not ``done`` in float64 (every
-        product of the decoded operands exact; one decode of their distinct
-        keys): the pairs (``row * t + position``, row, position), their
-        scores and magnitudes."""
+        """Re-score the (row, position) pairs in float64 (every product of
+        the decoded operands exact; one decode of their distinct keys): the
+        pairs (``row * t + position``, row, position), their scores and
+        magnitudes."""
         # The distinct pairs, sorted, through a mask of the chunk's [c, t]
         # pairs (a hash or a sort of some 10^5 pairs costs more).
         mark = np.zeros(c * t, dtype=bool)
         for p, q_ in zip(pr_parts, pt_parts):
             mark[np.asarray(p, dtype=np.int64) * t + np.asarray(q_, dtype=np.int64)] = True
-        if done is not None:
-            mark[done] = False
         u = np.flatnonzero(mark)
         pr, pt = u // t, u % t
         # The scores natively (the exact selection's float64 re-score: the
@@ -489,25 +487,6 @@ def _rescore(
         worst = np.full(c, np.inf)
         np.minimum.at(worst, pr[is_sel], (ex + e)[is_sel])
     wrong = has_both & (~fin | ~(best <= worst))
-    if wrong.any():  # the wrong rows' threshold and counts past the line
-        pr_parts, pt_parts = [], []
-        for i in np.flatnonzero(wrong):
-            ts = _screen_row(
-                S[i, : int(lens[i])],
-                g[: int(lens[i])],
-                float(A[i]),
-                float(delta[i]),
-                gam,
-                rel[i][ok[i]],
-                k,
-                atol,
-                rtol,
-                (float(best[i]), float(worst[i])),
-            )
-            pr_parts.append(np.full(len(ts), i, dtype=np.int64))
-            pt_parts.append(ts)
-        more = rescore(pr_parts, pt_parts, done)
-        pr, pt, ex, mg = (np.concatenate([x, y]) for x, y in zip((pr, pt, ex, mg), more[1:]))
     # The float64 scores (and magnitudes) of the rows whose values matter:
     # the wrong ones' (check_topk reports their line) and the vacuous test's
     # undecided ones; every row with ``full``.
@@ -521,6 +500,23 @@ def _rescore(
     out[at[pr[mine]], pt[mine]] = ex[mine]
     if mags is not None:
         mags[at[pr[mine]], pt[mine]] = mg[mine]
+    wi = np.flatnonzero(wrong)
+    if len(wi):
+        # A wrong row's every score and magnitude in float64 (the dense
+        # path's pass): its report (threshold, counts past the line, the
+        # positions listed and their scores) is then exact throughout.
+        both = ks._core._indexer_rescore_all(
+            q[wi],
+            w32[wi],
+            keys_,
+            qpos[wi],
+            key_scale=ksc,
+            key_format=key_format,
+            query_format=query_format,
+            compress_ratio=ratio,
+        )
+        out[at[wi]] = both[:, 0]
+        mags[at[wi]] = both[:, 1]
     if slow.any():
         rs = at[np.flatnonzero(slow)]
         vac[slow] = _vacuous_rows(out[rs], mags[rs], lens[slow], k, atol, rtol)
@@ -537,15 +533,12 @@ def _screen_row(
     k: int,
     atol: float,
     rtol: float,
-    line: Optional[Tuple[float, float]] = None,
 ) -> np.ndarray:
     """One row's candidates (positions), screened in float64 (``S`` and
-    ``g`` the row's ``L`` positions'). Without ``line``: a row the chunk's
-    screen left undecided as to vacuity, or with a non-finite score or
-    operand: its best unselected and worst selected candidates and the
-    vacuous test's extremes. With ``line`` (the exact best unselected ``s -
-    e`` and worst selected ``s + e`` of a wrong row): the threshold band and
-    the positions whose side of the line the bounds leave open."""
+    ``g`` the row's ``L`` positions'): a row the chunk's screen left
+    undecided as to vacuity, or with a non-finite score or operand: its
+    best unselected and worst selected candidates and the vacuous test's
+    extremes."""
     L = len(S)
     s = S.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -560,17 +553,6 @@ def _screen_row(
     sel[selected] = True
     uns = ~sel
     cand = bad.copy()
-    if line is not None:
-        if bad.any():
-            cand[:] = True
-        else:
-            best, worst = line
-            want = min(k, L)
-            theta = np.partition(s, L - want)[L - want]
-            cand |= np.abs(s - theta) <= E + 2 * E.max()
-            cand |= uns & (up_m >= worst) & (lo_m <= worst)
-            cand |= sel & (up_p >= best) & (lo_p <= best)
-        return np.flatnonzero(cand)
     if sel.any() and uns.any():
         cand |= uns & (up_m >= lo_m[uns].max())
         cand |= sel & (lo_p <= up_p[sel].min())
@@ -766,41 +748,33 @@ def check_indexer_topk(
       above some upper end of an ``s + e``: not vacuous; every upper end of
       ``s - e`` at most every lower end of ``s + e``: vacuous), the positions
       that can be those extremes, by the same rule over all positions, join.
-      On a row the re-scored candidates show wrong: every ``t`` with ``|S_t -
-      θ32| <= E_t + 2 max E`` (``θ32`` the float32 ``min(topk, L)``-th best;
-      the exact threshold is within ``max E`` of it), and every position
-      whose side of the line its interval leaves open (an unselected ``b``
-      whose ``s_b - e_b`` interval holds the exact worst ``s_a + e_a``, a
-      selected ``a`` whose ``s_a + e_a`` interval holds the exact best ``s_b
-      - e_b``). A non-finite score or operand is always re-scored (the whole
-      row when it may be wrong). The candidates are re-scored in float64,
-      where every product of float32 / bfloat16 / float16 / fp8 operands is
-      exact: the score and ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|``.
+      A non-finite score or operand is always re-scored. The candidates are
+      re-scored in float64, where every product of float32 / bfloat16 /
+      float16 / fp8 operands is exact: the score and ``|c_t| Σ_h |w_h| Σ_i
+      |q_hi k_ti|``. A row the re-scored candidates show wrong (or that may
+      be, a non-finite score in it) is then re-scored whole, every position.
     - **Why the result is exact.** A non-candidate's value as the check
       sees it (``S_t``, and ``e_t`` from ``M'_t``) lies in the same interval
       as its exact one, and that interval lies strictly on the losing side of
       an extreme a candidate holds: so the best unselected ``s - e``, the
       worst selected ``s + e`` and the vacuous test's maximum and minimum are
       the exact scores' — the verdict, the margin and the vacuous count are
-      exact. On a wrong row the threshold is exact (every position near it is
-      exact, every other on the same side of it either way), and so are
-      ``n_dropped`` and ``n_intruders`` (every position whose count the
-      bounds leave open is exact). Not exact: the listed scores of
-      non-candidates in ``dropped`` / ``intruders`` (their float32 values),
-      and so their order, and which are listed when there are more than the
-      list holds. A row the candidates show exactly right is checked against
-      equal scores (only its structural faults can then be reported: its
-      selection is right), so only the wrong rows' scores are held in float64.
+      exact. A wrong row is reported from every position's float64 score:
+      its threshold, ``n_dropped``, ``n_intruders`` and the positions listed
+      with their scores are exact. A row the candidates show exactly right is
+      checked against equal scores (only its structural faults can then be
+      reported: its selection is right), so only the wrong rows' scores are
+      held in float64.
     - **The cost.** One native pass (the float32 scores), one pass over the
       keys for ``kmax`` (once per sequence; for bfloat16 / float16 / fp8 keys
       the largest sign-less code, since ``|x|`` rises with those bits), a
       vectorised float32 screen (one pass for each row's largest unselected
       score, one comparison with a per-row threshold, refined with each
-      candidate's own ``M'``), and a re-score of the candidates (some tens
-      per row near its line; more on the wrong rows, which are screened
-      again one by one). The re-score is native
-      (``kvselect._core._indexer_rescore``: the exact selection's float64
-      kernel, every product exact, the same bits at every SIMD level).
+      candidate's own ``M'``), a re-score of the candidates (some tens per
+      row near its line) and of every position of a wrong row. The re-score
+      is native (``kvselect._core._indexer_rescore`` and
+      ``_indexer_rescore_all``: the exact selection's float64 kernel, every
+      product exact, the same bits at every SIMD level).
     - **Where the screen cannot decide.** On low-contrast rows the float32
       bound leaves every position a candidate, and the screen costs more
       than it saves: a sequence whose first row's screen would re-score
@@ -808,11 +782,8 @@ def check_indexer_topk(
       multiply-adds) is checked dense instead (:mod:`kvselect.checking.dense`):
       one native pass computes every position's float64 score and magnitude
       with the same kernel and folds each row's verdict and vacuous test as
-      they come, and a wrong row is reported from its float64 scores. The
-      verdicts, margins, thresholds, counts past the line and vacuous rows
-      are the screened path's (both are exact); the listed positions of a
-      wrong row are then exact too (the screened path lists some by their
-      float32 scores, above).
+      they come, and a wrong row is reported from its float64 scores, as
+      on the screened path: the same report either way.
     """
     p = _precision(precision, lambda message: _refused("precision", message))
     atol_, rtol_ = (float(x) for x in _tolerance_values(p, atol, rtol))
