@@ -705,6 +705,7 @@ mod tests {
         ("indexer.transpose", crate::indexer::dispatch_probe),
         ("indexer.weighted_relu_sums", crate::indexer::dispatch_probe),
         ("indexer.rescore", crate::indexer::dispatch_probe),
+        ("indexer.dense", crate::indexer::dispatch_probe),
         ("indexer.key_max", crate::indexer::dispatch_probe),
         ("attention.pack_keys", crate::attention::dispatch_probe),
         ("attention.scores", crate::attention::dispatch_probe),
@@ -742,6 +743,7 @@ mod tests {
         ("moba.sums", Level::Avx512, Level::Avx2),
         ("eviction.scores", Level::Avx512, Level::Avx2),
         ("nsa.compress", Level::Avx512, Level::Avx2),
+        ("indexer.dense", Level::Avx512, Level::Avx2),
         ("infllm.head_sums", Level::Avx512, Level::Avx2),
     ];
 

@@ -81,6 +81,8 @@ __all__ = [
     "indexer_scores",
     "indexer_magnitudes",
     "_indexer_rescore",
+    "_indexer_rescore_all",
+    "_indexer_rescore_verdict",
     "block_scores",
     "block_magnitudes",
     "GlobalSlots",
@@ -1677,6 +1679,52 @@ def _indexer_rescore(
     (units of ``2^-53``) of ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`` of the real score. Pairs of
     one row are best given together. A row past the queries or a position past its query's
     context is refused.
+    """
+
+def _indexer_rescore_all(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    *,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    compress_ratio: int = 1,
+) -> npt.NDArray[np.float64]:
+    """Every score and its magnitude in float64 (private: the exact check's dense re-score).
+
+    ``[n_queries, 2, n_keys]``: ``[:, 0]`` each query's score of every key it sees,
+    :func:`_indexer_rescore`'s score of each pair, bit for bit (each key decoded once per
+    group of queries); ``[:, 1]`` its magnitude ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|``; NaN
+    past the query's context (``L`` keys, as :func:`indexer_topk` counts them). The arguments as
+    :func:`indexer_scores` takes them (no ``out``). What the exact check computes where its
+    float32 screen would leave every position in the band (low-contrast rows).
+    """
+
+def _indexer_rescore_verdict(
+    index_q: Any,
+    weights: Any,
+    index_k: Any,
+    query_pos: Any,
+    positions: Any,
+    *,
+    atol: float,
+    rtol: float,
+    key_scale: Any = None,
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    compress_ratio: int = 1,
+) -> npt.NDArray[np.float64]:
+    """The exact check's verdict of each row from every float64 score (private: the dense check).
+
+    From :func:`_indexer_rescore_all`'s scores ``s`` and magnitudes ``m`` of every key a row
+    sees, no score kept: with ``e = atol + rtol m``, ``[n_queries, 5]``: the highest ``s - e``
+    of an unselected key, the lowest ``s + e`` of a selected one, the highest ``s - e`` and the
+    lowest ``s + e`` of any key (``-inf`` / ``inf`` when there is none), and how many distinct
+    keys the row selects. ``positions`` (integer ``[n_queries, width]``) is each row's
+    selection; entries outside the row's context (``-1`` among them) select nothing. The other
+    arguments as :func:`indexer_scores` takes them (no ``out``).
     """
 
 def indexer_magnitudes(

@@ -398,12 +398,19 @@ pub(super) fn score_blocks(
         let folded = (fp8_in_place && in_place)
             .then(|| rows.fp8_folded())
             .flatten();
+        // Keys `c0 .. mags_to` have had their magnitudes taken by a kernel:
+        // the first tile to read the chunk takes those it reads.
+        let mut mags_to = c0;
         for (t, tile_vis) in rows.vis.chunks_exact(MR).enumerate() {
             let lo = tile_vis.iter().copied().min().unwrap_or(0);
             let hi = tile_vis.iter().copied().max().unwrap_or(0);
             let end = c1.min(hi);
             if end <= c0 {
                 continue; // no row of this tile sees any key of the chunk
+            }
+            let takes_mags = mags && mags_to == c0;
+            if takes_mags {
+                mags_to = end;
             }
             let tile = t * MR * rows.dp..(t + 1) * MR * rows.dp;
             let seg = Segment {
@@ -435,23 +442,19 @@ pub(super) fn score_blocks(
                 maxima: &mut *maxima,
                 stride,
                 col: t * MR,
+                mag_at: takes_mags.then_some(rp),
             };
             run_segment(isa, &seg, out);
         }
         if mags {
-            // The chunk's keys, block by block, while they are in cache.
-            let mut a = c0;
+            // The chunk's keys no tile read (past every row's visibility),
+            // block by block.
+            let mut a = mags_to;
             while a < c1 {
                 let e = c1.min((a / bs + 1) * bs);
                 let m = exact::abs_max(isa, &chunk, (a - base) * d, (e - base) * d);
                 let at = (a / bs - b0) * stride + rp;
-                let old = maxima[at];
-                // NaN is sticky (the -inf start reads as nothing).
-                maxima[at] = if old.is_nan() || m.is_nan() {
-                    f32::NAN
-                } else {
-                    old.max(m)
-                };
+                maxima[at] = exact::merge_magnitude(maxima[at], m);
                 a = e;
             }
         }

@@ -28,7 +28,7 @@
 
 use super::select::select_blocks;
 use super::BlockSparseConfig;
-use crate::keys::Encoded;
+use crate::keys::{Encoded, Format};
 use crate::rounding::{self, gamma32, rank64, ETA16};
 use crate::simd::{dispatch, Isa};
 
@@ -177,30 +177,55 @@ pub(super) fn abs_max(isa: Isa, enc: &Encoded<'_>, a: usize, b: usize) -> f32 {
 /// [`abs_max`]'s body, written once (each level compiles it with its own
 /// instructions: an unsigned max over 8-, 16- or 32-bit codes).
 #[inline(always)]
-fn abs_max_body(enc: &Encoded<'_>, a: usize, b: usize) -> f32 {
+pub(super) fn abs_max_body(enc: &Encoded<'_>, a: usize, b: usize) -> f32 {
+    magnitude_of(enc.format(), code_max(enc, a, b))
+}
+
+/// The largest magnitude code among elements `a .. b` of `enc` (each code
+/// with its sign bit cleared; 0 when the range is empty): what
+/// [`magnitude_of`] turns into [`abs_max`]'s value. A max, so any split of
+/// a range, in any order, gives the same code (the kernels take it a few
+/// keys at a time as they read them).
+#[inline(always)]
+pub(super) fn code_max(enc: &Encoded<'_>, a: usize, b: usize) -> u32 {
     match enc {
-        Encoded::F32(s) => {
-            let m = s[a..b]
-                .iter()
-                .fold(0u32, |m, x| m.max(x.to_bits() & 0x7FFF_FFFF));
-            f32::from_bits(m)
+        Encoded::F32(s) => s[a..b]
+            .iter()
+            .fold(0u32, |m, x| m.max(x.to_bits() & 0x7FFF_FFFF)),
+        Encoded::Bf16(s) | Encoded::F16(s) => {
+            u32::from(s[a..b].iter().fold(0u16, |m, &x| m.max(x & 0x7FFF)))
         }
-        Encoded::Bf16(s) => {
-            let m = s[a..b].iter().fold(0u16, |m, &x| m.max(x & 0x7FFF));
-            f32::from_bits(u32::from(m) << 16)
-        }
-        Encoded::F16(s) => {
-            let m = s[a..b].iter().fold(0u16, |m, &x| m.max(x & 0x7FFF));
+        Encoded::Fp8E4m3(s) => u32::from(s[a..b].iter().fold(0u8, |m, &x| m.max(x & 0x7F))),
+    }
+}
+
+/// The value of a magnitude code of `format` ([`code_max`]) as a float32:
+/// the codes' magnitudes order as their values, a NaN code highest, so the
+/// largest code is the largest magnitude, or NaN.
+pub(super) fn magnitude_of(format: Format, code: u32) -> f32 {
+    match format {
+        Format::F32 => f32::from_bits(code),
+        Format::Bf16 => f32::from_bits(code << 16),
+        Format::F16 => {
             let mut out = [0.0f32];
-            Encoded::F16(&[m]).decode(0, &mut out);
+            Encoded::F16(&[code as u16]).decode(0, &mut out);
             out[0]
         }
-        Encoded::Fp8E4m3(s) => {
-            let m = s[a..b].iter().fold(0u8, |m, &x| m.max(x & 0x7F));
+        Format::Fp8E4m3 => {
             let mut out = [0.0f32];
-            Encoded::Fp8E4m3(&[m]).decode(0, &mut out);
+            Encoded::Fp8E4m3(&[code as u8]).decode(0, &mut out);
             out[0]
         }
+    }
+}
+
+/// A block's key magnitude merged with another part's: the larger, and
+/// NaN sticky (a block's start, `-inf`, reads as nothing).
+pub(super) fn merge_magnitude(old: f32, m: f32) -> f32 {
+    if old.is_nan() || m.is_nan() {
+        f32::NAN
+    } else {
+        old.max(m)
     }
 }
 

@@ -330,6 +330,14 @@ impl<'a> Values<'a> {
         }
     }
 
+    /// How many of the first `n` entries are exactly `-inf`.
+    pub(crate) fn count_neg_inf(&self, n: usize) -> usize {
+        match self {
+            Values::F32(v) => v[..n].iter().filter(|&&x| x == f32::NEG_INFINITY).count(),
+            Values::F64(v) => v[..n].iter().filter(|&&x| x == f64::NEG_INFINITY).count(),
+        }
+    }
+
     /// Entries `at .. at + n`.
     pub fn part(&self, at: usize, n: usize) -> Values<'a> {
         match *self {
@@ -436,9 +444,7 @@ fn topk_row(
     // A candidate scored exactly -inf is not selectable: it does not count
     // toward the selection's size (vLLM's and SGLang's DSA candidate-block
     // selectors write -1 for it).
-    let blocked = (0..len)
-        .filter(|&t| sc.scores.get(t) == f64::NEG_INFINITY)
-        .count();
+    let blocked = sc.scores.count_neg_inf(len);
     let expected = topk.min(len - blocked);
     if scan.selected.len() != expected {
         problems.push(Problem::WrongCount {
@@ -447,7 +453,8 @@ fn topk_row(
         });
     }
     if problems.is_empty() {
-        let unselected: Vec<usize> = (0..len).filter(|&t| !scan.is_chosen(t)).collect();
+        let mut unselected = Vec::with_capacity(len - scan.selected.len());
+        unselected.extend((0..len).filter(|&t| !scan.is_chosen(t)));
         problems.extend(sc.selection(&scan.selected, &unselected, expected));
     }
     RowCheck { problems }
@@ -591,18 +598,7 @@ impl Scored<'_> {
             };
             Bounded::new(scores.get(t), e)
         };
-        // The worst selected (lowest upper end) and the best unselected
-        // (highest lower end), in the rule's order (NaN below every number).
-        let order = |nan: bool, v: f64| (!nan, v);
-        let cmp = |x: (bool, f64), y: (bool, f64)| x.0.cmp(&y.0).then(x.1.total_cmp(&y.1));
-        let worst = selected
-            .iter()
-            .map(|&a| bound(a))
-            .min_by(|x, y| cmp(order(x.nan, x.hi), order(y.nan, y.hi)));
-        let best = unselected
-            .iter()
-            .map(|&b| bound(b))
-            .max_by(|x, y| cmp(order(x.nan, x.lo), order(y.nan, y.lo)));
+        let (worst, best) = self.extremes(selected, unselected);
         let (Some(worst), Some(best)) = (worst, best) else {
             return None; // nothing selected or nothing left out
         };
@@ -677,6 +673,118 @@ impl Scored<'_> {
             margin,
         })
     }
+}
+
+impl Scored<'_> {
+    /// The worst selected (lowest upper end, the first of equals) and the
+    /// best unselected (highest lower end, the last of equals) in the rule's
+    /// order (NaN below every number): `min_by` / `max_by` of each
+    /// position's [`Bounded`], one loop per format of the scores and
+    /// magnitudes (on a long right row this pass is the check's cost, and a
+    /// format matched per position kept it from being one tight loop).
+    fn extremes(
+        &self,
+        selected: &[usize],
+        unselected: &[usize],
+    ) -> (Option<Bounded>, Option<Bounded>) {
+        use Values::{F32, F64};
+        let tol = self.tol;
+        match (self.scores, self.magnitudes) {
+            (F32(s), None) => extremes_in(tol, s, None::<&[f32]>, selected, unselected),
+            (F64(s), None) => extremes_in(tol, s, None::<&[f32]>, selected, unselected),
+            (F32(s), Some(F32(m))) => extremes_in(tol, s, Some(m), selected, unselected),
+            (F32(s), Some(F64(m))) => extremes_in(tol, s, Some(m), selected, unselected),
+            (F64(s), Some(F32(m))) => extremes_in(tol, s, Some(m), selected, unselected),
+            (F64(s), Some(F64(m))) => extremes_in(tol, s, Some(m), selected, unselected),
+        }
+    }
+}
+
+/// A float32 or float64 slice read as float64 (exactly).
+trait Widen: Copy {
+    fn at(self, t: usize) -> f64;
+}
+
+impl Widen for &[f32] {
+    #[inline(always)]
+    fn at(self, t: usize) -> f64 {
+        f64::from(self[t])
+    }
+}
+
+impl Widen for &[f64] {
+    #[inline(always)]
+    fn at(self, t: usize) -> f64 {
+        self[t]
+    }
+}
+
+/// [`Scored::extremes`] of one format: position `t`'s bound is that of
+/// [`Scored::selection`] (no relative term at `rtol = 0` or for a NaN
+/// magnitude).
+#[inline(always)]
+fn extremes_in<S: Widen, M: Widen>(
+    tol: Tolerance,
+    s: S,
+    m: Option<M>,
+    selected: &[usize],
+    unselected: &[usize],
+) -> (Option<Bounded>, Option<Bounded>) {
+    let bound = |t: usize| {
+        let rel = match (tol.rtol, m) {
+            (r, Some(m)) if r != 0.0 => r * m.at(t).abs(),
+            _ => 0.0,
+        };
+        let e = if rel.is_nan() {
+            tol.atol
+        } else {
+            tol.atol + rel
+        };
+        Bounded::new(s.at(t), e)
+    };
+    let cmp = |x: (bool, f64), y: (bool, f64)| x.0.cmp(&y.0).then(x.1.total_cmp(&y.1));
+    let mut worst: Option<Bounded> = None;
+    for &a in selected {
+        let x = bound(a);
+        if worst.is_none_or(|w| cmp((!x.nan, x.hi), (!w.nan, w.hi)).is_lt()) {
+            worst = Some(x);
+        }
+    }
+    // The best unselected over four interleaved runs, each keeping its
+    // highest lower end (`lo` is never NaN: Bounded::new makes it -inf) and
+    // where; positions of equal keys are interchangeable (`selection` reads
+    // only the best's `nan` and `lo`), and `-0.0` against `+0.0` decides no
+    // comparison there (a zero margin or excess is no fault either way).
+    const RUNS: usize = 4;
+    let (mut top, mut at) = ([f64::NEG_INFINITY; RUNS], [usize::MAX; RUNS]);
+    let mut nan_at = None;
+    let mut runs = unselected.chunks_exact(RUNS);
+    for c in &mut runs {
+        for j in 0..RUNS {
+            let x = bound(c[j]);
+            if x.nan {
+                nan_at = Some(c[j]);
+            } else if x.lo >= top[j] {
+                (top[j], at[j]) = (x.lo, c[j]);
+            }
+        }
+    }
+    for &b in runs.remainder() {
+        let x = bound(b);
+        if x.nan {
+            nan_at = Some(b);
+        } else if x.lo >= top[0] {
+            (top[0], at[0]) = (x.lo, b);
+        }
+    }
+    let mut pick = None::<usize>;
+    for j in 0..RUNS {
+        if at[j] != usize::MAX && pick.is_none_or(|p| top[j] >= top[p]) {
+            pick = Some(j);
+        }
+    }
+    let best = pick.map(|j| at[j]).or(nan_at).map(bound);
+    (worst, best)
 }
 
 /// A float64 score's rank key: larger is better, NaN lowest (0), `-0.0 ==

@@ -192,6 +192,241 @@ impl<K: Fn(usize, &mut [f32]) -> f32 + Sync> Rescore<'_, K> {
     }
 }
 
+/// Queries re-scored together by [`rescore_all`]: each key block is
+/// decoded and transposed once for all of them.
+const GROUP: usize = 8;
+
+/// Key blocks transposed together by [`rescore_all`] (`d × 256` float64,
+/// 256 KiB at `d = 128`: in L2 while each query of the group reads them).
+const BLOCKS: usize = 8;
+
+/// A query of [`rescore_all`]: [`Query::as_f64`]'s elements and weights,
+/// `Σ_h |w_h| |q_hi|` per dimension, and how many keys it sees.
+pub(super) struct DenseQuery {
+    pub q64: Vec<f64>,
+    pub w64: Vec<f64>,
+    pub wq: Vec<f64>,
+    pub len: usize,
+}
+
+/// Where [`rescore_all`] puts each query's scores and magnitudes: a row of
+/// `WIDTH(t)` values per query, started by `start` and given each block of
+/// its keys in order by `put` (keys `b0 ..`, as many as `scores` holds).
+pub(super) trait Sink: Sync {
+    /// The values a query's row holds, for `t` keys.
+    fn width(&self, t: usize) -> usize;
+    /// Starts query `i`'s row (which sees `len` keys of `t`).
+    fn start(&self, i: usize, len: usize, t: usize, row: &mut [f64]);
+    /// Takes keys `b0 .. b0 + scores.len()` of query `i`.
+    fn put(&self, i: usize, row: &mut [f64], b0: usize, scores: &[f64], mags: &[f64]);
+}
+
+/// Every score and magnitude, kept: a row of `2t` (the scores, then the
+/// magnitudes), NaN past the query's length.
+pub(super) struct Matrix;
+
+impl Sink for Matrix {
+    fn width(&self, t: usize) -> usize {
+        2 * t
+    }
+    fn start(&self, _: usize, len: usize, t: usize, row: &mut [f64]) {
+        row[len..t].fill(f64::NAN);
+        row[t + len..].fill(f64::NAN);
+    }
+    #[inline(always)]
+    fn put(&self, _: usize, row: &mut [f64], b0: usize, scores: &[f64], mags: &[f64]) {
+        let (s, m) = row.split_at_mut(row.len() / 2);
+        s[b0..b0 + scores.len()].copy_from_slice(scores);
+        m[b0..b0 + mags.len()].copy_from_slice(mags);
+    }
+}
+
+/// The exact check's verdict of each row, folded as the scores come: with
+/// `e = atol + rtol m` (each key's magnitude `m`), the highest `s − e` of
+/// an unselected key and the lowest `s + e` of a selected one (the row is
+/// right iff the first is at most the second), the highest `s − e` and the
+/// lowest `s + e` of any key (no selection could fail it iff the first is at
+/// most the second: the vacuous test), and how many keys are selected — a
+/// row of 5, no score kept. `selected[i]` is query `i`'s selected keys, a
+/// bit each.
+pub(super) struct Verdict<'a> {
+    pub selected: &'a [Vec<u64>],
+    pub atol: f64,
+    pub rtol: f64,
+}
+
+impl Sink for Verdict<'_> {
+    fn width(&self, _: usize) -> usize {
+        5
+    }
+    fn start(&self, i: usize, _: usize, _: usize, row: &mut [f64]) {
+        let n_sel: u32 = self.selected[i].iter().map(|w| w.count_ones()).sum();
+        row.copy_from_slice(&[
+            f64::NEG_INFINITY,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::INFINITY,
+            f64::from(n_sel),
+        ]);
+    }
+    #[inline(always)]
+    fn put(&self, i: usize, row: &mut [f64], b0: usize, scores: &[f64], mags: &[f64]) {
+        let sel = &self.selected[i];
+        let [best, worst, top, bottom, _] = row else {
+            unreachable!("a verdict row holds 5 values")
+        };
+        // In registers for the block; a comparison rather than `min` /
+        // `max`, and which of two zeros is kept decides no comparison of
+        // the verdict. A NaN score (only a NaN or infinite operand makes
+        // one) makes the row wrong and not vacuous, so that its caller
+        // reports it from its scores rather than passing it.
+        let (mut b, mut w, mut tp, mut bt) = (*best, *worst, *top, *bottom);
+        for (j, (&s, &m)) in scores.iter().zip(mags).enumerate() {
+            if s.is_nan() {
+                (b, tp, bt) = (f64::INFINITY, f64::INFINITY, f64::NEG_INFINITY);
+                continue;
+            }
+            let t = b0 + j;
+            let e = self.atol + self.rtol * m;
+            let (lo, up) = (s - e, s + e);
+            if sel[t / 64] >> (t % 64) & 1 == 1 {
+                if up < w {
+                    w = up;
+                }
+            } else if lo > b {
+                b = lo;
+            }
+            if lo > tp {
+                tp = lo;
+            }
+            if up < bt {
+                bt = up;
+            }
+        }
+        (*best, *worst, *top, *bottom) = (b, w, tp, bt);
+    }
+}
+
+/// Every query's float64 score of every key it sees, and its magnitude
+/// `|c_t| Σ_i wq_i |k_ti|` (`wq` the query's), each summed in dimension
+/// order, given to `sink` a block of keys at a time: `out` holds a row of
+/// `sink.width(t)` per query. The scores are [`Rescore::run`]'s, bit for
+/// bit (each lane of [`block`] is its own key's chain: which keys share a
+/// block changes no bit), with each block of keys decoded and transposed
+/// once per [`GROUP`] queries rather than once per query — what the exact
+/// check computes where its float32 screen cannot decide (low-contrast
+/// rows, whose band is every position); a magnitude costs `d` of a score's
+/// `H d` multiply-adds. `key` as [`Rescore`]'s.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn rescore_all<K: Fn(usize, &mut [f32]) -> f32 + Sync, S: Sink>(
+    level: Isa,
+    relu: bool,
+    d: usize,
+    t: usize,
+    queries: &[DenseQuery],
+    key: K,
+    sink: &S,
+    out: &mut [f64],
+) {
+    let width = sink.width(t);
+    assert!(out.len() == queries.len() * width && queries.iter().all(|q| q.len <= t));
+    let h = queries.first().map_or(0, |q| q.w64.len());
+    let min_groups = crate::pool::min_rows(GROUP * t * h * d / 4);
+    crate::pool::for_each_row_mut(out, GROUP * width, min_groups, |g, part| {
+        let first = g * GROUP;
+        let queries = &queries[first..first + part.len() / width];
+        let span = queries.iter().map(|q| q.len).max().unwrap_or(0);
+        let mut row = vec![0.0f32; d];
+        let mut kt = vec![0.0f64; d * LANES * BLOCKS];
+        let mut scale = [1.0f64; LANES * BLOCKS];
+        for (i, (o, q)) in part.chunks_mut(width).zip(queries).enumerate() {
+            sink.start(first + i, q.len, t, o);
+        }
+        for p0 in (0..span).step_by(LANES * BLOCKS) {
+            let p1 = (p0 + LANES * BLOCKS).min(span);
+            for (b, kb) in kt.chunks_exact_mut(d * LANES).enumerate() {
+                kb.fill(0.0);
+                let b0 = p0 + b * LANES;
+                for r in 0..LANES.min(p1.saturating_sub(b0)) {
+                    scale[b * LANES + r] = key(b0 + r, &mut row) as f64;
+                    for (i, &x) in row.iter().enumerate() {
+                        kb[i * LANES + r] = x as f64;
+                    }
+                }
+            }
+            for (i, (o, query)) in part.chunks_mut(width).zip(queries).enumerate() {
+                let (len, q64, w64, wq) = (query.len, &query.q64, &query.w64, &query.wq);
+                for (b, kb) in kt.chunks_exact(d * LANES).enumerate() {
+                    let b0 = p0 + b * LANES;
+                    if b0 >= len {
+                        break;
+                    }
+                    let mut acc = [0.0f64; LANES];
+                    block(level, relu, q64, w64, d, kb, &mut acc);
+                    let m = LANES.min(len - b0);
+                    let sc = &scale[b * LANES..b * LANES + m];
+                    let at = (first + i, b0);
+                    finish(level, sink, at, o, &mut acc, wq, kb, sc);
+                }
+            }
+        }
+    });
+}
+
+/// The rest of [`rescore_all`]'s work on one query and block of keys, given
+/// its score sums `acc` (before the scales `sc`, one per key of the block
+/// the query sees): each key's magnitude `Σ_i wq_i |k_ti|` (a multiply and
+/// an add per dimension, in order), both times the key's scale (`acc · c +
+/// 0`, `mag · |c|`), and the sink's `put` of query `at.0`, keys `at.1 ..`.
+/// One body, compiled per level so the magnitudes' and the sink's loops
+/// take the vector width (at a few heads they cost more than the scores'
+/// FMAs); no FMA contracts it (Rust rounds each operation), so every level
+/// gives the same bits.
+#[allow(clippy::too_many_arguments)]
+fn finish<S: Sink>(
+    level: Isa,
+    sink: &S,
+    at: (usize, usize),
+    row: &mut [f64],
+    acc: &mut [f64; LANES],
+    wq: &[f64],
+    kt: &[f64],
+    sc: &[f64],
+) {
+    assert!(kt.len() == wq.len() * LANES && sc.len() <= LANES);
+    // SAFETY (bounds): none; the body indexes its slices (checked).
+    dispatch!("indexer.dense", level, {
+        avx512 => avx2,
+        avx2(token) => x86::finish_avx2(token, sink, at, row, acc, wq, kt, sc),
+        scalar => finish_body(sink, at, row, acc, wq, kt, sc),
+    })
+}
+
+/// [`finish`]'s body, written once.
+#[inline(always)]
+fn finish_body<S: Sink>(
+    sink: &S,
+    (i, b0): (usize, usize),
+    row: &mut [f64],
+    acc: &mut [f64; LANES],
+    wq: &[f64],
+    kt: &[f64],
+    sc: &[f64],
+) {
+    let mut mag = [0.0f64; LANES];
+    for (&a, k) in wq.iter().zip(kt.chunks_exact(LANES)) {
+        for (m, &x) in mag.iter_mut().zip(k) {
+            *m += a * x.abs();
+        }
+    }
+    for ((s, mg), &c) in acc.iter_mut().zip(&mut mag).zip(sc) {
+        *s = *s * c + 0.0;
+        *mg *= c.abs();
+    }
+    let m = sc.len();
+    sink.put(i, row, b0, &acc[..m], &mag[..m]);
+}
+
 /// `acc_r += w_h · relu(Σ_i q_hi k_ri)` in float64 for the block's lanes, in
 /// head order, each dot product summed in dimension order from `+0.0`
 /// (without `relu`, activation none: `w_h · Σ_i q_hi k_ri`).
@@ -301,8 +536,24 @@ const HALF: usize = 16;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{block_body, HALF, LANES};
+    use super::{block_body, finish_body, Sink, HALF, LANES};
     use crate::simd::{Avx2, Avx512};
+
+    /// [`finish_body`] compiled for AVX2 (the token proves the CPU has it).
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn finish_avx2<S: Sink>(
+        _: Avx2,
+        sink: &S,
+        at: (usize, usize),
+        row: &mut [f64],
+        acc: &mut [f64; LANES],
+        wq: &[f64],
+        kt: &[f64],
+        sc: &[f64],
+    ) {
+        finish_body(sink, at, row, acc, wq, kt, sc)
+    }
 
     /// [`block_body`] by hand for AVX2+FMA (the compiler's vectorisation of
     /// the body spills): two heads at a time over each half of the block,
@@ -469,10 +720,9 @@ pub(super) fn refine<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
     }
     let mut exact = vec![0.0f64; band.len()];
     rescore.run(&band, &mut exact);
-    let mut order: Vec<usize> = (0..band.len()).collect();
-    order.sort_unstable_by_key(|&j| std::cmp::Reverse(rank64(exact[j], band[j])));
     // The band's best fill the rest, merged into the float32 order.
     let need = take - kept.len();
+    let order = best_of_band(band.len(), need, |j| rank64(exact[j], band[j]));
     let mut chosen: Vec<u64> = order[..need]
         .iter()
         .map(|&j| candidate(row.score(band[j]), band[j]))
@@ -489,6 +739,18 @@ pub(super) fn refine<K: Fn(usize, &mut [f32]) -> f32 + Sync>(
             j += 1;
         }
     }
+}
+
+/// The indices `0 .. n` with the `need` largest keys first (in no order
+/// among themselves; `key` is one-to-one, so they are one set): a partial
+/// selection, not a sort — on a low-contrast row the band is every position,
+/// and sorting it cost more than re-scoring it.
+fn best_of_band<O: Ord>(n: usize, need: usize, key: impl Fn(usize) -> O) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    if need > 0 && need < n {
+        order.select_nth_unstable_by_key(need - 1, |&j| std::cmp::Reverse(key(j)));
+    }
+    order
 }
 
 /// A block's float32 max-pool score: the largest of its entries' scores
@@ -648,9 +910,8 @@ fn refine_blocks<K, I, V>(
             v + 0.0
         })
         .collect();
-    let mut order: Vec<usize> = (0..band.len()).collect();
-    order.sort_unstable_by_key(|&j| std::cmp::Reverse(rank64(values[j], band[j])));
     let need = take - kept.len();
+    let order = best_of_band(band.len(), need, |j| rank64(values[j], band[j]));
     let float32 = |b: usize| block_score(score, entries(b).map(|t| row.score(t)));
     let mut chosen: Vec<u64> = order[..need]
         .iter()
@@ -679,6 +940,18 @@ pub(super) fn probe(isa: Isa) {
     let mut acc = [0.0f64; LANES];
     block(isa, false, &q64, &[0.5], d, &kt, &mut acc);
     assert_eq!(&acc[..2], &[5.0, -5.0]);
+    let mut row = [0.0f64; 4];
+    finish(
+        isa,
+        &Matrix,
+        (0, 0),
+        &mut row,
+        &mut acc,
+        &[1.0, 2.0, 3.0, 4.0],
+        &kt,
+        &[2.0, -1.0],
+    );
+    assert_eq!(row, [10.0, 5.0, 20.0, 10.0]);
 }
 
 #[cfg(test)]
@@ -726,6 +999,125 @@ mod tests {
                             isa.level().name()
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// [`rescore_all`] gives [`Rescore::run`]'s bits for every row and key
+    /// at every level, NaN past each row's length, and magnitudes summed in
+    /// dimension order: group tails (11 rows), part and block tails (300
+    /// keys), rows of length 0, 1, 32, 255, 256 and past the keys.
+    #[test]
+    fn the_dense_rescore_is_the_pair_rescore_bit_for_bit() {
+        let mut state = 0xD1B5_4A32_D192_ED03u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let m = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            let e = ((state >> 8) % 16) as i32 - 8;
+            m * 2f32.powi(e)
+        };
+        let (h, d, t) = (5, 9, 300);
+        let keys: Vec<f32> = (0..t * d).map(|_| next()).collect();
+        let scales: Vec<f32> = (0..t).map(|_| next()).collect();
+        let key = |k: usize, r: &mut [f32]| {
+            r.copy_from_slice(&keys[k * d..(k + 1) * d]);
+            scales[k]
+        };
+        let lens = [0, 1, 32, 255, 256, 300, 17, 299, 64, 300, 5];
+        let queries: Vec<DenseQuery> = lens
+            .iter()
+            .map(|&len| DenseQuery {
+                q64: (0..h * d).map(|_| next() as f64).collect(),
+                w64: (0..h).map(|_| next() as f64).collect(),
+                wq: (0..d).map(|_| next().abs() as f64).collect(),
+                len,
+            })
+            .collect();
+        for isa in crate::simd::isas_for_test() {
+            for relu in [true, false] {
+                let mut out = vec![0.0f64; lens.len() * 2 * t];
+                rescore_all(isa, relu, d, t, &queries, key, &Matrix, &mut out);
+                for (i, (&len, row)) in lens.iter().zip(out.chunks(2 * t)).enumerate() {
+                    let mut query = Query::new(h, d, isa);
+                    query.relu = relu;
+                    query.qt.iter_mut().for_each(|x| *x = 0.0);
+                    // Load the float64 query through the layout the kernel reads.
+                    for head in 0..h {
+                        let (base, stride) = super::slot(query.tiles, h, d, head);
+                        for j in 0..d {
+                            query.qt[base + j * stride] = queries[i].q64[head * d + j] as f32;
+                        }
+                        query.w[head] = queries[i].w64[head] as f32;
+                    }
+                    let ts: Vec<usize> = (0..len).collect();
+                    let mut want = vec![0.0f64; len];
+                    let rescore = Rescore {
+                        level: isa,
+                        query: &query,
+                        key,
+                    };
+                    rescore.run(&ts, &mut want);
+                    let (got, mags) = row.split_at(t);
+                    for (p, (x, y)) in got[..len].iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            x.to_bits(),
+                            y.to_bits(),
+                            "{} row {i} key {p}",
+                            isa.level().name()
+                        );
+                    }
+                    for (p, m) in mags[..len].iter().enumerate() {
+                        let mut sum = 0.0f64;
+                        for (j, &a) in queries[i].wq.iter().enumerate() {
+                            sum += a * (keys[p * d + j] as f64).abs();
+                        }
+                        assert_eq!(m.to_bits(), (sum * (scales[p] as f64).abs()).to_bits());
+                    }
+                    assert!(got[len..].iter().chain(&mags[len..]).all(|x| x.is_nan()));
+                }
+                // The verdict sink folds the same scores: every third key
+                // selected, a tolerance with both terms.
+                let selected: Vec<Vec<u64>> = lens
+                    .iter()
+                    .map(|&len| {
+                        let mut bits = vec![0u64; len.div_ceil(64)];
+                        (0..len)
+                            .step_by(3)
+                            .for_each(|p| bits[p / 64] |= 1 << (p % 64));
+                        bits
+                    })
+                    .collect();
+                let (atol, rtol) = (0.25, 0.125);
+                let sink = Verdict {
+                    selected: &selected,
+                    atol,
+                    rtol,
+                };
+                let mut v = vec![0.0f64; lens.len() * 5];
+                rescore_all(isa, relu, d, t, &queries, key, &sink, &mut v);
+                for ((&len, row), got) in lens.iter().zip(out.chunks(2 * t)).zip(v.chunks(5)) {
+                    let mut want = [
+                        f64::NEG_INFINITY,
+                        f64::INFINITY,
+                        f64::NEG_INFINITY,
+                        f64::INFINITY,
+                    ];
+                    for p in 0..len {
+                        let e = atol + rtol * row[t + p];
+                        let (lo, up) = (row[p] - e, row[p] + e);
+                        if p % 3 == 0 {
+                            want[1] = want[1].min(up);
+                        } else {
+                            want[0] = want[0].max(lo);
+                        }
+                        want[2] = want[2].max(lo);
+                        want[3] = want[3].min(up);
+                    }
+                    assert_eq!(&got[..4], &want, "{}", isa.level().name());
+                    assert_eq!(got[4], len.div_ceil(3) as f64);
                 }
             }
         }

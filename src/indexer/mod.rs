@@ -528,6 +528,136 @@ pub fn indexer_rescore_into(
     Ok(())
 }
 
+/// Every query's float64 score of every key it sees, and its magnitude,
+/// into `out` (`[n_queries, 2, n_keys]`: row `i`'s scores, then their
+/// magnitudes `|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`, NaN past its context): the
+/// scores [`indexer_rescore_into`] gives each pair, bit for bit, each key
+/// decoded once per group of queries. What the exact check computes where
+/// its float32 screen would leave every position in the band (low-contrast
+/// rows).
+///
+/// Refuses, before writing anything, the inputs [`indexer_topk_into`]
+/// refuses and an `out` of another length.
+pub fn indexer_rescore_all_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    out: &mut [f64],
+) -> Result<(), ArgumentError> {
+    let (n, t) = (shape.n_queries, shape.n_keys);
+    check_keys(shape)?;
+    check_inputs(shape, inputs)?;
+    let want = n.saturating_mul(2).saturating_mul(t);
+    check_len("out", out.len(), want, || format!("[{n}, 2, {t}]"))?;
+    let (relu, queries) = dense_queries(shape, inputs);
+    let key = |k: usize, r: &mut [f32]| {
+        inputs.k.decode(k * shape.d, r);
+        inputs.key_scale.map_or(1.0, |s| s[k])
+    };
+    let level = simd::Isa::best();
+    exact::rescore_all(level, relu, shape.d, t, &queries, key, &exact::Matrix, out);
+    Ok(())
+}
+
+/// The exact check's verdict of each query's row from every float64 score
+/// ([`indexer_rescore_all_into`]'s) and magnitude `m`, no score kept: with
+/// `e = atol + rtol m`, `out[i]` (`[n_queries, 5]`) holds the highest `s −
+/// e` of an unselected key, the lowest `s + e` of a selected one, the
+/// highest `s − e` and the lowest `s + e` of any key it sees (`∓inf` when
+/// there is none), and how many distinct keys it selects. Query `i`'s
+/// selection is `positions[i * width ..][..width]`; entries outside its
+/// context (`-1` padding among them) select nothing. A NaN score (only a
+/// NaN or infinite operand makes one: finite operands' float64 scores are
+/// finite) makes its row's best unselected `+inf` and its extremes `±inf`
+/// the other way round (wrong, not vacuous: judged from its scores); the
+/// exact check refuses such operands first.
+///
+/// Refuses, before writing anything, the inputs [`indexer_topk_into`]
+/// refuses, `positions` of another length than `n_queries × width`, a
+/// negative or non-finite `atol` / `rtol`, and an `out` of another length.
+#[allow(clippy::too_many_arguments)]
+pub fn indexer_rescore_verdict_into(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+    positions: &[i64],
+    width: usize,
+    atol: f64,
+    rtol: f64,
+    out: &mut [f64],
+) -> Result<(), ArgumentError> {
+    let (n, t) = (shape.n_queries, shape.n_keys);
+    check_keys(shape)?;
+    check_inputs(shape, inputs)?;
+    check_len(
+        "positions",
+        positions.len(),
+        n.saturating_mul(width),
+        || format!("[{n}, {width}]"),
+    )?;
+    for (name, v) in [("atol", atol), ("rtol", rtol)] {
+        if !(v >= 0.0 && v.is_finite()) {
+            return Err(ArgumentError::Invalid {
+                argument: name,
+                message: format!("{name} = {v} must be finite and non-negative"),
+            });
+        }
+    }
+    check_len("out", out.len(), n.saturating_mul(5), || {
+        format!("[{n}, 5]")
+    })?;
+    let (relu, queries) = dense_queries(shape, inputs);
+    let selected: Vec<Vec<u64>> = queries
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let mut bits = vec![0u64; q.len.div_ceil(64)];
+            for &p in &positions[i * width..(i + 1) * width] {
+                if let Some(p) = usize::try_from(p).ok().filter(|&p| p < q.len) {
+                    bits[p / 64] |= 1 << (p % 64);
+                }
+            }
+            bits
+        })
+        .collect();
+    let key = |k: usize, r: &mut [f32]| {
+        inputs.k.decode(k * shape.d, r);
+        inputs.key_scale.map_or(1.0, |s| s[k])
+    };
+    let sink = exact::Verdict {
+        selected: &selected,
+        atol,
+        rtol,
+    };
+    let level = simd::Isa::best();
+    exact::rescore_all(level, relu, shape.d, t, &queries, key, &sink, out);
+    Ok(())
+}
+
+/// Every query in float64 for [`exact::rescore_all`], with its `Σ_h |w_h|
+/// |q_hi|` (the heads in order) and its context, and whether the ReLU
+/// applies.
+fn dense_queries(
+    shape: &IndexerShape,
+    inputs: &IndexerInputs<'_>,
+) -> (bool, Vec<exact::DenseQuery>) {
+    let (n, t, h, d) = (shape.n_queries, shape.n_keys, shape.n_heads, shape.d);
+    let mut query = kernels::Query::new(h, d, simd::Isa::best());
+    let queries = (0..n)
+        .map(|i| {
+            query.load(&inputs.q, inputs.weights, i, false);
+            let (q64, w64) = query.as_f64();
+            let mut wq = vec![0.0f64; d];
+            for (qh, &w) in q64.chunks_exact(d).zip(&w64) {
+                for (a, &x) in wq.iter_mut().zip(qh) {
+                    *a += w.abs() * x.abs();
+                }
+            }
+            let len = visible(inputs.query_pos[i], inputs.compress_ratio, t);
+            exact::DenseQuery { q64, w64, wq, len }
+        })
+        .collect();
+    (query.relu, queries)
+}
+
 /// The packed form, serving-engine style: the keys of all sequences are
 /// concatenated in `inputs.k` (`[n_keys, d]`, `key_scale` alike), sequence
 /// `s` owning rows `cu_seqlens[s] .. cu_seqlens[s + 1]` (`n_seqs + 1`

@@ -7,8 +7,24 @@ import pytest
 
 import kvselect as ks
 from kvselect import checking, reference
+from kvselect.checking import dense as dense_check
+from kvselect.checking import exact as exact_check
 
 IMPLS = ["native", "reference"]
+
+
+@pytest.fixture(params=["screened", "dense", "probed"])
+def path(request, monkeypatch):
+    """The check's two ways to the same report, and its own choice: every
+    position screened in float32 with the band re-scored, every position
+    re-scored in float64 (``_DENSE``), or as a probe of each sequence's first
+    row chooses (``_PROBE_KEYS`` lowered so these small sequences are
+    probed)."""
+    if request.param == "probed":
+        monkeypatch.setattr(dense_check, "_DENSE_WORK", 0)
+    else:
+        monkeypatch.setattr(dense_check, "_DENSE", request.param == "dense")
+    return request.param
 
 
 def _impl(name):
@@ -122,7 +138,7 @@ def _exact_all(q, w, k, c, pos, cu, seq):
 
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "fp8"])
 @pytest.mark.parametrize("packed", [False, True])
-def test_check_indexer_topk_agrees_with_a_brute_force_float64_check_on_near_ties(fmt, packed):
+def test_check_indexer_topk_agrees_with_a_brute_force_float64_check_on_near_ties(fmt, packed, path):
     import ml_dtypes
 
     rng = np.random.default_rng({"float32": 1, "bfloat16": 2, "fp8": 3}[fmt] + 10 * packed)
@@ -255,7 +271,7 @@ def _pairs(rtol):
 
 
 @pytest.mark.parametrize("rtol", [2.0**-12, 2.0**-7])
-def test_rtol_decides_near_ties_and_low_contrast_rows_exactly_as_a_brute_force_float64_check(rtol):
+def test_rtol_decides_near_ties_and_low_contrast_rows_exactly_as_a_brute_force_float64_check(rtol, path):
     q, w, k, pos, topk, rows = _pairs(rtol)
     cu, seq = np.array([0, len(k)]), np.zeros(len(q), dtype=np.int64)
     exact, mags, lens = _exact_all(q, w, k, None, pos, cu, seq)
@@ -376,7 +392,7 @@ def _line(report):
 
 
 @pytest.mark.parametrize("seed", range(0, 120, 8))
-def test_random_tied_faulty_rows_get_the_brute_force_verdicts_margins_counts_and_vacuous_rows(seed):
+def test_random_tied_faulty_rows_get_the_brute_force_verdicts_margins_counts_and_vacuous_rows(seed, path):
     """Small integer-valued operands (many exact ties, whole rows of equal
     scores), tiny key scales and zero weights, rows with a swapped-in,
     duplicated, missing or out-of-range entry; every tolerance kind."""
@@ -423,7 +439,7 @@ def test_random_tied_faulty_rows_get_the_brute_force_verdicts_margins_counts_and
 
 
 @pytest.mark.parametrize("page_layout", ["dense", "fp8_scaled"])
-def test_check_indexer_topk_takes_a_paged_cache_as_indexer_topk_paged_does(page_layout):
+def test_check_indexer_topk_takes_a_paged_cache_as_indexer_topk_paged_does(page_layout, path):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(2027)
     bs, d, h, n_blocks = 8, 16, 4, 24
@@ -484,6 +500,45 @@ def test_a_non_finite_operand_is_refused_naming_it_before_any_work(name):
             rows, args["index_q"], args["weights"], args["index_k"], pos, key_scale=args["key_scale"]
         )
     assert e.value.argument == name and "nan" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "fmt, raw, code",
+    [
+        ("bfloat16", True, 0x7FC0),  # NaN
+        ("bfloat16", False, 0xFF80),  # -inf
+        ("float16", True, 0x7C00),  # inf
+        ("float16", False, 0xFE00),  # NaN
+        ("float8_e4m3fn", True, 0xFF),  # NaN
+        ("float8_e4m3fn", False, 0x7F),  # NaN
+        ("bfloat16", "swapped", 0x7FC0),  # NaN, big-endian raw bits
+        ("float16", "swapped", 0x7C00),  # inf, big-endian float16
+    ],
+)
+def test_a_non_finite_key_code_is_refused_naming_its_place(fmt, raw, code):
+    """Keys in a 16- or 8-bit format (raw bits with key_format, or ml_dtypes
+    values) are vetted on their bits: a non-finite code is refused naming
+    index_k and its [key, dimension]; finite codes (the largest finite ones
+    among them) pass."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rows, q, w, k, pos = _small()
+    dtype = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}[fmt]
+    bits = np.uint8 if fmt == "float8_e4m3fn" else np.uint16
+    keys = (k / 8).astype(dtype).view(bits)
+    keys[0, 0] = {np.uint8: 0x7E, np.uint16: 0x7F7F if fmt == "bfloat16" else 0x7BFF}[bits]  # largest finite
+    kw = dict(key_format=fmt) if raw is True else {}
+    as_given = keys if raw is True else keys.view(dtype)
+    assert (
+        checking.check_indexer_topk(ks.indexer_topk(q, w, as_given, pos, 3, **kw), q, w, as_given, pos, **kw)["wrong"]
+        == 0
+    )
+    keys[5, 2] = code
+    if raw == "swapped":  # the same values, their bytes the other way round
+        kw = dict(key_format=fmt) if fmt == "bfloat16" else {}
+        as_given = keys.astype(">u2") if fmt == "bfloat16" else keys.view(dtype).astype(">f2")
+    with pytest.raises(ks.SelectionError) as e:
+        checking.check_indexer_topk(rows, q, w, as_given, pos, **kw)
+    assert e.value.argument == "index_k" and "index_k[5, 2]" in str(e.value)
 
 
 @pytest.mark.parametrize(
@@ -636,3 +691,232 @@ def test_the_native_rescore_is_exact_to_float64_rounding(fmt):
         with pytest.raises(ks.SelectionError, match=name) as err:
             ks._core._indexer_rescore(q, w, k, pos, bad["rows"], bad["positions"], key_scale=c)
         assert err.value.argument == name
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "fp8"])
+def test_the_dense_rescore_is_the_pair_rescore_bit_for_bit_with_its_magnitudes(fmt):
+    """``_core._indexer_rescore_all`` (the dense check's scores): row ``i``'s
+    ``[0]`` is ``_indexer_rescore``'s score of every pair ``(i, t)``, bit for
+    bit, ``[1]`` the magnitude ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`` to float64
+    rounding, both NaN past the row's context; group and block tails (11
+    rows, 9 heads, 300 keys), GQA-like repeated queries, a compress ratio."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(5151)
+    n, h, d, t = 11, 9, 20, 300
+    q = rng.standard_normal((n, h, d)).astype(np.float32)
+    q[3] = q[2]
+    w = rng.standard_normal((n, h)).astype(np.float32)
+    base = rng.standard_normal((t, d)).astype(np.float32)
+    c = None
+    if fmt == "float32":
+        k = base
+    elif fmt == "bfloat16":
+        k = base.astype(ml_dtypes.bfloat16)
+    else:
+        c = (np.abs(base).max(axis=1) / 448).astype(np.float32)
+        k = (base / c[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    pos = np.array([0, 299, 150, 150, 31, 32, 33, 255, 256, 257, 400])
+    for ratio in (1, 3):
+        lens = np.minimum((pos + 1) // ratio, t)
+        got = ks._core._indexer_rescore_all(q, w, k, pos, key_scale=c, compress_ratio=ratio)
+        assert got.dtype == np.float64 and got.shape == (n, 2, t)
+        rows = np.repeat(np.arange(n), lens)
+        cols = np.concatenate([np.arange(L) for L in lens])
+        pairs = ks._core._indexer_rescore(q, w, k, pos, rows, cols, key_scale=c, compress_ratio=ratio)
+        assert np.array_equal(got[rows, 0, cols], pairs)
+        past = np.arange(t)[None, :] >= lens[:, None]
+        assert np.isnan(got[:, 0][past]).all() and np.isnan(got[:, 1][past]).all()
+        if ratio == 1:
+            _, mags, _ = _exact_all(q, w, k, c, pos, np.array([0, t]), np.zeros(n, dtype=np.int64))
+            assert got[:, 1][~past] == pytest.approx(mags[:, :t][~past], rel=4 * (d + h) * 2.0**-53)
+    with pytest.raises(ks.SelectionError) as err:
+        ks._core._indexer_rescore_all(q, w[:, :2], k, pos, key_scale=c)
+    assert err.value.argument == "weights"
+
+
+@pytest.mark.parametrize("fmt", ["float32", "fp8"])
+def test_the_native_verdict_folds_the_dense_scores_as_numpy_does(fmt):
+    """``_core._indexer_rescore_verdict``: per row, from the dense scores
+    ``s`` and magnitudes ``m`` with ``e = atol + rtol m``, the best
+    unselected ``s - e``, the worst selected ``s + e``, the extremes of
+    every key and the distinct selected count, each the value NumPy computes
+    from ``_indexer_rescore_all`` (the same roundings); padding, duplicates
+    and positions past the context select nothing; a bad ``positions`` /
+    ``atol`` is refused naming it."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(6262)
+    n, h, d, t, width = 9, 5, 24, 333, 12
+    q = rng.standard_normal((n, h, d)).astype(np.float32)
+    w = rng.standard_normal((n, h)).astype(np.float32)
+    base = rng.standard_normal((t, d)).astype(np.float32)
+    c = None
+    if fmt == "float32":
+        k = base
+    else:
+        c = (np.abs(base).max(axis=1) / 448).astype(np.float32)
+        k = (base / c[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    pos = np.array([0, 5, 40, 332, 331, 100, 64, 400, 11])
+    positions = rng.integers(-2, t + 10, (n, width))
+    positions[2, :3] = positions[2, 3]  # duplicates
+    positions[0] = -1  # nothing selected
+    both = ks._core._indexer_rescore_all(q, w, k, pos, key_scale=c)
+    lens = np.minimum(pos + 1, t)
+    for atol, rtol in ((0.0, 0.0), (1e-3, 0.0), (0.0, 2.0**-10), (0.5, 0.25)):
+        got = ks._core._indexer_rescore_verdict(q, w, k, pos, positions, atol=atol, rtol=rtol, key_scale=c)
+        assert got.shape == (n, 5) and got.dtype == np.float64
+        for i in range(n):
+            L = int(lens[i])
+            s, m = both[i, 0, :L], both[i, 1, :L]
+            e = m * rtol + atol
+            lo, up = s - e, s + e
+            chosen = np.zeros(L, dtype=bool)
+            p = positions[i]
+            chosen[p[(p >= 0) & (p < L)]] = True
+            want = [
+                lo[~chosen].max(initial=-np.inf),
+                up[chosen].min(initial=np.inf),
+                lo.max(initial=-np.inf),
+                up.min(initial=np.inf),
+                chosen.sum(),
+            ]
+            assert got[i].tolist() == want, (i, atol, rtol)
+    # A NaN score (the native pass takes a NaN key; the check refuses one
+    # first) makes its row wrong and not vacuous, never skipped.
+    k_nan = np.array(k, copy=True)
+    if fmt == "fp8":
+        k_nan.view(np.uint8)[4, 0] = 0x7F
+    else:
+        k_nan[4, 0] = np.nan
+    got = ks._core._indexer_rescore_verdict(q, w, k_nan, pos, positions, atol=0.0, rtol=0.0, key_scale=c)
+    plain = ks._core._indexer_rescore_verdict(q, w, k, pos, positions, atol=0.0, rtol=0.0, key_scale=c)
+    sees = lens > 4
+    assert sees.any() and not sees.all()
+    assert np.all(got[sees, 0] == np.inf) and np.all(got[sees, 2] == np.inf) and np.all(got[sees, 3] == -np.inf)
+    assert np.array_equal(got[~sees], plain[~sees])
+    for bad, name in (
+        (dict(positions=positions[:, :, None]), "positions"),
+        (dict(positions=positions[1:]), "positions"),
+        (dict(positions=positions, atol=-1.0), "atol"),
+        (dict(positions=positions, rtol=float("nan")), "rtol"),
+    ):
+        args = dict(atol=0.0, rtol=0.0, key_scale=c) | bad
+        with pytest.raises(ks.SelectionError) as err:
+            ks._core._indexer_rescore_verdict(q, w, k, pos, args.pop("positions"), **args)
+        assert err.value.argument == name
+
+
+def _low_contrast(seed, n=6, t=1500, h=8, d=32):
+    """Every key a few ULPs from one (every score within the float32 bound
+    of the others) and ordinary random keys, with kvselect's rows and rows
+    broken each way the check names."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal(d).astype(np.float32)
+    low = (base + rng.integers(-3, 4, (t, d)) * np.float32(2.0**-20)).astype(np.float32)
+    q = (np.abs(rng.standard_normal((n, h, d))) * np.sign(base)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, (n, h)).astype(np.float32)
+    ordinary = rng.standard_normal((t, d)).astype(np.float32)
+    pos = rng.integers(t // 2, t + 5, n)
+    return rng, q, w, low, ordinary, pos
+
+
+def _broken(rng, rows, t):
+    rows = rows.copy()
+    rows[0, 0] = rows[0, 1]  # a duplicate
+    rows[1, -1] = -1  # a padding hole
+    rows[2, 3] = t + 7  # past the context
+    rows[3, 0] = next(x for x in range(t) if x not in set(rows[3].tolist()))  # swapped in
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_dense_and_the_screened_check_give_the_same_report(seed, monkeypatch):
+    """The same report, entry for entry (verdicts, reasons, every problem
+    with its listed positions and their scores, margins, thresholds, vacuous
+    rows) by either path, on low-contrast and ordinary keys (float32; fp8
+    with per-key scales; compressed entries), right and broken rows, every
+    tolerance kind, single-sequence and packed."""
+    import ml_dtypes
+
+    rng, q, w, low, ordinary, pos = _low_contrast(seed)
+    topk = 40
+    kinds = set()
+    scale = (np.abs(ordinary).max(axis=1) / 448).astype(np.float32)
+    fp8 = (ordinary / scale[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    for k, c, ratio in ((low, None, 1), (ordinary, None, 1), (fp8, scale, 1), (low, None, 3)):
+        t = len(k)
+        one = dict(key_scale=c, compress_ratio=ratio)
+        right = ks.indexer_topk(q, w, k, pos, topk, **one).astype(np.int64)
+        cu, seq = np.array([0, 700, t]), np.array([0, 1, 1, 0, 1, 0])
+        ppos = np.array([rng.integers(0, (cu[s + 1] - cu[s]) + 3) for s in seq])
+        packed_rows = ks.indexer_topk_packed(q, w, k, cu, seq, ppos, topk, key_scale=c).astype(np.int64)
+        for rows, kw, p in (
+            (right, one, pos),
+            (_broken(rng, right, t // ratio), one, pos),
+            (_broken(rng, packed_rows, 700), dict(cu_seqlens=cu, seq_ids=seq, key_scale=c), ppos),
+        ):
+            for atol, rtol in ((0.0, 0.0), (0.0, 2.0**-20), (1e-7, 0.0), (0.0, 2.0**-8)):
+                reports = []
+                for dense in (False, True):
+                    monkeypatch.setattr(dense_check, "_DENSE", dense)
+                    reports.append(checking.check_indexer_topk(rows, q, w, k, p, topk, atol=atol, rtol=rtol, **kw))
+                a, b = reports
+                kinds.update(r for r, m in a["by_reason"].items() if m)
+                kinds.update(["vacuous"] * (a["vacuous"] > 0))
+                why = (seed, atol, rtol, kw)
+                assert (a["correct"], a["wrong"], a["vacuous"], a["by_reason"]) == (
+                    b["correct"],
+                    b["wrong"],
+                    b["vacuous"],
+                    b["by_reason"],
+                ), why
+                assert a["details"] == b["details"], why
+    assert {"wrong_selection", "duplicate", "not_causal", "vacuous"} <= kinds  # the reports differ in kind
+
+
+def test_a_wrong_rows_listed_scores_are_exact_on_either_path(monkeypatch):
+    """A wrong row lists its dropped positions with their float64 scores,
+    not float32 ones, on either path: keys 3, 2, 2 + 1e-8, 1, 1 and zeros,
+    the five zeros selected (the float32 score of key 2 + 1e-8 ties key 1's
+    2.0; its exact one is above it, so it lists first)."""
+    q = np.array([[[1.0, 1e-8]]], np.float32)
+    w = np.ones((1, 1), np.float32)
+    k = np.zeros((10, 2), np.float32)
+    k[:5, 0] = [3, 2, 2, 1, 1]
+    k[2, 1] = 1
+    rows = np.arange(5, 10)[None]
+    exact = 2 + np.float64(np.float32(1e-8))
+    for dense in (False, True):
+        monkeypatch.setattr(dense_check, "_DENSE", dense)
+        r = checking.check_indexer_topk(rows, q, w, k, [9], 5, atol=0, rtol=0)
+        (problem,) = r["details"][0]["problems"]
+        assert problem["dropped"][:3] == [(0, 3.0), (2, exact), (1, 2.0)], dense
+
+
+def test_the_probe_checks_low_contrast_rows_dense_and_ordinary_rows_screened(monkeypatch):
+    """The probe's choice (speed only): past _DENSE_WORK a low-contrast
+    sequence is checked dense, an ordinary one screened, and a one-row
+    sequence screened unprobed; below it, dense unprobed."""
+    rng, q, w, low, ordinary, pos = _low_contrast(7, t=2048)
+    assert len(q) * 2048 * q.shape[1] * q.shape[2] < dense_check._DENSE_WORK
+    seen = []
+    probe = dense_check._band_share
+    monkeypatch.setattr(dense_check, "_band_share", lambda *a, **k: seen.append("probe") or probe(*a, **k))
+    dense, screened = dense_check._dense, exact_check._rescore
+    monkeypatch.setattr(dense_check, "_dense", lambda *a, **k: seen.append("dense") or dense(*a, **k))
+    monkeypatch.setattr(exact_check, "_rescore", lambda *a, **k: seen.append("screened") or screened(*a, **k))
+    for k in (low, ordinary):
+        seen.clear()
+        rows = ks.indexer_topk(q, w, k, pos, 64)
+        assert checking.check_indexer_topk(rows, q, w, k, pos, 64, atol=0, rtol=0)["wrong"] == 0
+        assert set(seen) == {"dense"}
+    monkeypatch.setattr(dense_check, "_DENSE_WORK", 0)
+    for k, want in ((low, "dense"), (ordinary, "screened")):
+        seen.clear()
+        rows = ks.indexer_topk(q, w, k, pos, 64)
+        assert checking.check_indexer_topk(rows, q, w, k, pos, 64, atol=0, rtol=0)["wrong"] == 0
+        assert seen[0] == "probe" and set(seen[1:]) == {want}
+        seen.clear()
+        checking.check_indexer_topk(rows[:1], q[:1], w[:1], k, pos[:1], 64, atol=0, rtol=0)
+        assert seen == ["screened"]

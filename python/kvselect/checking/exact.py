@@ -3,7 +3,9 @@
 :func:`check_indexer_topk` screens with the native float32 scores and a
 rigorous error bound, then re-scores only the candidate positions in
 float64 (every product of fp8/bf16/f16/f32 operands is exact there); see
-the package docs for the argument."""
+the package docs for the argument. Where the screen cannot decide (small
+sequences, low-contrast rows) every position is re-scored instead
+(:mod:`kvselect.checking.dense`): the same report either way."""
 
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 
 import kvselect as ks
+import kvselect.checking.dense as _path
 from kvselect.checking._common import (
     _CHUNK_BYTES,
     _ETA32,
     _U32,
-    FILLERS,
     Dump,
     DumpError,
     _check_packing,
@@ -29,8 +31,8 @@ from kvselect.checking._common import (
     _tolerance_values,
     _topk_of,
     _vacuous_rows,
-    decode32,
 )
+from kvselect.checking._vet import _vet_api
 from kvselect.checking.family import DEFAULTS, check_indexer_family, family_options
 from kvselect.checking.report import Report
 
@@ -185,37 +187,44 @@ def indexer_check(
         g: Optional[np.ndarray] = None
         idx = np.flatnonzero(seq == s)
         step = len(idx) if whole is not None else max(1, _CHUNK_BYTES // (26 * max(1, hi - lo) + 16 * max(1, h * d)))
+        # Screened or dense (see checking.dense): a small sequence
+        # goes dense, a larger one with rows to spare is probed with its
+        # first row's float32 scores (_band_share) and goes dense where the
+        # screen would re-score more than _DENSE_BAND of them. Either way
+        # the same report.
+        dense = _path._DENSE
+        if dense is None:
+            small = len(idx) * (hi - lo) * h * d < _path._DENSE_WORK
+            dense = small or len(idx) > 1
+            if dense and not small:
+                kk = topk if topk is not None else engine_rows.shape[1]
+                share = _path._band_share(
+                    q_arr[idx[0]], w32[idx[0]], keys, pos[idx[0]], ksc, key_format, query_format, compress_ratio, kk
+                )
+                dense = share > _path._DENSE_BAND
         for c0 in range(0, len(idx), step):
             sub = idx[c0 : c0 + step]
-            S = ks.indexer_scores(
-                q_arr[sub],
-                w32[sub],
-                keys,
-                pos[sub],
-                key_scale=ksc,
-                key_format=key_format,
-                query_format=query_format,
-                compress_ratio=compress_ratio,
-            )
-            if g is None:  # once per sequence, after the native call has vetted the keys
-                g = _key_bounds(keys, ksc, key_format)
             lens = np.minimum((pos[sub] + 1) // compress_ratio, hi - lo)
             layout = whole if whole is not None else layout_of(sub)
             rel = None if whole is None else whole.positions(engine_rows)[sub]
-            idx_, real, exact, mags, vac = _rescore(
-                S,
-                g,
-                engine_rows[sub],
-                lens,
-                topk,
-                atol,
-                rtol,
-                layout,
-                (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format, pos[sub], compress_ratio),
-                rel,
-                whole is not None,
-                slack,
-            )
+            operands = (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format, pos[sub], compress_ratio)
+            args = (engine_rows[sub], lens, topk, atol, rtol, layout, operands, rel, whole is not None, slack)
+            if dense:
+                idx_, real, exact, mags, vac = _path._dense(*args)
+            else:
+                S = ks.indexer_scores(
+                    q_arr[sub],
+                    w32[sub],
+                    keys,
+                    pos[sub],
+                    key_scale=ksc,
+                    key_format=key_format,
+                    query_format=query_format,
+                    compress_ratio=compress_ratio,
+                )
+                if g is None:  # once per sequence, after the native call has vetted the keys
+                    g = _key_bounds(keys, ksc, key_format)
+                idx_, real, exact, mags, vac = _rescore(S, g, *args)
             vacuous += int(vac.sum())
             if whole is not None:
                 full[sub, : hi - lo], full_lens[sub] = exact, lens
@@ -300,7 +309,7 @@ def _rescore(
     full: bool = False,
     slack: float = 0.0,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
-    """The float64-exact check of a chunk of rows (see
+    """The float64-exact check of a chunk of rows, screened (see
     :func:`check_indexer_topk` for the rule and why it is exact): ``(idx,
     real, scores, magnitudes, vacuous)``. ``scores`` (and ``magnitudes``,
     ``None`` at ``rtol = 0``) are rows ``idx`` of the chunk in float64: ``S``
@@ -422,19 +431,17 @@ def _rescore(
     cs_all = None if ksc is None else np.asarray(ksc, dtype=np.float32).astype(f64)
 
     def rescore(
-        pr_parts: List[np.ndarray], pt_parts: List[np.ndarray], done: Optional[np.ndarray] = None
+        pr_parts: List[np.ndarray], pt_parts: List[np.ndarray]
     ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Re-score the (row, position) pairs not ``done`` in float64 (every
-        product of the decoded operands exact; one decode of their distinct
-        keys): the pairs (``row * t + position``, row, position), their
-        scores and magnitudes."""
+        """Re-score the (row, position) pairs in float64 (every product of
+        the decoded operands exact; one decode of their distinct keys): the
+        pairs (``row * t + position``, row, position), their scores and
+        magnitudes."""
         # The distinct pairs, sorted, through a mask of the chunk's [c, t]
         # pairs (a hash or a sort of some 10^5 pairs costs more).
         mark = np.zeros(c * t, dtype=bool)
         for p, q_ in zip(pr_parts, pt_parts):
             mark[np.asarray(p, dtype=np.int64) * t + np.asarray(q_, dtype=np.int64)] = True
-        if done is not None:
-            mark[done] = False
         u = np.flatnonzero(mark)
         pr, pt = u // t, u % t
         # The scores natively (the exact selection's float64 re-score: the
@@ -480,25 +487,6 @@ def _rescore(
         worst = np.full(c, np.inf)
         np.minimum.at(worst, pr[is_sel], (ex + e)[is_sel])
     wrong = has_both & (~fin | ~(best <= worst))
-    if wrong.any():  # the wrong rows' threshold and counts past the line
-        pr_parts, pt_parts = [], []
-        for i in np.flatnonzero(wrong):
-            ts = _screen_row(
-                S[i, : int(lens[i])],
-                g[: int(lens[i])],
-                float(A[i]),
-                float(delta[i]),
-                gam,
-                rel[i][ok[i]],
-                k,
-                atol,
-                rtol,
-                (float(best[i]), float(worst[i])),
-            )
-            pr_parts.append(np.full(len(ts), i, dtype=np.int64))
-            pt_parts.append(ts)
-        more = rescore(pr_parts, pt_parts, done)
-        pr, pt, ex, mg = (np.concatenate([x, y]) for x, y in zip((pr, pt, ex, mg), more[1:]))
     # The float64 scores (and magnitudes) of the rows whose values matter:
     # the wrong ones' (check_topk reports their line) and the vacuous test's
     # undecided ones; every row with ``full``.
@@ -512,6 +500,23 @@ def _rescore(
     out[at[pr[mine]], pt[mine]] = ex[mine]
     if mags is not None:
         mags[at[pr[mine]], pt[mine]] = mg[mine]
+    wi = np.flatnonzero(wrong)
+    if len(wi):
+        # A wrong row's every score and magnitude in float64 (the dense
+        # path's pass): its report (threshold, counts past the line, the
+        # positions listed and their scores) is then exact throughout.
+        both = ks._core._indexer_rescore_all(
+            q[wi],
+            w32[wi],
+            keys_,
+            qpos[wi],
+            key_scale=ksc,
+            key_format=key_format,
+            query_format=query_format,
+            compress_ratio=ratio,
+        )
+        out[at[wi]] = both[:, 0]
+        mags[at[wi]] = both[:, 1]
     if slow.any():
         rs = at[np.flatnonzero(slow)]
         vac[slow] = _vacuous_rows(out[rs], mags[rs], lens[slow], k, atol, rtol)
@@ -528,15 +533,12 @@ def _screen_row(
     k: int,
     atol: float,
     rtol: float,
-    line: Optional[Tuple[float, float]] = None,
 ) -> np.ndarray:
     """One row's candidates (positions), screened in float64 (``S`` and
-    ``g`` the row's ``L`` positions'). Without ``line``: a row the chunk's
-    screen left undecided as to vacuity, or with a non-finite score or
-    operand: its best unselected and worst selected candidates and the
-    vacuous test's extremes. With ``line`` (the exact best unselected ``s -
-    e`` and worst selected ``s + e`` of a wrong row): the threshold band and
-    the positions whose side of the line the bounds leave open."""
+    ``g`` the row's ``L`` positions'): a row the chunk's screen left
+    undecided as to vacuity, or with a non-finite score or operand: its
+    best unselected and worst selected candidates and the vacuous test's
+    extremes."""
     L = len(S)
     s = S.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -551,17 +553,6 @@ def _screen_row(
     sel[selected] = True
     uns = ~sel
     cand = bad.copy()
-    if line is not None:
-        if bad.any():
-            cand[:] = True
-        else:
-            best, worst = line
-            want = min(k, L)
-            theta = np.partition(s, L - want)[L - want]
-            cand |= np.abs(s - theta) <= E + 2 * E.max()
-            cand |= uns & (up_m >= worst) & (lo_m <= worst)
-            cand |= sel & (up_p >= best) & (lo_p <= best)
-        return np.flatnonzero(cand)
     if sel.any() and uns.any():
         cand |= uns & (up_m >= lo_m[uns].max())
         cand |= sel & (lo_p <= up_p[sel].min())
@@ -757,43 +748,42 @@ def check_indexer_topk(
       above some upper end of an ``s + e``: not vacuous; every upper end of
       ``s - e`` at most every lower end of ``s + e``: vacuous), the positions
       that can be those extremes, by the same rule over all positions, join.
-      On a row the re-scored candidates show wrong: every ``t`` with ``|S_t -
-      θ32| <= E_t + 2 max E`` (``θ32`` the float32 ``min(topk, L)``-th best;
-      the exact threshold is within ``max E`` of it), and every position
-      whose side of the line its interval leaves open (an unselected ``b``
-      whose ``s_b - e_b`` interval holds the exact worst ``s_a + e_a``, a
-      selected ``a`` whose ``s_a + e_a`` interval holds the exact best ``s_b
-      - e_b``). A non-finite score or operand is always re-scored (the whole
-      row when it may be wrong). The candidates are re-scored in float64,
-      where every product of float32 / bfloat16 / float16 / fp8 operands is
-      exact: the score and ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|``.
+      A non-finite score or operand is always re-scored. The candidates are
+      re-scored in float64, where every product of float32 / bfloat16 /
+      float16 / fp8 operands is exact: the score and ``|c_t| Σ_h |w_h| Σ_i
+      |q_hi k_ti|``. A row the re-scored candidates show wrong (or that may
+      be, a non-finite score in it) is then re-scored whole, every position.
     - **Why the result is exact.** A non-candidate's value as the check
       sees it (``S_t``, and ``e_t`` from ``M'_t``) lies in the same interval
       as its exact one, and that interval lies strictly on the losing side of
       an extreme a candidate holds: so the best unselected ``s - e``, the
       worst selected ``s + e`` and the vacuous test's maximum and minimum are
       the exact scores' — the verdict, the margin and the vacuous count are
-      exact. On a wrong row the threshold is exact (every position near it is
-      exact, every other on the same side of it either way), and so are
-      ``n_dropped`` and ``n_intruders`` (every position whose count the
-      bounds leave open is exact). Not exact: the listed scores of
-      non-candidates in ``dropped`` / ``intruders`` (their float32 values),
-      and so their order, and which are listed when there are more than the
-      list holds. A row the candidates show exactly right is checked against
-      equal scores (only its structural faults can then be reported: its
-      selection is right), so only the wrong rows' scores are held in float64.
+      exact. A wrong row is reported from every position's float64 score:
+      its threshold, ``n_dropped``, ``n_intruders`` and the positions listed
+      with their scores are exact. A row the candidates show exactly right is
+      checked against equal scores (only its structural faults can then be
+      reported: its selection is right), so only the wrong rows' scores are
+      held in float64.
     - **The cost.** One native pass (the float32 scores), one pass over the
       keys for ``kmax`` (once per sequence; for bfloat16 / float16 / fp8 keys
       the largest sign-less code, since ``|x|`` rises with those bits), a
       vectorised float32 screen (one pass for each row's largest unselected
       score, one comparison with a per-row threshold, refined with each
-      candidate's own ``M'``), and a re-score of the candidates (some tens
-      per row near its line; more on the wrong rows, which are screened
-      again one by one). The re-score is native
-      (``kvselect._core._indexer_rescore``: the exact selection's float64
-      kernel, every product exact, the same bits at every SIMD level), so on
-      low-contrast rows, where the float32 bound leaves every position a
-      candidate, the check costs about what the exact selection does.
+      candidate's own ``M'``), a re-score of the candidates (some tens per
+      row near its line) and of every position of a wrong row. The re-score
+      is native (``kvselect._core._indexer_rescore`` and
+      ``_indexer_rescore_all``: the exact selection's float64 kernel, every
+      product exact, the same bits at every SIMD level).
+    - **Where the screen cannot decide.** On low-contrast rows the float32
+      bound leaves every position a candidate, and the screen costs more
+      than it saves: a sequence whose first row's screen would re-score
+      more than a third of its positions (or any sequence under ``2^22``
+      multiply-adds) is checked dense instead (:mod:`kvselect.checking.dense`):
+      one native pass computes every position's float64 score and magnitude
+      with the same kernel and folds each row's verdict and vacuous test as
+      they come, and a wrong row is reported from its float64 scores, as
+      on the screened path: the same report either way.
     """
     p = _precision(precision, lambda message: _refused("precision", message))
     atol_, rtol_ = (float(x) for x in _tolerance_values(p, atol, rtol))
@@ -858,98 +848,6 @@ def check_indexer_topk(
         filler=filler,
         compress_ratio=compress_ratio,
     )
-
-
-def _non_finite(name: str, a: np.ndarray) -> None:
-    """Refuses a non-finite entry of operand ``name`` (float32 values),
-    naming its index, as a dump's check does."""
-    bad = ~np.isfinite(a)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise _refused(
-            name,
-            f"{name}[{', '.join(map(str, at))}] is {a[at]}: the exact scores of a "
-            f"non-finite {name} are undefined, so the rows cannot be checked",
-        )
-
-
-def _integers(name: str, a: Any) -> None:
-    """An index argument holds integers (a float one is a TypeError, never truncated)."""
-    if isinstance(a, bool) or not isinstance(a, (int, np.integer)) and np.asarray(a).dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got {np.asarray(a).dtype}")
-
-
-def _vet_api(
-    rows: Any,
-    index_q: Any,
-    weights: Any,
-    index_k: Any,
-    query_pos: Any,
-    topk: Any,
-    key_scale: Any,
-    key_format: Optional[str],
-    query_format: Optional[str],
-    cu_seqlens: Any,
-    seq_ids: Any,
-    kv_cache: Any,
-    block_table: Any,
-    seq_lens: Any,
-    page_layout: str,
-    filler: str,
-) -> None:
-    """:func:`check_indexer_topk`'s arguments judged before any work, each
-    refusal naming the argument as the native functions do: shapes against
-    ``rows`` and the keys, integer index arrays, finite operands (the exact
-    score of a non-finite one is undefined), ``topk`` and ``filler``."""
-    if filler not in FILLERS:
-        raise _refused("filler", f"filler must be one of {', '.join(map(repr, FILLERS))}, got {filler!r}")
-    if topk is not None:
-        if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)):
-            raise TypeError(f"topk must be an integer, got {type(topk).__name__}")
-        if topk < 1:
-            raise _refused("topk", f"topk must be at least 1, got {topk}")
-    if kv_cache is None:
-        for name, v in (("block_table", block_table), ("seq_lens", seq_lens)):
-            if v is not None:
-                raise _refused(
-                    name, f"{name} without kv_cache: a paged cache is kv_cache with block_table, seq_lens and seq_ids"
-                )
-        if page_layout != "dense":
-            raise _refused("page_layout", f"page_layout={page_layout!r} without kv_cache")
-        if seq_ids is not None and cu_seqlens is None:
-            raise _refused("seq_ids", "seq_ids without cu_seqlens: a packed batch is cu_seqlens with seq_ids")
-    _integers("query_pos", query_pos)
-    for name, v in (("seq_ids", seq_ids), ("cu_seqlens", cu_seqlens)):
-        if v is not None:
-            _integers(name, v)
-    n = len(np.asarray(rows)) if np.ndim(rows) else 0
-    q = np.asarray(index_q)
-    if q.ndim == 3:
-        h = q.shape[1]
-        if weights is not None and np.shape(weights) != (n, h):
-            raise _refused("weights", f"weights must be [n_queries={n}, H={h}], got {list(np.shape(weights))}")
-        _non_finite("index_q", decode32(q, query_format) if q.dtype.kind in "fV" or query_format else q)
-    if weights is not None:
-        _non_finite("weights", np.asarray(weights, dtype=np.float32))
-    if index_k is not None:
-        k = np.asarray(index_k)
-        if key_scale is not None and np.ndim(key_scale) != 0 and np.shape(key_scale) != (len(k),):
-            raise _refused(
-                "key_scale", f"key_scale must be [n_keys={len(k)}] or one number, got {list(np.shape(key_scale))}"
-            )
-        step = max(1, (16 << 20) // max(1, k[:1].size * 4))
-        for t0 in range(0, len(k), step):  # decoded a chunk at a time
-            part = decode32(k[t0 : t0 + step], key_format)
-            bad = ~np.isfinite(part)
-            if bad.any():
-                t, i = (int(x) for x in np.argwhere(bad)[0][:2])
-                raise _refused(
-                    "index_k",
-                    f"index_k[{t0 + t}, {i}] is {part[t, i]}: the exact scores of a "
-                    f"non-finite index_k are undefined, so the rows cannot be checked",
-                )
-    if key_scale is not None:
-        _non_finite("key_scale", np.atleast_1d(np.asarray(key_scale, dtype=np.float32)))
 
 
 def _api_paged_keys(

@@ -4,8 +4,12 @@
 //! fp8 key is decoded exactly into the lanes the float32 kernel would have
 //! loaded, so the arithmetic, and every block max, is the same. The walk
 //! over a segment is shared with the AVX-512 kernel, which only replaces
-//! the [`Step`] over whole runs of keys.
-use super::{Pieces, Segment, TileOut, MR};
+//! the [`Step`] over whole runs of keys; the walk also takes each block's
+//! key magnitude when the tile reports it ([`super::TileOut`]), a step's
+//! keys right after the step, while they are in L1 (a max over their
+//! codes: the same value however the keys are split, so the AVX-512
+//! step's six keys give what three do).
+use super::{exact, Pieces, Segment, TileOut, MR};
 use crate::keys::lanes::{Bf16, Fp8, Fp8Scaled, Fp8ScaledFinite, Load, F16, F32 as L32};
 use crate::keys::Encoded;
 use crate::simd::x86::reduce4;
@@ -230,6 +234,7 @@ unsafe fn segment_typed<L: Load, Lx: Load<E = L::E>, S: Step>(
         "block_sparse kernel called out of bounds"
     );
     let neg_inf = _mm_set1_ps(f32::NEG_INFINITY);
+    let (mags, format) = (out.mag_at.is_some(), seg.keys.format());
     let mut cur_block = usize::MAX;
     let mut m = neg_inf;
     for piece in Pieces::new(seg) {
@@ -242,11 +247,16 @@ unsafe fn segment_typed<L: Load, Lx: Load<E = L::E>, S: Step>(
         }
         let before = m;
         // SAFETY: the bounds asserted above; the token's features.
-        m = unsafe { fold_piece::<L, S>(step, seg, q, keys, &piece, before) };
+        let (folded, code) =
+            unsafe { fold_piece::<L, S>(step, seg, q, keys, &piece, before, mags) };
+        m = folded;
         let (from, to) = ((piece.from - seg.base) * d, (piece.to - seg.base) * d);
         if recheck.is_some_and(|nan| nan(from, to)) {
             // SAFETY: as above.
-            m = unsafe { fold_piece::<Lx, S>(step, seg, q, keys, &piece, before) };
+            m = unsafe { fold_piece::<Lx, S>(step, seg, q, keys, &piece, before, false) }.0;
+        }
+        if mags {
+            out.flush_magnitude(piece.block - seg.b0, format, code);
         }
     }
     if cur_block != usize::MAX {
@@ -254,7 +264,10 @@ unsafe fn segment_typed<L: Load, Lx: Load<E = L::E>, S: Step>(
     }
 }
 
-/// One piece of a segment folded into the running max `m`.
+/// One piece of a segment folded into the running max `m`; with `mags`,
+/// also the magnitude code of its keys ([`exact::code_max`], else 0),
+/// taken a step's keys at a time right after the step reads them (from
+/// L1: see [`super::TileOut`]).
 ///
 /// # Safety
 /// The bounds [`segment_typed`] asserts; AVX2, FMA and F16C.
@@ -267,13 +280,21 @@ unsafe fn fold_piece<L: Load, S: Step>(
     keys: &[L::E],
     piece: &super::Piece,
     mut m: __m128,
-) -> __m128 {
+    mags: bool,
+) -> (__m128, u32) {
     let d = seg.d;
     let dp = seg.dp;
     let q = q.as_ptr();
     // Key `p` is at `kbase + (p - base) * d`.
     let (kbase, base) = (keys.as_ptr(), seg.base);
     let (from, to) = (piece.from, piece.to);
+    let mut code = 0u32;
+    // Keys `a .. b`' magnitude code, into `code`: what the steps read.
+    let mut take = |a: usize, b: usize| {
+        if mags {
+            code = code.max(exact::code_max(&seg.keys, (a - base) * d, (b - base) * d));
+        }
+    };
     if !piece.masked {
         let own = seg.keys.bytes(0, usize::MAX);
         let kb = d * std::mem::size_of::<L::E>();
@@ -293,8 +314,10 @@ unsafe fn fold_piece<L: Load, S: Step>(
             }
             // SAFETY: keys p..p+KEYS exist ((end - base) * d <= keys.len(), p >= base).
             m = unsafe { step.fold::<L>(q, dp, kbase.add((p - base) * d), d, m) };
+            take(p, p + S::KEYS);
             p += S::KEYS;
         }
+        take(p, to);
         while p < to {
             let n = (to - p).min(3);
             // SAFETY: as above, for the last keys, at most 3 at a time.
@@ -305,6 +328,7 @@ unsafe fn fold_piece<L: Load, S: Step>(
             p += n;
         }
     } else {
+        take(from, to);
         // Lane i keeps key p iff p < vis of row [0, 2, 1, 3][i],
         // compared relative to `from` so it fits an i32.
         let rel = |v: usize| v.saturating_sub(from).min(i32::MAX as usize) as i32;
@@ -328,5 +352,5 @@ unsafe fn fold_piece<L: Load, S: Step>(
             p += n;
         }
     }
-    m
+    (m, code)
 }

@@ -5,8 +5,8 @@
 //! the same order), and each half is reduced with the same [`reduce4`], so
 //! the block maxima are bit-identical to the AVX2 and portable kernels';
 //! what changes is that one instruction does the work of two. The walk over
-//! a segment (pieces, masking, the last keys of a run) is the AVX2
-//! kernel's.
+//! a segment (pieces, masking, the last keys of a run, the block key
+//! magnitudes) is the AVX2 kernel's.
 
 use super::avx2::Step;
 use super::MR;

@@ -1,5 +1,5 @@
 //! The portable kernel: the AVX2 kernel's exact arithmetic, lane by lane.
-use super::{Pieces, Segment, TileOut, MR};
+use super::{exact, Pieces, Segment, TileOut, MR};
 
 /// One dot product in the canonical order (see the module docs). `q` is
 /// zero-padded to `k.len()` rounded up to 8; past `k.len()` a key
@@ -39,6 +39,12 @@ pub(super) fn segment(seg: &Segment<'_>, mut out: TileOut<'_>) {
             }
             cur_block = piece.block;
             m = [f32::NEG_INFINITY; MR];
+        }
+        if out.mag_at.is_some() {
+            let len = seg.keys.len();
+            let at = |p: usize| ((p - seg.base) * d).min(len);
+            let code = exact::code_max(&seg.keys, at(piece.from), at(piece.to));
+            out.flush_magnitude(piece.block - seg.b0, seg.keys.format(), code);
         }
         for p in piece.from..piece.to {
             let at = (p - seg.base) * d;

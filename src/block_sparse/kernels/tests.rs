@@ -155,6 +155,141 @@ fn decoded_keys_give_the_block_maxima_of_their_float32_values() {
     }
 }
 
+/// Every block's key magnitude (the exact selection's `G_b`), as
+/// `score_blocks` leaves it with `mags`: blocks `0 .. nb` of `bpt`-block
+/// tasks, keys walked `key_chunk` at a time.
+#[allow(clippy::too_many_arguments)]
+fn magnitudes(
+    isa: Isa,
+    q: &[f32],
+    rows: usize,
+    vis: &[usize],
+    keys: &Keys<'_>,
+    d: usize,
+    bs: usize,
+    (bpt, key_chunk): (usize, usize),
+) -> Vec<f32> {
+    let padded = PaddedRows::new(&Encoded::F32(q), 0, rows, d, |r| vis[r]);
+    let n_keys = keys.n_keys(d);
+    let nb = vis.iter().map(|v| v.div_ceil(bs)).max().unwrap_or(0);
+    let stride = padded.rows_pad + 1;
+    let mut scratch = vec![f32::NEG_INFINITY; nb * stride];
+    for (t, chunk) in scratch.chunks_mut(stride * bpt).enumerate() {
+        score_blocks(
+            isa,
+            &padded,
+            keys,
+            d,
+            n_keys,
+            bs,
+            t * bpt,
+            chunk,
+            key_chunk,
+            true,
+        );
+    }
+    (0..nb)
+        .map(|b| scratch[b * stride + padded.rows_pad])
+        .collect()
+}
+
+/// The block key magnitudes the kernels take as they read the keys (the
+/// first row tile of each chunk takes those it reads, the engine the rest
+/// past every row's visibility) are, on every level, each block's largest
+/// `|k|` over all its keys, or NaN when one is NaN — whatever the format,
+/// the task and chunk splits, the tiles and the masked pieces.
+#[test]
+fn the_kernels_take_every_blocks_key_magnitude() {
+    let mut rng = XorShift(0x6d61_6773);
+    let levels = simd::isas_for_test();
+    let mut nan_blocks = 0;
+    for case in 0..240 {
+        let d = 1 + rng.below(40);
+        let n_keys = 1 + rng.below(200);
+        let rows = 1 + rng.below(13);
+        let bs = 1 + rng.below(40);
+        let q: Vec<f32> = (0..rows * d).map(|_| rng.f32()).collect();
+        // Rows see at most every key; at least one row sees into the last
+        // block some of the time, so the engine's part runs or not.
+        let vis: Vec<usize> = (0..rows).map(|_| 1 + rng.below(n_keys)).collect();
+        let nan = case % 4 == 0;
+        // Codes of every kind (NaN ones only when `nan`), float32 finite
+        // values at scales that make the largest one a few keys' only.
+        let codes16: Vec<u16> = (0..n_keys * d)
+            .map(|_| match rng.next() as u16 {
+                b if b & 0x7C00 == 0x7C00 && !nan => b & 0xBFFF,
+                b => b,
+            })
+            .collect();
+        let bf16: Vec<u16> = codes16
+            .iter()
+            .map(|&b| {
+                if b & 0x7F80 == 0x7F80 && !nan {
+                    b & 0xBFFF
+                } else {
+                    b
+                }
+            })
+            .collect();
+        let fp8: Vec<u8> = (0..n_keys * d)
+            .map(|_| match rng.next() as u8 {
+                b if b & 0x7F == 0x7F && !nan => b ^ 1,
+                b => b,
+            })
+            .collect();
+        let mut f32s: Vec<f32> = (0..n_keys * d)
+            .map(|_| rng.f32() * (1u64 << rng.below(20)) as f32)
+            .collect();
+        if nan {
+            let i = rng.below(f32s.len());
+            f32s[i] = f32::NAN;
+        }
+        let formats = [
+            Encoded::F32(&f32s),
+            Encoded::Bf16(&bf16),
+            Encoded::F16(&codes16),
+            Encoded::Fp8E4m3(&fp8),
+        ];
+        let nb = vis.iter().map(|v| v.div_ceil(bs)).max().unwrap_or(0);
+        let splits = [(1, 5), (3, 64), (1 + rng.below(8), usize::MAX)];
+        for enc in formats {
+            // The reference: every decoded element of the block, one by one.
+            let mut vals = vec![0.0f32; n_keys * d];
+            enc.decode(0, &mut vals);
+            let want: Vec<f32> = (0..nb)
+                .map(|b| {
+                    let block = &vals[b * bs * d..((b + 1) * bs).min(n_keys) * d];
+                    block.iter().fold(0.0f32, |m, &v| {
+                        if m.is_nan() || v.is_nan() {
+                            f32::NAN
+                        } else {
+                            m.max(v.abs())
+                        }
+                    })
+                })
+                .collect();
+            nan_blocks += want.iter().filter(|m| m.is_nan()).count();
+            for &isa in &levels {
+                for split in splits {
+                    let got = magnitudes(isa, &q, rows, &vis, &Keys::Dense(enc), d, bs, split);
+                    let same = got.len() == want.len()
+                        && got
+                            .iter()
+                            .zip(&want)
+                            .all(|(g, w)| (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits());
+                    assert!(
+                        same,
+                        "case {case} ({:?}, {isa:?}, split {split:?}): d={d} n_keys={n_keys} \
+                         rows={rows} bs={bs}\n got {got:?}\nwant {want:?}",
+                        enc.format()
+                    );
+                }
+            }
+        }
+    }
+    assert!(nan_blocks > 50, "only {nan_blocks} NaN blocks compared");
+}
+
 /// Splitting the rows into groups (to bound the scratch) changes
 /// nothing: a scratch budget of one tile gives the same selections as
 /// one group holding every row.

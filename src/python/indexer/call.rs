@@ -343,4 +343,34 @@ impl<'py> Call<'py> {
             indexer::indexer_rescore_into(&shape, &inputs, rows, positions, o)
         })
     }
+
+    /// Every score and magnitude in float64, `[n_queries, 2, n_keys]`
+    /// (`indexer_rescore_all_into`).
+    pub(super) fn rescore_all(self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArrayDyn<f64>>> {
+        let shape = self.shape;
+        let arrays = self.arrays();
+        let dims = [shape.n_queries, 2, shape.n_keys];
+        let out = S.output::<f64>(py, None, &dims, &arrays)?;
+        let (inputs, work) = (self.borrowed()?, self.work());
+        out.run(work, |o| indexer::indexer_rescore_all_into(&shape, &inputs, o))
+    }
+
+    /// Each row's verdict from every float64 score, `[n_queries, 5]`
+    /// (`indexer_rescore_verdict_into`).
+    pub(super) fn rescore_verdict(
+        self,
+        py: Python<'py>,
+        positions: &[i64],
+        width: usize,
+        atol: f64,
+        rtol: f64,
+    ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f64>>> {
+        let shape = self.shape;
+        let arrays = self.arrays();
+        let out = S.output::<f64>(py, None, &[shape.n_queries, 5], &arrays)?;
+        let (inputs, work) = (self.borrowed()?, self.work());
+        out.run(work, |o| {
+            indexer::indexer_rescore_verdict_into(&shape, &inputs, positions, width, atol, rtol, o)
+        })
+    }
 }

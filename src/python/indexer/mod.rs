@@ -13,6 +13,8 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scores::indexer_scores, m)?)?;
     m.add_function(wrap_pyfunction!(scores::indexer_magnitudes, m)?)?;
     m.add_function(wrap_pyfunction!(scores::_indexer_rescore, m)?)?;
+    m.add_function(wrap_pyfunction!(scores::_indexer_rescore_all, m)?)?;
+    m.add_function(wrap_pyfunction!(scores::_indexer_rescore_verdict, m)?)?;
     m.add_function(wrap_pyfunction!(topk::indexer_topk, m)?)?;
     m.add_function(wrap_pyfunction!(topk::indexer_topk_packed, m)?)?;
     m.add_function(wrap_pyfunction!(topk::indexer_topk_paged, m)?)?;

@@ -181,3 +181,89 @@ pub(super) fn _indexer_rescore<'py>(
     let positions = positions_of(S, positions, "positions")?;
     call.rescore(py, &rows, &positions)
 }
+
+/// Every score and its magnitude in float64 (private: the exact check's dense re-score).
+///
+/// ``[n_queries, 2, n_keys]``: ``[:, 0]`` each query's score of every key it sees,
+/// :func:`_indexer_rescore`'s score of each pair, bit for bit (each key decoded once per
+/// group of queries); ``[:, 1]`` its magnitude ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|``; NaN
+/// past the query's context (``L`` keys, as :func:`indexer_topk` counts them). The arguments as
+/// :func:`indexer_scores` takes them (no ``out``). What the exact check computes where its
+/// float32 screen would leave every position in the band (low-contrast rows).
+#[pyfunction]
+#[pyo3(
+    signature = (index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None,
+                 query_format=None, compress_ratio=None),
+    text_signature = "(index_q, weights, index_k, query_pos, *, key_scale=None, key_format=None, \
+                      query_format=None, compress_ratio=1)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _indexer_rescore_all<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    weights: &Obj<'py>,
+    index_k: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    key_scale: Opt<'_, 'py>,
+    key_format: Option<Named<KeyFormat>>,
+    query_format: Option<Named<QueryFormat>>,
+    compress_ratio: Opt<'_, 'py>,
+) -> PyResult<Bound<'py, numpy::PyArrayDyn<f64>>> {
+    let mut call = Call::inputs(
+        (index_q, weights, index_k, query_pos),
+        (
+            key_scale,
+            key_format.format_arg(),
+            query_format.format_arg(),
+        ),
+    )?;
+    call.ratio = ratio(compress_ratio)?;
+    call.rescore_all(py)
+}
+
+/// The exact check's verdict of each row from every float64 score (private: the dense check).
+///
+/// From :func:`_indexer_rescore_all`'s scores ``s`` and magnitudes ``m`` of every key a row
+/// sees, no score kept: with ``e = atol + rtol m``, ``[n_queries, 5]``: the highest ``s - e``
+/// of an unselected key, the lowest ``s + e`` of a selected one, the highest ``s - e`` and the
+/// lowest ``s + e`` of any key (``-inf`` / ``inf`` when there is none), and how many distinct
+/// keys the row selects. ``positions`` (integer ``[n_queries, width]``) is each row's
+/// selection; entries outside the row's context (``-1`` among them) select nothing. The other
+/// arguments as :func:`indexer_scores` takes them (no ``out``).
+#[pyfunction]
+#[pyo3(
+    signature = (index_q, weights, index_k, query_pos, positions, *, atol, rtol, key_scale=None,
+                 key_format=None, query_format=None, compress_ratio=None),
+    text_signature = "(index_q, weights, index_k, query_pos, positions, *, atol, rtol, \
+                      key_scale=None, key_format=None, query_format=None, compress_ratio=1)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn _indexer_rescore_verdict<'py>(
+    py: Python<'py>,
+    index_q: &Obj<'py>,
+    weights: &Obj<'py>,
+    index_k: &Obj<'py>,
+    query_pos: &Obj<'py>,
+    positions: &Obj<'py>,
+    atol: f64,
+    rtol: f64,
+    key_scale: Opt<'_, 'py>,
+    key_format: Option<Named<KeyFormat>>,
+    query_format: Option<Named<QueryFormat>>,
+    compress_ratio: Opt<'_, 'py>,
+) -> PyResult<Bound<'py, numpy::PyArrayDyn<f64>>> {
+    let mut call = Call::inputs(
+        (index_q, weights, index_k, query_pos),
+        (
+            key_scale,
+            key_format.format_arg(),
+            query_format.format_arg(),
+        ),
+    )?;
+    call.ratio = ratio(compress_ratio)?;
+    let p = S.input::<i64, 2>(positions, "positions", "[n_queries, width]")?;
+    let width = p.shape[1];
+    let want = [("n_queries", call.shape.n_queries), ("width", width)];
+    S.axes("positions", &p.shape, &want)?;
+    call.rescore_verdict(py, p.slice()?, width, atol, rtol)
+}
