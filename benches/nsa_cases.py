@@ -34,12 +34,14 @@ upper bound on how far the core is from the machine.
 One thread (``RAYON_NUM_THREADS=1`` and ``kvselect.set_num_threads(1)``, the floor
 on the same thread), ``time.thread_time`` (CPU time of the calling thread: the
 machine is shared), the cases interleaved, medians of the repetitions. Run:
-``RAYON_NUM_THREADS=1 python benches/nsa_cases.py [reps]``.
+``RAYON_NUM_THREADS=1 python benches/nsa_cases.py [reps] [--only decode|cached|prefill]``
+(``--only`` runs one group: the decode from the keys, the cached decode, or the prefill;
+each group's cases are interleaved with their own copies as before).
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import ml_dtypes
 import numpy as np
@@ -78,7 +80,7 @@ def report(label, t, fmas, rate, keys_copy, extra="") -> str:
     )
 
 
-def main(reps: int = 7) -> None:
+def main(reps: int = 7, only: str | None = None) -> None:
     ks.set_num_threads(1)
     print(cpu_line())
     rate = fma_rate()  # FMAs per second on this one thread
@@ -95,31 +97,36 @@ def main(reps: int = 7) -> None:
     ck = ks.nsa_compress_keys(k)
     ckb = ck.astype(ml_dtypes.bfloat16)
     cdst, cdst_b = np.empty_like(ck), np.empty_like(ckb)
-    t = thread_medians(
-        {
-            "f32": lambda: ks.nsa_select(q, k, counts),
-            "bf16": lambda: ks.nsa_select(q, kb, counts),
-            "eq9": lambda: ks.nsa_select(q, k, counts, window="eq9"),
-            "cached": lambda: ks.nsa_select_compressed(q, ck, n, counts),
-            "cached_b": lambda: ks.nsa_select_compressed(q, ckb, n, counts),
-            "copy": lambda: np.copyto(dst, k),
-            "copy_b": lambda: np.copyto(dst_b.view(np.uint16), kb.view(np.uint16)),
-            "ccopy": lambda: np.copyto(cdst, ck),
-            "ccopy_b": lambda: np.copyto(cdst_b.view(np.uint16), ckb.view(np.uint16)),
-        },
-        reps,
-    )
+    decode = {
+        "f32": lambda: ks.nsa_select(q, k, counts),
+        "bf16": lambda: ks.nsa_select(q, kb, counts),
+        "eq9": lambda: ks.nsa_select(q, k, counts, window="eq9"),
+        "copy": lambda: np.copyto(dst, k),
+        "copy_b": lambda: np.copyto(dst_b.view(np.uint16), kb.view(np.uint16)),
+    }
+    cached = {
+        "cached": lambda: ks.nsa_select_compressed(q, ck, n, counts),
+        "cached_b": lambda: ks.nsa_select_compressed(q, ckb, n, counts),
+        "ccopy": lambda: np.copyto(cdst, ck),
+        "ccopy_b": lambda: np.copyto(cdst_b.view(np.uint16), ckb.view(np.uint16)),
+    }
+    cases = {**(decode if only in (None, "decode") else {}), **(cached if only in (None, "cached") else {})}
+    t = thread_medians(cases, reps) if cases else {}
     shape = f"last {n_q} of {n} tokens, {hq}/{h} heads, d={d}, B={bs}, block_counts={counts}"
-    fmas = rule_fmas(n, n_q, hq, h, d, bs, bs, bs)
-    print(report(f"decode f32 keys, {shape}", t["f32"], fmas, rate, t["copy"]))
-    print(report(f"decode bf16 keys, {shape}", t["bf16"], fmas, rate, t["copy_b"]))
-    fmas9 = rule_fmas(n, n_q, hq, h, d, bs, 32, 16)
-    print(report(f"decode f32 keys, eq9 (32/16), {shape}", t["eq9"], fmas9, rate, t["copy"]))
-    fmas_c = rule_fmas(n, n_q, hq, h, d, bs, bs, bs, cached=True)
-    print(report(f"decode cached f32 compressed keys, {shape}", t["cached"], fmas_c, rate, t["ccopy"]))
-    print(report(f"decode cached bf16 compressed keys, {shape}", t["cached_b"], fmas_c, rate, t["ccopy_b"]))
+    if "f32" in t:
+        fmas = rule_fmas(n, n_q, hq, h, d, bs, bs, bs)
+        print(report(f"decode f32 keys, {shape}", t["f32"], fmas, rate, t["copy"]))
+        print(report(f"decode bf16 keys, {shape}", t["bf16"], fmas, rate, t["copy_b"]))
+        fmas9 = rule_fmas(n, n_q, hq, h, d, bs, 32, 16)
+        print(report(f"decode f32 keys, eq9 (32/16), {shape}", t["eq9"], fmas9, rate, t["copy"]))
+    if "cached" in t:
+        fmas_c = rule_fmas(n, n_q, hq, h, d, bs, bs, bs, cached=True)
+        print(report(f"decode cached f32 compressed keys, {shape}", t["cached"], fmas_c, rate, t["ccopy"]))
+        print(report(f"decode cached bf16 compressed keys, {shape}", t["cached_b"], fmas_c, rate, t["ccopy_b"]))
     del k, kb, dst, dst_b
 
+    if only not in (None, "prefill"):
+        return
     # Prefill: every query of a sequence.
     n = n_q = 8192
     k = rng.standard_normal((n, h, d), dtype=np.float32)
@@ -145,4 +152,8 @@ def main(reps: int = 7) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 7)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("reps", nargs="?", type=int, default=7)
+    parser.add_argument("--only", choices=("decode", "cached", "prefill"))
+    args = parser.parse_args()
+    main(args.reps, args.only)

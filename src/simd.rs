@@ -722,6 +722,7 @@ mod tests {
         ("moba.sums", crate::moba::dispatch_probe),
         ("eviction.scores", crate::eviction::dispatch_probe),
         ("nsa.compress", crate::nsa::dispatch_probe),
+        ("infllm.head_sums", crate::infllm::dispatch_probe),
     ];
 
     /// The levels a family has no kernel for, refused by name (`avx512 =>
@@ -743,6 +744,7 @@ mod tests {
         ("eviction.scores", Level::Avx512, Level::Avx2),
         ("nsa.compress", Level::Avx512, Level::Avx2),
         ("indexer.dense", Level::Avx512, Level::Avx2),
+        ("infllm.head_sums", Level::Avx512, Level::Avx2),
     ];
 
     /// A level added to the dispatch is reached by every kernel family, or

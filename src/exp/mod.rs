@@ -157,4 +157,39 @@ mod tests {
             }
         }
     }
+
+    /// `avx2::exp_n` (four vectors side by side) is `exp` lane for lane: the
+    /// scalar kernel's bits (NaN for NaN) over a sweep of `[EXP_LO − 2, 0]`,
+    /// `−0`, `−inf` and NaN.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn exp_n_is_the_scalar_kernel() {
+        use std::arch::x86_64::{_mm256_loadu_ps, _mm256_storeu_ps};
+        let Some(_token) = crate::simd::avx2_for_test() else {
+            return;
+        };
+        let mut x: Vec<f32> = (0..64_000)
+            .map(|i| (EXP_LO - 2.0) * (i as f32 / 63_999.0))
+            .collect();
+        x.extend([-0.0, 0.0, f32::NEG_INFINITY, f32::NAN, EXP_LO, -1e-30]);
+        x.resize(x.len().next_multiple_of(32), -0.5);
+        for c in x.chunks_exact(32) {
+            let mut got = [0.0f32; 32];
+            // SAFETY: the token proves AVX2+FMA; every pointer has 8 floats.
+            unsafe {
+                let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(c.as_ptr().add(o)));
+                let e = avx2::exp_n(v);
+                for (i, ei) in e.iter().enumerate() {
+                    _mm256_storeu_ps(got.as_mut_ptr().add(8 * i), *ei);
+                }
+            }
+            for (&g, &xi) in got.iter().zip(c) {
+                let w = exp_scalar(xi);
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "{xi}: {g} vs {w}"
+                );
+            }
+        }
+    }
 }

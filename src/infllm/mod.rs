@@ -138,12 +138,20 @@
 //! points), `tests.rs`.
 
 mod api;
+pub(crate) mod heads;
 #[doc(hidden)]
 pub mod profile;
 pub(crate) mod score;
 pub mod select;
 #[cfg(test)]
 mod tests;
+
+/// Runs InfLLM-v2's kernel family (`infllm.head_sums`) at `isa` (the reach
+/// test's probe).
+#[cfg(test)]
+pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
+    heads::probe(isa)
+}
 
 pub use api::{
     block_scores_into, block_scores_packed_into, select_into, select_packed_into, select_paged_into,

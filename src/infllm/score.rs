@@ -40,8 +40,10 @@ impl Packed {
 /// Scratch reused across the rows a thread computes.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    logits: Vec<f32>,
+    pub(super) logits: Vec<f32>,
     pub sums: Vec<f32>,
+    /// The group's queries transposed ([`super::heads::group_sums`]).
+    pub(super) qt: Vec<f32>,
 }
 
 /// `S_j` for `j < n_vis`: the group's softmax probabilities summed, head

@@ -5,7 +5,7 @@ use super::api::block_scores_at;
 use super::score::{block_scores, pooled};
 use super::*;
 use crate::keys::Encoded;
-use crate::simd::isas_for_test;
+use crate::simd::{isas_for_test, Isa};
 
 fn cfg(pooling: Pooling, keep: Keep, init: usize, local: usize, top_k: usize) -> Config {
     Config {
@@ -432,4 +432,69 @@ fn paged_decode_equals_dense_at_every_level() {
     assert_eq!(e.argument(), "block_table");
     assert!(e.to_string().contains("61 compressed keys"), "{e}");
     assert!(out.iter().all(|&x| x == 7));
+}
+
+/// Stage 1 with the heads in the lanes (`heads::group_sums`) equals the
+/// packed form (`score::group_sums`) bit for bit at every level: groups of
+/// 8 (one vector), 9 to 16 (two, lanes left empty), 17 to 33 (a second
+/// chunk); key counts off the tiles (6 and 12 keys) and off 8 (the lane
+/// sums' padding and the last keys' scalar group sum); keys past `n_vis`
+/// present; logits that overflow to `±inf`, and NaN keys.
+#[test]
+fn heads_in_lanes_equal_the_packed_form_at_every_level() {
+    use super::heads::{self, Rows};
+    use super::score::{group_sums, Packed, Scratch};
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let mut seed = 40;
+    for &heads in &[8usize, 9, 12, 16, 17, 24, 32, 33] {
+        for &(d, n_vis, n_c) in &[
+            (1usize, 1usize, 1usize),
+            (7, 5, 9),
+            (24, 6, 6),
+            (16, 7, 20),
+            (8, 12, 13),
+            (24, 13, 13),
+            (32, 31, 40),
+            (128, 100, 100),
+        ] {
+            let n_kv = 3;
+            seed += 1;
+            let q = random(heads * d, seed);
+            let mut ck = random(n_c * n_kv * d, seed + 1000);
+            for special in 0..3 {
+                let mut q = q.clone();
+                match special {
+                    // Huge queries: logits of ±inf in some rows.
+                    1 => q.iter_mut().step_by(3).for_each(|x| *x *= 3e37),
+                    // A NaN key element: that key's logit NaN in every head.
+                    2 => ck[(n_vis / 2 * n_kv + 1) * d] = f32::NAN,
+                    _ => {}
+                }
+                let g = 1;
+                let packed = Packed::new(Isa::Scalar, &ck, n_c, n_kv, g, d);
+                let mut want = Scratch::default();
+                group_sums(Isa::Scalar, &q, heads, d, &packed, n_vis, 0.7, &mut want);
+                for isa in isas_for_test() {
+                    let mut got = Scratch::default();
+                    let rows = Rows {
+                        ck: &ck,
+                        base: g * d,
+                        stride: n_kv * d,
+                    };
+                    heads::group_sums(isa, &q, &[0], heads, d, rows, &[n_vis], 0.7, &mut got);
+                    assert_eq!(
+                        bits(&got.sums),
+                        bits(&want.sums),
+                        "{isa:?} heads={heads} d={d} n_vis={n_vis} special={special}"
+                    );
+                    // Reused scratch (a longer row before) gives the same.
+                    heads::group_sums(isa, &q, &[0], heads, d, rows, &[n_vis], 0.7, &mut got);
+                    assert_eq!(bits(&got.sums), bits(&want.sums), "{isa:?} reused");
+                }
+                if special == 0 {
+                    assert!(want.sums.iter().all(|s| s.is_finite() && *s > 0.0));
+                }
+            }
+        }
+    }
 }

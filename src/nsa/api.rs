@@ -3,6 +3,7 @@
 
 use super::{block_scores, row, Config, Window};
 use crate::error::{check_len, checked_size, ArgumentError};
+use crate::infllm::heads::{self, in_lanes, Rows};
 use crate::infllm::score::{group_sums, Packed, Scratch};
 use crate::keys::Encoded;
 use crate::simd::Isa;
@@ -364,7 +365,17 @@ fn run<T: Send>(
     let mut ck = vec![0.0f32; n_c * sh.n_kv * sh.d];
     let kernel = (geo.kernel_size, geo.kernel_stride);
     compress(isa, k, k_scale, sh.n_kv, sh.d, kernel, &mut ck);
-    stage(isa, sh, q, &ck, n_c, (cfg, window), out, width, f);
+    stage(
+        isa,
+        sh,
+        q,
+        Keys::F32(&ck),
+        n_c,
+        (cfg, window),
+        out,
+        width,
+        f,
+    );
 }
 
 /// A thread's scratch, reused across the rows and the calls it computes
@@ -386,6 +397,23 @@ thread_local! {
     static PACKED_BUFS: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The compressed keys [`stage`] reads (`[n_c, n_kv, d]`): float32, or
+/// unscaled bfloat16 bits read in place by the heads-in-lanes kernels
+/// (their float32 values exactly: the same bits as decoding them first).
+#[derive(Clone, Copy)]
+enum Keys<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+}
+
+/// What [`stage`] does with a query's block scores: `(query in its run,
+/// scores, top-k scratch)`.
+type RowFn<'a> = dyn FnMut(usize, &[f32], &mut Vec<u32>) + 'a;
+
+/// The most queries whose stage 1 shares a chunk of heads (a group of 8
+/// heads: four queries fill a chunk of 32).
+const MAX_FUSED: usize = 4;
+
 /// The most packed-key floats a thread keeps between calls (64 MiB).
 const PACKED_KEEP: usize = 1 << 24;
 
@@ -398,7 +426,7 @@ fn stage<T: Send>(
     isa: Isa,
     sh: &Shape,
     q: Encoded<'_>,
-    ck: &[f32],
+    ck: Keys<'_>,
     n_c: usize,
     (cfg, window): (&Config, Window),
     out: &mut [T],
@@ -410,33 +438,133 @@ fn stage<T: Send>(
     let nb = cfg.n_blocks(sh.seq_len);
     // Float32 queries are read in place; other formats decoded once.
     let qv = decoded(q, None, 0);
+    // A group of 8 heads or more is scored with its heads in the lanes, on
+    // the compressed keys in place (`heads`); a smaller one packs them.
+    // Bfloat16 compressed keys are read in place there at any group.
+    let lanes = in_lanes(g_heads) || matches!(ck, Keys::Bf16(_));
     let mut bufs = PACKED_BUFS.with_borrow_mut(std::mem::take);
-    let packed: Vec<Packed> = (0..sh.n_kv)
-        .map(|g| Packed::new_in(bufs.pop().unwrap_or_default(), isa, ck, n_c, sh.n_kv, g, d))
-        .collect();
+    let packed: Vec<Packed> = match (lanes, ck) {
+        (false, Keys::F32(ck)) => (0..sh.n_kv)
+            .map(|g| Packed::new_in(bufs.pop().unwrap_or_default(), isa, ck, n_c, sh.n_kv, g, d))
+            .collect(),
+        _ => Vec::new(),
+    };
     let work = g_heads * n_c.max(1) * d;
-    crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(work), |r, o| {
-        let (i, g) = (r / sh.n_kv, r % sh.n_kv);
-        let p = sh.pos(i);
-        let qg = &qv[(i * sh.hq + g * g_heads) * d..(i * sh.hq + (g + 1) * g_heads) * d];
+    // Stage 1 of queries `i0 + s` (`s < qs_n`) at KV head `g`, then each
+    // one's row `f(row(s), ..)`.
+    let rows_of = |g: usize, i0: usize, qs_n: usize, row: &mut RowFn<'_>| {
+        let mut n_vis = [0usize; MAX_FUSED];
+        for (s, n) in n_vis[..qs_n].iter_mut().enumerate() {
+            *n = geo.visible(sh.pos(i0 + s));
+        }
+        let n_max = n_vis[..qs_n].iter().copied().max().unwrap_or(0);
         ROW_SCRATCH.with_borrow_mut(|s| {
             let RowScratch {
                 stage1,
                 blocks,
                 ids,
             } = s;
-            let n_vis = geo.visible(p);
-            group_sums(isa, qg, g_heads, d, &packed[g], n_vis, cfg.scale, stage1);
-            blocks.clear();
-            blocks.resize(nb, 0.0);
-            block_scores(cfg, window, &stage1.sums, p, blocks);
-            f(o, blocks, ids);
+            if lanes {
+                let (base, stride) = (g * d, sh.n_kv * d);
+                let mut qs = [0usize; MAX_FUSED];
+                for (s, o) in qs[..qs_n].iter_mut().enumerate() {
+                    *o = ((i0 + s) * sh.hq + g * g_heads) * d;
+                }
+                let (qs, nv) = (&qs[..qs_n], &n_vis[..qs_n]);
+                match ck {
+                    Keys::F32(ck) => {
+                        let keys = Rows { ck, base, stride };
+                        heads::group_sums(isa, &qv, qs, g_heads, d, keys, nv, cfg.scale, stage1)
+                    }
+                    Keys::Bf16(ck) => {
+                        let keys = Rows { ck, base, stride };
+                        heads::group_sums(isa, &qv, qs, g_heads, d, keys, nv, cfg.scale, stage1)
+                    }
+                }
+            } else {
+                let qg = &qv[(i0 * sh.hq + g * g_heads) * d..(i0 * sh.hq + (g + 1) * g_heads) * d];
+                group_sums(isa, qg, g_heads, d, &packed[g], n_max, cfg.scale, stage1);
+            }
+            for (s, &n) in n_vis[..qs_n].iter().enumerate() {
+                blocks.clear();
+                blocks.resize(nb, 0.0);
+                let sums = &stage1.sums[s * n_max..s * n_max + n];
+                block_scores(cfg, window, sums, sh.pos(i0 + s), blocks);
+                row(s, blocks, ids);
+            }
         });
+    };
+    // With the heads in the lanes and a group a multiple of 8, `fused`
+    // queries share a chunk of at most 32 heads (the keys read once for
+    // them, each key element broadcast against twice the heads at a group
+    // of 16; each query's softmax over its own keys): the rows of `fused`
+    // queries are one unit. The bits are each query's alone
+    // (`heads::group_sums`).
+    let fused = if lanes && g_heads.is_multiple_of(8) && sh.n_q > 1 {
+        (32 / g_heads).clamp(1, MAX_FUSED)
+    } else {
+        1
+    };
+    let whole = if fused > 1 { sh.n_q / fused * fused } else { 0 };
+    let (head, tail) = out.split_at_mut(whole * sh.n_kv * width);
+    let unit = fused * sh.n_kv * width;
+    crate::pool::for_each_row_mut(head, unit, crate::pool::min_rows(work * fused), |u, o| {
+        for g in 0..sh.n_kv {
+            rows_of(g, u * fused, fused, &mut |s, blocks, ids| {
+                let r = s * sh.n_kv + g;
+                f(&mut o[r * width..(r + 1) * width], blocks, ids);
+            });
+        }
+    });
+    crate::pool::for_each_row_mut(tail, width, crate::pool::min_rows(work), |r, o| {
+        let r = r + whole * sh.n_kv;
+        let (i, g) = (r / sh.n_kv, r % sh.n_kv);
+        rows_of(g, i, 1, &mut |_, blocks, ids| f(o, blocks, ids));
     });
     bufs.extend(packed.into_iter().map(|p| p.keys));
     if bufs.iter().map(Vec::capacity).sum::<usize>() <= PACKED_KEEP {
         PACKED_BUFS.with_borrow_mut(|b| *b = bufs);
     }
+}
+
+thread_local! {
+    /// The calling thread's buffer for compressed keys given in another
+    /// format than float32, kept between calls up to [`PACKED_KEEP`]
+    /// floats: a fresh 4 MiB a call (a decode on 131,072 tokens' bfloat16
+    /// compressed keys) was a new mapping zero-filled page by page.
+    static CK_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `f` on the compressed keys `ck` as float32, each row of `row` values
+/// times its scale: `ck` itself when it is unscaled float32, else decoded
+/// (the product rounded to float32, as [`decoded`]) into the thread's kept
+/// buffer, which is only resized when its length changes (decoding writes
+/// every element).
+fn with_compressed<R>(
+    ck: Encoded<'_>,
+    scale: Option<&[f32]>,
+    row: usize,
+    f: impl FnOnce(&[f32]) -> R,
+) -> R {
+    if let (Encoded::F32(v), None) = (ck, scale) {
+        return f(v);
+    }
+    let mut buf = CK_BUF.with_borrow_mut(std::mem::take);
+    if buf.len() != ck.len() {
+        buf.clear();
+        buf.resize(ck.len(), 0.0);
+    }
+    ck.decode(0, &mut buf);
+    if let Some(s) = scale {
+        for (r, &c) in buf.chunks_mut(row.max(1)).zip(s) {
+            r.iter_mut().for_each(|x| *x *= c);
+        }
+    }
+    let out = f(&buf);
+    if buf.capacity() <= PACKED_KEEP {
+        CK_BUF.with_borrow_mut(|b| *b = buf);
+    }
+    out
 }
 
 /// `x` as float32, each row of `row` values times its scale: borrowed when
@@ -1083,8 +1211,33 @@ pub(super) fn block_scores_compressed_at(
         checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
         || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
     )?;
-    let ckv = decoded(ck, ck_scale, n_kv_heads * d);
-    stage(isa, &sh, q, &ckv, n_c, (cfg, window), out, nb, score_row);
+    if let (Encoded::Bf16(v), None) = (ck, ck_scale) {
+        stage(
+            isa,
+            &sh,
+            q,
+            Keys::Bf16(v),
+            n_c,
+            (cfg, window),
+            out,
+            nb,
+            score_row,
+        );
+    } else {
+        with_compressed(ck, ck_scale, n_kv_heads * d, |ckv| {
+            stage(
+                isa,
+                &sh,
+                q,
+                Keys::F32(ckv),
+                n_c,
+                (cfg, window),
+                out,
+                nb,
+                score_row,
+            )
+        });
+    }
     Ok(())
 }
 
@@ -1154,7 +1307,32 @@ pub(super) fn select_compressed_at(
         checked_size("out", &[sh.n_q, sh.n_kv, w])?,
         || format!("[n_q={}, n_kv_heads={}, block_counts={w}]", sh.n_q, sh.n_kv),
     )?;
-    let ckv = decoded(ck, ck_scale, n_kv_heads * d);
-    stage(isa, &sh, q, &ckv, n_c, (cfg, window), out, w, select_row);
+    if let (Encoded::Bf16(v), None) = (ck, ck_scale) {
+        stage(
+            isa,
+            &sh,
+            q,
+            Keys::Bf16(v),
+            n_c,
+            (cfg, window),
+            out,
+            w,
+            select_row,
+        );
+    } else {
+        with_compressed(ck, ck_scale, n_kv_heads * d, |ckv| {
+            stage(
+                isa,
+                &sh,
+                q,
+                Keys::F32(ckv),
+                n_c,
+                (cfg, window),
+                out,
+                w,
+                select_row,
+            )
+        });
+    }
     Ok(())
 }

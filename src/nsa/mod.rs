@@ -275,6 +275,21 @@ fn eq9(sums: &[f32], j: usize, per_block: usize, per_kernel: usize) -> f32 {
 /// `c < IC` its window's score, the rest `−inf` (no candidates).
 pub(crate) fn block_scores(cfg: &Config, window: Window, sums: &[f32], p: usize, out: &mut [f32]) {
     let ic = p / cfg.block_size;
+    if window == Window::Fla {
+        // The loop below, in three passes: the group sums of the blocks
+        // before the query's, `−inf` from there, then the forced blocks
+        // (`b < init_blocks`, `ic + 1 − local_blocks <= b <= ic`) `+inf`.
+        let m = ic.min(out.len());
+        out[..m].copy_from_slice(&sums[..m]);
+        out[m..].fill(f32::NEG_INFINITY);
+        let local = (ic + 1).saturating_sub(cfg.local_blocks)..ic + 1;
+        for b in (0..cfg.init_blocks.min(out.len())).chain(local) {
+            if b < out.len() && cfg.forced(b, ic) {
+                out[b] = f32::INFINITY;
+            }
+        }
+        return;
+    }
     for (b, o) in out.iter_mut().enumerate() {
         *o = if cfg.forced(b, ic) {
             f32::INFINITY
@@ -306,7 +321,7 @@ pub(crate) fn block_scores(cfg: &Config, window: Window, sums: &[f32], p: usize,
 /// sorted (a block enters only if it comes before the `k`-th; at decode
 /// few do), else a quickselect over all the candidates.
 pub(crate) fn row(scores: &[f32], ids: &mut Vec<u32>, out: &mut [i32]) {
-    use std::cmp::Ordering::Less;
+    use std::cmp::Ordering::{Greater, Less};
     let before = |a: u32, b: u32| {
         crate::infllm::select::before(
             scores[a as usize],
@@ -318,21 +333,39 @@ pub(crate) fn row(scores: &[f32], ids: &mut Vec<u32>, out: &mut [i32]) {
     let k = out.len();
     ids.clear();
     if k <= ROW_SCAN_MAX {
-        for (b, &s) in scores.iter().enumerate() {
-            if s == f32::NEG_INFINITY {
-                continue;
-            }
-            let b = b as u32;
-            if ids.len() == k {
-                match ids.last() {
-                    Some(&last) if before(b, last) == Less => {
-                        ids.pop();
-                    }
-                    _ => continue,
+        // Once `k` are kept, block `b` (an id above every kept one) comes
+        // before the `k`-th, `last`, iff its score is above `last`'s (a tie
+        // goes to the lower id), or `last`'s is NaN and `b`'s is not (NaN
+        // comes last): `s > t` with `t` the `k`-th's score, `−inf` for NaN.
+        // A NaN `s` fails the test, as it fails `before`.
+        // Once full, 8 blocks none of which passes the test are skipped
+        // together (the test without a branch a block).
+        let mut t = f32::INFINITY;
+        let n = scores.len();
+        let mut b = 0;
+        while b < n {
+            if ids.len() == k && b + 8 <= n {
+                let any = scores[b..b + 8].iter().fold(false, |a, &x| a | (x > t));
+                if !any {
+                    b += 8;
+                    continue;
                 }
             }
-            let at = ids.partition_point(|&x| before(x, b) == Less);
-            ids.insert(at, b);
+            let s = scores[b];
+            let full = ids.len() == k;
+            if s != f32::NEG_INFINITY && (!full || s.partial_cmp(&t) == Some(Greater)) {
+                if full {
+                    ids.pop();
+                }
+                let id = b as u32;
+                let at = ids.partition_point(|&x| before(x, id) == Less);
+                ids.insert(at, id);
+                if let (true, Some(&last)) = (ids.len() == k, ids.last()) {
+                    let sl = scores[last as usize];
+                    t = if sl.is_nan() { f32::NEG_INFINITY } else { sl };
+                }
+            }
+            b += 1;
         }
     } else {
         ids.extend((0..scores.len() as u32).filter(|&b| scores[b as usize] != f32::NEG_INFINITY));

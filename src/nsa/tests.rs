@@ -195,6 +195,160 @@ fn same_bits_at_every_level() {
     }
 }
 
+/// Queries that share a chunk of heads (heads in the lanes, a group a
+/// multiple of 8: two queries at a group of 16, four at 8) give each the row
+/// and the block scores it gets alone, at every level: groups of 1, 8, 16
+/// and 24, query counts that leave a partial unit, blocks of 8 so that
+/// queries of one unit see different key counts, key counts off the tiles.
+#[test]
+fn fused_queries_equal_each_query_alone_at_every_level() {
+    let mut seed = 17u64;
+    for &(hq, n_kv, d, seq, n_q) in &[
+        (16usize, 1usize, 24usize, 203usize, 7usize),
+        (32, 2, 16, 131, 5),
+        (16, 2, 8, 99, 70),
+        (8, 1, 40, 77, 3),
+        (8, 2, 24, 150, 9),
+        (24, 1, 8, 150, 6),
+        (2, 2, 8, 60, 5),
+        (16, 1, 128, 1037, 4),
+    ] {
+        let q = rand(&mut seed, n_q * hq * d);
+        let k = rand(&mut seed, seq * n_kv * d);
+        let c = Config {
+            scale: 0.3,
+            ..cfg(8, 4)
+        };
+        let nb = c.n_blocks(seq);
+        for isa in isas_for_test() {
+            let mut s = vec![0.0f32; n_q * n_kv * nb];
+            let (qe, ke) = (Encoded::F32(&q), Encoded::F32(&k));
+            block_scores_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut s).unwrap();
+            let mut r = vec![0i32; n_q * n_kv * 4];
+            select_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut r).unwrap();
+            for i in 0..n_q {
+                let p = seq - n_q + i;
+                let qi = &q[i * hq * d..(i + 1) * hq * d];
+                let ki = &k[..(p + 1) * n_kv * d];
+                let nbi = c.n_blocks(p + 1);
+                let mut si = vec![0.0f32; n_kv * nbi];
+                let (qe, ke) = (Encoded::F32(qi), Encoded::F32(ki));
+                block_scores_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut si).unwrap();
+                let mut ri = vec![0i32; n_kv * 4];
+                select_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut ri).unwrap();
+                for g in 0..n_kv {
+                    let row = &s[(i * n_kv + g) * nb..(i * n_kv + g + 1) * nb];
+                    let alone = &si[g * nbi..(g + 1) * nbi];
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&row[..nbi]),
+                        bits(alone),
+                        "{isa:?} hq={hq} i={i} g={g}"
+                    );
+                    assert!(row[nbi..].iter().all(|&x| x == f32::NEG_INFINITY));
+                    let got = &r[(i * n_kv + g) * 4..(i * n_kv + g + 1) * 4];
+                    assert_eq!(got, &ri[g * 4..(g + 1) * 4], "{isa:?} hq={hq} i={i} g={g}");
+                }
+            }
+        }
+    }
+}
+
+/// fla's block scores (three passes) are the rule's block by block: forced
+/// `+inf`, the group sum before the query's block, `−inf` after, for any
+/// forced counts (none, more than the blocks) and rows wider than the
+/// query's blocks.
+#[test]
+fn fla_block_scores_are_the_rule_block_by_block() {
+    let mut seed = 3u64;
+    for case in 0..300usize {
+        let c = Config {
+            init_blocks: case % 4,
+            local_blocks: (case / 4) % 5,
+            ..cfg(4, 16)
+        };
+        let p = case % 97;
+        let nb = c.n_blocks(p + 1) + case % 3;
+        let sums = rand(&mut seed, (p + 1) / 4);
+        let mut out = vec![7.0f32; nb];
+        block_scores(&c, Window::Fla, &sums, p, &mut out);
+        let ic = p / 4;
+        for (b, &o) in out.iter().enumerate() {
+            let want = if c.forced(b, ic) {
+                f32::INFINITY
+            } else if b < ic {
+                sums[b]
+            } else {
+                f32::NEG_INFINITY
+            };
+            assert_eq!(o.to_bits(), want.to_bits(), "case {case} b {b}");
+        }
+    }
+}
+
+/// Bfloat16 compressed keys, read in place by the heads-in-lanes kernels at
+/// any group (1, 4, 8, 16, 24), give the bits of their float32 values
+/// (decoded first; at groups under 8 the packed kernels), at every level,
+/// key counts off the tiles, both windows.
+#[test]
+fn bf16_compressed_keys_read_in_place_equal_their_float32_values() {
+    use super::api::{block_scores_compressed_at, select_compressed_at};
+    let eq9 = Window::Eq9 {
+        kernel_size: 8,
+        kernel_stride: 4,
+    };
+    let mut seed = 29u64;
+    for &(hq, n_kv, d, seq, n_q, window) in &[
+        (1usize, 1usize, 8usize, 203usize, 3usize, Window::Fla),
+        (8, 2, 16, 181, 5, Window::Fla),
+        (16, 1, 24, 333, 4, Window::Fla),
+        (32, 2, 16, 150, 7, Window::Fla),
+        (24, 1, 8, 99, 2, Window::Fla),
+        (16, 2, 16, 170, 4, eq9),
+    ] {
+        let q = rand(&mut seed, n_q * hq * d);
+        let c = Config {
+            scale: 0.3,
+            ..cfg(8, 4)
+        };
+        let n_c = window.geometry(8).compressed_len(seq);
+        let bits: Vec<u16> = rand(&mut seed, n_c * n_kv * d)
+            .iter()
+            .map(|x| (x.to_bits() >> 16) as u16)
+            .collect();
+        let ck: Vec<f32> = bits.iter().map(|&b| crate::keys::bf16_to_f32(b)).collect();
+        let nb = c.n_blocks(seq);
+        for isa in isas_for_test() {
+            let (qe, cf, cb) = (Encoded::F32(&q), Encoded::F32(&ck), Encoded::Bf16(&bits));
+            let run_s = |k: Encoded<'_>| {
+                let mut o = vec![0.0f32; n_q * n_kv * nb];
+                block_scores_compressed_at(
+                    isa,
+                    qe,
+                    hq,
+                    k,
+                    None,
+                    n_kv,
+                    d,
+                    seq,
+                    (&c, window),
+                    &mut o,
+                )
+                .unwrap();
+                o.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            };
+            let run_r = |k: Encoded<'_>| {
+                let mut o = vec![0i32; n_q * n_kv * 4];
+                select_compressed_at(isa, qe, hq, k, None, n_kv, d, seq, (&c, window), &mut o)
+                    .unwrap();
+                o
+            };
+            assert_eq!(run_s(cb), run_s(cf), "{isa:?} hq={hq}");
+            assert_eq!(run_r(cb), run_r(cf), "{isa:?} hq={hq}");
+        }
+    }
+}
+
 /// Refusals name their argument and write nothing.
 #[test]
 fn refusals() {
@@ -804,6 +958,43 @@ fn row_is_the_first_k_of_the_total_order() {
             assert_eq!(got, want, "n={n} k={k}");
         }
     }
+}
+
+/// The same with NaN scores among the candidates (they come last, by id):
+/// the one-pass row's threshold (`s > t`, `t = −inf` when the `k`-th is NaN)
+/// keeps the order's first `k`, as a sort by it does.
+#[test]
+fn row_is_the_first_k_of_the_total_order_with_nans() {
+    let mut seed = 6u64;
+    let mut ids = Vec::new();
+    for case in 0..400 {
+        let n = 1 + case % 120;
+        let vals = rand(&mut seed, n);
+        let scores: Vec<f32> = vals
+            .iter()
+            .map(|&v| match ((v + 2.0) * 8.0) as i32 {
+                0 => f32::INFINITY,
+                1 => f32::NEG_INFINITY,
+                2..=5 => f32::NAN,
+                x => (x % 5) as f32 * 0.25,
+            })
+            .collect();
+        let mut sorted: Vec<usize> = (0..n).filter(|&b| scores[b] != f32::NEG_INFINITY).collect();
+        sorted.sort_by(|&a, &b| crate::infllm::select::before(scores[a], a, scores[b], b));
+        for k in [1, 2, 3, 5, 16, ROW_SCAN_MAX] {
+            let mut want: Vec<i32> = sorted.iter().take(k).map(|&b| b as i32).collect();
+            want.sort_unstable();
+            want.resize(k, -1);
+            let mut got = vec![5i32; k];
+            row(&scores, &mut ids, &mut got);
+            assert_eq!(got, want, "n={n} k={k}");
+        }
+    }
+    // A NaN `k`-th gives way to any later score; a later NaN does not enter.
+    let s = [0.5, f32::NAN, f32::NAN, 0.1];
+    let mut got = [0i32; 2];
+    row(&s, &mut ids, &mut got);
+    assert_eq!(got, [0, 3]);
 }
 
 /// The compressed keys bit for bit the key-at-a-time sums (each key's rows

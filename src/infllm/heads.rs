@@ -1,0 +1,612 @@
+//! Stage 1 with the group's query heads in the lanes (`infllm.head_sums`):
+//! [`group_sums`], the same bits as [`super::score::group_sums`].
+//!
+//! # Why a second layout
+//!
+//! [`super::score::group_sums`] puts 8 keys in a vector's lanes: the
+//! compressed keys are first packed as `K^T` (a copy of every key, each
+//! call), then scored in tiles of 4 heads by 16 keys (8 accumulators, 6
+//! loads for 8 fused multiply-adds). When a KV head's group has 8 query
+//! heads or more (NSA's and fla's GQA group of 16), the heads fill the lanes
+//! instead: the group's queries are transposed once (`[d][w]`, `w` the
+//! heads rounded up to 8, at most 32: 8 KiB for 16 heads at `d = 128`),
+//! each compressed key is read in place, and each of its elements is
+//! broadcast against `w` heads' query elements. A tile is 8 heads by 12
+//! keys, 16 by 6, 24 by 3 or 32 by 2 (at most 12 accumulators and 16
+//! registers); each key is loaded once for the whole chunk and nothing is
+//! packed. The logits come out key-major (`[key][head]`), so the softmax's
+//! maximum is kept in the score pass (a vector maximum a tile), and its
+//! exponentials (four vectors side by side, `crate::exp::avx2::exp_n`) and
+//! the group sum run over 8 heads a vector.
+//!
+//! Several queries that see the same keys may share a chunk (a group a
+//! multiple of 8: NSA's `stage` puts two decode queries of a group of 16 in
+//! one, four of a group of 8): the keys are then read once for them, and
+//! each broadcast key element feeds four vectors, not two. On Zen 3 a
+//! broadcast (from memory, or a register shuffle alike) issues about once a
+//! cycle, so 16 heads by 6 keys (one broadcast for two fused multiply-adds)
+//! runs at about 0.82 of the floor's rate and 32 heads by 2 keys at 0.90
+//! (best of 300 passes over 2,048 keys, `d = 128`, load 3-4); 8 heads by 12
+//! keys, one broadcast a multiply-add, at 0.5.
+//!
+//! Measured (AMD EPYC Zen 3, one thread, NSA's cached decode: 16 heads,
+//! 2,048 keys, `d = 128`): the score pass about 0.79 of
+//! `kvselect._core._fma_floor`'s rate a query, 0.85-0.87 with two queries
+//! a chunk, against about 0.75 for the packed tiles, with no packing (9% of
+//! that call).
+//!
+//! The keys may be float32 or bfloat16 bits ([`Elem`]): a bfloat16 element
+//! is broadcast as 16-bit copies shifted into float32 lanes, exactly its
+//! float32 value, so the bits are those of its decoded keys (and no
+//! float32 copy is written).
+//!
+//! # The rule, and why the bits are [`super::score::group_sums`]'s
+//!
+//! `S_j = Σ_h e_hj / Z_h` (heads in order, from `+0.0`) with `e_hj =
+//! exp(s_hj − m_h)`, `s_hj = (q_h · k_j) · scale`, `m_h = max_j s_hj + 0`:
+//!
+//! - each logit is one chain `acc = fma(q_hc, k_jc, acc)` over `c` in order
+//!   from `+0.0`, then `acc · scale` — the packed kernel's chain, whatever
+//!   lane it sits in;
+//! - the maximum is exact (NaN ignored, as `x > m` and `max(x, m)` both
+//!   ignore it; `−0` and `+0` made one by the `+ 0.0`), so its order is
+//!   free;
+//! - `Z_h` keeps the packed softmax's 8 lanes: key `j` adds into lane `j %
+//!   8` in key order from `+0.0`, the keys up to the next multiple of 8 as
+//!   `exp(−inf − m_h)` (the packed row's `−inf` padding), then
+//!   `((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7))`;
+//! - `e_hj / Z_h` is the same division, added to `S_j` head by head in
+//!   order (a chunk of 32 heads after the one before it).
+//!
+//! What would break it: a reciprocal multiplied instead of the division, an
+//! online (rescaled) softmax, another lane assignment or tree for `Z_h`, or
+//! the heads summed in another order. `src/infllm/tests.rs` checks the two
+//! layouts bit for bit at every level (groups of 8 to 33, key counts off
+//! the tiles, infinite and NaN logits), `src/nsa/tests.rs` the rows.
+
+use super::score::Scratch;
+use crate::simd::{dispatch, Isa};
+
+/// Heads a chunk: up to four 8-lane vectors.
+const CHUNK: usize = 32;
+
+/// Whether a group of `heads` query heads is scored with its heads in the
+/// lanes ([`group_sums`]): 8 or more (fewer would leave lanes empty).
+pub(crate) fn in_lanes(heads: usize) -> bool {
+    heads >= 8
+}
+
+/// One KV head's compressed keys where they lie: key `j` is
+/// `ck[base + j · stride..][..d]` (`[n_c, n_kv, d]`: `base = g · d`,
+/// `stride = n_kv · d`), float32 or bfloat16 bits ([`Elem`]).
+pub(crate) struct Rows<'a, E> {
+    pub ck: &'a [E],
+    pub base: usize,
+    pub stride: usize,
+}
+
+impl<E> Clone for Rows<'_, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<E> Copy for Rows<'_, E> {}
+
+/// A compressed key's element as the kernels read it: float32, or
+/// bfloat16 bits (exactly the float32 `bits << 16`, as `keys::bf16_to_f32`
+/// decodes them: the same values, so the same bits downstream).
+pub(crate) trait Elem: Copy + Send + Sync {
+    /// The element's float32 value.
+    fn value(self) -> f32;
+    /// The element at `p` in every lane.
+    ///
+    /// # Safety
+    /// AVX2 is available and `p` is readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn splat(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: `p` is readable (the contract).
+        unsafe { std::arch::x86_64::_mm256_broadcast_ss(&*p) }
+    }
+}
+
+impl Elem for u16 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        crate::keys::bf16_to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn splat(p: *const u16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // 16 copies of the bits, then each 32-bit lane shifted left by 16:
+        // `(b | b << 16) << 16` is `b << 16` in 32 bits.
+        // SAFETY: `p` is readable and AVX2 is available (the contract).
+        unsafe {
+            let b = _mm256_set1_epi16(p.read_unaligned() as i16);
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(b))
+        }
+    }
+}
+
+/// [`super::score::group_sums`] with the heads in the lanes, for each query
+/// `s` of `qs` at once: its `heads` query rows of `d` start at `q[qs[s]..]`,
+/// it sees keys `0..n_vis[s]` of `keys`, and its sums go to
+/// `scratch.sums[s · n..][..n_vis[s]]` (`n` the largest `n_vis`; zeros when
+/// `n_vis[s] == 0`), the same bits as the packed form on that query alone. Several queries share a chunk (the keys read once
+/// for all of them) only when `heads` is a multiple of 8, so that each
+/// vector holds one query's heads (asserted).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn group_sums<E: Elem>(
+    isa: Isa,
+    q: &[f32],
+    qs: &[usize],
+    heads: usize,
+    d: usize,
+    keys: Rows<'_, E>,
+    n_vis: &[usize],
+    scale: f32,
+    scratch: &mut Scratch,
+) {
+    assert_eq!(qs.len(), n_vis.len(), "a key count a query");
+    let n_max = n_vis.iter().copied().max().unwrap_or(0);
+    scratch.sums.clear();
+    scratch.sums.resize(qs.len() * n_max, 0.0);
+    let total = qs.len() * heads;
+    if n_max == 0 || total == 0 {
+        return;
+    }
+    let Rows { ck, base, stride } = keys;
+    assert!(
+        (qs.len() == 1 || heads.is_multiple_of(8))
+            && qs.iter().all(|&o| o + heads * d <= q.len())
+            && base + (n_max - 1) * stride + d <= ck.len(),
+        "a query or key row past its array, or queries of a group off the vectors"
+    );
+    let n8 = n_max.next_multiple_of(8);
+    let widest = total.min(CHUNK).next_multiple_of(8);
+    if scratch.logits.len() < n8 * widest {
+        scratch.logits.resize(n8 * widest, 0.0);
+    }
+    for h0 in (0..total).step_by(CHUNK) {
+        let hc = CHUNK.min(total - h0);
+        let w = hc.next_multiple_of(8);
+        // The chunk's queries transposed, `qt[c · w + l]` = element `c` of
+        // head `(h0 + l) % heads` of query `(h0 + l) / heads`; the lanes
+        // past the chunk's heads 0 (their sums are never read).
+        scratch.qt.clear();
+        scratch.qt.resize(d * w, 0.0);
+        for l in 0..hc {
+            let (sq, h) = ((h0 + l) / heads, (h0 + l) % heads);
+            let row = &q[qs[sq] + h * d..qs[sq] + (h + 1) * d];
+            for (c, &x) in row.iter().enumerate() {
+                scratch.qt[c * w + l] = x;
+            }
+        }
+        let (qt, logits, sums) = (&scratch.qt, &mut scratch.logits, &mut scratch.sums);
+        let heads_at = Heads {
+            h0,
+            hc,
+            group: heads,
+            n_vis,
+            n_max,
+        };
+        // SAFETY (bounds): `qt` is `d · w` floats; keys `0..n_max` lie in
+        // `ck` (asserted above); `logits` holds `n8 · widest >= n8 · w`
+        // floats and `sums` `n_max` for each query; `hc <= w`, `w` one of 8,
+        // 16, 24, 32; a vector's heads are one query's (asserted above).
+        dispatch!("infllm.head_sums", isa, {
+            avx512 => avx2,
+            avx2(t) => match w {
+                8 => avx2::chunk::<E, 1, 12>(t, qt, keys, d, scale, heads_at, logits, sums),
+                16 => avx2::chunk::<E, 2, 6>(t, qt, keys, d, scale, heads_at, logits, sums),
+                24 => avx2::chunk::<E, 3, 3>(t, qt, keys, d, scale, heads_at, logits, sums),
+                _ => avx2::chunk::<E, 4, 2>(t, qt, keys, d, scale, heads_at, logits, sums),
+            },
+            scalar => portable::chunk(qt, w, keys, d, scale, heads_at, logits, sums),
+        });
+    }
+}
+
+/// A chunk's heads: `hc` of them from head `h0` of the queries' heads laid
+/// end to end, `group` a query (head `H` is query `H / group`'s), query `s`
+/// seeing keys `0..n_vis[s]`, its sums `n_max` apart.
+#[derive(Clone, Copy)]
+struct Heads<'a> {
+    h0: usize,
+    hc: usize,
+    group: usize,
+    n_vis: &'a [usize],
+    n_max: usize,
+}
+
+impl Heads<'_> {
+    /// The query of the chunk's lane `l`.
+    #[inline(always)]
+    fn query(&self, l: usize) -> usize {
+        (self.h0 + l) / self.group
+    }
+
+    /// The keys lane `l`'s query sees.
+    #[inline(always)]
+    fn seen(&self, l: usize) -> usize {
+        self.n_vis[self.query(l)]
+    }
+
+    /// The fewest and the most keys the chunk's queries see.
+    fn range(&self) -> (usize, usize) {
+        let mut r = (usize::MAX, 0);
+        for l in 0..self.hc {
+            r = (r.0.min(self.seen(l)), r.1.max(self.seen(l)));
+        }
+        r
+    }
+}
+
+/// The kernels' shared steps.
+#[inline(always)]
+fn reduce8(l: [f32; 8]) -> f32 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+mod portable {
+    use super::{reduce8, Elem, Heads, Rows};
+    use crate::exp::exp_scalar;
+
+    /// One chunk of `heads.hc <= w` heads (`w` lanes, 8 to 32), element by
+    /// element: the logits key-major into `logits[j · w + l]`, each head's
+    /// softmax over them, `e / Z` added into its query's sums head by head.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn chunk<E: Elem>(
+        qt: &[f32],
+        w: usize,
+        keys: Rows<'_, E>,
+        d: usize,
+        scale: f32,
+        heads: Heads<'_>,
+        logits: &mut [f32],
+        sums: &mut [f32],
+    ) {
+        let hc = heads.hc;
+        let (_, n_vis) = heads.range();
+        let mut mx = [f32::NEG_INFINITY; super::CHUNK];
+        for j in 0..n_vis {
+            let row = &keys.ck[keys.base + j * keys.stride..][..d];
+            let mut acc = [0.0f32; super::CHUNK];
+            for (c, &k) in row.iter().enumerate() {
+                let k = k.value();
+                let qc = &qt[c * w..(c + 1) * w];
+                for (a, &x) in acc.iter_mut().zip(qc) {
+                    *a = x.mul_add(k, *a);
+                }
+            }
+            let out = &mut logits[j * w..(j + 1) * w];
+            for (l, ((o, &a), m)) in out.iter_mut().zip(&acc).zip(mx.iter_mut()).enumerate() {
+                *o = a * scale;
+                if *o > *m && l < hc && j < heads.seen(l) {
+                    *m = *o;
+                }
+            }
+        }
+        let mut z = [0.0f32; super::CHUNK];
+        for l in 0..hc {
+            let (m, seen) = (mx[l] + 0.0, heads.seen(l));
+            let mut lanes = [0.0f32; 8];
+            for j in 0..seen.next_multiple_of(8) {
+                let x = if j < seen {
+                    logits[j * w + l]
+                } else {
+                    f32::NEG_INFINITY
+                };
+                let e = exp_scalar(x - m);
+                if j < seen {
+                    logits[j * w + l] = e;
+                }
+                lanes[j % 8] += e;
+            }
+            z[l] = reduce8(lanes);
+        }
+        for j in 0..n_vis {
+            for l in 0..hc {
+                if j < heads.seen(l) {
+                    sums[heads.query(l) * heads.n_max + j] += logits[j * w + l] / z[l];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+// Accumulator arrays are indexed on purpose: they must stay in registers.
+#[allow(clippy::needless_range_loop)]
+mod avx2 {
+    use super::{Elem, Heads, Rows};
+    use crate::exp::avx2::{exp, exp_n};
+    use crate::simd::Avx2;
+    use std::arch::x86_64::*;
+
+    /// [`super::portable::chunk`] with `V` vectors of 8 heads (`w = 8 V`),
+    /// `K` keys a tile (`V · K = 12` accumulators).
+    ///
+    /// # Safety
+    /// `_token` proves AVX2+FMA; `qt.len() >= d · 8V`; keys `0..n_vis`
+    /// (`n_vis >= 1`) lie in `keys.ck`; `logits.len() >= round_up(n_vis, 8)
+    /// · 8V`; `sums` holds `n_vis` for every query of the chunk's heads;
+    /// `heads.hc <= 8V`, and each vector's heads are one query's.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn chunk<E: Elem, const V: usize, const K: usize>(
+        _token: Avx2,
+        qt: &[f32],
+        keys: Rows<'_, E>,
+        d: usize,
+        scale: f32,
+        heads: Heads<'_>,
+        logits: &mut [f32],
+        sums: &mut [f32],
+    ) {
+        let (w, hc) = (8 * V, heads.hc);
+        let (n_min, n_vis) = heads.range();
+        // Each vector's keys (one query's heads a vector).
+        let mut seen = [0usize; V];
+        for v in 0..V {
+            seen[v] = if v * 8 < hc { heads.seen(v * 8) } else { 0 };
+        }
+        let lp = logits.as_mut_ptr();
+        // Pass 1: the logits, key-major, and each lane's maximum over the
+        // keys every query of the chunk sees; then over each vector's own.
+        let mut mx = [_mm256_set1_ps(f32::NEG_INFINITY); V];
+        let mut j = 0;
+        while j + K <= n_min {
+            // SAFETY: keys `j..j + K` are below `n_vis`; the contract.
+            unsafe { tile::<E, V, K>(qt, keys, d, j, scale, lp, &mut mx) };
+            j += K;
+        }
+        while j < n_min {
+            // SAFETY: as above, one key.
+            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut mx) };
+            j += 1;
+        }
+        let mut past = mx;
+        while j < n_vis {
+            // SAFETY: as above; the maxima of these keys are set aside.
+            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut past) };
+            j += 1;
+        }
+        for v in 0..V {
+            for j in n_min..seen[v] {
+                // SAFETY: `j < n_vis`: its row is in the logits.
+                let x = unsafe { _mm256_loadu_ps(lp.add(j * w + v * 8)) };
+                mx[v] = _mm256_max_ps(x, mx[v]);
+            }
+        }
+        // Pass 2: each lane's exponentials over its keys and their 8-lane
+        // sum, the chunk's vectors side by side (a key's row read once).
+        let n8 = n_vis.next_multiple_of(8);
+        let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut m = [_mm256_setzero_ps(); V];
+        for v in 0..V {
+            m[v] = _mm256_add_ps(mx[v], _mm256_setzero_ps());
+        }
+        let mut lanes = [[_mm256_setzero_ps(); 8]; V];
+        let full = n_min / 8 * 8;
+        for j0 in (0..full).step_by(8) {
+            // The block's `8V` vectors (key `t`, vector `v` at `t · V + v`),
+            // four exponentials side by side.
+            for g in (0..8 * V).step_by(4) {
+                let mut x = [_mm256_setzero_ps(); 4];
+                for u in 0..4 {
+                    let (t, v) = ((g + u) / V, (g + u) % V);
+                    // SAFETY: `j0 + t < n_vis`: its row is in the logits.
+                    let y = unsafe { _mm256_loadu_ps(lp.add((j0 + t) * w + v * 8)) };
+                    x[u] = _mm256_sub_ps(y, m[v]);
+                }
+                let e = exp_n(x);
+                for u in 0..4 {
+                    let (t, v) = ((g + u) / V, (g + u) % V);
+                    // SAFETY: as above.
+                    unsafe { _mm256_storeu_ps(lp.add((j0 + t) * w + v * 8), e[u]) };
+                    lanes[v][t] = _mm256_add_ps(lanes[v][t], e[u]);
+                }
+            }
+        }
+        // The rest: each vector's own keys, then `−inf` to its next
+        // multiple of 8.
+        for j in full..n8 {
+            for v in 0..V {
+                if j >= seen[v].next_multiple_of(8) {
+                    continue;
+                }
+                // SAFETY: `j < n8`: the logits hold `n8 · w` floats.
+                unsafe {
+                    let p = lp.add(j * w + v * 8);
+                    let x = if j < seen[v] {
+                        _mm256_loadu_ps(p)
+                    } else {
+                        ninf
+                    };
+                    let e = exp(_mm256_sub_ps(x, m[v]));
+                    _mm256_storeu_ps(p, e);
+                    lanes[v][j % 8] = _mm256_add_ps(lanes[v][j % 8], e);
+                }
+            }
+        }
+        let mut z = [_mm256_setzero_ps(); V];
+        for v in 0..V {
+            let l = lanes[v];
+            z[v] = _mm256_add_ps(
+                _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
+                _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])),
+            );
+        }
+        // Pass 3: `e / Z` by 8 keys, transposed to a head a vector, added to
+        // the sums head by head.
+        let sp = sums.as_mut_ptr();
+        for j0 in (0..n_vis / 8 * 8).step_by(8) {
+            for v in 0..V {
+                let lanes = 8.min(hc.saturating_sub(v * 8));
+                if lanes == 0 || j0 + 8 > seen[v] / 8 * 8 {
+                    continue;
+                }
+                // SAFETY: `j0 + 8 <= seen[v] <= n_max`, the vector's query
+                // below the queries (`sums` holds `n_max` for each);
+                // logits as above.
+                unsafe {
+                    let at = sp.add(heads.query(v * 8) * heads.n_max + j0);
+                    let mut s = _mm256_loadu_ps(at);
+                    let mut r = [_mm256_setzero_ps(); 8];
+                    for t in 0..8 {
+                        let e = _mm256_loadu_ps(lp.add((j0 + t) * w + v * 8));
+                        r[t] = _mm256_div_ps(e, z[v]);
+                    }
+                    let c = transpose8(r);
+                    for l in 0..lanes {
+                        s = _mm256_add_ps(s, c[l]);
+                    }
+                    _mm256_storeu_ps(at, s);
+                }
+            }
+        }
+        let mut zs = [0.0f32; super::CHUNK];
+        for v in 0..V {
+            // SAFETY: 8 floats at `8v < CHUNK`.
+            unsafe { _mm256_storeu_ps(zs.as_mut_ptr().add(v * 8), z[v]) };
+        }
+        for j in n_min / 8 * 8..n_vis {
+            for l in 0..hc {
+                let seen = heads.seen(l);
+                if j >= seen / 8 * 8 && j < seen {
+                    sums[heads.query(l) * heads.n_max + j] += logits[j * w + l] / zs[l];
+                }
+            }
+        }
+    }
+
+    /// Keys `j..j + K` against the chunk's `8V` heads: logit `(j + k, l)` to
+    /// `lp[(j + k) · 8V + l]`, each lane's maximum into `mx`.
+    ///
+    /// # Safety
+    /// `chunk`'s contract, and `j + K <= n_vis`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<E: Elem, const V: usize, const K: usize>(
+        qt: &[f32],
+        keys: Rows<'_, E>,
+        d: usize,
+        j: usize,
+        scale: f32,
+        lp: *mut f32,
+        mx: &mut [__m256; V],
+    ) {
+        let w = 8 * V;
+        let mut rows = [keys.ck.as_ptr(); K];
+        for (k, r) in rows.iter_mut().enumerate() {
+            // SAFETY: key `j + k < n_vis` lies in `ck` (the contract).
+            *r = unsafe { keys.ck.as_ptr().add(keys.base + (j + k) * keys.stride) };
+        }
+        // The next tile's rows asked into cache (a prefetch never faults
+        // and does not dereference its pointer: past the keys it is a no-op).
+        for k in 0..K {
+            let next = rows[k].wrapping_add(K * keys.stride);
+            for c in (0..d).step_by(16) {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(c) as *const i8);
+            }
+        }
+        let qp = qt.as_ptr();
+        let mut acc = [[_mm256_setzero_ps(); V]; K];
+        // One step: element `c` of the keys into every accumulator.
+        let step = |c: usize, acc: &mut [[__m256; V]; K]| {
+            // SAFETY: `c < d`: `qt` holds `d · w` floats, each row `d`.
+            unsafe {
+                let mut qv = [_mm256_setzero_ps(); V];
+                for v in 0..V {
+                    qv[v] = _mm256_loadu_ps(qp.add(c * w + v * 8));
+                }
+                for k in 0..K {
+                    let b = E::splat(rows[k].add(c));
+                    for v in 0..V {
+                        acc[k][v] = _mm256_fmadd_ps(qv[v], b, acc[k][v]);
+                    }
+                }
+            }
+        };
+        // Two elements a trip (the loop's own instructions halved); each
+        // chain still runs over `c` in order.
+        let mut c = 0;
+        while c + 2 <= d {
+            step(c, &mut acc);
+            step(c + 1, &mut acc);
+            c += 2;
+        }
+        if c < d {
+            step(c, &mut acc);
+        }
+        let vs = _mm256_set1_ps(scale);
+        for k in 0..K {
+            for v in 0..V {
+                let s = _mm256_mul_ps(acc[k][v], vs);
+                // SAFETY: key `j + k < n_vis`: its row of `w` floats is in
+                // the logits.
+                unsafe { _mm256_storeu_ps(lp.add((j + k) * w + v * 8), s) };
+                mx[v] = _mm256_max_ps(s, mx[v]);
+            }
+        }
+    }
+
+    /// `out[l]` lane `t` = `r[t]` lane `l` (an 8×8 transpose).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ]
+    }
+}
+
+/// Runs `infllm.head_sums` once at `isa` (the reach test's probe).
+#[cfg(test)]
+pub(crate) fn probe(isa: Isa) {
+    // 8 heads, d = 1, 3 keys of 0: every head uniform, so each sum is 8 / 3.
+    let ck = [0.0f32; 3];
+    let mut s = Scratch::default();
+    let rows = Rows {
+        ck: &ck,
+        base: 0,
+        stride: 1,
+    };
+    group_sums(isa, &[1.0; 8], &[0], 8, 1, rows, &[3], 1.0, &mut s);
+    assert!(s.sums.iter().all(|&x| (x - 8.0 / 3.0).abs() < 1e-5));
+}
