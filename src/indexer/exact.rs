@@ -958,20 +958,29 @@ pub(super) fn probe(isa: Isa) {
 mod tests {
     use super::*;
 
+    /// Float32 values (as many as asked, from `seed`): a uniform mantissa
+    /// in `[-0.5, 0.5)` times `2^e`, `e` in `[-span, span)` (xorshift64).
+    fn floats(seed: u64, span: i32) -> impl FnMut() -> f32 {
+        let mut state = seed;
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let m = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            let e = ((state >> 8) % (2 * span as u64)) as i32 - span;
+            m * 2f32.powi(e)
+        }
+    }
+
     /// Every level's [`block`] (the AVX2 kernel written by hand) gives the
     /// portable body's bits: odd and even head counts, dimensions that are
     /// not a multiple of anything, negative dot products (the ReLU), `-0.0`,
     /// NaN and infinite operands.
     #[test]
     fn every_level_gives_the_portable_bits() {
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let m = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            let e = ((state >> 8) % 40) as i32 - 20;
-            (m * 2f32.powi(e)) as f64
+        let mut next = {
+            let mut f = floats(0x2545_F491_4F6C_DD1D, 20);
+            move || f() as f64
         };
         for (h, d) in [(1, 1), (2, 3), (3, 7), (5, 64), (64, 128)] {
             let mut q64: Vec<f64> = (0..h * d).map(|_| next()).collect();
@@ -1010,15 +1019,7 @@ mod tests {
     /// keys), rows of length 0, 1, 32, 255, 256 and past the keys.
     #[test]
     fn the_dense_rescore_is_the_pair_rescore_bit_for_bit() {
-        let mut state = 0xD1B5_4A32_D192_ED03u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let m = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            let e = ((state >> 8) % 16) as i32 - 8;
-            m * 2f32.powi(e)
-        };
+        let mut next = floats(0xD1B5_4A32_D192_ED03, 8);
         let (h, d, t) = (5, 9, 300);
         let keys: Vec<f32> = (0..t * d).map(|_| next()).collect();
         let scales: Vec<f32> = (0..t).map(|_| next()).collect();
@@ -1128,14 +1129,9 @@ mod tests {
     /// over a wide exponent range, subnormal float32 products included).
     #[test]
     fn the_fused_and_unfused_bodies_round_alike() {
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let m = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            let e = ((state >> 8) % 80) as i32 - 40;
-            (m * 2f32.powi(e)) as f64
+        let mut next = {
+            let mut f = floats(0x9E37_79B9_7F4A_7C15, 40);
+            move || f() as f64
         };
         for d in [1, 7, 64, 128] {
             let h = 3;

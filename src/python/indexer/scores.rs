@@ -13,6 +13,29 @@ use crate::indexer::Activation;
 use super::call::{ratio, Call};
 use crate::python::args::{positions as positions_of, S};
 
+/// The arguments every entry point of this file reads alike (the operands,
+/// then the keys' scale and formats and the compress ratio), read once.
+fn score_call<'py>(
+    common: (&Obj<'py>, &Obj<'py>, &Obj<'py>, &Obj<'py>),
+    (key_scale, key_format, query_format, compress_ratio): (
+        Opt<'_, 'py>,
+        Option<Named<KeyFormat>>,
+        Option<Named<QueryFormat>>,
+        Opt<'_, 'py>,
+    ),
+) -> PyResult<Call<'py>> {
+    let mut call = Call::inputs(
+        common,
+        (
+            key_scale,
+            key_format.format_arg(),
+            query_format.format_arg(),
+        ),
+    )?;
+    call.ratio = ratio(compress_ratio)?;
+    Ok(call)
+}
+
 /// Every query's exact score of every key it sees.
 ///
 /// The scores :func:`indexer_topk` ranks, bit for bit — what :func:`check_topk` judges an
@@ -69,15 +92,7 @@ pub(super) fn indexer_scores<'py>(
     )];
     refuse_extra_keywords("indexer_scores", renamed, &was)?;
     let common = (index_q, weights, index_k, query_pos);
-    let mut call = Call::inputs(
-        common,
-        (
-            key_scale,
-            key_format.format_arg(),
-            query_format.format_arg(),
-        ),
-    )?;
-    call.ratio = ratio(compress_ratio)?;
+    let call = score_call(common, (key_scale, key_format, query_format, compress_ratio))?;
     let activation = activation.map(|a| a.get()).transpose()?.unwrap_or_default();
     call.score_matrix(py, out, activation, false)
 }
@@ -127,15 +142,7 @@ pub(super) fn indexer_magnitudes<'py>(
     out: Opt<'_, 'py>,
 ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
     let common = (index_q, weights, index_k, query_pos);
-    let mut call = Call::inputs(
-        common,
-        (
-            key_scale,
-            key_format.format_arg(),
-            query_format.format_arg(),
-        ),
-    )?;
-    call.ratio = ratio(compress_ratio)?;
+    let call = score_call(common, (key_scale, key_format, query_format, compress_ratio))?;
     call.score_matrix(py, out, Activation::Relu, true)
 }
 
@@ -168,15 +175,10 @@ pub(super) fn _indexer_rescore<'py>(
     query_format: Option<Named<QueryFormat>>,
     compress_ratio: Opt<'_, 'py>,
 ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f64>>> {
-    let mut call = Call::inputs(
+    let call = score_call(
         (index_q, weights, index_k, query_pos),
-        (
-            key_scale,
-            key_format.format_arg(),
-            query_format.format_arg(),
-        ),
+        (key_scale, key_format, query_format, compress_ratio),
     )?;
-    call.ratio = ratio(compress_ratio)?;
     let rows = positions_of(S, rows, "rows")?;
     let positions = positions_of(S, positions, "positions")?;
     call.rescore(py, &rows, &positions)
@@ -209,15 +211,10 @@ pub(super) fn _indexer_rescore_all<'py>(
     query_format: Option<Named<QueryFormat>>,
     compress_ratio: Opt<'_, 'py>,
 ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f64>>> {
-    let mut call = Call::inputs(
+    let call = score_call(
         (index_q, weights, index_k, query_pos),
-        (
-            key_scale,
-            key_format.format_arg(),
-            query_format.format_arg(),
-        ),
+        (key_scale, key_format, query_format, compress_ratio),
     )?;
-    call.ratio = ratio(compress_ratio)?;
     call.rescore_all(py)
 }
 
@@ -252,15 +249,10 @@ pub(super) fn _indexer_rescore_verdict<'py>(
     query_format: Option<Named<QueryFormat>>,
     compress_ratio: Opt<'_, 'py>,
 ) -> PyResult<Bound<'py, numpy::PyArrayDyn<f64>>> {
-    let mut call = Call::inputs(
+    let call = score_call(
         (index_q, weights, index_k, query_pos),
-        (
-            key_scale,
-            key_format.format_arg(),
-            query_format.format_arg(),
-        ),
+        (key_scale, key_format, query_format, compress_ratio),
     )?;
-    call.ratio = ratio(compress_ratio)?;
     let p = S.input::<i64, 2>(positions, "positions", "[n_queries, width]")?;
     let width = p.shape[1];
     let want = [("n_queries", call.shape.n_queries), ("width", width)];
