@@ -517,10 +517,7 @@ pub fn indexer_rescore_into(
         let rescore = exact::Rescore {
             level,
             query: &query,
-            key: |k: usize, r: &mut [f32]| {
-                inputs.k.decode(k * d, r);
-                inputs.key_scale.map_or(1.0, |s| s[k])
-            },
+            key: key_reader(inputs, d),
         };
         rescore.run(&positions[j0..j1], &mut out[j0..j1]);
         j0 = j1;
@@ -549,10 +546,7 @@ pub fn indexer_rescore_all_into(
     let want = n.saturating_mul(2).saturating_mul(t);
     check_len("out", out.len(), want, || format!("[{n}, 2, {t}]"))?;
     let (relu, queries) = dense_queries(shape, inputs);
-    let key = |k: usize, r: &mut [f32]| {
-        inputs.k.decode(k * shape.d, r);
-        inputs.key_scale.map_or(1.0, |s| s[k])
-    };
+    let key = key_reader(inputs, shape.d);
     let level = simd::Isa::best();
     exact::rescore_all(level, relu, shape.d, t, &queries, key, &exact::Matrix, out);
     Ok(())
@@ -618,10 +612,7 @@ pub fn indexer_rescore_verdict_into(
             bits
         })
         .collect();
-    let key = |k: usize, r: &mut [f32]| {
-        inputs.k.decode(k * shape.d, r);
-        inputs.key_scale.map_or(1.0, |s| s[k])
-    };
+    let key = key_reader(inputs, shape.d);
     let sink = exact::Verdict {
         selected: &selected,
         atol,
@@ -630,6 +621,18 @@ pub fn indexer_rescore_verdict_into(
     let level = simd::Isa::best();
     exact::rescore_all(level, relu, shape.d, t, &queries, key, &sink, out);
     Ok(())
+}
+
+/// How the float64 re-scores read key `k`: decoded into `r` (`d` floats),
+/// its scale returned (1 without scales).
+fn key_reader<'a>(
+    inputs: &'a IndexerInputs<'_>,
+    d: usize,
+) -> impl Fn(usize, &mut [f32]) -> f32 + Sync + 'a {
+    move |k, r| {
+        inputs.k.decode(k * d, r);
+        inputs.key_scale.map_or(1.0, |s| s[k])
+    }
 }
 
 /// Every query in float64 for [`exact::rescore_all`], with its `Σ_h |w_h|

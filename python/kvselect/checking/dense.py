@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 import kvselect as ks
-from kvselect.checking._common import _gamma, _topk_of
+from kvselect.checking._common import _gamma, _topk_of, _vacuous_rows
 
 # Which way a sequence's rows are checked (the same report either way): a
 # sequence of fewer than _DENSE_WORK multiply-adds (rows x keys x H x d) goes
@@ -114,21 +114,28 @@ def _dense(
         if not len(idx):
             none = np.zeros((0, len(keys)))
             return idx, np.ones(0, dtype=bool), none, (none if user_rtol else None), vac
-        both = ks._core._indexer_rescore_all(q[idx], w32[idx], keys, qpos[idx], **kw)
-        return idx, np.ones(len(idx), dtype=bool), both[:, 0], (both[:, 1] if user_rtol else None), vac
-    both = ks._core._indexer_rescore_all(q, w32, keys, qpos, **kw)
-    ex, mg = both[:, 0], both[:, 1]
-    with np.errstate(invalid="ignore", over="ignore"):
-        # The vacuous test as the native fold takes it, here over the kept
-        # matrix (the whole batch's verdict is check_topk's, in one piece).
-        # NaN marks exactly the positions past each row's length: the
-        # operands are finite (refused otherwise) and a float64 score of
-        # them cannot overflow (each term's size is below 2^512, and there
-        # are fewer than 2^64), so fmax / fmin skip it. e = atol + rtol m
-        # as check_topk takes it (m >= 0).
-        e = mg * rtol
-        e += atol
-        top = np.fmax.reduce(ex - e, axis=1, initial=-np.inf)
-        bottom = np.fmin.reduce(np.add(ex, e, out=e), axis=1, initial=np.inf)
-    vac = (lens > k) & (top <= bottom)
-    return np.arange(c), np.ones(c, dtype=bool), ex, mg, vac
+        ex, mg = _exact_rows(operands, idx)
+        return idx, np.ones(len(idx), dtype=bool), ex, (mg if user_rtol else None), vac
+    # One piece (the whole batch's verdict is check_topk's): every row's
+    # scores kept, and its vacuous test over them.
+    ex, mg = _exact_rows(operands, np.arange(c))
+    return np.arange(c), np.ones(c, dtype=bool), ex, mg, _vacuous_rows(ex, mg, lens, k, atol, rtol)
+
+
+def _exact_rows(operands: tuple, idx: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Rows ``idx`` of a chunk (its ``operands``, as :func:`_dense` takes
+    them), every position's float64 score and magnitude
+    (``_core._indexer_rescore_all``), NaN past each row's length: what a
+    wrong row is reported from, on either path."""
+    q, w32, keys, ksc, _absc, _h, _d, query_format, key_format, qpos, ratio = operands
+    both = ks._core._indexer_rescore_all(
+        q[idx],
+        w32[idx],
+        keys,
+        qpos[idx],
+        key_scale=ksc,
+        key_format=key_format,
+        query_format=query_format,
+        compress_ratio=ratio,
+    )
+    return both[:, 0], both[:, 1]

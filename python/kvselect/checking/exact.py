@@ -505,18 +505,7 @@ def _rescore(
         # A wrong row's every score and magnitude in float64 (the dense
         # path's pass): its report (threshold, counts past the line, the
         # positions listed and their scores) is then exact throughout.
-        both = ks._core._indexer_rescore_all(
-            q[wi],
-            w32[wi],
-            keys_,
-            qpos[wi],
-            key_scale=ksc,
-            key_format=key_format,
-            query_format=query_format,
-            compress_ratio=ratio,
-        )
-        out[at[wi]] = both[:, 0]
-        mags[at[wi]] = both[:, 1]
+        out[at[wi]], mags[at[wi]] = _path._exact_rows(operands, wi)
     if slow.any():
         rs = at[np.flatnonzero(slow)]
         vac[slow] = _vacuous_rows(out[rs], mags[rs], lens[slow], k, atol, rtol)
