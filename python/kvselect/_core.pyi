@@ -83,6 +83,7 @@ __all__ = [
     "_indexer_rescore",
     "_indexer_rescore_all",
     "_indexer_rescore_verdict",
+    "_check_topk_structure",
     "block_scores",
     "block_magnitudes",
     "GlobalSlots",
@@ -1764,6 +1765,23 @@ def indexer_magnitudes(
         written.
     TypeError
         On an argument of the wrong type or dtype.
+    """
+
+def _check_topk_structure(
+    rows: _ArrayIn,
+    context_lens: _ArrayIn,
+    *,
+    topk: Optional[int] = None,
+    slots: Optional["GlobalSlots"] = None,
+    filler: str = "-1",
+) -> dict[str, Any]:
+    """The structural half of :func:`check_topk` alone (private: the exact indexer check's).
+
+    Each row's valid entries first, distinct, causal, exactly ``min(topk, L)`` of them, under
+    ``filler`` and ``slots`` as :func:`check_topk` reads them; no score is read, so a row's
+    selection is taken as right. :func:`check_topk`'s report of the same rows against any equal
+    scores (no position scored ``-inf``), without its pass over every position: for rows whose
+    selection a float64 verdict has already passed.
     """
 
 def check_topk(

@@ -437,14 +437,38 @@ fn topk_row(
     holes: bool,
     filler: Filler,
 ) -> RowCheck {
-    let mut problems = Vec::new();
-    // Read back through a layout iff `row` is not the engine's `raw` itself.
-    let mapped = !std::ptr::eq(raw, row);
-    let scan = scan_row(raw, row, len, holes, mapped, filler, &mut problems);
     // A candidate scored exactly -inf is not selectable: it does not count
     // toward the selection's size (vLLM's and SGLang's DSA candidate-block
     // selectors write -1 for it).
     let blocked = sc.scores.count_neg_inf(len);
+    let (scan, mut problems, expected) =
+        topk_structure(raw, row, len, blocked, topk, holes, filler);
+    if problems.is_empty() {
+        let mut unselected = Vec::with_capacity(len - scan.selected.len());
+        unselected.extend((0..len).filter(|&t| !scan.is_chosen(t)));
+        problems.extend(sc.selection(&scan.selected, &unselected, expected));
+    }
+    RowCheck { problems }
+}
+
+/// The structural half of the token top-k rule on one row ([`scan_row`],
+/// then the count: `min(topk, len - blocked)` valid entries, `blocked` of
+/// the `len` positions being unselectable): the row's scan, its problems and
+/// the count it must hold. The selection half runs only on a row without
+/// problems.
+fn topk_structure(
+    raw: &[i64],
+    row: &[i64],
+    len: usize,
+    blocked: usize,
+    topk: usize,
+    holes: bool,
+    filler: Filler,
+) -> (Scan, Vec<Problem>, usize) {
+    let mut problems = Vec::new();
+    // Read back through a layout iff `row` is not the engine's `raw` itself.
+    let mapped = !std::ptr::eq(raw, row);
+    let scan = scan_row(raw, row, len, holes, mapped, filler, &mut problems);
     let expected = topk.min(len - blocked);
     if scan.selected.len() != expected {
         problems.push(Problem::WrongCount {
@@ -452,12 +476,7 @@ fn topk_row(
             expected,
         });
     }
-    if problems.is_empty() {
-        let mut unselected = Vec::with_capacity(len - scan.selected.len());
-        unselected.extend((0..len).filter(|&t| !scan.is_chosen(t)));
-        problems.extend(sc.selection(&scan.selected, &unselected, expected));
-    }
-    RowCheck { problems }
+    (scan, problems, expected)
 }
 
 /// A row's valid entries, read once.
@@ -838,6 +857,11 @@ pub(crate) trait RowRule {
     }
     /// Whether rows may be a DCP layout's ranks side by side.
     fn dcp(&self) -> bool;
+    /// Whether [`RowRule::check_row`] reads the scores (a rule that does
+    /// not takes a batch with none).
+    fn reads_scores(&self) -> bool {
+        true
+    }
     /// One row: `raw` as the engine wrote it, `row` the same read back
     /// through a layout (or `raw` itself), `len` its candidates, `holes`
     /// whether padding may sit anywhere.
@@ -897,6 +921,61 @@ impl RowRule for TopkRule {
     }
 }
 
+/// The token top-k rule's structural half alone, budget `k`: each row's
+/// valid entries first, distinct, causal, `min(k, L)` of them; no score is
+/// read ([`RowRule::reads_scores`]). For rows whose selection is already
+/// known right: the exact indexer check's rows that its float64 verdict
+/// passed, whose report is their structural faults alone (what
+/// [`TopkRule`] reports of them against any equal scores, without the pass
+/// over every position).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TopkStructureRule(pub usize);
+
+impl From<usize> for TopkStructureRule {
+    fn from(k: usize) -> Self {
+        TopkStructureRule(k)
+    }
+}
+
+impl RowRule for TopkStructureRule {
+    fn names(&self) -> (&'static str, &'static str) {
+        TopkRule(self.0).names()
+    }
+
+    fn reasons(&self) -> &'static [&'static str] {
+        TOPK_REASONS
+    }
+
+    fn needs(&self) -> Result<(&'static str, usize), crate::error::ArgumentError> {
+        TopkRule(self.0).needs()
+    }
+
+    fn visible(&self, len: usize) -> Option<usize> {
+        TopkRule(self.0).visible(len)
+    }
+
+    fn dcp(&self) -> bool {
+        true
+    }
+
+    fn reads_scores(&self) -> bool {
+        false
+    }
+
+    fn check_row(
+        &self,
+        _: &Scored<'_>,
+        raw: &[i64],
+        row: &[i64],
+        len: usize,
+        holes: bool,
+        filler: Filler,
+    ) -> RowCheck {
+        let (_, problems, _) = topk_structure(raw, row, len, 0, self.0, holes, filler);
+        RowCheck { problems }
+    }
+}
+
 /// Lists the rules [`check_rows`] takes, once: each variant holds its rule's
 /// parameter, and every [`RowRule`] method of [`Rule`] dispatches to the
 /// rule's own implementation (`$imp`, made from the parameter by `From`). A
@@ -923,6 +1002,9 @@ rules! {
     /// The token top-k: `min(topk, L)` of the `L` positions
     /// ([`check_topk_row`]).
     Topk(usize) => TopkRule,
+    /// The token top-k's structural half alone ([`TopkStructureRule`]):
+    /// `scores` and `magnitudes` are not read (pass them empty).
+    TopkStructure(usize) => TopkStructureRule,
     /// MiniMax-M3's block selection with this config
     /// ([`check_block_row`]); a row's "context" is its visible block count.
     Blocks(BlockSparseConfig) => BlockSparseConfig,
@@ -951,6 +1033,10 @@ impl Rule {
 
     fn dcp(&self) -> bool {
         self.with(|r| r.dcp())
+    }
+
+    fn reads_scores(&self) -> bool {
+        self.with(|r| r.reads_scores())
     }
 
     fn check_row(
@@ -1016,7 +1102,12 @@ pub fn check_rows_with(
     let invalid = |argument, message: String| Err(ArgumentError::Invalid { argument, message });
     // The Python parameters' names, which differ by rule.
     let (scores_name, lens_name) = rule.names();
-    let grid = checked_size(scores_name, &[n, b.n_positions])?;
+    // A rule that reads no scores takes none (and no magnitudes).
+    let reads = rule.reads_scores();
+    let grid = match reads {
+        true => checked_size(scores_name, &[n, b.n_positions])?,
+        false => 0,
+    };
     check_len(scores_name, b.scores.len(), grid, || {
         format!("[n_rows={n} ({lens_name}), n_candidates={}]", b.n_positions)
     })?;
@@ -1074,7 +1165,7 @@ pub fn check_rows_with(
                 .into(),
         );
     }
-    if let Some(m) = b.magnitudes {
+    if let Some(m) = b.magnitudes.filter(|_| reads) {
         for (i, &l) in b.lens.iter().enumerate() {
             let row = m.part(i * b.n_positions, l);
             if let Some(t) = (0..l)
@@ -1116,8 +1207,9 @@ pub fn check_rows_with(
     let mut out = vec![RowCheck::default(); n];
     let (t, w) = (b.n_positions, b.width);
     crate::pool::for_each_row_mut(&mut out, 1, crate::pool::min_rows(t.max(w)), |i, slot| {
-        let scores = b.scores.part(i * t, t);
-        let magnitudes = b.magnitudes.map(|m| m.part(i * t, t));
+        let at = if reads { i * t } else { 0 };
+        let scores = b.scores.part(at, if reads { t } else { 0 });
+        let magnitudes = b.magnitudes.map(|m| m.part(at, if reads { t } else { 0 }));
         let sc = Scored {
             scores,
             magnitudes,

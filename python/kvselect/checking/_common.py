@@ -110,6 +110,8 @@ def decode32(a: np.ndarray, fmt: Optional[str]) -> np.ndarray:
         float32, ``a``'s shape: the decoded values (a float64 value too
         large for float32 becomes ``inf``).
     """
+    if a.dtype == np.float32:
+        return a
     if fmt is None or a.dtype.kind == "f":
         with np.errstate(over="ignore"):
             return np.asarray(a, dtype=np.float32)

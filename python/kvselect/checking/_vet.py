@@ -15,8 +15,8 @@ from kvselect.checking._common import FILLERS, _refused, decode32
 def _non_finite(name: str, a: np.ndarray) -> None:
     """Refuses a non-finite entry of operand ``name`` (float32 values),
     naming its index, as a dump's check does."""
-    bad = ~np.isfinite(a)
-    if bad.any():
+    if not np.isfinite(a).all():
+        bad = ~np.isfinite(a)
         at = tuple(int(i) for i in np.argwhere(bad)[0])
         raise _refused(
             name,
@@ -35,6 +35,8 @@ def _finite_codes(k: np.ndarray, fmt: Optional[str]) -> bool:
     bits with ``fmt``, or ml_dtypes values) in native byte order, every one
     finite, read on the bits; False for any other array (then decoded and
     tested)."""
+    if fmt is None and k.dtype.char in "fd":
+        return False  # (float32 / float64: tested on their values)
     name = fmt if fmt is not None else k.dtype.name
     if name not in _NON_FINITE_BITS or (fmt is not None and k.dtype.kind not in "ui") or not k.dtype.isnative:
         return False  # (a byte-swapped array's bits are not its codes)
@@ -114,9 +116,8 @@ def _vet_api(
         # non-finite code, to report it) decoded a chunk at a time.
         for t0 in range(0, 0 if _finite_codes(k, key_format) else len(k), step):
             part = decode32(k[t0 : t0 + step], key_format)
-            bad = ~np.isfinite(part)
-            if bad.any():
-                t, i = (int(x) for x in np.argwhere(bad)[0][:2])
+            if not np.isfinite(part).all():
+                t, i = (int(x) for x in np.argwhere(~np.isfinite(part))[0][:2])
                 raise _refused(
                     "index_k",
                     f"index_k[{t0 + t}, {i}] is {part[t, i]}: the exact scores of a "

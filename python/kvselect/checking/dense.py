@@ -110,7 +110,7 @@ def _dense(
         best, worst, top, bottom, n_sel = v.T
         wrong = (n_sel > 0) & (lens > n_sel) & ~(best <= worst)
         vac = (lens > k) & (top <= bottom)
-        idx = np.flatnonzero(wrong)
+        idx = wrong.nonzero()[0]
         if not len(idx):
             none = np.zeros((0, len(keys)))
             return idx, np.ones(0, dtype=bool), none, (none if user_rtol else None), vac

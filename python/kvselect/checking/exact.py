@@ -9,6 +9,7 @@ sequences, low-contrast rows) every position is re-scored instead
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, List, Optional, Tuple
 
@@ -142,6 +143,8 @@ def indexer_check(
         raise _refused(
             "rows", f"rows must be 2-D integers [n_rows, width], got {engine_rows.dtype} {engine_rows.shape}"
         )
+    if engine_rows.dtype.kind == "i" and engine_rows.dtype.itemsize < 8:
+        engine_rows = engine_rows.astype(np.int64)  # (read once: the native calls take int64)
     n = len(engine_rows)
     pos = (
         np.asarray(query_pos).astype(np.int64).reshape(-1)
@@ -154,14 +157,17 @@ def indexer_check(
             "rows", f"rows has {n} rows, index_q {q_arr.shape}, query_pos {len(pos)} entries: one each per row"
         )
     k_arr = np.asarray(index_k)
+    # Each sequence's keys lo .. hi and rows: one sequence (no packing) is
+    # every row and key, read in place.
     if cu_seqlens is None:
-        cu, seq = np.array([0, len(k_arr)], dtype=np.int64), np.zeros(n, dtype=np.int64)
+        sequences = [(0, len(k_arr), np.arange(n))]
     else:
         if seq_ids is None:
             raise _refused("seq_ids", "cu_seqlens needs seq_ids: each row's sequence")
         cu = np.asarray(cu_seqlens).astype(np.int64).reshape(-1)
         seq = np.asarray(seq_ids).astype(np.int64).reshape(-1)
         _check_packing(cu, seq, len(k_arr), _refused, n_rows=n)
+        sequences = [(int(cu[s]), int(cu[s + 1]), np.flatnonzero(seq == s)) for s in np.unique(seq)]
     w32 = np.asarray(weights, dtype=np.float32)
     c32 = None if key_scale is None else np.asarray(key_scale, dtype=np.float32)
     if c32 is not None and c32.ndim == 0:
@@ -176,16 +182,13 @@ def indexer_check(
     parts: List[Tuple[np.ndarray, dict]] = []
     vacuous = 0
     if whole is not None:  # one piece: every sequence's scores in one matrix
-        t_max = int(np.diff(cu).max()) if n else 0
+        t_max = max(hi - lo for lo, hi, _ in sequences) if n else 0
         full = np.full((n, t_max), np.nan)
         full_m = np.full((n, t_max), np.nan)
         full_lens = np.zeros(n, dtype=np.int64)
-    for s in np.unique(seq):
-        lo, hi = int(cu[s]), int(cu[s + 1])
+    for lo, hi, idx in sequences:
         keys, ksc = k_arr[lo:hi], None if c32 is None else c32[lo:hi]
-        absc = np.ones(1) if ksc is None else np.abs(ksc.astype(np.float64))
         g: Optional[np.ndarray] = None
-        idx = np.flatnonzero(seq == s)
         step = len(idx) if whole is not None else max(1, _CHUNK_BYTES // (26 * max(1, hi - lo) + 16 * max(1, h * d)))
         # Screened or dense (see checking.dense): a small sequence
         # goes dense, a larger one with rows to spare is probed with its
@@ -202,21 +205,26 @@ def indexer_check(
                     q_arr[idx[0]], w32[idx[0]], keys, pos[idx[0]], ksc, key_format, query_format, compress_ratio, kk
                 )
                 dense = share > _path._DENSE_BAND
+        # (the screen's |c_t|; the dense path reads the scales as they are)
+        absc = None if dense else np.ones(1) if ksc is None else np.abs(ksc.astype(np.float64))
         for c0 in range(0, len(idx), step):
             sub = idx[c0 : c0 + step]
-            lens = np.minimum((pos[sub] + 1) // compress_ratio, hi - lo)
+            # (every row of the batch: the arrays as they are, no copy)
+            every = len(sub) == n
+            q_sub, w_sub, p_sub, r_sub = (a if every else a[sub] for a in (q_arr, w32, pos, engine_rows))
+            lens = np.minimum((p_sub + 1) // compress_ratio, hi - lo)
             layout = whole if whole is not None else layout_of(sub)
             rel = None if whole is None else whole.positions(engine_rows)[sub]
-            operands = (q_arr[sub], w32[sub], keys, ksc, absc, h, d, query_format, key_format, pos[sub], compress_ratio)
-            args = (engine_rows[sub], lens, topk, atol, rtol, layout, operands, rel, whole is not None, slack)
+            operands = (q_sub, w_sub, keys, ksc, absc, h, d, query_format, key_format, p_sub, compress_ratio)
+            args = (r_sub, lens, topk, atol, rtol, layout, operands, rel, whole is not None, slack)
             if dense:
                 idx_, real, exact, mags, vac = _path._dense(*args)
             else:
                 S = ks.indexer_scores(
-                    q_arr[sub],
-                    w32[sub],
+                    q_sub,
+                    w_sub,
                     keys,
-                    pos[sub],
+                    p_sub,
                     key_scale=ksc,
                     key_format=key_format,
                     query_format=query_format,
@@ -225,7 +233,7 @@ def indexer_check(
                 if g is None:  # once per sequence, after the native call has vetted the keys
                     g = _key_bounds(keys, ksc, key_format)
                 idx_, real, exact, mags, vac = _rescore(S, g, *args)
-            vacuous += int(vac.sum())
+            vacuous += int(np.count_nonzero(vac))
             if whole is not None:
                 full[sub, : hi - lo], full_lens[sub] = exact, lens
                 if full_m is not None and mags is not None:
@@ -251,22 +259,16 @@ def indexer_check(
                         ),
                     )
                 )
+            # The exactly right rows: their structural faults alone (no score
+            # is read; check_topk's report of them against equal scores).
+            if not len(mine):
+                parts.append((sub, _structure(r_sub, lens, topk, layout, filler)))
+                continue
             right = np.ones(len(sub), dtype=bool)
             right[idx_[real]] = False
             if right.any():
-                parts.append(
-                    (
-                        sub[right],
-                        ks.check_topk(
-                            np.zeros((int(right.sum()), hi - lo), np.float32),
-                            engine_rows[sub[right]],
-                            lens[right],
-                            topk=topk,
-                            slots=layout_of(sub[right]),
-                            filler=filler,
-                        ),
-                    )
-                )
+                sub_r = sub[right]
+                parts.append((sub_r, _structure(engine_rows[sub_r], lens[right], topk, layout_of(sub_r), filler)))
     if whole is not None:
         parts = [
             (
@@ -284,7 +286,8 @@ def indexer_check(
                 ),
             )
         ]
-    out = _merge(parts)
+    # (one part of every row, in order: its report as it is)
+    out = Report(parts[0][1]) if len(parts) == 1 and len(parts[0][0]) == n else _merge(parts)
     out["rows"] = n
     out["correct"] = n - out["wrong"]
     out["vacuous"] = vacuous
@@ -293,6 +296,14 @@ def indexer_check(
             ("padding_hole", "duplicate", "not_causal", "not_in_table", "wrong_count", "wrong_selection"), 0
         )
     return out
+
+
+def _structure(rows: np.ndarray, lens: np.ndarray, topk: Optional[int], layout: Any, filler: str) -> dict:
+    """:func:`kvselect.check_topk`'s report of ``rows`` against equal
+    scores — their structural faults alone — without reading a score
+    (``kvselect._core._check_topk_structure``): the rows the exact verdict
+    found right."""
+    return ks._core._check_topk_structure(rows, lens, topk=topk, slots=layout, filler=filler)
 
 
 def _rescore(
@@ -777,7 +788,7 @@ def check_indexer_topk(
     p = _precision(precision, lambda message: _refused("precision", message))
     atol_, rtol_ = (float(x) for x in _tolerance_values(p, atol, rtol))
     for name, v in (("atol", atol_), ("rtol", rtol_)):
-        if not (np.isfinite(v) and v >= 0):
+        if not (math.isfinite(v) and v >= 0):
             raise _refused(name, f"{name} = {v} must be finite and non-negative")
     if slots is not None and not isinstance(slots, ks.GlobalSlots):
         raise TypeError(f"slots must be a GlobalSlots or None, got {type(slots).__name__}")

@@ -9,7 +9,10 @@
 //! byte order, misaligned or not C-contiguous is copied once to a native,
 //! aligned, C-order one with the same values ([`native_aligned`]).
 
-use numpy::{PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray};
+use numpy::{
+    PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::IntoPyDict;
@@ -147,10 +150,43 @@ pub(in crate::python) fn element_name(
     view: Option<&Bound<'_, PyAny>>,
     arr: &Bound<'_, PyAny>,
 ) -> PyResult<String> {
-    match view.and_then(dlpack::format_tag) {
-        Some(f) => Ok(f.name().to_string()),
-        None => arr.getattr("dtype")?.getattr("name")?.extract(),
+    if let Some(f) = view.and_then(dlpack::format_tag) {
+        return Ok(f.name().to_string());
     }
+    // NumPy's own numeric types named from their descriptor's kind and size
+    // (`dtype.name` is a Python-level property, a few microseconds a call);
+    // any other type (ml_dtypes' are user-defined) by its name.
+    if let Ok(a) = arr.cast::<PyUntypedArray>() {
+        let dtype = a.dtype();
+        if let Some(name) = builtin_name(dtype.num(), dtype.kind(), dtype.itemsize()) {
+            return Ok(name.to_string());
+        }
+    }
+    arr.getattr("dtype")?.getattr("name")?.extract()
+}
+
+/// The name NumPy gives a built-in numeric type (type number `num` below
+/// `NPY_USERDEF`, 256) of `kind` and `size` bytes: `"float32"`, `"uint8"`,
+/// `"bool"`; None for any other (user-defined types, complex, strings, ...).
+fn builtin_name(num: std::os::raw::c_int, kind: u8, size: usize) -> Option<&'static str> {
+    if num >= 256 {
+        return None;
+    }
+    Some(match (kind, size) {
+        (b'f', 2) => "float16",
+        (b'f', 4) => "float32",
+        (b'f', 8) => "float64",
+        (b'u', 1) => "uint8",
+        (b'u', 2) => "uint16",
+        (b'u', 4) => "uint32",
+        (b'u', 8) => "uint64",
+        (b'i', 1) => "int8",
+        (b'i', 2) => "int16",
+        (b'i', 4) => "int32",
+        (b'i', 8) => "int64",
+        (b'b', 1) => "bool",
+        _ => return None,
+    })
 }
 
 /// The format an array `name` of `dtype` is read in: a typed array's own

@@ -160,6 +160,49 @@ pub(super) fn check_topk<'py>(
     run(py, rule, tol, scored, rows, &lens, &slots)
 }
 
+/// The structural half of :func:`check_topk` alone (private: the exact indexer check's).
+///
+/// Each row's valid entries first, distinct, causal, exactly ``min(topk, L)`` of them, under
+/// ``filler`` and ``slots`` as :func:`check_topk` reads them; no score is read, so a row's
+/// selection is taken as right. :func:`check_topk`'s report of the same rows against any equal
+/// scores (no position scored ``-inf``), without its pass over every position: for rows whose
+/// selection a float64 verdict has already passed.
+#[pyfunction]
+#[pyo3(
+    signature = (rows, context_lens, *, topk=None, slots=None, filler=Named::known(Filler::MinusOne)),
+    text_signature = "(rows, context_lens, *, topk=None, slots=None, filler=\"-1\")"
+)]
+pub(super) fn _check_topk_structure<'py>(
+    py: Python<'py>,
+    rows: &Obj<'py>,
+    context_lens: &Obj<'py>,
+    topk: Opt<'_, 'py>,
+    slots: Option<Bound<'py, PyGlobalSlots>>,
+    filler: Named<Filler>,
+) -> PyResult<PyReport<'py>> {
+    let filler = filler.get()?;
+    let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
+    let width = r.shape[1] / slots.as_ref().map_or(1, |g| g.get().dcp_size());
+    let topk = S.count_or(topk, "topk", u64::MAX, width)?;
+    let lens = positions(S, context_lens, "context_lens")?;
+    let rule = Rule::TopkStructure(topk);
+    if lens.len() != r.shape[0] {
+        let msg = format!(
+            "rows has {} rows, context_lens has {} entries: one each per row",
+            r.shape[0],
+            lens.len()
+        );
+        return Err(refuse(S, "context_lens", msg));
+    }
+    let rows = Rows {
+        rows: r.slice()?,
+        width: r.shape[1],
+    };
+    let axes = [("n_rows", lens.len()), ("n_positions", lens.iter().copied().max().unwrap_or(0))];
+    let scored = (check::Values::F32(&[]), &axes[..], None);
+    run(py, (rule, filler), Tolerance::default(), scored, rows, &lens, &slots)
+}
+
 /// Whether each of an engine's block-selection rows (MiniMax-M3) is correct under ``config``.
 ///
 /// A correct row has every forced block (the first ``init_blocks``, the newest

@@ -25,5 +25,6 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ] {
         m.setattr(checker.getattr("__name__")?.cast_into::<PyString>()?, checker)?;
     }
+    m.add_function(wrap_pyfunction!(checkers::_check_topk_structure, m)?)?;
     Ok(())
 }
