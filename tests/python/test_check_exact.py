@@ -541,6 +541,43 @@ def test_a_non_finite_key_code_is_refused_naming_its_place(fmt, raw, code):
     assert e.value.argument == "index_k" and "index_k[5, 2]" in str(e.value)
 
 
+def test_the_16_and_8_bit_codes_are_read_on_their_bits():
+    """Which key arrays the vetting and the screen's bounds read on their
+    bits (``_codes``): raw bits that key_format names and typed codes in
+    native byte order; float32, unnamed raw bits and byte-swapped arrays are
+    decoded. On the bits, every finite code passes and each non-finite one
+    is found."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from kvselect.checking._common import _codes
+    from kvselect.checking._vet import _finite_codes
+
+    cases = [
+        (ml_dtypes.bfloat16, None, np.uint16, 0x7F80),
+        (np.uint16, "bfloat16", np.uint16, 0x7F80),
+        (np.float16, None, np.uint16, 0x7C00),
+        (np.uint16, "float16", np.uint16, 0x7C00),
+        (ml_dtypes.float8_e4m3fn, None, np.uint8, 0x7F),
+        (np.uint8, "float8_e4m3fn", np.uint8, 0x7F),
+    ]
+    for dtype, fmt, bits, first in cases:
+        every = np.arange(np.iinfo(bits).max + 1, dtype=bits)
+        finite = every[(every & (0x7FFF if bits == np.uint16 else 0x7F)) < first]
+        a = finite.view(dtype)
+        view, _, least = _codes(a, fmt)
+        assert view.dtype == bits and least == first and np.shares_memory(view, a)
+        assert _finite_codes(a, fmt)
+        for code in every[(every & (0x7FFF if bits == np.uint16 else 0x7F)) >= first][::97]:
+            assert not _finite_codes(np.concatenate([finite, [code]]).astype(bits).view(dtype), fmt), hex(code)
+    for a, fmt in [
+        (np.zeros(4, np.float32), None),
+        (np.zeros(4, np.uint16), None),  # raw bits without a format
+        (np.zeros(4, ">u2"), "bfloat16"),  # byte-swapped
+        (np.zeros(4, ">f2"), None),
+        (np.zeros(4, np.uint8), "bfloat16"),  # the wrong width for the format
+    ]:
+        assert _codes(a, fmt) is None and not _finite_codes(a, fmt)
+
+
 @pytest.mark.parametrize(
     "change, argument",
     [

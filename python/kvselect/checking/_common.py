@@ -88,6 +88,34 @@ class Dump(Dict[str, np.ndarray]):
         return decode32(self[key], self.formats.get(key))
 
 
+# The 16- and 8-bit key formats, read on their bits: the unsigned view, the
+# bits below the sign (|x| rises with them, NaN codes the highest) and the
+# least non-finite code among those (inf / NaN in bfloat16 and float16, NaN
+# in float8_e4m3fn).
+_CODES = {
+    "bfloat16": (np.uint16, 0x7FFF, 0x7F80),
+    "float16": (np.uint16, 0x7FFF, 0x7C00),
+    "float8_e4m3fn": (np.uint8, 0x7F, 0x7F),
+}
+
+
+def _codes(a: np.ndarray, fmt: Optional[str]) -> Optional[Tuple[np.ndarray, int, int]]:
+    """``a``'s bfloat16 / float16 / float8_e4m3fn codes as unsigned bits,
+    with :data:`_CODES`' sign-less mask and least non-finite code: raw bits
+    that ``fmt`` names, or typed codes (float16, ml_dtypes'), in native byte
+    order; None for any other array (read it decoded)."""
+    if a.dtype.kind in "ui":
+        name = fmt  # raw bits: the format names them
+    elif a.dtype.char in "fd":
+        return None  # (float32 / float64; dtype.name is a Python property)
+    else:
+        name = a.dtype.name
+    spec = _CODES.get(name) if name is not None else None
+    if spec is None or not a.dtype.isnative or a.dtype.itemsize != np.dtype(spec[0]).itemsize:
+        return None  # (a byte-swapped array's bits are not its codes)
+    return a.view(spec[0]), spec[1], spec[2]
+
+
 def decode32(a: np.ndarray, fmt: Optional[str]) -> np.ndarray:
     """Raw ``fmt`` bits (or a float array, when ``fmt`` is None) as float32, exactly.
 

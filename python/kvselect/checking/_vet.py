@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from kvselect.checking._common import FILLERS, _refused, decode32
+from kvselect.checking._common import FILLERS, _codes, _refused, decode32
 
 
 def _non_finite(name: str, a: np.ndarray) -> None:
@@ -25,26 +25,16 @@ def _non_finite(name: str, a: np.ndarray) -> None:
         )
 
 
-# The exponent (and, for e4m3fn, mantissa) bits that make a code non-finite:
-# inf / NaN in bfloat16 and float16, NaN (0x7F / 0xFF) in float8_e4m3fn.
-_NON_FINITE_BITS = {"bfloat16": (np.uint16, 0x7F80), "float16": (np.uint16, 0x7C00), "float8_e4m3fn": (np.uint8, 0x7F)}
-
-
 def _finite_codes(k: np.ndarray, fmt: Optional[str]) -> bool:
     """Whether ``k`` holds bfloat16 / float16 / float8_e4m3fn codes (raw
-    bits with ``fmt``, or ml_dtypes values) in native byte order, every one
-    finite, read on the bits; False for any other array (then decoded and
-    tested)."""
-    if fmt is None and k.dtype.char in "fd":
-        return False  # (float32 / float64: tested on their values)
-    name = fmt if fmt is not None else k.dtype.name
-    if name not in _NON_FINITE_BITS or (fmt is not None and k.dtype.kind not in "ui") or not k.dtype.isnative:
-        return False  # (a byte-swapped array's bits are not its codes)
-    dtype, mask = _NON_FINITE_BITS[name]
-    if k.dtype.itemsize != np.dtype(dtype).itemsize:
+    bits with ``fmt``, or typed values) in native byte order
+    (:func:`_codes`), every one finite, read on the bits; False for any
+    other array (then decoded and tested)."""
+    codes = _codes(k, fmt)
+    if codes is None:
         return False
-    bits = k.view(dtype)
-    return not bool(((bits & dtype(mask)) == dtype(mask)).any())
+    bits, sign_less, non_finite = codes
+    return int((bits & sign_less).max(initial=0)) < non_finite
 
 
 def _integers(name: str, a: Any) -> None:

@@ -24,6 +24,7 @@ from kvselect.checking._common import (
     Dump,
     DumpError,
     _check_packing,
+    _codes,
     _gamma,
     _merge,
     _paged_keys,
@@ -89,18 +90,14 @@ def _key_bounds(keys: Any, ksc: Optional[np.ndarray], key_format: Optional[str])
     keys = np.asarray(keys)
     n = len(keys)
     d = int(np.prod(keys.shape[1:])) if keys.ndim > 1 else 1
-    name = keys.dtype.name
-    raw = (
-        {"uint16": 0x7FFF, "uint8": 0x7F}.get(name) if key_format in ("bfloat16", "float16", "float8_e4m3fn") else None
-    )
-    sign_less = {"bfloat16": 0x7FFF, "float16": 0x7FFF, "float8_e4m3fn": 0x7F}.get(name, raw)
-    if sign_less is not None and keys.dtype.isnative and n and d:
+    codes = _codes(keys, key_format)
+    if codes is not None and n and d:
         # bfloat16 / float16 / fp8 e4m3fn: |x| rises with the bits below the
         # sign (NaN codes the highest), so the largest code is kmax's.
-        bits = keys.view(np.uint16 if sign_less == 0x7FFF else np.uint8).reshape(n, d)
-        code = (bits & sign_less).max(axis=1).view(keys.dtype)
+        bits, sign_less, _ = codes
+        code = (bits.reshape(n, d) & sign_less).max(axis=1).view(keys.dtype)
         g = np.abs(reference.decode(code, key_format, "key_format"))
-    elif name == "float32":
+    elif keys.dtype == np.float32:
         g = np.abs(keys.reshape(n, d)).max(axis=1, initial=0.0).astype(np.float64)
     else:
         g = np.empty(n, dtype=np.float64)
