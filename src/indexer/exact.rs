@@ -316,15 +316,17 @@ impl Sink for Verdict<'_> {
 /// once per [`GROUP`] queries rather than once per query — what the exact
 /// check computes where its float32 screen cannot decide (low-contrast
 /// rows, whose band is every position); a magnitude costs `d` of a score's
-/// `H d` multiply-adds. `key` as [`Rescore`]'s.
+/// `H d` multiply-adds. `keys(t0, rows, scales)` decodes keys `t0 ..` (as
+/// many as `scales` holds) into `rows` (`d` floats each) and their scales
+/// into `scales` (1 without scales): a block's keys in one call.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn rescore_all<K: Fn(usize, &mut [f32]) -> f32 + Sync, S: Sink>(
+pub(super) fn rescore_all<K: Fn(usize, &mut [f32], &mut [f32]) + Sync, S: Sink>(
     level: Isa,
     relu: bool,
     d: usize,
     t: usize,
     queries: &[DenseQuery],
-    key: K,
+    keys: K,
     sink: &S,
     out: &mut [f64],
 ) {
@@ -336,7 +338,8 @@ pub(super) fn rescore_all<K: Fn(usize, &mut [f32]) -> f32 + Sync, S: Sink>(
         let first = g * GROUP;
         let queries = &queries[first..first + part.len() / width];
         let span = queries.iter().map(|q| q.len).max().unwrap_or(0);
-        let mut row = vec![0.0f32; d];
+        let mut rows = vec![0.0f32; d * LANES];
+        let mut scales = [1.0f32; LANES];
         let mut kt = vec![0.0f64; d * LANES * BLOCKS];
         let mut scale = [1.0f64; LANES * BLOCKS];
         for (i, (o, q)) in part.chunks_mut(width).zip(queries).enumerate() {
@@ -345,10 +348,17 @@ pub(super) fn rescore_all<K: Fn(usize, &mut [f32]) -> f32 + Sync, S: Sink>(
         for p0 in (0..span).step_by(LANES * BLOCKS) {
             let p1 = (p0 + LANES * BLOCKS).min(span);
             for (b, kb) in kt.chunks_exact_mut(d * LANES).enumerate() {
-                kb.fill(0.0);
                 let b0 = p0 + b * LANES;
-                for r in 0..LANES.min(p1.saturating_sub(b0)) {
-                    scale[b * LANES + r] = key(b0 + r, &mut row) as f64;
+                let m = LANES.min(p1.saturating_sub(b0));
+                if m < LANES {
+                    kb.fill(0.0); // (lanes past the keys: zeros, never put)
+                }
+                if m == 0 {
+                    continue;
+                }
+                keys(b0, &mut rows[..m * d], &mut scales[..m]);
+                for (r, (row, &c)) in rows.chunks_exact(d).zip(&scales[..m]).enumerate() {
+                    scale[b * LANES + r] = c as f64;
                     for (i, &x) in row.iter().enumerate() {
                         kb[i * LANES + r] = x as f64;
                     }
@@ -1027,6 +1037,11 @@ mod tests {
             r.copy_from_slice(&keys[k * d..(k + 1) * d]);
             scales[k]
         };
+        // The same keys a block at a time, as rescore_all reads them.
+        let run = |t0: usize, r: &mut [f32], c: &mut [f32]| {
+            r.copy_from_slice(&keys[t0 * d..t0 * d + r.len()]);
+            c.copy_from_slice(&scales[t0..t0 + c.len()]);
+        };
         let lens = [0, 1, 32, 255, 256, 300, 17, 299, 64, 300, 5];
         let queries: Vec<DenseQuery> = lens
             .iter()
@@ -1040,7 +1055,7 @@ mod tests {
         for isa in crate::simd::isas_for_test() {
             for relu in [true, false] {
                 let mut out = vec![0.0f64; lens.len() * 2 * t];
-                rescore_all(isa, relu, d, t, &queries, key, &Matrix, &mut out);
+                rescore_all(isa, relu, d, t, &queries, run, &Matrix, &mut out);
                 for (i, (&len, row)) in lens.iter().zip(out.chunks(2 * t)).enumerate() {
                     let mut query = Query::new(h, d, isa);
                     query.relu = relu;
@@ -1098,7 +1113,7 @@ mod tests {
                     rtol,
                 };
                 let mut v = vec![0.0f64; lens.len() * 5];
-                rescore_all(isa, relu, d, t, &queries, key, &sink, &mut v);
+                rescore_all(isa, relu, d, t, &queries, run, &sink, &mut v);
                 for ((&len, row), got) in lens.iter().zip(out.chunks(2 * t)).zip(v.chunks(5)) {
                     let mut want = [
                         f64::NEG_INFINITY,

@@ -546,9 +546,9 @@ pub fn indexer_rescore_all_into(
     let want = n.saturating_mul(2).saturating_mul(t);
     check_len("out", out.len(), want, || format!("[{n}, 2, {t}]"))?;
     let (relu, queries) = dense_queries(shape, inputs);
-    let key = key_reader(inputs, shape.d);
+    let keys = key_rows(inputs, shape.d);
     let level = simd::Isa::best();
-    exact::rescore_all(level, relu, shape.d, t, &queries, key, &exact::Matrix, out);
+    exact::rescore_all(level, relu, shape.d, t, &queries, keys, &exact::Matrix, out);
     Ok(())
 }
 
@@ -612,14 +612,14 @@ pub fn indexer_rescore_verdict_into(
             bits
         })
         .collect();
-    let key = key_reader(inputs, shape.d);
+    let keys = key_rows(inputs, shape.d);
     let sink = exact::Verdict {
         selected: &selected,
         atol,
         rtol,
     };
     let level = simd::Isa::best();
-    exact::rescore_all(level, relu, shape.d, t, &queries, key, &sink, out);
+    exact::rescore_all(level, relu, shape.d, t, &queries, keys, &sink, out);
     Ok(())
 }
 
@@ -632,6 +632,22 @@ fn key_reader<'a>(
     move |k, r| {
         inputs.k.decode(k * d, r);
         inputs.key_scale.map_or(1.0, |s| s[k])
+    }
+}
+
+/// How [`exact::rescore_all`] reads keys `t0 ..`: decoded into `rows` (`d`
+/// floats each, one call for the run), their scales into `scales` (1
+/// without scales).
+fn key_rows<'a>(
+    inputs: &'a IndexerInputs<'_>,
+    d: usize,
+) -> impl Fn(usize, &mut [f32], &mut [f32]) + Sync + 'a {
+    move |t0, rows, scales| {
+        inputs.k.decode(t0 * d, rows);
+        match inputs.key_scale {
+            Some(s) => scales.copy_from_slice(&s[t0..t0 + scales.len()]),
+            None => scales.fill(1.0),
+        }
     }
 }
 
