@@ -237,7 +237,7 @@ def indexer_check(
                     full_m[sub, : hi - lo] = mags
                 continue
             # The exactly wrong rows against their float64 scores; the rest,
-            # exactly right, against equal scores (their structural faults).
+            # exactly right, on their structure alone (below).
             mine = sub[idx_[real]]
             if len(mine):
                 parts.append(
@@ -759,9 +759,9 @@ def check_indexer_topk(
       exact. A wrong row is reported from every position's float64 score:
       its threshold, ``n_dropped``, ``n_intruders`` and the positions listed
       with their scores are exact. A row the candidates show exactly right is
-      checked against equal scores (only its structural faults can then be
-      reported: its selection is right), so only the wrong rows' scores are
-      held in float64.
+      checked on its structure alone (its selection is right: the report
+      ``check_topk`` gives it against equal scores, no score read), so only
+      the wrong rows' scores are held in float64.
     - **The cost.** One native pass (the float32 scores), one pass over the
       keys for ``kmax`` (once per sequence; for bfloat16 / float16 / fp8 keys
       the largest sign-less code, since ``|x|`` rises with those bits), a
