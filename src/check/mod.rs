@@ -1002,8 +1002,9 @@ rules! {
     /// The token top-k: `min(topk, L)` of the `L` positions
     /// ([`check_topk_row`]).
     Topk(usize) => TopkRule,
-    /// The token top-k's structural half alone ([`TopkStructureRule`]):
-    /// `scores` and `magnitudes` are not read (pass them empty).
+    /// The token top-k's structural half alone: each row's valid entries
+    /// first, distinct, causal, `min(topk, L)` of them, its selection taken
+    /// as right; `scores` and `magnitudes` are not read (pass them empty).
     TopkStructure(usize) => TopkStructureRule,
     /// MiniMax-M3's block selection with this config
     /// ([`check_block_row`]); a row's "context" is its visible block count.
