@@ -481,14 +481,14 @@ fn heads_in_lanes_equal_the_packed_form_at_every_level() {
                         base: g * d,
                         stride: n_kv * d,
                     };
-                    heads::group_sums(isa, &q, &[0], heads, d, rows, &[n_vis], 0.7, &mut got);
+                    heads::group_sums(isa, &q, &[0], heads, d, rows, &[n_vis], 0.7, &mut got, &[]);
                     assert_eq!(
                         bits(&got.sums),
                         bits(&want.sums),
                         "{isa:?} heads={heads} d={d} n_vis={n_vis} special={special}"
                     );
                     // Reused scratch (a longer row before) gives the same.
-                    heads::group_sums(isa, &q, &[0], heads, d, rows, &[n_vis], 0.7, &mut got);
+                    heads::group_sums(isa, &q, &[0], heads, d, rows, &[n_vis], 0.7, &mut got, &[]);
                     assert_eq!(bits(&got.sums), bits(&want.sums), "{isa:?} reused");
                 }
                 if special == 0 {
