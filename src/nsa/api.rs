@@ -283,7 +283,10 @@ fn compress_body(
     }
     let mut buf = vec![0.0f32; if matches!(k, Encoded::F32(_)) { 0 } else { w }];
     let div = kernel as f32;
-    out.fill(0.0);
+    // No fill: a key's first token (`t = c·stride`) sets it to `+0.0 + x`,
+    // the same bits as adding `x` to a key filled with `+0.0` (a fill of
+    // Eq. 9's 16 MiB of keys at 131,072 tokens was a pass over memory of its
+    // own).
     for t in 0..(n_c - 1) * stride + kernel {
         let row: &[f32] = match k {
             Encoded::F32(s) => &s[t * w..(t + 1) * w],
@@ -297,12 +300,17 @@ fn compress_body(
         let hi = (t / stride).min(n_c - 1);
         for c in lo..=hi {
             let acc = &mut out[c * w..(c + 1) * w];
-            match k_scale {
-                Some(sc) => {
+            match (k_scale, c * stride == t) {
+                (Some(sc), false) => {
                     let s = sc[t];
                     acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x * s);
                 }
-                None => acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x),
+                (Some(sc), true) => {
+                    let s = sc[t];
+                    acc.iter_mut().zip(row).for_each(|(a, &x)| *a = 0.0 + x * s);
+                }
+                (None, false) => acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x),
+                (None, true) => acc.iter_mut().zip(row).for_each(|(a, &x)| *a = 0.0 + x),
             }
         }
         // Key `lo` is complete once its last token is in.
@@ -362,7 +370,10 @@ fn run<T: Send>(
 ) {
     let geo = window.geometry(cfg.block_size);
     let n_c = geo.compressed_len(sh.seq_len);
-    let mut ck = vec![0.0f32; n_c * sh.n_kv * sh.d];
+    // The thread's kept buffer (see `CK_BUF`): compressing writes every
+    // element, so its old contents never show.
+    let mut ck = CK_BUF.with_borrow_mut(std::mem::take);
+    ck.resize(n_c * sh.n_kv * sh.d, 0.0);
     let kernel = (geo.kernel_size, geo.kernel_stride);
     compress(isa, k, k_scale, sh.n_kv, sh.d, kernel, &mut ck);
     stage(
@@ -376,6 +387,9 @@ fn run<T: Send>(
         width,
         f,
     );
+    if ck.capacity() <= PACKED_KEEP {
+        CK_BUF.with_borrow_mut(|b| *b = ck);
+    }
 }
 
 /// A thread's scratch, reused across the rows and the calls it computes
@@ -538,10 +552,11 @@ fn stage<T: Send>(
 }
 
 thread_local! {
-    /// The calling thread's buffer for compressed keys given in another
-    /// format than float32, kept between calls up to [`PACKED_KEEP`]
-    /// floats: a fresh 4 MiB a call (a decode on 131,072 tokens' bfloat16
-    /// compressed keys) was a new mapping zero-filled page by page.
+    /// The calling thread's buffer for compressed keys (those it computes
+    /// from the keys, or given in another format than float32), kept
+    /// between calls up to [`PACKED_KEEP`] floats: a fresh 4 MiB a call (a
+    /// decode on 131,072 tokens' bfloat16 compressed keys) was a new mapping
+    /// zero-filled page by page, and 16 MiB for Eq. 9's keys there.
     static CK_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
