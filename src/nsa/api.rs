@@ -218,7 +218,7 @@ fn compress(
     crate::simd::dispatch!("nsa.compress", isa, {
         avx512 => avx2,
         avx2(token) => x86::compress_avx2(token, k, k_scale, n_kv, d, ks, out),
-        scalar => compress_body(k, k_scale, n_kv, d, ks, out),
+        scalar => compress_body(k, k_scale, n_kv, d, ks, out, false),
     })
 }
 
@@ -239,7 +239,7 @@ mod x86 {
         ks: (usize, usize),
         out: &mut [f32],
     ) {
-        compress_body(k, k_scale, n_kv, d, ks, out)
+        compress_body(k, k_scale, n_kv, d, ks, out, true)
     }
 }
 
@@ -266,7 +266,11 @@ pub(super) fn probe(isa: Isa) {
     assert_eq!(out, [1.5, 3.5, 5.5, 7.5, 9.5]);
 }
 
-/// [`compress`]'s body, written once.
+/// How many tokens ahead [`compress_body`] asks for float32 rows.
+const COMPRESS_AHEAD: usize = 16;
+
+/// [`compress`]'s body, written once (`prefetch`: the SIMD levels ask for
+/// rows ahead; the portable one leaves it to the hardware).
 #[inline(always)]
 fn compress_body(
     k: Encoded<'_>,
@@ -275,6 +279,7 @@ fn compress_body(
     d: usize,
     (kernel, stride): (usize, usize),
     out: &mut [f32],
+    prefetch: bool,
 ) {
     let w = n_kv * d;
     let n_c = out.len() / w.max(1);
@@ -287,7 +292,19 @@ fn compress_body(
     // the same bits as adding `x` to a key filled with `+0.0` (a fill of
     // Eq. 9's 16 MiB of keys at 131,072 tokens was a pass over memory of its
     // own).
+    #[cfg(target_arch = "x86_64")]
+    let bytes: &[u8] = match k {
+        Encoded::F32(s) if prefetch => bytemuck::cast_slice(s),
+        _ => &[],
+    };
+    let _ = prefetch;
     for t in 0..(n_c - 1) * stride + kernel {
+        // Float32 rows [`COMPRESS_AHEAD`] tokens on asked into cache.
+        #[cfg(target_arch = "x86_64")]
+        if prefetch {
+            let at = (t + COMPRESS_AHEAD) * w * 4;
+            crate::keys::prefetch(bytes, at, at + w * 4, crate::keys::CacheLevel::L2);
+        }
         let row: &[f32] = match k {
             Encoded::F32(s) => &s[t * w..(t + 1) * w],
             _ => {

@@ -346,12 +346,13 @@ pub(crate) fn row(scores: &[f32], keys: &mut Vec<u64>, out: &mut [i32]) {
             .map_or(0, |e| e + 1);
         let sc = &scores[..end];
         keys.extend(sc.iter().enumerate().map(|(b, &s)| order_key(s, b)));
-        let m = sc.iter().filter(|&&s| s != f32::NEG_INFINITY).count();
+        let above = order_key(f32::NEG_INFINITY, 0) + 1;
+        let m = keys.iter().filter(|&&x| x >= above).count();
         let t = if m > k {
             *keys.select_nth_unstable(end - k).1
         } else {
             // Every candidate: the keys above `−inf`'s.
-            order_key(f32::NEG_INFINITY, 0) + 1
+            above
         };
         // The blocks at or above `t` in id order, compacted into `keys`
         // without a branch a block (the `o`-th kept is written at `o <= b`,
