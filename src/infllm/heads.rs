@@ -35,6 +35,18 @@
 //! a chunk, against about 0.75 for the packed tiles, with no packing (9% of
 //! that call).
 //!
+//! At prefill each query sees few keys (64 on average at 8,192 tokens in
+//! blocks of 64), so what a chunk does besides its tiles counts: its
+//! queries are transposed by 8×8 register transposes at AVX2 (element by
+//! element they took a sixth of the call); the next chunk's query rows
+//! (`next`, 256 MiB of queries stream from memory) are asked into the L2 a
+//! few lines a tile, since all at once most prefetches were dropped; and a
+//! vector's last keys (past its last whole 8) take their exponentials
+//! vectors side by side and their `e / Z` a vector at a time. A copy, a
+//! prefetch and the same operations on the same lanes: the same bits. A
+//! tile of 24 heads by 4 keys (three queries of 16 heads over two chunks)
+//! and one of 32 by 3 were slower (registers spilled).
+//!
 //! The keys may be float32 or bfloat16 bits ([`Elem`]): a bfloat16 element
 //! is broadcast as 16-bit copies shifted into float32 lanes, exactly its
 //! float32 value, so the bits are those of its decoded keys (and no
@@ -53,7 +65,10 @@
 //!   free;
 //! - `Z_h` keeps the packed softmax's 8 lanes: key `j` adds into lane `j %
 //!   8` in key order from `+0.0`, the keys up to the next multiple of 8 as
-//!   `exp(−inf − m_h)` (the packed row's `−inf` padding), then
+//!   `exp(−inf − m_h)` (the packed row's `−inf` padding: `+0` added to a
+//!   lane that is `+0` or more or NaN, which changes nothing, so the AVX2
+//!   kernel skips it; it is NaN only when `m_h = −inf`, and then every key
+//!   of the head already made its lanes NaN), then
 //!   `((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7))`;
 //! - `e_hj / Z_h` is the same division, added to `S_j` head by head in
 //!   order (a chunk of 32 heads after the one before it).
