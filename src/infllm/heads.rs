@@ -313,9 +313,11 @@ impl Heads<'_> {
 
     /// The fewest and the most keys the chunk's queries see.
     fn range(&self) -> (usize, usize) {
+        // The chunk's lanes are the heads of queries `query(0) ..=
+        // query(hc − 1)`, each of them at least one lane.
         let mut r = (usize::MAX, 0);
-        for l in 0..self.hc {
-            r = (r.0.min(self.seen(l)), r.1.max(self.seen(l)));
+        for &n in &self.n_vis[self.query(0)..=self.query(self.hc - 1)] {
+            r = (r.0.min(n), r.1.max(n));
         }
         r
     }
@@ -469,6 +471,10 @@ mod avx2 {
         let mut mx = [_mm256_set1_ps(f32::NEG_INFINITY); V];
         // `next`'s lines spread over the whole tiles (all of them when
         // there are none).
+        // Few keys (a prefill's: 128 at 8,192 tokens, 256 KiB for 4 KV
+        // heads) stay in the L2 between chunks: no prefetch of the next
+        // tile's rows (16 instructions a tile of 2 keys).
+        let ahead = n_vis > PREFETCH_KEYS_MIN;
         let tiles = n_min / K;
         let per = heads.next.len().div_ceil(64).div_ceil(tiles.max(1)) * 64;
         if tiles == 0 {
@@ -480,18 +486,18 @@ mod avx2 {
             crate::keys::prefetch(heads.next, at, at + per, CacheLevel::L2);
             at += per;
             // SAFETY: keys `j..j + K` are below `n_vis`; the contract.
-            unsafe { tile::<E, V, K>(qt, keys, d, j, scale, lp, &mut mx) };
+            unsafe { tile::<E, V, K>(qt, keys, d, j, scale, lp, &mut mx, ahead) };
             j += K;
         }
         while j < n_min {
             // SAFETY: as above, one key.
-            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut mx) };
+            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut mx, ahead) };
             j += 1;
         }
         let mut past = mx;
         while j < n_vis {
             // SAFETY: as above; the maxima of these keys are set aside.
-            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut past) };
+            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut past, ahead) };
             j += 1;
         }
         for v in 0..V {
@@ -611,6 +617,9 @@ mod avx2 {
         }
     }
 
+    /// The most keys a chunk reads without prefetching the next tile's rows.
+    const PREFETCH_KEYS_MIN: usize = 512;
+
     /// Keys `j..j + K` against the chunk's `8V` heads: logit `(j + k, l)` to
     /// `lp[(j + k) · 8V + l]`, each lane's maximum into `mx`.
     ///
@@ -627,6 +636,7 @@ mod avx2 {
         scale: f32,
         lp: *mut f32,
         mx: &mut [__m256; V],
+        ahead: bool,
     ) {
         let w = 8 * V;
         let mut rows = [keys.ck.as_ptr(); K];
@@ -635,8 +645,9 @@ mod avx2 {
             *r = unsafe { keys.ck.as_ptr().add(keys.base + (j + k) * keys.stride) };
         }
         // The next tile's rows asked into cache (a prefetch never faults
-        // and does not dereference its pointer: past the keys it is a no-op).
-        for k in 0..K {
+        // and does not dereference its pointer: past the keys it is a no-op);
+        // not when the keys are few (`ahead`: they stay in cache).
+        for k in (0..K).filter(|_| ahead) {
             let next = rows[k].wrapping_add(K * keys.stride);
             for c in (0..d).step_by(16) {
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(c) as *const i8);
