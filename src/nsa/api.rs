@@ -218,7 +218,7 @@ fn compress(
     crate::simd::dispatch!("nsa.compress", isa, {
         avx512 => avx2,
         avx2(token) => x86::compress_avx2(token, k, k_scale, n_kv, d, ks, out),
-        scalar => compress_body(k, k_scale, n_kv, d, ks, out, false),
+        scalar => compress_body(k, k_scale, n_kv, d, ks, out),
     })
 }
 
@@ -239,7 +239,7 @@ mod x86 {
         ks: (usize, usize),
         out: &mut [f32],
     ) {
-        compress_body(k, k_scale, n_kv, d, ks, out, true)
+        compress_body(k, k_scale, n_kv, d, ks, out)
     }
 }
 
@@ -266,11 +266,7 @@ pub(super) fn probe(isa: Isa) {
     assert_eq!(out, [1.5, 3.5, 5.5, 7.5, 9.5]);
 }
 
-/// How many tokens ahead [`compress_body`] asks for float32 rows.
-const COMPRESS_AHEAD: usize = 16;
-
-/// [`compress`]'s body, written once (`prefetch`: the SIMD levels ask for
-/// rows ahead; the portable one leaves it to the hardware).
+/// [`compress`]'s body, written once.
 #[inline(always)]
 fn compress_body(
     k: Encoded<'_>,
@@ -279,7 +275,6 @@ fn compress_body(
     d: usize,
     (kernel, stride): (usize, usize),
     out: &mut [f32],
-    prefetch: bool,
 ) {
     let w = n_kv * d;
     let n_c = out.len() / w.max(1);
@@ -292,19 +287,7 @@ fn compress_body(
     // the same bits as adding `x` to a key filled with `+0.0` (a fill of
     // Eq. 9's 16 MiB of keys at 131,072 tokens was a pass over memory of its
     // own).
-    #[cfg(target_arch = "x86_64")]
-    let bytes: &[u8] = match k {
-        Encoded::F32(s) if prefetch => bytemuck::cast_slice(s),
-        _ => &[],
-    };
-    let _ = prefetch;
     for t in 0..(n_c - 1) * stride + kernel {
-        // Float32 rows [`COMPRESS_AHEAD`] tokens on asked into cache.
-        #[cfg(target_arch = "x86_64")]
-        if prefetch {
-            let at = (t + COMPRESS_AHEAD) * w * 4;
-            crate::keys::prefetch(bytes, at, at + w * 4, crate::keys::CacheLevel::L2);
-        }
         let row: &[f32] = match k {
             Encoded::F32(s) => &s[t * w..(t + 1) * w],
             _ => {
@@ -387,10 +370,11 @@ fn run<T: Send>(
 ) {
     let geo = window.geometry(cfg.block_size);
     let n_c = geo.compressed_len(sh.seq_len);
-    // The thread's kept buffer (see `CK_BUF`): compressing writes every
-    // element, so its old contents never show.
-    let mut ck = CK_BUF.with_borrow_mut(std::mem::take);
-    ck.resize(n_c * sh.n_kv * sh.d, 0.0);
+    // A fresh buffer each call, not one the thread keeps: its pages come
+    // zeroed from the kernel as it is written, while a kept one's cold lines
+    // were each read from memory before their first store (decode from the
+    // keys 5-8% slower, AMD EPYC Zen 3).
+    let mut ck = vec![0.0f32; n_c * sh.n_kv * sh.d];
     let kernel = (geo.kernel_size, geo.kernel_stride);
     compress(isa, k, k_scale, sh.n_kv, sh.d, kernel, &mut ck);
     stage(
@@ -404,9 +388,6 @@ fn run<T: Send>(
         width,
         f,
     );
-    if ck.capacity() <= PACKED_KEEP {
-        CK_BUF.with_borrow_mut(|b| *b = ck);
-    }
 }
 
 /// A thread's scratch, reused across the rows and the calls it computes
@@ -569,11 +550,10 @@ fn stage<T: Send>(
 }
 
 thread_local! {
-    /// The calling thread's buffer for compressed keys (those it computes
-    /// from the keys, or given in another format than float32), kept
-    /// between calls up to [`PACKED_KEEP`] floats: a fresh 4 MiB a call (a
-    /// decode on 131,072 tokens' bfloat16 compressed keys) was a new mapping
-    /// zero-filled page by page, and 16 MiB for Eq. 9's keys there.
+    /// The calling thread's buffer for compressed keys given in another
+    /// format than float32, kept between calls up to [`PACKED_KEEP`]
+    /// floats: a fresh 4 MiB a call (a decode on 131,072 tokens' bfloat16
+    /// compressed keys) was a new mapping zero-filled page by page.
     static CK_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
