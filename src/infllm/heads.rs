@@ -35,6 +35,18 @@
 //! a chunk, against about 0.75 for the packed tiles, with no packing (9% of
 //! that call).
 //!
+//! At prefill each query sees few keys (64 on average at 8,192 tokens in
+//! blocks of 64), so what a chunk does besides its tiles counts: its
+//! queries are transposed by 8×8 register transposes at AVX2 (element by
+//! element they took a sixth of the call); the next chunk's query rows
+//! (`next`, 256 MiB of queries stream from memory) are asked into the L2 a
+//! few lines a tile, since all at once most prefetches were dropped; and a
+//! vector's last keys (past its last whole 8) take their exponentials
+//! vectors side by side and their `e / Z` a vector at a time. A copy, a
+//! prefetch and the same operations on the same lanes: the same bits. A
+//! tile of 24 heads by 4 keys (three queries of 16 heads over two chunks)
+//! and one of 32 by 3 were slower (registers spilled).
+//!
 //! The keys may be float32 or bfloat16 bits ([`Elem`]): a bfloat16 element
 //! is broadcast as 16-bit copies shifted into float32 lanes, exactly its
 //! float32 value, so the bits are those of its decoded keys (and no
@@ -53,7 +65,10 @@
 //!   free;
 //! - `Z_h` keeps the packed softmax's 8 lanes: key `j` adds into lane `j %
 //!   8` in key order from `+0.0`, the keys up to the next multiple of 8 as
-//!   `exp(−inf − m_h)` (the packed row's `−inf` padding), then
+//!   `exp(−inf − m_h)` (the packed row's `−inf` padding: `+0` added to a
+//!   lane that is `+0` or more or NaN, which changes nothing, so the AVX2
+//!   kernel skips it; it is NaN only when `m_h = −inf`, and then every key
+//!   of the head already made its lanes NaN), then
 //!   `((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7))`;
 //! - `e_hj / Z_h` is the same division, added to `S_j` head by head in
 //!   order (a chunk of 32 heads after the one before it).
@@ -145,6 +160,12 @@ impl Elem for u16 {
 /// `n_vis[s] == 0`), the same bits as the packed form on that query alone. Several queries share a chunk (the keys read once
 /// for all of them) only when `heads` is a multiple of 8, so that each
 /// vector holds one query's heads (asserted).
+///
+/// `next` is what the caller reads next (the next chunk's query rows):
+/// asked into the second-level cache a few lines a tile while the first
+/// chunk's logits are computed (its misses overlap the arithmetic; all at
+/// once, most of the prefetches were dropped). Empty: nothing. No effect
+/// on results.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn group_sums<E: Elem>(
     isa: Isa,
@@ -156,6 +177,7 @@ pub(crate) fn group_sums<E: Elem>(
     n_vis: &[usize],
     scale: f32,
     scratch: &mut Scratch,
+    next: &[f32],
 ) {
     assert_eq!(qs.len(), n_vis.len(), "a key count a query");
     let n_max = n_vis.iter().copied().max().unwrap_or(0);
@@ -182,44 +204,90 @@ pub(crate) fn group_sums<E: Elem>(
         let w = hc.next_multiple_of(8);
         // The chunk's queries transposed, `qt[c · w + l]` = element `c` of
         // head `(h0 + l) % heads` of query `(h0 + l) / heads`; the lanes
-        // past the chunk's heads 0 (their sums are never read).
+        // past the chunk's heads 0 (their sums are never read). A copy: any
+        // method gives the same bits (8×8 register transposes at AVX2).
         scratch.qt.clear();
         scratch.qt.resize(d * w, 0.0);
-        for l in 0..hc {
-            let (sq, h) = ((h0 + l) / heads, (h0 + l) % heads);
-            let row = &q[qs[sq] + h * d..qs[sq] + (h + 1) * d];
-            for (c, &x) in row.iter().enumerate() {
-                scratch.qt[c * w + l] = x;
-            }
-        }
-        let (qt, logits, sums) = (&scratch.qt, &mut scratch.logits, &mut scratch.sums);
+        let rows = QueryRows {
+            q,
+            qs,
+            heads,
+            h0,
+            hc,
+            d,
+        };
+        let (qt, logits, sums) = (&mut scratch.qt, &mut scratch.logits, &mut scratch.sums);
         let heads_at = Heads {
             h0,
             hc,
             group: heads,
             n_vis,
             n_max,
+            next: if h0 == 0 {
+                bytemuck::cast_slice(next)
+            } else {
+                &[]
+            },
         };
-        // SAFETY (bounds): `qt` is `d · w` floats; keys `0..n_max` lie in
-        // `ck` (asserted above); `logits` holds `n8 · widest >= n8 · w`
-        // floats and `sums` `n_max` for each query; `hc <= w`, `w` one of 8,
-        // 16, 24, 32; a vector's heads are one query's (asserted above).
+        // SAFETY (bounds): the transposes slice their arguments; `qt` is
+        // `d · w` floats; keys `0..n_max` lie in `ck` (asserted above);
+        // `logits` holds `n8 · widest >= n8 · w` floats and `sums` `n_max`
+        // for each query; `hc <= w`, `w` one of 8, 16, 24, 32; a vector's
+        // heads are one query's (asserted above).
         dispatch!("infllm.head_sums", isa, {
             avx512 => avx2,
-            avx2(t) => match w {
-                8 => avx2::chunk::<E, 1, 12>(t, qt, keys, d, scale, heads_at, logits, sums),
-                16 => avx2::chunk::<E, 2, 6>(t, qt, keys, d, scale, heads_at, logits, sums),
-                24 => avx2::chunk::<E, 3, 3>(t, qt, keys, d, scale, heads_at, logits, sums),
-                _ => avx2::chunk::<E, 4, 2>(t, qt, keys, d, scale, heads_at, logits, sums),
+            avx2(t) => {
+                avx2::transpose_queries(t, rows, w, qt);
+                let qt = &*qt;
+                match w {
+                    8 => avx2::chunk::<E, 1, 12>(t, qt, keys, d, scale, heads_at, logits, sums),
+                    16 => avx2::chunk::<E, 2, 6>(t, qt, keys, d, scale, heads_at, logits, sums),
+                    24 => avx2::chunk::<E, 3, 3>(t, qt, keys, d, scale, heads_at, logits, sums),
+                    _ => avx2::chunk::<E, 4, 2>(t, qt, keys, d, scale, heads_at, logits, sums),
+                }
             },
-            scalar => portable::chunk(qt, w, keys, d, scale, heads_at, logits, sums),
+            scalar => {
+                rows.transpose_lanes(0, w, qt);
+                portable::chunk(qt, w, keys, d, scale, heads_at, logits, sums)
+            },
         });
+    }
+}
+
+/// A chunk's query rows: lane `l < hc` is head `(h0 + l) % heads` of query
+/// `(h0 + l) / heads`, its `d` elements at `q[qs[query] + head · d..]`.
+#[derive(Clone, Copy)]
+struct QueryRows<'a> {
+    q: &'a [f32],
+    qs: &'a [usize],
+    heads: usize,
+    h0: usize,
+    hc: usize,
+    d: usize,
+}
+
+impl QueryRows<'_> {
+    /// Lane `l`'s row.
+    #[inline(always)]
+    fn row(&self, l: usize) -> &[f32] {
+        let (sq, h) = ((self.h0 + l) / self.heads, (self.h0 + l) % self.heads);
+        &self.q[self.qs[sq] + h * self.d..][..self.d]
+    }
+
+    /// Lanes `from..hc` transposed into `qt[c · w + l]`, element by element.
+    fn transpose_lanes(&self, from: usize, w: usize, qt: &mut [f32]) {
+        for l in from..self.hc {
+            for (c, &x) in self.row(l).iter().enumerate() {
+                qt[c * w + l] = x;
+            }
+        }
     }
 }
 
 /// A chunk's heads: `hc` of them from head `h0` of the queries' heads laid
 /// end to end, `group` a query (head `H` is query `H / group`'s), query `s`
-/// seeing keys `0..n_vis[s]`, its sums `n_max` apart.
+/// seeing keys `0..n_vis[s]`, its sums `n_max` apart; `next` the bytes to
+/// prefetch meanwhile (see [`group_sums`]).
 #[derive(Clone, Copy)]
 struct Heads<'a> {
     h0: usize,
@@ -227,6 +295,7 @@ struct Heads<'a> {
     group: usize,
     n_vis: &'a [usize],
     n_max: usize,
+    next: &'a [u8],
 }
 
 impl Heads<'_> {
@@ -244,9 +313,11 @@ impl Heads<'_> {
 
     /// The fewest and the most keys the chunk's queries see.
     fn range(&self) -> (usize, usize) {
+        // The chunk's lanes are the heads of queries `query(0) ..=
+        // query(hc − 1)`, each of them at least one lane.
         let mut r = (usize::MAX, 0);
-        for l in 0..self.hc {
-            r = (r.0.min(self.seen(l)), r.1.max(self.seen(l)));
+        for &n in &self.n_vis[self.query(0)..=self.query(self.hc - 1)] {
+            r = (r.0.min(n), r.1.max(n));
         }
         r
     }
@@ -329,10 +400,43 @@ mod portable {
 // Accumulator arrays are indexed on purpose: they must stay in registers.
 #[allow(clippy::needless_range_loop)]
 mod avx2 {
-    use super::{Elem, Heads, Rows};
-    use crate::exp::avx2::{exp, exp_n};
+    use super::{Elem, Heads, QueryRows, Rows};
+    use crate::exp::avx2::exp_n;
+    use crate::keys::CacheLevel;
     use crate::simd::Avx2;
     use std::arch::x86_64::*;
+
+    /// [`QueryRows::transpose_lanes`] (all lanes) by 8×8 register
+    /// transposes: whole groups of 8 lanes and 8 elements, the rest element
+    /// by element. The same values in the same places.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn transpose_queries(_: Avx2, rows: QueryRows<'_>, w: usize, qt: &mut [f32]) {
+        let (hc, d) = (rows.hc, rows.d);
+        let (l8, d8) = (hc / 8 * 8, d / 8 * 8);
+        for l0 in (0..l8).step_by(8) {
+            let src: [&[f32]; 8] = std::array::from_fn(|t| rows.row(l0 + t));
+            for c0 in (0..d8).step_by(8) {
+                let mut r = [_mm256_setzero_ps(); 8];
+                for t in 0..8 {
+                    let x = &src[t][c0..c0 + 8];
+                    // SAFETY: `x` is 8 floats.
+                    r[t] = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+                }
+                let c = transpose8(r);
+                for t in 0..8 {
+                    let o = &mut qt[(c0 + t) * w + l0..][..8];
+                    // SAFETY: `o` is 8 floats.
+                    unsafe { _mm256_storeu_ps(o.as_mut_ptr(), c[t]) };
+                }
+            }
+            for (t, row) in src.iter().enumerate() {
+                for c in d8..d {
+                    qt[c * w + l0 + t] = row[c];
+                }
+            }
+        }
+        rows.transpose_lanes(l8, w, qt);
+    }
 
     /// [`super::portable::chunk`] with `V` vectors of 8 heads (`w = 8 V`),
     /// `K` keys a tile (`V · K = 12` accumulators).
@@ -365,21 +469,35 @@ mod avx2 {
         // Pass 1: the logits, key-major, and each lane's maximum over the
         // keys every query of the chunk sees; then over each vector's own.
         let mut mx = [_mm256_set1_ps(f32::NEG_INFINITY); V];
+        // `next`'s lines spread over the whole tiles (all of them when
+        // there are none).
+        // Few keys (a prefill's: 128 at 8,192 tokens, 256 KiB for 4 KV
+        // heads) stay in the L2 between chunks: no prefetch of the next
+        // tile's rows (16 instructions a tile of 2 keys).
+        let ahead = n_vis > PREFETCH_KEYS_MIN;
+        let tiles = n_min / K;
+        let per = heads.next.len().div_ceil(64).div_ceil(tiles.max(1)) * 64;
+        if tiles == 0 {
+            crate::keys::prefetch(heads.next, 0, heads.next.len(), CacheLevel::L2);
+        }
         let mut j = 0;
+        let mut at = 0;
         while j + K <= n_min {
+            crate::keys::prefetch(heads.next, at, at + per, CacheLevel::L2);
+            at += per;
             // SAFETY: keys `j..j + K` are below `n_vis`; the contract.
-            unsafe { tile::<E, V, K>(qt, keys, d, j, scale, lp, &mut mx) };
+            unsafe { tile::<E, V, K>(qt, keys, d, j, scale, lp, &mut mx, ahead) };
             j += K;
         }
         while j < n_min {
             // SAFETY: as above, one key.
-            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut mx) };
+            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut mx, ahead) };
             j += 1;
         }
         let mut past = mx;
         while j < n_vis {
             // SAFETY: as above; the maxima of these keys are set aside.
-            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut past) };
+            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut past, ahead) };
             j += 1;
         }
         for v in 0..V {
@@ -391,7 +509,6 @@ mod avx2 {
         }
         // Pass 2: each lane's exponentials over its keys and their 8-lane
         // sum, the chunk's vectors side by side (a key's row read once).
-        let n8 = n_vis.next_multiple_of(8);
         let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
         let mut m = [_mm256_setzero_ps(); V];
         for v in 0..V {
@@ -419,24 +536,25 @@ mod avx2 {
                 }
             }
         }
-        // The rest: each vector's own keys, then `−inf` to its next
-        // multiple of 8.
-        for j in full..n8 {
+        // The rest: each vector's own keys, the chunk's vectors side by
+        // side. The `−inf` padding to the next multiple of 8 adds
+        // `exp(−inf − m) = +0` to a lane sum that is `+0` or more (or NaN),
+        // which leaves it as it is: it is skipped.
+        for j in full..n_vis {
+            let mut x = [ninf; V];
             for v in 0..V {
-                if j >= seen[v].next_multiple_of(8) {
-                    continue;
+                if j < seen[v] {
+                    // SAFETY: `j < n_vis`: its row is in the logits.
+                    let y = unsafe { _mm256_loadu_ps(lp.add(j * w + v * 8)) };
+                    x[v] = _mm256_sub_ps(y, m[v]);
                 }
-                // SAFETY: `j < n8`: the logits hold `n8 · w` floats.
-                unsafe {
-                    let p = lp.add(j * w + v * 8);
-                    let x = if j < seen[v] {
-                        _mm256_loadu_ps(p)
-                    } else {
-                        ninf
-                    };
-                    let e = exp(_mm256_sub_ps(x, m[v]));
-                    _mm256_storeu_ps(p, e);
-                    lanes[v][j % 8] = _mm256_add_ps(lanes[v][j % 8], e);
+            }
+            let e = exp_n(x);
+            for v in 0..V {
+                if j < seen[v] {
+                    // SAFETY: as above.
+                    unsafe { _mm256_storeu_ps(lp.add(j * w + v * 8), e[v]) };
+                    lanes[v][j % 8] = _mm256_add_ps(lanes[v][j % 8], e[v]);
                 }
             }
         }
@@ -476,20 +594,31 @@ mod avx2 {
                 }
             }
         }
-        let mut zs = [0.0f32; super::CHUNK];
+        // Each vector's last keys (past its last whole 8): `e / Z` a vector,
+        // added to its query's sums lane by lane (head order, as above).
         for v in 0..V {
-            // SAFETY: 8 floats at `8v < CHUNK`.
-            unsafe { _mm256_storeu_ps(zs.as_mut_ptr().add(v * 8), z[v]) };
-        }
-        for j in n_min / 8 * 8..n_vis {
-            for l in 0..hc {
-                let seen = heads.seen(l);
-                if j >= seen / 8 * 8 && j < seen {
-                    sums[heads.query(l) * heads.n_max + j] += logits[j * w + l] / zs[l];
+            let lanes = 8.min(hc.saturating_sub(v * 8));
+            if lanes == 0 {
+                continue;
+            }
+            let at = heads.query(v * 8) * heads.n_max;
+            for j in seen[v] / 8 * 8..seen[v] {
+                let mut r = [0.0f32; 8];
+                // SAFETY: `j < seen[v] <= n_vis`: its row is in the logits;
+                // `r` is 8 floats.
+                unsafe {
+                    let e = _mm256_loadu_ps(lp.add(j * w + v * 8));
+                    _mm256_storeu_ps(r.as_mut_ptr(), _mm256_div_ps(e, z[v]));
+                }
+                for &x in &r[..lanes] {
+                    sums[at + j] += x;
                 }
             }
         }
     }
+
+    /// The most keys a chunk reads without prefetching the next tile's rows.
+    const PREFETCH_KEYS_MIN: usize = 512;
 
     /// Keys `j..j + K` against the chunk's `8V` heads: logit `(j + k, l)` to
     /// `lp[(j + k) · 8V + l]`, each lane's maximum into `mx`.
@@ -507,6 +636,7 @@ mod avx2 {
         scale: f32,
         lp: *mut f32,
         mx: &mut [__m256; V],
+        ahead: bool,
     ) {
         let w = 8 * V;
         let mut rows = [keys.ck.as_ptr(); K];
@@ -515,8 +645,9 @@ mod avx2 {
             *r = unsafe { keys.ck.as_ptr().add(keys.base + (j + k) * keys.stride) };
         }
         // The next tile's rows asked into cache (a prefetch never faults
-        // and does not dereference its pointer: past the keys it is a no-op).
-        for k in 0..K {
+        // and does not dereference its pointer: past the keys it is a no-op);
+        // not when the keys are few (`ahead`: they stay in cache).
+        for k in (0..K).filter(|_| ahead) {
             let next = rows[k].wrapping_add(K * keys.stride);
             for c in (0..d).step_by(16) {
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(c) as *const i8);
@@ -607,6 +738,6 @@ pub(crate) fn probe(isa: Isa) {
         base: 0,
         stride: 1,
     };
-    group_sums(isa, &[1.0; 8], &[0], 8, 1, rows, &[3], 1.0, &mut s);
+    group_sums(isa, &[1.0; 8], &[0], 8, 1, rows, &[3], 1.0, &mut s, &[]);
     assert!(s.sums.iter().all(|&x| (x - 8.0 / 3.0).abs() < 1e-5));
 }

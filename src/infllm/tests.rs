@@ -481,18 +481,86 @@ fn heads_in_lanes_equal_the_packed_form_at_every_level() {
                         base: g * d,
                         stride: n_kv * d,
                     };
-                    heads::group_sums(isa, &q, &[0], heads, d, rows, &[n_vis], 0.7, &mut got);
+                    heads::group_sums(isa, &q, &[0], heads, d, rows, &[n_vis], 0.7, &mut got, &[]);
                     assert_eq!(
                         bits(&got.sums),
                         bits(&want.sums),
                         "{isa:?} heads={heads} d={d} n_vis={n_vis} special={special}"
                     );
                     // Reused scratch (a longer row before) gives the same.
-                    heads::group_sums(isa, &q, &[0], heads, d, rows, &[n_vis], 0.7, &mut got);
+                    heads::group_sums(isa, &q, &[0], heads, d, rows, &[n_vis], 0.7, &mut got, &[]);
                     assert_eq!(bits(&got.sums), bits(&want.sums), "{isa:?} reused");
                 }
                 if special == 0 {
                     assert!(want.sums.iter().all(|s| s.is_finite() && *s > 0.0));
+                }
+            }
+        }
+    }
+}
+
+/// Several queries in one chunk of heads (`heads::group_sums` with `qs` of
+/// 2 to 4 queries, a group of 8 or 16) each equal the packed form on that
+/// query alone, bit for bit at every level: each query seeing its own key
+/// count (0, 1, off 8, off the tiles, a multiple of 8), so the vectors'
+/// last keys (past their last whole 8) differ within a chunk; `d` a
+/// multiple of 8 and not (the 8×8 query transposes and their tails); a
+/// prefetch span given (`next`) that covers the queries themselves; an
+/// infinite and a NaN query element (NaN sums: the layouts and the levels
+/// may give NaNs of either sign — the portable level's `mul_add` is not the
+/// hardware's — so a NaN is any NaN; every other bit is pinned).
+#[test]
+fn fused_heads_in_lanes_equal_the_packed_form_a_query_at_a_time() {
+    use super::heads::{self, Rows};
+    use super::score::{group_sums, Packed, Scratch};
+    let bits = |x: &[f32]| {
+        x.iter()
+            .map(|v| if v.is_nan() { u32::MAX } else { v.to_bits() })
+            .collect::<Vec<_>>()
+    };
+    let mut seed = 90;
+    for &(heads, n_q) in &[(8usize, 4usize), (8, 3), (16, 2), (16, 1)] {
+        for &(d, n_c) in &[(128usize, 70usize), (20, 29), (8, 17)] {
+            for vis in [[n_c, n_c - 3, 0, 9], [8, 1, n_c, 16], [13, 13, 12, 5]] {
+                let n_kv = 2;
+                seed += 1;
+                let mut q = random(n_q * heads * d, seed);
+                let ck = random(n_c * n_kv * d, seed + 500);
+                if seed % 2 == 0 {
+                    q[d + 3] = f32::INFINITY;
+                    q[heads * d / 2] = f32::NAN;
+                }
+                let qs: Vec<usize> = (0..n_q).map(|s| s * heads * d).collect();
+                let n_vis = &vis[..n_q];
+                let n_max = n_vis.iter().copied().max().unwrap();
+                for g in 0..n_kv {
+                    let packed = Packed::new(Isa::Scalar, &ck, n_c, n_kv, g, d);
+                    let rows = Rows {
+                        ck: &ck,
+                        base: g * d,
+                        stride: n_kv * d,
+                    };
+                    let mut first: Option<Vec<u32>> = None;
+                    for isa in isas_for_test() {
+                        let mut got = Scratch::default();
+                        heads::group_sums(isa, &q, &qs, heads, d, rows, n_vis, 0.7, &mut got, &q);
+                        match &first {
+                            None => first = Some(bits(&got.sums)),
+                            Some(f) => {
+                                assert_eq!(&bits(&got.sums), f, "{isa:?} against the first level")
+                            }
+                        }
+                        for (s, &n) in n_vis.iter().enumerate() {
+                            let mut want = Scratch::default();
+                            let qi = &q[s * heads * d..(s + 1) * heads * d];
+                            group_sums(Isa::Scalar, qi, heads, d, &packed, n, 0.7, &mut want);
+                            assert_eq!(
+                                bits(&got.sums[s * n_max..s * n_max + n]),
+                                bits(&want.sums),
+                                "{isa:?} heads={heads} d={d} n_vis={n_vis:?} s={s} g={g}"
+                            );
+                        }
+                    }
                 }
             }
         }

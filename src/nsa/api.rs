@@ -283,7 +283,10 @@ fn compress_body(
     }
     let mut buf = vec![0.0f32; if matches!(k, Encoded::F32(_)) { 0 } else { w }];
     let div = kernel as f32;
-    out.fill(0.0);
+    // No fill: a key's first token (`t = c·stride`) sets it to `+0.0 + x`,
+    // the same bits as adding `x` to a key filled with `+0.0` (a fill of
+    // Eq. 9's 16 MiB of keys at 131,072 tokens was a pass over memory of its
+    // own).
     for t in 0..(n_c - 1) * stride + kernel {
         let row: &[f32] = match k {
             Encoded::F32(s) => &s[t * w..(t + 1) * w],
@@ -297,12 +300,17 @@ fn compress_body(
         let hi = (t / stride).min(n_c - 1);
         for c in lo..=hi {
             let acc = &mut out[c * w..(c + 1) * w];
-            match k_scale {
-                Some(sc) => {
+            match (k_scale, c * stride == t) {
+                (Some(sc), false) => {
                     let s = sc[t];
                     acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x * s);
                 }
-                None => acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x),
+                (Some(sc), true) => {
+                    let s = sc[t];
+                    acc.iter_mut().zip(row).for_each(|(a, &x)| *a = 0.0 + x * s);
+                }
+                (None, false) => acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x),
+                (None, true) => acc.iter_mut().zip(row).for_each(|(a, &x)| *a = 0.0 + x),
             }
         }
         // Key `lo` is complete once its last token is in.
@@ -358,10 +366,14 @@ fn run<T: Send>(
     (cfg, window): (&Config, Window),
     out: &mut [T],
     width: usize,
-    f: impl Fn(&mut [T], &[f32], &mut Vec<u32>) + Sync + Send,
+    f: impl Fn(&mut [T], &[f32], &mut Vec<u64>) + Sync + Send,
 ) {
     let geo = window.geometry(cfg.block_size);
     let n_c = geo.compressed_len(sh.seq_len);
+    // A fresh buffer each call, not one the thread keeps: its pages come
+    // zeroed from the kernel as it is written, while a kept one's cold lines
+    // were each read from memory before their first store (decode from the
+    // keys 5-8% slower, AMD EPYC Zen 3).
     let mut ck = vec![0.0f32; n_c * sh.n_kv * sh.d];
     let kernel = (geo.kernel_size, geo.kernel_stride);
     compress(isa, k, k_scale, sh.n_kv, sh.d, kernel, &mut ck);
@@ -385,7 +397,7 @@ fn run<T: Send>(
 struct RowScratch {
     stage1: Scratch,
     blocks: Vec<f32>,
-    ids: Vec<u32>,
+    ids: Vec<u64>,
 }
 
 thread_local! {
@@ -408,7 +420,7 @@ enum Keys<'a> {
 
 /// What [`stage`] does with a query's block scores: `(query in its run,
 /// scores, top-k scratch)`.
-type RowFn<'a> = dyn FnMut(usize, &[f32], &mut Vec<u32>) + 'a;
+type RowFn<'a> = dyn FnMut(usize, &[f32], &mut Vec<u64>) + 'a;
 
 /// The most queries whose stage 1 shares a chunk of heads (a group of 8
 /// heads: four queries fill a chunk of 32).
@@ -431,7 +443,7 @@ fn stage<T: Send>(
     (cfg, window): (&Config, Window),
     out: &mut [T],
     width: usize,
-    f: impl Fn(&mut [T], &[f32], &mut Vec<u32>) + Sync + Send,
+    f: impl Fn(&mut [T], &[f32], &mut Vec<u64>) + Sync + Send,
 ) {
     let (d, g_heads) = (sh.d, sh.group());
     let geo = window.geometry(cfg.block_size);
@@ -465,6 +477,12 @@ fn stage<T: Send>(
                 ids,
             } = s;
             if lanes {
+                // The next unit's queries (contiguous), its `g`-th part.
+                let unit = qs_n * sh.hq * d;
+                let ahead = qv.get((i0 + qs_n) * sh.hq * d..).unwrap_or(&[]);
+                let ahead = &ahead[..unit.min(ahead.len())];
+                let part = ahead.len().div_ceil(sh.n_kv);
+                let next = ahead.chunks(part.max(1)).nth(g).unwrap_or(&[]);
                 let (base, stride) = (g * d, sh.n_kv * d);
                 let mut qs = [0usize; MAX_FUSED];
                 for (s, o) in qs[..qs_n].iter_mut().enumerate() {
@@ -474,11 +492,15 @@ fn stage<T: Send>(
                 match ck {
                     Keys::F32(ck) => {
                         let keys = Rows { ck, base, stride };
-                        heads::group_sums(isa, &qv, qs, g_heads, d, keys, nv, cfg.scale, stage1)
+                        heads::group_sums(
+                            isa, &qv, qs, g_heads, d, keys, nv, cfg.scale, stage1, next,
+                        )
                     }
                     Keys::Bf16(ck) => {
                         let keys = Rows { ck, base, stride };
-                        heads::group_sums(isa, &qv, qs, g_heads, d, keys, nv, cfg.scale, stage1)
+                        heads::group_sums(
+                            isa, &qv, qs, g_heads, d, keys, nv, cfg.scale, stage1, next,
+                        )
                     }
                 }
             } else {
@@ -763,13 +785,13 @@ pub(super) fn select_window_at(
 
 /// A block-score row: the sequence's blocks, then NaN to the row's width
 /// (a packed call's rows are as wide as its longest sequence's blocks).
-fn score_row(o: &mut [f32], blocks: &[f32], _: &mut Vec<u32>) {
+fn score_row(o: &mut [f32], blocks: &[f32], _: &mut Vec<u64>) {
     o[..blocks.len()].copy_from_slice(blocks);
     o[blocks.len()..].fill(f32::NAN);
 }
 
 /// A selection row from its block scores.
-fn select_row(o: &mut [i32], blocks: &[f32], ids: &mut Vec<u32>) {
+fn select_row(o: &mut [i32], blocks: &[f32], ids: &mut Vec<u64>) {
     row(blocks, ids, o);
 }
 
@@ -888,7 +910,7 @@ fn run_packed<T: Send>(
     cfg: &Config,
     out: &mut [T],
     width: usize,
-    f: impl Fn(&mut [T], &[f32], &mut Vec<u32>) + Sync + Send + Copy,
+    f: impl Fn(&mut [T], &[f32], &mut Vec<u64>) + Sync + Send + Copy,
 ) {
     for (sh, q0, k0) in seqs.iter().filter(|s| s.0.n_q > 0) {
         let (qr, kr) = (sh.hq * sh.d, sh.n_kv * sh.d);

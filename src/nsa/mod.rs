@@ -314,73 +314,128 @@ pub(crate) fn block_scores(cfg: &Config, window: Window, sums: &[f32], p: usize,
 
 /// The row of a query from its block scores: the candidates (scores other than
 /// `−inf`) in the total order, the first `out.len()` of them ascending,
-/// then `-1`. `ids` is scratch.
+/// then `-1`. `keys` is scratch.
 ///
 /// The order is strict (ids differ), so its first `k` are one set, however
-/// found: for `k <= `[`ROW_SCAN_MAX`] one pass keeps the best `k` so far,
-/// sorted (a block enters only if it comes before the `k`-th; at decode
-/// few do), else a quickselect over all the candidates.
-pub(crate) fn row(scores: &[f32], ids: &mut Vec<u32>, out: &mut [i32]) {
-    use std::cmp::Ordering::{Greater, Less};
-    let before = |a: u32, b: u32| {
-        crate::infllm::select::before(
-            scores[a as usize],
-            a as usize,
-            scores[b as usize],
-            b as usize,
-        )
-    };
+/// found. Each candidate gets an integer key ([`order_key`]) whose
+/// descending order is the total order, so ranking is one integer
+/// comparison. For rows of at most [`ROW_SELECT_MAX`] blocks, or `k` above
+/// [`ROW_SCAN_MAX`], the `k`-th largest key is found by a selection over
+/// the candidates' keys and the blocks at or above it are written in id
+/// order (no sort: a prefill's rows, a few dozen candidates each, took a
+/// quarter of the call by insertion before). Longer rows with a small `k`
+/// (decode over long sequences) take one pass that keeps the best `k` so
+/// far, sorted (a block enters only if it comes before the `k`-th; few do).
+pub(crate) fn row(scores: &[f32], keys: &mut Vec<u64>, out: &mut [i32]) {
     let k = out.len();
-    ids.clear();
-    if k <= ROW_SCAN_MAX {
-        // Once `k` are kept, block `b` (an id above every kept one) comes
-        // before the `k`-th, `last`, iff its score is above `last`'s (a tie
-        // goes to the lower id), or `last`'s is NaN and `b`'s is not (NaN
-        // comes last): `s > t` with `t` the `k`-th's score, `−inf` for NaN.
-        // A NaN `s` fails the test, as it fails `before`.
-        // Once full, 8 blocks none of which passes the test are skipped
-        // together (the test without a branch a block).
-        let mut t = f32::INFINITY;
-        let n = scores.len();
-        let mut b = 0;
-        while b < n {
-            if ids.len() == k && b + 8 <= n {
-                let any = scores[b..b + 8].iter().fold(false, |a, &x| a | (x > t));
-                if !any {
-                    b += 8;
-                    continue;
-                }
-            }
-            let s = scores[b];
-            let full = ids.len() == k;
-            if s != f32::NEG_INFINITY && (!full || s.partial_cmp(&t) == Some(Greater)) {
-                if full {
-                    ids.pop();
-                }
-                let id = b as u32;
-                let at = ids.partition_point(|&x| before(x, id) == Less);
-                ids.insert(at, id);
-                if let (true, Some(&last)) = (ids.len() == k, ids.last()) {
-                    let sl = scores[last as usize];
-                    t = if sl.is_nan() { f32::NEG_INFINITY } else { sl };
-                }
-            }
-            b += 1;
-        }
-    } else {
-        ids.extend((0..scores.len() as u32).filter(|&b| scores[b as usize] != f32::NEG_INFINITY));
-        let kk = k.min(ids.len());
-        if kk > 0 && kk < ids.len() {
-            ids.select_nth_unstable_by(kk - 1, |a, b| before(*a, *b));
-        }
-        ids.truncate(kk);
-    }
-    ids.sort_unstable();
+    keys.clear();
     out.fill(-1);
+    if k == 0 {
+        return;
+    }
+    let n = scores.len();
+    assert!(n <= u32::MAX as usize, "block ids fit 32 bits");
+    if n <= ROW_SELECT_MAX || k > ROW_SCAN_MAX {
+        // The candidates lie before the trailing `−inf` (none after the
+        // query's block); every block there gets a key (`−inf` the lowest,
+        // so the `k`-th largest key is a candidate's when there are more
+        // than `k`).
+        let end = scores
+            .iter()
+            .rposition(|&s| s != f32::NEG_INFINITY)
+            .map_or(0, |e| e + 1);
+        let sc = &scores[..end];
+        keys.extend(sc.iter().enumerate().map(|(b, &s)| order_key(s, b)));
+        let above = order_key(f32::NEG_INFINITY, 0) + 1;
+        let m = keys.iter().filter(|&&x| x >= above).count();
+        let t = if m > k {
+            *keys.select_nth_unstable(end - k).1
+        } else {
+            // Every candidate: the keys above `−inf`'s.
+            above
+        };
+        // The blocks at or above `t` in id order, compacted into `keys`
+        // without a branch a block (the `o`-th kept is written at `o <= b`,
+        // past the keys still to be read: none are, `t` is known).
+        let mut o = 0;
+        for (b, &s) in sc.iter().enumerate() {
+            keys[o] = b as u64;
+            o += usize::from(order_key(s, b) >= t);
+        }
+        for (x, &b) in out.iter_mut().zip(&keys[..o]) {
+            *x = b as i32;
+        }
+        return;
+    }
+    // Once `k` are kept, block `b` (an id above every kept one) comes
+    // before the `k`-th, `last`, iff its score is above `last`'s (a tie
+    // goes to the lower id), or `last`'s is NaN and `b`'s is not (NaN
+    // comes last): `s > t` with `t` the `k`-th's score, `−inf` for NaN.
+    // A NaN `s` fails the test, as it fails the order.
+    // Once full, 8 blocks none of which passes the test are skipped
+    // together (the test without a branch a block).
+    let mut t = f32::INFINITY;
+    let mut b = 0;
+    while b < n {
+        if keys.len() == k && b + 8 <= n {
+            let any = scores[b..b + 8].iter().fold(false, |a, &x| a | (x > t));
+            if !any {
+                b += 8;
+                continue;
+            }
+        }
+        let s = scores[b];
+        let full = keys.len() == k;
+        if s != f32::NEG_INFINITY && (!full || s > t) {
+            if full {
+                keys.pop();
+            }
+            let key = order_key(s, b);
+            let at = keys.partition_point(|&x| x > key);
+            keys.insert(at, key);
+            if let (true, Some(&last)) = (keys.len() == k, keys.last()) {
+                let sl = scores[key_id(last)];
+                t = if sl.is_nan() { f32::NEG_INFINITY } else { sl };
+            }
+        }
+        b += 1;
+    }
+    let mut ids: [usize; ROW_SCAN_MAX] = [0; ROW_SCAN_MAX];
+    for (i, &key) in ids.iter_mut().zip(keys.iter()) {
+        *i = key_id(key);
+    }
+    let ids = &mut ids[..keys.len()];
+    ids.sort_unstable();
     for (o, &b) in out.iter_mut().zip(ids.iter()) {
         *o = b as i32;
     }
 }
 
-/// The widest row [`row`] fills by one insertion pass (wider: quickselect).
+/// Block `b`'s key in the total order (score descending, `+inf` first, NaN
+/// after every number, ties to the lower id), `−inf` (no candidate) below
+/// them all: larger keys come first. The high 32 bits are the score's bits
+/// mapped to an unsigned order (negative scores' bits inverted, positive
+/// ones' sign bit set, `−0` made `+0` first as `partial_cmp` makes them
+/// equal; NaN 1, `−inf` 0, below every other number's); the low 32 bits
+/// `u32::MAX − b`. Keys of distinct blocks differ. No branch.
+#[inline(always)]
+fn order_key(s: f32, b: usize) -> u64 {
+    let bits = (s + 0.0).to_bits();
+    let ord = bits ^ ((((bits as i32) >> 31) as u32) | 0x8000_0000);
+    let ord = if s.is_nan() { 1 } else { ord };
+    let ord = if s == f32::NEG_INFINITY { 0 } else { ord };
+    (u64::from(ord) << 32) | u64::from(u32::MAX - b as u32)
+}
+
+/// The block id of an [`order_key`].
+#[inline(always)]
+fn key_id(key: u64) -> usize {
+    (u32::MAX - key as u32) as usize
+}
+
+/// The widest row [`row`] fills by one insertion pass (wider: selection).
 pub(crate) const ROW_SCAN_MAX: usize = 64;
+
+/// The longest row [`row`] ranks by selection at any width (longer, with a
+/// width up to [`ROW_SCAN_MAX`]: the insertion pass).
+pub(crate) const ROW_SELECT_MAX: usize = 512;

@@ -198,8 +198,9 @@ fn same_bits_at_every_level() {
 /// Queries that share a chunk of heads (heads in the lanes, a group a
 /// multiple of 8: two queries at a group of 16, four at 8) give each the row
 /// and the block scores it gets alone, at every level: groups of 1, 8, 16
-/// and 24, query counts that leave a partial unit, blocks of 8 so that
-/// queries of one unit see different key counts, key counts off the tiles.
+/// and 24 (and 33), query counts that leave a partial unit, blocks of 8 so
+/// that queries of one unit see different key counts, key counts off the
+/// tiles, prefill shapes (`Tq = Tkv`).
 #[test]
 fn fused_queries_equal_each_query_alone_at_every_level() {
     let mut seed = 17u64;
@@ -212,6 +213,11 @@ fn fused_queries_equal_each_query_alone_at_every_level() {
         (24, 1, 8, 150, 6),
         (2, 2, 8, 60, 5),
         (16, 1, 128, 1037, 4),
+        // Prefill (`Tq = Tkv`): every query of the sequence, `d` a
+        // multiple of 8 (whole 8×8 query transposes) and not.
+        (32, 2, 128, 180, 180),
+        (33, 1, 20, 90, 90),
+        (8, 1, 16, 64, 64),
     ] {
         let q = rand(&mut seed, n_q * hq * d);
         let k = rand(&mut seed, seq * n_kv * d);
@@ -997,6 +1003,59 @@ fn row_is_the_first_k_of_the_total_order_with_nans() {
     assert_eq!(got, [0, 3]);
 }
 
+/// [`row`] on rows long enough for its insertion pass (more than
+/// `ROW_SELECT_MAX` blocks, `k <= ROW_SCAN_MAX`) and for its selection, with
+/// `+0` and `−0` scores (equal: ties to the lower id), NaN, `±inf`, against
+/// a full sort in the total order.
+#[test]
+fn row_is_the_first_k_of_the_total_order_on_long_rows_and_signed_zeros() {
+    let mut seed = 7u64;
+    let mut ids = Vec::new();
+    for case in 0..60 {
+        let n = [
+            ROW_SELECT_MAX - 1,
+            ROW_SELECT_MAX,
+            ROW_SELECT_MAX + 1,
+            700,
+            1500,
+        ][case % 5];
+        let vals = rand(&mut seed, n);
+        let scores: Vec<f32> = vals
+            .iter()
+            .map(|&v| match ((v + 2.0) * 16.0) as i32 {
+                0 => f32::INFINITY,
+                1..=3 => f32::NEG_INFINITY,
+                4 => f32::NAN,
+                5..=9 => 0.0,
+                10..=14 => -0.0,
+                x => (x % 11) as f32 * 0.125 - 0.5, // few values: ties, negatives
+            })
+            .collect();
+        let mut sorted: Vec<usize> = (0..n).filter(|&b| scores[b] != f32::NEG_INFINITY).collect();
+        sorted.sort_by(|&a, &b| crate::infllm::select::before(scores[a], a, scores[b], b));
+        for k in [1, 2, 3, 16, ROW_SCAN_MAX, ROW_SCAN_MAX + 1, n] {
+            let mut want: Vec<i32> = sorted.iter().take(k).map(|&b| b as i32).collect();
+            want.sort_unstable();
+            want.resize(k, -1);
+            let mut got = vec![5i32; k];
+            row(&scores, &mut ids, &mut got);
+            assert_eq!(got, want, "n={n} k={k}");
+        }
+    }
+    // `−0` then `+0`: a tie, the lower id first, either way round.
+    let mut got = [0i32; 1];
+    row(&[-0.0, 0.0], &mut ids, &mut got);
+    assert_eq!(got, [0]);
+    row(&[0.0, -0.0], &mut ids, &mut got);
+    assert_eq!(got, [0]);
+    // A long row's scan: the same.
+    let mut long = vec![f32::NEG_INFINITY; ROW_SELECT_MAX + 100];
+    (long[3], long[ROW_SELECT_MAX + 50], long[7]) = (0.0, -0.0, 1.0);
+    let mut got = [0i32; 2];
+    row(&long, &mut ids, &mut got);
+    assert_eq!(got, [3, 7]);
+}
+
 /// The compressed keys bit for bit the key-at-a-time sums (each key's rows
 /// added in token order, then one division), at every level: fla's window
 /// and overlapping ones, float32 with and without scales, bfloat16.
@@ -1015,6 +1074,13 @@ fn compress_is_each_keys_token_ordered_sum_at_every_level() {
         let k = rand(&mut seed, seq * w);
         let bf: Vec<u16> = k.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
         let scales: Vec<f32> = rand(&mut seed, seq).iter().map(|x| x * 0.7 + 1.5).collect();
+        // The first key's tokens all `−0` (its sum from `+0.0` is `+0`: no
+        // fill, the first token sets `+0.0 + x`), one infinite and one NaN
+        // element further on.
+        let mut kz = k.clone();
+        kz[..kernel.min(seq) * w].fill(-0.0);
+        kz[(seq / 2) * w + 3] = f32::INFINITY;
+        kz[(seq / 2) * w + 5] = f32::NAN;
         let n_c = if seq < kernel {
             0
         } else {
@@ -1024,6 +1090,8 @@ fn compress_is_each_keys_token_ordered_sum_at_every_level() {
             (Encoded::F32(&k), None),
             (Encoded::F32(&k), Some(&scales[..])),
             (Encoded::Bf16(&bf), None),
+            (Encoded::F32(&kz), None),
+            (Encoded::F32(&kz), Some(&scales[..])),
         ] {
             let mut rows = vec![0.0f32; seq * w];
             enc.decode(0, &mut rows);
