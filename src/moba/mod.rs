@@ -84,8 +84,24 @@
 //! # Layout
 //!
 //! `mod.rs` (the entry points and the row rule), `kernels.rs` (the
-//! `moba.gates` and `moba.sums` families: portable and AVX2; the AVX-512
-//! level runs the AVX2 kernels), `tests.rs`.
+//! `moba.gates`, `moba.lanes`, `moba.top` and `moba.sums` families: portable
+//! and AVX2; the AVX-512 level runs the AVX2 kernels), `tests.rs`.
+//!
+//! # Speed: a prefill's queries eight at a time
+//!
+//! A prefill's work is per query row (each row's gates on its past blocks
+//! and its top blocks; the means are formed once per call), and its queries
+//! are four times its keys in bytes at 8 query heads over 2 KV heads. The
+//! queries of one block share their past blocks, so `rows` takes them
+//! eight at a time, head after head: the eight rows of one head in the
+//! vector lanes against the head's means (`moba.lanes`), every query read
+//! once, in memory order, while the means stay in the L1 cache, then the
+//! eight rows' top blocks together (`moba.top`). Each gate is the same
+//! fused sum in the same order as the row-by-row kernel's (`moba.gates`,
+//! which a decode step's few rows and a block's last rows under eight still
+//! take), and `moba.top`'s key orders as [`rank`] — so the rows are the same
+//! at every level, which `rows_eight_queries_at_a_time_equal_the_row_by_row_path_on_every_level`
+//! pins.
 
 mod kernels;
 #[cfg(test)]
