@@ -15,10 +15,13 @@
 //! - `moba.lanes`: eight query rows against block means with the rows in the
 //!   lanes, block after block (`out[b · 8 + l]`), each gate the same 8-lane
 //!   fused sum, so the same bits as `moba.gates`. The AVX2 kernel tiles four
-//!   rows by two means (eight accumulators, the two row halves' tiles reduced
-//!   by `reduce8` and their 128-bit halves exchanged: moves, no arithmetic),
-//!   an odd last mean eight rows by one. A prefill's rows stream through it
-//!   once while the means stay in the L1 cache.
+//!   rows by three means (twelve independent accumulators: the chains hide
+//!   the FMA's latency with room, and twelve plus three means plus a row
+//!   fill the sixteen registers), the two row halves' accumulators of one
+//!   mean then reduced together by `reduce8` (gate `j` from accumulator `j`:
+//!   the eight rows in the lanes); a pair of means left over is tiled 4 × 2,
+//!   a single one 8 × 1. A prefill's rows stream through it once while the
+//!   means stay in the L1 cache.
 //! - `moba.top`: the best `n ≤ TOP_MAX` blocks of each lane of `moba.lanes`'
 //!   output by the module's total order, ascending. Each gate becomes an
 //!   `i32` key that orders as the gate does (`g + 0.0`'s bits, the negative
@@ -89,6 +92,23 @@ pub(super) fn lanes(
         avx2(t) => avx2::lanes(t, q, rows, means, d8, out),
         scalar => portable::lanes(q, rows, means, d8, out),
     })
+}
+
+/// Asks for `q`'s cache lines ahead of their use (a hint: no effect on any
+/// value; a prefill's next eight queries, whose rows start new pages).
+pub(super) fn prefetch(q: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in q.chunks(16) {
+        // SAFETY: a prefetch reads nothing and cannot fault; the address is
+        // within `q`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = q;
 }
 
 /// The most slots [`top`] keeps.
@@ -377,35 +397,51 @@ mod avx2 {
         _mm256_hadd_ps(h01, h23)
     }
 
-    /// Four rows against two means, the eight gates reduced together, the
-    /// rows in the lanes: `[q0·m0, q1·m0, q2·m0, q3·m0, q0·m1, …, q3·m1]`.
+    /// `R` rows against `B` means, the `R × B` accumulators unreduced
+    /// (`[b][r]`): each one gate's lanes, updated as the portable `dot`.
     ///
     /// # Safety
     /// `q[r]` and `m[b]` each hold `d8` floats (a multiple of 8).
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile_4x2(q: [*const f32; 4], m: [*const f32; 2], d8: usize) -> __m256 {
-        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    unsafe fn raw<const R: usize, const B: usize>(
+        q: [*const f32; R],
+        m: [*const f32; B],
+        d8: usize,
+    ) -> [[__m256; R]; B] {
+        let mut acc = [[_mm256_setzero_ps(); R]; B];
         let mut i = 0;
         while i < d8 {
-            // SAFETY: i + 8 <= d8, within each row's and mean's d8 floats.
-            let mv: [__m256; 2] = std::array::from_fn(|b| unsafe { _mm256_loadu_ps(m[b].add(i)) });
-            for r in 0..4 {
+            // SAFETY: i + 8 <= d8, within each mean's d8 floats.
+            let mv: [__m256; B] = std::array::from_fn(|b| unsafe { _mm256_loadu_ps(m[b].add(i)) });
+            for r in 0..R {
                 // SAFETY: as above, within q[r].
                 let qv = unsafe { _mm256_loadu_ps(q[r].add(i)) };
-                for b in 0..2 {
+                for b in 0..B {
                     acc[b][r] = _mm256_fmadd_ps(qv, mv[b], acc[b][r]);
                 }
             }
             i += 8;
         }
-        reduce8v([
-            acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1], acc[1][2], acc[1][3],
-        ])
+        acc
     }
 
-    /// Eight rows' gates, the rows in the lanes, mean after mean: pairs of
-    /// means as two 4 × 2 tiles whose halves are exchanged (`[rows 0-3 of
-    /// m0 | rows 4-7 of m0]`, the same for m1), an odd last mean 8 × 1.
+    /// The gates of rows 0-3 (`x`) and 4-7 (`y`) against `B` means,
+    /// reduced mean by mean, the rows in the lanes, into `out[b · 8 ..]`.
+    #[target_feature(enable = "avx2,fma")]
+    fn lanes_out<const B: usize>(x: [[__m256; 4]; B], y: [[__m256; 4]; B], out: &mut [f32]) {
+        for b in 0..B {
+            let (xb, yb) = (x[b], y[b]);
+            let g = reduce8v([xb[0], xb[1], xb[2], xb[3], yb[0], yb[1], yb[2], yb[3]]);
+            let o = &mut out[b * 8..][..8];
+            // SAFETY: `o` holds 8 floats.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), g) };
+        }
+    }
+
+    /// Eight rows' gates, the rows in the lanes, mean after mean: means
+    /// three at a time as two 4 × 3 tiles (rows 0-3 and 4-7: twelve
+    /// independent chains each), a pair left as two 4 × 2 tiles, a single
+    /// mean 8 × 1.
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn lanes(
         _t: Avx2,
@@ -417,31 +453,24 @@ mod avx2 {
     ) {
         let n = means.len() / d8;
         let qp: [*const f32; 8] = std::array::from_fn(|l| q[rows[l]..][..d8].as_ptr());
+        let (lo, hi) = ([qp[0], qp[1], qp[2], qp[3]], [qp[4], qp[5], qp[6], qp[7]]);
+        let mp = |b: usize| means[b * d8..][..d8].as_ptr();
         let mut b = 0;
-        while b + 2 <= n {
-            let mp = [
-                means[b * d8..][..d8].as_ptr(),
-                means[(b + 1) * d8..][..d8].as_ptr(),
-            ];
+        while b + 3 <= n {
+            let m = [mp(b), mp(b + 1), mp(b + 2)];
             // SAFETY: every pointer heads a d8-float slice (sliced above).
-            let (x, y) = unsafe {
-                (
-                    tile_4x2([qp[0], qp[1], qp[2], qp[3]], mp, d8),
-                    tile_4x2([qp[4], qp[5], qp[6], qp[7]], mp, d8),
-                )
-            };
-            let o = &mut out[b * 8..][..16];
-            // SAFETY: `o` holds 16 floats.
-            unsafe {
-                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_permute2f128_ps::<0x20>(x, y));
-                _mm256_storeu_ps(o.as_mut_ptr().add(8), _mm256_permute2f128_ps::<0x31>(x, y));
-            }
-            b += 2;
+            let (x, y) = unsafe { (raw::<4, 3>(lo, m, d8), raw::<4, 3>(hi, m, d8)) };
+            lanes_out(x, y, &mut out[b * 8..][..24]);
+            b += 3;
         }
-        if b < n {
-            let m = means[b * d8..][..d8].as_ptr();
+        if b + 2 <= n {
+            let m = [mp(b), mp(b + 1)];
             // SAFETY: as above.
-            let g = unsafe { tile_8x1(qp, m, d8) };
+            let (x, y) = unsafe { (raw::<4, 2>(lo, m, d8), raw::<4, 2>(hi, m, d8)) };
+            lanes_out(x, y, &mut out[b * 8..][..16]);
+        } else if b < n {
+            // SAFETY: as above.
+            let g = unsafe { tile_8x1(qp, mp(b), d8) };
             out[b * 8..][..8].copy_from_slice(&g);
         }
     }

@@ -343,6 +343,9 @@ const ROWS: usize = 16;
 /// Queries whose gates one kernel call computes.
 const CHUNK: usize = 16;
 
+/// Heads ahead [`rows`] asks for the next eight queries' rows.
+const PREFETCH: usize = 2;
+
 /// The float32 means of `n` complete blocks, laid out `[n_kv_heads, n, d8]`,
 /// zero padded: each block's sum in token order (`add(t0, t1, acc)` adds
 /// rows `t0 .. t1` of the sequence into `acc`, row after row, through
@@ -428,6 +431,15 @@ fn rows(
             let ids = &mut ids[..8 * n_past];
             for a in (0..tiled).step_by(8) {
                 for h in 0..hq {
+                    // The next eight queries' first heads asked for during
+                    // the last heads of these (their rows start new pages,
+                    // which the hardware's prefetch does not cross).
+                    if h + PREFETCH >= hq && a + 8 < tiled && h + PREFETCH - hq < hq {
+                        for l in 0..8 {
+                            let at = ((i0 + a + 8 + l) * hq + h + PREFETCH - hq) * d;
+                            kernels::prefetch(&q[at..][..d]);
+                        }
+                    }
                     let at = |l: usize| ((i0 + a + l) * hq + h) * d;
                     let rows: [usize; 8] = if in_place {
                         std::array::from_fn(at)
