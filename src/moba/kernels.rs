@@ -1,6 +1,8 @@
-//! MoBA's two kernel families. `portable` is each one's definition; the AVX2
-//! kernels are the same arithmetic, so both give the same bits. No AVX-512
-//! kernels: the AVX-512 level runs the AVX2 ones.
+//! MoBA's four kernel families. `portable` is each one's definition; the AVX2
+//! kernels are the same arithmetic, so both give the same bits (a NaN gate's
+//! sign and payload aside: x86 makes its default NaN negative, and no
+//! selection reads either — every NaN ranks last). No AVX-512 kernels: the
+//! AVX-512 level runs the AVX2 ones.
 //!
 //! - `moba.gates`: query rows against block means, each gate the 8-lane
 //!   fused sum of the module docs (lane `l` accumulates dimensions `l, l +
