@@ -100,15 +100,12 @@ pub(super) fn lanes(
 /// value; a prefill's next eight queries, whose rows start new pages).
 pub(super) fn prefetch(q: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    for line in q.chunks(16) {
-        // SAFETY: a prefetch reads nothing and cannot fault; the address is
-        // within `q`.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            )
-        };
-    }
+    crate::keys::prefetch(
+        bytemuck::cast_slice(q),
+        0,
+        std::mem::size_of_val(q),
+        crate::keys::CacheLevel::L1,
+    );
     #[cfg(not(target_arch = "x86_64"))]
     let _ = q;
 }
