@@ -1,6 +1,8 @@
-//! MoBA's two kernel families. `portable` is each one's definition; the AVX2
-//! kernels are the same arithmetic, so both give the same bits. No AVX-512
-//! kernels: the AVX-512 level runs the AVX2 ones.
+//! MoBA's four kernel families. `portable` is each one's definition; the AVX2
+//! kernels are the same arithmetic, so both give the same bits (a NaN gate's
+//! sign and payload aside: x86 makes its default NaN negative, and no
+//! selection reads either — every NaN ranks last). No AVX-512 kernels: the
+//! AVX-512 level runs the AVX2 ones.
 //!
 //! - `moba.gates`: query rows against block means, each gate the 8-lane
 //!   fused sum of the module docs (lane `l` accumulates dimensions `l, l +
@@ -12,6 +14,25 @@
 //!   the same pairs in the same order (`lo + hi` halves give `l0 + l4, l1 +
 //!   l5, l2 + l6, l3 + l7`; a lane swap puts `l2 + l6` beside `l0 + l4`;
 //!   two horizontal adds finish the tree).
+//! - `moba.lanes`: eight query rows against block means with the rows in the
+//!   lanes, block after block (`out[b · 8 + l]`), each gate the same 8-lane
+//!   fused sum, so the same bits as `moba.gates`. The AVX2 kernel tiles four
+//!   rows by three means (twelve independent accumulators: the chains hide
+//!   the FMA's latency with room, and twelve plus three means plus a row
+//!   fill the sixteen registers), the two row halves' accumulators of one
+//!   mean then reduced together by `reduce8` (gate `j` from accumulator `j`:
+//!   the eight rows in the lanes); a pair of means left over is tiled 4 × 2,
+//!   a single one 8 × 1. A prefill's rows stream through it once while the
+//!   means stay in the L1 cache.
+//! - `moba.top`: the best `n ≤ TOP_MAX` blocks of each lane of `moba.lanes`'
+//!   output by the module's total order, ascending. Each gate becomes an
+//!   `i32` key that orders as the gate does (`g + 0.0`'s bits, the negative
+//!   ones' magnitude bits flipped; NaN the least key but one), and the
+//!   blocks are visited ascending into `n` slots kept sorted, a block
+//!   entering only above a strictly smaller key: of equal gates the lower
+//!   block stays ahead, the order of [`super::rank`]. The AVX2 kernel keeps
+//!   the slots of all eight lanes in registers (compare, blend), no branch
+//!   on the data.
 //! - `moba.sums`: rows added into a running sum element by element, row
 //!   after row (the block sum in token order); the AVX2 kernel holds 32
 //!   elements of the sum in registers while a group of rows streams past
@@ -46,6 +67,94 @@ pub(super) fn gates(
         avx2(t) => avx2::gates(t, q, rows, means, d8, out),
         scalar => portable::gates(q, rows, means, d8, out),
     })
+}
+
+/// `out[b · 8 + l] = q_l · m_b` for the eight query rows `q_l = q[rows[l] ..
+/// rows[l] + d8]` and the `n = means.len() / d8` means, all zero padded to
+/// `d8` (a multiple of 8): [`gates`]' values, the rows in the lanes.
+///
+/// # Panics
+/// If the lengths disagree or a row runs past `q`.
+pub(super) fn lanes(
+    isa: Isa,
+    q: &[f32],
+    rows: &[usize; 8],
+    means: &[f32],
+    d8: usize,
+    out: &mut [f32],
+) {
+    assert!(d8 > 0 && d8.is_multiple_of(8));
+    assert!(means.len().is_multiple_of(d8));
+    assert!(rows.iter().all(|&r| r <= q.len() && q.len() - r >= d8));
+    assert_eq!(out.len(), 8 * (means.len() / d8));
+    // SAFETY (bounds): every row and mean is d8 floats within its slice and
+    // `out` eight gates per mean (asserted above); the kernels slice them.
+    dispatch!("moba.lanes", isa, {
+        avx512 => avx2,
+        avx2(t) => avx2::lanes(t, q, rows, means, d8, out),
+        scalar => portable::lanes(q, rows, means, d8, out),
+    })
+}
+
+/// Asks for `q`'s cache lines ahead of their use (a hint: no effect on any
+/// value; a prefill's next eight queries, whose rows start new pages).
+pub(super) fn prefetch(q: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    crate::keys::prefetch(
+        bytemuck::cast_slice(q),
+        0,
+        std::mem::size_of_val(q),
+        crate::keys::CacheLevel::L1,
+    );
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = q;
+}
+
+/// The most slots [`top`] keeps.
+pub(super) const TOP_MAX: usize = 8;
+
+/// For each lane `l` of `gates` (`gates[b · 8 + l]`, the gate of block `b`,
+/// `n_blocks = gates.len() / 8`), its best `n` blocks by [`super::rank`],
+/// ascending: `ids[s · 8 + l]`, `s < n`. Needs `n < n_blocks` (every slot
+/// filled) and `1 ≤ n ≤ TOP_MAX`.
+///
+/// # Panics
+/// If `n` is out of those bounds or `ids` is not `8 · n` long.
+pub(super) fn top(isa: Isa, gates: &[f32], n: usize, ids: &mut [i32]) {
+    assert!((1..=TOP_MAX).contains(&n));
+    assert!(gates.len().is_multiple_of(8) && gates.len() / 8 > n);
+    assert!(gates.len() / 8 <= i32::MAX as usize);
+    assert_eq!(ids.len(), 8 * n);
+    // SAFETY (bounds): `gates` is whole rows of 8 and `ids` `n` rows of 8
+    // (asserted above); the kernels slice them.
+    dispatch!("moba.top", isa, {
+        avx512 => avx2,
+        avx2(t) => match n {
+            1 => avx2::top::<1>(t, gates, ids),
+            2 => avx2::top::<2>(t, gates, ids),
+            3 => avx2::top::<3>(t, gates, ids),
+            4 => avx2::top::<4>(t, gates, ids),
+            5 => avx2::top::<5>(t, gates, ids),
+            6 => avx2::top::<6>(t, gates, ids),
+            7 => avx2::top::<7>(t, gates, ids),
+            _ => avx2::top::<8>(t, gates, ids),
+        },
+        scalar => portable::top(gates, n, ids),
+    })
+}
+
+/// A gate as an `i32` that orders as [`super::rank`] orders gates, the
+/// greater first: `-0.0` as `+0.0` (`g + 0.0`), a negative gate's magnitude
+/// bits flipped (the more negative, the smaller), NaN `i32::MIN + 1`, below
+/// `-inf`'s key and above the empty slot's `i32::MIN`.
+#[inline(always)]
+fn key(g: f32) -> i32 {
+    let v = g + 0.0;
+    if v.is_nan() {
+        return i32::MIN + 1;
+    }
+    let bits = v.to_bits() as i32;
+    bits ^ ((bits >> 31) & i32::MAX)
 }
 
 /// `acc[e] += rows[r · n + e]` for every row `r` in order (`n = acc.len()`),
@@ -104,6 +213,38 @@ mod portable {
             let qr = &q[off..][..d8];
             for (b, m) in means.chunks_exact(d8).enumerate() {
                 out[r * n + b] = dot(qr, m);
+            }
+        }
+    }
+
+    pub(super) fn lanes(q: &[f32], rows: &[usize; 8], means: &[f32], d8: usize, out: &mut [f32]) {
+        for (m, o) in means.chunks_exact(d8).zip(out.chunks_exact_mut(8)) {
+            for (g, &off) in o.iter_mut().zip(rows) {
+                *g = dot(&q[off..][..d8], m);
+            }
+        }
+    }
+
+    /// Each lane's blocks visited ascending into `n` slots kept sorted by
+    /// key (the greatest first), a block entering above the first strictly
+    /// smaller key; then the slots' ids sorted ascending.
+    pub(super) fn top(gates: &[f32], n: usize, ids: &mut [i32]) {
+        for l in 0..8 {
+            let mut best = [i32::MIN; super::TOP_MAX];
+            let mut id = [-1i32; super::TOP_MAX];
+            for (b, g) in gates.chunks_exact(8).enumerate() {
+                let k = super::key(g[l]);
+                let Some(s) = (0..n).find(|&s| k > best[s]) else {
+                    continue;
+                };
+                best.copy_within(s..n - 1, s + 1);
+                id.copy_within(s..n - 1, s + 1);
+                best[s] = k;
+                id[s] = b as i32;
+            }
+            id[..n].sort_unstable();
+            for (s, &v) in id[..n].iter().enumerate() {
+                ids[s * 8 + l] = v;
             }
         }
     }
@@ -232,6 +373,15 @@ mod avx2 {
     /// lanes' `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
     #[target_feature(enable = "avx2,fma")]
     fn reduce8(a: [__m256; 8]) -> [f32; 8] {
+        let mut out = [0.0f32; 8];
+        // SAFETY: `out` holds 8 floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), reduce8v(a)) };
+        out
+    }
+
+    /// [`reduce8`]'s gates as one vector, gate `j` in lane `j`.
+    #[target_feature(enable = "avx2,fma")]
+    fn reduce8v(a: [__m256; 8]) -> __m256 {
         // x(a) = lo(a) + hi(a) is [l0 + l4, l1 + l5, l2 + l6, l3 + l7];
         // s[j] holds x(a[j]) | x(a[j + 4]), its halves' lanes reordered to
         // [x0, x2, x1, x3]: the pairs the tree adds next.
@@ -243,11 +393,139 @@ mod avx2 {
         // hadd: [x0 + x2, x1 + x3] of a[j], a[j + 1]; then their sum.
         let h01 = _mm256_hadd_ps(s[0], s[1]);
         let h23 = _mm256_hadd_ps(s[2], s[3]);
-        let g = _mm256_hadd_ps(h01, h23);
-        let mut out = [0.0f32; 8];
-        // SAFETY: `out` holds 8 floats.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), g) };
-        out
+        _mm256_hadd_ps(h01, h23)
+    }
+
+    /// `R` rows against `B` means, the `R × B` accumulators unreduced
+    /// (`[b][r]`): each one gate's lanes, updated as the portable `dot`.
+    ///
+    /// # Safety
+    /// `q[r]` and `m[b]` each hold `d8` floats (a multiple of 8).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn raw<const R: usize, const B: usize>(
+        q: [*const f32; R],
+        m: [*const f32; B],
+        d8: usize,
+    ) -> [[__m256; R]; B] {
+        let mut acc = [[_mm256_setzero_ps(); R]; B];
+        let mut i = 0;
+        while i < d8 {
+            // SAFETY: i + 8 <= d8, within each mean's d8 floats.
+            let mv: [__m256; B] = std::array::from_fn(|b| unsafe { _mm256_loadu_ps(m[b].add(i)) });
+            for r in 0..R {
+                // SAFETY: as above, within q[r].
+                let qv = unsafe { _mm256_loadu_ps(q[r].add(i)) };
+                for b in 0..B {
+                    acc[b][r] = _mm256_fmadd_ps(qv, mv[b], acc[b][r]);
+                }
+            }
+            i += 8;
+        }
+        acc
+    }
+
+    /// The gates of rows 0-3 (`x`) and 4-7 (`y`) against `B` means,
+    /// reduced mean by mean, the rows in the lanes, into `out[b · 8 ..]`.
+    #[target_feature(enable = "avx2,fma")]
+    fn lanes_out<const B: usize>(x: [[__m256; 4]; B], y: [[__m256; 4]; B], out: &mut [f32]) {
+        for b in 0..B {
+            let (xb, yb) = (x[b], y[b]);
+            let g = reduce8v([xb[0], xb[1], xb[2], xb[3], yb[0], yb[1], yb[2], yb[3]]);
+            let o = &mut out[b * 8..][..8];
+            // SAFETY: `o` holds 8 floats.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), g) };
+        }
+    }
+
+    /// Eight rows' gates, the rows in the lanes, mean after mean: means
+    /// three at a time as two 4 × 3 tiles (rows 0-3 and 4-7: twelve
+    /// independent chains each), a pair left as two 4 × 2 tiles, a single
+    /// mean 8 × 1.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn lanes(
+        _t: Avx2,
+        q: &[f32],
+        rows: &[usize; 8],
+        means: &[f32],
+        d8: usize,
+        out: &mut [f32],
+    ) {
+        let n = means.len() / d8;
+        let qp: [*const f32; 8] = std::array::from_fn(|l| q[rows[l]..][..d8].as_ptr());
+        let (lo, hi) = ([qp[0], qp[1], qp[2], qp[3]], [qp[4], qp[5], qp[6], qp[7]]);
+        let mp = |b: usize| means[b * d8..][..d8].as_ptr();
+        let mut b = 0;
+        while b + 3 <= n {
+            let m = [mp(b), mp(b + 1), mp(b + 2)];
+            // SAFETY: every pointer heads a d8-float slice (sliced above).
+            let (x, y) = unsafe { (raw::<4, 3>(lo, m, d8), raw::<4, 3>(hi, m, d8)) };
+            lanes_out(x, y, &mut out[b * 8..][..24]);
+            b += 3;
+        }
+        if b + 2 <= n {
+            let m = [mp(b), mp(b + 1)];
+            // SAFETY: as above.
+            let (x, y) = unsafe { (raw::<4, 2>(lo, m, d8), raw::<4, 2>(hi, m, d8)) };
+            lanes_out(x, y, &mut out[b * 8..][..16]);
+        } else if b < n {
+            // SAFETY: as above.
+            let g = unsafe { tile_8x1(qp, mp(b), d8) };
+            out[b * 8..][..8].copy_from_slice(&g);
+        }
+    }
+
+    /// Eight gates' keys ([`super::key`], lane by lane).
+    #[target_feature(enable = "avx2")]
+    fn keys(g: __m256) -> __m256i {
+        let v = _mm256_add_ps(g, _mm256_setzero_ps());
+        let bits = _mm256_castps_si256(v);
+        let flip = _mm256_and_si256(_mm256_srai_epi32::<31>(bits), _mm256_set1_epi32(i32::MAX));
+        let k = _mm256_xor_si256(bits, flip);
+        let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        _mm256_blendv_epi8(k, _mm256_set1_epi32(i32::MIN + 1), nan)
+    }
+
+    /// [`super::portable::top`] for the eight lanes at once: the slots'
+    /// keys and ids in registers, a block moving the slots below its place
+    /// down one (compare, blend), then the ids sorted by `N` rounds of
+    /// odd-even transposition.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn top<const N: usize>(_t: Avx2, gates: &[f32], ids: &mut [i32]) {
+        let mut best = [_mm256_set1_epi32(i32::MIN); N];
+        let mut id = [_mm256_set1_epi32(-1); N];
+        for (b, g) in gates.chunks_exact(8).enumerate() {
+            // SAFETY: `g` holds 8 floats.
+            let k = keys(unsafe { _mm256_loadu_ps(g.as_ptr()) });
+            let bid = _mm256_set1_epi32(b as i32);
+            // gt[s]: the block enters at or above slot s (the slots are
+            // sorted, so gt[s - 1] implies gt[s]).
+            let gt: [__m256i; N] = std::array::from_fn(|s| _mm256_cmpgt_epi32(k, best[s]));
+            for s in (1..N).rev() {
+                let kb = _mm256_blendv_epi8(k, best[s - 1], gt[s - 1]);
+                let ib = _mm256_blendv_epi8(bid, id[s - 1], gt[s - 1]);
+                best[s] = _mm256_blendv_epi8(best[s], kb, gt[s]);
+                id[s] = _mm256_blendv_epi8(id[s], ib, gt[s]);
+            }
+            best[0] = _mm256_blendv_epi8(best[0], k, gt[0]);
+            id[0] = _mm256_blendv_epi8(id[0], bid, gt[0]);
+        }
+        for round in 0..N {
+            let mut s = round % 2;
+            while s + 1 < N {
+                let (lo, hi) = (
+                    _mm256_min_epi32(id[s], id[s + 1]),
+                    _mm256_max_epi32(id[s], id[s + 1]),
+                );
+                id[s] = lo;
+                id[s + 1] = hi;
+                s += 2;
+            }
+        }
+        for (s, v) in id.iter().enumerate() {
+            let o = &mut ids[s * 8..][..8];
+            // SAFETY: `o` holds 8 i32s.
+            unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), *v) };
+        }
     }
 
     /// Gates for the rows `r0 .. r0 + R` of `rows` (offsets into `q`)
@@ -404,6 +682,18 @@ pub(super) fn probe(isa: Isa) {
         a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
         b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
     );
+    let rows8 = [0, 16, 32, 8, 24, 0, 16, 32];
+    let (mut a, mut b) = (vec![0.0f32; 40], vec![0.0f32; 40]);
+    lanes(isa, &q, &rows8, &m, 16, &mut a);
+    portable::lanes(&q, &rows8, &m, 16, &mut b);
+    assert_eq!(
+        a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    let (mut x, mut y) = ([0i32; 16], [0i32; 16]);
+    top(isa, &a, 2, &mut x);
+    portable::top(&a, 2, &mut y);
+    assert_eq!(x, y);
     let h: Vec<u16> = (0..80u16).map(|i| 0x3C00 + 37 * i).collect();
     for rows in [Encoded::F32(&m), Encoded::Bf16(&h), Encoded::F16(&h)] {
         let (mut a, mut b) = (vec![1.0f32; 40], vec![1.0f32; 40]);

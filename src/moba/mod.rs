@@ -84,8 +84,24 @@
 //! # Layout
 //!
 //! `mod.rs` (the entry points and the row rule), `kernels.rs` (the
-//! `moba.gates` and `moba.sums` families: portable and AVX2; the AVX-512
-//! level runs the AVX2 kernels), `tests.rs`.
+//! `moba.gates`, `moba.lanes`, `moba.top` and `moba.sums` families: portable
+//! and AVX2; the AVX-512 level runs the AVX2 kernels), `tests.rs`.
+//!
+//! # Speed: a prefill's queries eight at a time
+//!
+//! A prefill's work is per query row (each row's gates on its past blocks
+//! and its top blocks; the means are formed once per call), and its queries
+//! are four times its keys in bytes at 8 query heads over 2 KV heads. The
+//! queries of one block share their past blocks, so `rows` takes them
+//! eight at a time, head after head: the eight rows of one head in the
+//! vector lanes against the head's means (`moba.lanes`), every query read
+//! once, in memory order, while the means stay in the L1 cache, then the
+//! eight rows' top blocks together (`moba.top`). Each gate is the same
+//! fused sum in the same order as the row-by-row kernel's (`moba.gates`,
+//! which a decode step's few rows and a block's last rows under eight still
+//! take), and `moba.top`'s key orders as [`rank`] — so the rows are the same
+//! at every level, which `rows_eight_queries_at_a_time_equal_the_row_by_row_path_on_every_level`
+//! pins.
 
 mod kernels;
 #[cfg(test)]
@@ -327,6 +343,9 @@ const ROWS: usize = 16;
 /// Queries whose gates one kernel call computes.
 const CHUNK: usize = 16;
 
+/// Heads ahead [`rows`] asks for the next eight queries' rows.
+const PREFETCH: usize = 2;
+
 /// The float32 means of `n` complete blocks, laid out `[n_kv_heads, n, d8]`,
 /// zero padded: each block's sum in token order (`add(t0, t1, acc)` adds
 /// rows `t0 .. t1` of the sequence into `acc`, row after row, through
@@ -377,10 +396,18 @@ fn rows(
         return;
     }
     let (first, bs) = (n_k - n_q, shape.block_size);
-    // `count` queries from local query `i0`, all in one block `c`: for each
-    // KV head, its group's query rows (read in place when `d` is a multiple
-    // of 8, else copied zero padded) against the means, [`CHUNK`] queries a
-    // kernel call, so that their gates stay in the L1 cache for the top-k.
+    // `count` queries from local query `i0`, all in one block `c`. Query
+    // rows are read in place when `d` is a multiple of 8, else copied zero
+    // padded. Eight queries at a time while there are eight (and the row
+    // keeps 1 to `TOP_MAX` past blocks): head after head, the eight rows of
+    // one head in the lanes against its KV head's means (`moba.lanes`),
+    // their top blocks together (`moba.top`), so that the queries stream
+    // through once, in memory order, and the means stay in the L1 cache.
+    // The rest (fewer than eight queries: a decode step, a block's end)
+    // and rows keeping more slots: for each KV head, its group's rows
+    // against the means, [`CHUNK`] queries a kernel call, so that their
+    // gates stay in the L1 cache for the top-k. Both give every row the
+    // same gates (the same bits) and the same top blocks ([`rank`]).
     let group = |i0: usize, count: usize, dest: &mut [i32]| {
         let c = (first + i0) / bs;
         let n_past = past_blocks_read(variant, topk, c);
@@ -392,10 +419,55 @@ fn rows(
             return;
         }
         let in_place = d == d8;
+        let tiled = if (1..=kernels::TOP_MAX).contains(&n_past) {
+            count / 8 * 8
+        } else {
+            0
+        };
+        if tiled > 0 {
+            let mut q8 = vec![0.0f32; if in_place { 0 } else { 8 * d8 }];
+            let mut g8 = vec![0.0f32; 8 * c];
+            let mut ids = [0i32; 8 * kernels::TOP_MAX];
+            let ids = &mut ids[..8 * n_past];
+            for a in (0..tiled).step_by(8) {
+                for h in 0..hq {
+                    // The next eight queries' first heads asked for during
+                    // the last heads of these (their rows start new pages,
+                    // which the hardware's prefetch does not cross).
+                    if h + PREFETCH >= hq && a + 8 < tiled && h + PREFETCH - hq < hq {
+                        for l in 0..8 {
+                            let at = ((i0 + a + 8 + l) * hq + h + PREFETCH - hq) * d;
+                            kernels::prefetch(&q[at..][..d]);
+                        }
+                    }
+                    let at = |l: usize| ((i0 + a + l) * hq + h) * d;
+                    let rows: [usize; 8] = if in_place {
+                        std::array::from_fn(at)
+                    } else {
+                        for l in 0..8 {
+                            q8[l * d8..][..d].copy_from_slice(&q[at(l)..][..d]);
+                        }
+                        std::array::from_fn(|l| l * d8)
+                    };
+                    let m = &means[h / g * n_means * d8..][..c * d8];
+                    kernels::lanes(isa, if in_place { q } else { &q8 }, &rows, m, d8, &mut g8);
+                    kernels::top(isa, &g8, n_past, ids);
+                    for l in 0..8 {
+                        let row = &mut dest[((a + l) * hq + h) * w..][..w];
+                        let (kept, rest) = row.split_at_mut(n_past);
+                        for (s, slot) in kept.iter_mut().enumerate() {
+                            *slot = ids[s * 8 + l];
+                        }
+                        rest[0] = c as i32;
+                        rest[1..].fill(-1);
+                    }
+                }
+            }
+        }
         let mut qp = vec![0.0f32; if in_place { 0 } else { CHUNK * g * d8 }];
         let mut offsets = Vec::with_capacity(CHUNK * g);
         let mut gates = vec![0.0f32; CHUNK * g * c];
-        for a in (0..count).step_by(CHUNK) {
+        for a in (tiled..count).step_by(CHUNK) {
             let n = CHUNK.min(count - a);
             for kv in 0..shape.n_kv_heads {
                 offsets.clear();

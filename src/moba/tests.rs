@@ -569,3 +569,189 @@ fn unscaled_fp8_pages_equal_their_float32_decode() {
         assert_eq!(run(&fp8, crate::keys::Format::Fp8E4m3, 4 * d), want);
     }
 }
+
+/// A value for the kernels' bit tests: zeros of both signs, a subnormal,
+/// infinities, NaN, repeats (ties) and ordinary numbers.
+fn wild(rng: &mut ChaCha8Rng) -> f32 {
+    match rng.random_range(0..40) {
+        0 => 0.0,
+        1 => -0.0,
+        2 => 1e-40,
+        3 => f32::INFINITY,
+        4 => f32::NEG_INFINITY,
+        5 => f32::NAN,
+        6..=12 => 1.0,
+        13..=16 => -2.0,
+        _ => rng.random_range(-4.0f32..4.0),
+    }
+}
+
+#[test]
+fn the_lanes_kernel_gives_the_gates_kernels_bits_on_every_level() {
+    let mut rng = ChaCha8Rng::seed_from_u64(49);
+    for _ in 0..400 {
+        let d8: usize = 8 * rng.random_range(1..18);
+        let n: usize = rng.random_range(0..21);
+        let r: usize = rng.random_range(1..12);
+        let q: Vec<f32> = (0..r * d8).map(|_| wild(&mut rng)).collect();
+        let m: Vec<f32> = (0..n * d8).map(|_| wild(&mut rng)).collect();
+        // Rows at any offset (read in place), in any order, repeated.
+        let rows: [usize; 8] = std::array::from_fn(|_| rng.random_range(0..(r - 1) * d8 + 1));
+        let mut portable = vec![0.0f32; 8 * n];
+        kernels::gates(Isa::Scalar, &q, &rows, &m, d8, &mut portable);
+        for isa in crate::simd::isas_for_test() {
+            // The same level's `moba.gates`: the same bits, NaNs' too.
+            let mut want = vec![0.0f32; 8 * n];
+            kernels::gates(isa, &q, &rows, &m, d8, &mut want);
+            let mut got = vec![9.0f32; 8 * n];
+            kernels::lanes(isa, &q, &rows, &m, d8, &mut got);
+            for (l, b) in (0..8).flat_map(|l| (0..n).map(move |b| (l, b))) {
+                let (g, w, p) = (got[b * 8 + l], want[l * n + b], portable[l * n + b]);
+                let at = format!("{isa:?} d8 {d8} n {n} lane {l} block {b}");
+                assert_eq!(g.to_bits(), w.to_bits(), "{at}");
+                // The portable level's: the same bits but for a NaN's sign
+                // and payload (x86's default NaN is negative), which no
+                // selection reads (every NaN ranks last).
+                assert!(
+                    g.to_bits() == p.to_bits() || (g.is_nan() && p.is_nan()),
+                    "{at}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_top_kernel_keeps_what_write_row_keeps_on_every_level() {
+    let mut rng = ChaCha8Rng::seed_from_u64(50);
+    let mut scratch = Vec::new();
+    for _ in 0..3000 {
+        let nb: usize = rng.random_range(2..40);
+        let n = rng.random_range(1..=kernels::TOP_MAX.min(nb - 1));
+        // Few distinct values: ties at the threshold are the rule, not luck.
+        let pool: Vec<f32> = (0..rng.random_range(1..6))
+            .map(|_| wild(&mut rng))
+            .collect();
+        let gates: Vec<f32> = (0..8 * nb)
+            .map(|_| {
+                if rng.random_range(0..3) == 0 {
+                    wild(&mut rng)
+                } else {
+                    pool[rng.random_range(0..pool.len())]
+                }
+            })
+            .collect();
+        let mut want = vec![0i32; 8 * n];
+        for l in 0..8 {
+            let lane: Vec<f32> = (0..nb).map(|b| gates[b * 8 + l]).collect();
+            let mut row = vec![7; n + 1];
+            write_row(&lane, nb, n, &mut scratch, &mut row);
+            assert_eq!(row[n], nb as i32);
+            for s in 0..n {
+                want[s * 8 + l] = row[s];
+            }
+        }
+        for isa in crate::simd::isas_for_test() {
+            let mut got = vec![-7i32; 8 * n];
+            kernels::top(isa, &gates, n, &mut got);
+            assert_eq!(got, want, "{isa:?} blocks {nb} slots {n}");
+        }
+    }
+}
+
+/// One sequence's rows the row-by-row way: block means at the portable
+/// level, each row's gates by the `moba.gates` portable kernel, its top
+/// blocks by [`write_row`].
+fn rows_one_by_one(q: &[f32], k: &[f32], s: Shape, topk: usize, v: Variant, w: usize) -> Vec<i32> {
+    let (hq, d, d8) = (s.n_q_heads, s.d, s.d8());
+    let (n_k, n_q) = (k.len() / (s.n_kv_heads * d), q.len() / (hq * d));
+    let n_means = n_k.saturating_sub(1) / s.block_size;
+    let row = s.n_kv_heads * d;
+    let means = block_means(s, n_means, |t0, t1, acc| {
+        kernels::sums(Isa::Scalar, acc, Encoded::F32(&k[t0 * row..t1 * row]))
+    });
+    let mut out = vec![0i32; n_q * hq * w];
+    let mut scratch = Vec::new();
+    let mut qp = vec![0.0f32; d8];
+    for i in 0..n_q {
+        let c = (n_k - n_q + i) / s.block_size;
+        let n_past = past_blocks_read(v, topk, c);
+        for h in 0..hq {
+            qp[..d].copy_from_slice(&q[(i * hq + h) * d..][..d]);
+            let mut g = vec![0.0f32; c];
+            if n_past < c {
+                let m = &means[h / s.group() * n_means * d8..][..c * d8];
+                kernels::gates(Isa::Scalar, &qp, &[0], m, d8, &mut g);
+            }
+            let dest = &mut out[(i * hq + h) * w..][..w];
+            write_row(&g, c, n_past, &mut scratch, dest);
+        }
+    }
+    out
+}
+
+#[test]
+fn rows_eight_queries_at_a_time_equal_the_row_by_row_path_on_every_level() {
+    let mut rng = ChaCha8Rng::seed_from_u64(51);
+    let (mut cases, mut tiled) = (0, 0);
+    for &(hq, h) in &[(1, 1), (4, 1), (16, 1), (8, 2), (6, 3), (2, 2)] {
+        for &d in &[8usize, 13, 64] {
+            for _ in 0..6 {
+                let bs = [1, 3, 8, 8, 16, 21][rng.random_range(0..6)];
+                let n_k = rng.random_range(1..300);
+                // Tq = Tkv, Tq < Tkv, query counts off the tiles of eight.
+                let n_q = match rng.random_range(0..3) {
+                    0 => n_k,
+                    1 => rng.random_range(1..=n_k),
+                    _ => n_k.min(rng.random_range(1..20)),
+                };
+                let topk = [1, 2, 3, 3, 5, 9, 10, 40][rng.random_range(0..8)];
+                let variant = if rng.random_range(0..4) == 0 {
+                    Variant::Naive
+                } else {
+                    Variant::Efficient
+                };
+                let s = shape(hq, h, d, bs);
+                // Small integers (exact sums, many tied gates), the odd
+                // infinity or NaN.
+                let val = |rng: &mut ChaCha8Rng| match rng.random_range(0..300) {
+                    0 => f32::INFINITY,
+                    1 => f32::NEG_INFINITY,
+                    2 => f32::NAN,
+                    3..=150 => rng.random_range(-2..3) as f32,
+                    _ => rng.random_range(-1.0f32..1.0),
+                };
+                let q: Vec<f32> = (0..n_q * hq * d).map(|_| val(&mut rng)).collect();
+                let k: Vec<f32> = (0..n_k * h * d).map(|_| val(&mut rng)).collect();
+                let w = width(variant, topk, n_k.div_ceil(bs));
+                let want = rows_one_by_one(&q, &k, s, topk, variant, w);
+                let n_means = (n_k - 1) / bs;
+                let row = h * d;
+                for isa in crate::simd::isas_for_test() {
+                    let means = block_means(s, n_means, |t0, t1, acc| {
+                        kernels::sums(isa, acc, Encoded::F32(&k[t0 * row..t1 * row]))
+                    });
+                    let mut got = vec![-7i32; want.len()];
+                    rows(isa, s, &q, n_k, &means, n_means, topk, variant, w, &mut got);
+                    assert_eq!(
+                        got, want,
+                        "{isa:?} hq {hq} h {h} d {d} bs {bs} n_k {n_k} n_q {n_q} topk {topk} {variant:?}"
+                    );
+                }
+                cases += 1;
+                // Did a block hold eight queries the eight-at-a-time path
+                // takes (1 to TOP_MAX past blocks kept, fewer than seen)?
+                let first = n_k - n_q;
+                tiled += (0..n_k.div_ceil(bs)).any(|c| {
+                    let n_past = past_blocks_read(variant, topk, c);
+                    let queries = (c * bs..((c + 1) * bs).min(n_k))
+                        .filter(|&p| p >= first)
+                        .count();
+                    (1..=kernels::TOP_MAX).contains(&n_past) && n_past < c && queries >= 8
+                }) as usize;
+            }
+        }
+    }
+    assert_eq!(cases, 108);
+    assert!(tiled >= 25, "{tiled} cases took the eight-at-a-time path");
+}
