@@ -284,8 +284,8 @@ mod avx2 {
         super::reduce(l)
     }
 
-    /// `R` rows against `B` means at once (`R × B` accumulators): each
-    /// accumulator is one gate's lanes, updated as the portable `dot`.
+    /// `R` rows against `B` means at once: [`raw`]'s `R × B` accumulators,
+    /// each reduced by `hsum` (`out[r][b]`, the gate of row `r` and mean `b`).
     ///
     /// # Safety
     /// `q[r]` and `m[b]` each hold `d8` floats (a multiple of 8).
@@ -295,30 +295,9 @@ mod avx2 {
         m: [*const f32; B],
         d8: usize,
     ) -> [[f32; B]; R] {
-        let mut acc = [[_mm256_setzero_ps(); B]; R];
-        let mut i = 0;
-        while i < d8 {
-            let mut mv = [_mm256_setzero_ps(); B];
-            for b in 0..B {
-                // SAFETY: i + 8 <= d8, within m[b]'s d8 floats.
-                mv[b] = unsafe { _mm256_loadu_ps(m[b].add(i)) };
-            }
-            for r in 0..R {
-                // SAFETY: as above, within q[r].
-                let qv = unsafe { _mm256_loadu_ps(q[r].add(i)) };
-                for b in 0..B {
-                    acc[r][b] = _mm256_fmadd_ps(qv, mv[b], acc[r][b]);
-                }
-            }
-            i += 8;
-        }
-        let mut out = [[0.0f32; B]; R];
-        for r in 0..R {
-            for b in 0..B {
-                out[r][b] = hsum(acc[r][b]);
-            }
-        }
-        out
+        // SAFETY: the caller's contract is raw's.
+        let acc = unsafe { raw::<R, B>(q, m, d8) };
+        std::array::from_fn(|r| std::array::from_fn(|b| hsum(acc[b][r])))
     }
 
     /// Two rows against four means, the eight gates reduced together:
