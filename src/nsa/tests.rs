@@ -953,15 +953,10 @@ fn row_is_the_first_k_of_the_total_order() {
                 x => (x % 7) as f32 * 0.25, // few values: ties
             })
             .collect();
-        let mut sorted: Vec<usize> = (0..n).filter(|&b| scores[b] != f32::NEG_INFINITY).collect();
-        sorted.sort_by(|&a, &b| crate::infllm::select::before(scores[a], a, scores[b], b));
         for k in [1, 2, 3, 16, ROW_SCAN_MAX, ROW_SCAN_MAX + 1, 200] {
-            let mut want: Vec<i32> = sorted.iter().take(k).map(|&b| b as i32).collect();
-            want.sort_unstable();
-            want.resize(k, -1);
             let mut got = vec![5i32; k];
             row(&scores, &mut ids, &mut got);
-            assert_eq!(got, want, "n={n} k={k}");
+            assert_eq!(got, best_row(&scores, k), "n={n} k={k}");
         }
     }
 }
@@ -985,15 +980,10 @@ fn row_is_the_first_k_of_the_total_order_with_nans() {
                 x => (x % 5) as f32 * 0.25,
             })
             .collect();
-        let mut sorted: Vec<usize> = (0..n).filter(|&b| scores[b] != f32::NEG_INFINITY).collect();
-        sorted.sort_by(|&a, &b| crate::infllm::select::before(scores[a], a, scores[b], b));
         for k in [1, 2, 3, 5, 16, ROW_SCAN_MAX] {
-            let mut want: Vec<i32> = sorted.iter().take(k).map(|&b| b as i32).collect();
-            want.sort_unstable();
-            want.resize(k, -1);
             let mut got = vec![5i32; k];
             row(&scores, &mut ids, &mut got);
-            assert_eq!(got, want, "n={n} k={k}");
+            assert_eq!(got, best_row(&scores, k), "n={n} k={k}");
         }
     }
     // A NaN `k`-th gives way to any later score; a later NaN does not enter.
@@ -1031,15 +1021,10 @@ fn row_is_the_first_k_of_the_total_order_on_long_rows_and_signed_zeros() {
                 x => (x % 11) as f32 * 0.125 - 0.5, // few values: ties, negatives
             })
             .collect();
-        let mut sorted: Vec<usize> = (0..n).filter(|&b| scores[b] != f32::NEG_INFINITY).collect();
-        sorted.sort_by(|&a, &b| crate::infllm::select::before(scores[a], a, scores[b], b));
         for k in [1, 2, 3, 16, ROW_SCAN_MAX, ROW_SCAN_MAX + 1, n] {
-            let mut want: Vec<i32> = sorted.iter().take(k).map(|&b| b as i32).collect();
-            want.sort_unstable();
-            want.resize(k, -1);
             let mut got = vec![5i32; k];
             row(&scores, &mut ids, &mut got);
-            assert_eq!(got, want, "n={n} k={k}");
+            assert_eq!(got, best_row(&scores, k), "n={n} k={k}");
         }
     }
     // `−0` then `+0`: a tie, the lower id first, either way round.
@@ -1115,4 +1100,17 @@ fn compress_is_each_keys_token_ordered_sum_at_every_level() {
             }
         }
     }
+}
+
+/// [`row`]'s rule by a sort: the best `k` candidates (scores other than
+/// `−inf`) in the total order, ascending, then `-1`.
+fn best_row(scores: &[f32], k: usize) -> Vec<i32> {
+    let mut sorted: Vec<usize> = (0..scores.len())
+        .filter(|&b| scores[b] != f32::NEG_INFINITY)
+        .collect();
+    sorted.sort_by(|&a, &b| crate::infllm::select::before(scores[a], a, scores[b], b));
+    let mut want: Vec<i32> = sorted.iter().take(k).map(|&b| b as i32).collect();
+    want.sort_unstable();
+    want.resize(k, -1);
+    want
 }
