@@ -295,6 +295,8 @@ struct Heads<'a> {
     group: usize,
     n_vis: &'a [usize],
     n_max: usize,
+    // (read by the x86 kernel's prefetch only)
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     next: &'a [u8],
 }
 
