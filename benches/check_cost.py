@@ -29,6 +29,7 @@ import time
 from typing import Callable
 
 import numpy as np
+from exact_selection import low_contrast_decode
 
 import kvselect as ks
 
@@ -53,14 +54,9 @@ def _save(out: str) -> None:
     from kvselect.testing import cases  # (its bfloat16 / fp8 keys need ml_dtypes)
 
     os.makedirs(out, exist_ok=True)
-    rng = np.random.default_rng(1)
-    h, d, t, n = 64, 128, 8192, 64
-    base = rng.standard_normal(d).astype(np.float32)
-    k = (base + rng.integers(-3, 4, (t, d)) * np.float32(2.0**-20)).astype(np.float32)
-    q = (np.abs(rng.standard_normal((n, h, d))) * np.sign(base)).astype(np.float32)
-    w = rng.uniform(0.5, 1.5, (n, h)).astype(np.float32)
-    runs = [("64 rows of 8,192 keys, H 64, d 128, float32", dict(index_q=q, weights=w, index_k=k, topk=2048))]
-    runs[0][1]["query_pos"] = np.arange(t - n, t)
+    q, w, k, pos = low_contrast_decode()
+    batch = dict(index_q=q, weights=w, index_k=k, query_pos=pos, topk=2048)
+    runs = [("64 rows of 8,192 keys, H 64, d 128, float32", batch)]
     for key_dtype in ("float32", "bfloat16", "float8_e4m3fn"):
         c = cases.low_contrast(key_dtype=key_dtype)
         runs.append((f"cases.low_contrast, 1,029 keys, {key_dtype}", dict(c.inputs)))

@@ -61,6 +61,21 @@ def _blocks(rng: np.random.Generator, t: int, nq: int) -> Callable[[], object]:
     return lambda: ks.block_sparse_select(q, k, pos, cfg)
 
 
+def low_contrast_decode() -> tuple:
+    """The check's low-contrast batch: ``(index_q, weights, index_k,
+    query_pos)`` of 64 decode rows over 8,192 float32 keys (H 64, d 128),
+    every key one vector plus a few units of ``2^-20`` and every query of
+    its signs, so every score lies within a few float32 ULPs of the others
+    (seeded: the same batch every run; ``check_cost.py`` saves it too)."""
+    rng = np.random.default_rng(1)
+    h, d, t, n = 64, 128, 8192, 64
+    base = rng.standard_normal(d).astype(np.float32)
+    k = (base + rng.integers(-3, 4, (t, d)) * np.float32(2.0**-20)).astype(np.float32)
+    q = (np.abs(rng.standard_normal((n, h, d))) * np.sign(base)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, (n, h)).astype(np.float32)
+    return q, w, k, np.arange(t - n, t)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="also time the exact check of low-contrast rows")
@@ -79,13 +94,7 @@ def main() -> None:
     for name, f in cases.items():
         print(f"{name:40s} {_cpu(f) * 1e3:9.2f} ms", flush=True)
     if args.check:
-        rng = np.random.default_rng(1)
-        h, d, t, n = 64, 128, 8192, 64
-        base = rng.standard_normal(d).astype(np.float32)
-        k = (base + rng.integers(-3, 4, (t, d)) * np.float32(2.0**-20)).astype(np.float32)
-        q = (np.abs(rng.standard_normal((n, h, d))) * np.sign(base)).astype(np.float32)
-        w = rng.uniform(0.5, 1.5, (n, h)).astype(np.float32)
-        pos = np.arange(t - n, t)
+        q, w, k, pos = low_contrast_decode()
         rows = ks.indexer_topk(q, w, k, pos, 2048)
         t_sel = _cpu(lambda: ks.indexer_topk(q, w, k, pos, 2048), 3)
         t0 = time.thread_time()

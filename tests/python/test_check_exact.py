@@ -106,6 +106,20 @@ def test_ik_llamas_absolute_early_out_returning_the_first_positions_is_wrong_at_
     assert checking.check_indexer_topk(right[None], q, w, k, pos, topk)["wrong"] == 0
 
 
+def _keys_in(base, fmt):
+    """float32 keys ``base`` as ``fmt`` keys and their scales: float32 as
+    they are, bfloat16 rounded, float8_e4m3fn with a per-key scale (the
+    largest magnitude at 448); ``(keys, key_scale)``."""
+    import ml_dtypes
+
+    if fmt == "float32":
+        return base, None
+    if fmt == "bfloat16":
+        return base.astype(ml_dtypes.bfloat16), None
+    c = (np.abs(base).max(axis=1) / 448).astype(np.float32)
+    return (base / c[:, None]).astype(ml_dtypes.float8_e4m3fn), c
+
+
 def _exact_all(q, w, k, c, pos, cu, seq):
     """Every position's float64-exact score and magnitude ``|c_t| Σ_h |w_h|
     Σ_i |q_hi k_ti|``, brute force."""
@@ -139,7 +153,6 @@ def _exact_all(q, w, k, c, pos, cu, seq):
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "fp8"])
 @pytest.mark.parametrize("packed", [False, True])
 def test_check_indexer_topk_agrees_with_a_brute_force_float64_check_on_near_ties(fmt, packed, path):
-    import ml_dtypes
 
     rng = np.random.default_rng({"float32": 1, "bfloat16": 2, "fp8": 3}[fmt] + 10 * packed)
     n, h, d, t, topk = 24, 3, 8, 96, 12
@@ -149,14 +162,7 @@ def test_check_indexer_topk_agrees_with_a_brute_force_float64_check_on_near_ties
     bumped = base[2::9].copy()
     bumped[:, 0] = np.nextafter(bumped[:, 0], np.float32(np.inf))
     base[3::9][: len(bumped)] = bumped[: len(base[3::9])]
-    c = None
-    if fmt == "float32":
-        k = base
-    elif fmt == "bfloat16":
-        k = base.astype(ml_dtypes.bfloat16)
-    else:
-        c = (np.abs(base).max(axis=1) / 448).astype(np.float32)
-        k = (base / c[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    k, c = _keys_in(base, fmt)
     q = rng.standard_normal((n, h, d)).astype(np.float32)
     q[1::3] = q[0]  # repeated queries: rows whose scores tie across rows
     w = rng.standard_normal((n, h)).astype(np.float32)
@@ -696,7 +702,6 @@ def test_the_native_rescore_is_exact_to_float64_rounding(fmt):
     brute-force float64 score, pairs in any order and repeated; a position
     past its query's context, a row past the queries and lengths that differ
     are refused naming the argument."""
-    import ml_dtypes
 
     rng = np.random.default_rng(4040)
     n, h, d, t = 5, 7, 33, 70
@@ -704,11 +709,7 @@ def test_the_native_rescore_is_exact_to_float64_rounding(fmt):
     w = rng.standard_normal((n, h)).astype(np.float32)
     base = rng.standard_normal((t, d)).astype(np.float32)
     base[9] = base[4]  # a duplicated key: the same bits
-    if fmt == "float32":
-        k, c = base, None
-    else:
-        c = (np.abs(base).max(axis=1) / 448).astype(np.float32)
-        k = (base / c[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    k, c = _keys_in(base, fmt)
     pos = np.array([69, 3, 40, 69, 10])
     exact, mags, lens = _exact_all(q, w, k, c, pos, np.array([0, t]), np.zeros(n, dtype=np.int64))
     rows = np.repeat(np.arange(n), lens)[::-1].copy()  # rows out of order, runs reversed
@@ -737,7 +738,6 @@ def test_the_dense_rescore_is_the_pair_rescore_bit_for_bit_with_its_magnitudes(f
     bit, ``[1]`` the magnitude ``|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`` to float64
     rounding, both NaN past the row's context; group and block tails (11
     rows, 9 heads, 300 keys), GQA-like repeated queries, a compress ratio."""
-    import ml_dtypes
 
     rng = np.random.default_rng(5151)
     n, h, d, t = 11, 9, 20, 300
@@ -745,14 +745,7 @@ def test_the_dense_rescore_is_the_pair_rescore_bit_for_bit_with_its_magnitudes(f
     q[3] = q[2]
     w = rng.standard_normal((n, h)).astype(np.float32)
     base = rng.standard_normal((t, d)).astype(np.float32)
-    c = None
-    if fmt == "float32":
-        k = base
-    elif fmt == "bfloat16":
-        k = base.astype(ml_dtypes.bfloat16)
-    else:
-        c = (np.abs(base).max(axis=1) / 448).astype(np.float32)
-        k = (base / c[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    k, c = _keys_in(base, fmt)
     pos = np.array([0, 299, 150, 150, 31, 32, 33, 255, 256, 257, 400])
     for ratio in (1, 3):
         lens = np.minimum((pos + 1) // ratio, t)
@@ -781,19 +774,13 @@ def test_the_native_verdict_folds_the_dense_scores_as_numpy_does(fmt):
     from ``_indexer_rescore_all`` (the same roundings); padding, duplicates
     and positions past the context select nothing; a bad ``positions`` /
     ``atol`` is refused naming it."""
-    import ml_dtypes
 
     rng = np.random.default_rng(6262)
     n, h, d, t, width = 9, 5, 24, 333, 12
     q = rng.standard_normal((n, h, d)).astype(np.float32)
     w = rng.standard_normal((n, h)).astype(np.float32)
     base = rng.standard_normal((t, d)).astype(np.float32)
-    c = None
-    if fmt == "float32":
-        k = base
-    else:
-        c = (np.abs(base).max(axis=1) / 448).astype(np.float32)
-        k = (base / c[:, None]).astype(ml_dtypes.float8_e4m3fn)
+    k, c = _keys_in(base, fmt)
     pos = np.array([0, 5, 40, 332, 331, 100, 64, 400, 11])
     positions = rng.integers(-2, t + 10, (n, width))
     positions[2, :3] = positions[2, 3]  # duplicates
