@@ -1207,10 +1207,11 @@ pub fn check_rows_with(
     }
     let mut out = vec![RowCheck::default(); n];
     let (t, w) = (b.n_positions, b.width);
+    // A row's share of the scores: none for a rule that reads none.
+    let scored = if reads { t } else { 0 };
     crate::pool::for_each_row_mut(&mut out, 1, crate::pool::min_rows(t.max(w)), |i, slot| {
-        let at = if reads { i * t } else { 0 };
-        let scores = b.scores.part(at, if reads { t } else { 0 });
-        let magnitudes = b.magnitudes.map(|m| m.part(at, if reads { t } else { 0 }));
+        let scores = b.scores.part(i * scored, scored);
+        let magnitudes = b.magnitudes.map(|m| m.part(i * scored, scored));
         let sc = Scored {
             scores,
             magnitudes,

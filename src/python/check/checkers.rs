@@ -13,7 +13,7 @@ use pyo3::types::PyDict;
 use super::run::{blame_row_counts, report, run, PyReport, Rows};
 use super::slots::PyGlobalSlots;
 use crate::check::{self, Filler, Rule, Tolerance, WITNESS_REASONS};
-use crate::python::args::{detach, positions, refuse_extra_keywords, Named, Obj, Opt, S, W};
+use crate::python::args::{detach, positions, refuse_extra_keywords, In, Named, Obj, Opt, S, W};
 use crate::python::block_sparse::config;
 use crate::python::errors::{refuse, Witness};
 
@@ -130,11 +130,7 @@ pub(super) fn check_topk<'py>(
         renamed,
         &[("layout", "layout= is now slots=")],
     )?;
-    let filler = filler.get()?;
-    let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
-    // DCP rows are the ranks' rows side by side: by default, each rank's width.
-    let width = r.shape[1] / slots.as_ref().map_or(1, |g| g.get().dcp_size());
-    let topk = S.count_or(topk, "topk", u64::MAX, width)?;
+    let (filler, r, topk) = token_rows(filler, rows, topk, &slots)?;
     let (s, shape) = S.floats(scores, "scores", true)?;
     let [n, t] = shape[..] else {
         let msg = format!(
@@ -160,6 +156,23 @@ pub(super) fn check_topk<'py>(
     run(py, rule, tol, scored, rows, &lens, &slots)
 }
 
+/// The token checkers' first reads, in their order (so a call wrong in two
+/// ways is refused for the same one by both): `filler`, the 2-D `rows`, and
+/// `topk`, by default a rank's width (DCP rows are the ranks' rows side by
+/// side).
+fn token_rows<'py>(
+    filler: Named<Filler>,
+    rows: &Obj<'py>,
+    topk: Opt<'_, 'py>,
+    slots: &Option<Bound<'py, PyGlobalSlots>>,
+) -> PyResult<(Filler, In<'py, i64, 2>, usize)> {
+    let filler = filler.get()?;
+    let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
+    let width = r.shape[1] / slots.as_ref().map_or(1, |g| g.get().dcp_size());
+    let topk = S.count_or(topk, "topk", u64::MAX, width)?;
+    Ok((filler, r, topk))
+}
+
 /// The structural half of :func:`check_topk` alone (private: the exact indexer check's).
 ///
 /// Each row's valid entries first, distinct, causal, exactly ``min(topk, L)`` of them, under
@@ -180,10 +193,7 @@ pub(super) fn _check_topk_structure<'py>(
     slots: Option<Bound<'py, PyGlobalSlots>>,
     filler: Named<Filler>,
 ) -> PyResult<PyReport<'py>> {
-    let filler = filler.get()?;
-    let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
-    let width = r.shape[1] / slots.as_ref().map_or(1, |g| g.get().dcp_size());
-    let topk = S.count_or(topk, "topk", u64::MAX, width)?;
+    let (filler, r, topk) = token_rows(filler, rows, topk, &slots)?;
     let lens = positions(S, context_lens, "context_lens")?;
     let rule = Rule::TopkStructure(topk);
     if lens.len() != r.shape[0] {
