@@ -10,7 +10,10 @@ read of the keys (``np.copyto`` of them), target <= 1.5x.
   keys): their ``np.copyto`` is printed beside it as a share of the floor, and the
   ratio is printed a second way, against the larger of the FMAs and one read of the
   keys and the queries (the two copies' sum): every query row is input the rule must
-  read once;
+  read once. A third line times a plain read (an OR-reduction over ``uint64`` views,
+  no store) of what the rule must read: the keys and the queries that gate (those of
+  blocks ``topk`` and later), a lower bound of any implementation's time on this
+  machine;
 - **decode**: 16 sequences of 32,768 tokens in a paged bfloat16 cache (pages of
   16), 32 query heads over 8 KV heads, d = 128, blocks of 4,096, topk 3:
   ``moba_select_paged`` (every call re-forms the block means: one read of the keys).
@@ -41,11 +44,16 @@ def main(reps: int = 7) -> None:
     q = rng.standard_normal((n, hq, d), dtype=np.float32)
     dst, dst_q = np.empty_like(k), np.empty_like(q)
     fmas = sum((p // bs) * d for p in range(n)) * hq + n * h * d
+    # What the rule must read: every key, and the queries that gate (a query of
+    # block c gates when it has more than topk - 1 past blocks: c >= topk).
+    gated = q[topk * bs :].reshape(-1).view(np.uint64)
+    keys = k.reshape(-1).view(np.uint64)
     t = thread_medians(
         {
             "select": lambda: ks.moba_select(q, k, topk, bs),
             "copy": lambda: np.copyto(dst, k),
             "qcopy": lambda: np.copyto(dst_q, q),
+            "read": lambda: (np.bitwise_or.reduce(gated), np.bitwise_or.reduce(keys)),
         },
         reps,
     )
@@ -57,6 +65,11 @@ def main(reps: int = 7) -> None:
         f"keys copy {t['copy'] * 1e3:.2f} ms -> {t['select'] / floor:.2f}x the floor "
         f"(queries copy {t['qcopy'] * 1e3:.2f} ms = {t['qcopy'] / floor:.2f}x the floor, not counted in it; "
         f"counted: {t['select'] / floor_q:.2f}x)"
+    )
+    print(
+        f"  reading what the rule must read once ({gated.nbytes >> 20} MiB of gating queries and "
+        f"{keys.nbytes >> 20} MiB of keys, an OR-reduction, no store): {t['read'] * 1e3:.2f} ms = "
+        f"{t['read'] / floor:.2f}x the floor, before a gate is computed"
     )
 
     # Decode over a paged bfloat16 cache.
