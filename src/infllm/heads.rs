@@ -327,7 +327,7 @@ impl Heads<'_> {
 
 /// The kernels' shared steps.
 #[inline(always)]
-fn reduce8(l: [f32; 8]) -> f32 {
+pub(super) fn reduce8(l: [f32; 8]) -> f32 {
     ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
