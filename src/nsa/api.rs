@@ -545,7 +545,7 @@ fn stage<T: Send>(
                 group_sums(isa, qg, g_heads, d, &packed[g], n_max, cfg.scale, stage1);
             }
             for (s, &n) in n_vis[..qs_n].iter().enumerate() {
-                blocks.clear();
+                // `block_scores` writes every block.
                 blocks.resize(nb, 0.0);
                 let sums = &stage1.sums[s * n_max..s * n_max + n];
                 block_scores(cfg, window, sums, sh.pos(i0 + s), blocks);
