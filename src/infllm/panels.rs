@@ -18,7 +18,7 @@
 //! each waits on its own last multiply-add). 4 heads by 3 vectors (12
 //! accumulators) spilled one to the stack. The logits come out
 //! head-major (`[head][key]`), so each head's softmax runs along its row
-//! (a vector maximum, `exp` four heads side by side, the 8-lane sum of
+//! (a vector maximum, `exp` eight heads side by side, the 8-lane sum of
 //! `Z_h` is the vector of key lanes itself) and the group sum adds each
 //! head's `e / Z_h` vector in head order: no transpose anywhere.
 //!
@@ -238,7 +238,7 @@ mod avx2 {
     /// [`super::portable::sums`] with the keys in the lanes: the logits
     /// `[head][n8]` by tiles of 2 heads by 4 vectors of keys (more heads on
     /// fewer vectors), each head's
-    /// maximum, exponentials (four heads side by side) and `Z_h`, then `e /
+    /// maximum, exponentials (eight heads side by side) and `Z_h`, then `e /
     /// Z_h` added head by head, four key vectors side by side.
     ///
     /// # Safety
@@ -293,11 +293,17 @@ mod avx2 {
             _mm256_set1_epi32((n_vis - (nv - 1) * 8) as i32),
             idx,
         ));
-        // Pass 2: each head's maximum, its exponentials and `Z_h`, four
-        // heads side by side.
+        // Pass 2: each head's maximum, its exponentials and `Z_h`, eight
+        // heads side by side (then four, then one at a time; eight against
+        // four: 0-2% faster, within the noise; two at a time 4% slower).
         let mut h0 = 0;
-        while h0 + 4 <= heads {
-            // SAFETY: heads `h0..h0 + 4` have rows in `logits`, `z` slots.
+        while h0 + 8 <= heads {
+            // SAFETY: heads `h0..h0 + 8` have rows in `logits`, `z` slots.
+            unsafe { softmax::<8>(lp.add(h0 * n8), n8, valid, ninf, z.as_mut_ptr().add(h0)) };
+            h0 += 8;
+        }
+        if h0 + 4 <= heads {
+            // SAFETY: as above, four heads.
             unsafe { softmax::<4>(lp.add(h0 * n8), n8, valid, ninf, z.as_mut_ptr().add(h0)) };
             h0 += 4;
         }
