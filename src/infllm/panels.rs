@@ -24,7 +24,8 @@
 //!
 //! The packing costs a copy of the compressed keys a call (`n_c · d` per
 //! KV head), so it pays when many queries share them: NSA's `stage` uses it
-//! from [`MIN_QUERIES`] queries a call up.
+//! from [`MIN_QUERIES`] queries a call up, on at most [`MAX_KEYS`]
+//! compressed keys.
 //!
 //! # The rule, and why the bits are the packed form's
 //!
@@ -63,6 +64,14 @@ pub(crate) const PANEL: usize = 32;
 /// [`Panels`] (a copy of the compressed keys, against at least this many
 /// queries' scores on them).
 pub(crate) const MIN_QUERIES: usize = 64;
+
+/// The most compressed keys NSA's `stage` packs into [`Panels`]: a KV
+/// head's panels then stay in the L2 (256 KiB at `d = 128`). Past it each
+/// query would read its panels from the L3, where the heads-in-lanes
+/// kernel reads the keys once for two queries: 64 and 256 queries over
+/// 2,048 compressed keys ran 2-3% slower in panels (AMD EPYC Zen 3, one
+/// thread).
+pub(crate) const MAX_KEYS: usize = 512;
 
 /// One KV head's first `n` compressed keys transposed into panels of
 /// [`PANEL`]: element `c` of key `j` at `data[at + (j / 32) · 32 d + c ·

@@ -456,10 +456,11 @@ fn stage<T: Send>(
     // Bfloat16 compressed keys are read in place there at any group.
     let lanes = in_lanes(g_heads) || matches!(ck, Keys::Bf16(_));
     let mut bufs = PACKED_BUFS.with_borrow_mut(std::mem::take);
-    // Many queries (a prefill) at a vector level: each KV head's keys
-    // transposed once into panels (`panels`), every query scored on them
-    // with its rows in place (no query transposes; the same bits).
-    let in_panels = sh.n_q >= panels::MIN_QUERIES && isa != Isa::Scalar;
+    // Many queries (a prefill) on few keys at a vector level: each KV
+    // head's keys transposed once into panels (`panels`), every query
+    // scored on them with its rows in place (no query transposes; the
+    // same bits).
+    let in_panels = sh.n_q >= panels::MIN_QUERIES && n_c <= panels::MAX_KEYS && isa != Isa::Scalar;
     let kv_panels: Vec<Panels> = match (in_panels, ck) {
         (false, _) => Vec::new(),
         (true, Keys::F32(ck)) => (0..sh.n_kv)

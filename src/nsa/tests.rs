@@ -223,6 +223,9 @@ fn fused_queries_equal_each_query_alone_at_every_level() {
         (4, 4, 12, 150, 100),
         (3, 1, 9, 140, 70),
         (16, 1, 128, 520, 65),
+        // Many queries on more keys than panels take (`panels::MAX_KEYS`):
+        // the heads in the lanes.
+        (16, 1, 8, 4200, 64),
     ] {
         let q = rand(&mut seed, n_q * hq * d);
         let k = rand(&mut seed, seq * n_kv * d);
