@@ -45,7 +45,11 @@
 //! vectors side by side and their `e / Z` a vector at a time. A copy, a
 //! prefetch and the same operations on the same lanes: the same bits. A
 //! tile of 24 heads by 4 keys (three queries of 16 heads over two chunks)
-//! and one of 32 by 3 were slower (registers spilled).
+//! and one of 32 by 3 were slower (registers spilled). From
+//! [`super::panels::MIN_QUERIES`] queries a call NSA's `stage` scores on
+//! keys packed once into panels instead ([`super::panels`]: no query
+//! transposes); this layout serves decode, where a copy of the compressed
+//! keys a call would cost more than the few queries' scores.
 //!
 //! The keys may be float32 or bfloat16 bits ([`Elem`]): a bfloat16 element
 //! is broadcast as 16-bit copies shifted into float32 lanes, exactly its
@@ -327,7 +331,7 @@ impl Heads<'_> {
 
 /// The kernels' shared steps.
 #[inline(always)]
-fn reduce8(l: [f32; 8]) -> f32 {
+pub(super) fn reduce8(l: [f32; 8]) -> f32 {
     ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 

@@ -139,6 +139,7 @@
 
 mod api;
 pub(crate) mod heads;
+pub(crate) mod panels;
 #[doc(hidden)]
 pub mod profile;
 pub(crate) mod score;
@@ -150,7 +151,8 @@ mod tests;
 /// test's probe).
 #[cfg(test)]
 pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
-    heads::probe(isa)
+    heads::probe(isa);
+    panels::probe(isa)
 }
 
 pub use api::{

@@ -566,3 +566,152 @@ fn fused_heads_in_lanes_equal_the_packed_form_a_query_at_a_time() {
         }
     }
 }
+
+/// Stage 1 on keys packed in panels (`panels::group_sums`) equals the
+/// packed form (`score::group_sums`) bit for bit at every level: groups of
+/// 1, 3, 8, 16 and 33 (the tiles' 2, 3, 4 or 8 heads and their
+/// remainders); `d` off 8 and 1; key counts under one vector, off 8, a
+/// panel's last 1, 2 and 3 vectors, several panels, and
+/// fewer than the panels hold (`n_vis < n`: the last vector's real keys
+/// past `n_vis` masked); logits that overflow to `±inf`, a NaN key, and
+/// every logit `−inf` or NaN (`m = −inf`: NaN sums, any NaN); a scratch
+/// reused after a longer call.
+#[test]
+fn panels_equal_the_packed_form_at_every_level() {
+    use super::heads::Rows;
+    use super::panels::{self, Panels};
+    use super::score::{group_sums, Packed, Scratch};
+    let bits = |x: &[f32]| {
+        x.iter()
+            .map(|v| if v.is_nan() { u32::MAX } else { v.to_bits() })
+            .collect::<Vec<_>>()
+    };
+    let mut seed = 700;
+    for &heads in &[1usize, 3, 8, 16, 33] {
+        for &(d, n_vis, n_c) in &[
+            (1usize, 1usize, 1usize),
+            (7, 5, 9),
+            (24, 6, 6),
+            (16, 7, 30),
+            (8, 24, 24),
+            (13, 25, 48),
+            (33, 47, 49),
+            (12, 33, 40),
+            (9, 57, 60),
+            (16, 100, 130),
+            (128, 64, 128),
+            (128, 127, 128),
+        ] {
+            let n_kv = 3;
+            seed += 1;
+            let q = random(heads * d, seed);
+            for special in 0..4 {
+                let mut q = q.clone();
+                let mut ck = random(n_c * n_kv * d, seed + 1000);
+                match special {
+                    // Huge queries: logits of ±inf in some rows.
+                    1 => q.iter_mut().step_by(3).for_each(|x| *x *= 3e37),
+                    // A NaN key element: that key's logit NaN in every head.
+                    2 => ck[(n_vis / 2 * n_kv + 1) * d] = f32::NAN,
+                    // Every logit NaN (`m = −inf`) in the first head.
+                    3 => q[0] = f32::NAN,
+                    _ => {}
+                }
+                let g = 1;
+                let packed = Packed::new(Isa::Scalar, &ck, n_c, n_kv, g, d);
+                let mut want = Scratch::default();
+                group_sums(Isa::Scalar, &q, heads, d, &packed, n_vis, 0.7, &mut want);
+                let rows = Rows {
+                    ck: &ck,
+                    base: g * d,
+                    stride: n_kv * d,
+                };
+                // A reused buffer with other contents first.
+                let panels = Panels::new_in(vec![5.0; 999], rows, n_c, d);
+                for isa in isas_for_test() {
+                    let mut got = Scratch::default();
+                    // A longer call first: the scratch reused.
+                    panels::group_sums(isa, &q, heads, d, &panels, n_c, 0.3, &mut got, &q);
+                    panels::group_sums(isa, &q, heads, d, &panels, n_vis, 0.7, &mut got, &[]);
+                    assert_eq!(
+                        bits(&got.sums),
+                        bits(&want.sums),
+                        "{isa:?} heads={heads} d={d} n_vis={n_vis} special={special}"
+                    );
+                }
+                if special == 0 {
+                    assert!(want.sums.iter().all(|s| s.is_finite() && *s > 0.0));
+                }
+                if special == 3 {
+                    assert!(want.sums.iter().all(|s| s.is_nan()));
+                }
+            }
+            // No keys: empty sums.
+            let panels = Panels::new_in(
+                Vec::new(),
+                Rows {
+                    ck: &[0.0f32; 0],
+                    base: 0,
+                    stride: d,
+                },
+                0,
+                d,
+            );
+            for isa in isas_for_test() {
+                let mut got = Scratch::default();
+                panels::group_sums(isa, &q, heads, d, &panels, 0, 0.7, &mut got, &[]);
+                assert!(got.sums.is_empty());
+            }
+        }
+    }
+}
+
+/// Bfloat16 keys packed into panels are their float32 values: the sums
+/// equal those of the decoded keys bit for bit at every level.
+#[test]
+fn bf16_panels_equal_their_decoded_keys() {
+    use super::heads::Rows;
+    use super::panels::{self, Panels};
+    use super::score::Scratch;
+    let (heads, d, n_c, n_kv) = (16usize, 20usize, 50usize, 2usize);
+    let q = random(heads * d, 3);
+    let raw: Vec<u16> = random(n_c * n_kv * d, 4)
+        .iter()
+        .map(|x| (x.to_bits() >> 16) as u16)
+        .collect();
+    let dec: Vec<f32> = raw.iter().map(|&b| crate::keys::bf16_to_f32(b)).collect();
+    for g in 0..n_kv {
+        let (base, stride) = (g * d, n_kv * d);
+        let pb = Panels::new_in(
+            Vec::new(),
+            Rows {
+                ck: &raw,
+                base,
+                stride,
+            },
+            n_c,
+            d,
+        );
+        let pf = Panels::new_in(
+            Vec::new(),
+            Rows {
+                ck: &dec,
+                base,
+                stride,
+            },
+            n_c,
+            d,
+        );
+        for isa in isas_for_test() {
+            let (mut a, mut b) = (Scratch::default(), Scratch::default());
+            panels::group_sums(isa, &q, heads, d, &pb, 41, 0.7, &mut a, &q);
+            panels::group_sums(isa, &q, heads, d, &pf, 41, 0.7, &mut b, &[]);
+            assert_eq!(a.sums.len(), 41);
+            assert!(a
+                .sums
+                .iter()
+                .zip(&b.sums)
+                .all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
+    }
+}

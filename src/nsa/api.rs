@@ -4,6 +4,7 @@
 use super::{block_scores, row, Config, Window};
 use crate::error::{check_len, checked_size, ArgumentError};
 use crate::infllm::heads::{self, in_lanes, Rows};
+use crate::infllm::panels::{self, Panels};
 use crate::infllm::score::{group_sums, Packed, Scratch};
 use crate::keys::Encoded;
 use crate::simd::Isa;
@@ -455,7 +456,36 @@ fn stage<T: Send>(
     // Bfloat16 compressed keys are read in place there at any group.
     let lanes = in_lanes(g_heads) || matches!(ck, Keys::Bf16(_));
     let mut bufs = PACKED_BUFS.with_borrow_mut(std::mem::take);
-    let packed: Vec<Packed> = match (lanes, ck) {
+    // Many queries (a prefill) on few keys at a vector level: each KV
+    // head's keys transposed once into panels (`panels`), every query
+    // scored on them with its rows in place (no query transposes; the
+    // same bits).
+    let in_panels = sh.n_q >= panels::MIN_QUERIES && n_c <= panels::MAX_KEYS && isa != Isa::Scalar;
+    let kv_panels: Vec<Panels> = match (in_panels, ck) {
+        (false, _) => Vec::new(),
+        (true, Keys::F32(ck)) => (0..sh.n_kv)
+            .map(|g| {
+                let rows = Rows {
+                    ck,
+                    base: g * d,
+                    stride: sh.n_kv * d,
+                };
+                Panels::new_in(bufs.pop().unwrap_or_default(), rows, n_c, d)
+            })
+            .collect(),
+        (true, Keys::Bf16(ck)) => (0..sh.n_kv)
+            .map(|g| {
+                let rows = Rows {
+                    ck,
+                    base: g * d,
+                    stride: sh.n_kv * d,
+                };
+                Panels::new_in(bufs.pop().unwrap_or_default(), rows, n_c, d)
+            })
+            .collect(),
+    };
+    let lanes = lanes && !in_panels;
+    let packed: Vec<Packed> = match (lanes || in_panels, ck) {
         (false, Keys::F32(ck)) => (0..sh.n_kv)
             .map(|g| Packed::new_in(bufs.pop().unwrap_or_default(), isa, ck, n_c, sh.n_kv, g, d))
             .collect(),
@@ -476,7 +506,15 @@ fn stage<T: Send>(
                 blocks,
                 ids,
             } = s;
-            if lanes {
+            if in_panels {
+                let at = (i0 * sh.hq + g * g_heads) * d;
+                let (qg, next) = qv[at..].split_at(g_heads * d);
+                // The next group's rows (the next KV head's, or the next
+                // query's first).
+                let next = &next[..next.len().min(g_heads * d)];
+                let (p, n) = (&kv_panels[g], n_vis[0]);
+                panels::group_sums(isa, qg, g_heads, d, p, n, cfg.scale, stage1, next);
+            } else if lanes {
                 // The next unit's queries (contiguous), its `g`-th part.
                 let unit = qs_n * sh.hq * d;
                 let ahead = qv.get((i0 + qs_n) * sh.hq * d..).unwrap_or(&[]);
@@ -508,7 +546,7 @@ fn stage<T: Send>(
                 group_sums(isa, qg, g_heads, d, &packed[g], n_max, cfg.scale, stage1);
             }
             for (s, &n) in n_vis[..qs_n].iter().enumerate() {
-                blocks.clear();
+                // `block_scores` writes every block.
                 blocks.resize(nb, 0.0);
                 let sums = &stage1.sums[s * n_max..s * n_max + n];
                 block_scores(cfg, window, sums, sh.pos(i0 + s), blocks);
@@ -544,6 +582,7 @@ fn stage<T: Send>(
         rows_of(g, i, 1, &mut |_, blocks, ids| f(o, blocks, ids));
     });
     bufs.extend(packed.into_iter().map(|p| p.keys));
+    bufs.extend(kv_panels.into_iter().map(Panels::into_buf));
     if bufs.iter().map(Vec::capacity).sum::<usize>() <= PACKED_KEEP {
         PACKED_BUFS.with_borrow_mut(|b| *b = bufs);
     }

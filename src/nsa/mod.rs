@@ -349,18 +349,22 @@ pub(crate) fn row(scores: &[f32], keys: &mut Vec<u64>, out: &mut [i32]) {
         let above = order_key(f32::NEG_INFINITY, 0) + 1;
         let m = keys.iter().filter(|&&x| x >= above).count();
         let t = if m > k {
-            *keys.select_nth_unstable(end - k).1
+            // On a copy (`keys[end..]`): the selection permutes it, and
+            // `keys[..end]` stays each block's key.
+            keys.extend_from_within(..end);
+            *keys[end..].select_nth_unstable(end - k).1
         } else {
             // Every candidate: the keys above `−inf`'s.
             above
         };
         // The blocks at or above `t` in id order, compacted into `keys`
-        // without a branch a block (the `o`-th kept is written at `o <= b`,
-        // past the keys still to be read: none are, `t` is known).
+        // without a branch a block: block `b`'s key is read before the
+        // `o`-th kept is written at `o <= b` (no key recomputed).
         let mut o = 0;
-        for (b, &s) in sc.iter().enumerate() {
+        for b in 0..sc.len() {
+            let key = keys[b];
             keys[o] = b as u64;
-            o += usize::from(order_key(s, b) >= t);
+            o += usize::from(key >= t);
         }
         for (x, &b) in out.iter_mut().zip(&keys[..o]) {
             *x = b as i32;

@@ -218,6 +218,14 @@ fn fused_queries_equal_each_query_alone_at_every_level() {
         (32, 2, 128, 180, 180),
         (33, 1, 20, 90, 90),
         (8, 1, 16, 64, 64),
+        // Many queries (from `panels::MIN_QUERIES`: the keys in panels)
+        // at groups of 1 and 3, `d` off 8, `Tq ≠ Tkv`.
+        (4, 4, 12, 150, 100),
+        (3, 1, 9, 140, 70),
+        (16, 1, 128, 520, 65),
+        // Many queries on more keys than panels take (`panels::MAX_KEYS`):
+        // the heads in the lanes.
+        (16, 1, 8, 4200, 64),
     ] {
         let q = rand(&mut seed, n_q * hq * d);
         let k = rand(&mut seed, seq * n_kv * d);
@@ -311,6 +319,10 @@ fn bf16_compressed_keys_read_in_place_equal_their_float32_values() {
         (32, 2, 16, 150, 7, Window::Fla),
         (24, 1, 8, 99, 2, Window::Fla),
         (16, 2, 16, 170, 4, eq9),
+        // Many queries: the keys in panels (`panels::MIN_QUERIES`).
+        (16, 2, 16, 170, 70, eq9),
+        (16, 1, 24, 200, 66, Window::Fla),
+        (2, 2, 8, 90, 64, Window::Fla),
     ] {
         let q = rand(&mut seed, n_q * hq * d);
         let c = Config {
