@@ -726,6 +726,7 @@ mod tests {
         ("nsa.compress", crate::nsa::dispatch_probe),
         ("infllm.head_sums", crate::infllm::dispatch_probe),
         ("infllm.panel_sums", crate::infllm::dispatch_probe),
+        ("infllm.staged", crate::infllm::staged_probe),
     ];
 
     /// The levels a family has no kernel for, refused by name (`avx512 =>
@@ -751,6 +752,7 @@ mod tests {
         ("indexer.dense", Level::Avx512, Level::Avx2),
         ("infllm.head_sums", Level::Avx512, Level::Avx2),
         ("infllm.panel_sums", Level::Avx512, Level::Avx2),
+        ("infllm.staged", Level::Avx512, Level::Avx2),
     ];
 
     /// A level added to the dispatch is reached by every kernel family, or

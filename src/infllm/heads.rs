@@ -77,6 +77,14 @@
 //! - `e_hj / Z_h` is the same division, added to `S_j` head by head in
 //!   order (a chunk of 32 heads after the one before it).
 //!
+//! [`Staged`] splits a chunk at its pass 1 for a caller that produces the
+//! keys as it goes (NSA's decode with Eq. 9's window scores each batch of
+//! compressed keys as its compression completes them): the same tiles write
+//! the same logits (each its own chain, whichever tile computes it) and keep
+//! the same maxima (exact, so the order of the keys is free), then the same
+//! softmax and group sum: the same bits. Its tiles may also ask the
+//! caller's next bytes into the second-level cache, a line a trip.
+//!
 //! What would break it: a reciprocal multiplied instead of the division, an
 //! online (rescaled) softmax, another lane assignment or tree for `Z_h`, or
 //! the heads summed in another order. `src/infllm/tests.rs` checks the two
@@ -353,27 +361,66 @@ mod portable {
         logits: &mut [f32],
         sums: &mut [f32],
     ) {
-        let hc = heads.hc;
         let (_, n_vis) = heads.range();
         let mut mx = [f32::NEG_INFINITY; super::CHUNK];
         for j in 0..n_vis {
             let row = &keys.ck[keys.base + j * keys.stride..][..d];
-            let mut acc = [0.0f32; super::CHUNK];
-            for (c, &k) in row.iter().enumerate() {
-                let k = k.value();
-                let qc = &qt[c * w..(c + 1) * w];
-                for (a, &x) in acc.iter_mut().zip(qc) {
-                    *a = x.mul_add(k, *a);
-                }
-            }
-            let out = &mut logits[j * w..(j + 1) * w];
-            for (l, ((o, &a), m)) in out.iter_mut().zip(&acc).zip(mx.iter_mut()).enumerate() {
-                *o = a * scale;
-                if *o > *m && l < hc && j < heads.seen(l) {
-                    *m = *o;
-                }
+            key(
+                qt,
+                w,
+                row,
+                scale,
+                heads,
+                j,
+                &mut logits[j * w..(j + 1) * w],
+                &mut mx,
+            );
+        }
+        finish(w, heads, &mx, logits, sums);
+    }
+
+    /// Key `j`'s logits (`row` its `d` elements) against the chunk's `w`
+    /// lanes into `out`, each lane's maximum over the keys its query sees
+    /// into `mx`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn key<E: Elem>(
+        qt: &[f32],
+        w: usize,
+        row: &[E],
+        scale: f32,
+        heads: Heads<'_>,
+        j: usize,
+        out: &mut [f32],
+        mx: &mut [f32; super::CHUNK],
+    ) {
+        let mut acc = [0.0f32; super::CHUNK];
+        for (c, &k) in row.iter().enumerate() {
+            let k = k.value();
+            let qc = &qt[c * w..(c + 1) * w];
+            for (a, &x) in acc.iter_mut().zip(qc) {
+                *a = x.mul_add(k, *a);
             }
         }
+        for (l, ((o, &a), m)) in out.iter_mut().zip(&acc).zip(mx.iter_mut()).enumerate() {
+            *o = a * scale;
+            if *o > *m && l < heads.hc && j < heads.seen(l) {
+                *m = *o;
+            }
+        }
+    }
+
+    /// [`chunk`] after its logits (`mx` each lane's maximum over its
+    /// query's keys): each head's softmax, `e / Z` added into its query's
+    /// sums head by head.
+    pub(super) fn finish(
+        w: usize,
+        heads: Heads<'_>,
+        mx: &[f32; super::CHUNK],
+        logits: &mut [f32],
+        sums: &mut [f32],
+    ) {
+        let hc = heads.hc;
+        let (_, n_vis) = heads.range();
         let mut z = [0.0f32; super::CHUNK];
         for l in 0..hc {
             let (m, seen) = (mx[l] + 0.0, heads.seen(l));
@@ -464,13 +511,29 @@ mod avx2 {
         logits: &mut [f32],
         sums: &mut [f32],
     ) {
-        let (w, hc) = (8 * V, heads.hc);
-        let (n_min, n_vis) = heads.range();
-        // Each vector's keys (one query's heads a vector).
-        let mut seen = [0usize; V];
-        for v in 0..V {
-            seen[v] = if v * 8 < hc { heads.seen(v * 8) } else { 0 };
+        // SAFETY: the contract.
+        unsafe {
+            let mx = pass1::<E, V, K>(qt, keys, d, scale, heads, logits);
+            finish::<V>(heads, mx, logits, sums)
         }
+    }
+
+    /// [`chunk`]'s pass 1: the logits of keys `0..n_vis`, key-major, and
+    /// each lane's maximum over the keys every query of the chunk sees
+    /// (`0..n_min`, [`Heads::range`]), returned.
+    ///
+    /// # Safety
+    /// [`chunk`]'s contract.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn pass1<E: Elem, const V: usize, const K: usize>(
+        qt: &[f32],
+        keys: Rows<'_, E>,
+        d: usize,
+        scale: f32,
+        heads: Heads<'_>,
+        logits: &mut [f32],
+    ) -> [__m256; V] {
+        let (n_min, n_vis) = heads.range();
         let lp = logits.as_mut_ptr();
         // Pass 1: the logits, key-major, and each lane's maximum over the
         // keys every query of the chunk sees; then over each vector's own.
@@ -492,20 +555,45 @@ mod avx2 {
             crate::keys::prefetch(heads.next, at, at + per, CacheLevel::L2);
             at += per;
             // SAFETY: keys `j..j + K` are below `n_vis`; the contract.
-            unsafe { tile::<E, V, K>(qt, keys, d, j, scale, lp, &mut mx, ahead) };
+            unsafe { tile::<E, V, K>(qt, keys, d, j, scale, lp, &mut mx, ahead, &[]) };
             j += K;
         }
         while j < n_min {
             // SAFETY: as above, one key.
-            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut mx, ahead) };
+            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut mx, ahead, &[]) };
             j += 1;
         }
         let mut past = mx;
         while j < n_vis {
             // SAFETY: as above; the maxima of these keys are set aside.
-            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut past, ahead) };
+            unsafe { tile::<E, V, 1>(qt, keys, d, j, scale, lp, &mut past, ahead, &[]) };
             j += 1;
         }
+        mx
+    }
+
+    /// [`chunk`] after pass 1: `mx` each lane's maximum over keys
+    /// `0..n_min`, the logits of keys `0..n_vis` in `logits`; each vector's
+    /// maximum over its own keys, the exponentials, `Z` and `e / Z` added
+    /// into the sums.
+    ///
+    /// # Safety
+    /// [`chunk`]'s contract (the keys aside).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn finish<const V: usize>(
+        heads: Heads<'_>,
+        mut mx: [__m256; V],
+        logits: &mut [f32],
+        sums: &mut [f32],
+    ) {
+        let (w, hc) = (8 * V, heads.hc);
+        let (n_min, n_vis) = heads.range();
+        // Each vector's keys (one query's heads a vector).
+        let mut seen = [0usize; V];
+        for v in 0..V {
+            seen[v] = if v * 8 < hc { heads.seen(v * 8) } else { 0 };
+        }
+        let lp = logits.as_mut_ptr();
         for v in 0..V {
             for j in n_min..seen[v] {
                 // SAFETY: `j < n_vis`: its row is in the logits.
@@ -623,11 +711,99 @@ mod avx2 {
         }
     }
 
+    /// [`super::Staged::score`]: keys `j..j + count` (below `n_vis`; key
+    /// `j + k`'s row at `keys.base + k · keys.stride`) in tiles of 2 keys
+    /// (or 1: a key alone, or across `n_min`), the maxima of keys below
+    /// `n_min` kept in `mx`, as [`pass1`] keeps them; `pf`'s lines asked
+    /// into the second-level cache, a line a trip of the tiles.
+    ///
+    /// # Safety
+    /// `_token` proves AVX2+FMA; the rows lie in `keys.ck`; `qt.len() >= d
+    /// · 8V`; `logits` holds rows `0..j + count` of `8V`; `heads.hc <= 8V`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn staged<E: Elem, const V: usize>(
+        _token: Avx2,
+        qt: &[f32],
+        keys: Rows<'_, E>,
+        d: usize,
+        scale: f32,
+        heads: Heads<'_>,
+        j: usize,
+        count: usize,
+        logits: &mut [f32],
+        mx: &mut [f32; super::CHUNK],
+        mut pf: &[u8],
+    ) {
+        let w = 8 * V;
+        let (n_min, _) = heads.range();
+        let mut m = [_mm256_setzero_ps(); V];
+        for v in 0..V {
+            // SAFETY: `8V <= 32` floats of `mx`.
+            m[v] = unsafe { _mm256_loadu_ps(mx.as_ptr().add(v * 8)) };
+        }
+        let mut past = [_mm256_set1_ps(f32::NEG_INFINITY); V];
+        let lp = logits.as_mut_ptr();
+        let mut k = 0;
+        while k < count {
+            let jk = j + k;
+            let at = Rows {
+                ck: keys.ck,
+                base: keys.base + k * keys.stride,
+                stride: keys.stride,
+            };
+            let mxk = if jk < n_min { &mut m } else { &mut past };
+            // This tile's share of `pf` (a line a step), the rest after it.
+            let (pf_now, rest) = pf.split_at(pf.len().min(d / 2 * 64));
+            // SAFETY: rows `k..` of the keys lie in `ck` and logit rows
+            // `jk..` in `logits` (the contract); `tile` reads its keys from
+            // `at` and writes rows `0..K` from `lp + jk · w`.
+            unsafe {
+                let lpk = lp.add(jk * w);
+                if k + 2 <= count && (jk + 1 < n_min || jk >= n_min) {
+                    tile::<E, V, 2>(qt, at, d, 0, scale, lpk, mxk, false, pf_now);
+                    k += 2;
+                } else {
+                    tile::<E, V, 1>(qt, at, d, 0, scale, lpk, mxk, false, pf_now);
+                    k += 1;
+                }
+            }
+            pf = rest;
+        }
+        for v in 0..V {
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(mx.as_mut_ptr().add(v * 8), m[v]) };
+        }
+    }
+
+    /// [`super::Staged::finish`]: [`finish`] with the kept maxima.
+    ///
+    /// # Safety
+    /// `_token` proves AVX2+FMA; [`finish`]'s contract.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn staged_finish<const V: usize>(
+        _token: Avx2,
+        heads: Heads<'_>,
+        mx: &[f32; super::CHUNK],
+        logits: &mut [f32],
+        sums: &mut [f32],
+    ) {
+        let mut m = [_mm256_setzero_ps(); V];
+        for v in 0..V {
+            // SAFETY: `8V <= 32` floats of `mx`.
+            m[v] = unsafe { _mm256_loadu_ps(mx.as_ptr().add(v * 8)) };
+        }
+        // SAFETY: the contract.
+        unsafe { finish::<V>(heads, m, logits, sums) }
+    }
+
     /// The most keys a chunk reads without prefetching the next tile's rows.
     const PREFETCH_KEYS_MIN: usize = 512;
 
     /// Keys `j..j + K` against the chunk's `8V` heads: logit `(j + k, l)` to
-    /// `lp[(j + k) · 8V + l]`, each lane's maximum into `mx`.
+    /// `lp[(j + k) · 8V + l]`, each lane's maximum into `mx`; the first `d /
+    /// 2` lines of `pf` asked into the second-level cache, one a trip (empty:
+    /// none).
     ///
     /// # Safety
     /// `chunk`'s contract, and `j + K <= n_vis`.
@@ -643,6 +819,7 @@ mod avx2 {
         lp: *mut f32,
         mx: &mut [__m256; V],
         ahead: bool,
+        pf: &[u8],
     ) {
         let w = 8 * V;
         let mut rows = [keys.ck.as_ptr(); K];
@@ -679,8 +856,18 @@ mod avx2 {
         };
         // Two elements a trip (the loop's own instructions halved); each
         // chain still runs over `c` in order.
+        // `pf`'s lines asked into the second-level cache, one a trip (what
+        // the caller reads later, from memory: the misses overlap the
+        // multiply-adds).
+        let lines = pf.len().div_ceil(64);
+        let pp = pf.as_ptr() as *const i8;
         let mut c = 0;
         while c + 2 <= d {
+            if c / 2 < lines {
+                // SAFETY: line `c / 2` starts within `pf`; a prefetch reads
+                // nothing architecturally.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(pp.add(c / 2 * 64)) };
+            }
             step(c, &mut acc);
             step(c + 1, &mut acc);
             c += 2;
@@ -733,6 +920,246 @@ mod avx2 {
     }
 }
 
+/// The kernels a [`Staged`] chunk runs, chosen once by its dispatch
+/// (`infllm.staged`).
+#[derive(Clone, Copy)]
+enum Kernel {
+    #[cfg(target_arch = "x86_64")]
+    Avx2(crate::simd::Avx2),
+    Portable,
+}
+
+/// One chunk of [`group_sums`] (at most 32 heads of the queries `qs`) whose
+/// keys arrive in order from a producer (NSA's decode scores each
+/// compressed key as its compression completes it, while its rows are in
+/// the first-level cache, rather than writing every key out and streaming
+/// them back): [`Staged::score`] writes the logits of the keys given and
+/// keeps the lanes' maxima, [`Staged::finish`] runs the softmax and the
+/// group sum on them. The same operations on the same values as
+/// [`group_sums`] (a logit is its own chain, whatever tile computes it; the
+/// maximum is exact, so the order the keys come in is free): the same bits.
+pub(crate) struct Staged {
+    kernel: Kernel,
+    h0: usize,
+    hc: usize,
+    w: usize,
+    group: usize,
+    d: usize,
+    scale: f32,
+    n_vis: Vec<usize>,
+    n_max: usize,
+    qt: Vec<f32>,
+    logits: Vec<f32>,
+    mx: [f32; CHUNK],
+}
+
+impl Staged {
+    /// The chunks of [`group_sums`] for queries `qs` (as there: `heads`
+    /// rows of `d` at `q[qs[s]..]`, query `s` seeing keys `0..n_vis[s]`,
+    /// `n_vis` not all 0), in order, their queries transposed; their
+    /// logits buffers taken from `bufs` (and given back by
+    /// [`Staged::into_bufs`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn chunks(
+        isa: Isa,
+        q: &[f32],
+        qs: &[usize],
+        heads: usize,
+        d: usize,
+        n_vis: &[usize],
+        scale: f32,
+        bufs: &mut Vec<Vec<f32>>,
+    ) -> Vec<Staged> {
+        assert_eq!(qs.len(), n_vis.len(), "a key count a query");
+        let n_max = n_vis.iter().copied().max().unwrap_or(0);
+        let total = qs.len() * heads;
+        assert!(
+            n_max > 0
+                && (qs.len() == 1 || heads.is_multiple_of(8))
+                && qs.iter().all(|&o| o + heads * d <= q.len()),
+            "no keys, a query row past its array, or queries of a group off the vectors"
+        );
+        (0..total)
+            .step_by(CHUNK)
+            .map(|h0| {
+                let hc = CHUNK.min(total - h0);
+                let w = hc.next_multiple_of(8);
+                let mut qt = vec![0.0f32; d * w];
+                let mut logits = bufs.pop().unwrap_or_default();
+                // Every logit read is written first (keys below `n_vis`).
+                let len = n_max.next_multiple_of(8) * w;
+                if logits.len() < len {
+                    logits.resize(len, 0.0);
+                }
+                let rows = QueryRows {
+                    q,
+                    qs,
+                    heads,
+                    h0,
+                    hc,
+                    d,
+                };
+                // SAFETY (bounds): the transposes slice their arguments;
+                // `qt` is `d · w` floats. The level's kernels are kept for
+                // `score` and `finish`.
+                let kernel = dispatch!("infllm.staged", isa, {
+                    avx512 => avx2,
+                    avx2(t) => {
+                        avx2::transpose_queries(t, rows, w, &mut qt);
+                        Kernel::Avx2(t)
+                    },
+                    scalar => {
+                        rows.transpose_lanes(0, w, &mut qt);
+                        Kernel::Portable
+                    },
+                });
+                Staged {
+                    kernel,
+                    h0,
+                    hc,
+                    w,
+                    group: heads,
+                    d,
+                    scale,
+                    n_vis: n_vis.to_vec(),
+                    n_max,
+                    qt,
+                    logits,
+                    mx: [f32::NEG_INFINITY; CHUNK],
+                }
+            })
+            .collect()
+    }
+
+    fn heads(&self) -> Heads<'_> {
+        Heads {
+            h0: self.h0,
+            hc: self.hc,
+            group: self.group,
+            n_vis: &self.n_vis,
+            n_max: self.n_max,
+            next: &[],
+        }
+    }
+
+    /// Keys `j..j + count` (key `j + k` at `keys.ck[keys.base + k ·
+    /// keys.stride..][..d]`, float32 or bfloat16 bits): their logits, and their maxima kept.
+    /// Keys at or past the chunk's key count are skipped. Each key is
+    /// given once, in any order, before [`Staged::finish`].
+    ///
+    /// `pf`: bytes the caller reads later (from memory), asked into the
+    /// second-level cache meanwhile (at most `d` lines; nothing at the
+    /// portable level). No effect on results.
+    pub(crate) fn score<E: Elem>(&mut self, keys: Rows<'_, E>, j: usize, count: usize, pf: &[u8]) {
+        let (_, n_vis) = self.heads().range();
+        let count = count.min(n_vis.saturating_sub(j));
+        if count == 0 {
+            return;
+        }
+        assert!(
+            keys.base + (count - 1) * keys.stride + self.d <= keys.ck.len(),
+            "a key row past its array"
+        );
+        let Staged {
+            w,
+            d,
+            scale,
+            ref qt,
+            ref mut logits,
+            ref mut mx,
+            ..
+        } = *self;
+        let heads = Heads {
+            h0: self.h0,
+            hc: self.hc,
+            group: self.group,
+            n_vis: &self.n_vis,
+            n_max: self.n_max,
+            next: &[],
+        };
+        // SAFETY (bounds): rows `0..count` lie in `keys.ck` (asserted);
+        // keys `j..j + count` are below `n_vis`, whose logits `logits`
+        // holds (`round_up(n_max, 8) · w` floats); `qt` is `d · w` floats;
+        // `hc <= w`, a vector's heads one query's (asserted in `chunks`).
+        match self.kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `t` proves AVX2+FMA (made by the dispatch in
+            // `chunks`); the bounds as above.
+            Kernel::Avx2(t) => unsafe {
+                match w {
+                    8 => {
+                        avx2::staged::<E, 1>(t, qt, keys, d, scale, heads, j, count, logits, mx, pf)
+                    }
+                    16 => {
+                        avx2::staged::<E, 2>(t, qt, keys, d, scale, heads, j, count, logits, mx, pf)
+                    }
+                    24 => {
+                        avx2::staged::<E, 3>(t, qt, keys, d, scale, heads, j, count, logits, mx, pf)
+                    }
+                    _ => {
+                        avx2::staged::<E, 4>(t, qt, keys, d, scale, heads, j, count, logits, mx, pf)
+                    }
+                }
+            },
+            Kernel::Portable => {
+                let _ = pf;
+                for k in 0..count {
+                    let row = &keys.ck[keys.base + k * keys.stride..][..d];
+                    let out = &mut logits[(j + k) * w..][..w];
+                    portable::key(qt, w, row, scale, heads, j + k, out, mx);
+                }
+            }
+        }
+    }
+
+    /// The chunk's softmax and group sum once every key it sees was
+    /// scored: `e / Z` added into `sums[s · n_max + j]` (`n_max` the
+    /// queries' largest key count), head by head. A query's chunks are
+    /// finished in order (as [`Staged::chunks`] returns them).
+    pub(crate) fn finish(&mut self, sums: &mut [f32]) {
+        assert!(
+            sums.len() >= self.n_vis.len() * self.n_max,
+            "the sums of every query"
+        );
+        let Staged {
+            w,
+            ref mut logits,
+            ref mx,
+            ..
+        } = *self;
+        let heads = Heads {
+            h0: self.h0,
+            hc: self.hc,
+            group: self.group,
+            n_vis: &self.n_vis,
+            n_max: self.n_max,
+            next: &[],
+        };
+        // SAFETY (bounds): every key below `n_vis` was scored (the
+        // contract of `score`: its logits are written); `sums` holds
+        // `n_max` for each query (asserted).
+        match self.kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `t` proves AVX2+FMA (made by the dispatch in
+            // `chunks`); the bounds as above.
+            Kernel::Avx2(t) => unsafe {
+                match w {
+                    8 => avx2::staged_finish::<1>(t, heads, mx, logits, sums),
+                    16 => avx2::staged_finish::<2>(t, heads, mx, logits, sums),
+                    24 => avx2::staged_finish::<3>(t, heads, mx, logits, sums),
+                    _ => avx2::staged_finish::<4>(t, heads, mx, logits, sums),
+                }
+            },
+            Kernel::Portable => portable::finish(w, heads, mx, logits, sums),
+        }
+    }
+
+    /// The chunk's logits buffer, for the next call.
+    pub(crate) fn into_bufs(self, bufs: &mut Vec<Vec<f32>>) {
+        bufs.push(self.logits);
+    }
+}
+
 /// Runs `infllm.head_sums` once at `isa` (the reach test's probe).
 #[cfg(test)]
 pub(crate) fn probe(isa: Isa) {
@@ -746,4 +1173,24 @@ pub(crate) fn probe(isa: Isa) {
     };
     group_sums(isa, &[1.0; 8], &[0], 8, 1, rows, &[3], 1.0, &mut s, &[]);
     assert!(s.sums.iter().all(|&x| (x - 8.0 / 3.0).abs() < 1e-5));
+}
+
+/// Runs `infllm.staged` once at `isa` (the reach test's probe): 8 heads,
+/// `d = 1`, 3 keys of 0 given one at a time, so each sum is `8 / 3`.
+#[cfg(test)]
+pub(crate) fn staged_probe(isa: Isa) {
+    let ck = [0.0f32; 3];
+    let mut bufs = Vec::new();
+    let mut chunks = Staged::chunks(isa, &[1.0; 8], &[0], 8, 1, &[3], 1.0, &mut bufs);
+    for j in 0..3 {
+        let rows = Rows {
+            ck: &ck[j..],
+            base: 0,
+            stride: 1,
+        };
+        chunks[0].score(rows, j, 1, &[]);
+    }
+    let mut sums = [0.0f32; 3];
+    chunks[0].finish(&mut sums);
+    assert!(sums.iter().all(|&x| (x - 8.0 / 3.0).abs() < 1e-5));
 }

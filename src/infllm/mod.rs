@@ -155,6 +155,13 @@ pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
     panels::probe(isa)
 }
 
+/// Runs the split stage 1 (`infllm.staged`) at `isa` (the reach test's
+/// probe).
+#[cfg(test)]
+pub(crate) fn staged_probe(isa: crate::simd::Isa) {
+    heads::staged_probe(isa)
+}
+
 pub use api::{
     block_scores_into, block_scores_packed_into, select_into, select_packed_into, select_paged_into,
 };

@@ -215,11 +215,42 @@ fn compress(
     ks: (usize, usize),
     out: &mut [f32],
 ) {
+    let n_c = out.len() / (n_kv * d).max(1);
+    compress_ring(
+        isa,
+        k,
+        k_scale,
+        n_kv,
+        d,
+        ks,
+        (n_c, usize::MAX, 0),
+        out,
+        &mut |_, _, _| {},
+    )
+}
+
+/// [`compress`] of `n_c` keys into `out`, key `c` at slot `c & mask`
+/// (`usize::MAX`: every key its own slot; a power of two less one: a ring
+/// of as many slots, each reused once its key was handed on), calling
+/// `step(t, done, out)` after each token `t`, `done` the key its row
+/// completed (divided), if any.
+#[allow(clippy::too_many_arguments)]
+fn compress_ring<F: FnMut(usize, Option<usize>, &[f32])>(
+    isa: Isa,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    n_kv: usize,
+    d: usize,
+    ks: (usize, usize),
+    n_c: (usize, usize, usize),
+    out: &mut [f32],
+    step: &mut F,
+) {
     // SAFETY (bounds): none; the body slices its arguments (checked indexing).
     crate::simd::dispatch!("nsa.compress", isa, {
         avx512 => avx2,
-        avx2(token) => x86::compress_avx2(token, k, k_scale, n_kv, d, ks, out),
-        scalar => compress_body(k, k_scale, n_kv, d, ks, out),
+        avx2(token) => x86::compress_avx2(token, k, k_scale, n_kv, d, ks, n_c, out, step),
+        scalar => compress_body(k, k_scale, n_kv, d, ks, n_c, out, step),
     })
 }
 
@@ -231,16 +262,19 @@ mod x86 {
 
     /// [`compress_body`] compiled for AVX2 (the token proves the CPU has it).
     #[target_feature(enable = "avx2")]
-    pub(super) fn compress_avx2(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn compress_avx2<F: FnMut(usize, Option<usize>, &[f32])>(
         _: Avx2,
         k: Encoded<'_>,
         k_scale: Option<&[f32]>,
         n_kv: usize,
         d: usize,
         ks: (usize, usize),
+        n_c: (usize, usize, usize),
         out: &mut [f32],
+        step: &mut F,
     ) {
-        compress_body(k, k_scale, n_kv, d, ks, out)
+        compress_body(k, k_scale, n_kv, d, ks, n_c, out, step)
     }
 }
 
@@ -267,18 +301,27 @@ pub(super) fn probe(isa: Isa) {
     assert_eq!(out, [1.5, 3.5, 5.5, 7.5, 9.5]);
 }
 
-/// [`compress`]'s body, written once.
+/// [`compress_ring`]'s body, written once.
 #[inline(always)]
-fn compress_body(
+#[allow(clippy::too_many_arguments)]
+fn compress_body<F: FnMut(usize, Option<usize>, &[f32])>(
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
     n_kv: usize,
     d: usize,
     (kernel, stride): (usize, usize),
+    (n_c, mask, ahead): (usize, usize, usize),
     out: &mut [f32],
+    step: &mut F,
 ) {
     let w = n_kv * d;
-    let n_c = out.len() / w.max(1);
+    #[cfg(target_arch = "x86_64")]
+    let (kb, row_bytes) = {
+        let kb = key_bytes(k);
+        (kb, kb.len() / k.len().max(1) * w)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = ahead;
     if n_c == 0 {
         return;
     }
@@ -289,6 +332,12 @@ fn compress_body(
     // Eq. 9's 16 MiB of keys at 131,072 tokens was a pass over memory of its
     // own).
     for t in 0..(n_c - 1) * stride + kernel {
+        // Row `t + ahead` asked into the second-level cache.
+        #[cfg(target_arch = "x86_64")]
+        if ahead > 0 {
+            let at = (t + ahead) * row_bytes;
+            crate::keys::prefetch(kb, at, at + row_bytes, crate::keys::CacheLevel::L2);
+        }
         let row: &[f32] = match k {
             Encoded::F32(s) => &s[t * w..(t + 1) * w],
             _ => {
@@ -300,7 +349,8 @@ fn compress_body(
         let lo = (t + 1).saturating_sub(kernel).div_ceil(stride);
         let hi = (t / stride).min(n_c - 1);
         for c in lo..=hi {
-            let acc = &mut out[c * w..(c + 1) * w];
+            let at = c & mask;
+            let acc = &mut out[at * w..(at + 1) * w];
             match (k_scale, c * stride == t) {
                 (Some(sc), false) => {
                     let s = sc[t];
@@ -315,9 +365,12 @@ fn compress_body(
             }
         }
         // Key `lo` is complete once its last token is in.
-        if t + 1 == lo * stride + kernel {
-            out[lo * w..(lo + 1) * w].iter_mut().for_each(|a| *a /= div);
+        let done = t + 1 == lo * stride + kernel;
+        if done {
+            let at = lo & mask;
+            out[at * w..(at + 1) * w].iter_mut().for_each(|a| *a /= div);
         }
+        step(t, done.then_some(lo), out);
     }
 }
 
@@ -371,6 +424,9 @@ fn run<T: Send>(
 ) {
     let geo = window.geometry(cfg.block_size);
     let n_c = geo.compressed_len(sh.seq_len);
+    if fuses(sh, window, n_c) {
+        return run_fused(isa, sh, q, k, k_scale, (cfg, window), out, width, f);
+    }
     // A fresh buffer each call, not one the thread keeps: its pages come
     // zeroed from the kernel as it is written, while a kept one's cold lines
     // were each read from memory before their first store (decode from the
@@ -389,6 +445,269 @@ fn run<T: Send>(
         width,
         f,
     );
+}
+
+/// The most queries [`run_fused`] takes (a decode's few; a prefill's
+/// queries each see few keys and are many: [`stage`] runs them in
+/// parallel).
+const FUSE_MAX_QUERIES: usize = 16;
+
+/// Compressed keys [`run_fused`] scores together, a chunk of heads at a
+/// time (the chunk's transposed queries, 16 KiB at 32 heads and `d = 128`,
+/// loaded into the first-level cache once for them; a pair at a time they
+/// came from the second level each time and the tiles ran at half speed).
+const FUSE_BATCH: usize = 16;
+
+/// How far ahead (in tokens) [`run_fused`]'s compression asks each key row
+/// into the second-level cache.
+const FUSE_ROWS_AHEAD: usize = 16;
+
+/// The furthest ahead (in tokens) the score tiles of [`run_fused`] ask key
+/// rows into the second-level cache.
+const FUSE_TILES_AHEAD: usize = 32;
+
+#[cfg(test)]
+thread_local! {
+    /// The tests' choice of [`run`]'s path (`None`: [`fuses`]'s); `Some(false)`
+    /// also keeps [`stage`] off [`batched`] (a KV head at a time).
+    pub(super) static FORCE_FUSE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Whether [`run`] scores the compressed keys as it compresses them
+/// ([`run_fused`]): Eq. 9's window, a group of 8 heads or more (the heads in
+/// the lanes), at most [`FUSE_MAX_QUERIES`] queries, some keys, and the
+/// logits within [`PACKED_KEEP`]. fla's window measured the same either way
+/// (a quarter of Eq. 9's keys, and its decode already at its floor's
+/// copy): it keeps [`stage`].
+fn fuses(sh: &Shape, window: Window, n_c: usize) -> bool {
+    #[cfg(test)]
+    if let Some(f) = FORCE_FUSE.get() {
+        return f && in_lanes(sh.group()) && n_c > 0;
+    }
+    let logits = sh.n_q * sh.hq.next_multiple_of(8) * n_c.next_multiple_of(8);
+    window != Window::Fla
+        && in_lanes(sh.group())
+        && n_c > 0
+        && sh.n_q <= FUSE_MAX_QUERIES
+        && logits <= PACKED_KEEP
+}
+
+/// [`run`] with stage 1's logits computed as the compression completes the
+/// keys (a decode's few queries).
+///
+/// [`run`] writes every compressed key out (Eq. 9's 16 MiB at 131,072
+/// tokens, a fresh buffer faulted in page by page) and stage 1 then
+/// streams each KV head's keys back from memory, once a unit of queries.
+/// Here the compression keeps its keys in a ring of slots (the batch being
+/// scored, the next one summing: 64 KiB at 4 KV heads, `d = 128`), and
+/// each batch of [`FUSE_BATCH`] complete keys is scored against every
+/// query's heads ([`heads::Staged`]), a chunk of heads every few tokens
+/// while the next batch compresses, the logits written to the chunks' kept
+/// buffers. The key rows stream from memory throughout: the compression
+/// asks each row [`FUSE_ROWS_AHEAD`] tokens ahead into the second-level
+/// cache, and the score tiles ask the next rows not yet asked for (a line
+/// a trip, up to [`FUSE_TILES_AHEAD`] tokens ahead), so the memory keeps
+/// reading while the multiply-adds run. Then each chunk's softmax and
+/// group sum, the block scores and `f`, row by row.
+///
+/// The compressed keys are the same chains ([`compress_ring`]), each logit
+/// the same chain on them, the maxima exact: the same bits as [`stage`] on
+/// the written keys, at every level (`src/nsa/tests.rs`,
+/// `fused_decode_equals_compress_then_stage_at_every_level`). What would
+/// break it: a slot reused before its key was scored by every chunk (the
+/// ring holds two batches and the kernel's overlap; the pending batch is
+/// finished before the next one is queued), a chunk finished before its
+/// last key was scored.
+///
+/// One thread: the compression is one pass over the keys in token order,
+/// and the scoring rides on it.
+#[allow(clippy::too_many_arguments)]
+fn run_fused<T: Send>(
+    isa: Isa,
+    sh: &Shape,
+    q: Encoded<'_>,
+    k: Encoded<'_>,
+    k_scale: Option<&[f32]>,
+    (cfg, window): (&Config, Window),
+    out: &mut [T],
+    width: usize,
+    f: impl Fn(&mut [T], &[f32], &mut Vec<u64>) + Sync + Send,
+) {
+    let (d, g_heads, n_kv) = (sh.d, sh.group(), sh.n_kv);
+    let geo = window.geometry(cfg.block_size);
+    let n_c = geo.compressed_len(sh.seq_len);
+    let nb = cfg.n_blocks(sh.seq_len);
+    let qv = decoded(q, None, 0);
+    // The units of [`stage`] (queries sharing a chunk of heads); any
+    // grouping gives each query's own bits.
+    let fused = if g_heads.is_multiple_of(8) && sh.n_q > 1 {
+        (32 / g_heads).clamp(1, MAX_FUSED)
+    } else {
+        1
+    };
+    let mut bufs = FUSED_BUFS.with_borrow_mut(std::mem::take);
+    // Every unit and KV head: its queries, their key counts, its chunks.
+    struct Unit {
+        i0: usize,
+        g: usize,
+        n_vis: Vec<usize>,
+        chunks: Vec<heads::Staged>,
+    }
+    let mut units = Vec::new();
+    for i0 in (0..sh.n_q).step_by(fused) {
+        let qs_n = fused.min(sh.n_q - i0);
+        let n_vis: Vec<usize> = (i0..i0 + qs_n).map(|i| geo.visible(sh.pos(i))).collect();
+        for g in 0..n_kv {
+            let qs: Vec<usize> = (i0..i0 + qs_n)
+                .map(|i| (i * sh.hq + g * g_heads) * d)
+                .collect();
+            let chunks = if n_vis.iter().any(|&n| n > 0) {
+                heads::Staged::chunks(isa, &qv, &qs, g_heads, d, &n_vis, cfg.scale, &mut bufs)
+            } else {
+                Vec::new()
+            };
+            units.push(Unit {
+                i0,
+                g,
+                n_vis: n_vis.clone(),
+                chunks,
+            });
+        }
+    }
+    // The ring: when batch `[j, j + B)` completes (at key `j + B − 1`'s
+    // last token) it is scored over the next `B · stride` tokens, during
+    // which keys up to `j + 2B − 1 + (kernel − 1) / stride` begin; a power
+    // of two slots (a multiple of `B`, so a batch is contiguous) holds them.
+    let (kernel, stride) = (geo.kernel_size, geo.kernel_stride);
+    let slots = (2 * FUSE_BATCH + kernel / stride).next_power_of_two();
+    let w = n_kv * d;
+    let mut ring = vec![0.0f32; slots * w];
+    // A batch's jobs (a chunk each), spread `gap` tokens apart.
+    let jobs: Vec<(usize, usize)> = units
+        .iter()
+        .enumerate()
+        .flat_map(|(u, x)| (0..x.chunks.len()).map(move |i| (u, i)))
+        .collect();
+    let gap = (FUSE_BATCH * stride / jobs.len().max(1)).max(1);
+    let kb = key_bytes(k);
+    let row_bytes = kb.len() / sh.seq_len.max(1);
+    // The keys' bytes asked for by the tiles so far.
+    let mut asked = 0usize;
+    // Runs the jobs of batch `p` (first key, key count, first token, jobs
+    // done) up to job `upto`, at token `t`.
+    let mut run_jobs = |ring: &[f32], upto: usize, t: usize, p: &mut Pending| {
+        let at = (p.j & (slots - 1)) * w;
+        while p.done < upto.min(jobs.len()) {
+            let (u, i) = jobs[p.done];
+            let x = &mut units[u];
+            let keys = Rows {
+                ck: &ring[at..],
+                base: x.g * d,
+                stride: w,
+            };
+            // The next lines of the keys not yet asked for, from the row
+            // after token `t`'s, at most a line a tile's trip.
+            let to = kb.len().min((t + FUSE_TILES_AHEAD) * row_bytes);
+            let from = asked.max((t + 1) * row_bytes).min(to);
+            let lines = (to - from).min(p.count.div_ceil(2) * (d / 2) * 64);
+            x.chunks[i].score(keys, p.j, p.count, &kb[from..from + lines]);
+            asked = from + lines;
+            p.done += 1;
+        }
+    };
+    let mut pending: Option<Pending> = None;
+    compress_ring(
+        isa,
+        k,
+        k_scale,
+        n_kv,
+        d,
+        (kernel, stride),
+        (n_c, slots - 1, FUSE_ROWS_AHEAD),
+        &mut ring,
+        &mut |t, c, ring| {
+            if let Some(p) = pending.as_mut() {
+                // Job `i` at token `t0 + i · gap`.
+                run_jobs(ring, (t - p.t0) / gap + 1, t, p);
+                if p.done == jobs.len() {
+                    pending = None;
+                }
+            }
+            let Some(c) = c else { return };
+            if (c + 1) % FUSE_BATCH != 0 && c + 1 != n_c {
+                return;
+            }
+            if let Some(p) = pending.as_mut() {
+                run_jobs(ring, usize::MAX, t, p);
+            }
+            let j = c - c % FUSE_BATCH;
+            let mut p = Pending {
+                j,
+                count: c + 1 - j,
+                t0: t + 1,
+                done: 0,
+            };
+            if c + 1 == n_c {
+                run_jobs(ring, usize::MAX, t, &mut p);
+                pending = None;
+            } else {
+                pending = Some(p);
+            }
+        },
+    );
+    ROW_SCRATCH.with_borrow_mut(|s| {
+        let RowScratch {
+            stage1,
+            blocks,
+            ids,
+        } = s;
+        for u in units {
+            let n_max = u.n_vis.iter().copied().max().unwrap_or(0);
+            let sums = &mut stage1.sums;
+            sums.clear();
+            sums.resize(u.n_vis.len() * n_max, 0.0);
+            for mut ch in u.chunks {
+                ch.finish(sums);
+                ch.into_bufs(&mut bufs);
+            }
+            for (s, &n) in u.n_vis.iter().enumerate() {
+                blocks.clear();
+                blocks.resize(nb, 0.0);
+                let i = u.i0 + s;
+                block_scores(cfg, window, &sums[s * n_max..][..n], sh.pos(i), blocks);
+                let r = i * n_kv + u.g;
+                f(&mut out[r * width..(r + 1) * width], blocks, ids);
+            }
+        }
+    });
+    if bufs.iter().map(Vec::capacity).sum::<usize>() <= PACKED_KEEP {
+        FUSED_BUFS.with_borrow_mut(|b| *b = bufs);
+    }
+}
+
+/// A batch of keys [`run_fused`] is scoring: keys `j..j + count`, its jobs
+/// from token `t0`, `done` of them run.
+struct Pending {
+    j: usize,
+    count: usize,
+    t0: usize,
+    done: usize,
+}
+
+/// The bytes of `k`, for prefetches.
+fn key_bytes<'a>(k: Encoded<'a>) -> &'a [u8] {
+    match k {
+        Encoded::F32(s) => bytemuck::cast_slice(s),
+        Encoded::F16(s) | Encoded::Bf16(s) => bytemuck::cast_slice(s),
+        Encoded::Fp8E4m3(s) => s,
+    }
+}
+
+thread_local! {
+    /// The calling thread's buffers for [`run_fused`]'s chunks' logits, kept between calls up to
+    /// [`PACKED_KEEP`] floats: a decode on 131,072 tokens writes 8 MiB of
+    /// logits, and a fresh buffer would be faulted in page by page.
+    static FUSED_BUFS: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A thread's scratch, reused across the rows and the calls it computes
@@ -568,12 +887,26 @@ fn stage<T: Send>(
     let whole = if fused > 1 { sh.n_q / fused * fused } else { 0 };
     let (head, tail) = out.split_at_mut(whole * sh.n_kv * width);
     let unit = fused * sh.n_kv * width;
+    // A decode's units read every KV head's keys in one pass (see
+    // [`batched`]).
+    let one_pass = lanes && sh.n_q <= FUSE_MAX_QUERIES;
+    #[cfg(test)]
+    let one_pass = one_pass && FORCE_FUSE.get() != Some(false);
     crate::pool::for_each_row_mut(head, unit, crate::pool::min_rows(work * fused), |u, o| {
-        for g in 0..sh.n_kv {
-            rows_of(g, u * fused, fused, &mut |s, blocks, ids| {
-                let r = s * sh.n_kv + g;
-                f(&mut o[r * width..(r + 1) * width], blocks, ids);
-            });
+        let mut put = |s: usize, g: usize, blocks: &[f32], ids: &mut Vec<u64>| {
+            let r = s * sh.n_kv + g;
+            f(&mut o[r * width..(r + 1) * width], blocks, ids);
+        };
+        let i0 = u * fused;
+        let done = one_pass
+            && match ck {
+                Keys::F32(ck) => batched(isa, sh, &qv, ck, (i0, fused), (cfg, window), &mut put),
+                Keys::Bf16(ck) => batched(isa, sh, &qv, ck, (i0, fused), (cfg, window), &mut put),
+            };
+        if !done {
+            for g in 0..sh.n_kv {
+                rows_of(g, i0, fused, &mut |s, blocks, ids| put(s, g, blocks, ids));
+            }
         }
     });
     crate::pool::for_each_row_mut(tail, width, crate::pool::min_rows(work), |r, o| {
@@ -586,6 +919,114 @@ fn stage<T: Send>(
     if bufs.iter().map(Vec::capacity).sum::<usize>() <= PACKED_KEEP {
         PACKED_BUFS.with_borrow_mut(|b| *b = bufs);
     }
+}
+
+/// What [`batched`] does with a row: `(query in its unit, KV head, block
+/// scores, top-k scratch)`.
+type PutFn<'a> = dyn FnMut(usize, usize, &[f32], &mut Vec<u64>) + 'a;
+
+/// Compressed keys [`batched`] scores together, a chunk of heads at a time
+/// (64 KiB at 4 KV heads, `d = 128`, float32; batches of 64 to 256 keys
+/// measured slower cold: the next batch's prefetch ran further ahead of
+/// its use).
+const CACHED_BATCH: usize = 32;
+
+/// Stage 1 of queries `i0..i0 + qs_n` (a unit of [`stage`]) against every
+/// KV head's compressed keys `ck` (`[n_c, n_kv, d]`, float32 or bfloat16
+/// bits) in one pass, then each query and KV head's row `put(s, g, ..)`;
+/// `false` (nothing done) when the queries see no key.
+///
+/// [`stage`]'s chunk of one KV head reads that head's 512 bytes of every
+/// key (at `d = 128`), then the next head's: each pass a strided read, and
+/// an engine's compressed keys come from memory (a decode call's 4 MiB
+/// read cold cost 0.2-0.3 ms more than warm). Here the keys are taken in
+/// batches of [`CACHED_BATCH`] (every head's rows, contiguous), each
+/// scored by every chunk of every KV head ([`heads::Staged`]: the same
+/// tiles, logits and maxima), while the tiles ask the next batch's bytes
+/// into the second-level cache; then each chunk's softmax and group sum.
+/// The same bits as [`heads::group_sums`] (`src/nsa/tests.rs`).
+fn batched<E: heads::Elem + bytemuck::Pod>(
+    isa: Isa,
+    sh: &Shape,
+    qv: &[f32],
+    ck: &[E],
+    (i0, qs_n): (usize, usize),
+    (cfg, window): (&Config, Window),
+    put: &mut PutFn<'_>,
+) -> bool {
+    let (d, g_heads, n_kv) = (sh.d, sh.group(), sh.n_kv);
+    let geo = window.geometry(cfg.block_size);
+    let nb = cfg.n_blocks(sh.seq_len);
+    let n_vis: Vec<usize> = (i0..i0 + qs_n).map(|i| geo.visible(sh.pos(i))).collect();
+    let n_max = n_vis.iter().copied().max().unwrap_or(0);
+    if n_max == 0 {
+        return false;
+    }
+    let stride = n_kv * d;
+    let bytes: &[u8] = bytemuck::cast_slice(ck);
+    let row_bytes = stride * std::mem::size_of::<E>();
+    #[cfg(target_arch = "x86_64")]
+    crate::keys::prefetch(
+        bytes,
+        0,
+        CACHED_BATCH * row_bytes,
+        crate::keys::CacheLevel::L2,
+    );
+    let mut bufs = FUSED_BUFS.with_borrow_mut(std::mem::take);
+    let mut chunks: Vec<Vec<heads::Staged>> = (0..n_kv)
+        .map(|g| {
+            let qs: Vec<usize> = (i0..i0 + qs_n)
+                .map(|i| (i * sh.hq + g * g_heads) * d)
+                .collect();
+            heads::Staged::chunks(isa, qv, &qs, g_heads, d, &n_vis, cfg.scale, &mut bufs)
+        })
+        .collect();
+    let jobs: usize = chunks.iter().map(Vec::len).sum();
+    let cb = CACHED_BATCH;
+    for j0 in (0..n_max).step_by(cb) {
+        let count = cb.min(n_max - j0);
+        // The next batch's bytes, shared out among the jobs.
+        let next = bytes.get((j0 + CACHED_BATCH) * row_bytes..).unwrap_or(&[]);
+        let next = &next[..next.len().min(cb * row_bytes)];
+        let share = next.len().div_ceil(jobs.max(1)).next_multiple_of(64);
+        let mut parts = next.chunks(share.max(64));
+        for (g, chs) in chunks.iter_mut().enumerate() {
+            let keys = Rows {
+                ck,
+                base: g * d + j0 * stride,
+                stride,
+            };
+            for ch in chs.iter_mut() {
+                ch.score(keys, j0, count, parts.next().unwrap_or(&[]));
+            }
+        }
+    }
+    ROW_SCRATCH.with_borrow_mut(|s| {
+        let RowScratch {
+            stage1,
+            blocks,
+            ids,
+        } = s;
+        for (g, chs) in chunks.into_iter().enumerate() {
+            let sums = &mut stage1.sums;
+            sums.clear();
+            sums.resize(qs_n * n_max, 0.0);
+            for mut ch in chs {
+                ch.finish(sums);
+                ch.into_bufs(&mut bufs);
+            }
+            for (s, &n) in n_vis.iter().enumerate() {
+                blocks.clear();
+                blocks.resize(nb, 0.0);
+                block_scores(cfg, window, &sums[s * n_max..][..n], sh.pos(i0 + s), blocks);
+                put(s, g, blocks, ids);
+            }
+        }
+    });
+    if bufs.iter().map(Vec::capacity).sum::<usize>() <= PACKED_KEEP {
+        FUSED_BUFS.with_borrow_mut(|b| *b = bufs);
+    }
+    true
 }
 
 thread_local! {

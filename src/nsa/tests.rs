@@ -1126,3 +1126,138 @@ fn best_row(scores: &[f32], k: usize) -> Vec<i32> {
     want.resize(k, -1);
     want
 }
+
+/// The decode path that scores each compressed key as its compression
+/// completes it (`run_fused`) equals the one that writes every key out
+/// first (`stage`, a KV head at a time), and so do the compressed keys
+/// given (float32 and bfloat16) scored every KV head in one pass
+/// (`batched`), bit for bit, at every level: Eq. 9's window (the
+/// paper's 32 / 16 and 8 / 4) and fla's, float32, bfloat16 and scaled
+/// keys, fewer queries than tokens (1 to 5: pairs of queries a chunk and a
+/// query alone), a sequence shorter than a window and ones ending past a
+/// stride, keys and queries with `±0`, `±inf` and NaN, groups of 1 (not
+/// fused: the same path), 8, 16 and 33 (chunks of 32 and 1), an odd `d`,
+/// batches of keys short of a whole one and more keys than the ring's
+/// slots.
+#[test]
+fn fused_decode_equals_compress_then_stage_at_every_level() {
+    use super::api::{block_scores_window_at, select_window_at, FORCE_FUSE};
+    let mut seed = 45u64;
+    let paper = Window::Eq9 {
+        kernel_size: PAPER_KERNEL_SIZE,
+        kernel_stride: PAPER_KERNEL_STRIDE,
+    };
+    let small = Window::Eq9 {
+        kernel_size: 8,
+        kernel_stride: 4,
+    };
+    let mut fused_cases = 0;
+    // (heads a group, n_kv, d, seq, n_q, block size, window)
+    for &(grp, n_kv, d, seq, n_q, bs, window) in &[
+        (
+            16usize,
+            2usize,
+            24usize,
+            64 * 9 + 17,
+            4usize,
+            64usize,
+            paper,
+        ),
+        (16, 1, 13, 64 * 5, 5, 64, paper),
+        (16, 2, 24, 64 * 7 + 40, 3, 64, Window::Fla),
+        (33, 1, 16, 150, 2, 16, small),
+        (33, 2, 8, 150, 3, 16, Window::Fla),
+        (8, 2, 16, 16 * 9 + 3, 5, 16, small),
+        (1, 2, 16, 200, 3, 16, small),
+        (16, 1, 16, 20, 2, 64, paper),
+        (16, 1, 16, 31, 1, 16, paper),
+        (16, 1, 16, 45, 1, 16, paper),
+        // Keys past the ring's slots (its slots reused): 249 and 159 keys.
+        (16, 1, 8, 1000, 3, 16, small),
+        (8, 2, 8, 64 * 40, 4, 64, paper),
+    ] {
+        let hq = grp * n_kv;
+        let q = rand(&mut seed, n_q * hq * d);
+        let k = rand(&mut seed, seq * n_kv * d);
+        let bf: Vec<u16> = k.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+        let scales: Vec<f32> = rand(&mut seed, seq).iter().map(|x| x * 0.7 + 1.5).collect();
+        // Specials: the first tokens `−0`, an infinite and a NaN key
+        // element mid-sequence, a query element `+inf` and one `−0`.
+        let mut kx = k.clone();
+        let head = (4 * n_kv * d).min(kx.len());
+        kx[..head].fill(-0.0);
+        kx[(seq / 2) * n_kv * d + 1] = f32::INFINITY;
+        kx[(seq / 3) * n_kv * d + 2] = f32::NAN;
+        let mut qx = q.clone();
+        qx[d + 1] = f32::INFINITY;
+        qx[0] = -0.0;
+        let c = Config {
+            scale: 0.3,
+            ..cfg(bs, 5)
+        };
+        let nb = c.n_blocks(seq);
+        for (name, qv, ke, sc) in [
+            ("f32", &q, Encoded::F32(&k), None),
+            ("bf16", &q, Encoded::Bf16(&bf), None),
+            ("scaled", &q, Encoded::F32(&k), Some(&scales[..])),
+            ("specials", &qx, Encoded::F32(&kx), None),
+        ] {
+            let qe = Encoded::F32(qv);
+            for isa in isas_for_test() {
+                let run = |fuse: bool| {
+                    FORCE_FUSE.set(Some(fuse));
+                    let mut s = vec![0.0f32; n_q * n_kv * nb];
+                    let mut r = vec![0i32; n_q * n_kv * 5];
+                    block_scores_window_at(isa, qe, hq, ke, sc, n_kv, d, &c, window, &mut s)
+                        .unwrap();
+                    select_window_at(isa, qe, hq, ke, sc, n_kv, d, &c, window, &mut r).unwrap();
+                    FORCE_FUSE.set(None);
+                    (s.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(), r, s)
+                };
+                let (want_s, want_r, vals) = run(false);
+                let (got_s, got_r, _) = run(true);
+                let at = format!("{name} {isa:?} grp={grp} seq={seq} n_q={n_q} {window:?}");
+                assert_eq!(got_s, want_s, "{at}");
+                assert_eq!(got_r, want_r, "{at}");
+                // The compressed keys given (float32, and rounded to
+                // bfloat16 bits), every KV head in one pass (`batched`)
+                // against a head at a time.
+                let n_c = window.geometry(bs).compressed_len(seq);
+                let mut ck = vec![0.0f32; n_c * n_kv * d];
+                compress_window_into(ke, sc, n_kv, d, bs, window, &mut ck).unwrap();
+                let ckb: Vec<u16> = ck.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+                for cke in [Encoded::F32(&ck), Encoded::Bf16(&ckb)] {
+                    let cached = |fuse: Option<bool>| {
+                        FORCE_FUSE.set(fuse);
+                        let mut s = vec![0.0f32; n_q * n_kv * nb];
+                        let mut r = vec![0i32; n_q * n_kv * 5];
+                        let cw = (&c, window);
+                        super::api::block_scores_compressed_at(
+                            isa, qe, hq, cke, None, n_kv, d, seq, cw, &mut s,
+                        )
+                        .unwrap();
+                        super::api::select_compressed_at(
+                            isa, qe, hq, cke, None, n_kv, d, seq, cw, &mut r,
+                        )
+                        .unwrap();
+                        FORCE_FUSE.set(None);
+                        (s.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(), r)
+                    };
+                    let (ws, wr) = cached(Some(false));
+                    let (gs, gr) = cached(None);
+                    assert_eq!(gs, ws, "cached {at}");
+                    assert_eq!(gr, wr, "cached {at}");
+                    if matches!(cke, Encoded::F32(_)) {
+                        assert_eq!(gs, want_s, "cached = keys {at}");
+                    }
+                }
+                // A case with candidates scores some of them above 0.
+                if name == "f32" && vals.iter().any(|x| x.is_finite()) {
+                    assert!(vals.iter().any(|x| x.is_finite() && *x > 0.0), "{at}");
+                    fused_cases += usize::from(grp >= 8);
+                }
+            }
+        }
+    }
+    assert_eq!(fused_cases, 8 * isas_for_test().len());
+}
