@@ -627,10 +627,13 @@ fn run_fused<T: Send>(
         &mut ring,
         &mut |t, c, ring| {
             if let Some(p) = pending.as_mut() {
-                // Job `i` at token `t0 + i · gap`.
-                run_jobs(ring, (t - p.t0) / gap + 1, t, p);
-                if p.done == jobs.len() {
-                    pending = None;
+                // Job `i` at token `t0 + i · gap` (compared, not divided: a
+                // division a token).
+                if t >= p.t0 + p.done * gap {
+                    run_jobs(ring, (t - p.t0) / gap + 1, t, p);
+                    if p.done == jobs.len() {
+                        pending = None;
+                    }
                 }
             }
             let Some(c) = c else { return };
