@@ -615,3 +615,81 @@ def test_check_topk_rows_are_2d_one_per_query_and_3d_rows_are_refused_naming_row
     with pytest.raises(_errors(impl, "selection")) as e:
         m.check_topk(s, rows[:, None, :])
     assert e.value.argument == "rows"
+
+
+# ---------------------------------------------------------------------------
+# One NaN
+# ---------------------------------------------------------------------------
+
+_NAN32 = np.uint32(0x7FC00000)
+_NAN64 = np.uint64(0x7FF8000000000000)
+
+
+def _nan_inputs():
+    """Queries and keys whose first two dimensions hold NaNs of both signs
+    and distinct payloads, crossed (a +NaN query against a -NaN key and the
+    reverse): which one an FMA propagates depends on its operand order."""
+    rng = np.random.default_rng(SEED)
+
+    def planted(shape, first, second):
+        a = rng.standard_normal(shape).astype(np.float32)
+        bits = a.view(np.uint32)
+        bits[..., 0] = first
+        bits[..., 1] = second
+        return a
+
+    q = planted((4, 8, 16), 0x7FC00001, 0xFFC00003)
+    k = planted((64, 2, 16), 0xFFC00002, 0x7FC00004)
+    iq = planted((2, 8, 16), 0x7FC00001, 0xFFC00003)
+    ik = planted((64, 16), 0xFFC00002, 0x7FC00004)
+    v = rng.standard_normal((64, 2, 16)).astype(np.float32)
+    return q, k, iq, ik, v
+
+
+def _nan_producers():
+    q, k, iq, ik, v = _nan_inputs()
+    w = np.ones((2, 8), np.float32)
+    pos = np.array([62, 63])
+    qpos = np.arange(60, 64)
+    sel = np.tile(np.arange(8, dtype=np.int32), (4, 2, 1))
+    return {
+        "indexer_scores": lambda: ks.indexer_scores(iq, w, ik, pos),
+        "indexer_magnitudes": lambda: ks.indexer_magnitudes(iq, w, ik, pos),
+        "quest_bounds": lambda: ks.quest_bounds(k, 16),
+        "moba_gates": lambda: ks.moba_gates(q, k, 8),
+        "nsa_block_scores": lambda: ks.nsa_block_scores(q, k, block_size=8),
+        "nsa_compress_keys": lambda: ks.nsa_compress_keys(k, block_size=8),
+        "dense_attention": lambda: ks.dense_attention(q, k, v, qpos),
+        "sparse_attention": lambda: ks.sparse_attention(q, k, v, qpos, sel)[:2],
+        "attention_probabilities": lambda: ks.attention_probabilities(q, k, qpos),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_nan_producers()))
+def test_every_nan_a_float_output_holds_is_numpys_nan(name):
+    """NaN inputs of both signs give NaN outputs, each exactly ``np.nan``'s
+    bits: the same bytes at every SIMD level (CI runs this at each) and on
+    every architecture (docs/conventions.md, "One NaN")."""
+    got = _nan_producers()[name]()
+    arrays = got if isinstance(got, tuple) else (got,)
+    n_nan = 0
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        assert a.dtype in (np.float32, np.float64), (name, a.dtype)
+        nan = np.isnan(a)
+        n_nan += int(nan.sum())
+        bits = a.view(np.uint32 if a.dtype == np.float32 else np.uint64)[nan]
+        canonical = _NAN32 if a.dtype == np.float32 else _NAN64
+        assert np.all(bits == canonical), (name, sorted({hex(int(b)) for b in bits}))
+    assert n_nan > 0, f"{name}: the planted NaNs reached no output"
+
+
+def test_a_callers_out_buffer_gets_numpys_nan_too():
+    _, _, iq, ik, _ = _nan_inputs()
+    w = np.ones((2, 8), np.float32)
+    out = np.full((2, 64), 7.0, np.float32)
+    got = ks.indexer_scores(iq, w, ik, np.array([62, 63]), out=out)
+    assert got is out
+    nan = np.isnan(out)
+    assert nan.any()
+    assert np.all(out.view(np.uint32)[nan] == _NAN32)

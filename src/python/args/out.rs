@@ -9,6 +9,17 @@
 //! documented contract writes every slot ([`filled_by_core`], `unsafe`).
 //! [`detach`] runs the core call with the GIL released when the work is
 //! worth the hand-off.
+//!
+//! Every NaN a float output holds leaves as the one quiet NaN `0x7FC0_0000`
+//! (`f64`: `0x7FF8_0000_0000_0000`, numpy's `np.nan`), [`OutElement`]. The
+//! kernels give the same bits at every SIMD level except a NaN's sign and
+//! payload: x86's invalid operations make a negative NaN, aarch64's a
+//! positive one, and when two NaN operands meet, which one propagates
+//! depends on the operand order an instruction encodes (a portable
+//! `mul_add` and an AVX2 `vfmadd231ps` differ). No selection reads either
+//! (every NaN ranks last); the canonical NaN makes an output's bytes the
+//! same at every level and on every architecture, so a dump or a hash
+//! compares without `equal_nan`.
 
 use numpy::{
     Element, PyArrayDyn, PyArrayMethods, PyReadwriteArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
@@ -31,12 +42,42 @@ pub(in crate::python) const DETACH_MIN: usize = 1 << 14;
 /// C API, which is faster but would turn a failed allocation into a panic.
 const BIG_OUTPUT_BYTES: usize = 64 << 20;
 
+/// An output element type: how its values leave (floats' NaNs made the one
+/// quiet NaN; integers as written).
+pub(in crate::python) trait OutElement: Element {
+    /// Rewrites `values` as they leave; the identity for all but floats.
+    fn canonicalize(_values: &mut [Self]) {}
+}
+
+impl OutElement for f32 {
+    fn canonicalize(values: &mut [Self]) {
+        for x in values {
+            if x.is_nan() {
+                *x = f32::NAN;
+            }
+        }
+    }
+}
+
+impl OutElement for f64 {
+    fn canonicalize(values: &mut [Self]) {
+        for x in values {
+            if x.is_nan() {
+                *x = f64::NAN;
+            }
+        }
+    }
+}
+
+impl OutElement for i32 {}
+impl OutElement for i64 {}
+
 /// An output buffer borrowed read-write for the call.
-pub(in crate::python) struct Out<'py, T: Element> {
+pub(in crate::python) struct Out<'py, T: OutElement> {
     rw: PyReadwriteArrayDyn<'py, T>,
 }
 
-impl<'py, T: Element> Out<'py, T> {
+impl<'py, T: OutElement> Out<'py, T> {
     pub fn slice(&mut self) -> PyResult<&mut [T]> {
         self.rw
             .as_slice_mut()
@@ -58,8 +99,13 @@ impl<'py, T: Element> Out<'py, T> {
         self.rw.as_untyped()
     }
 
-    /// The array, its borrow released.
-    pub fn finish(self) -> Bound<'py, PyArrayDyn<T>> {
+    /// The array, its NaNs canonical ([`OutElement`]), its borrow released.
+    pub fn finish(mut self) -> Bound<'py, PyArrayDyn<T>> {
+        // An output is C-contiguous (a new array, or a caller's buffer
+        // refused unless it is), so the slice is always there.
+        if let Ok(values) = self.rw.as_slice_mut() {
+            T::canonicalize(values);
+        }
         let a: Bound<'py, PyArrayDyn<T>> = (**self.rw).clone();
         drop(self.rw);
         a
@@ -88,7 +134,7 @@ impl Domain {
     /// The caller's buffer for in-place writes: an ndarray of `T`, `ndim`
     /// dims, C-contiguous, aligned, writeable, overlapping none of `inputs`.
     /// Never converted: anything else is refused and left untouched.
-    pub fn inplace<'py, T: Element>(
+    pub fn inplace<'py, T: OutElement>(
         self,
         obj: &Bound<'py, PyAny>,
         name: &str,
@@ -156,7 +202,7 @@ impl Domain {
 
     /// The output of a call: the caller's `out` (checked as
     /// [`Domain::inplace`], and of exactly `shape`) or a new zeroed array.
-    pub fn output<'py, T: Element>(
+    pub fn output<'py, T: OutElement>(
         self,
         py: Python<'py>,
         out: Option<&Bound<'py, PyAny>>,
@@ -171,7 +217,7 @@ impl Domain {
 
     /// The caller's buffer `name` (checked as [`Domain::inplace`]) of exactly
     /// `shape`.
-    pub fn buffer<'py, T: Element>(
+    pub fn buffer<'py, T: OutElement>(
         self,
         obj: &Bound<'py, PyAny>,
         name: &str,
