@@ -35,6 +35,8 @@ __all__ = [
     "nsa_compress_keys",
     "nsa_block_scores_compressed",
     "nsa_select_compressed",
+    "nsa_block_scores_paged",
+    "nsa_select_paged",
     "snapkv_scores",
     "tova_scores",
     "observed_attention_scores",
@@ -3875,6 +3877,161 @@ def nsa_select_compressed(
     >>> ck = np.zeros((5, 1, 4), dtype=np.float32); ck[2] = 1.0
     >>> kvselect.nsa_select_compressed(q, ck, 20, 4, block_size=4)[0, 0].tolist()
     [0, 2, 3, 4]
+    """
+
+def nsa_block_scores_paged(
+    q: _ArrayIn,
+    kv_cache: _ArrayIn,
+    block_table: _ArrayIn,
+    seq_lens: _ArrayIn,
+    n_kv_heads: int,
+    *,
+    block_size: int = 64,
+    init_blocks: int = 1,
+    local_blocks: int = 2,
+    scale: Optional[float] = None,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    window: str = "fla",
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
+) -> npt.NDArray[np.float32]:
+    """:func:`nsa_block_scores_compressed` at decode, over an engine's paged cache of
+    compressed keys.
+
+    Sequence ``s`` decodes one query at position ``seq_lens[s] - 1``; its compressed
+    keys (``seq_lens[s] // block_size`` with ``window='fla'``, Eq. 9's ``(seq_lens[s] -
+    kernel_size) // kernel_stride + 1`` with ``window='eq9'``, 0 below ``kernel_size``
+    tokens) are read in place through its ``block_table`` row: compressed key ``j`` in
+    row ``j % page_size`` of page ``block_table[s, j // page_size]``, a row every KV
+    head's key. Row ``s`` equals :func:`nsa_block_scores_compressed` bit for bit on the
+    same compressed keys laid out densely (fp8 keys times their scales, as its
+    ``ck_scale``), then NaN past the sequence's own blocks.
+
+    Parameters
+    ----------
+    q : array_like, [n_seqs, n_q_heads, d]
+        Each sequence's decoding query.
+    kv_cache : array_like, [num_blocks, page_size, n_kv_heads * d]
+        The compressed keys' pages, read in place (any block stride; float32 and
+        bfloat16 pages without a copy), or uint8 pages of fp8 keys then one float32
+        scale per key (``page_layout='fp8_scaled'``).
+    block_table : array_like of int32, [n_seqs, max_blocks]
+        Logical page -> cache block, per sequence (entries past a sequence's compressed
+        keys are never read).
+    seq_lens : array_like of int, [n_seqs]
+        Tokens per sequence (the query's own included), each >= 1.
+    n_kv_heads : int
+        KV heads per compressed key.
+    block_size, init_blocks, local_blocks, scale
+        As :func:`nsa_block_scores`.
+    page_layout : {'dense', 'fp8_scaled'}, optional
+        How a page holds its keys (as :func:`infllm_select_paged`).
+    key_format, query_format : str, optional
+        The formats of a raw cache and ``q``.
+    window, kernel_size, kernel_stride : optional
+        As :func:`nsa_block_scores`.
+
+    Returns
+    -------
+    ndarray of float32, [n_seqs, n_kv_heads, max_blocks]
+        ``max_blocks = ceil(max(seq_lens) / block_size)``; NaN past a sequence's own
+        blocks.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when the cache, table or lengths are
+        refused (``kv_cache``, ``block_table``, ``seq_lens``: a row too short for its
+        sequence's compressed keys, an entry read outside the cache, a sequence of no
+        token), ``n_kv_heads`` does not divide a row, ``q`` is not ``[n_seqs, n_q_heads,
+        d]`` or its heads are not a multiple of the KV heads (``q``), and as
+        :func:`nsa_block_scores_compressed` (``scale``, ``block_size``, ``window``,
+        ``kernel_size``, ``kernel_stride``).
+
+    See Also
+    --------
+    nsa_select_paged : the blocks each decoding query reads.
+    nsa_block_scores_compressed : the dense form.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> rng = np.random.default_rng(0)
+    >>> ck = rng.standard_normal((12, 2, 8)).astype(np.float32)  # 800 tokens' keys
+    >>> q = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    >>> cache = ck.reshape(3, 4, 16)[::-1]  # pages of 4 keys, stored in reverse
+    >>> table = np.array([[2, 1, 0]], dtype=np.int32)
+    >>> s = kvselect.nsa_block_scores_paged(q, cache, table, [800], 2)
+    >>> np.array_equal(s, kvselect.nsa_block_scores_compressed(q, ck, 800))
+    True
+    """
+
+def nsa_select_paged(
+    q: _ArrayIn,
+    kv_cache: _ArrayIn,
+    block_table: _ArrayIn,
+    seq_lens: _ArrayIn,
+    n_kv_heads: int,
+    block_counts: int = 16,
+    *,
+    block_size: int = 64,
+    init_blocks: int = 1,
+    local_blocks: int = 2,
+    scale: Optional[float] = None,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    window: str = "fla",
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
+) -> npt.NDArray[np.int32]:
+    """:func:`nsa_select_compressed` at decode, over an engine's paged cache of compressed
+    keys (see :func:`nsa_block_scores_paged`): the blocks each decoding query reads.
+
+    Equal, row for row and bit for bit, to :func:`nsa_select_compressed` on each
+    sequence's compressed keys laid out densely (fp8 keys times their scales), its one
+    query at its last token.
+
+    Parameters
+    ----------
+    q, kv_cache, block_table, seq_lens, n_kv_heads
+        As :func:`nsa_block_scores_paged`.
+    block_counts : int, optional
+        Blocks a row (fla's 16), at least 1.
+    block_size, init_blocks, local_blocks, scale, page_layout, key_format, query_format
+        As :func:`nsa_block_scores_paged`.
+    window, kernel_size, kernel_stride : optional
+        As :func:`nsa_block_scores`.
+
+    Returns
+    -------
+    ndarray of int32, [n_seqs, n_kv_heads, block_counts]
+        Block ids ascending, then ``-1``.
+
+    Raises
+    ------
+    SelectionError
+        As :func:`nsa_block_scores_paged`, and when ``block_counts`` is 0
+        (``block_counts``).
+
+    See Also
+    --------
+    nsa_select_compressed : the dense form.
+    infllm_select_paged : InfLLM-v2's paged decode, on the same kind of cache.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> rng = np.random.default_rng(0)
+    >>> ck = rng.standard_normal((12, 2, 8)).astype(np.float32)  # 800 tokens' keys
+    >>> q = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    >>> cache = ck.reshape(3, 4, 16)[::-1]  # pages of 4 keys, stored in reverse
+    >>> table = np.array([[2, 1, 0]], dtype=np.int32)
+    >>> rows = kvselect.nsa_select_paged(q, cache, table, [800], 2, 4)
+    >>> rows.shape, np.array_equal(rows, kvselect.nsa_select_compressed(q, ck, 800, 4))
+    ((1, 2, 4), True)
     """
 
 def snapkv_scores(

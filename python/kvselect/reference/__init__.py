@@ -168,9 +168,11 @@ from .moba import (
 from .nsa import (
     nsa_block_scores,
     nsa_block_scores_compressed,
+    nsa_block_scores_paged,
     nsa_compress_keys,
     nsa_select,
     nsa_select_compressed,
+    nsa_select_paged,
 )
 from .quest import (
     quest_bounds,

@@ -24,8 +24,8 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _int_list, _scales
-from .infllm import compressed_len, gamma, group_ratio, group_scores, order, scores_near
+from ._args import ReferenceSelectionError, _count, _int_list, _paged, _scales
+from .infllm import compressed_len, gamma, gather_paged, group_ratio, group_scores, order, scores_near
 from .keys import decode
 
 _U = 2.0**-24  # float32's unit roundoff
@@ -190,6 +190,83 @@ def nsa_select_compressed(
     if n == 0:
         raise ReferenceSelectionError("block_counts", "block_counts must be at least 1 block")
     return _rows(nsa_block_scores_compressed(q, ck, seq_len, **kw), n)
+
+
+def nsa_block_scores_paged(
+    q: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    n_kv_heads: int,
+    *,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    **kw: Any,
+) -> np.ndarray:
+    """``kvselect.nsa_block_scores_paged`` in float64: sequence ``s``'s compressed keys
+    gathered through its block-table row (``kvselect.reference.infllm.gather_paged``:
+    key ``j`` in row ``j % page`` of page ``block_table[s, j // page]``, fp8 keys times
+    their scales rounded to float32), its one query at its last token,
+    :func:`nsa_block_scores_compressed`'s row on them, then NaN to the longest
+    sequence's blocks. Keyword arguments as there (``block_size``, the window, ...)."""
+    h = _count("n_kv_heads", n_kv_heads)
+    lens = _int_list("seq_lens", seq_lens)
+    cache, table = _paged(kv_cache, block_table, len(lens), h, page_layout)
+    bs = _block_size(kw.get("block_size", BLOCK_SIZE))
+    geo = _window(
+        kw.get("window", "fla"),
+        bs,
+        kw.get("kernel_size", PAPER_KERNEL_SIZE),
+        kw.get("kernel_stride", PAPER_KERNEL_STRIDE),
+        None,
+        None,
+    ) or (bs, bs, bs)
+    qa = decode(q, query_format, "query_format", name="q")
+    if (
+        qa.ndim != 3
+        or qa.shape[0] != len(lens)
+        or qa.shape[2] * h != (cache.shape[2] - 4 * (page_layout == "fp8_scaled"))
+    ):
+        raise ReferenceSelectionError("q", f"q must be [n_seqs={len(lens)}, n_q_heads, d], got {qa.shape}")
+    page, n_pages = cache.shape[1], cache.shape[0]
+    nb = max((-(-n // bs) for n in lens), default=0)
+    out = np.full((len(lens), h, nb), np.nan)
+    for s, n in enumerate(lens):
+        if n < 1:
+            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: a decoding query has its own token")
+        n_c = compressed_len(n, geo[1], geo[2])
+        need = -(-n_c // page)
+        if need > table.shape[1]:
+            raise ReferenceSelectionError(
+                "block_table", f"sequence {s}'s {n_c} compressed keys need {need} pages, rows have {table.shape[1]}"
+            )
+        bad = [b for b in range(need) if not 0 <= table[s, b] < n_pages]
+        if bad:
+            raise ReferenceSelectionError("block_table", f"block_table[{s}, {bad[0]}] is not a page of the cache")
+        ck = gather_paged(cache, table, s, n_c, h, page_layout, key_format)
+        row = nsa_block_scores_compressed(qa[s : s + 1], ck, n, **kw)[0]
+        out[s, :, : row.shape[1]] = row
+    return out
+
+
+def nsa_select_paged(
+    q: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    n_kv_heads: int,
+    block_counts: int = BLOCK_COUNTS,
+    **kw: Any,
+) -> np.ndarray:
+    """``kvselect.nsa_select_paged`` in exact arithmetic: the rows of
+    :func:`nsa_block_scores_paged`'s scores (each sequence's own blocks; keyword
+    arguments as there)."""
+    n = _count("block_counts", block_counts)
+    if n == 0:
+        raise ReferenceSelectionError("block_counts", "block_counts must be at least 1 block")
+    scores = nsa_block_scores_paged(q, kv_cache, block_table, seq_lens, n_kv_heads, **kw)
+    return _rows(np.where(np.isnan(scores), -np.inf, scores), n)
 
 
 def _rows(b: np.ndarray, n: int) -> np.ndarray:
