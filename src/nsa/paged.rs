@@ -222,6 +222,26 @@ fn score_page(
     }
 }
 
+/// KV head `g`'s elements of rows `0 .. count` of page `page` (and their
+/// scales) asked into the second-level cache: the next page's keys, fetched
+/// while this page's are scored (the hardware prefetcher loses the stream at
+/// every page, and a head's share of a row is a strided read). No effect on
+/// results.
+#[cfg(target_arch = "x86_64")]
+fn ask_ahead(cache: &PagedCache<'_>, page: usize, g: usize, d: usize, count: usize) {
+    use crate::keys::{prefetch, CacheLevel};
+    let elem = cache.layout.key_format().size();
+    let (row, at) = (cache.d * elem, page * cache.page_stride);
+    for r in 0..count {
+        let from = at + r * row + g * d * elem;
+        prefetch(cache.bytes, from, from + d * elem, CacheLevel::L2);
+    }
+    if cache.layout == PageLayout::Fp8WithScales {
+        let sc = at + cache.block_size * row;
+        prefetch(cache.bytes, sc, sc + 4 * count, CacheLevel::L2);
+    }
+}
+
 /// Runs `f(row, block_scores, ids)` for every sequence `s` and KV head `g`
 /// (row `s · n_kv + g` of `out`, `width` wide), on the crate's pool.
 #[allow(clippy::too_many_arguments)]
@@ -271,6 +291,11 @@ fn run<T: Send>(
                 );
                 for j0 in (0..n_vis).step_by(page) {
                     let count = page.min(n_vis - j0);
+                    #[cfg(target_arch = "x86_64")]
+                    if j0 + page < n_vis {
+                        let next = rows.page(s, (j0 + page) / page);
+                        ask_ahead(cache, next, g, d, page.min(n_vis - j0 - page));
+                    }
                     let pg = rows.page(s, j0 / page);
                     score_page(cache, pg, g, d, (j0, count), &mut chunks, sc);
                 }
