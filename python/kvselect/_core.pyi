@@ -3747,7 +3747,7 @@ def nsa_compress_keys(
 def nsa_block_scores_compressed(
     q: _ArrayIn,
     ck: _ArrayIn,
-    seq_len: int,
+    seq_len: Union[int, _ArrayIn],
     *,
     block_size: int = 64,
     init_blocks: int = 1,
@@ -3759,6 +3759,8 @@ def nsa_block_scores_compressed(
     window: str = "fla",
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    cu_seqlens_q: Optional[_ArrayIn] = None,
+    cu_seqlens_k: Optional[_ArrayIn] = None,
 ) -> npt.NDArray[np.float32]:
     """:func:`nsa_block_scores` on given compressed keys, as a serving engine keeps
     them: the decode path of an engine that caches the mean-pooled keys and
@@ -3779,9 +3781,10 @@ def nsa_block_scores_compressed(
         complete blocks' means) or Eq. 9's ``(seq_len - kernel_size) // kernel_stride
         + 1`` (0 below ``kernel_size`` tokens). Any key format, read in place
         (float32 without a copy).
-    seq_len : int
+    seq_len : int, or array_like of int [n_seqs] with ``cu_seqlens_q``
         Tokens in the sequence, the queries' own included (a query's block and the
-        blocks it has seen whole depend on it, not on ``n_c`` alone).
+        blocks it has seen whole depend on it, not on ``n_c`` alone); packed: each
+        sequence's.
     block_size, init_blocks, local_blocks, scale, window, kernel_size, kernel_stride
         As :func:`nsa_block_scores`.
     ck_scale : array_like of float32, [n_c], optional
@@ -3789,10 +3792,18 @@ def nsa_block_scores_compressed(
         to float32.
     query_format, key_format : str, optional
         The formats of raw uint16 / uint8 ``q`` and ``ck``.
+    cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
+        A packed batch, as :func:`infllm_block_scores` takes one: sequence ``s`` is
+        queries ``cu_seqlens_q[s] .. cu_seqlens_q[s + 1]`` of ``q`` (the last of its
+        ``seq_len[s]`` tokens; ``seq_len`` then one length per sequence) and compressed
+        keys ``cu_seqlens_k[s] .. cu_seqlens_k[s + 1]`` of ``ck`` (exactly its tokens'
+        compressed keys). Each row equals the dense call's on its own sequence. Both or
+        neither.
 
     Returns
     -------
     ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)]
+        Packed: ``[total_q, n_kv_heads, max_blocks]``, NaN past a sequence's own blocks.
 
     Raises
     ------
@@ -3803,7 +3814,12 @@ def nsa_block_scores_compressed(
         ``seq_len`` is 0; ``q``'s heads are not a multiple of ``ck``'s or there are
         more queries than tokens (``q``); ``scale`` is not finite; ``block_size`` is
         0; ``window`` names nothing (``window``); Eq. 9's stride does not divide
-        ``block_size`` or ``kernel_size`` (``kernel_stride``, ``kernel_size``).
+        ``block_size`` or ``kernel_size`` (``kernel_stride``, ``kernel_size``); packed:
+        one of ``cu_seqlens_q`` / ``cu_seqlens_k`` alone (the missing one),
+        ``cu_seqlens_k`` not rising from 0 to ``ck``'s keys or giving a sequence other
+        than its tokens' compressed keys (``cu_seqlens_k``), ``seq_len`` not one positive
+        length per sequence (``seq_len``), ``cu_seqlens_q`` not rising from 0 to the
+        queries or giving a sequence more queries than tokens (``cu_seqlens_q``).
 
     See Also
     --------
@@ -3824,7 +3840,7 @@ def nsa_block_scores_compressed(
 def nsa_select_compressed(
     q: _ArrayIn,
     ck: _ArrayIn,
-    seq_len: int,
+    seq_len: Union[int, _ArrayIn],
     block_counts: int = 16,
     *,
     block_size: int = 64,
@@ -3837,6 +3853,8 @@ def nsa_select_compressed(
     window: str = "fla",
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    cu_seqlens_q: Optional[_ArrayIn] = None,
+    cu_seqlens_k: Optional[_ArrayIn] = None,
 ) -> npt.NDArray[np.int32]:
     """:func:`nsa_select` on given compressed keys (see
     :func:`nsa_block_scores_compressed`): the rows an engine's decode reads,
@@ -3853,11 +3871,15 @@ def nsa_select_compressed(
         As :func:`nsa_block_scores_compressed`.
     window, kernel_size, kernel_stride : optional
         As :func:`nsa_block_scores`.
+    cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
+        A packed batch, as :func:`nsa_block_scores_compressed`; each row equals the dense
+        call's on its own sequence (that sequence's block ids, from 0).
 
     Returns
     -------
     ndarray of int32, [n_q, n_kv_heads, block_counts]
-        Block ids ascending, then ``-1``.
+        Block ids ascending, then ``-1`` (packed: ``[total_q, n_kv_heads,
+        block_counts]``).
 
     Raises
     ------
@@ -3869,6 +3891,7 @@ def nsa_select_compressed(
     --------
     nsa_select : the same rows from the keys.
     nsa_compress_keys : the compressed keys.
+    nsa_select_paged : the same rows at decode over a paged cache.
 
     Examples
     --------
