@@ -6,6 +6,10 @@ change nothing."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -138,3 +142,55 @@ def test_packed_refusals_name_the_argument_and_change_nothing(change, argument):
     after = dict(args, q=q, ck=ck, seq_len=n)
     for name, v in before.items():
         assert np.array_equal(after[name], v), name
+
+
+_CHILD = """
+import sys, numpy as np, kvselect as ks
+src = np.load(sys.argv[1])
+assert ks.simd_level() == sys.argv[3], ks.simd_level()
+out = {}
+for i in range(int(src["n"])):
+    q, ck, lens, cq, ckk = (src[f"{x}{i}"] for x in ("q", "ck", "lens", "cq", "ckk"))
+    kw = dict(window="eq9") if i % 2 else {}
+    out[f"s{i}"] = ks.nsa_block_scores_compressed(q, ck, lens, cu_seqlens_q=cq, cu_seqlens_k=ckk, **kw)
+    out[f"r{i}"] = ks.nsa_select_compressed(q, ck, lens, 6, cu_seqlens_q=cq, cu_seqlens_k=ckk, **kw)
+np.savez(sys.argv[2], **out)
+"""
+
+
+@pytest.mark.parametrize("level", ["scalar", "avx2"])
+def test_every_simd_level_gives_the_same_bits(tmp_path, level):
+    """A child at ``KVSELECT_SIMD=level`` returns this process's packed scores and rows
+    (best level), both windows, groups 1 and 16, one batch past the parallel threshold."""
+    if ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar":
+        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
+            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
+        pytest.skip("this CPU only has the scalar kernel")
+    rng = np.random.default_rng(SEED + 2)
+    arrays, expected = {"n": np.array(4)}, {}
+    for i in range(4):
+        h, hq, d = (2, 32, 128) if i == 0 else (2, 2 * int(rng.choice([1, 16])), 16)
+        lens = [6000, 70, 5] if i == 0 else [int(x) for x in rng.integers(1, 900, size=3)]
+        n_qs = [min(n, 3) for n in lens]
+        n_cs = [(0 if n < 32 else (n - 32) // 16 + 1) if i % 2 else n // 64 for n in lens]
+        ck = rng.standard_normal((sum(n_cs), h, d)).astype(np.float32)
+        q = rng.standard_normal((sum(n_qs), hq, d)).astype(np.float32)
+        cq, ckk = np.r_[0, np.cumsum(n_qs)], np.r_[0, np.cumsum(n_cs)]
+        arrays.update({f"q{i}": q, f"ck{i}": ck, f"lens{i}": np.array(lens), f"cq{i}": cq, f"ckk{i}": ckk})
+        kw = dict(window="eq9") if i % 2 else {}
+        expected[f"s{i}"] = ks.nsa_block_scores_compressed(q, ck, lens, cu_seqlens_q=cq, cu_seqlens_k=ckk, **kw)
+        expected[f"r{i}"] = ks.nsa_select_compressed(q, ck, lens, 6, cu_seqlens_q=cq, cu_seqlens_k=ckk, **kw)
+    np.savez(tmp_path / "in.npz", **arrays)
+    env = dict(os.environ, KVSELECT_SIMD=level)
+    subprocess.run(
+        [sys.executable, "-c", _CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
+        check=True,
+        env=env,
+        timeout=600,
+    )
+    got = np.load(tmp_path / "out.npz")
+    for name, want in expected.items():
+        if want.dtype == np.float32:
+            assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
+        else:
+            assert np.array_equal(got[name], want), name
