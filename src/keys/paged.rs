@@ -1,6 +1,7 @@
 //! An engine's paged key cache and the block table that addresses it,
 //! read in place: the part the lightning indexer's and block selection's
-//! paged forms share.
+//! paged forms share, and the check InfLLM-v2's and NSA's paged decodes on
+//! compressed keys share (`check_compressed_decode`).
 //!
 //! A cache is `n_pages` pages of `block_size` tokens, `page_stride` bytes
 //! apart (vLLM may interleave other layers' pages, so the stride can exceed
