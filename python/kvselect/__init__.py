@@ -60,7 +60,8 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
 - NSA's block selection as fla computes it (:func:`nsa_block_scores`,
   :func:`nsa_select`): InfLLM-v2's stage 1 over the means of complete blocks,
   block 0 and the query's last two forced, the top ``block_counts`` decided in
-  exact arithmetic;
+  exact arithmetic; on an engine's cached compressed keys, dense or paged at
+  decode (:func:`nsa_select_compressed`, :func:`nsa_select_paged`);
 - the KV-eviction baselines' selection (:func:`snapkv_scores`,
   :func:`tova_scores`, :func:`observed_attention_scores`, :func:`h2o_keep`,
   :func:`keep_top`): SnapKV's, TOVA's and ObservedAttention's scores and H2O's

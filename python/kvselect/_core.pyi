@@ -35,6 +35,8 @@ __all__ = [
     "nsa_compress_keys",
     "nsa_block_scores_compressed",
     "nsa_select_compressed",
+    "nsa_block_scores_paged",
+    "nsa_select_paged",
     "snapkv_scores",
     "tova_scores",
     "observed_attention_scores",
@@ -3745,7 +3747,7 @@ def nsa_compress_keys(
 def nsa_block_scores_compressed(
     q: _ArrayIn,
     ck: _ArrayIn,
-    seq_len: int,
+    seq_len: Union[int, _ArrayIn],
     *,
     block_size: int = 64,
     init_blocks: int = 1,
@@ -3757,6 +3759,8 @@ def nsa_block_scores_compressed(
     window: str = "fla",
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    cu_seqlens_q: Optional[_ArrayIn] = None,
+    cu_seqlens_k: Optional[_ArrayIn] = None,
 ) -> npt.NDArray[np.float32]:
     """:func:`nsa_block_scores` on given compressed keys, as a serving engine keeps
     them: the decode path of an engine that caches the mean-pooled keys and
@@ -3777,9 +3781,10 @@ def nsa_block_scores_compressed(
         complete blocks' means) or Eq. 9's ``(seq_len - kernel_size) // kernel_stride
         + 1`` (0 below ``kernel_size`` tokens). Any key format, read in place
         (float32 without a copy).
-    seq_len : int
+    seq_len : int, or array_like of int [n_seqs] with ``cu_seqlens_q``
         Tokens in the sequence, the queries' own included (a query's block and the
-        blocks it has seen whole depend on it, not on ``n_c`` alone).
+        blocks it has seen whole depend on it, not on ``n_c`` alone); packed: each
+        sequence's.
     block_size, init_blocks, local_blocks, scale, window, kernel_size, kernel_stride
         As :func:`nsa_block_scores`.
     ck_scale : array_like of float32, [n_c], optional
@@ -3787,10 +3792,18 @@ def nsa_block_scores_compressed(
         to float32.
     query_format, key_format : str, optional
         The formats of raw uint16 / uint8 ``q`` and ``ck``.
+    cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
+        A packed batch, as :func:`infllm_block_scores` takes one: sequence ``s`` is
+        queries ``cu_seqlens_q[s] .. cu_seqlens_q[s + 1]`` of ``q`` (the last of its
+        ``seq_len[s]`` tokens; ``seq_len`` then one length per sequence) and compressed
+        keys ``cu_seqlens_k[s] .. cu_seqlens_k[s + 1]`` of ``ck`` (exactly its tokens'
+        compressed keys). Each row equals the dense call's on its own sequence. Both or
+        neither.
 
     Returns
     -------
     ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)]
+        Packed: ``[total_q, n_kv_heads, max_blocks]``, NaN past a sequence's own blocks.
 
     Raises
     ------
@@ -3801,7 +3814,12 @@ def nsa_block_scores_compressed(
         ``seq_len`` is 0; ``q``'s heads are not a multiple of ``ck``'s or there are
         more queries than tokens (``q``); ``scale`` is not finite; ``block_size`` is
         0; ``window`` names nothing (``window``); Eq. 9's stride does not divide
-        ``block_size`` or ``kernel_size`` (``kernel_stride``, ``kernel_size``).
+        ``block_size`` or ``kernel_size`` (``kernel_stride``, ``kernel_size``); packed:
+        one of ``cu_seqlens_q`` / ``cu_seqlens_k`` alone (the missing one),
+        ``cu_seqlens_k`` not rising from 0 to ``ck``'s keys or giving a sequence other
+        than its tokens' compressed keys (``cu_seqlens_k``), ``seq_len`` not one positive
+        length per sequence (``seq_len``), ``cu_seqlens_q`` not rising from 0 to the
+        queries or giving a sequence more queries than tokens (``cu_seqlens_q``).
 
     See Also
     --------
@@ -3822,7 +3840,7 @@ def nsa_block_scores_compressed(
 def nsa_select_compressed(
     q: _ArrayIn,
     ck: _ArrayIn,
-    seq_len: int,
+    seq_len: Union[int, _ArrayIn],
     block_counts: int = 16,
     *,
     block_size: int = 64,
@@ -3835,6 +3853,8 @@ def nsa_select_compressed(
     window: str = "fla",
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    cu_seqlens_q: Optional[_ArrayIn] = None,
+    cu_seqlens_k: Optional[_ArrayIn] = None,
 ) -> npt.NDArray[np.int32]:
     """:func:`nsa_select` on given compressed keys (see
     :func:`nsa_block_scores_compressed`): the rows an engine's decode reads,
@@ -3851,11 +3871,15 @@ def nsa_select_compressed(
         As :func:`nsa_block_scores_compressed`.
     window, kernel_size, kernel_stride : optional
         As :func:`nsa_block_scores`.
+    cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
+        A packed batch, as :func:`nsa_block_scores_compressed`; each row equals the dense
+        call's on its own sequence (that sequence's block ids, from 0).
 
     Returns
     -------
     ndarray of int32, [n_q, n_kv_heads, block_counts]
-        Block ids ascending, then ``-1``.
+        Block ids ascending, then ``-1`` (packed: ``[total_q, n_kv_heads,
+        block_counts]``).
 
     Raises
     ------
@@ -3867,6 +3891,7 @@ def nsa_select_compressed(
     --------
     nsa_select : the same rows from the keys.
     nsa_compress_keys : the compressed keys.
+    nsa_select_paged : the same rows at decode over a paged cache.
 
     Examples
     --------
@@ -3875,6 +3900,161 @@ def nsa_select_compressed(
     >>> ck = np.zeros((5, 1, 4), dtype=np.float32); ck[2] = 1.0
     >>> kvselect.nsa_select_compressed(q, ck, 20, 4, block_size=4)[0, 0].tolist()
     [0, 2, 3, 4]
+    """
+
+def nsa_block_scores_paged(
+    q: _ArrayIn,
+    kv_cache: _ArrayIn,
+    block_table: _ArrayIn,
+    seq_lens: _ArrayIn,
+    n_kv_heads: int,
+    *,
+    block_size: int = 64,
+    init_blocks: int = 1,
+    local_blocks: int = 2,
+    scale: Optional[float] = None,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    window: str = "fla",
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
+) -> npt.NDArray[np.float32]:
+    """:func:`nsa_block_scores_compressed` at decode, over an engine's paged cache of
+    compressed keys.
+
+    Sequence ``s`` decodes one query at position ``seq_lens[s] - 1``; its compressed
+    keys (``seq_lens[s] // block_size`` with ``window='fla'``, Eq. 9's ``(seq_lens[s] -
+    kernel_size) // kernel_stride + 1`` with ``window='eq9'``, 0 below ``kernel_size``
+    tokens) are read in place through its ``block_table`` row: compressed key ``j`` in
+    row ``j % page_size`` of page ``block_table[s, j // page_size]``, a row every KV
+    head's key. Row ``s`` equals :func:`nsa_block_scores_compressed` bit for bit on the
+    same compressed keys laid out densely (fp8 keys times their scales, as its
+    ``ck_scale``), then NaN past the sequence's own blocks.
+
+    Parameters
+    ----------
+    q : array_like, [n_seqs, n_q_heads, d]
+        Each sequence's decoding query.
+    kv_cache : array_like, [num_blocks, page_size, n_kv_heads * d]
+        The compressed keys' pages, read in place (any block stride; float32 and
+        bfloat16 pages without a copy), or uint8 pages of fp8 keys then one float32
+        scale per key (``page_layout='fp8_scaled'``).
+    block_table : array_like of int32, [n_seqs, max_blocks]
+        Logical page -> cache block, per sequence (entries past a sequence's compressed
+        keys are never read).
+    seq_lens : array_like of int, [n_seqs]
+        Tokens per sequence (the query's own included), each >= 1.
+    n_kv_heads : int
+        KV heads per compressed key.
+    block_size, init_blocks, local_blocks, scale
+        As :func:`nsa_block_scores`.
+    page_layout : {'dense', 'fp8_scaled'}, optional
+        How a page holds its keys (as :func:`infllm_select_paged`).
+    key_format, query_format : str, optional
+        The formats of a raw cache and ``q``.
+    window, kernel_size, kernel_stride : optional
+        As :func:`nsa_block_scores`.
+
+    Returns
+    -------
+    ndarray of float32, [n_seqs, n_kv_heads, max_blocks]
+        ``max_blocks = ceil(max(seq_lens) / block_size)``; NaN past a sequence's own
+        blocks.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when the cache, table or lengths are
+        refused (``kv_cache``, ``block_table``, ``seq_lens``: a row too short for its
+        sequence's compressed keys, an entry read outside the cache, a sequence of no
+        token), ``n_kv_heads`` does not divide a row, ``q`` is not ``[n_seqs, n_q_heads,
+        d]`` or its heads are not a multiple of the KV heads (``q``), and as
+        :func:`nsa_block_scores_compressed` (``scale``, ``block_size``, ``window``,
+        ``kernel_size``, ``kernel_stride``).
+
+    See Also
+    --------
+    nsa_select_paged : the blocks each decoding query reads.
+    nsa_block_scores_compressed : the dense form.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> rng = np.random.default_rng(0)
+    >>> ck = rng.standard_normal((12, 2, 8)).astype(np.float32)  # 800 tokens' keys
+    >>> q = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    >>> cache = ck.reshape(3, 4, 16)[::-1]  # pages of 4 keys, stored in reverse
+    >>> table = np.array([[2, 1, 0]], dtype=np.int32)
+    >>> s = kvselect.nsa_block_scores_paged(q, cache, table, [800], 2)
+    >>> np.array_equal(s, kvselect.nsa_block_scores_compressed(q, ck, 800))
+    True
+    """
+
+def nsa_select_paged(
+    q: _ArrayIn,
+    kv_cache: _ArrayIn,
+    block_table: _ArrayIn,
+    seq_lens: _ArrayIn,
+    n_kv_heads: int,
+    block_counts: int = 16,
+    *,
+    block_size: int = 64,
+    init_blocks: int = 1,
+    local_blocks: int = 2,
+    scale: Optional[float] = None,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    window: str = "fla",
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
+) -> npt.NDArray[np.int32]:
+    """:func:`nsa_select_compressed` at decode, over an engine's paged cache of compressed
+    keys (see :func:`nsa_block_scores_paged`): the blocks each decoding query reads.
+
+    Equal, row for row and bit for bit, to :func:`nsa_select_compressed` on each
+    sequence's compressed keys laid out densely (fp8 keys times their scales), its one
+    query at its last token.
+
+    Parameters
+    ----------
+    q, kv_cache, block_table, seq_lens, n_kv_heads
+        As :func:`nsa_block_scores_paged`.
+    block_counts : int, optional
+        Blocks a row (fla's 16), at least 1.
+    block_size, init_blocks, local_blocks, scale, page_layout, key_format, query_format
+        As :func:`nsa_block_scores_paged`.
+    window, kernel_size, kernel_stride : optional
+        As :func:`nsa_block_scores`.
+
+    Returns
+    -------
+    ndarray of int32, [n_seqs, n_kv_heads, block_counts]
+        Block ids ascending, then ``-1``.
+
+    Raises
+    ------
+    SelectionError
+        As :func:`nsa_block_scores_paged`, and when ``block_counts`` is 0
+        (``block_counts``).
+
+    See Also
+    --------
+    nsa_select_compressed : the dense form.
+    infllm_select_paged : InfLLM-v2's paged decode, on the same kind of cache.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> rng = np.random.default_rng(0)
+    >>> ck = rng.standard_normal((12, 2, 8)).astype(np.float32)  # 800 tokens' keys
+    >>> q = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    >>> cache = ck.reshape(3, 4, 16)[::-1]  # pages of 4 keys, stored in reverse
+    >>> table = np.array([[2, 1, 0]], dtype=np.int32)
+    >>> rows = kvselect.nsa_select_paged(q, cache, table, [800], 2, 4)
+    >>> rows.shape, np.array_equal(rows, kvselect.nsa_select_compressed(q, ck, 800, 4))
+    ((1, 2, 4), True)
     """
 
 def snapkv_scores(

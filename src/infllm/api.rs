@@ -666,51 +666,16 @@ pub(super) fn select_paged_at(
 ) -> Result<(), ArgumentError> {
     check_top_k(cfg)?;
     check_common(n_q_heads, n_kv_heads, d, cfg)?;
-    cache.check()?;
-    let row = checked_size("kv_cache", &[n_kv_heads, d])?;
-    if cache.d != row {
-        let message = format!(
-            "the cache's rows hold {} elements, not n_kv_heads * d = {row}",
-            cache.d
-        );
-        return Err(invalid("kv_cache", message));
-    }
+    let n_c = crate::keys::paged::check_compressed_decode(cache, table, n_kv_heads, d, |n| {
+        cfg.geometry.compressed_len(n)
+    })?;
     let lens = table.seq_lens;
-    let mut n_c = Vec::with_capacity(lens.len());
-    for (s, &len) in lens.iter().enumerate() {
-        if len == 0 || len > i32::MAX as usize {
-            return Err(ArgumentError::OutOfRange {
-                argument: "seq_lens",
-                index: s,
-                message: format!(
-                    "seq_lens[{s}] = {len}: a decoding query's sequence holds 1 ..= {} tokens",
-                    i32::MAX
-                ),
-            });
-        }
-        let c = cfg.geometry.compressed_len(len);
-        let needed = c.div_ceil(cache.block_size.max(1));
-        if needed > table.max_blocks {
-            return Err(ArgumentError::OutOfRange {
-                argument: "block_table",
-                index: s * table.max_blocks,
-                message: format!(
-                    "seq_lens[{s}] = {len} tokens have {c} compressed keys, which need {needed} \
-                     pages of {}, but block_table rows have {}",
-                    cache.block_size, table.max_blocks
-                ),
-            });
-        }
-        n_c.push(c);
-    }
-    // The rows the compressed keys need, checked as every paged form checks
-    // its table (lengths, entries inside the cache).
+    let row = n_kv_heads * d;
     let rows = BlockTable {
         table: table.table,
         max_blocks: table.max_blocks,
         seq_lens: &n_c,
     };
-    rows.check(cache.n_pages, cache.block_size)?;
     let n = lens.len();
     let qrow = checked_size("q", &[n_q_heads, d])?;
     check_len("q", q.len(), checked_size("q", &[n, qrow])?, || {

@@ -712,8 +712,9 @@ mod avx2 {
     }
 
     /// [`super::Staged::score`]: keys `j..j + count` (below `n_vis`; key
-    /// `j + k`'s row at `keys.base + k · keys.stride`) in tiles of 2 keys
-    /// (or 1: a key alone, or across `n_min`), the maxima of keys below
+    /// `j + k`'s row at `keys.base + k · keys.stride`) in tiles of `K` keys
+    /// (the one-pass kernel's tile: 12, 6, 3, 2 for 8 to 32 heads), of 2,
+    /// or 1 (a key alone, or across `n_min`), the maxima of keys below
     /// `n_min` kept in `mx`, as [`pass1`] keeps them; `pf`'s lines asked
     /// into the second-level cache, a line a trip of the tiles.
     ///
@@ -722,7 +723,7 @@ mod avx2 {
     /// · 8V`; `logits` holds rows `0..j + count` of `8V`; `heads.hc <= 8V`.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn staged<E: Elem, const V: usize>(
+    pub(super) unsafe fn staged<E: Elem, const V: usize, const K: usize>(
         _token: Avx2,
         qt: &[f32],
         keys: Rows<'_, E>,
@@ -760,7 +761,14 @@ mod avx2 {
             // `at` and writes rows `0..K` from `lp + jk · w`.
             unsafe {
                 let lpk = lp.add(jk * w);
-                if k + 2 <= count && (jk + 1 < n_min || jk >= n_min) {
+                // Tiles of `K` keys (the one-pass kernel's, [`chunk`]'s:
+                // fewer query loads a key than tiles of 2 for a chunk of
+                // one query's 8 or 16 heads), then of 2, then 1; a tile
+                // never straddles `n_min` (its maxima go to one set).
+                if K > 2 && k + K <= count && (jk + K - 1 < n_min || jk >= n_min) {
+                    tile::<E, V, K>(qt, at, d, 0, scale, lpk, mxk, false, pf_now);
+                    k += K;
+                } else if k + 2 <= count && (jk + 1 < n_min || jk >= n_min) {
                     tile::<E, V, 2>(qt, at, d, 0, scale, lpk, mxk, false, pf_now);
                     k += 2;
                 } else {
@@ -1087,18 +1095,18 @@ impl Staged {
             // `chunks`); the bounds as above.
             Kernel::Avx2(t) => unsafe {
                 match w {
-                    8 => {
-                        avx2::staged::<E, 1>(t, qt, keys, d, scale, heads, j, count, logits, mx, pf)
-                    }
-                    16 => {
-                        avx2::staged::<E, 2>(t, qt, keys, d, scale, heads, j, count, logits, mx, pf)
-                    }
-                    24 => {
-                        avx2::staged::<E, 3>(t, qt, keys, d, scale, heads, j, count, logits, mx, pf)
-                    }
-                    _ => {
-                        avx2::staged::<E, 4>(t, qt, keys, d, scale, heads, j, count, logits, mx, pf)
-                    }
+                    8 => avx2::staged::<E, 1, 12>(
+                        t, qt, keys, d, scale, heads, j, count, logits, mx, pf,
+                    ),
+                    16 => avx2::staged::<E, 2, 6>(
+                        t, qt, keys, d, scale, heads, j, count, logits, mx, pf,
+                    ),
+                    24 => avx2::staged::<E, 3, 3>(
+                        t, qt, keys, d, scale, heads, j, count, logits, mx, pf,
+                    ),
+                    _ => avx2::staged::<E, 4, 2>(
+                        t, qt, keys, d, scale, heads, j, count, logits, mx, pf,
+                    ),
                 }
             },
             Kernel::Portable => {

@@ -1,6 +1,7 @@
 //! An engine's paged key cache and the block table that addresses it,
 //! read in place: the part the lightning indexer's and block selection's
-//! paged forms share.
+//! paged forms share, and the check InfLLM-v2's and NSA's paged decodes on
+//! compressed keys share (`check_compressed_decode`).
 //!
 //! A cache is `n_pages` pages of `block_size` tokens, `page_stride` bytes
 //! apart (vLLM may interleave other layers' pages, so the stride can exceed
@@ -266,4 +267,75 @@ impl BlockTable<'_> {
     pub fn check_seq_ids(&self, seq_ids: &[usize]) -> Result<(), ArgumentError> {
         crate::packed::check_seq_ids(seq_ids, self.n_seqs(), "seq_lens")
     }
+}
+
+/// A paged cache of compressed keys read at decode (InfLLM-v2's and NSA's
+/// paged forms): sequence `s` holds `seq_lens[s]` tokens, decodes one query
+/// at its last, and its `compressed_len(seq_lens[s])` compressed keys are
+/// rows `0, 1, …` of its block-table row's pages (a cache row `n_kv_heads ·
+/// d` elements, every KV head's key). Checks the cache ([`PagedCache::check`]),
+/// its rows (`kv_cache`), each length (`seq_lens`: 1 ..= an int32 position),
+/// each row of the table against its sequence's compressed keys, not its
+/// tokens (`block_table`: long enough, every entry read a page of the
+/// cache); returns each sequence's compressed-key count.
+///
+/// A table row is checked for the pages its compressed keys fill, not its
+/// tokens': an engine's table of compressed keys has a page per `block_size`
+/// compressed keys (vLLM pads the rest with 0, never read).
+pub(crate) fn check_compressed_decode(
+    cache: &PagedCache<'_>,
+    table: &BlockTable<'_>,
+    n_kv_heads: usize,
+    d: usize,
+    compressed_len: impl Fn(usize) -> usize,
+) -> Result<Vec<usize>, ArgumentError> {
+    cache.check()?;
+    let row = checked_size("kv_cache", &[n_kv_heads, d])?;
+    if cache.d != row {
+        let message = format!(
+            "the cache's rows hold {} elements, not n_kv_heads * d = {row}",
+            cache.d
+        );
+        return Err(ArgumentError::Invalid {
+            argument: "kv_cache",
+            message,
+        });
+    }
+    let lens = table.seq_lens;
+    let mut n_c = Vec::with_capacity(lens.len());
+    for (s, &len) in lens.iter().enumerate() {
+        if len == 0 || len > i32::MAX as usize {
+            return Err(ArgumentError::OutOfRange {
+                argument: "seq_lens",
+                index: s,
+                message: format!(
+                    "seq_lens[{s}] = {len}: a decoding query's sequence holds 1 ..= {} tokens",
+                    i32::MAX
+                ),
+            });
+        }
+        let c = compressed_len(len);
+        let needed = c.div_ceil(cache.block_size.max(1));
+        if needed > table.max_blocks {
+            return Err(ArgumentError::OutOfRange {
+                argument: "block_table",
+                index: s * table.max_blocks,
+                message: format!(
+                    "seq_lens[{s}] = {len} tokens have {c} compressed keys, which need {needed} \
+                     pages of {}, but block_table rows have {}",
+                    cache.block_size, table.max_blocks
+                ),
+            });
+        }
+        n_c.push(c);
+    }
+    // The rows the compressed keys need, checked as every paged form checks
+    // its table (lengths, entries inside the cache).
+    let rows = BlockTable {
+        table: table.table,
+        max_blocks: table.max_blocks,
+        seq_lens: &n_c,
+    };
+    rows.check(cache.n_pages, cache.block_size)?;
+    Ok(n_c)
 }

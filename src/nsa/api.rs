@@ -1075,7 +1075,11 @@ fn with_compressed<R>(
 /// `x` as float32, each row of `row` values times its scale: borrowed when
 /// it is unscaled float32 (no copy), else decoded (the product rounded to
 /// float32, as [`compress`] rounds a scaled key).
-fn decoded<'a>(x: Encoded<'a>, scale: Option<&[f32]>, row: usize) -> std::borrow::Cow<'a, [f32]> {
+pub(super) fn decoded<'a>(
+    x: Encoded<'a>,
+    scale: Option<&[f32]>,
+    row: usize,
+) -> std::borrow::Cow<'a, [f32]> {
     if let (Encoded::F32(v), None) = (x, scale) {
         return std::borrow::Cow::Borrowed(v);
     }
@@ -1268,17 +1272,21 @@ pub(super) fn select_window_at(
 
 /// A block-score row: the sequence's blocks, then NaN to the row's width
 /// (a packed call's rows are as wide as its longest sequence's blocks).
-fn score_row(o: &mut [f32], blocks: &[f32], _: &mut Vec<u64>) {
+pub(super) fn score_row(o: &mut [f32], blocks: &[f32], _: &mut Vec<u64>) {
     o[..blocks.len()].copy_from_slice(blocks);
     o[blocks.len()..].fill(f32::NAN);
 }
 
 /// A selection row from its block scores.
-fn select_row(o: &mut [i32], blocks: &[f32], ids: &mut Vec<u64>) {
+pub(super) fn select_row(o: &mut [i32], blocks: &[f32], ids: &mut Vec<u64>) {
     row(blocks, ids, o);
 }
 
-fn check_out(got: usize, want: usize, shape: impl FnOnce() -> String) -> Result<(), ArgumentError> {
+pub(super) fn check_out(
+    got: usize,
+    want: usize,
+    shape: impl FnOnce() -> String,
+) -> Result<(), ArgumentError> {
     if got != want {
         return Err(ArgumentError::OutputSize {
             argument: "out",
@@ -1290,7 +1298,7 @@ fn check_out(got: usize, want: usize, shape: impl FnOnce() -> String) -> Result<
     Ok(())
 }
 
-fn check_block_counts(cfg: &Config) -> Result<(), ArgumentError> {
+pub(super) fn check_block_counts(cfg: &Config) -> Result<(), ArgumentError> {
     if cfg.block_counts == 0 {
         return Err(invalid(
             "block_counts",

@@ -114,6 +114,8 @@
 //! forced block left to compete — each a case of `kvselect.testing`.
 
 mod api;
+mod cached_packed;
+mod paged;
 #[cfg(test)]
 mod tests;
 
@@ -129,6 +131,8 @@ pub use api::{
     block_scores_window_into, compress_into, compress_window_into, select_compressed_into,
     select_into, select_packed_into, select_window_into,
 };
+pub use cached_packed::{block_scores_compressed_packed_into, select_compressed_packed_into};
+pub use paged::{block_scores_paged_into, select_paged_into};
 
 /// fla's default block size (`parallel_nsa`'s `block_size = 64`).
 pub const FLA_BLOCK_SIZE: usize = 64;

@@ -262,6 +262,39 @@ def _nsa_cached_select():
     return dict(_nsa_cached(), block_counts=3)
 
 
+def _nsa_cached_packed():
+    # 40 and 24 tokens in blocks of 8: 5 and 3 compressed keys.
+    return {
+        "q": _normal((3, 4, 8), 10),
+        "ck": _normal((8, 2, 8), 13),
+        "seq_len": np.array([40, 24]),
+        "block_size": 8,
+        "ck_scale": (_rng(14).random(8) + 0.5).astype(np.float32),
+        "cu_seqlens_q": np.array([0, 2, 3]),
+        "cu_seqlens_k": np.array([0, 5, 8]),
+    }
+
+
+def _nsa_cached_packed_select():
+    return dict(_nsa_cached_packed(), block_counts=3)
+
+
+def _nsa_paged():
+    # 40 tokens in blocks of 8: 5 compressed keys, in pages of 2 (3 pages, shuffled).
+    return {
+        "q": _normal((1, 4, 8), 10),
+        "kv_cache": _normal((4, 2, 16), 13),
+        "block_table": np.array([[2, 0, 3]], np.int32),
+        "seq_lens": np.array([40]),
+        "n_kv_heads": 2,
+        "block_size": 8,
+    }
+
+
+def _nsa_paged_select():
+    return dict(_nsa_paged(), block_counts=3)
+
+
 # -- MoBA --------------------------------------------------------------------
 
 
@@ -539,6 +572,12 @@ SPECS = [
     Spec("nsa_compress_keys", _nsa_compress, lowp={"k": "key_format"}),
     Spec("nsa_block_scores_compressed", _nsa_cached, lowp={"q": "query_format", "ck": "key_format"}),
     Spec("nsa_select_compressed", _nsa_cached_select, lowp={"q": "query_format", "ck": "key_format"}),
+    Spec("nsa_block_scores_compressed", _nsa_cached_packed, "packed", lowp={"q": "query_format", "ck": "key_format"}),
+    Spec("nsa_select_compressed", _nsa_cached_packed_select, "packed", lowp={"q": "query_format", "ck": "key_format"}),
+    Spec("nsa_block_scores_paged", _nsa_paged, lowp={"kv_cache": "key_format"}),
+    Spec("nsa_block_scores_paged", _scaled(_nsa_paged), "fp8_scaled"),
+    Spec("nsa_select_paged", _nsa_paged_select, lowp={"kv_cache": "key_format"}),
+    Spec("nsa_select_paged", _scaled(_nsa_paged_select), "fp8_scaled"),
     # MoBA
     Spec("moba_gates", _moba_gates, lowp={"q": "query_format", "k": "key_format"}),
     Spec("moba_select", _moba_select, lowp={"q": "query_format", "k": "key_format"}),
@@ -685,6 +724,11 @@ NAMED = {
     "nsa_compress_keys": {("k", "transposed"): "k_scale"},
     "nsa_block_scores_compressed": {("q", "transposed"): "ck"},
     "nsa_select_compressed": {("q", "transposed"): "ck"},
+    "nsa_block_scores_compressed[packed]": {("q", "transposed"): "ck"},
+    "nsa_select_compressed[packed]": {("q", "transposed"): "ck"},
+    # (a transposed [16, 2, 4] cache has rows of 2 KV heads of d = 2: q's d disagrees)
+    "nsa_block_scores_paged": {("kv_cache", "transposed"): "q"},
+    "nsa_select_paged": {("kv_cache", "transposed"): "q"},
     "moba_gates": {("k", "transposed"): {"native": "q", "reference": "key_scale"}},
     "moba_select": {("k", "transposed"): {"native": "q", "reference": "key_scale"}},
     "moba_select[packed]": {("k", "transposed"): {"native": "q", "reference": "key_scale"}},

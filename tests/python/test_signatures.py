@@ -383,6 +383,9 @@ def _samples():
         "nsa_compress_keys": (core.nsa_compress_keys, (qk,)),
         "nsa_block_scores_compressed": (core.nsa_block_scores_compressed, (qq[None], qk[:0], 40)),
         "nsa_select_compressed": (core.nsa_select_compressed, (qq[None], qk[:0], 40)),
+        # 2,000 tokens: 31 compressed keys in blocks of 64, two pages of 16
+        "nsa_block_scores_paged": (core.nsa_block_scores_paged, (qq[None], qcache, table, [2000], 2)),
+        "nsa_select_paged": (core.nsa_select_paged, (qq[None], qcache, table, [2000], 2)),
         "snapkv_scores": (
             core.snapkv_scores,
             (rng.standard_normal((80, 2, 8)).astype(np.float32), rng.standard_normal((80, 8)).astype(np.float32)),

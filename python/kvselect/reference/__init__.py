@@ -53,8 +53,10 @@ Bottom up (each imports only modules above it):
 - **moba**: MoBA's block gates and block sets (the efficient code and the naive
   variant; dense, packed, paged at decode);
 - **nsa**: NSA's block selection as fla computes it: the complete blocks' means,
-  InfLLM-v2's stage 1 over them, the forced blocks, the rows; the core's bound
-  (``nsa_score_bound``) and the comparison within it (``nsa_rows_within_bound``);
+  InfLLM-v2's stage 1 over them, the forced blocks, the rows (from the keys, dense
+  or packed; from given compressed keys, dense, packed, or paged at decode); the
+  core's bound (``nsa_score_bound``) and the comparison within it
+  (``nsa_rows_within_bound``);
 - **metrics**: attention probabilities, batched coverage and recall, the
   output relative error (uses witness, attn);
 - **eviction**: the KV-eviction baselines' kept positions at a boundary
@@ -168,9 +170,11 @@ from .moba import (
 from .nsa import (
     nsa_block_scores,
     nsa_block_scores_compressed,
+    nsa_block_scores_paged,
     nsa_compress_keys,
     nsa_select,
     nsa_select_compressed,
+    nsa_select_paged,
 )
 from .quest import (
     quest_bounds,

@@ -24,8 +24,17 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _int_list, _scales
-from .infllm import compressed_len, gamma, group_ratio, group_scores, order, scores_near
+from ._args import ReferenceSelectionError, _count, _int_list, _paged, _scales
+from .infllm import (
+    compressed_len,
+    gamma,
+    gather_paged,
+    group_ratio,
+    group_scores,
+    order,
+    scores_near,
+)
+from .infllm import packed_sequences as _compressed_sequences
 from .keys import decode
 
 _U = 2.0**-24  # float32's unit roundoff
@@ -152,13 +161,23 @@ def nsa_block_scores_compressed(
     window: str = "fla",
     kernel_size: int = PAPER_KERNEL_SIZE,
     kernel_stride: int = PAPER_KERNEL_STRIDE,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None,
 ) -> np.ndarray:
     """``kvselect.nsa_block_scores_compressed`` in float64: the block scores from given
     compressed keys ``ck`` ``[n_c, n_kv_heads, d]`` (each row times its ``ck_scale``,
     the product rounded to float32), ``n_c`` exactly the window's compressed keys of
-    ``seq_len`` tokens."""
+    ``seq_len`` tokens. Packed (``cu_seqlens_q`` and ``cu_seqlens_k``, ``seq_len`` one
+    length per sequence): each sequence's dense rows, then NaN to the longest sequence's
+    blocks (InfLLM-v2's packed batch, checked by ``reference.infllm.packed_sequences``)."""
     bs = _block_size(block_size)
     geo = _window(window, bs, kernel_size, kernel_stride, None, None) or (bs, bs, bs)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        kw = dict(block_size=bs, init_blocks=init_blocks, local_blocks=local_blocks, scale=scale, window=window)
+        kw.update(kernel_size=kernel_size, kernel_stride=kernel_stride)
+        return _compressed_packed(
+            q, ck, seq_len, ck_scale, query_format, key_format, (cu_seqlens_q, cu_seqlens_k), geo, kw
+        )
     n = _count("seq_len", seq_len)
     if n == 0:
         raise ReferenceSelectionError("seq_len", "seq_len must be at least 1 (the query's own token)")
@@ -189,7 +208,119 @@ def nsa_select_compressed(
     n = _count("block_counts", block_counts)
     if n == 0:
         raise ReferenceSelectionError("block_counts", "block_counts must be at least 1 block")
-    return _rows(nsa_block_scores_compressed(q, ck, seq_len, **kw), n)
+    scores = nsa_block_scores_compressed(q, ck, seq_len, **kw)
+    return _rows(np.where(np.isnan(scores), -np.inf, scores), n)
+
+
+def _compressed_packed(
+    q: Any,
+    ck: Any,
+    seq_len: Any,
+    ck_scale: Any,
+    qf: Any,
+    kf: Any,
+    cu: Tuple[Any, Any],
+    geo: Tuple[int, int, int],
+    kw: dict,
+) -> np.ndarray:
+    """:func:`nsa_block_scores_compressed` on each sequence of a packed batch, rows
+    concatenated and padded with NaN to the longest sequence's blocks."""
+    qa = decode(q, qf, "query_format", name="q")
+    ka = decode(ck, kf, "key_format", name="ck")
+    if qa.ndim != 3 or ka.ndim != 3:
+        raise ReferenceSelectionError("q" if qa.ndim != 3 else "ck", "q and ck must be 3-D")
+    if qa.shape[2] != ka.shape[2]:
+        raise ReferenceSelectionError("ck", f"ck has d={ka.shape[2]} but q has d={qa.shape[2]}")
+    seqs = _compressed_sequences(qa, ka, seq_len, cu[0], cu[1], kernel_size=geo[1], kernel_stride=geo[2])
+    sc = None if ck_scale is None else _scales("ck_scale", ck_scale)
+    if sc is not None and sc.shape != (len(ka),):
+        raise ReferenceSelectionError("ck_scale", f"ck_scale must be [n_c={len(ka)}]")
+    width = max((-(-n // geo[0]) for *_, n in seqs), default=0)
+    out = np.full((len(qa), ka.shape[1], width), np.nan)
+    for _, q0, q1, c0, c1, n in seqs:
+        if q1 > q0:
+            part = nsa_block_scores_compressed(
+                qa[q0:q1], ka[c0:c1], n, ck_scale=None if sc is None else sc[c0:c1], **kw
+            )
+            out[q0:q1, :, : part.shape[2]] = part
+    return out
+
+
+def nsa_block_scores_paged(
+    q: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    n_kv_heads: int,
+    *,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    **kw: Any,
+) -> np.ndarray:
+    """``kvselect.nsa_block_scores_paged`` in float64: sequence ``s``'s compressed keys
+    gathered through its block-table row (``kvselect.reference.infllm.gather_paged``:
+    key ``j`` in row ``j % page`` of page ``block_table[s, j // page]``, fp8 keys times
+    their scales rounded to float32), its one query at its last token,
+    :func:`nsa_block_scores_compressed`'s row on them, then NaN to the longest
+    sequence's blocks. Keyword arguments as there (``block_size``, the window, ...)."""
+    h = _count("n_kv_heads", n_kv_heads)
+    lens = _int_list("seq_lens", seq_lens)
+    cache, table = _paged(kv_cache, block_table, len(lens), h, page_layout)
+    bs = _block_size(kw.get("block_size", BLOCK_SIZE))
+    geo = _window(
+        kw.get("window", "fla"),
+        bs,
+        kw.get("kernel_size", PAPER_KERNEL_SIZE),
+        kw.get("kernel_stride", PAPER_KERNEL_STRIDE),
+        None,
+        None,
+    ) or (bs, bs, bs)
+    qa = decode(q, query_format, "query_format", name="q")
+    if (
+        qa.ndim != 3
+        or qa.shape[0] != len(lens)
+        or qa.shape[2] * h != (cache.shape[2] - 4 * (page_layout == "fp8_scaled"))
+    ):
+        raise ReferenceSelectionError("q", f"q must be [n_seqs={len(lens)}, n_q_heads, d], got {qa.shape}")
+    page, n_pages = cache.shape[1], cache.shape[0]
+    nb = max((-(-n // bs) for n in lens), default=0)
+    out = np.full((len(lens), h, nb), np.nan)
+    for s, n in enumerate(lens):
+        if n < 1:
+            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: a decoding query has its own token")
+        n_c = compressed_len(n, geo[1], geo[2])
+        need = -(-n_c // page)
+        if need > table.shape[1]:
+            raise ReferenceSelectionError(
+                "block_table", f"sequence {s}'s {n_c} compressed keys need {need} pages, rows have {table.shape[1]}"
+            )
+        bad = [b for b in range(need) if not 0 <= table[s, b] < n_pages]
+        if bad:
+            raise ReferenceSelectionError("block_table", f"block_table[{s}, {bad[0]}] is not a page of the cache")
+        ck = gather_paged(cache, table, s, n_c, h, page_layout, key_format)
+        row = nsa_block_scores_compressed(qa[s : s + 1], ck, n, **kw)[0]
+        out[s, :, : row.shape[1]] = row
+    return out
+
+
+def nsa_select_paged(
+    q: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    n_kv_heads: int,
+    block_counts: int = BLOCK_COUNTS,
+    **kw: Any,
+) -> np.ndarray:
+    """``kvselect.nsa_select_paged`` in exact arithmetic: the rows of
+    :func:`nsa_block_scores_paged`'s scores (each sequence's own blocks; keyword
+    arguments as there)."""
+    n = _count("block_counts", block_counts)
+    if n == 0:
+        raise ReferenceSelectionError("block_counts", "block_counts must be at least 1 block")
+    scores = nsa_block_scores_paged(q, kv_cache, block_table, seq_lens, n_kv_heads, **kw)
+    return _rows(np.where(np.isnan(scores), -np.inf, scores), n)
 
 
 def _rows(b: np.ndarray, n: int) -> np.ndarray:

@@ -204,6 +204,8 @@ RULE = Rule(
         "nsa_compress_keys",
         "nsa_block_scores_compressed",
         "nsa_select_compressed",
+        "nsa_block_scores_paged",
+        "nsa_select_paged",
     ),
     reference="kvselect.reference.nsa",
     twins=(
@@ -212,6 +214,8 @@ RULE = Rule(
         "nsa_select",
         "nsa_block_scores_compressed",
         "nsa_select_compressed",
+        "nsa_block_scores_paged",
+        "nsa_select_paged",
     ),
     assertions=("kvselect.testing.assert_nsa",),
     cases="kvselect.testing.cases.all_nsa_cases",

@@ -1,6 +1,8 @@
 //! NSA on given compressed keys, an engine's decode on its cache of them:
 //! `nsa_compress_keys`, `nsa_block_scores_compressed` and
-//! `nsa_select_compressed` (all raise `SelectionError`).
+//! `nsa_select_compressed` (all raise `SelectionError`), the last two dense
+//! or packed (`cu_seqlens_q` / `cu_seqlens_k`, as `infllm_select` takes
+//! them).
 
 use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
@@ -10,8 +12,8 @@ use super::common::{
 };
 use crate::nsa::{self, Config};
 use crate::python::args::{
-    detach, ndarrays, AsFormatArg, EncodedIn, In, KeyFormat, Named, Obj, Opt, Out, QueryFormat,
-    I32, I32_MAX, S,
+    detach, ndarrays, positions, AsFormatArg, EncodedIn, In, KeyFormat, Named, Obj, Opt, Out,
+    QueryFormat, I32, I32_MAX, S,
 };
 use crate::python::errors::refuse;
 
@@ -109,6 +111,14 @@ pub(super) fn nsa_compress_keys<'py>(
     Ok(out.finish())
 }
 
+/// A packed batch: each sequence's tokens, its queries' and its compressed
+/// keys' boundaries (InfLLM-v2's `cu_seqlens_q`, `cu_seqlens_k`).
+struct Batch {
+    seq_lens: Vec<usize>,
+    cu_q: Vec<usize>,
+    cu_k: Vec<usize>,
+}
+
 /// The arguments both entry points on compressed keys share, read and
 /// checked for shape.
 struct CompressedCall<'py> {
@@ -120,8 +130,43 @@ struct CompressedCall<'py> {
     d: usize,
     n_q: usize,
     seq_len: usize,
+    batch: Option<Batch>,
     raw: Vec<Bound<'py, PyUntypedArray>>,
     cfg: Config,
+}
+
+/// The packed batch, if any: both boundaries or neither (the missing one
+/// named), each sequence's length an int32 position (`seq_len`).
+fn read_batch(
+    seq_len: &Obj<'_>,
+    (cu_seqlens_q, cu_seqlens_k): (Opt<'_, '_>, Opt<'_, '_>),
+) -> PyResult<Option<Batch>> {
+    let batch = match (cu_seqlens_q, cu_seqlens_k) {
+        (None, None) => return Ok(None),
+        (Some(cq), Some(ckk)) => Batch {
+            seq_lens: positions(S, seq_len, "seq_len")?,
+            cu_q: positions(S, cq, "cu_seqlens_q")?,
+            cu_k: positions(S, ckk, "cu_seqlens_k")?,
+        },
+        (None, Some(_)) => {
+            let msg = "a packed batch takes cu_seqlens_q with cu_seqlens_k";
+            return Err(refuse(S, "cu_seqlens_q", msg));
+        }
+        (Some(_), None) => {
+            let msg = "a packed batch takes cu_seqlens_k with cu_seqlens_q";
+            return Err(refuse(S, "cu_seqlens_k", msg));
+        }
+    };
+    if let Some((s, &l)) = batch
+        .seq_lens
+        .iter()
+        .enumerate()
+        .find(|(_, &l)| l as u64 > I32_MAX)
+    {
+        let msg = format!("seq_len[{s}] = {l} is past an int32 position");
+        return Err(refuse(S, "seq_len", msg));
+    }
+    Ok(Some(batch))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -134,9 +179,14 @@ fn compressed_call<'py>(
     scale: Option<f64>,
     ck_scale: Opt<'_, 'py>,
     formats: (Option<Named<QueryFormat>>, Option<Named<KeyFormat>>),
+    cu: (Opt<'_, 'py>, Opt<'_, 'py>),
 ) -> PyResult<CompressedCall<'py>> {
     let geometry = read_geometry((block_size, init_blocks, local_blocks))?;
-    let seq_n = S.count(seq_len, "seq_len", I32_MAX)?;
+    let batch = read_batch(seq_len, cu)?;
+    let seq_n = match batch {
+        None => S.count(seq_len, "seq_len", I32_MAX)?,
+        Some(_) => 0,
+    };
     let q_format = formats.0.format_arg();
     let (qe, [n_q, hq, d]) = EncodedIn::new_3d(S, q, "q", "[n_q, n_q_heads, d]", q_format)?;
     let ck_layout = "[n_c, n_kv_heads, d]";
@@ -157,12 +207,29 @@ fn compressed_call<'py>(
         d,
         n_q,
         seq_len: seq_n,
-        raw: ndarrays(&[seq_len]),
+        batch,
+        raw: ndarrays(&[seq_len, cu.0.unwrap_or(q), cu.1.unwrap_or(q)]),
         cfg: config(geometry, block_counts, scale, d),
     })
 }
 
 impl<'py> CompressedCall<'py> {
+    /// The packed batch's arrays for the core.
+    fn seqs(&self) -> Option<(&[usize], &[usize], &[usize])> {
+        self.batch
+            .as_ref()
+            .map(|b| (&b.seq_lens[..], &b.cu_q[..], &b.cu_k[..]))
+    }
+
+    /// The blocks of the longest sequence (a packed call's rows are as
+    /// wide).
+    fn n_blocks(&self) -> usize {
+        match &self.batch {
+            None => self.cfg.n_blocks(self.seq_len),
+            Some(b) => b.seq_lens.iter().map(|&l| self.cfg.n_blocks(l)).max().unwrap_or(0),
+        }
+    }
+
     fn inputs(&self) -> Vec<&Bound<'py, PyUntypedArray>> {
         let mut v = vec![self.q.untyped(), self.ck.untyped()];
         v.extend(self.ck_scale.as_ref().map(|s| s.untyped()));
@@ -190,9 +257,10 @@ impl<'py> CompressedCall<'py> {
 ///     complete blocks' means) or Eq. 9's ``(seq_len - kernel_size) // kernel_stride
 ///     + 1`` (0 below ``kernel_size`` tokens). Any key format, read in place
 ///     (float32 without a copy).
-/// seq_len : int
+/// seq_len : int, or array_like of int [n_seqs] with ``cu_seqlens_q``
 ///     Tokens in the sequence, the queries' own included (a query's block and the
-///     blocks it has seen whole depend on it, not on ``n_c`` alone).
+///     blocks it has seen whole depend on it, not on ``n_c`` alone); packed: each
+///     sequence's.
 /// block_size, init_blocks, local_blocks, scale, window, kernel_size, kernel_stride
 ///     As :func:`nsa_block_scores`.
 /// ck_scale : array_like of float32, [n_c], optional
@@ -200,10 +268,18 @@ impl<'py> CompressedCall<'py> {
 ///     to float32.
 /// query_format, key_format : str, optional
 ///     The formats of raw uint16 / uint8 ``q`` and ``ck``.
+/// cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
+///     A packed batch, as :func:`infllm_block_scores` takes one: sequence ``s`` is
+///     queries ``cu_seqlens_q[s] .. cu_seqlens_q[s + 1]`` of ``q`` (the last of its
+///     ``seq_len[s]`` tokens; ``seq_len`` then one length per sequence) and compressed
+///     keys ``cu_seqlens_k[s] .. cu_seqlens_k[s + 1]`` of ``ck`` (exactly its tokens'
+///     compressed keys). Each row equals the dense call's on its own sequence. Both or
+///     neither.
 ///
 /// Returns
 /// -------
 /// ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)]
+///     Packed: ``[total_q, n_kv_heads, max_blocks]``, NaN past a sequence's own blocks.
 ///
 /// Raises
 /// ------
@@ -214,7 +290,12 @@ impl<'py> CompressedCall<'py> {
 ///     ``seq_len`` is 0; ``q``'s heads are not a multiple of ``ck``'s or there are
 ///     more queries than tokens (``q``); ``scale`` is not finite; ``block_size`` is
 ///     0; ``window`` names nothing (``window``); Eq. 9's stride does not divide
-///     ``block_size`` or ``kernel_size`` (``kernel_stride``, ``kernel_size``).
+///     ``block_size`` or ``kernel_size`` (``kernel_stride``, ``kernel_size``); packed:
+///     one of ``cu_seqlens_q`` / ``cu_seqlens_k`` alone (the missing one),
+///     ``cu_seqlens_k`` not rising from 0 to ``ck``'s keys or giving a sequence other
+///     than its tokens' compressed keys (``cu_seqlens_k``), ``seq_len`` not one positive
+///     length per sequence (``seq_len``), ``cu_seqlens_q`` not rising from 0 to the
+///     queries or giving a sequence more queries than tokens (``cu_seqlens_q``).
 ///
 /// See Also
 /// --------
@@ -234,10 +315,11 @@ impl<'py> CompressedCall<'py> {
 #[pyo3(
     signature = (q, ck, seq_len, *, block_size=None, init_blocks=None, local_blocks=None,
                  scale=None, ck_scale=None, query_format=None, key_format=None, window=None,
-                 kernel_size=None, kernel_stride=None),
+                 kernel_size=None, kernel_stride=None, cu_seqlens_q=None, cu_seqlens_k=None),
     text_signature = "(q, ck, seq_len, *, block_size=64, init_blocks=1, local_blocks=2, \
                       scale=None, ck_scale=None, query_format=None, key_format=None, \
-                      window='fla', kernel_size=32, kernel_stride=16)"
+                      window='fla', kernel_size=32, kernel_stride=16, cu_seqlens_q=None, \
+                      cu_seqlens_k=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_block_scores_compressed<'py>(
@@ -255,6 +337,8 @@ pub(super) fn nsa_block_scores_compressed<'py>(
     window: Option<Named<WindowName>>,
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
+    cu_seqlens_q: Opt<'_, 'py>,
+    cu_seqlens_k: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let c = compressed_call(
         q,
@@ -265,17 +349,19 @@ pub(super) fn nsa_block_scores_compressed<'py>(
         scale,
         ck_scale,
         (query_format, key_format),
+        (cu_seqlens_q, cu_seqlens_k),
     )?;
     let w = read_window(window, (kernel_size, kernel_stride), false)?;
-    let nb = c.cfg.n_blocks(c.seq_len);
+    let nb = c.n_blocks();
     let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.n_kv, nb], &c.inputs())?;
     let (qs, cs) = (c.q.encoded()?, c.ck.encoded()?);
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * cs.len() / c.n_kv.max(1);
-    let (hq, n_kv, d, n, cfg) = (c.hq, c.n_kv, c.d, c.seq_len, &c.cfg);
-    detach(py, work, || {
-        nsa::block_scores_compressed_into(qs, hq, cs, sc, n_kv, d, n, (cfg, w), o)
+    let (hq, n_kv, d, n, cfg, seqs) = (c.hq, c.n_kv, c.d, c.seq_len, &c.cfg, c.seqs());
+    detach(py, work, || match seqs {
+        None => nsa::block_scores_compressed_into(qs, hq, cs, sc, n_kv, d, n, (cfg, w), o),
+        Some(b) => nsa::block_scores_compressed_packed_into(qs, hq, cs, sc, n_kv, d, b, (cfg, w), o),
     })?;
     Ok(out.finish())
 }
@@ -295,11 +381,15 @@ pub(super) fn nsa_block_scores_compressed<'py>(
 ///     As :func:`nsa_block_scores_compressed`.
 /// window, kernel_size, kernel_stride : optional
 ///     As :func:`nsa_block_scores`.
+/// cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
+///     A packed batch, as :func:`nsa_block_scores_compressed`; each row equals the dense
+///     call's on its own sequence (that sequence's block ids, from 0).
 ///
 /// Returns
 /// -------
 /// ndarray of int32, [n_q, n_kv_heads, block_counts]
-///     Block ids ascending, then ``-1``.
+///     Block ids ascending, then ``-1`` (packed: ``[total_q, n_kv_heads,
+///     block_counts]``).
 ///
 /// Raises
 /// ------
@@ -311,6 +401,7 @@ pub(super) fn nsa_block_scores_compressed<'py>(
 /// --------
 /// nsa_select : the same rows from the keys.
 /// nsa_compress_keys : the compressed keys.
+/// nsa_select_paged : the same rows at decode over a paged cache.
 ///
 /// Examples
 /// --------
@@ -323,10 +414,12 @@ pub(super) fn nsa_block_scores_compressed<'py>(
 #[pyo3(
     signature = (q, ck, seq_len, block_counts=None, *, block_size=None, init_blocks=None,
                  local_blocks=None, scale=None, ck_scale=None, query_format=None,
-                 key_format=None, window=None, kernel_size=None, kernel_stride=None),
+                 key_format=None, window=None, kernel_size=None, kernel_stride=None,
+                 cu_seqlens_q=None, cu_seqlens_k=None),
     text_signature = "(q, ck, seq_len, block_counts=16, *, block_size=64, init_blocks=1, \
                       local_blocks=2, scale=None, ck_scale=None, query_format=None, \
-                      key_format=None, window='fla', kernel_size=32, kernel_stride=16)"
+                      key_format=None, window='fla', kernel_size=32, kernel_stride=16, \
+                      cu_seqlens_q=None, cu_seqlens_k=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_select_compressed<'py>(
@@ -345,6 +438,8 @@ pub(super) fn nsa_select_compressed<'py>(
     window: Option<Named<WindowName>>,
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
+    cu_seqlens_q: Opt<'_, 'py>,
+    cu_seqlens_k: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let n = read_block_counts(block_counts)?;
     let c = compressed_call(
@@ -356,6 +451,7 @@ pub(super) fn nsa_select_compressed<'py>(
         scale,
         ck_scale,
         (query_format, key_format),
+        (cu_seqlens_q, cu_seqlens_k),
     )?;
     let w = read_window(window, (kernel_size, kernel_stride), false)?;
     let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.n_kv, n], &c.inputs())?;
@@ -363,9 +459,10 @@ pub(super) fn nsa_select_compressed<'py>(
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * cs.len() / c.n_kv.max(1);
-    let (hq, n_kv, d, sl, cfg) = (c.hq, c.n_kv, c.d, c.seq_len, &c.cfg);
-    detach(py, work, || {
-        nsa::select_compressed_into(qs, hq, cs, sc, n_kv, d, sl, (cfg, w), o)
+    let (hq, n_kv, d, sl, cfg, seqs) = (c.hq, c.n_kv, c.d, c.seq_len, &c.cfg, c.seqs());
+    detach(py, work, || match seqs {
+        None => nsa::select_compressed_into(qs, hq, cs, sc, n_kv, d, sl, (cfg, w), o),
+        Some(b) => nsa::select_compressed_packed_into(qs, hq, cs, sc, n_kv, d, b, (cfg, w), o),
     })?;
     Ok(out.finish())
 }

@@ -1,0 +1,274 @@
+//! NSA on given compressed keys over a packed batch of sequences
+//! ([`block_scores_compressed_packed_into`], [`select_compressed_packed_into`]):
+//! InfLLM-v2's varlen form of its compressed-key call (`cu_seqlens_q`,
+//! `cu_seqlens_k`, one length a sequence), for NSA's compressed keys.
+//!
+//! The rule: sequence `s` is queries `cu_seqlens_q[s] .. cu_seqlens_q[s +
+//! 1]` of `q` (the last of its `seq_lens[s]` tokens) and compressed keys
+//! `cu_seqlens_k[s] .. cu_seqlens_k[s + 1]` of `ck` (exactly the window's
+//! compressed keys of its tokens); each of its rows is the dense call's
+//! ([`super::select_compressed_into`]) on its own queries and keys (block
+//! ids from 0), block scores NaN past its own blocks. Why it holds: every
+//! sequence is checked first, then each runs the dense call on its slices
+//! (the same code, so the same bits). What would break it: a sequence's
+//! keys sliced off by one (its softmax would read its neighbour's).
+
+use super::api::{block_scores_compressed_at, check_block_counts, check_out, select_compressed_at};
+use super::{Config, Window};
+use crate::error::{check_len, checked_size, ArgumentError};
+use crate::keys::Encoded;
+use crate::simd::Isa;
+
+fn invalid(argument: &'static str, message: String) -> ArgumentError {
+    ArgumentError::Invalid { argument, message }
+}
+
+/// One sequence: its first query, queries, first compressed key, keys and
+/// tokens.
+struct Seq {
+    q0: usize,
+    n_q: usize,
+    c0: usize,
+    n_c: usize,
+    len: usize,
+}
+
+/// The packed batch checked (every refusal before anything is written), in
+/// InfLLM-v2's packed call's order and words: the sizes and settings, `q`
+/// and `ck` whole rows, `cu_seqlens_k` rising from 0 to `ck`'s keys,
+/// `seq_len` one positive length a sequence, each sequence's keys its
+/// tokens' (`cu_seqlens_k`), `cu_seqlens_q` its queries (no more than its
+/// tokens), `ck_scale` one a key.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    q_len: usize,
+    n_q_heads: usize,
+    ck_len: usize,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    (seq_lens, cu_seqlens_q, cu_seqlens_k): (&[usize], &[usize], &[usize]),
+    (cfg, window): (&Config, Window),
+) -> Result<Vec<Seq>, ArgumentError> {
+    if d == 0 {
+        return Err(invalid("d", "d must be at least 1".into()));
+    }
+    if n_kv_heads == 0 {
+        return Err(invalid(
+            "n_kv_heads",
+            "n_kv_heads must be at least 1".into(),
+        ));
+    }
+    if cfg.block_size == 0 {
+        return Err(invalid(
+            "block_size",
+            "block_size must be at least 1".into(),
+        ));
+    }
+    window.check(cfg.block_size)?;
+    if n_q_heads == 0 || !n_q_heads.is_multiple_of(n_kv_heads) {
+        let message = format!(
+            "q's {n_q_heads} heads are not a positive multiple of the {n_kv_heads} KV heads"
+        );
+        return Err(invalid("q", message));
+    }
+    if !cfg.scale.is_finite() {
+        return Err(invalid(
+            "scale",
+            format!("scale must be finite, got {}", cfg.scale),
+        ));
+    }
+    let per_q = checked_size("q", &[n_q_heads, d])?;
+    if !q_len.is_multiple_of(per_q) {
+        let message =
+            format!("q holds {q_len} values, not whole [n_q_heads={n_q_heads}, d={d}] queries");
+        return Err(invalid("q", message));
+    }
+    let per_c = checked_size("ck", &[n_kv_heads, d])?;
+    if !ck_len.is_multiple_of(per_c) {
+        let message = format!(
+            "ck holds {ck_len} values, not whole [n_kv_heads={n_kv_heads}, d={d}] compressed keys"
+        );
+        return Err(invalid("ck", message));
+    }
+    let (n_q, n_c) = (q_len / per_q, ck_len / per_c);
+    let cu_k = crate::packed::boundaries_named(
+        "cu_seqlens_k",
+        cu_seqlens_k,
+        n_c,
+        ("compressed keys", "ck"),
+    )?;
+    let n_seqs = cu_k.len() - 1;
+    check_len("seq_len", seq_lens.len(), n_seqs, || {
+        format!("[n_seqs={n_seqs}] (cu_seqlens_k)")
+    })?;
+    let geo = window.geometry(cfg.block_size);
+    for (s, &len) in seq_lens.iter().enumerate() {
+        let oor = |argument, index, message| ArgumentError::OutOfRange {
+            argument,
+            index,
+            message,
+        };
+        if len == 0 || len > i32::MAX as usize {
+            let message = format!(
+                "seq_len[{s}] = {len}: a sequence holds 1 ..= {} tokens",
+                i32::MAX
+            );
+            return Err(oor("seq_len", s, message));
+        }
+        let (got, want) = (cu_k[s + 1] - cu_k[s], geo.compressed_len(len));
+        if got != want {
+            let message = format!(
+                "cu_seqlens_k gives sequence {s} {got} compressed keys, but its seq_len[{s}] = \
+                 {len} tokens have {want}"
+            );
+            return Err(oor("cu_seqlens_k", s + 1, message));
+        }
+    }
+    crate::packed::query_bounds(cu_seqlens_q, "cu_seqlens_k", seq_lens, "tokens", n_q)?;
+    if let Some(sc) = ck_scale {
+        check_len("ck_scale", sc.len(), n_c, || format!("[n_c={n_c}]"))?;
+    }
+    Ok((0..n_seqs)
+        .map(|s| Seq {
+            q0: cu_seqlens_q[s],
+            n_q: cu_seqlens_q[s + 1] - cu_seqlens_q[s],
+            c0: cu_k[s],
+            n_c: cu_k[s + 1] - cu_k[s],
+            len: seq_lens[s],
+        })
+        .collect())
+}
+
+/// [`super::block_scores_compressed_into`] over a packed batch (see the
+/// module docs): `seqs` is `(seq_lens, cu_seqlens_q, cu_seqlens_k)`; `out`
+/// `[total_q, n_kv_heads, max_blocks]`, `max_blocks` the most blocks of a
+/// sequence, each row the dense call's on its own sequence, then NaN.
+///
+/// # Errors
+/// As [`super::block_scores_compressed_into`] (`q`, `ck` not whole rows),
+/// `cu_seqlens_k` not rising from 0 to the compressed keys or giving a
+/// sequence other than its tokens' compressed keys (`cu_seqlens_k`),
+/// `seq_lens` not one per sequence, 0 or past an int32 position
+/// (`seq_len`), `cu_seqlens_q` not rising from 0 to the queries or giving a
+/// sequence more queries than tokens (`cu_seqlens_q`). Nothing is written
+/// before every check has passed.
+#[allow(clippy::too_many_arguments)]
+pub fn block_scores_compressed_packed_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    ck: Encoded<'_>,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    seqs: (&[usize], &[usize], &[usize]),
+    (cfg, window): (&Config, Window),
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    let isa = Isa::best();
+    let checked = check(
+        q.len(),
+        n_q_heads,
+        ck.len(),
+        ck_scale,
+        n_kv_heads,
+        d,
+        seqs,
+        (cfg, window),
+    )?;
+    let n_q = q.len() / (n_q_heads * d);
+    let nb = checked
+        .iter()
+        .map(|s| cfg.n_blocks(s.len))
+        .max()
+        .unwrap_or(0);
+    check_out(
+        out.len(),
+        checked_size("out", &[n_q, n_kv_heads, nb])?,
+        || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, max_blocks={nb}]"),
+    )?;
+    let (qr, cr) = (n_q_heads * d, n_kv_heads * d);
+    let mut part = Vec::new();
+    for s in checked.iter().filter(|s| s.n_q > 0) {
+        let snb = cfg.n_blocks(s.len);
+        part.clear();
+        part.resize(s.n_q * n_kv_heads * snb, 0.0f32);
+        let qs = q.slice(s.q0 * qr, (s.q0 + s.n_q) * qr);
+        let cs = ck.slice(s.c0 * cr, (s.c0 + s.n_c) * cr);
+        let sc = ck_scale.map(|x| &x[s.c0..s.c0 + s.n_c]);
+        let cw = (cfg, window);
+        block_scores_compressed_at(
+            isa, qs, n_q_heads, cs, sc, n_kv_heads, d, s.len, cw, &mut part,
+        )?;
+        let rows = &mut out[s.q0 * n_kv_heads * nb..(s.q0 + s.n_q) * n_kv_heads * nb];
+        for (o, p) in rows
+            .chunks_exact_mut(nb.max(1))
+            .zip(part.chunks_exact(snb.max(1)))
+        {
+            o[..snb].copy_from_slice(p);
+            o[snb..].fill(f32::NAN);
+        }
+    }
+    Ok(())
+}
+
+/// [`super::select_compressed_into`] over a packed batch (see
+/// [`block_scores_compressed_packed_into`]): `out` `[total_q, n_kv_heads,
+/// block_counts]`, each row the dense call's on its own sequence (block
+/// ids of that sequence, from 0).
+///
+/// # Errors
+/// `block_counts` 0 (`block_counts`), and as
+/// [`block_scores_compressed_packed_into`].
+#[allow(clippy::too_many_arguments)]
+pub fn select_compressed_packed_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    ck: Encoded<'_>,
+    ck_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    seqs: (&[usize], &[usize], &[usize]),
+    (cfg, window): (&Config, Window),
+    out: &mut [i32],
+) -> Result<(), ArgumentError> {
+    check_block_counts(cfg)?;
+    let checked = check(
+        q.len(),
+        n_q_heads,
+        ck.len(),
+        ck_scale,
+        n_kv_heads,
+        d,
+        seqs,
+        (cfg, window),
+    )?;
+    let n_q = q.len() / (n_q_heads * d);
+    let w = cfg.block_counts;
+    check_out(
+        out.len(),
+        checked_size("out", &[n_q, n_kv_heads, w])?,
+        || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, block_counts={w}]"),
+    )?;
+    let (qr, cr) = (n_q_heads * d, n_kv_heads * d);
+    for s in checked.iter().filter(|s| s.n_q > 0) {
+        let qs = q.slice(s.q0 * qr, (s.q0 + s.n_q) * qr);
+        let cs = ck.slice(s.c0 * cr, (s.c0 + s.n_c) * cr);
+        let sc = ck_scale.map(|x| &x[s.c0..s.c0 + s.n_c]);
+        let rows = &mut out[s.q0 * n_kv_heads * w..(s.q0 + s.n_q) * n_kv_heads * w];
+        let cw = (cfg, window);
+        select_compressed_at(
+            Isa::best(),
+            qs,
+            n_q_heads,
+            cs,
+            sc,
+            n_kv_heads,
+            d,
+            s.len,
+            cw,
+            rows,
+        )?;
+    }
+    Ok(())
+}
