@@ -197,9 +197,12 @@ fn check_compressed(
 /// the loops may run in any order: they take a token's whole row (`n_kv ·
 /// d`, contiguous) once, front to back, and add it into every key whose
 /// window holds the token (one for fla's window; `kernel / stride` for
-/// overlapping windows, Eq. 9's two), each key's `[n_kv, d]` contiguous; a
-/// key is divided when its last token is in. So the keys stream from memory
-/// once and each row is decoded once, float32 rows read in place. (A KV head
+/// overlapping windows, Eq. 9's two, added in one pass over the row: the
+/// row loaded once for both sums), each key's `[n_kv, d]` contiguous; a
+/// key is divided when its last token is in. The keys a token adds into
+/// are kept as the tokens advance (no division a token). So the keys
+/// stream from memory once and each row is decoded once, float32 rows read
+/// in place. (A KV head
 /// at a time, rows `n_kv · d` apart, read the keys several times slower; a
 /// key at a time read and decoded Eq. 9's rows twice: the same bits.)
 ///
@@ -327,50 +330,121 @@ fn compress_body<F: FnMut(usize, Option<usize>, &[f32])>(
     }
     let mut buf = vec![0.0f32; if matches!(k, Encoded::F32(_)) { 0 } else { w }];
     let div = kernel as f32;
+    let end = (n_c - 1) * stride + kernel;
     // No fill: a key's first token (`t = c·stride`) sets it to `+0.0 + x`,
     // the same bits as adding `x` to a key filled with `+0.0` (a fill of
     // Eq. 9's 16 MiB of keys at 131,072 tokens was a pass over memory of its
     // own).
-    for t in 0..(n_c - 1) * stride + kernel {
+    //
+    // The keys whose window holds token `t` (`c·stride <= t < c·stride +
+    // kernel`) are `lo..=hi`, kept as `t` advances (no division a token).
+    let (mut lo, mut hi) = (0usize, 0usize);
+    for t in 0..end {
+        while hi + 1 < n_c && (hi + 1) * stride <= t {
+            hi += 1;
+        }
+        while lo * stride + kernel <= t {
+            lo += 1;
+        }
         // Row `t + ahead` asked into the second-level cache.
         #[cfg(target_arch = "x86_64")]
         if ahead > 0 {
             let at = (t + ahead) * row_bytes;
             crate::keys::prefetch(kb, at, at + row_bytes, crate::keys::CacheLevel::L2);
         }
-        let row: &[f32] = match k {
+        let rows: &[f32] = match k {
             Encoded::F32(s) => &s[t * w..(t + 1) * w],
             _ => {
                 k.decode(t * w, &mut buf);
                 &buf
             }
         };
-        // The keys whose window holds token `t`: `c·stride <= t < c·stride + kernel`.
-        let lo = (t + 1).saturating_sub(kernel).div_ceil(stride);
-        let hi = (t / stride).min(n_c - 1);
-        for c in lo..=hi {
-            let at = c & mask;
-            let acc = &mut out[at * w..(at + 1) * w];
-            match (k_scale, c * stride == t) {
-                (Some(sc), false) => {
-                    let s = sc[t];
-                    acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x * s);
+        if hi == lo + 1 {
+            // Two keys (Eq. 9's windows overlap by half): the row read once
+            // for both, each element added into `lo`'s sum and set or added
+            // into `hi`'s (its first token when `t = hi·stride`; `lo` began
+            // before). The same chains (each product `x · s` the same
+            // rounding), a load of the row fewer an element.
+            let (a, b) = two_slots(out, lo & mask, hi & mask, w);
+            add_two(a, b, rows, k_scale.map(|s| s[t]), hi * stride == t);
+        } else {
+            for c in lo..=hi {
+                let at = c & mask;
+                let acc = &mut out[at * w..(at + 1) * w];
+                match (k_scale, c * stride == t) {
+                    (Some(sc), false) => {
+                        let s = sc[t];
+                        acc.iter_mut().zip(rows).for_each(|(a, &x)| *a += x * s);
+                    }
+                    (Some(sc), true) => {
+                        let s = sc[t];
+                        acc.iter_mut()
+                            .zip(rows)
+                            .for_each(|(a, &x)| *a = 0.0 + x * s);
+                    }
+                    (None, false) => acc.iter_mut().zip(rows).for_each(|(a, &x)| *a += x),
+                    (None, true) => acc.iter_mut().zip(rows).for_each(|(a, &x)| *a = 0.0 + x),
                 }
-                (Some(sc), true) => {
-                    let s = sc[t];
-                    acc.iter_mut().zip(row).for_each(|(a, &x)| *a = 0.0 + x * s);
-                }
-                (None, false) => acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x),
-                (None, true) => acc.iter_mut().zip(row).for_each(|(a, &x)| *a = 0.0 + x),
             }
         }
-        // Key `lo` is complete once its last token is in.
         let done = t + 1 == lo * stride + kernel;
         if done {
             let at = lo & mask;
             out[at * w..(at + 1) * w].iter_mut().for_each(|a| *a /= div);
         }
         step(t, done.then_some(lo), out);
+    }
+}
+
+/// Slots `a` and `b` (distinct) of `out`, `w` floats each, both mutable.
+#[inline(always)]
+fn two_slots(out: &mut [f32], a: usize, b: usize, w: usize) -> (&mut [f32], &mut [f32]) {
+    assert_ne!(a, b, "two keys in one slot");
+    if a < b {
+        let (x, y) = out.split_at_mut(b * w);
+        (&mut x[a * w..][..w], &mut y[..w])
+    } else {
+        let (x, y) = out.split_at_mut(a * w);
+        (&mut y[..w], &mut x[b * w..][..w])
+    }
+}
+
+/// A token's `row` (times `scale`, if any) added into two keys' sums: `a`
+/// (`a + x`) and `b` (`0.0 + x` when `b_first`, its window's first token,
+/// else `b + x`), each element's product `x · s` rounded once and added to
+/// both: the bits of two passes, one a key.
+#[inline(always)]
+fn add_two(a: &mut [f32], b: &mut [f32], row: &[f32], scale: Option<f32>, b_first: bool) {
+    let n = row.len();
+    let (a, b) = (&mut a[..n], &mut b[..n]);
+    // One loop a case, each vectorised over the three slices.
+    match (scale, b_first) {
+        (None, false) => {
+            for i in 0..n {
+                a[i] += row[i];
+                b[i] += row[i];
+            }
+        }
+        (None, true) => {
+            for i in 0..n {
+                a[i] += row[i];
+                b[i] = 0.0 + row[i];
+            }
+        }
+        (Some(s), false) => {
+            for i in 0..n {
+                let x = row[i] * s;
+                a[i] += x;
+                b[i] += x;
+            }
+        }
+        (Some(s), true) => {
+            for i in 0..n {
+                let x = row[i] * s;
+                a[i] += x;
+                b[i] = 0.0 + x;
+            }
+        }
     }
 }
 
