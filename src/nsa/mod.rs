@@ -323,7 +323,9 @@ pub(crate) fn block_scores(cfg: &Config, window: Window, sums: &[f32], p: usize,
 /// [`ROW_SCAN_MAX`], the `k`-th key is found by counting ([`top`], the
 /// `nsa.top` kernels: a prefill's rows, a few dozen candidates each; an
 /// order key a block and `select_nth_unstable` took a tenth of the call
-/// before). Longer rows with a small `k` (decode over long sequences) take
+/// before), at the level dispatch chose ([`crate::simd::Isa::best`]: the
+/// callers pass no level; every level writes the same row, as the rule
+/// fixes it and `src/nsa/top.rs`'s tests check). Longer rows with a small `k` (decode over long sequences) take
 /// one pass that keeps the best `k` so far, sorted (a block enters only if
 /// it comes before the `k`-th; few do), each block's integer key
 /// ([`order_key`]) ranking it by one comparison.
