@@ -118,12 +118,14 @@ mod cached_packed;
 mod paged;
 #[cfg(test)]
 mod tests;
+mod top;
 
 /// Runs NSA's kernel family (`nsa.compress`) at `isa` (the reach test's
 /// probe).
 #[cfg(test)]
 pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
-    api::probe(isa)
+    api::probe(isa);
+    top::probe(isa);
 }
 
 pub use api::{
@@ -321,60 +323,28 @@ pub(crate) fn block_scores(cfg: &Config, window: Window, sums: &[f32], p: usize,
 /// then `-1`. `keys` is scratch.
 ///
 /// The order is strict (ids differ), so its first `k` are one set, however
-/// found. Each candidate gets an integer key ([`order_key`]) whose
-/// descending order is the total order, so ranking is one integer
-/// comparison. For rows of at most [`ROW_SELECT_MAX`] blocks, or `k` above
-/// [`ROW_SCAN_MAX`], the `k`-th largest key is found by a selection over
-/// the candidates' keys and the blocks at or above it are written in id
-/// order (no sort: a prefill's rows, a few dozen candidates each, took a
-/// quarter of the call by insertion before). Longer rows with a small `k`
-/// (decode over long sequences) take one pass that keeps the best `k` so
-/// far, sorted (a block enters only if it comes before the `k`-th; few do).
+/// found. For rows of at most [`ROW_SELECT_MAX`] blocks, or `k` above
+/// [`ROW_SCAN_MAX`], the `k`-th key is found by counting ([`top`], the
+/// `nsa.top` kernels: a prefill's rows, a few dozen candidates each; an
+/// order key a block and `select_nth_unstable` took a tenth of the call
+/// before), at the level dispatch chose ([`crate::simd::Isa::best`]: the
+/// callers pass no level; every level writes the same row, as the rule
+/// fixes it and `src/nsa/top.rs`'s tests check). Longer rows with a small `k` (decode over long sequences) take
+/// one pass that keeps the best `k` so far, sorted (a block enters only if
+/// it comes before the `k`-th; few do), each block's integer key
+/// ([`order_key`]) ranking it by one comparison.
 pub(crate) fn row(scores: &[f32], keys: &mut Vec<u64>, out: &mut [i32]) {
     let k = out.len();
+    let n = scores.len();
+    if n <= ROW_SELECT_MAX || k > ROW_SCAN_MAX {
+        return top::top(crate::simd::Isa::best(), scores, keys, out);
+    }
     keys.clear();
     out.fill(-1);
     if k == 0 {
         return;
     }
-    let n = scores.len();
     assert!(n <= u32::MAX as usize, "block ids fit 32 bits");
-    if n <= ROW_SELECT_MAX || k > ROW_SCAN_MAX {
-        // The candidates lie before the trailing `−inf` (none after the
-        // query's block); every block there gets a key (`−inf` the lowest,
-        // so the `k`-th largest key is a candidate's when there are more
-        // than `k`).
-        let end = scores
-            .iter()
-            .rposition(|&s| s != f32::NEG_INFINITY)
-            .map_or(0, |e| e + 1);
-        let sc = &scores[..end];
-        keys.extend(sc.iter().enumerate().map(|(b, &s)| order_key(s, b)));
-        let above = order_key(f32::NEG_INFINITY, 0) + 1;
-        let m = keys.iter().filter(|&&x| x >= above).count();
-        let t = if m > k {
-            // On a copy (`keys[end..]`): the selection permutes it, and
-            // `keys[..end]` stays each block's key.
-            keys.extend_from_within(..end);
-            *keys[end..].select_nth_unstable(end - k).1
-        } else {
-            // Every candidate: the keys above `−inf`'s.
-            above
-        };
-        // The blocks at or above `t` in id order, compacted into `keys`
-        // without a branch a block: block `b`'s key is read before the
-        // `o`-th kept is written at `o <= b` (no key recomputed).
-        let mut o = 0;
-        for b in 0..sc.len() {
-            let key = keys[b];
-            keys[o] = b as u64;
-            o += usize::from(key >= t);
-        }
-        for (x, &b) in out.iter_mut().zip(&keys[..o]) {
-            *x = b as i32;
-        }
-        return;
-    }
     // Once `k` are kept, block `b` (an id above every kept one) comes
     // before the `k`-th, `last`, iff its score is above `last`'s (a tie
     // goes to the lower id), or `last`'s is NaN and `b`'s is not (NaN
