@@ -5,7 +5,7 @@
 use super::score::{block_scores, group_sums, Packed, Scratch};
 use super::{select, Config};
 use crate::error::{check_len, checked_size, ArgumentError};
-use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
+use crate::keys::{BlockTable, Encoded, PagedCache};
 use crate::simd::Isa;
 
 /// A call's checked sizes.
@@ -670,7 +670,6 @@ pub(super) fn select_paged_at(
         cfg.geometry.compressed_len(n)
     })?;
     let lens = table.seq_lens;
-    let row = n_kv_heads * d;
     let rows = BlockTable {
         table: table.table,
         max_blocks: table.max_blocks,
@@ -685,41 +684,28 @@ pub(super) fn select_paged_at(
     check_out(out.len(), checked_size("out", &[n, n_kv_heads, k])?, || {
         format!("[n_seqs={n}, n_kv_heads={n_kv_heads}, top_k={k}]")
     })?;
-    let (page, mut scale) = (cache.block_size, [0.0f32]);
-    let mut ck = Vec::new();
-    for (s, (&len, &c)) in lens.iter().zip(&n_c).enumerate() {
-        // The sequence's compressed keys gathered, each times its scale as
-        // the dense call multiplies `ck_scale` in (the same float32 product).
-        ck.clear();
-        ck.resize(c * row, 0.0f32);
-        for (j, buf) in ck.chunks_exact_mut(row).enumerate() {
-            cache.decode(rows.page(s, j / page), j % page, buf, &mut scale);
-            if cache.layout == PageLayout::Fp8WithScales {
-                let m = scale[0];
-                buf.iter_mut().for_each(|x| *x *= m);
-            }
-        }
-        let sh = Shape {
-            n_q: 1,
-            hq: n_q_heads,
-            n_kv: n_kv_heads,
+    let g_heads = n_q_heads / n_kv_heads;
+    let qv = decoded(q, None, 0);
+    let most = n_c.iter().copied().max().unwrap_or(0);
+    let work = g_heads * most.max(1) * d;
+    crate::pool::for_each_row_mut(out, k, crate::pool::min_rows(work), |r, o| {
+        let (s, g) = (r / n_kv_heads, r % n_kv_heads);
+        let (len, c) = (lens[s], n_c[s]);
+        let p = len - 1;
+        // The dense call's `n_vis`: every compressed key of the sequence.
+        let n_vis = cfg.geometry.visible(p).min(c);
+        let row = super::paged::Row {
+            s,
+            g,
+            q0: (s * n_q_heads + g * g_heads) * d,
+            heads: g_heads,
             d,
-            n_c: c,
-            seq_len: len,
         };
-        let qs = q.slice(s * qrow, (s + 1) * qrow);
-        let o = &mut out[s * n_kv_heads * k..(s + 1) * n_kv_heads * k];
-        run(
-            isa,
-            &sh,
-            qs,
-            Encoded::F32(&ck),
-            None,
-            cfg,
-            o,
-            k,
-            |row, p, blocks| select_row(cfg, row, p, blocks),
-        );
-    }
+        super::paged::group_sums(isa, &qv, cache, &rows, row, n_vis, cfg.scale, |sums| {
+            let mut blocks = vec![0.0f32; cfg.geometry.n_blocks(len)];
+            block_scores(cfg, sums, c, p, &mut blocks);
+            select_row(cfg, o, p, &blocks);
+        });
+    });
     Ok(())
 }

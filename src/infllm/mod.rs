@@ -133,12 +133,14 @@
 //! # Layout
 //!
 //! `score.rs` (stage 1 and the pooling of one query and KV head),
+//! `paged.rs` (stage 1 over a paged cache, read in place; NSA's too),
 //! `profile.rs` (the phases timed, for the benchmark),
 //! `select.rs` (the order and the row), `api.rs` (the checked entry
 //! points), `tests.rs`.
 
 mod api;
 pub(crate) mod heads;
+pub(crate) mod paged;
 pub(crate) mod panels;
 #[doc(hidden)]
 pub mod profile;

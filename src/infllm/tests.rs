@@ -434,6 +434,203 @@ fn paged_decode_equals_dense_at_every_level() {
     assert!(out.iter().all(|&x| x == 7));
 }
 
+#[derive(Clone, Copy, Debug)]
+enum PageKind {
+    F32,
+    F32Misaligned,
+    Bf16,
+    Fp8Scaled,
+}
+
+/// The paged decode (its pages read in place, `paged::group_sums`) equals
+/// the dense call on the same keys, bit for bit, at every level: float32,
+/// a misaligned float32 cache, bfloat16, fp8 with scales; pages of 1, 3
+/// and 16 keys, shuffled, another layer's bytes between them; groups of 1,
+/// 2 and 16; both poolings and both keeps; sequences below the kernel (no
+/// key), at it (one key) and past a page.
+#[test]
+fn paged_in_place_equals_dense_at_every_level() {
+    use super::score::{group_sums, Packed, Scratch};
+    use crate::keys::{BlockTable, Format, PageLayout, PagedCache};
+    let mut seed = 77u64;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        seed >> 33
+    };
+    let lens = [1000usize, 5, 31, 32, 300, 130];
+    let n_c: Vec<usize> = lens.iter().map(|&l| compressed_len(l)).collect();
+    assert_eq!(&n_c[1..4], &[0, 0, 1]);
+    let (mut checked, mut sums_checked) = (0, 0);
+    for kind in [
+        PageKind::F32,
+        PageKind::F32Misaligned,
+        PageKind::Bf16,
+        PageKind::Fp8Scaled,
+    ] {
+        for &(hq, n_kv, d, page) in &[
+            (2usize, 2usize, 8usize, 1usize),
+            (4, 2, 16, 3),
+            (16, 1, 24, 16),
+            (32, 2, 16, 3),
+        ] {
+            let row = n_kv * d;
+            let per_page: Vec<usize> = n_c.iter().map(|c| c.div_ceil(page)).collect();
+            let n_pages = per_page.iter().sum::<usize>() + 2;
+            // Page `p` of the cache is the `perm[p]`-th handed out.
+            let mut perm: Vec<usize> = (0..n_pages).collect();
+            for i in (1..n_pages).rev() {
+                perm.swap(i, next() as usize % (i + 1));
+            }
+            let max_blocks = per_page.iter().copied().max().unwrap_or(0) + 1;
+            let mut table = vec![0i32; lens.len() * max_blocks];
+            let total: usize = n_c.iter().sum();
+            let vals = random(total * row, next());
+            let bf: Vec<u16> = vals.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+            // fp8 e4m3fn bytes, NaN (0x7f / 0xff) avoided.
+            let fp8: Vec<u8> = (0..vals.len())
+                .map(|_| match next() as u8 {
+                    b if b & 0x7f == 0x7f => 0x3f,
+                    b => b,
+                })
+                .collect();
+            let scales: Vec<f32> = random(total, next())
+                .iter()
+                .map(|x| x.abs() + 0.01)
+                .collect();
+            let (elem, layout) = match kind {
+                PageKind::F32 | PageKind::F32Misaligned => (4, PageLayout::Dense(Format::F32)),
+                PageKind::Bf16 => (2, PageLayout::Dense(Format::Bf16)),
+                PageKind::Fp8Scaled => (1, PageLayout::Fp8WithScales),
+            };
+            let scaled = matches!(kind, PageKind::Fp8Scaled);
+            let page_bytes = page * row * elem + if scaled { 4 * page } else { 0 };
+            let stride = page_bytes + 8; // another layer's bytes between pages
+            let off = usize::from(matches!(kind, PageKind::F32Misaligned));
+            let mut bytes = vec![0xabu8; off + n_pages * stride];
+            let (mut handed, mut c0) = (0, 0);
+            for (s, &c) in n_c.iter().enumerate() {
+                for b in 0..c.div_ceil(page) {
+                    let p = perm[handed];
+                    handed += 1;
+                    table[s * max_blocks + b] = p as i32;
+                    let at = off + p * stride;
+                    for r in 0..page.min(c - b * page) {
+                        let j = c0 + b * page + r;
+                        let el = &mut bytes[at + r * row * elem..at + (r + 1) * row * elem];
+                        match kind {
+                            PageKind::F32 | PageKind::F32Misaligned => el.copy_from_slice(
+                                bytemuck::cast_slice(&vals[j * row..(j + 1) * row]),
+                            ),
+                            PageKind::Bf16 => el
+                                .copy_from_slice(bytemuck::cast_slice(&bf[j * row..(j + 1) * row])),
+                            PageKind::Fp8Scaled => {
+                                el.copy_from_slice(&fp8[j * row..(j + 1) * row]);
+                                let sa = at + page * row + 4 * r;
+                                bytes[sa..sa + 4].copy_from_slice(&scales[j].to_le_bytes());
+                            }
+                        }
+                    }
+                }
+                c0 += c;
+            }
+            let cache = PagedCache {
+                bytes: &bytes[off..],
+                n_pages,
+                page_stride: stride,
+                block_size: page,
+                d: row,
+                layout,
+            };
+            let bt = BlockTable {
+                table: &table,
+                max_blocks,
+                seq_lens: &lens,
+            };
+            let q = random(lens.len() * hq * d, next());
+            for pooling in [Pooling::Cuda, Pooling::Triton] {
+                for keep in [Keep::ThroughCurrent, Keep::BeforeCurrent] {
+                    let c = Config {
+                        scale: 0.7,
+                        ..cfg(pooling, keep, 1, 2, 4)
+                    };
+                    for isa in isas_for_test() {
+                        let mut got = vec![9i32; lens.len() * n_kv * 4];
+                        let qe = Encoded::F32(&q);
+                        super::api::select_paged_at(
+                            isa, qe, hq, &cache, &bt, n_kv, d, &c, &mut got,
+                        )
+                        .unwrap();
+                        let mut c0 = 0;
+                        for (s, (&len, &cn)) in lens.iter().zip(&n_c).enumerate() {
+                            let qs = Encoded::F32(&q[s * hq * d..(s + 1) * hq * d]);
+                            let keys = c0 * row..(c0 + cn) * row;
+                            let (ck, sc) = match kind {
+                                PageKind::F32 | PageKind::F32Misaligned => {
+                                    (Encoded::F32(&vals[keys]), None)
+                                }
+                                PageKind::Bf16 => (Encoded::Bf16(&bf[keys]), None),
+                                PageKind::Fp8Scaled => {
+                                    (Encoded::Fp8E4m3(&fp8[keys]), Some(&scales[c0..c0 + cn]))
+                                }
+                            };
+                            let mut want = vec![0i32; n_kv * 4];
+                            super::api::select_at(isa, qs, hq, ck, sc, n_kv, d, len, &c, &mut want)
+                                .unwrap();
+                            // Stage 1's group sums themselves, bit for bit.
+                            if matches!((pooling, keep), (Pooling::Cuda, Keep::ThroughCurrent)) {
+                                let mut dense = vec![0.0f32; cn * row];
+                                ck.decode(0, &mut dense);
+                                if let Some(sc) = sc {
+                                    for (k, &m) in dense.chunks_exact_mut(row).zip(sc) {
+                                        k.iter_mut().for_each(|x| *x *= m);
+                                    }
+                                }
+                                let rows = BlockTable {
+                                    table: &table,
+                                    max_blocks,
+                                    seq_lens: &n_c,
+                                };
+                                for g in 0..n_kv {
+                                    let gh = hq / n_kv;
+                                    let q0 = (s * hq + g * gh) * d;
+                                    let packed = Packed::new(isa, &dense, cn, n_kv, g, d);
+                                    let mut scr = Scratch::default();
+                                    let qg = &q[q0..q0 + gh * d];
+                                    group_sums(isa, qg, gh, d, &packed, cn, c.scale, &mut scr);
+                                    let row = super::paged::Row {
+                                        s,
+                                        g,
+                                        q0,
+                                        heads: gh,
+                                        d,
+                                    };
+                                    let bits = |v: &[f32]| {
+                                        v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                                    };
+                                    let got = super::paged::group_sums(
+                                        isa, &q, &cache, &rows, row, cn, c.scale, bits,
+                                    );
+                                    assert_eq!(got, bits(&scr.sums), "{kind:?} {isa:?} {s} {g}");
+                                    sums_checked += usize::from(cn > 0);
+                                }
+                            }
+                            let r = s * n_kv * 4;
+                            let what =
+                                format!("{kind:?} {isa:?} {hq}/{n_kv} page {page} {c:?} {s}");
+                            assert_eq!(&got[r..r + n_kv * 4], &want[..], "{what}");
+                            c0 += cn;
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 0 && sums_checked > 0);
+}
+
 /// Stage 1 with the heads in the lanes (`heads::group_sums`) equals the
 /// packed form (`score::group_sums`) bit for bit at every level: groups of
 /// 8 (one vector), 9 to 16 (two, lanes left empty), 17 to 33 (a second

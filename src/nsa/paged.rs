@@ -23,14 +23,16 @@
 //! (`src/infllm/heads.rs`, "why the bits are `score::group_sums`'s": each
 //! logit its own chain, the maximum exact, the softmax's lanes fixed by the
 //! key's index). Here each (sequence, KV head) row runs the same kernels'
-//! staged form ([`Staged`], one query: any group size) a page at a time:
+//! staged form (`infllm::heads::Staged`, one query: any group size) a page at a time
+//! (the page walk shared with InfLLM-v2's paged selection,
+//! [`crate::infllm::paged`]):
 //! the keys of a page are handed to it in place (float32 and bfloat16 pages
 //! as their own elements, which is what the dense call reads), or, for the
 //! other formats, the row's KV head's `d` elements decoded (elementwise,
 //! exact) and, with scales, each multiplied by its key's scale (one float32
 //! product, as the dense call's `ck_scale`). Keys arrive in order with
 //! their indices, so every logit, maximum and lane sum is the dense call's;
-//! then the same softmax, group sum ([`Staged::finish`]), block scores
+//! then the same softmax, group sum (`Staged::finish`), block scores
 //! ([`super::block_scores`]) and row. A sequence whose query sees no key
 //! scores its forced blocks only, as the dense call does.
 //!
@@ -50,9 +52,9 @@
 use super::api::{check_block_counts, check_out, decoded, score_row, select_row};
 use super::{block_scores, Config, Window};
 use crate::error::{check_len, checked_size, ArgumentError};
-use crate::infllm::heads::{Rows, Staged};
+use crate::infllm::paged::{group_sums, Row};
 use crate::keys::paged::check_compressed_decode;
-use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
+use crate::keys::{BlockTable, Encoded, PagedCache};
 use crate::simd::Isa;
 
 fn invalid(argument: &'static str, message: String) -> ArgumentError {
@@ -119,127 +121,16 @@ fn check(
     Ok(Checked { n_c, n_seqs: n })
 }
 
-/// A thread's scratch, reused across the rows and calls it computes.
+/// A thread's scratch for a row's blocks, reused across the rows and
+/// calls it computes (stage 1's is [`crate::infllm::paged`]'s).
 #[derive(Default)]
 struct Scratch {
-    /// The chunks' logits buffers ([`Staged::chunks`]).
-    bufs: Vec<Vec<f32>>,
-    sums: Vec<f32>,
     blocks: Vec<f32>,
     ids: Vec<u64>,
-    /// A page's keys of one KV head, decoded (fp8, float16, misaligned).
-    keys: Vec<f32>,
-    /// A misaligned page's rows, decoded whole.
-    rows: Vec<f32>,
-    scales: Vec<f32>,
 }
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
-}
-
-/// The most logits floats a thread keeps between calls (64 MiB).
-const KEEP: usize = 1 << 24;
-
-/// Scores keys `j0 .. j0 + count` (rows `0 .. count` of page `page`) of KV
-/// head `g` into every chunk: in place when the page holds float32 or
-/// bfloat16 elements, else that head's elements decoded into `sc.keys`
-/// (each times its key's scale for the scaled layout).
-#[allow(clippy::too_many_arguments)]
-fn score_page(
-    cache: &PagedCache<'_>,
-    page: usize,
-    g: usize,
-    d: usize,
-    (j0, count): (usize, usize),
-    chunks: &mut [Staged],
-    sc: &mut Scratch,
-) {
-    let row = cache.d;
-    let base = g * d;
-    match (cache.layout, cache.page_keys(page)) {
-        (PageLayout::Dense(_), Some(Encoded::F32(v))) => {
-            let keys = Rows {
-                ck: v,
-                base,
-                stride: row,
-            };
-            chunks
-                .iter_mut()
-                .for_each(|c| c.score(keys, j0, count, &[]));
-        }
-        (PageLayout::Dense(_), Some(Encoded::Bf16(v))) => {
-            let keys = Rows {
-                ck: v,
-                base,
-                stride: row,
-            };
-            chunks
-                .iter_mut()
-                .for_each(|c| c.score(keys, j0, count, &[]));
-        }
-        (_, enc) => {
-            let Scratch {
-                keys, rows, scales, ..
-            } = sc;
-            keys.clear();
-            keys.resize(count * d, 0.0);
-            match enc {
-                // The head's `d` elements of each row, decoded in place.
-                Some(e) => {
-                    for (r, k) in keys.chunks_exact_mut(d).enumerate() {
-                        e.decode(r * row + base, k);
-                    }
-                }
-                // A misaligned page: its rows decoded whole, the head's part kept.
-                None => {
-                    rows.clear();
-                    rows.resize(count * row, 0.0);
-                    scales.resize(count.max(1), 0.0);
-                    cache.decode(page, 0, rows, scales);
-                    for (k, r) in keys.chunks_exact_mut(d).zip(rows.chunks_exact(row)) {
-                        k.copy_from_slice(&r[base..base + d]);
-                    }
-                }
-            }
-            if cache.layout == PageLayout::Fp8WithScales {
-                scales.clear();
-                scales.resize(count, 0.0);
-                cache.scales(page, 0, scales);
-                for (k, &m) in keys.chunks_exact_mut(d).zip(scales.iter()) {
-                    k.iter_mut().for_each(|x| *x *= m);
-                }
-            }
-            let keys = Rows {
-                ck: &keys[..],
-                base: 0,
-                stride: d,
-            };
-            chunks
-                .iter_mut()
-                .for_each(|c| c.score(keys, j0, count, &[]));
-        }
-    }
-}
-
-/// KV head `g`'s elements of rows `0 .. count` of page `page` (and their
-/// scales) asked into the second-level cache: the next page's keys, fetched
-/// while this page's are scored (the hardware prefetcher loses the stream at
-/// every page, and a head's share of a row is a strided read). No effect on
-/// results.
-#[cfg(target_arch = "x86_64")]
-fn ask_ahead(cache: &PagedCache<'_>, page: usize, g: usize, d: usize, count: usize) {
-    use crate::keys::{prefetch, CacheLevel};
-    let elem = cache.layout.key_format().size();
-    let (row, at) = (cache.d * elem, page * cache.page_stride);
-    for r in 0..count {
-        let from = at + r * row + g * d * elem;
-        prefetch(cache.bytes, from, from + d * elem, CacheLevel::L2);
-    }
-    if cache.layout == PageLayout::Fp8WithScales {
-        let sc = at + cache.block_size * row;
-        prefetch(cache.bytes, sc, sc + 4 * count, CacheLevel::L2);
-    }
 }
 
 /// Runs `f(row, block_scores, ids)` for every sequence `s` and KV head `g`
@@ -266,7 +157,6 @@ fn run<T: Send>(
         max_blocks: table.max_blocks,
         seq_lens: &ck.n_c,
     };
-    let page = cache.block_size;
     let most = ck.n_c.iter().copied().max().unwrap_or(0);
     let work = g_heads * most.max(1) * d;
     crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(work), |r, o| {
@@ -275,46 +165,22 @@ fn run<T: Send>(
         let nb = cfg.n_blocks(p + 1);
         // Every compressed key of the sequence is visible to its last token.
         let n_vis = geo.visible(p).min(ck.n_c[s]);
-        SCRATCH.with_borrow_mut(|sc| {
-            sc.sums.clear();
-            if n_vis > 0 {
-                let q0 = (s * n_q_heads + g * g_heads) * d;
-                let mut chunks = Staged::chunks(
-                    isa,
-                    &qv,
-                    &[q0],
-                    g_heads,
-                    d,
-                    &[n_vis],
-                    cfg.scale,
-                    &mut sc.bufs,
-                );
-                for j0 in (0..n_vis).step_by(page) {
-                    let count = page.min(n_vis - j0);
-                    #[cfg(target_arch = "x86_64")]
-                    if j0 + page < n_vis {
-                        let next = rows.page(s, (j0 + page) / page);
-                        ask_ahead(cache, next, g, d, page.min(n_vis - j0 - page));
-                    }
-                    let pg = rows.page(s, j0 / page);
-                    score_page(cache, pg, g, d, (j0, count), &mut chunks, sc);
-                }
-                sc.sums.resize(n_vis, 0.0);
-                for mut c in chunks {
-                    c.finish(&mut sc.sums);
-                    c.into_bufs(&mut sc.bufs);
-                }
-                if sc.bufs.iter().map(Vec::capacity).sum::<usize>() > KEEP {
-                    sc.bufs.clear();
-                }
-            }
-            let Scratch {
-                sums, blocks, ids, ..
-            } = sc;
-            blocks.clear();
-            blocks.resize(nb, 0.0);
-            block_scores(cfg, window, &sums[..n_vis], p, blocks);
-            f(o, blocks, ids);
+        let q0 = (s * n_q_heads + g * g_heads) * d;
+        let row = Row {
+            s,
+            g,
+            q0,
+            heads: g_heads,
+            d,
+        };
+        group_sums(isa, &qv, cache, &rows, row, n_vis, cfg.scale, |sums| {
+            SCRATCH.with_borrow_mut(|sc| {
+                let Scratch { blocks, ids } = sc;
+                blocks.clear();
+                blocks.resize(nb, 0.0);
+                block_scores(cfg, window, sums, p, blocks);
+                f(o, blocks, ids);
+            })
         });
     });
 }
@@ -494,7 +360,7 @@ mod tests {
 
     use super::super::api::{block_scores_compressed_at, select_compressed_at};
     use super::*;
-    use crate::keys::Format;
+    use crate::keys::{Format, PageLayout};
     use crate::simd::isas_for_test;
 
     /// A tiny LCG (the inputs fixed by the seed).

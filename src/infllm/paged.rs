@@ -1,0 +1,221 @@
+//! Stage 1 at decode over an engine's paged cache of compressed keys, the
+//! pages read in place: [`group_sums`], shared by InfLLM-v2's paged
+//! selection ([`super::select_paged_into`]) and NSA's
+//! (`crate::nsa::select_paged_into`, whose stage 1 is InfLLM-v2's).
+//!
+//! # The rule
+//!
+//! Sequence `s`'s compressed keys lie in pages of `page` rows, key `j` in
+//! row `j % page` of page `table[s, j / page]` (`table.seq_lens` here: each
+//! sequence's compressed-key count), a row every KV head's key (`n_kv · d`
+//! elements; [`PagedCache`]'s layouts: one format, or fp8 bytes then one
+//! float32 scale a key). [`group_sums`] gives, for one (sequence, KV head)
+//! and one decoding query, the group sums `S_j` of keys `0..n_vis` that
+//! [`super::score::group_sums`] gives on the same keys laid out densely
+//! (float32, fp8 keys each times its scale, as the dense calls'
+//! `ck_scale`).
+//!
+//! # Why the bits are the dense call's
+//!
+//! The row runs the stage-1 kernels' staged form ([`Staged`], one query:
+//! any group size) a page at a time: the keys of a page are handed to it in
+//! place (float32 and bfloat16 pages as their own elements, which is what
+//! the dense calls read), or, for the other formats, the row's KV head's
+//! `d` elements decoded (elementwise, exact) and, with scales, each
+//! multiplied by its key's scale (one float32 product, as the dense calls'
+//! `ck_scale`). Keys arrive in order with their indices, so every logit,
+//! maximum and lane sum is the dense kernels' (`super::heads`, "why the
+//! bits are `score::group_sums`'s"); then the same softmax and group sum
+//! ([`Staged::finish`]).
+//!
+//! What would break it: a key handed to the kernels under another index
+//! (its softmax lane moves), a scale applied after the dot rather than to
+//! the key, a page read past the sequence's keys (a stale row of a reused
+//! page would enter the softmax). The differential tests of both callers
+//! (`src/infllm/tests.rs`, `src/nsa/paged.rs`, `tests/python`) check their
+//! rows bit for bit against the dense calls at every SIMD level.
+//!
+//! # Speed
+//!
+//! Nothing is gathered: the fp8 / float16 / misaligned rows of one KV head
+//! are decoded a page at a time into a small buffer, and the next page's
+//! keys are asked into the second-level cache while a page is scored.
+
+use super::heads::{Rows, Staged};
+use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
+use crate::simd::Isa;
+
+/// A thread's stage-1 scratch, reused across the rows and calls it
+/// computes.
+#[derive(Default)]
+struct Scratch {
+    /// The chunks' logits buffers ([`Staged::chunks`]).
+    bufs: Vec<Vec<f32>>,
+    sums: Vec<f32>,
+    /// A page's keys of one KV head, decoded (fp8, float16, misaligned).
+    keys: Vec<f32>,
+    /// A misaligned page's rows, decoded whole.
+    rows: Vec<f32>,
+    scales: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// The most logits floats a thread keeps between calls (64 MiB).
+const KEEP: usize = 1 << 24;
+
+/// One (sequence, KV head) row of a paged decode: the group's `heads`
+/// query rows of `d` at `q[q0..]`, sequence `s`'s keys of KV head `g`.
+pub(crate) struct Row {
+    pub s: usize,
+    pub g: usize,
+    pub q0: usize,
+    pub heads: usize,
+    pub d: usize,
+}
+
+/// The group sums of keys `0..n_vis` of `row` (see the module docs) handed
+/// to `f` (`&[]` when `n_vis` is 0). `table.seq_lens` holds each
+/// sequence's compressed-key count (at least `n_vis` for `row.s`), the
+/// table and cache already checked ([`crate::keys::paged::check_compressed_decode`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn group_sums<R>(
+    isa: Isa,
+    q: &[f32],
+    cache: &PagedCache<'_>,
+    table: &BlockTable<'_>,
+    row: Row,
+    n_vis: usize,
+    scale: f32,
+    f: impl FnOnce(&[f32]) -> R,
+) -> R {
+    let Row { s, g, q0, heads, d } = row;
+    let page = cache.block_size;
+    SCRATCH.with_borrow_mut(|sc| {
+        sc.sums.clear();
+        if n_vis > 0 {
+            let mut chunks = Staged::chunks(isa, q, &[q0], heads, d, &[n_vis], scale, &mut sc.bufs);
+            for j0 in (0..n_vis).step_by(page) {
+                let count = page.min(n_vis - j0);
+                #[cfg(target_arch = "x86_64")]
+                if j0 + page < n_vis {
+                    let next = table.page(s, (j0 + page) / page);
+                    ask_ahead(cache, next, g, d, page.min(n_vis - j0 - page));
+                }
+                let pg = table.page(s, j0 / page);
+                score_page(cache, pg, g, d, (j0, count), &mut chunks, sc);
+            }
+            sc.sums.resize(n_vis, 0.0);
+            for mut c in chunks {
+                c.finish(&mut sc.sums);
+                c.into_bufs(&mut sc.bufs);
+            }
+            if sc.bufs.iter().map(Vec::capacity).sum::<usize>() > KEEP {
+                sc.bufs.clear();
+            }
+        }
+        f(&sc.sums)
+    })
+}
+
+/// Scores keys `j0 .. j0 + count` (rows `0 .. count` of page `page`) of KV
+/// head `g` into every chunk: in place when the page holds float32 or
+/// bfloat16 elements, else that head's elements decoded into `sc.keys`
+/// (each times its key's scale for the scaled layout).
+fn score_page(
+    cache: &PagedCache<'_>,
+    page: usize,
+    g: usize,
+    d: usize,
+    (j0, count): (usize, usize),
+    chunks: &mut [Staged],
+    sc: &mut Scratch,
+) {
+    let row = cache.d;
+    let base = g * d;
+    match (cache.layout, cache.page_keys(page)) {
+        (PageLayout::Dense(_), Some(Encoded::F32(v))) => {
+            let keys = Rows {
+                ck: v,
+                base,
+                stride: row,
+            };
+            chunks
+                .iter_mut()
+                .for_each(|c| c.score(keys, j0, count, &[]));
+        }
+        (PageLayout::Dense(_), Some(Encoded::Bf16(v))) => {
+            let keys = Rows {
+                ck: v,
+                base,
+                stride: row,
+            };
+            chunks
+                .iter_mut()
+                .for_each(|c| c.score(keys, j0, count, &[]));
+        }
+        (_, enc) => {
+            let Scratch {
+                keys, rows, scales, ..
+            } = sc;
+            keys.clear();
+            keys.resize(count * d, 0.0);
+            match enc {
+                // The head's `d` elements of each row, decoded in place.
+                Some(e) => {
+                    for (r, k) in keys.chunks_exact_mut(d).enumerate() {
+                        e.decode(r * row + base, k);
+                    }
+                }
+                // A misaligned page: its rows decoded whole, the head's part kept.
+                None => {
+                    rows.clear();
+                    rows.resize(count * row, 0.0);
+                    scales.resize(count.max(1), 0.0);
+                    cache.decode(page, 0, rows, scales);
+                    for (k, r) in keys.chunks_exact_mut(d).zip(rows.chunks_exact(row)) {
+                        k.copy_from_slice(&r[base..base + d]);
+                    }
+                }
+            }
+            if cache.layout == PageLayout::Fp8WithScales {
+                scales.clear();
+                scales.resize(count, 0.0);
+                cache.scales(page, 0, scales);
+                for (k, &m) in keys.chunks_exact_mut(d).zip(scales.iter()) {
+                    k.iter_mut().for_each(|x| *x *= m);
+                }
+            }
+            let keys = Rows {
+                ck: &keys[..],
+                base: 0,
+                stride: d,
+            };
+            chunks
+                .iter_mut()
+                .for_each(|c| c.score(keys, j0, count, &[]));
+        }
+    }
+}
+
+/// KV head `g`'s elements of rows `0 .. count` of page `page` (and their
+/// scales) asked into the second-level cache: the next page's keys, fetched
+/// while this page's are scored (the hardware prefetcher loses the stream at
+/// every page, and a head's share of a row is a strided read). No effect on
+/// results.
+#[cfg(target_arch = "x86_64")]
+fn ask_ahead(cache: &PagedCache<'_>, page: usize, g: usize, d: usize, count: usize) {
+    use crate::keys::{prefetch, CacheLevel};
+    let elem = cache.layout.key_format().size();
+    let (row, at) = (cache.d * elem, page * cache.page_stride);
+    for r in 0..count {
+        let from = at + r * row + g * d * elem;
+        prefetch(cache.bytes, from, from + d * elem, CacheLevel::L2);
+    }
+    if cache.layout == PageLayout::Fp8WithScales {
+        let sc = at + cache.block_size * row;
+        prefetch(cache.bytes, sc, sc + 4 * count, CacheLevel::L2);
+    }
+}
