@@ -3352,6 +3352,7 @@ def infllm_block_scores(
     See Also
     --------
     infllm_select : the blocks each query reads.
+    infllm_block_scores_paged : the same scores at decode over a paged cache.
 
     Examples
     --------
@@ -3596,6 +3597,7 @@ def infllm_select_paged(
     See Also
     --------
     infllm_select : the dense and packed forms.
+    infllm_block_scores_paged : the block scores these rows rank.
 
     Examples
     --------

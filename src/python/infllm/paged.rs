@@ -204,6 +204,7 @@ pub(in crate::python) fn infllm_block_scores_paged<'py>(
 /// See Also
 /// --------
 /// infllm_select : the dense and packed forms.
+/// infllm_block_scores_paged : the block scores these rows rank.
 ///
 /// Examples
 /// --------
