@@ -44,7 +44,7 @@ The decision half of sparse attention, exact on the CPU, for NumPy pipelines:
   on a query, and the pages it reads (Quest's kernels, its evaluation script,
   SGLang's variant);
 - InfLLM-v2's block selection (MiniCPM4 / 4.1: :func:`infllm_block_scores`,
-  :func:`infllm_select`, :func:`infllm_select_paged`): stage 1's softmax over compressed keys summed over
+  :func:`infllm_select`, :func:`infllm_block_scores_paged`, :func:`infllm_select_paged`): stage 1's softmax over compressed keys summed over
   the query group, max pooled onto 64-token blocks, the forced blocks and the
   top-k (the CUDA and the older Triton pooling, both top-k filters);
 - MInference's vertical-slash estimate (:func:`vslash_select`,

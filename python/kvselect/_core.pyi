@@ -29,6 +29,7 @@ __all__ = [
     "vslash_layout_batch",
     "infllm_block_scores",
     "infllm_select",
+    "infllm_block_scores_paged",
     "infllm_select_paged",
     "nsa_block_scores",
     "nsa_select",
@@ -3351,6 +3352,7 @@ def infllm_block_scores(
     See Also
     --------
     infllm_select : the blocks each query reads.
+    infllm_block_scores_paged : the same scores at decode over a paged cache.
 
     Examples
     --------
@@ -3435,6 +3437,95 @@ def infllm_select(
     ((1, 2, 4), [13, 14, 15])
     """
 
+def infllm_block_scores_paged(
+    q: _ArrayIn,
+    kv_cache: _ArrayIn,
+    block_table: _ArrayIn,
+    seq_lens: _ArrayIn,
+    n_kv_heads: int,
+    *,
+    init_blocks: int = 1,
+    local_blocks: int = 32,
+    pooling: str = "cuda",
+    scale: Optional[float] = None,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    block_size: int = 64,
+    kernel_size: int = 32,
+    kernel_stride: int = 16,
+) -> npt.NDArray[np.float32]:
+    """:func:`infllm_block_scores` at decode, over an engine's paged cache of compressed
+    keys.
+
+    Sequence ``s`` decodes one query at position ``seq_lens[s] - 1``; its
+    ``(seq_lens[s] - 32) // 16 + 1`` compressed keys (0 below 32 tokens) are read in
+    place through its ``block_table`` row (compressed key ``j`` in row ``j % page_size``
+    of page ``block_table[s, j // page_size]``), a row every KV head's key. Row ``s``
+    equals :func:`infllm_block_scores` bit for bit on the same compressed keys laid out
+    densely (fp8 keys times their scales, as its ``ck_scale``), then NaN past the
+    sequence's own blocks (as its packed form pads).
+
+    Parameters
+    ----------
+    q : array_like, [n_seqs, n_q_heads, d]
+        Each sequence's decoding query.
+    kv_cache : array_like, [num_blocks, page_size, n_kv_heads * d]
+        The compressed keys' pages, read in place (any block stride; float32 and
+        bfloat16 pages without a copy), or uint8 pages of fp8 keys then one float32
+        scale per key (``page_layout='fp8_scaled'``).
+    block_table : array_like of int32, [n_seqs, max_blocks]
+        Logical page -> cache block, per sequence (entries past a sequence's compressed
+        keys are never read).
+    seq_lens : array_like of int, [n_seqs]
+        Tokens per sequence (the query's own included), each >= 1.
+    n_kv_heads : int
+        KV heads per compressed key.
+    init_blocks, local_blocks, pooling, scale
+        As :func:`infllm_block_scores`.
+    block_size, kernel_size, kernel_stride
+        As :func:`infllm_block_scores`.
+    page_layout : {'dense', 'fp8_scaled'}, optional
+        How a page holds its keys (as :func:`infllm_select_paged`).
+    key_format, query_format : str, optional
+        The formats of a raw cache and ``q``.
+
+    Returns
+    -------
+    ndarray of float32, [n_seqs, n_kv_heads, max_blocks]
+        ``max_blocks = ceil(max(seq_lens) / block_size)``; NaN past a sequence's own
+        blocks.
+
+    Raises
+    ------
+    SelectionError
+        (a ValueError; ``.argument`` names it) when the cache, table or lengths are
+        refused (``kv_cache``, ``block_table``, ``seq_lens``: a row too short for its
+        sequence's compressed keys, an entry read outside the cache, a sequence of no
+        token), ``n_kv_heads`` does not divide a row, ``q`` is not ``[n_seqs, n_q_heads,
+        d]`` or its heads are not a multiple of the KV heads (``q``), and as
+        :func:`infllm_block_scores` (``scale``, ``block_size``, ``kernel_size``,
+        ``kernel_stride``, ``pooling``).
+
+    See Also
+    --------
+    infllm_select_paged : the blocks each decoding query reads.
+    infllm_block_scores : the dense and packed forms.
+
+    Examples
+    --------
+    >>> import numpy as np, kvselect
+    >>> rng = np.random.default_rng(0)
+    >>> ck = rng.standard_normal((63, 2, 8)).astype(np.float32)  # 1024 tokens' keys
+    >>> q = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    >>> cache = ck.reshape(7, 9, 16)[::-1]  # pages of 9 keys, stored in reverse
+    >>> table = np.arange(6, -1, -1, dtype=np.int32)[None]
+    >>> s = kvselect.infllm_block_scores_paged(q, cache, table, [1024], 2, local_blocks=2)
+    >>> np.array_equal(s, kvselect.infllm_block_scores(q, ck, 1024, local_blocks=2))
+    True
+    """
+    ...
+
 def infllm_select_paged(
     q: _ArrayIn,
     kv_cache: _ArrayIn,
@@ -3506,6 +3597,7 @@ def infllm_select_paged(
     See Also
     --------
     infllm_select : the dense and packed forms.
+    infllm_block_scores_paged : the block scores these rows rank.
 
     Examples
     --------

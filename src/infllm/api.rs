@@ -612,21 +612,98 @@ pub fn select_packed_into(
     Ok(())
 }
 
-/// InfLLM-v2's selection at decode over a paged cache of compressed keys:
-/// sequence `s` decodes one query (`q` `[n_seqs, n_q_heads, d]`) at position
-/// `seq_lens[s] − 1` (`table.seq_lens`: tokens), and its compressed keys —
-/// `compressed_len(seq_lens[s])` of them, key `j` in row `j % page` of page
-/// `table[s, j / page]` — are read in place (a cache row is `n_kv_heads ·
-/// d` elements; a `Fp8WithScales` page's scale is one per compressed key).
-/// `out` `[n_seqs, n_kv_heads, top_k]`; equal, row for row, to
-/// [`select_into`] on the sequence's compressed keys laid out densely.
+/// InfLLM-v2's block scores at decode over a paged cache of compressed
+/// keys: sequence `s` decodes one query (`q` `[n_seqs, n_q_heads, d]`) at
+/// position `seq_lens[s] − 1` (`table.seq_lens`: tokens), and its
+/// compressed keys — `compressed_len(seq_lens[s])` of them, key `j` in row
+/// `j % page` of page `table[s, j / page]` — are read in place (a cache row
+/// is `n_kv_heads · d` elements; a `Fp8WithScales` page's scale is one per
+/// compressed key). `out` `[n_seqs, n_kv_heads, max_blocks]`, `max_blocks`
+/// the most blocks of a sequence; row `(s, g)` equals, bit for bit,
+/// [`block_scores_into`]'s row on the sequence's compressed keys laid out
+/// densely, then NaN past the sequence's own blocks (as
+/// [`block_scores_packed_into`] pads).
 ///
 /// # Errors
-/// As [`select_into`]; the cache refused as [`PagedCache::check`] refuses
-/// it, or its rows not `n_kv_heads · d` (`kv_cache`); a `seq_lens` entry 0
-/// or past an int32 position (`seq_lens`); a block-table row too short for
-/// its sequence's compressed keys, or an entry it reads outside the cache
-/// (`block_table`); `q` not `[n_seqs, n_q_heads, d]` (`q`).
+/// As [`block_scores_into`]; the cache refused as [`PagedCache::check`]
+/// refuses it, or its rows not `n_kv_heads · d` (`kv_cache`); a `seq_lens`
+/// entry 0 or past an int32 position (`seq_lens`); a block-table row too
+/// short for its sequence's compressed keys, or an entry it reads outside
+/// the cache (`block_table`); `q` not `[n_seqs, n_q_heads, d]` (`q`); `out`
+/// of another size. Nothing is written before every check has passed.
+#[allow(clippy::too_many_arguments)]
+pub fn block_scores_paged_into(
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    cache: &PagedCache<'_>,
+    table: &BlockTable<'_>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    block_scores_paged_at(
+        Isa::best(),
+        q,
+        n_q_heads,
+        cache,
+        table,
+        n_kv_heads,
+        d,
+        cfg,
+        out,
+    )
+}
+
+/// [`block_scores_paged_into`] at `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_scores_paged_at(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    cache: &PagedCache<'_>,
+    table: &BlockTable<'_>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+    out: &mut [f32],
+) -> Result<(), ArgumentError> {
+    let n_c = check_paged(q.len(), n_q_heads, cache, table, n_kv_heads, d, cfg)?;
+    let n = n_c.len();
+    let nb = table
+        .seq_lens
+        .iter()
+        .map(|&l| cfg.geometry.n_blocks(l))
+        .max()
+        .unwrap_or(0);
+    check_out(
+        out.len(),
+        checked_size("out", &[n, n_kv_heads, nb])?,
+        || format!("[n_seqs={n}, n_kv_heads={n_kv_heads}, max_blocks={nb}]"),
+    )?;
+    run_paged(
+        isa,
+        q,
+        n_q_heads,
+        cache,
+        table,
+        &n_c,
+        (n_kv_heads, d),
+        cfg,
+        out,
+        nb,
+        score_row,
+    );
+    Ok(())
+}
+
+/// InfLLM-v2's selection at decode over a paged cache of compressed keys
+/// (see [`block_scores_paged_into`]): `out` `[n_seqs, n_kv_heads, top_k]`;
+/// equal, row for row, to [`select_into`] on the sequence's compressed keys
+/// laid out densely.
+///
+/// # Errors
+/// `top_k` 0 (`topk`), and as [`block_scores_paged_into`].
 #[allow(clippy::too_many_arguments)]
 pub fn select_paged_into(
     q: Encoded<'_>,
@@ -665,30 +742,80 @@ pub(super) fn select_paged_at(
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
     check_top_k(cfg)?;
-    check_common(n_q_heads, n_kv_heads, d, cfg)?;
-    let n_c = crate::keys::paged::check_compressed_decode(cache, table, n_kv_heads, d, |n| {
-        cfg.geometry.compressed_len(n)
-    })?;
-    let lens = table.seq_lens;
-    let rows = BlockTable {
-        table: table.table,
-        max_blocks: table.max_blocks,
-        seq_lens: &n_c,
-    };
-    let n = lens.len();
-    let qrow = checked_size("q", &[n_q_heads, d])?;
-    check_len("q", q.len(), checked_size("q", &[n, qrow])?, || {
-        format!("[n_seqs={n}, n_q_heads={n_q_heads}, d={d}]")
-    })?;
+    let n_c = check_paged(q.len(), n_q_heads, cache, table, n_kv_heads, d, cfg)?;
+    let n = n_c.len();
     let k = cfg.top_k;
     check_out(out.len(), checked_size("out", &[n, n_kv_heads, k])?, || {
         format!("[n_seqs={n}, n_kv_heads={n_kv_heads}, top_k={k}]")
     })?;
+    run_paged(
+        isa,
+        q,
+        n_q_heads,
+        cache,
+        table,
+        &n_c,
+        (n_kv_heads, d),
+        cfg,
+        out,
+        k,
+        |row, p, blocks| select_row(cfg, row, p, blocks),
+    );
+    Ok(())
+}
+
+/// The checks both paged forms share (all but `top_k` and `out`): each
+/// sequence's compressed-key count.
+#[allow(clippy::too_many_arguments)]
+fn check_paged(
+    q_len: usize,
+    n_q_heads: usize,
+    cache: &PagedCache<'_>,
+    table: &BlockTable<'_>,
+    n_kv_heads: usize,
+    d: usize,
+    cfg: &Config,
+) -> Result<Vec<usize>, ArgumentError> {
+    check_common(n_q_heads, n_kv_heads, d, cfg)?;
+    let n_c = crate::keys::paged::check_compressed_decode(cache, table, n_kv_heads, d, |n| {
+        cfg.geometry.compressed_len(n)
+    })?;
+    let n = table.seq_lens.len();
+    let qrow = checked_size("q", &[n_q_heads, d])?;
+    check_len("q", q_len, checked_size("q", &[n, qrow])?, || {
+        format!("[n_seqs={n}, n_q_heads={n_q_heads}, d={d}]")
+    })?;
+    Ok(n_c)
+}
+
+/// Runs `f(row, p, block_scores)` for every (sequence, KV head) row of a
+/// checked paged decode (`width` wide), its group sums from the shared page
+/// walk ([`super::paged::group_sums`]), on the crate's pool.
+#[allow(clippy::too_many_arguments)]
+fn run_paged<T: Send>(
+    isa: Isa,
+    q: Encoded<'_>,
+    n_q_heads: usize,
+    cache: &PagedCache<'_>,
+    table: &BlockTable<'_>,
+    n_c: &[usize],
+    (n_kv_heads, d): (usize, usize),
+    cfg: &Config,
+    out: &mut [T],
+    width: usize,
+    f: impl Fn(&mut [T], usize, &[f32]) + Sync + Send,
+) {
+    let lens = table.seq_lens;
+    let rows = BlockTable {
+        table: table.table,
+        max_blocks: table.max_blocks,
+        seq_lens: n_c,
+    };
     let g_heads = n_q_heads / n_kv_heads;
     let qv = decoded(q, None, 0);
     let most = n_c.iter().copied().max().unwrap_or(0);
     let work = g_heads * most.max(1) * d;
-    crate::pool::for_each_row_mut(out, k, crate::pool::min_rows(work), |r, o| {
+    crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(work), |r, o| {
         let (s, g) = (r / n_kv_heads, r % n_kv_heads);
         let (len, c) = (lens[s], n_c[s]);
         let p = len - 1;
@@ -704,8 +831,7 @@ pub(super) fn select_paged_at(
         super::paged::group_sums(isa, &qv, cache, &rows, row, n_vis, cfg.scale, |sums| {
             let mut blocks = vec![0.0f32; cfg.geometry.n_blocks(len)];
             block_scores(cfg, sums, c, p, &mut blocks);
-            select_row(cfg, o, p, &blocks);
+            f(o, p, &blocks);
         });
     });
-    Ok(())
 }

@@ -125,7 +125,7 @@
 //! [`select_paged_into`] reads a decoding query's compressed keys through a
 //! block table (OpenBMB's SGLang backend keeps them in a pool with
 //! per-request tables, `cache_lens = seq_lens − 1`) and runs the dense rule
-//! on them. Both equal the dense call bit for bit because the decoded
+//! on them ([`block_scores_paged_into`] its scores). They equal the dense call bit for bit because the decoded
 //! values are exact and the same kernels run on them in the same order; a
 //! sequence given another sequence's keys, or queries not at its end, would
 //! break that, and is refused.
@@ -165,7 +165,8 @@ pub(crate) fn staged_probe(isa: crate::simd::Isa) {
 }
 
 pub use api::{
-    block_scores_into, block_scores_packed_into, select_into, select_packed_into, select_paged_into,
+    block_scores_into, block_scores_packed_into, block_scores_paged_into, select_into,
+    select_packed_into, select_paged_into,
 };
 
 /// The block and compression geometry: `block_size`-token blocks, compressed

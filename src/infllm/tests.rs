@@ -391,6 +391,20 @@ fn paged_decode_equals_dense_at_every_level() {
             &mut got,
         )
         .unwrap();
+        let width = c.geometry.n_blocks(lens.iter().copied().max().unwrap());
+        let mut scores = vec![0.0f32; lens.len() * n_kv * width];
+        super::api::block_scores_paged_at(
+            isa,
+            Encoded::F32(&q),
+            hq,
+            &cache,
+            &bt,
+            n_kv,
+            d,
+            &c,
+            &mut scores,
+        )
+        .unwrap();
         for (s, (&len, &nc)) in lens.iter().zip(&n_c).enumerate() {
             let row = n_kv * d;
             let mut dense = vec![0.0f32; nc * row];
@@ -418,6 +432,29 @@ fn paged_decode_equals_dense_at_every_level() {
                 &want[..],
                 "{isa:?} {s}"
             );
+            // The paged block scores: the dense call's row bit for bit, then NaN.
+            let nb = c.geometry.n_blocks(len);
+            let mut want_scores = vec![0.0f32; n_kv * nb];
+            super::api::block_scores_at(
+                isa,
+                Encoded::F32(&q[s * hq * d..(s + 1) * hq * d]),
+                hq,
+                Encoded::F32(&dense),
+                None,
+                n_kv,
+                d,
+                len,
+                &c,
+                &mut want_scores,
+            )
+            .unwrap();
+            for g in 0..n_kv {
+                let row = &scores[(s * n_kv + g) * width..(s * n_kv + g + 1) * width];
+                let want_row = &want_scores[g * nb..(g + 1) * nb];
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&row[..nb]), bits(want_row), "{isa:?} {s} {g}");
+                assert!(row[nb..].iter().all(|x| x.is_nan()), "{isa:?} {s} {g}");
+            }
         }
     }
     // A table row one page short for sequence 0's keys: refused, nothing written.
@@ -432,6 +469,20 @@ fn paged_decode_equals_dense_at_every_level() {
     assert_eq!(e.argument(), "block_table");
     assert!(e.to_string().contains("61 compressed keys"), "{e}");
     assert!(out.iter().all(|&x| x == 7));
+    let mut scores = vec![7.0f32; lens.len() * n_kv * 16];
+    let e = super::block_scores_paged_into(
+        Encoded::F32(&q),
+        hq,
+        &cache,
+        &short,
+        n_kv,
+        d,
+        &c,
+        &mut scores,
+    )
+    .unwrap_err();
+    assert_eq!(e.argument(), "block_table");
+    assert!(scores.iter().all(|&x| x == 7.0));
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -199,6 +199,12 @@ def _infllm_select_packed():
     return dict(_infllm_packed(), topk=3)
 
 
+def _infllm_block_scores_paged():
+    args = _infllm_select_paged()
+    del args["topk"]
+    return args
+
+
 def _infllm_select_paged():
     return {
         "q": _normal((1, 4, 8), 6),
@@ -562,6 +568,8 @@ SPECS = [
     Spec("infllm_block_scores", _infllm_packed, "packed", lowp={"q": "query_format", "ck": "key_format"}),
     Spec("infllm_select", _infllm_select, lowp={"q": "query_format", "ck": "key_format"}),
     Spec("infllm_select", _infllm_select_packed, "packed", lowp={"q": "query_format", "ck": "key_format"}),
+    Spec("infllm_block_scores_paged", _infllm_block_scores_paged, lowp={"kv_cache": "key_format"}),
+    Spec("infllm_block_scores_paged", _scaled(_infllm_block_scores_paged), "fp8_scaled"),
     Spec("infllm_select_paged", _infllm_select_paged, lowp={"kv_cache": "key_format"}),
     Spec("infllm_select_paged", _scaled(_infllm_select_paged), "fp8_scaled"),
     # NSA
@@ -710,6 +718,7 @@ NAMED = {
         ("q", "transposed"): {"native": "ck", "reference": "cu_seqlens_q"},
         ("ck", "transposed"): {"reference": "cu_seqlens_k"},
     },
+    "infllm_block_scores_paged": {("kv_cache", "transposed"): "n_kv_heads"},
     "infllm_select_paged": {("q", "transposed"): {"reference": "ck"}, ("kv_cache", "transposed"): "n_kv_heads"},
     "nsa_block_scores": {("q", "transposed"): "k", ("k", "transposed"): {"reference": "k_scale"}},
     "nsa_block_scores[packed]": {
@@ -764,6 +773,7 @@ NAMED = {
     "output_relative_error_rows": {("sparse", "transposed"): "dense", ("sparse", "reshaped"): "dense"},
     "check_witnesses": {("before", "transposed"): "after", ("before", "reshaped"): "after"},
     "check_blocks": {("block_scores", "reshaped"): "rows", ("rows", "reshaped"): "block_scores"},
+    "infllm_block_scores_paged[fp8_scaled]": {("kv_cache", "transposed"): "n_kv_heads"},
     "infllm_select_paged[fp8_scaled]": {
         ("q", "transposed"): {"reference": "ck"},
         ("kv_cache", "transposed"): "n_kv_heads",

@@ -166,6 +166,51 @@ def test_infllm_paged_decode_equals_dense(fmt):
             assert np.array_equal(twin[s : s + 1], want)
 
 
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "fp8_scaled"])
+def test_infllm_paged_block_scores_equal_dense(fmt):
+    """``infllm_block_scores_paged``: each sequence's decoding query over its compressed
+    keys in shuffled pages (page sizes 1 to 16, GQA groups of 1 and 16, sequences below
+    32 tokens with no key, both poolings): the dense call's row bit for bit, then NaN to
+    the longest sequence's blocks; the twin's paged scores equal its dense ones."""
+    rng = np.random.default_rng(SEED + 7 + len(fmt))
+    rows_checked = 0
+    for _ in range(30):
+        lens = [int(rng.choice([rng.integers(1, 40), rng.integers(40, 900)])) for _ in range(int(rng.integers(1, 4)))]
+        n_cs = [RI.compressed_len(n) for n in lens]
+        h, g, d, page = int(rng.choice([1, 2])), int(rng.choice([1, 16])), 8, int(rng.choice([1, 3, 16]))
+        st = dict(
+            init_blocks=int(rng.integers(0, 3)),
+            local_blocks=int(rng.integers(0, 3)),
+            pooling=str(rng.choice(["cuda", "triton"])),
+        )
+        ck = rng.standard_normal((sum(n_cs), h, d)).astype(np.float32)
+        q = rng.standard_normal((len(lens), h * g, d)).astype(np.float32)
+        scale, layout = None, "dense"
+        if fmt == "fp8_scaled":
+            ck = (ck * 40).clip(-448, 448).astype(ml_dtypes.float8_e4m3fn)
+            scale = rng.uniform(0.01, 0.1, len(ck)).astype(np.float32)
+            flat, layout = ck.reshape(len(ck), h * d).view(np.uint8), "fp8_scaled"
+        else:
+            ck = ck.astype({"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[fmt])
+            flat = ck.reshape(len(ck), h * d)
+        cache, table = _paged(flat, n_cs, page, rng, scale)
+        got = ks.infllm_block_scores_paged(q, cache, table, lens, h, page_layout=layout, **st)
+        twin = RI.infllm_block_scores_paged(q, cache, table, lens, h, page_layout=layout, **st)
+        assert got.dtype == np.float32 and got.shape == (len(lens), h, max(-(-n // 64) for n in lens))
+        c0 = np.r_[0, np.cumsum(n_cs)]
+        for s, n in enumerate(lens):
+            cs, nb = slice(c0[s], c0[s + 1]), -(-n // 64)
+            sc = {} if scale is None else {"ck_scale": scale[cs]}
+            dense = ks.infllm_block_scores(q[s : s + 1], ck[cs], n, **st, **sc)
+            assert np.array_equal(got[s : s + 1, :, :nb].view(np.uint32), dense.view(np.uint32))
+            assert np.isnan(got[s, :, nb:]).all()
+            want = RI.infllm_block_scores(q[s : s + 1], ck[cs], n, **st, **sc)
+            assert np.array_equal(twin[s : s + 1, :, :nb], want)
+            assert np.isnan(twin[s, :, nb:]).all()
+            rows_checked += h
+    assert rows_checked > 50
+
+
 def _nsa_batch(rng):
     h, g = int(rng.choice([1, 2])), int(rng.choice([1, 2, 16]))
     d, bs = int(rng.integers(1, 16)), int(rng.choice([1, 4, 8, 16]))
@@ -220,6 +265,7 @@ for i in range(int(src["n"])):
     out[f"r{i}"] = ks.infllm_select(q, ck, lens, 5, local_blocks=1, cu_seqlens_q=cq, cu_seqlens_k=ckk)
     out[f"s{i}"] = ks.infllm_block_scores(q, ck, lens, local_blocks=1, cu_seqlens_q=cq, cu_seqlens_k=ckk)
     out[f"p{i}"] = ks.infllm_select_paged(src[f"pq{i}"], src[f"cache{i}"], src[f"table{i}"], lens, ck.shape[1], 5)
+    out[f"ps{i}"] = ks.infllm_block_scores_paged(src[f"pq{i}"], src[f"cache{i}"], src[f"table{i}"], lens, ck.shape[1])
     k, cu, cuq = src[f"k{i}"], src[f"cu{i}"], src[f"cuq{i}"]
     out[f"n{i}"] = ks.nsa_select(q, k, 4, block_size=16, cu_seqlens=cu, cu_seqlens_q=cuq)
     out[f"ns{i}"] = ks.nsa_block_scores(q, k, block_size=16, cu_seqlens=cu, cu_seqlens_q=cuq)
@@ -229,7 +275,7 @@ np.savez(sys.argv[2], **out)
 
 @pytest.mark.parametrize("level", ["scalar", "avx2"])
 def test_every_simd_level_gives_the_same_bits(tmp_path, level):
-    """Packed InfLLM-v2 and NSA rows and scores, and paged InfLLM-v2 rows, at
+    """Packed InfLLM-v2 and NSA rows and scores, and paged InfLLM-v2 rows and scores, at
     KVSELECT_SIMD=scalar / avx2 (a child process) equal the best level's bits, one batch
     past the parallel threshold."""
     if ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar":
@@ -255,6 +301,7 @@ def test_every_simd_level_gives_the_same_bits(tmp_path, level):
         expected[f"r{i}"] = ks.infllm_select(q, ck, lens, 5, local_blocks=1, cu_seqlens_q=cq, cu_seqlens_k=ckk)
         expected[f"s{i}"] = ks.infllm_block_scores(q, ck, lens, local_blocks=1, cu_seqlens_q=cq, cu_seqlens_k=ckk)
         expected[f"p{i}"] = ks.infllm_select_paged(pq, cache, table, lens, h, 5)
+        expected[f"ps{i}"] = ks.infllm_block_scores_paged(pq, cache, table, lens, h)
         cu = arrays[f"cu{i}"]
         expected[f"n{i}"] = ks.nsa_select(q, k, 4, block_size=16, cu_seqlens=cu, cu_seqlens_q=cq)
         expected[f"ns{i}"] = ks.nsa_block_scores(q, k, block_size=16, cu_seqlens=cu, cu_seqlens_q=cq)
@@ -363,10 +410,24 @@ def test_nsa_packed_refusals_name_the_argument_and_change_nothing(change, argume
         (dict(h=3), "n_kv_heads"),
         (dict(q=np.zeros((2, 4, 8), np.float32)), "q"),
         (dict(cache=np.zeros((4, 8, 15), np.float32)), "n_kv_heads"),
+        (dict(table=np.array([[2, -1]], np.int32)), "block_table"),
+        (dict(h=0), "n_kv_heads"),
+        (dict(q=np.zeros((1, 3, 8), np.float32)), "q"),  # heads not a multiple of the KV heads
+        (dict(q=np.zeros((1, 4, 4), np.float32)), "q"),  # another d
+        (dict(cache=np.zeros((4, 8), np.float32)), "kv_cache"),
         (dict(topk=0), "topk"),
+        (dict(kw=dict(block_size=0)), "block_size"),
+        (dict(kw=dict(kernel_stride=0)), "kernel_stride"),
+        (dict(kw=dict(block_size=40)), "block_size"),  # not whole strides
+        (dict(kw=dict(scale=float("nan"))), "scale"),
+        (dict(kw=dict(pooling="max")), "pooling"),
+        (dict(kw=dict(page_layout="fp9")), "page_layout"),
     ],
 )
 def test_infllm_paged_refusals_name_the_argument_and_change_nothing(change, argument):
+    """Both paged entry points (``topk`` the selection's alone) and the scores' twin
+    refuse naming the argument (a SelectionError; a ValueError in the twin) and leave
+    every input byte-identical."""
     args = dict(
         q=np.ones((1, 4, 8), np.float32),
         cache=np.arange(4 * 8 * 16, dtype=np.float32).reshape(4, 8, 16),
@@ -374,12 +435,22 @@ def test_infllm_paged_refusals_name_the_argument_and_change_nothing(change, argu
         lens=[200],
         h=2,
         topk=3,
+        kw={},
     )
     args.update(change)
     before = {n: np.array(v, copy=True) for n, v in args.items() if isinstance(v, np.ndarray)}
-    with pytest.raises(ks.SelectionError, match=argument) as e:
-        ks.infllm_select_paged(args["q"], args["cache"], args["table"], args["lens"], args["h"], args["topk"])
-    assert e.value.argument == argument
+    pos, kw = (args["q"], args["cache"], args["table"], args["lens"], args["h"]), args["kw"]
+    calls = [lambda m: m.infllm_select_paged(*pos, args["topk"], **kw)]
+    if argument != "topk":
+        calls.append(lambda m: m.infllm_block_scores_paged(*pos, **kw))
+    for call in calls:
+        with pytest.raises(ks.SelectionError, match=argument) as e:
+            call(ks)
+        assert e.value.argument == argument
+    if argument != "topk":
+        with pytest.raises(ValueError) as t:
+            RI.infllm_block_scores_paged(*pos, **kw)
+        assert getattr(t.value, "argument", None) == argument, t.value
     for name, v in before.items():
         assert np.array_equal(args[name], v), name
 

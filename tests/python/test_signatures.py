@@ -366,6 +366,7 @@ def _samples():
         "quest_select": (core.quest_select, (qq, qlo, qhi, 40, 2)),
         "infllm_block_scores": (core.infllm_block_scores, (qq[None], qk[:1], 40)),
         "infllm_select": (core.infllm_select, (qq[None], qk[:1], 40)),
+        "infllm_block_scores_paged": (core.infllm_block_scores_paged, (qq[None], qcache, table, [40], 2)),
         "infllm_select_paged": (core.infllm_select_paged, (qq[None], qcache, table, [40], 2)),
         "vslash_select": (core.vslash_select, (rng.standard_normal((2, 40, 8)).astype(np.float32), qk, 30, 50)),
         "vslash_scores": (core.vslash_scores, (rng.standard_normal((2, 40, 8)).astype(np.float32), qk)),

@@ -147,6 +147,7 @@ from .indexer import (
 from .infllm import (
     compress_keys,
     infllm_block_scores,
+    infllm_block_scores_paged,
     infllm_select,
     infllm_select_paged,
 )

@@ -533,3 +533,50 @@ def infllm_select_paged(
         ck = gather_paged(kv_cache, block_table, s, compressed_len(n, kz, st), h, page_layout, key_format)
         out[s] = infllm_select(qa[s : s + 1], ck, n, topk, **kw)[0]
     return out
+
+
+def infllm_block_scores_paged(
+    q: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    n_kv_heads: int,
+    *,
+    page_layout: str = "dense",
+    key_format: Optional[str] = None,
+    query_format: Optional[str] = None,
+    **kw: Any,
+) -> np.ndarray:
+    """``kvselect.infllm_block_scores_paged`` in float64: each sequence's compressed keys
+    gathered through its block-table row (:func:`gather_paged`, fp8 keys times their
+    scales rounded to float32), its one query at its last token, the dense twin's row
+    (:func:`infllm_block_scores`), then NaN to the longest sequence's blocks. Keyword
+    arguments as there."""
+    h = _count("n_kv_heads", n_kv_heads)
+    lens = _int_list("seq_lens", seq_lens)
+    kv_cache, block_table = _paged(kv_cache, block_table, len(lens), h, page_layout)
+    qa = decode(q, query_format, "query_format", name="q")
+    kz, st = kw.get("kernel_size", KERNEL_SIZE), kw.get("kernel_stride", KERNEL_STRIDE)
+    bs, _, _ = _geometry(kw.get("block_size", BLOCK_SIZE), kz, st)
+    row_width = kv_cache.shape[2] - 4 * (page_layout == "fp8_scaled")
+    if qa.ndim != 3 or qa.shape[0] != len(lens) or qa.shape[2] * h != row_width:
+        raise ReferenceSelectionError("q", f"q must be [n_seqs={len(lens)}, n_q_heads, d], got {qa.shape}")
+    page, n_pages = kv_cache.shape[1], kv_cache.shape[0]
+    out = np.full((len(lens), h, max((n_blocks(n, bs) for n in lens), default=0)), np.nan)
+    for s, n in enumerate(lens):
+        if n < 1:
+            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: a decoding query has its own token")
+        n_c = compressed_len(n, kz, st)
+        need = -(-n_c // page)
+        if need > block_table.shape[1]:
+            raise ReferenceSelectionError(
+                "block_table",
+                f"sequence {s}'s {n_c} compressed keys need {need} pages, rows have {block_table.shape[1]}",
+            )
+        bad = [b for b in range(need) if not 0 <= block_table[s, b] < n_pages]
+        if bad:
+            raise ReferenceSelectionError("block_table", f"block_table[{s}, {bad[0]}] is not a page of the cache")
+        ck = gather_paged(kv_cache, block_table, s, compressed_len(n, kz, st), h, page_layout, key_format)
+        row = infllm_block_scores(qa[s : s + 1], ck, n, **kw)[0]
+        out[s, :, : row.shape[1]] = row
+    return out

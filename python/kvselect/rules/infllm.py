@@ -223,9 +223,15 @@ BLOCKS = BudgetUnit("block", size=lambda s: geometry(s)[0], forced=_forced)
 RULE = Rule(
     name="infllm",
     title="InfLLM-v2 block selection",
-    api=("infllm_block_scores", "infllm_select", "infllm_select_paged"),
+    api=("infllm_block_scores", "infllm_select", "infllm_block_scores_paged", "infllm_select_paged"),
     reference="kvselect.reference.infllm",
-    twins=("compress_keys", "infllm_block_scores", "infllm_select", "infllm_select_paged"),
+    twins=(
+        "compress_keys",
+        "infllm_block_scores",
+        "infllm_select",
+        "infllm_block_scores_paged",
+        "infllm_select_paged",
+    ),
     assertions=("kvselect.testing.assert_infllm",),
     cases="kvselect.testing.cases.all_infllm_cases",
     case_functions=(

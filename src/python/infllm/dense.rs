@@ -221,6 +221,7 @@ impl<'py> Call<'py> {
 /// See Also
 /// --------
 /// infllm_select : the blocks each query reads.
+/// infllm_block_scores_paged : the same scores at decode over a paged cache.
 ///
 /// Examples
 /// --------

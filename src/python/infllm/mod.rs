@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dense::infllm_block_scores, m)?)?;
     m.add_function(wrap_pyfunction!(dense::infllm_select, m)?)?;
+    m.add_function(wrap_pyfunction!(paged::infllm_block_scores_paged, m)?)?;
     m.add_function(wrap_pyfunction!(paged::infllm_select_paged, m)?)?;
     Ok(())
 }

@@ -1,5 +1,9 @@
-//! InfLLM-v2's selection at decode over a paged cache of compressed keys.
+//! InfLLM-v2's block scores and selection at decode over a paged cache of
+//! compressed keys: `infllm_block_scores_paged` and `infllm_select_paged`
+//! (both raise `SelectionError`), the cache, table and lengths read alike
+//! ([`Paged::whole_sequences`]).
 
+use numpy::PyArrayDyn;
 use pyo3::prelude::*;
 
 use super::super::args::{
@@ -10,6 +14,144 @@ use super::super::cache::Paged;
 use super::super::errors::refuse;
 use super::config::config;
 use crate::infllm::{self, Keep, Pooling};
+
+type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
+
+/// :func:`infllm_block_scores` at decode, over an engine's paged cache of compressed
+/// keys.
+///
+/// Sequence ``s`` decodes one query at position ``seq_lens[s] - 1``; its
+/// ``(seq_lens[s] - 32) // 16 + 1`` compressed keys (0 below 32 tokens) are read in
+/// place through its ``block_table`` row (compressed key ``j`` in row ``j % page_size``
+/// of page ``block_table[s, j // page_size]``), a row every KV head's key. Row ``s``
+/// equals :func:`infllm_block_scores` bit for bit on the same compressed keys laid out
+/// densely (fp8 keys times their scales, as its ``ck_scale``), then NaN past the
+/// sequence's own blocks (as its packed form pads).
+///
+/// Parameters
+/// ----------
+/// q : array_like, [n_seqs, n_q_heads, d]
+///     Each sequence's decoding query.
+/// kv_cache : array_like, [num_blocks, page_size, n_kv_heads * d]
+///     The compressed keys' pages, read in place (any block stride; float32 and
+///     bfloat16 pages without a copy), or uint8 pages of fp8 keys then one float32
+///     scale per key (``page_layout='fp8_scaled'``).
+/// block_table : array_like of int32, [n_seqs, max_blocks]
+///     Logical page -> cache block, per sequence (entries past a sequence's compressed
+///     keys are never read).
+/// seq_lens : array_like of int, [n_seqs]
+///     Tokens per sequence (the query's own included), each >= 1.
+/// n_kv_heads : int
+///     KV heads per compressed key.
+/// init_blocks, local_blocks, pooling, scale
+///     As :func:`infllm_block_scores`.
+/// block_size, kernel_size, kernel_stride
+///     As :func:`infllm_block_scores`.
+/// page_layout : {'dense', 'fp8_scaled'}, optional
+///     How a page holds its keys (as :func:`infllm_select_paged`).
+/// key_format, query_format : str, optional
+///     The formats of a raw cache and ``q``.
+///
+/// Returns
+/// -------
+/// ndarray of float32, [n_seqs, n_kv_heads, max_blocks]
+///     ``max_blocks = ceil(max(seq_lens) / block_size)``; NaN past a sequence's own
+///     blocks.
+///
+/// Raises
+/// ------
+/// SelectionError
+///     (a ValueError; ``.argument`` names it) when the cache, table or lengths are
+///     refused (``kv_cache``, ``block_table``, ``seq_lens``: a row too short for its
+///     sequence's compressed keys, an entry read outside the cache, a sequence of no
+///     token), ``n_kv_heads`` does not divide a row, ``q`` is not ``[n_seqs, n_q_heads,
+///     d]`` or its heads are not a multiple of the KV heads (``q``), and as
+///     :func:`infllm_block_scores` (``scale``, ``block_size``, ``kernel_size``,
+///     ``kernel_stride``, ``pooling``).
+///
+/// See Also
+/// --------
+/// infllm_select_paged : the blocks each decoding query reads.
+/// infllm_block_scores : the dense and packed forms.
+///
+/// Examples
+/// --------
+/// >>> import numpy as np, kvselect
+/// >>> rng = np.random.default_rng(0)
+/// >>> ck = rng.standard_normal((63, 2, 8)).astype(np.float32)  # 1024 tokens' keys
+/// >>> q = rng.standard_normal((1, 4, 8)).astype(np.float32)
+/// >>> cache = ck.reshape(7, 9, 16)[::-1]  # pages of 9 keys, stored in reverse
+/// >>> table = np.arange(6, -1, -1, dtype=np.int32)[None]
+/// >>> s = kvselect.infllm_block_scores_paged(q, cache, table, [1024], 2, local_blocks=2)
+/// >>> np.array_equal(s, kvselect.infllm_block_scores(q, ck, 1024, local_blocks=2))
+/// True
+#[pyfunction]
+#[pyo3(
+    signature = (q, kv_cache, block_table, seq_lens, n_kv_heads, *, init_blocks=None,
+                 local_blocks=None, pooling=None, scale=None, page_layout=None,
+                 key_format=None, query_format=None, block_size=None, kernel_size=None,
+                 kernel_stride=None),
+    text_signature = "(q, kv_cache, block_table, seq_lens, n_kv_heads, *, init_blocks=1, \
+                      local_blocks=32, pooling='cuda', scale=None, page_layout='dense', \
+                      key_format=None, query_format=None, block_size=64, kernel_size=32, \
+                      kernel_stride=16)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub(in crate::python) fn infllm_block_scores_paged<'py>(
+    py: Python<'py>,
+    q: &Obj<'py>,
+    kv_cache: &Obj<'py>,
+    block_table: &Obj<'py>,
+    seq_lens: &Obj<'py>,
+    n_kv_heads: &Obj<'py>,
+    init_blocks: Opt<'_, 'py>,
+    local_blocks: Opt<'_, 'py>,
+    pooling: Option<Named<Pooling>>,
+    scale: Option<f64>,
+    page_layout: Option<Named<PageLayoutName>>,
+    key_format: Option<Named<KeyFormat>>,
+    query_format: Option<Named<QueryFormat>>,
+    block_size: Opt<'_, 'py>,
+    kernel_size: Opt<'_, 'py>,
+    kernel_stride: Opt<'_, 'py>,
+) -> PyResult<F32<'py>> {
+    let h = S.count(n_kv_heads, "n_kv_heads", I32_MAX)?;
+    let page_layout = page_layout.unwrap_or(Named::known(PageLayoutName::Dense));
+    let (paged, lens) = Paged::whole_sequences(
+        py,
+        kv_cache,
+        block_table,
+        seq_lens,
+        h,
+        &page_layout,
+        key_format.format_arg(),
+    )?;
+    let nq = lens.len();
+    let (qe, hq, d) = paged.decode_queries(nq, h, q, query_format.format_arg())?;
+    let options = (
+        (init_blocks, local_blocks, 1),
+        (block_size, kernel_size, kernel_stride),
+        pooling,
+        None,
+    );
+    let cfg = config(options, scale, d)?;
+    // The output's width divides by `block_size`: refused here if 0.
+    cfg.geometry.check()?;
+    let nb = lens
+        .iter()
+        .map(|&l| cfg.geometry.n_blocks(l))
+        .max()
+        .unwrap_or(0);
+    let [pg, tb] = paged.untyped();
+    let mut out: Out<'py, f32> = S.output(py, None, &[nq, h, nb], &[qe.untyped(), pg, tb])?;
+    let (cache, table) = (paged.cache(), paged.table()?);
+    let qs = qe.encoded()?;
+    let o = out.slice()?;
+    detach(py, paged.work(1, hq), || {
+        infllm::block_scores_paged_into(qs, hq, &cache, &table, h, d, &cfg, o)
+    })?;
+    Ok(out.finish())
+}
 
 /// InfLLM-v2's block selection at decode, over an engine's paged cache of compressed
 /// keys.
@@ -62,6 +204,7 @@ use crate::infllm::{self, Keep, Pooling};
 /// See Also
 /// --------
 /// infllm_select : the dense and packed forms.
+/// infllm_block_scores_paged : the block scores these rows rank.
 ///
 /// Examples
 /// --------
