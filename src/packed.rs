@@ -184,6 +184,100 @@ pub(crate) fn check_seq_ids<I: IndexLike>(
     Ok(())
 }
 
+/// One sequence of a packed batch on given compressed keys
+/// ([`compressed_batch`]): its first query and query count, its first
+/// compressed key and key count, and its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CompressedSeq {
+    pub q0: usize,
+    pub n_q: usize,
+    pub c0: usize,
+    pub n_c: usize,
+    pub len: usize,
+}
+
+/// The layout of a packed batch on given compressed keys (InfLLM-v2's
+/// varlen compressed-key call, and NSA's on the same arguments), checked
+/// in that call's order and words: `q` whole `[n_q_heads, d]` rows and `ck`
+/// whole `[n_kv_heads, d]` rows (`q_len`, `ck_len` values), `cu_seqlens_k`
+/// rising from 0 to `ck`'s keys, `seq_lens` one length a sequence, each in
+/// `1 ..= i32::MAX` (a position is an `i32`), each sequence's keys exactly
+/// `compressed_len` of its tokens (`cu_seqlens_k`), `cu_seqlens_q` rising
+/// from 0 to the queries with no sequence more queries than tokens, and
+/// `ck_scale_len` (when given) one a key. `n_q_heads` and `n_kv_heads` and
+/// `d` are positive (the callers' own checks come first).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn compressed_batch(
+    q_len: usize,
+    n_q_heads: usize,
+    ck_len: usize,
+    ck_scale_len: Option<usize>,
+    n_kv_heads: usize,
+    d: usize,
+    (seq_lens, cu_seqlens_q, cu_seqlens_k): (&[usize], &[usize], &[usize]),
+    compressed_len: impl Fn(usize) -> usize,
+) -> Result<Vec<CompressedSeq>, ArgumentError> {
+    let invalid = |argument, message| ArgumentError::Invalid { argument, message };
+    let per_q = crate::error::checked_size("q", &[n_q_heads, d])?;
+    if !q_len.is_multiple_of(per_q) {
+        let message =
+            format!("q holds {q_len} values, not whole [n_q_heads={n_q_heads}, d={d}] queries");
+        return Err(invalid("q", message));
+    }
+    let per_c = crate::error::checked_size("ck", &[n_kv_heads, d])?;
+    if !ck_len.is_multiple_of(per_c) {
+        let message = format!(
+            "ck holds {ck_len} values, not whole [n_kv_heads={n_kv_heads}, d={d}] compressed keys"
+        );
+        return Err(invalid("ck", message));
+    }
+    let (n_q, n_c) = (q_len / per_q, ck_len / per_c);
+    let cu_k = boundaries_named("cu_seqlens_k", cu_seqlens_k, n_c, ("compressed keys", "ck"))?;
+    let n_seqs = cu_k.len() - 1;
+    check_len("seq_len", seq_lens.len(), n_seqs, || {
+        format!("[n_seqs={n_seqs}] (cu_seqlens_k)")
+    })?;
+    for (s, &len) in seq_lens.iter().enumerate() {
+        let oor = |argument, index, message| ArgumentError::OutOfRange {
+            argument,
+            index,
+            message,
+        };
+        if len == 0 {
+            let message = format!("seq_len[{s}] = 0: a sequence has at least one token");
+            return Err(oor("seq_len", s, message));
+        }
+        if len > i32::MAX as usize {
+            let message = format!(
+                "seq_len[{s}] = {len}: a sequence holds at most {} tokens (an int32 position)",
+                i32::MAX
+            );
+            return Err(oor("seq_len", s, message));
+        }
+        let (got, want) = (cu_k[s + 1] - cu_k[s], compressed_len(len));
+        if got != want {
+            let message = format!(
+                "cu_seqlens_k gives sequence {s} {got} compressed keys, but its seq_len[{s}] = \
+                 {len} tokens have {want}"
+            );
+            return Err(oor("cu_seqlens_k", s + 1, message));
+        }
+    }
+    query_bounds(cu_seqlens_q, "cu_seqlens_k", seq_lens, "tokens", n_q)?;
+    if let Some(len) = ck_scale_len {
+        check_len("ck_scale", len, n_c, || format!("[n_c={n_c}]"))?;
+    }
+    Ok((0..n_seqs)
+        .map(|s| CompressedSeq {
+            q0: cu_seqlens_q[s],
+            n_q: cu_seqlens_q[s + 1] - cu_seqlens_q[s],
+            c0: cu_k[s],
+            n_c: cu_k[s + 1] - cu_k[s],
+            len: seq_lens[s],
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use crate::block_sparse::{select_packed_into, BlockSparseConfig};

@@ -406,67 +406,30 @@ fn check_packed(
     seqs: (&[usize], &[usize], &[usize]),
     cfg: &Config,
 ) -> Result<Vec<Seq>, ArgumentError> {
-    let (seq_lens, cu_seqlens_q, cu_seqlens_k) = seqs;
     check_common(n_q_heads, n_kv_heads, d, cfg)?;
-    let per_q = checked_size("q", &[n_q_heads, d])?;
-    if !q_len.is_multiple_of(per_q) {
-        let message =
-            format!("q holds {q_len} values, not whole [n_q_heads={n_q_heads}, d={d}] queries");
-        return Err(invalid("q", message));
-    }
-    let per_c = checked_size("ck", &[n_kv_heads, d])?;
-    if !ck_len.is_multiple_of(per_c) {
-        let message = format!(
-            "ck holds {ck_len} values, not whole [n_kv_heads={n_kv_heads}, d={d}] compressed keys"
-        );
-        return Err(invalid("ck", message));
-    }
-    let (n_q, n_c) = (q_len / per_q, ck_len / per_c);
-    let cu_k = crate::packed::boundaries_named(
-        "cu_seqlens_k",
-        cu_seqlens_k,
-        n_c,
-        ("compressed keys", "ck"),
+    let batch = crate::packed::compressed_batch(
+        q_len,
+        n_q_heads,
+        ck_len,
+        ck_scale.map(<[f32]>::len),
+        n_kv_heads,
+        d,
+        seqs,
+        |len| cfg.geometry.compressed_len(len),
     )?;
-    let n_seqs = cu_k.len() - 1;
-    check_len("seq_len", seq_lens.len(), n_seqs, || {
-        format!("[n_seqs={n_seqs}] (cu_seqlens_k)")
-    })?;
-    for (s, &len) in seq_lens.iter().enumerate() {
-        let oor = |argument, index, message| ArgumentError::OutOfRange {
-            argument,
-            index,
-            message,
-        };
-        if len == 0 {
-            let message = format!("seq_len[{s}] = 0: a sequence has at least one token");
-            return Err(oor("seq_len", s, message));
-        }
-        let (got, want) = (cu_k[s + 1] - cu_k[s], cfg.geometry.compressed_len(len));
-        if got != want {
-            let message = format!(
-                "cu_seqlens_k gives sequence {s} {got} compressed keys, but its seq_len[{s}] = \
-                 {len} tokens have {want}"
-            );
-            return Err(oor("cu_seqlens_k", s + 1, message));
-        }
-    }
-    crate::packed::query_bounds(cu_seqlens_q, "cu_seqlens_k", seq_lens, "tokens", n_q)?;
-    if let Some(sc) = ck_scale {
-        check_len("ck_scale", sc.len(), n_c, || format!("[n_c={n_c}]"))?;
-    }
-    Ok((0..n_seqs)
+    Ok(batch
+        .into_iter()
         .map(|s| Seq {
             sh: Shape {
-                n_q: cu_seqlens_q[s + 1] - cu_seqlens_q[s],
+                n_q: s.n_q,
                 hq: n_q_heads,
                 n_kv: n_kv_heads,
                 d,
-                n_c: cu_k[s + 1] - cu_k[s],
-                seq_len: seq_lens[s],
+                n_c: s.n_c,
+                seq_len: s.len,
             },
-            q0: cu_seqlens_q[s],
-            c0: cu_k[s],
+            q0: s.q0,
+            c0: s.c0,
         })
         .collect())
 }

@@ -32,14 +32,13 @@ fn invalid(argument: &'static str, message: String) -> ArgumentError {
     ArgumentError::Invalid { argument, message }
 }
 
-/// Checks the keys' shape and scales and the block size; returns `seq_len`.
-fn check_keys(
-    k_len: usize,
-    k_scale: Option<&[f32]>,
+/// The sizes every call checks first, in this order: `d`, `n_kv_heads`
+/// and `block_size` at least 1.
+pub(super) fn check_sizes(
     n_kv_heads: usize,
     d: usize,
     block_size: usize,
-) -> Result<usize, ArgumentError> {
+) -> Result<(), ArgumentError> {
     if d == 0 {
         return Err(invalid("d", "d must be at least 1".into()));
     }
@@ -55,6 +54,42 @@ fn check_keys(
             "block_size must be at least 1".into(),
         ));
     }
+    Ok(())
+}
+
+/// `q`'s heads a positive multiple of the KV heads, then the scale finite
+/// (`n_kv_heads` already checked nonzero).
+pub(super) fn check_heads(
+    n_q_heads: usize,
+    n_kv_heads: usize,
+    cfg: &Config,
+) -> Result<(), ArgumentError> {
+    if n_q_heads == 0 || !n_q_heads.is_multiple_of(n_kv_heads) {
+        return Err(invalid(
+            "q",
+            format!(
+                "q's {n_q_heads} heads are not a positive multiple of the {n_kv_heads} KV heads"
+            ),
+        ));
+    }
+    if !cfg.scale.is_finite() {
+        return Err(invalid(
+            "scale",
+            format!("scale must be finite, got {}", cfg.scale),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the keys' shape and scales and the block size; returns `seq_len`.
+fn check_keys(
+    k_len: usize,
+    k_scale: Option<&[f32]>,
+    n_kv_heads: usize,
+    d: usize,
+    block_size: usize,
+) -> Result<usize, ArgumentError> {
+    check_sizes(n_kv_heads, d, block_size)?;
     let per = checked_size("k", &[n_kv_heads, d])?;
     if k_len == 0 || !k_len.is_multiple_of(per) {
         return Err(invalid(
@@ -95,20 +130,7 @@ fn check_queries(
     seq_len: usize,
     cfg: &Config,
 ) -> Result<Shape, ArgumentError> {
-    if n_q_heads == 0 || !n_q_heads.is_multiple_of(n_kv_heads) {
-        return Err(invalid(
-            "q",
-            format!(
-                "q's {n_q_heads} heads are not a positive multiple of the {n_kv_heads} KV heads"
-            ),
-        ));
-    }
-    if !cfg.scale.is_finite() {
-        return Err(invalid(
-            "scale",
-            format!("scale must be finite, got {}", cfg.scale),
-        ));
-    }
+    check_heads(n_q_heads, n_kv_heads, cfg)?;
     let per_q = checked_size("q", &[n_q_heads, d])?;
     if q_len == 0 || !q_len.is_multiple_of(per_q) {
         return Err(invalid(
@@ -147,21 +169,7 @@ fn check_compressed(
     cfg: &Config,
     window: Window,
 ) -> Result<(Shape, usize), ArgumentError> {
-    if d == 0 {
-        return Err(invalid("d", "d must be at least 1".into()));
-    }
-    if n_kv_heads == 0 {
-        return Err(invalid(
-            "n_kv_heads",
-            "n_kv_heads must be at least 1".into(),
-        ));
-    }
-    if cfg.block_size == 0 {
-        return Err(invalid(
-            "block_size",
-            "block_size must be at least 1".into(),
-        ));
-    }
+    check_sizes(n_kv_heads, d, cfg.block_size)?;
     window.check(cfg.block_size)?;
     if seq_len == 0 {
         return Err(invalid(
@@ -1398,35 +1406,8 @@ fn check_packed(
     (cu_seqlens, cu_seqlens_q): (&[usize], Option<&[usize]>),
     cfg: &Config,
 ) -> Result<Vec<(Shape, usize, usize)>, ArgumentError> {
-    if d == 0 {
-        return Err(invalid("d", "d must be at least 1".into()));
-    }
-    if n_kv_heads == 0 {
-        return Err(invalid(
-            "n_kv_heads",
-            "n_kv_heads must be at least 1".into(),
-        ));
-    }
-    if cfg.block_size == 0 {
-        return Err(invalid(
-            "block_size",
-            "block_size must be at least 1".into(),
-        ));
-    }
-    if n_q_heads == 0 || !n_q_heads.is_multiple_of(n_kv_heads) {
-        return Err(invalid(
-            "q",
-            format!(
-                "q's {n_q_heads} heads are not a positive multiple of the {n_kv_heads} KV heads"
-            ),
-        ));
-    }
-    if !cfg.scale.is_finite() {
-        return Err(invalid(
-            "scale",
-            format!("scale must be finite, got {}", cfg.scale),
-        ));
-    }
+    check_sizes(n_kv_heads, d, cfg.block_size)?;
+    check_heads(n_q_heads, n_kv_heads, cfg)?;
     let (per_k, per_q) = (
         checked_size("k", &[n_kv_heads, d])?,
         checked_size("q", &[n_q_heads, d])?,

@@ -13,25 +13,15 @@
 //! (the same code, so the same bits). What would break it: a sequence's
 //! keys sliced off by one (its softmax would read its neighbour's).
 
-use super::api::{block_scores_compressed_at, check_block_counts, check_out, select_compressed_at};
+use super::api::{
+    block_scores_compressed_at, check_block_counts, check_heads, check_out, check_sizes,
+    select_compressed_at,
+};
 use super::{Config, Window};
-use crate::error::{check_len, checked_size, ArgumentError};
+use crate::error::{checked_size, ArgumentError};
 use crate::keys::Encoded;
+use crate::packed::CompressedSeq as Seq;
 use crate::simd::Isa;
-
-fn invalid(argument: &'static str, message: String) -> ArgumentError {
-    ArgumentError::Invalid { argument, message }
-}
-
-/// One sequence: its first query, queries, first compressed key, keys and
-/// tokens.
-struct Seq {
-    q0: usize,
-    n_q: usize,
-    c0: usize,
-    n_c: usize,
-    len: usize,
-}
 
 /// The packed batch checked (every refusal before anything is written), in
 /// InfLLM-v2's packed call's order and words: the sizes and settings, `q`
@@ -47,97 +37,23 @@ fn check(
     ck_scale: Option<&[f32]>,
     n_kv_heads: usize,
     d: usize,
-    (seq_lens, cu_seqlens_q, cu_seqlens_k): (&[usize], &[usize], &[usize]),
+    seqs: (&[usize], &[usize], &[usize]),
     (cfg, window): (&Config, Window),
 ) -> Result<Vec<Seq>, ArgumentError> {
-    if d == 0 {
-        return Err(invalid("d", "d must be at least 1".into()));
-    }
-    if n_kv_heads == 0 {
-        return Err(invalid(
-            "n_kv_heads",
-            "n_kv_heads must be at least 1".into(),
-        ));
-    }
-    if cfg.block_size == 0 {
-        return Err(invalid(
-            "block_size",
-            "block_size must be at least 1".into(),
-        ));
-    }
+    check_sizes(n_kv_heads, d, cfg.block_size)?;
     window.check(cfg.block_size)?;
-    if n_q_heads == 0 || !n_q_heads.is_multiple_of(n_kv_heads) {
-        let message = format!(
-            "q's {n_q_heads} heads are not a positive multiple of the {n_kv_heads} KV heads"
-        );
-        return Err(invalid("q", message));
-    }
-    if !cfg.scale.is_finite() {
-        return Err(invalid(
-            "scale",
-            format!("scale must be finite, got {}", cfg.scale),
-        ));
-    }
-    let per_q = checked_size("q", &[n_q_heads, d])?;
-    if !q_len.is_multiple_of(per_q) {
-        let message =
-            format!("q holds {q_len} values, not whole [n_q_heads={n_q_heads}, d={d}] queries");
-        return Err(invalid("q", message));
-    }
-    let per_c = checked_size("ck", &[n_kv_heads, d])?;
-    if !ck_len.is_multiple_of(per_c) {
-        let message = format!(
-            "ck holds {ck_len} values, not whole [n_kv_heads={n_kv_heads}, d={d}] compressed keys"
-        );
-        return Err(invalid("ck", message));
-    }
-    let (n_q, n_c) = (q_len / per_q, ck_len / per_c);
-    let cu_k = crate::packed::boundaries_named(
-        "cu_seqlens_k",
-        cu_seqlens_k,
-        n_c,
-        ("compressed keys", "ck"),
-    )?;
-    let n_seqs = cu_k.len() - 1;
-    check_len("seq_len", seq_lens.len(), n_seqs, || {
-        format!("[n_seqs={n_seqs}] (cu_seqlens_k)")
-    })?;
+    check_heads(n_q_heads, n_kv_heads, cfg)?;
     let geo = window.geometry(cfg.block_size);
-    for (s, &len) in seq_lens.iter().enumerate() {
-        let oor = |argument, index, message| ArgumentError::OutOfRange {
-            argument,
-            index,
-            message,
-        };
-        if len == 0 || len > i32::MAX as usize {
-            let message = format!(
-                "seq_len[{s}] = {len}: a sequence holds 1 ..= {} tokens",
-                i32::MAX
-            );
-            return Err(oor("seq_len", s, message));
-        }
-        let (got, want) = (cu_k[s + 1] - cu_k[s], geo.compressed_len(len));
-        if got != want {
-            let message = format!(
-                "cu_seqlens_k gives sequence {s} {got} compressed keys, but its seq_len[{s}] = \
-                 {len} tokens have {want}"
-            );
-            return Err(oor("cu_seqlens_k", s + 1, message));
-        }
-    }
-    crate::packed::query_bounds(cu_seqlens_q, "cu_seqlens_k", seq_lens, "tokens", n_q)?;
-    if let Some(sc) = ck_scale {
-        check_len("ck_scale", sc.len(), n_c, || format!("[n_c={n_c}]"))?;
-    }
-    Ok((0..n_seqs)
-        .map(|s| Seq {
-            q0: cu_seqlens_q[s],
-            n_q: cu_seqlens_q[s + 1] - cu_seqlens_q[s],
-            c0: cu_k[s],
-            n_c: cu_k[s + 1] - cu_k[s],
-            len: seq_lens[s],
-        })
-        .collect())
+    crate::packed::compressed_batch(
+        q_len,
+        n_q_heads,
+        ck_len,
+        ck_scale.map(<[f32]>::len),
+        n_kv_heads,
+        d,
+        seqs,
+        |len| geo.compressed_len(len),
+    )
 }
 
 /// [`super::block_scores_compressed_into`] over a packed batch (see the

@@ -49,17 +49,15 @@
 //! decoded a page at a time into a small buffer; nothing is gathered. Rows
 //! (sequence, KV head) run on the crate's pool.
 
-use super::api::{check_block_counts, check_out, decoded, score_row, select_row};
+use super::api::{
+    check_block_counts, check_heads, check_out, check_sizes, decoded, score_row, select_row,
+};
 use super::{block_scores, Config, Window};
 use crate::error::{check_len, checked_size, ArgumentError};
 use crate::infllm::paged::{group_sums, Row};
 use crate::keys::paged::check_compressed_decode;
 use crate::keys::{BlockTable, Encoded, PagedCache};
 use crate::simd::Isa;
-
-fn invalid(argument: &'static str, message: String) -> ArgumentError {
-    ArgumentError::Invalid { argument, message }
-}
 
 /// A paged call checked: each sequence's compressed-key count.
 struct Checked {
@@ -81,36 +79,9 @@ fn check(
     d: usize,
     (cfg, window): (&Config, Window),
 ) -> Result<Checked, ArgumentError> {
-    if d == 0 {
-        return Err(invalid("d", "d must be at least 1".into()));
-    }
-    if n_kv_heads == 0 {
-        return Err(invalid(
-            "n_kv_heads",
-            "n_kv_heads must be at least 1".into(),
-        ));
-    }
-    if cfg.block_size == 0 {
-        return Err(invalid(
-            "block_size",
-            "block_size must be at least 1".into(),
-        ));
-    }
+    check_sizes(n_kv_heads, d, cfg.block_size)?;
     window.check(cfg.block_size)?;
-    if n_q_heads == 0 || !n_q_heads.is_multiple_of(n_kv_heads) {
-        return Err(invalid(
-            "q",
-            format!(
-                "q's {n_q_heads} heads are not a positive multiple of the {n_kv_heads} KV heads"
-            ),
-        ));
-    }
-    if !cfg.scale.is_finite() {
-        return Err(invalid(
-            "scale",
-            format!("scale must be finite, got {}", cfg.scale),
-        ));
-    }
+    check_heads(n_q_heads, n_kv_heads, cfg)?;
     let geo = window.geometry(cfg.block_size);
     let n_c = check_compressed_decode(cache, table, n_kv_heads, d, |n| geo.compressed_len(n))?;
     let n = n_c.len();
