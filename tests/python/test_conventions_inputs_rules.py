@@ -719,7 +719,7 @@ NAMED = {
         ("ck", "transposed"): {"reference": "cu_seqlens_k"},
     },
     "infllm_block_scores_paged": {("kv_cache", "transposed"): "n_kv_heads"},
-    "infllm_select_paged": {("q", "transposed"): {"reference": "ck"}, ("kv_cache", "transposed"): "n_kv_heads"},
+    "infllm_select_paged": {("kv_cache", "transposed"): "n_kv_heads"},
     "nsa_block_scores": {("q", "transposed"): "k", ("k", "transposed"): {"reference": "k_scale"}},
     "nsa_block_scores[packed]": {
         ("q", "transposed"): {"native": "k", "reference": "cu_seqlens_q"},
@@ -774,10 +774,7 @@ NAMED = {
     "check_witnesses": {("before", "transposed"): "after", ("before", "reshaped"): "after"},
     "check_blocks": {("block_scores", "reshaped"): "rows", ("rows", "reshaped"): "block_scores"},
     "infllm_block_scores_paged[fp8_scaled]": {("kv_cache", "transposed"): "n_kv_heads"},
-    "infllm_select_paged[fp8_scaled]": {
-        ("q", "transposed"): {"reference": "ck"},
-        ("kv_cache", "transposed"): "n_kv_heads",
-    },
+    "infllm_select_paged[fp8_scaled]": {("kv_cache", "transposed"): "n_kv_heads"},
     "GlobalSlots[positions]": {
         ("block_table", "reshaped"): "req_ids",
         ("rows", "transposed"): "req_ids",

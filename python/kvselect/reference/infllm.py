@@ -506,6 +506,49 @@ def gather_paged(
     return decode(np.stack(rows), key_format, "key_format", name="kv_cache").astype(np.float32).reshape(n_rows, h, -1)
 
 
+def _paged_sequences(
+    q: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    n_kv_heads: int,
+    page_layout: str,
+    key_format: Optional[str],
+    query_format: Optional[str],
+    kw: dict,
+) -> list:
+    """A paged decode's arguments checked as the binding checks them (the cache and table,
+    ``q`` one ``[n_q_heads, d]`` query a sequence, each length at least 1, each table row
+    long enough and inside the cache), then each sequence's ``(seq_len, query [1, n_q_heads,
+    d], compressed keys)``, the keys gathered through its block-table row
+    (:func:`gather_paged`, fp8 keys times their scales rounded to float32)."""
+    h = _count("n_kv_heads", n_kv_heads)
+    lens = _int_list("seq_lens", seq_lens)
+    kv_cache, block_table = _paged(kv_cache, block_table, len(lens), h, page_layout)
+    qa = decode(q, query_format, "query_format", name="q")
+    kz, st = kw.get("kernel_size", KERNEL_SIZE), kw.get("kernel_stride", KERNEL_STRIDE)
+    row_width = kv_cache.shape[2] - 4 * (page_layout == "fp8_scaled")
+    if qa.ndim != 3 or qa.shape[0] != len(lens) or qa.shape[2] * h != row_width:
+        raise ReferenceSelectionError("q", f"q must be [n_seqs={len(lens)}, n_q_heads, d], got {qa.shape}")
+    page, n_pages = kv_cache.shape[1], kv_cache.shape[0]
+    seqs = []
+    for s, n in enumerate(lens):
+        if n < 1:
+            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: a decoding query has its own token")
+        n_c = compressed_len(n, kz, st)
+        need = -(-n_c // page)
+        if need > block_table.shape[1]:
+            raise ReferenceSelectionError(
+                "block_table",
+                f"sequence {s}'s {n_c} compressed keys need {need} pages, rows have {block_table.shape[1]}",
+            )
+        bad = [b for b in range(need) if not 0 <= block_table[s, b] < n_pages]
+        if bad:
+            raise ReferenceSelectionError("block_table", f"block_table[{s}, {bad[0]}] is not a page of the cache")
+        seqs.append((n, qa[s : s + 1], gather_paged(kv_cache, block_table, s, n_c, h, page_layout, key_format)))
+    return seqs
+
+
 def infllm_select_paged(
     q: Any,
     kv_cache: Any,
@@ -522,16 +565,11 @@ def infllm_select_paged(
     """``kvselect.infllm_select_paged``: each sequence's compressed keys gathered through
     its block-table row, its one query at its last token, the dense twin's row."""
     h = _count("n_kv_heads", n_kv_heads)
-    lens = _int_list("seq_lens", seq_lens)
-    kv_cache, block_table = _paged(kv_cache, block_table, len(lens), h, page_layout)
-    qa = decode(q, query_format, "query_format", name="q")
-    kz, st = kw.get("kernel_size", KERNEL_SIZE), kw.get("kernel_stride", KERNEL_STRIDE)
-    out = np.full((len(lens), h, _count("topk", topk)), -1, np.int32)
-    for s, n in enumerate(lens):
-        if n < 1:
-            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: a decoding query has its own token")
-        ck = gather_paged(kv_cache, block_table, s, compressed_len(n, kz, st), h, page_layout, key_format)
-        out[s] = infllm_select(qa[s : s + 1], ck, n, topk, **kw)[0]
+    width = _count("topk", topk)
+    seqs = _paged_sequences(q, kv_cache, block_table, seq_lens, h, page_layout, key_format, query_format, kw)
+    out = np.full((len(seqs), h, width), -1, np.int32)
+    for s, (n, qs, ck) in enumerate(seqs):
+        out[s] = infllm_select(qs, ck, n, topk, **kw)[0]
     return out
 
 
@@ -553,30 +591,11 @@ def infllm_block_scores_paged(
     (:func:`infllm_block_scores`), then NaN to the longest sequence's blocks. Keyword
     arguments as there."""
     h = _count("n_kv_heads", n_kv_heads)
-    lens = _int_list("seq_lens", seq_lens)
-    kv_cache, block_table = _paged(kv_cache, block_table, len(lens), h, page_layout)
-    qa = decode(q, query_format, "query_format", name="q")
     kz, st = kw.get("kernel_size", KERNEL_SIZE), kw.get("kernel_stride", KERNEL_STRIDE)
     bs, _, _ = _geometry(kw.get("block_size", BLOCK_SIZE), kz, st)
-    row_width = kv_cache.shape[2] - 4 * (page_layout == "fp8_scaled")
-    if qa.ndim != 3 or qa.shape[0] != len(lens) or qa.shape[2] * h != row_width:
-        raise ReferenceSelectionError("q", f"q must be [n_seqs={len(lens)}, n_q_heads, d], got {qa.shape}")
-    page, n_pages = kv_cache.shape[1], kv_cache.shape[0]
-    out = np.full((len(lens), h, max((n_blocks(n, bs) for n in lens), default=0)), np.nan)
-    for s, n in enumerate(lens):
-        if n < 1:
-            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: a decoding query has its own token")
-        n_c = compressed_len(n, kz, st)
-        need = -(-n_c // page)
-        if need > block_table.shape[1]:
-            raise ReferenceSelectionError(
-                "block_table",
-                f"sequence {s}'s {n_c} compressed keys need {need} pages, rows have {block_table.shape[1]}",
-            )
-        bad = [b for b in range(need) if not 0 <= block_table[s, b] < n_pages]
-        if bad:
-            raise ReferenceSelectionError("block_table", f"block_table[{s}, {bad[0]}] is not a page of the cache")
-        ck = gather_paged(kv_cache, block_table, s, compressed_len(n, kz, st), h, page_layout, key_format)
-        row = infllm_block_scores(qa[s : s + 1], ck, n, **kw)[0]
+    seqs = _paged_sequences(q, kv_cache, block_table, seq_lens, h, page_layout, key_format, query_format, kw)
+    out = np.full((len(seqs), h, max((n_blocks(n, bs) for n, _, _ in seqs), default=0)), np.nan)
+    for s, (n, qs, ck) in enumerate(seqs):
+        row = infllm_block_scores(qs, ck, n, **kw)[0]
         out[s, :, : row.shape[1]] = row
     return out
