@@ -446,6 +446,54 @@ fn refusals_come_in_the_originals_order() {
     );
 }
 
+/// A caller's output buffer of the wrong size is refused as `out`'s fault,
+/// in `out`'s words, after the learned rows' and the segment count's checks,
+/// and leaves the buffer untouched.
+#[test]
+fn an_output_of_another_size_is_refused_naming_out() {
+    use kvselect::witness::{apply_topology_witnesses_into, topology_witness_indices_into};
+    let learned = [0, 5, 9, -1, 3, 4, 7, 8];
+    for len in [0, 7, 9, 16] {
+        let mut out = vec![i32::MIN + 3; len];
+        let e = topology_witness_indices_into(&learned, 4, &[16, 16], 4, &mut out).unwrap_err();
+        assert_eq!(
+            e,
+            WitnessError::OutMismatch {
+                out_len: len,
+                rows: 2,
+                width: 4
+            }
+        );
+        assert_eq!(e.argument(), "out");
+        assert_eq!(
+            e.to_string(),
+            format!("out has {len} entries, but 2 context_lens rows x 4 slots needs 8")
+        );
+        assert!(out.iter().all(|&x| x == i32::MIN + 3));
+        let e =
+            apply_topology_witnesses_into(&learned, 4, &[16, 16], 1, 4, 2, &mut out).unwrap_err();
+        assert_eq!(
+            e,
+            WitnessError::OutMismatch {
+                out_len: len,
+                rows: 2,
+                width: 4
+            }
+        );
+        assert!(out.iter().all(|&x| x == i32::MIN + 3));
+    }
+    // The rows' and the segment count's refusals come first.
+    let mut out = [0; 3];
+    assert!(matches!(
+        topology_witness_indices_into(&learned, 4, &[16], 4, &mut out),
+        Err(WitnessError::RowsMismatch { .. })
+    ));
+    assert_eq!(
+        topology_witness_indices_into(&learned, 4, &[16, 16], 0, &mut out),
+        Err(WitnessError::SegmentsOutOfRange { num_segments: 0 })
+    );
+}
+
 /// Recall is the quotient kept / total as the original computes it, with no
 /// special case for a row without mass: 0/0 is NaN, x/0 is ±inf.
 #[test]

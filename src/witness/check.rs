@@ -41,6 +41,7 @@ pub fn check_witness_rows(
         argument: match e {
             WitnessError::SegmentsOutOfRange { .. } => "num_segments",
             WitnessError::RowsMismatch { .. } => "context_lens",
+            WitnessError::OutMismatch { .. } => "after",
             WitnessError::LearnedKeepOutOfRange { .. } => "before",
         },
         message: e.to_string(),

@@ -17,6 +17,18 @@ fn check_rows(learned_len: usize, topk: usize, rows: usize) -> Result<(), Witnes
     Ok(())
 }
 
+/// `out` holds `rows` rows of `width` slots.
+fn check_out(out_len: usize, rows: usize, width: usize) -> Result<(), WitnessError> {
+    if rows.checked_mul(width) != Some(out_len) {
+        return Err(WitnessError::OutMismatch {
+            out_len,
+            rows,
+            width,
+        });
+    }
+    Ok(())
+}
+
 /// Writes row `row`'s witnesses into `out` (`num_segments` slots, slot `s`
 /// holding `e_s` for a missing segment `s < S_eff` and `-1` otherwise).
 fn witness_row(row: &[i32], context_len: i32, num_segments: usize, out: &mut [i32], isa: Isa) {
@@ -77,7 +89,7 @@ pub fn topology_witness_indices(
 
 /// [`topology_witness_indices`] into a caller's `[rows, num_segments]`
 /// buffer (a serving loop reuses it). `out.len()` must be
-/// `rows * num_segments` (else `RowsMismatch` naming `out`'s length).
+/// `rows * num_segments` (else `OutMismatch`, argument `out`).
 pub fn topology_witness_indices_into(
     learned: &[i32],
     topk: usize,
@@ -91,7 +103,7 @@ pub fn topology_witness_indices_into(
     if num_segments == 0 {
         return Err(WitnessError::SegmentsOutOfRange { num_segments });
     }
-    check_rows(out.len(), num_segments, rows)?;
+    check_out(out.len(), rows, num_segments)?;
     let isa = Isa::best();
     pool::for_each_row_mut(out, num_segments, pool::min_rows(topk), |r, out_row| {
         let row = &learned[r * topk..(r + 1) * topk];
@@ -219,7 +231,7 @@ pub fn apply_topology_witnesses_into(
         num_segments,
         max_replacements,
     )?;
-    check_rows(out.len(), topk, context_lens.len())?;
+    check_out(out.len(), context_lens.len(), topk)?;
     if budget == 0 {
         out.copy_from_slice(learned);
         return Ok(());

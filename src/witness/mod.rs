@@ -107,6 +107,17 @@ pub enum WitnessError {
         /// The segment count asked for.
         num_segments: usize,
     },
+    /// A caller's output buffer (the Rust `_into` forms) is not `rows ×
+    /// width` entries (`width` is `num_segments` for the witnesses, `topk`
+    /// for the merge).
+    OutMismatch {
+        /// Entries in the output buffer.
+        out_len: usize,
+        /// Context lengths given, one per row.
+        rows: usize,
+        /// Slots per output row.
+        width: usize,
+    },
     /// The retained prefix is wider than the row.
     LearnedKeepOutOfRange {
         /// The retained prefix asked for.
@@ -134,6 +145,15 @@ impl fmt::Display for WitnessError {
                 "num_segments={num_segments} is out of range: it must be between 1 and \
                  {MAX_TOPOLOGY_SEGMENTS}"
             ),
+            WitnessError::OutMismatch {
+                out_len,
+                rows,
+                width,
+            } => write!(
+                f,
+                "out has {out_len} entries, but {rows} context_lens rows x {width} slots needs {}",
+                (rows as u128) * (width as u128)
+            ),
             WitnessError::LearnedKeepOutOfRange { learned_keep, topk } => write!(
                 f,
                 "learned_keep={learned_keep} is wider than the row (topk={topk})"
@@ -148,6 +168,7 @@ impl WitnessError {
         match self {
             WitnessError::RowsMismatch { .. } => "context_lens",
             WitnessError::SegmentsOutOfRange { .. } => "num_segments",
+            WitnessError::OutMismatch { .. } => "out",
             WitnessError::LearnedKeepOutOfRange { .. } => "learned_keep",
         }
     }
