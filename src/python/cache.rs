@@ -8,11 +8,13 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use super::args::{
-    element_name, format_of, is_native_order, numpy, positions, positions_along, query_positions,
-    Broadcast, EncodedIn, FormatArg, In, Named, Obj, PageLayoutName, Queries, StridedRows, S,
+    detach, element_name, format_of, is_native_order, numpy, positions, positions_along,
+    query_positions, AsFormatArg, Broadcast, EncodedIn, FormatArg, In, KeyFormat, Named, Obj, Out,
+    OutElement, PageLayoutName, Queries, QueryFormat, StridedRows, S,
 };
 use super::errors::refuse;
-use crate::keys::{BlockTable, PageLayout, PagedCache};
+use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
+use crate::ArgumentError;
 
 /// The paged arguments as the caller passed them.
 pub(super) struct PagedArgs<'a, 'py> {
@@ -188,6 +190,93 @@ impl<'py> Paged<'py> {
         [n, h, self.d]
             .iter()
             .fold(tokens, |w, &x| w.saturating_mul(x))
+    }
+}
+
+/// `page_layout`, `key_format` and `query_format`, as passed.
+pub(super) type Formats = (
+    Option<Named<PageLayoutName>>,
+    Option<Named<KeyFormat>>,
+    Option<Named<QueryFormat>>,
+);
+
+/// A decode step over whole sequences of a paged cache, as InfLLM-v2's,
+/// NSA's and MoBA's paged forms take it: the cache, table and lengths
+/// ([`Paged::whole_sequences`], `page_layout` `'dense'` unless named) and
+/// one query a sequence ([`Paged::decode_queries`]), read and checked in
+/// that order; [`PagedDecode::run`] then calls the core into a new output.
+pub(super) struct PagedDecode<'py> {
+    paged: Paged<'py>,
+    q: EncodedIn<'py>,
+    /// Tokens per sequence, the query's own included.
+    pub lens: Vec<usize>,
+    pub n_q_heads: usize,
+    pub n_kv_heads: usize,
+    /// Elements per head.
+    pub d: usize,
+}
+
+impl<'py> PagedDecode<'py> {
+    /// `(q, kv_cache, block_table, seq_lens)` as passed, `n_kv_heads` as
+    /// the caller counted it (each rule counts its own arguments first, in
+    /// its own order), the formats as passed.
+    pub fn read(
+        py: Python<'py>,
+        (q, kv_cache, block_table, seq_lens): (&Obj<'py>, &Obj<'py>, &Obj<'py>, &Obj<'py>),
+        n_kv_heads: usize,
+        (page_layout, key_format, query_format): Formats,
+    ) -> PyResult<Self> {
+        let page_layout = page_layout.unwrap_or(Named::known(PageLayoutName::Dense));
+        let (paged, lens) = Paged::whole_sequences(
+            py,
+            kv_cache,
+            block_table,
+            seq_lens,
+            n_kv_heads,
+            &page_layout,
+            key_format.format_arg(),
+        )?;
+        let (q, n_q_heads, d) =
+            paged.decode_queries(lens.len(), n_kv_heads, q, query_format.format_arg())?;
+        Ok(PagedDecode {
+            paged,
+            q,
+            lens,
+            n_q_heads,
+            n_kv_heads,
+            d,
+        })
+    }
+
+    /// A new `shape` output (not overlapping the queries, pages or table)
+    /// filled by `core(queries, cache, table, out)`, the GIL released when
+    /// `work` is large (see [`detach`]); the core's refusal raised as is.
+    pub fn run<T: OutElement>(
+        &self,
+        py: Python<'py>,
+        shape: &[usize],
+        work: usize,
+        core: impl FnOnce(
+                Encoded<'_>,
+                &PagedCache<'_>,
+                &BlockTable<'_>,
+                &mut [T],
+            ) -> Result<(), ArgumentError>
+            + Send,
+    ) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+        let [pg, tb] = self.paged.untyped();
+        let mut out: Out<'py, T> = S.output(py, None, shape, &[self.q.untyped(), pg, tb])?;
+        let (cache, table) = (self.paged.cache(), self.paged.table()?);
+        let q = self.q.encoded()?;
+        let o = out.slice()?;
+        detach(py, work, || core(q, &cache, &table, o))?;
+        Ok(out.finish())
+    }
+
+    /// Multiply-adds of scoring every cached key once for each sequence's
+    /// query heads (for [`PagedDecode::run`]'s `work`).
+    pub fn work(&self) -> usize {
+        self.paged.work(1, self.n_q_heads)
     }
 }
 

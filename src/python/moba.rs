@@ -8,7 +8,7 @@ use super::args::{
     detach, ndarrays, positions, AsFormatArg, EncodedIn, KeyFormat, MobaVariantName, Named, Obj,
     Opt, Out, PageLayoutName, QueryFormat, I32, I32_MAX, S,
 };
-use super::cache::Paged;
+use super::cache::PagedDecode;
 use super::errors::refuse;
 use crate::moba::{self, Shape, Variant};
 
@@ -330,39 +330,21 @@ pub(super) fn moba_select_paged<'py>(
     let topk = S.count(topk, "topk", I32_MAX)?;
     let bs = S.count(block_size, "block_size", I32_MAX)?;
     let v = self::variant(variant)?;
-    let page_layout = page_layout.unwrap_or(Named::known(PageLayoutName::Dense));
-    let (paged, lens) = Paged::whole_sequences(
-        py,
-        kv_cache,
-        block_table,
-        seq_lens,
-        h,
-        &page_layout,
-        key_format.format_arg(),
-    )?;
-    let nq = lens.len();
-    let (qe, hq, d) = paged.decode_queries(nq, h, q, query_format.format_arg())?;
+    let formats = (page_layout, key_format, query_format);
+    let c = PagedDecode::read(py, (q, kv_cache, block_table, seq_lens), h, formats)?;
     let shape = Shape {
-        n_q_heads: hq,
+        n_q_heads: c.n_q_heads,
         n_kv_heads: h,
-        d,
+        d: c.d,
         block_size: bs,
     };
-    let max_blocks = lens
-        .iter()
-        .map(|&l| l.div_ceil(bs.max(1)))
-        .max()
-        .unwrap_or(0);
-    let w = moba::width(v, topk, max_blocks);
-    let [pg, tb] = paged.untyped();
-    let mut out: Out<'py, i32> = S.output(py, None, &[nq, hq, w], &[qe.untyped(), pg, tb])?;
-    let (cache, table) = (paged.cache(), paged.table()?);
-    let qs = qe.encoded()?;
-    let o = out.slice()?;
-    detach(py, o.len(), || {
-        moba::select_paged_into(qs, &cache, &table, shape, topk, v, o)
-    })?;
-    Ok(out.finish())
+    let max_blocks = c.lens.iter().map(|&l| l.div_ceil(bs.max(1))).max();
+    let w = moba::width(v, topk, max_blocks.unwrap_or(0));
+    let out_shape = [c.lens.len(), c.n_q_heads, w];
+    let work = out_shape.iter().product();
+    c.run(py, &out_shape, work, |qs, cache, table, o| {
+        moba::select_paged_into(qs, cache, table, shape, topk, v, o)
+    })
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

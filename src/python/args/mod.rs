@@ -65,7 +65,7 @@ pub(super) use self::options::{
     AsFormatArg, Choice, FormatArg, KeyFormat, MobaVariantName, Named, PageLayoutName, QueryFormat,
     QuestVariantName, VslashVariantName,
 };
-pub(super) use self::out::{detach, Out};
+pub(super) use self::out::{detach, Out, OutElement};
 pub(super) use self::renamed::refuse_extra_keywords;
 pub(super) use self::strided::StridedRows;
 /// The exception domains, as the entry points name them: `S.count(..)`

@@ -1,16 +1,13 @@
 //! InfLLM-v2's block scores and selection at decode over a paged cache of
 //! compressed keys: `infllm_block_scores_paged` and `infllm_select_paged`
-//! (both raise `SelectionError`), the cache, table and lengths read alike
-//! ([`Paged::whole_sequences`]).
+//! (both raise `SelectionError`), the cache, table, lengths and queries
+//! read alike ([`PagedDecode`]).
 
 use numpy::PyArrayDyn;
 use pyo3::prelude::*;
 
-use super::super::args::{
-    detach, AsFormatArg, KeyFormat, Named, Obj, Opt, Out, PageLayoutName, QueryFormat, I32,
-    I32_MAX, S,
-};
-use super::super::cache::Paged;
+use super::super::args::{KeyFormat, Named, Obj, Opt, PageLayoutName, QueryFormat, I32, I32_MAX, S};
+use super::super::cache::PagedDecode;
 use super::super::errors::refuse;
 use super::config::config;
 use crate::infllm::{self, Keep, Pooling};
@@ -116,41 +113,23 @@ pub(in crate::python) fn infllm_block_scores_paged<'py>(
     kernel_stride: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let h = S.count(n_kv_heads, "n_kv_heads", I32_MAX)?;
-    let page_layout = page_layout.unwrap_or(Named::known(PageLayoutName::Dense));
-    let (paged, lens) = Paged::whole_sequences(
-        py,
-        kv_cache,
-        block_table,
-        seq_lens,
-        h,
-        &page_layout,
-        key_format.format_arg(),
-    )?;
-    let nq = lens.len();
-    let (qe, hq, d) = paged.decode_queries(nq, h, q, query_format.format_arg())?;
+    let formats = (page_layout, key_format, query_format);
+    let c = PagedDecode::read(py, (q, kv_cache, block_table, seq_lens), h, formats)?;
     let options = (
         (init_blocks, local_blocks, 1),
         (block_size, kernel_size, kernel_stride),
         pooling,
         None,
     );
-    let cfg = config(options, scale, d)?;
+    let cfg = config(options, scale, c.d)?;
     // The output's width divides by `block_size`: refused here if 0.
     cfg.geometry.check()?;
-    let nb = lens
-        .iter()
-        .map(|&l| cfg.geometry.n_blocks(l))
-        .max()
-        .unwrap_or(0);
-    let [pg, tb] = paged.untyped();
-    let mut out: Out<'py, f32> = S.output(py, None, &[nq, h, nb], &[qe.untyped(), pg, tb])?;
-    let (cache, table) = (paged.cache(), paged.table()?);
-    let qs = qe.encoded()?;
-    let o = out.slice()?;
-    detach(py, paged.work(1, hq), || {
-        infllm::block_scores_paged_into(qs, hq, &cache, &table, h, d, &cfg, o)
-    })?;
-    Ok(out.finish())
+    let nb = c.lens.iter().map(|&l| cfg.geometry.n_blocks(l)).max();
+    let (hq, d) = (c.n_q_heads, c.d);
+    let shape = [c.lens.len(), h, nb.unwrap_or(0)];
+    c.run(py, &shape, c.work(), |qs, cache, table, o| {
+        infllm::block_scores_paged_into(qs, hq, cache, table, h, d, &cfg, o)
+    })
 }
 
 /// InfLLM-v2's block selection at decode, over an engine's paged cache of compressed
@@ -254,32 +233,17 @@ pub(in crate::python) fn infllm_select_paged<'py>(
     if k == 0 {
         return Err(refuse(S, "topk", "topk must be at least 1 block"));
     }
-    let page_layout = page_layout.unwrap_or(Named::known(PageLayoutName::Dense));
-    let (paged, lens) = Paged::whole_sequences(
-        py,
-        kv_cache,
-        block_table,
-        seq_lens,
-        h,
-        &page_layout,
-        key_format.format_arg(),
-    )?;
-    let nq = lens.len();
-    let (qe, hq, d) = paged.decode_queries(nq, h, q, query_format.format_arg())?;
+    let formats = (page_layout, key_format, query_format);
+    let c = PagedDecode::read(py, (q, kv_cache, block_table, seq_lens), h, formats)?;
     let options = (
         (init_blocks, local_blocks, k),
         (block_size, kernel_size, kernel_stride),
         pooling,
         keep,
     );
-    let cfg = config(options, scale, d)?;
-    let [pg, tb] = paged.untyped();
-    let mut out: Out<'py, i32> = S.output(py, None, &[nq, h, k], &[qe.untyped(), pg, tb])?;
-    let (cache, table) = (paged.cache(), paged.table()?);
-    let qs = qe.encoded()?;
-    let o = out.slice()?;
-    detach(py, paged.work(1, hq), || {
-        infllm::select_paged_into(qs, hq, &cache, &table, h, d, &cfg, o)
-    })?;
-    Ok(out.finish())
+    let cfg = config(options, scale, c.d)?;
+    let (hq, d) = (c.n_q_heads, c.d);
+    c.run(py, &[c.lens.len(), h, k], c.work(), |qs, cache, table, o| {
+        infllm::select_paged_into(qs, hq, cache, table, h, d, &cfg, o)
+    })
 }

@@ -1,7 +1,7 @@
 //! NSA at decode over an engine's paged cache of compressed keys:
 //! `nsa_block_scores_paged` and `nsa_select_paged` (both raise
-//! `SelectionError`). The cache, table and lengths are read as
-//! `infllm_select_paged` reads them ([`Paged::whole_sequences`]).
+//! `SelectionError`). The cache, table, lengths and queries are read as
+//! `infllm_select_paged` reads them ([`PagedDecode`]).
 
 use numpy::PyArrayDyn;
 use pyo3::prelude::*;
@@ -9,67 +9,32 @@ use pyo3::prelude::*;
 use super::common::{config, read_block_counts, read_geometry, read_window, WindowName};
 use crate::nsa::{self, Config, Window};
 use crate::python::args::{
-    detach, AsFormatArg, EncodedIn, KeyFormat, Named, Obj, Opt, Out, PageLayoutName, QueryFormat,
-    I32, I32_MAX, S,
+    KeyFormat, Named, Obj, Opt, PageLayoutName, QueryFormat, I32, I32_MAX, S,
 };
-use crate::python::cache::Paged;
+use crate::python::cache::{Formats, PagedDecode};
 
 type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
 
-/// `page_layout`, `key_format` and `query_format`, as passed.
-type Formats = (
-    Option<Named<PageLayoutName>>,
-    Option<Named<KeyFormat>>,
-    Option<Named<QueryFormat>>,
-);
-
-/// A paged call's arguments, read and checked for shape.
-struct PagedCall<'py> {
-    paged: Paged<'py>,
-    q: EncodedIn<'py>,
-    hq: usize,
-    n_kv: usize,
-    d: usize,
-    lens: Vec<usize>,
-    cfg: Config,
-    window: Window,
-}
-
+/// A paged call's arguments, read and checked in NSA's order (its counts,
+/// geometry and window, then the cache and queries): the decode and its
+/// configuration.
 #[allow(clippy::too_many_arguments)]
 fn paged_call<'py>(
     py: Python<'py>,
-    (q, kv_cache, block_table, seq_lens): (&Obj<'py>, &Obj<'py>, &Obj<'py>, &Obj<'py>),
+    arrays: (&Obj<'py>, &Obj<'py>, &Obj<'py>, &Obj<'py>),
     n_kv_heads: &Obj<'py>,
     block_counts: usize,
     geometry: (Opt<'_, 'py>, Opt<'_, 'py>, Opt<'_, 'py>),
     scale: Option<f64>,
-    (page_layout, key_format, query_format): Formats,
+    formats: Formats,
     (window, kernel_size, kernel_stride): (Option<Named<WindowName>>, Opt<'_, 'py>, Opt<'_, 'py>),
-) -> PyResult<PagedCall<'py>> {
+) -> PyResult<(PagedDecode<'py>, (Config, Window))> {
     let h = S.count(n_kv_heads, "n_kv_heads", I32_MAX)?;
     let geometry = read_geometry(geometry)?;
     let window = read_window(window, (kernel_size, kernel_stride), false)?;
-    let page_layout = page_layout.unwrap_or(Named::known(PageLayoutName::Dense));
-    let (paged, lens) = Paged::whole_sequences(
-        py,
-        kv_cache,
-        block_table,
-        seq_lens,
-        h,
-        &page_layout,
-        key_format.format_arg(),
-    )?;
-    let (qe, hq, d) = paged.decode_queries(lens.len(), h, q, query_format.format_arg())?;
-    Ok(PagedCall {
-        paged,
-        q: qe,
-        hq,
-        n_kv: h,
-        d,
-        lens,
-        cfg: config(geometry, block_counts, scale, d),
-        window,
-    })
+    let c = PagedDecode::read(py, arrays, h, formats)?;
+    let cfg = config(geometry, block_counts, scale, c.d);
+    Ok((c, (cfg, window)))
 }
 
 /// :func:`nsa_block_scores_compressed` at decode, over an engine's paged cache of
@@ -171,7 +136,7 @@ pub(super) fn nsa_block_scores_paged<'py>(
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
-    let c = paged_call(
+    let (c, cfg) = paged_call(
         py,
         (q, kv_cache, block_table, seq_lens),
         n_kv_heads,
@@ -181,18 +146,11 @@ pub(super) fn nsa_block_scores_paged<'py>(
         (page_layout, key_format, query_format),
         (window, kernel_size, kernel_stride),
     )?;
-    let nb = c.lens.iter().map(|&l| c.cfg.n_blocks(l)).max().unwrap_or(0);
-    let [pg, tb] = c.paged.untyped();
-    let shape = [c.lens.len(), c.n_kv, nb];
-    let mut out: Out<'py, f32> = S.output(py, None, &shape, &[c.q.untyped(), pg, tb])?;
-    let (cache, table) = (c.paged.cache(), c.paged.table()?);
-    let qs = c.q.encoded()?;
-    let o = out.slice()?;
-    let (hq, h, d, cfg, w) = (c.hq, c.n_kv, c.d, &c.cfg, c.window);
-    detach(py, c.paged.work(1, hq), || {
-        nsa::block_scores_paged_into(qs, hq, &cache, &table, h, d, (cfg, w), o)
-    })?;
-    Ok(out.finish())
+    let nb = c.lens.iter().map(|&l| cfg.0.n_blocks(l)).max().unwrap_or(0);
+    let (hq, h, d) = (c.n_q_heads, c.n_kv_heads, c.d);
+    c.run(py, &[c.lens.len(), h, nb], c.work(), |qs, cache, table, o| {
+        nsa::block_scores_paged_into(qs, hq, cache, table, h, d, (&cfg.0, cfg.1), o)
+    })
 }
 
 /// :func:`nsa_select_compressed` at decode, over an engine's paged cache of compressed
@@ -272,7 +230,7 @@ pub(super) fn nsa_select_paged<'py>(
     kernel_stride: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let n = read_block_counts(block_counts)?;
-    let c = paged_call(
+    let (c, cfg) = paged_call(
         py,
         (q, kv_cache, block_table, seq_lens),
         n_kv_heads,
@@ -282,15 +240,8 @@ pub(super) fn nsa_select_paged<'py>(
         (page_layout, key_format, query_format),
         (window, kernel_size, kernel_stride),
     )?;
-    let [pg, tb] = c.paged.untyped();
-    let shape = [c.lens.len(), c.n_kv, n];
-    let mut out: Out<'py, i32> = S.output(py, None, &shape, &[c.q.untyped(), pg, tb])?;
-    let (cache, table) = (c.paged.cache(), c.paged.table()?);
-    let qs = c.q.encoded()?;
-    let o = out.slice()?;
-    let (hq, h, d, cfg, w) = (c.hq, c.n_kv, c.d, &c.cfg, c.window);
-    detach(py, c.paged.work(1, hq), || {
-        nsa::select_paged_into(qs, hq, &cache, &table, h, d, (cfg, w), o)
-    })?;
-    Ok(out.finish())
+    let (hq, h, d) = (c.n_q_heads, c.n_kv_heads, c.d);
+    c.run(py, &[c.lens.len(), h, n], c.work(), |qs, cache, table, o| {
+        nsa::select_paged_into(qs, hq, cache, table, h, d, (&cfg.0, cfg.1), o)
+    })
 }
