@@ -86,17 +86,17 @@ impl<'py> Paged<'py> {
     /// its last token), each cache row split into `n_kv_heads` heads:
     /// the cache and each sequence's length. Refuses what [`Paged::new`]
     /// refuses, and `n_kv_heads` 0 or not dividing the rows' keys (naming
-    /// `n_kv_heads`). Quest's paged bounds and MoBA's paged decode read so.
-    #[allow(clippy::too_many_arguments)]
+    /// `n_kv_heads`). `page_layout` is `'dense'` unless named. Quest's
+    /// paged bounds and [`PagedDecode`] read so.
     pub fn whole_sequences(
         py: Python<'py>,
-        kv_cache: &Obj<'py>,
-        block_table: &Obj<'py>,
-        seq_lens: &Obj<'py>,
+        (kv_cache, block_table, seq_lens): (&Obj<'py>, &Obj<'py>, &Obj<'py>),
         n_kv_heads: usize,
-        layout: &Named<PageLayoutName>,
-        key_format: FormatArg<'_>,
+        layout: Option<Named<PageLayoutName>>,
+        key_format: Option<Named<KeyFormat>>,
     ) -> PyResult<(Self, Vec<usize>)> {
+        let layout = &layout.unwrap_or(Named::known(PageLayoutName::Dense));
+        let key_format = key_format.format_arg();
         let lens = positions(S, seq_lens, "seq_lens")?;
         // The cache's row, as `new` reads it (its checks refuse a bad shape first).
         let arr = numpy(py)?.call_method1("asarray", (S.arg(kv_cache, "kv_cache")?,))?;
@@ -202,7 +202,7 @@ pub(super) type Formats = (
 
 /// A decode step over whole sequences of a paged cache, as InfLLM-v2's,
 /// NSA's and MoBA's paged forms take it: the cache, table and lengths
-/// ([`Paged::whole_sequences`], `page_layout` `'dense'` unless named) and
+/// ([`Paged::whole_sequences`]) and
 /// one query a sequence ([`Paged::decode_queries`]), read and checked in
 /// that order; [`PagedDecode::run`] then calls the core into a new output.
 pub(super) struct PagedDecode<'py> {
@@ -226,16 +226,9 @@ impl<'py> PagedDecode<'py> {
         n_kv_heads: usize,
         (page_layout, key_format, query_format): Formats,
     ) -> PyResult<Self> {
-        let page_layout = page_layout.unwrap_or(Named::known(PageLayoutName::Dense));
-        let (paged, lens) = Paged::whole_sequences(
-            py,
-            kv_cache,
-            block_table,
-            seq_lens,
-            n_kv_heads,
-            &page_layout,
-            key_format.format_arg(),
-        )?;
+        let arrays = (kv_cache, block_table, seq_lens);
+        let (paged, lens) =
+            Paged::whole_sequences(py, arrays, n_kv_heads, page_layout, key_format)?;
         let (q, n_q_heads, d) =
             paged.decode_queries(lens.len(), n_kv_heads, q, query_format.format_arg())?;
         Ok(PagedDecode {

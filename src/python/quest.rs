@@ -214,16 +214,8 @@ pub(super) fn quest_bounds_paged<'py>(
     key_format: Option<Named<KeyFormat>>,
 ) -> PyResult<(F32<'py>, F32<'py>)> {
     let h = S.count(n_kv_heads, "n_kv_heads", I32_MAX)?;
-    let page_layout = page_layout.unwrap_or(Named::known(PageLayoutName::Dense));
-    let (paged, lens) = Paged::whole_sequences(
-        py,
-        kv_cache,
-        block_table,
-        seq_lens,
-        h,
-        &page_layout,
-        key_format.format_arg(),
-    )?;
+    let arrays = (kv_cache, block_table, seq_lens);
+    let (paged, lens) = Paged::whole_sequences(py, arrays, h, page_layout, key_format)?;
     let block_size = paged.block_size();
     let l = Layout::new(h, paged.d / h, block_size);
     let n_pages: usize = lens.iter().map(|&n| quest::pages_of(n, block_size)).sum();
