@@ -247,6 +247,7 @@ def _args():
         (dict(table=np.array([[2, 1, 3], [0, 0, 0]], np.int32)), "block_table"),  # not one row a sequence
         (dict(lens=[0]), "seq_lens"),
         (dict(lens=[-1]), "seq_lens"),
+        (dict(lens=[2**31]), "seq_lens"),  # past an int32 position
         (dict(h=3), "n_kv_heads"),
         (dict(h=0), "n_kv_heads"),
         (dict(q=np.zeros((2, 4, 8), np.float32)), "q"),  # not one query a sequence

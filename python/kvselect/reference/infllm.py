@@ -32,7 +32,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _int_list, _paged, _scales
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales
 from .keys import decode
 
 BLOCK_SIZE = 64
@@ -533,8 +533,10 @@ def _paged_sequences(
     page, n_pages = kv_cache.shape[1], kv_cache.shape[0]
     seqs = []
     for s, n in enumerate(lens):
-        if n < 1:
-            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: a decoding query has its own token")
+        if not 1 <= n <= _I32_MAX:
+            raise ReferenceSelectionError(
+                "seq_lens", f"seq_lens[{s}] = {n}: a decoding query's sequence holds 1 ..= {_I32_MAX} tokens"
+            )
         n_c = compressed_len(n, kz, st)
         need = -(-n_c // page)
         if need > block_table.shape[1]:

@@ -24,7 +24,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _int_list, _paged, _scales
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales
 from .infllm import (
     compressed_len,
     gamma,
@@ -291,11 +291,14 @@ def nsa_block_scores_paged(
     ):
         raise ReferenceSelectionError("q", f"q must be [n_seqs={len(lens)}, n_q_heads, d], got {qa.shape}")
     page, n_pages = cache.shape[1], cache.shape[0]
+    for s, n in enumerate(lens):
+        if not 1 <= n <= _I32_MAX:
+            raise ReferenceSelectionError(
+                "seq_lens", f"seq_lens[{s}] = {n}: a decoding query's sequence holds 1 ..= {_I32_MAX} tokens"
+            )
     nb = max((-(-n // bs) for n in lens), default=0)
     out = np.full((len(lens), h, nb), np.nan)
     for s, n in enumerate(lens):
-        if n < 1:
-            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: a decoding query has its own token")
         n_c = compressed_len(n, geo[1], geo[2])
         need = -(-n_c // page)
         if need > table.shape[1]:
