@@ -248,6 +248,7 @@ def _args():
         (dict(lens=[0]), "seq_lens"),
         (dict(lens=[-1]), "seq_lens"),
         (dict(lens=[2**31]), "seq_lens"),  # past an int32 position
+        (dict(lens=[2**40]), "seq_lens"),  # its block scores' row not allocated first
         (dict(h=3), "n_kv_heads"),
         (dict(h=0), "n_kv_heads"),
         (dict(q=np.zeros((2, 4, 8), np.float32)), "q"),  # not one query a sequence
