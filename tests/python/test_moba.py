@@ -363,5 +363,11 @@ def test_paged_refusals_name_the_argument():
         ks.moba_select_paged(q, cache, np.array([[0, 5]], np.int32), [8], 2, 2, 2)
     with pytest.raises(ValueError, match="seq_lens"):
         ks.moba_select_paged(q, cache, np.array([[0, 1]], np.int32), [0], 2, 2, 2)
+    # Past an int32 position, at the efficient code's topk = 1 (a row as wide as the
+    # blocks): refused naming seq_lens, no row of 2**39 blocks allocated first.
+    for length in (2**31, 2**40):
+        with pytest.raises(ks.SelectionError, match="seq_lens") as e:
+            ks.moba_select_paged(q, cache, np.array([[0, 1]], np.int32), [length], 2, 1, 2)
+        assert e.value.argument == "seq_lens"
     with pytest.raises(ValueError, match="n_kv_heads"):
         ks.moba_select_paged(q, cache, np.array([[0, 1]], np.int32), [8], 3, 2, 2)
