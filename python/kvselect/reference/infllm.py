@@ -432,6 +432,8 @@ def packed_sequences(q: Any, ck: Any, seq_len: Any, cu_seqlens_q: Any, cu_seqlen
     lens = _int_list("seq_len", seq_len)
     if len(lens) != len(cu_k) - 1 or any(x < 1 for x in lens):
         raise ReferenceSelectionError("seq_len", f"seq_len must hold one positive length per sequence, got {lens}")
+    if any(x > _I32_MAX for x in lens):
+        raise ReferenceSelectionError("seq_len", f"seq_len holds a length past an int32 position: {lens}")
     kz, st = geo.get("kernel_size", KERNEL_SIZE), geo.get("kernel_stride", KERNEL_STRIDE)
     for s, n in enumerate(lens):
         if cu_k[s + 1] - cu_k[s] != compressed_len(n, kz, st):

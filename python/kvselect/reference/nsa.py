@@ -181,6 +181,8 @@ def nsa_block_scores_compressed(
     n = _count("seq_len", seq_len)
     if n == 0:
         raise ReferenceSelectionError("seq_len", "seq_len must be at least 1 (the query's own token)")
+    if n > _I32_MAX:
+        raise ReferenceSelectionError("seq_len", f"seq_len is too large: at most {_I32_MAX}")
     ca = decode(ck, key_format, "key_format", name="ck")
     n_c = compressed_len(n, geo[1], geo[2])
     if ca.ndim != 3 or ca.shape[0] != n_c:
