@@ -266,6 +266,18 @@ impl<'py> PagedDecode<'py> {
         Ok(out.finish())
     }
 
+    /// The most of `f(len)` over the sequences' lengths, for an output's
+    /// width (the most blocks of a sequence); 0 when a length is past an
+    /// int32 position. Every paged core refuses such a length (`seq_lens`)
+    /// before it checks `out`'s size, so no output that wide (`seq_lens =
+    /// [2**40]`: hundreds of GiB, a `MemoryError`) is allocated first.
+    pub fn widest(&self, f: impl Fn(usize) -> usize) -> usize {
+        if self.lens.iter().any(|&l| l > i32::MAX as usize) {
+            return 0;
+        }
+        self.lens.iter().map(|&l| f(l)).max().unwrap_or(0)
+    }
+
     /// Multiply-adds of scoring every cached key once for each sequence's
     /// query heads (for [`PagedDecode::run`]'s `work`).
     pub fn work(&self) -> usize {

@@ -338,8 +338,8 @@ pub(super) fn moba_select_paged<'py>(
         d: c.d,
         block_size: bs,
     };
-    let max_blocks = c.lens.iter().map(|&l| l.div_ceil(bs.max(1))).max();
-    let w = moba::width(v, topk, max_blocks.unwrap_or(0));
+    let max_blocks = c.widest(|l| l.div_ceil(bs.max(1)));
+    let w = moba::width(v, topk, max_blocks);
     let out_shape = [c.lens.len(), c.n_q_heads, w];
     let work = out_shape.iter().product();
     c.run(py, &out_shape, work, |qs, cache, table, o| {

@@ -407,6 +407,8 @@ def test_nsa_packed_refusals_name_the_argument_and_change_nothing(change, argume
         (dict(table=np.array([[0]], np.int32)), "block_table"),  # 200 tokens: 11 keys, 2 pages of 8
         (dict(table=np.array([[0, 7]], np.int32)), "block_table"),  # past the cache
         (dict(lens=[0]), "seq_lens"),
+        (dict(lens=[2**31]), "seq_lens"),  # past an int32 position
+        (dict(lens=[2**40]), "seq_lens"),  # its block scores' row not allocated first
         (dict(h=3), "n_kv_heads"),
         (dict(q=np.zeros((2, 4, 8), np.float32)), "q"),
         (dict(cache=np.zeros((4, 8, 15), np.float32)), "n_kv_heads"),

@@ -113,6 +113,7 @@ def _args():
         (dict(cu_seqlens_k=np.array([1, 4, 7])), "cu_seqlens_k"),
         (dict(seq_len=np.array([300])), "seq_len"),
         (dict(seq_len=np.array([300, 0])), "seq_len"),
+        (dict(seq_len=np.array([300, 2**31])), "seq_len"),  # past an int32 position (the twin named cu_seqlens_k)
         (dict(cu_seqlens_q=np.array([0, 3])), "cu_seqlens_q"),  # not one per sequence
         (dict(cu_seqlens_q=np.array([0, 1, 2])), "cu_seqlens_q"),  # not all the queries
         (dict(cu_seqlens_q=np.array([0, 3, 2])), "cu_seqlens_q"),  # decreasing

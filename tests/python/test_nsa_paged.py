@@ -247,6 +247,8 @@ def _args():
         (dict(table=np.array([[2, 1, 3], [0, 0, 0]], np.int32)), "block_table"),  # not one row a sequence
         (dict(lens=[0]), "seq_lens"),
         (dict(lens=[-1]), "seq_lens"),
+        (dict(lens=[2**31]), "seq_lens"),  # past an int32 position
+        (dict(lens=[2**40]), "seq_lens"),  # its block scores' row not allocated first
         (dict(h=3), "n_kv_heads"),
         (dict(h=0), "n_kv_heads"),
         (dict(q=np.zeros((2, 4, 8), np.float32)), "q"),  # not one query a sequence
@@ -296,3 +298,29 @@ def test_fp8_scaled_pages_of_another_dtype_are_a_type_error():
     for m in (ks, RN):
         with pytest.raises(TypeError, match="uint8"):
             m.nsa_select_paged(a["q"], a["cache"], a["table"], a["lens"], a["h"], 3, page_layout="fp8_scaled")
+
+
+def test_twins_keep_a_nan_score_as_a_candidate():
+    """A NaN block score (an infinite compressed key: the softmax's ``inf - inf``) is a
+    candidate after every number, in the core and in ``reference.nsa.nsa_select``; the
+    compressed, packed and paged twins ranked only the NaN they pad with as nothing, and
+    dropped these too (head 0's rows held only its forced blocks 0, 11, 12)."""
+    rng = np.random.default_rng(SEED)
+    ck = rng.standard_normal((12, 2, 8)).astype(np.float32)  # 800 tokens, 13 blocks of 64
+    ck[5, 0, 0] = np.inf  # KV head 0's scores NaN, head 1's finite
+    q = np.abs(rng.standard_normal((1, 4, 8))).astype(np.float32)
+    assert np.isnan(ks.nsa_block_scores_compressed(q, ck, 800)[0, 0, 1:11]).all()
+    rows = ks.nsa_select_compressed(q, ck, 800, 6)
+    assert rows[0, 0].tolist() == [0, 1, 2, 3, 11, 12]  # forced, then NaN blocks by id
+    with np.errstate(invalid="ignore"):
+        assert np.array_equal(RN.nsa_select_compressed(q, ck, 800, 6), rows)
+        # Packed beside a shorter sequence (its rows padded with NaN past its 2 blocks).
+        q2, ck2 = np.concatenate([q, q]), np.concatenate([ck, ck[:1]])
+        packed = dict(cu_seqlens_q=[0, 1, 2], cu_seqlens_k=[0, 12, 13])
+        got = ks.nsa_select_compressed(q2, ck2, [800, 100], 6, **packed)
+        assert np.array_equal(got[:1], rows) and got[1, :, 2:].tolist() == [[-1] * 4] * 2
+        assert np.array_equal(RN.nsa_select_compressed(q2, ck2, [800, 100], 6, **packed), got)
+        cache = ck.reshape(3, 4, 16)[::-1]
+        table = np.array([[2, 1, 0]], dtype=np.int32)
+        assert np.array_equal(ks.nsa_select_paged(q, cache, table, [800], 2, 6), rows)
+        assert np.array_equal(RN.nsa_select_paged(q, cache, table, [800], 2, 6), rows)

@@ -32,7 +32,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _int_list, _paged, _scales
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales
 from .keys import decode
 
 BLOCK_SIZE = 64
@@ -432,6 +432,8 @@ def packed_sequences(q: Any, ck: Any, seq_len: Any, cu_seqlens_q: Any, cu_seqlen
     lens = _int_list("seq_len", seq_len)
     if len(lens) != len(cu_k) - 1 or any(x < 1 for x in lens):
         raise ReferenceSelectionError("seq_len", f"seq_len must hold one positive length per sequence, got {lens}")
+    if any(x > _I32_MAX for x in lens):
+        raise ReferenceSelectionError("seq_len", f"seq_len holds a length past an int32 position: {lens}")
     kz, st = geo.get("kernel_size", KERNEL_SIZE), geo.get("kernel_stride", KERNEL_STRIDE)
     for s, n in enumerate(lens):
         if cu_k[s + 1] - cu_k[s] != compressed_len(n, kz, st):
@@ -533,8 +535,10 @@ def _paged_sequences(
     page, n_pages = kv_cache.shape[1], kv_cache.shape[0]
     seqs = []
     for s, n in enumerate(lens):
-        if n < 1:
-            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: a decoding query has its own token")
+        if not 1 <= n <= _I32_MAX:
+            raise ReferenceSelectionError(
+                "seq_lens", f"seq_lens[{s}] = {n}: a decoding query's sequence holds 1 ..= {_I32_MAX} tokens"
+            )
         n_c = compressed_len(n, kz, st)
         need = -(-n_c // page)
         if need > block_table.shape[1]:

@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _int_list, _paged, _scales
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales
 from .keys import decode
 
 _VARIANTS = ("efficient", "naive")
@@ -199,6 +199,28 @@ def moba_select(
     return out
 
 
+def _check_paged_rows(lens: List[int], table: np.ndarray, page: int, n_pages: int) -> None:
+    """The lengths and block-table rows refused as ``moba_select_paged`` refuses them
+    (the core's ``BlockTable::check``): a length of 0 or past an int32 position
+    (``seq_lens``), a row shorter than its sequence's pages, an entry it reads that is
+    negative or past the cache (``block_table``; NumPy would read a negative one from the
+    end)."""
+    for s, n in enumerate(lens):
+        if n == 0:
+            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = 0: a decoding query has at least its own token")
+    for s, n in enumerate(lens):
+        if n > _I32_MAX:
+            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: positions past {_I32_MAX} do not fit")
+        need = -(-n // page)
+        if need > table.shape[1]:
+            raise ReferenceSelectionError(
+                "block_table", f"seq_lens[{s}] = {n} needs {need} blocks of {page}, rows have {table.shape[1]}"
+            )
+        bad = [b for b in range(need) if not 0 <= table[s, b] < n_pages]
+        if bad:
+            raise ReferenceSelectionError("block_table", f"block_table[{s}, {bad[0]}] is not a page of the cache")
+
+
 def moba_select_paged(
     q: Any,
     kv_cache: Any,
@@ -219,6 +241,7 @@ def moba_select_paged(
     lens = _int_list("seq_lens", seq_lens)
     cache, table = _paged(kv_cache, block_table, len(lens), h, page_layout)
     page = cache.shape[1]
+    _check_paged_rows(lens, table, page, cache.shape[0])
     qv = np.asarray(q)
     outs = []
     for s, n in enumerate(lens):

@@ -24,7 +24,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _int_list, _paged, _scales
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales
 from .infllm import (
     compressed_len,
     gamma,
@@ -181,6 +181,8 @@ def nsa_block_scores_compressed(
     n = _count("seq_len", seq_len)
     if n == 0:
         raise ReferenceSelectionError("seq_len", "seq_len must be at least 1 (the query's own token)")
+    if n > _I32_MAX:
+        raise ReferenceSelectionError("seq_len", f"seq_len is too large: at most {_I32_MAX}")
     ca = decode(ck, key_format, "key_format", name="ck")
     n_c = compressed_len(n, geo[1], geo[2])
     if ca.ndim != 3 or ca.shape[0] != n_c:
@@ -209,7 +211,14 @@ def nsa_select_compressed(
     if n == 0:
         raise ReferenceSelectionError("block_counts", "block_counts must be at least 1 block")
     scores = nsa_block_scores_compressed(q, ck, seq_len, **kw)
-    return _rows(np.where(np.isnan(scores), -np.inf, scores), n)
+    if kw.get("cu_seqlens_q") is None and kw.get("cu_seqlens_k") is None:
+        return _rows(scores, n)
+    # Packed: each query ranks its own sequence's blocks only. The NaN past them is the
+    # row's padding, not a score (a NaN score is a candidate, after every number).
+    bs = _block_size(kw.get("block_size", BLOCK_SIZE))
+    lens, cu_q = _int_list("seq_len", seq_len), _int_list("cu_seqlens_q", kw["cu_seqlens_q"])
+    widths = [-(-lens[s] // bs) for s in range(len(lens)) for _ in range(cu_q[s], cu_q[s + 1])]
+    return _rows(scores, n, widths)
 
 
 def _compressed_packed(
@@ -284,11 +293,14 @@ def nsa_block_scores_paged(
     ):
         raise ReferenceSelectionError("q", f"q must be [n_seqs={len(lens)}, n_q_heads, d], got {qa.shape}")
     page, n_pages = cache.shape[1], cache.shape[0]
+    for s, n in enumerate(lens):
+        if not 1 <= n <= _I32_MAX:
+            raise ReferenceSelectionError(
+                "seq_lens", f"seq_lens[{s}] = {n}: a decoding query's sequence holds 1 ..= {_I32_MAX} tokens"
+            )
     nb = max((-(-n // bs) for n in lens), default=0)
     out = np.full((len(lens), h, nb), np.nan)
     for s, n in enumerate(lens):
-        if n < 1:
-            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: a decoding query has its own token")
         n_c = compressed_len(n, geo[1], geo[2])
         need = -(-n_c // page)
         if need > table.shape[1]:
@@ -320,16 +332,20 @@ def nsa_select_paged(
     if n == 0:
         raise ReferenceSelectionError("block_counts", "block_counts must be at least 1 block")
     scores = nsa_block_scores_paged(q, kv_cache, block_table, seq_lens, n_kv_heads, **kw)
-    return _rows(np.where(np.isnan(scores), -np.inf, scores), n)
+    # Each sequence's own blocks only: the NaN past them is padding, not a score.
+    bs = _block_size(kw.get("block_size", BLOCK_SIZE))
+    return _rows(scores, n, [-(-length // bs) for length in _int_list("seq_lens", seq_lens)])
 
 
-def _rows(b: np.ndarray, n: int) -> np.ndarray:
-    """Each row's top ``n`` (:func:`select_row`), ``-1`` padded."""
-    n_q, h, _ = b.shape
+def _rows(b: np.ndarray, n: int, widths: Optional[List[int]] = None) -> np.ndarray:
+    """Each row's top ``n`` (:func:`select_row`), ``-1`` padded; with ``widths``, row
+    ``i`` ranks its first ``widths[i]`` blocks only (a packed or paged row's own)."""
+    n_q, h, nb = b.shape
     out = np.full((n_q, h, n), -1, np.int32)
     for i in range(n_q):
+        w = nb if widths is None else widths[i]
         for g in range(h):
-            r = select_row(b[i, g], n)
+            r = select_row(b[i, g, :w], n)
             out[i, g, : len(r)] = r
     return out
 

@@ -124,9 +124,9 @@ pub(in crate::python) fn infllm_block_scores_paged<'py>(
     let cfg = config(options, scale, c.d)?;
     // The output's width divides by `block_size`: refused here if 0.
     cfg.geometry.check()?;
-    let nb = c.lens.iter().map(|&l| cfg.geometry.n_blocks(l)).max();
+    let nb = c.widest(|l| cfg.geometry.n_blocks(l));
     let (hq, d) = (c.n_q_heads, c.d);
-    let shape = [c.lens.len(), h, nb.unwrap_or(0)];
+    let shape = [c.lens.len(), h, nb];
     c.run(py, &shape, c.work(), |qs, cache, table, o| {
         infllm::block_scores_paged_into(qs, hq, cache, table, h, d, &cfg, o)
     })

@@ -146,7 +146,7 @@ pub(super) fn nsa_block_scores_paged<'py>(
         (page_layout, key_format, query_format),
         (window, kernel_size, kernel_stride),
     )?;
-    let nb = c.lens.iter().map(|&l| cfg.0.n_blocks(l)).max().unwrap_or(0);
+    let nb = c.widest(|l| cfg.0.n_blocks(l));
     let (hq, h, d) = (c.n_q_heads, c.n_kv_heads, c.d);
     c.run(py, &[c.lens.len(), h, nb], c.work(), |qs, cache, table, o| {
         nsa::block_scores_paged_into(qs, hq, cache, table, h, d, (&cfg.0, cfg.1), o)
