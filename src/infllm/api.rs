@@ -153,6 +153,10 @@ pub(super) const IN_PLACE_MAX_QUERIES: usize = 16;
 /// would stream through memory.
 pub(super) const IN_PLACE_MIN_ELEMENTS: usize = 1 << 18;
 
+/// The most queries scored in place on large keys ([`IN_PLACE_MIN_ELEMENTS`])
+/// of any format and group, but unscaled float32 of a group under 16.
+pub(super) const IN_PLACE_MAX_LARGE: usize = 4;
+
 #[cfg(test)]
 thread_local! {
     /// The tests' choice of [`run`]'s path (`None`: [`in_place`]'s).
@@ -173,6 +177,10 @@ thread_local! {
 ///   group under 16 that fit in the cache ([`IN_PLACE_MIN_ELEMENTS`]);
 /// - float32 or bfloat16 keys and a group of 16 or more: in place up to
 ///   [`IN_PLACE_MAX_QUERIES`] queries;
+/// - keys past the cache: in place up to [`IN_PLACE_MAX_LARGE`] queries
+///   (the packed path decodes them to a fresh float32 copy and packs that,
+///   two writes through memory), but unscaled float32 of a group under 16
+///   (no decode to save, lanes the in-place kernel leaves empty);
 /// - otherwise packed.
 fn in_place(sh: &Shape, ck: Encoded<'_>, ck_scale: Option<&[f32]>) -> bool {
     #[cfg(test)]
@@ -180,11 +188,16 @@ fn in_place(sh: &Shape, ck: Encoded<'_>, ck_scale: Option<&[f32]>) -> bool {
         return f;
     }
     let direct = ck_scale.is_none() && matches!(ck, Encoded::F32(_) | Encoded::Bf16(_));
+    // Unscaled float32: the packed path's only copy is the pack itself.
+    let copy_free = ck_scale.is_none() && matches!(ck, Encoded::F32(_));
     let wide = sh.group() >= 16;
-    if sh.n_q == 1 {
-        direct || wide || ck.len() >= IN_PLACE_MIN_ELEMENTS
-    } else {
-        direct && wide && sh.n_q <= IN_PLACE_MAX_QUERIES
+    let large = ck.len() >= IN_PLACE_MIN_ELEMENTS;
+    match sh.n_q {
+        1 => direct || wide || large,
+        n => {
+            (direct && wide && n <= IN_PLACE_MAX_QUERIES)
+                || (large && n <= IN_PLACE_MAX_LARGE && (wide || !copy_free))
+        }
     }
 }
 

@@ -1,7 +1,10 @@
 //! Stage 1 at decode over an engine's paged cache of compressed keys, the
 //! pages read in place: [`group_sums`], shared by InfLLM-v2's paged
 //! selection ([`super::select_paged_into`]) and NSA's
-//! (`crate::nsa::select_paged_into`, whose stage 1 is InfLLM-v2's).
+//! (`crate::nsa::select_paged_into`, whose stage 1 is InfLLM-v2's); and
+//! its dense twin [`dense_group_sums`], InfLLM-v2's dense call at decode
+//! (a few queries, `api::in_place`) on its keys laid out densely, read
+//! where they lie rather than decoded and packed.
 //!
 //! # The rule
 //!
@@ -28,12 +31,20 @@
 //! bits are `score::group_sums`'s"); then the same softmax and group sum
 //! ([`Staged::finish`]).
 //!
+//! [`dense_group_sums`] is the same argument on dense keys: unscaled
+//! float32 and bfloat16 keys go to the one-pass kernel
+//! ([`super::heads::group_sums`], the same bits as the packed form by its
+//! own argument), the other formats are decoded and scaled as a page is
+//! here, [`DENSE_STEP`] keys at a time, into the staged kernel.
+//!
 //! What would break it: a key handed to the kernels under another index
 //! (its softmax lane moves), a scale applied after the dot rather than to
 //! the key, a page read past the sequence's keys (a stale row of a reused
 //! page would enter the softmax). The differential tests of both callers
 //! (`src/infllm/tests.rs`, `src/nsa/paged.rs`, `tests/python`) check their
-//! rows bit for bit against the dense calls at every SIMD level.
+//! rows bit for bit against the dense calls at every SIMD level, and
+//! `dense_in_place_equals_packed_at_every_level` the dense call's two
+//! paths against each other.
 //!
 //! # Speed
 //!
