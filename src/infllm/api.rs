@@ -173,8 +173,9 @@ thread_local! {
 /// at 8 a tile broadcasts once a multiply-add) on keys already in cache.
 /// Measured (AMD EPYC Zen 3, one thread; `docs/infllm.md`, "Dense decode"):
 ///
-/// - one query: in place, except decoded keys (fp8, float16, scaled) of a
-///   group under 16 that fit in the cache ([`IN_PLACE_MIN_ELEMENTS`]);
+/// - one query: in place, except keys that fit in the cache
+///   ([`IN_PLACE_MIN_ELEMENTS`]) of a group under 16 when they are decoded
+///   (fp8, float16, scaled), or unscaled float32 of a group under 8;
 /// - float32 or bfloat16 keys and a group of 16 or more: in place up to
 ///   [`IN_PLACE_MAX_QUERIES`] queries;
 /// - keys past the cache: in place up to [`IN_PLACE_MAX_LARGE`] queries
@@ -193,7 +194,7 @@ fn in_place(sh: &Shape, ck: Encoded<'_>, ck_scale: Option<&[f32]>) -> bool {
     let wide = sh.group() >= 16;
     let large = ck.len() >= IN_PLACE_MIN_ELEMENTS;
     match sh.n_q {
-        1 => direct || wide || large,
+        1 => wide || large || (direct && (!copy_free || sh.group() >= 8)),
         n => {
             (direct && wide && n <= IN_PLACE_MAX_QUERIES)
                 || (large && n <= IN_PLACE_MAX_LARGE && (wide || !copy_free))

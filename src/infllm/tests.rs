@@ -1123,3 +1123,71 @@ fn dense_in_place_equals_packed_at_every_level() {
     }
     assert!(checked >= 6 * 5 * 6 * 4, "{checked} calls checked");
 }
+
+/// Not a check: the measurement behind `api::in_place` (docs/infllm.md,
+/// "Dense decode"). Each path forced on the same keys, interleaved, at
+/// MiniCPM4-like shapes (`d = 128`, groups 16, 8, 2 and 1 over 2 KV heads,
+/// 131,072 and 8,192 tokens, float32 / bfloat16 / fp8 with scales, 1 to 64
+/// queries); prints `in place / packed` medians in ms. Run one thread:
+/// `RAYON_NUM_THREADS=1 cargo test --release --lib in_place_threshold_probe
+/// -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn in_place_threshold_probe() {
+    use super::api::{select_at, FORCE_IN_PLACE};
+    let d = 128;
+    for &(hq, n_kv) in &[(32usize, 2usize), (16, 2), (4, 2), (2, 2)] {
+        for &seq_len in &[131_072usize, 8192] {
+            let n_c = compressed_len(seq_len);
+            let vals = random(n_c * n_kv * d, 3);
+            let bf: Vec<u16> = vals.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+            let fp8: Vec<u8> = vals
+                .iter()
+                .map(|x| ((x.to_bits() >> 24) as u8) & 0xbf)
+                .collect();
+            let scales: Vec<f32> = random(n_c, 4).iter().map(|x| x.abs() + 0.01).collect();
+            for kind in ["f32", "bf16", "fp8s"] {
+                let (ck, sc) = match kind {
+                    "f32" => (Encoded::F32(&vals), None),
+                    "bf16" => (Encoded::Bf16(&bf), None),
+                    _ => (Encoded::Fp8E4m3(&fp8), Some(&scales[..])),
+                };
+                let mut line = format!("hq {hq} kv {n_kv} L {seq_len} {kind}:");
+                for n_q in [1usize, 2, 4, 8, 16, 32, 64] {
+                    let q = random(n_q * hq * d, 7);
+                    let c = Config::minicpm4(d);
+                    let mut out = vec![0i32; n_q * n_kv * 64];
+                    let mut t = [Vec::new(), Vec::new()];
+                    let reps = if seq_len > 10000 { 5 } else { 9 };
+                    for _ in 0..reps {
+                        for (k, f) in [true, false].into_iter().enumerate() {
+                            FORCE_IN_PLACE.set(Some(f));
+                            let t0 = std::time::Instant::now();
+                            select_at(
+                                Isa::best(),
+                                Encoded::F32(&q),
+                                hq,
+                                ck,
+                                sc,
+                                n_kv,
+                                d,
+                                seq_len,
+                                &c,
+                                &mut out,
+                            )
+                            .unwrap();
+                            t[k].push(t0.elapsed().as_secs_f64() * 1e3);
+                            FORCE_IN_PLACE.set(None);
+                        }
+                    }
+                    for v in t.iter_mut() {
+                        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                    }
+                    let (a, b) = (t[0][t[0].len() / 2], t[1][t[1].len() / 2]);
+                    line += &format!(" q{n_q} {a:.2}/{b:.2}={:.2}", a / b);
+                }
+                println!("{line}");
+            }
+        }
+    }
+}
