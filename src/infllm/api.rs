@@ -141,6 +141,67 @@ fn decoded<'a>(x: Encoded<'a>, scale: Option<&[f32]>, row: usize) -> std::borrow
     std::borrow::Cow::Owned(v)
 }
 
+/// The most queries a dense call scores on its compressed keys read in
+/// place when they are float32 or bfloat16 and a KV head's group fills two
+/// vectors (16 heads or more); more share one packed copy of each KV
+/// head's keys ([`in_place`]).
+pub(super) const IN_PLACE_MAX_QUERIES: usize = 16;
+
+/// Compressed-key elements (`n_c · n_kv · d`) from which a single query's
+/// decoded keys (fp8, float16, scaled) are scored in place at any group: 1
+/// MiB as float32, twice Zen 3's second-level cache, so the packed copy
+/// would stream through memory.
+pub(super) const IN_PLACE_MIN_ELEMENTS: usize = 1 << 18;
+
+/// The most queries scored in place on large keys ([`IN_PLACE_MIN_ELEMENTS`])
+/// of any format and group, but unscaled float32 of a group under 16.
+pub(super) const IN_PLACE_MAX_LARGE: usize = 4;
+
+#[cfg(test)]
+thread_local! {
+    /// The tests' choice of [`run`]'s path (`None`: [`in_place`]'s).
+    pub(super) static FORCE_IN_PLACE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Whether [`run`] scores the compressed keys where they lie
+/// ([`super::paged::dense_group_sums`]: each query and KV head on its own,
+/// the group's heads in the lanes) rather than decoding and packing each
+/// KV head's keys once for every query ([`Packed`]). The pack is a read
+/// and a write of every key a call; it pays when many queries score the
+/// packed copy (a prefill), or when the heads-in-lanes kernel runs with
+/// lanes empty (a group under 16: under 8 heads a vector is part empty,
+/// at 8 a tile broadcasts once a multiply-add) on keys already in cache.
+/// Measured (AMD EPYC Zen 3, one thread; `docs/infllm.md`, "Dense decode"):
+///
+/// - one query: in place, except keys that fit in the cache
+///   ([`IN_PLACE_MIN_ELEMENTS`]) of a group under 16 when they are decoded
+///   (fp8, float16, scaled), or unscaled float32 of a group under 8;
+/// - float32 or bfloat16 keys and a group of 16 or more: in place up to
+///   [`IN_PLACE_MAX_QUERIES`] queries;
+/// - keys past the cache: in place up to [`IN_PLACE_MAX_LARGE`] queries
+///   (the packed path decodes them to a fresh float32 copy and packs that,
+///   two writes through memory), but unscaled float32 of a group under 16
+///   (no decode to save, lanes the in-place kernel leaves empty);
+/// - otherwise packed.
+fn in_place(sh: &Shape, ck: Encoded<'_>, ck_scale: Option<&[f32]>) -> bool {
+    #[cfg(test)]
+    if let Some(f) = FORCE_IN_PLACE.get() {
+        return f;
+    }
+    let direct = ck_scale.is_none() && matches!(ck, Encoded::F32(_) | Encoded::Bf16(_));
+    // Unscaled float32: the packed path's only copy is the pack itself.
+    let copy_free = ck_scale.is_none() && matches!(ck, Encoded::F32(_));
+    let wide = sh.group() >= 16;
+    let large = ck.len() >= IN_PLACE_MIN_ELEMENTS;
+    match sh.n_q {
+        1 => wide || large || (direct && (!copy_free || sh.group() >= 8)),
+        n => {
+            (direct && wide && n <= IN_PLACE_MAX_QUERIES)
+                || (large && n <= IN_PLACE_MAX_LARGE && (wide || !copy_free))
+        }
+    }
+}
+
 /// Runs `f(row, p, g, block_scores)` for every query `i` and KV head `g`
 /// (row `i · n_kv + g` of `out`, `width` wide), on the crate's pool.
 #[allow(clippy::too_many_arguments)]
@@ -157,11 +218,36 @@ fn run<T: Send>(
 ) {
     let (d, g_heads, nb) = (sh.d, sh.group(), cfg.geometry.n_blocks(sh.seq_len));
     let q = decoded(q, None, 0);
+    let work = g_heads * sh.n_c.max(1) * d;
+    if in_place(sh, ck, ck_scale) {
+        let keys = super::paged::Dense {
+            ck,
+            scales: ck_scale,
+            row: sh.n_kv * d,
+        };
+        crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(work), |r, row| {
+            let (i, g) = (r / sh.n_kv, r % sh.n_kv);
+            let p = sh.pos(i);
+            let n_vis = cfg.geometry.visible(p);
+            let at = super::paged::Row {
+                s: 0,
+                g,
+                q0: (i * sh.hq + g * g_heads) * d,
+                heads: g_heads,
+                d,
+            };
+            super::paged::dense_group_sums(isa, &q, keys, at, n_vis, cfg.scale, |sums| {
+                let mut blocks = vec![0.0f32; nb];
+                block_scores(cfg, sums, sh.n_c, p, &mut blocks);
+                f(row, p, &blocks);
+            });
+        });
+        return;
+    }
     let ck = decoded(ck, ck_scale, sh.n_kv * d);
     let packed: Vec<Packed> = (0..sh.n_kv)
         .map(|g| Packed::new(isa, &ck, sh.n_c, sh.n_kv, g, d))
         .collect();
-    let work = g_heads * sh.n_c.max(1) * d;
     crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(work), |r, row| {
         let (i, g) = (r / sh.n_kv, r % sh.n_kv);
         let p = sh.pos(i);

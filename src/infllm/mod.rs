@@ -130,10 +130,20 @@
 //! sequence given another sequence's keys, or queries not at its end, would
 //! break that, and is refused.
 //!
+//! At decode (a few queries: `api::in_place`, measured) the dense call
+//! itself scores its compressed keys where they lie
+//! (`paged::dense_group_sums`) instead of packing every KV head's keys for
+//! the packed-key tiles: the heads-in-lanes kernels compute each logit as
+//! the same chain, keep the same exact maxima and the same eight lanes of
+//! `Z`, so the bits do not depend on the path (`src/infllm/heads.rs`, "why
+//! the bits are `score::group_sums`'s"). A path that normalised otherwise
+//! would break it; the tests run both on every call they check.
+//!
 //! # Layout
 //!
 //! `score.rs` (stage 1 and the pooling of one query and KV head),
-//! `paged.rs` (stage 1 over a paged cache, read in place; NSA's too),
+//! `paged.rs` (stage 1 at decode over a paged cache, read in place, NSA's
+//! too; and over the dense call's keys in place, a decode's few queries),
 //! `profile.rs` (the phases timed, for the benchmark),
 //! `select.rs` (the order and the row), `api.rs` (the checked entry
 //! points), `tests.rs`.

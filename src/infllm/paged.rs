@@ -1,7 +1,10 @@
 //! Stage 1 at decode over an engine's paged cache of compressed keys, the
 //! pages read in place: [`group_sums`], shared by InfLLM-v2's paged
 //! selection ([`super::select_paged_into`]) and NSA's
-//! (`crate::nsa::select_paged_into`, whose stage 1 is InfLLM-v2's).
+//! (`crate::nsa::select_paged_into`, whose stage 1 is InfLLM-v2's); and
+//! its dense twin [`dense_group_sums`], InfLLM-v2's dense call at decode
+//! (a few queries, `api::in_place`) on its keys laid out densely, read
+//! where they lie rather than decoded and packed.
 //!
 //! # The rule
 //!
@@ -28,12 +31,20 @@
 //! bits are `score::group_sums`'s"); then the same softmax and group sum
 //! ([`Staged::finish`]).
 //!
+//! [`dense_group_sums`] is the same argument on dense keys: unscaled
+//! float32 and bfloat16 keys go to the one-pass kernel
+//! ([`super::heads::group_sums`], the same bits as the packed form by its
+//! own argument), the other formats are decoded and scaled as a page is
+//! here, [`DENSE_STEP`] keys at a time, into the staged kernel.
+//!
 //! What would break it: a key handed to the kernels under another index
 //! (its softmax lane moves), a scale applied after the dot rather than to
 //! the key, a page read past the sequence's keys (a stale row of a reused
 //! page would enter the softmax). The differential tests of both callers
 //! (`src/infllm/tests.rs`, `src/nsa/paged.rs`, `tests/python`) check their
-//! rows bit for bit against the dense calls at every SIMD level.
+//! rows bit for bit against the dense calls at every SIMD level, and
+//! `dense_in_place_equals_packed_at_every_level` the dense call's two
+//! paths against each other.
 //!
 //! # Speed
 //!
@@ -164,11 +175,7 @@ fn score_page(
             keys.resize(count * d, 0.0);
             match enc {
                 // The head's `d` elements of each row, decoded in place.
-                Some(e) => {
-                    for (r, k) in keys.chunks_exact_mut(d).enumerate() {
-                        e.decode(r * row + base, k);
-                    }
-                }
+                Some(e) => decode_head(e, base, row, d, keys),
                 // A misaligned page: its rows decoded whole, the head's part kept.
                 None => {
                     rows.clear();
@@ -184,9 +191,7 @@ fn score_page(
                 scales.clear();
                 scales.resize(count, 0.0);
                 cache.scales(page, 0, scales);
-                for (k, &m) in keys.chunks_exact_mut(d).zip(scales.iter()) {
-                    k.iter_mut().for_each(|x| *x *= m);
-                }
+                times_scales(keys, d, scales);
             }
             let keys = Rows {
                 ck: &keys[..],
@@ -197,6 +202,122 @@ fn score_page(
                 .iter_mut()
                 .for_each(|c| c.score(keys, j0, count, &[]));
         }
+    }
+}
+
+/// Rows `0 .. keys.len() / d` of `e` (row `r`'s KV head at `base + r ·
+/// row`) decoded into `keys`, `d` elements a row (elementwise, exact).
+fn decode_head(e: Encoded<'_>, base: usize, row: usize, d: usize, keys: &mut [f32]) {
+    for (r, k) in keys.chunks_exact_mut(d).enumerate() {
+        e.decode(r * row + base, k);
+    }
+}
+
+/// Each decoded key (`d` elements) times its scale: one float32 product an
+/// element, the dense calls' `ck_scale` product.
+fn times_scales(keys: &mut [f32], d: usize, scales: &[f32]) {
+    for (k, &m) in keys.chunks_exact_mut(d).zip(scales) {
+        k.iter_mut().for_each(|x| *x *= m);
+    }
+}
+
+/// One sequence's compressed keys laid out densely (`[n_c, n_kv, d]`, `row
+/// = n_kv · d` elements a key, in any format), optionally each key times
+/// its scale (`ck_scale`): the dense calls' keys.
+#[derive(Clone, Copy)]
+pub(crate) struct Dense<'a> {
+    pub ck: Encoded<'a>,
+    pub scales: Option<&'a [f32]>,
+    pub row: usize,
+}
+
+/// Keys a step of [`dense_group_sums`]'s decoded path: a multiple of every
+/// staged tile (12, 6, 3, 2 keys), 48 KiB of float32 keys at `d = 128`.
+const DENSE_STEP: usize = 96;
+
+/// [`group_sums`] on keys laid out densely ([`Dense`]; `row.s` unused):
+/// the group sums of keys `0..n_vis` of KV head `row.g` handed to `f`,
+/// the bits of [`super::score::group_sums`] on the same keys decoded and
+/// packed (the dense calls' path for many queries). Unscaled float32 and
+/// bfloat16 keys are scored where they lie by the one-pass kernel
+/// ([`super::heads::group_sums`], its tiles asking the next rows into
+/// cache); other formats, or scaled keys, are decoded [`DENSE_STEP`] keys
+/// of the head at a time into a small buffer (times their scales) and
+/// scored by the staged kernel, as a page is in [`group_sums`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dense_group_sums<R>(
+    isa: Isa,
+    q: &[f32],
+    keys: Dense<'_>,
+    row: Row,
+    n_vis: usize,
+    scale: f32,
+    f: impl FnOnce(&[f32]) -> R,
+) -> R {
+    let Row {
+        g, q0, heads, d, ..
+    } = row;
+    let (base, stride) = (g * d, keys.row);
+    match (keys.ck, keys.scales) {
+        (Encoded::F32(ck), None) => ONE_PASS.with_borrow_mut(|sc| {
+            let rows = Rows { ck, base, stride };
+            super::heads::group_sums(isa, q, &[q0], heads, d, rows, &[n_vis], scale, sc, &[]);
+            let r = f(&sc.sums);
+            trim(sc);
+            r
+        }),
+        (Encoded::Bf16(ck), None) => ONE_PASS.with_borrow_mut(|sc| {
+            let rows = Rows { ck, base, stride };
+            super::heads::group_sums(isa, q, &[q0], heads, d, rows, &[n_vis], scale, sc, &[]);
+            let r = f(&sc.sums);
+            trim(sc);
+            r
+        }),
+        (e, scales) => SCRATCH.with_borrow_mut(|sc| {
+            sc.sums.clear();
+            if n_vis > 0 {
+                let mut chunks =
+                    Staged::chunks(isa, q, &[q0], heads, d, &[n_vis], scale, &mut sc.bufs);
+                for j0 in (0..n_vis).step_by(DENSE_STEP) {
+                    let count = DENSE_STEP.min(n_vis - j0);
+                    sc.keys.clear();
+                    sc.keys.resize(count * d, 0.0);
+                    decode_head(e, j0 * stride + base, stride, d, &mut sc.keys);
+                    if let Some(s) = scales {
+                        times_scales(&mut sc.keys, d, &s[j0..j0 + count]);
+                    }
+                    let rows = Rows {
+                        ck: &sc.keys[..],
+                        base: 0,
+                        stride: d,
+                    };
+                    chunks
+                        .iter_mut()
+                        .for_each(|c| c.score(rows, j0, count, &[]));
+                }
+                sc.sums.resize(n_vis, 0.0);
+                for mut c in chunks {
+                    c.finish(&mut sc.sums);
+                    c.into_bufs(&mut sc.bufs);
+                }
+                if sc.bufs.iter().map(Vec::capacity).sum::<usize>() > KEEP {
+                    sc.bufs.clear();
+                }
+            }
+            f(&sc.sums)
+        }),
+    }
+}
+
+thread_local! {
+    /// [`dense_group_sums`]'s one-pass scratch, reused across rows and calls.
+    static ONE_PASS: std::cell::RefCell<super::score::Scratch> = std::cell::RefCell::default();
+}
+
+/// Frees a one-pass scratch whose logits outgrew [`KEEP`].
+fn trim(sc: &mut super::score::Scratch) {
+    if sc.logits.capacity() > KEEP {
+        *sc = super::score::Scratch::default();
     }
 }
 

@@ -963,3 +963,231 @@ fn bf16_panels_equal_their_decoded_keys() {
         }
     }
 }
+
+/// The dense call's in-place path (a decode's few queries: the keys scored
+/// where they lie, `paged::dense_group_sums`) equals its packed path (each
+/// KV head's keys decoded and packed once), bit for bit, at every level:
+/// float32, bfloat16 and float16 keys, fp8 with and without scales, float32
+/// with scales; groups of 1, 2, 16 and 40 (two chunks of heads); `d` of 1,
+/// 13 and 24 (tails off every vector); sequences of no key, one key, and
+/// key counts off every tile and step; one to five queries; both poolings
+/// and both keeps; tied keys, NaN and ±inf in the queries and the keys.
+#[test]
+fn dense_in_place_equals_packed_at_every_level() {
+    use super::api::{select_at, FORCE_IN_PLACE};
+    let mut seed = 91u64;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        seed >> 33
+    };
+    // Both paths of one call at `isa`: (in place, packed).
+    #[allow(clippy::too_many_arguments)]
+    fn both<T: Default + Clone>(
+        call: impl Fn(&mut [T]) -> Result<(), crate::ArgumentError>,
+        len: usize,
+    ) -> (Vec<T>, Vec<T>) {
+        let mut out = [vec![T::default(); len], vec![T::default(); len]];
+        for (o, force) in out.iter_mut().zip([true, false]) {
+            FORCE_IN_PLACE.set(Some(force));
+            let r = call(o);
+            FORCE_IN_PLACE.set(None);
+            r.unwrap();
+        }
+        let [a, b] = out;
+        (a, b)
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut checked = 0;
+    // (the keys' format, scaled)
+    let kinds: [(&str, bool); 6] = [
+        ("f32", false),
+        ("bf16", false),
+        ("f16", false),
+        ("fp8", false),
+        ("fp8", true),
+        ("f32", true),
+    ];
+    for (kind, scaled) in kinds {
+        for &(hq, n_kv, d) in &[
+            (2usize, 2usize, 13usize),
+            (4, 2, 24),
+            (16, 1, 1),
+            (32, 2, 13),
+            (40, 1, 24),
+        ] {
+            for &(seq_len, n_q) in &[
+                (5usize, 1usize),
+                (32, 1),
+                (47, 2),
+                (300, 3),
+                (1000, 1),
+                (1700, 5),
+            ] {
+                let n_c = compressed_len(seq_len);
+                let mut q = random(n_q * hq * d, next());
+                let mut vals = random(n_c * n_kv * d, next());
+                // Ties: a run of keys equal to key 0 (equal logits, equal
+                // sums), some all-zero queries (uniform rows).
+                for j in 1..n_c.min(9) {
+                    let (a, b) = vals.split_at_mut(j * n_kv * d);
+                    b[..n_kv * d].copy_from_slice(&a[..n_kv * d]);
+                }
+                if hq > 2 {
+                    q[d..2 * d].fill(0.0);
+                }
+                // NaN and ±inf: in a query row and in keys (float formats).
+                let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+                if next() % 2 == 0 && n_q * hq > 3 {
+                    q[3 * d + d / 2] = special[next() as usize % 3];
+                }
+                for _ in 0..(n_c / 100).min(3) {
+                    let at = next() as usize % vals.len();
+                    vals[at] = special[next() as usize % 3];
+                }
+                let bf: Vec<u16> = vals.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+                // float16 bits below 2 in magnitude (subnormals among
+                // them), a NaN or ±inf now and then.
+                let hf: Vec<u16> = (0..vals.len())
+                    .map(|_| match next() as u16 {
+                        b if b % 331 == 0 => [0x7e00, 0x7c00, 0xfc00][usize::from(b) % 3],
+                        b => b & 0xbfff,
+                    })
+                    .collect();
+                // fp8 e4m3fn bytes of every value, NaN (0x7f / 0xff) one
+                // time in four it comes up.
+                let fp8: Vec<u8> = (0..vals.len())
+                    .map(|_| match next() as u8 {
+                        b if b & 0x7f == 0x7f && next() % 4 != 0 => 0x3f,
+                        b => b,
+                    })
+                    .collect();
+                let scales: Vec<f32> = random(n_c, next())
+                    .iter()
+                    .map(|x| x.abs() * 3.0 + 0.01)
+                    .collect();
+                let ck = match kind {
+                    "f32" => Encoded::F32(&vals),
+                    "bf16" => Encoded::Bf16(&bf),
+                    "f16" => Encoded::F16(&hf),
+                    _ => Encoded::Fp8E4m3(&fp8),
+                };
+                let sc = scaled.then_some(&scales[..]);
+                let qe = Encoded::F32(&q);
+                for pooling in [Pooling::Cuda, Pooling::Triton] {
+                    for keep in [Keep::ThroughCurrent, Keep::BeforeCurrent] {
+                        let mut c = cfg(pooling, keep, 1, 2, 3);
+                        c.scale = 0.3;
+                        let nb = n_blocks(seq_len);
+                        let (sn, kn) = (n_q * n_kv * nb, n_q * n_kv * 3);
+                        let mut first: Option<(Vec<u32>, Vec<i32>)> = None;
+                        for isa in isas_for_test() {
+                            let (a, b) = both(
+                                |o: &mut [f32]| {
+                                    block_scores_at(isa, qe, hq, ck, sc, n_kv, d, seq_len, &c, o)
+                                },
+                                sn,
+                            );
+                            assert_eq!(
+                                bits(&a),
+                                bits(&b),
+                                "scores: {kind} scaled {scaled}, {hq}/{n_kv} heads, d {d}, \
+                                 {seq_len} tokens, {n_q} queries, {pooling:?} {keep:?}, {isa:?}"
+                            );
+                            let (ra, rb) = both(
+                                |o: &mut [i32]| {
+                                    select_at(isa, qe, hq, ck, sc, n_kv, d, seq_len, &c, o)
+                                },
+                                kn,
+                            );
+                            assert_eq!(
+                                ra, rb,
+                                "rows: {kind} scaled {scaled}, {hq}/{n_kv} heads, d {d}, \
+                                 {seq_len} tokens, {n_q} queries, {pooling:?} {keep:?}, {isa:?}"
+                            );
+                            // And the level does not change them.
+                            match &first {
+                                None => first = Some((bits(&a), ra)),
+                                Some((s, r)) => {
+                                    assert_eq!(s, &bits(&a), "scores across levels at {isa:?}");
+                                    assert_eq!(r, &ra, "rows across levels at {isa:?}");
+                                }
+                            }
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked >= 6 * 5 * 6 * 4, "{checked} calls checked");
+}
+
+/// Not a check: the measurement behind `api::in_place` (docs/infllm.md,
+/// "Dense decode"). Each path forced on the same keys, interleaved, at
+/// MiniCPM4-like shapes (`d = 128`, groups 16, 8, 2 and 1 over 2 KV heads,
+/// 131,072 and 8,192 tokens, float32 / bfloat16 / fp8 with scales, 1 to 64
+/// queries); prints `in place / packed` medians in ms. Run one thread:
+/// `RAYON_NUM_THREADS=1 cargo test --release --lib in_place_threshold_probe
+/// -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn in_place_threshold_probe() {
+    use super::api::{select_at, FORCE_IN_PLACE};
+    let d = 128;
+    for &(hq, n_kv) in &[(32usize, 2usize), (16, 2), (4, 2), (2, 2)] {
+        for &seq_len in &[131_072usize, 8192] {
+            let n_c = compressed_len(seq_len);
+            let vals = random(n_c * n_kv * d, 3);
+            let bf: Vec<u16> = vals.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+            let fp8: Vec<u8> = vals
+                .iter()
+                .map(|x| ((x.to_bits() >> 24) as u8) & 0xbf)
+                .collect();
+            let scales: Vec<f32> = random(n_c, 4).iter().map(|x| x.abs() + 0.01).collect();
+            for kind in ["f32", "bf16", "fp8s"] {
+                let (ck, sc) = match kind {
+                    "f32" => (Encoded::F32(&vals), None),
+                    "bf16" => (Encoded::Bf16(&bf), None),
+                    _ => (Encoded::Fp8E4m3(&fp8), Some(&scales[..])),
+                };
+                let mut line = format!("hq {hq} kv {n_kv} L {seq_len} {kind}:");
+                for n_q in [1usize, 2, 4, 8, 16, 32, 64] {
+                    let q = random(n_q * hq * d, 7);
+                    let c = Config::minicpm4(d);
+                    let mut out = vec![0i32; n_q * n_kv * 64];
+                    let mut t = [Vec::new(), Vec::new()];
+                    let reps = if seq_len > 10000 { 5 } else { 9 };
+                    for _ in 0..reps {
+                        for (k, f) in [true, false].into_iter().enumerate() {
+                            FORCE_IN_PLACE.set(Some(f));
+                            let t0 = std::time::Instant::now();
+                            select_at(
+                                Isa::best(),
+                                Encoded::F32(&q),
+                                hq,
+                                ck,
+                                sc,
+                                n_kv,
+                                d,
+                                seq_len,
+                                &c,
+                                &mut out,
+                            )
+                            .unwrap();
+                            t[k].push(t0.elapsed().as_secs_f64() * 1e3);
+                            FORCE_IN_PLACE.set(None);
+                        }
+                    }
+                    for v in t.iter_mut() {
+                        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                    }
+                    let (a, b) = (t[0][t[0].len() / 2], t[1][t[1].len() / 2]);
+                    line += &format!(" q{n_q} {a:.2}/{b:.2}={:.2}", a / b);
+                }
+                println!("{line}");
+            }
+        }
+    }
+}
