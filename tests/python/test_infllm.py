@@ -282,6 +282,20 @@ def test_refusals_name_the_argument(change, argument):
     assert np.array_equal(q, before[0]) and np.array_equal(ck, before[1])
 
 
+@pytest.mark.parametrize("fn", ["infllm_select", "infllm_block_scores"])
+def test_a_length_past_an_int32_position_is_refused_by_both_naming_seq_len(fn):
+    # Keys of 2**20 tokens make 2**31 tokens 2,048 compressed keys: every
+    # other argument fits, so only the length is at fault.
+    geo = {"block_size": 2**20, "kernel_size": 2**20, "kernel_stride": 2**20}
+    n = 2**31
+    q = np.zeros((1, 2, 4), np.float32)
+    ck = np.zeros(((n - 2**20) // 2**20 + 1, 1, 4), np.float32)
+    for impl in (ks, RI):
+        with pytest.raises(ValueError) as e:
+            getattr(impl, fn)(q, ck, n, **geo)
+        assert e.value.argument == "seq_len", impl
+
+
 def test_compress_keys_is_the_sources_window_mean():
     keys = np.arange(100 * 2 * 3, dtype=np.float32).reshape(100, 2, 3)
     ck = RI.compress_keys(keys)

@@ -96,6 +96,8 @@ def _inputs(
     n = _count("seq_len", seq_len)
     if n == 0:
         raise ReferenceSelectionError("seq_len", "seq_len must be at least 1 (the query's own token)")
+    if n > _I32_MAX:
+        raise ReferenceSelectionError("seq_len", f"seq_len is too large: at most {_I32_MAX}")
     qa = decode(q, query_format, "query_format", name="q")
     ka = decode(ck, key_format, "key_format", name="ck")
     if qa.ndim != 3:
