@@ -828,7 +828,8 @@ fn fused_heads_in_lanes_equal_the_packed_form_a_query_at_a_time() {
 /// panel's last 1, 2 and 3 vectors, several panels, and
 /// fewer than the panels hold (`n_vis < n`: the last vector's real keys
 /// past `n_vis` masked); logits that overflow to `±inf`, a NaN key, and
-/// every logit `−inf` or NaN (`m = −inf`: NaN sums, any NaN); a scratch
+/// every logit `−inf` or NaN (`m = −inf`: NaN sums, any NaN), a huge key
+/// just past `n_vis` (the maxima folded into the tiles mask it); a scratch
 /// reused after a longer call.
 #[test]
 fn panels_equal_the_packed_form_at_every_level() {
@@ -863,7 +864,7 @@ fn panels_equal_the_packed_form_at_every_level() {
             let n_kv = 3;
             seed += 1;
             let q = random(heads * d, seed);
-            for special in 0..4 {
+            for special in 0..5 {
                 let mut q = q.clone();
                 let mut ck = random(n_c * n_kv * d, seed + 1000);
                 match special {
@@ -873,6 +874,12 @@ fn panels_equal_the_packed_form_at_every_level() {
                     2 => ck[(n_vis / 2 * n_kv + 1) * d] = f32::NAN,
                     // Every logit NaN (`m = −inf`) in the first head.
                     3 => q[0] = f32::NAN,
+                    // The first key past `n_vis` (in the last vector's
+                    // padding lanes when `n_vis % 8 != 0`) huge: its logits
+                    // would be the maxima were its lanes not masked.
+                    4 if n_vis < n_c => ck[(n_vis * n_kv + 1) * d..][..d]
+                        .iter_mut()
+                        .for_each(|x| *x = x.signum() * 1e30),
                     _ => {}
                 }
                 let g = 1;
@@ -897,7 +904,7 @@ fn panels_equal_the_packed_form_at_every_level() {
                         "{isa:?} heads={heads} d={d} n_vis={n_vis} special={special}"
                     );
                 }
-                if special == 0 {
+                if special == 0 || special == 4 {
                     assert!(want.sums.iter().all(|s| s.is_finite() && *s > 0.0));
                 }
                 if special == 3 {
