@@ -697,6 +697,10 @@ fn heads_in_lanes_equal_the_packed_form_at_every_level() {
     for &heads in &[8usize, 9, 12, 16, 17, 24, 32, 33] {
         for &(d, n_vis, n_c) in &[
             (1usize, 1usize, 1usize),
+            (2, 3, 9),
+            (3, 9, 9),
+            (6, 13, 20),
+            (14, 40, 64),
             (7, 5, 9),
             (24, 6, 6),
             (16, 7, 20),
@@ -818,11 +822,14 @@ fn fused_heads_in_lanes_equal_the_packed_form_a_query_at_a_time() {
 /// Stage 1 on keys packed in panels (`panels::group_sums`) equals the
 /// packed form (`score::group_sums`) bit for bit at every level: groups of
 /// 1, 3, 8, 16 and 33 (the tiles' 2, 3, 4 or 8 heads and their
-/// remainders); `d` off 8 and 1; key counts under one vector, off 8, a
+/// remainders); `d` off 8, 1, and of every remainder by 4 (the tiles take
+/// four elements a trip, then the rest one at a time); key counts under
+/// one vector, off 8, a
 /// panel's last 1, 2 and 3 vectors, several panels, and
 /// fewer than the panels hold (`n_vis < n`: the last vector's real keys
 /// past `n_vis` masked); logits that overflow to `±inf`, a NaN key, and
-/// every logit `−inf` or NaN (`m = −inf`: NaN sums, any NaN); a scratch
+/// every logit `−inf` or NaN (`m = −inf`: NaN sums, any NaN), a huge key
+/// just past `n_vis` (the maxima folded into the tiles mask it); a scratch
 /// reused after a longer call.
 #[test]
 fn panels_equal_the_packed_form_at_every_level() {
@@ -838,6 +845,10 @@ fn panels_equal_the_packed_form_at_every_level() {
     for &heads in &[1usize, 3, 8, 16, 33] {
         for &(d, n_vis, n_c) in &[
             (1usize, 1usize, 1usize),
+            (2, 3, 9),
+            (3, 9, 9),
+            (6, 13, 20),
+            (14, 40, 64),
             (7, 5, 9),
             (24, 6, 6),
             (16, 7, 30),
@@ -853,7 +864,7 @@ fn panels_equal_the_packed_form_at_every_level() {
             let n_kv = 3;
             seed += 1;
             let q = random(heads * d, seed);
-            for special in 0..4 {
+            for special in 0..5 {
                 let mut q = q.clone();
                 let mut ck = random(n_c * n_kv * d, seed + 1000);
                 match special {
@@ -863,6 +874,12 @@ fn panels_equal_the_packed_form_at_every_level() {
                     2 => ck[(n_vis / 2 * n_kv + 1) * d] = f32::NAN,
                     // Every logit NaN (`m = −inf`) in the first head.
                     3 => q[0] = f32::NAN,
+                    // The first key past `n_vis` (in the last vector's
+                    // padding lanes when `n_vis % 8 != 0`) huge: its logits
+                    // would be the maxima were its lanes not masked.
+                    4 if n_vis < n_c => ck[(n_vis * n_kv + 1) * d..][..d]
+                        .iter_mut()
+                        .for_each(|x| *x = x.signum() * 1e30),
                     _ => {}
                 }
                 let g = 1;
@@ -887,7 +904,7 @@ fn panels_equal_the_packed_form_at_every_level() {
                         "{isa:?} heads={heads} d={d} n_vis={n_vis} special={special}"
                     );
                 }
-                if special == 0 {
+                if special == 0 || special == 4 {
                     assert!(want.sums.iter().all(|s| s.is_finite() && *s > 0.0));
                 }
                 if special == 3 {
