@@ -70,6 +70,22 @@ struct Scratch {
     scales: Vec<f32>,
 }
 
+impl Scratch {
+    /// Finishes the row's chunks into `sums` (`n_vis` keys' group sums)
+    /// and keeps their logits buffers for the next row, unless they have
+    /// grown past [`KEEP`].
+    fn finish(&mut self, chunks: Vec<Staged>, n_vis: usize) {
+        self.sums.resize(n_vis, 0.0);
+        for mut c in chunks {
+            c.finish(&mut self.sums);
+            c.into_bufs(&mut self.bufs);
+        }
+        if self.bufs.iter().map(Vec::capacity).sum::<usize>() > KEEP {
+            self.bufs.clear();
+        }
+    }
+}
+
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
 }
@@ -118,14 +134,7 @@ pub(crate) fn group_sums<R>(
                 let pg = table.page(s, j0 / page);
                 score_page(cache, pg, g, d, (j0, count), &mut chunks, sc);
             }
-            sc.sums.resize(n_vis, 0.0);
-            for mut c in chunks {
-                c.finish(&mut sc.sums);
-                c.into_bufs(&mut sc.bufs);
-            }
-            if sc.bufs.iter().map(Vec::capacity).sum::<usize>() > KEEP {
-                sc.bufs.clear();
-            }
+            sc.finish(chunks, n_vis);
         }
         f(&sc.sums)
     })
@@ -295,14 +304,7 @@ pub(crate) fn dense_group_sums<R>(
                         .iter_mut()
                         .for_each(|c| c.score(rows, j0, count, &[]));
                 }
-                sc.sums.resize(n_vis, 0.0);
-                for mut c in chunks {
-                    c.finish(&mut sc.sums);
-                    c.into_bufs(&mut sc.bufs);
-                }
-                if sc.bufs.iter().map(Vec::capacity).sum::<usize>() > KEEP {
-                    sc.bufs.clear();
-                }
+                sc.finish(chunks, n_vis);
             }
             f(&sc.sums)
         }),

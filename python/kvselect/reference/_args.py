@@ -192,6 +192,18 @@ def _native_pages(kv_cache: Any) -> np.ndarray:
     return cache
 
 
+def _table_row(table: np.ndarray, s: int, need: int, n_pages: int, what: str) -> None:
+    """Checks sequence ``s``'s block-table row as the native paged calls do, naming
+    ``block_table``: ``need`` pages long at least (``what`` says what they hold), and
+    every entry among them a page of the cache (NumPy would read a negative one from
+    the end)."""
+    if need > table.shape[1]:
+        raise ReferenceSelectionError("block_table", f"{what} need {need} pages, rows have {table.shape[1]}")
+    bad = [b for b in range(need) if not 0 <= table[s, b] < n_pages]
+    if bad:
+        raise ReferenceSelectionError("block_table", f"block_table[{s}, {bad[0]}] is not a page of the cache")
+
+
 def _paged(kv_cache: Any, block_table: Any, n_seqs: int, n_kv_heads: int, page_layout: str) -> tuple:
     """A paged cache and its block table, checked as the native paged calls check
     them, each refusal naming its argument: the cache in native byte order, uint8

@@ -32,7 +32,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales, _table_row
 from .keys import decode
 
 BLOCK_SIZE = 64
@@ -542,15 +542,7 @@ def _paged_sequences(
                 "seq_lens", f"seq_lens[{s}] = {n}: a decoding query's sequence holds 1 ..= {_I32_MAX} tokens"
             )
         n_c = compressed_len(n, kz, st)
-        need = -(-n_c // page)
-        if need > block_table.shape[1]:
-            raise ReferenceSelectionError(
-                "block_table",
-                f"sequence {s}'s {n_c} compressed keys need {need} pages, rows have {block_table.shape[1]}",
-            )
-        bad = [b for b in range(need) if not 0 <= block_table[s, b] < n_pages]
-        if bad:
-            raise ReferenceSelectionError("block_table", f"block_table[{s}, {bad[0]}] is not a page of the cache")
+        _table_row(block_table, s, -(-n_c // page), n_pages, f"sequence {s}'s {n_c} compressed keys")
         seqs.append((n, qa[s : s + 1], gather_paged(kv_cache, block_table, s, n_c, h, page_layout, key_format)))
     return seqs
 

@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales, _table_row
 from .keys import decode
 
 _VARIANTS = ("efficient", "naive")
@@ -211,14 +211,7 @@ def _check_paged_rows(lens: List[int], table: np.ndarray, page: int, n_pages: in
     for s, n in enumerate(lens):
         if n > _I32_MAX:
             raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: positions past {_I32_MAX} do not fit")
-        need = -(-n // page)
-        if need > table.shape[1]:
-            raise ReferenceSelectionError(
-                "block_table", f"seq_lens[{s}] = {n} needs {need} blocks of {page}, rows have {table.shape[1]}"
-            )
-        bad = [b for b in range(need) if not 0 <= table[s, b] < n_pages]
-        if bad:
-            raise ReferenceSelectionError("block_table", f"block_table[{s}, {bad[0]}] is not a page of the cache")
+        _table_row(table, s, -(-n // page), n_pages, f"seq_lens[{s}] = {n} tokens in pages of {page}")
 
 
 def moba_select_paged(

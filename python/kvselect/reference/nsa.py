@@ -24,7 +24,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales, _table_row
 from .infllm import (
     compressed_len,
     gamma,
@@ -302,14 +302,7 @@ def nsa_block_scores_paged(
     out = np.full((len(lens), h, nb), np.nan)
     for s, n in enumerate(lens):
         n_c = compressed_len(n, geo[1], geo[2])
-        need = -(-n_c // page)
-        if need > table.shape[1]:
-            raise ReferenceSelectionError(
-                "block_table", f"sequence {s}'s {n_c} compressed keys need {need} pages, rows have {table.shape[1]}"
-            )
-        bad = [b for b in range(need) if not 0 <= table[s, b] < n_pages]
-        if bad:
-            raise ReferenceSelectionError("block_table", f"block_table[{s}, {bad[0]}] is not a page of the cache")
+        _table_row(table, s, -(-n_c // page), n_pages, f"sequence {s}'s {n_c} compressed keys")
         ck = gather_paged(cache, table, s, n_c, h, page_layout, key_format)
         row = nsa_block_scores_compressed(qa[s : s + 1], ck, n, **kw)[0]
         out[s, :, : row.shape[1]] = row
