@@ -44,13 +44,17 @@ use crate::simd::{dispatch, Isa};
 /// the keys (its contents are not read).
 ///
 /// # Panics
-/// If the row has `i32::MAX` blocks or more (its ids are `i32`).
+/// If the row has more than `i32::MAX` blocks (its ids are `i32`; the
+/// callers' lengths are checked int32 positions, so a row has at most
+/// `i32::MAX` blocks, ids to `i32::MAX − 1`; the AVX2 kernel's padded lane
+/// ids reach `2^31 − 1` and its per-lane counts sum to at most the row's
+/// candidates).
 pub(super) fn top(isa: Isa, scores: &[f32], scratch: &mut Vec<u64>, out: &mut [i32]) {
     out.fill(-1);
     if out.is_empty() || scores.is_empty() {
         return;
     }
-    assert!(scores.len() < i32::MAX as usize, "block ids fit an i32");
+    assert!(scores.len() <= i32::MAX as usize, "block ids fit an i32");
     // The keys, padded to whole vectors: `u64` scratch holds two a slot
     // (grown only: the kernels write every key they read).
     let len = scores.len().next_multiple_of(8) / 2;
