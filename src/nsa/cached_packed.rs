@@ -44,14 +44,22 @@ fn check(
     window.check(cfg.block_size)?;
     check_heads(n_q_heads, n_kv_heads, cfg)?;
     let geo = window.geometry(cfg.block_size);
-    crate::packed::compressed_batch(
-        q_len,
+    let heads = crate::keys::Heads {
         n_q_heads,
-        ck_len,
-        ck_scale.map(<[f32]>::len),
         n_kv_heads,
         d,
-        seqs,
+    };
+    let batch = crate::keys::CompressedBatch {
+        seq_lens: seqs.0,
+        cu_seqlens_q: seqs.1,
+        cu_seqlens_k: seqs.2,
+    };
+    crate::packed::compressed_batch(
+        q_len,
+        ck_len,
+        ck_scale.map(<[f32]>::len),
+        heads,
+        &batch,
         |len| geo.compressed_len(len),
     )
 }
