@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant};
 
-use kvselect::infllm::{self, profile, Config};
+use kvselect::infllm::{self, profile, Config, Heads};
 use kvselect::keys::Encoded;
 use kvselect::{pool, simd};
 
@@ -112,11 +112,13 @@ fn main() {
                 let t = Instant::now();
                 infllm::select_into(
                     Encoded::F32(&q),
-                    HQ,
                     Encoded::F32(&ck),
                     None,
-                    HKV,
-                    D,
+                    Heads {
+                        n_q_heads: HQ,
+                        n_kv_heads: HKV,
+                        d: D,
+                    },
                     TOKENS,
                     &cfg,
                     &mut out,

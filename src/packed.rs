@@ -37,6 +37,7 @@
 
 use crate::block_sparse::IndexLike;
 use crate::error::{check_len, ArgumentError};
+use crate::keys::{CompressedBatch, Heads};
 
 /// `cu_seqlens` as `usize` boundaries, checked against the `n_keys` packed
 /// rows they split; `(noun, owner)` names those rows in the messages
@@ -206,17 +207,24 @@ pub(crate) struct CompressedSeq {
 /// from 0 to the queries with no sequence more queries than tokens, and
 /// `ck_scale_len` (when given) one a key. `n_q_heads` and `n_kv_heads` and
 /// `d` are positive (the callers' own checks come first).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn compressed_batch(
     q_len: usize,
-    n_q_heads: usize,
     ck_len: usize,
     ck_scale_len: Option<usize>,
-    n_kv_heads: usize,
-    d: usize,
-    (seq_lens, cu_seqlens_q, cu_seqlens_k): (&[usize], &[usize], &[usize]),
+    heads: Heads,
+    batch: &CompressedBatch<'_>,
     compressed_len: impl Fn(usize) -> usize,
 ) -> Result<Vec<CompressedSeq>, ArgumentError> {
+    let Heads {
+        n_q_heads,
+        n_kv_heads,
+        d,
+    } = heads;
+    let CompressedBatch {
+        seq_lens,
+        cu_seqlens_q,
+        cu_seqlens_k,
+    } = *batch;
     let invalid = |argument, message| ArgumentError::Invalid { argument, message };
     let per_q = crate::error::checked_size("q", &[n_q_heads, d])?;
     if !q_len.is_multiple_of(per_q) {

@@ -5,7 +5,7 @@
 use super::score::{block_scores, group_sums, Packed, Scratch};
 use super::{select, Config};
 use crate::error::{check_len, checked_size, ArgumentError};
-use crate::keys::{BlockTable, Encoded, PagedCache};
+use crate::keys::{BlockTable, CompressedBatch, Encoded, Heads, PagedCache};
 use crate::simd::Isa;
 
 /// A call's checked sizes.
@@ -34,12 +34,12 @@ fn invalid(argument: &'static str, message: String) -> ArgumentError {
 
 /// The checks every form shares: the sizes, the heads, the geometry and the
 /// scale.
-fn check_common(
-    n_q_heads: usize,
-    n_kv_heads: usize,
-    d: usize,
-    cfg: &Config,
-) -> Result<(), ArgumentError> {
+fn check_common(heads: Heads, cfg: &Config) -> Result<(), ArgumentError> {
+    let Heads {
+        n_q_heads,
+        n_kv_heads,
+        d,
+    } = heads;
     if d == 0 {
         return Err(invalid("d", "d must be at least 1".into()));
     }
@@ -67,18 +67,20 @@ fn check_common(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 fn check(
     q_len: usize,
-    n_q_heads: usize,
     ck_len: usize,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     seq_len: usize,
     cfg: &Config,
 ) -> Result<Shape, ArgumentError> {
-    check_common(n_q_heads, n_kv_heads, d, cfg)?;
+    check_common(heads, cfg)?;
+    let Heads {
+        n_q_heads,
+        n_kv_heads,
+        d,
+    } = heads;
     if seq_len == 0 {
         return Err(invalid(
             "seq_len",
@@ -287,30 +289,16 @@ fn run<T: Send>(
 /// (`q`), `seq_len` 0, a non-finite `scale`, `ck` or `ck_scale` of another
 /// size, `out` of another size (`out`). Nothing is written before every
 /// check has passed.
-#[allow(clippy::too_many_arguments)]
 pub fn block_scores_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     ck: Encoded<'_>,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     seq_len: usize,
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    block_scores_at(
-        Isa::best(),
-        q,
-        n_q_heads,
-        ck,
-        ck_scale,
-        n_kv_heads,
-        d,
-        seq_len,
-        cfg,
-        out,
-    )
+    block_scores_at(Isa::best(), q, ck, ck_scale, heads, seq_len, cfg, out)
 }
 
 /// [`block_scores_into`] at `isa` (the tests' way to every level).
@@ -318,25 +306,14 @@ pub fn block_scores_into(
 pub(super) fn block_scores_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     ck: Encoded<'_>,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     seq_len: usize,
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    let sh = check(
-        q.len(),
-        n_q_heads,
-        ck.len(),
-        ck_scale,
-        n_kv_heads,
-        d,
-        seq_len,
-        cfg,
-    )?;
+    let sh = check(q.len(), ck.len(), ck_scale, heads, seq_len, cfg)?;
     let nb = cfg.geometry.n_blocks(seq_len);
     check_out(
         out.len(),
@@ -354,30 +331,16 @@ pub(super) fn block_scores_at(
 ///
 /// # Errors
 /// `top_k` 0 (`topk`), and as [`block_scores_into`].
-#[allow(clippy::too_many_arguments)]
 pub fn select_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     ck: Encoded<'_>,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     seq_len: usize,
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    select_at(
-        Isa::best(),
-        q,
-        n_q_heads,
-        ck,
-        ck_scale,
-        n_kv_heads,
-        d,
-        seq_len,
-        cfg,
-        out,
-    )
+    select_at(Isa::best(), q, ck, ck_scale, heads, seq_len, cfg, out)
 }
 
 /// [`select_into`] at `isa`.
@@ -385,26 +348,15 @@ pub fn select_into(
 pub(super) fn select_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     ck: Encoded<'_>,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     seq_len: usize,
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
     check_top_k(cfg)?;
-    let sh = check(
-        q.len(),
-        n_q_heads,
-        ck.len(),
-        ck_scale,
-        n_kv_heads,
-        d,
-        seq_len,
-        cfg,
-    )?;
+    let sh = check(q.len(), ck.len(), ck_scale, heads, seq_len, cfg)?;
     check_out(
         out.len(),
         checked_size("out", &[sh.n_q, sh.n_kv, cfg.top_k])?,
@@ -481,25 +433,20 @@ struct Seq {
 /// cu_seqlens_k[s + 1]` (the source's two arrays) and `seq_lens[s]`
 /// tokens; its queries are its last tokens and its compressed keys exactly
 /// those of its tokens.
-#[allow(clippy::too_many_arguments)]
 fn check_packed(
     q_len: usize,
-    n_q_heads: usize,
     ck_len: usize,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
-    seqs: (&[usize], &[usize], &[usize]),
+    heads: Heads,
+    seqs: &CompressedBatch<'_>,
     cfg: &Config,
 ) -> Result<Vec<Seq>, ArgumentError> {
-    check_common(n_q_heads, n_kv_heads, d, cfg)?;
+    check_common(heads, cfg)?;
     let batch = crate::packed::compressed_batch(
         q_len,
-        n_q_heads,
         ck_len,
         ck_scale.map(<[f32]>::len),
-        n_kv_heads,
-        d,
+        heads,
         seqs,
         |len| cfg.geometry.compressed_len(len),
     )?;
@@ -508,9 +455,9 @@ fn check_packed(
         .map(|s| Seq {
             sh: Shape {
                 n_q: s.n_q,
-                hq: n_q_heads,
-                n_kv: n_kv_heads,
-                d,
+                hq: heads.n_q_heads,
+                n_kv: heads.n_kv_heads,
+                d: heads.d,
                 n_c: s.n_c,
                 seq_len: s.len,
             },
@@ -560,28 +507,21 @@ fn run_packed<T: Send>(
 /// sequence or 0 (`seq_len`), `cu_seqlens_q` not rising from 0 to the
 /// queries or giving a sequence more queries than tokens (`cu_seqlens_q`).
 /// Nothing is written before every check has passed.
-#[allow(clippy::too_many_arguments)]
 pub fn block_scores_packed_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     ck: Encoded<'_>,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
-    seqs: (&[usize], &[usize], &[usize]),
+    heads: Heads,
+    seqs: &CompressedBatch<'_>,
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    let checked = check_packed(
-        q.len(),
+    let checked = check_packed(q.len(), ck.len(), ck_scale, heads, seqs, cfg)?;
+    let Heads {
         n_q_heads,
-        ck.len(),
-        ck_scale,
         n_kv_heads,
         d,
-        seqs,
-        cfg,
-    )?;
+    } = heads;
     let n_q = q.len() / (n_q_heads * d);
     let nb = packed_width(&checked, cfg);
     check_out(
@@ -617,29 +557,22 @@ fn packed_width(seqs: &[Seq], cfg: &Config) -> usize {
 ///
 /// # Errors
 /// `top_k` 0 (`topk`), and as [`block_scores_packed_into`].
-#[allow(clippy::too_many_arguments)]
 pub fn select_packed_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     ck: Encoded<'_>,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
-    seqs: (&[usize], &[usize], &[usize]),
+    heads: Heads,
+    seqs: &CompressedBatch<'_>,
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
     check_top_k(cfg)?;
-    let checked = check_packed(
-        q.len(),
+    let checked = check_packed(q.len(), ck.len(), ck_scale, heads, seqs, cfg)?;
+    let Heads {
         n_q_heads,
-        ck.len(),
-        ck_scale,
         n_kv_heads,
         d,
-        seqs,
-        cfg,
-    )?;
+    } = heads;
     let n_q = q.len() / (n_q_heads * d);
     let k = cfg.top_k;
     check_out(
@@ -680,44 +613,29 @@ pub fn select_packed_into(
 /// short for its sequence's compressed keys, or an entry it reads outside
 /// the cache (`block_table`); `q` not `[n_seqs, n_q_heads, d]` (`q`); `out`
 /// of another size. Nothing is written before every check has passed.
-#[allow(clippy::too_many_arguments)]
 pub fn block_scores_paged_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     cache: &PagedCache<'_>,
     table: &BlockTable<'_>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    block_scores_paged_at(
-        Isa::best(),
-        q,
-        n_q_heads,
-        cache,
-        table,
-        n_kv_heads,
-        d,
-        cfg,
-        out,
-    )
+    block_scores_paged_at(Isa::best(), q, cache, table, heads, cfg, out)
 }
 
 /// [`block_scores_paged_into`] at `isa`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn block_scores_paged_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     cache: &PagedCache<'_>,
     table: &BlockTable<'_>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    let n_c = check_paged(q.len(), n_q_heads, cache, table, n_kv_heads, d, cfg)?;
+    let n_c = check_paged(q.len(), cache, table, heads, cfg)?;
+    let n_kv_heads = heads.n_kv_heads;
     let n = n_c.len();
     let nb = table
         .seq_lens
@@ -730,19 +648,7 @@ pub(super) fn block_scores_paged_at(
         checked_size("out", &[n, n_kv_heads, nb])?,
         || format!("[n_seqs={n}, n_kv_heads={n_kv_heads}, max_blocks={nb}]"),
     )?;
-    run_paged(
-        isa,
-        q,
-        n_q_heads,
-        cache,
-        table,
-        &n_c,
-        (n_kv_heads, d),
-        cfg,
-        out,
-        nb,
-        score_row,
-    );
+    run_paged(isa, q, cache, table, &n_c, heads, cfg, out, nb, score_row);
     Ok(())
 }
 
@@ -753,45 +659,30 @@ pub(super) fn block_scores_paged_at(
 ///
 /// # Errors
 /// `top_k` 0 (`topk`), and as [`block_scores_paged_into`].
-#[allow(clippy::too_many_arguments)]
 pub fn select_paged_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     cache: &PagedCache<'_>,
     table: &BlockTable<'_>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    select_paged_at(
-        Isa::best(),
-        q,
-        n_q_heads,
-        cache,
-        table,
-        n_kv_heads,
-        d,
-        cfg,
-        out,
-    )
+    select_paged_at(Isa::best(), q, cache, table, heads, cfg, out)
 }
 
 /// [`select_paged_into`] at `isa`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn select_paged_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     cache: &PagedCache<'_>,
     table: &BlockTable<'_>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
     check_top_k(cfg)?;
-    let n_c = check_paged(q.len(), n_q_heads, cache, table, n_kv_heads, d, cfg)?;
+    let n_c = check_paged(q.len(), cache, table, heads, cfg)?;
+    let n_kv_heads = heads.n_kv_heads;
     let n = n_c.len();
     let k = cfg.top_k;
     check_out(out.len(), checked_size("out", &[n, n_kv_heads, k])?, || {
@@ -800,11 +691,10 @@ pub(super) fn select_paged_at(
     run_paged(
         isa,
         q,
-        n_q_heads,
         cache,
         table,
         &n_c,
-        (n_kv_heads, d),
+        heads,
         cfg,
         out,
         k,
@@ -815,17 +705,19 @@ pub(super) fn select_paged_at(
 
 /// The checks both paged forms share (all but `top_k` and `out`): each
 /// sequence's compressed-key count.
-#[allow(clippy::too_many_arguments)]
 fn check_paged(
     q_len: usize,
-    n_q_heads: usize,
     cache: &PagedCache<'_>,
     table: &BlockTable<'_>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cfg: &Config,
 ) -> Result<Vec<usize>, ArgumentError> {
-    check_common(n_q_heads, n_kv_heads, d, cfg)?;
+    check_common(heads, cfg)?;
+    let Heads {
+        n_q_heads,
+        n_kv_heads,
+        d,
+    } = heads;
     let n_c = crate::keys::paged::check_compressed_decode(cache, table, n_kv_heads, d, |n| {
         cfg.geometry.compressed_len(n)
     })?;
@@ -844,16 +736,20 @@ fn check_paged(
 fn run_paged<T: Send>(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     cache: &PagedCache<'_>,
     table: &BlockTable<'_>,
     n_c: &[usize],
-    (n_kv_heads, d): (usize, usize),
+    heads: Heads,
     cfg: &Config,
     out: &mut [T],
     width: usize,
     f: impl Fn(&mut [T], usize, &[f32]) + Sync + Send,
 ) {
+    let Heads {
+        n_q_heads,
+        n_kv_heads,
+        d,
+    } = heads;
     let lens = table.seq_lens;
     let rows = BlockTable {
         table: table.table,

@@ -174,6 +174,9 @@ pub(crate) fn staged_probe(isa: crate::simd::Isa) {
     heads::staged_probe(isa)
 }
 
+/// The named sizes the entry points take (`q` `[.., n_q_heads, d]`, keys
+/// `[.., n_kv_heads, d]`; a packed batch's lengths and boundaries).
+pub use crate::keys::{CompressedBatch, Heads};
 pub use api::{
     block_scores_into, block_scores_packed_into, block_scores_paged_into, select_into,
     select_packed_into, select_paged_into,

@@ -142,11 +142,13 @@ fn every_level_gives_the_same_bits() {
         block_scores_at(
             crate::simd::Isa::Scalar,
             Encoded::F32(&q),
-            hq,
             Encoded::F32(&ck),
             None,
-            n_kv,
-            d,
+            Heads {
+                n_q_heads: hq,
+                n_kv_heads: n_kv,
+                d,
+            },
             seq_len,
             &c,
             &mut want,
@@ -158,11 +160,13 @@ fn every_level_gives_the_same_bits() {
             block_scores_at(
                 isa,
                 Encoded::F32(&q),
-                hq,
                 Encoded::F32(&ck),
                 None,
-                n_kv,
-                d,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
                 seq_len,
                 &c,
                 &mut got,
@@ -191,11 +195,13 @@ fn a_worked_example() {
     // Block 0 is the query's own block: forced.
     block_scores_into(
         Encoded::F32(&q),
-        1,
         Encoded::F32(&ck),
         None,
-        1,
-        1,
+        Heads {
+            n_q_heads: 1,
+            n_kv_heads: 1,
+            d: 1,
+        },
         64,
         &c,
         &mut out,
@@ -207,11 +213,13 @@ fn a_worked_example() {
     let mut out = [0.0f32; 2];
     block_scores_into(
         Encoded::F32(&q),
-        1,
         Encoded::F32(&ck),
         None,
-        1,
-        1,
+        Heads {
+            n_q_heads: 1,
+            n_kv_heads: 1,
+            d: 1,
+        },
         128,
         &c,
         &mut out,
@@ -241,11 +249,13 @@ fn refusals_name_the_argument_and_write_nothing() {
         let mut o = vec![7i32; width];
         let r = select_into(
             Encoded::F32(q),
-            hq,
             Encoded::F32(ck),
             None,
-            n_kv,
-            d,
+            Heads {
+                n_q_heads: hq,
+                n_kv_heads: n_kv,
+                d,
+            },
             seq_len,
             &c,
             &mut o,
@@ -257,6 +267,31 @@ fn refusals_name_the_argument_and_write_nothing() {
     assert_eq!(run(&q, hq, &ck, n_kv, d, 0, good, 8), "seq_len");
     assert_eq!(run(&q, hq, &ck[1..], n_kv, d, seq_len, good, 8), "ck");
     assert_eq!(run(&q, hq, &ck, 0, d, seq_len, good, 8), "n_kv_heads");
+    // The heads are read by name: `n_q_heads` and `n_kv_heads` swapped (2
+    // query heads over 4 KV heads) are refused naming `q`, nothing written.
+    let swapped = Heads {
+        n_q_heads: n_kv,
+        n_kv_heads: hq,
+        d,
+    };
+    let mut o = vec![7i32; n_kv * 4];
+    let e = select_into(
+        Encoded::F32(&q),
+        Encoded::F32(&ck),
+        None,
+        swapped,
+        seq_len,
+        &good,
+        &mut o,
+    )
+    .unwrap_err();
+    assert_eq!(e.argument(), "q");
+    assert!(
+        e.to_string()
+            .contains("q's 2 heads are not a positive multiple of the 4 KV heads"),
+        "{e}"
+    );
+    assert!(o.iter().all(|&x| x == 7));
     assert_eq!(run(&q, hq, &ck, n_kv, d, seq_len, good, 9), "out");
     assert_eq!(
         run(
@@ -331,11 +366,13 @@ fn refusals_name_the_argument_and_write_nothing() {
     assert_eq!(run(&two_q, hq, &[], n_kv, d, 1, good, 16), "q");
     select_into(
         Encoded::F32(&q),
-        hq,
         Encoded::F32(&ck),
         None,
-        n_kv,
-        d,
+        Heads {
+            n_q_heads: hq,
+            n_kv_heads: n_kv,
+            d,
+        },
         seq_len,
         &good,
         &mut out,
@@ -382,11 +419,13 @@ fn paged_decode_equals_dense_at_every_level() {
         super::api::select_paged_at(
             isa,
             Encoded::F32(&q),
-            hq,
             &cache,
             &bt,
-            n_kv,
-            d,
+            Heads {
+                n_q_heads: hq,
+                n_kv_heads: n_kv,
+                d,
+            },
             &c,
             &mut got,
         )
@@ -396,11 +435,13 @@ fn paged_decode_equals_dense_at_every_level() {
         super::api::block_scores_paged_at(
             isa,
             Encoded::F32(&q),
-            hq,
             &cache,
             &bt,
-            n_kv,
-            d,
+            Heads {
+                n_q_heads: hq,
+                n_kv_heads: n_kv,
+                d,
+            },
             &c,
             &mut scores,
         )
@@ -417,11 +458,13 @@ fn paged_decode_equals_dense_at_every_level() {
             super::api::select_at(
                 isa,
                 Encoded::F32(&q[s * hq * d..(s + 1) * hq * d]),
-                hq,
                 Encoded::F32(&dense),
                 None,
-                n_kv,
-                d,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
                 len,
                 &c,
                 &mut want,
@@ -438,11 +481,13 @@ fn paged_decode_equals_dense_at_every_level() {
             super::api::block_scores_at(
                 isa,
                 Encoded::F32(&q[s * hq * d..(s + 1) * hq * d]),
-                hq,
                 Encoded::F32(&dense),
                 None,
-                n_kv,
-                d,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
                 len,
                 &c,
                 &mut want_scores,
@@ -464,19 +509,32 @@ fn paged_decode_equals_dense_at_every_level() {
         seq_lens: &lens,
     };
     let mut out = vec![7i32; lens.len() * n_kv * 5];
-    let e =
-        select_paged_into(Encoded::F32(&q), hq, &cache, &short, n_kv, d, &c, &mut out).unwrap_err();
+    let e = select_paged_into(
+        Encoded::F32(&q),
+        &cache,
+        &short,
+        Heads {
+            n_q_heads: hq,
+            n_kv_heads: n_kv,
+            d,
+        },
+        &c,
+        &mut out,
+    )
+    .unwrap_err();
     assert_eq!(e.argument(), "block_table");
     assert!(e.to_string().contains("61 compressed keys"), "{e}");
     assert!(out.iter().all(|&x| x == 7));
     let mut scores = vec![7.0f32; lens.len() * n_kv * 16];
     let e = super::block_scores_paged_into(
         Encoded::F32(&q),
-        hq,
         &cache,
         &short,
-        n_kv,
-        d,
+        Heads {
+            n_q_heads: hq,
+            n_kv_heads: n_kv,
+            d,
+        },
         &c,
         &mut scores,
     )
@@ -610,7 +668,17 @@ fn paged_in_place_equals_dense_at_every_level() {
                         let mut got = vec![9i32; lens.len() * n_kv * 4];
                         let qe = Encoded::F32(&q);
                         super::api::select_paged_at(
-                            isa, qe, hq, &cache, &bt, n_kv, d, &c, &mut got,
+                            isa,
+                            qe,
+                            &cache,
+                            &bt,
+                            Heads {
+                                n_q_heads: hq,
+                                n_kv_heads: n_kv,
+                                d,
+                            },
+                            &c,
+                            &mut got,
                         )
                         .unwrap();
                         let mut c0 = 0;
@@ -627,8 +695,21 @@ fn paged_in_place_equals_dense_at_every_level() {
                                 }
                             };
                             let mut want = vec![0i32; n_kv * 4];
-                            super::api::select_at(isa, qs, hq, ck, sc, n_kv, d, len, &c, &mut want)
-                                .unwrap();
+                            super::api::select_at(
+                                isa,
+                                qs,
+                                ck,
+                                sc,
+                                Heads {
+                                    n_q_heads: hq,
+                                    n_kv_heads: n_kv,
+                                    d,
+                                },
+                                len,
+                                &c,
+                                &mut want,
+                            )
+                            .unwrap();
                             // Stage 1's group sums themselves, bit for bit.
                             if matches!((pooling, keep), (Pooling::Cuda, Keep::ThroughCurrent)) {
                                 let mut dense = vec![0.0f32; cn * row];
@@ -1102,7 +1183,20 @@ fn dense_in_place_equals_packed_at_every_level() {
                         for isa in isas_for_test() {
                             let (a, b) = both(
                                 |o: &mut [f32]| {
-                                    block_scores_at(isa, qe, hq, ck, sc, n_kv, d, seq_len, &c, o)
+                                    block_scores_at(
+                                        isa,
+                                        qe,
+                                        ck,
+                                        sc,
+                                        Heads {
+                                            n_q_heads: hq,
+                                            n_kv_heads: n_kv,
+                                            d,
+                                        },
+                                        seq_len,
+                                        &c,
+                                        o,
+                                    )
                                 },
                                 sn,
                             );
@@ -1114,7 +1208,20 @@ fn dense_in_place_equals_packed_at_every_level() {
                             );
                             let (ra, rb) = both(
                                 |o: &mut [i32]| {
-                                    select_at(isa, qe, hq, ck, sc, n_kv, d, seq_len, &c, o)
+                                    select_at(
+                                        isa,
+                                        qe,
+                                        ck,
+                                        sc,
+                                        Heads {
+                                            n_q_heads: hq,
+                                            n_kv_heads: n_kv,
+                                            d,
+                                        },
+                                        seq_len,
+                                        &c,
+                                        o,
+                                    )
                                 },
                                 kn,
                             );
@@ -1183,11 +1290,13 @@ fn in_place_threshold_probe() {
                             select_at(
                                 Isa::best(),
                                 Encoded::F32(&q),
-                                hq,
                                 ck,
                                 sc,
-                                n_kv,
-                                d,
+                                Heads {
+                                    n_q_heads: hq,
+                                    n_kv_heads: n_kv,
+                                    d,
+                                },
                                 seq_len,
                                 &c,
                                 &mut out,

@@ -17,14 +17,19 @@
 //!
 //! [`paged`] reads an engine's paged cache of such keys through its block
 //! table; both the lightning indexer and block selection use it.
+//!
+//! [`Heads`] and [`CompressedBatch`] name the sizes InfLLM-v2's, NSA's and
+//! MoBA's entry points read such queries and keys with.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod lanes;
 pub mod paged;
+mod shape;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
 pub use paged::{BlockTable, PageLayout, PagedCache};
+pub use shape::{CompressedBatch, Heads};
 
 use crate::simd::{dispatch, Isa};
 

@@ -110,6 +110,7 @@ mod tests;
 use std::cmp::Ordering;
 
 use crate::error::{check_len, checked_size, ArgumentError};
+pub use crate::keys::Heads;
 use crate::keys::{BlockTable, Encoded, PagedCache};
 use crate::simd::Isa;
 
@@ -128,45 +129,44 @@ pub enum Variant {
     Naive,
 }
 
-/// The heads and dimensions of MoBA's queries and keys, its block size.
+/// The heads and dimensions of MoBA's queries and keys ([`Heads`], as
+/// InfLLM-v2's and NSA's entry points take them), its block size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Shape {
-    pub n_q_heads: usize,
-    pub n_kv_heads: usize,
-    pub d: usize,
+    pub heads: Heads,
     pub block_size: usize,
 }
 
 impl Shape {
     fn check(&self) -> Result<(), ArgumentError> {
         for (argument, v) in [
-            ("n_q_heads", self.n_q_heads),
-            ("n_kv_heads", self.n_kv_heads),
-            ("d", self.d),
+            ("n_q_heads", self.heads.n_q_heads),
+            ("n_kv_heads", self.heads.n_kv_heads),
+            ("d", self.heads.d),
             ("block_size", self.block_size),
         ] {
             if v == 0 {
                 return Err(invalid(argument, format!("{argument} must be at least 1")));
             }
         }
-        if !self.n_q_heads.is_multiple_of(self.n_kv_heads) {
+        if !self.heads.n_q_heads.is_multiple_of(self.heads.n_kv_heads) {
             let message = format!(
                 "q has {} heads, not a multiple of the keys' {} KV heads",
-                self.n_q_heads, self.n_kv_heads
+                self.heads.n_q_heads, self.heads.n_kv_heads
             );
             return Err(invalid("q", message));
         }
-        checked_size("k", &[self.n_q_heads, self.d]).map(|_| ())
+        checked_size("k", &[self.heads.n_q_heads, self.heads.d]).map(|_| ())
     }
 
     /// Query heads per KV head.
     fn group(&self) -> usize {
-        self.n_q_heads / self.n_kv_heads
+        self.heads.n_q_heads / self.heads.n_kv_heads
     }
 
     /// `d` rounded up to the kernels' 8 lanes.
     fn d8(&self) -> usize {
-        self.d.div_ceil(8) * 8
+        self.heads.d.div_ceil(8) * 8
     }
 }
 
@@ -352,7 +352,12 @@ const PREFETCH: usize = 2;
 /// [`kernels::sums`]; at most [`ROWS`] rows a call), times `fl(1 /
 /// block_size)`.
 fn block_means(shape: Shape, n: usize, mut add: impl FnMut(usize, usize, &mut [f32])) -> Vec<f32> {
-    let (h, d, d8, bs) = (shape.n_kv_heads, shape.d, shape.d8(), shape.block_size);
+    let (h, d, d8, bs) = (
+        shape.heads.n_kv_heads,
+        shape.heads.d,
+        shape.d8(),
+        shape.block_size,
+    );
     let mut means = vec![0.0f32; h * n * d8];
     let mut acc = vec![0.0f32; h * d];
     let factor = 1.0f32 / bs as f32;
@@ -390,7 +395,12 @@ fn rows(
     w: usize,
     out: &mut [i32],
 ) {
-    let (hq, d, d8, g) = (shape.n_q_heads, shape.d, shape.d8(), shape.group());
+    let (hq, d, d8, g) = (
+        shape.heads.n_q_heads,
+        shape.heads.d,
+        shape.d8(),
+        shape.group(),
+    );
     let n_q = q.len() / (hq * d).max(1);
     if n_q == 0 {
         return;
@@ -469,7 +479,7 @@ fn rows(
         let mut gates = vec![0.0f32; CHUNK * g * c];
         for a in (tiled..count).step_by(CHUNK) {
             let n = CHUNK.min(count - a);
-            for kv in 0..shape.n_kv_heads {
+            for kv in 0..shape.heads.n_kv_heads {
                 offsets.clear();
                 for i in 0..n {
                     for j in 0..g {
@@ -564,8 +574,8 @@ pub fn select_into(
     if topk == 0 {
         return Err(invalid("topk", "topk must be at least 1 block".into()));
     }
-    let row = checked_size("k", &[shape.n_kv_heads, shape.d])?;
-    let qrow = checked_size("q", &[shape.n_q_heads, shape.d])?;
+    let row = checked_size("k", &[shape.heads.n_kv_heads, shape.heads.d])?;
+    let qrow = checked_size("q", &[shape.heads.n_q_heads, shape.heads.d])?;
     if !k.len().is_multiple_of(row) {
         let message = format!("k holds {} values, not whole [n_kv_heads, d] rows", k.len());
         return Err(invalid("k", message));
@@ -588,7 +598,7 @@ pub fn select_into(
         .max()
         .unwrap_or(0);
     let w = width(variant, topk, max_blocks);
-    let want = checked_size("out", &[n_q, shape.n_q_heads, w])?;
+    let want = checked_size("out", &[n_q, shape.heads.n_q_heads, w])?;
     if out.len() != want {
         return Err(ArgumentError::OutputSize {
             argument: "out",
@@ -596,7 +606,7 @@ pub fn select_into(
             actual: out.len(),
             shape: format!(
                 "[n_queries={n_q}, n_q_heads={}, width={w}]",
-                shape.n_q_heads
+                shape.heads.n_q_heads
             ),
         });
     }
@@ -629,7 +639,7 @@ pub fn select_into(
             topk,
             variant,
             w,
-            &mut out[q0 * shape.n_q_heads * w..q1 * shape.n_q_heads * w],
+            &mut out[q0 * shape.heads.n_q_heads * w..q1 * shape.heads.n_q_heads * w],
         );
     }
     Ok(())
@@ -650,7 +660,10 @@ pub fn gates_into(
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
     shape.check()?;
-    let (row, qrow) = (shape.n_kv_heads * shape.d, shape.n_q_heads * shape.d);
+    let (row, qrow) = (
+        shape.heads.n_kv_heads * shape.heads.d,
+        shape.heads.n_q_heads * shape.heads.d,
+    );
     if !k.len().is_multiple_of(row) || !q.len().is_multiple_of(qrow) {
         let message = format!(
             "q ({} values) and k ({} values) must be whole [n_q_heads, d] and [n_kv_heads, d] rows",
@@ -669,7 +682,7 @@ pub fn gates_into(
         check_len("key_scale", s.len(), n_k, || format!("[n_keys={n_k}]"))?;
     }
     let nb = n_k.div_ceil(shape.block_size);
-    let want = checked_size("out", &[n_q, shape.n_q_heads, nb])?;
+    let want = checked_size("out", &[n_q, shape.heads.n_q_heads, nb])?;
     if out.len() != want {
         return Err(ArgumentError::OutputSize {
             argument: "out",
@@ -677,7 +690,7 @@ pub fn gates_into(
             actual: out.len(),
             shape: format!(
                 "[n_queries={n_q}, n_q_heads={}, n_blocks={nb}]",
-                shape.n_q_heads
+                shape.heads.n_q_heads
             ),
         });
     }
@@ -697,11 +710,12 @@ pub fn gates_into(
     for i in 0..n_q {
         let c = (n_k - n_q + i) / shape.block_size;
         gates.resize(g * c, 0.0);
-        for kv in 0..shape.n_kv_heads {
+        for kv in 0..shape.heads.n_kv_heads {
             for j in 0..g {
                 let h = kv * g + j;
-                qp[j * d8..j * d8 + shape.d]
-                    .copy_from_slice(&qf[(i * shape.n_q_heads + h) * shape.d..][..shape.d]);
+                qp[j * d8..j * d8 + shape.heads.d].copy_from_slice(
+                    &qf[(i * shape.heads.n_q_heads + h) * shape.heads.d..][..shape.heads.d],
+                );
             }
             kernels::gates(
                 isa,
@@ -713,7 +727,7 @@ pub fn gates_into(
             );
             for j in 0..g {
                 let h = kv * g + j;
-                out[(i * shape.n_q_heads + h) * nb..][..c]
+                out[(i * shape.heads.n_q_heads + h) * nb..][..c]
                     .copy_from_slice(&gates[j * c..(j + 1) * c]);
             }
         }
@@ -735,7 +749,6 @@ pub fn gates_into(
 /// [`crate::keys::paged`] refuses them (`kv_cache`, `block_table`,
 /// `seq_lens`), a sequence with no token (`seq_lens`), a cache row that is
 /// not `n_kv_heads · d` (`kv_cache`).
-#[allow(clippy::too_many_arguments)]
 pub fn select_paged_into(
     q: Encoded<'_>,
     cache: &PagedCache<'_>,
@@ -750,7 +763,7 @@ pub fn select_paged_into(
         return Err(invalid("topk", "topk must be at least 1 block".into()));
     }
     cache.check()?;
-    let row = checked_size("k", &[shape.n_kv_heads, shape.d])?;
+    let row = checked_size("k", &[shape.heads.n_kv_heads, shape.heads.d])?;
     if cache.d != row {
         let message = format!(
             "the cache's rows hold {} elements, not n_kv_heads * d = {row}",
@@ -768,9 +781,12 @@ pub fn select_paged_into(
         });
     }
     table.check(cache.n_pages, cache.block_size)?;
-    let qrow = checked_size("q", &[shape.n_q_heads, shape.d])?;
+    let qrow = checked_size("q", &[shape.heads.n_q_heads, shape.heads.d])?;
     check_len("q", q.len(), checked_size("q", &[n, qrow])?, || {
-        format!("[n_seqs={n}, n_q_heads={}, d={}]", shape.n_q_heads, shape.d)
+        format!(
+            "[n_seqs={n}, n_q_heads={}, d={}]",
+            shape.heads.n_q_heads, shape.heads.d
+        )
     })?;
     let max_blocks = seq_lens
         .iter()
@@ -778,13 +794,16 @@ pub fn select_paged_into(
         .max()
         .unwrap_or(0);
     let w = width(variant, topk, max_blocks);
-    let want = checked_size("out", &[n, shape.n_q_heads, w])?;
+    let want = checked_size("out", &[n, shape.heads.n_q_heads, w])?;
     if out.len() != want {
         return Err(ArgumentError::OutputSize {
             argument: "out",
             expected: want,
             actual: out.len(),
-            shape: format!("[n_seqs={n}, n_q_heads={}, width={w}]", shape.n_q_heads),
+            shape: format!(
+                "[n_seqs={n}, n_q_heads={}, width={w}]",
+                shape.heads.n_q_heads
+            ),
         });
     }
     let (isa, qf) = (Isa::best(), decoded(q));
@@ -835,7 +854,7 @@ pub fn select_paged_into(
             topk,
             variant,
             w,
-            &mut out[s * shape.n_q_heads * w..(s + 1) * shape.n_q_heads * w],
+            &mut out[s * shape.heads.n_q_heads * w..(s + 1) * shape.heads.n_q_heads * w],
         );
     }
     Ok(())

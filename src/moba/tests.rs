@@ -9,18 +9,20 @@ use rand_chacha::ChaCha8Rng;
 
 fn shape(hq: usize, h: usize, d: usize, bs: usize) -> Shape {
     Shape {
-        n_q_heads: hq,
-        n_kv_heads: h,
-        d,
+        heads: Heads {
+            n_q_heads: hq,
+            n_kv_heads: h,
+            d,
+        },
         block_size: bs,
     }
 }
 
 fn select(q: &[f32], k: &[f32], s: Shape, topk: usize, v: Variant) -> Vec<i32> {
-    let n_k = k.len() / (s.n_kv_heads * s.d);
-    let n_q = q.len() / (s.n_q_heads * s.d);
+    let n_k = k.len() / (s.heads.n_kv_heads * s.heads.d);
+    let n_q = q.len() / (s.heads.n_q_heads * s.heads.d);
     let w = width(v, topk, n_k.div_ceil(s.block_size));
-    let mut out = vec![7; n_q * s.n_q_heads * w];
+    let mut out = vec![7; n_q * s.heads.n_q_heads * w];
     let cq = [0, n_q];
     select_into(
         Encoded::F32(q),
@@ -663,10 +665,10 @@ fn the_top_kernel_keeps_what_write_row_keeps_on_every_level() {
 /// level, each row's gates by the `moba.gates` portable kernel, its top
 /// blocks by [`write_row`].
 fn rows_one_by_one(q: &[f32], k: &[f32], s: Shape, topk: usize, v: Variant, w: usize) -> Vec<i32> {
-    let (hq, d, d8) = (s.n_q_heads, s.d, s.d8());
-    let (n_k, n_q) = (k.len() / (s.n_kv_heads * d), q.len() / (hq * d));
+    let (hq, d, d8) = (s.heads.n_q_heads, s.heads.d, s.d8());
+    let (n_k, n_q) = (k.len() / (s.heads.n_kv_heads * d), q.len() / (hq * d));
     let n_means = n_k.saturating_sub(1) / s.block_size;
-    let row = s.n_kv_heads * d;
+    let row = s.heads.n_kv_heads * d;
     let means = block_means(s, n_means, |t0, t1, acc| {
         kernels::sums(Isa::Scalar, acc, Encoded::F32(&k[t0 * row..t1 * row]))
     });

@@ -6,7 +6,7 @@ use crate::error::{check_len, checked_size, ArgumentError};
 use crate::infllm::heads::{self, in_lanes, Rows};
 use crate::infllm::panels::{self, Panels};
 use crate::infllm::score::{group_sums, Packed, Scratch};
-use crate::keys::Encoded;
+use crate::keys::{Encoded, Heads};
 use crate::simd::Isa;
 
 /// A call's checked sizes.
@@ -59,11 +59,12 @@ pub(super) fn check_sizes(
 
 /// `q`'s heads a positive multiple of the KV heads, then the scale finite
 /// (`n_kv_heads` already checked nonzero).
-pub(super) fn check_heads(
-    n_q_heads: usize,
-    n_kv_heads: usize,
-    cfg: &Config,
-) -> Result<(), ArgumentError> {
+pub(super) fn check_heads(heads: Heads, cfg: &Config) -> Result<(), ArgumentError> {
+    let Heads {
+        n_q_heads,
+        n_kv_heads,
+        ..
+    } = heads;
     if n_q_heads == 0 || !n_q_heads.is_multiple_of(n_kv_heads) {
         return Err(invalid(
             "q",
@@ -106,31 +107,31 @@ fn check_keys(
     Ok(seq_len)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn check(
     q_len: usize,
-    n_q_heads: usize,
     k_len: usize,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cfg: &Config,
 ) -> Result<Shape, ArgumentError> {
-    let seq_len = check_keys(k_len, k_scale, n_kv_heads, d, cfg.block_size)?;
-    check_queries(q_len, n_q_heads, n_kv_heads, d, seq_len, cfg)
+    let seq_len = check_keys(k_len, k_scale, heads.n_kv_heads, heads.d, cfg.block_size)?;
+    check_queries(q_len, heads, seq_len, cfg)
 }
 
 /// Checks the queries' heads and count against `seq_len` tokens and the
 /// scale (`d`, `n_kv_heads` already checked nonzero); returns the shape.
 fn check_queries(
     q_len: usize,
-    n_q_heads: usize,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     seq_len: usize,
     cfg: &Config,
 ) -> Result<Shape, ArgumentError> {
-    check_heads(n_q_heads, n_kv_heads, cfg)?;
+    check_heads(heads, cfg)?;
+    let Heads {
+        n_q_heads,
+        n_kv_heads,
+        d,
+    } = heads;
     let per_q = checked_size("q", &[n_q_heads, d])?;
     if q_len == 0 || !q_len.is_multiple_of(per_q) {
         return Err(invalid(
@@ -157,18 +158,15 @@ fn check_queries(
 /// Checks a call on given compressed keys: the sizes, `seq_len` (at least
 /// 1), `ck` exactly `seq_len`'s compressed keys under `window`, `ck_scale`
 /// one per compressed key, then the queries; returns the shape and `n_c`.
-#[allow(clippy::too_many_arguments)]
 fn check_compressed(
     q_len: usize,
-    n_q_heads: usize,
     ck_len: usize,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     seq_len: usize,
-    cfg: &Config,
-    window: Window,
+    (cfg, window): (&Config, Window),
 ) -> Result<(Shape, usize), ArgumentError> {
+    let Heads { n_kv_heads, d, .. } = heads;
     check_sizes(n_kv_heads, d, cfg.block_size)?;
     window.check(cfg.block_size)?;
     if seq_len == 0 {
@@ -191,7 +189,7 @@ fn check_compressed(
     if let Some(s) = ck_scale {
         check_len("ck_scale", s.len(), n_c, || format!("[n_c={n_c}]"))?;
     }
-    let sh = check_queries(q_len, n_q_heads, n_kv_heads, d, seq_len, cfg)?;
+    let sh = check_queries(q_len, heads, seq_len, cfg)?;
     Ok((sh, n_c))
 }
 
@@ -1191,73 +1189,42 @@ pub(super) fn decoded<'a>(
 /// heads, `q` not whole queries or more queries than tokens (`q`); a
 /// non-finite `scale`; `out` of another size. Nothing is written before
 /// every check has passed.
-#[allow(clippy::too_many_arguments)]
 pub fn block_scores_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    block_scores_at(
-        Isa::best(),
-        q,
-        n_q_heads,
-        k,
-        k_scale,
-        n_kv_heads,
-        d,
-        cfg,
-        out,
-    )
+    block_scores_at(Isa::best(), q, k, k_scale, heads, cfg, out)
 }
 
 /// [`block_scores_into`] at `isa` (the tests' way to every level).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn block_scores_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    block_scores_window_at(
-        isa,
-        q,
-        n_q_heads,
-        k,
-        k_scale,
-        n_kv_heads,
-        d,
-        cfg,
-        Window::Fla,
-        out,
-    )
+    block_scores_window_at(isa, q, k, k_scale, heads, (cfg, Window::Fla), out)
 }
 
 /// [`block_scores_window_into`] at `isa`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn block_scores_window_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
-    cfg: &Config,
-    window: Window,
+    heads: Heads,
+    (cfg, window): (&Config, Window),
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
     window.check(cfg.block_size)?;
-    let sh = check(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cfg)?;
+    let sh = check(q.len(), k.len(), k_scale, heads, cfg)?;
     let nb = cfg.n_blocks(sh.seq_len);
     check_out(
         out.len(),
@@ -1274,74 +1241,43 @@ pub(super) fn block_scores_window_at(
 ///
 /// # Errors
 /// `block_counts` 0 (`block_counts`), and as [`block_scores_into`].
-#[allow(clippy::too_many_arguments)]
 pub fn select_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    select_at(
-        Isa::best(),
-        q,
-        n_q_heads,
-        k,
-        k_scale,
-        n_kv_heads,
-        d,
-        cfg,
-        out,
-    )
+    select_at(Isa::best(), q, k, k_scale, heads, cfg, out)
 }
 
 /// [`select_into`] at `isa`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn select_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    select_window_at(
-        isa,
-        q,
-        n_q_heads,
-        k,
-        k_scale,
-        n_kv_heads,
-        d,
-        cfg,
-        Window::Fla,
-        out,
-    )
+    select_window_at(isa, q, k, k_scale, heads, (cfg, Window::Fla), out)
 }
 
 /// [`select_window_into`] at `isa`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn select_window_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
-    cfg: &Config,
-    window: Window,
+    heads: Heads,
+    (cfg, window): (&Config, Window),
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
     check_block_counts(cfg)?;
     window.check(cfg.block_size)?;
-    let sh = check(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cfg)?;
+    let sh = check(q.len(), k.len(), k_scale, heads, cfg)?;
     let w = cfg.block_counts;
     check_out(
         out.len(),
@@ -1395,19 +1331,21 @@ pub(super) fn check_block_counts(cfg: &Config) -> Result<(), ArgumentError> {
 /// (`None`: `cu_seqlens`), its queries the last of its keys (fla's
 /// `cu_seqlens` or `(cu_seqlens_q, cu_seqlens_k)`). Returns each sequence's
 /// shape and its first query and key row.
-#[allow(clippy::too_many_arguments)]
 fn check_packed(
     q_len: usize,
-    n_q_heads: usize,
     k_len: usize,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     (cu_seqlens, cu_seqlens_q): (&[usize], Option<&[usize]>),
     cfg: &Config,
 ) -> Result<Vec<(Shape, usize, usize)>, ArgumentError> {
+    let Heads {
+        n_q_heads,
+        n_kv_heads,
+        d,
+    } = heads;
     check_sizes(n_kv_heads, d, cfg.block_size)?;
-    check_heads(n_q_heads, n_kv_heads, cfg)?;
+    check_heads(heads, cfg)?;
     let (per_k, per_q) = (
         checked_size("k", &[n_kv_heads, d])?,
         checked_size("q", &[n_q_heads, d])?,
@@ -1482,30 +1420,16 @@ fn run_packed<T: Send>(
 /// `cu_seqlens_q` not rising from 0 to the queries or giving a sequence
 /// more queries than keys (`cu_seqlens_q`). Nothing is written before every
 /// check has passed.
-#[allow(clippy::too_many_arguments)]
 pub fn block_scores_packed_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cu: (&[usize], Option<&[usize]>),
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    block_scores_packed_at(
-        Isa::best(),
-        q,
-        n_q_heads,
-        k,
-        k_scale,
-        n_kv_heads,
-        d,
-        cu,
-        cfg,
-        out,
-    )
+    block_scores_packed_at(Isa::best(), q, k, k_scale, heads, cu, cfg, out)
 }
 
 /// [`block_scores_packed_into`] at `isa`.
@@ -1513,16 +1437,19 @@ pub fn block_scores_packed_into(
 pub(super) fn block_scores_packed_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cu: (&[usize], Option<&[usize]>),
     cfg: &Config,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    let seqs = check_packed(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cu, cfg)?;
+    let seqs = check_packed(q.len(), k.len(), k_scale, heads, cu, cfg)?;
+    let Heads {
+        n_q_heads,
+        n_kv_heads,
+        d,
+    } = heads;
     let n_q = q.len() / (n_q_heads * d);
     let nb = seqs
         .iter()
@@ -1544,30 +1471,16 @@ pub(super) fn block_scores_packed_at(
 ///
 /// # Errors
 /// `block_counts` 0 (`block_counts`), and as [`block_scores_packed_into`].
-#[allow(clippy::too_many_arguments)]
 pub fn select_packed_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cu: (&[usize], Option<&[usize]>),
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    select_packed_at(
-        Isa::best(),
-        q,
-        n_q_heads,
-        k,
-        k_scale,
-        n_kv_heads,
-        d,
-        cu,
-        cfg,
-        out,
-    )
+    select_packed_at(Isa::best(), q, k, k_scale, heads, cu, cfg, out)
 }
 
 /// [`select_packed_into`] at `isa`.
@@ -1575,17 +1488,20 @@ pub fn select_packed_into(
 pub(super) fn select_packed_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     cu: (&[usize], Option<&[usize]>),
     cfg: &Config,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
     check_block_counts(cfg)?;
-    let seqs = check_packed(q.len(), n_q_heads, k.len(), k_scale, n_kv_heads, d, cu, cfg)?;
+    let seqs = check_packed(q.len(), k.len(), k_scale, heads, cu, cfg)?;
+    let Heads {
+        n_q_heads,
+        n_kv_heads,
+        d,
+    } = heads;
     let n_q = q.len() / (n_q_heads * d);
     let w = cfg.block_counts;
     check_out(
@@ -1604,30 +1520,15 @@ pub(super) fn select_packed_at(
 /// # Errors
 /// As [`block_scores_into`]; a window whose sizes are 0 or do not divide
 /// the block and the kernel into strides (`kernel_size`, `kernel_stride`).
-#[allow(clippy::too_many_arguments)]
 pub fn block_scores_window_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
-    cfg: &Config,
-    window: Window,
+    heads: Heads,
+    (cfg, window): (&Config, Window),
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    block_scores_window_at(
-        Isa::best(),
-        q,
-        n_q_heads,
-        k,
-        k_scale,
-        n_kv_heads,
-        d,
-        cfg,
-        window,
-        out,
-    )
+    block_scores_window_at(Isa::best(), q, k, k_scale, heads, (cfg, window), out)
 }
 
 /// [`select_into`] with the block scores of `window` (see
@@ -1635,30 +1536,15 @@ pub fn block_scores_window_into(
 ///
 /// # Errors
 /// As [`select_into`] and [`block_scores_window_into`].
-#[allow(clippy::too_many_arguments)]
 pub fn select_window_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
-    cfg: &Config,
-    window: Window,
+    heads: Heads,
+    (cfg, window): (&Config, Window),
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    select_window_at(
-        Isa::best(),
-        q,
-        n_q_heads,
-        k,
-        k_scale,
-        n_kv_heads,
-        d,
-        cfg,
-        window,
-        out,
-    )
+    select_window_at(Isa::best(), q, k, k_scale, heads, (cfg, window), out)
 }
 
 /// [`compress_into`] under `window`: `out` (`[n_c, n_kv_heads, d]`, `n_c`
@@ -1672,7 +1558,6 @@ pub fn select_window_into(
 /// # Errors
 /// As [`compress_into`]; a window whose sizes are 0 or do not divide the
 /// block and the kernel into strides (`kernel_size`, `kernel_stride`).
-#[allow(clippy::too_many_arguments)]
 pub fn compress_window_into(
     k: Encoded<'_>,
     k_scale: Option<&[f32]>,
@@ -1722,14 +1607,11 @@ pub fn compress_window_into(
 /// compressed key (`ck_scale`), and the queries as
 /// [`block_scores_into`] (`q`, `scale`), `out` of another size (`out`).
 /// Nothing is written before every check has passed.
-#[allow(clippy::too_many_arguments)]
 pub fn block_scores_compressed_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     ck: Encoded<'_>,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     seq_len: usize,
     (cfg, window): (&Config, Window),
     out: &mut [f32],
@@ -1737,11 +1619,9 @@ pub fn block_scores_compressed_into(
     block_scores_compressed_at(
         Isa::best(),
         q,
-        n_q_heads,
         ck,
         ck_scale,
-        n_kv_heads,
-        d,
+        heads,
         seq_len,
         (cfg, window),
         out,
@@ -1753,26 +1633,14 @@ pub fn block_scores_compressed_into(
 pub(super) fn block_scores_compressed_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     ck: Encoded<'_>,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     seq_len: usize,
     (cfg, window): (&Config, Window),
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    let (sh, n_c) = check_compressed(
-        q.len(),
-        n_q_heads,
-        ck.len(),
-        ck_scale,
-        n_kv_heads,
-        d,
-        seq_len,
-        cfg,
-        window,
-    )?;
+    let (sh, n_c) = check_compressed(q.len(), ck.len(), ck_scale, heads, seq_len, (cfg, window))?;
     let nb = cfg.n_blocks(seq_len);
     check_out(
         out.len(),
@@ -1792,7 +1660,7 @@ pub(super) fn block_scores_compressed_at(
             score_row,
         );
     } else {
-        with_compressed(ck, ck_scale, n_kv_heads * d, |ckv| {
+        with_compressed(ck, ck_scale, heads.n_kv_heads * heads.d, |ckv| {
             stage(
                 isa,
                 &sh,
@@ -1817,14 +1685,11 @@ pub(super) fn block_scores_compressed_at(
 /// # Errors
 /// `block_counts` 0 (`block_counts`), and as
 /// [`block_scores_compressed_into`].
-#[allow(clippy::too_many_arguments)]
 pub fn select_compressed_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     ck: Encoded<'_>,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     seq_len: usize,
     (cfg, window): (&Config, Window),
     out: &mut [i32],
@@ -1832,11 +1697,9 @@ pub fn select_compressed_into(
     select_compressed_at(
         Isa::best(),
         q,
-        n_q_heads,
         ck,
         ck_scale,
-        n_kv_heads,
-        d,
+        heads,
         seq_len,
         (cfg, window),
         out,
@@ -1848,27 +1711,15 @@ pub fn select_compressed_into(
 pub(super) fn select_compressed_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     ck: Encoded<'_>,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     seq_len: usize,
     (cfg, window): (&Config, Window),
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
     check_block_counts(cfg)?;
-    let (sh, n_c) = check_compressed(
-        q.len(),
-        n_q_heads,
-        ck.len(),
-        ck_scale,
-        n_kv_heads,
-        d,
-        seq_len,
-        cfg,
-        window,
-    )?;
+    let (sh, n_c) = check_compressed(q.len(), ck.len(), ck_scale, heads, seq_len, (cfg, window))?;
     let w = cfg.block_counts;
     check_out(
         out.len(),
@@ -1888,7 +1739,7 @@ pub(super) fn select_compressed_at(
             select_row,
         );
     } else {
-        with_compressed(ck, ck_scale, n_kv_heads * d, |ckv| {
+        with_compressed(ck, ck_scale, heads.n_kv_heads * heads.d, |ckv| {
             stage(
                 isa,
                 &sh,

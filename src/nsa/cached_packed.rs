@@ -19,7 +19,7 @@ use super::api::{
 };
 use super::{Config, Window};
 use crate::error::{checked_size, ArgumentError};
-use crate::keys::Encoded;
+use crate::keys::{CompressedBatch, Encoded, Heads};
 use crate::packed::CompressedSeq as Seq;
 use crate::simd::Isa;
 
@@ -29,35 +29,30 @@ use crate::simd::Isa;
 /// `seq_len` one positive length a sequence, each sequence's keys its
 /// tokens' (`cu_seqlens_k`), `cu_seqlens_q` its queries (no more than its
 /// tokens), `ck_scale` one a key.
-#[allow(clippy::too_many_arguments)]
 fn check(
     q_len: usize,
-    n_q_heads: usize,
     ck_len: usize,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
-    seqs: (&[usize], &[usize], &[usize]),
+    heads: Heads,
+    seqs: &CompressedBatch<'_>,
     (cfg, window): (&Config, Window),
 ) -> Result<Vec<Seq>, ArgumentError> {
-    check_sizes(n_kv_heads, d, cfg.block_size)?;
+    check_sizes(heads.n_kv_heads, heads.d, cfg.block_size)?;
     window.check(cfg.block_size)?;
-    check_heads(n_q_heads, n_kv_heads, cfg)?;
+    check_heads(heads, cfg)?;
     let geo = window.geometry(cfg.block_size);
     crate::packed::compressed_batch(
         q_len,
-        n_q_heads,
         ck_len,
         ck_scale.map(<[f32]>::len),
-        n_kv_heads,
-        d,
+        heads,
         seqs,
         |len| geo.compressed_len(len),
     )
 }
 
 /// [`super::block_scores_compressed_into`] over a packed batch (see the
-/// module docs): `seqs` is `(seq_lens, cu_seqlens_q, cu_seqlens_k)`; `out`
+/// module docs): `seqs` names `seq_lens`, `cu_seqlens_q` and `cu_seqlens_k`; `out`
 /// `[total_q, n_kv_heads, max_blocks]`, `max_blocks` the most blocks of a
 /// sequence, each row the dense call's on its own sequence, then NaN.
 ///
@@ -69,29 +64,22 @@ fn check(
 /// (`seq_len`), `cu_seqlens_q` not rising from 0 to the queries or giving a
 /// sequence more queries than tokens (`cu_seqlens_q`). Nothing is written
 /// before every check has passed.
-#[allow(clippy::too_many_arguments)]
 pub fn block_scores_compressed_packed_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     ck: Encoded<'_>,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
-    seqs: (&[usize], &[usize], &[usize]),
+    heads: Heads,
+    seqs: &CompressedBatch<'_>,
     (cfg, window): (&Config, Window),
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
     let isa = Isa::best();
-    let checked = check(
-        q.len(),
+    let checked = check(q.len(), ck.len(), ck_scale, heads, seqs, (cfg, window))?;
+    let Heads {
         n_q_heads,
-        ck.len(),
-        ck_scale,
         n_kv_heads,
         d,
-        seqs,
-        (cfg, window),
-    )?;
+    } = heads;
     let n_q = q.len() / (n_q_heads * d);
     let nb = checked
         .iter()
@@ -113,9 +101,7 @@ pub fn block_scores_compressed_packed_into(
         let cs = ck.slice(s.c0 * cr, (s.c0 + s.n_c) * cr);
         let sc = ck_scale.map(|x| &x[s.c0..s.c0 + s.n_c]);
         let cw = (cfg, window);
-        block_scores_compressed_at(
-            isa, qs, n_q_heads, cs, sc, n_kv_heads, d, s.len, cw, &mut part,
-        )?;
+        block_scores_compressed_at(isa, qs, cs, sc, heads, s.len, cw, &mut part)?;
         let rows = &mut out[s.q0 * n_kv_heads * nb..(s.q0 + s.n_q) * n_kv_heads * nb];
         for (o, p) in rows
             .chunks_exact_mut(nb.max(1))
@@ -136,29 +122,22 @@ pub fn block_scores_compressed_packed_into(
 /// # Errors
 /// `block_counts` 0 (`block_counts`), and as
 /// [`block_scores_compressed_packed_into`].
-#[allow(clippy::too_many_arguments)]
 pub fn select_compressed_packed_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     ck: Encoded<'_>,
     ck_scale: Option<&[f32]>,
-    n_kv_heads: usize,
-    d: usize,
-    seqs: (&[usize], &[usize], &[usize]),
+    heads: Heads,
+    seqs: &CompressedBatch<'_>,
     (cfg, window): (&Config, Window),
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
     check_block_counts(cfg)?;
-    let checked = check(
-        q.len(),
+    let checked = check(q.len(), ck.len(), ck_scale, heads, seqs, (cfg, window))?;
+    let Heads {
         n_q_heads,
-        ck.len(),
-        ck_scale,
         n_kv_heads,
         d,
-        seqs,
-        (cfg, window),
-    )?;
+    } = heads;
     let n_q = q.len() / (n_q_heads * d);
     let w = cfg.block_counts;
     check_out(
@@ -173,18 +152,7 @@ pub fn select_compressed_packed_into(
         let sc = ck_scale.map(|x| &x[s.c0..s.c0 + s.n_c]);
         let rows = &mut out[s.q0 * n_kv_heads * w..(s.q0 + s.n_q) * n_kv_heads * w];
         let cw = (cfg, window);
-        select_compressed_at(
-            Isa::best(),
-            qs,
-            n_q_heads,
-            cs,
-            sc,
-            n_kv_heads,
-            d,
-            s.len,
-            cw,
-            rows,
-        )?;
+        select_compressed_at(Isa::best(), qs, cs, sc, heads, s.len, cw, rows)?;
     }
     Ok(())
 }

@@ -128,6 +128,9 @@ pub(crate) fn dispatch_probe(isa: crate::simd::Isa) {
     top::probe(isa);
 }
 
+/// The named sizes the entry points take (`q` `[.., n_q_heads, d]`, keys
+/// `[.., n_kv_heads, d]`; a packed batch's lengths and boundaries).
+pub use crate::keys::{CompressedBatch, Heads};
 pub use api::{
     block_scores_compressed_into, block_scores_into, block_scores_packed_into,
     block_scores_window_into, compress_into, compress_window_into, select_compressed_into,

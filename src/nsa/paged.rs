@@ -56,7 +56,7 @@ use super::{block_scores, Config, Window};
 use crate::error::{check_len, checked_size, ArgumentError};
 use crate::infllm::paged::{group_sums, Row};
 use crate::keys::paged::check_compressed_decode;
-use crate::keys::{BlockTable, Encoded, PagedCache};
+use crate::keys::{BlockTable, Encoded, Heads, PagedCache};
 use crate::simd::Isa;
 
 /// A paged call checked: each sequence's compressed-key count.
@@ -69,19 +69,21 @@ struct Checked {
 /// one: the sizes (`d`, `n_kv_heads`, `block_size`), the window, the
 /// queries' heads and the scale (`q`, `scale`), then the cache, lengths and
 /// table ([`check_compressed_decode`]), then `q` one query a sequence.
-#[allow(clippy::too_many_arguments)]
 fn check(
     q_len: usize,
-    n_q_heads: usize,
     cache: &PagedCache<'_>,
     table: &BlockTable<'_>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     (cfg, window): (&Config, Window),
 ) -> Result<Checked, ArgumentError> {
+    let Heads {
+        n_q_heads,
+        n_kv_heads,
+        d,
+    } = heads;
     check_sizes(n_kv_heads, d, cfg.block_size)?;
     window.check(cfg.block_size)?;
-    check_heads(n_q_heads, n_kv_heads, cfg)?;
+    check_heads(heads, cfg)?;
     let geo = window.geometry(cfg.block_size);
     let n_c = check_compressed_decode(cache, table, n_kv_heads, d, |n| geo.compressed_len(n))?;
     let n = n_c.len();
@@ -110,16 +112,20 @@ thread_local! {
 fn run<T: Send>(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     cache: &PagedCache<'_>,
     table: &BlockTable<'_>,
     ck: &Checked,
-    (n_kv, d): (usize, usize),
+    heads: Heads,
     (cfg, window): (&Config, Window),
     out: &mut [T],
     width: usize,
     f: impl Fn(&mut [T], &[f32], &mut Vec<u64>) + Sync + Send,
 ) {
+    let Heads {
+        n_q_heads,
+        n_kv_heads: n_kv,
+        d,
+    } = heads;
     let geo = window.geometry(cfg.block_size);
     let g_heads = n_q_heads / n_kv;
     let qv = decoded(q, None, 0);
@@ -173,52 +179,29 @@ fn run<T: Send>(
 /// keys, or an entry it reads outside the cache (`block_table`); `q` not
 /// `[n_seqs, n_q_heads, d]` (`q`); `out` of another size. Nothing is
 /// written before every check has passed.
-#[allow(clippy::too_many_arguments)]
 pub fn block_scores_paged_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     cache: &PagedCache<'_>,
     table: &BlockTable<'_>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     (cfg, window): (&Config, Window),
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    block_scores_paged_at(
-        Isa::best(),
-        q,
-        n_q_heads,
-        cache,
-        table,
-        n_kv_heads,
-        d,
-        (cfg, window),
-        out,
-    )
+    block_scores_paged_at(Isa::best(), q, cache, table, heads, (cfg, window), out)
 }
 
 /// [`block_scores_paged_into`] at `isa`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn block_scores_paged_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     cache: &PagedCache<'_>,
     table: &BlockTable<'_>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     (cfg, window): (&Config, Window),
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    let ck = check(
-        q.len(),
-        n_q_heads,
-        cache,
-        table,
-        n_kv_heads,
-        d,
-        (cfg, window),
-    )?;
+    let ck = check(q.len(), cache, table, heads, (cfg, window))?;
+    let n_kv_heads = heads.n_kv_heads;
     let n = ck.n_seqs;
     let nb = table
         .seq_lens
@@ -234,11 +217,10 @@ pub(super) fn block_scores_paged_at(
     run(
         isa,
         q,
-        n_q_heads,
         cache,
         table,
         &ck,
-        (n_kv_heads, d),
+        heads,
         (cfg, window),
         out,
         nb,
@@ -254,53 +236,30 @@ pub(super) fn block_scores_paged_at(
 ///
 /// # Errors
 /// `block_counts` 0 (`block_counts`), and as [`block_scores_paged_into`].
-#[allow(clippy::too_many_arguments)]
 pub fn select_paged_into(
     q: Encoded<'_>,
-    n_q_heads: usize,
     cache: &PagedCache<'_>,
     table: &BlockTable<'_>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     (cfg, window): (&Config, Window),
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    select_paged_at(
-        Isa::best(),
-        q,
-        n_q_heads,
-        cache,
-        table,
-        n_kv_heads,
-        d,
-        (cfg, window),
-        out,
-    )
+    select_paged_at(Isa::best(), q, cache, table, heads, (cfg, window), out)
 }
 
 /// [`select_paged_into`] at `isa`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn select_paged_at(
     isa: Isa,
     q: Encoded<'_>,
-    n_q_heads: usize,
     cache: &PagedCache<'_>,
     table: &BlockTable<'_>,
-    n_kv_heads: usize,
-    d: usize,
+    heads: Heads,
     (cfg, window): (&Config, Window),
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
     check_block_counts(cfg)?;
-    let ck = check(
-        q.len(),
-        n_q_heads,
-        cache,
-        table,
-        n_kv_heads,
-        d,
-        (cfg, window),
-    )?;
+    let ck = check(q.len(), cache, table, heads, (cfg, window))?;
+    let n_kv_heads = heads.n_kv_heads;
     let (n, w) = (ck.n_seqs, cfg.block_counts);
     check_out(out.len(), checked_size("out", &[n, n_kv_heads, w])?, || {
         format!("[n_seqs={n}, n_kv_heads={n_kv_heads}, block_counts={w}]")
@@ -308,11 +267,10 @@ pub(super) fn select_paged_at(
     run(
         isa,
         q,
-        n_q_heads,
         cache,
         table,
         &ck,
-        (n_kv_heads, d),
+        heads,
         (cfg, window),
         out,
         w,
@@ -470,17 +428,31 @@ mod tests {
                     block_scores_paged_at(
                         isa,
                         qe,
-                        hq,
                         &cache,
                         &bt,
-                        n_kv,
-                        d,
+                        Heads {
+                            n_q_heads: hq,
+                            n_kv_heads: n_kv,
+                            d,
+                        },
                         (&c, window),
                         &mut got_s,
                     )
                     .unwrap();
-                    select_paged_at(isa, qe, hq, &cache, &bt, n_kv, d, (&c, window), &mut got_r)
-                        .unwrap();
+                    select_paged_at(
+                        isa,
+                        qe,
+                        &cache,
+                        &bt,
+                        Heads {
+                            n_q_heads: hq,
+                            n_kv_heads: n_kv,
+                            d,
+                        },
+                        (&c, window),
+                        &mut got_r,
+                    )
+                    .unwrap();
                     let mut c0 = 0;
                     for (s, (&len, &cn)) in lens.iter().zip(&n_c).enumerate() {
                         let qs = Encoded::F32(&q[s * hq * d..(s + 1) * hq * d]);
@@ -501,18 +473,33 @@ mod tests {
                         block_scores_compressed_at(
                             isa,
                             qs,
-                            hq,
                             ck,
                             sc,
-                            n_kv,
-                            d,
+                            Heads {
+                                n_q_heads: hq,
+                                n_kv_heads: n_kv,
+                                d,
+                            },
                             len,
                             cw,
                             &mut want_s,
                         )
                         .unwrap();
-                        select_compressed_at(isa, qs, hq, ck, sc, n_kv, d, len, cw, &mut want_r)
-                            .unwrap();
+                        select_compressed_at(
+                            isa,
+                            qs,
+                            ck,
+                            sc,
+                            Heads {
+                                n_q_heads: hq,
+                                n_kv_heads: n_kv,
+                                d,
+                            },
+                            len,
+                            cw,
+                            &mut want_r,
+                        )
+                        .unwrap();
                         for g in 0..n_kv {
                             let r = (s * n_kv + g) * nb;
                             let got = &got_s[r..r + nb];
@@ -559,11 +546,13 @@ mod tests {
             let mut out = vec![7i32; lens.len() * n_kv * c.block_counts];
             let e = select_paged_into(
                 Encoded::F32(&q[..lens.len() * hq * 8]),
-                hq,
                 &cache,
                 &bt,
-                n_kv,
-                8,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d: 8,
+                },
                 (&c, Window::Fla),
                 &mut out,
             )

@@ -98,11 +98,13 @@ fn stage_one_by_hand() {
     block_scores_at(
         crate::simd::Isa::Scalar,
         Encoded::F32(&q),
-        2,
         Encoded::F32(&k),
         None,
-        1,
-        1,
+        Heads {
+            n_q_heads: 2,
+            n_kv_heads: 1,
+            d: 1,
+        },
         &c,
         &mut out,
     )
@@ -123,11 +125,13 @@ fn stage_one_by_hand() {
     select_at(
         crate::simd::Isa::Scalar,
         Encoded::F32(&q),
-        2,
         Encoded::F32(&k),
         None,
-        1,
-        1,
+        Heads {
+            n_q_heads: 2,
+            n_kv_heads: 1,
+            d: 1,
+        },
         &c,
         &mut r,
     )
@@ -157,11 +161,13 @@ fn same_bits_at_every_level() {
             block_scores_at(
                 isa,
                 Encoded::F32(&q),
-                hq,
                 Encoded::F32(&k),
                 None,
-                n_kv,
-                d,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
                 &c,
                 &mut s,
             )
@@ -170,11 +176,13 @@ fn same_bits_at_every_level() {
             select_at(
                 isa,
                 Encoded::F32(&q),
-                hq,
                 Encoded::F32(&k),
                 None,
-                n_kv,
-                d,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
                 &c,
                 &mut r,
             )
@@ -237,9 +245,35 @@ fn fused_queries_equal_each_query_alone_at_every_level() {
         for isa in isas_for_test() {
             let mut s = vec![0.0f32; n_q * n_kv * nb];
             let (qe, ke) = (Encoded::F32(&q), Encoded::F32(&k));
-            block_scores_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut s).unwrap();
+            block_scores_at(
+                isa,
+                qe,
+                ke,
+                None,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
+                &c,
+                &mut s,
+            )
+            .unwrap();
             let mut r = vec![0i32; n_q * n_kv * 4];
-            select_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut r).unwrap();
+            select_at(
+                isa,
+                qe,
+                ke,
+                None,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
+                &c,
+                &mut r,
+            )
+            .unwrap();
             for i in 0..n_q {
                 let p = seq - n_q + i;
                 let qi = &q[i * hq * d..(i + 1) * hq * d];
@@ -247,9 +281,35 @@ fn fused_queries_equal_each_query_alone_at_every_level() {
                 let nbi = c.n_blocks(p + 1);
                 let mut si = vec![0.0f32; n_kv * nbi];
                 let (qe, ke) = (Encoded::F32(qi), Encoded::F32(ki));
-                block_scores_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut si).unwrap();
+                block_scores_at(
+                    isa,
+                    qe,
+                    ke,
+                    None,
+                    Heads {
+                        n_q_heads: hq,
+                        n_kv_heads: n_kv,
+                        d,
+                    },
+                    &c,
+                    &mut si,
+                )
+                .unwrap();
                 let mut ri = vec![0i32; n_kv * 4];
-                select_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut ri).unwrap();
+                select_at(
+                    isa,
+                    qe,
+                    ke,
+                    None,
+                    Heads {
+                        n_q_heads: hq,
+                        n_kv_heads: n_kv,
+                        d,
+                    },
+                    &c,
+                    &mut ri,
+                )
+                .unwrap();
                 for g in 0..n_kv {
                     let row = &s[(i * n_kv + g) * nb..(i * n_kv + g + 1) * nb];
                     let alone = &si[g * nbi..(g + 1) * nbi];
@@ -343,11 +403,13 @@ fn bf16_compressed_keys_read_in_place_equal_their_float32_values() {
                 block_scores_compressed_at(
                     isa,
                     qe,
-                    hq,
                     k,
                     None,
-                    n_kv,
-                    d,
+                    Heads {
+                        n_q_heads: hq,
+                        n_kv_heads: n_kv,
+                        d,
+                    },
                     seq,
                     (&c, window),
                     &mut o,
@@ -357,8 +419,21 @@ fn bf16_compressed_keys_read_in_place_equal_their_float32_values() {
             };
             let run_r = |k: Encoded<'_>| {
                 let mut o = vec![0i32; n_q * n_kv * 4];
-                select_compressed_at(isa, qe, hq, k, None, n_kv, d, seq, (&c, window), &mut o)
-                    .unwrap();
+                select_compressed_at(
+                    isa,
+                    qe,
+                    k,
+                    None,
+                    Heads {
+                        n_q_heads: hq,
+                        n_kv_heads: n_kv,
+                        d,
+                    },
+                    seq,
+                    (&c, window),
+                    &mut o,
+                )
+                .unwrap();
                 o
             };
             assert_eq!(run_s(cb), run_s(cf), "{isa:?} hq={hq}");
@@ -377,48 +452,85 @@ fn refusals() {
     let c = cfg(4, 2);
     assert!(err(select_into(
         Encoded::F32(&q),
-        3,
         Encoded::F32(&k),
         None,
-        2,
-        4,
+        Heads {
+            n_q_heads: 3,
+            n_kv_heads: 2,
+            d: 4
+        },
         &c,
         &mut out
     ))
     .contains("\"q\""));
     assert!(err(select_into(
         Encoded::F32(&q),
-        2,
         Encoded::F32(&k[..39]),
         None,
-        1,
-        4,
+        Heads {
+            n_q_heads: 2,
+            n_kv_heads: 1,
+            d: 4
+        },
         &c,
         &mut out
     ))
     .contains("\"k\""));
     assert!(err(select_into(
         Encoded::F32(&q),
-        2,
         Encoded::F32(&k),
         Some(&[1.0; 3]),
-        1,
-        4,
+        Heads {
+            n_q_heads: 2,
+            n_kv_heads: 1,
+            d: 4
+        },
         &c,
         &mut out
     ))
     .contains("k_scale"));
+    // The heads are read by name: no KV head is refused naming `n_kv_heads`,
+    // `n_q_heads` and `n_kv_heads` swapped (1 query head over 2 KV heads,
+    // whole tokens of `k` either way) naming `q`; nothing written.
+    let heads = Heads {
+        n_q_heads: 2,
+        n_kv_heads: 1,
+        d: 4,
+    };
+    for (h, argument) in [
+        (
+            Heads {
+                n_kv_heads: 0,
+                ..heads
+            },
+            "n_kv_heads",
+        ),
+        (
+            Heads {
+                n_q_heads: 1,
+                n_kv_heads: 2,
+                ..heads
+            },
+            "q",
+        ),
+    ] {
+        let r = select_into(Encoded::F32(&q), Encoded::F32(&k), None, h, &c, &mut out);
+        assert_eq!(r.unwrap_err().argument(), argument, "{h:?}");
+        assert!(out.iter().all(|&x| x == 9));
+    }
     let zero = Config {
         block_counts: 0,
         ..c
     };
     assert!(err(select_into(
         Encoded::F32(&q),
-        2,
         Encoded::F32(&k),
         None,
-        1,
-        4,
+        Heads {
+            n_q_heads: 2,
+            n_kv_heads: 1,
+            d: 4
+        },
         &zero,
         &mut out
     ))
@@ -429,11 +541,13 @@ fn refusals() {
     };
     assert!(err(select_into(
         Encoded::F32(&q),
-        2,
         Encoded::F32(&k),
         None,
-        1,
-        4,
+        Heads {
+            n_q_heads: 2,
+            n_kv_heads: 1,
+            d: 4
+        },
         &nan,
         &mut out
     ))
@@ -441,22 +555,26 @@ fn refusals() {
     let bs0 = Config { block_size: 0, ..c };
     assert!(err(select_into(
         Encoded::F32(&q),
-        2,
         Encoded::F32(&k),
         None,
-        1,
-        4,
+        Heads {
+            n_q_heads: 2,
+            n_kv_heads: 1,
+            d: 4
+        },
         &bs0,
         &mut out
     ))
     .contains("block_size"));
     assert!(err(select_into(
         Encoded::F32(&q),
-        2,
         Encoded::F32(&k),
         None,
-        1,
-        4,
+        Heads {
+            n_q_heads: 2,
+            n_kv_heads: 1,
+            d: 4
+        },
         &c,
         &mut out[..3]
     ))
@@ -465,11 +583,13 @@ fn refusals() {
     // a good call: one query, 2 heads in one group, 10 tokens, 2 slots
     select_into(
         Encoded::F32(&q),
-        2,
         Encoded::F32(&k),
         None,
-        1,
-        4,
+        Heads {
+            n_q_heads: 2,
+            n_kv_heads: 1,
+            d: 4,
+        },
         &c,
         &mut out[..2],
     )
@@ -511,11 +631,13 @@ fn packed_equals_each_sequence_alone_at_every_level() {
         select_packed_at(
             isa,
             qe,
-            hq,
             ke,
             None,
-            n_kv,
-            d,
+            Heads {
+                n_q_heads: hq,
+                n_kv_heads: n_kv,
+                d,
+            },
             (&cu, Some(&cq)),
             &c,
             &mut rows,
@@ -524,11 +646,13 @@ fn packed_equals_each_sequence_alone_at_every_level() {
         block_scores_packed_at(
             isa,
             qe,
-            hq,
             ke,
             None,
-            n_kv,
-            d,
+            Heads {
+                n_q_heads: hq,
+                n_kv_heads: n_kv,
+                d,
+            },
             (&cu, Some(&cq)),
             &c,
             &mut scores,
@@ -542,7 +666,20 @@ fn packed_equals_each_sequence_alone_at_every_level() {
             let qs = Encoded::F32(&q[q0 * hq * d..q1 * hq * d]);
             let ks = Encoded::F32(&k[k0 * n_kv * d..k1 * n_kv * d]);
             let mut want = vec![0i32; (q1 - q0) * n_kv * 4];
-            select_at(isa, qs, hq, ks, None, n_kv, d, &c, &mut want).unwrap();
+            select_at(
+                isa,
+                qs,
+                ks,
+                None,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
+                &c,
+                &mut want,
+            )
+            .unwrap();
             assert_eq!(
                 &rows[q0 * n_kv * 4..q1 * n_kv * 4],
                 &want[..],
@@ -550,7 +687,20 @@ fn packed_equals_each_sequence_alone_at_every_level() {
             );
             let nbs = lens[s].div_ceil(8);
             let mut ws = vec![0.0f32; (q1 - q0) * n_kv * nbs];
-            block_scores_at(isa, qs, hq, ks, None, n_kv, d, &c, &mut ws).unwrap();
+            block_scores_at(
+                isa,
+                qs,
+                ks,
+                None,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
+                &c,
+                &mut ws,
+            )
+            .unwrap();
             for (r, w) in scores[q0 * n_kv * nb..q1 * n_kv * nb]
                 .chunks(nb)
                 .zip(ws.chunks(nbs))
@@ -566,11 +716,13 @@ fn packed_equals_each_sequence_alone_at_every_level() {
     let bad_q = [0usize, 3, 3, 3, 40, 41];
     let e = select_packed_into(
         Encoded::F32(&q),
-        hq,
         Encoded::F32(&k),
         None,
-        n_kv,
-        d,
+        Heads {
+            n_q_heads: hq,
+            n_kv_heads: n_kv,
+            d,
+        },
         (&cu, Some(&bad_q)),
         &c,
         &mut out,
@@ -619,13 +771,14 @@ fn eq9_window_and_every_levels_bits() {
         super::api::block_scores_window_at(
             isa,
             Encoded::F32(&q),
-            hq,
             Encoded::F32(&k),
             None,
-            n_kv,
-            d,
-            &c,
-            w,
+            Heads {
+                n_q_heads: hq,
+                n_kv_heads: n_kv,
+                d,
+            },
+            (&c, w),
             &mut o,
         )
         .unwrap();
@@ -684,17 +837,44 @@ fn compressed_keys_given_equal_the_keys_at_every_level() {
                 (vec![0.0f32; n_q * n_kv * nb], vec![1.0f32; n_q * n_kv * nb]);
             let (mut want_r, mut got_r) = (vec![0i32; n_q * n_kv * 5], vec![7i32; n_q * n_kv * 5]);
             let (qe, ke, cke) = (Encoded::F32(&q), Encoded::F32(&k), Encoded::F32(&ck));
-            block_scores_window_at(isa, qe, hq, ke, None, n_kv, d, &c, window, &mut want_s)
-                .unwrap();
-            select_window_at(isa, qe, hq, ke, None, n_kv, d, &c, window, &mut want_r).unwrap();
+            block_scores_window_at(
+                isa,
+                qe,
+                ke,
+                None,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
+                (&c, window),
+                &mut want_s,
+            )
+            .unwrap();
+            select_window_at(
+                isa,
+                qe,
+                ke,
+                None,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
+                (&c, window),
+                &mut want_r,
+            )
+            .unwrap();
             block_scores_compressed_at(
                 isa,
                 qe,
-                hq,
                 cke,
                 None,
-                n_kv,
-                d,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
                 seq,
                 (&c, window),
                 &mut got_s,
@@ -703,11 +883,13 @@ fn compressed_keys_given_equal_the_keys_at_every_level() {
             select_compressed_at(
                 isa,
                 qe,
-                hq,
                 cke,
                 None,
-                n_kv,
-                d,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
                 seq,
                 (&c, window),
                 &mut got_r,
@@ -770,11 +952,64 @@ fn compressed_keys_given_equal_the_keys_at_every_level() {
             let (mut want_r, mut got_r) = (vec![0i32; n_q * n_kv * 6], vec![7i32; n_q * n_kv * 6]);
             let (qe, ke) = (Encoded::F32(&q), Encoded::F32(&k));
             let fla = Window::Fla;
-            block_scores_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut want_s).unwrap();
-            select_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut want_r).unwrap();
-            block_scores_compressed_at(isa, qe, hq, ce, sc, n_kv, d, seq, (&c, fla), &mut got_s)
-                .unwrap();
-            select_compressed_at(isa, qe, hq, ce, sc, n_kv, d, seq, (&c, fla), &mut got_r).unwrap();
+            block_scores_at(
+                isa,
+                qe,
+                ke,
+                None,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
+                &c,
+                &mut want_s,
+            )
+            .unwrap();
+            select_at(
+                isa,
+                qe,
+                ke,
+                None,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
+                &c,
+                &mut want_r,
+            )
+            .unwrap();
+            block_scores_compressed_at(
+                isa,
+                qe,
+                ce,
+                sc,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
+                seq,
+                (&c, fla),
+                &mut got_s,
+            )
+            .unwrap();
+            select_compressed_at(
+                isa,
+                qe,
+                ce,
+                sc,
+                Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                },
+                seq,
+                (&c, fla),
+                &mut got_r,
+            )
+            .unwrap();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got_s), bits(&want_s), "{name} {isa:?}");
             assert_eq!(got_r, want_r, "{name} {isa:?}");
@@ -805,11 +1040,13 @@ fn compressed_refusals() {
                out: &mut [i32]| {
         select_compressed_into(
             Encoded::F32(q),
-            hq,
             Encoded::F32(ck),
             sc,
-            n_kv,
-            d,
+            Heads {
+                n_q_heads: hq,
+                n_kv_heads: n_kv,
+                d,
+            },
             seq,
             (c, w),
             out,
@@ -928,11 +1165,13 @@ fn compressed_refusals() {
     assert_eq!(
         arg(block_scores_compressed_into(
             Encoded::F32(&q),
-            hq,
             Encoded::F32(&ck),
             None,
-            n_kv,
-            d,
+            Heads {
+                n_q_heads: hq,
+                n_kv_heads: n_kv,
+                d
+            },
             seq,
             (&c, fla),
             &mut scores[..11]
@@ -1208,9 +1447,34 @@ fn fused_decode_equals_compress_then_stage_at_every_level() {
                     FORCE_FUSE.set(Some(fuse));
                     let mut s = vec![0.0f32; n_q * n_kv * nb];
                     let mut r = vec![0i32; n_q * n_kv * 5];
-                    block_scores_window_at(isa, qe, hq, ke, sc, n_kv, d, &c, window, &mut s)
-                        .unwrap();
-                    select_window_at(isa, qe, hq, ke, sc, n_kv, d, &c, window, &mut r).unwrap();
+                    block_scores_window_at(
+                        isa,
+                        qe,
+                        ke,
+                        sc,
+                        Heads {
+                            n_q_heads: hq,
+                            n_kv_heads: n_kv,
+                            d,
+                        },
+                        (&c, window),
+                        &mut s,
+                    )
+                    .unwrap();
+                    select_window_at(
+                        isa,
+                        qe,
+                        ke,
+                        sc,
+                        Heads {
+                            n_q_heads: hq,
+                            n_kv_heads: n_kv,
+                            d,
+                        },
+                        (&c, window),
+                        &mut r,
+                    )
+                    .unwrap();
                     FORCE_FUSE.set(None);
                     (s.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(), r, s)
                 };
@@ -1233,11 +1497,33 @@ fn fused_decode_equals_compress_then_stage_at_every_level() {
                         let mut r = vec![0i32; n_q * n_kv * 5];
                         let cw = (&c, window);
                         super::api::block_scores_compressed_at(
-                            isa, qe, hq, cke, None, n_kv, d, seq, cw, &mut s,
+                            isa,
+                            qe,
+                            cke,
+                            None,
+                            Heads {
+                                n_q_heads: hq,
+                                n_kv_heads: n_kv,
+                                d,
+                            },
+                            seq,
+                            cw,
+                            &mut s,
                         )
                         .unwrap();
                         super::api::select_compressed_at(
-                            isa, qe, hq, cke, None, n_kv, d, seq, cw, &mut r,
+                            isa,
+                            qe,
+                            cke,
+                            None,
+                            Heads {
+                                n_q_heads: hq,
+                                n_kv_heads: n_kv,
+                                d,
+                            },
+                            seq,
+                            cw,
+                            &mut r,
                         )
                         .unwrap();
                         FORCE_FUSE.set(None);

@@ -13,7 +13,7 @@ use super::args::{
     OutElement, PageLayoutName, Queries, QueryFormat, StridedRows, S,
 };
 use super::errors::refuse;
-use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
+use crate::keys::{BlockTable, Encoded, Heads, PageLayout, PagedCache};
 use crate::ArgumentError;
 
 /// The paged arguments as the caller passed them.
@@ -282,6 +282,15 @@ impl<'py> PagedDecode<'py> {
     /// query heads (for [`PagedDecode::run`]'s `work`).
     pub fn work(&self) -> usize {
         self.paged.work(1, self.n_q_heads)
+    }
+
+    /// The queries' and the cache rows' heads, as the paged cores take them.
+    pub fn heads(&self) -> Heads {
+        Heads {
+            n_q_heads: self.n_q_heads,
+            n_kv_heads: self.n_kv_heads,
+            d: self.d,
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use super::args::{
 };
 use super::cache::PagedDecode;
 use super::errors::refuse;
-use crate::moba::{self, Shape, Variant};
+use crate::moba::{self, Heads, Shape, Variant};
 
 type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
 
@@ -44,9 +44,11 @@ fn qk_shape(qs: &[usize], ks: &[usize], block_size: usize) -> PyResult<Shape> {
         return Err(refuse(S, "q", format!("q has d={dq} but k d={d}")));
     }
     Ok(Shape {
-        n_q_heads: hq,
-        n_kv_heads: h,
-        d,
+        heads: Heads {
+            n_q_heads: hq,
+            n_kv_heads: h,
+            d,
+        },
         block_size,
     })
 }
@@ -239,7 +241,7 @@ pub(super) fn moba_select<'py>(
     let mut inputs: Vec<&Bound<'py, PyUntypedArray>> = vec![qe.untyped(), ke.untyped()];
     inputs.extend(scale.as_ref().map(|s| s.untyped()));
     inputs.extend(&raw);
-    let mut out: Out<'py, i32> = S.output(py, None, &[n_q, shape.n_q_heads, w], &inputs)?;
+    let mut out: Out<'py, i32> = S.output(py, None, &[n_q, shape.heads.n_q_heads, w], &inputs)?;
     let (qs, ks) = (qe.encoded()?, ke.encoded()?);
     let sc = scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
@@ -333,9 +335,7 @@ pub(super) fn moba_select_paged<'py>(
     let formats = (page_layout, key_format, query_format);
     let c = PagedDecode::read(py, (q, kv_cache, block_table, seq_lens), h, formats)?;
     let shape = Shape {
-        n_q_heads: c.n_q_heads,
-        n_kv_heads: h,
-        d: c.d,
+        heads: c.heads(),
         block_size: bs,
     };
     let max_blocks = c.widest(|l| l.div_ceil(bs.max(1)));

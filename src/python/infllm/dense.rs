@@ -11,7 +11,7 @@ use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
 use super::config::{config, Options};
-use crate::infllm::{self, Config, Keep, Pooling};
+use crate::infllm::{self, CompressedBatch, Config, Heads, Keep, Pooling};
 use crate::python::args::{
     detach, ndarrays, positions, AsFormatArg, EncodedIn, In, KeyFormat, Named, Obj, Opt, Out,
     QueryFormat, I32, I32_MAX, S,
@@ -118,16 +118,22 @@ fn call<'py>(
 }
 
 impl<'py> Call<'py> {
-    /// The query heads, KV heads, `d` and (dense) `seq_len`.
-    fn sizes(&self) -> (usize, usize, usize, usize) {
-        (self.hq, self.n_kv, self.d, self.seq_len)
+    /// The query heads, KV heads and `d`.
+    fn heads(&self) -> Heads {
+        Heads {
+            n_q_heads: self.hq,
+            n_kv_heads: self.n_kv,
+            d: self.d,
+        }
     }
 
     /// The packed batch's arrays for the core.
-    fn seqs(&self) -> Option<(&[usize], &[usize], &[usize])> {
-        self.batch
-            .as_ref()
-            .map(|b| (&b.seq_lens[..], &b.cu_q[..], &b.cu_k[..]))
+    fn seqs(&self) -> Option<CompressedBatch<'_>> {
+        self.batch.as_ref().map(|b| CompressedBatch {
+            seq_lens: &b.seq_lens,
+            cu_seqlens_q: &b.cu_q,
+            cu_seqlens_k: &b.cu_k,
+        })
     }
 
     /// The blocks of the longest sequence (a packed call's rows are as
@@ -282,10 +288,10 @@ pub(super) fn infllm_block_scores<'py>(
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
-    let (seqs, (hq, n_kv, d, n), cfg) = (c.seqs(), c.sizes(), &c.cfg);
+    let (seqs, heads, n, cfg) = (c.seqs(), c.heads(), c.seq_len, &c.cfg);
     detach(py, work, || match seqs {
-        None => infllm::block_scores_into(qs, hq, ks, sc, n_kv, d, n, cfg, o),
-        Some(b) => infllm::block_scores_packed_into(qs, hq, ks, sc, n_kv, d, b, cfg, o),
+        None => infllm::block_scores_into(qs, ks, sc, heads, n, cfg, o),
+        Some(b) => infllm::block_scores_packed_into(qs, ks, sc, heads, &b, cfg, o),
     })?;
     Ok(out.finish())
 }
@@ -397,10 +403,10 @@ pub(super) fn infllm_select<'py>(
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
-    let (seqs, (hq, n_kv, d, n), cfg) = (c.seqs(), c.sizes(), &c.cfg);
+    let (seqs, heads, n, cfg) = (c.seqs(), c.heads(), c.seq_len, &c.cfg);
     detach(py, work, || match seqs {
-        None => infllm::select_into(qs, hq, ks, sc, n_kv, d, n, cfg, o),
-        Some(b) => infllm::select_packed_into(qs, hq, ks, sc, n_kv, d, b, cfg, o),
+        None => infllm::select_into(qs, ks, sc, heads, n, cfg, o),
+        Some(b) => infllm::select_packed_into(qs, ks, sc, heads, &b, cfg, o),
     })?;
     Ok(out.finish())
 }

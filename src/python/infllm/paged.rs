@@ -125,10 +125,10 @@ pub(in crate::python) fn infllm_block_scores_paged<'py>(
     // The output's width divides by `block_size`: refused here if 0.
     cfg.geometry.check()?;
     let nb = c.widest(|l| cfg.geometry.n_blocks(l));
-    let (hq, d) = (c.n_q_heads, c.d);
+    let heads = c.heads();
     let shape = [c.lens.len(), h, nb];
     c.run(py, &shape, c.work(), |qs, cache, table, o| {
-        infllm::block_scores_paged_into(qs, hq, cache, table, h, d, &cfg, o)
+        infllm::block_scores_paged_into(qs, cache, table, heads, &cfg, o)
     })
 }
 
@@ -242,8 +242,8 @@ pub(in crate::python) fn infllm_select_paged<'py>(
         keep,
     );
     let cfg = config(options, scale, c.d)?;
-    let (hq, d) = (c.n_q_heads, c.d);
+    let heads = c.heads();
     c.run(py, &[c.lens.len(), h, k], c.work(), |qs, cache, table, o| {
-        infllm::select_paged_into(qs, hq, cache, table, h, d, &cfg, o)
+        infllm::select_paged_into(qs, cache, table, heads, &cfg, o)
     })
 }

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use super::common::{
     config, read_block_counts, read_block_size, read_geometry, read_window, WindowName,
 };
-use crate::nsa::{self, Config};
+use crate::nsa::{self, CompressedBatch, Config, Heads};
 use crate::python::args::{
     detach, ndarrays, positions, AsFormatArg, EncodedIn, In, KeyFormat, Named, Obj, Opt, Out,
     QueryFormat, I32, I32_MAX, S,
@@ -214,11 +214,22 @@ fn compressed_call<'py>(
 }
 
 impl<'py> CompressedCall<'py> {
+    /// The query heads, KV heads and `d`.
+    fn heads(&self) -> Heads {
+        Heads {
+            n_q_heads: self.hq,
+            n_kv_heads: self.n_kv,
+            d: self.d,
+        }
+    }
+
     /// The packed batch's arrays for the core.
-    fn seqs(&self) -> Option<(&[usize], &[usize], &[usize])> {
-        self.batch
-            .as_ref()
-            .map(|b| (&b.seq_lens[..], &b.cu_q[..], &b.cu_k[..]))
+    fn seqs(&self) -> Option<CompressedBatch<'_>> {
+        self.batch.as_ref().map(|b| CompressedBatch {
+            seq_lens: &b.seq_lens,
+            cu_seqlens_q: &b.cu_q,
+            cu_seqlens_k: &b.cu_k,
+        })
     }
 
     /// The blocks of the longest sequence (a packed call's rows are as
@@ -358,10 +369,10 @@ pub(super) fn nsa_block_scores_compressed<'py>(
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * cs.len() / c.n_kv.max(1);
-    let (hq, n_kv, d, n, cfg, seqs) = (c.hq, c.n_kv, c.d, c.seq_len, &c.cfg, c.seqs());
+    let (heads, n, cfg, seqs) = (c.heads(), c.seq_len, &c.cfg, c.seqs());
     detach(py, work, || match seqs {
-        None => nsa::block_scores_compressed_into(qs, hq, cs, sc, n_kv, d, n, (cfg, w), o),
-        Some(b) => nsa::block_scores_compressed_packed_into(qs, hq, cs, sc, n_kv, d, b, (cfg, w), o),
+        None => nsa::block_scores_compressed_into(qs, cs, sc, heads, n, (cfg, w), o),
+        Some(b) => nsa::block_scores_compressed_packed_into(qs, cs, sc, heads, &b, (cfg, w), o),
     })?;
     Ok(out.finish())
 }
@@ -459,10 +470,10 @@ pub(super) fn nsa_select_compressed<'py>(
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * cs.len() / c.n_kv.max(1);
-    let (hq, n_kv, d, sl, cfg, seqs) = (c.hq, c.n_kv, c.d, c.seq_len, &c.cfg, c.seqs());
+    let (heads, sl, cfg, seqs) = (c.heads(), c.seq_len, &c.cfg, c.seqs());
     detach(py, work, || match seqs {
-        None => nsa::select_compressed_into(qs, hq, cs, sc, n_kv, d, sl, (cfg, w), o),
-        Some(b) => nsa::select_compressed_packed_into(qs, hq, cs, sc, n_kv, d, b, (cfg, w), o),
+        None => nsa::select_compressed_into(qs, cs, sc, heads, sl, (cfg, w), o),
+        Some(b) => nsa::select_compressed_packed_into(qs, cs, sc, heads, &b, (cfg, w), o),
     })?;
     Ok(out.finish())
 }

@@ -5,7 +5,7 @@ use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
 use super::common::{config, read_block_counts, read_geometry, read_window, WindowName};
-use crate::nsa::{self, Config};
+use crate::nsa::{self, Config, Heads};
 use crate::python::args::{
     detach, ndarrays, positions, AsFormatArg, EncodedIn, KeyFormat, Named, Obj, Opt, Out,
     QueryFormat, I32, S,
@@ -87,6 +87,15 @@ impl<'py> Call<'py> {
         v.extend(self.k_scale.as_ref().map(|s| s.untyped()));
         v.extend(&self.raw);
         v
+    }
+
+    /// The query heads, KV heads and `d`.
+    fn heads(&self) -> Heads {
+        Heads {
+            n_q_heads: self.hq,
+            n_kv_heads: self.n_kv,
+            d: self.d,
+        }
     }
 
     /// The packed batch's boundaries for the core.
@@ -230,10 +239,10 @@ pub(super) fn nsa_block_scores<'py>(
     let sc = c.k_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
-    let (cu, hq, n_kv, d, cfg) = (c.cu(), c.hq, c.n_kv, c.d, &c.cfg);
+    let (cu, heads, cfg) = (c.cu(), c.heads(), &c.cfg);
     detach(py, work, || match cu {
-        None => nsa::block_scores_window_into(qs, hq, ks, sc, n_kv, d, cfg, w, o),
-        Some(cu) => nsa::block_scores_packed_into(qs, hq, ks, sc, n_kv, d, cu, cfg, o),
+        None => nsa::block_scores_window_into(qs, ks, sc, heads, (cfg, w), o),
+        Some(cu) => nsa::block_scores_packed_into(qs, ks, sc, heads, cu, cfg, o),
     })?;
     Ok(out.finish())
 }
@@ -330,10 +339,10 @@ pub(super) fn nsa_select<'py>(
     let sc = c.k_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
-    let (cu, hq, n_kv, d, cfg) = (c.cu(), c.hq, c.n_kv, c.d, &c.cfg);
+    let (cu, heads, cfg) = (c.cu(), c.heads(), &c.cfg);
     detach(py, work, || match cu {
-        None => nsa::select_window_into(qs, hq, ks, sc, n_kv, d, cfg, w, o),
-        Some(cu) => nsa::select_packed_into(qs, hq, ks, sc, n_kv, d, cu, cfg, o),
+        None => nsa::select_window_into(qs, ks, sc, heads, (cfg, w), o),
+        Some(cu) => nsa::select_packed_into(qs, ks, sc, heads, cu, cfg, o),
     })?;
     Ok(out.finish())
 }

@@ -147,9 +147,9 @@ pub(super) fn nsa_block_scores_paged<'py>(
         (window, kernel_size, kernel_stride),
     )?;
     let nb = c.widest(|l| cfg.0.n_blocks(l));
-    let (hq, h, d) = (c.n_q_heads, c.n_kv_heads, c.d);
+    let (heads, h) = (c.heads(), c.n_kv_heads);
     c.run(py, &[c.lens.len(), h, nb], c.work(), |qs, cache, table, o| {
-        nsa::block_scores_paged_into(qs, hq, cache, table, h, d, (&cfg.0, cfg.1), o)
+        nsa::block_scores_paged_into(qs, cache, table, heads, (&cfg.0, cfg.1), o)
     })
 }
 
@@ -240,8 +240,8 @@ pub(super) fn nsa_select_paged<'py>(
         (page_layout, key_format, query_format),
         (window, kernel_size, kernel_stride),
     )?;
-    let (hq, h, d) = (c.n_q_heads, c.n_kv_heads, c.d);
+    let (heads, h) = (c.heads(), c.n_kv_heads);
     c.run(py, &[c.lens.len(), h, n], c.work(), |qs, cache, table, o| {
-        nsa::select_paged_into(qs, hq, cache, table, h, d, (&cfg.0, cfg.1), o)
+        nsa::select_paged_into(qs, cache, table, heads, (&cfg.0, cfg.1), o)
     })
 }
