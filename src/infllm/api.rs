@@ -225,6 +225,9 @@ fn run<T: Send>(
             scales: ck_scale,
             row: sh.n_kv * d,
         };
+        if sh.n_q > 1 {
+            return run_queries(isa, sh, &q, keys, cfg, out, width, f);
+        }
         crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(work), |r, row| {
             let (i, g) = (r / sh.n_kv, r % sh.n_kv);
             let p = sh.pos(i);
@@ -266,6 +269,59 @@ fn run<T: Send>(
         );
         let mut blocks = vec![0.0f32; nb];
         block_scores(cfg, &scratch.sums, sh.n_c, p, &mut blocks);
+        f(row, p, &blocks);
+    });
+}
+
+/// [`run`]'s in-place path for several queries (a speculative or
+/// multi-token decode's): each KV head's keys read once for a batch of the
+/// queries ([`super::paged::dense_group_sums_queries`]; one batch a KV head
+/// on one thread, the queries split in as many batches as the pool's
+/// threads need beside the KV heads), then each row's block scores.
+#[allow(clippy::too_many_arguments)]
+fn run_queries<T: Send>(
+    isa: Isa,
+    sh: &Shape,
+    q: &[f32],
+    keys: super::paged::Dense<'_>,
+    cfg: &Config,
+    out: &mut [T],
+    width: usize,
+    f: impl Fn(&mut [T], usize, &[f32]) + Sync + Send,
+) {
+    let (d, g_heads, nb) = (sh.d, sh.group(), cfg.geometry.n_blocks(sh.seq_len));
+    // The last query sees the most keys (positions increase).
+    let n_max = cfg.geometry.visible(sh.pos(sh.n_q - 1));
+    let batches = crate::pool::num_threads()
+        .div_ceil(sh.n_kv)
+        .clamp(1, sh.n_q);
+    let batch = sh.n_q.div_ceil(batches);
+    let batches = sh.n_q.div_ceil(batch);
+    // Unit `g · batches + b`: KV head `g`, queries `b · batch..`, a row of
+    // `n_max` sums a query.
+    let unit = batch * n_max;
+    let mut sums = vec![0.0f32; sh.n_kv * batches * unit];
+    let work = batch * g_heads * sh.n_c.max(1) * d;
+    crate::pool::for_each_row_mut(&mut sums, unit, crate::pool::min_rows(work), |u, buf| {
+        let (g, b) = (u / batches, u % batches);
+        let qs = b * batch..sh.n_q.min((b + 1) * batch);
+        let q0s: Vec<usize> = qs
+            .clone()
+            .map(|i| (i * sh.hq + g * g_heads) * d)
+            .collect();
+        let n_vis: Vec<usize> = qs.map(|i| cfg.geometry.visible(sh.pos(i))).collect();
+        super::paged::dense_group_sums_queries(
+            isa, q, keys, g, &q0s, g_heads, d, &n_vis, cfg.scale, buf, n_max,
+        );
+    });
+    let per_row = sh.n_c.max(1) + nb;
+    crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(per_row), |r, row| {
+        let (i, g) = (r / sh.n_kv, r % sh.n_kv);
+        let p = sh.pos(i);
+        let n_vis = cfg.geometry.visible(p);
+        let at = (g * batches + i / batch) * unit + (i % batch) * n_max;
+        let mut blocks = vec![0.0f32; nb];
+        block_scores(cfg, &sums[at..at + n_vis], sh.n_c, p, &mut blocks);
         f(row, p, &blocks);
     });
 }

@@ -311,6 +311,139 @@ pub(crate) fn dense_group_sums<R>(
     }
 }
 
+/// [`dense_group_sums`] for several queries of one KV head at once (a
+/// decode's 2 to 16: speculative or multi-token decoding), each key read
+/// from memory once for all of them: query `s`'s `heads` rows of `d` start
+/// at `q[q0s[s]..]`, it sees keys `0..n_vis[s]` of KV head `g`, and its
+/// group sums go to `out[s · width..][..n_vis[s]]` (`width` at least every
+/// `n_vis`; the rest of the row untouched), the bits of
+/// [`super::score::group_sums`] on that query alone.
+///
+/// The keys are walked [`DENSE_STEP`] at a time (48 KiB of float32 at `d =
+/// 128`, in the second-level cache while every query scores them; the next
+/// step's rows asked in meanwhile), each step handed to every query's
+/// staged chunks: float32 and bfloat16 rows in place, other formats or
+/// scaled keys decoded (times their scales) once for all the queries. A
+/// group a multiple of 8 shares chunks (two queries of 16 heads, four of
+/// 8, in one chunk's lanes); another group runs a chunk set a query (its
+/// lanes as one query's call leaves them).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dense_group_sums_queries(
+    isa: Isa,
+    q: &[f32],
+    keys: Dense<'_>,
+    g: usize,
+    q0s: &[usize],
+    heads: usize,
+    d: usize,
+    n_vis: &[usize],
+    scale: f32,
+    out: &mut [f32],
+    width: usize,
+) {
+    assert_eq!(q0s.len(), n_vis.len(), "a key count a query");
+    let n_max = n_vis.iter().copied().max().unwrap_or(0);
+    assert!(
+        n_max <= width && out.len() >= q0s.len() * width,
+        "the sums of every query"
+    );
+    if n_max == 0 || heads == 0 {
+        return;
+    }
+    let (base, stride) = (g * d, keys.row);
+    SCRATCH.with_borrow_mut(|sc| {
+        // Each chunk set's first query and query count, and its chunks.
+        let mut sets: Vec<(usize, usize, Vec<Staged>)> = Vec::new();
+        if heads.is_multiple_of(8) {
+            let chunks = Staged::chunks(isa, q, q0s, heads, d, n_vis, scale, &mut sc.bufs);
+            sets.push((0, q0s.len(), chunks));
+        } else {
+            for (s, (&q0, &n)) in q0s.iter().zip(n_vis).enumerate() {
+                if n > 0 {
+                    let chunks = Staged::chunks(isa, q, &[q0], heads, d, &[n], scale, &mut sc.bufs);
+                    sets.push((s, 1, chunks));
+                }
+            }
+        }
+        for j0 in (0..n_max).step_by(DENSE_STEP) {
+            let count = DENSE_STEP.min(n_max - j0);
+            #[cfg(target_arch = "x86_64")]
+            if j0 + count < n_max {
+                let next = (j0 + count, DENSE_STEP.min(n_max - j0 - count));
+                ask_dense_ahead(keys, base, d, next);
+            }
+            let at = j0 * stride + base;
+            match (keys.ck, keys.scales) {
+                (Encoded::F32(ck), None) => {
+                    score_sets(&mut sets, Rows { ck, base: at, stride }, j0, count)
+                }
+                (Encoded::Bf16(ck), None) => {
+                    score_sets(&mut sets, Rows { ck, base: at, stride }, j0, count)
+                }
+                (e, scales) => {
+                    sc.keys.clear();
+                    sc.keys.resize(count * d, 0.0);
+                    decode_head(e, at, stride, d, &mut sc.keys);
+                    if let Some(s) = scales {
+                        times_scales(&mut sc.keys, d, &s[j0..j0 + count]);
+                    }
+                    let rows = Rows {
+                        ck: &sc.keys[..],
+                        base: 0,
+                        stride: d,
+                    };
+                    score_sets(&mut sets, rows, j0, count);
+                }
+            }
+        }
+        for (s0, n, chunks) in sets {
+            let seen = &n_vis[s0..s0 + n];
+            let m = seen.iter().copied().max().unwrap_or(0);
+            sc.sums.clear();
+            sc.finish(chunks, n * m);
+            for (t, &k) in seen.iter().enumerate() {
+                out[(s0 + t) * width..][..k].copy_from_slice(&sc.sums[t * m..][..k]);
+            }
+        }
+    });
+}
+
+/// Keys `j0..j0 + count` (key `j0 + k`'s row at `rows.base + k ·
+/// rows.stride`) into every chunk of every set, in order.
+fn score_sets<E: super::heads::Elem>(
+    sets: &mut [(usize, usize, Vec<Staged>)],
+    rows: Rows<'_, E>,
+    j0: usize,
+    count: usize,
+) {
+    for (_, _, chunks) in sets.iter_mut() {
+        chunks
+            .iter_mut()
+            .for_each(|c| c.score(rows, j0, count, &[]));
+    }
+}
+
+/// KV head elements `base..base + d` of dense keys `j .. j + count` (and
+/// their scales) asked into the second-level cache: the next step's keys,
+/// fetched while this step's are scored. No effect on results.
+#[cfg(target_arch = "x86_64")]
+fn ask_dense_ahead(keys: Dense<'_>, base: usize, d: usize, (j, count): (usize, usize)) {
+    use crate::keys::{prefetch, CacheLevel};
+    let (bytes, elem): (&[u8], usize) = match keys.ck {
+        Encoded::F32(v) => (bytemuck::cast_slice(v), 4),
+        Encoded::F16(v) | Encoded::Bf16(v) => (bytemuck::cast_slice(v), 2),
+        Encoded::Fp8E4m3(v) => (v, 1),
+    };
+    for r in j..j + count {
+        let from = (r * keys.row + base) * elem;
+        prefetch(bytes, from, from + d * elem, CacheLevel::L2);
+    }
+    if let Some(s) = keys.scales {
+        let s: &[u8] = bytemuck::cast_slice(s);
+        prefetch(s, 4 * j, 4 * (j + count), CacheLevel::L2);
+    }
+}
+
 thread_local! {
     /// [`dense_group_sums`]'s one-pass scratch, reused across rows and calls.
     static ONE_PASS: std::cell::RefCell<super::score::Scratch> = std::cell::RefCell::default();

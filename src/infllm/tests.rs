@@ -987,8 +987,10 @@ fn bf16_panels_equal_their_decoded_keys() {
 /// float32, bfloat16 and float16 keys, fp8 with and without scales, float32
 /// with scales; groups of 1, 2, 16 and 40 (two chunks of heads); `d` of 1,
 /// 13 and 24 (tails off every vector); sequences of no key, one key, and
-/// key counts off every tile and step; one to five queries; both poolings
-/// and both keeps; tied keys, NaN and ±inf in the queries and the keys.
+/// key counts off every tile and step; one to sixteen queries (the
+/// several-query path: query counts off the chunks' lanes, a query that sees
+/// no key, queries seeing different key counts); both poolings and both
+/// keeps; tied keys, NaN and ±inf in the queries and the keys.
 #[test]
 fn dense_in_place_equals_packed_at_every_level() {
     use super::api::{select_at, FORCE_IN_PLACE};
@@ -1041,6 +1043,16 @@ fn dense_in_place_equals_packed_at_every_level() {
                 (300, 3),
                 (1000, 1),
                 (1700, 5),
+                // Several queries (a speculative decode's): counts off the
+                // chunks' 32 lanes and off the steps of 96 keys, a query
+                // that sees no key (34 tokens, 4 queries), queries that
+                // see different key counts.
+                (34, 4),
+                (700, 2),
+                (1580, 7),
+                (1551, 8),
+                (2000, 9),
+                (3100, 16),
             ] {
                 let n_c = compressed_len(seq_len);
                 let mut q = random(n_q * hq * d, next());
@@ -1138,7 +1150,7 @@ fn dense_in_place_equals_packed_at_every_level() {
             }
         }
     }
-    assert!(checked >= 6 * 5 * 6 * 4, "{checked} calls checked");
+    assert!(checked >= 6 * 5 * 12 * 4, "{checked} calls checked");
 }
 
 /// Not a check: the measurement behind `api::in_place` (docs/infllm.md,
