@@ -52,7 +52,7 @@
 //! are decoded a page at a time into a small buffer, and the next page's
 //! keys are asked into the second-level cache while a page is scored.
 
-use super::heads::{Rows, Staged};
+use super::heads::{one_count_a_vector, Rows, Staged};
 use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
 use crate::simd::Isa;
 
@@ -323,10 +323,11 @@ pub(crate) fn dense_group_sums<R>(
 /// 128`, in the second-level cache while every query scores them; the next
 /// step's rows asked in meanwhile), each step handed to every query's
 /// staged chunks: float32 and bfloat16 rows in place, other formats or
-/// scaled keys decoded (times their scales) once for all the queries. A
-/// group a multiple of 8 shares chunks (two queries of 16 heads, four of
-/// 8, in one chunk's lanes); another group runs a chunk set a query (its
-/// lanes as one query's call leaves them).
+/// scaled keys decoded (times their scales) once for all the queries. The
+/// queries' heads share the chunks' lanes (two queries of 16 heads in one
+/// chunk, four of 8, sixteen of 2) when every vector's lanes see one key
+/// count ([`one_count_a_vector`]: always for a group a multiple of 8);
+/// else each run of queries that see the same keys has its own chunks.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dense_group_sums_queries(
     isa: Isa,
@@ -354,15 +355,21 @@ pub(crate) fn dense_group_sums_queries(
     SCRATCH.with_borrow_mut(|sc| {
         // Each chunk set's first query and query count, and its chunks.
         let mut sets: Vec<(usize, usize, Vec<Staged>)> = Vec::new();
-        if heads.is_multiple_of(8) {
+        if one_count_a_vector(heads, n_vis) {
             let chunks = Staged::chunks(isa, q, q0s, heads, d, n_vis, scale, &mut sc.bufs);
             sets.push((0, q0s.len(), chunks));
         } else {
-            for (s, (&q0, &n)) in q0s.iter().zip(n_vis).enumerate() {
-                if n > 0 {
-                    let chunks = Staged::chunks(isa, q, &[q0], heads, d, &[n], scale, &mut sc.bufs);
-                    sets.push((s, 1, chunks));
+            // Runs of queries that see the same keys (a decode's queries
+            // see at most two counts), a chunk set a run.
+            let mut s0 = 0;
+            while s0 < n_vis.len() {
+                let n = n_vis[s0..].iter().take_while(|&&n| n == n_vis[s0]).count();
+                if n_vis[s0] > 0 {
+                    let (qs, seen) = (&q0s[s0..s0 + n], &n_vis[s0..s0 + n]);
+                    let chunks = Staged::chunks(isa, q, qs, heads, d, seen, scale, &mut sc.bufs);
+                    sets.push((s0, n, chunks));
                 }
+                s0 += n;
             }
         }
         for j0 in (0..n_max).step_by(DENSE_STEP) {
