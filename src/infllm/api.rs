@@ -142,20 +142,17 @@ fn decoded<'a>(x: Encoded<'a>, scale: Option<&[f32]>, row: usize) -> std::borrow
 }
 
 /// The most queries a dense call scores on its compressed keys read in
-/// place when they are float32 or bfloat16 and a KV head's group fills two
-/// vectors (16 heads or more); more share one packed copy of each KV
-/// head's keys ([`in_place`]).
+/// place ([`in_place`]); more share one packed copy of each KV head's keys.
 pub(super) const IN_PLACE_MAX_QUERIES: usize = 16;
 
-/// Compressed-key elements (`n_c · n_kv · d`) from which a single query's
-/// decoded keys (fp8, float16, scaled) are scored in place at any group: 1
-/// MiB as float32, twice Zen 3's second-level cache, so the packed copy
-/// would stream through memory.
+/// Compressed-key elements (`n_c · n_kv · d`) from which the keys are
+/// scored in place at any group: 1 MiB as float32, twice Zen 3's
+/// second-level cache, so the packed copy would stream through memory.
 pub(super) const IN_PLACE_MIN_ELEMENTS: usize = 1 << 18;
 
-/// The most queries scored in place on large keys ([`IN_PLACE_MIN_ELEMENTS`])
-/// of any format and group, but unscaled float32 of a group under 16.
-pub(super) const IN_PLACE_MAX_LARGE: usize = 4;
+/// The fewest lanes (queries × a KV head's group) from which several
+/// queries score keys that fit in the cache in place: two vectors.
+pub(super) const IN_PLACE_MIN_LANES: usize = 16;
 
 #[cfg(test)]
 thread_local! {
@@ -164,24 +161,22 @@ thread_local! {
 }
 
 /// Whether [`run`] scores the compressed keys where they lie
-/// ([`super::paged::dense_group_sums`]: each query and KV head on its own,
-/// the group's heads in the lanes) rather than decoding and packing each
-/// KV head's keys once for every query ([`Packed`]). The pack is a read
-/// and a write of every key a call; it pays when many queries score the
-/// packed copy (a prefill), or when the heads-in-lanes kernel runs with
-/// lanes empty (a group under 16: under 8 heads a vector is part empty,
-/// at 8 a tile broadcasts once a multiply-add) on keys already in cache.
+/// ([`super::paged::dense_group_sums`] for one query, the group's heads in
+/// the lanes; [`super::paged::dense_group_sums_queries`] for several, each
+/// key read once for all of them and their heads sharing the lanes) rather
+/// than decoding and packing each KV head's keys once for every query
+/// ([`Packed`]). The pack is a read and a write of every key a call; it
+/// pays when many queries score the packed copy (a prefill), or when the
+/// heads-in-lanes kernel runs with lanes empty on keys already in cache.
 /// Measured (AMD EPYC Zen 3, one thread; `docs/infllm.md`, "Dense decode"):
 ///
 /// - one query: in place, except keys that fit in the cache
 ///   ([`IN_PLACE_MIN_ELEMENTS`]) of a group under 16 when they are decoded
 ///   (fp8, float16, scaled), or unscaled float32 of a group under 8;
-/// - float32 or bfloat16 keys and a group of 16 or more: in place up to
-///   [`IN_PLACE_MAX_QUERIES`] queries;
-/// - keys past the cache: in place up to [`IN_PLACE_MAX_LARGE`] queries
-///   (the packed path decodes them to a fresh float32 copy and packs that,
-///   two writes through memory), but unscaled float32 of a group under 16
-///   (no decode to save, lanes the in-place kernel leaves empty);
+/// - 2 to [`IN_PLACE_MAX_QUERIES`] queries: in place on keys past the
+///   cache, or when the queries' heads fill two vectors
+///   ([`IN_PLACE_MIN_LANES`]: any group of 8 or more; 8 queries of 2
+///   heads, 16 of one);
 /// - otherwise packed.
 fn in_place(sh: &Shape, ck: Encoded<'_>, ck_scale: Option<&[f32]>) -> bool {
     #[cfg(test)]
@@ -195,10 +190,7 @@ fn in_place(sh: &Shape, ck: Encoded<'_>, ck_scale: Option<&[f32]>) -> bool {
     let large = ck.len() >= IN_PLACE_MIN_ELEMENTS;
     match sh.n_q {
         1 => wide || large || (direct && (!copy_free || sh.group() >= 8)),
-        n => {
-            (direct && wide && n <= IN_PLACE_MAX_QUERIES)
-                || (large && n <= IN_PLACE_MAX_LARGE && (wide || !copy_free))
-        }
+        n => n <= IN_PLACE_MAX_QUERIES && (large || n * sh.group() >= IN_PLACE_MIN_LANES),
     }
 }
 
@@ -305,10 +297,7 @@ fn run_queries<T: Send>(
     crate::pool::for_each_row_mut(&mut sums, unit, crate::pool::min_rows(work), |u, buf| {
         let (g, b) = (u / batches, u % batches);
         let qs = b * batch..sh.n_q.min((b + 1) * batch);
-        let q0s: Vec<usize> = qs
-            .clone()
-            .map(|i| (i * sh.hq + g * g_heads) * d)
-            .collect();
+        let q0s: Vec<usize> = qs.clone().map(|i| (i * sh.hq + g * g_heads) * d).collect();
         let n_vis: Vec<usize> = qs.map(|i| cfg.geometry.visible(sh.pos(i))).collect();
         super::paged::dense_group_sums_queries(
             isa, q, keys, g, &q0s, g_heads, d, &n_vis, cfg.scale, buf, n_max,

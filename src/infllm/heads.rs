@@ -19,10 +19,15 @@
 //! exponentials (four vectors side by side, `crate::exp::avx2::exp_n`) and
 //! the group sum run over 8 heads a vector.
 //!
-//! Several queries that see the same keys may share a chunk (a group a
-//! multiple of 8: NSA's `stage` puts two decode queries of a group of 16 in
-//! one, four of a group of 8): the keys are then read once for them, and
-//! each broadcast key element feeds four vectors, not two. On Zen 3 a
+//! Several queries may share a chunk when every vector's lanes see one key
+//! count ([`one_count_a_vector`]): always for a group a multiple of 8 (NSA's
+//! `stage` puts two decode queries of a group of 16 in one, four of a group
+//! of 8), and for queries of a smaller group that see the same keys
+//! (InfLLM-v2's dense decode of a speculative step: sixteen queries of 2
+//! heads fill one chunk). The keys are then read once for them, and each
+//! broadcast key element feeds four vectors, not two; a vector of several
+//! queries adds each lane's `e / Z` into its own query's sums, lane by lane
+//! (each query's heads still in order). On Zen 3 a
 //! broadcast (from memory, or a register shuffle alike) issues about once a
 //! cycle, so 16 heads by 6 keys (one broadcast for two fused multiply-adds)
 //! runs at about 0.82 of the floor's rate and 32 heads by 2 keys at 0.90
@@ -86,8 +91,11 @@
 //! caller's next bytes into the second-level cache, a line a trip.
 //!
 //! What would break it: a reciprocal multiplied instead of the division, an
-//! online (rescaled) softmax, another lane assignment or tree for `Z_h`, or
-//! the heads summed in another order. `src/infllm/tests.rs` checks the two
+//! online (rescaled) softmax, another lane assignment or tree for `Z_h`, the
+//! heads summed in another order, a vector holding queries that see
+//! different key counts (the AVX2 kernels keep one count a vector for its
+//! maximum and softmax: asserted), or a lane's `e / Z` added into another
+//! query's sums. `src/infllm/tests.rs` checks the two
 //! layouts bit for bit at every level (groups of 8 to 33, key counts off
 //! the tiles, infinite and NaN logits), `src/nsa/tests.rs` the rows.
 

@@ -37,10 +37,24 @@
 //! own argument), the other formats are decoded and scaled as a page is
 //! here, [`DENSE_STEP`] keys at a time, into the staged kernel.
 //!
+//! [`dense_group_sums_queries`] (a decode of several queries: speculative or
+//! multi-token steps) walks the keys once, [`DENSE_STEP`] at a time, and
+//! hands each step to every query's staged chunks (float32 and bfloat16 in
+//! place, other formats decoded and scaled once for all the queries): each
+//! chunk still receives every key it sees once, in order, under its own
+//! index, so each query's logits, maxima and softmax lanes are those of the
+//! query alone (the staged kernel's argument), whichever chunk, step or
+//! query order scores them. The queries' heads share a chunk's lanes only
+//! when every vector's lanes see one key count (the kernels keep one count
+//! a vector); otherwise each run of queries that see the same keys gets its
+//! own chunks. Each query's sums are finished by its own chunks, in order.
+//!
 //! What would break it: a key handed to the kernels under another index
 //! (its softmax lane moves), a scale applied after the dot rather than to
 //! the key, a page read past the sequence's keys (a stale row of a reused
-//! page would enter the softmax). The differential tests of both callers
+//! page would enter the softmax), a key past a query's own count entering
+//! its softmax (queries of one call see different counts), or a step handed
+//! to a chunk twice. The differential tests of both callers
 //! (`src/infllm/tests.rs`, `src/nsa/paged.rs`, `tests/python`) check their
 //! rows bit for bit against the dense calls at every SIMD level, and
 //! `dense_in_place_equals_packed_at_every_level` the dense call's two
@@ -50,7 +64,11 @@
 //!
 //! Nothing is gathered: the fp8 / float16 / misaligned rows of one KV head
 //! are decoded a page at a time into a small buffer, and the next page's
-//! keys are asked into the second-level cache while a page is scored.
+//! keys are asked into the second-level cache while a page is scored. The
+//! several-query dense walk reads each key from memory once for the call's
+//! queries (a step of 96 keys, 48 KiB of float32 at `d = 128`, stays in the
+//! second-level cache while every chunk scores it; the next step's rows are
+//! asked in meanwhile), where the one-query form read them once a query.
 
 use super::heads::{one_count_a_vector, Rows, Staged};
 use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
@@ -381,12 +399,26 @@ pub(crate) fn dense_group_sums_queries(
             }
             let at = j0 * stride + base;
             match (keys.ck, keys.scales) {
-                (Encoded::F32(ck), None) => {
-                    score_sets(&mut sets, Rows { ck, base: at, stride }, j0, count)
-                }
-                (Encoded::Bf16(ck), None) => {
-                    score_sets(&mut sets, Rows { ck, base: at, stride }, j0, count)
-                }
+                (Encoded::F32(ck), None) => score_sets(
+                    &mut sets,
+                    Rows {
+                        ck,
+                        base: at,
+                        stride,
+                    },
+                    j0,
+                    count,
+                ),
+                (Encoded::Bf16(ck), None) => score_sets(
+                    &mut sets,
+                    Rows {
+                        ck,
+                        base: at,
+                        stride,
+                    },
+                    j0,
+                    count,
+                ),
                 (e, scales) => {
                     sc.keys.clear();
                     sc.keys.resize(count * d, 0.0);

@@ -1220,3 +1220,89 @@ fn in_place_threshold_probe() {
         }
     }
 }
+
+/// Not a check: the several-query in-place path
+/// (`paged::dense_group_sums_queries`, the keys read once) against each
+/// query on its own (`paged::dense_group_sums`, the keys read a query), on
+/// one KV head of MiniCPM4-like keys (`d = 128`, 2 KV heads, 131,072
+/// tokens); prints both medians in ms. Run one thread:
+/// `RAYON_NUM_THREADS=1 cargo test --release --lib several_queries_probe
+/// -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn several_queries_probe() {
+    use super::paged::{dense_group_sums, dense_group_sums_queries, Dense, Row};
+    let (d, n_kv, seq_len) = (128usize, 2usize, 131_072usize);
+    let n_c = compressed_len(seq_len);
+    let vals = random(n_c * n_kv * d, 3);
+    let bf: Vec<u16> = vals.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+    let fp8: Vec<u8> = vals
+        .iter()
+        .map(|x| ((x.to_bits() >> 24) as u8) & 0xbf)
+        .collect();
+    let scales: Vec<f32> = random(n_c, 4).iter().map(|x| x.abs() + 0.01).collect();
+    for heads in [16usize, 2] {
+        for kind in ["f32", "bf16", "fp8s"] {
+            let keys = match kind {
+                "f32" => Dense {
+                    ck: Encoded::F32(&vals),
+                    scales: None,
+                    row: n_kv * d,
+                },
+                "bf16" => Dense {
+                    ck: Encoded::Bf16(&bf),
+                    scales: None,
+                    row: n_kv * d,
+                },
+                _ => Dense {
+                    ck: Encoded::Fp8E4m3(&fp8),
+                    scales: Some(&scales[..]),
+                    row: n_kv * d,
+                },
+            };
+            let mut line = format!("group {heads} {kind}:");
+            for n_q in [1usize, 2, 4, 8, 16] {
+                let q = random(n_q * heads * d, 7);
+                let q0s: Vec<usize> = (0..n_q).map(|i| i * heads * d).collect();
+                let n_vis = vec![n_c; n_q];
+                let mut out = vec![0.0f32; n_q * n_c];
+                let mut t = [Vec::new(), Vec::new()];
+                for _ in 0..7 {
+                    let t0 = std::time::Instant::now();
+                    for &q0 in &q0s {
+                        let row = Row {
+                            s: 0,
+                            g: 0,
+                            q0,
+                            heads,
+                            d,
+                        };
+                        dense_group_sums(Isa::best(), &q, keys, row, n_c, 0.1, |s| s[0]);
+                    }
+                    t[0].push(t0.elapsed().as_secs_f64() * 1e3);
+                    let t0 = std::time::Instant::now();
+                    dense_group_sums_queries(
+                        Isa::best(),
+                        &q,
+                        keys,
+                        0,
+                        &q0s,
+                        heads,
+                        d,
+                        &n_vis,
+                        0.1,
+                        &mut out,
+                        n_c,
+                    );
+                    t[1].push(t0.elapsed().as_secs_f64() * 1e3);
+                }
+                for v in t.iter_mut() {
+                    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                }
+                let (a, b) = (t[0][3], t[1][3]);
+                line += &format!(" q{n_q} {a:.2}/{b:.2}={:.2}", b / a);
+            }
+            println!("{line}");
+        }
+    }
+}
