@@ -683,6 +683,17 @@ mod avx2 {
                 _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])),
             );
         }
+        // Each lane's query's sums (a vector may hold the heads of several
+        // queries of a small group), and whether the vector is one query's.
+        let mut lane_at = [[0usize; 8]; V];
+        let mut single = [true; V];
+        for v in 0..V {
+            let lanes = 8.min(hc.saturating_sub(v * 8));
+            for l in 0..lanes {
+                lane_at[v][l] = heads.query(v * 8 + l) * heads.n_max;
+            }
+            single[v] = lanes == 0 || lane_at[v][lanes - 1] == lane_at[v][0];
+        }
         // Pass 3: `e / Z` by 8 keys, transposed to a head a vector, added to
         // the sums head by head.
         let sp = sums.as_mut_ptr();
@@ -702,23 +713,21 @@ mod avx2 {
                         r[t] = _mm256_div_ps(e, z[v]);
                     }
                     let c = transpose8(r);
-                    // Lane by lane into its query's sums (a vector may hold
-                    // the heads of several queries of a small group: each
-                    // query's heads still in order).
-                    let mut sq = heads.query(v * 8);
-                    let mut at = sp.add(sq * heads.n_max + j0);
-                    let mut s = _mm256_loadu_ps(at);
-                    for l in 0..lanes {
-                        let ql = heads.query(v * 8 + l);
-                        if ql != sq {
-                            _mm256_storeu_ps(at, s);
-                            sq = ql;
-                            at = sp.add(sq * heads.n_max + j0);
-                            s = _mm256_loadu_ps(at);
+                    if single[v] {
+                        let at = sp.add(lane_at[v][0] + j0);
+                        let mut s = _mm256_loadu_ps(at);
+                        for l in 0..lanes {
+                            s = _mm256_add_ps(s, c[l]);
                         }
-                        s = _mm256_add_ps(s, c[l]);
+                        _mm256_storeu_ps(at, s);
+                    } else {
+                        // Lane by lane into its query's sums: each query's
+                        // heads still in order.
+                        for l in 0..lanes {
+                            let at = sp.add(lane_at[v][l] + j0);
+                            _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), c[l]));
+                        }
                     }
-                    _mm256_storeu_ps(at, s);
                 }
             }
         }
@@ -738,7 +747,7 @@ mod avx2 {
                     _mm256_storeu_ps(r.as_mut_ptr(), _mm256_div_ps(e, z[v]));
                 }
                 for (l, &x) in r[..lanes].iter().enumerate() {
-                    sums[heads.query(v * 8 + l) * heads.n_max + j] += x;
+                    sums[lane_at[v][l] + j] += x;
                 }
             }
         }
