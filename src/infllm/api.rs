@@ -217,7 +217,12 @@ fn run<T: Send>(
             scales: ck_scale,
             row: sh.n_kv * d,
         };
-        if sh.n_q > 1 {
+        // Several queries walk the keys once (`run_queries`), but for
+        // float32 / bfloat16 read in place by a group that fills two
+        // vectors a query: there the one-pass kernel a query measured as
+        // fast (docs/infllm.md, "Dense decode").
+        let direct = ck_scale.is_none() && matches!(ck, Encoded::F32(_) | Encoded::Bf16(_));
+        if sh.n_q > 1 && !(direct && g_heads >= 16) {
             return run_queries(isa, sh, &q, keys, cfg, out, width, f);
         }
         crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(work), |r, row| {
@@ -266,7 +271,8 @@ fn run<T: Send>(
 }
 
 /// [`run`]'s in-place path for several queries (a speculative or
-/// multi-token decode's): each KV head's keys read once for a batch of the
+/// multi-token decode's; not float32 / bfloat16 keys of a group of 16 or
+/// more, which keep the one-pass kernel a query): each KV head's keys read once for a batch of the
 /// queries ([`super::paged::dense_group_sums_queries`]; one batch a KV head
 /// on one thread, the queries split in as many batches as the pool's
 /// threads need beside the KV heads), then each row's block scores.
