@@ -145,9 +145,10 @@ fn decoded<'a>(x: Encoded<'a>, scale: Option<&[f32]>, row: usize) -> std::borrow
 /// place ([`in_place`]); more share one packed copy of each KV head's keys.
 pub(super) const IN_PLACE_MAX_QUERIES: usize = 16;
 
-/// Compressed-key elements (`n_c · n_kv · d`) from which the keys are
-/// scored in place at any group: 1 MiB as float32, twice Zen 3's
-/// second-level cache, so the packed copy would stream through memory.
+/// Compressed-key elements (`n_c · n_kv · d`) from which decoded keys
+/// (and one query's float32 keys) are scored in place at any group: 1 MiB
+/// as float32, twice Zen 3's second-level cache, so the packed copy would
+/// stream through memory.
 pub(super) const IN_PLACE_MIN_ELEMENTS: usize = 1 << 18;
 
 /// The fewest lanes (queries × a KV head's group) from which several
@@ -173,10 +174,12 @@ thread_local! {
 /// - one query: in place, except keys that fit in the cache
 ///   ([`IN_PLACE_MIN_ELEMENTS`]) of a group under 16 when they are decoded
 ///   (fp8, float16, scaled), or unscaled float32 of a group under 8;
-/// - 2 to [`IN_PLACE_MAX_QUERIES`] queries: in place on keys past the
-///   cache, or when the queries' heads fill two vectors
-///   ([`IN_PLACE_MIN_LANES`]: any group of 8 or more; 8 queries of 2
-///   heads, 16 of one);
+/// - 2 to [`IN_PLACE_MAX_QUERIES`] queries: in place when the queries'
+///   heads fill two vectors ([`IN_PLACE_MIN_LANES`]: any group of 8 or
+///   more; 8 queries of 2 heads, 16 of one), or on decoded or bfloat16
+///   keys past the cache (the packed path would decode them to a fresh
+///   float32 copy first); unscaled float32 with fewer lanes is packed (no
+///   decode to save, lanes the in-place kernel leaves empty);
 /// - otherwise packed.
 fn in_place(sh: &Shape, ck: Encoded<'_>, ck_scale: Option<&[f32]>) -> bool {
     #[cfg(test)]
@@ -190,7 +193,10 @@ fn in_place(sh: &Shape, ck: Encoded<'_>, ck_scale: Option<&[f32]>) -> bool {
     let large = ck.len() >= IN_PLACE_MIN_ELEMENTS;
     match sh.n_q {
         1 => wide || large || (direct && (!copy_free || sh.group() >= 8)),
-        n => n <= IN_PLACE_MAX_QUERIES && (large || n * sh.group() >= IN_PLACE_MIN_LANES),
+        n => {
+            n <= IN_PLACE_MAX_QUERIES
+                && (n * sh.group() >= IN_PLACE_MIN_LANES || (large && !copy_free))
+        }
     }
 }
 
