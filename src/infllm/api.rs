@@ -144,20 +144,18 @@ fn decoded<'a>(x: Encoded<'a>, scale: Option<&[f32]>, row: usize) -> std::borrow
 }
 
 /// The most queries a dense call scores on its compressed keys read in
-/// place when they are float32 or bfloat16 and a KV head's group fills two
-/// vectors (16 heads or more); more share one packed copy of each KV
-/// head's keys ([`in_place`]).
+/// place ([`in_place`]); more share one packed copy of each KV head's keys.
 pub(super) const IN_PLACE_MAX_QUERIES: usize = 16;
 
-/// Compressed-key elements (`n_c · n_kv · d`) from which a single query's
-/// decoded keys (fp8, float16, scaled) are scored in place at any group: 1
-/// MiB as float32, twice Zen 3's second-level cache, so the packed copy
-/// would stream through memory.
+/// Compressed-key elements (`n_c · n_kv · d`) from which decoded keys
+/// (and one query's float32 keys) are scored in place at any group: 1 MiB
+/// as float32, twice Zen 3's second-level cache, so the packed copy would
+/// stream through memory.
 pub(super) const IN_PLACE_MIN_ELEMENTS: usize = 1 << 18;
 
-/// The most queries scored in place on large keys ([`IN_PLACE_MIN_ELEMENTS`])
-/// of any format and group, but unscaled float32 of a group under 16.
-pub(super) const IN_PLACE_MAX_LARGE: usize = 4;
+/// The fewest lanes (queries × a KV head's group) from which several
+/// queries score keys that fit in the cache in place: two vectors.
+pub(super) const IN_PLACE_MIN_LANES: usize = 16;
 
 #[cfg(test)]
 thread_local! {
@@ -166,24 +164,24 @@ thread_local! {
 }
 
 /// Whether [`run`] scores the compressed keys where they lie
-/// ([`super::paged::dense_group_sums`]: each query and KV head on its own,
-/// the group's heads in the lanes) rather than decoding and packing each
-/// KV head's keys once for every query ([`Packed`]). The pack is a read
-/// and a write of every key a call; it pays when many queries score the
-/// packed copy (a prefill), or when the heads-in-lanes kernel runs with
-/// lanes empty (a group under 16: under 8 heads a vector is part empty,
-/// at 8 a tile broadcasts once a multiply-add) on keys already in cache.
+/// ([`super::paged::dense_group_sums`] for one query, the group's heads in
+/// the lanes; [`super::paged::dense_group_sums_queries`] for several, each
+/// key read once for all of them and their heads sharing the lanes) rather
+/// than decoding and packing each KV head's keys once for every query
+/// ([`Packed`]). The pack is a read and a write of every key a call; it
+/// pays when many queries score the packed copy (a prefill), or when the
+/// heads-in-lanes kernel runs with lanes empty on keys already in cache.
 /// Measured (AMD EPYC Zen 3, one thread; `docs/infllm.md`, "Dense decode"):
 ///
 /// - one query: in place, except keys that fit in the cache
 ///   ([`IN_PLACE_MIN_ELEMENTS`]) of a group under 16 when they are decoded
 ///   (fp8, float16, scaled), or unscaled float32 of a group under 8;
-/// - float32 or bfloat16 keys and a group of 16 or more: in place up to
-///   [`IN_PLACE_MAX_QUERIES`] queries;
-/// - keys past the cache: in place up to [`IN_PLACE_MAX_LARGE`] queries
-///   (the packed path decodes them to a fresh float32 copy and packs that,
-///   two writes through memory), but unscaled float32 of a group under 16
-///   (no decode to save, lanes the in-place kernel leaves empty);
+/// - 2 to [`IN_PLACE_MAX_QUERIES`] queries: in place when the queries'
+///   heads fill two vectors ([`IN_PLACE_MIN_LANES`]: any group of 8 or
+///   more; 8 queries of 2 heads, 16 of one), or on decoded or bfloat16
+///   keys past the cache (the packed path would decode them to a fresh
+///   float32 copy first); unscaled float32 with fewer lanes is packed (no
+///   decode to save, lanes the in-place kernel leaves empty);
 /// - otherwise packed.
 fn in_place(sh: &Shape, ck: Encoded<'_>, ck_scale: Option<&[f32]>) -> bool {
     #[cfg(test)]
@@ -198,8 +196,8 @@ fn in_place(sh: &Shape, ck: Encoded<'_>, ck_scale: Option<&[f32]>) -> bool {
     match sh.n_q {
         1 => wide || large || (direct && (!copy_free || sh.group() >= 8)),
         n => {
-            (direct && wide && n <= IN_PLACE_MAX_QUERIES)
-                || (large && n <= IN_PLACE_MAX_LARGE && (wide || !copy_free))
+            n <= IN_PLACE_MAX_QUERIES
+                && (n * sh.group() >= IN_PLACE_MIN_LANES || (large && !copy_free))
         }
     }
 }
@@ -227,6 +225,14 @@ fn run<T: Send>(
             scales: ck_scale,
             row: sh.n_kv * d,
         };
+        // Several queries walk the keys once (`run_queries`), but for
+        // float32 / bfloat16 read in place by a group that fills two
+        // vectors a query: there the one-pass kernel a query measured as
+        // fast (docs/infllm.md, "Dense decode").
+        let direct = ck_scale.is_none() && matches!(ck, Encoded::F32(_) | Encoded::Bf16(_));
+        if sh.n_q > 1 && !(direct && g_heads >= 16) {
+            return run_queries(isa, sh, &q, keys, cfg, out, width, f);
+        }
         crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(work), |r, row| {
             let (i, g) = (r / sh.n_kv, r % sh.n_kv);
             let p = sh.pos(i);
@@ -268,6 +274,57 @@ fn run<T: Send>(
         );
         let mut blocks = vec![0.0f32; nb];
         block_scores(cfg, &scratch.sums, sh.n_c, p, &mut blocks);
+        f(row, p, &blocks);
+    });
+}
+
+/// [`run`]'s in-place path for several queries (a speculative or
+/// multi-token decode's; not float32 / bfloat16 keys of a group of 16 or
+/// more, which keep the one-pass kernel a query): each KV head's keys read once for a batch of the
+/// queries ([`super::paged::dense_group_sums_queries`]; one batch a KV head
+/// on one thread, the queries split in as many batches as the pool's
+/// threads need beside the KV heads), then each row's block scores.
+#[allow(clippy::too_many_arguments)]
+fn run_queries<T: Send>(
+    isa: Isa,
+    sh: &Shape,
+    q: &[f32],
+    keys: super::paged::Dense<'_>,
+    cfg: &Config,
+    out: &mut [T],
+    width: usize,
+    f: impl Fn(&mut [T], usize, &[f32]) + Sync + Send,
+) {
+    let (d, g_heads, nb) = (sh.d, sh.group(), cfg.geometry.n_blocks(sh.seq_len));
+    // The last query sees the most keys (positions increase).
+    let n_max = cfg.geometry.visible(sh.pos(sh.n_q - 1));
+    let batches = crate::pool::num_threads()
+        .div_ceil(sh.n_kv)
+        .clamp(1, sh.n_q);
+    let batch = sh.n_q.div_ceil(batches);
+    let batches = sh.n_q.div_ceil(batch);
+    // Unit `g · batches + b`: KV head `g`, queries `b · batch..`, a row of
+    // `n_max` sums a query.
+    let unit = batch * n_max;
+    let mut sums = vec![0.0f32; sh.n_kv * batches * unit];
+    let work = batch * g_heads * sh.n_c.max(1) * d;
+    crate::pool::for_each_row_mut(&mut sums, unit, crate::pool::min_rows(work), |u, buf| {
+        let (g, b) = (u / batches, u % batches);
+        let qs = b * batch..sh.n_q.min((b + 1) * batch);
+        let q0s: Vec<usize> = qs.clone().map(|i| (i * sh.hq + g * g_heads) * d).collect();
+        let n_vis: Vec<usize> = qs.map(|i| cfg.geometry.visible(sh.pos(i))).collect();
+        super::paged::dense_group_sums_queries(
+            isa, q, keys, g, &q0s, g_heads, d, &n_vis, cfg.scale, buf, n_max,
+        );
+    });
+    let per_row = sh.n_c.max(1) + nb;
+    crate::pool::for_each_row_mut(out, width, crate::pool::min_rows(per_row), |r, row| {
+        let (i, g) = (r / sh.n_kv, r % sh.n_kv);
+        let p = sh.pos(i);
+        let n_vis = cfg.geometry.visible(p);
+        let at = (g * batches + i / batch) * unit + (i % batch) * n_max;
+        let mut blocks = vec![0.0f32; nb];
+        block_scores(cfg, &sums[at..at + n_vis], sh.n_c, p, &mut blocks);
         f(row, p, &blocks);
     });
 }

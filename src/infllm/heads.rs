@@ -19,10 +19,15 @@
 //! exponentials (four vectors side by side, `crate::exp::avx2::exp_n`) and
 //! the group sum run over 8 heads a vector.
 //!
-//! Several queries that see the same keys may share a chunk (a group a
-//! multiple of 8: NSA's `stage` puts two decode queries of a group of 16 in
-//! one, four of a group of 8): the keys are then read once for them, and
-//! each broadcast key element feeds four vectors, not two. On Zen 3 a
+//! Several queries may share a chunk when every vector's lanes see one key
+//! count ([`one_count_a_vector`]): always for a group a multiple of 8 (NSA's
+//! `stage` puts two decode queries of a group of 16 in one, four of a group
+//! of 8), and for queries of a smaller group that see the same keys
+//! (InfLLM-v2's dense decode of a speculative step: sixteen queries of 2
+//! heads fill one chunk). The keys are then read once for them, and each
+//! broadcast key element feeds four vectors, not two; a vector of several
+//! queries adds each lane's `e / Z` into its own query's sums, lane by lane
+//! (each query's heads still in order). On Zen 3 a
 //! broadcast (from memory, or a register shuffle alike) issues about once a
 //! cycle, so 16 heads by 6 keys (one broadcast for two fused multiply-adds)
 //! runs at about 0.82 of the floor's rate and 32 heads by 2 keys at 0.90
@@ -86,8 +91,11 @@
 //! caller's next bytes into the second-level cache, a line a trip.
 //!
 //! What would break it: a reciprocal multiplied instead of the division, an
-//! online (rescaled) softmax, another lane assignment or tree for `Z_h`, or
-//! the heads summed in another order. `src/infllm/tests.rs` checks the two
+//! online (rescaled) softmax, another lane assignment or tree for `Z_h`, the
+//! heads summed in another order, a vector holding queries that see
+//! different key counts (the AVX2 kernels keep one count a vector for its
+//! maximum and softmax: asserted), or a lane's `e / Z` added into another
+//! query's sums. `src/infllm/tests.rs` checks the two
 //! layouts bit for bit at every level (groups of 8 to 33, key counts off
 //! the tiles, infinite and NaN logits), `src/nsa/tests.rs` the rows.
 
@@ -201,10 +209,10 @@ pub(crate) fn group_sums<E: Elem>(
     }
     let Rows { ck, base, stride } = keys;
     assert!(
-        (qs.len() == 1 || heads.is_multiple_of(8))
+        one_count_a_vector(heads, n_vis)
             && qs.iter().all(|&o| o + heads * d <= q.len())
             && base + (n_max - 1) * stride + d <= ck.len(),
-        "a query or key row past its array, or queries of a group off the vectors"
+        "a query or key row past its array, or a vector's queries seeing different key counts"
     );
     let n8 = n_max.next_multiple_of(8);
     let widest = total.min(CHUNK).next_multiple_of(8);
@@ -245,7 +253,7 @@ pub(crate) fn group_sums<E: Elem>(
         // `d · w` floats; keys `0..n_max` lie in `ck` (asserted above);
         // `logits` holds `n8 · widest >= n8 · w` floats and `sums` `n_max`
         // for each query; `hc <= w`, `w` one of 8, 16, 24, 32; a vector's
-        // heads are one query's (asserted above).
+        // lanes see one key count (asserted above).
         dispatch!("infllm.head_sums", isa, {
             avx512 => avx2,
             avx2(t) => {
@@ -264,6 +272,20 @@ pub(crate) fn group_sums<E: Elem>(
             },
         });
     }
+}
+
+/// Whether every vector of 8 lanes (the queries' heads laid end to end, `heads`
+/// a query, 8 lanes at a time: a chunk starts at a multiple of 32) holds
+/// heads of queries that see one key count: the AVX2 kernels keep a key
+/// count a vector (its maximum's and softmax's keys). True for one query,
+/// or a group a multiple of 8 (a vector one query's heads); queries of a
+/// smaller group share a vector when they see the same keys.
+pub(crate) fn one_count_a_vector(heads: usize, n_vis: &[usize]) -> bool {
+    let total = n_vis.len() * heads;
+    (0..total).step_by(8).all(|l| {
+        let (a, b) = (l / heads, (l + 7).min(total - 1) / heads);
+        n_vis[a..=b].iter().all(|&n| n == n_vis[a])
+    })
 }
 
 /// A chunk's query rows: lane `l < hc` is head `(h0 + l) % heads` of query
@@ -498,7 +520,8 @@ mod avx2 {
     /// `_token` proves AVX2+FMA; `qt.len() >= d · 8V`; keys `0..n_vis`
     /// (`n_vis >= 1`) lie in `keys.ck`; `logits.len() >= round_up(n_vis, 8)
     /// · 8V`; `sums` holds `n_vis` for every query of the chunk's heads;
-    /// `heads.hc <= 8V`, and each vector's heads are one query's.
+    /// `heads.hc <= 8V`, and each vector's lanes see one key count
+    /// ([`super::one_count_a_vector`]).
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn chunk<E: Elem, const V: usize, const K: usize>(
@@ -660,6 +683,17 @@ mod avx2 {
                 _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])),
             );
         }
+        // Each lane's query's sums (a vector may hold the heads of several
+        // queries of a small group), and whether the vector is one query's.
+        let mut lane_at = [[0usize; 8]; V];
+        let mut single = [true; V];
+        for v in 0..V {
+            let lanes = 8.min(hc.saturating_sub(v * 8));
+            for l in 0..lanes {
+                lane_at[v][l] = heads.query(v * 8 + l) * heads.n_max;
+            }
+            single[v] = lanes == 0 || lane_at[v][lanes - 1] == lane_at[v][0];
+        }
         // Pass 3: `e / Z` by 8 keys, transposed to a head a vector, added to
         // the sums head by head.
         let sp = sums.as_mut_ptr();
@@ -669,22 +703,31 @@ mod avx2 {
                 if lanes == 0 || j0 + 8 > seen[v] / 8 * 8 {
                     continue;
                 }
-                // SAFETY: `j0 + 8 <= seen[v] <= n_max`, the vector's query
+                // SAFETY: `j0 + 8 <= seen[v] <= n_max`, the lanes' queries
                 // below the queries (`sums` holds `n_max` for each);
                 // logits as above.
                 unsafe {
-                    let at = sp.add(heads.query(v * 8) * heads.n_max + j0);
-                    let mut s = _mm256_loadu_ps(at);
                     let mut r = [_mm256_setzero_ps(); 8];
                     for t in 0..8 {
                         let e = _mm256_loadu_ps(lp.add((j0 + t) * w + v * 8));
                         r[t] = _mm256_div_ps(e, z[v]);
                     }
                     let c = transpose8(r);
-                    for l in 0..lanes {
-                        s = _mm256_add_ps(s, c[l]);
+                    if single[v] {
+                        let at = sp.add(lane_at[v][0] + j0);
+                        let mut s = _mm256_loadu_ps(at);
+                        for l in 0..lanes {
+                            s = _mm256_add_ps(s, c[l]);
+                        }
+                        _mm256_storeu_ps(at, s);
+                    } else {
+                        // Lane by lane into its query's sums: each query's
+                        // heads still in order.
+                        for l in 0..lanes {
+                            let at = sp.add(lane_at[v][l] + j0);
+                            _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), c[l]));
+                        }
                     }
-                    _mm256_storeu_ps(at, s);
                 }
             }
         }
@@ -695,7 +738,6 @@ mod avx2 {
             if lanes == 0 {
                 continue;
             }
-            let at = heads.query(v * 8) * heads.n_max;
             for j in seen[v] / 8 * 8..seen[v] {
                 let mut r = [0.0f32; 8];
                 // SAFETY: `j < seen[v] <= n_vis`: its row is in the logits;
@@ -704,8 +746,8 @@ mod avx2 {
                     let e = _mm256_loadu_ps(lp.add(j * w + v * 8));
                     _mm256_storeu_ps(r.as_mut_ptr(), _mm256_div_ps(e, z[v]));
                 }
-                for &x in &r[..lanes] {
-                    sums[at + j] += x;
+                for (l, &x) in r[..lanes].iter().enumerate() {
+                    sums[lane_at[v][l] + j] += x;
                 }
             }
         }
@@ -983,9 +1025,9 @@ impl Staged {
         let total = qs.len() * heads;
         assert!(
             n_max > 0
-                && (qs.len() == 1 || heads.is_multiple_of(8))
+                && one_count_a_vector(heads, n_vis)
                 && qs.iter().all(|&o| o + heads * d <= q.len()),
-            "no keys, a query row past its array, or queries of a group off the vectors"
+            "no keys, a query row past its array, or a vector's queries seeing different key counts"
         );
         (0..total)
             .step_by(CHUNK)
@@ -1088,7 +1130,8 @@ impl Staged {
         // SAFETY (bounds): rows `0..count` lie in `keys.ck` (asserted);
         // keys `j..j + count` are below `n_vis`, whose logits `logits`
         // holds (`round_up(n_max, 8) · w` floats); `qt` is `d · w` floats;
-        // `hc <= w`, a vector's heads one query's (asserted in `chunks`).
+        // `hc <= w`, a vector's lanes see one key count (asserted in
+        // `chunks`).
         match self.kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `t` proves AVX2+FMA (made by the dispatch in

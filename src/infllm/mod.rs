@@ -132,8 +132,10 @@
 //!
 //! At decode (a few queries: `api::in_place`, measured) the dense call
 //! itself scores its compressed keys where they lie
-//! (`paged::dense_group_sums`) instead of packing every KV head's keys for
-//! the packed-key tiles: the heads-in-lanes kernels compute each logit as
+//! (`paged::dense_group_sums`; for 2 to 16 queries, but float32 / bfloat16
+//! keys of a group of 16 or more, `paged::dense_group_sums_queries`, each
+//! key read once for all of them)
+//! instead of packing every KV head's keys for the packed-key tiles: the heads-in-lanes kernels compute each logit as
 //! the same chain, keep the same exact maxima and the same eight lanes of
 //! `Z`, so the bits do not depend on the path (`src/infllm/heads.rs`, "why
 //! the bits are `score::group_sums`'s"). A path that normalised otherwise

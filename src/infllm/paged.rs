@@ -37,10 +37,24 @@
 //! own argument), the other formats are decoded and scaled as a page is
 //! here, [`DENSE_STEP`] keys at a time, into the staged kernel.
 //!
+//! [`dense_group_sums_queries`] (a decode of several queries: speculative or
+//! multi-token steps) walks the keys once, [`DENSE_STEP`] at a time, and
+//! hands each step to every query's staged chunks (float32 and bfloat16 in
+//! place, other formats decoded and scaled once for all the queries): each
+//! chunk still receives every key it sees once, in order, under its own
+//! index, so each query's logits, maxima and softmax lanes are those of the
+//! query alone (the staged kernel's argument), whichever chunk, step or
+//! query order scores them. The queries' heads share a chunk's lanes only
+//! when every vector's lanes see one key count (the kernels keep one count
+//! a vector); otherwise each run of queries that see the same keys gets its
+//! own chunks. Each query's sums are finished by its own chunks, in order.
+//!
 //! What would break it: a key handed to the kernels under another index
 //! (its softmax lane moves), a scale applied after the dot rather than to
 //! the key, a page read past the sequence's keys (a stale row of a reused
-//! page would enter the softmax). The differential tests of both callers
+//! page would enter the softmax), a key past a query's own count entering
+//! its softmax (queries of one call see different counts), or a step handed
+//! to a chunk twice. The differential tests of both callers
 //! (`src/infllm/tests.rs`, `src/nsa/paged.rs`, `tests/python`) check their
 //! rows bit for bit against the dense calls at every SIMD level, and
 //! `dense_in_place_equals_packed_at_every_level` the dense call's two
@@ -50,9 +64,13 @@
 //!
 //! Nothing is gathered: the fp8 / float16 / misaligned rows of one KV head
 //! are decoded a page at a time into a small buffer, and the next page's
-//! keys are asked into the second-level cache while a page is scored.
+//! keys are asked into the second-level cache while a page is scored. The
+//! several-query dense walk reads each key from memory once for the call's
+//! queries (a step of 96 keys, 48 KiB of float32 at `d = 128`, stays in the
+//! second-level cache while every chunk scores it; the next step's rows are
+//! asked in meanwhile), where the one-query form read them once a query.
 
-use super::heads::{Rows, Staged};
+use super::heads::{one_count_a_vector, Rows, Staged};
 use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
 use crate::simd::Isa;
 
@@ -308,6 +326,160 @@ pub(crate) fn dense_group_sums<R>(
             }
             f(&sc.sums)
         }),
+    }
+}
+
+/// [`dense_group_sums`] for several queries of one KV head at once (a
+/// decode's 2 to 16: speculative or multi-token decoding), each key read
+/// from memory once for all of them: query `s`'s `heads` rows of `d` start
+/// at `q[q0s[s]..]`, it sees keys `0..n_vis[s]` of KV head `g`, and its
+/// group sums go to `out[s · width..][..n_vis[s]]` (`width` at least every
+/// `n_vis`; the rest of the row untouched), the bits of
+/// [`super::score::group_sums`] on that query alone.
+///
+/// The keys are walked [`DENSE_STEP`] at a time (48 KiB of float32 at `d =
+/// 128`, in the second-level cache while every query scores them; the next
+/// step's rows asked in meanwhile), each step handed to every query's
+/// staged chunks: float32 and bfloat16 rows in place, other formats or
+/// scaled keys decoded (times their scales) once for all the queries. The
+/// queries' heads share the chunks' lanes (two queries of 16 heads in one
+/// chunk, four of 8, sixteen of 2) when every vector's lanes see one key
+/// count ([`one_count_a_vector`]: always for a group a multiple of 8);
+/// else each run of queries that see the same keys has its own chunks.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dense_group_sums_queries(
+    isa: Isa,
+    q: &[f32],
+    keys: Dense<'_>,
+    g: usize,
+    q0s: &[usize],
+    heads: usize,
+    d: usize,
+    n_vis: &[usize],
+    scale: f32,
+    out: &mut [f32],
+    width: usize,
+) {
+    assert_eq!(q0s.len(), n_vis.len(), "a key count a query");
+    let n_max = n_vis.iter().copied().max().unwrap_or(0);
+    assert!(
+        n_max <= width && out.len() >= q0s.len() * width,
+        "the sums of every query"
+    );
+    if n_max == 0 || heads == 0 {
+        return;
+    }
+    let (base, stride) = (g * d, keys.row);
+    SCRATCH.with_borrow_mut(|sc| {
+        // Each chunk set's first query and query count, and its chunks.
+        let mut sets: Vec<(usize, usize, Vec<Staged>)> = Vec::new();
+        if one_count_a_vector(heads, n_vis) {
+            let chunks = Staged::chunks(isa, q, q0s, heads, d, n_vis, scale, &mut sc.bufs);
+            sets.push((0, q0s.len(), chunks));
+        } else {
+            // Runs of queries that see the same keys (a decode's queries
+            // see at most two counts), a chunk set a run.
+            let mut s0 = 0;
+            while s0 < n_vis.len() {
+                let n = n_vis[s0..].iter().take_while(|&&n| n == n_vis[s0]).count();
+                if n_vis[s0] > 0 {
+                    let (qs, seen) = (&q0s[s0..s0 + n], &n_vis[s0..s0 + n]);
+                    let chunks = Staged::chunks(isa, q, qs, heads, d, seen, scale, &mut sc.bufs);
+                    sets.push((s0, n, chunks));
+                }
+                s0 += n;
+            }
+        }
+        for j0 in (0..n_max).step_by(DENSE_STEP) {
+            let count = DENSE_STEP.min(n_max - j0);
+            #[cfg(target_arch = "x86_64")]
+            if j0 + count < n_max {
+                let next = (j0 + count, DENSE_STEP.min(n_max - j0 - count));
+                ask_dense_ahead(keys, base, d, next);
+            }
+            let at = j0 * stride + base;
+            match (keys.ck, keys.scales) {
+                (Encoded::F32(ck), None) => score_sets(
+                    &mut sets,
+                    Rows {
+                        ck,
+                        base: at,
+                        stride,
+                    },
+                    j0,
+                    count,
+                ),
+                (Encoded::Bf16(ck), None) => score_sets(
+                    &mut sets,
+                    Rows {
+                        ck,
+                        base: at,
+                        stride,
+                    },
+                    j0,
+                    count,
+                ),
+                (e, scales) => {
+                    sc.keys.clear();
+                    sc.keys.resize(count * d, 0.0);
+                    decode_head(e, at, stride, d, &mut sc.keys);
+                    if let Some(s) = scales {
+                        times_scales(&mut sc.keys, d, &s[j0..j0 + count]);
+                    }
+                    let rows = Rows {
+                        ck: &sc.keys[..],
+                        base: 0,
+                        stride: d,
+                    };
+                    score_sets(&mut sets, rows, j0, count);
+                }
+            }
+        }
+        for (s0, n, chunks) in sets {
+            let seen = &n_vis[s0..s0 + n];
+            let m = seen.iter().copied().max().unwrap_or(0);
+            sc.sums.clear();
+            sc.finish(chunks, n * m);
+            for (t, &k) in seen.iter().enumerate() {
+                out[(s0 + t) * width..][..k].copy_from_slice(&sc.sums[t * m..][..k]);
+            }
+        }
+    });
+}
+
+/// Keys `j0..j0 + count` (key `j0 + k`'s row at `rows.base + k ·
+/// rows.stride`) into every chunk of every set, in order.
+fn score_sets<E: super::heads::Elem>(
+    sets: &mut [(usize, usize, Vec<Staged>)],
+    rows: Rows<'_, E>,
+    j0: usize,
+    count: usize,
+) {
+    for (_, _, chunks) in sets.iter_mut() {
+        chunks
+            .iter_mut()
+            .for_each(|c| c.score(rows, j0, count, &[]));
+    }
+}
+
+/// KV head elements `base..base + d` of dense keys `j .. j + count` (and
+/// their scales) asked into the second-level cache: the next step's keys,
+/// fetched while this step's are scored. No effect on results.
+#[cfg(target_arch = "x86_64")]
+fn ask_dense_ahead(keys: Dense<'_>, base: usize, d: usize, (j, count): (usize, usize)) {
+    use crate::keys::{prefetch, CacheLevel};
+    let (bytes, elem): (&[u8], usize) = match keys.ck {
+        Encoded::F32(v) => (bytemuck::cast_slice(v), 4),
+        Encoded::F16(v) | Encoded::Bf16(v) => (bytemuck::cast_slice(v), 2),
+        Encoded::Fp8E4m3(v) => (v, 1),
+    };
+    for r in j..j + count {
+        let from = (r * keys.row + base) * elem;
+        prefetch(bytes, from, from + d * elem, CacheLevel::L2);
+    }
+    if let Some(s) = keys.scales {
+        let s: &[u8] = bytemuck::cast_slice(s);
+        prefetch(s, 4 * j, 4 * (j + count), CacheLevel::L2);
     }
 }
 

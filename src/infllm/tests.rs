@@ -1068,8 +1068,10 @@ fn bf16_panels_equal_their_decoded_keys() {
 /// float32, bfloat16 and float16 keys, fp8 with and without scales, float32
 /// with scales; groups of 1, 2, 16 and 40 (two chunks of heads); `d` of 1,
 /// 13 and 24 (tails off every vector); sequences of no key, one key, and
-/// key counts off every tile and step; one to five queries; both poolings
-/// and both keeps; tied keys, NaN and ±inf in the queries and the keys.
+/// key counts off every tile and step; one to sixteen queries (the
+/// several-query path: query counts off the chunks' lanes, a query that sees
+/// no key, queries seeing different key counts); both poolings and both
+/// keeps; tied keys, NaN and ±inf in the queries and the keys.
 #[test]
 fn dense_in_place_equals_packed_at_every_level() {
     use super::api::{select_at, FORCE_IN_PLACE};
@@ -1122,6 +1124,16 @@ fn dense_in_place_equals_packed_at_every_level() {
                 (300, 3),
                 (1000, 1),
                 (1700, 5),
+                // Several queries (a speculative decode's): counts off the
+                // chunks' 32 lanes and off the steps of 96 keys, a query
+                // that sees no key (34 tokens, 4 queries), queries that
+                // see different key counts.
+                (34, 4),
+                (700, 2),
+                (1580, 7),
+                (1551, 8),
+                (2000, 9),
+                (3100, 16),
             ] {
                 let n_c = compressed_len(seq_len);
                 let mut q = random(n_q * hq * d, next());
@@ -1245,7 +1257,7 @@ fn dense_in_place_equals_packed_at_every_level() {
             }
         }
     }
-    assert!(checked >= 6 * 5 * 6 * 4, "{checked} calls checked");
+    assert!(checked >= 6 * 5 * 12 * 4, "{checked} calls checked");
 }
 
 /// Not a check: the measurement behind `api::in_place` (docs/infllm.md,
@@ -1314,6 +1326,92 @@ fn in_place_threshold_probe() {
                 }
                 println!("{line}");
             }
+        }
+    }
+}
+
+/// Not a check: the several-query in-place path
+/// (`paged::dense_group_sums_queries`, the keys read once) against each
+/// query on its own (`paged::dense_group_sums`, the keys read a query), on
+/// one KV head of MiniCPM4-like keys (`d = 128`, 2 KV heads, 131,072
+/// tokens); prints both medians in ms. Run one thread:
+/// `RAYON_NUM_THREADS=1 cargo test --release --lib several_queries_probe
+/// -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn several_queries_probe() {
+    use super::paged::{dense_group_sums, dense_group_sums_queries, Dense, Row};
+    let (d, n_kv, seq_len) = (128usize, 2usize, 131_072usize);
+    let n_c = compressed_len(seq_len);
+    let vals = random(n_c * n_kv * d, 3);
+    let bf: Vec<u16> = vals.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+    let fp8: Vec<u8> = vals
+        .iter()
+        .map(|x| ((x.to_bits() >> 24) as u8) & 0xbf)
+        .collect();
+    let scales: Vec<f32> = random(n_c, 4).iter().map(|x| x.abs() + 0.01).collect();
+    for heads in [16usize, 2] {
+        for kind in ["f32", "bf16", "fp8s"] {
+            let keys = match kind {
+                "f32" => Dense {
+                    ck: Encoded::F32(&vals),
+                    scales: None,
+                    row: n_kv * d,
+                },
+                "bf16" => Dense {
+                    ck: Encoded::Bf16(&bf),
+                    scales: None,
+                    row: n_kv * d,
+                },
+                _ => Dense {
+                    ck: Encoded::Fp8E4m3(&fp8),
+                    scales: Some(&scales[..]),
+                    row: n_kv * d,
+                },
+            };
+            let mut line = format!("group {heads} {kind}:");
+            for n_q in [1usize, 2, 4, 8, 16] {
+                let q = random(n_q * heads * d, 7);
+                let q0s: Vec<usize> = (0..n_q).map(|i| i * heads * d).collect();
+                let n_vis = vec![n_c; n_q];
+                let mut out = vec![0.0f32; n_q * n_c];
+                let mut t = [Vec::new(), Vec::new()];
+                for _ in 0..7 {
+                    let t0 = std::time::Instant::now();
+                    for &q0 in &q0s {
+                        let row = Row {
+                            s: 0,
+                            g: 0,
+                            q0,
+                            heads,
+                            d,
+                        };
+                        dense_group_sums(Isa::best(), &q, keys, row, n_c, 0.1, |s| s[0]);
+                    }
+                    t[0].push(t0.elapsed().as_secs_f64() * 1e3);
+                    let t0 = std::time::Instant::now();
+                    dense_group_sums_queries(
+                        Isa::best(),
+                        &q,
+                        keys,
+                        0,
+                        &q0s,
+                        heads,
+                        d,
+                        &n_vis,
+                        0.1,
+                        &mut out,
+                        n_c,
+                    );
+                    t[1].push(t0.elapsed().as_secs_f64() * 1e3);
+                }
+                for v in t.iter_mut() {
+                    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                }
+                let (a, b) = (t[0][3], t[1][3]);
+                line += &format!(" q{n_q} {a:.2}/{b:.2}={:.2}", b / a);
+            }
+            println!("{line}");
         }
     }
 }
