@@ -902,10 +902,10 @@ fn fused_heads_in_lanes_equal_the_packed_form_a_query_at_a_time() {
 
 /// Stage 1 on keys packed in panels (`panels::group_sums`) equals the
 /// packed form (`score::group_sums`) bit for bit at every level: groups of
-/// 1, 3, 8, 16 and 33 (the tiles' 2, 3, 4 or 8 heads and their
+/// 1, 2, 3, 5, 8, 16, 18 and 33 (the tiles' 2, 3, 4 or 8 heads and their
 /// remainders); `d` off 8, 1, and of every remainder by 4 (the tiles take
 /// four elements a trip, then the rest one at a time); key counts under
-/// one vector, off 8, a
+/// one vector, off 8 by every remainder, a
 /// panel's last 1, 2 and 3 vectors, several panels, and
 /// fewer than the panels hold (`n_vis < n`: the last vector's real keys
 /// past `n_vis` masked); logits that overflow to `±inf`, a NaN key, and
@@ -923,9 +923,14 @@ fn panels_equal_the_packed_form_at_every_level() {
             .collect::<Vec<_>>()
     };
     let mut seed = 700;
-    for &heads in &[1usize, 3, 8, 16, 33] {
+    for &heads in &[1usize, 2, 3, 5, 8, 16, 18, 33] {
         for &(d, n_vis, n_c) in &[
             (1usize, 1usize, 1usize),
+            (5, 2, 9),
+            (9, 3, 3),
+            (11, 12, 20),
+            (4, 18, 19),
+            (128, 66, 128),
             (2, 3, 9),
             (3, 9, 9),
             (6, 13, 20),

@@ -1,7 +1,7 @@
 //! The checked entry points: compressed keys, block scores and rows of the
 //! queries at the end of one sequence, and of a packed batch of sequences.
 
-use super::{block_scores, row, Config, Window};
+use super::{block_scores, row, row2, Config, Window};
 use crate::error::{check_len, checked_size, ArgumentError};
 use crate::infllm::heads::{self, in_lanes, Rows};
 use crate::infllm::panels::{self, Panels};
@@ -500,7 +500,7 @@ fn run<T: Send>(
     (cfg, window): (&Config, Window),
     out: &mut [T],
     width: usize,
-    f: impl Fn(&mut [T], &[f32], &mut Vec<u64>) + Sync + Send,
+    f: impl RowOut<T>,
 ) {
     let geo = window.geometry(cfg.block_size);
     let n_c = geo.compressed_len(sh.seq_len);
@@ -611,7 +611,7 @@ fn run_fused<T: Send>(
     (cfg, window): (&Config, Window),
     out: &mut [T],
     width: usize,
-    f: impl Fn(&mut [T], &[f32], &mut Vec<u64>) + Sync + Send,
+    f: impl RowOut<T>,
 ) {
     let (d, g_heads, n_kv) = (sh.d, sh.group(), sh.n_kv);
     let geo = window.geometry(cfg.block_size);
@@ -759,7 +759,7 @@ fn run_fused<T: Send>(
                 let i = u.i0 + s;
                 block_scores(cfg, window, &sums[s * n_max..][..n], sh.pos(i), blocks);
                 let r = i * n_kv + u.g;
-                f(&mut out[r * width..(r + 1) * width], blocks, ids);
+                f.one(&mut out[r * width..(r + 1) * width], blocks, ids);
             }
         }
     });
@@ -805,6 +805,9 @@ struct RowScratch {
 
 thread_local! {
     static ROW_SCRATCH: std::cell::RefCell<RowScratch> = std::cell::RefCell::default();
+    /// The first row's block scores of a pair [`stage`] hands to
+    /// [`RowOut::two`] (the second's are [`RowScratch`]'s).
+    static PAIR_BLOCKS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The calling thread's packed-key buffers, kept between calls up to
     /// [`PACKED_KEEP`] floats: a decode call on 131,072 tokens packs 4 MiB,
     /// and a fresh buffer each call cost a third of the call in page faults
@@ -837,7 +840,7 @@ const PACKED_KEEP: usize = 1 << 24;
 /// `q` and the settings, so a call on an engine's cached compressed keys
 /// equals one that compressed the same keys itself.
 #[allow(clippy::too_many_arguments)]
-fn stage<T: Send>(
+fn stage<T: Send, F: RowOut<T>>(
     isa: Isa,
     sh: &Shape,
     q: Encoded<'_>,
@@ -846,7 +849,7 @@ fn stage<T: Send>(
     (cfg, window): (&Config, Window),
     out: &mut [T],
     width: usize,
-    f: impl Fn(&mut [T], &[f32], &mut Vec<u64>) + Sync + Send,
+    f: F,
 ) {
     let (d, g_heads) = (sh.d, sh.group());
     let geo = window.geometry(cfg.block_size);
@@ -978,7 +981,7 @@ fn stage<T: Send>(
     crate::pool::for_each_row_mut(head, unit, crate::pool::min_rows(work * fused), |u, o| {
         let mut put = |s: usize, g: usize, blocks: &[f32], ids: &mut Vec<u64>| {
             let r = s * sh.n_kv + g;
-            f(&mut o[r * width..(r + 1) * width], blocks, ids);
+            f.one(&mut o[r * width..(r + 1) * width], blocks, ids);
         };
         let i0 = u * fused;
         let done = one_pass
@@ -992,10 +995,31 @@ fn stage<T: Send>(
             }
         }
     });
-    crate::pool::for_each_row_mut(tail, width, crate::pool::min_rows(work), |r, o| {
-        let r = r + whole * sh.n_kv;
+    // The other rows one at a time, or two at a time where `f` pairs them
+    // (their top-k searches side by side): rows `2 p` and `2 p + 1` of the
+    // tail, an odd last row alone.
+    let pairs = if F::PAIRS { tail.len() / width / 2 } else { 0 };
+    let (two, one) = tail.split_at_mut(pairs * 2 * width);
+    let min_pairs = crate::pool::min_rows(work * 2);
+    crate::pool::for_each_row_mut(two, 2 * width, min_pairs, |p, o| {
+        let (oa, ob) = o.split_at_mut(width);
+        let r = 2 * p + whole * sh.n_kv;
+        PAIR_BLOCKS.with_borrow_mut(|first| {
+            let (i, g) = (r / sh.n_kv, r % sh.n_kv);
+            rows_of(g, i, 1, &mut |_, blocks, _| {
+                first.clear();
+                first.extend_from_slice(blocks);
+            });
+            let (i, g) = ((r + 1) / sh.n_kv, (r + 1) % sh.n_kv);
+            rows_of(g, i, 1, &mut |_, blocks, ids| {
+                f.two([&mut *oa, &mut *ob], [first, blocks], ids)
+            });
+        });
+    });
+    crate::pool::for_each_row_mut(one, width, crate::pool::min_rows(work), |r, o| {
+        let r = r + whole * sh.n_kv + 2 * pairs;
         let (i, g) = (r / sh.n_kv, r % sh.n_kv);
-        rows_of(g, i, 1, &mut |_, blocks, ids| f(o, blocks, ids));
+        rows_of(g, i, 1, &mut |_, blocks, ids| f.one(o, blocks, ids));
     });
     bufs.extend(packed.into_iter().map(|p| p.keys));
     bufs.extend(kv_panels.into_iter().map(Panels::into_buf));
@@ -1284,7 +1308,7 @@ pub(super) fn select_window_at(
         checked_size("out", &[sh.n_q, sh.n_kv, w])?,
         || format!("[n_q={}, n_kv_heads={}, block_counts={w}]", sh.n_q, sh.n_kv),
     )?;
-    run(isa, &sh, q, k, k_scale, (cfg, window), out, w, select_row);
+    run(isa, &sh, q, k, k_scale, (cfg, window), out, w, SelectRows);
     Ok(())
 }
 
@@ -1298,6 +1322,43 @@ pub(super) fn score_row(o: &mut [f32], blocks: &[f32], _: &mut Vec<u64>) {
 /// A selection row from its block scores.
 pub(super) fn select_row(o: &mut [i32], blocks: &[f32], ids: &mut Vec<u64>) {
     row(blocks, ids, o);
+}
+
+/// What [`run`] and [`stage`] write for a row: `one(row, block_scores,
+/// ids)` (`ids` the top-k's scratch); [`RowOut::PAIRS`] asks [`stage`]'s
+/// prefill path to hand rows two at a time to [`RowOut::two`] (the same
+/// outputs as two calls of `one`, by its contract).
+pub(super) trait RowOut<T>: Sync + Send {
+    /// Whether [`RowOut::two`] gains on two calls of [`RowOut::one`].
+    const PAIRS: bool = false;
+    /// A row from its block scores.
+    fn one(&self, o: &mut [T], blocks: &[f32], ids: &mut Vec<u64>);
+    /// Two rows, the outputs of `one` on each.
+    fn two(&self, [oa, ob]: [&mut [T]; 2], [a, b]: [&[f32]; 2], ids: &mut Vec<u64>) {
+        self.one(oa, a, ids);
+        self.one(ob, b, ids);
+    }
+}
+
+impl<T, F: Fn(&mut [T], &[f32], &mut Vec<u64>) + Sync + Send> RowOut<T> for F {
+    fn one(&self, o: &mut [T], blocks: &[f32], ids: &mut Vec<u64>) {
+        self(o, blocks, ids)
+    }
+}
+
+/// [`select_row`], two rows' top-k searches side by side where [`stage`]
+/// hands rows in pairs ([`row2`]: the same ids).
+#[derive(Clone, Copy)]
+pub(super) struct SelectRows;
+
+impl RowOut<i32> for SelectRows {
+    const PAIRS: bool = true;
+    fn one(&self, o: &mut [i32], blocks: &[f32], ids: &mut Vec<u64>) {
+        row(blocks, ids, o);
+    }
+    fn two(&self, o: [&mut [i32]; 2], blocks: [&[f32]; 2], ids: &mut Vec<u64>) {
+        row2(blocks, ids, o);
+    }
 }
 
 pub(super) fn check_out(
@@ -1394,7 +1455,7 @@ fn run_packed<T: Send>(
     cfg: &Config,
     out: &mut [T],
     width: usize,
-    f: impl Fn(&mut [T], &[f32], &mut Vec<u64>) + Sync + Send + Copy,
+    f: impl RowOut<T> + Copy,
 ) {
     for (sh, q0, k0) in seqs.iter().filter(|s| s.0.n_q > 0) {
         let (qr, kr) = (sh.hq * sh.d, sh.n_kv * sh.d);
@@ -1509,7 +1570,7 @@ pub(super) fn select_packed_at(
         checked_size("out", &[n_q, n_kv_heads, w])?,
         || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, block_counts={w}]"),
     )?;
-    run_packed(isa, &seqs, q, k, k_scale, cfg, out, w, select_row);
+    run_packed(isa, &seqs, q, k, k_scale, cfg, out, w, SelectRows);
     Ok(())
 }
 
@@ -1736,7 +1797,7 @@ pub(super) fn select_compressed_at(
             (cfg, window),
             out,
             w,
-            select_row,
+            SelectRows,
         );
     } else {
         with_compressed(ck, ck_scale, heads.n_kv_heads * heads.d, |ckv| {
@@ -1749,7 +1810,7 @@ pub(super) fn select_compressed_at(
                 (cfg, window),
                 out,
                 w,
-                select_row,
+                SelectRows,
             )
         });
     }

@@ -392,6 +392,20 @@ pub(crate) fn row(scores: &[f32], keys: &mut Vec<u64>, out: &mut [i32]) {
     }
 }
 
+/// [`row`] of two rows (`scores[r]` into `out[r]`): the same ids as two
+/// calls. Where both rows take the counting kernel, their searches run
+/// side by side ([`top::top2`]: a prefill's rows, each search alone waiting
+/// on its counts' latency); otherwise a row at a time.
+pub(crate) fn row2(scores: [&[f32]; 2], keys: &mut Vec<u64>, out: [&mut [i32]; 2]) {
+    let counted = |s: &[f32], o: &[i32]| s.len() <= ROW_SELECT_MAX || o.len() > ROW_SCAN_MAX;
+    let [oa, ob] = out;
+    if counted(scores[0], oa) && counted(scores[1], ob) {
+        return top::top2(crate::simd::Isa::best(), scores, keys, [oa, ob]);
+    }
+    row(scores[0], keys, oa);
+    row(scores[1], keys, ob);
+}
+
 /// Block `b`'s key in the total order (score descending, `+inf` first, NaN
 /// after every number, ties to the lower id), `−inf` (no candidate) below
 /// them all: larger keys come first. The high 32 bits are the score's bits

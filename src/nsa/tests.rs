@@ -1547,3 +1547,50 @@ fn fused_decode_equals_compress_then_stage_at_every_level() {
     }
     assert_eq!(fused_cases, 8 * isas_for_test().len());
 }
+
+/// A call's rows, handed to the top-k two at a time (`stage`'s rows
+/// after any fused units, `row2`), are each row's `row` of its block
+/// scores, at every level: rows in pairs of one query's KV heads and
+/// across queries (one or three KV heads: pairs of rows that end at
+/// different blocks, an odd last row), the panels' prefill path and the
+/// packed one (fewer queries), `k` above and below a row's candidates, and
+/// a query of NaN (its rows' scores NaN).
+#[test]
+fn rows_in_pairs_are_each_row_alone_at_every_level() {
+    let mut seed = 45u64;
+    for &(hq, n_kv, d, seq, n_q, bs) in &[
+        (48usize, 3usize, 16usize, 700usize, 65usize, 16usize),
+        (16, 1, 8, 130, 130, 8),
+        (8, 4, 8, 97, 97, 8),
+        (2, 2, 8, 50, 7, 8),
+        (3, 3, 4, 41, 41, 4),
+    ] {
+        let mut q = rand(&mut seed, n_q * hq * d);
+        q[(n_q / 2) * hq * d] = f32::NAN;
+        let k = rand(&mut seed, seq * n_kv * d);
+        for counts in [5, 16] {
+            let c = Config {
+                scale: 0.3,
+                ..cfg(bs, counts)
+            };
+            let nb = c.n_blocks(seq);
+            let rows = n_q * n_kv;
+            for isa in isas_for_test() {
+                let mut s = vec![0.0f32; rows * nb];
+                let (qe, ke) = (Encoded::F32(&q), Encoded::F32(&k));
+                block_scores_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut s).unwrap();
+                let mut r = vec![0i32; rows * counts];
+                select_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut r).unwrap();
+                let mut ids = Vec::new();
+                for (i, (got, sc)) in r.chunks(counts).zip(s.chunks(nb)).enumerate() {
+                    let mut want = vec![7i32; counts];
+                    row(sc, &mut ids, &mut want);
+                    assert_eq!(got, want, "{isa:?} hq={hq} n_kv={n_kv} n_q={n_q} row {i}");
+                }
+                // The NaN query's rows: NaN scores, still rows.
+                let nan = &s[(n_q / 2) * n_kv * nb..][..nb];
+                assert!(nan.iter().any(|x| x.is_nan()), "{isa:?}");
+            }
+        }
+    }
+}

@@ -32,10 +32,24 @@
 //! and a full sort, on rows of ties, NaN, `±inf`, `±0` and every tail
 //! length.
 //!
+//! # Two rows at once
+//!
+//! A row's search is a chain of passes, each waiting on the last one's
+//! counts (a few vectors, then their lanes' sum and a compare): alone it
+//! leaves the vector units idle. [`top2`] (`nsa.top2`, NSA's prefill rows
+//! two at a time from `stage`) counts two rows' keys in one loop, each
+//! row with its own `k`, value and end: a row whose count hit exactly its
+//! `k` keeps its value while the other's search goes on, and the loop
+//! ends when both have. The shorter row's keys past its end are
+//! `i32::MIN`, which no searched value (above `i32::MIN`) counts, so each
+//! row's counts, and then its ids, are those of [`top`] on it alone
+//! (`two_rows_are_each_row_alone_at_every_level`).
+//!
 //! What would break it: a key that orders two scores as the total order
 //! does not (`−0` below `+0`, a NaN above a number, the key of `−inf` or
 //! NaN shared with a number's), the ties at `t` taken other than by id,
-//! or an unsigned compare on the signed keys.
+//! or an unsigned compare on the signed keys; in [`top2`], a row's value
+//! changed after its search ended, or a padding key a search can count.
 
 use crate::simd::{dispatch, Isa};
 
@@ -69,6 +83,43 @@ pub(super) fn top(isa: Isa, scores: &[f32], scratch: &mut Vec<u64>, out: &mut [i
         avx512 => avx2,
         avx2(t) => avx2::top(t, scores, keys, out),
         scalar => portable::top(scores, keys, out),
+    })
+}
+
+/// [`top`] of two rows (`scores[r]` into `out[r]`), the same ids as two
+/// calls: the AVX2 kernel runs the two rows' searches side by side (a row's
+/// search alone waits on its counts' latency), the portable one is two
+/// calls.
+///
+/// # Panics
+/// As [`top`].
+pub(super) fn top2(isa: Isa, scores: [&[f32]; 2], scratch: &mut Vec<u64>, out: [&mut [i32]; 2]) {
+    let [oa, ob] = out;
+    if oa.is_empty() || ob.is_empty() {
+        top(isa, scores[0], scratch, oa);
+        return top(isa, scores[1], scratch, ob);
+    }
+    oa.fill(-1);
+    ob.fill(-1);
+    let w = scores[0].len().max(scores[1].len());
+    assert!(w < i32::MAX as usize, "block ids fit an i32");
+    // Two rows of keys, each the longer row rounded up to 8 (`u64`
+    // scratch holds two a slot).
+    let len = w.next_multiple_of(8);
+    if scratch.len() < len {
+        scratch.resize(len, 0);
+    }
+    let keys: &mut [i32] = bytemuck::cast_slice_mut(&mut scratch[..len]);
+    // SAFETY (bounds): `keys` holds `2 · round_up(w, 8)` (the kernel reads
+    // and writes each row's whole vectors within its half); `out` is
+    // written through its slices.
+    dispatch!("nsa.top2", isa, {
+        avx512 => avx2,
+        avx2(t) => avx2::top2(t, scores, keys, [oa, ob]),
+        scalar => {
+            portable::top(scores[0], keys, oa);
+            portable::top(scores[1], keys, ob)
+        },
     })
 }
 
@@ -199,6 +250,92 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn top(_token: Avx2, scores: &[f32], keys: &mut [i32], out: &mut [i32]) {
         let k = out.len();
+        // SAFETY: `keys` holds `scores.len()` rounded up to 8 (the contract).
+        let (end, m) = unsafe { prep(scores, keys) };
+        if end == 0 {
+            return;
+        }
+        let nv = end.div_ceil(8);
+        let (t, exact) = if m <= k {
+            (CANDIDATE, true)
+        } else {
+            // SAFETY: `nv` vectors at `keys` (written by `prep`); more
+            // than `k` candidates.
+            unsafe { kth(keys.as_ptr(), nv, k) }
+        };
+        // SAFETY: as above.
+        unsafe { finish(keys, end, t, exact, out) }
+    }
+
+    /// [`super::top2`]: each row's keys, then both rows' searches side by
+    /// side (their counts in one loop: each search alone waits on its
+    /// counts' latency), then each row's ids, as [`top`] writes them.
+    ///
+    /// # Safety
+    /// `_token` proves AVX2; `keys` holds twice the longer row's length
+    /// rounded up to 8.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn top2(
+        _token: Avx2,
+        [a, b]: [&[f32]; 2],
+        keys: &mut [i32],
+        [oa, ob]: [&mut [i32]; 2],
+    ) {
+        let w = a.len().max(b.len()).next_multiple_of(8);
+        let (ka, kb) = keys[..2 * w].split_at_mut(w);
+        // SAFETY: `ka` and `kb` hold `w`, each row's length rounded up to 8
+        // or more.
+        let ((ea, ma), (eb, mb)) = unsafe { (prep(a, ka), prep(b, kb)) };
+        let (nva, nvb) = (ea.div_ceil(8), eb.div_ceil(8));
+        let (sa, sb) = (ea > 0 && ma > oa.len(), eb > 0 && mb > ob.len());
+        let (ta, tb) = if sa && sb {
+            // Both rows searched together over the longer one's vectors:
+            // the shorter one's past its own end `i32::MIN` (no candidate:
+            // never at or above a searched value).
+            let nv = nva.max(nvb);
+            ka[nva * 8..nv * 8].fill(i32::MIN);
+            kb[nvb * 8..nv * 8].fill(i32::MIN);
+            // SAFETY: `nv` vectors at each (`nv · 8 <= w`), more than
+            // each row's `k` candidates in each.
+            let [ta, tb] = unsafe { kth2([ka.as_ptr(), kb.as_ptr()], nv, [oa.len(), ob.len()]) };
+            (ta, tb)
+        } else {
+            let ta = if sa {
+                // SAFETY: `nva` vectors written by `prep`, more than `k`
+                // candidates.
+                unsafe { kth(ka.as_ptr(), nva, oa.len()) }
+            } else {
+                (CANDIDATE, true)
+            };
+            let tb = if sb {
+                // SAFETY: as above, row `b`.
+                unsafe { kth(kb.as_ptr(), nvb, ob.len()) }
+            } else {
+                (CANDIDATE, true)
+            };
+            (ta, tb)
+        };
+        // SAFETY: each row's keys as `prep` wrote them to its `end` (a
+        // padding past it is read by no `finish`).
+        unsafe {
+            if ea > 0 {
+                finish(ka, ea, ta.0, ta.1, oa);
+            }
+            if eb > 0 {
+                finish(kb, eb, tb.0, tb.1, ob);
+            }
+        }
+    }
+
+    /// A row's keys: `end` (one past its last candidate, 0 when none) and
+    /// its candidates' count `m`, the keys of vectors `0..end.div_ceil(8)`
+    /// written to `keys` (the last vector's lanes past `end` `i32::MIN`).
+    ///
+    /// # Safety
+    /// AVX2; `keys` holds `scores.len()` rounded up to 8.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn prep(scores: &[f32], keys: &mut [i32]) -> (usize, usize) {
         let n = scores.len();
         let sp = scores.as_ptr();
         let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
@@ -226,7 +363,7 @@ mod avx2 {
             }
         }
         if end == 0 {
-            return;
+            return (0, 0);
         }
         let nv = end.div_ceil(8);
         assert!(keys.len() >= nv * 8, "keys for whole vectors");
@@ -255,15 +392,23 @@ mod avx2 {
             // SAFETY: vector `v < nv` of `keys`.
             unsafe { _mm256_storeu_si256(kp.add(v * 8).cast(), key) };
         }
-        let m = hsum(m);
-        let (t, exact) = if m <= k {
-            (CANDIDATE, true)
-        } else {
-            // SAFETY: `nv` vectors at `kp`; more than `k` candidates.
-            unsafe { kth(kp, nv, k) }
-        };
+        (end, hsum(m))
+    }
+
+    /// A row's ids from its keys (vectors `0..end.div_ceil(8)`, as
+    /// [`prep`] wrote them) and its `k`-th key `t` (`exact`: the blocks at
+    /// or above `t` are the row).
+    ///
+    /// # Safety
+    /// AVX2; `end >= 1`; `keys` holds `end` rounded up to 8.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn finish(keys: &mut [i32], end: usize, t: i32, exact: bool, out: &mut [i32]) {
+        let nv = end.div_ceil(8);
+        assert!(keys.len() >= nv * 8, "keys for whole vectors");
+        let kp = keys.as_mut_ptr();
         if !exact {
-            // SAFETY: as above.
+            // SAFETY: `nv` vectors at `kp`.
             let above = unsafe { count_ge(kp, nv, t.wrapping_add(1)) };
             return ties(keys, end, t, above, out);
         }
@@ -336,6 +481,57 @@ mod avx2 {
         (key(t), false)
     }
 
+    /// [`kth`] of two rows side by side (each its own `k` and state, as
+    /// [`kth`] alone: a row's bits stop at its count of exactly `k`, the
+    /// other's search going on), their counts in one loop.
+    ///
+    /// # Safety
+    /// AVX2; `nv` vectors of 8 keys at each of `kp`, more than that row's
+    /// `k` of them candidates.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn kth2(kp: [*const i32; 2], nv: usize, k: [usize; 2]) -> [(i32, bool); 2] {
+        let key = |t: u32| (t ^ 0x8000_0000) as i32;
+        let mut t = [0u32; 2];
+        let mut done = [false; 2];
+        for s in (0..32).step_by(2).rev() {
+            // `x >= v` as `x > v − 1`, as in [`kth`].
+            let at = |r: usize, j: u32| _mm256_set1_epi32(key(t[r] | (j << s)).wrapping_sub(1));
+            let v = [
+                [at(0, 1), at(0, 2), at(0, 3)],
+                [at(1, 1), at(1, 2), at(1, 3)],
+            ];
+            let mut a = [[_mm256_setzero_si256(); 3]; 2];
+            for i in 0..nv {
+                for r in 0..2 {
+                    // SAFETY: vector `i < nv` of row `r`.
+                    let x = unsafe { _mm256_loadu_si256(kp[r].add(i * 8).cast()) };
+                    for j in 0..3 {
+                        a[r][j] = _mm256_sub_epi32(a[r][j], _mm256_cmpgt_epi32(x, v[r][j]));
+                    }
+                }
+            }
+            for r in 0..2 {
+                let [a1, a2, a3] = a[r];
+                let h = _mm256_hadd_epi32(_mm256_hadd_epi32(a1, a2), _mm256_hadd_epi32(a3, a3));
+                let c = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                let kv = _mm_set1_epi32(k[r] as i32);
+                let ge = _mm_cmpgt_epi32(c, _mm_sub_epi32(kv, _mm_set1_epi32(1)));
+                let ge = _mm_movemask_ps(_mm_castsi128_ps(ge)) & 0b111;
+                let eq = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(c, kv))) & 0b111;
+                // A row whose search ended keeps its value.
+                if !done[r] {
+                    t[r] |= ge.count_ones() << s;
+                    done[r] = eq != 0;
+                }
+            }
+            if done[0] && done[1] {
+                break;
+            }
+        }
+        [(key(t[0]), done[0]), (key(t[1]), done[1])]
+    }
+
     /// [`super::key`] of eight scores.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
@@ -389,12 +585,16 @@ mod avx2 {
     }
 }
 
-/// Runs `nsa.top` once at `isa` (the reach test's probe).
+/// Runs `nsa.top` and `nsa.top2` once at `isa` (the reach test's probe).
 #[cfg(test)]
 pub(super) fn probe(isa: Isa) {
     let mut out = [0i32; 2];
     top(isa, &[0.5, 2.0, f32::NAN, 1.0], &mut Vec::new(), &mut out);
     assert_eq!(out, [1, 3]);
+    let (mut a, mut b) = ([0i32; 2], [0i32; 1]);
+    let s = [0.5, 2.0, f32::NAN, 1.0];
+    top2(isa, [&s, &s[2..]], &mut Vec::new(), [&mut a, &mut b]);
+    assert_eq!((a, b), ([1, 3], [1]));
 }
 
 #[cfg(test)]
@@ -556,6 +756,136 @@ mod tests {
                 assert_eq!(got, want, "{isa:?} k={k}");
             }
         }
+    }
+
+    /// Two rows at once ([`top2`]) are each row alone ([`top`]) at every
+    /// level: rows of 0 to 140 blocks against each other (the two of a pair
+    /// of different lengths, either the longer; a row with no candidate;
+    /// every tail length against 8), ties, NaN, `±inf`, `±0`, trailing
+    /// `−inf` runs, each row its own `k` (at most, exactly and past its
+    /// candidates: one row searched and the other not), and a scratch left
+    /// by a longer pair.
+    #[test]
+    fn two_rows_are_each_row_alone_at_every_level() {
+        let mut seed = 47u64;
+        let mut scratch = vec![u64::MAX; 300];
+        let lens: Vec<usize> = (0..=140).filter(|n| *n <= 20 || n % 9 < 2).collect();
+        // Pairs whose rows are both searched and end in different vectors.
+        let mut both = 0;
+        let ea = |r: &[f32]| {
+            let e = r.iter().rposition(|&x| x != f32::NEG_INFINITY);
+            e.map_or(0, |e| e / 8 + 1)
+        };
+        for (i, &na) in lens.iter().enumerate() {
+            for &nb in lens.iter().skip(i % 3).step_by(3) {
+                let values = [3u64, 40, 1 << 20][(na + nb) % 3];
+                let mut a = row_of(&mut seed, na, values);
+                let mut b = row_of(&mut seed, nb, values);
+                // Trailing `−inf` of some length (a prefill row's shape).
+                let (ta, tb) = ((na * 7 + 3) % (na / 2 + 1), (nb * 5) % (nb / 3 + 1));
+                a[na - ta..].fill(f32::NEG_INFINITY);
+                b[nb - tb..].fill(f32::NEG_INFINITY);
+                let cands = |r: &[f32]| r.iter().filter(|&&x| x != f32::NEG_INFINITY).count();
+                let (ma, mb) = (cands(&a), cands(&b));
+                for (ka, kb) in [
+                    (16, 16),
+                    (1, 3),
+                    (ma.max(1), mb.saturating_sub(1).max(1)),
+                    (ma + 1, 2),
+                    (5, mb + 2),
+                ] {
+                    for isa in isas_for_test() {
+                        let (mut wa, mut wb) = (vec![7i32; ka], vec![7i32; kb]);
+                        top(isa, &a, &mut Vec::new(), &mut wa);
+                        top(isa, &b, &mut Vec::new(), &mut wb);
+                        let (mut ga, mut gb) = (vec![7i32; ka], vec![7i32; kb]);
+                        top2(isa, [&a, &b], &mut scratch, [&mut ga, &mut gb]);
+                        assert_eq!((&ga, &gb), (&wa, &wb), "{isa:?} {na} {nb} {ka} {kb}");
+                        assert_eq!(wa, by_selection(&a, ka), "{isa:?} {na} {ka}");
+                    }
+                    both += usize::from(ka < ma && kb < mb && ea(&a) != ea(&b));
+                }
+            }
+        }
+        assert!(both > 500, "{both} pairs searched side by side");
+        // Rows of one value (every key tied) and of NaN alone, side by side.
+        for isa in isas_for_test() {
+            for n in [1, 8, 9, 64, 129] {
+                let (a, b) = (vec![f32::NAN; n], vec![-0.0f32; n + 3]);
+                let (mut ga, mut gb) = (vec![7i32; 3], vec![7i32; 5]);
+                top2(isa, [&a, &b], &mut scratch, [&mut ga, &mut gb]);
+                let want = |k: usize, n: usize| {
+                    let mut w: Vec<i32> = (0..k.min(n) as i32).collect();
+                    w.resize(k, -1);
+                    w
+                };
+                assert_eq!((ga, gb), (want(3, n), want(5, n + 3)), "{isa:?} {n}");
+            }
+        }
+    }
+
+    /// [`super::super::row2`] is [`super::super::row`] of each row, on rows
+    /// the counting kernel takes and on longer ones (the long-row scan).
+    #[test]
+    fn row2_is_row_of_each() {
+        let mut seed = 48u64;
+        let mut ids = Vec::new();
+        for (na, nb) in [
+            (100, 90),
+            (ROW_SELECT_MAX, 3),
+            (ROW_SELECT_MAX + 1, 60),
+            (7, ROW_SELECT_MAX + 9),
+        ] {
+            let a = row_of(&mut seed, na, 50);
+            let b = row_of(&mut seed, nb, 50);
+            for (ka, kb) in [(16, 16), (ROW_SCAN_MAX + 1, 2)] {
+                let (mut ga, mut gb) = (vec![7i32; ka], vec![7i32; kb]);
+                super::super::row2([&a, &b], &mut ids, [&mut ga, &mut gb]);
+                assert_eq!(ga, by_selection(&a, ka), "{na} {ka}");
+                assert_eq!(gb, by_selection(&b, kb), "{nb} {kb}");
+            }
+        }
+    }
+
+    /// Timing, not a check (`cargo test --release --lib top2_timing --
+    /// --ignored --nocapture`): rows of a prefill (128 blocks, the first
+    /// 1 to 128 candidates, `k = 16`), two at a time against one at a time,
+    /// interleaved.
+    #[test]
+    #[ignore]
+    fn top2_timing() {
+        let mut seed = 49u64;
+        let rows: Vec<Vec<f32>> = (0..256)
+            .map(|i| {
+                let mut r = row_of(&mut seed, 128, 1 << 20);
+                r.iter_mut().for_each(|x| *x = x.abs().min(1e6));
+                r[i / 2 % 128 + 1..].fill(f32::NEG_INFINITY);
+                r
+            })
+            .collect();
+        let isa = Isa::best();
+        let mut scratch = Vec::new();
+        let (mut oa, mut ob) = (vec![0i32; 16], vec![0i32; 16]);
+        let mut t = [0f64; 2];
+        for rep in 0..400 {
+            for side in [rep % 2, 1 - rep % 2] {
+                let t0 = std::time::Instant::now();
+                for p in rows.chunks(2) {
+                    if side == 0 {
+                        top(isa, &p[0], &mut scratch, &mut oa);
+                        top(isa, &p[1], &mut scratch, &mut ob);
+                    } else {
+                        top2(isa, [&p[0], &p[1]], &mut scratch, [&mut oa, &mut ob]);
+                    }
+                }
+                t[side] += t0.elapsed().as_secs_f64();
+            }
+        }
+        println!(
+            "one at a time {:.1} ms, two {:.1} ms",
+            t[0] * 1e3,
+            t[1] * 1e3
+        );
     }
 
     /// [`super::super::row`] takes this kernel up to its selection's widths;
