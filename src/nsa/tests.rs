@@ -1578,9 +1578,14 @@ fn rows_in_pairs_are_each_row_alone_at_every_level() {
             for isa in isas_for_test() {
                 let mut s = vec![0.0f32; rows * nb];
                 let (qe, ke) = (Encoded::F32(&q), Encoded::F32(&k));
-                block_scores_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut s).unwrap();
+                let heads = Heads {
+                    n_q_heads: hq,
+                    n_kv_heads: n_kv,
+                    d,
+                };
+                block_scores_at(isa, qe, ke, None, heads, &c, &mut s).unwrap();
                 let mut r = vec![0i32; rows * counts];
-                select_at(isa, qe, hq, ke, None, n_kv, d, &c, &mut r).unwrap();
+                select_at(isa, qe, ke, None, heads, &c, &mut r).unwrap();
                 let mut ids = Vec::new();
                 for (i, (got, sc)) in r.chunks(counts).zip(s.chunks(nb)).enumerate() {
                     let mut want = vec![7i32; counts];
