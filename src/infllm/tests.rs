@@ -1420,3 +1420,78 @@ fn several_queries_probe() {
         }
     }
 }
+
+/// The several-query in-place path (`api::run_queries`) at groups whose
+/// heads straddle the vectors (3, 5, 6, 7: a vector holds the heads of two
+/// or three queries, a query's heads two vectors), 2 to 16 queries seeing
+/// one or two key counts or none, against the packed path, bit for bit.
+#[test]
+fn several_queries_of_odd_groups_equal_the_packed_form() {
+    use super::api::{select_at, FORCE_IN_PLACE};
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut seed = 301u64;
+    let mut checked = 0;
+    // MiniCPM4's geometry (a decode's queries see one or two key counts)
+    // and a key every 2 tokens (up to 9 counts among 16 queries).
+    let small = Geometry {
+        block_size: 8,
+        kernel_size: 4,
+        kernel_stride: 2,
+    };
+    for (geometry, group, n_kv, d) in [
+        (Geometry::MINICPM4, 3usize, 1usize, 5usize),
+        (Geometry::MINICPM4, 5, 2, 9),
+        (Geometry::MINICPM4, 6, 1, 16),
+        (Geometry::MINICPM4, 7, 3, 3),
+        (Geometry::MINICPM4, 3, 2, 8),
+        (small, 3, 1, 5),
+        (small, 1, 2, 8),
+        (small, 2, 1, 7),
+        (small, 5, 1, 4),
+    ] {
+        let hq = group * n_kv;
+        for &(seq_len, n_q) in &[
+            (34usize, 3usize),
+            (47, 2),
+            (63, 5),
+            (129, 16),
+            (200, 7),
+            (415, 11),
+            (1000, 9),
+            (40, 20),
+        ] {
+            seed += 1;
+            let n_c = geometry.compressed_len(seq_len);
+            let q = random(n_q * hq * d, seed);
+            let vals = random(n_c * n_kv * d, seed + 1000);
+            let heads = Heads {
+                n_q_heads: hq,
+                n_kv_heads: n_kv,
+                d,
+            };
+            let mut c = cfg(Pooling::Cuda, Keep::ThroughCurrent, 1, 2, 3);
+            c.scale = 0.3;
+            c.geometry = geometry;
+            let nb = geometry.n_blocks(seq_len);
+            for isa in isas_for_test() {
+                let mut s = [vec![0f32; n_q * n_kv * nb], vec![0f32; n_q * n_kv * nb]];
+                let mut r = [vec![0i32; n_q * n_kv * 3], vec![0i32; n_q * n_kv * 3]];
+                for (k, force) in [true, false].into_iter().enumerate() {
+                    FORCE_IN_PLACE.set(Some(force));
+                    let qe = Encoded::F32(&q);
+                    let ck = Encoded::F32(&vals);
+                    let a = block_scores_at(isa, qe, ck, None, heads, seq_len, &c, &mut s[k]);
+                    let b = select_at(isa, qe, ck, None, heads, seq_len, &c, &mut r[k]);
+                    FORCE_IN_PLACE.set(None);
+                    a.unwrap();
+                    b.unwrap();
+                }
+                let msg = format!("{geometry:?} group {group}, {n_kv} KV heads, d {d}, {seq_len} tokens, {n_q} queries, {isa:?}");
+                assert_eq!(bits(&s[0]), bits(&s[1]), "scores: {msg}");
+                assert_eq!(r[0], r[1], "rows: {msg}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 72, "{checked}");
+}
