@@ -102,7 +102,7 @@ pub(super) fn top2(isa: Isa, scores: [&[f32]; 2], scratch: &mut Vec<u64>, out: [
     oa.fill(-1);
     ob.fill(-1);
     let w = scores[0].len().max(scores[1].len());
-    assert!(w < i32::MAX as usize, "block ids fit an i32");
+    assert!(w <= i32::MAX as usize, "block ids fit an i32");
     // Two rows of keys, each the longer row rounded up to 8 (`u64`
     // scratch holds two a slot).
     let len = w.next_multiple_of(8);
