@@ -1599,3 +1599,50 @@ fn rows_in_pairs_are_each_row_alone_at_every_level() {
         }
     }
 }
+
+/// [`rows_in_pairs_are_each_row_alone_at_every_level`] under Eq. 9's
+/// window (compressed keys of 2 or 4 blocks' tokens every block): the
+/// paired rows of `stage` are each row's `row`.
+#[test]
+fn rows_in_pairs_under_eq9_windows_are_each_row_alone() {
+    use super::api::{block_scores_window_at, select_window_at};
+    let mut seed = 46u64;
+    for &(hq, n_kv, d, seq, n_q, bs, ks) in &[
+        (6usize, 3usize, 8usize, 301usize, 45usize, 8usize, 16usize),
+        (16, 1, 8, 130, 129, 8, 32),
+        (2, 1, 4, 77, 77, 4, 8),
+    ] {
+        let q = rand(&mut seed, n_q * hq * d);
+        let k = rand(&mut seed, seq * n_kv * d);
+        let window = Window::Eq9 {
+            kernel_size: ks,
+            kernel_stride: bs,
+        };
+        for counts in [3, 16] {
+            let c = Config {
+                scale: 0.3,
+                ..cfg(bs, counts)
+            };
+            let nb = c.n_blocks(seq);
+            let rows = n_q * n_kv;
+            let heads = Heads {
+                n_q_heads: hq,
+                n_kv_heads: n_kv,
+                d,
+            };
+            for isa in isas_for_test() {
+                let (qe, ke) = (Encoded::F32(&q), Encoded::F32(&k));
+                let mut s = vec![0.0f32; rows * nb];
+                block_scores_window_at(isa, qe, ke, None, heads, (&c, window), &mut s).unwrap();
+                let mut r = vec![0i32; rows * counts];
+                select_window_at(isa, qe, ke, None, heads, (&c, window), &mut r).unwrap();
+                let mut ids = Vec::new();
+                for (i, (got, sc)) in r.chunks(counts).zip(s.chunks(nb)).enumerate() {
+                    let mut want = vec![7i32; counts];
+                    row(sc, &mut ids, &mut want);
+                    assert_eq!(got, want, "{isa:?} hq={hq} n_kv={n_kv} n_q={n_q} row {i}");
+                }
+            }
+        }
+    }
+}
