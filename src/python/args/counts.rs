@@ -98,6 +98,64 @@ pub(in crate::python) fn non_negative(args: Domain, p: &[i64], name: &str) -> Py
         .collect()
 }
 
+/// A packed batch on given compressed keys (InfLLM-v2's varlen call; NSA's
+/// on the same arguments): each sequence's tokens (`seq_len`, one a
+/// sequence), its queries' and its compressed keys' boundaries
+/// (`cu_seqlens_q`, `cu_seqlens_k`), as the core's
+/// [`CompressedBatch`](crate::keys::CompressedBatch) names them.
+pub(in crate::python) struct CompressedSeqs {
+    pub(in crate::python) seq_lens: Vec<usize>,
+    cu_q: Vec<usize>,
+    cu_k: Vec<usize>,
+}
+
+impl CompressedSeqs {
+    /// The packed batch, if any: both boundaries or neither (the missing
+    /// one named), each sequence's length an int32 position (`seq_len`).
+    /// The core checks the rest (rising boundaries, the keys' count).
+    pub(in crate::python) fn read(
+        args: Domain,
+        seq_len: &Bound<'_, PyAny>,
+        (cu_seqlens_q, cu_seqlens_k): (Opt<'_, '_>, Opt<'_, '_>),
+    ) -> PyResult<Option<Self>> {
+        let batch = match (cu_seqlens_q, cu_seqlens_k) {
+            (None, None) => return Ok(None),
+            (Some(cq), Some(ck)) => Self {
+                seq_lens: positions(args, seq_len, "seq_len")?,
+                cu_q: positions(args, cq, "cu_seqlens_q")?,
+                cu_k: positions(args, ck, "cu_seqlens_k")?,
+            },
+            (None, Some(_)) => {
+                let msg = "a packed batch takes cu_seqlens_q with cu_seqlens_k";
+                return Err(refuse(args, "cu_seqlens_q", msg));
+            }
+            (Some(_), None) => {
+                let msg = "a packed batch takes cu_seqlens_k with cu_seqlens_q";
+                return Err(refuse(args, "cu_seqlens_k", msg));
+            }
+        };
+        let past = batch
+            .seq_lens
+            .iter()
+            .enumerate()
+            .find(|(_, &l)| l as u64 > I32_MAX);
+        if let Some((s, &l)) = past {
+            let msg = format!("seq_len[{s}] = {l} is past an int32 position");
+            return Err(refuse(args, "seq_len", msg));
+        }
+        Ok(Some(batch))
+    }
+
+    /// The batch as the core takes it.
+    pub(in crate::python) fn core(&self) -> crate::keys::CompressedBatch<'_> {
+        crate::keys::CompressedBatch {
+            seq_lens: &self.seq_lens,
+            cu_seqlens_q: &self.cu_q,
+            cu_seqlens_k: &self.cu_k,
+        }
+    }
+}
+
 /// [`positions`] whose one axis the other arguments fix: refused, naming
 /// both shapes, unless `obj` is exactly `[axis.0=axis.1]` (a `[1, n]`
 /// reshape is refused as such, not read as `[n]`).

@@ -56,7 +56,7 @@ mod strided;
 
 pub(super) use self::arrays::{convert, ndarray, ndarrays, In, InAnyRank};
 pub(super) use self::counts::{
-    positions, positions_along, query_positions, Broadcast, Queries, I32_MAX,
+    positions, positions_along, query_positions, Broadcast, CompressedSeqs, Queries, I32_MAX,
 };
 pub(super) use self::floats::Floats;
 pub(super) use self::formats::{element_name, format_of, is_native_order, EncodedIn};

@@ -13,20 +13,12 @@ use pyo3::prelude::*;
 use super::config::{config, Options};
 use crate::infllm::{self, CompressedBatch, Config, Heads, Keep, Pooling};
 use crate::python::args::{
-    detach, ndarrays, positions, AsFormatArg, EncodedIn, In, KeyFormat, Named, Obj, Opt, Out,
+    detach, ndarrays, AsFormatArg, CompressedSeqs, EncodedIn, In, KeyFormat, Named, Obj, Opt, Out,
     QueryFormat, I32, I32_MAX, S,
 };
 use crate::python::errors::refuse;
 
 type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
-
-/// A packed batch: each sequence's tokens, its queries' and its compressed
-/// keys' boundaries (the source's `cu_seqlens_q`, `cu_seqlens_k`).
-struct Batch {
-    seq_lens: Vec<usize>,
-    cu_q: Vec<usize>,
-    cu_k: Vec<usize>,
-}
 
 /// The arguments both entry points share, read and checked for shape.
 struct Call<'py> {
@@ -39,7 +31,7 @@ struct Call<'py> {
     d: usize,
     n_q: usize,
     seq_len: usize,
-    batch: Option<Batch>,
+    batch: Option<CompressedSeqs>,
     cfg: Config,
 }
 
@@ -54,36 +46,10 @@ fn call<'py>(
     formats: (Option<Named<QueryFormat>>, Option<Named<KeyFormat>>),
     (cu_seqlens_q, cu_seqlens_k): (Opt<'_, 'py>, Opt<'_, 'py>),
 ) -> PyResult<Call<'py>> {
-    let batch = match (cu_seqlens_q, cu_seqlens_k) {
-        (None, None) => None,
-        (Some(cq), Some(ckk)) => Some(Batch {
-            seq_lens: positions(S, seq_len, "seq_len")?,
-            cu_q: positions(S, cq, "cu_seqlens_q")?,
-            cu_k: positions(S, ckk, "cu_seqlens_k")?,
-        }),
-        (None, Some(_)) => {
-            let msg = "a packed batch takes cu_seqlens_q with cu_seqlens_k";
-            return Err(refuse(S, "cu_seqlens_q", msg));
-        }
-        (Some(_), None) => {
-            let msg = "a packed batch takes cu_seqlens_k with cu_seqlens_q";
-            return Err(refuse(S, "cu_seqlens_k", msg));
-        }
-    };
+    let batch = CompressedSeqs::read(S, seq_len, (cu_seqlens_q, cu_seqlens_k))?;
     let seq_n = match batch {
         None => S.count(seq_len, "seq_len", I32_MAX)?,
-        Some(ref b) => {
-            if let Some((s, &l)) = b
-                .seq_lens
-                .iter()
-                .enumerate()
-                .find(|(_, &l)| l as u64 > I32_MAX)
-            {
-                let msg = format!("seq_len[{s}] = {l} is past an int32 position");
-                return Err(refuse(S, "seq_len", msg));
-            }
-            0
-        }
+        Some(_) => 0,
     };
     let q_layout = "[n_q, n_q_heads, d]";
     let (qe, [n_q, hq, d]) = EncodedIn::new_3d(S, q, "q", q_layout, formats.0.format_arg())?;
@@ -129,11 +95,7 @@ impl<'py> Call<'py> {
 
     /// The packed batch's arrays for the core.
     fn seqs(&self) -> Option<CompressedBatch<'_>> {
-        self.batch.as_ref().map(|b| CompressedBatch {
-            seq_lens: &b.seq_lens,
-            cu_seqlens_q: &b.cu_q,
-            cu_seqlens_k: &b.cu_k,
-        })
+        self.batch.as_ref().map(CompressedSeqs::core)
     }
 
     /// The blocks of the longest sequence (a packed call's rows are as

@@ -12,7 +12,7 @@ use super::common::{
 };
 use crate::nsa::{self, CompressedBatch, Config, Heads};
 use crate::python::args::{
-    detach, ndarrays, positions, AsFormatArg, EncodedIn, In, KeyFormat, Named, Obj, Opt, Out,
+    detach, ndarrays, AsFormatArg, CompressedSeqs, EncodedIn, In, KeyFormat, Named, Obj, Opt, Out,
     QueryFormat, I32, I32_MAX, S,
 };
 use crate::python::errors::refuse;
@@ -111,14 +111,6 @@ pub(super) fn nsa_compress_keys<'py>(
     Ok(out.finish())
 }
 
-/// A packed batch: each sequence's tokens, its queries' and its compressed
-/// keys' boundaries (InfLLM-v2's `cu_seqlens_q`, `cu_seqlens_k`).
-struct Batch {
-    seq_lens: Vec<usize>,
-    cu_q: Vec<usize>,
-    cu_k: Vec<usize>,
-}
-
 /// The arguments both entry points on compressed keys share, read and
 /// checked for shape.
 struct CompressedCall<'py> {
@@ -130,43 +122,9 @@ struct CompressedCall<'py> {
     d: usize,
     n_q: usize,
     seq_len: usize,
-    batch: Option<Batch>,
+    batch: Option<CompressedSeqs>,
     raw: Vec<Bound<'py, PyUntypedArray>>,
     cfg: Config,
-}
-
-/// The packed batch, if any: both boundaries or neither (the missing one
-/// named), each sequence's length an int32 position (`seq_len`).
-fn read_batch(
-    seq_len: &Obj<'_>,
-    (cu_seqlens_q, cu_seqlens_k): (Opt<'_, '_>, Opt<'_, '_>),
-) -> PyResult<Option<Batch>> {
-    let batch = match (cu_seqlens_q, cu_seqlens_k) {
-        (None, None) => return Ok(None),
-        (Some(cq), Some(ckk)) => Batch {
-            seq_lens: positions(S, seq_len, "seq_len")?,
-            cu_q: positions(S, cq, "cu_seqlens_q")?,
-            cu_k: positions(S, ckk, "cu_seqlens_k")?,
-        },
-        (None, Some(_)) => {
-            let msg = "a packed batch takes cu_seqlens_q with cu_seqlens_k";
-            return Err(refuse(S, "cu_seqlens_q", msg));
-        }
-        (Some(_), None) => {
-            let msg = "a packed batch takes cu_seqlens_k with cu_seqlens_q";
-            return Err(refuse(S, "cu_seqlens_k", msg));
-        }
-    };
-    if let Some((s, &l)) = batch
-        .seq_lens
-        .iter()
-        .enumerate()
-        .find(|(_, &l)| l as u64 > I32_MAX)
-    {
-        let msg = format!("seq_len[{s}] = {l} is past an int32 position");
-        return Err(refuse(S, "seq_len", msg));
-    }
-    Ok(Some(batch))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -182,7 +140,7 @@ fn compressed_call<'py>(
     cu: (Opt<'_, 'py>, Opt<'_, 'py>),
 ) -> PyResult<CompressedCall<'py>> {
     let geometry = read_geometry((block_size, init_blocks, local_blocks))?;
-    let batch = read_batch(seq_len, cu)?;
+    let batch = CompressedSeqs::read(S, seq_len, cu)?;
     let seq_n = match batch {
         None => S.count(seq_len, "seq_len", I32_MAX)?,
         Some(_) => 0,
@@ -225,11 +183,7 @@ impl<'py> CompressedCall<'py> {
 
     /// The packed batch's arrays for the core.
     fn seqs(&self) -> Option<CompressedBatch<'_>> {
-        self.batch.as_ref().map(|b| CompressedBatch {
-            seq_lens: &b.seq_lens,
-            cu_seqlens_q: &b.cu_q,
-            cu_seqlens_k: &b.cu_k,
-        })
+        self.batch.as_ref().map(CompressedSeqs::core)
     }
 
     /// The blocks of the longest sequence (a packed call's rows are as
