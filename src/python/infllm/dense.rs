@@ -26,9 +26,7 @@ struct Call<'py> {
     ck: EncodedIn<'py>,
     ck_scale: Option<In<'py, f32, 1>>,
     raw: Vec<Bound<'py, PyUntypedArray>>,
-    hq: usize,
-    n_kv: usize,
-    d: usize,
+    heads: Heads,
     n_q: usize,
     seq_len: usize,
     batch: Option<CompressedSeqs>,
@@ -73,9 +71,11 @@ fn call<'py>(
         ck: ke,
         ck_scale,
         raw,
-        hq,
-        n_kv,
-        d,
+        heads: Heads {
+            n_q_heads: hq,
+            n_kv_heads: n_kv,
+            d,
+        },
         n_q,
         seq_len: seq_n,
         batch,
@@ -84,15 +84,6 @@ fn call<'py>(
 }
 
 impl<'py> Call<'py> {
-    /// The query heads, KV heads and `d`.
-    fn heads(&self) -> Heads {
-        Heads {
-            n_q_heads: self.hq,
-            n_kv_heads: self.n_kv,
-            d: self.d,
-        }
-    }
-
     /// The packed batch's arrays for the core.
     fn seqs(&self) -> Option<CompressedBatch<'_>> {
         self.batch.as_ref().map(CompressedSeqs::core)
@@ -245,12 +236,12 @@ pub(super) fn infllm_block_scores<'py>(
         (cu_seqlens_q, cu_seqlens_k),
     )?;
     let nb = c.n_blocks();
-    let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.n_kv, nb], &c.inputs())?;
+    let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.heads.n_kv_heads, nb], &c.inputs())?;
     let (qs, ks) = (c.q.encoded()?, c.ck.encoded()?);
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
-    let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
-    let (seqs, heads, n, cfg) = (c.seqs(), c.heads(), c.seq_len, &c.cfg);
+    let work = c.n_q * c.heads.n_q_heads * ks.len() / c.heads.n_kv_heads.max(1);
+    let (seqs, heads, n, cfg) = (c.seqs(), c.heads, c.seq_len, &c.cfg);
     detach(py, work, || match seqs {
         None => infllm::block_scores_into(qs, ks, sc, heads, n, cfg, o),
         Some(b) => infllm::block_scores_packed_into(qs, ks, sc, heads, &b, cfg, o),
@@ -360,12 +351,12 @@ pub(super) fn infllm_select<'py>(
         (query_format, key_format),
         (cu_seqlens_q, cu_seqlens_k),
     )?;
-    let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.n_kv, k], &c.inputs())?;
+    let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.heads.n_kv_heads, k], &c.inputs())?;
     let (qs, ks) = (c.q.encoded()?, c.ck.encoded()?);
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
-    let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
-    let (seqs, heads, n, cfg) = (c.seqs(), c.heads(), c.seq_len, &c.cfg);
+    let work = c.n_q * c.heads.n_q_heads * ks.len() / c.heads.n_kv_heads.max(1);
+    let (seqs, heads, n, cfg) = (c.seqs(), c.heads, c.seq_len, &c.cfg);
     detach(py, work, || match seqs {
         None => infllm::select_into(qs, ks, sc, heads, n, cfg, o),
         Some(b) => infllm::select_packed_into(qs, ks, sc, heads, &b, cfg, o),

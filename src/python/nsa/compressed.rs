@@ -117,9 +117,7 @@ struct CompressedCall<'py> {
     q: EncodedIn<'py>,
     ck: EncodedIn<'py>,
     ck_scale: Option<In<'py, f32, 1>>,
-    hq: usize,
-    n_kv: usize,
-    d: usize,
+    heads: Heads,
     n_q: usize,
     seq_len: usize,
     batch: Option<CompressedSeqs>,
@@ -160,9 +158,11 @@ fn compressed_call<'py>(
         q: qe,
         ck: ce,
         ck_scale,
-        hq,
-        n_kv,
-        d,
+        heads: Heads {
+            n_q_heads: hq,
+            n_kv_heads: n_kv,
+            d,
+        },
         n_q,
         seq_len: seq_n,
         batch,
@@ -172,15 +172,6 @@ fn compressed_call<'py>(
 }
 
 impl<'py> CompressedCall<'py> {
-    /// The query heads, KV heads and `d`.
-    fn heads(&self) -> Heads {
-        Heads {
-            n_q_heads: self.hq,
-            n_kv_heads: self.n_kv,
-            d: self.d,
-        }
-    }
-
     /// The packed batch's arrays for the core.
     fn seqs(&self) -> Option<CompressedBatch<'_>> {
         self.batch.as_ref().map(CompressedSeqs::core)
@@ -318,12 +309,12 @@ pub(super) fn nsa_block_scores_compressed<'py>(
     )?;
     let w = read_window(window, (kernel_size, kernel_stride), false)?;
     let nb = c.n_blocks();
-    let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.n_kv, nb], &c.inputs())?;
+    let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.heads.n_kv_heads, nb], &c.inputs())?;
     let (qs, cs) = (c.q.encoded()?, c.ck.encoded()?);
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
-    let work = c.n_q * c.hq * cs.len() / c.n_kv.max(1);
-    let (heads, n, cfg, seqs) = (c.heads(), c.seq_len, &c.cfg, c.seqs());
+    let work = c.n_q * c.heads.n_q_heads * cs.len() / c.heads.n_kv_heads.max(1);
+    let (heads, n, cfg, seqs) = (c.heads, c.seq_len, &c.cfg, c.seqs());
     detach(py, work, || match seqs {
         None => nsa::block_scores_compressed_into(qs, cs, sc, heads, n, (cfg, w), o),
         Some(b) => nsa::block_scores_compressed_packed_into(qs, cs, sc, heads, &b, (cfg, w), o),
@@ -419,12 +410,12 @@ pub(super) fn nsa_select_compressed<'py>(
         (cu_seqlens_q, cu_seqlens_k),
     )?;
     let w = read_window(window, (kernel_size, kernel_stride), false)?;
-    let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.n_kv, n], &c.inputs())?;
+    let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.heads.n_kv_heads, n], &c.inputs())?;
     let (qs, cs) = (c.q.encoded()?, c.ck.encoded()?);
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
-    let work = c.n_q * c.hq * cs.len() / c.n_kv.max(1);
-    let (heads, sl, cfg, seqs) = (c.heads(), c.seq_len, &c.cfg, c.seqs());
+    let work = c.n_q * c.heads.n_q_heads * cs.len() / c.heads.n_kv_heads.max(1);
+    let (heads, sl, cfg, seqs) = (c.heads, c.seq_len, &c.cfg, c.seqs());
     detach(py, work, || match seqs {
         None => nsa::select_compressed_into(qs, cs, sc, heads, sl, (cfg, w), o),
         Some(b) => nsa::select_compressed_packed_into(qs, cs, sc, heads, &b, (cfg, w), o),
