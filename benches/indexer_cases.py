@@ -13,8 +13,10 @@ case is timed in one run, repetitions interleaved, against:
   benchmark venv).
 
 Then: peak extra memory of a prefill, each pipeline in a fresh process;
-bfloat16 and fp8 keys against float32; the fused witnesses' cost; 1 vs 2
-threads; cost against the context length.
+bfloat16 and fp8 keys against float32; the fused witnesses' cost; decode and
+prefill with fp8 × fp8 and bfloat16 × bfloat16 queries and keys (the AVX512-BF16
+pair level's inputs) at this level and, where the CPU has the pair level, at the
+other one in a child process; 1 vs 2 threads; cost against the context length.
 """
 
 import os
@@ -195,6 +197,53 @@ def formats_and_witnesses(reps: int) -> dict:
     return {name: s * 1e3 for name, s in seconds(cases, reps).items()}
 
 
+def _query_format_cases(n_q: int, t: int) -> dict:
+    """The same decode or prefill with float32, fp8 (queries and keys, the
+    keys with scales: DeepSeek's own indexer) and bfloat16 queries and keys:
+    the pair level's inputs (AVX512-BF16, issue 46), beside float32."""
+    import ml_dtypes
+
+    q, w, k, pos = make(n_q, t)
+    fp8, scale = quantize_fp8(k)
+    q8 = q.astype(ml_dtypes.float8_e4m3fn)
+    qb, kb = q.astype(ml_dtypes.bfloat16), k.astype(ml_dtypes.bfloat16)
+    return {
+        "float32 × float32": lambda: ks.indexer_topk(q, w, k, pos, TOPK),
+        "fp8 × fp8 + scales": lambda: ks.indexer_topk(q8, w, fp8, pos, TOPK, key_scale=scale),
+        "bfloat16 × bfloat16": lambda: ks.indexer_topk(qb, w, kb, pos, TOPK),
+    }
+
+
+def query_formats(reps: int) -> dict:
+    """Decode (1 × 131,072 keys) and prefill (128 × 32,768) by query × key
+    format, ms, at this process's level; and, where the CPU has the pair
+    level but it is not this process's (or is), the same at the other level
+    (``KVSELECT_SIMD=avx512bf16`` / ``avx512``) in a child process, so both
+    are in one run. Targets (issue 46): fp8 × fp8 and bf16 × bf16 ≤ 0.6× the
+    float32 decode and prefill at the pair level."""
+    out = {
+        "level": ks.simd_level(),
+        "pair_speedup": _core._pair_speedup(),
+        "decode": {n: s * 1e3 for n, s in seconds(_query_format_cases(1, DECODE_T), reps).items()},
+        "prefill": {
+            n: s * 1e3 for n, s in seconds(_query_format_cases(PREFILL_N, PREFILL_T), max(3, reps // 3)).items()
+        },
+    }
+    if out["pair_speedup"] is not None and os.environ.get("KVSELECT_QUERY_FORMATS_CHILD") is None:
+        other = "avx512" if out["level"] == "avx512bf16" else "avx512bf16"
+        here = os.path.dirname(os.path.abspath(__file__))
+        code = (
+            f"import sys, json; sys.path.insert(0, {here!r}); import indexer_cases as c; "
+            f"print(json.dumps(c.query_formats({reps})))"
+        )
+        env = dict(os.environ, KVSELECT_SIMD=other, KVSELECT_QUERY_FORMATS_CHILD="1")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        import json
+
+        out["other_level"] = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
+
+
 def threads(reps: int) -> dict:
     """Decode and the floor on 1 and on 2 threads."""
     q, w, k, pos = make(1, DECODE_T)
@@ -233,6 +282,7 @@ def bench_indexer(quick: bool) -> dict:
         "prefill": pipelines(PREFILL_N, PREFILL_T, max(3, reps // 3)),
         "prefill_memory_mib": prefill_memory(),
         "formats_ms": formats_and_witnesses(reps),
+        "query_formats": query_formats(reps),
         "threads": threads(reps),
         "scaling": scaling(reps),
     }
@@ -269,6 +319,7 @@ def print_indexer_table(r: dict) -> None:
         "\nDecode by key format and with the fused witnesses (ms, ratio to float32): "
         + ", ".join(f"{n} {ms:.2f} ({ms / base:.3f}×)" for n, ms in f.items())
     )
+    _print_query_formats(r["query_formats"])
     t = r["threads"]
     print(
         "\nThreads (decode): "
@@ -287,3 +338,18 @@ def print_indexer_table(r: dict) -> None:
     for case in ("decode", "prefill"):
         if not r[case]["same_sets_as_numpy"]:
             print(f"\nWARNING: {case}: the rows' sets differ from NumPy's pipeline")
+
+
+def _print_query_formats(qf: dict) -> None:
+    """The query × key format rows: each level's times, ratios to its own
+    float32 × float32 (the pair level's targets: ≤ 0.6×)."""
+    sp = qf["pair_speedup"]
+    race = "no AVX512-BF16" if sp is None else f"VDPBF16PS does {sp:.2f}× FMA's products per second"
+    print(f"\nQuery × key formats (ms, ratio to float32 × float32 at the same level; {race}):")
+    runs = [qf] + ([qf["other_level"]] if "other_level" in qf else [])
+    for run in runs:
+        note = "" if run is qf else " (child process, KVSELECT_SIMD)"
+        for case in ("decode", "prefill"):
+            base = run[case]["float32 × float32"]
+            cells = ", ".join(f"{n} {ms:.2f} ({ms / base:.3f}×)" for n, ms in run[case].items())
+            print(f"  {run['level']}{note}, {case}: {cells}")

@@ -58,8 +58,10 @@ pub enum Level {
     /// bfloat16-exact queries and bf16 / fp8 keys two dimensions per
     /// instruction, bit for bit the float32 kernel's (its blocks admitted
     /// per block, the others and every other kernel at the AVX-512 level).
-    /// Offered only when the CPU's instruction matches the software model
-    /// (`simd/bf16dp.rs`).
+    /// Offered only when the CPU's instruction matches the software model,
+    /// and the default only where it does more products per second than
+    /// the FMAs it replaces (`simd/bf16dp.rs`); `KVSELECT_SIMD=avx512bf16`
+    /// asks for it on any CPU whose instruction matches the model.
     Avx512Bf16,
 }
 
@@ -114,8 +116,10 @@ fn cpu_avx2() -> Option<Avx2> {
 }
 
 /// `KVSELECT_SIMD`, read once per process: `scalar` forces the portable
-/// kernels, `avx2` caps them at AVX2 (for testing and for measuring what
-/// each level buys); `avx512` or anything else caps nothing.
+/// kernels, `avx2` caps them at AVX2, `avx512` at AVX-512 (for testing and
+/// for measuring what each level buys); `avx512bf16` also takes the pair
+/// level where the CPU has it but it is not the default ([`pair_speedup`]);
+/// anything else caps nothing.
 fn requested() -> Option<Level> {
     static REQUESTED: OnceLock<Option<Level>> = OnceLock::new();
     *REQUESTED.get_or_init(|| Level::parse(&std::env::var("KVSELECT_SIMD").ok()?))
@@ -144,6 +148,30 @@ impl Avx512Bf16 {
     pub fn avx512(self) -> Avx512 {
         self.0
     }
+}
+
+/// How many times FMA's products per second `VDPBF16PS` does on this core
+/// (raced once per process, `simd/bf16dp.rs`), if the CPU has the pair
+/// level at all: the pair level is the default where this is at least 1.3.
+pub fn pair_speedup() -> Option<f64> {
+    static SPEEDUP: OnceLock<Option<f64>> = OnceLock::new();
+    *SPEEDUP.get_or_init(|| {
+        let t = cpu_avx512bf16()?;
+        #[cfg(target_arch = "x86_64")]
+        return Some(bf16dp::speedup(t));
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = t;
+            None
+        }
+    })
+}
+
+/// Whether the pair level is the default on this CPU: it has the level and
+/// the race found the instruction's products at least
+/// [`bf16dp::PAYS_AT`] times FMA's.
+fn pair_level_pays() -> bool {
+    pair_speedup().is_some_and(|x| x >= bf16dp::PAYS_AT)
 }
 
 /// The token if this CPU has AVX512-BF16 besides AVX-512 and its
@@ -204,11 +232,24 @@ impl Isa {
     /// entry point to the level.
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
-        *BEST.get_or_init(|| Isa::cpu().capped(requested()))
+        *BEST.get_or_init(|| Isa::chosen(Isa::available(), pair_level_pays, requested()))
     }
 
-    /// The best level this CPU has, whatever `KVSELECT_SIMD` says.
-    fn cpu() -> Isa {
+    /// The level dispatch runs at on a CPU whose best level is `available`:
+    /// the pair level only where it `pays` (asked only then) or is
+    /// `requested` by name, then capped at `requested`.
+    fn chosen(available: Isa, pays: impl FnOnce() -> bool, requested: Option<Level>) -> Isa {
+        let top = match available {
+            Isa::Avx512Bf16(_) if requested != Some(Level::Avx512Bf16) && !pays() => {
+                available.down()
+            }
+            _ => available,
+        };
+        top.capped(requested)
+    }
+
+    /// The best level this CPU runs, whether or not it pays.
+    fn available() -> Isa {
         match (cpu_avx512bf16(), cpu_avx512(), cpu_avx2()) {
             (Some(t), _, _) => Isa::Avx512Bf16(t),
             (None, Some(t), _) => Isa::Avx512(t),
@@ -450,7 +491,7 @@ pub(crate) use dispatch;
 /// tests run all three).
 #[cfg(test)]
 pub(crate) fn isas_for_test() -> Vec<Isa> {
-    let mut isa = Isa::cpu();
+    let mut isa = Isa::available();
     let mut all = vec![isa];
     while isa != Isa::Scalar {
         isa = isa.down();
@@ -656,8 +697,10 @@ pub(crate) mod reach {
 mod tests {
     use super::{Isa, Level};
 
-    /// `KVSELECT_SIMD` caps the CPU's level and never raises it; a name it
-    /// does not know caps nothing (as before the dispatch was one).
+    /// `KVSELECT_SIMD` caps the CPU's level and never raises it past what
+    /// the CPU runs; a name it does not know caps nothing (as before the
+    /// dispatch was one). The pair level is the default only where it pays,
+    /// and `avx512bf16` by name takes it wherever the CPU has it.
     #[test]
     fn the_override_caps_the_level_and_never_raises_it() {
         for cpu in super::isas_for_test() {
@@ -669,6 +712,21 @@ mod tests {
                     cpu.level().min(cap),
                     "{cpu:?} capped at {cap:?}"
                 );
+            }
+            for pays in [false, true] {
+                for requested in Level::ALL.map(Some).into_iter().chain([None]) {
+                    let got = Isa::chosen(cpu, || pays, requested).level();
+                    let default = match cpu.level() {
+                        Level::Avx512Bf16 if !pays => Level::Avx512,
+                        level => level,
+                    };
+                    let want = match requested {
+                        None => default,
+                        Some(Level::Avx512Bf16) => cpu.level(),
+                        Some(cap) => default.min(cap),
+                    };
+                    assert_eq!(got, want, "{cpu:?}, pays {pays}, asked {requested:?}");
+                }
             }
         }
         assert_eq!(Level::parse("AVX2"), Some(Level::Avx2));

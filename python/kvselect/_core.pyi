@@ -77,6 +77,7 @@ __all__ = [
     "simd_level",
     "_fma_floor",
     "_exp_bound",
+    "_pair_speedup",
     "_dlpack_array",
     "indexer_topk",
     "indexer_topk_packed",
@@ -2237,10 +2238,12 @@ def simd_level() -> str:
 
     "avx512bf16" (AVX-512 with AVX512-BF16's ``VDPBF16PS``: the indexer's dot products of
     bfloat16-exact queries and bf16 / fp8 keys two dimensions per instruction, the same bits;
-    offered only when the CPU's instruction matches kvselect's software model of it),
-    "avx512" (block selection, the indexer and attention; the other kernels run AVX2),
-    "avx2" or "scalar". ``KVSELECT_SIMD=avx512``, ``=avx2`` or ``=scalar`` in the
-    environment caps it.
+    offered only when the CPU's instruction matches kvselect's software model of it, and the
+    default only where it does more products per second than the FMAs it replaces: AMD Zen 4,
+    not an Intel Xeon, where it does half), "avx512" (block selection, the indexer and
+    attention; the other kernels run AVX2), "avx2" or "scalar". ``KVSELECT_SIMD=avx512``,
+    ``=avx2`` or ``=scalar`` in the environment caps it; ``KVSELECT_SIMD=avx512bf16`` takes the
+    pair level wherever the CPU's instruction matches the model.
 
     Returns
     -------
@@ -2252,6 +2255,13 @@ def _fma_floor(iters: int) -> tuple[int, float]:
     """Benchmarks' floor (private): ``iters`` steps of a register-resident FMA
     loop on every pool thread at the best SIMD level; returns ``(flops,
     checksum)``, the caller times the call.
+    """
+
+def _pair_speedup() -> Optional[float]:
+    """How many times FMA's products per second AVX512-BF16's `VDPBF16PS` does
+    on this core (private; raced once per process), or None where the CPU
+    has no pair level: the pair level is the default where this is at
+    least 1.3.
     """
 
 def _exp_bound() -> tuple[float, float]:

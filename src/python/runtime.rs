@@ -50,10 +50,12 @@ fn get_num_threads() -> usize {
 ///
 /// "avx512bf16" (AVX-512 with AVX512-BF16's ``VDPBF16PS``: the indexer's dot products of
 /// bfloat16-exact queries and bf16 / fp8 keys two dimensions per instruction, the same bits;
-/// offered only when the CPU's instruction matches kvselect's software model of it),
-/// "avx512" (block selection, the indexer and attention; the other kernels run AVX2),
-/// "avx2" or "scalar". ``KVSELECT_SIMD=avx512``, ``=avx2`` or ``=scalar`` in the
-/// environment caps it.
+/// offered only when the CPU's instruction matches kvselect's software model of it, and the
+/// default only where it does more products per second than the FMAs it replaces: AMD Zen 4,
+/// not an Intel Xeon, where it does half), "avx512" (block selection, the indexer and
+/// attention; the other kernels run AVX2), "avx2" or "scalar". ``KVSELECT_SIMD=avx512``,
+/// ``=avx2`` or ``=scalar`` in the environment caps it; ``KVSELECT_SIMD=avx512bf16`` takes the
+/// pair level wherever the CPU's instruction matches the model.
 ///
 /// Returns
 /// -------
@@ -73,6 +75,15 @@ fn _fma_floor(py: Python<'_>, iters: &Obj) -> PyResult<(u64, f32)> {
     Ok(py.detach(|| simd::fma_floor(iters)))
 }
 
+/// How many times FMA's products per second AVX512-BF16's `VDPBF16PS` does
+/// on this core (private; raced once per process), or None where the CPU
+/// has no pair level: the pair level is the default where this is at
+/// least 1.3.
+#[pyfunction]
+fn _pair_speedup() -> Option<f64> {
+    simd::pair_speedup()
+}
+
 /// The project's `exp` (private): `(rel_err, lo)`. For every float32 `x`
 /// in `[lo, 0]` the core's `exp(x)` (the same bits at every SIMD level) is
 /// within `rel_err · e^x` of the real exponential (the maximum over every
@@ -87,6 +98,7 @@ fn _exp_bound() -> (f64, f32) {
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_fma_floor, m)?)?;
     m.add_function(wrap_pyfunction!(_exp_bound, m)?)?;
+    m.add_function(wrap_pyfunction!(_pair_speedup, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;

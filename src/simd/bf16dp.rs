@@ -15,6 +15,21 @@
 //! probes ([`hardware_agrees`]), flush cases among them: a CPU whose
 //! instruction differed would silently change scores, so it keeps the
 //! AVX-512 level instead.
+//!
+//! # Where the level pays
+//!
+//! Matching the model makes the level *exact*; whether it is *faster*
+//! depends on the core. On AMD Zen 4 the instruction issues one 512-bit
+//! register per cycle like an FMA, so it does twice the products per
+//! second; on an Intel Xeon with AVX512-BF16 (two 512-bit FMA ports) it
+//! measured one instruction every two cycles with a latency of about
+//! nine, half the products per second of the FMAs it replaces, and the
+//! pair level ran the indexer's fp8 × fp8 decode at 2.05× the float32
+//! kernel's time. So the level is the default only where [`speedup`], a
+//! register-resident race of the two instructions timed once per process,
+//! finds the instruction's products at least [`PAYS_AT`] times FMA's;
+//! elsewhere it is reached only by asking (`KVSELECT_SIMD=avx512bf16`). The
+//! race decides speed only: every level gives the same bits.
 
 /// The pair `(hi, lo)` in one 32-bit lane, each the upper half of its
 /// float32: `hi` is the one the instruction multiplies first.
@@ -161,6 +176,94 @@ pub(super) fn hardware_agrees(_: super::Avx512) -> bool {
     })
 }
 
+/// The products per second of `VDPBF16PS` over those of `VFMADD` on this
+/// core (2.04 measured on AMD Zen 4, 0.50 on an Intel Xeon with
+/// AVX512-BF16): the
+/// same [`RACE_CHAINS`] independent register chains, [`RACE_STEPS`] steps
+/// each (32 products a step for the pair instruction, 16 for the FMA), the
+/// two loops alternated over [`RACE_ROUNDS`] rounds after a warm-up round
+/// and the fastest time of each kept, so a preempted round cannot decide.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn speedup(t: super::Avx512Bf16) -> f64 {
+    use std::time::Instant;
+    let (mut dp_best, mut fma_best) = (f64::INFINITY, f64::INFINITY);
+    for round in 0..=RACE_ROUNDS {
+        let t0 = Instant::now();
+        // SAFETY: the token proves AVX512-BF16 and AVX-512 F.
+        std::hint::black_box(unsafe { race_dp(t) });
+        let t1 = Instant::now();
+        // SAFETY: as above (AVX-512 F).
+        std::hint::black_box(unsafe { race_fma(t) });
+        let t2 = Instant::now();
+        if round > 0 {
+            dp_best = dp_best.min((t1 - t0).as_secs_f64());
+            fma_best = fma_best.min((t2 - t1).as_secs_f64());
+        }
+    }
+    // Products per second: 2 × LANES a pair step, LANES an FMA step.
+    match dp_best > 0.0 {
+        true => 2.0 * fma_best / dp_best,
+        false => f64::INFINITY,
+    }
+}
+
+/// The pair level is the default where [`speedup`] is at least this: its
+/// kernel also packs and decodes keys (15-22% of the pair work on Zen 4),
+/// so a core whose instruction is barely faster gains nothing.
+pub(super) const PAYS_AT: f64 = 1.3;
+
+/// Chains in the race: enough to cover the pair instruction's latency (about
+/// nine cycles at one every two on the Xeon; one a cycle on Zen 4).
+#[cfg(target_arch = "x86_64")]
+const RACE_CHAINS: usize = 12;
+/// Steps of every chain in one round of the race (about 10-30 µs).
+#[cfg(target_arch = "x86_64")]
+const RACE_STEPS: usize = 4096;
+/// Timed rounds of the race.
+#[cfg(target_arch = "x86_64")]
+const RACE_ROUNDS: usize = 7;
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512bf16,avx512f")]
+fn race_dp(_: super::Avx512Bf16) -> f32 {
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+    // Pairs of 1.0 times pairs of 2⁻²³: every sum normal, no flush acts.
+    let a = _mm512_set1_epi32(black_box(0x3F80_3F80u32) as i32);
+    let b = _mm512_set1_epi32(black_box(0x3400_3400u32) as i32);
+    let mut acc = [_mm512_setzero_ps(); RACE_CHAINS];
+    for _ in 0..RACE_STEPS {
+        for v in acc.iter_mut() {
+            *v = dp(*v, a, b);
+        }
+    }
+    let s = acc
+        .iter()
+        .fold(_mm512_setzero_ps(), |s, &v| _mm512_add_ps(s, v));
+    _mm512_reduce_add_ps(s)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn race_fma(_: super::Avx512Bf16) -> f32 {
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+    let (x, y) = (
+        _mm512_set1_ps(black_box(0.999_999)),
+        _mm512_set1_ps(black_box(1e-7)),
+    );
+    let mut acc = [_mm512_set1_ps(1.0); RACE_CHAINS];
+    for _ in 0..RACE_STEPS {
+        for v in acc.iter_mut() {
+            *v = _mm512_fmadd_ps(*v, x, y);
+        }
+    }
+    let s = acc
+        .iter()
+        .fold(_mm512_setzero_ps(), |s, &v| _mm512_add_ps(s, v));
+    _mm512_reduce_add_ps(s)
+}
+
 /// `VDPBF16PS acc, a, b` on pairs held as 32-bit integers.
 #[cfg(target_arch = "x86_64")]
 #[inline]
@@ -205,6 +308,31 @@ mod tests {
             flushed >= 500 && plain >= 500,
             "{flushed} flushed, {plain} plain"
         );
+    }
+
+    /// The race gives a finite, positive ratio where the CPU has the pair
+    /// level, and the default level follows it: the pair level exactly
+    /// where the ratio reaches `PAYS_AT` (unless `KVSELECT_SIMD` says
+    /// otherwise).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_race_decides_the_default_level() {
+        use crate::simd::{pair_speedup, Isa, Level};
+        let Some(t) = crate::simd::avx512bf16_for_test() else {
+            assert_eq!(pair_speedup(), None);
+            return;
+        };
+        let once = pair_speedup().unwrap();
+        let again = super::speedup(t);
+        assert!(once.is_finite() && once > 0.0 && again.is_finite() && again > 0.0);
+        eprintln!("VDPBF16PS products per second: {once:.2}× FMA's (again: {again:.2}×)");
+        if std::env::var_os("KVSELECT_SIMD").is_none() {
+            let want = match once >= super::PAYS_AT {
+                true => Level::Avx512Bf16,
+                false => Level::Avx512,
+            };
+            assert_eq!(Isa::best().level(), want);
+        }
     }
 
     /// Where the CPU has the instruction, it is the model on every probe

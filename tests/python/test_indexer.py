@@ -421,3 +421,102 @@ def test_every_simd_level_gives_the_same_rows_and_score_bits(tmp_path, level):
             assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
         else:
             assert np.array_equal(got[name], want), name
+
+
+_PAIRS_CHILD = """
+import sys
+import numpy as np
+import kvselect as ks
+assert ks.simd_level() == sys.argv[3], ks.simd_level()
+data = np.load(sys.argv[1])
+out = {}
+for i in range(int(data["n"])):
+    fmt = str(data[f"fmt_{i}"])
+    s = np.zeros((len(data[f"pos_{i}"]), int(data[f"topk_{i}"])), np.float32)
+    scale = data[f"c_{i}"] if fmt == "float8_e4m3fn" else None
+    out[f"rows_{i}"] = ks.indexer_topk(data[f"q_{i}"], data[f"w_{i}"], data[f"k_{i}"], data[f"pos_{i}"],
+                                       int(data[f"topk_{i}"]), key_scale=scale, key_format=fmt,
+                                       query_format=fmt, scores_out=s)
+    out[f"scores_{i}"] = s
+np.savez(sys.argv[2], **out)
+"""
+
+
+def _level_runs(level: str) -> bool:
+    """Whether ``KVSELECT_SIMD=level`` gives that level on this CPU (the pair
+    level exists only with AVX512-BF16)."""
+    import os
+    import subprocess
+    import sys
+
+    got = subprocess.run(
+        [sys.executable, "-c", "import kvselect; print(kvselect.simd_level())"],
+        env=dict(os.environ, KVSELECT_SIMD=level),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return got == level
+
+
+@pytest.mark.parametrize("level", ["avx512bf16", "avx512", "avx2", "scalar"])
+def test_bf16_and_fp8_queries_give_the_same_rows_and_score_bits_at_every_level(tmp_path, level):
+    """The pair level's inputs (bfloat16 queries × bfloat16 keys, fp8 queries ×
+    fp8 keys with scales, read as raw views) give the same rows and score bits
+    at every level as in this process, whichever level it runs: blocks the
+    pair level admits (exponents near 0) and blocks it must hand to the
+    float32 kernel (keys and queries near 2⁻⁶⁰, where the instruction's
+    flushes would act), NaN keys and signed zeros among them. The pair level
+    runs in a child with ``KVSELECT_SIMD=avx512bf16`` wherever the CPU has it,
+    default or not."""
+    import os
+    import subprocess
+    import sys
+
+    if not _level_runs(level):
+        if level in ("avx2", "scalar") and os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
+            pytest.fail(f"KVSELECT_REQUIRE_AVX2=1, but KVSELECT_SIMD={level} is not that level")
+        pytest.skip(f"this CPU has no {level} level")
+    rng = np.random.default_rng(SEED + 46)
+    arrays, expected = {"n": np.array(24)}, {}
+    for i in range(24):
+        n, h, t = int(rng.integers(1, 4)), int(rng.choice([1, 3, 8, 13, 64])), int(rng.integers(1, 300))
+        d = int(rng.choice([2, 8, 32, 128]))
+        q = rng.standard_normal((n, h, d)).astype(np.float32)
+        k = rng.standard_normal((t, d)).astype(np.float32)
+        if i % 3 == 1:  # tiny keys and queries: some blocks must fall back
+            k[rng.random(t) < 0.3] *= np.float32(2.0**-60)
+            q *= np.float32(2.0**-56)
+        if i % 4 == 2:
+            k[rng.integers(0, t)] = np.nan
+            k[rng.random((t, d)) < 0.1] = -0.0
+        fmt = "bfloat16" if i % 2 else "float8_e4m3fn"
+        dtype = ml_dtypes.bfloat16 if i % 2 else ml_dtypes.float8_e4m3fn
+        raw = np.uint16 if i % 2 else np.uint8
+        qq, kk = q.astype(dtype).view(raw), k.astype(dtype).view(raw)
+        w = rng.standard_normal((n, h)).astype(np.float32)
+        c = rng.uniform(0.5, 2.0, t).astype(np.float32)
+        pos, topk = rng.integers(0, t + 5, n), int(rng.integers(1, 80))
+        arrays.update(
+            {f"q_{i}": qq, f"w_{i}": w, f"k_{i}": kk, f"c_{i}": c, f"pos_{i}": pos}
+            | {f"topk_{i}": np.array(topk), f"fmt_{i}": np.array(fmt)}
+        )
+        s = np.zeros((n, topk), np.float32)
+        scale = c if fmt == "float8_e4m3fn" else None
+        expected[f"rows_{i}"] = ks.indexer_topk(
+            qq, w, kk, pos, topk, key_scale=scale, key_format=fmt, query_format=fmt, scores_out=s
+        )
+        expected[f"scores_{i}"] = s
+    np.savez(tmp_path / "in.npz", **arrays)
+    subprocess.run(
+        [sys.executable, "-c", _PAIRS_CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
+        check=True,
+        env=dict(os.environ, KVSELECT_SIMD=level),
+        timeout=300,
+    )
+    got = np.load(tmp_path / "out.npz")
+    for name, want in expected.items():
+        if name.startswith("scores"):
+            assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
+        else:
+            assert np.array_equal(got[name], want), name

@@ -408,7 +408,11 @@ fn every_16_bit_pattern_transposes_to_the_scalar_decode_on_every_level() {
 /// `indexer.weighted_relu_sums`) once at `isa`: the reach test's probe.
 pub(super) fn probe(isa: Isa) {
     let (h, d) = (2, 8);
-    let q = laid_out(isa, h, d, &[0.5; 16], &[1.0, 0.5]);
+    // A query no bfloat16 holds (0.5 + 2⁻²⁰), so that the pair level, too,
+    // hands every block to `indexer.weighted_relu_sums`: 8 such products
+    // per head sum exactly to 4 + 2⁻¹⁷, and 1.5 times that is a float32.
+    let x = 0.5 + 2f32.powi(-20);
+    let q = laid_out(isa, h, d, &[x; 16], &[1.0, 0.5]);
     let keys = vec![1.0f32; 40 * d];
     let mut out = [0.0f32; 40];
     let mut scratch = Scratch::new(d);
@@ -427,7 +431,7 @@ pub(super) fn probe(isa: Isa) {
         Want::Terms(terms),
         &mut scratch,
     );
-    assert!(out.iter().all(|&x| x == 6.0));
+    assert!(out.iter().all(|&s| s == 6.0 + 1.5 * 2f32.powi(-17)));
     assert!(g.iter().zip(&c).all(|(&g, &c)| g == 1.0 && c == 1.0));
 }
 
