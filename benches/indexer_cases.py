@@ -209,7 +209,9 @@ def _query_format_cases(n_q: int, t: int) -> dict:
     qb, kb = q.astype(ml_dtypes.bfloat16), k.astype(ml_dtypes.bfloat16)
     return {
         "float32 × float32": lambda: ks.indexer_topk(q, w, k, pos, TOPK),
-        "fp8 × fp8 + scales": lambda: ks.indexer_topk(q8, w, fp8, pos, TOPK, key_scale=scale),
+        "fp8 × fp8 + scales": lambda: ks.indexer_topk(
+            q8, w, fp8, pos, TOPK, key_scale=scale, key_format="float8_e4m3fn"
+        ),
         "bfloat16 × bfloat16": lambda: ks.indexer_topk(qb, w, kb, pos, TOPK),
     }
 
