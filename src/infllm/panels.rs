@@ -176,7 +176,10 @@ pub(crate) fn group_sums(
     // `0..round_up(n_vis, 32)` (asserted: `n_vis <= n`, panels whole);
     // `logits` `heads · n8`, `z` `9 heads`, `sums` `n_vis` floats.
     dispatch!("infllm.panel_sums", isa, {
-        avx512 => avx2,
+        avx512(t) => {
+            let next = bytemuck::cast_slice(next);
+            avx512::sums(t, q, heads, d, keys, n_vis, scale, logits, z, sums, next)
+        },
         avx2(t) => {
             let next = bytemuck::cast_slice(next);
             avx2::sums(t, q, heads, d, keys, n_vis, scale, logits, z, sums, next)
@@ -280,7 +283,6 @@ mod avx2 {
         let mut at = 0;
         let (qp, kp, lp) = (q.as_ptr(), keys.as_ptr(), logits.as_mut_ptr());
         // The last vector's lanes that hold keys (the rest padding).
-        let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
         let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         let valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
             _mm256_set1_epi32((n_vis - (nv - 1) * 8) as i32),
@@ -288,7 +290,7 @@ mod avx2 {
         ));
         // Each head's running maximum, 8 lanes, after the `Z_h` slots.
         z[heads..heads * 9].fill(f32::NEG_INFINITY);
-        let (zp, mxp) = (z.as_mut_ptr(), z[heads..].as_mut_ptr());
+        let mxp = z[heads..].as_mut_ptr();
         // Pass 1: the logits, a panel's vectors against every head while
         // the panel sits in L1; each head's maximum folded in as the tiles
         // store them (no pass over the logits for it: 1.5-2.1 ms a prefill
@@ -318,6 +320,39 @@ mod avx2 {
                 unsafe { tile_rj(r, j, q0, d, kt, out, n8, scale, mxp.add(8 * h0), last) };
             }
         }
+        // SAFETY: pass 1 wrote every head's logits and maxima (the contract's
+        // sizes).
+        unsafe { rest(_token, heads, n_vis, logits, z, sums) }
+    }
+
+    /// Passes 2 and 3 of [`sums`], after pass 1 (at any level) has written
+    /// each head's logits (`[head][n8]`, `n8 = round_up(n_vis, 8)`, the
+    /// padding's lanes whatever they are) and its running maximum's 8 lanes
+    /// (`z[heads + 8 h..]`, the padding counted as `−inf`).
+    ///
+    /// # Safety
+    /// `_token` proves AVX2+FMA; `logits` holds `heads · n8` floats, `z`
+    /// `9 heads`, `sums` `n_vis`; `n_vis >= 1`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rest(
+        _token: Avx2,
+        heads: usize,
+        n_vis: usize,
+        logits: &mut [f32],
+        z: &mut [f32],
+        sums: &mut [f32],
+    ) {
+        let n8 = n_vis.next_multiple_of(8);
+        let nv = n8 / 8;
+        assert!(logits.len() >= heads * n8 && z.len() >= 9 * heads && sums.len() >= n_vis);
+        let lp = logits.as_mut_ptr();
+        let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+            _mm256_set1_epi32((n_vis - (nv - 1) * 8) as i32),
+            idx,
+        ));
+        let (zp, mxp) = (z.as_mut_ptr(), z[heads..].as_mut_ptr());
         // Pass 2: each head's exponentials and `Z_h`, eight heads side by
         // side (then four, then one at a time; eight against four: 0-2%
         // faster, within the noise; two at a time 4% slower; a head at a
@@ -591,6 +626,217 @@ mod avx2 {
                     std::ptr::copy_nonoverlapping(l.as_ptr(), sp.add(8 * t), left - 8 * t);
                 }
             }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+// Accumulator arrays are indexed on purpose: they must stay in registers.
+#[allow(clippy::needless_range_loop)]
+mod avx512 {
+    use super::PANEL;
+    use crate::keys::CacheLevel;
+    use crate::simd::Avx512;
+    use std::arch::x86_64::*;
+
+    /// [`super::avx2::sums`] with pass 1 (the logits, about nine tenths of
+    /// a prefill's time) in 512-bit registers: a panel's two vectors of 16
+    /// keys against tiles of 8 heads (16 chains), a step 2 loads and 8
+    /// broadcasts for 16 fused multiply-adds; then the AVX2 passes 2 and 3.
+    /// Each logit is the same chain in whichever lane, and each head's
+    /// 8-lane maximum folds a vector's two halves in as `max(x, m)` (order
+    /// free, NaN ignored), so the bits are the AVX2 kernel's.
+    ///
+    /// # Safety
+    /// [`super::avx2::sums`]'s, with `token` proving AVX-512 F.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn sums(
+        token: Avx512,
+        q: &[f32],
+        heads: usize,
+        d: usize,
+        keys: &[f32],
+        n_vis: usize,
+        scale: f32,
+        logits: &mut [f32],
+        z: &mut [f32],
+        sums: &mut [f32],
+        next: &[u8],
+    ) {
+        let n8 = n_vis.next_multiple_of(8);
+        // Vectors of 16 keys, the last one's lanes past `n8` not stored
+        // (the next head's row) and past `n_vis` counted as `−inf` in the
+        // maximum.
+        let nv = n_vis.div_ceil(16);
+        let tiles = nv.div_ceil(2) * heads.div_ceil(8);
+        let per = next.len().div_ceil(64).div_ceil(tiles) * 64;
+        let mut at = 0;
+        let (qp, kp, lp) = (q.as_ptr(), keys.as_ptr(), logits.as_mut_ptr());
+        let tail = n_vis - (nv - 1) * 16;
+        let valid: __mmask16 = ((1u32 << tail) - 1) as u16;
+        let stored: __mmask16 = ((1u32 << (n8 - (nv - 1) * 16)) - 1) as u16;
+        z[heads..heads * 9].fill(f32::NEG_INFINITY);
+        let mxp = z[heads..].as_mut_ptr();
+        for v0 in (0..nv).step_by(2) {
+            let kt = kp.wrapping_add(v0 / 2 * PANEL * d);
+            let j = (nv - v0).min(2);
+            let (last, store) = match v0 + j == nv {
+                true => (valid, stored),
+                false => (!0, !0),
+            };
+            // Heads a tile: 8 by 2 vectors, 16 by 1 (16 chains either way).
+            let rows = [16, 8][j - 1];
+            for h0 in (0..heads).step_by(rows) {
+                let r = (heads - h0).min(rows);
+                let (q0, out) = (qp.wrapping_add(h0 * d), lp.wrapping_add(h0 * n8 + v0 * 16));
+                let pf = next
+                    .get(at.min(next.len())..(at + per).min(next.len()))
+                    .unwrap_or(&[]);
+                at += per;
+                // SAFETY: heads `h0..h0 + r` are in `q`, key vectors `v0..v0
+                // + j` in the panel at `kt` (panels are whole: 32 keys), their
+                // logits in `logits` up to `n8` (the last vector's store
+                // masked to it), their maxima at `mxp + 8 h0`.
+                unsafe {
+                    tile_rj(
+                        r,
+                        j,
+                        q0,
+                        d,
+                        kt,
+                        out,
+                        n8,
+                        scale,
+                        mxp.add(8 * h0),
+                        last,
+                        store,
+                        pf,
+                    )
+                };
+            }
+        }
+        // SAFETY: pass 1 wrote every head's logits and maxima; the AVX-512
+        // token implies AVX2+FMA.
+        unsafe { super::avx2::rest(token.avx2(), heads, n_vis, logits, z, sums) }
+    }
+
+    /// [`tile`] with `R = r`, `J = j` (at most 16 heads by 1 vector, 8 by
+    /// 2).
+    ///
+    /// # Safety
+    /// [`tile`]'s.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile_rj(
+        r: usize,
+        j: usize,
+        q: *const f32,
+        d: usize,
+        kt: *const f32,
+        out: *mut f32,
+        n8: usize,
+        scale: f32,
+        mx: *mut f32,
+        last: __mmask16,
+        store: __mmask16,
+        pf: &[u8],
+    ) {
+        macro_rules! by_r {
+            ($j:literal, $($r:literal)*) => {
+                match r {
+                    $($r => tile::<$r, $j>(q, d, kt, out, n8, scale, mx, last, store, pf),)*
+                    _ => unreachable!("at most {} heads by {} vectors", 16 / $j, $j),
+                }
+            };
+        }
+        // SAFETY: the contract.
+        unsafe {
+            match j {
+                2 => by_r!(2, 1 2 3 4 5 6 7 8),
+                _ => by_r!(1, 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16),
+            }
+        }
+    }
+
+    /// Heads `0..R` (rows `d` apart from `q`) against key vectors `0..J`
+    /// of 16 of the panel at `kt`: logit `t` to `out[r · n8 + 16 t..]`
+    /// (vector `J − 1`'s lanes outside `store` not written), and folded
+    /// into head `r`'s 8-lane running maximum `mx[8 r..][..8]` half by half
+    /// as `max(x, m)` (a NaN logit leaves it as it was; vector `J − 1`'s
+    /// lanes outside `last` count as `−inf`).
+    ///
+    /// # Safety
+    /// AVX-512 F; `R` rows of `d` at `q`, a panel of `32 d` at `kt`, `R`
+    /// rows `n8` apart at `out` with room for the stored lanes, `8 R`
+    /// floats at `mx`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const R: usize, const J: usize>(
+        q: *const f32,
+        d: usize,
+        kt: *const f32,
+        out: *mut f32,
+        n8: usize,
+        scale: f32,
+        mx: *mut f32,
+        last: __mmask16,
+        store: __mmask16,
+        pf: &[u8],
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); J]; R];
+        macro_rules! step {
+            ($c:expr) => {{
+                let c = $c;
+                // SAFETY: `c < d`: in the panel and in each query row.
+                unsafe {
+                    let mut k = [_mm512_setzero_ps(); J];
+                    for t in 0..J {
+                        k[t] = _mm512_loadu_ps(kt.add(c * PANEL + 16 * t));
+                    }
+                    for r in 0..R {
+                        let b = _mm512_set1_ps(*q.add(r * d + c));
+                        for t in 0..J {
+                            acc[r][t] = _mm512_fmadd_ps(b, k[t], acc[r][t]);
+                        }
+                    }
+                }
+            }};
+        }
+        // The next queries' lines into L2, one a trip of four elements
+        // (all at once, they stalled the tile on the fill buffers).
+        let d4 = d / 4 * 4;
+        for c in (0..d4).step_by(4) {
+            crate::keys::prefetch(pf, 16 * c, 16 * c + 1, CacheLevel::L2);
+            step!(c);
+            step!(c + 1);
+            step!(c + 2);
+            step!(c + 3);
+        }
+        for c in d4..d {
+            step!(c);
+        }
+        crate::keys::prefetch(pf, 16 * d4, pf.len(), CacheLevel::L2);
+        let (vs, ninf) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
+        for r in 0..R {
+            // SAFETY: head `r`'s maximum (the contract).
+            let mut m = unsafe { _mm256_loadu_ps(mx.add(8 * r)) };
+            for t in 0..J {
+                let y = _mm512_mul_ps(acc[r][t], vs);
+                let (x, keep) = match t == J - 1 {
+                    true => (_mm512_mask_blend_ps(last, ninf, y), store),
+                    false => (y, !0),
+                };
+                // SAFETY: the logits' row, the lanes `keep` names (the
+                // contract).
+                unsafe { _mm512_mask_storeu_ps(out.add(r * n8 + 16 * t), keep, y) };
+                m = _mm256_max_ps(_mm512_castps512_ps256(x), m);
+                m = _mm256_max_ps(_mm512_extractf32x8_ps::<1>(x), m);
+            }
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(mx.add(8 * r), m) };
         }
     }
 }
