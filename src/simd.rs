@@ -813,7 +813,6 @@ mod tests {
         ("nsa.top2", Level::Avx512, Level::Avx2),
         ("indexer.dense", Level::Avx512, Level::Avx2),
         ("infllm.head_sums", Level::Avx512, Level::Avx2),
-        ("infllm.staged", Level::Avx512, Level::Avx2),
     ];
 
     /// A level added to the dispatch is reached by every kernel family, or

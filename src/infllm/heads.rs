@@ -139,6 +139,12 @@ pub(crate) trait Elem: Copy + Send + Sync {
     /// AVX2 is available and `p` is readable.
     #[cfg(target_arch = "x86_64")]
     unsafe fn splat(p: *const Self) -> std::arch::x86_64::__m256;
+    /// The element at `p` in every lane of a 512-bit register.
+    ///
+    /// # Safety
+    /// AVX-512 F and BW are available and `p` is readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn splat16(p: *const Self) -> std::arch::x86_64::__m512;
 }
 
 impl Elem for f32 {
@@ -151,6 +157,12 @@ impl Elem for f32 {
     unsafe fn splat(p: *const f32) -> std::arch::x86_64::__m256 {
         // SAFETY: `p` is readable (the contract).
         unsafe { std::arch::x86_64::_mm256_broadcast_ss(&*p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn splat16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: `p` is readable and AVX-512 F is available (the contract).
+        unsafe { std::arch::x86_64::_mm512_set1_ps(p.read()) }
     }
 }
 
@@ -169,6 +181,18 @@ impl Elem for u16 {
         unsafe {
             let b = _mm256_set1_epi16(p.read_unaligned() as i16);
             _mm256_castsi256_ps(_mm256_slli_epi32::<16>(b))
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn splat16(p: *const u16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // As `splat`, 32 copies.
+        // SAFETY: `p` is readable and AVX-512 F/BW are available (the
+        // contract).
+        unsafe {
+            let b = _mm512_set1_epi16(p.read_unaligned() as i16);
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(b))
         }
     }
 }
@@ -970,12 +994,164 @@ mod avx2 {
     }
 }
 
+/// [`Staged::score`] with 16 or 32 lanes in 512-bit registers: the AVX2
+/// kernel's tiles with one or two vectors of 16 heads instead of two or
+/// four of 8 (the same logits, each its own chain, and the same per-lane
+/// maxima: exact, so the bits are the AVX2 kernel's, whose `finish` then
+/// runs).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers
+mod avx512 {
+    use super::{Elem, Heads, Rows};
+    use crate::simd::Avx512;
+    use std::arch::x86_64::*;
+
+    /// [`super::avx2::staged`] with `16 V` lanes in `V` 512-bit vectors,
+    /// tiles of `K` keys, then 2, then 1 (never straddling `n_min`).
+    ///
+    /// # Safety
+    /// `_token` proves AVX-512 F/BW/DQ/VL; the rows lie in `keys.ck`;
+    /// `qt.len() >= d · 16V`; `logits` holds rows `0..j + count` of `16V`;
+    /// `heads.hc <= 16V`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn staged<E: Elem, const V: usize, const K: usize>(
+        _token: Avx512,
+        qt: &[f32],
+        keys: Rows<'_, E>,
+        d: usize,
+        scale: f32,
+        heads: Heads<'_>,
+        j: usize,
+        count: usize,
+        logits: &mut [f32],
+        mx: &mut [f32; super::CHUNK],
+        mut pf: &[u8],
+    ) {
+        let w = 16 * V;
+        assert!(qt.len() >= d * w && logits.len() >= (j + count) * w);
+        let (n_min, _) = heads.range();
+        let mut m = [_mm512_setzero_ps(); V];
+        for v in 0..V {
+            // SAFETY: `16V <= 32` floats of `mx`.
+            m[v] = unsafe { _mm512_loadu_ps(mx.as_ptr().add(v * 16)) };
+        }
+        let mut past = [_mm512_set1_ps(f32::NEG_INFINITY); V];
+        let lp = logits.as_mut_ptr();
+        let mut k = 0;
+        while k < count {
+            let jk = j + k;
+            let at = Rows {
+                ck: keys.ck,
+                base: keys.base + k * keys.stride,
+                stride: keys.stride,
+            };
+            let mxk = if jk < n_min { &mut m } else { &mut past };
+            let (pf_now, rest) = pf.split_at(pf.len().min(d / 2 * 64));
+            // SAFETY: rows `k..` of the keys lie in `ck` and logit rows
+            // `jk..` in `logits` (the contract, asserted); `tile` reads its
+            // keys from `at` and writes rows `0..K` from `lp + jk · w`.
+            unsafe {
+                let lpk = lp.add(jk * w);
+                if K > 2 && k + K <= count && (jk + K - 1 < n_min || jk >= n_min) {
+                    tile::<E, V, K>(qt, at, d, scale, lpk, mxk, pf_now);
+                    k += K;
+                } else if k + 2 <= count && (jk + 1 < n_min || jk >= n_min) {
+                    tile::<E, V, 2>(qt, at, d, scale, lpk, mxk, pf_now);
+                    k += 2;
+                } else {
+                    tile::<E, V, 1>(qt, at, d, scale, lpk, mxk, pf_now);
+                    k += 1;
+                }
+            }
+            pf = rest;
+        }
+        for v in 0..V {
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(mx.as_mut_ptr().add(v * 16), m[v]) };
+        }
+    }
+
+    /// Keys `0..K` of `keys` against the chunk's `16V` heads (`qt`, `[d][16
+    /// V]`): logit `(k, l)` to `lp[k · 16V + l]`, each lane's maximum into
+    /// `mx` as `max(x, m)`; `pf`'s lines asked into the second-level cache,
+    /// one a trip of two elements.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW; keys `0..K` lie in `keys.ck`; `qt` holds `d · 16V`
+    /// floats; `K` rows of `16V` floats at `lp`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    unsafe fn tile<E: Elem, const V: usize, const K: usize>(
+        qt: &[f32],
+        keys: Rows<'_, E>,
+        d: usize,
+        scale: f32,
+        lp: *mut f32,
+        mx: &mut [__m512; V],
+        pf: &[u8],
+    ) {
+        let w = 16 * V;
+        let mut rows = [keys.ck.as_ptr(); K];
+        for (k, r) in rows.iter_mut().enumerate() {
+            // SAFETY: key `k` lies in `ck` (the contract).
+            *r = unsafe { keys.ck.as_ptr().add(keys.base + k * keys.stride) };
+        }
+        let qp = qt.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); V]; K];
+        let step = |c: usize, acc: &mut [[__m512; V]; K]| {
+            // SAFETY: `c < d`: `qt` holds `d · w` floats, each key row `d`.
+            unsafe {
+                let mut qv = [_mm512_setzero_ps(); V];
+                for v in 0..V {
+                    qv[v] = _mm512_loadu_ps(qp.add(c * w + v * 16));
+                }
+                for k in 0..K {
+                    let b = E::splat16(rows[k].add(c));
+                    for v in 0..V {
+                        acc[k][v] = _mm512_fmadd_ps(qv[v], b, acc[k][v]);
+                    }
+                }
+            }
+        };
+        let lines = pf.len().div_ceil(64);
+        let pp = pf.as_ptr() as *const i8;
+        let mut c = 0;
+        while c + 2 <= d {
+            if c / 2 < lines {
+                // SAFETY: line `c / 2` starts within `pf`; a prefetch reads
+                // nothing architecturally.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(pp.add(c / 2 * 64)) };
+            }
+            step(c, &mut acc);
+            step(c + 1, &mut acc);
+            c += 2;
+        }
+        if c < d {
+            step(c, &mut acc);
+        }
+        let vs = _mm512_set1_ps(scale);
+        for k in 0..K {
+            for v in 0..V {
+                let s = _mm512_mul_ps(acc[k][v], vs);
+                // SAFETY: row `k` of `w` floats at `lp` (the contract).
+                unsafe { _mm512_storeu_ps(lp.add(k * w + v * 16), s) };
+                mx[v] = _mm512_max_ps(s, mx[v]);
+            }
+        }
+    }
+}
+
 /// The kernels a [`Staged`] chunk runs, chosen once by its dispatch
 /// (`infllm.staged`).
 #[derive(Clone, Copy)]
 enum Kernel {
     #[cfg(target_arch = "x86_64")]
     Avx2(crate::simd::Avx2),
+    /// Chunks of 16 or 32 lanes score in 512-bit registers, the others and
+    /// every finish at AVX2.
+    #[cfg(target_arch = "x86_64")]
+    Avx512(crate::simd::Avx512),
     Portable,
 }
 
@@ -1053,7 +1229,10 @@ impl Staged {
                 // `qt` is `d · w` floats. The level's kernels are kept for
                 // `score` and `finish`.
                 let kernel = dispatch!("infllm.staged", isa, {
-                    avx512 => avx2,
+                    avx512(t) => {
+                        avx2::transpose_queries(t.avx2(), rows, w, &mut qt);
+                        Kernel::Avx512(t)
+                    },
                     avx2(t) => {
                         avx2::transpose_queries(t, rows, w, &mut qt);
                         Kernel::Avx2(t)
@@ -1152,6 +1331,45 @@ impl Staged {
                     ),
                 }
             },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `t` proves AVX-512 (made by the dispatch in `chunks`),
+            // and so AVX2+FMA; the bounds as above.
+            Kernel::Avx512(t) => unsafe {
+                match w {
+                    16 => avx512::staged::<E, 1, 12>(
+                        t, qt, keys, d, scale, heads, j, count, logits, mx, pf,
+                    ),
+                    32 => avx512::staged::<E, 2, 6>(
+                        t, qt, keys, d, scale, heads, j, count, logits, mx, pf,
+                    ),
+                    8 => avx2::staged::<E, 1, 12>(
+                        t.avx2(),
+                        qt,
+                        keys,
+                        d,
+                        scale,
+                        heads,
+                        j,
+                        count,
+                        logits,
+                        mx,
+                        pf,
+                    ),
+                    _ => avx2::staged::<E, 3, 3>(
+                        t.avx2(),
+                        qt,
+                        keys,
+                        d,
+                        scale,
+                        heads,
+                        j,
+                        count,
+                        logits,
+                        mx,
+                        pf,
+                    ),
+                }
+            },
             Kernel::Portable => {
                 let _ = pf;
                 for k in 0..count {
@@ -1194,6 +1412,17 @@ impl Staged {
             // SAFETY: `t` proves AVX2+FMA (made by the dispatch in
             // `chunks`); the bounds as above.
             Kernel::Avx2(t) => unsafe {
+                match w {
+                    8 => avx2::staged_finish::<1>(t, heads, mx, logits, sums),
+                    16 => avx2::staged_finish::<2>(t, heads, mx, logits, sums),
+                    24 => avx2::staged_finish::<3>(t, heads, mx, logits, sums),
+                    _ => avx2::staged_finish::<4>(t, heads, mx, logits, sums),
+                }
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `t` proves AVX-512 and so AVX2+FMA; the bounds as above.
+            Kernel::Avx512(t) => unsafe {
+                let t = t.avx2();
                 match w {
                     8 => avx2::staged_finish::<1>(t, heads, mx, logits, sums),
                     16 => avx2::staged_finish::<2>(t, heads, mx, logits, sums),
