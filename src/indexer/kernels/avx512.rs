@@ -167,8 +167,10 @@ unsafe fn columns<const F: u8>(p: *const u8, n: usize, d: usize, dst: *mut f32, 
     }
 }
 
-/// [`super::portable::weighted_relu_sums`], tiles of 8, 4, then 1 heads
-/// (the query's tiles, [`super::Query`]).
+/// [`super::portable::weighted_relu_sums`], tiles of 12, then 8, 4 and 1
+/// heads (the query's tiles, [`super::Tiles::Twelves`]): 24 accumulators
+/// and 14 loads for 24 multiply-adds a step (docs/kernels.md has the
+/// measurements against tiles of 8).
 ///
 /// # Safety
 /// `qt.len() >= d * w.len()`, `kt.len() >= d * BLOCK` (the token proves
@@ -184,10 +186,17 @@ pub(super) unsafe fn weighted_relu_sums<const RELU: bool>(
     next: &[u8],
 ) {
     let h = w.len();
-    let mut runs = prefetch_runs(next, h / 8 + usize::from(h % 8 >= 4) + h % 4);
+    let (twelves, rest) = (h / 12, h % 12);
+    let tiles = twelves + usize::from(rest >= 8) + usize::from(rest % 8 >= 4) + rest % 4;
+    let mut runs = prefetch_runs(next, tiles);
     let mut h0 = 0;
-    while h0 + 8 <= h {
-        // SAFETY: heads `h0 .. h0 + 8 <= h` (the bounds as the contract).
+    while h0 + 12 <= h {
+        // SAFETY: heads `h0 .. h0 + 12 <= h` (the bounds as the contract).
+        unsafe { tile::<12, RELU>(qt, kt, w, d, h0, acc, runs.next().unwrap_or_default()) };
+        h0 += 12;
+    }
+    if h0 + 8 <= h {
+        // SAFETY: heads `h0 .. h0 + 8 <= h`.
         unsafe { tile::<8, RELU>(qt, kt, w, d, h0, acc, runs.next().unwrap_or_default()) };
         h0 += 8;
     }

@@ -51,9 +51,13 @@ pub(super) const BLOCK: usize = 32;
 /// register budget); the arithmetic, and so the bits, never depend on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Tiles {
-    /// 8s, then a 4 if 4 remain, then 1s: the AVX-512 kernel's (and the
-    /// portable one's, which reads any layout).
+    /// 8s, then a 4 if 4 remain, then 1s: the portable kernel's (which
+    /// reads any layout) and the pair level's pairs.
     Eights,
+    /// 12s, then an 8 if 8 remain, then a 4 if 4 remain, then 1s: the
+    /// AVX-512 kernel's (24 accumulators of the 32 registers, 14 loads for
+    /// 24 multiply-adds a step).
+    Twelves,
     /// 6s, then one tile of the 1–5 heads left: the AVX2 kernel's, whose
     /// 6 heads × 16 keys are 12 independent FMA chains in 15 of the 16
     /// registers. The rule the tile keeps: more independent chains than
@@ -70,7 +74,8 @@ impl Tiles {
     pub fn of(level: Isa) -> Tiles {
         match level {
             Isa::Avx2(_) => Tiles::Sixes,
-            Isa::Avx512(_) | Isa::Avx512Bf16(_) | Isa::Scalar => Tiles::Eights,
+            Isa::Avx512(_) | Isa::Avx512Bf16(_) => Tiles::Twelves,
+            Isa::Scalar => Tiles::Eights,
         }
     }
 }
@@ -109,6 +114,20 @@ pub(super) fn slot(tiles: Tiles, h: usize, d: usize, head: usize) -> (usize, usi
                 (head / 8 * 8, 8)
             } else if h - eights >= 4 && head < eights + 4 {
                 (eights, 4)
+            } else {
+                (head, 1)
+            }
+        }
+        Tiles::Twelves => {
+            let twelves = h / 12 * 12;
+            let eight = twelves + usize::from(h - twelves >= 8) * 8;
+            let four = eight + usize::from(h - eight >= 4) * 4;
+            if head < twelves {
+                (head / 12 * 12, 12)
+            } else if head < eight {
+                (twelves, 8)
+            } else if head < four {
+                (eight, 4)
             } else {
                 (head, 1)
             }

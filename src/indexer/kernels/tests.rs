@@ -101,7 +101,7 @@ fn every_level_decodes_and_transposes_a_block_exactly() {
 /// layout is a permutation of `0 .. h · d`, and loading puts `q_h[i]` there.
 #[test]
 fn the_query_tiles_are_a_permutation() {
-    for tiles in [Tiles::Eights, Tiles::Sixes] {
+    for tiles in [Tiles::Eights, Tiles::Twelves, Tiles::Sixes] {
         for &(h, d) in &SHAPES {
             let mut seen = vec![false; h * d];
             for head in 0..h {
@@ -154,6 +154,8 @@ fn every_level_scores_bit_identically() {
         (11, 17),
         (15, 4),
         (32, 64),
+        (20, 6),
+        (28, 9),
     ];
     for &(h, d) in SHAPES.iter().chain(&more) {
         for trial in 0..20 {
