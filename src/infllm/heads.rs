@@ -389,6 +389,47 @@ pub(super) fn reduce8(l: [f32; 8]) -> f32 {
     ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
+/// [`Staged::score`]'s walk over keys `j..j + count`, at every level:
+/// tiles of `k_max` keys, then of 2, then 1, none straddling `n_min` (a
+/// tile's maxima go to `m`, the keys every query sees, or to `past`, set
+/// aside); `pf` handed out `d / 2` lines a tile. `tile(k, n, maxima, pf)`
+/// scores keys `j + k .. j + k + n`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn staged_walk<M>(
+    n_min: usize,
+    j: usize,
+    count: usize,
+    k_max: usize,
+    d: usize,
+    mut pf: &[u8],
+    m: &mut M,
+    past: &mut M,
+    mut tile: impl FnMut(usize, usize, &mut M, &[u8]),
+) {
+    let mut k = 0;
+    while k < count {
+        let jk = j + k;
+        let maxima = if jk < n_min { &mut *m } else { &mut *past };
+        // This tile's share of `pf` (a line a step), the rest after it.
+        let (now, rest) = pf.split_at(pf.len().min(d / 2 * 64));
+        // Tiles of `k_max` keys (the one-pass kernel's: fewer query loads a
+        // key than tiles of 2 for a chunk of one query's 8 or 16 heads),
+        // then of 2, then 1.
+        let n = if k_max > 2 && k + k_max <= count && (jk + k_max - 1 < n_min || jk >= n_min) {
+            k_max
+        } else if k + 2 <= count && (jk + 1 < n_min || jk >= n_min) {
+            2
+        } else {
+            1
+        };
+        tile(k, n, maxima, now);
+        k += n;
+        pf = rest;
+    }
+}
+
 mod portable {
     use super::{reduce8, Elem, Heads, Rows};
     use crate::exp::exp_scalar;
@@ -800,7 +841,7 @@ mod avx2 {
         count: usize,
         logits: &mut [f32],
         mx: &mut [f32; super::CHUNK],
-        mut pf: &[u8],
+        pf: &[u8],
     ) {
         let w = 8 * V;
         let (n_min, _) = heads.range();
@@ -811,39 +852,35 @@ mod avx2 {
         }
         let mut past = [_mm256_set1_ps(f32::NEG_INFINITY); V];
         let lp = logits.as_mut_ptr();
-        let mut k = 0;
-        while k < count {
-            let jk = j + k;
-            let at = Rows {
-                ck: keys.ck,
-                base: keys.base + k * keys.stride,
-                stride: keys.stride,
-            };
-            let mxk = if jk < n_min { &mut m } else { &mut past };
-            // This tile's share of `pf` (a line a step), the rest after it.
-            let (pf_now, rest) = pf.split_at(pf.len().min(d / 2 * 64));
-            // SAFETY: rows `k..` of the keys lie in `ck` and logit rows
-            // `jk..` in `logits` (the contract); `tile` reads its keys from
-            // `at` and writes rows `0..K` from `lp + jk · w`.
-            unsafe {
-                let lpk = lp.add(jk * w);
-                // Tiles of `K` keys (the one-pass kernel's, [`chunk`]'s:
-                // fewer query loads a key than tiles of 2 for a chunk of
-                // one query's 8 or 16 heads), then of 2, then 1; a tile
-                // never straddles `n_min` (its maxima go to one set).
-                if K > 2 && k + K <= count && (jk + K - 1 < n_min || jk >= n_min) {
-                    tile::<E, V, K>(qt, at, d, 0, scale, lpk, mxk, false, pf_now);
-                    k += K;
-                } else if k + 2 <= count && (jk + 1 < n_min || jk >= n_min) {
-                    tile::<E, V, 2>(qt, at, d, 0, scale, lpk, mxk, false, pf_now);
-                    k += 2;
-                } else {
-                    tile::<E, V, 1>(qt, at, d, 0, scale, lpk, mxk, false, pf_now);
-                    k += 1;
+        super::staged_walk(
+            n_min,
+            j,
+            count,
+            K,
+            d,
+            pf,
+            &mut m,
+            &mut past,
+            |k, n, mxk, pf| {
+                let at = Rows {
+                    ck: keys.ck,
+                    base: keys.base + k * keys.stride,
+                    stride: keys.stride,
+                };
+                // SAFETY: AVX2+FMA (the token); rows `k..k + n` of the keys lie
+                // in `ck` and logit rows `j + k..` in `logits` (the contract);
+                // `tile` reads its keys from `at` and writes rows `0..n` from
+                // `lp + (j + k) · w`.
+                unsafe {
+                    let lpk = lp.add((j + k) * w);
+                    match n {
+                        1 => tile::<E, V, 1>(qt, at, d, 0, scale, lpk, mxk, false, pf),
+                        2 => tile::<E, V, 2>(qt, at, d, 0, scale, lpk, mxk, false, pf),
+                        _ => tile::<E, V, K>(qt, at, d, 0, scale, lpk, mxk, false, pf),
+                    }
                 }
-            }
-            pf = rest;
-        }
+            },
+        );
         for v in 0..V {
             // SAFETY: as above.
             unsafe { _mm256_storeu_ps(mx.as_mut_ptr().add(v * 8), m[v]) };
@@ -1026,7 +1063,7 @@ mod avx512 {
         count: usize,
         logits: &mut [f32],
         mx: &mut [f32; super::CHUNK],
-        mut pf: &[u8],
+        pf: &[u8],
     ) {
         let w = 16 * V;
         assert!(qt.len() >= d * w && logits.len() >= (j + count) * w);
@@ -1038,34 +1075,35 @@ mod avx512 {
         }
         let mut past = [_mm512_set1_ps(f32::NEG_INFINITY); V];
         let lp = logits.as_mut_ptr();
-        let mut k = 0;
-        while k < count {
-            let jk = j + k;
-            let at = Rows {
-                ck: keys.ck,
-                base: keys.base + k * keys.stride,
-                stride: keys.stride,
-            };
-            let mxk = if jk < n_min { &mut m } else { &mut past };
-            let (pf_now, rest) = pf.split_at(pf.len().min(d / 2 * 64));
-            // SAFETY: rows `k..` of the keys lie in `ck` and logit rows
-            // `jk..` in `logits` (the contract, asserted); `tile` reads its
-            // keys from `at` and writes rows `0..K` from `lp + jk · w`.
-            unsafe {
-                let lpk = lp.add(jk * w);
-                if K > 2 && k + K <= count && (jk + K - 1 < n_min || jk >= n_min) {
-                    tile::<E, V, K>(qt, at, d, scale, lpk, mxk, pf_now);
-                    k += K;
-                } else if k + 2 <= count && (jk + 1 < n_min || jk >= n_min) {
-                    tile::<E, V, 2>(qt, at, d, scale, lpk, mxk, pf_now);
-                    k += 2;
-                } else {
-                    tile::<E, V, 1>(qt, at, d, scale, lpk, mxk, pf_now);
-                    k += 1;
+        super::staged_walk(
+            n_min,
+            j,
+            count,
+            K,
+            d,
+            pf,
+            &mut m,
+            &mut past,
+            |k, n, mxk, pf| {
+                let at = Rows {
+                    ck: keys.ck,
+                    base: keys.base + k * keys.stride,
+                    stride: keys.stride,
+                };
+                // SAFETY: AVX-512 (the token); rows `k..k + n` of the keys lie
+                // in `ck` and logit rows `j + k..` in `logits` (the contract,
+                // asserted); `tile` reads its keys from `at` and writes rows
+                // `0..n` from `lp + (j + k) · w`.
+                unsafe {
+                    let lpk = lp.add((j + k) * w);
+                    match n {
+                        1 => tile::<E, V, 1>(qt, at, d, scale, lpk, mxk, pf),
+                        2 => tile::<E, V, 2>(qt, at, d, scale, lpk, mxk, pf),
+                        _ => tile::<E, V, K>(qt, at, d, scale, lpk, mxk, pf),
+                    }
                 }
-            }
-            pf = rest;
-        }
+            },
+        );
         for v in 0..V {
             // SAFETY: as above.
             unsafe { _mm512_storeu_ps(mx.as_mut_ptr().add(v * 16), m[v]) };

@@ -4,6 +4,7 @@ pass, refusals)."""
 
 import numpy as np
 import pytest
+from levels import assert_child_equals
 from pages import vllm_fp8_pages
 
 import kvselect as ks
@@ -381,8 +382,6 @@ def test_every_simd_level_gives_the_same_rows_and_score_bits(tmp_path, level):
     or the AVX2 kernel (KVSELECT_SIMD=scalar / avx2, in a child process) as
     with the best level (AVX-512 where the CPU has it)."""
     import os
-    import subprocess
-    import sys
 
     # The scalar level by choice (KVSELECT_SIMD=scalar, as .ci/run runs the
     # suite) still compares against the children's levels; by lack of AVX2 not.
@@ -408,19 +407,7 @@ def test_every_simd_level_gives_the_same_rows_and_score_bits(tmp_path, level):
     np.savez(tmp_path / "in.npz", **arrays)
     if level == "avx2" and cpu_is_scalar:
         pytest.skip("no AVX2")
-    env = dict(os.environ, KVSELECT_SIMD=level)
-    subprocess.run(
-        [sys.executable, "-c", _SCALAR_CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
-        check=True,
-        env=env,
-        timeout=300,
-    )
-    got = np.load(tmp_path / "out.npz")
-    for name, want in expected.items():
-        if name.startswith("scores"):
-            assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
-        else:
-            assert np.array_equal(got[name], want), name
+    assert_child_equals(_SCALAR_CHILD, tmp_path, level, expected)
 
 
 _PAIRS_CHILD = """
@@ -470,8 +457,6 @@ def test_bf16_and_fp8_queries_give_the_same_rows_and_score_bits_at_every_level(t
     runs in a child with ``KVSELECT_SIMD=avx512bf16`` wherever the CPU has it,
     default or not."""
     import os
-    import subprocess
-    import sys
 
     if not _level_runs(level):
         if level in ("avx2", "scalar") and os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
@@ -508,15 +493,4 @@ def test_bf16_and_fp8_queries_give_the_same_rows_and_score_bits_at_every_level(t
         )
         expected[f"scores_{i}"] = s
     np.savez(tmp_path / "in.npz", **arrays)
-    subprocess.run(
-        [sys.executable, "-c", _PAIRS_CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
-        check=True,
-        env=dict(os.environ, KVSELECT_SIMD=level),
-        timeout=300,
-    )
-    got = np.load(tmp_path / "out.npz")
-    for name, want in expected.items():
-        if name.startswith("scores"):
-            assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
-        else:
-            assert np.array_equal(got[name], want), name
+    assert_child_equals(_PAIRS_CHILD, tmp_path, level, expected)

@@ -5,11 +5,10 @@ layout — on every form (dense, packed, paged, compressed entries), against
 the NumPy twin written from the sources, at every SIMD level."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from levels import assert_child_equals
 
 import kvselect as ks
 from kvselect import reference as ref
@@ -327,19 +326,7 @@ def test_every_simd_level_gives_the_same_rows_and_score_bits_with_the_options(tm
         expected[f"rows_{i}"] = ks.indexer_topk(q, w, k, pos, topk, compress_ratio=m, scores_out=s, **opts)
         expected[f"scores_{i}"] = s
     np.savez(tmp_path / "in.npz", **arrays)
-    env = dict(os.environ, KVSELECT_SIMD=level)
-    subprocess.run(
-        [sys.executable, "-c", _CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
-        check=True,
-        env=env,
-        timeout=300,
-    )
-    got = np.load(tmp_path / "out.npz")
-    for name, want in expected.items():
-        if name.startswith("scores"):
-            assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
-        else:
-            assert np.array_equal(got[name], want), name
+    assert_child_equals(_CHILD, tmp_path, level, expected)
 
 
 def test_the_exact_check_accepts_activation_none_rows_with_their_scores():

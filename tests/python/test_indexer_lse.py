@@ -6,11 +6,10 @@ positions' scaled scores (sgl-project/sglang
 ``kvselect check``, every form and every SIMD level."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from levels import assert_child_equals
 
 import kvselect as ks
 from kvselect import checking
@@ -300,19 +299,7 @@ def test_every_simd_level_gives_the_same_rows_and_score_bits(tmp_path, level):
         expected[f"rows_{i}"] = ks.indexer_topk(q, w, k, pos, topk, scores_out=s, **opts)
         expected[f"scores_{i}"] = s
     np.savez(tmp_path / "in.npz", **arrays)
-    env = dict(os.environ, KVSELECT_SIMD=level)
-    subprocess.run(
-        [sys.executable, "-c", _CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
-        check=True,
-        env=env,
-        timeout=300,
-    )
-    got = np.load(tmp_path / "out.npz")
-    for name, want in expected.items():
-        if name.startswith("scores"):
-            assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
-        else:
-            assert np.array_equal(got[name], want), name
+    assert_child_equals(_CHILD, tmp_path, level, expected)
 
 
 def test_the_twin_pool_scores_are_sglangs_order():

@@ -1,0 +1,28 @@
+"""One computation at another SIMD level, in a child process
+(``KVSELECT_SIMD`` is read once per process): the tests that compare a
+level's rows and score bits against this process's."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+
+def assert_child_equals(child: str, tmp_path, level: str, expected: dict) -> None:
+    """Runs ``child`` (a script given ``in.npz``, ``out.npz`` and ``level``,
+    with ``in.npz`` already in ``tmp_path``) at ``KVSELECT_SIMD=level``, then
+    asserts that each of its outputs equals ``expected``'s: ``scores*``
+    arrays bit for bit, the others exactly."""
+    subprocess.run(
+        [sys.executable, "-c", child, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
+        check=True,
+        env=dict(os.environ, KVSELECT_SIMD=level),
+        timeout=300,
+    )
+    got = np.load(tmp_path / "out.npz")
+    for name, want in expected.items():
+        if name.startswith("scores"):
+            assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
+        else:
+            assert np.array_equal(got[name], want), name
