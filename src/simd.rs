@@ -59,9 +59,10 @@ pub enum Level {
     /// instruction, bit for bit the float32 kernel's (its blocks admitted
     /// per block, the others and every other kernel at the AVX-512 level).
     /// Offered only when the CPU's instruction matches the software model,
-    /// and the default only where it does more products per second than
-    /// the FMAs it replaces (`simd/bf16dp.rs`); `KVSELECT_SIMD=avx512bf16`
-    /// asks for it on any CPU whose instruction matches the model.
+    /// and the default only where it does at least 1.3 times the products
+    /// per second of the FMAs it replaces (`simd/bf16dp.rs`);
+    /// `KVSELECT_SIMD=avx512bf16` asks for it on any CPU whose instruction
+    /// matches the model.
     Avx512Bf16,
 }
 
@@ -228,21 +229,24 @@ pub enum Isa {
 
 impl Isa {
     /// The level dispatch runs at: the best this CPU has (detected once per
-    /// process), capped by `KVSELECT_SIMD` (`scalar`, `avx2`). The one
-    /// entry point to the level.
+    /// process; the pair level only where it pays, [`pair_speedup`]), capped
+    /// by `KVSELECT_SIMD` (`scalar`, `avx2`, `avx512`; `avx512bf16` takes
+    /// the pair level wherever the CPU has it). The one entry point to the
+    /// level.
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| Isa::chosen(Isa::available(), pair_level_pays, requested()))
     }
 
     /// The level dispatch runs at on a CPU whose best level is `available`:
-    /// the pair level only where it `pays` (asked only then) or is
-    /// `requested` by name, then capped at `requested`.
+    /// the pair level only where it `pays` or is `requested` by name, then
+    /// capped at `requested`. `pays` (the race) is asked only when it
+    /// decides: not when the pair level is asked for, nor capped away.
     fn chosen(available: Isa, pays: impl FnOnce() -> bool, requested: Option<Level>) -> Isa {
-        let top = match available {
-            Isa::Avx512Bf16(_) if requested != Some(Level::Avx512Bf16) && !pays() => {
-                available.down()
-            }
+        let top = match (available, requested) {
+            (Isa::Avx512Bf16(_), Some(Level::Avx512Bf16)) => available,
+            (Isa::Avx512Bf16(_), Some(_)) => available.down(),
+            (Isa::Avx512Bf16(_), None) if !pays() => available.down(),
             _ => available,
         };
         top.capped(requested)
@@ -487,8 +491,8 @@ macro_rules! dispatch {
 pub(crate) use dispatch;
 
 /// Every level this CPU has, from the portable one up, whatever
-/// `KVSELECT_SIMD` says: the levels a test compares (an AVX-512 CPU's
-/// tests run all three).
+/// `KVSELECT_SIMD` says, the pair level too where the CPU has it (whether
+/// or not it is the default): the levels a test compares.
 #[cfg(test)]
 pub(crate) fn isas_for_test() -> Vec<Isa> {
     let mut isa = Isa::available();

@@ -51,8 +51,8 @@ fn get_num_threads() -> usize {
 /// "avx512bf16" (AVX-512 with AVX512-BF16's ``VDPBF16PS``: the indexer's dot products of
 /// bfloat16-exact queries and bf16 / fp8 keys two dimensions per instruction, the same bits;
 /// offered only when the CPU's instruction matches kvselect's software model of it, and the
-/// default only where it does more products per second than the FMAs it replaces: AMD Zen 4,
-/// not an Intel Xeon, where it does half), "avx512" (block selection, the indexer and
+/// default only where it does at least 1.3 times the products per second of the FMAs it
+/// replaces: AMD Zen 4, not an Intel Xeon, where it does half), "avx512" (block selection, the indexer and
 /// attention; the other kernels run AVX2), "avx2" or "scalar". ``KVSELECT_SIMD=avx512``,
 /// ``=avx2`` or ``=scalar`` in the environment caps it; ``KVSELECT_SIMD=avx512bf16`` takes the
 /// pair level wherever the CPU's instruction matches the model.

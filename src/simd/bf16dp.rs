@@ -177,8 +177,8 @@ pub(super) fn hardware_agrees(_: super::Avx512) -> bool {
 }
 
 /// The products per second of `VDPBF16PS` over those of `VFMADD` on this
-/// core (2.04 measured on AMD Zen 4, 0.50 on an Intel Xeon with
-/// AVX512-BF16): the
+/// core (0.50 on an Intel Xeon with AVX512-BF16; on AMD Zen 4 a loop of
+/// the same kind measured 2.04, the race itself not yet run there): the
 /// same [`RACE_CHAINS`] independent register chains, [`RACE_STEPS`] steps
 /// each (32 products a step for the pair instruction, 16 for the FMA), the
 /// two loops alternated over [`RACE_ROUNDS`] rounds after a warm-up round

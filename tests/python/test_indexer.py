@@ -451,9 +451,10 @@ def test_bf16_and_fp8_queries_give_the_same_rows_and_score_bits_at_every_level(t
     """The pair level's inputs (bfloat16 queries × bfloat16 keys, fp8 queries ×
     fp8 keys with scales, read as raw views) give the same rows and score bits
     at every level as in this process, whichever level it runs: blocks the
-    pair level admits (exponents near 0) and blocks it must hand to the
-    float32 kernel (keys and queries near 2⁻⁶⁰, where the instruction's
-    flushes would act), NaN keys and signed zeros among them. The pair level
+    pair level admits (exponents near 0) and, in bfloat16, blocks it must
+    hand to the float32 kernel (keys near 2⁻⁶⁰ against queries near 2⁻⁵⁶,
+    where the instruction's flushes would act); NaN keys and signed zeros in
+    both formats. The pair level
     runs in a child with ``KVSELECT_SIMD=avx512bf16`` wherever the CPU has it,
     default or not."""
     import os
@@ -469,15 +470,18 @@ def test_bf16_and_fp8_queries_give_the_same_rows_and_score_bits_at_every_level(t
         d = int(rng.choice([2, 8, 32, 128]))
         q = rng.standard_normal((n, h, d)).astype(np.float32)
         k = rng.standard_normal((t, d)).astype(np.float32)
-        if i % 3 == 1:  # tiny keys and queries: some blocks must fall back
+        bf16 = i % 2 == 1
+        if bf16 and i % 3 == 1:
+            # Tiny bfloat16 keys and queries: the blocks holding the tiny keys
+            # must fall back (exponent sum below -112); fp8 cannot get there.
             k[rng.random(t) < 0.3] *= np.float32(2.0**-60)
             q *= np.float32(2.0**-56)
-        if i % 4 == 2:
+        if i % 4 in (1, 2):  # both formats: a NaN key, signed zeros
             k[rng.integers(0, t)] = np.nan
             k[rng.random((t, d)) < 0.1] = -0.0
-        fmt = "bfloat16" if i % 2 else "float8_e4m3fn"
-        dtype = ml_dtypes.bfloat16 if i % 2 else ml_dtypes.float8_e4m3fn
-        raw = np.uint16 if i % 2 else np.uint8
+        fmt = "bfloat16" if bf16 else "float8_e4m3fn"
+        dtype = ml_dtypes.bfloat16 if bf16 else ml_dtypes.float8_e4m3fn
+        raw = np.uint16 if bf16 else np.uint8
         qq, kk = q.astype(dtype).view(raw), k.astype(dtype).view(raw)
         w = rng.standard_normal((n, h)).astype(np.float32)
         c = rng.uniform(0.5, 2.0, t).astype(np.float32)
@@ -494,3 +498,29 @@ def test_bf16_and_fp8_queries_give_the_same_rows_and_score_bits_at_every_level(t
         expected[f"scores_{i}"] = s
     np.savez(tmp_path / "in.npz", **arrays)
     assert_child_equals(_PAIRS_CHILD, tmp_path, level, expected)
+
+
+def test_the_pair_level_is_the_default_exactly_where_its_race_pays():
+    """``_pair_speedup()`` is None exactly where the CPU has no pair level
+    (``KVSELECT_SIMD=avx512bf16`` cannot reach it), and, with no
+    ``KVSELECT_SIMD``, the default level is the pair level exactly where the
+    process's own race found at least 1.3 (each process races once: the
+    level and the ratio are read in one child)."""
+    import os
+    import subprocess
+    import sys
+
+    def child(env: dict) -> list:
+        code = "import kvselect as ks; from kvselect import _core; print(ks.simd_level(), _core._pair_speedup())"
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        return out.stdout.split()
+
+    bare = {k: v for k, v in os.environ.items() if k != "KVSELECT_SIMD"}
+    level, ratio = child(bare)
+    asked, _ = child(dict(bare, KVSELECT_SIMD="avx512bf16"))
+    assert (ratio == "None") == (asked != "avx512bf16"), (level, ratio, asked)
+    if ratio != "None":
+        assert float(ratio) > 0
+        assert (level == "avx512bf16") == (float(ratio) >= 1.3), (level, ratio)
+    else:
+        assert level != "avx512bf16"
