@@ -192,8 +192,12 @@ pub(super) fn speedup(t: super::Avx512Bf16) -> f64 {
         // SAFETY: the token proves AVX512-BF16 and AVX-512 F.
         std::hint::black_box(unsafe { race_dp(t) });
         let t1 = Instant::now();
-        // SAFETY: as above (AVX-512 F).
-        std::hint::black_box(unsafe { race_fma(t) });
+        // The benchmarks' FMA floor at the AVX-512 level: the same chains
+        // and steps in `VFMADD`.
+        std::hint::black_box(super::floor::run(
+            super::Isa::Avx512(t.avx512()),
+            RACE_STEPS,
+        ));
         let t2 = Instant::now();
         if round > 0 {
             dp_best = dp_best.min((t1 - t0).as_secs_f64());
@@ -212,10 +216,11 @@ pub(super) fn speedup(t: super::Avx512Bf16) -> f64 {
 /// so a core whose instruction is barely faster gains nothing.
 pub(super) const PAYS_AT: f64 = 1.3;
 
-/// Chains in the race: enough to cover the pair instruction's latency (about
-/// nine cycles at one every two on the Xeon; one a cycle on Zen 4).
+/// Chains in the race, the FMA floor's: enough to cover the pair
+/// instruction's latency (about nine cycles at one every two on the Xeon;
+/// one a cycle on Zen 4).
 #[cfg(target_arch = "x86_64")]
-const RACE_CHAINS: usize = 12;
+const RACE_CHAINS: usize = super::FLOOR_CHAINS;
 /// Steps of every chain in one round of the race (about 10-30 µs).
 #[cfg(target_arch = "x86_64")]
 const RACE_STEPS: usize = 4096;
@@ -235,27 +240,6 @@ fn race_dp(_: super::Avx512Bf16) -> f32 {
     for _ in 0..RACE_STEPS {
         for v in acc.iter_mut() {
             *v = dp(*v, a, b);
-        }
-    }
-    let s = acc
-        .iter()
-        .fold(_mm512_setzero_ps(), |s, &v| _mm512_add_ps(s, v));
-    _mm512_reduce_add_ps(s)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn race_fma(_: super::Avx512Bf16) -> f32 {
-    use std::arch::x86_64::*;
-    use std::hint::black_box;
-    let (x, y) = (
-        _mm512_set1_ps(black_box(0.999_999)),
-        _mm512_set1_ps(black_box(1e-7)),
-    );
-    let mut acc = [_mm512_set1_ps(1.0); RACE_CHAINS];
-    for _ in 0..RACE_STEPS {
-        for v in acc.iter_mut() {
-            *v = _mm512_fmadd_ps(*v, x, y);
         }
     }
     let s = acc
