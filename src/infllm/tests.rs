@@ -1265,6 +1265,20 @@ fn dense_in_place_equals_packed_at_every_level() {
     assert!(checked >= 6 * 5 * 12 * 4, "{checked} calls checked");
 }
 
+/// The probes' compressed keys: `n_c` rows of `row` random float32s, the
+/// same values cut to bfloat16 bits and to fp8 e4m3 codes (no NaN), and a
+/// positive scale a row.
+fn probe_keys(n_c: usize, row: usize) -> (Vec<f32>, Vec<u16>, Vec<u8>, Vec<f32>) {
+    let vals = random(n_c * row, 3);
+    let bf = vals.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+    let fp8 = vals
+        .iter()
+        .map(|x| ((x.to_bits() >> 24) as u8) & 0xbf)
+        .collect();
+    let scales = random(n_c, 4).iter().map(|x| x.abs() + 0.01).collect();
+    (vals, bf, fp8, scales)
+}
+
 /// Not a check: the measurement behind `api::in_place` (docs/infllm.md,
 /// "Dense decode"). Each path forced on the same keys, interleaved, at
 /// MiniCPM4-like shapes (`d = 128`, groups 16, 8, 2 and 1 over 2 KV heads,
@@ -1280,13 +1294,7 @@ fn in_place_threshold_probe() {
     for &(hq, n_kv) in &[(32usize, 2usize), (16, 2), (4, 2), (2, 2)] {
         for &seq_len in &[131_072usize, 8192] {
             let n_c = compressed_len(seq_len);
-            let vals = random(n_c * n_kv * d, 3);
-            let bf: Vec<u16> = vals.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
-            let fp8: Vec<u8> = vals
-                .iter()
-                .map(|x| ((x.to_bits() >> 24) as u8) & 0xbf)
-                .collect();
-            let scales: Vec<f32> = random(n_c, 4).iter().map(|x| x.abs() + 0.01).collect();
+            let (vals, bf, fp8, scales) = probe_keys(n_c, n_kv * d);
             for kind in ["f32", "bf16", "fp8s"] {
                 let (ck, sc) = match kind {
                     "f32" => (Encoded::F32(&vals), None),
@@ -1348,13 +1356,7 @@ fn several_queries_probe() {
     use super::paged::{dense_group_sums, dense_group_sums_queries, Dense, Row};
     let (d, n_kv, seq_len) = (128usize, 2usize, 131_072usize);
     let n_c = compressed_len(seq_len);
-    let vals = random(n_c * n_kv * d, 3);
-    let bf: Vec<u16> = vals.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
-    let fp8: Vec<u8> = vals
-        .iter()
-        .map(|x| ((x.to_bits() >> 24) as u8) & 0xbf)
-        .collect();
-    let scales: Vec<f32> = random(n_c, 4).iter().map(|x| x.abs() + 0.01).collect();
+    let (vals, bf, fp8, scales) = probe_keys(n_c, n_kv * d);
     for heads in [16usize, 2] {
         for kind in ["f32", "bf16", "fp8s"] {
             let keys = match kind {
