@@ -39,6 +39,7 @@
 
 use std::sync::OnceLock;
 
+pub(crate) mod amx;
 pub(crate) mod bf16dp;
 
 /// The name of an instruction-set level: what [`Isa::best`] chose
@@ -168,6 +169,19 @@ pub fn pair_speedup() -> Option<f64> {
     })
 }
 
+/// The AMX screen's token (`simd/amx.rs`): where this CPU and OS run
+/// AMX-BF16's tile product as its model does and `KVSELECT_SIMD` is not
+/// set (any level it names runs without the screen, so `avx512` and
+/// `avx512bf16` test the kernels the screen hands positions back to).
+/// Detected once per process.
+pub fn amx_screen() -> Option<amx::Amx> {
+    static AMX: OnceLock<Option<amx::Amx>> = OnceLock::new();
+    *AMX.get_or_init(|| match (requested(), std::env::var_os("KVSELECT_AMX")) {
+        (None, Some(v)) if v == "1" => amx::cpu_amx(cpu_avx512()),
+        _ => None,
+    })
+}
+
 /// Whether the pair level is the default on this CPU: it has the level and
 /// the race found the instruction's products at least
 /// [`bf16dp::PAYS_AT`] times FMA's.
@@ -192,6 +206,13 @@ fn cpu_avx512bf16() -> Option<Avx512Bf16> {
         let _ = avx512;
         None
     })
+}
+
+/// The AVX-512 token if this CPU has it, whatever `KVSELECT_SIMD` says: for
+/// helpers whose every compilation gives the same answer (only their speed
+/// depends on it).
+pub(crate) fn avx512_token() -> Option<Avx512> {
+    cpu_avx512()
 }
 
 fn cpu_avx512() -> Option<Avx512> {

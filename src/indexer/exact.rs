@@ -116,7 +116,7 @@ impl Bound {
 
     /// `E_t` for a key whose bound terms are `(g_t, |c_t|)`.
     #[inline]
-    fn error(&self, g: f32, c: f32) -> f64 {
+    pub(super) fn error(&self, g: f32, c: f32) -> f64 {
         self.scale * f64::from(g) + ETA16 * (f64::from(c) * self.under + 1.0)
     }
 

@@ -123,6 +123,7 @@ mod kernels;
 mod lse;
 mod paged;
 mod run;
+mod screen;
 mod select;
 
 /// Runs the indexer's kernel families at `isa` (the reach test's probe).

@@ -174,6 +174,7 @@ pub fn indexer_topk_paged_with_into(
             let page_terms = terms.as_mut().map(|t| KeyTerms {
                 g: &mut t.g[p * bs..],
                 c: &mut t.c[p * bs..],
+                screen: t.screen,
             });
             kernels::score_keys(
                 level,

@@ -19,7 +19,8 @@
 //! `[queries, positions]`.
 
 use super::exact::{self, Rescore};
-use super::kernels::{KeyTerms, Query};
+use super::kernels::{amx::AmxRun, KeyTerms, Query};
+use super::screen;
 use super::select::{select_row, RowRule};
 use crate::keys::Encoded;
 use crate::pool;
@@ -84,6 +85,32 @@ impl GroupScores<'_> {
             let at = (c * (self.g + self.extra) + j) * self.width;
             piece.copy_from_slice(&self.buf[at..at + piece.len()]);
         }
+    }
+}
+
+/// A group's scores, writable: what the AMX screen's second half rewrites.
+pub(super) struct GroupScoresMut<'a> {
+    buf: &'a mut [f32],
+    g: usize,
+    extra: usize,
+    width: usize,
+}
+
+impl GroupScoresMut<'_> {
+    /// The scores, read-only.
+    fn view(&self) -> GroupScores<'_> {
+        GroupScores {
+            buf: self.buf,
+            g: self.g,
+            extra: self.extra,
+            width: self.width,
+        }
+    }
+
+    /// Sets query `j`'s score of key `t`.
+    fn set(&mut self, j: usize, t: usize, s: f32) {
+        let (c, r) = (t / self.width, t % self.width);
+        self.buf[(c * (self.g + self.extra) + j) * self.width + r] = s;
     }
 }
 
@@ -182,7 +209,45 @@ pub(super) fn select_rows<S, L>(
     if topk == 0 {
         return;
     }
-    for_each_group(queries, width, true, score, |i0, lens, view, group| {
+    // The AMX screen where the exact selection alone reads the scores: not
+    // with the score pool, the witnesses or forced entries.
+    let plain = rule.pool <= 1 && num_segments == 0 && rule.force_first == 0 && rule.force_last == 0;
+    let screen = AmxRun::of(level, queries.d).filter(|_| plain);
+    let settle = |i0: usize, lens: &[usize], view: &mut GroupScoresMut<'_>, group: &[Query]| {
+        let fixes = {
+            let view = view.view();
+            let fix = |j: usize| {
+                // A query none of whose blocks the screen took (its tiles
+                // were never made) holds the float32 kernels' scores.
+                if !group[j].screened() {
+                    return (Vec::new(), Vec::new());
+                }
+                let (len, take) = (lens[j], topk.min(lens[j]));
+                let keep = screen::survivors(
+                    &group[j],
+                    len,
+                    take,
+                    |t| view.get(j, t),
+                    |t| view.terms(t),
+                );
+                if std::env::var_os("KVSELECT_DEBUG_SCREEN").is_some() { eprintln!("len {len} take {take} keep {}", keep.len()); }
+                let exact = screen::rescore(level, &group[j], &keep, |t, row| key(i0, t, row));
+                (keep, exact)
+            };
+            let mut fixes = vec![(Vec::new(), Vec::new()); group.len()];
+            match group.len() {
+                1 => fixes[0] = fix(0),
+                _ => pool::for_each_row_mut(&mut fixes, 1, 1, |j, slot| slot[0] = fix(j)),
+            }
+            fixes
+        };
+        for (j, (keep, exact)) in fixes.into_iter().enumerate() {
+            for (t, s) in keep.into_iter().zip(exact) {
+                view.set(j, t, s);
+            }
+        }
+    };
+    for_each_group(queries, width, screen, Some(settle), score, |i0, lens, view, group| {
         let (g, i1) = (lens.len(), i0 + lens.len());
         let group_out = &mut out[i0 * topk..i1 * topk];
         let row_of = |j: usize, row: &mut [i32], split: bool| {
@@ -317,7 +382,8 @@ pub(super) fn score_rows<S, L>(
     if n_keys == 0 {
         return;
     }
-    for_each_group(queries, width, false, score, |i0, lens, view, _| {
+    type Settle = fn(usize, &[usize], &mut GroupScoresMut<'_>, &[Query]);
+    for_each_group(queries, width, None, None::<Settle>, score, |i0, lens, view, _| {
         let rows = out[i0 * n_keys..].chunks_mut(n_keys);
         for (j, (row, &len)) in rows.zip(lens).enumerate() {
             let (seen, unseen) = row.split_at_mut(len);
@@ -330,13 +396,17 @@ pub(super) fn score_rows<S, L>(
 /// Every query's scores, group by group. `score(i0, c, group, outs,
 /// terms)` computes chunk `c` (keys `c · width ..`) of the group whose first
 /// query is `i0`: query `j`'s scores into `outs[j]`, cut to the keys it sees
-/// (possibly empty), and with `with_terms` the chunk's keys' bound terms;
-/// then `finish(i0, lens, view, group)` gets the group's scores, `lens[j]`
-/// of them for its query `j`.
+/// (possibly empty), and with `settle` (the exact selection's groups) the
+/// chunk's keys' bound terms, the AMX `screen` asked for in them; then
+/// `settle(i0, lens, scores, group)` may rewrite the group's scores (the
+/// screen's second half, [`screen`]) and `finish(i0, lens, view, group)`
+/// gets them, `lens[j]` of them for its query `j`.
+#[allow(clippy::too_many_arguments)]
 fn for_each_group<S, L>(
     queries: Queries<'_, S, L>,
     width: usize,
-    with_terms: bool,
+    screen: Option<AmxRun>,
+    settle: Option<impl Fn(usize, &[usize], &mut GroupScoresMut<'_>, &[Query])>,
     score: impl Fn(usize, usize, &[Query], &mut [&mut [f32]], Option<KeyTerms<'_>>) + Sync,
     mut finish: impl FnMut(usize, &[usize], &GroupScores<'_>, &[Query]),
 ) where
@@ -358,6 +428,7 @@ fn for_each_group<S, L>(
     if n == 0 {
         return;
     }
+    let with_terms = settle.is_some();
     let width = width.max(1);
     let mut group: Vec<Query> = Vec::new();
     let mut buf: Vec<f32> = Vec::new();
@@ -397,10 +468,19 @@ fn for_each_group<S, L>(
                 .collect();
             let terms = with_terms.then(|| {
                 let (g, c) = rest.split_at_mut(width);
-                KeyTerms { g, c }
+                KeyTerms { g, c, screen }
             });
             score(i0, c, &group, &mut outs, terms);
         });
+        if let Some(settle) = settle.as_ref().filter(|_| screen.is_some()) {
+            let mut scores = GroupScoresMut {
+                buf: &mut buf[..size],
+                g,
+                extra,
+                width,
+            };
+            settle(i0, &lens, &mut scores, &group);
+        }
         let view = GroupScores {
             buf: &buf[..size],
             g,

@@ -23,6 +23,7 @@
 use crate::keys::Encoded;
 use crate::simd::{dispatch, Isa};
 
+pub(super) mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -101,6 +102,9 @@ pub(super) struct Query {
     /// The query as bfloat16 pairs for the pair level ([`pairs`]), made on
     /// first use after each [`Query::load`] (once per query per call).
     pairs: std::sync::OnceLock<pairs::QueryPairs>,
+    /// The query as the AMX screen's tiles ([`amx`]), made on first use
+    /// after each [`Query::load`].
+    amx: std::sync::OnceLock<amx::QueryTiles>,
 }
 
 /// Where head `head`'s elements are in [`Query::qt`] under `tiles`: element
@@ -156,6 +160,7 @@ impl Query {
             relu: true,
             fp8: std::sync::OnceLock::new(),
             pairs: std::sync::OnceLock::new(),
+            amx: std::sync::OnceLock::new(),
         }
     }
 
@@ -201,12 +206,24 @@ impl Query {
         }
         self.fp8 = std::sync::OnceLock::new();
         self.pairs = std::sync::OnceLock::new();
+        self.amx = std::sync::OnceLock::new();
     }
 
     /// The query as bfloat16 pairs (`d` even), made once per load.
     fn pairs(&self) -> &pairs::QueryPairs {
         self.pairs
             .get_or_init(|| pairs::QueryPairs::new(self.tiles, self.h, self.d, &self.qt))
+    }
+
+    /// Whether the AMX screen may have scored a block for this query since
+    /// its last load (its tiles were made: a block passed the admission).
+    pub fn screened(&self) -> bool {
+        self.amx.get().is_some()
+    }
+
+    /// The query as the AMX screen's tiles, made once per load.
+    fn amx_tiles(&self) -> &amx::QueryTiles {
+        self.amx.get_or_init(|| amx::QueryTiles::new(self))
     }
 }
 
@@ -236,8 +253,12 @@ impl<'a> Keys<'a> {
 pub(super) struct Scratch {
     kt: Vec<Line>,
     decoded: Vec<f32>,
-    /// The block as bfloat16 pairs, for the pair level.
+    /// The block as bfloat16 pairs, for the pair level and the AMX screen.
     kp: Vec<u32>,
+    /// The AMX screen's dot products of one query and the block.
+    dots: Vec<f32>,
+    /// The block's keys as bfloat16 rows, for the AMX screen.
+    krows: Vec<u16>,
 }
 
 impl Scratch {
@@ -246,6 +267,8 @@ impl Scratch {
             kt: vec![Line([0.0; 16]); d * BLOCK / 16],
             decoded: Vec::new(),
             kp: Vec::new(),
+            dots: Vec::new(),
+            krows: Vec::new(),
         }
     }
 }
@@ -356,9 +379,18 @@ pub(super) fn score_keys_in(
     let decoded = &mut scratch.decoded;
     // The pair level needs pairs of dimensions; the AVX2 fp8 fold is below it.
     let run = run.filter(|_| d.is_multiple_of(2));
-    let kp = &mut scratch.kp;
+    // The AMX screen: only where the exact selection asked for it (it
+    // re-scores what the screen cannot rule out), `d` a multiple of 32.
+    let screen = terms
+        .as_ref()
+        .and_then(|t| t.screen)
+        .filter(|_| d.is_multiple_of(2 * crate::simd::amx::TILE));
+    let (kp, dots, krows) = (&mut scratch.kp, &mut scratch.dots, &mut scratch.krows);
     if run.is_some() {
         kp.resize(d / 2 * BLOCK, 0);
+    }
+    if let Some(screen) = screen {
+        amx::begin(screen);
     }
     let mut paired = 0;
     // fp8 keys at the AVX2 level are read as `2⁻⁸ ×` their values against
@@ -367,6 +399,32 @@ pub(super) fn score_keys_in(
     let folded = fp8_folded(level, keys.enc, queries);
     for b in (0..n).step_by(BLOCK) {
         let (t0, nb) = (first + b, BLOCK.min(n - b));
+        // The AMX screen takes the block from its rows, for every query of
+        // the group, where it can ([`amx`]); else the kernels below.
+        if let (Some(screen), Some(terms)) = (screen, terms.as_mut()) {
+            let enc = keys.enc.slice(t0 * d, (t0 + nb) * d);
+            if let Some((kmax, summary)) = amx::block_rows(enc, nb, d, krows) {
+                let scale = keys.scale.map(|s| &s[t0..t0 + nb]);
+                let kmax = f64::from(kmax);
+                let g = fill_terms(kmax, scale, nb, b, terms);
+                if queries.iter().all(|q| {
+                    pairs::admits(summary, q.pairs().summary) && q.amx_tiles().bounded(kmax, g)
+                }) {
+                    for (q, out) in queries.iter().zip(outs.iter_mut()) {
+                        let Some(dst) = out.get_mut(b..).filter(|o| !o.is_empty()) else {
+                            continue;
+                        };
+                        let mut acc = [0.0f32; BLOCK];
+                        amx::sums(screen, q, q.amx_tiles(), krows, dots, &mut acc);
+                        for (r, (o, a)) in dst.iter_mut().zip(acc).enumerate() {
+                            let c = keys.scale.map_or(1.0, |s| s[t0 + r]);
+                            *o = a * c + 0.0;
+                        }
+                    }
+                    continue;
+                }
+            }
+        }
         // The block's keys are read in place and decoded as they are
         // transposed (the portable path decodes them first).
         let src = Src {
@@ -423,6 +481,9 @@ pub(super) fn score_keys_in(
             }
         }
     }
+    if let Some(screen) = screen {
+        amx::end(screen);
+    }
     paired
 }
 
@@ -465,6 +526,10 @@ pub(super) enum Want<'a> {
 pub(super) struct KeyTerms<'a> {
     pub g: &'a mut [f32],
     pub c: &'a mut [f32],
+    /// The AMX screen the exact selection runs ([`amx`]), if any: blocks
+    /// it admits are scored by the tiles, and the selection re-scores every
+    /// position their scores cannot rule out.
+    pub screen: Option<amx::AmxRun>,
 }
 
 /// The block's bound terms: every one of its `nb` keys gets the block's
@@ -486,15 +551,28 @@ fn key_terms(
     let mut m = [0u32; BLOCK];
     abs_max_bits(level, kt, &mut m);
     let kmax = m[..nb].iter().copied().max().unwrap_or(0);
+    fill_terms(f64::from(f32::from_bits(kmax)) * unfold, scale, nb, at, terms);
+}
+
+/// [`key_terms`] from the block's largest `|k|` (`kmax`, exact in float64):
+/// fills entries `at .. at + nb` and returns the block's `g`.
+fn fill_terms(
+    kmax: f64,
+    scale: Option<&[f32]>,
+    nb: usize,
+    at: usize,
+    terms: &mut KeyTerms<'_>,
+) -> f32 {
     let cmax = scale.map_or(1.0, |s| s[..nb].iter().fold(0.0f32, |a, x| a.max(x.abs())));
     // A NaN scale: `f32::max` skips it, so the block's `c` is NaN by hand.
     let cmax = match scale.is_some_and(|s| s[..nb].iter().any(|x| x.is_nan())) {
         true => f32::NAN,
         false => cmax,
     };
-    let g = super::exact::up32(f64::from(f32::from_bits(kmax)) * unfold * f64::from(cmax));
+    let g = super::exact::up32(kmax * f64::from(cmax));
     terms.g[at..at + nb].fill(g);
     terms.c[at..at + nb].fill(cmax);
+    g
 }
 
 /// Each lane's largest `|k|` over the transposed block `kt` (`[d, BLOCK]`),

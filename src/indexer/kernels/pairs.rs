@@ -92,7 +92,34 @@ pub(super) fn admits(keys: Option<i32>, query: Option<i32>) -> bool {
 /// Returns the block's exponent summary ([`min_exponent`]).
 pub(super) fn pack_block(kt: &[f32], d: usize, kp: &mut [u32]) -> Option<i32> {
     assert!(d.is_multiple_of(2) && kt.len() == d * BLOCK && kp.len() == d / 2 * BLOCK);
-    let summary = min_exponent(kt.iter().map(|x| x.to_bits()));
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = crate::simd::avx512_token() {
+        // SAFETY: the token proves AVX-512 F for the body's vectorisation.
+        return unsafe { pack_block_avx512(t, kt, kp) };
+    }
+    pack_block_body(kt, kp)
+}
+
+/// [`pack_block`] compiled for AVX-512 (the same operations per value).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx2")]
+fn pack_block_avx512(_: crate::simd::Avx512, kt: &[f32], kp: &mut [u32]) -> Option<i32> {
+    pack_block_body(kt, kp)
+}
+
+/// [`pack_block`]'s body, branch-free over the values (so a compiler
+/// vectorises it): [`min_exponent`]'s summary without its early return.
+#[inline(always)]
+fn pack_block_body(kt: &[f32], kp: &mut [u32]) -> Option<i32> {
+    // `bad`: a value not exactly a bfloat16, or subnormal; `emin` the
+    // smallest biased exponent of a nonzero finite value (`0xFF`: none).
+    let (mut bad, mut emin) = (0u32, 0xFFu32);
+    for x in kt {
+        let bits = x.to_bits();
+        let e = (bits >> 23) & 0xFF;
+        bad |= (bits & 0xFFFF) | u32::from(e == 0 && bits & 0x007F_FFFF != 0);
+        emin = emin.min(if e == 0 { 0xFF } else { e });
+    }
     for (i, lanes) in kp.chunks_exact_mut(BLOCK).enumerate() {
         let even = &kt[2 * i * BLOCK..(2 * i + 1) * BLOCK];
         let odd = &kt[(2 * i + 1) * BLOCK..(2 * i + 2) * BLOCK];
@@ -100,7 +127,11 @@ pub(super) fn pack_block(kt: &[f32], d: usize, kp: &mut [u32]) -> Option<i32> {
             *p = pack(e, o);
         }
     }
-    summary
+    match (bad, emin) {
+        (0, 0xFF) => Some(i32::MAX / 4),
+        (0, e) => Some(e as i32 - 127),
+        _ => None,
+    }
 }
 
 /// A query's heads as pairs in head tiles of eights ([`Tiles::Eights`] with

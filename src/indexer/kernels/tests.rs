@@ -300,6 +300,7 @@ fn fp8_scores_are_the_same_bits_on_every_level_folded_or_not() {
                 let terms = KeyTerms {
                     g: &mut g,
                     c: &mut c,
+                    screen: None,
                 };
                 score_keys(
                     level,
@@ -423,6 +424,7 @@ pub(super) fn probe(isa: Isa) {
     let terms = KeyTerms {
         g: &mut g,
         c: &mut c,
+        screen: None,
     };
     score_keys(
         isa,

@@ -1,0 +1,510 @@
+//! The AMX screen: a block's dot products as tile products (`TDPBF16PS`,
+//! [`crate::simd::amx`]), for the exact selection to rule positions out
+//! with — never a score kvselect returns.
+//!
+//! # What it computes
+//!
+//! For a block of [`BLOCK`] keys and one query, the `H × 32` dot products
+//! `q_h · k_r` in tiles of 16 heads × 16 keys, 32 dimensions per
+//! instruction (the query's heads are the rows of `A`, the block's pairs
+//! ([`super::pairs::pack_block`]) the rows of `B`), then the weights and the
+//! ReLU folded in head order with float32 FMAs, `× c_t` — the canonical
+//! fold on the tiles' dot products. Taken on a block only where the pair
+//! level's admission holds ([`super::pairs::admits`]: every operand
+//! bfloat16-exact and no product or partial sum in the flushed range, in
+//! whatever order it is summed) and the query's and the block's
+//! magnitudes keep every partial sum below `2¹²⁰` (so no ordering of the
+//! sums overflows where another would not).
+//!
+//! # Why the bound holds
+//!
+//! Per instruction a product passes at most 16 steps of its chain, the sum
+//! of the two chains and the add into `C`; later instructions add to `C`
+//! `d / 32 − 1` more times: at most `18 + d / 32 − 1 ≤ d` roundings for `d`
+//! a multiple of 32 (the only `d` the screen takes), against the canonical
+//! chain's `d`. So the screen's score obeys the bound the exact selection
+//! already uses (`super::super::exact`, `γ_{d+H+1}` of `|c_t| Σ_h |w_h| Σ_i
+//! |q_hi k_ti|`; no flush can act under the admission): it lies within
+//! `E_t` of the real score, as the float32 kernel's does. What the
+//! selection then does with it is `super::super::run`'s: every position
+//! the screen cannot rule out is scored again by the float32 kernels, so
+//! the rows and every reported score are theirs, bit for bit.
+//!
+//! What would break it: a `d` that is not a multiple of 32 (a partial tile
+//! would read past the block's pairs), a tile shape with more pairs per
+//! row than 16 (longer chains than the count above), or admitting a block
+//! on the keys' exponents alone.
+
+use super::{relu, slot, Query, BLOCK};
+use crate::keys::Encoded;
+use crate::simd::amx::{tile_model, TILE};
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+use crate::simd::amx::Amx;
+
+/// Partial sums above this could overflow float32 in some order of the
+/// sums and not in another: such a block is not screened.
+const MAX_MAGNITUDE: f64 = 1.329_227_995_784_916e36; // 2¹²⁰
+
+/// How the screen's tile products are run: by the instruction, or (in
+/// tests, on every CPU) by its software model.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AmxRun {
+    /// [`tile_model`], tile by tile: the tests' stand-in for the
+    /// instruction, running the same layout logic.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Model,
+    /// `TDPBF16PS`, with the token that proves the CPU runs it as the model.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    Hw(Amx),
+}
+
+impl AmxRun {
+    /// The screen for a call at `level` with `d` dimensions: the
+    /// instruction where the process may use it ([`crate::simd::amx_screen`])
+    /// and the level is AVX-512's (the fold's), `d` a multiple of 32.
+    pub(crate) fn of(level: crate::simd::Isa, d: usize) -> Option<AmxRun> {
+        if d == 0 || !d.is_multiple_of(2 * TILE) {
+            return None;
+        }
+        #[cfg(test)]
+        if let Some(forced) = tests_force::get() {
+            return forced;
+        }
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        if let crate::simd::Isa::Avx512(_) | crate::simd::Isa::Avx512Bf16(_) = level {
+            return crate::simd::amx_screen().map(AmxRun::Hw);
+        }
+        let _ = level;
+        None
+    }
+}
+
+/// A query as the tiles' `B` operand: `qb[k · hp + n]` the pair `(q_n[2k],
+/// q_n[2k + 1])` (element `2k` the low half, as the keys' bfloat16 rows
+/// hold it), the heads past `H` zero up to `hp`, a multiple of 16; the
+/// weights zero-padded likewise; and `a = Σ_h |w_h| Σ_i |q_hi|`.
+pub(super) struct QueryTiles {
+    pub qb: Vec<u32>,
+    pub wp: Vec<f32>,
+    pub hp: usize,
+    pub a: f64,
+}
+
+impl QueryTiles {
+    /// The tiles of `q` (`d` even).
+    pub fn new(q: &Query) -> Self {
+        let (h, d) = (q.h, q.d);
+        let hp = h.div_ceil(TILE) * TILE;
+        let mut qb = vec![0u32; d / 2 * hp];
+        let mut wp = vec![0.0f32; hp];
+        let mut a = 0.0f64;
+        for head in 0..h {
+            let (base, stride) = slot(q.tiles, h, d, head);
+            let x = |i: usize| q.qt[base + i * stride];
+            for k in 0..d / 2 {
+                qb[k * hp + head] = super::pairs::pack(x(2 * k + 1), x(2 * k));
+            }
+            let s: f64 = (0..d).map(|i| f64::from(x(i).abs())).sum();
+            a += f64::from(q.w[head].abs()) * s;
+            wp[head] = q.w[head];
+        }
+        QueryTiles { qb, wp, hp, a }
+    }
+
+    /// Whether a block whose largest `|k|` is `kmax` and whose bound term
+    /// is `g` keeps every partial sum of this query's scores far from
+    /// overflow.
+    pub fn bounded(&self, kmax: f64, g: f32) -> bool {
+        self.a * kmax < MAX_MAGNITUDE && self.a * f64::from(g) < MAX_MAGNITUDE
+    }
+}
+
+/// A block of keys as the tiles' `A` operand: `rows[r · d + i]` key `r`'s
+/// element `i` as a bfloat16 (`[BLOCK, d]`, zero past the `n` keys given),
+/// decoded exactly from fp8 e4m3 or copied from bfloat16; `None` for other
+/// formats and for blocks the screen does not take (a NaN or infinity).
+/// Else the block's largest `|k|` and the exponent summary
+/// [`super::pairs::admits`] reads (`None` inside: a subnormal).
+pub(super) fn block_rows(
+    enc: Encoded<'_>,
+    n: usize,
+    d: usize,
+    rows: &mut Vec<u16>,
+) -> Option<(f32, Option<i32>)> {
+    rows.resize(BLOCK * d, 0);
+    let (head, tail) = rows.split_at_mut(n * d);
+    tail.fill(0);
+    match enc {
+        Encoded::Bf16(k) => head.copy_from_slice(&k[..n * d]),
+        Encoded::Fp8E4m3(k) => {
+            if crate::keys::fp8_has_nan(&k[..n * d]) {
+                return None;
+            }
+            decode_fp8(&k[..n * d], head);
+        }
+        _ => return None,
+    }
+    let (kmax, summary) = scan(rows);
+    (kmax < 0x7F80).then(|| (f32::from_bits(u32::from(kmax) << 16), summary))
+}
+
+/// fp8 e4m3 codes (no NaN) as bfloat16 bits, exactly.
+fn decode_fp8(src: &[u8], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = crate::simd::avx512_token() {
+        // SAFETY: the token proves AVX-512 F and BW.
+        return unsafe { hw::decode_fp8(t, src, dst) };
+    }
+    for (o, &b) in dst.iter_mut().zip(src) {
+        *o = fp8_bf16(b);
+    }
+}
+
+/// One fp8 e4m3 code (not NaN) as bfloat16 bits: `2^(e − 7) (1 + m/8)` has
+/// the bfloat16 exponent field `e + 120` and mantissa `m << 4`, so a normal
+/// code's bits are `(code & 0x7F) << 4` plus `120 << 7`; a subnormal is
+/// `m · 2⁻⁹` ([`FP8_SUBNORMAL`]).
+#[inline(always)]
+fn fp8_bf16(b: u8) -> u16 {
+    let mag = u16::from(b & 0x7F);
+    let sign = u16::from(b & 0x80) << 8;
+    sign | if mag < 8 {
+        FP8_SUBNORMAL[mag as usize]
+    } else {
+        (mag << 4) + (120 << 7)
+    }
+}
+
+/// `m · 2⁻⁹` as bfloat16 bits for `m < 8` (fp8 e4m3's zero and subnormals),
+/// then zeros to 32 entries (the AVX-512 table's width).
+const FP8_SUBNORMAL: [u16; 32] = {
+    let mut t = [0u16; 32];
+    let mut m = 1;
+    while m < 8 {
+        // `m · 2⁻⁹ = 2^(p − 9) (m / 2^p)` for `2^p ≤ m < 2^(p+1)`.
+        let p = 7 - (m as u8).leading_zeros() as i32;
+        let frac = ((m << (7 - p)) & 0x7F) as u16; // the mantissa bits below the leading one
+        t[m] = (((p - 9 + 127) as u16) << 7) | frac;
+        m += 1;
+    }
+    t
+};
+
+/// The largest `|x|` of bfloat16 bits `rows` (`& 0x7FFF`: NaN above infinity)
+/// and the exponent summary: `None` with a subnormal, else the smallest
+/// exponent of the nonzero finite values (`i32::MAX / 4` with none).
+fn scan(rows: &[u16]) -> (u16, Option<i32>) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = crate::simd::avx512_token() {
+        // SAFETY: the token proves AVX-512 F and BW.
+        return unsafe { hw::scan(t, rows) };
+    }
+    scan_body(rows)
+}
+
+/// [`scan`]'s body, branch-free over the values (so a compiler vectorises it).
+#[inline(always)]
+fn scan_body(rows: &[u16]) -> (u16, Option<i32>) {
+    let (mut kmax, mut sub, mut emin) = (0u16, 0u16, 0xFFu16);
+    for &x in rows {
+        let m = x & 0x7FFF;
+        let e = m >> 7;
+        kmax = kmax.max(m);
+        sub |= u16::from(e == 0 && m != 0);
+        emin = emin.min(if e == 0 { 0xFF } else { e });
+    }
+    let summary = match (sub, emin) {
+        (0, 0xFF) => Some(i32::MAX / 4),
+        (0, e) => Some(i32::from(e) - 127),
+        _ => None,
+    };
+    (kmax, summary)
+}
+
+/// The block's scores before the scale, `Σ_h w_h relu(q_h · k_r)` for every
+/// key `r`, the dot products by the tiles (`run`) of `rows` ([`block_rows`]),
+/// into `acc`; `dots` is scratch.
+pub(super) fn sums(
+    run: AmxRun,
+    q: &Query,
+    tiles: &QueryTiles,
+    rows: &[u16],
+    dots: &mut Vec<f32>,
+    acc: &mut [f32; BLOCK],
+) {
+    let (d, hp) = (q.d, tiles.hp);
+    assert!(d.is_multiple_of(2 * TILE) && rows.len() == BLOCK * d && tiles.qb.len() == d / 2 * hp);
+    dots.resize(BLOCK * hp, 0.0);
+    match run {
+        AmxRun::Model => {
+            model_dots(&tiles.qb, hp, d, rows, dots);
+            fold(q, hp, dots, acc);
+        }
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        AmxRun::Hw(t) => {
+            // SAFETY: the caller configured this thread's tiles (`begin`);
+            // the slices' lengths are asserted above; the token proves
+            // AVX-512 F for the fold.
+            unsafe {
+                hw::dots(t, &tiles.qb, hp, d, rows, dots);
+                hw::fold(t.avx512(), q.relu, &tiles.wp, hp, dots, acc);
+            }
+        }
+    }
+}
+
+/// Configures this thread's tiles for [`sums`] under `run` (nothing for the
+/// model); [`end`] when done.
+pub(super) fn begin(run: AmxRun) {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if let AmxRun::Hw(t) = run {
+        crate::simd::amx::hw::configure(t);
+    }
+    let _ = run;
+}
+
+/// Releases this thread's tiles after [`begin`].
+pub(super) fn end(run: AmxRun) {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if let AmxRun::Hw(t) = run {
+        crate::simd::amx::hw::release(t);
+    }
+    let _ = run;
+}
+
+/// The tiles' dot products in software: `dots[r · hp + h]` for key `r`,
+/// head `h < hp`, one [`tile_model`] per 16 keys × 16 heads × 16 pairs, the
+/// pairs' tiles in order into the same `C` (as the instruction runs them).
+fn model_dots(qb: &[u32], hp: usize, d: usize, rows: &[u16], dots: &mut [f32]) {
+    let pair = |r: usize, k: usize| u32::from(rows[r * d + 2 * k]) | u32::from(rows[r * d + 2 * k + 1]) << 16;
+    for r0 in (0..BLOCK).step_by(TILE) {
+        for h0 in (0..hp).step_by(TILE) {
+            let mut c = [[0.0f32; TILE]; TILE];
+            for p0 in (0..d / 2).step_by(TILE) {
+                tile_model(
+                    &mut c,
+                    |m, k| pair(r0 + m, p0 + k),
+                    |k, n| qb[(p0 + k) * hp + h0 + n],
+                    TILE,
+                );
+            }
+            for (m, row) in c.iter().enumerate() {
+                dots[(r0 + m) * hp + h0..][..TILE].copy_from_slice(row);
+            }
+        }
+    }
+}
+
+/// The fold of the block's dot products (`dots[r · hp + h]`) in head order:
+/// `acc_r = fma(w_h, relu(dot_rh), acc_r)`.
+fn fold(q: &Query, hp: usize, dots: &[f32], acc: &mut [f32; BLOCK]) {
+    for (r, a) in acc.iter_mut().enumerate() {
+        for (h, &wh) in q.w.iter().enumerate() {
+            let x = dots[r * hp + h];
+            *a = wh.mul_add(if q.relu { relu(x) } else { x }, *a);
+        }
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod hw {
+    use super::{BLOCK, FP8_SUBNORMAL, TILE};
+    use crate::simd::{amx::Amx, Avx512};
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+
+    /// [`super::decode_fp8`] in AVX-512: 32 codes a step, the normal ones
+    /// by their arithmetic, the subnormal ones from a 32-entry table.
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    pub(super) fn decode_fp8(_: Avx512, src: &[u8], dst: &mut [u16]) {
+        assert!(dst.len() >= src.len());
+        // SAFETY: the table holds 32 u16 (an unaligned load).
+        let table = unsafe { _mm512_loadu_si512(FP8_SUBNORMAL.as_ptr().cast()) };
+        let (mask, signs, bias) = (
+            _mm512_set1_epi16(0x7F),
+            _mm512_set1_epi16(0x80),
+            _mm512_set1_epi16(120 << 7),
+        );
+        let eight = _mm512_set1_epi16(8);
+        let whole = src.len() / 32 * 32;
+        for i in (0..whole).step_by(32) {
+            // SAFETY: `i + 32 <= src.len() <= dst.len()`: 32 bytes read, 32
+            // u16 written (unaligned).
+            unsafe {
+                let x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(src.as_ptr().add(i).cast()));
+                let mag = _mm512_and_si512(x, mask);
+                let sign = _mm512_slli_epi16::<8>(_mm512_and_si512(x, signs));
+                let normal = _mm512_add_epi16(_mm512_slli_epi16::<4>(mag), bias);
+                let sub = _mm512_permutexvar_epi16(mag, table);
+                let small = _mm512_cmplt_epu16_mask(mag, eight);
+                let v = _mm512_or_si512(sign, _mm512_mask_blend_epi16(small, normal, sub));
+                _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), v);
+            }
+        }
+        for (o, &b) in dst[whole..].iter_mut().zip(&src[whole..]) {
+            *o = super::fp8_bf16(b);
+        }
+    }
+
+    /// [`super::scan_body`] compiled for AVX-512.
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    pub(super) fn scan(_: Avx512, rows: &[u16]) -> (u16, Option<i32>) {
+        super::scan_body(rows)
+    }
+
+    /// The fold with the heads across the lanes: per key, 16 partial sums
+    /// `fma(w_h, relu(dot_h), ·)` over the heads `h ≡ j (mod 16)`, then
+    /// summed across the lanes — another order than the float32 kernels'
+    /// (each term passes `⌈hp / 16⌉ + 4` roundings), within the same bound
+    /// (`super`'s docs).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) fn fold(_: Avx512, relu: bool, wp: &[f32], hp: usize, dots: &[f32], acc: &mut [f32; BLOCK]) {
+        assert!(wp.len() == hp && dots.len() >= BLOCK * hp && hp.is_multiple_of(16));
+        let zero = _mm512_setzero_ps();
+        for (r, a) in acc.iter_mut().enumerate() {
+            let mut s = zero;
+            for h in (0..hp).step_by(16) {
+                // SAFETY: `r · hp + h + 16 <= BLOCK · hp` and `h + 16 <= hp`
+                // (asserted): 16 floats each (unaligned).
+                let (x, w) = unsafe {
+                    (
+                        _mm512_loadu_ps(dots.as_ptr().add(r * hp + h)),
+                        _mm512_loadu_ps(wp.as_ptr().add(h)),
+                    )
+                };
+                let x = match relu {
+                    true => _mm512_max_ps(x, zero),
+                    false => x,
+                };
+                s = _mm512_fmadd_ps(w, x, s);
+            }
+            *a = _mm512_reduce_add_ps(s);
+        }
+    }
+
+    /// The tiles' dot products: `dots[r · hp + h]` for key `r`, head `h <
+    /// hp`. Per 32 heads: four accumulator tiles (keys 0–15 and 16–31 ×
+    /// heads 0–15 and 16–31), each tile of the block's rows and of the
+    /// query's pairs loaded once per 32 dimensions; a last 16 heads alone.
+    ///
+    /// # Safety
+    ///
+    /// This thread's tiles must be configured ([`crate::simd::amx::hw::configure`]);
+    /// `qb` holds `d / 2 · hp` pairs, `rows` `BLOCK · d` bfloat16, `dots`
+    /// `BLOCK · hp` floats; `hp` a multiple of 16 and `d` of 32.
+    pub(super) unsafe fn dots(_: Amx, qb: &[u32], hp: usize, d: usize, rows: &[u16], dots: &mut [f32]) {
+        debug_assert!(qb.len() == d / 2 * hp && rows.len() == BLOCK * d && dots.len() >= BLOCK * hp);
+        let chunks = d / (2 * TILE);
+        // Bytes between rows: a key's bfloat16 (`A`), the query's pair rows
+        // (`B`, `hp` pairs of 4 bytes), the dot products' key rows.
+        let (ks, qs) = (d * 2, hp * 4);
+        let mut h0 = 0;
+        while h0 < hp {
+            let two = h0 + 2 * TILE <= hp;
+            // SAFETY: per chunk `c` the loads read 16 rows of 64 bytes: `A`
+            // at keys 0–15 and 16–31, bytes `64c ..` of each row of `rows`;
+            // `B` at pair rows `16c ..` of `qb`, heads `h0 ..` (and `h0 + 16
+            // ..` at +64 when `two`); the stores write keys 0–31's heads `h0
+            // .. h0 + 16` (`+ 32` when `two`) of `dots` — all within the
+            // lengths the caller guarantees.
+            unsafe {
+                let k0 = rows.as_ptr();
+                let k1 = k0.add(TILE * d);
+                let q = qb.as_ptr().add(h0);
+                let o0 = dots.as_mut_ptr().add(h0);
+                let o1 = o0.add(TILE * hp);
+                if two {
+                    asm!(
+                        "tilezero tmm0",
+                        "tilezero tmm1",
+                        "tilezero tmm2",
+                        "tilezero tmm3",
+                        "2:",
+                        "tileloadd tmm4, [{k0} + {ks}*1]",
+                        "tileloadd tmm5, [{k1} + {ks}*1]",
+                        "tileloadd tmm6, [{q} + {qs}*1]",
+                        "tileloadd tmm7, [{q} + {qs}*1 + 64]",
+                        "tdpbf16ps tmm0, tmm4, tmm6",
+                        "tdpbf16ps tmm1, tmm4, tmm7",
+                        "tdpbf16ps tmm2, tmm5, tmm6",
+                        "tdpbf16ps tmm3, tmm5, tmm7",
+                        "add {k0}, 64",
+                        "add {k1}, 64",
+                        "add {q}, {qstep}",
+                        "dec {n}",
+                        "jnz 2b",
+                        "tilestored [{o0} + {os}*1], tmm0",
+                        "tilestored [{o0} + {os}*1 + 64], tmm1",
+                        "tilestored [{o1} + {os}*1], tmm2",
+                        "tilestored [{o1} + {os}*1 + 64], tmm3",
+                        k0 = inout(reg) k0 => _,
+                        k1 = inout(reg) k1 => _,
+                        q = inout(reg) q => _,
+                        n = inout(reg) chunks => _,
+                        ks = in(reg) ks,
+                        qs = in(reg) qs,
+                        qstep = in(reg) TILE * qs,
+                        o0 = in(reg) o0,
+                        o1 = in(reg) o1,
+                        os = in(reg) qs,
+                        options(nostack),
+                    );
+                } else {
+                    asm!(
+                        "tilezero tmm0",
+                        "tilezero tmm2",
+                        "2:",
+                        "tileloadd tmm4, [{k0} + {ks}*1]",
+                        "tileloadd tmm5, [{k1} + {ks}*1]",
+                        "tileloadd tmm6, [{q} + {qs}*1]",
+                        "tdpbf16ps tmm0, tmm4, tmm6",
+                        "tdpbf16ps tmm2, tmm5, tmm6",
+                        "add {k0}, 64",
+                        "add {k1}, 64",
+                        "add {q}, {qstep}",
+                        "dec {n}",
+                        "jnz 2b",
+                        "tilestored [{o0} + {os}*1], tmm0",
+                        "tilestored [{o1} + {os}*1], tmm2",
+                        k0 = inout(reg) k0 => _,
+                        k1 = inout(reg) k1 => _,
+                        q = inout(reg) q => _,
+                        n = inout(reg) chunks => _,
+                        ks = in(reg) ks,
+                        qs = in(reg) qs,
+                        qstep = in(reg) TILE * qs,
+                        o0 = in(reg) o0,
+                        o1 = in(reg) o1,
+                        os = in(reg) qs,
+                        options(nostack),
+                    );
+                }
+            }
+            h0 += if two { 2 * TILE } else { TILE };
+        }
+    }
+}
+
+/// The tests' override of [`AmxRun::of`] (this thread's calls only).
+#[cfg(test)]
+pub(crate) mod tests_force {
+    use super::AmxRun;
+    use std::cell::Cell;
+
+    thread_local! {
+        static FORCED: Cell<Option<Option<AmxRun>>> = const { Cell::new(None) };
+    }
+
+    /// The screen this thread's calls take, if a test forced one.
+    pub(super) fn get() -> Option<Option<AmxRun>> {
+        FORCED.with(|f| f.get())
+    }
+
+    /// Runs `f` with the screen forced to `run` (`None`: no screen).
+    pub(crate) fn with<T>(run: Option<AmxRun>, f: impl FnOnce() -> T) -> T {
+        FORCED.with(|c| c.set(Some(run)));
+        let out = f();
+        FORCED.with(|c| c.set(None));
+        out
+    }
+}
