@@ -211,7 +211,8 @@ pub(super) fn select_rows<S, L>(
     }
     // The AMX screen where the exact selection alone reads the scores: not
     // with the score pool, the witnesses or forced entries.
-    let plain = rule.pool <= 1 && num_segments == 0 && rule.force_first == 0 && rule.force_last == 0;
+    let plain =
+        rule.pool <= 1 && num_segments == 0 && rule.force_first == 0 && rule.force_last == 0;
     let screen = AmxRun::of(level, queries.d).filter(|_| plain);
     let settle = |i0: usize, lens: &[usize], view: &mut GroupScoresMut<'_>, group: &[Query]| {
         let fixes = {
@@ -223,14 +224,11 @@ pub(super) fn select_rows<S, L>(
                     return (Vec::new(), Vec::new());
                 }
                 let (len, take) = (lens[j], topk.min(lens[j]));
-                let keep = screen::survivors(
-                    &group[j],
-                    len,
-                    take,
-                    |t| view.get(j, t),
-                    |t| view.terms(t),
-                );
-                if std::env::var_os("KVSELECT_DEBUG_SCREEN").is_some() { eprintln!("len {len} take {take} keep {}", keep.len()); }
+                let keep =
+                    screen::survivors(&group[j], len, take, |t| view.get(j, t), |t| view.terms(t));
+                if std::env::var_os("KVSELECT_DEBUG_SCREEN").is_some() {
+                    eprintln!("len {len} take {take} keep {}", keep.len());
+                }
                 let exact = screen::rescore(level, &group[j], &keep, |t, row| key(i0, t, row));
                 (keep, exact)
             };
@@ -247,66 +245,76 @@ pub(super) fn select_rows<S, L>(
             }
         }
     };
-    for_each_group(queries, width, screen, Some(settle), score, |i0, lens, view, group| {
-        let (g, i1) = (lens.len(), i0 + lens.len());
-        let group_out = &mut out[i0 * topk..i1 * topk];
-        let row_of = |j: usize, row: &mut [i32], split: bool| {
-            if rule.pool > 1 {
-                return pooled_row(
-                    &PooledRow {
-                        view,
-                        j,
-                        len: lens[j],
+    for_each_group(
+        queries,
+        width,
+        screen,
+        Some(settle),
+        score,
+        |i0, lens, view, group| {
+            let (g, i1) = (lens.len(), i0 + lens.len());
+            let group_out = &mut out[i0 * topk..i1 * topk];
+            let row_of = |j: usize, row: &mut [i32], split: bool| {
+                if rule.pool > 1 {
+                    return pooled_row(
+                        &PooledRow {
+                            view,
+                            j,
+                            len: lens[j],
+                            level,
+                            i0,
+                            query: &group[j],
+                        },
+                        topk,
+                        rule,
+                        row,
+                        &key,
+                    );
+                }
+                let score = |t: usize| view.get(j, t);
+                let refine = |top: &mut Vec<u64>, lo: usize, hi: usize| {
+                    let rescore = Rescore {
                         level,
-                        i0,
                         query: &group[j],
-                    },
-                    topk,
-                    rule,
-                    row,
-                    &key,
-                );
-            }
-            let score = |t: usize| view.get(j, t);
-            let refine = |top: &mut Vec<u64>, lo: usize, hi: usize| {
-                let rescore = Rescore {
-                    level,
-                    query: &group[j],
-                    key: |t: usize, row: &mut [f32]| key(i0, t, row),
-                };
-                exact::refine(top, lo, hi, &GroupRow { view, j }, &rescore);
-            };
-            select_row(score, lens[j], topk, num_segments, rule, row, split, refine);
-        };
-        if g == 1 {
-            row_of(0, group_out, true);
-        } else {
-            let lmax = lens.iter().copied().max().unwrap_or(0);
-            let min_rows = pool::min_rows(lmax.saturating_mul(8));
-            pool::for_each_row_mut(group_out, topk, min_rows, |j, row| row_of(j, row, false));
-        }
-        if let Some(s) = scores.as_deref_mut() {
-            let rows = group_out.chunks(topk);
-            for (j, (dst, row)) in s[i0 * topk..i1 * topk]
-                .chunks_mut(topk)
-                .zip(rows)
-                .enumerate()
-            {
-                let (pool, len) = (rule.pool, lens[j]);
-                for (x, &t) in dst.iter_mut().zip(row) {
-                    *x = match (t >= 0, pool > 1) {
-                        (false, _) => f32::NAN,
-                        (true, false) => view.get(j, t as usize),
-                        (true, true) => {
-                            let b = t as usize;
-                            let end = ((b + 1) * pool).min(len);
-                            exact::block_score(rule.score, (b * pool..end).map(|u| view.get(j, u)))
-                        }
+                        key: |t: usize, row: &mut [f32]| key(i0, t, row),
                     };
+                    exact::refine(top, lo, hi, &GroupRow { view, j }, &rescore);
+                };
+                select_row(score, lens[j], topk, num_segments, rule, row, split, refine);
+            };
+            if g == 1 {
+                row_of(0, group_out, true);
+            } else {
+                let lmax = lens.iter().copied().max().unwrap_or(0);
+                let min_rows = pool::min_rows(lmax.saturating_mul(8));
+                pool::for_each_row_mut(group_out, topk, min_rows, |j, row| row_of(j, row, false));
+            }
+            if let Some(s) = scores.as_deref_mut() {
+                let rows = group_out.chunks(topk);
+                for (j, (dst, row)) in s[i0 * topk..i1 * topk]
+                    .chunks_mut(topk)
+                    .zip(rows)
+                    .enumerate()
+                {
+                    let (pool, len) = (rule.pool, lens[j]);
+                    for (x, &t) in dst.iter_mut().zip(row) {
+                        *x = match (t >= 0, pool > 1) {
+                            (false, _) => f32::NAN,
+                            (true, false) => view.get(j, t as usize),
+                            (true, true) => {
+                                let b = t as usize;
+                                let end = ((b + 1) * pool).min(len);
+                                exact::block_score(
+                                    rule.score,
+                                    (b * pool..end).map(|u| view.get(j, u)),
+                                )
+                            }
+                        };
+                    }
                 }
             }
-        }
-    });
+        },
+    );
 }
 
 /// One query's row of a group, for the score pool.
@@ -383,14 +391,21 @@ pub(super) fn score_rows<S, L>(
         return;
     }
     type Settle = fn(usize, &[usize], &mut GroupScoresMut<'_>, &[Query]);
-    for_each_group(queries, width, None, None::<Settle>, score, |i0, lens, view, _| {
-        let rows = out[i0 * n_keys..].chunks_mut(n_keys);
-        for (j, (row, &len)) in rows.zip(lens).enumerate() {
-            let (seen, unseen) = row.split_at_mut(len);
-            view.copy_row(j, seen);
-            unseen.fill(f32::NAN);
-        }
-    });
+    for_each_group(
+        queries,
+        width,
+        None,
+        None::<Settle>,
+        score,
+        |i0, lens, view, _| {
+            let rows = out[i0 * n_keys..].chunks_mut(n_keys);
+            for (j, (row, &len)) in rows.zip(lens).enumerate() {
+                let (seen, unseen) = row.split_at_mut(len);
+                view.copy_row(j, seen);
+                unseen.fill(f32::NAN);
+            }
+        },
+    );
 }
 
 /// Every query's scores, group by group. `score(i0, c, group, outs,

@@ -93,7 +93,11 @@ pub(super) fn rescore(
     let (n, d) = (positions.len(), query.d);
     let mut rows = vec![0.0f32; n * d];
     let mut scales = vec![1.0f32; n];
-    for ((&t, row), c) in positions.iter().zip(rows.chunks_exact_mut(d)).zip(&mut scales) {
+    for ((&t, row), c) in positions
+        .iter()
+        .zip(rows.chunks_exact_mut(d))
+        .zip(&mut scales)
+    {
         *c = key(t, row);
     }
     let mut out = vec![0.0f32; n];
@@ -107,4 +111,139 @@ pub(super) fn rescore(
         &mut Scratch::new(d),
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::kernels::amx::{tests_force, AmxRun};
+    use super::super::{indexer_topk_into, IndexerInputs, IndexerShape};
+    use crate::keys::Encoded;
+    use rand::{RngExt, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// Rows and score bits of one call, under the screen `run`.
+    fn call(
+        run: Option<AmxRun>,
+        shape: &IndexerShape,
+        inputs: &IndexerInputs<'_>,
+        topk: usize,
+    ) -> (Vec<i32>, Vec<u32>) {
+        let n = shape.n_queries;
+        let (mut out, mut scores) = (vec![7; n * topk], vec![7.0f32; n * topk]);
+        tests_force::with(run, || {
+            indexer_topk_into(shape, inputs, topk, 0, &mut out, Some(&mut scores)).unwrap()
+        });
+        (out, scores.iter().map(|x| x.to_bits()).collect())
+    }
+
+    /// The screen (its software model, on every CPU) gives the float32
+    /// kernels' rows and score bits: fp8 keys with scales and bfloat16 keys,
+    /// random and low-contrast (a few distinct key rows: thousands of exact
+    /// ties at the threshold), query groups of 1 and 16 heads and more, `d`
+    /// 32 to 128, rows shorter and longer than `topk`, a NaN key, and the
+    /// hardware where this CPU has it.
+    #[test]
+    fn the_screen_gives_the_float32_kernels_rows_and_scores() {
+        let mut rng = ChaCha8Rng::seed_from_u64(0x5C_EE4);
+        let bf16 = |x: f32| (x.to_bits() >> 16) as u16;
+        let mut runs = vec![AmxRun::Model];
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        if let Some(t) = crate::simd::amx::cpu_amx(crate::simd::avx512_token()) {
+            runs.push(AmxRun::Hw(t));
+        }
+        for case in 0..60 {
+            let h = [1, 4, 16, 20, 64][case % 5];
+            let d = [32, 64, 128][case / 5 % 3];
+            let t = rng.random_range(1..1500usize);
+            let n = rng.random_range(1..4usize);
+            let topk = [1, 16, 100, 700][case / 15 % 4];
+            let low = case % 4 == 3;
+            // Near ties: one key row but for element 5, which every head's
+            // query scales by 2⁻¹⁸ — real scores apart by less than the
+            // roundings, so the screen's and the kernels' orders differ.
+            let near = case % 4 == 1;
+            let fp8 = case % 2 == 0;
+            let q: Vec<u16> = (0..n * h * d)
+                .map(|i| {
+                    let x = rng.random_range(-2.0f32..2.0);
+                    bf16(if near && i % d == 5 {
+                        x * 2f32.powi(-18)
+                    } else {
+                        x
+                    })
+                })
+                .collect();
+            let w: Vec<f32> = (0..n * h).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            // Low contrast: every key one of four rows.
+            let distinct = if low { 4 } else { t };
+            let rows8: Vec<u8> = (0..distinct * d)
+                .map(|_| loop {
+                    let b: u8 = rng.random();
+                    if b & 0x7F != 0x7F {
+                        break b;
+                    }
+                })
+                .collect();
+            let rows16: Vec<u16> = (0..distinct * d)
+                .map(|_| bf16(rng.random_range(-3.0f32..3.0)))
+                .collect();
+            let pick = |r: usize| if low { r % 4 } else { r };
+            let pick = |r: usize| if near { 0 } else { pick(r) };
+            let mut k8: Vec<u8> = (0..t)
+                .flat_map(|r| rows8[pick(r) * d..][..d].to_vec())
+                .collect();
+            let mut k16: Vec<u16> = (0..t)
+                .flat_map(|r| rows16[pick(r) * d..][..d].to_vec())
+                .collect();
+            if near {
+                for r in 0..t {
+                    k8[r * d + 5] = rng.random_range(0..0x7Eu8);
+                    k16[r * d + 5] = bf16(rng.random_range(-3.0f32..3.0));
+                }
+            }
+            if case % 7 == 5 {
+                k8[(t / 2) * d] = 0x7F; // a NaN key: its block goes to the kernels
+            }
+            let scale: Vec<f32> = (0..t)
+                .map(|r| {
+                    if low || near {
+                        0.01
+                    } else {
+                        0.001 + (r % 13) as f32 * 1e-3
+                    }
+                })
+                .collect();
+            let pos: Vec<usize> = (0..n).map(|_| rng.random_range(0..t + 40)).collect();
+            let shape = IndexerShape {
+                n_queries: n,
+                n_heads: h,
+                d,
+                n_keys: t,
+            };
+            let inputs = IndexerInputs {
+                q: Encoded::Bf16(&q),
+                weights: &w,
+                k: if fp8 {
+                    Encoded::Fp8E4m3(&k8)
+                } else {
+                    Encoded::Bf16(&k16)
+                },
+                key_scale: fp8.then_some(&scale[..]),
+                query_pos: &pos,
+                compress_ratio: 1,
+            };
+            let want = call(None, &shape, &inputs, topk);
+            for &run in &runs {
+                let got = call(Some(run), &shape, &inputs, topk);
+                assert_eq!(
+                    got.0, want.0,
+                    "rows, case {case} ({run:?}, h {h}, d {d}, t {t})"
+                );
+                assert_eq!(
+                    got.1, want.1,
+                    "scores, case {case} ({run:?}, h {h}, d {d}, t {t})"
+                );
+            }
+        }
+    }
 }

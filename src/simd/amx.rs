@@ -109,7 +109,7 @@ pub fn tile_model(
 /// The token if this CPU has AMX-TILE, AMX-BF16 and AVX-512, the OS lets
 /// the process use the tiles, and the instruction is the model on every
 /// probe (detected once per process).
-pub(super) fn cpu_amx(avx512: Option<super::Avx512>) -> Option<Amx> {
+pub(crate) fn cpu_amx(avx512: Option<super::Avx512>) -> Option<Amx> {
     let avx512 = avx512?;
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
@@ -131,7 +131,10 @@ pub(super) fn cpu_amx(avx512: Option<super::Avx512>) -> Option<Amx> {
 /// The probes [`hw::agrees`] runs: `(a, b, c)` tiles of pairs spread over
 /// every exponent (subnormals, flushed sums, NaN and infinities among
 /// them), then within two octaves, where the chains' roundings show.
-#[cfg_attr(not(all(target_arch = "x86_64", target_os = "linux")), allow(dead_code))]
+#[cfg_attr(
+    not(all(target_arch = "x86_64", target_os = "linux")),
+    allow(dead_code)
+)]
 fn probes() -> Vec<([u32; 256], [u32; 256], [f32; 256])> {
     let mut state = 0xA3C5_7117_0BF1_6D00u64;
     let mut next = move || {
@@ -269,10 +272,16 @@ pub(crate) mod hw {
             for (i, x) in c0.iter().enumerate() {
                 want[i / TILE][i % TILE] = *x;
             }
-            super::tile_model(&mut want, |m, k| a[m * TILE + k], |k, n| b[k * TILE + n], TILE);
-            want.iter().flatten().zip(&got).all(|(w, g)| {
-                w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan())
-            })
+            super::tile_model(
+                &mut want,
+                |m, k| a[m * TILE + k],
+                |k, n| b[k * TILE + n],
+                TILE,
+            );
+            want.iter()
+                .flatten()
+                .zip(&got)
+                .all(|(w, g)| w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan()))
         });
         release(t);
         ok

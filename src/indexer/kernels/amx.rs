@@ -37,9 +37,9 @@
 
 use super::{relu, slot, Query, BLOCK};
 use crate::keys::Encoded;
-use crate::simd::amx::{tile_model, TILE};
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 use crate::simd::amx::Amx;
+use crate::simd::amx::{tile_model, TILE};
 
 /// Partial sums above this could overflow float32 in some order of the
 /// sums and not in another: such a block is not screened.
@@ -276,7 +276,9 @@ pub(super) fn end(run: AmxRun) {
 /// head `h < hp`, one [`tile_model`] per 16 keys × 16 heads × 16 pairs, the
 /// pairs' tiles in order into the same `C` (as the instruction runs them).
 fn model_dots(qb: &[u32], hp: usize, d: usize, rows: &[u16], dots: &mut [f32]) {
-    let pair = |r: usize, k: usize| u32::from(rows[r * d + 2 * k]) | u32::from(rows[r * d + 2 * k + 1]) << 16;
+    let pair = |r: usize, k: usize| {
+        u32::from(rows[r * d + 2 * k]) | u32::from(rows[r * d + 2 * k + 1]) << 16
+    };
     for r0 in (0..BLOCK).step_by(TILE) {
         for h0 in (0..hp).step_by(TILE) {
             let mut c = [[0.0f32; TILE]; TILE];
@@ -358,7 +360,14 @@ mod hw {
     /// (each term passes `⌈hp / 16⌉ + 4` roundings), within the same bound
     /// (`super`'s docs).
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) fn fold(_: Avx512, relu: bool, wp: &[f32], hp: usize, dots: &[f32], acc: &mut [f32; BLOCK]) {
+    pub(super) fn fold(
+        _: Avx512,
+        relu: bool,
+        wp: &[f32],
+        hp: usize,
+        dots: &[f32],
+        acc: &mut [f32; BLOCK],
+    ) {
         assert!(wp.len() == hp && dots.len() >= BLOCK * hp && hp.is_multiple_of(16));
         let zero = _mm512_setzero_ps();
         for (r, a) in acc.iter_mut().enumerate() {
@@ -392,8 +401,17 @@ mod hw {
     /// This thread's tiles must be configured ([`crate::simd::amx::hw::configure`]);
     /// `qb` holds `d / 2 · hp` pairs, `rows` `BLOCK · d` bfloat16, `dots`
     /// `BLOCK · hp` floats; `hp` a multiple of 16 and `d` of 32.
-    pub(super) unsafe fn dots(_: Amx, qb: &[u32], hp: usize, d: usize, rows: &[u16], dots: &mut [f32]) {
-        debug_assert!(qb.len() == d / 2 * hp && rows.len() == BLOCK * d && dots.len() >= BLOCK * hp);
+    pub(super) unsafe fn dots(
+        _: Amx,
+        qb: &[u32],
+        hp: usize,
+        d: usize,
+        rows: &[u16],
+        dots: &mut [f32],
+    ) {
+        debug_assert!(
+            qb.len() == d / 2 * hp && rows.len() == BLOCK * d && dots.len() >= BLOCK * hp
+        );
         let chunks = d / (2 * TILE);
         // Bytes between rows: a key's bfloat16 (`A`), the query's pair rows
         // (`B`, `hp` pairs of 4 bytes), the dot products' key rows.
@@ -506,5 +524,28 @@ pub(crate) mod tests_force {
         let out = f();
         FORCED.with(|c| c.set(None));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every fp8 e4m3 code but NaN decodes to the bfloat16 of its value
+    /// (the crate's fp8 table), one code at a time and 32 at a time.
+    #[test]
+    fn fp8_codes_decode_to_their_bfloat16() {
+        let codes: Vec<u8> = (0..=255u8).filter(|b| b & 0x7F != 0x7F).collect();
+        let mut want = vec![0u16; codes.len()];
+        let mut one = [0.0f32];
+        for (w, &b) in want.iter_mut().zip(&codes) {
+            Encoded::Fp8E4m3(std::slice::from_ref(&b)).decode(0, &mut one);
+            assert_eq!(one[0].to_bits() & 0xFFFF, 0);
+            *w = (one[0].to_bits() >> 16) as u16;
+            assert_eq!(fp8_bf16(b), *w, "code {b:#04x}");
+        }
+        let mut got = vec![0u16; codes.len()];
+        decode_fp8(&codes, &mut got);
+        assert_eq!(got, want);
     }
 }

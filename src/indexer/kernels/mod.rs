@@ -551,7 +551,13 @@ fn key_terms(
     let mut m = [0u32; BLOCK];
     abs_max_bits(level, kt, &mut m);
     let kmax = m[..nb].iter().copied().max().unwrap_or(0);
-    fill_terms(f64::from(f32::from_bits(kmax)) * unfold, scale, nb, at, terms);
+    fill_terms(
+        f64::from(f32::from_bits(kmax)) * unfold,
+        scale,
+        nb,
+        at,
+        terms,
+    );
 }
 
 /// [`key_terms`] from the block's largest `|k|` (`kmax`, exact in float64):
