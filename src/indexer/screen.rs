@@ -35,49 +35,113 @@
 //! roundings count), a `take` other than the row's, or the pool and the
 //! witnesses, which read every position's score (the screen is off there).
 
-use super::exact::Bound;
+use super::exact::{Bound, RowScores};
 use super::kernels::{self, Keys, Query, Scratch, Want};
 use crate::keys::Encoded;
 use crate::simd::Isa;
 
 /// The positions of a row of `len` that the screen cannot rule out for a
 /// row of `take` (all of them when `take >= len` or fewer than `take` have
-/// a finite value and bound), given each position's value and terms `(g_t,
-/// |c_t|)`.
-pub(super) fn survivors(
-    query: &Query,
-    len: usize,
-    take: usize,
-    score: impl Fn(usize) -> f32,
-    terms: impl Fn(usize) -> (f32, f32),
-) -> Vec<usize> {
+/// a finite value and bound), from the row's values and terms `(g_t,
+/// |c_t|)`, in order. Two passes over the row's runs: a histogram of the
+/// values in `F` by their top 11 order bits, then the positions at or
+/// above the lowest value of the bucket holding `v_(k)` less `8E*`, that
+/// bucket's values among them (`v_(k)` selected there), cut to `v_(k) −
+/// 8E*`.
+pub(super) fn survivors(query: &Query, len: usize, take: usize, row: &impl RowScores) -> Vec<usize> {
     if take == 0 {
         return Vec::new();
     }
-    let finite = |t: usize| {
-        let (g, c) = terms(t);
-        score(t).is_finite() && g.is_finite() && c.is_finite()
-    };
-    let (mut values, mut gmax, mut cmax) = (Vec::with_capacity(len), 0.0f32, 0.0f32);
-    for t in (0..len).filter(|&t| finite(t)) {
-        let (g, c) = terms(t);
-        (gmax, cmax) = (gmax.max(g), cmax.max(c.abs()));
-        values.push(score(t));
-    }
-    if take >= len || values.len() < take {
+    if take >= len {
         return (0..len).collect();
     }
+    let in_f = |s: f32, g: f32, c: f32| s.is_finite() && g.is_finite() && c.is_finite();
+    let mut hist = vec![0usize; 1 << BUCKET_BITS];
+    let (mut gmax, mut cmax, mut nf) = (0.0f32, 0.0f32, 0usize);
+    row.runs(len, &mut |_, s, g, c| {
+        for ((&s, &g), &c) in s.iter().zip(g).zip(c) {
+            if in_f(s, g, c) {
+                (gmax, cmax, nf) = (gmax.max(g), cmax.max(c), nf + 1);
+                hist[(order(s) >> (32 - BUCKET_BITS)) as usize] += 1;
+            }
+        }
+    });
+    if nf < take {
+        return (0..len).collect();
+    }
+    // The bucket of the `take`-th largest, and how many lie above it.
+    let (mut bucket, mut above) = (hist.len(), 0usize);
+    while above + hist[bucket - 1] < take {
+        bucket -= 1;
+        above += hist[bucket];
+    }
+    let bucket = (bucket - 1) as u32;
     let estar = Bound::of(query).error(gmax, cmax);
-    let at = values.len() - take;
-    let (_, vk, _) = values.select_nth_unstable_by(at, f32::total_cmp);
-    // `8 E*` with room for this float64 arithmetic's roundings.
-    let cut = f64::from(*vk) - 8.0 * estar * (1.0 + 1.0 / (1u64 << 20) as f64);
-    if !cut.is_finite() {
+    // `8 E*` with room for this float64 arithmetic's roundings; below the
+    // bucket's lowest value first (`v_(k)` is at least that), then below
+    // `v_(k)` itself.
+    let room = 8.0 * estar * (1.0 + 1.0 / (1u64 << 20) as f64);
+    let floor = f64::from(unorder(bucket << (32 - BUCKET_BITS))) - room;
+    if !floor.is_finite() {
         return (0..len).collect();
     }
-    (0..len)
-        .filter(|&t| !finite(t) || f64::from(score(t)) >= cut)
-        .collect()
+    let (mut inside, mut keep) = (Vec::with_capacity(hist[bucket as usize]), Vec::new());
+    let low = below(floor);
+    row.runs(len, &mut |t0, s, g, c| {
+        for (r, ((&s, &g), &c)) in s.iter().zip(g).zip(c).enumerate() {
+            match in_f(s, g, c) {
+                false => keep.push(t0 + r),
+                true if s >= low => {
+                    keep.push(t0 + r);
+                    if order(s) >> (32 - BUCKET_BITS) == bucket {
+                        inside.push(s);
+                    }
+                }
+                true => {}
+            }
+        }
+    });
+    let at = inside.len() - (take - above);
+    let (_, vk, _) = inside.select_nth_unstable_by(at, f32::total_cmp);
+    let cut = below(f64::from(*vk) - room);
+    keep.retain(|&t| {
+        let (s, (g, c)) = (row.score(t), row.terms(t));
+        !in_f(s, g, c) || s >= cut
+    });
+    keep
+}
+
+/// The largest float32 at or below `x` (so every float32 `s >= x` passes
+/// `s >= below(x)`; a few below `x` pass too, harmlessly).
+fn below(x: f64) -> f32 {
+    let y = x as f32;
+    if f64::from(y) > x {
+        y.next_down()
+    } else {
+        y
+    }
+}
+
+/// [`order`]'s inverse.
+fn unorder(o: u32) -> f32 {
+    f32::from_bits(match o >> 31 {
+        1 => o & 0x7FFF_FFFF,
+        _ => !o,
+    })
+}
+
+/// Histogram buckets of [`survivors`]: the top bits of [`order`].
+const BUCKET_BITS: u32 = 11;
+
+/// A float32's place in the total order of finite values as an unsigned
+/// integer (sign bit flipped for positives, all bits for negatives).
+#[inline(always)]
+fn order(x: f32) -> u32 {
+    let b = x.to_bits();
+    match b >> 31 {
+        0 => b | 0x8000_0000,
+        _ => !b,
+    }
 }
 
 /// The float32 kernels' scores of `positions` for `query` at `level`
@@ -88,7 +152,27 @@ pub(super) fn rescore(
     level: Isa,
     query: &Query,
     positions: &[usize],
-    key: impl Fn(usize, &mut [f32]) -> f32,
+    key: &(impl Fn(usize, &mut [f32]) -> f32 + Sync),
+    parallel: bool,
+) -> Vec<f32> {
+    const PART: usize = 512;
+    if !parallel || positions.len() <= PART {
+        return rescore_part(level, query, positions, key);
+    }
+    let parts: Vec<&[usize]> = positions.chunks(PART).collect();
+    let mut out: Vec<Vec<f32>> = vec![Vec::new(); parts.len()];
+    crate::pool::for_each_row_mut(&mut out, 1, 1, |i, slot| {
+        slot[0] = rescore_part(level, query, parts[i], key)
+    });
+    out.concat()
+}
+
+/// [`rescore`] on one thread.
+fn rescore_part(
+    level: Isa,
+    query: &Query,
+    positions: &[usize],
+    key: &impl Fn(usize, &mut [f32]) -> f32,
 ) -> Vec<f32> {
     let (n, d) = (positions.len(), query.d);
     let mut rows = vec![0.0f32; n * d];

@@ -125,39 +125,63 @@ impl QueryTiles {
 /// formats and for blocks the screen does not take (a NaN or infinity).
 /// Else the block's largest `|k|` and the exponent summary
 /// [`super::pairs::admits`] reads (`None` inside: a subnormal).
-pub(super) fn block_rows(
-    enc: Encoded<'_>,
+pub(super) fn block_rows<'r>(
+    enc: Encoded<'r>,
     n: usize,
     d: usize,
-    rows: &mut Vec<u16>,
-) -> Option<(f32, Option<i32>)> {
-    rows.resize(BLOCK * d, 0);
-    let (head, tail) = rows.split_at_mut(n * d);
-    tail.fill(0);
-    match enc {
-        Encoded::Bf16(k) => head.copy_from_slice(&k[..n * d]),
+    rows: &'r mut Vec<u16>,
+) -> Option<(&'r [u16], f32, Option<i32>)> {
+    let (rows, kmax, summary) = match enc {
+        // A whole block of bfloat16 keys is read in place.
+        Encoded::Bf16(k) if n == BLOCK => {
+            let (kmax, summary) = scan(&k[..n * d]);
+            (&k[..n * d], kmax, summary)
+        }
+        Encoded::Bf16(k) => {
+            rows.resize(BLOCK * d, 0);
+            let (head, tail) = rows.split_at_mut(n * d);
+            head.copy_from_slice(&k[..n * d]);
+            tail.fill(0);
+            let (kmax, summary) = scan(rows);
+            (&rows[..], kmax, summary)
+        }
+        // fp8 e4m3 values are never subnormal bfloat16s, and their nonzero
+        // exponents are at least −9: the summary −9 is below the block's
+        // own (so it admits no query the block's would not).
         Encoded::Fp8E4m3(k) => {
-            if crate::keys::fp8_has_nan(&k[..n * d]) {
-                return None;
-            }
-            decode_fp8(&k[..n * d], head);
+            rows.resize(BLOCK * d, 0);
+            let (head, tail) = rows.split_at_mut(n * d);
+            tail.fill(0);
+            let kmax = decode_fp8(&k[..n * d], head)?;
+            (&rows[..], kmax, Some(-9))
         }
         _ => return None,
-    }
-    let (kmax, summary) = scan(rows);
-    (kmax < 0x7F80).then(|| (f32::from_bits(u32::from(kmax) << 16), summary))
+    };
+    (kmax < 0x7F80).then(|| (rows, f32::from_bits(u32::from(kmax) << 16), summary))
 }
 
-/// fp8 e4m3 codes (no NaN) as bfloat16 bits, exactly.
-fn decode_fp8(src: &[u8], dst: &mut [u16]) {
+/// fp8 e4m3 codes as bfloat16 bits, exactly, and the largest `|x|`'s bits;
+/// `None` (the rest unwritten) if a code is NaN.
+fn decode_fp8(src: &[u8], dst: &mut [u16]) -> Option<u16> {
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = crate::simd::avx512_token() {
         // SAFETY: the token proves AVX-512 F and BW.
         return unsafe { hw::decode_fp8(t, src, dst) };
     }
+    decode_fp8_tail(src, dst)
+}
+
+/// [`decode_fp8`] a code at a time.
+fn decode_fp8_tail(src: &[u8], dst: &mut [u16]) -> Option<u16> {
+    let mut kmax = 0u16;
     for (o, &b) in dst.iter_mut().zip(src) {
+        if b & 0x7F == 0x7F {
+            return None;
+        }
         *o = fp8_bf16(b);
+        kmax = kmax.max(*o & 0x7FFF);
     }
+    Some(kmax)
 }
 
 /// One fp8 e4m3 code (not NaN) as bfloat16 bits: `2^(e − 7) (1 + m/8)` has
@@ -233,6 +257,7 @@ pub(super) fn sums(
     acc: &mut [f32; BLOCK],
 ) {
     let (d, hp) = (q.d, tiles.hp);
+    // (`rows` a whole block: in place, or the zero-padded copy.)
     assert!(d.is_multiple_of(2 * TILE) && rows.len() == BLOCK * d && tiles.qb.len() == d / 2 * hp);
     dots.resize(BLOCK * hp, 0.0);
     match run {
@@ -318,7 +343,7 @@ mod hw {
     /// [`super::decode_fp8`] in AVX-512: 32 codes a step, the normal ones
     /// by their arithmetic, the subnormal ones from a 32-entry table.
     #[target_feature(enable = "avx512f,avx512bw,avx2")]
-    pub(super) fn decode_fp8(_: Avx512, src: &[u8], dst: &mut [u16]) {
+    pub(super) fn decode_fp8(_: Avx512, src: &[u8], dst: &mut [u16]) -> Option<u16> {
         assert!(dst.len() >= src.len());
         // SAFETY: the table holds 32 u16 (an unaligned load).
         let table = unsafe { _mm512_loadu_si512(FP8_SUBNORMAL.as_ptr().cast()) };
@@ -328,6 +353,7 @@ mod hw {
             _mm512_set1_epi16(120 << 7),
         );
         let eight = _mm512_set1_epi16(8);
+        let (mut nan, mut kmax) = (0u32, _mm512_setzero_si512());
         let whole = src.len() / 32 * 32;
         for i in (0..whole).step_by(32) {
             // SAFETY: `i + 32 <= src.len() <= dst.len()`: 32 bytes read, 32
@@ -339,13 +365,20 @@ mod hw {
                 let normal = _mm512_add_epi16(_mm512_slli_epi16::<4>(mag), bias);
                 let sub = _mm512_permutexvar_epi16(mag, table);
                 let small = _mm512_cmplt_epu16_mask(mag, eight);
-                let v = _mm512_or_si512(sign, _mm512_mask_blend_epi16(small, normal, sub));
-                _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), v);
+                let m = _mm512_mask_blend_epi16(small, normal, sub);
+                nan |= _mm512_cmpeq_epi16_mask(mag, mask);
+                kmax = _mm512_max_epu16(kmax, m);
+                _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), _mm512_or_si512(sign, m));
             }
         }
-        for (o, &b) in dst[whole..].iter_mut().zip(&src[whole..]) {
-            *o = super::fp8_bf16(b);
+        if nan != 0 {
+            return None;
         }
+        let mut lanes = [0u16; 32];
+        // SAFETY: `lanes` holds 32 u16 (an unaligned store).
+        unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), kmax) };
+        let tail = super::decode_fp8_tail(&src[whole..], &mut dst[whole..])?;
+        lanes.into_iter().chain([tail]).max()
     }
 
     /// [`super::scan_body`] compiled for AVX-512.
@@ -545,7 +578,15 @@ mod tests {
             assert_eq!(fp8_bf16(b), *w, "code {b:#04x}");
         }
         let mut got = vec![0u16; codes.len()];
-        decode_fp8(&codes, &mut got);
+        let kmax = decode_fp8(&codes, &mut got);
         assert_eq!(got, want);
+        assert_eq!(kmax, want.iter().map(|x| x & 0x7FFF).max());
+        // A NaN code anywhere, in the vector part or the tail, is refused.
+        for at in [3, 40, codes.len() - 1] {
+            let mut with_nan = codes.clone();
+            with_nan[at] = 0xFF;
+            assert_eq!(decode_fp8(&with_nan, &mut got), None);
+            assert_eq!(decode_fp8_tail(&with_nan, &mut got), None);
+        }
     }
 }

@@ -44,6 +44,9 @@ pub(super) fn probe(isa: Isa) {
 /// Keys per block: the lanes of two AVX-512 registers (four AVX2 ones).
 pub(super) const BLOCK: usize = 32;
 
+/// How many blocks ahead the AMX screen prefetches its keys.
+const AHEAD: usize = 4;
+
 /// How a query's heads are cut into the kernels' head tiles. Each tile of
 /// `G` heads starting at `h0` is dimension-major: head `h0 + j`'s element
 /// `i` is at `h0 · d + i · G + j` ([`slot`]), so a tile's broadcasts are one
@@ -381,10 +384,14 @@ pub(super) fn score_keys_in(
     let run = run.filter(|_| d.is_multiple_of(2));
     // The AMX screen: only where the exact selection asked for it (it
     // re-scores what the screen cannot rule out), `d` a multiple of 32.
+    // Its keys are fp8 or bfloat16, its queries bfloat16-exact (decided
+    // once per call, so a call it cannot serve pays nothing per block).
     let screen = terms
         .as_ref()
         .and_then(|t| t.screen)
-        .filter(|_| d.is_multiple_of(2 * crate::simd::amx::TILE));
+        .filter(|_| d.is_multiple_of(2 * crate::simd::amx::TILE))
+        .filter(|_| matches!(keys.enc, Encoded::Bf16(_) | Encoded::Fp8E4m3(_)))
+        .filter(|_| queries.iter().all(|q| q.pairs().summary.is_some()));
     let (kp, dots, krows) = (&mut scratch.kp, &mut scratch.dots, &mut scratch.krows);
     if run.is_some() {
         kp.resize(d / 2 * BLOCK, 0);
@@ -402,8 +409,18 @@ pub(super) fn score_keys_in(
         // The AMX screen takes the block from its rows, for every query of
         // the group, where it can ([`amx`]); else the kernels below.
         if let (Some(screen), Some(terms)) = (screen, terms.as_mut()) {
+            // The screen reads a block in a few hundred cycles: the keys
+            // two blocks ahead are fetched now (the hardware prefetcher
+            // alone left the decode waiting on memory).
+            let ahead = keys.enc.bytes((t0 + AHEAD * BLOCK) * d, BLOCK * d);
+            let half = ahead.len() / 2;
+            #[cfg(target_arch = "x86_64")]
+            crate::keys::prefetch(ahead, 0, half, crate::keys::CacheLevel::L2);
             let enc = keys.enc.slice(t0 * d, (t0 + nb) * d);
-            if let Some((kmax, summary)) = amx::block_rows(enc, nb, d, krows) {
+            let rows = amx::block_rows(enc, nb, d, krows);
+            #[cfg(target_arch = "x86_64")]
+            crate::keys::prefetch(ahead, half, ahead.len(), crate::keys::CacheLevel::L2);
+            if let Some((rows, kmax, summary)) = rows {
                 let scale = keys.scale.map(|s| &s[t0..t0 + nb]);
                 let kmax = f64::from(kmax);
                 let g = fill_terms(kmax, scale, nb, b, terms);
@@ -415,7 +432,7 @@ pub(super) fn score_keys_in(
                             continue;
                         };
                         let mut acc = [0.0f32; BLOCK];
-                        amx::sums(screen, q, q.amx_tiles(), krows, dots, &mut acc);
+                        amx::sums(screen, q, q.amx_tiles(), rows, dots, &mut acc);
                         for (r, (o, a)) in dst.iter_mut().zip(acc).enumerate() {
                             let c = keys.scale.map_or(1.0, |s| s[t0 + r]);
                             *o = a * c + 0.0;
