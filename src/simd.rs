@@ -170,15 +170,18 @@ pub fn pair_speedup() -> Option<f64> {
 }
 
 /// The AMX screen's token (`simd/amx.rs`): where this CPU and OS run
-/// AMX-BF16's tile product as its model does and `KVSELECT_SIMD` is not
-/// set (any level it names runs without the screen, so `avx512` and
-/// `avx512bf16` test the kernels the screen hands positions back to).
-/// Detected once per process.
+/// AMX-BF16's tile product as its model does, unless `KVSELECT_SIMD` names a
+/// level (any level it names runs without the screen, so `avx512` and
+/// `avx512bf16` test the kernels the screen hands positions back to) or
+/// `KVSELECT_AMX=0`. Detected once per process.
 pub fn amx_screen() -> Option<amx::Amx> {
     static AMX: OnceLock<Option<amx::Amx>> = OnceLock::new();
-    *AMX.get_or_init(|| match (requested(), std::env::var_os("KVSELECT_AMX")) {
-        (None, Some(v)) if v == "1" => amx::cpu_amx(cpu_avx512()),
-        _ => None,
+    *AMX.get_or_init(|| {
+        let off = std::env::var_os("KVSELECT_AMX").is_some_and(|v| v == "0");
+        match requested() {
+            None if !off => amx::cpu_amx(cpu_avx512()),
+            _ => None,
+        }
     })
 }
 

@@ -78,6 +78,7 @@ __all__ = [
     "_fma_floor",
     "_exp_bound",
     "_pair_speedup",
+    "_amx_screen",
     "_dlpack_array",
     "indexer_topk",
     "indexer_topk_packed",
@@ -2262,6 +2263,13 @@ def _pair_speedup() -> Optional[float]:
     on this core (private; raced once per process), or None where the CPU
     has no pair level: the pair level is the default where this is at
     least 1.3.
+    """
+
+def _amx_screen() -> bool:
+    """Whether the lightning indexer's AMX screen runs in this process
+    (private): the CPU and OS run AMX-BF16's tile product as its model does,
+    `KVSELECT_SIMD` names no level and `KVSELECT_AMX` is not ``0``. The
+    screen changes no row and no score, only the time.
     """
 
 def _exp_bound() -> tuple[float, float]:

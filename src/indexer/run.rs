@@ -224,14 +224,9 @@ pub(super) fn select_rows<S, L>(
                     return (Vec::new(), Vec::new());
                 }
                 let (len, take) = (lens[j], topk.min(lens[j]));
-                let t0 = std::time::Instant::now();
                 let keep = screen::survivors(&group[j], len, take, &GroupRow { view: &view, j });
-                let t1 = std::time::Instant::now();
                 let key = |t: usize, row: &mut [f32]| key(i0, t, row);
                 let exact = screen::rescore(level, &group[j], &keep, &key, group.len() == 1);
-                if std::env::var_os("KVSELECT_DEBUG_SCREEN").is_some() {
-                    eprintln!("len {len} take {take} keep {} survivors {:?} rescore {:?}", keep.len(), t1 - t0, t1.elapsed());
-                }
                 (keep, exact)
             };
             let mut fixes = vec![(Vec::new(), Vec::new()); group.len()];

@@ -48,7 +48,12 @@ use crate::simd::Isa;
 /// above the lowest value of the bucket holding `v_(k)` less `8E*`, that
 /// bucket's values among them (`v_(k)` selected there), cut to `v_(k) −
 /// 8E*`.
-pub(super) fn survivors(query: &Query, len: usize, take: usize, row: &impl RowScores) -> Vec<usize> {
+pub(super) fn survivors(
+    query: &Query,
+    len: usize,
+    take: usize,
+    row: &impl RowScores,
+) -> Vec<usize> {
     if take == 0 {
         return Vec::new();
     }

@@ -84,6 +84,15 @@ fn _pair_speedup() -> Option<f64> {
     simd::pair_speedup()
 }
 
+/// Whether the lightning indexer's AMX screen runs in this process
+/// (private): the CPU and OS run AMX-BF16's tile product as its model does,
+/// `KVSELECT_SIMD` names no level and `KVSELECT_AMX` is not ``0``. The
+/// screen changes no row and no score, only the time.
+#[pyfunction]
+fn _amx_screen() -> bool {
+    simd::amx_screen().is_some()
+}
+
 /// The project's `exp` (private): `(rel_err, lo)`. For every float32 `x`
 /// in `[lo, 0]` the core's `exp(x)` (the same bits at every SIMD level) is
 /// within `rel_err · e^x` of the real exponential (the maximum over every
@@ -99,6 +108,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_fma_floor, m)?)?;
     m.add_function(wrap_pyfunction!(_exp_bound, m)?)?;
     m.add_function(wrap_pyfunction!(_pair_speedup, m)?)?;
+    m.add_function(wrap_pyfunction!(_amx_screen, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;
