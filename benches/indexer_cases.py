@@ -218,31 +218,39 @@ def _query_format_cases(n_q: int, t: int) -> dict:
 
 def query_formats(reps: int) -> dict:
     """Decode (1 × 131,072 keys) and prefill (128 × 32,768) by query × key
-    format, ms, at this process's level; and, where the CPU has the pair
-    level but it is not this process's (or is), the same at the other level
-    (``KVSELECT_SIMD=avx512bf16`` / ``avx512``) in a child process, so both
-    are in one run. Targets (issue 46): fp8 × fp8 and bf16 × bf16 ≤ 0.6× the
-    float32 decode and prefill at the pair level."""
+    format, ms, at this process's level (with the AMX screen where it runs);
+    and the same in a child process at each level this process did not run
+    (``KVSELECT_SIMD=avx512`` where the screen ran here; the pair level, or
+    the AVX-512 one below it, where the CPU has it), so all are in one run.
+    Targets (issue 46): fp8 × fp8 and bf16 × bf16 ≤ 0.6× the float32 decode
+    and prefill."""
     out = {
-        "level": ks.simd_level(),
+        "level": ks.simd_level() + (" + AMX screen" if _core._amx_screen() else ""),
         "pair_speedup": _core._pair_speedup(),
         "decode": {n: s * 1e3 for n, s in seconds(_query_format_cases(1, DECODE_T), reps).items()},
         "prefill": {
             n: s * 1e3 for n, s in seconds(_query_format_cases(PREFILL_N, PREFILL_T), max(3, reps // 3)).items()
         },
     }
-    if out["pair_speedup"] is not None and os.environ.get("KVSELECT_QUERY_FORMATS_CHILD") is None:
-        other = "avx512" if out["level"] == "avx512bf16" else "avx512bf16"
+    if os.environ.get("KVSELECT_QUERY_FORMATS_CHILD") is None:
+        # The levels this process did not run: the plain AVX-512 one where
+        # the AMX screen ran here, the pair level (or the AVX-512 one below
+        # it) where the CPU has it.
+        others = ["avx512"] if _core._amx_screen() else []
+        if out["pair_speedup"] is not None:
+            others.append("avx512" if ks.simd_level() == "avx512bf16" else "avx512bf16")
         here = os.path.dirname(os.path.abspath(__file__))
         code = (
             f"import sys, json; sys.path.insert(0, {here!r}); import indexer_cases as c; "
             f"print(json.dumps(c.query_formats({reps})))"
         )
-        env = dict(os.environ, KVSELECT_SIMD=other, KVSELECT_QUERY_FORMATS_CHILD="1")
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         import json
 
-        out["other_level"] = json.loads(r.stdout.strip().splitlines()[-1])
+        out["other_levels"] = []
+        for other in dict.fromkeys(others):
+            env = dict(os.environ, KVSELECT_SIMD=other, KVSELECT_QUERY_FORMATS_CHILD="1")
+            r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+            out["other_levels"].append(json.loads(r.stdout.strip().splitlines()[-1]))
     return out
 
 
@@ -348,7 +356,7 @@ def _print_query_formats(qf: dict) -> None:
     sp = qf["pair_speedup"]
     race = "no AVX512-BF16" if sp is None else f"VDPBF16PS does {sp:.2f}× FMA's products per second"
     print(f"\nQuery × key formats (ms, ratio to float32 × float32 at the same level; {race}):")
-    runs = [qf] + ([qf["other_level"]] if "other_level" in qf else [])
+    runs = [qf] + qf.get("other_levels", [])
     for run in runs:
         note = "" if run is qf else " (child process, KVSELECT_SIMD)"
         for case in ("decode", "prefill"):
