@@ -224,7 +224,8 @@ pub(super) fn select_rows<S, L>(
                     return (Vec::new(), Vec::new());
                 }
                 let (len, take) = (lens[j], topk.min(lens[j]));
-                let keep = screen::survivors(&group[j], len, take, &GroupRow { view: &view, j });
+                let row = GroupRow { view: &view, j };
+                let keep = screen::survivors(&group[j], len, take, &row, group.len() == 1);
                 let key = |t: usize, row: &mut [f32]| key(i0, t, row);
                 let exact = screen::rescore(level, &group[j], &keep, &key, group.len() == 1);
                 (keep, exact)

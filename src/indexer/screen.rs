@@ -52,7 +52,8 @@ pub(super) fn survivors(
     query: &Query,
     len: usize,
     take: usize,
-    row: &impl RowScores,
+    row: &(impl RowScores + Sync),
+    parallel: bool,
 ) -> Vec<usize> {
     if take == 0 {
         return Vec::new();
@@ -60,17 +61,40 @@ pub(super) fn survivors(
     if take >= len {
         return (0..len).collect();
     }
-    let in_f = |s: f32, g: f32, c: f32| s.is_finite() && g.is_finite() && c.is_finite();
+    // A long row's passes in parts across the pool (a decode's lone row).
+    let parts = match parallel && len >= PAR_LEN {
+        true => crate::pool::num_threads().max(1),
+        false => 1,
+    };
+    let part = len.div_ceil(parts);
+    let ranged = |p: usize, f: &mut dyn FnMut(usize, &[f32], &[f32], &[f32])| {
+        let (lo, hi) = (p * part, ((p + 1) * part).min(len));
+        row.runs(len, &mut |t0, s, g, c| {
+            let (a, b) = (lo.max(t0), hi.min(t0 + s.len()));
+            if a < b {
+                let r = a - t0..b - t0;
+                f(a, &s[r.clone()], &g[r.clone()], &c[r]);
+            }
+        });
+    };
+    let mut firsts = vec![(vec![0usize; 1 << BUCKET_BITS], 0.0f32, 0.0f32, 0usize); parts];
+    each_part(&mut firsts, |p, (hist, gmax, cmax, nf)| {
+        ranged(p, &mut |_, s, g, c| {
+            // Branch-free: a position outside `F` counts nothing.
+            for ((&s, &g), &c) in s.iter().zip(g).zip(c) {
+                let ok = in_f(s, g, c);
+                let (g, c) = if ok { (g, c) } else { (0.0, 0.0) };
+                (*gmax, *cmax, *nf) = (gmax.max(g), cmax.max(c), *nf + usize::from(ok));
+                hist[(order(s) >> (32 - BUCKET_BITS)) as usize] += usize::from(ok);
+            }
+        })
+    });
     let mut hist = vec![0usize; 1 << BUCKET_BITS];
     let (mut gmax, mut cmax, mut nf) = (0.0f32, 0.0f32, 0usize);
-    row.runs(len, &mut |_, s, g, c| {
-        for ((&s, &g), &c) in s.iter().zip(g).zip(c) {
-            if in_f(s, g, c) {
-                (gmax, cmax, nf) = (gmax.max(g), cmax.max(c), nf + 1);
-                hist[(order(s) >> (32 - BUCKET_BITS)) as usize] += 1;
-            }
-        }
-    });
+    for (h, g, c, n) in &firsts {
+        hist.iter_mut().zip(h).for_each(|(a, b)| *a += b);
+        (gmax, cmax, nf) = (gmax.max(*g), cmax.max(*c), nf + n);
+    }
     if nf < take {
         return (0..len).collect();
     }
@@ -90,22 +114,29 @@ pub(super) fn survivors(
     if !floor.is_finite() {
         return (0..len).collect();
     }
-    let (mut inside, mut keep) = (Vec::with_capacity(hist[bucket as usize]), Vec::new());
     let low = below(floor);
-    row.runs(len, &mut |t0, s, g, c| {
-        for (r, ((&s, &g), &c)) in s.iter().zip(g).zip(c).enumerate() {
-            match in_f(s, g, c) {
-                false => keep.push(t0 + r),
-                true if s >= low => {
-                    keep.push(t0 + r);
-                    if order(s) >> (32 - BUCKET_BITS) == bucket {
-                        inside.push(s);
+    let mut seconds = vec![(Vec::new(), Vec::new()); parts];
+    each_part(&mut seconds, |p, (keep, inside)| {
+        ranged(p, &mut |t0, s, g, c| {
+            for (r, ((&s, &g), &c)) in s.iter().zip(g).zip(c).enumerate() {
+                match in_f(s, g, c) {
+                    false => keep.push(t0 + r),
+                    true if s >= low => {
+                        keep.push(t0 + r);
+                        if order(s) >> (32 - BUCKET_BITS) == bucket {
+                            inside.push(s);
+                        }
                     }
+                    true => {}
                 }
-                true => {}
             }
-        }
+        })
     });
+    let (mut keep, mut inside): (Vec<usize>, Vec<f32>) = (Vec::new(), Vec::new());
+    for (k, i) in seconds {
+        keep.extend(k);
+        inside.extend(i);
+    }
     let at = inside.len() - (take - above);
     let (_, vk, _) = inside.select_nth_unstable_by(at, f32::total_cmp);
     let cut = below(f64::from(*vk) - room);
@@ -114,6 +145,22 @@ pub(super) fn survivors(
         !in_f(s, g, c) || s >= cut
     });
     keep
+}
+
+/// Whether a value and its bound terms are finite (the position is in `F`).
+#[inline(always)]
+fn in_f(s: f32, g: f32, c: f32) -> bool {
+    s.is_finite() && g.is_finite() && c.is_finite()
+}
+
+/// Rows at least this long have their [`survivors`] passes split across the
+/// pool when asked (a decode's row; a prefill's rows run in parallel
+/// already).
+const PAR_LEN: usize = 1 << 15;
+
+/// `f(p, &mut items[p])` for every part `p`, across the pool.
+fn each_part<T: Send>(items: &mut [T], f: impl Fn(usize, &mut T) + Sync + Send) {
+    crate::pool::for_each_row_mut(items, 1, 1, |p, slot| f(p, &mut slot[0]));
 }
 
 /// The largest float32 at or below `x` (so every float32 `s >= x` passes
@@ -243,7 +290,11 @@ mod tests {
         for case in 0..60 {
             let h = [1, 4, 16, 20, 64][case % 5];
             let d = [32, 64, 128][case / 5 % 3];
-            let t = rng.random_range(1..1500usize);
+            // The last cases are long rows, whose passes run in parts.
+            let t = match case {
+                56.. => rng.random_range(33_000..40_000usize),
+                _ => rng.random_range(1..1500usize),
+            };
             let n = rng.random_range(1..4usize);
             let topk = [1, 16, 100, 700][case / 15 % 4];
             let low = case % 4 == 3;

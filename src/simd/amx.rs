@@ -13,12 +13,12 @@
 //! on the inputs, flush-to-zero on the results, MXCSR ignored (Intel SDM,
 //! `TDPBF16PS` pseudocode: its `temp1` holds the two chains, summed after the
 //! loop over `k`). [`tile_model`] is that semantics in portable Rust.
-//! Measured on an Intel Xeon with AMX (family 6 model 143 class, as the VM
-//! reports model 167): 307,200 random results over every exponent (and
-//! 384,000 within one octave) all matched it; a single chain over the 32
-//! products in order (the indexer's canonical order) matched 24–65% of
-//! them, one rounding of the exact sum 19–100% (it is exact on values of
-//! one octave and nowhere else).
+//! Measured on an Intel Xeon with AMX (a Sapphire Rapids class part; the VM
+//! reports model 167): 307,200 random results over wide exponent ranges
+//! (and 128,000 within two octaves) all matched it; a single chain over the
+//! 32 products in order (the indexer's canonical order) matched 33–74% of
+//! the former, one rounding of the exact sum 40–72% (and all of the
+//! latter, where it is exact).
 //!
 //! So the instruction does **not** compute the indexer's canonical order,
 //! and never gives a score kvselect returns: the indexer runs it as a

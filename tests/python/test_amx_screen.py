@@ -59,7 +59,7 @@ np.savez(sys.argv[2], **run(np.load(sys.argv[1])))
 
 def _inputs(rng) -> dict:
     """Decode and prefill shapes of DeepSeek's indexer (64 heads × 128, topk
-    2048 over 20,000 keys; groups of queries), fp8 keys with vLLM's scales and
+    2048 over 20,000 and 40,000 keys; groups of queries), fp8 keys with vLLM's scales and
     bfloat16 keys, near ties (keys alike but for one element every query
     scales by 2⁻¹⁸: real scores closer than the roundings), low contrast (three
     distinct key rows), heads not a multiple of 16 and `d` not of 32 (the
@@ -67,7 +67,7 @@ def _inputs(rng) -> dict:
     arrays: dict = {}
     cases = [
         # (kind, fmt, n, h, d, t, topk, variant)
-        ("dense", "float8_e4m3fn", 1, 64, 128, 20000, 2048, "random"),
+        ("dense", "float8_e4m3fn", 1, 64, 128, 40000, 2048, "random"),
         ("dense", "bfloat16", 1, 64, 128, 20000, 2048, "random"),
         ("dense", "float8_e4m3fn", 40, 16, 64, 3000, 256, "causal"),
         ("dense", "bfloat16", 40, 20, 64, 3000, 256, "causal"),

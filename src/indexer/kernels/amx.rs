@@ -4,36 +4,41 @@
 //!
 //! # What it computes
 //!
-//! For a block of [`BLOCK`] keys and one query, the `H × 32` dot products
-//! `q_h · k_r` in tiles of 16 heads × 16 keys, 32 dimensions per
-//! instruction (the query's heads are the rows of `A`, the block's pairs
-//! ([`super::pairs::pack_block`]) the rows of `B`), then the weights and the
-//! ReLU folded in head order with float32 FMAs, `× c_t` — the canonical
-//! fold on the tiles' dot products. Taken on a block only where the pair
-//! level's admission holds ([`super::pairs::admits`]: every operand
-//! bfloat16-exact and no product or partial sum in the flushed range, in
-//! whatever order it is summed) and the query's and the block's
-//! magnitudes keep every partial sum below `2¹²⁰` (so no ordering of the
-//! sums overflows where another would not).
+//! For a block of [`BLOCK`] keys and one query, the `32 × H` dot products
+//! `q_h · k_r` in tiles of 16 keys × 16 heads, 32 dimensions per
+//! instruction: the block's keys as bfloat16 rows are the rows of `A` (bf16
+//! keys read in place, fp8 keys decoded exactly, [`block_rows`]), the
+//! query's pairs the rows of `B` ([`QueryTiles`]). Then per key the
+//! weights and the ReLU folded with the heads across 16 lanes (an FMA per
+//! 16 heads into each lane, then the lanes summed), `× c_t` by the caller.
+//! Taken on a block only where the pair level's admission holds
+//! ([`super::pairs::admits`]: every operand bfloat16-exact and no product
+//! or partial sum in the flushed range, in whatever order it is summed), no
+//! key is NaN or infinite, and the query's and the block's magnitudes keep
+//! every partial sum below `2¹²⁰` (so no order of the sums overflows where
+//! another would not).
 //!
 //! # Why the bound holds
 //!
 //! Per instruction a product passes at most 16 steps of its chain, the sum
 //! of the two chains and the add into `C`; later instructions add to `C`
-//! `d / 32 − 1` more times: at most `18 + d / 32 − 1 ≤ d` roundings for `d`
-//! a multiple of 32 (the only `d` the screen takes), against the canonical
-//! chain's `d`. So the screen's score obeys the bound the exact selection
-//! already uses (`super::super::exact`, `γ_{d+H+1}` of `|c_t| Σ_h |w_h| Σ_i
-//! |q_hi k_ti|`; no flush can act under the admission): it lies within
-//! `E_t` of the real score, as the float32 kernel's does. What the
-//! selection then does with it is `super::super::run`'s: every position
-//! the screen cannot rule out is scored again by the float32 kernels, so
-//! the rows and every reported score are theirs, bit for bit.
+//! `d / 32 − 1` more times: at most `17 + d / 32 ≤ d − 14` roundings for
+//! `d` a multiple of 32 (the only `d` the screen takes), against the
+//! canonical chain's `d`. A head's term passes at most `⌈H / 16⌉ + 4`
+//! roundings in the fold (against the canonical fold's `H`: at most 14
+//! more when `H < 5`), and the scale one. So each screened score obeys the
+//! bound the exact selection already uses (`super::super::exact`,
+//! `γ_{d+H+2}` of `|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`; no flush can act under
+//! the admission): it lies within `E_t` of the real score, as the float32
+//! kernels' does. What the selection does with it is
+//! `super::super::screen`'s: every position the screen cannot rule out is
+//! scored again by the float32 kernels, so the rows and every reported
+//! score are theirs, bit for bit.
 //!
 //! What would break it: a `d` that is not a multiple of 32 (a partial tile
-//! would read past the block's pairs), a tile shape with more pairs per
-//! row than 16 (longer chains than the count above), or admitting a block
-//! on the keys' exponents alone.
+//! would read past the rows), a tile shape with more than 16 pairs per row
+//! (longer chains than the count above), or admitting a block on the keys'
+//! exponents alone.
 
 use super::{relu, slot, Query, BLOCK};
 use crate::keys::Encoded;
@@ -246,8 +251,9 @@ fn scan_body(rows: &[u16]) -> (u16, Option<i32>) {
 }
 
 /// The block's scores before the scale, `Σ_h w_h relu(q_h · k_r)` for every
-/// key `r`, the dot products by the tiles (`run`) of `rows` ([`block_rows`]),
-/// into `acc`; `dots` is scratch.
+/// key `r`, the dot products by the tiles (`run`) of `rows` ([`block_rows`],
+/// a whole block), into `acc`; `dots` is scratch. The model folds the
+/// heads in order, the hardware across lanes: both within the bound.
 pub(super) fn sums(
     run: AmxRun,
     q: &Query,
@@ -257,7 +263,6 @@ pub(super) fn sums(
     acc: &mut [f32; BLOCK],
 ) {
     let (d, hp) = (q.d, tiles.hp);
-    // (`rows` a whole block: in place, or the zero-padded copy.)
     assert!(d.is_multiple_of(2 * TILE) && rows.len() == BLOCK * d && tiles.qb.len() == d / 2 * hp);
     dots.resize(BLOCK * hp, 0.0);
     match run {
