@@ -67,7 +67,7 @@ pub(super) fn survivors(
         false => 1,
     };
     let part = len.div_ceil(parts);
-    let ranged = |p: usize, f: &mut dyn FnMut(usize, &[f32], &[f32], &[f32])| {
+    let ranged = |p: usize, f: super::exact::Run<'_>| {
         let (lo, hi) = (p * part, ((p + 1) * part).min(len));
         row.runs(len, &mut |t0, s, g, c| {
             let (a, b) = (lo.max(t0), hi.min(t0 + s.len()));
