@@ -15,8 +15,10 @@
 //! ([`super::pairs::admits`]: every operand bfloat16-exact and no product
 //! or partial sum in the flushed range, in whatever order it is summed), no
 //! key is NaN or infinite, and the query's and the block's magnitudes keep
-//! every partial sum below `2¹²⁰` (so no order of the sums overflows where
-//! another would not).
+//! every partial sum — of each head's dot product, of the fold, of the
+//! scaled score — below `2¹²⁰` (so no order of the sums overflows where
+//! another would not: an overflow to `-inf` the ReLU turned into 0 would
+//! put a screened score far outside the bound).
 //!
 //! # Why the bound holds
 //!
@@ -25,8 +27,9 @@
 //! `d / 32 − 1` more times: at most `17 + d / 32 ≤ d − 14` roundings for
 //! `d` a multiple of 32 (the only `d` the screen takes), against the
 //! canonical chain's `d`. A head's term passes at most `⌈H / 16⌉ + 4`
-//! roundings in the fold (against the canonical fold's `H`: at most 14
-//! more when `H < 5`), and the scale one. So each screened score obeys the
+//! roundings in the fold (against the canonical fold's `H`: at most 4
+//! more, when `H < 5`, within the dot products' slack of 14), and the
+//! scale one. So each screened score obeys the
 //! bound the exact selection already uses (`super::super::exact`,
 //! `γ_{d+H+2}` of `|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|`; no flush can act under
 //! the admission): it lies within `E_t` of the real score, as the float32
@@ -87,12 +90,15 @@ impl AmxRun {
 /// A query as the tiles' `B` operand: `qb[k · hp + n]` the pair `(q_n[2k],
 /// q_n[2k + 1])` (element `2k` the low half, as the keys' bfloat16 rows
 /// hold it), the heads past `H` zero up to `hp`, a multiple of 16; the
-/// weights zero-padded likewise; and `a = Σ_h |w_h| Σ_i |q_hi|`.
+/// weights zero-padded likewise; `a = Σ_h |w_h| Σ_i |q_hi|` (bounding the
+/// fold's partial sums over `max |k|`) and `qmax = max_h Σ_i |q_hi|` (one
+/// head's dot product's).
 pub(super) struct QueryTiles {
     pub qb: Vec<u32>,
     pub wp: Vec<f32>,
     pub hp: usize,
     pub a: f64,
+    pub qmax: f64,
 }
 
 impl QueryTiles {
@@ -102,7 +108,7 @@ impl QueryTiles {
         let hp = h.div_ceil(TILE) * TILE;
         let mut qb = vec![0u32; d / 2 * hp];
         let mut wp = vec![0.0f32; hp];
-        let mut a = 0.0f64;
+        let (mut a, mut qmax) = (0.0f64, 0.0f64);
         for head in 0..h {
             let (base, stride) = slot(q.tiles, h, d, head);
             let x = |i: usize| q.qt[base + i * stride];
@@ -111,16 +117,27 @@ impl QueryTiles {
             }
             let s: f64 = (0..d).map(|i| f64::from(x(i).abs())).sum();
             a += f64::from(q.w[head].abs()) * s;
+            qmax = qmax.max(s);
             wp[head] = q.w[head];
         }
-        QueryTiles { qb, wp, hp, a }
+        QueryTiles {
+            qb,
+            wp,
+            hp,
+            a,
+            qmax,
+        }
     }
 
     /// Whether a block whose largest `|k|` is `kmax` and whose bound term
     /// is `g` keeps every partial sum of this query's scores far from
-    /// overflow.
+    /// overflow: each head's dot product (`qmax · kmax`: a small weight
+    /// does not shrink it), the fold (`a · kmax`) and the scaled score (`a ·
+    /// g`). (NaN anywhere fails every comparison.)
     pub fn bounded(&self, kmax: f64, g: f32) -> bool {
-        self.a * kmax < MAX_MAGNITUDE && self.a * f64::from(g) < MAX_MAGNITUDE
+        self.qmax * kmax < MAX_MAGNITUDE
+            && self.a * kmax < MAX_MAGNITUDE
+            && self.a * f64::from(g) < MAX_MAGNITUDE
     }
 }
 
@@ -419,8 +436,10 @@ mod hw {
                         _mm512_loadu_ps(wp.as_ptr().add(h)),
                     )
                 };
+                // `max(0, x)` returns `x` when it is NaN (the second
+                // operand), as the model's ReLU keeps NaN.
                 let x = match relu {
-                    true => _mm512_max_ps(x, zero),
+                    true => _mm512_max_ps(zero, x),
                     false => x,
                 };
                 s = _mm512_fmadd_ps(w, x, s);

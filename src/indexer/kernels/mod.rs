@@ -256,7 +256,7 @@ impl<'a> Keys<'a> {
 pub(super) struct Scratch {
     kt: Vec<Line>,
     decoded: Vec<f32>,
-    /// The block as bfloat16 pairs, for the pair level and the AMX screen.
+    /// The block as bfloat16 pairs, for the pair level.
     kp: Vec<u32>,
     /// The AMX screen's dot products of one query and the block.
     dots: Vec<f32>,
@@ -410,8 +410,8 @@ pub(super) fn score_keys_in(
         // the group, where it can ([`amx`]); else the kernels below.
         if let (Some(screen), Some(terms)) = (screen, terms.as_mut()) {
             // The screen reads a block in a few hundred cycles: the keys
-            // two blocks ahead are fetched now (the hardware prefetcher
-            // alone left the decode waiting on memory).
+            // `AHEAD` blocks ahead are fetched now, in two halves (the
+            // hardware prefetcher alone left the decode waiting on memory).
             let ahead = keys.enc.bytes((t0 + AHEAD * BLOCK) * d, BLOCK * d);
             let half = ahead.len() / 2;
             #[cfg(target_arch = "x86_64")]
