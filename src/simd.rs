@@ -214,6 +214,7 @@ fn cpu_avx512bf16() -> Option<Avx512Bf16> {
 /// The AVX-512 token if this CPU has it, whatever `KVSELECT_SIMD` says: for
 /// helpers whose every compilation gives the same answer (only their speed
 /// depends on it).
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn avx512_token() -> Option<Avx512> {
     cpu_avx512()
 }

@@ -95,6 +95,11 @@ impl AmxRun {
 /// head's dot product's).
 pub(super) struct QueryTiles {
     pub qb: Vec<u32>,
+    /// Read by the instruction's fold only.
+    #[cfg_attr(
+        not(all(target_arch = "x86_64", target_os = "linux")),
+        allow(dead_code)
+    )]
     pub wp: Vec<f32>,
     pub hp: usize,
     pub a: f64,
@@ -185,7 +190,7 @@ pub(super) fn block_rows<'r>(
 /// fp8 e4m3 codes as bfloat16 bits, exactly, and the largest `|x|`'s bits;
 /// `None` (the rest unwritten) if a code is NaN.
 fn decode_fp8(src: &[u8], dst: &mut [u16]) -> Option<u16> {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     if let Some(t) = crate::simd::avx512_token() {
         // SAFETY: the token proves AVX-512 F and BW.
         return unsafe { hw::decode_fp8(t, src, dst) };
@@ -240,7 +245,7 @@ const FP8_SUBNORMAL: [u16; 32] = {
 /// and the exponent summary: `None` with a subnormal, else the smallest
 /// exponent of the nonzero finite values (`i32::MAX / 4` with none).
 fn scan(rows: &[u16]) -> (u16, Option<i32>) {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     if let Some(t) = crate::simd::avx512_token() {
         // SAFETY: the token proves AVX-512 F and BW.
         return unsafe { hw::scan(t, rows) };

@@ -45,6 +45,7 @@ pub(super) fn probe(isa: Isa) {
 pub(super) const BLOCK: usize = 32;
 
 /// How many blocks ahead the AMX screen prefetches its keys.
+#[cfg(target_arch = "x86_64")]
 const AHEAD: usize = 4;
 
 /// How a query's heads are cut into the kernels' head tiles. Each tile of
@@ -412,14 +413,19 @@ pub(super) fn score_keys_in(
             // The screen reads a block in a few hundred cycles: the keys
             // `AHEAD` blocks ahead are fetched now, in two halves (the
             // hardware prefetcher alone left the decode waiting on memory).
-            let ahead = keys.enc.bytes((t0 + AHEAD * BLOCK) * d, BLOCK * d);
-            let half = ahead.len() / 2;
             #[cfg(target_arch = "x86_64")]
-            crate::keys::prefetch(ahead, 0, half, crate::keys::CacheLevel::L2);
+            let ahead = keys.enc.bytes((t0 + AHEAD * BLOCK) * d, BLOCK * d);
+            #[cfg(target_arch = "x86_64")]
+            crate::keys::prefetch(ahead, 0, ahead.len() / 2, crate::keys::CacheLevel::L2);
             let enc = keys.enc.slice(t0 * d, (t0 + nb) * d);
             let rows = amx::block_rows(enc, nb, d, krows);
             #[cfg(target_arch = "x86_64")]
-            crate::keys::prefetch(ahead, half, ahead.len(), crate::keys::CacheLevel::L2);
+            crate::keys::prefetch(
+                ahead,
+                ahead.len() / 2,
+                ahead.len(),
+                crate::keys::CacheLevel::L2,
+            );
             if let Some((rows, kmax, summary)) = rows {
                 let scale = keys.scale.map(|s| &s[t0..t0 + nb]);
                 let kmax = f64::from(kmax);
