@@ -64,13 +64,7 @@ struct GroupScores<'a> {
 impl GroupScores<'_> {
     #[inline]
     fn get(&self, j: usize, t: usize) -> f32 {
-        // A chunk is a power of two wide but for a paged cache's odd pages:
-        // a shift, not a division, on every read of the selection.
-        let (c, r) = match self.width.is_power_of_two() {
-            true => (t >> self.width.trailing_zeros(), t & (self.width - 1)),
-            false => (t / self.width, t % self.width),
-        };
-        self.buf[(c * (self.g + self.extra) + j) * self.width + r]
+        self.buf[at(self.g + self.extra, self.width, j, t)]
     }
 
     /// Key `t`'s bound terms `(g_t, |c_t|)` (a group scored with them).
@@ -109,9 +103,21 @@ impl GroupScoresMut<'_> {
 
     /// Sets query `j`'s score of key `t`.
     fn set(&mut self, j: usize, t: usize, s: f32) {
-        let (c, r) = (t / self.width, t % self.width);
-        self.buf[(c * (self.g + self.extra) + j) * self.width + r] = s;
+        self.buf[at(self.g + self.extra, self.width, j, t)] = s;
     }
+}
+
+/// Where row `j`'s entry `t` is in a group's chunk-major buffer of `rows`
+/// rows a chunk, chunks `width` wide ([`GroupScores`]).
+#[inline(always)]
+fn at(rows: usize, width: usize, j: usize, t: usize) -> usize {
+    // A chunk is a power of two wide but for a paged cache's odd pages:
+    // a shift, not a division, on every read of the selection.
+    let (c, r) = match width.is_power_of_two() {
+        true => (t >> width.trailing_zeros(), t & (width - 1)),
+        false => (t / width, t % width),
+    };
+    (c * rows + j) * width + r
 }
 
 /// Query `j`'s row of a group scored with its keys' bound terms.
@@ -230,11 +236,9 @@ pub(super) fn select_rows<S, L>(
                 let exact = screen::rescore(level, &group[j], &keep, &key, group.len() == 1);
                 (keep, exact)
             };
+            // (A lone query's row runs on this thread: one row is no task.)
             let mut fixes = vec![(Vec::new(), Vec::new()); group.len()];
-            match group.len() {
-                1 => fixes[0] = fix(0),
-                _ => pool::for_each_row_mut(&mut fixes, 1, 1, |j, slot| slot[0] = fix(j)),
-            }
+            pool::for_each_row_mut(&mut fixes, 1, 1, |j, slot| slot[0] = fix(j));
             fixes
         };
         for (j, (keep, exact)) in fixes.into_iter().enumerate() {

@@ -207,34 +207,32 @@ pub(super) fn rescore(
     key: &(impl Fn(usize, &mut [f32]) -> f32 + Sync),
     parallel: bool,
 ) -> Vec<f32> {
+    // At most `PART` keys decoded at a time (a row whose every position
+    // survives must not hold all its keys in float32); the parts across the
+    // pool when asked (a decode's lone row).
     const PART: usize = 512;
-    if !parallel || positions.len() <= PART {
-        return rescore_part(level, query, positions, key);
-    }
     let parts: Vec<&[usize]> = positions.chunks(PART).collect();
     let mut out: Vec<Vec<f32>> = vec![Vec::new(); parts.len()];
-    crate::pool::for_each_row_mut(&mut out, 1, 1, |i, slot| {
-        slot[0] = rescore_part(level, query, parts[i], key)
-    });
+    match parallel {
+        true => crate::pool::for_each_row_mut(&mut out, 1, 1, |i, slot| {
+            slot[0] = rescore_part(level, query, parts[i], key)
+        }),
+        false => {
+            for (o, p) in out.iter_mut().zip(&parts) {
+                *o = rescore_part(level, query, p, key);
+            }
+        }
+    }
     out.concat()
 }
 
-/// [`rescore`] on one thread.
+/// [`rescore`] of one part, on this thread.
 fn rescore_part(
     level: Isa,
     query: &Query,
     positions: &[usize],
     key: &impl Fn(usize, &mut [f32]) -> f32,
 ) -> Vec<f32> {
-    // A part's keys are decoded at most `PART` at a time (a row whose
-    // every position survives must not hold all its keys in float32).
-    const PART: usize = 512;
-    if positions.len() > PART {
-        return positions
-            .chunks(PART)
-            .flat_map(|p| rescore_part(level, query, p, key))
-            .collect();
-    }
     let (n, d) = (positions.len(), query.d);
     let mut rows = vec![0.0f32; n * d];
     let mut scales = vec![1.0f32; n];

@@ -253,7 +253,10 @@ fn scan(rows: &[u16]) -> (u16, Option<i32>) {
     scan_body(rows)
 }
 
-/// [`scan`]'s body, branch-free over the values (so a compiler vectorises it).
+/// [`scan`]'s body, branch-free over the values (so a compiler vectorises
+/// it): the largest magnitude and, in the same pass, the summary
+/// [`super::pairs::min_exponent`] gives the values as float32 bits (its rule
+/// on bfloat16 bits, which are always bfloat16-exact).
 #[inline(always)]
 fn scan_body(rows: &[u16]) -> (u16, Option<i32>) {
     let (mut kmax, mut sub, mut emin) = (0u16, 0u16, 0xFFu16);

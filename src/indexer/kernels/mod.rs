@@ -384,13 +384,13 @@ pub(super) fn score_keys_in(
     // The pair level needs pairs of dimensions; the AVX2 fp8 fold is below it.
     let run = run.filter(|_| d.is_multiple_of(2));
     // The AMX screen: only where the exact selection asked for it (it
-    // re-scores what the screen cannot rule out), `d` a multiple of 32.
-    // Its keys are fp8 or bfloat16, its queries bfloat16-exact (decided
-    // once per call, so a call it cannot serve pays nothing per block).
+    // re-scores what the screen cannot rule out; `amx::AmxRun::of` took
+    // only `d` a multiple of 32), its keys fp8 or bfloat16, its queries
+    // bfloat16-exact (decided once per call, so a call it cannot serve
+    // pays nothing per block).
     let screen = terms
         .as_ref()
         .and_then(|t| t.screen)
-        .filter(|_| d.is_multiple_of(2 * crate::simd::amx::TILE))
         .filter(|_| matches!(keys.enc, Encoded::Bf16(_) | Encoded::Fp8E4m3(_)))
         .filter(|_| queries.iter().all(|q| q.pairs().summary.is_some()));
     let (kp, dots, krows) = (&mut scratch.kp, &mut scratch.dots, &mut scratch.krows);

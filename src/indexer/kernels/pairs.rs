@@ -67,18 +67,23 @@ const MIN_EXPONENT_SUM: i32 = -112;
 /// if one is not exactly a bfloat16 (low 16 bits set) or is subnormal;
 /// else the smallest exponent of the nonzero finite ones (`i32::MAX / 4`
 /// when there are none).
+/// Branch-free over the values, so a compiler vectorises it where it is
+/// inlined into a vector kernel ([`pack_block`], the AMX screen's scan).
+#[inline(always)]
 pub(super) fn min_exponent(values: impl IntoIterator<Item = u32>) -> Option<i32> {
-    let mut min = i32::MAX / 4;
+    // `bad`: a value not exactly a bfloat16, or subnormal; `emin` the
+    // smallest biased exponent of a nonzero finite value (`0xFF`: none).
+    let (mut bad, mut emin) = (0u32, 0xFFu32);
     for bits in values {
         let e = (bits >> 23) & 0xFF;
-        if bits & 0xFFFF != 0 || (e == 0 && bits & 0x007F_FFFF != 0) {
-            return None;
-        }
-        if e != 0 && e != 0xFF {
-            min = min.min(e as i32 - 127);
-        }
+        bad |= (bits & 0xFFFF) | u32::from(e == 0 && bits & 0x007F_FFFF != 0);
+        emin = emin.min(if e == 0 { 0xFF } else { e });
     }
-    Some(min)
+    match (bad, emin) {
+        (0, 0xFF) => Some(i32::MAX / 4),
+        (0, e) => Some(e as i32 - 127),
+        _ => None,
+    }
 }
 
 /// Whether a block of keys with exponent summary `keys` may be scored in
@@ -107,19 +112,10 @@ fn pack_block_avx512(_: crate::simd::Avx512, kt: &[f32], kp: &mut [u32]) -> Opti
     pack_block_body(kt, kp)
 }
 
-/// [`pack_block`]'s body, branch-free over the values (so a compiler
-/// vectorises it): [`min_exponent`]'s summary without its early return.
+/// [`pack_block`]'s body.
 #[inline(always)]
 fn pack_block_body(kt: &[f32], kp: &mut [u32]) -> Option<i32> {
-    // `bad`: a value not exactly a bfloat16, or subnormal; `emin` the
-    // smallest biased exponent of a nonzero finite value (`0xFF`: none).
-    let (mut bad, mut emin) = (0u32, 0xFFu32);
-    for x in kt {
-        let bits = x.to_bits();
-        let e = (bits >> 23) & 0xFF;
-        bad |= (bits & 0xFFFF) | u32::from(e == 0 && bits & 0x007F_FFFF != 0);
-        emin = emin.min(if e == 0 { 0xFF } else { e });
-    }
+    let summary = min_exponent(kt.iter().map(|x| x.to_bits()));
     for (i, lanes) in kp.chunks_exact_mut(BLOCK).enumerate() {
         let even = &kt[2 * i * BLOCK..(2 * i + 1) * BLOCK];
         let odd = &kt[(2 * i + 1) * BLOCK..(2 * i + 2) * BLOCK];
@@ -127,11 +123,7 @@ fn pack_block_body(kt: &[f32], kp: &mut [u32]) -> Option<i32> {
             *p = pack(e, o);
         }
     }
-    match (bad, emin) {
-        (0, 0xFF) => Some(i32::MAX / 4),
-        (0, e) => Some(e as i32 - 127),
-        _ => None,
-    }
+    summary
 }
 
 /// A query's heads as pairs in head tiles of eights ([`Tiles::Eights`] with
