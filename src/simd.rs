@@ -41,6 +41,7 @@ use std::sync::OnceLock;
 
 pub(crate) mod amx;
 pub(crate) mod bf16dp;
+pub(crate) mod lines;
 
 /// The name of an instruction-set level: what [`Isa::best`] chose
 /// ([`level`]), what `KVSELECT_SIMD` asks for. Ordered from the portable

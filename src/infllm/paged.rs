@@ -72,6 +72,7 @@
 
 use super::heads::{one_count_a_vector, Rows, Staged};
 use crate::keys::{BlockTable, Encoded, PageLayout, PagedCache};
+use crate::simd::lines::Floats;
 use crate::simd::Isa;
 
 /// A thread's stage-1 scratch, reused across the rows and calls it
@@ -79,7 +80,7 @@ use crate::simd::Isa;
 #[derive(Default)]
 struct Scratch {
     /// The chunks' logits buffers ([`Staged::chunks`]).
-    bufs: Vec<Vec<f32>>,
+    bufs: Vec<Floats>,
     sums: Vec<f32>,
     /// A page's keys of one KV head, decoded (fp8, float16, misaligned).
     keys: Vec<f32>,
@@ -98,7 +99,7 @@ impl Scratch {
             c.finish(&mut self.sums);
             c.into_bufs(&mut self.bufs);
         }
-        if self.bufs.iter().map(Vec::capacity).sum::<usize>() > KEEP {
+        if self.bufs.iter().map(|b| b.capacity()).sum::<usize>() > KEEP {
             self.bufs.clear();
         }
     }

@@ -3,6 +3,7 @@
 
 use super::{Config, Pooling};
 use crate::attention::kernels::{pack_keys, scores, softmax, KEY_TILE, ROW_TILE};
+use crate::simd::lines::Floats;
 use crate::simd::Isa;
 
 /// One KV head's compressed keys, packed for the score kernels of `isa`.
@@ -40,10 +41,12 @@ impl Packed {
 /// Scratch reused across the rows a thread computes.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    pub(super) logits: Vec<f32>,
+    /// On a cache-line boundary, as `qt` ([`Floats`]): the kernels' rows of
+    /// 8 or 16 floats never split a line.
+    pub(super) logits: Floats,
     pub sums: Vec<f32>,
     /// The group's queries transposed ([`super::heads::group_sums`]).
-    pub(super) qt: Vec<f32>,
+    pub(super) qt: Floats,
 }
 
 /// `S_j` for `j < n_vis`: the group's softmax probabilities summed, head

@@ -7,6 +7,7 @@ use crate::infllm::heads::{self, in_lanes, Rows};
 use crate::infllm::panels::{self, Panels};
 use crate::infllm::score::{group_sums, Packed, Scratch};
 use crate::keys::{Encoded, Heads};
+use crate::simd::lines::Floats;
 use crate::simd::Isa;
 
 /// A call's checked sizes.
@@ -763,7 +764,7 @@ fn run_fused<T: Send>(
             }
         }
     });
-    if bufs.iter().map(Vec::capacity).sum::<usize>() <= PACKED_KEEP {
+    if bufs.iter().map(|b| b.capacity()).sum::<usize>() <= PACKED_KEEP {
         FUSED_BUFS.with_borrow_mut(|b| *b = bufs);
     }
 }
@@ -790,7 +791,7 @@ thread_local! {
     /// The calling thread's buffers for [`run_fused`]'s chunks' logits, kept between calls up to
     /// [`PACKED_KEEP`] floats: a decode on 131,072 tokens writes 8 MiB of
     /// logits, and a fresh buffer would be faulted in page by page.
-    static FUSED_BUFS: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+    static FUSED_BUFS: std::cell::RefCell<Vec<Floats>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A thread's scratch, reused across the rows and the calls it computes
@@ -1130,7 +1131,7 @@ fn batched<E: heads::Elem + bytemuck::Pod>(
             }
         }
     });
-    if bufs.iter().map(Vec::capacity).sum::<usize>() <= PACKED_KEEP {
+    if bufs.iter().map(|b| b.capacity()).sum::<usize>() <= PACKED_KEEP {
         FUSED_BUFS.with_borrow_mut(|b| *b = bufs);
     }
     true

@@ -21,6 +21,7 @@
 //! `x <= 0 ? 0 : x` on every level.
 
 use crate::keys::Encoded;
+use crate::simd::lines::Line;
 use crate::simd::{dispatch, Isa};
 
 pub(super) mod amx;
@@ -253,7 +254,8 @@ impl<'a> Keys<'a> {
 }
 
 /// A call's working buffers, reused across calls: the transposed block
-/// (cache-line aligned) and the portable path's decoded rows.
+/// (cache-line aligned: [`Line`], its rows of `BLOCK` floats two whole
+/// lines, so no kernel load splits one) and the portable path's decoded rows.
 pub(super) struct Scratch {
     kt: Vec<Line>,
     decoded: Vec<f32>,
@@ -287,12 +289,6 @@ fn relu(x: f32) -> f32 {
         x
     }
 }
-
-/// A cache line of floats: the transposed block's rows (`BLOCK` floats, two
-/// lines) start on line boundaries, so no kernel load splits a line.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C, align(64))]
-struct Line([f32; 16]);
 
 /// Every query's scores of keys `first ..`: query `j`'s of keys `first ..
 /// first + outs[j].len()` into `outs[j]` (canonical: `-0.0` is `+0.0`).
