@@ -641,10 +641,10 @@ mod avx512 {
     use crate::simd::Avx512;
     use std::arch::x86_64::*;
 
-    /// [`super::avx2::sums`] with pass 1 (the logits, about nine tenths of
-    /// a prefill's time) in 512-bit registers: a panel's two vectors of 16
-    /// keys against tiles of 8 heads (16 chains), a step 2 loads and 8
-    /// broadcasts for 16 fused multiply-adds; then the AVX2 passes 2 and 3.
+    /// [`super::avx2::sums`] in 512-bit registers: pass 1 (the logits) a
+    /// panel's two vectors of 16 keys against tiles of 8 heads (16 chains),
+    /// a step 2 loads and 8 broadcasts for 16 fused multiply-adds; then
+    /// passes 2 and 3 sixteen keys a vector ([`rest`]).
     /// Each logit is the same chain in whichever lane, and each head's
     /// 8-lane maximum folds a vector's two halves in as `max(x, m)` (order
     /// free, NaN ignored), so the bits are the AVX2 kernel's.
@@ -718,9 +718,160 @@ mod avx512 {
                 };
             }
         }
-        // SAFETY: pass 1 wrote every head's logits and maxima; the AVX-512
-        // token implies AVX2+FMA.
-        unsafe { super::avx2::rest(token.avx2(), heads, n_vis, logits, z, sums) }
+        // SAFETY: pass 1 wrote every head's logits and maxima.
+        unsafe { rest(token, heads, n_vis, logits, z, sums) }
+    }
+
+    /// [`super::avx2::rest`] sixteen keys a vector: each head's maximum
+    /// from its 8 lanes, its exponentials (`crate::exp::avx512::exp`, the
+    /// AVX2 `exp`'s bits lane for lane) and `Z_h`, whose 8 lanes take a
+    /// vector's low half and then its high half (key `j` into lane `j % 8`
+    /// in key order, as at AVX2); then `Σ_h e / Z_h` in head order, sixteen
+    /// keys a vector. The same operations on the same values: the same bits.
+    ///
+    /// # Safety
+    /// [`super::avx2::rest`]'s, with `_token` proving AVX-512 F.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    unsafe fn rest(
+        _token: Avx512,
+        heads: usize,
+        n_vis: usize,
+        logits: &mut [f32],
+        z: &mut [f32],
+        sums: &mut [f32],
+    ) {
+        let n8 = n_vis.next_multiple_of(8);
+        assert!(logits.len() >= heads * n8 && z.len() >= 9 * heads && sums.len() >= n_vis);
+        let lp = logits.as_mut_ptr();
+        let (zp, mxp) = (z.as_mut_ptr(), z[heads..].as_ptr());
+        // Pass 2, four heads side by side (then one at a time).
+        let mut h0 = 0;
+        while h0 + 4 <= heads {
+            // SAFETY: heads `h0..h0 + 4` have rows in `logits`, `z` slots
+            // and maxima (asserted sizes).
+            unsafe { softmax::<4>(lp.add(h0 * n8), n8, n_vis, zp.add(h0), mxp.add(8 * h0)) };
+            h0 += 4;
+        }
+        while h0 < heads {
+            // SAFETY: as above, one head.
+            unsafe { softmax::<1>(lp.add(h0 * n8), n8, n_vis, zp.add(h0), mxp.add(8 * h0)) };
+            h0 += 1;
+        }
+        // Pass 3: `S_j = Σ_h e_hj / Z_h`, heads in order from `+0.0`, up to
+        // four vectors of keys side by side (each sum a chain of `heads`
+        // additions), the last one's lanes past `n_vis` neither read nor
+        // stored.
+        let sp = sums.as_mut_ptr();
+        for j in (0..n_vis).step_by(64) {
+            let left = n_vis - j;
+            // SAFETY: keys `j..j + min(left, 64)` lie in every row and in
+            // `sums`.
+            unsafe {
+                let (lj, sj) = (lp.add(j), sp.add(j));
+                match left.div_ceil(16) {
+                    1 => group::<1>(lj, heads, n8, z, sj, left),
+                    2 => group::<2>(lj, heads, n8, z, sj, left),
+                    3 => group::<3>(lj, heads, n8, z, sj, left),
+                    _ => group::<4>(lj, heads, n8, z, sj, left),
+                }
+            }
+        }
+    }
+
+    /// Heads `0..N` (rows `n8` apart at `lp`, their maxima's 8 lanes at
+    /// `mxp`): `m_h`, `e = exp(x − m_h)` over keys `0..n8` written back
+    /// (those past `n_vis` as `+0`), `Z_h` to `z[h]`.
+    ///
+    /// # Safety
+    /// AVX-512 F; `N` rows of `n8 >= 8` floats at `lp`, `N` floats at `z`,
+    /// `8 N` at `mxp`; `n_vis <= n8 < n_vis + 8`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    unsafe fn softmax<const N: usize>(
+        lp: *mut f32,
+        n8: usize,
+        n_vis: usize,
+        z: *mut f32,
+        mxp: *const f32,
+    ) {
+        let mut m = [_mm512_setzero_ps(); N];
+        for h in 0..N {
+            // SAFETY: head `h`'s maximum (the contract).
+            let mx = unsafe { _mm256_loadu_ps(mxp.add(8 * h)) };
+            // The lanes' maximum (no NaN among them): order free.
+            let a = _mm256_max_ps(mx, _mm256_permute2f128_ps::<1>(mx, mx));
+            let a = _mm256_max_ps(a, _mm256_permute_ps::<0b01_00_11_10>(a));
+            let a = _mm256_max_ps(a, _mm256_permute_ps::<0b10_11_00_01>(a));
+            let a = _mm256_add_ps(a, _mm256_setzero_ps());
+            m[h] = _mm512_broadcastss_ps(_mm256_castps256_ps128(a));
+        }
+        let mut lanes = [_mm256_setzero_ps(); N];
+        let mut j = 0;
+        while j < n8 {
+            // The keys of this vector in the row (16, or the row's last 8),
+            // and those below `n_vis` (the rest `+0`).
+            let (row, keys) = (((1u32 << (n8 - j).min(16)) - 1) as u16, (n_vis - j).min(16));
+            let seen = ((1u32 << keys) - 1) as u16;
+            let mut x = [_mm512_setzero_ps(); N];
+            for h in 0..N {
+                // SAFETY: the row's lanes `row` names (the contract).
+                let y = unsafe { _mm512_maskz_loadu_ps(row, lp.add(h * n8 + j)) };
+                x[h] = _mm512_sub_ps(y, m[h]);
+            }
+            for h in 0..N {
+                let e = _mm512_maskz_mov_ps(seen, crate::exp::avx512::exp(x[h]));
+                // SAFETY: as above.
+                unsafe { _mm512_mask_storeu_ps(lp.add(h * n8 + j), row, e) };
+                lanes[h] = _mm256_add_ps(lanes[h], _mm512_castps512_ps256(e));
+                if n8 - j > 8 {
+                    lanes[h] = _mm256_add_ps(lanes[h], _mm512_extractf32x8_ps::<1>(e));
+                }
+            }
+            j += 16;
+        }
+        for h in 0..N {
+            let mut l = [0.0f32; 8];
+            // SAFETY: `l` is 8 floats; `z` holds `N` (the contract).
+            unsafe {
+                _mm256_storeu_ps(l.as_mut_ptr(), lanes[h]);
+                *z.add(h) = super::super::heads::reduce8(l);
+            }
+        }
+    }
+
+    /// Keys `0..min(left, 16 N)` from `lp` (each head's row `n8` apart): `Σ_h
+    /// e / Z_h` in head order from `+0.0`, to `sp`.
+    ///
+    /// # Safety
+    /// AVX-512 F; `heads` rows holding those keys, `n8` apart, at `lp`; `z`
+    /// holds `heads`, `sp` `min(left, 16 N)` floats.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    unsafe fn group<const N: usize>(
+        lp: *const f32,
+        heads: usize,
+        n8: usize,
+        z: &[f32],
+        sp: *mut f32,
+        left: usize,
+    ) {
+        let mut keep = [0u16; N];
+        for (t, k) in keep.iter_mut().enumerate() {
+            *k = ((1u32 << left.saturating_sub(16 * t).min(16)) - 1) as u16;
+        }
+        let mut s = [_mm512_setzero_ps(); N];
+        for (h, &zh) in z[..heads].iter().enumerate() {
+            let zv = _mm512_set1_ps(zh);
+            for t in 0..N {
+                // SAFETY: row `h`'s keys `keep[t]` names (the contract).
+                let e = unsafe { _mm512_maskz_loadu_ps(keep[t], lp.add(h * n8 + 16 * t)) };
+                s[t] = _mm512_add_ps(s[t], _mm512_div_ps(e, zv));
+            }
+        }
+        for t in 0..N {
+            // SAFETY: the keys `keep[t]` names, in `sums` (the contract).
+            unsafe { _mm512_mask_storeu_ps(sp.add(16 * t), keep[t], s[t]) };
+        }
     }
 
     /// [`tile`] with `R = r`, `J = j` (at most 16 heads by 1 vector, 8 by
