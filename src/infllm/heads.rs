@@ -722,18 +722,40 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn finish<const V: usize>(
         heads: Heads<'_>,
-        mut mx: [__m256; V],
+        mx: [__m256; V],
         logits: &mut [f32],
         sums: &mut [f32],
     ) {
+        // SAFETY: the contract.
+        unsafe {
+            let (m, seen) = maxima::<V>(heads, mx, logits);
+            let mut lanes = [[_mm256_setzero_ps(); 8]; V];
+            let (n_min, _) = heads.range();
+            bulk::<V>(&m, n_min / 8 * 8, logits, &mut lanes);
+            finish_from::<V>(heads, &m, &seen, lanes, logits, sums)
+        }
+    }
+
+    /// [`finish`]'s first step: each vector's maximum over its own keys
+    /// past `n_min` folded into `mx`, `+ 0`, and each vector's key count.
+    ///
+    /// # Safety
+    /// [`chunk`]'s contract (the keys aside).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn maxima<const V: usize>(
+        heads: Heads<'_>,
+        mut mx: [__m256; V],
+        logits: &[f32],
+    ) -> ([__m256; V], [usize; V]) {
         let (w, hc) = (8 * V, heads.hc);
-        let (n_min, n_vis) = heads.range();
+        let (n_min, _) = heads.range();
         // Each vector's keys (one query's heads a vector).
         let mut seen = [0usize; V];
         for v in 0..V {
             seen[v] = if v * 8 < hc { heads.seen(v * 8) } else { 0 };
         }
-        let lp = logits.as_mut_ptr();
+        let lp = logits.as_ptr();
         for v in 0..V {
             for j in n_min..seen[v] {
                 // SAFETY: `j < n_vis`: its row is in the logits.
@@ -741,15 +763,30 @@ mod avx2 {
                 mx[v] = _mm256_max_ps(x, mx[v]);
             }
         }
-        // Pass 2: each lane's exponentials over its keys and their 8-lane
-        // sum, the chunk's vectors side by side (a key's row read once).
-        let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
         let mut m = [_mm256_setzero_ps(); V];
         for v in 0..V {
             m[v] = _mm256_add_ps(mx[v], _mm256_setzero_ps());
         }
-        let mut lanes = [[_mm256_setzero_ps(); 8]; V];
-        let full = n_min / 8 * 8;
+        (m, seen)
+    }
+
+    /// Pass 2 over keys `0..full` (a multiple of 8, every lane's keys):
+    /// each lane's exponentials written over the logits and added into its
+    /// lane sums `lanes[v][j % 8]`, the chunk's vectors side by side (a
+    /// key's row read once).
+    ///
+    /// # Safety
+    /// AVX2+FMA; `logits` holds rows `0..full` of `8V`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn bulk<const V: usize>(
+        m: &[__m256; V],
+        full: usize,
+        logits: &mut [f32],
+        lanes: &mut [[__m256; 8]; V],
+    ) {
+        let w = 8 * V;
+        let lp = logits.as_mut_ptr();
         for j0 in (0..full).step_by(8) {
             // The block's `8V` vectors (key `t`, vector `v` at `t · V + v`),
             // four exponentials side by side.
@@ -757,7 +794,7 @@ mod avx2 {
                 let mut x = [_mm256_setzero_ps(); 4];
                 for u in 0..4 {
                     let (t, v) = ((g + u) / V, (g + u) % V);
-                    // SAFETY: `j0 + t < n_vis`: its row is in the logits.
+                    // SAFETY: `j0 + t < full`: its row is in the logits.
                     let y = unsafe { _mm256_loadu_ps(lp.add((j0 + t) * w + v * 8)) };
                     x[u] = _mm256_sub_ps(y, m[v]);
                 }
@@ -770,6 +807,29 @@ mod avx2 {
                 }
             }
         }
+    }
+
+    /// [`finish`] after pass 2 over keys `0..full` (`full = n_min / 8 ·
+    /// 8`, at any level, its lane sums in `lanes`): pass 2 over each
+    /// vector's last keys, `Z`, and pass 3.
+    ///
+    /// # Safety
+    /// [`chunk`]'s contract (the keys aside); `m` and `seen` from
+    /// [`maxima`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn finish_from<const V: usize>(
+        heads: Heads<'_>,
+        m: &[__m256; V],
+        seen: &[usize; V],
+        mut lanes: [[__m256; 8]; V],
+        logits: &mut [f32],
+        sums: &mut [f32],
+    ) {
+        let (w, hc) = (8 * V, heads.hc);
+        let (n_min, n_vis) = heads.range();
+        let full = n_min / 8 * 8;
+        let lp = logits.as_mut_ptr();
+        let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
         // The rest: each vector's own keys, the chunk's vectors side by
         // side. The `−inf` padding to the next multiple of 8 adds
         // `exp(−inf − m) = +0` to a lane sum that is `+0` or more (or NaN),
@@ -1185,6 +1245,66 @@ mod avx512 {
         }
     }
 
+    /// [`super::avx2::staged_finish`] with pass 2 over the keys every lane
+    /// sees (`0..n_min / 8 · 8`, the bulk of a decode's) sixteen lanes a
+    /// vector: `U = V / 2` vectors of 512 bits hold the chunk's `V` vectors
+    /// of 8 lanes, `crate::exp::avx512::exp` is the AVX2 `exp` lane for
+    /// lane, and each lane's 8 sums `lanes[t]` (`t = j % 8`) take the same
+    /// additions in the same order; the sums are split back into 8-lane
+    /// vectors for [`super::avx2::finish_from`]. The same bits. (At AVX2
+    /// the 32 sums of a chunk of 32 heads left the 16 registers.)
+    ///
+    /// # Safety
+    /// `_token` proves AVX-512 F; `V == 2 U`; [`super::avx2::finish`]'s
+    /// contract.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    pub(super) unsafe fn staged_finish<const V: usize, const U: usize>(
+        _token: Avx512,
+        heads: Heads<'_>,
+        mx: &[f32; super::CHUNK],
+        logits: &mut [f32],
+        sums: &mut [f32],
+    ) {
+        assert_eq!(V, 2 * U, "two 8-lane vectors a 512-bit one");
+        let mut m8 = [_mm256_setzero_ps(); V];
+        for v in 0..V {
+            // SAFETY: `8V <= 32` floats of `mx`.
+            m8[v] = unsafe { _mm256_loadu_ps(mx.as_ptr().add(v * 8)) };
+        }
+        let (w, (n_min, _)) = (8 * V, heads.range());
+        // SAFETY: the contract.
+        let (m8, seen) = unsafe { super::avx2::maxima::<V>(heads, m8, logits) };
+        let mut m = [_mm512_setzero_ps(); U];
+        for u in 0..U {
+            m[u] = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(m8[2 * u]), m8[2 * u + 1]);
+        }
+        let mut lanes = [[_mm512_setzero_ps(); 8]; U];
+        let lp = logits.as_mut_ptr();
+        for j0 in (0..n_min / 8 * 8).step_by(8) {
+            for t in 0..8 {
+                for u in 0..U {
+                    // SAFETY: `j0 + t < n_min`: its row is in the logits.
+                    unsafe {
+                        let at = lp.add((j0 + t) * w + u * 16);
+                        let e = crate::exp::avx512::exp(_mm512_sub_ps(_mm512_loadu_ps(at), m[u]));
+                        _mm512_storeu_ps(at, e);
+                        lanes[u][t] = _mm512_add_ps(lanes[u][t], e);
+                    }
+                }
+            }
+        }
+        let mut l8 = [[_mm256_setzero_ps(); 8]; V];
+        for u in 0..U {
+            for t in 0..8 {
+                l8[2 * u][t] = _mm512_castps512_ps256(lanes[u][t]);
+                l8[2 * u + 1][t] = _mm512_extractf32x8_ps::<1>(lanes[u][t]);
+            }
+        }
+        // SAFETY: the contract; keys `0..n_min / 8 · 8` done as `finish_from`
+        // expects.
+        unsafe { super::avx2::finish_from::<V>(heads, &m8, &seen, l8, logits, sums) }
+    }
+
     /// Keys `0..K` of `keys` against the chunk's `16V` heads (`qt`, `[d][16
     /// V]`): logit `(k, l)` to `lp[k · 16V + l]`, each lane's maximum into
     /// `mx` as `max(x, m)`; `pf`'s lines asked into the second-level cache,
@@ -1539,12 +1659,11 @@ impl Staged {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `t` proves AVX-512 and so AVX2+FMA; the bounds as above.
             Kernel::Avx512(t) => unsafe {
-                let t = t.avx2();
                 match w {
-                    8 => avx2::staged_finish::<1>(t, heads, mx, logits, sums),
-                    16 => avx2::staged_finish::<2>(t, heads, mx, logits, sums),
-                    24 => avx2::staged_finish::<3>(t, heads, mx, logits, sums),
-                    _ => avx2::staged_finish::<4>(t, heads, mx, logits, sums),
+                    8 => avx2::staged_finish::<1>(t.avx2(), heads, mx, logits, sums),
+                    16 => avx512::staged_finish::<2, 1>(t, heads, mx, logits, sums),
+                    24 => avx2::staged_finish::<3>(t.avx2(), heads, mx, logits, sums),
+                    _ => avx512::staged_finish::<4, 2>(t, heads, mx, logits, sums),
                 }
             },
             Kernel::Portable => portable::finish(w, heads, mx, logits, sums),
