@@ -159,6 +159,7 @@ pub(crate) trait Elem: Copy + Send + Sync {
     /// Whether [`Elem::splat16`] costs arithmetic (bfloat16: a shift after
     /// the broadcast, on the FMA ports): the AVX-512 tiles then widen their
     /// keys' rows to float32 first ([`Elem::widen`]) and broadcast those.
+    #[cfg(target_arch = "x86_64")]
     const NARROW: bool;
     /// Elements `0..len` from `p` as float32 values to `out`.
     ///
@@ -186,6 +187,7 @@ impl Elem for f32 {
         // SAFETY: `p` is readable and AVX-512 F is available (the contract).
         unsafe { std::arch::x86_64::_mm512_set1_ps(p.read()) }
     }
+    #[cfg(target_arch = "x86_64")]
     const NARROW: bool = false;
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
@@ -224,6 +226,7 @@ impl Elem for u16 {
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(b))
         }
     }
+    #[cfg(target_arch = "x86_64")]
     const NARROW: bool = true;
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
@@ -1608,7 +1611,8 @@ impl Staged {
                 }
             },
             Kernel::Portable => {
-                let _ = pf;
+                // (the x86 kernels' alone)
+                let _ = (pf, &wide);
                 for k in 0..count {
                     let row = &keys.ck[keys.base + k * keys.stride..][..d];
                     let out = &mut logits[(j + k) * w..][..w];
