@@ -1384,8 +1384,9 @@ mod avx512 {
 enum Kernel {
     #[cfg(target_arch = "x86_64")]
     Avx2(crate::simd::Avx2),
-    /// Chunks of 16 or 32 lanes score in 512-bit registers, the others and
-    /// every finish at AVX2.
+    /// Chunks of 16 or 32 lanes score, and take their bulk of exponentials,
+    /// in 512-bit registers; the others, and the rest of every finish, at
+    /// AVX2.
     #[cfg(target_arch = "x86_64")]
     Avx512(crate::simd::Avx512),
     Portable,

@@ -1,10 +1,9 @@
 //! Float buffers that start on a cache-line boundary.
 //!
 //! A 512-bit load or store at an address that is not a multiple of 64
-//! bytes touches two cache lines, and on the Intel Xeon this project runs
-//! on every such access costs about a second one: NSA's prefill tile, whose
-//! keys sat on a 32-byte boundary, ran about 10% slower a call than on a
-//! 64-byte one (`src/infllm/panels.rs`). A kernel whose buffers are laid
+//! bytes touches two cache lines (a split access, served as two): NSA's
+//! prefill tile, whose keys sat on a 32-byte boundary, ran 9% slower a
+//! call than on a 64-byte one (Intel Xeon, `src/infllm/panels.rs`). A kernel whose buffers are laid
 //! out in rows of 16 floats (or multiples of 8 at AVX2) from a [`Floats`]
 //! never splits a line. The values, and so every result, are the same
 //! wherever the buffer lies.
