@@ -533,6 +533,28 @@ mod avx2 {
         }
     }
 
+    /// A head's maximum from its 8 lanes (no NaN among them: order free),
+    /// `+ 0`, in every lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn lanes_max(mx: __m256) -> __m256 {
+        let a = _mm256_max_ps(mx, _mm256_permute2f128_ps::<1>(mx, mx));
+        let a = _mm256_max_ps(a, _mm256_permute_ps::<0b01_00_11_10>(a));
+        let a = _mm256_max_ps(a, _mm256_permute_ps::<0b10_11_00_01>(a));
+        _mm256_add_ps(a, _mm256_setzero_ps())
+    }
+
+    /// `Z_h` from its 8 lane sums, in the canonical tree
+    /// ([`super::super::heads::reduce8`]).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn lanes_sum(lanes: __m256) -> f32 {
+        let mut l = [0.0f32; 8];
+        // SAFETY: `l` is 8 floats.
+        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), lanes) };
+        super::super::heads::reduce8(l)
+    }
+
     /// Heads `0..N` (rows `n8` apart at `lp`, the 8 lanes of their running
     /// maxima at `mxp`, folded in by [`tile`]): each row's maximum `m_h`,
     /// `e = exp(x − m_h)` written over the logits (the padding's masked to
@@ -555,12 +577,7 @@ mod avx2 {
         let mut m = [ninf; N];
         for h in 0..N {
             // SAFETY: head `h`'s maximum (the contract).
-            let mx = unsafe { _mm256_loadu_ps(mxp.add(8 * h)) };
-            // The lanes' maximum (no NaN among them): order free.
-            let a = _mm256_max_ps(mx, _mm256_permute2f128_ps::<1>(mx, mx));
-            let a = _mm256_max_ps(a, _mm256_permute_ps::<0b01_00_11_10>(a));
-            let a = _mm256_max_ps(a, _mm256_permute_ps::<0b10_11_00_01>(a));
-            m[h] = _mm256_add_ps(a, _mm256_setzero_ps());
+            m[h] = lanes_max(unsafe { _mm256_loadu_ps(mxp.add(8 * h)) });
         }
         let mut lanes = [_mm256_setzero_ps(); N];
         for j in (0..n8).step_by(8) {
@@ -582,12 +599,8 @@ mod avx2 {
             }
         }
         for h in 0..N {
-            let mut l = [0.0f32; 8];
-            // SAFETY: `l` is 8 floats; `z` holds `N` (the contract).
-            unsafe {
-                _mm256_storeu_ps(l.as_mut_ptr(), lanes[h]);
-                *z.add(h) = super::super::heads::reduce8(l);
-            }
+            // SAFETY: `z` holds `N` floats (the contract).
+            unsafe { *z.add(h) = lanes_sum(lanes[h]) };
         }
     }
 
@@ -797,12 +810,7 @@ mod avx512 {
         let mut m = [_mm512_setzero_ps(); N];
         for h in 0..N {
             // SAFETY: head `h`'s maximum (the contract).
-            let mx = unsafe { _mm256_loadu_ps(mxp.add(8 * h)) };
-            // The lanes' maximum (no NaN among them): order free.
-            let a = _mm256_max_ps(mx, _mm256_permute2f128_ps::<1>(mx, mx));
-            let a = _mm256_max_ps(a, _mm256_permute_ps::<0b01_00_11_10>(a));
-            let a = _mm256_max_ps(a, _mm256_permute_ps::<0b10_11_00_01>(a));
-            let a = _mm256_add_ps(a, _mm256_setzero_ps());
+            let a = super::avx2::lanes_max(unsafe { _mm256_loadu_ps(mxp.add(8 * h)) });
             m[h] = _mm512_broadcastss_ps(_mm256_castps256_ps128(a));
         }
         let mut lanes = [_mm256_setzero_ps(); N];
@@ -830,12 +838,8 @@ mod avx512 {
             j += 16;
         }
         for h in 0..N {
-            let mut l = [0.0f32; 8];
-            // SAFETY: `l` is 8 floats; `z` holds `N` (the contract).
-            unsafe {
-                _mm256_storeu_ps(l.as_mut_ptr(), lanes[h]);
-                *z.add(h) = super::super::heads::reduce8(l);
-            }
+            // SAFETY: `z` holds `N` floats (the contract).
+            unsafe { *z.add(h) = super::avx2::lanes_sum(lanes[h]) };
         }
     }
 
