@@ -67,9 +67,10 @@
 //! keys a call would cost more than the few queries' scores.
 //!
 //! The keys may be float32 or bfloat16 bits ([`Elem`]): a bfloat16 element
-//! is broadcast as 16-bit copies shifted into float32 lanes, exactly its
-//! float32 value, so the bits are those of its decoded keys (and no
-//! float32 copy is written).
+//! is broadcast as 16-bit copies shifted into float32 lanes (at AVX-512, a
+//! tile's rows are widened into a small float32 buffer first), exactly its
+//! float32 value, so the bits are those of its decoded keys (and no copy of
+//! the keys is written).
 //!
 //! # The rule, and why the bits are [`super::score::group_sums`]'s
 //!
@@ -1149,8 +1150,8 @@ mod avx2 {
 /// [`Staged::score`] with 16 or 32 lanes in 512-bit registers: the AVX2
 /// kernel's tiles with one or two vectors of 16 heads instead of two or
 /// four of 8 (the same logits, each its own chain, and the same per-lane
-/// maxima: exact, so the bits are the AVX2 kernel's, whose `finish` then
-/// runs).
+/// maxima: exact, so the bits are the AVX2 kernel's), and the bulk of
+/// their exponentials sixteen lanes a vector before the AVX2 finish.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers
 mod avx512 {
@@ -1217,7 +1218,10 @@ mod avx512 {
                 unsafe {
                     let lpk = lp.add((j + k) * w);
                     if E::NARROW {
-                        wide.resize(n * d, 0.0);
+                        // Sized once for the largest tile.
+                        if wide.len() < K * d {
+                            wide.resize(K * d, 0.0);
+                        }
                         for r in 0..n {
                             let row = at.ck.as_ptr().add(at.base + r * at.stride);
                             E::widen(row, d, wide.as_mut_ptr().add(r * d));
@@ -1258,8 +1262,8 @@ mod avx512 {
     /// the 32 sums of a chunk of 32 heads left the 16 registers.)
     ///
     /// # Safety
-    /// `_token` proves AVX-512 F; `V == 2 U`; [`super::avx2::finish`]'s
-    /// contract.
+    /// `_token` proves AVX-512 F/BW/DQ/VL; `V == 2 U`;
+    /// [`super::avx2::finish`]'s contract.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
     pub(super) unsafe fn staged_finish<const V: usize, const U: usize>(
         _token: Avx512,

@@ -260,7 +260,8 @@ pub(crate) struct Dense<'a> {
 }
 
 /// Keys a step of [`dense_group_sums`]'s decoded path: a multiple of every
-/// staged tile (12, 6, 3, 2 keys), 48 KiB of float32 keys at `d = 128`.
+/// staged tile (12, 6, 3, 2 keys at AVX2; 16 and 8 at AVX-512), 48 KiB of
+/// float32 keys at `d = 128`.
 const DENSE_STEP: usize = 96;
 
 /// [`group_sums`] on keys laid out densely ([`Dense`]; `row.s` unused):

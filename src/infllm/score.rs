@@ -41,8 +41,9 @@ impl Packed {
 /// Scratch reused across the rows a thread computes.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    /// On a cache-line boundary, as `qt` ([`Floats`]): the kernels' rows of
-    /// 8 or 16 floats never split a line.
+    /// On a cache-line boundary, as `qt` ([`Floats`]): rows of a multiple
+    /// of 16 floats never split a line (the panels' logit rows are `n_vis`
+    /// rounded up to 8: every other one may).
     pub(super) logits: Floats,
     pub sums: Vec<f32>,
     /// The group's queries transposed ([`super::heads::group_sums`]).

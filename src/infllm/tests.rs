@@ -1497,3 +1497,69 @@ fn several_queries_of_odd_groups_equal_the_packed_form() {
     }
     assert!(checked >= 72, "{checked}");
 }
+
+/// The staged chunks at every level on the shapes their 512-bit kernels
+/// take apart: a 16-lane chunk whose 512-bit vector holds two queries of a
+/// group of 8 seeing different key counts (its bulk of exponentials only
+/// below the smaller count, not a multiple of 8), 32-lane chunks of groups
+/// of 8 and 16 with mixed counts, and `d` of 40 and 128 (bfloat16 rows
+/// widened 16 at a time, then a tail), against each query's packed form,
+/// bit for bit.
+#[test]
+fn staged_chunks_of_mixed_counts_equal_the_packed_form_at_every_level() {
+    use super::paged::{dense_group_sums_queries, Dense};
+    use super::score::{group_sums, Packed, Scratch};
+    let mut checked = 0;
+    for &(heads, ref n_vis) in &[
+        (8usize, vec![13usize, 21]),
+        (8, vec![21, 13]),
+        (8, vec![13, 21, 21, 30]),
+        (16, vec![37, 40]),
+        (8, vec![7, 100]),
+    ] {
+        for d in [40usize, 128] {
+            let n_kv = 2;
+            let n_c = n_vis.iter().copied().max().unwrap();
+            let vals = random(n_c * n_kv * d, (heads * d) as u64);
+            let bf: Vec<u16> = vals.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+            let dec: Vec<f32> = bf.iter().map(|&b| crate::keys::bf16_to_f32(b)).collect();
+            let q = random(n_vis.len() * heads * d, 5);
+            let q0s: Vec<usize> = (0..n_vis.len()).map(|i| i * heads * d).collect();
+            for (kind, ck, want_keys) in [
+                ("f32", Encoded::F32(&vals), &vals),
+                ("bf16", Encoded::Bf16(&bf), &dec),
+            ] {
+                let keys = Dense {
+                    ck,
+                    scales: None,
+                    row: n_kv * d,
+                };
+                for g in 0..n_kv {
+                    let packed = Packed::new(Isa::Scalar, want_keys, n_c, n_kv, g, d);
+                    for isa in isas_for_test() {
+                        let mut out = vec![f32::NAN; n_vis.len() * n_c];
+                        dense_group_sums_queries(
+                            isa, &q, keys, g, &q0s, heads, d, n_vis, 0.3, &mut out, n_c,
+                        );
+                        for (s, &n) in n_vis.iter().enumerate() {
+                            let mut sc = Scratch::default();
+                            let qs = &q[q0s[s]..][..heads * d];
+                            group_sums(Isa::Scalar, qs, heads, d, &packed, n, 0.3, &mut sc);
+                            let got: Vec<u32> =
+                                out[s * n_c..][..n].iter().map(|x| x.to_bits()).collect();
+                            let want: Vec<u32> = sc.sums[..n].iter().map(|x| x.to_bits()).collect();
+                            assert_eq!(
+                                got,
+                                want,
+                                "{} {kind}: heads {heads}, d {d}, counts {n_vis:?}, query {s}, KV head {g}",
+                                isa.level().name()
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked >= 5 * 2 * 2 * 2 * 2 * 2, "{checked}");
+}

@@ -3,7 +3,9 @@
 //! A 512-bit load or store at an address that is not a multiple of 64
 //! bytes touches two cache lines (a split access, served as two): NSA's
 //! prefill tile, whose keys sat on a 32-byte boundary, ran 9% slower a
-//! call than on a 64-byte one (Intel Xeon, `src/infllm/panels.rs`). A kernel whose buffers are laid
+//! call than on a 64-byte one (Intel Xeon; `src/infllm/panels.rs` places
+//! its panels by an offset into a reused `Vec<f32>`, the staged kernels'
+//! buffers are [`Floats`]). A kernel whose buffers are laid
 //! out in rows of 16 floats (or multiples of 8 at AVX2) from a [`Floats`]
 //! never splits a line. The values, and so every result, are the same
 //! wherever the buffer lies.
@@ -39,14 +41,20 @@ impl Floats {
     /// `len` floats: the first `min(len, self.len())` as they were, the
     /// rest `value` (as `Vec::resize`).
     pub(crate) fn resize(&mut self, len: usize, value: f32) {
+        // Floats past the old lines are written once, as new lines of
+        // `value`; those between the old length and the old lines' end hold
+        // what they held, and are filled.
+        let (old, held) = (self.len, self.lines.len() * 16);
         let lines = len.div_ceil(16);
         if self.lines.len() < lines {
-            self.lines.resize(lines, Line([0.0; 16]));
+            self.lines.resize(lines, Line([value; 16]));
         }
-        let old = self.len;
         self.len = len;
         if len > old {
-            self[old..].fill(value);
+            let end = len.min(held);
+            if end > old {
+                self[old..end].fill(value);
+            }
         }
     }
 
