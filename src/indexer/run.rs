@@ -21,7 +21,7 @@
 use super::exact::{self, Rescore};
 use super::kernels::{amx::AmxRun, KeyTerms, Query};
 use super::screen;
-use super::select::{select_row, RowRule};
+use super::select::{select_row, RowRule, Search};
 use crate::keys::Encoded;
 use crate::pool;
 
@@ -154,6 +154,50 @@ impl exact::RowScores for GroupRow<'_> {
     }
 }
 
+/// A screened row seen through its survivors ([`screen::survivors`],
+/// ascending): the only positions [`exact::refine`]'s pass visits, each
+/// maximal run of consecutive ones as a run. The proof in [`screen`]'s
+/// docs shows the others are in neither the row nor its band.
+struct Among<'a> {
+    row: GroupRow<'a>,
+    positions: &'a [usize],
+}
+
+impl exact::RowScores for Among<'_> {
+    #[inline]
+    fn score(&self, t: usize) -> f32 {
+        self.row.score(t)
+    }
+
+    #[inline]
+    fn terms(&self, t: usize) -> (f32, f32) {
+        self.row.terms(t)
+    }
+
+    fn runs(&self, len: usize, f: exact::Run<'_>) {
+        let (mut s, mut g, mut c) = (Vec::new(), Vec::new(), Vec::new());
+        let mut rest = self.positions;
+        while let Some(&t0) = rest.first().filter(|&&t| t < len) {
+            let n = rest
+                .iter()
+                .enumerate()
+                .take_while(|&(i, &t)| t == t0 + i && t < len)
+                .count();
+            s.clear();
+            g.clear();
+            c.clear();
+            for t in t0..t0 + n {
+                let (gt, ct) = self.row.terms(t);
+                s.push(self.row.score(t));
+                g.push(gt);
+                c.push(ct);
+            }
+            f(t0, &s, &g, &c);
+            rest = &rest[n..];
+        }
+    }
+}
+
 /// The query side of a call: `n` queries of `h` heads of `d`, their
 /// weights `[n, h]`, and what each sees.
 pub(super) struct Queries<'a, S, L> {
@@ -227,25 +271,31 @@ pub(super) fn select_rows<S, L>(
                 // A query none of whose blocks the screen took (its tiles
                 // were never made) holds the float32 kernels' scores.
                 if !group[j].screened() {
-                    return (Vec::new(), Vec::new());
+                    return None;
                 }
                 let (len, take) = (lens[j], topk.min(lens[j]));
                 let row = GroupRow { view: &view, j };
                 let keep = screen::survivors(&group[j], len, take, &row, group.len() == 1);
                 let key = |t: usize, row: &mut [f32]| key(i0, t, row);
                 let exact = screen::rescore(level, &group[j], &keep, &key, group.len() == 1);
-                (keep, exact)
+                Some((keep, exact))
             };
             // (A lone query's row runs on this thread: one row is no task.)
-            let mut fixes = vec![(Vec::new(), Vec::new()); group.len()];
+            let mut fixes = vec![None; group.len()];
             pool::for_each_row_mut(&mut fixes, 1, 1, |j, slot| slot[0] = fix(j));
             fixes
         };
-        for (j, (keep, exact)) in fixes.into_iter().enumerate() {
-            for (t, s) in keep.into_iter().zip(exact) {
-                view.set(j, t, s);
-            }
+        // Each screened row's survivors: its candidates ([`Search::Among`]).
+        let mut among = Vec::with_capacity(group.len());
+        for (j, fix) in fixes.into_iter().enumerate() {
+            among.push(fix.map(|(keep, exact)| {
+                for (&t, s) in keep.iter().zip(exact) {
+                    view.set(j, t, s);
+                }
+                keep
+            }));
         }
+        among
     };
     for_each_group(
         queries,
@@ -253,7 +303,7 @@ pub(super) fn select_rows<S, L>(
         screen,
         Some(settle),
         score,
-        |i0, lens, view, group| {
+        |i0, lens, view, group, among| {
             let (g, i1) = (lens.len(), i0 + lens.len());
             let group_out = &mut out[i0 * topk..i1 * topk];
             let row_of = |j: usize, row: &mut [i32], split: bool| {
@@ -274,15 +324,36 @@ pub(super) fn select_rows<S, L>(
                     );
                 }
                 let score = |t: usize| view.get(j, t);
+                let among = among.get(j).and_then(|a| a.as_deref());
                 let refine = |top: &mut Vec<u64>, lo: usize, hi: usize| {
                     let rescore = Rescore {
                         level,
                         query: &group[j],
                         key: |t: usize, row: &mut [f32]| key(i0, t, row),
                     };
-                    exact::refine(top, lo, hi, &GroupRow { view, j }, &rescore);
+                    let row = GroupRow { view, j };
+                    match among {
+                        Some(positions) => {
+                            exact::refine(top, lo, hi, &Among { row, positions }, &rescore)
+                        }
+                        None => exact::refine(top, lo, hi, &row, &rescore),
+                    }
                 };
-                select_row(score, lens[j], topk, num_segments, rule, row, split, refine);
+                let search = match (among, split) {
+                    (Some(positions), _) => Search::Among(positions),
+                    (None, true) => Search::Parts,
+                    (None, false) => Search::Whole,
+                };
+                select_row(
+                    score,
+                    lens[j],
+                    topk,
+                    num_segments,
+                    rule,
+                    row,
+                    search,
+                    refine,
+                );
             };
             if g == 1 {
                 row_of(0, group_out, true);
@@ -371,7 +442,7 @@ fn pooled_row(
         0,
         rule,
         out,
-        false,
+        Search::Whole,
         refine,
     );
 }
@@ -392,14 +463,14 @@ pub(super) fn score_rows<S, L>(
     if n_keys == 0 {
         return;
     }
-    type Settle = fn(usize, &[usize], &mut GroupScoresMut<'_>, &[Query]);
+    type Settle = fn(usize, &[usize], &mut GroupScoresMut<'_>, &[Query]) -> Vec<Option<Vec<usize>>>;
     for_each_group(
         queries,
         width,
         None,
         None::<Settle>,
         score,
-        |i0, lens, view, _| {
+        |i0, lens, view, _, _| {
             let rows = out[i0 * n_keys..].chunks_mut(n_keys);
             for (j, (row, &len)) in rows.zip(lens).enumerate() {
                 let (seen, unseen) = row.split_at_mut(len);
@@ -423,9 +494,11 @@ fn for_each_group<S, L>(
     queries: Queries<'_, S, L>,
     width: usize,
     screen: Option<AmxRun>,
-    settle: Option<impl Fn(usize, &[usize], &mut GroupScoresMut<'_>, &[Query])>,
+    settle: Option<
+        impl Fn(usize, &[usize], &mut GroupScoresMut<'_>, &[Query]) -> Vec<Option<Vec<usize>>>,
+    >,
     score: impl Fn(usize, usize, &[Query], &mut [&mut [f32]], Option<KeyTerms<'_>>) + Sync,
-    mut finish: impl FnMut(usize, &[usize], &GroupScores<'_>, &[Query]),
+    mut finish: impl FnMut(usize, &[usize], &GroupScores<'_>, &[Query], &[Option<Vec<usize>>]),
 ) where
     S: Fn(usize, usize) -> bool,
     L: Fn(usize) -> usize,
@@ -489,6 +562,7 @@ fn for_each_group<S, L>(
             });
             score(i0, c, &group, &mut outs, terms);
         });
+        let mut among = Vec::new();
         if let Some(settle) = settle.as_ref().filter(|_| screen.is_some()) {
             let mut scores = GroupScoresMut {
                 buf: &mut buf[..size],
@@ -496,7 +570,7 @@ fn for_each_group<S, L>(
                 extra,
                 width,
             };
-            settle(i0, &lens, &mut scores, &group);
+            among = settle(i0, &lens, &mut scores, &group);
         }
         let view = GroupScores {
             buf: &buf[..size],
@@ -504,7 +578,58 @@ fn for_each_group<S, L>(
             extra,
             width,
         };
-        finish(i0, &lens, &view, &group);
+        finish(i0, &lens, &view, &group, &among);
         i0 = i1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use exact::RowScores;
+
+    /// A screened row seen through its survivors visits exactly them (those
+    /// below the row's length), each with its own score and terms, in
+    /// maximal runs of consecutive positions — across the group's chunk
+    /// boundaries too.
+    #[test]
+    fn a_row_among_its_survivors_visits_them_in_maximal_runs() {
+        let (g, width, len) = (2usize, 8usize, 30usize);
+        let chunks = len.div_ceil(width);
+        // Query `j`'s score of key `t` is `1000 j + t`, its terms `-t`, `-2t`.
+        let mut buf = vec![f32::NAN; chunks * (g + 2) * width];
+        for t in 0..len {
+            for j in 0..g {
+                buf[at(g + 2, width, j, t)] = (1000 * j + t) as f32;
+            }
+            buf[at(g + 2, width, g, t)] = -(t as f32);
+            buf[at(g + 2, width, g + 1, t)] = -2.0 * t as f32;
+        }
+        let view = GroupScores {
+            buf: &buf,
+            g,
+            extra: 2,
+            width,
+        };
+        let positions = [0, 1, 2, 7, 8, 9, 15, 16, 23, 29, 31, 32];
+        let among = Among {
+            row: GroupRow { view: &view, j: 1 },
+            positions: &positions,
+        };
+        let mut seen = Vec::new();
+        among.runs(len, &mut |t0, s, gs, cs| {
+            assert!(s.len() == gs.len() && s.len() == cs.len());
+            for (r, ((&s, &gt), &ct)) in s.iter().zip(gs).zip(cs).enumerate() {
+                let t = t0 + r;
+                assert_eq!(
+                    (s, gt, ct),
+                    ((1000 + t) as f32, -(t as f32), -2.0 * t as f32)
+                );
+            }
+            seen.push((t0, s.len()));
+        });
+        assert_eq!(seen, [(0, 3), (7, 3), (15, 2), (23, 1), (29, 1)]);
+        assert_eq!(among.score(16), 1016.0);
+        assert_eq!(among.terms(9), (-9.0, -18.0));
     }
 }

@@ -29,7 +29,10 @@
 //! choice (their real scores exceed its by `6E*`, far beyond float64's
 //! rounding). So the rows and every score reported are the float32
 //! kernels', and only the scores of ruled-out positions, which nothing
-//! reads, are the screen's.
+//! reads, are the screen's. For the same reasons the selection and
+//! `refine`'s band need not look at a ruled-out position at all: the row
+//! is selected among the others alone (`super::select::Search::Among`),
+//! which spares a decode's pass over its whole row.
 //!
 //! What would break it: a screen whose error exceeds `E_t` (the bound's
 //! roundings count), a `take` other than the row's, or the pool and the

@@ -52,6 +52,21 @@ pub(super) struct RowRule {
     pub score: super::ScoreType,
 }
 
+/// Where [`select_row`] looks for a row's candidates.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Search<'a> {
+    /// Every position, on this thread.
+    Whole,
+    /// Every position, the row cut into parallel parts when it is long
+    /// (each part's best, then the best of those — the same set, since
+    /// every part keeps all of its members that could be in the row's top).
+    Parts,
+    /// Only these positions: the caller has shown that no other can be in
+    /// the row's top, nor change what `refine` makes of it (the AMX
+    /// screen's survivors, `super::screen`).
+    Among(&'a [usize]),
+}
+
 /// The row of `len` scores (`score(t)`, `t < len`): the top `topk` (or
 /// `topk − S` with witnesses) in rank order, then `-1`, then the witnesses.
 /// With forced entries (`rule`) and `len` above the budget, the first
@@ -60,9 +75,7 @@ pub(super) struct RowRule {
 /// fits the budget holds every position (each once). The members are listed
 /// in the one total order of their float32 scores, forced ones included;
 /// with `rule.ascending`, by position instead, compact, then `-1`.
-/// `split`: the row may be cut into parallel parts (each part's best, then
-/// the best of those — the same set, since every part keeps all of its
-/// members that could be in the row's top).
+/// `search` says where the candidates are looked for ([`Search`]).
 /// `refine(top, lo, hi)` then makes the float32 candidates (positions `lo ..
 /// hi`) the real-arithmetic top-k ([`super::exact::refine`]).
 #[allow(clippy::too_many_arguments)]
@@ -73,7 +86,7 @@ pub(super) fn select_row(
     num_segments: usize,
     rule: RowRule,
     out: &mut [i32],
-    split: bool,
+    search: Search<'_>,
     refine: impl FnOnce(&mut Vec<u64>, usize, usize),
 ) {
     let take = topk.saturating_sub(num_segments).min(len);
@@ -90,13 +103,20 @@ pub(super) fn select_row(
     };
     let (lo, hi, rest) = (f0, len - f1, take - f0 - f1);
     let threads = pool::num_threads();
-    let mut top = if rest == 0 {
-        Vec::new() // all witnesses or forced entries (or nothing): no candidate can be kept
-    } else if split && threads > 1 && hi - lo >= SPLIT_LEN && hi - lo >= 4 * rest {
-        // `threads` whole parts (the pool counts whole ones) and a remainder.
-        best_in_parts(&score, lo, hi, rest, (hi - lo) / threads)
-    } else {
-        best((lo..hi).map(|t| candidate(score(t), t)).collect(), rest)
+    let mut top = match search {
+        _ if rest == 0 => Vec::new(), // all witnesses or forced entries (or nothing): no candidate can be kept
+        Search::Among(ts) => best(
+            ts.iter()
+                .filter(|t| (lo..hi).contains(t))
+                .map(|&t| candidate(score(t), t))
+                .collect(),
+            rest,
+        ),
+        Search::Parts if threads > 1 && hi - lo >= SPLIT_LEN && hi - lo >= 4 * rest => {
+            // `threads` whole parts (the pool counts whole ones) and a remainder.
+            best_in_parts(&score, lo, hi, rest, (hi - lo) / threads)
+        }
+        _ => best((lo..hi).map(|t| candidate(score(t), t)).collect(), rest),
     };
     refine(&mut top, lo, hi);
     if f0 + f1 > 0 {
@@ -211,7 +231,8 @@ mod tests {
     /// last `f1` positions and the best of the rest (by the total order),
     /// every member once, listed in the total order (or ascending); a row
     /// whose context fits the budget holds every position. Cut into parallel
-    /// parts or not, the same row.
+    /// parts or not, or searched among its members and some others, the
+    /// same row.
     #[test]
     fn forced_entries_are_members_inside_the_budget_in_every_layout() {
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
@@ -252,7 +273,13 @@ mod tests {
                 let part = 1 + next((hi - lo) as u64) as usize;
                 assert_eq!(best_in_parts(&|t| row[t], lo, hi, rest, part), whole);
             }
-            for split in [false, true] {
+            // The row's members and any others: a search among them finds
+            // the same row.
+            let mut among: Vec<usize> = want.clone();
+            among.extend((0..len).filter(|_| next(3) == 0));
+            among.sort_unstable();
+            among.dedup();
+            for search in [Search::Whole, Search::Parts, Search::Among(&among)] {
                 let mut out = vec![7i32; topk];
                 select_row(
                     |t| row[t],
@@ -261,7 +288,7 @@ mod tests {
                     0,
                     rule(false),
                     &mut out,
-                    split,
+                    search,
                     |_, _, _| {},
                 );
                 let got: Vec<usize> = out
@@ -282,7 +309,7 @@ mod tests {
                     0,
                     rule(true),
                     &mut asc,
-                    split,
+                    search,
                     |_, _, _| {},
                 );
                 let mut sorted = want.clone();
