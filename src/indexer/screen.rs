@@ -80,23 +80,18 @@ pub(super) fn survivors(
             }
         });
     };
-    let mut firsts = vec![(vec![0usize; 1 << BUCKET_BITS], 0.0f32, 0.0f32, 0usize); parts];
-    each_part(&mut firsts, |p, (hist, gmax, cmax, nf)| {
-        ranged(p, &mut |_, s, g, c| {
-            // Branch-free: a position outside `F` counts nothing.
-            for ((&s, &g), &c) in s.iter().zip(g).zip(c) {
-                let ok = in_f(s, g, c);
-                let (g, c) = if ok { (g, c) } else { (0.0, 0.0) };
-                (*gmax, *cmax, *nf) = (gmax.max(g), cmax.max(c), *nf + usize::from(ok));
-                hist[(order(s) >> (32 - BUCKET_BITS)) as usize] += usize::from(ok);
-            }
-        })
+    let mut firsts = vec![Tally::new(); parts];
+    each_part(&mut firsts, |p, tally| {
+        ranged(p, &mut |_, s, g, c| tally.add(s, g, c))
     });
     let mut hist = vec![0usize; 1 << BUCKET_BITS];
     let (mut gmax, mut cmax, mut nf) = (0.0f32, 0.0f32, 0usize);
-    for (h, g, c, n) in &firsts {
-        hist.iter_mut().zip(h).for_each(|(a, b)| *a += b);
-        (gmax, cmax, nf) = (gmax.max(*g), cmax.max(*c), nf + n);
+    for t in &firsts {
+        let (h0, h1) = t.hist.split_at(1 << BUCKET_BITS);
+        for ((a, &x), &y) in hist.iter_mut().zip(h0).zip(h1) {
+            *a += x as usize + y as usize;
+        }
+        (gmax, cmax, nf) = (gmax.max(t.gmax), cmax.max(t.cmax), nf + t.nf);
     }
     if nf < take {
         return (0..len).collect();
@@ -121,18 +116,13 @@ pub(super) fn survivors(
     let mut seconds = vec![(Vec::new(), Vec::new()); parts];
     each_part(&mut seconds, |p, (keep, inside)| {
         ranged(p, &mut |t0, s, g, c| {
-            for (r, ((&s, &g), &c)) in s.iter().zip(g).zip(c).enumerate() {
-                match in_f(s, g, c) {
-                    false => keep.push(t0 + r),
-                    true if s >= low => {
-                        keep.push(t0 + r);
-                        if order(s) >> (32 - BUCKET_BITS) == bucket {
-                            inside.push(s);
-                        }
-                    }
-                    true => {}
-                }
+            Kept {
+                low,
+                bucket,
+                keep,
+                inside,
             }
+            .add(t0, s, g, c)
         })
     });
     let (mut keep, mut inside): (Vec<usize>, Vec<f32>) = (Vec::new(), Vec::new());
@@ -148,6 +138,172 @@ pub(super) fn survivors(
         !in_f(s, g, c) || s >= cut
     });
     keep
+}
+
+/// Positions a pass of [`survivors`] takes at a time (one vector of 16
+/// lanes, or two of 8).
+const LANES: usize = 16;
+
+/// The first pass of [`survivors`] over part of a row: `F`'s values by
+/// bucket (two histograms, even and odd positions, so a run of values in
+/// one bucket does not wait on its own increments), and over `F` the
+/// largest `g_t` and `|c_t|` and the count.
+#[derive(Clone)]
+struct Tally {
+    hist: Vec<u32>,
+    gmax: f32,
+    cmax: f32,
+    nf: usize,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Tally {
+            hist: vec![0; 2 << BUCKET_BITS],
+            gmax: 0.0,
+            cmax: 0.0,
+            nf: 0,
+        }
+    }
+
+    /// Counts a run's positions (branch-free: a position outside `F` counts
+    /// nothing).
+    fn add(&mut self, s: &[f32], g: &[f32], c: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(t) = crate::simd::avx512_token() {
+            // SAFETY: the token proves AVX-512 F and BW.
+            return unsafe { hw::tally(t, self, s, g, c) };
+        }
+        self.add_body(s, g, c)
+    }
+
+    /// [`Tally::add`]'s body: the maxima and the count in lanes of
+    /// [`LANES`], by comparisons (the terms of `F` are finite, the others 0:
+    /// no NaN to order), so they vectorise; the histograms a position at a
+    /// time.
+    #[inline(always)]
+    fn add_body(&mut self, s: &[f32], g: &[f32], c: &[f32]) {
+        let (mut gm, mut cm, mut n) = ([0.0f32; LANES], [0.0f32; LANES], [0u32; LANES]);
+        let mut lane = |l: usize, s: f32, g: f32, c: f32| {
+            let ok = in_f(s, g, c);
+            let (g, c) = if ok { (g, c) } else { (0.0, 0.0) };
+            gm[l] = if gm[l] > g { gm[l] } else { g };
+            cm[l] = if cm[l] > c { cm[l] } else { c };
+            n[l] += u32::from(ok);
+        };
+        let (sx, gx, cx) = (
+            s.chunks_exact(LANES),
+            g.chunks_exact(LANES),
+            c.chunks_exact(LANES),
+        );
+        let rest = sx
+            .remainder()
+            .iter()
+            .zip(gx.remainder())
+            .zip(cx.remainder());
+        for ((s, g), c) in sx.zip(gx).zip(cx) {
+            for l in 0..LANES {
+                lane(l, s[l], g[l], c[l]);
+            }
+        }
+        for (l, ((&s, &g), &c)) in rest.enumerate() {
+            lane(l, s, g, c);
+        }
+        self.gmax = gm.into_iter().fold(self.gmax, f32::max);
+        self.cmax = cm.into_iter().fold(self.cmax, f32::max);
+        self.nf += n.into_iter().map(|x| x as usize).sum::<usize>();
+        let (h0, h1) = self.hist.split_at_mut(1 << BUCKET_BITS);
+        let bucket = |s: f32| (order(s) >> (32 - BUCKET_BITS)) as usize;
+        for ((s, g), c) in s.chunks(2).zip(g.chunks(2)).zip(c.chunks(2)) {
+            h0[bucket(s[0])] += u32::from(in_f(s[0], g[0], c[0]));
+            if let (Some(&s), Some(&g), Some(&c)) = (s.get(1), g.get(1), c.get(1)) {
+                h1[bucket(s)] += u32::from(in_f(s, g, c));
+            }
+        }
+    }
+}
+
+/// The second pass of [`survivors`] over part of a row: every position
+/// outside `F` or at or above `low` into `keep`, and the values of those in
+/// `bucket` into `inside`.
+struct Kept<'a> {
+    low: f32,
+    bucket: u32,
+    keep: &'a mut Vec<usize>,
+    inside: &'a mut Vec<f32>,
+}
+
+impl Kept<'_> {
+    /// A run of positions from `t0`.
+    fn add(&mut self, t0: usize, s: &[f32], g: &[f32], c: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(t) = crate::simd::avx512_token() {
+            // SAFETY: the token proves AVX-512 F and BW.
+            return unsafe { hw::kept(t, self, t0, s, g, c) };
+        }
+        self.add_body(t0, s, g, c)
+    }
+
+    /// [`Kept::add`]'s body: a whole chunk of [`LANES`] with no position to
+    /// keep (a long row's common case) is passed over on one vectorised
+    /// test; the others a position at a time.
+    #[inline(always)]
+    fn add_body(&mut self, t0: usize, s: &[f32], g: &[f32], c: &[f32]) {
+        let low = self.low;
+        let kept = |s: f32, g: f32, c: f32| !in_f(s, g, c) | (s >= low);
+        let (sx, gx, cx) = (
+            s.chunks_exact(LANES),
+            g.chunks_exact(LANES),
+            c.chunks_exact(LANES),
+        );
+        let whole = s.len() - sx.remainder().len();
+        for (k, ((s, g), c)) in sx.zip(gx).zip(cx).enumerate() {
+            let mut any = false;
+            for l in 0..LANES {
+                any |= kept(s[l], g[l], c[l]);
+            }
+            if any {
+                self.each(t0 + k * LANES, s, g, c);
+            }
+        }
+        self.each(t0 + whole, &s[whole..], &g[whole..], &c[whole..]);
+    }
+
+    /// Positions from `t0` one at a time.
+    #[inline(always)]
+    fn each(&mut self, t0: usize, s: &[f32], g: &[f32], c: &[f32]) {
+        for (r, ((&s, &g), &c)) in s.iter().zip(g).zip(c).enumerate() {
+            match in_f(s, g, c) {
+                false => self.keep.push(t0 + r),
+                true if s >= self.low => {
+                    self.keep.push(t0 + r);
+                    if order(s) >> (32 - BUCKET_BITS) == self.bucket {
+                        self.inside.push(s);
+                    }
+                }
+                true => {}
+            }
+        }
+    }
+}
+
+/// The passes compiled for AVX-512 (the screen runs where the CPU has it).
+#[cfg(target_arch = "x86_64")]
+mod hw {
+    use super::{Kept, Tally};
+    use crate::simd::Avx512;
+
+    /// [`Tally::add_body`] compiled for AVX-512.
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    pub(super) fn tally(_: Avx512, t: &mut Tally, s: &[f32], g: &[f32], c: &[f32]) {
+        t.add_body(s, g, c)
+    }
+
+    /// [`Kept::add_body`] compiled for AVX-512.
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    pub(super) fn kept(_: Avx512, k: &mut Kept<'_>, t0: usize, s: &[f32], g: &[f32], c: &[f32]) {
+        k.add_body(t0, s, g, c)
+    }
 }
 
 /// Whether a value and its bound terms are finite (the position is in `F`).

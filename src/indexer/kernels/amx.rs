@@ -370,20 +370,27 @@ mod hw {
     use std::arch::asm;
     use std::arch::x86_64::*;
 
-    /// [`super::decode_fp8`] in AVX-512: 32 codes a step, the normal ones
-    /// by their arithmetic, the subnormal ones from a 32-entry table.
+    /// [`super::decode_fp8`] in AVX-512: 32 codes a step, each magnitude by
+    /// the normal codes' arithmetic, the subnormal ones replaced from a
+    /// 32-entry table (one masked permute), the sign merged back in one
+    /// ternary-logic op. A NaN magnitude (`0x7F`) comes out of the
+    /// arithmetic as [`NAN_BITS`], above every other code's (448 is
+    /// `0x43E0`): the codes hold a NaN exactly when their largest magnitude
+    /// is that.
     #[target_feature(enable = "avx512f,avx512bw,avx2")]
     pub(super) fn decode_fp8(_: Avx512, src: &[u8], dst: &mut [u16]) -> Option<u16> {
+        /// `(0x7F << 4) + (120 << 7)`: what a NaN magnitude decodes to.
+        const NAN_BITS: u16 = 0x43F0;
         assert!(dst.len() >= src.len());
         // SAFETY: the table holds 32 u16 (an unaligned load).
         let table = unsafe { _mm512_loadu_si512(FP8_SUBNORMAL.as_ptr().cast()) };
-        let (mask, signs, bias) = (
+        let (mask, bias, eight) = (
             _mm512_set1_epi16(0x7F),
-            _mm512_set1_epi16(0x80),
             _mm512_set1_epi16(120 << 7),
+            _mm512_set1_epi16(8),
         );
-        let eight = _mm512_set1_epi16(8);
-        let (mut nan, mut kmax) = (0u32, _mm512_setzero_si512());
+        let sign = _mm512_set1_epi16(i16::MIN);
+        let mut kmax = _mm512_setzero_si512();
         let whole = src.len() / 32 * 32;
         for i in (0..whole).step_by(32) {
             // SAFETY: `i + 32 <= src.len() <= dst.len()`: 32 bytes read, 32
@@ -391,24 +398,24 @@ mod hw {
             unsafe {
                 let x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(src.as_ptr().add(i).cast()));
                 let mag = _mm512_and_si512(x, mask);
-                let sign = _mm512_slli_epi16::<8>(_mm512_and_si512(x, signs));
                 let normal = _mm512_add_epi16(_mm512_slli_epi16::<4>(mag), bias);
-                let sub = _mm512_permutexvar_epi16(mag, table);
                 let small = _mm512_cmplt_epu16_mask(mag, eight);
-                let m = _mm512_mask_blend_epi16(small, normal, sub);
-                nan |= _mm512_cmpeq_epi16_mask(mag, mask);
+                let m = _mm512_mask_permutexvar_epi16(normal, small, mag, table);
                 kmax = _mm512_max_epu16(kmax, m);
-                _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), _mm512_or_si512(sign, m));
+                // `(sign & (x << 8)) | m`: the code's bit 7 as bit 15.
+                let out = _mm512_ternarylogic_epi32::<0xEA>(sign, _mm512_slli_epi16::<8>(x), m);
+                _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), out);
             }
-        }
-        if nan != 0 {
-            return None;
         }
         let mut lanes = [0u16; 32];
         // SAFETY: `lanes` holds 32 u16 (an unaligned store).
         unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), kmax) };
+        let kmax = lanes.into_iter().max().unwrap_or(0);
+        if kmax == NAN_BITS {
+            return None;
+        }
         let tail = super::decode_fp8_tail(&src[whole..], &mut dst[whole..])?;
-        lanes.into_iter().chain([tail]).max()
+        Some(kmax.max(tail))
     }
 
     /// [`super::scan_body`] compiled for AVX-512.
@@ -614,9 +621,9 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(kmax, want.iter().map(|x| x & 0x7FFF).max());
         // A NaN code anywhere, in the vector part or the tail, is refused.
-        for at in [3, 40, codes.len() - 1] {
+        for (at, nan) in [3, 40, codes.len() - 1].into_iter().zip([0xFF, 0x7F, 0xFF]) {
             let mut with_nan = codes.clone();
-            with_nan[at] = 0xFF;
+            with_nan[at] = nan;
             assert_eq!(decode_fp8(&with_nan, &mut got), None);
             assert_eq!(decode_fp8_tail(&with_nan, &mut got), None);
         }
