@@ -667,7 +667,9 @@ pub(super) trait RowScores {
     fn score(&self, t: usize) -> f32;
     /// Key `t`'s bound terms `(g_t, |c_t|)`.
     fn terms(&self, t: usize) -> (f32, f32);
-    /// Keys `0 .. len` in runs: `f(t0, scores, g, c)` for keys `t0 ..`.
+    /// Keys `0 .. len` in runs, ascending: `f(t0, scores, g, c)` for keys
+    /// `t0 ..` — every key, or (a screened row's survivors) every key the
+    /// caller has shown could change [`refine`]'s answer.
     fn runs(&self, len: usize, f: Run<'_>);
 }
 

@@ -7,7 +7,8 @@
 //! ([`super::kernels::score_keys`]), so a prefill reads its keys once per group, not
 //! once per query. Then each query's row is selected from its scores, the
 //! group's rows in parallel; a lone long row (a decode) is selected in
-//! parallel parts instead ([`select_rows`]). The score matrix
+//! parallel parts instead, or among the AMX screen's survivors where it ran
+//! ([`select_rows`]). The score matrix
 //! ([`score_rows`], what an engine's rows are checked against) is the same
 //! groups' scores copied out: one scoring path, so the scores checked are
 //! the bits the top-k ranked. A second path (its own grouping, its own
@@ -157,13 +158,14 @@ impl exact::RowScores for GroupRow<'_> {
 /// A screened row seen through its survivors ([`screen::survivors`],
 /// ascending): the only positions [`exact::refine`]'s pass visits, each
 /// maximal run of consecutive ones as a run. The proof in [`screen`]'s
-/// docs shows the others are in neither the row nor its band.
-struct Among<'a> {
+/// docs shows the others change neither the row nor what `refine` makes of
+/// it.
+struct SurvivorRow<'a> {
     row: GroupRow<'a>,
     positions: &'a [usize],
 }
 
-impl exact::RowScores for Among<'_> {
+impl exact::RowScores for SurvivorRow<'_> {
     #[inline]
     fn score(&self, t: usize) -> f32 {
         self.row.score(t)
@@ -175,6 +177,7 @@ impl exact::RowScores for Among<'_> {
     }
 
     fn runs(&self, len: usize, f: exact::Run<'_>) {
+        debug_assert!(self.positions.is_sorted_by(|a, b| a < b));
         let (mut s, mut g, mut c) = (Vec::new(), Vec::new(), Vec::new());
         let mut rest = self.positions;
         while let Some(&t0) = rest.first().filter(|&&t| t < len) {
@@ -235,7 +238,7 @@ pub(super) struct Rows<'a> {
 
 /// Every query's row: [`for_each_group`], each group's rows then selected
 /// from its scores (the group's rows in parallel, a lone row in parallel
-/// parts) and made exact ([`exact::refine`]): `key(i0, t, row)` decodes key
+/// parts; a row the AMX screen ran on among its survivors alone) and made exact ([`exact::refine`]): `key(i0, t, row)` decodes key
 /// `t` of the group whose first query is `i0` into `row` and returns its
 /// scale.
 pub(super) fn select_rows<S, L>(
@@ -324,7 +327,12 @@ pub(super) fn select_rows<S, L>(
                     );
                 }
                 let score = |t: usize| view.get(j, t);
-                let among = among.get(j).and_then(|a| a.as_deref());
+                // A row all of whose positions survived is searched as any
+                // other (in parallel parts where it is long).
+                let survivors = among
+                    .get(j)
+                    .and_then(|a| a.as_deref())
+                    .filter(|p| p.len() < lens[j]);
                 let refine = |top: &mut Vec<u64>, lo: usize, hi: usize| {
                     let rescore = Rescore {
                         level,
@@ -332,14 +340,14 @@ pub(super) fn select_rows<S, L>(
                         key: |t: usize, row: &mut [f32]| key(i0, t, row),
                     };
                     let row = GroupRow { view, j };
-                    match among {
+                    match survivors {
                         Some(positions) => {
-                            exact::refine(top, lo, hi, &Among { row, positions }, &rescore)
+                            exact::refine(top, lo, hi, &SurvivorRow { row, positions }, &rescore)
                         }
                         None => exact::refine(top, lo, hi, &row, &rescore),
                     }
                 };
-                let search = match (among, split) {
+                let search = match (survivors, split) {
                     (Some(positions), _) => Search::Among(positions),
                     (None, true) => Search::Parts,
                     (None, false) => Search::Whole,
@@ -487,8 +495,10 @@ pub(super) fn score_rows<S, L>(
 /// (possibly empty), and with `settle` (the exact selection's groups) the
 /// chunk's keys' bound terms, the AMX `screen` asked for in them; then
 /// `settle(i0, lens, scores, group)` may rewrite the group's scores (the
-/// screen's second half, [`screen`]) and `finish(i0, lens, view, group)`
-/// gets them, `lens[j]` of them for its query `j`.
+/// screen's second half, [`screen`]) and returns each query's survivors
+/// (`None` for a query it did not screen); `finish(i0, lens, view, group,
+/// survivors)` gets the scores, `lens[j]` of them for its query `j`, and
+/// the survivors (empty without `settle`).
 #[allow(clippy::too_many_arguments)]
 fn for_each_group<S, L>(
     queries: Queries<'_, S, L>,
@@ -612,7 +622,7 @@ mod tests {
             width,
         };
         let positions = [0, 1, 2, 7, 8, 9, 15, 16, 23, 29, 31, 32];
-        let among = Among {
+        let among = SurvivorRow {
             row: GroupRow { view: &view, j: 1 },
             positions: &positions,
         };

@@ -29,10 +29,19 @@
 //! choice (their real scores exceed its by `6E*`, far beyond float64's
 //! rounding). So the rows and every score reported are the float32
 //! kernels', and only the scores of ruled-out positions, which nothing
-//! reads, are the screen's. For the same reasons the selection and
-//! `refine`'s band need not look at a ruled-out position at all: the row
-//! is selected among the others alone (`super::select::Search::Among`),
-//! which spares a decode's pass over its whole row.
+//! reads, are the screen's.
+//!
+//! Nor need the selection or `refine`'s band look at a ruled-out position
+//! at all (the row is selected among the others alone,
+//! `super::select::Search::Among`, which spares a decode's passes over its
+//! whole row). It is never selected (above). It can reach the band only
+//! when some selected position's lower end is below every lower end of the
+//! `take` positions above — so one of those is unselected, a survivor, and
+//! in the band with an upper end above every ruled-out one's: the band
+//! stays non-empty, its largest upper end and so the selected that stay
+//! outside it are the same with or without the ruled-out positions, and
+//! they are never chosen from it (at least as many positions of the band
+//! as are chosen lie `6E*` above them in real arithmetic).
 //!
 //! What would break it: a screen whose error exceeds `E_t` (the bound's
 //! roundings count), a `take` other than the row's, or the pool and the
@@ -145,8 +154,8 @@ pub(super) fn survivors(
 const LANES: usize = 16;
 
 /// The first pass of [`survivors`] over part of a row: `F`'s values by
-/// bucket (two histograms, even and odd positions, so a run of values in
-/// one bucket does not wait on its own increments), and over `F` the
+/// bucket (two histograms, for a run's even and odd entries, so a run of
+/// values in one bucket does not wait on its own increments), and over `F` the
 /// largest `g_t` and `|c_t|` and the count.
 #[derive(Clone)]
 struct Tally {
@@ -171,7 +180,7 @@ impl Tally {
     fn add(&mut self, s: &[f32], g: &[f32], c: &[f32]) {
         #[cfg(target_arch = "x86_64")]
         if let Some(t) = crate::simd::avx512_token() {
-            // SAFETY: the token proves AVX-512 F and BW.
+            // SAFETY: the token proves AVX-512 F and BW and AVX2.
             return unsafe { hw::tally(t, self, s, g, c) };
         }
         self.add_body(s, g, c)
@@ -238,7 +247,7 @@ impl Kept<'_> {
     fn add(&mut self, t0: usize, s: &[f32], g: &[f32], c: &[f32]) {
         #[cfg(target_arch = "x86_64")]
         if let Some(t) = crate::simd::avx512_token() {
-            // SAFETY: the token proves AVX-512 F and BW.
+            // SAFETY: the token proves AVX-512 F and BW and AVX2.
             return unsafe { hw::kept(t, self, t0, s, g, c) };
         }
         self.add_body(t0, s, g, c)

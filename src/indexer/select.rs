@@ -105,13 +105,18 @@ pub(super) fn select_row(
     let threads = pool::num_threads();
     let mut top = match search {
         _ if rest == 0 => Vec::new(), // all witnesses or forced entries (or nothing): no candidate can be kept
-        Search::Among(ts) => best(
-            ts.iter()
-                .filter(|t| (lo..hi).contains(t))
-                .map(|&t| candidate(score(t), t))
-                .collect(),
-            rest,
-        ),
+        Search::Among(ts) => {
+            let top = best(
+                ts.iter()
+                    .filter(|t| (lo..hi).contains(t))
+                    .map(|&t| candidate(score(t), t))
+                    .collect(),
+                rest,
+            );
+            // The caller's positions hold the row: at least `rest` of them.
+            debug_assert_eq!(top.len(), rest);
+            top
+        }
         Search::Parts if threads > 1 && hi - lo >= SPLIT_LEN && hi - lo >= 4 * rest => {
             // `threads` whole parts (the pool counts whole ones) and a remainder.
             best_in_parts(&score, lo, hi, rest, (hi - lo) / threads)

@@ -374,7 +374,7 @@ mod hw {
     /// the normal codes' arithmetic, the subnormal ones replaced from a
     /// 32-entry table (one masked permute), the sign merged back in one
     /// ternary-logic op. A NaN magnitude (`0x7F`) comes out of the
-    /// arithmetic as [`NAN_BITS`], above every other code's (448 is
+    /// arithmetic as `NAN_BITS` (`0x43F0`), above every other code's (448 is
     /// `0x43E0`): the codes hold a NaN exactly when their largest magnitude
     /// is that.
     #[target_feature(enable = "avx512f,avx512bw,avx2")]
@@ -620,6 +620,12 @@ mod tests {
         let kmax = decode_fp8(&codes, &mut got);
         assert_eq!(got, want);
         assert_eq!(kmax, want.iter().map(|x| x & 0x7FFF).max());
+        // Rotated, so the codes the tail took above go through the vectors.
+        let (mut codes_r, mut want_r) = (codes.clone(), want.clone());
+        codes_r.rotate_left(64);
+        want_r.rotate_left(64);
+        assert_eq!(decode_fp8(&codes_r, &mut got), kmax);
+        assert_eq!(got, want_r);
         // A NaN code anywhere, in the vector part or the tail, is refused.
         for (at, nan) in [3, 40, codes.len() - 1].into_iter().zip([0xFF, 0x7F, 0xFF]) {
             let mut with_nan = codes.clone();
