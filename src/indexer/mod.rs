@@ -798,7 +798,11 @@ fn run_queries(
         inputs.k.decode(k * d, row);
         inputs.key_scale.map_or(1.0, |s| s[k])
     };
-    run::select_rows(queries, rows, KEY_CHUNK, score, key);
+    let fetch = |i0: usize, t: usize| {
+        let k = keys_of(i0).0 + t;
+        crate::keys::prefetch_key(inputs.k.bytes(k * d, d));
+    };
+    run::select_rows(queries, rows, KEY_CHUNK, score, key, fetch);
 }
 
 /// Refuses, in this order, what [`check_keys`] refuses, `topk` and

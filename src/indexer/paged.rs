@@ -193,6 +193,11 @@ pub fn indexer_topk_paged_with_into(
         c.decode(table.page(seq_ids[i0], t / bs), t % bs, row, &mut scale);
         scale[0]
     };
-    run::select_rows(queries, rows, pages * bs, score, key);
+    let fetch = |i0: usize, t: usize| {
+        if let Some(k) = c.page_keys(table.page(seq_ids[i0], t / bs)) {
+            crate::keys::prefetch_key(k.bytes(t % bs * d, d));
+        }
+    };
+    run::select_rows(queries, rows, pages * bs, score, key, fetch);
     Ok(())
 }

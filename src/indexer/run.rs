@@ -238,15 +238,18 @@ pub(super) struct Rows<'a> {
 
 /// Every query's row: [`for_each_group`], each group's rows then selected
 /// from its scores (the group's rows in parallel, a lone row in parallel
-/// parts; a row the AMX screen ran on among its survivors alone) and made exact ([`exact::refine`]): `key(i0, t, row)` decodes key
-/// `t` of the group whose first query is `i0` into `row` and returns its
-/// scale.
+/// parts; a row the AMX screen ran on among its survivors alone) and made
+/// exact ([`exact::refine`]): `key(i0, t, row)` decodes key `t` of the
+/// group whose first query is `i0` into `row` and returns its scale;
+/// `fetch(i0, t)` asks for that key's bytes ahead of it (a hint: the
+/// screen's re-score reads its survivors' keys far apart, each a miss).
 pub(super) fn select_rows<S, L>(
     queries: Queries<'_, S, L>,
     rows: Rows<'_>,
     width: usize,
     score: impl Fn(usize, usize, &[Query], &mut [&mut [f32]], Option<KeyTerms<'_>>) + Sync,
     key: impl Fn(usize, usize, &mut [f32]) -> f32 + Sync,
+    fetch: impl Fn(usize, usize) + Sync,
 ) where
     S: Fn(usize, usize) -> bool,
     L: Fn(usize) -> usize,
@@ -280,7 +283,9 @@ pub(super) fn select_rows<S, L>(
                 let row = GroupRow { view: &view, j };
                 let keep = screen::survivors(&group[j], len, take, &row, group.len() == 1);
                 let key = |t: usize, row: &mut [f32]| key(i0, t, row);
-                let exact = screen::rescore(level, &group[j], &keep, &key, group.len() == 1);
+                let fetch = |t: usize| fetch(i0, t);
+                let exact =
+                    screen::rescore(level, &group[j], &keep, (&key, &fetch), group.len() == 1);
                 Some((keep, exact))
             };
             // (A lone query's row runs on this thread: one row is no task.)

@@ -243,6 +243,17 @@ impl<'a> Encoded<'a> {
     }
 }
 
+/// Hints the cache to fetch one key's `bytes` for a read a few keys later
+/// (the AMX screen's re-score, whose keys lie far apart); nothing where the
+/// kernels do not prefetch (off x86-64).
+#[inline]
+pub(crate) fn prefetch_key(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    prefetch(bytes, 0, bytes.len(), CacheLevel::L1);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 /// The cache level a prefetch fills (not an instruction-set level: that is
 /// [`crate::simd::Level`]). The SIMD kernels prefetch, so x86-64 only.
 #[cfg(target_arch = "x86_64")]
