@@ -401,7 +401,7 @@ where
 /// Survivors whose keys are asked for ahead of the one decoded: they lie
 /// far apart (a few in a hundred), so each key is a miss the hardware
 /// prefetcher does not foresee, and decoding them one by one waited on
-/// memory for most of the re-score's time.
+/// memory for about half of the re-score's time.
 const FETCH_AHEAD: usize = 16;
 
 /// [`rescore`] of one part, on this thread.
