@@ -222,11 +222,10 @@ impl Tally {
         self.cmax = cm.into_iter().fold(self.cmax, f32::max);
         self.nf += n.into_iter().map(|x| x as usize).sum::<usize>();
         let (h0, h1) = self.hist.split_at_mut(1 << BUCKET_BITS);
-        let bucket = |s: f32| (order(s) >> (32 - BUCKET_BITS)) as usize;
         for ((s, g), c) in s.chunks(2).zip(g.chunks(2)).zip(c.chunks(2)) {
-            h0[bucket(s[0])] += u32::from(in_f(s[0], g[0], c[0]));
+            h0[bucket_of(s[0]) as usize] += u32::from(in_f(s[0], g[0], c[0]));
             if let (Some(&s), Some(&g), Some(&c)) = (s.get(1), g.get(1), c.get(1)) {
-                h1[bucket(s)] += u32::from(in_f(s, g, c));
+                h1[bucket_of(s) as usize] += u32::from(in_f(s, g, c));
             }
         }
     }
@@ -286,7 +285,7 @@ impl Kept<'_> {
                 false => self.keep.push(t0 + r),
                 true if s >= self.low => {
                     self.keep.push(t0 + r);
-                    if order(s) >> (32 - BUCKET_BITS) == self.bucket {
+                    if bucket_of(s) == self.bucket {
                         self.inside.push(s);
                     }
                 }
@@ -352,6 +351,12 @@ fn unorder(o: u32) -> f32 {
 
 /// Histogram buckets of [`survivors`]: the top bits of [`order`].
 const BUCKET_BITS: u32 = 11;
+
+/// A value's bucket: the top [`BUCKET_BITS`] of its [`order`].
+#[inline(always)]
+fn bucket_of(x: f32) -> u32 {
+    order(x) >> (32 - BUCKET_BITS)
+}
 
 /// A float32's place in the total order of finite values as an unsigned
 /// integer (sign bit flipped for positives, all bits for negatives).
