@@ -233,7 +233,7 @@ fn compress(
         n_kv,
         d,
         ks,
-        (n_c, usize::MAX, 0),
+        (n_c, usize::MAX, rows_ahead(k, ks)),
         out,
         &mut |_, _, _| {},
     )
@@ -539,9 +539,26 @@ const FUSE_MAX_QUERIES: usize = 16;
 /// came from the second level each time and the tiles ran at half speed).
 const FUSE_BATCH: usize = 16;
 
-/// How far ahead (in tokens) [`run_fused`]'s compression asks each key row
-/// into the second-level cache.
-const FUSE_ROWS_AHEAD: usize = 16;
+/// How far ahead (in tokens) the compression ([`compress`], [`run_fused`])
+/// asks each key row into the second-level cache. Measured on an Intel Xeon
+/// (one thread, 131,072 tokens × 4 KV heads × d 128, [`compress`] alone):
+/// fla's window from float32 keys 33 → 29 ms, from bfloat16 keys 25-28 →
+/// 23-25 ms, Eq. 9's from bfloat16 keys 35-37 → 31-34 ms (the hardware
+/// prefetcher alone does not keep enough of the stream in flight; 8 and 32
+/// tokens measured as 16). Eq. 9's window from float32 keys is the
+/// exception, 31-33 → 35-37 ms: [`compress`] leaves those rows to the
+/// hardware ([`rows_ahead`]); [`run_fused`], whose score tiles leave the
+/// memory idle between rows, asks for them (its decode 50-51 → 44-48 ms).
+const ROWS_AHEAD: usize = 16;
+
+/// [`compress`]'s distance for its rows: [`ROWS_AHEAD`], but none for
+/// float32 keys under overlapping windows (measured slower, see there).
+fn rows_ahead(k: Encoded<'_>, (kernel, stride): (usize, usize)) -> usize {
+    match k {
+        Encoded::F32(_) if kernel > stride => 0,
+        _ => ROWS_AHEAD,
+    }
+}
 
 /// The furthest ahead (in tokens) the score tiles of [`run_fused`] ask key
 /// rows into the second-level cache.
@@ -585,7 +602,7 @@ fn fuses(sh: &Shape, window: Window, n_c: usize) -> bool {
 /// query's heads ([`heads::Staged`]), a chunk of heads every few tokens
 /// while the next batch compresses, the logits written to the chunks' kept
 /// buffers. The key rows stream from memory throughout: the compression
-/// asks each row [`FUSE_ROWS_AHEAD`] tokens ahead into the second-level
+/// asks each row [`ROWS_AHEAD`] tokens ahead into the second-level
 /// cache, and the score tiles ask the next rows not yet asked for (a line
 /// a trip, up to [`FUSE_TILES_AHEAD`] tokens ahead), so the memory keeps
 /// reading while the multiply-adds run. Then each chunk's softmax and
@@ -704,7 +721,7 @@ fn run_fused<T: Send>(
         n_kv,
         d,
         (kernel, stride),
-        (n_c, slots - 1, FUSE_ROWS_AHEAD),
+        (n_c, slots - 1, ROWS_AHEAD),
         &mut ring,
         &mut |t, c, ring| {
             if let Some(p) = pending.as_mut() {
