@@ -838,7 +838,6 @@ mod tests {
         ("moba.top", Level::Avx512, Level::Avx2),
         ("moba.sums", Level::Avx512, Level::Avx2),
         ("eviction.scores", Level::Avx512, Level::Avx2),
-        ("nsa.compress", Level::Avx512, Level::Avx2),
         ("nsa.top", Level::Avx512, Level::Avx2),
         ("nsa.top2", Level::Avx512, Level::Avx2),
         ("indexer.dense", Level::Avx512, Level::Avx2),

@@ -208,8 +208,9 @@ fn check_compressed(
 /// row loaded once for both sums), each key's `[n_kv, d]` contiguous; a
 /// key is divided when its last token is in. The keys a token adds into
 /// are kept as the tokens advance (no division a token). So the keys
-/// stream from memory once and each row is decoded once, float32 rows read
-/// in place. (A KV head
+/// stream from memory once, each row asked for [`ROWS_AHEAD`] tokens before
+/// it is read ([`rows_ahead`]), and each row is decoded once, float32 rows
+/// read in place. (A KV head
 /// at a time, rows `n_kv · d` apart, read the keys several times slower; a
 /// key at a time read and decoded Eq. 9's rows twice: the same bits.)
 ///
@@ -233,7 +234,7 @@ fn compress(
         n_kv,
         d,
         ks,
-        (n_c, usize::MAX, rows_ahead(k, ks)),
+        (n_c, usize::MAX, rows_ahead(isa, k, ks)),
         out,
         &mut |_, _, _| {},
     )
@@ -258,7 +259,7 @@ fn compress_ring<F: FnMut(usize, Option<usize>, &[f32])>(
 ) {
     // SAFETY (bounds): none; the body slices its arguments (checked indexing).
     crate::simd::dispatch!("nsa.compress", isa, {
-        avx512 => avx2,
+        avx512(token) => x86::compress_avx512(token, k, k_scale, n_kv, d, ks, n_c, out, step),
         avx2(token) => x86::compress_avx2(token, k, k_scale, n_kv, d, ks, n_c, out, step),
         scalar => compress_body(k, k_scale, n_kv, d, ks, n_c, out, step),
     })
@@ -268,7 +269,24 @@ fn compress_ring<F: FnMut(usize, Option<usize>, &[f32])>(
 mod x86 {
     use super::compress_body;
     use crate::keys::Encoded;
-    use crate::simd::Avx2;
+    use crate::simd::{Avx2, Avx512};
+
+    /// [`compress_body`] compiled for AVX-512 (the token proves the CPU has it).
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn compress_avx512<F: FnMut(usize, Option<usize>, &[f32])>(
+        _: Avx512,
+        k: Encoded<'_>,
+        k_scale: Option<&[f32]>,
+        n_kv: usize,
+        d: usize,
+        ks: (usize, usize),
+        n_c: (usize, usize, usize),
+        out: &mut [f32],
+        step: &mut F,
+    ) {
+        compress_body(k, k_scale, n_kv, d, ks, n_c, out, step)
+    }
 
     /// [`compress_body`] compiled for AVX2 (the token proves the CPU has it).
     #[target_feature(enable = "avx2")]
@@ -541,21 +559,23 @@ const FUSE_BATCH: usize = 16;
 
 /// How far ahead (in tokens) the compression ([`compress`], [`run_fused`])
 /// asks each key row into the second-level cache. Measured on an Intel Xeon
-/// (one thread, 131,072 tokens × 4 KV heads × d 128, [`compress`] alone):
-/// fla's window from float32 keys 33 → 29 ms, from bfloat16 keys 25-28 →
-/// 23-25 ms, Eq. 9's from bfloat16 keys 35-37 → 31-34 ms (the hardware
-/// prefetcher alone does not keep enough of the stream in flight; 8 and 32
-/// tokens measured as 16). Eq. 9's window from float32 keys is the
-/// exception, 31-33 → 35-37 ms: [`compress`] leaves those rows to the
-/// hardware ([`rows_ahead`]); [`run_fused`], whose score tiles leave the
-/// memory idle between rows, asks for them (its decode 50-51 → 44-48 ms).
+/// (one thread, 131,072 tokens × 4 KV heads × d 128, [`compress`] alone, at
+/// the AVX-512 level): fla's window from float32 keys 30-31 → 25-26 ms,
+/// from bfloat16 keys 25 → 22-23 ms, Eq. 9's from bfloat16 keys 34 → 29-31
+/// ms, from float32 keys 32-33 either way (and 42.6 → 33.7 ms with the body
+/// at AVX-512 width: without the prefetch its loop waited on the rows);
+/// 4 and 32 tokens measured as 16. The AVX2 body is the exception for Eq.
+/// 9's window on float32 keys, 33 → 39 ms with the rows asked for:
+/// [`rows_ahead`] leaves those to the hardware prefetcher. [`run_fused`]
+/// asks for its rows at every level (its score tiles leave the memory idle
+/// between rows: its decode 50-51 → 44-48 ms at AVX2 width).
 const ROWS_AHEAD: usize = 16;
 
-/// [`compress`]'s distance for its rows: [`ROWS_AHEAD`], but none for
-/// float32 keys under overlapping windows (measured slower, see there).
-fn rows_ahead(k: Encoded<'_>, (kernel, stride): (usize, usize)) -> usize {
-    match k {
-        Encoded::F32(_) if kernel > stride => 0,
+/// [`compress`]'s distance for its rows at `isa` ([`ROWS_AHEAD`]; none for
+/// float32 keys under overlapping windows at AVX2, measured slower there).
+fn rows_ahead(isa: Isa, k: Encoded<'_>, (kernel, stride): (usize, usize)) -> usize {
+    match (isa, k) {
+        (Isa::Avx2(_), Encoded::F32(_)) if kernel > stride => 0,
         _ => ROWS_AHEAD,
     }
 }
