@@ -600,6 +600,7 @@ fn for_each_group<S, L>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::select::candidate;
     use super::*;
     use exact::RowScores;
 
@@ -646,5 +647,100 @@ mod tests {
         assert_eq!(seen, [(0, 3), (7, 3), (15, 2), (23, 1), (29, 1)]);
         assert_eq!(among.score(16), 1016.0);
         assert_eq!(among.terms(9), (-9.0, -18.0));
+    }
+
+    /// [`exact::refine`] through a row's survivors makes of it what it makes
+    /// of the whole row when a selected position's bound is not finite (its
+    /// interval the whole line, so every unselected position reaches it and
+    /// the whole row's band holds them all): the real top-k, listed in
+    /// float32 order. The float32 scores here are off their real values
+    /// within their bounds, so the float32 top-k is not the real one and
+    /// the band decides; the position with the infinite bound is one the
+    /// real top-k leaves out; the ruled-out positions score below every
+    /// survivor. (Shown to fail with a survivor skipped by the runs, and
+    /// with a selected position whose lower end is not finite kept out of
+    /// the band.)
+    #[test]
+    fn refine_among_survivors_equals_the_whole_row_with_a_non_finite_selected_bound() {
+        let (g, width, len, take) = (1usize, 8usize, 60usize, 6usize);
+        let mut next = {
+            let mut x = 0x9E37_79B9_7F4A_7C15u64;
+            move || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 24) as f32
+            }
+        };
+        // One head, d = 1, q = w = 1, no ReLU: a position's real score is
+        // its key. Survivors (every third position) 100 + 2 u, the others
+        // 10 u; the survivors' float32 scores off by up to ±0.5, covered by
+        // their bounds (g = 4·10⁶: E ≈ 1).
+        let survivors: Vec<usize> = (0..len).step_by(3).collect();
+        let keys: Vec<f32> = (0..len)
+            .map(|t| match t % 3 {
+                0 => 100.0 + 2.0 * next(),
+                _ => 10.0 * next(),
+            })
+            .collect();
+        let mut buf = vec![f32::NAN; len.div_ceil(width) * (g + 2) * width];
+        for t in 0..len {
+            let (s, gt) = match t % 3 {
+                0 => (keys[t] + (next() - 0.5), 4.0e6),
+                _ => (keys[t], keys[t].abs()),
+            };
+            buf[at(g + 2, width, 0, t)] = s;
+            buf[at(g + 2, width, g, t)] = gt;
+            buf[at(g + 2, width, g + 1, t)] = 1.0;
+        }
+        // The float32 top-k, and the real one listed by float32 score.
+        let scored = |t: usize| candidate(buf[at(g + 2, width, 0, t)], t);
+        let mut top0: Vec<u64> = (0..len).map(scored).collect();
+        top0.sort_unstable_by(|a, b| b.cmp(a));
+        top0.truncate(take);
+        let mut real: Vec<usize> = (0..len).collect();
+        real.sort_by(|&a, &b| keys[b].total_cmp(&keys[a]));
+        let mut want: Vec<u64> = real[..take].iter().map(|&t| scored(t)).collect();
+        want.sort_unstable_by(|a, b| b.cmp(a));
+        // A selected position the real top-k leaves out gets a bound that
+        // is not finite: it must leave through the band.
+        let out = top0.iter().find(|c| !want.contains(c));
+        let out = (u32::MAX - *out.expect("the float32 top-k is the real one") as u32) as usize;
+        buf[at(g + 2, width, g, out)] = f32::INFINITY;
+        let view = GroupScores {
+            buf: &buf,
+            g,
+            extra: 2,
+            width,
+        };
+        let row = GroupRow { view: &view, j: 0 };
+        for isa in crate::simd::isas_for_test() {
+            let mut query = Query::new(1, 1, isa);
+            query.relu = false;
+            query.qt[0] = 1.0;
+            query.w[0] = 1.0;
+            let rescore = Rescore {
+                level: isa,
+                query: &query,
+                key: |t: usize, r: &mut [f32]| {
+                    r[0] = keys[t];
+                    1.0
+                },
+            };
+            let mut whole = top0.clone();
+            exact::refine(&mut whole, 0, len, &row, &rescore);
+            let mut among = top0.clone();
+            let (row, positions) = (GroupRow { view: &view, j: 0 }, &survivors);
+            exact::refine(
+                &mut among,
+                0,
+                len,
+                &SurvivorRow { row, positions },
+                &rescore,
+            );
+            let name = isa.level().name();
+            assert_eq!(whole, want, "{name}: the whole row");
+            assert_eq!(among, want, "{name}: among the survivors");
+        }
     }
 }
