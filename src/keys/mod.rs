@@ -271,7 +271,7 @@ pub(crate) enum CacheLevel {
 /// are fetched this way ahead of the kernel (the hardware prefetcher loses
 /// the stream at every page of a paged cache, and does not run far enough
 /// ahead for float32 keys). Addresses outside `bytes` are never formed.
-/// Only the x86-64 SIMD kernels prefetch (the portable ones leave it to the
+/// Only x86-64 builds prefetch (elsewhere the kernels leave it to the
 /// hardware), so this exists on x86-64 only.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]

@@ -208,8 +208,9 @@ fn check_compressed(
 /// row loaded once for both sums), each key's `[n_kv, d]` contiguous; a
 /// key is divided when its last token is in. The keys a token adds into
 /// are kept as the tokens advance (no division a token). So the keys
-/// stream from memory once, each row asked for [`ROWS_AHEAD`] tokens before
-/// it is read ([`rows_ahead`]), and each row is decoded once, float32 rows
+/// stream from memory once (the AVX-512 body asking for each row
+/// [`ROWS_AHEAD`] tokens before it reads it: [`rows_ahead`]), and each row
+/// is decoded once, float32 rows
 /// read in place. (A KV head
 /// at a time, rows `n_kv · d` apart, read the keys several times slower; a
 /// key at a time read and decoded Eq. 9's rows twice: the same bits.)
@@ -234,7 +235,7 @@ fn compress(
         n_kv,
         d,
         ks,
-        (n_c, usize::MAX, rows_ahead(isa, k, ks)),
+        (n_c, usize::MAX, rows_ahead(isa)),
         out,
         &mut |_, _, _| {},
     )
@@ -557,26 +558,26 @@ const FUSE_MAX_QUERIES: usize = 16;
 /// came from the second level each time and the tiles ran at half speed).
 const FUSE_BATCH: usize = 16;
 
-/// How far ahead (in tokens) the compression ([`compress`], [`run_fused`])
-/// asks each key row into the second-level cache. Measured on an Intel Xeon
-/// (one thread, 131,072 tokens × 4 KV heads × d 128, [`compress`] alone, at
-/// the AVX-512 level): fla's window from float32 keys 30-31 → 25-26 ms,
-/// from bfloat16 keys 25 → 22-23 ms, Eq. 9's from bfloat16 keys 34 → 29-31
-/// ms, from float32 keys 32-33 either way (and 42.6 → 33.7 ms with the body
-/// at AVX-512 width: without the prefetch its loop waited on the rows);
-/// 4 and 32 tokens measured as 16. The AVX2 body is the exception for Eq.
-/// 9's window on float32 keys, 33 → 39 ms with the rows asked for:
-/// [`rows_ahead`] leaves those to the hardware prefetcher. [`run_fused`]
-/// asks for its rows at every level (its score tiles leave the memory idle
-/// between rows: its decode 50-51 → 44-48 ms at AVX2 width).
+/// How far ahead (in tokens) the compression asks each key row into the
+/// second-level cache: [`run_fused`] at every level (its score tiles leave
+/// the memory idle between rows: Eq. 9's decode measured 50-51 ms without,
+/// 44-48 with, Intel Xeon, one thread), [`compress`] at the AVX-512 levels
+/// ([`rows_ahead`]). 4 and 32 tokens measured as 16.
 const ROWS_AHEAD: usize = 16;
 
-/// [`compress`]'s distance for its rows at `isa` ([`ROWS_AHEAD`]; none for
-/// float32 keys under overlapping windows at AVX2, measured slower there).
-fn rows_ahead(isa: Isa, k: Encoded<'_>, (kernel, stride): (usize, usize)) -> usize {
-    match (isa, k) {
-        (Isa::Avx2(_), Encoded::F32(_)) if kernel > stride => 0,
-        _ => ROWS_AHEAD,
+/// [`compress`]'s distance for its rows at `isa`: [`ROWS_AHEAD`] for the
+/// AVX-512 body, whose loop otherwise waits on the rows (Intel Xeon, one
+/// thread, 131,072 tokens × 4 KV heads × d 128, the compression alone,
+/// without and with: float32 keys 29-30 and 27 ms under fla's window, 45-47
+/// and 37 under Eq. 9's; bfloat16 keys alike either way); none for the AVX2
+/// and portable bodies, which the hardware's prefetch keeps fed (with the
+/// rows asked for, Eq. 9's window from float32 keys took 39 ms at AVX2
+/// width on the Xeon against 33 without, and fla's window measured slower
+/// on AMD Zen 3).
+fn rows_ahead(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512(_) | Isa::Avx512Bf16(_) => ROWS_AHEAD,
+        Isa::Avx2(_) | Isa::Scalar => 0,
     }
 }
 
