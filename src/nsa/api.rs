@@ -210,10 +210,9 @@ fn check_compressed(
 /// are kept as the tokens advance (no division a token). So the keys
 /// stream from memory once (the AVX-512 body asking for each row
 /// [`ROWS_AHEAD`] tokens before it reads it: [`rows_ahead`]), and each row
-/// is decoded once, float32 rows
-/// read in place. (A KV head
-/// at a time, rows `n_kv · d` apart, read the keys several times slower; a
-/// key at a time read and decoded Eq. 9's rows twice: the same bits.)
+/// is decoded once, float32 rows read in place. (A KV head at a time, rows
+/// `n_kv · d` apart, read the keys several times slower; a key at a time
+/// read and decoded Eq. 9's rows twice: the same bits.)
 ///
 /// At `isa`'s width (one body, each level compiling it with its own
 /// instructions: elementwise additions, products and divisions, no fused
@@ -560,9 +559,9 @@ const FUSE_BATCH: usize = 16;
 
 /// How far ahead (in tokens) the compression asks each key row into the
 /// second-level cache: [`run_fused`] at every level (its score tiles leave
-/// the memory idle between rows: Eq. 9's decode measured 50-51 ms without,
-/// 44-48 with, Intel Xeon, one thread), [`compress`] at the AVX-512 levels
-/// ([`rows_ahead`]). 4 and 32 tokens measured as 16.
+/// the memory idle between rows: Eq. 9's decode with the AVX2 body measured
+/// 50-51 ms without, 44-48 with, Intel Xeon, one thread), [`compress`] at
+/// the AVX-512 levels ([`rows_ahead`]). 4 and 32 tokens measured as 16.
 const ROWS_AHEAD: usize = 16;
 
 /// [`compress`]'s distance for its rows at `isa`: [`ROWS_AHEAD`] for the
