@@ -834,7 +834,6 @@ mod tests {
         ("vslash.sums", Level::Avx512, Level::Avx2),
         ("vslash.lane_sums", Level::Avx512, Level::Avx2),
         ("moba.gates", Level::Avx512, Level::Avx2),
-        ("moba.lanes", Level::Avx512, Level::Avx2),
         ("moba.top", Level::Avx512, Level::Avx2),
         ("moba.sums", Level::Avx512, Level::Avx2),
         ("eviction.scores", Level::Avx512, Level::Avx2),

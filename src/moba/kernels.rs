@@ -1,8 +1,9 @@
 //! MoBA's four kernel families. `portable` is each one's definition; the AVX2
 //! kernels are the same arithmetic, so both give the same bits (a NaN gate's
 //! sign and payload aside: x86 makes its default NaN negative, and no
-//! selection reads either — every NaN ranks last). No AVX-512 kernels: the
-//! AVX-512 level runs the AVX2 ones.
+//! selection reads either — every NaN ranks last). At the AVX-512 level
+//! `moba.lanes` has its own kernel (below); the other families run their
+//! AVX2 ones there.
 //!
 //! - `moba.gates`: query rows against block means, each gate the 8-lane
 //!   fused sum of the module docs (lane `l` accumulates dimensions `l, l +
@@ -23,7 +24,11 @@
 //!   mean then reduced together by `reduce8` (gate `j` from accumulator `j`:
 //!   the eight rows in the lanes); a pair of means left over is tiled 4 × 2,
 //!   a single one 8 × 1. A prefill's rows stream through it once while the
-//!   means stay in the L1 cache.
+//!   means stay in the L1 cache. The AVX-512 kernel holds two means a
+//!   vector, each 256-bit half one mean's eight lanes (the row's eight
+//!   dimensions broadcast to both halves): eight rows by three pairs, the
+//!   pairs reduced by the same tree half by half (`reduce16`), so each
+//!   gate's operations are the AVX2 kernel's, operand for operand.
 //! - `moba.top`: the best `n ≤ TOP_MAX` blocks of each lane of `moba.lanes`'
 //!   output by the module's total order, ascending. Each gate becomes an
 //!   `i32` key that orders as the gate does (`g + 0.0`'s bits, the negative
@@ -90,7 +95,7 @@ pub(super) fn lanes(
     // SAFETY (bounds): every row and mean is d8 floats within its slice and
     // `out` eight gates per mean (asserted above); the kernels slice them.
     dispatch!("moba.lanes", isa, {
-        avx512 => avx2,
+        avx512(t) => avx512::lanes(t, q, rows, means, d8, out),
         avx2(t) => avx2::lanes(t, q, rows, means, d8, out),
         scalar => portable::lanes(q, rows, means, d8, out),
     })
@@ -332,7 +337,7 @@ mod avx2 {
     /// # Safety
     /// `q[r]` and `m` each hold `d8` floats (a multiple of 8).
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile_8x1(q: [*const f32; 8], m: *const f32, d8: usize) -> [f32; 8] {
+    pub(super) unsafe fn tile_8x1(q: [*const f32; 8], m: *const f32, d8: usize) -> [f32; 8] {
         let mut acc = [_mm256_setzero_ps(); 8];
         let mut i = 0;
         while i < d8 {
@@ -644,6 +649,136 @@ mod avx2 {
                 }
             }
             r0 = r1;
+        }
+    }
+}
+
+/// `moba.lanes` in 512-bit registers: two means a vector, each half the
+/// AVX2 kernel's eight lanes (`l`: dimensions `l, l + 8, …`), so every gate
+/// keeps its own chain of fused multiply-adds and its own tree: the bits of
+/// `moba.gates`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers
+mod avx512 {
+    use crate::simd::Avx512;
+    use std::arch::x86_64::*;
+
+    /// Eight rows against `2P` means from `m` (`2P` rows of `d8` floats):
+    /// accumulator `[r][p]` holds row `r`'s eight lanes for mean `2p` in its
+    /// low half and for mean `2p + 1` in its high half, each lane updated as
+    /// the portable `dot` (the row's eight dimensions broadcast to both
+    /// halves, the two means' side by side).
+    ///
+    /// # Safety
+    /// `q[r]` and `m`'s `2P` rows each hold `d8` floats (a multiple of 8).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    unsafe fn raw<const P: usize>(
+        q: [*const f32; 8],
+        m: *const f32,
+        d8: usize,
+    ) -> [[__m512; P]; 8] {
+        let mut acc = [[_mm512_setzero_ps(); P]; 8];
+        let mut i = 0;
+        while i < d8 {
+            // SAFETY: `i + 8 <= d8`, within each of the `2P` means.
+            let mv: [__m512; P] = std::array::from_fn(|p| unsafe {
+                let lo = _mm256_loadu_ps(m.add(2 * p * d8 + i));
+                let hi = _mm256_loadu_ps(m.add((2 * p + 1) * d8 + i));
+                _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi)
+            });
+            for r in 0..8 {
+                // SAFETY: as above, within `q[r]`.
+                let qv = unsafe { _mm512_broadcast_f32x8(_mm256_loadu_ps(q[r].add(i))) };
+                for p in 0..P {
+                    acc[r][p] = _mm512_fmadd_ps(qv, mv[p], acc[r][p]);
+                }
+            }
+            i += 8;
+        }
+        acc
+    }
+
+    /// `super::avx2::reduce8v` on each 256-bit half: `a[r]` row `r`'s lanes
+    /// for two means, out `[the low mean's gates of rows 0-7 | the high
+    /// one's]`, each the lanes' `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 +
+    /// l7))` by the same additions with the same operands first (the
+    /// AVX2 kernel's `hadd` is two shuffles and an addition here, `x[2i] +
+    /// x[2i + 1]`: the NaN the instruction keeps when both are NaN).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    fn reduce16(a: [__m512; 8]) -> __m512 {
+        // Per half, `permute2f128`'s low and high 128-bit lanes of `a[j]` and
+        // `a[j + 4]`.
+        let ilo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+        let ihi = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+        let s: [__m512; 4] = std::array::from_fn(|j| {
+            let lo = _mm512_permutex2var_ps(a[j], ilo, a[j + 4]);
+            let hi = _mm512_permutex2var_ps(a[j], ihi, a[j + 4]);
+            _mm512_permute_ps::<0b11_01_10_00>(_mm512_add_ps(lo, hi))
+        });
+        let hadd = |x: __m512, y: __m512| {
+            let even = _mm512_shuffle_ps::<0b10_00_10_00>(x, y);
+            let odd = _mm512_shuffle_ps::<0b11_01_11_01>(x, y);
+            _mm512_add_ps(even, odd)
+        };
+        hadd(hadd(s[0], s[1]), hadd(s[2], s[3]))
+    }
+
+    /// Eight rows' gates against `2P` means from mean `b` into `out[b · 8
+    /// ..]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    fn pairs<const P: usize>(
+        qp: [*const f32; 8],
+        means: &[f32],
+        b: usize,
+        d8: usize,
+        out: &mut [f32],
+    ) {
+        let m = &means[b * d8..][..2 * P * d8];
+        // SAFETY: every row heads a `d8`-float slice (the caller's), `m` the
+        // `2P` means (sliced above).
+        let acc = unsafe { raw::<P>(qp, m.as_ptr(), d8) };
+        let o = &mut out[b * 8..][..16 * P];
+        for p in 0..P {
+            let g = reduce16(std::array::from_fn(|r| acc[r][p]));
+            // SAFETY: `o` holds `16P` floats.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * p), g) };
+        }
+    }
+
+    /// [`super::avx2::lanes`] two means a vector: means six at a time
+    /// (eight rows by three pairs, twenty-four independent chains), then
+    /// four, then two, a last one by the AVX2 kernel's eight rows by one.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    pub(super) fn lanes(
+        _t: Avx512,
+        q: &[f32],
+        rows: &[usize; 8],
+        means: &[f32],
+        d8: usize,
+        out: &mut [f32],
+    ) {
+        let n = means.len() / d8;
+        let qp: [*const f32; 8] = std::array::from_fn(|l| q[rows[l]..][..d8].as_ptr());
+        let mut b = 0;
+        while b + 6 <= n {
+            pairs::<3>(qp, means, b, d8, out);
+            b += 6;
+        }
+        if b + 4 <= n {
+            pairs::<2>(qp, means, b, d8, out);
+            b += 4;
+        }
+        if b + 2 <= n {
+            pairs::<1>(qp, means, b, d8, out);
+            b += 2;
+        }
+        if b < n {
+            // SAFETY: every pointer heads a `d8`-float slice (sliced above).
+            let g = unsafe { super::avx2::tile_8x1(qp, means[b * d8..][..d8].as_ptr(), d8) };
+            out[b * 8..][..8].copy_from_slice(&g);
         }
     }
 }
