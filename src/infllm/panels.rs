@@ -903,7 +903,11 @@ mod avx512 {
         macro_rules! by_r {
             ($j:literal, $($r:literal)*) => {
                 match r {
-                    $($r => tile::<$r, $j>(q, d, kt, out, n8, scale, mx, last, store, pf),)*
+                    $($r => if d == 128 {
+                        tile::<$r, $j, 128>(q, d, kt, out, n8, scale, mx, last, store, pf)
+                    } else {
+                        tile::<$r, $j, 0>(q, d, kt, out, n8, scale, mx, last, store, pf)
+                    },)*
                     _ => unreachable!("at most {} heads by {} vectors", 16 / $j, $j),
                 }
             };
@@ -931,7 +935,7 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const R: usize, const J: usize>(
+    unsafe fn tile<const R: usize, const J: usize, const D: usize>(
         q: *const f32,
         d: usize,
         kt: *const f32,
@@ -943,6 +947,7 @@ mod avx512 {
         store: __mmask16,
         pf: &[u8],
     ) {
+        let d = if D > 0 { D } else { d };
         let mut acc = [[_mm512_setzero_ps(); J]; R];
         macro_rules! step {
             ($c:expr) => {{
@@ -965,12 +970,25 @@ mod avx512 {
         // The next queries' lines into L2, one a trip of four elements
         // (all at once, they stalled the tile on the fill buffers).
         let d4 = d / 4 * 4;
-        for c in (0..d4).step_by(4) {
-            crate::keys::prefetch(pf, 16 * c, 16 * c + 1, CacheLevel::L2);
+        let ahead = (pf.len().div_ceil(64) * 4).min(d4);
+        let pp = pf.as_ptr() as *const i8;
+        let mut c = 0;
+        while c < ahead {
+            // SAFETY: line `c / 4` of `pf` starts within it (`c / 4` below
+            // its lines); a prefetch reads nothing architecturally.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(pp.add(16 * c)) };
             step!(c);
             step!(c + 1);
             step!(c + 2);
             step!(c + 3);
+            c += 4;
+        }
+        while c < d4 {
+            step!(c);
+            step!(c + 1);
+            step!(c + 2);
+            step!(c + 3);
+            c += 4;
         }
         for c in d4..d {
             step!(c);
