@@ -89,7 +89,13 @@ fn build<T: Tokens>(isa: Isa, tokens: &T, layout: Layout, kmin: &mut [f32], kmax
     let page = |p: usize, lo: &mut [f32], hi: &mut [f32]| {
         let (t0, t1) = (p * p_size, ((p + 1) * p_size).min(n));
         if let Some((rows, scales)) = tokens.in_place(t0, t1) {
-            kernels::page_bounds(isa, rows, scales, lo, hi);
+            // The next page's keys (none past the last), asked ahead by the
+            // kernel.
+            let next = (t1 < n)
+                .then(|| tokens.in_place(t1, ((p + 2) * p_size).min(n)))
+                .flatten()
+                .map_or(&[][..], |(r, _)| r.bytes(0, r.len()));
+            kernels::page_bounds(isa, rows, scales, lo, hi, next);
             return;
         }
         let mut scratch = vec![0.0f32; (t1 - t0) * row];
@@ -108,6 +114,7 @@ fn build<T: Tokens>(isa: Isa, tokens: &T, layout: Layout, kmin: &mut [f32], kmax
             scaled.then_some(&scales[..]),
             lo,
             hi,
+            &[],
         );
     };
     let min_pages = pool::min_rows(p_size * row);

@@ -78,13 +78,19 @@ fn reduce(v: __m256) -> f32 {
 /// (`max_ps` at -inf), so neither is ever NaN; an element no row gave a
 /// number ends with `min > max` and is NaN. Zeros are canonicalised once,
 /// at the end (`+ 0.0`): the extremum of values that compare equal is one
-/// value but for the sign of a zero.
+/// value but for the sign of a zero. The same elements of the next page's
+/// rows (`next`, its bytes; empty: none) are asked into the L2 as each row
+/// is read: a block reads one line from each of 16 rows 2 or 4 KiB apart,
+/// which the hardware's prefetch did not keep ahead of (from bfloat16 keys
+/// the build took float32's time, at half the bytes; with the prefetch
+/// about 0.7 of it, Intel Xeon). A hint: the bounds are the same.
 ///
 /// # Safety
 /// `c + 8 * W <= n`, `rows` holds `n_rows` rows of `n`, `scales` (if any)
 /// `n_rows` entries, `lo` and `hi` `n` each.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn page_block<L: Load, const W: usize>(
     rows: &[L::E],
     n: usize,
@@ -93,11 +99,16 @@ unsafe fn page_block<L: Load, const W: usize>(
     c: usize,
     lo: &mut [f32],
     hi: &mut [f32],
+    next: &[u8],
 ) {
     let zero = _mm256_setzero_ps();
     let mut a = [_mm256_set1_ps(f32::INFINITY); W];
     let mut b = [_mm256_set1_ps(f32::NEG_INFINITY); W];
+    let size = std::mem::size_of::<L::E>();
     for t in 0..n_rows {
+        // The next page's same elements of row `t` asked into the L2.
+        let at = (t * n + c) * size;
+        crate::keys::prefetch(next, at, at + 8 * W * size, crate::keys::CacheLevel::L2);
         let sc = scales.map(|s| _mm256_set1_ps(s[t]));
         for w in 0..W {
             // SAFETY: row t's elements c + 8w .. c + 8w + 8 are within rows
@@ -140,12 +151,13 @@ pub(super) fn page_bounds(
     scales: Option<&[f32]>,
     lo: &mut [f32],
     hi: &mut [f32],
+    next: &[u8],
 ) {
     match rows {
-        Encoded::F32(r) => blocks::<L32>(r, scales, lo, hi),
-        Encoded::Bf16(r) => blocks::<Bf16>(r, scales, lo, hi),
-        Encoded::F16(r) => blocks::<F16>(r, scales, lo, hi),
-        Encoded::Fp8E4m3(r) => blocks::<Fp8>(r, scales, lo, hi),
+        Encoded::F32(r) => blocks::<L32>(r, scales, lo, hi, next),
+        Encoded::Bf16(r) => blocks::<Bf16>(r, scales, lo, hi, next),
+        Encoded::F16(r) => blocks::<F16>(r, scales, lo, hi, next),
+        Encoded::Fp8E4m3(r) => blocks::<Fp8>(r, scales, lo, hi, next),
     }
     let n = lo.len().min(hi.len());
     let full = n / 8 * 8;
@@ -163,19 +175,25 @@ pub(super) fn page_bounds(
 
 /// The whole blocks of [`page_bounds`] (elements `0 .. n / 8 * 8`).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn blocks<L: Load>(rows: &[L::E], scales: Option<&[f32]>, lo: &mut [f32], hi: &mut [f32]) {
+fn blocks<L: Load>(
+    rows: &[L::E],
+    scales: Option<&[f32]>,
+    lo: &mut [f32],
+    hi: &mut [f32],
+    next: &[u8],
+) {
     let n = lo.len().min(hi.len());
     let n_rows = rows.len() / n.max(1);
     let full = n / 8 * 8;
     let mut c = 0;
     while c + 32 <= full {
         // SAFETY: c + 32 <= n; the slices' sizes are `super::page_bounds`'.
-        unsafe { page_block::<L, 4>(rows, n, n_rows, scales, c, lo, hi) };
+        unsafe { page_block::<L, 4>(rows, n, n_rows, scales, c, lo, hi, next) };
         c += 32;
     }
     while c < full {
         // SAFETY: c + 8 <= n.
-        unsafe { page_block::<L, 1>(rows, n, n_rows, scales, c, lo, hi) };
+        unsafe { page_block::<L, 1>(rows, n, n_rows, scales, c, lo, hi, next) };
         c += 8;
     }
 }

@@ -5,7 +5,7 @@
 //!   the decode step's update;
 //! - `quest.page_bounds`: a whole page's bounds from its token rows at
 //!   once (each bound kept in a register while the page's keys stream
-//!   past), the build;
+//!   past, the next page's asked ahead on x86-64), the build;
 //! - `quest.scores`: pages' bounds against every query head, page by page
 //!   (each page's bounds read once, contiguously, for all KV heads),
 //!   `Σ_i fma(q_i, q_i ≥ 0 ? kmax_i : kmin_i)` per (query head, page).
@@ -58,7 +58,9 @@ pub(super) fn fold(
 /// exactly from its format, read in place) over the page's
 /// `rows.len() / n` token rows whose `v_t` is not NaN (NaN when none is):
 /// bit for bit what folding the rows in order with [`fold`] gives (bounds
-/// never hold `-0.0`, so the order of equal values does not show).
+/// never hold `-0.0`, so the order of equal values does not show). `next`:
+/// the bytes the caller reads next (the next page's rows, laid out as
+/// `rows`), asked into cache meanwhile (a hint; empty: none).
 ///
 /// # Panics
 /// If the shapes disagree (callers size them from one shape).
@@ -68,6 +70,7 @@ pub(super) fn page_bounds(
     scales: Option<&[f32]>,
     lo: &mut [f32],
     hi: &mut [f32],
+    next: &[u8],
 ) {
     let n = lo.len();
     assert!(n > 0 && hi.len() == n && rows.len().is_multiple_of(n) && !rows.is_empty());
@@ -77,8 +80,11 @@ pub(super) fn page_bounds(
     // within them.
     dispatch!("quest.page_bounds", isa, {
         avx512 => avx2,
-        avx2(t) => avx2::page_bounds(t, rows, scales, lo, hi),
-        scalar => portable::page_bounds(rows, scales, lo, hi),
+        avx2(t) => avx2::page_bounds(t, rows, scales, lo, hi, next),
+        scalar => {
+            let _ = next;
+            portable::page_bounds(rows, scales, lo, hi)
+        }
     })
 }
 
@@ -125,7 +131,7 @@ pub(crate) fn probe(isa: Isa) {
     let (mut lo, mut hi) = ([0.0f32; 3], [0.0f32; 3]);
     fold(isa, &keys, None, true, &mut lo, &mut hi);
     let (mut plo, mut phi) = ([0.0f32; 3], [0.0f32; 3]);
-    page_bounds(isa, Encoded::F32(&keys), None, &mut plo, &mut phi);
+    page_bounds(isa, Encoded::F32(&keys), None, &mut plo, &mut phi, &[]);
     assert_eq!((lo, hi), (plo, phi));
     let mut out = [0.0f32; 1];
     scores(isa, &keys, (1, 1, 3), &lo, &hi, 3, 1, &mut out);

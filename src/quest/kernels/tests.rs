@@ -127,6 +127,7 @@ fn a_page_build_is_the_fold_of_its_rows_on_every_level() {
                 scales.as_deref(),
                 &mut lo,
                 &mut hi,
+                bytemuck::cast_slice(&rows),
             );
             assert!(
                 same_bits(&lo, &flo) && same_bits(&hi, &fhi),
@@ -158,7 +159,7 @@ fn a_page_build_reads_every_key_format_in_place_as_its_decode() {
             portable::page_bounds_f32(&dec, scales.as_deref(), &mut wl, &mut wh);
             for isa in isas_for_test() {
                 let (mut lo, mut hi) = (vec![7.0f32; n], vec![7.0f32; n]);
-                page_bounds(isa, rows, scales.as_deref(), &mut lo, &mut hi);
+                page_bounds(isa, rows, scales.as_deref(), &mut lo, &mut hi, &[]);
                 assert!(
                     same_bits(&lo, &wl) && same_bits(&hi, &wh),
                     "case {case} {:?} at {isa:?}",
