@@ -1354,43 +1354,21 @@ mod avx512 {
                 }
             }
         };
-        // Four elements a trip, two of `pf`'s lines asked ahead a trip while
-        // it has them: the loop's own instructions (the rows' addresses, the
-        // count, the prefetch's test) share the 512-bit multiply-add ports,
-        // and a trip of two with the prefetch tested each trip ran the tile
-        // (32 heads by 8 keys, in cache, Intel Xeon) at 82-96 GFMA/s against
-        // 94-99 now. Each chain still runs over `c` in order.
-        let lines = pf.len().div_ceil(64).min(d / 2);
+        let lines = pf.len().div_ceil(64);
         let pp = pf.as_ptr() as *const i8;
-        let ahead = (2 * lines) & !3;
         let mut c = 0;
-        while c < ahead {
-            // SAFETY: lines `c / 2` and `c / 2 + 1 < lines` start within
-            // `pf`; a prefetch reads nothing architecturally.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T1>(pp.add(c / 2 * 64));
-                _mm_prefetch::<_MM_HINT_T1>(pp.add(c / 2 * 64 + 64));
+        while c + 2 <= d {
+            if c / 2 < lines {
+                // SAFETY: line `c / 2` starts within `pf`; a prefetch reads
+                // nothing architecturally.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(pp.add(c / 2 * 64)) };
             }
             step(c, &mut acc);
             step(c + 1, &mut acc);
-            step(c + 2, &mut acc);
-            step(c + 3, &mut acc);
-            c += 4;
+            c += 2;
         }
-        if ahead / 2 < lines {
-            // SAFETY: as above (the one line left when `lines` is odd).
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(pp.add(ahead / 2 * 64)) };
-        }
-        while c + 4 <= d {
+        if c < d {
             step(c, &mut acc);
-            step(c + 1, &mut acc);
-            step(c + 2, &mut acc);
-            step(c + 3, &mut acc);
-            c += 4;
-        }
-        while c < d {
-            step(c, &mut acc);
-            c += 1;
         }
         let vs = _mm512_set1_ps(scale);
         for k in 0..K {

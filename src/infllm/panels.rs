@@ -928,10 +928,13 @@ mod avx512 {
     /// as `max(x, m)` (a NaN logit leaves it as it was; vector `J − 1`'s
     /// lanes outside `last` count as `−inf`).
     ///
+    /// `D`: `d` as a constant (the query rows' offsets in the instructions),
+    /// or 0 to read `d`.
+    ///
     /// # Safety
-    /// AVX-512 F; `R` rows of `d` at `q`, a panel of `32 d` at `kt`, `R`
-    /// rows `n8` apart at `out` with room for the stored lanes, `8 R`
-    /// floats at `mx`.
+    /// AVX-512 F; `D` is 0 or `d`; `R` rows of `d` at `q`, a panel of `32 d`
+    /// at `kt`, `R` rows `n8` apart at `out` with room for the stored lanes,
+    /// `8 R` floats at `mx`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
@@ -947,6 +950,7 @@ mod avx512 {
         store: __mmask16,
         pf: &[u8],
     ) {
+        debug_assert!(D == 0 || D == d, "a constant d other than d");
         let d = if D > 0 { D } else { d };
         let mut acc = [[_mm512_setzero_ps(); J]; R];
         macro_rules! step {

@@ -704,7 +704,9 @@ mod avx512 {
     /// one's]`, each the lanes' `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 +
     /// l7))` by the same additions with the same operands first (the
     /// AVX2 kernel's `hadd` is two shuffles and an addition here, `x[2i] +
-    /// x[2i + 1]`: the NaN the instruction keeps when both are NaN).
+    /// x[2i + 1]`: the NaN the instruction keeps when both are NaN, as
+    /// measured — the other order failed the bit test against `moba.gates`
+    /// on an AVX-512 CPU).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
     fn reduce16(a: [__m512; 8]) -> __m512 {
@@ -727,9 +729,12 @@ mod avx512 {
 
     /// Eight rows' gates against `2P` means from mean `b` into `out[b · 8
     /// ..]`.
+    ///
+    /// # Safety
+    /// Every `qp[r]` heads `d8` readable floats (a multiple of 8).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-    fn pairs<const P: usize>(
+    unsafe fn pairs<const P: usize>(
         qp: [*const f32; 8],
         means: &[f32],
         b: usize,
@@ -737,8 +742,8 @@ mod avx512 {
         out: &mut [f32],
     ) {
         let m = &means[b * d8..][..2 * P * d8];
-        // SAFETY: every row heads a `d8`-float slice (the caller's), `m` the
-        // `2P` means (sliced above).
+        // SAFETY: every row heads `d8` floats (the contract), `m` the `2P`
+        // means (sliced above).
         let acc = unsafe { raw::<P>(qp, m.as_ptr(), d8) };
         let o = &mut out[b * 8..][..16 * P];
         for p in 0..P {
@@ -764,15 +769,18 @@ mod avx512 {
         let qp: [*const f32; 8] = std::array::from_fn(|l| q[rows[l]..][..d8].as_ptr());
         let mut b = 0;
         while b + 6 <= n {
-            pairs::<3>(qp, means, b, d8, out);
+            // SAFETY: every `qp[l]` heads a `d8`-float slice (sliced above).
+            unsafe { pairs::<3>(qp, means, b, d8, out) };
             b += 6;
         }
         if b + 4 <= n {
-            pairs::<2>(qp, means, b, d8, out);
+            // SAFETY: as above.
+            unsafe { pairs::<2>(qp, means, b, d8, out) };
             b += 4;
         }
         if b + 2 <= n {
-            pairs::<1>(qp, means, b, d8, out);
+            // SAFETY: as above.
+            unsafe { pairs::<1>(qp, means, b, d8, out) };
             b += 2;
         }
         if b < n {

@@ -85,7 +85,8 @@
 //!
 //! `mod.rs` (the entry points and the row rule), `kernels.rs` (the
 //! `moba.gates`, `moba.lanes`, `moba.top` and `moba.sums` families: portable
-//! and AVX2; the AVX-512 level runs the AVX2 kernels), `tests.rs`.
+//! and AVX2, and `moba.lanes` at AVX-512 too; the other families run their
+//! AVX2 kernels at the AVX-512 level), `tests.rs`.
 //!
 //! # Speed: a prefill's queries eight at a time
 //!

@@ -80,9 +80,10 @@ impl Tokens for Paged<'_> {
 /// Writes one sequence's bounds (`n_pages` rows of `kmin` / `kmax`) from
 /// its tokens: page `p`'s bounds over tokens `p·P .. min((p+1)·P, n)`
 /// ([`kernels::page_bounds`]; the same bits as folding them in order).
-/// Dense keys are read in place in their format; a paged cache's pages are
-/// decoded a page at a time into an L2-sized scratch. Pages run in
-/// parallel on the pool.
+/// Dense keys are read in place in their format, and so are a paged cache's
+/// pages but for the fp8-with-scales layout's (decoded a page at a time into
+/// a scratch); the kernel asks the next page's keys ahead as it reads. Pages
+/// run in parallel on the pool.
 fn build<T: Tokens>(isa: Isa, tokens: &T, layout: Layout, kmin: &mut [f32], kmax: &mut [f32]) {
     let (row, p_size) = (layout.row(), layout.page_size);
     let n = tokens.n_tokens();

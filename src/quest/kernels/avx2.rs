@@ -80,10 +80,11 @@ fn reduce(v: __m256) -> f32 {
 /// at the end (`+ 0.0`): the extremum of values that compare equal is one
 /// value but for the sign of a zero. The same elements of the next page's
 /// rows (`next`, its bytes; empty: none) are asked into the L2 as each row
-/// is read: a block reads one line from each of 16 rows 2 or 4 KiB apart,
-/// which the hardware's prefetch did not keep ahead of (from bfloat16 keys
-/// the build took float32's time, at half the bytes; with the prefetch
-/// about 0.7 of it, Intel Xeon). A hint: the bounds are the same.
+/// is read: a block reads a line from each of 16 rows 2 KiB apart (two lines
+/// of rows 4 KiB apart from float32 keys), which the hardware's prefetch did
+/// not keep ahead of (from bfloat16 keys the build took float32's time at
+/// half the bytes; with the prefetch 0.67-0.81 of it, Intel Xeon). A hint:
+/// the bounds are the same.
 ///
 /// # Safety
 /// `c + 8 * W <= n`, `rows` holds `n_rows` rows of `n`, `scales` (if any)
