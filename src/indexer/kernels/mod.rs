@@ -489,7 +489,7 @@ pub(super) fn score_keys_in(
             let mut acc = [0.0f32; BLOCK];
             match block.filter(|&(_, summary)| pairs::admits(summary, q.pairs().summary)) {
                 Some((run, _)) => {
-                    pair_sums(run, q, kp, &mut acc);
+                    pair_sums(run, q, kp, &mut acc, std::mem::take(&mut next));
                     paired += 1;
                 }
                 None => weighted_relu_sums(level, q, qt, kt, &mut acc, std::mem::take(&mut next)),
@@ -509,22 +509,24 @@ pub(super) fn score_keys_in(
 /// The block's `Σ_h fma(w_h, relu(q_h · k_r))` for every key `r`, in
 /// pairs ([`pairs::pair_sums`]) run by `run`, into `acc`: the bits
 /// [`weighted_relu_sums`] gives on a block [`pairs::admits`].
-fn pair_sums(run: PairRun, q: &Query, kp: &[u32], acc: &mut [f32; BLOCK]) {
+/// `next`'s lines are prefetched along the way, as [`weighted_relu_sums`]
+/// does.
+fn pair_sums(run: PairRun, q: &Query, kp: &[u32], acc: &mut [f32; BLOCK], next: &[u8]) {
     let (qp, w, d2) = (&q.pairs().qp[..], &q.w[..], q.d / 2);
     match run {
         // SAFETY: the model's operations are portable Rust.
         PairRun::Model => unsafe {
             match q.relu {
-                true => pairs::pair_sums::<_, true>(pairs::Model, qp, kp, w, d2, acc),
-                false => pairs::pair_sums::<_, false>(pairs::Model, qp, kp, w, d2, acc),
+                true => pairs::pair_sums::<_, true>(pairs::Model, qp, kp, w, d2, acc, next),
+                false => pairs::pair_sums::<_, false>(pairs::Model, qp, kp, w, d2, acc, next),
             }
         },
         // SAFETY: the token proves the CPU runs the kernel's instructions.
         #[cfg(target_arch = "x86_64")]
         PairRun::Hw(t) => unsafe {
             match q.relu {
-                true => pairs::hw::sums::<true>(t, qp, kp, w, d2, acc),
-                false => pairs::hw::sums::<false>(t, qp, kp, w, d2, acc),
+                true => pairs::hw::sums::<true>(t, qp, kp, w, d2, acc, next),
+                false => pairs::hw::sums::<false>(t, qp, kp, w, d2, acc, next),
             }
         },
     }

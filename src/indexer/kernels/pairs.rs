@@ -105,16 +105,55 @@ pub(super) fn pack_block(kt: &[f32], d: usize, kp: &mut [u32]) -> Option<i32> {
     pack_block_body(kt, kp)
 }
 
-/// [`pack_block`] compiled for AVX-512 (the same operations per value).
+/// [`pack_block`] in 512-bit registers: each pair row from two rows of
+/// `kt` by one select, the summary in the same pass (an OR of the values,
+/// for bits below the bfloat16's; the unsigned minimum of `|x| − 1`, which
+/// puts zeros last, for the smallest nonzero magnitude and so the smallest
+/// exponent and any subnormal). The same pairs and summary as
+/// [`pack_block_body`] on every input.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx2")]
 fn pack_block_avx512(_: crate::simd::Avx512, kt: &[f32], kp: &mut [u32]) -> Option<i32> {
-    pack_block_body(kt, kp)
+    use std::arch::x86_64::*;
+    assert!(kt.len() == 2 * kp.len() && kp.len().is_multiple_of(BLOCK));
+    let (src, dst) = (kt.as_ptr().cast::<i32>(), kp.as_mut_ptr().cast::<i32>());
+    let hi = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    let magnitude = _mm512_set1_epi32(0x7FFF_FFFF);
+    let one = _mm512_set1_epi32(1);
+    let (mut or, mut min) = (_mm512_setzero_si512(), _mm512_set1_epi32(-1));
+    for i in 0..kp.len() / BLOCK {
+        for half in [0, LANES] {
+            // SAFETY: `i < d / 2` and `half + LANES <= BLOCK`: `kt` rows
+            // `2i` and `2i + 1` and `kp` row `i` (the lengths asserted).
+            unsafe {
+                let e = _mm512_loadu_si512(src.add(2 * i * BLOCK + half).cast());
+                let o = _mm512_loadu_si512(src.add((2 * i + 1) * BLOCK + half).cast());
+                // `hi ? e : o >> 16`, bit by bit.
+                let p = _mm512_ternarylogic_epi32::<0xCA>(hi, e, _mm512_srli_epi32::<16>(o));
+                _mm512_storeu_si512(dst.add(i * BLOCK + half).cast(), p);
+                or = _mm512_ternarylogic_epi32::<0xFE>(or, e, o);
+                for x in [e, o] {
+                    let m = _mm512_sub_epi32(_mm512_and_si512(x, magnitude), one);
+                    min = _mm512_min_epu32(min, m);
+                }
+            }
+        }
+    }
+    let low = _mm512_reduce_or_epi32(_mm512_andnot_si512(hi, or));
+    let least = _mm512_reduce_min_epu32(min) as u32;
+    match least {
+        _ if low != 0 || least < 0x007F_FFFF => None,
+        u32::MAX => Some(i32::MAX / 4),
+        m => match (m + 1) >> 23 {
+            0xFF => Some(i32::MAX / 4),
+            e => Some(e as i32 - 127),
+        },
+    }
 }
 
 /// [`pack_block`]'s body.
 #[inline(always)]
-fn pack_block_body(kt: &[f32], kp: &mut [u32]) -> Option<i32> {
+pub(super) fn pack_block_body(kt: &[f32], kp: &mut [u32]) -> Option<i32> {
     let summary = min_exponent(kt.iter().map(|x| x.to_bits()));
     for (i, lanes) in kp.chunks_exact_mut(BLOCK).enumerate() {
         let even = &kt[2 * i * BLOCK..(2 * i + 1) * BLOCK];
@@ -181,6 +220,9 @@ pub(super) trait PairOps: Copy {
     fn relu(self, x: Self::V) -> Self::V;
     /// `fma(a, b, c)` per lane.
     fn fmadd(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// A hint to fetch line `i` of `run` (nothing past it; the model:
+    /// nothing at all).
+    fn prefetch_line(self, run: &[u8], i: usize);
 }
 
 /// The software model's lanes: arrays, each lane through [`dp_model`].
@@ -220,13 +262,15 @@ impl PairOps for Model {
     fn fmadd(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
         std::array::from_fn(|l| a[l].mul_add(b[l], c[l]))
     }
+    fn prefetch_line(self, _: &[u8], _: usize) {}
 }
 
 /// For every key `r` of the block, `acc_r = fma(w_h, relu(dot_hr), acc_r)`
 /// in head order, each `dot_hr` one chain over the pairs in order: what
 /// [`super::portable::weighted_relu_sums`] computes, in pairs (`qp` the
 /// query's pairs in tiles of eights, [`QueryPairs`]; `kp` `[d / 2, BLOCK]`,
-/// [`pack_block`]). Tiles of 8, 4, then 1 heads.
+/// [`pack_block`]). Tiles of 8, 4, then 1 heads; `next`'s lines (the
+/// next block's bytes) prefetched along the way, spread over the tiles.
 ///
 /// # Safety
 /// The operations `s` stands for run on this CPU (a token inside `s`
@@ -239,28 +283,35 @@ pub(super) unsafe fn pair_sums<S: PairOps, const RELU: bool>(
     w: &[f32],
     d2: usize,
     acc: &mut [f32; BLOCK],
+    next: &[u8],
 ) {
     let h = w.len();
     assert!(qp.len() == h * d2 && kp.len() == d2 * BLOCK);
+    // One run of `next`'s lines per tile call, a line per pair.
+    let tiles = h / 8 + usize::from(h % 8 >= 4) + h % 4;
+    let per = next.len().div_ceil(64).div_ceil(tiles.max(1)).max(1) * 64;
+    let mut runs = next.chunks(per).chain(std::iter::repeat(&[][..]));
+    let mut run = || runs.next().unwrap_or_default();
     let mut h0 = 0;
     while h0 + 8 <= h {
         // SAFETY: heads `h0 .. h0 + 8 <= h`; the lengths asserted above.
-        unsafe { tile::<S, 8, RELU>(s, qp, kp, w, d2, h0, acc) };
+        unsafe { tile::<S, 8, RELU>(s, qp, kp, w, d2, h0, acc, run()) };
         h0 += 8;
     }
     if h0 + 4 <= h {
         // SAFETY: heads `h0 .. h0 + 4 <= h`.
-        unsafe { tile::<S, 4, RELU>(s, qp, kp, w, d2, h0, acc) };
+        unsafe { tile::<S, 4, RELU>(s, qp, kp, w, d2, h0, acc, run()) };
         h0 += 4;
     }
     for h0 in h0..h {
         // SAFETY: head `h0 < h`.
-        unsafe { tile::<S, 1, RELU>(s, qp, kp, w, d2, h0, acc) };
+        unsafe { tile::<S, 1, RELU>(s, qp, kp, w, d2, h0, acc, run()) };
     }
 }
 
 /// Heads `h0 .. h0 + G` (a tile of the query's pairs) against the block,
-/// folded into `acc` in head order.
+/// folded into `acc` in head order; the lines of `pf` prefetched, one per
+/// pair (the rest after).
 ///
 /// # Safety
 /// `qp.len() == w.len() · d2`, `kp.len() == d2 · BLOCK`, `h0 + G <=
@@ -276,10 +327,12 @@ unsafe fn tile<S: PairOps, const G: usize, const RELU: bool>(
     d2: usize,
     h0: usize,
     acc: &mut [f32; BLOCK],
+    pf: &[u8],
 ) {
     let (qp, kp) = (qp.as_ptr(), kp.as_ptr());
     let mut a = [[s.zero(); 2]; G];
     for i in 0..d2 {
+        s.prefetch_line(pf, i);
         // SAFETY: `i < d2`: pair row `i` of `kp` (`BLOCK` lanes), and pair
         // `i` of the tile of heads `h0 .. h0 + G` (the contract).
         unsafe {
@@ -292,6 +345,9 @@ unsafe fn tile<S: PairOps, const G: usize, const RELU: bool>(
                 a[j][1] = s.dp(a[j][1], qv, k1);
             }
         }
+    }
+    for i in d2..pf.len().div_ceil(64) {
+        s.prefetch_line(pf, i);
     }
     let ap = acc.as_mut_ptr();
     // SAFETY: `acc` holds `BLOCK = 2 × LANES` floats.
@@ -378,6 +434,10 @@ pub(super) mod hw {
             // SAFETY: AVX-512 F (the token).
             unsafe { _mm512_fmadd_ps(a, b, c) }
         }
+        #[inline(always)]
+        fn prefetch_line(self, run: &[u8], i: usize) {
+            super::super::prefetch_line(run, i);
+        }
     }
 
     /// [`super::pair_sums`] with the instruction.
@@ -392,9 +452,10 @@ pub(super) mod hw {
         w: &[f32],
         d2: usize,
         acc: &mut [f32; BLOCK],
+        next: &[u8],
     ) {
         const _: () = assert!(LANES == 16);
         // SAFETY: `Hw`'s operations run on this CPU (the token).
-        unsafe { super::pair_sums::<Hw, RELU>(Hw(t), qp, kp, w, d2, acc) }
+        unsafe { super::pair_sums::<Hw, RELU>(Hw(t), qp, kp, w, d2, acc, next) }
     }
 }

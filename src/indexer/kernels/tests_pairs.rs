@@ -67,7 +67,7 @@ fn both_with(
     let mut kp = vec![0u32; d / 2 * BLOCK];
     pairs::pack_block(kt, d, &mut kp);
     let mut got = [0.0f32; BLOCK];
-    pair_sums(run, &q, &kp, &mut got);
+    pair_sums(run, &q, &kp, &mut got, &[]);
     [want, got]
 }
 
@@ -155,6 +155,57 @@ fn the_exponent_summary_reads_bfloat16_values_only() {
     assert!(pairs::admits(Some(-56), Some(-56)));
     assert!(!pairs::admits(Some(-56), Some(-57)));
     assert!(!pairs::admits(None, Some(0)) && !pairs::admits(Some(0), None));
+}
+
+/// The AVX-512 pack (its summary in the same pass) gives the portable
+/// body's pairs and summary on blocks of bfloat16 values of every exponent,
+/// with zeros, infinities, NaN, subnormals and values below bfloat16's
+/// precision planted one at a time or together.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_vector_pack_gives_the_portable_pairs_and_summary() {
+    let Some(t) = crate::simd::avx512_for_test() else {
+        return;
+    };
+    let _ = t;
+    let mut next = rng(0x9AC4_B10C);
+    let mut seen = std::collections::HashSet::new();
+    for case in 0..4000 {
+        let d = [2, 6, 32, 64, 128, 130][case % 6];
+        let (lo, hi) = [(-126, 127), (-10, 8), (-60, -50), (-126, -120)][case / 6 % 4];
+        let mut kt: Vec<f32> = (0..d * BLOCK).map(|_| bf16_in(&mut next, lo, hi)).collect();
+        let planted = [
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::from_bits(0x0001_0000),
+            f32::from_bits(0x8070_0000),
+            f32::MIN_POSITIVE,
+            1.0 + f32::EPSILON,
+            f32::from_bits(0x7F80_0001),
+        ];
+        for _ in 0..next() % 4 {
+            let at = (next() % (d * BLOCK) as u64) as usize;
+            kt[at] = planted[(next() % planted.len() as u64) as usize];
+        }
+        if case % 50 == 0 {
+            kt.iter_mut().for_each(|x| *x = 0.0);
+        }
+        let (mut want, mut got) = (vec![0u32; d / 2 * BLOCK], vec![7u32; d / 2 * BLOCK]);
+        let summary = pairs::pack_block_body(&kt, &mut want);
+        assert_eq!(summary, min_exponent(kt.iter().map(|x| x.to_bits())));
+        assert_eq!(
+            pairs::pack_block(&kt, d, &mut got),
+            summary,
+            "case {case}, d {d}"
+        );
+        assert_eq!(got, want, "case {case}, d {d}");
+        seen.insert(summary.map(|e| e.min(1000)));
+    }
+    // The cases reach a refusal, no exponent, and exponents down to -126.
+    assert!(seen.contains(&None) && seen.contains(&Some(1000)) && seen.contains(&Some(-126)));
 }
 
 /// The query's pairs sit where the pair kernel reads them: pair `i` of
