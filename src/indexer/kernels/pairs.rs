@@ -319,6 +319,7 @@ pub(super) unsafe fn pair_sums<S: PairOps, const RELU: bool>(
 /// runs `s`'s operations.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // indexed on purpose: the accumulators stay in registers
+#[allow(clippy::too_many_arguments)]
 unsafe fn tile<S: PairOps, const G: usize, const RELU: bool>(
     s: S,
     qp: &[u32],
