@@ -53,6 +53,9 @@ const BF16: u8 = 1;
 const F16: u8 = 2;
 const FP8: u8 = 3;
 const FP8_FINITE: u8 = 4;
+/// bfloat16 rows read as pairs (`u32`s, dimension `2i` the low half), each
+/// pair's halves swapped into the pair level's layout (`2i` high).
+const PAIRS: u8 = 5;
 
 /// Sixteen elements `at ..` of the block at `p` in format `F` (the lanes
 /// off in `mask` read as 0, never touched), decoded exactly as the scalar
@@ -74,6 +77,10 @@ unsafe fn load16<const F: u8>(p: *const u8, at: usize, mask: __mmask16) -> __m51
     unsafe {
         match F {
             F32 => _mm512_maskz_loadu_ps(mask, p.cast::<f32>().add(at)),
+            PAIRS => _mm512_castsi512_ps(_mm512_rol_epi32::<16>(_mm512_maskz_loadu_epi32(
+                mask,
+                p.cast::<i32>().add(at),
+            ))),
             BF16 => {
                 let w = _mm256_maskz_loadu_epi16(mask, p.cast::<u16>().add(at).cast());
                 _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(w)))
@@ -115,6 +122,28 @@ pub(super) unsafe fn transpose(_: Avx512, src: Src<'_>, n: usize, d: usize, kt: 
             Encoded::Fp8E4m3(s) if src.finite => tiles::<FP8_FINITE>(s.as_ptr(), n, d, kt),
             Encoded::Fp8E4m3(s) => tiles::<FP8>(s.as_ptr(), n, d, kt),
         }
+    }
+}
+
+/// The pair level's block ([`super::pairs`]) from a block of bfloat16 rows
+/// (`rows`, `[BLOCK, d]`): `kp[i · BLOCK + r]` the pair of key `r`'s
+/// dimensions `2i` (high half) and `2i + 1`. The transpose moves bits only
+/// (shuffles, no arithmetic): [`super::pairs::transpose_rows`]'s pairs.
+///
+/// # Safety
+/// None beyond the token's (the lengths are asserted).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(super) fn transpose_pairs(_: Avx512, rows: &[u16], d: usize, kp: &mut [u32]) {
+    assert!(d.is_multiple_of(2) && rows.len() == BLOCK * d && kp.len() == d / 2 * BLOCK);
+    // SAFETY: `rows` holds `BLOCK` rows of `d / 2` pairs and `kp` `d / 2`
+    // rows of `BLOCK` (asserted).
+    unsafe {
+        tiles::<PAIRS>(
+            rows.as_ptr().cast(),
+            BLOCK,
+            d / 2,
+            bytemuck::cast_slice_mut(kp),
+        )
     }
 }
 

@@ -31,6 +31,7 @@ mod avx2;
 mod avx512;
 mod pairs;
 mod portable;
+mod rows;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -414,7 +415,7 @@ pub(super) fn score_keys_in(
             #[cfg(target_arch = "x86_64")]
             crate::keys::prefetch(ahead, 0, ahead.len() / 2, crate::keys::CacheLevel::L2);
             let enc = keys.enc.slice(t0 * d, (t0 + nb) * d);
-            let rows = amx::block_rows(enc, nb, d, krows);
+            let rows = rows::block_rows(enc, nb, d, krows);
             #[cfg(target_arch = "x86_64")]
             crate::keys::prefetch(
                 ahead,
@@ -442,6 +443,42 @@ pub(super) fn score_keys_in(
                     }
                     continue;
                 }
+            }
+        }
+        // The next block's bytes are fetched while this one is scored: the
+        // ones after it, or past the end of `enc` the caller's `then`.
+        let mut next = keys.enc.bytes((t0 + BLOCK) * d, BLOCK * d);
+        if next.is_empty() {
+            next = keys.then;
+        }
+        // The pair level on bfloat16 or fp8 keys every query's pairs admit:
+        // the block's bfloat16 rows (bfloat16 read in place, fp8 decoded;
+        // none with a NaN or infinity) moved straight into pairs, no float32
+        // transpose. The terms from the rows' largest magnitude, as
+        // [`key_terms`] gives them from the transposed block.
+        if let Some(run) = run.filter(|_| !magnitude) {
+            let enc = keys.enc.slice(t0 * d, (t0 + nb) * d);
+            if let Some((rows, kmax, _)) = rows::block_rows(enc, nb, d, krows)
+                .filter(|&(_, _, s)| queries.iter().all(|q| pairs::admits(s, q.pairs().summary)))
+            {
+                if let Some(terms) = terms.as_mut() {
+                    let scale = keys.scale.map(|s| &s[t0..t0 + nb]);
+                    fill_terms(f64::from(kmax), scale, nb, b, terms);
+                }
+                pairs::transpose_rows(rows, d, kp);
+                for (q, out) in queries.iter().zip(outs.iter_mut()) {
+                    let Some(dst) = out.get_mut(b..).filter(|o| !o.is_empty()) else {
+                        continue;
+                    };
+                    let mut acc = [0.0f32; BLOCK];
+                    pair_sums(run, q, kp, &mut acc, std::mem::take(&mut next));
+                    paired += 1;
+                    for (r, (o, a)) in dst.iter_mut().zip(acc).enumerate() {
+                        let c = keys.scale.map_or(1.0, |s| s[t0 + r]);
+                        *o = a * c + 0.0;
+                    }
+                }
+                continue;
             }
         }
         // The block's keys are read in place and decoded as they are
@@ -475,12 +512,6 @@ pub(super) fn score_keys_in(
             }
             _ => None,
         };
-        // The next block's bytes are fetched while this one is scored: the
-        // ones after it, or past the end of `enc` the caller's `then`.
-        let mut next = keys.enc.bytes((t0 + BLOCK) * d, BLOCK * d);
-        if next.is_empty() {
-            next = keys.then;
-        }
         for (j, (q, out)) in queries.iter().zip(outs.iter_mut()).enumerate() {
             let Some(dst) = out.get_mut(b..).filter(|o| !o.is_empty()) else {
                 continue;

@@ -105,6 +105,29 @@ pub(super) fn pack_block(kt: &[f32], d: usize, kp: &mut [u32]) -> Option<i32> {
     pack_block_body(kt, kp)
 }
 
+/// [`pack_block`]'s pairs from the block's keys as bfloat16 rows (`rows`,
+/// `[BLOCK, d]`, [`super::amx::block_rows`]): `kp[i · BLOCK + r] =
+/// pack(k_r[2i], k_r[2i + 1])`, by bit moves alone.
+pub(super) fn transpose_rows(rows: &[u16], d: usize, kp: &mut [u32]) {
+    assert!(d.is_multiple_of(2) && rows.len() == BLOCK * d && kp.len() == d / 2 * BLOCK);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = crate::simd::avx512_token() {
+        // SAFETY: the token proves AVX-512 F, BW, DQ, VL, AVX2, FMA and F16C.
+        return unsafe { super::avx512::transpose_pairs(t, rows, d, kp) };
+    }
+    transpose_rows_body(rows, d, kp);
+}
+
+/// [`transpose_rows`] a pair at a time.
+pub(super) fn transpose_rows_body(rows: &[u16], d: usize, kp: &mut [u32]) {
+    for (i, lanes) in kp.chunks_exact_mut(BLOCK).enumerate() {
+        for (r, p) in lanes.iter_mut().enumerate() {
+            let (hi, lo) = (rows[r * d + 2 * i], rows[r * d + 2 * i + 1]);
+            *p = u32::from(hi) << 16 | u32::from(lo);
+        }
+    }
+}
+
 /// [`pack_block`] in 512-bit registers: each pair row from two rows of
 /// `kt` by one select, the summary in the same pass (an OR of the values,
 /// for bits below the bfloat16's; the unsigned minimum of `|x| − 1`, which
