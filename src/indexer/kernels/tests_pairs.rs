@@ -450,6 +450,114 @@ fn the_fallback_is_taken_exactly_where_the_flushes_could_act() {
     assert!(want[0] > 0.0 && got[0] == 0.0);
 }
 
+/// The rows' transpose into pairs (512-bit shuffles where the CPU has
+/// AVX-512) is the pair-at-a-time body's, on every even `d` shape: a
+/// partial 16-pair tile, one pair, many tiles; NaN payloads moved intact.
+#[test]
+fn the_rows_transpose_is_the_pair_at_a_time_one() {
+    #[cfg(target_arch = "x86_64")]
+    let _ = crate::simd::avx512_for_test();
+    let mut next = rng(0x7A25_0DD5);
+    for d in [2, 6, 30, 32, 34, 128, 130, 256] {
+        let rows: Vec<u16> = (0..BLOCK * d).map(|_| next() as u16).collect();
+        let (mut want, mut got) = (vec![0u32; d / 2 * BLOCK], vec![7u32; d / 2 * BLOCK]);
+        pairs::transpose_rows_body(&rows, d, &mut want);
+        pairs::transpose_rows(&rows, d, &mut got);
+        assert_eq!(got, want, "d={d}");
+        let r = (next() % BLOCK as u64) as usize;
+        assert_eq!(
+            want[BLOCK + r],
+            u32::from(rows[r * d + 2]) << 16 | u32::from(rows[r * d + 3])
+        );
+    }
+}
+
+/// The pair level's rows path (bfloat16 and fp8 keys moved straight into
+/// pairs, [`pairs::transpose_rows`]) gives the float32 path's scores and
+/// the exact selection's bound terms (`g`, `c`) from the rows' largest
+/// magnitude: whole and partial blocks, scales of both signs (a NaN scale
+/// in one block), blocks with a NaN or an infinity (scored the float32
+/// way: their terms NaN or infinite as the transpose's).
+#[test]
+fn the_rows_path_gives_the_scores_and_terms_of_the_transpose() {
+    let mut next = rng(0x7E2A_5011);
+    let (h, d) = (9, 32);
+    for t in [BLOCK * 5, BLOCK * 4 + 7, 13] {
+        let w: Vec<f32> = (0..h).map(|_| bf16_in(&mut next, -2, 2)).collect();
+        let qs = vec![
+            (0..h * d)
+                .map(|_| bf16_in(&mut next, -6, 3))
+                .collect::<Vec<f32>>(),
+            (0..h * d).map(|_| bf16_in(&mut next, -3, 1)).collect(),
+        ];
+        let mut scale: Vec<f32> = (0..t).map(|_| bf16_in(&mut next, -4, 4)).collect();
+        if t > 3 * BLOCK {
+            scale[2 * BLOCK + 5] = f32::NAN;
+        }
+        let mut keys: Vec<f32> = (0..t * d).map(|_| bf16_in(&mut next, -9, 8)).collect();
+        if t > 4 * BLOCK {
+            keys[3 * BLOCK * d + 40] = f32::NAN;
+            keys[4 * BLOCK * d + 3] = f32::NEG_INFINITY;
+        }
+        let bf16s: Vec<u16> = keys.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+        let codes: Vec<u8> = (0..t * d)
+            .map(|x| (next() as u8) ^ (x as u8 & 0x7F == 0x7F) as u8)
+            .collect();
+        for enc in [Encoded::Bf16(&bf16s), Encoded::Fp8E4m3(&codes)] {
+            for run in runs() {
+                let score = |pairs: Option<PairRun>| {
+                    let queries: Vec<Query> = qs
+                        .iter()
+                        .map(|q| {
+                            let mut query = Query::new(h, d, Isa::Scalar);
+                            query.load(&Encoded::F32(q), &w, 0, false);
+                            query
+                        })
+                        .collect();
+                    let mut rows = vec![vec![0.0f32; t]; qs.len()];
+                    let mut outs: Vec<&mut [f32]> = rows.iter_mut().map(|r| &mut r[..]).collect();
+                    let (mut g, mut c) = (vec![0.0f32; t], vec![0.0f32; t]);
+                    let terms = KeyTerms {
+                        g: &mut g,
+                        c: &mut c,
+                        screen: None,
+                    };
+                    let paired = score_keys_in(
+                        Isa::Scalar,
+                        pairs,
+                        &queries,
+                        Keys::new(enc, Some(&scale)),
+                        0,
+                        &mut outs,
+                        Want::Terms(terms),
+                        &mut Scratch::new(d),
+                    );
+                    (rows, g, c, paired)
+                };
+                let (want, want_g, want_c, _) = score(None);
+                let (got, got_g, got_c, paired) = score(Some(run));
+                assert_eq!(paired, 2 * t.div_ceil(BLOCK), "{run:?} t={t}");
+                for (r, ((x, y), (u, v))) in got_g
+                    .iter()
+                    .zip(&want_g)
+                    .zip(got_c.iter().zip(&want_c))
+                    .enumerate()
+                {
+                    assert!(
+                        same(*x, *y) && same(*u, *v),
+                        "{run:?} t={t} key {r}: g {x} vs {y}, c {u} vs {v}"
+                    );
+                }
+                for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                    for (r, (x, y)) in a.iter().zip(b).enumerate() {
+                        assert!(same(*x, *y), "{run:?} t={t} query {j} key {r}: {x} vs {y}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// An odd `d` never runs in pairs (the last dimension has no partner);
 /// the scores are the float32 kernel's.
 #[test]
