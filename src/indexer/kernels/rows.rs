@@ -59,6 +59,11 @@ pub(super) fn block_rows<'r>(
 fn decode_fp8(src: &[u8], dst: &mut [u16]) -> Option<u16> {
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = crate::simd::avx512_token() {
+        if x86::has_vbmi() {
+            // SAFETY: the token proves AVX-512 F and BW (and AVX2),
+            // detection AVX512-VBMI.
+            return unsafe { x86::decode_fp8_vbmi(t, src, dst) };
+        }
         // SAFETY: the token proves AVX-512 F and BW (and AVX2).
         return unsafe { x86::decode_fp8(t, src, dst) };
     }
@@ -108,6 +113,24 @@ const FP8_SUBNORMAL: [u16; 32] = {
     t
 };
 
+/// The bfloat16 bits of every fp8 e4m3 magnitude `0 ..= 0x7E` (and of
+/// `0x7F`, NaN, the arithmetic's `0x43F0`), split into low and high bytes:
+/// the byte tables of the VBMI decode.
+const FP8_BYTES: [[u8; 128]; 2] = {
+    let mut t = [[0u8; 128]; 2];
+    let mut m = 0;
+    while m < 128 {
+        let bits = match m < 8 {
+            true => FP8_SUBNORMAL[m],
+            false => ((m as u16) << 4) + (120 << 7),
+        };
+        t[0][m] = bits as u8;
+        t[1][m] = (bits >> 8) as u8;
+        m += 1;
+    }
+    t
+};
+
 /// The largest `|x|` of bfloat16 bits `rows` (`& 0x7FFF`: NaN above infinity)
 /// and the exponent summary: `None` with a subnormal, else the smallest
 /// exponent of the nonzero finite values (`i32::MAX / 4` with none).
@@ -143,7 +166,7 @@ fn scan_body(rows: &[u16]) -> (u16, Option<i32>) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::FP8_SUBNORMAL;
+    use super::{FP8_BYTES, FP8_SUBNORMAL};
     use crate::simd::Avx512;
     use std::arch::x86_64::*;
 
@@ -193,6 +216,70 @@ mod x86 {
         }
         let tail = super::decode_fp8_tail(&src[whole..], &mut dst[whole..])?;
         Some(kmax.max(tail))
+    }
+
+    /// Whether this CPU has AVX512-VBMI (byte permutes: Zen 4, Intel Ice
+    /// Lake and later; not Skylake-X nor Cooper Lake).
+    pub(super) fn has_vbmi() -> bool {
+        static VBMI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *VBMI.get_or_init(|| std::arch::is_x86_feature_detected!("avx512vbmi"))
+    }
+
+    /// [`super::decode_fp8`] by byte tables, 64 codes a step: each code's
+    /// low and high result bytes looked up by its seven magnitude bits (two
+    /// 128-entry two-register permutes, [`FP8_BYTES`]), the sign merged into
+    /// the high byte, the bytes interleaved into bfloat16s. The codes'
+    /// quadwords are put in the order the interleave (within 128-bit lanes)
+    /// needs first. The largest magnitude from the codes: their low seven
+    /// bits order as the values do, NaN (`0x7F`) the largest.
+    ///
+    /// # Safety
+    /// The CPU has AVX512-VBMI (the token proves the rest).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx2")]
+    pub(super) unsafe fn decode_fp8_vbmi(_: Avx512, src: &[u8], dst: &mut [u16]) -> Option<u16> {
+        assert!(dst.len() >= src.len());
+        // SAFETY: each table row holds 128 bytes: two 64-byte loads.
+        let [(lo0, lo1), (hi0, hi1)] = FP8_BYTES.map(|t| unsafe {
+            (
+                _mm512_loadu_si512(t.as_ptr().cast()),
+                _mm512_loadu_si512(t.as_ptr().add(64).cast()),
+            )
+        });
+        // Lane `L` of the codes: quadwords `L` and `4 + L` (codes `8L ..`
+        // and `32 + 8L ..`), so the interleaves give codes 0-31, 32-63.
+        let order = _mm512_set_epi64(7, 3, 6, 2, 5, 1, 4, 0);
+        let (sign, magnitude) = (_mm512_set1_epi8(i8::MIN), _mm512_set1_epi8(0x7F));
+        let mut largest = _mm512_setzero_si512();
+        let whole = src.len() / 64 * 64;
+        for i in (0..whole).step_by(64) {
+            // SAFETY: `i + 64 <= src.len() <= dst.len()`: 64 bytes read, 64
+            // u16 written (unaligned).
+            unsafe {
+                let codes = _mm512_loadu_si512(src.as_ptr().add(i).cast());
+                largest = _mm512_max_epu8(largest, _mm512_and_si512(codes, magnitude));
+                let c = _mm512_permutexvar_epi64(order, codes);
+                let lo = _mm512_permutex2var_epi8(lo0, c, lo1);
+                // `(sign & c) | table`: the code's sign bit on the high byte.
+                let hi = _mm512_ternarylogic_epi32::<0xEA>(
+                    sign,
+                    c,
+                    _mm512_permutex2var_epi8(hi0, c, hi1),
+                );
+                let out = dst.as_mut_ptr().add(i);
+                _mm512_storeu_si512(out.cast(), _mm512_unpacklo_epi8(lo, hi));
+                _mm512_storeu_si512(out.add(32).cast(), _mm512_unpackhi_epi8(lo, hi));
+            }
+        }
+        let mut lanes = [0u8; 64];
+        // SAFETY: `lanes` holds 64 bytes (an unaligned store).
+        unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), largest) };
+        match lanes.into_iter().max().unwrap_or(0) {
+            0x7F => None,
+            m => {
+                let tail = super::decode_fp8_tail(&src[whole..], &mut dst[whole..])?;
+                Some(super::fp8_bf16(m).max(tail))
+            }
+        }
     }
 
     /// [`super::scan_body`] in AVX-512, 32 values a step: the largest
@@ -254,22 +341,56 @@ mod tests {
             *w = (one[0].to_bits() >> 16) as u16;
             assert_eq!(fp8_bf16(b), *w, "code {b:#04x}");
         }
-        let mut got = vec![0u16; codes.len()];
-        let kmax = decode_fp8(&codes, &mut got);
-        assert_eq!(got, want);
-        assert_eq!(kmax, want.iter().map(|x| x & 0x7FFF).max());
-        // Rotated, so the codes the tail took above go through the vectors.
-        let (mut codes_r, mut want_r) = (codes.clone(), want.clone());
-        codes_r.rotate_left(64);
-        want_r.rotate_left(64);
-        assert_eq!(decode_fp8(&codes_r, &mut got), kmax);
-        assert_eq!(got, want_r);
-        // A NaN code anywhere, in the vector part or the tail, is refused.
-        for (at, nan) in [3, 40, codes.len() - 1].into_iter().zip([0xFF, 0x7F, 0xFF]) {
-            let mut with_nan = codes.clone();
-            with_nan[at] = nan;
-            assert_eq!(decode_fp8(&with_nan, &mut got), None);
-            assert_eq!(decode_fp8_tail(&with_nan, &mut got), None);
+        // Every decode this CPU runs: the portable one, AVX-512's, the
+        // byte tables' (skipped visibly where the CPU lacks them).
+        type Decode = Box<dyn Fn(&[u8], &mut [u16]) -> Option<u16>>;
+        #[allow(unused_mut)]
+        let mut decodes: Vec<(&str, Decode)> = vec![("tail", Box::new(decode_fp8_tail))];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(t) = crate::simd::avx512_for_test() {
+            // SAFETY: the token proves AVX-512 F and BW.
+            decodes.push((
+                "avx512",
+                Box::new(move |s, d| unsafe { x86::decode_fp8(t, s, d) }),
+            ));
+            match x86::has_vbmi() {
+                // SAFETY: as above, and detection found AVX512-VBMI.
+                true => decodes.push((
+                    "vbmi",
+                    Box::new(move |s, d| unsafe { x86::decode_fp8_vbmi(t, s, d) }),
+                )),
+                false => eprintln!("skipped: this CPU has no AVX512-VBMI"),
+            }
+        }
+        for (name, decode) in &decodes {
+            let mut got = vec![0u16; codes.len()];
+            let kmax = decode(&codes, &mut got);
+            assert_eq!(got, want, "{name}");
+            assert_eq!(kmax, want.iter().map(|x| x & 0x7FFF).max(), "{name}");
+            // Rotated, so the codes the tail took above go through the
+            // vectors; and each length past the vectors' width.
+            for by in [64, 100, 190] {
+                let (mut codes_r, mut want_r) = (codes.clone(), want.clone());
+                codes_r.rotate_left(by);
+                want_r.rotate_left(by);
+                assert_eq!(decode(&codes_r, &mut got), kmax, "{name}");
+                assert_eq!(got, want_r, "{name}");
+                for len in [0, 1, 63, 64, 65, 127, 128, 129] {
+                    let mut part = vec![0u16; len];
+                    let largest = want_r[..len].iter().map(|x| x & 0x7FFF).max();
+                    assert_eq!(decode(&codes_r[..len], &mut part), largest.or(Some(0)));
+                    assert_eq!(part, want_r[..len], "{name}, length {len}");
+                }
+            }
+            // A NaN code anywhere, in the vector part or the tail, is refused.
+            for (at, nan) in [3, 40, 100, codes.len() - 1]
+                .into_iter()
+                .zip([0xFF, 0x7F, 0x7F, 0xFF])
+            {
+                let mut with_nan = codes.clone();
+                with_nan[at] = nan;
+                assert_eq!(decode(&with_nan, &mut got), None, "{name}, NaN at {at}");
+            }
         }
     }
 
