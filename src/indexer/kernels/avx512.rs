@@ -129,9 +129,7 @@ pub(super) unsafe fn transpose(_: Avx512, src: Src<'_>, n: usize, d: usize, kt: 
 /// (`rows`, `[BLOCK, d]`): `kp[i · BLOCK + r]` the pair of key `r`'s
 /// dimensions `2i` (high half) and `2i + 1`. The transpose moves bits only
 /// (shuffles, no arithmetic): [`super::pairs::transpose_rows`]'s pairs.
-///
-/// # Safety
-/// None beyond the token's (the lengths are asserted).
+/// Callers need only the token (the lengths are asserted).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 pub(super) fn transpose_pairs(_: Avx512, rows: &[u16], d: usize, kp: &mut [u32]) {
     assert!(d.is_multiple_of(2) && rows.len() == BLOCK * d && kp.len() == d / 2 * BLOCK);

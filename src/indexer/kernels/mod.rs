@@ -264,7 +264,8 @@ pub(super) struct Scratch {
     kp: Vec<u32>,
     /// The AMX screen's dot products of one query and the block.
     dots: Vec<f32>,
-    /// The block's keys as bfloat16 rows, for the AMX screen.
+    /// The block's keys as bfloat16 rows ([`rows`]), for the AMX screen
+    /// and the pair level.
     krows: Vec<u16>,
 }
 
@@ -300,7 +301,8 @@ fn relu(x: f32) -> f32 {
 /// `|c_t| Σ_h |w_h| Σ_i |q_hi k_ti|` (the ReLU is then the identity).
 /// With [`Want::Terms`], each key's `g_t = |c_t| max_i |k_ti|` (rounded up) and
 /// `|c_t|` are written too, entry `r` for key `first + r` (the exact
-/// selection's error bound, [`super::exact`]), from the transposed block.
+/// selection's error bound, [`super::exact`]), from the transposed block
+/// (or, on the pair level's rows path, from the rows: the same values).
 pub(super) fn score_keys(
     level: Isa,
     queries: &[Query],
@@ -312,6 +314,13 @@ pub(super) fn score_keys(
 ) {
     let run = PairRun::of(level);
     score_keys_in(level, run, queries, keys, first, outs, want, scratch);
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many blocks this thread's calls took by the pair level's rows
+    /// path (the tests' view of which path ran: both give the same bits).
+    pub(super) static ROWS_TAKEN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// How the blocks the pair level admits are scored ([`pairs`]): by the
@@ -390,6 +399,17 @@ pub(super) fn score_keys_in(
         .and_then(|t| t.screen)
         .filter(|_| matches!(keys.enc, Encoded::Bf16(_) | Encoded::Fp8E4m3(_)))
         .filter(|_| queries.iter().all(|q| q.pairs().summary.is_some()));
+    // The pair level's rows path (below), decided once per call so a call
+    // it cannot serve decodes no block for it: bfloat16 keys against
+    // queries whose pairs are exact, fp8 keys against queries their fixed
+    // summary admits.
+    let rows_path = run.filter(|_| !magnitude).filter(|_| match keys.enc {
+        Encoded::Bf16(_) => queries.iter().all(|q| q.pairs().summary.is_some()),
+        Encoded::Fp8E4m3(_) => queries
+            .iter()
+            .all(|q| pairs::admits(rows::FP8_SUMMARY, q.pairs().summary)),
+        _ => false,
+    });
     let (kp, dots, krows) = (&mut scratch.kp, &mut scratch.dots, &mut scratch.krows);
     if run.is_some() {
         kp.resize(d / 2 * BLOCK, 0);
@@ -456,11 +476,13 @@ pub(super) fn score_keys_in(
         // none with a NaN or infinity) moved straight into pairs, no float32
         // transpose. The terms from the rows' largest magnitude, as
         // [`key_terms`] gives them from the transposed block.
-        if let Some(run) = run.filter(|_| !magnitude) {
+        if let Some(run) = rows_path {
             let enc = keys.enc.slice(t0 * d, (t0 + nb) * d);
             if let Some((rows, kmax, _)) = rows::block_rows(enc, nb, d, krows)
                 .filter(|&(_, _, s)| queries.iter().all(|q| pairs::admits(s, q.pairs().summary)))
             {
+                #[cfg(test)]
+                ROWS_TAKEN.with(|n| n.set(n.get() + 1));
                 if let Some(terms) = terms.as_mut() {
                     let scale = keys.scale.map(|s| &s[t0..t0 + nb]);
                     fill_terms(f64::from(kmax), scale, nb, b, terms);
@@ -827,7 +849,6 @@ fn weighted_relu_sums(
 }
 
 /// `next` cut into `tiles` runs of whole cache lines, one per tile call.
-#[cfg(target_arch = "x86_64")]
 fn prefetch_runs(next: &[u8], tiles: usize) -> impl Iterator<Item = &[u8]> {
     let per = next.len().div_ceil(64).div_ceil(tiles.max(1)).max(1) * 64;
     next.chunks(per).chain(std::iter::repeat(&[][..]))

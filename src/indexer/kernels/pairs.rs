@@ -67,8 +67,8 @@ const MIN_EXPONENT_SUM: i32 = -112;
 /// if one is not exactly a bfloat16 (low 16 bits set) or is subnormal;
 /// else the smallest exponent of the nonzero finite ones (`i32::MAX / 4`
 /// when there are none).
-/// Branch-free over the values, so a compiler vectorises it where it is
-/// inlined into a vector kernel ([`pack_block`], the AMX screen's scan).
+/// The portable rule the vector summaries ([`pack_block`]'s, the rows'
+/// scan) are tested against.
 #[inline(always)]
 pub(super) fn min_exponent(values: impl IntoIterator<Item = u32>) -> Option<i32> {
     // `bad`: a value not exactly a bfloat16, or subnormal; `emin` the
@@ -99,14 +99,14 @@ pub(super) fn pack_block(kt: &[f32], d: usize, kp: &mut [u32]) -> Option<i32> {
     assert!(d.is_multiple_of(2) && kt.len() == d * BLOCK && kp.len() == d / 2 * BLOCK);
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = crate::simd::avx512_token() {
-        // SAFETY: the token proves AVX-512 F for the body's vectorisation.
+        // SAFETY: the token proves AVX-512 F and BW (and AVX2).
         return unsafe { pack_block_avx512(t, kt, kp) };
     }
     pack_block_body(kt, kp)
 }
 
 /// [`pack_block`]'s pairs from the block's keys as bfloat16 rows (`rows`,
-/// `[BLOCK, d]`, [`super::amx::block_rows`]): `kp[i · BLOCK + r] =
+/// `[BLOCK, d]`, [`super::rows::block_rows`]): `kp[i · BLOCK + r] =
 /// pack(k_r[2i], k_r[2i + 1])`, by bit moves alone.
 pub(super) fn transpose_rows(rows: &[u16], d: usize, kp: &mut [u32]) {
     assert!(d.is_multiple_of(2) && rows.len() == BLOCK * d && kp.len() == d / 2 * BLOCK);
@@ -312,8 +312,7 @@ pub(super) unsafe fn pair_sums<S: PairOps, const RELU: bool>(
     assert!(qp.len() == h * d2 && kp.len() == d2 * BLOCK);
     // One run of `next`'s lines per tile call, a line per pair.
     let tiles = h / 8 + usize::from(h % 8 >= 4) + h % 4;
-    let per = next.len().div_ceil(64).div_ceil(tiles.max(1)).max(1) * 64;
-    let mut runs = next.chunks(per).chain(std::iter::repeat(&[][..]));
+    let mut runs = super::prefetch_runs(next, tiles);
     let mut run = || runs.next().unwrap_or_default();
     let mut h0 = 0;
     while h0 + 8 <= h {

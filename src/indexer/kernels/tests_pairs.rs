@@ -481,8 +481,11 @@ fn the_rows_transpose_is_the_pair_at_a_time_one() {
 #[test]
 fn the_rows_path_gives_the_scores_and_terms_of_the_transpose() {
     let mut next = rng(0x7E2A_5011);
-    let (h, d) = (9, 32);
-    for t in [BLOCK * 5, BLOCK * 4 + 7, 13] {
+    let h = 9;
+    for (d, t) in [32, 2, 130]
+        .into_iter()
+        .flat_map(|d| [BLOCK * 5, BLOCK * 4 + 7, 13].map(|t| (d, t)))
+    {
         let w: Vec<f32> = (0..h).map(|_| bf16_in(&mut next, -2, 2)).collect();
         let qs = [
             (0..h * d)
@@ -500,10 +503,28 @@ fn the_rows_path_gives_the_scores_and_terms_of_the_transpose() {
             keys[4 * BLOCK * d + 3] = f32::NEG_INFINITY;
         }
         let bf16s: Vec<u16> = keys.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
-        let codes: Vec<u8> = (0..t * d)
-            .map(|x| (next() as u8) ^ (x as u8 & 0x7F == 0x7F) as u8)
+        // Codes of every value but NaN, a NaN planted where the keys
+        // hold theirs.
+        let mut codes: Vec<u8> = (0..t * d)
+            .map(|_| match next() as u8 {
+                c if c & 0x7F == 0x7F => c ^ 1,
+                c => c,
+            })
             .collect();
-        for enc in [Encoded::Bf16(&bf16s), Encoded::Fp8E4m3(&codes)] {
+        if t > 4 * BLOCK {
+            codes[3 * BLOCK * d + 40] = 0xFF;
+        }
+        // The blocks the rows path must take: all but those with a NaN or
+        // an infinity (fp8 has no infinity).
+        let blocks = t.div_ceil(BLOCK);
+        let taken = match t > 4 * BLOCK {
+            true => [blocks - 2, blocks - 1],
+            false => [blocks, blocks],
+        };
+        for (enc, taken) in [Encoded::Bf16(&bf16s), Encoded::Fp8E4m3(&codes)]
+            .into_iter()
+            .zip(taken)
+        {
             for run in runs() {
                 let score = |pairs: Option<PairRun>| {
                     let queries: Vec<Query> = qs
@@ -535,8 +556,11 @@ fn the_rows_path_gives_the_scores_and_terms_of_the_transpose() {
                     (rows, g, c, paired)
                 };
                 let (want, want_g, want_c, _) = score(None);
+                ROWS_TAKEN.with(|n| n.set(0));
                 let (got, got_g, got_c, paired) = score(Some(run));
-                assert_eq!(paired, 2 * t.div_ceil(BLOCK), "{run:?} t={t}");
+                let rows = ROWS_TAKEN.with(|n| n.get());
+                assert_eq!(rows, taken, "{run:?} d={d} t={t}: blocks by the rows path");
+                assert_eq!(paired, 2 * blocks, "{run:?} d={d} t={t}");
                 for (r, ((x, y), (u, v))) in got_g
                     .iter()
                     .zip(&want_g)
