@@ -456,10 +456,7 @@ pub(super) fn score_keys_in(
                         };
                         let mut acc = [0.0f32; BLOCK];
                         amx::sums(screen, q, q.amx_tiles(), rows, dots, &mut acc);
-                        for (r, (o, a)) in dst.iter_mut().zip(acc).enumerate() {
-                            let c = keys.scale.map_or(1.0, |s| s[t0 + r]);
-                            *o = a * c + 0.0;
-                        }
+                        store_scaled(dst, &acc, keys.scale, t0);
                     }
                     continue;
                 }
@@ -495,10 +492,7 @@ pub(super) fn score_keys_in(
                     let mut acc = [0.0f32; BLOCK];
                     pair_sums(run, q, kp, &mut acc, std::mem::take(&mut next));
                     paired += 1;
-                    for (r, (o, a)) in dst.iter_mut().zip(acc).enumerate() {
-                        let c = keys.scale.map_or(1.0, |s| s[t0 + r]);
-                        *o = a * c + 0.0;
-                    }
+                    store_scaled(dst, &acc, keys.scale, t0);
                 }
                 continue;
             }
@@ -547,16 +541,23 @@ pub(super) fn score_keys_in(
                 }
                 None => weighted_relu_sums(level, q, qt, kt, &mut acc, std::mem::take(&mut next)),
             }
-            for (r, (o, a)) in dst.iter_mut().zip(acc).enumerate() {
-                let c = keys.scale.map_or(1.0, |s| s[t0 + r]);
-                *o = a * c + 0.0;
-            }
+            store_scaled(dst, &acc, keys.scale, t0);
         }
     }
     if let Some(screen) = screen {
         amx::end(screen);
     }
     paired
+}
+
+/// A block's sums `acc` into `dst` (its keys `t0 ..`), each times its key's
+/// scale (none: 1), `-0.0` stored as `+0.0` (the canonical score).
+#[inline]
+fn store_scaled(dst: &mut [f32], acc: &[f32; BLOCK], scale: Option<&[f32]>, t0: usize) {
+    for (r, (o, a)) in dst.iter_mut().zip(acc).enumerate() {
+        let c = scale.map_or(1.0, |s| s[t0 + r]);
+        *o = a * c + 0.0;
+    }
 }
 
 /// The block's `Σ_h fma(w_h, relu(q_h · k_r))` for every key `r`, in

@@ -164,10 +164,25 @@ fn pack_block_avx512(_: crate::simd::Avx512, kt: &[f32], kp: &mut [u32]) -> Opti
     }
     let low = _mm512_reduce_or_epi32(_mm512_andnot_si512(hi, or));
     let least = _mm512_reduce_min_epu32(min) as u32;
-    match least {
-        _ if low != 0 || least < 0x007F_FFFF => None,
-        u32::MAX => Some(i32::MAX / 4),
-        m => match (m + 1) >> 23 {
+    // `|x| − 1` wraps only for zeros: `least + 1` is the smallest nonzero
+    // magnitude.
+    match low {
+        0 => summary_of_smallest((least != u32::MAX).then(|| least + 1)),
+        _ => None,
+    }
+}
+
+/// [`min_exponent`]'s summary of values known to be exactly bfloat16, from
+/// the float32 bits of their smallest nonzero magnitude (`None`: every
+/// value zero): `None` if that is subnormal, else its exponent
+/// (`i32::MAX / 4` when it is infinity or NaN: no finite nonzero value).
+/// Where the vector summaries ([`pack_block`]'s, the rows' scan) end.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn summary_of_smallest(smallest: Option<u32>) -> Option<i32> {
+    match smallest {
+        None => Some(i32::MAX / 4),
+        Some(m) if m < 0x0080_0000 => None,
+        Some(m) => match m >> 23 {
             0xFF => Some(i32::MAX / 4),
             e => Some(e as i32 - 127),
         },

@@ -316,15 +316,10 @@ mod x86 {
             least = least.min(m.wrapping_sub(1));
             kmax = kmax.max(m);
         }
-        let summary = match least {
-            ..0x7F => None,
-            u16::MAX => Some(i32::MAX / 4),
-            m => match (m + 1) >> 7 {
-                0xFF => Some(i32::MAX / 4),
-                e => Some(i32::from(e) - 127),
-            },
-        };
-        (kmax, summary)
+        // `|x| − 1` wraps only for zeros: `least + 1` is the smallest
+        // nonzero magnitude, the upper half of its float32.
+        let smallest = (least != u16::MAX).then(|| u32::from(least + 1) << 16);
+        (kmax, super::super::pairs::summary_of_smallest(smallest))
     }
 }
 

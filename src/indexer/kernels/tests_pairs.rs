@@ -182,6 +182,7 @@ fn the_vector_pack_gives_the_portable_pairs_and_summary() {
             f32::NAN,
             f32::from_bits(0x0001_0000),
             f32::from_bits(0x8070_0000),
+            f32::from_bits(0x807F_0000),
             f32::MIN_POSITIVE,
             1.0 + f32::EPSILON,
             f32::from_bits(0x7F80_0001),
