@@ -13,11 +13,16 @@
 
 use super::exact::{self, Bound};
 #[cfg(target_arch = "x86_64")]
+use super::kernels::pairs::{self, PairRows};
+#[cfg(target_arch = "x86_64")]
+use super::kernels::run_pairs;
+#[cfg(target_arch = "x86_64")]
 use super::kernels::Stream;
 use super::kernels::{run_segment, Segment, TileOut, MR};
 use super::BlockSparseConfig;
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
 use crate::pool;
+use crate::simd::bf16dp::PairRun;
 use crate::simd::Isa;
 
 /// Cap on the per-(row, block) scratch of one row group, in f32s (4 MiB).
@@ -160,6 +165,10 @@ pub(super) struct PaddedRows {
     /// kernels' only: x86-64 only.
     #[cfg(target_arch = "x86_64")]
     fp8: std::sync::OnceLock<Option<Vec<f32>>>,
+    /// The rows as bfloat16 pairs for the pair step, made on first use
+    /// (`None` inside: no tile can run in pairs). x86-64 only.
+    #[cfg(target_arch = "x86_64")]
+    pairs: std::sync::OnceLock<Option<PairRows>>,
 }
 
 impl PaddedRows {
@@ -190,7 +199,18 @@ impl PaddedRows {
             dp,
             #[cfg(target_arch = "x86_64")]
             fp8: std::sync::OnceLock::new(),
+            #[cfg(target_arch = "x86_64")]
+            pairs: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The rows as pairs ([`PairRows`]), or `None`: no tile can run in
+    /// pairs.
+    #[cfg(target_arch = "x86_64")]
+    fn pair_rows(&self) -> Option<&PairRows> {
+        self.pairs
+            .get_or_init(|| PairRows::new(&self.q, self.dp))
+            .as_ref()
     }
 
     /// [`PaddedRows::q`] `× 2⁸` (see the field), or `None`: an element
@@ -260,6 +280,7 @@ pub(super) fn run_engine<T: Send>(
         pool::for_each_row_mut(&mut scratch, stride * blocks_per_task, 1, |task, maxima| {
             score_blocks(
                 isa,
+                PairRun::of(isa),
                 &padded,
                 keys,
                 d,
@@ -313,13 +334,27 @@ pub(super) fn run_engine<T: Send>(
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// How many (tile, chunk) segments this thread's calls scored with the
+    /// pair step (the tests' view of which path ran: both give the same
+    /// bits).
+    pub(super) static PAIRED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// Fills `maxima` (block-major, `[n_blk][stride]`, initialised to -inf)
 /// with every padded row's max score over blocks `b0 .. b0 + n_blk`; with
 /// `mags` (`stride = rows_pad + 1`), each block's last entry with the
 /// largest magnitude of its keys (NaN if one holds NaN).
+///
+/// With `pairs` (the pair level's run, [`PairRun::of`]; the tests hand in
+/// its model), a chunk that many row tiles read is also packed into
+/// bfloat16 pairs, and each tile the pairs admit is scored by the pair
+/// step ([`pairs`]): the same bits.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn score_blocks(
     isa: Isa,
+    pairs: Option<PairRun>,
     rows: &PaddedRows,
     keys: &Keys<'_>,
     d: usize,
@@ -355,6 +390,17 @@ pub(super) fn score_blocks(
     #[cfg(target_arch = "x86_64")]
     let lead = keys.lead_keys(d * keys.format().size(), bs);
     let mut buf = Vec::new();
+    // The pair step, where many tiles read each chunk (it packs the chunk
+    // once for all of them), `d` is whole pair groups (then `dp = d`) and
+    // some tile's queries are bfloat16-exact.
+    #[cfg(target_arch = "x86_64")]
+    let paired = pairs
+        .filter(|_| !streaming && d.is_multiple_of(pairs::GROUP))
+        .and_then(|run| Some((run, rows.pair_rows()?)));
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = pairs;
+    #[cfg(target_arch = "x86_64")]
+    let mut kp = Vec::new();
     let k_start = b0.saturating_mul(bs).min(n_keys);
     let k_end = b0.saturating_add(n_blk).saturating_mul(bs).min(n_keys);
     let mut c0 = k_start;
@@ -398,6 +444,16 @@ pub(super) fn score_blocks(
         let folded = (fp8_in_place && in_place)
             .then(|| rows.fp8_folded())
             .flatten();
+        // The chunk's float32 keys as pairs, and their exponent summary.
+        #[cfg(target_arch = "x86_64")]
+        let packed = match (paired, chunk) {
+            (Some((run, pr)), Encoded::F32(k)) => {
+                let own = &k[(c0 - base) * d..(c1 - base) * d];
+                kp.resize(own.len() / 2, 0);
+                Some((run, pr, own, pairs::pack_keys(own, d, &mut kp)))
+            }
+            _ => None,
+        };
         // Keys `c0 .. mags_to` have had their magnitudes taken by a kernel:
         // the first tile to read the chunk takes those it reads.
         let mut mags_to = c0;
@@ -444,6 +500,18 @@ pub(super) fn score_blocks(
                 col: t * MR,
                 mag_at: takes_mags.then_some(rp),
             };
+            #[cfg(target_arch = "x86_64")]
+            if let Some((run, pr, own, _)) = packed.filter(|&(_, pr, _, k)| pr.admits(t, k)) {
+                let seg = Segment {
+                    keys: Encoded::F32(own),
+                    base: c0,
+                    ..seg
+                };
+                run_pairs(isa, run, &seg, pr.tile(t, rows.dp), &kp, out);
+                #[cfg(test)]
+                PAIRED.with(|n| n.set(n.get() + 1));
+                continue;
+            }
             run_segment(isa, &seg, out);
         }
         if mags {

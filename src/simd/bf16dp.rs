@@ -16,6 +16,30 @@
 //! instruction differed would silently change scores, so it keeps the
 //! AVX-512 level instead.
 //!
+//! # When a chain of pairs is a chain of FMAs
+//!
+//! A chain `acc = dp(acc, a, b)` over pairs is the float32 chain `acc =
+//! fma(a_hi, b_hi, acc); acc = fma(a_lo, b_lo, acc)` over the same values in
+//! that order, except where denormals-are-zero or flush-to-zero act. They
+//! cannot act when ([`admits`], on the summaries [`min_exponent`] gives):
+//!
+//! - every input is exactly a bfloat16 value (the low 16 bits of its
+//!   float32 are zero) and none is subnormal: DAZ then never acts on an
+//!   input (fp8 e4m3 values always qualify: their subnormals are normal
+//!   bfloat16s);
+//! - with `e_a`, `e_b` the smallest exponents of the nonzero finite values
+//!   on each side, `e_a + e_b ≥ −112`. A bfloat16 is `M · 2^(e − 7)` with
+//!   integer `M`, so every product is a multiple of `u = 2^(e_a + e_b − 14)
+//!   ≥ 2⁻¹²⁶`, and so is every partial sum (a sum of multiples of `u` below
+//!   `2²⁴ u` is exact; above it, its rounding step is a multiple of `u`):
+//!   each is `0` or at least `2⁻¹²⁶` in magnitude, a normal float32, and FTZ
+//!   / DAZ on the accumulator never act. NaN and infinities are the same
+//!   IEEE values in both.
+//!
+//! What would break it: admitting on one side's exponents alone (a query of
+//! tiny elements reaches the flushed range: with exponents in `[−80, −60]`
+//! on both sides every indexer score differed).
+//!
 //! # Where the level pays
 //!
 //! Matching the model makes the level *exact*; whether it is *faster*
@@ -36,6 +60,81 @@
 #[inline(always)]
 pub(crate) fn pack(hi: f32, lo: f32) -> u32 {
     (hi.to_bits() & 0xFFFF_0000) | (lo.to_bits() >> 16)
+}
+
+/// The smallest sum of exponents admitted: `2^(−112 − 14) = 2⁻¹²⁶`, the
+/// smallest normal float32.
+const MIN_EXPONENT_SUM: i32 = -112;
+
+/// The exponent summary of a run of float32 values read as bfloat16: `None`
+/// if one is not exactly a bfloat16 (low 16 bits set) or is subnormal;
+/// else the smallest exponent of the nonzero finite ones (`i32::MAX / 4`
+/// when there are none).
+/// The portable rule the vector summaries (the pair kernels' packs and
+/// scans) are tested against.
+#[inline(always)]
+pub(crate) fn min_exponent(values: impl IntoIterator<Item = u32>) -> Option<i32> {
+    // `bad`: a value not exactly a bfloat16, or subnormal; `emin` the
+    // smallest biased exponent of a nonzero finite value (`0xFF`: none).
+    let (mut bad, mut emin) = (0u32, 0xFFu32);
+    for bits in values {
+        let e = (bits >> 23) & 0xFF;
+        bad |= (bits & 0xFFFF) | u32::from(e == 0 && bits & 0x007F_FFFF != 0);
+        emin = emin.min(if e == 0 { 0xFF } else { e });
+    }
+    match (bad, emin) {
+        (0, 0xFF) => Some(i32::MAX / 4),
+        (0, e) => Some(e as i32 - 127),
+        _ => None,
+    }
+}
+
+/// Whether a block of keys with exponent summary `keys` may be scored in
+/// pairs against a query with summary `query` (the module docs' rule).
+pub(crate) fn admits(keys: Option<i32>, query: Option<i32>) -> bool {
+    matches!((keys, query), (Some(k), Some(q)) if k + q >= MIN_EXPONENT_SUM)
+}
+
+/// [`min_exponent`]'s summary of values known to be exactly bfloat16, from
+/// the float32 bits of their smallest nonzero magnitude (`None`: every
+/// value zero): `None` if that is subnormal, else its exponent
+/// (`i32::MAX / 4` when it is infinity or NaN: no finite nonzero value).
+/// Where the vector summaries (the pair kernels' packs and scans) end.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn summary_of_smallest(smallest: Option<u32>) -> Option<i32> {
+    match smallest {
+        None => Some(i32::MAX / 4),
+        Some(m) if m < 0x0080_0000 => None,
+        Some(m) => match m >> 23 {
+            0xFF => Some(i32::MAX / 4),
+            e => Some(e as i32 - 127),
+        },
+    }
+}
+
+/// How the work a pair kernel admits is run: by the instruction, or (in
+/// tests, on every CPU) by its software model.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PairRun {
+    /// [`dp_model`], lane by lane: the tests' stand-in for the instruction,
+    /// running the same layout and order logic.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Model,
+    /// `VDPBF16PS`, with the token that proves the CPU has it (and that it
+    /// matches the model).
+    #[cfg(target_arch = "x86_64")]
+    Hw(super::Avx512Bf16),
+}
+
+impl PairRun {
+    /// The pair level's run at `level`, if `level` has one.
+    pub(crate) fn of(level: super::Isa) -> Option<PairRun> {
+        match level {
+            #[cfg(target_arch = "x86_64")]
+            super::Isa::Avx512Bf16(t) => Some(PairRun::Hw(t)),
+            _ => None,
+        }
+    }
 }
 
 /// A bfloat16 (`bits`) as a float32, denormals read as zeros of their sign.

@@ -13,9 +13,13 @@ use crate::simd::{dispatch, Isa};
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(super) mod pairs;
 mod portable;
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests_pairs;
 
 /// The reach test's probe of this module's family (see `simd::tests`).
 #[cfg(test)]
@@ -162,6 +166,49 @@ pub(super) fn run_segment(isa: Isa, seg: &Segment<'_>, out: TileOut<'_>) {
         avx2(t) => avx2::segment(t, avx2::Step3, seg, out),
         scalar => portable::segment(seg, out),
     })
+}
+
+/// Scores one segment with the pair step ([`pairs`]) run by `run`, on the
+/// walk of `isa`'s AVX2 kernel (the portable kernel at the scalar level,
+/// which has no walk to run it on): `seg`'s keys are float32 and `kp` their
+/// pairs ([`pairs::pack_keys`]), `qp` the tile's rows of pairs
+/// ([`pairs::PairRows::tile`]), admitted together
+/// ([`pairs::PairRows::admits`]). Bit-identical block maxima to
+/// [`run_segment`]'s.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn run_pairs(
+    isa: Isa,
+    run: pairs::PairRun,
+    seg: &Segment<'_>,
+    qp: &[u32],
+    kp: &[u32],
+    out: TileOut<'_>,
+) {
+    // The pair step reads `kp` at half the keys' element offsets, and `qp`
+    // as the tile's 4 rows of `dp / 2`.
+    let Encoded::F32(keys) = seg.keys else {
+        panic!("block_sparse pair step called on non-float32 keys")
+    };
+    assert!(
+        kp.len() * 2 == keys.len()
+            && qp.len() * 2 == MR * seg.dp
+            && seg.d == seg.dp
+            && seg.d.is_multiple_of(pairs::GROUP),
+        "block_sparse pair step called out of bounds"
+    );
+    let Some(token) = isa.avx2() else {
+        return run_segment(isa, seg, out);
+    };
+    let step = pairs::PairStep {
+        run,
+        qp,
+        keys_at: keys.as_ptr() as usize,
+        kp,
+    };
+    // SAFETY: the token proves AVX2, FMA and F16C for the walk; the pair
+    // step's own instructions are its run's (the model's: none); the
+    // bounds are asserted in the walk and above.
+    unsafe { avx2::segment(token, step, seg, out) }
 }
 
 /// The pieces of a segment's keys, in increasing order: each lies in one

@@ -45,7 +45,19 @@ fn maxima(
     // Several tasks and a small key chunk, to cross every boundary.
     let bpt = 3;
     for (t, chunk) in scratch.chunks_mut(rp * bpt).enumerate() {
-        score_blocks(isa, &padded, keys, d, n_keys, bs, t * bpt, chunk, 5, false);
+        score_blocks(
+            isa,
+            None,
+            &padded,
+            keys,
+            d,
+            n_keys,
+            bs,
+            t * bpt,
+            chunk,
+            5,
+            false,
+        );
     }
     let mut bits = Vec::new();
     for r in 0..rows {
@@ -177,6 +189,7 @@ fn magnitudes(
     for (t, chunk) in scratch.chunks_mut(stride * bpt).enumerate() {
         score_blocks(
             isa,
+            None,
             &padded,
             keys,
             d,

@@ -21,6 +21,7 @@
 //! `x <= 0 ? 0 : x` on every level.
 
 use crate::keys::Encoded;
+use crate::simd::bf16dp::PairRun;
 use crate::simd::lines::Line;
 use crate::simd::{dispatch, Isa};
 
@@ -321,31 +322,6 @@ thread_local! {
     /// How many blocks this thread's calls took by the pair level's rows
     /// path (the tests' view of which path ran: both give the same bits).
     pub(super) static ROWS_TAKEN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// How the blocks the pair level admits are scored ([`pairs`]): by the
-/// instruction, or (in tests, on every CPU) by its software model.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum PairRun {
-    /// [`pairs::dp_model`], lane by lane: the tests' stand-in for the
-    /// instruction, running the same layout and order logic.
-    #[cfg_attr(not(test), allow(dead_code))]
-    Model,
-    /// `VDPBF16PS`, with the token that proves the CPU has it (and that it
-    /// matches the model).
-    #[cfg(target_arch = "x86_64")]
-    Hw(crate::simd::Avx512Bf16),
-}
-
-impl PairRun {
-    /// The pair level's run at `level`, if `level` has one.
-    fn of(level: Isa) -> Option<PairRun> {
-        match level {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Bf16(t) => Some(PairRun::Hw(t)),
-            _ => None,
-        }
-    }
 }
 
 /// [`score_keys`] with the pair level's blocks run by `run` (`None`: no

@@ -23,21 +23,10 @@
 //! pair `i` and `2i + 1` in the low half (keys and queries alike) makes one
 //! instruction run two steps of that chain, in that order. The two differ
 //! only where denormals-are-zero or flush-to-zero act, and the admission
-//! rule ([`admits`]) keeps every block where they could act on the float32
-//! kernel:
-//!
-//! - every input is exactly a bfloat16 value (the low 16 bits of its
-//!   float32 are zero) and none is subnormal: DAZ then never acts on an
-//!   input (fp8 e4m3 keys always qualify: their subnormals are normal
-//!   bfloat16s);
-//! - with `e_k`, `e_q` the smallest exponents of the block's nonzero finite
-//!   keys and of the query's nonzero finite elements, `e_k + e_q ≥ −112`.
-//!   A bfloat16 is `M · 2^(e − 7)` with integer `M`, so every product is a
-//!   multiple of `u = 2^(e_k + e_q − 14) ≥ 2⁻¹²⁶`, and so is every partial
-//!   sum (a sum of multiples of `u` below `2²⁴ u` is exact; above it, its
-//!   rounding step is a multiple of `u`): each is `0` or at least `2⁻¹²⁶` in
-//!   magnitude, a normal float32, and FTZ / DAZ on the accumulator never
-//!   act. NaN and infinities are the same IEEE values in both.
+//! rule ([`admits`]: every operand bfloat16-exact, the keys' and the
+//! query's smallest exponents summing to at least −112; why it suffices is
+//! in [`crate::simd::bf16dp`]) keeps every block where they could act on
+//! the float32 kernel.
 //!
 //! A block that fails the rule is scored by the float32 kernel of the level
 //! below (the fallback [`crate::simd::Isa::at_most`] describes), so the
@@ -52,45 +41,15 @@
 //! as in every kernel; only the dot products run in pairs.
 
 use super::{slot, Tiles, BLOCK};
+#[cfg(target_arch = "x86_64")]
+pub(super) use crate::simd::bf16dp::summary_of_smallest;
+pub(super) use crate::simd::bf16dp::{admits, min_exponent};
 /// The pair of dimensions `2i` (high half: multiplied first) and `2i + 1`.
 pub(super) use crate::simd::bf16dp::{dp_model, pack};
 
 /// Lanes per vector of the pair kernel (a 512-bit register of float32).
 pub(super) const LANES: usize = 16;
 const _: () = assert!(BLOCK == 2 * LANES);
-
-/// The smallest sum of exponents admitted: `2^(−112 − 14) = 2⁻¹²⁶`, the
-/// smallest normal float32.
-const MIN_EXPONENT_SUM: i32 = -112;
-
-/// The exponent summary of a run of float32 values read as bfloat16: `None`
-/// if one is not exactly a bfloat16 (low 16 bits set) or is subnormal;
-/// else the smallest exponent of the nonzero finite ones (`i32::MAX / 4`
-/// when there are none).
-/// The portable rule the vector summaries ([`pack_block`]'s, the rows'
-/// scan) are tested against.
-#[inline(always)]
-pub(super) fn min_exponent(values: impl IntoIterator<Item = u32>) -> Option<i32> {
-    // `bad`: a value not exactly a bfloat16, or subnormal; `emin` the
-    // smallest biased exponent of a nonzero finite value (`0xFF`: none).
-    let (mut bad, mut emin) = (0u32, 0xFFu32);
-    for bits in values {
-        let e = (bits >> 23) & 0xFF;
-        bad |= (bits & 0xFFFF) | u32::from(e == 0 && bits & 0x007F_FFFF != 0);
-        emin = emin.min(if e == 0 { 0xFF } else { e });
-    }
-    match (bad, emin) {
-        (0, 0xFF) => Some(i32::MAX / 4),
-        (0, e) => Some(e as i32 - 127),
-        _ => None,
-    }
-}
-
-/// Whether a block of keys with exponent summary `keys` may be scored in
-/// pairs against a query with summary `query` (see the module docs).
-pub(super) fn admits(keys: Option<i32>, query: Option<i32>) -> bool {
-    matches!((keys, query), (Some(k), Some(q)) if k + q >= MIN_EXPONENT_SUM)
-}
 
 /// The transposed block `kt` (`[d, BLOCK]`, float32) as pairs `kp`
 /// (`[d / 2, BLOCK]`): `kp[i · BLOCK + r] = pack(kt[2i][r], kt[2i + 1][r])`.
@@ -169,23 +128,6 @@ fn pack_block_avx512(_: crate::simd::Avx512, kt: &[f32], kp: &mut [u32]) -> Opti
     match low {
         0 => summary_of_smallest((least != u32::MAX).then(|| least + 1)),
         _ => None,
-    }
-}
-
-/// [`min_exponent`]'s summary of values known to be exactly bfloat16, from
-/// the float32 bits of their smallest nonzero magnitude (`None`: every
-/// value zero): `None` if that is subnormal, else its exponent
-/// (`i32::MAX / 4` when it is infinity or NaN: no finite nonzero value).
-/// Where the vector summaries ([`pack_block`]'s, the rows' scan) end.
-#[cfg(target_arch = "x86_64")]
-pub(super) fn summary_of_smallest(smallest: Option<u32>) -> Option<i32> {
-    match smallest {
-        None => Some(i32::MAX / 4),
-        Some(m) if m < 0x0080_0000 => None,
-        Some(m) => match m >> 23 {
-            0xFF => Some(i32::MAX / 4),
-            e => Some(e as i32 - 127),
-        },
     }
 }
 

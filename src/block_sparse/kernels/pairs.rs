@@ -1,0 +1,287 @@
+//! The bfloat16-pair step: block selection's dot products two dimensions
+//! per instruction (AVX512-BF16's `VDPBF16PS`), with the float32 kernels'
+//! bits, where many row tiles read the same keys (a prefill).
+//!
+//! # The order, in pairs
+//!
+//! Block selection's canonical order (the module docs of
+//! [`crate::block_sparse`]) accumulates a dot product in 8 lanes: lane `j`
+//! runs `acc_j = fma(q_i, k_i, acc_j)` over `i = j, j + 8, j + 16, …` in
+//! order, and the lanes are summed by a fixed tree. The instruction runs
+//! two steps of one lane's chain when its pair is `(j + 16m, j + 16m + 8)`
+//! with the first in the **high** half (multiplied first): so lane `j` of
+//! 16-dimension group `m` holds [`pack`]`(x[16m + j], x[16m + 8 + j])`, for
+//! keys and queries alike, and a 512-bit register holds the 8 lanes of two
+//! keys, as the AVX-512 step's accumulators do ([`super::avx512`]). The
+//! lanes are then reduced by the same tree, so a step's six keys' scores
+//! are the float32 step's bits wherever the chain of pairs is the chain of
+//! FMAs: where [`admits`] says denormals-are-zero and flush-to-zero cannot
+//! act (why, in [`crate::simd::bf16dp`]), checked per (row tile, key
+//! chunk) on the tile's queries and the chunk's keys. Every other tile and
+//! chunk runs the float32 step, and so do the keys a step of six does not
+//! cover (a block's last ones, a masked piece): they read the chunk's
+//! float32 keys, which the pairs mirror key for key.
+//!
+//! `d` must be a multiple of 16 (a dimension past `d` would otherwise be a
+//! `fma(0, 0, acc)` the float32 chain does not run, turning a `−0.0` lane
+//! into `+0.0`); other `d` run the float32 step.
+//!
+//! What would break it: a pair of adjacent dimensions (`2i, 2i + 1`: two
+//! different lanes' steps), the high and low halves swapped (the second
+//! step first), or admitting on the keys' exponents alone.
+//!
+//! # Where it pays
+//!
+//! The keys are packed once per chunk and read by every row tile, so the
+//! step replaces float32 FMAs only where many tiles read each chunk (the
+//! engine's non-streaming path: a prefill, many query heads); a decode's
+//! one or two tiles read each key once, from memory, and keep the float32
+//! step.
+
+use super::avx2::Step;
+use super::MR;
+use crate::keys::lanes::Load;
+pub(in crate::block_sparse) use crate::simd::bf16dp::PairRun;
+use crate::simd::bf16dp::{admits, dp_model, min_exponent, pack, summary_of_smallest};
+use crate::simd::x86::reduce4;
+use std::arch::x86_64::*;
+
+/// Dimensions per pair group: 8 lanes of two dimensions each.
+pub(in crate::block_sparse) const GROUP: usize = 16;
+
+/// The pairs of `x` (`d` values, `d` a multiple of [`GROUP`]) into `out`
+/// (`d / 2`): `out[8m + j] = pack(x[16m + j], x[16m + 8 + j])`.
+fn pack_row(x: &[f32], out: &mut [u32]) {
+    for (g, o) in x.chunks_exact(GROUP).zip(out.chunks_exact_mut(GROUP / 2)) {
+        for (j, p) in o.iter_mut().enumerate() {
+            *p = pack(g[j], g[j + 8]);
+        }
+    }
+}
+
+/// The padded query rows as pairs ([`pack_row`], `dp / 2` a row), and each
+/// row tile's exponent summary ([`min_exponent`] of its rows).
+pub(in crate::block_sparse) struct PairRows {
+    pub(in crate::block_sparse) qp: Vec<u32>,
+    pub(in crate::block_sparse) tiles: Vec<Option<i32>>,
+}
+
+impl PairRows {
+    /// The pairs of `q` (rows of `dp` floats, tiles of [`MR`] rows), or
+    /// `None` when `dp` is not a multiple of [`GROUP`] or no tile's
+    /// queries are exact bfloat16 values (nothing could run in pairs).
+    pub(in crate::block_sparse) fn new(q: &[f32], dp: usize) -> Option<PairRows> {
+        if dp == 0 || !dp.is_multiple_of(GROUP) {
+            return None;
+        }
+        let tiles: Vec<_> = q
+            .chunks(MR * dp)
+            .map(|t| min_exponent(t.iter().map(|x| x.to_bits())))
+            .collect();
+        if tiles.iter().all(Option::is_none) {
+            return None;
+        }
+        let mut qp = vec![0u32; q.len() / 2];
+        for (row, out) in q.chunks_exact(dp).zip(qp.chunks_exact_mut(dp / 2)) {
+            pack_row(row, out);
+        }
+        Some(PairRows { qp, tiles })
+    }
+
+    /// Whether tile `t` runs in pairs against keys of summary `keys`.
+    pub(in crate::block_sparse) fn admits(&self, t: usize, keys: Option<i32>) -> bool {
+        admits(keys, self.tiles.get(t).copied().flatten())
+    }
+
+    /// Tile `t`'s rows of pairs.
+    pub(in crate::block_sparse) fn tile(&self, t: usize, dp: usize) -> &[u32] {
+        let n = MR * dp / 2;
+        &self.qp[t * n..(t + 1) * n]
+    }
+}
+
+/// Keys `keys` (`d` values each, `d` a multiple of [`GROUP`]) as pairs
+/// into `kp` (`keys.len() / 2`, key `p` at `p · d / 2`, [`pack_row`]).
+/// Returns their exponent summary ([`min_exponent`]).
+pub(in crate::block_sparse) fn pack_keys(keys: &[f32], d: usize, kp: &mut [u32]) -> Option<i32> {
+    assert!(d > 0 && d.is_multiple_of(GROUP) && keys.len().is_multiple_of(d));
+    assert!(kp.len() * 2 == keys.len());
+    if let Some(t) = crate::simd::avx512_token() {
+        // SAFETY: the token proves AVX-512 F and VL (and AVX2).
+        return unsafe { pack_keys_avx512(t, keys, kp) };
+    }
+    pack_keys_body(keys, kp)
+}
+
+/// [`pack_keys`]' body.
+pub(super) fn pack_keys_body(keys: &[f32], kp: &mut [u32]) -> Option<i32> {
+    pack_row(keys, kp);
+    min_exponent(keys.iter().map(|x| x.to_bits()))
+}
+
+/// [`pack_keys`] a group at a time in 256-bit registers: the group's pairs
+/// by one select (`hi ? x[16m + j] : x[16m + 8 + j] >> 16`), the summary in
+/// the same pass as the indexer's pack takes it (an OR for bits below the
+/// bfloat16's; the unsigned minimum of `|x| − 1`, zeros last, for the
+/// smallest nonzero magnitude).
+#[target_feature(enable = "avx512f,avx512vl,avx2")]
+fn pack_keys_avx512(_: crate::simd::Avx512, keys: &[f32], kp: &mut [u32]) -> Option<i32> {
+    let groups = kp.len() / (GROUP / 2);
+    assert!(keys.len() == groups * GROUP);
+    let (src, dst) = (
+        keys.as_ptr().cast::<__m256i>(),
+        kp.as_mut_ptr().cast::<__m256i>(),
+    );
+    let hi = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+    let magnitude = _mm256_set1_epi32(0x7FFF_FFFF);
+    let one = _mm256_set1_epi32(1);
+    let (mut or, mut min) = (_mm256_setzero_si256(), _mm256_set1_epi32(-1));
+    for g in 0..groups {
+        // SAFETY: group `g < groups` is `keys[16g .. 16g + 16]` (two
+        // 256-bit halves) and `kp[8g .. 8g + 8]`: the lengths asserted.
+        unsafe {
+            let a = _mm256_loadu_si256(src.add(2 * g));
+            let b = _mm256_loadu_si256(src.add(2 * g + 1));
+            let p = _mm256_ternarylogic_epi32::<0xCA>(hi, a, _mm256_srli_epi32::<16>(b));
+            _mm256_storeu_si256(dst.add(g), p);
+            or = _mm256_ternarylogic_epi32::<0xFE>(or, a, b);
+            for x in [a, b] {
+                let m = _mm256_sub_epi32(_mm256_and_si256(x, magnitude), one);
+                min = _mm256_min_epu32(min, m);
+            }
+        }
+    }
+    let (mut lanes_or, mut lanes_min) = ([0u32; 8], [0u32; 8]);
+    // SAFETY: each array holds 8 lanes (unaligned stores).
+    unsafe {
+        _mm256_storeu_si256(lanes_or.as_mut_ptr().cast(), _mm256_andnot_si256(hi, or));
+        _mm256_storeu_si256(lanes_min.as_mut_ptr().cast(), min);
+    }
+    let least = lanes_min.into_iter().min().unwrap_or(u32::MAX);
+    // `|x| − 1` wraps only for zeros: `least + 1` is the smallest nonzero
+    // magnitude.
+    match lanes_or.into_iter().fold(0, |a, b| a | b) {
+        0 => summary_of_smallest((least != u32::MAX).then(|| least + 1)),
+        _ => None,
+    }
+}
+
+/// The pair step: six keys a step, their pairs read from a packed copy of
+/// the segment's float32 keys (key for key: the key at element offset `e`
+/// of the segment's keys has its pairs at `kp[e / 2 ..]`), against the
+/// tile's query pairs; run by the instruction or its model.
+#[derive(Clone, Copy)]
+pub(super) struct PairStep<'a> {
+    pub(super) run: PairRun,
+    /// The tile's 4 rows of pairs, `dp / 2` apart.
+    pub(super) qp: &'a [u32],
+    /// The segment's keys' first byte, and their pairs.
+    pub(super) keys_at: usize,
+    pub(super) kp: &'a [u32],
+}
+
+impl Step for PairStep<'_> {
+    const KEYS: usize = 6;
+    #[inline(always)]
+    unsafe fn fold<L: Load>(
+        self,
+        _q: *const f32,
+        dp: usize,
+        k: *const L::E,
+        d: usize,
+        m: __m128,
+    ) -> __m128 {
+        let e = (k as usize - self.keys_at) / std::mem::size_of::<L::E>();
+        // The keys' pairs mirror the keys (the contract of `run_pairs`):
+        // keys `e / d .. e / d + 6` are within the segment, so their pairs
+        // are within `kp`.
+        let kp = self.kp[e / 2..e / 2 + 6 * d / 2].as_ptr();
+        let qp = self.qp.as_ptr();
+        let s = match self.run {
+            // SAFETY: the token proves AVX512-BF16 and AVX-512 F/BW/DQ/VL;
+            // `qp` holds 4 rows of `dp / 2` (asserted by `run_pairs`), `kp`
+            // six keys' `d / 2` (the slice above).
+            PairRun::Hw(t) => unsafe { dots6_hw(t, qp, dp / 2, kp, d / 2) },
+            // SAFETY: as above, without the token: the model reads the same.
+            PairRun::Model => unsafe { dots6_model(qp, dp / 2, kp, d / 2) },
+        };
+        s.into_iter().fold(m, |m, sj| {
+            // SAFETY: SSE, which x86-64 always has.
+            unsafe { _mm_max_ps(sj, m) }
+        })
+    }
+}
+
+/// The dot products of the 4 rows of pairs at `qp` (stride `dp2`) with the
+/// 6 keys' pairs at `kp` (stride `d2`, a multiple of 8), each as `[r0, r2,
+/// r1, r3]`: the AVX-512 step's `dots6` in pairs (keys `2p` and `2p + 1`
+/// in the low and high halves of one register, each half one key's 8
+/// lanes, reduced by [`reduce4`]).
+///
+/// # Safety
+/// `qp` readable for `4 · dp2` pairs (`dp2 >= d2`), `kp` for `6 · d2`.
+#[target_feature(enable = "avx512bf16,avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn dots6_hw(
+    _: crate::simd::Avx512Bf16,
+    qp: *const u32,
+    dp2: usize,
+    kp: *const u32,
+    d2: usize,
+) -> [__m128; 6] {
+    use crate::simd::bf16dp::dp;
+    let mut acc = [[_mm512_setzero_ps(); 3]; MR];
+    for g in 0..d2 / 8 {
+        let mut kv = [_mm512_setzero_si512(); 3];
+        for (p, v) in kv.iter_mut().enumerate() {
+            // SAFETY: keys 2p and 2p+1, pairs 8g .. 8g+8, are within d2.
+            *v = unsafe {
+                let a = _mm256_loadu_si256(kp.add(2 * p * d2 + 8 * g).cast());
+                let b = _mm256_loadu_si256(kp.add((2 * p + 1) * d2 + 8 * g).cast());
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+            };
+        }
+        for (r, accr) in acc.iter_mut().enumerate() {
+            // SAFETY: row r's pairs 8g .. 8g+8 are within dp2.
+            let qv = _mm512_broadcast_i64x4(unsafe {
+                _mm256_loadu_si256(qp.add(r * dp2 + 8 * g).cast())
+            });
+            for p in 0..3 {
+                accr[p] = dp(accr[p], qv, kv[p]);
+            }
+        }
+    }
+    let lo = |v: __m512| _mm512_castps512_ps256(v);
+    let hi = |v: __m512| _mm512_extractf32x8_ps::<1>(v);
+    let mut out = [_mm_setzero_ps(); 6];
+    for p in 0..3 {
+        let [a, b, c, e] = [acc[0][p], acc[1][p], acc[2][p], acc[3][p]];
+        out[2 * p] = reduce4(lo(a), lo(b), lo(c), lo(e));
+        out[2 * p + 1] = reduce4(hi(a), hi(b), hi(c), hi(e));
+    }
+    out
+}
+
+/// [`dots6_hw`] with each lane through [`dp_model`], and the canonical tree
+/// written out: the tests' stand-in for the instruction on every CPU.
+///
+/// # Safety
+/// As [`dots6_hw`]'s pointer contract.
+unsafe fn dots6_model(qp: *const u32, dp2: usize, kp: *const u32, d2: usize) -> [__m128; 6] {
+    std::array::from_fn(|p| {
+        let s: [f32; MR] = std::array::from_fn(|r| {
+            let mut l = [0.0f32; 8];
+            for g in 0..d2 / 8 {
+                for (j, lj) in l.iter_mut().enumerate() {
+                    // SAFETY: pair 8g + j < d2 of row r and key p (the
+                    // contract).
+                    let (a, b) =
+                        unsafe { (*qp.add(r * dp2 + 8 * g + j), *kp.add(p * d2 + 8 * g + j)) };
+                    *lj = dp_model(*lj, a, b);
+                }
+            }
+            ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+        });
+        // SAFETY: SSE, which x86-64 always has.
+        unsafe { _mm_setr_ps(s[0], s[2], s[1], s[3]) }
+    })
+}
