@@ -449,7 +449,7 @@ pub(super) fn score_blocks(
         let packed = match (paired, chunk) {
             (Some((run, pr)), Encoded::F32(k)) => {
                 let own = &k[(c0 - base) * d..(c1 - base) * d];
-                kp.resize(own.len() / 2, 0);
+                kp.resize(pairs::packed_len(c1 - c0, d), 0);
                 Some((run, pr, own, pairs::pack_keys(own, d, &mut kp)))
             }
             _ => None,

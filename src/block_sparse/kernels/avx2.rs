@@ -197,6 +197,24 @@ pub(super) unsafe fn segment<S: Step>(_token: Avx2, step: S, seg: &Segment<'_>, 
     }
 }
 
+/// [`segment`] on float32 keys, for a caller compiled with more features
+/// than AVX2's (the pair step's walk: its step inlines into the walk only
+/// where the walk has the step's features too).
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; as [`segment`] otherwise.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn segment_f32<S: Step>(
+    step: S,
+    seg: &Segment<'_>,
+    keys: &[f32],
+    out: TileOut<'_>,
+) {
+    // SAFETY: the features (the contract).
+    unsafe { segment_typed::<L32, L32, S>(step, seg, seg.q, keys, None, out) }
+}
+
 /// Checks elements `from .. to` of a segment's keys (offsets into its
 /// `keys`) for what the fast decode cannot read (an fp8 NaN byte).
 type Recheck<'a> = Option<&'a dyn Fn(usize, usize) -> bool>;
@@ -208,6 +226,7 @@ type Recheck<'a> = Option<&'a dyn Fn(usize, usize) -> bool>;
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn segment_typed<L: Load, Lx: Load<E = L::E>, S: Step>(
     step: S,

@@ -184,13 +184,14 @@ pub(super) fn run_pairs(
     kp: &[u32],
     out: TileOut<'_>,
 ) {
-    // The pair step reads `kp` at half the keys' element offsets, and `qp`
-    // as the tile's 4 rows of `dp / 2`.
+    // The pair step reads key `k` of `keys` as key `k` of `kp`, and `qp` as
+    // the tile's 4 rows of `dp / 2`.
     let Encoded::F32(keys) = seg.keys else {
         panic!("block_sparse pair step called on non-float32 keys")
     };
     assert!(
-        kp.len() * 2 == keys.len()
+        seg.d > 0
+            && kp.len() == pairs::packed_len(keys.len() / seg.d, seg.d)
             && qp.len() * 2 == MR * seg.dp
             && seg.d == seg.dp
             && seg.d.is_multiple_of(pairs::GROUP),
@@ -199,16 +200,37 @@ pub(super) fn run_pairs(
     let Some(token) = isa.avx2() else {
         return run_segment(isa, seg, out);
     };
-    let step = pairs::PairStep {
-        run,
-        qp,
-        keys_at: keys.as_ptr() as usize,
-        kp,
-    };
-    // SAFETY: the token proves AVX2, FMA and F16C for the walk; the pair
-    // step's own instructions are its run's (the model's: none); the
-    // bounds are asserted in the walk and above.
-    unsafe { avx2::segment(token, step, seg, out) }
+    let keys_at = keys.as_ptr() as usize;
+    match run {
+        // SAFETY: the token proves AVX512-BF16, AVX-512 and AVX2 for the
+        // walk and the step; the bounds are asserted in the walk and above.
+        pairs::PairRun::Hw(t) => unsafe {
+            let run = pairs::Hw(t);
+            pairs::segment_hw(
+                pairs::PairStep {
+                    run,
+                    qp,
+                    keys_at,
+                    kp,
+                },
+                seg,
+                keys,
+                out,
+            )
+        },
+        // SAFETY: `token` proves AVX2, FMA and F16C for the walk; the
+        // model's step runs no instruction beyond SSE.
+        pairs::PairRun::Model => unsafe {
+            let run = pairs::Model;
+            let step = pairs::PairStep {
+                run,
+                qp,
+                keys_at,
+                kp,
+            };
+            avx2::segment(token, step, seg, out)
+        },
+    }
 }
 
 /// The pieces of a segment's keys, in increasing order: each lies in one

@@ -43,7 +43,6 @@ use super::MR;
 use crate::keys::lanes::Load;
 pub(in crate::block_sparse) use crate::simd::bf16dp::PairRun;
 use crate::simd::bf16dp::{admits, dp_model, min_exponent, pack, summary_of_smallest};
-use crate::simd::x86::reduce4;
 use std::arch::x86_64::*;
 
 /// Dimensions per pair group: 8 lanes of two dimensions each.
@@ -100,22 +99,49 @@ impl PairRows {
     }
 }
 
+/// Where key `k`'s pairs of group `m` start in a packed run of keys of
+/// `d` dimensions ([`pack_keys`]): keys `2i` and `2i + 1` share `d` pairs,
+/// group by group, key `2i`'s 8 lanes then key `2i + 1`'s, so that one
+/// 512-bit load holds both keys' group `m` (the two halves of the step's
+/// accumulators).
+#[inline(always)]
+pub(super) fn pair_at(k: usize, m: usize, d: usize) -> usize {
+    k / 2 * d + GROUP * m + k % 2 * 8
+}
+
+/// The packed length of `n` keys of `d` dimensions: whole key pairs.
+pub(in crate::block_sparse) fn packed_len(n: usize, d: usize) -> usize {
+    n.div_ceil(2) * d
+}
+
 /// Keys `keys` (`d` values each, `d` a multiple of [`GROUP`]) as pairs
-/// into `kp` (`keys.len() / 2`, key `p` at `p · d / 2`, [`pack_row`]).
-/// Returns their exponent summary ([`min_exponent`]).
+/// into `kp` ([`packed_len`]; key `k`'s group `m` at [`pair_at`], lanes
+/// [`pack_row`]'s; an odd count's last half zero). Returns their exponent
+/// summary ([`min_exponent`]).
 pub(in crate::block_sparse) fn pack_keys(keys: &[f32], d: usize, kp: &mut [u32]) -> Option<i32> {
     assert!(d > 0 && d.is_multiple_of(GROUP) && keys.len().is_multiple_of(d));
-    assert!(kp.len() * 2 == keys.len());
+    assert!(kp.len() == packed_len(keys.len() / d, d));
     if let Some(t) = crate::simd::avx512_token() {
         // SAFETY: the token proves AVX-512 F and VL (and AVX2).
-        return unsafe { pack_keys_avx512(t, keys, kp) };
+        return unsafe { pack_keys_avx512(t, keys, d, kp) };
     }
-    pack_keys_body(keys, kp)
+    pack_keys_body(keys, d, kp)
 }
 
 /// [`pack_keys`]' body.
-pub(super) fn pack_keys_body(keys: &[f32], kp: &mut [u32]) -> Option<i32> {
-    pack_row(keys, kp);
+pub(super) fn pack_keys_body(keys: &[f32], d: usize, kp: &mut [u32]) -> Option<i32> {
+    let n = keys.len() / d;
+    for (k, key) in keys.chunks_exact(d).enumerate() {
+        for (m, g) in key.chunks_exact(GROUP).enumerate() {
+            let at = pair_at(k, m, d);
+            pack_row(g, &mut kp[at..at + GROUP / 2]);
+        }
+    }
+    if n % 2 == 1 {
+        for m in 0..d / GROUP {
+            kp[pair_at(n, m, d)..][..GROUP / 2].fill(0);
+        }
+    }
     min_exponent(keys.iter().map(|x| x.to_bits()))
 }
 
@@ -125,30 +151,35 @@ pub(super) fn pack_keys_body(keys: &[f32], kp: &mut [u32]) -> Option<i32> {
 /// bfloat16's; the unsigned minimum of `|x| − 1`, zeros last, for the
 /// smallest nonzero magnitude).
 #[target_feature(enable = "avx512f,avx512vl,avx2")]
-fn pack_keys_avx512(_: crate::simd::Avx512, keys: &[f32], kp: &mut [u32]) -> Option<i32> {
-    let groups = kp.len() / (GROUP / 2);
-    assert!(keys.len() == groups * GROUP);
-    let (src, dst) = (
-        keys.as_ptr().cast::<__m256i>(),
-        kp.as_mut_ptr().cast::<__m256i>(),
-    );
+fn pack_keys_avx512(_: crate::simd::Avx512, keys: &[f32], d: usize, kp: &mut [u32]) -> Option<i32> {
+    let (n, groups) = (keys.len() / d, d / GROUP);
+    assert!(keys.len() == n * d && kp.len() == packed_len(n, d) && d == groups * GROUP);
+    let (src, dst) = (keys.as_ptr().cast::<__m256i>(), kp.as_mut_ptr());
     let hi = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
     let magnitude = _mm256_set1_epi32(0x7FFF_FFFF);
     let one = _mm256_set1_epi32(1);
     let (mut or, mut min) = (_mm256_setzero_si256(), _mm256_set1_epi32(-1));
-    for g in 0..groups {
-        // SAFETY: group `g < groups` is `keys[16g .. 16g + 16]` (two
-        // 256-bit halves) and `kp[8g .. 8g + 8]`: the lengths asserted.
-        unsafe {
-            let a = _mm256_loadu_si256(src.add(2 * g));
-            let b = _mm256_loadu_si256(src.add(2 * g + 1));
-            let p = _mm256_ternarylogic_epi32::<0xCA>(hi, a, _mm256_srli_epi32::<16>(b));
-            _mm256_storeu_si256(dst.add(g), p);
-            or = _mm256_ternarylogic_epi32::<0xFE>(or, a, b);
-            for x in [a, b] {
-                let m = _mm256_sub_epi32(_mm256_and_si256(x, magnitude), one);
-                min = _mm256_min_epu32(min, m);
+    for k in 0..n {
+        for m in 0..groups {
+            // SAFETY: group `m` of key `k < n` is `keys[kd + 16m ..][..16]`
+            // (two 256-bit halves), and its pairs `kp[pair_at(k, m, d)
+            // ..][..8]`, within `packed_len(n, d)`: the lengths asserted.
+            unsafe {
+                let a = _mm256_loadu_si256(src.add(2 * (k * groups + m)));
+                let b = _mm256_loadu_si256(src.add(2 * (k * groups + m) + 1));
+                let p = _mm256_ternarylogic_epi32::<0xCA>(hi, a, _mm256_srli_epi32::<16>(b));
+                _mm256_storeu_si256(dst.add(pair_at(k, m, d)).cast(), p);
+                or = _mm256_ternarylogic_epi32::<0xFE>(or, a, b);
+                for x in [a, b] {
+                    let m = _mm256_sub_epi32(_mm256_and_si256(x, magnitude), one);
+                    min = _mm256_min_epu32(min, m);
+                }
             }
+        }
+    }
+    if n % 2 == 1 {
+        for m in 0..groups {
+            kp[pair_at(n, m, d)..][..GROUP / 2].fill(0);
         }
     }
     let (mut lanes_or, mut lanes_min) = ([0u32; 8], [0u32; 8]);
@@ -167,12 +198,12 @@ fn pack_keys_avx512(_: crate::simd::Avx512, keys: &[f32], kp: &mut [u32]) -> Opt
 }
 
 /// The pair step: six keys a step, their pairs read from a packed copy of
-/// the segment's float32 keys (key for key: the key at element offset `e`
-/// of the segment's keys has its pairs at `kp[e / 2 ..]`), against the
-/// tile's query pairs; run by the instruction or its model.
+/// the segment's float32 keys ([`pack_keys`], key for key: key `k` of the
+/// segment's keys is key `k` of the pairs), against the tile's query
+/// pairs; run by the instruction ([`Hw`]) or its model ([`Model`]).
 #[derive(Clone, Copy)]
-pub(super) struct PairStep<'a> {
-    pub(super) run: PairRun,
+pub(super) struct PairStep<'a, R> {
+    pub(super) run: R,
     /// The tile's 4 rows of pairs, `dp / 2` apart.
     pub(super) qp: &'a [u32],
     /// The segment's keys' first byte, and their pairs.
@@ -180,7 +211,58 @@ pub(super) struct PairStep<'a> {
     pub(super) kp: &'a [u32],
 }
 
-impl Step for PairStep<'_> {
+/// What runs a pair step's six keys: [`dots6_hw`]'s contract.
+pub(super) trait Dots6: Copy {
+    /// # Safety
+    /// As [`dots6_hw`]; the instructions the implementor stands for
+    /// available.
+    unsafe fn dots6<const ODD: bool>(
+        self,
+        qp: *const u32,
+        dp2: usize,
+        kp: *const u32,
+        d: usize,
+    ) -> [__m128; 6];
+}
+
+/// The instruction, with the token that proves it.
+#[derive(Clone, Copy)]
+pub(super) struct Hw(pub(super) crate::simd::Avx512Bf16);
+
+impl Dots6 for Hw {
+    #[inline(always)]
+    unsafe fn dots6<const ODD: bool>(
+        self,
+        qp: *const u32,
+        dp2: usize,
+        kp: *const u32,
+        d: usize,
+    ) -> [__m128; 6] {
+        // SAFETY: the token proves the features; the pointers are the
+        // contract's.
+        unsafe { dots6_hw::<ODD>(self.0, qp, dp2, kp, d) }
+    }
+}
+
+/// The software model, on any x86-64 CPU.
+#[derive(Clone, Copy)]
+pub(super) struct Model;
+
+impl Dots6 for Model {
+    #[inline(always)]
+    unsafe fn dots6<const ODD: bool>(
+        self,
+        qp: *const u32,
+        dp2: usize,
+        kp: *const u32,
+        d: usize,
+    ) -> [__m128; 6] {
+        // SAFETY: the contract's pointers.
+        unsafe { dots6_model(qp, dp2, kp, usize::from(ODD), d) }
+    }
+}
+
+impl<R: Dots6> Step for PairStep<'_, R> {
     const KEYS: usize = 6;
     #[inline(always)]
     unsafe fn fold<L: Load>(
@@ -191,19 +273,21 @@ impl Step for PairStep<'_> {
         d: usize,
         m: __m128,
     ) -> __m128 {
-        let e = (k as usize - self.keys_at) / std::mem::size_of::<L::E>();
-        // The keys' pairs mirror the keys (the contract of `run_pairs`):
-        // keys `e / d .. e / d + 6` are within the segment, so their pairs
-        // are within `kp`.
-        let kp = self.kp[e / 2..e / 2 + 6 * d / 2].as_ptr();
-        let qp = self.qp.as_ptr();
-        let s = match self.run {
-            // SAFETY: the token proves AVX512-BF16 and AVX-512 F/BW/DQ/VL;
-            // `qp` holds 4 rows of `dp / 2` (asserted by `run_pairs`), `kp`
-            // six keys' `d / 2` (the slice above).
-            PairRun::Hw(t) => unsafe { dots6_hw(t, qp, dp / 2, kp, d / 2) },
-            // SAFETY: as above, without the token: the model reads the same.
-            PairRun::Model => unsafe { dots6_model(qp, dp / 2, kp, d / 2) },
+        // The step's first key, counted from the segment's first.
+        let k = (k as usize - self.keys_at) / std::mem::size_of::<L::E>() / d;
+        // The key pairs holding keys `k .. k + 6` (within the segment, so
+        // within the pairs: the contract of `run_pairs`); key `k` is the
+        // window's first or second.
+        let window = &self.kp[k / 2 * d..(k + 6).div_ceil(2) * d];
+        let (qp, kp) = (self.qp.as_ptr(), window.as_ptr());
+        // SAFETY: `qp` holds 4 rows of `dp / 2` (asserted by `run_pairs`),
+        // the window six keys' pairs from key `k % 2`; the run's features
+        // are its own contract.
+        let s = unsafe {
+            match k % 2 {
+                0 => self.run.dots6::<false>(qp, dp / 2, kp, d),
+                _ => self.run.dots6::<true>(qp, dp / 2, kp, d),
+            }
         };
         s.into_iter().fold(m, |m, sj| {
             // SAFETY: SSE, which x86-64 always has.
@@ -212,36 +296,65 @@ impl Step for PairStep<'_> {
     }
 }
 
-/// The dot products of the 4 rows of pairs at `qp` (stride `dp2`) with the
-/// 6 keys' pairs at `kp` (stride `d2`, a multiple of 8), each as `[r0, r2,
-/// r1, r3]`: the AVX-512 step's `dots6` in pairs (keys `2p` and `2p + 1`
-/// in the low and high halves of one register, each half one key's 8
-/// lanes, reduced by [`reduce4`]).
+/// The float32 walk ([`super::avx2::segment_f32`]) with the instruction's
+/// step, compiled with the instruction's features so that the step inlines
+/// into the walk (its results stay in registers).
 ///
 /// # Safety
-/// `qp` readable for `4 · dp2` pairs (`dp2 >= d2`), `kp` for `6 · d2`.
+/// As [`super::avx2::segment_f32`]; the token proves the features.
 #[target_feature(enable = "avx512bf16,avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn dots6_hw(
+pub(super) unsafe fn segment_hw(
+    step: PairStep<'_, Hw>,
+    seg: &super::Segment<'_>,
+    keys: &[f32],
+    out: super::TileOut<'_>,
+) {
+    // SAFETY: the token inside `step` proves every feature above.
+    unsafe { super::avx2::segment_f32(step, seg, keys, out) }
+}
+
+/// The dot products of the 4 rows of pairs at `qp` (stride `dp2`) with the
+/// 6 keys whose pairs start at `kp` ([`pair_at`]'s layout, `d`
+/// dimensions; from its key 0, or with `ODD` its key 1), each as `[r0, r2,
+/// r1, r3]`: the AVX-512 step's `dots6` in pairs (keys `2p` and `2p + 1` of
+/// the six in the low and high halves of one register, each half one key's
+/// 8 lanes, reduced by [`reduce12`]). From key 0 both halves are one
+/// 512-bit load; from key 1 they are two loads and an insert (a piece that
+/// starts at an odd key).
+///
+/// # Safety
+/// `qp` readable for `4 · dp2` pairs (`2 · dp2 >= d`), `kp` for the pairs of
+/// keys `0 .. 6 + ODD` ([`packed_len`]).
+#[inline]
+#[target_feature(enable = "avx512bf16,avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn dots6_hw<const ODD: bool>(
     _: crate::simd::Avx512Bf16,
     qp: *const u32,
     dp2: usize,
     kp: *const u32,
-    d2: usize,
+    d: usize,
 ) -> [__m128; 6] {
     use crate::simd::bf16dp::dp;
     let mut acc = [[_mm512_setzero_ps(); 3]; MR];
-    for g in 0..d2 / 8 {
+    let first = usize::from(ODD);
+    for g in 0..d / GROUP {
         let mut kv = [_mm512_setzero_si512(); 3];
         for (p, v) in kv.iter_mut().enumerate() {
-            // SAFETY: keys 2p and 2p+1, pairs 8g .. 8g+8, are within d2.
+            let at = |k: usize| pair_at(first + k, g, d);
+            // SAFETY: keys 2p and 2p + 1 of the six, group g (the contract).
             *v = unsafe {
-                let a = _mm256_loadu_si256(kp.add(2 * p * d2 + 8 * g).cast());
-                let b = _mm256_loadu_si256(kp.add((2 * p + 1) * d2 + 8 * g).cast());
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+                match ODD {
+                    false => _mm512_loadu_si512(kp.add(at(2 * p)).cast()),
+                    true => {
+                        let a = _mm256_loadu_si256(kp.add(at(2 * p)).cast());
+                        let b = _mm256_loadu_si256(kp.add(at(2 * p + 1)).cast());
+                        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+                    }
+                }
             };
         }
         for (r, accr) in acc.iter_mut().enumerate() {
-            // SAFETY: row r's pairs 8g .. 8g+8 are within dp2.
+            // SAFETY: row r's pairs 8g .. 8g + 8 are within dp2.
             let qv = _mm512_broadcast_i64x4(unsafe {
                 _mm256_loadu_si256(qp.add(r * dp2 + 8 * g).cast())
             });
@@ -250,32 +363,88 @@ unsafe fn dots6_hw(
             }
         }
     }
-    let lo = |v: __m512| _mm512_castps512_ps256(v);
-    let hi = |v: __m512| _mm512_extractf32x8_ps::<1>(v);
-    let mut out = [_mm_setzero_ps(); 6];
-    for p in 0..3 {
-        let [a, b, c, e] = [acc[0][p], acc[1][p], acc[2][p], acc[3][p]];
-        out[2 * p] = reduce4(lo(a), lo(b), lo(c), lo(e));
-        out[2 * p + 1] = reduce4(hi(a), hi(b), hi(c), hi(e));
-    }
-    out
+    // SAFETY: the target features above.
+    unsafe { reduce12(acc) }
+}
+
+/// The 24 dot products of [`dots6_hw`]'s accumulators (`acc[r][p]`: row
+/// `r`, keys `2p` and `2p + 1` in the low and high halves), each summed in
+/// the canonical tree `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`
+/// as `reduce4` (`simd::x86`) sums it (the same additions of the same operands), but
+/// in 512-bit registers, 16 lanes an addition: per key, `[r0, r2, r1, r3]`.
+///
+/// # Safety
+/// AVX-512 F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce12(acc: [[__m512; 3]; MR]) -> [__m128; 6] {
+    // Quarters (4 lanes) of `acc[r][p]`: key 2p's l0-3, l4-7, key 2p+1's
+    // l0-3, l4-7. First `l_j + l_{j+4}`, rows paired: quarters [r A, r B,
+    // r' A, r' B] (A, B: the two keys).
+    let first = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+        )
+    };
+    // Then `m_0 + m_2`, `m_1 + m_3` within each quarter, for two registers:
+    // quarter q is [x.q's two, y.q's two].
+    let second = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
+            _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
+        )
+    };
+    // Last `p_0 + p_1`, a key's rows brought into one quarter first:
+    // `r0, r2` are in quarter q, `r1, r3` in quarter q + 2.
+    let third = |u: __m512, v: __m512| {
+        let lo = _mm512_shuffle_f32x4::<0b01_00_01_00>(u, v);
+        let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(u, v);
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b10_00_10_00>(lo, hi),
+            _mm512_shuffle_ps::<0b11_01_11_01>(lo, hi),
+        )
+    };
+    let r: [__m512; 3] =
+        std::array::from_fn(|p| second(first(acc[0][p], acc[1][p]), first(acc[2][p], acc[3][p])));
+    // Keys 0-3 in quarters 0-3, keys 4-5 in 0-1.
+    let (f, g) = (third(r[0], r[1]), third(r[2], r[2]));
+    [
+        _mm512_castps512_ps128(f),
+        _mm512_extractf32x4_ps::<1>(f),
+        _mm512_extractf32x4_ps::<2>(f),
+        _mm512_extractf32x4_ps::<3>(f),
+        _mm512_castps512_ps128(g),
+        _mm512_extractf32x4_ps::<1>(g),
+    ]
 }
 
 /// [`dots6_hw`] with each lane through [`dp_model`], and the canonical tree
-/// written out: the tests' stand-in for the instruction on every CPU.
+/// written out (`first`: 1 for `ODD`): the tests' stand-in for the
+/// instruction on every CPU.
 ///
 /// # Safety
 /// As [`dots6_hw`]'s pointer contract.
-unsafe fn dots6_model(qp: *const u32, dp2: usize, kp: *const u32, d2: usize) -> [__m128; 6] {
+unsafe fn dots6_model(
+    qp: *const u32,
+    dp2: usize,
+    kp: *const u32,
+    first: usize,
+    d: usize,
+) -> [__m128; 6] {
     std::array::from_fn(|p| {
         let s: [f32; MR] = std::array::from_fn(|r| {
             let mut l = [0.0f32; 8];
-            for g in 0..d2 / 8 {
+            for g in 0..d / GROUP {
                 for (j, lj) in l.iter_mut().enumerate() {
-                    // SAFETY: pair 8g + j < d2 of row r and key p (the
+                    // SAFETY: lane j of group g of row r and of key p (the
                     // contract).
-                    let (a, b) =
-                        unsafe { (*qp.add(r * dp2 + 8 * g + j), *kp.add(p * d2 + 8 * g + j)) };
+                    let (a, b) = unsafe {
+                        (
+                            *qp.add(r * dp2 + 8 * g + j),
+                            *kp.add(pair_at(first + p, g, d) + j),
+                        )
+                    };
                     *lj = dp_model(*lj, a, b);
                 }
             }

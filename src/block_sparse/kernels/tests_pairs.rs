@@ -2,7 +2,7 @@
 //! magnitudes, bit for bit, wherever it runs; not run where its flushes
 //! could act.
 
-use super::pairs::{pack_keys, pack_keys_body, PairRows, PairRun, GROUP};
+use super::pairs::{pack_keys, pack_keys_body, packed_len, pair_at, PairRows, PairRun, GROUP};
 use super::portable;
 use crate::block_sparse::engine::{score_blocks, Keys, PaddedRows, PAIRED};
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
@@ -321,10 +321,12 @@ fn the_vector_pack_gives_the_portable_pairs_and_summary() {
             bits[i] = planted[rng.below(planted.len())];
         }
         let keys: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
-        let mut want = vec![0u32; keys.len() / 2];
-        let summary = pack_keys_body(&keys, &mut want);
+        // Stale contents first: every pair is written, an odd count's last
+        // half with zeros.
+        let mut want = vec![0xDEAD_BEEFu32; packed_len(n, d)];
+        let summary = pack_keys_body(&keys, d, &mut want);
         assert_eq!(summary, min_exponent(bits.iter().copied()));
-        let mut got = vec![0u32; keys.len() / 2];
+        let mut got = vec![0x5EED_5EEDu32; packed_len(n, d)];
         assert_eq!(pack_keys(&keys, d, &mut got), summary, "case {case}");
         assert_eq!(got, want, "case {case}");
         kinds[match summary {
@@ -332,11 +334,17 @@ fn the_vector_pack_gives_the_portable_pairs_and_summary() {
             Some(e) if e == i32::MAX / 4 => 1,
             Some(_) => 2,
         }] += 1;
-        // The layout itself: lane j of group m pairs dimensions 16m + j
-        // (high half) and 16m + 8 + j.
+        // The layout itself: lane j of key p's group m pairs its dimensions
+        // 16m + j (high half) and 16m + 8 + j, keys 2i and 2i + 1 side by
+        // side in each group.
         let (p, m, j) = (rng.below(n), rng.below(d / GROUP), rng.below(8));
         let at = |i: usize| keys[p * d + GROUP * m + i];
-        assert_eq!(want[p * d / 2 + 8 * m + j], pack(at(j), at(j + 8)));
+        let lane = p / 2 * d + GROUP * m + p % 2 * 8 + j;
+        assert_eq!(pair_at(p, m, d) + j, lane);
+        assert_eq!(want[lane], pack(at(j), at(j + 8)));
+        if n % 2 == 1 {
+            assert!(want[pair_at(n, m, d)..][..8].iter().all(|&x| x == 0));
+        }
     }
     assert!(kinds[0] > 300 && kinds[2] > 300, "{kinds:?}");
 }
@@ -358,9 +366,13 @@ fn the_query_pairs_summarise_each_tile() {
         pr.tiles[0],
         min_exponent(q[..4 * dp].iter().map(|x| x.to_bits()))
     );
-    let mut want = vec![0u32; dp / 2];
-    pack_keys_body(&q[5 * dp..6 * dp], &mut want);
-    assert_eq!(&pr.tile(1, dp)[dp / 2..dp], &want[..]);
+    let mut want = vec![0u32; dp];
+    pack_keys_body(&q[5 * dp..6 * dp], dp, &mut want);
+    // A query row is one key's pairs, group after group.
+    let row: Vec<u32> = (0..dp / GROUP)
+        .flat_map(|m| want[pair_at(0, m, dp)..][..8].to_vec())
+        .collect();
+    assert_eq!(&pr.tile(1, dp)[dp / 2..dp], &row[..]);
     assert!(pr.admits(1, Some(-22)) && !pr.admits(1, Some(-23)) && !pr.admits(2, Some(0)));
     assert!(PairRows::new(&q[..4 * 40], 40).is_none());
     let inexact: Vec<f32> = q.iter().map(|x| f32::from_bits(x.to_bits() | 1)).collect();
