@@ -2,7 +2,8 @@
 //! `2p` in lanes 0–7, key `2p + 1` in lanes 8–15 — against each query row
 //! broadcast to both halves. Each half is exactly the AVX2 kernel's `__m256`
 //! accumulator of its key (the same fused multiply-adds on the same lanes in
-//! the same order), and each half is reduced with the same [`reduce4`], so
+//! the same order), and each half is reduced with the additions of
+//! [`reduce4`](crate::simd::x86::reduce4), so
 //! the block maxima are bit-identical to the AVX2 and portable kernels';
 //! what changes is that one instruction does the work of two. The walk over
 //! a segment (pieces, masking, the last keys of a run, the block key
@@ -11,7 +12,6 @@
 use super::avx2::Step;
 use super::MR;
 use crate::keys::lanes::Load;
-use crate::simd::x86::reduce4;
 use crate::simd::Avx512;
 use std::arch::x86_64::*;
 
@@ -82,13 +82,58 @@ unsafe fn dots6<L: Load>(q: *const f32, dp: usize, k: *const L::E, d: usize) -> 
             }
         }
     }
-    let lo = |v: __m512| _mm512_castps512_ps256(v);
-    let hi = |v: __m512| _mm512_extractf32x8_ps::<1>(v);
-    let mut out = [_mm_setzero_ps(); 6];
-    for p in 0..3 {
-        let [a, b, c, e] = [acc[0][p], acc[1][p], acc[2][p], acc[3][p]];
-        out[2 * p] = reduce4(lo(a), lo(b), lo(c), lo(e));
-        out[2 * p + 1] = reduce4(hi(a), hi(b), hi(c), hi(e));
-    }
-    out
+    // SAFETY: the target features above.
+    unsafe { reduce12(acc) }
+}
+
+/// The 24 dot products of a six-key step's accumulators (`acc[r][p]`:
+/// row `r`, keys `2p` and `2p + 1` in the low and high halves), each summed in
+/// the canonical tree `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`
+/// as [`reduce4`](crate::simd::x86::reduce4) sums it (the same additions of the same operands), but
+/// in 512-bit registers, 16 lanes an addition: per key, `[r0, r2, r1, r3]`.
+///
+/// # Safety
+/// AVX-512 F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn reduce12(acc: [[__m512; 3]; MR]) -> [__m128; 6] {
+    // Quarters (4 lanes) of `acc[r][p]`: key 2p's l0-3, l4-7, key 2p+1's
+    // l0-3, l4-7. First `l_j + l_{j+4}`, rows paired: quarters [r A, r B,
+    // r' A, r' B] (A, B: the two keys).
+    let first = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+        )
+    };
+    // Then `m_0 + m_2`, `m_1 + m_3` within each quarter, for two registers:
+    // quarter q is [x.q's two, y.q's two].
+    let second = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
+            _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
+        )
+    };
+    // Last `p_0 + p_1`, a key's rows brought into one quarter first:
+    // `r0, r2` are in quarter q, `r1, r3` in quarter q + 2.
+    let third = |u: __m512, v: __m512| {
+        let lo = _mm512_shuffle_f32x4::<0b01_00_01_00>(u, v);
+        let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(u, v);
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b10_00_10_00>(lo, hi),
+            _mm512_shuffle_ps::<0b11_01_11_01>(lo, hi),
+        )
+    };
+    let r: [__m512; 3] =
+        std::array::from_fn(|p| second(first(acc[0][p], acc[1][p]), first(acc[2][p], acc[3][p])));
+    // Keys 0-3 in quarters 0-3, keys 4-5 in 0-1.
+    let (f, g) = (third(r[0], r[1]), third(r[2], r[2]));
+    [
+        _mm512_castps512_ps128(f),
+        _mm512_extractf32x4_ps::<1>(f),
+        _mm512_extractf32x4_ps::<2>(f),
+        _mm512_extractf32x4_ps::<3>(f),
+        _mm512_castps512_ps128(g),
+        _mm512_extractf32x4_ps::<1>(g),
+    ]
 }

@@ -318,7 +318,7 @@ pub(super) unsafe fn segment_hw(
 /// dimensions; from its key 0, or with `ODD` its key 1), each as `[r0, r2,
 /// r1, r3]`: the AVX-512 step's `dots6` in pairs (keys `2p` and `2p + 1` of
 /// the six in the low and high halves of one register, each half one key's
-/// 8 lanes, reduced by [`reduce12`]). From key 0 both halves are one
+/// 8 lanes, reduced by [`super::avx512::reduce12`]). From key 0 both halves are one
 /// 512-bit load; from key 1 they are two loads and an insert (a piece that
 /// starts at an odd key).
 ///
@@ -364,59 +364,7 @@ unsafe fn dots6_hw<const ODD: bool>(
         }
     }
     // SAFETY: the target features above.
-    unsafe { reduce12(acc) }
-}
-
-/// The 24 dot products of [`dots6_hw`]'s accumulators (`acc[r][p]`: row
-/// `r`, keys `2p` and `2p + 1` in the low and high halves), each summed in
-/// the canonical tree `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`
-/// as `reduce4` (`simd::x86`) sums it (the same additions of the same operands), but
-/// in 512-bit registers, 16 lanes an addition: per key, `[r0, r2, r1, r3]`.
-///
-/// # Safety
-/// AVX-512 F.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn reduce12(acc: [[__m512; 3]; MR]) -> [__m128; 6] {
-    // Quarters (4 lanes) of `acc[r][p]`: key 2p's l0-3, l4-7, key 2p+1's
-    // l0-3, l4-7. First `l_j + l_{j+4}`, rows paired: quarters [r A, r B,
-    // r' A, r' B] (A, B: the two keys).
-    let first = |a: __m512, b: __m512| {
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
-        )
-    };
-    // Then `m_0 + m_2`, `m_1 + m_3` within each quarter, for two registers:
-    // quarter q is [x.q's two, y.q's two].
-    let second = |x: __m512, y: __m512| {
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
-            _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
-        )
-    };
-    // Last `p_0 + p_1`, a key's rows brought into one quarter first:
-    // `r0, r2` are in quarter q, `r1, r3` in quarter q + 2.
-    let third = |u: __m512, v: __m512| {
-        let lo = _mm512_shuffle_f32x4::<0b01_00_01_00>(u, v);
-        let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(u, v);
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0b10_00_10_00>(lo, hi),
-            _mm512_shuffle_ps::<0b11_01_11_01>(lo, hi),
-        )
-    };
-    let r: [__m512; 3] =
-        std::array::from_fn(|p| second(first(acc[0][p], acc[1][p]), first(acc[2][p], acc[3][p])));
-    // Keys 0-3 in quarters 0-3, keys 4-5 in 0-1.
-    let (f, g) = (third(r[0], r[1]), third(r[2], r[2]));
-    [
-        _mm512_castps512_ps128(f),
-        _mm512_extractf32x4_ps::<1>(f),
-        _mm512_extractf32x4_ps::<2>(f),
-        _mm512_extractf32x4_ps::<3>(f),
-        _mm512_castps512_ps128(g),
-        _mm512_extractf32x4_ps::<1>(g),
-    ]
+    unsafe { super::avx512::reduce12(acc) }
 }
 
 /// [`dots6_hw`] with each lane through [`dp_model`], and the canonical tree
