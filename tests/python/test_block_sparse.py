@@ -1096,3 +1096,91 @@ def test_a_nan_query_selects_the_forced_and_lowest_blocks():
     got = ks.block_sparse_select(q, k, 39, cfg)
     assert got.tolist() == [[0, 1, 2, 8, 9], [0, 6, 7, 8, 9]]
     assert _ref_select(q, k, 39, cfg).tolist() == got.tolist()
+
+
+_PAIRS_CHILD = """
+import sys
+import numpy as np
+import kvselect as ks
+assert ks.simd_level() == sys.argv[3], ks.simd_level()
+data = np.load(sys.argv[1])
+out = {}
+for i in range(int(data["n"])):
+    fmt = str(data[f"fmt_{i}"])
+    kf = None if fmt == "float32" else fmt
+    qf = None if fmt == "float32" else "bfloat16"
+    cfg = ks.BlockSparseConfig(*data[f"cfg_{i}"].tolist())
+    args = (data[f"q_{i}"], data[f"k_{i}"], data[f"pos_{i}"], cfg)
+    out[f"rows_{i}"] = ks.block_sparse_select(*args, key_format=kf, query_format=qf)
+    out[f"scores_{i}"] = ks.block_scores(*args, key_format=kf, query_format=qf)
+np.savez(sys.argv[2], **out)
+"""
+
+
+def _level_runs(level: str) -> bool:
+    """Whether ``KVSELECT_SIMD=level`` gives that level on this CPU (the pair
+    level exists only with AVX512-BF16)."""
+    got = subprocess.run(
+        [sys.executable, "-c", "import kvselect; print(kvselect.simd_level())"],
+        env=dict(os.environ, KVSELECT_SIMD=level),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return got == level
+
+
+@pytest.mark.parametrize("level", ["avx512bf16", "avx512", "avx2", "scalar"])
+def test_bf16_prefills_give_the_same_blocks_and_score_bits_at_every_level(tmp_path, level):
+    """The pair step's inputs -- bfloat16 queries against bfloat16 or fp8 keys
+    (raw views), or float32 arrays holding bfloat16 values, many rows (a
+    prefill: the pair step runs where more than two row tiles read each key
+    chunk) -- give the same blocks and block score bits at every level as in
+    this process, whichever level it runs: exponents the pair level admits,
+    tiny queries and keys it must hand to the float32 step (their flushes
+    would act), NaN keys and signed zeros, d a multiple of 16 or not, blocks
+    that start at odd keys. The pair level runs in a child with
+    ``KVSELECT_SIMD=avx512bf16`` wherever the CPU has it, default or not."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    if not _level_runs(level):
+        if level in ("avx2", "scalar") and os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
+            pytest.fail(f"KVSELECT_REQUIRE_AVX2=1, but KVSELECT_SIMD={level} is not that level")
+        pytest.skip(f"this CPU has no {level} level")
+    rng = np.random.default_rng(SEED_BASE + 46)
+    n_cases = 18
+    arrays, expected = {"n": np.array(n_cases)}, {}
+    for i in range(n_cases):
+        m, h = int(rng.integers(4, 40)), int(rng.choice([1, 3, 4, 8]))
+        t, d = int(rng.integers(1, 1500)), int(rng.choice([16, 32, 64, 128, 24]))
+        bs = int(rng.choice([5, 16, 64, 128]))
+        cfg = (bs, int(rng.integers(0, 12)), int(rng.integers(0, 2)), int(rng.integers(0, 2)))
+        q = rng.standard_normal((m, h, d)).astype(np.float32)
+        k = rng.standard_normal((t, d)).astype(np.float32)
+        if i % 3 == 1:
+            # Tiny keys against tiny queries: exponent sums below -112, the
+            # float32 step's (fp8 keys cannot get there: only bfloat16).
+            k[rng.random(t) < 0.3] *= np.float32(2.0**-60)
+            q[: m // 2] *= np.float32(2.0**-56)
+        if i % 4 in (1, 2):
+            k[rng.integers(0, t)] = np.nan
+            k[rng.random((t, d)) < 0.1] = -0.0
+        fmt = ["bfloat16", "float8_e4m3fn", "float32"][i % 3]
+        qq = q.astype(ml_dtypes.bfloat16)
+        if fmt == "float32":
+            qq, kk = qq.astype(np.float32), k.astype(ml_dtypes.bfloat16).astype(np.float32)
+        else:
+            dtype = ml_dtypes.bfloat16 if fmt == "bfloat16" else ml_dtypes.float8_e4m3fn
+            qq, kk = qq.view(np.uint16), k.astype(dtype).view(np.uint16 if fmt == "bfloat16" else np.uint8)
+        pos = np.sort(rng.integers(0, t + 5, m))
+        arrays.update(
+            {f"q_{i}": qq, f"k_{i}": kk, f"pos_{i}": pos, f"cfg_{i}": np.array(cfg), f"fmt_{i}": np.array(fmt)}
+        )
+        kf = None if fmt == "float32" else fmt
+        qf = None if fmt == "float32" else "bfloat16"
+        args = (qq, kk, pos, ks.BlockSparseConfig(*cfg))
+        expected[f"rows_{i}"] = ks.block_sparse_select(*args, key_format=kf, query_format=qf)
+        expected[f"scores_{i}"] = ks.block_scores(*args, key_format=kf, query_format=qf)
+    np.savez(tmp_path / "in.npz", **arrays)
+    from levels import assert_child_equals
+
+    assert_child_equals(_PAIRS_CHILD, tmp_path, level, expected)
