@@ -381,6 +381,65 @@ def _met(ratio: float, t) -> bool | None:
 EVICT_BYTES = 1 << 30
 
 
+def _pair_prefill_cases() -> dict:
+    """The prefill's shape (512 queries × 4 heads, 16,384 positions, d 128)
+    with bfloat16 queries against bfloat16 and fp8 keys: the inputs block
+    selection's pair step takes (issue 46 item 2). Seeded, so a child
+    process builds the same."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(46)
+    n, m = 16_384, 512
+    k = rng.standard_normal((n, 128), dtype=np.float32)
+    qs = rng.standard_normal((m, 4, 128), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    pos = np.arange(n - m, n)
+    cfg = ks.BlockSparseConfig(128, 16, 0, 1)
+    kb, k8 = k.astype(ml_dtypes.bfloat16), k.astype(ml_dtypes.float8_e4m3fn)
+    return {
+        "bfloat16 queries, bfloat16 keys": (qs, kb, pos, cfg),
+        "bfloat16 queries, fp8 keys": (qs, k8, pos, cfg),
+    }
+
+
+def _pair_prefill(reps: int, with_check: bool = False) -> dict:
+    """``_pair_prefill_cases`` timed, ns, interleaved (with ``with_check``:
+    ``(ns, selections equal to float32 ones on the decoded values)``)."""
+    cases = _pair_prefill_cases()
+    t = interleaved({c: (lambda a=a: ks.block_sparse_select(*a)) for c, a in cases.items()}, reps)
+    if not with_check:
+        return t
+    out = {}
+    for c, (qs, k, pos, cfg) in cases.items():
+        same = np.array_equal(
+            ks.block_sparse_select(qs, k, pos, cfg), ks.block_sparse_select(_decoded(qs), _decoded(k), pos, cfg)
+        )
+        out[c] = (t[c], same)
+    return out
+
+
+def _other_pair_level() -> str | None:
+    """Where the CPU has the pair level: the one of it and the AVX-512 level
+    this process does not run (``None`` elsewhere)."""
+    if ks._core._pair_speedup() is None:
+        return None
+    return "avx512" if ks.simd_level() == "avx512bf16" else "avx512bf16"
+
+
+def _child_pair_prefill(level: str, reps: int) -> dict:
+    """``_pair_prefill`` in a child process at ``KVSELECT_SIMD=level``, ms."""
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (
+        f"import sys, json; sys.path.insert(0, {here!r}); import compare, kvselect as ks; "
+        f"assert ks.simd_level() == {level!r}, ks.simd_level(); "
+        f"print(json.dumps({{c: ns / 1e6 for c, ns in compare._pair_prefill({reps}).items()}}))"
+    )
+    env = dict(os.environ, KVSELECT_SIMD=level)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def bench_block_engine(quick: bool) -> list:
     """Block selection on the caches engines hold (vLLM's MiniMax-M3 index-K:
     bfloat16 or fp8 e4m3fn, paged, page = block = 128) at the released
@@ -520,6 +579,16 @@ def bench_block_engine(quick: bool) -> list:
         ("float32 dense", t[c] / t["dense float32"], None),
         ("bfloat16 dense", t[c] / t["dense bfloat16"], ("<=", 1.1)),
     )
+    # bfloat16 queries: the pair step's inputs (issue 46 item 2), against
+    # float32 dense in this run and the same inputs at the other of the pair
+    # and AVX-512 levels in a child process, where the CPU has the pair level.
+    other = _other_pair_level()
+    there = _child_pair_prefill(other, 3 if quick else 15) if other else {}
+    for c, (ns, same) in _pair_prefill(3 if quick else 15, with_check=True).items():
+        ratios = [("float32 dense, float32 queries", ns / t["dense float32"], None)]
+        if c in there:
+            ratios.append((f"the same at {other} (child process)", ns / 1e6 / there[c], None))
+        row(section, f"{c} dense ({ks.simd_level()})", ns, same, *ratios)
     c = "query-major"
     row(section, "float32, query-major [512, 4, 16] into out=", t[c], agree[c])
     row(

@@ -77,9 +77,11 @@
 //!   order with a fused multiply-add (`acc = fma(q, k, acc)`, a dimension
 //!   past `d` counting as `fma(0, 0, acc)`), and the lanes are then summed
 //!   as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`. The AVX2 kernel does this
-//!   with one `__m256` accumulator per dot product; the portable kernel
-//!   emulates it lane by lane with `f32::mul_add`, so both give
-//!   bit-identical block maxima (a unit test checks this). Block maxima are
+//!   with one `__m256` accumulator per dot product (the AVX-512 step two
+//!   per register; the bfloat16 pair step two steps of a lane per
+//!   instruction, where its inputs allow: `kernels/pairs.rs`); the portable
+//!   kernel emulates it lane by lane with `f32::mul_add`, so all give
+//!   bit-identical block maxima (unit tests check this). Block maxima are
 //!   reduced with an order-independent `max` (NaN-ignoring, signed zeros
 //!   canonicalised), and every block is scored by exactly one task, so the
 //!   thread count changes nothing.
@@ -132,7 +134,8 @@
 //! `select.rs` (the rule applied to one row's block maxima), `engine.rs`
 //! (fused scoring + max-pool across the pool, then selection), `kernels/`
 //! (the segment interface and dispatch in `mod.rs`, `portable.rs`,
-//! `avx2.rs`, and the tests of one against the other), `check.rs` (the rule
+//! `avx2.rs`, `avx512.rs`, the bfloat16 pair step `pairs.rs`, and the
+//! tests of one against the other), `check.rs` (the rule
 //! applied to an engine's row, and its reasons; public as
 //! `kvselect::check::check_block_row`) and `tests_check.rs`. A packed
 //! batch's `cu_seqlens` and `seq_ids` are checked where the indexer's are

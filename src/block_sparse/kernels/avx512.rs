@@ -83,10 +83,10 @@ unsafe fn dots6<L: Load>(q: *const f32, dp: usize, k: *const L::E, d: usize) -> 
         }
     }
     // SAFETY: the target features above.
-    unsafe { reduce12(acc) }
+    unsafe { reduce::<3, 6>(acc) }
 }
 
-/// The 24 dot products of a six-key step's accumulators (`acc[r][p]`:
+/// The `4 K` dot products of a `K`-key step's accumulators (`acc[r][p]`:
 /// row `r`, keys `2p` and `2p + 1` in the low and high halves), each summed in
 /// the canonical tree `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`
 /// as [`reduce4`](crate::simd::x86::reduce4) sums it (the same additions of the same operands), but
@@ -96,7 +96,8 @@ unsafe fn dots6<L: Load>(q: *const f32, dp: usize, k: *const L::E, d: usize) -> 
 /// AVX-512 F.
 #[inline]
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn reduce12(acc: [[__m512; 3]; MR]) -> [__m128; 6] {
+pub(super) unsafe fn reduce<const P: usize, const K: usize>(acc: [[__m512; P]; MR]) -> [__m128; K] {
+    const { assert!(K == 2 * P) };
     // Quarters (4 lanes) of `acc[r][p]`: key 2p's l0-3, l4-7, key 2p+1's
     // l0-3, l4-7. First `l_j + l_{j+4}`, rows paired: quarters [r A, r B,
     // r' A, r' B] (A, B: the two keys).
@@ -124,16 +125,22 @@ pub(super) unsafe fn reduce12(acc: [[__m512; 3]; MR]) -> [__m128; 6] {
             _mm512_shuffle_ps::<0b11_01_11_01>(lo, hi),
         )
     };
-    let r: [__m512; 3] =
+    let r: [__m512; P] =
         std::array::from_fn(|p| second(first(acc[0][p], acc[1][p]), first(acc[2][p], acc[3][p])));
-    // Keys 0-3 in quarters 0-3, keys 4-5 in 0-1.
-    let (f, g) = (third(r[0], r[1]), third(r[2], r[2]));
-    [
-        _mm512_castps512_ps128(f),
-        _mm512_extractf32x4_ps::<1>(f),
-        _mm512_extractf32x4_ps::<2>(f),
-        _mm512_extractf32x4_ps::<3>(f),
-        _mm512_castps512_ps128(g),
-        _mm512_extractf32x4_ps::<1>(g),
-    ]
+    // Keys 4i .. 4i + 4 in the quarters of `third(r[2i], r[2i + 1])` (an odd
+    // last register with itself: its two keys twice).
+    let mut out = [_mm_setzero_ps(); K];
+    for i in 0..P.div_ceil(2) {
+        let f = third(r[2 * i], r[(2 * i + 1).min(P - 1)]);
+        let quarters = [
+            _mm512_castps512_ps128(f),
+            _mm512_extractf32x4_ps::<1>(f),
+            _mm512_extractf32x4_ps::<2>(f),
+            _mm512_extractf32x4_ps::<3>(f),
+        ];
+        for (o, q) in out[4 * i..].iter_mut().zip(quarters) {
+            *o = q;
+        }
+    }
+    out
 }

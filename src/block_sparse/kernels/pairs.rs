@@ -13,12 +13,12 @@
 //! 16-dimension group `m` holds [`pack`]`(x[16m + j], x[16m + 8 + j])`, for
 //! keys and queries alike, and a 512-bit register holds the 8 lanes of two
 //! keys, as the AVX-512 step's accumulators do ([`super::avx512`]). The
-//! lanes are then reduced by the same tree, so a step's six keys' scores
+//! lanes are then reduced by the same tree, so a step's eight keys' scores
 //! are the float32 step's bits wherever the chain of pairs is the chain of
 //! FMAs: where [`admits`] says denormals-are-zero and flush-to-zero cannot
 //! act (why, in [`crate::simd::bf16dp`]), checked per (row tile, key
 //! chunk) on the tile's queries and the chunk's keys. Every other tile and
-//! chunk runs the float32 step, and so do the keys a step of six does not
+//! chunk runs the float32 step, and so do the keys a step of eight does not
 //! cover (a block's last ones, a masked piece): they read the chunk's
 //! float32 keys, which the pairs mirror key for key.
 //!
@@ -197,7 +197,7 @@ fn pack_keys_avx512(_: crate::simd::Avx512, keys: &[f32], d: usize, kp: &mut [u3
     }
 }
 
-/// The pair step: six keys a step, their pairs read from a packed copy of
+/// The pair step: [`KEYS`] keys a step, their pairs read from a packed copy of
 /// the segment's float32 keys ([`pack_keys`], key for key: key `k` of the
 /// segment's keys is key `k` of the pairs), against the tile's query
 /// pairs; run by the instruction ([`Hw`]) or its model ([`Model`]).
@@ -211,36 +211,39 @@ pub(super) struct PairStep<'a, R> {
     pub(super) kp: &'a [u32],
 }
 
-/// What runs a pair step's six keys: [`dots6_hw`]'s contract.
-pub(super) trait Dots6: Copy {
+/// Keys per pair step: four registers of two keys a row.
+pub(super) const KEYS: usize = 8;
+
+/// What runs a pair step's [`KEYS`] keys: [`dots_hw`]'s contract.
+pub(super) trait Dots: Copy {
     /// # Safety
-    /// As [`dots6_hw`]; the instructions the implementor stands for
+    /// As [`dots_hw`]; the instructions the implementor stands for
     /// available.
-    unsafe fn dots6<const ODD: bool>(
+    unsafe fn dots<const ODD: bool>(
         self,
         qp: *const u32,
         dp2: usize,
         kp: *const u32,
         d: usize,
-    ) -> [__m128; 6];
+    ) -> [__m128; KEYS];
 }
 
 /// The instruction, with the token that proves it.
 #[derive(Clone, Copy)]
 pub(super) struct Hw(pub(super) crate::simd::Avx512Bf16);
 
-impl Dots6 for Hw {
+impl Dots for Hw {
     #[inline(always)]
-    unsafe fn dots6<const ODD: bool>(
+    unsafe fn dots<const ODD: bool>(
         self,
         qp: *const u32,
         dp2: usize,
         kp: *const u32,
         d: usize,
-    ) -> [__m128; 6] {
+    ) -> [__m128; KEYS] {
         // SAFETY: the token proves the features; the pointers are the
         // contract's.
-        unsafe { dots6_hw::<ODD>(self.0, qp, dp2, kp, d) }
+        unsafe { dots_hw::<ODD>(self.0, qp, dp2, kp, d) }
     }
 }
 
@@ -248,22 +251,22 @@ impl Dots6 for Hw {
 #[derive(Clone, Copy)]
 pub(super) struct Model;
 
-impl Dots6 for Model {
+impl Dots for Model {
     #[inline(always)]
-    unsafe fn dots6<const ODD: bool>(
+    unsafe fn dots<const ODD: bool>(
         self,
         qp: *const u32,
         dp2: usize,
         kp: *const u32,
         d: usize,
-    ) -> [__m128; 6] {
+    ) -> [__m128; KEYS] {
         // SAFETY: the contract's pointers.
-        unsafe { dots6_model(qp, dp2, kp, usize::from(ODD), d) }
+        unsafe { dots_model(qp, dp2, kp, usize::from(ODD), d) }
     }
 }
 
-impl<R: Dots6> Step for PairStep<'_, R> {
-    const KEYS: usize = 6;
+impl<R: Dots> Step for PairStep<'_, R> {
+    const KEYS: usize = KEYS;
     #[inline(always)]
     unsafe fn fold<L: Load>(
         self,
@@ -275,18 +278,18 @@ impl<R: Dots6> Step for PairStep<'_, R> {
     ) -> __m128 {
         // The step's first key, counted from the segment's first.
         let k = (k as usize - self.keys_at) / std::mem::size_of::<L::E>() / d;
-        // The key pairs holding keys `k .. k + 6` (within the segment, so
-        // within the pairs: the contract of `run_pairs`); key `k` is the
+        // The key pairs holding keys `k .. k + KEYS` (within the segment,
+        // so within the pairs: the contract of `run_pairs`); key `k` is the
         // window's first or second.
-        let window = &self.kp[k / 2 * d..(k + 6).div_ceil(2) * d];
+        let window = &self.kp[k / 2 * d..(k + KEYS).div_ceil(2) * d];
         let (qp, kp) = (self.qp.as_ptr(), window.as_ptr());
         // SAFETY: `qp` holds 4 rows of `dp / 2` (asserted by `run_pairs`),
-        // the window six keys' pairs from key `k % 2`; the run's features
+        // the window the step's keys' pairs from key `k % 2`; the run's features
         // are its own contract.
         let s = unsafe {
             match k % 2 {
-                0 => self.run.dots6::<false>(qp, dp / 2, kp, d),
-                _ => self.run.dots6::<true>(qp, dp / 2, kp, d),
+                0 => self.run.dots::<false>(qp, dp / 2, kp, d),
+                _ => self.run.dots::<true>(qp, dp / 2, kp, d),
             }
         };
         s.into_iter().fold(m, |m, sj| {
@@ -314,34 +317,35 @@ pub(super) unsafe fn segment_hw(
 }
 
 /// The dot products of the 4 rows of pairs at `qp` (stride `dp2`) with the
-/// 6 keys whose pairs start at `kp` ([`pair_at`]'s layout, `d`
+/// [`KEYS`] keys whose pairs start at `kp` ([`pair_at`]'s layout, `d`
 /// dimensions; from its key 0, or with `ODD` its key 1), each as `[r0, r2,
-/// r1, r3]`: the AVX-512 step's `dots6` in pairs (keys `2p` and `2p + 1` of
-/// the six in the low and high halves of one register, each half one key's
-/// 8 lanes, reduced by [`super::avx512::reduce12`]). From key 0 both halves are one
+/// r1, r3]`: the AVX-512 step's `dots6` in pairs, two keys more (keys `2p`
+/// and `2p + 1` of the step in the low and high halves of one register, each half one key's
+/// 8 lanes, reduced by [`super::avx512::reduce`]). From key 0 both halves are one
 /// 512-bit load; from key 1 they are two loads and an insert (a piece that
 /// starts at an odd key).
 ///
 /// # Safety
 /// `qp` readable for `4 · dp2` pairs (`2 · dp2 >= d`), `kp` for the pairs of
-/// keys `0 .. 6 + ODD` ([`packed_len`]).
+/// keys `0 .. KEYS + ODD` ([`packed_len`]).
 #[inline]
 #[target_feature(enable = "avx512bf16,avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn dots6_hw<const ODD: bool>(
+unsafe fn dots_hw<const ODD: bool>(
     _: crate::simd::Avx512Bf16,
     qp: *const u32,
     dp2: usize,
     kp: *const u32,
     d: usize,
-) -> [__m128; 6] {
+) -> [__m128; KEYS] {
     use crate::simd::bf16dp::dp;
-    let mut acc = [[_mm512_setzero_ps(); 3]; MR];
+    const P: usize = KEYS / 2;
+    let mut acc = [[_mm512_setzero_ps(); P]; MR];
     let first = usize::from(ODD);
     for g in 0..d / GROUP {
-        let mut kv = [_mm512_setzero_si512(); 3];
+        let mut kv = [_mm512_setzero_si512(); P];
         for (p, v) in kv.iter_mut().enumerate() {
             let at = |k: usize| pair_at(first + k, g, d);
-            // SAFETY: keys 2p and 2p + 1 of the six, group g (the contract).
+            // SAFETY: keys 2p and 2p + 1 of the step, group g (the contract).
             *v = unsafe {
                 match ODD {
                     false => _mm512_loadu_si512(kp.add(at(2 * p)).cast()),
@@ -358,28 +362,28 @@ unsafe fn dots6_hw<const ODD: bool>(
             let qv = _mm512_broadcast_i64x4(unsafe {
                 _mm256_loadu_si256(qp.add(r * dp2 + 8 * g).cast())
             });
-            for p in 0..3 {
+            for p in 0..P {
                 accr[p] = dp(accr[p], qv, kv[p]);
             }
         }
     }
     // SAFETY: the target features above.
-    unsafe { super::avx512::reduce12(acc) }
+    unsafe { super::avx512::reduce::<P, KEYS>(acc) }
 }
 
-/// [`dots6_hw`] with each lane through [`dp_model`], and the canonical tree
+/// [`dots_hw`] with each lane through [`dp_model`], and the canonical tree
 /// written out (`first`: 1 for `ODD`): the tests' stand-in for the
 /// instruction on every CPU.
 ///
 /// # Safety
-/// As [`dots6_hw`]'s pointer contract.
-unsafe fn dots6_model(
+/// As [`dots_hw`]'s pointer contract.
+unsafe fn dots_model(
     qp: *const u32,
     dp2: usize,
     kp: *const u32,
     first: usize,
     d: usize,
-) -> [__m128; 6] {
+) -> [__m128; KEYS] {
     std::array::from_fn(|p| {
         let s: [f32; MR] = std::array::from_fn(|r| {
             let mut l = [0.0f32; 8];
