@@ -57,9 +57,11 @@ pub enum Level {
     /// attention pass's sixteen (one per lane); the other kernels AVX2.
     Avx512,
     /// AVX-512 with AVX512-BF16 (`VDPBF16PS`): the indexer's dot products of
-    /// bfloat16-exact queries and bf16 / fp8 keys two dimensions per
-    /// instruction, bit for bit the float32 kernel's (its blocks admitted
-    /// per block, the others and every other kernel at the AVX-512 level).
+    /// bfloat16-exact queries and bf16 / fp8 keys, and block selection's in a
+    /// prefill (more than two row tiles a key chunk), two dimensions per
+    /// instruction, bit for bit the float32 kernels' (admitted per key block
+    /// or per row tile and chunk; the rest and every other kernel at the
+    /// AVX-512 level).
     /// Offered only when the CPU's instruction matches the software model,
     /// and the default only where it does at least 1.3 times the products
     /// per second of the FMAs it replaces (`simd/bf16dp.rs`);

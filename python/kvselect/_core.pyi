@@ -2238,7 +2238,8 @@ def simd_level() -> str:
     """The best instruction-set level the SIMD kernels dispatched to on this CPU.
 
     "avx512bf16" (AVX-512 with AVX512-BF16's ``VDPBF16PS``: the indexer's dot products of
-    bfloat16-exact queries and bf16 / fp8 keys two dimensions per instruction, the same bits;
+    bfloat16-exact queries and bf16 / fp8 keys, and block selection's in a prefill, two dimensions
+    per instruction, the same bits;
     offered only when the CPU's instruction matches kvselect's software model of it, and the
     default only where it does at least 1.3 times the products per second of the FMAs it
     replaces: AMD Zen 4, not an Intel Xeon, where it does half), "avx512" (block selection, the indexer and

@@ -334,27 +334,19 @@ pub(super) fn run_engine<T: Send>(
     }
 }
 
-#[cfg(test)]
-thread_local! {
-    /// How many (tile, chunk) segments this thread's calls scored with the
-    /// pair step (the tests' view of which path ran: both give the same
-    /// bits).
-    pub(super) static PAIRED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
 /// Fills `maxima` (block-major, `[n_blk][stride]`, initialised to -inf)
 /// with every padded row's max score over blocks `b0 .. b0 + n_blk`; with
 /// `mags` (`stride = rows_pad + 1`), each block's last entry with the
 /// largest magnitude of its keys (NaN if one holds NaN).
 ///
-/// With `pairs` (the pair level's run, [`PairRun::of`]; the tests hand in
-/// its model), a chunk that many row tiles read is also packed into
+/// With `pair_run` (the pair level's run, [`PairRun::of`]; the tests hand
+/// in its model), a chunk that many row tiles read is also packed into
 /// bfloat16 pairs, and each tile the pairs admit is scored by the pair
-/// step ([`pairs`]): the same bits.
+/// step (`kernels/pairs.rs`, x86-64 only): the same bits.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn score_blocks(
     isa: Isa,
-    pairs: Option<PairRun>,
+    pair_run: Option<PairRun>,
     rows: &PaddedRows,
     keys: &Keys<'_>,
     d: usize,
@@ -394,11 +386,11 @@ pub(super) fn score_blocks(
     // once for all of them), `d` is whole pair groups (then `dp = d`) and
     // some tile's queries are bfloat16-exact.
     #[cfg(target_arch = "x86_64")]
-    let paired = pairs
+    let paired = pair_run
         .filter(|_| !streaming && d.is_multiple_of(pairs::GROUP))
         .and_then(|run| Some((run, rows.pair_rows()?)));
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = pairs;
+    let _ = pair_run;
     #[cfg(target_arch = "x86_64")]
     let mut kp = Vec::new();
     let k_start = b0.saturating_mul(bs).min(n_keys);
@@ -508,8 +500,6 @@ pub(super) fn score_blocks(
                     ..seg
                 };
                 run_pairs(isa, run, &seg, pr.tile(t, rows.dp), &kp, out);
-                #[cfg(test)]
-                PAIRED.with(|n| n.set(n.get() + 1));
                 continue;
             }
             run_segment(isa, &seg, out);

@@ -26,3 +26,16 @@ def assert_child_equals(child: str, tmp_path, level: str, expected: dict) -> Non
             assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
         else:
             assert np.array_equal(got[name], want), name
+
+
+def level_runs(level: str) -> bool:
+    """Whether ``KVSELECT_SIMD=level`` gives that level on this CPU (the pair
+    level exists only with AVX512-BF16)."""
+    got = subprocess.run(
+        [sys.executable, "-c", "import kvselect; print(kvselect.simd_level())"],
+        env=dict(os.environ, KVSELECT_SIMD=level),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return got == level

@@ -4,7 +4,7 @@ pass, refusals)."""
 
 import numpy as np
 import pytest
-from levels import assert_child_equals
+from levels import assert_child_equals, level_runs
 from pages import vllm_fp8_pages
 
 import kvselect as ks
@@ -429,23 +429,6 @@ np.savez(sys.argv[2], **out)
 """
 
 
-def _level_runs(level: str) -> bool:
-    """Whether ``KVSELECT_SIMD=level`` gives that level on this CPU (the pair
-    level exists only with AVX512-BF16)."""
-    import os
-    import subprocess
-    import sys
-
-    got = subprocess.run(
-        [sys.executable, "-c", "import kvselect; print(kvselect.simd_level())"],
-        env=dict(os.environ, KVSELECT_SIMD=level),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    return got == level
-
-
 @pytest.mark.parametrize("level", ["avx512bf16", "avx512", "avx2", "scalar"])
 def test_bf16_and_fp8_queries_give_the_same_rows_and_score_bits_at_every_level(tmp_path, level):
     """The pair level's inputs (bfloat16 queries × bfloat16 keys, fp8 queries ×
@@ -459,7 +442,7 @@ def test_bf16_and_fp8_queries_give_the_same_rows_and_score_bits_at_every_level(t
     default or not."""
     import os
 
-    if not _level_runs(level):
+    if not level_runs(level):
         if level in ("avx2", "scalar") and os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
             pytest.fail(f"KVSELECT_REQUIRE_AVX2=1, but KVSELECT_SIMD={level} is not that level")
         pytest.skip(f"this CPU has no {level} level")

@@ -3,8 +3,10 @@
 //! Keys are read in their own format ([`Load`]): a bfloat16, float16 or
 //! fp8 key is decoded exactly into the lanes the float32 kernel would have
 //! loaded, so the arithmetic, and every block max, is the same. The walk
-//! over a segment is shared with the AVX-512 kernel, which only replaces
-//! the [`Step`] over whole runs of keys; the walk also takes each block's
+//! over a segment is shared with the AVX-512 kernel and the bfloat16 pair
+//! step, which only replace the [`Step`] over whole runs of keys (the
+//! pair step from its own packed copy of the keys: `pairs.rs`); the walk
+//! also takes each block's
 //! key magnitude when the tile reports it ([`super::TileOut`]), a step's
 //! keys right after the step, while they are in L1 (a max over their
 //! codes: the same value however the keys are split, so the AVX-512
@@ -114,7 +116,7 @@ pub(super) unsafe fn dots_upto3<L: Load>(
 
 /// A run of [`Step::KEYS`] consecutive keys scored against the tile and
 /// folded into the running max `m` (lanes `[r0, r2, r1, r3]`): the one
-/// thing the AVX-512 kernel does differently.
+/// thing the AVX-512 kernel and the pair step do differently.
 pub(super) trait Step: Copy {
     const KEYS: usize;
     /// Whether fp8 keys are read as `2⁻⁸ ×` their values against a query

@@ -1,6 +1,7 @@
 //! The scoring kernels' interface -- a 4-row tile against a run of keys,
-//! cut into per-block pieces -- and the dispatch to the AVX2 or the
-//! portable kernel (bit-identical: see the module docs of
+//! cut into per-block pieces -- and the dispatch to the AVX-512, AVX2 or
+//! portable kernel, and to the bfloat16 pair step where the engine admits
+//! it ([`run_pairs`]; all bit-identical: see the module docs of
 //! [`crate::block_sparse`]).
 
 use super::exact;
@@ -216,7 +217,7 @@ pub(super) fn run_pairs(
                 seg,
                 keys,
                 out,
-            )
+            );
         },
         // SAFETY: `token` proves AVX2, FMA and F16C for the walk; the
         // model's step runs no instruction beyond SSE.
@@ -228,9 +229,18 @@ pub(super) fn run_pairs(
                 keys_at,
                 kp,
             };
-            avx2::segment(token, step, seg, out)
+            avx2::segment(token, step, seg, out);
         },
     }
+    #[cfg(test)]
+    PAIRED.with(|n| n.set(n.get() + 1));
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+thread_local! {
+    /// How many segments this thread's calls scored with the pair step
+    /// (the tests' view of which path ran: both give the same bits).
+    pub(super) static PAIRED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// The pieces of a segment's keys, in increasing order: each lies in one

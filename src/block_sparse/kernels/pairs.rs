@@ -171,8 +171,8 @@ fn pack_keys_avx512(_: crate::simd::Avx512, keys: &[f32], d: usize, kp: &mut [u3
                 _mm256_storeu_si256(dst.add(pair_at(k, m, d)).cast(), p);
                 or = _mm256_ternarylogic_epi32::<0xFE>(or, a, b);
                 for x in [a, b] {
-                    let m = _mm256_sub_epi32(_mm256_and_si256(x, magnitude), one);
-                    min = _mm256_min_epu32(min, m);
+                    let below = _mm256_sub_epi32(_mm256_and_si256(x, magnitude), one);
+                    min = _mm256_min_epu32(min, below);
                 }
             }
         }
@@ -282,10 +282,13 @@ impl<R: Dots> Step for PairStep<'_, R> {
         // so within the pairs: the contract of `run_pairs`); key `k` is the
         // window's first or second.
         let window = &self.kp[k / 2 * d..(k + KEYS).div_ceil(2) * d];
-        let (qp, kp) = (self.qp.as_ptr(), window.as_ptr());
-        // SAFETY: `qp` holds 4 rows of `dp / 2` (asserted by `run_pairs`),
-        // the window the step's keys' pairs from key `k % 2`; the run's features
-        // are its own contract.
+        // The tile's 4 rows of `dp / 2` pairs (checked here too, so the
+        // reads below rest on this function alone).
+        let qp = self.qp[..MR * dp / 2].as_ptr();
+        let kp = window.as_ptr();
+        // SAFETY: `qp` holds 4 rows of `dp / 2` pairs and the window the
+        // step's keys' pairs from key `k % 2` (both sliced above); the run's
+        // features are its own contract.
         let s = unsafe {
             match k % 2 {
                 0 => self.run.dots::<false>(qp, dp / 2, kp, d),

@@ -4,7 +4,10 @@
 
 use super::pairs::{pack_keys, pack_keys_body, packed_len, pair_at, PairRows, PairRun, GROUP};
 use super::portable;
-use crate::block_sparse::engine::{score_blocks, Keys, PaddedRows, PAIRED};
+use super::PAIRED;
+use crate::block_sparse::engine::{run_engine, score_blocks, Finish, Keys, PaddedRows};
+use crate::block_sparse::select::write_i32_row;
+use crate::block_sparse::BlockSparseConfig;
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
 use crate::simd::bf16dp::{dp_model, min_exponent, pack};
 use crate::simd::{self, Isa};
@@ -148,6 +151,12 @@ fn the_pair_step_gives_the_float32_block_maxima() {
             paged16[page * bs * d..page * bs * d + keys.len()].copy_from_slice(keys);
         }
         let bytes: Vec<u8> = paged16.iter().flat_map(|x| x.to_le_bytes()).collect();
+        // The same pages in float32: read in place (a page's keys from its
+        // own base).
+        let bytes32: Vec<u8> = paged16
+            .iter()
+            .flat_map(|&x| (u32::from(x) << 16).to_le_bytes())
+            .collect();
         let table: Vec<i32> = (0..n_pages).map(|b| (n_pages - 1 - b) as i32).collect();
         let lens = [n_keys];
         let paged = Keys::Paged {
@@ -166,11 +175,22 @@ fn the_pair_step_gives_the_float32_block_maxima() {
             },
             seq: 0,
         };
+        let paged32 = Keys::Paged {
+            cache: PagedCache {
+                bytes: &bytes32,
+                page_stride: bs * d * 4,
+                layout: PageLayout::Dense(Format::F32),
+                ..cache_of(&paged)
+            },
+            table: table_of(&paged),
+            seq: 0,
+        };
         let sources = [
             Keys::Dense(Encoded::F32(&k)),
             Keys::Dense(Encoded::Bf16(&k16)),
             Keys::Dense(Encoded::Fp8E4m3(&fp8)),
             paged,
+            paged32,
         ];
         let split = [(1, 5), (3, 64), (1 + rng.below(4), 1 << 20)][case % 3];
         for keys in &sources {
@@ -196,6 +216,20 @@ fn the_pair_step_gives_the_float32_block_maxima() {
         paired > 50_000 && compared > 300_000,
         "{paired} paired, {compared}"
     );
+}
+
+fn cache_of<'a>(keys: &Keys<'a>) -> PagedCache<'a> {
+    match keys {
+        Keys::Paged { cache, .. } => *cache,
+        Keys::Dense(_) => unreachable!("a paged source"),
+    }
+}
+
+fn table_of<'a>(keys: &Keys<'a>) -> BlockTable<'a> {
+    match keys {
+        Keys::Paged { table, .. } => *table,
+        Keys::Dense(_) => unreachable!("a paged source"),
+    }
 }
 
 fn keys_format(keys: &Keys<'_>) -> Format {
@@ -263,8 +297,8 @@ fn the_pair_step_runs_only_where_it_gives_the_same_bits() {
     let mut k2 = k.clone();
     k2[70 * d] = f32::from_bits(k2[70 * d].to_bits() | 0x8000);
     assert_eq!(one(&q, &k2, d, rows), 3 * (chunks - 1));
-    // d = 24 or 12 (padded to 16: still not whole groups) and two tiles:
-    // no pairs at all.
+    // d = 24 (not whole groups) or 12 (padded to 16, but its keys are not
+    // whole groups), and two tiles: no pairs at all.
     for dd in [24, 12] {
         let q: Vec<f32> = (0..rows * dd).map(|_| rng.bf16(-4, 8)).collect();
         let k: Vec<f32> = (0..n_keys * dd).map(|_| rng.bf16(-4, 8)).collect();
@@ -377,4 +411,44 @@ fn the_query_pairs_summarise_each_tile() {
     assert!(PairRows::new(&q[..4 * 40], 40).is_none());
     let inexact: Vec<f32> = q.iter().map(|x| f32::from_bits(x.to_bits() | 1)).collect();
     assert!(PairRows::new(&inexact, dp).is_none());
+}
+
+/// The engine takes the pair step exactly at the pair level: a prefill's
+/// bfloat16 rows through `run_engine` (one task: it runs on this thread)
+/// run in pairs at `Isa::Avx512Bf16` and never below it, with the same
+/// selections.
+#[test]
+fn the_engine_takes_the_pair_step_at_the_pair_level_only() {
+    let mut rng = XorShift(0x656e_6769);
+    let (heads, d, n_q, n_keys) = (4, 32, 6, 700);
+    let cfg = BlockSparseConfig::new(16, 5, 1, 1).unwrap();
+    let w = cfg.width();
+    let keys: Vec<f32> = (0..n_keys * d).map(|_| rng.bf16(-4, 8)).collect();
+    let q: Vec<f32> = (0..n_q * heads * d).map(|_| rng.bf16(-4, 8)).collect();
+    let vis: Vec<usize> = (0..n_q).map(|i| n_keys - 40 * i).collect();
+    let mut want = None;
+    for isa in simd::isas_for_test() {
+        let mut out = vec![0i32; n_q * heads * w];
+        let mut rows: Vec<&mut [i32]> = out.chunks_exact_mut(w).collect();
+        let before = PAIRED.with(|n| n.get());
+        run_engine(
+            isa,
+            &Encoded::F32(&q),
+            heads,
+            &vis,
+            &Keys::Dense(Encoded::F32(&keys)),
+            d,
+            &cfg,
+            &mut rows,
+            Finish::Select(&write_i32_row),
+            1 << 20,
+        );
+        let paired = PAIRED.with(|n| n.get()) - before;
+        assert_eq!(
+            paired > 0,
+            matches!(isa, Isa::Avx512Bf16(_)),
+            "{isa:?}: {paired}"
+        );
+        assert_eq!(*want.get_or_insert_with(|| out.clone()), out, "{isa:?}");
+    }
 }
