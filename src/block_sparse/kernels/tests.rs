@@ -27,6 +27,38 @@ impl XorShift {
     }
 }
 
+/// What `score_blocks` leaves at `isa` (with the pair step's `pairs`) for
+/// every (query, head) row of `q`: the block-major scratch (`[nb][stride]`,
+/// `stride` the padded rows, plus one for the blocks' key magnitudes with
+/// `mags`) and `stride`, blocks `0 .. nb` scored in `bpt`-block tasks, keys
+/// walked `key_chunk` at a time.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn scratch_of(
+    isa: Isa,
+    pairs: Option<crate::simd::bf16dp::PairRun>,
+    q: &[f32],
+    rows: usize,
+    vis: &[usize],
+    keys: &Keys<'_>,
+    d: usize,
+    bs: usize,
+    (bpt, key_chunk): (usize, usize),
+    mags: bool,
+) -> (Vec<f32>, usize) {
+    let padded = PaddedRows::new(&Encoded::F32(q), 0, rows, d, |r| vis[r]);
+    let n_keys = keys.n_keys(d);
+    let nb = vis.iter().map(|v| v.div_ceil(bs)).max().unwrap_or(0);
+    let stride = padded.rows_pad + usize::from(mags);
+    let mut scratch = vec![f32::NEG_INFINITY; nb * stride];
+    for (t, chunk) in scratch.chunks_mut(stride * bpt).enumerate() {
+        let b0 = t * bpt;
+        score_blocks(
+            isa, pairs, &padded, keys, d, n_keys, bs, b0, chunk, key_chunk, mags,
+        );
+    }
+    (scratch, stride)
+}
+
 /// Block maxima of every (query, head) row, computed with `isa`.
 fn maxima(
     isa: Isa,
@@ -37,28 +69,8 @@ fn maxima(
     d: usize,
     bs: usize,
 ) -> Vec<u32> {
-    let padded = PaddedRows::new(&Encoded::F32(q), 0, rows, d, |r| vis[r]);
-    let n_keys = keys.n_keys(d);
-    let nb = vis.iter().map(|v| v.div_ceil(bs)).max().unwrap_or(0);
-    let rp = padded.rows_pad;
-    let mut scratch = vec![f32::NEG_INFINITY; nb * rp];
     // Several tasks and a small key chunk, to cross every boundary.
-    let bpt = 3;
-    for (t, chunk) in scratch.chunks_mut(rp * bpt).enumerate() {
-        score_blocks(
-            isa,
-            None,
-            &padded,
-            keys,
-            d,
-            n_keys,
-            bs,
-            t * bpt,
-            chunk,
-            5,
-            false,
-        );
-    }
+    let (scratch, rp) = scratch_of(isa, None, q, rows, vis, keys, d, bs, (3, 5), false);
     let mut bits = Vec::new();
     for r in 0..rows {
         for b in 0..vis[r].div_ceil(bs) {
@@ -179,36 +191,15 @@ fn magnitudes(
     keys: &Keys<'_>,
     d: usize,
     bs: usize,
-    (bpt, key_chunk): (usize, usize),
+    split: (usize, usize),
 ) -> Vec<f32> {
-    let padded = PaddedRows::new(&Encoded::F32(q), 0, rows, d, |r| vis[r]);
-    let n_keys = keys.n_keys(d);
-    let nb = vis.iter().map(|v| v.div_ceil(bs)).max().unwrap_or(0);
-    let stride = padded.rows_pad + 1;
-    let mut scratch = vec![f32::NEG_INFINITY; nb * stride];
-    for (t, chunk) in scratch.chunks_mut(stride * bpt).enumerate() {
-        score_blocks(
-            isa,
-            None,
-            &padded,
-            keys,
-            d,
-            n_keys,
-            bs,
-            t * bpt,
-            chunk,
-            key_chunk,
-            true,
-        );
-    }
-    (0..nb)
-        .map(|b| scratch[b * stride + padded.rows_pad])
+    let (scratch, stride) = scratch_of(isa, None, q, rows, vis, keys, d, bs, split, true);
+    scratch
+        .chunks_exact(stride)
+        .map(|b| b[stride - 1])
         .collect()
 }
 
-/// The block key magnitudes the kernels take as they read the keys (the
-/// first row tile of each chunk takes those it reads, the engine the rest
-/// past every row's visibility) are, on every level, each block's largest
 /// `|k|` over all its keys, or NaN when one is NaN — whatever the format,
 /// the task and chunk splits, the tiles and the masked pieces.
 #[test]

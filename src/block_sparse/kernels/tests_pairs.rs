@@ -4,8 +4,9 @@
 
 use super::pairs::{pack_keys, pack_keys_body, packed_len, pair_at, PairRows, PairRun, GROUP};
 use super::portable;
+use super::tests::scratch_of;
 use super::PAIRED;
-use crate::block_sparse::engine::{run_engine, score_blocks, Finish, Keys, PaddedRows};
+use crate::block_sparse::engine::{run_engine, Finish, Keys};
 use crate::block_sparse::select::write_i32_row;
 use crate::block_sparse::BlockSparseConfig;
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
@@ -46,8 +47,8 @@ fn runs() -> Vec<PairRun> {
 }
 
 /// Every row's block maxima (bits) and every block's key magnitude, as
-/// `score_blocks` leaves them (`bpt`-block tasks, `key_chunk`-key chunks),
-/// and how many segments ran in pairs.
+/// `score_blocks` leaves them ([`scratch_of`]), and how many segments ran
+/// in pairs.
 #[allow(clippy::too_many_arguments)]
 fn scores(
     isa: Isa,
@@ -58,38 +59,19 @@ fn scores(
     keys: &Keys<'_>,
     d: usize,
     bs: usize,
-    (bpt, key_chunk): (usize, usize),
+    split: (usize, usize),
 ) -> (Vec<u32>, usize) {
-    let padded = PaddedRows::new(&Encoded::F32(q), 0, rows, d, |r| vis[r]);
-    let n_keys = keys.n_keys(d);
-    let nb = vis.iter().map(|v| v.div_ceil(bs)).max().unwrap_or(0);
-    let stride = padded.rows_pad + 1;
-    let mut scratch = vec![f32::NEG_INFINITY; nb * stride];
     let before = PAIRED.with(|n| n.get());
-    for (t, chunk) in scratch.chunks_mut(stride * bpt).enumerate() {
-        score_blocks(
-            isa,
-            pairs,
-            &padded,
-            keys,
-            d,
-            n_keys,
-            bs,
-            t * bpt,
-            chunk,
-            key_chunk,
-            true,
-        );
-    }
+    let (scratch, stride) = scratch_of(isa, pairs, q, rows, vis, keys, d, bs, split, true);
     let paired = PAIRED.with(|n| n.get()) - before;
     let mut bits = Vec::new();
-    for b in 0..nb {
+    for (b, block) in scratch.chunks_exact(stride).enumerate() {
         for r in 0..rows {
             if b < vis[r].div_ceil(bs) {
-                bits.push(scratch[b * stride + r].to_bits());
+                bits.push(block[r].to_bits());
             }
         }
-        bits.push(scratch[b * stride + padded.rows_pad].to_bits());
+        bits.push(block[stride - 1].to_bits());
     }
     (bits, paired)
 }
