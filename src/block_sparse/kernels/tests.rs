@@ -7,9 +7,9 @@ use crate::block_sparse::BlockSparseConfig;
 use crate::keys::{bf16_to_f32, fp8_e4m3fn_to_f32, Encoded};
 use crate::simd::{self, Isa};
 
-struct XorShift(u64);
+pub(super) struct XorShift(pub(super) u64);
 impl XorShift {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x << 13;
         x ^= x >> 7;
@@ -22,8 +22,18 @@ impl XorShift {
         // between summation orders, so a mismatch would show.
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
-    fn below(&mut self, n: usize) -> usize {
+    pub(super) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
+    }
+    /// A bfloat16 value in `±[2^lo, 2^(lo + span))` (full 8-bit
+    /// significand: sums round), or zero one time in 16.
+    pub(super) fn bf16(&mut self, lo: i32, span: usize) -> f32 {
+        let x = self.next();
+        if x.is_multiple_of(16) {
+            return 0.0;
+        }
+        let e = (lo + self.below(span) as i32 + 127) as u32;
+        f32::from_bits(((x >> 8) as u32 & 0x807F_0000) | e << 23)
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::pairs::{pack_keys, pack_keys_body, packed_len, pair_at, PairRows, PairRun, GROUP};
 use super::portable;
-use super::tests::scratch_of;
+use super::tests::{scratch_of, XorShift};
 use super::PAIRED;
 use crate::block_sparse::engine::{run_engine, Finish, Keys};
 use crate::block_sparse::select::write_i32_row;
@@ -12,31 +12,6 @@ use crate::block_sparse::BlockSparseConfig;
 use crate::keys::{BlockTable, Encoded, Format, PageLayout, PagedCache};
 use crate::simd::bf16dp::{dp_model, min_exponent, pack};
 use crate::simd::{self, Isa};
-
-struct XorShift(u64);
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    /// A bfloat16 value in `±[2^lo, 2^(lo + span))` (full 8-bit
-    /// significand: sums round), or zero one time in 16.
-    fn bf16(&mut self, lo: i32, span: usize) -> f32 {
-        let x = self.next();
-        if x.is_multiple_of(16) {
-            return 0.0;
-        }
-        let e = (lo + self.below(span) as i32 + 127) as u32;
-        f32::from_bits(((x >> 8) as u32 & 0x807F_0000) | e << 23)
-    }
-}
 
 /// The pair runs this CPU has: the model everywhere, the instruction where
 /// the CPU has it.
