@@ -120,7 +120,15 @@ pub(in crate::block_sparse) fn packed_len(n: usize, d: usize) -> usize {
 /// summary ([`min_exponent`]).
 pub(in crate::block_sparse) fn pack_keys(keys: &[f32], d: usize, kp: &mut [u32]) -> Option<i32> {
     assert!(d > 0 && d.is_multiple_of(GROUP) && keys.len().is_multiple_of(d));
-    assert!(kp.len() == packed_len(keys.len() / d, d));
+    let n = keys.len() / d;
+    assert!(kp.len() == packed_len(n, d));
+    // An odd count's last key pair has no second key: its half zero, once
+    // here for both bodies below (they write every key's pairs).
+    if n % 2 == 1 {
+        for m in 0..d / GROUP {
+            kp[pair_at(n, m, d)..][..GROUP / 2].fill(0);
+        }
+    }
     if let Some(t) = crate::simd::avx512_token() {
         // SAFETY: the token proves AVX-512 F and VL (and AVX2).
         return unsafe { pack_keys_avx512(t, keys, d, kp) };
@@ -128,18 +136,12 @@ pub(in crate::block_sparse) fn pack_keys(keys: &[f32], d: usize, kp: &mut [u32])
     pack_keys_body(keys, d, kp)
 }
 
-/// [`pack_keys`]' body.
+/// [`pack_keys`]' body (the keys' pairs; the padding is `pack_keys`').
 pub(super) fn pack_keys_body(keys: &[f32], d: usize, kp: &mut [u32]) -> Option<i32> {
-    let n = keys.len() / d;
     for (k, key) in keys.chunks_exact(d).enumerate() {
         for (m, g) in key.chunks_exact(GROUP).enumerate() {
             let at = pair_at(k, m, d);
             pack_row(g, &mut kp[at..at + GROUP / 2]);
-        }
-    }
-    if n % 2 == 1 {
-        for m in 0..d / GROUP {
-            kp[pair_at(n, m, d)..][..GROUP / 2].fill(0);
         }
     }
     min_exponent(keys.iter().map(|x| x.to_bits()))
@@ -175,11 +177,6 @@ fn pack_keys_avx512(_: crate::simd::Avx512, keys: &[f32], d: usize, kp: &mut [u3
                     min = _mm256_min_epu32(min, below);
                 }
             }
-        }
-    }
-    if n % 2 == 1 {
-        for m in 0..groups {
-            kp[pair_at(n, m, d)..][..GROUP / 2].fill(0);
         }
     }
     let (mut lanes_or, mut lanes_min) = ([0u32; 8], [0u32; 8]);

@@ -312,9 +312,9 @@ fn the_vector_pack_gives_the_portable_pairs_and_summary() {
             bits[i] = planted[rng.below(planted.len())];
         }
         let keys: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
-        // Stale contents first: every pair is written, an odd count's last
-        // half with zeros.
-        let mut want = vec![0xDEAD_BEEFu32; packed_len(n, d)];
+        // `got` starts stale: `pack_keys` writes every pair, an odd count's
+        // last half with zeros (the body writes the keys' pairs alone).
+        let mut want = vec![0u32; packed_len(n, d)];
         let summary = pack_keys_body(&keys, d, &mut want);
         assert_eq!(summary, min_exponent(bits.iter().copied()));
         let mut got = vec![0x5EED_5EEDu32; packed_len(n, d)];
@@ -334,7 +334,7 @@ fn the_vector_pack_gives_the_portable_pairs_and_summary() {
         assert_eq!(pair_at(p, m, d) + j, lane);
         assert_eq!(want[lane], pack(at(j), at(j + 8)));
         if n % 2 == 1 {
-            assert!(want[pair_at(n, m, d)..][..8].iter().all(|&x| x == 0));
+            assert!(got[pair_at(n, m, d)..][..8].iter().all(|&x| x == 0));
         }
     }
     assert!(kinds[0] > 300 && kinds[2] > 300, "{kinds:?}");
