@@ -229,22 +229,29 @@ def _long_calls():
 LONG = _long_calls()
 
 
+def _fastest(call, n=3):
+    """The shortest of `n` timings of `call`, in seconds."""
+    best = float("inf")
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 @pytest.mark.parametrize("name", sorted(LONG))
 def test_the_gil_is_released_during_a_long_call(name):
     ks.set_num_threads(1)  # leave a core for the counting thread
     build = LONG[name]
     factor = 1
     call = build(factor)
-    call()
-    t0 = time.perf_counter()
-    call()
-    took = time.perf_counter() - t0
-    while took < 0.05 and factor < 64:
+    call()  # first touches
+    # The best of three: one slow call (a page fault storm, the other
+    # xdist worker) must not stop the growth at a size that is fast alone.
+    while _fastest(call) < 0.05 and factor < 64:
         factor *= 2
         call = build(factor)
-        t0 = time.perf_counter()
         call()
-        took = time.perf_counter() - t0
 
     count = [0]
     stop = threading.Event()
