@@ -39,9 +39,9 @@
 //!   the slots of all eight lanes in registers (compare, blend), no branch
 //!   on the data.
 //! - `moba.sums`: rows added into a running sum element by element, row
-//!   after row (the block sum in token order); the AVX2 kernel holds 32
-//!   elements of the sum in registers while a group of rows streams past
-//!   (the order of each element's additions is unchanged).
+//!   after row (the block sum in token order); the AVX2 kernel adds each
+//!   row whole, in memory order, before the next (one stream; the sum
+//!   stays in the L1), so each element's additions are in row order.
 
 use crate::keys::Encoded;
 use crate::simd::{dispatch, Isa};
