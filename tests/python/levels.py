@@ -8,14 +8,18 @@ import sys
 
 import numpy as np
 
+#: Run ahead of every child: the child fails unless it runs at the level asked.
+_LEVEL_CHECK = "import sys, kvselect\nassert kvselect.simd_level() == sys.argv[3], kvselect.simd_level()\n"
+
 
 def assert_child_equals(child: str, tmp_path, level: str, expected: dict) -> None:
     """Runs ``child`` (a script given ``in.npz``, ``out.npz`` and ``level``,
-    with ``in.npz`` already in ``tmp_path``) at ``KVSELECT_SIMD=level``, then
-    asserts that each of its outputs equals ``expected``'s: ``scores*``
-    arrays bit for bit, the others exactly."""
+    with ``in.npz`` already in ``tmp_path``) at ``KVSELECT_SIMD=level``,
+    failing unless the child runs at that level, then asserts that each of
+    its outputs equals ``expected``'s: ``scores*`` arrays bit for bit, the
+    others exactly."""
     subprocess.run(
-        [sys.executable, "-c", child, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
+        [sys.executable, "-c", _LEVEL_CHECK + child, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
         check=True,
         env=dict(os.environ, KVSELECT_SIMD=level),
         timeout=300,
