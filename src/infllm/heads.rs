@@ -98,8 +98,9 @@
 //! compressed keys as its compression completes them): the same tiles write
 //! the same logits (each its own chain, whichever tile computes it) and keep
 //! the same maxima (exact, so the order of the keys is free), then the same
-//! softmax and group sum: the same bits. Its tiles may also ask the
-//! caller's next bytes into the second-level cache, a line a trip.
+//! softmax and group sum: the same bits. Its tiles may also ask for the
+//! caller's next bytes, a line a trip (into the first-level cache, and so
+//! the second: see [`Staged::score`]).
 //!
 //! What would break it: a reciprocal multiplied instead of the division, an
 //! online (rescaled) softmax, another lane assignment or tree for `Z_h`, the
@@ -939,7 +940,7 @@ mod avx2 {
     /// (the one-pass kernel's tile: 12, 6, 3, 2 for 8 to 32 heads), of 2,
     /// or 1 (a key alone, or across `n_min`), the maxima of keys below
     /// `n_min` kept in `mx`, as [`pass1`] keeps them; `pf`'s lines asked
-    /// into the second-level cache, a line a trip of the tiles.
+    /// for, a line a trip of the tiles ([`Staged::score`]).
     ///
     /// # Safety
     /// `_token` proves AVX2+FMA; the rows lie in `keys.ck`; `qt.len() >= d
@@ -1029,8 +1030,8 @@ mod avx2 {
 
     /// Keys `j..j + K` against the chunk's `8V` heads: logit `(j + k, l)` to
     /// `lp[(j + k) · 8V + l]`, each lane's maximum into `mx`; the first `d /
-    /// 2` lines of `pf` asked into the second-level cache, one a trip (empty:
-    /// none).
+    /// 2` lines of `pf` asked for, one a trip (empty: none; the hint as
+    /// [`super::Staged::score`] says).
     ///
     /// # Safety
     /// `chunk`'s contract, and `j + K <= n_vis`.
@@ -1083,9 +1084,9 @@ mod avx2 {
         };
         // Two elements a trip (the loop's own instructions halved); each
         // chain still runs over `c` in order.
-        // `pf`'s lines asked into the second-level cache, one a trip (what
-        // the caller reads later, from memory: the misses overlap the
-        // multiply-adds).
+        // `pf`'s lines asked for, one a trip (what the caller reads later,
+        // from memory: the misses overlap the multiply-adds), with the
+        // first-level hint (`Staged::score` says why).
         let lines = pf.len().div_ceil(64);
         let pp = pf.as_ptr() as *const i8;
         let mut c = 0;
@@ -1093,7 +1094,7 @@ mod avx2 {
             if c / 2 < lines {
                 // SAFETY: line `c / 2` starts within `pf`; a prefetch reads
                 // nothing architecturally.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(pp.add(c / 2 * 64)) };
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(pp.add(c / 2 * 64)) };
             }
             step(c, &mut acc);
             step(c + 1, &mut acc);
@@ -1314,8 +1315,8 @@ mod avx512 {
 
     /// Keys `0..K` of `keys` against the chunk's `16V` heads (`qt`, `[d][16
     /// V]`): logit `(k, l)` to `lp[k · 16V + l]`, each lane's maximum into
-    /// `mx` as `max(x, m)`; `pf`'s lines asked into the second-level cache,
-    /// one a trip of two elements.
+    /// `mx` as `max(x, m)`; `pf`'s lines asked for, one a trip of two
+    /// elements (the hint as [`super::Staged::score`] says).
     ///
     /// # Safety
     /// AVX-512 F/BW; keys `0..K` lie in `keys.ck`; `qt` holds `d · 16V`
@@ -1361,7 +1362,7 @@ mod avx512 {
             if c / 2 < lines {
                 // SAFETY: line `c / 2` starts within `pf`; a prefetch reads
                 // nothing architecturally.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(pp.add(c / 2 * 64)) };
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(pp.add(c / 2 * 64)) };
             }
             step(c, &mut acc);
             step(c + 1, &mut acc);
@@ -1520,9 +1521,13 @@ impl Staged {
     /// Keys at or past the chunk's key count are skipped. Each key is
     /// given once, in any order, before [`Staged::finish`].
     ///
-    /// `pf`: bytes the caller reads later (from memory), asked into the
-    /// second-level cache meanwhile (at most `d` lines; nothing at the
-    /// portable level). No effect on results.
+    /// `pf`: bytes the caller reads later (from memory), asked for meanwhile
+    /// (at most `d` lines; nothing at the portable level). No effect on
+    /// results. The hint is the first-level one (`prefetcht0`; the second
+    /// level holds what the first does, so the lines stay near after the
+    /// L1 evicts them): on AMD Zen 4 the second-level hint (`prefetcht1`)
+    /// left NSA's cached decode from cold memory 0.5-0.7 ms a call slower
+    /// (2.2 against 1.65 ms, float32, 1.5 ms warm).
     pub(crate) fn score<E: Elem>(&mut self, keys: Rows<'_, E>, j: usize, count: usize, pf: &[u8]) {
         let (_, n_vis) = self.heads().range();
         let count = count.min(n_vis.saturating_sub(j));

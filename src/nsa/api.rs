@@ -1087,8 +1087,8 @@ const CACHED_BATCH: usize = 32;
 /// read cold cost 0.2-0.3 ms more than warm). Here the keys are taken in
 /// batches of [`CACHED_BATCH`] (every head's rows, contiguous), each
 /// scored by every chunk of every KV head ([`heads::Staged`]: the same
-/// tiles, logits and maxima), while the tiles ask the next batch's bytes
-/// into the second-level cache; then each chunk's softmax and group sum.
+/// tiles, logits and maxima), while the tiles ask for the next batch's
+/// bytes ([`heads::Staged::score`]); then each chunk's softmax and group sum.
 /// The same bits as [`heads::group_sums`] (`src/nsa/tests.rs`).
 fn batched<E: heads::Elem + bytemuck::Pod>(
     isa: Isa,
