@@ -4,12 +4,11 @@ variant and key format; the core's bound holding; every SIMD level against the b
 refusals that name their argument."""
 
 import os
-import subprocess
-import sys
 
 import ml_dtypes
 import numpy as np
 import pytest
+from levels import assert_child_equals
 
 import kvselect as ks
 from kvselect.reference import infllm as RI
@@ -201,9 +200,8 @@ out = {}
 for i in range(int(data["n"])):
     q, ck, n = data[f"q_{i}"], data[f"k_{i}"], int(data[f"n_{i}"])
     for p in ("cuda", "triton"):
-        out[f"s_{p}_{i}"] = ks.infllm_block_scores(q, ck, n, pooling=p, init_blocks=1, local_blocks=1)
+        out[f"scores_{p}_{i}"] = ks.infllm_block_scores(q, ck, n, pooling=p, init_blocks=1, local_blocks=1)
         out[f"r_{p}_{i}"] = ks.infllm_select(q, ck, n, 5, pooling=p, init_blocks=1, local_blocks=1)
-assert ks.simd_level() == sys.argv[3], ks.simd_level()
 np.savez(sys.argv[2], **out)
 """
 
@@ -226,22 +224,10 @@ def test_every_simd_level_gives_the_same_bits(tmp_path, level):
             ck = rng.standard_normal((RI.compressed_len(n), 2, 128)).astype(np.float32)
         arrays.update({f"q_{i}": q, f"k_{i}": ck, f"n_{i}": np.array(n)})
         for p in POOLINGS:
-            expected[f"s_{p}_{i}"] = ks.infllm_block_scores(q, ck, n, pooling=p, init_blocks=1, local_blocks=1)
+            expected[f"scores_{p}_{i}"] = ks.infllm_block_scores(q, ck, n, pooling=p, init_blocks=1, local_blocks=1)
             expected[f"r_{p}_{i}"] = ks.infllm_select(q, ck, n, 5, pooling=p, init_blocks=1, local_blocks=1)
     np.savez(tmp_path / "in.npz", **arrays)
-    env = dict(os.environ, KVSELECT_SIMD=level)
-    subprocess.run(
-        [sys.executable, "-c", _CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
-        check=True,
-        env=env,
-        timeout=300,
-    )
-    got = np.load(tmp_path / "out.npz")
-    for name, want in expected.items():
-        if want.dtype == np.float32:
-            assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
-        else:
-            assert np.array_equal(got[name], want), name
+    assert_child_equals(_CHILD, tmp_path, level, expected)
 
 
 def _args():
