@@ -12,21 +12,22 @@ import numpy as np
 _LEVEL_CHECK = "import sys, kvselect\nassert kvselect.simd_level() == sys.argv[3], kvselect.simd_level()\n"
 
 
-def assert_child_equals(child: str, tmp_path, level: str, expected: dict) -> None:
+def assert_child_equals(child: str, tmp_path, level: str, expected: dict, timeout: float = 300) -> None:
     """Runs ``child`` (a script given ``in.npz``, ``out.npz`` and ``level``,
     with ``in.npz`` already in ``tmp_path``) at ``KVSELECT_SIMD=level``,
     failing unless the child runs at that level, then asserts that each of
-    its outputs equals ``expected``'s: ``scores*`` arrays bit for bit, the
-    others exactly."""
+    its outputs equals ``expected``'s: float32 arrays bit for bit (NaNs'
+    payloads and zeros' signs too), the others exactly."""
     subprocess.run(
         [sys.executable, "-c", _LEVEL_CHECK + child, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
         check=True,
         env=dict(os.environ, KVSELECT_SIMD=level),
-        timeout=300,
+        timeout=timeout,
     )
     got = np.load(tmp_path / "out.npz")
     for name, want in expected.items():
-        if name.startswith("scores"):
+        assert got[name].dtype == want.dtype, name
+        if want.dtype == np.float32:
             assert np.array_equal(got[name].view(np.uint32), want.view(np.uint32)), name
         else:
             assert np.array_equal(got[name], want), name
