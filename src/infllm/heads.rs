@@ -99,8 +99,8 @@
 //! the same logits (each its own chain, whichever tile computes it) and keep
 //! the same maxima (exact, so the order of the keys is free), then the same
 //! softmax and group sum: the same bits. Its tiles may also ask for the
-//! caller's next bytes, a line a trip (into the first-level cache, and so
-//! the second: see [`Staged::score`]).
+//! caller's next bytes, a line a trip (`prefetcht0`: see
+//! [`Staged::score`]).
 //!
 //! What would break it: a reciprocal multiplied instead of the division, an
 //! online (rescaled) softmax, another lane assignment or tree for `Z_h`, the
@@ -691,6 +691,8 @@ mod avx2 {
         let ahead = n_vis > PREFETCH_KEYS_MIN;
         let tiles = n_min / K;
         let per = heads.next.len().div_ceil(64).div_ceil(tiles.max(1)) * 64;
+        // The second-level hint here: not measured against the first (the
+        // staged tiles' and the panels' were, on AMD Zen 4).
         if tiles == 0 {
             crate::keys::prefetch(heads.next, 0, heads.next.len(), CacheLevel::L2);
         }
@@ -940,7 +942,7 @@ mod avx2 {
     /// (the one-pass kernel's tile: 12, 6, 3, 2 for 8 to 32 heads), of 2,
     /// or 1 (a key alone, or across `n_min`), the maxima of keys below
     /// `n_min` kept in `mx`, as [`pass1`] keeps them; `pf`'s lines asked
-    /// for, a line a trip of the tiles ([`Staged::score`]).
+    /// for, a line a trip of the tiles ([`super::Staged::score`]).
     ///
     /// # Safety
     /// `_token` proves AVX2+FMA; the rows lie in `keys.ck`; `qt.len() >= d
@@ -1086,7 +1088,7 @@ mod avx2 {
         // chain still runs over `c` in order.
         // `pf`'s lines asked for, one a trip (what the caller reads later,
         // from memory: the misses overlap the multiply-adds), with the
-        // first-level hint (`Staged::score` says why).
+        // `prefetcht0` hint (`Staged::score` says why).
         let lines = pf.len().div_ceil(64);
         let pp = pf.as_ptr() as *const i8;
         let mut c = 0;
@@ -1523,11 +1525,10 @@ impl Staged {
     ///
     /// `pf`: bytes the caller reads later (from memory), asked for meanwhile
     /// (at most `d` lines; nothing at the portable level). No effect on
-    /// results. The hint is the first-level one (`prefetcht0`; the second
-    /// level holds what the first does, so the lines stay near after the
-    /// L1 evicts them): on AMD Zen 4 the second-level hint (`prefetcht1`)
-    /// left NSA's cached decode from cold memory 0.5-0.7 ms a call slower
-    /// (2.2 against 1.65 ms, float32, 1.5 ms warm).
+    /// results. The hint is `prefetcht0` ([`crate::keys::CacheLevel::L1`]:
+    /// every cache level). Measured on AMD Zen 4 only: NSA's cached decode
+    /// from cold memory took 1.61-1.66 ms a call with it and 2.19-2.22 ms
+    /// with `prefetcht1` (float32; 1.5 ms warm with either).
     pub(crate) fn score<E: Elem>(&mut self, keys: Rows<'_, E>, j: usize, count: usize, pf: &[u8]) {
         let (_, n_vis) = self.heads().range();
         let count = count.min(n_vis.saturating_sub(j));

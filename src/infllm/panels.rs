@@ -140,10 +140,11 @@ impl Panels {
 ///
 /// `next` is what the caller reads next (the next group's query rows:
 /// prefill streams its queries from memory), asked for a few lines a tile
-/// with the first-level hint (`prefetcht0`; the L2 keeps the lines when the
-/// L1 evicts them). On AMD Zen 4's NSA prefill, against the second-level
-/// hint: 2-3% faster at AVX-512, 4-5% at AVX2. Empty: nothing. No effect
-/// on results.
+/// with `prefetcht0` (every cache level; the AVX-512 tile's lines left
+/// after its loop with `prefetcht1`, where the level made no difference).
+/// Measured on AMD Zen 4 only: NSA's prefill 2-3% faster at AVX-512 and
+/// 3-5% at AVX2 than with `prefetcht1`. Empty: nothing. No effect on
+/// results.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn group_sums(
     isa: Isa,
@@ -975,8 +976,8 @@ mod avx512 {
             }};
         }
         // The next queries' lines asked for, one a trip of four elements
-        // (all at once, they stalled the tile on the fill buffers), with
-        // the first-level hint (the L2 keeps them when the L1 evicts them).
+        // (all at once, they stalled the tile on the fill buffers), into
+        // every cache level (`group_sums` says why).
         let d4 = d / 4 * 4;
         let ahead = (pf.len().div_ceil(64) * 4).min(d4);
         let pp = pf.as_ptr() as *const i8;
@@ -1001,6 +1002,7 @@ mod avx512 {
         for c in d4..d {
             step!(c);
         }
+        // The lines left (the level measured no different here).
         crate::keys::prefetch(pf, 16 * d4, pf.len(), CacheLevel::L2);
         let (vs, ninf) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
         for r in 0..R {

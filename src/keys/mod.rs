@@ -255,14 +255,19 @@ pub(crate) fn prefetch_key(bytes: &[u8]) {
 }
 
 /// The cache level a prefetch fills (not an instruction-set level: that is
-/// [`crate::simd::Level`]). The SIMD kernels prefetch, so x86-64 only.
+/// [`crate::simd::Level`]). The SIMD kernels prefetch, so x86-64 only. Each
+/// site's level is the one measured faster there; how far ahead a site
+/// reads does not decide it alone (NSA's staged tiles ask for a 64 KiB
+/// batch ahead with [`CacheLevel::L1`], past a 32 KiB L1, and ran faster on
+/// AMD Zen 4 than with [`CacheLevel::L2`]).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum CacheLevel {
-    /// The first-level data cache: for what is read within a few steps.
+    /// `prefetcht0`: every cache level, the first-level data cache
+    /// included.
     L1,
-    /// The second level: for what is read a page or so later (an L1 this
-    /// far ahead would evict the keys being read).
+    /// `prefetcht1`: the second level and beyond, not the first (which
+    /// then keeps the lines being read).
     L2,
 }
 
