@@ -101,18 +101,19 @@ pub(super) fn lanes(
     })
 }
 
-/// Asks for `q`'s cache lines ahead of their use (a hint: no effect on any
-/// value; a prefill's next eight queries, whose rows start new pages).
-pub(super) fn prefetch(q: &[f32]) {
+/// Asks the L2 cache for the lines of `q`'s first `n` floats (clipped to
+/// `q`) ahead of their use: a hint, no effect on any value (a prefill's
+/// queries a few groups on).
+pub(super) fn prefetch(q: &[f32], n: usize) {
     #[cfg(target_arch = "x86_64")]
     crate::keys::prefetch(
         bytemuck::cast_slice(q),
         0,
-        std::mem::size_of_val(q),
-        crate::keys::CacheLevel::L1,
+        4 * n,
+        crate::keys::CacheLevel::L2,
     );
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = q;
+    let _ = (q, n);
 }
 
 /// The most slots [`top`] keeps.

@@ -344,8 +344,8 @@ const ROWS: usize = 16;
 /// Queries whose gates one kernel call computes.
 const CHUNK: usize = 16;
 
-/// Heads ahead [`rows`] asks for the next eight queries' rows.
-const PREFETCH: usize = 2;
+/// Groups of eight queries ahead whose rows [`rows`] asks the L2 cache for.
+const AHEAD: usize = 4;
 
 /// The float32 means of `n` complete blocks, laid out `[n_kv_heads, n, d8]`,
 /// zero padded: each block's sum in token order (`add(t0, t1, acc)` adds
@@ -442,15 +442,16 @@ fn rows(
             let ids = &mut ids[..8 * n_past];
             for a in (0..tiled).step_by(8) {
                 for h in 0..hq {
-                    // The next eight queries' first heads asked for during
-                    // the last heads of these (their rows start new pages,
-                    // which the hardware's prefetch does not cross).
-                    if h + PREFETCH >= hq && a + 8 < tiled && h + PREFETCH - hq < hq {
-                        for l in 0..8 {
-                            let at = ((i0 + a + 8 + l) * hq + h + PREFETCH - hq) * d;
-                            kernels::prefetch(&q[at..][..d]);
-                        }
-                    }
+                    // Each head's step asks the L2 for one `hq`-th of the
+                    // eight queries `AHEAD` groups on (`8 · hq · d` floats,
+                    // in memory order): the same amount every step, so the
+                    // hardware's prefetch, which follows these eight rows'
+                    // pages and does not cross into the next, is never
+                    // left to start a group alone. The L2 (not the L1,
+                    // which holds the rows being read and the means) keeps
+                    // them until their group.
+                    let ahead = ((i0 + a + 8 * AHEAD) * hq + 8 * h) * d;
+                    kernels::prefetch(q.get(ahead..).unwrap_or_default(), 8 * d);
                     let at = |l: usize| ((i0 + a + l) * hq + h) * d;
                     let rows: [usize; 8] = if in_place {
                         std::array::from_fn(at)

@@ -762,3 +762,73 @@ fn rows_eight_queries_at_a_time_equal_the_row_by_row_path_on_every_level() {
     assert_eq!(cases, 108);
     assert!(tiled >= 25, "{tiled} cases took the eight-at-a-time path");
 }
+
+/// The contract the Python binding's uninitialised output rests on:
+/// `select_into` writes every slot of `out` (a block id of the row's own
+/// sequence, or -1), whatever the batch (sequences without queries,
+/// `Tq < Tkv`, one query, blocks of one token, every `topk` and variant,
+/// `d` off the multiples of 8).
+#[test]
+fn select_into_writes_every_slot_of_the_output() {
+    let mut rng = ChaCha8Rng::seed_from_u64(61);
+    for case in 0..300 {
+        let (hq, h) = [(1, 1), (4, 2), (8, 2), (6, 3), (16, 1)][case % 5];
+        let d = [1usize, 8, 13, 64][rng.random_range(0..4)];
+        let bs = [1usize, 2, 5, 8, 16][rng.random_range(0..5)];
+        let topk = [1usize, 2, 3, 5, 9][rng.random_range(0..5)];
+        let variant = if case % 3 == 0 {
+            Variant::Naive
+        } else {
+            Variant::Efficient
+        };
+        let n_seq = rng.random_range(1..5);
+        let lens: Vec<usize> = (0..n_seq).map(|_| rng.random_range(1..120)).collect();
+        let q_lens: Vec<usize> = lens
+            .iter()
+            .map(|&l| match rng.random_range(0..4) {
+                0 => 0,
+                1 => l,
+                _ => rng.random_range(1..=l),
+            })
+            .collect();
+        let cu = |l: &[usize]| -> Vec<usize> {
+            std::iter::once(0)
+                .chain(l.iter().scan(0, |a, &x| {
+                    *a += x;
+                    Some(*a)
+                }))
+                .collect()
+        };
+        let (cu_k, cu_q) = (cu(&lens), cu(&q_lens));
+        let (n_k, n_q) = (cu_k[n_seq], cu_q[n_seq]);
+        let k: Vec<f32> = (0..n_k * h * d)
+            .map(|_| rng.random_range(-2..3) as f32)
+            .collect();
+        let q: Vec<f32> = (0..n_q * hq * d)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let max_blocks = lens.iter().map(|l| l.div_ceil(bs)).max().unwrap();
+        let w = width(variant, topk, max_blocks);
+        let mut out = vec![i32::MIN; n_q * hq * w];
+        select_into(
+            Encoded::F32(&q),
+            Encoded::F32(&k),
+            None,
+            &cu_k,
+            Some(&cu_q),
+            shape(hq, h, d, bs),
+            topk,
+            variant,
+            &mut out,
+        )
+        .unwrap();
+        for s in 0..n_seq {
+            let rows = &out[cu_q[s] * hq * w..cu_q[s + 1] * hq * w];
+            let blocks = lens[s].div_ceil(bs) as i32;
+            assert!(
+                rows.iter().all(|&x| (-1..blocks).contains(&x)),
+                "case {case}: sequence {s} of {lens:?} ({q_lens:?} queries) holds a slot not written"
+            );
+        }
+    }
+}

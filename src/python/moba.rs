@@ -241,7 +241,11 @@ pub(super) fn moba_select<'py>(
     let mut inputs: Vec<&Bound<'py, PyUntypedArray>> = vec![qe.untyped(), ke.untyped()];
     inputs.extend(scale.as_ref().map(|s| s.untyped()));
     inputs.extend(&raw);
-    let mut out: Out<'py, i32> = S.output(py, None, &[n_q, shape.heads.n_q_heads, w], &inputs)?;
+    // SAFETY: moba::select_into writes every slot of `out` when it succeeds
+    // (each query row whole: its blocks, then -1) and checks everything
+    // before writing; a refused call's array is never handed back.
+    let mut out =
+        unsafe { S.output_filled_by_core(py, None, &[n_q, shape.heads.n_q_heads, w], &inputs)? };
     let (qs, ks) = (qe.encoded()?, ke.encoded()?);
     let sc = scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;

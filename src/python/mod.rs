@@ -22,7 +22,9 @@
 //!   `ValueError` subclass naming the real bound, never `OverflowError`.
 //! - **Outputs are never uninitialised memory** visible to Python: new
 //!   arrays are zeroed, except where the core's documented contract writes
-//!   every slot (the witness outputs, tested with a sentinel at every size).
+//!   every slot (the witness outputs, tested with a sentinel at every size;
+//!   the blocks' positions; MoBA's selection, whose core test fills the
+//!   output with a sentinel).
 //! - **No panic reaches Python**: the core returns `Result` for every
 //!   refusal and is handed slices whose lengths match the shapes it is told.
 //! - **Option strings** (`key_format`, `query_format`, `page_layout`,
