@@ -466,12 +466,15 @@ fn rows(
                     kernels::top(isa, &g8, n_past, ids);
                     for l in 0..8 {
                         let row = &mut dest[((a + l) * hq + h) * w..][..w];
-                        let (kept, rest) = row.split_at_mut(n_past);
-                        for (s, slot) in kept.iter_mut().enumerate() {
-                            *slot = ids[s * 8 + l];
+                        // Slot by slot (`w` is a few): a `fill` of the
+                        // padding is a `memset` call, mostly of nothing.
+                        for (s, slot) in row.iter_mut().enumerate() {
+                            *slot = match s.cmp(&n_past) {
+                                Ordering::Less => ids[s * 8 + l],
+                                Ordering::Equal => c as i32,
+                                Ordering::Greater => -1,
+                            };
                         }
-                        rest[0] = c as i32;
-                        rest[1..].fill(-1);
                     }
                 }
             }
