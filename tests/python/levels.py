@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 #: Run ahead of every child: the child fails unless it runs at the level asked.
 _LEVEL_CHECK = "import sys, kvselect\nassert kvselect.simd_level() == sys.argv[3], kvselect.simd_level()\n"
@@ -39,6 +40,20 @@ def assert_child_equals(
             nan = np.isnan(want)
             assert np.array_equal(np.isnan(g), nan), name
             assert np.array_equal(g[~nan].view(np.uint32), want[~nan].view(np.uint32)), name
+
+
+def require_simd() -> None:
+    """Skips an every-level test where the CPU's best kernel is the scalar one
+    (there is no other level to compare), and fails it there instead under
+    ``KVSELECT_REQUIRE_AVX2=1`` (``.ci/run``'s machines have AVX2). The scalar
+    level by choice (``KVSELECT_SIMD=scalar``, as ``.ci/run`` runs the suite
+    once) still compares against the children's levels."""
+    import kvselect
+
+    if kvselect.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar":
+        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
+            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
+        pytest.skip("this CPU only has the scalar kernel")
 
 
 def level_runs(level: str) -> bool:

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from levels import require_simd
 
 import kvselect as ks
 from kvselect import reference as ref
@@ -1012,13 +1013,7 @@ def test_scalar_and_simd_kernels_select_identically(tmp_path, level):
     even random float data (near-ties and all) selects the same blocks with
     the portable or the AVX2 kernel (in a child process) as with the best
     level (AVX-512 where the CPU has it)."""
-    # The scalar level by choice (KVSELECT_SIMD=scalar, as .ci/run runs the
-    # suite) still compares against the children's levels; by lack of AVX2 not.
-    cpu_is_scalar = ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar"
-    if cpu_is_scalar:
-        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":  # CI machines have AVX2
-            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     arrays, expected = {}, {}
     for i in range(60):
         rng = np.random.default_rng(SEED_BASE + 500_000 + i)
@@ -1033,8 +1028,6 @@ def test_scalar_and_simd_kernels_select_identically(tmp_path, level):
         arrays.update({f"k_{i}": k, f"q_{i}": q, f"pos_{i}": pos, f"cfg_{i}": np.array(_cfg_tuple(cfg))})
         expected[str(i)] = ks.block_sparse_select(q, k, pos, cfg)
     np.savez(tmp_path / "in.npz", **arrays)
-    if level == "avx2" and cpu_is_scalar:
-        pytest.skip("no AVX2")
     env = dict(os.environ, KVSELECT_SIMD=level)
     subprocess.run(
         [sys.executable, "-c", _CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from levels import require_simd
 
 import kvselect as ks
 from kvselect import reference as ref
@@ -115,8 +116,7 @@ np.savez(sys.argv[2], **out)
 
 @pytest.mark.parametrize("level", ["scalar", "avx2"])
 def test_every_simd_level_equals_the_twin(tmp_path, level):
-    if ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar":
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(46)
     arrays, expected = {"n": np.array(201)}, {}
     for i in range(201):

@@ -4,7 +4,7 @@ pass, refusals)."""
 
 import numpy as np
 import pytest
-from levels import assert_child_equals, level_runs
+from levels import assert_child_equals, level_runs, require_simd
 from pages import vllm_fp8_pages
 
 import kvselect as ks
@@ -380,15 +380,8 @@ def test_every_simd_level_gives_the_same_rows_and_score_bits(tmp_path, level):
     NaN keys) gives the same rows and the same score bits with the portable
     or the AVX2 kernel (KVSELECT_SIMD=scalar / avx2, in a child process) as
     with the best level (AVX-512 where the CPU has it)."""
-    import os
 
-    # The scalar level by choice (KVSELECT_SIMD=scalar, as .ci/run runs the
-    # suite) still compares against the children's levels; by lack of AVX2 not.
-    cpu_is_scalar = ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar"
-    if cpu_is_scalar:
-        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":  # CI machines have AVX2
-            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(SEED + 7)
     arrays, expected = {"n": np.array(40)}, {}
     for i in range(40):
@@ -404,8 +397,6 @@ def test_every_simd_level_gives_the_same_rows_and_score_bits(tmp_path, level):
         expected[f"rows_{i}"] = ks.indexer_topk(q, w, k, pos, topk, key_scale=c, scores_out=s)
         expected[f"scores_{i}"] = s
     np.savez(tmp_path / "in.npz", **arrays)
-    if level == "avx2" and cpu_is_scalar:
-        pytest.skip("no AVX2")
     assert_child_equals(_SCALAR_CHILD, tmp_path, level, expected)
 
 

@@ -4,11 +4,9 @@ first / last entries inside the budget, and cuDNN's ascending compact row
 layout — on every form (dense, packed, paged, compressed entries), against
 the NumPy twin written from the sources, at every SIMD level."""
 
-import os
-
 import numpy as np
 import pytest
-from levels import assert_child_equals
+from levels import assert_child_equals, require_simd
 
 import kvselect as ks
 from kvselect import reference as ref
@@ -296,11 +294,7 @@ np.savez(dst, **res)
 
 @pytest.mark.parametrize("level", ["scalar", "avx2"])
 def test_every_simd_level_gives_the_same_rows_and_score_bits_with_the_options(tmp_path, level):
-    cpu_is_scalar = ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar"
-    if cpu_is_scalar:
-        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
-            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(SEED + 8)
     arrays, expected = {"n": np.array(30)}, {}
     for i in range(30):

@@ -5,11 +5,9 @@ positions' scaled scores (sgl-project/sglang
 @ 241670d, ``SCORE_TYPE == "lse"``). Against the NumPy twin, the family check,
 ``kvselect check``, every form and every SIMD level."""
 
-import os
-
 import numpy as np
 import pytest
-from levels import assert_child_equals
+from levels import assert_child_equals, require_simd
 
 import kvselect as ks
 from kvselect import checking
@@ -270,11 +268,7 @@ np.savez(dst, **out)
 
 @pytest.mark.parametrize("level", ["scalar", "avx2"])
 def test_every_simd_level_gives_the_same_rows_and_score_bits(tmp_path, level):
-    cpu_is_scalar = ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar"
-    if cpu_is_scalar:
-        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
-            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(SEED + 5)
     arrays, expected = {"n": np.array(24)}, {}
     for i in range(24):

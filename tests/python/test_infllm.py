@@ -3,12 +3,10 @@
 variant and key format; the core's bound holding; every SIMD level against the best;
 refusals that name their argument."""
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
-from levels import assert_child_equals
+from levels import assert_child_equals, require_simd
 
 import kvselect as ks
 from kvselect.reference import infllm as RI
@@ -210,10 +208,7 @@ np.savez(sys.argv[2], **out)
 def test_every_simd_level_gives_the_same_bits(tmp_path, level):
     """Block scores' bits and rows at KVSELECT_SIMD=scalar / avx2 (a child process)
     equal the best level's, decode and prefill, past the parallel threshold."""
-    if ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar":
-        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
-            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(SEED + 6)
     arrays, expected = {"n": np.array(12)}, {}
     for i in range(12):

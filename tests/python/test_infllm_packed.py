@@ -5,12 +5,10 @@ their argument and change nothing."""
 
 from __future__ import annotations
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
-from levels import assert_child_equals
+from levels import assert_child_equals, require_simd
 
 import kvselect as ks
 from kvselect.reference import infllm as RI
@@ -276,10 +274,7 @@ def test_every_simd_level_gives_the_same_bits(tmp_path, level):
     """Packed InfLLM-v2 and NSA rows and scores, and paged InfLLM-v2 rows and scores, at
     KVSELECT_SIMD=scalar / avx2 (a child process) equal the best level's bits, one batch
     past the parallel threshold."""
-    if ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar":
-        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
-            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(SEED + 4)
     arrays, expected = {"n": np.array(8)}, {}
     for i in range(8):

@@ -5,12 +5,10 @@ fp8 keys, packed and paged), every SIMD level's bits, and the refusals."""
 
 from __future__ import annotations
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
-from levels import assert_child_equals
+from levels import assert_child_equals, require_simd
 
 import kvselect as ks
 import kvselect.reference as ref
@@ -293,8 +291,7 @@ np.savez(sys.argv[2], **out)
 
 @pytest.mark.parametrize("level", ["scalar", "avx2"])
 def test_every_simd_level_gives_the_same_bits(tmp_path, level):
-    if ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar":
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(SEED + 6)
     arrays, expected = {"n": np.array(40)}, {}
     for i in range(40):

@@ -4,12 +4,10 @@ fewer blocks than block_counts, the first block, Tq != Tkv, GQA groups of 1 and 
 formats); the core's bound holding; every SIMD level against the best; the underflow
 example; refusals that name their argument."""
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
-from levels import assert_child_equals
+from levels import assert_child_equals, require_simd
 
 import kvselect as ks
 from kvselect.reference import nsa as RN
@@ -180,10 +178,7 @@ np.savez(sys.argv[2], **out)
 def test_every_simd_level_gives_the_same_bits(tmp_path, level):
     """Block scores' bits and rows at KVSELECT_SIMD=scalar / avx2 (a child process)
     equal the best level's, decode and prefill, past the parallel threshold."""
-    if ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar":
-        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
-            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(SEED + 6)
     arrays, expected = {"n": np.array(12)}, {}
     for i in range(12):

@@ -6,12 +6,10 @@ twin's rows within the bound; refusals that name their argument and change nothi
 
 from __future__ import annotations
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
-from levels import assert_child_equals
+from levels import assert_child_equals, require_simd
 
 import kvselect as ks
 from kvselect.reference import nsa as RN
@@ -155,10 +153,7 @@ np.savez(sys.argv[2], **out)
 def test_every_simd_level_gives_the_keys_bits(tmp_path, level):
     """A child at ``KVSELECT_SIMD=level`` on the compressed keys returns the bits this
     process's ``nsa_block_scores`` / ``nsa_select`` return on the keys at its best level."""
-    if ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar":
-        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
-            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(SEED + 4)
     arrays, expected = {"n": np.array(6)}, {}
     for i in range(6):

@@ -4,11 +4,9 @@ against the twin within its bound, every SIMD level's bits, and the refusals."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
-from levels import assert_child_equals
+from levels import assert_child_equals, require_simd
 
 import kvselect as ks
 from kvselect.reference import nsa as RN
@@ -94,10 +92,7 @@ np.savez(sys.argv[2], **out)
 
 @pytest.mark.parametrize("level", ["scalar", "avx2"])
 def test_every_simd_level_gives_the_same_bits(tmp_path, level):
-    if ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar":
-        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
-            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(SEED + 1)
     arrays, expected = {"n": np.array(6)}, {}
     for i in range(6):

@@ -6,12 +6,10 @@ the twin agrees; refusals name their argument and change nothing."""
 
 from __future__ import annotations
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
-from levels import assert_child_equals
+from levels import assert_child_equals, require_simd
 
 import kvselect as ks
 from kvselect.reference import nsa as RN
@@ -187,10 +185,7 @@ def test_every_simd_level_gives_the_same_bits(tmp_path, level):
     """A child at ``KVSELECT_SIMD=level`` returns this process's bits (best level): float32
     and fp8-scaled pages, fla's and Eq. 9's windows, groups 1 and 16, one batch past the
     parallel threshold (32 heads, ``d = 128``, 8,000 tokens)."""
-    if ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar":
-        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
-            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(SEED + 3)
     arrays, expected = {"n": np.array(6)}, {}
     for i in range(6):

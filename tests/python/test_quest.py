@@ -3,11 +3,9 @@ NumPy twin (kvselect.reference.quest) on thousands of random and adversarial
 cases, dense / packed / paged, every variant; the decode update against a
 build; every SIMD level against the best; refusals that write nothing."""
 
-import os
-
 import numpy as np
 import pytest
-from levels import assert_child_equals
+from levels import assert_child_equals, require_simd
 
 import kvselect as ks
 from kvselect import reference as R
@@ -316,11 +314,7 @@ def test_every_simd_level_gives_the_same_bits(tmp_path, level):
     """Bounds, score bits and page sets at KVSELECT_SIMD=scalar / avx2 (in a
     child process) equal the best level's, on float data with ties, -0.0
     and NaN keys, on page counts past the parallel threshold."""
-    cpu_is_scalar = ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar"
-    if cpu_is_scalar:
-        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
-            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(SEED + 5)
     arrays, expected = {"n": np.array(30)}, {}
     for i in range(30):

@@ -12,12 +12,10 @@ two selections are equal; the rows that differ are counted.
 
 from __future__ import annotations
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
-from levels import assert_child_equals
+from levels import assert_child_equals, require_simd
 
 import kvselect as ks
 import kvselect.reference as ref
@@ -274,11 +272,7 @@ np.savez(sys.argv[2], **out)
 
 @pytest.mark.parametrize("level", ["scalar", "avx2"])
 def test_every_simd_level_gives_the_same_bits(tmp_path, level):
-    cpu_is_scalar = ks.simd_level() == "scalar" and os.environ.get("KVSELECT_SIMD") != "scalar"
-    if cpu_is_scalar:
-        if os.environ.get("KVSELECT_REQUIRE_AVX2") == "1":
-            pytest.fail("KVSELECT_REQUIRE_AVX2=1, but the kernels dispatched to scalar")
-        pytest.skip("this CPU only has the scalar kernel")
+    require_simd()
     rng = np.random.default_rng(SEED + 9)
     arrays, want = {"n": np.array(30)}, {}
     for i in range(30):
