@@ -807,7 +807,7 @@ fn extremes_in<S: Widen, M: Widen>(
 }
 
 /// A float64 score's rank key: larger is better, NaN lowest (0), `-0.0 ==
-/// +0.0` — the indexer's float32 order ([`crate::indexer::rank_key`]), which
+/// +0.0` — the indexer's float32 order (`crate::indexer::rank_key`), which
 /// it equals on widened float32 scores.
 fn rank_key64(score: f64) -> u64 {
     if score.is_nan() {

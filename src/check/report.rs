@@ -8,7 +8,7 @@
 //! The problems' fields, by reason: `padding_hole` {`slot`, `position`};
 //! `duplicate` {`position`, `first`, `slot`, `n_slots`} (the row's first
 //! repeat, and how many entries repeat an earlier one); `not_causal`
-//! {`slot`, `position`, [`value`], `n_slots`, `context`} (the row's first
+//! {`slot`, `position`, `value`, `n_slots`, `context`} (the row's first
 //! entry at or past its context, the engine's slot id `value` when read
 //! through a layout, how many such entries, the context `L`); `not_in_table`
 //! {`slot`, `value`}; `missing_forced` {`blocks`, `n_missing`};
