@@ -33,7 +33,7 @@
 //! 7) and the OS lets this process use the tile data (Linux 5.16 and later:
 //! `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, once per process).
 //! Then the CPU's instruction must give [`tile_model`]'s bits on a fixed set
-//! of probes ([`hw::agrees`]) before the screen is offered.
+//! of probes (`hw::agrees`, on Linux x86-64) before the screen is offered.
 
 /// Proof that this CPU and OS run `TDPBF16PS` (and its tile loads and
 /// stores) as [`tile_model`] does, besides everything [`super::Avx512`]
