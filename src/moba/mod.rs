@@ -443,13 +443,14 @@ fn rows(
             for a in (0..tiled).step_by(8) {
                 for h in 0..hq {
                     // Each head's step asks the L2 for one `hq`-th of the
-                    // eight queries `AHEAD` groups on (`8 · hq · d` floats,
-                    // in memory order): the same amount every step, so the
-                    // hardware's prefetch, which follows these eight rows'
-                    // pages and does not cross into the next, is never
-                    // left to start a group alone. The L2 (not the L1,
-                    // which holds the rows being read and the means) keeps
-                    // them until their group.
+                    // eight queries `AHEAD` groups on (`8 · d` of their
+                    // `8 · hq · d` floats, in memory order: the group's
+                    // steps cover them once), the same amount every step,
+                    // so the hardware's prefetch, which follows these
+                    // eight rows' pages and does not cross into the next,
+                    // is never left to start a group alone. The L2 (not
+                    // the L1, which holds the rows being read and the
+                    // means) keeps them until their group.
                     let ahead = ((i0 + a + 8 * AHEAD) * hq + 8 * h) * d;
                     kernels::prefetch(q.get(ahead..).unwrap_or_default(), 8 * d);
                     let at = |l: usize| ((i0 + a + l) * hq + h) * d;
@@ -466,8 +467,9 @@ fn rows(
                     kernels::top(isa, &g8, n_past, ids);
                     for l in 0..8 {
                         let row = &mut dest[((a + l) * hq + h) * w..][..w];
-                        // Slot by slot (`w` is a few): a `fill` of the
-                        // padding is a `memset` call, mostly of nothing.
+                        // Slot by slot: a `fill` of the padding (empty here,
+                        // where `w = topk = n_past + 1`) is a `memset` call
+                        // per row.
                         for (s, slot) in row.iter_mut().enumerate() {
                             *slot = match s.cmp(&n_past) {
                                 Ordering::Less => ids[s * 8 + l],

@@ -766,16 +766,22 @@ fn rows_eight_queries_at_a_time_equal_the_row_by_row_path_on_every_level() {
 /// The contract the Python binding's uninitialised output rests on:
 /// `select_into` writes every slot of `out` (a block id of the row's own
 /// sequence, or -1), whatever the batch (sequences without queries,
-/// `Tq < Tkv`, one query, blocks of one token, every `topk` and variant,
-/// `d` off the multiples of 8).
+/// `Tq < Tkv`, `cu_seqlens_q` omitted, one query, blocks of one token, every
+/// variant, `d` off the multiples of 8), on every path a block's queries
+/// take: eight at a time, the row-by-row chunks (more slots than the
+/// eight-at-a-time top-k keeps), and the selection past `write_row`'s few
+/// slots.
 #[test]
 fn select_into_writes_every_slot_of_the_output() {
     let mut rng = ChaCha8Rng::seed_from_u64(61);
+    // Cases reaching: the eight-at-a-time path, whole blocks through the
+    // chunks with more than `TOP_MAX` slots, `write_row` past `SMALL`.
+    let (mut tiled, mut chunked, mut selected, mut omitted) = (0, 0, 0, 0);
     for case in 0..300 {
         let (hq, h) = [(1, 1), (4, 2), (8, 2), (6, 3), (16, 1)][case % 5];
         let d = [1usize, 8, 13, 64][rng.random_range(0..4)];
         let bs = [1usize, 2, 5, 8, 16][rng.random_range(0..5)];
-        let topk = [1usize, 2, 3, 5, 9][rng.random_range(0..5)];
+        let topk = [1usize, 2, 3, 5, 9, 12, 17][rng.random_range(0..7)];
         let variant = if case % 3 == 0 {
             Variant::Naive
         } else {
@@ -783,9 +789,12 @@ fn select_into_writes_every_slot_of_the_output() {
         };
         let n_seq = rng.random_range(1..5);
         let lens: Vec<usize> = (0..n_seq).map(|_| rng.random_range(1..120)).collect();
+        // Every fourth batch a query per key, `cu_seqlens_q` omitted.
+        let omit = case % 4 == 1;
         let q_lens: Vec<usize> = lens
             .iter()
             .map(|&l| match rng.random_range(0..4) {
+                _ if omit => l,
                 0 => 0,
                 1 => l,
                 _ => rng.random_range(1..=l),
@@ -815,13 +824,14 @@ fn select_into_writes_every_slot_of_the_output() {
             Encoded::F32(&k),
             None,
             &cu_k,
-            Some(&cu_q),
+            if omit { None } else { Some(&cu_q) },
             shape(hq, h, d, bs),
             topk,
             variant,
             &mut out,
         )
         .unwrap();
+        omitted += omit as usize;
         for s in 0..n_seq {
             let rows = &out[cu_q[s] * hq * w..cu_q[s + 1] * hq * w];
             let blocks = lens[s].div_ceil(bs) as i32;
@@ -829,6 +839,26 @@ fn select_into_writes_every_slot_of_the_output() {
                 rows.iter().all(|&x| (-1..blocks).contains(&x)),
                 "case {case}: sequence {s} of {lens:?} ({q_lens:?} queries) holds a slot not written"
             );
+            // The paths this sequence's blocks took (a block's queries: the
+            // last `q_lens[s]` positions that fall in it).
+            let first = lens[s] - q_lens[s];
+            for c in 0..lens[s].div_ceil(bs) {
+                let n_past = past_blocks_read(variant, topk, c);
+                let queries = (c * bs..((c + 1) * bs).min(lens[s]))
+                    .filter(|&p| p >= first)
+                    .count();
+                if queries == 0 || n_past >= c {
+                    continue;
+                }
+                tiled += ((1..=kernels::TOP_MAX).contains(&n_past) && queries >= 8) as usize;
+                chunked += (n_past > kernels::TOP_MAX && queries == bs) as usize;
+                selected += (n_past > SMALL) as usize;
+            }
         }
     }
+    assert!(
+        tiled >= 50 && chunked >= 20 && selected >= 20 && omitted == 75,
+        "paths reached: {tiled} eight at a time, {chunked} chunked, {selected} past SMALL, \
+         {omitted} without cu_seqlens_q"
+    );
 }

@@ -380,7 +380,6 @@ def test_every_simd_level_gives_the_same_rows_and_score_bits(tmp_path, level):
     NaN keys) gives the same rows and the same score bits with the portable
     or the AVX2 kernel (KVSELECT_SIMD=scalar / avx2, in a child process) as
     with the best level (AVX-512 where the CPU has it)."""
-
     require_simd()
     rng = np.random.default_rng(SEED + 7)
     arrays, expected = {"n": np.array(40)}, {}

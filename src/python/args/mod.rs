@@ -5,7 +5,7 @@
 //! - [`arrays`]: an array argument as a borrowed, C-contiguous, aligned
 //!   array of the kernel's element type with its shape as `[usize; N]` (or
 //!   of any rank) — the caller's own array when it already is one (zero
-//!   copy), else one conversion that keeps the meaning ([`Dtype`]).
+//!   copy), else one conversion that keeps the meaning ([`arrays::Dtype`]).
 //! - [`out`]: the caller's buffer (checked, never converted, overlapping no
 //!   input *as handed to the core*) or a new zeroed array, and [`detach`],
 //!   the core call with the GIL released when the work is worth it.
@@ -28,8 +28,8 @@
 //! [`dlpack`]: super::dlpack
 //!
 //! Every reader is a method of (or takes) the entry point's exception
-//! domain, [`Domain`]: `S` (a `SelectionError`) or `W` (a `WitnessError`),
-//! named here once.
+//! domain, [`Domain`](crate::python::errors::Domain): `S` (a
+//! `SelectionError`) or `W` (a `WitnessError`), named here once.
 //!
 //! # Releasing the GIL while holding NumPy buffers
 //!
