@@ -190,12 +190,7 @@ fn packed_equals_each_sequence_alone_and_paged_equals_dense() {
     let n: usize = lens.iter().sum();
     let k: Vec<f32> = (0..n * 12).map(|_| rng.random::<f32>() - 0.5).collect();
     let q: Vec<f32> = (0..n * 24).map(|_| rng.random::<f32>() - 0.5).collect();
-    let cu: Vec<usize> = std::iter::once(0)
-        .chain(lens.iter().scan(0, |a, &l| {
-            *a += l;
-            Some(*a)
-        }))
-        .collect();
+    let cu = cumulative(&lens);
     for topk in [1, 2, 4] {
         let w = width(Variant::Efficient, topk, 8);
         let mut out = vec![0; n * 4 * w];
@@ -748,19 +743,46 @@ fn rows_eight_queries_at_a_time_equal_the_row_by_row_path_on_every_level() {
                 cases += 1;
                 // Did a block hold eight queries the eight-at-a-time path
                 // takes (1 to TOP_MAX past blocks kept, fewer than seen)?
-                let first = n_k - n_q;
-                tiled += (0..n_k.div_ceil(bs)).any(|c| {
-                    let n_past = past_blocks_read(variant, topk, c);
-                    let queries = (c * bs..((c + 1) * bs).min(n_k))
-                        .filter(|&p| p >= first)
-                        .count();
-                    (1..=kernels::TOP_MAX).contains(&n_past) && n_past < c && queries >= 8
-                }) as usize;
+                tiled += block_queries(variant, topk, n_k, n_q, bs).into_iter().any(
+                    |(c, n_past, queries)| {
+                        (1..=kernels::TOP_MAX).contains(&n_past) && n_past < c && queries >= 8
+                    },
+                ) as usize;
             }
         }
     }
     assert_eq!(cases, 108);
     assert!(tiled >= 25, "{tiled} cases took the eight-at-a-time path");
+}
+
+/// `0` and the running sums of `lens`: a packed batch's boundaries.
+fn cumulative(lens: &[usize]) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(lens.iter().scan(0, |a, &l| {
+            *a += l;
+            Some(*a)
+        }))
+        .collect()
+}
+
+/// Each block `c` of a sequence of `n_k` keys whose last `n_q` positions are
+/// its queries: `(c, past blocks its queries read, queries in it)`.
+fn block_queries(
+    variant: Variant,
+    topk: usize,
+    n_k: usize,
+    n_q: usize,
+    bs: usize,
+) -> Vec<(usize, usize, usize)> {
+    let first = n_k - n_q;
+    (0..n_k.div_ceil(bs))
+        .map(|c| {
+            let queries = (c * bs..((c + 1) * bs).min(n_k))
+                .filter(|&p| p >= first)
+                .count();
+            (c, past_blocks_read(variant, topk, c), queries)
+        })
+        .collect()
 }
 
 /// The contract the Python binding's uninitialised output rests on:
@@ -800,15 +822,7 @@ fn select_into_writes_every_slot_of_the_output() {
                 _ => rng.random_range(1..=l),
             })
             .collect();
-        let cu = |l: &[usize]| -> Vec<usize> {
-            std::iter::once(0)
-                .chain(l.iter().scan(0, |a, &x| {
-                    *a += x;
-                    Some(*a)
-                }))
-                .collect()
-        };
-        let (cu_k, cu_q) = (cu(&lens), cu(&q_lens));
+        let (cu_k, cu_q) = (cumulative(&lens), cumulative(&q_lens));
         let (n_k, n_q) = (cu_k[n_seq], cu_q[n_seq]);
         let k: Vec<f32> = (0..n_k * h * d)
             .map(|_| rng.random_range(-2..3) as f32)
@@ -839,14 +853,8 @@ fn select_into_writes_every_slot_of_the_output() {
                 rows.iter().all(|&x| (-1..blocks).contains(&x)),
                 "case {case}: sequence {s} of {lens:?} ({q_lens:?} queries) holds a slot not written"
             );
-            // The paths this sequence's blocks took (a block's queries: the
-            // last `q_lens[s]` positions that fall in it).
-            let first = lens[s] - q_lens[s];
-            for c in 0..lens[s].div_ceil(bs) {
-                let n_past = past_blocks_read(variant, topk, c);
-                let queries = (c * bs..((c + 1) * bs).min(lens[s]))
-                    .filter(|&p| p >= first)
-                    .count();
+            // The paths this sequence's blocks took.
+            for (c, n_past, queries) in block_queries(variant, topk, lens[s], q_lens[s], bs) {
                 if queries == 0 || n_past >= c {
                     continue;
                 }
