@@ -14,8 +14,6 @@ seed, and ``make_case(seed)`` rebuilds it."""
 import gc
 import os
 import pickle
-import subprocess
-import sys
 import tracemalloc
 
 import numpy as np
@@ -23,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from levels import require_simd
+from levels import assert_child_equals, require_simd
 
 import kvselect as ks
 from kvselect import reference as ref
@@ -995,7 +993,6 @@ _CHILD = """
 import sys
 import numpy as np
 import kvselect as ks
-assert ks.simd_level() == sys.argv[3], ks.simd_level()
 data = np.load(sys.argv[1])
 out = {}
 for name in data.files:
@@ -1028,16 +1025,7 @@ def test_scalar_and_simd_kernels_select_identically(tmp_path, level):
         arrays.update({f"k_{i}": k, f"q_{i}": q, f"pos_{i}": pos, f"cfg_{i}": np.array(_cfg_tuple(cfg))})
         expected[str(i)] = ks.block_sparse_select(q, k, pos, cfg)
     np.savez(tmp_path / "in.npz", **arrays)
-    env = dict(os.environ, KVSELECT_SIMD=level)
-    subprocess.run(
-        [sys.executable, "-c", _CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), level],
-        check=True,
-        env=env,
-        timeout=120,
-    )
-    got = np.load(tmp_path / "out.npz")
-    for i, want in expected.items():
-        assert np.array_equal(got[i], want), f"case {i}"
+    assert_child_equals(_CHILD, tmp_path, level, expected, timeout=120)
 
 
 def test_scores_past_float32_range_are_ranked_in_real_arithmetic():
@@ -1120,7 +1108,7 @@ def test_bf16_prefills_give_the_same_blocks_and_score_bits_at_every_level(tmp_pa
     would act), NaN keys and signed zeros, d a multiple of 16 or not, blocks
     that start at odd keys. The pair level runs in a child with
     ``KVSELECT_SIMD=avx512bf16`` wherever the CPU has it, default or not."""
-    from levels import assert_child_equals, level_runs
+    from levels import level_runs
 
     ml_dtypes = pytest.importorskip("ml_dtypes")
     if not level_runs(level):
