@@ -197,6 +197,20 @@ pub(crate) struct CompressedSeq {
     pub len: usize,
 }
 
+/// One sequence's `seq_len` on given compressed keys (NSA's and InfLLM-v2's
+/// calls without `cu_seqlens_k`): at least 1, the last query's own token.
+/// The bindings check it before they size an output by it, so that a
+/// refused length is named as itself, not as the output's shape.
+pub(crate) fn check_seq_len(seq_len: usize) -> Result<(), ArgumentError> {
+    if seq_len == 0 {
+        return Err(ArgumentError::Invalid {
+            argument: "seq_len",
+            message: "seq_len must be at least 1 (the query's own token)".into(),
+        });
+    }
+    Ok(())
+}
+
 /// The layout of a packed batch on given compressed keys (InfLLM-v2's
 /// varlen compressed-key call, and NSA's on the same arguments), checked
 /// in that call's order and words: `q` whole `[n_q_heads, d]` rows and `ck`

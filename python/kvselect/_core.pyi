@@ -2819,6 +2819,7 @@ def moba_gates(
     key_scale: Optional[_ArrayIn] = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
+    out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """The gate of every past block of each query: MoBA's ``q · mean(K of the block)``.
 
@@ -2842,6 +2843,9 @@ def moba_gates(
         Each key's scale (fp8 keys): its value is ``k * scale`` rounded to float32.
     key_format, query_format : str, optional
         The formats of raw ``k`` and ``q``.
+    out : ndarray of float32, [n_queries, n_q_heads, n_blocks], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -2855,6 +2859,9 @@ def moba_gates(
         when ``q`` or ``k`` is not 3-D, their ``d`` differ, the query heads are not a
         multiple of the KV heads or the queries outnumber the keys (``q``, ``k``),
         ``block_size`` is 0 (``block_size``) or ``key_scale`` is not one per key.
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not a float32 ndarray.
 
     See Also
     --------
@@ -2880,6 +2887,7 @@ def moba_select(
     cu_seqlens: Optional[_ArrayIn] = None,
     cu_seqlens_q: Optional[_ArrayIn] = None,
     variant: str = "efficient",
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The blocks each query reads: MoBA's block selection.
 
@@ -2913,6 +2921,9 @@ def moba_select(
         ``cu_seqlens``, the queries are the last ``n_queries`` of the keys).
     variant : {'efficient', 'naive'}, optional
         Whose selection (default ``'efficient'``).
+    out : ndarray of int32, [n_queries, n_q_heads, width], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -2927,6 +2938,9 @@ def moba_select(
         ``key_scale`` is not one per key, ``cu_seqlens`` does not rise from 0 to
         ``n_keys`` (``cu_seqlens``), ``cu_seqlens_q`` does not rise from 0 to
         ``n_queries`` or gives a sequence more queries than keys (``cu_seqlens_q``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not an int32 ndarray.
 
     See Also
     --------
@@ -2954,6 +2968,7 @@ def moba_select_paged(
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     variant: str = "efficient",
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """MoBA's block selection at decode, over an engine's paged key cache.
 
@@ -2986,6 +3001,9 @@ def moba_select_paged(
         The formats of a raw cache and ``q``.
     variant : {'efficient', 'naive'}, optional
         Whose selection (default ``'efficient'``).
+    out : ndarray of int32, [n_seqs, n_q_heads, width], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -2998,6 +3016,9 @@ def moba_select_paged(
         when the cache, table or lengths are refused (``kv_cache``, ``block_table``,
         ``seq_lens``), ``n_kv_heads`` does not divide a row, ``q`` does not fit, or
         ``topk`` / ``block_size`` is 0.
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not an int32 ndarray.
 
     See Also
     --------
@@ -3297,6 +3318,7 @@ def infllm_block_scores(
     kernel_stride: int = 16,
     cu_seqlens_q: Optional[_ArrayIn] = None,
     cu_seqlens_k: Optional[_ArrayIn] = None,
+    out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """Every block's score under InfLLM-v2's stage 1 and pooling, for the queries
     at the end of one sequence or of each sequence of a packed batch.
@@ -3346,6 +3368,9 @@ def infllm_block_scores(
         source's ``cache_lens[s]`` is ``seq_len[s]`` minus them) and compressed keys
         ``cu_seqlens_k[s] .. cu_seqlens_k[s + 1]`` of ``ck`` (its tokens' compressed keys).
         Each row equals the dense call's on its own sequence. Both or neither.
+    out : ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / 64)], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -3367,6 +3392,9 @@ def infllm_block_scores(
         not one positive length per sequence (``seq_len``), ``cu_seqlens_q`` not rising
         from 0 to the queries or giving a sequence more queries than tokens
         (``cu_seqlens_q``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not a float32 ndarray.
 
     See Also
     --------
@@ -3402,6 +3430,7 @@ def infllm_select(
     kernel_stride: int = 16,
     cu_seqlens_q: Optional[_ArrayIn] = None,
     cu_seqlens_k: Optional[_ArrayIn] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The blocks each query reads under InfLLM-v2: the top-k of
     :func:`infllm_block_scores`, filtered as the modelling code filters.
@@ -3428,6 +3457,9 @@ def infllm_select(
     cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
         A packed batch, as :func:`infllm_block_scores`; each row equals the dense call's
         on its own sequence (that sequence's block ids, from 0).
+    out : ndarray of int32, [n_q, n_kv_heads, topk], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -3439,6 +3471,9 @@ def infllm_select(
     SelectionError
         As :func:`infllm_block_scores`, and when ``topk`` is 0 (``topk``) or
         ``keep`` names nothing (``keep``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not an int32 ndarray.
 
     See Also
     --------
@@ -3473,6 +3508,7 @@ def infllm_block_scores_paged(
     block_size: int = 64,
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """:func:`infllm_block_scores` at decode, over an engine's paged cache of compressed
     keys.
@@ -3508,6 +3544,9 @@ def infllm_block_scores_paged(
         How a page holds its keys (as :func:`infllm_select_paged`).
     key_format, query_format : str, optional
         The formats of a raw cache and ``q``.
+    out : ndarray of float32, [n_seqs, n_kv_heads, max_blocks], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -3525,6 +3564,9 @@ def infllm_block_scores_paged(
         d]`` or its heads are not a multiple of the KV heads (``q``), and as
         :func:`infllm_block_scores` (``scale``, ``block_size``, ``kernel_size``,
         ``kernel_stride``, ``pooling``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not a float32 ndarray.
 
     See Also
     --------
@@ -3564,6 +3606,7 @@ def infllm_select_paged(
     block_size: int = 64,
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """InfLLM-v2's block selection at decode, over an engine's paged cache of compressed
     keys.
@@ -3599,6 +3642,9 @@ def infllm_select_paged(
         How a page holds its keys.
     key_format, query_format : str, optional
         The formats of a raw cache and ``q``.
+    out : ndarray of int32, [n_seqs, n_kv_heads, topk], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -3612,6 +3658,9 @@ def infllm_select_paged(
         ``seq_lens``: a row too short for its sequence's compressed keys, an entry read
         outside the cache, a sequence of no token), ``n_kv_heads`` does not divide a row,
         ``q`` does not fit, and as :func:`infllm_select`.
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not an int32 ndarray.
 
     See Also
     --------
@@ -3647,6 +3696,7 @@ def nsa_block_scores(
     window: str = "fla",
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """Every block's score under NSA's selection as fla computes it, for the
     queries at the end of one sequence or of each sequence of a packed batch.
@@ -3695,6 +3745,9 @@ def nsa_block_scores(
         weighted 1, 2, 2, 2, 1 (docs/nsa.md). Dense calls only.
     kernel_size, kernel_stride : int, optional
         Eq. 9's compression (the paper's 32 and 16); ignored by ``'fla'``.
+    out : ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -3713,6 +3766,9 @@ def nsa_block_scores(
         ``window`` names nothing or is ``'eq9'`` with ``cu_seqlens`` (``window``); Eq. 9's
         stride does not divide ``block_size`` or ``kernel_size`` (``kernel_stride``,
         ``kernel_size``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not a float32 ndarray.
 
     See Also
     --------
@@ -3745,6 +3801,7 @@ def nsa_select(
     window: str = "fla",
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The blocks each query reads under NSA's selection as fla computes it: the
     top ``block_counts`` of :func:`nsa_block_scores`.
@@ -3768,6 +3825,9 @@ def nsa_select(
     window, kernel_size, kernel_stride : optional
         The block scores' window, as :func:`nsa_block_scores` (fla's, or the paper's
         Eq. 9).
+    out : ndarray of int32, [n_q, n_kv_heads, block_counts], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -3779,6 +3839,9 @@ def nsa_select(
     SelectionError
         As :func:`nsa_block_scores`, and when ``block_counts`` is 0
         (``block_counts``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not an int32 ndarray.
 
     See Also
     --------
@@ -3802,6 +3865,7 @@ def nsa_compress_keys(
     window: str = "fla",
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """The compressed keys NSA's selection reads, as kvselect computes them:
     what a serving engine caches and extends as blocks complete, and hands to
@@ -3828,6 +3892,9 @@ def nsa_compress_keys(
         The format of raw uint16 / uint8 ``k``.
     window, kernel_size, kernel_stride : optional
         As :func:`nsa_block_scores`.
+    out : ndarray of float32, [n_c, n_kv_heads, d], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -3842,6 +3909,9 @@ def nsa_compress_keys(
         (``k``); ``k_scale`` is not one per token; ``block_size`` is 0; ``window``
         names nothing (``window``); Eq. 9's stride does not divide ``block_size`` or
         ``kernel_size`` (``kernel_stride``, ``kernel_size``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not a float32 ndarray.
 
     See Also
     --------
@@ -3872,6 +3942,7 @@ def nsa_block_scores_compressed(
     kernel_stride: int = 16,
     cu_seqlens_q: Optional[_ArrayIn] = None,
     cu_seqlens_k: Optional[_ArrayIn] = None,
+    out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """:func:`nsa_block_scores` on given compressed keys, as a serving engine keeps
     them: the decode path of an engine that caches the mean-pooled keys and
@@ -3910,6 +3981,9 @@ def nsa_block_scores_compressed(
         keys ``cu_seqlens_k[s] .. cu_seqlens_k[s + 1]`` of ``ck`` (exactly its tokens'
         compressed keys). Each row equals the dense call's on its own sequence. Both or
         neither.
+    out : ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -3931,6 +4005,9 @@ def nsa_block_scores_compressed(
         than its tokens' compressed keys (``cu_seqlens_k``), ``seq_len`` not one positive
         length per sequence (``seq_len``), ``cu_seqlens_q`` not rising from 0 to the
         queries or giving a sequence more queries than tokens (``cu_seqlens_q``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not a float32 ndarray.
 
     See Also
     --------
@@ -3966,6 +4043,7 @@ def nsa_select_compressed(
     kernel_stride: int = 16,
     cu_seqlens_q: Optional[_ArrayIn] = None,
     cu_seqlens_k: Optional[_ArrayIn] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """:func:`nsa_select` on given compressed keys (see
     :func:`nsa_block_scores_compressed`): the rows an engine's decode reads,
@@ -3985,6 +4063,9 @@ def nsa_select_compressed(
     cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
         A packed batch, as :func:`nsa_block_scores_compressed`; each row equals the dense
         call's on its own sequence (that sequence's block ids, from 0).
+    out : ndarray of int32, [n_q, n_kv_heads, block_counts], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -3997,6 +4078,9 @@ def nsa_select_compressed(
     SelectionError
         As :func:`nsa_block_scores_compressed`, and when ``block_counts`` is 0
         (``block_counts``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not an int32 ndarray.
 
     See Also
     --------
@@ -4030,6 +4114,7 @@ def nsa_block_scores_paged(
     window: str = "fla",
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """:func:`nsa_block_scores_compressed` at decode, over an engine's paged cache of
     compressed keys.
@@ -4066,6 +4151,9 @@ def nsa_block_scores_paged(
         The formats of a raw cache and ``q``.
     window, kernel_size, kernel_stride : optional
         As :func:`nsa_block_scores`.
+    out : ndarray of float32, [n_seqs, n_kv_heads, max_blocks], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -4083,6 +4171,9 @@ def nsa_block_scores_paged(
         d]`` or its heads are not a multiple of the KV heads (``q``), and as
         :func:`nsa_block_scores_compressed` (``scale``, ``block_size``, ``window``,
         ``kernel_size``, ``kernel_stride``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not a float32 ndarray.
 
     See Also
     --------
@@ -4120,6 +4211,7 @@ def nsa_select_paged(
     window: str = "fla",
     kernel_size: int = 32,
     kernel_stride: int = 16,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """:func:`nsa_select_compressed` at decode, over an engine's paged cache of compressed
     keys (see :func:`nsa_block_scores_paged`): the blocks each decoding query reads.
@@ -4138,6 +4230,9 @@ def nsa_select_paged(
         As :func:`nsa_block_scores_paged`.
     window, kernel_size, kernel_stride : optional
         As :func:`nsa_block_scores`.
+    out : ndarray of int32, [n_seqs, n_kv_heads, block_counts], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -4149,6 +4244,9 @@ def nsa_select_paged(
     SelectionError
         As :func:`nsa_block_scores_paged`, and when ``block_counts`` is 0
         (``block_counts``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not an int32 ndarray.
 
     See Also
     --------

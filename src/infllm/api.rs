@@ -81,12 +81,7 @@ fn check(
         n_kv_heads,
         d,
     } = heads;
-    if seq_len == 0 {
-        return Err(invalid(
-            "seq_len",
-            "seq_len must be at least 1 (the query's own token)".into(),
-        ));
-    }
+    crate::packed::check_seq_len(seq_len)?;
     let per_q = checked_size("q", &[n_q_heads, d])?;
     if q_len == 0 || !q_len.is_multiple_of(per_q) {
         return Err(invalid(

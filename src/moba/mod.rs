@@ -171,6 +171,19 @@ impl Shape {
     }
 }
 
+/// The settings every call checks first: the shape's sizes (each at least
+/// 1, the query heads a multiple of the KV heads) and, for a selection
+/// (`topk` given), `topk` at least 1. The bindings check them before they
+/// size an output by them, so that a refused setting is named as itself,
+/// not as the output's shape.
+pub fn check_settings(shape: Shape, topk: Option<usize>) -> Result<(), ArgumentError> {
+    shape.check()?;
+    if topk == Some(0) {
+        return Err(invalid("topk", "topk must be at least 1 block".into()));
+    }
+    Ok(())
+}
+
 fn invalid(argument: &'static str, message: String) -> ArgumentError {
     ArgumentError::Invalid { argument, message }
 }
@@ -577,10 +590,7 @@ pub fn select_into(
     variant: Variant,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    shape.check()?;
-    if topk == 0 {
-        return Err(invalid("topk", "topk must be at least 1 block".into()));
-    }
+    check_settings(shape, Some(topk))?;
     let row = checked_size("k", &[shape.heads.n_kv_heads, shape.heads.d])?;
     let qrow = checked_size("q", &[shape.heads.n_q_heads, shape.heads.d])?;
     if !k.len().is_multiple_of(row) {
@@ -666,7 +676,7 @@ pub fn gates_into(
     shape: Shape,
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    shape.check()?;
+    check_settings(shape, None)?;
     let (row, qrow) = (
         shape.heads.n_kv_heads * shape.heads.d,
         shape.heads.n_q_heads * shape.heads.d,
@@ -765,10 +775,7 @@ pub fn select_paged_into(
     variant: Variant,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    shape.check()?;
-    if topk == 0 {
-        return Err(invalid("topk", "topk must be at least 1 block".into()));
-    }
+    check_settings(shape, Some(topk))?;
     cache.check()?;
     let row = checked_size("k", &[shape.heads.n_kv_heads, shape.heads.d])?;
     if cache.d != row {

@@ -11,7 +11,7 @@ use crate::simd::lines::Floats;
 use crate::simd::Isa;
 
 /// A call's checked sizes.
-struct Shape {
+pub(super) struct Shape {
     n_q: usize,
     hq: usize,
     n_kv: usize,
@@ -156,26 +156,24 @@ fn check_queries(
     })
 }
 
+/// A call on given compressed keys, checked: its shape and `n_c`.
+pub(super) type CompressedCall = (Shape, usize);
+
 /// Checks a call on given compressed keys: the sizes, `seq_len` (at least
 /// 1), `ck` exactly `seq_len`'s compressed keys under `window`, `ck_scale`
 /// one per compressed key, then the queries; returns the shape and `n_c`.
-fn check_compressed(
+pub(super) fn check_compressed(
     q_len: usize,
     ck_len: usize,
     ck_scale: Option<&[f32]>,
     heads: Heads,
     seq_len: usize,
     (cfg, window): (&Config, Window),
-) -> Result<(Shape, usize), ArgumentError> {
+) -> Result<CompressedCall, ArgumentError> {
     let Heads { n_kv_heads, d, .. } = heads;
     check_sizes(n_kv_heads, d, cfg.block_size)?;
     window.check(cfg.block_size)?;
-    if seq_len == 0 {
-        return Err(invalid(
-            "seq_len",
-            "seq_len must be at least 1 (the query's own token)".into(),
-        ));
-    }
+    crate::packed::check_seq_len(seq_len)?;
     let n_c = window.geometry(cfg.block_size).compressed_len(seq_len);
     check_len(
         "ck",
@@ -1741,17 +1739,37 @@ pub(super) fn block_scores_compressed_at(
     (cfg, window): (&Config, Window),
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    let (sh, n_c) = check_compressed(q.len(), ck.len(), ck_scale, heads, seq_len, (cfg, window))?;
+    let checked = check_compressed(q.len(), ck.len(), ck_scale, heads, seq_len, (cfg, window))?;
     let nb = cfg.n_blocks(seq_len);
+    let (sh, _) = &checked;
     check_out(
         out.len(),
         checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
         || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
     )?;
+    block_scores_compressed_checked(isa, &checked, q, ck, ck_scale, heads, (cfg, window), out);
+    Ok(())
+}
+
+/// [`block_scores_compressed_at`]'s rows once [`check_compressed`] has
+/// passed (`checked` its result) and `out` is `[n_q, n_kv_heads, n_blocks]`:
+/// nothing here refuses.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_scores_compressed_checked(
+    isa: Isa,
+    (sh, n_c): &CompressedCall,
+    q: Encoded<'_>,
+    ck: Encoded<'_>,
+    ck_scale: Option<&[f32]>,
+    heads: Heads,
+    (cfg, window): (&Config, Window),
+    out: &mut [f32],
+) {
+    let (n_c, nb) = (*n_c, cfg.n_blocks(sh.seq_len));
     if let (Encoded::Bf16(v), None) = (ck, ck_scale) {
         stage(
             isa,
-            &sh,
+            sh,
             q,
             Keys::Bf16(v),
             n_c,
@@ -1764,7 +1782,7 @@ pub(super) fn block_scores_compressed_at(
         with_compressed(ck, ck_scale, heads.n_kv_heads * heads.d, |ckv| {
             stage(
                 isa,
-                &sh,
+                sh,
                 q,
                 Keys::F32(ckv),
                 n_c,
@@ -1775,7 +1793,6 @@ pub(super) fn block_scores_compressed_at(
             )
         });
     }
-    Ok(())
 }
 
 /// [`select_window_into`] on given compressed keys (see
@@ -1820,17 +1837,36 @@ pub(super) fn select_compressed_at(
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
     check_block_counts(cfg)?;
-    let (sh, n_c) = check_compressed(q.len(), ck.len(), ck_scale, heads, seq_len, (cfg, window))?;
-    let w = cfg.block_counts;
+    let checked = check_compressed(q.len(), ck.len(), ck_scale, heads, seq_len, (cfg, window))?;
+    let (sh, w) = (&checked.0, cfg.block_counts);
     check_out(
         out.len(),
         checked_size("out", &[sh.n_q, sh.n_kv, w])?,
         || format!("[n_q={}, n_kv_heads={}, block_counts={w}]", sh.n_q, sh.n_kv),
     )?;
+    select_compressed_checked(isa, &checked, q, ck, ck_scale, heads, (cfg, window), out);
+    Ok(())
+}
+
+/// [`select_compressed_at`]'s rows once [`check_block_counts`] and
+/// [`check_compressed`] have passed (`checked` its result) and `out` is
+/// `[n_q, n_kv_heads, block_counts]`: nothing here refuses.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn select_compressed_checked(
+    isa: Isa,
+    (sh, n_c): &CompressedCall,
+    q: Encoded<'_>,
+    ck: Encoded<'_>,
+    ck_scale: Option<&[f32]>,
+    heads: Heads,
+    (cfg, window): (&Config, Window),
+    out: &mut [i32],
+) {
+    let (n_c, w) = (*n_c, cfg.block_counts);
     if let (Encoded::Bf16(v), None) = (ck, ck_scale) {
         stage(
             isa,
-            &sh,
+            sh,
             q,
             Keys::Bf16(v),
             n_c,
@@ -1843,7 +1879,7 @@ pub(super) fn select_compressed_at(
         with_compressed(ck, ck_scale, heads.n_kv_heads * heads.d, |ckv| {
             stage(
                 isa,
-                &sh,
+                sh,
                 q,
                 Keys::F32(ckv),
                 n_c,
@@ -1854,5 +1890,4 @@ pub(super) fn select_compressed_at(
             )
         });
     }
-    Ok(())
 }

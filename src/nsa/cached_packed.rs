@@ -14,8 +14,8 @@
 //! keys sliced off by one (its softmax would read its neighbour's).
 
 use super::api::{
-    block_scores_compressed_at, check_block_counts, check_heads, check_out, check_sizes,
-    select_compressed_at,
+    block_scores_compressed_checked, check_block_counts, check_compressed, check_heads, check_out,
+    check_sizes, select_compressed_checked, CompressedCall,
 };
 use super::{Config, Window};
 use crate::error::{checked_size, ArgumentError};
@@ -92,16 +92,20 @@ pub fn block_scores_compressed_packed_into(
         || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, max_blocks={nb}]"),
     )?;
     let (qr, cr) = (n_q_heads * d, n_kv_heads * d);
+    let slices = |s: &Seq| {
+        let qs = q.slice(s.q0 * qr, (s.q0 + s.n_q) * qr);
+        let cs = ck.slice(s.c0 * cr, (s.c0 + s.n_c) * cr);
+        (qs, cs, ck_scale.map(|x| &x[s.c0..s.c0 + s.n_c]))
+    };
+    let dense = each_dense_call(&checked, slices, heads, (cfg, window))?;
     let mut part = Vec::new();
-    for s in checked.iter().filter(|s| s.n_q > 0) {
+    for (s, call) in &dense {
         let snb = cfg.n_blocks(s.len);
         part.clear();
         part.resize(s.n_q * n_kv_heads * snb, 0.0f32);
-        let qs = q.slice(s.q0 * qr, (s.q0 + s.n_q) * qr);
-        let cs = ck.slice(s.c0 * cr, (s.c0 + s.n_c) * cr);
-        let sc = ck_scale.map(|x| &x[s.c0..s.c0 + s.n_c]);
+        let (qs, cs, sc) = slices(s);
         let cw = (cfg, window);
-        block_scores_compressed_at(isa, qs, cs, sc, heads, s.len, cw, &mut part)?;
+        block_scores_compressed_checked(isa, call, qs, cs, sc, heads, cw, &mut part);
         let rows = &mut out[s.q0 * n_kv_heads * nb..(s.q0 + s.n_q) * n_kv_heads * nb];
         for (o, p) in rows
             .chunks_exact_mut(nb.max(1))
@@ -146,13 +150,40 @@ pub fn select_compressed_packed_into(
         || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, block_counts={w}]"),
     )?;
     let (qr, cr) = (n_q_heads * d, n_kv_heads * d);
-    for s in checked.iter().filter(|s| s.n_q > 0) {
+    let slices = |s: &Seq| {
         let qs = q.slice(s.q0 * qr, (s.q0 + s.n_q) * qr);
         let cs = ck.slice(s.c0 * cr, (s.c0 + s.n_c) * cr);
-        let sc = ck_scale.map(|x| &x[s.c0..s.c0 + s.n_c]);
+        (qs, cs, ck_scale.map(|x| &x[s.c0..s.c0 + s.n_c]))
+    };
+    let dense = each_dense_call(&checked, slices, heads, (cfg, window))?;
+    for (s, call) in &dense {
+        let (qs, cs, sc) = slices(s);
         let rows = &mut out[s.q0 * n_kv_heads * w..(s.q0 + s.n_q) * n_kv_heads * w];
         let cw = (cfg, window);
-        select_compressed_at(Isa::best(), qs, cs, sc, heads, s.len, cw, rows)?;
+        select_compressed_checked(Isa::best(), call, qs, cs, sc, heads, cw, rows);
     }
     Ok(())
+}
+
+/// Each sequence with queries and the dense call's own checks on its
+/// slices (`slices(s)`: its queries, compressed keys and their scales),
+/// all run before any row is written, so that a refusal, from the batch's
+/// checks or a dense call's, leaves `out` untouched. The batch's checks
+/// cover the dense ones today; running them here keeps that true if one is
+/// ever added to the dense call alone.
+fn each_dense_call<'a, 'k>(
+    checked: &'a [Seq],
+    slices: impl Fn(&Seq) -> (Encoded<'k>, Encoded<'k>, Option<&'k [f32]>),
+    heads: Heads,
+    (cfg, window): (&Config, Window),
+) -> Result<Vec<(&'a Seq, CompressedCall)>, ArgumentError> {
+    checked
+        .iter()
+        .filter(|s| s.n_q > 0)
+        .map(|s| {
+            let (qs, cs, sc) = slices(s);
+            let call = check_compressed(qs.len(), cs.len(), sc, heads, s.len, (cfg, window))?;
+            Ok((s, call))
+        })
+        .collect()
 }

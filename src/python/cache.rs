@@ -8,9 +8,9 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use super::args::{
-    detach, element_name, format_of, is_native_order, numpy, positions, positions_along,
-    query_positions, AsFormatArg, Broadcast, EncodedIn, FormatArg, In, KeyFormat, Named, Obj, Out,
-    OutElement, PageLayoutName, Queries, QueryFormat, StridedRows, S,
+    detach, element_name, format_of, is_native_order, ndarray, numpy, positions, positions_along,
+    query_positions, AsFormatArg, Broadcast, EncodedIn, FormatArg, In, KeyFormat, Named, Obj, Opt,
+    Out, OutElement, PageLayoutName, Queries, QueryFormat, StridedRows, S,
 };
 use super::errors::refuse;
 use crate::keys::{BlockTable, Encoded, Heads, PageLayout, PagedCache};
@@ -208,6 +208,9 @@ pub(super) type Formats = (
 pub(super) struct PagedDecode<'py> {
     paged: Paged<'py>,
     q: EncodedIn<'py>,
+    /// `seq_lens` as passed, when an array: read through a copy, but no
+    /// `out=` may share its memory either (docs/conventions.md).
+    seq_lens: Option<Bound<'py, PyUntypedArray>>,
     /// Tokens per sequence, the query's own included.
     pub lens: Vec<usize>,
     pub n_q_heads: usize,
@@ -234,6 +237,7 @@ impl<'py> PagedDecode<'py> {
         Ok(PagedDecode {
             paged,
             q,
+            seq_lens: ndarray(seq_lens),
             lens,
             n_q_heads,
             n_kv_heads,
@@ -241,12 +245,15 @@ impl<'py> PagedDecode<'py> {
         })
     }
 
-    /// A new `shape` output (not overlapping the queries, pages or table)
-    /// filled by `core(queries, cache, table, out)`, the GIL released when
-    /// `work` is large (see [`detach`]); the core's refusal raised as is.
+    /// The caller's `out` or a new `shape` output (either sharing no memory
+    /// with the queries, pages, table or lengths) filled by `core(queries,
+    /// cache, table, out)`, the GIL released when `work` is large (see
+    /// [`detach`]); the core's refusal raised as is (every paged core
+    /// refuses before it writes, so a refused `out` is untouched).
     pub fn run<T: OutElement>(
         &self,
         py: Python<'py>,
+        out: Opt<'_, 'py>,
         shape: &[usize],
         work: usize,
         core: impl FnOnce(
@@ -258,7 +265,9 @@ impl<'py> PagedDecode<'py> {
             + Send,
     ) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
         let [pg, tb] = self.paged.untyped();
-        let mut out: Out<'py, T> = S.output(py, None, shape, &[self.q.untyped(), pg, tb])?;
+        let mut inputs = vec![self.q.untyped(), pg, tb];
+        inputs.extend(self.seq_lens.as_ref());
+        let mut out: Out<'py, T> = S.output(py, out, shape, &inputs)?;
         let (cache, table) = (self.paged.cache(), self.paged.table()?);
         let q = self.q.encoded()?;
         let o = out.slice()?;

@@ -75,6 +75,9 @@ fn qk_shape(qs: &[usize], ks: &[usize], block_size: usize) -> PyResult<Shape> {
 ///     Each key's scale (fp8 keys): its value is ``k * scale`` rounded to float32.
 /// key_format, query_format : str, optional
 ///     The formats of raw ``k`` and ``q``.
+/// out : ndarray of float32, [n_queries, n_q_heads, n_blocks], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -88,6 +91,9 @@ fn qk_shape(qs: &[usize], ks: &[usize], block_size: usize) -> PyResult<Shape> {
 ///     when ``q`` or ``k`` is not 3-D, their ``d`` differ, the query heads are not a
 ///     multiple of the KV heads or the queries outnumber the keys (``q``, ``k``),
 ///     ``block_size`` is 0 (``block_size``) or ``key_scale`` is not one per key.
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not a float32 ndarray.
 ///
 /// See Also
 /// --------
@@ -101,8 +107,9 @@ fn qk_shape(qs: &[usize], ks: &[usize], block_size: usize) -> PyResult<Shape> {
 /// [1.0, 5.0, nan]
 #[pyfunction]
 #[pyo3(
-    signature = (q, k, block_size, *, key_scale=None, key_format=None, query_format=None),
-    text_signature = "(q, k, block_size, *, key_scale=None, key_format=None, query_format=None)"
+    signature = (q, k, block_size, *, key_scale=None, key_format=None, query_format=None, out=None),
+    text_signature = "(q, k, block_size, *, key_scale=None, key_format=None, query_format=None, \
+                      out=None)"
 )]
 pub(super) fn moba_gates<'py>(
     py: Python<'py>,
@@ -112,6 +119,7 @@ pub(super) fn moba_gates<'py>(
     key_scale: Opt<'_, 'py>,
     key_format: Option<Named<KeyFormat>>,
     query_format: Option<Named<QueryFormat>>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let bs = S.count(block_size, "block_size", I32_MAX)?;
     let (ke, kshape) = EncodedIn::new(S, k, "k", key_format.format_arg())?;
@@ -121,8 +129,11 @@ pub(super) fn moba_gates<'py>(
         Some(o) => Some(S.input::<f32, 1>(o, "key_scale", "[n_keys]")?),
         None => None,
     };
-    let nb = if bs == 0 { 0 } else { kshape[0].div_ceil(bs) };
-    let mut out: Out<'py, f32> = Out::zeros(py, &[qshape[0], qshape[1], nb])?;
+    moba::check_settings(shape, None)?;
+    let nb = kshape[0].div_ceil(bs);
+    let mut inputs = vec![qe.untyped(), ke.untyped()];
+    inputs.extend(scale.as_ref().map(|s| s.untyped()));
+    let mut out: Out<'py, f32> = S.output(py, out, &[qshape[0], qshape[1], nb], &inputs)?;
     let (qs, ks) = (qe.encoded()?, ke.encoded()?);
     let sc = scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
@@ -164,6 +175,9 @@ pub(super) fn moba_gates<'py>(
 ///     ``cu_seqlens``, the queries are the last ``n_queries`` of the keys).
 /// variant : {'efficient', 'naive'}, optional
 ///     Whose selection (default ``'efficient'``).
+/// out : ndarray of int32, [n_queries, n_q_heads, width], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -178,6 +192,9 @@ pub(super) fn moba_gates<'py>(
 ///     ``key_scale`` is not one per key, ``cu_seqlens`` does not rise from 0 to
 ///     ``n_keys`` (``cu_seqlens``), ``cu_seqlens_q`` does not rise from 0 to
 ///     ``n_queries`` or gives a sequence more queries than keys (``cu_seqlens_q``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not an int32 ndarray.
 ///
 /// See Also
 /// --------
@@ -193,9 +210,10 @@ pub(super) fn moba_gates<'py>(
 #[pyfunction]
 #[pyo3(
     signature = (q, k, topk, block_size, *, key_scale=None, key_format=None, query_format=None,
-                 cu_seqlens=None, cu_seqlens_q=None, variant=None),
+                 cu_seqlens=None, cu_seqlens_q=None, variant=None, out=None),
     text_signature = "(q, k, topk, block_size, *, key_scale=None, key_format=None, \
-                      query_format=None, cu_seqlens=None, cu_seqlens_q=None, variant='efficient')"
+                      query_format=None, cu_seqlens=None, cu_seqlens_q=None, variant='efficient', \
+                      out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn moba_select<'py>(
@@ -210,6 +228,7 @@ pub(super) fn moba_select<'py>(
     cu_seqlens: Opt<'_, 'py>,
     cu_seqlens_q: Opt<'_, 'py>,
     variant: Option<Named<MobaVariantName>>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let topk = S.count(topk, "topk", I32_MAX)?;
     let bs = S.count(block_size, "block_size", I32_MAX)?;
@@ -217,6 +236,7 @@ pub(super) fn moba_select<'py>(
     let (ke, kshape) = EncodedIn::new(S, k, "k", key_format.format_arg())?;
     let (qe, qshape) = EncodedIn::new(S, q, "q", query_format.format_arg())?;
     let shape = qk_shape(&qshape, &kshape, bs)?;
+    moba::check_settings(shape, Some(topk))?;
     let scale = match key_scale {
         Some(o) => Some(S.input::<f32, 1>(o, "key_scale", "[n_keys]")?),
         None => None,
@@ -233,7 +253,7 @@ pub(super) fn moba_select<'py>(
     };
     let max_blocks = cu
         .windows(2)
-        .map(|w| w[1].saturating_sub(w[0]).div_ceil(bs.max(1)))
+        .map(|w| w[1].saturating_sub(w[0]).div_ceil(bs))
         .max()
         .unwrap_or(0);
     let w = moba::width(v, topk, max_blocks);
@@ -243,9 +263,10 @@ pub(super) fn moba_select<'py>(
     inputs.extend(&raw);
     // SAFETY: moba::select_into writes every slot of `out` when it succeeds
     // (each query row whole: its blocks, then -1) and checks everything
-    // before writing; a refused call's array is never handed back.
+    // before writing: a new array it refuses is never handed back, and a
+    // caller's `out` it refuses is left as it was.
     let mut out =
-        unsafe { S.output_filled_by_core(py, None, &[n_q, shape.heads.n_q_heads, w], &inputs)? };
+        unsafe { S.output_filled_by_core(py, out, &[n_q, shape.heads.n_q_heads, w], &inputs)? };
     let (qs, ks) = (qe.encoded()?, ke.encoded()?);
     let sc = scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
@@ -286,6 +307,9 @@ pub(super) fn moba_select<'py>(
 ///     The formats of a raw cache and ``q``.
 /// variant : {'efficient', 'naive'}, optional
 ///     Whose selection (default ``'efficient'``).
+/// out : ndarray of int32, [n_seqs, n_q_heads, width], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -298,6 +322,9 @@ pub(super) fn moba_select<'py>(
 ///     when the cache, table or lengths are refused (``kv_cache``, ``block_table``,
 ///     ``seq_lens``), ``n_kv_heads`` does not divide a row, ``q`` does not fit, or
 ///     ``topk`` / ``block_size`` is 0.
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not an int32 ndarray.
 ///
 /// See Also
 /// --------
@@ -313,9 +340,10 @@ pub(super) fn moba_select<'py>(
 #[pyfunction]
 #[pyo3(
     signature = (q, kv_cache, block_table, seq_lens, n_kv_heads, topk, block_size, *,
-                 page_layout=None, key_format=None, query_format=None, variant=None),
+                 page_layout=None, key_format=None, query_format=None, variant=None, out=None),
     text_signature = "(q, kv_cache, block_table, seq_lens, n_kv_heads, topk, block_size, *, \
-                      page_layout='dense', key_format=None, query_format=None, variant='efficient')"
+                      page_layout='dense', key_format=None, query_format=None, \
+                      variant='efficient', out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn moba_select_paged<'py>(
@@ -331,6 +359,7 @@ pub(super) fn moba_select_paged<'py>(
     key_format: Option<Named<KeyFormat>>,
     query_format: Option<Named<QueryFormat>>,
     variant: Option<Named<MobaVariantName>>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let h = S.count(n_kv_heads, "n_kv_heads", I32_MAX)?;
     let topk = S.count(topk, "topk", I32_MAX)?;
@@ -342,11 +371,12 @@ pub(super) fn moba_select_paged<'py>(
         heads: c.heads(),
         block_size: bs,
     };
-    let max_blocks = c.widest(|l| l.div_ceil(bs.max(1)));
+    moba::check_settings(shape, Some(topk))?;
+    let max_blocks = c.widest(|l| l.div_ceil(bs));
     let w = moba::width(v, topk, max_blocks);
     let out_shape = [c.lens.len(), c.n_q_heads, w];
     let work = out_shape.iter().product();
-    c.run(py, &out_shape, work, |qs, cache, table, o| {
+    c.run(py, out, &out_shape, work, |qs, cache, table, o| {
         moba::select_paged_into(qs, cache, table, shape, topk, v, o)
     })
 }

@@ -113,6 +113,63 @@ def _witness_args():
     return [np.array([[0, 5, -1, -1], [3, -1, -1, -1]], np.int32), np.array([8, 6], np.int32)]
 
 
+def _moba_args():
+    rng = np.random.default_rng(SEED + 5)
+    return [rng.standard_normal((3, 4, 5)).astype(np.float32), rng.standard_normal((9, 2, 5)).astype(np.float32)]
+
+
+def _moba_packed_args():
+    # Two sequences (4 and 5 keys), one and two queries: the boundaries are arrays too.
+    return [*_moba_args(), np.array([0, 4, 9], np.int64), np.array([0, 1, 3], np.int64)]
+
+
+def _paged(rng, q_shape, n_pages, page, row, lens):
+    """Queries, a shuffled paged cache, its block table and the lengths."""
+    q = rng.standard_normal(q_shape).astype(np.float32)
+    cache = rng.standard_normal((n_pages, page, row)).astype(np.float32)
+    table = rng.permutation(n_pages).astype(np.int32).reshape(len(lens), -1)
+    return [q, cache, table, np.array(lens, np.int64)]
+
+
+def _moba_paged_args():
+    return _paged(np.random.default_rng(SEED + 6), (2, 4, 5), 6, 4, 10, [9, 5])
+
+
+def _nsa_args():
+    rng = np.random.default_rng(SEED + 7)
+    return [rng.standard_normal((3, 4, 4)).astype(np.float32), rng.standard_normal((20, 2, 4)).astype(np.float32)]
+
+
+def _nsa_packed_args():
+    return [*_nsa_args(), np.array([0, 8, 20], np.int64), np.array([0, 1, 3], np.int64)]
+
+
+def _nsa_compressed_args():
+    q, k = _nsa_args()
+    return [q, k.reshape(5, 4, 2, 4).mean(axis=1, dtype=np.float32)]  # blocks of 4: 5 compressed keys
+
+
+def _nsa_compressed_packed_args():
+    # Sequences of 8 and 12 tokens (2 and 3 compressed keys), one and two queries.
+    q, ck = _nsa_compressed_args()
+    return [q, ck, np.array([8, 12], np.int64), np.array([0, 1, 3], np.int64), np.array([0, 2, 5], np.int64)]
+
+
+def _nsa_paged_args():
+    return _paged(np.random.default_rng(SEED + 8), (2, 4, 4), 10, 4, 8, [20, 13])
+
+
+def _infllm_args():
+    rng = np.random.default_rng(SEED + 9)
+    return [rng.standard_normal((1, 4, 8)).astype(np.float32), rng.standard_normal((63, 2, 8)).astype(np.float32)]
+
+
+def _infllm_paged_args():
+    q, ck = _infllm_args()
+    cache = np.ascontiguousarray(ck.reshape(7, 9, 16)[::-1])  # 1,024 tokens' compressed keys, pages of 9
+    return [q, cache, np.arange(6, -1, -1, dtype=np.int32)[None], np.array([1024], np.int64)]
+
+
 SPECS = [
     OutSpec(
         "attention_probabilities",
@@ -191,6 +248,128 @@ SPECS = [
         _witness_args,
         lambda m, a, **b: m.apply_topology_witnesses(*a, 2, 4, 2, **b),
         {"out": ((2, 4), np.int32, None)},
+    ),
+    # The block-selection rules (MoBA, NSA, InfLLM-v2): dense, packed and paged.
+    OutSpec(
+        "moba_gates",
+        "selection",
+        _moba_args,
+        lambda m, a, **b: m.moba_gates(*a, 2, **b),
+        {"out": ((3, 4, 5), np.float32, None)},
+    ),
+    OutSpec(
+        "moba_select",
+        "selection",
+        _moba_args,
+        lambda m, a, **b: m.moba_select(*a, 2, 2, **b),
+        {"out": ((3, 4, 2), np.int32, None)},
+    ),
+    OutSpec(
+        "moba_select-packed",
+        "selection",
+        _moba_packed_args,
+        lambda m, a, **b: m.moba_select(a[0], a[1], 2, 2, cu_seqlens=a[2], cu_seqlens_q=a[3], **b),
+        {"out": ((3, 4, 2), np.int32, None)},
+    ),
+    OutSpec(
+        "moba_select_paged",
+        "selection",
+        _moba_paged_args,
+        lambda m, a, **b: m.moba_select_paged(*a, 2, 2, 2, **b),
+        {"out": ((2, 4, 2), np.int32, None)},
+    ),
+    OutSpec(
+        "nsa_compress_keys",
+        "selection",
+        lambda: _nsa_args()[1:],
+        lambda m, a, **b: m.nsa_compress_keys(*a, block_size=4, **b),
+        {"out": ((5, 2, 4), np.float32, None)},
+    ),
+    OutSpec(
+        "nsa_block_scores",
+        "selection",
+        _nsa_args,
+        lambda m, a, **b: m.nsa_block_scores(*a, block_size=4, **b),
+        {"out": ((3, 2, 5), np.float32, None)},
+    ),
+    OutSpec(
+        "nsa_select",
+        "selection",
+        _nsa_args,
+        lambda m, a, **b: m.nsa_select(*a, 3, block_size=4, **b),
+        {"out": ((3, 2, 3), np.int32, None)},
+    ),
+    OutSpec(
+        "nsa_select-packed",
+        "selection",
+        _nsa_packed_args,
+        lambda m, a, **b: m.nsa_select(a[0], a[1], 3, block_size=4, cu_seqlens=a[2], cu_seqlens_q=a[3], **b),
+        {"out": ((3, 2, 3), np.int32, None)},
+    ),
+    OutSpec(
+        "nsa_block_scores_compressed",
+        "selection",
+        _nsa_compressed_args,
+        lambda m, a, **b: m.nsa_block_scores_compressed(*a, 20, block_size=4, **b),
+        {"out": ((3, 2, 5), np.float32, None)},
+    ),
+    OutSpec(
+        "nsa_select_compressed",
+        "selection",
+        _nsa_compressed_args,
+        lambda m, a, **b: m.nsa_select_compressed(*a, 20, 3, block_size=4, **b),
+        {"out": ((3, 2, 3), np.int32, None)},
+    ),
+    OutSpec(
+        "nsa_select_compressed-packed",
+        "selection",
+        _nsa_compressed_packed_args,
+        lambda m, a, **b: m.nsa_select_compressed(
+            a[0], a[1], a[2], 3, block_size=4, cu_seqlens_q=a[3], cu_seqlens_k=a[4], **b
+        ),
+        {"out": ((3, 2, 3), np.int32, None)},
+    ),
+    OutSpec(
+        "nsa_block_scores_paged",
+        "selection",
+        _nsa_paged_args,
+        lambda m, a, **b: m.nsa_block_scores_paged(*a, 2, block_size=4, **b),
+        {"out": ((2, 2, 5), np.float32, None)},
+    ),
+    OutSpec(
+        "nsa_select_paged",
+        "selection",
+        _nsa_paged_args,
+        lambda m, a, **b: m.nsa_select_paged(*a, 2, 3, block_size=4, **b),
+        {"out": ((2, 2, 3), np.int32, None)},
+    ),
+    OutSpec(
+        "infllm_block_scores",
+        "selection",
+        _infllm_args,
+        lambda m, a, **b: m.infllm_block_scores(*a, 1024, local_blocks=2, **b),
+        {"out": ((1, 2, 16), np.float32, None)},
+    ),
+    OutSpec(
+        "infllm_select",
+        "selection",
+        _infllm_args,
+        lambda m, a, **b: m.infllm_select(*a, 1024, 4, local_blocks=2, **b),
+        {"out": ((1, 2, 4), np.int32, None)},
+    ),
+    OutSpec(
+        "infllm_block_scores_paged",
+        "selection",
+        _infllm_paged_args,
+        lambda m, a, **b: m.infllm_block_scores_paged(*a, 2, local_blocks=2, **b),
+        {"out": ((1, 2, 16), np.float32, None)},
+    ),
+    OutSpec(
+        "infllm_select_paged",
+        "selection",
+        _infllm_paged_args,
+        lambda m, a, **b: m.infllm_select_paged(*a, 2, 4, local_blocks=2, **b),
+        {"out": ((1, 2, 4), np.int32, None)},
     ),
 ]
 
@@ -288,6 +467,47 @@ def test_an_out_sharing_any_inputs_memory_is_refused_and_nothing_changes(spec, i
                 spec.call(m, args, **{key: buf})
             assert e.value.argument == key, (i, str(e.value))
             assert _snapshot(args) == before, (key, i)
+
+
+# A setting the rule refuses, with an ``out`` of the valid call's shape: the refusal names
+# the setting (not ``out``, whose expected shape the bad setting would change), and ``out``
+# and the inputs stay as they were. (spec id, the call with the bad setting, its name.)
+BAD_SETTINGS = [
+    ("moba_gates", lambda m, a, **b: m.moba_gates(*a, 0, **b), "block_size"),
+    ("moba_select", lambda m, a, **b: m.moba_select(*a, 0, 2, **b), "topk"),
+    ("moba_select", lambda m, a, **b: m.moba_select(*a, 2, 0, **b), "block_size"),
+    ("moba_select_paged", lambda m, a, **b: m.moba_select_paged(*a, 2, 0, 2, **b), "topk"),
+    ("moba_select_paged", lambda m, a, **b: m.moba_select_paged(*a, 2, 2, 0, **b), "block_size"),
+    ("nsa_compress_keys", lambda m, a, **b: m.nsa_compress_keys(*a, block_size=0, **b), "block_size"),
+    ("nsa_block_scores", lambda m, a, **b: m.nsa_block_scores(*a, block_size=0, **b), "block_size"),
+    ("nsa_select", lambda m, a, **b: m.nsa_select(*a, 0, block_size=4, **b), "block_counts"),
+    (
+        "nsa_block_scores_compressed",
+        lambda m, a, **b: m.nsa_block_scores_compressed(*a, 0, block_size=4, **b),
+        "seq_len",
+    ),
+    ("nsa_select_compressed", lambda m, a, **b: m.nsa_select_compressed(*a, 20, 0, block_size=4, **b), "block_counts"),
+    ("nsa_select_compressed", lambda m, a, **b: m.nsa_select_compressed(*a, 0, 3, block_size=4, **b), "seq_len"),
+    ("nsa_block_scores_paged", lambda m, a, **b: m.nsa_block_scores_paged(*a, 2, block_size=0, **b), "block_size"),
+    ("nsa_select_paged", lambda m, a, **b: m.nsa_select_paged(*a, 2, 0, block_size=4, **b), "block_counts"),
+    ("infllm_block_scores", lambda m, a, **b: m.infllm_block_scores(*a, 0, local_blocks=2, **b), "seq_len"),
+    ("infllm_select", lambda m, a, **b: m.infllm_select(*a, 1024, 0, local_blocks=2, **b), "topk"),
+    ("infllm_select", lambda m, a, **b: m.infllm_select(*a, 0, 4, local_blocks=2, **b), "seq_len"),
+    ("infllm_select_paged", lambda m, a, **b: m.infllm_select_paged(*a, 2, 0, local_blocks=2, **b), "topk"),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("spec_id,call,argument", BAD_SETTINGS, ids=[f"{i}-{a}" for i, _, a in BAD_SETTINGS])
+def test_a_refused_setting_is_named_even_with_out_given_and_nothing_changes(spec_id, call, argument, impl):
+    (spec,) = [s for s in SPECS if s.id == spec_id]
+    ((shape, dt, _),) = spec.bufs.values()
+    buf, args = _sentinel(shape, dt), spec.args()
+    before = _bits(buf), _snapshot(args)
+    with pytest.raises(_errors(impl, spec.domain)) as e:
+        call(_mod(impl), args, out=buf)
+    assert e.value.argument == argument, str(e.value)
+    assert (_bits(buf), _snapshot(args)) == before
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -9,8 +9,10 @@ Part of ``kvselect.reference``; see that package's docstring.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import operator
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional, TypeVar, cast
 
 import numpy as np
 
@@ -283,6 +285,36 @@ def _out_buffer(out: Any, name: str, shape: tuple, domain: str, dtype: Any, inpu
 def _output(out: Any, shape: tuple, domain: str, dtype: Any = np.int32, inputs: tuple = ()) -> Optional[np.ndarray]:
     """:func:`_out_buffer` for ``out=``."""
     return _out_buffer(out, "out", shape, domain, dtype, inputs)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _takes_out(dtype: Any) -> Callable[[_F], _F]:
+    """A twin given ``out=`` as its native function is (docs/conventions.md): the
+    result computed as without it, then ``out`` checked by :func:`_output` against
+    the result's shape and every array argument (a refused ``out`` is left as it
+    was), written, and returned. The twin's signature gains ``out=None``,
+    keyword-only, last (before ``**kw``)."""
+
+    def wrap(f: _F) -> _F:
+        sig = inspect.signature(f)
+        out_param = inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="Any")
+
+        @functools.wraps(f)
+        def call(*args: Any, out: Any = None, **kwargs: Any) -> Any:
+            result = f(*args, **kwargs)
+            if out is None:
+                return result
+            arrays = tuple(a for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray))
+            return _deliver(result, _output(out, result.shape, _SELECTION, dtype, arrays))
+
+        params = list(sig.parameters.values())
+        at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+        call.__signature__ = sig.replace(parameters=[*params[:at], out_param, *params[at:]])  # type: ignore[attr-defined]
+        return cast(_F, call)
+
+    return wrap
 
 
 def _deliver(result: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:

@@ -32,7 +32,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales, _table_row
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales, _table_row, _takes_out
 from .keys import decode
 
 BLOCK_SIZE = 64
@@ -202,6 +202,7 @@ def _pooling(pooling: str) -> str:
     return pooling
 
 
+@_takes_out(np.float32)
 def infllm_block_scores(
     q: Any,
     ck: Any,
@@ -264,6 +265,7 @@ def select_row(scores: np.ndarray, topk: int, keep: str, p: int, block_size: int
     return np.sort(top)
 
 
+@_takes_out(np.int32)
 def infllm_select(
     q: Any,
     ck: Any,
@@ -547,6 +549,7 @@ def _paged_sequences(
     return seqs
 
 
+@_takes_out(np.int32)
 def infllm_select_paged(
     q: Any,
     kv_cache: Any,
@@ -571,6 +574,7 @@ def infllm_select_paged(
     return out
 
 
+@_takes_out(np.float32)
 def infllm_block_scores_paged(
     q: Any,
     kv_cache: Any,

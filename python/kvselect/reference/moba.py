@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales, _table_row
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales, _table_row, _takes_out
 from .keys import decode
 
 _VARIANTS = ("efficient", "naive")
@@ -111,6 +111,7 @@ def _row(gates: np.ndarray, c: int, n_past: int, w: int) -> np.ndarray:
     return row
 
 
+@_takes_out(np.float32)
 def moba_gates(
     q: Any,
     k: Any,
@@ -155,6 +156,7 @@ def _bounds(cu: Any, n: int, argument: str) -> List[int]:
     return c
 
 
+@_takes_out(np.int32)
 def moba_select(
     q: Any,
     k: Any,
@@ -214,6 +216,7 @@ def _check_paged_rows(lens: List[int], table: np.ndarray, page: int, n_pages: in
         _table_row(table, s, -(-n // page), n_pages, f"seq_lens[{s}] = {n} tokens in pages of {page}")
 
 
+@_takes_out(np.int32)
 def moba_select_paged(
     q: Any,
     kv_cache: Any,

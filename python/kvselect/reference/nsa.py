@@ -24,7 +24,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales, _table_row
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _int_list, _paged, _scales, _table_row, _takes_out
 from .infllm import (
     compressed_len,
     gamma,
@@ -46,6 +46,7 @@ PAPER_KERNEL_SIZE = 32  # the NSA paper's compression block length l (section 3.
 PAPER_KERNEL_STRIDE = 16  # and its sliding stride d
 
 
+@_takes_out(np.float32)
 def nsa_compress_keys(
     k: Any, block_size: int = BLOCK_SIZE, *, k_scale: Any = None, key_format: Optional[str] = None
 ) -> np.ndarray:
@@ -78,6 +79,7 @@ def forced(b: int, ic: int, init_blocks: int = INIT_BLOCKS, local_blocks: int = 
     return b < init_blocks or (b <= ic < b + local_blocks)
 
 
+@_takes_out(np.float32)
 def nsa_block_scores(
     q: Any,
     k: Any,
@@ -146,6 +148,7 @@ def _from_compressed(
     return out
 
 
+@_takes_out(np.float32)
 def nsa_block_scores_compressed(
     q: Any,
     ck: Any,
@@ -198,6 +201,7 @@ def nsa_block_scores_compressed(
     return _from_compressed(q, ca.astype(np.float64), n, geo, init_blocks, local_blocks, scale, query_format, "ck")
 
 
+@_takes_out(np.int32)
 def nsa_select_compressed(
     q: Any,
     ck: Any,
@@ -255,6 +259,7 @@ def _compressed_packed(
     return out
 
 
+@_takes_out(np.float32)
 def nsa_block_scores_paged(
     q: Any,
     kv_cache: Any,
@@ -309,6 +314,7 @@ def nsa_block_scores_paged(
     return out
 
 
+@_takes_out(np.int32)
 def nsa_select_paged(
     q: Any,
     kv_cache: Any,
@@ -351,6 +357,7 @@ def select_row(scores: np.ndarray, block_counts: int) -> np.ndarray:
     return np.sort(cand[:block_counts])
 
 
+@_takes_out(np.int32)
 def nsa_select(
     q: Any,
     k: Any,

@@ -46,7 +46,11 @@ fn call<'py>(
 ) -> PyResult<Call<'py>> {
     let batch = CompressedSeqs::read(S, seq_len, (cu_seqlens_q, cu_seqlens_k))?;
     let seq_n = match batch {
-        None => S.count(seq_len, "seq_len", I32_MAX)?,
+        None => {
+            let n = S.count(seq_len, "seq_len", I32_MAX)?;
+            crate::packed::check_seq_len(n)?;
+            n
+        }
         Some(_) => 0,
     };
     let q_layout = "[n_q, n_q_heads, d]";
@@ -155,6 +159,9 @@ impl<'py> Call<'py> {
 ///     source's ``cache_lens[s]`` is ``seq_len[s]`` minus them) and compressed keys
 ///     ``cu_seqlens_k[s] .. cu_seqlens_k[s + 1]`` of ``ck`` (its tokens' compressed keys).
 ///     Each row equals the dense call's on its own sequence. Both or neither.
+/// out : ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / 64)], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -176,6 +183,9 @@ impl<'py> Call<'py> {
 ///     not one positive length per sequence (``seq_len``), ``cu_seqlens_q`` not rising
 ///     from 0 to the queries or giving a sequence more queries than tokens
 ///     (``cu_seqlens_q``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not a float32 ndarray.
 ///
 /// See Also
 /// --------
@@ -195,11 +205,11 @@ impl<'py> Call<'py> {
     signature = (q, ck, seq_len, *, init_blocks=None, local_blocks=None, pooling=None,
                  scale=None, ck_scale=None, query_format=None, key_format=None,
                  block_size=None, kernel_size=None, kernel_stride=None, cu_seqlens_q=None,
-                 cu_seqlens_k=None),
+                 cu_seqlens_k=None, out=None),
     text_signature = "(q, ck, seq_len, *, init_blocks=1, local_blocks=32, pooling='cuda', \
                       scale=None, ck_scale=None, query_format=None, key_format=None, \
                       block_size=64, kernel_size=32, kernel_stride=16, cu_seqlens_q=None, \
-                      cu_seqlens_k=None)"
+                      cu_seqlens_k=None, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn infllm_block_scores<'py>(
@@ -219,6 +229,7 @@ pub(super) fn infllm_block_scores<'py>(
     kernel_stride: Opt<'_, 'py>,
     cu_seqlens_q: Opt<'_, 'py>,
     cu_seqlens_k: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let c = call(
         q,
@@ -236,7 +247,7 @@ pub(super) fn infllm_block_scores<'py>(
         (cu_seqlens_q, cu_seqlens_k),
     )?;
     let nb = c.n_blocks();
-    let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.heads.n_kv_heads, nb], &c.inputs())?;
+    let mut out: Out<'py, f32> = S.output(py, out, &[c.n_q, c.heads.n_kv_heads, nb], &c.inputs())?;
     let (qs, ks) = (c.q.encoded()?, c.ck.encoded()?);
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
@@ -274,6 +285,9 @@ pub(super) fn infllm_block_scores<'py>(
 /// cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
 ///     A packed batch, as :func:`infllm_block_scores`; each row equals the dense call's
 ///     on its own sequence (that sequence's block ids, from 0).
+/// out : ndarray of int32, [n_q, n_kv_heads, topk], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -285,6 +299,9 @@ pub(super) fn infllm_block_scores<'py>(
 /// SelectionError
 ///     As :func:`infllm_block_scores`, and when ``topk`` is 0 (``topk``) or
 ///     ``keep`` names nothing (``keep``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not an int32 ndarray.
 ///
 /// See Also
 /// --------
@@ -305,11 +322,11 @@ pub(super) fn infllm_block_scores<'py>(
     signature = (q, ck, seq_len, topk=None, *, init_blocks=None, local_blocks=None, pooling=None,
                  keep=None, scale=None, ck_scale=None, query_format=None, key_format=None,
                  block_size=None, kernel_size=None, kernel_stride=None, cu_seqlens_q=None,
-                 cu_seqlens_k=None),
+                 cu_seqlens_k=None, out=None),
     text_signature = "(q, ck, seq_len, topk=64, *, init_blocks=1, local_blocks=32, \
                       pooling='cuda', keep='through_current', scale=None, ck_scale=None, \
                       query_format=None, key_format=None, block_size=64, kernel_size=32, \
-                      kernel_stride=16, cu_seqlens_q=None, cu_seqlens_k=None)"
+                      kernel_stride=16, cu_seqlens_q=None, cu_seqlens_k=None, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn infllm_select<'py>(
@@ -331,6 +348,7 @@ pub(super) fn infllm_select<'py>(
     kernel_stride: Opt<'_, 'py>,
     cu_seqlens_q: Opt<'_, 'py>,
     cu_seqlens_k: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let k = S.count_or(topk, "topk", I32_MAX, infllm::MINICPM4_TOP_K)?;
     if k == 0 {
@@ -351,7 +369,7 @@ pub(super) fn infllm_select<'py>(
         (query_format, key_format),
         (cu_seqlens_q, cu_seqlens_k),
     )?;
-    let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.heads.n_kv_heads, k], &c.inputs())?;
+    let mut out: Out<'py, i32> = S.output(py, out, &[c.n_q, c.heads.n_kv_heads, k], &c.inputs())?;
     let (qs, ks) = (c.q.encoded()?, c.ck.encoded()?);
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;

@@ -48,6 +48,9 @@ type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
 ///     How a page holds its keys (as :func:`infllm_select_paged`).
 /// key_format, query_format : str, optional
 ///     The formats of a raw cache and ``q``.
+/// out : ndarray of float32, [n_seqs, n_kv_heads, max_blocks], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -65,6 +68,9 @@ type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
 ///     d]`` or its heads are not a multiple of the KV heads (``q``), and as
 ///     :func:`infllm_block_scores` (``scale``, ``block_size``, ``kernel_size``,
 ///     ``kernel_stride``, ``pooling``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not a float32 ndarray.
 ///
 /// See Also
 /// --------
@@ -87,11 +93,11 @@ type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
     signature = (q, kv_cache, block_table, seq_lens, n_kv_heads, *, init_blocks=None,
                  local_blocks=None, pooling=None, scale=None, page_layout=None,
                  key_format=None, query_format=None, block_size=None, kernel_size=None,
-                 kernel_stride=None),
+                 kernel_stride=None, out=None),
     text_signature = "(q, kv_cache, block_table, seq_lens, n_kv_heads, *, init_blocks=1, \
                       local_blocks=32, pooling='cuda', scale=None, page_layout='dense', \
                       key_format=None, query_format=None, block_size=64, kernel_size=32, \
-                      kernel_stride=16)"
+                      kernel_stride=16, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(in crate::python) fn infllm_block_scores_paged<'py>(
@@ -111,6 +117,7 @@ pub(in crate::python) fn infllm_block_scores_paged<'py>(
     block_size: Opt<'_, 'py>,
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let h = S.count(n_kv_heads, "n_kv_heads", I32_MAX)?;
     let formats = (page_layout, key_format, query_format);
@@ -127,7 +134,7 @@ pub(in crate::python) fn infllm_block_scores_paged<'py>(
     let nb = c.widest(|l| cfg.geometry.n_blocks(l));
     let heads = c.heads();
     let shape = [c.lens.len(), h, nb];
-    c.run(py, &shape, c.work(), |qs, cache, table, o| {
+    c.run(py, out, &shape, c.work(), |qs, cache, table, o| {
         infllm::block_scores_paged_into(qs, cache, table, heads, &cfg, o)
     })
 }
@@ -166,6 +173,9 @@ pub(in crate::python) fn infllm_block_scores_paged<'py>(
 ///     How a page holds its keys.
 /// key_format, query_format : str, optional
 ///     The formats of a raw cache and ``q``.
+/// out : ndarray of int32, [n_seqs, n_kv_heads, topk], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -179,6 +189,9 @@ pub(in crate::python) fn infllm_block_scores_paged<'py>(
 ///     ``seq_lens``: a row too short for its sequence's compressed keys, an entry read
 ///     outside the cache, a sequence of no token), ``n_kv_heads`` does not divide a row,
 ///     ``q`` does not fit, and as :func:`infllm_select`.
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not an int32 ndarray.
 ///
 /// See Also
 /// --------
@@ -201,11 +214,11 @@ pub(in crate::python) fn infllm_block_scores_paged<'py>(
     signature = (q, kv_cache, block_table, seq_lens, n_kv_heads, topk=None, *, init_blocks=None,
                  local_blocks=None, pooling=None, keep=None, scale=None, page_layout=None,
                  key_format=None, query_format=None, block_size=None, kernel_size=None,
-                 kernel_stride=None),
+                 kernel_stride=None, out=None),
     text_signature = "(q, kv_cache, block_table, seq_lens, n_kv_heads, topk=64, *, \
                       init_blocks=1, local_blocks=32, pooling='cuda', keep='through_current', \
                       scale=None, page_layout='dense', key_format=None, query_format=None, \
-                      block_size=64, kernel_size=32, kernel_stride=16)"
+                      block_size=64, kernel_size=32, kernel_stride=16, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(in crate::python) fn infllm_select_paged<'py>(
@@ -227,6 +240,7 @@ pub(in crate::python) fn infllm_select_paged<'py>(
     block_size: Opt<'_, 'py>,
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let h = S.count(n_kv_heads, "n_kv_heads", I32_MAX)?;
     let k = S.count_or(topk, "topk", I32_MAX, infllm::MINICPM4_TOP_K)?;
@@ -243,7 +257,7 @@ pub(in crate::python) fn infllm_select_paged<'py>(
     );
     let cfg = config(options, scale, c.d)?;
     let heads = c.heads();
-    c.run(py, &[c.lens.len(), h, k], c.work(), |qs, cache, table, o| {
+    c.run(py, out, &[c.lens.len(), h, k], c.work(), |qs, cache, table, o| {
         infllm::select_paged_into(qs, cache, table, heads, &cfg, o)
     })
 }

@@ -44,6 +44,9 @@ type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
 ///     The format of raw uint16 / uint8 ``k``.
 /// window, kernel_size, kernel_stride : optional
 ///     As :func:`nsa_block_scores`.
+/// out : ndarray of float32, [n_c, n_kv_heads, d], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -58,6 +61,9 @@ type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
 ///     (``k``); ``k_scale`` is not one per token; ``block_size`` is 0; ``window``
 ///     names nothing (``window``); Eq. 9's stride does not divide ``block_size`` or
 ///     ``kernel_size`` (``kernel_stride``, ``kernel_size``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not a float32 ndarray.
 ///
 /// See Also
 /// --------
@@ -72,9 +78,9 @@ type F32<'py> = Bound<'py, PyArrayDyn<f32>>;
 #[pyfunction]
 #[pyo3(
     signature = (k, *, block_size=None, k_scale=None, key_format=None, window=None,
-                 kernel_size=None, kernel_stride=None),
+                 kernel_size=None, kernel_stride=None, out=None),
     text_signature = "(k, *, block_size=64, k_scale=None, key_format=None, window='fla', \
-                      kernel_size=32, kernel_stride=16)"
+                      kernel_size=32, kernel_stride=16, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_compress_keys<'py>(
@@ -86,6 +92,7 @@ pub(super) fn nsa_compress_keys<'py>(
     window: Option<Named<WindowName>>,
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let bs = read_block_size(block_size)?;
     let k_layout = "[seq_len, n_kv_heads, d]";
@@ -101,7 +108,7 @@ pub(super) fn nsa_compress_keys<'py>(
     let n_c = w.geometry(bs).compressed_len(seq_len);
     let mut inputs = vec![ke.untyped()];
     inputs.extend(k_scale.as_ref().map(|s| s.untyped()));
-    let mut out: Out<'py, f32> = S.output(py, None, &[n_c, n_kv, d], &inputs)?;
+    let mut out: Out<'py, f32> = S.output(py, out, &[n_c, n_kv, d], &inputs)?;
     let ks = ke.encoded()?;
     let sc = k_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
@@ -140,7 +147,11 @@ fn compressed_call<'py>(
     let geometry = read_geometry((block_size, init_blocks, local_blocks))?;
     let batch = CompressedSeqs::read(S, seq_len, cu)?;
     let seq_n = match batch {
-        None => S.count(seq_len, "seq_len", I32_MAX)?,
+        None => {
+            let n = S.count(seq_len, "seq_len", I32_MAX)?;
+            crate::packed::check_seq_len(n)?;
+            n
+        }
         Some(_) => 0,
     };
     let q_format = formats.0.format_arg();
@@ -231,6 +242,9 @@ impl<'py> CompressedCall<'py> {
 ///     keys ``cu_seqlens_k[s] .. cu_seqlens_k[s + 1]`` of ``ck`` (exactly its tokens'
 ///     compressed keys). Each row equals the dense call's on its own sequence. Both or
 ///     neither.
+/// out : ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -252,6 +266,9 @@ impl<'py> CompressedCall<'py> {
 ///     than its tokens' compressed keys (``cu_seqlens_k``), ``seq_len`` not one positive
 ///     length per sequence (``seq_len``), ``cu_seqlens_q`` not rising from 0 to the
 ///     queries or giving a sequence more queries than tokens (``cu_seqlens_q``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not a float32 ndarray.
 ///
 /// See Also
 /// --------
@@ -271,11 +288,12 @@ impl<'py> CompressedCall<'py> {
 #[pyo3(
     signature = (q, ck, seq_len, *, block_size=None, init_blocks=None, local_blocks=None,
                  scale=None, ck_scale=None, query_format=None, key_format=None, window=None,
-                 kernel_size=None, kernel_stride=None, cu_seqlens_q=None, cu_seqlens_k=None),
+                 kernel_size=None, kernel_stride=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                 out=None),
     text_signature = "(q, ck, seq_len, *, block_size=64, init_blocks=1, local_blocks=2, \
                       scale=None, ck_scale=None, query_format=None, key_format=None, \
                       window='fla', kernel_size=32, kernel_stride=16, cu_seqlens_q=None, \
-                      cu_seqlens_k=None)"
+                      cu_seqlens_k=None, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_block_scores_compressed<'py>(
@@ -295,6 +313,7 @@ pub(super) fn nsa_block_scores_compressed<'py>(
     kernel_stride: Opt<'_, 'py>,
     cu_seqlens_q: Opt<'_, 'py>,
     cu_seqlens_k: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let c = compressed_call(
         q,
@@ -309,7 +328,7 @@ pub(super) fn nsa_block_scores_compressed<'py>(
     )?;
     let w = read_window(window, (kernel_size, kernel_stride), false)?;
     let nb = c.n_blocks();
-    let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.heads.n_kv_heads, nb], &c.inputs())?;
+    let mut out: Out<'py, f32> = S.output(py, out, &[c.n_q, c.heads.n_kv_heads, nb], &c.inputs())?;
     let (qs, cs) = (c.q.encoded()?, c.ck.encoded()?);
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
@@ -340,6 +359,9 @@ pub(super) fn nsa_block_scores_compressed<'py>(
 /// cu_seqlens_q, cu_seqlens_k : array_like of int, [n_seqs + 1], optional
 ///     A packed batch, as :func:`nsa_block_scores_compressed`; each row equals the dense
 ///     call's on its own sequence (that sequence's block ids, from 0).
+/// out : ndarray of int32, [n_q, n_kv_heads, block_counts], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -352,6 +374,9 @@ pub(super) fn nsa_block_scores_compressed<'py>(
 /// SelectionError
 ///     As :func:`nsa_block_scores_compressed`, and when ``block_counts`` is 0
 ///     (``block_counts``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not an int32 ndarray.
 ///
 /// See Also
 /// --------
@@ -371,11 +396,11 @@ pub(super) fn nsa_block_scores_compressed<'py>(
     signature = (q, ck, seq_len, block_counts=None, *, block_size=None, init_blocks=None,
                  local_blocks=None, scale=None, ck_scale=None, query_format=None,
                  key_format=None, window=None, kernel_size=None, kernel_stride=None,
-                 cu_seqlens_q=None, cu_seqlens_k=None),
+                 cu_seqlens_q=None, cu_seqlens_k=None, out=None),
     text_signature = "(q, ck, seq_len, block_counts=16, *, block_size=64, init_blocks=1, \
                       local_blocks=2, scale=None, ck_scale=None, query_format=None, \
                       key_format=None, window='fla', kernel_size=32, kernel_stride=16, \
-                      cu_seqlens_q=None, cu_seqlens_k=None)"
+                      cu_seqlens_q=None, cu_seqlens_k=None, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_select_compressed<'py>(
@@ -396,6 +421,7 @@ pub(super) fn nsa_select_compressed<'py>(
     kernel_stride: Opt<'_, 'py>,
     cu_seqlens_q: Opt<'_, 'py>,
     cu_seqlens_k: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let n = read_block_counts(block_counts)?;
     let c = compressed_call(
@@ -410,7 +436,7 @@ pub(super) fn nsa_select_compressed<'py>(
         (cu_seqlens_q, cu_seqlens_k),
     )?;
     let w = read_window(window, (kernel_size, kernel_stride), false)?;
-    let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.heads.n_kv_heads, n], &c.inputs())?;
+    let mut out: Out<'py, i32> = S.output(py, out, &[c.n_q, c.heads.n_kv_heads, n], &c.inputs())?;
     let (qs, cs) = (c.q.encoded()?, c.ck.encoded()?);
     let sc = c.ck_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;

@@ -164,6 +164,9 @@ impl<'py> Call<'py> {
 ///     weighted 1, 2, 2, 2, 1 (docs/nsa.md). Dense calls only.
 /// kernel_size, kernel_stride : int, optional
 ///     Eq. 9's compression (the paper's 32 and 16); ignored by ``'fla'``.
+/// out : ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -182,6 +185,9 @@ impl<'py> Call<'py> {
 ///     ``window`` names nothing or is ``'eq9'`` with ``cu_seqlens`` (``window``); Eq. 9's
 ///     stride does not divide ``block_size`` or ``kernel_size`` (``kernel_stride``,
 ///     ``kernel_size``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not a float32 ndarray.
 ///
 /// See Also
 /// --------
@@ -199,10 +205,10 @@ impl<'py> Call<'py> {
 #[pyo3(
     signature = (q, k, *, block_size=None, init_blocks=None, local_blocks=None, scale=None,
                  k_scale=None, query_format=None, key_format=None, cu_seqlens=None,
-                 cu_seqlens_q=None, window=None, kernel_size=None, kernel_stride=None),
+                 cu_seqlens_q=None, window=None, kernel_size=None, kernel_stride=None, out=None),
     text_signature = "(q, k, *, block_size=64, init_blocks=1, local_blocks=2, scale=None, \
                       k_scale=None, query_format=None, key_format=None, cu_seqlens=None, \
-                      cu_seqlens_q=None, window='fla', kernel_size=32, kernel_stride=16)"
+                      cu_seqlens_q=None, window='fla', kernel_size=32, kernel_stride=16, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_block_scores<'py>(
@@ -221,6 +227,7 @@ pub(super) fn nsa_block_scores<'py>(
     window: Option<Named<WindowName>>,
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let c = call(
         q,
@@ -235,7 +242,7 @@ pub(super) fn nsa_block_scores<'py>(
     let w = read_window(window, (kernel_size, kernel_stride), c.cu.is_some())?;
     let (qs, ks) = (c.q.encoded()?, c.k.encoded()?);
     let nb = c.n_blocks(ks.len() / (c.n_kv * c.d).max(1));
-    let mut out: Out<'py, f32> = S.output(py, None, &[c.n_q, c.n_kv, nb], &c.inputs())?;
+    let mut out: Out<'py, f32> = S.output(py, out, &[c.n_q, c.n_kv, nb], &c.inputs())?;
     let sc = c.k_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;
     let work = c.n_q * c.hq * ks.len() / c.n_kv.max(1);
@@ -269,6 +276,9 @@ pub(super) fn nsa_block_scores<'py>(
 /// window, kernel_size, kernel_stride : optional
 ///     The block scores' window, as :func:`nsa_block_scores` (fla's, or the paper's
 ///     Eq. 9).
+/// out : ndarray of int32, [n_q, n_kv_heads, block_counts], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -280,6 +290,9 @@ pub(super) fn nsa_block_scores<'py>(
 /// SelectionError
 ///     As :func:`nsa_block_scores`, and when ``block_counts`` is 0
 ///     (``block_counts``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not an int32 ndarray.
 ///
 /// See Also
 /// --------
@@ -297,11 +310,11 @@ pub(super) fn nsa_block_scores<'py>(
     signature = (q, k, block_counts=None, *, block_size=None, init_blocks=None,
                  local_blocks=None, scale=None, k_scale=None, query_format=None,
                  key_format=None, cu_seqlens=None, cu_seqlens_q=None, window=None,
-                 kernel_size=None, kernel_stride=None),
+                 kernel_size=None, kernel_stride=None, out=None),
     text_signature = "(q, k, block_counts=16, *, block_size=64, init_blocks=1, \
                       local_blocks=2, scale=None, k_scale=None, query_format=None, \
                       key_format=None, cu_seqlens=None, cu_seqlens_q=None, window='fla', \
-                      kernel_size=32, kernel_stride=16)"
+                      kernel_size=32, kernel_stride=16, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_select<'py>(
@@ -321,6 +334,7 @@ pub(super) fn nsa_select<'py>(
     window: Option<Named<WindowName>>,
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let n = read_block_counts(block_counts)?;
     let c = call(
@@ -334,7 +348,7 @@ pub(super) fn nsa_select<'py>(
         (cu_seqlens, cu_seqlens_q),
     )?;
     let w = read_window(window, (kernel_size, kernel_stride), c.cu.is_some())?;
-    let mut out: Out<'py, i32> = S.output(py, None, &[c.n_q, c.n_kv, n], &c.inputs())?;
+    let mut out: Out<'py, i32> = S.output(py, out, &[c.n_q, c.n_kv, n], &c.inputs())?;
     let (qs, ks) = (c.q.encoded()?, c.k.encoded()?);
     let sc = c.k_scale.as_ref().map(|s| s.slice()).transpose()?;
     let o = out.slice()?;

@@ -72,6 +72,9 @@ fn paged_call<'py>(
 ///     The formats of a raw cache and ``q``.
 /// window, kernel_size, kernel_stride : optional
 ///     As :func:`nsa_block_scores`.
+/// out : ndarray of float32, [n_seqs, n_kv_heads, max_blocks], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -89,6 +92,9 @@ fn paged_call<'py>(
 ///     d]`` or its heads are not a multiple of the KV heads (``q``), and as
 ///     :func:`nsa_block_scores_compressed` (``scale``, ``block_size``, ``window``,
 ///     ``kernel_size``, ``kernel_stride``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not a float32 ndarray.
 ///
 /// See Also
 /// --------
@@ -111,11 +117,11 @@ fn paged_call<'py>(
     signature = (q, kv_cache, block_table, seq_lens, n_kv_heads, *, block_size=None,
                  init_blocks=None, local_blocks=None, scale=None, page_layout=None,
                  key_format=None, query_format=None, window=None, kernel_size=None,
-                 kernel_stride=None),
+                 kernel_stride=None, out=None),
     text_signature = "(q, kv_cache, block_table, seq_lens, n_kv_heads, *, block_size=64, \
                       init_blocks=1, local_blocks=2, scale=None, page_layout='dense', \
                       key_format=None, query_format=None, window='fla', kernel_size=32, \
-                      kernel_stride=16)"
+                      kernel_stride=16, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_block_scores_paged<'py>(
@@ -135,6 +141,7 @@ pub(super) fn nsa_block_scores_paged<'py>(
     window: Option<Named<WindowName>>,
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let (c, cfg) = paged_call(
         py,
@@ -148,7 +155,7 @@ pub(super) fn nsa_block_scores_paged<'py>(
     )?;
     let nb = c.widest(|l| cfg.0.n_blocks(l));
     let (heads, h) = (c.heads(), c.n_kv_heads);
-    c.run(py, &[c.lens.len(), h, nb], c.work(), |qs, cache, table, o| {
+    c.run(py, out, &[c.lens.len(), h, nb], c.work(), |qs, cache, table, o| {
         nsa::block_scores_paged_into(qs, cache, table, heads, (&cfg.0, cfg.1), o)
     })
 }
@@ -170,6 +177,9 @@ pub(super) fn nsa_block_scores_paged<'py>(
 ///     As :func:`nsa_block_scores_paged`.
 /// window, kernel_size, kernel_stride : optional
 ///     As :func:`nsa_block_scores`.
+/// out : ndarray of int32, [n_seqs, n_kv_heads, block_counts], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -181,6 +191,9 @@ pub(super) fn nsa_block_scores_paged<'py>(
 /// SelectionError
 ///     As :func:`nsa_block_scores_paged`, and when ``block_counts`` is 0
 ///     (``block_counts``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not an int32 ndarray.
 ///
 /// See Also
 /// --------
@@ -203,11 +216,11 @@ pub(super) fn nsa_block_scores_paged<'py>(
     signature = (q, kv_cache, block_table, seq_lens, n_kv_heads, block_counts=None, *,
                  block_size=None, init_blocks=None, local_blocks=None, scale=None,
                  page_layout=None, key_format=None, query_format=None, window=None,
-                 kernel_size=None, kernel_stride=None),
+                 kernel_size=None, kernel_stride=None, out=None),
     text_signature = "(q, kv_cache, block_table, seq_lens, n_kv_heads, block_counts=16, *, \
                       block_size=64, init_blocks=1, local_blocks=2, scale=None, \
                       page_layout='dense', key_format=None, query_format=None, window='fla', \
-                      kernel_size=32, kernel_stride=16)"
+                      kernel_size=32, kernel_stride=16, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nsa_select_paged<'py>(
@@ -228,6 +241,7 @@ pub(super) fn nsa_select_paged<'py>(
     window: Option<Named<WindowName>>,
     kernel_size: Opt<'_, 'py>,
     kernel_stride: Opt<'_, 'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let n = read_block_counts(block_counts)?;
     let (c, cfg) = paged_call(
@@ -241,7 +255,7 @@ pub(super) fn nsa_select_paged<'py>(
         (window, kernel_size, kernel_stride),
     )?;
     let (heads, h) = (c.heads(), c.n_kv_heads);
-    c.run(py, &[c.lens.len(), h, n], c.work(), |qs, cache, table, o| {
+    c.run(py, out, &[c.lens.len(), h, n], c.work(), |qs, cache, table, o| {
         nsa::select_paged_into(qs, cache, table, heads, (&cfg.0, cfg.1), o)
     })
 }
