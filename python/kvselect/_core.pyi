@@ -2591,6 +2591,7 @@ def quest_bounds_paged(
     *,
     page_layout: str = "dense",
     key_format: Optional[str] = None,
+    out: Optional[tuple[_ArrayOut[np.float32], _ArrayOut[np.float32]]] = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """The page bounds of the sequences in an engine's paged key cache.
 
@@ -2614,6 +2615,9 @@ def quest_bounds_paged(
         How a page holds its keys.
     key_format : str, optional
         The format of a raw uint16 / uint8 dense cache.
+    out : tuple of two ndarrays of float32, optional
+        ``(kmin, kmax)`` to write and return (an engine's metadata cache):
+        C-contiguous, writeable, aligned, not overlapping any input or each other.
 
     Returns
     -------
@@ -2623,9 +2627,10 @@ def quest_bounds_paged(
     ------
     SelectionError
         when the cache's layout, block table or lengths are refused (``kv_cache``,
-        ``block_table``, ``seq_lens``), or ``n_kv_heads`` does not divide a row.
+        ``block_table``, ``seq_lens``), ``n_kv_heads`` does not divide a row, or ``out``
+        is refused (``out``).
     TypeError
-        when the cache's dtype is no key format.
+        when the cache's dtype is no key format or ``out`` not two float32 ndarrays.
 
     See Also
     --------
@@ -2700,6 +2705,7 @@ def quest_scores(
     *,
     variant: str = "kernel",
     query_format: Optional[str] = None,
+    out: Optional[_ArrayOut[np.float32]] = None,
 ) -> npt.NDArray[np.float32]:
     """Every page's Quest score for a decoding query: the bound on ``q . k`` its keys allow.
 
@@ -2719,6 +2725,9 @@ def quest_scores(
         Whose score (default ``'kernel'``).
     query_format : str, optional
         The format of a raw uint16 ``q``.
+    out : ndarray of float32, [n_q_heads, n_pages] (``'sglang'``: [n_pages]), optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -2728,7 +2737,10 @@ def quest_scores(
     ------
     SelectionError
         when ``q``'s heads are not a multiple of the KV heads or its ``d`` is not the
-        bounds' (``q``), or the bounds differ in shape (``kmax``).
+        bounds' (``q``), the bounds differ in shape (``kmax``), or ``out`` is refused
+        (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not a float32 ndarray.
 
     See Also
     --------
@@ -2754,6 +2766,7 @@ def quest_select(
     variant: str = "kernel",
     num_recent_pages: int = 4,
     query_format: Optional[str] = None,
+    out: Optional[_ArrayOut[np.int32]] = None,
 ) -> npt.NDArray[np.int32]:
     """The pages each decoding query reads: Quest's page set.
 
@@ -2784,6 +2797,9 @@ def quest_select(
         SGLang's forced newest pages (default 4).
     query_format : str, optional
         The format of a raw uint16 ``q``.
+    out : ndarray of int32, [rows, width] (or [n_seqs, rows, width]), optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -2796,7 +2812,10 @@ def quest_select(
     ------
     SelectionError
         when ``page_budget`` is 0 (``page_budget``), a sequence is empty (``seq_lens``), the bounds
-        are not the sequences' pages (``kmin``) or ``q`` does not fit them (``q``).
+        are not the sequences' pages (``kmin``), ``q`` does not fit them (``q``), or ``out``
+        is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not an int32 ndarray.
 
     See Also
     --------

@@ -175,6 +175,9 @@ pub(super) fn quest_bounds<'py>(
 ///     How a page holds its keys.
 /// key_format : str, optional
 ///     The format of a raw uint16 / uint8 dense cache.
+/// out : tuple of two ndarrays of float32, optional
+///     ``(kmin, kmax)`` to write and return (an engine's metadata cache):
+///     C-contiguous, writeable, aligned, not overlapping any input or each other.
 ///
 /// Returns
 /// -------
@@ -184,9 +187,10 @@ pub(super) fn quest_bounds<'py>(
 /// ------
 /// SelectionError
 ///     when the cache's layout, block table or lengths are refused (``kv_cache``,
-///     ``block_table``, ``seq_lens``), or ``n_kv_heads`` does not divide a row.
+///     ``block_table``, ``seq_lens``), ``n_kv_heads`` does not divide a row, or ``out``
+///     is refused (``out``).
 /// TypeError
-///     when the cache's dtype is no key format.
+///     when the cache's dtype is no key format or ``out`` not two float32 ndarrays.
 ///
 /// See Also
 /// --------
@@ -201,8 +205,10 @@ pub(super) fn quest_bounds<'py>(
 /// ((2, 2, 2), [10.0, 11.0], [0.0, 1.0])
 #[pyfunction]
 #[pyo3(
-    signature = (kv_cache, block_table, seq_lens, n_kv_heads, *, page_layout=None, key_format=None),
-    text_signature = "(kv_cache, block_table, seq_lens, n_kv_heads, *, page_layout='dense', key_format=None)"
+    signature = (kv_cache, block_table, seq_lens, n_kv_heads, *, page_layout=None, key_format=None,
+                 out=None),
+    text_signature = "(kv_cache, block_table, seq_lens, n_kv_heads, *, page_layout='dense', \
+                      key_format=None, out=None)"
 )]
 pub(super) fn quest_bounds_paged<'py>(
     py: Python<'py>,
@@ -212,6 +218,7 @@ pub(super) fn quest_bounds_paged<'py>(
     n_kv_heads: &Obj<'py>,
     page_layout: Option<Named<PageLayoutName>>,
     key_format: Option<Named<KeyFormat>>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<(F32<'py>, F32<'py>)> {
     let h = S.count(n_kv_heads, "n_kv_heads", I32_MAX)?;
     let arrays = (kv_cache, block_table, seq_lens);
@@ -219,7 +226,9 @@ pub(super) fn quest_bounds_paged<'py>(
     let block_size = paged.block_size();
     let l = Layout::new(h, paged.d / h, block_size);
     let n_pages: usize = lens.iter().map(|&n| quest::pages_of(n, block_size)).sum();
-    let (mut lo, mut hi) = bounds_out(py, None, (n_pages, l), &[])?;
+    let lens_raw = ndarrays(&[seq_lens]);
+    let inputs: Vec<_> = paged.untyped().into_iter().chain(&lens_raw).collect();
+    let (mut lo, mut hi) = bounds_out(py, out, (n_pages, l), &inputs)?;
     let (cache, table) = (paged.cache(), paged.table()?);
     let (lo_s, hi_s) = (lo.slice()?, hi.slice()?);
     detach(py, lo_s.len(), || {
@@ -340,6 +349,9 @@ fn bounds_in<'py>(
 ///     Whose score (default ``'kernel'``).
 /// query_format : str, optional
 ///     The format of a raw uint16 ``q``.
+/// out : ndarray of float32, [n_q_heads, n_pages] (``'sglang'``: [n_pages]), optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -349,7 +361,10 @@ fn bounds_in<'py>(
 /// ------
 /// SelectionError
 ///     when ``q``'s heads are not a multiple of the KV heads or its ``d`` is not the
-///     bounds' (``q``), or the bounds differ in shape (``kmax``).
+///     bounds' (``q``), the bounds differ in shape (``kmax``), or ``out`` is refused
+///     (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not a float32 ndarray.
 ///
 /// See Also
 /// --------
@@ -364,8 +379,8 @@ fn bounds_in<'py>(
 /// [[2.0, 2.0]]
 #[pyfunction]
 #[pyo3(
-    signature = (q, kmin, kmax, *, variant=None, query_format=None),
-    text_signature = "(q, kmin, kmax, *, variant='kernel', query_format=None)"
+    signature = (q, kmin, kmax, *, variant=None, query_format=None, out=None),
+    text_signature = "(q, kmin, kmax, *, variant='kernel', query_format=None, out=None)"
 )]
 pub(super) fn quest_scores<'py>(
     py: Python<'py>,
@@ -374,6 +389,7 @@ pub(super) fn quest_scores<'py>(
     kmax: &Obj<'py>,
     variant: Option<Named<QuestVariantName>>,
     query_format: Option<Named<QueryFormat>>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F32<'py>> {
     let v = self::variant(
         &variant.unwrap_or(Named::known(QuestVariantName::Kernel)),
@@ -392,7 +408,8 @@ pub(super) fn quest_scores<'py>(
     let l = Layout::new(h, d, 1);
     let sglang = matches!(v, Variant::Sglang { .. });
     let shape: Vec<usize> = if sglang { vec![np_] } else { vec![hq, np_] };
-    let mut out: Out<'py, f32> = Out::zeros(py, &shape)?;
+    let inputs = [qe.untyped(), lo.untyped(), hi.untyped()];
+    let mut out: Out<'py, f32> = S.output(py, out, &shape, &inputs)?;
     let (qs, lo_s, hi_s) = (qe.encoded()?, lo.slice()?, hi.slice()?);
     let o = out.slice()?;
     detach(py, lo_s.len(), || {
@@ -434,6 +451,9 @@ pub(super) fn quest_scores<'py>(
 ///     SGLang's forced newest pages (default 4).
 /// query_format : str, optional
 ///     The format of a raw uint16 ``q``.
+/// out : ndarray of int32, [rows, width] (or [n_seqs, rows, width]), optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -446,7 +466,10 @@ pub(super) fn quest_scores<'py>(
 /// ------
 /// SelectionError
 ///     when ``page_budget`` is 0 (``page_budget``), a sequence is empty (``seq_lens``), the bounds
-///     are not the sequences' pages (``kmin``) or ``q`` does not fit them (``q``).
+///     are not the sequences' pages (``kmin``), ``q`` does not fit them (``q``), or ``out``
+///     is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not an int32 ndarray.
 ///
 /// See Also
 /// --------
@@ -462,9 +485,9 @@ pub(super) fn quest_scores<'py>(
 #[pyfunction]
 #[pyo3(
     signature = (q, kmin, kmax, seq_lens, page_budget, page_size=None, *, variant=None,
-                 num_recent_pages=None, query_format=None),
+                 num_recent_pages=None, query_format=None, out=None),
     text_signature = "(q, kmin, kmax, seq_lens, page_budget, page_size=16, *, variant='kernel', \
-                      num_recent_pages=4, query_format=None)"
+                      num_recent_pages=4, query_format=None, out=None)"
 )]
 pub(super) fn quest_select<'py>(
     py: Python<'py>,
@@ -477,9 +500,11 @@ pub(super) fn quest_select<'py>(
     variant: Option<Named<QuestVariantName>>,
     num_recent_pages: Opt<'_, 'py>,
     query_format: Option<Named<QueryFormat>>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let p = S.count_or(page_size, "page_size", I32_MAX, QUEST_PAGE_SIZE)?;
     let page_budget = S.count(page_budget, "page_budget", I32_MAX)?;
+    quest::check_budget(page_budget)?;
     let v = self::variant(
         &variant.unwrap_or(Named::known(QuestVariantName::Kernel)),
         num_recent_pages,
@@ -532,7 +557,7 @@ pub(super) fn quest_select<'py>(
         .into_iter()
         .chain(&raw)
         .collect();
-    let mut out: Out<'py, i32> = S.output(py, None, &shape, &inputs)?;
+    let mut out: Out<'py, i32> = S.output(py, out, &shape, &inputs)?;
     let (qs, lo_s, hi_s) = (qe.encoded()?, lo.slice()?, hi.slice()?);
     let o = out.slice()?;
     detach(py, lo_s.len(), || {

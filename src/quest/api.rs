@@ -75,6 +75,19 @@ fn check_out(got: usize, want: usize, shape: impl FnOnce() -> String) -> Result<
     Ok(())
 }
 
+/// `page_budget` at least 1 page: [`select_into`]'s first check, which the
+/// binding makes before it sizes an output by the budget, so that a refused
+/// budget is named as itself, not as the output's shape.
+pub fn check_budget(budget: usize) -> Result<(), ArgumentError> {
+    if budget == 0 {
+        return Err(ArgumentError::Invalid {
+            argument: "page_budget",
+            message: "page_budget must be at least 1 page".into(),
+        });
+    }
+    Ok(())
+}
+
 /// The page sets of a packed batch of sequences, each decoding one query.
 ///
 /// `q` is `[n_seqs, n_q_heads, d]`, sequence `s` holds `seq_lens[s]`
@@ -101,12 +114,7 @@ pub fn select_into(
     variant: Variant,
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
-    if budget == 0 {
-        return Err(ArgumentError::Invalid {
-            argument: "page_budget",
-            message: "page_budget must be at least 1 page".into(),
-        });
-    }
+    check_budget(budget)?;
     let n_seqs = seq_lens.len();
     let per_seq = checked_size("q", &[n_q_heads, layout.d])?;
     check_len("q", q.len(), checked_size("q", &[n_seqs, per_seq])?, || {

@@ -117,7 +117,7 @@ pub mod select;
 #[cfg(test)]
 mod tests;
 
-pub use api::{grouped_scores_into, scores_into, select_into};
+pub use api::{check_budget, grouped_scores_into, scores_into, select_into};
 pub use bounds::{bounds_into, bounds_paged_into, update_bounds};
 pub use score::{round_bf16, round_f16};
 

@@ -170,6 +170,20 @@ def _infllm_paged_args():
     return [q, cache, np.arange(6, -1, -1, dtype=np.int32)[None], np.array([1024], np.int64)]
 
 
+def _quest_args():
+    rng = np.random.default_rng(SEED + 10)
+    kmin, kmax = ks.quest_bounds(rng.standard_normal((40, 2, 8)).astype(np.float32), 8)  # 5 pages
+    return [rng.standard_normal((4, 8)).astype(np.float32), kmin, kmax]
+
+
+def _quest_batch_args():
+    # Two sequences of 17 and 13 tokens (3 and 2 pages of 8), one query each.
+    rng = np.random.default_rng(SEED + 11)
+    keys = rng.standard_normal((30, 2, 8)).astype(np.float32)
+    kmin, kmax = ks.quest_bounds(keys, 8, cu_seqlens=np.array([0, 17, 30]))
+    return [rng.standard_normal((2, 4, 8)).astype(np.float32), kmin, kmax, np.array([17, 13], np.int64)]
+
+
 SPECS = [
     OutSpec(
         "attention_probabilities",
@@ -365,6 +379,34 @@ SPECS = [
         {"out": ((1, 2, 16), np.float32, None)},
     ),
     OutSpec(
+        "quest_scores",
+        "selection",
+        _quest_args,
+        lambda m, a, **b: m.quest_scores(*a, **b),
+        {"out": ((4, 5), np.float32, None)},
+    ),
+    OutSpec(
+        "quest_scores-sglang",
+        "selection",
+        _quest_args,
+        lambda m, a, **b: m.quest_scores(*a, variant="sglang", **b),
+        {"out": ((5,), np.float32, None)},
+    ),
+    OutSpec(
+        "quest_select",
+        "selection",
+        _quest_args,
+        lambda m, a, **b: m.quest_select(*a, 40, 2, 8, **b),
+        {"out": ((4, 2), np.int32, None)},
+    ),
+    OutSpec(
+        "quest_select-batch",
+        "selection",
+        _quest_batch_args,
+        lambda m, a, **b: m.quest_select(*a, 2, 8, **b),
+        {"out": ((2, 4, 2), np.int32, None)},
+    ),
+    OutSpec(
         "infllm_select_paged",
         "selection",
         _infllm_paged_args,
@@ -494,6 +536,8 @@ BAD_SETTINGS = [
     ("infllm_select", lambda m, a, **b: m.infllm_select(*a, 1024, 0, local_blocks=2, **b), "topk"),
     ("infllm_select", lambda m, a, **b: m.infllm_select(*a, 0, 4, local_blocks=2, **b), "seq_len"),
     ("infllm_select_paged", lambda m, a, **b: m.infllm_select_paged(*a, 2, 0, local_blocks=2, **b), "topk"),
+    ("quest_select", lambda m, a, **b: m.quest_select(*a, 40, 0, 8, **b), "page_budget"),
+    ("quest_select-batch", lambda m, a, **b: m.quest_select(*a, 0, 8, **b), "page_budget"),
 ]
 
 

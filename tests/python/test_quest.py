@@ -338,6 +338,42 @@ def test_every_simd_level_gives_the_same_bits(tmp_path, level):
     assert_child_equals(_CHILD, tmp_path, level, expected, nan_bits=False)
 
 
+def test_paged_bounds_into_the_callers_buffers():
+    """``quest_bounds_paged(..., out=(kmin, kmax))``, as ``quest_bounds``': written
+    and returned, the same bits as new arrays; a buffer of another shape, shared by
+    both, or sharing the cache's, the table's or the lengths' memory is refused
+    naming ``out`` and left as it was."""
+    rng = np.random.default_rng(SEED + 7)
+    cache = rng.standard_normal((6, 4, 16)).astype(np.float32)
+    table = rng.permutation(6).astype(np.int32).reshape(2, 3)
+    lens = np.array([9, 12], np.int64)
+    lo, hi = ks.quest_bounds_paged(cache, table, lens, 2)
+    out = (np.full_like(lo, 7.0), np.full_like(hi, 7.0))
+    got = ks.quest_bounds_paged(cache, table, lens, 2, out=out)
+    assert got[0] is out[0] and got[1] is out[1]
+    assert _bits_equal(out[0], lo) and _bits_equal(out[1], hi)
+    small = (np.full((5, 2, 8), 5.0, np.float32), np.full((5, 2, 8), 5.0, np.float32))
+    with pytest.raises(ks.SelectionError, match="out must have shape") as e:
+        ks.quest_bounds_paged(cache, table, lens, 2, out=small)
+    assert e.value.argument == "out" and (small[0] == 5.0).all() and (small[1] == 5.0).all()
+    shared = np.full_like(lo, 5.0)
+    with pytest.raises(ks.SelectionError, match="overlaps") as e:
+        ks.quest_bounds_paged(cache, table, lens, 2, out=(shared, shared))
+    assert e.value.argument == "out" and (shared == 5.0).all()
+    for name in ("cache", "table", "lens"):
+        blob = np.zeros(cache.nbytes + lo.nbytes, np.uint8)
+        args = {"cache": cache, "table": table, "lens": lens}
+        src = args[name]
+        alias = blob[: src.nbytes].view(src.dtype).reshape(src.shape)
+        alias[...] = src
+        args[name] = alias
+        buf = blob[: lo.nbytes].view(np.float32).reshape(lo.shape)
+        before = blob.copy()
+        with pytest.raises(ks.SelectionError, match="overlaps") as e:
+            ks.quest_bounds_paged(args["cache"], args["table"], args["lens"], 2, out=(buf, np.empty_like(hi)))
+        assert e.value.argument == "out" and (blob == before).all(), name
+
+
 def test_bounds_into_the_callers_buffers():
     """``out=(kmin, kmax)``: written and returned, the same bits as new
     arrays; a buffer of another shape, dtype, or shared by both is refused

@@ -27,7 +27,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _index_array, _paged, _scales
+from ._args import ReferenceSelectionError, _count, _index_array, _paged, _scales, _takes_out
 from .keys import decode
 
 _VARIANTS = ("kernel", "eval", "sglang")
@@ -234,6 +234,7 @@ def _bound_dots(q: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         return np.maximum(q * hi.astype(np.float64), q * lo.astype(np.float64)).sum(axis=-1)
 
 
+@_takes_out(np.float32)
 def quest_scores(
     q: Any,
     kmin: Any,
@@ -296,6 +297,7 @@ def select_pages(
     return np.sort(chosen)
 
 
+@_takes_out(np.int32)
 def quest_select(
     q: Any,
     kmin: Any,
