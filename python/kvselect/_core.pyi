@@ -3061,6 +3061,7 @@ def vslash_select(
     variant: str = "kernel",
     key_scale: Optional[_ArrayIn] = None,
     key_format: Optional[str] = None,
+    out: Optional[tuple[_ArrayOut[np.int32], _ArrayOut[np.int32]]] = None,
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     """MInference's vertical-slash selection: the key columns and diagonals a prefill's
     queries read, from the last queries' attention.
@@ -3089,6 +3090,9 @@ def vslash_select(
         A per-key scale (fp8 keys): a key's value is ``k * scale`` rounded to float32.
     key_format : str, optional
         The format of a raw uint16 / uint8 ``keys``.
+    out : tuple of two ndarrays of int32, optional
+        ``(vertical, slash)`` to write and return: C-contiguous, writeable, aligned, not
+        overlapping any input or each other (else refused, nothing written).
 
     Returns
     -------
@@ -3105,6 +3109,9 @@ def vslash_select(
         queries of that ``d`` or not finite (``q``), the heads do not divide
         (``n_kv_heads``), ``key_scale`` is not one per key, a score is not finite
         (``keys``), or an option is unknown.
+        Also when ``out`` is refused (its shapes, layout, read-only, or overlapping).
+    TypeError
+        when ``out`` is not a tuple of two int32 ndarrays.
 
     See Also
     --------
@@ -3130,6 +3137,7 @@ def vslash_scores(
     variant: str = "kernel",
     key_scale: Optional[_ArrayIn] = None,
     key_format: Optional[str] = None,
+    out: Optional[tuple[_ArrayOut[np.float32], _ArrayOut[np.float32]]] = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """The sums :func:`vslash_select` ranks: each column's and each diagonal's share of
     the last queries' attention, before anything is forced.
@@ -3138,6 +3146,9 @@ def vslash_scores(
     ----------
     q, keys, variant, key_scale, key_format
         As :func:`vslash_select`.
+    out : tuple of two ndarrays of float32, optional
+        ``(vertical, slash)`` to write and return: C-contiguous, writeable, aligned, not
+        overlapping any input or each other (else refused, nothing written).
 
     Returns
     -------
@@ -3150,6 +3161,9 @@ def vslash_scores(
     ------
     SelectionError
         As :func:`vslash_select`.
+        Also when ``out`` is refused (its shapes, layout, read-only, or overlapping).
+    TypeError
+        when ``out`` is not a tuple of two float32 ndarrays.
 
     See Also
     --------
@@ -3164,7 +3178,14 @@ def vslash_scores(
     ([1.8333, 0.8333, 0.3333], [1.8333, 0.8333, 0.3333])
     """
 
-def vslash_rows(vertical: _ArrayIn, slash: _ArrayIn, seq_len: int, positions: _ArrayIn) -> npt.NDArray[np.int32]:
+def vslash_rows(
+    vertical: _ArrayIn,
+    slash: _ArrayIn,
+    seq_len: int,
+    positions: _ArrayIn,
+    *,
+    out: Optional[_ArrayOut[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
     """Each query's positions under a vertical-slash selection: the selected columns up to
     it and the keys ``p - o`` of the selected diagonals.
 
@@ -3178,6 +3199,9 @@ def vslash_rows(vertical: _ArrayIn, slash: _ArrayIn, seq_len: int, positions: _A
         ``L``: every id and position lies in ``[0, L)``.
     positions : array_like of int, [n_positions]
         The query positions to give rows for.
+    out : ndarray of int32, [n_heads, n_positions, nv + ns], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -3190,6 +3214,9 @@ def vslash_rows(vertical: _ArrayIn, slash: _ArrayIn, seq_len: int, positions: _A
         when a set is not 2-D of ``n_heads`` non-empty rows or holds an id outside
         ``[0, L)`` (``vertical``, ``slash``), or a position is outside it
         (``positions``).
+        Also when ``out`` is refused (its shapes, layout, read-only, or overlapping).
+    TypeError
+        when ``out`` is not an int32 ndarray.
 
     See Also
     --------
@@ -3204,7 +3231,11 @@ def vslash_rows(vertical: _ArrayIn, slash: _ArrayIn, seq_len: int, positions: _A
     """
 
 def vslash_layout(
-    vertical: _ArrayIn, slash: _ArrayIn, seq_len: int
+    vertical: _ArrayIn,
+    slash: _ArrayIn,
+    seq_len: int,
+    *,
+    out: Optional[tuple[_ArrayOut[np.int32], _ArrayOut[np.int32], _ArrayOut[np.int32], _ArrayOut[np.int32]]] = None,
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     """The engines' layout of a vertical-slash selection: per block of 64 queries, the
     64-key blocks its diagonals cover and the columns outside them, as MInference's
@@ -3219,6 +3250,10 @@ def vslash_layout(
         otherwise).
     seq_len : int
         ``L``; there are ``ceil(L / 64)`` query blocks.
+    out : tuple of four ndarrays of int32, optional
+        ``(block_count, block_offset, column_count, column_index)`` to write and
+        return: C-contiguous, writeable, aligned, not overlapping any input or each
+        other (else refused, nothing written).
 
     Returns
     -------
@@ -3233,6 +3268,9 @@ def vslash_layout(
     ------
     SelectionError
         As :func:`vslash_rows`, and when a head has no offset below 64 (``slash``).
+        Also when ``out`` is refused (its shapes, layout, read-only, or overlapping).
+    TypeError
+        when ``out`` is not a tuple of four int32 ndarrays.
 
     See Also
     --------
@@ -3255,6 +3293,7 @@ def vslash_layout_batch(
     *,
     context_size: Optional[int] = None,
     causal: bool = True,
+    out: Optional[tuple[_ArrayOut[np.int32], _ArrayOut[np.int32], _ArrayOut[np.int32], _ArrayOut[np.int32]]] = None,
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     """The later form of the engines' layout, as vLLM's ``_custom_ops`` and SGLang's
     ``sgl_kernel`` write it: a batch of sequences, each with its own query and key
@@ -3287,6 +3326,10 @@ def vslash_layout_batch(
     causal : bool, default True
         Queries aligned to the end of the keys, masked causally (vLLM's "intra"
         stage); ``False``: every query after the keys ("succ", "inter").
+    out : tuple of four ndarrays of int32, optional
+        ``(block_count, block_offset, column_count, column_index)`` to write and
+        return: C-contiguous, writeable, aligned, not overlapping any input or each
+        other (else refused, nothing written).
 
     Returns
     -------
@@ -3306,6 +3349,9 @@ def vslash_layout_batch(
         sequence or is out of range (``q_seqlens``, ``kv_seqlens``), ``context_size``
         holds fewer query blocks than a sequence (``context_size``), a column is
         outside its sequence's keys (``vertical``) or an offset negative (``slash``).
+        Also when ``out`` is refused (its shapes, layout, read-only, or overlapping).
+    TypeError
+        when ``out`` is not a tuple of four int32 ndarrays.
 
     See Also
     --------

@@ -1,7 +1,6 @@
 //! Quest's page bounds, page scores and page sets (all raise `SelectionError`).
 
 use numpy::{PyArrayDyn, PyUntypedArray};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyInt;
 
@@ -38,17 +37,7 @@ fn bounds_out<'py>(
     inputs: &[&Bound<'py, PyUntypedArray>],
 ) -> PyResult<(Out<'py, f32>, Out<'py, f32>)> {
     let shape = [n_pages, l.n_kv_heads, l.d];
-    let Some(o) = out else {
-        return Ok((Out::zeros(py, &shape)?, Out::zeros(py, &shape)?));
-    };
-    let (a, b): (Obj<'py>, Obj<'py>) = o.extract().map_err(|_| {
-        PyTypeError::new_err("out must be a tuple (kmin, kmax) of two float32 ndarrays")
-    })?;
-    let lo = S.buffer::<f32>(&a, "out", &shape, inputs)?;
-    let hi = {
-        let with_lo = [inputs, &[lo.untyped()]].concat();
-        S.buffer::<f32>(&b, "out", &shape, &with_lo)?
-    };
+    let [lo, hi] = S.outputs(py, out, ("(kmin, kmax)", [&shape, &shape]), inputs)?;
     Ok((lo, hi))
 }
 

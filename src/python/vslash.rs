@@ -104,6 +104,9 @@ impl<'py> Est<'py> {
 ///     A per-key scale (fp8 keys): a key's value is ``k * scale`` rounded to float32.
 /// key_format : str, optional
 ///     The format of a raw uint16 / uint8 ``keys``.
+/// out : tuple of two ndarrays of int32, optional
+///     ``(vertical, slash)`` to write and return: C-contiguous, writeable, aligned, not
+///     overlapping any input or each other (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -120,6 +123,9 @@ impl<'py> Est<'py> {
 ///     queries of that ``d`` or not finite (``q``), the heads do not divide
 ///     (``n_kv_heads``), ``key_scale`` is not one per key, a score is not finite
 ///     (``keys``), or an option is unknown.
+///     Also when ``out`` is refused (its shapes, layout, read-only, or overlapping).
+/// TypeError
+///     when ``out`` is not a tuple of two int32 ndarrays.
 ///
 /// See Also
 /// --------
@@ -138,8 +144,10 @@ impl<'py> Est<'py> {
 /// ((2, 40), (2, 100), True)
 #[pyfunction]
 #[pyo3(
-    signature = (q, keys, vertical_size, slash_size, *, variant=None, key_scale=None, key_format=None),
-    text_signature = "(q, keys, vertical_size, slash_size, *, variant='kernel', key_scale=None, key_format=None)"
+    signature = (q, keys, vertical_size, slash_size, *, variant=None, key_scale=None, key_format=None,
+                 out=None),
+    text_signature = "(q, keys, vertical_size, slash_size, *, variant='kernel', key_scale=None, \
+                      key_format=None, out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn vslash_select<'py>(
@@ -151,6 +159,7 @@ pub(super) fn vslash_select<'py>(
     variant: Option<Named<VslashVariantName>>,
     key_scale: Opt<'_, 'py>,
     key_format: Option<Named<KeyFormat>>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<(I32<'py>, I32<'py>)> {
     let v = S.count(vertical_size, "vertical_size", I32_MAX)?;
     let s = S.count(slash_size, "slash_size", I32_MAX)?;
@@ -158,8 +167,7 @@ pub(super) fn vslash_select<'py>(
     let (nv, ns) = vslash::sizes(e.shape.seq_len, v, s);
     let h = e.shape.n_heads;
     let inputs = e.inputs();
-    let mut vo: Out<'py, i32> = S.output(py, None, &[h, nv], &inputs)?;
-    let mut so: Out<'py, i32> = S.output(py, None, &[h, ns], &inputs)?;
+    let [mut vo, mut so] = S.outputs(py, out, (SETS, [&[h, nv], &[h, ns]]), &inputs)?;
     let (qs, ks) = (e.q.slice()?, e.keys.encoded()?);
     let sc = e.scale.as_ref().map(|x| x.slice()).transpose()?;
     let (vs, ss) = (vo.slice()?, so.slice()?);
@@ -176,6 +184,9 @@ pub(super) fn vslash_select<'py>(
 /// ----------
 /// q, keys, variant, key_scale, key_format
 ///     As :func:`vslash_select`.
+/// out : tuple of two ndarrays of float32, optional
+///     ``(vertical, slash)`` to write and return: C-contiguous, writeable, aligned, not
+///     overlapping any input or each other (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -188,6 +199,9 @@ pub(super) fn vslash_select<'py>(
 /// ------
 /// SelectionError
 ///     As :func:`vslash_select`.
+///     Also when ``out`` is refused (its shapes, layout, read-only, or overlapping).
+/// TypeError
+///     when ``out`` is not a tuple of two float32 ndarrays.
 ///
 /// See Also
 /// --------
@@ -202,8 +216,8 @@ pub(super) fn vslash_select<'py>(
 /// ([1.8333, 0.8333, 0.3333], [1.8333, 0.8333, 0.3333])
 #[pyfunction]
 #[pyo3(
-    signature = (q, keys, *, variant=None, key_scale=None, key_format=None),
-    text_signature = "(q, keys, *, variant='kernel', key_scale=None, key_format=None)"
+    signature = (q, keys, *, variant=None, key_scale=None, key_format=None, out=None),
+    text_signature = "(q, keys, *, variant='kernel', key_scale=None, key_format=None, out=None)"
 )]
 pub(super) fn vslash_scores<'py>(
     py: Python<'py>,
@@ -212,12 +226,12 @@ pub(super) fn vslash_scores<'py>(
     variant: Option<Named<VslashVariantName>>,
     key_scale: Opt<'_, 'py>,
     key_format: Option<Named<KeyFormat>>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<(F32<'py>, F32<'py>)> {
     let e = Est::new(q, keys, key_scale, key_format, variant)?;
     let shape = [e.shape.n_heads, e.shape.seq_len];
     let inputs = e.inputs();
-    let mut vo: Out<'py, f32> = S.output(py, None, &shape, &inputs)?;
-    let mut so: Out<'py, f32> = S.output(py, None, &shape, &inputs)?;
+    let [mut vo, mut so] = S.outputs(py, out, (SETS, [&shape, &shape]), &inputs)?;
     let (qs, ks) = (e.q.slice()?, e.keys.encoded()?);
     let sc = e.scale.as_ref().map(|x| x.slice()).transpose()?;
     let (vs, ss) = (vo.slice()?, so.slice()?);
@@ -226,6 +240,11 @@ pub(super) fn vslash_scores<'py>(
     })?;
     Ok((vo.finish(), so.finish()))
 }
+
+/// The names of `out=`'s buffers: the two sets (or their scores), and the
+/// engines' layout.
+const SETS: &str = "(vertical, slash)";
+const LAYOUT: &str = "(block_count, block_offset, column_count, column_index)";
 
 /// The two index sets, `[n_heads, nv]` and `[n_heads, ns]` int32.
 fn sets<'py>(
@@ -257,6 +276,9 @@ fn sets<'py>(
 ///     ``L``: every id and position lies in ``[0, L)``.
 /// positions : array_like of int, [n_positions]
 ///     The query positions to give rows for.
+/// out : ndarray of int32, [n_heads, n_positions, nv + ns], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -269,6 +291,9 @@ fn sets<'py>(
 ///     when a set is not 2-D of ``n_heads`` non-empty rows or holds an id outside
 ///     ``[0, L)`` (``vertical``, ``slash``), or a position is outside it
 ///     (``positions``).
+///     Also when ``out`` is refused (its shapes, layout, read-only, or overlapping).
+/// TypeError
+///     when ``out`` is not an int32 ndarray.
 ///
 /// See Also
 /// --------
@@ -281,13 +306,14 @@ fn sets<'py>(
 /// >>> kvselect.vslash_rows(np.array([[0, 4]]), np.array([[0, 3]]), 10, [3, 9]).tolist()
 /// [[[0, 3, -1, -1], [0, 4, 6, 9]]]
 #[pyfunction]
-#[pyo3(signature = (vertical, slash, seq_len, positions))]
+#[pyo3(signature = (vertical, slash, seq_len, positions, *, out=None))]
 pub(super) fn vslash_rows<'py>(
     py: Python<'py>,
     vertical: &Obj<'py>,
     slash: &Obj<'py>,
     seq_len: &Obj<'py>,
     positions: &Obj<'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<I32<'py>> {
     let l = S.count(seq_len, "seq_len", I32_MAX)?;
     let (v, s) = sets(vertical, slash)?;
@@ -296,7 +322,7 @@ pub(super) fn vslash_rows<'py>(
     let raw = ndarrays(&[positions]);
     let inputs: Vec<&Bound<'py, PyUntypedArray>> =
         [v.untyped(), s.untyped()].into_iter().chain(&raw).collect();
-    let mut out: Out<'py, i32> = S.output(py, None, &[h, p.shape[0], width], &inputs)?;
+    let mut out: Out<'py, i32> = S.output(py, out, &[h, p.shape[0], width], &inputs)?;
     let (vs, ss, ps) = (v.slice()?, s.slice()?, p.slice()?);
     let o = out.slice()?;
     detach(py, o.len(), || vslash::rows_into(vs, ss, h, l, ps, o))?;
@@ -316,6 +342,10 @@ pub(super) fn vslash_rows<'py>(
 ///     otherwise).
 /// seq_len : int
 ///     ``L``; there are ``ceil(L / 64)`` query blocks.
+/// out : tuple of four ndarrays of int32, optional
+///     ``(block_count, block_offset, column_count, column_index)`` to write and
+///     return: C-contiguous, writeable, aligned, not overlapping any input or each
+///     other (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -330,6 +360,9 @@ pub(super) fn vslash_rows<'py>(
 /// ------
 /// SelectionError
 ///     As :func:`vslash_rows`, and when a head has no offset below 64 (``slash``).
+///     Also when ``out`` is refused (its shapes, layout, read-only, or overlapping).
+/// TypeError
+///     when ``out`` is not a tuple of four int32 ndarrays.
 ///
 /// See Also
 /// --------
@@ -343,22 +376,21 @@ pub(super) fn vslash_rows<'py>(
 /// >>> bc.tolist(), bo[0, 3].tolist(), cc.tolist(), ci[0, 3].tolist()
 /// ([[1, 2, 3, 3]], [62, 191, 255], [[0, 2, 0, 3]], [3, 40, 150])
 #[pyfunction]
-#[pyo3(signature = (vertical, slash, seq_len))]
+#[pyo3(signature = (vertical, slash, seq_len, *, out=None))]
 pub(super) fn vslash_layout<'py>(
     py: Python<'py>,
     vertical: &Obj<'py>,
     slash: &Obj<'py>,
     seq_len: &Obj<'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<(I32<'py>, I32<'py>, I32<'py>, I32<'py>)> {
     let l = S.count(seq_len, "seq_len", I32_MAX)?;
     let (v, s) = sets(vertical, slash)?;
     let (h, nv, ns) = (v.shape[0], v.shape[1], s.shape[1]);
     let nb = l.div_ceil(vslash::LAYOUT_BLOCK);
     let inputs = [v.untyped(), s.untyped()];
-    let mut bc: Out<'py, i32> = S.output(py, None, &[h, nb], &inputs)?;
-    let mut bo: Out<'py, i32> = S.output(py, None, &[h, nb, ns], &inputs)?;
-    let mut cc: Out<'py, i32> = S.output(py, None, &[h, nb], &inputs)?;
-    let mut ci: Out<'py, i32> = S.output(py, None, &[h, nb, nv], &inputs)?;
+    let shapes: [&[usize]; 4] = [&[h, nb], &[h, nb, ns], &[h, nb], &[h, nb, nv]];
+    let [mut bc, mut bo, mut cc, mut ci] = S.outputs(py, out, (LAYOUT, shapes), &inputs)?;
     let (vs, ss) = (v.slice()?, s.slice()?);
     let (a, b, c, d) = (bc.slice()?, bo.slice()?, cc.slice()?, ci.slice()?);
     detach(py, b.len() + d.len(), || {
@@ -398,6 +430,10 @@ pub(super) fn vslash_layout<'py>(
 /// causal : bool, default True
 ///     Queries aligned to the end of the keys, masked causally (vLLM's "intra"
 ///     stage); ``False``: every query after the keys ("succ", "inter").
+/// out : tuple of four ndarrays of int32, optional
+///     ``(block_count, block_offset, column_count, column_index)`` to write and
+///     return: C-contiguous, writeable, aligned, not overlapping any input or each
+///     other (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -417,6 +453,9 @@ pub(super) fn vslash_layout<'py>(
 ///     sequence or is out of range (``q_seqlens``, ``kv_seqlens``), ``context_size``
 ///     holds fewer query blocks than a sequence (``context_size``), a column is
 ///     outside its sequence's keys (``vertical``) or an offset negative (``slash``).
+///     Also when ``out`` is refused (its shapes, layout, read-only, or overlapping).
+/// TypeError
+///     when ``out`` is not a tuple of four int32 ndarrays.
 ///
 /// See Also
 /// --------
@@ -431,8 +470,10 @@ pub(super) fn vslash_layout<'py>(
 /// ([[[3, 2]]], [80, 190, 254], [[[2, 1]]], [5, 150, 0])
 #[pyfunction]
 #[pyo3(
-    signature = (vertical, slash, q_seqlens, kv_seqlens, *, context_size=None, causal=true),
-    text_signature = "(vertical, slash, q_seqlens, kv_seqlens, *, context_size=None, causal=True)"
+    signature = (vertical, slash, q_seqlens, kv_seqlens, *, context_size=None, causal=true,
+                 out=None),
+    text_signature = "(vertical, slash, q_seqlens, kv_seqlens, *, context_size=None, causal=True, \
+                      out=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn vslash_layout_batch<'py>(
@@ -443,6 +484,7 @@ pub(super) fn vslash_layout_batch<'py>(
     kv_seqlens: &Obj<'py>,
     context_size: Opt<'_, 'py>,
     causal: bool,
+    out: Opt<'_, 'py>,
 ) -> PyResult<(I32<'py>, I32<'py>, I32<'py>, I32<'py>)> {
     let v = S.input::<i32, 3>(vertical, "vertical", "[n_seqs, n_heads, nv]")?;
     let s = S.input::<i32, 3>(slash, "slash", "[n_seqs, n_heads, ns]")?;
@@ -470,10 +512,10 @@ pub(super) fn vslash_layout_batch<'py>(
     let raw = ndarrays(&[q_seqlens, kv_seqlens]);
     let inputs: Vec<&Bound<'py, PyUntypedArray>> =
         [v.untyped(), s.untyped()].into_iter().chain(&raw).collect();
-    let mut bc: Out<'py, i32> = S.output(py, None, &[n_seqs, n_heads, rows], &inputs)?;
-    let mut bo: Out<'py, i32> = S.output(py, None, &[n_seqs, n_heads, rows, ns], &inputs)?;
-    let mut cc: Out<'py, i32> = S.output(py, None, &[n_seqs, n_heads, rows], &inputs)?;
-    let mut ci: Out<'py, i32> = S.output(py, None, &[n_seqs, n_heads, rows, nv], &inputs)?;
+    let (count, per) = ([n_seqs, n_heads, rows], [n_seqs, n_heads, rows]);
+    let (offset, index) = ([n_seqs, n_heads, rows, ns], [n_seqs, n_heads, rows, nv]);
+    let shapes: [&[usize]; 4] = [&count, &offset, &per, &index];
+    let [mut bc, mut bo, mut cc, mut ci] = S.outputs(py, out, (LAYOUT, shapes), &inputs)?;
     let (vs, ss, qs, ks) = (v.slice()?, s.slice()?, q.slice()?, kv.slice()?);
     let (a, b, c, d) = (bc.slice()?, bo.slice()?, cc.slice()?, ci.slice()?);
     detach(py, b.len() + d.len(), || {

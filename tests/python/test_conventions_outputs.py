@@ -407,6 +407,13 @@ SPECS = [
         {"out": ((2, 4, 2), np.int32, None)},
     ),
     OutSpec(
+        "vslash_rows",
+        "selection",
+        lambda: [*_vslash_sets_args(), np.array([3, 150, 0], np.int64)],
+        lambda m, a, **b: m.vslash_rows(a[0], a[1], 200, a[2], **b),
+        {"out": ((2, 3, 100), np.int32, None)},
+    ),
+    OutSpec(
         "infllm_select_paged",
         "selection",
         _infllm_paged_args,
@@ -509,6 +516,154 @@ def test_an_out_sharing_any_inputs_memory_is_refused_and_nothing_changes(spec, i
                 spec.call(m, args, **{key: buf})
             assert e.value.argument == key, (i, str(e.value))
             assert _snapshot(args) == before, (key, i)
+
+
+# ---------------------------------------------------------------------------
+# out= as a tuple: the functions returning several arrays (natively)
+# ---------------------------------------------------------------------------
+
+
+def _vslash_est_args():
+    rng = np.random.default_rng(SEED + 12)
+    return [rng.standard_normal((2, 64, 16)).astype(np.float32), rng.standard_normal((200, 1, 16)).astype(np.float32)]
+
+
+def _vslash_sets_args():
+    v, s = ks.vslash_select(*_vslash_est_args(), 40, 60)
+    return [v, s]
+
+
+def _vslash_batch_args():
+    v, s = _vslash_sets_args()
+    return [
+        np.stack([v, v[::-1]]),
+        np.stack([s, s[::-1]]),
+        np.array([100, 64], np.int64),
+        np.array([200, 200], np.int64),
+    ]
+
+
+def _quest_paged_args():
+    rng = np.random.default_rng(SEED + 13)
+    cache = rng.standard_normal((6, 4, 16)).astype(np.float32)
+    return [cache, rng.permutation(6).astype(np.int32).reshape(2, 3), np.array([9, 12], np.int64)]
+
+
+@dataclasses.dataclass
+class TupleSpec:
+    """A function whose ``out=`` is a tuple of buffers: ``call(args, out=...)``
+    returns them as its tuple; ``shapes`` are theirs, all of ``dtype``."""
+
+    id: str
+    args: Callable[[], list]
+    call: Callable[..., Any]
+    shapes: list
+    dtype: Any
+
+
+TUPLE_SPECS = [
+    TupleSpec(
+        "quest_bounds",
+        lambda: [np.random.default_rng(SEED + 14).standard_normal((40, 2, 8)).astype(np.float32)],
+        lambda a, **b: ks.quest_bounds(*a, 8, **b),
+        [(5, 2, 8)] * 2,
+        np.float32,
+    ),
+    TupleSpec(
+        "quest_bounds_paged",
+        _quest_paged_args,
+        lambda a, **b: ks.quest_bounds_paged(*a, 2, **b),
+        [(6, 2, 8)] * 2,
+        np.float32,
+    ),
+    TupleSpec(
+        "vslash_select",
+        _vslash_est_args,
+        lambda a, **b: ks.vslash_select(*a, 40, 60, **b),
+        [(2, 40), (2, 60)],
+        np.int32,
+    ),
+    TupleSpec("vslash_scores", _vslash_est_args, lambda a, **b: ks.vslash_scores(*a, **b), [(2, 200)] * 2, np.float32),
+    TupleSpec(
+        "vslash_layout",
+        _vslash_sets_args,
+        lambda a, **b: ks.vslash_layout(*a, 200, **b),
+        [(2, 4), (2, 4, 60), (2, 4), (2, 4, 40)],
+        np.int32,
+    ),
+    TupleSpec(
+        "vslash_layout_batch",
+        _vslash_batch_args,
+        lambda a, **b: ks.vslash_layout_batch(*a, **b),
+        [(2, 2, 2), (2, 2, 2, 60), (2, 2, 2), (2, 2, 2, 40)],
+        np.int32,
+    ),
+]
+TUPLE_IDS = [t.id for t in TUPLE_SPECS]
+
+
+@pytest.mark.parametrize("spec", TUPLE_SPECS, ids=TUPLE_IDS)
+def test_a_tuple_out_is_returned_and_holds_what_the_call_without_it_returns(spec):
+    want = spec.call(spec.args())
+    bufs = tuple(_sentinel(shape, spec.dtype) for shape in spec.shapes)
+    got = spec.call(spec.args(), out=bufs)
+    assert len(got) == len(bufs)
+    for g, b, w in zip(got, bufs, want):
+        assert g is b
+        assert w.dtype == spec.dtype and _bits(b) == _bits(w)
+
+
+@pytest.mark.parametrize("spec", TUPLE_SPECS, ids=TUPLE_IDS)
+def test_a_tuple_out_of_the_wrong_kind_count_dtype_or_shape_is_refused_and_untouched(spec):
+    n = len(spec.shapes)
+    good = [_sentinel(shape, spec.dtype) for shape in spec.shapes]
+    wrong = np.int16 if np.dtype(spec.dtype).kind == "f" else np.float32
+    for bufs in (good[0], list(good), tuple(good[:-1]), tuple(good) + (good[0].copy(),)):
+        args = spec.args()
+        before = [_bits(b) for b in good], _snapshot(args)
+        with pytest.raises(TypeError, match=f"^out must be a tuple .* of {['', 'one', 'two', 'three', 'four'][n]} "):
+            spec.call(args, out=bufs)
+        assert ([_bits(b) for b in good], _snapshot(args)) == before
+    for i, shape in enumerate(spec.shapes):
+        for bad, err in (
+            (_sentinel(shape, wrong), TypeError),
+            (_sentinel(shape[:-1] + (shape[-1] + 1,), spec.dtype), ks.SelectionError),
+        ):
+            bufs = [_sentinel(s, spec.dtype) for s in spec.shapes]
+            bufs[i] = bad
+            args = spec.args()
+            before = [_bits(b) for b in bufs], _snapshot(args)
+            with pytest.raises(err, match="^out must") as e:
+                spec.call(args, out=tuple(bufs))
+            if err is ks.SelectionError:
+                assert e.value.argument == "out"
+            assert ([_bits(b) for b in bufs], _snapshot(args)) == before, (i, err)
+
+
+@pytest.mark.parametrize("spec", TUPLE_SPECS, ids=TUPLE_IDS)
+def test_a_tuple_out_sharing_an_inputs_or_another_buffers_memory_is_refused(spec):
+    arrays = [i for i, a in enumerate(spec.args()) if isinstance(a, np.ndarray)]
+    for j, shape in enumerate(spec.shapes):
+        for i in arrays:
+            args = spec.args()
+            args[i], buf = _aliased(args[i], shape, spec.dtype)
+            bufs = [_sentinel(s, spec.dtype) for s in spec.shapes]
+            bufs[j] = buf
+            before = _snapshot(args), [_bits(b) for b in bufs]
+            with pytest.raises(ks.SelectionError) as e:
+                spec.call(args, out=tuple(bufs))
+            assert e.value.argument == "out", (i, j, str(e.value))
+            assert (_snapshot(args), [_bits(b) for b in bufs]) == before
+        if j:  # buffer j over buffer 0's memory
+            first = _sentinel(spec.shapes[0], spec.dtype)
+            size = int(np.prod(shape)) * np.dtype(spec.dtype).itemsize
+            if size <= first.nbytes:
+                bufs = [first] + [_sentinel(s, spec.dtype) for s in spec.shapes[1:]]
+                bufs[j] = first.reshape(-1).view(np.uint8)[:size].view(spec.dtype).reshape(shape)
+                before = _bits(first)
+                with pytest.raises(ks.SelectionError, match="overlaps") as e:
+                    spec.call(spec.args(), out=tuple(bufs))
+                assert e.value.argument == "out" and _bits(first) == before
 
 
 # A setting the rule refuses, with an ``out`` of the valid call's shape: the refusal names

@@ -28,7 +28,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _index_array, _scales
+from ._args import ReferenceSelectionError, _index_array, _scales, _takes_out
 from .keys import decode
 
 LAST_Q = 64
@@ -219,6 +219,7 @@ def _pair(vertical: Any, slash: Any) -> Tuple[np.ndarray, np.ndarray]:
     return v, s
 
 
+@_takes_out(np.int32)
 def vslash_rows(vertical: Any, slash: Any, seq_len: int, positions: Any) -> np.ndarray:
     """Each query position's positions: the columns ``<= p`` and the keys ``p - o
     >= 0``, ascending, distinct, -1 padded: ``[n_heads, n_positions, nv + ns]``."""

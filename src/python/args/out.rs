@@ -215,6 +215,53 @@ impl Domain {
         }
     }
 
+    /// The outputs of a call returning `N` arrays: the caller's `out=`, a
+    /// tuple of `N` buffers named by `names` (`"(kmin, kmax)"`), each checked
+    /// as [`Domain::buffer`] against its shape, the inputs and the buffers
+    /// before it; or `N` new zeroed arrays.
+    pub fn outputs<'py, T: OutElement, const N: usize>(
+        self,
+        py: Python<'py>,
+        out: Option<&Bound<'py, PyAny>>,
+        (names, shapes): (&str, [&[usize]; N]),
+        inputs: &[&Bound<'py, PyUntypedArray>],
+    ) -> PyResult<[Out<'py, T>; N]> {
+        let mut outs = Vec::with_capacity(N);
+        match out {
+            None => {
+                for shape in shapes {
+                    outs.push(Out::zeros(py, shape)?);
+                }
+            }
+            Some(o) => {
+                let bufs: Vec<Bound<'py, PyAny>> = match o.cast::<PyTuple>() {
+                    Ok(t) if t.len() == N => t.iter().collect(),
+                    _ => {
+                        let count = ["no", "one", "two", "three", "four"]
+                            .get(N)
+                            .map_or(N.to_string(), |w| w.to_string());
+                        return Err(PyTypeError::new_err(format!(
+                            "out must be a tuple {names} of {count} {} ndarrays",
+                            numpy::dtype::<T>(py)
+                        )));
+                    }
+                };
+                let mut seen = inputs.to_vec();
+                let arrays: Vec<_> = bufs
+                    .iter()
+                    .map(|b| b.cast::<PyUntypedArray>().ok())
+                    .collect();
+                for (i, (b, shape)) in bufs.iter().zip(shapes).enumerate() {
+                    outs.push(self.buffer::<T>(b, "out", shape, &seen)?);
+                    seen.extend(arrays[i].as_ref());
+                }
+            }
+        }
+        Ok(outs
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one output per shape")))
+    }
+
     /// The caller's buffer `name` (checked as [`Domain::inplace`]) of exactly
     /// `shape`.
     pub fn buffer<'py, T: OutElement>(
