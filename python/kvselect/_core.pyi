@@ -314,7 +314,13 @@ def scatter_topology_witnesses(
         holds no integers, or ``num_segments`` is not an integer.
     """
 
-def random_null(context_len: int, budget: int, seed: int) -> npt.NDArray[np.int32]:
+def random_null(
+    context_len: int,
+    budget: int,
+    seed: int,
+    *,
+    out: Optional[_ArrayOut[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
     """The random null: ``min(budget, context_len)`` tokens drawn uniformly.
 
     Drawn without replacement from ``[0, context_len)``, ascending, deterministic in
@@ -328,6 +334,9 @@ def random_null(context_len: int, budget: int, seed: int) -> npt.NDArray[np.int3
         How many tokens to draw, 0 to 2**64 - 1 (capped at ``L``).
     seed : int
         The seed, 0 to 2**64 - 1.
+    out : ndarray of int32, [min(budget, context_len)], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order (else refused, nothing written).
 
     Returns
     -------
@@ -339,11 +348,18 @@ def random_null(context_len: int, budget: int, seed: int) -> npt.NDArray[np.int3
     WitnessError
         (a ValueError; ``.argument`` names the argument) when ``context_len`` is above
         2**31 - 1, or an argument is negative or above 2**64 - 1.
+        Also when ``out`` is refused (its shape, layout or read-only).
     TypeError
         when an argument is not an integer (a float, ``np.float64``, a string).
+        Also when ``out`` is not an int32 ndarray.
     """
 
-def locality_null(context_len: int, budget: int) -> npt.NDArray[np.int32]:
+def locality_null(
+    context_len: int,
+    budget: int,
+    *,
+    out: Optional[_ArrayOut[np.int32]] = None,
+) -> npt.NDArray[np.int32]:
     """The locality null: the ``min(budget, context_len)`` most recent tokens.
 
     The tokens ``[L - k, L)``, ``k = min(budget, L)`` (row ``L - 1`` of
@@ -355,6 +371,9 @@ def locality_null(context_len: int, budget: int) -> npt.NDArray[np.int32]:
         The row's length ``L``, 0 to 2**31 - 1.
     budget : int
         How many tokens to keep, 0 to 2**64 - 1 (capped at ``L``).
+    out : ndarray of int32, [min(budget, context_len)], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order (else refused, nothing written).
 
     Returns
     -------
@@ -366,8 +385,10 @@ def locality_null(context_len: int, budget: int) -> npt.NDArray[np.int32]:
     WitnessError
         (a ValueError; ``.argument`` names the argument) when ``context_len`` is above
         2**31 - 1, or an argument is negative or above 2**64 - 1.
+        Also when ``out`` is refused (its shape, layout or read-only).
     TypeError
         when an argument is not an integer (a string, a float).
+        Also when ``out`` is not an int32 ndarray.
     """
 
 def segment_coverage(candidates: _ArrayIn, context_len: int, num_segments: int) -> float:
@@ -2067,7 +2088,7 @@ class GlobalSlots:
         dcp_size: Optional[int] = None,
         dcp_interleave: Optional[int] = None,
     ) -> "GlobalSlots": ...
-    def positions(self, rows: _ArrayIn) -> npt.NDArray[np.int64]:
+    def positions(self, rows: _ArrayIn, *, out: Optional[_ArrayOut[np.int64]] = None) -> npt.NDArray[np.int64]:
         """The engine's ``rows`` read back through the map, as the checkers read them.
 
         Int64 row-relative positions of the rows' shape, ``-1`` for padding (any negative
@@ -2082,6 +2103,11 @@ class GlobalSlots:
             per ``req_ids`` entry; with DCP the ranks' rows side by side (``width`` a multiple
             of ``dcp_size``). Any CPU DLPack tensor too.
 
+        out : ndarray of int64, [n_rows, width], optional
+            ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+            aligned, native byte order, not overlapping ``rows`` (else refused, nothing
+            written).
+
         Returns
         -------
         ndarray of int64, [n_rows, width]
@@ -2094,9 +2120,10 @@ class GlobalSlots:
             value outside int64, ``rows``' width is no multiple of ``dcp_size``, ``req_ids`` (or
             ``prefill_req_ids``) does not have one entry per row, an entry of ``req_ids`` names
             no request of ``block_table`` (or of ``prefill_req_ids`` no entry of
-            ``workspace_starts``), or a tensor is not on the CPU.
+            ``workspace_starts``), a tensor is not on the CPU, or ``out`` is refused (its
+            shape, layout, read-only, or overlapping ``rows``).
         TypeError
-            when ``rows`` holds no integers.
+            when ``rows`` holds no integers, or ``out`` is not an int64 ndarray.
         """
 
 def check_blocks(
@@ -4338,6 +4365,7 @@ def snapkv_scores(
     window: int = 64,
     kernel: int = 5,
     scale: Optional[float] = None,
+    out: Optional[_ArrayOut[np.float64]] = None,
 ) -> npt.NDArray[np.float64]:
     """SnapKV's score of every prefix position (kvpress ``SnapKVPress.score``), float64.
 
@@ -4360,6 +4388,9 @@ def snapkv_scores(
         The pooling's taps, at least 1 (default 5).
     scale : float, optional
         The softmax scale (default ``1 / sqrt(d)``).
+    out : ndarray of float64, [P], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -4373,6 +4404,9 @@ def snapkv_scores(
         or a non-finite value (``q``); ``k`` is not ``[P, d]`` or not finite (``k``);
         ``scale`` is not finite or could overflow a score (``scale``); ``window`` is not
         in ``1..P-1`` (``window``); ``kernel`` is 0 (``kernel``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not a float64 ndarray.
 
     See Also
     --------
@@ -4390,7 +4424,13 @@ def snapkv_scores(
     ((12,), True)
     """
 
-def tova_scores(q_last: _ArrayIn, k: _ArrayIn, *, scale: Optional[float] = None) -> npt.NDArray[np.float64]:
+def tova_scores(
+    q_last: _ArrayIn,
+    k: _ArrayIn,
+    *,
+    scale: Optional[float] = None,
+    out: Optional[_ArrayOut[np.float64]] = None,
+) -> npt.NDArray[np.float64]:
     """TOVA's score of every prefix position (kvpress ``TOVAPress.score``), float64.
 
     The last query's attention (position ``P - 1``, its ``group`` heads) over the keys
@@ -4405,6 +4445,9 @@ def tova_scores(q_last: _ArrayIn, k: _ArrayIn, *, scale: Optional[float] = None)
         The KV head's keys, ``P >= 1``.
     scale : float, optional
         The softmax scale (default ``1 / sqrt(d)``).
+    out : ndarray of float64, [P], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -4417,6 +4460,9 @@ def tova_scores(q_last: _ArrayIn, k: _ArrayIn, *, scale: Optional[float] = None)
         (a ValueError; ``.argument`` names it) when ``q_last`` is not 2-D, holds no head
         or a non-finite value (``q_last``); ``k`` is not ``[P, d]``, empty or not finite
         (``k``); ``scale`` is not finite or could overflow a score (``scale``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not a float64 ndarray.
 
     See Also
     --------
@@ -4432,7 +4478,13 @@ def tova_scores(q_last: _ArrayIn, k: _ArrayIn, *, scale: Optional[float] = None)
     [0.25, 0.25, 0.25, 1.25]
     """
 
-def observed_attention_scores(q: _ArrayIn, k: _ArrayIn, *, scale: Optional[float] = None) -> npt.NDArray[np.float64]:
+def observed_attention_scores(
+    q: _ArrayIn,
+    k: _ArrayIn,
+    *,
+    scale: Optional[float] = None,
+    out: Optional[_ArrayOut[np.float64]] = None,
+) -> npt.NDArray[np.float64]:
     """ObservedAttention's score of every prefix position (kvpress
     ``ObservedAttentionPress``), float64.
 
@@ -4448,6 +4500,9 @@ def observed_attention_scores(q: _ArrayIn, k: _ArrayIn, *, scale: Optional[float
         That KV head's keys.
     scale : float, optional
         The softmax scale (default ``1 / sqrt(d)``).
+    out : ndarray of float64, [P], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -4460,6 +4515,9 @@ def observed_attention_scores(q: _ArrayIn, k: _ArrayIn, *, scale: Optional[float
         (a ValueError; ``.argument`` names it) when ``q`` is not 3-D, holds no query head
         or a non-finite value (``q``); ``k`` is not ``[P, d]`` or not finite (``k``);
         ``scale`` is not finite or could overflow a score (``scale``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not a float64 ndarray.
 
     See Also
     --------
@@ -4476,7 +4534,13 @@ def observed_attention_scores(q: _ArrayIn, k: _ArrayIn, *, scale: Optional[float
     """
 
 def h2o_keep(
-    q: _ArrayIn, k: _ArrayIn, budget: int, *, recent: int, scale: Optional[float] = None
+    q: _ArrayIn,
+    k: _ArrayIn,
+    budget: int,
+    *,
+    recent: int,
+    scale: Optional[float] = None,
+    out: Optional[_ArrayOut[np.int64]] = None,
 ) -> npt.NDArray[np.int64]:
     """H2O's cache after the prefix (FMInference/H2O ``H2OKVCache_LayerWise``): the greedy
     per-step eviction, frozen at the boundary.
@@ -4499,6 +4563,9 @@ def h2o_keep(
         The newest positions always kept, ``0 <= recent <= budget``.
     scale : float, optional
         The softmax scale (default ``1 / sqrt(d)``).
+    out : ndarray of int64, [min(budget, P)], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -4512,6 +4579,9 @@ def h2o_keep(
         or a non-finite value (``q``); ``k`` is not ``[P, d]`` or not finite (``k``);
         ``scale`` is not finite or could overflow a score (``scale``); ``budget`` or
         ``recent`` is negative, or ``recent`` exceeds ``budget`` (``recent``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not an int64 ndarray.
 
     See Also
     --------
@@ -4526,7 +4596,12 @@ def h2o_keep(
     [0, 3]
     """
 
-def keep_top(scores: _ArrayIn, budget: int) -> npt.NDArray[np.int64]:
+def keep_top(
+    scores: _ArrayIn,
+    budget: int,
+    *,
+    out: Optional[_ArrayOut[np.int64]] = None,
+) -> npt.NDArray[np.int64]:
     """The first ``budget`` positions by score descending, ties to the lower position, in
     ascending order: the one total order the eviction policies keep by.
 
@@ -4536,6 +4611,9 @@ def keep_top(scores: _ArrayIn, budget: int) -> npt.NDArray[np.int64]:
         One score per position (``-0.0`` and ``0.0`` are equal).
     budget : int
         Positions kept (all of them when ``budget >= n``).
+    out : ndarray of int64, [min(budget, n)], optional
+        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+        aligned, native byte order, not overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -4547,6 +4625,9 @@ def keep_top(scores: _ArrayIn, budget: int) -> npt.NDArray[np.int64]:
     SelectionError
         (a ValueError; ``.argument`` names it) when ``scores`` is not 1-D or holds a NaN
         (``scores``), or ``budget`` is negative (``budget``).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+    TypeError
+        when ``out`` is not an int64 ndarray.
 
     See Also
     --------

@@ -3,15 +3,15 @@
 //! greedy eviction and the order that keeps the top (all raise
 //! `SelectionError`).
 
-use numpy::PyArray1;
+use numpy::{PyArrayDyn, PyUntypedArray};
 use pyo3::prelude::*;
 
 use super::args::{detach, Obj, Opt, S};
 use crate::attention::softmax_scale;
 use crate::eviction::{self, Prefix};
 
-type F64s<'py> = Bound<'py, PyArray1<f64>>;
-type I64s<'py> = Bound<'py, PyArray1<i64>>;
+type F64s<'py> = Bound<'py, PyArrayDyn<f64>>;
+type I64s<'py> = Bound<'py, PyArrayDyn<i64>>;
 
 /// The largest count a call takes (kept positions are `int64`).
 const BUDGET_MAX: u64 = i64::MAX as u64;
@@ -23,6 +23,11 @@ struct Arrays<'py> {
 }
 
 impl<'py> Arrays<'py> {
+    /// The arrays, for `out=`'s overlap check.
+    fn untyped(&self) -> [&Bound<'py, PyUntypedArray>; 2] {
+        [self.q.untyped(), self.k.untyped()]
+    }
+
     fn new(q: &Obj<'py>, k: &Obj<'py>) -> PyResult<Self> {
         let q = S.input::<f32, 3>(q, "q", "[P, group, d]")?;
         let k = S.input::<f32, 2>(k, "k", "[P, d]")?;
@@ -42,10 +47,6 @@ impl<'py> Arrays<'py> {
             scale: scale.unwrap_or_else(|| softmax_scale(d) as f64),
         })
     }
-}
-
-fn positions(py: Python<'_>, v: Vec<usize>) -> I64s<'_> {
-    PyArray1::from_vec(py, v.into_iter().map(|x| x as i64).collect())
 }
 
 /// SnapKV's score of every prefix position (kvpress ``SnapKVPress.score``), float64.
@@ -69,6 +70,9 @@ fn positions(py: Python<'_>, v: Vec<usize>) -> I64s<'_> {
 ///     The pooling's taps, at least 1 (default 5).
 /// scale : float, optional
 ///     The softmax scale (default ``1 / sqrt(d)``).
+/// out : ndarray of float64, [P], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -82,6 +86,9 @@ fn positions(py: Python<'_>, v: Vec<usize>) -> I64s<'_> {
 ///     or a non-finite value (``q``); ``k`` is not ``[P, d]`` or not finite (``k``);
 ///     ``scale`` is not finite or could overflow a score (``scale``); ``window`` is not
 ///     in ``1..P-1`` (``window``); ``kernel`` is 0 (``kernel``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not a float64 ndarray.
 ///
 /// See Also
 /// --------
@@ -99,8 +106,8 @@ fn positions(py: Python<'_>, v: Vec<usize>) -> I64s<'_> {
 /// ((12,), True)
 #[pyfunction]
 #[pyo3(
-    signature = (q, k, *, window=None, kernel=None, scale=None),
-    text_signature = "(q, k, *, window=64, kernel=5, scale=None)"
+    signature = (q, k, *, window=None, kernel=None, scale=None, out=None),
+    text_signature = "(q, k, *, window=64, kernel=5, scale=None, out=None)"
 )]
 pub(super) fn snapkv_scores<'py>(
     py: Python<'py>,
@@ -109,14 +116,16 @@ pub(super) fn snapkv_scores<'py>(
     window: Opt<'_, 'py>,
     kernel: Opt<'_, 'py>,
     scale: Option<f64>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F64s<'py>> {
     let window = S.count_or(window, "window", BUDGET_MAX, 64)?;
     let kernel = S.count_or(kernel, "kernel", BUDGET_MAX, 5)?;
     let a = Arrays::new(q, k)?;
     let pre = a.prefix(scale)?;
+    let out = S.output(py, out, &[pre.p_len], &a.untyped())?;
     let work = window.saturating_mul(pre.p_len).saturating_mul(pre.group);
     let v = detach(py, work, || eviction::snapkv_scores(&pre, window, kernel))?;
-    Ok(PyArray1::from_vec(py, v))
+    out.deliver(v.into_iter())
 }
 
 /// TOVA's score of every prefix position (kvpress ``TOVAPress.score``), float64.
@@ -133,6 +142,9 @@ pub(super) fn snapkv_scores<'py>(
 ///     The KV head's keys, ``P >= 1``.
 /// scale : float, optional
 ///     The softmax scale (default ``1 / sqrt(d)``).
+/// out : ndarray of float64, [P], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -145,6 +157,9 @@ pub(super) fn snapkv_scores<'py>(
 ///     (a ValueError; ``.argument`` names it) when ``q_last`` is not 2-D, holds no head
 ///     or a non-finite value (``q_last``); ``k`` is not ``[P, d]``, empty or not finite
 ///     (``k``); ``scale`` is not finite or could overflow a score (``scale``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not a float64 ndarray.
 ///
 /// See Also
 /// --------
@@ -159,12 +174,13 @@ pub(super) fn snapkv_scores<'py>(
 /// >>> kvselect.tova_scores(q_last, k).tolist()
 /// [0.25, 0.25, 0.25, 1.25]
 #[pyfunction]
-#[pyo3(signature = (q_last, k, *, scale=None))]
+#[pyo3(signature = (q_last, k, *, scale=None, out=None))]
 pub(super) fn tova_scores<'py>(
     py: Python<'py>,
     q_last: &Obj<'py>,
     k: &Obj<'py>,
     scale: Option<f64>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F64s<'py>> {
     let q = S.input::<f32, 2>(q_last, "q_last", "[group, d]")?;
     let ka = S.input::<f32, 2>(k, "k", "[P, d]")?;
@@ -172,12 +188,13 @@ pub(super) fn tova_scores<'py>(
     let p_len = ka.shape[0];
     S.axes("k", &ka.shape, &[("P", p_len), ("d", d)])?;
     let scale = scale.unwrap_or_else(|| softmax_scale(d) as f64);
+    let out = S.output(py, out, &[p_len], &[q.untyped(), ka.untyped()])?;
     let (qs, ks) = (q.slice()?, ka.slice()?);
     let work = p_len.saturating_mul(group).saturating_mul(d);
     let v = detach(py, work, || {
         eviction::tova_scores(qs, ks, p_len, group, d, scale)
     })?;
-    Ok(PyArray1::from_vec(py, v))
+    out.deliver(v.into_iter())
 }
 
 /// ObservedAttention's score of every prefix position (kvpress
@@ -195,6 +212,9 @@ pub(super) fn tova_scores<'py>(
 ///     That KV head's keys.
 /// scale : float, optional
 ///     The softmax scale (default ``1 / sqrt(d)``).
+/// out : ndarray of float64, [P], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -207,6 +227,9 @@ pub(super) fn tova_scores<'py>(
 ///     (a ValueError; ``.argument`` names it) when ``q`` is not 3-D, holds no query head
 ///     or a non-finite value (``q``); ``k`` is not ``[P, d]`` or not finite (``k``);
 ///     ``scale`` is not finite or could overflow a score (``scale``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not a float64 ndarray.
 ///
 /// See Also
 /// --------
@@ -221,21 +244,23 @@ pub(super) fn tova_scores<'py>(
 /// >>> [round(x, 4) for x in kvselect.observed_attention_scores(q, k).tolist()]
 /// [0.6111, 0.4167, 0.3333]
 #[pyfunction]
-#[pyo3(signature = (q, k, *, scale=None))]
+#[pyo3(signature = (q, k, *, scale=None, out=None))]
 pub(super) fn observed_attention_scores<'py>(
     py: Python<'py>,
     q: &Obj<'py>,
     k: &Obj<'py>,
     scale: Option<f64>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<F64s<'py>> {
     let a = Arrays::new(q, k)?;
     let pre = a.prefix(scale)?;
+    let out = S.output(py, out, &[pre.p_len], &a.untyped())?;
     let work = pre
         .p_len
         .saturating_mul(pre.p_len)
         .saturating_mul(pre.group);
     let v = detach(py, work, || eviction::observed_attention_scores(&pre))?;
-    Ok(PyArray1::from_vec(py, v))
+    out.deliver(v.into_iter())
 }
 
 /// H2O's cache after the prefix (FMInference/H2O ``H2OKVCache_LayerWise``): the greedy
@@ -259,6 +284,9 @@ pub(super) fn observed_attention_scores<'py>(
 ///     The newest positions always kept, ``0 <= recent <= budget``.
 /// scale : float, optional
 ///     The softmax scale (default ``1 / sqrt(d)``).
+/// out : ndarray of int64, [min(budget, P)], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -272,6 +300,9 @@ pub(super) fn observed_attention_scores<'py>(
 ///     or a non-finite value (``q``); ``k`` is not ``[P, d]`` or not finite (``k``);
 ///     ``scale`` is not finite or could overflow a score (``scale``); ``budget`` or
 ///     ``recent`` is negative, or ``recent`` exceeds ``budget`` (``recent``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not an int64 ndarray.
 ///
 /// See Also
 /// --------
@@ -285,7 +316,7 @@ pub(super) fn observed_attention_scores<'py>(
 /// >>> kvselect.h2o_keep(q, k, 2, recent=1).tolist()
 /// [0, 3]
 #[pyfunction]
-#[pyo3(signature = (q, k, budget, *, recent, scale=None))]
+#[pyo3(signature = (q, k, budget, *, recent, scale=None, out=None))]
 pub(super) fn h2o_keep<'py>(
     py: Python<'py>,
     q: &Obj<'py>,
@@ -293,17 +324,19 @@ pub(super) fn h2o_keep<'py>(
     budget: &Obj<'py>,
     recent: &Obj<'py>,
     scale: Option<f64>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<I64s<'py>> {
     let budget = S.count(budget, "budget", BUDGET_MAX)?;
     let recent = S.count(recent, "recent", BUDGET_MAX)?;
     let a = Arrays::new(q, k)?;
     let pre = a.prefix(scale)?;
+    let out = S.output(py, out, &[budget.min(pre.p_len)], &a.untyped())?;
     let work = pre
         .p_len
         .saturating_mul(budget.min(pre.p_len))
         .saturating_mul(pre.group);
     let v = detach(py, work, || eviction::h2o_keep(&pre, budget, recent))?;
-    Ok(positions(py, v))
+    out.deliver(v.into_iter().map(|x| x as i64))
 }
 
 /// The first ``budget`` positions by score descending, ties to the lower position, in
@@ -315,6 +348,9 @@ pub(super) fn h2o_keep<'py>(
 ///     One score per position (``-0.0`` and ``0.0`` are equal).
 /// budget : int
 ///     Positions kept (all of them when ``budget >= n``).
+/// out : ndarray of int64, [min(budget, n)], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order, not overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -326,6 +362,9 @@ pub(super) fn h2o_keep<'py>(
 /// SelectionError
 ///     (a ValueError; ``.argument`` names it) when ``scores`` is not 1-D or holds a NaN
 ///     (``scores``), or ``budget`` is negative (``budget``).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
+/// TypeError
+///     when ``out`` is not an int64 ndarray.
 ///
 /// See Also
 /// --------
@@ -338,17 +377,19 @@ pub(super) fn h2o_keep<'py>(
 /// >>> kvselect.keep_top([0.5, 2.0, 0.5, 2.0, 0.5, 1.0], 4).tolist()
 /// [0, 1, 3, 5]
 #[pyfunction]
-#[pyo3(signature = (scores, budget))]
+#[pyo3(signature = (scores, budget, *, out=None))]
 pub(super) fn keep_top<'py>(
     py: Python<'py>,
     scores: &Obj<'py>,
     budget: &Obj<'py>,
+    out: Opt<'_, 'py>,
 ) -> PyResult<I64s<'py>> {
     let budget = S.count(budget, "budget", BUDGET_MAX)?;
     let s = S.input::<f64, 1>(scores, "scores", "[n]")?;
+    let out = S.output(py, out, &[budget.min(s.shape[0])], &[s.untyped()])?;
     let sl = s.slice()?;
     let v = detach(py, sl.len(), || eviction::keep_top(sl, budget))?;
-    Ok(positions(py, v))
+    out.deliver(v.into_iter().map(|x| x as i64))
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

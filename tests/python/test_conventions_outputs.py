@@ -71,6 +71,7 @@ class OutSpec:
     call: Callable[..., Any]
     bufs: dict
     impls: tuple = ("native", "reference")
+    reads_arrays: bool = True  # False: integers in (the null models)
 
 
 def _attention_args():
@@ -182,6 +183,11 @@ def _quest_batch_args():
     keys = rng.standard_normal((30, 2, 8)).astype(np.float32)
     kmin, kmax = ks.quest_bounds(keys, 8, cu_seqlens=np.array([0, 17, 30]))
     return [rng.standard_normal((2, 4, 8)).astype(np.float32), kmin, kmax, np.array([17, 13], np.int64)]
+
+
+def _prefix_args():
+    rng = np.random.default_rng(SEED + 15)
+    return [rng.standard_normal((12, 2, 8)).astype(np.float32), rng.standard_normal((12, 8)).astype(np.float32)]
 
 
 SPECS = [
@@ -413,6 +419,72 @@ SPECS = [
         lambda m, a, **b: m.vslash_rows(a[0], a[1], 200, a[2], **b),
         {"out": ((2, 3, 100), np.int32, None)},
     ),
+    # The eviction baselines (their twins transcribe kvpress's signatures: native
+    # only) and the null models (scalars in).
+    OutSpec(
+        "snapkv_scores",
+        "selection",
+        _prefix_args,
+        lambda m, a, **b: m.snapkv_scores(*a, window=4, **b),
+        {"out": ((12,), np.float64, None)},
+        impls=("native",),
+    ),
+    OutSpec(
+        "tova_scores",
+        "selection",
+        lambda: [_prefix_args()[0][-1], _prefix_args()[1]],
+        lambda m, a, **b: m.tova_scores(*a, **b),
+        {"out": ((12,), np.float64, None)},
+        impls=("native",),
+    ),
+    OutSpec(
+        "observed_attention_scores",
+        "selection",
+        _prefix_args,
+        lambda m, a, **b: m.observed_attention_scores(*a, **b),
+        {"out": ((12,), np.float64, None)},
+        impls=("native",),
+    ),
+    OutSpec(
+        "h2o_keep",
+        "selection",
+        _prefix_args,
+        lambda m, a, **b: m.h2o_keep(*a, 5, recent=2, **b),
+        {"out": ((5,), np.int64, None)},
+        impls=("native",),
+    ),
+    OutSpec(
+        "keep_top",
+        "selection",
+        lambda: [np.random.default_rng(SEED + 16).random(9)],
+        lambda m, a, **b: m.keep_top(*a, 4, **b),
+        {"out": ((4,), np.int64, None)},
+        impls=("native",),
+    ),
+    OutSpec(
+        "random_null",
+        "witness",
+        list,
+        lambda m, a, **b: m.random_null(20, 5, 7, **b),
+        {"out": ((5,), np.int32, None)},
+        impls=("native",),
+        reads_arrays=False,
+    ),
+    OutSpec(
+        "locality_null",
+        "witness",
+        list,
+        lambda m, a, **b: m.locality_null(20, 5, **b),
+        {"out": ((5,), np.int32, None)},
+        reads_arrays=False,
+    ),
+    OutSpec(
+        "GlobalSlots.positions",
+        "selection",
+        lambda: [np.array([[12, 5, -1, -7], [8, 15, 4, 13]], np.int64)],
+        lambda m, a, **b: m.GlobalSlots(np.array([[3, 1]], np.int32), [0, 0], 4).positions(*a, **b),
+        {"out": ((2, 4), np.int64, None)},
+    ),
     OutSpec(
         "infllm_select_paged",
         "selection",
@@ -501,7 +573,10 @@ def _aliased(array, shape, dtype):
     return inp, blob[:out_bytes].view(dtype).reshape(shape)
 
 
-@pytest.mark.parametrize("spec,impl", CASES, ids=IDS)
+ARRAY_CASES = [(s, impl) for s, impl in CASES if s.reads_arrays]
+
+
+@pytest.mark.parametrize("spec,impl", ARRAY_CASES, ids=[f"{s.id}-{impl}" for s, impl in ARRAY_CASES])
 def test_an_out_sharing_any_inputs_memory_is_refused_and_nothing_changes(spec, impl):
     m = _mod(impl)
     err = _errors(impl, spec.domain)
@@ -516,6 +591,46 @@ def test_an_out_sharing_any_inputs_memory_is_refused_and_nothing_changes(spec, i
                 spec.call(m, args, **{key: buf})
             assert e.value.argument == key, (i, str(e.value))
             assert _snapshot(args) == before, (key, i)
+
+
+# ---------------------------------------------------------------------------
+# Which entry points take out=
+# ---------------------------------------------------------------------------
+
+# The public entry points that return arrays but take no ``out=``, each with why.
+NO_OUT = {
+    "Selector.row": "one row, as long as its position's candidates: no fixed shape to reuse",
+}
+
+
+def _returns_arrays_without_out():
+    """The stub's public functions and methods that return ndarrays (alone or in a
+    tuple) and take no ``out``."""
+    import ast
+    import pathlib
+
+    import kvselect._core as core
+
+    tree = ast.parse(pathlib.Path(core.__file__).with_name("_core.pyi").read_text())
+    found = set()
+
+    def walk(body, prefix=""):
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                walk(node.body, f"{node.name}.")
+            elif isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                params = {a.arg for a in node.args.args + node.args.kwonlyargs}
+                if node.returns is not None and "NDArray" in ast.unparse(node.returns) and "out" not in params:
+                    found.add(prefix + node.name)
+
+    walk(tree.body)
+    return found
+
+
+def test_every_entry_point_returning_arrays_takes_out_unless_named_with_its_reason():
+    # docs/conventions.md: a function that allocates its result also takes out=
+    # (serving loops reuse buffers). A new entry point without it fails here.
+    assert _returns_arrays_without_out() == set(NO_OUT)
 
 
 # ---------------------------------------------------------------------------

@@ -290,11 +290,11 @@ def _output(out: Any, shape: tuple, domain: str, dtype: Any = np.int32, inputs: 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _takes_out(dtype: Any) -> Callable[[_F], _F]:
+def _takes_out(dtype: Any, domain: str = _SELECTION) -> Callable[[_F], _F]:
     """A twin given ``out=`` as its native function is (docs/conventions.md): the
     result computed as without it, then ``out`` checked by :func:`_output` against
     the result's shape and every array argument (a refused ``out`` is left as it
-    was), written, and returned. The twin's signature gains ``out=None``,
+    was, refused as ``domain``'s error), written, and returned. The twin's signature gains ``out=None``,
     keyword-only, last (before ``**kw``)."""
 
     def wrap(f: _F) -> _F:
@@ -307,7 +307,7 @@ def _takes_out(dtype: Any) -> Callable[[_F], _F]:
             if out is None:
                 return result
             arrays = tuple(a for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray))
-            return _deliver(result, _output(out, result.shape, _SELECTION, dtype, arrays))
+            return _deliver(result, _output(out, result.shape, domain, dtype, arrays))
 
         params = list(sig.parameters.values())
         at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))

@@ -21,6 +21,7 @@ from ._args import (
     _float_array,
     _index_array,
     _refuse,
+    _takes_out,
 )
 from .block_sparse import config_fields, flag_argument
 from .witness import MAX_TOPOLOGY_SEGMENTS, merge_witnesses, witness_table
@@ -430,6 +431,7 @@ class GlobalSlots:
                 out.append(t if t < _UNMAPPED else _UNMAPPED)
         return out
 
+    @_takes_out(np.int64)
     def positions(self, rows: Any) -> np.ndarray:
         """``kvselect.GlobalSlots.positions``: the engine's rows read back
         through the map, int64 row-relative positions, ``-1`` padding,

@@ -19,6 +19,7 @@ from ._args import (
     _index_array,
     _inplace_i32,
     _out_buffer,
+    _takes_out,
 )
 
 # ==========================================================================
@@ -228,6 +229,7 @@ def scatter_topology_witnesses(topk_indices: np.ndarray, context_lens: Any, num_
     return None
 
 
+@_takes_out(np.int32, _WITNESS)
 def locality_null(context_len: int, budget: int) -> np.ndarray:
     """The ``k = min(budget, L)`` most recent tokens, ``[L - k, L)``, int32."""
     context_len = _count("context_len", context_len)

@@ -99,6 +99,25 @@ impl<'py, T: OutElement> Out<'py, T> {
         self.rw.as_untyped()
     }
 
+    /// The array holding `values`, which a core returned rather than wrote
+    /// (as many as the output holds, by the core's contract; else an
+    /// internal error, nothing written), finished.
+    pub fn deliver(
+        mut self,
+        values: impl ExactSizeIterator<Item = T>,
+    ) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+        let o = self.slice()?;
+        if values.len() != o.len() {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "internal error: the core gave {} values for an output of {} (please report)",
+                values.len(),
+                o.len()
+            )));
+        }
+        o.iter_mut().zip(values).for_each(|(d, v)| *d = v);
+        Ok(self.finish())
+    }
+
     /// The array, its NaNs canonical ([`OutElement`]), its borrow released.
     pub fn finish(mut self) -> Bound<'py, PyArrayDyn<T>> {
         // An output is C-contiguous (a new array, or a caller's buffer

@@ -166,6 +166,11 @@ impl PyGlobalSlots {
     ///     per ``req_ids`` entry; with DCP the ranks' rows side by side (``width`` a multiple
     ///     of ``dcp_size``). Any CPU DLPack tensor too.
     ///
+    /// out : ndarray of int64, [n_rows, width], optional
+    ///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+    ///     aligned, native byte order, not overlapping ``rows`` (else refused, nothing
+    ///     written).
+    ///
     /// Returns
     /// -------
     /// ndarray of int64, [n_rows, width]
@@ -178,10 +183,17 @@ impl PyGlobalSlots {
     ///     value outside int64, ``rows``' width is no multiple of ``dcp_size``, ``req_ids`` (or
     ///     ``prefill_req_ids``) does not have one entry per row, an entry of ``req_ids`` names
     ///     no request of ``block_table`` (or of ``prefill_req_ids`` no entry of
-    ///     ``workspace_starts``), or a tensor is not on the CPU.
+    ///     ``workspace_starts``), a tensor is not on the CPU, or ``out`` is refused (its
+    ///     shape, layout, read-only, or overlapping ``rows``).
     /// TypeError
-    ///     when ``rows`` holds no integers.
-    fn positions<'py>(&self, py: Python<'py>, rows: &Obj<'py>) -> PyResult<Bound<'py, PyAny>> {
+    ///     when ``rows`` holds no integers, or ``out`` is not an int64 ndarray.
+    #[pyo3(signature = (rows, *, out=None))]
+    fn positions<'py>(
+        &self,
+        py: Python<'py>,
+        rows: &Obj<'py>,
+        out: Opt<'_, 'py>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let r = S.input::<i64, 2>(rows, "rows", "[n_rows, width]")?;
         let [n, w] = r.shape;
         let map = self.map();
@@ -194,16 +206,15 @@ impl PyGlobalSlots {
             );
             return Err(refuse(S, "rows", msg));
         }
+        let mut positions = S.output::<i64>(py, out, &[n, w], &[r.untyped()])?;
         let raw = r.slice()?;
         let inverse = map.inverse();
-        let mut out = Vec::with_capacity(n * w);
         let mut row = Vec::with_capacity(w);
-        for i in 0..n {
+        for (i, dst) in positions.slice()?.chunks_exact_mut(w.max(1)).enumerate().take(n) {
             inverse.to_relative(i, &raw[i * w..(i + 1) * w], &mut row);
-            out.extend(row.iter().map(|&x| x.max(-1)));
+            dst.iter_mut().zip(&row).for_each(|(d, &x)| *d = x.max(-1));
         }
-        let flat = numpy::PyArray1::from_vec(py, out);
-        flat.call_method1("reshape", ((n, w),))
+        Ok(positions.finish().into_any())
     }
 
     fn __repr__(&self) -> String {

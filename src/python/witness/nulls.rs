@@ -4,10 +4,10 @@
 //! Reads `context_len`, the budget and a seed. The rule: every count fits
 //! int32, and a null is reproducible from its seed.
 
-use numpy::PyArray1;
+use numpy::PyArrayDyn;
 use pyo3::prelude::*;
 
-use crate::python::args::{detach, Obj, I32_MAX, W};
+use crate::python::args::{detach, Obj, Opt, I32_MAX, W};
 use crate::witness;
 
 /// The random null: ``min(budget, context_len)`` tokens drawn uniformly.
@@ -23,6 +23,9 @@ use crate::witness;
 ///     How many tokens to draw, 0 to 2**64 - 1 (capped at ``L``).
 /// seed : int
 ///     The seed, 0 to 2**64 - 1.
+/// out : ndarray of int32, [min(budget, context_len)], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -34,22 +37,27 @@ use crate::witness;
 /// WitnessError
 ///     (a ValueError; ``.argument`` names the argument) when ``context_len`` is above
 ///     2**31 - 1, or an argument is negative or above 2**64 - 1.
+///     Also when ``out`` is refused (its shape, layout or read-only).
 /// TypeError
 ///     when an argument is not an integer (a float, ``np.float64``, a string).
+///     Also when ``out`` is not an int32 ndarray.
 #[pyfunction]
+#[pyo3(signature = (context_len, budget, seed, *, out=None))]
 pub(super) fn random_null<'py>(
     py: Python<'py>,
     context_len: &Obj<'py>,
     budget: &Obj<'py>,
     seed: &Obj<'py>,
-) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    out: Opt<'_, 'py>,
+) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
     let len = W.count(context_len, "context_len", I32_MAX)?;
     let budget = W.count(budget, "budget", u64::MAX)?;
     let seed = W.count(seed, "seed", u64::MAX)? as u64;
+    let out = W.output(py, out, &[budget.min(len)], &[])?;
     let v = detach(py, budget.min(len), || {
         witness::random_null(len, budget, seed)
     });
-    Ok(PyArray1::from_vec(py, v))
+    out.deliver(v.into_iter())
 }
 
 /// The locality null: the ``min(budget, context_len)`` most recent tokens.
@@ -63,6 +71,9 @@ pub(super) fn random_null<'py>(
 ///     The row's length ``L``, 0 to 2**31 - 1.
 /// budget : int
 ///     How many tokens to keep, 0 to 2**64 - 1 (capped at ``L``).
+/// out : ndarray of int32, [min(budget, context_len)], optional
+///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
+///     aligned, native byte order (else refused, nothing written).
 ///
 /// Returns
 /// -------
@@ -74,15 +85,20 @@ pub(super) fn random_null<'py>(
 /// WitnessError
 ///     (a ValueError; ``.argument`` names the argument) when ``context_len`` is above
 ///     2**31 - 1, or an argument is negative or above 2**64 - 1.
+///     Also when ``out`` is refused (its shape, layout or read-only).
 /// TypeError
 ///     when an argument is not an integer (a string, a float).
+///     Also when ``out`` is not an int32 ndarray.
 #[pyfunction]
+#[pyo3(signature = (context_len, budget, *, out=None))]
 pub(super) fn locality_null<'py>(
     py: Python<'py>,
     context_len: &Obj<'py>,
     budget: &Obj<'py>,
-) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    out: Opt<'_, 'py>,
+) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
     let len = W.count(context_len, "context_len", I32_MAX)?;
     let budget = W.count(budget, "budget", u64::MAX)?;
-    Ok(PyArray1::from_vec(py, witness::locality_null(len, budget)))
+    let out = W.output(py, out, &[budget.min(len)], &[])?;
+    out.deliver(witness::locality_null(len, budget).into_iter())
 }
