@@ -190,6 +190,24 @@ def _prefix_args():
     return [rng.standard_normal((12, 2, 8)).astype(np.float32), rng.standard_normal((12, 8)).astype(np.float32)]
 
 
+def _infllm_packed_args():
+    # Two sequences of 1,024 and 512 tokens (63 and 31 compressed keys), one and two
+    # queries: the shorter sequence's block scores end in NaN padding.
+    rng = np.random.default_rng(SEED + 17)
+    q = rng.standard_normal((3, 4, 8)).astype(np.float32)
+    ck = rng.standard_normal((94, 2, 8)).astype(np.float32)
+    return [q, ck, np.array([1024, 512], np.int64), np.array([0, 1, 3], np.int64), np.array([0, 63, 94], np.int64)]
+
+
+def _infllm_paged2_args():
+    # The same two sequences' compressed keys in pages of 9 (7 and 4 pages).
+    q, ck, lens, _, _ = _infllm_packed_args()
+    cache = np.zeros((11, 9, 16), np.float32)
+    cache.reshape(-1, 16)[:94] = ck.reshape(94, 16)
+    table = np.array([[0, 1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 0, 0, 0]], np.int32)
+    return [q[1:], cache, table, lens]
+
+
 SPECS = [
     OutSpec(
         "attention_probabilities",
@@ -484,6 +502,54 @@ SPECS = [
         lambda: [np.array([[12, 5, -1, -7], [8, 15, 4, 13]], np.int64)],
         lambda m, a, **b: m.GlobalSlots(np.array([[3, 1]], np.int32), [0, 0], 4).positions(*a, **b),
         {"out": ((2, 4), np.int64, None)},
+    ),
+    OutSpec(
+        "nsa_block_scores-packed",
+        "selection",
+        _nsa_packed_args,
+        lambda m, a, **b: m.nsa_block_scores(a[0], a[1], block_size=4, cu_seqlens=a[2], cu_seqlens_q=a[3], **b),
+        {"out": ((3, 2, 3), np.float32, None)},
+    ),
+    OutSpec(
+        "nsa_block_scores_compressed-packed",
+        "selection",
+        _nsa_compressed_packed_args,
+        lambda m, a, **b: m.nsa_block_scores_compressed(
+            a[0], a[1], a[2], block_size=4, cu_seqlens_q=a[3], cu_seqlens_k=a[4], **b
+        ),
+        {"out": ((3, 2, 3), np.float32, None)},
+    ),
+    OutSpec(
+        "infllm_block_scores-packed",
+        "selection",
+        _infllm_packed_args,
+        lambda m, a, **b: m.infllm_block_scores(
+            a[0], a[1], a[2], local_blocks=2, cu_seqlens_q=a[3], cu_seqlens_k=a[4], **b
+        ),
+        {"out": ((3, 2, 16), np.float32, None)},
+    ),
+    OutSpec(
+        "infllm_select-packed",
+        "selection",
+        _infllm_packed_args,
+        lambda m, a, **b: m.infllm_select(
+            a[0], a[1], a[2], 4, local_blocks=2, cu_seqlens_q=a[3], cu_seqlens_k=a[4], **b
+        ),
+        {"out": ((3, 2, 4), np.int32, None)},
+    ),
+    OutSpec(
+        "infllm_block_scores_paged-two",
+        "selection",
+        _infllm_paged2_args,
+        lambda m, a, **b: m.infllm_block_scores_paged(*a, 2, local_blocks=2, **b),
+        {"out": ((2, 2, 16), np.float32, None)},
+    ),
+    OutSpec(
+        "infllm_select_paged-two",
+        "selection",
+        _infllm_paged2_args,
+        lambda m, a, **b: m.infllm_select_paged(*a, 2, 4, local_blocks=2, **b),
+        {"out": ((2, 2, 4), np.int32, None)},
     ),
     OutSpec(
         "infllm_select_paged",
