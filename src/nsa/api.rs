@@ -1747,50 +1747,44 @@ pub(super) fn block_scores_compressed_at(
         checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
         || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
     )?;
-    block_scores_compressed_checked(isa, &checked, q, ck, ck_scale, heads, (cfg, window), out);
+    let cw = (cfg, window);
+    compressed_rows(
+        isa,
+        &checked,
+        q,
+        (ck, ck_scale),
+        heads,
+        cw,
+        out,
+        nb,
+        score_row,
+    );
     Ok(())
 }
 
-/// [`block_scores_compressed_at`]'s rows once [`check_compressed`] has
-/// passed (`checked` its result) and `out` is `[n_q, n_kv_heads, n_blocks]`:
-/// nothing here refuses.
+/// A call's rows on given compressed keys once [`check_compressed`] has
+/// passed (`checked` its result) and `out` holds `width` a row: bfloat16
+/// compressed keys without scales read in place, others as float32 (times
+/// their scales), each row written by `f` ([`score_row`]: the block scores;
+/// [`SelectRows`]: the selection). Nothing here refuses.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn block_scores_compressed_checked(
+pub(super) fn compressed_rows<T: Send, F: RowOut<T>>(
     isa: Isa,
     (sh, n_c): &CompressedCall,
     q: Encoded<'_>,
-    ck: Encoded<'_>,
-    ck_scale: Option<&[f32]>,
+    (ck, ck_scale): (Encoded<'_>, Option<&[f32]>),
     heads: Heads,
     (cfg, window): (&Config, Window),
-    out: &mut [f32],
+    out: &mut [T],
+    width: usize,
+    f: F,
 ) {
-    let (n_c, nb) = (*n_c, cfg.n_blocks(sh.seq_len));
+    let cw = (cfg, window);
     if let (Encoded::Bf16(v), None) = (ck, ck_scale) {
-        stage(
-            isa,
-            sh,
-            q,
-            Keys::Bf16(v),
-            n_c,
-            (cfg, window),
-            out,
-            nb,
-            score_row,
-        );
+        stage(isa, sh, q, Keys::Bf16(v), *n_c, cw, out, width, f);
     } else {
         with_compressed(ck, ck_scale, heads.n_kv_heads * heads.d, |ckv| {
-            stage(
-                isa,
-                sh,
-                q,
-                Keys::F32(ckv),
-                n_c,
-                (cfg, window),
-                out,
-                nb,
-                score_row,
-            )
+            stage(isa, sh, q, Keys::F32(ckv), *n_c, cw, out, width, f)
         });
     }
 }
@@ -1844,50 +1838,17 @@ pub(super) fn select_compressed_at(
         checked_size("out", &[sh.n_q, sh.n_kv, w])?,
         || format!("[n_q={}, n_kv_heads={}, block_counts={w}]", sh.n_q, sh.n_kv),
     )?;
-    select_compressed_checked(isa, &checked, q, ck, ck_scale, heads, (cfg, window), out);
+    let cw = (cfg, window);
+    compressed_rows(
+        isa,
+        &checked,
+        q,
+        (ck, ck_scale),
+        heads,
+        cw,
+        out,
+        w,
+        SelectRows,
+    );
     Ok(())
-}
-
-/// [`select_compressed_at`]'s rows once [`check_block_counts`] and
-/// [`check_compressed`] have passed (`checked` its result) and `out` is
-/// `[n_q, n_kv_heads, block_counts]`: nothing here refuses.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn select_compressed_checked(
-    isa: Isa,
-    (sh, n_c): &CompressedCall,
-    q: Encoded<'_>,
-    ck: Encoded<'_>,
-    ck_scale: Option<&[f32]>,
-    heads: Heads,
-    (cfg, window): (&Config, Window),
-    out: &mut [i32],
-) {
-    let (n_c, w) = (*n_c, cfg.block_counts);
-    if let (Encoded::Bf16(v), None) = (ck, ck_scale) {
-        stage(
-            isa,
-            sh,
-            q,
-            Keys::Bf16(v),
-            n_c,
-            (cfg, window),
-            out,
-            w,
-            SelectRows,
-        );
-    } else {
-        with_compressed(ck, ck_scale, heads.n_kv_heads * heads.d, |ckv| {
-            stage(
-                isa,
-                sh,
-                q,
-                Keys::F32(ckv),
-                n_c,
-                (cfg, window),
-                out,
-                w,
-                SelectRows,
-            )
-        });
-    }
 }

@@ -14,8 +14,8 @@
 //! keys sliced off by one (its softmax would read its neighbour's).
 
 use super::api::{
-    block_scores_compressed_checked, check_block_counts, check_compressed, check_heads, check_out,
-    check_sizes, select_compressed_checked, CompressedCall,
+    check_block_counts, check_compressed, check_heads, check_out, check_sizes, compressed_rows,
+    score_row, CompressedCall, SelectRows,
 };
 use super::{Config, Window};
 use crate::error::{checked_size, ArgumentError};
@@ -105,7 +105,17 @@ pub fn block_scores_compressed_packed_into(
         part.resize(s.n_q * n_kv_heads * snb, 0.0f32);
         let (qs, cs, sc) = slices(s);
         let cw = (cfg, window);
-        block_scores_compressed_checked(isa, call, qs, cs, sc, heads, cw, &mut part);
+        compressed_rows(
+            isa,
+            call,
+            qs,
+            (cs, sc),
+            heads,
+            cw,
+            &mut part,
+            snb,
+            score_row,
+        );
         let rows = &mut out[s.q0 * n_kv_heads * nb..(s.q0 + s.n_q) * n_kv_heads * nb];
         for (o, p) in rows
             .chunks_exact_mut(nb.max(1))
@@ -160,7 +170,17 @@ pub fn select_compressed_packed_into(
         let (qs, cs, sc) = slices(s);
         let rows = &mut out[s.q0 * n_kv_heads * w..(s.q0 + s.n_q) * n_kv_heads * w];
         let cw = (cfg, window);
-        select_compressed_checked(Isa::best(), call, qs, cs, sc, heads, cw, rows);
+        compressed_rows(
+            Isa::best(),
+            call,
+            qs,
+            (cs, sc),
+            heads,
+            cw,
+            rows,
+            w,
+            SelectRows,
+        );
     }
     Ok(())
 }
