@@ -1739,26 +1739,44 @@ pub(super) fn block_scores_compressed_at(
     (cfg, window): (&Config, Window),
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    let checked = check_compressed(q.len(), ck.len(), ck_scale, heads, seq_len, (cfg, window))?;
-    let nb = cfg.n_blocks(seq_len);
-    let (sh, _) = &checked;
-    check_out(
-        out.len(),
-        checked_size("out", &[sh.n_q, sh.n_kv, nb])?,
-        || format!("[n_q={}, n_kv_heads={}, n_blocks={nb}]", sh.n_q, sh.n_kv),
-    )?;
-    let cw = (cfg, window);
-    compressed_rows(
+    let (nb, cw) = (cfg.n_blocks(seq_len), (cfg, window));
+    let keys = (ck, ck_scale);
+    compressed_call(
         isa,
-        &checked,
         q,
-        (ck, ck_scale),
+        keys,
         heads,
+        seq_len,
         cw,
         out,
-        nb,
+        (nb, "n_blocks"),
         score_row,
-    );
+    )
+}
+
+/// A call on given compressed keys: [`check_compressed`], `out` exactly
+/// `[n_q, n_kv_heads, width]` (`width` named `what` in the refusal), then
+/// [`compressed_rows`].
+#[allow(clippy::too_many_arguments)]
+fn compressed_call<T: Send, F: RowOut<T>>(
+    isa: Isa,
+    q: Encoded<'_>,
+    (ck, ck_scale): (Encoded<'_>, Option<&[f32]>),
+    heads: Heads,
+    seq_len: usize,
+    cw: (&Config, Window),
+    out: &mut [T],
+    (width, what): (usize, &str),
+    f: F,
+) -> Result<(), ArgumentError> {
+    let checked = check_compressed(q.len(), ck.len(), ck_scale, heads, seq_len, cw)?;
+    let sh = &checked.0;
+    check_out(
+        out.len(),
+        checked_size("out", &[sh.n_q, sh.n_kv, width])?,
+        || format!("[n_q={}, n_kv_heads={}, {what}={width}]", sh.n_q, sh.n_kv),
+    )?;
+    compressed_rows(isa, &checked, q, (ck, ck_scale), heads, cw, out, width, f);
     Ok(())
 }
 
@@ -1831,24 +1849,17 @@ pub(super) fn select_compressed_at(
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
     check_block_counts(cfg)?;
-    let checked = check_compressed(q.len(), ck.len(), ck_scale, heads, seq_len, (cfg, window))?;
-    let (sh, w) = (&checked.0, cfg.block_counts);
-    check_out(
-        out.len(),
-        checked_size("out", &[sh.n_q, sh.n_kv, w])?,
-        || format!("[n_q={}, n_kv_heads={}, block_counts={w}]", sh.n_q, sh.n_kv),
-    )?;
-    let cw = (cfg, window);
-    compressed_rows(
+    let (w, cw) = (cfg.block_counts, (cfg, window));
+    let keys = (ck, ck_scale);
+    compressed_call(
         isa,
-        &checked,
         q,
-        (ck, ck_scale),
+        keys,
         heads,
+        seq_len,
         cw,
         out,
-        w,
+        (w, "block_counts"),
         SelectRows,
-    );
-    Ok(())
+    )
 }
