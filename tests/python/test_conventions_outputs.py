@@ -847,6 +847,23 @@ def test_a_tuple_out_sharing_an_inputs_or_another_buffers_memory_is_refused(spec
                 assert e.value.argument == "out" and _bits(first) == before
 
 
+def test_a_tuple_out_of_dlpack_tensors_is_checked_buffer_against_buffer():
+    # Each buffer is checked as the array it is read as (a DLPack tensor's view), so
+    # two tensors over one buffer are refused as two ndarrays would be.
+    from dlpack_producers import NumpyExport
+
+    keys = np.random.default_rng(SEED + 18).standard_normal((40, 2, 8)).astype(np.float32)
+    lo, hi = ks.quest_bounds(keys, 8)
+    shared = _sentinel(lo.shape, np.float32)
+    before = _bits(shared)
+    with pytest.raises(ks.SelectionError, match="overlaps") as e:
+        ks.quest_bounds(keys, 8, out=(NumpyExport(shared), NumpyExport(shared)))
+    assert e.value.argument == "out" and _bits(shared) == before
+    a, b = _sentinel(lo.shape, np.float32), _sentinel(hi.shape, np.float32)
+    ks.quest_bounds(keys, 8, out=(NumpyExport(a), NumpyExport(b)))
+    assert _bits(a) == _bits(lo) and _bits(b) == _bits(hi)
+
+
 # A setting the rule refuses, with an ``out`` of the valid call's shape: the refusal names
 # the setting (not ``out``, whose expected shape the bad setting would change), and ``out``
 # and the inputs stay as they were. (spec id, the call with the bad setting, its name.)

@@ -249,15 +249,20 @@ def _args():
         (lambda q, ck, n: (q, ck, n, {"init_blocks": -1}), "init_blocks"),
         (lambda q, ck, n: (q, ck, n, {"block_size": 60}), "block_size"),
         (lambda q, ck, n: (q, ck, n, {"kernel_stride": 0}), "kernel_stride"),
+        (lambda q, ck, n: (q, ck, n, {"block_size": 0}), "block_size"),
     ],
 )
 def test_refusals_name_the_argument(change, argument):
     q, ck, n = _args()
     q2, ck2, n2, kw = change(q, ck, n)
     before = (q.copy(), ck.copy())
-    with pytest.raises(ks.SelectionError, match=argument) as e:
-        ks.infllm_select(q2, ck2, n2, **kw)
-    assert e.value.argument == argument
+    # The block scores take every argument but topk and keep (a zero block_size once
+    # divided by zero there, sizing the output).
+    calls = [ks.infllm_select] + ([] if {"topk", "keep"} & set(kw) else [ks.infllm_block_scores])
+    for fn in calls:
+        with pytest.raises(ks.SelectionError, match=argument) as e:
+            fn(q2, ck2, n2, **kw)
+        assert e.value.argument == argument, fn.__name__
     with pytest.raises(ValueError, match=argument):
         RI.infllm_select(q2, ck2, n2, **kw)
     assert np.array_equal(q, before[0]) and np.array_equal(ck, before[1])

@@ -125,6 +125,10 @@ def test_refusals_name_the_argument_and_change_nothing(kwargs, argument):
         with pytest.raises(ks.SelectionError, match=argument) as e:
             fn(q, k, **kwargs)
         assert e.value.argument == argument
+    if "cu_seqlens" not in kwargs:  # the keys' compression alone (a zero stride once divided by zero)
+        with pytest.raises(ks.SelectionError, match=argument) as e:
+            ks.nsa_compress_keys(k, **kwargs)
+        assert e.value.argument == argument
     with pytest.raises(ValueError, match=argument):
         RN.nsa_select(q, k, **kwargs)
     assert np.array_equal(q, before[0]) and np.array_equal(k, before[1])

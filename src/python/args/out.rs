@@ -265,14 +265,15 @@ impl Domain {
                         )));
                     }
                 };
-                let mut seen = inputs.to_vec();
-                let arrays: Vec<_> = bufs
-                    .iter()
-                    .map(|b| b.cast::<PyUntypedArray>().ok())
-                    .collect();
-                for (i, (b, shape)) in bufs.iter().zip(shapes).enumerate() {
-                    outs.push(self.buffer::<T>(b, "out", shape, &seen)?);
-                    seen.extend(arrays[i].as_ref());
+                // Each buffer as checked (a DLPack tensor's ndarray view, not
+                // the object passed), against the inputs and those before it.
+                let mut seen: Vec<Bound<'py, PyUntypedArray>> =
+                    inputs.iter().map(|&a| a.clone()).collect();
+                for (b, shape) in bufs.iter().zip(shapes) {
+                    let refs: Vec<&Bound<'py, PyUntypedArray>> = seen.iter().collect();
+                    let buf = self.buffer::<T>(b, "out", shape, &refs)?;
+                    seen.push(buf.untyped().clone());
+                    outs.push(buf);
                 }
             }
         }

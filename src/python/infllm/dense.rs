@@ -61,6 +61,9 @@ fn call<'py>(
         return Err(refuse(S, "ck", format!("ck has d={dk} but q has d={d}")));
     }
     let cfg = config(options, scale, d)?;
+    // The output's width divides by `block_size` (and its window by the
+    // kernel's stride): refused here, before anything is sized by them.
+    cfg.geometry.check()?;
     let ck_scale = match ck_scale {
         Some(o) => Some(S.input::<f32, 1>(o, "ck_scale", "[n_c]")?),
         None => None,

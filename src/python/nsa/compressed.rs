@@ -105,6 +105,9 @@ pub(super) fn nsa_compress_keys<'py>(
         Some(o) => Some(S.input::<f32, 1>(o, "k_scale", "[seq_len]")?),
         None => None,
     };
+    // The window's stride divides the length: refused here (`window`,
+    // `kernel_stride`) before the output is sized by it.
+    w.check(bs)?;
     let n_c = w.geometry(bs).compressed_len(seq_len);
     let mut inputs = vec![ke.untyped()];
     inputs.extend(k_scale.as_ref().map(|s| s.untyped()));
