@@ -352,15 +352,18 @@ pub fn snapkv_scores_at(
     for h in 0..g {
         let src = &per_head[h * keys..][..keys];
         for (j, o) in pooled[h * keys..][..keys].iter_mut().enumerate() {
+            // The padded row's entries `j + tap` inside the row only: the
+            // zero padding's exact zeros, added to a sum of non-negative
+            // values from +0.0 as the twin's padded sum adds them, change
+            // no bit, and a kernel far wider than the row then costs the
+            // row, not the kernel (`kernel = 2**40` had run for hours).
+            let (lo, hi) = (
+                half.saturating_sub(j),
+                kernel.min((keys + half).saturating_sub(j)),
+            );
             let mut a = 0.0f64;
-            for tap in 0..kernel {
-                // The padded row's entry `j + tap`: the zero padding adds
-                // its exact 0, as the twin's padded sum does.
-                a += (j + tap)
-                    .checked_sub(half)
-                    .and_then(|i| src.get(i))
-                    .copied()
-                    .unwrap_or(0.0);
+            for tap in lo..hi {
+                a += src[j + tap - half];
             }
             *o = a / kernel as f64;
         }

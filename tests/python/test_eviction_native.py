@@ -81,6 +81,18 @@ def test_the_native_selection_equals_the_twin_bit_for_bit():
             _same(got[name], want[name], (i, name))
 
 
+def test_snapkv_pooling_of_any_width_equals_the_twin_bit_for_bit():
+    # Kernels from 1 tap to far wider than the pooled row (its taps in the zero
+    # padding add exact zeros): the same bits as the twin's padded sum.
+    rng = np.random.default_rng(45)
+    for i in range(300):
+        q, k, _, window, scale = _case(rng, i)
+        keys = len(k) - window
+        kernel = int(rng.integers(1, 2 * keys + 8)) if i % 10 else 100_001
+        got = ks.snapkv_scores(q, k, window=window, kernel=kernel, scale=scale)
+        _same(got, ref.snapkv_scores(q, k, scale, window=window, kernel=kernel), (i, kernel))
+
+
 def test_large_prefixes_equal_the_twin_and_every_thread_count():
     rng = np.random.default_rng(45)
     q, k = _large(rng, p_len=300, group=2, d=37)
