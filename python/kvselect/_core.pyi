@@ -2102,7 +2102,6 @@ class GlobalSlots:
             Global slot ids, int32 or int64 (any integer dtype whose values fit int64), one row
             per ``req_ids`` entry; with DCP the ranks' rows side by side (``width`` a multiple
             of ``dcp_size``). Any CPU DLPack tensor too.
-
         out : ndarray of int64, [n_rows, width], optional
             ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
             aligned, native byte order, not overlapping ``rows`` (else refused, nothing
@@ -3241,7 +3240,7 @@ def vslash_rows(
         when a set is not 2-D of ``n_heads`` non-empty rows or holds an id outside
         ``[0, L)`` (``vertical``, ``slash``), or a position is outside it
         (``positions``).
-        Also when ``out`` is refused (its shapes, layout, read-only, or overlapping).
+        Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
     TypeError
         when ``out`` is not an int32 ndarray.
 
@@ -3460,9 +3459,10 @@ def infllm_block_scores(
         source's ``cache_lens[s]`` is ``seq_len[s]`` minus them) and compressed keys
         ``cu_seqlens_k[s] .. cu_seqlens_k[s + 1]`` of ``ck`` (its tokens' compressed keys).
         Each row equals the dense call's on its own sequence. Both or neither.
-    out : ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / 64)], optional
-        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
-        aligned, native byte order, not overlapping any input (else refused, nothing written).
+    out : ndarray of float32, optional
+        ``out=`` reuses a buffer of the shape returned (below, packed or not): written in
+        place and returned. C-contiguous, writeable, aligned, native byte order, not
+        overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -3837,9 +3837,10 @@ def nsa_block_scores(
         weighted 1, 2, 2, 2, 1 (docs/nsa.md). Dense calls only.
     kernel_size, kernel_stride : int, optional
         Eq. 9's compression (the paper's 32 and 16); ignored by ``'fla'``.
-    out : ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)], optional
-        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
-        aligned, native byte order, not overlapping any input (else refused, nothing written).
+    out : ndarray of float32, optional
+        ``out=`` reuses a buffer of the shape returned (below, packed or not): written in
+        place and returned. C-contiguous, writeable, aligned, native byte order, not
+        overlapping any input (else refused, nothing written).
 
     Returns
     -------
@@ -4073,9 +4074,10 @@ def nsa_block_scores_compressed(
         keys ``cu_seqlens_k[s] .. cu_seqlens_k[s + 1]`` of ``ck`` (exactly its tokens'
         compressed keys). Each row equals the dense call's on its own sequence. Both or
         neither.
-    out : ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)], optional
-        ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
-        aligned, native byte order, not overlapping any input (else refused, nothing written).
+    out : ndarray of float32, optional
+        ``out=`` reuses a buffer of the shape returned (below, packed or not): written in
+        place and returned. C-contiguous, writeable, aligned, native byte order, not
+        overlapping any input (else refused, nothing written).
 
     Returns
     -------

@@ -291,7 +291,7 @@ fn sets<'py>(
 ///     when a set is not 2-D of ``n_heads`` non-empty rows or holds an id outside
 ///     ``[0, L)`` (``vertical``, ``slash``), or a position is outside it
 ///     (``positions``).
-///     Also when ``out`` is refused (its shapes, layout, read-only, or overlapping).
+///     Also when ``out`` is refused (its shape, layout, read-only, or overlapping an input).
 /// TypeError
 ///     when ``out`` is not an int32 ndarray.
 ///

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any, Callable
 
 import numpy as np
@@ -551,6 +552,44 @@ SPECS = [
         lambda m, a, **b: m.infllm_select_paged(*a, 2, 4, local_blocks=2, **b),
         {"out": ((2, 2, 4), np.int32, None)},
     ),
+    # Rows that end in -1 padding: MoBA's efficient topk = 1 (every block a query
+    # sees, as wide as the most), Quest's sequences with fewer pages than the width.
+    OutSpec(
+        "moba_select-topk1",
+        "selection",
+        _moba_args,
+        lambda m, a, **b: m.moba_select(*a, 1, 2, **b),
+        {"out": ((3, 4, 5), np.int32, None)},
+    ),
+    OutSpec(
+        "quest_select-batch-wide",
+        "selection",
+        _quest_batch_args,
+        lambda m, a, **b: m.quest_select(*a, 3, 8, **b),
+        {"out": ((2, 4, 3), np.int32, None)},
+    ),
+    OutSpec(
+        "quest_select-batch-sglang",
+        "selection",
+        _quest_batch_args,
+        lambda m, a, **b: m.quest_select(*a, 2, 8, variant="sglang", **b),
+        {"out": ((2, 1, 5), np.int32, None)},
+    ),
+    OutSpec(
+        "quest_select-batch-eval",
+        "selection",
+        _quest_batch_args,
+        lambda m, a, **b: m.quest_select(*a, 2, 8, variant="eval", **b),
+        {"out": ((2, 4, 3), np.int32, None)},
+    ),
+    OutSpec(
+        "nsa_compress_keys-eq9",
+        "selection",
+        lambda: [np.random.default_rng(SEED + 19).standard_normal((100, 2, 4)).astype(np.float32)],
+        lambda m, a, **b: m.nsa_compress_keys(*a, window="eq9", **b),
+        {"out": ((5, 2, 4), np.float32, None)},
+        impls=("native",),  # the twin compresses fla's window only
+    ),
     OutSpec(
         "infllm_select_paged",
         "selection",
@@ -835,16 +874,17 @@ def test_a_tuple_out_sharing_an_inputs_or_another_buffers_memory_is_refused(spec
                 spec.call(args, out=tuple(bufs))
             assert e.value.argument == "out", (i, j, str(e.value))
             assert (_snapshot(args), [_bits(b) for b in bufs]) == before
-        if j:  # buffer j over buffer 0's memory
-            first = _sentinel(spec.shapes[0], spec.dtype)
-            size = int(np.prod(shape)) * np.dtype(spec.dtype).itemsize
-            if size <= first.nbytes:
-                bufs = [first] + [_sentinel(s, spec.dtype) for s in spec.shapes[1:]]
-                bufs[j] = first.reshape(-1).view(np.uint8)[:size].view(spec.dtype).reshape(shape)
-                before = _bits(first)
-                with pytest.raises(ks.SelectionError, match="overlaps") as e:
-                    spec.call(spec.args(), out=tuple(bufs))
-                assert e.value.argument == "out" and _bits(first) == before
+    # Every pair of buffers, the smaller over the larger's memory.
+    for i, j in itertools.combinations(range(len(spec.shapes)), 2):
+        sizes = [int(np.prod(spec.shapes[x])) for x in (i, j)]
+        big, small = (i, j) if sizes[0] >= sizes[1] else (j, i)
+        bufs = [_sentinel(s, spec.dtype) for s in spec.shapes]
+        n = int(np.prod(spec.shapes[small]))
+        bufs[small] = bufs[big].reshape(-1)[:n].reshape(spec.shapes[small])
+        before = [_bits(b) for b in bufs]
+        with pytest.raises(ks.SelectionError, match="overlaps") as e:
+            spec.call(spec.args(), out=tuple(bufs))
+        assert e.value.argument == "out" and [_bits(b) for b in bufs] == before, (i, j)
 
 
 def test_a_tuple_out_of_dlpack_tensors_is_checked_buffer_against_buffer():
@@ -871,8 +911,10 @@ BAD_SETTINGS = [
     ("moba_gates", lambda m, a, **b: m.moba_gates(*a, 0, **b), "block_size"),
     ("moba_select", lambda m, a, **b: m.moba_select(*a, 0, 2, **b), "topk"),
     ("moba_select", lambda m, a, **b: m.moba_select(*a, 2, 0, **b), "block_size"),
+    ("moba_select-topk1", lambda m, a, **b: m.moba_select(*a, 1, 0, **b), "block_size"),
     ("moba_select_paged", lambda m, a, **b: m.moba_select_paged(*a, 2, 0, 2, **b), "topk"),
     ("moba_select_paged", lambda m, a, **b: m.moba_select_paged(*a, 2, 2, 0, **b), "block_size"),
+    ("moba_select_paged", lambda m, a, **b: m.moba_select_paged(*a, 2, 1, 0, **b), "block_size"),
     ("nsa_compress_keys", lambda m, a, **b: m.nsa_compress_keys(*a, block_size=0, **b), "block_size"),
     ("nsa_block_scores", lambda m, a, **b: m.nsa_block_scores(*a, block_size=0, **b), "block_size"),
     ("nsa_select", lambda m, a, **b: m.nsa_select(*a, 0, block_size=4, **b), "block_counts"),

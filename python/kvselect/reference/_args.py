@@ -291,10 +291,11 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _takes_out(dtype: Any, domain: str = _SELECTION) -> Callable[[_F], _F]:
-    """A twin given ``out=`` as its native function is (docs/conventions.md): the
-    result computed as without it, then ``out`` checked by :func:`_output` against
-    the result's shape and every array argument (a refused ``out`` is left as it
-    was, refused as ``domain``'s error), written, and returned. The twin's signature gains ``out=None``,
+    """A twin given ``out=`` as its native function is (docs/conventions.md): ``out``'s
+    type, layout and overlap with every array argument checked first, then the
+    result computed as without it, ``out``'s shape checked against it (a refused
+    ``out`` is left as it was, refused as ``domain``'s error), written, and
+    returned. The twin's signature and annotations gain ``out=None``,
     keyword-only, last (before ``**kw``)."""
 
     def wrap(f: _F) -> _F:
@@ -303,15 +304,22 @@ def _takes_out(dtype: Any, domain: str = _SELECTION) -> Callable[[_F], _F]:
 
         @functools.wraps(f)
         def call(*args: Any, out: Any = None, **kwargs: Any) -> Any:
-            result = f(*args, **kwargs)
             if out is None:
-                return result
+                return f(*args, **kwargs)
+            # What natively is checked before the rule's own refusals: the
+            # buffer's type, layout and overlap; its shape once the result
+            # has one.
             arrays = tuple(a for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray))
+            _inplace_i32("out", out, np.ndim(out), domain, dtype)
+            if any(np.may_share_memory(out, a) for a in arrays):
+                raise _refuse(domain, "out", "out overlaps another argument's memory")
+            result = f(*args, **kwargs)
             return _deliver(result, _output(out, result.shape, domain, dtype, arrays))
 
         params = list(sig.parameters.values())
         at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
         call.__signature__ = sig.replace(parameters=[*params[:at], out_param, *params[at:]])  # type: ignore[attr-defined]
+        call.__annotations__ = {**f.__annotations__, "out": "Any"}
         return cast(_F, call)
 
     return wrap

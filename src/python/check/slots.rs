@@ -165,7 +165,6 @@ impl PyGlobalSlots {
     ///     Global slot ids, int32 or int64 (any integer dtype whose values fit int64), one row
     ///     per ``req_ids`` entry; with DCP the ranks' rows side by side (``width`` a multiple
     ///     of ``dcp_size``). Any CPU DLPack tensor too.
-    ///
     /// out : ndarray of int64, [n_rows, width], optional
     ///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
     ///     aligned, native byte order, not overlapping ``rows`` (else refused, nothing

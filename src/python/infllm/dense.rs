@@ -162,9 +162,10 @@ impl<'py> Call<'py> {
 ///     source's ``cache_lens[s]`` is ``seq_len[s]`` minus them) and compressed keys
 ///     ``cu_seqlens_k[s] .. cu_seqlens_k[s + 1]`` of ``ck`` (its tokens' compressed keys).
 ///     Each row equals the dense call's on its own sequence. Both or neither.
-/// out : ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / 64)], optional
-///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
-///     aligned, native byte order, not overlapping any input (else refused, nothing written).
+/// out : ndarray of float32, optional
+///     ``out=`` reuses a buffer of the shape returned (below, packed or not): written in
+///     place and returned. C-contiguous, writeable, aligned, native byte order, not
+///     overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------

@@ -164,9 +164,10 @@ impl<'py> Call<'py> {
 ///     weighted 1, 2, 2, 2, 1 (docs/nsa.md). Dense calls only.
 /// kernel_size, kernel_stride : int, optional
 ///     Eq. 9's compression (the paper's 32 and 16); ignored by ``'fla'``.
-/// out : ndarray of float32, [n_q, n_kv_heads, ceil(seq_len / block_size)], optional
-///     ``out=`` reuses a buffer: written in place and returned. C-contiguous, writeable,
-///     aligned, native byte order, not overlapping any input (else refused, nothing written).
+/// out : ndarray of float32, optional
+///     ``out=`` reuses a buffer of the shape returned (below, packed or not): written in
+///     place and returned. C-contiguous, writeable, aligned, native byte order, not
+///     overlapping any input (else refused, nothing written).
 ///
 /// Returns
 /// -------
