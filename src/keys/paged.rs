@@ -232,13 +232,7 @@ impl BlockTable<'_> {
             })
         };
         for (s, &len) in self.seq_lens.iter().enumerate() {
-            if len > i32::MAX as usize {
-                let message = format!(
-                    "seq_lens[{s}] = {len}: positions past {} do not fit the int32 output",
-                    i32::MAX
-                );
-                return out_of_range("seq_lens", s, message);
-            }
+            check_len_fits(s, len)?;
             let needed = len.div_ceil(block_size.max(1));
             if needed > mb {
                 let message = format!(
@@ -266,6 +260,43 @@ impl BlockTable<'_> {
     /// variant a packed batch refuses one with.
     pub fn check_seq_ids(&self, seq_ids: &[usize]) -> Result<(), ArgumentError> {
         crate::packed::check_seq_ids(seq_ids, self.n_seqs(), "seq_lens")
+    }
+}
+
+/// `seq_lens[s] = len` within an int32 position: every paged form's check
+/// of a length (its outputs hold positions as int32).
+pub(crate) fn check_len_fits(s: usize, len: usize) -> Result<(), ArgumentError> {
+    if len > i32::MAX as usize {
+        return Err(ArgumentError::OutOfRange {
+            argument: "seq_lens",
+            index: s,
+            message: format!(
+                "seq_lens[{s}] = {len}: positions past {} do not fit the int32 output",
+                i32::MAX
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The lengths of a decode step's sequences, each decoding one query at its
+/// last token: `1 ..= i32::MAX` tokens. The paged decode forms (MoBA's,
+/// NSA's, InfLLM-v2's) check them before anything else is sized by them.
+pub(crate) fn check_decode_lens(seq_lens: &[usize]) -> Result<(), ArgumentError> {
+    match seq_lens
+        .iter()
+        .position(|&l| l == 0 || l > i32::MAX as usize)
+    {
+        Some(s) => Err(ArgumentError::OutOfRange {
+            argument: "seq_lens",
+            index: s,
+            message: format!(
+                "seq_lens[{s}] = {}: a decoding query's sequence holds 1 ..= {} tokens",
+                seq_lens[s],
+                i32::MAX
+            ),
+        }),
+        None => Ok(()),
     }
 }
 
@@ -302,18 +333,9 @@ pub(crate) fn check_compressed_decode(
         });
     }
     let lens = table.seq_lens;
+    check_decode_lens(lens)?;
     let mut n_c = Vec::with_capacity(lens.len());
     for (s, &len) in lens.iter().enumerate() {
-        if len == 0 || len > i32::MAX as usize {
-            return Err(ArgumentError::OutOfRange {
-                argument: "seq_lens",
-                index: s,
-                message: format!(
-                    "seq_lens[{s}] = {len}: a decoding query's sequence holds 1 ..= {} tokens",
-                    i32::MAX
-                ),
-            });
-        }
         let c = compressed_len(len);
         let needed = c.div_ceil(cache.block_size.max(1));
         if needed > table.max_blocks {

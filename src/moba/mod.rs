@@ -787,13 +787,7 @@ pub fn select_paged_into(
     }
     let seq_lens = table.seq_lens;
     let n = seq_lens.len();
-    if let Some(s) = seq_lens.iter().position(|&l| l == 0) {
-        return Err(ArgumentError::OutOfRange {
-            argument: "seq_lens",
-            index: s,
-            message: format!("seq_lens[{s}] = 0: a decoding query has at least its own token"),
-        });
-    }
+    crate::keys::paged::check_decode_lens(seq_lens)?;
     table.check(cache.n_pages, cache.block_size)?;
     let qrow = checked_size("q", &[shape.heads.n_q_heads, shape.heads.d])?;
     check_len("q", q.len(), checked_size("q", &[n, qrow])?, || {

@@ -232,6 +232,8 @@ impl<'py> PagedDecode<'py> {
         let arrays = (kv_cache, block_table, seq_lens);
         let (paged, lens) =
             Paged::whole_sequences(py, arrays, n_kv_heads, page_layout, key_format)?;
+        // Every output is sized by the lengths: checked before one is.
+        crate::keys::paged::check_decode_lens(&lens)?;
         let (q, n_q_heads, d) =
             paged.decode_queries(lens.len(), n_kv_heads, q, query_format.format_arg())?;
         Ok(PagedDecode {
@@ -276,10 +278,10 @@ impl<'py> PagedDecode<'py> {
     }
 
     /// The most of `f(len)` over the sequences' lengths, for an output's
-    /// width (the most blocks of a sequence); 0 when a length is past an
-    /// int32 position. Every paged core refuses such a length (`seq_lens`)
-    /// before it checks `out`'s size, so no output that wide (`seq_lens =
-    /// [2**40]`: hundreds of GiB, a `MemoryError`) is allocated first.
+    /// width (the most blocks of a sequence). [`PagedDecode::read`] has
+    /// refused a length of 0 or past an int32 position (`seq_lens`), so no
+    /// output that wide (`seq_lens = [2**40]`: hundreds of GiB) is sized; 0
+    /// for such a length all the same.
     pub fn widest(&self, f: impl Fn(usize) -> usize) -> usize {
         if self.lens.iter().any(|&l| l > i32::MAX as usize) {
             return 0;

@@ -212,6 +212,10 @@ pub(super) fn quest_bounds_paged<'py>(
     let h = S.count(n_kv_heads, "n_kv_heads", I32_MAX)?;
     let arrays = (kv_cache, block_table, seq_lens);
     let (paged, lens) = Paged::whole_sequences(py, arrays, h, page_layout, key_format)?;
+    // The bounds are sized by the lengths: each checked before they are.
+    for (s, &len) in lens.iter().enumerate() {
+        crate::keys::paged::check_len_fits(s, len)?;
+    }
     let block_size = paged.block_size();
     let l = Layout::new(h, paged.d / h, block_size);
     let n_pages: usize = lens.iter().map(|&n| quest::pages_of(n, block_size)).sum();

@@ -931,6 +931,23 @@ BAD_SETTINGS = [
     ("infllm_select", lambda m, a, **b: m.infllm_select(*a, 1024, 0, local_blocks=2, **b), "topk"),
     ("infllm_select", lambda m, a, **b: m.infllm_select(*a, 0, 4, local_blocks=2, **b), "seq_len"),
     ("infllm_select_paged", lambda m, a, **b: m.infllm_select_paged(*a, 2, 0, local_blocks=2, **b), "topk"),
+    # A decode step's lengths size the paged forms' outputs: 0 or past int32, refused first.
+    *[
+        (
+            spec_id,
+            (lambda c, bad: lambda m, a, **b: c(m, [*a[:3], np.array(bad, np.int64), *a[4:]], **b))(c, bad),
+            "seq_lens",
+        )
+        for spec_id, c in [
+            ("moba_select_paged", lambda m, a, **b: m.moba_select_paged(*a, 2, 2, 2, **b)),
+            ("nsa_block_scores_paged", lambda m, a, **b: m.nsa_block_scores_paged(*a, 2, block_size=4, **b)),
+            (
+                "infllm_block_scores_paged-two",
+                lambda m, a, **b: m.infllm_block_scores_paged(*a, 2, local_blocks=2, **b),
+            ),
+        ]
+        for bad in ([2**40, 5], [0, 5])
+    ],
     ("quest_select", lambda m, a, **b: m.quest_select(*a, 40, 0, 8, **b), "page_budget"),
     ("quest_select-batch", lambda m, a, **b: m.quest_select(*a, 0, 8, **b), "page_budget"),
 ]

@@ -203,16 +203,16 @@ def moba_select(
 
 def _check_paged_rows(lens: List[int], table: np.ndarray, page: int, n_pages: int) -> None:
     """The lengths and block-table rows refused as ``moba_select_paged`` refuses them
-    (the core's ``BlockTable::check``): a length of 0 or past an int32 position
-    (``seq_lens``), a row shorter than its sequence's pages, an entry it reads that is
+    (the core's ``check_decode_lens`` and ``BlockTable::check``): a length of 0 or past
+    an int32 position (``seq_lens``), a row shorter than its sequence's pages, an entry it reads that is
     negative or past the cache (``block_table``; NumPy would read a negative one from the
     end)."""
     for s, n in enumerate(lens):
-        if n == 0:
-            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = 0: a decoding query has at least its own token")
+        if n == 0 or n > _I32_MAX:
+            raise ReferenceSelectionError(
+                "seq_lens", f"seq_lens[{s}] = {n}: a decoding query's sequence holds 1 ..= {_I32_MAX} tokens"
+            )
     for s, n in enumerate(lens):
-        if n > _I32_MAX:
-            raise ReferenceSelectionError("seq_lens", f"seq_lens[{s}] = {n}: positions past {_I32_MAX} do not fit")
         _table_row(table, s, -(-n // page), n_pages, f"seq_lens[{s}] = {n} tokens in pages of {page}")
 
 
