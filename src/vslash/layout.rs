@@ -532,7 +532,7 @@ fn batch_row(
 /// past them); a column outside `[0, kv_seqlen)` of its sequence
 /// (`vertical`: one past the keys can make the source loop forever); a
 /// negative offset (`slash`). Everything is checked before anything is
-/// written: [`batch_row`]'s own refusal, its turn bound, is a guard that
+/// written: `batch_row`'s own refusal, its turn bound, is a guard that
 /// checked input never reaches (the module docs), so no refusal comes after
 /// a row is written into a caller's `out=`.
 #[allow(clippy::too_many_arguments)]
