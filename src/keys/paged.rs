@@ -264,14 +264,14 @@ impl BlockTable<'_> {
 }
 
 /// `seq_lens[s] = len` within an int32 position: every paged form's check
-/// of a length (its outputs hold positions as int32).
+/// of a length (a token's position is an `int32`).
 pub(crate) fn check_len_fits(s: usize, len: usize) -> Result<(), ArgumentError> {
     if len > i32::MAX as usize {
         return Err(ArgumentError::OutOfRange {
             argument: "seq_lens",
             index: s,
             message: format!(
-                "seq_lens[{s}] = {len}: positions past {} do not fit the int32 output",
+                "seq_lens[{s}] = {len}: a sequence holds at most {} tokens (an int32 position)",
                 i32::MAX
             ),
         });

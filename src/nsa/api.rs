@@ -1739,7 +1739,7 @@ pub(super) fn block_scores_compressed_at(
     (cfg, window): (&Config, Window),
     out: &mut [f32],
 ) -> Result<(), ArgumentError> {
-    let (nb, cw) = (cfg.n_blocks(seq_len), (cfg, window));
+    let (nb, cw) = (|| cfg.n_blocks(seq_len), (cfg, window));
     let keys = (ck, ck_scale);
     compressed_call(
         isa,
@@ -1755,7 +1755,7 @@ pub(super) fn block_scores_compressed_at(
 }
 
 /// A call on given compressed keys: [`check_compressed`], `out` exactly
-/// `[n_q, n_kv_heads, width]` (`width` named `what` in the refusal), then
+/// `[n_q, n_kv_heads, width()]` (named `what` in the refusal), then
 /// [`compressed_rows`].
 #[allow(clippy::too_many_arguments)]
 fn compressed_call<T: Send, F: RowOut<T>>(
@@ -1766,11 +1766,12 @@ fn compressed_call<T: Send, F: RowOut<T>>(
     seq_len: usize,
     cw: (&Config, Window),
     out: &mut [T],
-    (width, what): (usize, &str),
+    (width, what): (impl FnOnce() -> usize, &str),
     f: F,
 ) -> Result<(), ArgumentError> {
     let checked = check_compressed(q.len(), ck.len(), ck_scale, heads, seq_len, cw)?;
-    let sh = &checked.0;
+    // The width only now: it can divide by a block size the checks refuse.
+    let (sh, width) = (&checked.0, width());
     check_out(
         out.len(),
         checked_size("out", &[sh.n_q, sh.n_kv, width])?,
@@ -1849,7 +1850,7 @@ pub(super) fn select_compressed_at(
     out: &mut [i32],
 ) -> Result<(), ArgumentError> {
     check_block_counts(cfg)?;
-    let (w, cw) = (cfg.block_counts, (cfg, window));
+    let (w, cw) = (|| cfg.block_counts, (cfg, window));
     let keys = (ck, ck_scale);
     compressed_call(
         isa,

@@ -566,6 +566,37 @@ fn refusals() {
         &mut out
     ))
     .contains("block_size"));
+    // On given compressed keys too: the width divides by the block size, so it
+    // is formed only after the check (a zero once panicked here).
+    let heads = Heads {
+        n_q_heads: 2,
+        n_kv_heads: 1,
+        d: 4,
+    };
+    let ck = vec![0.0f32; 8];
+    let mut scores = vec![7.0f32; 8];
+    let cw = (&bs0, Window::Fla);
+    let refused = block_scores_compressed_into(
+        Encoded::F32(&q),
+        Encoded::F32(&ck),
+        None,
+        heads,
+        10,
+        cw,
+        &mut scores,
+    );
+    assert!(err(refused).contains("block_size"));
+    let refused = select_compressed_into(
+        Encoded::F32(&q),
+        Encoded::F32(&ck),
+        None,
+        heads,
+        10,
+        cw,
+        &mut out,
+    );
+    assert!(err(refused).contains("block_size"));
+    assert_eq!(scores, vec![7.0; 8]);
     assert!(err(select_into(
         Encoded::F32(&q),
         Encoded::F32(&k),

@@ -232,8 +232,6 @@ impl<'py> PagedDecode<'py> {
         let arrays = (kv_cache, block_table, seq_lens);
         let (paged, lens) =
             Paged::whole_sequences(py, arrays, n_kv_heads, page_layout, key_format)?;
-        // Every output is sized by the lengths: checked before one is.
-        crate::keys::paged::check_decode_lens(&lens)?;
         let (q, n_q_heads, d) =
             paged.decode_queries(lens.len(), n_kv_heads, q, query_format.format_arg())?;
         Ok(PagedDecode {
@@ -278,15 +276,14 @@ impl<'py> PagedDecode<'py> {
     }
 
     /// The most of `f(len)` over the sequences' lengths, for an output's
-    /// width (the most blocks of a sequence). [`PagedDecode::read`] has
-    /// refused a length of 0 or past an int32 position (`seq_lens`), so no
-    /// output that wide (`seq_lens = [2**40]`: hundreds of GiB) is sized; 0
-    /// for such a length all the same.
-    pub fn widest(&self, f: impl Fn(usize) -> usize) -> usize {
-        if self.lens.iter().any(|&l| l > i32::MAX as usize) {
-            return 0;
-        }
-        self.lens.iter().map(|&l| f(l)).max().unwrap_or(0)
+    /// width (the most blocks of a sequence), once every length is checked
+    /// (`1 ..= i32::MAX`, `seq_lens`): the lengths size the output, so a bad
+    /// one is refused as itself, not as `out`'s shape, and no output is
+    /// sized by `seq_lens = [2**40]`. Each rule asks for it after its own
+    /// settings' checks, in its twin's order.
+    pub fn widest(&self, f: impl Fn(usize) -> usize) -> PyResult<usize> {
+        crate::keys::paged::check_decode_lens(&self.lens)?;
+        Ok(self.lens.iter().map(|&l| f(l)).max().unwrap_or(0))
     }
 
     /// Multiply-adds of scoring every cached key once for each sequence's

@@ -372,7 +372,7 @@ pub(super) fn moba_select_paged<'py>(
         block_size: bs,
     };
     moba::check_settings(shape, Some(topk))?;
-    let max_blocks = c.widest(|l| l.div_ceil(bs));
+    let max_blocks = c.widest(|l| l.div_ceil(bs))?;
     let w = moba::width(v, topk, max_blocks);
     let out_shape = [c.lens.len(), c.n_q_heads, w];
     let work = out_shape.iter().product();

@@ -93,6 +93,14 @@ def test_snapkv_pooling_of_any_width_equals_the_twin_bit_for_bit():
         _same(got, ref.snapkv_scores(q, k, scale, window=window, kernel=kernel), (i, kernel))
 
 
+def test_snapkv_pooling_wider_than_any_row_costs_the_row():
+    # Every pooled entry then averages the whole row over the kernel: the scores
+    # before the window are one value. kernel = 2**40 + 1 once added every tap.
+    q, k = _large(np.random.default_rng(46), p_len=40)
+    got = ks.snapkv_scores(q, k, window=8, kernel=2**40 + 1)
+    assert got.shape == (40,) and np.all(got[:32] == got[0]) and got[0] > 0
+
+
 def test_large_prefixes_equal_the_twin_and_every_thread_count():
     rng = np.random.default_rng(45)
     q, k = _large(rng, p_len=300, group=2, d=37)

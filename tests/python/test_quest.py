@@ -374,6 +374,16 @@ def test_paged_bounds_into_the_callers_buffers():
         assert e.value.argument == "out" and (blob == before).all(), name
 
 
+def test_a_paged_length_past_an_int32_position_is_refused_naming_seq_lens():
+    # Refused before the bounds are sized by it (2**40 tokens' pages was a MemoryError).
+    cache = np.zeros((6, 4, 16), np.float32)
+    table = np.arange(6, dtype=np.int32).reshape(2, 3)
+    for m, err in ((ks, ks.SelectionError), (R, R.ReferenceSelectionError)):
+        with pytest.raises(err, match="at most 2147483647 tokens") as e:
+            m.quest_bounds_paged(cache, table, np.array([2**40, 3]), 2)
+        assert e.value.argument == "seq_lens"
+
+
 def test_bounds_into_the_callers_buffers():
     """``out=(kmin, kmax)``: written and returned, the same bits as new
     arrays; a buffer of another shape, dtype, or shared by both is refused

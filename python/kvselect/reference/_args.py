@@ -295,7 +295,9 @@ def _takes_out(dtype: Any, domain: str = _SELECTION) -> Callable[[_F], _F]:
     type, layout and overlap with every array argument checked first, then the
     result computed as without it, ``out``'s shape checked against it (a refused
     ``out`` is left as it was, refused as ``domain``'s error), written, and
-    returned. The twin's signature and annotations gain ``out=None``,
+    returned. With one bad argument the twin names what the native call names;
+    with a bad ``out`` and another bad argument, the native binding may name
+    the other first (its own settings come before ``out``). The twin's signature and annotations gain ``out=None``,
     keyword-only, last (before ``**kw``)."""
 
     def wrap(f: _F) -> _F:
@@ -310,7 +312,7 @@ def _takes_out(dtype: Any, domain: str = _SELECTION) -> Callable[[_F], _F]:
             # buffer's type, layout and overlap; its shape once the result
             # has one.
             arrays = tuple(a for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray))
-            _inplace_i32("out", out, np.ndim(out), domain, dtype)
+            _inplace_i32("out", out, out.ndim if isinstance(out, np.ndarray) else 0, domain, dtype)
             if any(np.may_share_memory(out, a) for a in arrays):
                 raise _refuse(domain, "out", "out overlaps another argument's memory")
             result = f(*args, **kwargs)

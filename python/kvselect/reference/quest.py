@@ -27,7 +27,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from ._args import ReferenceSelectionError, _count, _index_array, _paged, _scales, _takes_out
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _index_array, _paged, _scales, _takes_out
 from .keys import decode
 
 _VARIANTS = ("kernel", "eval", "sglang")
@@ -114,6 +114,11 @@ def quest_bounds_paged(
     h = _count("n_kv_heads", n_kv_heads)
     lens = _index_array("seq_lens", seq_lens, 1, "selection", positions=True)
     cache, table = _paged(kv_cache, block_table, len(lens), h, page_layout)
+    for s, n in enumerate(lens):
+        if n > _I32_MAX:
+            raise ReferenceSelectionError(
+                "seq_lens", f"seq_lens[{s}] = {n}: a sequence holds at most {_I32_MAX} tokens (an int32 position)"
+            )
     if page_layout == "fp8_scaled":
         nb, bs = cache.shape[0], cache.shape[1]
         raw = np.ascontiguousarray(cache).reshape(nb, -1).view(np.uint8)

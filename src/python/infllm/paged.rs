@@ -131,7 +131,7 @@ pub(in crate::python) fn infllm_block_scores_paged<'py>(
     let cfg = config(options, scale, c.d)?;
     // The output's width divides by `block_size`: refused here if 0.
     cfg.geometry.check()?;
-    let nb = c.widest(|l| cfg.geometry.n_blocks(l));
+    let nb = c.widest(|l| cfg.geometry.n_blocks(l))?;
     let heads = c.heads();
     let shape = [c.lens.len(), h, nb];
     c.run(py, out, &shape, c.work(), |qs, cache, table, o| {

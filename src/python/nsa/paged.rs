@@ -153,7 +153,7 @@ pub(super) fn nsa_block_scores_paged<'py>(
         (page_layout, key_format, query_format),
         (window, kernel_size, kernel_stride),
     )?;
-    let nb = c.widest(|l| cfg.0.n_blocks(l));
+    let nb = c.widest(|l| cfg.0.n_blocks(l))?;
     let (heads, h) = (c.heads(), c.n_kv_heads);
     c.run(py, out, &[c.lens.len(), h, nb], c.work(), |qs, cache, table, o| {
         nsa::block_scores_paged_into(qs, cache, table, heads, (&cfg.0, cfg.1), o)
