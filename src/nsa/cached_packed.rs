@@ -91,31 +91,13 @@ pub fn block_scores_compressed_packed_into(
         checked_size("out", &[n_q, n_kv_heads, nb])?,
         || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, max_blocks={nb}]"),
     )?;
-    let (qr, cr) = (n_q_heads * d, n_kv_heads * d);
-    let slices = |s: &Seq| {
-        let qs = q.slice(s.q0 * qr, (s.q0 + s.n_q) * qr);
-        let cs = ck.slice(s.c0 * cr, (s.c0 + s.n_c) * cr);
-        (qs, cs, ck_scale.map(|x| &x[s.c0..s.c0 + s.n_c]))
-    };
-    let dense = each_dense_call(&checked, slices, heads, (cfg, window))?;
+    let cw = (cfg, window);
     let mut part = Vec::new();
-    for (s, call) in &dense {
+    for (s, call, qs, keys) in each_dense_call(q, (ck, ck_scale), heads, &checked, cw)? {
         let snb = cfg.n_blocks(s.len);
         part.clear();
         part.resize(s.n_q * n_kv_heads * snb, 0.0f32);
-        let (qs, cs, sc) = slices(s);
-        let cw = (cfg, window);
-        compressed_rows(
-            isa,
-            call,
-            qs,
-            (cs, sc),
-            heads,
-            cw,
-            &mut part,
-            snb,
-            score_row,
-        );
+        compressed_rows(isa, &call, qs, keys, heads, cw, &mut part, snb, score_row);
         let rows = &mut out[s.q0 * n_kv_heads * nb..(s.q0 + s.n_q) * n_kv_heads * nb];
         for (o, p) in rows
             .chunks_exact_mut(nb.max(1))
@@ -159,51 +141,45 @@ pub fn select_compressed_packed_into(
         checked_size("out", &[n_q, n_kv_heads, w])?,
         || format!("[total_q={n_q}, n_kv_heads={n_kv_heads}, block_counts={w}]"),
     )?;
-    let (qr, cr) = (n_q_heads * d, n_kv_heads * d);
-    let slices = |s: &Seq| {
-        let qs = q.slice(s.q0 * qr, (s.q0 + s.n_q) * qr);
-        let cs = ck.slice(s.c0 * cr, (s.c0 + s.n_c) * cr);
-        (qs, cs, ck_scale.map(|x| &x[s.c0..s.c0 + s.n_c]))
-    };
-    let dense = each_dense_call(&checked, slices, heads, (cfg, window))?;
-    for (s, call) in &dense {
-        let (qs, cs, sc) = slices(s);
+    let (cw, isa) = ((cfg, window), Isa::best());
+    for (s, call, qs, keys) in each_dense_call(q, (ck, ck_scale), heads, &checked, cw)? {
         let rows = &mut out[s.q0 * n_kv_heads * w..(s.q0 + s.n_q) * n_kv_heads * w];
-        let cw = (cfg, window);
-        compressed_rows(
-            Isa::best(),
-            call,
-            qs,
-            (cs, sc),
-            heads,
-            cw,
-            rows,
-            w,
-            SelectRows,
-        );
+        compressed_rows(isa, &call, qs, keys, heads, cw, rows, w, SelectRows);
     }
     Ok(())
 }
 
-/// Each sequence with queries and the dense call's own checks on its
-/// slices (`slices(s)`: its queries, compressed keys and their scales),
-/// all run before any row is written, so that a refusal, from the batch's
-/// checks or a dense call's, leaves `out` untouched. The batch's checks
-/// cover the dense ones today; running them here keeps that true if one is
-/// ever added to the dense call alone.
+/// One sequence's dense call on given compressed keys: the sequence, its
+/// checks' result, its queries, its compressed keys and their scales.
+type DenseCall<'a, 'k> = (
+    &'a Seq,
+    CompressedCall,
+    Encoded<'k>,
+    (Encoded<'k>, Option<&'k [f32]>),
+);
+
+/// Each sequence with queries, sliced out of the batch, and the dense call's
+/// own checks on its slices, all run before any row is written, so that a
+/// refusal, from the batch's checks or a dense call's, leaves `out`
+/// untouched. The batch's checks cover the dense ones today; running them
+/// here keeps that true if one is ever added to the dense call alone.
 fn each_dense_call<'a, 'k>(
-    checked: &'a [Seq],
-    slices: impl Fn(&Seq) -> (Encoded<'k>, Encoded<'k>, Option<&'k [f32]>),
+    q: Encoded<'k>,
+    (ck, ck_scale): (Encoded<'k>, Option<&'k [f32]>),
     heads: Heads,
-    (cfg, window): (&Config, Window),
-) -> Result<Vec<(&'a Seq, CompressedCall)>, ArgumentError> {
+    checked: &'a [Seq],
+    cw: (&Config, Window),
+) -> Result<Vec<DenseCall<'a, 'k>>, ArgumentError> {
+    let (qr, cr) = (heads.n_q_heads * heads.d, heads.n_kv_heads * heads.d);
     checked
         .iter()
         .filter(|s| s.n_q > 0)
         .map(|s| {
-            let (qs, cs, sc) = slices(s);
-            let call = check_compressed(qs.len(), cs.len(), sc, heads, s.len, (cfg, window))?;
-            Ok((s, call))
+            let qs = q.slice(s.q0 * qr, (s.q0 + s.n_q) * qr);
+            let cs = ck.slice(s.c0 * cr, (s.c0 + s.n_c) * cr);
+            let sc = ck_scale.map(|x| &x[s.c0..s.c0 + s.n_c]);
+            let call = check_compressed(qs.len(), cs.len(), sc, heads, s.len, cw)?;
+            Ok((s, call, qs, (cs, sc)))
         })
         .collect()
 }
