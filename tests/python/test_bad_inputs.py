@@ -803,6 +803,29 @@ def _():
 
 
 @case(
+    "boundaries-memoryview-of-out",
+    "aliasing",
+    "`moba_select(q, k, 2, cu_seqlens=memoryview(b), out=b.view(int32)[…])`",
+    "SelectionError",
+    argument="out",
+    note="boundaries and positions are read through a copy, but their memory is still an input's",
+)
+def _():
+    r = rng()
+    q = r.standard_normal((3, 4, 5)).astype(np.float32)
+    k = r.standard_normal((9, 2, 5)).astype(np.float32)
+    blob = np.zeros(3 * 4 * 2, np.int64)
+    blob[:3] = [0, 4, 9]
+    out = blob.view(np.int32)[: 3 * 4 * 2].reshape(3, 4, 2)
+    return {
+        "call": lambda: _ks().moba_select(
+            q, k, 2, block_size=2, cu_seqlens=memoryview(blob[:3]), cu_seqlens_q=[0, 1, 3], out=out
+        ),
+        "watch": [blob],
+    }
+
+
+@case(
     "half-keys-out-views-keys",
     "aliasing",
     "`block_sparse_select(q, k16, 9, out=k16.view(int32)[…])` (float16 keys, read in place)",

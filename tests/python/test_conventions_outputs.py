@@ -698,6 +698,54 @@ def test_an_out_sharing_any_inputs_memory_is_refused_and_nothing_changes(spec, i
             assert _snapshot(args) == before, (key, i)
 
 
+def _hostile(shape, dtype):
+    """Buffers of ``shape`` holding ``dtype`` that no ``out=`` may be: (name,
+    buffer, the exception class or None for the domain's error)."""
+    swapped = _sentinel(shape, np.dtype(dtype).newbyteorder())
+    yield "byte-swapped", swapped, TypeError
+    ro = _sentinel(shape, dtype)
+    ro.flags.writeable = False
+    yield "read-only", ro, None
+    yield "strided", _sentinel(shape[:-1] + (2 * shape[-1],), dtype)[..., ::2], None
+    if len(shape) >= 2 and shape[0] > 1 and shape[-1] > 1:
+        yield "fortran", np.asfortranarray(_sentinel(shape, dtype)), None
+
+
+@pytest.mark.parametrize("spec,impl", CASES, ids=IDS)
+def test_a_byte_swapped_read_only_strided_or_fortran_out_is_refused_and_untouched(spec, impl):
+    # None of these is converted or written through a copy: the caller's buffer
+    # is the one written, so one the kernels cannot write in place is refused.
+    m = _mod(impl)
+    for key, (shape, dt, _) in spec.bufs.items():
+        for form, buf, err in _hostile(shape, dt):
+            args = spec.args()
+            before = _bits(buf), _snapshot(args)
+            with pytest.raises(err or _errors(impl, spec.domain), match=f"^{key} ") as e:
+                spec.call(m, args, **{key: buf})
+            if err is None:
+                assert e.value.argument == key, (form, str(e.value))
+            assert (_bits(buf), _snapshot(args)) == before, (key, form)
+
+
+@pytest.mark.parametrize("spec,impl", ARRAY_CASES, ids=[f"{s.id}-{impl}" for s, impl in ARRAY_CASES])
+def test_an_input_given_as_a_memoryview_of_outs_memory_is_refused(spec, impl):
+    # Every array argument, positions and boundaries (which the core reads
+    # through a copy) included, passed as a memoryview over out's bytes.
+    m = _mod(impl)
+    err = _errors(impl, spec.domain)
+    arrays = [i for i, a in enumerate(spec.args()) if isinstance(a, np.ndarray) and a.size]
+    for key, (shape, dt, _) in spec.bufs.items():
+        for i in arrays:
+            args = spec.args()
+            inp, buf = _aliased(args[i], shape, dt)
+            args[i] = memoryview(inp)
+            before = _bits(inp), _bits(buf)
+            with pytest.raises(err, match="overlaps") as e:
+                spec.call(m, args, **{key: buf})
+            assert e.value.argument == key, (i, str(e.value))
+            assert (_bits(inp), _bits(buf)) == before, (key, i)
+
+
 # ---------------------------------------------------------------------------
 # Which entry points take out=
 # ---------------------------------------------------------------------------
@@ -885,6 +933,32 @@ def test_a_tuple_out_sharing_an_inputs_or_another_buffers_memory_is_refused(spec
         with pytest.raises(ks.SelectionError, match="overlaps") as e:
             spec.call(spec.args(), out=tuple(bufs))
         assert e.value.argument == "out" and [_bits(b) for b in bufs] == before, (i, j)
+
+
+@pytest.mark.parametrize("spec", TUPLE_SPECS, ids=TUPLE_IDS)
+def test_a_tuple_out_holding_a_hostile_buffer_or_viewed_by_a_memoryview_input_is_refused(spec):
+    for j, shape in enumerate(spec.shapes):
+        for form, bad, err in _hostile(shape, spec.dtype):
+            bufs = [_sentinel(s, spec.dtype) for s in spec.shapes]
+            bufs[j] = bad
+            args = spec.args()
+            before = [_bits(b) for b in bufs], _snapshot(args)
+            with pytest.raises(err or ks.SelectionError, match="^out ") as e:
+                spec.call(args, out=tuple(bufs))
+            if err is None:
+                assert e.value.argument == "out", (j, form, str(e.value))
+            assert ([_bits(b) for b in bufs], _snapshot(args)) == before, (j, form)
+        for i in [i for i, a in enumerate(spec.args()) if isinstance(a, np.ndarray) and a.size]:
+            args = spec.args()
+            inp, buf = _aliased(args[i], shape, spec.dtype)
+            args[i] = memoryview(inp)
+            bufs = [_sentinel(s, spec.dtype) for s in spec.shapes]
+            bufs[j] = buf
+            before = _bits(inp), [_bits(b) for b in bufs]
+            with pytest.raises(ks.SelectionError, match="overlaps") as e:
+                spec.call(args, out=tuple(bufs))
+            assert e.value.argument == "out", (i, j, str(e.value))
+            assert (_bits(inp), [_bits(b) for b in bufs]) == before, (i, j)
 
 
 def test_a_tuple_out_of_dlpack_tensors_is_checked_buffer_against_buffer():

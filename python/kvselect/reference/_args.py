@@ -277,9 +277,36 @@ def _out_buffer(out: Any, name: str, shape: tuple, domain: str, dtype: Any, inpu
     out = _inplace_i32(name, out, len(shape), domain, dtype)
     if out.shape != tuple(shape):
         raise _refuse(domain, name, f"{name} must have shape {tuple(shape)}, got {out.shape}")
-    if any(isinstance(a, np.ndarray) and np.may_share_memory(out, a) for a in inputs):
+    if _overlaps(out, inputs):
         raise _refuse(domain, name, f"{name} overlaps another argument's memory")
     return out
+
+
+def _memory(value: Any) -> Optional[np.ndarray]:
+    """``value``'s memory as an ndarray, where it has memory a buffer could
+    share: an ndarray, an object exporting the buffer protocol (a
+    ``memoryview``, a ``bytearray``: ``numpy.asarray`` of it shares it) or a
+    CPU DLPack producer; None for anything else (a list holds no such memory)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if value is None or isinstance(value, (list, tuple, int, float, str)):
+        return None
+    try:
+        return np.asarray(memoryview(value))
+    except (TypeError, ValueError):
+        pass
+    if hasattr(value, "__dlpack__"):
+        try:
+            return np.from_dlpack(value)
+        except (TypeError, ValueError, RuntimeError, BufferError):
+            return None
+    return None
+
+
+def _overlaps(out: np.ndarray, inputs: Any) -> bool:
+    """Whether ``out`` may share memory with any of ``inputs`` (see :func:`_memory`)."""
+    views = (_memory(a) for a in inputs)
+    return any(v is not None and np.may_share_memory(out, v) for v in views)
 
 
 def _output(out: Any, shape: tuple, domain: str, dtype: Any = np.int32, inputs: tuple = ()) -> Optional[np.ndarray]:
@@ -311,9 +338,9 @@ def _takes_out(dtype: Any, domain: str = _SELECTION) -> Callable[[_F], _F]:
             # What natively is checked before the rule's own refusals: the
             # buffer's type, layout and overlap; its shape once the result
             # has one.
-            arrays = tuple(a for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray))
+            arrays = tuple(v for v in map(_memory, (*args, *kwargs.values())) if v is not None)
             _inplace_i32("out", out, out.ndim if isinstance(out, np.ndarray) else 0, domain, dtype)
-            if any(np.may_share_memory(out, a) for a in arrays):
+            if _overlaps(out, arrays):
                 raise _refuse(domain, "out", "out overlaps another argument's memory")
             result = f(*args, **kwargs)
             return _deliver(result, _output(out, result.shape, domain, dtype, arrays))
