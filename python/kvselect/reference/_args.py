@@ -324,12 +324,16 @@ def _takes_out(dtype: Any, domain: str = _SELECTION) -> Callable[[_F], _F]:
     ``out`` is left as it was, refused as ``domain``'s error), written, and
     returned. With one bad argument the twin names what the native call names;
     with a bad ``out`` and another bad argument, the native binding may name
-    the other first (its own settings come before ``out``). The twin's signature and annotations gain ``out=None``,
-    keyword-only, last (before ``**kw``)."""
+    the other first (its own settings come before ``out``).
+
+    The twin declares ``out: Any = None`` itself, keyword-only and last (before
+    ``**kw``), so that its signature is the native one for static type checkers
+    too; the decorator takes ``out``, and the body never sees a buffer."""
 
     def wrap(f: _F) -> _F:
-        sig = inspect.signature(f)
-        out_param = inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="Any")
+        param = inspect.signature(f).parameters.get("out")
+        if param is None or param.kind is not inspect.Parameter.KEYWORD_ONLY or param.default is not None:
+            raise TypeError(f"{f.__qualname__} must declare out: Any = None, keyword-only")
 
         @functools.wraps(f)
         def call(*args: Any, out: Any = None, **kwargs: Any) -> Any:
@@ -345,10 +349,6 @@ def _takes_out(dtype: Any, domain: str = _SELECTION) -> Callable[[_F], _F]:
             result = f(*args, **kwargs)
             return _deliver(result, _output(out, result.shape, domain, dtype, arrays))
 
-        params = list(sig.parameters.values())
-        at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
-        call.__signature__ = sig.replace(parameters=[*params[:at], out_param, *params[at:]])  # type: ignore[attr-defined]
-        call.__annotations__ = {**f.__annotations__, "out": "Any"}
         return cast(_F, call)
 
     return wrap

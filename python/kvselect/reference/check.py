@@ -432,7 +432,7 @@ class GlobalSlots:
         return out
 
     @_takes_out(np.int64)
-    def positions(self, rows: Any) -> np.ndarray:
+    def positions(self, rows: Any, *, out: Any = None) -> np.ndarray:
         """``kvselect.GlobalSlots.positions``: the engine's rows read back
         through the map, int64 row-relative positions, ``-1`` padding,
         ``2**63 - 1`` for an entry naming no position of its request."""
@@ -440,8 +440,8 @@ class GlobalSlots:
         self._check(r.shape[0])
         if self.dcp_size > 1 and r.shape[1] % self.dcp_size:
             raise ReferenceSelectionError("rows", "the rows' width must be a multiple of dcp_size")
-        out = np.array([self._relative(i, r[i]) for i in range(r.shape[0])], dtype=np.int64)
-        return np.maximum(out.reshape(r.shape), -1)
+        rel = np.array([self._relative(i, r[i]) for i in range(r.shape[0])], dtype=np.int64)
+        return np.maximum(rel.reshape(r.shape), -1)
 
     def __repr__(self) -> str:
         return (

@@ -220,6 +220,7 @@ def infllm_block_scores(
     kernel_stride: int = KERNEL_STRIDE,
     cu_seqlens_q: Any = None,
     cu_seqlens_k: Any = None,
+    out: Any = None,
 ) -> np.ndarray:
     """``kvselect.infllm_block_scores`` in float64 (packed: each sequence's dense rows,
     then NaN to the longest sequence's blocks)."""
@@ -285,6 +286,7 @@ def infllm_select(
     kernel_stride: int = KERNEL_STRIDE,
     cu_seqlens_q: Any = None,
     cu_seqlens_k: Any = None,
+    out: Any = None,
 ) -> np.ndarray:
     """``kvselect.infllm_select`` in exact arithmetic (float64 scores); packed: each
     sequence's dense rows."""
@@ -561,6 +563,7 @@ def infllm_select_paged(
     page_layout: str = "dense",
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
+    out: Any = None,
     **kw: Any,
 ) -> np.ndarray:
     """``kvselect.infllm_select_paged``: each sequence's compressed keys gathered through
@@ -585,6 +588,7 @@ def infllm_block_scores_paged(
     page_layout: str = "dense",
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
+    out: Any = None,
     **kw: Any,
 ) -> np.ndarray:
     """``kvselect.infllm_block_scores_paged`` in float64: each sequence's compressed keys

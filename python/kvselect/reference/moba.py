@@ -120,6 +120,7 @@ def moba_gates(
     key_scale: Any = None,
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
+    out: Any = None,
 ) -> np.ndarray:
     """The float64 gate of every past block of each query of one sequence
     ``[n_queries, n_q_heads, ceil(n_keys / block_size)]``, NaN where not gated."""
@@ -169,6 +170,7 @@ def moba_select(
     cu_seqlens: Any = None,
     cu_seqlens_q: Any = None,
     variant: str = "efficient",
+    out: Any = None,
 ) -> np.ndarray:
     """MoBA's blocks per query and head ``[n_queries, n_q_heads, width]``, each row
     ascending then -1 (``kvselect.moba_select``)."""
@@ -230,6 +232,7 @@ def moba_select_paged(
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
     variant: str = "efficient",
+    out: Any = None,
 ) -> np.ndarray:
     """``moba_select`` at decode over a paged cache: each sequence's keys gathered
     through its block-table row, its one query at its last position."""

@@ -48,7 +48,12 @@ PAPER_KERNEL_STRIDE = 16  # and its sliding stride d
 
 @_takes_out(np.float32)
 def nsa_compress_keys(
-    k: Any, block_size: int = BLOCK_SIZE, *, k_scale: Any = None, key_format: Optional[str] = None
+    k: Any,
+    block_size: int = BLOCK_SIZE,
+    *,
+    k_scale: Any = None,
+    key_format: Optional[str] = None,
+    out: Any = None,
 ) -> np.ndarray:
     """The compressed keys ``[seq_len // block_size, n_kv_heads, d]`` (float64): each
     complete block's mean, every key's float32 value times its token's scale (the product
@@ -96,6 +101,7 @@ def nsa_block_scores(
     window: str = "fla",
     kernel_size: int = PAPER_KERNEL_SIZE,
     kernel_stride: int = PAPER_KERNEL_STRIDE,
+    out: Any = None,
 ) -> np.ndarray:
     """``kvselect.nsa_block_scores`` in float64 (packed: each sequence's dense rows, then
     NaN to the longest sequence's blocks; ``window="eq9"``: the paper's Eq. 9)."""
@@ -166,6 +172,7 @@ def nsa_block_scores_compressed(
     kernel_stride: int = PAPER_KERNEL_STRIDE,
     cu_seqlens_q: Any = None,
     cu_seqlens_k: Any = None,
+    out: Any = None,
 ) -> np.ndarray:
     """``kvselect.nsa_block_scores_compressed`` in float64: the block scores from given
     compressed keys ``ck`` ``[n_c, n_kv_heads, d]`` (each row times its ``ck_scale``,
@@ -207,6 +214,8 @@ def nsa_select_compressed(
     ck: Any,
     seq_len: int,
     block_counts: int = BLOCK_COUNTS,
+    *,
+    out: Any = None,
     **kw: Any,
 ) -> np.ndarray:
     """``kvselect.nsa_select_compressed`` in exact arithmetic: the rows of
@@ -270,6 +279,7 @@ def nsa_block_scores_paged(
     page_layout: str = "dense",
     key_format: Optional[str] = None,
     query_format: Optional[str] = None,
+    out: Any = None,
     **kw: Any,
 ) -> np.ndarray:
     """``kvselect.nsa_block_scores_paged`` in float64: sequence ``s``'s compressed keys
@@ -322,6 +332,8 @@ def nsa_select_paged(
     seq_lens: Any,
     n_kv_heads: int,
     block_counts: int = BLOCK_COUNTS,
+    *,
+    out: Any = None,
     **kw: Any,
 ) -> np.ndarray:
     """``kvselect.nsa_select_paged`` in exact arithmetic: the rows of
@@ -375,6 +387,7 @@ def nsa_select(
     window: str = "fla",
     kernel_size: int = PAPER_KERNEL_SIZE,
     kernel_stride: int = PAPER_KERNEL_STRIDE,
+    out: Any = None,
 ) -> np.ndarray:
     """``kvselect.nsa_select`` in exact arithmetic (float64 scores); packed: each
     sequence's dense rows; ``window="eq9"``: the paper's Eq. 9 scores."""

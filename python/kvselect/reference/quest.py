@@ -247,6 +247,7 @@ def quest_scores(
     *,
     variant: str = "kernel",
     query_format: Optional[str] = None,
+    out: Any = None,
 ) -> np.ndarray:
     """Every page's score (``kvselect.quest_scores``), in float64: ``[n_q_heads,
     n_pages]``, or ``[n_pages]`` for SGLang's."""
@@ -314,6 +315,7 @@ def quest_select(
     variant: str = "kernel",
     num_recent_pages: int = 4,
     query_format: Optional[str] = None,
+    out: Any = None,
 ) -> np.ndarray:
     """Each decoding query's pages (``kvselect.quest_select``)."""
     v = _variant(variant)

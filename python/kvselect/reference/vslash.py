@@ -220,7 +220,7 @@ def _pair(vertical: Any, slash: Any) -> Tuple[np.ndarray, np.ndarray]:
 
 
 @_takes_out(np.int32)
-def vslash_rows(vertical: Any, slash: Any, seq_len: int, positions: Any) -> np.ndarray:
+def vslash_rows(vertical: Any, slash: Any, seq_len: int, positions: Any, *, out: Any = None) -> np.ndarray:
     """Each query position's positions: the columns ``<= p`` and the keys ``p - o
     >= 0``, ascending, distinct, -1 padded: ``[n_heads, n_positions, nv + ns]``."""
     v, s = _pair(vertical, slash)

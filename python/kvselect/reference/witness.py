@@ -230,7 +230,7 @@ def scatter_topology_witnesses(topk_indices: np.ndarray, context_lens: Any, num_
 
 
 @_takes_out(np.int32, _WITNESS)
-def locality_null(context_len: int, budget: int) -> np.ndarray:
+def locality_null(context_len: int, budget: int, *, out: Any = None) -> np.ndarray:
     """The ``k = min(budget, L)`` most recent tokens, ``[L - k, L)``, int32."""
     context_len = _count("context_len", context_len)
     budget = _count("budget", budget)
