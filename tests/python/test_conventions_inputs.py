@@ -488,7 +488,19 @@ def test_1d_positions_of_blocks_takes_no_out(impl):
 # every argument, as the attention functions and the witness metrics keep it).
 
 
-def _aliased_calls(m):
+class _ArrayInterface:
+    """An array NumPy reads through ``__array_interface__`` alone (a view of ``a``)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+        self.__array_interface__ = a.__array_interface__
+
+
+# The forms the positions come as: each a view of the same memory.
+FORMS = {"ndarray": lambda a: a, "memoryview": memoryview, "array-interface": _ArrayInterface}
+
+
+def _aliased_calls(m, form):
     cfg = ks.BlockSparseConfig(4, 2, 1, 1)
     q3, k = np.ones((2, 1, 4), np.float32), np.ones((16, 4), np.float32)
     qi, w = np.ones((2, 3, 4), np.float32), np.ones((2, 3), np.float32)
@@ -496,37 +508,51 @@ def _aliased_calls(m):
     def block(buf):
         pos = buf.reshape(-1)[:2]
         pos[:] = [5, 9]
-        return lambda: m.block_sparse_select(q3, k, pos, cfg, out=buf)
+        return lambda: m.block_sparse_select(q3, k, form(pos), cfg, out=buf)
 
     def packed(buf):
         sid = buf.reshape(-1)[:2]
         sid[:] = 0
-        return lambda: m.block_sparse_select_packed(q3, k, [0, 16], sid, [5, 9], cfg, out=buf)
+        return lambda: m.block_sparse_select_packed(q3, k, [0, 16], form(sid), [5, 9], cfg, out=buf)
 
     def indexer(buf):
         pos = buf.reshape(-1)[:2]
         pos[:] = [3, 7]
-        return lambda: m.indexer_topk(qi, w, k, pos, 2, out=buf)
+        return lambda: m.indexer_topk(qi, w, k, form(pos), 2, out=buf)
 
     def indexer_packed(buf):
         cu = buf.reshape(-1)[:2]
         cu[:] = [0, 16]
-        return lambda: m.indexer_topk_packed(qi, w, k, cu, [0, 0], [3, 7], 2, out=buf)
+        return lambda: m.indexer_topk_packed(qi, w, k, form(cu), [0, 0], [3, 7], 2, out=buf)
 
-    return [(block, (2, 1, 2)), (packed, (2, 1, 2)), (indexer, (2, 2)), (indexer_packed, (2, 2))]
+    def positions(buf):
+        pos = buf.reshape(-1)[:2]
+        pos[:] = [5, 9]
+        blocks = np.array([[0, 1], [1, 2]], np.int32)
+        return lambda: m.positions_of_blocks(blocks, form(pos), 12, cfg, out=buf)
+
+    return [
+        (block, (2, 1, 2)),
+        (packed, (2, 1, 2)),
+        (indexer, (2, 2)),
+        (indexer_packed, (2, 2)),
+        (positions, (2, 8)),
+    ]
 
 
 @pytest.mark.parametrize("impl", ["native", "reference"])
-@pytest.mark.parametrize("case", range(4))
-def test_an_out_sharing_memory_with_positions_is_refused_naming_out(impl, case):
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("case", range(5))
+def test_an_out_sharing_memory_with_positions_is_refused_naming_out(impl, form, case):
+    # Whatever object the positions come as, their memory is an input's.
     m = ks if impl == "native" else ref
-    make, shape = _aliased_calls(m)[case]
+    make, shape = _aliased_calls(m, FORMS[form])[case]
     buf = np.zeros(shape, np.int32)
     call = make(buf)
     before = buf.copy()
     with pytest.raises(ks.SelectionError if impl == "native" else ref.ReferenceSelectionError) as e:
         call()
-    assert e.value.argument == "out"
+    assert e.value.argument == "out", str(e.value)
     assert np.array_equal(buf, before)
 
 

@@ -979,20 +979,31 @@ ALIASED = [
     for spec in OUT_SPECS
     for name in spec.outs
     for key in _arrays(spec.build())
-    for dtype in ("as-given", "widened")
+    for dtype in ("as-given", "widened", "memoryview", "array-interface")
     # (a widened array read through a converted copy aliases nothing the core reads: the
     # conventions check "after conversion"; positions and lengths are refused either way)
-    if dtype == "as-given" or key in POSITIONS_AND_LENGTHS
+    if dtype != "widened" or key in POSITIONS_AND_LENGTHS
     for impl in _impls(spec)
     if impl == "native" or spec.twin_outs
 ]
+
+
+class _ArrayInterface:
+    """An array NumPy reads through ``__array_interface__`` alone: no ndarray, no
+    buffer, no DLPack (a view of ``a``'s memory all the same)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+        self.__array_interface__ = a.__array_interface__
 
 
 @pytest.mark.parametrize("spec_id,name,key,dtype,impl", ALIASED)
 def test_an_out_sharing_memory_with_an_input_is_refused_naming_it(spec_id, name, key, dtype, impl):
     # One byte buffer holds the input (its values, at the start) and the output over it,
     # whatever their dtypes: no input may alias an output, even one read through a
-    # converted copy ("widened": int64 / float64, which the binding converts).
+    # converted copy ("widened": int64 / float64, which the binding converts), whatever
+    # object it comes as (an ndarray, a memoryview, an object NumPy reads through
+    # __array_interface__).
     spec = BY_ID[spec_id]
     a = _args(spec)
     good = _good_outs(spec, impl, a)[name]
@@ -1003,6 +1014,10 @@ def test_an_out_sharing_memory_with_an_input_is_refused_naming_it(spec_id, name,
     buf = np.zeros(max(x.nbytes, first.nbytes) + 64, np.uint8)
     a[key] = buf[: x.nbytes].view(x.dtype).reshape(x.shape)
     a[key][...] = x
+    if dtype == "memoryview":
+        a[key] = memoryview(a[key])
+    elif dtype == "array-interface":
+        a[key] = _ArrayInterface(a[key])
     over = buf[: first.nbytes].view(first.dtype).reshape(first.shape)
     outs = _good_outs(spec, impl, _args(spec))
     outs[name] = (over,) + tuple(good[1:]) if isinstance(good, tuple) else over
@@ -1068,10 +1083,9 @@ INPLACE_ALIASED = [
     for buffer in spec.inplace
     for key in _arrays(spec.build())
     if key not in spec.inplace
-    for dtype in ("as-given", "widened")
-    if dtype == "as-given" or key in POSITIONS_AND_LENGTHS
+    for dtype in ("as-given", "widened", "memoryview", "array-interface")
+    if dtype != "widened" or key in POSITIONS_AND_LENGTHS
     for impl in _impls(spec)
-    if impl == "native"  # (the reference's in-place twins take what they are given)
 ]
 
 
@@ -1087,6 +1101,10 @@ def test_an_in_place_buffer_sharing_memory_with_an_input_is_refused(spec_id, buf
     a[buffer][...] = b
     a[key] = mem[: x.nbytes].view(x.dtype).reshape(x.shape)
     a[key][...] = x  # (the input's values over the buffer's first bytes)
+    if dtype == "memoryview":
+        a[key] = memoryview(a[key])
+    elif dtype == "array-interface":
+        a[key] = _ArrayInterface(a[key])
     before = mem.tobytes()
     with pytest.raises(_error(spec, impl)) as e:
         _call(spec, impl, a)

@@ -232,4 +232,4 @@ def test_refusals_name_the_argument(change, argument):
 def test_compress_keys_are_the_complete_blocks_means():
     """The twin's compressed keys: the complete blocks' means; the partial tail unused."""
     k = np.arange(10, dtype=np.float32).reshape(10, 1, 1)
-    assert RN.nsa_compress_keys(k, 4)[:, 0, 0].tolist() == [1.5, 5.5]
+    assert RN.nsa_compress_keys(k, block_size=4)[:, 0, 0].tolist() == [1.5, 5.5]

@@ -12,6 +12,7 @@ import pytest
 from levels import assert_child_equals, require_simd
 
 import kvselect as ks
+from kvselect import reference as ref
 from kvselect.reference import nsa as RN
 
 SEED = 45045
@@ -222,18 +223,25 @@ def test_refusals_name_the_argument_and_change_nothing(change, argument):
 def test_compress_keys_refusals_and_the_twin():
     rng = np.random.default_rng(SEED + 6)
     k = rng.standard_normal((50, 2, 8)).astype(np.float32)
-    assert np.allclose(ks.nsa_compress_keys(k, block_size=16), RN.nsa_compress_keys(k, 16), rtol=1e-6, atol=1e-7)
+    assert np.allclose(
+        ks.nsa_compress_keys(k, block_size=16), RN.nsa_compress_keys(k, block_size=16), rtol=1e-6, atol=1e-7
+    )
     e9 = ks.nsa_compress_keys(k, block_size=16, window="eq9", kernel_size=8, kernel_stride=4)
     assert np.allclose(e9, RN.eq9_compress_keys(k, 8, 4)[0], rtol=1e-6, atol=1e-7) and e9.shape == (11, 2, 8)
+    # The twin takes the native signature, Eq. 9's window included.
+    r9 = RN.nsa_compress_keys(k, block_size=16, window="eq9", kernel_size=8, kernel_stride=4)
+    assert np.array_equal(r9, RN.eq9_compress_keys(k, 8, 4)[0])
     assert ks.nsa_compress_keys(k[:7], block_size=16).shape == (0, 2, 8)
-    for kwargs, argument in (
-        (dict(block_size=0), "block_size"),
-        (dict(k_scale=np.ones(3, np.float32)), "k_scale"),
-        (dict(window="eq9", kernel_stride=5), "kernel_stride"),
-    ):
-        with pytest.raises(ks.SelectionError) as e:
-            ks.nsa_compress_keys(k, **kwargs)
-        assert e.value.argument == argument
-    with pytest.raises(ks.SelectionError) as e:
-        ks.nsa_compress_keys(k[0])
-    assert e.value.argument == "k"
+    for m, error in ((ks, ks.SelectionError), (RN, ref.ReferenceSelectionError)):
+        for kwargs, argument in (
+            (dict(block_size=0), "block_size"),
+            (dict(k_scale=np.ones(3, np.float32)), "k_scale"),
+            (dict(window="eq9", kernel_stride=5), "kernel_stride"),
+            (dict(window="eq8"), "window"),
+        ):
+            with pytest.raises(error) as e:
+                m.nsa_compress_keys(k, **kwargs)
+            assert e.value.argument == argument, (m, kwargs)
+        with pytest.raises(error) as e:
+            m.nsa_compress_keys(k[0])
+        assert e.value.argument == "k"

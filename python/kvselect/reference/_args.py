@@ -182,9 +182,15 @@ def _along(name: str, value: Any, axis: tuple) -> np.ndarray:
 
 
 def _native_pages(kv_cache: Any) -> np.ndarray:
-    """A paged cache as the native call reads it, in place: refused (naming
-    ``kv_cache``) in non-native byte order, which is never converted."""
+    """A paged cache as the native call reads it, in place: float64 (or wider) is
+    a ``TypeError`` and non-native byte order is refused (naming ``kv_cache``),
+    since neither is ever converted."""
     cache = np.asarray(kv_cache)
+    if cache.dtype.kind == "f" and cache.dtype.itemsize > 4:
+        raise TypeError(
+            f"kv_cache has dtype {cache.dtype}, and is read in place, never converted: pass float32, "
+            "float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw uint16 / uint8 view with its format"
+        )
     if cache.dtype.itemsize > 1 and not cache.dtype.isnative:
         raise ReferenceSelectionError(
             "kv_cache",
@@ -283,24 +289,26 @@ def _out_buffer(out: Any, name: str, shape: tuple, domain: str, dtype: Any, inpu
 
 
 def _memory(value: Any) -> Optional[np.ndarray]:
-    """``value``'s memory as an ndarray, where it has memory a buffer could
-    share: an ndarray, an object exporting the buffer protocol (a
-    ``memoryview``, a ``bytearray``: ``numpy.asarray`` of it shares it) or a
-    CPU DLPack producer; None for anything else (a list holds no such memory)."""
+    """``value``'s memory as an ndarray, for the overlap check: an ndarray
+    itself, a CPU DLPack producer its view, anything else but a Python number,
+    string or sequence what ``numpy.asarray`` makes of it (a view of the
+    caller's memory where it is one: a ``memoryview``, an object with
+    ``__array_interface__`` or ``__array__``; else a fresh copy, which overlaps
+    nothing), as natively (``src/python/args/arrays.rs``, ``ndarray``). None
+    where NumPy cannot read it: the argument's own reader refuses it."""
     if isinstance(value, np.ndarray):
         return value
     if value is None or isinstance(value, (list, tuple, int, float, str)):
         return None
-    try:
-        return np.asarray(memoryview(value))
-    except (TypeError, ValueError):
-        pass
     if hasattr(value, "__dlpack__"):
         try:
             return np.from_dlpack(value)
-        except (TypeError, ValueError, RuntimeError, BufferError):
-            return None
-    return None
+        except Exception:  # not viewable here: read (and refused) by its reader
+            pass
+    try:
+        return np.asarray(value)
+    except Exception:  # NumPy cannot read it: its reader refuses it
+        return None
 
 
 def _overlaps(out: np.ndarray, inputs: Any) -> bool:

@@ -413,12 +413,8 @@ def block_sparse_select_packed(
 def _paged_cache(kv_cache: Any, key_format: Optional[str], bs: int) -> np.ndarray:
     """The cache's pages decoded, float64 ``[num_blocks, bs, d]``. The page
     must be the block; a float64 cache (which the native call cannot read
-    in place) is a ``TypeError``."""
-    if _native_pages(kv_cache).dtype == np.float64:
-        raise TypeError(
-            "kv_cache is read in place: float32, float16, bfloat16 or float8_e4m3fn "
-            "(or a raw uint16 / uint8 view with key_format), got float64"
-        )
+    in place) is a ``TypeError`` (:func:`_native_pages`)."""
+    _native_pages(kv_cache)
     pages = _decoded("kv_cache", kv_cache, key_format, 3)
     if pages.shape[1] != bs:
         raise ReferenceSelectionError(

@@ -571,10 +571,10 @@ def infllm_select_paged(
     h = _count("n_kv_heads", n_kv_heads)
     width = _count("topk", topk)
     seqs = _paged_sequences(q, kv_cache, block_table, seq_lens, h, page_layout, key_format, query_format, kw)
-    out = np.full((len(seqs), h, width), -1, np.int32)
+    rows = np.full((len(seqs), h, width), -1, np.int32)
     for s, (n, qs, ck) in enumerate(seqs):
-        out[s] = infllm_select(qs, ck, n, topk, **kw)[0]
-    return out
+        rows[s] = infllm_select(qs, ck, n, topk, **kw)[0]
+    return rows
 
 
 @_takes_out(np.float32)

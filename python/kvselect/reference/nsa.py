@@ -49,16 +49,24 @@ PAPER_KERNEL_STRIDE = 16  # and its sliding stride d
 @_takes_out(np.float32)
 def nsa_compress_keys(
     k: Any,
-    block_size: int = BLOCK_SIZE,
     *,
+    block_size: int = BLOCK_SIZE,
     k_scale: Any = None,
     key_format: Optional[str] = None,
+    window: str = "fla",
+    kernel_size: int = PAPER_KERNEL_SIZE,
+    kernel_stride: int = PAPER_KERNEL_STRIDE,
     out: Any = None,
 ) -> np.ndarray:
-    """The compressed keys ``[seq_len // block_size, n_kv_heads, d]`` (float64): each
-    complete block's mean, every key's float32 value times its token's scale (the product
-    rounded to float32). The trailing incomplete block is not compressed."""
+    """The compressed keys (float64): fla's window ``[seq_len // block_size, n_kv_heads,
+    d]``, each complete block's mean, every key's float32 value times its token's scale
+    (the product rounded to float32), the trailing incomplete block not compressed; or
+    Eq. 9's (``window="eq9"``, :func:`eq9_compress_keys`), keys of ``kernel_size``
+    tokens every ``kernel_stride``."""
     bs = _block_size(block_size)
+    geo = _window(window, bs, kernel_size, kernel_stride, None, None)
+    if geo is not None:
+        return eq9_compress_keys(k, geo[1], geo[2], k_scale=k_scale, key_format=key_format)[0]
     ka = decode(k, key_format, "key_format", name="k")
     if ka.ndim != 3 or ka.shape[0] == 0:
         raise ReferenceSelectionError("k", f"k must be 3-D [seq_len >= 1, n_kv_heads, d], got shape {ka.shape}")
@@ -112,7 +120,7 @@ def nsa_block_scores(
         kw = dict(block_size=block_size, init_blocks=init_blocks, local_blocks=local_blocks, scale=scale)
         return _packed(nsa_block_scores, np.nan, q, k, k_scale, query_format, key_format, cu_seqlens, cu_seqlens_q, kw)
     bs = _block_size(block_size)
-    ck = nsa_compress_keys(k, bs, k_scale=k_scale, key_format=key_format)
+    ck = nsa_compress_keys(k, block_size=bs, k_scale=k_scale, key_format=key_format)
     seq_len = decode(k, key_format, "key_format", name="k").shape[0]
     return _from_compressed(q, ck, seq_len, (bs, bs, bs), init_blocks, local_blocks, scale, query_format, "k")
 
@@ -435,7 +443,7 @@ def nsa_score_bound(
     InfLLM-v2's ``group_ratio`` (``exp_rel_err`` None: the project's ``exp`` bound,
     docs/kernels.md); ``T = 2 G 2^-123``."""
     bs = _block_size(block_size)
-    ck = nsa_compress_keys(k, bs, k_scale=k_scale, key_format=key_format)
+    ck = nsa_compress_keys(k, block_size=bs, k_scale=k_scale, key_format=key_format)
     kabs = np.abs(decode(k, key_format, "key_format", name="k"))
     if k_scale is not None:
         kabs = np.abs(kabs.astype(np.float32) * _scales("k_scale", k_scale)[:, None, None]).astype(np.float64)

@@ -27,7 +27,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from ._args import _I32_MAX, ReferenceSelectionError, _count, _index_array, _paged, _scales, _takes_out
+from ._args import _I32_MAX, ReferenceSelectionError, _count, _index_array, _overlaps, _paged, _scales, _takes_out
 from .keys import decode
 
 _VARIANTS = ("kernel", "eval", "sglang")
@@ -182,6 +182,10 @@ def quest_update(
             raise ReferenceSelectionError(
                 name, f"{name} must be a 3-D C-contiguous, writeable, aligned, native-order buffer, got {b.shape}"
             )
+    # Neither buffer may share memory with the other or with the key, as natively.
+    for name, b, others in (("kmin", kmin, (key,)), ("kmax", kmax, (kmin, key))):
+        if _overlaps(b, others):
+            raise ReferenceSelectionError(name, f"{name} overlaps another argument's memory")
     if kmax.shape != kmin.shape:
         raise ReferenceSelectionError("kmax", f"kmax has shape {list(kmax.shape)} but kmin {list(kmin.shape)}")
     t = _count("pos", pos)

@@ -225,12 +225,12 @@ def vslash_rows(vertical: Any, slash: Any, seq_len: int, positions: Any, *, out:
     >= 0``, ascending, distinct, -1 padded: ``[n_heads, n_positions, nv + ns]``."""
     v, s = _pair(vertical, slash)
     pos = _index_array("positions", positions, 1, "selection")
-    out = np.full((v.shape[0], len(pos), v.shape[1] + s.shape[1]), -1, np.int32)
+    rows = np.full((v.shape[0], len(pos), v.shape[1] + s.shape[1]), -1, np.int32)
     for h in range(v.shape[0]):
         for j, p in enumerate(pos):
             row = np.union1d(v[h][v[h] <= p], p - s[h][s[h] <= p])
-            out[h, j, : len(row)] = row
-    return out
+            rows[h, j, : len(row)] = row
+    return rows
 
 
 def vslash_layout(vertical: Any, slash: Any, seq_len: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

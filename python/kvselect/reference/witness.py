@@ -19,6 +19,8 @@ from ._args import (
     _index_array,
     _inplace_i32,
     _out_buffer,
+    _overlaps,
+    _refuse,
     _takes_out,
 )
 
@@ -212,6 +214,8 @@ def scatter_topology_witnesses(topk_indices: np.ndarray, context_lens: Any, num_
     ``topk_indices`` in place with ``keep = max(topk - S, 0)`` and
     ``max_replacements = S``. ``num_segments = 0`` is the off switch."""
     _inplace_i32("topk_indices", topk_indices, 2, _WITNESS)
+    if _overlaps(topk_indices, (context_lens,)):
+        raise _refuse(_WITNESS, "topk_indices", "topk_indices overlaps another argument's memory")
     num_segments = _count("num_segments", num_segments)
     if num_segments == 0:
         return None

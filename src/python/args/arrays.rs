@@ -16,7 +16,7 @@ use numpy::{
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{IntoPyDict, PyInt, PyList, PyMemoryView, PyString, PyTuple};
+use pyo3::types::{IntoPyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use super::objects::{numpy, Obj};
 use crate::python::dlpack;
@@ -315,33 +315,35 @@ impl Domain {
     }
 }
 
-/// `obj` if it is an ndarray: an argument the core reads through a copy
-/// (positions, lengths) is still memory an output must not share, since no
-/// input may alias an output whatever the core does with it.
+/// `obj`'s memory as an ndarray, for the overlap check: an argument the
+/// core reads through a copy (positions, lengths) is still memory an
+/// output must not share, since no input may alias an output whatever the
+/// core does with it.
 ///
-/// A DLPack producer counts as its view, and so does an object exporting
-/// the buffer protocol (a `memoryview`, a `bytearray`: `numpy.asarray` of it
-/// shares its memory). A producer that cannot be viewed is refused where
-/// the argument is read, not here; a list or a tuple holds no memory a
-/// buffer could share.
+/// An ndarray is itself; a DLPack producer is its view (one that cannot be
+/// viewed is refused where the argument is read, not here); anything else
+/// but a Python number, string or sequence is what `numpy.asarray` makes of
+/// it, as the argument's reader does: a view of the caller's memory where it
+/// is one (a `memoryview`, an object with `__array_interface__` or
+/// `__array__`), else a fresh copy, which overlaps nothing. An object NumPy
+/// cannot read gives None: its reader refuses it.
 pub(in crate::python) fn ndarray<'py>(obj: &Obj<'py>) -> Option<Bound<'py, PyUntypedArray>> {
     if let Ok(a) = obj.cast::<PyUntypedArray>() {
         return Some(a.clone());
     }
-    // Python numbers, strings and sequences export no buffer: skip the
-    // failed memoryview (a raised and dropped TypeError) for the common ones.
     let plain = obj.is_none()
         || obj.cast::<PyList>().is_ok()
         || obj.cast::<PyTuple>().is_ok()
         || obj.cast::<PyInt>().is_ok()
+        || obj.cast::<PyFloat>().is_ok()
         || obj.cast::<PyString>().is_ok();
-    if !plain {
-        if let Ok(mv) = PyMemoryView::from(obj) {
-            let view = numpy(obj.py()).ok()?.call_method1("asarray", (mv,)).ok()?;
-            return view.cast_into::<PyUntypedArray>().ok();
-        }
+    if plain {
+        return None;
     }
-    let view = dlpack::view(obj, "", Domain::Selection).ok()??;
+    if let Ok(Some(view)) = dlpack::view(obj, "", Domain::Selection) {
+        return view.cast_into::<PyUntypedArray>().ok();
+    }
+    let view = numpy(obj.py()).ok()?.call_method1("asarray", (obj,)).ok()?;
     view.cast_into::<PyUntypedArray>().ok()
 }
 

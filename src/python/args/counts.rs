@@ -13,7 +13,7 @@
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyInt, PyList, PyTuple};
 
 use super::objects::{numpy, Opt};
 use crate::python::errors::{refuse, type_name, Domain};
@@ -212,9 +212,9 @@ pub(in crate::python) enum Broadcast {
 ///
 /// How one integer is told from an array, and its bound, are kept as each
 /// form has always read them: with [`Queries::One`] and
-/// [`Broadcast::Allow`] anything but an ndarray of rank > 0, a list or a
-/// tuple is read as an integer; otherwise `numpy.ndim` decides (0 is one
-/// integer). One integer is at most 2**63 - 1, or 2**64 - 1 where it is
+/// [`Broadcast::Allow`] anything but a list, a tuple or an array of rank > 0
+/// (an ndarray, or what `numpy.ndim` reads as one) is read as an integer;
+/// otherwise `numpy.ndim` decides (0 is one integer). One integer is at most 2**63 - 1, or 2**64 - 1 where it is
 /// broadcast.
 pub(in crate::python) fn query_positions(
     domain: Domain,
@@ -224,10 +224,13 @@ pub(in crate::python) fn query_positions(
     broadcast: Broadcast,
 ) -> PyResult<Vec<usize>> {
     let obj = &domain.arg(obj, name)?;
+    // Anything else NumPy reads as an array of rank > 0 (a `memoryview`, an
+    // object with `__array_interface__`) is one too.
     let array_like = || {
         obj.cast::<PyUntypedArray>().is_ok_and(|a| a.ndim() > 0)
             || obj.cast::<PyList>().is_ok()
             || obj.cast::<PyTuple>().is_ok()
+            || (obj.cast::<PyInt>().is_err() && numpy_ndim(obj).is_some_and(|n| n > 0))
     };
     match (queries, broadcast) {
         (Queries::One, _) => {
@@ -271,4 +274,14 @@ pub(in crate::python) fn query_positions(
             }
         }
     }
+}
+
+/// `numpy.ndim(obj)`, None where NumPy cannot read `obj`.
+fn numpy_ndim(obj: &Bound<'_, PyAny>) -> Option<usize> {
+    numpy(obj.py())
+        .ok()?
+        .call_method1("ndim", (obj,))
+        .ok()?
+        .extract()
+        .ok()
 }
