@@ -557,6 +557,25 @@ def test_an_out_sharing_memory_with_positions_is_refused_naming_out(impl, form, 
 
 
 @pytest.mark.parametrize("impl", ["native", "reference"])
+def test_a_float64_paged_cache_is_a_type_error(impl):
+    # Pages are read in place, never converted (test_conventions_inputs_rules.py holds
+    # the other rules' paged forms to the same).
+    m = ks if impl == "native" else ref
+    rng = np.random.default_rng(45)
+    q = rng.standard_normal((2, 2, 3)).astype(np.float32)
+    w = np.ones((2, 2), np.float32)
+    pages, table = rng.standard_normal((3, 4, 3)), np.array([[0, 1]], np.int32)
+    cfg = ks.BlockSparseConfig(4, 1, 1, 1)
+    calls = [
+        lambda: m.indexer_topk_paged(q, w, pages, table, [5], [0, 0], [3, 4], 2),
+        lambda: m.block_sparse_select_paged(q[:, :1].copy(), pages, table, [5], [0, 0], [3, 4], cfg),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match="^kv_cache has dtype float64, and is read in place"):
+            call()
+
+
+@pytest.mark.parametrize("impl", ["native", "reference"])
 @pytest.mark.parametrize("argument", ["key_format", "query_format"])
 def test_an_unknown_format_name_is_refused_naming_its_argument(impl, argument):
     # A bad value of a str parameter, as page_layout: a refusal naming it, not

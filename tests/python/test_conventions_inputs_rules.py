@@ -1164,7 +1164,19 @@ def _memoryview(x):
     return memoryview(x) if x.dtype.kind in "iuf" and x.ndim else x
 
 
-HOWS = {"swapped": _swapped, "misaligned": _misaligned, "strided": _strided, "memoryview": _memoryview}
+def _interface(x):
+    """The same values as an object NumPy reads through ``__array_interface__`` alone
+    (its typestr names no ml_dtypes type: those stay arrays)."""
+    return _ArrayInterface(x) if x.dtype.kind in "iuf" and x.ndim else x
+
+
+HOWS = {
+    "swapped": _swapped,
+    "misaligned": _misaligned,
+    "strided": _strided,
+    "memoryview": _memoryview,
+    "array-interface": _interface,
+}
 
 LAYOUT = [
     _param((spec.id, fmt, how, impl), f"{spec.id}-{fmt}-{how}-{impl}", REFERENCE_LAYOUT_GAPS)
@@ -1177,7 +1189,7 @@ LAYOUT = [
 
 
 @pytest.mark.parametrize("spec_id,fmt,how,impl", LAYOUT)
-def test_swapped_misaligned_strided_or_memoryview_inputs_give_the_native_bits(spec_id, fmt, how, impl):
+def test_swapped_misaligned_strided_memoryview_or_interface_inputs_give_the_native_bits(spec_id, fmt, how, impl):
     spec = BY_ID[spec_id]
     a = _encode(_args(spec), spec, fmt)
     want = _bits(_call(spec, impl, a))
@@ -1213,6 +1225,28 @@ def test_a_paged_cache_in_the_other_byte_order_is_refused_naming_kv_cache(spec_i
         _call(spec, impl, a)
     assert e.value.argument == "kv_cache", str(e.value)
     assert "newbyteorder('=')" in str(e.value)
+    _unchanged(snap)
+
+
+FLOAT64_PAGED = [
+    _param((spec.id, impl), f"{spec.id}-{impl}", REFERENCE_PAGED_GAPS)
+    for spec in SPECS
+    if "kv_cache" in spec.lowp
+    for impl in _impls(spec)
+]
+
+
+@pytest.mark.parametrize("spec_id,impl", FLOAT64_PAGED)
+def test_a_float64_paged_cache_is_a_type_error(spec_id, impl):
+    # Pages are read in place, never converted: the twin refuses what the native call
+    # cannot read, though NumPy could compute on it.
+    spec = BY_ID[spec_id]
+    a = _args(spec)
+    assert a["kv_cache"].dtype == np.float32
+    a["kv_cache"] = a["kv_cache"].astype(np.float64)
+    snap = _snapshot(_arrays(a).values())
+    with pytest.raises(TypeError, match="^kv_cache has dtype float64, and is read in place, never converted"):
+        _call(spec, impl, a)
     _unchanged(snap)
 
 

@@ -745,35 +745,6 @@ def test_an_input_given_as_a_memoryview_of_outs_memory_is_refused(spec, impl):
             assert (_bits(inp), _bits(buf)) == before, (key, i)
 
 
-PAGED = [(s, impl) for s, impl in CASES if "_paged" in s.id]
-
-
-@pytest.mark.parametrize("spec,impl", PAGED, ids=[f"{s.id}-{impl}" for s, impl in PAGED])
-def test_a_float64_paged_cache_is_a_type_error_natively_and_in_the_twin(spec, impl):
-    # Pages are read in place, never converted: the twin refuses what the native
-    # call cannot read, though NumPy could compute on it.
-    args = spec.args()
-    assert args[1].ndim == 3 and args[1].dtype == np.float32  # the cache
-    args[1] = args[1].astype(np.float64)
-    with pytest.raises(TypeError, match="^kv_cache has dtype float64, and is read in place, never converted"):
-        spec.call(_mod(impl), args)
-
-
-def test_a_float64_paged_cache_is_a_type_error_for_the_indexer_and_block_selection_too():
-    rng = np.random.default_rng(SEED + 40)
-    q = rng.standard_normal((2, 2, 3)).astype(np.float32)
-    w = np.ones((2, 2), np.float32)
-    pages = rng.standard_normal((3, 4, 3))
-    table = np.array([[0, 1]], np.int32)
-    for m in (ks, ref):
-        with pytest.raises(TypeError, match="^kv_cache has dtype float64, and is read in place"):
-            m.indexer_topk_paged(q, w, pages, table, [5], [0, 0], [3, 4], 2)
-        with pytest.raises(TypeError, match="^kv_cache has dtype float64, and is read in place"):
-            m.block_sparse_select_paged(
-                q.reshape(2, 2, 3)[:, :1].copy(), pages, table, [5], [0, 0], [3, 4], ks.BlockSparseConfig(4, 1, 1, 1)
-            )
-
-
 # ---------------------------------------------------------------------------
 # Which entry points take out=
 # ---------------------------------------------------------------------------

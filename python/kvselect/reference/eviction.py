@@ -107,12 +107,13 @@ def _prefix(q, k, q_name: str = "q", q_ndim: int = 3):
 def keep_top(scores: Union[Sequence[float], np.ndarray], budget: int) -> np.ndarray:
     """The first ``budget`` positions by score descending, ties to the lower
     position, ascending (all of them when ``budget`` is at least their count)."""
-    if isinstance(scores, np.ndarray) or hasattr(scores, "__array__"):
+    if not isinstance(scores, (list, tuple)):  # an array, however it comes (a memoryview, ...)
         a = np.asarray(scores)
         if a.dtype.kind not in "fiu":
             raise TypeError(f"scores must hold floats, got dtype {a.dtype}")
         if a.ndim != 1:
             raise ReferenceSelectionError("scores", f"scores must be 1-D [n], got {a.ndim}-D")
+        scores = a
     order = sorted(range(len(scores)), key=lambda j: (-float(scores[j]), j))
     return np.array(sorted(order[: max(0, int(budget))]), dtype=np.int64)
 
