@@ -1250,6 +1250,77 @@ def test_a_float64_paged_cache_is_a_type_error(spec_id, impl):
     _unchanged(snap)
 
 
+# -- two faults at once: the twin names what the native binding names ------------
+
+
+def _two_fault_calls():
+    rng = np.random.default_rng(SEED + 7)
+    q = rng.standard_normal((2, 4, 5)).astype(np.float32)
+    cache = rng.standard_normal((6, 4, 10)).astype(np.float32)
+    table, lens = rng.permutation(6).astype(np.int32).reshape(2, 3), np.array([9, 5])
+    k = rng.standard_normal((40, 2, 4)).astype(np.float32)
+    key = np.ones((1, 4), np.float32)
+    mem = np.zeros(64, np.float32)
+    ro = np.zeros((2, 1, 4), np.float32)
+    ro.flags.writeable = False
+    rows = np.array([[0, 5, -1, -1], [3, -1, -1, -1]], np.int32)
+    ro_rows = rows.copy()
+    ro_rows.flags.writeable = False
+
+    def paged(m, c, **kw):
+        return lambda: m.moba_select_paged(q, c, table, lens, 2, 2, block_size=4, **kw)
+
+    return {
+        # (the byte order before the dtype; the layout's name before the dtype)
+        "paged-swapped-float64": (lambda m: paged(m, cache.astype(">f8")), "kv_cache"),
+        "paged-float64-bad-layout": (lambda m: paged(m, cache.astype(np.float64), page_layout="x"), "page_layout"),
+        # (k before the window's settings; the settings' values before the window's name)
+        "compress-2d-k-eq9-stride-0": (
+            lambda m: lambda: m.nsa_compress_keys(k[0], window="eq9", kernel_stride=0),
+            "k",
+        ),
+        "compress-2d-k-window-eq8": (lambda m: lambda: m.nsa_compress_keys(k[0], window="eq8"), "k"),
+        "compress-fla-kernel-size-negative": (lambda m: lambda: m.nsa_compress_keys(k, kernel_size=-1), "kernel_size"),
+        "compress-eq8-stride-0": (
+            lambda m: lambda: m.nsa_compress_keys(k, window="eq8", kernel_stride=0),
+            "window",
+        ),
+        # (the key before the buffers; kmin whole before kmax; a page size of 0 after)
+        "update-bad-key-read-only-kmin": (
+            lambda m: lambda: m.quest_update(ro, np.zeros((2, 1, 4), np.float32), key.astype(np.int8), 0, 4),
+            "key",
+        ),
+        "update-page-size-0-read-only-kmin": (
+            lambda m: lambda: m.quest_update(ro, np.zeros((2, 1, 4), np.float32), key, 0, 0),
+            "kmin",
+        ),
+        "update-kmin-over-key-read-only-kmax": (
+            lambda m: lambda: m.quest_update(mem[:8].reshape(2, 1, 4), ro, mem[:4].reshape(1, 4), 0, 4),
+            "kmin",
+        ),
+        # (the lengths before the buffer, even with the off switch)
+        "scatter-2d-lens-read-only-rows": (
+            lambda m: lambda: m.scatter_topology_witnesses(ro_rows, np.array([[8, 6]]), 2),
+            "context_lens",
+        ),
+        "scatter-off-2d-lens": (
+            lambda m: lambda: m.scatter_topology_witnesses(rows.copy(), np.array([[8, 6]]), 0),
+            "context_lens",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_two_fault_calls()))
+def test_with_two_faults_the_twin_names_what_the_native_binding_names(case):
+    make, argument = _two_fault_calls()[case]
+    named = []
+    for m in (ks, ref):
+        with pytest.raises((TypeError, ValueError)) as e:
+            make(m)()
+        named.append(getattr(e.value, "argument", None) or str(e.value).split(" ")[0])
+    assert named == [argument, argument], (case, named)
+
+
 # -- every entry point is in a catalogue ----------------------------------------
 
 # test_conventions_inputs.py's entry points (its own list, so the two cannot drift).

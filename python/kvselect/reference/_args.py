@@ -182,20 +182,26 @@ def _along(name: str, value: Any, axis: tuple) -> np.ndarray:
 
 
 def _native_pages(kv_cache: Any) -> np.ndarray:
-    """A paged cache as the native call reads it, in place: float64 (or wider) is
-    a ``TypeError`` and non-native byte order is refused (naming ``kv_cache``),
-    since neither is ever converted."""
+    """A paged cache as the native call reads it, in place: refused (naming
+    ``kv_cache``) in non-native byte order, which is never converted. Its dtype
+    is checked after the layout's name (:func:`_readable_pages`), as natively."""
     cache = np.asarray(kv_cache)
-    if cache.dtype.kind == "f" and cache.dtype.itemsize > 4:
-        raise TypeError(
-            f"kv_cache has dtype {cache.dtype}, and is read in place, never converted: pass float32, "
-            "float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw uint16 / uint8 view with its format"
-        )
     if cache.dtype.itemsize > 1 and not cache.dtype.isnative:
         raise ReferenceSelectionError(
             "kv_cache",
             f"kv_cache has non-native byte order ({cache.dtype.str}): pages are read in place, never "
             "converted; pass native byte order (kv_cache.astype(kv_cache.dtype.newbyteorder('=')))",
+        )
+    return cache
+
+
+def _readable_pages(cache: np.ndarray) -> np.ndarray:
+    """``cache`` (native byte order) unless it holds float64 or wider, a ``TypeError``:
+    the native call reads pages in place and never converts them."""
+    if cache.dtype.kind == "f" and cache.dtype.itemsize > 4:
+        raise TypeError(
+            f"kv_cache has dtype {cache.dtype}, and is read in place, never converted: pass float32, "
+            "float16, ml_dtypes bfloat16 / float8_e4m3fn, or a raw uint16 / uint8 view with its format"
         )
     return cache
 
@@ -220,6 +226,11 @@ def _paged(kv_cache: Any, block_table: Any, n_seqs: int, n_kv_heads: int, page_l
     ``n_kv_heads`` heads of ``d``; the table 2-D integers, one row per sequence.
     Returns ``(cache [num_blocks, block_size, width], table int64)``."""
     cache = _native_pages(kv_cache)
+    if page_layout not in ("dense", "fp8_scaled"):
+        raise ReferenceSelectionError(
+            "page_layout", f"page_layout must be 'dense' or 'fp8_scaled', got {page_layout!r}"
+        )
+    cache = _readable_pages(cache)
     if page_layout == "fp8_scaled":
         if cache.dtype != np.uint8:
             raise TypeError(f"kv_cache has dtype {cache.dtype}: with page_layout='fp8_scaled' it must be uint8")
@@ -237,10 +248,6 @@ def _paged(kv_cache: Any, block_table: Any, n_seqs: int, n_kv_heads: int, page_l
                 "kv_cache", f"kv_cache must be 3-D [num_blocks, block_size, d], got {cache.ndim}-D"
             )
         row = cache.shape[2]
-    else:
-        raise ReferenceSelectionError(
-            "page_layout", f"page_layout must be 'dense' or 'fp8_scaled', got {page_layout!r}"
-        )
     if n_kv_heads == 0 or row % n_kv_heads:
         raise ReferenceSelectionError(
             "n_kv_heads", f"n_kv_heads = {n_kv_heads} does not divide the cache's rows of {row}"

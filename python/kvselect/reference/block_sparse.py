@@ -23,6 +23,7 @@ from ._args import (
     _native_pages,
     _output,
     _query_positions,
+    _readable_pages,
 )
 from .keys import decode
 
@@ -413,8 +414,8 @@ def block_sparse_select_packed(
 def _paged_cache(kv_cache: Any, key_format: Optional[str], bs: int) -> np.ndarray:
     """The cache's pages decoded, float64 ``[num_blocks, bs, d]``. The page
     must be the block; a float64 cache (which the native call cannot read
-    in place) is a ``TypeError`` (:func:`_native_pages`)."""
-    _native_pages(kv_cache)
+    in place) is a ``TypeError`` (:func:`_readable_pages`)."""
+    _readable_pages(_native_pages(kv_cache))
     pages = _decoded("kv_cache", kv_cache, key_format, 3)
     if pages.shape[1] != bs:
         raise ReferenceSelectionError(

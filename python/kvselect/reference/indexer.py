@@ -22,6 +22,7 @@ from ._args import (
     _out_buffer,
     _output,
     _query_positions,
+    _readable_pages,
     _refuse,
 )
 from .keys import decode, fp8_e4m3fn_table
@@ -528,7 +529,7 @@ def indexer_topk_paged(
     _ratio(compress_ratio)
     if page_layout not in ("dense", "fp8_scaled"):
         raise _refuse(_SELECTION, "page_layout", f"page_layout must be 'dense' or 'fp8_scaled', got {page_layout!r}")
-    _native_pages(kv_cache)
+    _readable_pages(_native_pages(kv_cache))
     table = _index_array("block_table", block_table, 2, _SELECTION)
     lens = _index_array("seq_lens", seq_lens, 1, _SELECTION, positions=True)
     _axes("block_table", table.shape, [("n_seqs", len(lens)), ("max_blocks", table.shape[1])])

@@ -63,17 +63,22 @@ def nsa_compress_keys(
     (the product rounded to float32), the trailing incomplete block not compressed; or
     Eq. 9's (``window="eq9"``, :func:`eq9_compress_keys`), keys of ``kernel_size``
     tokens every ``kernel_stride``."""
+    # In the native binding's order: block_size, k, the window's settings and name,
+    # k_scale's type, the window against block_size, then k_scale's length.
     bs = _block_size(block_size)
-    geo = _window(window, bs, kernel_size, kernel_stride, None, None)
-    if geo is not None:
-        return eq9_compress_keys(k, geo[1], geo[2], k_scale=k_scale, key_format=key_format)[0]
     ka = decode(k, key_format, "key_format", name="k")
     if ka.ndim != 3 or ka.shape[0] == 0:
         raise ReferenceSelectionError("k", f"k must be 3-D [seq_len >= 1, n_kv_heads, d], got shape {ka.shape}")
-    if k_scale is not None:
-        s = _scales("k_scale", k_scale)
-        if s.shape != (ka.shape[0],):
-            raise ReferenceSelectionError("k_scale", f"k_scale must be [seq_len={ka.shape[0]}]")
+    kz, st = _count("kernel_size", kernel_size), _count("kernel_stride", kernel_stride)
+    if window not in ("fla", "eq9"):
+        raise ReferenceSelectionError("window", f"window must be 'fla' or 'eq9', got {window!r}")
+    s = None if k_scale is None else _scales("k_scale", k_scale)
+    geo = _window(window, bs, kz, st, None, None)
+    if s is not None and s.shape != (ka.shape[0],):
+        raise ReferenceSelectionError("k_scale", f"k_scale must be [seq_len={ka.shape[0]}]")
+    if geo is not None:
+        return eq9_compress_keys(k, geo[1], geo[2], k_scale=k_scale, key_format=key_format)[0]
+    if s is not None:
         ka = (ka.astype(np.float32) * s[:, None, None]).astype(np.float64)
     n_c = ka.shape[0] // bs
     return ka[: n_c * bs].reshape(n_c, bs, *ka.shape[1:]).mean(axis=1)

@@ -172,9 +172,14 @@ def quest_update(
 ) -> None:
     """A decode step's update, in place (``kvselect.quest_update``): the page's
     first token sets its bounds, a later one folds in."""
-    # The bounds are written in place: checked whole before anything is
-    # written (a refused call leaves them byte-identical), never converted.
-    for name, b in (("kmin", kmin), ("kmax", kmax)):
+    # Checked in the native binding's order: the settings and the key, then each
+    # buffer whole (written in place: never converted; sharing no memory with the
+    # key or the buffer before it), then the shapes, then the page; a refused call
+    # leaves the bounds byte-identical.
+    p = _count("page_size", page_size)
+    t = _count("pos", pos)
+    k = decode(key, key_format, "key_format", name="key")
+    for name, b, others in (("kmin", kmin, (key,)), ("kmax", kmax, (key, kmin))):
         if not isinstance(b, np.ndarray) or b.dtype != np.float32:
             raise TypeError(f"{name} must be a float32 numpy array, got {getattr(b, 'dtype', type(b).__name__)}")
         f = b.flags
@@ -182,20 +187,17 @@ def quest_update(
             raise ReferenceSelectionError(
                 name, f"{name} must be a 3-D C-contiguous, writeable, aligned, native-order buffer, got {b.shape}"
             )
-    # Neither buffer may share memory with the other or with the key, as natively.
-    for name, b, others in (("kmin", kmin, (key,)), ("kmax", kmax, (kmin, key))):
         if _overlaps(b, others):
             raise ReferenceSelectionError(name, f"{name} overlaps another argument's memory")
     if kmax.shape != kmin.shape:
         raise ReferenceSelectionError("kmax", f"kmax has shape {list(kmax.shape)} but kmin {list(kmin.shape)}")
-    t = _count("pos", pos)
-    p = _count("page_size", page_size)
+    if k.shape != kmin.shape[1:]:
+        raise ReferenceSelectionError("key", f"key must be {kmin.shape[1:]}, got {k.shape}")
+    if p == 0:
+        raise ReferenceSelectionError("page_size", "page_size must be at least 1")
     page, slot = divmod(t, p)
     if page >= len(kmin):
         raise ReferenceSelectionError("pos", f"pos = {t} is in page {page}, but the bounds hold {len(kmin)} pages")
-    k = decode(key, key_format, "key_format", name="key")
-    if k.shape != kmin.shape[1:]:
-        raise ReferenceSelectionError("key", f"key must be {kmin.shape[1:]}, got {k.shape}")
     v = _canon(k, None if key_scale is None else np.array(key_scale, dtype=np.float32))
     if slot == 0:
         kmin[page], kmax[page] = v, v

@@ -213,13 +213,16 @@ def scatter_topology_witnesses(topk_indices: np.ndarray, context_lens: Any, num_
     """The serving entry point: merges witnesses into the int32 array
     ``topk_indices`` in place with ``keep = max(topk - S, 0)`` and
     ``max_replacements = S``. ``num_segments = 0`` is the off switch."""
+    # In the native binding's order: the lengths, the buffer (checked even with the
+    # off switch, and sharing no memory with the lengths), then the count.
+    lens = _index_array("context_lens", context_lens, 1, _WITNESS)
     _inplace_i32("topk_indices", topk_indices, 2, _WITNESS)
     if _overlaps(topk_indices, (context_lens,)):
         raise _refuse(_WITNESS, "topk_indices", "topk_indices overlaps another argument's memory")
     num_segments = _count("num_segments", num_segments)
     if num_segments == 0:
         return None
-    context_lens = _index_array("context_lens", context_lens, 1, _WITNESS)
+    context_lens = lens
     learned = topk_indices.astype(np.int64)
     _check_rows(learned, context_lens)
     _check_merge_segments(num_segments)
