@@ -166,6 +166,46 @@ def test_a_dump_missing_a_key_or_with_a_bad_kind_names_it(tmp_path, capsys):
     assert run(capsys, p)[0] == 2
 
 
+@pytest.mark.parametrize("chunk_rows", ["1", "7", "4096"])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(query_pos=np.arange(47)), "query_pos has 47 rows but the engine's rows have 48"),
+        (dict(rows=np.zeros((47, 64), np.int64)), "has 48 rows but the engine's rows have 47"),
+        (dict(query_pos=np.int64(5)), "query_pos must be [n_rows]"),
+        (dict(rows=np.int64(3)), "rows must be [n_rows, topk]"),
+    ],
+)
+def test_per_row_keys_that_disagree_are_refused_in_chunks_too(tmp_path, capsys, chunk_rows, change, message):
+    # Chunks cut every per-row key to the same rows, so each chunk alone would fit:
+    # a dump whose per-row keys disagree is checked (and refused) whole.
+    with np.load(checking.example_path()) as z:
+        d = {k: z[k] for k in z.files}
+    d.update(change)
+    p = tmp_path / "bad.npz"
+    np.savez(p, **d)
+    code, out, err = run(capsys, p, "--chunk-rows", chunk_rows)
+    assert code == 2 and message in err and out == "", err
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("rows", np.zeros(5, np.int64), "rows must be [n_rows, topk]"),
+        ("weights", np.float32(1.0), "weights must be [n_rows, H]"),
+        ("query_pos", np.int64(5), "query_pos must be [n_rows]"),
+    ],
+)
+def test_too_few_axes_are_refused_naming_the_key_and_its_shape(tmp_path, capsys, key, value, message):
+    with np.load(checking.example_path()) as z:
+        d = {k: z[k] for k in z.files}
+    d[key] = value
+    p = tmp_path / "bad.npz"
+    np.savez(p, **d)
+    code, out, err = run(capsys, p)
+    assert code == 2 and message in err and out == "", err
+
+
 def test_a_scores_dump_is_checked_with_atol_only_unless_it_has_magnitudes(tmp_path, capsys):
     rng = np.random.default_rng(5)
     s = rng.integers(0, 4, (6, 30)).astype(np.float32)

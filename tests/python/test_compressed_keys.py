@@ -382,7 +382,7 @@ def test_v4_combined_rows_pass_in_any_entry_order_and_each_planted_fault_is_name
 
 
 def test_a_v4_combined_dump_is_checked_by_kvselect_check(tmp_path):
-    from kvselect.checking import check_dump, save_dump
+    from kvselect.checking import DumpError, check_dump, save_dump
     from kvselect.cli import main
 
     rng = np.random.default_rng(SEED + 9)
@@ -413,3 +413,10 @@ def test_a_v4_combined_dump_is_checked_by_kvselect_check(tmp_path):
     report = check_dump(str(tmp_path / "bad.npz"))
     assert report["wrong"] == 1 and report["checks"][0]["report"]["by_reason"]["window_slot"] == 1
     assert main(["check", str(tmp_path / "bad.npz")]) == 1
+    # A setting past what combine_topk_swa_indices reads is refused naming it; a topk far
+    # past the entries sizes nothing by it (the rows' width is their longest top-k part).
+    for key, value in (("topk", 2**31), ("M", 2**63 - 1), ("N", -1), ("window_size", -(2**63))):
+        with pytest.raises(DumpError, match=f"^the dump's arrays do not fit together: {key} must be 0 ..="):
+            check_dump(dict(dump, kind="v4_combined", **{key: np.int64(value)}))
+    report = check_dump(dict(dump, kind="v4_combined", topk=np.int64(2**26)))
+    assert report["rows"] == len(combined)

@@ -128,6 +128,19 @@ def test_a_dump_that_does_not_fit_is_refused_naming_the_key():
         ks.checking.check_dump({k: x for k, x in d.items() if k != "vertical"})
 
 
+def test_an_int64_entry_past_int32_is_a_wrong_row_never_cut_to_int32(tmp_path, capsys):
+    # 2**32 + j read as int32 would be j: a right column. As written, it is a column
+    # past the keys.
+    c = CASES["vslash_causal_mask"]
+    v, s = _split(c)
+    d = {"kind": "vslash", **{k: np.asarray(x) for k, x in c.inputs.items()}, "vertical": v, "slash": s}
+    far = np.asarray(v, np.int64).copy()
+    far[0, -1] += 2**32
+    np.savez(tmp_path / "far.npz", **dict(d, vertical=far))
+    assert main(["check", str(tmp_path / "far.npz")]) == 1
+    assert "not_causal" in capsys.readouterr().out
+
+
 def test_the_eval_policy_runs_at_the_boundary_and_is_na_below_its_forced_parts():
     w = ks.workloads.synthetic(context=512, queries=8, n_kv_heads=1, n_heads=2)
     budgets = [64, 256]

@@ -9,9 +9,10 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 import struct
 import zipfile
-from typing import Any, Dict, Mapping, Optional, Tuple, Union, cast
+from typing import Any, Dict, Mapping, Optional, Set, Tuple, Union, cast
 
 import numpy as np
 
@@ -445,8 +446,14 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "", expect: Opti
             raise DumpError(f"{where}: {k}: expected an integer dtype (int32 or int64), got {a.dtype}")
         if cls == "int scalar" and (a.ndim != 0 or a.dtype.kind not in "iub"):
             raise DumpError(f"{where}: {k} must be one integer, got dtype {a.dtype} shape {a.shape}")
-        if cls == "number" and a.dtype.kind not in "fiu":
-            raise DumpError(f"{where}: {k}: expected a number, got dtype {a.dtype}")
+        if cls == "number" and (a.ndim != 0 or a.dtype.kind not in "fiu"):
+            raise DumpError(f"{where}: {k} must be one number, got dtype {a.dtype} shape {a.shape}")
+        # Too few axes for any form the table gives (a 0-d `rows`): refused here,
+        # naming the key. Extra axes are left to the kind's check, which says what
+        # they would mean (a DCP dump's 3-D rows, a workload's layers).
+        ranks = _ranks(table[k][1]) if kind != "workload" else None
+        if cls in ("int", "float", "cache") and ranks is not None and a.ndim < min(ranks):
+            raise DumpError(f"{where}: {k} must be {table[k][1]}, got {a.ndim}-D shape {tuple(a.shape)}")
         if cls == "str" and (a.ndim != 0 or a.dtype.kind not in "US"):
             raise DumpError(f"{where}: {k} must be a string, got dtype {a.dtype} shape {a.shape}")
     out = Dump(d)
@@ -455,6 +462,26 @@ def validate(arrays: Mapping[str, np.ndarray], *, source: str = "", expect: Opti
 
 
 _FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _ranks(shape: str) -> Optional[Set[int]]:
+    """The ranks a table's shape text allows: one per ``[...]`` form (its
+    top-level axes; an axis written ``(1,) x`` may be there or not), and 0
+    where it says ``0-d``; None where it names no form (``k's shape with d_v
+    last``): the kind's own check reads it."""
+    ranks: Set[int] = set()
+    for form in re.findall(r"\[([^\[\]]*)\]", shape):
+        depth, axes = 0, 1
+        for ch in form:
+            depth += ch == "("
+            depth -= ch == ")"
+            axes += ch == "," and depth == 0
+        ranks.add(axes)
+        if "(1,)" in form:
+            ranks.add(axes + 1)
+    if "0-d" in shape:
+        ranks.add(0)
+    return ranks or None
 
 
 _DTYPE_WORDS = {

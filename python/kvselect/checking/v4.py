@@ -36,6 +36,10 @@ from kvselect.checking.report import Report
 _REASONS = ("window_slot", "padding", "wrong_len")
 
 
+#: The most any of the layout's counts can be: an int32 index.
+_I32_MAX = 2**31 - 1
+
+
 def check_v4_combined_indices(
     combined_indices: Any,
     combined_lens: Any,
@@ -119,6 +123,9 @@ def check_v4_combined_indices(
     if np.any(np.diff(qsl) > sl):
         raise _refused("seq_lens", "a request has more query tokens than its sequence")
     m, w_size, k, big_m, big_n = int(compress_ratio), int(window_size), int(topk), int(M), int(N)
+    for name, v in (("window_size", w_size), ("compress_ratio", m), ("topk", k), ("M", big_m), ("N", big_n)):
+        if not 0 <= v <= _I32_MAX:  # as combine_topk_swa_indices reads them
+            raise _refused(name, f"{name} must be 0 ..= {_I32_MAX}, got {v}")
     if k < 1:
         raise _refused("topk", f"topk must be at least 1, got {k}")
     if m < 1:
@@ -128,8 +135,10 @@ def check_v4_combined_indices(
     topk_len = np.minimum((pos + 1) // m, k)
     swa_len = np.minimum(pos + 1, w_size)
     gather_start = sl[req] - gl[req]
-    # The top-k part as entry ids, -1 padded to topk: what check_indexer_topk judges.
-    entries = np.full((n, k), -1, dtype=np.int64)
+    # The top-k part as entry ids, -1 padded: what check_indexer_topk judges. No row
+    # holds more than its topk_len, so the rows are that wide at most (a topk far
+    # past the entries, 2**26, would otherwise size them [n, topk]).
+    entries = np.full((n, int(topk_len.max(initial=0))), -1, dtype=np.int64)
     for i in range(n):
         part = rows[i, : min(int(topk_len[i]), width)].astype(np.int64) - big_m * int(req[i])
         entries[i, : len(part)] = np.where(part >= 0, part, -1)

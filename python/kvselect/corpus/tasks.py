@@ -130,11 +130,27 @@ def plan_check(name: str, chunk_rows: int) -> Done:
     d = _open_check(name)
     kind = dump_kinds()[d.kind]  # the kind's rows, row keys and heads (kvselect.rules)
     n = kind.rows(d)
-    if not kind.row_keys or n == 0:
+    if not kind.row_keys or n == 0 or not _rows_agree(d, kind, n):
+        # One piece: a dump whose per-row keys disagree on the rows is refused
+        # by the whole dump's check, naming them (chunks cut to the same rows
+        # would each look whole, and a key's extra rows would go unread).
         chunks = [(0, n)]
     else:
         chunks = [(a, min(n, a + chunk_rows)) for a in range(0, n, chunk_rows)]
     return Done(CheckPlan(chunks, kind.heads(d)), time.perf_counter() - t0, 0)
+
+
+def _rows_agree(d: Any, kind: Any, n: int) -> bool:
+    """Whether every per-row key the dump holds runs over its ``n`` rows (read
+    from the members' shapes: nothing is loaded)."""
+    for key in kind.row_keys:
+        if key not in d:
+            continue
+        shape = np.shape(d[key])
+        axis = kind.row_axis(d, key)
+        if len(shape) <= axis or shape[axis] != n:
+            return False
+    return True
 
 
 def check_rows(

@@ -82,7 +82,7 @@ def check(
         mags = np.where(np.isfinite(scores), scores, 0.0)
         report = ks.check_topk(
             scores,
-            np.ascontiguousarray(rows, dtype=np.int32),
+            np.ascontiguousarray(rows),  # (as the engine wrote them: int64 entries are never cut to int32)
             np.full(h, L, np.int32),
             topk=k,
             atol=atol,
