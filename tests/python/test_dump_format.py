@@ -125,6 +125,10 @@ def test_native_messages_name_the_dump_keys_not_the_api_arguments():
         (["eval", "--seed", "1.5"], "argument --seed: expected a non-negative integer, got '1.5'"),
         (["eval", "--index-noise", "lots"], "argument --index-noise: expected a non-negative number, got 'lots'"),
         (["check", "x.npz", "--rtol", "tiny"], "argument --rtol: expected a non-negative number, got 'tiny'"),
+        # and a number out of its range, named as the flag (not as the API's argument)
+        (["eval", "--budget", "2147483648"], "argument --budget: must be at most 2147483647"),
+        (["check", "x.npz", "--threads", "100000"], "argument --threads: must be at most 65536, got 100000"),
+        (["check", "x.npz", "--show", "-1"], "argument --show: must be non-negative, got -1"),
     ],
 )
 def test_a_flag_that_is_not_a_number_is_named_never_the_parser_function(capsys, argv, want):

@@ -43,6 +43,26 @@ def non_negative(text: str) -> int:
     return v
 
 
+#: ``kvselect.set_num_threads``' bound.
+MAX_THREADS = 65536
+
+
+def thread_count(text: str) -> int:
+    """A ``--threads`` value: 0 (every core) ..= 65536, refused as the flag."""
+    v = non_negative(text)
+    if v > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_THREADS}, got {v}")
+    return v
+
+
+def token_budget(text: str) -> int:
+    """A token budget: 1 ..= 2**31 - 1 (an int32 position count), refused as the flag."""
+    v = positive(text)
+    if v > 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"must be at most {2**31 - 1} (an int32 position count), got {v}")
+    return v
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's formatter, except that a flag is never broken at its hyphen."""
 
@@ -96,7 +116,7 @@ def add_cluster_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     )
     parser.add_argument(
         "--threads",
-        type=non_negative,
+        type=thread_count,
         help="kvselect threads per task, 0 = all cores (default: all cores serially; on Dask, "
         "each worker's share of its machine's cores)",
     )

@@ -22,6 +22,7 @@ from kvselect.cli._types import (
     add_cluster_flags,
     check_output,
     executor_of,
+    non_negative,
     non_negative_float,
     positive,
     progress_bar,
@@ -141,7 +142,7 @@ def add_parser(sub: Any) -> None:
         + ")",
     )
     p.add_argument("--atol", type=non_negative_float, default=None, help="absolute tolerance (default 0)")
-    p.add_argument("--show", type=int, default=5, help="wrong rows shown in detail per check")
+    p.add_argument("--show", type=non_negative, default=5, help="wrong rows shown in detail per check")
     p.add_argument(
         "--json",
         metavar="FILE",

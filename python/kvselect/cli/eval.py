@@ -16,6 +16,7 @@ from kvselect.cli._types import (
     non_negative,
     non_negative_float,
     positive,
+    token_budget,
 )
 
 #: The workloads made in this process rather than read from a dump.
@@ -226,7 +227,7 @@ def add_parser(sub: Any) -> None:
     )
     ev.add_argument(
         "--budget",
-        type=positive,
+        type=token_budget,
         nargs="+",
         default=[2048],
         metavar="K",
