@@ -214,8 +214,8 @@ pub(in crate::python) enum Broadcast {
 /// form has always read them: with [`Queries::One`] and
 /// [`Broadcast::Allow`] anything but a list, a tuple or an array of rank > 0
 /// (an ndarray, or what `numpy.ndim` reads as one) is read as an integer;
-/// otherwise `numpy.ndim` decides (0 is one integer). One integer is at most 2**63 - 1, or 2**64 - 1 where it is
-/// broadcast.
+/// otherwise `numpy.ndim` decides (0 is one integer). One integer is at
+/// most 2**63 - 1, or 2**64 - 1 where it is broadcast.
 pub(in crate::python) fn query_positions(
     domain: Domain,
     obj: &Bound<'_, PyAny>,
